@@ -1,0 +1,158 @@
+"""Label hierarchies and the level matrix (DESIGN.md §2).
+
+Conventions:
+    * Hierarchical labels have shape ``(N, L)``: column 0 is the finest level, column ``L - 1`` the coarsest
+      (the order of PML's ``HierarchicalSampler``).
+    * A hierarchy may also be given as a fine -> ancestors table of shape ``(num_fine, L)`` whose row ``f``
+      is ``[f, parent(f), ..., root-level ancestor(f)]``; 1-D fine labels are expanded through it.
+    * The hierarchy must be a tree: a fine label has exactly one ancestor per level.
+    * The level of a reference item ``j`` for a query ``q`` (HAPPIER, Sec. 3 / SupRank Eq. 18) is the number of
+      levels at which they agree, counted from the coarsest: ``L`` = same fine class, ``0`` = negative.
+
+Relevance functions built on the level matrix (H-AP "pop" relevance, Property-1 weights, NDCG gains) live
+further down in this module.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ._validation import check_labels
+
+__all__ = ["Hierarchy", "as_hierarchical_labels", "check_tree", "level_matrix"]
+
+
+def check_tree(labels: Tensor, name: str = "labels") -> None:
+    """Raise ``ValueError`` if 2-D ``labels`` ``(N, L)`` are not tree-consistent.
+
+    Every value of column ``c`` (``c < L - 1``) must map to exactly one value of column ``c + 1``;
+    by induction every fine label then has exactly one ancestor per level.
+    """
+    if labels.dim() != 2:
+        raise ValueError(f"{name} must have shape (N, L); got shape {tuple(labels.shape)}")
+    for c in range(labels.shape[1] - 1):
+        pairs = torch.unique(labels[:, c : c + 2], dim=0)
+        child, counts = torch.unique(pairs[:, 0], return_counts=True)
+        if bool((counts > 1).any()):
+            bad = int(child[counts > 1][0])
+            parents = pairs[pairs[:, 0] == bad, 1].tolist()
+            raise ValueError(
+                f"{name} is not a tree: label {bad} of level {c} (column {c}) has several parents "
+                f"{parents} in column {c + 1}; every label must have exactly one ancestor per level"
+            )
+
+
+class Hierarchy:
+    """A label tree stored as a fine -> ancestors table.
+
+    Args:
+        table: Integer tensor ``(num_fine, L)``; row ``f`` is ``[f, ancestor at level 1, ..., coarsest ancestor]``.
+            Rows of unused fine labels may be filled with ``-1``.
+    """
+
+    def __init__(self, table: Tensor) -> None:
+        table = torch.as_tensor(table)
+        check_labels("hierarchy", table, table.shape[0] if table.dim() else 0, allow_2d=True, n_name="num_fine")
+        if table.dim() == 1:
+            table = table[:, None]
+        used = table[:, 0] >= 0
+        if bool(used.any()):
+            idx = torch.arange(table.shape[0], device=table.device)
+            wrong = used & (table[:, 0] != idx)
+            if bool(wrong.any()):
+                f = int(idx[wrong][0])
+                raise ValueError(
+                    f"hierarchy row f must start with the fine label f itself; row {f} starts with {int(table[f, 0])}"
+                )
+            if bool((table[used] < 0).any()):
+                f = int(idx[used & (table < 0).any(1)][0])
+                raise ValueError(f"hierarchy row {f} has a negative ancestor: {table[f].tolist()}")
+        check_tree(table[used], name="hierarchy")
+        self.table = table.long()
+
+    @property
+    def num_levels(self) -> int:
+        """Number of label columns ``L`` (fine level included)."""
+        return int(self.table.shape[1])
+
+    @classmethod
+    def from_labels(cls, labels: Tensor) -> Hierarchy:
+        """Build the table from tree-consistent non-negative 2-D labels ``(N, L)``."""
+        labels = check_labels("labels", labels, labels.shape[0] if isinstance(labels, Tensor) else -1)
+        if labels.dim() != 2:
+            raise ValueError(f"labels must have shape (N, L) to build a hierarchy; got shape {tuple(labels.shape)}")
+        if bool((labels < 0).any()):
+            raise ValueError("labels must be non-negative to build a hierarchy table")
+        check_tree(labels)
+        rows = torch.unique(labels, dim=0).long()
+        table = torch.full((int(rows[:, 0].max()) + 1, labels.shape[1]), -1, dtype=torch.long, device=labels.device)
+        table[rows[:, 0]] = rows
+        return cls(table)
+
+    def expand(self, fine: Tensor, name: str = "labels") -> Tensor:
+        """Map 1-D fine labels ``(N,)`` to hierarchical labels ``(N, L)``."""
+        table = self.table.to(fine.device)
+        bad = (fine < 0) | (fine >= table.shape[0])
+        if not bool(bad.any()):
+            bad = table[fine.long(), 0] < 0
+        if bool(bad.any()):
+            v = int(fine[bad][0])
+            raise ValueError(f"{name} contains fine label {v}, which is not in the hierarchy (num_fine={len(table)})")
+        return table[fine.long()]
+
+    def to(self, device: torch.device | str) -> Hierarchy:
+        return Hierarchy(self.table.to(device))
+
+    def __repr__(self) -> str:
+        return f"Hierarchy(num_fine={self.table.shape[0]}, num_levels={self.num_levels})"
+
+
+def as_hierarchical_labels(
+    labels: Tensor, hierarchy: Hierarchy | Tensor | None = None, name: str = "labels", check: bool = True
+) -> Tensor:
+    """Return labels as a ``(N, L)`` long tensor.
+
+    ``labels`` is either ``(N, L)`` (then ``hierarchy`` must be None or agree with it) or ``(N,)`` fine labels,
+    expanded through ``hierarchy`` (a :class:`Hierarchy` or a ``(num_fine, L)`` table). Without a hierarchy,
+    1-D labels are a one-level hierarchy ``(N, 1)``.
+    """
+    labels = check_labels(name, labels, labels.shape[0] if isinstance(labels, Tensor) and labels.dim() else -1)
+    if hierarchy is not None and not isinstance(hierarchy, Hierarchy):
+        hierarchy = Hierarchy(hierarchy)
+    if labels.dim() == 1:
+        return hierarchy.expand(labels, name=name) if hierarchy is not None else labels.long()[:, None]
+    if hierarchy is not None:
+        if labels.shape[1] != hierarchy.num_levels:
+            raise ValueError(
+                f"{name} has {labels.shape[1]} levels but the hierarchy has {hierarchy.num_levels}"
+            )
+        if not torch.equal(hierarchy.expand(labels[:, 0], name=name), labels.long()):
+            raise ValueError(f"{name} (N, L) disagree with the given hierarchy table")
+    elif check:
+        check_tree(labels, name=name)
+    return labels.long()
+
+
+def level_matrix(query_labels: Tensor, ref_labels: Tensor) -> Tensor:
+    """Level of every reference item for every query.
+
+    Args:
+        query_labels: ``(Q, L)`` hierarchical labels (column 0 finest).
+        ref_labels: ``(N, L)`` hierarchical labels.
+
+    Returns:
+        ``(Q, N)`` int64 tensor with values in ``{0, ..., L}``: the number of consecutive agreeing levels counted
+        from the coarsest. For tree-consistent labels this equals the number of equal columns.
+    """
+    if query_labels.dim() != 2 or ref_labels.dim() != 2 or query_labels.shape[1] != ref_labels.shape[1]:
+        raise ValueError(
+            "query_labels and ref_labels must have shapes (Q, L) and (N, L) with the same L; "
+            f"got {tuple(query_labels.shape)} and {tuple(ref_labels.shape)}"
+        )
+    levels = torch.zeros(query_labels.shape[0], ref_labels.shape[0], dtype=torch.long, device=query_labels.device)
+    agree = torch.ones_like(levels, dtype=torch.bool)
+    for c in range(query_labels.shape[1] - 1, -1, -1):
+        agree = agree & (query_labels[:, c, None] == ref_labels[None, :, c])
+        levels = levels + agree.long()
+    return levels
