@@ -20,7 +20,16 @@ from torch import Tensor
 
 from ._validation import check_labels
 
-__all__ = ["Hierarchy", "as_hierarchical_labels", "check_tree", "level_matrix"]
+__all__ = [
+    "Hierarchy",
+    "as_hierarchical_labels",
+    "check_tree",
+    "level_counts",
+    "level_matrix",
+    "ndcg_gain",
+    "pop_relevance",
+    "property1_relevance",
+]
 
 
 def check_tree(labels: Tensor, name: str = "labels") -> None:
@@ -156,3 +165,70 @@ def level_matrix(query_labels: Tensor, ref_labels: Tensor) -> Tensor:
         agree = agree & (query_labels[:, c, None] == ref_labels[None, :, c])
         levels = levels + agree.long()
     return levels
+
+
+def level_counts(levels: Tensor, num_levels: int, mask: Tensor | None = None) -> Tensor:
+    """Number of reference items at each level for every query.
+
+    Args:
+        levels: ``(Q, N)`` level matrix (values in ``{0..L}``).
+        num_levels: ``L``.
+        mask: optional ``(Q, N)`` bool, True for the reference items that count (e.g. the query itself excluded).
+
+    Returns:
+        ``(Q, L + 1)`` int64 counts ``|Ω^(l)|``.
+    """
+    one = torch.ones_like(levels) if mask is None else mask.long()
+    out = torch.zeros(levels.shape[0], num_levels + 1, dtype=torch.long, device=levels.device)
+    return out.scatter_add(1, levels, one)
+
+
+def pop_relevance(counts: Tensor, alpha: float = 1.0, dtype: torch.dtype = torch.float32) -> Tensor:
+    """H-AP relevance table of SupRank Eq. 20: ``rel(l) = (l / L)^alpha / |Ω^(l)|``, ``rel(0) = 0``.
+
+    Args:
+        counts: ``(Q, L + 1)`` level counts over the reference set actually used (see :func:`level_counts`).
+        alpha: ``α >= 0``; 1 for HAPPIER / H-AP, > 1 for HAPPIER_F.
+        dtype: floating dtype of the result.
+
+    Returns:
+        ``(Q, L + 1)`` table; entries of empty levels are 0.
+    """
+    if alpha < 0:
+        raise ValueError(f"alpha must be >= 0; got {alpha}")
+    num_levels = counts.shape[1] - 1
+    lv = torch.arange(num_levels + 1, device=counts.device, dtype=dtype)
+    w = (lv / num_levels) ** alpha
+    w = torch.where(lv == 0, torch.zeros_like(w), w)
+    c = counts.to(dtype)
+    return torch.where(c > 0, w / c.clamp_min(1), torch.zeros_like(c))
+
+
+def property1_relevance(counts: Tensor, weights: Tensor | list[float], dtype: torch.dtype = torch.float32) -> Tensor:
+    """Relevance of SupRank Property 1 (supplementary Eq. 44) for which H-AP equals ΣwAP = Σ_l w_l·AP^(l).
+
+    ``rel(l) = Σ_{p=1..l} w_p / |Ω^{+,p}|`` where ``Ω^{+,p}`` are the items at level ``>= p``.
+
+    Args:
+        counts: ``(Q, L + 1)`` level counts over the reference set.
+        weights: ``L`` non-negative level weights ``w_1..w_L`` (``w_L`` = finest level).
+        dtype: floating dtype of the result.
+
+    Returns:
+        ``(Q, L + 1)`` table (``rel(0) = 0``).
+    """
+    num_levels = counts.shape[1] - 1
+    w = torch.as_tensor(weights, dtype=dtype, device=counts.device)
+    if w.shape != (num_levels,):
+        raise ValueError(f"weights must have {num_levels} entries (one per level 1..L); got shape {tuple(w.shape)}")
+    if bool((w < 0).any()):
+        raise ValueError(f"weights must be non-negative; got {w.tolist()}")
+    at_least = counts.flip(1).cumsum(1).flip(1)[:, 1:].to(dtype)  # (Q, L): |Ω^{+,p}| for p = 1..L
+    per_level = torch.where(at_least > 0, w / at_least.clamp_min(1), torch.zeros_like(at_least))
+    rel = per_level.cumsum(1)
+    return torch.cat([torch.zeros_like(rel[:, :1]), rel], dim=1)
+
+
+def ndcg_gain(levels: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """NDCG gain ``2^l − 1`` of SupRank Eq. 23 for a level tensor of any shape."""
+    return torch.pow(2.0, levels.to(dtype)) - 1.0
