@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -34,7 +34,7 @@ def _decode(obj):
     return obj
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_golden(name: str) -> dict:
     """Load ``tests/data/<name>.json`` with the string ``"NaN"`` decoded to ``float('nan')``."""
     with open(DATA / f"{name}.json") as f:
