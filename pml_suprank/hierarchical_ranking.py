@@ -1,0 +1,411 @@
+"""Sorted-score rank kernels for the hierarchical rank losses (Sup-H-AP / HAPPIER, Sup-NDCG / ROD-NDCG).
+
+For a query ``b`` with reference scores ``s_j``, levels ``T_j ∈ {0..L}`` (DESIGN.md §2) and per-level relevances,
+SupRank (Ramzi et al., TPAMI) defines for every positive item ``i`` (``T_i > 0``):
+
+* ``rank(i) = 1 + Σ_{j≠i, T_j ≥ T_i} H(s_j − s_i) + Σ_{j: T_j < T_i} H⁻(s_j − s_i)``
+  (Eq. 21: the SupRank surrogate H⁻ of Eq. 4 only towards strictly less relevant items, the Heaviside ``H``
+  (``H(0) = 1``, no gradient) otherwise);
+* ``H-rank⁺(i) = rel_i + Σ_{j≠i} min(rel_i, rel_j) · H⁺(s_j − s_i)`` (Eq. 18) with ``H⁺ = H``, or, with the
+  HAPPIER lower bound (HAPPIER App. A.3, Eq. 43 with ``min`` instead of the paper's ``max`` typo),
+  ``H⁺ = H_s^>`` for the strictly more relevant items ``T_j > T_i``:
+  ``H_s^>(t) = γ·t`` for ``t ≤ 0`` and ``min(ν·t + μ, 1)`` for ``t > 0``.
+
+A dense implementation materialises ``B × N × N`` tensors. Here every quantity is computed from the sets
+``A_l = {valid j : T_j < l}`` (``l = 1..L+1``) sorted by score once per query:
+
+* Heaviside counts and the ``min(rel)``-weighted ``H-rank⁺`` are per-level counts obtained with ``searchsorted``;
+* the linear branch ``ρ·(t − δ) + offset`` of H⁻ and the piecewise-linear ``H_s^>`` are prefix sums of the sorted
+  scores (differentiable through ``gather``/``cumsum``, accumulated in float64);
+* only the sigmoid branch of H⁻ (``t ∈ [t_lo, δ]``) needs pairs. Its pairs are contiguous windows of the sorted
+  lists; they are enumerated in chunks inside a custom :class:`torch.autograd.Function` that recomputes them in
+  backward instead of saving them.
+
+Cost: ``O(L · B · N log N)`` plus the window work ``Σ_{(b,i)} |window(b, i)|``; extra memory ``O(L · B · N)`` plus
+one chunk. ``t_lo = −τ · min(50, log(N / eps))``: below it the sigmoid contributes less than ``eps`` (the dtype's
+machine epsilon) to any rank in total, so those pairs are skipped (the reference's clamp makes them constant
+``σ(−50) ≈ 2e−22`` with zero gradient anyway).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "HRankParams",
+    "StepParams",
+    "hierarchical_ranks",
+    "ideal_dcg",
+    "sup_hap_scores",
+    "sup_ndcg_scores",
+    "suprank_step",
+]
+
+_CHUNK = 1 << 21  # window elements processed at once (a few tensors of this many elements live per chunk)
+
+
+class StepParams:
+    """Hyper-parameters of the SupRank step H⁻ (SupRank Eq. 4; DESIGN.md §2).
+
+    Args:
+        tau: Sigmoid temperature ``τ > 0``.
+        rho: Slope of the linear branch for ``t > δ`` (``ρ ≥ 0``).
+        delta: Start of the linear branch ``δ ≥ 0``.
+        start: Jump added to the sigmoid on ``(0, δ]``.
+        offset: Value of the linear branch at ``t = δ⁺``; ``None`` means the continuous ``σ(δ/τ) + start``.
+    """
+
+    __slots__ = ("tau", "rho", "delta", "start", "offset")
+
+    def __init__(
+        self, tau: float = 0.01, rho: float = 100.0, delta: float = 0.05, start: float = 0.5, offset: float | None = None
+    ) -> None:
+        self.tau = float(tau)
+        self.rho = float(rho)
+        self.delta = float(delta)
+        self.start = float(start)
+        if offset is None:
+            # the reference evaluates the default offset on a float32 tensor
+            offset = float(torch.sigmoid(torch.tensor(self.delta / self.tau, dtype=torch.float32))) + self.start
+        self.offset = float(offset)
+
+    def __repr__(self) -> str:
+        return (
+            f"StepParams(tau={self.tau}, rho={self.rho}, delta={self.delta}, start={self.start}, offset={self.offset})"
+        )
+
+
+class HRankParams:
+    """Hyper-parameters of the HAPPIER H-rank⁺ lower bound ``H_s^>`` (HAPPIER App. A.3, Eq. 43).
+
+    ``H_s^>(t) = gamma·t`` for ``t ≤ 0`` and ``min(nu·t + mu, 1)`` for ``t > 0``.
+    """
+
+    __slots__ = ("nu", "mu", "gamma")
+
+    def __init__(self, nu: float = 25.0, mu: float = 0.5, gamma: float = 10.0) -> None:
+        self.nu = float(nu)
+        self.mu = float(mu)
+        self.gamma = float(gamma)
+
+    def __repr__(self) -> str:
+        return f"HRankParams(nu={self.nu}, mu={self.mu}, gamma={self.gamma})"
+
+
+def _tau_sigmoid(t: Tensor, tau: float) -> Tensor:
+    return torch.sigmoid((t / tau).clamp(-50.0, 50.0))
+
+
+def suprank_step(t: Tensor, p: StepParams) -> Tensor:
+    """SupRank H⁻ (Eq. 4) of a tensor of score differences ``t = s_j − s_i`` (any shape, out of place)."""
+    sig = _tau_sigmoid(t, p.tau)
+    lin = p.rho * (t - p.delta) + p.offset
+    return torch.where(t <= 0, sig, torch.where(t <= p.delta, sig + p.start, lin))
+
+
+def _suprank_step_and_grad(t: Tensor, p: StepParams) -> tuple[Tensor, Tensor]:
+    """H⁻(t) and dH⁻/dt (the clamp of the sigmoid gives zero derivative outside ``|t/τ| ≤ 50``)."""
+    x = t / p.tau
+    sig = torch.sigmoid(x.clamp(-50.0, 50.0))
+    dsig = torch.where(x.abs() <= 50.0, sig * (1.0 - sig) / p.tau, torch.zeros_like(sig))
+    in_lin = t > p.delta
+    value = torch.where(t <= 0, sig, torch.where(in_lin, p.rho * (t - p.delta) + p.offset, sig + p.start))
+    grad = torch.where(in_lin, torch.full_like(t, p.rho), dsig)
+    return value, grad
+
+
+def _chunks(lengths: Tensor, budget: int) -> list[tuple[int, int, int]]:
+    """Split pairs into consecutive chunks of at most ``budget`` window elements (a pair is never split)."""
+    if lengths.numel() == 0:
+        return []
+    cum = torch.cumsum(lengths, 0).cpu()
+    out = []
+    m0, done = 0, 0
+    n = lengths.numel()
+    while m0 < n:
+        m1 = int(torch.searchsorted(cum, done + budget, right=True))
+        m1 = max(m1, m0 + 1)
+        m1 = min(m1, n)
+        end = int(cum[m1 - 1])
+        out.append((m0, m1, end - done))
+        done = end
+        m0 = m1
+    return out
+
+
+def _window_elements(lengths: Tensor, starts: Tensor, m0: int, m1: int, size: int) -> tuple[Tensor, Tensor]:
+    """Pair index and flat sorted position of every window element of pairs ``m0..m1``."""
+    lens = lengths[m0:m1]
+    pair = torch.repeat_interleave(torch.arange(m0, m1, device=lengths.device), lens, output_size=size)
+    first = torch.cumsum(lens, 0) - lens  # exclusive cumsum
+    k = torch.arange(size, device=lengths.device) - first[pair - m0]
+    return pair, starts[pair] + k
+
+
+class _WindowSum(torch.autograd.Function):
+    """Σ over each pair's window of H⁻(s_{q,j} − s_{q,i}); window elements are recomputed in backward."""
+
+    @staticmethod
+    def forward(ctx, scores, q_idx, i_idx, starts, lengths, sorted_cols, params, chunk):  # noqa: D401
+        n = scores.shape[1]
+        flat = scores.reshape(-1)
+        out = torch.zeros(q_idx.shape[0], dtype=scores.dtype, device=scores.device)
+        for m0, m1, size in _chunks(lengths, chunk):
+            pair, pos = _window_elements(lengths, starts, m0, m1, size)
+            q = q_idx[pair]
+            t = flat[q * n + sorted_cols[pos]] - flat[q * n + i_idx[pair]]
+            out = out.index_add(0, pair, suprank_step(t, params))
+        ctx.save_for_backward(scores, q_idx, i_idx, starts, lengths, sorted_cols)
+        ctx.params, ctx.chunk = params, chunk
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        scores, q_idx, i_idx, starts, lengths, sorted_cols = ctx.saved_tensors
+        n = scores.shape[1]
+        flat = scores.reshape(-1)
+        grad = torch.zeros_like(flat)
+        per_pair = torch.zeros_like(grad_out)
+        for m0, m1, size in _chunks(lengths, ctx.chunk):
+            pair, pos = _window_elements(lengths, starts, m0, m1, size)
+            q = q_idx[pair]
+            j_flat = q * n + sorted_cols[pos]
+            t = flat[j_flat] - flat[q * n + i_idx[pair]]
+            _, d = _suprank_step_and_grad(t, ctx.params)
+            w = d * grad_out[pair]
+            grad = grad.index_add(0, j_flat, w)
+            per_pair = per_pair.index_add(0, pair, w)
+        grad = grad.index_add(0, q_idx * n + i_idx, -per_pair)
+        return grad.view_as(scores), None, None, None, None, None, None, None
+
+
+def _gather_rows(table: Tensor, idx: Tensor) -> Tensor:
+    return torch.gather(table, 1, idx)
+
+
+def hierarchical_ranks(
+    scores: Tensor,
+    levels: Tensor,
+    level_relevance: Tensor | None,
+    num_levels: int,
+    valid: Tensor | None = None,
+    step: StepParams | None = None,
+    hrank: HRankParams | None = None,
+    chunk_size: int = _CHUNK,
+) -> tuple[Tensor, Tensor | None]:
+    """Surrogate ranks and H-rank⁺ of every positive reference item (SupRank Eqs. 18 and 21).
+
+    Args:
+        scores: ``(B, N)`` query-reference similarities (differentiable).
+        levels: ``(B, N)`` int64 levels in ``{0..L}`` (``L`` = same fine class, 0 = negative).
+        level_relevance: ``(B, L + 1)`` relevance of each level for each query (e.g.
+            :func:`pml_suprank.relevance.pop_relevance`); ``None`` skips H-rank⁺ (Sup-NDCG only needs ranks).
+        num_levels: ``L``.
+        valid: optional ``(B, N)`` bool, the reference items that take part for each query.
+        step: H⁻ hyper-parameters (defaults of :class:`StepParams`).
+        hrank: if given, use ``H_s^>`` (HAPPIER Eq. 43) towards more relevant items in H-rank⁺.
+        chunk_size: window elements enumerated at once (memory/speed trade-off only).
+
+    Returns:
+        ``rank`` ``(B, N)`` (1 at non-positive or invalid items) and ``rank_plus`` ``(B, N)`` (0 there, ``None`` if
+        ``level_relevance`` is None), both in ``scores.dtype``.
+    """
+    step = step if step is not None else StepParams()
+    bsz, n = scores.shape
+    L = int(num_levels)
+    device, dtype = scores.device, scores.dtype
+    acc = torch.float64
+    levels = levels.long()
+    valid = torch.ones_like(levels, dtype=torch.bool) if valid is None else valid.bool()
+    positive = valid & (levels > 0)
+    s_det = scores.detach()
+    s64 = scores.to(acc)
+    inf = torch.tensor(float("inf"), dtype=dtype, device=device)
+    zero64 = torch.zeros(bsz, 1, dtype=acc, device=device)
+
+    # sorted sets A_l = {valid j: T_j < l}, l = 1..L+1; invalid / excluded items sorted last as +inf
+    sorted_keys, perms, counts, csums = [], [], [], []
+    for l in range(1, L + 2):
+        member = valid & (levels < l)
+        key, perm = torch.sort(torch.where(member, s_det, inf), dim=1)
+        cnt = member.sum(1, keepdim=True)
+        vals = torch.where(torch.gather(member, 1, perm), torch.gather(s64, 1, perm), torch.zeros((), dtype=acc))
+        sorted_keys.append(key)
+        perms.append(perm)
+        counts.append(cnt)
+        csums.append(torch.cat([zero64, torch.cumsum(vals, 1)], 1))  # (B, N + 1)
+
+    def index_ge(l: int, x: Tensor) -> Tensor:  # first sorted position with key >= x
+        return torch.searchsorted(sorted_keys[l - 1], x.contiguous(), right=False)
+
+    def index_gt(l: int, x: Tensor) -> Tensor:  # first sorted position with key > x
+        return torch.searchsorted(sorted_keys[l - 1], x.contiguous(), right=True)
+
+    # number of items of A_l with score >= s_i, for l = 1..L+1
+    ge = [counts[l - 1] - index_ge(l, s_det) for l in range(1, L + 2)]
+
+    t_lo = -step.tau * min(50.0, math.log(max(n, 1) / torch.finfo(dtype).eps))
+    lin_upper = s_det + step.delta
+    rank64 = torch.zeros(bsz, n, dtype=acc, device=device)
+    pair_lists = []
+    for l in range(1, L + 1):
+        at_l = positive & (levels == l)
+        # Heaviside part: items at level >= l with s_j >= s_i (i itself included: the "1 +")
+        rank64 = rank64 + torch.where(at_l, (ge[L] - ge[l - 1]).to(acc), torch.zeros((), dtype=acc))
+        # linear branch of H⁻ over A_l: s_j > s_i + δ
+        h = index_gt(l, lin_upper)
+        c_lin = (counts[l - 1] - h).clamp_min(0)
+        s_lin = csums[l - 1][:, -1:] - _gather_rows(csums[l - 1], h.clamp_max(n))
+        c64 = c_lin.to(acc)
+        lin = step.rho * (s_lin - c64 * (s64 + step.delta)) + c64 * step.offset
+        rank64 = rank64 + torch.where(at_l, lin, torch.zeros((), dtype=acc))
+        # sigmoid window over A_l: s_i + t_lo <= s_j <= s_i + δ
+        lo = index_ge(l, s_det + t_lo)
+        hi = torch.minimum(h, counts[l - 1].expand_as(h))
+        length = torch.where(at_l, (hi - lo).clamp_min(0), torch.zeros_like(hi))
+        q_idx, i_idx = torch.nonzero(length > 0, as_tuple=True)
+        if q_idx.numel():
+            start = ((l - 1) * bsz + q_idx) * n + lo[q_idx, i_idx]
+            pair_lists.append((q_idx, i_idx, start, length[q_idx, i_idx]))
+
+    if pair_lists:
+        q_idx, i_idx, starts, lengths = (torch.cat(x) for x in zip(*pair_lists))
+        sorted_cols = torch.stack(perms[:L]).reshape(-1)
+        window = _WindowSum.apply(scores, q_idx, i_idx, starts, lengths, sorted_cols, step, int(chunk_size))
+        flat_idx = q_idx * n + i_idx
+        rank64 = (rank64.reshape(-1).index_add(0, flat_idx, window.to(acc))).view(bsz, n)
+    rank = torch.where(positive, rank64, torch.ones((), dtype=acc)).to(dtype)
+
+    if level_relevance is None:
+        return rank, None
+
+    rel_tab = level_relevance.to(acc)
+    rel_i = torch.gather(rel_tab, 1, levels)
+    rplus = torch.zeros(bsz, n, dtype=acc, device=device)
+    if hrank is not None:
+        theta = s_det + (1.0 - hrank.mu) / hrank.nu  # H_s^> reaches 1 at t = (1 - μ) / ν
+        r0 = [index_gt(m, s_det) for m in range(1, L + 2)]
+        r1 = [index_gt(m, theta) for m in range(1, L + 2)]
+    for lp in range(1, L + 1):
+        w = torch.minimum(rel_i, rel_tab[:, lp : lp + 1])
+        cnt = (ge[lp] - ge[lp - 1]).to(acc)  # items at level lp with s_j >= s_i
+        if hrank is None:
+            term = w * cnt
+        else:
+            # H_s^> towards the strictly more relevant level lp > T_i, Heaviside otherwise
+            a, b = lp + 1, lp  # level lp = A_{lp+1} \ A_{lp}
+
+            def rng(m: int, i0: Tensor | None, i1: Tensor | None) -> tuple[Tensor, Tensor]:
+                lo_i = torch.zeros_like(r0[0]) if i0 is None else i0[m - 1]
+                hi_i = counts[m - 1].expand_as(r0[0]) if i1 is None else i1[m - 1]
+                hi_i = torch.maximum(hi_i, lo_i)
+                c = (hi_i - lo_i).to(acc)
+                s = _gather_rows(csums[m - 1], hi_i) - _gather_rows(csums[m - 1], lo_i)
+                return c, s
+
+            c_le_a, s_le_a = rng(a, None, r0)
+            c_le_b, s_le_b = rng(b, None, r0)
+            h_val = hrank.gamma * ((s_le_a - s_le_b) - (c_le_a - c_le_b) * s64)
+            c_mid_a, s_mid_a = rng(a, r0, r1)
+            c_mid_b, s_mid_b = rng(b, r0, r1)
+            c_mid = c_mid_a - c_mid_b
+            h_val = h_val + hrank.nu * ((s_mid_a - s_mid_b) - c_mid * s64) + hrank.mu * c_mid
+            c_hi_a, _ = rng(a, r1, None)
+            c_hi_b, _ = rng(b, r1, None)
+            h_val = h_val + (c_hi_a - c_hi_b)
+            term = w * torch.where(levels < lp, h_val, cnt)
+        rplus = rplus + term
+    rank_plus = torch.where(positive, rplus, torch.zeros((), dtype=acc)).to(dtype)
+    return rank, rank_plus
+
+
+def sup_hap_scores(
+    scores: Tensor,
+    levels: Tensor,
+    level_relevance: Tensor,
+    num_levels: int,
+    valid: Tensor | None = None,
+    step: StepParams | None = None,
+    hrank: HRankParams | None = None,
+    chunk_size: int = _CHUNK,
+) -> tuple[Tensor, Tensor]:
+    """Per-query surrogate H-AP of SupRank Eq. 21 (the score inside ``1 − mean``).
+
+    ``H-AP_b = Σ_{i ∈ Ω⁺} H-rank⁺(i) / rank(i) / Σ_{j} rel_j`` with the relevances of ``level_relevance``.
+
+    Args:
+        scores, levels, level_relevance, num_levels, valid, step, hrank, chunk_size: see :func:`hierarchical_ranks`.
+
+    Returns:
+        ``(B,)`` per-query scores (0 where the query has no positive) and the ``(B,)`` bool mask of queries with at
+        least one positive (relevance sum > 0).
+    """
+    valid_b = torch.ones_like(levels, dtype=torch.bool) if valid is None else valid.bool()
+    rank, rank_plus = hierarchical_ranks(scores, levels, level_relevance, num_levels, valid_b, step, hrank, chunk_size)
+    rel = torch.gather(level_relevance.to(scores.dtype), 1, levels.long())
+    rel = torch.where(valid_b, rel, torch.zeros_like(rel))
+    norm = rel.sum(1)
+    has_pos = norm > 0
+    ratio = torch.where(valid_b & (levels > 0), rank_plus / rank, torch.zeros_like(rank))
+    score = torch.where(has_pos, ratio.sum(1) / torch.where(has_pos, norm, torch.ones_like(norm)), torch.zeros_like(norm))
+    return score, has_pos
+
+
+def ideal_dcg(counts: Tensor, gains: Tensor) -> Tensor:
+    """Ideal DCG of SupRank Eq. 23 from per-level counts.
+
+    Args:
+        counts: ``(B, L + 1)`` number of reference items per level.
+        gains: ``(L + 1,)`` or ``(B, L + 1)`` gain of each level (``2^l − 1``).
+
+    Returns:
+        ``(B,)`` ``Σ_p gain(p-th best item) / log2(1 + p)`` with the items ordered by decreasing level.
+    """
+    bsz, lp1 = counts.shape
+    n = int(counts.sum(1).max()) if counts.numel() else 0
+    dtype = gains.dtype
+    disc = torch.cat(
+        [torch.zeros(1, dtype=dtype, device=counts.device), torch.cumsum(
+            1.0 / torch.log2(torch.arange(2, n + 2, dtype=dtype, device=counts.device)), 0)]
+    )
+    gains = gains.expand(bsz, lp1)
+    # decreasing level: positions [start_l, start_l + c_l) with start_L = 0
+    c_desc = counts.flip(1)
+    end = torch.cumsum(c_desc, 1)
+    begin = end - c_desc
+    per_level = disc[end] - disc[begin]
+    return (per_level * gains.flip(1)).sum(1)
+
+
+def sup_ndcg_scores(
+    scores: Tensor,
+    levels: Tensor,
+    num_levels: int,
+    valid: Tensor | None = None,
+    step: StepParams | None = None,
+    chunk_size: int = _CHUNK,
+) -> tuple[Tensor, Tensor]:
+    """Per-query surrogate NDCG of SupRank Eq. 24: ``DCG_s / iDCG`` with gains ``2^l − 1``.
+
+    ``DCG_s = Σ_{i ∈ Ω⁺} (2^{T_i} − 1) / log2(1 + rank(i))`` with the SupRank ranks of :func:`hierarchical_ranks`;
+    the ideal DCG is that of the same reference set (the valid items) sorted by level.
+
+    Returns:
+        ``(B,)`` per-query scores (0 where the query has no positive) and the ``(B,)`` mask of queries with one.
+    """
+    valid_b = torch.ones_like(levels, dtype=torch.bool) if valid is None else valid.bool()
+    levels = levels.long()
+    rank, _ = hierarchical_ranks(scores, levels, None, num_levels, valid_b, step, None, chunk_size)
+    gains_l = torch.pow(2.0, torch.arange(num_levels + 1, dtype=scores.dtype, device=scores.device)) - 1.0
+    g = gains_l[levels]
+    pos = valid_b & (levels > 0)
+    dcg = torch.where(pos, g / torch.log2(1.0 + rank), torch.zeros_like(rank)).sum(1)
+    counts = torch.zeros(levels.shape[0], num_levels + 1, dtype=torch.long, device=levels.device)
+    counts = counts.scatter_add(1, levels, valid_b.long())
+    idcg = ideal_dcg(counts, gains_l)
+    has_pos = pos.any(1)
+    score = torch.where(has_pos, dcg / torch.where(has_pos, idcg, torch.ones_like(idcg)), torch.zeros_like(dcg))
+    return score, has_pos
