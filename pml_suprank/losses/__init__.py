@@ -1,5 +1,11 @@
 """Rank losses as pytorch-metric-learning losses: ``loss(embeddings, labels, indices_tuple, ref_emb, ref_labels)``."""
 
 from .base_rank_loss import BaseRankLoss, RankInputs
+from .calibration_loss import CalibrationLoss
+from .cluster_loss import ClusterLoss
+from .cross_batch_memory import CrossBatchMemory
+from .roadmap_loss import ROADMAPLoss
+from .rod_recall_loss import RODRecallLoss
 from .smooth_ap_loss import SmoothAPLoss
 from .sup_ap_loss import SupAPLoss
+from .sup_recall_loss import SupRecallLoss

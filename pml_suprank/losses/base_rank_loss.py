@@ -100,7 +100,8 @@ def _check_indices_tuple(indices_tuple, num_queries: int, num_refs: int):
     ):
         if len(idx) and (int(idx.min()) < 0 or int(idx.max()) >= bound):
             raise ValueError(
-                f"indices_tuple entry {k} indexes {what} (size {bound}); got values in [{int(idx.min())}, {int(idx.max())}]"
+                f"indices_tuple entry {k} indexes {what} (size {bound}); "
+                f"got values in [{int(idx.min())}, {int(idx.max())}]"
             )
     return pairs
 

@@ -1,0 +1,43 @@
+"""ROD-R@k (SupRank paper Eq. 17): ``(1 − λ)·Sup-R@k + λ·L_DG`` (or ``L_DG*``)."""
+
+from __future__ import annotations
+
+from .sup_recall_loss import SupRecallLoss
+
+__all__ = ["RODRecallLoss"]
+
+
+class RODRecallLoss(SupRecallLoss):
+    """ROD-R@k loss (SupRank paper Eq. 17): Sup-R@k plus a decomposability term.
+
+    ``L = (1 − λ)·L_Sup-R@k + λ·L_dec`` with ``L_dec`` = :class:`CalibrationLoss` (``"calibration"``) or
+    :class:`ClusterLoss` (``"proxy"``, needs ``num_classes``/``embedding_size``). λ defaults to 0.1 as for every
+    combined loss of this package; the reference ROD-R@k configs use 0.5 (``decomposability_weight=0.5``).
+
+    Args:
+        k, temperature: see :class:`SupRecallLoss`.
+        decomposability, decomposability_weight, num_classes, embedding_size: see :class:`ROADMAPLoss`.
+        **suprank_kwargs: ``H⁻`` arguments, ``include_self`` and PML options.
+    """
+
+    def __init__(
+        self,
+        k=(1, 2, 4, 8, 16),
+        temperature: float = 1.0,
+        decomposability="calibration",
+        decomposability_weight: float = 0.1,
+        num_classes: int | None = None,
+        embedding_size: int | None = None,
+        **suprank_kwargs,
+    ):
+        if decomposability is None:
+            raise ValueError("RODRecallLoss needs decomposability='calibration', 'proxy' or a module; got None")
+        super().__init__(
+            k=k,
+            temperature=temperature,
+            decomposability=decomposability,
+            decomposability_weight=decomposability_weight,
+            num_classes=num_classes,
+            embedding_size=embedding_size,
+            **suprank_kwargs,
+        )
