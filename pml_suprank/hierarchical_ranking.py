@@ -34,48 +34,18 @@ import math
 import torch
 from torch import Tensor
 
+from ._validation import check_positive, check_probability
+from .ranking import SupRankStep
+
 __all__ = [
     "HRankParams",
-    "StepParams",
     "hierarchical_ranks",
     "ideal_dcg",
     "sup_hap_scores",
     "sup_ndcg_scores",
-    "suprank_step",
 ]
 
 _CHUNK = 1 << 21  # window elements processed at once (a few tensors of this many elements live per chunk)
-
-
-class StepParams:
-    """Hyper-parameters of the SupRank step H⁻ (SupRank Eq. 4; DESIGN.md §2).
-
-    Args:
-        tau: Sigmoid temperature ``τ > 0``.
-        rho: Slope of the linear branch for ``t > δ`` (``ρ ≥ 0``).
-        delta: Start of the linear branch ``δ ≥ 0``.
-        start: Jump added to the sigmoid on ``(0, δ]``.
-        offset: Value of the linear branch at ``t = δ⁺``; ``None`` means the continuous ``σ(δ/τ) + start``.
-    """
-
-    __slots__ = ("tau", "rho", "delta", "start", "offset")
-
-    def __init__(
-        self, tau: float = 0.01, rho: float = 100.0, delta: float = 0.05, start: float = 0.5, offset: float | None = None
-    ) -> None:
-        self.tau = float(tau)
-        self.rho = float(rho)
-        self.delta = float(delta)
-        self.start = float(start)
-        if offset is None:
-            # the reference evaluates the default offset on a float32 tensor
-            offset = float(torch.sigmoid(torch.tensor(self.delta / self.tau, dtype=torch.float32))) + self.start
-        self.offset = float(offset)
-
-    def __repr__(self) -> str:
-        return (
-            f"StepParams(tau={self.tau}, rho={self.rho}, delta={self.delta}, start={self.start}, offset={self.offset})"
-        )
 
 
 class HRankParams:
@@ -87,34 +57,12 @@ class HRankParams:
     __slots__ = ("nu", "mu", "gamma")
 
     def __init__(self, nu: float = 25.0, mu: float = 0.5, gamma: float = 10.0) -> None:
-        self.nu = float(nu)
-        self.mu = float(mu)
-        self.gamma = float(gamma)
+        self.nu = check_positive("hrank_nu", nu)
+        self.mu = check_probability("hrank_mu", mu)
+        self.gamma = check_positive("hrank_gamma", gamma, strict=False)
 
     def __repr__(self) -> str:
         return f"HRankParams(nu={self.nu}, mu={self.mu}, gamma={self.gamma})"
-
-
-def _tau_sigmoid(t: Tensor, tau: float) -> Tensor:
-    return torch.sigmoid((t / tau).clamp(-50.0, 50.0))
-
-
-def suprank_step(t: Tensor, p: StepParams) -> Tensor:
-    """SupRank H⁻ (Eq. 4) of a tensor of score differences ``t = s_j − s_i`` (any shape, out of place)."""
-    sig = _tau_sigmoid(t, p.tau)
-    lin = p.rho * (t - p.delta) + p.offset
-    return torch.where(t <= 0, sig, torch.where(t <= p.delta, sig + p.start, lin))
-
-
-def _suprank_step_and_grad(t: Tensor, p: StepParams) -> tuple[Tensor, Tensor]:
-    """H⁻(t) and dH⁻/dt (the clamp of the sigmoid gives zero derivative outside ``|t/τ| ≤ 50``)."""
-    x = t / p.tau
-    sig = torch.sigmoid(x.clamp(-50.0, 50.0))
-    dsig = torch.where(x.abs() <= 50.0, sig * (1.0 - sig) / p.tau, torch.zeros_like(sig))
-    in_lin = t > p.delta
-    value = torch.where(t <= 0, sig, torch.where(in_lin, p.rho * (t - p.delta) + p.offset, sig + p.start))
-    grad = torch.where(in_lin, torch.full_like(t, p.rho), dsig)
-    return value, grad
 
 
 def _chunks(lengths: Tensor, budget: int) -> list[tuple[int, int, int]]:
@@ -157,7 +105,7 @@ class _WindowSum(torch.autograd.Function):
             pair, pos = _window_elements(lengths, starts, m0, m1, size)
             q = q_idx[pair]
             t = flat[q * n + sorted_cols[pos]] - flat[q * n + i_idx[pair]]
-            out = out.index_add(0, pair, suprank_step(t, params))
+            out = out.index_add(0, pair, params.value(t))
         ctx.save_for_backward(scores, q_idx, i_idx, starts, lengths, sorted_cols)
         ctx.params, ctx.chunk = params, chunk
         return out
@@ -174,7 +122,7 @@ class _WindowSum(torch.autograd.Function):
             q = q_idx[pair]
             j_flat = q * n + sorted_cols[pos]
             t = flat[j_flat] - flat[q * n + i_idx[pair]]
-            _, d = _suprank_step_and_grad(t, ctx.params)
+            d = ctx.params.derivative(t)
             w = d * grad_out[pair]
             grad = grad.index_add(0, j_flat, w)
             per_pair = per_pair.index_add(0, pair, w)
@@ -192,7 +140,7 @@ def hierarchical_ranks(
     level_relevance: Tensor | None,
     num_levels: int,
     valid: Tensor | None = None,
-    step: StepParams | None = None,
+    step: SupRankStep | None = None,
     hrank: HRankParams | None = None,
     chunk_size: int = _CHUNK,
 ) -> tuple[Tensor, Tensor | None]:
@@ -205,7 +153,7 @@ def hierarchical_ranks(
             :func:`pml_suprank.relevance.pop_relevance`); ``None`` skips H-rank⁺ (Sup-NDCG only needs ranks).
         num_levels: ``L``.
         valid: optional ``(B, N)`` bool, the reference items that take part for each query.
-        step: H⁻ hyper-parameters (defaults of :class:`StepParams`).
+        step: the SupRank step H⁻ (:class:`pml_suprank.ranking.SupRankStep`, paper defaults when None).
         hrank: if given, use ``H_s^>`` (HAPPIER Eq. 43) towards more relevant items in H-rank⁺.
         chunk_size: window elements enumerated at once (memory/speed trade-off only).
 
@@ -213,7 +161,7 @@ def hierarchical_ranks(
         ``rank`` ``(B, N)`` (1 at non-positive or invalid items) and ``rank_plus`` ``(B, N)`` (0 there, ``None`` if
         ``level_relevance`` is None), both in ``scores.dtype``.
     """
-    step = step if step is not None else StepParams()
+    step = step if step is not None else SupRankStep()
     bsz, n = scores.shape
     L = int(num_levels)
     device, dtype = scores.device, scores.dtype
@@ -260,7 +208,7 @@ def hierarchical_ranks(
         c_lin = (counts[l - 1] - h).clamp_min(0)
         s_lin = csums[l - 1][:, -1:] - _gather_rows(csums[l - 1], h.clamp_max(n))
         c64 = c_lin.to(acc)
-        lin = step.rho * (s_lin - c64 * (s64 + step.delta)) + c64 * step.offset
+        lin = step.rho * (s_lin - c64 * (s64 + step.delta)) + c64 * step.resolved_offset
         rank64 = rank64 + torch.where(at_l, lin, torch.zeros((), dtype=acc))
         # sigmoid window over A_l: s_i + t_lo <= s_j <= s_i + δ
         lo = index_ge(l, s_det + t_lo)
@@ -328,7 +276,7 @@ def sup_hap_scores(
     level_relevance: Tensor,
     num_levels: int,
     valid: Tensor | None = None,
-    step: StepParams | None = None,
+    step: SupRankStep | None = None,
     hrank: HRankParams | None = None,
     chunk_size: int = _CHUNK,
 ) -> tuple[Tensor, Tensor]:
@@ -350,7 +298,9 @@ def sup_hap_scores(
     norm = rel.sum(1)
     has_pos = norm > 0
     ratio = torch.where(valid_b & (levels > 0), rank_plus / rank, torch.zeros_like(rank))
-    score = torch.where(has_pos, ratio.sum(1) / torch.where(has_pos, norm, torch.ones_like(norm)), torch.zeros_like(norm))
+    score = torch.where(
+        has_pos, ratio.sum(1) / torch.where(has_pos, norm, torch.ones_like(norm)), torch.zeros_like(norm)
+    )
     return score, has_pos
 
 
@@ -368,8 +318,10 @@ def ideal_dcg(counts: Tensor, gains: Tensor) -> Tensor:
     n = int(counts.sum(1).max()) if counts.numel() else 0
     dtype = gains.dtype
     disc = torch.cat(
-        [torch.zeros(1, dtype=dtype, device=counts.device), torch.cumsum(
-            1.0 / torch.log2(torch.arange(2, n + 2, dtype=dtype, device=counts.device)), 0)]
+        [
+            torch.zeros(1, dtype=dtype, device=counts.device),
+            torch.cumsum(1.0 / torch.log2(torch.arange(2, n + 2, dtype=dtype, device=counts.device)), 0),
+        ]
     )
     gains = gains.expand(bsz, lp1)
     # decreasing level: positions [start_l, start_l + c_l) with start_L = 0
@@ -385,7 +337,7 @@ def sup_ndcg_scores(
     levels: Tensor,
     num_levels: int,
     valid: Tensor | None = None,
-    step: StepParams | None = None,
+    step: SupRankStep | None = None,
     chunk_size: int = _CHUNK,
 ) -> tuple[Tensor, Tensor]:
     """Per-query surrogate NDCG of SupRank Eq. 24: ``DCG_s / iDCG`` with gains ``2^l − 1``.
