@@ -4,8 +4,13 @@ from .base_rank_loss import BaseRankLoss, RankInputs
 from .calibration_loss import CalibrationLoss
 from .cluster_loss import ClusterLoss
 from .cross_batch_memory import CrossBatchMemory
+from .csl_loss import CSLLoss
+from .happier_loss import HAPPIERLoss
 from .roadmap_loss import ROADMAPLoss
+from .rod_ndcg_loss import RODNDCGLoss
 from .rod_recall_loss import RODRecallLoss
 from .smooth_ap_loss import SmoothAPLoss
 from .sup_ap_loss import SupAPLoss
+from .sup_hap_loss import SupHAPLoss
+from .sup_ndcg_loss import SupNDCGLoss
 from .sup_recall_loss import SupRecallLoss
