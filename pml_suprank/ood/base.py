@@ -1,0 +1,221 @@
+"""The ``Detector`` contract shared by HEAT and the baselines, with input checks and save / load / push.
+
+A detector is fitted post hoc on in-distribution (ID) training features and returns an **outlier score** per sample:
+higher = more OOD (an energy). The API follows pytorch-ood's ``fit_features`` / ``predict_features`` with keyword
+tensors so that every detector takes the same call::
+
+    det = ood.KNN(k=50).fit(features=z_train, labels=y_train)
+    scores = det.score(features=z_test)          # (N,) higher = more OOD
+
+Fitted state is a flat ``dict[str, Tensor]`` (saved as ``model.safetensors``) plus a JSON config of the constructor
+keyword arguments (``config.json``), as timm / huggingface_hub do for models; ``save_pretrained`` /
+``Detector.from_pretrained`` / ``push_to_hub`` work for every detector. ``safetensors`` and ``huggingface_hub`` are
+imported lazily (the ``recipes`` extra), so the detectors themselves only need torch.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from .._validation import check_embeddings, check_labels
+from ..version import __version__
+
+__all__ = ["Detector", "NotFittedError", "check_features", "check_class_labels"]
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+
+
+class NotFittedError(RuntimeError):
+    """Raised when ``score`` is called on a detector that needs ``fit`` first."""
+
+    def __init__(self, name: str = "This detector") -> None:
+        super().__init__(f"{name} is not fitted yet: call .fit(features=..., labels=...) before .score(...)")
+
+
+def check_features(name: str, x: Any, dim: int | None = None, n: int | None = None) -> Tensor:
+    """Check ``x`` is a finite floating ``(N, D)`` tensor, with ``D == dim`` and ``N == n`` when given."""
+    if x is None:
+        raise ValueError(f"{name} is required by this detector; got None")
+    x = check_embeddings(name, x)
+    if dim is not None and x.shape[1] != dim:
+        raise ValueError(
+            f"{name} must have {dim} columns (the feature dimension seen at fit time); got shape {tuple(x.shape)}"
+        )
+    if n is not None and x.shape[0] != n:
+        raise ValueError(f"{name} must have {n} rows (one per sample, as the other inputs); got {x.shape[0]}")
+    return x
+
+
+def check_class_labels(labels: Any, n: int, min_classes: int = 2) -> Tensor:
+    """Check 1-D (or 2-D, column 0 = finest) integer class labels with at least ``min_classes`` distinct values."""
+    if labels is None:
+        raise ValueError("labels are required by this detector (class-conditional fit); got None")
+    labels = check_labels("labels", labels, n, n_name="features")
+    if labels.dim() == 2:
+        labels = labels[:, 0]
+    if bool((labels < 0).any()):
+        raise ValueError(f"labels must be >= 0 class indices; got min label {int(labels.min())}")
+    n_classes = int(torch.unique(labels).numel())
+    if n_classes < min_classes:
+        raise ValueError(
+            f"labels must contain at least {min_classes} distinct classes for a class-conditional fit; "
+            f"got {n_classes} class(es)"
+        )
+    return labels
+
+
+def _detector_class(name: Any) -> type:
+    import importlib
+
+    package = importlib.import_module(__package__)
+    target = getattr(package, name, None) if isinstance(name, str) else None
+    if not (isinstance(target, type) and issubclass(target, Detector)):
+        raise ValueError(f"config.json names an unknown detector {name!r}; expected one of {package.DETECTORS}")
+    return target
+
+
+class Detector:
+    """Base class of the OOD detectors: ``fit(...) -> self``, ``score(...) -> Tensor`` (higher = more OOD).
+
+    Subclasses implement ``_fit`` and ``_score``, declare the fitted tensors in ``_state_names``, and return their
+    JSON-serialisable constructor kwargs from ``config()``. Detectors that need no fitting (MSP, MaxLogit, Energy,
+    ODIN) set ``requires_fit = False``; the others raise :class:`NotFittedError` from ``score`` before ``fit``.
+    """
+
+    requires_fit: ClassVar[bool] = True
+    _state_names: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self) -> None:
+        self._fitted = False
+
+    # --- contract -------------------------------------------------------------------------------------------------
+    def fit(self, features: Tensor | None = None, logits: Tensor | None = None, labels: Tensor | None = None, **kwargs):
+        """Fit on ID training data. Returns ``self``. Unused inputs are ignored (uniform call for all detectors)."""
+        self._fit(features=features, logits=logits, labels=labels, **kwargs)
+        self._fitted = True
+        return self
+
+    @torch.no_grad()
+    def score(self, features: Tensor | None = None, logits: Tensor | None = None, **kwargs) -> Tensor:
+        """Outlier scores ``(N,)`` for the given samples; higher = more OOD."""
+        if self.requires_fit and not self._fitted:
+            raise NotFittedError(type(self).__name__)
+        return self._score(features=features, logits=logits, **kwargs)
+
+    __call__ = score
+
+    def _fit(self, features=None, logits=None, labels=None, **kwargs) -> None:
+        """Default: nothing to fit."""
+
+    def _score(self, features=None, logits=None, **kwargs) -> Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @property
+    def is_fitted(self) -> bool:
+        return self._fitted or not self.requires_fit
+
+    def config(self) -> dict[str, Any]:
+        """JSON-serialisable constructor kwargs (tensors such as fc weights live in the state dict)."""
+        return {}
+
+    # --- state ----------------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Tensor]:
+        """Fitted tensors (and fc weights given to the constructor), detached and contiguous."""
+        out = {}
+        for name in self._state_names:
+            value = getattr(self, name, None)
+            if isinstance(value, Tensor):
+                out[name] = value.detach().contiguous()
+        return out
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> Detector:
+        """Restore tensors saved by :meth:`state_dict` and mark the detector fitted. Returns ``self``."""
+        unknown = sorted(set(state) - set(self._state_names))
+        if unknown:
+            raise ValueError(f"state has keys unknown to {type(self).__name__}: {unknown}")
+        for name, value in state.items():
+            setattr(self, name, value)
+        self._fitted = True
+        return self
+
+    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Detector:
+        """Move the fitted tensors (floating ones are cast to ``dtype`` when given). Returns ``self``."""
+        for name in self._state_names:
+            value = getattr(self, name, None)
+            if isinstance(value, Tensor):
+                cast = dtype if (dtype is not None and value.is_floating_point()) else None
+                setattr(self, name, value.to(device=device, dtype=cast))
+        return self
+
+    # --- persistence ----------------------------------------------------------------------------------------------
+    def save_pretrained(self, save_directory: str | Path) -> Path:
+        """Write ``config.json`` (class + kwargs) and ``model.safetensors`` (fitted tensors) into a folder."""
+        from safetensors.torch import save_file
+
+        if self.requires_fit and not self._fitted:
+            raise NotFittedError(type(self).__name__)
+        path = Path(save_directory)
+        path.mkdir(parents=True, exist_ok=True)
+        meta = {
+            "detector": type(self).__name__,
+            "library": "pml_suprank",
+            "library_version": __version__,
+            "fitted": self._fitted,
+            "config": self.config(),
+        }
+        (path / CONFIG_NAME).write_text(json.dumps(meta, indent=2, sort_keys=True))
+        state = {k: v.cpu() for k, v in self.state_dict().items()}
+        save_file(state, str(path / WEIGHTS_NAME), metadata={"detector": type(self).__name__})
+        return path
+
+    @classmethod
+    def from_pretrained(cls, path_or_repo_id: str | Path, *, revision: str | None = None, **overrides) -> Detector:
+        """Load a detector saved by :meth:`save_pretrained` from a folder or a Hub repo id.
+
+        Called on ``Detector`` it instantiates the class named in ``config.json``; ``overrides`` replace
+        constructor kwargs (e.g. ``model=`` for ODIN, which saves no network).
+        """
+        from safetensors.torch import load_file
+
+        path = Path(path_or_repo_id)
+        if not path.is_dir():
+            from huggingface_hub import snapshot_download
+
+            path = Path(snapshot_download(str(path_or_repo_id), revision=revision))
+        meta = json.loads((path / CONFIG_NAME).read_text())
+        name = meta.get("detector")
+        target = _detector_class(name)
+        if cls is not Detector and not issubclass(target, cls):
+            raise ValueError(f"{path} holds a {name} detector, not a {cls.__name__}")
+        det = target(**{**meta.get("config", {}), **overrides})
+        weights = path / WEIGHTS_NAME
+        state = load_file(str(weights)) if weights.exists() else {}
+        det._restore(state, meta)
+        return det
+
+    def _restore(self, state: dict[str, Tensor], meta: dict[str, Any]) -> None:
+        if state or meta.get("fitted"):
+            self.load_state_dict(state)
+
+    def push_to_hub(self, repo_id: str, *, private: bool | None = None, token: str | None = None, **kwargs) -> str:
+        """Save to a temporary folder and upload it to the Hub (``huggingface_hub.HfApi.upload_folder``)."""
+        import tempfile
+
+        from huggingface_hub import HfApi
+
+        api = HfApi(token=token)
+        api.create_repo(repo_id, private=private, exist_ok=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            self.save_pretrained(tmp)
+            info = api.upload_folder(repo_id=repo_id, folder_path=tmp, **kwargs)
+        return str(info)
+
+    def __repr__(self) -> str:
+        kwargs = ", ".join(f"{k}={v!r}" for k, v in self.config().items())
+        return f"{type(self).__name__}({kwargs})"
