@@ -1,0 +1,511 @@
+"""Chunked, exact full-ranking retrieval evaluation (DESIGN.md §2-§3).
+
+The gallery is permuted once so that items are grouped by their label path (coarsest level first). The items sharing
+the ``m`` coarsest labels of a query then form a contiguous, nested slice ``[a_m, b_m)`` of every score row, so the
+level of an item follows from its column and no ``(Q, N)`` level matrix is built. For each chunk of queries the
+score block is one matmul; the relevant slice is gathered and sorted, and negatives are only *counted*
+(:func:`~pml_suprank.metrics.functional.rank_relevant_items`). Cost: ``O(Q·N·D)`` for the matmul plus ``O(Q·N)``
+streaming passes and ``O(Σ_q P_q log P_q)`` for the relevant items; memory ``O(chunk·N)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .._validation import check_embeddings, check_labels, check_positive
+from ..relevance import Hierarchy, as_hierarchical_labels
+from . import functional as F
+
+__all__ = ["RetrievalEvaluator", "compute_embeddings", "METRIC_GROUPS"]
+
+#: metric groups accepted by ``RetrievalEvaluator(metrics=...)`` and the keys each one produces
+METRIC_GROUPS: dict[str, str] = {
+    "ap": "ap",
+    "map_at_r": "map_at_r",
+    "r_precision": "r_precision",
+    "precision_at_1": "precision_at_1",
+    "recall_at_k": "recall_at_{k}",
+    "precision_at_k": "precision_at_{k}",
+    "true_recall_at_k": "true_recall_at_{k}",
+    "map_at_k": "map_at_{k}",
+    "h_ap": "h_ap",
+    "ndcg": "ndcg",
+    "asi": "asi",
+    "sum_w_ap": "sum_w_ap",
+    "ap_level": "ap_level{h}",
+    "map_at_r_level": "map_at_r_level{h}",
+    "recall_at_k_level": "recall_at_{k}_level{h}",
+}
+_TOPK_GROUPS = ("precision_at_1", "recall_at_k", "precision_at_k", "recall_at_k_level")
+
+
+def _label_blocks(query_labels: Tensor, ref_labels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Permutation of the gallery by label path and the nested slices of each query.
+
+    Returns:
+        ``perm`` ``(N,)``, ``starts`` and ``ends`` ``(Q, L)``: after ``ref[perm]`` the items agreeing with query ``q``
+        on its ``m`` coarsest labels are the columns ``[starts[q, m-1], ends[q, m-1])``.
+    """
+    N, L = ref_labels.shape
+    paths = torch.cat([ref_labels, query_labels]).flip(1)  # coarsest first
+    ids = []
+    for m in range(1, L + 1):
+        _, inv = torch.unique(paths[:, :m], dim=0, return_inverse=True)
+        ids.append(inv)
+    perm = torch.sort(ids[-1][:N], stable=True).indices
+    starts, ends = [], []
+    for inv in ids:
+        g = inv[:N][perm].contiguous()
+        q = inv[N:].contiguous()
+        starts.append(torch.searchsorted(g, q, right=False))
+        ends.append(torch.searchsorted(g, q, right=True))
+    return perm, torch.stack(starts, 1), torch.stack(ends, 1)
+
+
+def _chunk_ranks(
+    scores: Tensor, starts: Tensor, ends: Tensor, self_col: Tensor | None, num_bins: int | None
+) -> F.RetrievalRanks:
+    """Ranks of one chunk from its ``(C, N)`` score block (overwritten) and the label slices ``(C, L)``."""
+    C, N = scores.shape
+    L = starts.shape[1]
+    device = scores.device
+    a1, b1 = starts[:, 0], ends[:, 0]
+    n_block = b1 - a1
+    P = int(n_block.max()) if C else 0
+    t = torch.arange(P, device=device)
+    in_block = t[None, :] < n_block[:, None]
+    col = (a1[:, None] + t[None, :]).clamp_max(max(N - 1, 0))
+    has_self = torch.zeros(C, dtype=torch.long, device=device)
+    valid = in_block
+    if self_col is not None:
+        is_self = self_col >= 0
+        has_self = is_self.long()
+        valid = in_block & (col != self_col[:, None])
+    rel_scores = scores.gather(1, col)
+    lev = torch.ones_like(col)
+    for m in range(1, L):
+        lev += (col >= starts[:, m : m + 1]) & (col < ends[:, m : m + 1])
+    lev = torch.where(valid, lev, torch.zeros_like(lev))
+    # keep only negatives in the score block
+    rows, slots = in_block.nonzero(as_tuple=True)
+    scores[rows, col[rows, slots]] = float("-inf")
+    if self_col is not None:
+        r = is_self.nonzero(as_tuple=True)[0]
+        scores[r, self_col[r]] = float("-inf")
+    levels, positions = F.rank_relevant_items(scores, rel_scores, lev, num_bins=num_bins)
+    ge = ends - starts - has_self[:, None]  # (C, L): items agreeing on the m coarsest labels (self removed)
+    ge = torch.cat([ge, torch.zeros_like(ge[:, :1])], 1)
+    counts = torch.empty(C, L + 1, dtype=torch.long, device=device)
+    counts[:, 1:] = ge[:, :-1] - ge[:, 1:]
+    counts[:, 0] = N - has_self - ge[:, 0]
+    return F.RetrievalRanks(levels, positions, counts, L)
+
+
+class RetrievalEvaluator:
+    """Exact retrieval metrics over the whole gallery, chunked over queries, on any device.
+
+    Metrics (means over the queries for which they are defined; DESIGN.md §2 conventions — pessimistic ties, query
+    removed by index, queries without positives excluded and counted):
+
+    * fine level: ``"ap"``, ``"map_at_r"``, ``"r_precision"``, ``"precision_at_1"``, ``"recall_at_{k}"`` (hit rate),
+      ``"precision_at_{k}"``, ``"true_recall_at_{k}"``, ``"map_at_{k}"`` for ``k`` in ``k_values``;
+    * hierarchical: ``"h_ap"`` (SupRank Eq. 19, pop relevance Eq. 20 with ``alpha``, counted on the gallery searched),
+      ``"ndcg"`` (Eq. 23), ``"asi"`` (App. C-A1), ``"sum_w_ap"`` (ΣwAP with ``level_weights``);
+    * per hierarchy level ``h`` (label column, 0 = finest; positives share the label of column ``h``):
+      ``"ap_level{h}"``, ``"map_at_r_level{h}"``, ``"recall_at_{k}_level{h}"``;
+    * counts: ``"num_queries"``, ``"num_queries_without_positives"`` (fine level),
+      ``"num_queries_without_positives_level{h}"``, ``"num_queries_without_relevant"`` (nothing at any level).
+
+    Args:
+        k_values: the ``k`` of the top-k metrics.
+        alpha: ``α`` of the H-AP relevance (1 = HAPPIER).
+        chunk_size: queries per chunk; default ``max(16, 2**25 // N)`` (about 1 GB of work memory).
+        device: where to compute (default: the device of ``query``).
+        metrics: metric groups to compute (keys of :data:`METRIC_GROUPS`); default all.
+        level_weights: ``w_1..w_L`` for ΣwAP (``w_L`` = finest); default uniform.
+        hierarchy: fine -> ancestors table ``(num_fine, L)`` or :class:`~pml_suprank.relevance.Hierarchy`, used to
+            expand 1-D labels.
+        backend: ``"torch"`` (exact, every metric) or ``"faiss"`` (``IndexFlatIP`` k-NN; only the top-k metric groups
+            ``precision_at_1``, ``recall_at_k``, ``precision_at_k``, ``recall_at_k_level``; ties in faiss order).
+        progress_bar: show a tqdm bar over chunks.
+        num_bins: histogram resolution of the counting kernel (speed only).
+
+    Example:
+        >>> evaluator = RetrievalEvaluator(k_values=(1, 10))
+        >>> out = evaluator.evaluate(embeddings, labels)  # labels (N,) or (N, L), column 0 finest
+        >>> out["map_at_r"], out["h_ap"]
+    """
+
+    def __init__(
+        self,
+        k_values: Sequence[int] = (1, 10, 100),
+        alpha: float = 1.0,
+        chunk_size: int | None = None,
+        device: torch.device | str | None = None,
+        *,
+        metrics: Iterable[str] | None = None,
+        level_weights: Sequence[float] | None = None,
+        hierarchy: Hierarchy | Tensor | None = None,
+        backend: str = "torch",
+        progress_bar: bool = False,
+        num_bins: int | None = None,
+    ) -> None:
+        if isinstance(k_values, int):
+            k_values = (k_values,)
+        k_values = tuple(k_values)
+        for k in k_values:
+            if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+                raise ValueError(f"k_values must be positive ints; got {k_values!r}")
+        self.k_values = k_values
+        self.alpha = check_positive("alpha", alpha, strict=False)
+        if chunk_size is not None and (
+            isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
+        ):
+            raise ValueError(f"chunk_size must be a positive int or None; got {chunk_size!r}")
+        self.chunk_size = chunk_size
+        self.device = None if device is None else torch.device(device)
+        if backend not in ("torch", "faiss"):
+            raise ValueError(f"backend must be one of ('torch', 'faiss'); got {backend!r}")
+        self.backend = backend
+        if metrics is None:
+            metrics = _TOPK_GROUPS if backend == "faiss" else tuple(METRIC_GROUPS)
+        elif isinstance(metrics, str):
+            metrics = (metrics,)
+        metrics = tuple(metrics)
+        unknown = [m for m in metrics if m not in METRIC_GROUPS]
+        if unknown:
+            raise ValueError(f"unknown metric name(s) {unknown}; valid names: {tuple(METRIC_GROUPS)}")
+        if backend == "faiss":
+            exact_only = [m for m in metrics if m not in _TOPK_GROUPS]
+            if exact_only:
+                raise ValueError(
+                    f"backend='faiss' only computes the top-k metrics {_TOPK_GROUPS}; got {exact_only} "
+                    "(use backend='torch' for exact full-ranking metrics)"
+                )
+        self.metrics = metrics
+        self.level_weights = None if level_weights is None else [float(w) for w in level_weights]
+        if hierarchy is not None and not isinstance(hierarchy, Hierarchy):
+            hierarchy = Hierarchy(hierarchy)
+        self.hierarchy = hierarchy
+        self.progress_bar = bool(progress_bar)
+        self.num_bins = num_bins
+
+    def __repr__(self) -> str:
+        return (
+            f"RetrievalEvaluator(k_values={self.k_values}, alpha={self.alpha}, chunk_size={self.chunk_size}, "
+            f"device={self.device}, backend={self.backend!r})"
+        )
+
+    # ------------------------------------------------------------------------------------------------------------
+    def _prepare(
+        self,
+        query: Tensor,
+        query_labels: Tensor,
+        reference: Tensor | None,
+        reference_labels: Tensor | None,
+        ref_includes_query: bool,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+        query = check_embeddings("query", query)
+        query_labels = check_labels("query_labels", query_labels, query.shape[0], n_name="query")
+        if reference is None:
+            if reference_labels is not None:
+                raise ValueError("reference_labels given without reference")
+            reference, reference_labels = query, query_labels
+            ref_includes_query = True
+        else:
+            reference = check_embeddings("reference", reference)
+            if reference_labels is None:
+                raise ValueError("reference_labels must be given with reference")
+            reference_labels = check_labels(
+                "reference_labels", reference_labels, reference.shape[0], n_name="reference"
+            )
+        if reference.shape[1] != query.shape[1]:
+            raise ValueError(
+                f"query and reference must have the same embedding size; got {query.shape[1]} and {reference.shape[1]}"
+            )
+        ql = as_hierarchical_labels(query_labels, self.hierarchy, name="query_labels")
+        rl = as_hierarchical_labels(reference_labels, self.hierarchy, name="reference_labels")
+        if ql.shape[1] != rl.shape[1]:
+            raise ValueError(
+                f"query_labels and reference_labels must have the same number of levels; got {ql.shape[1]} "
+                f"and {rl.shape[1]}"
+            )
+        self_idx = None
+        if ref_includes_query:
+            Q = query.shape[0]
+            if reference.shape[0] < Q:
+                raise ValueError(
+                    f"ref_includes_query=True needs the queries as the first rows of reference; reference has "
+                    f"{reference.shape[0]} rows for {Q} queries"
+                )
+            if reference is not query and not (
+                torch.equal(ql, rl[:Q].to(ql.device)) and torch.allclose(query, reference[:Q].to(query.device))
+            ):
+                raise ValueError(
+                    "ref_includes_query=True: the first len(query) rows of reference (and reference_labels) must "
+                    "equal query (and query_labels)"
+                )
+            self_idx = torch.arange(Q)
+        return query, ql, reference, rl, self_idx
+
+    def _default_chunk(self, n_ref: int) -> int:
+        return self.chunk_size if self.chunk_size is not None else max(16, 2**25 // max(n_ref, 1))
+
+    def _chunks(self, num_queries: int, chunk: int) -> Iterable[int]:
+        starts = range(0, num_queries, chunk)
+        if not self.progress_bar:
+            return starts
+        try:
+            from tqdm.auto import tqdm
+        except ImportError as e:  # pragma: no cover - tqdm is in the recipes extra
+            raise ImportError("progress_bar=True needs tqdm: pip install tqdm") from e
+        return tqdm(starts, total=math.ceil(num_queries / chunk), desc="retrieval eval", unit="chunk")
+
+    # ------------------------------------------------------------------------------------------------------------
+    def evaluate(
+        self,
+        query: Tensor,
+        query_labels: Tensor,
+        reference: Tensor | None = None,
+        reference_labels: Tensor | None = None,
+        return_per_query: bool = False,
+        *,
+        ref_includes_query: bool = False,
+    ) -> dict[str, Any]:
+        """Evaluate ``query`` against ``reference`` (default: the query set itself, each query removed by index).
+
+        Args:
+            query: ``(Q, D)`` embeddings (compared by dot product: pass L2-normalised embeddings for cosine).
+            query_labels: ``(Q,)`` or ``(Q, L)`` integer labels (column 0 finest), or fine labels + ``hierarchy``.
+            reference: ``(N, D)`` gallery embeddings, or None.
+            reference_labels: labels of the gallery, same number of levels as ``query_labels``.
+            return_per_query: also return ``"per_query"``: ``{key: (Q,) float64 tensor}`` (NaN = undefined).
+            ref_includes_query: the first ``Q`` rows of ``reference`` are the queries (PML convention); they are
+                removed from their own ranking by index.
+
+        Returns:
+            dict of float means (and int counts), plus ``"per_query"`` when asked.
+        """
+        query, ql, reference, rl, self_idx = self._prepare(
+            query, query_labels, reference, reference_labels, ref_includes_query
+        )
+        if self.backend == "faiss":
+            return self._evaluate_faiss(query, ql, reference, rl, self_idx, return_per_query)
+        device = self.device if self.device is not None else query.device
+        dtype = query.dtype if query.dtype in (torch.float32, torch.float64) else torch.float32
+        Q, N, L = query.shape[0], reference.shape[0], ql.shape[1]
+        perm, starts, ends = _label_blocks(ql.cpu(), rl.cpu())
+        self_col = None
+        if self_idx is not None:
+            inv = torch.empty_like(perm)
+            inv[perm] = torch.arange(N)
+            self_col = torch.full((Q,), -1, dtype=torch.long)
+            self_col[self_idx] = inv[self_idx]
+        gallery = reference.detach()[perm.to(reference.device)].to(device=device, dtype=dtype)
+        starts, ends = starts.to(device), ends.to(device)
+        self_col = None if self_col is None else self_col.to(device)
+        chunk = self._default_chunk(N)
+        per_query: dict[str, list[Tensor]] = {}
+        with torch.no_grad():
+            for s in self._chunks(Q, chunk):
+                e = min(s + chunk, Q)
+                qc = query.detach()[s:e].to(device=device, dtype=dtype)
+                scores = qc @ gallery.T
+                ranks = _chunk_ranks(
+                    scores,
+                    starts[s:e],
+                    ends[s:e],
+                    None if self_col is None else self_col[s:e],
+                    self.num_bins,
+                )
+                del scores
+                for key, value in self._metrics_from_ranks(ranks).items():
+                    per_query.setdefault(key, []).append(value.cpu())
+        merged = {k: torch.cat(v) for k, v in per_query.items()}
+        return self._summarise(merged, Q, L, return_per_query)
+
+    def _metrics_from_ranks(self, ranks: F.RetrievalRanks) -> dict[str, Tensor]:
+        L = ranks.num_levels
+        out: dict[str, Tensor] = {}
+        want = set(self.metrics)
+        out["_n_pos_fine"] = ranks.counts[:, L].double()
+        out["_n_rel"] = ranks.counts[:, 1:].sum(1).double()
+        for h in range(L):
+            out[f"_n_pos_level{h}"] = ranks.counts[:, L - h :].sum(1).double()
+        if "ap" in want:
+            out["ap"] = F.ap_from_ranks(ranks, L)
+        if "map_at_r" in want:
+            out["map_at_r"] = F.map_at_r_from_ranks(ranks, L)
+        if "r_precision" in want:
+            out["r_precision"] = F.r_precision_from_ranks(ranks, L)
+        if "precision_at_1" in want:
+            out["precision_at_1"] = F.precision_at_k_from_ranks(ranks, 1, L)
+        for k in self.k_values:
+            if "recall_at_k" in want:
+                out[f"recall_at_{k}"] = F.recall_at_k_from_ranks(ranks, k, L)
+            if "precision_at_k" in want:
+                out[f"precision_at_{k}"] = F.precision_at_k_from_ranks(ranks, k, L)
+            if "true_recall_at_k" in want:
+                out[f"true_recall_at_{k}"] = F.true_recall_at_k_from_ranks(ranks, k, L)
+            if "map_at_k" in want:
+                out[f"map_at_{k}"] = F.map_at_k_from_ranks(ranks, k, L)
+        if "h_ap" in want:
+            out["h_ap"] = F.hap_from_ranks(ranks, alpha=self.alpha)
+        if "ndcg" in want:
+            out["ndcg"] = F.ndcg_from_ranks(ranks)
+        if "asi" in want:
+            out["asi"] = F.asi_from_ranks(ranks)
+        if "sum_w_ap" in want:
+            out["sum_w_ap"] = F.weighted_sum_ap_from_ranks(ranks, self.level_weights)
+        for h in range(L):
+            m = L - h
+            if "ap_level" in want:
+                out[f"ap_level{h}"] = F.ap_from_ranks(ranks, m)
+            if "map_at_r_level" in want:
+                out[f"map_at_r_level{h}"] = F.map_at_r_from_ranks(ranks, m)
+            if "recall_at_k_level" in want:
+                for k in self.k_values:
+                    out[f"recall_at_{k}_level{h}"] = F.recall_at_k_from_ranks(ranks, k, m)
+        return out
+
+    @staticmethod
+    def _summarise(per_query: dict[str, Tensor], Q: int, L: int, return_per_query: bool) -> dict[str, Any]:
+        result: dict[str, Any] = {}
+        for key, v in per_query.items():
+            if key.startswith("_"):
+                continue
+            ok = ~torch.isnan(v)
+            result[key] = float(v[ok].mean()) if bool(ok.any()) else float("nan")
+        result["num_queries"] = Q
+        result["num_queries_without_positives"] = int((per_query["_n_pos_fine"] == 0).sum())
+        result["num_queries_without_relevant"] = int((per_query["_n_rel"] == 0).sum())
+        for h in range(L):
+            result[f"num_queries_without_positives_level{h}"] = int((per_query[f"_n_pos_level{h}"] == 0).sum())
+        if return_per_query:
+            result["per_query"] = {k: v for k, v in per_query.items() if not k.startswith("_")}
+        return result
+
+    # ------------------------------------------------------------------------------------------------------------
+    def _evaluate_faiss(
+        self, query: Tensor, ql: Tensor, reference: Tensor, rl: Tensor, self_idx: Tensor | None, per_q: bool
+    ) -> dict[str, Any]:
+        try:
+            import faiss
+        except ImportError as e:
+            raise ImportError("backend='faiss' needs faiss: pip install 'pml-suprank[faiss]'") from e
+        import numpy as np
+
+        Q, N, L = query.shape[0], reference.shape[0], ql.shape[1]
+        kmax = min(max(self.k_values + (1,)), N - (1 if self_idx is not None else 0))
+        extra = 1 if self_idx is not None else 0
+        index = faiss.IndexFlatIP(reference.shape[1])
+        index.add(np.ascontiguousarray(reference.detach().cpu().float().numpy()))
+        _, nn = index.search(np.ascontiguousarray(query.detach().cpu().float().numpy()), kmax + extra)
+        nn = torch.from_numpy(nn).long()
+        if self_idx is not None:  # drop the query itself by index (keep the first kmax others)
+            keep = nn != torch.arange(Q)[:, None]
+            order = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices[:, :kmax]
+            nn = nn.gather(1, order)
+        nn_labels = rl.cpu()[nn.clamp_min(0)]  # (Q, k, L)
+        qlc = ql.cpu()
+        _, starts, ends = _label_blocks(qlc, rl.cpu())
+        n_self = 0 if self_idx is None else 1
+        per_query: dict[str, Tensor] = {}
+        want = set(self.metrics)
+        for h in range(L):
+            same = (nn_labels[:, :, h:] == qlc[:, None, h:]).all(-1) & (nn >= 0)
+            n_pos = (ends[:, L - 1 - h] - starts[:, L - 1 - h] - n_self).double()
+            per_query[f"_n_pos_level{h}"] = n_pos
+            nan = torch.full((Q,), float("nan"), dtype=torch.float64)
+            for k in self.k_values:
+                hit_k = same[:, :k].any(1).double()
+                prec_k = same[:, :k].sum(1).double() / k
+                if h == 0 and "recall_at_k" in want:
+                    per_query[f"recall_at_{k}"] = torch.where(n_pos > 0, hit_k, nan)
+                if h == 0 and "precision_at_k" in want:
+                    per_query[f"precision_at_{k}"] = torch.where(n_pos > 0, prec_k, nan)
+                if "recall_at_k_level" in want:
+                    per_query[f"recall_at_{k}_level{h}"] = torch.where(n_pos > 0, hit_k, nan)
+            if h == 0 and "precision_at_1" in want:
+                per_query["precision_at_1"] = torch.where(n_pos > 0, same[:, :1].double().sum(1), nan)
+        per_query["_n_pos_fine"] = per_query["_n_pos_level0"]
+        per_query["_n_rel"] = (ends[:, 0] - starts[:, 0] - n_self).double()
+        return self._summarise(per_query, Q, L, per_q)
+
+
+@torch.no_grad()
+def compute_embeddings(
+    model: torch.nn.Module,
+    dataloader: Iterable[Any],
+    *,
+    accelerator: Any = None,
+    device: torch.device | str | None = None,
+    normalize: bool = True,
+    input_key: str | None = None,
+    label_key: str | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Embed a whole dataloader with ``model`` (eval mode) and return ``(embeddings, labels)`` on the CPU.
+
+    Batches are ``(inputs, labels, ...)`` tuples or dicts (``input_key`` default: the first of ``"pixel_values"``,
+    ``"image"``, ``"images"``, ``"input"``; ``label_key`` default: ``"labels"`` or ``"label"``). With an
+    ``accelerate.Accelerator``, each batch is gathered across processes with ``accelerator.gather_for_metrics``
+    (which also drops the samples duplicated to even out the last batch); the model should then be prepared.
+
+    Args:
+        model: maps a batch of inputs to ``(B, D)`` embeddings.
+        dataloader: iterable of batches.
+        accelerator: optional ``accelerate.Accelerator`` (accelerate is imported by the caller, never here).
+        device: where to run the model (default: ``accelerator.device`` or the model's parameters' device).
+        normalize: L2-normalise the embeddings (cosine similarity, DESIGN.md §2).
+        input_key, label_key: dict keys of the inputs / labels.
+
+    Returns:
+        ``(N, D)`` float embeddings and ``(N,)`` or ``(N, L)`` labels.
+    """
+    if device is None:
+        if accelerator is not None:
+            device = accelerator.device
+        else:
+            p = next(iter(model.parameters()), None)
+            device = p.device if p is not None else torch.device("cpu")
+    was_training = model.training
+    model.eval()
+    embs, labs = [], []
+    try:
+        for batch in dataloader:
+            x, y = _split_batch(batch, input_key, label_key)
+            x = x.to(device) if isinstance(x, Tensor) else x
+            y = torch.as_tensor(y).to(device)
+            e = model(x)
+            if isinstance(e, (tuple, list)):
+                e = e[0]
+            if normalize:
+                e = torch.nn.functional.normalize(e.float(), dim=-1)
+            if accelerator is not None:
+                e, y = accelerator.gather_for_metrics((e.contiguous(), y.contiguous()))
+            embs.append(e.detach().cpu())
+            labs.append(y.detach().cpu())
+    finally:
+        model.train(was_training)
+    if not embs:
+        raise ValueError("dataloader yielded no batch")
+    return torch.cat(embs), torch.cat(labs)
+
+
+def _split_batch(batch: Any, input_key: str | None, label_key: str | None) -> tuple[Any, Any]:
+    if isinstance(batch, dict):
+        ik = input_key or next((k for k in ("pixel_values", "image", "images", "input") if k in batch), None)
+        lk = label_key or next((k for k in ("labels", "label") if k in batch), None)
+        if ik is None or ik not in batch or lk is None or lk not in batch:
+            raise ValueError(
+                f"cannot find inputs/labels in a batch with keys {sorted(batch)}; pass input_key= and label_key="
+            )
+        return batch[ik], batch[lk]
+    if isinstance(batch, (tuple, list)) and len(batch) >= 2:
+        return batch[0], batch[1]
+    raise TypeError(f"batches must be (inputs, labels, ...) tuples or dicts; got {type(batch).__name__}")

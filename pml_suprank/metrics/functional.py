@@ -1,0 +1,646 @@
+"""Exact per-query retrieval metrics from scores and levels, without sorting whole rows.
+
+Conventions (DESIGN.md §2):
+    * ``scores`` ``(Q, N)``: similarity of every gallery item to every query (higher = closer).
+    * ``levels`` ``(Q, N)``: level of every gallery item for every query, in ``{0, ..., L}``; ``L`` = same fine
+      class, ``0`` = negative (see :func:`pml_suprank.relevance.level_matrix`). A bool tensor is a binary
+      (one-level) relevance.
+    * ``mask`` ``(Q, N)`` bool, optional: ``False`` removes an item from the gallery of that query (e.g. the query
+      itself when the gallery is the query set; PML convention).
+    * **Ties are resolved pessimistically**: among items with exactly equal scores the less relevant ones (lower
+      level) are ranked first, then by index. Every metric is the value of this worst-case order, so no result
+      depends on the input order and tied items of equal relevance never penalise each other.
+    * Binary metrics take ``min_level``: positives are the items at level ``>= min_level`` (default ``L``, i.e. the
+      same fine class). "AP at hierarchy level ``h``" (column ``h`` of ``(N, L)`` labels, 0 = finest) is
+      ``min_level = L - h``.
+    * Queries without any positive get ``NaN`` (they are excluded from means, never scored 0).
+
+Algorithm (DESIGN.md §3). Only the *relevant* items of a query (level ``>= 1``, ``P`` of them) are sorted. The number
+of negatives scoring at least as high as each relevant item is counted with a uniform histogram of the row
+(bins spanning the relevant scores' range, ``O(N)``) plus an exact correction for the few negatives that share a
+bin with a relevant item. Ranks therefore cost ``O(N + P log P)`` per query instead of ``O(N log N)``, and every
+metric is computed from the ``(Q, P)`` positions of the relevant items with per-level cumulative counts.
+
+References:
+    Ramzi et al., "Optimization of Rank Losses for Image Retrieval" (SupRank, TPAMI): H-AP Eqs. 18-20, NDCG Eq. 23,
+    ASI App. C-A1, ΣwAP supplementary Sec. B-B3 (Property 1).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from .._validation import check_positive
+from ..relevance import level_counts, pop_relevance, property1_relevance
+
+__all__ = [
+    "RetrievalRanks",
+    "asi",
+    "average_precision",
+    "hierarchical_average_precision",
+    "map_at_k",
+    "map_at_r",
+    "ndcg",
+    "precision_at_k",
+    "r_precision",
+    "rank_relevant_items",
+    "recall_at_k",
+    "retrieval_ranks",
+    "true_recall_at_k",
+    "weighted_sum_ap",
+]
+
+
+class RetrievalRanks(NamedTuple):
+    """Positions of the relevant items of every query in the pessimistic full ranking.
+
+    Attributes:
+        levels: ``(Q, P)`` int64 levels of the relevant items in ranked order; ``0`` marks padding.
+        positions: ``(Q, P)`` int64 1-based positions among the gallery items that count; ``0`` for padding.
+        counts: ``(Q, L + 1)`` int64 number of gallery items at each level (``counts[:, 0]`` = negatives).
+        num_levels: ``L``.
+    """
+
+    levels: Tensor
+    positions: Tensor
+    counts: Tensor
+    num_levels: int
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# input checks
+
+
+def _check_scores(scores: Tensor) -> Tensor:
+    if not isinstance(scores, Tensor):
+        raise TypeError(f"scores must be a torch.Tensor of shape (Q, N); got {type(scores).__name__}")
+    if scores.dim() != 2:
+        raise ValueError(f"scores must have shape (Q, N); got shape {tuple(scores.shape)}")
+    if not scores.is_floating_point():
+        raise TypeError(f"scores must be a floating-point tensor; got dtype {scores.dtype}")
+    if bool(torch.isnan(scores).any()):
+        raise ValueError("scores contains NaN values")
+    return scores.detach()
+
+
+def _check_levels(levels: Tensor, scores: Tensor, num_levels: int | None) -> tuple[Tensor, int]:
+    if not isinstance(levels, Tensor):
+        raise TypeError(f"levels must be an integer or bool torch.Tensor of shape (Q, N); got {type(levels).__name__}")
+    if levels.shape != scores.shape:
+        raise ValueError(f"levels must have the shape of scores {tuple(scores.shape)}; got shape {tuple(levels.shape)}")
+    if levels.is_floating_point() or levels.is_complex():
+        raise TypeError(f"levels must have an integer or bool dtype; got dtype {levels.dtype}")
+    if levels.dtype == torch.bool:
+        if num_levels not in (None, 1):
+            raise ValueError(f"bool levels are binary, so num_levels must be None or 1; got {num_levels}")
+        return levels.long(), 1
+    levels = levels.long()
+    lmin = int(levels.min()) if levels.numel() else 0
+    lmax = int(levels.max()) if levels.numel() else 0
+    if num_levels is None:
+        num_levels = max(lmax, 1)
+    elif isinstance(num_levels, bool) or not isinstance(num_levels, int) or num_levels < 1:
+        raise ValueError(f"num_levels must be a positive int; got {num_levels!r}")
+    if lmin < 0 or lmax > num_levels:
+        raise ValueError(f"levels must lie in [0, num_levels={num_levels}]; got values in [{lmin}, {lmax}]")
+    return levels, num_levels
+
+
+def _check_mask(mask: Tensor | None, scores: Tensor) -> Tensor | None:
+    if mask is None:
+        return None
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+        raise TypeError(f"mask must be a bool torch.Tensor; got {getattr(mask, 'dtype', type(mask).__name__)}")
+    if mask.shape != scores.shape:
+        raise ValueError(f"mask must have the shape of scores {tuple(scores.shape)}; got shape {tuple(mask.shape)}")
+    return mask
+
+
+def _check_min_level(min_level: int | None, num_levels: int) -> int:
+    if min_level is None:
+        return num_levels
+    if isinstance(min_level, bool) or not isinstance(min_level, int) or not 1 <= min_level <= num_levels:
+        raise ValueError(f"min_level must be an int in [1, num_levels={num_levels}]; got {min_level!r}")
+    return min_level
+
+
+def _check_k(k: int) -> int:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be a positive int; got {k!r}")
+    return k
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# ranks
+
+
+def _pessimistic_order(scores: Tensor, levels: Tensor, valid: Tensor) -> Tensor:
+    """Argsort ``(C, P)`` by score descending, then level ascending (padding last)."""
+    if scores.dtype == torch.float32 and (levels.numel() == 0 or int(levels.max()) < 64):
+        # one int64 sort: order-preserving int32 image of the float, negated, then the level in the low bits
+        s = scores + 0.0  # turns -0.0 into +0.0 so that equal floats get equal keys
+        bits = s.view(torch.int32).long()
+        mapped = torch.where(bits >= 0, bits, -(bits & 0x7FFFFFFF) - 1)
+        key = (-mapped) * 64 + levels
+        key = key.masked_fill(~valid, torch.iinfo(torch.int64).max)
+        return torch.sort(key, dim=1).indices
+    # generic: stable sort by level, then stable sort by score descending
+    lev = levels.masked_fill(~valid, 0)
+    first = torch.sort(lev, dim=1, stable=True).indices
+    s = scores.masked_fill(~valid, float("-inf")).gather(1, first)
+    second = torch.sort(s, dim=1, descending=True, stable=True).indices
+    return first.gather(1, second)
+
+
+def rank_relevant_items(
+    neg_scores: Tensor, rel_scores: Tensor, rel_levels: Tensor, num_bins: int | None = None
+) -> tuple[Tensor, Tensor]:
+    """Sort the relevant items of each query and find their positions in the full pessimistic ranking.
+
+    Low-level kernel shared by :func:`retrieval_ranks` and :class:`~pml_suprank.metrics.RetrievalEvaluator`.
+
+    Args:
+        neg_scores: ``(C, N)`` scores of the negatives (level 0) of each query; every other entry (relevant items,
+            removed items) must be ``-inf``. Not modified.
+        rel_scores: ``(C, P)`` scores of the relevant items (finite); padding slots arbitrary.
+        rel_levels: ``(C, P)`` int64 levels ``>= 1`` of the relevant items; ``0`` marks a padding slot.
+        num_bins: histogram resolution (default ``N``); affects speed only, never the result.
+
+    Returns:
+        ``(levels, positions)``, both ``(C, P)`` int64, in ranked order: the levels of the relevant items (``0`` =
+        padding, always last) and their 1-based positions among the negatives and relevant items (``0`` for padding).
+    """
+    C, N = neg_scores.shape
+    P = rel_scores.shape[1]
+    device = neg_scores.device
+    if P == 0:
+        empty = torch.zeros(C, 0, dtype=torch.long, device=device)
+        return empty, empty.clone()
+    valid = rel_levels > 0
+    order = _pessimistic_order(rel_scores, rel_levels, valid)
+    rl = rel_levels.gather(1, order)
+    vs = valid.gather(1, order)
+    rs = rel_scores.gather(1, order).masked_fill(~vs, float("-inf"))  # descending, padding (-inf) last
+    n_rel = vs.sum(1)
+    arange_p = torch.arange(P, device=device)
+
+    # Uniform bins over each row's relevant range: bin() is monotone because it is a chain of correctly rounded
+    # elementwise ops (sub, mul, clamp, trunc) applied identically to every score, so an item in a higher bin than a
+    # relevant item scores strictly higher, and only the items sharing a bin need an exact comparison.
+    B = max(int(num_bins if num_bins is not None else N), 1)
+    nb_total = B + 4
+    big = torch.finfo(rs.dtype).max
+    lo = torch.where(vs, rs, torch.full_like(rs, big)).amin(1)
+    hi = torch.where(vs, rs, torch.full_like(rs, -big)).amax(1)
+    width = hi - lo
+    ok = (n_rel > 0) & torch.isfinite(width) & (width > 0)
+    scale = torch.where(ok, B / width.clamp_min(torch.finfo(rs.dtype).tiny), torch.ones_like(width))
+    scale = torch.where(torch.isfinite(scale), scale, torch.ones_like(scale))
+    lo = torch.where(n_rel > 0, lo, torch.zeros_like(lo))
+    lo2 = (lo - 2.0 / scale)[:, None]
+    scale = scale[:, None]
+
+    def to_bins(x: Tensor) -> Tensor:
+        y = torch.sub(x, lo2)
+        y.mul_(scale)
+        y.clamp_(0, nb_total - 1)
+        return y.long()
+
+    nb = to_bins(neg_scores)  # (C, N)
+    rb = to_bins(rs)  # (C, P), non-increasing along the sorted order
+    rb = torch.where(vs, rb, torch.zeros_like(rb))
+
+    ones_n = torch.ones(1, 1, dtype=torch.int32, device=device).expand(C, N)
+    hist = torch.zeros(C, nb_total, dtype=torch.int32, device=device).scatter_add_(1, nb, ones_n)
+    cum = hist.cumsum(1, dtype=torch.int64)  # items in bins <= b
+    neg_ge = cum[:, -1:] - cum.gather(1, rb)  # negatives in bins > bin(r_k): all score > r_k
+    del hist, cum
+
+    relhist = torch.zeros(C, nb_total, dtype=torch.int32, device=device).scatter_add_(1, rb, vs.int())
+    cand = (relhist > 0).gather(1, nb)  # negatives sharing a bin with some relevant item
+    ci, cj = cand.nonzero(as_tuple=True)
+    del cand
+    if ci.numel():
+        cs = neg_scores[ci, cj]
+        cb = nb[ci, cj]
+        rel_cum = relhist.cumsum(1, dtype=torch.int64)
+        first = n_rel[ci] - rel_cum[ci, cb]  # sorted index of the first relevant item of that bin
+        count = relhist[ci, cb].long()
+        max_count = int(count.max())
+        if max_count <= 16:
+            above = torch.zeros_like(first)
+            for t in range(max_count):
+                r_t = rs[ci, (first + t).clamp_max(P - 1)]
+                above += ((t < count) & (r_t > cs)).long()
+        else:  # many exactly tied relevant scores: one batched binary search instead
+            above = _count_greater(rs, vs, ci, cs) - first
+        # candidate contributes +1 to the relevant items of its bin with r <= s: sorted slots [first+above, first+count)
+        diff = torch.zeros(C * (P + 1), dtype=torch.int64, device=device)
+        base = ci * (P + 1)
+        diff.index_add_(0, base + first + above, torch.ones_like(first))
+        diff.index_add_(0, base + first + count, -torch.ones_like(first))
+        neg_ge = neg_ge + diff.view(C, P + 1).cumsum(1)[:, :P]
+    positions = torch.where(vs, neg_ge + arange_p + 1, torch.zeros_like(neg_ge))
+    return torch.where(vs, rl, torch.zeros_like(rl)), positions
+
+
+def _count_greater(rs: Tensor, vs: Tensor, rows: Tensor, values: Tensor) -> Tensor:
+    """``#{k : rs[row, k] > value}`` for flattened (row, value) pairs; ``rs`` descending per row."""
+    C, P = rs.shape
+    counts = torch.bincount(rows, minlength=C)
+    M = int(counts.max())
+    start = torch.cumsum(counts, 0) - counts
+    slot = torch.arange(rows.numel(), device=rs.device) - start[rows]
+    padded = torch.full((C, M), float("inf"), dtype=rs.dtype, device=rs.device)
+    padded[rows, slot] = -values
+    seq = (-rs).masked_fill(~vs, float("inf")).contiguous()
+    found = torch.searchsorted(seq, padded, right=False)  # #{k : -r_k < -v} = #{k : r_k > v}
+    return found[rows, slot]
+
+
+def retrieval_ranks(
+    scores: Tensor,
+    levels: Tensor,
+    mask: Tensor | None = None,
+    *,
+    num_levels: int | None = None,
+    num_bins: int | None = None,
+) -> RetrievalRanks:
+    """Positions of every relevant item (level ``>= 1``) in the pessimistic ranking of each query.
+
+    Args:
+        scores: ``(Q, N)`` similarities.
+        levels: ``(Q, N)`` levels in ``{0..L}`` (int) or binary relevance (bool).
+        mask: optional ``(Q, N)`` bool; ``False`` removes the item from that query's gallery.
+        num_levels: ``L``; default ``max(levels)`` (pass it when some level may be absent from the data).
+        num_bins: histogram resolution of the counting kernel (speed only).
+
+    Returns:
+        :class:`RetrievalRanks` from which every metric of this module is computed.
+    """
+    scores = _check_scores(scores)
+    levels, L = _check_levels(levels, scores, num_levels)
+    mask = _check_mask(mask, scores)
+    Q, N = scores.shape
+    keep = torch.ones_like(levels, dtype=torch.bool) if mask is None else mask
+    relevant = (levels > 0) & keep
+    n_rel = relevant.sum(1)
+    P = int(n_rel.max()) if Q else 0
+    rows, cols = relevant.nonzero(as_tuple=True)
+    slot = relevant.long().cumsum(1)[rows, cols] - 1
+    rel_idx = torch.zeros(Q, P, dtype=torch.long, device=scores.device)
+    rel_idx[rows, slot] = cols
+    slot_valid = torch.arange(P, device=scores.device) < n_rel[:, None]
+    rel_scores = scores.gather(1, rel_idx)
+    rel_levels = torch.where(slot_valid, levels.gather(1, rel_idx), torch.zeros_like(rel_idx))
+    neg_scores = scores.masked_fill(~(keep & (levels == 0)), float("-inf"))
+    lv, pos = rank_relevant_items(neg_scores, rel_scores, rel_levels, num_bins=num_bins)
+    counts = level_counts(levels, L, keep)
+    return RetrievalRanks(lv, pos, counts, L)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# metrics from ranks (float64)
+
+
+def _f64(x: Tensor) -> Tensor:
+    return x.to(torch.float64)
+
+
+def _binary_parts(ranks: RetrievalRanks, min_level: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """positives mask, rank⁺ (cumulative positives), positions (float64, padding = inf), #positives."""
+    pos_mask = ranks.levels >= min_level
+    rank_plus = pos_mask.long().cumsum(1)
+    position = torch.where(pos_mask, _f64(ranks.positions), torch.full_like(_f64(ranks.positions), float("inf")))
+    n_pos = ranks.counts[:, min_level:].sum(1)
+    return pos_mask, rank_plus, position, n_pos
+
+
+def _nan_where_empty(value: Tensor, n: Tensor) -> Tensor:
+    return torch.where(n > 0, value, torch.full_like(value, float("nan")))
+
+
+def ap_from_ranks(ranks: RetrievalRanks, min_level: int | None = None) -> Tensor:
+    """Average precision ``(Q,)`` (positives: level ``>= min_level``, default ``L``); NaN without positives."""
+    m = _check_min_level(min_level, ranks.num_levels)
+    pos_mask, rank_plus, position, n_pos = _binary_parts(ranks, m)
+    total = (pos_mask * rank_plus / position).sum(1)
+    return _nan_where_empty(total / n_pos.clamp_min(1), n_pos)
+
+
+def map_at_r_from_ranks(ranks: RetrievalRanks, min_level: int | None = None) -> Tensor:
+    """mAP@R ``(Q,)`` (Musgrave et al.): precision summed over positives within the first ``R = #positives``
+    positions, divided by ``R``."""
+    m = _check_min_level(min_level, ranks.num_levels)
+    pos_mask, rank_plus, position, n_pos = _binary_parts(ranks, m)
+    within = pos_mask & (position <= n_pos[:, None])
+    total = (within * rank_plus / position).sum(1)
+    return _nan_where_empty(total / n_pos.clamp_min(1), n_pos)
+
+
+def map_at_k_from_ranks(ranks: RetrievalRanks, k: int, min_level: int | None = None) -> Tensor:
+    """mAP@k ``(Q,)``: precision summed over positives in the top ``k``, divided by ``min(#positives, k)``."""
+    k = _check_k(k)
+    m = _check_min_level(min_level, ranks.num_levels)
+    pos_mask, rank_plus, position, n_pos = _binary_parts(ranks, m)
+    within = pos_mask & (position <= k)
+    total = (within * rank_plus / position).sum(1)
+    return _nan_where_empty(total / n_pos.clamp(1, k), n_pos)
+
+
+def _hits_at_k(ranks: RetrievalRanks, k: int, min_level: int) -> tuple[Tensor, Tensor]:
+    pos_mask = (ranks.levels >= min_level) & (ranks.positions <= k) & (ranks.positions > 0)
+    return _f64(pos_mask.sum(1)), ranks.counts[:, min_level:].sum(1)
+
+
+def recall_at_k_from_ranks(ranks: RetrievalRanks, k: int, min_level: int | None = None) -> Tensor:
+    """R@k as used in image retrieval ``(Q,)``: 1 if a positive is among the top ``k`` (hit rate)."""
+    k, m = _check_k(k), _check_min_level(min_level, ranks.num_levels)
+    hits, n_pos = _hits_at_k(ranks, k, m)
+    return _nan_where_empty((hits > 0).to(torch.float64), n_pos)
+
+
+def true_recall_at_k_from_ranks(ranks: RetrievalRanks, k: int, min_level: int | None = None) -> Tensor:
+    """True recall@k ``(Q,)``: positives in the top ``k`` divided by ``min(#positives, k)``."""
+    k, m = _check_k(k), _check_min_level(min_level, ranks.num_levels)
+    hits, n_pos = _hits_at_k(ranks, k, m)
+    return _nan_where_empty(hits / n_pos.clamp(1, k), n_pos)
+
+
+def precision_at_k_from_ranks(ranks: RetrievalRanks, k: int, min_level: int | None = None) -> Tensor:
+    """P@k ``(Q,)``: positives in the top ``k`` divided by ``k``."""
+    k, m = _check_k(k), _check_min_level(min_level, ranks.num_levels)
+    hits, n_pos = _hits_at_k(ranks, k, m)
+    return _nan_where_empty(hits / k, n_pos)
+
+
+def r_precision_from_ranks(ranks: RetrievalRanks, min_level: int | None = None) -> Tensor:
+    """R-precision ``(Q,)``: positives within the first ``R = #positives`` positions, divided by ``R``."""
+    m = _check_min_level(min_level, ranks.num_levels)
+    pos_mask, _, position, n_pos = _binary_parts(ranks, m)
+    hits = _f64((pos_mask & (position <= n_pos[:, None])).sum(1))
+    return _nan_where_empty(hits / n_pos.clamp_min(1), n_pos)
+
+
+def _check_relevance_table(relevance: Tensor, ranks: RetrievalRanks) -> Tensor:
+    Q = ranks.counts.shape[0]
+    L = ranks.num_levels
+    if not isinstance(relevance, Tensor) or not relevance.is_floating_point():
+        raise TypeError(f"relevance must be a floating-point torch.Tensor of shape (Q, L + 1); got {relevance!r}")
+    if relevance.dim() == 1:
+        relevance = relevance.expand(Q, -1)
+    if relevance.shape != (Q, L + 1):
+        raise ValueError(f"relevance must have shape (Q, L + 1) = {(Q, L + 1)}; got shape {tuple(relevance.shape)}")
+    if not bool(torch.isfinite(relevance).all()) or bool((relevance < 0).any()):
+        raise ValueError("relevance must be finite and non-negative")
+    return _f64(relevance).to(ranks.levels.device)
+
+
+def hap_from_ranks(ranks: RetrievalRanks, relevance: Tensor | None = None, alpha: float = 1.0) -> Tensor:
+    """Hierarchical AP (SupRank Eqs. 18-19) ``(Q,)``.
+
+    ``H-rank⁺(k) = Σ_{j ranked at or before k} min(rel(k), rel(j))`` (the pessimistic order replaces the Heaviside
+    of Eq. 18), ``H-AP = Σ_k H-rank⁺(k) / rank(k) / Σ_k rel(k)`` over the relevant items ``k``. Levels are
+    identified by their integer level, never by float equality of relevances (the reference double-counts).
+
+    Args:
+        ranks: from :func:`retrieval_ranks`.
+        relevance: ``(Q, L + 1)`` or ``(L + 1,)`` table ``rel(l)`` (column 0 ignored). Default: the pop relevance
+            of Eq. 20, ``(l / L)^α / |Ω^(l)|``, counted on the gallery actually searched.
+        alpha: ``α`` of Eq. 20 (used only for the default table).
+    """
+    L = ranks.num_levels
+    if relevance is None:
+        check_positive("alpha", alpha, strict=False)
+        table = pop_relevance(ranks.counts, alpha=alpha, dtype=torch.float64)
+    else:
+        table = _check_relevance_table(relevance, ranks)
+    table = torch.cat([torch.zeros_like(table[:, :1]), table[:, 1:]], 1)
+    lv = ranks.levels
+    rel_k = table.gather(1, lv)
+    h_rank = torch.zeros_like(rel_k)
+    for lvl in range(1, L + 1):
+        cum = _f64((lv == lvl).long().cumsum(1))
+        h_rank += cum * torch.minimum(rel_k, table[:, lvl : lvl + 1])
+    position = torch.where(lv > 0, _f64(ranks.positions), torch.full_like(rel_k, float("inf")))
+    num = (torch.where(lv > 0, h_rank, torch.zeros_like(h_rank)) / position).sum(1)
+    den = (rel_k * (lv > 0)).sum(1)
+    return _nan_where_empty(num / torch.where(den > 0, den, torch.ones_like(den)), den)
+
+
+def ndcg_from_ranks(ranks: RetrievalRanks) -> Tensor:
+    """NDCG (SupRank Eq. 23) ``(Q,)`` with gains ``2^l − 1`` and the ideal DCG of the same gallery; NaN without
+    relevant items."""
+    L = ranks.num_levels
+    lv = ranks.levels
+    P = lv.shape[1]
+    device = lv.device
+    gain = torch.pow(2.0, _f64(lv)) - 1.0
+    disc = 1.0 / torch.log2(1.0 + _f64(ranks.positions).clamp_min(1))
+    dcg = (gain * disc * (lv > 0)).sum(1)
+    # ideal: levels in decreasing order, positions 1..n_rel; D[p] = Σ_{i<=p} 1 / log2(1 + i)
+    n_rel = ranks.counts[:, 1:].sum(1)
+    ideal_disc = 1.0 / torch.log2(torch.arange(2, P + 2, device=device, dtype=torch.float64))
+    D = torch.cat([torch.zeros(1, device=device, dtype=torch.float64), ideal_disc.cumsum(0)])
+    idcg = torch.zeros_like(dcg)
+    start = torch.zeros_like(n_rel)
+    for lvl in range(L, 0, -1):
+        n_l = ranks.counts[:, lvl]
+        idcg += (2.0**lvl - 1.0) * (D[(start + n_l).clamp_max(P)] - D[start.clamp_max(P)])
+        start = start + n_l
+    return _nan_where_empty(dcg / torch.where(idcg > 0, idcg, torch.ones_like(idcg)), n_rel)
+
+
+def asi_from_ranks(ranks: RetrievalRanks) -> Tensor:
+    """Average Set Intersection (SupRank App. C-A1) ``(Q,)``.
+
+    With ``N⁺`` relevant items, ``ASI = (1/N⁺) Σ_{n=1}^{N⁺} Σ_l min(c_l(n), c*_l(n)) / n`` where ``c_l(n)`` counts the
+    level-``l`` items in the top ``n`` of the ranking and ``c*_l(n)`` in the ideal ranking. NaN without relevant items.
+    """
+    L = ranks.num_levels
+    lv, pos = ranks.levels, ranks.positions
+    P = lv.shape[1]
+    device = lv.device
+    n_plus = ranks.counts[:, 1:].sum(1)
+    if P == 0:
+        return torch.full(n_plus.shape, float("nan"), dtype=torch.float64, device=device)
+    n = torch.arange(1, P + 1, device=device)
+    inside = (lv > 0) & (pos <= n_plus[:, None])  # only positions <= N⁺ <= P matter
+    slot = torch.where(inside, pos - 1, torch.full_like(pos, P))
+    total = torch.zeros(lv.shape[0], P, dtype=torch.float64, device=device)
+    above = torch.zeros_like(n_plus)  # relevant items of higher level (ranked first in the ideal order)
+    for lvl in range(L, 0, -1):
+        hit = torch.zeros(lv.shape[0], P + 1, dtype=torch.int64, device=device)
+        hit.scatter_add_(1, slot, (inside & (lv == lvl)).long())
+        c = hit[:, :P].cumsum(1)
+        n_l = ranks.counts[:, lvl]
+        c_star = (n[None, :] - above[:, None]).clamp_min(0).minimum(n_l[:, None])
+        total += _f64(torch.minimum(c, c_star))
+        above = above + n_l
+    total = (total / _f64(n)[None, :]) * (n[None, :] <= n_plus[:, None])
+    return _nan_where_empty(total.sum(1) / n_plus.clamp_min(1), n_plus)
+
+
+def weighted_sum_ap_from_ranks(ranks: RetrievalRanks, weights: Tensor | list[float] | None = None) -> Tensor:
+    """ΣwAP ``(Q,)`` = ``Σ_l w_l·AP^(l) / Σ_l w_l`` over the levels ``l`` that have positives for the query, where
+    ``AP^(l)`` takes the items at level ``>= l`` as positives (SupRank Sec. V-A1 and supplementary B-B3).
+
+    With weights summing to 1 and every level populated this is the paper's ``Σ_l w_l·AP^(l)``; it equals H-AP
+    with the Property-1 relevance (:func:`pml_suprank.relevance.property1_relevance`). Default: uniform weights.
+    """
+    L = ranks.num_levels
+    w = torch.full((L,), 1.0 / L, dtype=torch.float64) if weights is None else torch.as_tensor(weights)
+    w = w.to(dtype=torch.float64, device=ranks.levels.device)
+    if w.shape != (L,) or bool((w < 0).any()) or not bool(torch.isfinite(w).all()):
+        raise ValueError(f"weights must be {L} finite non-negative numbers (w_1..w_L, w_L = finest); got {w.tolist()}")
+    num = torch.zeros(ranks.counts.shape[0], dtype=torch.float64, device=w.device)
+    den = torch.zeros_like(num)
+    for lvl in range(1, L + 1):
+        ap = ap_from_ranks(ranks, lvl)
+        has = ~torch.isnan(ap)
+        num += torch.where(has, w[lvl - 1] * ap, torch.zeros_like(ap))
+        den += torch.where(has, w[lvl - 1], torch.zeros_like(ap))
+    return _nan_where_empty(num / torch.where(den > 0, den, torch.ones_like(den)), den)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# public one-call functions
+
+
+def average_precision(
+    scores: Tensor,
+    levels: Tensor,
+    mask: Tensor | None = None,
+    *,
+    num_levels: int | None = None,
+    min_level: int | None = None,
+) -> Tensor:
+    """Average precision per query ``(Q,)``; positives are the items at level ``>= min_level`` (default ``L``).
+
+    ``AP = (1/|Ω⁺|) Σ_{k∈Ω⁺} rank⁺(k) / rank(k)`` in the pessimistic order; NaN for queries without positives.
+    """
+    return ap_from_ranks(retrieval_ranks(scores, levels, mask, num_levels=num_levels), min_level)
+
+
+def map_at_r(
+    scores: Tensor,
+    levels: Tensor,
+    mask: Tensor | None = None,
+    *,
+    num_levels: int | None = None,
+    min_level: int | None = None,
+) -> Tensor:
+    """mAP@R per query ``(Q,)`` (Musgrave et al., "A Metric Learning Reality Check"); NaN without positives."""
+    return map_at_r_from_ranks(retrieval_ranks(scores, levels, mask, num_levels=num_levels), min_level)
+
+
+def map_at_k(
+    scores: Tensor,
+    levels: Tensor,
+    k: int,
+    mask: Tensor | None = None,
+    *,
+    num_levels: int | None = None,
+    min_level: int | None = None,
+) -> Tensor:
+    """mAP@k per query ``(Q,)`` (sum of precisions at the positives within the top ``k``, over ``min(R, k)``)."""
+    return map_at_k_from_ranks(retrieval_ranks(scores, levels, mask, num_levels=num_levels), k, min_level)
+
+
+def recall_at_k(
+    scores: Tensor,
+    levels: Tensor,
+    k: int,
+    mask: Tensor | None = None,
+    *,
+    num_levels: int | None = None,
+    min_level: int | None = None,
+) -> Tensor:
+    """R@k per query ``(Q,)``: 1.0 if a positive is in the top ``k`` (the retrieval "recall" / hit rate)."""
+    return recall_at_k_from_ranks(retrieval_ranks(scores, levels, mask, num_levels=num_levels), k, min_level)
+
+
+def true_recall_at_k(
+    scores: Tensor,
+    levels: Tensor,
+    k: int,
+    mask: Tensor | None = None,
+    *,
+    num_levels: int | None = None,
+    min_level: int | None = None,
+) -> Tensor:
+    """True recall@k per query ``(Q,)``: positives in the top ``k`` / ``min(#positives, k)``."""
+    return true_recall_at_k_from_ranks(retrieval_ranks(scores, levels, mask, num_levels=num_levels), k, min_level)
+
+
+def precision_at_k(
+    scores: Tensor,
+    levels: Tensor,
+    k: int,
+    mask: Tensor | None = None,
+    *,
+    num_levels: int | None = None,
+    min_level: int | None = None,
+) -> Tensor:
+    """P@k per query ``(Q,)``: positives in the top ``k`` / ``k``."""
+    return precision_at_k_from_ranks(retrieval_ranks(scores, levels, mask, num_levels=num_levels), k, min_level)
+
+
+def r_precision(
+    scores: Tensor,
+    levels: Tensor,
+    mask: Tensor | None = None,
+    *,
+    num_levels: int | None = None,
+    min_level: int | None = None,
+) -> Tensor:
+    """R-precision per query ``(Q,)``."""
+    return r_precision_from_ranks(retrieval_ranks(scores, levels, mask, num_levels=num_levels), min_level)
+
+
+def hierarchical_average_precision(
+    scores: Tensor,
+    levels: Tensor,
+    mask: Tensor | None = None,
+    *,
+    num_levels: int | None = None,
+    relevance: Tensor | None = None,
+    alpha: float = 1.0,
+) -> Tensor:
+    """H-AP per query ``(Q,)`` (SupRank Eq. 19); see :func:`hap_from_ranks` for ``relevance`` / ``alpha``.
+
+    The default relevance counts ``|Ω^(l)|`` over the items kept by ``mask``; pass an explicit ``(Q, L + 1)`` table to
+    use another convention (e.g. the reference code's counts, which include the query itself).
+    """
+    ranks = retrieval_ranks(scores, levels, mask, num_levels=num_levels)
+    return hap_from_ranks(ranks, relevance=relevance, alpha=alpha)
+
+
+def ndcg(scores: Tensor, levels: Tensor, mask: Tensor | None = None, *, num_levels: int | None = None) -> Tensor:
+    """NDCG per query ``(Q,)`` (SupRank Eq. 23, gains ``2^l − 1``, ideal DCG from the same gallery)."""
+    return ndcg_from_ranks(retrieval_ranks(scores, levels, mask, num_levels=num_levels))
+
+
+def asi(scores: Tensor, levels: Tensor, mask: Tensor | None = None, *, num_levels: int | None = None) -> Tensor:
+    """Average Set Intersection per query ``(Q,)`` (SupRank App. C-A1)."""
+    return asi_from_ranks(retrieval_ranks(scores, levels, mask, num_levels=num_levels))
+
+
+def weighted_sum_ap(
+    scores: Tensor,
+    levels: Tensor,
+    mask: Tensor | None = None,
+    *,
+    num_levels: int | None = None,
+    weights: Tensor | list[float] | None = None,
+) -> Tensor:
+    """ΣwAP per query ``(Q,)``; see :func:`weighted_sum_ap_from_ranks`."""
+    return weighted_sum_ap_from_ranks(retrieval_ranks(scores, levels, mask, num_levels=num_levels), weights)
+
+
+def property1_hap(ranks: RetrievalRanks, weights: Tensor | list[float]) -> Tensor:
+    """H-AP with the Property-1 relevance of ``weights`` (equals :func:`weighted_sum_ap_from_ranks`)."""
+    return hap_from_ranks(ranks, relevance=property1_relevance(ranks.counts, weights, dtype=torch.float64))
