@@ -67,7 +67,7 @@ def binary_ap(scores, positive, valid):
     t = scores[:, None, :] - scores[:, :, None]
     vj = valid[:, None, :] & ~torch.eye(N, dtype=torch.bool)[None]
     heav = (t >= 0) & vj
-    rank = 1 + heav.sum(-1)
-    rank_plus = 1 + (heav & positive[:, None, :]).sum(-1)
+    rank = 1 + heav.sum(-1).to(scores.dtype)
+    rank_plus = 1 + (heav & positive[:, None, :]).sum(-1).to(scores.dtype)
     pos = positive & valid
-    return torch.where(pos, rank_plus / rank, torch.zeros(())).sum(1) / pos.sum(1)
+    return torch.where(pos, rank_plus / rank, torch.zeros((), dtype=scores.dtype)).sum(1) / pos.sum(1)
