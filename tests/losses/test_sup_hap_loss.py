@@ -5,45 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 from _hierarchical_dense import dense_hap
-from conftest import load_golden
-from pytorch_metric_learning.distances import DotProductSimilarity, LpDistance
+from _hierarchical_helpers import SOP, TABLE, NoReduce, batch, raw_dot, run_case
+from pytorch_metric_learning.distances import LpDistance
 
 from pml_suprank import losses
 from pml_suprank.relevance import Hierarchy, level_counts, level_matrix, pop_relevance
-
-SOP = dict(tau=0.01, rho=100.0, delta=0.05, start=0.5, offset=1.44)
-TOL = {torch.float64: 1e-7, torch.float32: 1e-5}
-TABLE = torch.tensor([[0, 0, 0], [1, 0, 0], [2, 1, 0], [3, 2, 1], [4, 2, 1], [5, 3, 1]])
-
-
-def raw_dot():
-    return DotProductSimilarity(normalize_embeddings=False)
-
-
-def run_case(case_id, make_loss, dtype, fine_only=False):
-    golden = load_golden("ranking_golden")
-    case = next(c for c in golden["loss_cases"] if c["id"] == case_id)
-    inp = golden["inputs"][case_id.split("/")[0]]
-    res = case["results"]["float64" if dtype == torch.float64 else "float32"]
-    emb = torch.tensor(inp["embeddings"], dtype=dtype, requires_grad=True)
-    labels = torch.tensor(inp["labels"])
-    kwargs = {}
-    if "ref_embeddings" in inp:
-        kwargs = dict(
-            ref_emb=torch.tensor(inp["ref_embeddings"], dtype=dtype), ref_labels=torch.tensor(inp["ref_labels"])
-        )
-    loss_fn = make_loss(labels).to(dtype)
-    for module in loss_fn.modules():
-        if hasattr(module, "proxies") and "proxies" in inp:
-            module.proxies.data = torch.tensor(inp["proxies"], dtype=dtype)
-    if fine_only:
-        labels = labels[:, 0]
-        if kwargs:
-            kwargs["ref_labels"] = kwargs["ref_labels"][:, 0]
-    loss = loss_fn(emb, labels, **kwargs)
-    loss.backward()
-    assert abs(loss.item() - res["loss"]) <= TOL[dtype], (loss.item(), res["loss"])
-    torch.testing.assert_close(emb.grad, torch.tensor(res["grad_embeddings"], dtype=dtype), rtol=0, atol=TOL[dtype])
 
 
 @pytest.mark.parametrize("inp_id", ["A_b12_L2", "B_b16_L3_singletons", "C_b12_L2_ties", "D_b8_mem32_L2"])
@@ -68,17 +34,10 @@ def test_golden_through_fine_labels_and_hierarchy(inp_id):
     run_case(f"{inp_id}/SupHAP_alpha1", make, torch.float64, fine_only=True)
 
 
-def _batch(seed, n=24, d=8, dtype=torch.float64):
-    g = torch.Generator().manual_seed(seed)
-    emb = torch.nn.functional.normalize(torch.randn(n, d, generator=g, dtype=dtype), dim=1)
-    fine = torch.randint(0, len(TABLE), (n,), generator=g)
-    return emb, fine
-
-
 @pytest.mark.parametrize("with_hrank", [False, True])
 @pytest.mark.parametrize("include_self", [False, True])
 def test_2d_labels_and_hierarchy_are_identical(with_hrank, include_self):
-    emb, fine = _batch(0)
+    emb, fine = batch(0)
     e1, e2 = emb.clone().requires_grad_(True), emb.clone().requires_grad_(True)
     l2d = losses.SupHAPLoss(with_hrank=with_hrank, include_self=include_self)(e1, TABLE[fine])
     l1d = losses.SupHAPLoss(hierarchy=TABLE, with_hrank=with_hrank, include_self=include_self)(e2, fine)
@@ -89,7 +48,7 @@ def test_2d_labels_and_hierarchy_are_identical(with_hrank, include_self):
 
 
 def test_one_level_equals_sup_ap():
-    emb, fine = _batch(1)
+    emb, fine = batch(1)
     e1, e2 = emb.clone().requires_grad_(True), emb.clone().requires_grad_(True)
     hap = losses.SupHAPLoss(alpha=3.0)(e1, fine)  # 1-D labels without hierarchy: one level
     ap = losses.SupAPLoss()(e2, fine)
@@ -103,9 +62,9 @@ def test_one_level_equals_sup_ap():
 @pytest.mark.parametrize("seed", range(3))
 def test_upper_bound_of_one_minus_h_ap(with_hrank, seed):
     """Sup-H-AP ≥ 1 − H-AP per query (H⁻ ≥ H, H_s^> ≤ H); scores have no exact ties."""
-    emb, fine = _batch(seed, n=40)
+    emb, fine = batch(seed, n=40)
     labels = TABLE[fine]
-    loss_fn = losses.SupHAPLoss(with_hrank=with_hrank, reducer=_NoReduce())
+    loss_fn = losses.SupHAPLoss(with_hrank=with_hrank, reducer=NoReduce())
     per_query = loss_fn(emb, labels)
     scores = emb @ emb.T
     valid = ~torch.eye(40, dtype=torch.bool)
@@ -118,7 +77,7 @@ def test_upper_bound_of_one_minus_h_ap(with_hrank, seed):
 
 
 def test_order_and_relabelling_invariance():
-    emb, fine = _batch(2, n=30)
+    emb, fine = batch(2, n=30)
     labels = TABLE[fine]
     base = losses.SupHAPLoss(with_hrank=True)(emb, labels)
     perm = torch.randperm(30, generator=torch.Generator().manual_seed(0))
@@ -128,7 +87,7 @@ def test_order_and_relabelling_invariance():
 
 
 def test_gradcheck_float64():
-    emb, fine = _batch(3, n=10, d=4)
+    emb, fine = batch(3, n=10, d=4)
     labels = TABLE[fine]
     loss_fn = losses.SupHAPLoss(tau=0.05, rho=10.0, with_hrank=True, hrank_nu=5.0)
     x = emb.clone().requires_grad_(True)
@@ -148,8 +107,8 @@ def test_hand_computed_ref_set():
 
 
 def test_level_weights_give_property1_relevance():
-    emb, fine = _batch(4)
-    loss_fn = losses.SupHAPLoss(level_weights=[0.2, 0.3, 0.5], reducer=_NoReduce())
+    emb, fine = batch(4)
+    loss_fn = losses.SupHAPLoss(level_weights=[0.2, 0.3, 0.5], reducer=NoReduce())
     per_query = loss_fn(emb, TABLE[fine])
     assert per_query.numel() > 0 and bool(torch.isfinite(per_query).all())
     with pytest.raises(ValueError, match="level_weights has 2 entries"):
@@ -157,7 +116,7 @@ def test_level_weights_give_property1_relevance():
 
 
 def test_no_relevant_item_gives_connected_zero():
-    emb, _ = _batch(5, n=4)
+    emb, _ = batch(5, n=4)
     x = emb.clone().requires_grad_(True)
     labels = torch.stack([torch.arange(4), torch.arange(4)], 1)  # no shared label at any level
     loss = losses.SupHAPLoss()(x, labels)
@@ -168,7 +127,7 @@ def test_no_relevant_item_gives_connected_zero():
 
 def test_cross_batch_memory_with_fine_labels():
     """The 1-D path inside CrossBatchMemory: the first call ranks the batch against its own (detached) copy."""
-    emb, fine = _batch(6, n=16)
+    emb, fine = batch(6, n=16)
     x = emb.clone().requires_grad_(True)
     xbm = losses.CrossBatchMemory(losses.SupHAPLoss(hierarchy=TABLE), embedding_size=8, memory_size=64).to(
         torch.float64
@@ -178,7 +137,7 @@ def test_cross_batch_memory_with_fine_labels():
     assert loss.item() == pytest.approx(direct.item(), abs=1e-12)
     loss.backward()
     assert torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
-    emb2, fine2 = _batch(7, n=16)
+    emb2, fine2 = batch(7, n=16)
     assert torch.isfinite(xbm(emb2, fine2))
 
 
@@ -202,7 +161,7 @@ def test_bad_arguments(kwargs, err, match):
 
 
 def test_bad_labels():
-    emb, fine = _batch(8, n=6)
+    emb, fine = batch(8, n=6)
     with pytest.raises(ValueError, match="not a tree"):
         losses.SupHAPLoss()(emb, torch.tensor([[0, 0], [0, 1], [1, 1], [2, 1], [3, 0], [3, 0]]))
     with pytest.raises(ValueError, match="has 2 levels but the hierarchy has 3"):
@@ -214,11 +173,3 @@ def test_bad_labels():
         losses.SupHAPLoss()(emb, TABLE[fine][:, :2], ref_emb=ref, ref_labels=torch.tensor([[0, 1], [1, 0], [2, 1]]))
     with pytest.raises(ValueError, match="label columns"):
         losses.SupHAPLoss()(emb, TABLE[fine], ref_emb=ref, ref_labels=TABLE[:3, :2])
-
-
-class _NoReduce(torch.nn.Module):
-    """A reducer returning the per-query losses (PML reducers reduce; this one keeps them for inspection)."""
-
-    def forward(self, loss_dict, embeddings, labels):
-        (entry,) = loss_dict.values()
-        return entry["losses"]
