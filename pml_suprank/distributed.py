@@ -6,9 +6,9 @@ query must be ranked against the references of all processes. ``accelerator.gath
 the terms where a process's embeddings act as references for the other processes' queries and divides by per-process
 counts (ecosystem survey §1.6: 0.71 relative gradient error for a rank loss). Here:
 
-* :func:`all_gather_with_grad` concatenates the per-process tensors (sizes may differ) with
-  ``torch.distributed.nn.functional.all_gather``, whose backward **sums** the gradients that all processes send to
-  each slice.
+* :func:`all_gather_with_grad` concatenates the per-process tensors (sizes may differ); its backward **sums** the
+  gradients that all processes send to each slice (the semantics of ``torch.distributed.nn.functional.all_gather``,
+  which torch 2.15 deprecates; implemented here with one ``all_reduce``).
 * :func:`reference_loss` computes the losses of the *local* queries against a (gathered or shared) reference set and
   normalises them with the **global** counts of the loss's PML reducer (``all_reduce`` of the number of kept queries,
   of the non-zero pairs for ``AvgNonZeroReducer``, ...). Its value is the single-process loss on the global batch on
@@ -85,11 +85,32 @@ def _pad_rows(x: Tensor, rows: int) -> Tensor:
     return torch.cat([x, pad]).contiguous()
 
 
+class _AllGatherWithGrad(torch.autograd.Function):
+    """Forward: ``all_gather`` of equally shaped tensors. Backward: this slice's gradient summed over all processes
+    (the semantics of ``torch.distributed.nn.functional.all_gather``, implemented with one ``all_reduce`` so that it
+    works on every backend and does not depend on that deprecated module)."""
+
+    @staticmethod
+    def forward(ctx, tensor: Tensor, group: Any) -> Tensor:
+        ctx.group = group
+        ctx.rank = torch.distributed.get_rank(group)
+        ctx.rows = tensor.shape[0]
+        parts = [torch.empty_like(tensor) for _ in range(torch.distributed.get_world_size(group))]
+        torch.distributed.all_gather(parts, tensor.contiguous(), group=group)
+        return torch.cat(parts)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        grad = grad.contiguous().clone()
+        torch.distributed.all_reduce(grad, op=torch.distributed.ReduceOp.SUM, group=ctx.group)
+        return grad[ctx.rank * ctx.rows : (ctx.rank + 1) * ctx.rows], None
+
+
 def all_gather_with_grad(tensor: Tensor, group: Any = None) -> Tensor:
     """Concatenate ``tensor`` ``(n_r, ...)`` of every process along dim 0, keeping the autograd graph.
 
-    The backward pass sums, for each process's slice, the gradients computed by all processes
-    (``torch.distributed.nn.functional.all_gather``). The number of rows may differ between processes.
+    The backward pass gives each process's slice the *sum* of the gradients computed by all processes (as
+    ``torch.distributed.nn.functional.all_gather``). The number of rows may differ between processes.
 
     Args:
         tensor: ``(n_r, ...)`` on this process.
@@ -102,11 +123,10 @@ def all_gather_with_grad(tensor: Tensor, group: Any = None) -> Tensor:
         raise TypeError(f"tensor must be a torch.Tensor; got {type(tensor).__name__}")
     if not is_distributed(group):
         return tensor
-    import torch.distributed.nn.functional as dist_nn
-
     sizes = _sizes(tensor.shape[0], tensor.device, group)
-    parts = dist_nn.all_gather(_pad_rows(tensor, max(sizes)), group=group)
-    return torch.cat([p[:n] for p, n in zip(parts, sizes, strict=True)])
+    rows = max(sizes)
+    gathered = _AllGatherWithGrad.apply(_pad_rows(tensor, rows), group)
+    return torch.cat([gathered[r * rows : r * rows + n] for r, n in enumerate(sizes)])
 
 
 def all_gather(tensor: Tensor, group: Any = None) -> Tensor:
@@ -199,6 +219,8 @@ def _local_terms(loss: nn.Module, queries, labels, indices_tuple, ref_emb, ref_l
     resolve = getattr(loss, "_resolve", None)
     if resolve is not None:  # pml_suprank BaseRankLoss: validation + dtype handling of its own forward
         queries, labels, ref_emb, ref_labels = resolve(queries, labels, ref_emb, ref_labels)
+    elif ref_emb is None:  # PML's set_ref_emb: the batch is the reference set
+        ref_emb, ref_labels = queries, labels
     loss.reset_stats()
     loss_dict = loss.compute_loss(queries, labels, indices_tuple, ref_emb, ref_labels)
     loss.add_embedding_regularization_to_loss_dict(loss_dict, queries)
