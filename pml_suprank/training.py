@@ -434,20 +434,20 @@ class LossModule(nn.Module):
     ) -> None:
         super().__init__()
         self.model = model
-        self.loss = loss
+        # the memory holds the loss as a submodule: registering it twice would duplicate its tensors in state_dict
+        self.loss = loss if memory is None else None
         self.memory = memory
         self.hierarchical_labels = bool(hierarchical_labels)
         self.distributed = bool(distributed)
 
     def forward(self, images: Tensor, labels: Tensor, indices: Tensor | None = None) -> Tensor:
         embeddings = self.model(images).float()
+        labels = labels if self.hierarchical_labels else labels[:, 0]
+        if self.memory is not None:  # RankingMemory gathers the global batch itself under torch.distributed
+            return self.memory(embeddings, labels, indices)
         if self.distributed:
             embeddings = _gather_with_grad(embeddings)
             labels = _gather_no_grad(labels)
-            indices = _gather_no_grad(indices) if indices is not None else None
-        labels = labels if self.hierarchical_labels else labels[:, 0]
-        if self.memory is not None:
-            return self.memory(embeddings, labels, indices)
         return self.loss(embeddings, labels)
 
 
@@ -583,6 +583,7 @@ class Trainer:
                 embedding_size=int(getattr(model, "embedding_size", 0) or _infer_dim(model, train_dataset)),
                 memory_size=config.memory_size,
                 warmup_steps=config.memory_warmup_steps,
+                label_levels=self.train_labels.shape[1] if config.hierarchical_labels else None,
             )
         self.memory = memory
 

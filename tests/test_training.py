@@ -1,0 +1,295 @@
+"""Tests of pml_suprank.training: configuration, parameter groups, schedule, seeded augmentation, the Accelerate
+training loop (few steps), atomic checkpoints, exact resume and corrupt-checkpoint errors."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+
+pytest.importorskip("accelerate")
+pytest.importorskip("timm")
+
+from pml_suprank import losses  # noqa: E402
+from pml_suprank.training import (  # noqa: E402
+    CheckpointError,
+    SeededAugmentation,
+    Trainer,
+    TrainingConfig,
+    build_optimizer,
+    build_scheduler,
+    find_checkpoints,
+    latest_checkpoint,
+    validate_checkpoint,
+)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# helpers
+# ------------------------------------------------------------------------------------------------------------------
+def _accelerator():
+    from accelerate import Accelerator
+
+    return Accelerator(cpu=True)
+
+
+def _model(seed=0):
+    from pml_suprank.models import RetrievalModel
+
+    torch.manual_seed(seed)
+    return RetrievalModel("test_resnet", embedding_size=16, image_size=16)
+
+
+def _datasets(model, num_per_class=8):
+    from pml_suprank import data
+
+    train_tf = data.build_transforms(model.data_config, train=True, scale=(0.5, 1.0))
+    test_tf = data.build_transforms(model.data_config, train=False)
+    train = data.SyntheticShapes("train", num_per_class=num_per_class, image_size=16, transform=train_tf)
+    test = data.SyntheticShapes("test", num_per_class=4, image_size=16, transform=test_tf)
+    return train, test
+
+
+def _config(tmp_path, **kw):
+    values = dict(
+        output_dir=str(tmp_path),
+        epochs=2,
+        batch_size=32,
+        samples_per_class=4,
+        eval_every=0,
+        lr_backbone=1e-3,
+        lr_head=1e-3,
+        log_every=1,
+        hierarchical_labels=True,
+        seed=3,
+    )
+    values.update(kw)
+    return TrainingConfig(**values)
+
+
+def _happier(num_classes=53, dim=16):
+    return losses.HAPPIERLoss(num_classes=num_classes, embedding_size=dim)
+
+
+def _weights(module):
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# configuration, optimizer, scheduler
+# ------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"optimizer": "lamb"}, "optimizer must be one of"),
+        ({"scheduler": "step"}, "scheduler must be one of"),
+        ({"sampler": "random"}, "sampler must be one of"),
+        ({"batch_size": 30, "samples_per_class": 4}, "multiple of samples_per_class"),
+        ({"epochs": 0}, "epochs must be >= 1"),
+        ({"warmup_epochs": 3, "epochs": 3}, "warmup_epochs must be < epochs"),
+        ({"lr_head": -1.0}, "lr_head must be >= 0"),
+        ({"min_lr_ratio": 2.0}, "min_lr_ratio must lie in"),
+        ({"max_train_steps": 0}, "max_train_steps must be >= 1"),
+    ],
+)
+def test_config_rejects_bad_values(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        TrainingConfig(**kwargs)
+
+
+def test_config_type_errors_and_unknown_keys():
+    with pytest.raises(TypeError, match="batch_size must be an int"):
+        TrainingConfig(batch_size=64.0)
+    with pytest.raises(ValueError, match=r"unknown TrainingConfig keys \['lr'\]"):
+        TrainingConfig.from_dict({"lr": 1.0})
+    cfg = TrainingConfig.from_dict({"epochs": 3, "k_values": [1, 5]})
+    assert cfg.k_values == (1, 5) and cfg.to_dict()["k_values"] == [1, 5]
+
+
+def test_parameter_groups_have_their_own_lr():
+    model = _model()
+    loss = _happier()
+    cfg = TrainingConfig(lr_backbone=1e-5, lr_head=2e-5, lr_proxies=10.0, weight_decay=4e-4)
+    opt = build_optimizer(model, loss, cfg)
+    groups = {g["name"]: g for g in opt.param_groups}
+    assert set(groups) == {"backbone", "head", "proxies"}
+    assert groups["backbone"]["lr"] == 1e-5 and groups["head"]["lr"] == 2e-5 and groups["proxies"]["lr"] == 10.0
+    assert groups["proxies"]["weight_decay"] == 0.0 and groups["head"]["weight_decay"] == 4e-4
+    n_model = sum(1 for p in model.parameters() if p.requires_grad)
+    assert len(groups["backbone"]["params"]) + len(groups["head"]["params"]) == n_model
+    assert groups["proxies"]["params"][0] is loss.decomposability_loss.proxies or len(groups["proxies"]["params"]) == 1
+    # a loss without parameters gives no proxies group; sgd is nesterov
+    opt = build_optimizer(model, losses.ROADMAPLoss(), TrainingConfig(optimizer="sgd"))
+    assert [g["name"] for g in opt.param_groups] == ["backbone", "head"]
+    assert opt.defaults["nesterov"] is True
+    with pytest.raises(TypeError, match="config must be a TrainingConfig"):
+        build_optimizer(model, None, {"lr": 1})
+
+
+def test_cosine_schedule_hand_values():
+    p = nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([{"params": [p], "lr": 2.0}])
+    sched = build_scheduler(opt, 4, TrainingConfig(min_lr_ratio=0.5))
+    lrs = []
+    for _ in range(5):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    # lr_t = 2 * (0.5 + 0.5 * 0.5 * (1 + cos(pi t / 4)))
+    expected = [2 * (0.5 + 0.25 * (1 + math.cos(math.pi * t / 4))) for t in range(5)]
+    assert lrs == pytest.approx(expected)
+    assert lrs[-1] == pytest.approx(1.0)
+    opt2 = torch.optim.SGD([{"params": [p], "lr": 2.0}])
+    sched2 = build_scheduler(opt2, 4, TrainingConfig(scheduler="constant"))
+    opt2.step()
+    sched2.step()
+    assert opt2.param_groups[0]["lr"] == 2.0
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# seeded augmentation
+# ------------------------------------------------------------------------------------------------------------------
+class _RandomDataset(torch.utils.data.Dataset):
+    labels = torch.zeros(4, 1, dtype=torch.long)
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        import random
+
+        return {"image": torch.rand(3) + random.random(), "labels": torch.zeros(1, dtype=torch.long), "index": i}
+
+
+def test_seeded_augmentation_depends_only_on_seed_epoch_index():
+    ds = SeededAugmentation(_RandomDataset(), seed=5)
+    a = ds[2]["image"]
+    torch.manual_seed(123)  # the caller's global state does not matter ...
+    state = torch.get_rng_state()
+    b = ds[2]["image"]
+    assert torch.equal(a, b)
+    assert torch.equal(state, torch.get_rng_state())  # ... and is not touched
+    assert not torch.equal(ds[1]["image"], a)
+    ds.set_epoch(1)
+    assert not torch.equal(ds[2]["image"], a)
+    assert not torch.equal(SeededAugmentation(_RandomDataset(), seed=6)[2]["image"], a)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# the loop
+# ------------------------------------------------------------------------------------------------------------------
+def _trainer(tmp_path, seed=0, loss=None, **cfg):
+    acc = _accelerator()
+    model = _model(seed)
+    train, test = _datasets(model)
+    loss = loss if loss is not None else _happier()
+    return Trainer(acc, model, loss, train, _config(tmp_path, **cfg), test_dataset=test)
+
+
+@pytest.mark.slow
+def test_few_steps_train_updates_every_group_and_checkpoints(tmp_path):
+    trainer = _trainer(tmp_path, max_train_steps=3, checkpoint_every=2, keep_checkpoints=0)
+    before = _weights(trainer.model)
+    proxies_before = trainer.loss.decomposability_loss.proxies.detach().clone()
+    history = trainer.train()
+    assert trainer.finished and trainer.progress.global_step == 3
+    losses_logged = [h["loss"] for h in history if "loss" in h]
+    assert len(losses_logged) == 3 and all(math.isfinite(v) for v in losses_logged)
+    after = _weights(trainer.model)
+    assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith("backbone."))
+    assert not torch.equal(before["projection.weight"], after["projection.weight"])
+    assert not torch.equal(proxies_before, trainer.loss.decomposability_loss.proxies.detach())
+    ckpts = find_checkpoints(tmp_path)
+    assert [c.name for c in ckpts] == ["step_00000002", "step_00000003"]
+    state = validate_checkpoint(ckpts[-1])
+    assert state["global_step"] == 3 and state["num_processes"] == 1
+    assert not any(p.name.startswith(".tmp") for p in (tmp_path / "checkpoints").iterdir())
+
+
+@pytest.mark.slow
+def test_warmup_freezes_backbone_and_holds_the_schedule(tmp_path):
+    trainer = _trainer(
+        tmp_path, epochs=3, warmup_epochs=1, max_train_steps=None, loss=losses.ROADMAPLoss(), hierarchical_labels=False
+    )
+    spe = trainer.steps_per_epoch
+    backbone0 = {k: v.clone() for k, v in trainer.model.backbone.state_dict().items() if v.is_floating_point()}
+    head0 = trainer.model.projection.weight.detach().clone()
+    trainer.config.epochs = 1  # run only the warm-up epoch
+    trainer.total_steps = spe
+    trainer.train()
+    for k, v in trainer.model.backbone.named_parameters():
+        assert torch.equal(v.detach(), backbone0[k]), k  # frozen: not stepped
+    assert not torch.equal(head0, trainer.model.projection.weight.detach())
+    lrs = {g["name"]: g["lr"] for g in trainer.optimizer.param_groups}
+    assert lrs["head"] == pytest.approx(1e-3)  # no scheduler step during the warm-up
+    assert all(p.requires_grad for p in trainer.model.backbone.parameters())  # unfrozen afterwards
+
+
+@pytest.mark.slow
+def test_resume_gives_the_same_weights_as_an_uninterrupted_run(tmp_path):
+    # uninterrupted: 12 steps over two epochs (the epoch boundary is crossed after the interruption)
+    full = _trainer(tmp_path / "full", seed=0, max_train_steps=12, checkpoint_every=4)
+    assert full.steps_per_epoch < 12
+    full.train()
+    expected = _weights(full.loss_module)
+
+    part = _trainer(tmp_path / "part", seed=0, max_train_steps=12, checkpoint_every=4, stop_after_steps=5)
+    part.train()
+    assert not part.finished and latest_checkpoint(tmp_path / "part").name == "step_00000005"
+    # a fresh process: different initial weights, everything must come from the checkpoint
+    resumed = _trainer(tmp_path / "part", seed=1, max_train_steps=12, checkpoint_every=4)
+    resumed.train(resume_from="latest")
+    assert resumed.finished and resumed.progress.global_step == 12
+    got = _weights(resumed.loss_module)
+    assert got.keys() == expected.keys()
+    for k in expected:
+        torch.testing.assert_close(got[k], expected[k], rtol=0, atol=0, msg=k)
+
+
+@pytest.mark.slow
+def test_corrupt_checkpoint_raises_a_clear_error(tmp_path):
+    trainer = _trainer(tmp_path, max_train_steps=1)
+    trainer.train()
+    ckpt = latest_checkpoint(tmp_path)
+    fresh = _trainer(tmp_path, max_train_steps=1)
+    # truncated weights
+    weights = ckpt / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match="corrupt: cannot read model.safetensors"):
+        fresh.load_checkpoint(ckpt)
+    # unreadable trainer state
+    (ckpt / "trainer_state.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="trainer_state.json cannot be read"):
+        validate_checkpoint(ckpt)
+    (ckpt / "trainer_state.json").unlink()
+    with pytest.raises(CheckpointError, match="trainer_state.json is missing"):
+        fresh.train(resume_from=ckpt)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        validate_checkpoint(tmp_path / "nope")
+
+
+@pytest.mark.slow
+def test_checkpoint_from_other_world_size_is_refused(tmp_path):
+    trainer = _trainer(tmp_path, max_train_steps=1)
+    trainer.train()
+    ckpt = latest_checkpoint(tmp_path)
+    state = json.loads((ckpt / "trainer_state.json").read_text())
+    state["num_processes"] = 2
+    (ckpt / "trainer_state.json").write_text(json.dumps(state))
+    with pytest.raises(CheckpointError, match="written by 2 processes"):
+        _trainer(tmp_path, max_train_steps=1).load_checkpoint(ckpt)
+
+
+def test_trainer_validates_inputs(tmp_path):
+    acc = _accelerator()
+    model = _model()
+    train, _ = _datasets(model, num_per_class=4)
+    with pytest.raises(TypeError, match="config must be a TrainingConfig"):
+        Trainer(acc, model, _happier(), train, {"epochs": 1})
+    with pytest.raises(TypeError, match="loss must be a torch.nn.Module"):
+        Trainer(acc, model, lambda e, l: e.sum(), train, _config(tmp_path))
+    with pytest.raises(TypeError, match="must expose `labels`"):
+        Trainer(acc, model, _happier(), [1, 2, 3], _config(tmp_path))
