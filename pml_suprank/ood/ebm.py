@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
+from torch.nn.utils import skip_init
 
 from .._validation import check_positive
 
@@ -74,12 +75,13 @@ class ResidualEnergyMLP(nn.Module):
             raise ValueError(f"n_hidden_layers must be a non-negative integer; got {n_hidden_layers!r}")
         self.temperature = check_positive("temperature", temperature)
         self.tie_hidden_weights = bool(tie_hidden_weights)
-        dd = {"device": device, "dtype": dtype}
-        self.input_layer = nn.Linear(input_dim, hidden_dim, **dd)
+        # skip_init: nn.Linear's own init would draw from the global RNG; reset_parameters uses `generator`
+        dd = {"device": "cpu" if device is None else device, "dtype": dtype}
+        self.input_layer = skip_init(nn.Linear, input_dim, hidden_dim, **dd)
         n_modules = min(n_hidden_layers, 1) if tie_hidden_weights else n_hidden_layers
-        self.hidden = nn.ModuleList(nn.Linear(hidden_dim, hidden_dim, **dd) for _ in range(n_modules))
+        self.hidden = nn.ModuleList(skip_init(nn.Linear, hidden_dim, hidden_dim, **dd) for _ in range(n_modules))
         self.n_hidden_layers = n_hidden_layers
-        self.output_layer = nn.Linear(hidden_dim, 1, **dd)
+        self.output_layer = skip_init(nn.Linear, hidden_dim, 1, **dd)
         self.act = nn.LeakyReLU(negative_slope)
         self.reset_parameters(generator)
 

@@ -190,12 +190,8 @@ class ClassConditionalGaussian:
     def state_dict(self) -> dict[str, Tensor]:
         if self.means is None:
             return {}
-        return {
-            "means": self.means,
-            "class_weights": self.class_weights,
-            "cholesky": self.cholesky,
-            "classes": self.classes,
-        }
+        state = {"means": self.means, "class_weights": self.class_weights, "cholesky": self.cholesky}
+        return {**{k: v.contiguous() for k, v in state.items()}, "classes": self.classes.contiguous()}
 
     def load_state_dict(self, state: dict[str, Tensor]) -> ClassConditionalGaussian:
         self.means, self.class_weights = state["means"].to(torch.float64), state["class_weights"].to(torch.float64)
