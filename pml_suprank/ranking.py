@@ -15,7 +15,11 @@ exposing ``value(t)`` and ``derivative(t)``; the kernels use the explicit deriva
 
 Kernel:
 
-* :func:`pairwise_step_sum` — for a list of (query ``q``, item ``i``) pairs it returns
+* :func:`suprank_negative_sum`, :func:`heaviside_positive_count`, :func:`sigmoid_rank_sums` — the fast kernels of the
+  flat losses: the Heaviside and linear branches come from sorted per-query thresholds + ``searchsorted`` + suffix
+  sums (``O(B·N log P)``), only the sigmoid window is evaluated per (pair, reference) element, in chunks, by a
+  custom autograd function (:func:`sigmoid_window_sum`) that recomputes it in backward.
+* :func:`pairwise_step_sum` — the general kernel: for a list of (query ``q``, item ``i``) pairs it returns
   ``Σ_j m[q, i, j] · step(S[q, j] − S[q, i])`` over the reference items ``j ≠ i``, where ``S`` is the ``(B, N)`` score
   matrix and ``m`` a (possibly pair-dependent) mask or weight. Time ``O(K · N)`` for ``K`` pairs, extra memory
   ``O(B · N + chunk_size)``: the forward pass and the backward pass both work on chunks of pairs and recompute
@@ -40,9 +44,15 @@ __all__ = [
     "HeavisideStep",
     "SigmoidStep",
     "SupRankStep",
+    "count_above",
     "default_offset",
+    "group_positions",
     "heaviside",
+    "heaviside_positive_count",
     "pairwise_step_sum",
+    "sigmoid_rank_sums",
+    "sigmoid_window_sum",
+    "suprank_negative_sum",
     "suprank_step",
     "tau_sigmoid",
 ]
@@ -303,3 +313,190 @@ def pairwise_step_sum(
                 scores.detach(), query_idx, item_idx, mask, step, exclude_item, chunk_elements
             )
     return _PairwiseStepSum.apply(scores, query_idx, item_idx, mask, step, exclude_item, chunk_elements)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Fast kernels for flat losses: sorted thresholds (prefix sums) for the Heaviside / linear branches, and a chunked
+# sigmoid-window kernel. Extra memory O(B·N + chunk), time O(B·N log P + K·N) with few passes over the K·N elements.
+# ----------------------------------------------------------------------------------------------------------------
+def group_positions(query_idx: Tensor, num_queries: int) -> tuple[Tensor, Tensor, int]:
+    """For pairs grouped by query (``query_idx`` non-decreasing): ``(counts (B,), position in group (K,), max count)``."""
+    counts = torch.bincount(query_idx, minlength=num_queries)
+    starts = torch.cumsum(counts, 0) - counts
+    pos = torch.arange(len(query_idx), device=query_idx.device) - starts[query_idx]
+    return counts, pos, int(counts.max()) if len(counts) else 0
+
+
+def count_above(
+    scores: Tensor,
+    mask: Tensor,
+    query_idx: Tensor,
+    thresholds: Tensor,
+    *,
+    inclusive: bool = False,
+    with_sum: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Per pair ``k``: how many masked items of row ``q_k`` score above ``thresholds[k]`` (and the sum of their scores).
+
+    ``count_k = #{j : mask[q_k, j], scores[q_k, j] > thresholds[k]}`` (``>=`` when ``inclusive``) and, with
+    ``with_sum``, ``sum_k = Σ_j scores[q_k, j]`` over the same items — differentiable w.r.t. ``scores`` and
+    accumulated in float64 so that ``sum_k − count_k·x`` does not cancel catastrophically in float32.
+    Pairs must be grouped by query (``query_idx`` non-decreasing). Cost: ``O(B·N log P + K log P)`` via sorted
+    thresholds + ``searchsorted`` + a histogram with suffix sums; no ``K × N`` tensor.
+
+    Returns:
+        ``(count (K,) in the dtype of scores, sum (K,) float64 or None)``.
+    """
+    num_queries = scores.shape[0]
+    _, pos, width = group_positions(query_idx, num_queries)
+    padded = thresholds.new_full((num_queries, max(width, 1)), float("inf"))
+    padded[query_idx, pos] = thresholds.detach()
+    sorted_t, order = torch.sort(padded, dim=1)
+    rank = torch.empty_like(order)
+    rank.scatter_(1, order, torch.arange(order.shape[1], device=order.device).expand_as(order).contiguous())
+    pair_rank = rank[query_idx, pos]
+    # bucket b_j = #thresholds below s_j (strictly below, or <= when inclusive); masked-out items go to bucket 0
+    bucket = torch.searchsorted(sorted_t, scores.detach().contiguous(), right=inclusive)
+    bucket = torch.where(mask, bucket, torch.zeros_like(bucket))
+    hist = scores.new_zeros(num_queries, sorted_t.shape[1] + 1).scatter_add_(1, bucket, mask.to(scores.dtype))
+    suffix = hist.flip(1).cumsum(1).flip(1)
+    count = suffix[query_idx, pair_rank + 1]
+    total = None
+    if with_sum:
+        src = torch.where(mask, scores, torch.zeros((), dtype=scores.dtype, device=scores.device)).double()
+        hist_sum = torch.zeros(num_queries, sorted_t.shape[1] + 1, dtype=torch.float64, device=scores.device)
+        hist_sum = hist_sum.scatter_add(1, bucket, src)
+        total = hist_sum.flip(1).cumsum(1).flip(1)[query_idx, pair_rank + 1]
+    return count, total
+
+
+class _SigmoidWindowSum(torch.autograd.Function):
+    """``out[k] = Σ_j σ(Z[q_k, j] − z[k]) · 1[Z[q_k, j] − z[k] <= upper]``; ``Z`` may hold ``-inf`` (excluded)."""
+
+    @staticmethod
+    def _chunk(Z, query_idx, z, upper, start, stop):
+        buf = Z.index_select(0, query_idx[start:stop])
+        buf.sub_(z[start:stop].unsqueeze(1))
+        if math.isfinite(upper):
+            buf.masked_fill_(buf > upper, float("-inf"))
+        return buf.sigmoid_()
+
+    @staticmethod
+    def forward(ctx, Z, query_idx, z, upper, chunk_elements):
+        num_pairs = len(query_idx)
+        out = Z.new_zeros(num_pairs)
+        rows = _chunk_rows(num_pairs, Z.shape[1], chunk_elements)
+        for start in range(0, num_pairs, rows):
+            stop = min(start + rows, num_pairs)
+            out[start:stop] = _SigmoidWindowSum._chunk(Z, query_idx, z, upper, start, stop).sum(1)
+        ctx.save_for_backward(Z, query_idx, z)
+        ctx.upper, ctx.chunk_elements = upper, chunk_elements
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        Z, query_idx, z = ctx.saved_tensors
+        grad_Z = torch.zeros_like(Z) if ctx.needs_input_grad[0] else None
+        grad_z = torch.zeros_like(z) if ctx.needs_input_grad[2] else None
+        num_pairs = len(query_idx)
+        rows = _chunk_rows(num_pairs, Z.shape[1], ctx.chunk_elements)
+        for start in range(0, num_pairs, rows):
+            stop = min(start + rows, num_pairs)
+            sig = _SigmoidWindowSum._chunk(Z, query_idx, z, ctx.upper, start, stop)
+            d = sig.sub_(sig * sig)  # σ(1 − σ), zero outside the window
+            d.mul_(grad_out[start:stop].unsqueeze(1))
+            if grad_Z is not None:
+                grad_Z.index_add_(0, query_idx[start:stop], d)
+            if grad_z is not None:
+                grad_z[start:stop] = -d.sum(1)
+        return grad_Z, None, grad_z, None, None
+
+
+def sigmoid_window_sum(
+    Z: Tensor,
+    query_idx: Tensor,
+    z_item: Tensor,
+    upper: float = float("inf"),
+    *,
+    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+) -> Tensor:
+    """``out[k] = Σ_j σ(Z[q_k, j] − z_item[k])`` over the ``j`` with ``Z[q_k, j] − z_item[k] <= upper``.
+
+    ``Z`` is a ``(B, M)`` matrix of scores divided by the temperature, with ``-inf`` at excluded entries (they
+    contribute 0 and get no gradient). A custom autograd function: chunks of pairs are recomputed in backward, so the
+    extra memory is ``O(B·M + chunk_elements)`` and nothing of size ``K × M`` is saved.
+    """
+    return _SigmoidWindowSum.apply(Z, query_idx, z_item, float(upper), chunk_elements)
+
+
+def _scaled_masked(scores: Tensor, mask: Tensor, tau: float) -> Tensor:
+    return (scores / tau).masked_fill(~mask, float("-inf"))
+
+
+def suprank_negative_sum(
+    scores: Tensor,
+    query_idx: Tensor,
+    item_idx: Tensor,
+    negatives: Tensor,
+    step: SupRankStep,
+    *,
+    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+) -> Tensor:
+    """``Σ_{j : negatives[q_k, j]} H⁻(s_{q_k j} − s_{q_k i_k})`` for every pair ``k`` (SupRank Eq. 4 and 10).
+
+    Split by branch: ``t <= δ`` → ``σ_τ(t)`` evaluated in a chunked window kernel (:func:`sigmoid_window_sum`);
+    ``0 < t <= δ`` → ``start`` times a count; ``t > δ`` → ``ρ (Σ s_j − C (s_i + δ)) + offset·C`` from sorted
+    thresholds and suffix sums (:func:`count_above`). Same value as ``pairwise_step_sum(..., SupRankStep)`` (up to
+    rounding and the ``±50`` sigmoid clamp, < 1e-20 per term) at a fraction of the passes over ``K × N``.
+    Pairs must be grouped by query. Returns ``(K,)`` in the dtype of ``scores``.
+    """
+    s_item = scores[query_idx, item_idx]
+    window = sigmoid_window_sum(
+        _scaled_masked(scores, negatives, step.tau),
+        query_idx,
+        s_item / step.tau,
+        step.delta / step.tau,
+        chunk_elements=chunk_elements,
+    )
+    above_delta, sum_above = count_above(scores, negatives, query_idx, s_item + step.delta, with_sum=True)
+    total = window
+    if step.start != 0.0:
+        above_zero, _ = count_above(scores, negatives, query_idx, s_item)
+        total = total + step.start * (above_zero - above_delta)
+    linear = step.rho * (sum_above - above_delta.double() * (s_item.double() + step.delta))
+    return total + (linear + step.resolved_offset * above_delta.double()).to(scores.dtype)
+
+
+def heaviside_positive_count(scores: Tensor, query_idx: Tensor, item_idx: Tensor, positives: Tensor) -> Tensor:
+    """``Σ_{j∈P_q, j≠i} H(s_j − s_i)`` per pair (``H(0) = 1``), without gradient; ``O(B·N log P)``."""
+    with torch.no_grad():
+        s_item = scores[query_idx, item_idx]
+        count, _ = count_above(scores.detach(), positives, query_idx, s_item.detach(), inclusive=True)
+        return count - 1.0  # the item itself (s_i >= s_i)
+
+
+def sigmoid_rank_sums(
+    scores: Tensor,
+    query_idx: Tensor,
+    item_idx: Tensor,
+    positives: Tensor,
+    valid: Tensor,
+    tau: float,
+    *,
+    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+) -> tuple[Tensor, Tensor]:
+    """Smooth-AP sums per pair: ``(Σ_{j∈P_q, j≠i} σ_τ(s_j − s_i), Σ_{j∈V_q, j≠i} σ_τ(s_j − s_i))``.
+
+    The positive sum runs over a ``(B, P_max)`` padded matrix of positive scores, the full sum over ``(B, N)``;
+    ``j = i`` contributes exactly ``σ(0) = 1/2`` and is subtracted. Pairs must be grouped by query and ``i`` must be
+    a positive.
+    """
+    num_queries = scores.shape[0]
+    _, pos, width = group_positions(query_idx, num_queries)
+    s_item = scores[query_idx, item_idx]
+    z_item = s_item / tau
+    pos_scores = scores.new_full((num_queries, max(width, 1)), float("-inf"))
+    pos_scores = pos_scores.index_put((query_idx, pos), z_item)
+    pos_sum = sigmoid_window_sum(pos_scores, query_idx, z_item, chunk_elements=chunk_elements) - 0.5
+    all_sum = sigmoid_window_sum(_scaled_masked(scores, valid, tau), query_idx, z_item, chunk_elements=chunk_elements)
+    return pos_sum, all_sum - 0.5

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ..ranking import SigmoidStep, pairwise_step_sum
+from ..ranking import SigmoidStep, sigmoid_rank_sums
 from .base_rank_loss import BaseRankLoss, RankInputs
 
 __all__ = ["SmoothAPLoss"]
@@ -36,10 +36,9 @@ class SmoothAPLoss(BaseRankLoss):
     def query_ap(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:
         """Smooth AP ``(Q,)`` of the queries with at least one positive, and their rows ``(Q,)``."""
         positives = inputs.positives()
-        negatives = inputs.valid & ~positives
         q, i = inputs.positive_pairs(positives)
-        rank_plus = 1.0 + pairwise_step_sum(inputs.scores, q, i, positives, self.step)
-        rank = rank_plus + pairwise_step_sum(inputs.scores, q, i, negatives, self.step, exclude_item=False)
+        pos_sum, all_sum = sigmoid_rank_sums(inputs.scores, q, i, positives, inputs.valid, self.temperature)
+        rank_plus, rank = 1.0 + pos_sum, 1.0 + all_sum
         return self.segment_mean(rank_plus / rank, q, inputs.scores.shape[0])
 
     def compute_query_losses(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:

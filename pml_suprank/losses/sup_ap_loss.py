@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ..ranking import HeavisideStep, SupRankStep, pairwise_step_sum
+from ..ranking import SupRankStep, heaviside_positive_count, suprank_negative_sum
 from .base_rank_loss import BaseRankLoss, RankInputs
 
 __all__ = ["SupAPLoss", "suprank_pair_ranks"]
@@ -26,8 +26,8 @@ def suprank_pair_ranks(inputs: RankInputs, step: SupRankStep) -> tuple[Tensor, T
     positives = inputs.positives()
     negatives = inputs.valid & ~positives
     q, i = inputs.positive_pairs(positives)
-    rank_plus = 1.0 + pairwise_step_sum(inputs.scores, q, i, positives, HeavisideStep())
-    rank = rank_plus + pairwise_step_sum(inputs.scores, q, i, negatives, step, exclude_item=False)
+    rank_plus = 1.0 + heaviside_positive_count(inputs.scores, q, i, positives)
+    rank = rank_plus + suprank_negative_sum(inputs.scores, q, i, negatives, step)
     return q, i, rank_plus, rank
 
 
