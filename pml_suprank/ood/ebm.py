@@ -230,6 +230,9 @@ def train_residual(
     Returns:
         Mean training loss per epoch.
     """
+    if epochs == 0:
+        mlp.eval()
+        return []
     n = features.shape[0]
     batch_size = min(batch_size, n)
     optimizer = torch.optim.Adam(mlp.parameters(), lr=lr, betas=betas)

@@ -296,6 +296,8 @@ class HEAT(Detector):
         n = next(iter(inputs.values())).shape[0]
         if any(p.startswith("gmm") for p in self.priors):
             labels = check_class_labels(labels, n)
+        if "el" in self.priors and self.weight is None:
+            raise ValueError("the 'el' prior needs the classifier head: pass weight=/bias= or head= to HEAT")
         if "el" in self.priors and inputs["avg"].shape[1] != self.weight.shape[1]:
             raise ValueError(
                 f"features have {inputs['avg'].shape[1]} columns but the classifier weight expects "
