@@ -27,7 +27,7 @@ __all__ = ["RetrievalDatasetBase", "pil_to_tensor"]
 
 def pil_to_tensor(image: Any) -> Tensor:
     """PIL image (or ``(H, W, 3)`` uint8 array) → float tensor ``(3, H, W)`` in ``[0, 1]``."""
-    arr = np.asarray(image.convert("RGB") if hasattr(image, "convert") else image, dtype=np.uint8)
+    arr = np.array(image.convert("RGB") if hasattr(image, "convert") else image, dtype=np.uint8)
     if arr.ndim == 2:
         arr = np.repeat(arr[:, :, None], 3, axis=2)
     return torch.from_numpy(np.ascontiguousarray(arr)).permute(2, 0, 1).float().div_(255.0)
