@@ -66,68 +66,91 @@ class HRankParams:
 
 
 def _chunks(lengths: Tensor, budget: int) -> list[tuple[int, int, int]]:
-    """Split pairs into consecutive chunks of at most ``budget`` window elements (a pair is never split)."""
-    if lengths.numel() == 0:
-        return []
-    cum = torch.cumsum(lengths, 0).cpu()
+    """Split pairs sorted by decreasing window length into ranges ``(m0, m1, width)`` of at most ``budget``
+    padded elements (``(m1 − m0) · width``; ``width`` = the longest window of the range)."""
     out = []
-    m0, done = 0, 0
-    n = lengths.numel()
+    m0, n = 0, lengths.numel()
     while m0 < n:
-        m1 = int(torch.searchsorted(cum, done + budget, right=True))
-        m1 = max(m1, m0 + 1)
-        m1 = min(m1, n)
-        end = int(cum[m1 - 1])
-        out.append((m0, m1, end - done))
-        done = end
+        width = max(int(lengths[m0]), 1)
+        m1 = min(n, m0 + max(1, budget // width))
+        out.append((m0, m1, width))
         m0 = m1
     return out
 
 
-def _window_elements(lengths: Tensor, starts: Tensor, m0: int, m1: int, size: int) -> tuple[Tensor, Tensor]:
-    """Pair index and flat sorted position of every window element of pairs ``m0..m1``."""
-    lens = lengths[m0:m1]
-    pair = torch.repeat_interleave(torch.arange(m0, m1, device=lengths.device), lens, output_size=size)
-    first = torch.cumsum(lens, 0) - lens  # exclusive cumsum
-    k = torch.arange(size, device=lengths.device) - first[pair - m0]
-    return pair, starts[pair] + k
-
-
 class _WindowSum(torch.autograd.Function):
-    """Σ over each pair's window of H⁻(s_{q,j} − s_{q,i}); window elements are recomputed in backward."""
+    """Σ over each pair's window of ``f(s_{q,j} − s_{q,i})``; the windows are recomputed in backward, never saved.
+
+    ``f`` is the bare sigmoid ``σ(t/τ)`` (fast path, the caller adds the ``start`` jump from counts) or, when the
+    sigmoid clamp falls inside the window (``δ > 50τ``), the full step ``H⁻``. Pairs are processed as padded
+    ``(pairs, width)`` blocks read from the sorted score lists (``keys``, padded with one spare row), so every element
+    costs a few contiguous vector operations plus one gather; the gradient w.r.t. the window items is accumulated in
+    sorted order and un-permuted once at the end.
+    """
 
     @staticmethod
-    def forward(ctx, scores, q_idx, i_idx, starts, lengths, sorted_cols, params, chunk):  # noqa: D401
-        n = scores.shape[1]
-        flat = scores.reshape(-1)
-        out = torch.zeros(q_idx.shape[0], dtype=scores.dtype, device=scores.device)
-        for m0, m1, size in _chunks(lengths, chunk):
-            pair, pos = _window_elements(lengths, starts, m0, m1, size)
-            q = q_idx[pair]
-            t = flat[q * n + sorted_cols[pos]] - flat[q * n + i_idx[pair]]
-            out = out.index_add(0, pair, params.value(t))
-        ctx.save_for_backward(scores, q_idx, i_idx, starts, lengths, sorted_cols)
-        ctx.params, ctx.chunk = params, chunk
+    def forward(ctx, scores, keys, perms, row_base, lo, lengths, q_idx, i_idx, step, fast, chunk):
+        s_i = scores.detach()[q_idx, i_idx]
+        n = keys.shape[-1]
+        keys_flat = torch.cat([keys.reshape(-1), keys.new_zeros(n)])  # spare row: padded reads stay in bounds
+        out = torch.zeros_like(s_i)
+        for m0, m1, width in _chunks(lengths, chunk):
+            t, _ = _window_block(keys_flat, row_base, lo, lengths, s_i, m0, m1, width)
+            value = torch.sigmoid(t * (1.0 / step.tau)) if fast else step.value(t)
+            if not fast:
+                value = torch.where(torch.isfinite(t), value, torch.zeros((), dtype=value.dtype))
+            out[m0:m1] = value.sum(1)
+        ctx.save_for_backward(scores, keys_flat, perms, row_base, lo, lengths, q_idx, i_idx)
+        ctx.step, ctx.fast, ctx.chunk, ctx.shape = step, fast, chunk, keys.shape
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        scores, q_idx, i_idx, starts, lengths, sorted_cols = ctx.saved_tensors
-        n = scores.shape[1]
-        flat = scores.reshape(-1)
-        grad = torch.zeros_like(flat)
-        per_pair = torch.zeros_like(grad_out)
-        for m0, m1, size in _chunks(lengths, ctx.chunk):
-            pair, pos = _window_elements(lengths, starts, m0, m1, size)
-            q = q_idx[pair]
-            j_flat = q * n + sorted_cols[pos]
-            t = flat[j_flat] - flat[q * n + i_idx[pair]]
-            d = ctx.params.derivative(t)
-            w = d * grad_out[pair]
-            grad = grad.index_add(0, j_flat, w)
-            per_pair = per_pair.index_add(0, pair, w)
-        grad = grad.index_add(0, q_idx * n + i_idx, -per_pair)
-        return grad.view_as(scores), None, None, None, None, None, None, None
+        scores, keys_flat, perms, row_base, lo, lengths, q_idx, i_idx = ctx.saved_tensors
+        step = ctx.step
+        s_i = scores.detach()[q_idx, i_idx]
+        grad_sorted = torch.zeros_like(keys_flat)
+        grad_i = torch.zeros_like(s_i)
+        for m0, m1, width in _chunks(lengths, ctx.chunk):
+            t, flat_pos = _window_block(keys_flat, row_base, lo, lengths, s_i, m0, m1, width)
+            if ctx.fast:
+                sig = torch.sigmoid(t * (1.0 / step.tau))
+                w = sig * (1.0 - sig) * (grad_out[m0:m1, None] * (1.0 / step.tau))
+            else:
+                d = torch.where(torch.isfinite(t), step.derivative(t), torch.zeros((), dtype=t.dtype))
+                w = d * grad_out[m0:m1, None]
+            grad_i[m0:m1] = -w.sum(1)
+            grad_sorted = grad_sorted.index_add(0, flat_pos.reshape(-1), w.reshape(-1))
+        num_levels, bsz, n = ctx.shape
+        grad_sorted = grad_sorted[: num_levels * bsz * n].view(num_levels, bsz, n)
+        grad = torch.zeros_like(scores)
+        for l in range(num_levels):  # un-permute: sorted position -> reference column
+            grad = grad.scatter_add(1, perms[l], grad_sorted[l])
+        grad = grad.index_put((q_idx, i_idx), grad_i, accumulate=True)
+        return grad, None, None, None, None, None, None, None, None, None, None
+
+
+def _window_block(keys_flat, row_base, lo, lengths, s_i, m0, m1, width):
+    """Score differences ``t`` ``(k, width)`` of the window items of pairs ``m0..m1`` (``−inf`` in the padding, so
+    that the sigmoid and its derivative vanish there) and their flat sorted positions."""
+    ar = torch.arange(width, device=keys_flat.device)
+    flat_pos = (row_base[m0:m1] + lo[m0:m1])[:, None] + ar
+    t = keys_flat.take(flat_pos) - s_i[m0:m1, None]
+    t = torch.where(ar < lengths[m0:m1, None], t, torch.full((), float("-inf"), dtype=t.dtype))
+    return t, flat_pos
+
+
+def _last_within(s: Tensor, delta: float) -> Tensor:
+    """Largest ``u`` (elementwise) with ``fl(u − s) <= δ``, so that ``key <= u`` ⇔ ``fl(key − s) <= δ``: the sorted
+    positions then choose the branch of H⁻ exactly as an elementwise evaluation of ``t = s_j − s_i`` would."""
+    u = s + delta
+    down, up = torch.tensor(float("-inf"), dtype=s.dtype), torch.tensor(float("inf"), dtype=s.dtype)
+    for _ in range(4):  # fl(x − s) is monotone in x: a few ulp steps settle the boundary
+        u = torch.where((u - s) > delta, torch.nextafter(u, down.to(s.device)), u)
+    for _ in range(4):
+        nxt = torch.nextafter(u, up.to(s.device))
+        u = torch.where((nxt - s) <= delta, nxt, u)
+    return u
 
 
 def _gather_rows(table: Tensor, idx: Tensor) -> Tensor:
@@ -196,9 +219,10 @@ def hierarchical_ranks(
     ge = [counts[l - 1] - index_ge(l, s_det) for l in range(1, L + 2)]
 
     t_lo = -step.tau * min(50.0, math.log(max(n, 1) / torch.finfo(dtype).eps))
-    lin_upper = s_det + step.delta
+    fast = step.delta <= 50.0 * step.tau  # the sigmoid clamp never acts inside the window [t_lo, δ]
+    lin_upper = _last_within(s_det, step.delta)
     rank64 = torch.zeros(bsz, n, dtype=acc, device=device)
-    pair_lists = []
+    pair_lists = []  # (level, query, item, window start, window length)
     for l in range(1, L + 1):
         at_l = positive & (levels == l)
         # Heaviside part: items at level >= l with s_j >= s_i (i itself included: the "1 +")
@@ -214,15 +238,22 @@ def hierarchical_ranks(
         lo = index_ge(l, s_det + t_lo)
         hi = torch.minimum(h, counts[l - 1].expand_as(h))
         length = torch.where(at_l, (hi - lo).clamp_min(0), torch.zeros_like(hi))
+        if fast:  # the jump `start` on 0 < t <= δ: window items scored strictly above s_i
+            n_up = (hi - torch.maximum(lo, index_gt(l, s_det))).clamp_min(0)
+            rank64 = rank64 + torch.where(at_l, step.start * n_up.to(acc), torch.zeros((), dtype=acc))
         q_idx, i_idx = torch.nonzero(length > 0, as_tuple=True)
         if q_idx.numel():
-            start = ((l - 1) * bsz + q_idx) * n + lo[q_idx, i_idx]
-            pair_lists.append((q_idx, i_idx, start, length[q_idx, i_idx]))
+            row_base = ((l - 1) * bsz + q_idx) * n
+            pair_lists.append((q_idx, i_idx, row_base, lo[q_idx, i_idx], length[q_idx, i_idx]))
 
     if pair_lists:
-        q_idx, i_idx, starts, lengths = (torch.cat(x) for x in zip(*pair_lists))
-        sorted_cols = torch.stack(perms[:L]).reshape(-1)
-        window = _WindowSum.apply(scores, q_idx, i_idx, starts, lengths, sorted_cols, step, int(chunk_size))
+        q_idx, i_idx, row_base, lo_idx, lengths = (torch.cat(x) for x in zip(*pair_lists))
+        order = torch.argsort(lengths, descending=True)  # similar widths per block: little padding
+        q_idx, i_idx, row_base, lo_idx, lengths = (x[order] for x in (q_idx, i_idx, row_base, lo_idx, lengths))
+        keys = torch.stack(sorted_keys[:L])
+        window = _WindowSum.apply(
+            scores, keys, torch.stack(perms[:L]), row_base, lo_idx, lengths, q_idx, i_idx, step, fast, int(chunk_size)
+        )
         flat_idx = q_idx * n + i_idx
         rank64 = (rank64.reshape(-1).index_add(0, flat_idx, window.to(acc))).view(bsz, n)
     rank = torch.where(positive, rank64, torch.ones((), dtype=acc)).to(dtype)

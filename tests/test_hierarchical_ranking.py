@@ -111,10 +111,11 @@ def test_kernel_matches_dense_definition(seed, with_hrank):
     torch.testing.assert_close(s1.grad, s2.grad, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("offset", [None, 1.44, 1.0])
-def test_hap_and_ndcg_match_dense(offset):
+@pytest.mark.parametrize("offset, tau", [(None, 0.02), (1.44, 0.02), (1.0, 0.02), (None, 0.001)])
+def test_hap_and_ndcg_match_dense(offset, tau):
+    """Includes δ > 50τ (τ = 0.001), where the sigmoid clamp acts inside the window (generic window path)."""
     scores, levels, valid = _random_problem(5, B=5, N=30, L=2)
-    step = dict(tau=0.02, rho=50.0, delta=0.03, start=0.5 if offset != 1.0 else 0.0, offset=offset)
+    step = dict(tau=tau, rho=50.0, delta=0.03, start=0.5 if offset != 1.0 else 0.0, offset=offset)
     rel = pop_relevance(level_counts(levels, 2, mask=valid), 2.0, dtype=torch.float64)
     hap, has = sup_hap_scores(scores, levels, rel, 2, valid, SupRankStep(**step))
     torch.testing.assert_close(hap[has], dense_hap(scores, levels, rel, valid, step)[has], rtol=1e-12, atol=1e-12)
