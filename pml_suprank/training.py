@@ -6,7 +6,7 @@ What :class:`Trainer` does, in the recipes' words (``recipes/train_happier.py``,
   the loss (whose proxies are parameters, e.g. ``ClusterLoss``) are wrapped in one module that goes through
   ``accelerator.prepare``, so DDP synchronises the proxies' gradients too (``ecosystem.md`` §3.3);
 * **exact distributed loss**: under several processes the embeddings of the global batch are gathered *with
-  gradients* (``torch.distributed.nn.functional.all_gather``) and every process computes the loss of the global
+  gradients* (``pml_suprank.distributed.all_gather_with_grad``) and every process computes the loss of the global
   batch; after DDP's gradient averaging this equals the single-process gradient on the concatenated batch
   (``ecosystem.md`` §0.5, §3.5);
 * **parameter groups** ``backbone`` / ``head`` / ``proxies`` with their own learning rates (SupRank reference configs,
@@ -395,19 +395,6 @@ def _progress(iterable: Any, **kwargs: Any) -> Any:
 # ---------------------------------------------------------------------------------------------------------------------
 # loss module (model + loss [+ memory]) — what goes through accelerator.prepare
 # ---------------------------------------------------------------------------------------------------------------------
-def _gather_with_grad(x: Tensor) -> Tensor:
-    """All-gather across processes keeping the autograd graph (its backward sums the gradients of every rank)."""
-    import torch.distributed.nn.functional as dist_fn
-
-    return torch.cat(dist_fn.all_gather(x.contiguous()), dim=0)
-
-
-def _gather_no_grad(x: Tensor) -> Tensor:
-    out = [torch.empty_like(x) for _ in range(torch.distributed.get_world_size())]
-    torch.distributed.all_gather(out, x.contiguous())
-    return torch.cat(out, dim=0)
-
-
 class LossModule(nn.Module):
     """``model`` + ``loss`` (+ ``memory``) as one module: ``forward(images, labels, indices) -> loss``.
 
@@ -446,8 +433,10 @@ class LossModule(nn.Module):
         if self.memory is not None:  # RankingMemory gathers the global batch itself under torch.distributed
             return self.memory(embeddings, labels, indices)
         if self.distributed:
-            embeddings = _gather_with_grad(embeddings)
-            labels = _gather_no_grad(labels)
+            from . import distributed as dist_utils
+
+            embeddings = dist_utils.all_gather_with_grad(embeddings)
+            labels = dist_utils.all_gather(labels)
         return self.loss(embeddings, labels)
 
 
@@ -918,22 +907,31 @@ class Trainer:
     def save_final(
         self,
         save_directory: str | Path | None = None,
-        metrics: dict[str, Any] | None = None,
+        metrics: dict[str, float] | None = None,
+        summary: dict[str, Any] | None = None,
         metadata: dict[str, Any] | None = None,
         hub_config: dict[str, Any] | None = None,
         plots: bool = True,
         image_dataset: Any = None,
+        repo_id: str | None = None,
     ) -> Path | None:
-        """Write the Hub-ready folder (main process): ``config.json``, ``model.safetensors``, ``README.md`` (model
-        card), ``metrics.json``, ``history.json`` and the plots of :mod:`pml_suprank.plots`.
+        """Write the Hub-ready folder (on the main process; returns ``None`` elsewhere).
+
+        Contents: ``config.json``, ``model.safetensors``, ``README.md`` (the model card of
+        :func:`pml_suprank.hub.save_pretrained`), ``metrics.json`` (the final test metrics), ``training_summary.json``
+        (``summary``, e.g. metrics before and after training, timings), ``history.json`` (logged losses and
+        evaluations), ``training_config.json`` and the PNG plots of :func:`pml_suprank.plots.plot_all` (drawn from
+        the last evaluation's embeddings, with the first evaluation's — before training — for comparison).
 
         Args:
             save_directory: Default ``output_dir/final``.
-            metrics: e.g. ``{"before": {...}, "after": {...}}``; written to ``metrics.json`` and the model card.
-            metadata: Extra ``config.json`` metadata (training loss, dataset, label names, ...).
-            hub_config: The hub_config (paper numbers for the model card).
-            plots: Draw the plots from the last evaluation's embeddings.
+            metrics: Final test metrics ``{name: number}`` (``RetrievalEvaluator`` keys) for the card.
+            summary: Any JSON-able dict, written to ``training_summary.json``.
+            metadata: ``config.json`` training metadata (``loss``, ``dataset``, ``label_names``, ``loss_kwargs``...).
+            hub_config: The hub_config dict (tags, datasets, the paper's numbers for the card).
+            plots: Draw the plots.
             image_dataset: Dataset with ``get_image(i)`` for the retrieval grid (default: the test set).
+            repo_id: Repo id shown in the card's usage snippet.
         """
         acc = self.accelerator
         save_directory = Path(save_directory) if save_directory is not None else self.output_dir / "final"
@@ -941,7 +939,7 @@ class Trainer:
         if not acc.is_main_process:
             return None
         save_directory.mkdir(parents=True, exist_ok=True)
-        plot_files: list[str] = []
+        plot_files: list[Path] = []
         if plots and self.last_embeddings is not None:
             from . import plots as plots_mod
 
@@ -950,7 +948,7 @@ class Trainer:
             if self.first_embeddings is not None and self.first_embeddings is not self.last_embeddings:
                 compare = {"before training": self.first_embeddings[0]}
             label_names = list(getattr(self.test_dataset, "label_names", [])) or None
-            plot_files = plots_mod.plot_all(
+            names = plots_mod.plot_all(
                 emb,
                 labels,
                 save_directory,
@@ -960,22 +958,29 @@ class Trainer:
                 compare=compare,
                 seed=self.config.seed,
             )
-        metrics = _jsonable(metrics or {})
-        (save_directory / "metrics.json").write_text(json.dumps(metrics, indent=1))
+            plot_files = [save_directory / n for n in names]
+        (save_directory / "training_summary.json").write_text(json.dumps(_jsonable(summary or {}), indent=1))
         (save_directory / "history.json").write_text(json.dumps(_jsonable(self.progress.history), indent=1))
         (save_directory / "training_config.json").write_text(json.dumps(_jsonable(self.config.to_dict()), indent=1))
         model = self.model
+        flat = {k: float(v) for k, v in (metrics or {}).items()}
         if hasattr(model, "save_pretrained"):
-            kwargs: dict[str, Any] = {"metrics": metrics, "metadata": _jsonable(metadata or {}), "plots": plot_files}
-            if hub_config is not None:
-                kwargs["hub_config"] = hub_config
-            model.save_pretrained(save_directory, **kwargs)
+            model.save_pretrained(
+                save_directory,
+                metrics=flat,
+                metadata=_jsonable(metadata or {}),
+                hub_config=hub_config,
+                plots=plot_files,
+                repo_id=repo_id,
+            )
         else:
             from safetensors.torch import save_file
 
             save_file(
-                {k: v.contiguous() for k, v in model.state_dict().items()}, str(save_directory / "model.safetensors")
+                {k: v.detach().contiguous() for k, v in model.state_dict().items()},
+                str(save_directory / "model.safetensors"),
             )
+            (save_directory / "metrics.json").write_text(json.dumps(flat, indent=1))
         return save_directory
 
 
