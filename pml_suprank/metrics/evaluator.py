@@ -68,7 +68,12 @@ def _label_blocks(query_labels: Tensor, ref_labels: Tensor) -> tuple[Tensor, Ten
 
 
 def _chunk_ranks(
-    scores: Tensor, starts: Tensor, ends: Tensor, self_col: Tensor | None, num_bins: int | None
+    scores: Tensor,
+    starts: Tensor,
+    ends: Tensor,
+    self_col: Tensor | None,
+    num_bins: int | None,
+    workspace: dict | None = None,
 ) -> F.RetrievalRanks:
     """Ranks of one chunk from its ``(C, N)`` score block (overwritten) and the label slices ``(C, L)``."""
     C, N = scores.shape
@@ -97,7 +102,7 @@ def _chunk_ranks(
     if self_col is not None:
         r = is_self.nonzero(as_tuple=True)[0]
         scores[r, self_col[r]] = float("-inf")
-    levels, positions = F.rank_relevant_items(scores, rel_scores, lev, num_bins=num_bins)
+    levels, positions = F.rank_relevant_items(scores, rel_scores, lev, num_bins=num_bins, workspace=workspace)
     ge = ends - starts - has_self[:, None]  # (C, L): items agreeing on the m coarsest labels (self removed)
     ge = torch.cat([ge, torch.zeros_like(ge[:, :1])], 1)
     counts = torch.empty(C, L + 1, dtype=torch.long, device=device)
@@ -311,19 +316,21 @@ class RetrievalEvaluator:
         self_col = None if self_col is None else self_col.to(device)
         chunk = self._default_chunk(N)
         per_query: dict[str, list[Tensor]] = {}
+        workspace: dict[str, Tensor] = {}
+        score_buf = torch.empty(min(chunk, Q), N, dtype=dtype, device=device)
         with torch.no_grad():
             for s in self._chunks(Q, chunk):
                 e = min(s + chunk, Q)
                 qc = query.detach()[s:e].to(device=device, dtype=dtype)
-                scores = qc @ gallery.T
+                scores = torch.mm(qc, gallery.T, out=score_buf[: e - s])
                 ranks = _chunk_ranks(
                     scores,
                     starts[s:e],
                     ends[s:e],
                     None if self_col is None else self_col[s:e],
                     self.num_bins,
+                    workspace,
                 )
-                del scores
                 for key, value in self._metrics_from_ranks(ranks).items():
                     per_query.setdefault(key, []).append(value.cpu())
         merged = {k: torch.cat(v) for k, v in per_query.items()}
@@ -331,46 +338,13 @@ class RetrievalEvaluator:
 
     def _metrics_from_ranks(self, ranks: F.RetrievalRanks) -> dict[str, Tensor]:
         L = ranks.num_levels
-        out: dict[str, Tensor] = {}
-        want = set(self.metrics)
+        out = F.metrics_from_ranks(
+            ranks, k_values=self.k_values, groups=self.metrics, alpha=self.alpha, level_weights=self.level_weights
+        )
         out["_n_pos_fine"] = ranks.counts[:, L].double()
         out["_n_rel"] = ranks.counts[:, 1:].sum(1).double()
         for h in range(L):
             out[f"_n_pos_level{h}"] = ranks.counts[:, L - h :].sum(1).double()
-        if "ap" in want:
-            out["ap"] = F.ap_from_ranks(ranks, L)
-        if "map_at_r" in want:
-            out["map_at_r"] = F.map_at_r_from_ranks(ranks, L)
-        if "r_precision" in want:
-            out["r_precision"] = F.r_precision_from_ranks(ranks, L)
-        if "precision_at_1" in want:
-            out["precision_at_1"] = F.precision_at_k_from_ranks(ranks, 1, L)
-        for k in self.k_values:
-            if "recall_at_k" in want:
-                out[f"recall_at_{k}"] = F.recall_at_k_from_ranks(ranks, k, L)
-            if "precision_at_k" in want:
-                out[f"precision_at_{k}"] = F.precision_at_k_from_ranks(ranks, k, L)
-            if "true_recall_at_k" in want:
-                out[f"true_recall_at_{k}"] = F.true_recall_at_k_from_ranks(ranks, k, L)
-            if "map_at_k" in want:
-                out[f"map_at_{k}"] = F.map_at_k_from_ranks(ranks, k, L)
-        if "h_ap" in want:
-            out["h_ap"] = F.hap_from_ranks(ranks, alpha=self.alpha)
-        if "ndcg" in want:
-            out["ndcg"] = F.ndcg_from_ranks(ranks)
-        if "asi" in want:
-            out["asi"] = F.asi_from_ranks(ranks)
-        if "sum_w_ap" in want:
-            out["sum_w_ap"] = F.weighted_sum_ap_from_ranks(ranks, self.level_weights)
-        for h in range(L):
-            m = L - h
-            if "ap_level" in want:
-                out[f"ap_level{h}"] = F.ap_from_ranks(ranks, m)
-            if "map_at_r_level" in want:
-                out[f"map_at_r_level{h}"] = F.map_at_r_from_ranks(ranks, m)
-            if "recall_at_k_level" in want:
-                for k in self.k_values:
-                    out[f"recall_at_{k}_level{h}"] = F.recall_at_k_from_ranks(ranks, k, m)
         return out
 
     @staticmethod

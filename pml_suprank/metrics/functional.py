@@ -43,6 +43,7 @@ __all__ = [
     "hierarchical_average_precision",
     "map_at_k",
     "map_at_r",
+    "metrics_from_ranks",
     "ndcg",
     "precision_at_k",
     "r_precision",
@@ -155,8 +156,26 @@ def _pessimistic_order(scores: Tensor, levels: Tensor, valid: Tensor) -> Tensor:
     return first.gather(1, second)
 
 
+def _workspace(ws: dict | None, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A reusable buffer (avoids re-allocating and page-faulting ``(C, N)`` tensors for every chunk)."""
+    n = 1
+    for d in shape:
+        n *= d
+    if ws is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    b = ws.get(name)
+    if b is None or b.numel() < n or b.dtype != dtype or b.device != device:
+        b = torch.empty(n, dtype=dtype, device=device)
+        ws[name] = b
+    return b[:n].view(shape)
+
+
 def rank_relevant_items(
-    neg_scores: Tensor, rel_scores: Tensor, rel_levels: Tensor, num_bins: int | None = None
+    neg_scores: Tensor,
+    rel_scores: Tensor,
+    rel_levels: Tensor,
+    num_bins: int | None = None,
+    workspace: dict | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Sort the relevant items of each query and find their positions in the full pessimistic ranking.
 
@@ -167,7 +186,8 @@ def rank_relevant_items(
             removed items) must be ``-inf``. Not modified.
         rel_scores: ``(C, P)`` scores of the relevant items (finite); padding slots arbitrary.
         rel_levels: ``(C, P)`` int64 levels ``>= 1`` of the relevant items; ``0`` marks a padding slot.
-        num_bins: histogram resolution (default ``N``); affects speed only, never the result.
+        num_bins: histogram resolution (default ``min(N, 64 P)``); affects speed only, never the result.
+        workspace: optional dict in which ``(C, N)`` buffers are kept between calls.
 
     Returns:
         ``(levels, positions)``, both ``(C, P)`` int64, in ranked order: the levels of the relevant items (``0`` =
@@ -190,7 +210,7 @@ def rank_relevant_items(
     # Uniform bins over each row's relevant range: bin() is monotone because it is a chain of correctly rounded
     # elementwise ops (sub, mul, clamp, trunc) applied identically to every score, so an item in a higher bin than a
     # relevant item scores strictly higher, and only the items sharing a bin need an exact comparison.
-    B = max(int(num_bins if num_bins is not None else N), 1)
+    B = max(int(num_bins) if num_bins is not None else min(N, 64 * P), 1)
     nb_total = B + 4
     big = torch.finfo(rs.dtype).max
     lo = torch.where(vs, rs, torch.full_like(rs, big)).amin(1)
@@ -203,46 +223,63 @@ def rank_relevant_items(
     lo2 = (lo - 2.0 / scale)[:, None]
     scale = scale[:, None]
 
-    def to_bins(x: Tensor) -> Tensor:
-        y = torch.sub(x, lo2)
-        y.mul_(scale)
-        y.clamp_(0, nb_total - 1)
-        return y.long()
-
-    nb = to_bins(neg_scores)  # (C, N)
-    rb = to_bins(rs)  # (C, P), non-increasing along the sorted order
+    x = _workspace(workspace, "x", (C, N), neg_scores.dtype, device)
+    torch.sub(neg_scores, lo2, out=x)
+    x.mul_(scale).clamp_(0, nb_total - 1)
+    nb = _workspace(workspace, "nb", (C, N), torch.long, device)
+    nb.copy_(x)  # truncation = floor on non-negative values
+    y = torch.sub(rs, lo2)
+    rb = y.mul_(scale).clamp_(0, nb_total - 1).long()  # (C, P), non-increasing along the sorted order
     rb = torch.where(vs, rb, torch.zeros_like(rb))
 
-    ones_n = torch.ones(1, 1, dtype=torch.int32, device=device).expand(C, N)
-    hist = torch.zeros(C, nb_total, dtype=torch.int32, device=device).scatter_add_(1, nb, ones_n)
-    cum = hist.cumsum(1, dtype=torch.int64)  # items in bins <= b
-    neg_ge = cum[:, -1:] - cum.gather(1, rb)  # negatives in bins > bin(r_k): all score > r_k
-    del hist, cum
+    # float32 counts are exact below 2**24 items per row
+    count_dtype = torch.float32 if N < 2**24 else torch.float64
+    hist = _workspace(workspace, "hist", (C, nb_total), count_dtype, device).zero_()
+    hist.scatter_add_(1, nb, torch.ones(1, 1, dtype=count_dtype, device=device).expand(C, N))
+    cum = torch.cumsum(hist, 1, out=_workspace(workspace, "cum", (C, nb_total), count_dtype, device))
+    neg_ge = (cum[:, -1:] - cum.gather(1, rb)).long()  # negatives in bins > bin(r_k): all score > r_k
+    del cum
 
-    relhist = torch.zeros(C, nb_total, dtype=torch.int32, device=device).scatter_add_(1, rb, vs.int())
-    cand = (relhist > 0).gather(1, nb)  # negatives sharing a bin with some relevant item
-    ci, cj = cand.nonzero(as_tuple=True)
-    del cand
-    if ci.numel():
-        cs = neg_scores[ci, cj]
-        cb = nb[ci, cj]
-        rel_cum = relhist.cumsum(1, dtype=torch.int64)
-        first = n_rel[ci] - rel_cum[ci, cb]  # sorted index of the first relevant item of that bin
-        count = relhist[ci, cb].long()
-        max_count = int(count.max())
-        if max_count <= 16:
-            above = torch.zeros_like(first)
-            for t in range(max_count):
-                r_t = rs[ci, (first + t).clamp_max(P - 1)]
-                above += ((t < count) & (r_t > cs)).long()
-        else:  # many exactly tied relevant scores: one batched binary search instead
-            above = _count_greater(rs, vs, ci, cs) - first
-        # candidate contributes +1 to the relevant items of its bin with r <= s: sorted slots [first+above, first+count)
-        diff = torch.zeros(C * (P + 1), dtype=torch.int64, device=device)
-        base = ci * (P + 1)
-        diff.index_add_(0, base + first + above, torch.ones_like(first))
-        diff.index_add_(0, base + first + count, -torch.ones_like(first))
-        neg_ge = neg_ge + diff.view(C, P + 1).cumsum(1)[:, :P]
+    relcount = _workspace(workspace, "relcount", (C, nb_total), torch.int32, device).zero_()
+    relcount.scatter_add_(1, rb, vs.int())
+    cand = _workspace(workspace, "cand", (C, N), torch.bool, device)
+    torch.gather(relcount > 0, 1, nb, out=cand)  # negatives sharing a bin with some relevant item
+    flat = cand.view(-1).nonzero().squeeze(1)  # flat indexing: much faster than 2-D advanced indexing
+    if flat.numel():
+        ci = torch.div(flat, N, rounding_mode="floor")
+        cs = neg_scores.reshape(-1)[flat]
+        cb = nb.view(-1)[flat]
+        first_slot = _workspace(workspace, "first_slot", (C, nb_total), torch.int32, device).fill_(P)
+        first_slot.scatter_reduce_(1, rb, torch.where(vs, arange_p.int().expand(C, P), P), "amin")
+        fk = ci * nb_total + cb
+        first = first_slot.view(-1)[fk].long()  # sorted index of the first (highest) relevant item of that bin
+        count = relcount.view(-1)[fk]
+        row_base = ci * P
+        rs_flat = rs.reshape(-1)
+        neg_ge_flat = neg_ge.reshape(-1).clone()
+        # common case: one relevant item in the bin -> the candidate counts for it iff r <= s
+        one = count == 1
+        idx = row_base + first
+        neg_ge_flat.index_add_(0, idx, ((rs_flat[idx] <= cs) & one).long())
+        many = ~one
+        if bool(many.any()):
+            many = many.nonzero().squeeze(1)
+            ci, cs, first, count, row_base = ci[many], cs[many], first[many], count[many].long(), row_base[many]
+            max_count = int(count.max())
+            if max_count <= 16:
+                above = torch.zeros_like(first)
+                for t in range(max_count):
+                    r_t = rs_flat[row_base + (first + t).clamp_max(P - 1)]
+                    above += ((t < count) & (r_t > cs)).long()
+            else:  # many exactly tied relevant scores: one batched binary search instead
+                above = _count_greater(rs, vs, ci, cs) - first
+            # +1 to the relevant items of the bin with r <= s: sorted slots [first + above, first + count)
+            diff = torch.zeros(C * (P + 1), dtype=torch.int64, device=device)
+            base = ci * (P + 1)
+            diff.index_add_(0, base + first + above, torch.ones_like(first))
+            diff.index_add_(0, base + first + count, -torch.ones_like(first))
+            neg_ge_flat += diff.view(C, P + 1).cumsum(1)[:, :P].reshape(-1)
+        neg_ge = neg_ge_flat.view(C, P)
     positions = torch.where(vs, neg_ge + arange_p + 1, torch.zeros_like(neg_ge))
     return torch.where(vs, rl, torch.zeros_like(rl)), positions
 
@@ -412,23 +449,12 @@ def hap_from_ranks(ranks: RetrievalRanks, relevance: Tensor | None = None, alpha
             of Eq. 20, ``(l / L)^α / |Ω^(l)|``, counted on the gallery actually searched.
         alpha: ``α`` of Eq. 20 (used only for the default table).
     """
-    L = ranks.num_levels
     if relevance is None:
         check_positive("alpha", alpha, strict=False)
         table = pop_relevance(ranks.counts, alpha=alpha, dtype=torch.float64)
     else:
         table = _check_relevance_table(relevance, ranks)
-    table = torch.cat([torch.zeros_like(table[:, :1]), table[:, 1:]], 1)
-    lv = ranks.levels
-    rel_k = table.gather(1, lv)
-    h_rank = torch.zeros_like(rel_k)
-    for lvl in range(1, L + 1):
-        cum = _f64((lv == lvl).long().cumsum(1))
-        h_rank += cum * torch.minimum(rel_k, table[:, lvl : lvl + 1])
-    position = torch.where(lv > 0, _f64(ranks.positions), torch.full_like(rel_k, float("inf")))
-    num = (torch.where(lv > 0, h_rank, torch.zeros_like(h_rank)) / position).sum(1)
-    den = (rel_k * (lv > 0)).sum(1)
-    return _nan_where_empty(num / torch.where(den > 0, den, torch.ones_like(den)), den)
+    return _hap_with_table(ranks, table)
 
 
 def ndcg_from_ranks(ranks: RetrievalRanks) -> Tensor:
@@ -492,10 +518,7 @@ def weighted_sum_ap_from_ranks(ranks: RetrievalRanks, weights: Tensor | list[flo
     with the Property-1 relevance (:func:`pml_suprank.relevance.property1_relevance`). Default: uniform weights.
     """
     L = ranks.num_levels
-    w = torch.full((L,), 1.0 / L, dtype=torch.float64) if weights is None else torch.as_tensor(weights)
-    w = w.to(dtype=torch.float64, device=ranks.levels.device)
-    if w.shape != (L,) or bool((w < 0).any()) or not bool(torch.isfinite(w).all()):
-        raise ValueError(f"weights must be {L} finite non-negative numbers (w_1..w_L, w_L = finest); got {w.tolist()}")
+    w = _check_weights(weights, L, ranks.levels.device)
     num = torch.zeros(ranks.counts.shape[0], dtype=torch.float64, device=w.device)
     den = torch.zeros_like(num)
     for lvl in range(1, L + 1):
@@ -503,6 +526,149 @@ def weighted_sum_ap_from_ranks(ranks: RetrievalRanks, weights: Tensor | list[flo
         has = ~torch.isnan(ap)
         num += torch.where(has, w[lvl - 1] * ap, torch.zeros_like(ap))
         den += torch.where(has, w[lvl - 1], torch.zeros_like(ap))
+    return _nan_where_empty(num / torch.where(den > 0, den, torch.ones_like(den)), den)
+
+
+class _Threshold(NamedTuple):
+    cum: Tensor  # (C, P + 1) positives ranked at or before each slot, with a leading 0
+    cprec: Tensor  # (C, P + 1) cumulative Σ rank⁺/rank over positives, with a leading 0
+    n_pos: Tensor  # (C,)
+
+
+def metrics_from_ranks(
+    ranks: RetrievalRanks,
+    *,
+    k_values: tuple[int, ...] = (1,),
+    groups: tuple[str, ...] | set[str] = (),
+    alpha: float = 1.0,
+    level_weights: Tensor | list[float] | None = None,
+) -> dict[str, Tensor]:
+    """Every requested metric from one :class:`RetrievalRanks` with shared prefix sums (used by the evaluator).
+
+    For each positive threshold the precisions ``rank⁺/rank`` are prefix-summed once; because positions increase
+    along the ranked order, ``mAP@R``, ``mAP@k``, ``R@k``, ``P@k`` and R-precision are then single gathers.
+
+    Args:
+        ranks: from :func:`retrieval_ranks` or the evaluator.
+        k_values: the ``k`` of the top-k metrics.
+        groups: names from :data:`pml_suprank.metrics.METRIC_GROUPS`.
+        alpha: H-AP relevance exponent.
+        level_weights: ΣwAP weights ``w_1..w_L``.
+
+    Returns:
+        ``{key: (Q,) float64}`` with the evaluator's key names (NaN where undefined).
+    """
+    L = ranks.num_levels
+    lv = ranks.levels
+    want = set(groups)
+    valid = lv > 0
+    pos_f = torch.where(valid, _f64(ranks.positions), torch.full_like(_f64(ranks.positions), float("inf")))
+    inv = torch.where(valid, 1.0 / pos_f, torch.zeros_like(pos_f))
+    zero_col = torch.zeros_like(pos_f[:, :1])
+    cache: dict[int, _Threshold] = {}
+
+    def threshold(m: int) -> _Threshold:
+        if m not in cache:
+            pm = lv >= m
+            cum = _f64(pm.long().cumsum(1))
+            cprec = (cum * inv * pm).cumsum(1)
+            cache[m] = _Threshold(
+                torch.cat([zero_col, cum], 1), torch.cat([zero_col, cprec], 1), ranks.counts[:, m:].sum(1)
+            )
+        return cache[m]
+
+    def upto(t: Tensor) -> Tensor:  # (C, 1) number of slots with position <= t
+        return torch.searchsorted(pos_f, _f64(t).reshape(-1, 1).expand(pos_f.shape[0], 1).contiguous(), right=True)
+
+    def nan_empty(v: Tensor, n: Tensor) -> Tensor:
+        return torch.where(n > 0, v, torch.full_like(v, float("nan")))
+
+    out: dict[str, Tensor] = {}
+
+    def binary(prefix: str, suffix: str, m: int, fine: bool) -> None:
+        th = threshold(m)
+        n = th.n_pos
+        nf = _f64(n).clamp_min(1)
+        if ("ap" in want and fine) or ("ap_level" in want and not fine):
+            out[f"{prefix}ap{suffix}"] = nan_empty(th.cprec[:, -1] / nf, n)
+        if ("map_at_r" in want and fine) or ("map_at_r_level" in want and not fine) or "r_precision" in want:
+            iR = upto(n)
+            if ("map_at_r" in want and fine) or ("map_at_r_level" in want and not fine):
+                out[f"{prefix}map_at_r{suffix}"] = nan_empty(th.cprec.gather(1, iR)[:, 0] / nf, n)
+            if fine and "r_precision" in want:
+                out["r_precision"] = nan_empty(th.cum.gather(1, iR)[:, 0] / nf, n)
+        ks = set(k_values) | ({1} if fine and "precision_at_1" in want else set())
+        for k in sorted(ks):
+            ik = upto(torch.full_like(n, k))
+            hits = th.cum.gather(1, ik)[:, 0]
+            if fine:
+                if "precision_at_1" in want and k == 1:
+                    out["precision_at_1"] = nan_empty(hits, n)
+                if k not in k_values:
+                    continue
+                if "recall_at_k" in want:
+                    out[f"recall_at_{k}"] = nan_empty((hits > 0).double(), n)
+                if "precision_at_k" in want:
+                    out[f"precision_at_{k}"] = nan_empty(hits / k, n)
+                if "true_recall_at_k" in want:
+                    out[f"true_recall_at_{k}"] = nan_empty(hits / _f64(n).clamp(1, k), n)
+                if "map_at_k" in want:
+                    out[f"map_at_{k}"] = nan_empty(th.cprec.gather(1, ik)[:, 0] / _f64(n).clamp(1, k), n)
+            elif "recall_at_k_level" in want:
+                out[f"recall_at_{k}{suffix}"] = nan_empty((hits > 0).double(), n)
+
+    binary("", "", L, True)
+    if want & {"ap_level", "map_at_r_level", "recall_at_k_level"}:
+        for h in range(L):
+            binary("", f"_level{h}", L - h, False)
+    if "h_ap" in want:
+        table = pop_relevance(ranks.counts, alpha=alpha, dtype=torch.float64)
+        out["h_ap"] = _hap_with_table(ranks, table, threshold)
+    if "sum_w_ap" in want:
+        w = _check_weights(level_weights, L, lv.device)
+        num = torch.zeros(lv.shape[0], dtype=torch.float64, device=lv.device)
+        den = torch.zeros_like(num)
+        for m in range(1, L + 1):
+            th = threshold(m)
+            has = th.n_pos > 0
+            num += torch.where(has, w[m - 1] * th.cprec[:, -1] / _f64(th.n_pos).clamp_min(1), torch.zeros_like(num))
+            den += torch.where(has, w[m - 1], torch.zeros_like(den))
+        out["sum_w_ap"] = nan_empty(num / torch.where(den > 0, den, torch.ones_like(den)), den)
+    if "ndcg" in want:
+        out["ndcg"] = ndcg_from_ranks(ranks)
+    if "asi" in want:
+        out["asi"] = asi_from_ranks(ranks)
+    return out
+
+
+def _check_weights(weights: Tensor | list[float] | None, L: int, device: torch.device) -> Tensor:
+    w = torch.full((L,), 1.0 / L, dtype=torch.float64) if weights is None else torch.as_tensor(weights)
+    w = w.to(dtype=torch.float64, device=device)
+    if w.shape != (L,) or bool((w < 0).any()) or not bool(torch.isfinite(w).all()):
+        raise ValueError(f"weights must be {L} finite non-negative numbers (w_1..w_L, w_L = finest); got {w.tolist()}")
+    return w
+
+
+def _hap_with_table(ranks: RetrievalRanks, table: Tensor, threshold=None) -> Tensor:
+    """H-AP from a ``(Q, L + 1)`` float64 relevance table (column 0 ignored)."""
+    L = ranks.num_levels
+    lv = ranks.levels
+    table = torch.cat([torch.zeros_like(table[:, :1]), table[:, 1:]], 1)
+    rel_k = table.gather(1, lv)
+    h_rank = torch.zeros_like(rel_k)
+    prev = None
+    for lvl in range(L, 0, -1):
+        if threshold is not None:
+            cum_ge = threshold(lvl).cum[:, 1:]
+        else:
+            cum_ge = _f64((lv >= lvl).long().cumsum(1))
+        cum = cum_ge if prev is None else cum_ge - prev  # items of level exactly lvl ranked at or before
+        prev = cum_ge
+        h_rank += cum * torch.minimum(rel_k, table[:, lvl : lvl + 1])
+    valid = lv > 0
+    position = torch.where(valid, _f64(ranks.positions), torch.full_like(rel_k, float("inf")))
+    num = (torch.where(valid, h_rank, torch.zeros_like(h_rank)) / position).sum(1)
+    den = (rel_k * valid).sum(1)
     return _nan_where_empty(num / torch.where(den > 0, den, torch.ones_like(den)), den)
 
 
