@@ -442,14 +442,14 @@ def _resolve_file(
                 force_download=force_download,
             )
         )
-    except EntryNotFoundError as e:
-        extra = " (pickle checkpoints are not supported: only safetensors)" if filename == WEIGHTS_NAME else ""
-        raise FileNotFoundError(f"Hub repo {repo_id!r} has no {filename}{extra}") from e
     except LocalEntryNotFoundError as e:
         raise FileNotFoundError(
             f"{filename} of {repo_id!r} is not in the local Hub cache and downloading is disabled "
             f"(offline mode or local_files_only=True): {e}"
         ) from e
+    except EntryNotFoundError as e:
+        extra = " (pickle checkpoints are not supported: only safetensors)" if filename == WEIGHTS_NAME else ""
+        raise FileNotFoundError(f"Hub repo {repo_id!r} has no {filename}{extra}") from e
     except RepositoryNotFoundError as e:
         raise FileNotFoundError(f"Hub repo {repo_id!r} does not exist or is private: {e}") from e
 

@@ -1,0 +1,297 @@
+"""Tests for pml_suprank/hub.py: save/load round trips (folder and Hub cache, offline), strict loading, pickle
+refusal, corrupt files, model cards, and push_to_hub with only the network calls replaced."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from pml_suprank import hub
+from pml_suprank.models import RetrievalModel
+
+pytestmark = pytest.mark.hub
+
+TINY = "test_resnet"
+
+
+@pytest.fixture(scope="module")
+def model() -> RetrievalModel:
+    torch.manual_seed(0)
+    m = RetrievalModel(TINY, pooling="gem", embedding_size=8, image_size=32, num_classes=3).eval()
+    with torch.no_grad():
+        m.pool.gem.p.fill_(2.5)  # a trained, non-default parameter must survive the round trip
+    m.hub_metadata = {"loss": "HAPPIERLoss", "label_names": ["fine_label", "coarse_label"]}
+    return m
+
+
+@pytest.fixture(scope="module")
+def images() -> torch.Tensor:
+    return torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+
+
+def _assert_same(a, b, x):
+    with torch.no_grad():
+        torch.testing.assert_close(a(x), b(x))
+        torch.testing.assert_close(a.forward_logits(x), b.forward_logits(x))
+
+
+def test_save_writes_config_weights_card(model, tmp_path):
+    out = model.save_pretrained(tmp_path / "m", metrics={"h_ap": 0.5})
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["README.md", "config.json", "metrics.json", "model.safetensors"]
+    config = json.loads((out / "config.json").read_text())
+    assert config["architecture"] == "RetrievalModel"
+    assert config["library_name"] == "pml-suprank"
+    assert config["backbone"] == TINY and config["embedding_size"] == 8
+    assert config["model_args"] == model.get_config()
+    assert config["model_args"]["pretrained"] is False
+    assert config["pretrained_cfg"]["input_size"] == [3, 32, 32]
+    assert set(config["pretrained_cfg"]) >= {"mean", "std", "input_size"}
+    assert config["training"]["loss"] == "HAPPIERLoss"
+    assert config["training"]["label_names"] == ["fine_label", "coarse_label"]
+    assert json.loads((out / "metrics.json").read_text()) == {"h_ap": 0.5}
+
+
+def test_round_trip_local_folder(model, images, tmp_path):
+    model.save_pretrained(tmp_path)
+    restored = RetrievalModel.from_pretrained(tmp_path)
+    assert not restored.training
+    _assert_same(model, restored, images)
+    assert float(restored.pool.gem.p.detach()) == pytest.approx(2.5)
+    assert restored.hub_metadata["loss"] == "HAPPIERLoss"
+    assert restored.get_config() == model.get_config()
+
+
+def test_restore_never_downloads_backbone_weights(model, tmp_path, monkeypatch):
+    import timm
+
+    model.save_pretrained(tmp_path)
+    cfg_path = tmp_path / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["model_args"]["pretrained"] = True  # even a config that asks for ImageNet weights
+    cfg_path.write_text(json.dumps(cfg))
+    calls = []
+    real = timm.create_model
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("pretrained"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(timm, "create_model", spy)
+    RetrievalModel.from_pretrained(tmp_path)
+    assert calls == [False]
+
+
+def _write_hub_cache(cache: Path, repo_id: str, folder: Path, commit: str = "a" * 40) -> None:
+    """Populate ``cache`` with ``folder``'s files in huggingface_hub's real cache layout:
+    models--org--name/{blobs/<sha256>, snapshots/<commit>/<file> -> ../../blobs/<sha256>, refs/main}."""
+    repo_dir = cache / f"models--{repo_id.replace('/', '--')}"
+    (repo_dir / "blobs").mkdir(parents=True)
+    (repo_dir / "refs").mkdir()
+    snapshot = repo_dir / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (repo_dir / "refs" / "main").write_text(commit)
+    for f in folder.iterdir():
+        data = f.read_bytes()
+        blob = repo_dir / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        (snapshot / f.name).symlink_to(Path("..", "..", "blobs", blob.name))
+
+
+@pytest.fixture
+def offline_cache(tmp_path, monkeypatch):
+    import huggingface_hub.constants as constants
+
+    cache = tmp_path / "hf_cache"
+    cache.mkdir()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    return cache
+
+
+def test_round_trip_through_offline_hub_cache(model, images, tmp_path, offline_cache):
+    model.save_pretrained(tmp_path / "saved")
+    _write_hub_cache(offline_cache, "org/tiny-retrieval", tmp_path / "saved")
+    restored = RetrievalModel.from_pretrained("org/tiny-retrieval")
+    _assert_same(model, restored, images)
+    config = hub.load_config("org/tiny-retrieval")
+    assert config["backbone"] == TINY
+    with pytest.raises(FileNotFoundError, match="not in the local Hub cache"):
+        RetrievalModel.from_pretrained("org/not-cached")
+
+
+def test_refuses_pickles(model, tmp_path):
+    model.save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")
+    with pytest.raises(ValueError, match="only loads safetensors"):
+        RetrievalModel.from_pretrained(tmp_path)
+
+
+def test_strict_loading_reports_missing_unexpected_and_shapes(model, tmp_path, caplog):
+    import safetensors.torch
+
+    model.save_pretrained(tmp_path)
+    state = safetensors.torch.load_file(tmp_path / "model.safetensors")
+    state["extra.weight"] = torch.zeros(1)
+    del state["projection.bias"]
+    safetensors.torch.save_file(state, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match=r"missing \['projection.bias'\].*unexpected \['extra.weight'\]"):
+        RetrievalModel.from_pretrained(tmp_path)
+    with caplog.at_level("WARNING", logger="pml_suprank.hub"):
+        loose = RetrievalModel.from_pretrained(tmp_path, strict=False)
+    assert "projection.bias" in caplog.text and "extra.weight" in caplog.text
+    torch.testing.assert_close(loose.projection.weight, model.projection.weight)
+
+
+def test_shape_mismatch_is_reported(model, tmp_path):
+    model.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="shape mismatches.*projection.weight"):
+        RetrievalModel.from_pretrained(tmp_path, embedding_size=4)
+
+
+def test_corrupt_files_give_clear_errors(model, tmp_path):
+    model.save_pretrained(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(ValueError, match="corrupt or truncated"):
+        RetrievalModel.from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="corrupt config.json"):
+        RetrievalModel.from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"architecture": "RetrievalModel"}))
+    with pytest.raises(ValueError, match="model_args"):
+        RetrievalModel.from_pretrained(tmp_path)
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        RetrievalModel.from_pretrained(tmp_path / "..")
+    with pytest.raises(FileNotFoundError, match="neither an existing folder"):
+        RetrievalModel.from_pretrained(str(tmp_path / "missing_dir"))
+
+
+def test_unknown_model_args_and_architecture(model, tmp_path):
+    model.save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["model_args"]["new_option"] = 1
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="new_option"):
+        RetrievalModel.from_pretrained(tmp_path)
+    cfg["architecture"] = "SomethingElse"
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="SomethingElse"):
+        RetrievalModel.from_pretrained(tmp_path)
+
+
+def test_model_card_metadata_results_and_plots(model, tmp_path):
+    from huggingface_hub import ModelCard
+
+    plot = tmp_path / "elsewhere" / "pr_curve.png"
+    plot.parent.mkdir()
+    plot.write_bytes(b"\x89PNG fake")
+    hub_config = {
+        "name": "happier_cifar100",
+        "data": {"source": "uoft-cs/cifar100"},
+        "hub": {"tags": ["happier"], "license": "mit", "paper_results": {"h_ap": 44.0, "recall_at_1": 70.1}},
+    }
+    out = model.save_pretrained(
+        tmp_path / "m", metrics={"h_ap": 0.4567, "ndcg": 0.8}, hub_config=hub_config, plots=[plot], repo_id="org/m"
+    )
+    card = ModelCard.load(out / "README.md")
+    data = card.data.to_dict()
+    assert data["library_name"] == "pml-suprank"
+    assert {"pml-suprank", "image-retrieval", "happier", "HAPPIERLoss"} <= set(data["tags"])
+    assert data["datasets"] == ["uoft-cs/cifar100"]
+    assert set(data["metrics"]) == {"h_ap", "ndcg", "recall_at_1"}
+    assert data["license"] == "mit"
+    text = card.text
+    assert "| H-AP | 45.67 | 44.00 |" in text
+    assert "| NDCG | 80.00 | – |" in text
+    assert "| R@1 | – | 70.10 |" in text
+    assert "![pr_curve](plots/pr_curve.png)" in text
+    assert (out / "plots" / "pr_curve.png").is_file()
+    assert json.loads((out / "config.json").read_text())["training"]["hub_config"] == "happier_cifar100"
+
+
+def _fake_hub(monkeypatch, remote: Path, fail: bool = False):
+    from huggingface_hub import HfApi
+    from huggingface_hub.hf_api import RepoUrl
+
+    calls = {}
+
+    def create_repo(self, repo_id, **kwargs):
+        calls["create_repo"] = repo_id
+        return RepoUrl(f"https://huggingface.co/{repo_id}")
+
+    def upload_folder(self, *, repo_id, folder_path, ignore_patterns=None, **kwargs):
+        calls["upload_folder"] = repo_id
+        if fail:
+            raise ConnectionError("network down")
+        # the same path filtering as the real upload_folder
+        from huggingface_hub.utils import filter_repo_objects
+
+        folder = Path(folder_path)
+        files = [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()]
+        for rel in filter_repo_objects(files, ignore_patterns=ignore_patterns):
+            (remote / repo_id / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(folder / rel, remote / repo_id / rel)
+        return f"https://huggingface.co/{repo_id}/commit/0"
+
+    monkeypatch.setattr(HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(HfApi, "upload_folder", upload_folder)
+    return calls
+
+
+def test_push_to_hub_up_to_the_upload_call(model, images, tmp_path, monkeypatch):
+    calls = _fake_hub(monkeypatch, tmp_path / "remote")
+    result = model.push_to_hub("org/pushed", metrics={"h_ap": 0.3})
+    assert calls == {"create_repo": "org/pushed", "upload_folder": "org/pushed"}
+    assert result.endswith("/commit/0")
+    remote = tmp_path / "remote" / "org" / "pushed"
+    assert sorted(p.name for p in remote.iterdir()) == ["README.md", "config.json", "metrics.json", "model.safetensors"]
+    _assert_same(model, RetrievalModel.from_pretrained(remote), images)
+
+
+def test_push_folder_skips_pickles_and_checkpoints(model, tmp_path, monkeypatch):
+    _fake_hub(monkeypatch, tmp_path / "remote")
+    out = model.save_pretrained(tmp_path / "run")
+    torch.save({}, out / "optimizer.pt")
+    (out / "checkpoints").mkdir()
+    (out / "checkpoints" / "state.bin").write_bytes(b"x")
+    hub.push_folder_to_hub(out, "org/run")
+    remote = tmp_path / "remote" / "org" / "run"
+    uploaded = {p.relative_to(remote).as_posix() for p in remote.rglob("*") if p.is_file()}
+    assert "optimizer.pt" not in uploaded and not any(u.startswith("checkpoints/") for u in uploaded)
+    assert {"config.json", "model.safetensors", "README.md"} <= uploaded
+
+
+def test_failed_push_keeps_local_results(model, tmp_path, monkeypatch):
+    calls = _fake_hub(monkeypatch, tmp_path / "remote", fail=True)
+    out = tmp_path / "results"
+    with pytest.raises(RuntimeError, match="local files are kept"):
+        model.push_to_hub("org/failed", save_directory=out)
+    assert calls["upload_folder"] == "org/failed"
+    assert {p.name for p in out.iterdir()} >= {"config.json", "model.safetensors", "README.md"}
+    RetrievalModel.from_pretrained(out)  # still loadable
+    with pytest.raises(RuntimeError, match="local files are kept in") as err:
+        model.push_to_hub("org/failed")  # temporary folder: kept on failure, path in the message
+    kept = Path(str(err.value).rsplit("kept in ", 1)[1])
+    assert (kept / "model.safetensors").is_file()
+    shutil.rmtree(kept)
+
+
+def test_bad_repo_ids_and_missing_files(model, tmp_path):
+    for bad in ("no-slash", "a/b/c", "/x", 3):
+        with pytest.raises(ValueError, match="org/name"):
+            hub.push_folder_to_hub(tmp_path, bad)
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        hub.push_folder_to_hub(tmp_path, "org/empty")
+    with pytest.raises(TypeError, match="get_config"):
+        hub.build_config(torch.nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="metrics"):
+        model.save_pretrained(tmp_path / "x", metrics={"h_ap": "high"})
