@@ -320,7 +320,7 @@ def pairwise_step_sum(
 # sigmoid-window kernel. Extra memory O(B·N + chunk), time O(B·N log P + K·N) with few passes over the K·N elements.
 # ----------------------------------------------------------------------------------------------------------------
 def group_positions(query_idx: Tensor, num_queries: int) -> tuple[Tensor, Tensor, int]:
-    """For pairs grouped by query (``query_idx`` non-decreasing): ``(counts (B,), position in group (K,), max count)``."""
+    """Pairs grouped by query (non-decreasing ``query_idx``) → ``(counts (B,), position in group (K,), max count)``."""
     counts = torch.bincount(query_idx, minlength=num_queries)
     starts = torch.cumsum(counts, 0) - counts
     pos = torch.arange(len(query_idx), device=query_idx.device) - starts[query_idx]
@@ -329,20 +329,20 @@ def group_positions(query_idx: Tensor, num_queries: int) -> tuple[Tensor, Tensor
 
 def count_above(
     scores: Tensor,
-    mask: Tensor,
     query_idx: Tensor,
     thresholds: Tensor,
     *,
     inclusive: bool = False,
     with_sum: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
-    """Per pair ``k``: how many masked items of row ``q_k`` score above ``thresholds[k]`` (and the sum of their scores).
+    """Per pair ``k``: how many items of row ``q_k`` score above ``thresholds[k]`` (and the sum of their scores).
 
-    ``count_k = #{j : mask[q_k, j], scores[q_k, j] > thresholds[k]}`` (``>=`` when ``inclusive``) and, with
-    ``with_sum``, ``sum_k = Σ_j scores[q_k, j]`` over the same items — differentiable w.r.t. ``scores`` and
-    accumulated in float64 so that ``sum_k − count_k·x`` does not cancel catastrophically in float32.
-    Pairs must be grouped by query (``query_idx`` non-decreasing). Cost: ``O(B·N log P + K log P)`` via sorted
-    thresholds + ``searchsorted`` + a histogram with suffix sums; no ``K × N`` tensor.
+    ``count_k = #{j : scores[q_k, j] > thresholds[k]}`` (``>=`` when ``inclusive``) and, with ``with_sum``,
+    ``sum_k = Σ_j scores[q_k, j]`` over the same items — differentiable w.r.t. ``scores`` and accumulated in float64
+    so that ``sum_k − count_k·x`` does not cancel catastrophically in float32. Excluded items must be ``-inf`` in
+    ``scores`` (they count for no threshold and get no gradient). Pairs must be grouped by query (``query_idx``
+    non-decreasing). Cost: ``O(B·N log P + K log P)`` via sorted thresholds + ``searchsorted`` + a histogram with
+    suffix sums; no ``K × N`` tensor.
 
     Returns:
         ``(count (K,) in the dtype of scores, sum (K,) float64 or None)``.
@@ -355,61 +355,69 @@ def count_above(
     rank = torch.empty_like(order)
     rank.scatter_(1, order, torch.arange(order.shape[1], device=order.device).expand_as(order).contiguous())
     pair_rank = rank[query_idx, pos]
-    # bucket b_j = #thresholds below s_j (strictly below, or <= when inclusive); masked-out items go to bucket 0
+    # bucket b_j = number of thresholds below s_j (strictly, or <= when inclusive); -inf items land in bucket 0,
+    # which no threshold's suffix sum includes
     bucket = torch.searchsorted(sorted_t, scores.detach().contiguous(), right=inclusive)
-    bucket = torch.where(mask, bucket, torch.zeros_like(bucket))
-    hist = scores.new_zeros(num_queries, sorted_t.shape[1] + 1).scatter_add_(1, bucket, mask.to(scores.dtype))
-    suffix = hist.flip(1).cumsum(1).flip(1)
-    count = suffix[query_idx, pair_rank + 1]
+    ones = torch.ones((), dtype=scores.dtype, device=scores.device).expand(bucket.shape)
+    hist = scores.new_zeros(num_queries, sorted_t.shape[1] + 1).scatter_add_(1, bucket, ones)
+    count = hist.flip(1).cumsum(1).flip(1)[query_idx, pair_rank + 1]
     total = None
     if with_sum:
-        src = torch.where(mask, scores, torch.zeros((), dtype=scores.dtype, device=scores.device)).double()
         hist_sum = torch.zeros(num_queries, sorted_t.shape[1] + 1, dtype=torch.float64, device=scores.device)
-        hist_sum = hist_sum.scatter_add(1, bucket, src)
-        total = hist_sum.flip(1).cumsum(1).flip(1)[query_idx, pair_rank + 1]
+        hist_sum = hist_sum.scatter_add(1, bucket, scores.double())
+        total = hist_sum[:, 1:].flip(1).cumsum(1).flip(1)[query_idx, pair_rank]
     return count, total
 
 
 class _SigmoidWindowSum(torch.autograd.Function):
-    """``out[k] = Σ_j σ(Z[q_k, j] − z[k]) · 1[Z[q_k, j] − z[k] <= upper]``; ``Z`` may hold ``-inf`` (excluded)."""
+    """``out[b, p] = Σ_j σ(Z[b, j] − z[b, p])·1[Z[b, j] − z[b, p] <= upper]``, ``Z`` ``(B, M)``, ``z`` ``(B, P)``.
+
+    ``Z`` may hold ``-inf`` (excluded items) and ``z`` ``+inf`` (padding): both contribute 0 and get no gradient.
+    Rows are visited in decreasing order of their number of pairs (``widths``), in chunks of whole queries, by
+    broadcasting (no per-pair gather) over only the chunk's widest row; recomputed in backward.
+    """
 
     @staticmethod
-    def _chunk(Z, query_idx, z, upper, start, stop):
-        buf = Z.index_select(0, query_idx[start:stop])
-        buf.sub_(z[start:stop].unsqueeze(1))
+    def _chunks(z, widths, chunk_elements, num_cols):
+        order = torch.argsort(widths, descending=True, stable=True)
+        sorted_widths = widths[order].tolist()
+        start, num_rows = 0, len(sorted_widths)
+        while start < num_rows:
+            width = max(sorted_widths[start], 1)
+            stop = min(num_rows, start + max(1, chunk_elements // max(1, width * num_cols)))
+            yield order[start:stop], width
+            start = stop
+
+    @staticmethod
+    def _chunk(Z, z, upper, rows, width):
+        buf = Z[rows].unsqueeze(1) - z[rows, :width].unsqueeze(2)  # (b, width, M)
         if math.isfinite(upper):
             buf.masked_fill_(buf > upper, float("-inf"))
         return buf.sigmoid_()
 
     @staticmethod
-    def forward(ctx, Z, query_idx, z, upper, chunk_elements):
-        num_pairs = len(query_idx)
-        out = Z.new_zeros(num_pairs)
-        rows = _chunk_rows(num_pairs, Z.shape[1], chunk_elements)
-        for start in range(0, num_pairs, rows):
-            stop = min(start + rows, num_pairs)
-            out[start:stop] = _SigmoidWindowSum._chunk(Z, query_idx, z, upper, start, stop).sum(1)
-        ctx.save_for_backward(Z, query_idx, z)
+    def forward(ctx, Z, z, widths, upper, chunk_elements):
+        out = z.new_zeros(z.shape)
+        for rows, width in _SigmoidWindowSum._chunks(z, widths, chunk_elements, Z.shape[1]):
+            out[rows, :width] = _SigmoidWindowSum._chunk(Z, z, upper, rows, width).sum(2)
+        ctx.save_for_backward(Z, z, widths)
         ctx.upper, ctx.chunk_elements = upper, chunk_elements
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        Z, query_idx, z = ctx.saved_tensors
+        Z, z, widths = ctx.saved_tensors
         grad_Z = torch.zeros_like(Z) if ctx.needs_input_grad[0] else None
-        grad_z = torch.zeros_like(z) if ctx.needs_input_grad[2] else None
-        num_pairs = len(query_idx)
-        rows = _chunk_rows(num_pairs, Z.shape[1], ctx.chunk_elements)
-        for start in range(0, num_pairs, rows):
-            stop = min(start + rows, num_pairs)
-            sig = _SigmoidWindowSum._chunk(Z, query_idx, z, ctx.upper, start, stop)
+        grad_z = torch.zeros_like(z) if ctx.needs_input_grad[1] else None
+        for rows, width in _SigmoidWindowSum._chunks(z, widths, ctx.chunk_elements, Z.shape[1]):
+            sig = _SigmoidWindowSum._chunk(Z, z, ctx.upper, rows, width)
             d = sig.sub_(sig * sig)  # σ(1 − σ), zero outside the window
-            d.mul_(grad_out[start:stop].unsqueeze(1))
+            d.mul_(grad_out[rows, :width].unsqueeze(2))
             if grad_Z is not None:
-                grad_Z.index_add_(0, query_idx[start:stop], d)
+                grad_Z[rows] = d.sum(1)
             if grad_z is not None:
-                grad_z[start:stop] = -d.sum(1)
-        return grad_Z, None, grad_z, None, None
+                grad_z[rows, :width] = -d.sum(2)
+        return grad_Z, grad_z, None, None, None
 
 
 def sigmoid_window_sum(
@@ -423,14 +431,15 @@ def sigmoid_window_sum(
     """``out[k] = Σ_j σ(Z[q_k, j] − z_item[k])`` over the ``j`` with ``Z[q_k, j] − z_item[k] <= upper``.
 
     ``Z`` is a ``(B, M)`` matrix of scores divided by the temperature, with ``-inf`` at excluded entries (they
-    contribute 0 and get no gradient). A custom autograd function: chunks of pairs are recomputed in backward, so the
-    extra memory is ``O(B·M + chunk_elements)`` and nothing of size ``K × M`` is saved.
+    contribute 0 and get no gradient); pairs must be grouped by query. A custom autograd function: the pairs are laid
+    out as a ``(B, P_max)`` matrix and whole queries are processed in chunks by broadcasting, recomputed in
+    backward, so the extra memory is ``O(B·M + chunk_elements)`` and nothing of size ``K × M`` is saved.
     """
-    return _SigmoidWindowSum.apply(Z, query_idx, z_item, float(upper), chunk_elements)
-
-
-def _scaled_masked(scores: Tensor, mask: Tensor, tau: float) -> Tensor:
-    return (scores / tau).masked_fill(~mask, float("-inf"))
+    num_queries = Z.shape[0]
+    counts, pos, width = group_positions(query_idx, num_queries)
+    z = z_item.new_full((num_queries, max(width, 1)), float("inf")).index_put((query_idx, pos), z_item)
+    out = _SigmoidWindowSum.apply(Z, z, counts, float(upper), chunk_elements)
+    return out[query_idx, pos]
 
 
 def suprank_negative_sum(
@@ -451,18 +460,23 @@ def suprank_negative_sum(
     Pairs must be grouped by query. Returns ``(K,)`` in the dtype of ``scores``.
     """
     s_item = scores[query_idx, item_idx]
+    s_neg = scores.masked_fill(~negatives, float("-inf"))
     window = sigmoid_window_sum(
-        _scaled_masked(scores, negatives, step.tau),
-        query_idx,
-        s_item / step.tau,
-        step.delta / step.tau,
-        chunk_elements=chunk_elements,
+        s_neg / step.tau, query_idx, s_item / step.tau, step.delta / step.tau, chunk_elements=chunk_elements
     )
-    above_delta, sum_above = count_above(scores, negatives, query_idx, s_item + step.delta, with_sum=True)
-    total = window
     if step.start != 0.0:
-        above_zero, _ = count_above(scores, negatives, query_idx, s_item)
-        total = total + step.start * (above_zero - above_delta)
+        # one histogram for both threshold sets: s_i (t > 0) and s_i + δ (t > δ)
+        k = len(query_idx)
+        both_q = torch.cat([query_idx, query_idx]).sort(stable=True)
+        order = both_q.indices
+        counts, sums = count_above(s_neg, both_q.values, torch.cat([s_item, s_item + step.delta])[order], with_sum=True)
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(2 * k, device=order.device)
+        above_zero, above_delta, sum_above = counts[inverse[:k]], counts[inverse[k:]], sums[inverse[k:]]
+        total = window + step.start * (above_zero - above_delta)
+    else:
+        above_delta, sum_above = count_above(s_neg, query_idx, s_item + step.delta, with_sum=True)
+        total = window
     linear = step.rho * (sum_above - above_delta.double() * (s_item.double() + step.delta))
     return total + (linear + step.resolved_offset * above_delta.double()).to(scores.dtype)
 
@@ -470,8 +484,11 @@ def suprank_negative_sum(
 def heaviside_positive_count(scores: Tensor, query_idx: Tensor, item_idx: Tensor, positives: Tensor) -> Tensor:
     """``Σ_{j∈P_q, j≠i} H(s_j − s_i)`` per pair (``H(0) = 1``), without gradient; ``O(B·N log P)``."""
     with torch.no_grad():
-        s_item = scores[query_idx, item_idx]
-        count, _ = count_above(scores.detach(), positives, query_idx, s_item.detach(), inclusive=True)
+        num_queries = scores.shape[0]
+        _, pos, width = group_positions(query_idx, num_queries)
+        s_item = scores[query_idx, item_idx].detach()
+        pos_scores = s_item.new_full((num_queries, max(width, 1)), float("-inf")).index_put((query_idx, pos), s_item)
+        count, _ = count_above(pos_scores, query_idx, s_item, inclusive=True)
         return count - 1.0  # the item itself (s_i >= s_i)
 
 
@@ -498,5 +515,7 @@ def sigmoid_rank_sums(
     pos_scores = scores.new_full((num_queries, max(width, 1)), float("-inf"))
     pos_scores = pos_scores.index_put((query_idx, pos), z_item)
     pos_sum = sigmoid_window_sum(pos_scores, query_idx, z_item, chunk_elements=chunk_elements) - 0.5
-    all_sum = sigmoid_window_sum(_scaled_masked(scores, valid, tau), query_idx, z_item, chunk_elements=chunk_elements)
+    all_sum = sigmoid_window_sum(
+        scores.masked_fill(~valid, float("-inf")) / tau, query_idx, z_item, chunk_elements=chunk_elements
+    )
     return pos_sum, all_sum - 0.5
