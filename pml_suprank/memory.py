@@ -120,7 +120,7 @@ class RankingMemory(nn.Module):
         self.register_buffer("filled", torch.zeros(self.memory_size, dtype=torch.bool, device=device))
         self.register_buffer("ptr", torch.zeros((), dtype=torch.long, device=device))
         self.register_buffer("step", torch.zeros((), dtype=torch.long, device=device))
-        self.last_losses: dict[str, float] = {}
+        self.last_losses: dict[str, Tensor] = {}
 
     # ------------------------------------------------------------------------------------------------ state
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
@@ -273,7 +273,8 @@ class RankingMemory(nn.Module):
             indices: ``(B,)`` dataset indices (needed by ``mode="index"``, ignored by ``"fifo"``).
 
         Returns:
-            A scalar tensor; ``last_losses`` holds the detached values of both terms.
+            A scalar tensor; ``last_losses`` holds the detached terms ``"batch"`` and ``"memory"`` (the in-batch
+            term is not computed when ``batch_weight == 0`` and the memory is active).
         """
         labels, indices = self._check_batch(embeddings, labels, indices)
         labels = labels.to(embeddings.device)
@@ -286,20 +287,23 @@ class RankingMemory(nn.Module):
             all_labels = dist_utils.all_gather(labels, self.group)
             all_indices = dist_utils.all_gather(indices, self.group) if indices is not None else None
             sizes = dist_utils._sizes(embeddings.shape[0], embeddings.device, self.group)
-            offset = sum(sizes[:rank])
-            local = torch.arange(embeddings.shape[0], device=embeddings.device) + offset
-            self_index = local if exclude_self else None
-            batch_loss = self._reference_loss(embeddings, labels, all_emb, all_labels, self_index, use_dist)
+            local = torch.arange(embeddings.shape[0], device=embeddings.device) + sum(sizes[:rank])
         else:
             all_emb, all_labels, all_indices = embeddings, labels, indices
             local = torch.arange(embeddings.shape[0], device=embeddings.device)
-            batch_loss = self.loss(embeddings, labels)
+
+        def in_batch_loss() -> Tensor:
+            if not use_dist:
+                return self.loss(embeddings, labels)
+            self_index = local if exclude_self else None
+            return self._reference_loss(embeddings, labels, all_emb, all_labels, self_index, use_dist)
 
         active = self.is_active
         if self.training:
             self.step += 1
         if not active:
-            self.last_losses = {"batch": float(batch_loss.detach())}
+            batch_loss = in_batch_loss()
+            self.last_losses = {"batch": batch_loss.detach()}
             return batch_loss
 
         slots = None
@@ -308,8 +312,9 @@ class RankingMemory(nn.Module):
         elif self.mode == "index" and exclude_self:
             slots = all_indices.to(embeddings.device)[local]
             slots = torch.where(self.filled[slots.to(self.filled.device)].to(slots.device), slots, -1)
-        if self.num_filled == 0:
-            self.last_losses = {"batch": float(batch_loss.detach())}
+        if self.num_filled == 0:  # eval mode before anything was written
+            batch_loss = in_batch_loss()
+            self.last_losses = {"batch": batch_loss.detach()}
             return batch_loss
         ref, ref_labels, row_of_slot = self._reference()
         self_index = None
@@ -320,6 +325,10 @@ class RankingMemory(nn.Module):
         memory_loss = self._reference_loss(
             embeddings, labels, ref.to(embeddings.device), ref_labels.to(embeddings.device), self_index, use_dist
         )
-        self.last_losses = {"batch": float(batch_loss.detach()), "memory": float(memory_loss.detach())}
+        self.last_losses = {"memory": memory_loss.detach()}
+        if self.batch_weight == 0:
+            return memory_loss
+        batch_loss = in_batch_loss()
+        self.last_losses["batch"] = batch_loss.detach()
         total = self.batch_weight + self.memory_weight
         return (self.batch_weight * batch_loss + self.memory_weight * memory_loss) / total

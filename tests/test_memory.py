@@ -79,7 +79,7 @@ def test_combination_and_enqueue_then_get(weights):
         + weights[1] * loss_fn(emb, labels, None, ref, torch.cat([old_labels, labels]))
     ) / sum(weights)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-14)
-    assert set(memory.last_losses) == {"batch", "memory"}
+    assert set(memory.last_losses) == ({"batch", "memory"} if weights[0] else {"memory"})
 
 
 def test_query_copy_removed_without_include_self():
@@ -125,7 +125,8 @@ def test_warmup_uses_batch_loss_and_does_not_fill():
     assert set(memory.last_losses) == {"batch", "memory"}
     torch.testing.assert_close(out, loss_fn(emb, labels), rtol=0, atol=1e-12)
     out = memory(*_batch(8, seed=6))
-    assert memory.num_filled == 16 and abs(memory.last_losses["memory"] - memory.last_losses["batch"]) > 1e-6
+    terms = memory.last_losses
+    assert memory.num_filled == 16 and abs(float(terms["memory"] - terms["batch"])) > 1e-6
 
 
 def test_eval_mode_reads_without_writing():
