@@ -98,7 +98,7 @@ class _WindowSum(torch.autograd.Function):
             t, _ = _window_block(keys_flat, row_base, lo, lengths, s_i, m0, m1, width)
             value = torch.sigmoid(t * (1.0 / step.tau)) if fast else step.value(t)
             if not fast:
-                value = torch.where(torch.isfinite(t), value, torch.zeros((), dtype=value.dtype))
+                value = torch.where(torch.isfinite(t), value, 0.0)
             out[m0:m1] = value.sum(1)
         ctx.save_for_backward(scores, keys_flat, perms, row_base, lo, lengths, q_idx, i_idx)
         ctx.step, ctx.fast, ctx.chunk, ctx.shape = step, fast, chunk, keys.shape
@@ -117,7 +117,7 @@ class _WindowSum(torch.autograd.Function):
                 sig = torch.sigmoid(t * (1.0 / step.tau))
                 w = sig * (1.0 - sig) * (grad_out[m0:m1, None] * (1.0 / step.tau))
             else:
-                d = torch.where(torch.isfinite(t), step.derivative(t), torch.zeros((), dtype=t.dtype))
+                d = torch.where(torch.isfinite(t), step.derivative(t), 0.0)
                 w = d * grad_out[m0:m1, None]
             grad_i[m0:m1] = -w.sum(1)
             grad_sorted = grad_sorted.index_add(0, flat_pos.reshape(-1), w.reshape(-1))
@@ -136,7 +136,7 @@ def _window_block(keys_flat, row_base, lo, lengths, s_i, m0, m1, width):
     ar = torch.arange(width, device=keys_flat.device)
     flat_pos = (row_base[m0:m1] + lo[m0:m1])[:, None] + ar
     t = keys_flat.take(flat_pos) - s_i[m0:m1, None]
-    t = torch.where(ar < lengths[m0:m1, None], t, torch.full((), float("-inf"), dtype=t.dtype))
+    t = torch.where(ar < lengths[m0:m1, None], t, float("-inf"))
     return t, flat_pos
 
 
@@ -203,7 +203,7 @@ def hierarchical_ranks(
         member = valid & (levels < l)
         key, perm = torch.sort(torch.where(member, s_det, inf), dim=1)
         cnt = member.sum(1, keepdim=True)
-        vals = torch.where(torch.gather(member, 1, perm), torch.gather(s64, 1, perm), torch.zeros((), dtype=acc))
+        vals = torch.where(torch.gather(member, 1, perm), torch.gather(s64, 1, perm), 0.0)
         sorted_keys.append(key)
         perms.append(perm)
         counts.append(cnt)
@@ -226,21 +226,21 @@ def hierarchical_ranks(
     for l in range(1, L + 1):
         at_l = positive & (levels == l)
         # Heaviside part: items at level >= l with s_j >= s_i (i itself included: the "1 +")
-        rank64 = rank64 + torch.where(at_l, (ge[L] - ge[l - 1]).to(acc), torch.zeros((), dtype=acc))
+        rank64 = rank64 + torch.where(at_l, (ge[L] - ge[l - 1]).to(acc), 0.0)
         # linear branch of H⁻ over A_l: s_j > s_i + δ
         h = index_gt(l, lin_upper)
         c_lin = (counts[l - 1] - h).clamp_min(0)
         s_lin = csums[l - 1][:, -1:] - _gather_rows(csums[l - 1], h.clamp_max(n))
         c64 = c_lin.to(acc)
         lin = step.rho * (s_lin - c64 * (s64 + step.delta)) + c64 * step.resolved_offset
-        rank64 = rank64 + torch.where(at_l, lin, torch.zeros((), dtype=acc))
+        rank64 = rank64 + torch.where(at_l, lin, 0.0)
         # sigmoid window over A_l: s_i + t_lo <= s_j <= s_i + δ
         lo = index_ge(l, s_det + t_lo)
         hi = torch.minimum(h, counts[l - 1].expand_as(h))
         length = torch.where(at_l, (hi - lo).clamp_min(0), torch.zeros_like(hi))
         if fast:  # the jump `start` on 0 < t <= δ: window items scored strictly above s_i
             n_up = (hi - torch.maximum(lo, index_gt(l, s_det))).clamp_min(0)
-            rank64 = rank64 + torch.where(at_l, step.start * n_up.to(acc), torch.zeros((), dtype=acc))
+            rank64 = rank64 + torch.where(at_l, step.start * n_up.to(acc), 0.0)
         q_idx, i_idx = torch.nonzero(length > 0, as_tuple=True)
         if q_idx.numel():
             row_base = ((l - 1) * bsz + q_idx) * n
@@ -256,7 +256,7 @@ def hierarchical_ranks(
         )
         flat_idx = q_idx * n + i_idx
         rank64 = (rank64.reshape(-1).index_add(0, flat_idx, window.to(acc))).view(bsz, n)
-    rank = torch.where(positive, rank64, torch.ones((), dtype=acc)).to(dtype)
+    rank = torch.where(positive, rank64, 1.0).to(dtype)
 
     if level_relevance is None:
         return rank, None
@@ -297,7 +297,7 @@ def hierarchical_ranks(
             h_val = h_val + (c_hi_a - c_hi_b)
             term = w * torch.where(levels < lp, h_val, cnt)
         rplus = rplus + term
-    rank_plus = torch.where(positive, rplus, torch.zeros((), dtype=acc)).to(dtype)
+    rank_plus = torch.where(positive, rplus, 0.0).to(dtype)
     return rank, rank_plus
 
 

@@ -27,11 +27,12 @@ def _golden(ranking_golden, case_id):
     return case, ranking_golden["inputs"][case_id.split("/")[0]]
 
 
-def _golden_setup(inp, dtype):
-    emb = torch.tensor(inp["embeddings"], dtype=dtype, requires_grad=True)
-    labels = torch.tensor(inp["labels"])
+def _golden_setup(inp, dtype, device="cpu"):
+    emb = torch.tensor(inp["embeddings"], dtype=dtype, device=device, requires_grad=True)
+    labels = torch.tensor(inp["labels"], device=device)
     if "ref_embeddings" in inp:
-        ref, ref_labels = torch.tensor(inp["ref_embeddings"], dtype=dtype), torch.tensor(inp["ref_labels"])
+        ref = torch.tensor(inp["ref_embeddings"], dtype=dtype, device=device)
+        ref_labels = torch.tensor(inp["ref_labels"], device=device)
     else:
         ref, ref_labels = emb, labels
     levels = level_matrix(labels, ref_labels)
@@ -57,10 +58,10 @@ def test_ranks_match_reference_rank_tables(ranking_golden, inp_id):
 
 @pytest.mark.parametrize("inp_id", ["A_b12_L2", "B_b16_L3_singletons", "C_b12_L2_ties", "D_b8_mem32_L2"])
 @pytest.mark.parametrize("variant", ["SupHAP_alpha1", "SupHAP_alpha5", "SupHAP_withhrank_alpha1", "SupNDCG"])
-def test_per_query_scores_match_reference(ranking_golden, dtype, inp_id, variant):
+def test_per_query_scores_match_reference(ranking_golden, dtype, device, inp_id, variant):
     case, inp = _golden(ranking_golden, f"{inp_id}/{variant}")
     res = case["results"]["float64" if dtype == torch.float64 else "float32"]
-    emb, scores, levels, L = _golden_setup(inp, dtype)
+    emb, scores, levels, L = _golden_setup(inp, dtype, device)
     step = SupRankStep(**SOP_STEP)
     if variant == "SupNDCG":
         score, has_pos = sup_ndcg_scores(scores, levels, L, step=step)
@@ -71,9 +72,11 @@ def test_per_query_scores_match_reference(ranking_golden, dtype, inp_id, variant
         score, has_pos = sup_hap_scores(scores, levels, rel, L, step=step, hrank=hrank)
     assert bool(has_pos.all())
     tol = 1e-7 if dtype == torch.float64 else 1e-5
-    torch.testing.assert_close(score, torch.tensor(res["per_query_score"], dtype=dtype), rtol=0, atol=tol)
+    expected = torch.tensor(res["per_query_score"], dtype=dtype, device=device)
+    torch.testing.assert_close(score, expected, rtol=0, atol=tol)
     (1 - score).mean().backward()
-    torch.testing.assert_close(emb.grad, torch.tensor(res["grad_embeddings"], dtype=dtype), rtol=0, atol=tol)
+    expected_grad = torch.tensor(res["grad_embeddings"], dtype=dtype, device=device)
+    torch.testing.assert_close(emb.grad, expected_grad, rtol=0, atol=tol)
 
 
 def _random_problem(seed, B=7, N=40, L=3, ties=True, dtype=torch.float64):

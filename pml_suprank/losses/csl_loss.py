@@ -166,7 +166,7 @@ class CSLLoss(WeightRegularizerMixin, BaseMetricLossFunction):
             different = table[None, :, c] != levels[:, c, None]  # (B, C)
             has = different.any(1)
             # rows without any different proxy contribute 0 (softplus(-inf)); keep their logsumexp finite for autograd
-            masked = torch.where(different, scores, torch.where(has[:, None], neg_inf, torch.zeros((), dtype=dtype)))
+            masked = torch.where(different, scores, torch.where(has[:, None], neg_inf, 0.0))
             lse = torch.logsumexp(masked, dim=1)
             term = F.softplus(lse - own + self.scale * margin)
             losses = losses + torch.where(has, term, torch.zeros_like(term))
