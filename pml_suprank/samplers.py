@@ -328,9 +328,9 @@ class MPerClassSampler(_ShardedBatchSampler):
             groups, owner = groups[keep], owner[keep]
         # position p -> batch p % nb: a class's groups are contiguous and at most nb, so they land in distinct batches
         slot = np.arange(groups.shape[0]) % nb
+        by_slot = np.split(np.argsort(slot, kind="stable"), np.cumsum(np.bincount(slot, minlength=nb))[:-1])
         plan = []
-        for b in range(nb):
-            sel = np.flatnonzero(slot == b)
+        for sel in by_slot:
             bg, bc = groups[sel], owner[sel]
             missing = G - bg.shape[0]
             if missing > 0:
@@ -411,15 +411,11 @@ class HierarchicalSampler(_ShardedBatchSampler):
         inner, outer = arr[:, inner_label], arr[:, outer_label]
         spc = self.samples_per_class
         supers: dict[int, list[np.ndarray]] = {}
-        for s in np.unique(outer):
-            in_s = np.flatnonzero(outer == s)
-            cls = []
-            for c in np.unique(inner[in_s]):
-                members = in_s[inner[in_s] == c]
-                if members.size >= spc or self.small_classes == "replace":
-                    cls.append(members)
-            if cls:
-                supers[int(s)] = cls
+        order = np.lexsort((inner, outer))  # grouped by (super-class, class)
+        pairs, starts = np.unique(np.stack([outer[order], inner[order]], 1), axis=0, return_index=True)
+        for (s, _c), members in zip(pairs, np.split(order, starts[1:]), strict=True):
+            if members.size >= spc or self.small_classes == "replace":
+                supers.setdefault(int(s), []).append(members)
         if len(supers) < k:
             raise ValueError(
                 f"labels must contain at least super_classes_per_batch = {k} super-classes (column {outer_label})"
