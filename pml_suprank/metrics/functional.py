@@ -642,7 +642,11 @@ def metrics_from_ranks(
 
 
 def _check_weights(weights: Tensor | list[float] | None, L: int, device: torch.device) -> Tensor:
-    w = torch.full((L,), 1.0 / L, dtype=torch.float64) if weights is None else torch.as_tensor(weights)
+    w = (
+        torch.full((L,), 1.0 / L, dtype=torch.float64)
+        if weights is None
+        else torch.as_tensor(weights, dtype=torch.float64)
+    )
     w = w.to(dtype=torch.float64, device=device)
     if w.shape != (L,) or bool((w < 0).any()) or not bool(torch.isfinite(w).all()):
         raise ValueError(f"weights must be {L} finite non-negative numbers (w_1..w_L, w_L = finest); got {w.tolist()}")
