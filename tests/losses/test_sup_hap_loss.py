@@ -173,3 +173,14 @@ def test_bad_labels():
         losses.SupHAPLoss()(emb, TABLE[fine][:, :2], ref_emb=ref, ref_labels=torch.tensor([[0, 1], [1, 0], [2, 1]]))
     with pytest.raises(ValueError, match="label columns"):
         losses.SupHAPLoss()(emb, TABLE[fine], ref_emb=ref, ref_labels=TABLE[:3, :2])
+
+
+def test_ranking_memory_fine_and_2d_labels_identical():
+    from pml_suprank import memory
+
+    mem_1d = memory.RankingMemory(losses.SupHAPLoss(hierarchy=TABLE), embedding_size=8, memory_size=40)
+    mem_2d = memory.RankingMemory(losses.SupHAPLoss(), embedding_size=8, memory_size=40)
+    for step in range(3):
+        emb, fine = batch(10 + step, n=16)
+        a, b = mem_1d(emb.float(), fine), mem_2d(emb.float(), TABLE[fine])
+        assert torch.isfinite(a) and a.item() == pytest.approx(b.item(), abs=1e-6)
