@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from typing import Any, Literal, get_args
 
 import torch
@@ -198,7 +199,8 @@ class HEAT(Detector):
         if "el" in priors and (weight is not None or head is not None):
             self.weight, self.bias = _head_params(weight, bias, head)  # else: restored by load_state_dict
         self.components: dict[str, _Component] = {}
-        self.history: dict[str, list[float]] = {}
+        self.history: dict[str, list[float]] = {}  # mean training loss per epoch, per prior
+        self.fit_seconds: dict[str, float] = {}  # wall-clock fit time per prior (prior fit + residual training)
         self.standardization_mean: Tensor | None = None
         self.standardization_std: Tensor | None = None
 
@@ -304,8 +306,9 @@ class HEAT(Detector):
                 f"{self.weight.shape[1]}"
             )
         device = next(iter(inputs.values())).device
-        self.components, self.history = {}, {}
+        self.components, self.history, self.fit_seconds = {}, {}, {}
         for i, name in enumerate(self.priors):
+            start_time = time.perf_counter()
             s = self.component_settings[name]
             z = inputs[self._source(name)].detach()
             generator = torch.Generator(device=device).manual_seed(self.seed * 1000 + i)
@@ -342,6 +345,7 @@ class HEAT(Detector):
             for p in mlp.parameters():
                 p.requires_grad_(False)
             self.components[name] = comp
+            self.fit_seconds[name] = time.perf_counter() - start_time
         energies = self._hybrid_matrix(inputs)
         self.standardization_mean = energies.mean(dim=0)
         self.standardization_std = energies.std(dim=0, unbiased=True).clamp_min(torch.finfo(energies.dtype).tiny)
