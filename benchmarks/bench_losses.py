@@ -1,0 +1,295 @@
+"""Benchmark the flat rank losses: forward+backward time and extra peak memory, as ratios against baselines.
+
+Rows (``ROWS``) are run for every setting (``SETTINGS``) they apply to, each in a fresh process so that the peak
+memory (max RSS on CPU, ``max_memory_allocated`` on CUDA) of one row does not leak into another. Baselines, measured
+in the same run:
+
+* ``matmul``: the bare ``B × N`` similarity matmul, forward + backward (the floor any rank loss pays);
+* ``dense SupAP`` / ``dense Smooth-AP``: the same formulas written the way the reference code does (``B × N × N``
+  difference tensor, ranks for every reference item), skipped where ``B·N²`` exceeds ``--dense-limit``;
+* ``PML SmoothAPLoss`` (2.9): in-batch only (it rejects ``ref_emb``); it is timed although its value is wrong for
+  these batches (see spec/ecosystem.md §0.2).
+
+Other engineers add rows by appending ``Row(...)`` to ``ROWS`` (e.g. hierarchical losses, memory wrappers).
+
+Usage::
+
+    python benchmarks/bench_losses.py            # B ∈ {64,128,256} in-batch, B=256 vs N ∈ {1024,4096,60000}
+    python benchmarks/bench_losses.py --quick    # small sizes only, 1 repeat
+    python benchmarks/bench_losses.py --device cuda
+
+Writes ``benchmarks/results/bench_losses[_quick]_<device>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import platform
+import resource
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+RESULTS = Path(__file__).parent / "results"
+
+
+# ------------------------------------------------------------------------------------------------ settings / data
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    batch: int
+    num_refs: int | None  # None = in-batch (the reference set is the batch)
+    dim: int = 512
+
+
+def make_inputs(setting: Setting, device: str, seed: int = 0):
+    """Embeddings (4 per class) and, for memory settings, an N-item memory where every batch class has 5 items
+    (SOP-like: ~5 images per class), the rest belonging to other classes."""
+    g = torch.Generator().manual_seed(seed)
+    emb = F.normalize(torch.randn(setting.batch, setting.dim, generator=g), dim=1).to(device)
+    labels = (torch.arange(setting.batch) // 4).to(device)
+    if setting.num_refs is None:
+        return emb, labels, None, None
+    ref = F.normalize(torch.randn(setting.num_refs, setting.dim, generator=g), dim=1).to(device)
+    ref_labels = (torch.randperm(setting.num_refs, generator=g) // 5).to(device)
+    return emb, labels, ref, ref_labels
+
+
+# ------------------------------------------------------------------------------------------------ dense baselines
+def _dense_ap(scores, pos, valid, pos_step, neg_step):
+    """AP from B×N×N tensors, as the reference computes it (ranks of every reference item, then mask positives)."""
+    diff = scores.unsqueeze(1) - scores.unsqueeze(2)  # (B, N, N): s_j − s_i
+    n = scores.shape[1]
+    not_i = ~torch.eye(n, dtype=torch.bool, device=scores.device)
+    pos_f = (pos.unsqueeze(1) & not_i).to(scores.dtype)
+    neg_f = (valid & ~pos).unsqueeze(1).to(scores.dtype)
+    rank_plus = 1 + (pos_step(diff) * pos_f).sum(-1)
+    rank = rank_plus + (neg_step(diff) * neg_f).sum(-1)
+    ap = (rank_plus / rank * pos).sum(1) / pos.sum(1).clamp(min=1)
+    return 1 - ap.mean()
+
+
+def _h_minus(t, tau=0.01, rho=100.0, delta=0.05, start=0.5, offset=1.4933071):
+    sig = torch.sigmoid(t / tau)
+    return torch.where(t <= 0, sig, torch.where(t <= delta, start + sig, rho * (t - delta) + offset))
+
+
+def _dense(kind):
+    def loss(emb, labels, ref, ref_labels):
+        if ref is None:
+            ref, ref_labels = emb, labels
+        scores = emb @ ref.t()
+        pos = labels[:, None] == ref_labels[None, :]
+        valid = torch.ones_like(pos)
+        if ref is emb:
+            valid.fill_diagonal_(False)
+            pos = pos & valid
+        if kind == "supap":
+            return _dense_ap(scores, pos, valid, lambda d: (d >= 0).to(d.dtype), _h_minus)
+        sig = lambda d: torch.sigmoid(d / 0.01)  # noqa: E731
+        return _dense_ap(scores, pos, valid, sig, sig)
+
+    return loss
+
+
+# ------------------------------------------------------------------------------------------------ rows
+@dataclass
+class Row:
+    """One benchmarked loss: ``factory()`` returns ``f(emb, labels, ref, ref_labels) -> scalar loss``."""
+
+    name: str
+    factory: Callable[[], Callable]
+    kind: str = "ours"  # "ours" or "baseline"
+    in_batch_only: bool = False
+    dense: bool = False  # B·N² work and memory: subject to --dense-limit
+    notes: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def _ours(cls_name, **kwargs):
+    def factory():
+        from pml_suprank import losses
+
+        fn = getattr(losses, cls_name)(**kwargs)
+
+        def loss(emb, labels, ref, ref_labels):
+            if ref is None:
+                return fn(emb, labels)
+            return fn(emb, labels, ref_emb=ref, ref_labels=ref_labels)
+
+        return loss
+
+    return factory
+
+
+def _matmul():
+    def loss(emb, labels, ref, ref_labels):
+        return (emb @ (emb if ref is None else ref).t()).sum()
+
+    return loss
+
+
+def _pml_smooth_ap():
+    from pytorch_metric_learning import losses as pml_losses
+
+    fn = pml_losses.SmoothAPLoss(temperature=0.01)
+    return lambda emb, labels, ref, ref_labels: fn(emb, labels)
+
+
+ROWS: list[Row] = [
+    Row("matmul", _matmul, kind="baseline", notes="bare B×N similarity matmul, fwd+bwd"),
+    Row("SupAP", _ours("SupAPLoss")),
+    Row("ROADMAP", _ours("ROADMAPLoss")),
+    Row("Smooth-AP", _ours("SmoothAPLoss")),
+    Row("Sup-R@k", _ours("SupRecallLoss")),
+    Row("dense SupAP", lambda: _dense("supap"), kind="baseline", dense=True, notes="B×N×N, reference-style"),
+    Row("dense Smooth-AP", lambda: _dense("smoothap"), kind="baseline", dense=True, notes="B×N×N"),
+    Row("PML SmoothAPLoss", _pml_smooth_ap, kind="baseline", in_batch_only=True, notes="PML 2.9; value wrong here"),
+]
+
+# which baseline each of our rows is compared with
+COMPARE = {
+    "SupAP": ["matmul", "dense SupAP"],
+    "ROADMAP": ["matmul", "dense SupAP"],
+    "Smooth-AP": ["matmul", "dense Smooth-AP", "PML SmoothAPLoss"],
+    "Sup-R@k": ["matmul"],
+}
+
+
+# ------------------------------------------------------------------------------------------------ measurement
+def _max_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _measure(row_name: str, setting: Setting, device: str, repeats: int, threads: int | None):
+    if threads:
+        torch.set_num_threads(threads)
+    row = next(r for r in ROWS if r.name == row_name)
+    emb, labels, ref, ref_labels = make_inputs(setting, device)
+    fn = row.factory()
+    emb = emb.clone().requires_grad_(True)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    rss0 = _max_rss_mb()
+    times, value = [], None
+    for _ in range(repeats + 1):  # the first call is a warm-up but sets the peak memory
+        emb.grad = None
+        t0 = time.perf_counter()
+        loss = fn(emb, labels, ref, ref_labels)
+        loss.backward()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        value = float(loss.detach())
+    if device.startswith("cuda"):
+        peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+    else:
+        peak = _max_rss_mb() - rss0
+    timed = times[1:] if repeats > 0 else times
+    return {"time_s": statistics.median(timed), "peak_extra_mb": peak, "loss": value}
+
+
+def _worker(queue, *args):
+    try:
+        queue.put(_measure(*args))
+    except Exception as exc:  # reported in the table, not fatal
+        queue.put({"error": f"{type(exc).__name__}: {exc}"})
+
+
+def run_row(row: Row, setting: Setting, device: str, repeats: int, threads: int | None, timeout: float):
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_worker, args=(queue, row.name, setting, device, repeats, threads))
+    proc.start()
+    proc.join(timeout)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+        return {"error": f"timeout after {timeout:.0f} s"}
+    return queue.get() if not queue.empty() else {"error": f"exit code {proc.exitcode}"}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, one repeat")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads in each worker (default: torch's)")
+    parser.add_argument("--dense-limit", type=float, default=4e7, help="skip dense rows when B·N² exceeds this")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per measurement")
+    parser.add_argument("--rows", nargs="*", default=None, help="only these row names")
+    args = parser.parse_args(argv)
+
+    if args.quick:
+        settings = [Setting("in-batch B=64", 64, None), Setting("B=64 N=1024", 64, 1024)]
+    else:
+        settings = [Setting(f"in-batch B={b}", b, None) for b in (64, 128, 256)]
+        settings += [Setting(f"B=256 N={n}", 256, n) for n in (1024, 4096, 60000)]
+    repeats = args.repeats if args.repeats is not None else (1 if args.quick else 3)
+    rows = [r for r in ROWS if args.rows is None or r.name in args.rows or r.name == "matmul"]
+
+    results = []
+    for setting in settings:
+        n = setting.num_refs or setting.batch
+        for row in rows:
+            entry = {"setting": setting.name, "B": setting.batch, "N": n, "row": row.name, "kind": row.kind}
+            if row.in_batch_only and setting.num_refs is not None:
+                continue
+            if row.dense and setting.batch * n * n > args.dense_limit:
+                entry["skipped"] = f"B·N² = {setting.batch * n * n:.1e} > --dense-limit {args.dense_limit:.0e}"
+            else:
+                entry.update(run_row(row, setting, args.device, repeats, args.threads, args.timeout))
+            results.append(entry)
+            status = entry.get("error") or entry.get("skipped") or f"{entry['time_s']:.3f} s"
+            print(f"  {setting.name:16s} {row.name:18s} {status}", flush=True)
+
+    # ratio table
+    def find(setting_name, row_name):
+        return next((r for r in results if r["setting"] == setting_name and r["row"] == row_name), None)
+
+    header = " | ".join(f"vs {b}" for b in ("matmul", "dense", "PML"))
+    print(f"\n| setting | loss | time (s) | extra peak (MB) | {header} |")
+    print("|---|---|---|---|---|---|---|")
+    for r in results:
+        if r["kind"] != "ours" or "time_s" not in r:
+            continue
+        ratios = {}
+        for base in COMPARE.get(r["row"], ["matmul"]):
+            b = find(r["setting"], base)
+            if b and "time_s" in b:
+                key = "matmul" if base == "matmul" else ("PML" if base.startswith("PML") else "dense")
+                ratios[key] = b["time_s"] / r["time_s"]
+        r["speedup_vs"] = ratios
+        cells = [
+            f"{ratios[k]:.2f}×" if k in ratios else "–"
+            for k in ("matmul", "dense", "PML")  # speed-up factors: baseline time / our time
+        ]
+        joined = " | ".join(cells)
+        print(f"| {r['setting']} | {r['row']} | {r['time_s']:.3f} | {r['peak_extra_mb']:.0f} | {joined} |")
+    print("\n(ratios are speed-ups: baseline time / our time; 'vs matmul' < 1 means slower than the bare matmul)")
+
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / f"bench_losses{'_quick' if args.quick else ''}_{args.device.split(':')[0]}.json"
+    meta = {
+        "torch": torch.__version__,
+        "device": args.device,
+        "threads": args.threads or torch.get_num_threads(),
+        "platform": platform.platform(),
+        "repeats": repeats,
+    }
+    out.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    print(f"wrote {out}")
+    return results
+
+
+if __name__ == "__main__":
+    main()
