@@ -1,0 +1,116 @@
+import pytest
+import torch
+from pytorch_metric_learning.distances import CosineSimilarity, DotProductSimilarity, LpDistance, SNRDistance
+from pytorch_metric_learning.reducers import DoNothingReducer
+
+from pml_suprank import losses
+from pml_suprank.losses.base_rank_loss import BaseRankLoss, RankInputs, reference_mask
+
+ALL = [
+    lambda: losses.SmoothAPLoss(),
+    lambda: losses.SupAPLoss(),
+    lambda: losses.ROADMAPLoss(),
+    lambda: losses.SupRecallLoss(),
+    lambda: losses.RODRecallLoss(),
+    lambda: losses.CalibrationLoss(),
+]
+IDS = ["SmoothAP", "SupAP", "ROADMAP", "SupRecall", "RODRecall", "Calibration"]
+
+
+def _batch(n=8, d=4):
+    return torch.nn.functional.normalize(torch.randn(n, d), dim=1), torch.arange(n) % 2
+
+
+@pytest.mark.parametrize("make", ALL, ids=IDS)
+def test_bad_inputs_raise_naming_the_argument(make):
+    loss_fn = make()
+    emb, labels = _batch()
+    cases = [
+        ((emb[0], labels), ValueError, "embeddings"),  # wrong shape
+        ((emb, labels.float()), TypeError, "labels"),  # float labels
+        ((emb, labels[:-1]), ValueError, "labels"),  # wrong length
+        ((emb, labels[:, None].expand(8, 2)), ValueError, "labels"),  # 2-D labels for a flat loss
+        ((emb.masked_fill(torch.eye(8, 4, dtype=torch.bool), float("nan")), labels), ValueError, "NaN"),
+        ((emb[:0], labels[:0]), ValueError, "embeddings"),  # empty batch
+        ((emb.long(), labels), TypeError, "embeddings"),
+        ((emb, None), ValueError, "labels"),
+        ((emb, labels, None, emb.clone()), ValueError, "ref_labels"),  # ref without labels
+        ((emb, labels, None, torch.randn(5, 3), torch.arange(5)), ValueError, "ref_emb"),  # wrong width
+        ((emb, labels, None, torch.randn(5, 4), torch.arange(4)), ValueError, "ref_labels"),
+        ((emb, labels, (torch.tensor([0]), torch.tensor([1]))), ValueError, "indices_tuple"),
+        (
+            (emb, labels, (torch.tensor([0]), torch.tensor([9]), torch.tensor([0]), torch.tensor([1]))),
+            ValueError,
+            "indices_tuple",
+        ),
+        ((emb, labels, (torch.tensor([0.0]), torch.tensor([1]), torch.tensor([2]))), TypeError, "indices_tuple"),
+    ]
+    for args, exc, match in cases:
+        with pytest.raises(exc, match=match):
+            loss_fn(*args)
+
+
+@pytest.mark.parametrize("make", ALL, ids=IDS)
+def test_non_similarity_distances_are_rejected(make):
+    for distance in (LpDistance(), SNRDistance(), DotProductSimilarity(power=2)):
+        with pytest.raises(ValueError, match="distance"):
+            type(make())(distance=distance)
+    type(make())(distance=CosineSimilarity())
+
+
+def test_unknown_options():
+    with pytest.raises(TypeError, match="include_self"):
+        losses.SupAPLoss(include_self=1)
+    with pytest.raises(TypeError):
+        losses.SupAPLoss(bogus_option=3)
+
+
+def test_reference_mask_include_self_and_indices_tuple():
+    m = reference_mask(3, 3, torch.device("cpu"), same_source=True, include_self=False)
+    assert not m.diagonal().any() and m.sum() == 6
+    m = reference_mask(3, 3, torch.device("cpu"), same_source=True, include_self=True)
+    assert m.all()
+    m = reference_mask(2, 5, torch.device("cpu"), same_source=False, include_self=False)
+    assert m.all()
+    a, p, n = torch.tensor([0, 1]), torch.tensor([2, 3]), torch.tensor([4, 0])
+    m = reference_mask(2, 5, torch.device("cpu"), same_source=False, include_self=False, indices_tuple=(a, p, n))
+    assert m.nonzero().tolist() == [[0, 2], [0, 4], [1, 0], [1, 3]]
+
+
+def test_indices_tuple_restricts_pairs():
+    """Only the listed pairs count: a mined subset changes the loss the same way as dropping the other items."""
+    g = torch.Generator().manual_seed(0)
+    emb = torch.nn.functional.normalize(torch.randn(6, 4, generator=g, dtype=torch.float64), dim=1)
+    ref = torch.nn.functional.normalize(torch.randn(10, 4, generator=g, dtype=torch.float64), dim=1)
+    labels, ref_labels = torch.tensor([0, 1, 0, 1, 0, 1]), torch.arange(10) % 2
+    keep = torch.arange(10) < 7
+    a1, p = torch.nonzero((labels[:, None] == ref_labels[None]) & keep, as_tuple=True)
+    a2, n = torch.nonzero((labels[:, None] != ref_labels[None]) & keep, as_tuple=True)
+    loss_fn = losses.SupAPLoss()
+    restricted = loss_fn(emb, labels, (a1, p, a2, n), ref, ref_labels)
+    subset = loss_fn(emb, labels, None, ref[keep], ref_labels[keep])
+    assert restricted.item() == pytest.approx(subset.item(), abs=1e-12)
+
+
+class _MeanPositiveScore(BaseRankLoss):
+    """A toy subclass following the documented extension contract."""
+
+    def compute_query_losses(self, inputs: RankInputs):
+        pos = inputs.positives()
+        kept = torch.nonzero(pos.any(1), as_tuple=True)[0]
+        s = (inputs.scores * pos).sum(1) / pos.sum(1).clamp(min=1)
+        return -s[kept], kept
+
+
+def test_extension_contract_with_subclass():
+    emb = torch.nn.functional.normalize(torch.randn(6, 4, dtype=torch.float64), dim=1).requires_grad_(True)
+    labels = torch.tensor([0, 0, 1, 1, 2, 3])  # queries 4 and 5 have no positive
+    out = _MeanPositiveScore(reducer=DoNothingReducer())(emb, labels)
+    assert out["loss"]["indices"].tolist() == [0, 1, 2, 3]
+    scores = emb @ emb.t()
+    assert out["loss"]["losses"][0].item() == pytest.approx(-scores[0, 1].item(), abs=1e-12)
+    combined = _MeanPositiveScore(decomposability="calibration", decomposability_weight=0.5)(emb, labels)
+    plain = _MeanPositiveScore()(emb, labels)
+    assert combined.item() == pytest.approx(0.5 * plain.item() + 0.5 * losses.CalibrationLoss()(emb, labels).item())
+    combined.backward()
+    assert torch.isfinite(emb.grad).all()

@@ -1,0 +1,174 @@
+import math
+
+import pytest
+import torch
+
+from pml_suprank import ranking as R
+
+
+def test_step_values_by_hand():
+    t = torch.tensor([-1.0, -0.01, 0.0, 0.01, 0.05, 0.06], dtype=torch.float64)
+    h = R.heaviside(t)
+    assert h.tolist() == [0.0, 0.0, 1.0, 1.0, 1.0, 1.0]
+    sig = R.tau_sigmoid(t, 0.01)
+    assert sig[2].item() == 0.5 and sig[1].item() == pytest.approx(1 / (1 + math.e), abs=1e-15)
+    assert sig[0].item() == pytest.approx(1 / (1 + math.exp(50)), rel=1e-12)  # clamped at -50 like the reference
+    hm = R.suprank_step(t)
+    off = R.default_offset(0.01, 0.05, 0.5)
+    assert hm[2].item() == 0.5  # H⁻(0) = σ(0)
+    assert hm[3].item() == pytest.approx(0.5 + 1 / (1 + math.exp(-1)), abs=1e-15)
+    assert hm[4].item() == pytest.approx(0.5 + 1 / (1 + math.exp(-5)), abs=1e-15)
+    assert hm[5].item() == pytest.approx(100 * 0.01 + off, abs=1e-12)
+    assert off == pytest.approx(1.4933071, abs=1e-7)
+    # continuous at δ with the default offset, upper bound of H on t > 0
+    eps = torch.tensor([0.05 - 1e-9, 0.05 + 1e-9], dtype=torch.float64)
+    v = R.suprank_step(eps)
+    assert abs(v[1] - v[0]).item() < 1e-6
+    grid = torch.linspace(-0.5, 0.5, 1001, dtype=torch.float64)
+    assert (R.suprank_step(grid)[grid > 0] >= 1).all()
+
+
+def test_heaviside_has_no_gradient():
+    t = torch.randn(5, requires_grad=True)
+    assert not R.heaviside(t).requires_grad
+
+
+@pytest.mark.parametrize("step", [R.SigmoidStep(0.05), R.SupRankStep(tau=0.05), R.SupRankStep(offset=1.44)])
+def test_step_derivatives_match_autograd(step):
+    t = torch.linspace(-0.6, 0.6, 241, dtype=torch.float64).requires_grad_(True)
+    (grad,) = torch.autograd.grad(step.value(t).sum(), t)
+    torch.testing.assert_close(step.derivative(t.detach()), grad, atol=1e-10, rtol=0)
+
+
+def test_step_validation():
+    with pytest.raises(ValueError, match="tau"):
+        R.SupRankStep(tau=0)
+    with pytest.raises(ValueError, match="rho"):
+        R.SupRankStep(rho=-1)
+    with pytest.raises(TypeError, match="start"):
+        R.SupRankStep(start=None)
+    with pytest.raises(TypeError, match="offset"):
+        R.SupRankStep(offset="1.44")
+
+
+def _problem(seed=0, b=6, n=40, ties=False):
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.randn(b, n, generator=g, dtype=torch.float64) * 0.1
+    if ties:
+        scores[0, 3] = scores[0, 5]
+        scores[1, 2] = scores[1, 7]
+    labels, ref_labels = torch.randint(0, 3, (b,), generator=g), torch.randint(0, 3, (n,), generator=g)
+    valid = torch.rand(b, n, generator=g) > 0.2
+    pos = valid & (labels[:, None] == ref_labels[None, :])
+    q, i = torch.nonzero(pos, as_tuple=True)
+    return scores, valid, pos, valid & ~pos, q, i
+
+
+def _brute(scores, q, i, mask, fn, exclude_item=True):
+    out = []
+    for k in range(len(q)):
+        t = scores[q[k]] - scores[q[k], i[k]]
+        m = mask[q[k]].clone()
+        if exclude_item:
+            m[i[k]] = False
+        out.append(fn(t[m]).sum())
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_pairwise_step_sum_matches_brute_force_and_chunking(ties):
+    scores, valid, pos, neg, q, i = _problem(ties=ties)
+    step = R.SupRankStep()
+    expected = _brute(scores, q, i, neg, step.value, exclude_item=False)
+    for chunk in (1, 37, 1 << 20):
+        got = R.pairwise_step_sum(scores, q, i, neg, step, exclude_item=False, chunk_elements=chunk)
+        torch.testing.assert_close(got, expected, atol=1e-12, rtol=0)
+    # callable (pair-dependent) mask and float weights
+    got = R.pairwise_step_sum(scores, q, i, lambda qq, ii: pos[qq], R.HeavisideStep())
+    torch.testing.assert_close(got, _brute(scores, q, i, pos, R.heaviside), atol=0, rtol=0)
+    weights = torch.rand(scores.shape, dtype=torch.float64)
+    got = R.pairwise_step_sum(scores, q, i, weights, R.SigmoidStep(0.05))
+    exp = torch.stack(
+        [
+            (R.tau_sigmoid(scores[q[k]] - scores[q[k], i[k]], 0.05) * weights[q[k]]).sum() - 0.5 * weights[q[k], i[k]]
+            for k in range(len(q))
+        ]
+    )
+    torch.testing.assert_close(got, exp, atol=1e-12, rtol=0)
+
+
+def test_pairwise_step_sum_gradcheck():
+    scores, _, _, neg, q, i = _problem(b=3, n=8)
+    scores.requires_grad_(True)
+    f = lambda s: R.pairwise_step_sum(s, q, i, neg, R.SupRankStep(tau=0.05), chunk_elements=5)  # noqa: E731
+    assert torch.autograd.gradcheck(f, (scores,))
+
+
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize(
+    "step", [R.SupRankStep(), R.SupRankStep(offset=1.44), R.SupRankStep(start=0.0, offset=1.0), R.SupRankStep(tau=0.05)]
+)
+def test_fast_suprank_kernel_matches_general_kernel(step, ties):
+    scores, _, _, neg, q, i = _problem(ties=ties)
+    scores.requires_grad_(True)
+    w = torch.rand(len(q), dtype=torch.float64)
+    a = R.pairwise_step_sum(scores, q, i, neg, step, exclude_item=False)
+    b = R.suprank_negative_sum(scores, q, i, neg, step, chunk_elements=50)
+    torch.testing.assert_close(b, a, atol=1e-12, rtol=0)
+    (ga,) = torch.autograd.grad((a * w).sum(), scores)
+    (gb,) = torch.autograd.grad((b * w).sum(), scores)
+    torch.testing.assert_close(gb, ga, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_fast_heaviside_and_sigmoid_kernels(ties):
+    scores, valid, pos, _, q, i = _problem(ties=ties)
+    got = R.heaviside_positive_count(scores, q, i, pos)
+    torch.testing.assert_close(got, R.pairwise_step_sum(scores, q, i, pos, R.HeavisideStep()), atol=0, rtol=0)
+    scores.requires_grad_(True)
+    step = R.SigmoidStep(0.05)
+    a1, a2 = R.pairwise_step_sum(scores, q, i, pos, step), R.pairwise_step_sum(scores, q, i, valid, step)
+    b1, b2 = R.sigmoid_rank_sums(scores, q, i, pos, valid, 0.05, chunk_elements=30)
+    torch.testing.assert_close(b1, a1, atol=1e-12, rtol=0)
+    torch.testing.assert_close(b2, a2, atol=1e-12, rtol=0)
+    (ga,) = torch.autograd.grad((2 * a1 + 3 * a2).sum(), scores)
+    (gb,) = torch.autograd.grad((2 * b1 + 3 * b2).sum(), scores)
+    torch.testing.assert_close(gb, ga, atol=1e-10, rtol=0)
+
+
+def test_fast_kernels_gradcheck():
+    scores, valid, pos, neg, q, i = _problem(b=3, n=10)
+    scores.requires_grad_(True)
+    f = lambda s: R.suprank_negative_sum(s, q, i, neg, R.SupRankStep(tau=0.05), chunk_elements=7)  # noqa: E731
+    assert torch.autograd.gradcheck(f, (scores,))
+    g = lambda s: R.sigmoid_rank_sums(s, q, i, pos, valid, 0.05, chunk_elements=7)  # noqa: E731
+    assert torch.autograd.gradcheck(g, (scores,))
+
+
+def test_count_above_matches_brute_force():
+    scores, _, _, neg, q, i = _problem()
+    masked = scores.masked_fill(~neg, float("-inf")).requires_grad_(True)
+    thr = scores[q, i] + 0.05
+    count, total = R.count_above(masked, q, thr, with_sum=True)
+    for k in range(len(q)):
+        sel = neg[q[k]] & (scores[q[k]] > thr[k])
+        assert count[k].item() == sel.sum().item()
+        assert total[k].item() == pytest.approx(scores[q[k]][sel].sum().item(), abs=1e-12)
+    total.sum().backward()
+    assert torch.isfinite(masked.grad).all() and (masked.grad[~neg] == 0).all()
+
+
+def test_pairwise_step_sum_bad_input():
+    scores, _, _, neg, q, i = _problem()
+    with pytest.raises(ValueError, match="scores"):
+        R.pairwise_step_sum(scores[0], q, i, neg, R.HeavisideStep())
+    with pytest.raises(ValueError, match="query_idx"):
+        R.pairwise_step_sum(scores, q.float(), i, neg, R.HeavisideStep())
+    with pytest.raises(ValueError, match="same length"):
+        R.pairwise_step_sum(scores, q, i[:-1], neg, R.HeavisideStep())
+    with pytest.raises(ValueError, match="mask"):
+        R.pairwise_step_sum(scores, q, i, neg[:, :3], R.HeavisideStep())
+    with pytest.raises(TypeError, match="mask"):
+        R.pairwise_step_sum(scores, q, i, 3, R.HeavisideStep())
+    empty = R.pairwise_step_sum(scores, q[:0], i[:0], neg, R.HeavisideStep())
+    assert empty.shape == (0,)
