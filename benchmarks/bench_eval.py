@@ -1,0 +1,168 @@
+"""Benchmark: exact retrieval evaluation (every metric) vs the bare score matrix, PML's AccuracyCalculator and a
+naive per-query full-sort implementation.
+
+Synthetic SOP-like data: 512-d L2-normalised embeddings, fine classes of ~5 items, 2 levels (12 coarse classes) or
+3 levels (120 middle, 12 coarse). Prints times and ratios measured in the same process (the machine is shared: only
+ratios are meaningful) and writes JSON to ``benchmarks/results/``.
+
+    python benchmarks/bench_eval.py --quick        # N = 2,000 and 10,000
+    python benchmarks/bench_eval.py                # N = 10,000 and 60,502 (SOP test size)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pml_suprank.metrics import RetrievalEvaluator
+from pml_suprank.relevance import level_matrix
+
+
+def make_data(n: int, levels: int, dim: int = 512, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    fine = torch.arange(n) // 5
+    cols = [fine]
+    if levels == 3:
+        cols.append(fine % 120)
+    cols.append(fine % 12)
+    labels = torch.stack(cols, 1)
+    centres = torch.randn(int(fine.max()) + 1, dim, generator=g)
+    coarse_dirs = torch.randn(12, dim, generator=g)
+    emb = centres[fine] + 2.0 * coarse_dirs[labels[:, -1]] + 2.5 * torch.randn(n, dim, generator=g)
+    return torch.nn.functional.normalize(emb, dim=1), labels
+
+
+def bare_scores(emb: torch.Tensor, chunk: int) -> float:
+    t = time.perf_counter()
+    buf = torch.empty(min(chunk, len(emb)), len(emb))
+    for s in range(0, len(emb), chunk):
+        torch.mm(emb[s : s + chunk], emb.T, out=buf[: min(chunk, len(emb) - s)])
+    return time.perf_counter() - t
+
+
+def naive_subset(emb: torch.Tensor, labels: torch.Tensor, n_queries: int) -> tuple[float, dict[str, float]]:
+    """Per-query full sort (numpy lexsort with the pessimistic tie rule) for the first ``n_queries`` queries."""
+    t = time.perf_counter()
+    L = labels.shape[1]
+    aps, ndcgs = [], []
+    for q in range(n_queries):
+        s = (emb[q : q + 1] @ emb.T)[0].numpy().astype(np.float64)
+        lev = level_matrix(labels[q : q + 1], labels)[0].numpy()
+        keep = np.arange(len(s)) != q
+        s, lev = s[keep], lev[keep]
+        o = np.lexsort((np.arange(len(s)), lev, -s))
+        lv = lev[o]
+        pos = lv == L
+        if pos.any():
+            aps.append(((np.cumsum(pos) / np.arange(1, len(lv) + 1)) * pos).sum() / pos.sum())
+        gain = 2.0**lv - 1
+        disc = 1 / np.log2(np.arange(2, len(lv) + 2))
+        ndcgs.append((gain * disc).sum() / (np.sort(gain)[::-1] * disc).sum())
+    return time.perf_counter() - t, {"ap": float(np.mean(aps)), "ndcg": float(np.mean(ndcgs))}
+
+
+def pml_calculator(emb: torch.Tensor, fine: torch.Tensor) -> tuple[float, dict[str, float]] | None:
+    try:
+        import faiss  # noqa: F401
+        from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
+        from pytorch_metric_learning.utils.inference import FaissKNN
+    except ImportError:
+        return None
+    calc = AccuracyCalculator(
+        include=("precision_at_1", "mean_average_precision_at_r", "r_precision"),
+        k="max_bin_count",
+        knn_func=FaissKNN(index_init_fn=faiss.IndexFlatIP),
+        device=torch.device("cpu"),
+    )
+    t = time.perf_counter()
+    out = calc.get_accuracy(emb, fine)
+    return time.perf_counter() - t, out
+
+
+def run(n: int, levels: int, naive_queries: int, with_pml: bool) -> dict:
+    emb, labels = make_data(n, levels)
+    ev = RetrievalEvaluator(k_values=(1, 10, 100))
+    chunk = ev._default_chunk(n)
+    t_scores = bare_scores(emb, chunk)
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t = time.perf_counter()
+    out = ev.evaluate(emb, labels, return_per_query=True)
+    t_eval = time.perf_counter() - t
+    rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    res = {
+        "n": n,
+        "levels": levels,
+        "dim": emb.shape[1],
+        "threads": torch.get_num_threads(),
+        "chunk_size": chunk,
+        "score_matrix_s": t_scores,
+        "evaluate_all_metrics_s": t_eval,
+        "ratio_vs_score_matrix": t_eval / t_scores,
+        "peak_rss_gb": max(rss0, rss1) / 2**20,
+        "metrics": {k: v for k, v in out.items() if isinstance(v, (int, float))},
+    }
+    print(
+        f"\nN={n:,} L={levels}: score matrix {t_scores:.1f}s | all metrics {t_eval:.1f}s "
+        f"(x{t_eval / t_scores:.2f}) | peak RSS {res['peak_rss_gb']:.2f} GB"
+    )
+    print("  " + ", ".join(f"{k}={out[k]:.4f}" for k in ("ap", "map_at_r", "recall_at_1", "h_ap", "ndcg", "asi")))
+    if naive_queries:
+        t_naive, naive = naive_subset(emb, labels, naive_queries)
+        per_q_naive = t_naive / naive_queries
+        per_q_ours = t_eval / n
+        pq = out["per_query"]
+        ap_ours = float(np.nanmean(pq["ap"][:naive_queries].numpy()))
+        ndcg_ours = float(np.nanmean(pq["ndcg"][:naive_queries].numpy()))
+        res["naive_full_sort"] = {
+            "queries": naive_queries,
+            "seconds": t_naive,
+            "per_query_s": per_q_naive,
+            "speedup_per_query": per_q_naive / per_q_ours,
+            "max_abs_diff_ap": abs(ap_ours - naive["ap"]),
+            "max_abs_diff_ndcg": abs(ndcg_ours - naive["ndcg"]),
+        }
+        print(
+            f"  naive per-query full sort: {per_q_naive * 1e3:.1f} ms/query vs {per_q_ours * 1e3:.2f} ms/query "
+            f"(x{per_q_naive / per_q_ours:.1f} faster); |ΔAP|={res['naive_full_sort']['max_abs_diff_ap']:.1e}"
+        )
+    if with_pml:
+        pml = pml_calculator(emb, labels[:, 0])
+        if pml is not None:
+            t_pml, pml_out = pml
+            res["pml_accuracy_calculator_faiss"] = {"seconds": t_pml, "ratio_ours_vs_pml": t_eval / t_pml, **pml_out}
+            print(
+                f"  PML AccuracyCalculator (faiss IndexFlatIP, k=max_bin_count; mAP@R, P@1, R-prec only): "
+                f"{t_pml:.1f}s; ours (all metrics) / PML = {t_eval / t_pml:.2f}; "
+                f"mAP@R {pml_out['mean_average_precision_at_r']:.6f} vs ours {out['map_at_r']:.6f}"
+            )
+    return res
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small N (2,000 and 10,000)")
+    parser.add_argument("--sizes", type=int, nargs="*", default=None)
+    parser.add_argument("--levels", type=int, nargs="*", default=[2, 3])
+    parser.add_argument("--naive-queries", type=int, default=50)
+    parser.add_argument("--no-pml", action="store_true")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    args = parser.parse_args()
+    sizes = args.sizes or ([2000, 10000] if args.quick else [10000, 60502])
+    results = []
+    for n in sizes:
+        for levels in args.levels:
+            results.append(run(n, levels, args.naive_queries, not args.no_pml))
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"bench_eval_{'quick' if args.quick else 'full'}_{int(time.time())}.json"
+    path.write_text(json.dumps({"torch": torch.__version__, "results": results}, indent=1))
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    main()
