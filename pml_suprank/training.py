@@ -55,7 +55,7 @@ __all__ = [
     "TrainingConfig",
     "build_optimizer",
     "build_scheduler",
-    "compute_embeddings",
+    "embed_loader",
     "format_metrics_table",
     "find_checkpoints",
     "latest_checkpoint",
@@ -342,7 +342,7 @@ def _dataset_labels(dataset: Any) -> Tensor:
 
 
 @torch.no_grad()
-def compute_embeddings(
+def embed_loader(
     model: nn.Module,
     dataloader: DataLoader,
     accelerator: Any = None,
@@ -663,7 +663,7 @@ class Trainer:
             loader = self._eval_loader
         else:
             loader = self.accelerator.prepare(self._plain_loader(dataset))
-        return compute_embeddings(self.model, loader, self.accelerator, progress=True, description=description)
+        return embed_loader(self.model, loader, self.accelerator, progress=True, description=description)
 
     def _plain_loader(self, dataset: Dataset) -> DataLoader:
         return DataLoader(

@@ -402,7 +402,7 @@ def run(
         metadata=metadata,
         hub_config=hub_config or None,
         plots=not args.no_plots,
-        repo_id=args.hub_model_id,
+        repo_id=args.hub_model_id or f"{loss_name.lower()}-{Path(args.output_dir).name}",
     )
     total = time.perf_counter() - t_start
     accelerator.print(

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> dict:
     from pml_suprank import data, plots
     from pml_suprank.metrics import RetrievalEvaluator
     from pml_suprank.models import RetrievalModel
-    from pml_suprank.training import compute_embeddings
+    from pml_suprank.training import embed_loader
 
     kwargs = {"cpu": args.cpu}
     if args.mixed_precision is not None:
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> dict:
         dataset = data.load_retrieval_dataset(args.dataset, args.label_columns, split=args.split, transform=transform)
     loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=False, collate_fn=data.collate)
     model, loader = accelerator.prepare(model, loader)
-    emb, labels, idx = compute_embeddings(model, loader, accelerator, progress=True)
+    emb, labels, idx = embed_loader(model, loader, accelerator, progress=True)
     metrics = RetrievalEvaluator(k_values=tuple(args.k_values), alpha=args.alpha).evaluate(emb, labels)
     metrics = {k: float(v) for k, v in metrics.items() if not hasattr(v, "numel") or v.numel() == 1}
     accelerator.print(f"{args.model} on {args.dataset} ({args.split}, {len(dataset)} images):")

@@ -25,18 +25,18 @@ import common  # noqa: E402  (recipes/common.py: argparse, config, the whole job
 DEFAULTS = {
     "output_dir": "outputs/roadmap_synthetic",
     "backbone": "test_resnet",
-    "image_size": 32,
+    "image_size": 48,
     "num_per_class": 32,
     "crop_scale": [0.5, 1.0],
     "embedding_size": 128,
-    "epochs": 8,
+    "epochs": 12,
     "batch_size": 64,
     "lr_backbone": 1e-3,
     "lr_head": 2e-3,
     "lr_proxies": 10.0,
     "weight_decay": 1e-4,
     "warmup_epochs": 0,
-    "eval_every": 0,
+    "eval_every": 4,
 }
 
 

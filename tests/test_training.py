@@ -30,6 +30,15 @@ from pml_suprank.training import (  # noqa: E402
 # ------------------------------------------------------------------------------------------------------------------
 # helpers
 # ------------------------------------------------------------------------------------------------------------------
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    # spinning OpenMP threads are pathologically slow on a shared, oversubscribed CPU; one thread is enough here
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def _accelerator():
     from accelerate import Accelerator
 
