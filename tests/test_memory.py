@@ -338,3 +338,16 @@ def test_bad_input():
         index_memory(emb, labels, torch.tensor([0.0, 1.0, 2.0, 3.0]))
     with pytest.raises(ValueError, match="state_dict"):
         RankingMemory(_flat_loss(), 8, 16).load_state_dict({**memory.state_dict(), "labels": torch.zeros(5)})
+
+
+@pytest.mark.parametrize("low", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+def test_low_precision_embeddings_use_a_float32_memory(low):
+    memory = RankingMemory(losses.SupAPLoss(), 8, 32)
+    for step in range(3):
+        emb, labels = _batch(8, seed=step, dtype=torch.float32)
+        emb = emb.to(low).requires_grad_(True)
+        out = memory(emb, labels)
+        out.backward()
+        assert out.dtype == torch.float32 and torch.isfinite(out) and torch.isfinite(emb.grad.float()).all()
+    assert memory.embeddings.dtype == torch.float32
+    torch.testing.assert_close(memory.embeddings[16:24], emb.detach().float(), rtol=0, atol=0)

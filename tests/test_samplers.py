@@ -311,3 +311,20 @@ def test_under_accelerate_prepare_data_loader(split_batches):
         )
         for (x,) in dl:
             _check_hierarchical(x.tolist(), hl, 8, 2)
+
+
+def test_hierarchical_skip_policy_never_samples_small_classes():
+    labels = _h_labels(num_super=3, classes_per_super=5, per_class=4)
+    small = np.isin(labels[:, 0], [0, 7, 12])
+    first = np.zeros_like(small)
+    for c in (0, 7, 12):
+        first[np.flatnonzero(labels[:, 0] == c)[0]] = True
+    labels = labels[~small | first]  # classes 0, 7, 12 keep a single image
+    assert np.bincount(labels[:, 0])[[0, 7, 12]].tolist() == [1, 1, 1]
+    rep = HierarchicalSampler(labels, 8, 2, 2, seed=0, small_classes="replace")
+    skip = HierarchicalSampler(labels, 8, 2, 2, seed=0, small_classes="skip")
+    assert any(set(labels[b, 0].tolist()) & {0, 7, 12} for e in range(5) for b in rep.batches(e))
+    for e in range(5):
+        for b in skip.batches(e):
+            _check_hierarchical(b, labels, 8, 2)
+            assert not set(labels[b, 0].tolist()) & {0, 7, 12} and len(set(b)) == 8
