@@ -3,6 +3,7 @@
 import re
 from pathlib import Path
 
+import pytest
 import torch
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -14,6 +15,7 @@ def _section(name: str) -> str:
     return text[start : text.index(f"<!-- /section:{name} -->")]
 
 
+@pytest.mark.slow
 def test_quickstart_runs(capsys):
     blocks = re.findall(r"```python\n(.*?)```", _section("quickstart"), flags=re.S)
     assert blocks, "the quickstart section must contain a python block"

@@ -23,6 +23,7 @@ def test_hand_computed_case_and_parameters():
     assert loss_fn(emb, torch.tensor([0])).item() == pytest.approx(expected, abs=1e-12)
 
 
+@pytest.mark.slow
 def test_float64_gradcheck_embeddings_and_proxies():
     loss_fn = losses.ClusterLoss(3, 4, temperature=0.5).double()
     emb = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)

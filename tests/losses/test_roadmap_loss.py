@@ -37,6 +37,7 @@ def test_sub_losses_in_loss_dict_and_weights():
     assert isinstance(loss_fn.decomposability_loss, losses.CalibrationLoss)
 
 
+@pytest.mark.slow
 def test_proxy_variant_owns_the_proxies_and_gradchecks():
     loss_fn = losses.ROADMAPLoss("proxy", num_classes=3, embedding_size=4, tau=0.05).double()
     assert [n for n, _ in loss_fn.named_parameters()] == ["decomposability_loss.proxies"]

@@ -13,6 +13,7 @@ def test_is_weighted_sum_of_sup_recall_and_calibration():
     assert total.item() == pytest.approx(expected.item(), abs=1e-12)
 
 
+@pytest.mark.slow
 def test_proxy_variant_and_gradcheck():
     loss_fn = losses.RODRecallLoss(
         k=(1, 2), decomposability="proxy", num_classes=3, embedding_size=4, tau=0.05
