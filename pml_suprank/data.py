@@ -287,7 +287,8 @@ def load_retrieval_dataset(
     Args:
         source: See above.
         label_columns: Label column names, finest first (e.g. ``["fine_label", "coarse_label"]``).
-        split: Split to load (``"train"``, ``"test"``, ...).
+        split: Split to load (``"train"``, ``"test"``, ...); ``"train+test"`` concatenates splits (e.g. CUB-200,
+            whose Hub splits are classification splits of the same classes, with an open-set rule).
         image_column: Image column; default: the first ``Image`` feature, else ``"image"`` / ``"img"``.
         open_set: ``None`` (all classes of ``split``), ``"train"`` or ``"test"``.
         train_classes_per_coarse: Open-set rule, e.g. 3 for CIFAR-100.
@@ -314,9 +315,11 @@ def load_retrieval_dataset(
         raise ValueError("train_classes_per_coarse / train_class_fraction need open_set='train' or 'test'")
 
     splits = _load_splits(source, data_files=data_files, cache_dir=cache_dir, revision=revision, token=token)
-    if split not in splits:
+    parts = [split] if split in splits else [p.strip() for p in str(split).split("+")]
+    unknown = [p for p in parts if p not in splits]
+    if unknown:
         raise ValueError(f"split={split!r} is not in {_describe(source)}; available splits: {sorted(splits)}")
-    ds = splits[split]
+    ds = splits[parts[0]] if len(parts) == 1 else datasets.concatenate_datasets([splits[p] for p in parts])
     if isinstance(ds, datasets.IterableDataset):
         raise ValueError("streaming datasets are not supported: retrieval needs random access (use a map-style one)")
     missing = [c for c in label_columns if c not in ds.column_names]
@@ -357,7 +360,9 @@ def load_retrieval_dataset(
 
     if open_set is not None:
         if train_classes_per_coarse is None and train_class_fraction is None:
-            others = {k: v for k, v in splits.items() if k != split and all(c in v.column_names for c in label_columns)}
+            others = {
+                k: v for k, v in splits.items() if k not in parts and all(c in v.column_names for c in label_columns)
+            }
             for name, other in others.items():
                 check_disjoint_classes(labels, read_labels(other), name=f"{_describe(source)} ({split!r} vs {name!r})")
         else:
