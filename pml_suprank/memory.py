@@ -233,8 +233,12 @@ class RankingMemory(nn.Module):
                 slots = torch.where(torch.arange(B, device=device) >= B - M, slots, torch.full_like(slots, -1))
             self.ptr.fill_((start + B) % M)
         kept = slots >= 0
-        # for repeated slots (duplicate indices) the last row wins, as with sequential writes
         rows = torch.nonzero(kept, as_tuple=True)[0]
+        if self.mode == "index" and rows.numel() > 1:
+            # repeated dataset indices: the last row wins (as sequential writes would), deterministically
+            last = torch.full((M,), -1, dtype=torch.long, device=device)
+            last = last.scatter_reduce(0, slots[rows], rows, reduce="amax")
+            rows = rows[last[slots[rows]] == rows]
         self.embeddings[slots[rows]] = embeddings[rows].to(self.embeddings.dtype)
         self.labels[slots[rows]] = labels[rows].to(self.labels.device)
         self.filled[slots[rows]] = True

@@ -351,3 +351,12 @@ def test_low_precision_embeddings_use_a_float32_memory(low):
         assert out.dtype == torch.float32 and torch.isfinite(out) and torch.isfinite(emb.grad.float()).all()
     assert memory.embeddings.dtype == torch.float32
     torch.testing.assert_close(memory.embeddings[16:24], emb.detach().float(), rtol=0, atol=0)
+
+
+def test_index_memory_duplicate_indices_last_row_wins():
+    memory = RankingMemory(_flat_loss(), 8, 10, mode="index", dtype=torch.float64)
+    emb, labels = _batch(4, seed=0)
+    memory.enqueue(emb, labels, torch.tensor([3, 5, 3, 7]))
+    torch.testing.assert_close(memory.embeddings[3], emb[2], rtol=0, atol=0)
+    torch.testing.assert_close(memory.embeddings[5], emb[1], rtol=0, atol=0)
+    assert memory.filled.nonzero().flatten().tolist() == [3, 5, 7] and int(memory.labels[3]) == int(labels[2])
