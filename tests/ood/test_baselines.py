@@ -222,3 +222,46 @@ def test_from_pretrained_checks_class(tmp_path):
         ood.Mahalanobis.from_pretrained(tmp_path)
     with pytest.raises(ood.NotFittedError):
         ood.KNN().save_pretrained(tmp_path / "x")
+
+
+@pytest.mark.hub
+def test_push_to_hub_and_load_by_repo_id(tmp_path, monkeypatch):
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    uploaded = {}
+
+    class FakeApi:
+        def __init__(self, token=None):
+            pass
+
+        def create_repo(self, repo_id, private=None, exist_ok=False):
+            uploaded["repo"] = repo_id
+
+        def upload_folder(self, repo_id, folder_path, **kwargs):
+            import shutil
+
+            shutil.copytree(folder_path, tmp_path / "remote")
+            return f"https://huggingface.co/{repo_id}"
+
+    def fake_snapshot_download(repo_id, revision=None):
+        assert repo_id == "user/knn-detector"
+        return str(tmp_path / "remote")
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", FakeApi)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
+    det = ood.KNN(k=2).fit(features=torch.rand(6, 3, generator=torch.Generator().manual_seed(0)))
+    assert det.push_to_hub("user/knn-detector").endswith("user/knn-detector")
+    assert uploaded["repo"] == "user/knn-detector"
+    assert sorted(p.name for p in (tmp_path / "remote").iterdir()) == ["config.json", "model.safetensors"]
+    loaded = ood.Detector.from_pretrained("user/knn-detector")
+    x = torch.rand(4, 3)
+    torch.testing.assert_close(loaded.score(features=x), det.score(features=x))
+
+
+def test_detectors_follow_input_device(device):
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(3, 5, generator=g), torch.randn(3, generator=g)
+    z, labels = torch.rand(30, 5, generator=g), torch.arange(30) % 3
+    for det in (ood.Mahalanobis(), ood.KNN(k=3), ood.ViM(dim=2, weight=w, bias=b), ood.DICE(weight=w, bias=b)):
+        det.fit(features=z.to(device), labels=labels.to(device))
+        scores = det.score(features=z.to(device))
+        assert scores.device.type == device.type and scores.shape == (30,)
