@@ -82,62 +82,64 @@ class _WindowSum(torch.autograd.Function):
     """Σ over each pair's window of ``f(s_{q,j} − s_{q,i})``; the windows are recomputed in backward, never saved.
 
     ``f`` is the bare sigmoid ``σ(t/τ)`` (fast path, the caller adds the ``start`` jump from counts) or, when the
-    sigmoid clamp falls inside the window (``δ > 50τ``), the full step ``H⁻``. Pairs are processed as padded
-    ``(pairs, width)`` blocks read from the sorted score lists (``keys``, padded with one spare row), so every element
-    costs a few contiguous vector operations plus one gather; the gradient w.r.t. the window items is accumulated in
-    sorted order and un-permuted once at the end.
+    sigmoid clamp falls inside the window (``δ > 50τ``), the full step ``H⁻``. Pairs (sorted by decreasing window
+    length) are processed as ``(pairs, width)`` blocks read from the sorted score lists: a window shorter than its
+    block is extended to the left, i.e. to items scored even lower (legitimate sigmoid-branch terms, below the
+    truncation threshold) or to ``−inf`` sentinels stored before each list (zero value and derivative). So every
+    element costs a handful of contiguous vector operations plus one gather, without masks; the gradient w.r.t. the
+    window items is accumulated in sorted order and un-permuted once at the end.
     """
 
     @staticmethod
-    def forward(ctx, scores, keys, perms, row_base, lo, lengths, q_idx, i_idx, step, fast, chunk):
+    def forward(ctx, scores, keys, perms, rows, hi, lengths, q_idx, i_idx, step, fast, chunk):
         s_i = scores.detach()[q_idx, i_idx]
-        n = keys.shape[-1]
-        keys_flat = torch.cat([keys.reshape(-1), keys.new_zeros(n)])  # spare row: padded reads stay in bounds
+        num_lists, bsz, n = keys.shape
+        pad = int(lengths[0])  # the longest window
+        sentinels = torch.full((num_lists, bsz, pad), float("-inf"), dtype=keys.dtype, device=keys.device)
+        keys_ext = torch.cat([sentinels, keys], dim=2).reshape(-1)
+        ends = rows * (n + pad) + pad + hi  # flat end (exclusive) of every window
         out = torch.zeros_like(s_i)
         for m0, m1, width in _chunks(lengths, chunk):
-            t, _ = _window_block(keys_flat, row_base, lo, lengths, s_i, m0, m1, width)
-            value = torch.sigmoid(t * (1.0 / step.tau)) if fast else step.value(t)
-            if not fast:
-                value = torch.where(torch.isfinite(t), value, 0.0)
+            t, _ = _window_block(keys_ext, ends, s_i, m0, m1, width)
+            if fast:
+                value = torch.sigmoid(t * (1.0 / step.tau))
+            else:
+                value = torch.where(torch.isfinite(t), step.value(t), 0.0)
             out[m0:m1] = value.sum(1)
-        ctx.save_for_backward(scores, keys_flat, perms, row_base, lo, lengths, q_idx, i_idx)
-        ctx.step, ctx.fast, ctx.chunk, ctx.shape = step, fast, chunk, keys.shape
+        ctx.save_for_backward(scores, keys_ext, perms, ends, lengths, q_idx, i_idx)
+        ctx.step, ctx.fast, ctx.chunk, ctx.shape = step, fast, chunk, (num_lists, bsz, n, pad)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        scores, keys_flat, perms, row_base, lo, lengths, q_idx, i_idx = ctx.saved_tensors
+        scores, keys_ext, perms, ends, lengths, q_idx, i_idx = ctx.saved_tensors
         step = ctx.step
         s_i = scores.detach()[q_idx, i_idx]
-        grad_sorted = torch.zeros_like(keys_flat)
+        grad_sorted = torch.zeros_like(keys_ext)
         grad_i = torch.zeros_like(s_i)
         for m0, m1, width in _chunks(lengths, ctx.chunk):
-            t, flat_pos = _window_block(keys_flat, row_base, lo, lengths, s_i, m0, m1, width)
+            t, flat_pos = _window_block(keys_ext, ends, s_i, m0, m1, width)
             if ctx.fast:
                 sig = torch.sigmoid(t * (1.0 / step.tau))
-                w = sig * (1.0 - sig) * (grad_out[m0:m1, None] * (1.0 / step.tau))
+                w = (sig - sig * sig) * (grad_out[m0:m1, None] * (1.0 / step.tau))
             else:
-                d = torch.where(torch.isfinite(t), step.derivative(t), 0.0)
-                w = d * grad_out[m0:m1, None]
+                w = torch.where(torch.isfinite(t), step.derivative(t), 0.0) * grad_out[m0:m1, None]
             grad_i[m0:m1] = -w.sum(1)
             grad_sorted = grad_sorted.index_add(0, flat_pos.reshape(-1), w.reshape(-1))
-        num_levels, bsz, n = ctx.shape
-        grad_sorted = grad_sorted[: num_levels * bsz * n].view(num_levels, bsz, n)
+        num_lists, bsz, n, pad = ctx.shape
+        grad_sorted = grad_sorted.view(num_lists, bsz, n + pad)[:, :, pad:]
         grad = torch.zeros_like(scores)
-        for l in range(num_levels):  # un-permute: sorted position -> reference column
+        for l in range(num_lists):  # un-permute: sorted position -> reference column
             grad = grad.scatter_add(1, perms[l], grad_sorted[l])
         grad = grad.index_put((q_idx, i_idx), grad_i, accumulate=True)
         return grad, None, None, None, None, None, None, None, None, None, None
 
 
-def _window_block(keys_flat, row_base, lo, lengths, s_i, m0, m1, width):
-    """Score differences ``t`` ``(k, width)`` of the window items of pairs ``m0..m1`` (``−inf`` in the padding, so
-    that the sigmoid and its derivative vanish there) and their flat sorted positions."""
-    ar = torch.arange(width, device=keys_flat.device)
-    flat_pos = (row_base[m0:m1] + lo[m0:m1])[:, None] + ar
-    t = keys_flat.take(flat_pos) - s_i[m0:m1, None]
-    t = torch.where(ar < lengths[m0:m1, None], t, float("-inf"))
-    return t, flat_pos
+def _window_block(keys_ext, ends, s_i, m0, m1, width):
+    """Score differences ``t`` ``(k, width)`` of the ``width`` sorted items ending each window of pairs ``m0..m1``,
+    and their flat positions."""
+    flat_pos = (ends[m0:m1] - width)[:, None] + torch.arange(width, device=keys_ext.device)
+    return keys_ext.take(flat_pos) - s_i[m0:m1, None], flat_pos
 
 
 def _last_within(s: Tensor, delta: float) -> Tensor:
@@ -243,16 +245,16 @@ def hierarchical_ranks(
             rank64 = rank64 + torch.where(at_l, step.start * n_up.to(acc), 0.0)
         q_idx, i_idx = torch.nonzero(length > 0, as_tuple=True)
         if q_idx.numel():
-            row_base = ((l - 1) * bsz + q_idx) * n
-            pair_lists.append((q_idx, i_idx, row_base, lo[q_idx, i_idx], length[q_idx, i_idx]))
+            rows = (l - 1) * bsz + q_idx  # row of the stacked sorted lists A_1..A_L
+            pair_lists.append((q_idx, i_idx, rows, hi[q_idx, i_idx], length[q_idx, i_idx]))
 
     if pair_lists:
-        q_idx, i_idx, row_base, lo_idx, lengths = (torch.cat(x) for x in zip(*pair_lists))
+        q_idx, i_idx, rows, hi_idx, lengths = (torch.cat(x) for x in zip(*pair_lists))
         order = torch.argsort(lengths, descending=True)  # similar widths per block: little padding
-        q_idx, i_idx, row_base, lo_idx, lengths = (x[order] for x in (q_idx, i_idx, row_base, lo_idx, lengths))
+        q_idx, i_idx, rows, hi_idx, lengths = (x[order] for x in (q_idx, i_idx, rows, hi_idx, lengths))
         keys = torch.stack(sorted_keys[:L])
         window = _WindowSum.apply(
-            scores, keys, torch.stack(perms[:L]), row_base, lo_idx, lengths, q_idx, i_idx, step, fast, int(chunk_size)
+            scores, keys, torch.stack(perms[:L]), rows, hi_idx, lengths, q_idx, i_idx, step, fast, int(chunk_size)
         )
         flat_idx = q_idx * n + i_idx
         rank64 = (rank64.reshape(-1).index_add(0, flat_idx, window.to(acc))).view(bsz, n)
