@@ -17,14 +17,19 @@ A dense implementation materialises ``B × N × N`` tensors. Here every quantity
 * Heaviside counts and the ``min(rel)``-weighted ``H-rank⁺`` are per-level counts obtained with ``searchsorted``;
 * the linear branch ``ρ·(t − δ) + offset`` of H⁻ and the piecewise-linear ``H_s^>`` are prefix sums of the sorted
   scores (differentiable through ``gather``/``cumsum``, accumulated in float64);
+* the jump ``start`` on ``(0, δ]`` is a count;
 * only the sigmoid branch of H⁻ (``t ∈ [t_lo, δ]``) needs pairs. Its pairs are contiguous windows of the sorted
   lists; they are enumerated in chunks inside a custom :class:`torch.autograd.Function` that recomputes them in
   backward instead of saving them.
 
-Cost: ``O(L · B · N log N)`` plus the window work ``Σ_{(b,i)} |window(b, i)|``; extra memory ``O(L · B · N)`` plus
-one chunk. ``t_lo = −τ · min(50, log(N / eps))``: below it the sigmoid contributes less than ``eps`` (the dtype's
-machine epsilon) to any rank in total, so those pairs are skipped (the reference's clamp makes them constant
-``σ(−50) ≈ 2e−22`` with zero gradient anyway).
+Branch boundaries are decided exactly as an elementwise evaluation of ``t = s_j − s_i`` would (``t > 0`` ⇔
+``s_j > s_i``; the ``δ`` threshold is searched with :func:`_last_within`), so ties and boundary cases match the
+dense definition. Cost: ``O(L · B · N log N)`` plus the window work ``Σ_{(b,i)} |window(b, i)|``; extra memory
+``O(L · B · N)`` plus one chunk. ``t_lo = −τ · min(50, log(N / eps))``: below it the sigmoid contributes less than
+``eps`` (the dtype's machine epsilon) to any rank in total, so such pairs may be skipped (the reference's clamp
+makes them constant ``σ(−50) ≈ 2e−22`` with zero gradient). The window work dominates when many scores lie within
+``|t_lo|`` of each other (an untrained network); it is then ``O(Σ_q P_q · N)`` like a flat SupAP kernel, still
+without any ``B × N × N`` tensor.
 """
 
 from __future__ import annotations
