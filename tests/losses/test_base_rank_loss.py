@@ -114,3 +114,24 @@ def test_extension_contract_with_subclass():
     assert combined.item() == pytest.approx(0.5 * plain.item() + 0.5 * losses.CalibrationLoss()(emb, labels).item())
     combined.backward()
     assert torch.isfinite(emb.grad).all()
+
+
+@pytest.mark.parametrize("low", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("make", ALL + [lambda: losses.ClusterLoss(2, 4)], ids=IDS + ["Cluster"])
+def test_mixed_precision_gives_finite_float32_loss(make, low):
+    emb, labels = _batch()
+    e = emb.to(low).requires_grad_(True)
+    loss = make()(e, labels)
+    assert loss.dtype == torch.float32 and torch.isfinite(loss)
+    loss.backward()
+    assert e.grad.dtype == low and torch.isfinite(e.grad.float()).all()
+
+
+@pytest.mark.parametrize("make", ALL, ids=IDS)
+def test_no_positive_gives_connected_zero(make):
+    emb = torch.nn.functional.normalize(torch.randn(4, 4), dim=1).requires_grad_(True)
+    loss = make()(emb, torch.arange(4))
+    combined = isinstance(make(), (losses.CalibrationLoss, losses.ROADMAPLoss, losses.RODRecallLoss))
+    assert combined or loss.item() == 0.0  # combined losses keep their (negative-pair) decomposability term
+    loss.backward()
+    assert emb.grad is not None and torch.isfinite(emb.grad).all()
