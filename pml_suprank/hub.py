@@ -58,17 +58,13 @@ LIBRARY_NAME = "pml-suprank"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 REPO_URL = "https://github.com/pml-suprank/pml-suprank"
 
-_PAPERS = {
-    "ROADMAPLoss": (
-        "Optimization of Rank Losses for Image Retrieval (Ramzi et al., TPAMI)",
-        "https://arxiv.org/abs/2309.08250",
-    ),
-    "HAPPIERLoss": (
-        "Hierarchical Average Precision Training for Pertinent Image Retrieval (Ramzi et al., ECCV 2022)",
-        "https://arxiv.org/abs/2207.04873",
-    ),
-}
-_DEFAULT_PAPER = _PAPERS["ROADMAPLoss"]
+_TPAMI = ("Optimization of Rank Losses for Image Retrieval (Ramzi et al., TPAMI)", "https://arxiv.org/abs/2309.08250")
+_ECCV = (
+    "Hierarchical Average Precision Training for Pertinent Image Retrieval (Ramzi et al., ECCV 2022)",
+    "https://arxiv.org/abs/2207.04873",
+)
+_PAPERS = {"HAPPIER": _ECCV, "HAPPIERLoss": _ECCV, "SupHAPLoss": _ECCV}
+_DEFAULT_PAPER = _TPAMI
 
 # display names of the metric keys of pml_suprank.metrics.RetrievalEvaluator
 _METRIC_NAMES = {
@@ -77,8 +73,17 @@ _METRIC_NAMES = {
     "asi": "ASI",
     "ap": "mAP",
     "map_at_r": "mAP@R",
-    "precision_at_1": "P@1",
+    "r_precision": "R-precision",
+    "sum_w_ap": "ΣwAP",
 }
+# shown first in the card and listed in its metadata; the other rates follow in a collapsed table
+_HEADLINE = ("h_ap", "ndcg", "asi", "ap", "map_at_r", "recall_at_1")
+_METRIC_PATTERNS = (
+    ("true_recall_at_", "true recall@{}"),
+    ("recall_at_", "R@{}"),
+    ("precision_at_", "P@{}"),
+    ("map_at_", "mAP@{}"),
+)
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
@@ -249,16 +254,28 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def _metric_label(key: str) -> str:
-    if key in _METRIC_NAMES:
-        return _METRIC_NAMES[key]
-    if key.startswith("recall_at_"):
-        return f"R@{key[len('recall_at_') :]}"
-    if key.startswith("ap_level"):
-        return f"AP (level {key[len('ap_level') :]})"
-    if key.startswith("map_at_r_level"):
-        return f"mAP@R (level {key[len('map_at_r_level') :]})"
-    return key
+def _metric_label(key: str, label_names: Sequence[str] | None = None) -> str:
+    """Display name of an evaluator key, e.g. ``recall_at_1_level1`` → ``R@1 (coarse_label)``."""
+    base, level = key, None
+    if "_level" in key:
+        head, _, tail = key.rpartition("_level")
+        if tail.isdigit():
+            base, level = head, int(tail)
+    name = _METRIC_NAMES.get(base)
+    if name is None and base == "ap":
+        name = "AP"
+    if name is None:
+        for prefix, fmt in _METRIC_PATTERNS:
+            if base.startswith(prefix):
+                name = fmt.format(base[len(prefix) :])
+                break
+    name = name or base
+    if level is not None:
+        if base == "ap":
+            name = "AP"
+        where = label_names[level] if label_names and level < len(label_names) else f"level {level}"
+        name = f"{name} ({where})"
+    return name
 
 
 def generate_model_card(
@@ -295,13 +312,18 @@ def generate_model_card(
     for t in [*(hub.get("tags") or []), loss]:
         if t and str(t) not in tags:
             tags.append(str(t))
-    metric_keys = list(dict.fromkeys([*metrics, *paper_results]))
+    counts = {k: v for k, v in metrics.items() if k.startswith("num_")}
+    rates = {k: v for k, v in metrics.items() if k not in counts}
+    main_keys = [k for k in _HEADLINE if k in rates or k in paper_results]
+    main_keys += [k for k in paper_results if k not in main_keys]
+    other_keys = [k for k in rates if k not in main_keys]
+    metric_keys = main_keys + other_keys
     card_data = ModelCardData(
         library_name=LIBRARY_NAME,
         license=hub.get("license"),
         tags=tags,
         datasets=datasets or None,
-        metrics=metric_keys or None,
+        metrics=main_keys or None,
         pipeline_tag="image-feature-extraction",
         model_name=repo_id,
     )
@@ -338,6 +360,7 @@ def generate_model_card(
         lines.append(f"| hub_config | `{training['hub_config']}` |")
     lines.append("")
 
+    label_names = training.get("label_names")
     if metric_keys:
         lines += [
             "## Results",
@@ -348,10 +371,16 @@ def generate_model_card(
             "| metric | this model | paper |",
             "|---|---|---|",
         ]
-        for k in metric_keys:
-            ours = 100.0 * metrics[k] if k in metrics else None
-            lines.append(f"| {_metric_label(k)} | {_fmt(ours)} | {_fmt(paper_results.get(k))} |")
+        for k in main_keys:
+            ours = 100.0 * rates[k] if k in rates else None
+            lines.append(f"| {_metric_label(k, label_names)} | {_fmt(ours)} | {_fmt(paper_results.get(k))} |")
         lines.append("")
+        if "num_queries" in counts:
+            lines += [f"Evaluated with {int(counts['num_queries'])} queries.", ""]
+        if other_keys:
+            lines += ["<details><summary>All metrics</summary>", "", "| metric | this model |", "|---|---|"]
+            lines += [f"| {_metric_label(k, label_names)} | {_fmt(100.0 * rates[k])} |" for k in other_keys]
+            lines += ["", "</details>", ""]
     if plots:
         lines += ["## Plots", ""]
         for p in plots:

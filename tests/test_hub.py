@@ -200,7 +200,11 @@ def test_model_card_metadata_results_and_plots(model, tmp_path):
         "hub": {"tags": ["happier"], "license": "mit", "paper_results": {"h_ap": 44.0, "recall_at_1": 70.1}},
     }
     out = model.save_pretrained(
-        tmp_path / "m", metrics={"h_ap": 0.4567, "ndcg": 0.8}, hub_config=hub_config, plots=[plot], repo_id="org/m"
+        tmp_path / "m",
+        metrics={"h_ap": 0.4567, "ndcg": 0.8, "recall_at_1_level1": 0.9, "num_queries": 100},
+        hub_config=hub_config,
+        plots=[plot],
+        repo_id="org/m",
     )
     card = ModelCard.load(out / "README.md")
     data = card.data.to_dict()
@@ -214,6 +218,10 @@ def test_model_card_metadata_results_and_plots(model, tmp_path):
     assert "| NDCG | 80.00 | – |" in text
     assert "| R@1 | – | 70.10 |" in text
     assert "![pr_curve](plots/pr_curve.png)" in text
+    # counts are reported as such, other rates in a collapsed table with the level named by its label column
+    assert "Evaluated with 100 queries." in text and "num_queries" not in text
+    assert "<details>" in text and "| R@1 (coarse_label) | 90.00 |" in text
+    assert "Hierarchical Average Precision Training" in text  # the HAPPIER paper for a HAPPIER model
     assert (out / "plots" / "pr_curve.png").is_file()
     assert json.loads((out / "config.json").read_text())["training"]["hub_config"] == "happier_cifar100"
 
