@@ -53,6 +53,9 @@ class CalibrationLoss(BaseMetricLossFunction):
         average = check_choice("average", average, ("active", "all"))
         if not isinstance(include_self, bool):
             raise TypeError(f"include_self must be a bool; got {type(include_self).__name__} {include_self!r}")
+        # with the default "active" reduction, pairs with a zero loss cannot change the value: they are never built,
+        # which keeps a memory of N items at O(B·N) bools instead of O(B·N) index pairs
+        self._prune_inactive = kwargs.get("reducer") is None and average == "active"
         if kwargs.get("reducer") is None:
             kwargs["reducer"] = AvgNonZeroReducer() if average == "active" else MeanReducer()
         super().__init__(**kwargs)
@@ -89,8 +92,12 @@ class CalibrationLoss(BaseMetricLossFunction):
             indices_tuple=indices_tuple,
         )
         same = labels.unsqueeze(1) == ref_labels.unsqueeze(0)
+        pos, neg = valid & same, valid & ~same
+        if self._prune_inactive:
+            pos = pos & (scores.detach() < self.pos_margin)
+            neg = neg & (scores.detach() > self.neg_margin)
         out = {}
-        for name, mask, kind in (("pos_loss", valid & same, "pos_pair"), ("neg_loss", valid & ~same, "neg_pair")):
+        for name, mask, kind in (("pos_loss", pos, "pos_pair"), ("neg_loss", neg, "neg_pair")):
             a, j = torch.nonzero(mask, as_tuple=True)
             if len(a) == 0:
                 out[name] = self.zero_loss()
