@@ -209,21 +209,22 @@ class BaseRankLoss(BaseMetricLossFunction):
        ``inputs.labels``/``inputs.ref_labels`` the labels as given. Return the per-query losses ``(Q,)`` of the
        queries you keep (those with at least one positive / relevant item) and their row indices ``(Q,)`` long.
        They are reduced by the loss's PML reducer (``MeanReducer`` by default, i.e. the mean over kept queries).
-       Use :func:`pml_suprank.ranking.pairwise_step_sum` for ranks: it is ``O(pairs × N)`` in time and never saves
-       ``pairs × N`` tensors for backward.
+       For ranks use :mod:`pml_suprank.ranking`: ``suprank_negative_sum`` / ``heaviside_positive_count`` /
+       ``sigmoid_rank_sums`` (flat, fast) or the general ``pairwise_step_sum`` (any step, pair-dependent masks);
+       they are ``O(pairs × N)`` in time and never save ``pairs × N`` tensors for backward.
     2. Hierarchical losses set the class attribute ``allow_2d_labels = True`` to accept ``(N, L)`` labels
        (column 0 = finest); the base validates them and passes them through unchanged.
-    3. Combined losses (``(1 − λ)·rank loss + λ·decomposability loss``) call
-       :meth:`set_decomposability` in ``__init__`` **before** ``super().__init__`` returns the reducer — i.e. pass
-       ``decomposability=`` / ``decomposability_weight=`` / ``num_classes=`` / ``embedding_size=`` to this
-       constructor. The loss dict then has two entries, ``"rank_loss"`` (element-wise, weighted by ``1 − λ``) and
-       ``"decomposability_loss"`` (already reduced, weighted by ``λ``); otherwise a single ``"loss"`` entry.
-       The decomposability term uses the finest labels (column 0 of 2-D labels).
+    3. Combined losses (``(1 − λ)·rank loss + λ·decomposability loss``) pass ``decomposability=`` (``"calibration"``,
+       ``"proxy"`` or a loss module), ``decomposability_weight=``, and for proxies ``num_classes=`` /
+       ``embedding_size=`` to this constructor. The loss dict then has two entries: ``"rank_loss"`` (element-wise,
+       weighted by ``1 − λ``) and ``"decomposability_loss"`` (already reduced, weighted by ``λ``); otherwise a
+       single ``"loss"`` entry. The decomposability term uses the finest labels (column 0 of 2-D labels).
 
     Args:
         include_self: keep the query as its own positive when the reference set is the batch (reference code).
         decomposability: ``None``, ``"calibration"`` (L_DG, ROADMAP Eq. 7), ``"proxy"`` (L_DG*, Eq. 8), or an
-            ``nn.Module`` loss called as ``module(embeddings, fine_labels)``.
+            ``nn.Module`` loss, called as ``module(embeddings, fine_labels, indices_tuple[, ref_emb, ref_fine_labels])``
+            (or ``module(embeddings, fine_labels)`` when it has ``uses_reference_set = False``, like ClusterLoss).
         decomposability_weight: ``λ`` in ``[0, 1]``.
         num_classes, embedding_size: needed by ``decomposability="proxy"``.
         **kwargs: passed to ``BaseMetricLossFunction`` (``distance``, ``reducer``, ``embedding_regularizer``, ...).
