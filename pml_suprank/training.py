@@ -154,7 +154,6 @@ class TrainingConfig:
     num_workers: int = 0
     log_every: int = 10
     stop_after_steps: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_choice("optimizer", self.optimizer, get_args(OptimizerType))
@@ -430,14 +429,16 @@ class LossModule(nn.Module):
     def forward(self, images: Tensor, labels: Tensor, indices: Tensor | None = None) -> Tensor:
         embeddings = self.model(images).float()
         labels = labels if self.hierarchical_labels else labels[:, 0]
-        if self.memory is not None:  # RankingMemory gathers the global batch itself under torch.distributed
-            return self.memory(embeddings, labels, indices)
-        if self.distributed:
-            from . import distributed as dist_utils
+        # mixed precision applies to the network; the rank loss runs in float32 (sigmoids of score differences / τ)
+        with torch.autocast(device_type=embeddings.device.type, enabled=False):
+            if self.memory is not None:  # RankingMemory gathers the global batch itself under torch.distributed
+                return self.memory(embeddings, labels, indices)
+            if self.distributed:
+                from . import distributed as dist_utils
 
-            embeddings = dist_utils.all_gather_with_grad(embeddings)
-            labels = dist_utils.all_gather(labels)
-        return self.loss(embeddings, labels)
+                embeddings = dist_utils.all_gather_with_grad(embeddings)
+                labels = dist_utils.all_gather(labels)
+            return self.loss(embeddings, labels)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -602,6 +603,7 @@ class Trainer:
         self._eval_loader: DataLoader | None = None
         self.last_embeddings: tuple[Tensor, Tensor, Tensor] | None = None
         self.first_embeddings: tuple[Tensor, Tensor, Tensor] | None = None  # e.g. before training, for the plots
+        self.finished = False
 
     # -- construction helpers -----------------------------------------------------------------------------------
     def _build_sampler(self, num_replicas: int, rank: int) -> Any:

@@ -38,9 +38,6 @@ TRAINING_KEYS = (
     "k_values", "alpha", "checkpoint_every", "keep_checkpoints", "num_workers", "log_every", "stop_after_steps",
 )  # fmt: skip
 
-# keys of a hub_config YAML that are metadata, not options (kept for the model card)
-METADATA_KEYS = ("name", "description", "paper", "paper_results", "hub", "model_card", "tags", "license", "notes")
-
 
 def str2bool(value: str) -> bool:
     if isinstance(value, bool):
@@ -134,6 +131,38 @@ def add_common_arguments(parser: argparse.ArgumentParser, defaults: dict[str, An
         help="area range of the RandomResizedCrop (reference: 0.16 1.0)",
     )
 
+    g.add_argument(
+        "--open_set",
+        type=str2bool,
+        default=False,
+        help="Hub/local data: make train and test fine classes disjoint (error if they overlap)",
+    )
+    g.add_argument(
+        "--train_classes_per_coarse",
+        type=int,
+        default=None,
+        help="open-set rule: the first N fine classes of every coarse class are for training",
+    )
+    g.add_argument(
+        "--train_class_fraction",
+        type=float,
+        default=None,
+        help="open-set rule: this fraction of the fine classes is for training",
+    )
+
+    g = parser.add_argument_group("loss (SupRank H⁻ and decomposability)")
+    g.add_argument("--decomposability_weight", type=float, default=0.1, help="λ of the decomposability term")
+    g.add_argument("--tau", type=float, default=0.01, help="SupRank sigmoid temperature τ")
+    g.add_argument("--rho", type=float, default=100.0, help="SupRank slope ρ of the linear branch")
+    g.add_argument("--delta", type=float, default=None, help="SupRank δ (default: the loss default 0.05)")
+    g.add_argument("--start", type=float, default=None, help="SupRank start of the linear branch (default 0.5)")
+    g.add_argument(
+        "--offset",
+        type=float,
+        default=None,
+        help="SupRank offset (default: the continuous σ(δ/τ) + start; the SOP reference uses 1.44)",
+    )
+
     g = parser.add_argument_group("model")
     g.add_argument("--backbone", type=str, default=defaults["backbone"], help="any timm model name")
     g.add_argument("--pretrained", type=str2bool, default=False, help="load timm pretrained weights (downloads)")
@@ -165,6 +194,8 @@ def add_common_arguments(parser: argparse.ArgumentParser, defaults: dict[str, An
         help="learning rate of the loss proxies (ClusterLoss)",
     )
     g.add_argument("--weight_decay", type=float, default=defaults["weight_decay"], help="weight decay")
+    g.add_argument("--proxies_weight_decay", type=float, default=0.0, help="weight decay of the loss proxies")
+    g.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (Nesterov)")
     g.add_argument("--scheduler", type=str, default="cosine", choices=["cosine", "constant"], help="lr schedule")
     g.add_argument("--min_lr_ratio", type=float, default=0.0, help="final lr of the cosine as a fraction")
     g.add_argument(
@@ -186,73 +217,40 @@ def add_common_arguments(parser: argparse.ArgumentParser, defaults: dict[str, An
 def parse_with_config(
     parser: argparse.ArgumentParser, argv: list[str] | None = None
 ) -> tuple[argparse.Namespace, dict[str, Any]]:
-    """Parse ``argv``; values of ``--config`` YAML become defaults that explicit flags override (timm ``train.py``).
-
-    The YAML may be flat (option names as keys) or grouped in sections (``model:``, ``data:``, ``training:``,
-    ``loss:``, ``optimizer:``...), which are flattened; metadata keys (``paper_results``, ``hub``...) are returned
-    separately for the model card. Unknown option keys raise a clear error.
+    """Parse ``argv``; the options of a ``--config`` hub_config become defaults that explicit flags override (as
+    timm's ``train.py``). The hub_config is read and validated by :func:`pml_suprank.hub_config.load_hub_config`
+    (``name``, ``hub`` and ``loss.name`` are metadata; every other key is a recipe option). Returns the parsed
+    arguments and the hub_config (``{}`` without ``--config``) for the model card.
     """
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config", type=str, default=None)
     known, _ = pre.parse_known_args(argv)
     hub_config: dict[str, Any] = {}
     if known.config:
-        hub_config = load_config(known.config)
+        from pml_suprank.hub_config import flat_options
+
+        try:
+            hub_config = load_config(known.config)
+        except (ValueError, FileNotFoundError) as e:
+            parser.error(f"--config: {e}")
+        options = flat_options(hub_config)
         valid = {a.dest for a in parser._actions}
-        options: dict[str, Any] = {}
-        for key, value in _flatten(hub_config).items():
-            if key in valid:
-                options[key] = value
-        unknown = sorted(set(_flatten(hub_config)) - valid - set(METADATA_KEYS))
+        unknown = sorted(set(options) - valid)
         if unknown:
-            parser.error(f"--config {known.config}: unknown option(s) {unknown}; valid: {sorted(valid)}")
+            parser.error(f"--config {known.config}: option(s) {unknown} are not options of this recipe")
+        loss_name = (hub_config.get("loss") or {}).get("name")
+        if loss_name is not None and "loss" in valid:
+            options["loss"] = loss_name
         parser.set_defaults(**options)
     args = parser.parse_args(argv)
     return args, hub_config
 
 
 def load_config(path: str) -> dict[str, Any]:
-    """Read a YAML hub_config (through ``pml_suprank.hub`` when it offers a loader, else plain ``yaml``)."""
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"--config: no such file {path!r}")
-    try:
-        from pml_suprank.hub_config import load_hub_config as loader
-    except ImportError:  # the hub_config module is optional: plain YAML then
-        loader = None
-    if loader is not None:
-        cfg = loader(str(p))
-    else:
-        import yaml
+    """Read and validate a hub_config YAML (a path, or a bare name looked up in ``hub_configs/``)."""
+    from pml_suprank.hub_config import load_hub_config
 
-        cfg = yaml.safe_load(p.read_text()) or {}
-    if not isinstance(cfg, dict):
-        raise ValueError(f"--config {path!r} must hold a YAML mapping; got {type(cfg).__name__}")
-    return dict(cfg)
-
-
-_SECTIONS = (
-    "model",
-    "data",
-    "training",
-    "train",
-    "optimizer",
-    "scheduler",
-    "loss",
-    "sampler_options",
-    "evaluation",
-    "memory",
-)
-
-
-def _flatten(cfg: dict[str, Any]) -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in cfg.items():
-        if key in _SECTIONS and isinstance(value, dict):
-            flat.update(_flatten(value))
-        elif key not in METADATA_KEYS:
-            flat[key] = value
-    return flat
+    return load_hub_config(path)
 
 
 def make_accelerator(args: argparse.Namespace, find_unused_parameters: bool) -> Any:
@@ -294,9 +292,37 @@ def build_datasets(args: argparse.Namespace, model: Any) -> tuple[Any, Any]:
         raise RuntimeError("this pml_suprank has no data.load_retrieval_dataset; only --dataset synthetic works")
     if not args.label_columns:
         raise ValueError(f"--label_columns is required with --dataset {args.dataset!r} (e.g. fine_label,coarse_label)")
-    train = loader(args.dataset, args.label_columns, split=args.train_split, transform=train_tf)
-    test = loader(args.dataset, args.label_columns, split=args.test_split, transform=test_tf)
+    rules = {
+        k: getattr(args, k)
+        for k in ("train_classes_per_coarse", "train_class_fraction")
+        if getattr(args, k) is not None
+    }
+    train = loader(
+        args.dataset,
+        args.label_columns,
+        split=args.train_split,
+        transform=train_tf,
+        open_set="train" if args.open_set else None,
+        **rules,
+    )
+    test = loader(
+        args.dataset,
+        args.label_columns,
+        split=args.test_split,
+        transform=test_tf,
+        open_set="test" if args.open_set else None,
+        **rules,
+    )
     return train, test
+
+
+def suprank_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """SupRank H⁻ options given on the command line or by the hub_config (unset ones keep the loss defaults)."""
+    out: dict[str, Any] = {"tau": args.tau, "rho": args.rho}
+    for k in ("delta", "start", "offset"):
+        if getattr(args, k, None) is not None:
+            out[k] = getattr(args, k)
+    return out
 
 
 def build_model(args: argparse.Namespace) -> Any:
@@ -333,7 +359,9 @@ def run(
     from pml_suprank.training import Trainer, format_metrics_table
 
     t_start = time.perf_counter()
-    accelerator = make_accelerator(args, find_unused_parameters=args.warmup_epochs > 0)
+    # parameters without a gradient in some steps (frozen backbone during the warm-up, frozen BatchNorm) need DDP's
+    # find_unused_parameters
+    accelerator = make_accelerator(args, find_unused_parameters=args.warmup_epochs > 0 or args.freeze_batch_norm)
     set_seed(args.seed)  # the model initialisation (the package itself never seeds global RNGs)
     model = build_model(args)
     train_ds, test_ds = build_datasets(args, model)

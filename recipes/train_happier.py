@@ -47,26 +47,27 @@ def make_loss(args: argparse.Namespace, num_classes: int, embedding_size: int, t
     # New Code #
     # HAPPIER takes the 2-D labels (N, L) of the batch (column 0 finest); the proxies of its ClusterLoss are
     # parameters of the loss and get their own optimizer group (lr_proxies) in pml_suprank.training.
-    return losses.HAPPIERLoss(
-        num_classes=num_classes,
-        embedding_size=embedding_size,
-        alpha=args.alpha,
-        decomposability_weight=args.decomposability_weight,
-        tau=args.tau,
-        rho=args.rho,
-    )
+    # ROD-NDCG (Sup-NDCG + ClusterLoss) trains the same way (hub_configs/rod_ndcg_sop.yaml).
+    common_kwargs = {"decomposability_weight": args.decomposability_weight, **common.suprank_kwargs(args)}
+    if args.loss == "ROD-NDCG":
+        return losses.RODNDCGLoss(num_classes=num_classes, embedding_size=embedding_size, **common_kwargs)
+    return losses.HAPPIERLoss(num_classes=num_classes, embedding_size=embedding_size, alpha=args.alpha, **common_kwargs)
 
 
 def main(argv: list[str] | None = None) -> dict | None:
     parser = argparse.ArgumentParser(description="Train a retrieval model with HAPPIER (hierarchical AP).")
     common.add_common_arguments(parser, DEFAULTS)
     g = parser.add_argument_group("HAPPIER loss")
+    g.add_argument(
+        "--loss",
+        type=str,
+        default="HAPPIER",
+        choices=["HAPPIER", "ROD-NDCG"],
+        help="HAPPIER (Sup-H-AP + ClusterLoss) or ROD-NDCG (Sup-NDCG + ClusterLoss)",
+    )
     g.add_argument("--alpha", type=float, default=1.0, help="H-AP relevance exponent (α > 1: HAPPIER_F)")
-    g.add_argument("--decomposability_weight", type=float, default=0.1, help="λ of the ClusterLoss term")
-    g.add_argument("--tau", type=float, default=0.01, help="SupRank sigmoid temperature τ")
-    g.add_argument("--rho", type=float, default=100.0, help="SupRank linear slope ρ")
     args, hub_config = common.parse_with_config(parser, argv)
-    return common.run(args, hub_config, make_loss, loss_name="HAPPIER", hierarchical_labels=True)
+    return common.run(args, hub_config, make_loss, loss_name=args.loss, hierarchical_labels=True)
 
 
 if __name__ == "__main__":

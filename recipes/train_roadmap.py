@@ -52,8 +52,7 @@ def make_loss(args: argparse.Namespace, num_classes: int, embedding_size: int, t
     return losses.ROADMAPLoss(
         decomposability=args.decomposability,
         decomposability_weight=args.decomposability_weight,
-        tau=args.tau,
-        rho=args.rho,
+        **common.suprank_kwargs(args),
         **kwargs,
     )
 
@@ -62,6 +61,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     parser = argparse.ArgumentParser(description="Train a retrieval model with ROADMAP (SupAP + L_DG).")
     common.add_common_arguments(parser, DEFAULTS)
     g = parser.add_argument_group("ROADMAP loss")
+    g.add_argument("--loss", type=str, default="ROADMAP", choices=["ROADMAP"], help="the loss of this recipe")
     g.add_argument(
         "--decomposability",
         type=str,
@@ -69,9 +69,6 @@ def main(argv: list[str] | None = None) -> dict | None:
         choices=["calibration", "proxy"],
         help="L_DG on pairs (NeurIPS 2021) or ClusterLoss proxies (SupRank, TPAMI)",
     )
-    g.add_argument("--decomposability_weight", type=float, default=0.1, help="λ of the decomposability term")
-    g.add_argument("--tau", type=float, default=0.01, help="SupRank sigmoid temperature τ")
-    g.add_argument("--rho", type=float, default=100.0, help="SupRank linear slope ρ")
     args, hub_config = common.parse_with_config(parser, argv)
     return common.run(args, hub_config, make_loss, loss_name="ROADMAP", hierarchical_labels=False)
 
