@@ -30,6 +30,7 @@ CONFIGS = {
     "memory_ROADMAP": "RankingMemory(ROADMAPLoss(), mode='index') (SupAP + calibration L_DG)",
     "memory_HAPPIER": "RankingMemory(HAPPIERLoss(), mode='index'), 2-level labels (SOP-like 12 super-classes)",
     "memory_SupAP_fifo": "RankingMemory(SupAPLoss(), mode='fifo'), full queue",
+    "memory_SupAP_fifo_get_first": "RankingMemory(SupAPLoss(), mode='fifo', get_first=True): no pair list",
 }
 
 
@@ -83,15 +84,15 @@ def run_config(name: str, memory_size: int, batch_size: int, dim: int, reps: int
 
     if name == "loss_only_SupAP(ref=memory)" or name.startswith("memory_SupAP") and "include_self" in name:
         loss_fn = losses.SupAPLoss(include_self=True)
-    elif name in ("memory_SupAP", "memory_SupAP_fifo"):
+    elif name in ("memory_SupAP", "memory_SupAP_fifo", "memory_SupAP_fifo_get_first"):
         loss_fn = losses.SupAPLoss()
     elif name == "memory_ROADMAP":
         loss_fn = losses.ROADMAPLoss()
     else:
         loss_fn = losses.HAPPIERLoss(num_classes=int(labels[:, 0].max()) + 1, embedding_size=dim)
     loss_fn = loss_fn.to(device)
-    mode = "fifo" if name.endswith("fifo") else "index"
-    memory = RankingMemory(loss_fn, dim, memory_size, mode=mode, device=device)
+    mode = "fifo" if "fifo" in name else "index"
+    memory = RankingMemory(loss_fn, dim, memory_size, mode=mode, device=device, get_first=name.endswith("get_first"))
     with torch.no_grad():  # fill in chunks (keeps the baseline RSS honest)
         for lo in range(0, memory_size, 4096):
             hi = min(lo + 4096, memory_size)

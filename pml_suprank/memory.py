@@ -11,7 +11,8 @@ Semantics (reference code ``losses/tools/xbm.py`` + ``engine/base_training_loop.
   When the loss does not keep the query as its own positive (``include_self=False``, the default of every
   pml_suprank loss, DESIGN.md §2), the query's own copy is removed from its reference set by index (through an
   ``indices_tuple`` of pairs, as PML's ``CrossBatchMemory`` does); with ``include_self=True`` it is kept, as in
-  the reference code and the golden vectors.
+  the reference code and the golden vectors. ``get_first=True`` (the reference XBM's option) computes the memory
+  term before the batch is written instead (cheaper with a large memory: no ``(B, M)`` pair list).
 * **loss** ``= (batch_weight · L(batch, ref = batch) + memory_weight · L(batch, ref = memory)) /
   (batch_weight + memory_weight)``; the defaults ``1, 1`` give the reference's plain mean of both terms.
 * **warm-up**: during the first ``warmup_steps`` training calls the loss is the in-batch loss and nothing is
@@ -71,6 +72,10 @@ class RankingMemory(nn.Module):
         memory_weight: weight of the loss against the memory.
         label_levels: ``None`` (taken from the first batch: 1-D or 2-D labels) or ``L`` for ``(M, L)`` labels
             (``1`` → 1-D).
+        get_first: compute the memory term against the memory *before* the batch is written (the reference XBM's
+            ``get_first=True``): the memory then holds no copy of the current queries, nothing has to be removed
+            in ``"fifo"`` mode and the step skips the ``(B, M)`` pair list (faster with a large memory); in
+            ``"index"`` mode the query's own older slot is still excluded. Default ``False`` (enqueue, then get).
         distributed: gather across processes (``None``: whenever ``torch.distributed`` runs with > 1 process).
         group: process group.
         device: device of the buffers (move the module with ``.to()`` as usual).
@@ -90,6 +95,7 @@ class RankingMemory(nn.Module):
         batch_weight: float = 1.0,
         memory_weight: float = 1.0,
         label_levels: int | None = None,
+        get_first: bool = False,
         distributed: bool | None = None,
         group: Any = None,
         device: torch.device | str | None = None,
@@ -109,6 +115,9 @@ class RankingMemory(nn.Module):
             _check_int("label_levels", label_levels, 1)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"dtype must be a floating torch.dtype; got {dtype!r}")
+        if not isinstance(get_first, bool):
+            raise TypeError(f"get_first must be a bool; got {type(get_first).__name__} {get_first!r}")
+        self.get_first = get_first
         self.distributed = distributed
         self.group = group
         label_shape = (self.memory_size,) if not label_levels or label_levels == 1 else (self.memory_size, label_levels)
@@ -310,17 +319,23 @@ class RankingMemory(nn.Module):
             self.last_losses = {"batch": batch_loss.detach()}
             return batch_loss
 
+        write_now = self.training and not self.get_first
+        write_after = self.training and self.get_first
         slots = None
-        if self.training:
+        if write_now:
             slots = self._write(all_emb.detach(), all_labels, all_indices).to(embeddings.device)[local]
-        elif self.mode == "index" and exclude_self:
+        elif self.mode == "index" and exclude_self:  # the query's own (older) slot, when it is filled
             slots = all_indices.to(embeddings.device)[local]
             slots = torch.where(self.filled[slots.to(self.filled.device)].to(slots.device), slots, -1)
-        if self.num_filled == 0:  # eval mode before anything was written
+        if self.num_filled == 0:  # get_first on an empty memory, or eval mode before anything was written
+            if write_after:
+                self._write(all_emb.detach(), all_labels, all_indices)
             batch_loss = in_batch_loss()
             self.last_losses = {"batch": batch_loss.detach()}
             return batch_loss
         ref, ref_labels, row_of_slot = self._reference()
+        if write_after:  # the buffers are written below, before backward: keep the references of this step
+            ref, ref_labels = ref.clone(), ref_labels.clone()
         self_index = None
         if exclude_self and slots is not None:
             if row_of_slot is not None:
@@ -329,6 +344,8 @@ class RankingMemory(nn.Module):
         memory_loss = self._reference_loss(
             embeddings, labels, ref.to(embeddings.device), ref_labels.to(embeddings.device), self_index, use_dist
         )
+        if write_after:
+            self._write(all_emb.detach(), all_labels, all_indices)
         self.last_losses = {"memory": memory_loss.detach()}
         if self.batch_weight == 0:
             return memory_loss

@@ -72,8 +72,9 @@ def run_case(name, make_loss, two_d, wrapper, sizes, rank, ws):
     else:
         mode = "index" if wrapper == "memory_index" else "fifo"
         size = 24 if mode == "index" else 40
-        dist_fn = RankingMemory(loss_fn, D, size, mode=mode, dtype=torch.float64)
-        ref_fn = RankingMemory(ref_loss, D, size, mode=mode, dtype=torch.float64, distributed=False)
+        kw = {"mode": mode, "dtype": torch.float64, "get_first": wrapper == "memory_get_first"}
+        dist_fn = RankingMemory(loss_fn, D, size, **kw)
+        ref_fn = RankingMemory(ref_loss, D, size, distributed=False, **kw)
     lo = sum(sizes[:rank])
     out = {"loss": 0.0, "grad": 0.0, "loss_params_grad": 0.0, "memory": 0.0, "embedding_grad": 0.0}
     for step in range(STEPS):
@@ -148,6 +149,7 @@ def main() -> None:
             plan.append((name, wrapper, [8] * ws))
     plan += [("SupAP", "local_queries", [6, 10][:ws]), ("SupAP", "memory", [6, 10][:ws])]
     plan += [("SupAP", "memory_index", [8] * ws), ("HAPPIER", "memory_index", [8] * ws)]
+    plan += [("ROADMAP", "memory_get_first", [8] * ws)]
     for name, wrapper, sizes in plan:
         make, two_d = factories[name]
         key = f"{name}/{wrapper}/{'-'.join(map(str, sizes))}"

@@ -161,5 +161,6 @@ def test_two_process_gloo_equals_single_process(tmp_path):
         for wrapper in ("local_queries", "all", "memory"):
             assert f"{required}/{wrapper}/8-8" in results
     assert "SupAP/local_queries/6-10" in results and "HAPPIER/memory_index/8-8" in results
+    assert "ROADMAP/memory_get_first/8-8" in results
     worst = {k: max(v.values()) for k, v in results.items()}
     assert max(worst.values()) <= 1e-6, {k: v for k, v in worst.items() if v > 1e-6}

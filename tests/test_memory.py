@@ -360,3 +360,29 @@ def test_index_memory_duplicate_indices_last_row_wins():
     torch.testing.assert_close(memory.embeddings[3], emb[2], rtol=0, atol=0)
     torch.testing.assert_close(memory.embeddings[5], emb[1], rtol=0, atol=0)
     assert memory.filled.nonzero().flatten().tolist() == [3, 5, 7] and int(memory.labels[3]) == int(labels[2])
+
+
+@pytest.mark.parametrize("mode", ["fifo", "index"])
+def test_get_first_ranks_against_the_memory_before_the_batch(mode):
+    old, old_labels = _batch(12, seed=1)
+    emb, labels = _batch(6, seed=2)
+    emb.requires_grad_(True)
+    loss_fn = _flat_loss()
+    memory = RankingMemory(loss_fn, 8, 16, mode=mode, batch_weight=0.0, get_first=True, dtype=torch.float64)
+    memory.enqueue(old, old_labels, torch.arange(12))
+    idx = torch.tensor([0, 1, 2, 12, 13, 14])  # in index mode, images 0-2 already have an (older) slot
+    got = memory(emb, labels, idx)
+    if mode == "fifo":
+        expected = loss_fn(emb, labels, None, old, old_labels)  # no copy of the queries: nothing removed
+    else:
+        per_query = []
+        for q, i in enumerate(idx.tolist()):
+            keep = torch.arange(12) != i  # the query's own older slot is excluded
+            per_query.append(loss_fn(emb[q : q + 1], labels[q : q + 1], None, old[keep], old_labels[keep]))
+        expected = torch.stack(per_query).mean()
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+    got.backward()  # the batch was written after the loss: the saved references are a copy
+    assert torch.isfinite(emb.grad).all()
+    assert memory.num_filled == (16 if mode == "fifo" else 15)
+    slots = torch.tensor([12, 13, 14, 15, 0, 1]) if mode == "fifo" else idx  # the queue wraps around
+    torch.testing.assert_close(memory.embeddings[slots], emb.detach(), rtol=0, atol=0)
