@@ -106,8 +106,8 @@ class _WindowSum(torch.autograd.Function):
         out = torch.zeros_like(s_i)
         for m0, m1, width in _chunks(lengths, chunk):
             t, _ = _window_block(keys_ext, ends, s_i, m0, m1, width)
-            if fast:
-                value = torch.sigmoid(t * (1.0 / step.tau))
+            if fast:  # in place on the block's own temporary
+                value = t.mul_(1.0 / step.tau).sigmoid_()
             else:
                 value = torch.where(torch.isfinite(t), step.value(t), 0.0)
             out[m0:m1] = value.sum(1)
@@ -124,9 +124,9 @@ class _WindowSum(torch.autograd.Function):
         grad_i = torch.zeros_like(s_i)
         for m0, m1, width in _chunks(lengths, ctx.chunk):
             t, flat_pos = _window_block(keys_ext, ends, s_i, m0, m1, width)
-            if ctx.fast:
-                sig = torch.sigmoid(t * (1.0 / step.tau))
-                w = (sig - sig * sig) * (grad_out[m0:m1, None] * (1.0 / step.tau))
+            if ctx.fast:  # σ'(x)/τ = σ(1 − σ)/τ, in place on the block's own temporaries
+                sig = t.mul_(1.0 / step.tau).sigmoid_()
+                w = sig.sub_(sig * sig).mul_(grad_out[m0:m1, None] * (1.0 / step.tau))
             else:
                 w = torch.where(torch.isfinite(t), step.derivative(t), 0.0) * grad_out[m0:m1, None]
             grad_i[m0:m1] = -w.sum(1)
@@ -144,7 +144,7 @@ def _window_block(keys_ext, ends, s_i, m0, m1, width):
     """Score differences ``t`` ``(k, width)`` of the ``width`` sorted items ending each window of pairs ``m0..m1``,
     and their flat positions."""
     flat_pos = (ends[m0:m1] - width)[:, None] + torch.arange(width, device=keys_ext.device)
-    return keys_ext.take(flat_pos) - s_i[m0:m1, None], flat_pos
+    return keys_ext.take(flat_pos).sub_(s_i[m0:m1, None]), flat_pos
 
 
 def _last_within(s: Tensor, delta: float) -> Tensor:
