@@ -48,7 +48,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--pretrained", action="store_true", help="load timm's pretrained weights (downloads)")
     p.add_argument("--checkpoint", default=None, help="state dict (.pt / .safetensors) to load into the timm model")
     p.add_argument("--cifar-stem", action="store_true", help="ResNet with a 3x3 stride-1 stem and no max-pool")
-    p.add_argument("--output-stride", type=int, default=16, choices=(8, 16, 32), help="timm output_stride (ResNets)")
+    p.add_argument(
+        "--output-stride", type=int, default=None, choices=(8, 16, 32), help="timm output_stride (synthetic: 8)"
+    )
     p.add_argument("--id-dataset", default="synthetic", help="'synthetic', a Hub dataset id or a local folder")
     p.add_argument("--label-column", default=None, help="class label column (default: coarse_label for synthetic)")
     p.add_argument("--id-train-split", default="train", help="split of the ID dataset used to fit the detectors")
@@ -60,13 +62,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         help=f"OOD sets: built-in {BUILTIN_OOD} or SOURCE[:SPLIT] (Hub id / local folder)",
     )
     p.add_argument("--ood-label-column", default="label", help="any integer column of Hub / folder OOD sets")
-    p.add_argument("--image-size", type=int, default=64, help="image side in pixels")
+    p.add_argument("--image-size", type=int, default=None, help="image side (synthetic: 32; else the model's)")
     p.add_argument("--num-per-class", type=int, default=40, help="synthetic: training images per fine class")
     p.add_argument("--num-test-per-class", type=int, default=12, help="synthetic: test images per fine class")
     p.add_argument("--num-noise", type=int, default=200, help="images per built-in noise OOD set")
     p.add_argument("--max-samples", type=int, default=None, help="cap every split at this many images")
-    p.add_argument("--train-epochs", type=int, default=None, help="train the classifier first (synthetic: 6)")
-    p.add_argument("--lr", type=float, default=2e-3, help="classifier learning rate (AdamW)")
+    p.add_argument("--train-epochs", type=int, default=None, help="train the classifier first (synthetic: 10)")
+    p.add_argument("--lr", type=float, default=5e-3, help="classifier learning rate (AdamW, one-cycle)")
     p.add_argument("--batch-size", type=int, default=64, help="batch size for training and feature extraction")
     p.add_argument("--preset", default="fast", choices=sorted(ood.PRESETS), help="HEAT hyper-parameter preset")
     p.add_argument("--heat-epochs", type=int, default=None, help="override the preset's epochs (synthetic: 30)")
@@ -189,7 +191,7 @@ def build_model(args, num_classes: int):
     import timm
 
     kwargs = {"num_classes": num_classes, "pretrained": args.pretrained}
-    if args.output_stride != 32:
+    if args.output_stride not in (None, 32):
         kwargs["output_stride"] = args.output_stride
     try:
         model = timm.create_model(args.backbone, **kwargs)
@@ -366,8 +368,13 @@ def main(argv=None) -> dict:
     # data config: the backbone's own mean/std at our image size
     import timm
 
+    synthetic = args.id_dataset == "synthetic"
+    if args.output_stride is None:
+        args.output_stride = 8 if synthetic else 32  # synthetic: 4x4 last feature map at 32 px, as CIFAR ResNets
     probe = timm.create_model(args.backbone, pretrained=False, num_classes=0)
     cfg = timm.data.resolve_model_data_config(probe)
+    if args.image_size is None:
+        args.image_size = 32 if synthetic else int(cfg["input_size"][-1])
     transform = _transform(args.image_size, cfg["mean"], cfg["std"])
     train_ds, test_ds, ood_sets, level = build_datasets(args, transform)
     train_labels = train_ds.labels if hasattr(train_ds, "labels") else None
@@ -380,8 +387,8 @@ def main(argv=None) -> dict:
     )
 
     if args.train_epochs is None:
-        args.train_epochs = 6 if args.id_dataset == "synthetic" else 0
-    if args.id_dataset == "synthetic":
+        args.train_epochs = 10 if synthetic else 0
+    if synthetic:
         args.heat_epochs = 30 if args.heat_epochs is None else args.heat_epochs
         args.heat_batch_size = 128 if args.heat_batch_size is None else args.heat_batch_size
     model = build_model(args, len(classes)).to(device)
