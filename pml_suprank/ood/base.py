@@ -97,6 +97,7 @@ class Detector:
     # --- contract -------------------------------------------------------------------------------------------------
     def fit(self, features: Tensor | None = None, logits: Tensor | None = None, labels: Tensor | None = None, **kwargs):
         """Fit on ID training data. Returns ``self``. Unused inputs are ignored (uniform call for all detectors)."""
+        self._fitted = False  # a failed re-fit must not leave a half-updated detector usable
         self._fit(features=features, logits=logits, labels=labels, **kwargs)
         self._fitted = True
         return self

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from .._validation import check_choice, check_positive
-from .base import Detector, check_class_labels, check_features
+from .base import Detector, NotFittedError, check_class_labels, check_features
 from .baselines import _head_params
 from .ebm import ResidualEnergyMLP, train_residual
 from .priors import ClassConditionalGaussian, EnergyLogitsPrior
@@ -156,6 +156,13 @@ class HEAT(Detector):
         zero_init_residual: Zero the MLP's last layer at init, so an untrained HEAT equals its priors.
         reg: Relative covariance ridge of the GMM priors.
         seed: Seed of the generators for initialisation, shuffling and SGLD.
+
+    ``fit(features, labels, std_features=None, callback=None)``: ``features`` ``(N, D)`` avg-pooled, ``std_features``
+    ``(N, D')`` std-pooled (for ``gmm_std``), ``labels`` ``(N,)`` (for the GMM priors); ``callback(prior, epoch,
+    step, loss)`` is called after every optimiser step. ``score(features, std_features=None)`` → ``(N,)``.
+    ``logits`` are accepted and ignored: the EL prior is computed from ``features`` and the head, so that SGLD can
+    follow its gradient in feature space. ``score_components`` returns the per-prior energies; ``history`` and
+    ``fit_seconds`` hold the training loss per epoch and the fit time per prior.
     """
 
     _state_names = ()
@@ -370,8 +377,6 @@ class HEAT(Detector):
     def score_components(self, features=None, std_features=None) -> dict[str, dict[str, Tensor]]:
         """Per prior: ``{"total", "residual", "prior"}`` hybrid energies ``(N,)`` (before standardisation)."""
         if not self._fitted:
-            from .base import NotFittedError
-
             raise NotFittedError("HEAT")
         inputs = self._inputs(features, std_features)
         out = {}
