@@ -135,3 +135,26 @@ def test_no_positive_gives_connected_zero(make):
     assert combined or loss.item() == 0.0  # combined losses keep their (negative-pair) decomposability term
     loss.backward()
     assert emb.grad is not None and torch.isfinite(emb.grad).all()
+
+
+@pytest.mark.parametrize("make", ALL[:5], ids=IDS[:5])
+def test_backward_saves_only_o_b_n_tensors(make):
+    """Nothing of size (pairs × N) is kept for backward: 1,600 (query, positive) pairs × 2,000 references would be
+    50·B·N elements; the graph saves a few B·N-sized tensors only."""
+    g = torch.Generator().manual_seed(0)
+    batch, refs = 32, 2000
+    emb = torch.nn.functional.normalize(torch.randn(batch, 16, generator=g), dim=1).requires_grad_(True)
+    ref = torch.nn.functional.normalize(torch.randn(refs, 16, generator=g), dim=1)
+    labels, ref_labels = torch.arange(batch) % 4, torch.arange(refs) % 40
+    assert int((labels[:, None] == ref_labels[None]).sum()) * refs >= 50 * batch * refs
+    sizes = []
+
+    def pack(t):
+        sizes.append(t.numel() * t.element_size())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = make()(emb, labels, ref_emb=ref, ref_labels=ref_labels)
+    loss.backward()
+    bn_float32 = batch * refs * 4
+    assert max(sizes) <= 2 * bn_float32 and sum(sizes) <= 8 * bn_float32
