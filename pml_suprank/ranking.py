@@ -338,11 +338,11 @@ def count_above(
     """Per pair ``k``: how many items of row ``q_k`` score above ``thresholds[k]`` (and the sum of their scores).
 
     ``count_k = #{j : scores[q_k, j] > thresholds[k]}`` (``>=`` when ``inclusive``) and, with ``with_sum``,
-    ``sum_k = Σ_j scores[q_k, j]`` over the same items — differentiable w.r.t. ``scores`` and accumulated in float64
-    so that ``sum_k − count_k·x`` does not cancel catastrophically in float32. Excluded items must be ``-inf`` in
-    ``scores`` (they count for no threshold and get no gradient). Pairs must be grouped by query (``query_idx``
-    non-decreasing). Cost: ``O(B·N log P + K log P)`` via sorted thresholds + ``searchsorted`` + a histogram with
-    suffix sums; no ``K × N`` tensor.
+    ``sum_k = Σ_j scores[q_k, j]`` over the same items — differentiable w.r.t. ``scores`` and accumulated in
+    float64 (float32 on MPS) so that ``sum_k − count_k·x`` does not cancel catastrophically in float32.
+    Excluded items must be ``-inf`` in ``scores`` (they count for no threshold and get no gradient). Pairs must be
+    grouped by query (``query_idx`` non-decreasing). Cost: ``O(B·N log P + K log P)`` via sorted thresholds +
+    ``searchsorted`` + a histogram with suffix sums; no ``K × N`` tensor.
 
     Returns:
         ``(count (K,) in the dtype of scores, sum (K,) float64 or None)``.
@@ -363,8 +363,9 @@ def count_above(
     count = hist.flip(1).cumsum(1).flip(1)[query_idx, pair_rank + 1]
     total = None
     if with_sum:
-        hist_sum = torch.zeros(num_queries, sorted_t.shape[1] + 1, dtype=torch.float64, device=scores.device)
-        hist_sum = hist_sum.scatter_add(1, bucket, scores.double())
+        acc = torch.float32 if scores.device.type == "mps" else torch.float64  # MPS has no float64
+        hist_sum = torch.zeros(num_queries, sorted_t.shape[1] + 1, dtype=acc, device=scores.device)
+        hist_sum = hist_sum.scatter_add(1, bucket, scores.to(acc))
         total = hist_sum[:, 1:].flip(1).cumsum(1).flip(1)[query_idx, pair_rank]
     return count, total
 
@@ -382,8 +383,8 @@ class _SigmoidWindowSum(torch.autograd.Function):
         order = torch.argsort(widths, descending=True, stable=True)
         sorted_widths = widths[order].tolist()
         start, num_rows = 0, len(sorted_widths)
-        while start < num_rows:
-            width = max(sorted_widths[start], 1)
+        while start < num_rows and sorted_widths[start] > 0:  # rows without pairs contribute nothing
+            width = sorted_widths[start]
             stop = min(num_rows, start + max(1, chunk_elements // max(1, width * num_cols)))
             yield order[start:stop], width
             start = stop
@@ -477,8 +478,9 @@ def suprank_negative_sum(
     else:
         above_delta, sum_above = count_above(s_neg, query_idx, s_item + step.delta, with_sum=True)
         total = window
-    linear = step.rho * (sum_above - above_delta.double() * (s_item.double() + step.delta))
-    return total + (linear + step.resolved_offset * above_delta.double()).to(scores.dtype)
+    acc = sum_above.dtype
+    linear = step.rho * (sum_above - above_delta.to(acc) * (s_item.to(acc) + step.delta))
+    return total + (linear + step.resolved_offset * above_delta.to(acc)).to(scores.dtype)
 
 
 def heaviside_positive_count(scores: Tensor, query_idx: Tensor, item_idx: Tensor, positives: Tensor) -> Tensor:
