@@ -454,10 +454,15 @@ def _resolve_file(
             raise FileNotFoundError(f"{local} has no {filename}; expected a folder written by save_pretrained")
         return path
     repo_id = str(name_or_path)
-    if repo_id.count("/") > 1 or local.suffix or repo_id.startswith((".", "/", "~")):
+    if repo_id.count("/") > 1 or repo_id.startswith((".", "/", "~")) or local.exists():
         raise FileNotFoundError(f"{repo_id} is neither an existing folder nor a Hub repo id of the form 'org/name'")
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError, RepositoryNotFoundError
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        HFValidationError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
 
     try:
         return Path(
@@ -479,6 +484,8 @@ def _resolve_file(
     except EntryNotFoundError as e:
         extra = " (pickle checkpoints are not supported: only safetensors)" if filename == WEIGHTS_NAME else ""
         raise FileNotFoundError(f"Hub repo {repo_id!r} has no {filename}{extra}") from e
+    except HFValidationError as e:
+        raise ValueError(f"{repo_id!r} is neither an existing folder nor a valid Hub repo id: {e}") from e
     except RepositoryNotFoundError as e:
         raise FileNotFoundError(f"Hub repo {repo_id!r} does not exist or is private: {e}") from e
 

@@ -125,6 +125,11 @@ def test_round_trip_through_offline_hub_cache(model, images, tmp_path, offline_c
     assert config["backbone"] == TINY
     with pytest.raises(FileNotFoundError, match="not in the local Hub cache"):
         RetrievalModel.from_pretrained("org/not-cached")
+    # repo names may contain dots (e.g. "timm/resnet50.a1_in1k"); invalid ids give a clear error
+    _write_hub_cache(offline_cache, "org/tiny.v2", tmp_path / "saved", commit="b" * 40)
+    _assert_same(model, RetrievalModel.from_pretrained("org/tiny.v2"), images)
+    with pytest.raises(ValueError, match="not a valid Hub repo id|neither an existing folder"):
+        RetrievalModel.from_pretrained("org/bad name!")
 
 
 def test_refuses_pickles(model, tmp_path):
