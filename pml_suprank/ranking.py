@@ -321,6 +321,8 @@ def pairwise_step_sum(
 # ----------------------------------------------------------------------------------------------------------------
 def group_positions(query_idx: Tensor, num_queries: int) -> tuple[Tensor, Tensor, int]:
     """Pairs grouped by query (non-decreasing ``query_idx``) → ``(counts (B,), position in group (K,), max count)``."""
+    if len(query_idx) > 1 and bool((query_idx[1:] < query_idx[:-1]).any()):
+        raise ValueError("query_idx must be grouped by query (non-decreasing), e.g. from torch.nonzero(mask)")
     counts = torch.bincount(query_idx, minlength=num_queries)
     starts = torch.cumsum(counts, 0) - counts
     pos = torch.arange(len(query_idx), device=query_idx.device) - starts[query_idx]

@@ -172,3 +172,9 @@ def test_pairwise_step_sum_bad_input():
         R.pairwise_step_sum(scores, q, i, 3, R.HeavisideStep())
     empty = R.pairwise_step_sum(scores, q[:0], i[:0], neg, R.HeavisideStep())
     assert empty.shape == (0,)
+
+
+def test_fast_kernels_require_pairs_grouped_by_query():
+    scores, _, _, neg, q, i = _problem()
+    with pytest.raises(ValueError, match="grouped"):
+        R.suprank_negative_sum(scores, q.flip(0), i.flip(0), neg, R.SupRankStep())
