@@ -148,6 +148,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--configs", nargs="*", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--json", default=None, help="write the results to this JSON file")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per configuration")
     args = parser.parse_args()
     ctx = mp.get_context("spawn")
     rows = []
@@ -155,7 +156,10 @@ def main() -> None:
         f"RankingMemory: B={args.batch_size}, memory={args.memory_size}, d={args.dim}, device={args.device}, "
         f"threads={torch.get_num_threads()}"
     )
-    print(f"{'configuration':32s} {'step s':>8s} {'matmul s':>9s} {'ratio':>7s} {'buffers MB':>11s} {'peak+ MB':>9s}")
+    print(
+        f"{'configuration':32s} {'step s':>8s} {'matmul s':>9s} {'ratio':>7s} {'buffers MB':>11s} {'peak+ MB':>9s}",
+        flush=True,
+    )
     for name in args.configs:
         queue = ctx.Queue()
         proc = ctx.Process(
@@ -163,12 +167,21 @@ def main() -> None:
             args=(name, args.memory_size, args.batch_size, args.dim, args.reps, args.device, queue),
         )
         proc.start()
-        res = queue.get()
-        proc.join()
+        proc.join(args.timeout)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+            res = {"name": name, "error": f"timeout after {args.timeout:.0f} s"}
+        else:
+            res = queue.get() if not queue.empty() else {"name": name, "error": f"exit code {proc.exitcode}"}
         rows.append(res)
+        if "error" in res:
+            print(f"{name:32s} {res['error']}", flush=True)
+            continue
         print(
             f"{name:32s} {res['step_s']:8.3f} {res['matmul_s']:9.3f} {res['ratio_vs_matmul']:7.1f} "
-            f"{res['memory_buffers_mb']:11.1f} {res['peak_extra_mb']:9.1f}"
+            f"{res['memory_buffers_mb']:11.1f} {res['peak_extra_mb']:9.1f}",
+            flush=True,
         )
     for name, what in CONFIGS.items():
         if name in args.configs:
