@@ -158,3 +158,17 @@ def test_backward_saves_only_o_b_n_tensors(make):
     loss.backward()
     bn_float32 = batch * refs * 4
     assert max(sizes) <= 2 * bn_float32 and sum(sizes) <= 8 * bn_float32
+
+
+def test_pml_reducers_and_regularizers_apply_to_per_query_losses():
+    from pytorch_metric_learning.reducers import SumReducer
+    from pytorch_metric_learning.regularizers import LpRegularizer
+
+    emb = torch.nn.functional.normalize(torch.randn(8, 4, dtype=torch.float64), dim=1)
+    labels = torch.tensor([0, 0, 1, 1, 2, 2, 3, 4])  # the last two queries have no positive
+    per_query = losses.SupAPLoss(reducer=DoNothingReducer())(emb, labels)["loss"]["losses"]
+    assert len(per_query) == 6
+    summed = losses.SupAPLoss(reducer=SumReducer())(emb, labels)
+    assert summed.item() == pytest.approx(per_query.sum().item(), abs=1e-12)
+    regularized = losses.SupAPLoss(embedding_regularizer=LpRegularizer(), embedding_reg_weight=0.5)(emb, labels)
+    assert regularized.item() == pytest.approx(per_query.mean().item() + 0.5 * emb.norm(dim=1).mean().item(), abs=1e-9)
