@@ -142,3 +142,24 @@ def test_noise_dataset(kind):
     np.testing.assert_array_equal(np.asarray(ds.get_image(1)), np.asarray(SyntheticNoise(4, 24, 1, kind).get_image(1)))
     with pytest.raises(ValueError, match="kind must be one of"):
         SyntheticNoise(2, kind="perlin")
+
+
+@pytest.mark.slow
+def test_nuisances_defeat_raw_pixels_and_an_untrained_network():
+    """'Hard enough': raw pixels and a randomly initialised CNN retrieve the open-set test classes poorly (the main job
+    trains the same tiny CNN to H-AP well above these values; see the recipes' tests)."""
+    from pml_suprank.metrics import RetrievalEvaluator
+    from pml_suprank.models import RetrievalModel
+
+    te = SyntheticShapes("test", num_per_class=8, image_size=32)
+    x = torch.stack([te[i]["image"] for i in range(len(te))])
+    evaluator = RetrievalEvaluator(k_values=(1,))
+    flat = x.flatten(1)
+    raw = torch.nn.functional.normalize(flat - flat.mean(1, keepdim=True), dim=1)
+    torch.manual_seed(0)
+    model = RetrievalModel("test_resnet", embedding_size=64, image_size=32).eval()
+    with torch.no_grad():
+        untrained = model((x - 0.5) / 0.5)
+    for emb in (raw, untrained):
+        metrics = evaluator.evaluate(emb, te.labels)
+        assert metrics["h_ap"] < 0.35 and metrics["recall_at_1"] < 0.45, metrics
