@@ -58,6 +58,7 @@ from typing import Any
 __all__ = [
     "HUB_CONFIG_SCHEMA",
     "LOSS_CLASSES",
+    "build_dataset",
     "build_loss",
     "dataset_kwargs",
     "flat_options",
@@ -381,3 +382,22 @@ def dataset_kwargs(config: Mapping[str, Any], part: str) -> dict[str, Any]:
             if k in data:
                 out[k] = data[k]
     return out
+
+
+def build_dataset(config: Mapping[str, Any], part: str, transform: Any = None, *, seed: int = 0, **kwargs: Any) -> Any:
+    """The ``part`` (``"train"`` / ``"test"``) dataset of this setting: ``SyntheticShapes`` or
+    :func:`pml_suprank.data.load_retrieval_dataset` with the open-set split applied.
+
+    Args:
+        config: A loaded hub_config.
+        part: ``"train"`` or ``"test"``.
+        transform: Callable on a PIL image (e.g. :func:`pml_suprank.data.build_transforms`).
+        seed: SyntheticShapes seed.
+        **kwargs: Extra or overriding arguments for the loader (e.g. ``cache_dir``, ``num_per_class``).
+    """
+    from . import data
+
+    kw = {**dataset_kwargs(config, part), **kwargs}
+    if kw.pop("synthetic", False):
+        return data.SyntheticShapes(seed=seed, transform=transform, **kw)
+    return data.load_retrieval_dataset(kw.pop("source"), transform=transform, **kw)

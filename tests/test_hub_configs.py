@@ -12,6 +12,7 @@ import yaml
 
 from pml_suprank.hub_config import (
     HUB_CONFIG_SCHEMA,
+    build_dataset,
     build_loss,
     dataset_kwargs,
     flat_options,
@@ -113,6 +114,8 @@ def test_dataset_kwargs():
     assert dataset_kwargs(synth, "test") == {"synthetic": True, "split": "test", "num_per_class": 32, "image_size": 48}
     with pytest.raises(ValueError, match="part must be"):
         dataset_kwargs(synth, "val")
+    test = build_dataset(synth, "test", num_per_class=1)  # overrides are passed to the loader
+    assert len(test) == 18 and test.image_size == 48
 
 
 def test_dataset_kwargs_feed_load_retrieval_dataset():
