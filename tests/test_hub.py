@@ -308,3 +308,9 @@ def test_bad_repo_ids_and_missing_files(model, tmp_path):
         hub.build_config(torch.nn.Linear(2, 2))
     with pytest.raises(TypeError, match="metrics"):
         model.save_pretrained(tmp_path / "x", metrics={"h_ap": "high"})
+
+
+def test_map_location(model, tmp_path, device):
+    model.save_pretrained(tmp_path)
+    restored = RetrievalModel.from_pretrained(tmp_path, map_location=str(device))
+    assert all(p.device.type == device.type for p in restored.parameters())

@@ -171,3 +171,9 @@ def test_bad_input_and_missing_head(tiny_model):
     model = RetrievalModel(TINY, embedding_size=8).eval()
     with pytest.raises(ValueError, match="num_classes > 0"):
         model.forward_logits(torch.randn(2, 3, 32, 32))
+
+
+def test_device_agnostic(device):
+    model = RetrievalModel(TINY, pooling="gem", embedding_size=8, num_classes=2).to(device).eval()
+    emb, logits = model.forward_with_logits(torch.randn(2, 3, 32, 32, device=device))
+    assert emb.device.type == device.type and logits.device.type == device.type
