@@ -405,8 +405,12 @@ def run(
         return None
 
     after = trainer.evaluate(description="evaluation after training")
-    accelerator.print("test metrics before / after training:")
-    accelerator.print(format_metrics_table(before or {}, after))
+    if before is not None:
+        accelerator.print("test metrics before / after training:")
+        accelerator.print(format_metrics_table(before, after))
+    else:
+        accelerator.print("test metrics after training:")
+        accelerator.print(_one_column(after))
     summary = {
         "before": before,
         "after": after,

@@ -135,24 +135,25 @@ def test_evaluate_recipe_on_the_final_folder(happier_run, tmp_path):
 
 
 @pytest.mark.slow
-def test_train_roadmap_few_steps(tmp_path):
-    proc = _recipe("train_roadmap.py", tmp_path, "--max_train_steps", "2", "--no_plots")
-    assert "test metrics before / after training:" in proc.stdout
-    config = json.loads((tmp_path / "final" / "config.json").read_text())
-    assert config["training"]["loss"] == "ROADMAP"
+def test_train_roadmap_few_steps_proxies_bf16(tmp_path):
+    # ROADMAP with the ClusterLoss proxies (own optimizer group) under bf16 autocast on the CPU
     proc = _recipe(
         "train_roadmap.py",
-        tmp_path / "proxy",
+        tmp_path,
         "--max_train_steps",
-        "1",
+        "2",
         "--no_plots",
-        "--skip_initial_eval",
         "--decomposability",
         "proxy",
         "--mixed_precision",
         "bf16",
     )
-    assert (tmp_path / "proxy" / "final" / "model.safetensors").is_file()
+    assert "test metrics before / after training:" in proc.stdout and "mixed precision bf16" in proc.stdout
+    config = json.loads((tmp_path / "final" / "config.json").read_text())
+    assert config["training"]["loss"] == "ROADMAP"
+    assert config["training"]["loss_kwargs"]["decomposability_weight"] == 0.1
+    history = json.loads((tmp_path / "final" / "history.json").read_text())
+    assert any("lr_proxies" in h for h in history)
 
 
 @pytest.mark.slow
