@@ -533,7 +533,7 @@ class Trainer:
         >>> before = trainer.evaluate()
         >>> trainer.train()
         >>> after = trainer.evaluate()
-        >>> trainer.save_final(metrics={"before": before, "after": after})
+        >>> trainer.save_final(metrics=after, summary={"before": before, "after": after})
     """
 
     def __init__(
@@ -562,7 +562,6 @@ class Trainer:
             raise ValueError("sampler='hierarchical' needs 2-D labels (N, L >= 2); the training set has one column")
         self.train_dataset = SeededAugmentation(train_dataset, seed=config.seed)
         self.test_dataset = test_dataset
-        self.unwrapped_model = model
         self.loss = loss
 
         if memory is None and config.memory_size > 0:

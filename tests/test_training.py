@@ -302,3 +302,42 @@ def test_trainer_validates_inputs(tmp_path):
         Trainer(acc, model, lambda e, l: e.sum(), train, _config(tmp_path))
     with pytest.raises(TypeError, match="must expose `labels`"):
         Trainer(acc, model, _happier(), [1, 2, 3], _config(tmp_path))
+
+
+@pytest.mark.slow
+def test_losses_and_evaluations_reach_the_accelerate_trackers(tmp_path):
+    from accelerate import Accelerator
+    from accelerate.tracking import GeneralTracker
+
+    class Recorder(GeneralTracker):
+        name = "recorder"
+        requires_logging_directory = False
+        main_process_only = True
+
+        def __init__(self):
+            super().__init__()
+            self.logged = []
+
+        @property
+        def tracker(self):
+            return self
+
+        def store_init_configuration(self, values):
+            self.config = values
+
+        def log(self, values, step=None, **kwargs):
+            self.logged.append((step, dict(values)))
+
+    recorder = Recorder()
+    acc = Accelerator(cpu=True, log_with=[recorder])
+    acc.init_trackers("test", config={"a": 1})
+    model = _model()
+    train, test = _datasets(model)
+    trainer = Trainer(acc, model, _happier(), train, _config(tmp_path, epochs=2, eval_every=1), test_dataset=test)
+    trainer.config.epochs = 2
+    trainer.total_steps = trainer.steps_per_epoch + 1  # one evaluation after the first epoch, then one more step
+    trainer.train()
+    keys = {k for _, values in recorder.logged for k in values}
+    assert {"train/loss", "train/lr_backbone", "train/lr_proxies", "eval/h_ap", "eval/ndcg"} <= keys
+    steps = [s for s, _ in recorder.logged]
+    assert steps == sorted(steps) and steps[0] == 1
