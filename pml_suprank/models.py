@@ -1,7 +1,7 @@
 """Retrieval models: a timm backbone, a pooling layer, LayerNorm, a linear projection and L2 normalisation.
 
 This is the architecture of the SupRank / ROADMAP / HAPPIER papers ("ResNet-50 + LN + 512-d projection",
-Ramzi et al., TPAMI, Sec. 5.1; HAPPIER, ECCV 2022, App. B), generalised to any timm backbone:
+Ramzi et al., TPAMI, Sec. VII-A; HAPPIER, ECCV 2022, Sec. 4 "Implementation details"), generalised to any timm backbone:
 
     x (B, 3, H, W) --backbone.forward_features--> map (B, C, h, w) or tokens (B, T, C)
       --pool (avg | GeM | max)--> (B, C) --LayerNorm (no affine)--> --Linear(C, D)--> --L2-normalise--> (B, D)
@@ -150,8 +150,9 @@ class Pooling(nn.Module):
 class RetrievalModel(nn.Module):
     """Embedding network for image retrieval: timm backbone + pooling + LayerNorm + projection + L2 normalisation.
 
-    The SupRank/ROADMAP/HAPPIER architecture (Ramzi et al., TPAMI, Sec. 5.1: "ResNet-50 with a LayerNorm without
-    affine parameters and a linear projection to 512-d, followed by L2 normalisation").
+    The SupRank/ROADMAP/HAPPIER architecture (Ramzi et al., TPAMI, Sec. VII-A: "a ResNet-50 backbone with average
+    pooling, a normalization layer without affine parameters and a projection head that reduces the dimension from
+    2048 to 512"), followed by L2 normalisation so that dot products are cosine similarities.
 
     Args:
         backbone: Any timm model name, optionally with a pretrained tag (``"resnet50.a1_in1k"``).
