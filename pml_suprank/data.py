@@ -161,10 +161,10 @@ class HFRetrievalDataset(RetrievalDatasetBase):
             from PIL import Image
 
             image = Image.open(BytesIO(image["bytes"]) if image.get("bytes") else image["path"])
-        if isinstance(image, np.ndarray):
+        if isinstance(image, (np.ndarray, list)):  # e.g. an Array3D column of (H, W, 3) uint8 pixels
             from PIL import Image
 
-            image = Image.fromarray(image)
+            image = Image.fromarray(np.asarray(image, dtype=np.uint8))
         return image.convert("RGB")
 
 

@@ -255,3 +255,35 @@ def test_build_transforms_errors(cfg, kwargs, match):
         build_transforms(cfg, train=True, **kwargs)
     with pytest.raises(TypeError, match="data_config must be a dict"):
         build_transforms(None, train=False)
+
+
+def test_hub_dataset_id_goes_through_load_dataset(hf_dict, monkeypatch):
+    """A Hub id is handed to datasets.load_dataset (here replaced: tests never download)."""
+    calls = []
+
+    def fake_load_dataset(path, **kwargs):
+        calls.append((path, kwargs))
+        return hf_dict
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    ds = load_retrieval_dataset(
+        "uoft-cs/cifar100",
+        ["fine_label", "coarse_label"],
+        "test",
+        revision="main",
+        open_set="test",
+        train_classes_per_coarse=3,
+    )
+    assert calls == [("uoft-cs/cifar100", {"cache_dir": None, "revision": "main", "token": None})]
+    assert sorted(set(ds.labels[:, 0].tolist())) == [3, 4, 8, 9]
+
+
+def test_array_image_column():
+    from datasets import Array3D, Dataset, Features, Value
+
+    pixels = np.full((2, 5, 4, 3), 255, dtype=np.uint8)
+    feats = Features({"pixels": Array3D(shape=(5, 4, 3), dtype="uint8"), "y": Value("int64")})
+    d = Dataset.from_dict({"pixels": pixels, "y": [0, 1]}, features=feats)
+    ds = load_retrieval_dataset(d, "y", image_column="pixels")
+    torch.testing.assert_close(ds[1]["image"], torch.ones(3, 5, 4))
+    assert ds.labels.shape == (2, 1) and ds.label_names == ["y"]
