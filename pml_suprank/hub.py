@@ -555,7 +555,7 @@ def from_pretrained(
     except (safetensors.SafetensorError, OSError, ValueError) as e:
         raise ValueError(f"{weights} is not a readable safetensors file (corrupt or truncated checkpoint): {e}") from e
     expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
+    missing = sorted(set(expected) - set(state) - _tied_aliases(expected, set(state)))
     unexpected = sorted(set(state) - set(expected))
     mismatched = sorted(
         f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(expected[k].shape)}"
@@ -573,12 +573,29 @@ def from_pretrained(
             raise ValueError(msg)
         logger.warning(msg)
         state = {k: v for k, v in state.items() if k in expected and v.shape == expected[k].shape}
-    model.load_state_dict(state, strict=strict)
+    # every key is accounted for above; tied weights saved once by safetensors load through their saved alias
+    model.load_state_dict(state, strict=False)
     model.to(map_location)
     if hasattr(model, "hub_metadata"):
         model.hub_metadata = dict(config.get("training") or {})
     model.eval()
     return model
+
+
+def _tied_aliases(expected: Mapping[str, Any], present: set[str]) -> set[str]:
+    """Names of tensors sharing storage with a saved tensor (``safetensors.torch.save_model`` keeps one name)."""
+    by_storage: dict[tuple[Any, int], list[str]] = {}
+    for name, t in expected.items():
+        try:
+            key = (t.device, t.untyped_storage().data_ptr())
+        except (RuntimeError, NotImplementedError):  # e.g. meta tensors
+            continue
+        by_storage.setdefault(key, []).append(name)
+    aliases: set[str] = set()
+    for names in by_storage.values():
+        if len(names) > 1 and any(n in present for n in names):
+            aliases.update(n for n in names if n not in present)
+    return aliases
 
 
 def push_to_hub(

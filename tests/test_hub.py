@@ -314,3 +314,28 @@ def test_map_location(model, tmp_path, device):
     model.save_pretrained(tmp_path)
     restored = RetrievalModel.from_pretrained(tmp_path, map_location=str(device))
     assert all(p.device.type == device.type for p in restored.parameters())
+
+
+def test_tied_weights_round_trip(tmp_path, images):
+    """safetensors stores a tied tensor once; loading must neither report it missing nor drop the tie."""
+
+    class Tied(RetrievalModel):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.extra = torch.nn.Linear(self.embedding_size, self.embedding_size, bias=False)
+            self.extra_alias = self.extra  # the same parameters under two names
+
+    torch.manual_seed(0)
+    model = Tied(backbone=TINY, embedding_size=8).eval()
+    model.save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["architecture"] == "Tied"
+    restored = Tied.from_pretrained(tmp_path)
+    torch.testing.assert_close(restored.extra.weight, model.extra.weight)
+    assert restored.extra_alias.weight is restored.extra.weight
+    import safetensors.torch
+
+    saved = safetensors.torch.load_file(tmp_path / "model.safetensors")
+    assert ("extra.weight" in saved) != ("extra_alias.weight" in saved)  # stored once
+    with torch.no_grad():
+        torch.testing.assert_close(restored(images), model(images))
