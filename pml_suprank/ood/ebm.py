@@ -51,6 +51,9 @@ class ResidualEnergyMLP(nn.Module):
         n_hidden_layers: Number ``n`` of hidden ``h × h`` layers (4, i.e. 6 linear maps in total).
         negative_slope: LeakyReLU slope (0.2).
         tie_hidden_weights: Reuse one ``h × h`` layer ``n`` times, as the reference code does.
+        reduce_width: The reference's ImageNet pyramid instead (``reduce_width: True``, spec §4): ``Linear(d, h)``,
+            then ``n`` blocks ``[Linear(h/2^i, h/2^i), Linear(h/2^i, h/2^i), Linear(h/2^i, h/2^(i+1))]``, then
+            ``Linear(h/2^n, 1)``, every layer but the last followed by LeakyReLU (20 linear maps for ``n = 6``).
         temperature: ``T_nn`` (1 in every reference config).
         generator: Optional generator for the initialisation (default: a fresh one seeded with 0).
     """
@@ -62,6 +65,7 @@ class ResidualEnergyMLP(nn.Module):
         n_hidden_layers: int = 4,
         negative_slope: float = 0.2,
         tie_hidden_weights: bool = False,
+        reduce_width: bool = False,
         temperature: float = 1.0,
         generator: torch.Generator | None = None,
         device=None,
@@ -75,13 +79,26 @@ class ResidualEnergyMLP(nn.Module):
             raise ValueError(f"n_hidden_layers must be a non-negative integer; got {n_hidden_layers!r}")
         self.temperature = check_positive("temperature", temperature)
         self.tie_hidden_weights = bool(tie_hidden_weights)
+        self.reduce_width = bool(reduce_width)
+        if self.reduce_width and self.tie_hidden_weights:
+            raise ValueError("reduce_width and tie_hidden_weights cannot be combined (the pyramid has no shared layer)")
+        if self.reduce_width and hidden_dim % (2**n_hidden_layers) != 0:
+            raise ValueError(f"reduce_width needs hidden_dim divisible by 2**n_hidden_layers; got {hidden_dim}")
         # skip_init: nn.Linear's own init would draw from the global RNG; reset_parameters uses `generator`
         dd = {"device": "cpu" if device is None else device, "dtype": dtype}
         self.input_layer = skip_init(nn.Linear, input_dim, hidden_dim, **dd)
-        n_modules = min(n_hidden_layers, 1) if tie_hidden_weights else n_hidden_layers
-        self.hidden = nn.ModuleList(skip_init(nn.Linear, hidden_dim, hidden_dim, **dd) for _ in range(n_modules))
+        if self.reduce_width:
+            shapes = []
+            for i in range(n_hidden_layers):
+                w = hidden_dim // 2**i
+                shapes += [(w, w), (w, w), (w, w // 2)]
+            last = hidden_dim // 2**n_hidden_layers
+        else:
+            n_modules = min(n_hidden_layers, 1) if tie_hidden_weights else n_hidden_layers
+            shapes, last = [(hidden_dim, hidden_dim)] * n_modules, hidden_dim
+        self.hidden = nn.ModuleList(skip_init(nn.Linear, a, b, **dd) for a, b in shapes)
         self.n_hidden_layers = n_hidden_layers
-        self.output_layer = skip_init(nn.Linear, hidden_dim, 1, **dd)
+        self.output_layer = skip_init(nn.Linear, last, 1, **dd)
         self.act = nn.LeakyReLU(negative_slope)
         self.reset_parameters(generator)
 
@@ -109,8 +126,12 @@ class ResidualEnergyMLP(nn.Module):
     def forward(self, z: Tensor) -> Tensor:
         """``(N, d) -> (N,)`` residual energies."""
         h = self.act(self.input_layer(z))
-        for i in range(self.n_hidden_layers):
-            h = self.act(self.hidden[0 if self.tie_hidden_weights else i](h))
+        if self.tie_hidden_weights:
+            for _ in range(self.n_hidden_layers):
+                h = self.act(self.hidden[0](h))
+        else:
+            for layer in self.hidden:
+                h = self.act(layer(h))
         return self.output_layer(h).reshape(-1) / self.temperature
 
 

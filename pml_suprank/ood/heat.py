@@ -12,9 +12,9 @@ Deviations from the reference code (``spec/heat_reference.md``), all deliberate:
 * **Untied hidden layers** by default (``tie_hidden_weights=True`` reproduces the reference's shared layer, spec §4).
 * **GMM covariance** in float64 with a relative ridge (see :mod:`.priors`).
 * **Randomness** comes from ``seed`` through explicit generators (the reference uses the global RNG).
-* ImageNet-specific reference options are not implemented: the 20-layer pyramid MLP (``reduce_width``), the
-  tempered batch-statistics proposal (``base_dist_temp``), the per-sample "simplified Mahalanobis" SGLD energy and
-  gradient accumulation. The ``"imagenet"`` preset carries the other ImageNet hyper-parameters.
+* ImageNet-specific reference options: the 20-layer pyramid MLP (``reduce_width``) is available (and set by the
+  ``"imagenet"`` preset); not implemented are the tempered batch-statistics proposal (``base_dist_temp``), the
+  per-sample "simplified Mahalanobis" SGLD energy and gradient accumulation.
 """
 
 from __future__ import annotations
@@ -38,11 +38,12 @@ __all__ = ["HEAT", "PriorName", "PRESETS", "compose_energies", "standardize"]
 PriorName = Literal["gmm", "gmm_std", "el"]
 Preset = Literal["cifar10", "cifar100", "imagenet", "fast"]
 
-_COMMON = {"hidden_dim": 1024, "n_hidden_layers": 4, "eps_data": 1e-4, "end_factor": 0.1, "gamma": 0.1}
+# fmt: off
+_COMMON = {"hidden_dim": 1024, "n_hidden_layers": 4, "reduce_width": False, "eps_data": 1e-4, "end_factor": 0.1,
+           "gamma": 0.1}
 
 #: Per-prior hyper-parameters (spec §10, from the reference configs and scripts). ``fast`` is a CPU preset for
 #: 50,000 × 512 features: narrower MLP, few SGLD steps, one epoch, larger learning rate.
-# fmt: off
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "cifar10": {
         "gmm": {**_COMMON, "prior_temperature": 1e3, "sgld_steps": 40, "step_size": 1e-4, "noise_std": 5e-3,
@@ -61,13 +62,15 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
                "l2_coef": 1.0, "lr": 1e-5, "epochs": 8, "batch_size": 1024, "milestones": (10,)},
     },
     "imagenet": {
-        "gmm": {**_COMMON, "n_hidden_layers": 6, "prior_temperature": 5e3, "sgld_steps": 10, "step_size": 1e-7,
-                "noise_std": 1e-4, "l2_coef": 10.0, "lr": 1e-4, "epochs": 8, "batch_size": 256, "milestones": (1,)},
-        "gmm_std": {**_COMMON, "n_hidden_layers": 6, "prior_temperature": 5e3, "sgld_steps": 0, "step_size": 1e-4,
-                    "noise_std": 1e-4, "l2_coef": 40.0, "lr": 1e-4, "epochs": 8, "batch_size": 256,
-                    "milestones": (1,)},
-        "el": {**_COMMON, "prior_temperature": 5e2, "sgld_steps": 40, "step_size": 1e3, "noise_std": 1e-3,
-               "l2_coef": 20.0, "lr": 1e-5, "epochs": 8, "batch_size": 256, "milestones": (1000,), "gamma": 0.9},
+        "gmm": {**_COMMON, "reduce_width": True, "n_hidden_layers": 6, "prior_temperature": 5e3, "sgld_steps": 10,
+                "step_size": 1e-7, "noise_std": 1e-4, "l2_coef": 10.0, "lr": 1e-4, "epochs": 8, "batch_size": 256,
+                "milestones": (1,)},
+        "gmm_std": {**_COMMON, "reduce_width": True, "n_hidden_layers": 6, "prior_temperature": 5e3,
+                    "sgld_steps": 0, "step_size": 1e-4, "noise_std": 1e-4, "l2_coef": 40.0, "lr": 1e-4, "epochs": 8,
+                    "batch_size": 256, "milestones": (1,)},
+        "el": {**_COMMON, "reduce_width": True, "prior_temperature": 5e2, "sgld_steps": 40, "step_size": 1e3,
+               "noise_std": 1e-3, "l2_coef": 20.0, "lr": 1e-5, "epochs": 8, "batch_size": 256, "milestones": (1000,),
+               "gamma": 0.9},
     },
     "fast": {
         "gmm": {**_COMMON, "hidden_dim": 256, "prior_temperature": 1e3, "sgld_steps": 5, "step_size": 1e-4,
@@ -150,7 +153,7 @@ class HEAT(Detector):
         settings: Overrides on the preset: a dict whose keys are setting names (applied to every prior) and/or
             prior names mapping to their own dict. Keys: ``prior_temperature, hidden_dim, n_hidden_layers,
             sgld_steps, step_size, noise_std, end_factor, l2_coef, eps_data, lr, epochs, batch_size, milestones,
-            gamma``. ``epochs=0`` keeps the initial residual.
+            gamma, reduce_width``. ``epochs=0`` keeps the initial residual.
         weight, bias, head: Classifier head ``(C, D)``, ``(C,)`` (or an ``nn.Linear``) for the EL prior.
         tie_hidden_weights: Share the hidden ``h × h`` layer as the reference code (default False, see module doc).
         zero_init_residual: Zero the MLP's last layer at init, so an untrained HEAT equals its priors.
@@ -231,6 +234,7 @@ class HEAT(Detector):
                     f"unknown HEAT setting {key!r}; valid: {sorted(SETTING_KEYS)} or a prior name {get_args(PriorName)}"
                 )
         for p, s in resolved.items():
+            s["reduce_width"] = bool(s["reduce_width"])
             for key in ("epochs", "sgld_steps"):
                 if isinstance(s[key], bool) or not isinstance(s[key], int) or s[key] < 0:
                     raise ValueError(f"{p}.{key} must be a non-negative integer; got {s[key]!r}")
@@ -270,7 +274,8 @@ class HEAT(Detector):
             dim,
             hidden_dim=s["hidden_dim"],
             n_hidden_layers=s["n_hidden_layers"],
-            tie_hidden_weights=self.tie_hidden_weights,
+            tie_hidden_weights=self.tie_hidden_weights and not s["reduce_width"],
+            reduce_width=s["reduce_width"],
             generator=generator,
         ).to(device)
         if self.zero_init_residual:

@@ -138,3 +138,17 @@ def test_train_residual_pushes_real_down_and_negatives_up():
     assert len(history) == 10 and history[-1] < history[0]
     with torch.no_grad():
         assert float(mlp(real).mean()) < float(mlp(proposal(256)).mean())
+
+
+def test_reduce_width_pyramid_matches_reference_layout():
+    mlp = ResidualEnergyMLP(2048, 1024, 6, reduce_width=True)
+    layers = mlp.linear_layers()
+    assert len(layers) == 20  # spec §4: Linear(d, h) + 6 blocks of 3 + Linear(h/64, 1)
+    assert (layers[0].in_features, layers[0].out_features) == (2048, 1024)
+    assert [(m.in_features, m.out_features) for m in layers[1:4]] == [(1024, 1024), (1024, 1024), (1024, 512)]
+    assert [(m.in_features, m.out_features) for m in layers[-4:]] == [(32, 32), (32, 32), (32, 16), (16, 1)]
+    assert mlp(torch.rand(3, 2048)).shape == (3,)
+    with pytest.raises(ValueError, match="cannot be combined"):
+        ResidualEnergyMLP(8, 64, 2, reduce_width=True, tie_hidden_weights=True)
+    with pytest.raises(ValueError, match="divisible"):
+        ResidualEnergyMLP(8, 100, 3, reduce_width=True)
