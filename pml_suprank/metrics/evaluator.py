@@ -74,6 +74,7 @@ def _chunk_ranks(
     self_col: Tensor | None,
     num_bins: int | None,
     workspace: dict | None = None,
+    counting: str = "auto",
 ) -> F.RetrievalRanks:
     """Ranks of one chunk from its ``(C, N)`` score block (overwritten) and the label slices ``(C, L)``."""
     C, N = scores.shape
@@ -91,18 +92,20 @@ def _chunk_ranks(
         is_self = self_col >= 0
         has_self = is_self.long()
         valid = in_block & (col != self_col[:, None])
+    # padding slots point at the first column of the row's block (or hold the original score of a row whose block is
+    # empty), so one scatter keeps only the negatives in the score block (the query itself lies in its own block)
+    col = torch.where(in_block, col, a1.clamp_max(max(N - 1, 0))[:, None])
     rel_scores = scores.gather(1, col)
     lev = torch.ones_like(col)
     for m in range(1, L):
         lev += (col >= starts[:, m : m + 1]) & (col < ends[:, m : m + 1])
     lev = torch.where(valid, lev, torch.zeros_like(lev))
-    # keep only negatives in the score block
-    rows, slots = in_block.nonzero(as_tuple=True)
-    scores[rows, col[rows, slots]] = float("-inf")
-    if self_col is not None:
-        r = is_self.nonzero(as_tuple=True)[0]
-        scores[r, self_col[r]] = float("-inf")
-    levels, positions = F.rank_relevant_items(scores, rel_scores, lev, num_bins=num_bins, workspace=workspace)
+    if P:
+        fill = torch.where((n_block > 0)[:, None], torch.full_like(rel_scores, float("-inf")), rel_scores)
+        scores.scatter_(1, col, fill)
+    levels, positions = F.rank_relevant_items(
+        scores, rel_scores, lev, num_bins=num_bins, workspace=workspace, counting=counting
+    )
     ge = ends - starts - has_self[:, None]  # (C, L): items agreeing on the m coarsest labels (self removed)
     ge = torch.cat([ge, torch.zeros_like(ge[:, :1])], 1)
     counts = torch.empty(C, L + 1, dtype=torch.long, device=device)
@@ -139,6 +142,8 @@ class RetrievalEvaluator:
             ``precision_at_1``, ``recall_at_k``, ``precision_at_k``, ``recall_at_k_level``; ties in faiss order).
         progress_bar: show a tqdm bar over chunks.
         num_bins: histogram resolution of the counting kernel (speed only).
+        counting: ``"auto"``, ``"search"`` or ``"histogram"``: how negatives are counted (speed only, never the
+            result; see :func:`~pml_suprank.metrics.functional.rank_relevant_items`).
 
     Example:
         >>> evaluator = RetrievalEvaluator(k_values=(1, 10))
@@ -159,6 +164,7 @@ class RetrievalEvaluator:
         backend: str = "torch",
         progress_bar: bool = False,
         num_bins: int | None = None,
+        counting: str = "auto",
     ) -> None:
         if isinstance(k_values, int):
             k_values = (k_values,)
@@ -199,6 +205,9 @@ class RetrievalEvaluator:
         self.hierarchy = hierarchy
         self.progress_bar = bool(progress_bar)
         self.num_bins = num_bins
+        if counting not in F.COUNTING_METHODS:
+            raise ValueError(f"counting must be one of {F.COUNTING_METHODS}; got {counting!r}")
+        self.counting = counting
 
     def __repr__(self) -> str:
         return (
@@ -330,6 +339,7 @@ class RetrievalEvaluator:
                     None if self_col is None else self_col[s:e],
                     self.num_bins,
                     workspace,
+                    self.counting,
                 )
                 for key, value in self._metrics_from_ranks(ranks).items():
                     per_query.setdefault(key, []).append(value.cpu())

@@ -37,6 +37,7 @@ from .._validation import check_positive
 from ..relevance import level_counts, pop_relevance, property1_relevance
 
 __all__ = [
+    "COUNTING_METHODS",
     "RetrievalRanks",
     "asi",
     "average_precision",
@@ -53,6 +54,10 @@ __all__ = [
     "true_recall_at_k",
     "weighted_sum_ap",
 ]
+
+
+#: ways of counting the negatives ranked before each relevant item (speed only; every one is exact)
+COUNTING_METHODS = ("auto", "search", "histogram")
 
 
 class RetrievalRanks(NamedTuple):
@@ -176,6 +181,7 @@ def rank_relevant_items(
     rel_levels: Tensor,
     num_bins: int | None = None,
     workspace: dict | None = None,
+    counting: str = "auto",
 ) -> tuple[Tensor, Tensor]:
     """Sort the relevant items of each query and find their positions in the full pessimistic ranking.
 
@@ -188,6 +194,12 @@ def rank_relevant_items(
         rel_levels: ``(C, P)`` int64 levels ``>= 1`` of the relevant items; ``0`` marks a padding slot.
         num_bins: histogram resolution (default ``min(N, 64 P)``); affects speed only, never the result.
         workspace: optional dict in which ``(C, N)`` buffers are kept between calls.
+        counting: how negatives are counted (speed only, never the result; see :data:`COUNTING_METHODS`):
+            ``"search"`` keeps only the negatives scoring at least the lowest relevant score of their row (the others
+            rank after every relevant item and never change a metric) and binary-searches each of them among the
+            sorted relevant scores, ``O(N + M log P)`` for ``M`` such negatives; ``"histogram"`` bins whole rows,
+            ``O(N)`` plus an exact comparison for the negatives sharing a bin with a relevant item; ``"auto"`` picks
+            ``"search"`` when a strided sample of the row block puts fewer than a quarter of the negatives in range.
 
     Returns:
         ``(levels, positions)``, both ``(C, P)`` int64, in ranked order: the levels of the relevant items (``0`` =
@@ -206,6 +218,17 @@ def rank_relevant_items(
     rs = rel_scores.gather(1, order).masked_fill(~vs, float("-inf"))  # descending, padding (-inf) last
     n_rel = vs.sum(1)
     arange_p = torch.arange(P, device=device)
+    if counting not in COUNTING_METHODS:
+        raise ValueError(f"counting must be one of {COUNTING_METHODS}; got {counting!r}")
+    # lowest relevant score of each row (+inf without relevant items: then no negative matters)
+    lo = rs.gather(1, (n_rel - 1).clamp_min(0)[:, None])[:, 0]
+    lo = torch.where(n_rel > 0, lo, torch.full_like(lo, float("inf")))
+    if counting == "auto":
+        counting = "search" if _in_range_fraction(neg_scores, lo) < 0.25 else "histogram"
+    if counting == "search":
+        neg_ge = _count_negatives_search(neg_scores, rs, vs, lo, workspace)
+        positions = torch.where(vs, neg_ge + arange_p + 1, torch.zeros_like(neg_ge))
+        return torch.where(vs, rl, torch.zeros_like(rl)), positions
 
     # Uniform bins over each row's relevant range: bin() is monotone because it is a chain of correctly rounded
     # elementwise ops (sub, mul, clamp, trunc) applied identically to every score, so an item in a higher bin than a
@@ -284,6 +307,46 @@ def rank_relevant_items(
     return torch.where(vs, rl, torch.zeros_like(rl)), positions
 
 
+def _in_range_fraction(neg_scores: Tensor, lo: Tensor, samples: int = 512) -> float:
+    """Share of the entries of ``neg_scores`` ``(C, N)`` with ``score >= lo`` (per row), from strided columns."""
+    C, N = neg_scores.shape
+    if C == 0 or N == 0:
+        return 0.0
+    step = max(N // samples, 1)
+    return float((neg_scores[:, ::step] >= lo[:, None]).float().mean())
+
+
+def _count_negatives_search(neg_scores: Tensor, rs: Tensor, vs: Tensor, lo: Tensor, workspace: dict | None) -> Tensor:
+    """``neg_ge[c, k] = #{j : neg_scores[c, j] >= rs[c, k]}`` for the valid sorted slots (``rs`` descending).
+
+    One comparison pass keeps the ``M`` negatives scoring at least ``lo`` (the lowest relevant score of the row; the
+    others are below every relevant item); each one is binary-searched among the row's relevant scores: it ranks
+    before (pessimistic ties: at or above) the relevant slots ``k >= #{r_k > s}``, a range whose start is scattered
+    into a difference array and prefix-summed. ``O(C·N + M log P)``; exact (plain float comparisons).
+    """
+    C, N = neg_scores.shape
+    P = rs.shape[1]
+    device = neg_scores.device
+    keep = _workspace(workspace, "keep", (C, N), torch.bool, device)
+    torch.ge(neg_scores, lo[:, None], out=keep)
+    flat = keep.view(-1).nonzero().squeeze(1)
+    neg_ge = torch.zeros(C, P + 1, dtype=torch.long, device=device)
+    if flat.numel():
+        rows = torch.div(flat, N, rounding_mode="floor")
+        values = neg_scores.reshape(-1)[flat]
+        per_row = torch.bincount(rows, minlength=C)
+        width = int(per_row.max())
+        first = torch.cumsum(per_row, 0) - per_row
+        slot = rows * width + (torch.arange(flat.numel(), device=device) - first[rows])
+        # ascending sequence -r (padding +inf) and queries -s: searchsorted(left) = #{k : r_k > s}
+        seq = (-rs).masked_fill(~vs, float("inf")).contiguous()
+        queries = torch.full((C * width,), float("inf"), dtype=rs.dtype, device=device)
+        queries[slot] = -values.to(rs.dtype)
+        above = torch.searchsorted(seq, queries.view(C, width)).view(-1)[slot]
+        neg_ge.view(-1).index_add_(0, rows * (P + 1) + above, torch.ones_like(above))
+    return neg_ge.cumsum(1)[:, :P]
+
+
 def _count_greater(rs: Tensor, vs: Tensor, rows: Tensor, values: Tensor) -> Tensor:
     """``#{k : rs[row, k] > value}`` for flattened (row, value) pairs; ``rs`` descending per row."""
     C, P = rs.shape
@@ -305,6 +368,7 @@ def retrieval_ranks(
     *,
     num_levels: int | None = None,
     num_bins: int | None = None,
+    counting: str = "auto",
 ) -> RetrievalRanks:
     """Positions of every relevant item (level ``>= 1``) in the pessimistic ranking of each query.
 
@@ -314,6 +378,7 @@ def retrieval_ranks(
         mask: optional ``(Q, N)`` bool; ``False`` removes the item from that query's gallery.
         num_levels: ``L``; default ``max(levels)`` (pass it when some level may be absent from the data).
         num_bins: histogram resolution of the counting kernel (speed only).
+        counting: ``"auto"``, ``"search"`` or ``"histogram"`` (speed only; see :func:`rank_relevant_items`).
 
     Returns:
         :class:`RetrievalRanks` from which every metric of this module is computed.
@@ -334,7 +399,7 @@ def retrieval_ranks(
     rel_scores = scores.gather(1, rel_idx)
     rel_levels = torch.where(slot_valid, levels.gather(1, rel_idx), torch.zeros_like(rel_idx))
     neg_scores = scores.masked_fill(~(keep & (levels == 0)), float("-inf"))
-    lv, pos = rank_relevant_items(neg_scores, rel_scores, rel_levels, num_bins=num_bins)
+    lv, pos = rank_relevant_items(neg_scores, rel_scores, rel_levels, num_bins=num_bins, counting=counting)
     counts = level_counts(levels, L, keep)
     return RetrievalRanks(lv, pos, counts, L)
 

@@ -52,6 +52,41 @@ def test_matches_functional_on_self_retrieval(ties):
     assert out["num_queries"] == n
 
 
+@pytest.mark.parametrize("ties", [False, True])
+def test_counting_methods_agree(ties):
+    # "search" (pruned exact search) and "histogram" must give identical ranks, hence identical metrics, on
+    # self-retrieval, on a disjoint gallery (queries with no relevant item at all) and with ties
+    emb, labels = _data(ties=ties, seed=8)
+    for args in ((emb, labels), (emb[:30], labels[:30], emb[30:], labels[30:])):
+        outs = [
+            RetrievalEvaluator(k_values=(1, 5), chunk_size=13, counting=c).evaluate(*args, return_per_query=True)
+            for c in ("search", "histogram", "auto")
+        ]
+        for out in outs[1:]:
+            for key, value in outs[0]["per_query"].items():
+                assert torch.equal(torch.isnan(value), torch.isnan(out["per_query"][key])), key
+                assert torch.allclose(value, out["per_query"][key], atol=0, rtol=0, equal_nan=True), key
+    with pytest.raises(ValueError, match="counting"):
+        RetrievalEvaluator(counting="sort")
+
+
+def test_search_counting_on_separated_hierarchy():
+    # well separated coarse classes: almost every negative scores below the lowest relevant item and is pruned
+    g = torch.Generator().manual_seed(9)
+    fine = torch.arange(90) // 3
+    labels = torch.stack([fine, fine % 3], 1)
+    emb = 4.0 * torch.nn.functional.one_hot(labels[:, 1], 8).float() + torch.randn(90, 8, generator=g)
+    emb = torch.nn.functional.normalize(emb, dim=1)
+    out = RetrievalEvaluator(k_values=(1, 4), chunk_size=32, counting="search").evaluate(
+        emb, labels, return_per_query=True
+    )
+    mask = ~torch.eye(90, dtype=torch.bool)
+    ranks = F.retrieval_ranks(emb @ emb.T, level_matrix(labels, labels), mask, num_levels=2, counting="histogram")
+    assert torch.allclose(out["per_query"]["ap"], F.ap_from_ranks(ranks), atol=1e-12, equal_nan=True)
+    assert torch.allclose(out["per_query"]["h_ap"], F.hap_from_ranks(ranks), atol=1e-12, equal_nan=True)
+    assert torch.allclose(out["per_query"]["asi"], F.asi_from_ranks(ranks), atol=1e-12, equal_nan=True)
+
+
 def test_disjoint_gallery_and_ref_includes_query():
     emb, labels = _data(seed=1)
     q, ql, g, gl = emb[:30], labels[:30], emb[30:], labels[30:]

@@ -25,11 +25,13 @@ def _problem(seed, Q=6, N=40, L=3, ties=True, dtype=torch.float32):
 
 
 @pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("num_bins", [None, 1, 7])
-def test_all_metrics_match_naive_full_sort(seed, num_bins, dtype):
+@pytest.mark.parametrize(
+    "num_bins, counting", [(None, "auto"), (1, "histogram"), (7, "histogram"), (None, "histogram"), (None, "search")]
+)
+def test_all_metrics_match_naive_full_sort(seed, num_bins, counting, dtype):
     L = 3
     scores, levels, mask = _problem(seed, ties=seed % 2 == 0, dtype=dtype)
-    ranks = F.retrieval_ranks(scores, levels, mask, num_levels=L, num_bins=num_bins)
+    ranks = F.retrieval_ranks(scores, levels, mask, num_levels=L, num_bins=num_bins, counting=counting)
     ref = naive_metrics(scores.double().numpy(), levels.numpy(), mask.numpy(), L)
     for m in range(1, L + 1):
         assert isclose(F.ap_from_ranks(ranks, m), column(ref, f"ap{m}"))
