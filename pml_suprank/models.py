@@ -48,6 +48,9 @@ def check_backbone_name(backbone: Any) -> str:
 
     Accepts an architecture name (``"resnet50"``), a name with a pretrained tag (``"resnet50.a1_in1k"``) and the
     ``hf-hub:`` / ``local-dir:`` prefixes of ``timm.create_model`` (checked by timm itself when the model is built).
+    Note that timm resolves an ``hf-hub:`` name through the Hub even with ``pretrained=False`` (it needs the remote
+    config), so a saved model with such a backbone restores offline only from a populated Hub cache; plain
+    architecture names (with or without a pretrained tag) never touch the network when restoring.
     """
     if not isinstance(backbone, str) or not backbone:
         raise TypeError(
