@@ -10,7 +10,8 @@ Deviations from the reference code (``spec/heat_reference.md``), all deliberate:
 * **Standardisation** uses the mean and unbiased std of each hybrid energy over the **whole** training set; the
   reference uses one shuffled batch of 256 (spec §8, ``DESIGN.md`` §2). Identical when the training set is one batch.
 * **Untied hidden layers** by default (``tie_hidden_weights=True`` reproduces the reference's shared layer, spec §4).
-* **GMM covariance** in float64 with a relative ridge (see :mod:`.priors`).
+* **GMM covariance** in float64 with a relative ridge (see :mod:`.priors`); GMM energies are scored in float64 but
+  evaluated in the feature dtype inside training (SGLD and the loss), where only ``∇(E/T_G)`` matters.
 * **Randomness** comes from ``seed`` through explicit generators (the reference uses the global RNG).
 * ImageNet-specific reference options: the 20-layer pyramid MLP (``reduce_width``) is available (and set by the
   ``"imagenet"`` preset); not implemented are the tempered batch-statistics proposal (``base_dist_temp``), the
@@ -132,6 +133,12 @@ class _Component(nn.Module):
 
     def prior_energy(self, z: Tensor) -> Tensor:
         return self.prior.energy(z) / self.prior_temperature
+
+    def sgld_prior_energy(self, z: Tensor) -> Tensor:
+        """Prior term used during training: GMM energies in the feature dtype (not float64), see ``mahalanobis``."""
+        if isinstance(self.prior, ClassConditionalGaussian):
+            return self.prior.energy(z, compute_dtype=z.dtype) / self.prior_temperature
+        return self.prior_energy(z)
 
     def forward(self, z: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """``(N, D)`` raw features → ``(total, residual, prior)`` energies, each ``(N,)``."""
@@ -336,7 +343,7 @@ class HEAT(Detector):
 
             self.history[name] = train_residual(
                 mlp,
-                comp.prior_energy,
+                comp.sgld_prior_energy,
                 proposal,
                 z_train,
                 epochs=s["epochs"],
