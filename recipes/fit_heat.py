@@ -13,9 +13,11 @@ held-out families (near-OOD) plus uniform-noise and blob images (far-OOD). It th
 Any timm backbone and any dataset the package can load work through flags, e.g.::
 
     python recipes/fit_heat.py --backbone resnet18 --pretrained --id-dataset uoft-cs/cifar10 \
-        --label-column label --ood-datasets uoft-cs/cifar100:test tanganke/svhn:test --image-size 32 --train-epochs 5
+        --label-column label --ood-datasets uoft-cs/cifar100:test:fine_label tanganke/svhn:test:label \
+        --image-size 32 --train-epochs 5
 
-Hub ids and local folders go through ``pml_suprank.data.load_retrieval_dataset`` (``SOURCE[:SPLIT]``); the special
+Hub ids and local folders go through ``pml_suprank.data.load_retrieval_dataset`` (``SOURCE[:SPLIT[:LABEL]]``, the
+label column only satisfies the loader; OOD labels are not used); the special
 names ``synthetic-heldout``, ``noise-uniform``, ``noise-gaussian`` and ``noise-blobs`` are built in. Nothing is
 downloaded unless a Hub id or ``--pretrained`` is given. Hyper-parameters of the published settings are in
 ``hub_configs/heat_*.yaml`` (``--config``).
@@ -59,9 +61,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--ood-datasets",
         nargs="+",
         default=["synthetic-heldout", "noise-uniform", "noise-blobs"],
-        help=f"OOD sets: built-in {BUILTIN_OOD} or SOURCE[:SPLIT] (Hub id / local folder)",
+        help=f"OOD sets: built-in {BUILTIN_OOD} or SOURCE[:SPLIT[:LABEL_COLUMN]] (Hub id / local folder)",
     )
-    p.add_argument("--ood-label-column", default="label", help="any integer column of Hub / folder OOD sets")
+    p.add_argument(
+        "--ood-label-column", default="label", help="default label column of Hub / folder OOD sets (labels unused)"
+    )
+    p.add_argument("--cache-dir", default=None, help="datasets cache folder for Hub / folder datasets")
     p.add_argument("--image-size", type=int, default=None, help="image side (synthetic: 32; else the model's)")
     p.add_argument("--num-per-class", type=int, default=40, help="synthetic: training images per fine class")
     p.add_argument("--num-test-per-class", type=int, default=12, help="synthetic: test images per fine class")
@@ -140,10 +145,9 @@ def build_datasets(args, transform):
         test = data.SyntheticShapes("test", num_per_class=args.num_test_per_class, families=ID_FAMILIES, **common)
     else:
         label_col = args.label_column or "label"
-        train = data.load_retrieval_dataset(
-            args.id_dataset, [label_col], split=args.id_train_split, transform=transform
-        )
-        test = data.load_retrieval_dataset(args.id_dataset, [label_col], split=args.id_test_split, transform=transform)
+        kw = {"transform": transform, "cache_dir": args.cache_dir}
+        train = data.load_retrieval_dataset(args.id_dataset, [label_col], split=args.id_train_split, **kw)
+        test = data.load_retrieval_dataset(args.id_dataset, [label_col], split=args.id_test_split, **kw)
     level = train.label_names.index(label_col) if label_col in train.label_names else 0
     oods = {}
     for spec in args.ood_datasets:
@@ -163,9 +167,14 @@ def build_datasets(args, transform):
                 args.num_noise, image_size=args.image_size, seed=args.seed, kind=kind, transform=transform
             )
         else:
-            source, _, split = spec.partition(":")
+            source, _, rest = spec.partition(":")
+            split, _, label = rest.partition(":")
             oods[spec] = data.load_retrieval_dataset(
-                source, [args.ood_label_column], split=split or "test", transform=transform
+                source,
+                [label or args.ood_label_column],
+                split=split or "test",
+                transform=transform,
+                cache_dir=args.cache_dir,
             )
     caps = {k: _cap(v, args.max_samples, args.seed) for k, v in oods.items()}
     return _cap(train, args.max_samples, args.seed), _cap(test, args.max_samples, args.seed), caps, level

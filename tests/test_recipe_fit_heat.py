@@ -57,3 +57,36 @@ def test_fit_heat_config_file_sets_defaults_and_flags_win():
     assert args.heat_settings["gmm"]["sgld_steps"] == 40
     with pytest.raises(SystemExit):
         fit_heat.parse_args(["--preset", "mnist"])
+
+
+def _image_folder(root: Path, splits=("train", "test"), n=16, seed=0):
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for split in splits:
+        (root / split).mkdir(parents=True)
+        rows = ["file_name,label"]
+        for i in range(n):
+            arr = (rng.random((32, 32, 3)) * 80 + (150 if i % 2 else 20)).astype(np.uint8)
+            Image.fromarray(arr).save(root / split / f"{i}.png")
+            rows.append(f"{i}.png,{i % 2}")
+        (root / split / "metadata.csv").write_text("\n".join(rows) + "\n")
+    return root
+
+
+@pytest.mark.slow
+def test_fit_heat_on_local_folders(tmp_path):
+    fit_heat = _import_fit_heat()
+    id_root = _image_folder(tmp_path / "id")
+    ood_root = _image_folder(tmp_path / "ood", splits=("test",), seed=1)
+    argv = [
+        "--id-dataset", str(id_root), "--label-column", "label", "--ood-datasets", f"{ood_root}:test:label",
+        "noise-uniform", "--num-noise", "8", "--image-size", "32", "--output-stride", "16", "--train-epochs", "1",
+        "--heat-epochs", "1", "--knn-k", "3", "--no-odin", "--no-plots", "--threads", "1",
+        "--cache-dir", str(tmp_path / "cache"), "--output-dir", str(tmp_path / "out"),
+    ]  # fmt: skip
+    with torch.random.fork_rng():
+        results = fit_heat.main(argv)
+    assert set(results["table"]["HEAT"]) == {f"{ood_root}:test:label", "noise-uniform", "average"}
+    assert "ODIN" not in results["table"] and results["classifier_test_accuracy"] is not None
