@@ -4,8 +4,11 @@ HEAT (thesis Sec. 5.2.2, spec §2) reads the last residual stage before global p
 timm's ``forward_features``): ``z`` is the spatial mean and ``σ`` the spatial **unbiased** std (ddof = 1, as
 ``torch.std``; numpy's default ddof = 0 would be wrong). Logits come from ``forward_head`` on the same map.
 
-For token models (ViT; ``forward_features`` returns ``(B, N, C)``) ``z`` is ``forward_head(x, pre_logits=True)``
-(timm's own pooling, e.g. the class token) and ``σ`` the unbiased std over all tokens.
+``extract_features`` takes ``z = forward_head(fmap, pre_logits=True)``, the input of the classifier's last linear
+layer, so that detectors using the head (EL, ViM, DICE, ReAct) see ``logits = W z + b``. For ResNets this is exactly
+the spatial mean; for heads with a norm after pooling (ConvNeXt) it is the normalised mean, and for token models
+(ViT; ``forward_features`` returns ``(B, N, C)``) timm's own pooling (e.g. the class token). ``σ`` is always the
+unbiased std of the raw map over its positions (all tokens for ViTs).
 """
 
 from __future__ import annotations
@@ -112,9 +115,8 @@ def extract_features(
                 break
             images, y = _split_batch(batch)
             fmap = model.forward_features(images.to(device))
-            z, sigma = pool_feature_map(fmap)
-            if fmap.dim() == 3:  # tokens: use the model's own pooling for z
-                z = model.forward_head(fmap, pre_logits=True)
+            _, sigma = pool_feature_map(fmap)
+            z = model.forward_head(fmap, pre_logits=True)  # the classifier's input: logits = fc(z)
             zs.append(z.float().cpu())
             sigmas.append(sigma.float().cpu())
             logits.append(model.forward_head(fmap).float().cpu())

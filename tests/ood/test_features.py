@@ -34,7 +34,7 @@ def test_pooling_bad_input():
 
 
 @pytest.mark.slow  # importing timm and building the models takes a few seconds
-@pytest.mark.parametrize("name", ["test_resnet", "test_vit"])
+@pytest.mark.parametrize("name", ["test_resnet", "test_vit", "test_convnext"])
 def test_extract_features_from_timm(name):
     timm = pytest.importorskip("timm")
     torch.manual_seed(0)
@@ -53,8 +53,10 @@ def test_extract_features_from_timm(name):
     with torch.no_grad():
         torch.testing.assert_close(out.logits, model(images), atol=1e-4, rtol=1e-4)
         fmap = model.forward_features(images)
-    if fmap.dim() == 4:
+    if name == "test_resnet":  # ResNet: z is exactly the spatial mean (HEAT's avg pooling)
         torch.testing.assert_close(out.features, fmap.mean((2, 3)), atol=1e-5, rtol=1e-5)
+    # z is the classifier's input, so head-based detectors (EL, ViM, DICE, ReAct) see the model's logits
+    torch.testing.assert_close(model.get_classifier()(out.features), out.logits, atol=1e-4, rtol=1e-4)
     assert bool((out.std_features >= 0).all())
     kwargs = out.as_kwargs()
     assert set(kwargs) == {"features", "std_features", "logits", "labels"}
