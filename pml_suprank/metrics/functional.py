@@ -595,9 +595,14 @@ def weighted_sum_ap_from_ranks(ranks: RetrievalRanks, weights: Tensor | list[flo
 
 
 class _Threshold(NamedTuple):
-    cum: Tensor  # (C, P + 1) positives ranked at or before each slot, with a leading 0
-    cprec: Tensor  # (C, P + 1) cumulative Σ rank⁺/rank over positives, with a leading 0
+    cum: Tensor  # (C, P) float64: positives ranked at or before each slot (inclusive)
+    cprec: Tensor  # (C, P) float64: cumulative Σ rank⁺/rank over the positives (inclusive)
     n_pos: Tensor  # (C,)
+
+
+def _at(arr: Tensor, i: Tensor) -> Tensor:
+    """``arr[c, i[c] - 1]`` (0 where ``i[c] == 0``): inclusive prefix sums ``(C, P)``, slot counts ``i`` ``(C, 1)``."""
+    return torch.where(i > 0, arr.gather(1, (i - 1).clamp_min(0)), 0.0)[:, 0]
 
 
 def metrics_from_ranks(
@@ -611,7 +616,9 @@ def metrics_from_ranks(
     """Every requested metric from one :class:`RetrievalRanks` with shared prefix sums (used by the evaluator).
 
     For each positive threshold the precisions ``rank⁺/rank`` are prefix-summed once; because positions increase
-    along the ranked order, ``mAP@R``, ``mAP@k``, ``R@k``, ``P@k`` and R-precision are then single gathers.
+    along the ranked order, ``mAP@R``, ``mAP@k``, ``R@k``, ``P@k`` and R-precision are then single gathers. H-AP,
+    NDCG and ASI reuse the same per-level cumulative counts (the ``(Q, P)`` arrays of the coarsest level are the
+    bulk of the evaluator's post-matmul work, so every pass over them is shared).
 
     Args:
         ranks: from :func:`retrieval_ranks` or the evaluator.
@@ -624,48 +631,64 @@ def metrics_from_ranks(
         ``{key: (Q,) float64}`` with the evaluator's key names (NaN where undefined).
     """
     L = ranks.num_levels
-    lv = ranks.levels
+    lv, positions, counts = ranks.levels, ranks.positions, ranks.counts
+    C, P = lv.shape
+    device = lv.device
+    if P == 0:  # one padding slot keeps every gather well defined
+        lv = torch.zeros(C, 1, dtype=lv.dtype, device=device)
+        positions = torch.zeros_like(lv)
+        P = 1
     want = set(groups)
     valid = lv > 0
-    pos_f = torch.where(valid, _f64(ranks.positions), torch.full_like(_f64(ranks.positions), float("inf")))
-    inv = torch.where(valid, 1.0 / pos_f, torch.zeros_like(pos_f))
-    zero_col = torch.zeros_like(pos_f[:, :1])
+    pos_f = _f64(positions).masked_fill_(~valid, float("inf"))  # increasing along the slots, padding last
+    inv = pos_f.reciprocal()  # 0 on padding
     cache: dict[int, _Threshold] = {}
+    level_ge: dict[int, Tensor] = {}
+
+    def ge(m: int) -> Tensor:
+        if m not in level_ge:
+            level_ge[m] = valid if m == 1 else lv >= m
+        return level_ge[m]
 
     def threshold(m: int) -> _Threshold:
         if m not in cache:
-            pm = lv >= m
-            cum = _f64(pm.long().cumsum(1))
-            cprec = (cum * inv * pm).cumsum(1)
-            cache[m] = _Threshold(
-                torch.cat([zero_col, cum], 1), torch.cat([zero_col, cprec], 1), ranks.counts[:, m:].sum(1)
-            )
+            pm = ge(m)
+            cum = torch.cumsum(pm, 1, dtype=torch.float64)
+            cprec = torch.where(pm, cum * inv, 0.0).cumsum_(1)
+            cache[m] = _Threshold(cum, cprec, counts[:, m:].sum(1))
         return cache[m]
 
+    upto_k: dict[int, Tensor] = {}
+
     def upto(t: Tensor) -> Tensor:  # (C, 1) number of slots with position <= t
-        return torch.searchsorted(pos_f, _f64(t).reshape(-1, 1).expand(pos_f.shape[0], 1).contiguous(), right=True)
+        return torch.searchsorted(pos_f, _f64(t).reshape(-1, 1).expand(C, 1).contiguous(), right=True)
+
+    def upto_const(k: int) -> Tensor:
+        if k not in upto_k:
+            upto_k[k] = upto(torch.full((C,), k, dtype=torch.float64, device=device))
+        return upto_k[k]
 
     def nan_empty(v: Tensor, n: Tensor) -> Tensor:
         return torch.where(n > 0, v, torch.full_like(v, float("nan")))
 
     out: dict[str, Tensor] = {}
 
-    def binary(prefix: str, suffix: str, m: int, fine: bool) -> None:
+    def binary(suffix: str, m: int, fine: bool) -> None:
         th = threshold(m)
         n = th.n_pos
         nf = _f64(n).clamp_min(1)
         if ("ap" in want and fine) or ("ap_level" in want and not fine):
-            out[f"{prefix}ap{suffix}"] = nan_empty(th.cprec[:, -1] / nf, n)
+            out[f"ap{suffix}"] = nan_empty(th.cprec[:, -1] / nf, n)
         if ("map_at_r" in want and fine) or ("map_at_r_level" in want and not fine) or "r_precision" in want:
             iR = upto(n)
             if ("map_at_r" in want and fine) or ("map_at_r_level" in want and not fine):
-                out[f"{prefix}map_at_r{suffix}"] = nan_empty(th.cprec.gather(1, iR)[:, 0] / nf, n)
+                out[f"map_at_r{suffix}"] = nan_empty(_at(th.cprec, iR) / nf, n)
             if fine and "r_precision" in want:
-                out["r_precision"] = nan_empty(th.cum.gather(1, iR)[:, 0] / nf, n)
+                out["r_precision"] = nan_empty(_at(th.cum, iR) / nf, n)
         ks = set(k_values) | ({1} if fine and "precision_at_1" in want else set())
         for k in sorted(ks):
-            ik = upto(torch.full_like(n, k))
-            hits = th.cum.gather(1, ik)[:, 0]
+            ik = upto_const(k)
+            hits = _at(th.cum, ik)
             if fine:
                 if "precision_at_1" in want and k == 1:
                     out["precision_at_1"] = nan_empty(hits, n)
@@ -678,20 +701,31 @@ def metrics_from_ranks(
                 if "true_recall_at_k" in want:
                     out[f"true_recall_at_{k}"] = nan_empty(hits / _f64(n).clamp(1, k), n)
                 if "map_at_k" in want:
-                    out[f"map_at_{k}"] = nan_empty(th.cprec.gather(1, ik)[:, 0] / _f64(n).clamp(1, k), n)
+                    out[f"map_at_{k}"] = nan_empty(_at(th.cprec, ik) / _f64(n).clamp(1, k), n)
             elif "recall_at_k_level" in want:
                 out[f"recall_at_{k}{suffix}"] = nan_empty((hits > 0).double(), n)
 
-    binary("", "", L, True)
+    binary("", L, True)
     if want & {"ap_level", "map_at_r_level", "recall_at_k_level"}:
         for h in range(L):
-            binary("", f"_level{h}", L - h, False)
+            binary(f"_level{h}", L - h, False)
     if "h_ap" in want:
-        table = pop_relevance(ranks.counts, alpha=alpha, dtype=torch.float64)
-        out["h_ap"] = _hap_with_table(ranks, table, threshold)
+        # H-rank⁺(k) = Σ_l c_l(k)·min(rel(k), rel(l)), c_l(k) = items of level exactly l at or before slot k
+        table = pop_relevance(counts, alpha=alpha, dtype=torch.float64)
+        rel_k = table.gather(1, lv)  # 0 on padding (rel(0) = 0)
+        h_rank = torch.zeros_like(rel_k)
+        prev = None
+        for lvl in range(L, 0, -1):
+            cum_ge = threshold(lvl).cum  # cached: never modified in place
+            c = cum_ge if prev is None else cum_ge - prev
+            prev = cum_ge
+            h_rank.addcmul_(c, torch.minimum(rel_k, table[:, lvl : lvl + 1]))
+        num = h_rank.mul_(inv).sum(1)
+        den = rel_k.sum(1)
+        out["h_ap"] = _nan_where_empty(num / torch.where(den > 0, den, torch.ones_like(den)), den)
     if "sum_w_ap" in want:
-        w = _check_weights(level_weights, L, lv.device)
-        num = torch.zeros(lv.shape[0], dtype=torch.float64, device=lv.device)
+        w = _check_weights(level_weights, L, device)
+        num = torch.zeros(C, dtype=torch.float64, device=device)
         den = torch.zeros_like(num)
         for m in range(1, L + 1):
             th = threshold(m)
@@ -700,10 +734,59 @@ def metrics_from_ranks(
             den += torch.where(has, w[m - 1], torch.zeros_like(den))
         out["sum_w_ap"] = nan_empty(num / torch.where(den > 0, den, torch.ones_like(den)), den)
     if "ndcg" in want:
-        out["ndcg"] = ndcg_from_ranks(ranks)
+        gain = (2.0 ** torch.arange(L + 1, device=device, dtype=torch.float64) - 1.0)[lv]  # 0 on padding
+        dcg = (gain.mul_(pos_f.add(1.0).log2_().reciprocal_())).sum(1)
+        out["ndcg"] = _ndcg_from_dcg(dcg, counts, L, P)
     if "asi" in want:
-        out["asi"] = asi_from_ranks(ranks)
+        out["asi"] = _asi_fused(lv, positions, counts, L, ge)
     return out
+
+
+def _ndcg_from_dcg(dcg: Tensor, counts: Tensor, L: int, P: int) -> Tensor:
+    """NDCG from the DCG of the ranking and the ideal DCG of the level counts (levels in decreasing order)."""
+    device = dcg.device
+    n_rel = counts[:, 1:].sum(1)
+    ideal_disc = 1.0 / torch.log2(torch.arange(2, P + 2, device=device, dtype=torch.float64))
+    D = torch.cat([torch.zeros(1, device=device, dtype=torch.float64), ideal_disc.cumsum(0)])
+    idcg = torch.zeros_like(dcg)
+    start = torch.zeros_like(n_rel)
+    for lvl in range(L, 0, -1):
+        n_l = counts[:, lvl]
+        idcg += (2.0**lvl - 1.0) * (D[(start + n_l).clamp_max(P)] - D[start.clamp_max(P)])
+        start = start + n_l
+    return _nan_where_empty(dcg / torch.where(idcg > 0, idcg, torch.ones_like(idcg)), n_rel)
+
+
+def _asi_fused(lv: Tensor, positions: Tensor, counts: Tensor, L: int, ge) -> Tensor:
+    """ASI (see :func:`asi_from_ranks`) with int32 per-position counts and the level masks of the caller.
+
+    ``c_{>=l}(n)``, the items of level ``>= l`` within the first ``n`` positions, is a prefix sum over positions; the
+    finest level needs no ``min`` with the ideal count (``c_L(n) <= min(n, |Ω^(L)|)`` always).
+    """
+    C, P = lv.shape
+    device = lv.device
+    n_plus = counts[:, 1:].sum(1)
+    inside = (lv > 0) & (positions <= n_plus[:, None])  # only positions <= N⁺ <= P matter
+    slot = torch.where(inside, positions - 1, P)
+    n = torch.arange(1, P + 1, device=device, dtype=torch.int32)
+    total = torch.zeros(C, P, dtype=torch.int32, device=device)
+    above = torch.zeros_like(n_plus)  # relevant items of higher level (ranked first in the ideal order)
+    prev = None
+    for lvl in range(L, 0, -1):
+        hit = torch.zeros(C, P + 1, dtype=torch.int32, device=device)
+        hit.scatter_add_(1, slot, (inside & ge(lvl)).int())
+        cum_ge = hit[:, :P].cumsum(1, dtype=torch.int32)  # items of level >= lvl within the first n positions
+        c = cum_ge if prev is None else cum_ge - prev
+        prev = cum_ge
+        n_l = counts[:, lvl]
+        if lvl == L:
+            total += c
+        else:
+            c_star = (n[None, :] - above[:, None].int()).clamp_min_(0).minimum(n_l[:, None].int())
+            total += torch.minimum(c, c_star)
+        above = above + n_l
+    ratio = _f64(total).div_(_f64(n)[None, :]).masked_fill_(n[None, :] > n_plus[:, None], 0.0)
+    return _nan_where_empty(ratio.sum(1) / n_plus.clamp_min(1), n_plus)
 
 
 def _check_weights(weights: Tensor | list[float] | None, L: int, device: torch.device) -> Tensor:
