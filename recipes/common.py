@@ -56,6 +56,16 @@ def int_list(value: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 1,10; got {value!r}") from e
 
 
+def json_dict(value: str) -> dict[str, Any]:
+    try:
+        out = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f'expected a JSON object such as {{"img_size": 64}}; got {value!r}') from e
+    if not isinstance(out, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object; got {value!r}")
+    return out
+
+
 def str_list(value: str) -> list[str]:
     return [v for v in str(value).replace(" ", "").split(",") if v]
 
@@ -169,6 +179,12 @@ def add_common_arguments(parser: argparse.ArgumentParser, defaults: dict[str, An
     g.add_argument("--pooling", type=str, default="avg", choices=["avg", "gem", "max"], help="global pooling")
     g.add_argument("--embedding_size", type=int, default=defaults["embedding_size"], help="embedding dimension")
     g.add_argument("--layer_norm", type=str2bool, default=True, help="LayerNorm (no affine) before the projection")
+    g.add_argument(
+        "--backbone_kwargs",
+        type=json_dict,
+        default=None,
+        help="extra timm.create_model kwargs as JSON, e.g. '{\"img_size\": 64}' for a ViT",
+    )
 
     g = parser.add_argument_group("training")
     g.add_argument("--epochs", type=int, default=defaults["epochs"], help="number of epochs")
@@ -335,6 +351,7 @@ def build_model(args: argparse.Namespace) -> Any:
         embedding_size=args.embedding_size,
         layer_norm=args.layer_norm,
         image_size=args.image_size,
+        backbone_kwargs=args.backbone_kwargs,
     )
 
 

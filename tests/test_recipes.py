@@ -220,7 +220,31 @@ def test_corrupt_checkpoint_gives_a_clear_error(happier_run, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_torchrun_two_processes(tmp_path):
+def test_torchrun_two_processes_equals_one_process_with_the_global_batch(tmp_path):
+    # test_vit has LayerNorm only (no BatchNorm statistics per process) and SGD keeps weight differences proportional
+    # to gradient differences: 2 processes x 32 images must train like 1 process x 64 images (same global batches,
+    # same per-item augmentation, loss of the gathered global batch, DDP averaging).
+    exact = [
+        "--backbone",
+        "test_vit",
+        "--backbone_kwargs",
+        '{"img_size": 16}',
+        "--optimizer",
+        "sgd",
+        "--momentum",
+        "0",
+        "--lr_backbone",
+        "0.05",
+        "--lr_head",
+        "0.05",
+        "--lr_proxies",
+        "1.0",
+        "--max_train_steps",
+        "2",
+        "--no_plots",
+    ]
+    single = _recipe("train_happier.py", tmp_path / "one", "--batch_size", "64", *exact, "--skip_initial_eval")
+    assert "1 process(es)" in single.stdout
     args = [
         sys.executable,
         "-m",
@@ -231,24 +255,25 @@ def test_torchrun_two_processes(tmp_path):
         str(RECIPES / "train_happier.py"),
         *TINY,
         "--output_dir",
-        str(tmp_path),
-        "--max_train_steps",
-        "2",
+        str(tmp_path / "two"),
+        *exact,
         "--checkpoint_every",
         "1",
-        "--no_plots",
     ]
     proc = _run(args, check=False)
     if proc.returncode != 0 and "SIGABRT" in proc.stderr:  # gloo start-up flake seen here (ecosystem.md §3.6)
-        shutil.rmtree(tmp_path, ignore_errors=True)
+        shutil.rmtree(tmp_path / "two", ignore_errors=True)
         proc = _run(args, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "2 process(es)" in proc.stdout
     assert proc.stdout.count("test metrics before / after training:") == 1  # accelerator.print: main process only
-    state = json.loads((tmp_path / "checkpoints" / "step_00000002" / "trainer_state.json").read_text())
+    state = json.loads((tmp_path / "two" / "checkpoints" / "step_00000002" / "trainer_state.json").read_text())
     assert state["num_processes"] == 2
-    assert (tmp_path / "checkpoints" / "step_00000002" / "random_states_1.pkl").is_file()
-    assert (tmp_path / "final" / "model.safetensors").is_file()
+    assert (tmp_path / "two" / "checkpoints" / "step_00000002" / "random_states_1.pkl").is_file()
+    one, two = _final_weights(tmp_path / "one"), _final_weights(tmp_path / "two")
+    assert one.keys() == two.keys()
+    for k in one:
+        torch.testing.assert_close(two[k], one[k], rtol=1e-4, atol=1e-5, msg=k)
 
 
 # ------------------------------------------------------------------------------------------------------------------
