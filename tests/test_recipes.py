@@ -223,7 +223,8 @@ def test_corrupt_checkpoint_gives_a_clear_error(happier_run, tmp_path):
 def test_torchrun_two_processes_equals_one_process_with_the_global_batch(tmp_path):
     # test_vit has LayerNorm only (no BatchNorm statistics per process) and SGD keeps weight differences proportional
     # to gradient differences: 2 processes x 32 images must train like 1 process x 64 images (same global batches,
-    # same per-item augmentation, loss of the gathered global batch, DDP averaging).
+    # same per-item augmentation, loss of the gathered global batch, DDP averaging), with the memory in use from the
+    # second step.
     exact = [
         "--backbone",
         "test_vit",
@@ -240,7 +241,11 @@ def test_torchrun_two_processes_equals_one_process_with_the_global_batch(tmp_pat
         "--lr_proxies",
         "1.0",
         "--max_train_steps",
-        "2",
+        "3",
+        "--memory_size",
+        "192",
+        "--memory_warmup_steps",
+        "1",
         "--no_plots",
     ]
     single = _recipe("train_happier.py", tmp_path / "one", "--batch_size", "64", *exact, "--skip_initial_eval")
@@ -267,9 +272,9 @@ def test_torchrun_two_processes_equals_one_process_with_the_global_batch(tmp_pat
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "2 process(es)" in proc.stdout
     assert proc.stdout.count("test metrics before / after training:") == 1  # accelerator.print: main process only
-    state = json.loads((tmp_path / "two" / "checkpoints" / "step_00000002" / "trainer_state.json").read_text())
+    state = json.loads((tmp_path / "two" / "checkpoints" / "step_00000003" / "trainer_state.json").read_text())
     assert state["num_processes"] == 2
-    assert (tmp_path / "two" / "checkpoints" / "step_00000002" / "random_states_1.pkl").is_file()
+    assert (tmp_path / "two" / "checkpoints" / "step_00000003" / "random_states_1.pkl").is_file()
     one, two = _final_weights(tmp_path / "one"), _final_weights(tmp_path / "two")
     assert one.keys() == two.keys()
     for k in one:
