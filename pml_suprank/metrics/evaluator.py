@@ -85,24 +85,21 @@ def _chunk_ranks(
     P = int(n_block.max()) if C else 0
     t = torch.arange(P, device=device)
     in_block = t[None, :] < n_block[:, None]
-    col = (a1[:, None] + t[None, :]).clamp_max(max(N - 1, 0))
+    raw = a1[:, None] + t[None, :]  # past the block (possibly past N) on padding slots
+    # level of every slot: 1 inside the block, +1 per finer nested slice containing it; 0 for padding and the query
+    lev = in_block.long()
+    for m in range(1, L):
+        lev += (raw >= starts[:, m : m + 1]) & (raw < ends[:, m : m + 1])
     has_self = torch.zeros(C, dtype=torch.long, device=device)
-    valid = in_block
     if self_col is not None:
-        is_self = self_col >= 0
-        has_self = is_self.long()
-        valid = in_block & (col != self_col[:, None])
+        has_self = (self_col >= 0).long()
+        lev.masked_fill_(raw == self_col[:, None], 0)
     # padding slots point at the first column of the row's block (or hold the original score of a row whose block is
     # empty), so one scatter keeps only the negatives in the score block (the query itself lies in its own block)
-    col = torch.where(in_block, col, a1.clamp_max(max(N - 1, 0))[:, None])
+    col = torch.where(in_block, raw, a1.clamp_max(max(N - 1, 0))[:, None])
     rel_scores = scores.gather(1, col)
-    lev = torch.ones_like(col)
-    for m in range(1, L):
-        lev += (col >= starts[:, m : m + 1]) & (col < ends[:, m : m + 1])
-    lev = torch.where(valid, lev, torch.zeros_like(lev))
     if P:
-        fill = torch.where((n_block > 0)[:, None], torch.full_like(rel_scores, float("-inf")), rel_scores)
-        scores.scatter_(1, col, fill)
+        scores.scatter_(1, col, torch.where((n_block > 0)[:, None], float("-inf"), rel_scores))
     levels, positions = F.rank_relevant_items(
         scores, rel_scores, lev, num_bins=num_bins, workspace=workspace, counting=counting
     )

@@ -143,6 +143,25 @@ def _check_k(k: int) -> int:
 # ranks
 
 
+_KEY_PAD = (2**63 - 1) & ~63  # larger than every key; its level bits are 0
+
+
+def _descending_key(scores: Tensor) -> Tensor:
+    """int64 ``-m(s)`` for float32 ``scores``, with ``m`` the order-preserving int32 image of the float: keys increase
+    as scores decrease, and equal scores (``-0.0 == 0.0``) get equal keys."""
+    bits = (scores + 0.0).view(torch.int32)  # + 0.0 turns -0.0 into +0.0
+    return (bits ^ ((bits >> 31) & 0x7FFFFFFF)).long().neg_()
+
+
+def _pessimistic_keys(scores: Tensor, levels: Tensor) -> Tensor | None:
+    """int64 sort keys ``(C, P)``: score descending, then level ascending, padding (level 0) last with key bits
+    ``level = key & 63`` (0 for padding); None when the one-key encoding does not apply (float64, levels >= 64)."""
+    if scores.dtype != torch.float32 or (levels.numel() and int(levels.max()) >= 64):
+        return None
+    key = _descending_key(scores).mul_(64).add_(levels)
+    return key.masked_fill_(levels == 0, _KEY_PAD)
+
+
 def _pessimistic_order(scores: Tensor, levels: Tensor, valid: Tensor) -> Tensor:
     """Argsort ``(C, P)`` by score descending, then level ascending (padding last)."""
     if scores.dtype == torch.float32 and (levels.numel() == 0 or int(levels.max()) < 64):
@@ -211,25 +230,37 @@ def rank_relevant_items(
     if P == 0:
         empty = torch.zeros(C, 0, dtype=torch.long, device=device)
         return empty, empty.clone()
-    valid = rel_levels > 0
-    order = _pessimistic_order(rel_scores, rel_levels, valid)
-    rl = rel_levels.gather(1, order)
-    vs = valid.gather(1, order)
-    rs = rel_scores.gather(1, order).masked_fill(~vs, float("-inf"))  # descending, padding (-inf) last
-    n_rel = vs.sum(1)
-    arange_p = torch.arange(P, device=device)
     if counting not in COUNTING_METHODS:
         raise ValueError(f"counting must be one of {COUNTING_METHODS}; got {counting!r}")
+    arange_p = torch.arange(P, device=device)
+    keys = _pessimistic_keys(rel_scores, rel_levels) if neg_scores.dtype == rel_scores.dtype else None
+    if keys is not None:
+        keys, order = torch.sort(keys, dim=1)
+        rl = keys & 63  # levels in ranked order, 0 on padding (always last)
+    else:
+        valid = rel_levels > 0
+        order = _pessimistic_order(rel_scores, rel_levels, valid)
+        rl = rel_levels.gather(1, order).masked_fill_(~valid.gather(1, order), 0)
+    vs = rl > 0
+    n_rel = vs.sum(1)
     # lowest relevant score of each row (+inf without relevant items: then no negative matters)
-    lo = rs.gather(1, (n_rel - 1).clamp_min(0)[:, None])[:, 0]
+    last = order.gather(1, (n_rel - 1).clamp_min(0)[:, None])
+    lo = rel_scores.gather(1, last)[:, 0]
     lo = torch.where(n_rel > 0, lo, torch.full_like(lo, float("inf")))
     if counting == "auto":
         counting = "search" if _in_range_fraction(neg_scores, lo) < 0.25 else "histogram"
     if counting == "search":
-        neg_ge = _count_negatives_search(neg_scores, rs, vs, lo, workspace)
-        positions = torch.where(vs, neg_ge + arange_p + 1, torch.zeros_like(neg_ge))
-        return torch.where(vs, rl, torch.zeros_like(rl)), positions
+        if keys is not None:  # the sorted keys are the search sequence: #{k : r_k > s} = #{k : key_k < key(s)}
+            neg_ge = _count_negatives_search(
+                neg_scores, lo, keys, _KEY_PAD, lambda v: _descending_key(v) * 64, workspace
+            )
+        else:  # ascending -r (padding +inf): #{k : r_k > s} = #{k : -r_k < -s}
+            seq = rel_scores.gather(1, order).neg_().masked_fill_(~vs, float("inf"))
+            neg_ge = _count_negatives_search(neg_scores, lo, seq, float("inf"), lambda v: -v.to(seq.dtype), workspace)
+        positions = neg_ge.add_(arange_p + 1).masked_fill_(~vs, 0)
+        return rl, positions
 
+    rs = rel_scores.gather(1, order).masked_fill_(~vs, float("-inf"))  # descending, padding (-inf) last
     # Uniform bins over each row's relevant range: bin() is monotone because it is a chain of correctly rounded
     # elementwise ops (sub, mul, clamp, trunc) applied identically to every score, so an item in a higher bin than a
     # relevant item scores strictly higher, and only the items sharing a bin need an exact comparison.
@@ -316,35 +347,40 @@ def _in_range_fraction(neg_scores: Tensor, lo: Tensor, samples: int = 512) -> fl
     return float((neg_scores[:, ::step] >= lo[:, None]).float().mean())
 
 
-def _count_negatives_search(neg_scores: Tensor, rs: Tensor, vs: Tensor, lo: Tensor, workspace: dict | None) -> Tensor:
-    """``neg_ge[c, k] = #{j : neg_scores[c, j] >= rs[c, k]}`` for the valid sorted slots (``rs`` descending).
+def _count_negatives_search(
+    neg_scores: Tensor, lo: Tensor, seq: Tensor, pad: float | int, to_seq, workspace: dict | None
+) -> Tensor:
+    """``neg_ge[c, k] = #{j : neg_scores[c, j] >= r_k}`` for the relevant items ``r_k`` of row ``c``, ranked order.
 
     One comparison pass keeps the ``M`` negatives scoring at least ``lo`` (the lowest relevant score of the row; the
-    others are below every relevant item); each one is binary-searched among the row's relevant scores: it ranks
-    before (pessimistic ties: at or above) the relevant slots ``k >= #{r_k > s}``, a range whose start is scattered
-    into a difference array and prefix-summed. ``O(C·N + M log P)``; exact (plain float comparisons).
+    others are below every relevant item). Each one is binary-searched in ``seq`` ``(C, P)``, an ascending image of
+    the ranked relevant items (``to_seq(s)`` lands after exactly the ``k`` with ``r_k > s``; padding sorts last): it
+    ranks before (pessimistic ties: at or above) the slots ``k >= #{r_k > s}``, a range whose start is scattered
+    into a difference array and prefix-summed. ``O(C·N + M log P)``; exact (no arithmetic on the scores).
+
+    Returns:
+        ``(C, P)`` int64 (a fresh tensor, safe to modify in place).
     """
     C, N = neg_scores.shape
-    P = rs.shape[1]
+    P = seq.shape[1]
     device = neg_scores.device
     keep = _workspace(workspace, "keep", (C, N), torch.bool, device)
     torch.ge(neg_scores, lo[:, None], out=keep)
     flat = keep.view(-1).nonzero().squeeze(1)
-    neg_ge = torch.zeros(C, P + 1, dtype=torch.long, device=device)
+    neg_ge = torch.zeros(C, P, dtype=torch.long, device=device)
     if flat.numel():
         rows = torch.div(flat, N, rounding_mode="floor")
-        values = neg_scores.reshape(-1)[flat]
+        queries_flat = to_seq(neg_scores.reshape(-1)[flat])
         per_row = torch.bincount(rows, minlength=C)
         width = int(per_row.max())
         first = torch.cumsum(per_row, 0) - per_row
         slot = rows * width + (torch.arange(flat.numel(), device=device) - first[rows])
-        # ascending sequence -r (padding +inf) and queries -s: searchsorted(left) = #{k : r_k > s}
-        seq = (-rs).masked_fill(~vs, float("inf")).contiguous()
-        queries = torch.full((C * width,), float("inf"), dtype=rs.dtype, device=device)
-        queries[slot] = -values.to(rs.dtype)
+        queries = torch.full((C * width,), pad, dtype=seq.dtype, device=device)
+        queries[slot] = queries_flat
+        # #{k : seq_k < query} < #relevant of the row, because the query scores at least the lowest relevant item
         above = torch.searchsorted(seq, queries.view(C, width)).view(-1)[slot]
-        neg_ge.view(-1).index_add_(0, rows * (P + 1) + above, torch.ones_like(above))
-    return neg_ge.cumsum(1)[:, :P]
+        neg_ge.view(-1).index_add_(0, rows * P + above, torch.ones_like(above))
+    return neg_ge.cumsum_(1)
 
 
 def _count_greater(rs: Tensor, vs: Tensor, rows: Tensor, values: Tensor) -> Tensor:
