@@ -341,3 +341,15 @@ def test_losses_and_evaluations_reach_the_accelerate_trackers(tmp_path):
     assert {"train/loss", "train/lr_backbone", "train/lr_proxies", "eval/h_ap", "eval/ndcg"} <= keys
     steps = [s for s, _ in recorder.logged]
     assert steps == sorted(steps) and steps[0] == 1
+
+
+@pytest.mark.slow
+def test_data_loader_workers_do_not_change_the_result(tmp_path):
+    # the augmentation of every item is seeded by (seed, epoch, index): worker processes see the same images
+    a = _trainer(tmp_path / "w0", max_train_steps=2, num_workers=0)
+    a.train()
+    b = _trainer(tmp_path / "w2", max_train_steps=2, num_workers=2)
+    b.train()
+    wa, wb = _weights(a.loss_module), _weights(b.loss_module)
+    for k in wa:
+        torch.testing.assert_close(wb[k], wa[k], rtol=0, atol=0, msg=k)
