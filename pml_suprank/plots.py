@@ -198,7 +198,9 @@ def _project_2d(x: np.ndarray, method: str, seed: int) -> tuple[np.ndarray, str]
             from sklearn.manifold import TSNE
 
             perplexity = float(min(30.0, max(2.0, (x.shape[0] - 1) / 3.0)))
-            emb = TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=seed).fit_transform(x)
+            method = "exact" if x.shape[0] <= 1000 else "barnes_hut"  # class means: few points, exact is cheap
+            emb = TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=seed, method=method)
+            emb = emb.fit_transform(x)
             return emb, "t-SNE"
         except ImportError:
             if method == "tsne":
