@@ -260,7 +260,11 @@ class HEAT(Detector):
             "priors": list(self.priors),
             "beta": self.beta,
             "preset": self.preset,
-            "settings": self.settings_overrides,
+            # the fully resolved per-prior settings, so a saved detector does not depend on future PRESETS
+            "settings": {
+                p: {k: list(v) if isinstance(v, tuple) else v for k, v in s.items()}
+                for p, s in self.component_settings.items()
+            },
             "tie_hidden_weights": self.tie_hidden_weights,
             "zero_init_residual": self.zero_init_residual,
             "reg": self.reg,

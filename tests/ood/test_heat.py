@@ -205,6 +205,7 @@ def test_save_load_roundtrip(tmp_path):
     heat.save_pretrained(tmp_path)
     loaded = ood.Detector.from_pretrained(tmp_path)
     assert isinstance(loaded, ood.HEAT) and loaded.beta == -1.0 and loaded.priors == heat.priors
+    assert loaded.component_settings == heat.component_settings  # fully resolved settings are saved
     test = {"features": train["features"][:7] + 0.1, "std_features": train["std_features"][:7]}
     torch.testing.assert_close(loaded.score(**test), heat.score(**test))
 
