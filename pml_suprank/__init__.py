@@ -19,22 +19,43 @@ __all__ = [
     "__version__",
     "data",
     "distributed",
+    "hierarchical_ranking",
     "hub",
+    "hub_config",
     "losses",
     "memory",
     "metrics",
     "models",
     "ood",
+    "plots",
     "ranking",
     "relevance",
     "samplers",
+    "synthetic_shapes",
     "training",
 ]
 
 _SUBMODULES = frozenset(__all__) - {"__version__"}
 
 if TYPE_CHECKING:  # pragma: no cover - for static analysers only
-    from . import data, distributed, hub, losses, memory, metrics, models, ood, ranking, relevance, samplers, training
+    from . import (
+        data,
+        distributed,
+        hierarchical_ranking,
+        hub,
+        hub_config,
+        losses,
+        memory,
+        metrics,
+        models,
+        ood,
+        plots,
+        ranking,
+        relevance,
+        samplers,
+        synthetic_shapes,
+        training,
+    )
 
 
 def __getattr__(name: str) -> Any:
