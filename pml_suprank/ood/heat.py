@@ -14,8 +14,8 @@ Deviations from the reference code (``spec/heat_reference.md``), all deliberate:
   evaluated in the feature dtype inside training (SGLD and the loss), where only ``∇(E/T_G)`` matters.
 * **Randomness** comes from ``seed`` through explicit generators (the reference uses the global RNG).
 * ImageNet-specific reference options: the 20-layer pyramid MLP (``reduce_width``) is available (and set by the
-  ``"imagenet"`` preset); not implemented are the tempered batch-statistics proposal (``base_dist_temp``), the
-  per-sample "simplified Mahalanobis" SGLD energy and gradient accumulation.
+  ``"imagenet"`` preset, as gradient accumulation); not implemented are the tempered batch-statistics proposal
+  (``base_dist_temp``) and the per-sample "simplified Mahalanobis" SGLD energy.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ Preset = Literal["cifar10", "cifar100", "imagenet", "fast"]
 
 # fmt: off
 _COMMON = {"hidden_dim": 1024, "n_hidden_layers": 4, "reduce_width": False, "eps_data": 1e-4, "end_factor": 0.1,
-           "gamma": 0.1}
+           "gamma": 0.1, "accumulation_steps": 1}
 
 #: Per-prior hyper-parameters (spec §10, from the reference configs and scripts). ``fast`` is a CPU preset for
 #: 50,000 × 512 features: narrower MLP, few SGLD steps, one epoch, larger learning rate.
@@ -65,13 +65,13 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "imagenet": {
         "gmm": {**_COMMON, "reduce_width": True, "n_hidden_layers": 6, "prior_temperature": 5e3, "sgld_steps": 10,
                 "step_size": 1e-7, "noise_std": 1e-4, "l2_coef": 10.0, "lr": 1e-4, "epochs": 8, "batch_size": 256,
-                "milestones": (1,)},
+                "milestones": (1,), "accumulation_steps": 20},
         "gmm_std": {**_COMMON, "reduce_width": True, "n_hidden_layers": 6, "prior_temperature": 5e3,
                     "sgld_steps": 0, "step_size": 1e-4, "noise_std": 1e-4, "l2_coef": 40.0, "lr": 1e-4, "epochs": 8,
-                    "batch_size": 256, "milestones": (1,)},
+                    "batch_size": 256, "milestones": (1,), "accumulation_steps": 20},
         "el": {**_COMMON, "reduce_width": True, "prior_temperature": 5e2, "sgld_steps": 40, "step_size": 1e3,
                "noise_std": 1e-3, "l2_coef": 20.0, "lr": 1e-5, "epochs": 8, "batch_size": 256, "milestones": (1000,),
-               "gamma": 0.9},
+               "gamma": 0.9, "accumulation_steps": 10},
     },
     "fast": {
         "gmm": {**_COMMON, "hidden_dim": 256, "prior_temperature": 1e3, "sgld_steps": 5, "step_size": 1e-4,
@@ -160,7 +160,7 @@ class HEAT(Detector):
         settings: Overrides on the preset: a dict whose keys are setting names (applied to every prior) and/or
             prior names mapping to their own dict. Keys: ``prior_temperature, hidden_dim, n_hidden_layers,
             sgld_steps, step_size, noise_std, end_factor, l2_coef, eps_data, lr, epochs, batch_size, milestones,
-            gamma, reduce_width``. ``epochs=0`` keeps the initial residual.
+            gamma, reduce_width, accumulation_steps``. ``epochs=0`` keeps the initial residual.
         weight, bias, head: Classifier head ``(C, D)``, ``(C,)`` (or an ``nn.Linear``) for the EL prior.
         tie_hidden_weights: Share the hidden ``h × h`` layer as the reference code (default False, see module doc).
         zero_init_residual: Zero the MLP's last layer at init, so an untrained HEAT equals its priors.
@@ -245,7 +245,7 @@ class HEAT(Detector):
             for key in ("epochs", "sgld_steps"):
                 if isinstance(s[key], bool) or not isinstance(s[key], int) or s[key] < 0:
                     raise ValueError(f"{p}.{key} must be a non-negative integer; got {s[key]!r}")
-            for key in ("batch_size", "hidden_dim"):
+            for key in ("batch_size", "hidden_dim", "accumulation_steps"):
                 if isinstance(s[key], bool) or not isinstance(s[key], int) or s[key] < 1:
                     raise ValueError(f"{p}.{key} must be a positive integer; got {s[key]!r}")
             for key in ("prior_temperature", "lr"):
@@ -362,6 +362,7 @@ class HEAT(Detector):
                 milestones=s["milestones"],
                 gamma=s["gamma"],
                 normalize=comp.normalize,
+                accumulation_steps=s["accumulation_steps"],
                 generator=generator,
                 callback=None if callback is None else (lambda e, st, loss, name=name: callback(name, e, st, loss)),
             )

@@ -152,3 +152,35 @@ def test_reduce_width_pyramid_matches_reference_layout():
         ResidualEnergyMLP(8, 64, 2, reduce_width=True, tie_hidden_weights=True)
     with pytest.raises(ValueError, match="divisible"):
         ResidualEnergyMLP(8, 100, 3, reduce_width=True)
+
+
+def test_gradient_accumulation_takes_one_adam_step_on_the_mean_loss():
+    g = torch.Generator().manual_seed(0)
+    real = torch.rand(64, 3, generator=g)
+    fixed_negatives = torch.rand(16, 3, generator=g) + 1.0
+
+    def proposal(n):
+        return fixed_negatives[:n]
+
+    def run(accumulation_steps):
+        mlp = ResidualEnergyMLP(3, 8, 1, generator=torch.Generator().manual_seed(1))
+        before = [p.detach().clone() for p in mlp.parameters()]
+        train_residual(
+            mlp, lambda z: torch.zeros(z.shape[0]), proposal, real, epochs=1, batch_size=16, lr=1e-3, l2_coef=0.5,
+            sgld_steps=0, step_size=0.0, noise_std=0.0, eps_data=0.0, accumulation_steps=accumulation_steps,
+            generator=torch.Generator().manual_seed(2),
+        )  # fmt: skip
+        return mlp, before
+
+    mlp, before = run(4)  # 4 batches, one optimiser step
+    # the expected step: Adam's first step with β1 = 0 is −lr·g/(|g| + eps) on the gradient of the mean loss
+    ref = ResidualEnergyMLP(3, 8, 1, generator=torch.Generator().manual_seed(1))
+    negatives = torch.cat([fixed_negatives, fixed_negatives])  # [z_T; z_0] with 0 SGLD steps
+    loss, _, _ = contrastive_divergence_loss(ref(real), ref(negatives), 0.5)
+    grads = torch.autograd.grad(loss, list(ref.parameters()))
+    for p, p0, grad in zip(mlp.parameters(), before, grads):
+        torch.testing.assert_close(p.detach() - p0, -1e-3 * grad / (grad.abs() + 1e-8), atol=1e-6, rtol=1e-4)
+    mlp, before = run(1)  # four steps: some parameter moves by more than one learning rate
+    assert max(float((p.detach() - p0).abs().max()) for p, p0 in zip(mlp.parameters(), before)) > 1.5e-3
+    with pytest.raises(ValueError, match="accumulation_steps"):
+        run(0)
