@@ -118,9 +118,10 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else args.device)
-    if args.device == "auto" and device.type == "cpu":
-        device = torch.device("cpu")
+    if args.device == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        device = torch.device(args.device)
     train, weight, bias = make_features(args.n_train, args.dim, args.num_classes, args.seed, device)
     test, _, _ = make_features(args.n_test, args.dim, args.num_classes, args.seed + 1, device)
     test.pop("labels")
