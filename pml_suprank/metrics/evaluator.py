@@ -54,9 +54,12 @@ def _label_blocks(query_labels: Tensor, ref_labels: Tensor) -> tuple[Tensor, Ten
     N, L = ref_labels.shape
     paths = torch.cat([ref_labels, query_labels]).flip(1)  # coarsest first
     ids = []
-    for m in range(1, L + 1):
-        _, inv = torch.unique(paths[:, :m], dim=0, return_inverse=True)
-        ids.append(inv)
+    prev = torch.zeros(paths.shape[0], dtype=torch.long)
+    for m in range(L):
+        # id of the path of the m + 1 coarsest labels: lexicographic (previous id, label), 1-D uniques only
+        _, col = torch.unique(paths[:, m], return_inverse=True)
+        _, prev = torch.unique(prev * (int(col.max()) + 1 if col.numel() else 1) + col, return_inverse=True)
+        ids.append(prev)
     perm = torch.sort(ids[-1][:N], stable=True).indices
     starts, ends = [], []
     for inv in ids:

@@ -76,6 +76,33 @@ def test_all_metrics_match_naive_full_sort(seed, num_bins, counting, dtype):
     assert isclose(out["sum_w_ap"], column(ref, "swap"))
 
 
+@pytest.mark.parametrize("counting", ["search", "histogram"])
+def test_signed_zero_negative_scores_and_cross_level_ties(counting, dtype):
+    # scores drawn from {-1, -0.5, -0.0, 0.0, 0.5}: -0.0 == 0.0 must tie (the search path compares integer images of
+    # the floats), negatives tie with relevant items of every level, and relevant items tie across levels
+    g = torch.Generator().manual_seed(11)
+    values = torch.tensor([-1.0, -0.5, -0.0, 0.0, 0.5], dtype=dtype)
+    scores = values[torch.randint(0, 5, (8, 60), generator=g)]
+    levels = torch.randint(0, 4, (8, 60), generator=g)
+    mask = torch.rand(8, 60, generator=g) > 0.1
+    ranks = F.retrieval_ranks(scores, levels, mask, num_levels=3, counting=counting)
+    ref = naive_metrics(scores.double().numpy(), levels.numpy(), mask.numpy(), 3)
+    for m in (1, 2, 3):
+        assert isclose(F.ap_from_ranks(ranks, m), column(ref, f"ap{m}"))
+    assert isclose(F.hap_from_ranks(ranks), column(ref, "hap"))
+    assert isclose(F.ndcg_from_ranks(ranks), column(ref, "ndcg"))
+    assert isclose(F.asi_from_ranks(ranks), column(ref, "asi"))
+    # only the lowest relevant score matters for pruning: negatives far below it change nothing
+    low = scores.masked_fill(levels == 0, -1e30)
+    lowered = F.retrieval_ranks(low, levels, mask, num_levels=3, counting=counting)
+    expected = F.retrieval_ranks(
+        scores.masked_fill(levels == 0, -1e30), levels, mask, num_levels=3, counting="histogram"
+    )
+    assert torch.equal(lowered.positions, expected.positions)
+    with pytest.raises(ValueError, match="counting"):
+        F.retrieval_ranks(scores, levels, counting="sort")
+
+
 def test_hand_computed_binary_case():
     # ranking (by score): neg(0.9), pos(0.8), neg(0.5), pos(0.3), pos(0.1)
     scores = torch.tensor([[0.8, 0.9, 0.3, 0.5, 0.1]])
