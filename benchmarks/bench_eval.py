@@ -5,8 +5,13 @@ Synthetic SOP-like data: 512-d L2-normalised embeddings, fine classes of ~5 item
 3 levels (120 middle, 12 coarse). Prints times and ratios measured in the same process (the machine is shared: only
 ratios are meaningful) and writes JSON to ``benchmarks/results/``.
 
+``--coarse-weight`` sets how far apart the coarse classes are (default 2.0: well separated, so almost every negative
+scores below the lowest relevant item of its query and the evaluator's pruned exact search applies; ~0.5 makes the
+coarse classes overlap like a weakly trained model, which exercises the histogram counter instead).
+
     python benchmarks/bench_eval.py --quick        # N = 2,000 and 10,000
     python benchmarks/bench_eval.py                # N = 10,000 and 60,502 (SOP test size)
+    python benchmarks/bench_eval.py --sizes 20000 --coarse-weight 0.5 --no-pml
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ from pml_suprank.metrics import RetrievalEvaluator
 from pml_suprank.relevance import level_matrix
 
 
-def make_data(n: int, levels: int, dim: int = 512, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def make_data(
+    n: int, levels: int, dim: int = 512, seed: int = 0, coarse_weight: float = 2.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     fine = torch.arange(n) // 5
     cols = [fine]
@@ -34,7 +41,7 @@ def make_data(n: int, levels: int, dim: int = 512, seed: int = 0) -> tuple[torch
     labels = torch.stack(cols, 1)
     centres = torch.randn(int(fine.max()) + 1, dim, generator=g)
     coarse_dirs = torch.randn(12, dim, generator=g)
-    emb = centres[fine] + 2.0 * coarse_dirs[labels[:, -1]] + 2.5 * torch.randn(n, dim, generator=g)
+    emb = centres[fine] + coarse_weight * coarse_dirs[labels[:, -1]] + 2.5 * torch.randn(n, dim, generator=g)
     return torch.nn.functional.normalize(emb, dim=1), labels
 
 
@@ -85,8 +92,8 @@ def pml_calculator(emb: torch.Tensor, fine: torch.Tensor) -> tuple[float, dict[s
     return time.perf_counter() - t, out
 
 
-def run(n: int, levels: int, naive_queries: int, with_pml: bool) -> dict:
-    emb, labels = make_data(n, levels)
+def run(n: int, levels: int, naive_queries: int, with_pml: bool, coarse_weight: float = 2.0) -> dict:
+    emb, labels = make_data(n, levels, coarse_weight=coarse_weight)
     ev = RetrievalEvaluator(k_values=(1, 10, 100))
     chunk = ev._default_chunk(n)
     t_scores = bare_scores(emb, chunk)
@@ -98,6 +105,7 @@ def run(n: int, levels: int, naive_queries: int, with_pml: bool) -> dict:
     res = {
         "n": n,
         "levels": levels,
+        "coarse_weight": coarse_weight,
         "dim": emb.shape[1],
         "threads": torch.get_num_threads(),
         "chunk_size": chunk,
@@ -108,7 +116,7 @@ def run(n: int, levels: int, naive_queries: int, with_pml: bool) -> dict:
         "metrics": {k: v for k, v in out.items() if isinstance(v, (int, float))},
     }
     print(
-        f"\nN={n:,} L={levels}: score matrix {t_scores:.1f}s | all metrics {t_eval:.1f}s "
+        f"\nN={n:,} L={levels} coarse_weight={coarse_weight}: score matrix {t_scores:.1f}s | all metrics {t_eval:.1f}s "
         f"(x{t_eval / t_scores:.2f}) | peak RSS {res['peak_rss_gb']:.2f} GB"
     )
     print("  " + ", ".join(f"{k}={out[k]:.4f}" for k in ("ap", "map_at_r", "recall_at_1", "h_ap", "ndcg", "asi")))
@@ -151,13 +159,14 @@ def main() -> None:
     parser.add_argument("--levels", type=int, nargs="*", default=[2, 3])
     parser.add_argument("--naive-queries", type=int, default=50)
     parser.add_argument("--no-pml", action="store_true")
+    parser.add_argument("--coarse-weight", type=float, default=2.0, help="separation of the coarse classes")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
     sizes = args.sizes or ([2000, 10000] if args.quick else [10000, 60502])
     results = []
     for n in sizes:
         for levels in args.levels:
-            results.append(run(n, levels, args.naive_queries, not args.no_pml))
+            results.append(run(n, levels, args.naive_queries, not args.no_pml, args.coarse_weight))
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"bench_eval_{'quick' if args.quick else 'full'}_{int(time.time())}.json"
     path.write_text(json.dumps({"torch": torch.__version__, "results": results}, indent=1))

@@ -3,8 +3,9 @@
 The gallery is permuted once so that items are grouped by their label path (coarsest level first). The items sharing
 the ``m`` coarsest labels of a query then form a contiguous, nested slice ``[a_m, b_m)`` of every score row, so the
 level of an item follows from its column and no ``(Q, N)`` level matrix is built. For each chunk of queries the
-score block is one matmul; the relevant slice is gathered and sorted, and negatives are only *counted*
-(:func:`~pml_suprank.metrics.functional.rank_relevant_items`). Cost: ``O(Q·N·D)`` for the matmul plus ``O(Q·N)``
+score block is one matmul; the relevant slice is gathered and sorted, one scatter blanks it in the score block, and
+negatives are only *counted* (:func:`~pml_suprank.metrics.functional.rank_relevant_items`: negatives below the
+lowest relevant score are pruned by one comparison pass). Cost: ``O(Q·N·D)`` for the matmul plus a few ``O(Q·N)``
 streaming passes and ``O(Σ_q P_q log P_q)`` for the relevant items; memory ``O(chunk·N)``.
 """
 

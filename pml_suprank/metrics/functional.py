@@ -15,11 +15,15 @@ Conventions (DESIGN.md §2):
       ``min_level = L - h``.
     * Queries without any positive get ``NaN`` (they are excluded from means, never scored 0).
 
-Algorithm (DESIGN.md §3). Only the *relevant* items of a query (level ``>= 1``, ``P`` of them) are sorted. The number
-of negatives scoring at least as high as each relevant item is counted with a uniform histogram of the row
-(bins spanning the relevant scores' range, ``O(N)``) plus an exact correction for the few negatives that share a
-bin with a relevant item. Ranks therefore cost ``O(N + P log P)`` per query instead of ``O(N log N)``, and every
-metric is computed from the ``(Q, P)`` positions of the relevant items with per-level cumulative counts.
+Algorithm (DESIGN.md §3). Only the *relevant* items of a query (level ``>= 1``, ``P`` of them) are sorted, with one
+int64 key per item (order-preserving integer image of the score, level in the low bits). Negatives are only *counted*
+(:func:`rank_relevant_items`, ``counting=``): negatives scoring below the lowest relevant item of their query rank
+after every relevant item and never change a metric, so one comparison pass prunes them and each remaining negative
+is binary-searched among the sorted keys (``"search"``, ``O(N + M log P)`` for ``M`` kept negatives); when most
+negatives overlap the relevant range, a uniform histogram of the row (bins spanning the relevant scores' range,
+``O(N)``) plus an exact correction for the negatives that share a bin with a relevant item is used instead
+(``"histogram"``). Both are exact. Every metric is then computed from the ``(Q, P)`` positions of the relevant items
+with shared per-level prefix sums (:func:`metrics_from_ranks`).
 
 References:
     Ramzi et al., "Optimization of Rank Losses for Image Retrieval" (SupRank, TPAMI): H-AP Eqs. 18-20, NDCG Eq. 23,
