@@ -103,7 +103,7 @@ def _chunk_ranks(
     col = torch.where(in_block, raw, a1.clamp_max(max(N - 1, 0))[:, None])
     rel_scores = scores.gather(1, col)
     if P:
-        scores.scatter_(1, col, torch.where((n_block > 0)[:, None], float("-inf"), rel_scores))
+        scores.scatter_(1, col, rel_scores.masked_fill((n_block > 0)[:, None], float("-inf")))
     levels, positions = F.rank_relevant_items(
         scores, rel_scores, lev, num_bins=num_bins, workspace=workspace, counting=counting
     )

@@ -342,7 +342,7 @@ def rank_relevant_items(
     return torch.where(vs, rl, torch.zeros_like(rl)), positions
 
 
-def _in_range_fraction(neg_scores: Tensor, lo: Tensor, samples: int = 512) -> float:
+def _in_range_fraction(neg_scores: Tensor, lo: Tensor, samples: int = 256) -> float:
     """Share of the entries of ``neg_scores`` ``(C, N)`` with ``score >= lo`` (per row), from strided columns."""
     C, N = neg_scores.shape
     if C == 0 or N == 0:
@@ -692,10 +692,11 @@ def metrics_from_ranks(
 
     def threshold(m: int) -> _Threshold:
         if m not in cache:
-            pm = ge(m)
-            cum = torch.cumsum(pm, 1, dtype=torch.float64)
-            cprec = torch.where(pm, cum * inv, 0.0).cumsum_(1)
-            cache[m] = _Threshold(cum, cprec, counts[:, m:].sum(1))
+            cum = torch.cumsum(ge(m), 1, dtype=torch.float64)
+            prec = cum * inv  # inv is 0 on padding, so only levels 1..m-1 need masking
+            if m > 1:
+                prec.masked_fill_(lv < m, 0.0)
+            cache[m] = _Threshold(cum, prec.cumsum_(1), counts[:, m:].sum(1))
         return cache[m]
 
     upto_k: dict[int, Tensor] = {}
@@ -807,7 +808,7 @@ def _asi_fused(lv: Tensor, positions: Tensor, counts: Tensor, L: int, ge) -> Ten
     device = lv.device
     n_plus = counts[:, 1:].sum(1)
     inside = (lv > 0) & (positions <= n_plus[:, None])  # only positions <= N⁺ <= P matter
-    slot = torch.where(inside, positions - 1, P)
+    slot = (positions - 1).masked_fill_(~inside, P)
     n = torch.arange(1, P + 1, device=device, dtype=torch.int32)
     total = torch.zeros(C, P, dtype=torch.int32, device=device)
     above = torch.zeros_like(n_plus)  # relevant items of higher level (ranked first in the ideal order)
