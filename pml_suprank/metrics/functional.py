@@ -259,8 +259,9 @@ def rank_relevant_items(
                 neg_scores, lo, keys, _KEY_PAD, lambda v: _descending_key(v) * 64, workspace
             )
         else:  # ascending -r (padding +inf): #{k : r_k > s} = #{k : -r_k < -s}
-            seq = rel_scores.gather(1, order).neg_().masked_fill_(~vs, float("inf"))
-            neg_ge = _count_negatives_search(neg_scores, lo, seq, float("inf"), lambda v: -v.to(seq.dtype), workspace)
+            dt = torch.promote_types(neg_scores.dtype, rel_scores.dtype)  # exact comparisons across dtypes
+            seq = rel_scores.gather(1, order).to(dt).neg_().masked_fill_(~vs, float("inf"))
+            neg_ge = _count_negatives_search(neg_scores, lo, seq, float("inf"), lambda v: -v.to(dt), workspace)
         positions = neg_ge.add_(arange_p + 1).masked_fill_(~vs, 0)
         return rl, positions
 

@@ -103,6 +103,18 @@ def test_signed_zero_negative_scores_and_cross_level_ties(counting, dtype):
         F.retrieval_ranks(scores, levels, counting="sort")
 
 
+def test_search_counting_compares_mixed_dtypes_exactly():
+    # float64 negatives against float32 relevant scores: no rounding of the negatives to float32
+    rel = torch.tensor([[0.5, 0.25, 0.125]], dtype=torch.float32)
+    lev = torch.tensor([[1, 2, 1]])
+    eps = 1e-12  # invisible in float32: 0.5 - eps rounds to 0.5
+    neg = torch.tensor([[0.5 - eps, 0.5, 0.25 + eps, 0.0, float("-inf")]], dtype=torch.float64)
+    levels, positions = F.rank_relevant_items(neg, rel, lev, counting="search")
+    # ranking: 0.5 (neg, tie first), 0.5 (rel), 0.5 - eps, 0.25 + eps, 0.25 (rel), 0.125 (rel), 0.0, -inf
+    assert levels.tolist() == [[1, 2, 1]]
+    assert positions.tolist() == [[2, 5, 6]]
+
+
 def test_hand_computed_binary_case():
     # ranking (by score): neg(0.9), pos(0.8), neg(0.5), pos(0.3), pos(0.1)
     scores = torch.tensor([[0.8, 0.9, 0.3, 0.5, 0.1]])
