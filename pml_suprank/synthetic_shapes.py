@@ -4,17 +4,28 @@ The built-in dataset of the main job (DESIGN.md §4). Every image shows one colo
 noisy background:
 
 * **coarse label** = shape family (``circle``, ``triangle``, ``square``, ``star``, ``cross``, ``arrow``);
-* **fine label** = shape variant (three per family, e.g. disc / ring / ellipse) × colour (red / green / blue);
+* **fine label** = shape variant (three per family, e.g. disc / ring / ellipse) × colour (three shades — light,
+  medium, dark — of the family's own hue: circles are red, triangles yellow, squares green, stars cyan, crosses
+  blue, arrows magenta);
 * optional middle level (``levels=3``): the shape variant regardless of colour;
-* nuisances: position, scale, rotation, colour jitter, background colour and gradient, clutter lines, pixel noise.
+* nuisances: position, scale, rotation, colour jitter, illumination, colour cast (white balance), background colour
+  and gradient, clutter lines, pixel noise.
+
+A family is visually coherent (its shapes are alike and share a hue), as the super-classes of the papers' datasets
+are (species of a genus, products of a category): the hierarchy is learnable and a model trained with a
+hierarchical loss (HAPPIER) can rank same-family items above other families. Fine classes of a family differ by
+shape variant and shade, so the fine level needs the shape *and* the shade. (An earlier version used the same three
+colours in every family: colour, the easiest cue, then grouped classes *across* families, contradicting the label
+hierarchy — trained embeddings clustered by colour and the flat ROADMAP beat HAPPIER on H-AP.)
 
 With the default open-set protocol the train and test fine classes are disjoint, like the CUB/SOP/CIFAR-100
-retrieval splits: the (variant, colour) combinations with ``(family + variant + colour) % 3 == 0`` form the test
-classes (18 of 54), the others the training classes (36). Every variant and every colour is seen in training, so a
-model that learns shape and colour generalises to the new combinations, while an untrained network, dominated by
-background colour and clutter, retrieves poorly.
+retrieval splits: in every family, variants 0 and 1 in shade ``family % 3`` and variant 2 in the next shade form the
+test classes (18 of 54), the others the training classes (36). Two test classes of a family thus share their colour
+(only the shape separates them), and every variant and every shade of every family is seen in training, so a model
+that learns shape and colour generalises to the new combinations, while an untrained network, dominated by
+background, illumination, colour cast and clutter, retrieves poorly.
 
-Labels are global ids over all 54 fine classes (``fine = (family * 3 + variant) * 3 + colour``, ``coarse = family``)
+Labels are global ids over all 54 fine classes (``fine = (family * 3 + variant) * 3 + shade``, ``coarse = family``)
 whatever the split or family subset, so subsets (e.g. held-out families as OOD for HEAT) keep consistent ids.
 Images are rendered from ``numpy.random.default_rng((seed, split, fine, instance))``: the same arguments always give
 the same pixels, independently of the process, worker or access order.
@@ -22,6 +33,7 @@ the same pixels, independently of the process, worker or access order.
 
 from __future__ import annotations
 
+import colorsys
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, get_args
@@ -32,7 +44,7 @@ import torch
 from ._retrieval_dataset import RetrievalDatasetBase
 from ._validation import check_choice
 
-__all__ = ["COLOURS", "FAMILIES", "SyntheticNoise", "SyntheticShapes"]
+__all__ = ["COLOURS", "FAMILIES", "SHADES", "SyntheticNoise", "SyntheticShapes"]
 
 # Shapes are lists of (polygon in unit coordinates, value) drawn in order into a mask: value 255 fills, 0 cuts holes.
 _Poly = list[tuple[float, float]]
@@ -105,9 +117,31 @@ _SHAPES: dict[str, dict[str, list[tuple[_Poly, int]]]] = {
 
 FAMILIES: tuple[str, ...] = tuple(_SHAPES)
 VARIANTS: dict[str, tuple[str, ...]] = {f: tuple(v) for f, v in _SHAPES.items()}
-COLOURS: dict[str, tuple[int, int, int]] = {"red": (215, 45, 40), "green": (40, 165, 60), "blue": (45, 80, 215)}
+# Each family has its own hue (degrees) and three shades of it: (saturation, value) in HSV.
+_FAMILY_HUES: dict[str, tuple[str, float]] = {
+    "circle": ("red", 0.0),
+    "triangle": ("yellow", 55.0),
+    "square": ("green", 125.0),
+    "star": ("cyan", 185.0),
+    "cross": ("blue", 230.0),
+    "arrow": ("magenta", 300.0),
+}
+SHADES: dict[str, tuple[float, float]] = {"light": (0.45, 0.97), "medium": (0.85, 0.85), "dark": (0.9, 0.5)}
+
+
+def _palette(hue_name: str, hue: float) -> dict[str, tuple[int, int, int]]:
+    out = {}
+    for shade, (sat, val) in SHADES.items():
+        r, g, b = colorsys.hsv_to_rgb(hue / 360.0, sat, val)
+        name = hue_name if shade == "medium" else f"{shade}_{hue_name}"
+        out[name] = (round(255 * r), round(255 * g), round(255 * b))
+    return out
+
+
+#: family → {colour name: RGB}: the three colours (shades of the family's hue) of the fine classes of each family.
+COLOURS: dict[str, dict[str, tuple[int, int, int]]] = {f: _palette(*_FAMILY_HUES[f]) for f in FAMILIES}
 _NUM_VARIANTS = 3
-_NUM_COLOURS = len(COLOURS)
+_NUM_COLOURS = len(SHADES)
 _SPLIT_CODE = {"train": 1, "test": 2}
 
 Split = Literal["train", "test", "all"]
@@ -118,11 +152,14 @@ def _fine_id(family: int, variant: int, colour: int) -> int:
 
 
 def _is_test_class(family: int, variant: int, colour: int) -> bool:
-    return (family + variant + colour) % 3 == 0
+    # per family: variants 0 and 1 in shade (family % 3), variant 2 in the next shade. Two test classes of every
+    # family share their colour (only the shape tells them apart) and every (variant, shade) row and column keeps
+    # training classes.
+    return colour == (family + variant // 2) % _NUM_COLOURS
 
 
 class SyntheticShapes(RetrievalDatasetBase):
-    """Procedurally rendered hierarchical shapes (coarse = family, fine = variant × colour).
+    """Procedurally rendered hierarchical shapes (coarse = family, fine = variant × shade of the family's hue).
 
     Args:
         split: ``"train"`` (36 fine classes), ``"test"`` (the 18 other fine classes) or ``"all"``. With
@@ -138,6 +175,8 @@ class SyntheticShapes(RetrievalDatasetBase):
         noise: Standard deviation of the Gaussian pixel noise (0–255 scale).
         clutter: Maximum number of random distractor lines.
         colour_jitter: Maximum per-channel jitter of the shape colour (0–255 scale).
+        illumination: Maximum relative change of the global brightness (uniform in ``1 ± illumination``).
+        colour_cast: Maximum relative per-channel gain of the whole image (white balance, ``1 ± colour_cast``).
         transform: Callable on a PIL image returning a ``(3, H, W)`` tensor (e.g. from ``build_transforms``).
         cache: Keep rendered images in memory after their first access.
 
@@ -164,6 +203,8 @@ class SyntheticShapes(RetrievalDatasetBase):
         noise: float = 10.0,
         clutter: int = 3,
         colour_jitter: int = 25,
+        illumination: float = 0.12,
+        colour_cast: float = 0.15,
         transform: Callable | None = None,
         cache: bool = True,
     ) -> None:
@@ -182,6 +223,9 @@ class SyntheticShapes(RetrievalDatasetBase):
         ):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"{name} must be a number >= 0; got {value!r}")
+        for name, value in (("illumination", illumination), ("colour_cast", colour_cast)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+                raise ValueError(f"{name} must be a number in [0, 1); got {value!r}")
         self.family_ids = self._resolve_families(families)
         self.num_per_class = num_per_class
         self.image_size = image_size
@@ -193,6 +237,8 @@ class SyntheticShapes(RetrievalDatasetBase):
         self.noise = float(noise)
         self.clutter = int(clutter)
         self.colour_jitter = int(colour_jitter)
+        self.illumination = float(illumination)
+        self.colour_cast = float(colour_cast)
         self.cache = bool(cache)
         self._cache: dict[int, np.ndarray] = {}
 
@@ -248,10 +294,10 @@ class SyntheticShapes(RetrievalDatasetBase):
 
     @staticmethod
     def fine_class_name(fine_label: int) -> str:
-        """Human-readable name of a global fine label, e.g. ``"circle/ring/green"``."""
+        """Human-readable name of a global fine label, e.g. ``"circle/ring/red"`` or ``"star/star8/dark_cyan"``."""
         f, rest = divmod(int(fine_label), _NUM_VARIANTS * _NUM_COLOURS)
         v, c = divmod(rest, _NUM_COLOURS)
-        return f"{FAMILIES[f]}/{VARIANTS[FAMILIES[f]][v]}/{list(COLOURS)[c]}"
+        return f"{FAMILIES[f]}/{VARIANTS[FAMILIES[f]][v]}/{list(COLOURS[FAMILIES[f]])[c]}"
 
     @staticmethod
     def hierarchy() -> torch.Tensor:
@@ -285,13 +331,15 @@ class SyntheticShapes(RetrievalDatasetBase):
         return _render(
             rng,
             _SHAPES[FAMILIES[f]][VARIANTS[FAMILIES[f]][v]],
-            np.array(list(COLOURS.values())[c], dtype=np.float64),
+            np.array(list(COLOURS[FAMILIES[f]].values())[c], dtype=np.float64),
             self.image_size,
             self.rotation,
             self.scale,
             self.noise,
             self.clutter,
             self.colour_jitter,
+            self.illumination,
+            self.colour_cast,
         )
 
     def __repr__(self) -> str:
@@ -323,6 +371,8 @@ def _render(
     noise: float,
     clutter: int,
     colour_jitter: int,
+    illumination: float = 0.12,
+    colour_cast: float = 0.0,
 ) -> np.ndarray:
     from PIL import Image, ImageDraw
 
@@ -365,8 +415,10 @@ def _render(
         draw.polygon(pts, fill=value)
     alpha = (np.asarray(mask, dtype=np.float64) / 255.0).reshape(size, ss, size, ss).mean(axis=(1, 3))[:, :, None]
     col = np.clip(colour + rng.uniform(-colour_jitter, colour_jitter, size=3), 0, 255)
-    shade = 1.0 + rng.uniform(-0.12, 0.12)  # global illumination change
+    shade = 1.0 + rng.uniform(-illumination, illumination)  # global illumination change
     img = (img * (1 - alpha) + alpha * col[None, None, :]) * shade
+    if colour_cast > 0:  # white balance: one gain per channel for the whole image
+        img = img * rng.uniform(1.0 - colour_cast, 1.0 + colour_cast, size=3)[None, None, :]
 
     if noise > 0:
         img = img + rng.normal(0.0, noise, size=img.shape)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pml_suprank.relevance import check_tree
-from pml_suprank.synthetic_shapes import COLOURS, FAMILIES, SyntheticNoise, SyntheticShapes
+from pml_suprank.synthetic_shapes import COLOURS, FAMILIES, SHADES, SyntheticNoise, SyntheticShapes
 
 
 def test_sizes_labels_and_contract():
@@ -34,11 +34,11 @@ def test_open_set_split_is_disjoint_and_covers_all_classes():
     train_fine, test_fine = set(tr.labels[:, 0].tolist()), set(te.labels[:, 0].tolist())
     assert not train_fine & test_fine
     assert train_fine | test_fine == set(range(54))
-    # every family has 6 train and 3 test classes; every variant and colour is seen in training
+    # every family has 6 train and 3 test classes; every variant and every colour of every family is seen in training
     for f in range(len(FAMILIES)):
         assert sum(1 for c in test_fine if c // 9 == f) == 3
+        assert {c % 3 for c in train_fine if c // 9 == f} == set(range(len(SHADES)))
     assert {(c // 3) for c in train_fine} == set(range(18))  # all (family, variant)
-    assert {(c % 3) for c in train_fine} == set(range(len(COLOURS)))
     closed = SyntheticShapes("test", num_per_class=1, image_size=16, open_set=False)
     assert set(closed.labels[:, 0].tolist()) == set(range(54))
     everything = SyntheticShapes("all", num_per_class=1, image_size=16)
@@ -52,7 +52,8 @@ def test_hierarchy_is_a_tree_and_three_levels():
     torch.testing.assert_close(ds.labels[:, 1], ds.labels[:, 0] // 3)
     torch.testing.assert_close(ds.labels[:, 2], ds.labels[:, 0] // 9)
     check_tree(SyntheticShapes.hierarchy())
-    assert SyntheticShapes.fine_class_name(4) == "circle/ring/green"
+    assert SyntheticShapes.fine_class_name(4) == "circle/ring/red"
+    assert SyntheticShapes.fine_class_name(53) == "arrow/double_arrow/dark_magenta"
 
 
 def test_deterministic_and_independent_of_access_order():
@@ -83,16 +84,37 @@ def test_families_subset_for_ood():
 
 
 def test_images_show_a_shape_of_the_right_colour():
-    """The shape colour dominates the pixels that differ most from the background median."""
-    ds = SyntheticShapes("all", num_per_class=4, image_size=48, noise=0.0, clutter=0)
-    colours = np.array(list(COLOURS.values()), dtype=float)
-    correct = 0
+    """The shape colour (a shade of the family's own hue) dominates the pixels that differ most from the background
+    median: the nearest of the 18 palette colours is the item's colour, or at least one of its family."""
+    ds = SyntheticShapes("all", num_per_class=4, image_size=48, noise=0.0, clutter=0, colour_cast=0.0)
+    colours = np.array([rgb for f in FAMILIES for rgb in COLOURS[f].values()], dtype=float)  # index = fine % 9
+    correct = same_family = 0
     for i in range(0, len(ds), 4):
         img = np.asarray(ds.get_image(i), dtype=float)
         diff = np.abs(img - np.median(img.reshape(-1, 3), axis=0)).sum(-1)
         fg = img[diff >= np.quantile(diff, 0.9)].mean(0)
-        correct += int(np.argmin(((colours - fg) ** 2).sum(1)) == int(ds.labels[i, 0]) % 3)
-    assert correct / (len(ds) // 4) > 0.9
+        nearest = int(np.argmin(((colours - fg) ** 2).sum(1)))
+        fine = int(ds.labels[i, 0])
+        correct += int(nearest == (fine // 9) * 3 + fine % 3)
+        same_family += int(nearest // 3 == fine // 9)
+    assert correct / (len(ds) // 4) > 0.8
+    assert same_family / (len(ds) // 4) > 0.95
+
+
+def test_families_have_their_own_palette():
+    """A family is visually coherent: its three colours are shades of one hue, distinct from every other family's."""
+    import colorsys
+
+    assert set(COLOURS) == set(FAMILIES) and all(len(p) == len(SHADES) == 3 for p in COLOURS.values())
+    hues = {
+        f: {round(colorsys.rgb_to_hsv(*(np.array(c) / 255.0))[0] * 360) % 360 for c in p.values()}
+        for f, p in COLOURS.items()
+    }
+    for f, h in hues.items():
+        assert max(h) - min(h) <= 2, (f, h)  # one hue per family (rounding)
+    assert len({min(h) for h in hues.values()}) == len(FAMILIES)
+    names = [n for p in COLOURS.values() for n in p]
+    assert len(set(names)) == len(names) == 18
 
 
 def test_set_transform_and_non_tensor_transform():
@@ -119,6 +141,8 @@ def test_set_transform_and_non_tensor_transform():
         ({"levels": 4}, "levels must be one of"),
         ({"scale": (0.4, 0.2)}, "scale"),
         ({"noise": -1}, "noise"),
+        ({"illumination": 1.0}, "illumination"),
+        ({"colour_cast": -0.1}, "colour_cast"),
     ],
 )
 def test_bad_arguments(kwargs, match):
@@ -147,7 +171,9 @@ def test_noise_dataset(kind):
 @pytest.mark.slow
 def test_nuisances_defeat_raw_pixels_and_an_untrained_network():
     """'Hard enough': raw pixels and a randomly initialised CNN retrieve the open-set test classes poorly (the main job
-    trains the same tiny CNN to H-AP well above these values; see the recipes' tests)."""
+    trains the same tiny CNN to H-AP ≈ 0.7, fine AP ≈ 0.6; see the README). Families are coherent by design (one hue
+    each), so raw colour finds the right family more often than the right class: H-AP is bounded a little higher than
+    the fine-level AP and R@1."""
     from pml_suprank.metrics import RetrievalEvaluator
     from pml_suprank.models import RetrievalModel
 
@@ -162,4 +188,4 @@ def test_nuisances_defeat_raw_pixels_and_an_untrained_network():
         untrained = model((x - 0.5) / 0.5)
     for emb in (raw, untrained):
         metrics = evaluator.evaluate(emb, te.labels)
-        assert metrics["h_ap"] < 0.35 and metrics["recall_at_1"] < 0.45, metrics
+        assert metrics["ap"] < 0.35 and metrics["recall_at_1"] < 0.45 and metrics["h_ap"] < 0.4, metrics
