@@ -20,7 +20,13 @@ A dense implementation materialises ``B × N × N`` tensors. Here every quantity
 * the jump ``start`` on ``(0, δ]`` is a count;
 * only the sigmoid branch of H⁻ (``t ∈ [t_lo, δ]``) needs pairs. Its pairs are contiguous windows of the sorted
   lists; they are enumerated in chunks inside a custom :class:`torch.autograd.Function` that recomputes them in
-  backward instead of saving them.
+  backward instead of saving them;
+* when it saves work (an untrained network: many scores within ``|t_lo|`` of each other), the window shrinks to
+  ``|t| ≤ cτ`` (``c = 2``): on ``t < −cτ`` and on ``cτ < t ≤ δ`` the sigmoid is summed by its separable alternating
+  series ``σ(x) = Σ_k (−1)^{k+1} e^{kx}`` (``x < 0``; ``1 − σ(−x)`` for ``x > 0``) truncated after ``K`` terms, i.e.
+  by prefix sums of ``e^{±k s_j/τ}`` over the same sorted lists (:mod:`pml_suprank._sigmoid_tail`; ``K = 19`` for
+  float64 scores, error ``< e^{−40} ≈ 4e−18`` per pair, ``K = 11`` otherwise, ``< e^{−24} ≈ 4e−11``). It costs
+  ``O(K · N)`` per (list, score band), so it is chosen by comparing that with the window elements it removes.
 
 Branch boundaries are decided exactly as an elementwise evaluation of ``t = s_j − s_i`` would (``t > 0`` ⇔
 ``s_j > s_i``; the ``δ`` threshold is searched with :func:`_last_within`), so ties and boundary cases match the
@@ -29,7 +35,8 @@ dense definition. Cost: ``O(L · B · N log N)`` plus the window work ``Σ_{(b,i
 ``eps`` (the dtype's machine epsilon) to any rank in total, so such pairs may be skipped (the reference's clamp
 makes them constant ``σ(−50) ≈ 2e−22`` with zero gradient). The window work dominates when many scores lie within
 ``|t_lo|`` of each other (an untrained network); it is then ``O(Σ_q P_q · N)`` like a flat SupAP kernel, still
-without any ``B × N × N`` tensor.
+without any ``B × N × N`` tensor; with the series it is that of the much narrower ``|t| ≤ cτ`` windows plus
+``O(K · L · B · N)``.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ import math
 import torch
 from torch import Tensor
 
+from ._sigmoid_tail import CUT, SigmoidTail, bands, num_terms_for, table_rows
 from ._validation import check_positive, check_probability
 from .ranking import SupRankStep
 
@@ -51,6 +59,8 @@ __all__ = [
 ]
 
 _CHUNK = 1 << 21  # window elements processed at once (a few tensors of this many elements live per chunk)
+# relative costs (CPU, measured) of one elementwise window element and of one element of one series table per term
+_WINDOW_COST, _TABLE_COST = 1.0, 1.2
 
 
 class HRankParams:
@@ -70,14 +80,22 @@ class HRankParams:
         return f"HRankParams(nu={self.nu}, mu={self.mu}, gamma={self.gamma})"
 
 
-def _chunks(lengths: Tensor, budget: int) -> list[tuple[int, int, int]]:
+def _chunks(lengths: Tensor, budget: int, fill: float = 0.7) -> list[tuple[int, int, int]]:
     """Split pairs sorted by decreasing window length into ranges ``(m0, m1, width)`` of at most ``budget``
-    padded elements (``(m1 − m0) · width``; ``width`` = the longest window of the range)."""
+    padded elements (``(m1 − m0) · width``; ``width`` = the longest window of the range); a range also ends where
+    the windows get shorter than ``fill · width``, so that padding stays below ``1/fill − 1`` of the work."""
     out = []
     m0, n = 0, lengths.numel()
+    if n == 0:
+        return out
+    # first pair whose window is shorter than fill·(window of pair m): lengths are non-increasing
+    desc = lengths.flip(0).contiguous()  # non-decreasing
+    short_start = n - torch.searchsorted(desc, (lengths.to(torch.float64) * fill).ceil().to(lengths.dtype))
+    short_start = short_start.tolist()
+    lens = lengths.tolist()
     while m0 < n:
-        width = max(int(lengths[m0]), 1)
-        m1 = min(n, m0 + max(1, budget // width))
+        width = max(int(lens[m0]), 1)
+        m1 = min(n, m0 + max(1, budget // width), max(m0 + 1, short_start[m0]))
         out.append((m0, m1, width))
         m0 = m1
     return out
@@ -88,15 +106,17 @@ class _WindowSum(torch.autograd.Function):
 
     ``f`` is the bare sigmoid ``σ(t/τ)`` (fast path, the caller adds the ``start`` jump from counts) or, when the
     sigmoid clamp falls inside the window (``δ > 50τ``), the full step ``H⁻``. Pairs (sorted by decreasing window
-    length) are processed as ``(pairs, width)`` blocks read from the sorted score lists: a window shorter than its
-    block is extended to the left, i.e. to items scored even lower (legitimate sigmoid-branch terms, below the
-    truncation threshold) or to ``−inf`` sentinels stored before each list (zero value and derivative). So every
-    element costs a handful of contiguous vector operations plus one gather, without masks; the gradient w.r.t. the
-    window items is accumulated in sorted order and un-permuted once at the end.
+    length) are processed as ``(pairs, width)`` blocks read from the sorted score lists (a block ends where windows
+    get shorter than 0.7 × its width, bounding the padding): a window shorter than its block is extended to the
+    left, i.e. to items scored even lower (legitimate sigmoid-branch terms, below the truncation threshold) or to
+    ``−inf`` sentinels stored before each list (zero value and derivative); with ``exact_start`` (the items below
+    the window are summed by the series) those extra positions are masked to ``−inf`` instead. So every element
+    costs a handful of contiguous vector operations plus one gather; the gradient w.r.t. the window items is
+    accumulated in sorted order and un-permuted once at the end.
     """
 
     @staticmethod
-    def forward(ctx, scores, keys, perms, rows, hi, lengths, q_idx, i_idx, step, fast, chunk):
+    def forward(ctx, scores, keys, perms, rows, hi, lengths, q_idx, i_idx, step, fast, chunk, exact_start):
         s_i = scores.detach()[q_idx, i_idx]
         num_lists, bsz, n = keys.shape
         pad = int(lengths[0])  # the longest window
@@ -105,7 +125,7 @@ class _WindowSum(torch.autograd.Function):
         ends = rows * (n + pad) + pad + hi  # flat end (exclusive) of every window
         out = torch.zeros_like(s_i)
         for m0, m1, width in _chunks(lengths, chunk):
-            t, _ = _window_block(keys_ext, ends, s_i, m0, m1, width)
+            t, _ = _window_block(keys_ext, ends, lengths if exact_start else None, s_i, m0, m1, width)
             if fast:  # in place on the block's own temporary
                 value = t.mul_(1.0 / step.tau).sigmoid_()
             else:
@@ -113,6 +133,7 @@ class _WindowSum(torch.autograd.Function):
             out[m0:m1] = value.sum(1)
         ctx.save_for_backward(scores, keys_ext, perms, ends, lengths, q_idx, i_idx)
         ctx.step, ctx.fast, ctx.chunk, ctx.shape = step, fast, chunk, (num_lists, bsz, n, pad)
+        ctx.exact_start = exact_start
         return out
 
     @staticmethod
@@ -123,7 +144,7 @@ class _WindowSum(torch.autograd.Function):
         grad_sorted = torch.zeros_like(keys_ext)
         grad_i = torch.zeros_like(s_i)
         for m0, m1, width in _chunks(lengths, ctx.chunk):
-            t, flat_pos = _window_block(keys_ext, ends, s_i, m0, m1, width)
+            t, flat_pos = _window_block(keys_ext, ends, lengths if ctx.exact_start else None, s_i, m0, m1, width)
             if ctx.fast:  # σ'(x)/τ = σ(1 − σ)/τ, in place on the block's own temporaries
                 sig = t.mul_(1.0 / step.tau).sigmoid_()
                 w = sig.sub_(sig * sig).mul_(grad_out[m0:m1, None] * (1.0 / step.tau))
@@ -137,14 +158,19 @@ class _WindowSum(torch.autograd.Function):
         for l in range(num_lists):  # un-permute: sorted position -> reference column
             grad = grad.scatter_add(1, perms[l], grad_sorted[l])
         grad = grad.index_put((q_idx, i_idx), grad_i, accumulate=True)
-        return grad, None, None, None, None, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None, None, None, None, None
 
 
-def _window_block(keys_ext, ends, s_i, m0, m1, width):
+def _window_block(keys_ext, ends, lengths, s_i, m0, m1, width):
     """Score differences ``t`` ``(k, width)`` of the ``width`` sorted items ending each window of pairs ``m0..m1``,
-    and their flat positions."""
-    flat_pos = (ends[m0:m1] - width)[:, None] + torch.arange(width, device=keys_ext.device)
-    return keys_ext.take(flat_pos).sub_(s_i[m0:m1, None]), flat_pos
+    and their flat positions. With ``lengths``, positions before a shorter window's start are ``−inf`` (value and
+    derivative 0): the items there are summed by the separable series."""
+    arange = torch.arange(width, device=keys_ext.device)
+    flat_pos = (ends[m0:m1] - width)[:, None] + arange
+    t = keys_ext.take(flat_pos).sub_(s_i[m0:m1, None])
+    if lengths is not None and bool((lengths[m0:m1] < width).any()):
+        t.masked_fill_(arange[None, :] < (width - lengths[m0:m1])[:, None], float("-inf"))
+    return t, flat_pos
 
 
 def _last_within(s: Tensor, delta: float) -> Tensor:
@@ -205,12 +231,16 @@ def hierarchical_ranks(
     zero64 = torch.zeros(bsz, 1, dtype=acc, device=device)
 
     # sorted sets A_l = {valid j: T_j < l}, l = 1..L+1; invalid / excluded items sorted last as +inf
-    sorted_keys, perms, counts, csums = [], [], [], []
+    sorted_keys, perms, counts, csums, keys64 = [], [], [], [], []
     for l in range(1, L + 2):
         member = valid & (levels < l)
         key, perm = torch.sort(torch.where(member, s_det, inf), dim=1)
         cnt = member.sum(1, keepdim=True)
-        vals = torch.where(torch.gather(member, 1, perm), torch.gather(s64, 1, perm), 0.0)
+        member_sorted = torch.gather(member, 1, perm)
+        s64_sorted = torch.gather(s64, 1, perm)
+        vals = torch.where(member_sorted, s64_sorted, 0.0)
+        if l <= L:
+            keys64.append(torch.where(member_sorted, s64_sorted, float("inf")))
         sorted_keys.append(key)
         perms.append(perm)
         counts.append(cnt)
@@ -229,7 +259,9 @@ def hierarchical_ranks(
     fast = step.delta <= 50.0 * step.tau  # the sigmoid clamp never acts inside the window [t_lo, δ]
     lin_upper = _last_within(s_det, step.delta)
     rank64 = torch.zeros(bsz, n, dtype=acc, device=device)
-    pair_lists = []  # (level, query, item, window start, window length)
+    cut = CUT * step.tau  # |t| > cut: the sigmoid may be summed by its separable series (pml_suprank._sigmoid_tail)
+    below_cut, above_cut = s_det - cut, s_det + cut
+    per_level = []  # (at_l, truncated window start, series window start, series window end, window end)
     for l in range(1, L + 1):
         at_l = positive & (levels == l)
         # Heaviside part: items at level >= l with s_j >= s_i (i itself included: the "1 +")
@@ -244,25 +276,66 @@ def hierarchical_ranks(
         # sigmoid window over A_l: s_i + t_lo <= s_j <= s_i + δ
         lo = index_ge(l, s_det + t_lo)
         hi = torch.minimum(h, counts[l - 1].expand_as(h))
-        length = torch.where(at_l, (hi - lo).clamp_min(0), torch.zeros_like(hi))
         if fast:  # the jump `start` on 0 < t <= δ: window items scored strictly above s_i
             n_up = (hi - torch.maximum(lo, index_gt(l, s_det))).clamp_min(0)
             rank64 = rank64 + torch.where(at_l, step.start * n_up.to(acc), 0.0)
+        per_level.append([at_l, torch.minimum(lo, hi), None, None, hi])
+
+    # With the series, the elementwise window keeps only |t| <= cut: below it (and, on the fast path, on
+    # cut < t <= δ) the sigmoid is summed by the separable series (which also replaces the truncation at t_lo).
+    # It costs O(K·N) per (list, score band) table: used when that saves more elementwise work.
+    num_terms = num_terms_for(dtype)
+    window_total = sum(int(torch.where(a, hi - lo, 0).sum()) for a, lo, _, _, hi in per_level)
+    num_rows = sum(int(a.any(1).sum()) for a, *_ in per_level)  # lists with positives: at least one table each
+    tail_lists = []  # (query, item, row, lower-tail end, upper-part begin, upper-part end)
+    if window_total * _WINDOW_COST > num_rows * n * num_terms * _TABLE_COST:
+        for l, entry in enumerate(per_level, 1):
+            at_l, _, _, _, hi = entry
+            lo_s = torch.minimum(index_ge(l, below_cut), hi)
+            up_s = torch.minimum(torch.maximum(index_gt(l, above_cut), lo_s), hi) if fast else hi
+            entry[2], entry[3] = lo_s, up_s
+            q_idx, i_idx = torch.nonzero(at_l & ((lo_s > 0) | (up_s < hi)), as_tuple=True)
+            if q_idx.numel():
+                rows = (l - 1) * bsz + q_idx
+                tail_lists.append((q_idx, i_idx, rows, lo_s[q_idx, i_idx], up_s[q_idx, i_idx], hi[q_idx, i_idx]))
+    use_tail = False
+    if tail_lists:
+        tq, ti, t_rows, t_lo_end, t_up_begin, t_up_end = (torch.cat(x) for x in zip(*tail_lists))
+        s_row_min = torch.where(valid, s_det, inf).amin(1).to(acc)
+        s_row_max = torch.where(valid, s_det, -inf).amax(1).to(acc)
+        s_row_min = torch.where(torch.isfinite(s_row_min), s_row_min, 0.0).repeat(L)
+        s_row_max = torch.where(torch.isfinite(s_row_max), s_row_max, 0.0).repeat(L)
+        s_item = s64[tq, ti]
+        anchors, band = bands(s_row_min, s_row_max, s_item, t_rows, step.tau, num_terms)
+        saved = window_total - sum(int(torch.where(a, up_s - lo_s, 0).sum()) for a, _, lo_s, up_s, _ in per_level)
+        table_cost = table_rows(t_rows, band, anchors.shape[0]) * n * num_terms * _TABLE_COST
+        use_tail = saved * _WINDOW_COST > table_cost
+
+    pair_lists = []  # (level, query, item, window start, window length)
+    for l, (at_l, lo, lo_s, up_s, hi) in enumerate(per_level, 1):
+        start, end = (lo_s, up_s) if use_tail else (lo, hi)
+        length = torch.where(at_l, end - start, torch.zeros_like(hi))
         q_idx, i_idx = torch.nonzero(length > 0, as_tuple=True)
         if q_idx.numel():
             rows = (l - 1) * bsz + q_idx  # row of the stacked sorted lists A_1..A_L
-            pair_lists.append((q_idx, i_idx, rows, hi[q_idx, i_idx], length[q_idx, i_idx]))
+            pair_lists.append((q_idx, i_idx, rows, end[q_idx, i_idx], length[q_idx, i_idx]))
 
     if pair_lists:
         q_idx, i_idx, rows, hi_idx, lengths = (torch.cat(x) for x in zip(*pair_lists))
         order = torch.argsort(lengths, descending=True)  # similar widths per block: little padding
         q_idx, i_idx, rows, hi_idx, lengths = (x[order] for x in (q_idx, i_idx, rows, hi_idx, lengths))
-        keys = torch.stack(sorted_keys[:L])
+        keys, chunk = torch.stack(sorted_keys[:L]), int(chunk_size)
         window = _WindowSum.apply(
-            scores, keys, torch.stack(perms[:L]), rows, hi_idx, lengths, q_idx, i_idx, step, fast, int(chunk_size)
+            scores, keys, torch.stack(perms[:L]), rows, hi_idx, lengths, q_idx, i_idx, step, fast, chunk, use_tail
         )
         flat_idx = q_idx * n + i_idx
         rank64 = (rank64.reshape(-1).index_add(0, flat_idx, window.to(acc))).view(bsz, n)
+    if use_tail:
+        keys = torch.stack(keys64).reshape(L * bsz, n)
+        tail = SigmoidTail.apply(
+            keys, s_item, t_rows, t_lo_end, t_up_begin, t_up_end, anchors, band, step.tau, num_terms
+        )
+        rank64 = (rank64.reshape(-1).index_add(0, tq * n + ti, tail)).view(bsz, n)
     rank = torch.where(positive, rank64, 1.0).to(dtype)
 
     if level_relevance is None:

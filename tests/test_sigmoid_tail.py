@@ -1,0 +1,147 @@
+"""Tests of the separable sigmoid series (pml_suprank._sigmoid_tail) and of its use in the hierarchical kernel."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _hierarchical_dense import dense_ranks
+
+import pml_suprank.hierarchical_ranking as hr
+from pml_suprank._sigmoid_tail import CUT, SigmoidTail, bands, num_terms_for
+from pml_suprank.hierarchical_ranking import HRankParams, hierarchical_ranks
+from pml_suprank.ranking import SupRankStep
+from pml_suprank.relevance import level_counts, pop_relevance
+
+TAU, DELTA = 0.01, 0.05
+
+
+def _problem(seed, spread, ties, num_rows=4, n=60, m=50):
+    """Sorted lists (``+inf`` past a random number of members), items, and the ranges the caller's contract
+    allows: lower tail ``x < s − cτ``, upper part ``s + cτ < x <= s + δ``."""
+    g = torch.Generator().manual_seed(seed)
+    keys = torch.randn(num_rows, n, generator=g, dtype=torch.float64) * spread
+    s = torch.randn(m, generator=g, dtype=torch.float64) * spread
+    if ties:  # a coarse grid: many exact ties among list items, items and list items, and at ±cτ / δ
+        keys = torch.round(keys / TAU) * TAU
+        s = torch.round(s / TAU) * TAU
+    keys = keys.sort(1).values
+    members = torch.randint(n // 2, n + 1, (num_rows,), generator=g)
+    keys = torch.where(torch.arange(n)[None, :] < members[:, None], keys, float("inf"))
+    rows = torch.randint(0, num_rows, (m,), generator=g)
+    cut = CUT * TAU
+    lists = keys[rows].contiguous()
+    lo_end = torch.searchsorted(lists, (s - cut)[:, None].contiguous()).squeeze(1)  # x < s − cτ
+    hi = torch.searchsorted(lists, (s + DELTA)[:, None].contiguous(), right=True).squeeze(1)
+    up_begin = torch.searchsorted(lists, (s + cut)[:, None].contiguous(), right=True).squeeze(1)  # x > s + cτ
+    up_begin = torch.minimum(torch.maximum(up_begin, lo_end), hi)
+    finite = torch.isfinite(keys)
+    row_min = torch.where(finite, keys, float("inf")).amin(1)
+    row_max = torch.where(finite, keys, float("-inf")).amax(1)
+    anchors, band = bands(row_min, row_max, s, rows, TAU, num_terms_for(torch.float64))
+    return keys, s, rows, lo_end, up_begin, hi, anchors, band
+
+
+def _elementwise(keys, s, rows, lo_end, up_begin, up_end):
+    t = (keys[rows] - s[:, None]) / TAU
+    p = torch.arange(keys.shape[1])[None, :]
+    inside = (p < lo_end[:, None]) | ((p >= up_begin[:, None]) & (p < up_end[:, None]))
+    return torch.where(inside, torch.sigmoid(torch.where(inside, t, 0.0)), 0.0).sum(1)
+
+
+def _tail(keys, s, rows, lo_end, up_begin, up_end, anchors, band):
+    k = num_terms_for(torch.float64)
+    return SigmoidTail.apply(keys, s, rows, lo_end, up_begin, up_end, anchors, band, TAU, k)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("spread, ties", [(0.05, False), (0.6, False), (0.05, True), (0.6, True)])
+def test_series_matches_elementwise_sum(seed, spread, ties):
+    """Value and gradient agree with the elementwise sigmoid sum to 1e-12 (spread 0.6: several score bands)."""
+    keys, s, rows, lo_end, up_begin, hi, anchors, band = _problem(seed, spread, ties)
+    if spread > 0.5:
+        assert anchors.shape[0] > 1
+    assert bool((lo_end > 0).any()) and bool((up_begin < hi).any())
+    k1, s1 = keys.clone().requires_grad_(True), s.clone().requires_grad_(True)
+    k2, s2 = keys.clone().requires_grad_(True), s.clone().requires_grad_(True)
+    out = _tail(k1, s1, rows, lo_end, up_begin, hi, anchors, band)
+    ref = _elementwise(k2, s2, rows, lo_end, up_begin, hi)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    w = torch.rand(out.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) - 0.5
+    (out * w).sum().backward()
+    (ref * w).sum().backward()
+    torch.testing.assert_close(s1.grad, s2.grad, rtol=0, atol=1e-12)
+    finite = torch.isfinite(keys)
+    torch.testing.assert_close(k1.grad[finite], k2.grad[finite], rtol=0, atol=1e-12)
+
+
+def test_series_gradcheck():
+    keys, s, rows, lo_end, up_begin, hi, anchors, band = _problem(3, 0.3, False, num_rows=2, n=14, m=9)
+    # keep the perturbed keys inside their contract ranges: no key within 1e-5 of a range boundary
+    assert bool((lo_end > 0).any())
+
+    def fn(k, x):
+        return _tail(k, x, rows, lo_end, up_begin, hi, anchors, band)
+
+    keys = keys.requires_grad_(True)
+    s = s.requires_grad_(True)
+    assert torch.autograd.gradcheck(fn, (keys, s), eps=1e-7, atol=1e-7)
+
+
+def _hier_problem(seed, ties, B=6, N=70, L=3, spread=0.08):
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.randn(B, N, generator=g, dtype=torch.float64) * spread
+    if ties:
+        scores = torch.round(scores / 0.005) * 0.005  # many ties, gaps exactly at 2τ = cτ and at δ
+    levels = torch.randint(0, L + 1, (B, N), generator=g)
+    valid = torch.rand(B, N, generator=g) > 0.1
+    return scores, levels, valid
+
+
+def _ranks(monkeypatch, table_cost, scores, levels, valid, L, rel, hrank=None, step=None):
+    monkeypatch.setattr(hr, "_TABLE_COST", table_cost)
+    x = scores.clone().requires_grad_(True)
+    rank, rank_plus = hierarchical_ranks(x, levels, rel, L, valid, step or SupRankStep(), hrank, chunk_size=900)
+    return x, rank, rank_plus
+
+
+@pytest.mark.parametrize("seed, ties", [(0, False), (1, False), (2, True), (3, True)])
+def test_hierarchical_ranks_with_series_match_dense(monkeypatch, seed, ties):
+    """The kernel with the series forced on agrees with the elementwise window and with the dense definition."""
+    L = 3
+    scores, levels, valid = _hier_problem(seed, ties)
+    rel = pop_relevance(level_counts(levels, L, mask=valid), 1.0, dtype=torch.float64)
+    hrank = HRankParams()
+    x1, r1, p1 = _ranks(monkeypatch, 0.0, scores, levels, valid, L, rel, hrank)  # series always
+    x2, r2, p2 = _ranks(monkeypatch, float("inf"), scores, levels, valid, L, rel, hrank)  # window only
+    pos = valid & (levels > 0)
+    torch.testing.assert_close(r1[pos], r2[pos], rtol=0, atol=1e-12)
+    torch.testing.assert_close(p1[pos], p2[pos], rtol=0, atol=0)
+    d_rank, _ = dense_ranks(scores, levels, rel, valid, dict(offset=None), dict(nu=25.0, mu=0.5, gamma=10.0))
+    torch.testing.assert_close(r1[pos], d_rank[pos], rtol=0, atol=1e-12)
+    w = torch.rand(r1.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    (r1 * w)[pos].sum().backward()
+    (r2 * w)[pos].sum().backward()
+    torch.testing.assert_close(x1.grad, x2.grad, rtol=0, atol=1e-10)
+
+
+def test_hierarchical_series_float32_close(monkeypatch):
+    scores, levels, valid = _hier_problem(4, False)
+    rel = pop_relevance(level_counts(levels, 3, mask=valid), 1.0, dtype=torch.float32)
+    _, r1, _ = _ranks(monkeypatch, 0.0, scores.float(), levels, valid, 3, rel)
+    _, r2, _ = _ranks(monkeypatch, float("inf"), scores.float(), levels, valid, 3, rel)
+    pos = valid & (levels > 0)
+    torch.testing.assert_close(r1[pos], r2[pos], rtol=2e-6, atol=1e-5)
+
+
+def test_hierarchical_gradcheck_with_series(monkeypatch):
+    monkeypatch.setattr(hr, "_TABLE_COST", 0.0)
+    scores, levels, valid = _hier_problem(5, False, B=2, N=16, L=2, spread=0.05)
+    rel = pop_relevance(level_counts(levels, 2, mask=valid), 1.0, dtype=torch.float64)
+    step = SupRankStep(tau=0.01, rho=100.0, delta=0.05, start=0.5)
+
+    def fn(s):
+        rank, rank_plus = hierarchical_ranks(s, levels, rel, 2, valid, step)
+        pos = valid & (levels > 0)
+        return torch.where(pos, rank_plus / rank, 0.0).sum(1)
+
+    assert torch.autograd.gradcheck(fn, (scores.clone().requires_grad_(True),), eps=1e-7, atol=1e-6)
