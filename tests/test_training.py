@@ -79,7 +79,7 @@ def _config(tmp_path, **kw):
     return TrainingConfig(**values)
 
 
-def _happier(num_classes=53, dim=16):
+def _happier(num_classes=54, dim=16):  # one proxy per SyntheticShapes fine id (global ids 0..53)
     return losses.HAPPIERLoss(num_classes=num_classes, embedding_size=dim)
 
 
