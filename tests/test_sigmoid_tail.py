@@ -145,3 +145,24 @@ def test_hierarchical_gradcheck_with_series(monkeypatch):
         return torch.where(pos, rank_plus / rank, 0.0).sum(1)
 
     assert torch.autograd.gradcheck(fn, (scores.clone().requires_grad_(True),), eps=1e-7, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_flat_window_upper_bound_is_inclusive(dtype):
+    """The flat window kernel keeps ``t == upper`` exactly and drops the next representable ``t`` (and ``-inf``)."""
+    from pml_suprank.ranking import sigmoid_window_sum
+
+    upper = 5.0
+    above = float(torch.nextafter(torch.tensor(upper, dtype=dtype), torch.tensor(float("inf"), dtype=dtype)))
+    Z = torch.tensor([[upper, above, float("-inf"), 4.0, -3.0], [upper, 0.5, above, 1.0, 2.0]], dtype=dtype)
+    Z = Z.requires_grad_(True)
+    z_item = torch.tensor([0.0, 0.0, -1.0], dtype=dtype, requires_grad=True)
+    q = torch.tensor([0, 1, 1])
+    out = sigmoid_window_sum(Z, q, z_item, upper)
+    t = Z[q] - z_item[:, None]
+    expected = torch.where(t <= upper, torch.sigmoid(t), 0.0).sum(1)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    g1 = torch.autograd.grad(out.sum(), (Z, z_item))
+    g2 = torch.autograd.grad(expected.sum(), (Z, z_item))
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(a, b, rtol=1e-6 if dtype == torch.float32 else 1e-12, atol=1e-7)
