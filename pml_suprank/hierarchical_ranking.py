@@ -60,7 +60,7 @@ __all__ = [
 
 _CHUNK = 1 << 21  # window elements processed at once (a few tensors of this many elements live per chunk)
 # relative costs (CPU, measured) of one elementwise window element and of one element of one series table per term
-_WINDOW_COST, _TABLE_COST = 1.0, 1.2
+_WINDOW_COST, _TABLE_COST = 1.0, 1.5
 
 
 class HRankParams:
@@ -109,14 +109,14 @@ class _WindowSum(torch.autograd.Function):
     length) are processed as ``(pairs, width)`` blocks read from the sorted score lists (a block ends where windows
     get shorter than 0.7 × its width, bounding the padding): a window shorter than its block is extended to the
     left, i.e. to items scored even lower (legitimate sigmoid-branch terms, below the truncation threshold) or to
-    ``−inf`` sentinels stored before each list (zero value and derivative); with ``exact_start`` (the items below
-    the window are summed by the series) those extra positions are masked to ``−inf`` instead. So every element
-    costs a handful of contiguous vector operations plus one gather; the gradient w.r.t. the window items is
-    accumulated in sorted order and un-permuted once at the end.
+    ``−inf`` sentinels stored before each list (zero value and derivative); when the series sums the items below
+    the windows, the caller ends the series at the block's start instead of the window's. So every element costs a
+    handful of contiguous vector operations plus one gather, without masks; the gradient w.r.t. the window items
+    is accumulated in sorted order and un-permuted once at the end.
     """
 
     @staticmethod
-    def forward(ctx, scores, keys, perms, rows, hi, lengths, q_idx, i_idx, step, fast, chunk, exact_start):
+    def forward(ctx, scores, keys, perms, rows, hi, lengths, q_idx, i_idx, step, fast, chunk):
         s_i = scores.detach()[q_idx, i_idx]
         num_lists, bsz, n = keys.shape
         pad = int(lengths[0])  # the longest window
@@ -125,7 +125,7 @@ class _WindowSum(torch.autograd.Function):
         ends = rows * (n + pad) + pad + hi  # flat end (exclusive) of every window
         out = torch.zeros_like(s_i)
         for m0, m1, width in _chunks(lengths, chunk):
-            t, _ = _window_block(keys_ext, ends, lengths if exact_start else None, s_i, m0, m1, width)
+            t, _ = _window_block(keys_ext, ends, s_i, m0, m1, width)
             if fast:  # in place on the block's own temporary
                 value = t.mul_(1.0 / step.tau).sigmoid_()
             else:
@@ -133,7 +133,6 @@ class _WindowSum(torch.autograd.Function):
             out[m0:m1] = value.sum(1)
         ctx.save_for_backward(scores, keys_ext, perms, ends, lengths, q_idx, i_idx)
         ctx.step, ctx.fast, ctx.chunk, ctx.shape = step, fast, chunk, (num_lists, bsz, n, pad)
-        ctx.exact_start = exact_start
         return out
 
     @staticmethod
@@ -144,33 +143,28 @@ class _WindowSum(torch.autograd.Function):
         grad_sorted = torch.zeros_like(keys_ext)
         grad_i = torch.zeros_like(s_i)
         for m0, m1, width in _chunks(lengths, ctx.chunk):
-            t, flat_pos = _window_block(keys_ext, ends, lengths if ctx.exact_start else None, s_i, m0, m1, width)
+            t, flat_pos = _window_block(keys_ext, ends, s_i, m0, m1, width)
             if ctx.fast:  # σ'(x)/τ = σ(1 − σ)/τ, in place on the block's own temporaries
                 sig = t.mul_(1.0 / step.tau).sigmoid_()
                 w = sig.sub_(sig * sig).mul_(grad_out[m0:m1, None] * (1.0 / step.tau))
             else:
                 w = torch.where(torch.isfinite(t), step.derivative(t), 0.0) * grad_out[m0:m1, None]
             grad_i[m0:m1] = -w.sum(1)
-            grad_sorted = grad_sorted.index_add(0, flat_pos.reshape(-1), w.reshape(-1))
+            grad_sorted.index_add_(0, flat_pos.reshape(-1), w.reshape(-1))
         num_lists, bsz, n, pad = ctx.shape
         grad_sorted = grad_sorted.view(num_lists, bsz, n + pad)[:, :, pad:]
         grad = torch.zeros_like(scores)
         for l in range(num_lists):  # un-permute: sorted position -> reference column
             grad = grad.scatter_add(1, perms[l], grad_sorted[l])
         grad = grad.index_put((q_idx, i_idx), grad_i, accumulate=True)
-        return grad, None, None, None, None, None, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None, None, None, None
 
 
-def _window_block(keys_ext, ends, lengths, s_i, m0, m1, width):
+def _window_block(keys_ext, ends, s_i, m0, m1, width):
     """Score differences ``t`` ``(k, width)`` of the ``width`` sorted items ending each window of pairs ``m0..m1``,
-    and their flat positions. With ``lengths``, positions before a shorter window's start are ``−inf`` (value and
-    derivative 0): the items there are summed by the separable series."""
-    arange = torch.arange(width, device=keys_ext.device)
-    flat_pos = (ends[m0:m1] - width)[:, None] + arange
-    t = keys_ext.take(flat_pos).sub_(s_i[m0:m1, None])
-    if lengths is not None and bool((lengths[m0:m1] < width).any()):
-        t.masked_fill_(arange[None, :] < (width - lengths[m0:m1])[:, None], float("-inf"))
-    return t, flat_pos
+    and their flat positions."""
+    flat_pos = (ends[m0:m1] - width)[:, None] + torch.arange(width, device=keys_ext.device)
+    return keys_ext.take(flat_pos).sub_(s_i[m0:m1, None]), flat_pos
 
 
 def _last_within(s: Tensor, delta: float) -> Tensor:
@@ -246,11 +240,26 @@ def hierarchical_ranks(
         counts.append(cnt)
         csums.append(torch.cat([zero64, torch.cumsum(vals, 1)], 1))  # (B, N + 1)
 
-    def index_ge(l: int, x: Tensor) -> Tensor:  # first sorted position with key >= x
-        return torch.searchsorted(sorted_keys[l - 1], x.contiguous(), right=False)
+    # Positions in the sorted A_l come from ONE search per query tensor in the list of all valid items (A_{L+1}):
+    # #{j ∈ A_l : key_j < x} = number of A_l members among the items of A_{L+1} scored below x (same comparisons).
+    member_cum = []  # (B, N + 1): members of A_l among the first p items of A_{L+1}'s sorted order
+    levels_sorted, valid_sorted = torch.gather(levels, 1, perms[L]), torch.gather(valid, 1, perms[L])
+    zero_col = torch.zeros(bsz, 1, dtype=torch.long, device=device)
+    for l in range(1, L + 2):
+        member_cum.append(torch.cat([zero_col, torch.cumsum((valid_sorted & (levels_sorted < l)).long(), 1)], 1))
+    searched: dict[tuple[int, bool], tuple[Tensor, Tensor]] = {}
 
-    def index_gt(l: int, x: Tensor) -> Tensor:  # first sorted position with key > x
-        return torch.searchsorted(sorted_keys[l - 1], x.contiguous(), right=True)
+    def position(x: Tensor, right: bool) -> Tensor:  # position of x in A_{L+1}, cached per query tensor
+        key = (id(x), right)
+        if key not in searched:  # x is kept with its result, so that its id is not reused meanwhile
+            searched[key] = (x, torch.searchsorted(sorted_keys[L], x.contiguous(), right=right))
+        return searched[key][1]
+
+    def index_ge(l: int, x: Tensor) -> Tensor:  # first position in sorted A_l with key >= x
+        return torch.gather(member_cum[l - 1], 1, position(x, False))
+
+    def index_gt(l: int, x: Tensor) -> Tensor:  # first position in sorted A_l with key > x
+        return torch.gather(member_cum[l - 1], 1, position(x, True))
 
     # number of items of A_l with score >= s_i, for l = 1..L+1
     ge = [counts[l - 1] - index_ge(l, s_det) for l in range(1, L + 2)]
@@ -260,7 +269,7 @@ def hierarchical_ranks(
     lin_upper = _last_within(s_det, step.delta)
     rank64 = torch.zeros(bsz, n, dtype=acc, device=device)
     cut = CUT * step.tau  # |t| > cut: the sigmoid may be summed by its separable series (pml_suprank._sigmoid_tail)
-    below_cut, above_cut = s_det - cut, s_det + cut
+    below_cut, above_cut, lo_query = s_det - cut, s_det + cut, s_det + t_lo
     per_level = []  # (at_l, truncated window start, series window start, series window end, window end)
     for l in range(1, L + 1):
         at_l = positive & (levels == l)
@@ -274,7 +283,7 @@ def hierarchical_ranks(
         lin = step.rho * (s_lin - c64 * (s64 + step.delta)) + c64 * step.resolved_offset
         rank64 = rank64 + torch.where(at_l, lin, 0.0)
         # sigmoid window over A_l: s_i + t_lo <= s_j <= s_i + δ
-        lo = index_ge(l, s_det + t_lo)
+        lo = index_ge(l, lo_query)
         hi = torch.minimum(h, counts[l - 1].expand_as(h))
         if fast:  # the jump `start` on 0 < t <= δ: window items scored strictly above s_i
             n_up = (hi - torch.maximum(lo, index_gt(l, s_det))).clamp_min(0)
@@ -325,8 +334,15 @@ def hierarchical_ranks(
         order = torch.argsort(lengths, descending=True)  # similar widths per block: little padding
         q_idx, i_idx, rows, hi_idx, lengths = (x[order] for x in (q_idx, i_idx, rows, hi_idx, lengths))
         keys, chunk = torch.stack(sorted_keys[:L]), int(chunk_size)
+        if use_tail:  # a window shorter than its block is evaluated from the block's start: the series stops there
+            widths = torch.empty_like(lengths)
+            for m0, m1, width in _chunks(lengths, chunk):
+                widths[m0:m1] = width
+            block_start = torch.full((L * bsz * n,), n, dtype=torch.long, device=device)
+            block_start[rows * n + i_idx] = (hi_idx - widths).clamp_min(0)
+            t_lo_end = torch.minimum(t_lo_end, block_start[t_rows * n + ti])
         window = _WindowSum.apply(
-            scores, keys, torch.stack(perms[:L]), rows, hi_idx, lengths, q_idx, i_idx, step, fast, chunk, use_tail
+            scores, keys, torch.stack(perms[:L]), rows, hi_idx, lengths, q_idx, i_idx, step, fast, chunk
         )
         flat_idx = q_idx * n + i_idx
         rank64 = (rank64.reshape(-1).index_add(0, flat_idx, window.to(acc))).view(bsz, n)
