@@ -64,7 +64,7 @@ def bands(row_min: Tensor, row_max: Tensor, s_item: Tensor, item_row: Tensor, ta
     return centres, band
 
 
-def table_rows(rows: Tensor, band: Tensor, num_bands: int) -> int:
+def table_rows(rows: Tensor, band: Tensor) -> int:
     """Number of (list, band) tables :class:`SigmoidTail` builds for these items (its cost is ``O(K·N)`` each)."""
     return int(torch.unique(band * (int(rows.max()) + 1) + rows).numel()) if rows.numel() else 0
 

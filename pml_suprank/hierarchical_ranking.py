@@ -317,7 +317,7 @@ def hierarchical_ranks(
         s_item = s64[tq, ti]
         anchors, band = bands(s_row_min, s_row_max, s_item, t_rows, step.tau, num_terms)
         saved = window_total - sum(int(torch.where(a, up_s - lo_s, 0).sum()) for a, _, lo_s, up_s, _ in per_level)
-        table_cost = table_rows(t_rows, band, anchors.shape[0]) * n * num_terms * _TABLE_COST
+        table_cost = table_rows(t_rows, band) * n * num_terms * _TABLE_COST
         use_tail = saved * _WINDOW_COST > table_cost
 
     pair_lists = []  # (level, query, item, window start, window length)
