@@ -752,16 +752,19 @@ def metrics_from_ranks(
         for h in range(L):
             binary(f"_level{h}", L - h, False)
     if "h_ap" in want:
-        # H-rank⁺(k) = Σ_l c_l(k)·min(rel(k), rel(l)), c_l(k) = items of level exactly l at or before slot k
-        table = pop_relevance(counts, alpha=alpha, dtype=torch.float64)
-        rel_k = table.gather(1, lv)  # 0 on padding (rel(0) = 0)
-        h_rank = torch.zeros_like(rel_k)
-        prev = None
-        for lvl in range(L, 0, -1):
+        # H-rank⁺(k) = Σ_l c_l(k)·min(rel(k), rel(l)), c_l(k) = items of level exactly l at or before slot k.
+        # Summed by parts over the cumulative counts A_l = c_l + ... + c_L (the cached thresholds):
+        # H-rank⁺(k) = Σ_l A_l(k)·(min(rel(k), rel(l)) - min(rel(k), rel(l - 1))), with the term of l - 1 = 0 zero;
+        # the (Q, L + 1, L + 1) table of those differences is tiny, so each level costs one gather and one fma.
+        table = pop_relevance(counts, alpha=alpha, dtype=torch.float64)  # (C, L + 1), rel(0) = 0
+        pair_min = torch.minimum(table[:, :, None], table[:, None, :])  # [c, λ, l] = min(rel(λ), rel(l))
+        steps = pair_min[:, :, 1:] - torch.cat([torch.zeros_like(pair_min[:, :, :1]), pair_min[:, :, 1:-1]], 2)
+        rel_k = table.gather(1, lv)  # 0 on padding
+        h_rank = None
+        for lvl in range(1, L + 1):
+            coef = steps[:, :, lvl - 1].gather(1, lv)
             cum_ge = threshold(lvl).cum  # cached: never modified in place
-            c = cum_ge if prev is None else cum_ge - prev
-            prev = cum_ge
-            h_rank.addcmul_(c, torch.minimum(rel_k, table[:, lvl : lvl + 1]))
+            h_rank = coef.mul_(cum_ge) if h_rank is None else h_rank.addcmul_(cum_ge, coef)
         num = h_rank.mul_(inv).sum(1)
         den = rel_k.sum(1)
         out["h_ap"] = _nan_where_empty(num / torch.where(den > 0, den, torch.ones_like(den)), den)
@@ -776,8 +779,11 @@ def metrics_from_ranks(
             den += torch.where(has, w[m - 1], torch.zeros_like(den))
         out["sum_w_ap"] = nan_empty(num / torch.where(den > 0, den, torch.ones_like(den)), den)
     if "ndcg" in want:
-        gain = (2.0 ** torch.arange(L + 1, device=device, dtype=torch.float64) - 1.0)[lv]  # 0 on padding
-        dcg = (gain.mul_(pos_f.add(1.0).log2_().reciprocal_())).sum(1)
+        # lookup tables instead of per-slot pow / log2: gains 2^l - 1 (0 on padding), discounts 1 / log2(1 + p)
+        gain = (2.0 ** torch.arange(L + 1, device=device, dtype=torch.float64) - 1.0).take(lv)
+        ranks_p = torch.arange(int(positions.max()) + 1, device=device, dtype=torch.float64)
+        disc = (1.0 / torch.log2(1.0 + ranks_p.clamp_min(1))).take(positions)
+        dcg = gain.mul_(disc).sum(1)
         out["ndcg"] = _ndcg_from_dcg(dcg, counts, L, P)
     if "asi" in want:
         out["asi"] = _asi_fused(lv, positions, counts, L, ge)
