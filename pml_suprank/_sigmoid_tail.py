@@ -35,6 +35,7 @@ from torch import Tensor
 
 NUM_TERMS = 19  # K: terms of the alternating series kept (float64)
 NUM_TERMS_LOW = 11  # K for float32 / half scores: error < e^{−24} ≈ 4e−11 per pair, far below their rounding
+TABLE_ELEMENTS = 1 << 21  # elements of one (rows × N) table block (a dozen float64 tables of it live at once)
 CUT = 2.0  # c: the series is used where |t| / τ > c; error < e^{−(K+1)c} = e^{−40} per pair in float64
 
 
@@ -56,10 +57,13 @@ def bands(row_min: Tensor, row_max: Tensor, s_item: Tensor, item_row: Tensor, ta
         s_item: ``(M,)`` item scores; ``item_row``: ``(M,)`` the list of each item.
     """
     width = band_width(tau, num_terms)
-    lo = row_min.double()
-    span = (row_max.double() - lo).clamp_min(0.0)
+    s64 = s_item.detach().double()
+    # the bands must bracket the items too (their factors e^{∓k(s − a)/τ} are only bounded inside their band)
+    lo = row_min.double().scatter_reduce(0, item_row, s64, reduce="amin")
+    hi = row_max.double().scatter_reduce(0, item_row, s64, reduce="amax")
+    span = (hi - lo).clamp_min(0.0)
     num_bands = max(1, int(math.floor(float(span.max()) / width)) + 1) if span.numel() else 1
-    band = torch.floor((s_item.detach().double() - lo[item_row]) / width).long().clamp(0, num_bands - 1)
+    band = torch.floor((s64 - lo[item_row]) / width).long().clamp(0, num_bands - 1)
     centres = lo[None, :] + (torch.arange(num_bands, dtype=torch.float64, device=lo.device)[:, None] + 0.5) * width
     return centres, band
 
@@ -92,23 +96,35 @@ class SigmoidTail(torch.autograd.Function):
 
     @staticmethod
     def _bands(keys, s_item, rows, anchors, band, tau, num_terms, flip_e):
-        """Per band: the items, their table rows, and the base tables ``e^{z}``, ``e^{−z}`` (``z = (x − a)/τ``,
-        clamped so that their ``K``-th powers stay finite, 0 past the members); ``e^{z}`` is reversed along the
-        list when ``flip_e`` (else ``e^{−z}``)."""
+        """Per band and block of at most ``TABLE_ELEMENTS / N`` table rows: the items, their table rows, and the
+        base tables ``e^{z}``, ``e^{−z}`` (``z = (x − a)/τ``, clamped so that their ``K``-th powers stay finite, 0
+        past the members); ``e^{z}`` is reversed along the list when ``flip_e`` (else ``e^{−z}``)."""
         zmax = 700.0 / num_terms
+        rows_per_block = max(1, TABLE_ELEMENTS // max(keys.shape[1], 1))
         for b in range(anchors.shape[0]):
-            idx = torch.nonzero(band == b, as_tuple=True)[0]
-            if not idx.numel():
+            in_band = torch.nonzero(band == b, as_tuple=True)[0]
+            if not in_band.numel():
                 continue
-            tab_rows, r = torch.unique(rows[idx], return_inverse=True)
-            x = keys[tab_rows]
-            finite = torch.isfinite(x)
-            z = (x.detach() - anchors[b][tab_rows, None]) / tau
-            e1 = torch.where(finite, torch.exp(z.clamp_max(zmax)), 0.0)
-            d1 = torch.where(finite, torch.exp((-z).clamp_max(zmax)), 0.0)
-            e1, d1 = (e1.flip(1), d1) if flip_e else (e1, d1.flip(1))
-            zi = (s_item.detach()[idx] - anchors[b][rows[idx]]) / tau
-            yield idx, tab_rows, r, e1, d1, torch.exp(-zi), torch.exp(zi)
+            all_rows, inverse = torch.unique(rows[in_band], return_inverse=True)
+            order = torch.argsort(inverse, stable=True)  # items grouped by table row
+            in_band, inverse = in_band[order], inverse[order]
+            bounds = torch.arange(0, all_rows.numel() + rows_per_block, rows_per_block, device=rows.device)
+            starts = torch.searchsorted(inverse, bounds.clamp_max(all_rows.numel())).tolist()
+            for blk in range(len(starts) - 1):
+                if starts[blk] == starts[blk + 1]:
+                    continue
+                idx = in_band[starts[blk] : starts[blk + 1]]
+                r0 = blk * rows_per_block
+                tab_rows = all_rows[r0 : r0 + rows_per_block]
+                r = inverse[starts[blk] : starts[blk + 1]] - r0
+                x = keys[tab_rows]
+                finite = torch.isfinite(x)
+                z = (x.detach() - anchors[b][tab_rows, None]) / tau
+                e1 = torch.where(finite, torch.exp(z.clamp_max(zmax)), 0.0)
+                d1 = torch.where(finite, torch.exp((-z).clamp_max(zmax)), 0.0)
+                e1, d1 = (e1.flip(1), d1) if flip_e else (e1, d1.flip(1))
+                zi = (s_item.detach()[idx] - anchors[b][rows[idx]]) / tau
+                yield idx, tab_rows, r, e1, d1, torch.exp(-zi), torch.exp(zi)
 
     @staticmethod
     def forward(ctx, keys, s_item, rows, lo_end, up_begin, up_end, anchors, band, tau, num_terms):

@@ -166,3 +166,20 @@ def test_flat_window_upper_bound_is_inclusive(dtype):
     g2 = torch.autograd.grad(expected.sum(), (Z, z_item))
     for a, b in zip(g1, g2):
         torch.testing.assert_close(a, b, rtol=1e-6 if dtype == torch.float32 else 1e-12, atol=1e-7)
+
+
+def test_series_in_row_blocks_matches(monkeypatch):
+    """Tables built a few rows at a time (bounded memory) give the same values and gradients."""
+    import pml_suprank._sigmoid_tail as st
+
+    keys, s, rows, lo_end, up_begin, hi, anchors, band = _problem(4, 0.6, True, num_rows=7)
+    k1, s1 = keys.clone().requires_grad_(True), s.clone().requires_grad_(True)
+    out = _tail(k1, s1, rows, lo_end, up_begin, hi, anchors, band)
+    (out * torch.linspace(-1, 1, out.numel(), dtype=torch.float64)).sum().backward()
+    monkeypatch.setattr(st, "TABLE_ELEMENTS", 2 * keys.shape[1])  # two rows per block
+    k2, s2 = keys.clone().requires_grad_(True), s.clone().requires_grad_(True)
+    out2 = _tail(k2, s2, rows, lo_end, up_begin, hi, anchors, band)
+    (out2 * torch.linspace(-1, 1, out.numel(), dtype=torch.float64)).sum().backward()
+    torch.testing.assert_close(out2, out, rtol=0, atol=1e-13)
+    torch.testing.assert_close(s2.grad, s1.grad, rtol=0, atol=1e-12)
+    torch.testing.assert_close(k2.grad, k1.grad, rtol=0, atol=1e-12)
