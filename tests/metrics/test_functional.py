@@ -115,6 +115,22 @@ def test_search_counting_compares_mixed_dtypes_exactly():
     assert positions.tolist() == [[2, 5, 6]]
 
 
+def test_key_encoding_sort_and_decode():
+    # int64 keys: score descending, then level ascending, padding last; the row sort (numpy in place on contiguous
+    # CPU tensors, torch.sort otherwise) and the decoding of the scores are exact
+    scores = torch.tensor([[0.5, -0.0, 0.0, -1.5, 0.5, 3.0], [1e-38, -1e-38, 2.0, 2.0, 0.25, 0.0]])
+    levels = torch.tensor([[2, 1, 3, 1, 1, 0], [1, 2, 2, 1, 0, 3]])
+    keys = F._pessimistic_keys(scores, levels)
+    fast = F._sort_rows(keys.clone())
+    slow = F._sort_rows(keys.clone().T.contiguous().T)  # non-contiguous: torch.sort
+    assert torch.equal(fast, slow)
+    assert (fast & 63).tolist() == [[1, 2, 1, 3, 1, 0], [1, 2, 1, 3, 2, 0]]
+    valid = (fast & 63) > 0
+    decoded = F._decode_key(fast)[valid]
+    expected = [0.5, 0.5, 0.0, 0.0, -1.5, 2.0, 2.0, 1e-38, 0.0, -1e-38]  # -0.0 decodes as +0.0 (equal)
+    assert torch.equal(decoded, torch.tensor(expected))
+
+
 def test_hand_computed_binary_case():
     # ranking (by score): neg(0.9), pos(0.8), neg(0.5), pos(0.3), pos(0.1)
     scores = torch.tensor([[0.8, 0.9, 0.3, 0.5, 0.1]])
