@@ -803,7 +803,7 @@ def metrics_from_ranks(
         dcg = gain.mul_(disc).sum(1)
         out["ndcg"] = _ndcg_from_dcg(dcg, counts, L, P)
     if "asi" in want:
-        out["asi"] = _asi_fused(lv, positions, counts, L, ge)
+        out["asi"] = _asi_fused(lv, positions, counts, L)
     return out
 
 
@@ -822,8 +822,8 @@ def _ndcg_from_dcg(dcg: Tensor, counts: Tensor, L: int, P: int) -> Tensor:
     return _nan_where_empty(dcg / torch.where(idcg > 0, idcg, torch.ones_like(idcg)), n_rel)
 
 
-def _asi_fused(lv: Tensor, positions: Tensor, counts: Tensor, L: int, ge) -> Tensor:
-    """ASI (see :func:`asi_from_ranks`) with int32 per-position counts and the level masks of the caller.
+def _asi_fused(lv: Tensor, positions: Tensor, counts: Tensor, L: int) -> Tensor:
+    """ASI (see :func:`asi_from_ranks`) from one ``(Q, P + 1)`` map position -> level and int32 prefix sums.
 
     ``c_{>=l}(n)``, the items of level ``>= l`` within the first ``n`` positions, is a prefix sum over positions; the
     finest level needs no ``min`` with the ideal count (``c_L(n) <= min(n, |Ω^(L)|)`` always).
@@ -832,23 +832,24 @@ def _asi_fused(lv: Tensor, positions: Tensor, counts: Tensor, L: int, ge) -> Ten
     device = lv.device
     n_plus = counts[:, 1:].sum(1)
     inside = (lv > 0) & (positions <= n_plus[:, None])  # only positions <= N⁺ <= P matter
-    slot = (positions - 1).masked_fill_(~inside, P)
+    # level of the relevant item at each position 1..P (positions are distinct; column P collects the rest)
+    level_at = torch.zeros(C, P + 1, dtype=torch.int8, device=device)
+    level_at.scatter_(1, (positions - 1).masked_fill_(~inside, P), lv.to(torch.int8).masked_fill_(~inside, 0))
+    level_at = level_at[:, :P]
     n = torch.arange(1, P + 1, device=device, dtype=torch.int32)
-    total = torch.zeros(C, P, dtype=torch.int32, device=device)
+    total = None
     above = torch.zeros_like(n_plus)  # relevant items of higher level (ranked first in the ideal order)
     prev = None
     for lvl in range(L, 0, -1):
-        hit = torch.zeros(C, P + 1, dtype=torch.int32, device=device)
-        hit.scatter_add_(1, slot, (inside & ge(lvl)).int())
-        cum_ge = hit[:, :P].cumsum(1, dtype=torch.int32)  # items of level >= lvl within the first n positions
+        cum_ge = (level_at >= lvl).cumsum(1, dtype=torch.int32)  # items of level >= lvl within the first n
         c = cum_ge if prev is None else cum_ge - prev
         prev = cum_ge
         n_l = counts[:, lvl]
         if lvl == L:
-            total += c
+            total = c.clone()
         else:
-            c_star = (n[None, :] - above[:, None].int()).clamp_min_(0).minimum(n_l[:, None].int())
-            total += torch.minimum(c, c_star)
+            c_star = (n[None, :] - above[:, None].int()).clamp_min_(0)
+            total += torch.minimum(c, torch.minimum(c_star, n_l[:, None].int(), out=c_star))
         above = above + n_l
     ratio = _f64(total).div_(_f64(n)[None, :]).masked_fill_(n[None, :] > n_plus[:, None], 0.0)
     return _nan_where_empty(ratio.sum(1) / n_plus.clamp_min(1), n_plus)

@@ -74,6 +74,8 @@ def test_all_metrics_match_naive_full_sort(seed, num_bins, counting, dtype):
     assert isclose(out["recall_at_4_level1"], column(ref, "r@4_2"))
     assert isclose(out["h_ap"], column(ref, "hap"))
     assert isclose(out["sum_w_ap"], column(ref, "swap"))
+    assert isclose(out["ndcg"], column(ref, "ndcg"))
+    assert isclose(out["asi"], column(ref, "asi"))
 
 
 @pytest.mark.parametrize("counting", ["search", "histogram"])
