@@ -41,7 +41,7 @@ def check_tree(labels: Tensor, name: str = "labels") -> None:
     if labels.dim() != 2:
         raise ValueError(f"{name} must have shape (N, L); got shape {tuple(labels.shape)}")
     for c in range(labels.shape[1] - 1):
-        pairs = torch.unique(labels[:, c : c + 2], dim=0)
+        pairs = _unique_pairs(labels[:, c : c + 2].long())
         child, counts = torch.unique(pairs[:, 0], return_counts=True)
         if bool((counts > 1).any()):
             bad = int(child[counts > 1][0])
@@ -50,6 +50,19 @@ def check_tree(labels: Tensor, name: str = "labels") -> None:
                 f"{name} is not a tree: label {bad} of level {c} (column {c}) has several parents "
                 f"{parents} in column {c + 1}; every label must have exactly one ancestor per level"
             )
+
+
+def _unique_pairs(pairs: Tensor) -> Tensor:
+    """Distinct rows of an ``(N, 2)`` integer tensor (sorted), through a 1-D key when it fits in int64."""
+    if pairs.shape[0] == 0:
+        return pairs
+    lo = pairs.min(dim=0).values
+    shifted = pairs - lo
+    span = int(shifted[:, 1].max()) + 1
+    if (int(shifted[:, 0].max()) + 1) * span >= 2**62:  # keys would overflow: fall back to row-wise unique
+        return torch.unique(pairs, dim=0)
+    keys = torch.unique(shifted[:, 0] * span + shifted[:, 1])
+    return torch.stack([keys // span, keys % span], dim=1) + lo
 
 
 class Hierarchy:

@@ -168,3 +168,17 @@ def test_h_ap_with_one_level_is_ap():
     rel = pop_relevance(level_counts(levels, 1), 1.0, dtype=torch.float64)
     valid = torch.ones(4, 20, dtype=torch.bool)
     torch.testing.assert_close(dense_hap(scores, levels, rel, exact=True), binary_ap(scores, levels == 1, valid))
+
+
+def test_unique_pairs_matches_row_unique_including_huge_and_negative_labels():
+    from pml_suprank.relevance import _unique_pairs
+
+    g = torch.Generator().manual_seed(0)
+    cases = [
+        torch.randint(-5, 5, (1000, 2), generator=g),
+        torch.randint(0, 3, (50, 2), generator=g),
+        torch.tensor([[2**40, 3], [2**40, 3], [-(2**40), 2**30]]),  # falls back to the row-wise unique
+        torch.zeros(0, 2, dtype=torch.long),
+    ]
+    for pairs in cases:
+        assert torch.equal(_unique_pairs(pairs), torch.unique(pairs, dim=0))
