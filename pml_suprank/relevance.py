@@ -23,6 +23,7 @@ from ._validation import check_labels
 __all__ = [
     "Hierarchy",
     "as_hierarchical_labels",
+    "as_hierarchy",
     "check_tree",
     "level_counts",
     "level_matrix",
@@ -130,6 +131,18 @@ class Hierarchy:
         return f"Hierarchy(num_fine={self.table.shape[0]}, num_levels={self.num_levels})"
 
 
+def as_hierarchy(hierarchy: Hierarchy | Tensor | None, name: str = "hierarchy") -> Hierarchy | None:
+    """Return ``hierarchy`` as a :class:`Hierarchy` (None stays None; a ``(num_fine, L)`` table is wrapped)."""
+    if hierarchy is None or isinstance(hierarchy, Hierarchy):
+        return hierarchy
+    if not isinstance(hierarchy, Tensor):
+        raise TypeError(
+            f"{name} must be None, a pml_suprank.relevance.Hierarchy or a (num_fine, L) integer tensor; "
+            f"got {type(hierarchy).__name__}"
+        )
+    return Hierarchy(hierarchy)
+
+
 def as_hierarchical_labels(
     labels: Tensor, hierarchy: Hierarchy | Tensor | None = None, name: str = "labels", check: bool = True
 ) -> Tensor:
@@ -140,8 +153,7 @@ def as_hierarchical_labels(
     1-D labels are a one-level hierarchy ``(N, 1)``.
     """
     labels = check_labels(name, labels, labels.shape[0] if isinstance(labels, Tensor) and labels.dim() else -1)
-    if hierarchy is not None and not isinstance(hierarchy, Hierarchy):
-        hierarchy = Hierarchy(hierarchy)
+    hierarchy = as_hierarchy(hierarchy)
     if labels.dim() == 1:
         return hierarchy.expand(labels, name=name) if hierarchy is not None else labels.long()[:, None]
     if hierarchy is not None:

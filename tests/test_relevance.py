@@ -182,3 +182,14 @@ def test_unique_pairs_matches_row_unique_including_huge_and_negative_labels():
     ]
     for pairs in cases:
         assert torch.equal(_unique_pairs(pairs), torch.unique(pairs, dim=0))
+
+
+def test_as_hierarchy_wraps_tables_and_rejects_other_types():
+    from pml_suprank.relevance import Hierarchy, as_hierarchy
+
+    assert as_hierarchy(None) is None
+    h = Hierarchy(torch.tensor([[0, 0], [1, 0], [2, 1]]))
+    assert as_hierarchy(h) is h
+    assert torch.equal(as_hierarchy(h.table).table, h.table)
+    with pytest.raises(TypeError, match="hierarchy must be None"):
+        as_hierarchy([[0, 0]])

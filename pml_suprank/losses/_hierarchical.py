@@ -14,7 +14,7 @@ from torch import Tensor
 
 from ..hierarchical_ranking import _CHUNK
 from ..ranking import SupRankStep
-from ..relevance import Hierarchy, as_hierarchical_labels, check_tree, level_matrix
+from ..relevance import Hierarchy, as_hierarchical_labels, as_hierarchy, check_tree, level_matrix
 from .base_rank_loss import BaseRankLoss, RankInputs
 
 __all__ = ["HierarchicalRankLoss"]
@@ -51,14 +51,7 @@ class HierarchicalRankLoss(BaseRankLoss):
         **kwargs,
     ):
         super().__init__(include_self=include_self, **kwargs)
-        if hierarchy is not None and not isinstance(hierarchy, Hierarchy):
-            if not isinstance(hierarchy, Tensor):
-                raise TypeError(
-                    "hierarchy must be None, a pml_suprank.relevance.Hierarchy or a (num_fine, L) integer tensor; "
-                    f"got {type(hierarchy).__name__}"
-                )
-            hierarchy = Hierarchy(hierarchy)
-        self.hierarchy = hierarchy
+        self.hierarchy = hierarchy = as_hierarchy(hierarchy)
         self.step = SupRankStep(tau=tau, rho=rho, delta=delta, start=start, offset=offset)
         self.tau, self.rho, self.delta, self.start = self.step.tau, self.step.rho, self.step.delta, self.step.start
         self.offset = self.step.resolved_offset

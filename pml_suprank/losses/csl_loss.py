@@ -13,7 +13,7 @@ from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 from torch import Tensor
 
 from .._validation import check_embeddings, check_labels, check_positive
-from ..relevance import Hierarchy, as_hierarchical_labels, check_tree
+from ..relevance import Hierarchy, as_hierarchical_labels, as_hierarchy, check_tree
 
 __all__ = ["CSLLoss"]
 
@@ -68,14 +68,7 @@ class CSLLoss(WeightRegularizerMixin, BaseMetricLossFunction):
         self.scale = check_positive("scale", scale)
         self.num_classes = num_classes
         self.num_levels = len(self.margins)
-        if hierarchy is not None and not isinstance(hierarchy, Hierarchy):
-            if not isinstance(hierarchy, Tensor):
-                raise TypeError(
-                    "hierarchy must be None, a Hierarchy or a (num_fine, L) integer tensor; "
-                    f"got {type(hierarchy).__name__}"
-                )
-            hierarchy = Hierarchy(hierarchy)
-        self.hierarchy = hierarchy
+        self.hierarchy = hierarchy = as_hierarchy(hierarchy)
         table = torch.full((num_classes, self.num_levels), -1, dtype=torch.long)
         if hierarchy is not None:
             if hierarchy.num_levels != self.num_levels:

@@ -10,7 +10,7 @@ from pytorch_metric_learning.utils import common_functions as c_f
 from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
 
 from .._validation import check_labels
-from ..relevance import Hierarchy, as_hierarchical_labels
+from ..relevance import Hierarchy, as_hierarchical_labels, as_hierarchy
 from .evaluator import RetrievalEvaluator
 
 __all__ = ["HierarchicalAccuracyCalculator"]
@@ -68,9 +68,7 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
     ) -> None:
         self._cache: dict[str, Any] = {}
         super().__init__(include=include, exclude=exclude, **kwargs)
-        if hierarchy is not None and not isinstance(hierarchy, Hierarchy):
-            hierarchy = Hierarchy(hierarchy)
-        self.hierarchy = hierarchy
+        self.hierarchy = as_hierarchy(hierarchy)
         self._evaluator_kwargs = dict(
             k_values=tuple(k_values), alpha=alpha, chunk_size=chunk_size, level_weights=level_weights
         )

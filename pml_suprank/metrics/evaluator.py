@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from .._validation import check_embeddings, check_labels, check_positive
-from ..relevance import Hierarchy, as_hierarchical_labels
+from ..relevance import Hierarchy, as_hierarchical_labels, as_hierarchy
 from . import functional as F
 
 __all__ = ["RetrievalEvaluator", "compute_embeddings", "METRIC_GROUPS"]
@@ -201,9 +201,7 @@ class RetrievalEvaluator:
                 )
         self.metrics = metrics
         self.level_weights = None if level_weights is None else [float(w) for w in level_weights]
-        if hierarchy is not None and not isinstance(hierarchy, Hierarchy):
-            hierarchy = Hierarchy(hierarchy)
-        self.hierarchy = hierarchy
+        self.hierarchy = as_hierarchy(hierarchy)
         self.progress_bar = bool(progress_bar)
         self.num_bins = num_bins
         if counting not in F.COUNTING_METHODS:
