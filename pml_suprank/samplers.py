@@ -125,7 +125,14 @@ class _ShardedBatchSampler(Sampler[list[int]]):
         raise NotImplementedError
 
     def _fingerprint(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """What a saved ``state_dict`` must agree with to resume (the subclass adds its own size parameters)."""
+        return {
+            "sampler": type(self).__name__,
+            "seed": self.seed,
+            "num_replicas": self.num_replicas,
+            "batch_size": self.batch_size,
+            "num_batches": len(self),
+        }
 
     # -- epoch plan ----------------------------------------------------------------------------------------------
     def _local_batches(self, epoch: int) -> list[list[int]]:
@@ -291,14 +298,7 @@ class MPerClassSampler(_ShardedBatchSampler):
         return -(-total // G) if self.pad else total // G
 
     def _fingerprint(self) -> dict[str, Any]:
-        return {
-            "sampler": type(self).__name__,
-            "seed": self.seed,
-            "num_replicas": self.num_replicas,
-            "batch_size": self.batch_size,
-            "m": self.m,
-            "num_batches": len(self),
-        }
+        return {**super()._fingerprint(), "m": self.m}
 
     def _class_groups(self, rng: np.random.Generator, c: int, k: int) -> np.ndarray:
         """``k`` groups of ``m`` images of class ``c``; no image repeated inside a group when ``n_c >= m``."""
@@ -433,14 +433,7 @@ class HierarchicalSampler(_ShardedBatchSampler):
         return len(self.super_tuples) * self.batches_per_super_tuple
 
     def _fingerprint(self) -> dict[str, Any]:
-        return {
-            "sampler": type(self).__name__,
-            "seed": self.seed,
-            "num_replicas": self.num_replicas,
-            "batch_size": self.batch_size,
-            "samples_per_class": self.samples_per_class,
-            "num_batches": len(self),
-        }
+        return {**super()._fingerprint(), "samples_per_class": self.samples_per_class}
 
     def _part(self, rng: np.random.Generator, super_class: int) -> np.ndarray:
         classes = self._supers[super_class]
