@@ -49,6 +49,7 @@ from torch import Tensor
 from ._sigmoid_tail import CUT, SigmoidTail, bands, num_terms_for, table_rows
 from ._validation import check_positive, check_probability
 from .ranking import SupRankStep
+from .relevance import ideal_dcg
 
 __all__ = [
     "HRankParams",
@@ -429,34 +430,6 @@ def sup_hap_scores(
         has_pos, ratio.sum(1) / torch.where(has_pos, norm, torch.ones_like(norm)), torch.zeros_like(norm)
     )
     return score, has_pos
-
-
-def ideal_dcg(counts: Tensor, gains: Tensor) -> Tensor:
-    """Ideal DCG of SupRank Eq. 23 from per-level counts.
-
-    Args:
-        counts: ``(B, L + 1)`` number of reference items per level.
-        gains: ``(L + 1,)`` or ``(B, L + 1)`` gain of each level (``2^l − 1``).
-
-    Returns:
-        ``(B,)`` ``Σ_p gain(p-th best item) / log2(1 + p)`` with the items ordered by decreasing level.
-    """
-    bsz, lp1 = counts.shape
-    n = int(counts.sum(1).max()) if counts.numel() else 0
-    dtype = gains.dtype
-    disc = torch.cat(
-        [
-            torch.zeros(1, dtype=dtype, device=counts.device),
-            torch.cumsum(1.0 / torch.log2(torch.arange(2, n + 2, dtype=dtype, device=counts.device)), 0),
-        ]
-    )
-    gains = gains.expand(bsz, lp1)
-    # decreasing level: positions [start_l, start_l + c_l) with start_L = 0
-    c_desc = counts.flip(1)
-    end = torch.cumsum(c_desc, 1)
-    begin = end - c_desc
-    per_level = disc[end] - disc[begin]
-    return (per_level * gains.flip(1)).sum(1)
 
 
 def sup_ndcg_scores(
