@@ -1,4 +1,4 @@
-"""Label hierarchies and the level matrix (DESIGN.md §2).
+"""Label hierarchies and the level matrix.
 
 Conventions:
     * Hierarchical labels have shape ``(N, L)``: column 0 is the finest level, column ``L - 1`` the coarsest

@@ -353,7 +353,7 @@ class HierarchicalSampler(_ShardedBatchSampler):
     (rank losses do not depend on the order; the layout keeps contiguous slices balanced).
 
     Args:
-        labels: ``(N, L)`` integer labels, column 0 = finest (PML / DESIGN.md order).
+        labels: ``(N, L)`` integer labels, column 0 = finest (the order of PML's HierarchicalSampler).
         batch_size: Indices per batch *per process*; a multiple of ``super_classes_per_batch * samples_per_class``.
         samples_per_class: Images per class in a batch.
         batches_per_super_tuple: Batches per combination of super-classes and epoch.

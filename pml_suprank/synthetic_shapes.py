@@ -1,7 +1,7 @@
 """SyntheticShapes: a deterministic, procedurally rendered hierarchical image dataset (no download).
 
-The built-in dataset of the main job (DESIGN.md §4). Every image shows one coloured shape on a cluttered,
-noisy background:
+The built-in dataset of the main job (``accelerate launch recipes/train_happier.py`` with no arguments). Every image
+shows one coloured shape on a cluttered, noisy background:
 
 * **coarse label** = shape family (``circle``, ``triangle``, ``square``, ``star``, ``cross``, ``arrow``);
 * **fine label** = shape variant (three per family, e.g. disc / ring / ellipse) × colour (three shades — light,
