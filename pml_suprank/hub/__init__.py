@@ -29,12 +29,7 @@ from torch import nn
 from .card import _HEADLINE as _HEADLINE  # private names kept importable from their former module
 from .card import _METRIC_NAMES as _METRIC_NAMES
 from .card import _METRIC_PATTERNS as _METRIC_PATTERNS
-from .card import (
-    REPO_URL,
-    generate_detector_card,
-    generate_model_card,
-    generate_retrieval_card,
-)
+from .card import REPO_URL, CardInputs, generate_model_card
 from .card import _fmt as _fmt
 from .card import _metric_label as _metric_label
 from .mixin import HubMixin, build_config, push_folder, save_folder
@@ -67,12 +62,11 @@ __all__ = [
     "REPO_URL",
     "RETRIEVAL_TASK",
     "WEIGHTS_NAME",
+    "CardInputs",
     "HubMixin",
     "build_config",
     "from_pretrained",
-    "generate_detector_card",
     "generate_model_card",
-    "generate_retrieval_card",
     "load_config",
     "push_folder_to_hub",
     "push_to_hub",
@@ -151,7 +145,6 @@ def load_config(
     force_download: bool = False,
 ) -> dict[str, Any]:
     """Read and validate ``config.json`` from a folder or a Hub repo id (through the local cache when offline)."""
-    path = _resolve_file(
-        pretrained_model_name_or_path, CONFIG_NAME, revision, cache_dir, local_files_only, token, force_download
-    )
+    options = dict(revision=revision, cache_dir=cache_dir, local_files_only=local_files_only, token=token)
+    path = _resolve_file(pretrained_model_name_or_path, CONFIG_NAME, force_download=force_download, **options)
     return read_config(path)

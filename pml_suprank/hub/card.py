@@ -4,6 +4,9 @@ A card is YAML metadata (``library_name``, tags, datasets, metrics — read by t
 the model is, its configuration, a results table (our numbers beside the paper's, from the hub_config), the training
 plots, a usage snippet and the citation. :func:`generate_model_card` picks the retrieval or the detector layout from
 ``config["task"]``.
+
+The metric display names (``_METRIC_NAMES`` / ``_HEADLINE`` / ``_METRIC_PATTERNS`` / ``_metric_label``) label the keys
+of :class:`pml_suprank.metrics.RetrievalEvaluator`.
 """
 
 from __future__ import annotations
@@ -12,12 +15,13 @@ import json
 import math
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .serialization import DETECTOR_TASK, LIBRARY_NAME, check_metrics
 
-__all__ = ["REPO_URL", "generate_detector_card", "generate_model_card", "generate_retrieval_card"]
+__all__ = ["REPO_URL", "CardInputs", "generate_model_card"]
 
 REPO_URL = "https://github.com/pml-suprank/pml-suprank"
 
@@ -81,6 +85,84 @@ def _metric_label(key: str, label_names: Sequence[str] | None = None) -> str:
     return name
 
 
+@dataclass(frozen=True)
+class CardInputs:
+    """What a card is built from: the saved config and the optional metrics, hub_config, plots and repo id.
+
+    Attributes:
+        config: The ``config.json`` dict.
+        metrics: Our metrics, values in [0, 1] (shown in percent).
+        hub_config: Loaded hub_config; uses ``hub.tags``, ``hub.datasets``, ``hub.license``, ``hub.paper``,
+            ``hub.paper_url`` and ``hub.paper_results`` (percent, keyed like the metrics), and ``data.source``.
+        plots: Image paths relative to the card's folder.
+        repo_id: Repo id shown in the title and the usage snippet.
+        description: One paragraph on what the saved object computes (e.g. its class docstring summary).
+    """
+
+    config: Mapping[str, Any]
+    metrics: Mapping[str, float]
+    hub_config: Mapping[str, Any]
+    plots: Sequence[str]
+    repo_id: str | None
+    description: str | None
+
+    @property
+    def hub(self) -> dict[str, Any]:
+        return dict(self.hub_config.get("hub") or {})
+
+    @property
+    def training(self) -> dict[str, Any]:
+        return dict(self.config.get("training") or {})
+
+    @property
+    def paper_results(self) -> dict[str, Any]:
+        return {str(k): v for k, v in (self.hub.get("paper_results") or {}).items()}
+
+    @property
+    def source(self) -> Any:
+        return (self.hub_config.get("data") or {}).get("source") or self.training.get("dataset")
+
+    @property
+    def datasets(self) -> list[str]:
+        datasets = list(self.hub.get("datasets") or [])
+        source = self.source
+        if not datasets and isinstance(source, str) and "/" in source and not os.path.isabs(source):
+            datasets = [source]
+        return datasets
+
+    def title(self, default: str) -> str:
+        return self.repo_id or str(self.hub.get("name") or self.hub_config.get("name") or default)
+
+    def yaml(
+        self, tags: Sequence[Any], metrics: Sequence[str], pipeline_tag: str | None, last_tags: Sequence[Any] = ()
+    ) -> str:
+        """The card's YAML metadata; tags are ``tags``, then ``hub.tags``, then ``last_tags`` (duplicates dropped)."""
+        from huggingface_hub import ModelCardData
+
+        all_tags: list[str] = []
+        for t in [*tags, *(self.hub.get("tags") or []), *last_tags]:
+            if t and str(t) not in all_tags:
+                all_tags.append(str(t))
+        card_data = ModelCardData(
+            library_name=LIBRARY_NAME,
+            license=self.hub.get("license"),
+            tags=all_tags,
+            datasets=self.datasets or None,
+            metrics=list(metrics) or None,
+            pipeline_tag=pipeline_tag,
+            model_name=self.repo_id,
+        )
+        return card_data.to_yaml()
+
+    def plot_lines(self) -> list[str]:
+        lines: list[str] = []
+        if self.plots:
+            lines += ["## Plots", ""]
+            for p in self.plots:
+                lines += [f"![{Path(p).stem}]({p})", ""]
+        return lines
+
+
 def generate_model_card(
     config: Mapping[str, Any],
     *,
@@ -92,65 +174,18 @@ def generate_model_card(
 ) -> str:
     """Model card text (``README.md``) with YAML metadata, a results table and embedded plots.
 
-    Dispatches on ``config["task"]``: :func:`generate_detector_card` for OOD detectors, else
-    :func:`generate_retrieval_card` (also for configs written before ``task`` existed).
-
-    Args:
-        config: The ``config.json`` dict.
-        metrics: Our metrics, values in [0, 1] (shown in percent).
-        hub_config: Loaded hub_config; uses ``hub.tags``, ``hub.datasets``, ``hub.license``, ``hub.paper`` and
-            ``hub.paper_results`` (percent, keyed like the evaluator's metrics), and ``data.source``.
-        plots: Image paths relative to the card's folder.
-        repo_id: Repo id shown in the usage snippet.
-        description: One sentence on what the saved object computes (detector cards; e.g. its docstring summary).
+    Detector configs (``config["task"] == "ood-detection"``) get the detector layout, the others (also configs
+    written before ``task`` existed) the retrieval-model layout. Arguments as the attributes of :class:`CardInputs`.
     """
-    kwargs = dict(metrics=metrics, hub_config=hub_config, plots=plots, repo_id=repo_id)
-    if config.get("task") == DETECTOR_TASK:
-        return generate_detector_card(config, description=description, **kwargs)
-    return generate_retrieval_card(config, **kwargs)
-
-
-def _card_data(
-    *,
-    hub: Mapping[str, Any],
-    tags: list[str],
-    datasets: list[str],
-    metrics: list[str],
-    pipeline_tag: str | None,
-    repo_id: str | None,
-) -> str:
-    from huggingface_hub import ModelCardData
-
-    for t in hub.get("tags") or []:
-        if t and str(t) not in tags:
-            tags.append(str(t))
-    card_data = ModelCardData(
-        library_name=LIBRARY_NAME,
-        license=hub.get("license"),
-        tags=tags,
-        datasets=datasets or None,
-        metrics=metrics or None,
-        pipeline_tag=pipeline_tag,
-        model_name=repo_id,
+    inputs = CardInputs(
+        config=config,
+        metrics=check_metrics(metrics),
+        hub_config=dict(hub_config or {}),
+        plots=list(plots or []),
+        repo_id=repo_id,
+        description=description,
     )
-    return card_data.to_yaml()
-
-
-def _datasets(hub: Mapping[str, Any], hub_config: Mapping[str, Any] | None, training: Mapping[str, Any]) -> tuple:
-    datasets = list(hub.get("datasets") or [])
-    source = ((hub_config or {}).get("data") or {}).get("source") or training.get("dataset")
-    if not datasets and isinstance(source, str) and "/" in source and not os.path.isabs(source):
-        datasets = [source]
-    return datasets, source
-
-
-def _plot_lines(plots: Sequence[str] | None) -> list[str]:
-    lines: list[str] = []
-    if plots:
-        lines += ["## Plots", ""]
-        for p in plots:
-            lines += [f"![{Path(p).stem}]({p})", ""]
-    return lines
+    return _detector_card(inputs) if config.get("task") == DETECTOR_TASK else _retrieval_card(inputs)
 
 
 def _retrieval_overview(config: Mapping[str, Any], training: Mapping[str, Any]) -> list[str]:
@@ -173,6 +208,7 @@ def _retrieval_overview(config: Mapping[str, Any], training: Mapping[str, Any]) 
 
 
 def _split_metrics(metrics: Mapping[str, float], paper_results: Mapping[str, Any]) -> tuple[dict, dict, list, list]:
+    """``(counts, rates, headline keys, other keys)``: ``num_*`` counts apart, headline metrics first."""
     counts = {k: v for k, v in metrics.items() if k.startswith("num_")}
     rates = {k: v for k, v in metrics.items() if k not in counts}
     main_keys = [k for k in _HEADLINE if k in rates or k in paper_results]
@@ -181,10 +217,9 @@ def _split_metrics(metrics: Mapping[str, float], paper_results: Mapping[str, Any
     return counts, rates, main_keys, other_keys
 
 
-def _retrieval_results(
-    metrics: Mapping[str, float], paper_results: Mapping[str, Any], label_names: Any, title: str
-) -> list[str]:
-    counts, rates, main_keys, other_keys = _split_metrics(metrics, paper_results)
+def _retrieval_results(inputs: CardInputs, title: str) -> list[str]:
+    paper_results, label_names = inputs.paper_results, inputs.training.get("label_names")
+    counts, rates, main_keys, other_keys = _split_metrics(inputs.metrics, paper_results)
     if not main_keys and not other_keys:
         return []
     lines = [
@@ -209,57 +244,37 @@ def _retrieval_results(
     return lines
 
 
-def generate_retrieval_card(
-    config: Mapping[str, Any],
-    *,
-    metrics: Mapping[str, float] | None = None,
-    hub_config: Mapping[str, Any] | None = None,
-    plots: Sequence[str] | None = None,
-    repo_id: str | None = None,
-) -> str:
-    """Card of a retrieval embedding model (see :func:`generate_model_card` for the arguments)."""
-    metrics = check_metrics(metrics)
-    hub = dict((hub_config or {}).get("hub") or {})
-    training = dict(config.get("training") or {})
-    loss = training.get("loss")
-    paper_results = {str(k): v for k, v in (hub.get("paper_results") or {}).items()}
-    datasets, source = _datasets(hub, hub_config, training)
+def _retrieval_card(inputs: CardInputs) -> str:
+    hub, training = inputs.hub, inputs.training
+    loss, source = training.get("loss"), inputs.source
+    _, _, main_keys, _ = _split_metrics(inputs.metrics, inputs.paper_results)
     tags = ["pml-suprank", "image-retrieval", "metric-learning", "pytorch-metric-learning", "timm"]
-    _, _, main_keys, _ = _split_metrics(metrics, paper_results)
-    yaml = _card_data(
-        hub={**hub, "tags": [*(hub.get("tags") or []), loss]},
-        tags=tags,
-        datasets=datasets,
-        metrics=main_keys,
-        pipeline_tag="image-feature-extraction",
-        repo_id=repo_id,
-    )
-    name = repo_id or str(hub.get("name") or (hub_config or {}).get("name") or "pml-suprank retrieval model")
     title, url = _PAPERS.get(str(loss), _DEFAULT_PAPER)
     if hub.get("paper"):
         title, url = str(hub["paper"]), str(hub.get("paper_url") or url)
     lines = [
         "---",
-        yaml,
+        inputs.yaml(tags, main_keys, "image-feature-extraction", last_tags=[loss]),
         "---",
         "",
-        f"# {name}",
+        f"# {inputs.title('pml-suprank retrieval model')}",
         "",
         f"An image-retrieval embedding model trained with [pml-suprank]({REPO_URL})"
         + (f" using `{loss}`" if loss else "")
         + (f" on `{source}`" if source else "")
         + ".",
         "",
-        *_retrieval_overview(config, training),
-        *_retrieval_results(metrics, paper_results, training.get("label_names"), title),
-        *_plot_lines(plots),
+        *_retrieval_overview(inputs.config, training),
+        *_retrieval_results(inputs, title),
+        *inputs.plot_lines(),
         "## Usage",
         "",
         "```python",
         "from pml_suprank.models import RetrievalModel",
         "from pml_suprank.data import build_transforms",
         "",
-        f'model = RetrievalModel.from_pretrained("{repo_id or "path/to/folder"}")  # never downloads backbone weights',
+        f'model = RetrievalModel.from_pretrained("{inputs.repo_id or "path/to/folder"}")  # never downloads '
+        "backbone weights",
         "transform = build_transforms(model.data_config, train=False)",
         "embeddings = model(transform(pil_image)[None])  # (1, D), L2-normalised",
         "```",
@@ -272,7 +287,8 @@ def generate_retrieval_card(
     return "\n".join(lines)
 
 
-def _detector_results(metrics: Mapping[str, float], paper_results: Mapping[str, Any]) -> list[str]:
+def _detector_results(inputs: CardInputs) -> list[str]:
+    metrics, paper_results = inputs.metrics, inputs.paper_results
     keys = [*metrics, *(k for k in paper_results if k not in metrics)]
     if not keys:
         return []
@@ -290,57 +306,41 @@ def _detector_results(metrics: Mapping[str, float], paper_results: Mapping[str, 
     return [*lines, ""]
 
 
-def generate_detector_card(
-    config: Mapping[str, Any],
-    *,
-    metrics: Mapping[str, float] | None = None,
-    hub_config: Mapping[str, Any] | None = None,
-    plots: Sequence[str] | None = None,
-    repo_id: str | None = None,
-    description: str | None = None,
-) -> str:
-    """Card of a post-hoc OOD detector (see :func:`generate_model_card` for the arguments)."""
-    metrics = check_metrics(metrics)
-    hub = dict((hub_config or {}).get("hub") or {})
-    training = dict(config.get("training") or {})
+def _detector_card(inputs: CardInputs) -> str:
+    config, hub, source = inputs.config, inputs.hub, inputs.source
     arch = str(config.get("architecture"))
-    paper_results = {str(k): v for k, v in (hub.get("paper_results") or {}).items()}
-    datasets, source = _datasets(hub, hub_config, training)
-    tags = ["pml-suprank", "out-of-distribution-detection", arch]
-    yaml = _card_data(hub=hub, tags=tags, datasets=datasets, metrics=list(metrics), pipeline_tag=None, repo_id=repo_id)
-    name = repo_id or str(hub.get("name") or (hub_config or {}).get("name") or f"pml-suprank {arch} detector")
     args = dict(config.get("model_args") or {})
-    rows = [f"| {k} | `{json.dumps(v, sort_keys=True)}` |" for k, v in sorted(args.items())]
     lines = [
         "---",
-        yaml,
+        inputs.yaml(["pml-suprank", "out-of-distribution-detection", arch], list(inputs.metrics), None),
         "---",
         "",
-        f"# {name}",
+        f"# {inputs.title(f'pml-suprank {arch} detector')}",
         "",
         f"A post-hoc out-of-distribution detector (`{arch}`) fitted with [pml-suprank]({REPO_URL})"
         + (f" on `{source}`" if source else "")
         + ". It scores feature vectors (and / or logits) of a frozen network: higher = more out-of-distribution.",
         "",
-        *([description.strip(), ""] if description else []),
+        *([inputs.description.strip(), ""] if inputs.description else []),
         "| argument | value |",
         "|---|---|",
         f"| detector | `{arch}` |",
-        *rows,
+        *(f"| {k} | `{json.dumps(v, sort_keys=True)}` |" for k, v in sorted(args.items())),
         f"| fitted | {bool(config.get('fitted'))} |",
         "",
-        *_detector_results(metrics, paper_results),
-        *_plot_lines(plots),
+        *_detector_results(inputs),
+        *inputs.plot_lines(),
         "## Usage",
         "",
         "```python",
         "from pml_suprank import ood",
         "",
-        f'detector = ood.Detector.from_pretrained("{repo_id or "path/to/folder"}")',
+        f'detector = ood.Detector.from_pretrained("{inputs.repo_id or "path/to/folder"}")',
         "scores = detector.score(features=z, logits=logits)  # (N,), higher = more OOD",
         "```",
         "",
     ]
     if hub.get("paper"):
-        lines += ["## Citation", "", f"{hub['paper']}: {hub.get('paper_url') or ''}".rstrip(": "), ""]
+        url = f": {hub['paper_url']}" if hub.get("paper_url") else ""
+        lines += ["## Citation", "", f"{hub['paper']}{url}", ""]
     return "\n".join(lines)

@@ -156,14 +156,12 @@ def push_folder(
     repo_id: str,
     *,
     save_directory: str | Path | None = None,
-    commit_message: str = "Upload pml-suprank model",
-    private: bool | None = None,
-    token: str | None = None,
-    revision: str | None = None,
-    create_pr: bool = False,
+    **upload_options: Any,
 ) -> Any:
-    """Call ``save(folder)`` and upload the folder; a temporary folder is removed after a successful upload and kept
-    (its path is in the ``RuntimeError``) when the upload fails."""
+    """Call ``save(folder)`` and upload the folder with :func:`~pml_suprank.hub.transport.upload_folder`
+    (``upload_options``: ``commit_message``, ``private``, ``token``, ``revision``, ``create_pr``). Without
+    ``save_directory`` a temporary folder is used, removed after a successful upload and kept (its path is in the
+    ``RuntimeError``) when the upload fails."""
     check_repo_id(repo_id)
     keep = save_directory is not None
     folder = Path(save_directory) if keep else Path(tempfile.mkdtemp(prefix="pml_suprank_push_"))
@@ -173,15 +171,7 @@ def push_folder(
         if not keep:
             shutil.rmtree(folder, ignore_errors=True)
         raise
-    result = upload_folder(
-        folder,
-        repo_id,
-        commit_message=commit_message,
-        private=private,
-        token=token,
-        revision=revision,
-        create_pr=create_pr,
-    )
+    result = upload_folder(folder, repo_id, **upload_options)
     if not keep:
         shutil.rmtree(folder, ignore_errors=True)
     return result

@@ -116,26 +116,9 @@ def _download(repo_id: str, filenames: list[str], **options: Any) -> Path:
         raise FileNotFoundError(f"Hub repo {repo_id!r} does not exist or is private: {e}") from e
 
 
-def resolve_file(
-    path_or_repo_id: str | Path,
-    filename: str,
-    revision: str | None = None,
-    cache_dir: str | Path | None = None,
-    local_files_only: bool = False,
-    token: str | bool | None = None,
-    force_download: bool = False,
-) -> Path:
-    """Local path of ``filename`` in a folder or a Hub repo (see :func:`resolve_folder`)."""
-    folder = resolve_folder(
-        path_or_repo_id,
-        (filename,),
-        revision=revision,
-        cache_dir=cache_dir,
-        local_files_only=local_files_only,
-        token=token,
-        force_download=force_download,
-    )
-    return folder / filename
+def resolve_file(path_or_repo_id: str | Path, filename: str, **options: Any) -> Path:
+    """Local path of ``filename`` in a folder or a Hub repo; ``options`` as in :func:`resolve_folder`."""
+    return resolve_folder(path_or_repo_id, (filename,), **options) / filename
 
 
 def upload_folder(
