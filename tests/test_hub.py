@@ -1,4 +1,4 @@
-"""Tests for pml_suprank/hub.py: save/load round trips (folder and Hub cache, offline), strict loading, pickle
+"""Tests for pml_suprank.hub: save/load round trips (folder and Hub cache, offline), strict loading, pickle
 refusal, corrupt files, model cards, and push_to_hub with only the network calls replaced."""
 
 from __future__ import annotations
@@ -563,3 +563,16 @@ def test_detector_push_to_hub_uploads_the_card(tmp_path, monkeypatch):
     assert sorted(p.name for p in remote.iterdir()) == ["README.md", "config.json", "model.safetensors"]
     x = torch.rand(3, 5)
     torch.testing.assert_close(type(det).from_pretrained(remote).score(features=x), det.score(features=x))
+
+
+def test_loading_a_folder_of_the_other_kind_is_a_clear_error(model, tmp_path):
+    from pml_suprank import ood
+
+    model.save_pretrained(tmp_path / "model")
+    _knn().save_pretrained(tmp_path / "det")
+    with pytest.raises(ValueError, match="unknown detector 'RetrievalModel'"):
+        ood.Detector.from_pretrained(tmp_path / "model")
+    with pytest.raises(ValueError, match="holds a 'KNN'; it cannot be loaded as RetrievalModel"):
+        RetrievalModel.from_pretrained(tmp_path / "det")
+    with pytest.raises(TypeError, match="HubMixin subclass"):
+        hub.from_pretrained(tmp_path / "model", model_class=torch.nn.Linear)
