@@ -131,8 +131,9 @@ def save_folder(
     """
     save_directory = Path(save_directory)
     metrics = check_metrics(metrics)
-    if hub_config is not None and isinstance(hub_config, Mapping) and hub_config.get("name") is not None:
-        config.setdefault("training", {}).setdefault("hub_config", str(hub_config["name"]))
+    if hub_config is not None:
+        name = hub_config.get("name") if isinstance(hub_config, Mapping) else None
+        config.setdefault("training", {}).setdefault("hub_config", str(name) if name is not None else None)
     planned = _plan_plots(save_directory, plots)
     with AtomicFolderWriter(save_directory) as writer:
         writer.write_weights(WEIGHTS_NAME, weights, {"format": "pt", "library": LIBRARY_NAME})

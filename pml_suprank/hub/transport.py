@@ -104,7 +104,8 @@ def _download(repo_id: str, filenames: list[str], **options: Any) -> Path:
         return Path(huggingface_hub.snapshot_download(repo_id, allow_patterns=filenames, **options))
     except LocalEntryNotFoundError as e:
         raise FileNotFoundError(
-            f"{filenames} of {repo_id!r} are not in the local Hub cache"
+            f"{repo_id!r} is not an existing local folder, and {filenames} of the Hub repo {repo_id!r} are not in the "
+            "local Hub cache"
             f"{' ' + str(options['cache_dir']) if options.get('cache_dir') else ''} and downloading is disabled "
             f"(offline mode or local_files_only=True) or failed: {e}"
         ) from e
@@ -113,7 +114,10 @@ def _download(repo_id: str, filenames: list[str], **options: Any) -> Path:
     except RevisionNotFoundError as e:
         raise FileNotFoundError(f"Hub repo {repo_id!r} has no revision {options.get('revision')!r}: {e}") from e
     except RepositoryNotFoundError as e:
-        raise FileNotFoundError(f"Hub repo {repo_id!r} does not exist or is private: {e}") from e
+        raise FileNotFoundError(
+            f"{repo_id!r} is neither an existing local folder nor a Hub repo you can access "
+            f"(missing, private or gated): {e}"
+        ) from e
 
 
 def resolve_file(path_or_repo_id: str | Path, filename: str, **options: Any) -> Path:
