@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
-import tempfile
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
@@ -180,10 +180,15 @@ class AtomicFolderWriter:
     def _stage(self, name: str) -> Path:
         final = self.directory / name
         self._mkdir(final.parent)
-        fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", dir=final.parent)
-        os.close(fd)
-        self._staged.append((Path(tmp), final))
-        return Path(tmp)
+        while True:  # like tempfile.mkstemp, but with the umask's permissions (mkstemp makes 0600 files)
+            tmp = final.parent / f".{final.name}.{secrets.token_hex(6)}.tmp"
+            try:
+                os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+                break
+            except FileExistsError:
+                continue
+        self._staged.append((tmp, final))
+        return tmp
 
     def write_text(self, name: str, text: str) -> None:
         """Stage ``text`` (UTF-8) as ``directory/name``."""
@@ -202,11 +207,13 @@ class AtomicFolderWriter:
         import safetensors.torch
 
         tmp = self._stage(name)
+        mode = tmp.stat().st_mode & 0o777  # safetensors re-creates the file as 0600: keep the umask's permissions
         if isinstance(source, nn.Module):
             safetensors.torch.save_model(source, str(tmp), metadata=metadata)
         else:
             state = {k: v.detach().cpu().contiguous() for k, v in source.items()}
             safetensors.torch.save_file(state, str(tmp), metadata=metadata)
+        tmp.chmod(mode)
 
 
 # ---------------------------------------------------------------------------------------------------------- reading
