@@ -245,7 +245,10 @@ class HubMixin:
       ``model_args``, ``pretrained=False`` forced);
     * :meth:`_hub_load_state` — validate and load the tensors (default :func:`load_module_state`);
     * :meth:`_hub_class` — the class a config designates (default: this class, checked against ``architecture``);
-    * :meth:`_hub_check_savable` — raise when the object cannot be saved yet (default: never).
+    * :meth:`_hub_check_savable` — raise when the object cannot be saved yet (default: never);
+    * :meth:`_hub_card` — the ``README.md`` text (default :func:`~pml_suprank.hub.card.generate_model_card`, with the
+      class docstring's first paragraph as the description);
+    * :attr:`_hub_optional_files` — saved files that may be absent when loading (default: none).
     """
 
     #: Files that may be absent from a saved folder.
