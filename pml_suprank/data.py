@@ -302,26 +302,14 @@ def load_retrieval_dataset(
     """
     import datasets
 
-    if isinstance(label_columns, str):
-        label_columns = [label_columns]
-    label_columns = list(label_columns)
-    if not label_columns or not all(isinstance(c, str) for c in label_columns):
-        raise ValueError(f"label_columns must be a non-empty list of column names (fine → coarse); got {label_columns}")
-    if len(set(label_columns)) != len(label_columns):
-        raise ValueError(f"label_columns must not repeat a column; got {label_columns}")
+    label_columns = _check_label_columns(label_columns)
     if open_set is not None:
         check_choice("open_set", open_set, get_args(OpenSetPart))
     elif train_classes_per_coarse is not None or train_class_fraction is not None:
         raise ValueError("train_classes_per_coarse / train_class_fraction need open_set='train' or 'test'")
 
     splits = _load_splits(source, data_files=data_files, cache_dir=cache_dir, revision=revision, token=token)
-    parts = [split] if split in splits else [p.strip() for p in str(split).split("+")]
-    unknown = [p for p in parts if p not in splits]
-    if unknown:
-        raise ValueError(f"split={split!r} is not in {_describe(source)}; available splits: {sorted(splits)}")
-    ds = splits[parts[0]] if len(parts) == 1 else datasets.concatenate_datasets([splits[p] for p in parts])
-    if isinstance(ds, datasets.IterableDataset):
-        raise ValueError("streaming datasets are not supported: retrieval needs random access (use a map-style one)")
+    parts, ds = _select_split(splits, split, source)
     missing = [c for c in label_columns if c not in ds.column_names]
     if missing:
         raise ValueError(
@@ -330,7 +318,66 @@ def load_retrieval_dataset(
         )
     image_column = _image_column(ds, image_column, source)
 
-    # integer label ids, consistent over all splits (string labels are mapped over their union)
+    mappings = _string_label_mappings(ds, splits, label_columns)
+    labels = _read_labels(ds, label_columns, mappings)
+    if labels.numel() and bool((labels < 0).any()):
+        raise ValueError(f"label columns {label_columns} contain negative ids (unlabelled items?) in split {split!r}")
+    check_tree(labels, name=f"labels {label_columns}")
+
+    if open_set is not None:
+        ds, labels = _open_set_side(
+            ds,
+            labels,
+            splits,
+            parts,
+            label_columns,
+            mappings,
+            open_set=open_set,
+            split=split,
+            source=source,
+            train_classes_per_coarse=train_classes_per_coarse,
+            train_class_fraction=train_class_fraction,
+        )
+
+    class_names = {}
+    fine_feature = ds.features[label_columns[0]]
+    if isinstance(fine_feature, datasets.ClassLabel):
+        class_names = {i: n for i, n in enumerate(fine_feature.names)}
+    elif label_columns[0] in mappings:
+        class_names = {i: v for v, i in mappings[label_columns[0]].items()}
+    return HFRetrievalDataset(ds, label_columns, image_column, labels, transform=transform, class_names=class_names)
+
+
+def _check_label_columns(label_columns: str | Sequence[str]) -> list[str]:
+    if isinstance(label_columns, str):
+        label_columns = [label_columns]
+    label_columns = list(label_columns)
+    if not label_columns or not all(isinstance(c, str) for c in label_columns):
+        raise ValueError(f"label_columns must be a non-empty list of column names (fine → coarse); got {label_columns}")
+    if len(set(label_columns)) != len(label_columns):
+        raise ValueError(f"label_columns must not repeat a column; got {label_columns}")
+    return label_columns
+
+
+def _select_split(splits: dict[str, Any], split: str, source: Any) -> tuple[list[str], Any]:
+    """The split names ``split`` designates (``"train+test"`` concatenates) and the map-style dataset they form."""
+    import datasets
+
+    parts = [split] if split in splits else [p.strip() for p in str(split).split("+")]
+    unknown = [p for p in parts if p not in splits]
+    if unknown:
+        raise ValueError(f"split={split!r} is not in {_describe(source)}; available splits: {sorted(splits)}")
+    ds = splits[parts[0]] if len(parts) == 1 else datasets.concatenate_datasets([splits[p] for p in parts])
+    if isinstance(ds, datasets.IterableDataset):
+        raise ValueError("streaming datasets are not supported: retrieval needs random access (use a map-style one)")
+    return parts, ds
+
+
+def _string_label_mappings(ds: Any, splits: dict[str, Any], label_columns: list[str]) -> dict[str, dict[str, int]]:
+    """``{column: {value: id}}`` for the non-integer label columns, ids by sorted value over all splits (so the ids
+    agree between splits)."""
+    import datasets
+
     mappings = {}
     for c in label_columns:
         feature = ds.features[c]
@@ -341,53 +388,59 @@ def load_retrieval_dataset(
             if c in other.column_names:
                 values.update(map(str, other[c]))
         mappings[c] = {v: i for i, v in enumerate(sorted(values))}
+    return mappings
 
-    def read_labels(d: Any) -> Tensor:
-        cols = []
-        for c in label_columns:
-            if c in mappings:
-                cols.append(np.array([mappings[c][str(v)] for v in d[c]], dtype=np.int64))
-            else:
-                cols.append(np.asarray(d.select_columns([c]).with_format("numpy")[c], dtype=np.int64))
-        return (
-            torch.from_numpy(np.stack(cols, axis=1)) if len(d) else torch.zeros(0, len(label_columns), dtype=torch.long)
-        )
 
-    labels = read_labels(ds)
-    if labels.numel() and bool((labels < 0).any()):
-        raise ValueError(f"label columns {label_columns} contain negative ids (unlabelled items?) in split {split!r}")
-    check_tree(labels, name=f"labels {label_columns}")
-
-    if open_set is not None:
-        if train_classes_per_coarse is None and train_class_fraction is None:
-            others = {
-                k: v for k, v in splits.items() if k not in parts and all(c in v.column_names for c in label_columns)
-            }
-            for name, other in others.items():
-                check_disjoint_classes(labels, read_labels(other), name=f"{_describe(source)} ({split!r} vs {name!r})")
+def _read_labels(d: Any, label_columns: list[str], mappings: dict[str, dict[str, int]]) -> Tensor:
+    """``(N, L)`` integer labels of the dataset ``d`` (string columns mapped through ``mappings``)."""
+    cols = []
+    for c in label_columns:
+        if c in mappings:
+            cols.append(np.array([mappings[c][str(v)] for v in d[c]], dtype=np.int64))
         else:
-            everything = torch.cat(
-                [read_labels(d) for d in splits.values() if all(c in d.column_names for c in label_columns)]
-            )
-            train_cls, test_cls = open_set_classes(
-                everything,
-                train_classes_per_coarse=train_classes_per_coarse,
-                train_class_fraction=train_class_fraction,
-            )
-            keep = torch.isin(labels[:, 0], train_cls if open_set == "train" else test_cls)
-            indices = torch.nonzero(keep).flatten()
-            ds = ds.select(indices.tolist())
-            labels = labels[indices]
-        if len(ds) == 0:
-            raise ValueError(f"the open-set {open_set!r} side of split {split!r} is empty")
+            cols.append(np.asarray(d.select_columns([c]).with_format("numpy")[c], dtype=np.int64))
+    return torch.from_numpy(np.stack(cols, axis=1)) if len(d) else torch.zeros(0, len(label_columns), dtype=torch.long)
 
-    class_names = {}
-    fine_feature = ds.features[label_columns[0]]
-    if isinstance(fine_feature, datasets.ClassLabel):
-        class_names = {i: n for i, n in enumerate(fine_feature.names)}
-    elif label_columns[0] in mappings:
-        class_names = {i: v for v, i in mappings[label_columns[0]].items()}
-    return HFRetrievalDataset(ds, label_columns, image_column, labels, transform=transform, class_names=class_names)
+
+def _open_set_side(
+    ds: Any,
+    labels: Tensor,
+    splits: dict[str, Any],
+    parts: list[str],
+    label_columns: list[str],
+    mappings: dict[str, dict[str, int]],
+    *,
+    open_set: str,
+    split: str,
+    source: Any,
+    train_classes_per_coarse: int | None,
+    train_class_fraction: float | None,
+) -> tuple[Any, Tensor]:
+    """Keep the fine classes of the ``open_set`` side: by the class-partition rule when one is given (computed over
+    all splits), else check the dataset's own splits are already class-disjoint."""
+
+    def has_columns(d: Any) -> bool:
+        return all(c in d.column_names for c in label_columns)
+
+    if train_classes_per_coarse is None and train_class_fraction is None:
+        others = {k: v for k, v in splits.items() if k not in parts and has_columns(v)}
+        for name, other in others.items():
+            other_labels = _read_labels(other, label_columns, mappings)
+            check_disjoint_classes(labels, other_labels, name=f"{_describe(source)} ({split!r} vs {name!r})")
+    else:
+        everything = torch.cat([_read_labels(d, label_columns, mappings) for d in splits.values() if has_columns(d)])
+        train_cls, test_cls = open_set_classes(
+            everything,
+            train_classes_per_coarse=train_classes_per_coarse,
+            train_class_fraction=train_class_fraction,
+        )
+        keep = torch.isin(labels[:, 0], train_cls if open_set == "train" else test_cls)
+        indices = torch.nonzero(keep).flatten()
+        ds = ds.select(indices.tolist())
+        labels = labels[indices]
+    if len(ds) == 0:
+        raise ValueError(f"the open-set {open_set!r} side of split {split!r} is empty")
+    return ds, labels
 
 
 def _describe(source: Any) -> str:

@@ -8,16 +8,16 @@ Ramzi et al., TPAMI, Sec. VII-A; HAPPIER, ECCV 2022, Sec. 4 "Implementation deta
 
 An optional linear classification head on the pooled ``(B, C)`` features serves HEAT and classification baselines.
 
-The model is saved as ``config.json`` (the constructor kwargs, the data config and training metadata) plus
-``model.safetensors`` (see :mod:`pml_suprank.hub`). Restoring always builds the backbone with ``pretrained=False``:
-the saved weights replace the ImageNet ones, so loading never touches the network.
+``RetrievalModel`` inherits :class:`pml_suprank.hub.HubMixin`: ``save_pretrained`` writes ``config.json`` (the
+constructor kwargs, the data config and training metadata), ``model.safetensors`` and a model card;
+``from_pretrained`` always rebuilds the backbone with ``pretrained=False`` (the saved weights replace the ImageNet
+ones, so loading never downloads them); ``push_to_hub`` uploads the folder.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, Literal, get_args
 
 import torch
@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._validation import check_choice, check_positive
+from .hub.mixin import HubMixin
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +151,7 @@ class Pooling(nn.Module):
         return f"pooling={self.pooling!r}, output_fmt={self.output_fmt!r}, num_prefix_tokens={self.num_prefix_tokens}"
 
 
-class RetrievalModel(nn.Module):
+class RetrievalModel(HubMixin, nn.Module):
     """Embedding network for image retrieval: timm backbone + pooling + LayerNorm + projection + L2 normalisation.
 
     The SupRank/ROADMAP/HAPPIER architecture (Ramzi et al., TPAMI, Sec. VII-A: "a ResNet-50 backbone with average
@@ -176,6 +177,11 @@ class RetrievalModel(nn.Module):
     Shapes:
         ``forward``: ``(B, 3, H, W)`` → ``(B, D)`` with unit L2 norm rows.
         ``forward_logits``: ``(B, 3, H, W)`` → ``(B, num_classes)``.
+
+    Persistence (from :class:`~pml_suprank.hub.HubMixin`):
+        ``model.save_pretrained(folder, metadata=..., metrics=..., hub_config=..., plots=...)``,
+        ``RetrievalModel.from_pretrained(folder_or_repo_id, map_location=..., strict=..., revision=..., cache_dir=...,
+        local_files_only=..., token=...)`` (in eval mode, ``hub_metadata`` restored) and ``model.push_to_hub(repo_id)``.
 
     Example:
         >>> model = RetrievalModel("resnet18", embedding_size=128, image_size=64)
@@ -339,32 +345,6 @@ class RetrievalModel(nn.Module):
 
     def extra_repr(self) -> str:
         return f"backbone={self.config['backbone']!r}, embedding_size={self.embedding_size}"
-
-    # ------------------------------------------------------------------ Hub integration (pml_suprank.hub)
-    def save_pretrained(self, save_directory: str | Path, **kwargs: Any) -> Path:
-        """Write ``config.json``, ``model.safetensors`` and a model card to ``save_directory``.
-
-        See :func:`pml_suprank.hub.save_pretrained` for the keyword arguments (metadata, metrics, hub_config,
-        plots)."""
-        from . import hub
-
-        return hub.save_pretrained(self, save_directory, **kwargs)
-
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path: str | Path, **kwargs: Any) -> RetrievalModel:
-        """Restore a model from a local folder or a Hub repo id (``"org/name"``), without downloading backbone
-        weights. See :func:`pml_suprank.hub.from_pretrained` for the keyword arguments."""
-        from . import hub
-
-        return hub.from_pretrained(pretrained_model_name_or_path, model_class=cls, **kwargs)
-
-    def push_to_hub(self, repo_id: str, **kwargs: Any) -> Any:
-        """Save the model (config, weights, model card) and upload it to the Hub repo ``repo_id``.
-
-        See :func:`pml_suprank.hub.push_to_hub`."""
-        from . import hub
-
-        return hub.push_to_hub(self, repo_id, **kwargs)
 
     def named_head_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
         """Named parameters outside the backbone (pooling, projection, classifier)."""

@@ -1,4 +1,4 @@
-"""Tests for pml_suprank/hub.py: save/load round trips (folder and Hub cache, offline), strict loading, pickle
+"""Tests for pml_suprank.hub: save/load round trips (folder and Hub cache, offline), strict loading, pickle
 refusal, corrupt files, model cards, and push_to_hub with only the network calls replaced."""
 
 from __future__ import annotations
@@ -339,3 +339,249 @@ def test_tied_weights_round_trip(tmp_path, images):
     assert ("extra.weight" in saved) != ("extra_alias.weight" in saved)  # stored once
     with torch.no_grad():
         torch.testing.assert_close(restored(images), model(images))
+
+
+# --------------------------------------------------------------------------- one HubMixin for models and detectors
+def _knn():
+    from pml_suprank import ood
+
+    g = torch.Generator().manual_seed(0)
+    return ood.KNN(k=3).fit(features=torch.rand(30, 5, generator=g))
+
+
+def test_models_and_detectors_share_the_mixin_and_config_layout(model, tmp_path):
+    from pml_suprank import ood
+
+    assert isinstance(model, hub.HubMixin) and issubclass(ood.Detector, hub.HubMixin)
+    model.save_pretrained(tmp_path / "model")
+    _knn().save_pretrained(tmp_path / "det", metadata={"dataset": "cifar10"})
+    common = {"architecture", "library_name", "library_version", "task", "model_args", "training"}
+    m_cfg = json.loads((tmp_path / "model" / "config.json").read_text())
+    d_cfg = json.loads((tmp_path / "det" / "config.json").read_text())
+    assert common <= set(m_cfg) and common <= set(d_cfg)
+    assert (m_cfg["task"], d_cfg["task"]) == (hub.RETRIEVAL_TASK, hub.DETECTOR_TASK)
+    assert d_cfg["architecture"] == "KNN" and d_cfg["model_args"]["k"] == 3 and d_cfg["fitted"] is True
+    assert d_cfg["library_name"] == m_cfg["library_name"] == "pml-suprank"
+    assert d_cfg["training"] == {"dataset": "cifar10"}
+
+
+def test_detector_save_writes_card_and_loads_back_equal_scores(tmp_path):
+    from huggingface_hub import ModelCard
+
+    from pml_suprank import ood
+
+    det = _knn()
+    out = det.save_pretrained(tmp_path / "knn", metrics={"auroc": 0.9123, "fpr_at_95_tpr": 0.25}, repo_id="org/knn")
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "metrics.json", "model.safetensors"]
+    card = ModelCard.load(out / "README.md")
+    data = card.data.to_dict()
+    assert data["library_name"] == "pml-suprank"
+    assert {"pml-suprank", "out-of-distribution-detection", "KNN"} <= set(data["tags"])
+    assert set(data["metrics"]) == {"auroc", "fpr_at_95_tpr"}
+    assert "| auroc | 91.23 | – |" in card.text and "| k | `3` |" in card.text
+    assert 'ood.Detector.from_pretrained("org/knn")' in card.text
+    assert "k-nearest" in card.text.lower() or "knn" in card.text.lower()
+    loaded = ood.Detector.from_pretrained(out)
+    assert type(loaded) is ood.KNN
+    x = torch.rand(6, 5, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(loaded.score(features=x), det.score(features=x))
+    # the functional API resolves the class from config["architecture"] among the loaded HubMixin classes
+    torch.testing.assert_close(hub.from_pretrained(out).score(features=x), det.score(features=x))
+
+
+def test_detector_folders_of_the_previous_layout_still_load(tmp_path):
+    """Folders written before the common layout: {"detector", "library", "library_version", "fitted", "config"}."""
+    import safetensors.torch
+
+    from pml_suprank import ood
+
+    det = _knn()
+    legacy = {
+        "detector": "KNN",
+        "library": "pml_suprank",
+        "library_version": "0.1.0",
+        "fitted": True,
+        "config": {"k": 3},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(legacy))
+    safetensors.torch.save_file(det.state_dict(), tmp_path / "model.safetensors")
+    loaded = ood.Detector.from_pretrained(tmp_path)
+    x = torch.rand(4, 5)
+    torch.testing.assert_close(loaded.score(features=x), det.score(features=x))
+    assert hub.load_config(tmp_path)["architecture"] == "KNN"
+    # a stateless detector saved without weights
+    (tmp_path / "model.safetensors").unlink()
+    legacy = {"detector": "Energy", "library": "pml_suprank", "fitted": False, "config": {"temperature": 2.0}}
+    (tmp_path / "config.json").write_text(json.dumps(legacy))
+    energy = ood.Detector.from_pretrained(tmp_path)
+    assert isinstance(energy, ood.Energy) and energy.temperature == 2.0
+
+
+def test_model_folders_without_task_key_still_load(model, images, tmp_path):
+    model.save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    del cfg["task"]  # written before the common layout had it
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    _assert_same(model, RetrievalModel.from_pretrained(tmp_path), images)
+    assert "image-retrieval embedding model" in hub.generate_model_card(cfg)
+
+
+def _listing(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_failed_save_leaves_no_partial_files(model, tmp_path, monkeypatch):
+    import safetensors.torch
+
+    from pml_suprank.hub import mixin
+
+    def broken_save(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"partial")
+        raise OSError("disk full")
+
+    # a fresh folder: nothing is left, not even the folder
+    monkeypatch.setattr(safetensors.torch, "save_file", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        _knn().save_pretrained(tmp_path / "new" / "knn")
+    assert not (tmp_path / "new").exists()
+    # an existing save is left exactly as it was when the new one fails
+    monkeypatch.undo()
+    _knn().save_pretrained(tmp_path / "knn")
+    before = _listing(tmp_path / "knn")
+    monkeypatch.setattr(safetensors.torch, "save_file", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        _knn().save_pretrained(tmp_path / "knn", metrics={"auroc": 0.5})
+    assert _listing(tmp_path / "knn") == before
+    # a failure in the last step (the card) does not leave the already staged weights and config behind
+    monkeypatch.undo()
+
+    def broken_card(*args, **kwargs):
+        raise RuntimeError("card failed")
+
+    monkeypatch.setattr(mixin, "generate_model_card", broken_card)
+    with pytest.raises(RuntimeError, match="card failed"):
+        model.save_pretrained(tmp_path / "model")
+    assert not (tmp_path / "model").exists()
+
+
+def test_missing_local_folder_names_the_path(tmp_path):
+    from pml_suprank import ood
+
+    missing = tmp_path / "does" / "not_exist"
+    for loader in (RetrievalModel.from_pretrained, ood.Detector.from_pretrained):
+        for path in (missing, str(missing), "./not_here"):
+            with pytest.raises(FileNotFoundError, match=str(path).replace(".", r"\.")):
+                loader(path)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"empty has no config\.json"):
+        ood.Detector.from_pretrained(tmp_path / "empty")
+
+
+def test_bad_repo_id_is_a_value_error(tmp_path, monkeypatch):
+    from pml_suprank import ood
+
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    for loader in (RetrievalModel.from_pretrained, ood.Detector.from_pretrained):
+        with pytest.raises(ValueError, match="nor a valid Hub repo id"):
+            loader("org/bad name!", cache_dir=tmp_path)
+    with pytest.raises(ValueError, match="org/name"):
+        _knn().push_to_hub("no-slash")
+
+
+def test_local_files_only_with_an_unknown_repo(tmp_path):
+    from pml_suprank import ood
+
+    empty_cache = tmp_path / "cache"
+    for loader in (RetrievalModel.from_pretrained, ood.Detector.from_pretrained):
+        with pytest.raises(FileNotFoundError, match="'org/unknown' are not in the local Hub cache"):
+            loader("org/unknown", local_files_only=True, cache_dir=empty_cache)
+
+
+def test_cache_dir_and_hub_options_are_passed_through(model, images, tmp_path, monkeypatch):
+    import huggingface_hub
+
+    # a real cache layout in a custom cache_dir is found without any network call
+    model.save_pretrained(tmp_path / "saved")
+    custom = tmp_path / "custom_cache"
+    _write_hub_cache(custom, "org/cached", tmp_path / "saved")
+    restored = RetrievalModel.from_pretrained("org/cached", cache_dir=custom, local_files_only=True)
+    _assert_same(model, restored, images)
+    # every option reaches the download call (the only call that would touch the network)
+    calls = []
+
+    def fake_snapshot_download(repo_id, **kwargs):
+        calls.append((repo_id, kwargs))
+        return str(tmp_path / "saved")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
+    RetrievalModel.from_pretrained("org/m", revision="v1", cache_dir=custom, token="hf_x", force_download=True)
+    repo_id, kwargs = calls[-1]
+    assert repo_id == "org/m"
+    assert kwargs == {
+        "allow_patterns": ["config.json", "model.safetensors"],
+        "revision": "v1",
+        "cache_dir": custom,
+        "local_files_only": False,
+        "token": "hf_x",
+        "force_download": True,
+    }
+    assert hub.load_config("org/m", revision="v2")["architecture"] == "RetrievalModel"
+    assert calls[-1][1]["allow_patterns"] == ["config.json"] and calls[-1][1]["revision"] == "v2"
+    # a repo whose snapshot lacks the weights
+    (tmp_path / "only_config").mkdir()
+    shutil.copy(tmp_path / "saved" / "config.json", tmp_path / "only_config")
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo_id, **kw: str(tmp_path / "only_config"))
+    with pytest.raises(FileNotFoundError, match="Hub repo 'org/m' has no model.safetensors"):
+        RetrievalModel.from_pretrained("org/m")
+
+
+def test_non_finite_or_unknown_tensors_are_refused(tmp_path):
+    import safetensors.torch
+
+    from pml_suprank import ood
+
+    _knn().save_pretrained(tmp_path)
+    state = safetensors.torch.load_file(tmp_path / "model.safetensors")
+    name = next(iter(state))
+    bad = dict(state)
+    bad[name] = bad[name].clone()
+    bad[name].view(-1)[0] = float("nan")
+    safetensors.torch.save_file(bad, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        ood.Detector.from_pretrained(tmp_path)
+    safetensors.torch.save_file({**state, "stolen": torch.zeros(1)}, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match="stolen"):
+        ood.Detector.from_pretrained(tmp_path)
+
+
+def test_detector_push_to_hub_uploads_the_card(tmp_path, monkeypatch):
+    calls = _fake_hub(monkeypatch, tmp_path / "remote")
+    det = _knn()
+    assert det.push_to_hub("org/knn").endswith("/commit/0")
+    assert calls == {"create_repo": "org/knn", "upload_folder": "org/knn"}
+    remote = tmp_path / "remote" / "org" / "knn"
+    assert sorted(p.name for p in remote.iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    x = torch.rand(3, 5)
+    torch.testing.assert_close(type(det).from_pretrained(remote).score(features=x), det.score(features=x))
+
+
+def test_loading_a_folder_of_the_other_kind_is_a_clear_error(model, tmp_path):
+    from pml_suprank import ood
+
+    model.save_pretrained(tmp_path / "model")
+    _knn().save_pretrained(tmp_path / "det")
+    with pytest.raises(ValueError, match="unknown detector 'RetrievalModel'"):
+        ood.Detector.from_pretrained(tmp_path / "model")
+    with pytest.raises(ValueError, match="holds a 'KNN'; it cannot be loaded as RetrievalModel"):
+        RetrievalModel.from_pretrained(tmp_path / "det")
+    with pytest.raises(TypeError, match="HubMixin subclass"):
+        hub.from_pretrained(tmp_path / "model", model_class=torch.nn.Linear)
+
+
+def test_saved_files_get_the_umask_permissions_and_no_temporaries(model, tmp_path):
+    reference = tmp_path / "reference.txt"
+    reference.write_text("x")
+    out = model.save_pretrained(tmp_path / "m", metrics={"h_ap": 0.5})
+    for f in out.iterdir():
+        assert not f.name.startswith("."), f"temporary file {f.name} left behind"
+        assert f.stat().st_mode & 0o777 == reference.stat().st_mode & 0o777, f.name

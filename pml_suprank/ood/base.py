@@ -15,20 +15,18 @@ imported lazily (the ``recipes`` extra), so the detectors themselves only need t
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
 from .._validation import check_embeddings, check_labels
-from ..version import __version__
+from ..hub.mixin import HubMixin, instantiate
+from ..hub.serialization import CONFIG_NAME as CONFIG_NAME  # kept importable from here
+from ..hub.serialization import DETECTOR_TASK, WEIGHTS_NAME, check_state, make_config
 
 __all__ = ["Detector", "NotFittedError", "check_features", "check_class_labels"]
-
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
 
 
 class NotFittedError(RuntimeError):
@@ -80,7 +78,7 @@ def _detector_class(name: Any) -> type:
     return target
 
 
-class Detector:
+class Detector(HubMixin):
     """Base class of the OOD detectors: ``fit(...) -> self``, ``score(...) -> Tensor`` (higher = more OOD).
 
     Subclasses implement ``_fit`` and ``_score``, declare the fitted tensors in ``_state_names``, and return their
@@ -154,68 +152,54 @@ class Detector:
                 setattr(self, name, value.to(device=device, dtype=cast))
         return self
 
-    # --- persistence ----------------------------------------------------------------------------------------------
-    def save_pretrained(self, save_directory: str | Path) -> Path:
-        """Write ``config.json`` (class + kwargs) and ``model.safetensors`` (fitted tensors) into a folder."""
-        from safetensors.torch import save_file
-
-        if self.requires_fit and not self._fitted:
-            raise NotFittedError(type(self).__name__)
-        path = Path(save_directory)
-        path.mkdir(parents=True, exist_ok=True)
-        meta = {
-            "detector": type(self).__name__,
-            "library": "pml_suprank",
-            "library_version": __version__,
-            "fitted": self._fitted,
-            "config": self.config(),
-        }
-        (path / CONFIG_NAME).write_text(json.dumps(meta, indent=2, sort_keys=True))
-        state = {k: v.cpu() for k, v in self.state_dict().items()}
-        save_file(state, str(path / WEIGHTS_NAME), metadata={"detector": type(self).__name__})
-        return path
+    # --- persistence (pml_suprank.hub.HubMixin hooks) -------------------------------------------------------------
+    # save_pretrained / from_pretrained / push_to_hub come from HubMixin: config.json in the common layout
+    # (architecture = the detector's name, model_args = config(), fitted), model.safetensors = state_dict(), a model
+    # card, atomic writes. Called on ``Detector``, from_pretrained instantiates the class named in config.json;
+    # ``overrides`` replace constructor kwargs (e.g. ``model=`` for ODIN, which saves no network).
+    _hub_optional_files: ClassVar[tuple[str, ...]] = (WEIGHTS_NAME,)  # folders of stateless detectors may omit it
 
     @classmethod
-    def from_pretrained(cls, path_or_repo_id: str | Path, *, revision: str | None = None, **overrides) -> Detector:
-        """Load a detector saved by :meth:`save_pretrained` from a folder or a Hub repo id.
+    def _hub_architecture(cls) -> str:
+        return getattr(cls, "detector_name", None) or cls.__name__
 
-        Called on ``Detector`` it instantiates the class named in ``config.json``; ``overrides`` replace
-        constructor kwargs (e.g. ``model=`` for ODIN, which saves no network).
-        """
-        from safetensors.torch import load_file
+    def _hub_check_savable(self) -> None:
+        if self.requires_fit and not self._fitted:
+            raise NotFittedError(type(self).__name__)
 
-        path = Path(path_or_repo_id)
-        if not path.is_dir():
-            from huggingface_hub import snapshot_download
+    def _hub_config(self, metadata: Mapping[str, Any] | None) -> dict[str, Any]:
+        return make_config(
+            self._hub_architecture(), self.config(), task=DETECTOR_TASK, metadata=metadata, fitted=self._fitted
+        )
 
-            path = Path(snapshot_download(str(path_or_repo_id), revision=revision))
-        meta = json.loads((path / CONFIG_NAME).read_text())
-        name = meta.get("detector")
+    def _hub_weights(self) -> dict[str, Tensor]:
+        return self.state_dict()
+
+    @classmethod
+    def _hub_class(cls, config: Mapping[str, Any], source: Any) -> type:
+        name = config.get("architecture")
         target = _detector_class(name)
         if cls is not Detector and not issubclass(target, cls):
-            raise ValueError(f"{path} holds a {name} detector, not a {cls.__name__}")
-        det = target(**{**meta.get("config", {}), **overrides})
-        weights = path / WEIGHTS_NAME
-        state = load_file(str(weights)) if weights.exists() else {}
-        det._restore(state, meta)
-        return det
+            raise ValueError(f"{source} holds a {name} detector, not a {cls.__name__}")
+        return target
+
+    @classmethod
+    def _hub_instantiate(cls, config: Mapping[str, Any], overrides: dict[str, Any], source: Any) -> Detector:
+        return instantiate(cls, {**config["model_args"], **overrides}, source)
+
+    def _hub_load_state(
+        self, state: dict[str, Tensor], config: Mapping[str, Any], *, source: Any, strict: bool, map_location: str
+    ) -> None:
+        """Validate the loaded tensors (finite; names among ``_state_names`` unless ``state_dict`` is overridden, in
+        which case ``load_state_dict`` checks them) and restore them through :meth:`_restore`."""
+        default_state = type(self).state_dict is Detector.state_dict
+        check_state(state, source, allowed=self._state_names if default_state else None)
+        self._restore(state, dict(config))
 
     def _restore(self, state: dict[str, Tensor], meta: dict[str, Any]) -> None:
+        """Load ``state`` (``meta`` is the loaded ``config.json``, with ``fitted``)."""
         if state or meta.get("fitted"):
             self.load_state_dict(state)
-
-    def push_to_hub(self, repo_id: str, *, private: bool | None = None, token: str | None = None, **kwargs) -> str:
-        """Save to a temporary folder and upload it to the Hub (``huggingface_hub.HfApi.upload_folder``)."""
-        import tempfile
-
-        from huggingface_hub import HfApi
-
-        api = HfApi(token=token)
-        api.create_repo(repo_id, private=private, exist_ok=True)
-        with tempfile.TemporaryDirectory() as tmp:
-            self.save_pretrained(tmp)
-            info = api.upload_folder(repo_id=repo_id, folder_path=tmp, **kwargs)
-        return str(info)
 
     def __repr__(self) -> str:
         kwargs = ", ".join(f"{k}={v!r}" for k, v in self.config().items())
