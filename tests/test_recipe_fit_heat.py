@@ -25,9 +25,9 @@ def _import_fit_heat():
 def test_fit_heat_tiny_synthetic_run(tmp_path, capsys):
     fit_heat = _import_fit_heat()
     argv = [
-        "--num-per-class", "3", "--num-test-per-class", "2", "--num-noise", "12", "--image-size", "32",
-        "--train-epochs", "1", "--heat-epochs", "1", "--knn-k", "5", "--threads", "1",
-        "--output-dir", str(tmp_path),
+        "--num_per_class", "3", "--num_test_per_class", "2", "--num_noise", "12", "--image_size", "32",
+        "--train_epochs", "1", "--heat_epochs", "1", "--knn_k", "5", "--threads", "1",
+        "--output_dir", str(tmp_path),
     ]  # fmt: skip
     with torch.random.fork_rng():
         results = fit_heat.main(argv)
@@ -51,7 +51,7 @@ def test_fit_heat_tiny_synthetic_run(tmp_path, capsys):
 def test_fit_heat_config_file_sets_defaults_and_flags_win():
     fit_heat = _import_fit_heat()
     cfg = Path(__file__).resolve().parents[1] / "hub_configs" / "heat_cifar10_resnet34.yaml"
-    args = fit_heat.parse_args(["--config", str(cfg), "--knn-k", "7"])
+    args = fit_heat.parse_args(["--config", str(cfg), "--knn_k", "7"])
     assert args.backbone == "resnet34" and args.preset == "cifar10" and args.tie_hidden_weights
     assert args.cifar_stem and args.knn_k == 7 and args.vim_dim == 256
     assert args.heat_settings["gmm"]["sgld_steps"] == 40
@@ -81,10 +81,10 @@ def test_fit_heat_on_local_folders(tmp_path):
     id_root = _image_folder(tmp_path / "id")
     ood_root = _image_folder(tmp_path / "ood", splits=("test",), seed=1)
     argv = [
-        "--id-dataset", str(id_root), "--label-column", "label", "--ood-datasets", f"{ood_root}:test:label",
-        "noise-uniform", "--num-noise", "8", "--image-size", "32", "--output-stride", "16", "--train-epochs", "1",
-        "--heat-epochs", "1", "--knn-k", "3", "--no-odin", "--no-plots", "--threads", "1",
-        "--cache-dir", str(tmp_path / "cache"), "--output-dir", str(tmp_path / "out"),
+        "--id_dataset", str(id_root), "--label_column", "label", "--ood_datasets", f"{ood_root}:test:label",
+        "noise-uniform", "--num_noise", "8", "--image_size", "32", "--output_stride", "16", "--train_epochs", "1",
+        "--heat_epochs", "1", "--knn_k", "3", "--no_odin", "--no_plots", "--threads", "1",
+        "--cache_dir", str(tmp_path / "cache"), "--output_dir", str(tmp_path / "out"),
     ]  # fmt: skip
     with torch.random.fork_rng():
         results = fit_heat.main(argv)
