@@ -69,7 +69,7 @@ def test_vim_matches_official_golden(heat_golden, dtype):
     # OpenOOD and pytorch-ood (float32 references) disagree by 5e-5 themselves, hence atol 1e-4
     torch.testing.assert_close(scores, _ref(oo["ViM_dim8_conf"], dtype, -1), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(scores, _ref(po["ViM_d8_score"], dtype), rtol=1e-4, atol=1e-4)
-    # HEAT's reference ViM deviates from the official method (spec §12): we do not reproduce it
+    # HEAT's reference ViM deviates from the official method (centred covariance, logits fc(z - u)): not reproduced
     assert not torch.allclose(scores, _ref(heat_golden["heat_reference"]["ViM_D8_score"], dtype), atol=1e-2)
 
 
