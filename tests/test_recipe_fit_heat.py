@@ -137,3 +137,15 @@ def test_fit_heat_detector_rows_and_flags_come_from_the_registry():
     assert fit_heat.selected_methods(fit_heat.parse_args(["--no_odin"])) == tuple(
         m for m in fit_heat.METHODS if m != "ODIN"
     )
+
+
+@pytest.mark.parametrize("path", sorted((RECIPES.parent / "hub_configs").glob("heat_*.yaml")), ids=lambda p: p.stem)
+def test_every_heat_hub_config_parses(path):
+    import yaml
+
+    fit_heat = _import_fit_heat()
+    raw = yaml.safe_load(path.read_text())
+    args = fit_heat.parse_args(["--config", str(path)])
+    for key, value in {**raw["recipe"], **{k: v for k, v in raw["heat"].items() if k != "settings"}}.items():
+        assert getattr(args, key) == value, key
+    assert args.heat_settings == raw["heat"]["settings"]
