@@ -52,6 +52,7 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
+from common import str2bool  # noqa: E402  (recipes/common.py: the training recipes' boolean flags)
 from fit_heat_data import (  # noqa: E402
     BUILTIN_OOD,
     build_datasets,
@@ -86,16 +87,6 @@ def methods() -> tuple[str, ...]:
 
 
 METHODS = methods()
-
-
-def str2bool(value: str | bool) -> bool:
-    if isinstance(value, bool):
-        return value
-    if value.lower() in ("1", "true", "yes", "y", "on"):
-        return True
-    if value.lower() in ("0", "false", "no", "n", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected a boolean (true/false); got {value!r}")
 
 
 def _flag_prefix(name: str) -> str:
@@ -244,9 +235,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.heat_settings = heat_settings
     if args.push_to_hub and not args.hub_model_id:
         p.error("--push_to_hub true needs --hub_model_id (the Hub repo id)")
-    unknown = sorted(set(args.detectors or ()) - set(METHODS))
+    unknown = sorted(set(args.detectors or ()) - set(methods()))
     if unknown:
-        p.error(f"--detectors: unknown {unknown}; choose among {list(METHODS)}")
+        p.error(f"--detectors: unknown {unknown}; choose among {list(methods())}")
     return args
 
 
@@ -255,10 +246,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def selected_methods(args) -> tuple[str, ...]:
-    chosen = set(args.detectors or METHODS)
+    chosen = set(args.detectors or methods())
     if args.no_odin:
         chosen.discard("ODIN")
-    return tuple(m for m in METHODS if m in chosen)
+    return tuple(m for m in methods() if m in chosen)
 
 
 def build_detector(method: str, args, model, n_train: int, dim: int):

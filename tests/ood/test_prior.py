@@ -43,13 +43,14 @@ def mean_distance_prior():
     PRIOR_REGISTRY.unregister("mean_distance")
 
 
-def _task(seed=0, n=120, d=6):
-    g = torch.Generator().manual_seed(seed)
+def _task(n=90, d=5):
+    """Three classes of ReLU features around 1, 2 and 3 (column-shifted), std-like features, a random head."""
+    g = torch.Generator().manual_seed(11)
     labels = torch.arange(n) % 3
-    z = torch.relu(torch.randn(n, d, generator=g) * 0.3 + labels[:, None].float() + 0.5)
-    s = torch.rand(n, d, generator=g) + 0.1
-    w, b = torch.randn(3, d, generator=g), torch.randn(3, generator=g)
-    return {"features": z, "std_features": s, "labels": labels}, w, b
+    centres = 1.0 + labels[:, None].float() + 0.1 * torch.arange(d)
+    z = torch.relu(centres + 0.25 * torch.randn(n, d, generator=g))
+    train = {"features": z, "std_features": 0.2 + torch.rand(n, d, generator=g), "labels": labels}
+    return train, torch.randn(3, d, generator=g), torch.zeros(3)
 
 
 def test_built_in_priors_declare_their_inputs():
