@@ -14,7 +14,8 @@ the standardised hybrid energies (Eq. 5.7). Everything HEAT needs to know about 
 * its fitted state (:meth:`Prior.state_dict` / :meth:`Prior.load_state_dict`, saved under ``"<name>.prior."``) and
   its default hyper-parameters per HEAT preset (:meth:`Prior.default_settings`).
 
-A new prior is one subclass with a ``name=`` class keyword; ``ood.HEAT(priors=("gmm", "my_prior"))`` then uses it::
+A new prior is one subclass with a ``name=`` class keyword; ``ood.HEAT(priors=("gmm", "mean_distance"))`` then uses
+it (a saved HEAT stores the prior names: define the class before ``Detector.from_pretrained``)::
 
     class MeanDistancePrior(ood.Prior, name="mean_distance"):
         def fit(self, features, labels=None):
