@@ -9,14 +9,17 @@
 
 from __future__ import annotations
 
+from .base import Detector, check_features  # noqa: F401 - names importable from this module before the split
 from .dice import DICE
 from .energy import Energy
-from .head import _check_logits, _head_params, _HeadDetector  # noqa: F401 - private names kept importable here
+from .head import _check_logits, _head_params, _HeadDetector  # noqa: F401
 from .knn import KNN
 from .mahalanobis import Mahalanobis
 from .max_logit import MaxLogit
+from .metrics import quantile_linear  # noqa: F401
 from .msp import MSP
 from .odin import ODIN
+from .priors import ClassConditionalGaussian, energy_logits  # noqa: F401
 from .react import ReAct
 from .vim import ViM
 

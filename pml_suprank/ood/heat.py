@@ -37,6 +37,7 @@ from .head import head_params
 from .heat_priors import ELPrior, GMMPrior, GMMStdPrior  # noqa: F401 - defines (registers) the built-in priors
 from .presets import PRESETS, SETTING_KEYS, resolve_settings  # noqa: F401 - PRESETS, SETTING_KEYS kept here
 from .prior import Prior
+from .priors import ClassConditionalGaussian, EnergyLogitsPrior  # noqa: F401 - importable here before the split
 from .registry import PRIOR_REGISTRY
 
 __all__ = ["HEAT", "PriorName", "PRESETS", "compose_energies", "standardize"]
