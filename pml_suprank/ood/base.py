@@ -15,6 +15,7 @@ imported lazily (the ``recipes`` extra), so the detectors themselves only need t
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -25,6 +26,7 @@ from .._validation import check_embeddings, check_labels
 from ..hub.mixin import HubMixin, instantiate
 from ..hub.serialization import CONFIG_NAME as CONFIG_NAME  # kept importable from here
 from ..hub.serialization import DETECTOR_TASK, WEIGHTS_NAME, check_state, make_config
+from .registry import DETECTOR_REGISTRY
 
 __all__ = ["Detector", "NotFittedError", "check_features", "check_class_labels"]
 
@@ -69,13 +71,13 @@ def check_class_labels(labels: Any, n: int, min_classes: int = 2) -> Tensor:
 
 
 def _detector_class(name: Any) -> type:
-    import importlib
-
-    package = importlib.import_module(__package__)
-    target = getattr(package, name, None) if isinstance(name, str) else None
-    if not (isinstance(target, type) and issubclass(target, Detector)):
-        raise ValueError(f"config.json names an unknown detector {name!r}; expected one of {package.DETECTORS}")
-    return target
+    """The registered detector class named in a saved ``config.json`` (``ValueError`` listing the valid names)."""
+    try:
+        return DETECTOR_REGISTRY.get_class(name)
+    except ValueError:
+        raise ValueError(
+            f"config.json names an unknown detector {name!r}; expected one of {list(DETECTOR_REGISTRY)}"
+        ) from None
 
 
 class Detector(HubMixin):
@@ -84,10 +86,24 @@ class Detector(HubMixin):
     Subclasses implement ``_fit`` and ``_score``, declare the fitted tensors in ``_state_names``, and return their
     JSON-serialisable constructor kwargs from ``config()``. Detectors that need no fitting (MSP, MaxLogit, Energy,
     ODIN) set ``requires_fit = False``; the others raise :class:`NotFittedError` from ``score`` before ``fit``.
+
+    Defining a subclass registers it (:mod:`.registry`) under its class name, or under ``name=`` given as a class
+    keyword (``class SSDPlus(Mahalanobis, name="SSD+")``), so that ``ood.get_detector(name)`` and
+    ``Detector.from_pretrained`` find it. Private (``_``-prefixed) and abstract classes, and classes defined with
+    ``register=False``, are not registered.
     """
 
     requires_fit: ClassVar[bool] = True
     _state_names: ClassVar[tuple[str, ...]] = ()
+    #: The name this class is registered under (``None`` for unregistered classes).
+    detector_name: ClassVar[str | None] = None
+
+    def __init_subclass__(cls, *, name: str | None = None, register: bool = True, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.detector_name = None
+        if register and not cls.__name__.startswith("_") and not inspect.isabstract(cls):
+            cls.detector_name = cls.__name__ if name is None else name
+            DETECTOR_REGISTRY.register(cls.detector_name, cls)
 
     def __init__(self) -> None:
         self._fitted = False

@@ -5,17 +5,17 @@ Lafon et al., HEAT (thesis ch. 5, Sec. 5.2.1, Eqs. 5.1-5.6, Algorithm 2). The hy
 is trained, by contrastive divergence (Eq. 5.3) on real features against SGLD samples of the hybrid model (Eq. 5.4)
 started from the prior, plus the control term ``λ·(E[E_θ(real)²] + E[E_θ(neg)²])`` (Eq. 5.5).
 
-What the code does, following the reference implementation (``spec/heat_reference.md`` §4-7) where the thesis text
-differs (each is a documented choice):
+What the code does, following the authors' released implementation where the thesis text differs (each is a
+documented choice):
 
-* SGLD (spec §5): ``z ← z − η_t ∇E_h(z) − σ_t ξ`` with **decoupled** step size and noise (not Eq. 5.4's
+* SGLD: ``z ← z − η_t ∇E_h(z) − σ_t ξ`` with **decoupled** step size and noise (not Eq. 5.4's
   ``η/2`` / ``√η``), both on the quadratic schedule ``(a − b)(1 − t/T)² + b`` with ``b = 0.1·a`` (not "linear
   decay"), and a projection after every step: ReLU, then L2 normalisation for priors on normalised features.
-* Negatives are ``[z_T; z_0]``: the chain ends **and** their (projected) starting points (spec §11.8).
-* The control term is evaluated separately on real and negative sets and summed (spec §6); input noise
+* Negatives are ``[z_T; z_0]``: the chain ends **and** their (projected) starting points.
+* The control term is evaluated separately on real and negative sets and summed; input noise
   ``eps_data`` is added to real and negative samples inside the loss only.
 * Hidden layers are **untied** by default (``tie_hidden_weights=False``, 4,724,737 parameters for d = 512): the
-  reference repeats one shared ``nn.Linear`` (1,575,937 parameters, spec §4); ``tie_hidden_weights=True``
+  reference repeats one shared ``nn.Linear`` (1,575,937 parameters for d = 512); ``tie_hidden_weights=True``
   reproduces it.
 * Parameters are initialised like ``nn.Linear`` (uniform ±1/√fan_in) but from an explicit ``torch.Generator``, so
   fitting is reproducible without touching the global RNG.
@@ -51,7 +51,7 @@ class ResidualEnergyMLP(nn.Module):
         n_hidden_layers: Number ``n`` of hidden ``h × h`` layers (4, i.e. 6 linear maps in total).
         negative_slope: LeakyReLU slope (0.2).
         tie_hidden_weights: Reuse one ``h × h`` layer ``n`` times, as the reference code does.
-        reduce_width: The reference's ImageNet pyramid instead (``reduce_width: True``, spec §4): ``Linear(d, h)``,
+        reduce_width: The reference's ImageNet pyramid instead (``reduce_width: True``): ``Linear(d, h)``,
             then ``n`` blocks ``[Linear(h/2^i, h/2^i), Linear(h/2^i, h/2^i), Linear(h/2^i, h/2^(i+1))]``, then
             ``Linear(h/2^n, 1)``, every layer but the last followed by LeakyReLU (20 linear maps for ``n = 6``).
         temperature: ``T_nn`` (1 in every reference config).
@@ -118,7 +118,7 @@ class ResidualEnergyMLP(nn.Module):
 
     @torch.no_grad()
     def zero_output_(self) -> ResidualEnergyMLP:
-        """Set the last layer to zero, so ``E_θ ≡ 0`` and the hybrid energy equals the prior (spec §13.1)."""
+        """Set the last layer to zero, so ``E_θ ≡ 0`` and the hybrid energy equals the prior."""
         self.output_layer.weight.zero_()
         self.output_layer.bias.zero_()
         return self
@@ -136,7 +136,7 @@ class ResidualEnergyMLP(nn.Module):
 
 
 def polynomial_schedule(t: int, total: int, start: float, end: float) -> float:
-    """Reference SGLD schedule ``(start − end)·(1 − t/total)² + end`` for ``t = 0..total−1`` (spec §5)."""
+    """Reference SGLD schedule ``(start − end)·(1 − t/total)² + end`` for ``t = 0..total−1``."""
     return (start - end) * (1.0 - t / total) ** 2 + end
 
 
@@ -162,7 +162,7 @@ def sgld_sample(
     normalize: bool = False,
     generator: torch.Generator | None = None,
 ) -> Tensor:
-    """Short-run SGLD on the hybrid energy from ``z0`` (spec §5; thesis Eq. 5.4 with the reference's decoupling).
+    """Short-run SGLD on the hybrid energy from ``z0`` (thesis Eq. 5.4 with the reference's decoupling).
 
     Args:
         energy_fn: ``(B, D) -> (B,)`` hybrid energy; its gradient w.r.t. the input drives the chain (parameters'
@@ -233,7 +233,7 @@ def train_residual(
     generator: torch.Generator | None = None,
     callback: Callable[[int, int, float], None] | None = None,
 ) -> list[float]:
-    """Train ``E_θ`` by contrastive divergence with SGLD negatives (Algorithm 2; spec §7).
+    """Train ``E_θ`` by contrastive divergence with SGLD negatives (thesis Algorithm 2, Eqs. 5.3-5.5).
 
     Adam (``betas=(0, 0.999)``, no weight decay), one step per shuffled batch (``drop_last`` unless the set is
     smaller than a batch) or per ``accumulation_steps`` batches (gradients of the mean loss, the reference's
@@ -245,7 +245,7 @@ def train_residual(
         proposal: ``n -> (n, D)`` SGLD starting points (prior samples, or ``N(0, I)`` for EL).
         features: ``(N, D)`` real training features, already L2-normalised when ``normalize``.
         epochs, batch_size, lr, l2_coef, sgld_steps, step_size, noise_std, end_factor, eps_data, betas,
-        milestones, gamma: Hyper-parameters (spec §10 table).
+        milestones, gamma: Hyper-parameters (see ``ood.PRESETS``).
         normalize: Project SGLD states onto the unit sphere.
         accumulation_steps: Batches per optimiser step (a last incomplete group still steps).
         generator: Randomness for shuffling, SGLD noise and input noise.

@@ -1,6 +1,6 @@
 """Feature extraction for post-hoc OOD detection: avg- and std-pooled last feature map plus logits of a timm model.
 
-HEAT (thesis Sec. 5.2.2, spec §2) reads the last residual stage before global pooling (``layer4`` of a ResNet, i.e.
+HEAT (thesis Sec. 5.2.2) reads the last residual stage before global pooling (``layer4`` of a ResNet, i.e.
 timm's ``forward_features``): ``z`` is the spatial mean and ``σ`` the spatial **unbiased** std (ddof = 1, as
 ``torch.std``; numpy's default ddof = 0 would be wrong). Logits come from ``forward_head`` on the same map.
 

@@ -5,7 +5,7 @@ thesis ch. 5, Sec. 5.2.2): the *class prior* EL (energy of the logits, Liu et al
 GMM (class-conditional Gaussians with one shared covariance, SSD+ / Lee et al. 2018), also used on std-pooled
 "style" features (GMM_std). Both are differentiable in ``z`` so SGLD can follow their gradient.
 
-Semantics follow ``spec/heat_reference.md`` §3 (the reference code), with these documented choices:
+Semantics follow the HEAT authors' released code, with these documented choices:
 
 * the shared covariance is the MLE (divided by N) of class-centred features, computed in **float64**; a ridge
   ``reg · mean(diag Σ)`` (relative, default 1e-6) is added before the Cholesky factorisation. The reference adds an
@@ -86,7 +86,7 @@ class ClassConditionalGaussian:
     """Class-conditional Gaussian mixture with one shared covariance (HEAT's GMM prior, SSD+, Mahalanobis).
 
     ``q(z) = Σ_c π_c N(z; μ_c, Σ)`` with ``π_c = n_c / N``; energy ``−log q(ẑ)`` where ``ẑ = z/‖z‖`` when
-    ``normalize`` (spec §3.2). ``min_mahalanobis`` is the SSD+ / Mahalanobis baseline score
+    ``normalize`` (the GMM prior of HEAT). ``min_mahalanobis`` is the SSD+ / Mahalanobis baseline score
     ``min_c (z−μ_c)ᵀΣ⁻¹(z−μ_c)`` (no ½, no logsumexp).
 
     Args:
@@ -166,7 +166,7 @@ class ClassConditionalGaussian:
         return torch.cat(outs)
 
     def neg_log_likelihood(self, z: Tensor, compute_dtype: torch.dtype = torch.float64) -> Tensor:
-        """``(N, D) -> (N,)`` ``−log q(ẑ)`` with the full Gaussian normaliser and class weights (spec §3.2)."""
+        """``(N, D) -> (N,)`` ``−log q(ẑ)`` with the full Gaussian normaliser and class weights."""
         maha = self.mahalanobis(z, compute_dtype)
         d = self.dim
         log_w = torch.log(self.class_weights.to(device=z.device, dtype=compute_dtype))

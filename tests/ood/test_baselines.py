@@ -69,7 +69,7 @@ def test_vim_matches_official_golden(heat_golden, dtype):
     # OpenOOD and pytorch-ood (float32 references) disagree by 5e-5 themselves, hence atol 1e-4
     torch.testing.assert_close(scores, _ref(oo["ViM_dim8_conf"], dtype, -1), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(scores, _ref(po["ViM_d8_score"], dtype), rtol=1e-4, atol=1e-4)
-    # HEAT's reference ViM deviates from the official method (spec §12): we do not reproduce it
+    # HEAT's reference ViM deviates from the official method (centred covariance, logits fc(z - u)): not reproduced
     assert not torch.allclose(scores, _ref(heat_golden["heat_reference"]["ViM_D8_score"], dtype), atol=1e-2)
 
 
@@ -242,7 +242,7 @@ def test_push_to_hub_and_load_by_repo_id(tmp_path, monkeypatch):
             shutil.copytree(folder_path, tmp_path / "remote")
             return f"https://huggingface.co/{repo_id}"
 
-    def fake_snapshot_download(repo_id, revision=None):
+    def fake_snapshot_download(repo_id, revision=None, **kwargs):
         assert repo_id == "user/knn-detector"
         return str(tmp_path / "remote")
 
@@ -251,7 +251,7 @@ def test_push_to_hub_and_load_by_repo_id(tmp_path, monkeypatch):
     det = ood.KNN(k=2).fit(features=torch.rand(6, 3, generator=torch.Generator().manual_seed(0)))
     assert det.push_to_hub("user/knn-detector").endswith("user/knn-detector")
     assert uploaded["repo"] == "user/knn-detector"
-    assert sorted(p.name for p in (tmp_path / "remote").iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "remote").iterdir()) == ["README.md", "config.json", "model.safetensors"]
     loaded = ood.Detector.from_pretrained("user/knn-detector")
     x = torch.rand(4, 3)
     torch.testing.assert_close(loaded.score(features=x), det.score(features=x))

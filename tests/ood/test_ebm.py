@@ -18,7 +18,7 @@ def test_schedule_matches_golden(heat_golden, name):
     ours_noise = [polynomial_schedule(t, steps, noise0, 0.1 * noise0) for t in range(steps)]
     assert ours_step == pytest.approx(ref["step_size"], rel=1e-12)
     assert ours_noise == pytest.approx(ref["noise_std"], rel=1e-12)
-    # spec §13.4: starts at start, strictly decreasing, never reaches end
+    # the released schedule: starts at start, strictly decreasing, never reaches end
     assert ours_step[0] == step0
     assert all(a > b for a, b in zip(ours_step, ours_step[1:]))
     assert min(ours_step) > 0.1 * step0
@@ -143,7 +143,7 @@ def test_train_residual_pushes_real_down_and_negatives_up():
 def test_reduce_width_pyramid_matches_reference_layout():
     mlp = ResidualEnergyMLP(2048, 1024, 6, reduce_width=True)
     layers = mlp.linear_layers()
-    assert len(layers) == 20  # spec §4: Linear(d, h) + 6 blocks of 3 + Linear(h/64, 1)
+    assert len(layers) == 20  # released ImageNet MLP: Linear(d, h) + 6 blocks of 3 + Linear(h/64, 1)
     assert (layers[0].in_features, layers[0].out_features) == (2048, 1024)
     assert [(m.in_features, m.out_features) for m in layers[1:4]] == [(1024, 1024), (1024, 1024), (1024, 512)]
     assert [(m.in_features, m.out_features) for m in layers[-4:]] == [(32, 32), (32, 32), (32, 16), (16, 1)]

@@ -125,7 +125,7 @@ def test_composition_gradcheck():
 
 
 def test_standardisation_invariance(heat_golden):
-    # replacing E_k by a·E_k + c on train and test leaves the composed score unchanged (spec §13.3)
+    # replacing E_k by a·E_k + c on train and test leaves the composed score unchanged
     heat, _, test = _zero_residual_heat(heat_golden)
     comps = heat.score_components(**test)
     energies = torch.stack([comps[k]["total"] for k in heat.priors], dim=1).double()

@@ -47,7 +47,7 @@ def test_openood_and_pytorch_ood_metrics(heat_golden, case):
 
 def test_ties_example_conventions_differ(heat_golden):
     id_s, ood_s = _split(heat_golden, "ties_example")
-    # spec §15: 0.5 (interpolated percentile, ID positive), 0.9 (OOD positive), 0.7 (legacy discrete ROC)
+    # 0.5 (interpolated percentile, ID positive), 0.9 (OOD positive), 0.7 (legacy discrete ROC)
     assert M.fpr_at_tpr(id_s, ood_s) == 0.5
     assert M.fpr_at_tpr(id_s, ood_s, convention="ood_positive") == 0.9
     assert M.fpr_at_tpr(id_s, ood_s, convention="id_positive_roc") == 0.7
