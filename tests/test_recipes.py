@@ -295,20 +295,9 @@ def _import_recipe(name):
 
 
 def _parser(recipe):
-    import argparse
-
     common = _import_recipe("common")
     module = _import_recipe(recipe)
-    parser = argparse.ArgumentParser()
-    common.add_common_arguments(parser, module.DEFAULTS)
-    group = parser.add_argument_group("loss")
-    if recipe == "train_happier":
-        group.add_argument("--loss", default="HAPPIER", choices=["HAPPIER", "ROD-NDCG"])
-        group.add_argument("--alpha", type=float, default=1.0)
-    else:
-        group.add_argument("--loss", default="ROADMAP", choices=["ROADMAP"])
-        group.add_argument("--decomposability", default="calibration")
-    return common, parser
+    return common, common.build_parser(module.DESCRIPTION, module.DEFAULTS, module.LOSSES)
 
 
 def test_config_yaml_sets_defaults_and_flags_win(tmp_path):
