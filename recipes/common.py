@@ -47,6 +47,7 @@ from pml_suprank.training.options import (  # noqa: E402
 from pml_suprank.training.report import _one_column  # noqa: E402
 
 __all__ = [
+    "NO_ARGUMENT_RUN",
     "build_datasets",
     "build_model",
     "build_parser",
@@ -64,6 +65,11 @@ __all__ = [
     "suprank_kwargs",
     "training_config",
 ]
+
+
+# The training recipes without arguments: tiny backbone (ModelOptions), 48-px SyntheticShapes (DataOptions), fast on
+# 2 CPU cores; only these differ from the TrainingConfig defaults.
+NO_ARGUMENT_RUN: dict[str, Any] = {"epochs": 12, "lr_backbone": 1e-3, "lr_head": 2e-3, "eval_every": 4}
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 
 # Spinning OpenMP threads make small ops 10-20x slower on a shared or busy CPU; sleeping waits cost nothing on an
-# idle one. Set before torch is imported (by recipes/common.py); an explicit setting by the user wins.
+# idle one. Set here, before recipes/common.py imports torch; an explicit setting by the user wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # noqa: TID251 - recipes may configure the process
 
 import sys  # noqa: E402
@@ -28,14 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402  (recipes/common.py: argparse, config, the whole job)
 
-# The no-argument run: tiny backbone, 48-px images, fast on 2 CPU cores (other options: the dataclass defaults).
-DEFAULTS = {
-    "output_dir": "outputs/happier_synthetic",
-    "epochs": 12,
-    "lr_backbone": 1e-3,
-    "lr_head": 2e-3,
-    "eval_every": 4,
-}
+DEFAULTS = {**common.NO_ARGUMENT_RUN, "output_dir": "outputs/happier_synthetic"}  # the run without arguments
 # HAPPIER takes the 2-D labels (N, L) of the batch (column 0 finest); the proxies of its ClusterLoss are parameters of
 # the loss and get their own optimizer group (lr_proxies). ROD-NDCG trains the same way (hub_configs/rod_ndcg_sop.yaml).
 LOSSES = ("HAPPIER", "ROD-NDCG")

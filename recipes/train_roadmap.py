@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 
 # Spinning OpenMP threads make small ops 10-20x slower on a shared or busy CPU; sleeping waits cost nothing on an
-# idle one. Set before torch is imported (by recipes/common.py); an explicit setting by the user wins.
+# idle one. Set here, before recipes/common.py imports torch; an explicit setting by the user wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # noqa: TID251 - recipes may configure the process
 
 import sys  # noqa: E402
@@ -26,14 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402  (recipes/common.py: argparse, config, the whole job)
 
-# The no-argument run: tiny backbone, small images, fast on 2 CPU cores (other options: the dataclass defaults).
-DEFAULTS = {
-    "output_dir": "outputs/roadmap_synthetic",
-    "epochs": 12,
-    "lr_backbone": 1e-3,
-    "lr_head": 2e-3,
-    "eval_every": 4,
-}
+DEFAULTS = {**common.NO_ARGUMENT_RUN, "output_dir": "outputs/roadmap_synthetic"}  # the run without arguments
 # ROADMAP = SupAP + a decomposability term; "calibration" has no parameters, "proxy" adds ClusterLoss proxies (one per
 # fine class) in their own optimizer group.
 LOSSES = ("ROADMAP",)
