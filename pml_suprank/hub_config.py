@@ -130,13 +130,17 @@ _TOP_LEVEL = {
 }
 
 
-def validate_hub_config(config: Any, source: str = "hub_config", *, partial: bool = False) -> dict[str, Any]:
+def validate_hub_config(
+    config: Any, source: str = "hub_config", *, partial: bool = False, defaults: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """Check ``config`` against :data:`HUB_CONFIG_SCHEMA` and by building its objects; return it unchanged (a plain
     dict) or raise ``ValueError``.
 
     Every error names the file, the key, what was expected and what was found; unknown sections and keys are
     errors (a typo must not be silently ignored). ``partial=True`` accepts an override file without the required
-    keys (``name``, ``model.backbone``, ``data.dataset``, ``loss.name``).
+    keys (``name``, ``model.backbone``, ``data.dataset``, ``loss.name``). ``defaults`` (option name → value, e.g. a
+    recipe's defaults) fill the options the file leaves out when the objects are built; default: the dataclass
+    defaults.
     """
     if not isinstance(config, dict):
         raise ValueError(f"{source}: a hub_config must be a YAML mapping; got {type(config).__name__}")
@@ -149,7 +153,7 @@ def validate_hub_config(config: Any, source: str = "hub_config", *, partial: boo
                 if not isinstance(config.get(section), dict) or k not in config[section]:
                     errors.append(f"missing required key '{section}.{k}'")
     if not errors:
-        errors += _data_errors(config.get("data") or {}) + _build_errors(config)
+        errors += _data_errors(config.get("data") or {}) + _build_errors(config, defaults or {})
     if errors:
         raise ValueError(f"{source}: invalid hub_config:\n  - " + "\n  - ".join(errors))
     return config
@@ -195,7 +199,7 @@ def _data_errors(data: dict[str, Any]) -> list[str]:
     return errors
 
 
-def _build_errors(config: dict[str, Any]) -> list[str]:
+def _build_errors(config: dict[str, Any], defaults: Mapping[str, Any]) -> list[str]:
     """Build what the file describes: the backbone name (checked against timm), the loss, the TrainingConfig."""
     from .models import check_backbone_name
 
@@ -213,11 +217,12 @@ def _build_errors(config: dict[str, Any]) -> list[str]:
             if k != "name" and k not in accepted:
                 errors.append(f"'loss.{k}' does not apply to loss {name} (valid: {list(accepted)})")
         if not errors:
+            values = {**defaults, **options}
             try:
-                _build_loss_by_name(name, options, num_classes=2, embedding_size=options.get("embedding_size", 8))
+                _build_loss_by_name(name, values, num_classes=2, embedding_size=values.get("embedding_size") or 8)
             except (ValueError, TypeError) as e:
                 errors.append(f"'loss': {e}")
-    training = {k: v for k, v in options.items() if _owner(k) is TrainingConfig}
+    training = {k: v for k, v in {**defaults, **options}.items() if _owner(k) is TrainingConfig}
     try:
         TrainingConfig.from_dict(training)
     except (ValueError, TypeError) as e:
@@ -245,13 +250,17 @@ def merge_hub_configs(*configs: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load_hub_config(path: str | Path, *, partial: bool = False) -> dict[str, Any]:
+def load_hub_config(
+    path: str | Path, *, partial: bool = False, defaults: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """Read and validate a hub_config YAML file (see the module docstring for the schema).
 
     Args:
         path: The YAML file, or a bare name looked up as ``hub_configs/<name>.yaml`` from the working directory.
         partial: Accept an override file with only the keys it changes (no required key; ``name``, when given,
             must still equal the file name).
+        defaults: Values of the options the file leaves out, used to build its objects (see
+            :func:`validate_hub_config`).
 
     Returns:
         The configuration as a plain nested dict.
@@ -267,7 +276,7 @@ def load_hub_config(path: str | Path, *, partial: bool = False) -> dict[str, Any
         config = yaml.safe_load(p.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
         raise ValueError(f"{p}: not valid YAML: {e}") from e
-    validate_hub_config(config, source=str(p), partial=partial)
+    validate_hub_config(config, source=str(p), partial=partial, defaults=defaults)
     if (not partial or "name" in config) and config["name"] != p.stem:
         raise ValueError(f"{p}: 'name' must equal the file name without .yaml ({p.stem!r}); got {config['name']!r}")
     return config

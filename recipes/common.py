@@ -120,10 +120,11 @@ def parse_with_config(
     known, _ = pre.parse_known_args(argv)
     hub_config: dict[str, Any] = {}
     if known.config:
+        defaults = {a.dest: a.default for a in parser._actions}  # the options the files leave out
         try:
-            files = [hc.load_hub_config(path, partial=True) for path in known.config]
+            files = [hc.load_hub_config(path, partial=True, defaults=defaults) for path in known.config]
             hub_config = hc.validate_hub_config(
-                hc.merge_hub_configs(*files), source=" + ".join(known.config), partial=True
+                hc.merge_hub_configs(*files), source=" + ".join(known.config), partial=True, defaults=defaults
             )
         except (ValueError, FileNotFoundError) as e:
             parser.error(f"--config: {e}")

@@ -394,6 +394,10 @@ def test_partial_override_config_files(tmp_path):
     args, hub_config = common.parse_with_config(_parser("train_happier")[1], ["--config", str(override)])
     assert args.epochs == 7 and args.backbone == "test_resnet"
     assert hub_config == {"training": {"epochs": 7}, "optimizer": {"lr_head": 0.5}}
+    # the options a file leaves out are the recipe's: warmup_epochs 11 < the recipe's 12 epochs (TrainingConfig: 10)
+    override.write_text("training: {warmup_epochs: 11}\n")
+    args, _ = common.parse_with_config(_parser("train_happier")[1], ["--config", str(override)])
+    assert args.warmup_epochs == 11 and common.training_config(args).epochs == 12
     # a loss the recipe does not train is refused
     with pytest.raises(SystemExit):
         roadmap = ROOT / "hub_configs" / "roadmap_sop.yaml"
