@@ -16,7 +16,19 @@ import numpy as np
 
 from .._validation import check_choice, check_positive
 
-__all__ = ["OptionCheck", "TrainingConfig", "option"]
+__all__ = [
+    "OptionCheck",
+    "TrainingConfig",
+    "field_default",
+    "is_bool",
+    "is_choice",
+    "is_int",
+    "is_number",
+    "is_str",
+    "list_of",
+    "option",
+    "optional",
+]
 
 OptimizerType = Literal["adam", "adamw", "sgd"]
 SchedulerType = Literal["cosine", "constant"]
@@ -42,20 +54,25 @@ class OptionCheck:
 
 
 def is_bool() -> OptionCheck:
+    """A YAML boolean (not 0/1)."""
     return OptionCheck(lambda v: isinstance(v, bool), "a bool")
 
 
 def is_str(expected: str = "a non-empty string") -> OptionCheck:
+    """A non-empty string; ``expected`` is what the error message says."""
     return OptionCheck(lambda v: isinstance(v, str) and bool(v), expected)
 
 
 def is_int(low: int = 0) -> OptionCheck:
+    """An int (not a bool) ``>= low``."""
     return OptionCheck(lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low, f"an int >= {low}")
 
 
 def is_number(
     low: float = 0.0, *, strict: bool = False, high: float = math.inf, open_high: bool = False
 ) -> OptionCheck:
+    """A finite real number ``>= low`` (``> low`` if ``strict``) and ``<= high`` (``< high`` if ``open_high``)."""
+
     def check(v: Any) -> bool:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
             return False
@@ -70,14 +87,17 @@ def is_number(
 
 
 def is_choice(*values: Any) -> OptionCheck:
+    """One of ``values`` (also the argparse ``choices=``)."""
     return OptionCheck(lambda v: v in values, f"one of {', '.join(map(str, values))}", tuple(values))
 
 
 def optional(check: OptionCheck) -> OptionCheck:
+    """``None`` (YAML ``null``) or a value passing ``check``."""
     return OptionCheck(lambda v: v is None or check(v), f"null or {check.expected}", check.choices)
 
 
 def list_of(check: OptionCheck, expected: str, min_len: int = 1) -> OptionCheck:
+    """A list (or tuple) of at least ``min_len`` items passing ``check``."""
     return OptionCheck(lambda v: isinstance(v, (list, tuple)) and len(v) >= min_len and all(map(check, v)), expected)
 
 
