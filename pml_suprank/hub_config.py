@@ -1,10 +1,17 @@
 """hub_configs: one YAML file per published setting (paper hyper-parameters, dataset, Hub metadata, paper numbers).
 
-A hub_config is plain YAML with the sections below. Every key of the option sections is the name of a recipe
-option (``recipes/train_happier.py --help``), so ``--config file.yaml`` simply sets the recipe's defaults; ``name``,
-``description``, ``notes``, ``loss.name`` and the whole ``hub`` section are metadata (model card, bookkeeping).
+A hub_config is plain YAML with the sections below. Every key of the option sections is a field of the option
+dataclasses of :mod:`pml_suprank.training` (``TrainingConfig``, ``ModelOptions``, ``DataOptions``, ``LossOptions``,
+``RunOptions``) and the name of a recipe option (``recipes/train_happier.py --help``, ``loss.name`` is ``--loss``), so
+``--config file.yaml`` simply sets the recipe's defaults; ``name``, ``description``, ``notes`` and the whole ``hub``
+section are metadata (model card, bookkeeping). :data:`HUB_CONFIG_SCHEMA` is derived from those dataclasses, and a
+file is validated by building the real objects (``TrainingConfig``, the loss; the backbone name is checked against
+timm without building the network).
 
-Schema (``*`` = required; types in brackets; defaults are the recipes'):
+Files can be partial: ``load_hub_config(path, partial=True)`` accepts a file with only the keys it changes, and
+:func:`merge_hub_configs` lays such files over a base (the recipes' ``--config base.yaml --config override.yaml``).
+
+Schema (``*`` = required in a complete file; types in brackets; defaults are the recipes'):
 
 ``name``\\* [str]
     Identifier; must equal the file name without ``.yaml``.
@@ -12,7 +19,7 @@ Schema (``*`` = required; types in brackets; defaults are the recipes'):
     Free text (deviations from the reference, where the numbers come from, ...).
 ``model``\\*
     ``backbone``\\* [timm name], ``pretrained`` [bool], ``pooling`` [avg | gem | max], ``embedding_size`` [int],
-    ``layer_norm`` [bool], ``freeze_batch_norm`` [bool].
+    ``layer_norm`` [bool], ``freeze_batch_norm`` [bool], ``backbone_kwargs`` [mapping].
 ``data``\\*
     ``dataset``\\* [``"synthetic"``, a Hub dataset id, or a local folder / parquet path], ``label_columns`` [list of
     str, fine → coarse; required unless synthetic], ``train_split`` / ``test_split`` [str, ``"a+b"`` concatenates],
@@ -34,7 +41,8 @@ Schema (``*`` = required; types in brackets; defaults are the recipes'):
 ``memory``
     ``memory_size`` [int, 0 = none], ``memory_warmup_steps`` [int].
 ``training``
-    ``epochs``, ``warmup_epochs`` [backbone frozen], ``seed``, ``grad_clip``, ``mixed_precision`` [no | fp16 | bf16].
+    ``epochs``, ``warmup_epochs`` [backbone frozen], ``seed``, ``grad_clip``, ``mixed_precision`` [no | fp16 | bf16],
+    ``max_train_steps``, ``checkpoint_every``, ``keep_checkpoints``, ``num_workers``, ``log_every``.
 ``evaluation``
     ``k_values`` [list of int], ``eval_every`` [epochs, 0 = end], ``eval_batch_size``.
 ``hub``
@@ -50,10 +58,13 @@ Example:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from .training.config import OptionCheck, TrainingConfig, is_number, is_str, list_of
+from .training.options import LOSS_CLASSES, OPTION_CLASSES, option_fields
+from .training.options import build_loss as _build_loss_by_name
 
 __all__ = [
     "HUB_CONFIG_SCHEMA",
@@ -64,159 +75,92 @@ __all__ = [
     "flat_options",
     "load_hub_config",
     "loss_kwargs",
+    "merge_hub_configs",
     "model_kwargs",
+    "nest_options",
+    "recipe_options",
     "validate_hub_config",
 ]
 
-# value checkers -------------------------------------------------------------------------------------------------------
+
+def _results(v: Any) -> bool:
+    return isinstance(v, Mapping) and all(is_str()(k) and is_number(0.0, high=100.0)(x) for k, x in v.items())
 
 
-def _str(v):
-    return isinstance(v, str) and bool(v)
-
-
-def _bool(v):
-    return isinstance(v, bool)
-
-
-def _int(low=0):
-    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low
-
-
-def _num(low=0.0, strict=False, high=math.inf):
-    def check(v):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
-            return False
-        return (v > low if strict else v >= low) and v <= high
-
-    return check
-
-
-def _opt(check):
-    return lambda v: v is None or check(v)
-
-
-def _choice(*values):
-    f = lambda v: v in values  # noqa: E731
-    f.choices = values
-    return f
-
-
-def _list_of(check, min_len=1):
-    return lambda v: isinstance(v, list) and len(v) >= min_len and all(check(x) for x in v)
-
-
-def _pair(v):
-    return isinstance(v, list) and len(v) == 2 and all(_num(0, strict=True, high=1)(x) for x in v) and v[0] <= v[1]
-
-
-def _str_or_list(v):
-    return _str(v) or _list_of(_str)(v)
-
-
-def _results(v):
-    return isinstance(v, Mapping) and all(_str(k) and _num(0.0, high=100.0)(x) for k, x in v.items())
-
-
-# (checker, description) per key; the description is used in error messages
-HUB_CONFIG_SCHEMA: dict[str, dict[str, tuple[Any, str]]] = {
-    "model": {
-        "backbone": (_str, "a timm model name"),
-        "pretrained": (_bool, "a bool"),
-        "pooling": (_choice("avg", "gem", "max"), "one of avg, gem, max"),
-        "embedding_size": (_int(1), "an int >= 1"),
-        "layer_norm": (_bool, "a bool"),
-        "freeze_batch_norm": (_bool, "a bool"),
-    },
-    "data": {
-        "dataset": (_str, "'synthetic', a Hub dataset id or a local path"),
-        "label_columns": (_list_of(_str), "a non-empty list of column names (fine → coarse)"),
-        "train_split": (_str, "a split name"),
-        "test_split": (_str, "a split name"),
-        "image_size": (_int(8), "an int >= 8"),
-        "crop_scale": (_pair, "two numbers 0 < low <= high <= 1"),
-        "num_per_class": (_int(1), "an int >= 1"),
-        "open_set": (_bool, "a bool"),
-        "train_classes_per_coarse": (_int(1), "an int >= 1"),
-        "train_class_fraction": (_num(0.0, strict=True, high=0.999), "a number in (0, 1)"),
-    },
-    "loss": {
-        "name": (_choice("HAPPIER", "ROADMAP", "ROD-NDCG"), "one of HAPPIER, ROADMAP, ROD-NDCG"),
-        "decomposability": (_choice("calibration", "proxy"), "one of calibration, proxy"),
-        "decomposability_weight": (_num(0.0, high=1.0), "a number in [0, 1]"),
-        "alpha": (_num(0.0, strict=True), "a number > 0"),
-        "tau": (_num(0.0, strict=True), "a number > 0"),
-        "rho": (_num(0.0), "a number >= 0"),
-        "delta": (_num(0.0), "a number >= 0"),
-        "start": (_num(0.0, high=1.0), "a number in [0, 1]"),
-        "offset": (_opt(_num(0.0)), "null or a number >= 0"),
-    },
-    "optimizer": {
-        "optimizer": (_choice("adam", "adamw", "sgd"), "one of adam, adamw, sgd"),
-        "lr_backbone": (_num(0.0), "a number >= 0"),
-        "lr_head": (_num(0.0), "a number >= 0"),
-        "lr_proxies": (_num(0.0), "a number >= 0"),
-        "weight_decay": (_num(0.0), "a number >= 0"),
-        "proxies_weight_decay": (_num(0.0), "a number >= 0"),
-        "momentum": (_num(0.0, high=1.0), "a number in [0, 1]"),
-    },
-    "scheduler": {
-        "scheduler": (_choice("cosine", "constant"), "one of cosine, constant"),
-        "min_lr_ratio": (_num(0.0, high=1.0), "a number in [0, 1]"),
-    },
-    "sampler_options": {
-        "sampler": (_choice("m_per_class", "hierarchical"), "one of m_per_class, hierarchical"),
-        "batch_size": (_int(2), "an int >= 2"),
-        "samples_per_class": (_int(2), "an int >= 2"),
-        "batches_per_super_tuple": (_int(1), "an int >= 1"),
-        "super_classes_per_batch": (_int(1), "an int >= 1"),
-    },
-    "memory": {
-        "memory_size": (_int(0), "an int >= 0"),
-        "memory_warmup_steps": (_int(0), "an int >= 0"),
-    },
-    "training": {
-        "epochs": (_int(1), "an int >= 1"),
-        "warmup_epochs": (_int(0), "an int >= 0"),
-        "seed": (_int(0), "an int >= 0"),
-        "grad_clip": (_opt(_num(0.0, strict=True)), "null or a number > 0"),
-        "mixed_precision": (_choice("no", "fp16", "bf16"), "one of no, fp16, bf16"),
-    },
-    "evaluation": {
-        "k_values": (_list_of(_int(1)), "a non-empty list of ints >= 1"),
-        "eval_every": (_int(0), "an int >= 0"),
-        "eval_batch_size": (_int(1), "an int >= 1"),
-    },
-    "hub": {
-        "tags": (_list_of(_str, 0), "a list of strings"),
-        "license": (_str, "a license id such as mit"),
-        "datasets": (_list_of(_str, 0), "a list of Hub dataset ids"),
-        "paper": (_str, "the paper title"),
-        "paper_url": (_str, "a URL"),
-        "paper_table": (_str, "where the paper numbers come from"),
-        "paper_results": (_results, "a mapping metric key -> number in [0, 100] (percent)"),
-    },
+_HUB_SECTION: dict[str, OptionCheck] = {
+    "tags": list_of(is_str(), "a list of strings", min_len=0),
+    "license": is_str("a license id such as mit"),
+    "datasets": list_of(is_str(), "a list of Hub dataset ids", min_len=0),
+    "paper": is_str("the paper title"),
+    "paper_url": is_str("a URL"),
+    "paper_table": is_str("where the paper numbers come from"),
+    "paper_results": OptionCheck(_results, "a mapping metric key -> number in [0, 100] (percent)"),
 }
+
+
+def _option_locations() -> dict[tuple[str, str], tuple[type, str]]:
+    """``(section, key)`` of every file option → ``(option class, field name)``."""
+    out = {}
+    for cls, f in option_fields(*OPTION_CLASSES):
+        if f.metadata.get("section") is not None:
+            out[(f.metadata["section"], f.metadata["key"] or f.name)] = (cls, f.name)
+    return out
+
+
+_LOCATIONS = _option_locations()
+_SECTIONS = ("model", "data", "loss", "optimizer", "scheduler", "sampler_options", "memory", "training", "evaluation")
+
+
+def _derive_schema() -> dict[str, dict[str, tuple[Any, str]]]:
+    schema: dict[str, dict[str, tuple[Any, str]]] = {s: {} for s in _SECTIONS}
+    checks = {f.name: f.metadata["check"] for _, f in option_fields(*OPTION_CLASSES)}
+    for (section, key), (_, name) in _LOCATIONS.items():
+        schema[section][key] = (checks[name], checks[name].expected)
+    schema["hub"] = {k: (c, c.expected) for k, c in _HUB_SECTION.items()}
+    return schema
+
+
+#: ``{section: {key: (check, expectation)}}``, derived from the option dataclasses (``hub``: model-card metadata)
+HUB_CONFIG_SCHEMA: dict[str, dict[str, tuple[Any, str]]] = _derive_schema()
 _REQUIRED = {"model": ("backbone",), "data": ("dataset",), "loss": ("name",)}
-_TOP_LEVEL = {"name": _str, "description": _str, "notes": _str_or_list}
-
-#: loss name of a hub_config → (module attribute in pml_suprank.losses, keys it accepts)
-LOSS_CLASSES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "HAPPIER": ("HAPPIERLoss", ("decomposability_weight", "alpha", "tau", "rho", "delta", "start", "offset")),
-    "ROADMAP": ("ROADMAPLoss", ("decomposability", "decomposability_weight", "tau", "rho", "delta", "start", "offset")),
-    "ROD-NDCG": ("RODNDCGLoss", ("decomposability_weight", "tau", "rho", "delta", "start", "offset")),
+_TOP_LEVEL = {
+    "name": is_str(),
+    "description": is_str(),
+    "notes": OptionCheck(lambda v: is_str()(v) or list_of(is_str(), "")(v), "a string or a list of strings"),
 }
 
 
-def validate_hub_config(config: Any, source: str = "hub_config") -> dict[str, Any]:
-    """Check ``config`` against :data:`HUB_CONFIG_SCHEMA`; return it unchanged (a plain dict) or raise ``ValueError``.
+def validate_hub_config(
+    config: Any, source: str = "hub_config", *, partial: bool = False, defaults: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Check ``config`` against :data:`HUB_CONFIG_SCHEMA` and by building its objects; return it unchanged (a plain
+    dict) or raise ``ValueError``.
 
     Every error names the file, the key, what was expected and what was found; unknown sections and keys are
-    errors (a typo must not be silently ignored).
+    errors (a typo must not be silently ignored). ``partial=True`` accepts an override file without the required
+    keys (``name``, ``model.backbone``, ``data.dataset``, ``loss.name``). ``defaults`` (option name → value, e.g. a
+    recipe's defaults) fill the options the file leaves out when the objects are built; default: the dataclass
+    defaults.
     """
     if not isinstance(config, dict):
         raise ValueError(f"{source}: a hub_config must be a YAML mapping; got {type(config).__name__}")
-    errors: list[str] = []
+    errors = _schema_errors(config)
+    if not partial:
+        if "name" not in config:
+            errors.append("missing required key 'name'")
+        for section, keys in _REQUIRED.items():
+            for k in keys:
+                if not isinstance(config.get(section), dict) or k not in config[section]:
+                    errors.append(f"missing required key '{section}.{k}'")
+    if not errors:
+        errors += _data_errors(config.get("data") or {}) + _build_errors(config, defaults or {})
+    if errors:
+        raise ValueError(f"{source}: invalid hub_config:\n  - " + "\n  - ".join(errors))
+    return config
+
+
+def _schema_errors(config: dict[str, Any]) -> list[str]:
+    errors = []
     for key, value in config.items():
         if key in _TOP_LEVEL:
             if not _TOP_LEVEL[key](value):
@@ -233,64 +177,90 @@ def validate_hub_config(config: Any, source: str = "hub_config") -> dict[str, An
                     errors.append(f"'{key}.{sub}' must be {allowed[sub][1]}; got {v!r}")
         else:
             errors.append(f"unknown top-level key '{key}' (valid: {sorted([*_TOP_LEVEL, *HUB_CONFIG_SCHEMA])})")
-    if "name" not in config:
-        errors.append("missing required key 'name'")
-    for section, keys in _REQUIRED.items():
-        for k in keys:
-            if not isinstance(config.get(section), dict) or k not in config[section]:
-                errors.append(f"missing required key '{section}.{k}'")
-    if not errors:
-        errors += _cross_checks(config)
-    if errors:
-        raise ValueError(f"{source}: invalid hub_config:\n  - " + "\n  - ".join(errors))
-    return config
+    return errors
 
 
-def _cross_checks(config: dict[str, Any]) -> list[str]:
+def _data_errors(data: dict[str, Any]) -> list[str]:
     errors = []
-    data, loss = config["data"], config["loss"]
-    from .models import check_backbone_name
-
-    try:
-        check_backbone_name(config["model"]["backbone"])
-    except (ValueError, TypeError) as e:
-        errors.append(f"'model.backbone': {e}")
-    if data["dataset"] != "synthetic" and "label_columns" not in data:
+    dataset = data.get("dataset")
+    if dataset is not None and dataset != "synthetic" and "label_columns" not in data:
         errors.append("'data.label_columns' is required unless data.dataset is 'synthetic'")
-    if data["dataset"] == "synthetic" and "label_columns" in data:
+    if dataset == "synthetic" and "label_columns" in data:
         errors.append("'data.label_columns' must not be set for the synthetic dataset (fine_label, coarse_label)")
     rules = [k for k in ("train_classes_per_coarse", "train_class_fraction") if k in data]
     if len(rules) > 1:
         errors.append(f"'data' sets both {rules}; give one open-set rule")
     if rules and not data.get("open_set", False):
         errors.append(f"'data.{rules[0]}' needs 'data.open_set: true'")
-    if rules and data["dataset"] == "synthetic":
+    if rules and dataset == "synthetic":
         errors.append("the synthetic dataset has its own open-set split; drop the open-set rule")
     if "train_classes_per_coarse" in data and len(data.get("label_columns", [])) < 2:
         errors.append("'data.train_classes_per_coarse' needs at least two label_columns (fine and coarse)")
-    accepted = LOSS_CLASSES[loss["name"]][1]
-    for k in loss:
-        if k != "name" and k not in accepted:
-            errors.append(f"'loss.{k}' does not apply to loss {loss['name']} (valid: {list(accepted)})")
-    sampler = config.get("sampler_options", {})
-    if "batch_size" in sampler and "samples_per_class" in sampler:
-        if sampler["batch_size"] % sampler["samples_per_class"]:
-            errors.append(
-                f"'sampler_options.batch_size' ({sampler['batch_size']}) must be a multiple of "
-                f"'samples_per_class' ({sampler['samples_per_class']})"
-            )
-    epochs = config.get("training", {}).get("epochs")
-    warm = config.get("training", {}).get("warmup_epochs", 0)
-    if epochs is not None and warm >= epochs:
-        errors.append(f"'training.warmup_epochs' ({warm}) must be smaller than 'training.epochs' ({epochs})")
     return errors
 
 
-def load_hub_config(path: str | Path) -> dict[str, Any]:
+def _build_errors(config: dict[str, Any], defaults: Mapping[str, Any]) -> list[str]:
+    """Build what the file describes: the backbone name (checked against timm), the loss, the TrainingConfig."""
+    from .models import check_backbone_name
+
+    errors = []
+    options = recipe_options(config)
+    if "backbone" in options:
+        try:
+            check_backbone_name(options["backbone"])
+        except (ValueError, TypeError) as e:
+            errors.append(f"'model.backbone': {e}")
+    name = options.get("loss")
+    if name is not None:
+        accepted = LOSS_CLASSES[name][1]
+        for k in config.get("loss") or {}:
+            if k != "name" and k not in accepted:
+                errors.append(f"'loss.{k}' does not apply to loss {name} (valid: {list(accepted)})")
+        if not errors:
+            values = {**defaults, **options}
+            try:
+                _build_loss_by_name(name, values, num_classes=2, embedding_size=values.get("embedding_size") or 8)
+            except (ValueError, TypeError) as e:
+                errors.append(f"'loss': {e}")
+    training = {k: v for k, v in {**defaults, **options}.items() if _owner(k) is TrainingConfig}
+    try:
+        TrainingConfig.from_dict(training)
+    except (ValueError, TypeError) as e:
+        errors.append(f"training options: {e}")
+    return errors
+
+
+def _owner(name: str) -> type | None:
+    for cls, field_name in _LOCATIONS.values():
+        if field_name == name:
+            return cls
+    return None
+
+
+def merge_hub_configs(*configs: Mapping[str, Any]) -> dict[str, Any]:
+    """Lay ``configs`` over each other in order: later sections' keys replace earlier ones, top-level values
+    (``name``, ``notes``...) are replaced whole. Returns a new dict; the inputs are not modified."""
+    out: dict[str, Any] = {}
+    for cfg in configs:
+        for key, value in cfg.items():
+            if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+                out[key] = {**out[key], **value}
+            else:
+                out[key] = dict(value) if isinstance(value, Mapping) else value
+    return out
+
+
+def load_hub_config(
+    path: str | Path, *, partial: bool = False, defaults: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """Read and validate a hub_config YAML file (see the module docstring for the schema).
 
     Args:
         path: The YAML file, or a bare name looked up as ``hub_configs/<name>.yaml`` from the working directory.
+        partial: Accept an override file with only the keys it changes (no required key; ``name``, when given,
+            must still equal the file name).
+        defaults: Values of the options the file leaves out, used to build its objects (see
+            :func:`validate_hub_config`).
 
     Returns:
         The configuration as a plain nested dict.
@@ -306,29 +276,47 @@ def load_hub_config(path: str | Path) -> dict[str, Any]:
         config = yaml.safe_load(p.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
         raise ValueError(f"{p}: not valid YAML: {e}") from e
-    validate_hub_config(config, source=str(p))
-    if config["name"] != p.stem:
+    validate_hub_config(config, source=str(p), partial=partial, defaults=defaults)
+    if (not partial or "name" in config) and config["name"] != p.stem:
         raise ValueError(f"{p}: 'name' must equal the file name without .yaml ({p.stem!r}); got {config['name']!r}")
     return config
 
 
+def recipe_options(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The option sections as ``{option name: value}`` (the recipes' argparse destinations; ``loss.name`` →
+    ``loss``); the metadata (``name``, ``hub``...) is dropped."""
+    out: dict[str, Any] = {}
+    for section in _SECTIONS:
+        for k, v in (config.get(section) or {}).items():
+            if (section, k) in _LOCATIONS:
+                out[_LOCATIONS[(section, k)][1]] = v
+    return out
+
+
 def flat_options(config: Mapping[str, Any]) -> dict[str, Any]:
     """The option sections flattened to ``{recipe option: value}`` (metadata — ``hub``, ``loss.name`` — dropped)."""
+    out = recipe_options(config)
+    out.pop("loss", None)
+    return out
+
+
+def nest_options(values: Mapping[str, Any], *, drop_none: bool = True) -> dict[str, Any]:
+    """The inverse of :func:`recipe_options`: option values (e.g. ``vars(args)``) as hub_config sections; names
+    that are no file option are ignored, and so are ``None`` values with ``drop_none``."""
+    where = {name: (section, key) for (section, key), (_, name) in _LOCATIONS.items()}
     out: dict[str, Any] = {}
-    for section in HUB_CONFIG_SCHEMA:
-        if section == "hub":
-            continue
-        for k, v in (config.get(section) or {}).items():
-            if section == "loss" and k == "name":
-                continue
-            out[k] = v
+    for name, value in values.items():
+        if name in where and not (drop_none and value is None):
+            section, key = where[name]
+            out.setdefault(section, {})[key] = list(value) if isinstance(value, tuple) else value
     return out
 
 
 def model_kwargs(config: Mapping[str, Any], **overrides: Any) -> dict[str, Any]:
     """Constructor kwargs of :class:`pml_suprank.models.RetrievalModel` for this setting."""
     model = dict(config.get("model") or {})
-    kwargs = {k: model[k] for k in ("backbone", "pretrained", "pooling", "embedding_size", "layer_norm") if k in model}
+    keys = ("backbone", "pretrained", "pooling", "embedding_size", "layer_norm", "backbone_kwargs")
+    kwargs = {k: model[k] for k in keys if k in model}
     image_size = (config.get("data") or {}).get("image_size")
     if image_size is not None:
         kwargs["image_size"] = image_size
@@ -342,17 +330,12 @@ def loss_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def build_loss(config: Mapping[str, Any], num_classes: int, embedding_size: int) -> Any:
-    """Instantiate the setting's loss (``HAPPIERLoss``, ``ROADMAPLoss`` or ``RODNDCGLoss``)."""
-    from . import losses
-
+    """Instantiate the setting's loss (``HAPPIERLoss``, ``ROADMAPLoss`` or ``RODNDCGLoss``) with the one loss builder
+    :func:`pml_suprank.training.build_loss`."""
     name = (config.get("loss") or {}).get("name")
     if name not in LOSS_CLASSES:
         raise ValueError(f"loss.name must be one of {sorted(LOSS_CLASSES)}; got {name!r}")
-    cls = getattr(losses, LOSS_CLASSES[name][0])
-    kwargs = loss_kwargs(config)
-    if name == "ROADMAP" and kwargs.get("decomposability", "calibration") == "calibration":
-        return cls(**kwargs)
-    return cls(num_classes=num_classes, embedding_size=embedding_size, **kwargs)
+    return _build_loss_by_name(name, loss_kwargs(config), num_classes, embedding_size)
 
 
 def dataset_kwargs(config: Mapping[str, Any], part: str) -> dict[str, Any]:

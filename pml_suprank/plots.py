@@ -58,6 +58,22 @@ def _query_subset(n: int, max_queries: int | None, seed: int) -> Tensor:
     return torch.randperm(n, generator=g)[:max_queries].sort().values
 
 
+def _finish_pr_axes(ax: Any, title: str, legend_fontsize: int) -> None:
+    """Axes, grid and legend of a precision-recall figure."""
+    ax.set(xlabel="recall", ylabel="precision", xlim=(0, 1), ylim=(0, 1.02), title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper right", fontsize=legend_fontsize)
+
+
+def _save(plt: Any, fig: Any, path: str | Path) -> Path:
+    """Lay out ``fig``, write it to ``path`` and close it."""
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def precision_recall_curve(
     embeddings: Tensor,
     labels: Tensor,
@@ -143,14 +159,8 @@ def plot_precision_recall(
         r, p = precision_recall_curve(emb, labels, level=level, max_queries=max_queries, seed=seed)
         area = float(np.sum((r[1:] - r[:-1]) * (p[1:] + p[:-1]) / 2))
         ax.plot(r, p, label=f"{name} (area {area:.3f})")
-    ax.set(xlabel="recall", ylabel="precision", xlim=(0, 1), ylim=(0, 1.02), title=title)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="upper right", fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    _finish_pr_axes(ax, title, legend_fontsize=8)
+    return _save(plt, fig, path)
 
 
 def plot_hierarchical_precision_recall(
@@ -176,20 +186,8 @@ def plot_hierarchical_precision_recall(
         for l in range(labels.shape[1]):
             r, p = precision_recall_curve(emb, labels, level=l, max_queries=max_queries, seed=seed)
             ax.plot(r, p, color=colours[l % len(colours)], ls=styles[j % len(styles)], label=f"{names[l]} ({cname})")
-    ax.set(
-        xlabel="recall",
-        ylabel="precision",
-        xlim=(0, 1),
-        ylim=(0, 1.02),
-        title="Hierarchical precision-recall (per level)",
-    )
-    ax.grid(alpha=0.3)
-    ax.legend(loc="upper right", fontsize=7)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    _finish_pr_axes(ax, "Hierarchical precision-recall (per level)", legend_fontsize=7)
+    return _save(plt, fig, path)
 
 
 def _project_2d(x: np.ndarray, method: str, seed: int) -> tuple[np.ndarray, str]:
@@ -251,11 +249,7 @@ def plot_embedding_map(
     coarse_name = label_names[-1] if label_names else "coarse class"
     ax.set(title=f"Class means ({used}), coloured by {coarse_name}", xticks=[], yticks=[])
     ax.legend(fontsize=7, loc="best", markerscale=0.8)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def _image_array(dataset: Any, index: int, mean: Sequence[float] | None, std: Sequence[float] | None) -> np.ndarray:
@@ -318,11 +312,7 @@ def plot_retrieval_grid(
             if row == 0:
                 ax.set_title("query" if col == 0 else f"#{col}", fontsize=8)
     fig.suptitle("Retrieval: green = same fine, orange = same coarse, red = negative", fontsize=9)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def _relation(a: Tensor, b: Tensor) -> str:

@@ -13,64 +13,28 @@
 ########################################################################
 from __future__ import annotations
 
-import argparse
-import sys
-from pathlib import Path
+import os
+
+# Spinning OpenMP threads make small ops 10-20x slower on a shared or busy CPU; sleeping waits cost nothing on an
+# idle one. Set here, before recipes/common.py imports torch; an explicit setting by the user wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # noqa: TID251 - recipes may configure the process
+
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402  (recipes/common.py: argparse, config, the whole job)
 
-# The no-argument run: tiny backbone, small images, fast on 2 CPU cores.
-DEFAULTS = {
-    "output_dir": "outputs/roadmap_synthetic",
-    "backbone": "test_resnet",
-    "image_size": 48,
-    "num_per_class": 32,
-    "crop_scale": [0.5, 1.0],
-    "embedding_size": 128,
-    "epochs": 12,
-    "batch_size": 64,
-    "lr_backbone": 1e-3,
-    "lr_head": 2e-3,
-    "lr_proxies": 10.0,
-    "weight_decay": 1e-4,
-    "warmup_epochs": 0,
-    "eval_every": 4,
-}
-
-
-def make_loss(args: argparse.Namespace, num_classes: int, embedding_size: int, train_dataset) -> object:
-    from pml_suprank import losses
-
-    # New Code #
-    # ROADMAP = SupAP + a decomposability term; "calibration" has no parameters, "proxy" adds ClusterLoss proxies
-    # (one per fine class) that pml_suprank.training puts in their own optimizer group.
-    kwargs = {}
-    if args.decomposability == "proxy":
-        kwargs = {"num_classes": num_classes, "embedding_size": embedding_size}
-    return losses.ROADMAPLoss(
-        decomposability=args.decomposability,
-        decomposability_weight=args.decomposability_weight,
-        **common.suprank_kwargs(args),
-        **kwargs,
-    )
+DEFAULTS = {**common.NO_ARGUMENT_RUN, "output_dir": "outputs/roadmap_synthetic"}  # the run without arguments
+# ROADMAP = SupAP + a decomposability term; "calibration" has no parameters, "proxy" adds ClusterLoss proxies (one per
+# fine class) in their own optimizer group.
+LOSSES = ("ROADMAP",)
+DESCRIPTION = "Train a retrieval model with ROADMAP (SupAP + L_DG)."
 
 
 def main(argv: list[str] | None = None) -> dict | None:
-    parser = argparse.ArgumentParser(description="Train a retrieval model with ROADMAP (SupAP + L_DG).")
-    common.add_common_arguments(parser, DEFAULTS)
-    g = parser.add_argument_group("ROADMAP loss")
-    g.add_argument("--loss", type=str, default="ROADMAP", choices=["ROADMAP"], help="the loss of this recipe")
-    g.add_argument(
-        "--decomposability",
-        type=str,
-        default="calibration",
-        choices=["calibration", "proxy"],
-        help="L_DG on pairs (NeurIPS 2021) or ClusterLoss proxies (SupRank, TPAMI)",
-    )
-    args, hub_config = common.parse_with_config(parser, argv)
-    return common.run(args, hub_config, make_loss, loss_name="ROADMAP", hierarchical_labels=False)
+    return common.main(argv, DESCRIPTION, DEFAULTS, LOSSES)
 
 
 if __name__ == "__main__":

@@ -12,12 +12,16 @@ import yaml
 
 from pml_suprank.hub_config import (
     HUB_CONFIG_SCHEMA,
+    LOSS_CLASSES,
     build_dataset,
     build_loss,
     dataset_kwargs,
     flat_options,
     load_hub_config,
+    merge_hub_configs,
     model_kwargs,
+    nest_options,
+    recipe_options,
     validate_hub_config,
 )
 from pml_suprank.models import RetrievalModel
@@ -169,7 +173,9 @@ def _base():
         (lambda c: c["data"].update(train_classes_per_coarse=3, train_class_fraction=0.5), "give one open-set rule"),
         (lambda c: c["data"].update(open_set=False, train_class_fraction=0.5), "needs 'data.open_set: true'"),
         (lambda c: c["sampler_options"].update(batch_size=255), "must be a multiple"),
-        (lambda c: c["training"].update(warmup_epochs=100), "must be smaller"),
+        (lambda c: c["training"].update(warmup_epochs=100), "warmup_epochs must be < epochs"),  # TrainingConfig's
+        (lambda c: c["loss"].update(tau=0.0), "'loss.tau' must be a number > 0"),
+        (lambda c: c["evaluation"].update(eval_batch_size=0), "'evaluation.eval_batch_size' must be an int >= 1"),
         (lambda c: c["hub"].update(paper_results={"h_ap": 0.594 * 1000}), "paper_results"),
         (lambda c: c.update(model=[1, 2]), "section 'model' must be a mapping"),
     ],
@@ -196,3 +202,70 @@ def test_loader_file_errors(tmp_path):
     scalar.write_text("3")
     with pytest.raises(ValueError, match="must be a YAML mapping"):
         load_hub_config(scalar)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# the schema is derived from the option dataclasses; partial files; the one loss builder
+# ------------------------------------------------------------------------------------------------------------------
+def test_schema_is_derived_from_the_option_dataclasses():
+    from dataclasses import fields
+
+    from pml_suprank.training import TrainingConfig
+    from pml_suprank.training.options import OPTION_CLASSES
+
+    located = {(f.metadata["section"], f.metadata["key"] or f.name) for c in OPTION_CLASSES for f in fields(c)}
+    schema_keys = {(s, k) for s, keys in HUB_CONFIG_SCHEMA.items() if s != "hub" for k in keys}
+    assert schema_keys == {loc for loc in located if loc[0] is not None}
+    assert ("loss", "name") in schema_keys and ("evaluation", "eval_batch_size") in schema_keys
+    # the expectation shown in errors comes from the field metadata
+    check, expected = HUB_CONFIG_SCHEMA["sampler_options"]["batch_size"]
+    assert expected == "an int >= 2" and check(64) and not check(1) and not check(True)
+    # every training field of a hub_config reaches TrainingConfig under its own name
+    names = {f.name for f in fields(TrainingConfig)}
+    assert {k for k in flat_options(load_hub_config(ROOT / "happier_sop.yaml"))} & names >= {"epochs", "lr_backbone"}
+
+
+def test_loss_table_and_builder_are_one():
+    assert set(LOSS_CLASSES) == set(HUB_CONFIG_SCHEMA["loss"]["name"][0].choices)
+    assert "alpha" in LOSS_CLASSES["HAPPIER"][1] and "alpha" not in LOSS_CLASSES["ROADMAP"][1]
+    assert "decomposability" in LOSS_CLASSES["ROADMAP"][1] and "decomposability" not in LOSS_CLASSES["ROD-NDCG"][1]
+    from pml_suprank import losses
+    from pml_suprank.training import build_loss as build_by_name
+
+    roadmap = build_by_name("ROADMAP", {"decomposability": "proxy", "alpha": 3.0, "tau": 0.05}, 4, 8)
+    assert isinstance(roadmap, losses.ROADMAPLoss)
+    assert sum(p.numel() for p in roadmap.parameters()) == 4 * 8  # ClusterLoss proxies: one per class
+    assert isinstance(build_by_name("ROADMAP", {"offset": None}, 4, 8), losses.ROADMAPLoss)
+    with pytest.raises(ValueError, match="loss must be one of"):
+        build_by_name("Triplet", {}, 4, 8)
+
+
+def test_partial_override_files(tmp_path):
+    override = tmp_path / "faster.yaml"
+    override.write_text("training: {epochs: 10}\nevaluation: {eval_every: 0}\n")
+    part = load_hub_config(override, partial=True)
+    assert part == {"training": {"epochs": 10}, "evaluation": {"eval_every": 0}}
+    with pytest.raises(ValueError, match="missing required key 'name'"):
+        load_hub_config(override)  # a complete file is required unless partial
+    base = load_hub_config(ROOT / "happier_sop.yaml")
+    merged = merge_hub_configs(base, part)
+    assert merged["training"] == {**base["training"], "epochs": 10} and merged["model"] == base["model"]
+    assert base["training"]["epochs"] == 100  # the inputs are untouched
+    validate_hub_config(merged)
+    # a partial file is still checked key by key and by building the real objects
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("sampler_options: {batch_size: 30, samples_per_class: 4}\n")
+    with pytest.raises(ValueError, match="must be a multiple of samples_per_class"):
+        load_hub_config(bad, partial=True)
+    bad.write_text("loss: {name: ROADMAP, alpha: 2.0}\n")
+    with pytest.raises(ValueError, match="'loss.alpha' does not apply to loss ROADMAP"):
+        load_hub_config(bad, partial=True)
+
+
+def test_recipe_options_round_trip():
+    cfg = load_hub_config(ROOT / "roadmap_sop.yaml")
+    options = recipe_options(cfg)
+    assert options["loss"] == "ROADMAP" and "name" not in options and "paper_results" not in options
+    nested = nest_options({**options, "not_an_option": 1, "grad_clip": None})
+    assert nested["loss"]["name"] == "ROADMAP" and "not_an_option" not in str(nested)
+    assert recipe_options(nested) == options

@@ -266,7 +266,7 @@ def test_torchrun_two_processes_equals_one_process_with_the_global_batch(tmp_pat
         "1",
     ]
     proc = _run(args, check=False)
-    if proc.returncode != 0 and "SIGABRT" in proc.stderr:  # gloo start-up flake seen here (ecosystem.md §3.6)
+    if proc.returncode != 0 and "SIGABRT" in proc.stderr:  # occasional gloo start-up flake on a shared machine
         shutil.rmtree(tmp_path / "two", ignore_errors=True)
         proc = _run(args, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -295,20 +295,9 @@ def _import_recipe(name):
 
 
 def _parser(recipe):
-    import argparse
-
     common = _import_recipe("common")
     module = _import_recipe(recipe)
-    parser = argparse.ArgumentParser()
-    common.add_common_arguments(parser, module.DEFAULTS)
-    group = parser.add_argument_group("loss")
-    if recipe == "train_happier":
-        group.add_argument("--loss", default="HAPPIER", choices=["HAPPIER", "ROD-NDCG"])
-        group.add_argument("--alpha", type=float, default=1.0)
-    else:
-        group.add_argument("--loss", default="ROADMAP", choices=["ROADMAP"])
-        group.add_argument("--decomposability", default="calibration")
-    return common, parser
+    return common, common.build_parser(module.DESCRIPTION, module.DEFAULTS, module.LOSSES)
 
 
 def test_config_yaml_sets_defaults_and_flags_win(tmp_path):
@@ -350,6 +339,86 @@ def test_every_training_hub_config_parses_with_its_recipe(path):
         for key, value in (raw.get(section) or {}).items():
             assert getattr(args, key) == value, (section, key)
     common.training_config(args, hierarchical_labels=True)  # every value is a valid TrainingConfig
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# the generated command line: one flag per option field, help with defaults, snake_case, partial --config files
+# ------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("recipe", ["train_happier", "train_roadmap"])
+def test_flags_are_generated_from_the_option_dataclasses(recipe):
+    from dataclasses import fields
+
+    from pml_suprank.training import DataOptions, ModelOptions, RunOptions, TrainingConfig
+
+    common, parser = _parser(recipe)
+    flags = {s for a in parser._actions for s in a.option_strings}
+    for cls in (TrainingConfig, ModelOptions, DataOptions, RunOptions):
+        for f in fields(cls):
+            if f.metadata["cli"]:
+                assert f"--{f.name}" in flags, f.name
+                assert f.metadata["help"], f.name
+    assert all(flag == flag.lower() and "-" not in flag[2:] for flag in flags if flag.startswith("--"))
+    assert ("--decomposability" in flags) == (recipe == "train_roadmap")
+    text = parser.format_help()
+    assert "(default: 128)" in text  # eval_batch_size: TrainingConfig's default (the old argparse said 256)
+    args = parser.parse_args([])
+    assert args.eval_batch_size == TrainingConfig().eval_batch_size and args.epochs == 12
+    assert common.training_config(args).lr_backbone == 1e-3  # the recipe's no-argument run
+
+
+def test_bool_list_and_dict_flags():
+    _, parser = _parser("train_happier")
+    args = parser.parse_args(
+        ["--pretrained", "true", "--no_plots", "--push_to_hub", "false", "--layer_norm", "no", "--k_values", "1,10,100",
+         "--crop_scale", "0.16,1.0", "--label_columns", "a,b", "--backbone_kwargs", '{"img_size": 64}']
+    )  # fmt: skip
+    assert args.pretrained is True and args.no_plots is True and args.push_to_hub is False and args.layer_norm is False
+    assert args.k_values == [1, 10, 100] and args.crop_scale == [0.16, 1.0] and args.label_columns == ["a", "b"]
+    assert args.backbone_kwargs == {"img_size": 64}
+    assert parser.parse_args(["--crop_scale", "0.5", "1.0"]).crop_scale == [0.5, 1.0]  # the old space-separated form
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--pretrained", "maybe"])
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--loss", "ROADMAP"])  # not a loss of this recipe
+
+
+def test_partial_override_config_files(tmp_path):
+    common, parser = _parser("train_happier")
+    override = tmp_path / "short.yaml"
+    override.write_text("training: {epochs: 7}\noptimizer: {lr_head: 0.5}\n")
+    base = ROOT / "hub_configs" / "happier_sop.yaml"
+    args, hub_config = common.parse_with_config(parser, ["--config", str(base), "--config", str(override)])
+    assert args.epochs == 7 and args.lr_head == 0.5 and args.lr_backbone == 5.0e-5 and args.sampler == "hierarchical"
+    assert hub_config["name"] == "happier_sop" and hub_config["training"]["warmup_epochs"] == 5
+    # an override file alone is laid over the recipe's defaults
+    args, hub_config = common.parse_with_config(_parser("train_happier")[1], ["--config", str(override)])
+    assert args.epochs == 7 and args.backbone == "test_resnet"
+    assert hub_config == {"training": {"epochs": 7}, "optimizer": {"lr_head": 0.5}}
+    # the options a file leaves out are the recipe's: warmup_epochs 11 < the recipe's 12 epochs (TrainingConfig: 10)
+    override.write_text("training: {warmup_epochs: 11}\n")
+    args, _ = common.parse_with_config(_parser("train_happier")[1], ["--config", str(override)])
+    assert args.warmup_epochs == 11 and common.training_config(args).epochs == 12
+    # a loss the recipe does not train is refused
+    with pytest.raises(SystemExit):
+        roadmap = ROOT / "hub_configs" / "roadmap_sop.yaml"
+        common.parse_with_config(_parser("train_happier")[1], ["--config", str(roadmap)])
+
+
+@pytest.mark.parametrize("name", ["train_happier.py", "train_roadmap.py", "evaluate.py", "common.py"])
+def test_every_recipe_sets_a_passive_openmp_wait_policy_before_torch(name):
+    text = (RECIPES / name).read_text()
+    policy = text.index('os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")')
+    for later in ("import torch", "import common", "from pml_suprank"):
+        if later in text:
+            assert policy < text.index(later), later
+
+
+def test_evaluate_help_shows_defaults():
+    evaluate = _import_recipe("evaluate")
+    text = evaluate.build_parser().format_help()
+    assert "--batch_size" in text and "(default: 128)" in text and "--split" in text
+    args = evaluate.build_parser().parse_args(["--model", "m", "--split", "val", "--batch_size", "8", "--cpu"])
+    assert args.test_split == "val" and args.eval_batch_size == 8 and args.cpu is True
 
 
 @pytest.mark.slow

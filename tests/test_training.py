@@ -353,3 +353,52 @@ def test_data_loader_workers_do_not_change_the_result(tmp_path):
     wa, wb = _weights(a.loss_module), _weights(b.loss_module)
     for k in wa:
         torch.testing.assert_close(wb[k], wa[k], rtol=0, atol=0, msg=k)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# package layout: the single source of the options, the re-exports of the former module
+# ------------------------------------------------------------------------------------------------------------------
+def test_every_training_option_is_described_in_one_place():
+    from dataclasses import fields
+
+    from pml_suprank.training.config import field_default
+
+    for f in fields(TrainingConfig):
+        assert isinstance(f.metadata["help"], str) and len(f.metadata["help"]) > 10, f.name
+        if f.metadata["section"] is not None:
+            check = f.metadata["check"]
+            default = field_default(f)
+            assert check(list(default) if isinstance(default, tuple) else default) or default is None, f.name
+    assert set(TrainingConfig().to_dict()) == {f.name for f in fields(TrainingConfig)}
+
+
+def test_former_module_names_are_reexported():
+    import pml_suprank.training as t
+
+    for name in (
+        "CHECKPOINT_PREFIX", "TRAINER_STATE", "CheckpointError", "LossModule", "SeededAugmentation", "Trainer",
+        "TrainingConfig", "build_optimizer", "build_scheduler", "embed_loader", "find_checkpoints",
+        "format_metrics_table", "latest_checkpoint", "validate_checkpoint", "_format_metrics", "_SHORT_KEYS",
+        "_jsonable", "_collate", "_Progress", "_dataset_labels", "_progress", "_infer_dim", "_one_column",
+    ):  # fmt: skip
+        assert hasattr(t, name), name
+    assert t.CHECKPOINT_PREFIX == "step_" and t.TRAINER_STATE == "trainer_state.json"
+    assert t._format_metrics({"h_ap": 0.5, "ap_level0": 0.25}) == "h_ap=0.5000  ap_level0=0.2500"
+
+
+def test_embed_loader_returns_dataset_order_without_accelerator():
+    from pml_suprank.training import embed_loader, make_loader
+
+    class _Tiny(torch.utils.data.Dataset):
+        labels = torch.arange(6)[:, None]
+
+        def __len__(self):
+            return 6
+
+        def __getitem__(self, i):
+            return {"image": torch.full((3,), float(i)), "labels": torch.tensor([i]), "index": i}
+
+    model = nn.Linear(3, 2)
+    emb, labels, idx = embed_loader(model, make_loader(_Tiny(), batch_size=4))
+    assert emb.shape == (6, 2) and labels.shape == (6, 1) and idx.tolist() == list(range(6))
+    torch.testing.assert_close(emb, model(torch.arange(6.0)[:, None].expand(6, 3)).detach())
