@@ -113,7 +113,8 @@ def collate(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
     return {
         "image": torch.stack([it["image"] for it in items]),
-        "labels": torch.stack([it["labels"] for it in items]),
+        # ints, lists or tensors of any integer dtype: one row of label columns per item
+        "labels": torch.stack([torch.as_tensor(it["labels"]).long().reshape(-1) for it in items]),
         "index": torch.tensor([int(it["index"]) for it in items], dtype=torch.long),
     }
 
