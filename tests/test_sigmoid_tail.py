@@ -124,6 +124,24 @@ def test_hierarchical_ranks_with_series_match_dense(monkeypatch, seed, ties):
     torch.testing.assert_close(x1.grad, x2.grad, rtol=0, atol=1e-10)
 
 
+@pytest.mark.parametrize("tau, delta", [(0.001, 0.04), (0.001, 0.1), (0.0002, 0.01)])
+def test_hierarchical_series_small_tau_gradient_finite(monkeypatch, tau, delta):
+    """Small τ (many score bands; ``δ > 50τ`` is the general-step path): the series' backward stays finite (its
+    clamped far-band factors times ``k/τ`` used to overflow to inf·0 = NaN) and matches the window-only kernel."""
+    L = 2
+    scores, levels, valid = _hier_problem(6, False, B=8, N=120, L=L, spread=0.2)
+    step = SupRankStep(tau=tau, delta=delta)
+    x1, r1, _ = _ranks(monkeypatch, 0.0, scores, levels, valid, L, None, step=step)  # series always
+    x2, r2, _ = _ranks(monkeypatch, float("inf"), scores, levels, valid, L, None, step=step)  # window only
+    pos = valid & (levels > 0)
+    torch.testing.assert_close(r1[pos], r2[pos], rtol=0, atol=1e-11)
+    w = torch.rand(r1.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    (r1 * w)[pos].sum().backward()
+    (r2 * w)[pos].sum().backward()
+    assert torch.isfinite(x1.grad).all()
+    torch.testing.assert_close(x1.grad, x2.grad, rtol=0, atol=1e-9 * float(x2.grad.abs().max()))
+
+
 def test_hierarchical_series_float32_close(monkeypatch):
     scores, levels, valid = _hier_problem(4, False)
     rel = pop_relevance(level_counts(levels, 3, mask=valid), 1.0, dtype=torch.float32)

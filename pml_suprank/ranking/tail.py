@@ -22,7 +22,9 @@ sums instead of saving them.
 Range safety: the exponentials are taken relative to an anchor ``a`` (``e^{k(x − a)/τ}``) and accumulated in
 float64. Items are grouped in score bands of width ``W = 600·τ/K`` per list, each with its own anchor (the band
 centre), so every factor used stays below ``e^{300}`` and every product below ``N·e^{−kc}``; list elements far
-from the band overflow/underflow harmlessly (exponents clamped at 700, never used with a non-zero weight).
+from the band overflow/underflow harmlessly (exponents clamped so that even ``(K/τ)·e^{K z}`` stays finite: backward
+multiplies the ``K``-th power by ``±k/τ`` before the zero weight of such an element; never used with a non-zero
+weight).
 
 With ``c = 2`` and ``K = 19`` (float64 scores) the truncation error is below ``e^{−40} ≈ 4.2e−18`` per (item,
 element) pair and below ``(K + 1)·e^{−40}/τ ≈ 8e−15`` for its derivative (``τ = 0.01``), far below float64 rounding
@@ -105,7 +107,7 @@ class SigmoidTail(torch.autograd.Function):
         """Per band and block of at most ``chunk_size / N`` table rows: the items, their table rows, and the
         base tables ``e^{z}``, ``e^{−z}`` (``z = (x − a)/τ``, clamped so that their ``K``-th powers stay finite, 0
         past the members); ``e^{z}`` is reversed along the list when ``flip_e`` (else ``e^{−z}``)."""
-        zmax = 700.0 / num_terms
+        zmax = (700.0 - math.log(max(num_terms / tau, 1.0))) / num_terms  # (K/τ)·e^{K·zmax} <= e^{700}
         rows_per_block = max(1, chunk_size // max(keys.shape[1], 1))
         for b in range(anchors.shape[0]):
             in_band = torch.nonzero(band == b, as_tuple=True)[0]
