@@ -48,7 +48,7 @@ from ..relevance import ideal_dcg
 from .levels import SortedLevels, sort_levels
 from .steps import HRankParams, SupRankStep
 from .tail import CUT, SigmoidTail, bands, num_terms_for, table_rows
-from .window import CHUNK_SIZE, SigmoidTerm, SortedWindowLayout, StepTerm, sorted_window_blocks, window_sum
+from .window import CHUNK_SIZE, SigmoidTerm, SortedWindowLayout, StepTerm, window_sum
 
 __all__ = [
     "HRankParams",
@@ -235,9 +235,7 @@ def _add_window_sums(
     return rank64, series
 
 
-def _add_series(
-    rank64: Tensor, sl: SortedLevels, series: _SeriesPlan, step: SupRankStep, chunk_size: int
-) -> Tensor:
+def _add_series(rank64: Tensor, sl: SortedLevels, series: _SeriesPlan, step: SupRankStep, chunk_size: int) -> Tensor:
     """Add the series tail (:class:`pml_suprank.ranking.tail.SigmoidTail`) of the planned items to ``rank64``."""
     bsz, n = rank64.shape
     keys = torch.stack(sl.keys64).reshape(sl.num_levels * bsz, n)

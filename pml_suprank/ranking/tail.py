@@ -135,7 +135,9 @@ class SigmoidTail(torch.autograd.Function):
                 yield idx, tab_rows, r, e1, d1, torch.exp(-zi), torch.exp(zi)
 
     @staticmethod
-    def forward(ctx, keys, s_item, rows, lo_end, up_begin, up_end, anchors, band, tau, num_terms, chunk_size=CHUNK_SIZE):
+    def forward(
+        ctx, keys, s_item, rows, lo_end, up_begin, up_end, anchors, band, tau, num_terms, chunk_size=CHUNK_SIZE
+    ):
         n = keys.shape[1]
         lows = torch.zeros(num_terms, s_item.shape[0], dtype=torch.float64, device=keys.device)
         ups = torch.zeros_like(lows)

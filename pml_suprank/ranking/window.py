@@ -231,7 +231,7 @@ class PairRowsLayout:
 
 # -------------------------------------------------------------------------------------- whole queries broadcast
 class QueryBlockLayout:
-    """``out[b, p] = Σ_j σ(Z[b, j] − z[b, p])·1[Z[b, j] − z[b, p] <= upper]``; inputs ``Z`` ``(B, M)``, ``z`` ``(B, P)``.
+    """``out[b, p] = Σ_j σ(Z[b, j] − z[b, p])·1[Z[b, j] − z[b, p] <= upper]``; inputs ``Z`` (B, M), ``z`` (B, P).
 
     ``Z`` may hold ``-inf`` (excluded items) and ``z`` ``+inf`` (padding): both contribute 0 and get no gradient.
     Rows are visited in decreasing order of their number of pairs (``widths`` ``(B,)``), in blocks of whole queries,
