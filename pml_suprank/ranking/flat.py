@@ -153,9 +153,13 @@ def sigmoid_window_sum(
     """``out[k] = Σ_j σ(Z[q_k, j] − z_item[k])`` over the ``j`` with ``Z[q_k, j] − z_item[k] <= upper``.
 
     ``Z`` is a ``(B, M)`` matrix of scores divided by the temperature, with ``-inf`` at excluded entries (they
-    contribute 0 and get no gradient); pairs must be grouped by query. A custom autograd function: the pairs are laid
-    out as a ``(B, P_max)`` matrix and whole queries are processed in chunks by broadcasting, recomputed in
-    backward, so the extra memory is ``O(B·M + chunk_elements)`` and nothing of size ``K × M`` is saved.
+    contribute 0 and get no gradient); ``query_idx`` ``(K,)`` must be grouped by query, ``z_item`` is ``(K,)``.
+    The shared window kernel (:class:`~pml_suprank.ranking.window.QueryBlockLayout`): the pairs are laid out as a
+    ``(B, P_max)`` matrix and whole queries are processed in chunks by broadcasting, recomputed in backward, so the
+    extra memory is ``O(B·M + chunk_elements)`` and nothing of size ``K × M`` is saved.
+
+    Returns:
+        ``(K,)`` in the dtype of ``Z``, differentiable w.r.t. ``Z`` and ``z_item``.
     """
     num_queries = Z.shape[0]
     counts, pos, width = group_positions(query_idx, num_queries)
