@@ -1,4 +1,5 @@
-"""Tests of the sorted-score hierarchical rank kernels (pml_suprank.hierarchical_ranking)."""
+"""Tests of the sorted-score hierarchical rank kernels (pml_suprank.ranking.hierarchical, .levels; the module path
+pml_suprank.hierarchical_ranking is kept)."""
 
 from __future__ import annotations
 
@@ -190,3 +191,44 @@ def test_window_truncation_is_below_machine_precision():
     d_rank, _ = dense_ranks(scores, levels, rel, step=dict(offset=None))
     pos = levels > 0
     torch.testing.assert_close(rank[pos], d_rank[pos], rtol=1e-13, atol=0)
+
+
+def test_sorted_levels_counts_and_sums_match_brute_force():
+    """SortedLevels: positions from one search in A_{L+1} give the per-level counts and prefix sums of A_l."""
+    from pml_suprank.ranking import sort_levels
+
+    g = torch.Generator().manual_seed(0)
+    bsz, n, L = 4, 30, 3
+    scores = torch.round(torch.randn(bsz, n, generator=g, dtype=torch.float64) * 10) / 10  # ties
+    levels = torch.randint(0, L + 1, (bsz, n), generator=g)
+    valid = torch.rand(bsz, n, generator=g) > 0.2
+    sl = sort_levels(scores, levels, valid, L)
+    assert sl.num_levels == L and len(sl.keys) == L + 1 and len(sl.keys64) == L
+    x = scores + 0.05 * torch.randn(bsz, n, generator=g, dtype=torch.float64)
+    x[:, :5] = scores[:, :5]  # thresholds equal to scores
+    for right in (False, True):
+        pos = sl.search(x, right)
+        for l in range(1, L + 2):
+            member = valid & (levels < l)
+            before = sl.members_before(l, pos)
+            c, s = sl.count_and_sum(l, None, before)
+            assert torch.equal(c, before.double())
+            for b in range(bsz):
+                m_scores = scores[b][member[b]][None, :]
+                below = (m_scores <= x[b, :, None]) if right else (m_scores < x[b, :, None])
+                assert torch.equal(before[b], below.sum(1))
+                torch.testing.assert_close(s[b], torch.where(below, m_scores, 0.0).sum(1), rtol=0, atol=1e-12)
+            c_hi, _ = sl.count_and_sum(l, before, None)
+            assert torch.equal(c_hi + c, sl.counts[l - 1].double().expand_as(c))
+
+
+def test_module_path_kept():
+    """pml_suprank.hierarchical_ranking stays importable with the same names (now re-exported from ranking)."""
+    import pml_suprank
+    import pml_suprank.hierarchical_ranking as shim
+    import pml_suprank.ranking.hierarchical as impl
+    from pml_suprank.relevance import ideal_dcg as relevance_ideal_dcg
+
+    assert "hierarchical_ranking" in pml_suprank.__all__ and "ranking" in pml_suprank.__all__
+    assert shim.hierarchical_ranks is impl.hierarchical_ranks and shim.ideal_dcg is relevance_ideal_dcg
+    assert set(shim.__all__) == {"HRankParams", "hierarchical_ranks", "ideal_dcg", "sup_hap_scores", "sup_ndcg_scores"}

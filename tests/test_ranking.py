@@ -178,3 +178,83 @@ def test_fast_kernels_require_pairs_grouped_by_query():
     scores, _, _, neg, q, i = _problem()
     with pytest.raises(ValueError, match="grouped"):
         R.suprank_negative_sum(scores, q.flip(0), i.flip(0), neg, R.SupRankStep())
+
+
+def test_package_layout_and_one_chunk_constant():
+    """The package re-exports every former name; one chunk size serves the flat, hierarchical and series kernels."""
+    import pml_suprank.hierarchical_ranking as shim
+    from pml_suprank.ranking import flat, hierarchical, steps, tail, window
+
+    for name in ("HeavisideStep", "SigmoidStep", "SupRankStep", "count_above", "default_offset", "group_positions"):
+        assert name in R.__all__ and getattr(R, name) is not None
+    assert R.SupRankStep is steps.SupRankStep and R.suprank_negative_sum is flat.suprank_negative_sum
+    assert R.DEFAULT_CHUNK_ELEMENTS == R.CHUNK_SIZE == window.CHUNK_SIZE
+    assert shim._CHUNK == R.CHUNK_SIZE
+    for name in shim.__all__:
+        assert getattr(shim, name) is getattr(hierarchical, name)
+    assert tail.SigmoidTail.forward.__defaults__ == (R.CHUNK_SIZE,)
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_flat_kernels_bit_identical_across_chunk_sizes(ties):
+    """Chunking only bounds memory: values and gradients are bit-identical for any chunk size."""
+    scores, valid, pos, neg, q, i = _problem(ties=ties)
+    w = torch.rand(len(q), dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    results = []
+    for chunk in (7, 100, R.CHUNK_SIZE):
+        s = scores.clone().requires_grad_(True)
+        a = R.suprank_negative_sum(s, q, i, neg, R.SupRankStep(), chunk_elements=chunk)
+        b1, b2 = R.sigmoid_rank_sums(s, q, i, pos, valid, 0.05, chunk_elements=chunk)
+        c = R.pairwise_step_sum(s, q, i, neg, R.SupRankStep(tau=0.05), chunk_elements=chunk)
+        out = torch.stack([a, b1, b2, c])
+        (grad,) = torch.autograd.grad((out * w).sum(), s)
+        results.append((out, grad))
+    for out, grad in results[1:]:
+        assert torch.equal(out, results[0][0]) and torch.equal(grad, results[0][1])
+
+
+def test_window_sum_sorted_layout_matches_autograd():
+    """The shared window kernel on windows of sorted lists: σ(t/τ) (in place) and the general step term agree with
+    an elementwise autograd evaluation, values and gradients, including windows padded into the sentinels."""
+    from pml_suprank.ranking.window import SigmoidTerm, SortedWindowLayout, StepTerm, window_sum
+
+    g = torch.Generator().manual_seed(0)
+    bsz, n, tau = 3, 12, 0.05
+    scores = (torch.randn(bsz, n, generator=g, dtype=torch.float64) * 0.1).requires_grad_(True)
+    keys, perm = scores.detach().sort(1)
+    q_idx = torch.tensor([0, 1, 2, 0, 2])
+    i_idx = torch.tensor([3, 0, 5, 7, 11])
+    ends = torch.tensor([9, 5, 4, 6, 2])
+    lengths = torch.tensor([9, 5, 4, 2, 1])  # non-increasing; blocks of widths 9, 5 (two pairs: the 4 is padded
+    # into the -inf sentinels before the list), 2 and 1
+
+    def layout():
+        return SortedWindowLayout(scores, keys[None], perm[None], q_idx, ends, lengths, q_idx, i_idx, chunk_elements=20)
+
+    def expected(fn):
+        out = []
+        for k in range(len(q_idx)):
+            cols = perm[q_idx[k], ends[k] - lengths[k] : ends[k]]
+            out.append(fn(scores[q_idx[k], cols] - scores[q_idx[k], i_idx[k]]).sum())
+        return torch.stack(out)
+
+    w = torch.linspace(-1, 2, len(q_idx), dtype=torch.float64)
+    for term, fn in (
+        (SigmoidTerm(1.0 / tau), lambda t: torch.sigmoid(t / tau)),
+        (StepTerm(R.SigmoidStep(tau)), lambda t: R.tau_sigmoid(t, tau)),
+    ):
+        got, ref = window_sum(layout(), term, scores), expected(fn)
+        torch.testing.assert_close(got, ref, rtol=0, atol=1e-13)
+        (g1,) = torch.autograd.grad((got * w).sum(), scores)
+        (g2,) = torch.autograd.grad((ref * w).sum(), scores)
+        torch.testing.assert_close(g1, g2, rtol=0, atol=1e-11)
+
+
+def test_hrank_params_value():
+    from _hierarchical_dense import h_s_greater
+
+    t = torch.linspace(-0.3, 0.3, 121, dtype=torch.float64)
+    hp = R.HRankParams(nu=20.0, mu=0.4, gamma=5.0)
+    torch.testing.assert_close(hp.value(t), h_s_greater(t, 20.0, 0.4, 5.0), rtol=0, atol=0)
+    assert hp.saturation == pytest.approx(0.03)
+    assert float(hp.value(torch.tensor(hp.saturation, dtype=torch.float64))) == pytest.approx(1.0)

@@ -1,4 +1,4 @@
-"""Tests of the separable sigmoid series (pml_suprank._sigmoid_tail) and of its use in the hierarchical kernel."""
+"""Tests of the separable sigmoid series (pml_suprank.ranking.tail) and of its use in the hierarchical kernel."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import pytest
 import torch
 from _hierarchical_dense import dense_ranks
 
-import pml_suprank.hierarchical_ranking as hr
-from pml_suprank._sigmoid_tail import CUT, SigmoidTail, bands, num_terms_for
+import pml_suprank.ranking.hierarchical as hr
 from pml_suprank.hierarchical_ranking import HRankParams, hierarchical_ranks
 from pml_suprank.ranking import SupRankStep
+from pml_suprank.ranking.tail import CUT, SigmoidTail, bands, num_terms_for
 from pml_suprank.relevance import level_counts, pop_relevance
 
 TAU, DELTA = 0.01, 0.05
@@ -48,9 +48,9 @@ def _elementwise(keys, s, rows, lo_end, up_begin, up_end):
     return torch.where(inside, torch.sigmoid(torch.where(inside, t, 0.0)), 0.0).sum(1)
 
 
-def _tail(keys, s, rows, lo_end, up_begin, up_end, anchors, band):
+def _tail(keys, s, rows, lo_end, up_begin, up_end, anchors, band, chunk_size=1 << 21):
     k = num_terms_for(torch.float64)
-    return SigmoidTail.apply(keys, s, rows, lo_end, up_begin, up_end, anchors, band, TAU, k)
+    return SigmoidTail.apply(keys, s, rows, lo_end, up_begin, up_end, anchors, band, TAU, k, chunk_size)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -124,6 +124,24 @@ def test_hierarchical_ranks_with_series_match_dense(monkeypatch, seed, ties):
     torch.testing.assert_close(x1.grad, x2.grad, rtol=0, atol=1e-10)
 
 
+@pytest.mark.parametrize("tau, delta", [(0.001, 0.04), (0.001, 0.1), (0.0002, 0.01)])
+def test_hierarchical_series_small_tau_gradient_finite(monkeypatch, tau, delta):
+    """Small τ (many score bands; ``δ > 50τ`` is the general-step path): the series' backward stays finite (its
+    clamped far-band factors times ``k/τ`` used to overflow to inf·0 = NaN) and matches the window-only kernel."""
+    L = 2
+    scores, levels, valid = _hier_problem(6, False, B=8, N=120, L=L, spread=0.2)
+    step = SupRankStep(tau=tau, delta=delta)
+    x1, r1, _ = _ranks(monkeypatch, 0.0, scores, levels, valid, L, None, step=step)  # series always
+    x2, r2, _ = _ranks(monkeypatch, float("inf"), scores, levels, valid, L, None, step=step)  # window only
+    pos = valid & (levels > 0)
+    torch.testing.assert_close(r1[pos], r2[pos], rtol=0, atol=1e-11)
+    w = torch.rand(r1.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    (r1 * w)[pos].sum().backward()
+    (r2 * w)[pos].sum().backward()
+    assert torch.isfinite(x1.grad).all()
+    torch.testing.assert_close(x1.grad, x2.grad, rtol=0, atol=1e-9 * float(x2.grad.abs().max()))
+
+
 def test_hierarchical_series_float32_close(monkeypatch):
     scores, levels, valid = _hier_problem(4, False)
     rel = pop_relevance(level_counts(levels, 3, mask=valid), 1.0, dtype=torch.float32)
@@ -168,17 +186,14 @@ def test_flat_window_upper_bound_is_inclusive(dtype):
         torch.testing.assert_close(a, b, rtol=1e-6 if dtype == torch.float32 else 1e-12, atol=1e-7)
 
 
-def test_series_in_row_blocks_matches(monkeypatch):
+def test_series_in_row_blocks_matches():
     """Tables built a few rows at a time (bounded memory) give the same values and gradients."""
-    import pml_suprank._sigmoid_tail as st
-
     keys, s, rows, lo_end, up_begin, hi, anchors, band = _problem(4, 0.6, True, num_rows=7)
     k1, s1 = keys.clone().requires_grad_(True), s.clone().requires_grad_(True)
     out = _tail(k1, s1, rows, lo_end, up_begin, hi, anchors, band)
     (out * torch.linspace(-1, 1, out.numel(), dtype=torch.float64)).sum().backward()
-    monkeypatch.setattr(st, "TABLE_ELEMENTS", 2 * keys.shape[1])  # two rows per block
     k2, s2 = keys.clone().requires_grad_(True), s.clone().requires_grad_(True)
-    out2 = _tail(k2, s2, rows, lo_end, up_begin, hi, anchors, band)
+    out2 = _tail(k2, s2, rows, lo_end, up_begin, hi, anchors, band, chunk_size=2 * keys.shape[1])  # 2 rows a block
     (out2 * torch.linspace(-1, 1, out.numel(), dtype=torch.float64)).sum().backward()
     torch.testing.assert_close(out2, out, rtol=0, atol=1e-13)
     torch.testing.assert_close(s2.grad, s1.grad, rtol=0, atol=1e-12)

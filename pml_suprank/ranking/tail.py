@@ -1,4 +1,7 @@
-"""Separable evaluation of the far branches of the temperature sigmoid over sorted score lists.
+"""Separable evaluation of the far branches of the temperature sigmoid over sorted score lists (the series tail).
+
+Used by the hierarchical kernel (:mod:`pml_suprank.ranking.hierarchical`) to sum the sigmoid branch of SupRank's
+``H⁻`` (Ramzi et al., TPAMI 2025, Eq. 4) away from ``t = 0`` without enumerating (item, list element) pairs.
 
 For ``x = t/τ < 0`` the sigmoid is the alternating series ``σ(x) = Σ_{k≥1} (−1)^{k+1} e^{kx}``; truncated after ``K``
 terms its error is below the first omitted term, ``|σ(x) − Σ_{k≤K} (−1)^{k+1} e^{kx}| < e^{(K+1)x}``, and the same
@@ -19,7 +22,9 @@ sums instead of saving them.
 Range safety: the exponentials are taken relative to an anchor ``a`` (``e^{k(x − a)/τ}``) and accumulated in
 float64. Items are grouped in score bands of width ``W = 600·τ/K`` per list, each with its own anchor (the band
 centre), so every factor used stays below ``e^{300}`` and every product below ``N·e^{−kc}``; list elements far
-from the band overflow/underflow harmlessly (exponents clamped at 700, never used with a non-zero weight).
+from the band overflow/underflow harmlessly (exponents clamped so that even ``(K/τ)·e^{K z}`` stays finite: backward
+multiplies the ``K``-th power by ``±k/τ`` before the zero weight of such an element; never used with a non-zero
+weight).
 
 With ``c = 2`` and ``K = 19`` (float64 scores) the truncation error is below ``e^{−40} ≈ 4.2e−18`` per (item,
 element) pair and below ``(K + 1)·e^{−40}/τ ≈ 8e−15`` for its derivative (``τ = 0.01``), far below float64 rounding
@@ -33,9 +38,12 @@ import math
 import torch
 from torch import Tensor
 
+from .window import CHUNK_SIZE
+
+__all__ = ["CUT", "NUM_TERMS", "NUM_TERMS_LOW", "SigmoidTail", "band_width", "bands", "num_terms_for", "table_rows"]
+
 NUM_TERMS = 19  # K: terms of the alternating series kept (float64)
 NUM_TERMS_LOW = 11  # K for float32 / half scores: error < e^{−24} ≈ 4e−11 per pair, far below their rounding
-TABLE_ELEMENTS = 1 << 21  # elements of one (rows × N) table block (a dozen float64 tables of it live at once)
 CUT = 2.0  # c: the series is used where |t| / τ > c; error < e^{−(K+1)c} = e^{−40} per pair in float64
 
 
@@ -95,12 +103,12 @@ class SigmoidTail(torch.autograd.Function):
     """
 
     @staticmethod
-    def _bands(keys, s_item, rows, anchors, band, tau, num_terms, flip_e):
-        """Per band and block of at most ``TABLE_ELEMENTS / N`` table rows: the items, their table rows, and the
+    def _bands(keys, s_item, rows, anchors, band, tau, num_terms, flip_e, chunk_size):
+        """Per band and block of at most ``chunk_size / N`` table rows: the items, their table rows, and the
         base tables ``e^{z}``, ``e^{−z}`` (``z = (x − a)/τ``, clamped so that their ``K``-th powers stay finite, 0
         past the members); ``e^{z}`` is reversed along the list when ``flip_e`` (else ``e^{−z}``)."""
-        zmax = 700.0 / num_terms
-        rows_per_block = max(1, TABLE_ELEMENTS // max(keys.shape[1], 1))
+        zmax = (700.0 - math.log(max(num_terms / tau, 1.0))) / num_terms  # (K/τ)·e^{K·zmax} <= e^{700}
+        rows_per_block = max(1, chunk_size // max(keys.shape[1], 1))
         for b in range(anchors.shape[0]):
             in_band = torch.nonzero(band == b, as_tuple=True)[0]
             if not in_band.numel():
@@ -127,13 +135,15 @@ class SigmoidTail(torch.autograd.Function):
                 yield idx, tab_rows, r, e1, d1, torch.exp(-zi), torch.exp(zi)
 
     @staticmethod
-    def forward(ctx, keys, s_item, rows, lo_end, up_begin, up_end, anchors, band, tau, num_terms):
+    def forward(
+        ctx, keys, s_item, rows, lo_end, up_begin, up_end, anchors, band, tau, num_terms, chunk_size=CHUNK_SIZE
+    ):
         n = keys.shape[1]
         lows = torch.zeros(num_terms, s_item.shape[0], dtype=torch.float64, device=keys.device)
         ups = torch.zeros_like(lows)
         has_up = bool((up_end > up_begin).any())
         for idx, _, r, e1, d1r, f1, phi1 in SigmoidTail._bands(
-            keys, s_item, rows, anchors, band, tau, num_terms, False
+            keys, s_item, rows, anchors, band, tau, num_terms, False, chunk_size
         ):
             at_e = _flat_prefix_index(r, lo_end[idx], n)
             at_u, at_h = _flat_prefix_index(r, n - up_begin[idx], n), _flat_prefix_index(r, n - up_end[idx], n)
@@ -151,7 +161,7 @@ class SigmoidTail(torch.autograd.Function):
                     ups[k - 1, idx] = (_take_prefix(cum, at_u) - _take_prefix(cum, at_h)) * pk
         signs = _signs(num_terms, keys.device)
         ctx.save_for_backward(keys, s_item, rows, lo_end, up_begin, up_end, anchors, band, (lows + ups).mul_(signs))
-        ctx.tau, ctx.num_terms, ctx.has_up = tau, num_terms, has_up
+        ctx.tau, ctx.num_terms, ctx.has_up, ctx.chunk_size = tau, num_terms, has_up, chunk_size
         count = (up_end - up_begin).to(torch.float64)  # the "1" of σ(x) = 1 − σ(−x) on the upper part
         return count + ((lows - ups) * signs).sum(0)
 
@@ -165,7 +175,7 @@ class SigmoidTail(torch.autograd.Function):
         grad_keys = torch.zeros_like(keys)
         n = keys.shape[1]
         for idx, tab_rows, r, e1r, d1, f1, phi1 in SigmoidTail._bands(
-            keys, s_item, rows, anchors, band, tau, num_terms, True
+            keys, s_item, rows, anchors, band, tau, num_terms, True, ctx.chunk_size
         ):
             gi = g[idx]
             flat_lo = r * (n + 1) + (n - lo_end[idx])  # reversed: Σ_{e > p} = prefix sum up to n − 1 − p
@@ -190,7 +200,7 @@ class SigmoidTail(torch.autograd.Function):
                     w = w.view(num_tab, n + 1).cumsum(1)[:, :n]
                     acc_up.addcmul_(dk, w, value=c)  # p gets e^{−k z_p}·Σ_{items with u <= p < h} g·e^{k zi}
             grad_keys.index_add_(0, tab_rows, acc_lo.flip(1) + acc_up)
-        return grad_keys, grad_s.to(s_item.dtype), None, None, None, None, None, None, None, None
+        return grad_keys, grad_s.to(s_item.dtype), None, None, None, None, None, None, None, None, None
 
 
 def _signs(num_terms: int, device) -> Tensor:
