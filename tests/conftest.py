@@ -1,4 +1,4 @@
-"""Shared fixtures: dtype/device parametrisation and the golden vectors copied from shared/golden."""
+"""Shared fixtures: dtype/device parametrisation and the golden vectors of tests/data (reference-code numbers)."""
 
 from __future__ import annotations
 
