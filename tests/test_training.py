@@ -402,3 +402,72 @@ def test_embed_loader_returns_dataset_order_without_accelerator():
     emb, labels, idx = embed_loader(model, make_loader(_Tiny(), batch_size=4))
     assert emb.shape == (6, 2) and labels.shape == (6, 1) and idx.tolist() == list(range(6))
     torch.testing.assert_close(emb, model(torch.arange(6.0)[:, None].expand(6, 3)).detach())
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# resuming never unpickles code
+# ------------------------------------------------------------------------------------------------------------------
+class _Payload:
+    """Pickles to a call of ``_MARKER.touch()``: if unpickled with code execution, the marker file appears."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import pathlib
+
+        return (pathlib.Path.touch, (pathlib.Path(self.marker),))
+
+
+@pytest.mark.slow
+def test_resume_runs_no_code_planted_in_any_pickle_file(tmp_path):
+    trainer = _trainer(tmp_path / "run", max_train_steps=2, checkpoint_every=1)
+    trainer.train()
+    ckpt = latest_checkpoint(tmp_path / "run")
+    state = json.loads((ckpt / "trainer_state.json").read_text())
+    assert isinstance(state["scheduler"]["last_epoch"], int)  # the scheduler state is JSON, not a pickle
+    assert not list(ckpt.glob("custom_checkpoint_*"))
+    pickle_files = [p for p in sorted(ckpt.iterdir()) if p.suffix in (".bin", ".pkl", ".pt", ".pth")]
+    assert {p.name for p in pickle_files} >= {"optimizer.bin", "random_states_0.pkl"}
+    # a stale custom_checkpoint from an older layout is planted too: it must never be read
+    targets = [*pickle_files, ckpt / "custom_checkpoint_0.pkl"]
+    for target in targets:
+        backup = target.read_bytes() if target.exists() else None
+        marker = tmp_path / f"pwned_{target.name}"
+        torch.save({"state": _Payload(marker)}, target)
+        fresh = _trainer(tmp_path / "run", max_train_steps=2, checkpoint_every=1)
+        try:
+            fresh.load_checkpoint(ckpt)
+        except CheckpointError as e:
+            assert str(ckpt) in str(e)  # refusing is fine; it names the checkpoint
+        assert not marker.exists(), f"code planted in {target.name} ran on resume"
+        if backup is None:
+            target.unlink()
+        else:
+            target.write_bytes(backup)
+
+
+@pytest.mark.slow
+def test_scheduler_state_is_validated_on_resume(tmp_path):
+    trainer = _trainer(tmp_path, max_train_steps=3, checkpoint_every=2)
+    trainer.train()
+    ckpt = find_checkpoints(tmp_path)[0]
+    state = json.loads((ckpt / "trainer_state.json").read_text())
+    fresh = _trainer(tmp_path, max_train_steps=3)
+    fresh.load_checkpoint(ckpt)
+    assert fresh.scheduler.last_epoch == state["scheduler"]["last_epoch"] == 2
+    assert [g["lr"] for g in fresh.optimizer.param_groups] == state["scheduler"]["_last_lr"]
+    for bad, match in (
+        (None, "no 'scheduler' entry"),
+        ({**state["scheduler"], "last_epoch": "2"}, "'scheduler.last_epoch' must be an int"),
+        ({**state["scheduler"], "base_lrs": [float("nan")] * 3}, "'scheduler.base_lrs' must be"),
+        ({**state["scheduler"], "evil": 1}, "keys in"),
+    ):
+        broken = dict(state)
+        if bad is None:
+            broken.pop("scheduler")
+        else:
+            broken["scheduler"] = bad
+        (ckpt / "trainer_state.json").write_text(json.dumps(broken))
+        with pytest.raises(CheckpointError, match=match):
+            _trainer(tmp_path, max_train_steps=3).load_checkpoint(ckpt)

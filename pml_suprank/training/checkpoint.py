@@ -9,6 +9,7 @@ folder that looks complete.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,57 @@ def check_compatible(path: Path, state: dict[str, Any], num_processes: int, step
             f"checkpoint {str(path)!r} has {state['steps_per_epoch']} steps per epoch; this run has "
             f"{steps_per_epoch} (different data, batch size or sampler)"
         )
+
+
+_SCHEDULER_KEYS = frozenset({"base_lrs", "last_epoch", "_step_count", "_last_lr", "lr_lambdas", "verbose",
+                             "_get_lr_called_within_step", "_is_initial"})
+
+
+def scheduler_state(scheduler: Any) -> dict[str, Any]:
+    """The JSON form of a ``LambdaLR`` state (stored in ``trainer_state.json``: a scheduler is never pickled).
+
+    Accelerate would store a registered scheduler as ``custom_checkpoint_0.pkl`` and load it with
+    ``weights_only=False`` (arbitrary code on resume); a ``LambdaLR`` built by :func:`build_scheduler` holds only
+    numbers (its ``lr_lambdas`` entries are ``None`` for plain functions).
+    """
+    state = scheduler.state_dict()
+    unknown = sorted(set(state) - _SCHEDULER_KEYS)
+    if unknown or any(x is not None for x in state.get("lr_lambdas", [])):
+        raise TypeError(f"only a LambdaLR of plain functions can be checkpointed as JSON; got keys {unknown}")
+    return jsonable(state)
+
+
+def load_scheduler_state(path: Path, scheduler: Any, state: Any) -> None:
+    """Validate the JSON scheduler ``state`` of checkpoint ``path`` and load it into ``scheduler``.
+
+    Raises:
+        CheckpointError: the state is missing (a checkpoint of an older version, which pickled it), has unknown
+            keys, or its values are not finite numbers matching the optimizer's parameter groups.
+    """
+    where = f"checkpoint {str(path)!r}: {TRAINER_STATE} "
+    if state is None:
+        raise CheckpointError(
+            where + "has no 'scheduler' entry (written by an older pml-suprank that pickled the scheduler into "
+            "custom_checkpoint_0.pkl; pickles are never loaded): start a new run or resume with that version"
+        )
+    if not isinstance(state, dict) or set(state) - _SCHEDULER_KEYS:
+        raise CheckpointError(where + f"'scheduler' must be a LambdaLR state with keys in {sorted(_SCHEDULER_KEYS)}")
+    groups = len(scheduler.base_lrs)
+    for key in ("base_lrs", "_last_lr"):
+        values = state.get(key)
+        if not (isinstance(values, list) and len(values) == groups and all(_finite(v) for v in values)):
+            raise CheckpointError(where + f"'scheduler.{key}' must be {groups} finite numbers; got {values!r}")
+    for key in ("last_epoch", "_step_count"):
+        value = state.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+            raise CheckpointError(where + f"'scheduler.{key}' must be an int >= -1; got {value!r}")
+    restored = dict(state)
+    restored["lr_lambdas"] = [None] * groups
+    scheduler.load_state_dict(restored)
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def save_checkpoint_atomically(

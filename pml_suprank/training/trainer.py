@@ -42,7 +42,9 @@ from .checkpoint import (
     check_compatible,
     jsonable,
     latest_checkpoint,
+    load_scheduler_state,
     save_checkpoint_atomically,
+    scheduler_state,
     validate_checkpoint,
 )
 from .config import TrainingConfig
@@ -152,8 +154,9 @@ class Trainer:
         self.scheduler = build_scheduler(optimizer, self.scheduled_steps, config)
         self.loss_module, self.optimizer = accelerator.prepare(self.loss_module, optimizer)
         # the scheduler is stepped by hand once per global step (each process sees every step: the sampler shards
-        # the global batch), so it is registered, not prepared (a prepared one steps num_processes times)
-        accelerator.register_for_checkpointing(self.scheduler)
+        # the global batch), so it is not prepared (a prepared one steps num_processes times); nor is it registered
+        # for checkpointing (Accelerate would pickle it and unpickle it on resume): its state goes into
+        # trainer_state.json as JSON
         self.evaluator = evaluator
         self.progress = _Progress()
         self._eval_loader: DataLoader | None = None
@@ -272,6 +275,7 @@ class Trainer:
             "total_steps": self.total_steps,
             "num_processes": self.accelerator.num_processes,
             "sampler": jsonable(sampler_state),
+            "scheduler": scheduler_state(self.scheduler),
             "history": self.progress.history,
             "config": jsonable(self.config.to_dict()),
         }
@@ -294,8 +298,9 @@ class Trainer:
         path = Path(path)
         state = validate_checkpoint(path)
         check_compatible(path, state, self.accelerator.num_processes, self.steps_per_epoch)
+        load_scheduler_state(path, self.scheduler, state.get("scheduler"))
         try:
-            self.accelerator.load_state(str(path))
+            self.accelerator.load_state(str(path))  # safetensors weights; optimizer / RNG files with weights_only=True
         except Exception as e:
             raise CheckpointError(f"checkpoint {str(path)!r} cannot be loaded: {type(e).__name__}: {e}") from e
         if state["sampler"] and hasattr(self.sampler, "load_state_dict"):
