@@ -471,3 +471,34 @@ def test_scheduler_state_is_validated_on_resume(tmp_path):
         (ckpt / "trainer_state.json").write_text(json.dumps(broken))
         with pytest.raises(CheckpointError, match=match):
             _trainer(tmp_path, max_train_steps=3).load_checkpoint(ckpt)
+
+
+@pytest.mark.slow
+def test_resume_refuses_changed_hyper_parameters_and_bad_state_values(tmp_path):
+    trainer = _trainer(tmp_path, max_train_steps=2, checkpoint_every=1)
+    trainer.train()
+    ckpt = latest_checkpoint(tmp_path)
+    with pytest.raises(CheckpointError, match=r"other hyper-parameters \(lr_head: 0.001 -> 0.005\)"):
+        _trainer(tmp_path, max_train_steps=2, lr_head=5e-3).load_checkpoint(ckpt)
+    _trainer(tmp_path, max_train_steps=2, log_every=5, keep_checkpoints=4).load_checkpoint(ckpt)  # harmless changes
+    state = json.loads((ckpt / "trainer_state.json").read_text())
+    for key, value, match in (
+        ("global_step", 1000, "beyond this run's 2 steps"),
+        ("epoch", [1], "'epoch' must be an int >= 0"),
+        ("global_step", True, "'global_step' must be an int"),
+        ("step_in_epoch", 10**6, "step_in_epoch=1000000"),
+        ("history", "x", "'history' must be a list"),
+    ):
+        (ckpt / "trainer_state.json").write_text(json.dumps({**state, key: value}))
+        with pytest.raises(CheckpointError, match=match):
+            _trainer(tmp_path, max_train_steps=2).load_checkpoint(ckpt)
+
+
+@pytest.mark.slow
+def test_resume_latest_skips_a_newer_broken_checkpoint(tmp_path):
+    trainer = _trainer(tmp_path, max_train_steps=3, checkpoint_every=1, stop_after_steps=2)
+    trainer.train()
+    (tmp_path / "checkpoints" / "step_00000009").mkdir()  # empty, newer: an interrupted copy, say
+    resumed = _trainer(tmp_path, max_train_steps=3, checkpoint_every=1)
+    resumed.train(resume_from="latest")
+    assert resumed.finished and resumed.progress.global_step == 3

@@ -87,12 +87,60 @@ def validate_checkpoint(path: str | Path) -> dict[str, Any]:
                         f.get_slice(key)
             except Exception as e:
                 raise CheckpointError(f"checkpoint {str(path)!r} is corrupt: cannot read {w.name} ({e})") from e
+    _check_state_values(path, state)
     return state
 
 
-def check_compatible(path: Path, state: dict[str, Any], num_processes: int, steps_per_epoch: int) -> None:
-    """Raise :class:`CheckpointError` if the checkpoint ``state`` cannot continue this run (other number of processes,
-    other number of steps per epoch)."""
+_STATE_TYPES = {"global_step": (int, 0), "epoch": (int, 0), "step_in_epoch": (int, 0), "num_processes": (int, 1)}
+
+#: TrainingConfig fields that may change between a run and its resumption (they do not change the trained weights).
+RESUMABLE_CHANGES = frozenset(
+    {"output_dir", "stop_after_steps", "num_workers", "log_every", "keep_checkpoints", "checkpoint_every",
+     "eval_every", "eval_batch_size", "k_values", "alpha"}
+)
+
+
+def _check_state_values(path: Path, state: dict[str, Any]) -> None:
+    where = f"checkpoint {str(path)!r} is corrupt: {TRAINER_STATE} "
+    for key, (kind, low) in _STATE_TYPES.items():
+        value = state[key]
+        if isinstance(value, bool) or not isinstance(value, kind) or value < low:
+            raise CheckpointError(where + f"'{key}' must be an int >= {low}; got {value!r}")
+    for key, kind in (("sampler", dict), ("history", list), ("config", dict), ("scheduler", dict)):
+        if key in state and state[key] is not None and not isinstance(state[key], kind):
+            raise CheckpointError(where + f"'{key}' must be a {kind.__name__}; got {type(state[key]).__name__}")
+
+
+def check_compatible(
+    path: Path,
+    state: dict[str, Any],
+    num_processes: int,
+    steps_per_epoch: int,
+    total_steps: int | None = None,
+    config: dict[str, Any] | None = None,
+) -> None:
+    """Raise :class:`CheckpointError` if the checkpoint ``state`` cannot continue this run: other number of processes,
+    other number of steps per epoch, a position beyond this run's end, or other hyper-parameters (every
+    ``TrainingConfig`` field outside :data:`RESUMABLE_CHANGES` must be equal)."""
+    if total_steps is not None and state["global_step"] > total_steps:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} is at step {state['global_step']}, beyond this run's {total_steps} steps"
+        )
+    if state["step_in_epoch"] >= max(steps_per_epoch, 1):
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} has step_in_epoch={state['step_in_epoch']} but an epoch has "
+            f"{steps_per_epoch} steps"
+        )
+    saved = state.get("config")
+    if config is not None and isinstance(saved, dict):
+        fixed = (k for k in config if k not in RESUMABLE_CHANGES and k in saved)
+        changed = {k: (saved[k], config[k]) for k in fixed if saved[k] != config[k]}
+        if changed:
+            listing = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in sorted(changed.items()))
+            raise CheckpointError(
+                f"checkpoint {str(path)!r} was written with other hyper-parameters ({listing}); resume with the "
+                f"same settings or start a new run in another output_dir"
+            )
     if state["num_processes"] != num_processes:
         raise CheckpointError(
             f"checkpoint {str(path)!r} was written by {state['num_processes']} processes; this run has "

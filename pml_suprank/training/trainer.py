@@ -40,8 +40,8 @@ from torch.utils.data import DataLoader, Dataset
 from .checkpoint import (
     CheckpointError,
     check_compatible,
+    find_checkpoints,
     jsonable,
-    latest_checkpoint,
     load_scheduler_state,
     save_checkpoint_atomically,
     scheduler_state,
@@ -297,7 +297,10 @@ class Trainer:
         """
         path = Path(path)
         state = validate_checkpoint(path)
-        check_compatible(path, state, self.accelerator.num_processes, self.steps_per_epoch)
+        check_compatible(
+            path, state, self.accelerator.num_processes, self.steps_per_epoch, self.total_steps,
+            jsonable(self.config.to_dict()),
+        )
         load_scheduler_state(path, self.scheduler, state.get("scheduler"))
         try:
             self.accelerator.load_state(str(path))  # safetensors weights; optimizer / RNG files with weights_only=True
@@ -376,9 +379,20 @@ class Trainer:
             self.save_checkpoint()
         return p.history
 
+    def _latest_valid_checkpoint(self) -> Path | None:
+        """The newest checkpoint that validates; newer broken ones (e.g. an empty folder) are skipped with a note."""
+        for ckpt in reversed(find_checkpoints(self.output_dir)):
+            try:
+                validate_checkpoint(ckpt)
+            except CheckpointError as e:
+                self.accelerator.print(f"skipping {ckpt.name}: {e}")
+                continue
+            return ckpt
+        return None
+
     def _resume(self, resume_from: str | Path) -> None:
         acc = self.accelerator
-        ckpt = latest_checkpoint(self.output_dir) if str(resume_from) == "latest" else Path(resume_from)
+        ckpt = self._latest_valid_checkpoint() if str(resume_from) == "latest" else Path(resume_from)
         if ckpt is None:
             acc.print(f"no checkpoint in {self.output_dir / 'checkpoints'}; starting from scratch")
             return
