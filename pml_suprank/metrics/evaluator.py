@@ -25,6 +25,7 @@ from .registry import METRIC_GROUPS, TOP_K_GROUPS, check_groups, metrics_from_ra
 
 __all__ = ["RetrievalEvaluator", "compute_embeddings", "METRIC_GROUPS"]
 
+
 def _label_blocks(query_labels: Tensor, ref_labels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Permutation of the gallery by label path and the nested slices of each query.
 

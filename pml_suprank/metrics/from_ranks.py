@@ -265,7 +265,9 @@ def weighted_sum_ap_(st: RankStats, weights: Tensor) -> Tensor:
     for m in range(1, L + 1):
         n = st.n_pos(m)
         has = n > 0
-        num += torch.where(has, weights[m - 1] * st.cum_precision(m)[:, -1] / _f64(n).clamp_min(1), torch.zeros_like(num))
+        num += torch.where(
+            has, weights[m - 1] * st.cum_precision(m)[:, -1] / _f64(n).clamp_min(1), torch.zeros_like(num)
+        )
         den += torch.where(has, weights[m - 1], torch.zeros_like(den))
     return _nan_where_empty(num / torch.where(den > 0, den, torch.ones_like(den)), den)
 

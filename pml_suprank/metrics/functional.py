@@ -76,7 +76,6 @@ __all__ = [
 ]
 
 
-
 def average_precision(
     scores: Tensor,
     levels: Tensor,
@@ -206,4 +205,3 @@ def weighted_sum_ap(
 ) -> Tensor:
     """ΣwAP per query ``(Q,)``; see :func:`weighted_sum_ap_from_ranks`."""
     return weighted_sum_ap_from_ranks(retrieval_ranks(scores, levels, mask, num_levels=num_levels), weights)
-

@@ -456,5 +456,3 @@ def retrieval_ranks(
     lv, pos = rank_relevant_items(neg_scores, rel_scores, rel_levels, num_bins=num_bins, counting=counting)
     counts = level_counts(levels, L, keep)
     return RetrievalRanks(lv, pos, counts, L)
-
-

@@ -120,7 +120,11 @@ def test_one_name_per_number_unless_asked():
     # named in include (constructor or call): both names
     calc = HierarchicalAccuracyCalculator(**kw)
     both = calc.get_accuracy(emb, labels, include=("mean_average_precision_at_r", "map_at_r", "precision_at_1"))
-    assert set(both) - {k for k in both if k.startswith("num_")} == {"mean_average_precision_at_r", "map_at_r", "precision_at_1"}
+    assert set(both) - {k for k in both if k.startswith("num_")} == {
+        "mean_average_precision_at_r",
+        "map_at_r",
+        "precision_at_1",
+    }
     # PML not computing its metric: ours is added
     no_pml = HierarchicalAccuracyCalculator(exclude=("mean_average_precision_at_r",), **kw).get_accuracy(emb, labels)
     assert "map_at_r" in no_pml and "mean_average_precision_at_r" not in no_pml
