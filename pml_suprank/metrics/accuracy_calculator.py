@@ -10,8 +10,8 @@ from pytorch_metric_learning.utils import common_functions as c_f
 from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
 
 from .._validation import check_labels
-from ..relevance import Hierarchy, as_hierarchical_labels, as_hierarchy
-from .evaluator import RetrievalEvaluator
+from ..relevance import Hierarchy, as_hierarchy
+from .evaluator import RetrievalEvaluator, _hierarchical_label_pair
 from .registry import METRICS, MetricSpec
 
 __all__ = ["HierarchicalAccuracyCalculator"]
@@ -96,13 +96,7 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
             raise ValueError("embeddings and labels must have the same length")
         query_labels = check_labels("query_labels", query_labels, len(query), n_name="query")
         reference_labels = check_labels("reference_labels", reference_labels, len(reference), n_name="reference")
-        ql = as_hierarchical_labels(query_labels, self.hierarchy, name="query_labels")
-        rl = as_hierarchical_labels(reference_labels, self.hierarchy, name="reference_labels")
-        if ql.shape[1] != rl.shape[1]:
-            raise ValueError(
-                f"query_labels and reference_labels must have the same number of levels; got {ql.shape[1]} "
-                f"and {rl.shape[1]}"
-            )
+        ql, rl = _hierarchical_label_pair(query_labels, reference_labels, self.hierarchy)
         wanted = list(self.get_function_dict(include, exclude))
         ours = [m for m in wanted if m in _ADDED]
         theirs = [m for m in wanted if m not in _ADDED]

@@ -26,6 +26,21 @@ from .registry import METRIC_GROUPS, TOP_K_GROUPS, check_groups, metrics_from_ra
 __all__ = ["RetrievalEvaluator", "compute_embeddings", "METRIC_GROUPS"]
 
 
+def _hierarchical_label_pair(
+    query_labels: Tensor, reference_labels: Tensor, hierarchy: Hierarchy | None
+) -> tuple[Tensor, Tensor]:
+    """``(Q, L)`` and ``(N, L)`` labels (column 0 finest) from 1-D or 2-D labels, expanded through ``hierarchy``;
+    ValueError when the two have different numbers of levels."""
+    ql = as_hierarchical_labels(query_labels, hierarchy, name="query_labels")
+    rl = as_hierarchical_labels(reference_labels, hierarchy, name="reference_labels")
+    if ql.shape[1] != rl.shape[1]:
+        raise ValueError(
+            f"query_labels and reference_labels must have the same number of levels; got {ql.shape[1]} "
+            f"and {rl.shape[1]}"
+        )
+    return ql, rl
+
+
 def _label_blocks(query_labels: Tensor, ref_labels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Permutation of the gallery by label path and the nested slices of each query.
 
@@ -214,13 +229,7 @@ class RetrievalEvaluator:
             raise ValueError(
                 f"query and reference must have the same embedding size; got {query.shape[1]} and {reference.shape[1]}"
             )
-        ql = as_hierarchical_labels(query_labels, self.hierarchy, name="query_labels")
-        rl = as_hierarchical_labels(reference_labels, self.hierarchy, name="reference_labels")
-        if ql.shape[1] != rl.shape[1]:
-            raise ValueError(
-                f"query_labels and reference_labels must have the same number of levels; got {ql.shape[1]} "
-                f"and {rl.shape[1]}"
-            )
+        ql, rl = _hierarchical_label_pair(query_labels, reference_labels, self.hierarchy)
         self_idx = None
         if ref_includes_query:
             Q = query.shape[0]
