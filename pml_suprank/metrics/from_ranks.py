@@ -211,7 +211,9 @@ def ndcg_(st: RankStats) -> Tensor:
     # lookup tables instead of per-slot pow / log2 (padding: gain 0)
     gains = 2.0 ** torch.arange(L + 1, device=device, dtype=torch.float64) - 1.0
     gain = gains.take(st.levels)
-    ranks_p = torch.arange(int(st.positions.max()) + 1, device=device, dtype=torch.float64)
+    ranks_p = torch.arange(
+        int(st.positions.max()) + 1 if st.positions.numel() else 1, device=device, dtype=torch.float64
+    )
     disc = (1.0 / torch.log2(1.0 + ranks_p.clamp_min(1))).take(st.positions)
     dcg = gain.mul_(disc).sum(1)
     idcg = ideal_dcg(st.counts[:, 1:], gains[1:])  # relevant levels only: the negatives' gain is 0

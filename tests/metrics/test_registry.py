@@ -76,3 +76,9 @@ def test_top_k_groups_and_flags():
     assert METRICS["recall_at_k_level"].format_key(10, 1) == "recall_at_10_level1"
     assert METRICS["ap_level"].report_key == "ap_level" and METRICS["recall_at_k"].report_key == "recall_at_1"
     assert dict(METRICS["map_at_r"].pml_names) == {"map_at_r": "mean_average_precision_at_r"}
+
+
+def test_empty_query_set():
+    scores, levels = torch.zeros(0, 5), torch.zeros(0, 5, dtype=torch.long)
+    for fn in (F.average_precision, F.ndcg, F.asi, F.hierarchical_average_precision, F.weighted_sum_ap):
+        assert fn(scores, levels, num_levels=2).shape == (0,)
