@@ -27,6 +27,7 @@ __all__ = [
     "TOP_K_GROUPS",
     "MetricArgs",
     "MetricSpec",
+    "check_groups",
     "metrics_from_ranks",
 ]
 
