@@ -1,5 +1,12 @@
-"""Exact retrieval evaluation: functional per-query metrics, a chunked full-ranking evaluator, a PML
-``AccuracyCalculator`` subclass with the hierarchical metrics, and the decomposability gap (SupRank Eq. 6).
+"""Exact retrieval evaluation: one engine, one metric registry.
+
+* :mod:`.ranks`: positions of the relevant items in the pessimistic full ranking (no full-row sort).
+* :mod:`.from_ranks`: every metric computed from those positions, each implemented once.
+* :mod:`.registry`: one :class:`MetricSpec` per metric (key pattern, label, flags, function); the evaluator's
+  groups, the accuracy calculator's methods and the reports derive from it.
+* :mod:`.functional`: the same metrics from a ``(Q, N)`` score matrix; :mod:`.evaluator`: the chunked full-ranking
+  evaluator; :mod:`.accuracy_calculator`: a PML ``AccuracyCalculator`` subclass; :mod:`.report`: labels and
+  printed tables; :mod:`.decomposability`: the decomposability gap (SupRank Eq. 6).
 
 Submodules are imported lazily so that ``import pml_suprank.metrics`` does not import scikit-learn/faiss
 (pulled in by PML's ``AccuracyCalculator``) unless :class:`HierarchicalAccuracyCalculator` is used.
@@ -10,16 +17,21 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from . import functional
+from . import functional, report
 from .evaluator import METRIC_GROUPS, RetrievalEvaluator, compute_embeddings
+from .registry import METRICS, TOP_K_GROUPS, MetricSpec
 
 __all__ = [
+    "METRICS",
     "METRIC_GROUPS",
+    "TOP_K_GROUPS",
     "HierarchicalAccuracyCalculator",
+    "MetricSpec",
     "RetrievalEvaluator",
     "compute_embeddings",
     "decomposability_gap",
     "functional",
+    "report",
 ]
 
 _LAZY = {

@@ -1,4 +1,4 @@
-"""A PML ``AccuracyCalculator`` that adds the exact hierarchical metrics and accepts 2-D labels."""
+"""A PML ``AccuracyCalculator`` that adds the registry's exact metrics and accepts 2-D (hierarchical) labels."""
 
 from __future__ import annotations
 
@@ -10,24 +10,14 @@ from pytorch_metric_learning.utils import common_functions as c_f
 from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
 
 from .._validation import check_labels
-from ..relevance import Hierarchy, as_hierarchical_labels, as_hierarchy
-from .evaluator import RetrievalEvaluator
+from ..relevance import Hierarchy, as_hierarchy
+from .evaluator import RetrievalEvaluator, _hierarchical_label_pair
+from .registry import METRICS, MetricSpec
 
 __all__ = ["HierarchicalAccuracyCalculator"]
 
-#: metric names added to PML's (same names as the RetrievalEvaluator groups); the per-level and top-k groups
-#: expand into several keys (``ap_level0``, ``recall_at_10``, ...)
-_ADDED = (
-    "ap",
-    "map_at_r",
-    "h_ap",
-    "ndcg",
-    "asi",
-    "sum_w_ap",
-    "ap_level",
-    "map_at_r_level",
-    "recall_at_k",
-)
+#: the registry's metric groups added to PML's (a group PML already defines, e.g. ``precision_at_1``, stays PML's)
+_ADDED = tuple(name for name in METRICS if not hasattr(AccuracyCalculator, f"calculate_{name}"))
 
 
 class HierarchicalAccuracyCalculator(AccuracyCalculator):
@@ -40,13 +30,20 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
     * PML's own metrics (``precision_at_1``, ``mean_average_precision_at_r``, ``r_precision``, ``NMI``, ...) are
       computed by PML on the **fine** labels, which are first re-indexed to ``0..K-1`` so that PML's float32 label
       cast cannot merge large label values.
-    * Added metrics (exact, whole gallery, pessimistic ties, queries without positives excluded):
-      ``"ap"``, ``"map_at_r"``, ``"h_ap"``, ``"ndcg"``, ``"asi"``, ``"sum_w_ap"``, ``"ap_level"`` (→ ``"ap_level{h}"``),
-      ``"map_at_r_level"`` (→ ``"map_at_r_level{h}"``), ``"recall_at_k"`` (→ ``"recall_at_{k}"``).
+    * Added metrics: every group of the metric registry (:data:`pml_suprank.metrics.registry.METRICS`) that PML
+      does not define itself, computed exactly over the whole gallery by :class:`RetrievalEvaluator` (pessimistic
+      ties, queries without positives excluded): ``"ap"``, ``"map_at_r"``, ``"h_ap"``, ``"ndcg"``, ``"asi"``,
+      ``"sum_w_ap"``, the top-k groups (``"recall_at_k"`` → ``"recall_at_{k}"``, ...) and the per-level groups
+      (``"ap_level"`` → ``"ap_level{h}"``, ...). The ``calculate_<group>`` methods PML discovers are generated
+      from the registry.
+    * **One name per number.** When PML computes a metric under its own name in the same call, the equal key of
+      ours (``map_at_r`` = ``mean_average_precision_at_r``, ``recall_at_1`` = ``precision_at_1``) is left out,
+      unless its group is named in ``include`` (of the constructor, or of this ``get_accuracy`` call when given).
+      A key spelled exactly like PML's (``precision_at_1`` of ``precision_at_k``) always keeps PML's value.
 
     Args:
         include, exclude: metric names, PML's and the added ones.
-        k_values: ``k`` of ``recall_at_k``.
+        k_values: ``k`` of the top-k groups (``recall_at_k``, ...).
         alpha: H-AP relevance exponent.
         level_weights: ΣwAP weights.
         hierarchy: fine -> ancestors table for 1-D labels.
@@ -67,40 +64,14 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
         **kwargs: Any,
     ) -> None:
         self._cache: dict[str, Any] = {}
+        self._num_levels = 1
+        self._include = tuple(include)
         super().__init__(include=include, exclude=exclude, **kwargs)
         self.hierarchy = as_hierarchy(hierarchy)
         self._evaluator_kwargs = dict(
             k_values=tuple(k_values), alpha=alpha, chunk_size=chunk_size, level_weights=level_weights
         )
         RetrievalEvaluator(**self._evaluator_kwargs)  # validate now
-
-    # PML discovers metrics through ``calculate_<name>``; the values are computed once in ``get_accuracy``
-    def calculate_ap(self, **kwargs: Any) -> float:
-        return self._cache["ap"]
-
-    def calculate_map_at_r(self, **kwargs: Any) -> float:
-        return self._cache["map_at_r"]
-
-    def calculate_h_ap(self, **kwargs: Any) -> float:
-        return self._cache["h_ap"]
-
-    def calculate_ndcg(self, **kwargs: Any) -> float:
-        return self._cache["ndcg"]
-
-    def calculate_asi(self, **kwargs: Any) -> float:
-        return self._cache["asi"]
-
-    def calculate_sum_w_ap(self, **kwargs: Any) -> float:
-        return self._cache["sum_w_ap"]
-
-    def calculate_ap_level(self, **kwargs: Any) -> dict[str, float]:
-        return {k: v for k, v in self._cache.items() if k.startswith("ap_level")}
-
-    def calculate_map_at_r_level(self, **kwargs: Any) -> dict[str, float]:
-        return {k: v for k, v in self._cache.items() if k.startswith("map_at_r_level")}
-
-    def calculate_recall_at_k(self, **kwargs: Any) -> dict[str, float]:
-        return {f"recall_at_{k}": self._cache[f"recall_at_{k}"] for k in self._evaluator_kwargs["k_values"]}
 
     def get_accuracy(
         self,
@@ -125,13 +96,7 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
             raise ValueError("embeddings and labels must have the same length")
         query_labels = check_labels("query_labels", query_labels, len(query), n_name="query")
         reference_labels = check_labels("reference_labels", reference_labels, len(reference), n_name="reference")
-        ql = as_hierarchical_labels(query_labels, self.hierarchy, name="query_labels")
-        rl = as_hierarchical_labels(reference_labels, self.hierarchy, name="reference_labels")
-        if ql.shape[1] != rl.shape[1]:
-            raise ValueError(
-                f"query_labels and reference_labels must have the same number of levels; got {ql.shape[1]} "
-                f"and {rl.shape[1]}"
-            )
+        ql, rl = _hierarchical_label_pair(query_labels, reference_labels, self.hierarchy)
         wanted = list(self.get_function_dict(include, exclude))
         ours = [m for m in wanted if m in _ADDED]
         theirs = [m for m in wanted if m not in _ADDED]
@@ -159,14 +124,39 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
                 None if same else rl,
                 ref_includes_query=ref_includes_query and not same,
             )
+            self._num_levels = ql.shape[1]
+            named = set(include) if include else set(self._include)
             for name in ours:
                 value = getattr(self, f"calculate_{name}")()
-                if isinstance(value, dict):
-                    result.update(value)
-                else:
-                    result[name] = value
+                pml_names = dict(METRICS[name].pml_names)
+                for key, v in (value if isinstance(value, dict) else {name: value}).items():
+                    pml = pml_names.get(key)
+                    if pml is not None and pml in result and (key == pml or name not in named):
+                        continue  # PML reports this number under its own name
+                    result[key] = v
             for key, value in self._cache.items():
                 if key.startswith("num_queries"):
                     result[key] = value
             self._cache = {}
         return result
+
+
+def _calculate(spec: MetricSpec) -> Any:
+    """The ``calculate_<group>`` method of ``spec``: its value(s) from the evaluation run once in ``get_accuracy``
+    (a float for a plain key, ``{key: float}`` for a pattern with ``{k}`` and/or ``{h}``)."""
+
+    def calculate(self: HierarchicalAccuracyCalculator, **kwargs: Any) -> float | dict[str, float]:
+        if spec.key == spec.name:
+            return self._cache[spec.key]
+        ks = self._evaluator_kwargs["k_values"] if spec.takes_k else (None,)
+        hs = range(self._num_levels) if spec.per_level else (None,)
+        return {key: self._cache[key] for key in dict.fromkeys(spec.format_key(k, h) for h in hs for k in ks)}
+
+    calculate.__name__ = calculate.__qualname__ = f"calculate_{spec.name}"
+    calculate.__doc__ = f"{spec.description} (``{spec.key}``); computed once per ``get_accuracy`` call."
+    return calculate
+
+
+for _name in _ADDED:
+    setattr(HierarchicalAccuracyCalculator, f"calculate_{_name}", _calculate(METRICS[_name]))
+del _name

@@ -1,10 +1,10 @@
-"""Chunked, exact full-ranking retrieval evaluation (DESIGN.md §2-§3).
+"""Chunked, exact full-ranking retrieval evaluation.
 
 The gallery is permuted once so that items are grouped by their label path (coarsest level first). The items sharing
 the ``m`` coarsest labels of a query then form a contiguous, nested slice ``[a_m, b_m)`` of every score row, so the
 level of an item follows from its column and no ``(Q, N)`` level matrix is built. For each chunk of queries the
 score block is one matmul; the relevant slice is gathered and sorted, one scatter blanks it in the score block, and
-negatives are only *counted* (:func:`~pml_suprank.metrics.functional.rank_relevant_items`: negatives below the
+negatives are only *counted* (:func:`~pml_suprank.metrics.ranks.rank_relevant_items`: negatives below the
 lowest relevant score are pruned by one comparison pass). Cost: ``O(Q·N·D)`` for the matmul plus a few ``O(Q·N)``
 streaming passes and ``O(Σ_q P_q log P_q)`` for the relevant items; memory ``O(chunk·N)``.
 """
@@ -20,29 +20,25 @@ from torch import Tensor
 
 from .._validation import check_embeddings, check_labels, check_positive
 from ..relevance import Hierarchy, as_hierarchical_labels, as_hierarchy
-from . import functional as F
+from .ranks import COUNTING_METHODS, RetrievalRanks, rank_relevant_items
+from .registry import METRIC_GROUPS, TOP_K_GROUPS, check_groups, metrics_from_ranks
 
 __all__ = ["RetrievalEvaluator", "compute_embeddings", "METRIC_GROUPS"]
 
-#: metric groups accepted by ``RetrievalEvaluator(metrics=...)`` and the keys each one produces
-METRIC_GROUPS: dict[str, str] = {
-    "ap": "ap",
-    "map_at_r": "map_at_r",
-    "r_precision": "r_precision",
-    "precision_at_1": "precision_at_1",
-    "recall_at_k": "recall_at_{k}",
-    "precision_at_k": "precision_at_{k}",
-    "true_recall_at_k": "true_recall_at_{k}",
-    "map_at_k": "map_at_{k}",
-    "h_ap": "h_ap",
-    "ndcg": "ndcg",
-    "asi": "asi",
-    "sum_w_ap": "sum_w_ap",
-    "ap_level": "ap_level{h}",
-    "map_at_r_level": "map_at_r_level{h}",
-    "recall_at_k_level": "recall_at_{k}_level{h}",
-}
-_TOPK_GROUPS = ("precision_at_1", "recall_at_k", "precision_at_k", "recall_at_k_level")
+
+def _hierarchical_label_pair(
+    query_labels: Tensor, reference_labels: Tensor, hierarchy: Hierarchy | None
+) -> tuple[Tensor, Tensor]:
+    """``(Q, L)`` and ``(N, L)`` labels (column 0 finest) from 1-D or 2-D labels, expanded through ``hierarchy``;
+    ValueError when the two have different numbers of levels."""
+    ql = as_hierarchical_labels(query_labels, hierarchy, name="query_labels")
+    rl = as_hierarchical_labels(reference_labels, hierarchy, name="reference_labels")
+    if ql.shape[1] != rl.shape[1]:
+        raise ValueError(
+            f"query_labels and reference_labels must have the same number of levels; got {ql.shape[1]} "
+            f"and {rl.shape[1]}"
+        )
+    return ql, rl
 
 
 def _label_blocks(query_labels: Tensor, ref_labels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -79,7 +75,7 @@ def _chunk_ranks(
     num_bins: int | None,
     workspace: dict | None = None,
     counting: str = "auto",
-) -> F.RetrievalRanks:
+) -> RetrievalRanks:
     """Ranks of one chunk from its ``(C, N)`` score block (overwritten) and the label slices ``(C, L)``."""
     C, N = scores.shape
     L = starts.shape[1]
@@ -104,22 +100,18 @@ def _chunk_ranks(
     rel_scores = scores.gather(1, col)
     if P:
         scores.scatter_(1, col, rel_scores.masked_fill((n_block > 0)[:, None], float("-inf")))
-    levels, positions = F.rank_relevant_items(
+    levels, positions = rank_relevant_items(
         scores, rel_scores, lev, num_bins=num_bins, workspace=workspace, counting=counting
     )
-    ge = ends - starts - has_self[:, None]  # (C, L): items agreeing on the m coarsest labels (self removed)
-    ge = torch.cat([ge, torch.zeros_like(ge[:, :1])], 1)
-    counts = torch.empty(C, L + 1, dtype=torch.long, device=device)
-    counts[:, 1:] = ge[:, :-1] - ge[:, 1:]
-    counts[:, 0] = N - has_self - ge[:, 0]
-    return F.RetrievalRanks(levels, positions, counts, L)
+    return RetrievalRanks(levels, positions, _block_counts(starts, ends, has_self, N), L)
 
 
 class RetrievalEvaluator:
     """Exact retrieval metrics over the whole gallery, chunked over queries, on any device.
 
-    Metrics (means over the queries for which they are defined; DESIGN.md §2 conventions — pessimistic ties, query
-    removed by index, queries without positives excluded and counted):
+    Metrics (means over the queries for which they are defined; ties ranked pessimistically — among equal scores the
+    less relevant item first —, the query removed from its own gallery by index, queries without positives excluded
+    and counted):
 
     * fine level: ``"ap"``, ``"map_at_r"``, ``"r_precision"``, ``"precision_at_1"``, ``"recall_at_{k}"`` (hit rate),
       ``"precision_at_{k}"``, ``"true_recall_at_{k}"``, ``"map_at_{k}"`` for ``k`` in ``k_values``;
@@ -135,16 +127,17 @@ class RetrievalEvaluator:
         alpha: ``α`` of the H-AP relevance (1 = HAPPIER).
         chunk_size: queries per chunk; default ``max(16, 2**25 // N)`` (about 1 GB of work memory).
         device: where to compute (default: the device of ``query``).
-        metrics: metric groups to compute (keys of :data:`METRIC_GROUPS`); default all.
+        metrics: metric groups to compute (keys of :data:`METRIC_GROUPS`, one per entry of the metric registry
+            :data:`~pml_suprank.metrics.registry.METRICS`); default all.
         level_weights: ``w_1..w_L`` for ΣwAP (``w_L`` = finest); default uniform.
         hierarchy: fine -> ancestors table ``(num_fine, L)`` or :class:`~pml_suprank.relevance.Hierarchy`, used to
             expand 1-D labels.
         backend: ``"torch"`` (exact, every metric) or ``"faiss"`` (``IndexFlatIP`` k-NN; only the top-k metric groups
-            ``precision_at_1``, ``recall_at_k``, ``precision_at_k``, ``recall_at_k_level``; ties in faiss order).
+            :data:`~pml_suprank.metrics.registry.TOP_K_GROUPS`; ties in faiss order).
         progress_bar: show a tqdm bar over chunks.
         num_bins: histogram resolution of the counting kernel (speed only).
         counting: ``"auto"``, ``"search"`` or ``"histogram"``: how negatives are counted (speed only, never the
-            result; see :func:`~pml_suprank.metrics.functional.rank_relevant_items`).
+            result; see :func:`~pml_suprank.metrics.ranks.rank_relevant_items`).
 
     Example:
         >>> evaluator = RetrievalEvaluator(k_values=(1, 10))
@@ -185,18 +178,13 @@ class RetrievalEvaluator:
             raise ValueError(f"backend must be one of ('torch', 'faiss'); got {backend!r}")
         self.backend = backend
         if metrics is None:
-            metrics = _TOPK_GROUPS if backend == "faiss" else tuple(METRIC_GROUPS)
-        elif isinstance(metrics, str):
-            metrics = (metrics,)
-        metrics = tuple(metrics)
-        unknown = [m for m in metrics if m not in METRIC_GROUPS]
-        if unknown:
-            raise ValueError(f"unknown metric name(s) {unknown}; valid names: {tuple(METRIC_GROUPS)}")
+            metrics = TOP_K_GROUPS if backend == "faiss" else tuple(METRIC_GROUPS)
+        metrics = check_groups(metrics)
         if backend == "faiss":
-            exact_only = [m for m in metrics if m not in _TOPK_GROUPS]
+            exact_only = [m for m in metrics if m not in TOP_K_GROUPS]
             if exact_only:
                 raise ValueError(
-                    f"backend='faiss' only computes the top-k metrics {_TOPK_GROUPS}; got {exact_only} "
+                    f"backend='faiss' only computes the top-k metrics {TOP_K_GROUPS}; got {exact_only} "
                     "(use backend='torch' for exact full-ranking metrics)"
                 )
         self.metrics = metrics
@@ -204,8 +192,8 @@ class RetrievalEvaluator:
         self.hierarchy = as_hierarchy(hierarchy)
         self.progress_bar = bool(progress_bar)
         self.num_bins = num_bins
-        if counting not in F.COUNTING_METHODS:
-            raise ValueError(f"counting must be one of {F.COUNTING_METHODS}; got {counting!r}")
+        if counting not in COUNTING_METHODS:
+            raise ValueError(f"counting must be one of {COUNTING_METHODS}; got {counting!r}")
         self.counting = counting
 
     def __repr__(self) -> str:
@@ -241,13 +229,7 @@ class RetrievalEvaluator:
             raise ValueError(
                 f"query and reference must have the same embedding size; got {query.shape[1]} and {reference.shape[1]}"
             )
-        ql = as_hierarchical_labels(query_labels, self.hierarchy, name="query_labels")
-        rl = as_hierarchical_labels(reference_labels, self.hierarchy, name="reference_labels")
-        if ql.shape[1] != rl.shape[1]:
-            raise ValueError(
-                f"query_labels and reference_labels must have the same number of levels; got {ql.shape[1]} "
-                f"and {rl.shape[1]}"
-            )
+        ql, rl = _hierarchical_label_pair(query_labels, reference_labels, self.hierarchy)
         self_idx = None
         if ref_includes_query:
             Q = query.shape[0]
@@ -345,9 +327,9 @@ class RetrievalEvaluator:
         merged = {k: torch.cat(v) for k, v in per_query.items()}
         return self._summarise(merged, Q, L, return_per_query)
 
-    def _metrics_from_ranks(self, ranks: F.RetrievalRanks) -> dict[str, Tensor]:
+    def _metrics_from_ranks(self, ranks: RetrievalRanks) -> dict[str, Tensor]:
         L = ranks.num_levels
-        out = F.metrics_from_ranks(
+        out = metrics_from_ranks(
             ranks, k_values=self.k_values, groups=self.metrics, alpha=self.alpha, level_weights=self.level_weights
         )
         out["_n_pos_fine"] = ranks.counts[:, L].double()
@@ -394,31 +376,37 @@ class RetrievalEvaluator:
             keep = nn != torch.arange(Q)[:, None]
             order = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices[:, :kmax]
             nn = nn.gather(1, order)
-        nn_labels = rl.cpu()[nn.clamp_min(0)]  # (Q, k, L)
-        qlc = ql.cpu()
-        _, starts, ends = _label_blocks(qlc, rl.cpu())
-        n_self = 0 if self_idx is None else 1
-        per_query: dict[str, Tensor] = {}
-        want = set(self.metrics)
-        for h in range(L):
-            same = (nn_labels[:, :, h:] == qlc[:, None, h:]).all(-1) & (nn >= 0)
-            n_pos = (ends[:, L - 1 - h] - starts[:, L - 1 - h] - n_self).double()
-            per_query[f"_n_pos_level{h}"] = n_pos
-            nan = torch.full((Q,), float("nan"), dtype=torch.float64)
-            for k in self.k_values:
-                hit_k = same[:, :k].any(1).double()
-                prec_k = same[:, :k].sum(1).double() / k
-                if h == 0 and "recall_at_k" in want:
-                    per_query[f"recall_at_{k}"] = torch.where(n_pos > 0, hit_k, nan)
-                if h == 0 and "precision_at_k" in want:
-                    per_query[f"precision_at_{k}"] = torch.where(n_pos > 0, prec_k, nan)
-                if "recall_at_k_level" in want:
-                    per_query[f"recall_at_{k}_level{h}"] = torch.where(n_pos > 0, hit_k, nan)
-            if h == 0 and "precision_at_1" in want:
-                per_query["precision_at_1"] = torch.where(n_pos > 0, same[:, :1].double().sum(1), nan)
-        per_query["_n_pos_fine"] = per_query["_n_pos_level0"]
-        per_query["_n_rel"] = (ends[:, 0] - starts[:, 0] - n_self).double()
-        return self._summarise(per_query, Q, L, per_q)
+        ranks = _knn_ranks(nn, ql.cpu(), rl.cpu(), self_idx is not None)
+        return self._summarise(self._metrics_from_ranks(ranks), Q, L, per_q)
+
+
+def _block_counts(starts: Tensor, ends: Tensor, has_self: Tensor, N: int) -> Tensor:
+    """``(C, L + 1)`` items per level from the nested label slices ``(C, L)`` (``has_self``: 1 where the query
+    itself lies in the gallery and is removed)."""
+    C, L = starts.shape
+    ge = ends - starts - has_self[:, None]  # (C, L): items agreeing on the m coarsest labels (self removed)
+    ge = torch.cat([ge, torch.zeros_like(ge[:, :1])], 1)
+    counts = torch.empty(C, L + 1, dtype=torch.long, device=starts.device)
+    counts[:, 1:] = ge[:, :-1] - ge[:, 1:]
+    counts[:, 0] = N - has_self - ge[:, 0]
+    return counts
+
+
+def _knn_ranks(nn: Tensor, query_labels: Tensor, ref_labels: Tensor, removes_self: bool) -> RetrievalRanks:
+    """:class:`RetrievalRanks` of a k-NN search: the relevant items among the ``(Q, k)`` neighbours ``nn`` (``-1`` =
+    none) at positions ``1..k`` in search order, and the level counts of the whole gallery, so that the registry's
+    top-k metrics apply unchanged."""
+    Q, L = query_labels.shape
+    nn_labels = ref_labels[nn.clamp_min(0)]  # (Q, k, L)
+    # level = number of agreeing label columns, counted from the coarsest while they agree
+    agree = (nn_labels == query_labels[:, None, :]).flip(-1).long().cumprod(-1)
+    level = agree.sum(-1) * (nn >= 0)
+    order = torch.sort((level == 0).to(torch.int8), dim=1, stable=True).indices  # relevant first, search order kept
+    levels = level.gather(1, order)
+    positions = (order + 1).masked_fill_(levels == 0, 0)
+    _, starts, ends = _label_blocks(query_labels, ref_labels)
+    has_self = torch.full((Q,), int(removes_self), dtype=torch.long)
+    return RetrievalRanks(levels, positions, _block_counts(starts, ends, has_self, ref_labels.shape[0]), L)
 
 
 @torch.no_grad()
@@ -444,7 +432,7 @@ def compute_embeddings(
         dataloader: iterable of batches.
         accelerator: optional ``accelerate.Accelerator`` (accelerate is imported by the caller, never here).
         device: where to run the model (default: ``accelerator.device`` or the model's parameters' device).
-        normalize: L2-normalise the embeddings (cosine similarity, DESIGN.md §2).
+        normalize: L2-normalise the embeddings (then dot products are cosine similarities).
         input_key, label_key: dict keys of the inputs / labels.
 
     Returns:

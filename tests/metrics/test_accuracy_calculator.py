@@ -80,3 +80,55 @@ def test_errors():
         calc.get_accuracy(emb, labels[:-1])
     with pytest.raises(ValueError, match="same number of levels"):
         calc.get_accuracy(emb[:5], labels[:5], emb[5:], labels[5:, :1])
+
+
+def test_calculate_methods_are_generated_from_the_registry_and_found_by_pml():
+    from pml_suprank.metrics.registry import METRICS
+
+    calc = HierarchicalAccuracyCalculator(knn_func=_knn(), device=torch.device("cpu"))
+    found = set(calc.get_curr_metrics())  # PML's discovery through dir(self)
+    for name in METRICS:
+        assert name in found, name
+        assert callable(getattr(calc, f"calculate_{name}"))
+    # groups PML defines itself keep PML's implementation
+    assert HierarchicalAccuracyCalculator.calculate_precision_at_1 is AccuracyCalculator.calculate_precision_at_1
+    assert HierarchicalAccuracyCalculator.calculate_r_precision is AccuracyCalculator.calculate_r_precision
+    assert {"NMI", "AMI", "mean_average_precision_at_r"} <= found
+    # a group that only the registry defines is computed through its generated method
+    emb, labels = _data(n=60, seed=4)
+    out = HierarchicalAccuracyCalculator(
+        include=("true_recall_at_k", "map_at_r_level"), k_values=(2,), device=torch.device("cpu")
+    ).get_accuracy(emb, labels)
+    ref = RetrievalEvaluator(k_values=(2,)).evaluate(emb, labels)
+    assert {k for k in out if not k.startswith("num_")} == {"true_recall_at_2", "map_at_r_level0", "map_at_r_level1"}
+    for key in ("true_recall_at_2", "map_at_r_level0", "map_at_r_level1"):
+        assert out[key] == ref[key]
+
+
+def test_one_name_per_number_unless_asked():
+    emb, labels = _data(seed=5)
+    kw = dict(k="max_bin_count", knn_func=_knn(), device=torch.device("cpu"), k_values=(1, 5))
+    pml = AccuracyCalculator(include=PML_METRICS, **{k: kw[k] for k in ("k", "knn_func", "device")})
+    expected = pml.get_accuracy(emb, labels[:, 0])
+    # default include: PML's names only where PML computes the same number
+    out = HierarchicalAccuracyCalculator(**kw).get_accuracy(emb, labels)
+    assert "mean_average_precision_at_r" in out and "map_at_r" not in out
+    assert "precision_at_1" in out and "recall_at_1" not in out
+    assert {"recall_at_5", "precision_at_5", "map_at_5", "h_ap", "ap", "ap_level1", "map_at_r_level0"} <= set(out)
+    for name in PML_METRICS:
+        assert out[name] == pytest.approx(expected[name], abs=1e-12), name
+    # named in include (constructor or call): both names
+    calc = HierarchicalAccuracyCalculator(**kw)
+    both = calc.get_accuracy(emb, labels, include=("mean_average_precision_at_r", "map_at_r", "precision_at_1"))
+    assert set(both) - {k for k in both if k.startswith("num_")} == {
+        "mean_average_precision_at_r",
+        "map_at_r",
+        "precision_at_1",
+    }
+    # PML not computing its metric: ours is added
+    no_pml = HierarchicalAccuracyCalculator(exclude=("mean_average_precision_at_r",), **kw).get_accuracy(emb, labels)
+    assert "map_at_r" in no_pml and "mean_average_precision_at_r" not in no_pml
+    # a key spelled like PML's keeps PML's value, even when asked for
+    same = HierarchicalAccuracyCalculator(include=("precision_at_1", "precision_at_k"), **kw).get_accuracy(emb, labels)
+    assert same["precision_at_1"] == pytest.approx(expected["precision_at_1"], abs=1e-12)
+    assert "precision_at_5" in same

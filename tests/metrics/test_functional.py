@@ -10,6 +10,7 @@ import torch
 from _metrics_naive import column, isclose, naive_metrics
 
 from pml_suprank.metrics import functional as F
+from pml_suprank.metrics import ranks as R
 from pml_suprank.relevance import level_counts, property1_relevance
 
 
@@ -122,13 +123,13 @@ def test_key_encoding_sort_and_decode():
     # CPU tensors, torch.sort otherwise) and the decoding of the scores are exact
     scores = torch.tensor([[0.5, -0.0, 0.0, -1.5, 0.5, 3.0], [1e-38, -1e-38, 2.0, 2.0, 0.25, 0.0]])
     levels = torch.tensor([[2, 1, 3, 1, 1, 0], [1, 2, 2, 1, 0, 3]])
-    keys = F._pessimistic_keys(scores, levels)
-    fast = F._sort_rows(keys.clone())
-    slow = F._sort_rows(keys.clone().T.contiguous().T)  # non-contiguous: torch.sort
+    keys = R._pessimistic_keys(scores, levels)
+    fast = R._sort_rows(keys.clone())
+    slow = R._sort_rows(keys.clone().T.contiguous().T)  # non-contiguous: torch.sort
     assert torch.equal(fast, slow)
     assert (fast & 63).tolist() == [[1, 2, 1, 3, 1, 0], [1, 2, 1, 3, 2, 0]]
     valid = (fast & 63) > 0
-    decoded = F._decode_key(fast)[valid]
+    decoded = R._decode_key(fast)[valid]
     expected = [0.5, 0.5, 0.0, 0.0, -1.5, 2.0, 2.0, 1e-38, 0.0, -1e-38]  # -0.0 decodes as +0.0 (equal)
     assert torch.equal(decoded, torch.tensor(expected))
 

@@ -1,0 +1,157 @@
+"""metrics.report: labels, headline keys and printed tables derived from the registry reproduce the model card
+(hub), the training progress line and the recipes' tables."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+from pml_suprank.metrics import report
+from pml_suprank.metrics.registry import METRIC_GROUPS, METRICS
+
+FULL = {
+    "ap": 0.5681,
+    "map_at_r": 0.4503,
+    "r_precision": 0.47,
+    "precision_at_1": 0.773,
+    "recall_at_1": 0.773,
+    "true_recall_at_1": 0.773,
+    "map_at_1": 0.773,
+    "recall_at_10": 0.91,
+    "precision_at_10": 0.31,
+    "true_recall_at_10": 0.52,
+    "map_at_10": 0.44,
+    "ap_level0": 0.5681,
+    "map_at_r_level0": 0.4503,
+    "recall_at_1_level0": 0.773,
+    "recall_at_10_level0": 0.91,
+    "ap_level1": 0.83,
+    "map_at_r_level1": 0.61,
+    "recall_at_1_level1": 0.95,
+    "recall_at_10_level1": 0.99,
+    "ap_level2": 0.9,
+    "ap_level10": 0.95,
+    "h_ap": 0.7128,
+    "ndcg": 0.989,
+    "asi": 0.9948,
+    "sum_w_ap": 0.7,
+    "num_queries": 10000,
+    "num_queries_without_positives": 0,
+    "num_queries_without_relevant": 0,
+    "num_queries_without_positives_level0": 0,
+}
+FINE_ONLY = {"ap": 0.25, "map_at_r": 0.125, "precision_at_1": 0.5, "recall_at_1": 0.5, "num_queries": 4}
+HIER_ONLY = {"h_ap": 0.3338, "ndcg": 0.7162, "ap_level1": 0.2, "ap_level0": 0.1}
+CASES = (FULL, FINE_ONLY, HIER_ONLY, {})
+ODD_KEYS = ("foo", "recall_at_", "recall_at_x_level1", "h_ap_level0", "true_recall_at_5_level2", "ap_levelx", "num_x")
+
+
+def test_labels_literal():
+    assert report.metric_label("ap") == "mAP"
+    assert report.metric_label("ap_level1") == "AP (level 1)"
+    assert report.metric_label("ap_level1", ["fine", "coarse"]) == "AP (coarse)"
+    assert report.metric_label("ap_level3", ["fine", "coarse"]) == "AP (level 3)"
+    assert report.metric_label("map_at_r") == "mAP@R"
+    assert report.metric_label("map_at_r_level0", ("product",)) == "mAP@R (product)"
+    assert report.metric_label("recall_at_10") == "R@10"
+    assert report.metric_label("recall_at_1_level1", ("fine", "coarse")) == "R@1 (coarse)"
+    assert report.metric_label("precision_at_1") == "P@1"
+    assert report.metric_label("precision_at_100") == "P@100"
+    assert report.metric_label("true_recall_at_10") == "true recall@10"
+    assert report.metric_label("map_at_10") == "mAP@10"
+    assert report.metric_label("h_ap") == "H-AP"
+    assert report.metric_label("ndcg") == "NDCG"
+    assert report.metric_label("asi") == "ASI"
+    assert report.metric_label("sum_w_ap") == "ΣwAP"
+    assert report.metric_label("r_precision") == "R-precision"
+    assert report.metric_label("num_queries") == "num_queries"
+    assert report.metric_label("num_queries_without_positives_level0") == "num_queries_without_positives (level 0)"
+
+
+def test_headline_progress_and_tables_literal():
+    assert report.HEADLINE_KEYS == ("h_ap", "ndcg", "asi", "ap", "map_at_r", "recall_at_1")
+    assert report.PROGRESS_KEYS == ("h_ap", "ndcg", "asi", "ap", "recall_at_1")
+    assert report.headline_keys(FINE_ONLY) == ["ap", "map_at_r", "recall_at_1"]
+    assert report.headline_keys(HIER_ONLY, {"recall_at_1": 80.0, "ndcg_at_5": 1.0}) == [
+        "h_ap",
+        "ndcg",
+        "recall_at_1",
+        "ndcg_at_5",
+    ]
+    assert report.table_keys(FULL) == [
+        "h_ap", "ndcg", "asi", "ap_level0", "ap_level1", "ap_level10", "ap_level2",
+        "ap", "map_at_r", "recall_at_1", "precision_at_1",
+    ]  # fmt: skip
+    assert report.format_metrics(HIER_ONLY, short=True) == "h_ap=0.3338  ndcg=0.7162"
+    assert report.format_metrics(FINE_ONLY) == "ap=0.2500  recall_at_1=0.5000  map_at_r=0.1250  precision_at_1=0.5000"
+    assert report.format_metrics(HIER_ONLY) == "h_ap=0.3338  ndcg=0.7162  ap_level0=0.1000  ap_level1=0.2000"
+    assert report.one_column(FINE_ONLY) == (
+        "ap                  0.2500\nmap_at_r            0.1250\nrecall_at_1         0.5000\nprecision_at_1      0.5000"
+    )
+    table = report.format_metrics_table({"ap": 0.2, "h_ap": 0.1}, {"ap": 0.25, "h_ap": 0.3338, "map_at_r": 0.5})
+    assert table == (
+        "metric              before     after    change\n"
+        "h_ap                0.1000    0.3338   +0.2338\n"
+        "ap                  0.2000    0.2500   +0.0500\n"
+        "map_at_r               nan    0.5000      +nan"
+    )
+    assert report.format_metrics_table({}, {"ap": 1.0}, keys=["ap"]).splitlines()[1] == (
+        "ap                     nan    1.0000      +nan"
+    )
+
+
+def test_registry_is_consistent():
+    assert tuple(METRIC_GROUPS) == tuple(METRICS)
+    assert len(METRICS) == 15
+    for name, spec in METRICS.items():
+        assert spec.name == name and METRIC_GROUPS[name] == spec.key
+        assert ("{h}" in spec.key) == spec.per_level
+        assert not (spec.per_level and spec.hierarchical)
+        assert report.metric_label(spec.format_key(k=5, h=0)) not in ("", spec.format_key(k=5, h=0)), name
+    with pytest.raises(TypeError):
+        METRICS["x"] = METRICS["ap"]  # read-only
+
+
+def test_same_output_as_hub_model_card_helpers():
+    hub = importlib.import_module("pml_suprank.hub")
+    old, headline = getattr(hub, "_metric_label", None), getattr(hub, "_HEADLINE", None)
+    if old is None or headline is None:
+        pytest.skip("hub now uses pml_suprank.metrics.report")
+    for metrics in CASES:
+        for key in (*metrics, *ODD_KEYS):
+            for names in (None, ("fine", "coarse"), ("a", "b", "c")):
+                assert report.metric_label(key, names) == old(key, names), key
+        paper = {"recall_at_1": 1.0, "extra": 2.0}
+        rates = {k: v for k, v in metrics.items() if not k.startswith("num_")}
+        main = [k for k in headline if k in rates or k in paper]
+        main += [k for k in paper if k not in main]
+        assert report.headline_keys(metrics, paper) == main
+        assert report.headline_keys(metrics) == [k for k in headline if k in rates]
+
+
+def test_same_output_as_training_and_recipes():
+    training = importlib.import_module("pml_suprank.training")
+    old_format = getattr(training, "_format_metrics", None)
+    if old_format is None:
+        pytest.skip("training now uses pml_suprank.metrics.report")
+    recipes = Path(__file__).resolve().parents[2] / "recipes"
+    sys.path.insert(0, str(recipes))
+    try:
+        common = importlib.import_module("common")
+    finally:
+        sys.path.remove(str(recipes))
+    old_one_column = getattr(common, "_one_column", None)
+    if old_one_column is None:
+        pytest.skip("recipes/common.py now uses pml_suprank.metrics.report")
+    for metrics in CASES:
+        for short in (False, True):
+            assert report.format_metrics(metrics, short) == old_format(metrics, short)
+        assert report.one_column(metrics) == old_one_column(metrics)
+        before = {k: v / 2 for k, v in metrics.items()}
+        assert report.format_metrics_table(before, metrics) == training.format_metrics_table(before, metrics)
+        assert report.format_metrics_table(metrics, {}, ["ap", "x"]) == training.format_metrics_table(
+            metrics, {}, ["ap", "x"]
+        )
