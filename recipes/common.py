@@ -33,6 +33,7 @@ from typing import Any  # noqa: E402
 import torch  # noqa: E402
 
 from pml_suprank import hub_config as hc  # noqa: E402
+from pml_suprank.metrics.report import one_column as _one_column  # noqa: E402
 from pml_suprank.training import TrainingConfig  # noqa: E402
 from pml_suprank.training.cli import add_option_arguments, int_list, json_dict, str2bool, str_list  # noqa: E402
 from pml_suprank.training.options import (  # noqa: E402
@@ -44,7 +45,6 @@ from pml_suprank.training.options import (  # noqa: E402
     RunOptions,
     build_loss,
 )
-from pml_suprank.training.report import _one_column  # noqa: E402
 
 __all__ = [
     "NO_ARGUMENT_RUN",

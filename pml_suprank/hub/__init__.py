@@ -26,12 +26,10 @@ from typing import Any
 
 from torch import nn
 
-from .card import _HEADLINE as _HEADLINE  # private names kept importable from their former module
-from .card import _METRIC_NAMES as _METRIC_NAMES
-from .card import _METRIC_PATTERNS as _METRIC_PATTERNS
+from ..metrics.report import HEADLINE_KEYS as _HEADLINE  # private names kept importable from their former module
+from ..metrics.report import metric_label as _metric_label
 from .card import REPO_URL, CardInputs, generate_model_card
 from .card import _fmt as _fmt
-from .card import _metric_label as _metric_label
 from .mixin import HubMixin, build_config, push_folder, save_folder
 from .serialization import (
     CONFIG_NAME,

@@ -5,8 +5,7 @@ the model is, its configuration, a results table (our numbers beside the paper's
 plots, a usage snippet and the citation. :func:`generate_model_card` picks the retrieval or the detector layout from
 ``config["task"]``.
 
-The metric display names (``_METRIC_NAMES`` / ``_HEADLINE`` / ``_METRIC_PATTERNS`` / ``_metric_label``) label the keys
-of :class:`pml_suprank.metrics.RetrievalEvaluator`.
+Metric labels and the headline metrics come from the metric registry (:mod:`pml_suprank.metrics.report`).
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..metrics.report import headline_keys, metric_label
 from .serialization import DETECTOR_TASK, LIBRARY_NAME, check_metrics
 
 __all__ = ["REPO_URL", "CardInputs", "generate_model_card"]
@@ -33,56 +33,12 @@ _ECCV = (
 _PAPERS = {"HAPPIER": _ECCV, "HAPPIERLoss": _ECCV, "SupHAPLoss": _ECCV}
 _DEFAULT_PAPER = _TPAMI
 
-# display names of the metric keys of pml_suprank.metrics.RetrievalEvaluator
-_METRIC_NAMES = {
-    "h_ap": "H-AP",
-    "ndcg": "NDCG",
-    "asi": "ASI",
-    "ap": "mAP",
-    "map_at_r": "mAP@R",
-    "r_precision": "R-precision",
-    "sum_w_ap": "ΣwAP",
-}
-# shown first in the card and listed in its metadata; the other rates follow in a collapsed table
-_HEADLINE = ("h_ap", "ndcg", "asi", "ap", "map_at_r", "recall_at_1")
-_METRIC_PATTERNS = (
-    ("true_recall_at_", "true recall@{}"),
-    ("recall_at_", "R@{}"),
-    ("precision_at_", "P@{}"),
-    ("map_at_", "mAP@{}"),
-)
-
-
 def _fmt(value: Any) -> str:
     if value is None:
         return "–"
     if isinstance(value, (int, float)) and math.isfinite(float(value)):
         return f"{float(value):.2f}"
     return str(value)
-
-
-def _metric_label(key: str, label_names: Sequence[str] | None = None) -> str:
-    """Display name of an evaluator key, e.g. ``recall_at_1_level1`` → ``R@1 (coarse_label)``."""
-    base, level = key, None
-    if "_level" in key:
-        head, _, tail = key.rpartition("_level")
-        if tail.isdigit():
-            base, level = head, int(tail)
-    name = _METRIC_NAMES.get(base)
-    if name is None and base == "ap":
-        name = "AP"
-    if name is None:
-        for prefix, fmt in _METRIC_PATTERNS:
-            if base.startswith(prefix):
-                name = fmt.format(base[len(prefix) :])
-                break
-    name = name or base
-    if level is not None:
-        if base == "ap":
-            name = "AP"
-        where = label_names[level] if label_names and level < len(label_names) else f"level {level}"
-        name = f"{name} ({where})"
-    return name
 
 
 @dataclass(frozen=True)
@@ -211,8 +167,7 @@ def _split_metrics(metrics: Mapping[str, float], paper_results: Mapping[str, Any
     """``(counts, rates, headline keys, other keys)``: ``num_*`` counts apart, headline metrics first."""
     counts = {k: v for k, v in metrics.items() if k.startswith("num_")}
     rates = {k: v for k, v in metrics.items() if k not in counts}
-    main_keys = [k for k in _HEADLINE if k in rates or k in paper_results]
-    main_keys += [k for k in paper_results if k not in main_keys]
+    main_keys = headline_keys(rates, paper_results)
     other_keys = [k for k in rates if k not in main_keys]
     return counts, rates, main_keys, other_keys
 
@@ -233,13 +188,13 @@ def _retrieval_results(inputs: CardInputs, title: str) -> list[str]:
     ]
     for k in main_keys:
         ours = 100.0 * rates[k] if k in rates else None
-        lines.append(f"| {_metric_label(k, label_names)} | {_fmt(ours)} | {_fmt(paper_results.get(k))} |")
+        lines.append(f"| {metric_label(k, label_names)} | {_fmt(ours)} | {_fmt(paper_results.get(k))} |")
     lines.append("")
     if "num_queries" in counts:
         lines += [f"Evaluated with {int(counts['num_queries'])} queries.", ""]
     if other_keys:
         lines += ["<details><summary>All metrics</summary>", "", "| metric | this model |", "|---|---|"]
-        lines += [f"| {_metric_label(k, label_names)} | {_fmt(100.0 * rates[k])} |" for k in other_keys]
+        lines += [f"| {metric_label(k, label_names)} | {_fmt(100.0 * rates[k])} |" for k in other_keys]
         lines += ["", "</details>", ""]
     return lines
 
