@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -419,13 +420,19 @@ def compute_embeddings(
     normalize: bool = True,
     input_key: str | None = None,
     label_key: str | None = None,
-) -> tuple[Tensor, Tensor]:
+    return_indices: bool = False,
+    progress: bool = False,
+    description: str = "embedding",
+) -> tuple[Tensor, ...]:
     """Embed a whole dataloader with ``model`` (eval mode) and return ``(embeddings, labels)`` on the CPU.
 
-    Batches are ``(inputs, labels, ...)`` tuples or dicts (``input_key`` default: the first of ``"pixel_values"``,
-    ``"image"``, ``"images"``, ``"input"``; ``label_key`` default: ``"labels"`` or ``"label"``). With an
-    ``accelerate.Accelerator``, each batch is gathered across processes with ``accelerator.gather_for_metrics``
-    (which also drops the samples duplicated to even out the last batch); the model should then be prepared.
+    The one embedding loop of the package (the trainer, the evaluation recipe and the plots use it through
+    :func:`pml_suprank.training.embed_loader`). Batches are ``(inputs, labels, ...)`` tuples or dicts (``input_key``
+    default: the first of ``"pixel_values"``, ``"image"``, ``"images"``, ``"input"``; ``label_key`` default:
+    ``"labels"`` or ``"label"``; indices: ``"index"`` or the third tuple element). With an
+    ``accelerate.Accelerator``, the model runs under ``accelerator.autocast()`` and each batch is gathered across
+    processes with ``accelerator.gather_for_metrics`` (which also drops the samples duplicated to even out the last
+    batch); the model and the dataloader should then be prepared.
 
     Args:
         model: maps a batch of inputs to ``(B, D)`` embeddings.
@@ -434,9 +441,13 @@ def compute_embeddings(
         device: where to run the model (default: ``accelerator.device`` or the model's parameters' device).
         normalize: L2-normalise the embeddings (then dot products are cosine similarities).
         input_key, label_key: dict keys of the inputs / labels.
+        return_indices: also return the ``(N,)`` dataset indices of the items (dict key ``"index"``).
+        progress: show a progress bar (tqdm, if installed; only on the local main process).
+        description: label of the progress bar.
 
     Returns:
-        ``(N, D)`` float embeddings and ``(N,)`` or ``(N, L)`` labels.
+        ``(N, D)`` float32 embeddings and ``(N,)`` or ``(N, L)`` labels, plus ``(N,)`` indices with
+        ``return_indices``.
     """
     if device is None:
         if accelerator is not None:
@@ -446,26 +457,48 @@ def compute_embeddings(
             device = p.device if p is not None else torch.device("cpu")
     was_training = model.training
     model.eval()
-    embs, labs = [], []
+    outputs: list[list[Tensor]] = [[], [], []]
+    disable = not progress or not getattr(accelerator, "is_local_main_process", True)
     try:
-        for batch in dataloader:
+        for batch in _progress(dataloader, disable, description):
             x, y = _split_batch(batch, input_key, label_key)
-            x = x.to(device) if isinstance(x, Tensor) else x
-            y = torch.as_tensor(y).to(device)
-            e = model(x)
-            if isinstance(e, (tuple, list)):
-                e = e[0]
+            x = x.to(device, non_blocking=True) if isinstance(x, Tensor) else x
+            parts = [torch.as_tensor(y).to(device)]
+            if return_indices:
+                parts.append(torch.as_tensor(_batch_indices(batch)).long().to(device))
+            with getattr(accelerator, "autocast", nullcontext)():
+                e = model(x)
+            e = (e[0] if isinstance(e, (tuple, list)) else e).float()
             if normalize:
-                e = torch.nn.functional.normalize(e.float(), dim=-1)
+                e = torch.nn.functional.normalize(e, dim=-1)
+            parts = [e, *parts]
             if accelerator is not None:
-                e, y = accelerator.gather_for_metrics((e.contiguous(), y.contiguous()))
-            embs.append(e.detach().cpu())
-            labs.append(y.detach().cpu())
+                parts = accelerator.gather_for_metrics(tuple(t.contiguous() for t in parts))
+            for store, t in zip(outputs, parts):
+                store.append(t.detach().cpu())
     finally:
         model.train(was_training)
-    if not embs:
+    if not outputs[0]:
         raise ValueError("dataloader yielded no batch")
-    return torch.cat(embs), torch.cat(labs)
+    return tuple(torch.cat(store) for store in outputs[: 3 if return_indices else 2])
+
+
+def _progress(iterable: Iterable[Any], disable: bool, description: str) -> Iterable[Any]:
+    if disable:
+        return iterable
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # tqdm is in the recipes extra; without it, no bar
+        return iterable
+    return tqdm(iterable, desc=description, dynamic_ncols=True, mininterval=1.0, leave=False)
+
+
+def _batch_indices(batch: Any) -> Any:
+    if isinstance(batch, dict) and "index" in batch:
+        return batch["index"]
+    if isinstance(batch, (tuple, list)) and len(batch) >= 3:
+        return batch[2]
+    raise ValueError("return_indices=True needs batches with an 'index' entry or (inputs, labels, indices) tuples")
 
 
 def _split_batch(batch: Any, input_key: str | None, label_key: str | None) -> tuple[Any, Any]:

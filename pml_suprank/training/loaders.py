@@ -1,5 +1,6 @@
 """Data side of the training loop: seeded per-item augmentation, the data loaders and the one embedding loop
-(:func:`embed_loader`) used by the trainer, the evaluation recipe and the plots."""
+(:func:`embed_loader`, a view of :func:`pml_suprank.metrics.compute_embeddings`) used by the trainer, the evaluation
+recipe and the plots."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
+
+from ..metrics.evaluator import compute_embeddings
 
 __all__ = ["SeededAugmentation", "embed_loader", "make_loader"]
 
@@ -86,32 +89,16 @@ def embed_loader(
 
     Under Accelerate, ``dataloader`` should have gone through ``accelerator.prepare`` (it is sharded across
     processes) and the results are collected with ``accelerator.gather_for_metrics`` (the duplicates that pad the
-    last batch are dropped). Every process receives the full result.
+    last batch are dropped). Every process receives the full result. The loop is
+    :func:`pml_suprank.metrics.compute_embeddings` (not normalised, with the dataset indices).
 
     Returns:
         ``(embeddings (N, D) float32 on CPU, labels (N, L) long, indices (N,) long)``.
     """
-    was_training = model.training
-    model.eval()
-    device = accelerator.device if accelerator is not None else next(model.parameters()).device
-    embs, labs, idxs = [], [], []
-    disable = not progress or (accelerator is not None and not accelerator.is_local_main_process)
-    bar = _progress(dataloader, desc=description, disable=disable, leave=False)
-    for batch in bar:
-        images = batch["image"].to(device, non_blocking=True)
-        labels = batch["labels"].to(device)
-        index = batch["index"].to(device)
-        if accelerator is not None:
-            with accelerator.autocast():
-                emb = model(images)
-            emb, labels, index = accelerator.gather_for_metrics((emb.float().contiguous(), labels, index))
-        else:
-            emb = model(images)
-        embs.append(emb.float().cpu())
-        labs.append(labels.cpu())
-        idxs.append(index.cpu())
-    model.train(was_training)
-    emb, lab, idx = torch.cat(embs), torch.cat(labs), torch.cat(idxs)
+    emb, lab, idx = compute_embeddings(
+        model, dataloader, accelerator=accelerator, normalize=False, input_key="image", label_key="labels",
+        return_indices=True, progress=progress, description=description,
+    )
     order = torch.argsort(idx)
     return emb[order], lab[order], idx[order]
 
