@@ -3,6 +3,7 @@
 from .base_rank_loss import BaseRankLoss, RankInputs
 from .calibration_loss import CalibrationLoss
 from .cluster_loss import ClusterLoss
+from .combined_rank_loss import CombinedRankLoss
 from .cross_batch_memory import CrossBatchMemory
 from .csl_loss import CSLLoss
 from .happier_loss import HAPPIERLoss
@@ -14,3 +15,22 @@ from .sup_ap_loss import SupAPLoss
 from .sup_hap_loss import SupHAPLoss
 from .sup_ndcg_loss import SupNDCGLoss
 from .sup_recall_loss import SupRecallLoss
+
+__all__ = [
+    "BaseRankLoss",
+    "CSLLoss",
+    "CalibrationLoss",
+    "ClusterLoss",
+    "CombinedRankLoss",
+    "CrossBatchMemory",
+    "HAPPIERLoss",
+    "ROADMAPLoss",
+    "RODNDCGLoss",
+    "RODRecallLoss",
+    "RankInputs",
+    "SmoothAPLoss",
+    "SupAPLoss",
+    "SupHAPLoss",
+    "SupNDCGLoss",
+    "SupRecallLoss",
+]
