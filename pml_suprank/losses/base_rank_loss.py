@@ -133,12 +133,15 @@ class BaseRankLoss(BaseMetricLossFunction):
         )
         return RankInputs(scores=scores, valid=valid, labels=labels, ref_labels=ref_labels, same_source=same_source)
 
-    def rank_entry(self, embeddings, labels, indices_tuple, ref_emb, ref_labels, *, scale: float = 1.0) -> dict:
+    def rank_entry(self, embeddings, labels, indices_tuple, ref_emb, ref_labels, *, scale: float | None = None) -> dict:
         """The PML loss-dict entry of the rank term on prepared inputs: ``scale`` × the per-query losses.
 
+        ``scale=None`` is the weight of the rank term in this loss: ``1 − λ`` with a ``decomposability`` term, else 1.
         Returns ``{"losses": (Q,), "indices": (Q,) kept query rows, "reduction_type": "element"}``, or PML's zero
         loss when no query has a positive. Records ``num_kept_queries`` when stats are collected.
         """
+        if scale is None:
+            scale = 1.0 - self.decomposability_weight if self.decomposability_loss is not None else 1.0
         inputs = self.rank_inputs(embeddings, labels, indices_tuple, ref_emb, ref_labels)
         losses, query_idx = self.compute_query_losses(inputs)
         self.num_kept_queries = int(len(query_idx)) if self.collect_stats else 0

@@ -157,7 +157,9 @@ class CombinedRankLoss(BaseMetricLossFunction):
 
     def rank_entry(self, embeddings, labels, indices_tuple, ref_emb, ref_labels) -> dict:
         """The ``"rank_loss"`` entry on prepared inputs: per-query losses times ``1 − λ`` (PML ``"element"``)."""
-        return self.rank_loss.rank_entry(embeddings, labels, indices_tuple, ref_emb, ref_labels, scale=1.0 - self.weight)
+        return self.rank_loss.rank_entry(
+            embeddings, labels, indices_tuple, ref_emb, ref_labels, scale=1.0 - self.weight
+        )
 
     def decomposability_arguments(self, embeddings, labels, indices_tuple, ref_emb, ref_labels) -> tuple:
         """The positional arguments of ``self.decomposability_loss(...)`` for prepared inputs (finest labels)."""
@@ -167,7 +169,14 @@ class CombinedRankLoss(BaseMetricLossFunction):
 
     def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
         return combined_loss_dict(
-            self.rank_loss, self.decomposability_loss, self.weight, embeddings, labels, indices_tuple, ref_emb, ref_labels
+            self.rank_loss,
+            self.decomposability_loss,
+            self.weight,
+            embeddings,
+            labels,
+            indices_tuple,
+            ref_emb,
+            ref_labels,
         )
 
     def forward(self, embeddings, labels=None, indices_tuple=None, ref_emb=None, ref_labels=None):
@@ -178,9 +187,7 @@ class CombinedRankLoss(BaseMetricLossFunction):
         self.add_embedding_regularization_to_loss_dict(loss_dict, embeddings)
         return self.reducer(loss_dict, embeddings, labels)
 
-    def compute_terms(
-        self, embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None
-    ) -> dict[str, Tensor]:
+    def compute_terms(self, embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None) -> dict[str, Tensor]:
         """The loss's terms, each reduced as in :meth:`forward`: ``{"rank_loss": (1 − λ)·L_rank,
         "decomposability_loss": λ·L_dec}`` (plus ``"embedding_reg_loss"`` with an embedding regularizer).
 

@@ -37,5 +37,7 @@ class CrossBatchMemory(_PMLCrossBatchMemory):
 
     @staticmethod
     def supported_losses():
-        ours = ["CalibrationLoss", "CombinedRankLoss"] + _subclass_names(BaseRankLoss) + _subclass_names(CombinedRankLoss)
+        ours = (
+            ["CalibrationLoss", "CombinedRankLoss"] + _subclass_names(BaseRankLoss) + _subclass_names(CombinedRankLoss)
+        )
         return _PMLCrossBatchMemory.supported_losses() + ours

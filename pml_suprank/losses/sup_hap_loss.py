@@ -17,7 +17,8 @@ __all__ = ["SupHAPLoss"]
 class SupHAPLoss(HierarchicalRankLoss):
     """Sup-H-AP loss (Ramzi et al., SupRank TPAMI 2025, Eqs. 18-21; HAPPIER ECCV 2022, Eq. 5).
 
-    For every query ``q`` and its relevant reference items ``i`` (level ``T_i > 0``, DESIGN.md §2):
+    For every query ``q`` and its relevant reference items ``i`` (level ``T_i > 0``: the number of
+    levels, from the coarsest, that ``i`` shares with ``q``):
 
     * ``H-rank⁺(i) = rel_i + Σ_{j≠i} min(rel_i, rel_j) · H(s_j − s_i)`` (Eq. 18, no gradient), or with
       ``with_hrank=True`` the HAPPIER lower bound ``H_s^>`` (App. A.3, Eq. 43, ``min(ν t + μ, 1)`` for ``t > 0`` and
