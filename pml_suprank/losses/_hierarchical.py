@@ -15,7 +15,7 @@ from torch import Tensor
 from ..hierarchical_ranking import _CHUNK
 from ..relevance import Hierarchy, as_hierarchy, level_matrix
 from ._inputs import RankInputs, hierarchical_label_pair
-from ._suprank_step import SupRankStepMixin, resolve_tau
+from ._suprank_step import SupRankStepMixin, pop_step_options
 from .base_rank_loss import BaseRankLoss
 
 __all__ = ["HierarchicalRankLoss"]
@@ -30,12 +30,11 @@ class HierarchicalRankLoss(SupRankStepMixin, BaseRankLoss):
     Args:
         hierarchy: ``None``, a :class:`~pml_suprank.relevance.Hierarchy` or a ``(num_fine, L)`` integer table
             (row ``f`` = ``[f, parent, ..., root]``); required to use 1-D fine labels with ``L > 1`` levels.
-        tau, rho, delta, start, offset: the SupRank step ``H⁻`` (SupRank Eq. 4,
-            :class:`~pml_suprank.ranking.SupRankStep`); ``tau=None`` is 0.01.
         include_self: keep the query as its own (finest-level) item when the reference set is the batch.
         chunk_size: window elements enumerated at once by the rank kernel (memory/speed only).
-        temperature: alias of ``tau``; giving both with different values raises ``ValueError``.
-        **kwargs: :class:`~pml_suprank.losses.BaseRankLoss` / PML options.
+        **kwargs: the SupRank step ``H⁻`` (SupRank Eq. 4, :class:`~pml_suprank.ranking.SupRankStep`): ``tau``
+            (0.01; alias ``temperature``, giving both with different values raises ``ValueError``), ``rho``,
+            ``delta``, ``start``, ``offset``; and :class:`~pml_suprank.losses.BaseRankLoss` / PML options.
     """
 
     allow_2d_labels = True
@@ -43,21 +42,14 @@ class HierarchicalRankLoss(SupRankStepMixin, BaseRankLoss):
     def __init__(
         self,
         hierarchy: Hierarchy | Tensor | None = None,
-        tau: float | None = None,
-        rho: float = 100.0,
-        delta: float = 0.05,
-        start: float = 0.5,
-        offset: float | None = None,
         include_self: bool = False,
         chunk_size: int = _CHUNK,
-        *,
-        temperature: float | None = None,
         **kwargs,
     ):
-        tau = resolve_tau(tau, temperature, type(self).__name__)
+        step_options = pop_step_options(type(self).__name__, kwargs)
         super().__init__(include_self=include_self, **kwargs)
         self.hierarchy = as_hierarchy(hierarchy)
-        self.init_step(tau=tau, rho=rho, delta=delta, start=start, offset=offset)
+        self.init_step(**step_options)
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
             raise ValueError(f"chunk_size must be a positive int; got {chunk_size!r}")
         self.chunk_size = chunk_size

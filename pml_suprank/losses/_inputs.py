@@ -22,6 +22,7 @@ from .._validation import check_embeddings, check_labels
 from ..relevance import Hierarchy, as_hierarchical_labels, check_tree
 
 __all__ = [
+    "PreparedForwardMixin",
     "RankInputs",
     "check_indices_tuple",
     "check_similarity",
@@ -264,3 +265,26 @@ def hierarchical_label_pair(
         both = levels if ref_levels is levels else torch.cat([levels, ref_levels])
         check_tree(both, name="labels (queries and references together)")
     return levels, ref_levels, int(levels.shape[1])
+
+
+class PreparedForwardMixin:
+    """PML ``forward`` for losses that validate their inputs with a ``prepare_inputs`` method.
+
+    The host (a PML ``BaseMetricLossFunction``) defines ``prepare_inputs(embeddings, labels, ref_emb, ref_labels)
+    -> (embeddings, labels, ref_emb, ref_labels)`` and ``compute_loss``; ``forward`` is PML's, with that validation
+    in place of PML's ``set_ref_emb``.
+    """
+
+    def prepared_loss_dict(self, embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None):
+        """``(loss_dict, embeddings, labels)``: the loss dict (embedding regularization included) of a call, with the
+        prepared embeddings and labels the reducer needs."""
+        self.reset_stats()
+        embeddings, labels, ref_emb, ref_labels = self.prepare_inputs(embeddings, labels, ref_emb, ref_labels)
+        loss_dict = self.compute_loss(embeddings, labels, indices_tuple, ref_emb, ref_labels)
+        self.add_embedding_regularization_to_loss_dict(loss_dict, embeddings)
+        return loss_dict, embeddings, labels
+
+    def forward(self, embeddings, labels=None, indices_tuple=None, ref_emb=None, ref_labels=None):
+        """Compute the loss (see the class docstring); a scalar tensor."""
+        loss_dict, embeddings, labels = self.prepared_loss_dict(embeddings, labels, indices_tuple, ref_emb, ref_labels)
+        return self.reducer(loss_dict, embeddings, labels)

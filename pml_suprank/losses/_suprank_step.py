@@ -13,9 +13,10 @@ from __future__ import annotations
 from .._validation import check_positive
 from ..ranking import SupRankStep
 
-__all__ = ["DEFAULT_TAU", "SupRankStepMixin", "resolve_tau"]
+__all__ = ["DEFAULT_TAU", "STEP_OPTIONS", "SupRankStepMixin", "pop_step_options", "resolve_tau"]
 
 DEFAULT_TAU = 0.01
+STEP_OPTIONS = ("tau", "rho", "delta", "start", "offset")
 
 
 def resolve_tau(tau: float | None, temperature: float | None, owner: str) -> float:
@@ -34,6 +35,21 @@ def resolve_tau(tau: float | None, temperature: float | None, owner: str) -> flo
             f"temperature={temperature!r}: give one of them"
         )
     return tau
+
+
+def pop_step_options(owner: str, kwargs: dict, *, temperature_is_tau: bool = True) -> dict:
+    """Remove the ``H⁻`` options from ``kwargs`` and return them, ``tau`` resolved (see :func:`resolve_tau`).
+
+    Args:
+        owner: the loss's name, for error messages.
+        kwargs: keyword arguments of a loss constructor (modified in place).
+        temperature_is_tau: treat ``temperature`` as an alias of ``tau`` (False for Sup-R@k, whose
+            ``temperature`` is its outer ``τ*`` and stays in ``kwargs``).
+    """
+    options = {key: kwargs.pop(key) for key in STEP_OPTIONS if key in kwargs}
+    temperature = kwargs.pop("temperature", None) if temperature_is_tau else None
+    options["tau"] = resolve_tau(options.get("tau"), temperature, owner)
+    return options
 
 
 class SupRankStepMixin:

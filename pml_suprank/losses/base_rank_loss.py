@@ -17,12 +17,19 @@ from torch import Tensor, nn
 
 from .._validation import check_probability
 from ._combination import combined_loss_dict, make_decomposability
-from ._inputs import RankInputs, check_similarity, prepare_inputs, reference_mask, similarity_matrix
+from ._inputs import (
+    PreparedForwardMixin,
+    RankInputs,
+    check_similarity,
+    prepare_inputs,
+    reference_mask,
+    similarity_matrix,
+)
 
 __all__ = ["BaseRankLoss", "RankInputs", "check_similarity", "prepare_inputs", "reference_mask", "similarity_matrix"]
 
 
-class BaseRankLoss(BaseMetricLossFunction):
+class BaseRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
     """Base class of the rank losses (Smooth-AP, SupAP, Sup-R@k, Sup-H-AP, Sup-NDCG, and their combinations).
 
     Call: ``loss(embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None)`` like any PML loss.
@@ -100,14 +107,6 @@ class BaseRankLoss(BaseMetricLossFunction):
         return ["loss"]
 
     # ------------------------------------------------------------------ PML entry points
-    def forward(self, embeddings, labels=None, indices_tuple=None, ref_emb=None, ref_labels=None):
-        """Compute the loss; see the class docstring. Returns a scalar tensor."""
-        self.reset_stats()
-        embeddings, labels, ref_emb, ref_labels = self.prepare_inputs(embeddings, labels, ref_emb, ref_labels)
-        loss_dict = self.compute_loss(embeddings, labels, indices_tuple, ref_emb, ref_labels)
-        self.add_embedding_regularization_to_loss_dict(loss_dict, embeddings)
-        return self.reducer(loss_dict, embeddings, labels)
-
     def prepare_inputs(self, embeddings, labels, ref_emb=None, ref_labels=None):
         """Validate a call and resolve the reference set: ``(embeddings, labels, ref_emb, ref_labels)``.
 

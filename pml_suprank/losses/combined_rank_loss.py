@@ -7,10 +7,10 @@ from torch import Tensor, nn
 
 from .._validation import check_probability
 from ._combination import combined_loss_dict, decomposability_arguments, make_decomposability
-from ._inputs import prepare_inputs
+from ._inputs import PreparedForwardMixin, prepare_inputs
 from .base_rank_loss import BaseRankLoss
 
-__all__ = ["COMBINATION_OPTIONS", "CombinedRankLoss", "proxy_combination_options", "split_combination_options"]
+__all__ = ["COMBINATION_OPTIONS", "CombinedRankLoss", "combination_options", "split_combination_options"]
 
 # PML options that act on the combined loss dict (the rest, e.g. distance, belong to the rank loss)
 COMBINATION_OPTIONS = ("reducer", "embedding_regularizer", "embedding_reg_weight")
@@ -28,23 +28,34 @@ def split_combination_options(kwargs: dict) -> tuple[dict, dict]:
     return rank_kwargs, combination_kwargs
 
 
-def proxy_combination_options(owner: str, decomposability_weight: float, kwargs: dict) -> tuple[float, dict, dict]:
-    """Arguments of the losses whose decomposability term is always the proxy loss (HAPPIER, ROD-NDCG).
+def combination_options(
+    owner: str, decomposability, decomposability_weight: float, kwargs: dict, *, proxy_only: bool = False
+) -> tuple[float, dict, dict]:
+    """Check the arguments of a combined loss's constructor: ``(λ, rank-loss options, combination options)``.
 
-    Returns ``(λ, rank-loss options, combination options)``.
+    Args:
+        owner: the loss's name, for error messages.
+        decomposability: the requested decomposability term (must not be ``None``).
+        decomposability_weight: ``λ``.
+        kwargs: the remaining keyword arguments (split by :func:`split_combination_options`).
+        proxy_only: the loss always uses the proxy term (HAPPIER, ROD-NDCG): ``kwargs`` may not set
+            ``decomposability``, ``num_classes`` or ``embedding_size``.
 
     Raises:
-        TypeError: when ``kwargs`` tries to set ``decomposability``, ``num_classes`` or ``embedding_size``.
-        ValueError: when ``decomposability_weight`` is not in ``[0, 1]``.
+        TypeError: a fixed argument given in ``kwargs``.
+        ValueError: ``decomposability`` is ``None`` or ``decomposability_weight`` is not in ``[0, 1]``.
     """
-    for key in ("decomposability", "num_classes", "embedding_size"):
-        if key in kwargs:
-            raise TypeError(f"{owner} sets {key} itself; got an extra {key}= argument")
+    if proxy_only:
+        for key in ("decomposability", "num_classes", "embedding_size"):
+            if key in kwargs:
+                raise TypeError(f"{owner} sets {key} itself; got an extra {key}= argument")
+    if decomposability is None:
+        raise ValueError(f"{owner} needs decomposability='calibration', 'proxy' or a module; got None")
     weight = check_probability("decomposability_weight", decomposability_weight)
     return (weight, *split_combination_options(kwargs))
 
 
-class CombinedRankLoss(BaseMetricLossFunction):
+class CombinedRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
     """A rank loss combined with a decomposability loss (SupRank TPAMI 2025, Eq. 12; ROADMAP NeurIPS 2021).
 
     ``L = (1 − λ)·L_rank + λ·L_dec`` where ``L_rank`` is any :class:`~pml_suprank.losses.BaseRankLoss` and
@@ -179,22 +190,11 @@ class CombinedRankLoss(BaseMetricLossFunction):
             ref_labels,
         )
 
-    def forward(self, embeddings, labels=None, indices_tuple=None, ref_emb=None, ref_labels=None):
-        """Compute ``(1 − λ)·L_rank + λ·L_dec``; see the class docstring. Returns a scalar tensor."""
-        self.reset_stats()
-        embeddings, labels, ref_emb, ref_labels = self.prepare_inputs(embeddings, labels, ref_emb, ref_labels)
-        loss_dict = self.compute_loss(embeddings, labels, indices_tuple, ref_emb, ref_labels)
-        self.add_embedding_regularization_to_loss_dict(loss_dict, embeddings)
-        return self.reducer(loss_dict, embeddings, labels)
-
     def compute_terms(self, embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None) -> dict[str, Tensor]:
         """The loss's terms, each reduced as in :meth:`forward`: ``{"rank_loss": (1 − λ)·L_rank,
         "decomposability_loss": λ·L_dec}`` (plus ``"embedding_reg_loss"`` with an embedding regularizer).
 
         They sum to ``forward(...)`` (same arguments); divide by :attr:`term_weights` for the unweighted values.
         """
-        self.reset_stats()
-        embeddings, labels, ref_emb, ref_labels = self.prepare_inputs(embeddings, labels, ref_emb, ref_labels)
-        loss_dict = self.compute_loss(embeddings, labels, indices_tuple, ref_emb, ref_labels)
-        self.add_embedding_regularization_to_loss_dict(loss_dict, embeddings)
+        loss_dict, embeddings, labels = self.prepared_loss_dict(embeddings, labels, indices_tuple, ref_emb, ref_labels)
         return {name: self.reducer({name: entry}, embeddings, labels) for name, entry in loss_dict.items()}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..relevance import Hierarchy
-from .combined_rank_loss import CombinedRankLoss, proxy_combination_options
+from .combined_rank_loss import CombinedRankLoss, combination_options
 from .sup_hap_loss import SupHAPLoss
 
 __all__ = ["HAPPIERLoss"]
@@ -42,8 +42,8 @@ class HAPPIERLoss(CombinedRankLoss):
         hierarchy: Hierarchy | Tensor | None = None,
         **suprank_kwargs,
     ):
-        weight, rank_kwargs, combination_kwargs = proxy_combination_options(
-            "HAPPIERLoss", decomposability_weight, suprank_kwargs
+        weight, rank_kwargs, combination_kwargs = combination_options(
+            "HAPPIERLoss", "proxy", decomposability_weight, suprank_kwargs, proxy_only=True
         )
         super().__init__(
             SupHAPLoss(hierarchy=hierarchy, alpha=alpha, **rank_kwargs),

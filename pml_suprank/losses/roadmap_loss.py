@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from .._validation import check_probability
-from .combined_rank_loss import CombinedRankLoss, split_combination_options
+from .combined_rank_loss import CombinedRankLoss, combination_options
 from .sup_ap_loss import SupAPLoss
 
 __all__ = ["ROADMAPLoss"]
@@ -38,10 +37,9 @@ class ROADMAPLoss(CombinedRankLoss):
         embedding_size: int | None = None,
         **suprank_kwargs,
     ):
-        if decomposability is None:
-            raise ValueError("ROADMAPLoss needs decomposability='calibration', 'proxy' or a module; got None")
-        weight = check_probability("decomposability_weight", decomposability_weight)
-        rank_kwargs, combination_kwargs = split_combination_options(suprank_kwargs)
+        weight, rank_kwargs, combination_kwargs = combination_options(
+            "ROADMAPLoss", decomposability, decomposability_weight, suprank_kwargs
+        )
         super().__init__(
             SupAPLoss(**rank_kwargs),
             decomposability,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..relevance import Hierarchy
-from .combined_rank_loss import CombinedRankLoss, proxy_combination_options
+from .combined_rank_loss import CombinedRankLoss, combination_options
 from .sup_ndcg_loss import SupNDCGLoss
 
 __all__ = ["RODNDCGLoss"]
@@ -35,8 +35,8 @@ class RODNDCGLoss(CombinedRankLoss):
         hierarchy: Hierarchy | Tensor | None = None,
         **suprank_kwargs,
     ):
-        weight, rank_kwargs, combination_kwargs = proxy_combination_options(
-            "RODNDCGLoss", decomposability_weight, suprank_kwargs
+        weight, rank_kwargs, combination_kwargs = combination_options(
+            "RODNDCGLoss", "proxy", decomposability_weight, suprank_kwargs, proxy_only=True
         )
         super().__init__(
             SupNDCGLoss(hierarchy=hierarchy, **rank_kwargs),

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from .._validation import check_probability
-from .combined_rank_loss import CombinedRankLoss, split_combination_options
+from .combined_rank_loss import CombinedRankLoss, combination_options
 from .sup_recall_loss import SupRecallLoss
 
 __all__ = ["RODRecallLoss"]
@@ -37,10 +36,9 @@ class RODRecallLoss(CombinedRankLoss):
         embedding_size: int | None = None,
         **suprank_kwargs,
     ):
-        if decomposability is None:
-            raise ValueError("RODRecallLoss needs decomposability='calibration', 'proxy' or a module; got None")
-        weight = check_probability("decomposability_weight", decomposability_weight)
-        rank_kwargs, combination_kwargs = split_combination_options(suprank_kwargs)
+        weight, rank_kwargs, combination_kwargs = combination_options(
+            "RODRecallLoss", decomposability, decomposability_weight, suprank_kwargs
+        )
         super().__init__(
             SupRecallLoss(k=k, temperature=temperature, **rank_kwargs),
             decomposability,

@@ -8,13 +8,11 @@ from torch import Tensor
 from .._validation import check_positive
 from ..ranking import tau_sigmoid
 from ._inputs import RankInputs
-from ._suprank_step import SupRankStepMixin
+from ._suprank_step import SupRankStepMixin, pop_step_options
 from .base_rank_loss import BaseRankLoss
 from .sup_ap_loss import suprank_pair_ranks
 
 __all__ = ["SupRecallLoss"]
-
-_SUPRANK_KEYS = ("tau", "rho", "delta", "start", "offset")
 
 
 def _check_k(k) -> tuple[int, ...]:
@@ -44,7 +42,7 @@ class SupRecallLoss(SupRankStepMixin, BaseRankLoss):
     """
 
     def __init__(self, k=(1, 2, 4, 8, 16), temperature: float = 1.0, **suprank_kwargs):
-        step_kwargs = {key: suprank_kwargs.pop(key) for key in _SUPRANK_KEYS if key in suprank_kwargs}
+        step_kwargs = pop_step_options(type(self).__name__, suprank_kwargs, temperature_is_tau=False)
         super().__init__(**suprank_kwargs)
         self.k = _check_k(k)
         self.temperature = check_positive("temperature", temperature)
