@@ -44,8 +44,9 @@ class SupHAPLoss(HierarchicalRankLoss):
         hrank_nu, hrank_mu, hrank_gamma: ``ν > 0``, ``μ ∈ [0, 1]``, ``γ ≥ 0`` of ``H_s^>`` (paper: 25, 0.5, 10).
         level_weights: optional ``L`` non-negative weights ``w_1..w_L`` (``w_L`` = finest) selecting the
             Property-1 relevance (ΣwAP) instead of Eq. 20; ``alpha`` is then unused.
-        **suprank_kwargs: ``tau``, ``rho``, ``delta``, ``start``, ``offset``, ``include_self``, ``chunk_size`` and
-            the BaseRankLoss / PML options (``distance``, ``reducer``, ``decomposability``, ...).
+        **suprank_kwargs: ``tau`` (alias ``temperature``), ``rho``, ``delta``, ``start``, ``offset``,
+            ``include_self``, ``chunk_size`` and the BaseRankLoss / PML options (``distance``, ``reducer``,
+            ``decomposability``, ...).
 
     Shapes: ``embeddings (B, D)``; ``labels (B, L)`` or ``(B,)`` fine labels with ``hierarchy``; optional
     ``ref_emb (N, D)``, ``ref_labels`` like ``labels``; returns a scalar.
