@@ -67,8 +67,9 @@ class CombinedRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
 
     The PML loss dict keeps both weighted terms: ``"rank_loss"`` (the per-query losses times ``1 − λ``, reduced by
     this loss's reducer) and ``"decomposability_loss"`` (``λ·L_dec``, already reduced by ``L_dec``'s own reducer).
-    :meth:`compute_terms` returns them reduced; they sum to the loss. Attributes of the rank loss (``tau``,
-    ``step``, ``hierarchy``, ``alpha``, ...) can be read on the combined loss; set them on :attr:`rank_loss`.
+    :meth:`compute_terms` returns them reduced; they sum to the loss. The rank loss's public attributes
+    (``include_self``, ``tau``, ``step``, ``hierarchy``, ``alpha``, ...) are mirrored on the combined loss when it
+    is built, for reading (config files list them); the ones in use are :attr:`rank_loss`'s.
 
     Args:
         rank_loss: the rank loss (without a decomposability term of its own). It owns the scores (``distance``)
@@ -124,26 +125,27 @@ class CombinedRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
             num_classes=num_classes,
             embedding_size=embedding_size,
         )
-        self.weight = weight
+        self._mirror_rank_loss_attributes(weight)
+        self.add_to_recordable_attributes(list_of_names=["num_kept_queries"], is_stat=True)
 
-    def __getattr__(self, name: str):
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            rank_loss = self.__dict__.get("_modules", {}).get("rank_loss")
-            if rank_loss is None or name.startswith("_"):
-                raise
-            return getattr(rank_loss, name)
-
-    @property
-    def decomposability_weight(self) -> float:
-        """``λ`` (the name the combined losses' constructors use); same as :attr:`weight`."""
-        return self.weight
+    def _mirror_rank_loss_attributes(self, weight: float) -> None:
+        # the rank loss's public hyper-parameters (include_self, tau, ..., alpha, k) as attributes of this loss, in
+        # the rank loss's order, with decomposability_weight = λ: what vars(loss) listed when these losses were
+        # subclasses of their rank loss (config files are written from it)
+        for key, value in vars(self.rank_loss).items():
+            if key.startswith("_") or key == "num_kept_queries" or hasattr(self, key) or isinstance(value, nn.Module):
+                continue
+            setattr(self, key, weight if key == "decomposability_weight" else value)
+        self.decomposability_weight = weight
 
     @property
-    def include_self(self) -> bool:
-        """The rank loss's ``include_self`` (whether a query is its own positive when the batch is the reference)."""
-        return self.rank_loss.include_self
+    def weight(self) -> float:
+        """``λ``, the weight of the decomposability term (also the attribute ``decomposability_weight``)."""
+        return self.decomposability_weight
+
+    @weight.setter
+    def weight(self, value: float) -> None:
+        self.decomposability_weight = check_probability("weight", value)
 
     @property
     def term_weights(self) -> dict[str, float]:
@@ -168,9 +170,11 @@ class CombinedRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
 
     def rank_entry(self, embeddings, labels, indices_tuple, ref_emb, ref_labels) -> dict:
         """The ``"rank_loss"`` entry on prepared inputs: per-query losses times ``1 − λ`` (PML ``"element"``)."""
-        return self.rank_loss.rank_entry(
+        entry = self.rank_loss.rank_entry(
             embeddings, labels, indices_tuple, ref_emb, ref_labels, scale=1.0 - self.weight
         )
+        self.num_kept_queries = self.rank_loss.num_kept_queries
+        return entry
 
     def decomposability_arguments(self, embeddings, labels, indices_tuple, ref_emb, ref_labels) -> tuple:
         """The positional arguments of ``self.decomposability_loss(...)`` for prepared inputs (finest labels)."""
@@ -179,7 +183,7 @@ class CombinedRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
         )
 
     def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
-        return combined_loss_dict(
+        loss_dict = combined_loss_dict(
             self.rank_loss,
             self.decomposability_loss,
             self.weight,
@@ -189,6 +193,8 @@ class CombinedRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
             ref_emb,
             ref_labels,
         )
+        self.num_kept_queries = self.rank_loss.num_kept_queries
+        return loss_dict
 
     def compute_terms(self, embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None) -> dict[str, Tensor]:
         """The loss's terms, each reduced as in :meth:`forward`: ``{"rank_loss": (1 − λ)·L_rank,

@@ -163,3 +163,25 @@ def test_custom_module_and_cross_batch_memory():
     assert loss_fn(emb, labels).item() == pytest.approx(expected.item(), abs=1e-12)
     losses.CrossBatchMemory(loss_fn, embedding_size=8, memory_size=32)
     losses.CrossBatchMemory(losses.HAPPIERLoss(6, 8, hierarchy=TABLE), embedding_size=8, memory_size=32)
+
+
+def test_rank_loss_hyper_parameters_are_mirrored_for_config_files():
+    """vars(loss) lists what it listed when the combined losses subclassed their rank loss (config.json uses it)."""
+
+    def scalars(loss):
+        return {k: v for k, v in vars(loss).items() if not k.startswith("_") and isinstance(v, (int, float, str, bool))}
+
+    roadmap = scalars(losses.ROADMAPLoss(decomposability_weight=0.3, tau=0.05))
+    assert list(roadmap)[-7:] == ["include_self", "decomposability_weight", "tau", "rho", "delta", "start", "offset"]
+    assert roadmap["decomposability_weight"] == 0.3 and roadmap["tau"] == 0.05 and "weight" not in roadmap
+    happier = scalars(losses.HAPPIERLoss(6, 8, alpha=2.0))
+    assert happier["alpha"] == 2.0 and happier["with_hrank"] is False and "chunk_size" in happier
+
+
+def test_num_kept_queries_is_recorded_on_the_combined_loss():
+    emb, labels = _flat()
+    labels = labels.clone()
+    labels[-1] = 99  # one query without a positive
+    loss_fn = losses.ROADMAPLoss(collect_stats=True)
+    loss_fn(emb, labels)
+    assert loss_fn.num_kept_queries == 15 == loss_fn.rank_loss.num_kept_queries
