@@ -92,14 +92,14 @@ def test_legacy_decomposability_argument_equals_combined_rank_loss():
     torch.testing.assert_close(d1["rank_loss"]["losses"], d2["rank_loss"]["losses"], rtol=0, atol=0)
 
 
-def test_public_attributes_and_delegation():
+def test_public_attributes_and_mirrored_hyper_parameters():
     loss_fn = losses.ROADMAPLoss(decomposability_weight=0.25, tau=0.05, include_self=True)
     assert isinstance(loss_fn, losses.CombinedRankLoss)
     assert isinstance(loss_fn.rank_loss, losses.SupAPLoss) and isinstance(
         loss_fn.decomposability_loss, losses.CalibrationLoss
     )
     assert loss_fn.weight == loss_fn.decomposability_weight == 0.25
-    assert loss_fn.tau == 0.05 and loss_fn.step is loss_fn.rank_loss.step  # read through to the rank loss
+    assert loss_fn.tau == 0.05 and loss_fn.step is loss_fn.rank_loss.step  # mirrored from the rank loss
     assert loss_fn.include_self and loss_fn.decomposability_loss.include_self
     with pytest.raises(AttributeError):
         loss_fn.no_such_attribute  # noqa: B018
