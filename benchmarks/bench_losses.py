@@ -8,7 +8,7 @@ in the same run:
 * ``dense SupAP`` / ``dense Smooth-AP``: the same formulas written the way the reference code does (``B × N × N``
   difference tensor, ranks for every reference item), skipped where ``B·N²`` exceeds ``--dense-limit``;
 * ``PML SmoothAPLoss`` (2.9): in-batch only (it rejects ``ref_emb``); it is timed although its value is wrong for
-  these batches (see spec/ecosystem.md §0.2).
+  these batches (PML 2.9's SmoothAPLoss assumes a fixed number of samples per class in a fixed batch layout).
 
 Other engineers add rows by appending ``Row(...)`` to ``ROWS`` (e.g. hierarchical losses, memory wrappers).
 

@@ -2,7 +2,7 @@
 
 For every configuration a fresh process (so that peak-RSS readings do not leak between configurations) measures
 the forward+backward time of one training step and, in the same process, the bare ``256 × 60,000`` similarity
-matmul forward+backward (the baseline the ratios are taken against; DESIGN.md §3: stay within 10× of it, under 2 s
+matmul forward+backward (the baseline the ratios are taken against; target: stay within 10× of it, under 2 s
 and 2 GB extra on the 2-core CPU). It also reports the bytes held by the memory's own buffers and the peak extra
 resident memory of the step (``ru_maxrss`` after the step minus before it, i.e. the loss's and the memory's
 temporaries). Machines are shared and noisy: read the ratios, not the absolute times.

@@ -8,7 +8,9 @@ counts (ecosystem survey §1.6: 0.71 relative gradient error for a rank loss). H
 
 * :func:`all_gather_with_grad` concatenates the per-process tensors (sizes may differ); its backward **sums** the
   gradients that all processes send to each slice (the semantics of ``torch.distributed.nn.functional.all_gather``,
-  which torch 2.15 deprecates; implemented here with one ``all_reduce``).
+  which torch 2.15 deprecates; implemented here with one ``all_reduce``). :func:`gather_batch` gathers a whole
+  batch (embeddings with gradient, labels, dataset indices, and this process's rows) with it; it is the one gather
+  used by :class:`DistributedRankLoss`, :class:`~pml_suprank.memory.RankingMemory` and the training loop.
 * :func:`reference_loss` computes the losses of the *local* queries against a (gathered or shared) reference set and
   normalises them with the **global** counts of the loss's PML reducer (``all_reduce`` of the number of kept queries,
   of the non-zero pairs for ``AvgNonZeroReducer``, ...). Its value is the single-process loss on the global batch on
@@ -22,6 +24,7 @@ Without an initialised process group (or with one process) everything reduces to
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 import torch
@@ -35,13 +38,16 @@ from pytorch_metric_learning.reducers import (
 from torch import Tensor, nn
 
 from ._validation import check_choice, check_embeddings, check_labels
+from .losses._combination import decomposability_arguments
 
 __all__ = [
     "DistributedMode",
     "DistributedRankLoss",
+    "GlobalBatch",
     "all_gather",
     "all_gather_with_grad",
     "get_rank",
+    "gather_batch",
     "get_world_size",
     "is_distributed",
     "pairs_without_self",
@@ -106,6 +112,24 @@ class _AllGatherWithGrad(torch.autograd.Function):
         return grad[ctx.rank * ctx.rows : (ctx.rank + 1) * ctx.rows], None
 
 
+def _gather_with_grad(tensor: Tensor, sizes: list[int], group: Any) -> Tensor:
+    rows = max(sizes)
+    gathered = _AllGatherWithGrad.apply(_pad_rows(tensor, rows), group)
+    return torch.cat([gathered[r * rows : r * rows + n] for r, n in enumerate(sizes)])
+
+
+def _gather(tensor: Tensor, sizes: list[int], group: Any) -> Tensor:
+    padded = _pad_rows(tensor.detach(), max(sizes))
+    parts = [torch.empty_like(padded) for _ in sizes]
+    torch.distributed.all_gather(parts, padded, group=group)
+    return torch.cat([p[:n] for p, n in zip(parts, sizes, strict=True)])
+
+
+def _check_tensor(name: str, tensor: Any) -> None:
+    if not isinstance(tensor, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor; got {type(tensor).__name__}")
+
+
 def all_gather_with_grad(tensor: Tensor, group: Any = None) -> Tensor:
     """Concatenate ``tensor`` ``(n_r, ...)`` of every process along dim 0, keeping the autograd graph.
 
@@ -119,29 +143,64 @@ def all_gather_with_grad(tensor: Tensor, group: Any = None) -> Tensor:
     Returns:
         ``(Σ_r n_r, ...)`` in rank order; ``tensor`` itself when not distributed.
     """
-    if not isinstance(tensor, Tensor):
-        raise TypeError(f"tensor must be a torch.Tensor; got {type(tensor).__name__}")
+    _check_tensor("tensor", tensor)
     if not is_distributed(group):
         return tensor
-    sizes = _sizes(tensor.shape[0], tensor.device, group)
-    rows = max(sizes)
-    gathered = _AllGatherWithGrad.apply(_pad_rows(tensor, rows), group)
-    return torch.cat([gathered[r * rows : r * rows + n] for r, n in enumerate(sizes)])
+    return _gather_with_grad(tensor, _sizes(tensor.shape[0], tensor.device, group), group)
 
 
 def all_gather(tensor: Tensor, group: Any = None) -> Tensor:
     """Concatenate ``tensor`` ``(n_r, ...)`` of every process along dim 0, *without* gradient (labels, indices,
     memory entries). The number of rows may differ between processes; ``tensor`` itself when not distributed."""
-    if not isinstance(tensor, Tensor):
-        raise TypeError(f"tensor must be a torch.Tensor; got {type(tensor).__name__}")
+    _check_tensor("tensor", tensor)
     if not is_distributed(group):
         return tensor.detach()
-    tensor = tensor.detach()
-    sizes = _sizes(tensor.shape[0], tensor.device, group)
-    padded = _pad_rows(tensor, max(sizes))
-    parts = [torch.empty_like(padded) for _ in sizes]
-    torch.distributed.all_gather(parts, padded, group=group)
-    return torch.cat([p[:n] for p, n in zip(parts, sizes, strict=True)])
+    return _gather(tensor, _sizes(tensor.shape[0], tensor.device, group), group)
+
+
+@dataclass
+class GlobalBatch:
+    """The batch of all processes, as :func:`gather_batch` returns it.
+
+    Attributes:
+        embeddings: ``(B_global, D)``, connected to every process's graph (:func:`all_gather_with_grad`).
+        labels: ``(B_global,)`` or ``(B_global, L)``, no gradient.
+        indices: ``(B_global,)`` dataset indices, or ``None`` when none were given.
+        local: ``(B_local,)`` long, the rows of this process's batch in the global one (on the embeddings' device).
+    """
+
+    embeddings: Tensor
+    labels: Tensor
+    indices: Tensor | None
+    local: Tensor
+
+
+def gather_batch(embeddings: Tensor, labels: Tensor, indices: Tensor | None = None, group: Any = None) -> GlobalBatch:
+    """Gather this process's batch from every process: embeddings with gradient, labels and indices without.
+
+    One exchange of the per-process sizes serves all the gathers. Without an initialised process group (or with
+    one process) the batch is returned as is (``local = arange(B)``).
+
+    Args:
+        embeddings: ``(B_r, D)``.
+        labels: ``(B_r,)`` or ``(B_r, L)``.
+        indices: optional ``(B_r,)`` dataset indices.
+        group: process group (default: the world).
+    """
+    _check_tensor("embeddings", embeddings)
+    _check_tensor("labels", labels)
+    device = embeddings.device
+    if not is_distributed(group):
+        local = torch.arange(embeddings.shape[0], device=device)
+        return GlobalBatch(embeddings, labels, indices, local)
+    sizes = _sizes(embeddings.shape[0], device, group)
+    offset = sum(sizes[: torch.distributed.get_rank(group)])
+    return GlobalBatch(
+        embeddings=_gather_with_grad(embeddings, sizes, group),
+        labels=_gather(labels, sizes, group),
+        indices=None if indices is None else _gather(indices, sizes, group),
+        local=offset + torch.arange(embeddings.shape[0], device=device),
+    )
 
 
 def pairs_without_self(labels: Tensor, ref_labels: Tensor, self_index: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -216,29 +275,23 @@ def _local_terms(loss: nn.Module, queries, labels, indices_tuple, ref_emb, ref_l
             f"loss must be a pytorch-metric-learning BaseMetricLossFunction (or a pml_suprank loss); got "
             f"{type(loss).__name__}"
         )
-    resolve = getattr(loss, "_resolve", None)
-    if resolve is not None:  # pml_suprank BaseRankLoss: validation + dtype handling of its own forward
-        queries, labels, ref_emb, ref_labels = resolve(queries, labels, ref_emb, ref_labels)
+    prepare = getattr(loss, "prepare_inputs", None)
+    if prepare is not None:  # pml_suprank losses: the validation and dtype handling of their own forward
+        queries, labels, ref_emb, ref_labels = prepare(queries, labels, ref_emb, ref_labels)
     elif ref_emb is None:  # PML's set_ref_emb: the batch is the reference set
         ref_emb, ref_labels = queries, labels
     loss.reset_stats()
-    loss_dict = loss.compute_loss(queries, labels, indices_tuple, ref_emb, ref_labels)
-    loss.add_embedding_regularization_to_loss_dict(loss_dict, queries)
-    terms = []
     sub = getattr(loss, "decomposability_loss", None)
-    for name, entry in loss_dict.items():
-        if name == "decomposability_loss" and sub is not None and entry["reduction_type"] == "already_reduced":
-            # BaseRankLoss: the decomposability term is a loss of its own; split its numerator/denominator instead
-            weight = float(loss.decomposability_weight)
-            fine = labels[:, 0] if labels.dim() == 2 else labels
-            ref_fine = ref_labels[:, 0] if ref_labels.dim() == 2 else ref_labels
-            if getattr(sub, "uses_reference_set", True):
-                parts = _local_terms(sub, queries, fine, indices_tuple, ref_emb, ref_fine)
-            else:
-                parts = _local_terms(sub, queries, fine, None, None, None)
-            terms.extend((weight * s, c) for s, c in parts)
-            continue
-        terms.append(_sum_and_count(loss, name, entry, queries))
+    if sub is None:
+        loss_dict = loss.compute_loss(queries, labels, indices_tuple, ref_emb, ref_labels)
+    else:  # CombinedRankLoss (or BaseRankLoss(decomposability=...)): the rank term, then L_dec split into its parts
+        loss_dict = {"rank_loss": loss.rank_entry(queries, labels, indices_tuple, ref_emb, ref_labels)}
+    loss.add_embedding_regularization_to_loss_dict(loss_dict, queries)
+    terms = [_sum_and_count(loss, name, entry, queries) for name, entry in loss_dict.items()]
+    if sub is not None:
+        args = decomposability_arguments(sub, queries, labels, indices_tuple, ref_emb, ref_labels)
+        parts = _local_terms(sub, *args, *(None,) * (5 - len(args)))
+        terms.extend((float(loss.decomposability_weight) * s, c) for s, c in parts)
     return terms
 
 
@@ -271,7 +324,7 @@ def reference_loss(
         ref_labels: ``(N,)`` or ``(N, L)``.
         self_index: ``(B_r,)`` long, the row of ``ref_emb`` holding each query's own copy, removed from the counted
             pairs (``-1`` or ``None``: nothing removed). Pass it when the loss does not keep the query as its own
-            positive (``include_self=False``, DESIGN.md §2).
+            positive (``include_self=False``, the default of every pml_suprank loss).
         group: process group.
 
     Returns:
@@ -353,16 +406,10 @@ class DistributedRankLoss(nn.Module):
             if ref_labels is None:
                 raise ValueError("ref_labels must be given with ref_emb; got None")
             return reference_loss(self.loss, embeddings, labels, ref_emb, ref_labels, group=self.group)
-        all_emb = all_gather_with_grad(embeddings, self.group)
-        all_labels = all_gather(labels, self.group)
+        batch = gather_batch(embeddings, labels, group=self.group)
         if self.mode == "all":
-            return self.loss(all_emb, all_labels)
-        offset = sum(
-            _sizes(embeddings.shape[0], embeddings.device, self.group)[: torch.distributed.get_rank(self.group)]
-        )
-        self_index = None
-        if not getattr(self.loss, "include_self", False):
-            self_index = offset + torch.arange(embeddings.shape[0], device=embeddings.device)
+            return self.loss(batch.embeddings, batch.labels)
+        self_index = None if getattr(self.loss, "include_self", False) else batch.local
         return reference_loss(
-            self.loss, embeddings, labels, all_emb, all_labels, self_index=self_index, group=self.group
+            self.loss, embeddings, labels, batch.embeddings, batch.labels, self_index=self_index, group=self.group
         )

@@ -5,13 +5,13 @@ past (detached) embeddings enlarges the reference set at almost no cost: the bat
 batch *and* against the memory (Wang et al., "Cross-Batch Memory for Embedding Learning", CVPR 2020; used with
 ROADMAP in Ramzi et al., SupRank TPAMI 2025, Sec. 5 / Tab. III, with a memory of the whole training set).
 
-Semantics (reference code ``losses/tools/xbm.py`` + ``engine/base_training_loop.py``, spec §3):
+Semantics (those of the SupRank reference code's XBM, with the differences stated below):
 
 * **enqueue, then get**: the (detached) batch is written first, so the memory also holds a copy of every query.
   When the loss does not keep the query as its own positive (``include_self=False``, the default of every
-  pml_suprank loss, DESIGN.md §2), the query's own copy is removed from its reference set by index (through an
+  pml_suprank loss), the query's own copy is removed from its reference set by index (through an
   ``indices_tuple`` of pairs, as PML's ``CrossBatchMemory`` does); with ``include_self=True`` it is kept, as in
-  the reference code and the golden vectors. ``get_first=True`` (the reference XBM's option) computes the memory
+  the reference code. ``get_first=True`` (the reference XBM's option) computes the memory
   term before the batch is written instead (cheaper with a large memory: no ``(B, M)`` pair list).
 * **loss** ``= (batch_weight · L(batch, ref = batch) + memory_weight · L(batch, ref = memory)) /
   (batch_weight + memory_weight)``; the defaults ``1, 1`` give the reference's plain mean of both terms.
@@ -25,10 +25,11 @@ Semantics (reference code ``losses/tools/xbm.py`` + ``engine/base_training_loop.
 * **state**: embeddings, labels, fill mask, queue pointer and step counter are buffers, so ``state_dict`` /
   ``accelerator.save_state`` restore a memory that continues bit-identically (PML's ``CrossBatchMemory`` keeps its
   queue position in plain attributes and loses it on resume).
-* **distributed**: every process enqueues the gathered *global* batch (so the memories stay identical), the
-  in-batch term ranks the local queries against the gathered global batch with gradients, and both terms are
-  normalised over all processes (:mod:`pml_suprank.distributed`): loss and DDP-averaged gradients equal the
-  single-process run on the concatenated batch.
+* **distributed**: every process enqueues the global batch gathered by
+  :func:`pml_suprank.distributed.gather_batch` (so the memories stay identical), the in-batch term ranks the local
+  queries against the gathered global batch with gradients, and both terms are normalised over all processes
+  (:mod:`pml_suprank.distributed`): loss and DDP-averaged gradients equal the single-process run on the
+  concatenated batch.
 * ``eval()`` mode reads the memory without writing to it.
 
 Labels may be 1-D ``(B,)`` or hierarchical 2-D ``(B, L)``; the label buffer takes the shape of the first batch
@@ -295,15 +296,11 @@ class RankingMemory(nn.Module):
         exclude_self = not getattr(self.loss, "include_self", False)
 
         if use_dist:
-            rank = dist_utils.get_rank(self.group)
-            all_emb = dist_utils.all_gather_with_grad(embeddings, self.group)
-            all_labels = dist_utils.all_gather(labels, self.group)
-            all_indices = dist_utils.all_gather(indices, self.group) if indices is not None else None
-            sizes = dist_utils._sizes(embeddings.shape[0], embeddings.device, self.group)
-            local = torch.arange(embeddings.shape[0], device=embeddings.device) + sum(sizes[:rank])
+            batch = dist_utils.gather_batch(embeddings, labels, indices, group=self.group)
         else:
-            all_emb, all_labels, all_indices = embeddings, labels, indices
             local = torch.arange(embeddings.shape[0], device=embeddings.device)
+            batch = dist_utils.GlobalBatch(embeddings, labels, indices, local)
+        all_emb, all_labels, all_indices, local = batch.embeddings, batch.labels, batch.indices, batch.local
 
         def in_batch_loss() -> Tensor:
             if not use_dist:

@@ -21,7 +21,7 @@ from pytorch_metric_learning.losses import ContrastiveLoss
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from pml_suprank import losses
-from pml_suprank.distributed import DistributedRankLoss, all_gather, all_gather_with_grad
+from pml_suprank.distributed import DistributedRankLoss, all_gather, all_gather_with_grad, gather_batch
 from pml_suprank.memory import RankingMemory
 
 D_IN, D, STEPS = 6, 8, 3
@@ -34,6 +34,7 @@ def loss_factories():
         "SupAP_include_self": (lambda: losses.SupAPLoss(include_self=True), False),
         "SmoothAP": (lambda: losses.SmoothAPLoss(), False),
         "ROADMAP": (lambda: losses.ROADMAPLoss(), False),
+        "SmoothAP+calibration": (lambda: losses.CombinedRankLoss(losses.SmoothAPLoss(), "calibration", 0.4), False),
         "ROADMAP_proxy": (
             lambda: losses.ROADMAPLoss(decomposability="proxy", num_classes=4, embedding_size=D),
             False,
@@ -129,6 +130,27 @@ def check_gather(rank: int, ws: int) -> float:
     return max(max_diff(y, expect), max_diff(x.grad, grad_expect))
 
 
+def check_gather_batch(rank: int, ws: int) -> float:
+    """gather_batch with unequal sizes: embeddings (gradient summed over ranks), labels, indices and local rows."""
+    n = 2 + rank
+    lo = sum(2 + r for r in range(rank))
+    x = torch.full((n, 3), float(rank), dtype=torch.float64, requires_grad=True)
+    labels = torch.stack([torch.arange(lo, lo + n), torch.full((n,), rank)], 1)
+    batch = gather_batch(x, labels, indices=10 + torch.arange(lo, lo + n))
+    total = sum(2 + r for r in range(ws))
+    expect = torch.cat([torch.full((2 + r, 3), float(r), dtype=torch.float64) for r in range(ws)])
+    labels_expect = torch.stack([torch.arange(total), torch.cat([torch.full((2 + r,), r) for r in range(ws)])], 1)
+    (batch.embeddings * torch.arange(total, dtype=torch.float64)[:, None]).sum().backward()
+    grad_expect = ws * torch.arange(lo, lo + n, dtype=torch.float64)[:, None].expand(n, 3)
+    exact = (
+        torch.equal(batch.labels, labels_expect)
+        and torch.equal(batch.indices, 10 + torch.arange(total))
+        and torch.equal(batch.local, torch.arange(lo, lo + n))
+        and not batch.labels.requires_grad
+    )
+    return max(max_diff(batch.embeddings, expect), max_diff(x.grad, grad_expect), 0.0 if exact else 1.0)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -141,7 +163,7 @@ def main() -> None:
     )
     torch.set_num_threads(1)
     rank, ws = dist.get_rank(), dist.get_world_size()
-    results = {"gather": check_gather(rank, ws)}
+    results = {"gather": check_gather(rank, ws), "gather_batch": check_gather_batch(rank, ws)}
     factories = loss_factories()
     plan = []
     for name in factories:

@@ -18,9 +18,11 @@ from pytorch_metric_learning.reducers import DoNothingReducer
 from pml_suprank import losses
 from pml_suprank.distributed import (
     DistributedRankLoss,
+    GlobalBatch,
     _local_terms,
     all_gather,
     all_gather_with_grad,
+    gather_batch,
     get_rank,
     get_world_size,
     is_distributed,
@@ -52,6 +54,18 @@ def test_single_process_fallbacks():
         DistributedRankLoss(loss_fn, mode="efficient")
 
 
+def test_gather_batch_without_process_group_is_the_local_batch():
+    emb, labels = _batch()
+    indices = torch.arange(12) + 100
+    batch = gather_batch(emb, labels, indices)
+    assert isinstance(batch, GlobalBatch)
+    assert batch.embeddings is emb and batch.labels is labels and batch.indices is indices
+    assert torch.equal(batch.local, torch.arange(12))
+    assert gather_batch(emb, labels).indices is None
+    with pytest.raises(TypeError, match="labels must be a torch.Tensor"):
+        gather_batch(emb, [0, 1])
+
+
 def test_pairs_without_self():
     labels = torch.tensor([0, 1, 0])
     ref_labels = torch.tensor([0, 0, 1, 1, 0])
@@ -75,6 +89,9 @@ def test_reference_loss_without_process_group_removes_only_the_self_copy():
 
 SPLIT_LOSSES = {
     "SupAP": (lambda: losses.SupAPLoss(), False),
+    "SmoothAP+calibration": (lambda: losses.CombinedRankLoss(losses.SmoothAPLoss(), "calibration", 0.4), False),
+    "SupAP_legacy_decomposability": (lambda: losses.SupAPLoss(decomposability="calibration"), False),
+    "RODNDCG": (lambda: losses.RODNDCGLoss(num_classes=4, embedding_size=8), True),
     "ROADMAP": (lambda: losses.ROADMAPLoss(), False),
     "ROADMAP_proxy": (lambda: losses.ROADMAPLoss(decomposability="proxy", num_classes=4, embedding_size=8), False),
     "HAPPIER": (lambda: losses.HAPPIERLoss(num_classes=4, embedding_size=8), True),
@@ -155,9 +172,10 @@ def test_two_process_gloo_equals_single_process(tmp_path):
     assert codes == [0, 0] and out.exists(), "\n".join(logs)[-4000:]
     results = json.loads(out.read_text())
     assert results.pop("gather") == 0.0
+    assert results.pop("gather_batch") == 0.0
     errors = {k: v["error"] for k, v in results.items() if "error" in v}
     assert not errors, errors
-    for required in ("SupAP", "ROADMAP", "HAPPIER"):
+    for required in ("SupAP", "ROADMAP", "HAPPIER", "SmoothAP+calibration"):
         for wrapper in ("local_queries", "all", "memory"):
             assert f"{required}/{wrapper}/8-8" in results
     assert "SupAP/local_queries/6-10" in results and "HAPPIER/memory_index/8-8" in results

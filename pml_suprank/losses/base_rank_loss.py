@@ -1,200 +1,40 @@
 """``BaseRankLoss``: the PML ``BaseMetricLossFunction`` subclass shared by every rank loss of the package.
 
-It owns everything that is not the rank surrogate itself: argument validation, the score matrix, which reference
-items count for each query (``include_self``, ``indices_tuple``), mixed precision, dropping queries without a
-positive, PML reducers, and the optional decomposability term of the combined losses (ROADMAP, ROD-R@k, HAPPIER,
-ROD-NDCG). Subclasses implement one hook, :meth:`BaseRankLoss.compute_query_losses`.
+It owns everything that is not the rank surrogate itself: the score matrix, which reference items count for each
+query (``include_self``, ``indices_tuple``), mixed precision, dropping queries without a positive and PML reducers
+(input validation lives in :mod:`pml_suprank.losses._inputs`). Subclasses implement one hook,
+:meth:`BaseRankLoss.compute_query_losses`. Combining a rank loss with a decomposability term (SupRank paper
+Eq. 12) is :class:`~pml_suprank.losses.CombinedRankLoss`'s job; the ``decomposability=`` arguments of this class are
+a shortcut to the same computation.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
-from pytorch_metric_learning.distances import CosineSimilarity, DotProductSimilarity
+from pytorch_metric_learning.distances import CosineSimilarity
 from pytorch_metric_learning.losses import BaseMetricLossFunction
 from torch import Tensor, nn
 
-from .._validation import check_embeddings, check_labels, check_probability
+from .._validation import check_probability
+from ._combination import combined_loss_dict, make_decomposability
+from ._inputs import (
+    PreparedForwardMixin,
+    RankInputs,
+    check_similarity,
+    prepare_inputs,
+    reference_mask,
+    similarity_matrix,
+)
 
-__all__ = ["BaseRankLoss", "RankInputs", "check_similarity", "prepare_inputs", "reference_mask"]
-
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
-
-
-@dataclass
-class RankInputs:
-    """What :meth:`BaseRankLoss.compute_query_losses` receives.
-
-    Attributes:
-        scores: ``(B, N)`` similarities ``S[b, j] = sim(embeddings[b], ref_emb[j])`` in float32 or float64
-            (fp16/bf16 inputs are up-cast), connected to the graph of ``embeddings`` (and of ``ref_emb``).
-        valid: ``(B, N)`` bool, the reference items that count for each query: all of them, restricted to the pairs
-            of ``indices_tuple`` when one is given, minus the query itself (by index) when the reference set is the
-            batch and ``include_self=False``.
-        labels: ``(B,)`` (or ``(B, L)`` for hierarchical subclasses) integer labels of the queries.
-        ref_labels: ``(N,)`` (or ``(N, L)``) labels of the reference items.
-        same_source: True when the reference set is the batch itself (``ref_emb is None or ref_emb is embeddings``).
-    """
-
-    scores: Tensor
-    valid: Tensor
-    labels: Tensor
-    ref_labels: Tensor
-    same_source: bool
-
-    def positives(self) -> Tensor:
-        """``(B, N)`` bool: valid reference items with the same (1-D) label as the query."""
-        return self.valid & (self.labels.unsqueeze(1) == self.ref_labels.unsqueeze(0))
-
-    def positive_pairs(self, positives: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """``(query_idx, item_idx)`` of every (query, positive) pair, grouped by query (row-major order)."""
-        pos = self.positives() if positives is None else positives
-        q, i = torch.nonzero(pos, as_tuple=True)
-        return q, i
+__all__ = ["BaseRankLoss", "RankInputs", "check_similarity", "prepare_inputs", "reference_mask", "similarity_matrix"]
 
 
-def check_similarity(owner: str, distance) -> None:
-    """Accept only cosine / dot-product similarities (``CosineSimilarity``, ``DotProductSimilarity``, power 1)."""
-    ok = (
-        isinstance(distance, DotProductSimilarity)
-        and distance.power == 1
-        and distance.is_inverted
-        and (not distance.normalize_embeddings or distance.p == 2)
-    )
-    if not ok:
-        raise ValueError(
-            f"{owner} needs distance=CosineSimilarity() or DotProductSimilarity() (power=1, p=2): rank losses are "
-            f"defined on similarity scores; got distance={type(distance).__name__}"
-            f"(p={getattr(distance, 'p', None)}, power={getattr(distance, 'power', None)}, "
-            f"normalize_embeddings={getattr(distance, 'normalize_embeddings', None)})"
-        )
-
-
-def _check_indices_tuple(indices_tuple, num_queries: int, num_refs: int):
-    if indices_tuple is None:
-        return None
-    if not isinstance(indices_tuple, (tuple, list)) or len(indices_tuple) not in (3, 4):
-        raise ValueError(
-            "indices_tuple must be None, a 4-tuple of pair indices (anchors1, positives, anchors2, negatives) or a "
-            f"3-tuple of triplet indices (anchors, positives, negatives); got {type(indices_tuple).__name__} of "
-            f"length {len(indices_tuple) if isinstance(indices_tuple, (tuple, list)) else 'n/a'}"
-        )
-    for k, idx in enumerate(indices_tuple):
-        if not isinstance(idx, Tensor) or idx.dim() != 1 or idx.is_floating_point() or idx.dtype == torch.bool:
-            raise TypeError(f"indices_tuple[{k}] must be a 1-D integer tensor; got {getattr(idx, 'dtype', idx)}")
-    if len(indices_tuple) == 3:
-        a, p, n = indices_tuple
-        if not len(a) == len(p) == len(n):
-            raise ValueError(f"indices_tuple triplets must have equal lengths; got {len(a)}, {len(p)}, {len(n)}")
-        pairs = (a, p, a, n)
-    else:
-        pairs = tuple(indices_tuple)
-        if len(pairs[0]) != len(pairs[1]) or len(pairs[2]) != len(pairs[3]):
-            raise ValueError(
-                "indices_tuple pairs must have len(anchors1) == len(positives) and len(anchors2) == len(negatives); "
-                f"got {[len(x) for x in pairs]}"
-            )
-    for k, (idx, bound, what) in enumerate(
-        zip(pairs, (num_queries, num_refs) * 2, ("embeddings", "ref_emb") * 2, strict=True)
-    ):
-        if len(idx) and (int(idx.min()) < 0 or int(idx.max()) >= bound):
-            raise ValueError(
-                f"indices_tuple entry {k} indexes {what} (size {bound}); "
-                f"got values in [{int(idx.min())}, {int(idx.max())}]"
-            )
-    return pairs
-
-
-def reference_mask(
-    num_queries: int,
-    num_refs: int,
-    device: torch.device,
-    *,
-    same_source: bool,
-    include_self: bool,
-    indices_tuple=None,
-) -> Tensor:
-    """``(B, N)`` bool mask of the (query, reference) pairs that count.
-
-    All pairs by default; only the pairs listed in ``indices_tuple`` when one is given (pairs ``(a1, p)`` and
-    ``(a2, n)``, or ``(a, p)`` and ``(a, n)`` for triplets — this is how PML's ``CrossBatchMemory`` removes the
-    queries' own copies from the memory); the query itself is removed by index when the reference set is the batch
-    (``same_source``) unless ``include_self`` (the reference code's convention).
-    """
-    pairs = _check_indices_tuple(indices_tuple, num_queries, num_refs)
-    if pairs is None:
-        valid = torch.ones(num_queries, num_refs, dtype=torch.bool, device=device)
-    else:
-        valid = torch.zeros(num_queries, num_refs, dtype=torch.bool, device=device)
-        a1, p, a2, n = (x.to(device=device, dtype=torch.long) for x in pairs)
-        valid[a1, p] = True
-        valid[a2, n] = True
-    if same_source and not include_self:
-        idx = torch.arange(min(num_queries, num_refs), device=device)
-        valid[idx, idx] = False
-    return valid
-
-
-def prepare_inputs(owner: str, embeddings, labels, ref_emb, ref_labels, *, allow_2d_labels: bool = False):
-    """Validate a loss call and resolve the reference set (PML's identity convention).
-
-    Returns ``(embeddings, labels, ref_emb, ref_labels, same_source)`` where fp16/bf16 embeddings are up-cast to
-    float32, ``ref_emb is embeddings`` when the reference set is the batch, and labels are on the embeddings' device.
-    """
-    same_source = ref_emb is None or ref_emb is embeddings
-    embeddings = check_embeddings("embeddings", embeddings)
-    if labels is None:
-        raise ValueError(f"{owner} requires labels (an integer tensor of shape (batch_size,)); got None")
-    labels = check_labels("labels", labels, embeddings.shape[0], allow_2d=allow_2d_labels)
-    labels = labels.to(embeddings.device)
-    if same_source:
-        if ref_labels is not None and ref_labels is not labels:
-            ref_labels = check_labels("ref_labels", ref_labels, embeddings.shape[0], allow_2d=allow_2d_labels)
-            if not torch.equal(ref_labels.to(labels.device), labels):
-                raise ValueError("ref_labels must be None or equal to labels when ref_emb is None")
-        ref_labels = labels
-    else:
-        ref_emb = check_embeddings("ref_emb", ref_emb)
-        if ref_emb.shape[1] != embeddings.shape[1]:
-            raise ValueError(
-                f"ref_emb must have the embedding size of embeddings ({embeddings.shape[1]}); got shape "
-                f"{tuple(ref_emb.shape)}"
-            )
-        if ref_emb.device != embeddings.device:
-            raise ValueError(f"ref_emb must be on {embeddings.device}; got {ref_emb.device}")
-        if ref_labels is None:
-            raise ValueError(f"{owner} requires ref_labels when ref_emb is given; got None")
-        ref_labels = check_labels(
-            "ref_labels", ref_labels, ref_emb.shape[0], allow_2d=allow_2d_labels, n_name="ref_emb"
-        )
-        ref_labels = ref_labels.to(embeddings.device)
-        if ref_labels.shape[1:] != labels.shape[1:]:
-            raise ValueError(
-                f"ref_labels must have the label columns of labels {tuple(labels.shape[1:])}; got shape "
-                f"{tuple(ref_labels.shape)}"
-            )
-    if embeddings.dtype in _LOW_PRECISION:
-        embeddings = embeddings.float()
-    if same_source:
-        ref_emb = embeddings
-    elif ref_emb.dtype != embeddings.dtype:
-        ref_emb = ref_emb.to(embeddings.dtype)
-    return embeddings, labels, ref_emb, ref_labels, same_source
-
-
-def similarity_matrix(distance, embeddings: Tensor, ref_emb: Tensor) -> Tensor:
-    """``(B, N)`` similarity matrix computed in full precision (autocast disabled)."""
-    with torch.autocast(device_type=embeddings.device.type, enabled=False):
-        return distance(embeddings, ref_emb)
-
-
-class BaseRankLoss(BaseMetricLossFunction):
+class BaseRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
     """Base class of the rank losses (Smooth-AP, SupAP, Sup-R@k, Sup-H-AP, Sup-NDCG, and their combinations).
 
     Call: ``loss(embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None)`` like any PML loss.
 
-    Semantics (DESIGN.md §2): scores are cosine / dot-product similarities (``distance`` must be a
+    Semantics: scores are cosine / dot-product similarities (``distance`` must be a
     ``DotProductSimilarity``/``CosineSimilarity``; anything else raises ``ValueError``); the reference set is the
     batch unless ``ref_emb``/``ref_labels`` are given; when it is the batch (``ref_emb is None or ref_emb is
     embeddings``) the query is removed from its own reference set *by index* unless ``include_self=True`` (the
@@ -214,11 +54,13 @@ class BaseRankLoss(BaseMetricLossFunction):
        they are ``O(pairs × N)`` in time and never save ``pairs × N`` tensors for backward.
     2. Hierarchical losses set the class attribute ``allow_2d_labels = True`` to accept ``(N, L)`` labels
        (column 0 = finest); the base validates them and passes them through unchanged.
-    3. Combined losses (``(1 − λ)·rank loss + λ·decomposability loss``) pass ``decomposability=`` (``"calibration"``,
-       ``"proxy"`` or a loss module), ``decomposability_weight=``, and for proxies ``num_classes=`` /
-       ``embedding_size=`` to this constructor. The loss dict then has two entries: ``"rank_loss"`` (element-wise,
-       weighted by ``1 − λ``) and ``"decomposability_loss"`` (already reduced, weighted by ``λ``); otherwise a
-       single ``"loss"`` entry. The decomposability term uses the finest labels (column 0 of 2-D labels).
+    3. Combined losses (``(1 − λ)·rank loss + λ·decomposability loss``, SupRank Eq. 12): wrap the loss in
+       :class:`~pml_suprank.losses.CombinedRankLoss` (``CombinedRankLoss(MyRankLoss(), "calibration", 0.1)``).
+       Passing ``decomposability=`` (``"calibration"``, ``"proxy"`` or a loss module), ``decomposability_weight=``
+       and, for proxies, ``num_classes=``/``embedding_size=`` to this constructor computes the same combination on
+       the loss itself. The loss dict then has two entries: ``"rank_loss"`` (element-wise, weighted by ``1 − λ``)
+       and ``"decomposability_loss"`` (already reduced, weighted by ``λ``); otherwise a single ``"loss"`` entry. The
+       decomposability term uses the finest labels (column 0 of 2-D labels).
 
     Args:
         include_self: keep the query as its own positive when the reference set is the batch (reference code).
@@ -249,7 +91,11 @@ class BaseRankLoss(BaseMetricLossFunction):
         self.include_self = include_self
         check_similarity(type(self).__name__, self.distance)
         self.decomposability_weight = check_probability("decomposability_weight", decomposability_weight)
-        self.decomposability_loss = self._make_decomposability(decomposability, num_classes, embedding_size)
+        self.decomposability_loss = None
+        if decomposability is not None:
+            self.decomposability_loss = make_decomposability(
+                decomposability, include_self=include_self, num_classes=num_classes, embedding_size=embedding_size
+            )
         self.add_to_recordable_attributes(list_of_names=["num_kept_queries"], is_stat=True)
 
     def get_default_distance(self):
@@ -260,43 +106,20 @@ class BaseRankLoss(BaseMetricLossFunction):
             return ["rank_loss", "decomposability_loss"]
         return ["loss"]
 
-    def _make_decomposability(self, kind, num_classes, embedding_size):
-        if kind is None:
-            return None
-        if isinstance(kind, nn.Module):
-            return kind
-        if kind == "calibration":
-            from .calibration_loss import CalibrationLoss
-
-            return CalibrationLoss(include_self=self.include_self)
-        if kind == "proxy":
-            from .cluster_loss import ClusterLoss
-
-            if num_classes is None or embedding_size is None:
-                raise ValueError(
-                    "decomposability='proxy' (ClusterLoss, L_DG*) needs num_classes and embedding_size; got "
-                    f"num_classes={num_classes!r}, embedding_size={embedding_size!r}"
-                )
-            return ClusterLoss(num_classes=num_classes, embedding_size=embedding_size)
-        raise ValueError(f"decomposability must be one of (None, 'calibration', 'proxy') or an nn.Module; got {kind!r}")
-
     # ------------------------------------------------------------------ PML entry points
-    def forward(self, embeddings, labels=None, indices_tuple=None, ref_emb=None, ref_labels=None):
-        """Compute the loss; see the class docstring. Returns a scalar tensor."""
-        self.reset_stats()
-        embeddings, labels, ref_emb, ref_labels = self._resolve(embeddings, labels, ref_emb, ref_labels)
-        loss_dict = self.compute_loss(embeddings, labels, indices_tuple, ref_emb, ref_labels)
-        self.add_embedding_regularization_to_loss_dict(loss_dict, embeddings)
-        return self.reducer(loss_dict, embeddings, labels)
+    def prepare_inputs(self, embeddings, labels, ref_emb=None, ref_labels=None):
+        """Validate a call and resolve the reference set: ``(embeddings, labels, ref_emb, ref_labels)``.
 
-    def _resolve(self, embeddings, labels, ref_emb, ref_labels):
+        fp16/bf16 embeddings are up-cast to float32; ``ref_emb is embeddings`` when the reference set is the batch;
+        labels are moved to the embeddings' device. ``compute_loss``/``rank_entry`` expect inputs prepared this way.
+        """
         emb, labels, ref, ref_labels, _ = prepare_inputs(
             type(self).__name__, embeddings, labels, ref_emb, ref_labels, allow_2d_labels=self.allow_2d_labels
         )
         return emb, labels, ref, ref_labels
 
     def rank_inputs(self, embeddings, labels, indices_tuple, ref_emb, ref_labels) -> RankInputs:
-        """Build :class:`RankInputs` (scores + validity mask) for already-resolved inputs."""
+        """Build :class:`RankInputs` (scores + validity mask) for already-prepared inputs."""
         same_source = ref_emb is embeddings
         scores = similarity_matrix(self.distance, embeddings, ref_emb)
         valid = reference_mask(
@@ -309,37 +132,35 @@ class BaseRankLoss(BaseMetricLossFunction):
         )
         return RankInputs(scores=scores, valid=valid, labels=labels, ref_labels=ref_labels, same_source=same_source)
 
-    def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
+    def rank_entry(self, embeddings, labels, indices_tuple, ref_emb, ref_labels, *, scale: float | None = None) -> dict:
+        """The PML loss-dict entry of the rank term on prepared inputs: ``scale`` × the per-query losses.
+
+        ``scale=None`` is the weight of the rank term in this loss: ``1 − λ`` with a ``decomposability`` term, else 1.
+        Returns ``{"losses": (Q,), "indices": (Q,) kept query rows, "reduction_type": "element"}``, or PML's zero
+        loss when no query has a positive. Records ``num_kept_queries`` when stats are collected.
+        """
+        if scale is None:
+            scale = 1.0 - self.decomposability_weight if self.decomposability_loss is not None else 1.0
         inputs = self.rank_inputs(embeddings, labels, indices_tuple, ref_emb, ref_labels)
         losses, query_idx = self.compute_query_losses(inputs)
         self.num_kept_queries = int(len(query_idx)) if self.collect_stats else 0
-        rank_weight = 1.0 - self.decomposability_weight if self.decomposability_loss is not None else 1.0
         if len(query_idx) == 0:
-            rank_entry = self.zero_loss()
-        else:
-            rank_entry = {"losses": rank_weight * losses, "indices": query_idx, "reduction_type": "element"}
-        if self.decomposability_loss is None:
-            return {"loss": rank_entry}
-        value = self.compute_decomposability(embeddings, labels, indices_tuple, ref_emb, ref_labels)
-        return {
-            "rank_loss": rank_entry,
-            "decomposability_loss": {
-                "losses": self.decomposability_weight * value,
-                "indices": None,
-                "reduction_type": "already_reduced",
-            },
-        }
+            return self.zero_loss()
+        return {"losses": scale * losses, "indices": query_idx, "reduction_type": "element"}
 
-    def compute_decomposability(self, embeddings, labels, indices_tuple, ref_emb, ref_labels) -> Tensor:
-        """The decomposability term (unweighted scalar) on the finest labels."""
-        fine = labels[:, 0] if labels.dim() == 2 else labels
-        module = self.decomposability_loss
-        if getattr(module, "uses_reference_set", True):
-            if ref_emb is embeddings:
-                return module(embeddings, fine, indices_tuple)
-            ref_fine = ref_labels[:, 0] if ref_labels.dim() == 2 else ref_labels
-            return module(embeddings, fine, indices_tuple, ref_emb, ref_fine)
-        return module(embeddings, fine)
+    def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
+        if self.decomposability_loss is None:
+            return {"loss": self.rank_entry(embeddings, labels, indices_tuple, ref_emb, ref_labels)}
+        return combined_loss_dict(
+            self,
+            self.decomposability_loss,
+            self.decomposability_weight,
+            embeddings,
+            labels,
+            indices_tuple,
+            ref_emb,
+            ref_labels,
+        )
 
     def compute_query_losses(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:
         """Per-query losses ``(Q,)`` and the kept query rows ``(Q,)`` long; see the class docstring."""

@@ -8,7 +8,7 @@ from pytorch_metric_learning.losses import BaseMetricLossFunction
 from pytorch_metric_learning.reducers import AvgNonZeroReducer, MeanReducer
 
 from .._validation import check_choice
-from .base_rank_loss import check_similarity, prepare_inputs, reference_mask, similarity_matrix
+from ._inputs import check_similarity, prepare_inputs, reference_mask, similarity_matrix
 
 __all__ = ["CalibrationLoss"]
 

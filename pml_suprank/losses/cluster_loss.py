@@ -10,7 +10,7 @@ from pytorch_metric_learning.losses import BaseMetricLossFunction
 from torch import nn
 
 from .._validation import check_positive
-from .base_rank_loss import prepare_inputs
+from ._inputs import prepare_inputs
 
 __all__ = ["ClusterLoss"]
 

@@ -19,8 +19,8 @@ __all__ = ["CSLLoss"]
 
 
 class CSLLoss(WeightRegularizerMixin, BaseMetricLossFunction):
-    """Hierarchical proxy loss "CSL" (Sun et al., "Dynamic metric learning", CVPR 2021), as coded in the SupRank
-    reference (``losses/csl_loss.py``; SupRank spec §2.7), used as a baseline in HAPPIER (ECCV 2022, Tab. 1-2).
+    """Hierarchical proxy loss "CSL" (Sun et al., "Dynamic metric learning", CVPR 2021), as coded in the
+    reference code of SupRank, used as a baseline in HAPPIER (ECCV 2022, Tab. 1-2).
 
     One proxy per fine class, ``P = normalize(W)``, scores ``S = scale · E Pᵀ`` (embeddings are used as given:
     L2-normalise them upstream, as the reference network does). For each level ``c`` (column of the labels):

@@ -2,22 +2,28 @@
 
 from __future__ import annotations
 
+from .combined_rank_loss import CombinedRankLoss, combination_options
 from .sup_recall_loss import SupRecallLoss
 
 __all__ = ["RODRecallLoss"]
 
 
-class RODRecallLoss(SupRecallLoss):
+class RODRecallLoss(CombinedRankLoss):
     """ROD-R@k loss (SupRank paper Eq. 17): Sup-R@k plus a decomposability term.
 
     ``L = (1 − λ)·L_Sup-R@k + λ·L_dec`` with ``L_dec`` = :class:`CalibrationLoss` (``"calibration"``) or
     :class:`ClusterLoss` (``"proxy"``, needs ``num_classes``/``embedding_size``). λ defaults to 0.1 as for every
-    combined loss of this package; the reference ROD-R@k configs use 0.5 (``decomposability_weight=0.5``).
+    combined loss of this package; the reference ROD-R@k configs use 0.5 (``decomposability_weight=0.5``). The
+    inner modules are ``self.rank_loss`` (a :class:`SupRecallLoss`) and ``self.decomposability_loss``.
+
+    Naming: as in :class:`SupRecallLoss`, ``temperature`` is the outer ``τ*`` of Sup-R@k (Eq. 16) and ``tau`` the
+    ``τ`` of ``H⁻`` (Eq. 4).
 
     Args:
         k, temperature: see :class:`SupRecallLoss`.
         decomposability, decomposability_weight, num_classes, embedding_size: see :class:`ROADMAPLoss`.
-        **suprank_kwargs: ``H⁻`` arguments, ``include_self`` and PML options.
+        **suprank_kwargs: ``H⁻`` arguments (``tau``, ``rho``, ``delta``, ``start``, ``offset``), ``include_self``,
+            ``distance`` and the PML options of the combined loss.
     """
 
     def __init__(
@@ -30,14 +36,14 @@ class RODRecallLoss(SupRecallLoss):
         embedding_size: int | None = None,
         **suprank_kwargs,
     ):
-        if decomposability is None:
-            raise ValueError("RODRecallLoss needs decomposability='calibration', 'proxy' or a module; got None")
+        weight, rank_kwargs, combination_kwargs = combination_options(
+            "RODRecallLoss", decomposability, decomposability_weight, suprank_kwargs
+        )
         super().__init__(
-            k=k,
-            temperature=temperature,
-            decomposability=decomposability,
-            decomposability_weight=decomposability_weight,
+            SupRecallLoss(k=k, temperature=temperature, **rank_kwargs),
+            decomposability,
+            weight,
             num_classes=num_classes,
             embedding_size=embedding_size,
-            **suprank_kwargs,
+            **combination_kwargs,
         )

@@ -5,7 +5,9 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..ranking import SupRankStep, heaviside_positive_count, suprank_negative_sum
-from .base_rank_loss import BaseRankLoss, RankInputs
+from ._inputs import RankInputs
+from ._suprank_step import SupRankStepMixin, resolve_tau
+from .base_rank_loss import BaseRankLoss
 
 __all__ = ["SupAPLoss", "suprank_pair_ranks"]
 
@@ -31,7 +33,7 @@ def suprank_pair_ranks(inputs: RankInputs, step: SupRankStep) -> tuple[Tensor, T
     return q, i, rank_plus, rank
 
 
-class SupAPLoss(BaseRankLoss):
+class SupAPLoss(SupRankStepMixin, BaseRankLoss):
     """SupAP loss (Ramzi et al., SupRank, TPAMI 2025, Eq. 11; ROADMAP, NeurIPS 2021).
 
     ``L = mean_q [1 − (1/|P_q|) Σ_{i∈P_q} rank⁺(i) / rank(i)]`` with ``rank⁺`` counted with the Heaviside step among
@@ -42,13 +44,15 @@ class SupAPLoss(BaseRankLoss):
     Cost: ``O(Σ_q |P_q| · N)`` time and ``O(B · N)`` extra memory per call (chunked custom autograd kernel).
 
     Args:
-        tau: sigmoid temperature ``τ`` of ``H⁻``.
+        tau: sigmoid temperature ``τ`` of ``H⁻`` (``None``: 0.01, or ``temperature`` when that is given).
         rho: slope ``ρ`` of the linear branch (``t > δ``).
         delta: margin ``δ``.
         start: jump on ``(0, δ]``.
         offset: value at ``t = δ⁺``; ``None`` → ``σ_τ(δ) + start`` (continuous; reference SOP configs use 1.44,
             iNat configs ``start=0, offset=1``).
         include_self: keep the query as its own positive when the reference set is the batch (reference code).
+        temperature: alias of ``tau`` (the name the package's other sigmoid losses use); giving both with different
+            values raises ``ValueError``.
         **kwargs: ``BaseRankLoss`` / PML options (``distance``, ``reducer``, ...).
 
     Shapes: ``embeddings (B, D)``, ``labels (B,)``, optional ``ref_emb (N, D)``, ``ref_labels (N,)``; returns a scalar.
@@ -56,18 +60,19 @@ class SupAPLoss(BaseRankLoss):
 
     def __init__(
         self,
-        tau: float = 0.01,
+        tau: float | None = None,
         rho: float = 100.0,
         delta: float = 0.05,
         start: float = 0.5,
         offset: float | None = None,
         include_self: bool = False,
+        *,
+        temperature: float | None = None,
         **kwargs,
     ):
+        tau = resolve_tau(tau, temperature, type(self).__name__)
         super().__init__(include_self=include_self, **kwargs)
-        self.step = SupRankStep(tau=tau, rho=rho, delta=delta, start=start, offset=offset)
-        self.tau, self.rho, self.delta, self.start = self.step.tau, self.step.rho, self.step.delta, self.step.start
-        self.offset = self.step.resolved_offset
+        self.init_step(tau=tau, rho=rho, delta=delta, start=start, offset=offset)
 
     def query_ap(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:
         """Surrogate AP ``(Q,)`` of the queries with at least one positive, and their rows ``(Q,)``."""

@@ -17,7 +17,8 @@ __all__ = ["SupHAPLoss"]
 class SupHAPLoss(HierarchicalRankLoss):
     """Sup-H-AP loss (Ramzi et al., SupRank TPAMI 2025, Eqs. 18-21; HAPPIER ECCV 2022, Eq. 5).
 
-    For every query ``q`` and its relevant reference items ``i`` (level ``T_i > 0``, DESIGN.md §2):
+    For every query ``q`` and its relevant reference items ``i`` (level ``T_i > 0``: the number of
+    levels, from the coarsest, that ``i`` shares with ``q``):
 
     * ``H-rank⁺(i) = rel_i + Σ_{j≠i} min(rel_i, rel_j) · H(s_j − s_i)`` (Eq. 18, no gradient), or with
       ``with_hrank=True`` the HAPPIER lower bound ``H_s^>`` (App. A.3, Eq. 43, ``min(ν t + μ, 1)`` for ``t > 0`` and
@@ -43,8 +44,9 @@ class SupHAPLoss(HierarchicalRankLoss):
         hrank_nu, hrank_mu, hrank_gamma: ``ν > 0``, ``μ ∈ [0, 1]``, ``γ ≥ 0`` of ``H_s^>`` (paper: 25, 0.5, 10).
         level_weights: optional ``L`` non-negative weights ``w_1..w_L`` (``w_L`` = finest) selecting the
             Property-1 relevance (ΣwAP) instead of Eq. 20; ``alpha`` is then unused.
-        **suprank_kwargs: ``tau``, ``rho``, ``delta``, ``start``, ``offset``, ``include_self``, ``chunk_size`` and
-            the BaseRankLoss / PML options (``distance``, ``reducer``, ``decomposability``, ...).
+        **suprank_kwargs: ``tau`` (alias ``temperature``), ``rho``, ``delta``, ``start``, ``offset``,
+            ``include_self``, ``chunk_size`` and the BaseRankLoss / PML options (``distance``, ``reducer``,
+            ``decomposability``, ...).
 
     Shapes: ``embeddings (B, D)``; ``labels (B, L)`` or ``(B,)`` fine labels with ``hierarchy``; optional
     ``ref_emb (N, D)``, ``ref_labels`` like ``labels``; returns a scalar.

@@ -21,8 +21,8 @@ class SupNDCGLoss(HierarchicalRankLoss):
 
     Args:
         hierarchy: fine → ancestors table for 1-D fine labels.
-        **suprank_kwargs: ``tau``, ``rho``, ``delta``, ``start``, ``offset``, ``include_self``, ``chunk_size`` and
-            BaseRankLoss / PML options.
+        **suprank_kwargs: ``tau`` (alias ``temperature``), ``rho``, ``delta``, ``start``, ``offset``,
+            ``include_self``, ``chunk_size`` and BaseRankLoss / PML options.
 
     Shapes: ``embeddings (B, D)``; ``labels (B, L)`` or ``(B,)`` with ``hierarchy``; returns a scalar.
     """

@@ -6,13 +6,13 @@ import torch
 from torch import Tensor
 
 from .._validation import check_positive
-from ..ranking import SupRankStep, tau_sigmoid
-from .base_rank_loss import BaseRankLoss, RankInputs
+from ..ranking import tau_sigmoid
+from ._inputs import RankInputs
+from ._suprank_step import SupRankStepMixin, pop_step_options
+from .base_rank_loss import BaseRankLoss
 from .sup_ap_loss import suprank_pair_ranks
 
 __all__ = ["SupRecallLoss"]
-
-_SUPRANK_KEYS = ("tau", "rho", "delta", "start", "offset")
 
 
 def _check_k(k) -> tuple[int, ...]:
@@ -22,28 +22,31 @@ def _check_k(k) -> tuple[int, ...]:
     return ks
 
 
-class SupRecallLoss(BaseRankLoss):
+class SupRecallLoss(SupRankStepMixin, BaseRankLoss):
     """Sup-R@k loss (SupRank paper Eq. 15-16).
 
     ``R@k_q = Σ_{i∈P_q} σ_{τ*}(k − rank(i)) / min(|P_q|, k)`` with SupRank's ``rank`` (Eq. 10, ``H⁻`` on negatives),
     ``L = mean_q [1 − (1/|K|) Σ_{k∈K} R@k_q]``. Queries may have different numbers of positives (the reference code
     requires the same number for every query).
 
+    Naming: this loss has two temperatures. ``temperature=`` is the outer ``τ*`` of Eq. 16 and ``tau=`` the ``τ``
+    of SupRank's ``H⁻`` (Eq. 4); unlike :class:`SupAPLoss`, ``temperature`` is *not* an alias of ``tau`` here.
+
     Args:
         k: the cut-offs ``K`` ((1, 2, 4, 8, 16)).
         temperature: ``τ*`` of the outer sigmoid (1.0).
-        **suprank_kwargs: ``tau``, ``rho``, ``delta``, ``start``, ``offset`` of ``H⁻`` (see :class:`SupAPLoss`),
-            ``include_self`` and ``BaseRankLoss``/PML options.
+        **suprank_kwargs: ``tau`` (0.01), ``rho``, ``delta``, ``start``, ``offset`` of ``H⁻`` (see
+            :class:`SupAPLoss`), ``include_self`` and ``BaseRankLoss``/PML options.
 
     Shapes: ``embeddings (B, D)``, ``labels (B,)``, optional ``ref_emb (N, D)``, ``ref_labels (N,)``; returns a scalar.
     """
 
     def __init__(self, k=(1, 2, 4, 8, 16), temperature: float = 1.0, **suprank_kwargs):
-        step_kwargs = {key: suprank_kwargs.pop(key) for key in _SUPRANK_KEYS if key in suprank_kwargs}
+        step_kwargs = pop_step_options(type(self).__name__, suprank_kwargs, temperature_is_tau=False)
         super().__init__(**suprank_kwargs)
         self.k = _check_k(k)
         self.temperature = check_positive("temperature", temperature)
-        self.step = SupRankStep(**step_kwargs)
+        self.init_step(**step_kwargs)
 
     def query_recall(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:
         """Surrogate recall ``(Q,)`` averaged over ``k`` for the queries with a positive, and their rows ``(Q,)``."""

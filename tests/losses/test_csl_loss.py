@@ -1,4 +1,4 @@
-"""Tests of CSLLoss (the hierarchical proxy baseline, SupRank spec §2.7)."""
+"""Tests of CSLLoss (the hierarchical proxy baseline of HAPPIER/SupRank, as the SupRank reference code computes it)."""
 
 from __future__ import annotations
 
