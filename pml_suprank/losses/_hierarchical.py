@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..hierarchical_ranking import _CHUNK
+from ..ranking import CHUNK_SIZE
 from ..relevance import Hierarchy, as_hierarchy, level_matrix
 from ._inputs import RankInputs, hierarchical_label_pair
 from ._suprank_step import SupRankStepMixin, pop_step_options
@@ -43,7 +43,7 @@ class HierarchicalRankLoss(SupRankStepMixin, BaseRankLoss):
         self,
         hierarchy: Hierarchy | Tensor | None = None,
         include_self: bool = False,
-        chunk_size: int = _CHUNK,
+        chunk_size: int = CHUNK_SIZE,
         **kwargs,
     ):
         step_options = pop_step_options(type(self).__name__, kwargs)

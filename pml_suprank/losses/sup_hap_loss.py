@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from torch import Tensor
 
 from .._validation import check_positive
-from ..hierarchical_ranking import HRankParams, sup_hap_scores
+from ..ranking import HRankParams, sup_hap_scores
 from ..relevance import Hierarchy, level_counts, pop_relevance, property1_relevance
 from ._hierarchical import HierarchicalRankLoss
 
@@ -34,7 +34,7 @@ class SupHAPLoss(HierarchicalRankLoss):
     With one level it equals :class:`~pml_suprank.losses.SupAPLoss`.
 
     Cost: ``O(L · B · N log N)`` plus the sigmoid-window pairs, ``O(L · B · N)`` extra memory
-    (:func:`pml_suprank.hierarchical_ranking.hierarchical_ranks`); never ``B × N × N``.
+    (:func:`pml_suprank.ranking.hierarchical_ranks`); never ``B × N × N``.
 
     Args:
         hierarchy: fine → ancestors table (needed with 1-D fine labels), see

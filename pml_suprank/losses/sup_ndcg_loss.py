@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ..hierarchical_ranking import sup_ndcg_scores
+from ..ranking import sup_ndcg_scores
 from ..relevance import Hierarchy
 from ._hierarchical import HierarchicalRankLoss
 

@@ -1,0 +1,137 @@
+"""Layout rules: no import cycle, no module over 600 lines, no function over 120 lines, snake_case recipe flags."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "pml_suprank"
+RECIPES = ROOT / "recipes"
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 120
+
+
+def _modules() -> dict[str, tuple[Path, bool]]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        out[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
+    return out
+
+
+def _targets(module: str, is_package: bool, node: ast.AST, known: dict) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    if node.level:
+        base = base[: len(base) - (node.level - 1)]
+    else:
+        base = []
+    target = ".".join(base + ([node.module] if node.module else []))
+    return [target] + [f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in known]
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Edges module -> imported pml_suprank module, counting imports inside functions (TYPE_CHECKING excluded)."""
+    known = _modules()
+    graph: dict[str, set[str]] = {}
+    for module, (path, is_package) in known.items():
+        deps: set[str] = set()
+        stack = list(ast.parse(path.read_text()).body)
+        while stack:
+            node = stack.pop()
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                continue
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for target in _targets(module, is_package, node, known):
+                    parts = target.split(".")
+                    for i in range(1, len(parts) + 1):
+                        dep = ".".join(parts[:i])
+                        if dep in known and dep != module and not module.startswith(dep + "."):
+                            deps.add(dep)
+            stack.extend(child for child in ast.iter_child_nodes(node) if isinstance(child, ast.stmt))
+        graph[module] = deps
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_cycle_detector_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle_in_the_package():
+    assert _cycles(_import_graph()) == []
+
+
+def _sources() -> list[Path]:
+    return sorted([*PACKAGE.rglob("*.py"), *RECIPES.glob("*.py")])
+
+
+def test_no_module_over_600_lines():
+    long = {str(p.relative_to(ROOT)): n for p in _sources() if (n := p.read_text().count("\n")) > MAX_MODULE_LINES}
+    assert long == {}
+
+
+def test_no_function_over_120_lines():
+    long = {}
+    for path in _sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    long[f"{path.relative_to(ROOT)}:{node.lineno} {node.name}"] = n
+    assert long == {}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", sorted(p.name for p in RECIPES.glob("*.py") if "__main__" in p.read_text()))
+def test_recipe_flags_are_snake_case_and_show_defaults(recipe):
+    out = subprocess.run(
+        [sys.executable, str(RECIPES / recipe), "--help"], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
+    assert out.returncode == 0, out.stderr
+    flags = set(re.findall(r"(?<![\w-])--[A-Za-z0-9_-]+", out.stdout))
+    assert flags, out.stdout
+    assert {f for f in flags if "-" in f[2:]} == set()
+    assert "(default:" in out.stdout
