@@ -409,12 +409,13 @@ def _lca_block_sum(qa: Tensor, q_used: Tensor, ra: Tensor, r_used: Tensor) -> Te
     ``(R_c, M_r, L)``. ``L − LCA`` counts the agreeing columns from the coarsest down to the LCA (tree labels
     agree at every level above their first agreement); pairs with a padding label count 0."""
     L = qa.shape[2]
+    small = torch.uint8 if L < 256 else torch.long
     agree = None
     depth = None
     for c in range(L - 1, -1, -1):
         eq = qa[:, None, :, None, c] == ra[None, :, None, :, c]
-        agree = eq if agree is None else agree & eq
-        depth = agree.long() if depth is None else depth + agree
+        agree = eq if agree is None else agree.logical_and_(eq)
+        depth = agree.to(small) if depth is None else depth.add_(agree)
     valid = q_used[:, None, :, None] & r_used[None, :, None, :]
     best = depth.masked_fill(~valid, 0).amax(3)  # (C, R_c, M_q): L − min_j LCA
     return best.sum(2, dtype=torch.float64)
