@@ -10,7 +10,8 @@ shares the epoch plan, ``set_epoch``, ``state_dict`` and distributed sharding of
 
 References:
     E. Ramzi, PhD thesis "Robust image retrieval with deep learning", Sec. 6.2.1 (multi-label HAPPIER / ROADMAP on
-    trademark logos) and Algorithm 1 (the multi-label relevance); m-per-class sampling of the SupRank reference code.
+    trademark logos) and Sec. 4.2.2.2, Algorithm 1 (the multi-label relevance); m-per-class sampling of the SupRank
+    reference code.
 """
 
 from __future__ import annotations

@@ -290,7 +290,7 @@ def ideal_dcg(counts: Tensor, gains: Tensor) -> Tensor:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# hierarchical multi-label relevance (Ramzi, PhD thesis, Sec. 4.2 "Application to trademark logo retrieval", Alg. 1)
+# hierarchical multi-label relevance (Ramzi, PhD thesis, Sec. 4.2.2.2 "trademark logo retrieval", Algorithm 1)
 
 MULTILABEL_BLOCK = 2**22  # elements of the (C, R, M_q, M_r) work tensor of one block of multilabel_relevance
 
@@ -346,7 +346,10 @@ def multilabel_relevance(
     dtype: torch.dtype = torch.float32,
     block_elements: int = MULTILABEL_BLOCK,
 ) -> Tensor:
-    """Hierarchical multi-label relevance of every reference item for every query (Ramzi, PhD thesis, Algorithm 1).
+    """Hierarchical multi-label relevance of every reference item for every query.
+
+    Algorithm 1 of E. Ramzi's PhD thesis "Robust image retrieval with deep learning" (Sec. 4.2.2.2, "Application to
+    trademark logo retrieval"; the multi-label adaptation of HAPPIER is discussed in Sec. 6.2.1).
 
     For a query ``q`` with the label set ``{y_q^1..y_q^n}`` and an item ``k`` with ``{y_k^1..y_k^m}``::
 

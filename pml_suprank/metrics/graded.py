@@ -20,7 +20,7 @@ References:
     Ramzi et al., "Hierarchical Average Precision Training for Pertinent Image Retrieval" (HAPPIER, ECCV 2022):
     H-rank Eq. 2, H-AP Eq. 3. Ramzi et al., "Optimization of Rank Losses for Image Retrieval" (SupRank, TPAMI
     2025): H-AP Eqs. 18-19, NDCG Eq. 23. E. Ramzi, PhD thesis "Robust image retrieval with deep learning",
-    Algorithm 1 (the hierarchical multi-label relevance these metrics are meant for).
+    Sec. 4.2.2.2, Algorithm 1 (the hierarchical multi-label relevance these metrics are meant for).
 """
 
 from __future__ import annotations
