@@ -28,23 +28,37 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..relevance import ideal_dcg
+from ..relevance import _check_multilabel, _label_sets, ideal_dcg
+from .from_ranks import ap_from_ranks
 from .ranks import RetrievalRanks, retrieval_ranks
 
-__all__ = ["GAINS", "graded_average_precision", "graded_levels", "graded_ndcg"]
+__all__ = ["GAINS", "graded_average_precision", "graded_levels", "graded_ndcg", "mean_label_average_precision"]
 
 GAINS = ("exponential", "linear")
 GRADED_BLOCK = 2**22  # elements of the (C, N) score block processed at once
 
 
-def _check_inputs(scores: Tensor, relevance: Tensor, mask: Tensor | None, block_elements: int) -> Tensor:
-    """Validate the arguments; return ``relevance`` as float64 on the device of ``scores``."""
+def _check_scores_mask(scores: Tensor, mask: Tensor | None, block_elements: int) -> None:
     if not isinstance(scores, Tensor):
         raise TypeError(f"scores must be a torch.Tensor of shape (Q, N); got {type(scores).__name__}")
     if scores.dim() != 2:
         raise ValueError(f"scores must have shape (Q, N); got shape {tuple(scores.shape)}")
     if not scores.is_floating_point():
         raise TypeError(f"scores must be a floating-point tensor; got dtype {scores.dtype}")
+    if mask is not None:
+        if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+            raise TypeError(f"mask must be a bool torch.Tensor; got {getattr(mask, 'dtype', type(mask).__name__)}")
+        if mask.shape != scores.shape:
+            raise ValueError(
+                f"mask must have the shape of scores {tuple(scores.shape)}; got shape {tuple(mask.shape)}"
+            )
+    if isinstance(block_elements, bool) or not isinstance(block_elements, int) or block_elements < 1:
+        raise ValueError(f"block_elements must be a positive int; got {block_elements!r}")
+
+
+def _check_inputs(scores: Tensor, relevance: Tensor, mask: Tensor | None, block_elements: int) -> Tensor:
+    """Validate the arguments; return ``relevance`` as float64 on the device of ``scores``."""
+    _check_scores_mask(scores, mask, block_elements)
     if not isinstance(relevance, Tensor):
         raise TypeError(f"relevance must be a torch.Tensor of shape (Q, N); got {type(relevance).__name__}")
     if relevance.is_complex():
@@ -56,15 +70,6 @@ def _check_inputs(scores: Tensor, relevance: Tensor, mask: Tensor | None, block_
     rel = relevance.detach().to(device=scores.device, dtype=torch.float64)
     if not bool(torch.isfinite(rel).all()) or bool((rel < 0).any()):
         raise ValueError("relevance must be finite and non-negative")
-    if mask is not None:
-        if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-            raise TypeError(f"mask must be a bool torch.Tensor; got {getattr(mask, 'dtype', type(mask).__name__)}")
-        if mask.shape != scores.shape:
-            raise ValueError(
-                f"mask must have the shape of scores {tuple(scores.shape)}; got shape {tuple(mask.shape)}"
-            )
-    if isinstance(block_elements, bool) or not isinstance(block_elements, int) or block_elements < 1:
-        raise ValueError(f"block_elements must be a positive int; got {block_elements!r}")
     return rel
 
 
@@ -224,3 +229,62 @@ def graded_ndcg(
     if gain not in GAINS:
         raise ValueError(f"gain must be one of {GAINS}; got {gain!r}")
     return _per_block(scores, rel, mask, block_elements, lambda r, v: _ndcg_block(r, v, gain))
+
+
+def mean_label_average_precision(
+    scores: Tensor,
+    query_labels: Tensor,
+    ref_labels: Tensor,
+    mask: Tensor | None = None,
+    *,
+    block_elements: int = GRADED_BLOCK,
+) -> Tensor:
+    """Per-label AP of multi-label retrieval, averaged over each query's labels ``(Q,)``.
+
+    Each label ``y`` of the query is a binary problem whose positives are the items carrying ``y``; its AP is taken
+    in the pessimistic order and the query's value is the mean over its labels that have a positive (the per-label
+    adaptation of ROADMAP described in Ramzi, PhD thesis, Sec. 6.2.1). Labels are sets (``-1`` = padding, a repeated
+    label counts once); the hierarchy plays no role.
+
+    Args:
+        scores: ``(Q, R)`` floating similarities.
+        query_labels: ``(Q, M_q)`` (or ``(Q,)``) integer labels per query, ``-1`` padding.
+        ref_labels: ``(R, M_r)`` (or ``(R,)``) integer labels per gallery item, ``-1`` padding.
+        mask: optional ``(Q, R)`` bool; ``False`` removes the item from that query's gallery.
+        block_elements: memory bound: queries are processed in blocks whose ``(C, R, M_r)`` comparison holds about
+            this many elements.
+
+    Returns:
+        ``(Q,)`` float64; ``NaN`` for queries none of whose labels has a positive.
+
+    Raises:
+        TypeError / ValueError: as :func:`graded_average_precision` for ``scores`` / ``mask``, and as
+        :func:`pml_suprank.relevance.multilabel_relevance` for the labels; ``ValueError`` when the label counts do
+        not match ``scores``.
+    """
+    _check_scores_mask(scores, mask, block_elements)
+    q = _label_sets(_check_multilabel("query_labels", query_labels))
+    r = _check_multilabel("ref_labels", ref_labels)
+    if scores.shape != (q.shape[0], r.shape[0]):
+        raise ValueError(
+            f"scores must have shape (query_labels.shape[0], ref_labels.shape[0]) = ({q.shape[0]}, {r.shape[0]}); "
+            f"got shape {tuple(scores.shape)}"
+        )
+    q, r = q.to(scores.device), r.to(scores.device)
+    Q, R = scores.shape
+    rows = max(1, block_elements // max(R * r.shape[1], 1))
+    out = torch.empty(Q, dtype=torch.float64, device=scores.device)
+    for i in range(0, Q, rows):
+        qs, sc = q[i : i + rows], scores[i : i + rows].detach()
+        m = None if mask is None else mask[i : i + rows]
+        total = torch.zeros(qs.shape[0], dtype=torch.float64, device=scores.device)
+        count = torch.zeros_like(total)
+        for col in range(qs.shape[1]):
+            y = qs[:, col]
+            positive = (r[None, :, :] == y[:, None, None]).any(2) & (y >= 0)[:, None]
+            ap = ap_from_ranks(retrieval_ranks(sc, positive, m))
+            ok = ~torch.isnan(ap)
+            total += torch.where(ok, ap, 0.0)
+            count += ok
+        out[i : i + rows] = torch.where(count > 0, total / count.clamp_min(1), float("nan"))
+    return out

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pml_suprank.metrics import functional as F
-from pml_suprank.metrics.graded import graded_levels
+from pml_suprank.metrics.graded import graded_levels, mean_label_average_precision
 from pml_suprank.relevance import level_counts, level_matrix, multilabel_relevance, pop_relevance
 
 
@@ -189,3 +189,66 @@ def test_validation():
         F.graded_ndcg(scores, rel, gain="log")
     with pytest.raises(ValueError, match="NaN"):
         F.graded_average_precision(scores.masked_fill(scores > 0.5, float("nan")), rel)
+
+
+def naive_mean_label_ap(scores, query_labels, ref_labels, mask=None) -> torch.Tensor:
+    refs = [{v for v in row if v >= 0} for row in ref_labels.tolist()]
+    out = []
+    for q, row in enumerate(query_labels.tolist()):
+        aps = []
+        for y in sorted({v for v in row if v >= 0}):
+            pos = [1.0 if y in refs[k] else 0.0 for k in range(len(refs))]
+            keep = [True] * len(refs) if mask is None else mask[q].tolist()
+            order = _naive_order(scores[q].tolist(), pos, keep)
+            hits, total = 0, 0.0
+            for i, k in enumerate(order, start=1):
+                if pos[k]:
+                    hits += 1
+                    total += hits / i
+            if hits:
+                aps.append(total / hits)
+        out.append(sum(aps) / len(aps) if aps else float("nan"))
+    return torch.tensor(out, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_mean_label_average_precision_equals_naive(seed):
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, 6, (40, 3), generator=g)
+    labels[:, 1:] = labels[:, 1:].masked_fill(torch.rand(40, 2, generator=g) < 0.5, -1)
+    q, r = labels[:8], labels[8:]
+    scores = (torch.randint(0, 5, (8, 32), generator=g) / 4).float()
+    mask = torch.rand(8, 32, generator=g) > 0.2
+    for m in (None, mask):
+        got = mean_label_average_precision(scores, q, r, m)
+        assert _close(got, naive_mean_label_ap(scores, q, r, m), 1e-12)
+        assert _close(mean_label_average_precision(scores, q, r, m, block_elements=1), got, 0.0)
+
+
+def test_mean_label_average_precision_one_label_is_ap_and_hand_case():
+    g = torch.Generator().manual_seed(1)
+    q, r = torch.randint(0, 4, (6,), generator=g), torch.randint(0, 4, (30,), generator=g)
+    scores = torch.randn(6, 30, generator=g)
+    expected = F.average_precision(scores, q[:, None] == r[None, :])
+    assert _close(mean_label_average_precision(scores, q, r), expected, 1e-12)
+    # query {0, 1}: label 0 -> positives items 0, 2 at ranks 1, 3: AP 5/6; label 1 -> item 1 at rank 2: AP 1/2
+    got = mean_label_average_precision(
+        torch.tensor([[0.9, 0.8, 0.7, 0.6]]), torch.tensor([[0, 1, 1]]), torch.tensor([[0, -1], [1, 5], [0, 5], [7, 8]])
+    )
+    assert math.isclose(float(got[0]), (5 / 6 + 1 / 2) / 2, rel_tol=1e-12)
+    none = mean_label_average_precision(torch.rand(1, 2), torch.tensor([3]), torch.tensor([0, 1]))
+    assert math.isnan(float(none[0]))
+
+
+def test_mean_label_average_precision_validation():
+    q, r = torch.tensor([[0, 1]]), torch.tensor([[0], [1], [2]])
+    with pytest.raises(ValueError, match=r"scores must have shape \(query_labels.shape\[0\], ref_labels.shape\[0\]\)"):
+        mean_label_average_precision(torch.rand(1, 2), q, r)
+    with pytest.raises(TypeError, match="scores must be a torch.Tensor"):
+        mean_label_average_precision([[0.0]], q, r)
+    with pytest.raises(TypeError, match="ref_labels must have an integer dtype"):
+        mean_label_average_precision(torch.rand(1, 3), q, r.float())
+    with pytest.raises(ValueError, match="query_labels row 0 has no label"):
+        mean_label_average_precision(torch.rand(1, 3), -torch.ones(1, 2, dtype=torch.long), r)
+    with pytest.raises(TypeError, match="mask must be a bool"):
+        mean_label_average_precision(torch.rand(1, 3), q, r, mask=torch.ones(1, 3))
