@@ -79,11 +79,12 @@ def test_equals_naive_full_sort_on_multilabel_relevance(seed, ties, dtype):
 def test_many_distinct_values_and_generic_sort_path():
     # continuous relevance: every relevant item is its own level (K > 64 uses the engine's generic sort)
     g = torch.Generator().manual_seed(7)
-    scores = (torch.randint(0, 4, (3, 150), generator=g) / 3).double()
     rel = torch.rand(3, 150, generator=g, dtype=torch.float64)
     rel = rel.masked_fill(rel < 0.3, 0.0)
-    assert _close(F.graded_average_precision(scores, rel), naive_hap(scores, rel), 1e-9)
-    assert _close(F.graded_ndcg(scores, rel), naive_ndcg(scores, rel), 1e-9)
+    for dtype in (torch.float32, torch.float64):
+        scores = (torch.randint(0, 4, (3, 150), generator=g) / 3).to(dtype)
+        assert _close(F.graded_average_precision(scores, rel), naive_hap(scores, rel), 1e-9)
+        assert _close(F.graded_ndcg(scores, rel), naive_ndcg(scores, rel), 1e-9)
 
 
 def test_one_label_per_item_equals_hierarchical_average_precision():
