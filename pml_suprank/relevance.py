@@ -10,7 +10,7 @@ Conventions:
       levels at which they agree, counted from the coarsest: ``L`` = same fine class, ``0`` = negative.
 
 Relevance functions built on the level matrix (H-AP "pop" relevance, Property-1 weights, NDCG gains) live
-further down in this module.
+further down in this module, followed by the hierarchical multi-label relevance (:func:`multilabel_relevance`).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ __all__ = [
     "check_tree",
     "level_counts",
     "level_matrix",
+    "multilabel_relevance",
     "ndcg_gain",
     "pop_relevance",
     "property1_relevance",
@@ -286,3 +287,138 @@ def ideal_dcg(counts: Tensor, gains: Tensor) -> Tensor:
     begin = end - c_desc
     per_level = disc[end] - disc[begin]
     return (per_level * gains.flip(1)).sum(1)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# hierarchical multi-label relevance (Ramzi, PhD thesis, Sec. 4.2.2.2 "trademark logo retrieval", Algorithm 1)
+
+MULTILABEL_BLOCK = 2**22  # elements of the (C, R, M_q, M_r) work tensor of one block of multilabel_relevance
+
+
+def _check_multilabel(name: str, labels: object) -> Tensor:
+    """Return ``labels`` as an ``(N, M)`` long tensor of label sets (``-1`` = padding; every row has a label)."""
+    if not isinstance(labels, Tensor):
+        raise TypeError(f"{name} must be an integer torch.Tensor of shape (N, M); got {type(labels).__name__}")
+    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        raise TypeError(f"{name} must have an integer dtype (e.g. torch.long); got dtype {labels.dtype}")
+    if labels.dim() == 1:
+        labels = labels[:, None]
+    if labels.dim() != 2 or labels.shape[1] == 0:
+        raise ValueError(f"{name} must have shape (N,) or (N, M) with M >= 1; got shape {tuple(labels.shape)}")
+    labels = labels.long()
+    if labels.numel() and bool((labels < -1).any()):
+        raise ValueError(f"{name} must hold labels >= 0 and -1 for padding; got the value {int(labels.min())}")
+    empty = (labels < 0).all(1)
+    if bool(empty.any()):
+        row = int(empty.nonzero()[0, 0])
+        raise ValueError(f"{name} row {row} has no label (only -1 padding); every item needs at least one label")
+    return labels
+
+
+def _label_sets(labels: Tensor) -> Tensor:
+    """Sort each row and turn repeated labels into padding: a row is a *set* of labels."""
+    s = labels.sort(dim=1).values
+    dup = torch.zeros_like(s, dtype=torch.bool)
+    dup[:, 1:] = (s[:, 1:] == s[:, :-1]) & (s[:, 1:] >= 0)
+    return s.masked_fill(dup, -1)
+
+
+def _ancestors(labels: Tensor, table: Tensor | None, name: str) -> Tensor:
+    """``(N, M, L)`` ancestors of every label (``-1`` rows for padding) through the ``(num_fine, L)`` table."""
+    if table is None:
+        return labels[:, :, None]
+    used = labels >= 0
+    bad = used & (labels >= table.shape[0])
+    if not bool(bad.any()):
+        bad = used & (table[labels.clamp_min(0).clamp_max(table.shape[0] - 1), 0] < 0)
+    if bool(bad.any()):
+        v = int(labels[bad][0])
+        raise ValueError(f"{name} contains fine label {v}, which is not in the hierarchy (num_fine={len(table)})")
+    anc = table[labels.clamp_min(0)]
+    return anc.masked_fill(~used[:, :, None], -1)
+
+
+def multilabel_relevance(
+    query_labels: Tensor,
+    ref_labels: Tensor,
+    hierarchy: Hierarchy | Tensor | None = None,
+    *,
+    dtype: torch.dtype = torch.float32,
+    block_elements: int = MULTILABEL_BLOCK,
+) -> Tensor:
+    """Hierarchical multi-label relevance of every reference item for every query.
+
+    Algorithm 1 of E. Ramzi's PhD thesis "Robust image retrieval with deep learning" (Sec. 4.2.2.2, "Application to
+    trademark logo retrieval"; the multi-label adaptation of HAPPIER is discussed in Sec. 6.2.1).
+
+    For a query ``q`` with the label set ``{y_q^1..y_q^n}`` and an item ``k`` with ``{y_k^1..y_k^m}``::
+
+        l*_i = L − min_j LCA(y_q^i, y_k^j)          rel(q, k) = Σ_i l*_i / (n · L)
+
+    where ``LCA(a, b)`` is the first level (hierarchy column, 0 = finest) at which the ancestors of ``a`` and ``b``
+    agree (``0`` for the same fine label, ``L`` when they share no ancestor). So ``rel = 1`` when every query label is
+    among the item's labels, ``0`` when no query label shares an ancestor with any item label, and with ``L = 1``
+    (no hierarchy) ``rel`` is the fraction of the query's labels the item has. The H-AP of HAPPIER (Ramzi et al.,
+    ECCV 2022, Eqs. 2-3) with this relevance is :func:`pml_suprank.metrics.functional.graded_average_precision`.
+
+    Args:
+        query_labels: ``(Q, M_q)`` integer fine labels per query (``(Q,)`` = one label each); ``-1`` pads a row.
+            A row is a set: a repeated label counts once. Every row needs at least one label.
+        ref_labels: ``(R, M_r)`` integer fine labels per reference item, same conventions.
+        hierarchy: :class:`Hierarchy` or ``(num_fine, L)`` table (row ``f`` = ``[f, parent(f), ..., coarsest]``),
+            the table the hierarchical losses take; ``None`` = flat labels (``L = 1``, any non-negative ints).
+        dtype: floating dtype of the result. The value is the float64 quotient of two integers cast to ``dtype``,
+            so equal fractions give bit-identical relevances (ties are exact).
+        block_elements: memory bound: the queries and references are processed in blocks whose ``(C, R_c, M_q,
+            M_r)`` label-pair tensor holds at most this many elements (at least one query by one reference).
+
+    Returns:
+        ``(Q, R)`` tensor of relevances in ``[0, 1]`` on ``query_labels``' device.
+
+    Raises:
+        TypeError: non-tensor or non-integer labels, a hierarchy of another type, a non-floating ``dtype``.
+        ValueError: a label below ``-1``, a row without labels, a label missing from the hierarchy, a hierarchy that
+            is not a tree, a non-positive ``block_elements``.
+    """
+    q = _label_sets(_check_multilabel("query_labels", query_labels))
+    r = _check_multilabel("ref_labels", ref_labels).to(q.device)
+    hierarchy = as_hierarchy(hierarchy)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype; got {dtype!r}")
+    if isinstance(block_elements, bool) or not isinstance(block_elements, int) or block_elements < 1:
+        raise ValueError(f"block_elements must be a positive int; got {block_elements!r}")
+    table = None if hierarchy is None else hierarchy.table.to(q.device)
+    L = 1 if table is None else int(table.shape[1])
+    qa = _ancestors(q, table, "query_labels")  # (Q, M_q, L)
+    ra = _ancestors(r, table, "ref_labels")  # (R, M_r, L)
+    q_used, r_used = q >= 0, r >= 0
+    denom = q_used.sum(1, dtype=torch.float64) * L  # n_q · L
+    Q, Mq = q.shape
+    R, Mr = r.shape
+    pair = Mq * Mr
+    ref_block = max(1, min(R, block_elements // pair)) if R else 1
+    query_block = max(1, block_elements // (pair * ref_block))
+    out = torch.empty(Q, R, dtype=dtype, device=q.device)
+    for i in range(0, Q, query_block):
+        for j in range(0, R, ref_block):
+            qi, rj = slice(i, i + query_block), slice(j, j + ref_block)
+            num = _lca_block_sum(qa[qi], q_used[qi], ra[rj], r_used[rj])
+            out[qi, rj] = (num / denom[qi, None]).to(dtype)
+    return out
+
+
+def _lca_block_sum(qa: Tensor, q_used: Tensor, ra: Tensor, r_used: Tensor) -> Tensor:
+    """``Σ_i (L − min_j LCA(y_q^i, y_k^j))`` ``(C, R_c)`` float64 for ancestors ``qa`` ``(C, M_q, L)``, ``ra``
+    ``(R_c, M_r, L)``. ``L − LCA`` counts the agreeing columns from the coarsest down to the LCA (tree labels
+    agree at every level above their first agreement); pairs with a padding label count 0."""
+    L = qa.shape[2]
+    small = torch.uint8 if L < 256 else torch.long
+    agree = None
+    depth = None
+    for c in range(L - 1, -1, -1):
+        eq = qa[:, None, :, None, c] == ra[None, :, None, :, c]
+        agree = eq if agree is None else agree.logical_and_(eq)
+        depth = agree.to(small) if depth is None else depth.add_(agree)
+    valid = q_used[:, None, :, None] & r_used[None, :, None, :]
+    best = depth.masked_fill(~valid, 0).amax(3)  # (C, R_c, M_q): L − min_j LCA
+    return best.sum(2, dtype=torch.float64)

@@ -40,6 +40,7 @@ from .from_ranks import (
     true_recall_at_k_from_ranks,
     weighted_sum_ap_from_ranks,
 )
+from .graded import graded_average_precision, graded_ndcg
 from .ranks import COUNTING_METHODS, RetrievalRanks, rank_relevant_items, retrieval_ranks
 from .registry import metrics_from_ranks
 
@@ -51,6 +52,8 @@ __all__ = [
     "asi",
     "asi_from_ranks",
     "average_precision",
+    "graded_average_precision",
+    "graded_ndcg",
     "hap_from_ranks",
     "hierarchical_average_precision",
     "map_at_k",

@@ -1,0 +1,290 @@
+"""Exact retrieval metrics for an arbitrary graded (real-valued) pairwise relevance matrix.
+
+The hierarchical metrics of :mod:`pml_suprank.metrics.functional` take integer *levels* and a per-level relevance
+table; multi-label data (:func:`pml_suprank.relevance.multilabel_relevance`) gives instead one relevance value per
+(query, item) pair. The number of distinct values per query is small (at most ``n_q · L + 1`` for Algorithm 1 of
+the thesis), so each query's distinct positive values are mapped to levels ``1..K`` in increasing order
+(:func:`graded_levels`) and the ranking engine (:func:`~pml_suprank.metrics.ranks.retrieval_ranks`, no full-row sort)
+positions the relevant items; the metrics are then exact sums over those positions.
+
+Conventions:
+    * ``scores`` ``(Q, N)``: similarity of every gallery item to every query (higher = closer).
+    * ``relevance`` ``(Q, N)``: non-negative finite relevance taken as given; ``0`` = not relevant. Two items are
+      equally relevant iff their values are exactly equal (no tolerance).
+    * ``mask`` ``(Q, N)`` bool, optional: ``False`` removes an item from that query's gallery.
+    * **Ties are resolved pessimistically**: among items with exactly equal scores the less relevant ones are ranked
+      first.
+    * Queries without any relevant item (``Σ_k rel(k) = 0``) get ``NaN``. Results are float64.
+
+References:
+    Ramzi et al., "Hierarchical Average Precision Training for Pertinent Image Retrieval" (HAPPIER, ECCV 2022):
+    H-rank Eq. 2, H-AP Eq. 3. Ramzi et al., "Optimization of Rank Losses for Image Retrieval" (SupRank, TPAMI
+    2025): H-AP Eqs. 18-19, NDCG Eq. 23. E. Ramzi, PhD thesis "Robust image retrieval with deep learning",
+    Sec. 4.2.2.2, Algorithm 1 (the hierarchical multi-label relevance these metrics are meant for).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..relevance import _check_multilabel, _label_sets, ideal_dcg
+from .from_ranks import ap_from_ranks
+from .ranks import RetrievalRanks, retrieval_ranks
+
+__all__ = ["GAINS", "graded_average_precision", "graded_levels", "graded_ndcg", "mean_label_average_precision"]
+
+GAINS = ("exponential", "linear")
+GRADED_BLOCK = 2**22  # elements of the (C, N) score block processed at once
+
+
+def _check_scores_mask(scores: Tensor, mask: Tensor | None, block_elements: int) -> None:
+    if not isinstance(scores, Tensor):
+        raise TypeError(f"scores must be a torch.Tensor of shape (Q, N); got {type(scores).__name__}")
+    if scores.dim() != 2:
+        raise ValueError(f"scores must have shape (Q, N); got shape {tuple(scores.shape)}")
+    if not scores.is_floating_point():
+        raise TypeError(f"scores must be a floating-point tensor; got dtype {scores.dtype}")
+    if mask is not None:
+        if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+            raise TypeError(f"mask must be a bool torch.Tensor; got {getattr(mask, 'dtype', type(mask).__name__)}")
+        if mask.shape != scores.shape:
+            raise ValueError(
+                f"mask must have the shape of scores {tuple(scores.shape)}; got shape {tuple(mask.shape)}"
+            )
+    if isinstance(block_elements, bool) or not isinstance(block_elements, int) or block_elements < 1:
+        raise ValueError(f"block_elements must be a positive int; got {block_elements!r}")
+
+
+def _check_inputs(scores: Tensor, relevance: Tensor, mask: Tensor | None, block_elements: int) -> Tensor:
+    """Validate the arguments; return ``relevance`` as float64 on the device of ``scores``."""
+    _check_scores_mask(scores, mask, block_elements)
+    if not isinstance(relevance, Tensor):
+        raise TypeError(f"relevance must be a torch.Tensor of shape (Q, N); got {type(relevance).__name__}")
+    if relevance.is_complex():
+        raise TypeError(f"relevance must be real (float, int or bool); got dtype {relevance.dtype}")
+    if relevance.shape != scores.shape:
+        raise ValueError(
+            f"relevance must have the shape of scores {tuple(scores.shape)}; got shape {tuple(relevance.shape)}"
+        )
+    rel = relevance.detach().to(device=scores.device, dtype=torch.float64)
+    if not bool(torch.isfinite(rel).all()) or bool((rel < 0).any()):
+        raise ValueError("relevance must be finite and non-negative")
+    return rel
+
+
+def graded_levels(relevance: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Map each query's distinct positive relevance values to levels ``1..K`` (increasing value).
+
+    Only the relevant entries (``rel > 0``, kept by ``mask``) are sorted, ``O(N + P log P)`` per query for ``P``
+    relevant items; equal values (exact float equality) share a level.
+
+    Args:
+        relevance: ``(Q, N)`` non-negative float relevance.
+        mask: optional ``(Q, N)`` bool; removed items get level 0.
+
+    Returns:
+        ``(levels, values)``: ``(Q, N)`` int64 levels (``0`` = not relevant or removed) and the ``(Q, K + 1)``
+        float64 table of the value of each level (``values[:, 0] = 0``; non-decreasing along each row, a query with
+        fewer than ``K`` distinct values repeats its largest one), ``K`` = most distinct values of any query.
+    """
+    rel = relevance.to(torch.float64)
+    Q, N = rel.shape
+    pos = rel > 0
+    if mask is not None:
+        pos = pos & mask
+    n_pos = pos.sum(1)
+    P = int(n_pos.max()) if Q and N else 0
+    rows, cols = pos.nonzero(as_tuple=True)
+    slot = pos.long().cumsum(1)[rows, cols] - 1
+    vals = torch.full((Q, P), float("inf"), dtype=torch.float64, device=rel.device)
+    vals[rows, slot] = rel[rows, cols]
+    sorted_vals, perm = vals.sort(dim=1)
+    valid = torch.arange(P, device=rel.device) < n_pos[:, None]
+    new = torch.ones_like(valid)
+    new[:, 1:] = sorted_vals[:, 1:] != sorted_vals[:, :-1]
+    dense = (new & valid).long().cumsum(1).masked_fill_(~valid, 0)  # level of each sorted slot
+    slot_level = torch.zeros_like(dense).scatter_(1, perm, dense)
+    levels = torch.zeros(Q, N, dtype=torch.long, device=rel.device)
+    levels[rows, cols] = slot_level[rows, slot]
+    K = int(dense.max()) if dense.numel() else 0
+    values = torch.zeros(Q, K + 1, dtype=torch.float64, device=rel.device)
+    values.scatter_(1, dense, sorted_vals.masked_fill(~valid, 0.0))  # equal values per level: any write wins
+    return levels, values.cummax(dim=1).values
+
+
+def _graded_ranks(scores: Tensor, rel: Tensor, mask: Tensor | None) -> tuple[RetrievalRanks, Tensor]:
+    levels, values = graded_levels(rel, mask)
+    ranks = retrieval_ranks(scores, levels, mask, num_levels=max(values.shape[1] - 1, 1))
+    if values.shape[1] == 1:  # no relevant item anywhere: one empty level keeps the shapes consistent
+        values = torch.cat([values, values], 1)
+    return ranks, values
+
+
+def _hap_block(ranks: RetrievalRanks, values: Tensor) -> Tensor:
+    """H-AP ``(C,)`` from the ranked levels and the non-decreasing value table ``(C, K + 1)``.
+
+    With values non-decreasing in the level, ``min(rel(j), rel(k)) = Σ_{l ≤ min(λ_j, λ_k)} Δ_l`` (``Δ_l = rel(l) −
+    rel(l − 1)``), so ``H-rank(k) = rel(k) + Σ_{j before k} min(rel(j), rel(k)) = Σ_{l ≤ λ_k} Δ_l · A_l(k)`` with
+    ``A_l(k)`` the items of level ``>= l`` ranked at or before ``k``: one cumulative sum per level, ``O(C·P·K)``
+    time and ``O(C·P)`` memory.
+    """
+    lv = ranks.levels
+    valid = lv > 0
+    delta = values[:, 1:] - values[:, :-1]  # (C, K)
+    h_rank = torch.zeros(lv.shape, dtype=torch.float64, device=lv.device)
+    for lvl in range(1, values.shape[1]):
+        ge = lv >= lvl
+        if not bool(ge.any()):
+            break
+        h_rank.addcmul_(torch.cumsum(ge, 1, dtype=torch.float64).mul_(ge), delta[:, lvl - 1 : lvl])
+    position = ranks.positions.to(torch.float64).masked_fill_(~valid, 1.0)
+    num = (h_rank / position).sum(1)
+    den = values.gather(1, lv).sum(1)  # values[:, 0] = 0 on padding
+    return torch.where(den > 0, num / torch.where(den > 0, den, torch.ones_like(den)), float("nan"))
+
+
+def _ndcg_block(ranks: RetrievalRanks, values: Tensor, gain: str) -> Tensor:
+    """NDCG ``(C,)``: ``DCG = Σ_k g(rel(k)) / log2(1 + rank(k))`` over the ideal DCG of the same gallery."""
+    gains = torch.pow(2.0, values) - 1.0 if gain == "exponential" else values.clone()
+    lv = ranks.levels
+    valid = lv > 0
+    disc = 1.0 / torch.log2(1.0 + ranks.positions.to(torch.float64).clamp_min(1.0))
+    dcg = (gains.gather(1, lv) * disc).masked_fill_(~valid, 0.0).sum(1)
+    idcg = ideal_dcg(ranks.counts[:, 1:], gains[:, 1:])  # levels ordered by increasing gain: the ideal order
+    n_rel = ranks.counts[:, 1:].sum(1)
+    return torch.where(n_rel > 0, dcg / torch.where(idcg > 0, idcg, torch.ones_like(idcg)), float("nan"))
+
+
+def _per_block(scores, rel, mask, block_elements, metric) -> Tensor:
+    Q, N = scores.shape
+    rows = max(1, block_elements // max(N, 1))
+    out = torch.empty(Q, dtype=torch.float64, device=scores.device)
+    for i in range(0, Q, rows):
+        m = None if mask is None else mask[i : i + rows]
+        ranks, values = _graded_ranks(scores[i : i + rows].detach(), rel[i : i + rows], m)
+        out[i : i + rows] = metric(ranks, values)
+    return out
+
+
+def graded_average_precision(
+    scores: Tensor, relevance: Tensor, mask: Tensor | None = None, *, block_elements: int = GRADED_BLOCK
+) -> Tensor:
+    """H-AP per query ``(Q,)`` for a graded pairwise relevance matrix (HAPPIER Eqs. 2-3, SupRank Eqs. 18-19).
+
+    ``H-AP(q) = Σ_{k: rel(k) > 0} H-rank(k) / rank(k) / Σ_k rel(k)`` with ``H-rank(k) = rel(k) + Σ_{j ranked before
+    k, rel(j) > 0} min(rel(j), rel(k))`` in the pessimistic order (less relevant first among equal scores). With
+    binary relevance this is AP; with one label per item and ``relevance = table[level]`` it is
+    :func:`~pml_suprank.metrics.functional.hierarchical_average_precision` (exactly when tied scores are ordered
+    the same way, e.g. a table increasing in the level). Exact; ``O(N + P log P + P·K)`` per query for ``P``
+    relevant items with ``K`` distinct relevance values.
+
+    Args:
+        scores: ``(Q, N)`` floating similarities (NaN not allowed).
+        relevance: ``(Q, N)`` non-negative finite relevance (float, int or bool), e.g. from
+            :func:`pml_suprank.relevance.multilabel_relevance`.
+        mask: optional ``(Q, N)`` bool; ``False`` removes the item from that query's gallery.
+        block_elements: memory bound: queries are processed in blocks of about this many score entries.
+
+    Returns:
+        ``(Q,)`` float64; ``NaN`` for queries without relevant items.
+
+    Raises:
+        TypeError: non-tensor or non-floating ``scores``, complex ``relevance``, a non-bool ``mask``.
+        ValueError: shape mismatches, NaN scores, negative or non-finite relevance, bad ``block_elements``.
+    """
+    rel = _check_inputs(scores, relevance, mask, block_elements)
+    return _per_block(scores, rel, mask, block_elements, _hap_block)
+
+
+def graded_ndcg(
+    scores: Tensor,
+    relevance: Tensor,
+    mask: Tensor | None = None,
+    *,
+    gain: str = "exponential",
+    block_elements: int = GRADED_BLOCK,
+) -> Tensor:
+    """NDCG per query ``(Q,)`` for a graded pairwise relevance matrix (SupRank Eq. 23).
+
+    ``NDCG(q) = Σ_k g(rel(k)) / log2(1 + rank(k)) / iDCG(q)`` in the pessimistic order, with the ideal DCG of the
+    same gallery (the items sorted by decreasing relevance). ``gain="exponential"`` is ``g(r) = 2^r − 1`` (Eq. 23;
+    feeding integer levels as ``relevance`` gives :func:`~pml_suprank.metrics.functional.ndcg`), ``"linear"`` is
+    ``g(r) = r``.
+
+    Args:
+        scores: ``(Q, N)`` floating similarities.
+        relevance: ``(Q, N)`` non-negative finite relevance.
+        mask: optional ``(Q, N)`` bool; ``False`` removes the item from that query's gallery.
+        gain: one of :data:`GAINS`.
+        block_elements: memory bound: queries are processed in blocks of about this many score entries.
+
+    Returns:
+        ``(Q,)`` float64; ``NaN`` for queries without relevant items.
+
+    Raises:
+        TypeError / ValueError: as :func:`graded_average_precision`; ``ValueError`` for an unknown ``gain``.
+    """
+    rel = _check_inputs(scores, relevance, mask, block_elements)
+    if gain not in GAINS:
+        raise ValueError(f"gain must be one of {GAINS}; got {gain!r}")
+    return _per_block(scores, rel, mask, block_elements, lambda r, v: _ndcg_block(r, v, gain))
+
+
+def mean_label_average_precision(
+    scores: Tensor,
+    query_labels: Tensor,
+    ref_labels: Tensor,
+    mask: Tensor | None = None,
+    *,
+    block_elements: int = GRADED_BLOCK,
+) -> Tensor:
+    """Per-label AP of multi-label retrieval, averaged over each query's labels ``(Q,)``.
+
+    Each label ``y`` of the query is a binary problem whose positives are the items carrying ``y``; its AP is taken
+    in the pessimistic order and the query's value is the mean over its labels that have a positive (the per-label
+    adaptation of ROADMAP described in Ramzi, PhD thesis, Sec. 6.2.1). Labels are sets (``-1`` = padding, a repeated
+    label counts once); the hierarchy plays no role.
+
+    Args:
+        scores: ``(Q, R)`` floating similarities.
+        query_labels: ``(Q, M_q)`` (or ``(Q,)``) integer labels per query, ``-1`` padding.
+        ref_labels: ``(R, M_r)`` (or ``(R,)``) integer labels per gallery item, ``-1`` padding.
+        mask: optional ``(Q, R)`` bool; ``False`` removes the item from that query's gallery.
+        block_elements: memory bound: queries are processed in blocks whose ``(C, R, M_r)`` comparison holds about
+            this many elements.
+
+    Returns:
+        ``(Q,)`` float64; ``NaN`` for queries none of whose labels has a positive.
+
+    Raises:
+        TypeError / ValueError: as :func:`graded_average_precision` for ``scores`` / ``mask``, and as
+        :func:`pml_suprank.relevance.multilabel_relevance` for the labels; ``ValueError`` when the label counts do
+        not match ``scores``.
+    """
+    _check_scores_mask(scores, mask, block_elements)
+    q = _label_sets(_check_multilabel("query_labels", query_labels))
+    r = _check_multilabel("ref_labels", ref_labels)
+    if scores.shape != (q.shape[0], r.shape[0]):
+        raise ValueError(
+            f"scores must have shape (query_labels.shape[0], ref_labels.shape[0]) = ({q.shape[0]}, {r.shape[0]}); "
+            f"got shape {tuple(scores.shape)}"
+        )
+    q, r = q.to(scores.device), r.to(scores.device)
+    Q, R = scores.shape
+    rows = max(1, block_elements // max(R * r.shape[1], 1))
+    out = torch.empty(Q, dtype=torch.float64, device=scores.device)
+    for i in range(0, Q, rows):
+        qs, sc = q[i : i + rows], scores[i : i + rows].detach()
+        m = None if mask is None else mask[i : i + rows]
+        total = torch.zeros(qs.shape[0], dtype=torch.float64, device=scores.device)
+        count = torch.zeros_like(total)
+        for col in range(qs.shape[1]):
+            y = qs[:, col]
+            positive = (r[None, :, :] == y[:, None, None]).any(2) & (y >= 0)[:, None]
+            ap = ap_from_ranks(retrieval_ranks(sc, positive, m))
+            ok = ~torch.isnan(ap)
+            total += torch.where(ok, ap, 0.0)
+            count += ok
+        out[i : i + rows] = torch.where(count > 0, total / count.clamp_min(1), float("nan"))
+    return out

@@ -1,0 +1,165 @@
+"""Batch sampler for multi-label data: ``m`` items per sampled label, so every item of a batch has positives.
+
+Multi-label items (an ``(N, M)`` label tensor, ``-1`` = padding, as taken by
+:func:`pml_suprank.relevance.multilabel_relevance`) cannot be grouped by "their" class: an item belongs to the
+group of every label it carries. :class:`MultiLabelSampler` draws, for each batch, ``batch_size / m`` distinct labels
+and ``m`` items carrying each of them, so every item of the batch shares a label with the ``m − 1`` other items of
+its group (the positives rank losses need; with a hierarchy, further items of the batch may be relevant too). It
+shares the epoch plan, ``set_epoch``, ``state_dict`` and distributed sharding of
+:class:`pml_suprank.samplers.MPerClassSampler` (see :mod:`pml_suprank.samplers`).
+
+References:
+    E. Ramzi, PhD thesis "Robust image retrieval with deep learning", Sec. 6.2.1 (multi-label HAPPIER / ROADMAP on
+    trademark logos) and Sec. 4.2.2.2, Algorithm 1 (the multi-label relevance); m-per-class sampling of the SupRank
+    reference code.
+"""
+
+from __future__ import annotations
+
+from typing import Any, get_args
+
+import numpy as np
+
+from ._validation import check_choice
+from .samplers import SmallClassPolicy, _as_int_array, _check_int, _draw, _ShardedBatchSampler
+
+__all__ = ["MultiLabelSampler"]
+
+
+def _label_members(arr: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Distinct labels and, for each, the sorted distinct indices of the items carrying it."""
+    rows, cols = np.nonzero(arr >= 0)
+    values = arr[rows, cols]
+    pairs = np.unique(np.stack([values, rows], axis=1), axis=0)  # (label, item), one per membership
+    labels, starts = np.unique(pairs[:, 0], return_index=True)
+    return labels, np.split(pairs[:, 1], starts[1:])
+
+
+class MultiLabelSampler(_ShardedBatchSampler):
+    """Batches of ``batch_size / m`` distinct labels with ``m`` items carrying each label.
+
+    One epoch visits every label in proportion to its size: label ``c`` (carried by ``n_c`` items) gets
+    ``ceil(n_c / m)`` groups (at most one per batch), the groups are spread over the batches so that no label appears
+    twice in one global batch, and batches that are not full are completed with groups of random labels not yet in
+    the batch. The number of batches per epoch depends only on the label sizes. A group draws ``m`` items of its label
+    without replacement, preferring items not already in the batch (an item carrying several labels of the batch is
+    repeated only when a label has too few other items).
+
+    Args:
+        labels: ``(N, M)`` integer labels per item with ``-1`` padding (tensor, array or nested list), or ``(N,)``
+            one label per item; every item needs at least one label.
+        m: Items per label in a batch (``>= 2``: each item needs another item sharing its label).
+        batch_size: Indices per batch *per process*; a multiple of ``m``.
+        seed: Seed of the per-epoch ``np.random.default_rng((seed, epoch))``.
+        num_replicas: Processes sharing one global batch of ``num_replicas * batch_size`` indices (default: the
+            ``torch.distributed`` world size, 1 when not initialised).
+        rank: This process's slice (default: the ``torch.distributed`` rank).
+        small_classes: Labels carried by fewer than ``m`` items: ``"replace"`` samples their group with replacement
+            (duplicate indices inside that group), ``"skip"`` never samples them.
+
+    Raises:
+        TypeError: non-integer labels or non-int sizes.
+        ValueError: labels of the wrong shape, a label below ``-1``, an item without labels, ``m < 2``,
+            ``m > batch_size``, ``batch_size % m != 0``, or fewer usable labels than
+            ``num_replicas * batch_size / m``.
+    """
+
+    def __init__(
+        self,
+        labels: Any,
+        m: int,
+        batch_size: int,
+        seed: int = 0,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        *,
+        small_classes: SmallClassPolicy = "replace",
+    ) -> None:
+        super().__init__(batch_size, seed, num_replicas, rank)
+        self.m = _check_int("m", m, 2)
+        if self.m > self.batch_size:
+            raise ValueError(f"m must be <= batch_size = {self.batch_size}; got m={self.m}")
+        if self.batch_size % self.m:
+            raise ValueError(f"batch_size must be a multiple of m = {self.m}; got batch_size={self.batch_size}")
+        self.small_classes = check_choice("small_classes", small_classes, get_args(SmallClassPolicy))
+        arr = _as_int_array(labels)
+        if arr.ndim == 1:
+            arr = arr[:, None]
+        if arr.ndim != 2 or arr.shape[0] == 0 or arr.shape[1] == 0:
+            raise ValueError(f"labels must have shape (N,) or (N, M) with N, M >= 1; got shape {np.shape(labels)}")
+        if (arr < -1).any():
+            raise ValueError(f"labels must hold labels >= 0 and -1 for padding; got the value {int(arr.min())}")
+        empty = (arr < 0).all(axis=1)
+        if empty.any():
+            raise ValueError(
+                f"labels row {int(np.flatnonzero(empty)[0])} has no label (only -1 padding); "
+                "every item needs at least one label"
+            )
+        self.num_samples = arr.shape[0]
+        all_labels, members = _label_members(arr)
+        sizes = np.array([len(x) for x in members])
+        keep = sizes >= self.m if self.small_classes == "skip" else np.ones(len(all_labels), bool)
+        self.classes = all_labels[keep]
+        self._members = [members[i] for i in np.flatnonzero(keep)]
+        self.groups_per_batch = self.num_replicas * self.batch_size // self.m
+        need = max(self.groups_per_batch, 2)
+        if len(self.classes) < need:
+            raise ValueError(
+                f"labels must contain at least {need} distinct labels"
+                + (f" carried by >= m={self.m} items (small_classes='skip')" if self.small_classes == "skip" else "")
+                + f" to fill a batch of num_replicas * batch_size / m = {self.groups_per_batch} distinct labels; "
+                f"got {len(self.classes)} usable labels (of {len(all_labels)})"
+            )
+        self._groups = self._groups_per_label(sizes[keep])
+
+    def _groups_per_label(self, sizes: np.ndarray) -> np.ndarray:
+        """``ceil(n_c / m)`` groups per label, capped at the number of batches (one group per batch at most)."""
+        k = np.maximum(1, -(-sizes // self.m))
+        G = self.groups_per_batch
+        while True:
+            nb = -(-int(k.sum()) // G)
+            if k.max() <= nb:
+                return k
+            k = np.minimum(k, nb)
+
+    def _num_global_batches(self) -> int:
+        return -(-int(self._groups.sum()) // self.groups_per_batch)
+
+    def _fingerprint(self) -> dict[str, Any]:
+        return {**super()._fingerprint(), "m": self.m}
+
+    def _batch_groups(self, rng: np.random.Generator, batch_labels: np.ndarray) -> np.ndarray:
+        """``(G, m)`` item groups, one per label; the labels with the fewest items draw first."""
+        used: list[np.ndarray] = []
+        groups = np.empty((len(batch_labels), self.m), dtype=np.int64)
+        sizes = np.array([len(self._members[c]) for c in batch_labels])
+        for i in np.argsort(sizes, kind="stable"):
+            exclude = np.concatenate(used) if used else np.empty(0, dtype=np.int64)
+            groups[i] = self._draw_fresh(rng, self._members[int(batch_labels[i])], exclude)
+            used.append(groups[i])
+        return groups
+
+    def _draw_fresh(self, rng: np.random.Generator, pool: np.ndarray, exclude: np.ndarray) -> np.ndarray:
+        """``m`` items of ``pool`` avoiding ``exclude`` while possible; ``O(m + |exclude|)`` for large pools."""
+        m = self.m
+        if pool.size >= m + exclude.size:  # enough candidates: at most |exclude| of them are excluded
+            cand = rng.choice(pool, m + exclude.size, replace=False)
+            return cand[~np.isin(cand, exclude)][:m]
+        return _draw(rng, pool, m, exclude=exclude)
+
+    def _global_plan(self, rng: np.random.Generator) -> list[list[np.ndarray]]:
+        G, nb = self.groups_per_batch, len(self)
+        order = rng.permutation(len(self.classes))
+        owner = np.repeat(order, self._groups[order])  # a label's groups are contiguous and at most nb
+        slot = np.arange(owner.size) % nb  # position p -> batch p % nb: distinct labels per batch
+        by_slot = np.split(np.argsort(slot, kind="stable"), np.cumsum(np.bincount(slot, minlength=nb))[:-1])
+        plan = []
+        for sel in by_slot:
+            labels_b = owner[sel]
+            missing = G - labels_b.size
+            if missing > 0:
+                free = np.setdiff1d(np.arange(len(self.classes)), labels_b)
+                labels_b = np.concatenate([labels_b, rng.choice(free, missing, replace=False)])
+            labels_b = labels_b[rng.permutation(G)]
+            plan.append([self._batch_groups(rng, labels_b)])
+        return [plan[i] for i in rng.permutation(nb)]
