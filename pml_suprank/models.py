@@ -15,9 +15,9 @@ ones, so loading never downloads them); ``push_to_hub`` uploads the folder.
 
 A loaded ``config.json`` is untrusted unless the caller passes ``trust_config=True``
 (:mod:`pml_suprank.hub.loaded_config`): its backbone must be a plain timm name, ``backbone_kwargs`` must stay within
-an allow-list of harmless timm keyword arguments and sizes are bounded. Every loaded tensor is checked against the rebuilt module (names, shapes, dtype
-kinds, finite values) and tensors no trained model can hold (an all-zero projection, a GeM exponent <= 0, a negative
-BatchNorm variance) are refused, naming the file and the key.
+an allow-list of harmless timm keyword arguments and sizes are bounded. Every loaded tensor is checked against the
+rebuilt module (names, shapes, dtype kinds, finite values) and tensors no trained model can hold (an all-zero
+projection, a GeM exponent <= 0, a negative BatchNorm variance) are refused, naming the file and the key.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .hub.loaded_config import check_loaded_model_args, check_loaded_values
 from ._validation import check_choice, check_positive
+from .hub.loaded_config import check_loaded_model_args, check_loaded_values
 from .hub.mixin import HubMixin, load_module_state
 
 logger = logging.getLogger(__name__)

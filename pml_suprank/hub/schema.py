@@ -117,7 +117,9 @@ def check_schema(
         if name not in state:
             if spec.optional:
                 continue
-            raise ValueError(f"{source} has no tensor {name!r} (expected shape {spec.shape}); truncated or foreign file?")
+            raise ValueError(
+                f"{source} has no tensor {name!r} (expected shape {spec.shape}); truncated or foreign file?"
+            )
         t = state[name]
         if not isinstance(t, Tensor) or t.is_complex():
             raise ValueError(f"{source}: tensor {name!r} must be a real or integer tensor; got {type(t).__name__}")
@@ -136,9 +138,7 @@ def check_schema(
                 )
         for symbol, minimum in spec.min_sizes:
             if symbol in bound and bound[symbol] < minimum:
-                raise ValueError(
-                    f"{source}: tensor {name!r} has shape {tuple(t.shape)}; {symbol} must be >= {minimum}"
-                )
+                raise ValueError(f"{source}: tensor {name!r} has shape {tuple(t.shape)}; {symbol} must be >= {minimum}")
         if kind_of(t) != spec.kind:
             raise ValueError(f"{source}: tensor {name!r} must be a {spec.kind} tensor; got {t.dtype}")
         _check_values(name, t, spec, str(source))

@@ -25,8 +25,8 @@ from torch import Tensor
 
 from .._validation import check_embeddings, check_labels
 from ..hub.mixin import HubMixin, instantiate
-from ..hub.serialization import CONFIG_NAME as CONFIG_NAME  # kept importable from here
 from ..hub.schema import TensorSpec, check_schema
+from ..hub.serialization import CONFIG_NAME as CONFIG_NAME  # kept importable from here
 from ..hub.serialization import DETECTOR_TASK, WEIGHTS_NAME, check_state, make_config
 from .registry import DETECTOR_REGISTRY
 

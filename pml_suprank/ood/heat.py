@@ -34,8 +34,8 @@ from .._validation import check_choice, check_positive
 from .base import Detector, NotFittedError, check_class_labels, check_features
 from .ebm import ResidualEnergyMLP, train_residual
 from .head import head_params
-from .heat_state import check_heat_config, check_heat_state
 from .heat_priors import ELPrior, GMMPrior, GMMStdPrior  # noqa: F401 - defines (registers) the built-in priors
+from .heat_state import check_heat_config, check_heat_state
 from .presets import PRESETS, SETTING_KEYS, resolve_settings  # noqa: F401 - PRESETS, SETTING_KEYS kept here
 from .prior import Prior
 from .priors import ClassConditionalGaussian, EnergyLogitsPrior  # noqa: F401 - importable here before the split

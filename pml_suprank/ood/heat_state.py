@@ -21,7 +21,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from ..hub.schema import TensorSpec, check_schema, kind_of
