@@ -19,7 +19,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-__all__ = ["TensorSpec", "check_schema", "kind_of"]
+__all__ = ["Sizes", "TensorSpec", "check_schema", "kind_of"]
 
 Kind = Literal["floating", "integer", "bool"]
 
@@ -65,6 +65,15 @@ class TensorSpec:
         )
 
 
+class Sizes(dict):
+    """``{symbol: size}`` bound by :func:`check_schema`, remembering which tensor bound each symbol (``origin``)."""
+
+    def __init__(self, *args, origin: Mapping[str, str] | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.origin = {symbol: "config.json or an earlier tensor" for symbol in self}
+        self.origin.update(origin or {})
+
+
 def _check_values(name: str, t: Tensor, spec: TensorSpec, where: str) -> None:
     if spec.kind == "floating" and not bool(torch.isfinite(t).all()):
         raise ValueError(f"{where}: tensor {name!r} holds NaN or infinite values (corrupt checkpoint?)")
@@ -91,7 +100,7 @@ def check_schema(
     *,
     sizes: Mapping[str, int] | None = None,
     allow_unexpected: bool = False,
-) -> dict[str, int]:
+) -> Sizes:
     """Check loaded tensors against their declared layouts; return the bound size symbols.
 
     Args:
@@ -102,13 +111,15 @@ def check_schema(
         allow_unexpected: Ignore names of ``state`` absent from ``specs`` (checked by a later call).
 
     Returns:
-        ``{symbol: size}`` with ``sizes`` and every symbol bound here.
+        ``{symbol: size}`` with ``sizes`` and every symbol bound here (a :class:`Sizes`: pass it on as ``sizes``
+        so that later errors name the tensor that bound a symbol).
 
     Raises:
         ValueError: A missing or unexpected tensor, a non-tensor, a wrong rank, size or dtype kind, or values that
             violate the spec, naming ``source`` and the key.
     """
-    bound = dict(sizes or {})
+    bound = Sizes(sizes or {}, origin=getattr(sizes, "origin", None))
+    origin = bound.origin
     if not allow_unexpected:
         unexpected = sorted(set(state) - set(specs))
         if unexpected:
@@ -130,11 +141,15 @@ def check_schema(
             )
         for axis, (want, got) in enumerate(zip(spec.shape, t.shape)):
             if isinstance(want, str):
+                origin.setdefault(want, f"dimension {axis} of tensor {name!r}")
                 want = bound.setdefault(want, int(got))
             if int(got) != want:
+                like = (
+                    f" ({spec.shape[axis]}, as {origin[spec.shape[axis]]})" if isinstance(spec.shape[axis], str) else ""
+                )
                 raise ValueError(
-                    f"{source}: tensor {name!r} has shape {tuple(t.shape)}; dimension {axis} must be {want} "
-                    f"(expected {spec.shape} with {bound})"
+                    f"{source}: tensor {name!r} has shape {tuple(t.shape)}; dimension {axis} must be {want}{like}; "
+                    f"the saved tensors disagree with each other or with config.json"
                 )
         for symbol, minimum in spec.min_sizes:
             if symbol in bound and bound[symbol] < minimum:

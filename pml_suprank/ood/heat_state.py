@@ -52,7 +52,8 @@ def check_heat_config(model_args: Mapping[str, Any], source: Path, skip: Mapping
                 )
 
 
-def _mlp_spec(heat: Any, name: str, dim: int) -> dict[str, TensorSpec]:
+def _mlp_spec(heat: Any, name: str, dim: int, symbol: str) -> dict[str, TensorSpec]:
+    """The tensors of the residual MLP the config builds on ``dim`` inputs (input width as the size ``symbol``)."""
     s = heat.component_settings[name]
     mlp = ResidualEnergyMLP(
         dim,
@@ -62,16 +63,15 @@ def _mlp_spec(heat: Any, name: str, dim: int) -> dict[str, TensorSpec]:
         reduce_width=s["reduce_width"],
         device="meta",
     )
-    return {f"{name}.mlp.{k}": TensorSpec(tuple(v.shape), kind=kind_of(v)) for k, v in mlp.state_dict().items()}
+    spec = {f"{name}.mlp.{k}": TensorSpec(tuple(v.shape), kind=kind_of(v)) for k, v in mlp.state_dict().items()}
+    first = f"{name}.mlp.input_layer.weight"
+    spec[first] = TensorSpec((spec[first].shape[0], symbol))
+    return spec
 
 
 def check_heat_state(heat: Any, state: Mapping[str, Tensor], source: Path) -> None:
     """Check a loaded HEAT state against ``heat`` (built from the same config); see the module docstring."""
-    k = len(heat.priors)
-    spec: dict[str, TensorSpec] = {
-        "standardization_mean": TensorSpec((k,)),
-        "standardization_std": TensorSpec((k,), positive=True),
-    }
+    spec: dict[str, TensorSpec] = {}
     needs_head = any(cls.needs_head for cls in heat.prior_classes.values())
     if needs_head or "head.weight" in state:
         spec["head.weight"] = TensorSpec(("C", "D"), nonzero=True)
@@ -83,14 +83,18 @@ def check_heat_state(heat: Any, state: Mapping[str, Tensor], source: Path) -> No
             opaque.append(f"{name}.prior.")
         else:
             spec.update({f"{name}.prior.{key}": v.renamed(f"{name}.") for key, v in prior_spec.items()})
+    k = len(heat.priors)
+    spec["standardization_mean"] = TensorSpec((k,))
+    spec["standardization_std"] = TensorSpec((k,), positive=True)
     mlp_prefixes = tuple(f"{name}.mlp." for name in heat.priors)
     fixed = {key: v for key, v in state.items() if not key.startswith(mlp_prefixes + tuple(opaque))}
     sizes = check_schema(fixed, source, spec)
     check_state({key: v for key, v in state.items() if key.startswith(tuple(opaque))}, source)
     for name, cls in heat.prior_classes.items():
         own = {key: v for key, v in state.items() if key.startswith(f"{name}.mlp.")}
-        dim = sizes.get(f"{name}.D", sizes.get("D") if cls.needs_head else None)
+        symbol = f"{name}.D" if f"{name}.D" in sizes else "D" if cls.needs_head else None
+        dim = sizes.get(symbol)
         if dim is None:  # an opaque prior: D is known once it is loaded, and HEAT.load_state_dict checks the MLP
             check_state(own, source)
         else:
-            check_schema(own, source, _mlp_spec(heat, name, dim))
+            check_schema(own, source, _mlp_spec(heat, name, dim, symbol), sizes=sizes)
