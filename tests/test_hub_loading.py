@@ -216,3 +216,18 @@ def test_saved_files_follow_the_umask(tmp_path, umask):
     assert {p.name for p in files} >= {"config.json", "model.safetensors", "README.md", "metrics.json", "curve.png"}
     for f in files:
         assert f.stat().st_mode & 0o777 == 0o666 & ~umask, (f, oct(f.stat().st_mode & 0o777))
+
+
+def test_constructor_errors_of_a_loaded_config_name_the_folder(folder, tmp_path):
+    path = _edit_config(folder, backbone="not_a_timm_model")
+    with pytest.raises(ValueError, match="config.json of .*: model_args rejected by RetrievalModel: backbone=") as info:
+        RetrievalModel.from_pretrained(folder)
+    assert str(folder) in str(info.value)
+    det = tmp_path / "det"
+    ood.KNN(k=2).fit(features=torch.rand(6, 3)).save_pretrained(det)
+    config = json.loads((det / "config.json").read_text())
+    config["model_args"]["k"] = -1
+    (det / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="model_args rejected by KNN: k must be a positive integer") as info:
+        ood.Detector.from_pretrained(det)
+    assert str(det) in str(info.value)

@@ -188,7 +188,8 @@ def push_folder(
 
 
 def instantiate(cls: type, kwargs: dict[str, Any], source: Any) -> Any:
-    """``cls(**kwargs)``, with a ``ValueError`` naming the saved arguments ``cls`` does not accept."""
+    """``cls(**kwargs)``, with a ``ValueError`` naming the saved arguments ``cls`` does not accept; the
+    constructor's own ``ValueError`` / ``TypeError`` (naming the argument) is re-raised naming ``source`` too."""
     params = inspect.signature(cls.__init__).parameters
     if not any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values()):
         unknown = sorted(set(kwargs) - set(params))
@@ -197,7 +198,10 @@ def instantiate(cls: type, kwargs: dict[str, Any], source: Any) -> Any:
                 f"config.json of {source} has model_args {unknown} that {cls.__name__} does not accept "
                 "(saved by a newer pml-suprank?)"
             )
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except (ValueError, TypeError) as e:  # name the file: the constructor names the argument
+        raise type(e)(f"config.json of {source}: model_args rejected by {cls.__name__}: {e}") from e
 
 
 def load_module_state(
