@@ -59,6 +59,8 @@ def check_backbone_name(backbone: Any) -> str:
     Note that timm resolves an ``hf-hub:`` name through the Hub even with ``pretrained=False`` (it needs the remote
     config), so a saved model with such a backbone restores offline only from a populated Hub cache; plain
     architecture names (with or without a pretrained tag) never touch the network when restoring.
+    ``RetrievalModel.from_pretrained`` refuses a loaded config naming such a prefixed backbone unless it is called
+    with ``trust_config=True``.
     """
     if not isinstance(backbone, str) or not backbone:
         raise TypeError(
