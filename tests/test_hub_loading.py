@@ -219,7 +219,7 @@ def test_saved_files_follow_the_umask(tmp_path, umask):
 
 
 def test_constructor_errors_of_a_loaded_config_name_the_folder(folder, tmp_path):
-    path = _edit_config(folder, backbone="not_a_timm_model")
+    _edit_config(folder, backbone="not_a_timm_model")
     with pytest.raises(ValueError, match="config.json of .*: model_args rejected by RetrievalModel: backbone=") as info:
         RetrievalModel.from_pretrained(folder)
     assert str(folder) in str(info.value)
