@@ -319,6 +319,8 @@ def load_retrieval_dataset(
         )
     image_column = _image_column(ds, image_column, source)
 
+    for name, d in {**splits, split: ds}.items():
+        _check_no_missing_labels(d, label_columns, name, source)
     mappings = _string_label_mappings(ds, splits, label_columns)
     labels = _read_labels(ds, label_columns, mappings)
     if labels.numel() and bool((labels < 0).any()):
@@ -372,6 +374,26 @@ def _select_split(splits: dict[str, Any], split: str, source: Any) -> tuple[list
     if isinstance(ds, datasets.IterableDataset):
         raise ValueError("streaming datasets are not supported: retrieval needs random access (use a map-style one)")
     return parts, ds
+
+
+def _check_no_missing_labels(d: Any, label_columns: list[str], split: str, source: Any) -> None:
+    """Refuse missing labels (null / None, or NaN in a float column, e.g. a parquet integer column with gaps): they
+    would otherwise become a class ``"nan"`` / ``"None"``. ``ValueError`` naming the column, the split and the row."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    table = d.with_format("arrow")
+    for c in label_columns:
+        if c not in d.column_names:
+            continue
+        column = table[c]
+        missing = pc.is_null(column, nan_is_null=True) if pa.types.is_floating(column.type) else pc.is_null(column)
+        if pc.any(missing).as_py():
+            row = pc.index(missing, True).as_py()
+            raise ValueError(
+                f"label column {c!r} of split {split!r} of {_describe(source)} has a missing (null / NaN) label at "
+                f"row {row} ({pc.sum(missing).as_py()} missing in all); drop or label those rows before loading"
+            )
 
 
 def _string_label_mappings(ds: Any, splits: dict[str, Any], label_columns: list[str]) -> dict[str, dict[str, int]]:

@@ -12,6 +12,12 @@ An optional linear classification head on the pooled ``(B, C)`` features serves 
 constructor kwargs, the data config and training metadata), ``model.safetensors`` and a model card;
 ``from_pretrained`` always rebuilds the backbone with ``pretrained=False`` (the saved weights replace the ImageNet
 ones, so loading never downloads them); ``push_to_hub`` uploads the folder.
+
+A loaded ``config.json`` is untrusted unless the caller passes ``trust_config=True``
+(:mod:`pml_suprank.hub.loaded_config`): its backbone must be a plain timm name, ``backbone_kwargs`` must stay within
+an allow-list of harmless timm keyword arguments and sizes are bounded. Every loaded tensor is checked against the
+rebuilt module (names, shapes, dtype kinds, finite values) and tensors no trained model can hold (an all-zero
+projection, a GeM exponent <= 0, a negative BatchNorm variance) are refused, naming the file and the key.
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._validation import check_choice, check_positive
-from .hub.mixin import HubMixin
+from .hub.loaded_config import check_loaded_model_args, check_loaded_values
+from .hub.mixin import HubMixin, load_module_state
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +59,8 @@ def check_backbone_name(backbone: Any) -> str:
     Note that timm resolves an ``hf-hub:`` name through the Hub even with ``pretrained=False`` (it needs the remote
     config), so a saved model with such a backbone restores offline only from a populated Hub cache; plain
     architecture names (with or without a pretrained tag) never touch the network when restoring.
+    ``RetrievalModel.from_pretrained`` refuses a loaded config naming such a prefixed backbone unless it is called
+    with ``trust_config=True``.
     """
     if not isinstance(backbone, str) or not backbone:
         raise TypeError(
@@ -345,6 +354,16 @@ class RetrievalModel(HubMixin, nn.Module):
 
     def extra_repr(self) -> str:
         return f"backbone={self.config['backbone']!r}, embedding_size={self.embedding_size}"
+
+    # ------------------------------------------------------------------ loading (pml_suprank.hub.HubMixin hooks)
+    @classmethod
+    def _hub_check_config(cls, config, source, *, overrides, trust_config: bool) -> None:
+        if not trust_config:
+            check_loaded_model_args(config["model_args"], source, skip=overrides)
+
+    def _hub_load_state(self, state, config, *, source, strict: bool, map_location: str) -> None:
+        check_loaded_values(state, source)
+        load_module_state(self, state, config, source=source, strict=strict, map_location=map_location)
 
     def named_head_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
         """Named parameters outside the backbone (pooling, projection, classifier)."""

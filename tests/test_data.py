@@ -127,6 +127,29 @@ def test_parquet_files_and_folder(hf_dict, tmp_path):
     torch.testing.assert_close(via_files.labels, test.labels)
 
 
+@pytest.mark.parametrize(
+    ("column", "values", "row"),
+    [
+        ("fine_label", [0.0, 1.0, float("nan"), 1.0], 2),  # a parquet integer column with a gap turns float + NaN
+        ("fine_label", ["a", None, "b", "a"], 1),  # a string column with a null
+        ("coarse_label", [0, 1, 1, None], 3),  # an integer column with a null
+    ],
+)
+def test_missing_labels_are_refused_by_column_and_row(tmp_path, column, values, row):
+    from datasets import Dataset, DatasetDict
+
+    other = "coarse_label" if column == "fine_label" else "fine_label"
+    table = {"img": [_image(i) for i in range(4)], column: values, other: [0, 0, 1, 1]}
+    Dataset.from_dict(table).to_parquet(str(tmp_path / "train.parquet"))
+    with pytest.raises(ValueError, match=rf"label column '{column}' of split 'train' .* at row {row}"):
+        load_retrieval_dataset(str(tmp_path / "train.parquet"), ["fine_label", "coarse_label"], cache_dir=tmp_path)
+    # the same in memory, and in a split other than the one loaded (string ids are computed over every split)
+    with pytest.raises(ValueError, match=rf"label column '{column}' of split 'test' .* at row {row}"):
+        clean = Dataset.from_dict({**table, column: values[:1] * 4})
+        both = DatasetDict({"train": clean, "test": Dataset.from_dict(table)})
+        load_retrieval_dataset(both, ["fine_label", "coarse_label"])
+
+
 def test_save_to_disk_dict_and_single(hf_dict, tmp_path):
     hf_dict.save_to_disk(str(tmp_path / "dd"))
     ds = load_retrieval_dataset(tmp_path / "dd", ["fine_label", "coarse_label"], split="test")

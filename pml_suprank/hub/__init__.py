@@ -112,8 +112,9 @@ def from_pretrained(
         pretrained_model_name_or_path: Folder path or ``"org/name"``.
         model_class: A :class:`HubMixin` subclass (e.g. ``pml_suprank.models.RetrievalModel``) that must match the
             saved ``architecture``; default: the loaded ``HubMixin`` subclass of that name.
-        **kwargs: ``map_location``, ``strict``, ``revision``, ``cache_dir``, ``local_files_only``, ``token``,
-            ``force_download`` and constructor overrides (see :meth:`HubMixin.from_pretrained`).
+        **kwargs: ``map_location``, ``strict``, ``trust_config``, ``revision``, ``cache_dir``,
+            ``local_files_only``, ``token``, ``force_download`` and constructor overrides (see
+            :meth:`HubMixin.from_pretrained`).
     """
     cls = HubMixin if model_class is None else model_class
     if not (isinstance(cls, type) and issubclass(cls, HubMixin)):

@@ -51,8 +51,11 @@ class CardInputs:
         hub_config: Loaded hub_config; uses ``hub.tags``, ``hub.datasets``, ``hub.license``, ``hub.paper``,
             ``hub.paper_url`` and ``hub.paper_results`` (percent, keyed like the metrics), and ``data.source``.
         plots: Image paths relative to the card's folder.
-        repo_id: Repo id shown in the title and the usage snippet.
+        repo_id: Hub repo id (``"org/name"``) shown in the title and the usage snippet, when the folder is (or
+            will be) pushed there.
         description: One paragraph on what the saved object computes (e.g. its class docstring summary).
+        folder: Name of the folder the card is written into; without ``repo_id`` the usage snippet loads it as
+            ``"./<folder>"`` (a local path, relative to the folder's parent).
     """
 
     config: Mapping[str, Any]
@@ -61,6 +64,18 @@ class CardInputs:
     plots: Sequence[str]
     repo_id: str | None
     description: str | None
+    folder: str | None = None
+
+    @property
+    def load_target(self) -> str:
+        """What the usage snippet passes to ``from_pretrained``: the repo id, else ``./<folder>``."""
+        if self.repo_id:
+            return self.repo_id
+        return f"./{self.folder}" if self.folder else "path/to/folder"
+
+    @property
+    def load_comment(self) -> str:
+        return "" if self.repo_id else "  # path of this folder"
 
     @property
     def hub(self) -> dict[str, Any]:
@@ -87,7 +102,7 @@ class CardInputs:
         return datasets
 
     def title(self, default: str) -> str:
-        return self.repo_id or str(self.hub.get("name") or self.hub_config.get("name") or default)
+        return self.repo_id or str(self.hub.get("name") or self.hub_config.get("name") or self.folder or default)
 
     def yaml(
         self, tags: Sequence[Any], metrics: Sequence[str], pipeline_tag: str | None, last_tags: Sequence[Any] = ()
@@ -127,6 +142,7 @@ def generate_model_card(
     plots: Sequence[str] | None = None,
     repo_id: str | None = None,
     description: str | None = None,
+    folder: str | None = None,
 ) -> str:
     """Model card text (``README.md``) with YAML metadata, a results table and embedded plots.
 
@@ -140,6 +156,7 @@ def generate_model_card(
         plots=list(plots or []),
         repo_id=repo_id,
         description=description,
+        folder=folder,
     )
     return _detector_card(inputs) if config.get("task") == DETECTOR_TASK else _retrieval_card(inputs)
 
@@ -228,8 +245,9 @@ def _retrieval_card(inputs: CardInputs) -> str:
         "from pml_suprank.models import RetrievalModel",
         "from pml_suprank.data import build_transforms",
         "",
-        f'model = RetrievalModel.from_pretrained("{inputs.repo_id or "path/to/folder"}")  # never downloads '
-        "backbone weights",
+        f'model = RetrievalModel.from_pretrained("{inputs.load_target}")'
+        + (inputs.load_comment + ";" if inputs.load_comment else "  #")
+        + " never downloads backbone weights",
         "transform = build_transforms(model.data_config, train=False)",
         "embeddings = model(transform(pil_image)[None])  # (1, D), L2-normalised",
         "```",
@@ -290,7 +308,7 @@ def _detector_card(inputs: CardInputs) -> str:
         "```python",
         "from pml_suprank import ood",
         "",
-        f'detector = ood.Detector.from_pretrained("{inputs.repo_id or "path/to/folder"}")',
+        f'detector = ood.Detector.from_pretrained("{inputs.load_target}"){inputs.load_comment}',
         "scores = detector.score(features=z, logits=logits)  # (N,), higher = more OOD",
         "```",
         "",

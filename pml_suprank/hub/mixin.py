@@ -127,9 +127,11 @@ def save_folder(
         hub_config: The loaded hub_config dict; its ``hub`` section gives the card's tags, datasets and paper numbers.
         plots: Image files to embed in the card; files outside ``save_directory`` are copied to ``plots/``.
             ``*.png`` files already in ``save_directory`` or ``save_directory/plots`` are embedded too.
-        repo_id: Repo id used in the card's usage snippet (default: the folder name).
+        repo_id: Hub repo id (``"org/name"``) used in the card's title and usage snippet. Without one (or with a
+            name that is not a repo id) the snippet loads the folder by its local path ``./<folder name>``.
     """
     save_directory = Path(save_directory)
+    folder = save_directory.resolve().name
     metrics = check_metrics(metrics)
     if hub_config is not None:
         name = hub_config.get("name") if isinstance(hub_config, Mapping) else None
@@ -145,11 +147,18 @@ def save_folder(
                 writer.copy_file(source, rel)
         if card is not None:
             rels = [rel for rel, _ in planned]
-            name = repo_id or save_directory.name
-            writer.write_text(
-                MODEL_CARD_NAME, card(config, metrics=metrics, hub_config=hub_config, plots=rels, repo_id=name)
-            )
+            card_repo = repo_id if _is_repo_id(repo_id) else None
+            text = card(config, metrics=metrics, hub_config=hub_config, plots=rels, repo_id=card_repo, folder=folder)
+            writer.write_text(MODEL_CARD_NAME, text)
     return save_directory
+
+
+def _is_repo_id(repo_id: Any) -> bool:
+    try:
+        check_repo_id(repo_id)
+    except ValueError:
+        return False
+    return True
 
 
 def push_folder(
@@ -179,7 +188,8 @@ def push_folder(
 
 
 def instantiate(cls: type, kwargs: dict[str, Any], source: Any) -> Any:
-    """``cls(**kwargs)``, with a ``ValueError`` naming the saved arguments ``cls`` does not accept."""
+    """``cls(**kwargs)``, with a ``ValueError`` naming the saved arguments ``cls`` does not accept; the
+    constructor's own ``ValueError`` / ``TypeError`` (naming the argument) is re-raised naming ``source`` too."""
     params = inspect.signature(cls.__init__).parameters
     if not any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values()):
         unknown = sorted(set(kwargs) - set(params))
@@ -188,7 +198,10 @@ def instantiate(cls: type, kwargs: dict[str, Any], source: Any) -> Any:
                 f"config.json of {source} has model_args {unknown} that {cls.__name__} does not accept "
                 "(saved by a newer pml-suprank?)"
             )
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except (ValueError, TypeError) as e:  # name the file: the constructor names the argument
+        raise type(e)(f"config.json of {source}: model_args rejected by {cls.__name__}: {e}") from e
 
 
 def load_module_state(
@@ -241,6 +254,9 @@ class HubMixin:
 
     * :meth:`_hub_config` — the ``config.json`` dict (default :func:`build_config`);
     * :meth:`_hub_weights` — the module itself or a ``{name: Tensor}`` dict to store in ``model.safetensors``;
+    * :meth:`_hub_check_config` — refuse a loaded config that is unsafe or implausible before anything is built
+      (default: nothing; ``RetrievalModel`` restricts ``backbone_kwargs`` and bounds sizes unless
+      ``trust_config=True``);
     * :meth:`_hub_instantiate` — rebuild the object from a loaded config (default: the class called with
       ``model_args``, ``pretrained=False`` forced);
     * :meth:`_hub_load_state` — validate and load the tensors (default :func:`load_module_state`);
@@ -287,6 +303,14 @@ class HubMixin:
         if arch is not None and arch != cls._hub_architecture():
             raise ValueError(f"{source} holds a {arch!r}; it cannot be loaded as {cls.__name__}")
         return cls
+
+    @classmethod
+    def _hub_check_config(
+        cls, config: Mapping[str, Any], source: Path, *, overrides: Mapping[str, Any], trust_config: bool
+    ) -> None:
+        """Raise ``ValueError`` (naming ``source``, the ``config.json`` path, and the key) when the loaded config
+        asks for something unsafe or implausible; ``overrides`` are the caller's own arguments and are not checked;
+        ``trust_config=True`` is the caller's statement that the file is trusted. Default: nothing to check."""
 
     @classmethod
     def _hub_instantiate(cls, config: Mapping[str, Any], overrides: dict[str, Any], source: Any) -> Any:
@@ -354,6 +378,7 @@ class HubMixin:
         force_download: bool = False,
         map_location: str = "cpu",
         strict: bool = True,
+        trust_config: bool = False,
         **overrides: Any,
     ) -> Any:
         """Restore an object saved by :meth:`save_pretrained` from a folder or a Hub repo id (``"org/name"``).
@@ -366,12 +391,21 @@ class HubMixin:
             revision, cache_dir, local_files_only, token, force_download: As in ``huggingface_hub``.
             map_location: Device of the loaded tensors.
             strict: Raise on missing, unexpected or mis-shaped tensors (default); otherwise log and skip them.
-            **overrides: Constructor kwargs replacing the saved ones.
+                Non-finite tensors are refused either way.
+            trust_config: Use the saved config as it is. By default a loaded config may only name a plain timm
+                backbone, pass an allow-list of harmless ``backbone_kwargs`` and ask for bounded sizes (see
+                ``RetrievalModel``); set it only for files you trust (it lets the config make timm read local files
+                or fetch other Hub repos).
+            **overrides: Constructor kwargs replacing the saved ones (yours, so never checked against the
+                allow-list).
 
         Raises:
             FileNotFoundError: The folder, repo or a file is missing (naming it), or not cached when offline.
-            ValueError: Invalid repo id, corrupt files, a config of another class, or tensors that do not match.
+            ValueError: Invalid repo id, corrupt files, a config of another class, a refused config value, or
+                tensors that do not match (naming the file and the key).
         """
+        if not isinstance(trust_config, bool):
+            raise TypeError(f"trust_config must be a bool; got {type(trust_config).__name__} {trust_config!r}")
         folder = resolve_folder(
             path_or_repo_id,
             (CONFIG_NAME, WEIGHTS_NAME),
@@ -384,6 +418,7 @@ class HubMixin:
         )
         config = read_config(folder / CONFIG_NAME)
         target = cls._hub_class(config, path_or_repo_id)
+        target._hub_check_config(config, folder / CONFIG_NAME, overrides=overrides, trust_config=trust_config)
         obj = target._hub_instantiate(config, overrides, path_or_repo_id)
         weights = folder / WEIGHTS_NAME
         state = read_weights(weights, map_location) if weights.is_file() else {}

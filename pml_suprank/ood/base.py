@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -24,6 +25,7 @@ from torch import Tensor
 
 from .._validation import check_embeddings, check_labels
 from ..hub.mixin import HubMixin, instantiate
+from ..hub.schema import TensorSpec, check_schema
 from ..hub.serialization import CONFIG_NAME as CONFIG_NAME  # kept importable from here
 from ..hub.serialization import DETECTOR_TASK, WEIGHTS_NAME, check_state, make_config
 from .registry import DETECTOR_REGISTRY
@@ -70,13 +72,19 @@ def check_class_labels(labels: Any, n: int, min_classes: int = 2) -> Tensor:
     return labels
 
 
-def _detector_class(name: Any) -> type:
-    """The registered detector class named in a saved ``config.json`` (``ValueError`` listing the valid names)."""
+def _detector_class(name: Any, source: Any = None) -> type:
+    """The registered detector class named in a saved ``config.json`` (``ValueError`` listing the valid names).
+
+    Only registered, concrete detectors qualify: the base classes (``Detector``, ``HeadDetector``) and private or
+    unregistered classes are refused by name.
+    """
     try:
         return DETECTOR_REGISTRY.get_class(name)
     except ValueError:
+        where = f"{Path(source) / CONFIG_NAME} (key 'architecture')" if source is not None else CONFIG_NAME
         raise ValueError(
-            f"config.json names an unknown detector {name!r}; expected one of {list(DETECTOR_REGISTRY)}"
+            f"{where}: config.json names an unknown detector {name!r}; expected one of {list(DETECTOR_REGISTRY)} "
+            "(base classes such as 'Detector' are not detectors; define a custom detector class before loading)"
         ) from None
 
 
@@ -194,7 +202,7 @@ class Detector(HubMixin):
     @classmethod
     def _hub_class(cls, config: Mapping[str, Any], source: Any) -> type:
         name = config.get("architecture")
-        target = _detector_class(name)
+        target = _detector_class(name, source)
         if cls is not Detector and not issubclass(target, cls):
             raise ValueError(f"{source} holds a {name} detector, not a {cls.__name__}")
         return target
@@ -206,11 +214,48 @@ class Detector(HubMixin):
     def _hub_load_state(
         self, state: dict[str, Tensor], config: Mapping[str, Any], *, source: Any, strict: bool, map_location: str
     ) -> None:
-        """Validate the loaded tensors (finite; names among ``_state_names`` unless ``state_dict`` is overridden, in
-        which case ``load_state_dict`` checks them) and restore them through :meth:`_restore`."""
-        default_state = type(self).state_dict is Detector.state_dict
-        check_state(state, source, allowed=self._state_names if default_state else None)
+        """Validate ``config["fitted"]``, the presence of the weights file and every loaded tensor, then restore them
+        through :meth:`_restore`.
+
+        The tensors are checked against :meth:`_state_spec` (names, shapes agreeing with the config and with each
+        other, dtype kinds, finite values, no all-zero tensor where a fitted detector cannot hold one); detectors
+        without a spec (user-defined ones) get the generic check: finite values, names among ``_state_names`` unless
+        ``state_dict`` is overridden (``load_state_dict`` then checks them).
+
+        Raises:
+            FileNotFoundError: ``model.safetensors`` is missing although the detector needs fitted tensors.
+            ValueError: A bad ``fitted`` flag, or tensors that do not match (naming the file and the key).
+        """
+        weights = Path(source)
+        fitted = config.get("fitted", bool(state))
+        if not isinstance(fitted, bool):
+            raise ValueError(f"{weights.parent / CONFIG_NAME}: key 'fitted' must be true or false; got {fitted!r}")
+        if self.requires_fit:
+            if not fitted:
+                raise ValueError(
+                    f"{weights.parent / CONFIG_NAME}: key 'fitted' is false, but a {type(self).__name__} must be "
+                    "fitted to be saved (save_pretrained refuses unfitted detectors); corrupt or foreign config?"
+                )
+            if not weights.is_file():
+                raise FileNotFoundError(
+                    f"{weights} is missing: a fitted {type(self).__name__} keeps its fitted tensors in it "
+                    f"(the folder must hold {CONFIG_NAME} and {WEIGHTS_NAME} as written by save_pretrained)"
+                )
+        self._hub_check_state(state, weights, dict(config))
         self._restore(state, dict(config))
+
+    def _state_spec(self) -> dict[str, TensorSpec] | None:
+        """The tensors this detector (as configured) holds once fitted, or ``None`` for the generic check."""
+        return None
+
+    def _hub_check_state(self, state: dict[str, Tensor], source: Path, config: dict[str, Any]) -> None:
+        """Check loaded tensors before use (see :meth:`_hub_load_state`); ``ValueError`` naming file and key."""
+        spec = self._state_spec()
+        if spec is None:
+            default_state = type(self).state_dict is Detector.state_dict
+            check_state(state, source, allowed=self._state_names if default_state else None)
+        else:
+            check_schema(state, source, spec)
 
     def _restore(self, state: dict[str, Tensor], meta: dict[str, Any]) -> None:
         """Load ``state`` (``meta`` is the loaded ``config.json``, with ``fitted``)."""

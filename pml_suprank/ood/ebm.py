@@ -108,6 +108,8 @@ class ResidualEnergyMLP(nn.Module):
         if generator is None:
             generator = torch.Generator().manual_seed(0)
         for layer in self.linear_layers():
+            if layer.weight.is_meta:  # shapes only (e.g. checking a saved HEAT before allocating it)
+                continue
             bound = 1.0 / math.sqrt(layer.in_features)
             for p in (layer.weight, layer.bias):
                 values = torch.rand(p.shape, generator=generator, device=generator.device, dtype=torch.float32)

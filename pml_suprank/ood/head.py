@@ -12,6 +12,7 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..hub.schema import TensorSpec
 from .base import Detector, check_features
 
 __all__ = ["HeadDetector", "check_logits", "head_params"]
@@ -62,6 +63,10 @@ class HeadDetector(Detector, register=False):
         if self.weight is None:
             raise ValueError(f"{type(self).__name__} has no classifier weight: pass weight=/bias= or head=")
         return check_features("features", features, dim=self.weight.shape[1])
+
+    def _state_spec(self) -> dict[str, TensorSpec]:
+        """The head: ``weight`` ``(C, D)`` (not all zero), optional ``bias`` ``(C,)``; subclasses add their own."""
+        return {"weight": TensorSpec(("C", "D"), nonzero=True), "bias": TensorSpec(("C",), optional=True)}
 
     def _restore(self, state, meta) -> None:
         self.load_state_dict(state)

@@ -35,6 +35,7 @@ from .base import Detector, NotFittedError, check_class_labels, check_features
 from .ebm import ResidualEnergyMLP, train_residual
 from .head import head_params
 from .heat_priors import ELPrior, GMMPrior, GMMStdPrior  # noqa: F401 - defines (registers) the built-in priors
+from .heat_state import check_heat_config, check_heat_state
 from .presets import PRESETS, SETTING_KEYS, resolve_settings  # noqa: F401 - PRESETS, SETTING_KEYS kept here
 from .prior import Prior
 from .priors import ClassConditionalGaussian, EnergyLogitsPrior  # noqa: F401 - importable here before the split
@@ -340,6 +341,14 @@ class HEAT(Detector):
             out["standardization_mean"] = self.standardization_mean
             out["standardization_std"] = self.standardization_std
         return {k: v.detach().contiguous() for k, v in out.items()}
+
+    @classmethod
+    def _hub_check_config(cls, config, source, *, overrides, trust_config: bool) -> None:
+        if not trust_config:
+            check_heat_config(config["model_args"], source, overrides)
+
+    def _hub_check_state(self, state, source, config) -> None:
+        check_heat_state(self, state, source)
 
     def load_state_dict(self, state: dict[str, Tensor]) -> HEAT:
         state = dict(state)

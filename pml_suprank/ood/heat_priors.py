@@ -16,8 +16,9 @@ from collections.abc import Mapping
 
 from torch import Tensor
 
+from ..hub.schema import TensorSpec
 from .prior import Prior
-from .priors import ClassConditionalGaussian, EnergyLogitsPrior
+from .priors import ClassConditionalGaussian, EnergyLogitsPrior, gaussian_state_spec
 
 __all__ = ["GMMPrior", "GMMStdPrior", "ELPrior"]
 
@@ -40,6 +41,10 @@ class GMMPrior(ClassConditionalGaussian, Prior, name="gmm"):
     @classmethod
     def create(cls, *, weight: Tensor | None = None, bias: Tensor | None = None, reg: float = 1e-6) -> GMMPrior:
         return cls(reg=reg)
+
+    @classmethod
+    def state_spec(cls) -> dict[str, TensorSpec]:
+        return gaussian_state_spec()
 
     def training_energy(self, z: Tensor) -> Tensor:
         """``(N, D) -> (N,)`` ``−log q(ẑ)`` computed in ``z``'s dtype (not float64)."""
@@ -75,6 +80,11 @@ class ELPrior(EnergyLogitsPrior, Prior, name="el"):
             raise ValueError(
                 f"features have {features.shape[1]} columns but the classifier weight expects {self.weight.shape[1]}"
             )
+
+    @classmethod
+    def state_spec(cls) -> dict[str, TensorSpec]:
+        """Nothing: the head (and so ``D``) is HEAT's ``head.weight``."""
+        return {}
 
     def state_dict(self) -> dict[str, Tensor]:
         """Nothing: the head is HEAT's state (``head.weight`` / ``head.bias``)."""

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._validation import check_positive
+from ..hub.schema import TensorSpec
 from .base import Detector, check_features
 
 __all__ = ["KNN"]
@@ -42,6 +43,21 @@ class KNN(Detector):
 
     def config(self) -> dict[str, Any]:
         return {"k": self.k, "normalize": self.normalize, "chunk_size": self.chunk_size}
+
+    def _state_spec(self) -> dict[str, TensorSpec]:
+        """``bank`` ``(N, D)`` with ``N >= k`` rows (unit rows when ``normalize``, checked on load)."""
+        return {"bank": TensorSpec(("N", "D"), nonzero=True, min_sizes=(("N", self.k),))}
+
+    def _hub_check_state(self, state, source, config) -> None:
+        super()._hub_check_state(state, source, config)
+        if self.normalize:
+            norms = torch.linalg.vector_norm(state["bank"].to(torch.float64), dim=-1)
+            bad = torch.nonzero((norms - 1.0).abs() > 1e-2).flatten()
+            if bad.numel():
+                raise ValueError(
+                    f"{source}: tensor 'bank' must hold L2-normalised rows (normalize=True); row {int(bad[0])} has "
+                    f"norm {float(norms[bad[0]]):.4g}"
+                )
 
     def _prep(self, z: Tensor) -> Tensor:
         return F.normalize(z, dim=-1, eps=1e-12) if self.normalize else z

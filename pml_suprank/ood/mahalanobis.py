@@ -10,8 +10,9 @@ from typing import Any
 
 from torch import Tensor
 
+from ..hub.schema import TensorSpec
 from .base import Detector, check_features
-from .priors import ClassConditionalGaussian
+from .priors import ClassConditionalGaussian, gaussian_state_spec
 
 __all__ = ["Mahalanobis"]
 
@@ -49,6 +50,9 @@ class Mahalanobis(Detector):
 
     def state_dict(self) -> dict[str, Tensor]:
         return self.gaussian.state_dict()
+
+    def _state_spec(self) -> dict[str, TensorSpec]:
+        return gaussian_state_spec()
 
     def load_state_dict(self, state: dict[str, Tensor]) -> Mahalanobis:
         self.gaussian.load_state_dict(state)

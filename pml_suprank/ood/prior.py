@@ -126,6 +126,13 @@ class Prior(ABC):
         """Fitted tensors (saved by HEAT under ``"<name>.prior."``); default: none."""
         return {}
 
+    @classmethod
+    def state_spec(cls) -> Mapping[str, Any] | None:
+        """Layout of :meth:`state_dict` as ``{name: pml_suprank.hub.schema.TensorSpec}`` (the symbol ``"D"`` being
+        the feature dimension), checked when a saved HEAT is loaded; ``None`` (the default) when unknown: the
+        tensors are then only checked to be finite and :meth:`load_state_dict` validates them."""
+        return None
+
     def load_state_dict(self, state: Mapping[str, Tensor]) -> Prior:
         """Restore :meth:`state_dict`; the default accepts only an empty state."""
         if state:

@@ -22,9 +22,22 @@ import torch
 from torch import Tensor
 
 from .._validation import check_positive
+from ..hub.schema import TensorSpec
 from .base import check_class_labels, check_features
 
-__all__ = ["energy_logits", "EnergyLogitsPrior", "ClassConditionalGaussian"]
+__all__ = ["energy_logits", "EnergyLogitsPrior", "ClassConditionalGaussian", "gaussian_state_spec"]
+
+
+def gaussian_state_spec() -> dict[str, TensorSpec]:
+    """Layout of a fitted :class:`ClassConditionalGaussian`'s ``state_dict``: ``means`` ``(C, D)``,
+    ``class_weights`` ``(C,)`` (>= 0, not all zero), ``cholesky`` ``(D, D)`` (lower triangular, positive diagonal)
+    and ``classes`` ``(C,)`` (integer ids >= 0), with ``C >= 2`` classes (a class-conditional fit needs two)."""
+    return {
+        "means": TensorSpec(("C", "D")),
+        "class_weights": TensorSpec(("C",), nonzero=True, min_value=0.0, min_sizes=(("C", 2),)),
+        "cholesky": TensorSpec(("D", "D"), lower_triangular=True),
+        "classes": TensorSpec(("C",), kind="integer", min_value=0),
+    }
 
 
 def energy_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:

@@ -11,6 +11,7 @@ from typing import Any
 from torch import Tensor
 
 from .._validation import check_positive
+from ..hub.schema import TensorSpec
 from .head import HeadDetector
 from .metrics import quantile_linear
 from .priors import energy_logits
@@ -40,6 +41,9 @@ class ReAct(HeadDetector):
 
     def config(self) -> dict[str, Any]:
         return {"percentile": self.percentile}
+
+    def _state_spec(self) -> dict[str, TensorSpec]:
+        return {**super()._state_spec(), "threshold": TensorSpec(())}
 
     def _fit(self, features=None, logits=None, labels=None, **kwargs) -> None:
         z = self._check_z(features).detach()

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..hub.schema import TensorSpec, check_schema
 from .head import HeadDetector
 
 __all__ = ["ViM"]
@@ -43,6 +44,22 @@ class ViM(HeadDetector):
 
     def config(self) -> dict[str, Any]:
         return {"dim": self.dim}
+
+    def _hub_check_state(self, state, source, config) -> None:
+        """The head, then ``u`` ``(D,)``, ``null_space`` ``(D, D − dim)`` (not all zero) and a scalar ``alpha``."""
+        head = super()._state_spec()
+        sizes = check_schema(state, source, head, allow_unexpected=True)
+        if sizes["D"] <= self.dim:
+            raise ValueError(
+                f"{source}: tensor 'weight' has {sizes['D']} columns; config.json's dim={self.dim} must be smaller"
+            )
+        spec = {
+            **head,
+            "u": TensorSpec(("D",)),
+            "null_space": TensorSpec(("D", sizes["D"] - self.dim), nonzero=True),
+            "alpha": TensorSpec(()),
+        }
+        check_schema(state, source, spec, sizes=sizes)
 
     def _fit(self, features=None, logits=None, labels=None, **kwargs) -> None:
         z = self._check_z(features).detach()
