@@ -35,6 +35,7 @@ CIFAR100_LABEL_NAMES = ("fine_label", "coarse_label")
 CIFAR100_SPLITS = ("train", "test", "open_train", "open_test")
 CIFAR100_TRAIN_CLASSES_PER_COARSE = 3
 _ALLOWED_GLOBALS = {
+    ("_codecs", "encode"),  # bytes in protocol-2 pickles
     ("numpy", "ndarray"),
     ("numpy", "dtype"),
     ("numpy.core.multiarray", "_reconstruct"),

@@ -55,4 +55,4 @@ def load_cub(root: str | Path, split: str, transform: Callable | None = None) ->
             raise ValueError(f"{images / name}: class folder without images")
         side = "train" if rank < n_train else "test"
         records[side].extend((str(p), (name,), str(p)) for p in files)
-    return file_split(records, split, CUB_LABEL_NAMES, images.parent, benchmark="cub", transform=transform)
+    return file_split(records, split, CUB_LABEL_NAMES, images, benchmark="cub", transform=transform)
