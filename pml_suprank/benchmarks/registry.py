@@ -28,6 +28,9 @@ class BenchmarkSpec:
         label_names: ``split → label column names`` (fine → coarse).
         loader: ``(root, split, transform) → dataset``.
         layout: One line describing the expected ``root``.
+        train_split: The split a training recipe uses by default.
+        test_split: The split a single-test-set evaluation uses by default (``None``: the benchmark is evaluated
+            per query / gallery pair, as DyML-Vehicle and DyML-Animal).
     """
 
     name: str
@@ -35,6 +38,8 @@ class BenchmarkSpec:
     label_names: Callable[[str], tuple[str, ...]]
     loader: Callable[..., NativeImageDataset]
     layout: str
+    train_split: str = "train"
+    test_split: str | None = "test"
 
 
 def _fixed(names: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
@@ -50,6 +55,7 @@ def _dyml(name: str) -> BenchmarkSpec:
         dyml_label_names,
         partial(load_dyml, name=name),
         layout + (", mini-bmk_all_in_one/label.csv + imgs/" if product else ""),
+        test_split="test" if product else None,
     )
 
 
@@ -81,6 +87,8 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
         _fixed(CIFAR100_LABEL_NAMES),
         load_cifar100,
         "cifar-100-python/{train,test} pickles, or a Hub id such as uoft-cs/cifar100",
+        train_split="open_train",
+        test_split="open_test",
     ),
     "omniglot": BenchmarkSpec(
         "omniglot",

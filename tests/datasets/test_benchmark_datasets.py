@@ -322,3 +322,11 @@ def test_images_are_decoded_lazily(tmp_path, monkeypatch):
     assert opened == [] and ds.labels.shape == (4, 2)
     ds[1]
     assert len(opened) == 1
+
+
+def test_default_splits_are_splits():
+    for spec in BENCHMARKS.values():
+        assert spec.train_split in spec.splits
+        assert spec.test_split is None or spec.test_split in spec.splits
+    assert BENCHMARKS["dyml_vehicle"].test_split is None and BENCHMARKS["dyml_product"].test_split == "test"
+    assert (BENCHMARKS["cifar100"].train_split, BENCHMARKS["cifar100"].test_split) == ("open_train", "open_test")

@@ -79,3 +79,21 @@ def test_prepare_dataset_command_line(tmp_path):
         load_retrieval_dataset(str(out), ["class_id", "super_class_id"], "test").labels[:, 0],
         torch.tensor([3, 3, 4, 4]),
     )
+
+
+@pytest.mark.parametrize(
+    "name, config", [("sop", "happier_sop"), ("cub", "roadmap_cub"), ("cifar100", "happier_cifar100"),
+                     ("inat_full", "happier_inat_full"), ("inat_base", "happier_inat_base")],
+)  # fmt: skip
+def test_shipped_hub_configs_read_a_prepared_copy(name, config, tmp_path):
+    """The label columns and open-set rules of the shipped configs fit the copy: only ``dataset`` changes."""
+    from pml_suprank import hub_config
+
+    root = MAKERS[name](tmp_path / "native")
+    _import_prepare().prepare(name, root, tmp_path / "copy")
+    cfg = hub_config.load_hub_config(ROOT / "hub_configs" / f"{config}.yaml")
+    cfg["data"]["dataset"] = str(tmp_path / "copy")
+    spec = BENCHMARKS[name]
+    for part, split in (("train", spec.train_split), ("test", spec.test_split)):
+        built = hub_config.build_dataset(cfg, part)
+        assert torch.equal(built.labels, load_benchmark(name, root, split).labels), (name, part)
