@@ -330,3 +330,27 @@ def test_default_splits_are_splits():
         assert spec.test_split is None or spec.test_split in spec.splits
     assert BENCHMARKS["dyml_vehicle"].test_split is None and BENCHMARKS["dyml_product"].test_split == "test"
     assert (BENCHMARKS["cifar100"].train_split, BENCHMARKS["cifar100"].test_split) == ("open_train", "open_test")
+
+
+def test_cifar100_hub_id_goes_through_datasets(monkeypatch):
+    """A Hub id (no local folder of that name) is read with ``datasets.load_dataset`` (mocked here: no network)."""
+    import datasets
+
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 256, (4, 4, 3), dtype=np.uint8)) for _ in CIFAR_KEYS]
+    table = datasets.Dataset.from_dict(
+        {"img": images, "fine_label": [f for f, _ in CIFAR_KEYS], "coarse_label": [c for _, c in CIFAR_KEYS]},
+        features=datasets.Features(
+            {"img": datasets.Image(), "fine_label": datasets.Value("int64"), "coarse_label": datasets.Value("int64")}
+        ),
+    )
+    calls = []
+    monkeypatch.setattr(datasets, "load_dataset", lambda repo, split: calls.append((repo, split)) or table)
+    full = load_benchmark("cifar100", "someone/cifar100-copy", "test")
+    assert calls == [("someone/cifar100-copy", "test")]
+    assert _labels(full) == [list(k) for k in CIFAR_KEYS]
+    np.testing.assert_array_equal(np.asarray(full.get_image(2)), np.asarray(images[2]))
+    assert full[2]["image"].shape == (3, 4, 4) and full.image_record(2)["bytes"]
+    open_train = load_benchmark("cifar100", "someone/cifar100-copy", "open_train")
+    assert calls[-1] == ("someone/cifar100-copy", "train")
+    assert sorted(set(open_train.labels[:, 0].tolist())) == [0, 1, 2, 5, 6, 7]
