@@ -163,6 +163,8 @@ def file_split(
 ) -> FileImageDataset:
     """A :class:`FileImageDataset` of ``split`` from records whose sources are image paths (checked to exist)."""
     part, labels = encode_split(records, split, level_names)
+    if not part:
+        raise ValueError(f"{root}: split {split!r} of {benchmark} lists no image")
     check_paths_exist([r[0] for r in part], [r[2] for r in part])
     return FileImageDataset(
         labels, level_names, [r[0] for r in part], root, transform=transform, benchmark=benchmark, split=split

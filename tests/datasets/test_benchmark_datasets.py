@@ -354,3 +354,11 @@ def test_cifar100_hub_id_goes_through_datasets(monkeypatch):
     open_train = load_benchmark("cifar100", "someone/cifar100-copy", "open_train")
     assert calls[-1] == ("someone/cifar100-copy", "train")
     assert sorted(set(open_train.labels[:, 0].tolist())) == [0, 1, 2, 5, 6, 7]
+
+
+def test_empty_split_is_an_error(tmp_path):
+    root = make_sop(tmp_path)
+    (root / "Ebay_test.txt").write_text("image_id class_id super_class_id path\n")
+    with pytest.raises(ValueError, match=r"split 'test' of sop lists no image"):
+        load_benchmark("sop", root, "test")
+    assert len(load_benchmark("sop", root, "train")) == 6
