@@ -21,6 +21,7 @@ from torch import Tensor
 
 from ._retrieval_dataset import RetrievalDatasetBase, pil_to_tensor
 from ._validation import check_choice
+from .benchmarks import load_benchmark
 from .relevance import check_tree
 from .synthetic_shapes import COLOURS, FAMILIES, SyntheticNoise, SyntheticShapes
 
@@ -36,6 +37,7 @@ __all__ = [
     "build_transforms",
     "check_disjoint_classes",
     "collate",
+    "load_benchmark",
     "load_retrieval_dataset",
     "open_set_classes",
     "pil_to_tensor",

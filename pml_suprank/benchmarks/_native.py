@@ -1,0 +1,286 @@
+"""Shared machinery of the benchmark readers: layout errors naming file and line, label encoding with the tree check,
+and the lazily decoded image datasets (files on disk, zip members, in-memory pixel arrays).
+
+Every reader turns the archive's own lists into *records*: one ``(image source, raw label keys fine → coarse,
+where)`` per image, ``where`` being the ``file:line`` the record came from, so that a malformed archive is reported
+where it is malformed. :func:`encode_levels` maps the raw keys of each level to contiguous ids (sorted raw keys →
+``0..C-1``) over all the records it is given (all splits of a benchmark, so ids agree between splits) and rejects
+a child with two parents.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import zipfile
+from collections.abc import Callable, Hashable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .._retrieval_dataset import RetrievalDatasetBase
+
+__all__ = [
+    "ArrayImageDataset",
+    "FileImageDataset",
+    "NativeImageDataset",
+    "ZipImageDataset",
+    "check_paths_exist",
+    "encode_levels",
+    "encode_split",
+    "file_split",
+    "layout_error",
+    "parse_int",
+    "read_table",
+    "require_file",
+]
+
+
+def layout_error(file: str | Path, line: int | str | None, message: str) -> ValueError:
+    """A ``ValueError`` for a malformed archive: ``"<file>, line <line>: <message>"`` (line may name an entry)."""
+    where = str(file) if line is None else f"{file}, line {line}" if isinstance(line, int) else f"{file}, {line}"
+    return ValueError(f"{where}: {message}")
+
+
+def require_file(path: Path, what: str) -> Path:
+    """``path`` if it is a file, else a ``ValueError`` naming the missing file and what it should hold."""
+    if not path.is_file():
+        raise ValueError(f"{path}: missing file ({what})")
+    return path
+
+
+def read_table(
+    path: Path, columns: Sequence[str], *, delimiter: str | None, header: bool = True
+) -> list[tuple[int, list[str]]]:
+    """Rows of a delimited text file whose header must be exactly ``columns`` (spaces included).
+
+    Args:
+        path: The text file.
+        columns: The expected header cells, in order (e.g. ``["fname", " fine_id0.jpg", " middle_id", " coarse_id"]``).
+        delimiter: Cell separator (``","``) or ``None`` for runs of whitespace.
+        header: Whether the first line is a header to check (``columns`` then only gives the cell count otherwise).
+
+    Returns:
+        ``[(line number, cells)]`` for every non-empty data line (1-based line numbers).
+
+    Raises:
+        ValueError: The file is missing, the header differs, or a line has the wrong number of cells.
+    """
+    require_file(path, f"columns {list(columns)}")
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for number, raw in enumerate(f, start=1):
+            text = raw.rstrip("\r\n")
+            cells = text.split(delimiter) if delimiter is not None else text.split()
+            if number == 1 and header:
+                if cells != list(columns):
+                    raise layout_error(path, 1, f"expected the columns {list(columns)}; got {cells}")
+                continue
+            if not text.strip():
+                continue
+            if len(cells) != len(columns):
+                raise layout_error(path, number, f"expected {len(columns)} cells {list(columns)}; got {cells}")
+            rows.append((number, cells))
+    return rows
+
+
+def parse_int(value: str, path: Path, line: int, column: str) -> int:
+    """``int(value)`` or a ``ValueError`` naming file, line and column."""
+    try:
+        return int(value.strip())
+    except ValueError:
+        raise layout_error(path, line, f"column {column!r} must be an integer; got {value!r}") from None
+
+
+def check_paths_exist(paths: Sequence[str], wheres: Sequence[str]) -> None:
+    """Raise ``ValueError`` naming the list file and line of the first image path that does not exist."""
+    for path, where in zip(paths, wheres):
+        if not os.path.isfile(path):
+            raise ValueError(f"{where}: image {path} does not exist")
+
+
+def encode_levels(keys: Sequence[Sequence[Hashable]], wheres: Sequence[str], level_names: Sequence[str]) -> Tensor:
+    """Contiguous ids per level from raw label keys, checking that they form a tree.
+
+    Args:
+        keys: One row of L raw keys per image, fine → coarse (ints or strings; one type per level).
+        wheres: ``"file, line N"`` of each row, for the error messages.
+        level_names: The L level names.
+
+    Returns:
+        ``(N, L)`` LongTensor: level ``c`` holds the rank of the raw key among the sorted distinct keys of that level.
+
+    Raises:
+        ValueError: A key of level ``c`` has two different parents (naming both rows' file and line).
+    """
+    num_levels = len(level_names)
+    if any(len(k) != num_levels for k in keys):
+        raise ValueError(f"every row must give {num_levels} keys {list(level_names)}")
+    for c in range(num_levels - 1):
+        parent: dict[Hashable, tuple[Hashable, str]] = {}
+        for row, where in zip(keys, wheres):
+            seen = parent.setdefault(row[c], (row[c + 1], where))
+            if seen[0] != row[c + 1]:
+                raise ValueError(
+                    f"{where}: {level_names[c]} {row[c]!r} has {level_names[c + 1]} {row[c + 1]!r} but "
+                    f"{seen[0]!r} at {seen[1]}; a class must belong to exactly one {level_names[c + 1]} (a tree)"
+                )
+    out = np.zeros((len(keys), num_levels), dtype=np.int64)
+    for c in range(num_levels):
+        ids = {k: i for i, k in enumerate(sorted({row[c] for row in keys}))}
+        out[:, c] = [ids[row[c]] for row in keys]
+    return torch.from_numpy(out)
+
+
+Record = tuple[Any, tuple[Hashable, ...], str]  # (image source, raw keys fine → coarse, "file, line N")
+
+
+def encode_split(
+    records: dict[str, list[Record]], split: str, level_names: Sequence[str]
+) -> tuple[list[Record], Tensor]:
+    """The records of ``split`` and their ``(N, L)`` labels, ids encoded over the records of *all* splits."""
+    everything = [r for part in records.values() for r in part]
+    labels = encode_levels([r[1] for r in everything], [r[2] for r in everything], level_names)
+    start = 0
+    for name, part in records.items():
+        if name == split:
+            return part, labels[start : start + len(part)]
+        start += len(part)
+    raise ValueError(f"split must be one of {sorted(records)}; got {split!r}")
+
+
+def file_split(
+    records: dict[str, list[Record]],
+    split: str,
+    level_names: Sequence[str],
+    root: Path,
+    *,
+    benchmark: str,
+    transform: Callable | None,
+) -> FileImageDataset:
+    """A :class:`FileImageDataset` of ``split`` from records whose sources are image paths (checked to exist)."""
+    part, labels = encode_split(records, split, level_names)
+    if not part:
+        raise ValueError(f"{root}: split {split!r} of {benchmark} lists no image")
+    check_paths_exist([r[0] for r in part], [r[2] for r in part])
+    return FileImageDataset(
+        labels, level_names, [r[0] for r in part], root, transform=transform, benchmark=benchmark, split=split
+    )
+
+
+class NativeImageDataset(RetrievalDatasetBase):
+    """A benchmark split read from its native archive (images decoded lazily with PIL).
+
+    Subclasses implement :meth:`image_record`; :meth:`get_image` decodes it.
+
+    Args:
+        labels: ``(N, L)`` integer labels, column 0 finest.
+        label_names: The L level names, fine → coarse.
+        names: A file name per item (kept in prepared copies).
+        transform: Callable on a PIL RGB image.
+        benchmark: The benchmark name (for ``repr``).
+        split: The split name.
+    """
+
+    def __init__(
+        self,
+        labels: Tensor,
+        label_names: Sequence[str],
+        names: Sequence[str],
+        transform: Callable | None = None,
+        *,
+        benchmark: str = "",
+        split: str = "",
+    ) -> None:
+        super().__init__(labels, label_names, transform)
+        if len(names) != len(self):
+            raise ValueError(f"names must give one file name per item ({len(self)}); got {len(names)}")
+        self.names = list(names)
+        self.benchmark = benchmark
+        self.split = split
+
+    def image_record(self, index: int) -> dict[str, Any]:  # pragma: no cover - abstract
+        """``{"bytes": encoded image, "path": file name}`` of item ``index`` (the ``datasets.Image`` storage)."""
+        raise NotImplementedError
+
+    def get_image(self, index: int) -> Any:
+        """The untransformed PIL RGB image of item ``index``."""
+        from PIL import Image
+
+        record = self.image_record(self._check_index(index))
+        with Image.open(io.BytesIO(record["bytes"])) as image:
+            return image.convert("RGB")
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(benchmark={self.benchmark!r}, split={self.split!r}, num_items={len(self)}, "
+            f"label_names={self.label_names})"
+        )
+
+
+class FileImageDataset(NativeImageDataset):
+    """Images stored as files; ``paths[i]`` is the absolute path of item ``i``."""
+
+    def __init__(self, labels: Tensor, label_names: Sequence[str], paths: Sequence[str], root: Path, **kwargs: Any):
+        self.paths = [str(p) for p in paths]
+        names = [os.path.relpath(p, root) for p in self.paths]
+        super().__init__(labels, label_names, names, **kwargs)
+
+    def image_record(self, index: int) -> dict[str, Any]:
+        """The file's bytes and its path relative to the benchmark root."""
+        index = self._check_index(index)
+        with open(self.paths[index], "rb") as f:
+            return {"bytes": f.read(), "path": self.names[index]}
+
+
+class ZipImageDataset(NativeImageDataset):
+    """Images stored as zip members; ``members[i] = (zip path, member name)``.
+
+    Zip handles are opened on first use and per process (safe with forking ``DataLoader`` workers).
+    """
+
+    def __init__(
+        self, labels: Tensor, label_names: Sequence[str], members: Sequence[tuple[str, str]], **kwargs: Any
+    ) -> None:
+        self.members = [(str(z), m) for z, m in members]
+        super().__init__(labels, label_names, [m for _, m in self.members], **kwargs)
+        self._handles: dict[tuple[int, str], zipfile.ZipFile] = {}
+
+    def image_record(self, index: int) -> dict[str, Any]:
+        """The member's bytes and its name inside the archive."""
+        archive, member = self.members[self._check_index(index)]
+        key = (os.getpid(), archive)
+        if key not in self._handles:
+            self._handles[key] = zipfile.ZipFile(archive)
+        return {"bytes": self._handles[key].read(member), "path": member}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_handles"] = {}
+        return state
+
+
+class ArrayImageDataset(NativeImageDataset):
+    """Images held as an ``(N, H, W, 3)`` uint8 array (e.g. the CIFAR pickles); records are PNG-encoded."""
+
+    def __init__(self, labels: Tensor, label_names: Sequence[str], pixels: np.ndarray, names: Sequence[str], **kwargs):
+        if pixels.ndim != 4 or pixels.shape[-1] != 3 or pixels.dtype != np.uint8:
+            raise ValueError(f"pixels must be an (N, H, W, 3) uint8 array; got {pixels.dtype} {pixels.shape}")
+        self.pixels = pixels
+        super().__init__(labels, label_names, names, **kwargs)
+
+    def get_image(self, index: int) -> Any:
+        """The untransformed PIL RGB image of item ``index``."""
+        from PIL import Image
+
+        return Image.fromarray(self.pixels[self._check_index(index)])
+
+    def image_record(self, index: int) -> dict[str, Any]:
+        """The image encoded as PNG and its original file name."""
+        index = self._check_index(index)
+        buffer = io.BytesIO()
+        self.get_image(index).save(buffer, format="PNG")
+        return {"bytes": buffer.getvalue(), "path": self.names[index]}

@@ -1,0 +1,170 @@
+"""CIFAR-100 (Krizhevsky, 2009), 2 levels fine label (100) → coarse label (20), from the Toronto release
+``cifar-100-python/`` or from a Hub dataset with ``img`` / ``fine_label`` / ``coarse_label`` columns (e.g.
+``uoft-cs/cifar100``, downloaded by ``datasets`` on first use: the only benchmark that may touch the network).
+
+Local layout: ``cifar-100-python/{train,test}`` are pickles of a dict with the byte-string keys ``data``
+(``(N, 3072)`` uint8, the R, G then B planes of 32×32 images), ``fine_labels``, ``coarse_labels`` and
+``filenames``. They are read with a restricted unpickler that only builds builtin containers and numpy arrays.
+
+Splits: ``train`` / ``test`` as distributed (closed set: the same 100 classes) and the open-set protocol of this
+project's HAPPIER CIFAR-100 config: inside every coarse class the 3 smallest fine ids are training classes and the
+other 2 test classes; ``open_train`` = training images of the training classes, ``open_test`` = test images of the
+test classes.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._native import ArrayImageDataset, NativeImageDataset, encode_levels, layout_error
+
+__all__ = [
+    "CIFAR100_LABEL_NAMES",
+    "CIFAR100_SPLITS",
+    "CIFAR100_TRAIN_CLASSES_PER_COARSE",
+    "HubImageDataset",
+    "load_cifar100",
+]
+
+CIFAR100_LABEL_NAMES = ("fine_label", "coarse_label")
+CIFAR100_SPLITS = ("train", "test", "open_train", "open_test")
+CIFAR100_TRAIN_CLASSES_PER_COARSE = 3
+_ALLOWED_GLOBALS = {
+    ("_codecs", "encode"),  # bytes in protocol-2 pickles
+    ("numpy", "ndarray"),
+    ("numpy", "dtype"),
+    ("numpy.core.multiarray", "_reconstruct"),
+    ("numpy._core.multiarray", "_reconstruct"),
+}
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    """Builds builtin containers and numpy arrays only; any other global is refused."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _ALLOWED_GLOBALS:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"global {module}.{name} is not allowed (only numpy arrays and builtins)")
+
+
+def _read_pickle(path: Path) -> dict[bytes, Any]:
+    if not path.is_file():
+        raise ValueError(f"{path}: missing file (a CIFAR-100 pickle with data, fine_labels, coarse_labels)")
+    try:
+        with open(path, "rb") as f:
+            content = _RestrictedUnpickler(f, encoding="bytes").load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as err:
+        raise layout_error(path, None, f"not a readable CIFAR-100 pickle ({err})") from None
+    if not isinstance(content, dict):
+        raise layout_error(path, None, f"expected a dict; got {type(content).__name__}")
+    content = {k.encode() if isinstance(k, str) else k: v for k, v in content.items()}
+    missing = [k.decode() for k in (b"data", b"fine_labels", b"coarse_labels") if k not in content]
+    if missing:
+        raise layout_error(path, None, f"missing keys {missing}; got {sorted(map(repr, content))}")
+    return content
+
+
+def _local_part(folder: Path, part: str) -> tuple[np.ndarray, list[tuple[int, int]], list[str], list[str]]:
+    """Pixels ``(N, 32, 32, 3)``, ``(fine, coarse)`` per image, file names and ``where`` strings of one pickle."""
+    path = folder / part
+    content = _read_pickle(path)
+    data = np.asarray(content[b"data"])
+    fine, coarse = list(content[b"fine_labels"]), list(content[b"coarse_labels"])
+    if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072 or not len(data) == len(fine) == len(coarse):
+        raise layout_error(
+            path,
+            None,
+            f"data must be (N, 3072) uint8 with N fine/coarse labels; got {data.dtype} {data.shape}, "
+            f"{len(fine)} fine and {len(coarse)} coarse labels",
+        )
+    names = content.get(b"filenames") or [f"{part}_{i:05d}.png" for i in range(len(data))]
+    names = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
+    pixels = data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+    return (
+        pixels,
+        [(int(a), int(b)) for a, b in zip(fine, coarse)],
+        names,
+        [f"{path}, item {i}" for i in range(len(data))],
+    )
+
+
+def _open_set_keep(keys: list[tuple[int, int]], part: str, everything: list[tuple[int, int]]) -> list[int]:
+    """Indices of ``keys`` on the open-set side ``part``: the 3 smallest fine ids per coarse class (over
+    ``everything``, both splits) are training classes, the others test classes."""
+    children: dict[int, set[int]] = {}
+    for fine, coarse in everything:
+        children.setdefault(coarse, set()).add(fine)
+    train = {f for fines in children.values() for f in sorted(fines)[:CIFAR100_TRAIN_CLASSES_PER_COARSE]}
+    return [i for i, (fine, _) in enumerate(keys) if (fine in train) == (part == "train")]
+
+
+class HubImageDataset(NativeImageDataset):
+    """A Hub ``datasets.Dataset`` split with an image column, decoded lazily (used for ``cifar100`` Hub ids)."""
+
+    def __init__(self, hf_dataset: Any, image_column: str, labels: Any, label_names: Any, **kwargs: Any) -> None:
+        self._images = hf_dataset.select_columns([image_column])
+        self.image_column = image_column
+        super().__init__(labels, label_names, [f"{i:06d}.png" for i in range(len(hf_dataset))], **kwargs)
+
+    def get_image(self, index: int) -> Any:
+        """The untransformed PIL RGB image of item ``index``."""
+        return self._images[self._check_index(index)][self.image_column].convert("RGB")
+
+    def image_record(self, index: int) -> dict[str, Any]:
+        """The image encoded as PNG."""
+        import io
+
+        buffer = io.BytesIO()
+        self.get_image(index).save(buffer, format="PNG")
+        return {"bytes": buffer.getvalue(), "path": self.names[self._check_index(index)]}
+
+
+def _from_hub(repo_id: str, split: str, transform: Callable | None) -> HubImageDataset:
+    import datasets
+
+    base = split.removeprefix("open_")
+    ds = datasets.load_dataset(repo_id, split=base)
+    keys = list(zip(map(int, ds["fine_label"]), map(int, ds["coarse_label"])))
+    labels = encode_levels(keys, [f"{repo_id} [{base}] row {i}" for i in range(len(keys))], CIFAR100_LABEL_NAMES)
+    if split.startswith("open_"):
+        keep = _open_set_keep(keys, base, keys)
+        ds, labels = ds.select(keep), labels[keep]
+    return HubImageDataset(
+        ds, "img", labels, CIFAR100_LABEL_NAMES, transform=transform, benchmark="cifar100", split=split
+    )
+
+
+def load_cifar100(root: str | Path, split: str, transform: Callable | None = None) -> NativeImageDataset:
+    """CIFAR-100 ``split`` (see the module docstring) with labels ``(N, 2)`` = (fine, coarse) as distributed.
+
+    Args:
+        root: ``cifar-100-python/`` (or its parent folder), or a Hub dataset id such as ``"uoft-cs/cifar100"``.
+        split: ``"train"``, ``"test"``, ``"open_train"`` or ``"open_test"``.
+        transform: Callable on a PIL RGB image.
+
+    Raises:
+        ValueError: A missing or malformed pickle, or a fine label under two coarse labels.
+    """
+    if split not in CIFAR100_SPLITS:
+        raise ValueError(f"split must be one of {list(CIFAR100_SPLITS)} for cifar100; got {split!r}")
+    path = Path(root)
+    folder = path / "cifar-100-python" if (path / "cifar-100-python").is_dir() else path
+    if not path.exists() and str(root).count("/") == 1 and not str(root).startswith((".", "/", "~")):
+        return _from_hub(str(root), split, transform)
+    base = split.removeprefix("open_")
+    parts = {part: _local_part(folder, part) for part in ("train", "test")}
+    all_keys = parts["train"][1] + parts["test"][1]
+    all_labels = encode_levels(all_keys, parts["train"][3] + parts["test"][3], CIFAR100_LABEL_NAMES)
+    pixels, keys, names, _ = parts[base]
+    labels = all_labels[: len(keys)] if base == "train" else all_labels[len(parts["train"][1]) :]
+    if split.startswith("open_"):
+        keep = _open_set_keep(keys, base, all_keys)
+        pixels, labels, names = pixels[keep], labels[keep], [names[i] for i in keep]
+    return ArrayImageDataset(
+        labels, CIFAR100_LABEL_NAMES, pixels, names, transform=transform, benchmark="cifar100", split=split
+    )

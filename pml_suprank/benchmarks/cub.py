@@ -1,0 +1,58 @@
+"""CUB-200-2011 (Wah et al., 2011) read from its release ``CUB_200_2011/images/<NNN.Name>/*.jpg``.
+
+Open-set retrieval protocol (Oh Song et al., CVPR 2016): the class folders in sorted order, the first half (classes
+``001``–``100``) for training and the second half (``101``–``200``) for testing, every image of a class on its side.
+One level (the species): the release has no coarser taxonomy table, so none is invented here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from ._native import FileImageDataset, Record, file_split
+
+__all__ = ["CUB_LABEL_NAMES", "CUB_SPLITS", "load_cub"]
+
+CUB_LABEL_NAMES = ("label",)
+CUB_SPLITS = ("train", "test")
+_SUFFIXES = {".jpg", ".jpeg", ".png"}
+
+
+def _images_folder(root: Path) -> Path:
+    for candidate in (root / "CUB_200_2011" / "images", root / "images"):
+        if candidate.is_dir():
+            return candidate
+    raise ValueError(f"{root}: missing folder CUB_200_2011/images (or images/) with one sub-folder per class")
+
+
+def load_cub(root: str | Path, split: str, transform: Callable | None = None) -> FileImageDataset:
+    """CUB-200-2011 ``split`` (``"train"``: first half of the sorted classes, ``"test"``: second half).
+
+    Args:
+        root: The folder holding ``CUB_200_2011/`` (or the ``CUB_200_2011`` folder itself).
+        split: ``"train"`` or ``"test"``.
+        transform: Callable on a PIL RGB image.
+
+    Returns:
+        Labels ``(N, 1)``: the rank of the class folder in sorted order (0–99 train, 100–199 test).
+
+    Raises:
+        ValueError: No images folder, fewer than two classes, or an empty class folder.
+    """
+    root = Path(root)
+    if split not in CUB_SPLITS:
+        raise ValueError(f"split must be one of {list(CUB_SPLITS)} for cub; got {split!r}")
+    images = _images_folder(root)
+    classes = sorted(p.name for p in images.iterdir() if p.is_dir())
+    if len(classes) < 2:
+        raise ValueError(f"{images}: expected one folder per class (200 in the release); got {len(classes)}")
+    n_train = (len(classes) + 1) // 2
+    records: dict[str, list[Record]] = {"train": [], "test": []}
+    for rank, name in enumerate(classes):
+        files = sorted(p for p in (images / name).iterdir() if p.suffix.lower() in _SUFFIXES and p.is_file())
+        if not files:
+            raise ValueError(f"{images / name}: class folder without images")
+        side = "train" if rank < n_train else "test"
+        records[side].extend((str(p), (name,), str(p)) for p in files)
+    return file_split(records, split, CUB_LABEL_NAMES, images, benchmark="cub", transform=transform)

@@ -1,0 +1,89 @@
+"""DyML-Vehicle / DyML-Animal / DyML-Product (Sun et al., "Dynamic Metric Learning", CVPR 2021), read from the
+release folders ``dyml_vehicle/``, ``dyml_animal/``, ``dyml_product/``.
+
+Layout under ``root`` (cells separated by commas, the header cells keep the release's leading spaces and its
+``0.jpg`` typos):
+
+* ``train/label.csv`` with the header ``fname, fine_id0.jpg, middle_id, coarse_id`` and the images in
+  ``train/imgs/<fname>``: 3 levels fine → middle → coarse;
+* ``bmk_<fine|middle|coarse>/{query,gallery}.csv`` with the header ``fname, labels0.jpg`` and the images in
+  ``bmk_<granularity>/<query|gallery>/<fname>``: the per-granularity test sets of the DyML protocol (mAP / R@1 of
+  each granularity on its own query / gallery sets), one label column named after the granularity;
+* DyML-Product also ships ``mini-bmk_all_in_one/label.csv`` (training header, images in ``imgs/``): split ``test``.
+
+Ids are contiguous per group of files that share a label space: ``train``; ``query_<g>`` with ``gallery_<g>``
+(so query and gallery ids agree); ``test``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from ._native import FileImageDataset, Record, file_split, parse_int, read_table
+
+__all__ = ["DYML_GRANULARITIES", "DYML_LABEL_NAMES", "dyml_label_names", "dyml_splits", "load_dyml"]
+
+DYML_LABEL_NAMES = ("fine", "middle", "coarse")
+DYML_GRANULARITIES = ("fine", "middle", "coarse")
+_TRAIN_COLUMNS = ("fname", " fine_id0.jpg", " middle_id", " coarse_id")
+_BMK_COLUMNS = ("fname", " labels0.jpg")
+
+
+def dyml_splits(product: bool = False) -> tuple[str, ...]:
+    """The split names: ``train``, ``query_<g>`` / ``gallery_<g>`` per granularity, and ``test`` for DyML-Product."""
+    splits = ["train"] + [f"{kind}_{g}" for g in DYML_GRANULARITIES for kind in ("query", "gallery")]
+    return tuple(splits + (["test"] if product else []))
+
+
+def dyml_label_names(split: str) -> tuple[str, ...]:
+    """Label columns of a DyML split: the 3 levels for ``train`` / ``test``, the granularity for benchmark sets."""
+    return DYML_LABEL_NAMES if split in ("train", "test") else (split.split("_", 1)[1],)
+
+
+def _three_levels(folder: Path) -> list[Record]:
+    path = folder / "label.csv"
+    out = []
+    for line, cells in read_table(path, _TRAIN_COLUMNS, delimiter=","):
+        keys = tuple(parse_int(cells[i], path, line, _TRAIN_COLUMNS[i]) for i in (1, 2, 3))
+        out.append((str(folder / "imgs" / cells[0].strip()), keys, f"{path}, line {line}"))
+    return out
+
+
+def _benchmark_set(root: Path, kind: str, granularity: str) -> list[Record]:
+    folder = root / f"bmk_{granularity}"
+    path = folder / f"{kind}.csv"
+    out = []
+    for line, cells in read_table(path, _BMK_COLUMNS, delimiter=","):
+        label = parse_int(cells[1], path, line, _BMK_COLUMNS[1])
+        out.append((str(folder / kind / cells[0].strip()), (label,), f"{path}, line {line}"))
+    return out
+
+
+def load_dyml(
+    root: str | Path, split: str, *, name: str = "dyml", transform: Callable | None = None
+) -> FileImageDataset:
+    """A DyML split: ``train`` (3 levels), ``query_<g>`` / ``gallery_<g>`` (1 level), ``test`` (DyML-Product).
+
+    Args:
+        root: The release folder of one DyML dataset (holding ``train/`` and ``bmk_*``).
+        split: See :func:`dyml_splits`.
+        name: The benchmark name (``dyml_vehicle`` / ``dyml_animal`` / ``dyml_product``).
+        transform: Callable on a PIL RGB image.
+
+    Raises:
+        ValueError: A missing or malformed csv (wrong header, non-integer label), an image that does not exist, or
+            a class with two parents.
+    """
+    root = Path(root)
+    allowed = dyml_splits(product=name == "dyml_product")
+    if split not in allowed:
+        raise ValueError(f"split must be one of {list(allowed)} for {name}; got {split!r}")
+    if split == "train":
+        records = {"train": _three_levels(root / "train")}
+    elif split == "test":
+        records = {"test": _three_levels(root / "mini-bmk_all_in_one")}
+    else:
+        granularity = split.split("_", 1)[1]
+        records = {f"{k}_{granularity}": _benchmark_set(root, k, granularity) for k in ("query", "gallery")}
+    return file_split(records, split, dyml_label_names(split), root, benchmark=name, transform=transform)

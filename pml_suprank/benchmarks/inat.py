@@ -1,0 +1,106 @@
+"""iNaturalist 2018 (Van Horn et al., CVPR 2018) with the open-set retrieval splits of Smooth-AP (Brown et al.,
+ECCV 2020), read from the official archives.
+
+Layout under ``root``:
+
+* ``Inat_dataset_splits/Inaturalist_train_set1.txt`` and ``Inaturalist_test_set1.txt``: one image path per line,
+  ``train_val2018/<supercategory>/<category id>/<file>.jpg`` (train and test species are disjoint);
+* ``train_val2018/``: the images, at those paths;
+* ``train2018.json`` (``inat_full`` only): its ``categories`` give, per category ``id``, the ``name`` (species) and
+  ``genus``, ``family``, ``order``, ``class``, ``phylum``, ``kingdom``.
+
+``inat_base``: species (category id) → super-category taken from the path (2 levels, HAPPIER / ROADMAP).
+``inat_full``: species, genus, family, order, class, phylum, kingdom (7 levels, HAPPIER). A taxon is identified by
+its whole lineage (e.g. a genus by kingdom … family + genus), so homonyms in different families stay distinct.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from ._native import FileImageDataset, Record, file_split, layout_error, require_file
+
+__all__ = ["INAT_BASE_LABEL_NAMES", "INAT_FULL_LABEL_NAMES", "INAT_SPLITS", "load_inat"]
+
+INAT_SPLITS = ("train", "test")
+INAT_BASE_LABEL_NAMES = ("species", "supercategory")
+INAT_FULL_LABEL_NAMES = ("species", "genus", "family", "order", "class", "phylum", "kingdom")
+_RANKS = ("kingdom", "phylum", "class", "order", "family", "genus")
+
+
+def _split_records(root: Path, split: str) -> list[tuple[str, str, int, str]]:
+    """``(path, supercategory, category id, where)`` per line of the split file."""
+    path = require_file(
+        root / "Inat_dataset_splits" / f"Inaturalist_{split}_set1.txt", "one image path per line (Smooth-AP splits)"
+    )
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line, raw in enumerate(f, start=1):
+            rel = raw.strip()
+            if not rel:
+                continue
+            parts = rel.split("/")
+            if len(parts) != 4 or parts[0] != "train_val2018" or not parts[2].isdigit():
+                raise layout_error(
+                    path, line, f"expected train_val2018/<supercategory>/<category id>/<file>.jpg; got {rel!r}"
+                )
+            out.append((str(root / rel), parts[1], int(parts[2]), f"{path}, line {line}"))
+    return out
+
+
+def _taxonomy(root: Path) -> dict[int, tuple[str, ...]]:
+    """``{category id: (kingdom, phylum, class, order, family, genus, name)}`` from ``train2018.json``."""
+    path = require_file(root / "train2018.json", "the iNaturalist 2018 categories")
+    try:
+        with open(path, encoding="utf-8") as f:
+            categories = json.load(f)["categories"]
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise layout_error(path, None, f"expected a JSON object with a 'categories' list ({err})") from None
+    out = {}
+    for i, cat in enumerate(categories):
+        missing = [k for k in ("id", "name", *_RANKS) if k not in cat]
+        if missing:
+            raise layout_error(path, f"categories[{i}]", f"missing keys {missing}")
+        out[int(cat["id"])] = tuple(str(cat[k]) for k in (*_RANKS, "name"))
+    return out
+
+
+def load_inat(root: str | Path, split: str, *, full: bool, transform: Callable | None = None) -> FileImageDataset:
+    """iNaturalist-2018 open-set ``split`` (``"train"`` / ``"test"``).
+
+    Args:
+        root: The folder holding ``Inat_dataset_splits/``, ``train_val2018/`` and (for ``full``) ``train2018.json``.
+        split: ``"train"`` or ``"test"``.
+        full: 7 taxonomy levels (``inat_full``) instead of species → super-category (``inat_base``).
+        transform: Callable on a PIL RGB image.
+
+    Returns:
+        Labels ``(N, 2)`` or ``(N, 7)``, fine → coarse, ids contiguous over both splits.
+
+    Raises:
+        ValueError: A missing or malformed file, a category absent from ``train2018.json``, an image that does not
+            exist, or a species under two super-categories.
+    """
+    root = Path(root)
+    if split not in INAT_SPLITS:
+        raise ValueError(f"split must be one of {list(INAT_SPLITS)} for inat; got {split!r}")
+    rows = {s: _split_records(root, s) for s in INAT_SPLITS}
+    records: dict[str, list[Record]] = {}
+    if not full:
+        for s, part in rows.items():
+            records[s] = [(p, (cid, sup), where) for p, sup, cid, where in part]
+        names = INAT_BASE_LABEL_NAMES
+    else:
+        taxonomy = _taxonomy(root)
+        for s, part in rows.items():
+            records[s] = []
+            for p, _, cid, where in part:
+                if cid not in taxonomy:
+                    raise ValueError(f"{where}: category id {cid} is not in {root / 'train2018.json'}")
+                lineage = taxonomy[cid][:-1]  # kingdom ... genus
+                keys = (cid, *(lineage[: len(_RANKS) - k] for k in range(len(_RANKS))))
+                records[s].append((p, keys, where))
+        names = INAT_FULL_LABEL_NAMES
+    return file_split(records, split, names, root, benchmark="inat_full" if full else "inat_base", transform=transform)

@@ -1,0 +1,91 @@
+"""Omniglot (Lake, Salakhutdinov & Tenenbaum, Science 2015) background archives, 2 levels character → alphabet.
+
+``root`` holds the archives as distributed, ``images_background*.zip`` (e.g. ``images_background_small1.zip`` and
+``images_background_small2.zip``), or the folders they extract to; inside each, images are at
+``<archive name>/<alphabet>/<characterNN>/<id>_<drawer>.png``. Archives are merged by (alphabet, character) name:
+the small archives share Greek and Latin, and an image present in several archives (same alphabet, character and
+file name) is kept once, from the first archive in sorted order.
+
+Open-set protocol: inside every alphabet the characters in sorted order, the first half (rounded up) for training,
+the others for testing, so test characters are unseen but their alphabets are known. Ids: characters by sorted
+(alphabet, character), alphabets by sorted name, over both splits.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+from ._native import FileImageDataset, NativeImageDataset, ZipImageDataset, encode_split
+
+__all__ = ["OMNIGLOT_LABEL_NAMES", "OMNIGLOT_SPLITS", "load_omniglot"]
+
+OMNIGLOT_LABEL_NAMES = ("character", "alphabet")
+OMNIGLOT_SPLITS = ("train", "test")
+_SUFFIXES = (".png", ".jpg", ".jpeg")
+
+
+def _entries(root: Path) -> tuple[list[tuple[str, str, str, str, str]], bool]:
+    """``(source, alphabet, character, file name, where)`` per image of every archive under ``root``, and whether
+    the sources are zip members (``"<zip>::<member>"``) rather than files."""
+    zips = sorted(p for p in root.glob("images_background*.zip") if p.is_file())
+    folders = sorted(p for p in root.glob("images_background*") if p.is_dir())
+    if not zips and not folders:
+        raise ValueError(f"{root}: missing images_background*.zip archives (or the folders they extract to)")
+    out = []
+    if zips:
+        for archive in zips:
+            with zipfile.ZipFile(archive) as z:
+                for member in z.namelist():
+                    if member.endswith("/"):
+                        continue
+                    out.append(_entry(f"{archive}::{member}", member, archive, f"{archive}, entry {member}"))
+        return out, True
+    for folder in folders:
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            rel = path.relative_to(root).as_posix()
+            out.append(_entry(str(path), rel, folder, str(path)))
+    return out, False
+
+
+def _entry(source: str, rel: str, container: Path, where: str) -> tuple[str, str, str, str, str]:
+    parts = rel.split("/")
+    if len(parts) != 4 or not parts[3].lower().endswith(_SUFFIXES):
+        raise ValueError(f"{where}: expected <archive>/<alphabet>/<character>/<image>.png inside {container}")
+    return source, parts[1], parts[2], parts[3], where
+
+
+def load_omniglot(root: str | Path, split: str, transform: Callable | None = None) -> NativeImageDataset:
+    """Omniglot open-set ``split`` (``"train"`` / ``"test"``): labels ``(N, 2)`` = (character, alphabet).
+
+    Args:
+        root: The folder holding the ``images_background*.zip`` archives (or their extracted folders).
+        split: ``"train"`` or ``"test"``.
+        transform: Callable on a PIL RGB image.
+
+    Raises:
+        ValueError: No archive, or an entry outside the ``<archive>/<alphabet>/<character>/<image>`` layout.
+    """
+    root = Path(root)
+    if split not in OMNIGLOT_SPLITS:
+        raise ValueError(f"split must be one of {list(OMNIGLOT_SPLITS)} for omniglot; got {split!r}")
+    entries, zipped = _entries(root)
+    unique: dict[tuple[str, str, str], tuple[str, str, str, str, str]] = {}
+    for entry in entries:
+        unique.setdefault(entry[1:4], entry)
+    characters: dict[str, set[str]] = {}
+    for _, alphabet, character, _, _ in unique.values():
+        characters.setdefault(alphabet, set()).add(character)
+    train = {(a, c) for a, cs in characters.items() for c in sorted(cs)[: (len(cs) + 1) // 2]}
+    records: dict[str, list] = {"train": [], "test": []}
+    for key in sorted(unique):
+        source, alphabet, character, _, where = unique[key]
+        side = "train" if (alphabet, character) in train else "test"
+        records[side].append((source, ((alphabet, character), alphabet), where))
+    part, labels = encode_split(records, split, OMNIGLOT_LABEL_NAMES)
+    kwargs = {"transform": transform, "benchmark": "omniglot", "split": split}
+    if zipped:
+        members = [tuple(r[0].split("::", 1)) for r in part]
+        return ZipImageDataset(labels, OMNIGLOT_LABEL_NAMES, members, **kwargs)
+    return FileImageDataset(labels, OMNIGLOT_LABEL_NAMES, [r[0] for r in part], root, **kwargs)

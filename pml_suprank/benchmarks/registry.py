@@ -1,0 +1,142 @@
+"""The benchmark registry: one :class:`BenchmarkSpec` per name and :func:`load_benchmark`, the dispatcher."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+from ._native import NativeImageDataset
+from .cifar100 import CIFAR100_LABEL_NAMES, CIFAR100_SPLITS, load_cifar100
+from .cub import CUB_LABEL_NAMES, CUB_SPLITS, load_cub
+from .dyml import dyml_label_names, dyml_splits, load_dyml
+from .inat import INAT_BASE_LABEL_NAMES, INAT_FULL_LABEL_NAMES, INAT_SPLITS, load_inat
+from .omniglot import OMNIGLOT_LABEL_NAMES, OMNIGLOT_SPLITS, load_omniglot
+from .sop import SOP_LABEL_NAMES, SOP_SPLITS, load_sop
+
+__all__ = ["BENCHMARKS", "BenchmarkSpec", "benchmark_label_names", "load_benchmark"]
+
+
+@dataclass(frozen=True)
+class BenchmarkSpec:
+    """How to read one benchmark.
+
+    Attributes:
+        name: The registry name (``"sop"``, ``"cub"``, ...).
+        splits: The split names :func:`load_benchmark` accepts.
+        label_names: ``split → label column names`` (fine → coarse).
+        loader: ``(root, split, transform) → dataset``.
+        layout: One line describing the expected ``root``.
+        train_split: The split a training recipe uses by default.
+        test_split: The split a single-test-set evaluation uses by default (``None``: the benchmark is evaluated
+            per query / gallery pair, as DyML-Vehicle and DyML-Animal).
+    """
+
+    name: str
+    splits: tuple[str, ...]
+    label_names: Callable[[str], tuple[str, ...]]
+    loader: Callable[..., NativeImageDataset]
+    layout: str
+    train_split: str = "train"
+    test_split: str | None = "test"
+
+
+def _fixed(names: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
+    return lambda split: names
+
+
+def _dyml(name: str) -> BenchmarkSpec:
+    product = name == "dyml_product"
+    layout = "train/label.csv + train/imgs/, bmk_{fine,middle,coarse}/{query,gallery}.csv + {query,gallery}/"
+    return BenchmarkSpec(
+        name,
+        dyml_splits(product),
+        dyml_label_names,
+        partial(load_dyml, name=name),
+        layout + (", mini-bmk_all_in_one/label.csv + imgs/" if product else ""),
+        test_split="test" if product else None,
+    )
+
+
+BENCHMARKS: dict[str, BenchmarkSpec] = {
+    "sop": BenchmarkSpec(
+        "sop", SOP_SPLITS, _fixed(SOP_LABEL_NAMES), load_sop, "Stanford_Online_Products/ with Ebay_{train,test}.txt"
+    ),
+    "cub": BenchmarkSpec("cub", CUB_SPLITS, _fixed(CUB_LABEL_NAMES), load_cub, "folder with CUB_200_2011/images/"),
+    "inat_base": BenchmarkSpec(
+        "inat_base",
+        INAT_SPLITS,
+        _fixed(INAT_BASE_LABEL_NAMES),
+        partial(load_inat, full=False),
+        "Inat_dataset_splits/Inaturalist_{train,test}_set1.txt + train_val2018/",
+    ),
+    "inat_full": BenchmarkSpec(
+        "inat_full",
+        INAT_SPLITS,
+        _fixed(INAT_FULL_LABEL_NAMES),
+        partial(load_inat, full=True),
+        "Inat_dataset_splits/Inaturalist_{train,test}_set1.txt + train_val2018/ + train2018.json",
+    ),
+    "dyml_vehicle": _dyml("dyml_vehicle"),
+    "dyml_animal": _dyml("dyml_animal"),
+    "dyml_product": _dyml("dyml_product"),
+    "cifar100": BenchmarkSpec(
+        "cifar100",
+        CIFAR100_SPLITS,
+        _fixed(CIFAR100_LABEL_NAMES),
+        load_cifar100,
+        "cifar-100-python/{train,test} pickles, or a Hub id such as uoft-cs/cifar100",
+        train_split="open_train",
+        test_split="open_test",
+    ),
+    "omniglot": BenchmarkSpec(
+        "omniglot",
+        OMNIGLOT_SPLITS,
+        _fixed(OMNIGLOT_LABEL_NAMES),
+        load_omniglot,
+        "folder with images_background*.zip (or the extracted folders)",
+    ),
+}
+
+
+def _spec(name: str) -> BenchmarkSpec:
+    if not isinstance(name, str) or name not in BENCHMARKS:
+        raise ValueError(f"name must be one of {sorted(BENCHMARKS)}; got {name!r}")
+    return BENCHMARKS[name]
+
+
+def benchmark_label_names(name: str, split: str) -> tuple[str, ...]:
+    """The label column names (fine → coarse) of ``split`` of benchmark ``name``."""
+    spec = _spec(name)
+    if split not in spec.splits:
+        raise ValueError(f"split must be one of {list(spec.splits)} for {name}; got {split!r}")
+    return spec.label_names(split)
+
+
+def load_benchmark(name: str, root: str | Path, split: str, transform: Callable | None = None) -> NativeImageDataset:
+    """A paper benchmark read from its archive as the owners distribute it.
+
+    Args:
+        name: One of :data:`BENCHMARKS` (``sop``, ``cub``, ``inat_base``, ``inat_full``, ``dyml_vehicle``,
+            ``dyml_animal``, ``dyml_product``, ``cifar100``, ``omniglot``).
+        root: The folder the archive was extracted to (see each spec's ``layout``); for ``cifar100`` also a Hub id.
+        split: One of ``BENCHMARKS[name].splits``.
+        transform: Callable on a PIL RGB image returning a ``(3, H, W)`` tensor (``None``: ``[0, 1]`` tensor).
+
+    Returns:
+        A retrieval dataset: ``ds.labels`` ``(N, L)`` LongTensor (column 0 finest, contiguous ids per level over
+        the benchmark's splits that share a label space, a tree), ``ds.label_names``, and
+        ``ds[i] = {"image": (3, H, W), "labels": (L,), "index": i}`` with images decoded lazily.
+
+    Raises:
+        ValueError: Unknown name or split, or a malformed archive (the message names the file and line).
+    """
+    spec = _spec(name)
+    if split not in spec.splits:
+        raise ValueError(f"split must be one of {list(spec.splits)} for {name}; got {split!r}")
+    if not isinstance(root, (str, Path)):
+        raise TypeError(f"root must be a path (str or Path); got {type(root).__name__}")
+    if name != "cifar100" and not Path(root).is_dir():
+        raise ValueError(f"root {str(root)!r} of benchmark {name} is not a folder; expected {spec.layout}")
+    return spec.loader(root, split, transform=transform)

@@ -1,0 +1,50 @@
+"""Stanford Online Products (Oh Song et al., CVPR 2016) read from its release ``Stanford_Online_Products/``.
+
+Layout: ``Ebay_train.txt`` and ``Ebay_test.txt`` with the header ``image_id class_id super_class_id path`` (cells
+separated by spaces, ids 1-based) and the images at ``<root>/<path>`` (e.g. ``bicycle_final/111085122871_0.JPG``).
+Two levels: product (``class_id``, 22,634 classes) → category (``super_class_id``, 12). The train and test files
+hold disjoint products (11,318 / 11,316 classes): ``class_id - 1`` is the fine id, ``super_class_id - 1`` the
+coarse one, so ids agree between the splits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from ._native import FileImageDataset, Record, file_split, layout_error, parse_int, read_table
+
+__all__ = ["SOP_LABEL_NAMES", "SOP_SPLITS", "load_sop"]
+
+SOP_LABEL_NAMES = ("class_id", "super_class_id")
+SOP_SPLITS = ("train", "test")
+_COLUMNS = ("image_id", "class_id", "super_class_id", "path")
+
+
+def _records(root: Path, split: str) -> list[Record]:
+    path = root / f"Ebay_{split}.txt"
+    out = []
+    for line, cells in read_table(path, _COLUMNS, delimiter=None):
+        ids = [parse_int(cells[i], path, line, _COLUMNS[i]) for i in range(3)]
+        if min(ids) < 1:
+            raise layout_error(path, line, f"ids are 1-based; got image_id, class_id, super_class_id = {ids}")
+        out.append((str(root / cells[3]), (ids[1], ids[2]), f"{path}, line {line}"))
+    return out
+
+
+def load_sop(root: str | Path, split: str, transform: Callable | None = None) -> FileImageDataset:
+    """SOP ``split`` (``"train"`` / ``"test"``): labels ``(N, 2)`` = (product, category), 0-based.
+
+    Args:
+        root: The ``Stanford_Online_Products`` folder (holding ``Ebay_train.txt``).
+        split: ``"train"`` or ``"test"``.
+        transform: Callable on a PIL RGB image.
+
+    Raises:
+        ValueError: A list file is missing or malformed, an image does not exist, or a product has two categories.
+    """
+    root = Path(root)
+    if split not in SOP_SPLITS:
+        raise ValueError(f"split must be one of {list(SOP_SPLITS)} for sop; got {split!r}")
+    records = {s: _records(root, s) for s in SOP_SPLITS}
+    return file_split(records, split, SOP_LABEL_NAMES, root, benchmark="sop", transform=transform)
