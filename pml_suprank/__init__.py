@@ -17,6 +17,7 @@ from .version import __version__
 
 __all__ = [
     "__version__",
+    "benchmarks",
     "data",
     "distributed",
     "hierarchical_ranking",
@@ -39,6 +40,7 @@ _SUBMODULES = frozenset(__all__) - {"__version__"}
 
 if TYPE_CHECKING:  # pragma: no cover - for static analysers only
     from . import (
+        benchmarks,
         data,
         distributed,
         hierarchical_ranking,
