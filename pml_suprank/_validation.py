@@ -83,8 +83,7 @@ def check_labels(name: str, labels: Any, n: int, *, allow_2d: bool = True, n_nam
     if labels.dim() not in ((1, 2) if allow_2d else (1,)) or labels.shape[0] != n:
         hint = nested_batch_hint(tuple(labels.shape), 2 if allow_2d else 1)
         raise ValueError(
-            f"{name} must have shape {shapes} with N == {n_name}.shape[0] == {n}; got shape {tuple(labels.shape)}"
-            f"{hint}"
+            f"{name} must have shape {shapes} with N == {n_name}.shape[0] == {n}; got shape {tuple(labels.shape)}{hint}"
         )
     if labels.dim() == 2 and labels.shape[1] == 0:
         raise ValueError(f"{name} must have at least one label column; got shape {tuple(labels.shape)}")
@@ -180,9 +179,7 @@ def check_device(name: str, device: Any) -> torch.device | None:
         if not torch.cuda.is_available():
             raise ValueError(f"{name}={device!r} but CUDA is not available on this machine; use {name}='cpu'")
         if parsed.index is not None and parsed.index >= torch.cuda.device_count():
-            raise ValueError(
-                f"{name}={device!r} but only {torch.cuda.device_count()} CUDA device(s) are visible"
-            )
+            raise ValueError(f"{name}={device!r} but only {torch.cuda.device_count()} CUDA device(s) are visible")
     elif parsed.type in ("mps", "xpu"):
         backend = getattr(torch.backends, parsed.type, None) if parsed.type == "mps" else getattr(torch, "xpu", None)
         if backend is None or not backend.is_available():

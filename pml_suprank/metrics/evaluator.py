@@ -406,8 +406,11 @@ def _overflow_safe_scales(query: Tensor, gallery: Tensor) -> tuple[float, Tensor
     g_max = float(gallery.abs().amax())
     if q_max == 0.0 or g_max == 0.0:
         return 1.0, gallery
-    excess = math.log2(q_max) + math.log2(g_max) + math.log2(gallery.shape[1]) - math.log2(
-        torch.finfo(gallery.dtype).max / 16
+    excess = (
+        math.log2(q_max)
+        + math.log2(g_max)
+        + math.log2(gallery.shape[1])
+        - math.log2(torch.finfo(gallery.dtype).max / 16)
     )
     if excess <= 0:
         return 1.0, gallery

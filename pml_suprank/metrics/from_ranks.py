@@ -292,9 +292,7 @@ def _check_k(k: int) -> int:
     return k
 
 
-def _check_weights(
-    weights: Tensor | list[float] | None, L: int, device: torch.device, name: str = "weights"
-) -> Tensor:
+def _check_weights(weights: Tensor | list[float] | None, L: int, device: torch.device, name: str = "weights") -> Tensor:
     """``(L,)`` float64 ΣwAP weights: uniform for ``None``, else checked by the shared level-weight checker (finite,
     non-negative, not all zero, one per level)."""
     if weights is None:

@@ -41,23 +41,17 @@ def test_infinite_scores_are_ranked_exactly(seed, counting, dtype):
     assert isclose(F.ndcg_from_ranks(ranks), column(ref, "ndcg"))
 
 
+def _ap(row: list[float], relevant: list[bool]) -> float:
+    return float(F.average_precision(torch.tensor([row]), torch.tensor([relevant]))[0])
+
+
 def test_infinity_hand_computed():
-    rel = torch.tensor([[True, False, True]])
-    # the crash: -inf relevant item ranks last
-    torch.testing.assert_close(
-        F.average_precision(torch.tensor([[-INF, 0.0, 1.0]]), rel), torch.tensor([(1 + 2 / 3) / 2], dtype=torch.float64)
-    )
-    # a negative tied at -inf with a relevant item ranks before it (pessimistic)
-    torch.testing.assert_close(
-        F.average_precision(torch.tensor([[-INF, -INF, 1.0]]), rel), torch.tensor([(1 + 2 / 3) / 2], dtype=torch.float64)
-    )
-    # ... and at +inf too
-    torch.testing.assert_close(
-        F.average_precision(torch.tensor([[INF, INF, 1.0]]), rel), torch.tensor([(1 / 2 + 2 / 3) / 2], dtype=torch.float64)
-    )
-    # equal relevance tied at +inf: no penalty
-    both = torch.tensor([[True, True, False]])
-    torch.testing.assert_close(F.average_precision(torch.tensor([[INF, INF, 1.0]]), both), torch.ones(1, dtype=torch.float64))
+    rel = [True, False, True]
+    assert _ap([-INF, 0.0, 1.0], rel) == pytest.approx((1 + 2 / 3) / 2)  # the crash: -inf ranks last
+    # a negative tied at -inf with a relevant item ranks before it (pessimistic) ...
+    assert _ap([-INF, -INF, 1.0], rel) == pytest.approx((1 + 2 / 3) / 2)
+    assert _ap([INF, INF, 1.0], rel) == pytest.approx((1 / 2 + 2 / 3) / 2)  # ... and at +inf too
+    assert _ap([INF, INF, 1.0], [True, True, False]) == 1.0  # equal relevance tied at +inf: no penalty
 
 
 def test_infinity_next_to_the_largest_finite_score():
@@ -126,7 +120,12 @@ def test_device_strings_are_checked():
 
 @pytest.mark.parametrize(
     "weights, match",
-    [([float("nan"), 1.0], "finite"), ([float("inf"), 1.0], "finite"), ([0.0, 0.0], "all zero"), ([-1, 2], "non-negative")],
+    [
+        ([float("nan"), 1.0], "finite"),
+        ([float("inf"), 1.0], "finite"),
+        ([0.0, 0.0], "all zero"),
+        ([-1, 2], "non-negative"),
+    ],
 )
 def test_level_weights_checked_like_the_losses(weights, match):
     with pytest.raises(ValueError, match=f"level_weights must .*{match}"):
