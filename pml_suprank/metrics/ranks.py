@@ -29,6 +29,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from .._validation import check_positive_int
 from ..relevance import level_counts
 
 __all__ = ["COUNTING_METHODS", "RetrievalRanks", "rank_relevant_items", "retrieval_ranks"]
@@ -467,6 +468,7 @@ def retrieval_ranks(
     Returns:
         :class:`RetrievalRanks` from which every metric of this module is computed.
     """
+    check_positive_int("num_bins", num_bins, allow_none=True)
     scores = _check_scores(scores)
     levels, L = _check_levels(levels, scores, num_levels)
     mask = _check_mask(mask, scores)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from _metrics_naive import column, isclose, naive_metrics
 
-from pml_suprank.metrics import RetrievalEvaluator, compute_embeddings
+from pml_suprank.metrics import HierarchicalAccuracyCalculator, RetrievalEvaluator, compute_embeddings
 from pml_suprank.metrics import functional as F
 
 INF = float("inf")
@@ -98,6 +98,8 @@ def test_evaluator_num_bins_must_be_positive(num_bins):
     with pytest.raises(TypeError, match="num_bins must be None or an int"):
         RetrievalEvaluator(num_bins=2.5)
     assert RetrievalEvaluator(num_bins=None).num_bins is None
+    with pytest.raises(ValueError, match="num_bins must be an int >= 1"):
+        F.retrieval_ranks(torch.rand(2, 3), torch.ones(2, 3, dtype=torch.long), num_bins=num_bins)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
@@ -113,6 +115,10 @@ def test_device_strings_are_checked():
     with pytest.raises(TypeError, match="device must be None, a str or a torch.device"):
         RetrievalEvaluator(device=0.5)
     assert RetrievalEvaluator(device="cpu").device == torch.device("cpu")
+    with pytest.raises(ValueError, match="device must be a valid torch device string"):
+        HierarchicalAccuracyCalculator(device="gpu0")
+    with pytest.raises(ValueError, match="level_weights must not be all zero"):
+        HierarchicalAccuracyCalculator(level_weights=[0.0, 0.0])
     model = torch.nn.Linear(4, 2)
     with pytest.raises(ValueError, match="device must be a valid torch device string"):
         compute_embeddings(model, [(torch.randn(3, 4), torch.zeros(3))], device="gpu0")
