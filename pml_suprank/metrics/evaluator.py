@@ -406,17 +406,14 @@ def _overflow_safe_scales(query: Tensor, gallery: Tensor) -> tuple[float, Tensor
     g_max = float(gallery.abs().amax())
     if q_max == 0.0 or g_max == 0.0:
         return 1.0, gallery
-    excess = (
-        math.log2(q_max)
-        + math.log2(g_max)
-        + math.log2(gallery.shape[1])
-        - math.log2(torch.finfo(gallery.dtype).max / 16)
-    )
+    log_q, log_g = math.log2(q_max), math.log2(g_max)
+    excess = log_q + log_g + math.log2(gallery.shape[1]) - math.log2(torch.finfo(gallery.dtype).max / 16)
     if excess <= 0:
         return 1.0, gallery
-    shift = math.ceil(excess)  # scale the product by 2**-shift, split between the two sides
-    q_shift, g_shift = shift // 2, shift - shift // 2
-    return 2.0**-q_shift, gallery * 2.0**-g_shift
+    # scale the product by 2**-shift; the larger side takes more of it, so that the smaller one does not underflow
+    shift = math.ceil(excess)
+    q_shift = min(max(round((shift + log_q - log_g) / 2), 0), shift)
+    return 2.0**-q_shift, gallery * 2.0 ** -(shift - q_shift)
 
 
 def _block_counts(starts: Tensor, ends: Tensor, has_self: Tensor, N: int) -> Tensor:

@@ -89,6 +89,9 @@ def test_evaluator_huge_embeddings_do_not_overflow(dtype, factor):
     # queries and gallery of very different magnitudes
     got = evaluator.evaluate(huge[:20], labels[:20], emb, labels)
     assert got == evaluator.evaluate(emb[:20], labels[:20], emb, labels)
+    small = emb * 2.0**-40  # the large side takes the scaling: the small side does not underflow
+    got = evaluator.evaluate(small[:20], labels[:20], huge, labels)
+    assert got == evaluator.evaluate(emb[:20], labels[:20], emb, labels)
 
 
 @pytest.mark.parametrize("num_bins", [0, -1])
