@@ -89,8 +89,11 @@ def test_evaluator_huge_embeddings_do_not_overflow(dtype, factor):
     # queries and gallery of very different magnitudes
     got = evaluator.evaluate(huge[:20], labels[:20], emb, labels)
     assert got == evaluator.evaluate(emb[:20], labels[:20], emb, labels)
-    small = emb * 2.0**-40  # the large side takes the scaling: the small side does not underflow
-    got = evaluator.evaluate(small[:20], labels[:20], huge, labels)
+    # a gallery near the dtype's maximum against unit-scale queries: the large side takes the scaling, the queries
+    # keep their precision
+    top = emb * (torch.finfo(dtype).max / 64)
+    assert torch.isfinite(top).all() and not torch.isfinite(emb[:20] @ top.T).all()
+    got = evaluator.evaluate(emb[:20], labels[:20], top, labels)
     assert got == evaluator.evaluate(emb[:20], labels[:20], emb, labels)
 
 
