@@ -4,6 +4,8 @@ pessimistic), NaN is refused by name, huge embeddings do not overflow the evalua
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from _metrics_naive import column, isclose, naive_metrics
@@ -91,7 +93,7 @@ def test_evaluator_huge_embeddings_do_not_overflow(dtype, factor):
     assert got == evaluator.evaluate(emb[:20], labels[:20], emb, labels)
     # a gallery near the dtype's maximum against unit-scale queries: the large side takes the scaling, the queries
     # keep their precision
-    top = emb * (torch.finfo(dtype).max / 64)
+    top = emb * 2.0 ** math.floor(math.log2(torch.finfo(dtype).max / 2 / float(emb.abs().max())))
     assert torch.isfinite(top).all() and not torch.isfinite(emb[:20] @ top.T).all()
     got = evaluator.evaluate(emb[:20], labels[:20], top, labels)
     assert got == evaluator.evaluate(emb[:20], labels[:20], emb, labels)
