@@ -130,20 +130,24 @@ class RetrievalEvaluator:
     * counts: ``"num_queries"``, ``"num_queries_without_positives"`` (fine level),
       ``"num_queries_without_positives_level{h}"``, ``"num_queries_without_relevant"`` (nothing at any level).
 
+    Embeddings must be finite; huge ones are fine: when ``max|q| · max|g| · D`` could overflow the dtype, queries and
+    gallery are scaled by powers of two before the matmul (exact, so the metrics are those of the unscaled scores).
+
     Args:
         k_values: the ``k`` of the top-k metrics.
         alpha: ``α`` of the H-AP relevance (1 = HAPPIER).
         chunk_size: queries per chunk; default ``max(16, 2**25 // N)`` (about 1 GB of work memory).
-        device: where to compute (default: the device of ``query``).
+        device: where to compute (default: the device of ``query``); a device whose backend is unavailable here
+            (e.g. ``"cuda"`` without CUDA) raises ``ValueError`` at construction.
         metrics: metric groups to compute (keys of :data:`METRIC_GROUPS`, one per entry of the metric registry
             :data:`~pml_suprank.metrics.registry.METRICS`); default all.
-        level_weights: ``w_1..w_L`` for ΣwAP (``w_L`` = finest); default uniform.
+        level_weights: ``w_1..w_L`` for ΣwAP (``w_L`` = finest): finite, ``>= 0``, not all zero; default uniform.
         hierarchy: fine -> ancestors table ``(num_fine, L)`` or :class:`~pml_suprank.relevance.Hierarchy`, used to
             expand 1-D labels.
         backend: ``"torch"`` (exact, every metric) or ``"faiss"`` (``IndexFlatIP`` k-NN; only the top-k metric groups
             :data:`~pml_suprank.metrics.registry.TOP_K_GROUPS`; ties in faiss order).
         progress_bar: show a tqdm bar over chunks.
-        num_bins: histogram resolution of the counting kernel (speed only).
+        num_bins: histogram resolution of the counting kernel (speed only): ``None`` or an int ``>= 1``.
         counting: ``"auto"``, ``"search"`` or ``"histogram"``: how negatives are counted (speed only, never the
             result; see :func:`~pml_suprank.metrics.ranks.rank_relevant_items`).
 

@@ -10,6 +10,8 @@ Conventions:
     * **Ties are resolved pessimistically**: among items with exactly equal scores the less relevant ones (lower
       level) are ranked first, then by index. Every metric is the value of this worst-case order, so no result
       depends on the input order and tied items of equal relevance never penalise each other.
+    * ``scores`` may hold ``±inf`` (``−inf`` ranks last, ``+inf`` first, equal infinities tie pessimistically as any
+      other tie); NaN raises ``ValueError`` naming ``scores``.
 
 Algorithm. Only the *relevant* items of a query (level ``>= 1``, ``P`` of them) are sorted, with one int64 key per
 item (order-preserving integer image of the score, level in the low bits). Negatives are only *counted*
