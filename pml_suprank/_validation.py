@@ -9,6 +9,18 @@ from typing import Any
 import torch
 from torch import Tensor
 
+__all__ = [
+    "check_choice",
+    "check_device",
+    "check_embeddings",
+    "check_labels",
+    "check_level_weights",
+    "check_positive",
+    "check_positive_int",
+    "check_probability",
+    "nested_batch_hint",
+]
+
 
 def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
     """Return ``value`` if it is one of ``choices``, else raise ``ValueError`` listing the valid values."""
@@ -46,7 +58,9 @@ def check_embeddings(name: str, x: Any, *, allow_empty: bool = False) -> Tensor:
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of shape (N, D); got {type(x).__name__}")
     if x.dim() != 2:
-        raise ValueError(f"{name} must have shape (N, D); got shape {tuple(x.shape)}")
+        raise ValueError(
+            f"{name} must have shape (N, D); got shape {tuple(x.shape)}{nested_batch_hint(tuple(x.shape), 2)}"
+        )
     if not x.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor; got dtype {x.dtype}")
     if x.shape[0] == 0 and not allow_empty:
@@ -67,9 +81,107 @@ def check_labels(name: str, labels: Any, n: int, *, allow_2d: bool = True, n_nam
         raise TypeError(f"{name} must have an integer dtype (e.g. torch.long); got dtype {labels.dtype}")
     shapes = "(N,) or (N, L)" if allow_2d else "(N,)"
     if labels.dim() not in ((1, 2) if allow_2d else (1,)) or labels.shape[0] != n:
+        hint = nested_batch_hint(tuple(labels.shape), 2 if allow_2d else 1)
         raise ValueError(
-            f"{name} must have shape {shapes} with N == {n_name}.shape[0] == {n}; got shape {tuple(labels.shape)}"
+            f"{name} must have shape {shapes} with N == {n_name}.shape[0] == {n}; got shape {tuple(labels.shape)}{hint}"
         )
     if labels.dim() == 2 and labels.shape[1] == 0:
         raise ValueError(f"{name} must have at least one label column; got shape {tuple(labels.shape)}")
     return labels
+
+
+_NESTED_BATCH_HINT = (
+    " (if this is a batch of batches: a pml_suprank batch sampler such as MPerClassSampler or HierarchicalSampler "
+    "yields whole batches, so pass it as DataLoader(batch_sampler=...), not sampler= as PML samplers are passed)"
+)
+
+
+def nested_batch_hint(shape: tuple[int, ...], expected_dim: int) -> str:
+    """The hint appended to a shape error when ``shape`` has one dimension more than expected (a batch of batches,
+    what ``DataLoader(sampler=<batch sampler>)`` produces), else ``""``."""
+    return _NESTED_BATCH_HINT if len(shape) == expected_dim + 1 else ""
+
+
+def check_positive_int(name: str, value: Any, *, minimum: int = 1, allow_none: bool = False) -> int | None:
+    """Return ``value`` if it is an int ``>= minimum`` (or ``None`` with ``allow_none``), else raise.
+
+    Raises:
+        TypeError: not an int (bools are refused).
+        ValueError: ``value < minimum``.
+    """
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        expected = f"None or an int >= {minimum}" if allow_none else f"an int >= {minimum}"
+        raise TypeError(f"{name} must be {expected}; got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}; got {value}")
+    return value
+
+
+def check_level_weights(name: str, weights: Any, num_levels: int | None = None) -> list[float] | None:
+    """Check per-level weights ``w_1..w_L``: finite, ``>= 0``, not all zero, ``L`` of them when ``num_levels`` is given.
+
+    ``None`` is returned unchanged (the caller's default). Used by the evaluator (ΣwAP) and the hierarchical losses
+    (Property-1 relevance), so both accept and refuse the same values.
+
+    Raises:
+        TypeError: not a sequence / 1-D tensor of real numbers.
+        ValueError: empty, wrong length, NaN/inf, negative, or all zero; the message names ``name``.
+    """
+    if weights is None:
+        return None
+    if isinstance(weights, Tensor):
+        if weights.dim() != 1 or weights.is_complex() or weights.dtype == torch.bool:
+            raise TypeError(f"{name} must be a 1-D real tensor or a sequence of floats; got {weights!r}")
+        values = [float(w) for w in weights.tolist()]
+    else:
+        if isinstance(weights, (str, bytes)) or not isinstance(weights, Iterable):
+            raise TypeError(f"{name} must be a sequence of floats, one per level; got {type(weights).__name__}")
+        values = []
+        for w in weights:
+            if isinstance(w, bool) or not isinstance(w, (int, float)):
+                if isinstance(w, Tensor) and w.numel() == 1 and not w.is_complex():
+                    w = w.item()
+                else:
+                    raise TypeError(f"{name} must contain real numbers; got {type(w).__name__} {w!r}")
+            values.append(float(w))
+    if not values:
+        raise ValueError(f"{name} must have one weight per level; got an empty sequence")
+    if num_levels is not None and len(values) != num_levels:
+        raise ValueError(f"{name} must be {num_levels} weights, one per level (w_1..w_L); got {len(values)}: {values}")
+    if any(w != w or w in (float("inf"), float("-inf")) for w in values):
+        raise ValueError(f"{name} must be finite; got {values}")
+    if any(w < 0 for w in values):
+        raise ValueError(f"{name} must be non-negative; got {values}")
+    if not any(w > 0 for w in values):
+        raise ValueError(f"{name} must not be all zero (the weighted sum would be 0/0); got {values}")
+    return values
+
+
+def check_device(name: str, device: Any) -> torch.device | None:
+    """Parse ``device`` (``None``, a string or a ``torch.device``) and check that its backend is available here.
+
+    Raises:
+        TypeError: not a string / ``torch.device``.
+        ValueError: an unparsable string, a CUDA/MPS/XPU device when that backend is unavailable, or a device index
+            past the number of devices; the message names ``name``.
+    """
+    if device is None:
+        return None
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"{name} must be None, a str or a torch.device; got {type(device).__name__} {device!r}")
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError) as e:
+        raise ValueError(f"{name} must be a valid torch device string such as 'cpu' or 'cuda:0'; got {device!r}") from e
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{name}={device!r} but CUDA is not available on this machine; use {name}='cpu'")
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise ValueError(f"{name}={device!r} but only {torch.cuda.device_count()} CUDA device(s) are visible")
+    elif parsed.type in ("mps", "xpu"):
+        backend = getattr(torch.backends, parsed.type, None) if parsed.type == "mps" else getattr(torch, "xpu", None)
+        if backend is None or not backend.is_available():
+            raise ValueError(f"{name}={device!r} but the {parsed.type} backend is not available; use {name}='cpu'")
+    return parsed

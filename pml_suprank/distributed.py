@@ -46,6 +46,7 @@ __all__ = [
     "GlobalBatch",
     "all_gather",
     "all_gather_with_grad",
+    "check_self_index",
     "get_rank",
     "gather_batch",
     "get_world_size",
@@ -203,6 +204,31 @@ def gather_batch(embeddings: Tensor, labels: Tensor, indices: Tensor | None = No
     )
 
 
+def check_self_index(self_index: Any, num_queries: int, num_refs: int) -> Tensor:
+    """Check ``self_index``: a ``(B,)`` integer tensor with values in ``[-1, N)`` (``-1``: no own copy).
+
+    Raises:
+        TypeError: not an integer tensor.
+        ValueError: wrong shape, or a value outside ``[-1, N)``; the message names ``self_index`` and ``N``.
+    """
+    if not isinstance(self_index, Tensor) or self_index.is_floating_point() or self_index.dtype == torch.bool:
+        raise TypeError(
+            f"self_index must be an integer torch.Tensor of shape ({num_queries},); got "
+            f"{getattr(self_index, 'dtype', type(self_index).__name__)}"
+        )
+    if self_index.shape != (num_queries,):
+        raise ValueError(
+            f"self_index must have shape (B,) = ({num_queries},), one reference row per query; got shape "
+            f"{tuple(self_index.shape)}"
+        )
+    if num_queries and (int(self_index.min()) < -1 or int(self_index.max()) >= num_refs):
+        raise ValueError(
+            f"self_index must lie in [-1, {num_refs}) (rows of ref_emb, -1 = no own copy); got values in "
+            f"[{int(self_index.min())}, {int(self_index.max())}]"
+        )
+    return self_index.long()
+
+
 def pairs_without_self(labels: Tensor, ref_labels: Tensor, self_index: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """All (query, reference) pairs except each query's own copy, as a PML pair tuple.
 
@@ -217,6 +243,7 @@ def pairs_without_self(labels: Tensor, ref_labels: Tensor, self_index: Tensor) -
     """
     fine = labels[:, 0] if labels.dim() == 2 else labels
     ref_fine = ref_labels[:, 0] if ref_labels.dim() == 2 else ref_labels
+    self_index = check_self_index(self_index, fine.shape[0], ref_fine.shape[0]).to(fine.device)
     same = fine.unsqueeze(1) == ref_fine.unsqueeze(0)
     rows = torch.arange(fine.shape[0], device=fine.device)
     keep = torch.ones_like(same)

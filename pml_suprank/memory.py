@@ -44,7 +44,7 @@ import torch
 from torch import Tensor, nn
 
 from . import distributed as dist_utils
-from ._validation import check_choice, check_embeddings, check_labels, check_positive
+from ._validation import check_choice, check_device, check_embeddings, check_labels, check_positive
 
 __all__ = ["MemoryMode", "RankingMemory"]
 
@@ -119,6 +119,7 @@ class RankingMemory(nn.Module):
         if not isinstance(get_first, bool):
             raise TypeError(f"get_first must be a bool; got {type(get_first).__name__} {get_first!r}")
         self.get_first = get_first
+        device = check_device("device", device)
         self.distributed = distributed
         self.group = group
         label_shape = (self.memory_size,) if not label_levels or label_levels == 1 else (self.memory_size, label_levels)

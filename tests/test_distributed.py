@@ -182,3 +182,24 @@ def test_two_process_gloo_equals_single_process(tmp_path):
     assert "ROADMAP/memory_get_first/8-8" in results
     worst = {k: max(v.values()) for k, v in results.items()}
     assert max(worst.values()) <= 1e-6, {k: v for k, v in worst.items() if v > 1e-6}
+
+
+def test_reference_loss_self_index_is_checked():
+    emb, labels = _batch()
+    loss_fn = losses.SupAPLoss()
+    ref = emb.detach().clone()
+    n = ref.shape[0]
+    bad_values = torch.arange(12)
+    bad_values[3] = n
+    with pytest.raises(ValueError, match=rf"self_index must lie in \[-1, {n}\).*\[0, {n}\]"):
+        reference_loss(loss_fn, emb, labels, ref, labels, self_index=bad_values)
+    bad_values[3] = -2
+    with pytest.raises(ValueError, match=r"self_index must lie in \[-1, 12\)"):
+        reference_loss(loss_fn, emb, labels, ref, labels, self_index=bad_values)
+    with pytest.raises(ValueError, match=r"self_index must have shape \(B,\) = \(12,\)"):
+        reference_loss(loss_fn, emb, labels, ref, labels, self_index=torch.arange(11))
+    with pytest.raises(TypeError, match="self_index must be an integer torch.Tensor"):
+        reference_loss(loss_fn, emb, labels, ref, labels, self_index=torch.arange(12).float())
+    # -1 (no own copy) is valid
+    none_removed = reference_loss(loss_fn, emb, labels, ref, labels, self_index=torch.full((12,), -1))
+    assert torch.isfinite(none_removed)

@@ -386,3 +386,12 @@ def test_get_first_ranks_against_the_memory_before_the_batch(mode):
     assert memory.num_filled == (16 if mode == "fifo" else 15)
     slots = torch.tensor([12, 13, 14, 15, 0, 1]) if mode == "fifo" else idx  # the queue wraps around
     torch.testing.assert_close(memory.embeddings[slots], emb.detach(), rtol=0, atol=0)
+
+
+def test_device_is_checked():
+    with pytest.raises(ValueError, match="device must be a valid torch device string"):
+        RankingMemory(losses.SupAPLoss(), embedding_size=4, memory_size=8, device="gpu0")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match=r"device='cuda' but CUDA is not available"):
+            RankingMemory(losses.SupAPLoss(), embedding_size=4, memory_size=8, device="cuda")
+    assert RankingMemory(losses.SupAPLoss(), embedding_size=4, memory_size=8, device="cpu").ptr.device.type == "cpu"

@@ -4,7 +4,8 @@ Labels: ``(N, L)`` integer labels with column 0 the finest and column ``L − 1`
 ``(N,)`` fine labels together with ``hierarchy=`` (a :class:`pml_suprank.relevance.Hierarchy` or a
 ``(num_fine, L)`` fine → ancestors table). Both give identical results; the 1-D path is the one that works inside
 PML's ``CrossBatchMemory``, ``DistributedLossWrapper`` and trainers (PML only passes 1-D labels around). 1-D labels
-without a hierarchy are a one-level hierarchy (the losses then reduce to their flat counterparts).
+without a hierarchy raise ``ValueError`` (they would silently train the flat loss); a deliberate single level is
+``labels[:, None]``.
 """
 
 from __future__ import annotations
@@ -56,7 +57,9 @@ class HierarchicalRankLoss(SupRankStepMixin, BaseRankLoss):
 
     def hierarchical_labels(self, inputs: RankInputs) -> tuple[Tensor, Tensor, int]:
         """``(B, L)`` query labels, ``(N, L)`` reference labels and ``L`` (checked to form one tree together)."""
-        return hierarchical_label_pair(inputs.labels, inputs.ref_labels, self.hierarchy, same_source=inputs.same_source)
+        return hierarchical_label_pair(
+            inputs.labels, inputs.ref_labels, self.hierarchy, same_source=inputs.same_source, owner=type(self).__name__
+        )
 
     def query_scores(self, scores: Tensor, levels: Tensor, valid: Tensor, num_levels: int) -> tuple[Tensor, Tensor]:
         raise NotImplementedError

@@ -30,6 +30,7 @@ __all__ = [
     "hierarchical_label_pair",
     "prepare_inputs",
     "reference_mask",
+    "require_hierarchy",
     "similarity_matrix",
 ]
 
@@ -236,8 +237,28 @@ def fine_labels(labels: Tensor) -> Tensor:
     return labels[:, 0] if labels.dim() == 2 else labels
 
 
+def require_hierarchy(owner: str, labels: Tensor, hierarchy: Hierarchy | None, name: str = "labels") -> None:
+    """Refuse 1-D ``labels`` without a ``hierarchy``: a hierarchical loss would silently train flat on them.
+
+    Raises:
+        ValueError: naming ``owner``, ``name`` and both ways out (2-D labels or ``hierarchy=``).
+    """
+    if labels.dim() == 1 and hierarchy is None:
+        raise ValueError(
+            f"{owner} is a hierarchical loss: pass 2-D {name} of shape (N, L) (column 0 = finest level; "
+            f"{name}[:, None] for a deliberate single level) or build it with hierarchy= (a fine -> ancestors table) "
+            f"to use 1-D fine {name}; got {name} of shape {tuple(labels.shape)} and hierarchy=None, which would "
+            "silently train a flat loss"
+        )
+
+
 def hierarchical_label_pair(
-    labels: Tensor, ref_labels: Tensor, hierarchy: Hierarchy | None, *, same_source: bool
+    labels: Tensor,
+    ref_labels: Tensor,
+    hierarchy: Hierarchy | None,
+    *,
+    same_source: bool,
+    owner: str = "this hierarchical loss",
 ) -> tuple[Tensor, Tensor, int]:
     """Coerce query and reference labels to levels: ``(B, L)``, ``(N, L)`` and ``L``, checked to form one tree.
 
@@ -247,10 +268,13 @@ def hierarchical_label_pair(
         hierarchy: fine → ancestors table, or ``None``.
         same_source: the reference set is the batch (its labels are ``labels``).
 
+        owner: the loss's name, for error messages.
+
     Raises:
-        ValueError: when the two sets have different numbers of levels, or (without ``hierarchy``) do not form a
-            tree.
+        ValueError: 1-D labels without ``hierarchy`` (:func:`require_hierarchy`), when the two sets have different
+            numbers of levels, or (without ``hierarchy``) do not form a tree.
     """
+    require_hierarchy(owner, labels, hierarchy)  # ref_labels have the shape of labels (prepare_inputs)
     levels = as_hierarchical_labels(labels, hierarchy, name="labels", check=False)
     if same_source or ref_labels is labels:
         ref_levels = levels

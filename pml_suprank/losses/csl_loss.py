@@ -14,6 +14,7 @@ from torch import Tensor
 
 from .._validation import check_embeddings, check_labels, check_positive
 from ..relevance import Hierarchy, as_hierarchical_labels, as_hierarchy, check_tree
+from ._inputs import require_hierarchy
 
 __all__ = ["CSLLoss"]
 
@@ -42,11 +43,12 @@ class CSLLoss(WeightRegularizerMixin, BaseMetricLossFunction):
             ``(0.25, 0.45)``). Its length fixes the number of levels ``L``.
         scale: the scale ``s`` (32).
         hierarchy: optional fine → ancestors table ``(num_fine, L)`` / :class:`~pml_suprank.relevance.Hierarchy`;
-            needed to pass 1-D fine labels.
+            needed to pass 1-D fine labels (1-D labels without it raise ``ValueError``).
         **kwargs: PML options (``reducer``, ``weight_regularizer``, ``weight_init_func``, ...).
 
-    Shapes: ``embeddings (B, D)``, ``labels (B, L)`` or ``(B,)`` fine labels with ``hierarchy``; returns a scalar.
-    ``ref_emb`` is not supported (proxy loss); an ``indices_tuple`` weights the queries like PML's proxy losses.
+    Shapes: ``embeddings (B, D)`` with ``D == embedding_size`` (else ``ValueError``), ``labels (B, L)`` or ``(B,)``
+    fine labels with ``hierarchy``; returns a scalar. ``ref_emb`` is not supported (proxy loss); an
+    ``indices_tuple`` weights the queries like PML's proxy losses.
     """
 
     def __init__(
@@ -67,6 +69,7 @@ class CSLLoss(WeightRegularizerMixin, BaseMetricLossFunction):
         self.margins = [float(m) for m in margins]
         self.scale = check_positive("scale", scale)
         self.num_classes = num_classes
+        self.embedding_size = embedding_size
         self.num_levels = len(self.margins)
         self.hierarchy = hierarchy = as_hierarchy(hierarchy)
         table = torch.full((num_classes, self.num_levels), -1, dtype=torch.long)
@@ -117,6 +120,7 @@ class CSLLoss(WeightRegularizerMixin, BaseMetricLossFunction):
         self.proxy_labels = table.to(self.proxy_labels.device)
 
     def _levels_of(self, labels: Tensor, name: str) -> Tensor:
+        require_hierarchy("CSLLoss", labels, self.hierarchy, name=name)
         labels = as_hierarchical_labels(labels, self.hierarchy, name=name, check=self.hierarchy is None)
         if labels.shape[1] != self.num_levels:
             raise ValueError(
@@ -124,7 +128,7 @@ class CSLLoss(WeightRegularizerMixin, BaseMetricLossFunction):
                 f"got {name}.shape={tuple(labels.shape)}"
             )
         if bool((labels < 0).any()):
-            raise ValueError(f"{name} must be non-negative")
+            raise ValueError(f"{name} must be non-negative; got minimum {int(labels.min())}")
         return labels
 
     def forward(self, embeddings, labels=None, indices_tuple=None, ref_emb=None, ref_labels=None):
@@ -133,7 +137,13 @@ class CSLLoss(WeightRegularizerMixin, BaseMetricLossFunction):
         embeddings = check_embeddings("embeddings", embeddings)
         if labels is None:
             raise ValueError("CSLLoss requires labels; got None")
+        if embeddings.shape[1] != self.embedding_size:
+            raise ValueError(
+                f"embeddings must have embedding_size={self.embedding_size} columns (one proxy coordinate each); "
+                f"got shape {tuple(embeddings.shape)}"
+            )
         labels = check_labels("labels", labels, embeddings.shape[0]).to(embeddings.device)
+        require_hierarchy("CSLLoss", labels, self.hierarchy)
         if ref_emb is not None or ref_labels is not None:
             raise ValueError("CSLLoss is a proxy loss: ref_emb / ref_labels are not supported; got a reference set")
         loss_dict = self.compute_loss(embeddings, labels, indices_tuple, None, None)

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from torch import Tensor
 
-from .._validation import check_positive
+from .._validation import check_level_weights, check_positive
 from ..ranking import HRankParams, sup_hap_scores
 from ..relevance import Hierarchy, level_counts, pop_relevance, property1_relevance
 from ._hierarchical import HierarchicalRankLoss
@@ -42,8 +42,9 @@ class SupHAPLoss(HierarchicalRankLoss):
         alpha: ``α ≥ 0`` of Eq. 20.
         with_hrank: use ``H_s^>`` in H-rank⁺ (off in every reference config).
         hrank_nu, hrank_mu, hrank_gamma: ``ν > 0``, ``μ ∈ [0, 1]``, ``γ ≥ 0`` of ``H_s^>`` (paper: 25, 0.5, 10).
-        level_weights: optional ``L`` non-negative weights ``w_1..w_L`` (``w_L`` = finest) selecting the
-            Property-1 relevance (ΣwAP) instead of Eq. 20; ``alpha`` is then unused.
+        level_weights: optional ``L`` finite, non-negative, not all zero weights ``w_1..w_L`` (``w_L`` = finest)
+            selecting the Property-1 relevance (ΣwAP) instead of Eq. 20; ``alpha`` is then unused. Checked as the
+            evaluator checks them (``ValueError`` naming ``level_weights`` otherwise).
         **suprank_kwargs: ``tau`` (alias ``temperature``), ``rho``, ``delta``, ``start``, ``offset``,
             ``include_self``, ``chunk_size`` and the BaseRankLoss / PML options (``distance``, ``reducer``,
             ``decomposability``, ...).
@@ -69,15 +70,8 @@ class SupHAPLoss(HierarchicalRankLoss):
             raise TypeError(f"with_hrank must be a bool; got {type(with_hrank).__name__} {with_hrank!r}")
         self.with_hrank = with_hrank
         self.hrank = HRankParams(nu=hrank_nu, mu=hrank_mu, gamma=hrank_gamma)
-        self.level_weights = None if level_weights is None else [float(w) for w in level_weights]
-        if self.level_weights is not None and any(w < 0 for w in self.level_weights):
-            raise ValueError(f"level_weights must be non-negative; got {self.level_weights}")
-        if self.level_weights is not None and self.hierarchy is not None:
-            if len(self.level_weights) != self.hierarchy.num_levels:
-                raise ValueError(
-                    f"level_weights must have one entry per level ({self.hierarchy.num_levels}); "
-                    f"got {len(self.level_weights)}"
-                )
+        num_levels = None if self.hierarchy is None else self.hierarchy.num_levels
+        self.level_weights = check_level_weights("level_weights", level_weights, num_levels)
         self.add_to_recordable_attributes(list_of_names=["alpha"], is_stat=False)
 
     def level_relevance(self, levels: Tensor, valid: Tensor, num_levels: int, dtype) -> Tensor:

@@ -9,7 +9,7 @@ import torch
 from pytorch_metric_learning.utils import common_functions as c_f
 from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
 
-from .._validation import check_labels
+from .._validation import check_device, check_labels
 from ..relevance import Hierarchy, as_hierarchy
 from .evaluator import RetrievalEvaluator, _hierarchical_label_pair
 from .registry import METRICS, MetricSpec
@@ -66,6 +66,8 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
         self._cache: dict[str, Any] = {}
         self._num_levels = 1
         self._include = tuple(include)
+        if "device" in kwargs:
+            kwargs["device"] = check_device("device", kwargs["device"])
         super().__init__(include=include, exclude=exclude, **kwargs)
         self.hierarchy = as_hierarchy(hierarchy)
         self._evaluator_kwargs = dict(

@@ -19,7 +19,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .._validation import check_embeddings, check_labels, check_positive
+from .._validation import (
+    check_device,
+    check_embeddings,
+    check_labels,
+    check_level_weights,
+    check_positive,
+    check_positive_int,
+)
 from ..relevance import Hierarchy, as_hierarchical_labels, as_hierarchy
 from .ranks import COUNTING_METHODS, RetrievalRanks, rank_relevant_items
 from .registry import METRIC_GROUPS, TOP_K_GROUPS, check_groups, metrics_from_ranks
@@ -123,20 +130,24 @@ class RetrievalEvaluator:
     * counts: ``"num_queries"``, ``"num_queries_without_positives"`` (fine level),
       ``"num_queries_without_positives_level{h}"``, ``"num_queries_without_relevant"`` (nothing at any level).
 
+    Embeddings must be finite; huge ones are fine: when ``max|q| · max|g| · D`` could overflow the dtype, queries and
+    gallery are scaled by powers of two before the matmul (exact, so the metrics are those of the unscaled scores).
+
     Args:
         k_values: the ``k`` of the top-k metrics.
         alpha: ``α`` of the H-AP relevance (1 = HAPPIER).
         chunk_size: queries per chunk; default ``max(16, 2**25 // N)`` (about 1 GB of work memory).
-        device: where to compute (default: the device of ``query``).
+        device: where to compute (default: the device of ``query``); a device whose backend is unavailable here
+            (e.g. ``"cuda"`` without CUDA) raises ``ValueError`` at construction.
         metrics: metric groups to compute (keys of :data:`METRIC_GROUPS`, one per entry of the metric registry
             :data:`~pml_suprank.metrics.registry.METRICS`); default all.
-        level_weights: ``w_1..w_L`` for ΣwAP (``w_L`` = finest); default uniform.
+        level_weights: ``w_1..w_L`` for ΣwAP (``w_L`` = finest): finite, ``>= 0``, not all zero; default uniform.
         hierarchy: fine -> ancestors table ``(num_fine, L)`` or :class:`~pml_suprank.relevance.Hierarchy`, used to
             expand 1-D labels.
         backend: ``"torch"`` (exact, every metric) or ``"faiss"`` (``IndexFlatIP`` k-NN; only the top-k metric groups
             :data:`~pml_suprank.metrics.registry.TOP_K_GROUPS`; ties in faiss order).
         progress_bar: show a tqdm bar over chunks.
-        num_bins: histogram resolution of the counting kernel (speed only).
+        num_bins: histogram resolution of the counting kernel (speed only): ``None`` or an int ``>= 1``.
         counting: ``"auto"``, ``"search"`` or ``"histogram"``: how negatives are counted (speed only, never the
             result; see :func:`~pml_suprank.metrics.ranks.rank_relevant_items`).
 
@@ -174,7 +185,7 @@ class RetrievalEvaluator:
         ):
             raise ValueError(f"chunk_size must be a positive int or None; got {chunk_size!r}")
         self.chunk_size = chunk_size
-        self.device = None if device is None else torch.device(device)
+        self.device = check_device("device", device)
         if backend not in ("torch", "faiss"):
             raise ValueError(f"backend must be one of ('torch', 'faiss'); got {backend!r}")
         self.backend = backend
@@ -189,10 +200,10 @@ class RetrievalEvaluator:
                     "(use backend='torch' for exact full-ranking metrics)"
                 )
         self.metrics = metrics
-        self.level_weights = None if level_weights is None else [float(w) for w in level_weights]
+        self.level_weights = check_level_weights("level_weights", level_weights)
         self.hierarchy = as_hierarchy(hierarchy)
         self.progress_bar = bool(progress_bar)
-        self.num_bins = num_bins
+        self.num_bins = check_positive_int("num_bins", num_bins, allow_none=True)
         if counting not in COUNTING_METHODS:
             raise ValueError(f"counting must be one of {COUNTING_METHODS}; got {counting!r}")
         self.counting = counting
@@ -303,6 +314,7 @@ class RetrievalEvaluator:
             self_col = torch.full((Q,), -1, dtype=torch.long)
             self_col[self_idx] = inv[self_idx]
         gallery = reference.detach()[perm.to(reference.device)].to(device=device, dtype=dtype)
+        query_scale, gallery = _overflow_safe_scales(query, gallery)
         starts, ends = starts.to(device), ends.to(device)
         self_col = None if self_col is None else self_col.to(device)
         chunk = self._default_chunk(N)
@@ -313,6 +325,8 @@ class RetrievalEvaluator:
             for s in self._chunks(Q, chunk):
                 e = min(s + chunk, Q)
                 qc = query.detach()[s:e].to(device=device, dtype=dtype)
+                if query_scale != 1.0:
+                    qc = qc * query_scale
                 scores = torch.mm(qc, gallery.T, out=score_buf[: e - s])
                 ranks = _chunk_ranks(
                     scores,
@@ -379,6 +393,31 @@ class RetrievalEvaluator:
             nn = nn.gather(1, order)
         ranks = _knn_ranks(nn, ql.cpu(), rl.cpu(), self_idx is not None)
         return self._summarise(self._metrics_from_ranks(ranks), Q, L, per_q)
+
+
+def _overflow_safe_scales(query: Tensor, gallery: Tensor) -> tuple[float, Tensor]:
+    """``(query_scale, gallery)``: powers of two that keep every dot product ``query · gallery`` finite.
+
+    ``|q · g| ≤ D · max|q_i| · max|g_j|``, and so are the partial sums of the matmul, so when that bound could exceed
+    the dtype's range both sides are scaled by powers of two. A power of two scales every product and partial sum
+    exactly (barring the underflow of terms negligible at that magnitude), so the ranking, hence every metric, is
+    the one of the unscaled scores; without this, float32 embeddings with entries ~1e19 give ``inf``/NaN scores.
+    ``(1.0, gallery)`` unchanged in the usual case (one ``amax`` per side; compared in log2 to never overflow).
+    """
+    if query.numel() == 0 or gallery.numel() == 0:
+        return 1.0, gallery
+    q_max = float(query.detach().abs().amax())
+    g_max = float(gallery.abs().amax())
+    if q_max == 0.0 or g_max == 0.0:
+        return 1.0, gallery
+    log_q, log_g = math.log2(q_max), math.log2(g_max)
+    excess = log_q + log_g + math.log2(gallery.shape[1]) - math.log2(torch.finfo(gallery.dtype).max / 16)
+    if excess <= 0:
+        return 1.0, gallery
+    # scale the product by 2**-shift; the larger side takes more of it, so that the smaller one does not underflow
+    shift = math.ceil(excess)
+    q_shift = min(max(round((shift + log_q - log_g) / 2), 0), shift)
+    return 2.0**-q_shift, gallery * 2.0 ** -(shift - q_shift)
 
 
 def _block_counts(starts: Tensor, ends: Tensor, has_self: Tensor, N: int) -> Tensor:
@@ -449,6 +488,7 @@ def compute_embeddings(
         ``(N, D)`` float32 embeddings and ``(N,)`` or ``(N, L)`` labels, plus ``(N,)`` indices with
         ``return_indices``.
     """
+    device = check_device("device", device)
     if device is None:
         if accelerator is not None:
             device = accelerator.device

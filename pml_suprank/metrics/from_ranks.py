@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._validation import check_positive
+from .._validation import check_level_weights, check_positive
 from ..relevance import ideal_dcg, pop_relevance, property1_relevance
 from .ranks import RetrievalRanks
 
@@ -292,16 +292,13 @@ def _check_k(k: int) -> int:
     return k
 
 
-def _check_weights(weights: Tensor | list[float] | None, L: int, device: torch.device) -> Tensor:
-    w = (
-        torch.full((L,), 1.0 / L, dtype=torch.float64)
-        if weights is None
-        else torch.as_tensor(weights, dtype=torch.float64)
-    )
-    w = w.to(dtype=torch.float64, device=device)
-    if w.shape != (L,) or bool((w < 0).any()) or not bool(torch.isfinite(w).all()):
-        raise ValueError(f"weights must be {L} finite non-negative numbers (w_1..w_L, w_L = finest); got {w.tolist()}")
-    return w
+def _check_weights(weights: Tensor | list[float] | None, L: int, device: torch.device, name: str = "weights") -> Tensor:
+    """``(L,)`` float64 ΣwAP weights: uniform for ``None``, else checked by the shared level-weight checker (finite,
+    non-negative, not all zero, one per level)."""
+    if weights is None:
+        return torch.full((L,), 1.0 / L, dtype=torch.float64, device=device)
+    values = check_level_weights(name, weights, L)
+    return torch.tensor(values, dtype=torch.float64, device=device)
 
 
 def _check_relevance_table(relevance: Tensor, ranks: RetrievalRanks) -> Tensor:

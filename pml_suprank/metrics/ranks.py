@@ -10,6 +10,8 @@ Conventions:
     * **Ties are resolved pessimistically**: among items with exactly equal scores the less relevant ones (lower
       level) are ranked first, then by index. Every metric is the value of this worst-case order, so no result
       depends on the input order and tied items of equal relevance never penalise each other.
+    * ``scores`` may hold ``±inf`` (``−inf`` ranks last, ``+inf`` first, equal infinities tie pessimistically as any
+      other tie); NaN raises ``ValueError`` naming ``scores``.
 
 Algorithm. Only the *relevant* items of a query (level ``>= 1``, ``P`` of them) are sorted, with one int64 key per
 item (order-preserving integer image of the score, level in the low bits). Negatives are only *counted*
@@ -29,6 +31,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from .._validation import check_positive_int
 from ..relevance import level_counts
 
 __all__ = ["COUNTING_METHODS", "RetrievalRanks", "rank_relevant_items", "retrieval_ranks"]
@@ -63,9 +66,37 @@ def _check_scores(scores: Tensor) -> Tensor:
         raise ValueError(f"scores must have shape (Q, N); got shape {tuple(scores.shape)}")
     if not scores.is_floating_point():
         raise TypeError(f"scores must be a floating-point tensor; got dtype {scores.dtype}")
+    scores = scores.detach()
     if bool(torch.isnan(scores).any()):
-        raise ValueError("scores contains NaN values")
-    return scores.detach()
+        bad = int(torch.isnan(scores).any(1).sum())
+        raise ValueError(f"scores contains NaN values (in {bad} of {scores.shape[0]} rows); NaN has no rank")
+    return _finite_order_preserving(scores)
+
+
+def _finite_order_preserving(scores: Tensor) -> Tensor:
+    """``scores`` with ``±inf`` replaced by finite values of the same order (a no-op copy-free return without inf).
+
+    ``+inf``/``−inf`` become ``±finfo.max`` (every finite score is at most that, and equal infinities stay tied, so
+    the pessimistic order is unchanged: ``−inf`` ranks last, ``+inf`` first, ties broken by level as usual). If a
+    finite score already equals ``±finfo.max``, float16/bfloat16/float32 scores are widened exactly to float64 and
+    the infinities become ``±2·finfo.max``; float64 scores then cannot be mapped and are refused. The ranking
+    kernels use ``−inf`` internally to mark removed items, which is why real infinities are mapped first.
+
+    Raises:
+        ValueError: float64 ``scores`` holding both an infinity and a finite ``±finfo(float64).max``.
+    """
+    inf = torch.isinf(scores)
+    if not bool(inf.any()):
+        return scores
+    big = torch.finfo(scores.dtype).max
+    if bool((scores.abs() == big).any()):
+        if scores.dtype == torch.float64:
+            raise ValueError(
+                "scores holds ±inf together with a finite ±1.797e308 (float64 max): their order cannot be kept; "
+                "rescale the scores"
+            )
+        scores, big = scores.double(), 2.0 * big
+    return torch.where(inf, torch.full_like(scores, big).copysign_(scores), scores)
 
 
 def _check_levels(levels: Tensor, scores: Tensor, num_levels: int | None) -> tuple[Tensor, int]:
@@ -293,7 +324,9 @@ def _count_negatives_histogram(
     scale = torch.where(ok, B / width.clamp_min(torch.finfo(rs.dtype).tiny), torch.ones_like(width))
     scale = torch.where(torch.isfinite(scale), scale, torch.ones_like(scale))
     lo = torch.where(n_rel > 0, lo, torch.zeros_like(lo))
-    lo2 = (lo - 2.0 / scale)[:, None]
+    # finite (scores near -finfo.max would push it to -inf and make inf - inf = NaN bins); any finite origin keeps
+    # bin() monotone
+    lo2 = (lo - 2.0 / scale).clamp_min(-big)[:, None]
     scale = scale[:, None]
 
     x = _workspace(workspace, "x", (C, N), neg_scores.dtype, device)
@@ -437,6 +470,7 @@ def retrieval_ranks(
     Returns:
         :class:`RetrievalRanks` from which every metric of this module is computed.
     """
+    check_positive_int("num_bins", num_bins, allow_none=True)
     scores = _check_scores(scores)
     levels, L = _check_levels(levels, scores, num_levels)
     mask = _check_mask(mask, scores)

@@ -116,7 +116,7 @@ def _hap(st: R.RankStats, a: MetricArgs) -> Tensor:
 
 
 def _sum_w_ap(st: R.RankStats, a: MetricArgs) -> Tensor:
-    return R.weighted_sum_ap_(st, R._check_weights(a.level_weights, st.num_levels, st.levels.device))
+    return R.weighted_sum_ap_(st, R._check_weights(a.level_weights, st.num_levels, st.levels.device, "level_weights"))
 
 
 _SPECS = (

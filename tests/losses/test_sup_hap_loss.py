@@ -50,7 +50,7 @@ def test_2d_labels_and_hierarchy_are_identical(with_hrank, include_self):
 def test_one_level_equals_sup_ap():
     emb, fine = batch(1)
     e1, e2 = emb.clone().requires_grad_(True), emb.clone().requires_grad_(True)
-    hap = losses.SupHAPLoss(alpha=3.0)(e1, fine)  # 1-D labels without hierarchy: one level
+    hap = losses.SupHAPLoss(alpha=3.0)(e1, fine[:, None])  # (N, 1) labels: an explicit single level
     ap = losses.SupAPLoss()(e2, fine)
     hap.backward()
     ap.backward()
