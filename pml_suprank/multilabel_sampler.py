@@ -20,8 +20,8 @@ from typing import Any, get_args
 
 import numpy as np
 
+from ._sampler_base import SmallClassPolicy, _as_int_array, _check_int, _draw, _ShardedBatchSampler
 from ._validation import check_choice
-from .samplers import SmallClassPolicy, _as_int_array, _check_int, _draw, _ShardedBatchSampler
 
 __all__ = ["MultiLabelSampler"]
 

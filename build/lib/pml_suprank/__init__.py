@@ -1,0 +1,68 @@
+"""pml-suprank: rank losses, exact retrieval evaluation and HEAT for pytorch-metric-learning.
+
+Subpackages are imported lazily, so ``import pml_suprank`` only needs the core dependencies
+(torch, numpy, pytorch-metric-learning); ``models``, ``hub``, ``data`` need the ``recipes`` extra.
+
+Example:
+    >>> from pml_suprank import losses
+    >>> loss_fn = losses.ROADMAPLoss()
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from .version import __version__
+
+__all__ = [
+    "__version__",
+    "data",
+    "distributed",
+    "hierarchical_ranking",
+    "hub",
+    "hub_config",
+    "losses",
+    "memory",
+    "metrics",
+    "models",
+    "ood",
+    "plots",
+    "ranking",
+    "relevance",
+    "samplers",
+    "synthetic_shapes",
+    "training",
+]
+
+_SUBMODULES = frozenset(__all__) - {"__version__"}
+
+if TYPE_CHECKING:  # pragma: no cover - for static analysers only
+    from . import (
+        data,
+        distributed,
+        hierarchical_ranking,
+        hub,
+        hub_config,
+        losses,
+        memory,
+        metrics,
+        models,
+        ood,
+        plots,
+        ranking,
+        relevance,
+        samplers,
+        synthetic_shapes,
+        training,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

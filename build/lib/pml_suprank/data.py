@@ -1,0 +1,513 @@
+"""Datasets for retrieval training and evaluation: Hugging Face ``datasets`` loading with several label columns,
+open-set class splits, timm transforms, and the built-in SyntheticShapes.
+
+Every dataset returned here follows one contract (see :mod:`pml_suprank._retrieval_dataset`):
+``ds[i] = {"image": FloatTensor (3, H, W), "labels": LongTensor (L,), "index": i}`` with label column 0 the finest,
+``ds.labels`` a ``(N, L)`` LongTensor readable without decoding images, ``ds.label_names`` the column names
+(fine → coarse), ``ds.set_transform(fn)`` with ``fn`` a callable on a PIL image, and ``ds.get_image(i)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ._retrieval_dataset import RetrievalDatasetBase, pil_to_tensor
+from ._validation import check_choice
+from .relevance import check_tree
+from .synthetic_shapes import COLOURS, FAMILIES, SyntheticNoise, SyntheticShapes
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "COLOURS",
+    "FAMILIES",
+    "HFRetrievalDataset",
+    "RetrievalDatasetBase",
+    "SyntheticNoise",
+    "SyntheticShapes",
+    "build_transforms",
+    "check_disjoint_classes",
+    "collate",
+    "load_retrieval_dataset",
+    "open_set_classes",
+    "pil_to_tensor",
+]
+
+OpenSetPart = Literal["train", "test"]
+_IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
+
+
+def build_transforms(
+    data_config: dict[str, Any],
+    train: bool,
+    *,
+    scale: Sequence[float] = (0.16, 1.0),
+    ratio: Sequence[float] = (3.0 / 4.0, 4.0 / 3.0),
+    hflip: float = 0.5,
+) -> Callable:
+    """Image transforms from a timm data config (``model.data_config`` / ``timm.data.resolve_model_data_config``).
+
+    Training: ``RandomResizedCrop(size, scale, ratio)`` + horizontal flip + ``ToTensor`` + ``Normalize`` (the
+    reference recipes, ranking_reference.md §5: scale (0.16, 1)). Test: ``Resize(floor(size / crop_pct))`` +
+    ``CenterCrop(size)`` + ``ToTensor`` + ``Normalize`` (Resize 256 + CenterCrop 224 for ``crop_pct = 0.875``).
+
+    Args:
+        data_config: Dict with ``input_size`` ``(3, H, W)``, ``mean``, ``std`` and optionally ``interpolation``
+            (``"bilinear"``/``"bicubic"``, default bilinear) and ``crop_pct`` (default 0.875).
+        train: Training (random crop + flip) or test (deterministic) pipeline.
+        scale: Area range of the random crop (training only).
+        ratio: Aspect-ratio range of the random crop (training only).
+        hflip: Probability of a horizontal flip (training only).
+
+    Returns:
+        A callable mapping a PIL image to a normalised ``(3, H, W)`` float tensor.
+    """
+    from torchvision import transforms as T
+
+    if not isinstance(data_config, dict):
+        raise TypeError(f"data_config must be a dict (e.g. model.data_config); got {type(data_config).__name__}")
+    missing = [k for k in ("input_size", "mean", "std") if k not in data_config]
+    if missing:
+        raise ValueError(f"data_config is missing {missing}; got keys {sorted(data_config)}")
+    input_size = tuple(data_config["input_size"])
+    if len(input_size) != 3 or any(int(s) <= 0 for s in input_size):
+        raise ValueError(f"data_config['input_size'] must be (3, H, W); got {input_size}")
+    size = (int(input_size[1]), int(input_size[2]))
+    if not (len(scale) == 2 and 0 < scale[0] <= scale[1] <= 1):
+        raise ValueError(f"scale must be (low, high) with 0 < low <= high <= 1; got {tuple(scale)}")
+    if not (len(ratio) == 2 and 0 < ratio[0] <= ratio[1]):
+        raise ValueError(f"ratio must be (low, high) with 0 < low <= high; got {tuple(ratio)}")
+    if not 0 <= hflip <= 1:
+        raise ValueError(f"hflip must be a probability in [0, 1]; got {hflip}")
+    interp_name = str(data_config.get("interpolation", "bilinear") or "bilinear")
+    interpolation = {
+        "bilinear": T.InterpolationMode.BILINEAR,
+        "bicubic": T.InterpolationMode.BICUBIC,
+        "nearest": T.InterpolationMode.NEAREST,
+    }.get(interp_name, T.InterpolationMode.BILINEAR)
+    normalize = T.Normalize(mean=list(data_config["mean"]), std=list(data_config["std"]))
+    if train:
+        steps = [T.RandomResizedCrop(size, scale=tuple(scale), ratio=tuple(ratio), interpolation=interpolation)]
+        if hflip > 0:
+            steps.append(T.RandomHorizontalFlip(p=hflip))
+    else:
+        crop_pct = float(data_config.get("crop_pct", 0.875) or 0.875)
+        if not 0 < crop_pct <= 1:
+            raise ValueError(f"data_config['crop_pct'] must lie in (0, 1]; got {crop_pct}")
+        resize = tuple(int(math.floor(s / crop_pct)) for s in size)
+        steps = [T.Resize(resize if size[0] != size[1] else resize[0], interpolation=interpolation), T.CenterCrop(size)]
+    return T.Compose([*steps, T.ToTensor(), normalize])
+
+
+def collate(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Collate dataset items into ``{"image": (B, 3, H, W), "labels": (B, L), "index": (B,)}``."""
+    import torch
+
+    return {
+        "image": torch.stack([it["image"] for it in items]),
+        # ints, lists or tensors of any integer dtype: one row of label columns per item
+        "labels": torch.stack([torch.as_tensor(it["labels"]).long().reshape(-1) for it in items]),
+        "index": torch.tensor([int(it["index"]) for it in items], dtype=torch.long),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Hugging Face datasets
+
+
+class HFRetrievalDataset(RetrievalDatasetBase):
+    """A ``datasets.Dataset`` viewed through the retrieval contract (labels ``(N, L)``, fine → coarse).
+
+    Built by :func:`load_retrieval_dataset`; images are decoded lazily, labels are read once without decoding.
+
+    Args:
+        hf_dataset: A map-style ``datasets.Dataset``.
+        label_columns: Integer label columns, fine → coarse.
+        image_column: Column holding the images (decoded to PIL by ``datasets``).
+        labels: Precomputed ``(N, L)`` labels (integer ids after mapping string labels).
+        transform: Callable on a PIL RGB image.
+        class_names: Optional ``{fine label id: name}``.
+    """
+
+    def __init__(
+        self,
+        hf_dataset: Any,
+        label_columns: Sequence[str],
+        image_column: str,
+        labels: Tensor,
+        transform: Callable | None = None,
+        class_names: Mapping[int, str] | None = None,
+    ) -> None:
+        self.hf_dataset = hf_dataset
+        self.image_column = image_column
+        self._images = hf_dataset.select_columns([image_column])
+        self.class_names = dict(class_names or {})
+        super().__init__(labels, list(label_columns), transform)
+
+    def get_image(self, index: int) -> Any:
+        """The untransformed PIL RGB image of item ``index``."""
+        index = self._check_index(index)
+        image = self._images[index][self.image_column]
+        if isinstance(image, Mapping) and ("bytes" in image or "path" in image):  # undecoded Image feature
+            from io import BytesIO
+
+            from PIL import Image
+
+            image = Image.open(BytesIO(image["bytes"]) if image.get("bytes") else image["path"])
+        if isinstance(image, (np.ndarray, list)):  # e.g. an Array3D column of (H, W, 3) uint8 pixels
+            from PIL import Image
+
+            image = Image.fromarray(np.asarray(image, dtype=np.uint8))
+        return image.convert("RGB")
+
+
+def open_set_classes(
+    labels: Tensor,
+    *,
+    train_classes_per_coarse: int | None = None,
+    train_class_fraction: float | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Split the fine classes of ``labels`` ``(N, L)`` into disjoint train / test class sets.
+
+    Exactly one rule must be given:
+
+    * ``train_classes_per_coarse=k``: inside every coarse class (last column), the ``k`` smallest fine ids go to
+      training and the others to test (CIFAR-100 open-set protocol: k = 3 of the 5 fine classes per superclass);
+    * ``train_class_fraction=f``: the first ``round(f * C)`` fine ids (sorted) go to training (CUB-200: 0.5 →
+      classes 1–100 train, 101–200 test).
+
+    Returns:
+        ``(train_classes, test_classes)``: sorted 1-D LongTensors of fine label ids.
+    """
+    labels = _as_2d_labels(labels)
+    if (train_classes_per_coarse is None) == (train_class_fraction is None):
+        raise ValueError(
+            "open_set_classes needs exactly one rule: train_classes_per_coarse=k or train_class_fraction=f; "
+            f"got train_classes_per_coarse={train_classes_per_coarse!r}, train_class_fraction={train_class_fraction!r}"
+        )
+    fine = torch.unique(labels[:, 0])
+    if train_classes_per_coarse is not None:
+        k = train_classes_per_coarse
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"train_classes_per_coarse must be an int >= 1; got {k!r}")
+        if labels.shape[1] < 2:
+            raise ValueError("train_classes_per_coarse needs at least two label columns (fine and coarse)")
+        check_tree(labels)
+        pairs = torch.unique(labels[:, [0, -1]], dim=0)
+        train = []
+        for c in torch.unique(pairs[:, 1]):
+            children = torch.sort(pairs[pairs[:, 1] == c, 0]).values
+            if len(children) <= k:
+                raise ValueError(
+                    f"coarse class {int(c)} has only {len(children)} fine classes; train_classes_per_coarse={k} "
+                    "would leave none for testing"
+                )
+            train.append(children[:k])
+        train_set = torch.sort(torch.cat(train)).values
+    else:
+        f = float(train_class_fraction)
+        if not 0.0 < f < 1.0:
+            raise ValueError(f"train_class_fraction must lie in (0, 1); got {train_class_fraction!r}")
+        n_train = int(round(f * len(fine)))
+        if not 0 < n_train < len(fine):
+            raise ValueError(f"train_class_fraction={f} leaves an empty side with {len(fine)} fine classes")
+        train_set = fine[:n_train]
+    test_set = fine[~torch.isin(fine, train_set)]
+    return train_set, test_set
+
+
+def check_disjoint_classes(train_labels: Any, test_labels: Any, *, name: str = "dataset") -> None:
+    """Raise ``ValueError`` if the fine classes (column 0) of two label sets overlap (open-set retrieval).
+
+    Accepts ``(N, L)`` / ``(N,)`` label tensors or datasets with a ``labels`` attribute.
+    """
+    a = torch.unique(_as_2d_labels(getattr(train_labels, "labels", train_labels))[:, 0])
+    b = torch.unique(_as_2d_labels(getattr(test_labels, "labels", test_labels))[:, 0])
+    shared = a[torch.isin(a, b)]
+    if len(shared):
+        raise ValueError(
+            f"{name}: an open-set split was requested but {len(shared)} fine classes appear in both the training "
+            f"and the test data (e.g. {shared[:10].tolist()}); use train_classes_per_coarse= or "
+            "train_class_fraction= to build disjoint class sets, or open_set=None for a closed-set evaluation"
+        )
+
+
+def _as_2d_labels(labels: Any) -> Tensor:
+    labels = torch.as_tensor(np.asarray(labels) if not isinstance(labels, Tensor) else labels)
+    if labels.dim() == 1:
+        labels = labels[:, None]
+    if labels.dim() != 2 or labels.is_floating_point():
+        raise ValueError(f"labels must be an integer tensor of shape (N,) or (N, L); got {tuple(labels.shape)}")
+    return labels.long()
+
+
+def load_retrieval_dataset(
+    source: Any,
+    label_columns: str | Sequence[str],
+    split: str = "train",
+    *,
+    image_column: str | None = None,
+    open_set: OpenSetPart | None = None,
+    train_classes_per_coarse: int | None = None,
+    train_class_fraction: float | None = None,
+    transform: Callable | None = None,
+    data_files: Any = None,
+    cache_dir: str | Path | None = None,
+    revision: str | None = None,
+    token: str | bool | None = None,
+) -> HFRetrievalDataset:
+    """Load a retrieval dataset with several label columns (fine → coarse) through Hugging Face ``datasets``.
+
+    ``source`` may be
+
+    * a Hub dataset id, e.g. ``"uoft-cs/cifar100"`` (downloaded into the ``datasets`` cache; nothing else in the
+      package touches the network);
+    * a local image folder (``imagefolder`` layout: ``root/<split>/...`` images plus a ``metadata.csv`` /
+      ``metadata.jsonl`` with ``file_name`` and the label columns);
+    * parquet files: a ``.parquet`` path or glob, a folder of parquet files (split names inferred from the file
+      names, e.g. ``train-0.parquet``), or ``data_files={"train": ..., "test": ...}``;
+    * a folder written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``;
+    * an in-memory ``datasets.Dataset`` / ``DatasetDict``.
+
+    Label columns may hold integers (e.g. ``ClassLabel``) or strings; strings are mapped to ids by sorting their
+    values over *all* splits, so ids agree between splits. The hierarchy must be a tree.
+
+    Open-set splits (``open_set="train"`` / ``"test"``) keep the fine classes of one side of a class partition:
+    with ``train_classes_per_coarse`` or ``train_class_fraction`` (see :func:`open_set_classes`, computed over all
+    splits so both sides agree); without a rule the dataset's own splits must already have disjoint fine classes
+    and a ``ValueError`` is raised when they overlap.
+
+    Args:
+        source: See above.
+        label_columns: Label column names, finest first (e.g. ``["fine_label", "coarse_label"]``).
+        split: Split to load (``"train"``, ``"test"``, ...); ``"train+test"`` concatenates splits (e.g. CUB-200,
+            whose Hub splits are classification splits of the same classes, with an open-set rule).
+        image_column: Image column; default: the first ``Image`` feature, else ``"image"`` / ``"img"``.
+        open_set: ``None`` (all classes of ``split``), ``"train"`` or ``"test"``.
+        train_classes_per_coarse: Open-set rule, e.g. 3 for CIFAR-100.
+        train_class_fraction: Open-set rule, e.g. 0.5 for CUB-200 / Cars-196.
+        transform: Callable on a PIL image (e.g. :func:`build_transforms`).
+        data_files: Passed to ``datasets.load_dataset`` for parquet sources.
+        cache_dir, revision, token: Passed to ``datasets.load_dataset`` for Hub ids.
+
+    Returns:
+        An :class:`HFRetrievalDataset`.
+    """
+    import datasets
+
+    label_columns = _check_label_columns(label_columns)
+    if open_set is not None:
+        check_choice("open_set", open_set, get_args(OpenSetPart))
+    elif train_classes_per_coarse is not None or train_class_fraction is not None:
+        raise ValueError("train_classes_per_coarse / train_class_fraction need open_set='train' or 'test'")
+
+    splits = _load_splits(source, data_files=data_files, cache_dir=cache_dir, revision=revision, token=token)
+    parts, ds = _select_split(splits, split, source)
+    missing = [c for c in label_columns if c not in ds.column_names]
+    if missing:
+        raise ValueError(
+            f"label column(s) {missing} not found in split {split!r} of {_describe(source)}; "
+            f"available columns: {ds.column_names}"
+        )
+    image_column = _image_column(ds, image_column, source)
+
+    mappings = _string_label_mappings(ds, splits, label_columns)
+    labels = _read_labels(ds, label_columns, mappings)
+    if labels.numel() and bool((labels < 0).any()):
+        raise ValueError(f"label columns {label_columns} contain negative ids (unlabelled items?) in split {split!r}")
+    check_tree(labels, name=f"labels {label_columns}")
+
+    if open_set is not None:
+        ds, labels = _open_set_side(
+            ds,
+            labels,
+            splits,
+            parts,
+            label_columns,
+            mappings,
+            open_set=open_set,
+            split=split,
+            source=source,
+            train_classes_per_coarse=train_classes_per_coarse,
+            train_class_fraction=train_class_fraction,
+        )
+
+    class_names = {}
+    fine_feature = ds.features[label_columns[0]]
+    if isinstance(fine_feature, datasets.ClassLabel):
+        class_names = {i: n for i, n in enumerate(fine_feature.names)}
+    elif label_columns[0] in mappings:
+        class_names = {i: v for v, i in mappings[label_columns[0]].items()}
+    return HFRetrievalDataset(ds, label_columns, image_column, labels, transform=transform, class_names=class_names)
+
+
+def _check_label_columns(label_columns: str | Sequence[str]) -> list[str]:
+    if isinstance(label_columns, str):
+        label_columns = [label_columns]
+    label_columns = list(label_columns)
+    if not label_columns or not all(isinstance(c, str) for c in label_columns):
+        raise ValueError(f"label_columns must be a non-empty list of column names (fine → coarse); got {label_columns}")
+    if len(set(label_columns)) != len(label_columns):
+        raise ValueError(f"label_columns must not repeat a column; got {label_columns}")
+    return label_columns
+
+
+def _select_split(splits: dict[str, Any], split: str, source: Any) -> tuple[list[str], Any]:
+    """The split names ``split`` designates (``"train+test"`` concatenates) and the map-style dataset they form."""
+    import datasets
+
+    parts = [split] if split in splits else [p.strip() for p in str(split).split("+")]
+    unknown = [p for p in parts if p not in splits]
+    if unknown:
+        raise ValueError(f"split={split!r} is not in {_describe(source)}; available splits: {sorted(splits)}")
+    ds = splits[parts[0]] if len(parts) == 1 else datasets.concatenate_datasets([splits[p] for p in parts])
+    if isinstance(ds, datasets.IterableDataset):
+        raise ValueError("streaming datasets are not supported: retrieval needs random access (use a map-style one)")
+    return parts, ds
+
+
+def _string_label_mappings(ds: Any, splits: dict[str, Any], label_columns: list[str]) -> dict[str, dict[str, int]]:
+    """``{column: {value: id}}`` for the non-integer label columns, ids by sorted value over all splits (so the ids
+    agree between splits)."""
+    import datasets
+
+    mappings = {}
+    for c in label_columns:
+        feature = ds.features[c]
+        if isinstance(feature, datasets.ClassLabel) or getattr(feature, "dtype", "").startswith(("int", "uint")):
+            continue
+        values = set()
+        for other in splits.values():
+            if c in other.column_names:
+                values.update(map(str, other[c]))
+        mappings[c] = {v: i for i, v in enumerate(sorted(values))}
+    return mappings
+
+
+def _read_labels(d: Any, label_columns: list[str], mappings: dict[str, dict[str, int]]) -> Tensor:
+    """``(N, L)`` integer labels of the dataset ``d`` (string columns mapped through ``mappings``)."""
+    cols = []
+    for c in label_columns:
+        if c in mappings:
+            cols.append(np.array([mappings[c][str(v)] for v in d[c]], dtype=np.int64))
+        else:
+            cols.append(np.asarray(d.select_columns([c]).with_format("numpy")[c], dtype=np.int64))
+    return torch.from_numpy(np.stack(cols, axis=1)) if len(d) else torch.zeros(0, len(label_columns), dtype=torch.long)
+
+
+def _open_set_side(
+    ds: Any,
+    labels: Tensor,
+    splits: dict[str, Any],
+    parts: list[str],
+    label_columns: list[str],
+    mappings: dict[str, dict[str, int]],
+    *,
+    open_set: str,
+    split: str,
+    source: Any,
+    train_classes_per_coarse: int | None,
+    train_class_fraction: float | None,
+) -> tuple[Any, Tensor]:
+    """Keep the fine classes of the ``open_set`` side: by the class-partition rule when one is given (computed over
+    all splits), else check the dataset's own splits are already class-disjoint."""
+
+    def has_columns(d: Any) -> bool:
+        return all(c in d.column_names for c in label_columns)
+
+    if train_classes_per_coarse is None and train_class_fraction is None:
+        others = {k: v for k, v in splits.items() if k not in parts and has_columns(v)}
+        for name, other in others.items():
+            other_labels = _read_labels(other, label_columns, mappings)
+            check_disjoint_classes(labels, other_labels, name=f"{_describe(source)} ({split!r} vs {name!r})")
+    else:
+        everything = torch.cat([_read_labels(d, label_columns, mappings) for d in splits.values() if has_columns(d)])
+        train_cls, test_cls = open_set_classes(
+            everything,
+            train_classes_per_coarse=train_classes_per_coarse,
+            train_class_fraction=train_class_fraction,
+        )
+        keep = torch.isin(labels[:, 0], train_cls if open_set == "train" else test_cls)
+        indices = torch.nonzero(keep).flatten()
+        ds = ds.select(indices.tolist())
+        labels = labels[indices]
+    if len(ds) == 0:
+        raise ValueError(f"the open-set {open_set!r} side of split {split!r} is empty")
+    return ds, labels
+
+
+def _describe(source: Any) -> str:
+    return repr(str(source)) if isinstance(source, (str, Path)) else type(source).__name__
+
+
+def _image_column(ds: Any, image_column: str | None, source: Any) -> str:
+    import datasets
+
+    if image_column is not None:
+        if image_column not in ds.column_names:
+            raise ValueError(
+                f"image_column={image_column!r} not found in {_describe(source)}; available columns: {ds.column_names}"
+            )
+        return image_column
+    for name, feature in ds.features.items():
+        if isinstance(feature, datasets.Image):
+            return name
+    for name in ("image", "img", "pixel_values"):
+        if name in ds.column_names:
+            return name
+    raise ValueError(f"no image column found in {_describe(source)} (columns {ds.column_names}); pass image_column=")
+
+
+def _load_splits(source: Any, *, data_files: Any, cache_dir: Any, revision: Any, token: Any) -> dict[str, Any]:
+    """Load every split of ``source`` as a dict ``{split name: datasets.Dataset}`` (memory-mapped, lazy images)."""
+    import datasets
+
+    if isinstance(source, datasets.DatasetDict):
+        return dict(source)
+    if isinstance(source, datasets.Dataset):
+        return {str(source.split) if source.split is not None else "train": source}
+    if not isinstance(source, (str, Path)):
+        raise TypeError(
+            "source must be a Hub dataset id, a local folder / parquet path, or a datasets.Dataset; "
+            f"got {type(source).__name__}"
+        )
+    src = str(source)
+    path = Path(src)
+    if data_files is not None:
+        loaded = datasets.load_dataset(
+            "parquet" if src in ("", "parquet") else src, data_files=data_files, cache_dir=cache_dir
+        )
+        return dict(loaded)
+    if src.endswith(".parquet") or (("*" in src or "?" in src) and ".parquet" in src):
+        if "*" not in src and not path.is_file():
+            raise FileNotFoundError(f"parquet file {src} does not exist")
+        return dict(datasets.load_dataset("parquet", data_files={"train": src}, cache_dir=cache_dir))
+    if path.is_dir():
+        if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
+            loaded = datasets.load_from_disk(src)
+            return dict(loaded) if isinstance(loaded, datasets.DatasetDict) else _single(loaded)
+        files = [p for p in path.rglob("*") if p.is_file()]
+        if any(p.suffix.lower() in _IMAGE_SUFFIXES for p in files):
+            return dict(datasets.load_dataset("imagefolder", data_dir=src, cache_dir=cache_dir))
+        if any(p.suffix == ".parquet" for p in files):
+            return dict(datasets.load_dataset("parquet", data_dir=src, cache_dir=cache_dir))
+        raise ValueError(
+            f"{src} is a folder but neither a save_to_disk dataset, an image folder, nor a folder of parquet files"
+        )
+    if path.exists():
+        raise ValueError(f"{src} is a file but not a parquet file; pass parquet files, a folder or a Hub id")
+    if src.startswith((".", "/", "~")) or src.count("/") > 1:
+        raise FileNotFoundError(f"{src} does not exist (and is not a Hub dataset id of the form 'org/name')")
+    return dict(datasets.load_dataset(src, cache_dir=cache_dir, revision=revision, token=token))
+
+
+def _single(ds: Any) -> dict[str, Any]:
+    return {str(ds.split) if ds.split is not None else "train": ds}

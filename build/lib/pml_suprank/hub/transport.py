@@ -1,0 +1,172 @@
+"""Moving saved folders between the local disk and the Hugging Face Hub.
+
+Reading resolves a local folder or a Hub repo id (``"org/name"``) to a local folder holding the requested files.
+Repo ids go through ``huggingface_hub.snapshot_download`` restricted to those files, so all of them come from one
+commit, the local Hub cache is used (``HF_HUB_OFFLINE=1`` / ``local_files_only=True`` read it without network) and
+``revision`` / ``cache_dir`` / ``token`` / ``force_download`` mean what they mean in huggingface_hub. Every failure is
+a ``FileNotFoundError`` naming the missing path or repo, or a ``ValueError`` for a malformed repo id — never a raw
+huggingface_hub exception. Writing is ``HfApi.create_repo`` + ``HfApi.upload_folder`` of a folder written by
+``save_pretrained``; pickles, checkpoints and hidden files are never uploaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .serialization import CONFIG_NAME, PICKLE_SUFFIXES, WEIGHTS_NAME
+
+__all__ = ["check_repo_id", "resolve_file", "resolve_folder", "upload_folder"]
+
+
+def check_repo_id(repo_id: Any) -> str:
+    """Return ``repo_id`` if it looks like ``"org/name"``, else raise ``ValueError``."""
+    if not isinstance(repo_id, str) or repo_id.count("/") != 1 or not all(repo_id.split("/")):
+        raise ValueError(f"repo_id must look like 'org/name'; got {repo_id!r}")
+    return repo_id
+
+
+def _check_local(folder: Path, filenames: Sequence[str], optional: Sequence[str]) -> Path:
+    for filename in filenames:
+        if filename in optional or (folder / filename).is_file():
+            continue
+        pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
+        if filename == WEIGHTS_NAME and pickles:
+            raise ValueError(
+                f"{folder} has no {WEIGHTS_NAME} but pickle checkpoints {pickles}; pml-suprank only loads "
+                "safetensors weights (pickles can execute code). Convert them with safetensors.torch.save_model."
+            )
+        raise FileNotFoundError(f"{folder} has no {filename}; expected a folder written by save_pretrained")
+    return folder
+
+
+def resolve_folder(
+    path_or_repo_id: str | Path,
+    filenames: Sequence[str] = (CONFIG_NAME, WEIGHTS_NAME),
+    *,
+    optional: Sequence[str] = (),
+    revision: str | None = None,
+    cache_dir: str | Path | None = None,
+    local_files_only: bool = False,
+    token: str | bool | None = None,
+    force_download: bool = False,
+) -> Path:
+    """A local folder holding ``filenames`` (those in ``optional`` may be absent) of a folder or a Hub repo.
+
+    Args:
+        path_or_repo_id: An existing folder, or a Hub repo id ``"org/name"``.
+        filenames: Files that must be present.
+        optional: Files of ``filenames`` that may be absent.
+        revision, cache_dir, local_files_only, token, force_download: Passed to ``snapshot_download``.
+
+    Raises:
+        TypeError: ``path_or_repo_id`` is neither a path nor a string.
+        FileNotFoundError: The folder, the repo, or one of the files does not exist (or is not cached when offline).
+        ValueError: The repo id is malformed, or the folder holds pickle weights instead of safetensors.
+    """
+    if not isinstance(path_or_repo_id, (str, Path)) or not str(path_or_repo_id):
+        raise TypeError(f"path_or_repo_id must be a folder path or a Hub repo id; got {path_or_repo_id!r}")
+    local = Path(path_or_repo_id)
+    if local.is_dir():
+        return _check_local(local, filenames, optional)
+    repo_id = str(path_or_repo_id)
+    if isinstance(path_or_repo_id, Path) or repo_id.count("/") != 1 or repo_id.startswith((".", "/", "~")):
+        raise FileNotFoundError(f"{repo_id} is neither an existing folder nor a Hub repo id of the form 'org/name'")
+    if local.exists():
+        raise FileNotFoundError(f"{repo_id} is a file, neither a folder written by save_pretrained nor a Hub repo id")
+    folder = _download(
+        repo_id,
+        list(filenames),
+        revision=revision,
+        cache_dir=cache_dir,
+        local_files_only=local_files_only,
+        token=token,
+        force_download=force_download,
+    )
+    for filename in filenames:
+        if filename not in optional and not (folder / filename).is_file():
+            extra = " (pickle checkpoints are not supported: only safetensors)" if filename == WEIGHTS_NAME else ""
+            raise FileNotFoundError(f"Hub repo {repo_id!r} has no {filename}{extra}")
+    return folder
+
+
+def _download(repo_id: str, filenames: list[str], **options: Any) -> Path:
+    import huggingface_hub
+    from huggingface_hub.errors import (
+        HFValidationError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    try:
+        return Path(huggingface_hub.snapshot_download(repo_id, allow_patterns=filenames, **options))
+    except LocalEntryNotFoundError as e:
+        raise FileNotFoundError(
+            f"{repo_id!r} is not an existing local folder, and {filenames} of the Hub repo {repo_id!r} are not in the "
+            "local Hub cache"
+            f"{' ' + str(options['cache_dir']) if options.get('cache_dir') else ''} and downloading is disabled "
+            f"(offline mode or local_files_only=True) or failed: {e}"
+        ) from e
+    except HFValidationError as e:
+        raise ValueError(f"{repo_id!r} is neither an existing folder nor a valid Hub repo id: {e}") from e
+    except RevisionNotFoundError as e:
+        raise FileNotFoundError(f"Hub repo {repo_id!r} has no revision {options.get('revision')!r}: {e}") from e
+    except RepositoryNotFoundError as e:
+        raise FileNotFoundError(
+            f"{repo_id!r} is neither an existing local folder nor a Hub repo you can access "
+            f"(missing, private or gated): {e}"
+        ) from e
+
+
+def resolve_file(path_or_repo_id: str | Path, filename: str, **options: Any) -> Path:
+    """Local path of ``filename`` in a folder or a Hub repo; ``options`` as in :func:`resolve_folder`."""
+    return resolve_folder(path_or_repo_id, (filename,), **options) / filename
+
+
+def upload_folder(
+    folder: str | Path,
+    repo_id: str,
+    *,
+    commit_message: str = "Upload pml-suprank model",
+    private: bool | None = None,
+    token: str | None = None,
+    revision: str | None = None,
+    create_pr: bool = False,
+    ignore_patterns: Sequence[str] | None = None,
+) -> Any:
+    """Upload an already written folder (config, weights, card, metrics, plots) to the Hub repo ``repo_id``.
+
+    The folder must hold ``config.json`` and ``model.safetensors``; pickles, checkpoints and hidden files are not
+    uploaded. The folder is never modified: if the upload fails, a ``RuntimeError`` says where the files are.
+
+    Returns:
+        The ``CommitInfo`` of ``HfApi.upload_folder`` (a ``str``: the commit URL).
+    """
+    import huggingface_hub
+
+    check_repo_id(repo_id)
+    folder = Path(folder)
+    for required in (CONFIG_NAME, WEIGHTS_NAME):
+        if not (folder / required).is_file():
+            raise FileNotFoundError(f"{folder} has no {required}; write it with save_pretrained before pushing")
+    ignore = [*(f"*{s}" for s in PICKLE_SUFFIXES), ".*", "checkpoint*/**", "checkpoints/**", *(ignore_patterns or [])]
+    api = huggingface_hub.HfApi(token=token)
+    try:
+        url = api.create_repo(repo_id=repo_id, private=private, exist_ok=True)
+        target = getattr(url, "repo_id", None) or repo_id
+        return api.upload_folder(
+            repo_id=target,
+            repo_type="model",
+            folder_path=str(folder),
+            commit_message=commit_message,
+            revision=revision,
+            create_pr=create_pr,
+            ignore_patterns=ignore,
+        )
+    except Exception as e:
+        raise RuntimeError(
+            f"pushing {folder} to the Hub repo {repo_id!r} failed ({type(e).__name__}: {e}); "
+            f"the local files are kept in {folder.resolve()}"
+        ) from e

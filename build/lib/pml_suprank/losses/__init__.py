@@ -1,0 +1,48 @@
+"""Rank losses as pytorch-metric-learning losses: ``loss(embeddings, labels, indices_tuple, ref_emb, ref_labels)``.
+
+Layout: one loss per module; :class:`BaseRankLoss` is the base of the rank surrogates (Smooth-AP, SupAP, Sup-R@k,
+Sup-H-AP, Sup-NDCG), :class:`CombinedRankLoss` adds a decomposability term to any of them (SupRank Eq. 12:
+ROADMAP, ROD-R@k, HAPPIER and ROD-NDCG are its subclasses), ``_inputs`` holds the input validation shared by all.
+A new rank loss is a :class:`BaseRankLoss` subclass implementing ``compute_query_losses``; its combined variant is
+``CombinedRankLoss(MyLoss(), "calibration" | "proxy" | module, weight)``.
+
+Temperatures: ``temperature=`` names a loss's sigmoid temperature everywhere (Smooth-AP's τ, ClusterLoss's η);
+in the losses built on SupRank's ``H⁻`` (SupAP, ROADMAP, Sup-H-AP, HAPPIER, Sup-NDCG, ROD-NDCG) ``temperature=``
+and ``tau=`` are aliases for its τ (Eq. 4). Sup-R@k and ROD-R@k have two: ``temperature=`` is the outer τ*
+(Eq. 16) and ``tau=`` the τ of ``H⁻``.
+"""
+
+from .base_rank_loss import BaseRankLoss, RankInputs
+from .calibration_loss import CalibrationLoss
+from .cluster_loss import ClusterLoss
+from .combined_rank_loss import CombinedRankLoss
+from .cross_batch_memory import CrossBatchMemory
+from .csl_loss import CSLLoss
+from .happier_loss import HAPPIERLoss
+from .roadmap_loss import ROADMAPLoss
+from .rod_ndcg_loss import RODNDCGLoss
+from .rod_recall_loss import RODRecallLoss
+from .smooth_ap_loss import SmoothAPLoss
+from .sup_ap_loss import SupAPLoss
+from .sup_hap_loss import SupHAPLoss
+from .sup_ndcg_loss import SupNDCGLoss
+from .sup_recall_loss import SupRecallLoss
+
+__all__ = [
+    "BaseRankLoss",
+    "CSLLoss",
+    "CalibrationLoss",
+    "ClusterLoss",
+    "CombinedRankLoss",
+    "CrossBatchMemory",
+    "HAPPIERLoss",
+    "ROADMAPLoss",
+    "RODNDCGLoss",
+    "RODRecallLoss",
+    "RankInputs",
+    "SmoothAPLoss",
+    "SupAPLoss",
+    "SupHAPLoss",
+    "SupNDCGLoss",
+    "SupRecallLoss",
+]

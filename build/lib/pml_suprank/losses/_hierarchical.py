@@ -1,0 +1,69 @@
+"""Shared plumbing of the hierarchical rank losses (Sup-H-AP / HAPPIER, Sup-NDCG / ROD-NDCG).
+
+Labels: ``(N, L)`` integer labels with column 0 the finest and column ``L − 1`` the coarsest, or
+``(N,)`` fine labels together with ``hierarchy=`` (a :class:`pml_suprank.relevance.Hierarchy` or a
+``(num_fine, L)`` fine → ancestors table). Both give identical results; the 1-D path is the one that works inside
+PML's ``CrossBatchMemory``, ``DistributedLossWrapper`` and trainers (PML only passes 1-D labels around). 1-D labels
+without a hierarchy are a one-level hierarchy (the losses then reduce to their flat counterparts).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..ranking import CHUNK_SIZE
+from ..relevance import Hierarchy, as_hierarchy, level_matrix
+from ._inputs import RankInputs, hierarchical_label_pair
+from ._suprank_step import SupRankStepMixin, pop_step_options
+from .base_rank_loss import BaseRankLoss
+
+__all__ = ["HierarchicalRankLoss"]
+
+
+class HierarchicalRankLoss(SupRankStepMixin, BaseRankLoss):
+    """Base class of the hierarchical SupRank losses: resolves the labels into levels and calls a per-query score.
+
+    Subclasses implement :meth:`query_scores` ``(scores, levels, valid, num_levels) -> (score (B,), has_pos (B,))``;
+    the per-query loss is ``1 − score`` over the queries with at least one relevant item.
+
+    Args:
+        hierarchy: ``None``, a :class:`~pml_suprank.relevance.Hierarchy` or a ``(num_fine, L)`` integer table
+            (row ``f`` = ``[f, parent, ..., root]``); required to use 1-D fine labels with ``L > 1`` levels.
+        include_self: keep the query as its own (finest-level) item when the reference set is the batch.
+        chunk_size: window elements enumerated at once by the rank kernel (memory/speed only).
+        **kwargs: the SupRank step ``H⁻`` (SupRank Eq. 4, :class:`~pml_suprank.ranking.SupRankStep`): ``tau``
+            (0.01; alias ``temperature``, giving both with different values raises ``ValueError``), ``rho``,
+            ``delta``, ``start``, ``offset``; and :class:`~pml_suprank.losses.BaseRankLoss` / PML options.
+    """
+
+    allow_2d_labels = True
+
+    def __init__(
+        self,
+        hierarchy: Hierarchy | Tensor | None = None,
+        include_self: bool = False,
+        chunk_size: int = CHUNK_SIZE,
+        **kwargs,
+    ):
+        step_options = pop_step_options(type(self).__name__, kwargs)
+        super().__init__(include_self=include_self, **kwargs)
+        self.hierarchy = as_hierarchy(hierarchy)
+        self.init_step(**step_options)
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+            raise ValueError(f"chunk_size must be a positive int; got {chunk_size!r}")
+        self.chunk_size = chunk_size
+
+    def hierarchical_labels(self, inputs: RankInputs) -> tuple[Tensor, Tensor, int]:
+        """``(B, L)`` query labels, ``(N, L)`` reference labels and ``L`` (checked to form one tree together)."""
+        return hierarchical_label_pair(inputs.labels, inputs.ref_labels, self.hierarchy, same_source=inputs.same_source)
+
+    def query_scores(self, scores: Tensor, levels: Tensor, valid: Tensor, num_levels: int) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    def compute_query_losses(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:
+        labels, ref_labels, num_levels = self.hierarchical_labels(inputs)
+        levels = level_matrix(labels, ref_labels)
+        score, has_pos = self.query_scores(inputs.scores, levels, inputs.valid, num_levels)
+        kept = torch.nonzero(has_pos, as_tuple=True)[0]
+        return 1.0 - score[kept], kept

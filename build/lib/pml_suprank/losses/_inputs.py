@@ -1,0 +1,290 @@
+"""Input preparation shared by every loss of :mod:`pml_suprank.losses`; this module imports no loss.
+
+Conventions (PML's call ``loss(embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None)``): the
+reference set is the batch unless ``ref_emb``/``ref_labels`` are given, and it *is* the batch when
+``ref_emb is None or ref_emb is embeddings``; then the query is removed from its own reference set by index unless
+``include_self=True`` (the convention of the SupRank reference code). An ``indices_tuple`` of pairs
+``(anchors1, positives, anchors2, negatives)`` or triplets ``(anchors, positives, negatives)`` restricts the
+(query, reference) pairs that count. Scores are cosine / dot-product similarities computed in full precision.
+Hierarchical labels are ``(N, L)`` integers with column 0 the finest level, or ``(N,)`` fine labels together with
+a fine → ancestors :class:`~pml_suprank.relevance.Hierarchy`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from pytorch_metric_learning.distances import DotProductSimilarity
+from torch import Tensor
+
+from .._validation import check_embeddings, check_labels
+from ..relevance import Hierarchy, as_hierarchical_labels, check_tree
+
+__all__ = [
+    "PreparedForwardMixin",
+    "RankInputs",
+    "check_indices_tuple",
+    "check_similarity",
+    "fine_labels",
+    "hierarchical_label_pair",
+    "prepare_inputs",
+    "reference_mask",
+    "similarity_matrix",
+]
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+@dataclass
+class RankInputs:
+    """What :meth:`pml_suprank.losses.BaseRankLoss.compute_query_losses` receives.
+
+    Attributes:
+        scores: ``(B, N)`` similarities ``S[b, j] = sim(embeddings[b], ref_emb[j])`` in float32 or float64
+            (fp16/bf16 inputs are up-cast), connected to the graph of ``embeddings`` (and of ``ref_emb``).
+        valid: ``(B, N)`` bool, the reference items that count for each query: all of them, restricted to the pairs
+            of ``indices_tuple`` when one is given, minus the query itself (by index) when the reference set is the
+            batch and ``include_self=False``.
+        labels: ``(B,)`` (or ``(B, L)`` for hierarchical subclasses) integer labels of the queries.
+        ref_labels: ``(N,)`` (or ``(N, L)``) labels of the reference items.
+        same_source: True when the reference set is the batch itself (``ref_emb is None or ref_emb is embeddings``).
+    """
+
+    scores: Tensor
+    valid: Tensor
+    labels: Tensor
+    ref_labels: Tensor
+    same_source: bool
+
+    def positives(self) -> Tensor:
+        """``(B, N)`` bool: valid reference items with the same (1-D) label as the query."""
+        return self.valid & (self.labels.unsqueeze(1) == self.ref_labels.unsqueeze(0))
+
+    def positive_pairs(self, positives: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """``(query_idx, item_idx)`` of every (query, positive) pair, grouped by query (row-major order)."""
+        pos = self.positives() if positives is None else positives
+        q, i = torch.nonzero(pos, as_tuple=True)
+        return q, i
+
+
+def check_similarity(owner: str, distance) -> None:
+    """Accept only cosine / dot-product similarities (``CosineSimilarity``, ``DotProductSimilarity``, power 1).
+
+    Raises:
+        ValueError: naming ``owner`` and the received distance otherwise.
+    """
+    ok = (
+        isinstance(distance, DotProductSimilarity)
+        and distance.power == 1
+        and distance.is_inverted
+        and (not distance.normalize_embeddings or distance.p == 2)
+    )
+    if not ok:
+        raise ValueError(
+            f"{owner} needs distance=CosineSimilarity() or DotProductSimilarity() (power=1, p=2): rank losses are "
+            f"defined on similarity scores; got distance={type(distance).__name__}"
+            f"(p={getattr(distance, 'p', None)}, power={getattr(distance, 'power', None)}, "
+            f"normalize_embeddings={getattr(distance, 'normalize_embeddings', None)})"
+        )
+
+
+def check_indices_tuple(indices_tuple, num_queries: int, num_refs: int) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
+    """Validate a PML ``indices_tuple`` and return it as pairs ``(a1, p, a2, n)`` (``None`` stays ``None``).
+
+    Args:
+        indices_tuple: ``None``, pairs ``(a1, p, a2, n)`` or triplets ``(a, p, n)`` of 1-D integer tensors; anchors
+            index the queries, positives/negatives the reference set.
+        num_queries: ``B``.
+        num_refs: ``N``.
+
+    Raises:
+        ValueError / TypeError: naming ``indices_tuple`` and what was received.
+    """
+    if indices_tuple is None:
+        return None
+    if not isinstance(indices_tuple, (tuple, list)) or len(indices_tuple) not in (3, 4):
+        raise ValueError(
+            "indices_tuple must be None, a 4-tuple of pair indices (anchors1, positives, anchors2, negatives) or a "
+            f"3-tuple of triplet indices (anchors, positives, negatives); got {type(indices_tuple).__name__} of "
+            f"length {len(indices_tuple) if isinstance(indices_tuple, (tuple, list)) else 'n/a'}"
+        )
+    for k, idx in enumerate(indices_tuple):
+        if not isinstance(idx, Tensor) or idx.dim() != 1 or idx.is_floating_point() or idx.dtype == torch.bool:
+            raise TypeError(f"indices_tuple[{k}] must be a 1-D integer tensor; got {getattr(idx, 'dtype', idx)}")
+    if len(indices_tuple) == 3:
+        a, p, n = indices_tuple
+        if not len(a) == len(p) == len(n):
+            raise ValueError(f"indices_tuple triplets must have equal lengths; got {len(a)}, {len(p)}, {len(n)}")
+        pairs = (a, p, a, n)
+    else:
+        pairs = tuple(indices_tuple)
+        if len(pairs[0]) != len(pairs[1]) or len(pairs[2]) != len(pairs[3]):
+            raise ValueError(
+                "indices_tuple pairs must have len(anchors1) == len(positives) and len(anchors2) == len(negatives); "
+                f"got {[len(x) for x in pairs]}"
+            )
+    for k, (idx, bound, what) in enumerate(
+        zip(pairs, (num_queries, num_refs) * 2, ("embeddings", "ref_emb") * 2, strict=True)
+    ):
+        if len(idx) and (int(idx.min()) < 0 or int(idx.max()) >= bound):
+            raise ValueError(
+                f"indices_tuple entry {k} indexes {what} (size {bound}); "
+                f"got values in [{int(idx.min())}, {int(idx.max())}]"
+            )
+    return pairs
+
+
+def reference_mask(
+    num_queries: int,
+    num_refs: int,
+    device: torch.device,
+    *,
+    same_source: bool,
+    include_self: bool,
+    indices_tuple=None,
+) -> Tensor:
+    """``(B, N)`` bool mask of the (query, reference) pairs that count.
+
+    All pairs by default; only the pairs listed in ``indices_tuple`` when one is given (pairs ``(a1, p)`` and
+    ``(a2, n)``, or ``(a, p)`` and ``(a, n)`` for triplets — this is how PML's ``CrossBatchMemory`` removes the
+    queries' own copies from the memory); the query itself is removed by index when the reference set is the batch
+    (``same_source``) unless ``include_self`` (the reference code's convention).
+    """
+    pairs = check_indices_tuple(indices_tuple, num_queries, num_refs)
+    if pairs is None:
+        valid = torch.ones(num_queries, num_refs, dtype=torch.bool, device=device)
+    else:
+        valid = torch.zeros(num_queries, num_refs, dtype=torch.bool, device=device)
+        a1, p, a2, n = (x.to(device=device, dtype=torch.long) for x in pairs)
+        valid[a1, p] = True
+        valid[a2, n] = True
+    if same_source and not include_self:
+        idx = torch.arange(min(num_queries, num_refs), device=device)
+        valid[idx, idx] = False
+    return valid
+
+
+def _check_reference(owner: str, embeddings: Tensor, labels: Tensor, ref_emb, ref_labels, allow_2d: bool):
+    ref_emb = check_embeddings("ref_emb", ref_emb)
+    if ref_emb.shape[1] != embeddings.shape[1]:
+        raise ValueError(
+            f"ref_emb must have the embedding size of embeddings ({embeddings.shape[1]}); got shape "
+            f"{tuple(ref_emb.shape)}"
+        )
+    if ref_emb.device != embeddings.device:
+        raise ValueError(f"ref_emb must be on {embeddings.device}; got {ref_emb.device}")
+    if ref_labels is None:
+        raise ValueError(f"{owner} requires ref_labels when ref_emb is given; got None")
+    ref_labels = check_labels("ref_labels", ref_labels, ref_emb.shape[0], allow_2d=allow_2d, n_name="ref_emb")
+    ref_labels = ref_labels.to(embeddings.device)
+    if ref_labels.shape[1:] != labels.shape[1:]:
+        raise ValueError(
+            f"ref_labels must have the label columns of labels {tuple(labels.shape[1:])}; got shape "
+            f"{tuple(ref_labels.shape)}"
+        )
+    return ref_emb, ref_labels
+
+
+def prepare_inputs(owner: str, embeddings, labels, ref_emb, ref_labels, *, allow_2d_labels: bool = False):
+    """Validate a loss call and resolve the reference set (PML's identity convention).
+
+    Args:
+        owner: the loss's name, used in error messages.
+        embeddings: ``(B, D)`` floating tensor.
+        labels: ``(B,)`` (or ``(B, L)`` with ``allow_2d_labels``) integer tensor.
+        ref_emb: ``None``, ``embeddings`` itself, or ``(N, D)`` on the device of ``embeddings``.
+        ref_labels: ``None`` (or equal to ``labels``) when the reference set is the batch, else ``(N,)``/``(N, L)``.
+        allow_2d_labels: accept ``(B, L)`` labels.
+
+    Returns:
+        ``(embeddings, labels, ref_emb, ref_labels, same_source)`` where fp16/bf16 embeddings are up-cast to
+        float32, ``ref_emb is embeddings`` when the reference set is the batch, and labels are on the embeddings'
+        device.
+    """
+    same_source = ref_emb is None or ref_emb is embeddings
+    embeddings = check_embeddings("embeddings", embeddings)
+    if labels is None:
+        raise ValueError(f"{owner} requires labels (an integer tensor of shape (batch_size,)); got None")
+    labels = check_labels("labels", labels, embeddings.shape[0], allow_2d=allow_2d_labels)
+    labels = labels.to(embeddings.device)
+    if same_source:
+        if ref_labels is not None and ref_labels is not labels:
+            ref_labels = check_labels("ref_labels", ref_labels, embeddings.shape[0], allow_2d=allow_2d_labels)
+            if not torch.equal(ref_labels.to(labels.device), labels):
+                raise ValueError("ref_labels must be None or equal to labels when ref_emb is None")
+        ref_labels = labels
+    else:
+        ref_emb, ref_labels = _check_reference(owner, embeddings, labels, ref_emb, ref_labels, allow_2d_labels)
+    if embeddings.dtype in _LOW_PRECISION:
+        embeddings = embeddings.float()
+    if same_source:
+        ref_emb = embeddings
+    elif ref_emb.dtype != embeddings.dtype:
+        ref_emb = ref_emb.to(embeddings.dtype)
+    return embeddings, labels, ref_emb, ref_labels, same_source
+
+
+def similarity_matrix(distance, embeddings: Tensor, ref_emb: Tensor) -> Tensor:
+    """``(B, N)`` similarity matrix computed in full precision (autocast disabled)."""
+    with torch.autocast(device_type=embeddings.device.type, enabled=False):
+        return distance(embeddings, ref_emb)
+
+
+def fine_labels(labels: Tensor) -> Tensor:
+    """The finest level of ``labels``: column 0 of ``(N, L)`` labels, ``(N,)`` labels unchanged."""
+    return labels[:, 0] if labels.dim() == 2 else labels
+
+
+def hierarchical_label_pair(
+    labels: Tensor, ref_labels: Tensor, hierarchy: Hierarchy | None, *, same_source: bool
+) -> tuple[Tensor, Tensor, int]:
+    """Coerce query and reference labels to levels: ``(B, L)``, ``(N, L)`` and ``L``, checked to form one tree.
+
+    Args:
+        labels: ``(B,)`` fine labels (with ``hierarchy``) or ``(B, L)`` labels, column 0 finest.
+        ref_labels: the reference labels, in the same form.
+        hierarchy: fine → ancestors table, or ``None``.
+        same_source: the reference set is the batch (its labels are ``labels``).
+
+    Raises:
+        ValueError: when the two sets have different numbers of levels, or (without ``hierarchy``) do not form a
+            tree.
+    """
+    levels = as_hierarchical_labels(labels, hierarchy, name="labels", check=False)
+    if same_source or ref_labels is labels:
+        ref_levels = levels
+    else:
+        ref_levels = as_hierarchical_labels(ref_labels, hierarchy, name="ref_labels", check=False)
+    if ref_levels.shape[1] != levels.shape[1]:
+        raise ValueError(
+            f"labels and ref_labels must have the same number of levels; got {levels.shape[1]} and "
+            f"{ref_levels.shape[1]}"
+        )
+    if hierarchy is None and levels.shape[1] > 1:
+        both = levels if ref_levels is levels else torch.cat([levels, ref_levels])
+        check_tree(both, name="labels (queries and references together)")
+    return levels, ref_levels, int(levels.shape[1])
+
+
+class PreparedForwardMixin:
+    """PML ``forward`` for losses that validate their inputs with a ``prepare_inputs`` method.
+
+    The host (a PML ``BaseMetricLossFunction``) defines ``prepare_inputs(embeddings, labels, ref_emb, ref_labels)
+    -> (embeddings, labels, ref_emb, ref_labels)`` and ``compute_loss``; ``forward`` is PML's, with that validation
+    in place of PML's ``set_ref_emb``.
+    """
+
+    def prepared_loss_dict(self, embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None):
+        """``(loss_dict, embeddings, labels)``: the loss dict (embedding regularization included) of a call, with the
+        prepared embeddings and labels the reducer needs."""
+        self.reset_stats()
+        embeddings, labels, ref_emb, ref_labels = self.prepare_inputs(embeddings, labels, ref_emb, ref_labels)
+        loss_dict = self.compute_loss(embeddings, labels, indices_tuple, ref_emb, ref_labels)
+        self.add_embedding_regularization_to_loss_dict(loss_dict, embeddings)
+        return loss_dict, embeddings, labels
+
+    def forward(self, embeddings, labels=None, indices_tuple=None, ref_emb=None, ref_labels=None):
+        """Compute the loss (see the class docstring); a scalar tensor."""
+        loss_dict, embeddings, labels = self.prepared_loss_dict(embeddings, labels, indices_tuple, ref_emb, ref_labels)
+        return self.reducer(loss_dict, embeddings, labels)

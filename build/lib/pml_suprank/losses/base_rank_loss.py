@@ -1,0 +1,176 @@
+"""``BaseRankLoss``: the PML ``BaseMetricLossFunction`` subclass shared by every rank loss of the package.
+
+It owns everything that is not the rank surrogate itself: the score matrix, which reference items count for each
+query (``include_self``, ``indices_tuple``), mixed precision, dropping queries without a positive and PML reducers
+(input validation lives in :mod:`pml_suprank.losses._inputs`). Subclasses implement one hook,
+:meth:`BaseRankLoss.compute_query_losses`. Combining a rank loss with a decomposability term (SupRank paper
+Eq. 12) is :class:`~pml_suprank.losses.CombinedRankLoss`'s job; the ``decomposability=`` arguments of this class are
+a shortcut to the same computation.
+"""
+
+from __future__ import annotations
+
+import torch
+from pytorch_metric_learning.distances import CosineSimilarity
+from pytorch_metric_learning.losses import BaseMetricLossFunction
+from torch import Tensor, nn
+
+from .._validation import check_probability
+from ._combination import combined_loss_dict, make_decomposability
+from ._inputs import (
+    PreparedForwardMixin,
+    RankInputs,
+    check_similarity,
+    prepare_inputs,
+    reference_mask,
+    similarity_matrix,
+)
+
+__all__ = ["BaseRankLoss", "RankInputs", "check_similarity", "prepare_inputs", "reference_mask", "similarity_matrix"]
+
+
+class BaseRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
+    """Base class of the rank losses (Smooth-AP, SupAP, Sup-R@k, Sup-H-AP, Sup-NDCG, and their combinations).
+
+    Call: ``loss(embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None)`` like any PML loss.
+
+    Semantics: scores are cosine / dot-product similarities (``distance`` must be a
+    ``DotProductSimilarity``/``CosineSimilarity``; anything else raises ``ValueError``); the reference set is the
+    batch unless ``ref_emb``/``ref_labels`` are given; when it is the batch (``ref_emb is None or ref_emb is
+    embeddings``) the query is removed from its own reference set *by index* unless ``include_self=True`` (the
+    reference code's convention, used by the golden vectors); an ``indices_tuple`` of pairs/triplets restricts the
+    (query, reference) pairs that count; queries without a positive are dropped; if no query has one the loss is
+    a zero connected to the graph. fp16/bf16 embeddings are up-cast and the loss is computed in float32.
+
+    Extension contract (how to write a rank loss on top of this class):
+
+    1. Implement ``compute_query_losses(self, inputs: RankInputs) -> (losses, query_idx)``. ``inputs.scores`` is
+       the ``(B, N)`` differentiable score matrix, ``inputs.valid`` the ``(B, N)`` bool mask of counted pairs,
+       ``inputs.labels``/``inputs.ref_labels`` the labels as given. Return the per-query losses ``(Q,)`` of the
+       queries you keep (those with at least one positive / relevant item) and their row indices ``(Q,)`` long.
+       They are reduced by the loss's PML reducer (``MeanReducer`` by default, i.e. the mean over kept queries).
+       For ranks use :mod:`pml_suprank.ranking`: ``suprank_negative_sum`` / ``heaviside_positive_count`` /
+       ``sigmoid_rank_sums`` (flat, fast) or the general ``pairwise_step_sum`` (any step, pair-dependent masks);
+       they are ``O(pairs × N)`` in time and never save ``pairs × N`` tensors for backward.
+    2. Hierarchical losses set the class attribute ``allow_2d_labels = True`` to accept ``(N, L)`` labels
+       (column 0 = finest); the base validates them and passes them through unchanged.
+    3. Combined losses (``(1 − λ)·rank loss + λ·decomposability loss``, SupRank Eq. 12): wrap the loss in
+       :class:`~pml_suprank.losses.CombinedRankLoss` (``CombinedRankLoss(MyRankLoss(), "calibration", 0.1)``).
+       Passing ``decomposability=`` (``"calibration"``, ``"proxy"`` or a loss module), ``decomposability_weight=``
+       and, for proxies, ``num_classes=``/``embedding_size=`` to this constructor computes the same combination on
+       the loss itself. The loss dict then has two entries: ``"rank_loss"`` (element-wise, weighted by ``1 − λ``)
+       and ``"decomposability_loss"`` (already reduced, weighted by ``λ``); otherwise a single ``"loss"`` entry. The
+       decomposability term uses the finest labels (column 0 of 2-D labels).
+
+    Args:
+        include_self: keep the query as its own positive when the reference set is the batch (reference code).
+        decomposability: ``None``, ``"calibration"`` (L_DG, ROADMAP Eq. 7), ``"proxy"`` (L_DG*, Eq. 8), or an
+            ``nn.Module`` loss, called as ``module(embeddings, fine_labels, indices_tuple[, ref_emb, ref_fine_labels])``
+            (or ``module(embeddings, fine_labels)`` when it has ``uses_reference_set = False``, like ClusterLoss).
+        decomposability_weight: ``λ`` in ``[0, 1]``.
+        num_classes, embedding_size: needed by ``decomposability="proxy"``.
+        **kwargs: passed to ``BaseMetricLossFunction`` (``distance``, ``reducer``, ``embedding_regularizer``, ...).
+    """
+
+    allow_2d_labels = False
+
+    def __init__(
+        self,
+        include_self: bool = False,
+        decomposability: str | nn.Module | None = None,
+        decomposability_weight: float = 0.1,
+        num_classes: int | None = None,
+        embedding_size: int | None = None,
+        **kwargs,
+    ):
+        if not isinstance(include_self, bool):
+            raise TypeError(f"include_self must be a bool; got {type(include_self).__name__} {include_self!r}")
+        # plain attributes read by _sub_loss_names(), which PML calls inside super().__init__
+        self._has_decomposability = decomposability is not None
+        super().__init__(**kwargs)
+        self.include_self = include_self
+        check_similarity(type(self).__name__, self.distance)
+        self.decomposability_weight = check_probability("decomposability_weight", decomposability_weight)
+        self.decomposability_loss = None
+        if decomposability is not None:
+            self.decomposability_loss = make_decomposability(
+                decomposability, include_self=include_self, num_classes=num_classes, embedding_size=embedding_size
+            )
+        self.add_to_recordable_attributes(list_of_names=["num_kept_queries"], is_stat=True)
+
+    def get_default_distance(self):
+        return CosineSimilarity()
+
+    def _sub_loss_names(self):
+        if getattr(self, "_has_decomposability", False):
+            return ["rank_loss", "decomposability_loss"]
+        return ["loss"]
+
+    # ------------------------------------------------------------------ PML entry points
+    def prepare_inputs(self, embeddings, labels, ref_emb=None, ref_labels=None):
+        """Validate a call and resolve the reference set: ``(embeddings, labels, ref_emb, ref_labels)``.
+
+        fp16/bf16 embeddings are up-cast to float32; ``ref_emb is embeddings`` when the reference set is the batch;
+        labels are moved to the embeddings' device. ``compute_loss``/``rank_entry`` expect inputs prepared this way.
+        """
+        emb, labels, ref, ref_labels, _ = prepare_inputs(
+            type(self).__name__, embeddings, labels, ref_emb, ref_labels, allow_2d_labels=self.allow_2d_labels
+        )
+        return emb, labels, ref, ref_labels
+
+    def rank_inputs(self, embeddings, labels, indices_tuple, ref_emb, ref_labels) -> RankInputs:
+        """Build :class:`RankInputs` (scores + validity mask) for already-prepared inputs."""
+        same_source = ref_emb is embeddings
+        scores = similarity_matrix(self.distance, embeddings, ref_emb)
+        valid = reference_mask(
+            embeddings.shape[0],
+            ref_emb.shape[0],
+            embeddings.device,
+            same_source=same_source,
+            include_self=self.include_self,
+            indices_tuple=indices_tuple,
+        )
+        return RankInputs(scores=scores, valid=valid, labels=labels, ref_labels=ref_labels, same_source=same_source)
+
+    def rank_entry(self, embeddings, labels, indices_tuple, ref_emb, ref_labels, *, scale: float | None = None) -> dict:
+        """The PML loss-dict entry of the rank term on prepared inputs: ``scale`` × the per-query losses.
+
+        ``scale=None`` is the weight of the rank term in this loss: ``1 − λ`` with a ``decomposability`` term, else 1.
+        Returns ``{"losses": (Q,), "indices": (Q,) kept query rows, "reduction_type": "element"}``, or PML's zero
+        loss when no query has a positive. Records ``num_kept_queries`` when stats are collected.
+        """
+        if scale is None:
+            scale = 1.0 - self.decomposability_weight if self.decomposability_loss is not None else 1.0
+        inputs = self.rank_inputs(embeddings, labels, indices_tuple, ref_emb, ref_labels)
+        losses, query_idx = self.compute_query_losses(inputs)
+        self.num_kept_queries = int(len(query_idx)) if self.collect_stats else 0
+        if len(query_idx) == 0:
+            return self.zero_loss()
+        return {"losses": scale * losses, "indices": query_idx, "reduction_type": "element"}
+
+    def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
+        if self.decomposability_loss is None:
+            return {"loss": self.rank_entry(embeddings, labels, indices_tuple, ref_emb, ref_labels)}
+        return combined_loss_dict(
+            self,
+            self.decomposability_loss,
+            self.decomposability_weight,
+            embeddings,
+            labels,
+            indices_tuple,
+            ref_emb,
+            ref_labels,
+        )
+
+    def compute_query_losses(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:
+        """Per-query losses ``(Q,)`` and the kept query rows ``(Q,)`` long; see the class docstring."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ helpers for flat AP-like losses
+    @staticmethod
+    def segment_mean(values: Tensor, query_idx: Tensor, num_queries: int) -> tuple[Tensor, Tensor]:
+        """Mean of ``values`` per query (pairs grouped by ``query_idx``) → ``(per_query (Q,), kept rows (Q,))``."""
+        sums = values.new_zeros(num_queries).index_add(0, query_idx, values)
+        counts = torch.bincount(query_idx, minlength=num_queries)
+        kept = torch.nonzero(counts > 0, as_tuple=True)[0]
+        return sums[kept] / counts[kept].to(values.dtype), kept

@@ -1,0 +1,78 @@
+"""Proxy-based decomposability loss L_DG* (SupRank paper Eq. 8; NormSoftmax), used by ROADMAP++ and HAPPIER."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from pytorch_metric_learning.losses import BaseMetricLossFunction
+from torch import nn
+
+from .._validation import check_positive
+from ._inputs import prepare_inputs
+
+__all__ = ["ClusterLoss"]
+
+
+def _check_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int; got {value!r}")
+    return value
+
+
+class ClusterLoss(BaseMetricLossFunction):
+    """Cluster (proxy) loss L_DG* (SupRank paper Eq. 8): ``CE(E · normalize(W)ᵀ / η, y)``.
+
+    One learnable proxy per (fine) class, L2-normalised in the forward pass; the embeddings are used as given (the
+    retrieval model already normalises them). The proxies ``W`` are this module's only ``nn.Parameter``: give them
+    an optimizer of their own as for any PML loss with parameters (e.g. ``optimizers={"metric_loss_optimizer": ...}``
+    in PML trainers; the reference uses Adam with lr 10). No optimizer lives inside the loss.
+
+    Args:
+        num_classes: number of classes ``C`` (labels must lie in ``[0, C)``).
+        embedding_size: embedding dimension ``d``.
+        temperature: ``η`` (0.05).
+        **kwargs: PML options (``reducer``, ``embedding_regularizer``, ...).
+
+    Shapes: ``embeddings (B, d)``, ``labels (B,)``; returns a scalar. ``ref_emb`` is not supported (proxies are the
+    reference set). Proxies are initialised ``U(−1/√d, 1/√d)`` as in the reference code.
+    """
+
+    uses_reference_set = False
+
+    def __init__(self, num_classes: int, embedding_size: int, temperature: float = 0.05, **kwargs):
+        super().__init__(**kwargs)
+        self.num_classes = _check_int("num_classes", num_classes)
+        self.embedding_size = _check_int("embedding_size", embedding_size)
+        self.temperature = check_positive("temperature", temperature)
+        bound = 1.0 / math.sqrt(embedding_size)
+        self.proxies = nn.Parameter(torch.empty(num_classes, embedding_size).uniform_(-bound, bound))
+
+    def forward(self, embeddings, labels=None, indices_tuple=None, ref_emb=None, ref_labels=None):
+        """Compute L_DG*; see the class docstring."""
+        self.reset_stats()
+        if ref_emb is not None and ref_emb is not embeddings:
+            raise ValueError("ClusterLoss does not take ref_emb/ref_labels: its proxies are the reference set")
+        embeddings, labels, _, _, _ = prepare_inputs(type(self).__name__, embeddings, labels, None, None)
+        if embeddings.shape[1] != self.embedding_size:
+            raise ValueError(
+                f"embeddings must have embedding_size={self.embedding_size} columns; "
+                f"got shape {tuple(embeddings.shape)}"
+            )
+        if int(labels.min()) < 0 or int(labels.max()) >= self.num_classes:
+            raise ValueError(
+                f"labels must lie in [0, num_classes={self.num_classes}); got values in "
+                f"[{int(labels.min())}, {int(labels.max())}]"
+            )
+        loss_dict = self.compute_loss(embeddings, labels, indices_tuple, embeddings, labels)
+        self.add_embedding_regularization_to_loss_dict(loss_dict, embeddings)
+        return self.reducer(loss_dict, embeddings, labels)
+
+    def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
+        proxies = F.normalize(self.proxies.to(embeddings.dtype), p=2, dim=1)
+        with torch.autocast(device_type=embeddings.device.type, enabled=False):
+            logits = embeddings @ proxies.t() / self.temperature
+        losses = F.cross_entropy(logits, labels.long(), reduction="none")
+        indices = torch.arange(len(labels), device=embeddings.device)
+        return {"loss": {"losses": losses, "indices": indices, "reduction_type": "element"}}

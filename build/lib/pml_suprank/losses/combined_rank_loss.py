@@ -1,0 +1,206 @@
+"""``CombinedRankLoss``: a rank loss plus a decomposability loss, ``(1 − λ)·L_rank + λ·L_dec`` (SupRank Eq. 12)."""
+
+from __future__ import annotations
+
+from pytorch_metric_learning.losses import BaseMetricLossFunction
+from torch import Tensor, nn
+
+from .._validation import check_probability
+from ._combination import combined_loss_dict, decomposability_arguments, make_decomposability
+from ._inputs import PreparedForwardMixin, prepare_inputs
+from .base_rank_loss import BaseRankLoss
+
+__all__ = ["COMBINATION_OPTIONS", "CombinedRankLoss", "combination_options", "split_combination_options"]
+
+# PML options that act on the combined loss dict (the rest, e.g. distance, belong to the rank loss)
+COMBINATION_OPTIONS = ("reducer", "embedding_regularizer", "embedding_reg_weight")
+
+
+def split_combination_options(kwargs: dict) -> tuple[dict, dict]:
+    """Split keyword arguments into ``(rank-loss options, combination options)``.
+
+    ``reducer``, ``embedding_regularizer`` and ``embedding_reg_weight`` act on the combined loss dict;
+    ``collect_stats`` goes to both; everything else (``distance``, SupRank step, ``include_self``, ...) to the
+    rank loss.
+    """
+    rank_kwargs = {k: v for k, v in kwargs.items() if k not in COMBINATION_OPTIONS}
+    combination_kwargs = {k: v for k, v in kwargs.items() if k in COMBINATION_OPTIONS or k == "collect_stats"}
+    return rank_kwargs, combination_kwargs
+
+
+def combination_options(
+    owner: str, decomposability, decomposability_weight: float, kwargs: dict, *, proxy_only: bool = False
+) -> tuple[float, dict, dict]:
+    """Check the arguments of a combined loss's constructor: ``(λ, rank-loss options, combination options)``.
+
+    Args:
+        owner: the loss's name, for error messages.
+        decomposability: the requested decomposability term (must not be ``None``).
+        decomposability_weight: ``λ``.
+        kwargs: the remaining keyword arguments (split by :func:`split_combination_options`).
+        proxy_only: the loss always uses the proxy term (HAPPIER, ROD-NDCG): ``kwargs`` may not set
+            ``decomposability``, ``num_classes`` or ``embedding_size``.
+
+    Raises:
+        TypeError: a fixed argument given in ``kwargs``.
+        ValueError: ``decomposability`` is ``None`` or ``decomposability_weight`` is not in ``[0, 1]``.
+    """
+    if proxy_only:
+        for key in ("decomposability", "num_classes", "embedding_size"):
+            if key in kwargs:
+                raise TypeError(f"{owner} sets {key} itself; got an extra {key}= argument")
+    if decomposability is None:
+        raise ValueError(f"{owner} needs decomposability='calibration', 'proxy' or a module; got None")
+    weight = check_probability("decomposability_weight", decomposability_weight)
+    return (weight, *split_combination_options(kwargs))
+
+
+class CombinedRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
+    """A rank loss combined with a decomposability loss (SupRank TPAMI 2025, Eq. 12; ROADMAP NeurIPS 2021).
+
+    ``L = (1 − λ)·L_rank + λ·L_dec`` where ``L_rank`` is any :class:`~pml_suprank.losses.BaseRankLoss` and
+    ``L_dec`` the pair calibration loss L_DG (Eq. 7, ``"calibration"``), the proxy loss L_DG* (Eq. 8,
+    ``"proxy"``) or any PML loss module. ``L_dec`` sees the finest labels (column 0 of 2-D labels), the same
+    reference set as the rank loss (``ref_emb``, ``indices_tuple``), unless it is a proxy loss
+    (``uses_reference_set = False``), which sees the queries only. ROADMAP, ROD-R@k, HAPPIER and ROD-NDCG are
+    subclasses.
+
+    The PML loss dict keeps both weighted terms: ``"rank_loss"`` (the per-query losses times ``1 − λ``, reduced by
+    this loss's reducer) and ``"decomposability_loss"`` (``λ·L_dec``, already reduced by ``L_dec``'s own reducer).
+    :meth:`compute_terms` returns them reduced; they sum to the loss. The rank loss's public attributes
+    (``include_self``, ``tau``, ``step``, ``hierarchy``, ``alpha``, ...) are mirrored on the combined loss when it
+    is built, for reading (config files list them); the ones in use are :attr:`rank_loss`'s.
+
+    Args:
+        rank_loss: the rank loss (without a decomposability term of its own). It owns the scores (``distance``)
+            and ``include_self``.
+        decomposability_loss: ``"calibration"``, ``"proxy"`` or an ``nn.Module`` loss, called as
+            ``module(embeddings, fine, indices_tuple[, ref_emb, ref_fine])`` (or ``module(embeddings, fine)`` when
+            it has ``uses_reference_set = False``).
+        weight: ``λ`` in ``[0, 1]``.
+        num_classes, embedding_size: needed by ``"proxy"`` (the ``ClusterLoss`` proxies become this loss's
+            parameters, ``decomposability_loss.proxies``).
+        **kwargs: PML options of the combined loss (``reducer``, ``embedding_regularizer``, ...). The distance is
+            the rank loss's.
+
+    Shapes: ``embeddings (B, D)``, ``labels`` as the rank loss takes them (``(B,)`` or ``(B, L)``), optional
+    ``ref_emb (N, D)``, ``ref_labels``; returns a scalar.
+
+    Example:
+        >>> loss_fn = CombinedRankLoss(SupAPLoss(), "calibration", weight=0.1)  # = ROADMAPLoss()
+    """
+
+    def __init__(
+        self,
+        rank_loss: BaseRankLoss,
+        decomposability_loss: str | nn.Module = "calibration",
+        weight: float = 0.1,
+        *,
+        num_classes: int | None = None,
+        embedding_size: int | None = None,
+        **kwargs,
+    ):
+        if not isinstance(rank_loss, BaseRankLoss):
+            raise TypeError(
+                f"rank_loss must be a pml_suprank BaseRankLoss (e.g. SupAPLoss()); got {type(rank_loss).__name__}"
+            )
+        if rank_loss.decomposability_loss is not None:
+            raise ValueError(
+                f"rank_loss must not have a decomposability term of its own; got {type(rank_loss).__name__} with "
+                f"decomposability_loss={type(rank_loss.decomposability_loss).__name__}"
+            )
+        if decomposability_loss is None:
+            raise ValueError(
+                "decomposability_loss must be 'calibration', 'proxy' or an nn.Module loss; got None (use the rank "
+                "loss alone)"
+            )
+        if "distance" in kwargs:
+            raise TypeError("CombinedRankLoss takes its distance from rank_loss; give distance= to the rank loss")
+        weight = check_probability("weight", weight)
+        super().__init__(distance=rank_loss.distance, **kwargs)
+        self.rank_loss = rank_loss
+        self.decomposability_loss = make_decomposability(
+            decomposability_loss,
+            include_self=rank_loss.include_self,
+            num_classes=num_classes,
+            embedding_size=embedding_size,
+        )
+        self._mirror_rank_loss_attributes(weight)
+        self.add_to_recordable_attributes(list_of_names=["num_kept_queries"], is_stat=True)
+
+    def _mirror_rank_loss_attributes(self, weight: float) -> None:
+        # the rank loss's public hyper-parameters (include_self, tau, ..., alpha, k) as attributes of this loss, in
+        # the rank loss's order, with decomposability_weight = λ: what vars(loss) listed when these losses were
+        # subclasses of their rank loss (config files are written from it)
+        for key, value in vars(self.rank_loss).items():
+            if key.startswith("_") or key == "num_kept_queries" or hasattr(self, key) or isinstance(value, nn.Module):
+                continue
+            setattr(self, key, weight if key == "decomposability_weight" else value)
+        self.decomposability_weight = weight
+
+    @property
+    def weight(self) -> float:
+        """``λ``, the weight of the decomposability term (also the attribute ``decomposability_weight``)."""
+        return self.decomposability_weight
+
+    @weight.setter
+    def weight(self, value: float) -> None:
+        self.decomposability_weight = check_probability("weight", value)
+
+    @property
+    def term_weights(self) -> dict[str, float]:
+        """The weight of each loss-dict term: ``{"rank_loss": 1 − λ, "decomposability_loss": λ}``."""
+        return {"rank_loss": 1.0 - self.weight, "decomposability_loss": self.weight}
+
+    def _sub_loss_names(self):
+        return ["rank_loss", "decomposability_loss"]
+
+    def prepare_inputs(self, embeddings, labels, ref_emb=None, ref_labels=None):
+        """Validate a call as the rank loss does: ``(embeddings, labels, ref_emb, ref_labels)`` (see
+        :meth:`BaseRankLoss.prepare_inputs`)."""
+        emb, labels, ref, ref_labels, _ = prepare_inputs(
+            type(self).__name__,
+            embeddings,
+            labels,
+            ref_emb,
+            ref_labels,
+            allow_2d_labels=self.rank_loss.allow_2d_labels,
+        )
+        return emb, labels, ref, ref_labels
+
+    def rank_entry(self, embeddings, labels, indices_tuple, ref_emb, ref_labels) -> dict:
+        """The ``"rank_loss"`` entry on prepared inputs: per-query losses times ``1 − λ`` (PML ``"element"``)."""
+        entry = self.rank_loss.rank_entry(
+            embeddings, labels, indices_tuple, ref_emb, ref_labels, scale=1.0 - self.weight
+        )
+        self.num_kept_queries = self.rank_loss.num_kept_queries
+        return entry
+
+    def decomposability_arguments(self, embeddings, labels, indices_tuple, ref_emb, ref_labels) -> tuple:
+        """The positional arguments of ``self.decomposability_loss(...)`` for prepared inputs (finest labels)."""
+        return decomposability_arguments(
+            self.decomposability_loss, embeddings, labels, indices_tuple, ref_emb, ref_labels
+        )
+
+    def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
+        loss_dict = combined_loss_dict(
+            self.rank_loss,
+            self.decomposability_loss,
+            self.weight,
+            embeddings,
+            labels,
+            indices_tuple,
+            ref_emb,
+            ref_labels,
+        )
+        self.num_kept_queries = self.rank_loss.num_kept_queries
+        return loss_dict
+
+    def compute_terms(self, embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None) -> dict[str, Tensor]:
+        """The loss's terms, each reduced as in :meth:`forward`: ``{"rank_loss": (1 − λ)·L_rank,
+        "decomposability_loss": λ·L_dec}`` (plus ``"embedding_reg_loss"`` with an embedding regularizer).
+
+        They sum to ``forward(...)`` (same arguments); divide by :attr:`term_weights` for the unweighted values.
+        """
+        loss_dict, embeddings, labels = self.prepared_loss_dict(embeddings, labels, indices_tuple, ref_emb, ref_labels)
+        return {name: self.reducer({name: entry}, embeddings, labels) for name, entry in loss_dict.items()}

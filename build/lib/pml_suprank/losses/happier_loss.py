@@ -1,0 +1,55 @@
+"""HAPPIER / HAPPIER_F (HAPPIER ECCV 2022; SupRank paper Eq. 22): Sup-H-AP plus the proxy decomposability loss."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from ..relevance import Hierarchy
+from .combined_rank_loss import CombinedRankLoss, combination_options
+from .sup_hap_loss import SupHAPLoss
+
+__all__ = ["HAPPIERLoss"]
+
+
+class HAPPIERLoss(CombinedRankLoss):
+    """HAPPIER loss ``(1 − λ) · L_Sup-H-AP + λ · L_DG*`` (SupRank paper Eq. 22).
+
+    ``L_DG*`` is :class:`~pml_suprank.losses.ClusterLoss` (Eq. 8: normalised proxies, one per fine class,
+    temperature 0.05) on the finest labels; its proxies are this loss's parameters (give them an optimizer, e.g. PML
+    ``loss_optimizers``; the reference uses Adam with lr 10). ``alpha > 1`` gives HAPPIER_F (paper: α = 5 on SOP,
+    3 on iNat). The loss dict has ``"rank_loss"`` and ``"decomposability_loss"``; the inner modules are
+    ``self.rank_loss`` (a :class:`~pml_suprank.losses.SupHAPLoss`) and ``self.decomposability_loss``.
+
+    Args:
+        num_classes: number of fine classes (proxies).
+        embedding_size: embedding dimension ``D``.
+        alpha: ``α`` of the H-AP relevance (Eq. 20).
+        decomposability_weight: ``λ`` (0.1 in the paper and every reference config).
+        hierarchy: fine → ancestors table for 1-D fine labels.
+        **suprank_kwargs: :class:`~pml_suprank.losses.SupHAPLoss` options (``tau`` or its alias ``temperature``,
+            ``rho``, ``delta``, ``start``, ``offset``, ``with_hrank``, ``include_self``, ``distance``, ...) and the
+            PML options of the combined loss (``reducer``, ...).
+
+    Shapes: as :class:`~pml_suprank.losses.SupHAPLoss`.
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        embedding_size: int,
+        alpha: float = 1.0,
+        decomposability_weight: float = 0.1,
+        hierarchy: Hierarchy | Tensor | None = None,
+        **suprank_kwargs,
+    ):
+        weight, rank_kwargs, combination_kwargs = combination_options(
+            "HAPPIERLoss", "proxy", decomposability_weight, suprank_kwargs, proxy_only=True
+        )
+        super().__init__(
+            SupHAPLoss(hierarchy=hierarchy, alpha=alpha, **rank_kwargs),
+            "proxy",
+            weight,
+            num_classes=num_classes,
+            embedding_size=embedding_size,
+            **combination_kwargs,
+        )

@@ -1,0 +1,48 @@
+"""ROD-NDCG (SupRank paper Eq. 25): Sup-NDCG plus the proxy decomposability loss."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from ..relevance import Hierarchy
+from .combined_rank_loss import CombinedRankLoss, combination_options
+from .sup_ndcg_loss import SupNDCGLoss
+
+__all__ = ["RODNDCGLoss"]
+
+
+class RODNDCGLoss(CombinedRankLoss):
+    """ROD-NDCG loss ``(1 − λ) · L_Sup-NDCG + λ · L_DG*`` (SupRank paper Eq. 25; reference configs ``roadndcg_*``).
+
+    ``L_DG*`` is :class:`~pml_suprank.losses.ClusterLoss` on the finest labels (its proxies are this loss's
+    parameters). The loss dict has ``"rank_loss"`` and ``"decomposability_loss"``; the inner modules are
+    ``self.rank_loss`` (a :class:`~pml_suprank.losses.SupNDCGLoss`) and ``self.decomposability_loss``.
+
+    Args:
+        num_classes: number of fine classes (proxies).
+        embedding_size: embedding dimension ``D``.
+        decomposability_weight: ``λ`` (0.1).
+        hierarchy: fine → ancestors table for 1-D fine labels.
+        **suprank_kwargs: :class:`~pml_suprank.losses.SupNDCGLoss` options (``tau`` or its alias ``temperature``,
+            ...) and the PML options of the combined loss.
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        embedding_size: int,
+        decomposability_weight: float = 0.1,
+        hierarchy: Hierarchy | Tensor | None = None,
+        **suprank_kwargs,
+    ):
+        weight, rank_kwargs, combination_kwargs = combination_options(
+            "RODNDCGLoss", "proxy", decomposability_weight, suprank_kwargs, proxy_only=True
+        )
+        super().__init__(
+            SupNDCGLoss(hierarchy=hierarchy, **rank_kwargs),
+            "proxy",
+            weight,
+            num_classes=num_classes,
+            embedding_size=embedding_size,
+            **combination_kwargs,
+        )

@@ -1,0 +1,49 @@
+"""ROD-R@k (SupRank paper Eq. 17): ``(1 − λ)·Sup-R@k + λ·L_DG`` (or ``L_DG*``)."""
+
+from __future__ import annotations
+
+from .combined_rank_loss import CombinedRankLoss, combination_options
+from .sup_recall_loss import SupRecallLoss
+
+__all__ = ["RODRecallLoss"]
+
+
+class RODRecallLoss(CombinedRankLoss):
+    """ROD-R@k loss (SupRank paper Eq. 17): Sup-R@k plus a decomposability term.
+
+    ``L = (1 − λ)·L_Sup-R@k + λ·L_dec`` with ``L_dec`` = :class:`CalibrationLoss` (``"calibration"``) or
+    :class:`ClusterLoss` (``"proxy"``, needs ``num_classes``/``embedding_size``). λ defaults to 0.1 as for every
+    combined loss of this package; the reference ROD-R@k configs use 0.5 (``decomposability_weight=0.5``). The
+    inner modules are ``self.rank_loss`` (a :class:`SupRecallLoss`) and ``self.decomposability_loss``.
+
+    Naming: as in :class:`SupRecallLoss`, ``temperature`` is the outer ``τ*`` of Sup-R@k (Eq. 16) and ``tau`` the
+    ``τ`` of ``H⁻`` (Eq. 4).
+
+    Args:
+        k, temperature: see :class:`SupRecallLoss`.
+        decomposability, decomposability_weight, num_classes, embedding_size: see :class:`ROADMAPLoss`.
+        **suprank_kwargs: ``H⁻`` arguments (``tau``, ``rho``, ``delta``, ``start``, ``offset``), ``include_self``,
+            ``distance`` and the PML options of the combined loss.
+    """
+
+    def __init__(
+        self,
+        k=(1, 2, 4, 8, 16),
+        temperature: float = 1.0,
+        decomposability="calibration",
+        decomposability_weight: float = 0.1,
+        num_classes: int | None = None,
+        embedding_size: int | None = None,
+        **suprank_kwargs,
+    ):
+        weight, rank_kwargs, combination_kwargs = combination_options(
+            "RODRecallLoss", decomposability, decomposability_weight, suprank_kwargs
+        )
+        super().__init__(
+            SupRecallLoss(k=k, temperature=temperature, **rank_kwargs),
+            decomposability,
+            weight,
+            num_classes=num_classes,
+            embedding_size=embedding_size,
+            **combination_kwargs,
+        )

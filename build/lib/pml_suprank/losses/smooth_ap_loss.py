@@ -1,0 +1,46 @@
+"""Smooth-AP (Brown et al., ECCV 2020, Eq. 5), correct for any class composition, as a PML loss."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from ..ranking import SigmoidStep, sigmoid_rank_sums
+from .base_rank_loss import BaseRankLoss, RankInputs
+
+__all__ = ["SmoothAPLoss"]
+
+
+class SmoothAPLoss(BaseRankLoss):
+    """Smooth-AP loss: ``L = mean_q [1 − (1/|P_q|) Σ_{i∈P_q} (1 + Σ_{j∈P_q, j≠i} σ_τ(s_j − s_i))
+    / (1 + Σ_{j∈V_q, j≠i} σ_τ(s_j − s_i))]`` (Smooth-AP paper Eq. 5; SupRank paper §3.1).
+
+    The sigmoid replaces the Heaviside step on every pair, so both ``rank⁺`` and ``rank`` are differentiable.
+    Unlike PML 2.9's ``SmoothAPLoss`` it makes no assumption on the batch layout: any number of classes, any number
+    of samples per class, any order, a separate reference set (``ref_emb``) and ``indices_tuple`` all work.
+
+    Cost: ``O(Σ_q |P_q| · N)`` time, ``O(B · N)`` extra memory.
+
+    Args:
+        temperature: sigmoid temperature ``τ`` (0.01 in the paper).
+        include_self: keep the query as its own positive when the reference set is the batch (reference code).
+        **kwargs: ``BaseRankLoss`` / PML options.
+
+    Shapes: ``embeddings (B, D)``, ``labels (B,)``, optional ``ref_emb (N, D)``, ``ref_labels (N,)``; returns a scalar.
+    """
+
+    def __init__(self, temperature: float = 0.01, include_self: bool = False, **kwargs):
+        super().__init__(include_self=include_self, **kwargs)
+        self.step = SigmoidStep(temperature)
+        self.temperature = self.step.tau
+
+    def query_ap(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:
+        """Smooth AP ``(Q,)`` of the queries with at least one positive, and their rows ``(Q,)``."""
+        positives = inputs.positives()
+        q, i = inputs.positive_pairs(positives)
+        pos_sum, all_sum = sigmoid_rank_sums(inputs.scores, q, i, positives, inputs.valid, self.temperature)
+        rank_plus, rank = 1.0 + pos_sum, 1.0 + all_sum
+        return self.segment_mean(rank_plus / rank, q, inputs.scores.shape[0])
+
+    def compute_query_losses(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:
+        ap, kept = self.query_ap(inputs)
+        return 1.0 - ap, kept

@@ -1,0 +1,105 @@
+"""Sup-H-AP (SupRank paper Eq. 21; HAPPIER, ECCV 2022): a smooth upper bound of 1 − H-AP, as a PML loss."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from torch import Tensor
+
+from .._validation import check_positive
+from ..ranking import HRankParams, sup_hap_scores
+from ..relevance import Hierarchy, level_counts, pop_relevance, property1_relevance
+from ._hierarchical import HierarchicalRankLoss
+
+__all__ = ["SupHAPLoss"]
+
+
+class SupHAPLoss(HierarchicalRankLoss):
+    """Sup-H-AP loss (Ramzi et al., SupRank TPAMI 2025, Eqs. 18-21; HAPPIER ECCV 2022, Eq. 5).
+
+    For every query ``q`` and its relevant reference items ``i`` (level ``T_i > 0``: the number of
+    levels, from the coarsest, that ``i`` shares with ``q``):
+
+    * ``H-rank⁺(i) = rel_i + Σ_{j≠i} min(rel_i, rel_j) · H(s_j − s_i)`` (Eq. 18, no gradient), or with
+      ``with_hrank=True`` the HAPPIER lower bound ``H_s^>`` (App. A.3, Eq. 43, ``min(ν t + μ, 1)`` for ``t > 0`` and
+      ``γ t`` for ``t ≤ 0``) towards strictly more relevant items ``j``;
+    * ``rank(i) = 1 + Σ_{j≠i, T_j ≥ T_i} H(s_j − s_i) + Σ_{j: T_j < T_i} H⁻(s_j − s_i)`` — the SupRank step ``H⁻``
+      (Eq. 4) only towards strictly less relevant items;
+    * ``L = mean_q [1 − Σ_i H-rank⁺(i) / rank(i) / Σ_j rel_j]`` (Eq. 21), over queries with a relevant item.
+
+    Relevance (Eq. 20): ``rel(l) = (l / L)^α / |Ω^(l)|`` with ``|Ω^(l)|`` counted over the reference set actually
+    used (after ``include_self`` / ``indices_tuple``); ``α = 1`` is HAPPIER, ``α > 1`` HAPPIER_F. With
+    ``level_weights`` the Property-1 relevance (supplementary Eq. 44) is used instead and H-AP equals
+    ``ΣwAP = Σ_l w_l AP^(l)``. Since ``H⁻ ≥ H`` (default offset) and ``H_s^> ≤ H``, the loss is ``≥ 1 − H-AP``.
+    With one level it equals :class:`~pml_suprank.losses.SupAPLoss`.
+
+    Cost: ``O(L · B · N log N)`` plus the sigmoid-window pairs, ``O(L · B · N)`` extra memory
+    (:func:`pml_suprank.ranking.hierarchical_ranks`); never ``B × N × N``.
+
+    Args:
+        hierarchy: fine → ancestors table (needed with 1-D fine labels), see
+            :class:`~pml_suprank.losses._hierarchical.HierarchicalRankLoss`.
+        alpha: ``α ≥ 0`` of Eq. 20.
+        with_hrank: use ``H_s^>`` in H-rank⁺ (off in every reference config).
+        hrank_nu, hrank_mu, hrank_gamma: ``ν > 0``, ``μ ∈ [0, 1]``, ``γ ≥ 0`` of ``H_s^>`` (paper: 25, 0.5, 10).
+        level_weights: optional ``L`` non-negative weights ``w_1..w_L`` (``w_L`` = finest) selecting the
+            Property-1 relevance (ΣwAP) instead of Eq. 20; ``alpha`` is then unused.
+        **suprank_kwargs: ``tau`` (alias ``temperature``), ``rho``, ``delta``, ``start``, ``offset``,
+            ``include_self``, ``chunk_size`` and the BaseRankLoss / PML options (``distance``, ``reducer``,
+            ``decomposability``, ...).
+
+    Shapes: ``embeddings (B, D)``; ``labels (B, L)`` or ``(B,)`` fine labels with ``hierarchy``; optional
+    ``ref_emb (N, D)``, ``ref_labels`` like ``labels``; returns a scalar.
+    """
+
+    def __init__(
+        self,
+        hierarchy: Hierarchy | Tensor | None = None,
+        alpha: float = 1.0,
+        with_hrank: bool = False,
+        hrank_nu: float = 25.0,
+        hrank_mu: float = 0.5,
+        hrank_gamma: float = 10.0,
+        level_weights: Sequence[float] | Tensor | None = None,
+        **suprank_kwargs,
+    ):
+        super().__init__(hierarchy=hierarchy, **suprank_kwargs)
+        self.alpha = check_positive("alpha", alpha, strict=False)
+        if not isinstance(with_hrank, bool):
+            raise TypeError(f"with_hrank must be a bool; got {type(with_hrank).__name__} {with_hrank!r}")
+        self.with_hrank = with_hrank
+        self.hrank = HRankParams(nu=hrank_nu, mu=hrank_mu, gamma=hrank_gamma)
+        self.level_weights = None if level_weights is None else [float(w) for w in level_weights]
+        if self.level_weights is not None and any(w < 0 for w in self.level_weights):
+            raise ValueError(f"level_weights must be non-negative; got {self.level_weights}")
+        if self.level_weights is not None and self.hierarchy is not None:
+            if len(self.level_weights) != self.hierarchy.num_levels:
+                raise ValueError(
+                    f"level_weights must have one entry per level ({self.hierarchy.num_levels}); "
+                    f"got {len(self.level_weights)}"
+                )
+        self.add_to_recordable_attributes(list_of_names=["alpha"], is_stat=False)
+
+    def level_relevance(self, levels: Tensor, valid: Tensor, num_levels: int, dtype) -> Tensor:
+        """``(B, L + 1)`` relevance of each level for each query, counted over the valid reference items."""
+        counts = level_counts(levels, num_levels, mask=valid)
+        if self.level_weights is not None:
+            if len(self.level_weights) != num_levels:
+                raise ValueError(
+                    f"level_weights has {len(self.level_weights)} entries but the labels have {num_levels} levels"
+                )
+            return property1_relevance(counts, self.level_weights, dtype=dtype)
+        return pop_relevance(counts, self.alpha, dtype=dtype)
+
+    def query_scores(self, scores: Tensor, levels: Tensor, valid: Tensor, num_levels: int) -> tuple[Tensor, Tensor]:
+        rel = self.level_relevance(levels, valid, num_levels, scores.dtype)
+        return sup_hap_scores(
+            scores,
+            levels,
+            rel,
+            num_levels,
+            valid,
+            step=self.step,
+            hrank=self.hrank if self.with_hrank else None,
+            chunk_size=self.chunk_size,
+        )

@@ -1,0 +1,65 @@
+"""Sup-R@k (SupRank paper Eq. 15-16): a smooth recall@k surrogate built on SupRank ranks."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .._validation import check_positive
+from ..ranking import tau_sigmoid
+from ._inputs import RankInputs
+from ._suprank_step import SupRankStepMixin, pop_step_options
+from .base_rank_loss import BaseRankLoss
+from .sup_ap_loss import suprank_pair_ranks
+
+__all__ = ["SupRecallLoss"]
+
+
+def _check_k(k) -> tuple[int, ...]:
+    ks = (k,) if isinstance(k, int) and not isinstance(k, bool) else tuple(k) if isinstance(k, (list, tuple)) else None
+    if not ks or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in ks):
+        raise ValueError(f"k must be a positive int or a non-empty sequence of positive ints; got {k!r}")
+    return ks
+
+
+class SupRecallLoss(SupRankStepMixin, BaseRankLoss):
+    """Sup-R@k loss (SupRank paper Eq. 15-16).
+
+    ``R@k_q = Σ_{i∈P_q} σ_{τ*}(k − rank(i)) / min(|P_q|, k)`` with SupRank's ``rank`` (Eq. 10, ``H⁻`` on negatives),
+    ``L = mean_q [1 − (1/|K|) Σ_{k∈K} R@k_q]``. Queries may have different numbers of positives (the reference code
+    requires the same number for every query).
+
+    Naming: this loss has two temperatures. ``temperature=`` is the outer ``τ*`` of Eq. 16 and ``tau=`` the ``τ``
+    of SupRank's ``H⁻`` (Eq. 4); unlike :class:`SupAPLoss`, ``temperature`` is *not* an alias of ``tau`` here.
+
+    Args:
+        k: the cut-offs ``K`` ((1, 2, 4, 8, 16)).
+        temperature: ``τ*`` of the outer sigmoid (1.0).
+        **suprank_kwargs: ``tau`` (0.01), ``rho``, ``delta``, ``start``, ``offset`` of ``H⁻`` (see
+            :class:`SupAPLoss`), ``include_self`` and ``BaseRankLoss``/PML options.
+
+    Shapes: ``embeddings (B, D)``, ``labels (B,)``, optional ``ref_emb (N, D)``, ``ref_labels (N,)``; returns a scalar.
+    """
+
+    def __init__(self, k=(1, 2, 4, 8, 16), temperature: float = 1.0, **suprank_kwargs):
+        step_kwargs = pop_step_options(type(self).__name__, suprank_kwargs, temperature_is_tau=False)
+        super().__init__(**suprank_kwargs)
+        self.k = _check_k(k)
+        self.temperature = check_positive("temperature", temperature)
+        self.init_step(**step_kwargs)
+
+    def query_recall(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:
+        """Surrogate recall ``(Q,)`` averaged over ``k`` for the queries with a positive, and their rows ``(Q,)``."""
+        q, _, _, rank = suprank_pair_ranks(inputs, self.step)
+        num_queries = inputs.scores.shape[0]
+        ks = torch.tensor(self.k, dtype=rank.dtype, device=rank.device)
+        hits = tau_sigmoid(ks.unsqueeze(0) - rank.unsqueeze(1), self.temperature)  # (K_pairs, |K|)
+        sums = hits.new_zeros(num_queries, len(self.k)).index_add(0, q, hits)
+        counts = torch.bincount(q, minlength=num_queries)
+        kept = torch.nonzero(counts > 0, as_tuple=True)[0]
+        denom = torch.minimum(counts[kept].to(rank.dtype).unsqueeze(1), ks.unsqueeze(0))
+        return (sums[kept] / denom).mean(1), kept
+
+    def compute_query_losses(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:
+        recall, kept = self.query_recall(inputs)
+        return 1.0 - recall, kept

@@ -1,0 +1,352 @@
+"""``RankingMemory``: a cross-batch memory (XBM) for rank losses, resumable and distributed-aware.
+
+Rank losses are non-decomposable: the AP of a query within a batch underestimates its AP on the dataset. A memory of
+past (detached) embeddings enlarges the reference set at almost no cost: the batch's queries are ranked against the
+batch *and* against the memory (Wang et al., "Cross-Batch Memory for Embedding Learning", CVPR 2020; used with
+ROADMAP in Ramzi et al., SupRank TPAMI 2025, Sec. 5 / Tab. III, with a memory of the whole training set).
+
+Semantics (those of the SupRank reference code's XBM, with the differences stated below):
+
+* **enqueue, then get**: the (detached) batch is written first, so the memory also holds a copy of every query.
+  When the loss does not keep the query as its own positive (``include_self=False``, the default of every
+  pml_suprank loss), the query's own copy is removed from its reference set by index (through an
+  ``indices_tuple`` of pairs, as PML's ``CrossBatchMemory`` does); with ``include_self=True`` it is kept, as in
+  the reference code. ``get_first=True`` (the reference XBM's option) computes the memory
+  term before the batch is written instead (cheaper with a large memory: no ``(B, M)`` pair list).
+* **loss** ``= (batch_weight · L(batch, ref = batch) + memory_weight · L(batch, ref = memory)) /
+  (batch_weight + memory_weight)``; the defaults ``1, 1`` give the reference's plain mean of both terms.
+* **warm-up**: during the first ``warmup_steps`` training calls the loss is the in-batch loss and nothing is
+  enqueued (the reference activates the memory after a number of epochs).
+* ``mode="fifo"``: a ring buffer of ``memory_size`` slots of any size (it may exceed the dataset; then it holds
+  several embeddings of the same image from different steps). A batch larger than the memory keeps its last rows.
+  (The reference writes an overflowing batch into the *last* slots and restarts at 0; here the queue wraps.)
+* ``mode="index"`` ("full memory"): one slot per dataset index, always holding the latest embedding of that image
+  (``forward`` then needs ``indices``); ``memory_size`` must exceed every index.
+* **state**: embeddings, labels, fill mask, queue pointer and step counter are buffers, so ``state_dict`` /
+  ``accelerator.save_state`` restore a memory that continues bit-identically (PML's ``CrossBatchMemory`` keeps its
+  queue position in plain attributes and loses it on resume).
+* **distributed**: every process enqueues the global batch gathered by
+  :func:`pml_suprank.distributed.gather_batch` (so the memories stay identical), the in-batch term ranks the local
+  queries against the gathered global batch with gradients, and both terms are normalised over all processes
+  (:mod:`pml_suprank.distributed`): loss and DDP-averaged gradients equal the single-process run on the
+  concatenated batch.
+* ``eval()`` mode reads the memory without writing to it.
+
+Labels may be 1-D ``(B,)`` or hierarchical 2-D ``(B, L)``; the label buffer takes the shape of the first batch
+(or ``label_levels``) and is stored as ``(M,)`` / ``(M, L)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, get_args
+
+import torch
+from torch import Tensor, nn
+
+from . import distributed as dist_utils
+from ._validation import check_choice, check_embeddings, check_labels, check_positive
+
+__all__ = ["MemoryMode", "RankingMemory"]
+
+MemoryMode = Literal["fifo", "index"]
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int; got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}; got {value}")
+    return value
+
+
+class RankingMemory(nn.Module):
+    """Cross-batch memory of detached embeddings and labels for any rank (or PML pair) loss.
+
+    Args:
+        loss: the loss, called as ``loss(embeddings, labels, indices_tuple, ref_emb, ref_labels)`` (every
+            pml_suprank loss, flat or hierarchical, and PML losses that accept ``ref_emb``).
+        embedding_size: ``D``.
+        memory_size: number of slots ``M`` (``mode="index"``: the dataset size, or more).
+        warmup_steps: training calls during which only the in-batch loss is used and nothing is enqueued.
+        mode: ``"fifo"`` (queue) or ``"index"`` (one slot per dataset index, "full memory").
+        batch_weight: weight of the in-batch loss (``0`` → memory term only once the memory is active).
+        memory_weight: weight of the loss against the memory.
+        label_levels: ``None`` (taken from the first batch: 1-D or 2-D labels) or ``L`` for ``(M, L)`` labels
+            (``1`` → 1-D).
+        get_first: compute the memory term against the memory *before* the batch is written (the reference XBM's
+            ``get_first=True``): the memory then holds no copy of the current queries, nothing has to be removed
+            in ``"fifo"`` mode and the step skips the ``(B, M)`` pair list (faster with a large memory); in
+            ``"index"`` mode the query's own older slot is still excluded. Default ``False`` (enqueue, then get).
+        distributed: gather across processes (``None``: whenever ``torch.distributed`` runs with > 1 process).
+        group: process group.
+        device: device of the buffers (move the module with ``.to()`` as usual).
+        dtype: dtype of the stored embeddings (default float32, as the reference's XBM).
+
+    Shapes: ``forward(embeddings (B, D), labels (B,) or (B, L), indices (B,) long)`` → scalar loss.
+    """
+
+    def __init__(
+        self,
+        loss: nn.Module,
+        embedding_size: int,
+        memory_size: int,
+        warmup_steps: int = 0,
+        *,
+        mode: MemoryMode = "fifo",
+        batch_weight: float = 1.0,
+        memory_weight: float = 1.0,
+        label_levels: int | None = None,
+        get_first: bool = False,
+        distributed: bool | None = None,
+        group: Any = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        super().__init__()
+        if not isinstance(loss, nn.Module):
+            raise TypeError(f"loss must be an nn.Module loss (e.g. pml_suprank.losses.SupAPLoss()); got {loss!r}")
+        self.loss = loss
+        self.embedding_size = _check_int("embedding_size", embedding_size, 1)
+        self.memory_size = _check_int("memory_size", memory_size, 1)
+        self.warmup_steps = _check_int("warmup_steps", warmup_steps, 0)
+        self.mode = check_choice("mode", mode, get_args(MemoryMode))
+        self.batch_weight = check_positive("batch_weight", batch_weight, strict=False)
+        self.memory_weight = check_positive("memory_weight", memory_weight)
+        if label_levels is not None:
+            _check_int("label_levels", label_levels, 1)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"dtype must be a floating torch.dtype; got {dtype!r}")
+        if not isinstance(get_first, bool):
+            raise TypeError(f"get_first must be a bool; got {type(get_first).__name__} {get_first!r}")
+        self.get_first = get_first
+        self.distributed = distributed
+        self.group = group
+        label_shape = (self.memory_size,) if not label_levels or label_levels == 1 else (self.memory_size, label_levels)
+        self._label_levels_fixed = label_levels is not None
+        self.register_buffer(
+            "embeddings", torch.zeros(self.memory_size, self.embedding_size, device=device, dtype=dtype)
+        )
+        self.register_buffer("labels", torch.zeros(label_shape, dtype=torch.long, device=device))
+        self.register_buffer("filled", torch.zeros(self.memory_size, dtype=torch.bool, device=device))
+        self.register_buffer("ptr", torch.zeros((), dtype=torch.long, device=device))
+        self.register_buffer("step", torch.zeros((), dtype=torch.long, device=device))
+        self.last_losses: dict[str, Tensor] = {}
+
+    # ------------------------------------------------------------------------------------------------ state
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        key = prefix + "labels"
+        if key in state_dict and state_dict[key].shape != self.labels.shape:
+            incoming = state_dict[key]
+            if incoming.shape[0] != self.memory_size or incoming.dim() not in (1, 2):
+                raise ValueError(
+                    f"state_dict['{key}'] must have shape ({self.memory_size},) or ({self.memory_size}, L); got "
+                    f"{tuple(incoming.shape)}"
+                )
+            self.labels = torch.zeros(incoming.shape, dtype=torch.long, device=self.labels.device)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def reset(self) -> None:
+        """Empty the memory and restart the step counter (warm-up included)."""
+        self.filled.zero_()
+        self.ptr.zero_()
+        self.step.zero_()
+
+    @property
+    def num_filled(self) -> int:
+        """Number of slots holding an embedding."""
+        return int(self.filled.sum())
+
+    @property
+    def is_active(self) -> bool:
+        """True once the warm-up is over (the memory term is used and the memory is written)."""
+        return int(self.step) >= self.warmup_steps
+
+    def extra_repr(self) -> str:
+        return (
+            f"embedding_size={self.embedding_size}, memory_size={self.memory_size}, mode={self.mode!r}, "
+            f"warmup_steps={self.warmup_steps}, batch_weight={self.batch_weight}, memory_weight={self.memory_weight}"
+        )
+
+    # ------------------------------------------------------------------------------------------------ queue
+    def _use_distributed(self) -> bool:
+        if self.distributed is False:
+            return False
+        return dist_utils.is_distributed(self.group)
+
+    def _check_batch(self, embeddings: Tensor, labels: Tensor, indices: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        check_embeddings("embeddings", embeddings)
+        if embeddings.shape[1] != self.embedding_size:
+            raise ValueError(
+                f"embeddings must have shape (B, embedding_size={self.embedding_size}); got shape "
+                f"{tuple(embeddings.shape)}"
+            )
+        check_labels("labels", labels, embeddings.shape[0])
+        want = tuple(self.labels.shape[1:])
+        if tuple(labels.shape[1:]) != want:
+            adaptable = not self._label_levels_fixed and not bool(self.filled.any())
+            if not adaptable:
+                raise ValueError(
+                    f"labels must have shape (B,{' ' + str(want[0]) if want else ''}) like the labels already in the "
+                    f"memory; got shape {tuple(labels.shape)}"
+                )
+            self.labels = torch.zeros(
+                (self.memory_size, *labels.shape[1:]), dtype=torch.long, device=self.labels.device
+            )
+        if self.mode == "index":
+            if indices is None:
+                raise ValueError("mode='index' (one slot per dataset index) needs indices (B,) of the batch; got None")
+        if indices is not None:
+            if not isinstance(indices, Tensor) or indices.dim() != 1 or indices.shape[0] != embeddings.shape[0]:
+                raise ValueError(
+                    f"indices must be a 1-D tensor of length B = {embeddings.shape[0]}; got "
+                    f"{type(indices).__name__} {tuple(getattr(indices, 'shape', ()))}"
+                )
+            if indices.is_floating_point() or indices.dtype == torch.bool:
+                raise TypeError(f"indices must have an integer dtype; got {indices.dtype}")
+            indices = indices.to(self.filled.device, torch.long)
+            if (
+                self.mode == "index"
+                and indices.numel()
+                and (int(indices.min()) < 0 or int(indices.max()) >= self.memory_size)
+            ):
+                raise ValueError(
+                    f"indices must lie in [0, memory_size - 1] = [0, {self.memory_size - 1}] with mode='index'; got "
+                    f"values in [{int(indices.min())}, {int(indices.max())}]"
+                )
+        return labels.to(self.labels.device), indices
+
+    @torch.no_grad()
+    def enqueue(self, embeddings: Tensor, labels: Tensor, indices: Tensor | None = None) -> Tensor:
+        """Write a (detached) batch into the memory, without computing any loss and without gathering.
+
+        Args:
+            embeddings: ``(B, D)``.
+            labels: ``(B,)`` or ``(B, L)``.
+            indices: ``(B,)`` dataset indices (required by ``mode="index"``).
+
+        Returns:
+            ``(B,)`` long: the slot of every row (``-1`` for rows of a FIFO batch larger than the memory that were not
+            kept).
+        """
+        labels, indices = self._check_batch(embeddings, labels, indices)
+        return self._write(embeddings.detach(), labels, indices)
+
+    def _write(self, embeddings: Tensor, labels: Tensor, indices: Tensor | None) -> Tensor:
+        B, M = embeddings.shape[0], self.memory_size
+        device = self.filled.device
+        if self.mode == "index":
+            slots = indices.to(device)
+        else:
+            start = int(self.ptr)
+            slots = (start + torch.arange(B, device=device)) % M
+            if B > M:  # only the last M rows survive
+                slots = torch.where(torch.arange(B, device=device) >= B - M, slots, torch.full_like(slots, -1))
+            self.ptr.fill_((start + B) % M)
+        kept = slots >= 0
+        rows = torch.nonzero(kept, as_tuple=True)[0]
+        if self.mode == "index" and rows.numel() > 1:
+            # repeated dataset indices: the last row wins (as sequential writes would), deterministically
+            last = torch.full((M,), -1, dtype=torch.long, device=device)
+            last = last.scatter_reduce(0, slots[rows], rows, reduce="amax")
+            rows = rows[last[slots[rows]] == rows]
+        self.embeddings[slots[rows]] = embeddings[rows].to(self.embeddings.dtype)
+        self.labels[slots[rows]] = labels[rows].to(self.labels.device)
+        self.filled[slots[rows]] = True
+        return slots
+
+    def get(self) -> tuple[Tensor, Tensor]:
+        """The filled part of the memory: ``(embeddings (K, D), labels (K,) or (K, L))`` (views when possible)."""
+        ref, ref_labels, _ = self._reference()
+        return ref, ref_labels
+
+    def _reference(self) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Filled rows and, when they are a copy, the map slot -> row (``None``: row == slot)."""
+        n = self.num_filled
+        if n == self.memory_size:
+            return self.embeddings, self.labels, None
+        if self.mode == "fifo" and bool(self.filled[:n].all()):
+            return self.embeddings[:n], self.labels[:n], None
+        row_of_slot = torch.cumsum(self.filled.long(), 0) - 1
+        return self.embeddings[self.filled], self.labels[self.filled], row_of_slot
+
+    # ------------------------------------------------------------------------------------------------ loss
+    def _reference_loss(self, queries, labels, ref, ref_labels, self_index, use_dist: bool) -> Tensor:
+        if use_dist:
+            return dist_utils.reference_loss(
+                self.loss, queries, labels, ref, ref_labels, self_index=self_index, group=self.group
+            )
+        pairs = None if self_index is None else dist_utils.pairs_without_self(labels, ref_labels, self_index)
+        return self.loss(queries, labels, pairs, ref, ref_labels)
+
+    def forward(self, embeddings: Tensor, labels: Tensor, indices: Tensor | None = None) -> Tensor:
+        """``(batch_weight · L(batch) + memory_weight · L(batch, ref = memory)) / (batch_weight + memory_weight)``.
+
+        Args:
+            embeddings: ``(B, D)`` embeddings of this process's batch (with gradient).
+            labels: ``(B,)`` or ``(B, L)``.
+            indices: ``(B,)`` dataset indices (needed by ``mode="index"``, ignored by ``"fifo"``).
+
+        Returns:
+            A scalar tensor; ``last_losses`` holds the detached terms ``"batch"`` and ``"memory"`` (the in-batch
+            term is not computed when ``batch_weight == 0`` and the memory is active).
+        """
+        labels, indices = self._check_batch(embeddings, labels, indices)
+        labels = labels.to(embeddings.device)
+        use_dist = self._use_distributed()
+        exclude_self = not getattr(self.loss, "include_self", False)
+
+        if use_dist:
+            batch = dist_utils.gather_batch(embeddings, labels, indices, group=self.group)
+        else:
+            local = torch.arange(embeddings.shape[0], device=embeddings.device)
+            batch = dist_utils.GlobalBatch(embeddings, labels, indices, local)
+        all_emb, all_labels, all_indices, local = batch.embeddings, batch.labels, batch.indices, batch.local
+
+        def in_batch_loss() -> Tensor:
+            if not use_dist:
+                return self.loss(embeddings, labels)
+            self_index = local if exclude_self else None
+            return self._reference_loss(embeddings, labels, all_emb, all_labels, self_index, use_dist)
+
+        active = self.is_active
+        if self.training:
+            self.step += 1
+        if not active:
+            batch_loss = in_batch_loss()
+            self.last_losses = {"batch": batch_loss.detach()}
+            return batch_loss
+
+        write_now = self.training and not self.get_first
+        write_after = self.training and self.get_first
+        slots = None
+        if write_now:
+            slots = self._write(all_emb.detach(), all_labels, all_indices).to(embeddings.device)[local]
+        elif self.mode == "index" and exclude_self:  # the query's own (older) slot, when it is filled
+            slots = all_indices.to(embeddings.device)[local]
+            slots = torch.where(self.filled[slots.to(self.filled.device)].to(slots.device), slots, -1)
+        if self.num_filled == 0:  # get_first on an empty memory, or eval mode before anything was written
+            if write_after:
+                self._write(all_emb.detach(), all_labels, all_indices)
+            batch_loss = in_batch_loss()
+            self.last_losses = {"batch": batch_loss.detach()}
+            return batch_loss
+        ref, ref_labels, row_of_slot = self._reference()
+        if write_after:  # the buffers are written below, before backward: keep the references of this step
+            ref, ref_labels = ref.clone(), ref_labels.clone()
+        self_index = None
+        if exclude_self and slots is not None:
+            if row_of_slot is not None:
+                slots = torch.where(slots >= 0, row_of_slot.to(slots.device)[slots.clamp(min=0)], slots)
+            self_index = slots
+        memory_loss = self._reference_loss(
+            embeddings, labels, ref.to(embeddings.device), ref_labels.to(embeddings.device), self_index, use_dist
+        )
+        if write_after:
+            self._write(all_emb.detach(), all_labels, all_indices)
+        self.last_losses = {"memory": memory_loss.detach()}
+        if self.batch_weight == 0:
+            return memory_loss
+        batch_loss = in_batch_loss()
+        self.last_losses["batch"] = batch_loss.detach()
+        total = self.batch_weight + self.memory_weight
+        return (self.batch_weight * batch_loss + self.memory_weight * memory_loss) / total

@@ -1,0 +1,162 @@
+"""A PML ``AccuracyCalculator`` that adds the registry's exact metrics and accepts 2-D (hierarchical) labels."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from pytorch_metric_learning.utils import common_functions as c_f
+from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
+
+from .._validation import check_labels
+from ..relevance import Hierarchy, as_hierarchy
+from .evaluator import RetrievalEvaluator, _hierarchical_label_pair
+from .registry import METRICS, MetricSpec
+
+__all__ = ["HierarchicalAccuracyCalculator"]
+
+#: the registry's metric groups added to PML's (a group PML already defines, e.g. ``precision_at_1``, stays PML's)
+_ADDED = tuple(name for name in METRICS if not hasattr(AccuracyCalculator, f"calculate_{name}"))
+
+
+class HierarchicalAccuracyCalculator(AccuracyCalculator):
+    """PML 2.x ``AccuracyCalculator`` plus exact full-ranking metrics (:class:`RetrievalEvaluator`).
+
+    Same call as PML: ``get_accuracy(query, query_labels, reference=None, reference_labels=None,
+    ref_includes_query=False, include=(), exclude=())``, so PML testers and hooks can use it. Labels may be 1-D, 2-D
+    ``(N, L)`` (column 0 finest) or 1-D fine labels expanded through ``hierarchy``.
+
+    * PML's own metrics (``precision_at_1``, ``mean_average_precision_at_r``, ``r_precision``, ``NMI``, ...) are
+      computed by PML on the **fine** labels, which are first re-indexed to ``0..K-1`` so that PML's float32 label
+      cast cannot merge large label values.
+    * Added metrics: every group of the metric registry (:data:`pml_suprank.metrics.registry.METRICS`) that PML
+      does not define itself, computed exactly over the whole gallery by :class:`RetrievalEvaluator` (pessimistic
+      ties, queries without positives excluded): ``"ap"``, ``"map_at_r"``, ``"h_ap"``, ``"ndcg"``, ``"asi"``,
+      ``"sum_w_ap"``, the top-k groups (``"recall_at_k"`` → ``"recall_at_{k}"``, ...) and the per-level groups
+      (``"ap_level"`` → ``"ap_level{h}"``, ...). The ``calculate_<group>`` methods PML discovers are generated
+      from the registry.
+    * **One name per number.** When PML computes a metric under its own name in the same call, the equal key of
+      ours (``map_at_r`` = ``mean_average_precision_at_r``, ``recall_at_1`` = ``precision_at_1``) is left out,
+      unless its group is named in ``include`` (of the constructor, or of this ``get_accuracy`` call when given).
+      A key spelled exactly like PML's (``precision_at_1`` of ``precision_at_k``) always keeps PML's value.
+
+    Args:
+        include, exclude: metric names, PML's and the added ones.
+        k_values: ``k`` of the top-k groups (``recall_at_k``, ...).
+        alpha: H-AP relevance exponent.
+        level_weights: ΣwAP weights.
+        hierarchy: fine -> ancestors table for 1-D labels.
+        chunk_size: queries per chunk of the exact evaluation.
+        **kwargs: forwarded to PML's ``AccuracyCalculator`` (``k``, ``avg_of_avgs``, ``knn_func``, ``device``, ...).
+    """
+
+    def __init__(
+        self,
+        include: Sequence[str] = (),
+        exclude: Sequence[str] = (),
+        *,
+        k_values: Sequence[int] = (1, 10, 100),
+        alpha: float = 1.0,
+        level_weights: Sequence[float] | None = None,
+        hierarchy: Hierarchy | torch.Tensor | None = None,
+        chunk_size: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._cache: dict[str, Any] = {}
+        self._num_levels = 1
+        self._include = tuple(include)
+        super().__init__(include=include, exclude=exclude, **kwargs)
+        self.hierarchy = as_hierarchy(hierarchy)
+        self._evaluator_kwargs = dict(
+            k_values=tuple(k_values), alpha=alpha, chunk_size=chunk_size, level_weights=level_weights
+        )
+        RetrievalEvaluator(**self._evaluator_kwargs)  # validate now
+
+    def get_accuracy(
+        self,
+        query: Any,
+        query_labels: Any,
+        reference: Any = None,
+        reference_labels: Any = None,
+        ref_includes_query: bool = False,
+        include: Sequence[str] = (),
+        exclude: Sequence[str] = (),
+    ) -> dict[str, Any]:
+        """PML's ``get_accuracy`` with hierarchical labels and the added exact metrics (flattened into the dict)."""
+        self.check_primary_metrics(include, exclude)
+        query = c_f.numpy_to_torch(query)
+        query_labels = c_f.numpy_to_torch(query_labels)
+        if reference is None:
+            reference, reference_labels, ref_includes_query = query, query_labels, True
+        else:
+            reference = c_f.numpy_to_torch(reference)
+            reference_labels = c_f.numpy_to_torch(reference_labels)
+        if len(query) != len(query_labels) or len(reference) != len(reference_labels):
+            raise ValueError("embeddings and labels must have the same length")
+        query_labels = check_labels("query_labels", query_labels, len(query), n_name="query")
+        reference_labels = check_labels("reference_labels", reference_labels, len(reference), n_name="reference")
+        ql, rl = _hierarchical_label_pair(query_labels, reference_labels, self.hierarchy)
+        wanted = list(self.get_function_dict(include, exclude))
+        ours = [m for m in wanted if m in _ADDED]
+        theirs = [m for m in wanted if m not in _ADDED]
+        result: dict[str, Any] = {}
+        if theirs:
+            Q = len(query)
+            _, fine = torch.unique(torch.cat([ql[:, 0], rl[:, 0].to(ql.device)]), return_inverse=True)
+            result.update(
+                super().get_accuracy(
+                    query,
+                    fine[:Q],
+                    reference,
+                    fine[Q:],
+                    ref_includes_query,
+                    include=tuple(theirs),
+                )
+            )
+        if ours:
+            evaluator = RetrievalEvaluator(metrics=ours, device=self.device, **self._evaluator_kwargs)
+            same = reference is query
+            self._cache = evaluator.evaluate(
+                query.float(),
+                ql,
+                None if same else reference.float(),
+                None if same else rl,
+                ref_includes_query=ref_includes_query and not same,
+            )
+            self._num_levels = ql.shape[1]
+            named = set(include) if include else set(self._include)
+            for name in ours:
+                value = getattr(self, f"calculate_{name}")()
+                pml_names = dict(METRICS[name].pml_names)
+                for key, v in (value if isinstance(value, dict) else {name: value}).items():
+                    pml = pml_names.get(key)
+                    if pml is not None and pml in result and (key == pml or name not in named):
+                        continue  # PML reports this number under its own name
+                    result[key] = v
+            for key, value in self._cache.items():
+                if key.startswith("num_queries"):
+                    result[key] = value
+            self._cache = {}
+        return result
+
+
+def _calculate(spec: MetricSpec) -> Any:
+    """The ``calculate_<group>`` method of ``spec``: its value(s) from the evaluation run once in ``get_accuracy``
+    (a float for a plain key, ``{key: float}`` for a pattern with ``{k}`` and/or ``{h}``)."""
+
+    def calculate(self: HierarchicalAccuracyCalculator, **kwargs: Any) -> float | dict[str, float]:
+        if spec.key == spec.name:
+            return self._cache[spec.key]
+        ks = self._evaluator_kwargs["k_values"] if spec.takes_k else (None,)
+        hs = range(self._num_levels) if spec.per_level else (None,)
+        return {key: self._cache[key] for key in dict.fromkeys(spec.format_key(k, h) for h in hs for k in ks)}
+
+    calculate.__name__ = calculate.__qualname__ = f"calculate_{spec.name}"
+    calculate.__doc__ = f"{spec.description} (``{spec.key}``); computed once per ``get_accuracy`` call."
+    return calculate
+
+
+for _name in _ADDED:
+    setattr(HierarchicalAccuracyCalculator, f"calculate_{_name}", _calculate(METRICS[_name]))
+del _name

@@ -1,0 +1,515 @@
+"""Chunked, exact full-ranking retrieval evaluation.
+
+The gallery is permuted once so that items are grouped by their label path (coarsest level first). The items sharing
+the ``m`` coarsest labels of a query then form a contiguous, nested slice ``[a_m, b_m)`` of every score row, so the
+level of an item follows from its column and no ``(Q, N)`` level matrix is built. For each chunk of queries the
+score block is one matmul; the relevant slice is gathered and sorted, one scatter blanks it in the score block, and
+negatives are only *counted* (:func:`~pml_suprank.metrics.ranks.rank_relevant_items`: negatives below the
+lowest relevant score are pruned by one comparison pass). Cost: ``O(Q·N·D)`` for the matmul plus a few ``O(Q·N)``
+streaming passes and ``O(Σ_q P_q log P_q)`` for the relevant items; memory ``O(chunk·N)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .._validation import check_embeddings, check_labels, check_positive
+from ..relevance import Hierarchy, as_hierarchical_labels, as_hierarchy
+from .ranks import COUNTING_METHODS, RetrievalRanks, rank_relevant_items
+from .registry import METRIC_GROUPS, TOP_K_GROUPS, check_groups, metrics_from_ranks
+
+__all__ = ["RetrievalEvaluator", "compute_embeddings", "METRIC_GROUPS"]
+
+
+def _hierarchical_label_pair(
+    query_labels: Tensor, reference_labels: Tensor, hierarchy: Hierarchy | None
+) -> tuple[Tensor, Tensor]:
+    """``(Q, L)`` and ``(N, L)`` labels (column 0 finest) from 1-D or 2-D labels, expanded through ``hierarchy``;
+    ValueError when the two have different numbers of levels."""
+    ql = as_hierarchical_labels(query_labels, hierarchy, name="query_labels")
+    rl = as_hierarchical_labels(reference_labels, hierarchy, name="reference_labels")
+    if ql.shape[1] != rl.shape[1]:
+        raise ValueError(
+            f"query_labels and reference_labels must have the same number of levels; got {ql.shape[1]} "
+            f"and {rl.shape[1]}"
+        )
+    return ql, rl
+
+
+def _label_blocks(query_labels: Tensor, ref_labels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Permutation of the gallery by label path and the nested slices of each query.
+
+    Returns:
+        ``perm`` ``(N,)``, ``starts`` and ``ends`` ``(Q, L)``: after ``ref[perm]`` the items agreeing with query ``q``
+        on its ``m`` coarsest labels are the columns ``[starts[q, m-1], ends[q, m-1])``.
+    """
+    N, L = ref_labels.shape
+    paths = torch.cat([ref_labels, query_labels]).flip(1)  # coarsest first
+    ids = []
+    prev = torch.zeros(paths.shape[0], dtype=torch.long)
+    for m in range(L):
+        # id of the path of the m + 1 coarsest labels: lexicographic (previous id, label), 1-D uniques only
+        _, col = torch.unique(paths[:, m], return_inverse=True)
+        _, prev = torch.unique(prev * (int(col.max()) + 1 if col.numel() else 1) + col, return_inverse=True)
+        ids.append(prev)
+    perm = torch.sort(ids[-1][:N], stable=True).indices
+    starts, ends = [], []
+    for inv in ids:
+        g = inv[:N][perm].contiguous()
+        q = inv[N:].contiguous()
+        starts.append(torch.searchsorted(g, q, right=False))
+        ends.append(torch.searchsorted(g, q, right=True))
+    return perm, torch.stack(starts, 1), torch.stack(ends, 1)
+
+
+def _chunk_ranks(
+    scores: Tensor,
+    starts: Tensor,
+    ends: Tensor,
+    self_col: Tensor | None,
+    num_bins: int | None,
+    workspace: dict | None = None,
+    counting: str = "auto",
+) -> RetrievalRanks:
+    """Ranks of one chunk from its ``(C, N)`` score block (overwritten) and the label slices ``(C, L)``."""
+    C, N = scores.shape
+    L = starts.shape[1]
+    device = scores.device
+    a1, b1 = starts[:, 0], ends[:, 0]
+    n_block = b1 - a1
+    P = int(n_block.max()) if C else 0
+    t = torch.arange(P, device=device)
+    in_block = t[None, :] < n_block[:, None]
+    raw = a1[:, None] + t[None, :]  # past the block (possibly past N) on padding slots
+    # level of every slot: 1 inside the block, +1 per finer nested slice containing it; 0 for padding and the query
+    lev = in_block.long()
+    for m in range(1, L):
+        lev += (raw >= starts[:, m : m + 1]) & (raw < ends[:, m : m + 1])
+    has_self = torch.zeros(C, dtype=torch.long, device=device)
+    if self_col is not None:
+        has_self = (self_col >= 0).long()
+        lev.masked_fill_(raw == self_col[:, None], 0)
+    # padding slots point at the first column of the row's block (or hold the original score of a row whose block is
+    # empty), so one scatter keeps only the negatives in the score block (the query itself lies in its own block)
+    col = torch.where(in_block, raw, a1.clamp_max(max(N - 1, 0))[:, None])
+    rel_scores = scores.gather(1, col)
+    if P:
+        scores.scatter_(1, col, rel_scores.masked_fill((n_block > 0)[:, None], float("-inf")))
+    levels, positions = rank_relevant_items(
+        scores, rel_scores, lev, num_bins=num_bins, workspace=workspace, counting=counting
+    )
+    return RetrievalRanks(levels, positions, _block_counts(starts, ends, has_self, N), L)
+
+
+class RetrievalEvaluator:
+    """Exact retrieval metrics over the whole gallery, chunked over queries, on any device.
+
+    Metrics (means over the queries for which they are defined; ties ranked pessimistically — among equal scores the
+    less relevant item first —, the query removed from its own gallery by index, queries without positives excluded
+    and counted):
+
+    * fine level: ``"ap"``, ``"map_at_r"``, ``"r_precision"``, ``"precision_at_1"``, ``"recall_at_{k}"`` (hit rate),
+      ``"precision_at_{k}"``, ``"true_recall_at_{k}"``, ``"map_at_{k}"`` for ``k`` in ``k_values``;
+    * hierarchical: ``"h_ap"`` (SupRank Eq. 19, pop relevance Eq. 20 with ``alpha``, counted on the gallery searched),
+      ``"ndcg"`` (Eq. 23), ``"asi"`` (App. C-A1), ``"sum_w_ap"`` (ΣwAP with ``level_weights``);
+    * per hierarchy level ``h`` (label column, 0 = finest; positives share the label of column ``h``):
+      ``"ap_level{h}"``, ``"map_at_r_level{h}"``, ``"recall_at_{k}_level{h}"``;
+    * counts: ``"num_queries"``, ``"num_queries_without_positives"`` (fine level),
+      ``"num_queries_without_positives_level{h}"``, ``"num_queries_without_relevant"`` (nothing at any level).
+
+    Args:
+        k_values: the ``k`` of the top-k metrics.
+        alpha: ``α`` of the H-AP relevance (1 = HAPPIER).
+        chunk_size: queries per chunk; default ``max(16, 2**25 // N)`` (about 1 GB of work memory).
+        device: where to compute (default: the device of ``query``).
+        metrics: metric groups to compute (keys of :data:`METRIC_GROUPS`, one per entry of the metric registry
+            :data:`~pml_suprank.metrics.registry.METRICS`); default all.
+        level_weights: ``w_1..w_L`` for ΣwAP (``w_L`` = finest); default uniform.
+        hierarchy: fine -> ancestors table ``(num_fine, L)`` or :class:`~pml_suprank.relevance.Hierarchy`, used to
+            expand 1-D labels.
+        backend: ``"torch"`` (exact, every metric) or ``"faiss"`` (``IndexFlatIP`` k-NN; only the top-k metric groups
+            :data:`~pml_suprank.metrics.registry.TOP_K_GROUPS`; ties in faiss order).
+        progress_bar: show a tqdm bar over chunks.
+        num_bins: histogram resolution of the counting kernel (speed only).
+        counting: ``"auto"``, ``"search"`` or ``"histogram"``: how negatives are counted (speed only, never the
+            result; see :func:`~pml_suprank.metrics.ranks.rank_relevant_items`).
+
+    Example:
+        >>> evaluator = RetrievalEvaluator(k_values=(1, 10))
+        >>> out = evaluator.evaluate(embeddings, labels)  # labels (N,) or (N, L), column 0 finest
+        >>> out["map_at_r"], out["h_ap"]
+    """
+
+    def __init__(
+        self,
+        k_values: Sequence[int] = (1, 10, 100),
+        alpha: float = 1.0,
+        chunk_size: int | None = None,
+        device: torch.device | str | None = None,
+        *,
+        metrics: Iterable[str] | None = None,
+        level_weights: Sequence[float] | None = None,
+        hierarchy: Hierarchy | Tensor | None = None,
+        backend: str = "torch",
+        progress_bar: bool = False,
+        num_bins: int | None = None,
+        counting: str = "auto",
+    ) -> None:
+        if isinstance(k_values, int):
+            k_values = (k_values,)
+        k_values = tuple(k_values)
+        for k in k_values:
+            if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+                raise ValueError(f"k_values must be positive ints; got {k_values!r}")
+        self.k_values = k_values
+        self.alpha = check_positive("alpha", alpha, strict=False)
+        if chunk_size is not None and (
+            isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
+        ):
+            raise ValueError(f"chunk_size must be a positive int or None; got {chunk_size!r}")
+        self.chunk_size = chunk_size
+        self.device = None if device is None else torch.device(device)
+        if backend not in ("torch", "faiss"):
+            raise ValueError(f"backend must be one of ('torch', 'faiss'); got {backend!r}")
+        self.backend = backend
+        if metrics is None:
+            metrics = TOP_K_GROUPS if backend == "faiss" else tuple(METRIC_GROUPS)
+        metrics = check_groups(metrics)
+        if backend == "faiss":
+            exact_only = [m for m in metrics if m not in TOP_K_GROUPS]
+            if exact_only:
+                raise ValueError(
+                    f"backend='faiss' only computes the top-k metrics {TOP_K_GROUPS}; got {exact_only} "
+                    "(use backend='torch' for exact full-ranking metrics)"
+                )
+        self.metrics = metrics
+        self.level_weights = None if level_weights is None else [float(w) for w in level_weights]
+        self.hierarchy = as_hierarchy(hierarchy)
+        self.progress_bar = bool(progress_bar)
+        self.num_bins = num_bins
+        if counting not in COUNTING_METHODS:
+            raise ValueError(f"counting must be one of {COUNTING_METHODS}; got {counting!r}")
+        self.counting = counting
+
+    def __repr__(self) -> str:
+        return (
+            f"RetrievalEvaluator(k_values={self.k_values}, alpha={self.alpha}, chunk_size={self.chunk_size}, "
+            f"device={self.device}, backend={self.backend!r})"
+        )
+
+    # ------------------------------------------------------------------------------------------------------------
+    def _prepare(
+        self,
+        query: Tensor,
+        query_labels: Tensor,
+        reference: Tensor | None,
+        reference_labels: Tensor | None,
+        ref_includes_query: bool,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+        query = check_embeddings("query", query)
+        query_labels = check_labels("query_labels", query_labels, query.shape[0], n_name="query")
+        if reference is None:
+            if reference_labels is not None:
+                raise ValueError("reference_labels given without reference")
+            reference, reference_labels = query, query_labels
+            ref_includes_query = True
+        else:
+            reference = check_embeddings("reference", reference)
+            if reference_labels is None:
+                raise ValueError("reference_labels must be given with reference")
+            reference_labels = check_labels(
+                "reference_labels", reference_labels, reference.shape[0], n_name="reference"
+            )
+        if reference.shape[1] != query.shape[1]:
+            raise ValueError(
+                f"query and reference must have the same embedding size; got {query.shape[1]} and {reference.shape[1]}"
+            )
+        ql, rl = _hierarchical_label_pair(query_labels, reference_labels, self.hierarchy)
+        self_idx = None
+        if ref_includes_query:
+            Q = query.shape[0]
+            if reference.shape[0] < Q:
+                raise ValueError(
+                    f"ref_includes_query=True needs the queries as the first rows of reference; reference has "
+                    f"{reference.shape[0]} rows for {Q} queries"
+                )
+            if reference is not query and not (
+                torch.equal(ql, rl[:Q].to(ql.device)) and torch.allclose(query, reference[:Q].to(query.device))
+            ):
+                raise ValueError(
+                    "ref_includes_query=True: the first len(query) rows of reference (and reference_labels) must "
+                    "equal query (and query_labels)"
+                )
+            self_idx = torch.arange(Q)
+        return query, ql, reference, rl, self_idx
+
+    def _default_chunk(self, n_ref: int) -> int:
+        return self.chunk_size if self.chunk_size is not None else max(16, 2**25 // max(n_ref, 1))
+
+    def _chunks(self, num_queries: int, chunk: int) -> Iterable[int]:
+        starts = range(0, num_queries, chunk)
+        if not self.progress_bar:
+            return starts
+        try:
+            from tqdm.auto import tqdm
+        except ImportError as e:  # pragma: no cover - tqdm is in the recipes extra
+            raise ImportError("progress_bar=True needs tqdm: pip install tqdm") from e
+        return tqdm(starts, total=math.ceil(num_queries / chunk), desc="retrieval eval", unit="chunk")
+
+    # ------------------------------------------------------------------------------------------------------------
+    def evaluate(
+        self,
+        query: Tensor,
+        query_labels: Tensor,
+        reference: Tensor | None = None,
+        reference_labels: Tensor | None = None,
+        return_per_query: bool = False,
+        *,
+        ref_includes_query: bool = False,
+    ) -> dict[str, Any]:
+        """Evaluate ``query`` against ``reference`` (default: the query set itself, each query removed by index).
+
+        Args:
+            query: ``(Q, D)`` embeddings (compared by dot product: pass L2-normalised embeddings for cosine).
+            query_labels: ``(Q,)`` or ``(Q, L)`` integer labels (column 0 finest), or fine labels + ``hierarchy``.
+            reference: ``(N, D)`` gallery embeddings, or None.
+            reference_labels: labels of the gallery, same number of levels as ``query_labels``.
+            return_per_query: also return ``"per_query"``: ``{key: (Q,) float64 tensor}`` (NaN = undefined).
+            ref_includes_query: the first ``Q`` rows of ``reference`` are the queries (PML convention); they are
+                removed from their own ranking by index.
+
+        Returns:
+            dict of float means (and int counts), plus ``"per_query"`` when asked.
+        """
+        query, ql, reference, rl, self_idx = self._prepare(
+            query, query_labels, reference, reference_labels, ref_includes_query
+        )
+        if self.backend == "faiss":
+            return self._evaluate_faiss(query, ql, reference, rl, self_idx, return_per_query)
+        device = self.device if self.device is not None else query.device
+        dtype = query.dtype if query.dtype in (torch.float32, torch.float64) else torch.float32
+        Q, N, L = query.shape[0], reference.shape[0], ql.shape[1]
+        perm, starts, ends = _label_blocks(ql.cpu(), rl.cpu())
+        self_col = None
+        if self_idx is not None:
+            inv = torch.empty_like(perm)
+            inv[perm] = torch.arange(N)
+            self_col = torch.full((Q,), -1, dtype=torch.long)
+            self_col[self_idx] = inv[self_idx]
+        gallery = reference.detach()[perm.to(reference.device)].to(device=device, dtype=dtype)
+        starts, ends = starts.to(device), ends.to(device)
+        self_col = None if self_col is None else self_col.to(device)
+        chunk = self._default_chunk(N)
+        per_query: dict[str, list[Tensor]] = {}
+        workspace: dict[str, Tensor] = {}
+        score_buf = torch.empty(min(chunk, Q), N, dtype=dtype, device=device)
+        with torch.no_grad():
+            for s in self._chunks(Q, chunk):
+                e = min(s + chunk, Q)
+                qc = query.detach()[s:e].to(device=device, dtype=dtype)
+                scores = torch.mm(qc, gallery.T, out=score_buf[: e - s])
+                ranks = _chunk_ranks(
+                    scores,
+                    starts[s:e],
+                    ends[s:e],
+                    None if self_col is None else self_col[s:e],
+                    self.num_bins,
+                    workspace,
+                    self.counting,
+                )
+                for key, value in self._metrics_from_ranks(ranks).items():
+                    per_query.setdefault(key, []).append(value.cpu())
+        merged = {k: torch.cat(v) for k, v in per_query.items()}
+        return self._summarise(merged, Q, L, return_per_query)
+
+    def _metrics_from_ranks(self, ranks: RetrievalRanks) -> dict[str, Tensor]:
+        L = ranks.num_levels
+        out = metrics_from_ranks(
+            ranks, k_values=self.k_values, groups=self.metrics, alpha=self.alpha, level_weights=self.level_weights
+        )
+        out["_n_pos_fine"] = ranks.counts[:, L].double()
+        out["_n_rel"] = ranks.counts[:, 1:].sum(1).double()
+        for h in range(L):
+            out[f"_n_pos_level{h}"] = ranks.counts[:, L - h :].sum(1).double()
+        return out
+
+    @staticmethod
+    def _summarise(per_query: dict[str, Tensor], Q: int, L: int, return_per_query: bool) -> dict[str, Any]:
+        result: dict[str, Any] = {}
+        for key, v in per_query.items():
+            if key.startswith("_"):
+                continue
+            ok = ~torch.isnan(v)
+            result[key] = float(v[ok].mean()) if bool(ok.any()) else float("nan")
+        result["num_queries"] = Q
+        result["num_queries_without_positives"] = int((per_query["_n_pos_fine"] == 0).sum())
+        result["num_queries_without_relevant"] = int((per_query["_n_rel"] == 0).sum())
+        for h in range(L):
+            result[f"num_queries_without_positives_level{h}"] = int((per_query[f"_n_pos_level{h}"] == 0).sum())
+        if return_per_query:
+            result["per_query"] = {k: v for k, v in per_query.items() if not k.startswith("_")}
+        return result
+
+    # ------------------------------------------------------------------------------------------------------------
+    def _evaluate_faiss(
+        self, query: Tensor, ql: Tensor, reference: Tensor, rl: Tensor, self_idx: Tensor | None, per_q: bool
+    ) -> dict[str, Any]:
+        try:
+            import faiss
+        except ImportError as e:
+            raise ImportError("backend='faiss' needs faiss: pip install 'pml-suprank[faiss]'") from e
+        import numpy as np
+
+        Q, N, L = query.shape[0], reference.shape[0], ql.shape[1]
+        kmax = min(max(self.k_values + (1,)), N - (1 if self_idx is not None else 0))
+        extra = 1 if self_idx is not None else 0
+        index = faiss.IndexFlatIP(reference.shape[1])
+        index.add(np.ascontiguousarray(reference.detach().cpu().float().numpy()))
+        _, nn = index.search(np.ascontiguousarray(query.detach().cpu().float().numpy()), kmax + extra)
+        nn = torch.from_numpy(nn).long()
+        if self_idx is not None:  # drop the query itself by index (keep the first kmax others)
+            keep = nn != torch.arange(Q)[:, None]
+            order = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices[:, :kmax]
+            nn = nn.gather(1, order)
+        ranks = _knn_ranks(nn, ql.cpu(), rl.cpu(), self_idx is not None)
+        return self._summarise(self._metrics_from_ranks(ranks), Q, L, per_q)
+
+
+def _block_counts(starts: Tensor, ends: Tensor, has_self: Tensor, N: int) -> Tensor:
+    """``(C, L + 1)`` items per level from the nested label slices ``(C, L)`` (``has_self``: 1 where the query
+    itself lies in the gallery and is removed)."""
+    C, L = starts.shape
+    ge = ends - starts - has_self[:, None]  # (C, L): items agreeing on the m coarsest labels (self removed)
+    ge = torch.cat([ge, torch.zeros_like(ge[:, :1])], 1)
+    counts = torch.empty(C, L + 1, dtype=torch.long, device=starts.device)
+    counts[:, 1:] = ge[:, :-1] - ge[:, 1:]
+    counts[:, 0] = N - has_self - ge[:, 0]
+    return counts
+
+
+def _knn_ranks(nn: Tensor, query_labels: Tensor, ref_labels: Tensor, removes_self: bool) -> RetrievalRanks:
+    """:class:`RetrievalRanks` of a k-NN search: the relevant items among the ``(Q, k)`` neighbours ``nn`` (``-1`` =
+    none) at positions ``1..k`` in search order, and the level counts of the whole gallery, so that the registry's
+    top-k metrics apply unchanged."""
+    Q, L = query_labels.shape
+    nn_labels = ref_labels[nn.clamp_min(0)]  # (Q, k, L)
+    # level = number of agreeing label columns, counted from the coarsest while they agree
+    agree = (nn_labels == query_labels[:, None, :]).flip(-1).long().cumprod(-1)
+    level = agree.sum(-1) * (nn >= 0)
+    order = torch.sort((level == 0).to(torch.int8), dim=1, stable=True).indices  # relevant first, search order kept
+    levels = level.gather(1, order)
+    positions = (order + 1).masked_fill_(levels == 0, 0)
+    _, starts, ends = _label_blocks(query_labels, ref_labels)
+    has_self = torch.full((Q,), int(removes_self), dtype=torch.long)
+    return RetrievalRanks(levels, positions, _block_counts(starts, ends, has_self, ref_labels.shape[0]), L)
+
+
+@torch.no_grad()
+def compute_embeddings(
+    model: torch.nn.Module,
+    dataloader: Iterable[Any],
+    *,
+    accelerator: Any = None,
+    device: torch.device | str | None = None,
+    normalize: bool = True,
+    input_key: str | None = None,
+    label_key: str | None = None,
+    return_indices: bool = False,
+    progress: bool = False,
+    description: str = "embedding",
+) -> tuple[Tensor, ...]:
+    """Embed a whole dataloader with ``model`` (eval mode) and return ``(embeddings, labels)`` on the CPU.
+
+    The one embedding loop of the package (the trainer, the evaluation recipe and the plots use it through
+    :func:`pml_suprank.training.embed_loader`). Batches are ``(inputs, labels, ...)`` tuples or dicts (``input_key``
+    default: the first of ``"pixel_values"``, ``"image"``, ``"images"``, ``"input"``; ``label_key`` default:
+    ``"labels"`` or ``"label"``; indices: ``"index"`` or the third tuple element). With an
+    ``accelerate.Accelerator``, the model runs under ``accelerator.autocast()`` and each batch is gathered across
+    processes with ``accelerator.gather_for_metrics`` (which also drops the samples duplicated to even out the last
+    batch); the model and the dataloader should then be prepared.
+
+    Args:
+        model: maps a batch of inputs to ``(B, D)`` embeddings.
+        dataloader: iterable of batches.
+        accelerator: optional ``accelerate.Accelerator`` (accelerate is imported by the caller, never here).
+        device: where to run the model (default: ``accelerator.device`` or the model's parameters' device).
+        normalize: L2-normalise the embeddings (then dot products are cosine similarities).
+        input_key, label_key: dict keys of the inputs / labels.
+        return_indices: also return the ``(N,)`` dataset indices of the items (dict key ``"index"``).
+        progress: show a progress bar (tqdm, if installed; only on the local main process).
+        description: label of the progress bar.
+
+    Returns:
+        ``(N, D)`` float32 embeddings and ``(N,)`` or ``(N, L)`` labels, plus ``(N,)`` indices with
+        ``return_indices``.
+    """
+    if device is None:
+        if accelerator is not None:
+            device = accelerator.device
+        else:
+            p = next(iter(model.parameters()), None)
+            device = p.device if p is not None else torch.device("cpu")
+    was_training = model.training
+    model.eval()
+    outputs: list[list[Tensor]] = [[], [], []]
+    disable = not progress or not getattr(accelerator, "is_local_main_process", True)
+    try:
+        for batch in _progress(dataloader, disable, description):
+            x, y = _split_batch(batch, input_key, label_key)
+            x = x.to(device, non_blocking=True) if isinstance(x, Tensor) else x
+            parts = [torch.as_tensor(y).to(device)]
+            if return_indices:
+                parts.append(torch.as_tensor(_batch_indices(batch)).long().to(device))
+            with getattr(accelerator, "autocast", nullcontext)():
+                e = model(x)
+            e = (e[0] if isinstance(e, (tuple, list)) else e).float()
+            if normalize:
+                e = torch.nn.functional.normalize(e, dim=-1)
+            parts = [e, *parts]
+            if accelerator is not None:
+                parts = accelerator.gather_for_metrics(tuple(t.contiguous() for t in parts))
+            for store, t in zip(outputs, parts):
+                store.append(t.detach().cpu())
+    finally:
+        model.train(was_training)
+    if not outputs[0]:
+        raise ValueError("dataloader yielded no batch")
+    return tuple(torch.cat(store) for store in outputs[: 3 if return_indices else 2])
+
+
+def _progress(iterable: Iterable[Any], disable: bool, description: str) -> Iterable[Any]:
+    if disable:
+        return iterable
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # tqdm is in the recipes extra; without it, no bar
+        return iterable
+    return tqdm(iterable, desc=description, dynamic_ncols=True, mininterval=1.0, leave=False)
+
+
+def _batch_indices(batch: Any) -> Any:
+    if isinstance(batch, dict) and "index" in batch:
+        return batch["index"]
+    if isinstance(batch, (tuple, list)) and len(batch) >= 3:
+        return batch[2]
+    raise ValueError("return_indices=True needs batches with an 'index' entry or (inputs, labels, indices) tuples")
+
+
+def _split_batch(batch: Any, input_key: str | None, label_key: str | None) -> tuple[Any, Any]:
+    if isinstance(batch, dict):
+        ik = input_key or next((k for k in ("pixel_values", "image", "images", "input") if k in batch), None)
+        lk = label_key or next((k for k in ("labels", "label") if k in batch), None)
+        if ik is None or ik not in batch or lk is None or lk not in batch:
+            raise ValueError(
+                f"cannot find inputs/labels in a batch with keys {sorted(batch)}; pass input_key= and label_key="
+            )
+        return batch[ik], batch[lk]
+    if isinstance(batch, (tuple, list)) and len(batch) >= 2:
+        return batch[0], batch[1]
+    raise TypeError(f"batches must be (inputs, labels, ...) tuples or dicts; got {type(batch).__name__}")

@@ -1,0 +1,409 @@
+"""Every retrieval metric computed from the positions of the relevant items, each implemented exactly once.
+
+The per-metric functions take a :class:`RankStats`: the prefix sums shared by all metrics of one
+:class:`~pml_suprank.metrics.ranks.RetrievalRanks` (one chunk of queries in the evaluator), computed lazily and
+cached, so that asking for many metrics costs one pass per shared array. The public ``*_from_ranks`` functions are
+thin views (validate the arguments, build the :class:`RankStats`, call the one implementation); the evaluator calls
+the same implementations through the metric registry (:func:`pml_suprank.metrics.registry.metrics_from_ranks`), so
+both give identical numbers.
+
+Conventions: positives of the binary metrics are the items at level ``>= min_level`` (default ``L``, the same fine
+class); "AP at hierarchy level ``h``" (label column ``h``, 0 = finest) is ``min_level = L - h``. Queries without a
+positive (or, for the hierarchical metrics, without any relevant item) get ``NaN``: they are excluded from means,
+never scored 0. All values are float64.
+
+References:
+    Ramzi et al., "Optimization of Rank Losses for Image Retrieval" (SupRank, TPAMI 2025): H-AP Eqs. 18-20, NDCG
+    Eq. 23, ASI App. C-A1, ΣwAP Sec. V-A1 and supplementary B-B3 (Property 1). H-AP is the metric HAPPIER optimises
+    (Ramzi et al., "Hierarchical Average Precision Training for Pertinent Image Retrieval", ECCV 2022). mAP@R and
+    R-precision: Musgrave et al., "A Metric Learning Reality Check" (ECCV 2020).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .._validation import check_positive
+from ..relevance import ideal_dcg, pop_relevance, property1_relevance
+from .ranks import RetrievalRanks
+
+__all__ = [
+    "RankStats",
+    "ap_from_ranks",
+    "asi_from_ranks",
+    "hap_from_ranks",
+    "map_at_k_from_ranks",
+    "map_at_r_from_ranks",
+    "ndcg_from_ranks",
+    "precision_at_k_from_ranks",
+    "property1_hap",
+    "r_precision_from_ranks",
+    "recall_at_k_from_ranks",
+    "true_recall_at_k_from_ranks",
+    "weighted_sum_ap_from_ranks",
+]
+
+
+def _f64(x: Tensor) -> Tensor:
+    return x.to(torch.float64)
+
+
+def _nan_where_empty(value: Tensor, n: Tensor) -> Tensor:
+    return torch.where(n > 0, value, torch.full_like(value, float("nan")))
+
+
+def _at(arr: Tensor, i: Tensor) -> Tensor:
+    """``arr[c, i[c] - 1]`` (0 where ``i[c] == 0``): inclusive prefix sums ``(C, P)``, slot counts ``i`` ``(C, 1)``."""
+    return torch.where(i > 0, arr.gather(1, (i - 1).clamp_min(0)), 0.0)[:, 0]
+
+
+class RankStats:
+    """Prefix sums of one :class:`RetrievalRanks` shared by every metric (computed on first use, then cached).
+
+    Because the positions increase along the ranked slots, every "within the first ``t`` positions" quantity is a
+    gather at ``upto(t)`` slots of an inclusive prefix sum. With ``A_m(k)`` the number of items of level ``>= m``
+    ranked at or before slot ``k`` (``cum_ge(m)``) and ``rank⁺/rank`` the precision at a positive, the binary
+    metrics at threshold ``m`` are single gathers of ``cum_ge(m)`` and ``cum_precision(m)``, and H-AP reuses the
+    ``cum_ge`` of every level. The cached arrays are never modified in place.
+
+    Attributes:
+        levels: ``(C, P)`` int64 levels in ranked order, ``0`` on padding (one padding slot when ``P == 0``).
+        positions: ``(C, P)`` int64 1-based positions, ``0`` on padding.
+        counts: ``(C, L + 1)`` int64 items per level in the gallery.
+        num_levels: ``L``.
+        position: ``(C, P)`` float64 positions, ``inf`` on padding (non-decreasing along the slots).
+        inv_position: ``(C, P)`` float64 ``1 / position``, ``0`` on padding.
+    """
+
+    def __init__(self, ranks: RetrievalRanks) -> None:
+        lv, positions = ranks.levels, ranks.positions
+        C, P = lv.shape
+        if P == 0:  # one padding slot keeps every gather well defined
+            lv = torch.zeros(C, 1, dtype=lv.dtype, device=lv.device)
+            positions = torch.zeros_like(lv)
+        self.levels, self.positions, self.counts, self.num_levels = lv, positions, ranks.counts, ranks.num_levels
+        self.valid = lv > 0
+        self.position = _f64(positions).masked_fill_(~self.valid, float("inf"))
+        self.inv_position = self.position.reciprocal()
+        self._cum_ge: dict[int, Tensor] = {}
+        self._cprec: dict[int, Tensor] = {}
+        self._upto: dict[tuple[str, int], Tensor] = {}
+
+    def n_pos(self, m: int) -> Tensor:
+        """``(C,)`` int64 number of gallery items at level ``>= m``."""
+        return self.counts[:, m:].sum(1)
+
+    def cum_ge(self, m: int) -> Tensor:
+        """``(C, P)`` float64 ``A_m``: items of level ``>= m`` ranked at or before each slot (inclusive)."""
+        if m not in self._cum_ge:
+            ge = self.valid if m == 1 else self.levels >= m
+            self._cum_ge[m] = torch.cumsum(ge, 1, dtype=torch.float64)
+        return self._cum_ge[m]
+
+    def cum_precision(self, m: int) -> Tensor:
+        """``(C, P)`` float64 inclusive prefix sums of ``rank⁺(k) / rank(k)`` over the positives (level ``>= m``)."""
+        if m not in self._cprec:
+            prec = self.cum_ge(m) * self.inv_position  # inv_position is 0 on padding: only levels < m need masking
+            if m > 1:
+                prec.masked_fill_(self.levels < m, 0.0)
+            self._cprec[m] = prec.cumsum_(1)
+        return self._cprec[m]
+
+    def upto_k(self, k: int) -> Tensor:
+        """``(C, 1)`` number of slots with position ``<= k``."""
+        if ("k", k) not in self._upto:
+            C = self.levels.shape[0]
+            self._upto[("k", k)] = self._upto_t(torch.full((C,), k, dtype=torch.float64, device=self.levels.device))
+        return self._upto[("k", k)]
+
+    def upto_r(self, m: int) -> Tensor:
+        """``(C, 1)`` number of slots with position ``<= R``, ``R`` = number of positives at threshold ``m``."""
+        if ("r", m) not in self._upto:
+            self._upto[("r", m)] = self._upto_t(self.n_pos(m))
+        return self._upto[("r", m)]
+
+    def _upto_t(self, t: Tensor) -> Tensor:
+        C = self.levels.shape[0]
+        return torch.searchsorted(self.position, _f64(t).reshape(-1, 1).expand(C, 1).contiguous(), right=True)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the metrics (one implementation each; arguments already validated)
+
+
+def average_precision_(st: RankStats, m: int) -> Tensor:
+    """AP ``= (1/|Ω⁺|) Σ_{k∈Ω⁺} rank⁺(k) / rank(k)``, positives at level ``>= m``."""
+    n = st.n_pos(m)
+    return _nan_where_empty(st.cum_precision(m)[:, -1] / _f64(n).clamp_min(1), n)
+
+
+def map_at_r_(st: RankStats, m: int) -> Tensor:
+    """mAP@R: precisions at the positives within the first ``R = |Ω⁺|`` positions, divided by ``R``."""
+    n = st.n_pos(m)
+    return _nan_where_empty(_at(st.cum_precision(m), st.upto_r(m)) / _f64(n).clamp_min(1), n)
+
+
+def r_precision_(st: RankStats, m: int) -> Tensor:
+    """R-precision: positives within the first ``R = |Ω⁺|`` positions, divided by ``R``."""
+    n = st.n_pos(m)
+    return _nan_where_empty(_at(st.cum_ge(m), st.upto_r(m)) / _f64(n).clamp_min(1), n)
+
+
+def _hits(st: RankStats, m: int, k: int) -> Tensor:
+    return _at(st.cum_ge(m), st.upto_k(k))
+
+
+def recall_at_k_(st: RankStats, m: int, k: int) -> Tensor:
+    """R@k as used in image retrieval: 1 if a positive is among the top ``k`` (hit rate)."""
+    n = st.n_pos(m)
+    return _nan_where_empty((_hits(st, m, k) > 0).double(), n)
+
+
+def precision_at_k_(st: RankStats, m: int, k: int) -> Tensor:
+    """P@k: positives in the top ``k`` divided by ``k``."""
+    n = st.n_pos(m)
+    return _nan_where_empty(_hits(st, m, k) / k, n)
+
+
+def true_recall_at_k_(st: RankStats, m: int, k: int) -> Tensor:
+    """True recall@k: positives in the top ``k`` divided by ``min(|Ω⁺|, k)``."""
+    n = st.n_pos(m)
+    return _nan_where_empty(_hits(st, m, k) / _f64(n).clamp(1, k), n)
+
+
+def map_at_k_(st: RankStats, m: int, k: int) -> Tensor:
+    """mAP@k: precisions at the positives within the top ``k``, divided by ``min(|Ω⁺|, k)``."""
+    n = st.n_pos(m)
+    return _nan_where_empty(_at(st.cum_precision(m), st.upto_k(k)) / _f64(n).clamp(1, k), n)
+
+
+def hierarchical_ap_(st: RankStats, table: Tensor) -> Tensor:
+    """H-AP (SupRank Eqs. 18-19) from a ``(C, L + 1)`` float64 relevance table (column 0 ignored).
+
+    ``H-rank⁺(k) = Σ_l c_l(k)·min(rel(k), rel(l))`` with ``c_l(k)`` the items of level exactly ``l`` ranked at or
+    before ``k`` (the pessimistic order replaces the Heaviside of Eq. 18), ``H-AP = Σ_k H-rank⁺(k) / rank(k) /
+    Σ_k rel(k)`` over the relevant items ``k``. Summed by parts over the cumulative counts ``A_l = c_l + ... + c_L``:
+    ``H-rank⁺(k) = Σ_l A_l(k)·(min(rel(k), rel(l)) − min(rel(k), rel(l − 1)))`` (the ``l − 1 = 0`` term is zero);
+    the ``(C, L + 1, L + 1)`` table of those differences is tiny, so each level costs one gather and one fma. Levels
+    are identified by their integer level, never by float equality of relevances.
+    """
+    L = st.num_levels
+    lv = st.levels
+    table = torch.cat([torch.zeros_like(table[:, :1]), table[:, 1:]], 1)  # rel(0) = 0
+    pair_min = torch.minimum(table[:, :, None], table[:, None, :])  # [c, λ, l] = min(rel(λ), rel(l))
+    steps = pair_min[:, :, 1:] - torch.cat([torch.zeros_like(pair_min[:, :, :1]), pair_min[:, :, 1:-1]], 2)
+    rel_k = table.gather(1, lv)  # 0 on padding
+    h_rank = None
+    for lvl in range(1, L + 1):
+        coef = steps[:, :, lvl - 1].gather(1, lv)
+        cum_ge = st.cum_ge(lvl)  # cached: never modified in place
+        h_rank = coef.mul_(cum_ge) if h_rank is None else h_rank.addcmul_(cum_ge, coef)
+    num = h_rank.mul_(st.inv_position).sum(1)
+    den = rel_k.sum(1)
+    return _nan_where_empty(num / torch.where(den > 0, den, torch.ones_like(den)), den)
+
+
+def ndcg_(st: RankStats) -> Tensor:
+    """NDCG (SupRank Eq. 23): gains ``2^l − 1``, discounts ``1 / log2(1 + p)``, ideal DCG of the same gallery."""
+    L = st.num_levels
+    device = st.levels.device
+    # lookup tables instead of per-slot pow / log2 (padding: gain 0)
+    gains = 2.0 ** torch.arange(L + 1, device=device, dtype=torch.float64) - 1.0
+    gain = gains.take(st.levels)
+    ranks_p = torch.arange(
+        int(st.positions.max()) + 1 if st.positions.numel() else 1, device=device, dtype=torch.float64
+    )
+    disc = (1.0 / torch.log2(1.0 + ranks_p.clamp_min(1))).take(st.positions)
+    dcg = gain.mul_(disc).sum(1)
+    idcg = ideal_dcg(st.counts[:, 1:], gains[1:])  # relevant levels only: the negatives' gain is 0
+    return _nan_where_empty(dcg / torch.where(idcg > 0, idcg, torch.ones_like(idcg)), st.n_pos(1))
+
+
+def asi_(st: RankStats) -> Tensor:
+    """Average Set Intersection (SupRank App. C-A1).
+
+    With ``N⁺`` relevant items, ``ASI = (1/N⁺) Σ_{n=1}^{N⁺} Σ_l min(c_l(n), c*_l(n)) / n`` where ``c_l(n)`` counts
+    the level-``l`` items in the top ``n`` of the ranking and ``c*_l(n)`` in the ideal ranking. ``c_{>=l}(n)`` is an
+    int32 prefix sum over a ``(C, P)`` map position -> level; the finest level needs no ``min`` with the ideal count
+    (``c_L(n) <= min(n, |Ω^(L)|)`` always).
+    """
+    L = st.num_levels
+    lv, positions, counts = st.levels, st.positions, st.counts
+    C, P = lv.shape
+    device = lv.device
+    n_plus = st.n_pos(1)
+    inside = (lv > 0) & (positions <= n_plus[:, None])  # only positions <= N⁺ <= P matter
+    # level of the relevant item at each position 1..P (positions are distinct; column P collects the rest)
+    level_at = torch.zeros(C, P + 1, dtype=torch.int8, device=device)
+    level_at.scatter_(1, (positions - 1).masked_fill_(~inside, P), lv.to(torch.int8).masked_fill_(~inside, 0))
+    level_at = level_at[:, :P]
+    n = torch.arange(1, P + 1, device=device, dtype=torch.int32)
+    total = None
+    above = torch.zeros_like(n_plus)  # relevant items of higher level (ranked first in the ideal order)
+    prev = None
+    for lvl in range(L, 0, -1):
+        cum_ge = (level_at >= lvl).cumsum(1, dtype=torch.int32)  # items of level >= lvl within the first n
+        c = cum_ge if prev is None else cum_ge - prev
+        prev = cum_ge
+        n_l = counts[:, lvl]
+        if lvl == L:
+            total = c.clone()
+        else:
+            c_star = (n[None, :] - above[:, None].int()).clamp_min_(0)
+            total += torch.minimum(c, torch.minimum(c_star, n_l[:, None].int(), out=c_star))
+        above = above + n_l
+    ratio = _f64(total).div_(_f64(n)[None, :]).masked_fill_(n[None, :] > n_plus[:, None], 0.0)
+    return _nan_where_empty(ratio.sum(1) / n_plus.clamp_min(1), n_plus)
+
+
+def weighted_sum_ap_(st: RankStats, weights: Tensor) -> Tensor:
+    """ΣwAP ``= Σ_l w_l·AP^(l) / Σ_l w_l`` over the levels ``l`` with positives for the query (SupRank Sec. V-A1);
+    ``AP^(l)`` takes the items at level ``>= l`` as positives and ``weights`` is ``(L,)`` float64 ``w_1..w_L``."""
+    L = st.num_levels
+    C = st.levels.shape[0]
+    num = torch.zeros(C, dtype=torch.float64, device=st.levels.device)
+    den = torch.zeros_like(num)
+    for m in range(1, L + 1):
+        n = st.n_pos(m)
+        has = n > 0
+        num += torch.where(
+            has, weights[m - 1] * st.cum_precision(m)[:, -1] / _f64(n).clamp_min(1), torch.zeros_like(num)
+        )
+        den += torch.where(has, weights[m - 1], torch.zeros_like(den))
+    return _nan_where_empty(num / torch.where(den > 0, den, torch.ones_like(den)), den)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# argument checks
+
+
+def _check_min_level(min_level: int | None, num_levels: int) -> int:
+    if min_level is None:
+        return num_levels
+    if isinstance(min_level, bool) or not isinstance(min_level, int) or not 1 <= min_level <= num_levels:
+        raise ValueError(f"min_level must be an int in [1, num_levels={num_levels}]; got {min_level!r}")
+    return min_level
+
+
+def _check_k(k: int) -> int:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be a positive int; got {k!r}")
+    return k
+
+
+def _check_weights(weights: Tensor | list[float] | None, L: int, device: torch.device) -> Tensor:
+    w = (
+        torch.full((L,), 1.0 / L, dtype=torch.float64)
+        if weights is None
+        else torch.as_tensor(weights, dtype=torch.float64)
+    )
+    w = w.to(dtype=torch.float64, device=device)
+    if w.shape != (L,) or bool((w < 0).any()) or not bool(torch.isfinite(w).all()):
+        raise ValueError(f"weights must be {L} finite non-negative numbers (w_1..w_L, w_L = finest); got {w.tolist()}")
+    return w
+
+
+def _check_relevance_table(relevance: Tensor, ranks: RetrievalRanks) -> Tensor:
+    Q = ranks.counts.shape[0]
+    L = ranks.num_levels
+    if not isinstance(relevance, Tensor) or not relevance.is_floating_point():
+        raise TypeError(f"relevance must be a floating-point torch.Tensor of shape (Q, L + 1); got {relevance!r}")
+    if relevance.dim() == 1:
+        relevance = relevance.expand(Q, -1)
+    if relevance.shape != (Q, L + 1):
+        raise ValueError(f"relevance must have shape (Q, L + 1) = {(Q, L + 1)}; got shape {tuple(relevance.shape)}")
+    if not bool(torch.isfinite(relevance).all()) or bool((relevance < 0).any()):
+        raise ValueError("relevance must be finite and non-negative")
+    return _f64(relevance).to(ranks.levels.device)
+
+
+def pop_relevance_table(st: RankStats, alpha: float) -> Tensor:
+    """The default H-AP relevance (SupRank Eq. 20, ``(l / L)^α / |Ω^(l)|``) counted on the gallery searched."""
+    return pop_relevance(st.counts, alpha=alpha, dtype=torch.float64)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# public views: validate, then call the one implementation
+
+
+def ap_from_ranks(ranks: RetrievalRanks, min_level: int | None = None) -> Tensor:
+    """Average precision ``(Q,)`` (positives: level ``>= min_level``, default ``L``); NaN without positives."""
+    return average_precision_(RankStats(ranks), _check_min_level(min_level, ranks.num_levels))
+
+
+def map_at_r_from_ranks(ranks: RetrievalRanks, min_level: int | None = None) -> Tensor:
+    """mAP@R ``(Q,)`` (Musgrave et al.): precision summed over positives within the first ``R = #positives``
+    positions, divided by ``R``."""
+    return map_at_r_(RankStats(ranks), _check_min_level(min_level, ranks.num_levels))
+
+
+def map_at_k_from_ranks(ranks: RetrievalRanks, k: int, min_level: int | None = None) -> Tensor:
+    """mAP@k ``(Q,)``: precision summed over positives in the top ``k``, divided by ``min(#positives, k)``."""
+    k = _check_k(k)
+    return map_at_k_(RankStats(ranks), _check_min_level(min_level, ranks.num_levels), k)
+
+
+def recall_at_k_from_ranks(ranks: RetrievalRanks, k: int, min_level: int | None = None) -> Tensor:
+    """R@k as used in image retrieval ``(Q,)``: 1 if a positive is among the top ``k`` (hit rate)."""
+    k, m = _check_k(k), _check_min_level(min_level, ranks.num_levels)
+    return recall_at_k_(RankStats(ranks), m, k)
+
+
+def true_recall_at_k_from_ranks(ranks: RetrievalRanks, k: int, min_level: int | None = None) -> Tensor:
+    """True recall@k ``(Q,)``: positives in the top ``k`` divided by ``min(#positives, k)``."""
+    k, m = _check_k(k), _check_min_level(min_level, ranks.num_levels)
+    return true_recall_at_k_(RankStats(ranks), m, k)
+
+
+def precision_at_k_from_ranks(ranks: RetrievalRanks, k: int, min_level: int | None = None) -> Tensor:
+    """P@k ``(Q,)``: positives in the top ``k`` divided by ``k``."""
+    k, m = _check_k(k), _check_min_level(min_level, ranks.num_levels)
+    return precision_at_k_(RankStats(ranks), m, k)
+
+
+def r_precision_from_ranks(ranks: RetrievalRanks, min_level: int | None = None) -> Tensor:
+    """R-precision ``(Q,)``: positives within the first ``R = #positives`` positions, divided by ``R``."""
+    return r_precision_(RankStats(ranks), _check_min_level(min_level, ranks.num_levels))
+
+
+def hap_from_ranks(ranks: RetrievalRanks, relevance: Tensor | None = None, alpha: float = 1.0) -> Tensor:
+    """Hierarchical AP (SupRank Eqs. 18-19) ``(Q,)``; see :func:`hierarchical_ap_`.
+
+    Args:
+        ranks: from :func:`~pml_suprank.metrics.ranks.retrieval_ranks`.
+        relevance: ``(Q, L + 1)`` or ``(L + 1,)`` table ``rel(l)`` (column 0 ignored). Default: the pop relevance
+            of Eq. 20, ``(l / L)^α / |Ω^(l)|``, counted on the gallery actually searched.
+        alpha: ``α`` of Eq. 20 (used only for the default table).
+    """
+    st = RankStats(ranks)
+    if relevance is None:
+        check_positive("alpha", alpha, strict=False)
+        return hierarchical_ap_(st, pop_relevance_table(st, alpha))
+    return hierarchical_ap_(st, _check_relevance_table(relevance, ranks))
+
+
+def ndcg_from_ranks(ranks: RetrievalRanks) -> Tensor:
+    """NDCG (SupRank Eq. 23) ``(Q,)`` with gains ``2^l − 1`` and the ideal DCG of the same gallery; NaN without
+    relevant items."""
+    return ndcg_(RankStats(ranks))
+
+
+def asi_from_ranks(ranks: RetrievalRanks) -> Tensor:
+    """Average Set Intersection (SupRank App. C-A1) ``(Q,)``; NaN without relevant items (see :func:`asi_`)."""
+    return asi_(RankStats(ranks))
+
+
+def weighted_sum_ap_from_ranks(ranks: RetrievalRanks, weights: Tensor | list[float] | None = None) -> Tensor:
+    """ΣwAP ``(Q,)`` = ``Σ_l w_l·AP^(l) / Σ_l w_l`` over the levels ``l`` that have positives for the query, where
+    ``AP^(l)`` takes the items at level ``>= l`` as positives (SupRank Sec. V-A1 and supplementary B-B3).
+
+    With weights summing to 1 and every level populated this is the paper's ``Σ_l w_l·AP^(l)``; it equals H-AP
+    with the Property-1 relevance (:func:`pml_suprank.relevance.property1_relevance`). Default: uniform weights.
+    """
+    return weighted_sum_ap_(RankStats(ranks), _check_weights(weights, ranks.num_levels, ranks.levels.device))
+
+
+def property1_hap(ranks: RetrievalRanks, weights: Tensor | list[float]) -> Tensor:
+    """H-AP with the Property-1 relevance of ``weights`` (equals :func:`weighted_sum_ap_from_ranks`)."""
+    return hap_from_ranks(ranks, relevance=property1_relevance(ranks.counts, weights, dtype=torch.float64))

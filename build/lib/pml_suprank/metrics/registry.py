@@ -1,0 +1,218 @@
+"""The metric registry: everything the package knows about one retrieval metric, in one :class:`MetricSpec`.
+
+From :data:`METRICS` derive the evaluator's metric groups (:data:`METRIC_GROUPS`), the metrics the faiss k-NN
+backend can compute (:data:`TOP_K_GROUPS`), the ``calculate_*`` methods of
+:class:`~pml_suprank.metrics.HierarchicalAccuracyCalculator`, the display labels of model cards and the printed
+tables (:mod:`pml_suprank.metrics.report`), and :func:`metrics_from_ranks`, the engine of the evaluator.
+
+Adding a metric = one function ``f(stats, args) -> (Q,) float64`` in :mod:`pml_suprank.metrics.from_ranks` (or
+anywhere) and one :class:`MetricSpec` entry in :data:`METRICS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import NamedTuple
+
+from torch import Tensor
+
+from . import from_ranks as R
+from .ranks import RetrievalRanks
+
+__all__ = [
+    "METRICS",
+    "METRIC_GROUPS",
+    "TOP_K_GROUPS",
+    "MetricArgs",
+    "MetricSpec",
+    "check_groups",
+    "metrics_from_ranks",
+]
+
+
+class MetricArgs(NamedTuple):
+    """What a metric function receives besides the shared :class:`~pml_suprank.metrics.from_ranks.RankStats`.
+
+    Attributes:
+        min_level: positives of the binary metrics are the items at level ``>= min_level`` (``L`` for the fine
+            metrics, ``L - h`` for hierarchy level ``h``).
+        k: the cutoff of a top-k metric (None otherwise).
+        alpha: ``α`` of the H-AP pop relevance (SupRank Eq. 20).
+        level_weights: ΣwAP weights ``w_1..w_L`` (None = uniform).
+    """
+
+    min_level: int
+    k: int | None = None
+    alpha: float = 1.0
+    level_weights: Tensor | Iterable[float] | None = None
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One retrieval metric.
+
+    Attributes:
+        name: the group name accepted by ``RetrievalEvaluator(metrics=...)`` and ``HierarchicalAccuracyCalculator
+            (include=...)``.
+        key: result key, or key pattern with ``{k}`` (top-k cutoff) and/or ``{h}`` (hierarchy level, label column,
+            0 = finest), e.g. ``"recall_at_{k}_level{h}"``.
+        label: display label for tables and model cards, with ``{k}`` filled in (per-level keys get
+            `` (<level name>)`` appended by :func:`~pml_suprank.metrics.report.metric_label`).
+        compute: ``compute(stats, args) -> (Q,) float64`` (NaN where undefined).
+        description: one line for documentation.
+        hierarchical: uses every level at once (H-AP, NDCG, ASI, ΣwAP); otherwise a binary metric evaluated at
+            ``args.min_level``.
+        per_level: one key per hierarchy level ``h`` (binary metric with positives at level ``>= L - h``).
+        top_k: computable from a k-nearest-neighbour search of the ``max(k)`` first items (the faiss backend).
+        headline: shown first in model cards and listed in their metadata (the ``k = 1`` key for top-k metrics).
+        progress: shown in the one-line progress report during training (the ``k = 1`` key for top-k metrics).
+        report: position in the printed tables and in the model card's headline table (None: only in the table of
+            all metrics).
+        pml_names: ``(our key, PML AccuracyCalculator metric name)`` pairs of keys PML computes under its own name.
+    """
+
+    name: str
+    key: str
+    label: str
+    compute: Callable[[R.RankStats, MetricArgs], Tensor]
+    description: str
+    hierarchical: bool = False
+    per_level: bool = False
+    top_k: bool = False
+    headline: bool = False
+    progress: bool = False
+    report: int | None = None
+    pml_names: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def takes_k(self) -> bool:
+        """Whether the key has a ``{k}`` cutoff."""
+        return "{k}" in self.key
+
+    def format_key(self, k: int | None = None, h: int | None = None) -> str:
+        """The result key for cutoff ``k`` and hierarchy level ``h``."""
+        return self.key.format(k=k, h=h)
+
+    @property
+    def report_key(self) -> str:
+        """The key shown in reports (``k = 1`` for top-k metrics; for per-level metrics, the prefix of every level's
+        key, e.g. ``"ap_level"``)."""
+        key = self.key.replace("{k}", "1")
+        return key.split("{h}")[0] if self.per_level else key
+
+
+def _binary(fn: Callable[[R.RankStats, int], Tensor]) -> Callable[[R.RankStats, MetricArgs], Tensor]:
+    return lambda st, a: fn(st, a.min_level)
+
+
+def _binary_k(fn: Callable[[R.RankStats, int, int], Tensor]) -> Callable[[R.RankStats, MetricArgs], Tensor]:
+    return lambda st, a: fn(st, a.min_level, a.k)
+
+
+def _hap(st: R.RankStats, a: MetricArgs) -> Tensor:
+    return R.hierarchical_ap_(st, R.pop_relevance_table(st, a.alpha))
+
+
+def _sum_w_ap(st: R.RankStats, a: MetricArgs) -> Tensor:
+    return R.weighted_sum_ap_(st, R._check_weights(a.level_weights, st.num_levels, st.levels.device))
+
+
+_SPECS = (
+    MetricSpec("ap", "ap", "mAP", _binary(R.average_precision_), "average precision over the whole gallery",
+               headline=True, progress=True, report=4),
+    MetricSpec("map_at_r", "map_at_r", "mAP@R", _binary(R.map_at_r_), "mAP@R (Musgrave et al.)",
+               headline=True, report=5, pml_names=(("map_at_r", "mean_average_precision_at_r"),)),
+    MetricSpec("r_precision", "r_precision", "R-precision", _binary(R.r_precision_), "R-precision",
+               pml_names=(("r_precision", "r_precision"),)),
+    MetricSpec("precision_at_1", "precision_at_1", "P@1", lambda st, a: R.precision_at_k_(st, a.min_level, 1),
+               "precision of the first item", top_k=True, report=7, pml_names=(("precision_at_1", "precision_at_1"),)),
+    MetricSpec("recall_at_k", "recall_at_{k}", "R@{k}", _binary_k(R.recall_at_k_),
+               "hit rate: 1 if a positive is in the top k", top_k=True, headline=True, progress=True, report=6,
+               pml_names=(("recall_at_1", "precision_at_1"),)),
+    MetricSpec("precision_at_k", "precision_at_{k}", "P@{k}", _binary_k(R.precision_at_k_),
+               "positives in the top k / k", top_k=True, pml_names=(("precision_at_1", "precision_at_1"),)),
+    MetricSpec("true_recall_at_k", "true_recall_at_{k}", "true recall@{k}", _binary_k(R.true_recall_at_k_),
+               "positives in the top k / min(#positives, k)"),
+    MetricSpec("map_at_k", "map_at_{k}", "mAP@{k}", _binary_k(R.map_at_k_),
+               "precisions at the positives in the top k / min(#positives, k)"),
+    MetricSpec("h_ap", "h_ap", "H-AP", _hap, "hierarchical AP (SupRank Eq. 19, pop relevance Eq. 20)",
+               hierarchical=True, headline=True, progress=True, report=0),
+    MetricSpec("ndcg", "ndcg", "NDCG", lambda st, a: R.ndcg_(st), "NDCG (SupRank Eq. 23)",
+               hierarchical=True, headline=True, progress=True, report=1),
+    MetricSpec("asi", "asi", "ASI", lambda st, a: R.asi_(st), "average set intersection (SupRank App. C-A1)",
+               hierarchical=True, headline=True, progress=True, report=2),
+    MetricSpec("sum_w_ap", "sum_w_ap", "ΣwAP", _sum_w_ap, "weighted sum of the per-level APs", hierarchical=True),
+    MetricSpec("ap_level", "ap_level{h}", "AP", _binary(R.average_precision_), "AP at each hierarchy level",
+               per_level=True, report=3),
+    MetricSpec("map_at_r_level", "map_at_r_level{h}", "mAP@R", _binary(R.map_at_r_), "mAP@R at each level",
+               per_level=True),
+    MetricSpec("recall_at_k_level", "recall_at_{k}_level{h}", "R@{k}", _binary_k(R.recall_at_k_),
+               "hit rate at each level", per_level=True, top_k=True),
+)  # fmt: skip
+
+#: every metric, by group name (read-only)
+METRICS: Mapping[str, MetricSpec] = MappingProxyType({s.name: s for s in _SPECS})
+#: metric groups accepted by ``RetrievalEvaluator(metrics=...)`` and the key (pattern) each one produces
+METRIC_GROUPS: Mapping[str, str] = MappingProxyType({s.name: s.key for s in _SPECS})
+#: the groups the faiss k-NN backend computes
+TOP_K_GROUPS: tuple[str, ...] = tuple(s.name for s in _SPECS if s.top_k)
+
+
+def check_groups(groups: Iterable[str]) -> tuple[str, ...]:
+    """``groups`` as a tuple, or a ValueError naming the unknown ones."""
+    groups = (groups,) if isinstance(groups, str) else tuple(groups)
+    unknown = [g for g in groups if g not in METRICS]
+    if unknown:
+        raise ValueError(f"unknown metric name(s) {unknown}; valid names: {tuple(METRICS)}")
+    return groups
+
+
+def _plan(L: int, k_values: Iterable[int], groups: Collection[str]) -> list[tuple[str, MetricSpec, int, int | None]]:
+    """``(key, spec, min_level, k)`` of every requested key, in result order: the fine binary metrics (cutoff-free
+    first, then by increasing ``k``), the same for each hierarchy level ``h``, then the hierarchical metrics."""
+    specs = [s for s in _SPECS if s.name in groups]
+    ks = sorted(set(k_values))
+    plan = []
+    for h in (None, *range(L)):
+        scoped = [s for s in specs if not s.hierarchical and s.per_level == (h is not None)]
+        m = L if h is None else L - h
+        for k in (None, *ks):
+            plan += [(s.format_key(k, h), s, m, k) for s in scoped if s.takes_k == (k is not None)]
+    plan += [(s.key, s, L, None) for s in specs if s.hierarchical]
+    return plan
+
+
+def metrics_from_ranks(
+    ranks: RetrievalRanks,
+    *,
+    k_values: Iterable[int] = (1,),
+    groups: Iterable[str] = (),
+    alpha: float = 1.0,
+    level_weights: Tensor | list[float] | None = None,
+) -> dict[str, Tensor]:
+    """Every requested metric from one :class:`RetrievalRanks` (the evaluator's engine).
+
+    One :class:`~pml_suprank.metrics.from_ranks.RankStats` holds the prefix sums shared by all metrics (e.g. the
+    cumulative counts of each level, used by the binary metrics of every threshold and by H-AP), so each shared
+    ``(Q, P)`` array is computed once; each key is then computed by its registry function, the same one the public
+    ``*_from_ranks`` views call.
+
+    Args:
+        ranks: from :func:`~pml_suprank.metrics.ranks.retrieval_ranks` or the evaluator.
+        k_values: the ``k`` of the top-k metrics.
+        groups: names from :data:`METRIC_GROUPS`.
+        alpha: H-AP relevance exponent.
+        level_weights: ΣwAP weights ``w_1..w_L``.
+
+    Returns:
+        ``{key: (Q,) float64}`` with the evaluator's key names (NaN where undefined).
+    """
+    groups = set(check_groups(groups))
+    stats = R.RankStats(ranks)
+    out: dict[str, Tensor] = {}
+    for key, spec, m, k in _plan(ranks.num_levels, k_values, groups):
+        if key not in out:  # e.g. "precision_at_1" of both precision_at_1 and precision_at_k
+            out[key] = spec.compute(stats, MetricArgs(m, k, alpha, level_weights))
+    return out

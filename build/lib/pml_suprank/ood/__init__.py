@@ -1,0 +1,84 @@
+"""Post-hoc out-of-distribution detection: HEAT and the standard baselines, with one ``fit`` / ``score`` API.
+
+Every detector is fitted on in-distribution features (and labels / logits where needed) and returns outlier scores
+(higher = more OOD)::
+
+    from pml_suprank import ood
+    feats = ood.extract_features(timm_model, train_loader)          # z, σ (std-pooled), logits, labels
+    heat = ood.HEAT(head=timm_model.get_classifier()).fit(**feats.as_kwargs())
+    test = ood.extract_features(timm_model, test_loader)
+    scores = heat.score(**test.as_kwargs())
+    ood.metrics.auroc(scores_id, scores_ood); ood.metrics.fpr_at_tpr(scores_id, scores_ood, tpr=0.95)
+
+Layout: one module per detector (``msp``, ``max_logit``, ``energy``, ``odin``, ``mahalanobis``, ``knn``, ``vim``,
+``dice``, ``react``, ``heat``; ``baselines`` re-exports the nine baselines), the :class:`Detector` contract in
+``base``, the name registries in ``registry``, HEAT's :class:`Prior` contract in ``prior`` with the built-in priors
+in ``heat_priors``, the densities in ``priors``, presets in ``presets``, the residual EBM in ``ebm``.
+
+* **Add a detector**: subclass :class:`Detector` in a new module and import it below; defining the class registers
+  it (``ood.list_detectors()``, ``ood.get_detector(name)``, ``Detector.from_pretrained``, ``recipes/fit_heat.py``).
+* **Add a HEAT prior**: subclass :class:`Prior` with ``name="..."``; ``ood.HEAT(priors=(..., "name"))`` uses it.
+"""
+
+from . import metrics
+from .base import Detector, NotFittedError
+from .ebm import ResidualEnergyMLP, contrastive_divergence_loss, polynomial_schedule, sgld_sample, train_residual
+from .features import OODFeatures, extract_features, pool_feature_map
+
+# detectors, in the order of ``list_detectors()``: importing a module defines (registers) its detector
+from .heat import HEAT, PRESETS, compose_energies, standardize  # isort: skip
+from .msp import MSP  # isort: skip
+from .max_logit import MaxLogit  # isort: skip
+from .energy import Energy  # isort: skip
+from .odin import ODIN  # isort: skip
+from .mahalanobis import Mahalanobis  # isort: skip
+from .knn import KNN  # isort: skip
+from .vim import ViM  # isort: skip
+from .dice import DICE  # isort: skip
+from .react import ReAct  # isort: skip
+from .heat_priors import ELPrior, GMMPrior, GMMStdPrior
+from .prior import Prior
+from .priors import ClassConditionalGaussian, EnergyLogitsPrior, energy_logits
+from .registry import DETECTOR_REGISTRY, RegistryNames, get_detector, get_prior, list_detectors, list_priors
+
+#: Names of the registered detectors: a live, tuple-like view of the registry (``ood.list_detectors()``).
+DETECTORS = RegistryNames(DETECTOR_REGISTRY)
+
+__all__ = [
+    "DETECTORS",
+    "DICE",
+    "HEAT",
+    "KNN",
+    "MSP",
+    "ODIN",
+    "PRESETS",
+    "ClassConditionalGaussian",
+    "Detector",
+    "ELPrior",
+    "Energy",
+    "EnergyLogitsPrior",
+    "GMMPrior",
+    "GMMStdPrior",
+    "Mahalanobis",
+    "MaxLogit",
+    "NotFittedError",
+    "OODFeatures",
+    "Prior",
+    "ReAct",
+    "ResidualEnergyMLP",
+    "ViM",
+    "compose_energies",
+    "contrastive_divergence_loss",
+    "energy_logits",
+    "extract_features",
+    "get_detector",
+    "get_prior",
+    "list_detectors",
+    "list_priors",
+    "metrics",
+    "polynomial_schedule",
+    "pool_feature_map",
+    "sgld_sample",
+    "standardize",
+    "train_residual",
+]

@@ -1,0 +1,134 @@
+"""Feature extraction for post-hoc OOD detection: avg- and std-pooled last feature map plus logits of a timm model.
+
+HEAT (thesis Sec. 5.2.2) reads the last residual stage before global pooling (``layer4`` of a ResNet, i.e.
+timm's ``forward_features``): ``z`` is the spatial mean and ``σ`` the spatial **unbiased** std (ddof = 1, as
+``torch.std``; numpy's default ddof = 0 would be wrong). Logits come from ``forward_head`` on the same map.
+
+``extract_features`` takes ``z = forward_head(fmap, pre_logits=True)``, the input of the classifier's last linear
+layer, so that detectors using the head (EL, ViM, DICE, ReAct) see ``logits = W z + b``. For ResNets this is exactly
+the spatial mean; for heads with a norm after pooling (ConvNeXt) it is the normalised mean, and for token models
+(ViT; ``forward_features`` returns ``(B, N, C)``) timm's own pooling (e.g. the class token). ``σ`` is always the
+unbiased std of the raw map over its positions (all tokens for ViTs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["OODFeatures", "pool_feature_map", "extract_features"]
+
+
+@dataclass
+class OODFeatures:
+    """Per-sample features for OOD detectors.
+
+    Attributes:
+        features: ``(N, C)`` average-pooled features ``z``.
+        std_features: ``(N, C)`` std-pooled features ``σ`` (unbiased).
+        logits: ``(N, K)`` classifier logits.
+        labels: ``(N,)`` labels (column 0 of the dataset's labels) or ``None``.
+    """
+
+    features: Tensor
+    std_features: Tensor
+    logits: Tensor
+    labels: Tensor | None = None
+
+    def as_kwargs(self) -> dict[str, Tensor]:
+        """Keyword arguments for ``Detector.fit`` / ``score``: ``features, std_features, logits, labels``."""
+        out = {"features": self.features, "std_features": self.std_features, "logits": self.logits}
+        if self.labels is not None:
+            out["labels"] = self.labels
+        return out
+
+    def __len__(self) -> int:
+        return self.features.shape[0]
+
+
+def pool_feature_map(feature_map: Tensor) -> tuple[Tensor, Tensor]:
+    """Average and unbiased-std pooling of a feature map.
+
+    Args:
+        feature_map: ``(B, C, H, W)`` (pooled over ``H·W``, needs ``H·W ≥ 2``) or ``(B, N, C)`` tokens (pooled
+            over ``N``).
+
+    Returns:
+        ``(z, σ)``, each ``(B, C)``.
+    """
+    if not isinstance(feature_map, Tensor) or feature_map.dim() not in (3, 4):
+        shape = tuple(feature_map.shape) if isinstance(feature_map, Tensor) else type(feature_map).__name__
+        raise ValueError(f"feature_map must have shape (B, C, H, W) or (B, N, C); got {shape}")
+    dims = (2, 3) if feature_map.dim() == 4 else (1,)
+    n_positions = feature_map.shape[2] * feature_map.shape[3] if feature_map.dim() == 4 else feature_map.shape[1]
+    if n_positions < 2:
+        raise ValueError(f"std pooling needs at least 2 spatial positions; got feature_map {tuple(feature_map.shape)}")
+    return feature_map.mean(dim=dims), feature_map.std(dim=dims, unbiased=True)
+
+
+def _split_batch(batch) -> tuple[Tensor, Tensor | None]:
+    if isinstance(batch, dict):
+        images = batch.get("image", batch.get("pixel_values"))
+        labels = batch.get("labels", batch.get("label"))
+    elif isinstance(batch, (list, tuple)):
+        images, labels = batch[0], (batch[1] if len(batch) > 1 else None)
+    else:
+        images, labels = batch, None
+    if not isinstance(images, Tensor):
+        raise TypeError(f"batches must hold an image tensor (dict key 'image' or first element); got {type(images)}")
+    if isinstance(labels, Tensor) and labels.dim() == 2:
+        labels = labels[:, 0]
+    return images, labels if isinstance(labels, Tensor) else None
+
+
+@torch.no_grad()
+def extract_features(
+    model: nn.Module, batches: Iterable, device: torch.device | str | None = None, max_batches: int | None = None
+) -> OODFeatures:
+    """Run a timm classifier over batches and collect ``z``, ``σ``, logits and labels (on CPU).
+
+    Args:
+        model: A timm model with ``forward_features`` and ``forward_head`` (any ``num_classes > 0``). It is put in
+            eval mode for the extraction and restored afterwards.
+        batches: Iterable of batches: dicts with ``"image"`` (and ``"labels"``, 1-D or ``(B, L)`` with column 0
+            finest, the :mod:`pml_suprank.data` contract), ``(images, labels)`` tuples, or image tensors.
+        device: Where to run the model (default: the device of its first parameter).
+        max_batches: Stop after this many batches.
+
+    Returns:
+        :class:`OODFeatures` with float32 CPU tensors.
+    """
+    if not (hasattr(model, "forward_features") and hasattr(model, "forward_head")):
+        raise TypeError(f"model must be a timm model with forward_features/forward_head; got {type(model).__name__}")
+    if device is None:
+        first = next(model.parameters(), None)
+        device = first.device if first is not None else torch.device("cpu")
+    was_training = model.training
+    model.eval()
+    zs, sigmas, logits, labels = [], [], [], []
+    try:
+        for i, batch in enumerate(batches):
+            if max_batches is not None and i >= max_batches:
+                break
+            images, y = _split_batch(batch)
+            fmap = model.forward_features(images.to(device))
+            _, sigma = pool_feature_map(fmap)
+            z = model.forward_head(fmap, pre_logits=True)  # the classifier's input: logits = fc(z)
+            zs.append(z.float().cpu())
+            sigmas.append(sigma.float().cpu())
+            logits.append(model.forward_head(fmap).float().cpu())
+            if y is not None:
+                labels.append(y.cpu())
+    finally:
+        model.train(was_training)
+    if not zs:
+        raise ValueError("batches yielded no data")
+    return OODFeatures(
+        features=torch.cat(zs),
+        std_features=torch.cat(sigmas),
+        logits=torch.cat(logits),
+        labels=torch.cat(labels) if len(labels) == len(zs) else None,
+    )

@@ -1,0 +1,370 @@
+"""HEAT: Hybrid Energy-based model in the feATure space for post-hoc OOD detection.
+
+Lafon, Ramzi, Rambour, Thome, "Hybrid Energy Based Model in the Feature Space for Out-of-Distribution Detection",
+ICML 2023 (thesis ch. 5, Eqs. 5.1-5.7, Algorithm 2). Each prior ``k`` (a :class:`~pml_suprank.ood.prior.Prior`:
+EL on logits, GMM on avg-pooled and GMM_std on std-pooled features, or any registered user prior) is refined by a
+residual EBM ``E_θk`` (:mod:`.ebm`); the hybrid energies are standardised and composed by
+``E_β = (1/β)·log Σ_k exp(β·s̃_k)`` (Eq. 5.7), ``β = 0`` meaning the sum.
+
+Deliberate differences from the authors' released code:
+
+* **Standardisation** uses the mean and unbiased std of each hybrid energy over the **whole** training set; the
+  released code uses one shuffled batch of 256. Identical when the training set is one batch.
+* **Untied hidden layers** by default (``tie_hidden_weights=True`` reproduces the released MLP, whose hidden
+  layers share one ``nn.Linear``).
+* **GMM covariance** in float64 with a relative ridge (see :mod:`.priors`); GMM energies are scored in float64 but
+  evaluated in the feature dtype inside training (SGLD and the loss), where only ``∇(E/T_G)`` matters.
+* **Randomness** comes from ``seed`` through explicit generators (the released code uses the global RNG).
+* ImageNet-specific options: the 20-layer pyramid MLP (``reduce_width``) is available (and set by the
+  ``"imagenet"`` preset, as gradient accumulation); not implemented are the tempered batch-statistics proposal
+  (``base_dist_temp``) and the per-sample "simplified Mahalanobis" SGLD energy.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from typing import Any, Literal, get_args
+
+import torch
+from torch import Tensor, nn
+
+from .._validation import check_choice, check_positive
+from .base import Detector, NotFittedError, check_class_labels, check_features
+from .ebm import ResidualEnergyMLP, train_residual
+from .head import head_params
+from .heat_priors import ELPrior, GMMPrior, GMMStdPrior  # noqa: F401 - defines (registers) the built-in priors
+from .presets import PRESETS, SETTING_KEYS, resolve_settings  # noqa: F401 - PRESETS, SETTING_KEYS kept here
+from .prior import Prior
+from .priors import ClassConditionalGaussian, EnergyLogitsPrior  # noqa: F401 - importable here before the split
+from .registry import PRIOR_REGISTRY
+
+__all__ = ["HEAT", "PriorName", "PRESETS", "compose_energies", "standardize"]
+
+#: The built-in priors (any registered :class:`Prior` name is accepted too, see ``ood.list_priors()``).
+PriorName = Literal["gmm", "gmm_std", "el"]
+Preset = Literal["cifar10", "cifar100", "imagenet", "fast"]
+_FIRST_SOURCE = "features"  # checked first: it fixes N for the other inputs
+
+
+def standardize(energies: Tensor, mean: Tensor, std: Tensor) -> Tensor:
+    """``(E − m)/s`` per column; ``energies`` ``(N, K)``, ``mean`` and ``std`` ``(K,)``."""
+    return (energies - mean) / std
+
+
+def compose_energies(energies: Tensor, beta: float) -> Tensor:
+    """Energy composition, thesis Eq. 5.7: ``(1/β)·logsumexp_k(β·E_k)``.
+
+    ``β = 0`` gives the **sum** (the reference code's choice, rank-equivalent to the mean; the formula itself
+    diverges as ``log K / β``), ``β = +inf`` the max and ``β = −inf`` the min (the limits of the formula).
+
+    Args:
+        energies: ``(N, K)`` (usually standardised) energies.
+        beta: Real or ``±inf``.
+
+    Returns:
+        ``(N,)`` composed energies.
+    """
+    if not isinstance(energies, Tensor) or energies.dim() != 2:
+        raise ValueError(f"energies must be a (N, K) tensor; got {getattr(energies, 'shape', type(energies))}")
+    beta = float(beta)
+    if math.isnan(beta):
+        raise ValueError("beta must be a real number or ±inf; got nan")
+    if beta == 0.0:
+        return energies.sum(dim=-1)
+    if math.isinf(beta):
+        return energies.max(dim=-1).values if beta > 0 else energies.min(dim=-1).values
+    return torch.logsumexp(beta * energies, dim=-1) / beta
+
+
+class _Component(nn.Module):
+    """One hybrid energy ``E_θ(z)/T_nn + E_prior(z)/T_k`` (thesis Eq. 5.2; the released ``HybridEnergyModel``)."""
+
+    def __init__(self, name: str, prior: Prior, mlp: ResidualEnergyMLP, prior_temperature: float) -> None:
+        super().__init__()
+        self.name, self.prior, self.mlp, self.prior_temperature = name, prior, mlp, prior_temperature
+
+    @property
+    def normalize(self) -> bool:
+        return bool(self.prior.normalize)
+
+    def prep(self, z: Tensor) -> Tensor:
+        return nn.functional.normalize(z, dim=-1, eps=1e-12) if self.normalize else z
+
+    def prior_energy(self, z: Tensor) -> Tensor:
+        return self.prior.energy(z) / self.prior_temperature
+
+    def sgld_prior_energy(self, z: Tensor) -> Tensor:
+        """Prior term used during training (``Prior.training_energy``, e.g. GMM energies in the feature dtype)."""
+        return self.prior.training_energy(z) / self.prior_temperature
+
+    def forward(self, z: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``(N, D)`` raw features → ``(total, residual, prior)`` energies, each ``(N,)``."""
+        z = self.prep(z)
+        residual = self.mlp(z.to(self.mlp.input_layer.weight.dtype)).to(z.dtype)
+        prior = self.prior_energy(z)
+        return residual + prior, residual, prior
+
+
+def _prior_classes(priors: Any) -> dict[str, type[Prior]]:
+    """``priors=`` (names and/or registered :class:`Prior` subclasses) → ``{name: class}`` in the given order."""
+    if isinstance(priors, str) or (isinstance(priors, type) and issubclass(priors, Prior)):
+        priors = (priors,)
+    out: dict[str, type[Prior]] = {}
+    for p in tuple(priors):
+        name = p.name if isinstance(p, type) and issubclass(p, Prior) else p
+        if name not in PRIOR_REGISTRY:
+            raise ValueError(f"priors must be registered HEAT prior names {list(PRIOR_REGISTRY)}; got {p!r}")
+        if name in out:
+            raise ValueError(f"priors must be a non-empty sequence of distinct names; got {priors}")
+        out[name] = PRIOR_REGISTRY[name]
+    if not out:
+        raise ValueError(f"priors must be a non-empty sequence of distinct names; got {priors}")
+    return out
+
+
+class HEAT(Detector):
+    """HEAT detector: refined priors + energy composition. ``score`` → ``(N,)`` energies, higher = more OOD.
+
+    Args:
+        priors: Which hybrid energies to use, as registered :class:`~pml_suprank.ood.prior.Prior` names (or
+            classes): ``"gmm"`` (avg-pooled features), ``"gmm_std"`` (std-pooled; ``std_features`` must then be
+            given to ``fit`` / ``score``), ``"el"`` (needs the classifier head) and any user-defined prior.
+        beta: Composition parameter of Eq. 5.7; 0 (sum, the published tables), −1 (the thesis's best), ±inf.
+        preset: Base hyper-parameters per prior: ``"cifar10"``, ``"cifar100"``, ``"imagenet"`` (the authors'
+            released settings) or ``"fast"`` (a CPU preset: width 256, ≤ 5 SGLD steps, one epoch).
+        settings: Overrides on the preset: a dict whose keys are setting names (applied to every prior) and/or
+            prior names mapping to their own dict. Keys: ``prior_temperature, hidden_dim, n_hidden_layers,
+            sgld_steps, step_size, noise_std, end_factor, l2_coef, eps_data, lr, epochs, batch_size, milestones,
+            gamma, reduce_width, accumulation_steps``. ``epochs=0`` keeps the initial residual.
+        weight, bias, head: Classifier head ``(C, D)``, ``(C,)`` (or an ``nn.Linear``) for the EL prior.
+        tie_hidden_weights: Share the hidden ``h × h`` layer as the released code (default False, see module doc).
+        zero_init_residual: Zero the MLP's last layer at init, so an untrained HEAT equals its priors.
+        reg: Relative covariance ridge of the GMM priors.
+        seed: Seed of the generators for initialisation, shuffling and SGLD.
+
+    ``fit(features, labels, std_features=None, callback=None)``: ``features`` ``(N, D)`` avg-pooled, ``std_features``
+    ``(N, D')`` std-pooled (for ``gmm_std``), ``labels`` ``(N,)`` (for the GMM priors); ``callback(prior, epoch,
+    step, loss)`` is called after every optimiser step. ``score(features, std_features=None)`` → ``(N,)``.
+    ``logits`` are accepted and ignored by the built-in priors: the EL prior is computed from ``features`` and the
+    head, so that SGLD can follow its gradient in feature space. ``score_components`` returns the per-prior
+    energies; ``history`` and ``fit_seconds`` hold the training loss per epoch and the fit time per prior.
+    """
+
+    _state_names = ()
+
+    def __init__(
+        self,
+        priors: tuple[str, ...] | list[str] = ("gmm", "gmm_std", "el"),
+        beta: float = 0.0,
+        preset: Preset = "cifar10",
+        settings: dict[str, Any] | None = None,
+        weight: Tensor | None = None,
+        bias: Tensor | None = None,
+        head: nn.Module | None = None,
+        tie_hidden_weights: bool = False,
+        zero_init_residual: bool = False,
+        reg: float = 1e-6,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        self.prior_classes = _prior_classes(priors)
+        self.priors = tuple(self.prior_classes)
+        self.beta = float(beta)
+        if math.isnan(self.beta):
+            raise ValueError("beta must be a real number or ±inf; got nan")
+        self.preset = check_choice("preset", preset, get_args(Preset))
+        self.settings_overrides = copy.deepcopy(settings or {})
+        self.component_settings = self._resolve_settings(self.settings_overrides)
+        self.tie_hidden_weights = bool(tie_hidden_weights)
+        self.zero_init_residual = bool(zero_init_residual)
+        self.reg = check_positive("reg", reg, strict=False)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed must be an int; got {type(seed).__name__}")
+        self.seed = seed
+        self.weight = self.bias = None
+        if any(c.needs_head for c in self.prior_classes.values()) and (weight is not None or head is not None):
+            self.weight, self.bias = head_params(weight, bias, head)  # else: restored by load_state_dict
+        self.components: dict[str, _Component] = {}
+        self.history: dict[str, list[float]] = {}  # mean training loss per epoch, per prior
+        self.fit_seconds: dict[str, float] = {}  # wall-clock fit time per prior (prior fit + residual training)
+        self.standardization_mean: Tensor | None = None
+        self.standardization_std: Tensor | None = None
+
+    # --- configuration --------------------------------------------------------------------------------------------
+    def _resolve_settings(self, overrides: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        defaults = {name: cls.default_settings(self.preset) for name, cls in self.prior_classes.items()}
+        return resolve_settings(defaults, overrides, PRIOR_REGISTRY.names())
+
+    def config(self) -> dict[str, Any]:
+        return {
+            "priors": list(self.priors),
+            "beta": self.beta,
+            "preset": self.preset,
+            # the fully resolved per-prior settings, so a saved detector does not depend on future PRESETS
+            "settings": {
+                p: {k: list(v) if isinstance(v, tuple) else v for k, v in s.items()}
+                for p, s in self.component_settings.items()
+            },
+            "tie_hidden_weights": self.tie_hidden_weights,
+            "zero_init_residual": self.zero_init_residual,
+            "reg": self.reg,
+            "seed": self.seed,
+        }
+
+    # --- building blocks ------------------------------------------------------------------------------------------
+    def _make_prior(self, name: str) -> Prior:
+        return self.prior_classes[name].create(weight=self.weight, bias=self.bias, reg=self.reg)
+
+    def _make_mlp(self, name: str, dim: int, generator: torch.Generator, device) -> ResidualEnergyMLP:
+        s = self.component_settings[name]
+        mlp = ResidualEnergyMLP(
+            dim,
+            hidden_dim=s["hidden_dim"],
+            n_hidden_layers=s["n_hidden_layers"],
+            tie_hidden_weights=self.tie_hidden_weights and not s["reduce_width"],
+            reduce_width=s["reduce_width"],
+            generator=generator,
+        ).to(device)
+        if self.zero_init_residual:
+            mlp.zero_output_()
+        return mlp
+
+    def _sources(self) -> dict[str, str]:
+        """``{source keyword: first prior reading it}``, ``"features"`` first (it fixes ``N`` for the others)."""
+        sources: dict[str, str] = {}
+        for name, cls in self.prior_classes.items():
+            sources.setdefault(cls.source, name)
+        if _FIRST_SOURCE in sources:
+            sources = {_FIRST_SOURCE: sources.pop(_FIRST_SOURCE), **sources}
+        return sources
+
+    def _inputs(self, given: dict[str, Any], n: int | None = None) -> dict[str, Tensor]:
+        """Check the ``(N, D_source)`` tensor of every source the priors read (same ``N``, ``D`` as at fit time)."""
+        dims = {comp.prior.source: comp.mlp.input_layer.in_features for comp in self.components.values()}
+        out = {}
+        for source, prior in self._sources().items():
+            if given.get(source) is None and source != _FIRST_SOURCE:
+                raise ValueError(f"the {prior!r} prior needs {source}= (an (N, D) tensor, see ood.extract_features)")
+            out[source] = check_features(source, given.get(source), dim=dims.get(source), n=n)
+            n = out[source].shape[0]
+        return out
+
+    # --- fit / score ----------------------------------------------------------------------------------------------
+    def _fit(self, features=None, logits=None, labels=None, std_features=None, callback=None, **kwargs) -> None:
+        self.components, self.history, self.fit_seconds = {}, {}, {}
+        inputs = self._inputs({"features": features, "logits": logits, "std_features": std_features, **kwargs})
+        n = next(iter(inputs.values())).shape[0]
+        if any(c.needs_labels for c in self.prior_classes.values()):
+            labels = check_class_labels(labels, n)
+        priors = {name: self._make_prior(name) for name in self.priors}  # fails early without a needed head
+        for prior in priors.values():
+            prior.check(inputs[prior.source])  # e.g. EL: feature dimension == head's
+        device = next(iter(inputs.values())).device
+        for i, (name, prior) in enumerate(priors.items()):
+            start_time = time.perf_counter()
+            s = self.component_settings[name]
+            z = inputs[prior.source].detach()
+            generator = torch.Generator(device=device).manual_seed(self.seed * 1000 + i)
+            prior.fit(z, labels)
+            mlp = self._make_mlp(name, z.shape[1], generator, device).to(dtype=z.dtype)
+            comp = _Component(name, prior, mlp, s["prior_temperature"])
+            z_train = comp.prep(z)
+
+            def proposal(m: int, prior=prior, generator=generator, z_train=z_train) -> Tensor:
+                return prior.sample(m, generator, device=z_train.device, dtype=z_train.dtype)
+
+            training = {k: s[k] for k in ("epochs", "batch_size", "lr", "l2_coef", "sgld_steps", "step_size")}
+            training.update({k: s[k] for k in ("noise_std", "end_factor", "eps_data", "milestones", "gamma")})
+            self.history[name] = train_residual(
+                mlp,
+                comp.sgld_prior_energy,
+                proposal,
+                z_train,
+                **training,
+                normalize=comp.normalize,
+                accumulation_steps=s["accumulation_steps"],
+                generator=generator,
+                callback=None if callback is None else (lambda e, st, loss, name=name: callback(name, e, st, loss)),
+            )
+            for p in mlp.parameters():
+                p.requires_grad_(False)
+            self.components[name] = comp
+            self.fit_seconds[name] = time.perf_counter() - start_time
+        energies = self._hybrid_matrix(inputs)
+        self.standardization_mean = energies.mean(dim=0)
+        self.standardization_std = energies.std(dim=0, unbiased=True).clamp_min(torch.finfo(energies.dtype).tiny)
+
+    @torch.no_grad()
+    def _hybrid_matrix(self, inputs: dict[str, Tensor], chunk_size: int = 8192) -> Tensor:
+        cols = []
+        for comp in self.components.values():
+            z = inputs[comp.prior.source]
+            comp.to(z.device)
+            cols.append(torch.cat([comp(part)[0] for part in z.split(chunk_size)]))
+        return torch.stack(cols, dim=1)
+
+    def _score(self, features=None, logits=None, std_features=None, **kwargs) -> Tensor:
+        inputs = self._inputs({"features": features, "logits": logits, "std_features": std_features, **kwargs})
+        energies = self._hybrid_matrix(inputs)
+        mean = self.standardization_mean.to(energies.device, energies.dtype)
+        std = self.standardization_std.to(energies.device, energies.dtype)
+        return compose_energies(standardize(energies, mean, std), self.beta)
+
+    @torch.no_grad()
+    def score_components(self, features=None, std_features=None, **kwargs) -> dict[str, dict[str, Tensor]]:
+        """Per prior: ``{"total", "residual", "prior"}`` hybrid energies ``(N,)`` (before standardisation)."""
+        if not self._fitted:
+            raise NotFittedError("HEAT")
+        inputs = self._inputs({"features": features, "std_features": std_features, **kwargs})
+        out = {}
+        for name, comp in self.components.items():
+            z = inputs[comp.prior.source]
+            comp.to(z.device)
+            total, residual, prior = comp(z)
+            out[name] = {"total": total, "residual": residual, "prior": prior}
+        return out
+
+    # --- state ----------------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Tensor]:
+        out: dict[str, Tensor] = {}
+        if self.weight is not None:
+            out["head.weight"] = self.weight
+            if self.bias is not None:
+                out["head.bias"] = self.bias
+        for name, comp in self.components.items():
+            out.update({f"{name}.prior.{k}": v for k, v in comp.prior.state_dict().items()})
+            out.update({f"{name}.mlp.{k}": v for k, v in comp.mlp.state_dict().items()})
+        if self.standardization_mean is not None:
+            out["standardization_mean"] = self.standardization_mean
+            out["standardization_std"] = self.standardization_std
+        return {k: v.detach().contiguous() for k, v in out.items()}
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> HEAT:
+        state = dict(state)
+        if "head.weight" in state:
+            self.weight, self.bias = state.pop("head.weight"), state.pop("head.bias", None)
+        self.standardization_mean = state.pop("standardization_mean")
+        self.standardization_std = state.pop("standardization_std")
+
+        def take(prefix: str) -> dict[str, Tensor]:
+            return {k[len(prefix) :]: state.pop(k) for k in list(state) if k.startswith(prefix)}
+
+        self.components = {}
+        for name in self.priors:
+            prior = self._make_prior(name).load_state_dict(take(f"{name}.prior."))
+            mlp = self._make_mlp(name, prior.dim, torch.Generator().manual_seed(0), "cpu")
+            mlp.load_state_dict(take(f"{name}.mlp."))
+            for p in mlp.parameters():
+                p.requires_grad_(False)
+            self.components[name] = _Component(name, prior, mlp, self.component_settings[name]["prior_temperature"])
+        if state:
+            raise ValueError(f"state has keys unknown to HEAT: {sorted(state)}")
+        self._fitted = True
+        return self
+
+    def to(self, device=None, dtype=None) -> HEAT:
+        for comp in self.components.values():
+            comp.mlp.to(device=device, dtype=dtype)
+        return self

@@ -1,0 +1,50 @@
+"""ReAct: rectified activations (Sun et al., NeurIPS 2021).
+
+Scores are outlier scores (higher = more OOD), the negative of OpenOOD v1.5's ``conf``; the definition matches
+OpenOOD v1.5 and pytorch-ood 0.4.0 once their hyper-parameters are aligned (checked against both in the tests).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+
+from .._validation import check_positive
+from .head import HeadDetector
+from .metrics import quantile_linear
+from .priors import energy_logits
+
+__all__ = ["ReAct"]
+
+
+class ReAct(HeadDetector):
+    """ReAct (Sun et al. 2021): clip activations at the ``percentile`` of ID activations, then the energy score.
+
+    Threshold = linear-interpolated percentile of **all** training feature values (OpenOOD computes it on the ID
+    validation split; fit on whichever set you want as ID reference). Score ``−logsumexp(fc(min(z, thr)))``.
+
+    Args:
+        percentile: In (0, 100]; 90 in OpenOOD, 95 in HEAT's code (``react_p = 0.95``).
+        weight, bias, head: The classifier head.
+    """
+
+    _state_names = ("weight", "bias", "threshold")
+
+    def __init__(self, percentile: float = 90.0, weight=None, bias=None, head=None) -> None:
+        super().__init__(weight, bias, head, _allow_missing=True)
+        percentile = check_positive("percentile", percentile)
+        if percentile > 100.0:
+            raise ValueError(f"percentile must lie in (0, 100]; got {percentile}")
+        self.percentile = percentile
+
+    def config(self) -> dict[str, Any]:
+        return {"percentile": self.percentile}
+
+    def _fit(self, features=None, logits=None, labels=None, **kwargs) -> None:
+        z = self._check_z(features).detach()
+        self.threshold = quantile_linear(z, self.percentile / 100.0).reshape(())
+
+    def _score(self, features=None, logits=None, **kwargs) -> Tensor:
+        z = self._check_z(features)
+        return energy_logits(self._logits(z.clamp(max=self.threshold.to(z.device, z.dtype))))

@@ -1,0 +1,453 @@
+"""Miner-free batch samplers for rank losses: ``MPerClassSampler`` and ``HierarchicalSampler``.
+
+Both are *batch* samplers (they yield lists of dataset indices, use them as ``DataLoader(batch_sampler=...)``) with:
+
+* **no global RNG**: every epoch is drawn from ``np.random.default_rng((seed, epoch))``, so the stream depends only on
+  ``seed``, ``epoch`` and the labels — every process builds the same plan without any seeding;
+* ``set_epoch(epoch)`` (as ``torch.utils.data.DistributedSampler``: the order changes only when the epoch changes);
+* ``state_dict()`` / ``load_state_dict()`` for an exact mid-epoch resume;
+* **distributed sharding**: with ``num_replicas = R`` (default: ``torch.distributed`` world size when it is
+  initialised, else 1), the sampler draws one *global* batch of ``R * batch_size`` indices that has the class
+  structure (distinct classes, ``m`` images each; or the super-class structure), and rank ``r`` receives its own
+  ``batch_size`` slice made of whole class groups. Every rank gets the same number of batches, the slices of one
+  step are disjoint, and every local batch has the class structure too.
+
+Under ``accelerate``: ``accelerator.prepare(dataloader)`` wraps any batch sampler in ``BatchSamplerShard``, which deals
+*whole batches* to the processes (rank ``r`` takes batches ``r, r + R, ...``) or, with
+``DataLoaderConfiguration(split_batches=True)``, splits every batch into ``R`` contiguous slices. Sharding twice
+would drop data, so build the sampler with ``num_replicas=1`` when the ``DataLoader`` goes through
+``accelerator.prepare`` (every process then computes the same stream; Accelerate shards it), or keep the
+``DataLoader`` out of ``prepare`` and let the sampler shard itself (then the global batch has distinct classes across
+ranks). Batches are laid out group by group (``HierarchicalSampler`` alternates the super-classes), so the
+contiguous slices of ``split_batches=True`` keep the structure whenever ``batch_size / R`` is a multiple of the group
+size. Accelerate's ``DataLoaderShard.set_epoch`` does not reach a batch sampler wrapped in ``BatchSamplerShard``;
+call ``sampler.set_epoch(epoch)`` yourself at the start of every epoch.
+
+References:
+    * SupRank reference code, ``datasets/samplers/m_per_class_sampler.py`` (m images of B/m classes per batch);
+    * PML ``samplers.HierarchicalSampler`` (the Stanford Online Products sampler: batches drawn from pairs of
+      super-classes), used by Ramzi et al. (ROADMAP, NeurIPS 2021; SupRank, TPAMI) on SOP.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator
+from typing import Any, Literal, get_args
+
+import numpy as np
+import torch
+from torch.utils.data import Sampler
+
+from ._validation import check_choice
+
+__all__ = ["HierarchicalSampler", "MPerClassSampler", "SmallClassPolicy"]
+
+SmallClassPolicy = Literal["replace", "skip"]
+
+
+def _as_int_array(labels: Any, name: str = "labels") -> np.ndarray:
+    if isinstance(labels, torch.Tensor):
+        if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+            raise TypeError(f"{name} must have an integer dtype; got dtype {labels.dtype}")
+        arr = labels.detach().cpu().numpy()
+    else:
+        try:
+            arr = np.asarray(labels)
+        except Exception as err:  # pragma: no cover - exotic inputs
+            raise TypeError(f"{name} must be array-like of integers; got {type(labels).__name__}") from err
+        if arr.dtype == object or not (np.issubdtype(arr.dtype, np.integer)):
+            raise TypeError(f"{name} must contain integers; got dtype {arr.dtype}")
+    return arr.astype(np.int64, copy=False)
+
+
+def _check_int(name: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int; got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}; got {value}")
+    return int(value)
+
+
+def _resolve_replicas(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
+    dist_on = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if num_replicas is None:
+        num_replicas = torch.distributed.get_world_size() if dist_on else 1
+    if rank is None:
+        rank = torch.distributed.get_rank() if dist_on and num_replicas > 1 else 0
+    num_replicas = _check_int("num_replicas", num_replicas, 1)
+    rank = _check_int("rank", rank, 0)
+    if rank >= num_replicas:
+        raise ValueError(f"rank must lie in [0, num_replicas - 1] = [0, {num_replicas - 1}]; got rank={rank}")
+    return num_replicas, rank
+
+
+def _draw(rng: np.random.Generator, pool: np.ndarray, size: int, exclude: np.ndarray | None = None) -> np.ndarray:
+    """``size`` items of ``pool``: without replacement while possible (preferring items not in ``exclude``),
+    the remainder with replacement."""
+    if exclude is not None and exclude.size:
+        fresh = pool[~np.isin(pool, exclude)]
+        if fresh.size >= size:
+            return rng.choice(fresh, size, replace=False)
+        rest = pool[np.isin(pool, exclude)]
+        return np.concatenate([rng.permutation(fresh), rng.choice(rest, size - fresh.size, replace=False)])
+    if pool.size >= size:
+        return rng.choice(pool, size, replace=False)
+    return np.concatenate([rng.permutation(pool), rng.choice(pool, size - pool.size, replace=True)])
+
+
+class _ShardedBatchSampler(Sampler[list[int]]):
+    """Epoch plan, sharding and resumable state shared by the two samplers.
+
+    Subclasses implement ``_global_plan(rng)`` returning a list of global batches, each a list of *parts*
+    (``np.ndarray`` of shape ``(groups, group_size)``); rank ``r`` takes the ``r``-th ``1/R`` of the groups of every
+    part, and the local batch interleaves the parts group by group.
+    """
+
+    def __init__(self, batch_size: int, seed: int, num_replicas: int | None, rank: int | None) -> None:
+        self.batch_size = _check_int("batch_size", batch_size, 1)
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"seed must be a non-negative int; got {seed!r}")
+        self.seed = int(seed)
+        self.num_replicas, self.rank = _resolve_replicas(num_replicas, rank)
+        self.drop_last = True  # every batch has exactly batch_size indices (read by accelerate's BatchSamplerShard)
+        self.epoch = 0
+        self._position = 0  # local batches handed out in the current pass over `epoch`
+        self._resume_from = 0  # first batch of the next pass (set by load_state_dict)
+        self._cache: tuple[int, list[list[int]]] | None = None
+
+    # -- to implement -------------------------------------------------------------------------------------------
+    def _global_plan(self, rng: np.random.Generator) -> list[list[np.ndarray]]:
+        raise NotImplementedError
+
+    def _num_global_batches(self) -> int:
+        raise NotImplementedError
+
+    def _fingerprint(self) -> dict[str, Any]:
+        """What a saved ``state_dict`` must agree with to resume (the subclass adds its own size parameters)."""
+        return {
+            "sampler": type(self).__name__,
+            "seed": self.seed,
+            "num_replicas": self.num_replicas,
+            "batch_size": self.batch_size,
+            "num_batches": len(self),
+        }
+
+    # -- epoch plan ----------------------------------------------------------------------------------------------
+    def _local_batches(self, epoch: int) -> list[list[int]]:
+        if self._cache is not None and self._cache[0] == epoch:
+            return self._cache[1]
+        rng = np.random.default_rng((self.seed, epoch))
+        R, r = self.num_replicas, self.rank
+        local = []
+        for parts in self._global_plan(rng):
+            slices = []
+            for part in parts:
+                n = part.shape[0] // R
+                slices.append(part[r * n : (r + 1) * n])
+            # interleave the parts group by group: [p0 g0, p1 g0, p0 g1, p1 g1, ...]
+            batch = np.stack(slices, axis=1).reshape(-1) if len(slices) > 1 else slices[0].reshape(-1)
+            local.append(batch.tolist())
+        self._cache = (epoch, local)
+        return local
+
+    def batches(self, epoch: int | None = None) -> list[list[int]]:
+        """All local batches of ``epoch`` (default: the current epoch), without touching the iteration state."""
+        return [list(b) for b in self._local_batches(self.epoch if epoch is None else int(epoch))]
+
+    def __len__(self) -> int:
+        return self._num_global_batches()
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batches = self._local_batches(self.epoch)
+        start, self._resume_from = self._resume_from, 0
+        self._position = start
+        for i in range(start, len(batches)):
+            self._position = i + 1
+            yield list(batches[i])
+
+    # -- state ---------------------------------------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose plan the next iteration yields.
+
+        Calling it with the epoch restored by ``load_state_dict`` keeps the resume position.
+        """
+        epoch = _check_int("epoch", epoch, 0)
+        if epoch != self.epoch:
+            self._resume_from = 0
+            self._position = 0
+        self.epoch = epoch
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"epoch", "position", ...}``; ``position`` = batches already handed out in this epoch.
+
+        With ``DataLoader(num_workers > 0)`` the loader fetches a few batches ahead: overwrite ``position`` with the
+        number of batches your loop actually consumed before saving.
+        """
+        return {"epoch": self.epoch, "position": self._position, **self._fingerprint()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore ``epoch`` and the position: the next iteration continues exactly where the saved one stopped."""
+        if not isinstance(state_dict, dict) or "epoch" not in state_dict or "position" not in state_dict:
+            raise ValueError(f"state_dict must be a dict with keys 'epoch' and 'position'; got {state_dict!r}")
+        mine = self._fingerprint()
+        diff = {k: (state_dict[k], v) for k, v in mine.items() if k in state_dict and state_dict[k] != v}
+        if diff:
+            raise ValueError(
+                "state_dict was saved by a sampler with a different configuration (saved, current): "
+                + ", ".join(f"{k}={a!r} vs {b!r}" for k, (a, b) in diff.items())
+            )
+        position = _check_int("state_dict['position']", state_dict["position"], 0)
+        if position > len(self):
+            raise ValueError(f"state_dict['position'] must be <= len(sampler) = {len(self)}; got {position}")
+        self.epoch = _check_int("state_dict['epoch']", state_dict["epoch"], 0)
+        self._position = position
+        self._resume_from = position
+
+
+class MPerClassSampler(_ShardedBatchSampler):
+    """Batches of ``batch_size / m`` distinct classes with ``m`` images each (m-per-class sampling).
+
+    One epoch covers the dataset: every class is cut into ``ceil(n_c / m)`` groups of ``m`` images (the last group
+    is completed with other images of the same class), the groups are spread over the batches so that no class
+    appears twice in one global batch, and batches that are not full are completed with groups of random classes
+    not yet in the batch (``drop_last=False``) — or the few groups that do not fill a last batch are left out
+    (``drop_last=True``). A class holding more than ``1/num_batches`` of all groups contributes at most one group per
+    batch (its extra images are subsampled). The number of batches per epoch depends only on the class sizes.
+
+    Args:
+        labels: Class labels ``(N,)`` (tensor, array or list of ints). 2-D labels ``(N, L)`` use column 0.
+        m: Images per class in a batch.
+        batch_size: Indices per batch *per process*; a multiple of ``m``.
+        seed: Seed of the per-epoch ``np.random.default_rng((seed, epoch))``.
+        num_replicas: Number of processes sharing one global batch of ``num_replicas * batch_size`` indices
+            (default: the ``torch.distributed`` world size, 1 when not initialised).
+        rank: This process's slice (default: the ``torch.distributed`` rank).
+        small_classes: Classes with fewer than ``m`` images: ``"replace"`` samples their group with replacement
+            (duplicate indices inside that group), ``"skip"`` never samples them.
+        drop_last: Leave out the leftover groups instead of completing the last batches with extra groups.
+
+    Raises:
+        ValueError: if ``m > batch_size``, ``batch_size % m != 0``, or there are fewer usable classes than
+            ``num_replicas * batch_size / m`` (e.g. a single class).
+    """
+
+    def __init__(
+        self,
+        labels: Any,
+        m: int,
+        batch_size: int,
+        seed: int = 0,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        *,
+        small_classes: SmallClassPolicy = "replace",
+        drop_last: bool = False,
+    ) -> None:
+        super().__init__(batch_size, seed, num_replicas, rank)
+        self.m = _check_int("m", m, 1)
+        if self.m > self.batch_size:
+            raise ValueError(f"m must be <= batch_size = {self.batch_size}; got m={self.m}")
+        if self.batch_size % self.m:
+            raise ValueError(f"batch_size must be a multiple of m = {self.m}; got batch_size={self.batch_size}")
+        self.small_classes = check_choice("small_classes", small_classes, get_args(SmallClassPolicy))
+        self.pad = not bool(drop_last)
+        arr = _as_int_array(labels)
+        if arr.ndim == 2:
+            arr = arr[:, 0]
+        if arr.ndim != 1 or arr.size == 0:
+            raise ValueError(f"labels must have shape (N,) or (N, L) with N >= 1; got shape {np.shape(labels)}")
+        self.num_samples = arr.size
+        classes, inverse, counts = np.unique(arr, return_inverse=True, return_counts=True)
+        order = np.argsort(inverse, kind="stable")
+        members = np.split(order, np.cumsum(counts)[:-1])
+        keep = counts >= self.m if self.small_classes == "skip" else np.ones(len(classes), bool)
+        self.classes = classes[keep]
+        self._members = [members[i] for i in np.flatnonzero(keep)]
+        self.groups_per_batch = self.num_replicas * self.batch_size // self.m
+        if len(self.classes) < max(self.groups_per_batch, 2):
+            need = max(self.groups_per_batch, 2)
+            raise ValueError(
+                f"labels must contain at least {need} classes"
+                + (f" with >= m={self.m} images (small_classes='skip')" if self.small_classes == "skip" else "")
+                + f" to fill a batch of num_replicas * batch_size / m = {self.groups_per_batch} distinct classes; "
+                f"got {len(self.classes)} usable classes (of {len(classes)})"
+            )
+        self._chunks = self._chunks_per_class()
+
+    def _chunks_per_class(self) -> np.ndarray:
+        sizes = np.array([len(x) for x in self._members])
+        k = np.maximum(1, -(-sizes // self.m))  # ceil, at least one group (replacement policy)
+        G = self.groups_per_batch
+        while True:
+            total = int(k.sum())
+            nb = -(-total // G) if self.pad else total // G
+            if nb < 1:
+                raise ValueError(
+                    f"labels provide {total} groups of m={self.m}, fewer than one global batch of {G} groups; "
+                    "use drop_last=False"
+                )
+            if k.max() <= nb:
+                return k
+            k = np.minimum(k, nb)
+
+    def _num_global_batches(self) -> int:
+        total = int(self._chunks.sum())
+        G = self.groups_per_batch
+        return -(-total // G) if self.pad else total // G
+
+    def _fingerprint(self) -> dict[str, Any]:
+        return {**super()._fingerprint(), "m": self.m}
+
+    def _class_groups(self, rng: np.random.Generator, c: int, k: int) -> np.ndarray:
+        """``k`` groups of ``m`` images of class ``c``; no image repeated inside a group when ``n_c >= m``."""
+        m, pool = self.m, self._members[c]
+        perm = rng.permutation(pool)
+        if perm.size < m:  # small class, replacement policy
+            return _draw(rng, pool, m)[None]
+        full = perm[: min(k * m, (perm.size // m) * m)].reshape(-1, m)
+        if full.shape[0] == k:
+            return full
+        rest = perm[full.size :]
+        last = np.concatenate([rest, rng.choice(perm[: full.size], m - rest.size, replace=False)])
+        return np.concatenate([full, last[None]])
+
+    def _global_plan(self, rng: np.random.Generator) -> list[list[np.ndarray]]:
+        G, nb, m = self.groups_per_batch, len(self), self.m
+        class_order = rng.permutation(len(self.classes))
+        groups, owner = [], []
+        for c in class_order:
+            g = self._class_groups(rng, int(c), int(self._chunks[c]))
+            groups.append(g)
+            owner.extend([int(c)] * g.shape[0])
+        groups = np.concatenate(groups)
+        owner = np.asarray(owner)
+        if not self.pad and groups.shape[0] > nb * G:  # leave out random groups
+            keep = np.sort(rng.choice(groups.shape[0], nb * G, replace=False))
+            groups, owner = groups[keep], owner[keep]
+        # position p -> batch p % nb: a class's groups are contiguous and at most nb, so they land in distinct batches
+        slot = np.arange(groups.shape[0]) % nb
+        by_slot = np.split(np.argsort(slot, kind="stable"), np.cumsum(np.bincount(slot, minlength=nb))[:-1])
+        plan = []
+        for sel in by_slot:
+            bg, bc = groups[sel], owner[sel]
+            missing = G - bg.shape[0]
+            if missing > 0:
+                free = np.setdiff1d(np.arange(len(self.classes)), bc)
+                extra = rng.choice(free, missing, replace=False)
+                bg = np.concatenate([bg] + [_draw(rng, self._members[int(c)], m)[None] for c in extra])
+            plan.append([bg[rng.permutation(G)]])
+        return [plan[i] for i in rng.permutation(nb)]
+
+
+class HierarchicalSampler(_ShardedBatchSampler):
+    """The Stanford Online Products sampler: every batch is drawn from ``super_classes_per_batch`` super-classes.
+
+    For every combination of ``super_classes_per_batch`` super-classes (``C(S, k)`` of them), the epoch has
+    ``batches_per_super_tuple`` batches; in each, every super-class fills ``batch_size / k`` slots with
+    ``samples_per_class`` images of distinct classes drawn at random (PML ``samplers.HierarchicalSampler`` semantics,
+    used by ROADMAP/HAPPIER on SOP). Differences from PML: seeded and shardable; batches always have exactly
+    ``batch_size`` indices (a super-class with too few classes contributes further groups of its classes, with other
+    images while there are any); the super-classes alternate group by group instead of a full in-batch shuffle
+    (rank losses do not depend on the order; the layout keeps contiguous slices balanced).
+
+    Args:
+        labels: ``(N, L)`` integer labels, column 0 = finest (the order of PML's HierarchicalSampler).
+        batch_size: Indices per batch *per process*; a multiple of ``super_classes_per_batch * samples_per_class``.
+        samples_per_class: Images per class in a batch.
+        batches_per_super_tuple: Batches per combination of super-classes and epoch.
+        super_classes_per_batch: Super-classes per batch (``k``).
+        seed: Seed of the per-epoch ``np.random.default_rng((seed, epoch))``.
+        num_replicas: Processes sharing one global batch (default: ``torch.distributed`` world size or 1).
+        rank: This process's slice (default: ``torch.distributed`` rank).
+        inner_label: Column of the class label.
+        outer_label: Column of the super-class label.
+        small_classes: Classes with fewer than ``samples_per_class`` images: ``"replace"`` (duplicates inside their
+            group) or ``"skip"``.
+
+    The epoch has ``C(S, k) * batches_per_super_tuple`` batches for every process (the global batch grows with
+    ``num_replicas``).
+    """
+
+    def __init__(
+        self,
+        labels: Any,
+        batch_size: int,
+        samples_per_class: int,
+        batches_per_super_tuple: int = 4,
+        super_classes_per_batch: int = 2,
+        seed: int = 0,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        *,
+        inner_label: int = 0,
+        outer_label: int = 1,
+        small_classes: SmallClassPolicy = "replace",
+    ) -> None:
+        super().__init__(batch_size, seed, num_replicas, rank)
+        self.samples_per_class = _check_int("samples_per_class", samples_per_class, 1)
+        self.batches_per_super_tuple = _check_int("batches_per_super_tuple", batches_per_super_tuple, 1)
+        self.super_classes_per_batch = k = _check_int("super_classes_per_batch", super_classes_per_batch, 1)
+        self.small_classes = check_choice("small_classes", small_classes, get_args(SmallClassPolicy))
+        unit = k * self.samples_per_class
+        if self.samples_per_class > self.batch_size:
+            raise ValueError(
+                f"samples_per_class must be <= batch_size = {self.batch_size}; got {self.samples_per_class}"
+            )
+        if self.batch_size % unit:
+            raise ValueError(
+                "batch_size must be a multiple of super_classes_per_batch * samples_per_class = "
+                f"{k} * {self.samples_per_class} = {unit}; got batch_size={self.batch_size}"
+            )
+        arr = _as_int_array(labels)
+        if arr.ndim != 2 or arr.shape[0] == 0:
+            raise ValueError(f"labels must have shape (N, L) with N >= 1 and L >= 2; got shape {arr.shape}")
+        for name, col in (("inner_label", inner_label), ("outer_label", outer_label)):
+            if isinstance(col, bool) or not isinstance(col, int) or not -arr.shape[1] <= col < arr.shape[1]:
+                raise ValueError(f"{name} must be a column index of labels (L = {arr.shape[1]}); got {col!r}")
+        self.inner_label, self.outer_label = inner_label, outer_label
+        self.num_samples = arr.shape[0]
+        inner, outer = arr[:, inner_label], arr[:, outer_label]
+        spc = self.samples_per_class
+        supers: dict[int, list[np.ndarray]] = {}
+        order = np.lexsort((inner, outer))  # grouped by (super-class, class)
+        pairs, starts = np.unique(np.stack([outer[order], inner[order]], 1), axis=0, return_index=True)
+        for (s, _c), members in zip(pairs, np.split(order, starts[1:]), strict=True):
+            if members.size >= spc or self.small_classes == "replace":
+                supers.setdefault(int(s), []).append(members)
+        if len(supers) < k:
+            raise ValueError(
+                f"labels must contain at least super_classes_per_batch = {k} super-classes (column {outer_label})"
+                + (f" with classes of >= {spc} images" if self.small_classes == "skip" else "")
+                + f"; got {len(supers)}"
+            )
+        if sum(len(v) for v in supers.values()) < 2:
+            raise ValueError("labels must contain at least 2 classes; got a single class")
+        self.super_classes = sorted(supers)
+        self._supers = supers
+        self.super_tuples = list(itertools.combinations(self.super_classes, k))
+        self.groups_per_part = self.num_replicas * self.batch_size // unit
+
+    def _num_global_batches(self) -> int:
+        return len(self.super_tuples) * self.batches_per_super_tuple
+
+    def _fingerprint(self) -> dict[str, Any]:
+        return {**super()._fingerprint(), "samples_per_class": self.samples_per_class}
+
+    def _part(self, rng: np.random.Generator, super_class: int) -> np.ndarray:
+        classes = self._supers[super_class]
+        n, spc = self.groups_per_part, self.samples_per_class
+        picks = np.concatenate([rng.permutation(len(classes)) for _ in range(math.ceil(n / len(classes)))])[:n]
+        groups = np.empty((n, spc), dtype=np.int64)
+        for c in np.unique(picks):
+            rows = np.flatnonzero(picks == c)
+            groups[rows] = _draw(rng, classes[int(c)], rows.size * spc).reshape(rows.size, spc)
+        return groups
+
+    def _global_plan(self, rng: np.random.Generator) -> list[list[np.ndarray]]:
+        plan = []
+        for tup in self.super_tuples:
+            for _ in range(self.batches_per_super_tuple):
+                plan.append([self._part(rng, s) for s in tup])
+        return [plan[i] for i in rng.permutation(len(plan))]

@@ -1,0 +1,482 @@
+"""SyntheticShapes: a deterministic, procedurally rendered hierarchical image dataset (no download).
+
+The built-in dataset of the main job (``accelerate launch recipes/train_happier.py`` with no arguments). Every image
+shows one coloured shape on a cluttered, noisy background:
+
+* **coarse label** = shape family (``circle``, ``triangle``, ``square``, ``star``, ``cross``, ``arrow``);
+* **fine label** = shape variant (three per family, e.g. disc / ring / ellipse) × colour (three shades — light,
+  medium, dark — of the family's own hue: circles are red, triangles yellow, squares green, stars cyan, crosses
+  blue, arrows magenta);
+* optional middle level (``levels=3``): the shape variant regardless of colour;
+* nuisances: position, scale, rotation, colour jitter, illumination, colour cast (white balance), background colour
+  and gradient, clutter lines, pixel noise.
+
+A family is visually coherent (its shapes are alike and share a hue), as the super-classes of the papers' datasets
+are (species of a genus, products of a category): the hierarchy is learnable and a model trained with a
+hierarchical loss (HAPPIER) can rank same-family items above other families. Fine classes of a family differ by
+shape variant and shade, so the fine level needs the shape *and* the shade. (An earlier version used the same three
+colours in every family: colour, the easiest cue, then grouped classes *across* families, contradicting the label
+hierarchy — trained embeddings clustered by colour and the flat ROADMAP beat HAPPIER on H-AP.)
+
+With the default open-set protocol the train and test fine classes are disjoint, like the CUB/SOP/CIFAR-100
+retrieval splits: in every family, variants 0 and 1 in shade ``family % 3`` and variant 2 in the next shade form the
+test classes (18 of 54), the others the training classes (36). Two test classes of a family thus share their colour
+(only the shape separates them), and every variant and every shade of every family is seen in training, so a model
+that learns shape and colour generalises to the new combinations, while an untrained network, dominated by
+background, illumination, colour cast and clutter, retrieves poorly.
+
+Labels are global ids over all 54 fine classes (``fine = (family * 3 + variant) * 3 + shade``, ``coarse = family``)
+whatever the split or family subset, so subsets (e.g. held-out families as OOD for HEAT) keep consistent ids.
+Images are rendered from ``numpy.random.default_rng((seed, split, fine, instance))``: the same arguments always give
+the same pixels, independently of the process, worker or access order.
+"""
+
+from __future__ import annotations
+
+import colorsys
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, get_args
+
+import numpy as np
+import torch
+
+from ._retrieval_dataset import RetrievalDatasetBase
+from ._validation import check_choice
+
+__all__ = ["COLOURS", "FAMILIES", "SHADES", "SyntheticNoise", "SyntheticShapes"]
+
+# Shapes are lists of (polygon in unit coordinates, value) drawn in order into a mask: value 255 fills, 0 cuts holes.
+_Poly = list[tuple[float, float]]
+
+
+def _regular(n: int, r: float = 1.0, phase: float = -90.0) -> _Poly:
+    return [
+        (r * math.cos(math.radians(phase + 360.0 * k / n)), r * math.sin(math.radians(phase + 360.0 * k / n)))
+        for k in range(n)
+    ]
+
+
+def _ellipse(rx: float, ry: float, n: int = 48) -> _Poly:
+    return [(rx * math.cos(2 * math.pi * k / n), ry * math.sin(2 * math.pi * k / n)) for k in range(n)]
+
+
+def _star(points: int, inner: float) -> _Poly:
+    out = []
+    for k in range(2 * points):
+        r = 1.0 if k % 2 == 0 else inner
+        a = math.radians(-90.0 + 180.0 * k / points)
+        out.append((r * math.cos(a), r * math.sin(a)))
+    return out
+
+
+def _rect(x0: float, y0: float, x1: float, y1: float) -> _Poly:
+    return [(x0, y0), (x1, y0), (x1, y1), (x0, y1)]
+
+
+def _scaled(poly: _Poly, s: float) -> _Poly:
+    return [(s * x, s * y) for x, y in poly]
+
+
+_SHAPES: dict[str, dict[str, list[tuple[_Poly, int]]]] = {
+    "circle": {
+        "disc": [(_ellipse(0.9, 0.9), 255)],
+        "ring": [(_ellipse(0.95, 0.95), 255), (_ellipse(0.5, 0.5), 0)],
+        "ellipse": [(_ellipse(1.0, 0.45), 255)],
+    },
+    "triangle": {
+        "triangle": [(_regular(3, 1.0), 255)],
+        "triangle_outline": [(_regular(3, 1.0), 255), (_regular(3, 0.45), 0)],
+        "narrow_triangle": [([(0.0, -1.0), (0.4, 0.95), (-0.4, 0.95)], 255)],
+    },
+    "square": {
+        "square": [(_rect(-0.75, -0.75, 0.75, 0.75), 255)],
+        "square_outline": [(_rect(-0.8, -0.8, 0.8, 0.8), 255), (_rect(-0.4, -0.4, 0.4, 0.4), 0)],
+        "rectangle": [(_rect(-1.0, -0.42, 1.0, 0.42), 255)],
+    },
+    "star": {
+        "star5": [(_star(5, 0.42), 255)],
+        "star4": [(_star(4, 0.3), 255)],
+        "star8": [(_star(8, 0.62), 255)],
+    },
+    "cross": {
+        "plus": [(_rect(-0.9, -0.22, 0.9, 0.22), 255), (_rect(-0.22, -0.9, 0.22, 0.9), 255)],
+        "tee": [(_rect(-0.9, -0.9, 0.9, -0.48), 255), (_rect(-0.21, -0.9, 0.21, 0.9), 255)],
+        "ell": [(_rect(-0.75, -0.95, -0.33, 0.95), 255), (_rect(-0.75, 0.53, 0.8, 0.95), 255)],
+    },
+    "arrow": {
+        "arrow": [(_rect(-0.95, -0.17, 0.2, 0.17), 255), ([(0.1, -0.6), (0.95, 0.0), (0.1, 0.6)], 255)],
+        "chevron": [([(-0.7, -0.9), (0.9, 0.0), (-0.7, 0.9), (-0.7, 0.45), (0.2, 0.0), (-0.7, -0.45)], 255)],
+        "double_arrow": [
+            (_rect(-0.5, -0.15, 0.5, 0.15), 255),
+            ([(0.35, -0.55), (1.0, 0.0), (0.35, 0.55)], 255),
+            ([(-0.35, -0.55), (-1.0, 0.0), (-0.35, 0.55)], 255),
+        ],
+    },
+}
+
+FAMILIES: tuple[str, ...] = tuple(_SHAPES)
+VARIANTS: dict[str, tuple[str, ...]] = {f: tuple(v) for f, v in _SHAPES.items()}
+# Each family has its own hue (degrees) and three shades of it: (saturation, value) in HSV.
+_FAMILY_HUES: dict[str, tuple[str, float]] = {
+    "circle": ("red", 0.0),
+    "triangle": ("yellow", 55.0),
+    "square": ("green", 125.0),
+    "star": ("cyan", 185.0),
+    "cross": ("blue", 230.0),
+    "arrow": ("magenta", 300.0),
+}
+SHADES: dict[str, tuple[float, float]] = {"light": (0.45, 0.97), "medium": (0.85, 0.85), "dark": (0.9, 0.5)}
+
+
+def _palette(hue_name: str, hue: float) -> dict[str, tuple[int, int, int]]:
+    out = {}
+    for shade, (sat, val) in SHADES.items():
+        r, g, b = colorsys.hsv_to_rgb(hue / 360.0, sat, val)
+        name = hue_name if shade == "medium" else f"{shade}_{hue_name}"
+        out[name] = (round(255 * r), round(255 * g), round(255 * b))
+    return out
+
+
+#: family → {colour name: RGB}: the three colours (shades of the family's hue) of the fine classes of each family.
+COLOURS: dict[str, dict[str, tuple[int, int, int]]] = {f: _palette(*_FAMILY_HUES[f]) for f in FAMILIES}
+_NUM_VARIANTS = 3
+_NUM_COLOURS = len(SHADES)
+_SPLIT_CODE = {"train": 1, "test": 2}
+
+Split = Literal["train", "test", "all"]
+
+
+def _fine_id(family: int, variant: int, colour: int) -> int:
+    return (family * _NUM_VARIANTS + variant) * _NUM_COLOURS + colour
+
+
+def _is_test_class(family: int, variant: int, colour: int) -> bool:
+    # per family: variants 0 and 1 in shade (family % 3), variant 2 in the next shade. Two test classes of every
+    # family share their colour (only the shape tells them apart) and every (variant, shade) row and column keeps
+    # training classes.
+    return colour == (family + variant // 2) % _NUM_COLOURS
+
+
+class SyntheticShapes(RetrievalDatasetBase):
+    """Procedurally rendered hierarchical shapes (coarse = family, fine = variant × shade of the family's hue).
+
+    Args:
+        split: ``"train"`` (36 fine classes), ``"test"`` (the 18 other fine classes) or ``"all"``. With
+            ``open_set=False`` every split holds all 54 classes (different images per split).
+        num_per_class: Images per fine class.
+        image_size: Side of the square RGB images, in pixels (32–64 is comfortable on a CPU).
+        seed: Base seed; train and test images come from different streams of the same seed.
+        families: Subset of :data:`FAMILIES` (names or indices) to include, e.g. to hold some out as OOD.
+        levels: 2 → labels ``(fine, coarse)``; 3 → ``(fine, variant, coarse)``.
+        open_set: Disjoint train/test fine classes (default) or all classes in every split.
+        rotation: Maximum absolute rotation in degrees (uniform in ``[-rotation, rotation]``).
+        scale: Range of the shape radius as a fraction of ``image_size``.
+        noise: Standard deviation of the Gaussian pixel noise (0–255 scale).
+        clutter: Maximum number of random distractor lines.
+        colour_jitter: Maximum per-channel jitter of the shape colour (0–255 scale).
+        illumination: Maximum relative change of the global brightness (uniform in ``1 ± illumination``).
+        colour_cast: Maximum relative per-channel gain of the whole image (white balance, ``1 ± colour_cast``).
+        transform: Callable on a PIL image returning a ``(3, H, W)`` tensor (e.g. from ``build_transforms``).
+        cache: Keep rendered images in memory after their first access.
+
+    Items follow the package contract: ``ds[i] = {"image": (3, H, W) float, "labels": (L,) long, "index": i}``,
+    ``ds.labels`` is ``(N, L)``, ``ds.label_names`` is ``["fine_label", ("variant_label",) "coarse_label"]``.
+
+    Example:
+        >>> ds = SyntheticShapes("train", num_per_class=4, image_size=32)
+        >>> len(ds), ds.labels.shape, ds[0]["image"].shape
+        (144, torch.Size([144, 2]), torch.Size([3, 32, 32]))
+    """
+
+    def __init__(
+        self,
+        split: Split = "train",
+        num_per_class: int = 40,
+        image_size: int = 64,
+        seed: int = 0,
+        families: Sequence[str | int] | None = None,
+        levels: int = 2,
+        open_set: bool = True,
+        rotation: float = 30.0,
+        scale: tuple[float, float] = (0.24, 0.42),
+        noise: float = 10.0,
+        clutter: int = 3,
+        colour_jitter: int = 25,
+        illumination: float = 0.12,
+        colour_cast: float = 0.15,
+        transform: Callable | None = None,
+        cache: bool = True,
+    ) -> None:
+        self.split = check_choice("split", split, get_args(Split))
+        for name, value, low in (("num_per_class", num_per_class, 1), ("image_size", image_size, 8)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}; got {value!r}")
+        check_choice("levels", levels, (2, 3))
+        if not (isinstance(scale, (tuple, list)) and len(scale) == 2 and 0 < scale[0] <= scale[1] <= 0.5):
+            raise ValueError(f"scale must be a pair (low, high) with 0 < low <= high <= 0.5; got {scale!r}")
+        for name, value in (
+            ("rotation", rotation),
+            ("noise", noise),
+            ("clutter", clutter),
+            ("colour_jitter", colour_jitter),
+        ):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"{name} must be a number >= 0; got {value!r}")
+        for name, value in (("illumination", illumination), ("colour_cast", colour_cast)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+                raise ValueError(f"{name} must be a number in [0, 1); got {value!r}")
+        self.family_ids = self._resolve_families(families)
+        self.num_per_class = num_per_class
+        self.image_size = image_size
+        self.seed = int(seed)
+        self.levels = levels
+        self.open_set = bool(open_set)
+        self.rotation = float(rotation)
+        self.scale = (float(scale[0]), float(scale[1]))
+        self.noise = float(noise)
+        self.clutter = int(clutter)
+        self.colour_jitter = int(colour_jitter)
+        self.illumination = float(illumination)
+        self.colour_cast = float(colour_cast)
+        self.cache = bool(cache)
+        self._cache: dict[int, np.ndarray] = {}
+
+        classes = []  # (family, variant, colour, split_code)
+        for f in self.family_ids:
+            for v in range(_NUM_VARIANTS):
+                for c in range(_NUM_COLOURS):
+                    is_test = _is_test_class(f, v, c)
+                    if self.split == "all":
+                        if open_set:
+                            classes.append((f, v, c, _SPLIT_CODE["test" if is_test else "train"]))
+                        else:
+                            classes.append((f, v, c, _SPLIT_CODE["train"]))
+                            classes.append((f, v, c, _SPLIT_CODE["test"]))
+                    elif not open_set or is_test == (self.split == "test"):
+                        classes.append((f, v, c, _SPLIT_CODE[self.split]))
+        self._classes = classes
+        rows = []
+        for f, v, c, _ in classes:
+            row = [_fine_id(f, v, c)] + ([f * _NUM_VARIANTS + v] if levels == 3 else []) + [f]
+            rows.extend([row] * num_per_class)
+        names = ["fine_label"] + (["variant_label"] if levels == 3 else []) + ["coarse_label"]
+        super().__init__(torch.tensor(rows, dtype=torch.long).reshape(-1, levels), names, transform)
+
+    @staticmethod
+    def _resolve_families(families: Sequence[str | int] | None) -> list[int]:
+        if families is None:
+            return list(range(len(FAMILIES)))
+        if isinstance(families, (str, int)):
+            families = [families]
+        ids = []
+        for f in families:
+            if isinstance(f, str):
+                check_choice("families", f, FAMILIES)
+                ids.append(FAMILIES.index(f))
+            elif isinstance(f, (int, np.integer)) and not isinstance(f, bool) and 0 <= f < len(FAMILIES):
+                ids.append(int(f))
+            else:
+                raise ValueError(
+                    f"families must contain names from {FAMILIES} or indices 0..{len(FAMILIES) - 1}; got {f!r}"
+                )
+        if not ids:
+            raise ValueError("families must select at least one family; got an empty list")
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"families must not repeat a family; got {list(families)}")
+        return sorted(ids)
+
+    # ------------------------------------------------------------------ metadata
+    @staticmethod
+    def num_fine_classes() -> int:
+        """Number of fine classes over all splits and families (54)."""
+        return len(FAMILIES) * _NUM_VARIANTS * _NUM_COLOURS
+
+    @staticmethod
+    def fine_class_name(fine_label: int) -> str:
+        """Human-readable name of a global fine label, e.g. ``"circle/ring/red"`` or ``"star/star8/dark_cyan"``."""
+        f, rest = divmod(int(fine_label), _NUM_VARIANTS * _NUM_COLOURS)
+        v, c = divmod(rest, _NUM_COLOURS)
+        return f"{FAMILIES[f]}/{VARIANTS[FAMILIES[f]][v]}/{list(COLOURS[FAMILIES[f]])[c]}"
+
+    @staticmethod
+    def hierarchy() -> torch.Tensor:
+        """The ``(54, 2)`` fine → (fine, coarse) table over all fine classes."""
+        fine = torch.arange(SyntheticShapes.num_fine_classes())
+        return torch.stack([fine, fine // (_NUM_VARIANTS * _NUM_COLOURS)], dim=1)
+
+    @property
+    def class_names(self) -> dict[int, str]:
+        """Names of the fine classes present in this dataset, keyed by fine label."""
+        return {int(k): self.fine_class_name(int(k)) for k in torch.unique(self.labels[:, 0])}
+
+    # ------------------------------------------------------------------ rendering
+    def get_image(self, index: int) -> Any:
+        """The untransformed PIL RGB image of item ``index``."""
+        from PIL import Image
+
+        index = self._check_index(index)
+        arr = self._cache.get(index)
+        if arr is None:
+            arr = self.render(index)
+            if self.cache:
+                self._cache[index] = arr
+        return Image.fromarray(arr)
+
+    def render(self, index: int) -> np.ndarray:
+        """Render item ``index`` as a ``(H, W, 3)`` uint8 array (deterministic)."""
+        cls, instance = divmod(index, self.num_per_class)
+        f, v, c, split_code = self._classes[cls]
+        rng = np.random.default_rng((self.seed, split_code, _fine_id(f, v, c), instance))
+        return _render(
+            rng,
+            _SHAPES[FAMILIES[f]][VARIANTS[FAMILIES[f]][v]],
+            np.array(list(COLOURS[FAMILIES[f]].values())[c], dtype=np.float64),
+            self.image_size,
+            self.rotation,
+            self.scale,
+            self.noise,
+            self.clutter,
+            self.colour_jitter,
+            self.illumination,
+            self.colour_cast,
+        )
+
+    def __repr__(self) -> str:
+        fams = [FAMILIES[f] for f in self.family_ids]
+        return (
+            f"SyntheticShapes(split={self.split!r}, num_items={len(self)}, fine_classes={len(self._classes)}, "
+            f"families={fams}, image_size={self.image_size}, label_names={self.label_names})"
+        )
+
+
+def _background(rng: np.random.Generator, size: int) -> np.ndarray:
+    base = rng.uniform(50, 205, size=3)
+    # low-saturation base colour plus a random linear gradient
+    base = 0.6 * base + 0.4 * base.mean()
+    angle = rng.uniform(0, 2 * math.pi)
+    amp = rng.uniform(0, 45, size=3) * rng.choice([-1.0, 1.0], size=3)
+    yy, xx = np.mgrid[0:size, 0:size] / max(size - 1, 1) - 0.5
+    t = math.cos(angle) * xx + math.sin(angle) * yy
+    return base[None, None, :] + t[:, :, None] * amp[None, None, :]
+
+
+def _render(
+    rng: np.random.Generator,
+    shape: list[tuple[_Poly, int]],
+    colour: np.ndarray,
+    size: int,
+    rotation: float,
+    scale: tuple[float, float],
+    noise: float,
+    clutter: int,
+    colour_jitter: int,
+    illumination: float = 0.12,
+    colour_cast: float = 0.0,
+) -> np.ndarray:
+    from PIL import Image, ImageDraw
+
+    ss = 3  # supersampling factor for anti-aliased edges
+    big = size * ss
+    img = _background(rng, size)
+
+    # clutter: thin random lines of random colours, drawn on the background
+    n_lines = int(rng.integers(0, clutter + 1)) if clutter > 0 else 0
+    if n_lines:
+        layer = Image.new("L", (big, big), 0)
+        draw = ImageDraw.Draw(layer)
+        colours = []
+        for k in range(n_lines):
+            x0, y0, x1, y1 = rng.uniform(0, big, size=4)
+            draw.line([(x0, y0), (x1, y1)], fill=k + 1, width=max(1, int(round(ss * rng.uniform(0.6, 1.4)))))
+            colours.append(rng.uniform(0, 255, size=3))
+        lab = np.asarray(layer)
+        for k, col in enumerate(colours):
+            a = (lab == k + 1).reshape(size, ss, size, ss).mean(axis=(1, 3))[:, :, None]
+            img = img * (1 - 0.8 * a) + 0.8 * a * col
+
+    # the shape: rotated, scaled and translated polygons rendered into a supersampled mask
+    radius = rng.uniform(*scale) * size
+    theta = math.radians(rng.uniform(-rotation, rotation))
+    margin = radius * 1.02
+    cx = rng.uniform(margin, size - margin) if size - 2 * margin > 0 else size / 2
+    cy = rng.uniform(margin, size - margin) if size - 2 * margin > 0 else size / 2
+    aspect = rng.uniform(0.9, 1.1)
+    cos, sin = math.cos(theta), math.sin(theta)
+    mask = Image.new("L", (big, big), 0)
+    draw = ImageDraw.Draw(mask)
+    for poly, value in shape:
+        pts = []
+        for x, y in poly:
+            x, y = x * aspect, y / aspect
+            px = cx + radius * (cos * x - sin * y)
+            py = cy + radius * (sin * x + cos * y)
+            pts.append((px * ss, py * ss))
+        draw.polygon(pts, fill=value)
+    alpha = (np.asarray(mask, dtype=np.float64) / 255.0).reshape(size, ss, size, ss).mean(axis=(1, 3))[:, :, None]
+    col = np.clip(colour + rng.uniform(-colour_jitter, colour_jitter, size=3), 0, 255)
+    shade = 1.0 + rng.uniform(-illumination, illumination)  # global illumination change
+    img = (img * (1 - alpha) + alpha * col[None, None, :]) * shade
+    if colour_cast > 0:  # white balance: one gain per channel for the whole image
+        img = img * rng.uniform(1.0 - colour_cast, 1.0 + colour_cast, size=3)[None, None, :]
+
+    if noise > 0:
+        img = img + rng.normal(0.0, noise, size=img.shape)
+    return np.clip(np.rint(img), 0, 255).astype(np.uint8)
+
+
+NoiseKind = Literal["uniform", "gaussian", "blobs"]
+
+
+class SyntheticNoise(RetrievalDatasetBase):
+    """Pure-noise images in the SyntheticShapes format, as far-OOD data for HEAT and the OOD baselines.
+
+    Args:
+        num_images: Number of images.
+        image_size: Image side in pixels.
+        seed: Seed of the deterministic per-image generators.
+        kind: ``"uniform"`` (i.i.d. uniform pixels), ``"gaussian"`` (smoothed Gaussian noise around grey) or
+            ``"blobs"`` (a SyntheticShapes-like background with random blobs and no shape).
+        levels: Number of label columns; every label is ``-1`` (OOD).
+        transform: As for :class:`SyntheticShapes`.
+    """
+
+    def __init__(
+        self,
+        num_images: int = 200,
+        image_size: int = 64,
+        seed: int = 0,
+        kind: NoiseKind = "uniform",
+        levels: int = 2,
+        transform: Callable | None = None,
+    ) -> None:
+        for name, value, low in (("num_images", num_images, 1), ("image_size", image_size, 8), ("levels", levels, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}; got {value!r}")
+        self.kind = check_choice("kind", kind, get_args(NoiseKind))
+        self.image_size = image_size
+        self.seed = int(seed)
+        names = ["fine_label"] + ["variant_label"] * (levels == 3) + ["coarse_label"] if levels in (2, 3) else None
+        names = names or [f"level{i}" for i in range(levels)]
+        super().__init__(torch.full((num_images, levels), -1, dtype=torch.long), names, transform)
+
+    def get_image(self, index: int) -> Any:
+        from PIL import Image, ImageFilter
+
+        index = self._check_index(index)
+        rng = np.random.default_rng((self.seed, 99, index))
+        s = self.image_size
+        if self.kind == "uniform":
+            arr = rng.integers(0, 256, size=(s, s, 3), dtype=np.uint8)
+            return Image.fromarray(arr)
+        if self.kind == "gaussian":
+            arr = np.clip(rng.normal(127.5, 60.0, size=(s, s, 3)), 0, 255).astype(np.uint8)
+            return Image.fromarray(arr).filter(ImageFilter.GaussianBlur(radius=rng.uniform(0.5, 2.0)))
+        img = _background(rng, s)
+        yy, xx = np.mgrid[0:s, 0:s]
+        for _ in range(int(rng.integers(2, 6))):
+            cx, cy, r = rng.uniform(0, s), rng.uniform(0, s), rng.uniform(0.05, 0.25) * s
+            a = np.exp(-((xx - cx) ** 2 + (yy - cy) ** 2) / (2 * r * r))[:, :, None]
+            img = img * (1 - a) + a * rng.uniform(0, 255, size=3)
+        img = img + rng.normal(0.0, 10.0, size=img.shape)
+        return Image.fromarray(np.clip(np.rint(img), 0, 255).astype(np.uint8))

@@ -1,0 +1,250 @@
+"""Checkpoints of the training loop: find, validate, write atomically, restore.
+
+A checkpoint is the folder ``output_dir/checkpoints/step_XXXXXXXX`` written by ``accelerator.save_state`` (model,
+optimizer, scheduler, RNG states per process) plus ``trainer_state.json`` (step, epoch, sampler position, history,
+configuration). It is written into a temporary folder renamed once complete, so an interrupted save never leaves a
+folder that looks complete.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch import Tensor
+
+__all__ = [
+    "CHECKPOINT_PREFIX",
+    "TRAINER_STATE",
+    "CheckpointError",
+    "check_compatible",
+    "find_checkpoints",
+    "latest_checkpoint",
+    "save_checkpoint_atomically",
+    "validate_checkpoint",
+]
+
+CHECKPOINT_PREFIX = "step_"
+TRAINER_STATE = "trainer_state.json"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder is missing, incomplete, corrupt or was written by an incompatible run."""
+
+
+def find_checkpoints(output_dir: str | Path) -> list[Path]:
+    """Complete checkpoint folders ``output_dir/checkpoints/step_XXXXXXXX`` sorted by step (temporary folders of an
+    interrupted save are ignored)."""
+    root = Path(output_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = []
+    for p in root.iterdir():
+        if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX) and p.name[len(CHECKPOINT_PREFIX) :].isdigit():
+            found.append((int(p.name[len(CHECKPOINT_PREFIX) :]), p))
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(output_dir: str | Path) -> Path | None:
+    """The most recent complete checkpoint of ``output_dir``, or ``None``."""
+    ckpts = find_checkpoints(output_dir)
+    return ckpts[-1] if ckpts else None
+
+
+def validate_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Check that ``path`` is a complete checkpoint written by :class:`Trainer` and return its trainer state.
+
+    Raises:
+        CheckpointError: naming the folder and what is missing or unreadable (corrupt JSON, truncated weights).
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {str(path)!r} does not exist or is not a folder")
+    state_file = path / TRAINER_STATE
+    if not state_file.is_file():
+        raise CheckpointError(f"checkpoint {str(path)!r} is incomplete: {TRAINER_STATE} is missing")
+    try:
+        state = json.loads(state_file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"checkpoint {str(path)!r} is corrupt: {TRAINER_STATE} cannot be read ({e})") from e
+    required = ("global_step", "epoch", "step_in_epoch", "sampler", "num_processes")
+    if not isinstance(state, dict) or any(k not in state for k in required):
+        raise CheckpointError(f"checkpoint {str(path)!r} is corrupt: {TRAINER_STATE} lacks one of {required}")
+    weights = sorted(path.glob("model*.safetensors")) + sorted(path.glob("pytorch_model*.bin"))
+    if not weights:
+        raise CheckpointError(f"checkpoint {str(path)!r} is incomplete: no model weights (model.safetensors)")
+    for w in weights:
+        if w.suffix == ".safetensors":
+            try:
+                from safetensors import safe_open
+
+                with safe_open(str(w), framework="pt") as f:
+                    for key in f.keys():  # noqa: SIM118 - safe_open has no __iter__
+                        f.get_slice(key)
+            except Exception as e:
+                raise CheckpointError(f"checkpoint {str(path)!r} is corrupt: cannot read {w.name} ({e})") from e
+    _check_state_values(path, state)
+    return state
+
+
+_STATE_TYPES = {"global_step": (int, 0), "epoch": (int, 0), "step_in_epoch": (int, 0), "num_processes": (int, 1)}
+
+#: TrainingConfig fields that may change between a run and its resumption (they do not change the trained weights).
+RESUMABLE_CHANGES = frozenset(
+    {"output_dir", "stop_after_steps", "num_workers", "log_every", "keep_checkpoints", "checkpoint_every",
+     "eval_every", "eval_batch_size", "k_values", "alpha"}
+)
+
+
+def _check_state_values(path: Path, state: dict[str, Any]) -> None:
+    where = f"checkpoint {str(path)!r} is corrupt: {TRAINER_STATE} "
+    for key, (kind, low) in _STATE_TYPES.items():
+        value = state[key]
+        if isinstance(value, bool) or not isinstance(value, kind) or value < low:
+            raise CheckpointError(where + f"'{key}' must be an int >= {low}; got {value!r}")
+    for key, kind in (("sampler", dict), ("history", list), ("config", dict), ("scheduler", dict)):
+        if key in state and state[key] is not None and not isinstance(state[key], kind):
+            raise CheckpointError(where + f"'{key}' must be a {kind.__name__}; got {type(state[key]).__name__}")
+
+
+def check_compatible(
+    path: Path,
+    state: dict[str, Any],
+    num_processes: int,
+    steps_per_epoch: int,
+    total_steps: int | None = None,
+    config: dict[str, Any] | None = None,
+) -> None:
+    """Raise :class:`CheckpointError` if the checkpoint ``state`` cannot continue this run: other number of processes,
+    other number of steps per epoch, a position beyond this run's end, or other hyper-parameters (every
+    ``TrainingConfig`` field outside :data:`RESUMABLE_CHANGES` must be equal)."""
+    if total_steps is not None and state["global_step"] > total_steps:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} is at step {state['global_step']}, beyond this run's {total_steps} steps"
+        )
+    if state["step_in_epoch"] >= max(steps_per_epoch, 1):
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} has step_in_epoch={state['step_in_epoch']} but an epoch has "
+            f"{steps_per_epoch} steps"
+        )
+    saved = state.get("config")
+    if config is not None and isinstance(saved, dict):
+        fixed = (k for k in config if k not in RESUMABLE_CHANGES and k in saved)
+        changed = {k: (saved[k], config[k]) for k in fixed if saved[k] != config[k]}
+        if changed:
+            listing = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in sorted(changed.items()))
+            raise CheckpointError(
+                f"checkpoint {str(path)!r} was written with other hyper-parameters ({listing}); resume with the "
+                f"same settings or start a new run in another output_dir"
+            )
+    if state["num_processes"] != num_processes:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} was written by {state['num_processes']} processes; this run has "
+            f"{num_processes} (the sampler streams and RNG states are per process)"
+        )
+    if state.get("steps_per_epoch", steps_per_epoch) != steps_per_epoch:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} has {state['steps_per_epoch']} steps per epoch; this run has "
+            f"{steps_per_epoch} (different data, batch size or sampler)"
+        )
+
+
+_SCHEDULER_KEYS = frozenset({"base_lrs", "last_epoch", "_step_count", "_last_lr", "lr_lambdas", "verbose",
+                             "_get_lr_called_within_step", "_is_initial"})
+
+
+def scheduler_state(scheduler: Any) -> dict[str, Any]:
+    """The JSON form of a ``LambdaLR`` state (stored in ``trainer_state.json``: a scheduler is never pickled).
+
+    Accelerate would store a registered scheduler as ``custom_checkpoint_0.pkl`` and load it with
+    ``weights_only=False`` (arbitrary code on resume); a ``LambdaLR`` built by :func:`build_scheduler` holds only
+    numbers (its ``lr_lambdas`` entries are ``None`` for plain functions).
+    """
+    state = scheduler.state_dict()
+    unknown = sorted(set(state) - _SCHEDULER_KEYS)
+    if unknown or any(x is not None for x in state.get("lr_lambdas", [])):
+        raise TypeError(f"only a LambdaLR of plain functions can be checkpointed as JSON; got keys {unknown}")
+    return jsonable(state)
+
+
+def load_scheduler_state(path: Path, scheduler: Any, state: Any) -> None:
+    """Validate the JSON scheduler ``state`` of checkpoint ``path`` and load it into ``scheduler``.
+
+    Raises:
+        CheckpointError: the state is missing (a checkpoint of an older version, which pickled it), has unknown
+            keys, or its values are not finite numbers matching the optimizer's parameter groups.
+    """
+    where = f"checkpoint {str(path)!r}: {TRAINER_STATE} "
+    if state is None:
+        raise CheckpointError(
+            where + "has no 'scheduler' entry (written by an older pml-suprank that pickled the scheduler into "
+            "custom_checkpoint_0.pkl; pickles are never loaded): start a new run or resume with that version"
+        )
+    if not isinstance(state, dict) or set(state) - _SCHEDULER_KEYS:
+        raise CheckpointError(where + f"'scheduler' must be a LambdaLR state with keys in {sorted(_SCHEDULER_KEYS)}")
+    groups = len(scheduler.base_lrs)
+    for key in ("base_lrs", "_last_lr"):
+        values = state.get(key)
+        if not (isinstance(values, list) and len(values) == groups and all(_finite(v) for v in values)):
+            raise CheckpointError(where + f"'scheduler.{key}' must be {groups} finite numbers; got {values!r}")
+    for key in ("last_epoch", "_step_count"):
+        value = state.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+            raise CheckpointError(where + f"'scheduler.{key}' must be an int >= -1; got {value!r}")
+    restored = dict(state)
+    restored["lr_lambdas"] = [None] * groups
+    scheduler.load_state_dict(restored)
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def save_checkpoint_atomically(
+    accelerator: Any, output_dir: Path, step: int, trainer_state: dict[str, Any], keep: int
+) -> Path:
+    """Write ``output_dir/checkpoints/step_<step>`` (``save_state`` into a temporary folder, then one rename) and
+    delete the oldest checkpoints beyond ``keep`` (0 keeps all). Every process must call it."""
+    acc = accelerator
+    root = Path(output_dir) / "checkpoints"
+    name = f"{CHECKPOINT_PREFIX}{step:08d}"
+    final, tmp = root / name, root / f".tmp-{name}"
+    if acc.is_main_process:
+        root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    acc.wait_for_everyone()
+    acc.save_state(str(tmp), safe_serialization=True)
+    if acc.is_main_process:
+        (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=1))
+    acc.wait_for_everyone()
+    if acc.is_main_process:
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+        if keep > 0:
+            for old in find_checkpoints(output_dir)[:-keep]:
+                shutil.rmtree(old, ignore_errors=True)
+    acc.wait_for_everyone()
+    return final
+
+
+def jsonable(x: Any) -> Any:
+    """``x`` with tensors, numpy values and paths turned into JSON values (recursively)."""
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, Tensor):
+        return x.item() if x.numel() == 1 else x.tolist()
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if isinstance(x, Path):
+        return str(x)
+    return x

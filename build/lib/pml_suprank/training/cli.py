@@ -1,0 +1,138 @@
+"""Command-line options generated from the option dataclasses (:mod:`pml_suprank.training.options`).
+
+One ``--<field name>`` flag per field (snake_case), with the field's help and its default shown by ``--help``
+(use ``argparse.ArgumentDefaultsHelpFormatter``); booleans are ``--flag true/false`` (a bare ``--flag`` means true),
+lists are comma-separated (``--k_values 1,10,100``; space-separated values are accepted too), dicts are JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import types
+import typing
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import Field
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+
+from .config import field_default
+from .options import option_fields
+
+__all__ = ["add_option_arguments", "int_list", "json_dict", "str2bool", "str_list"]
+
+
+def str2bool(value: str | bool) -> bool:
+    """``true/false``, ``yes/no``, ``1/0``, ``on/off`` (any case)."""
+    if isinstance(value, bool):
+        return value
+    if value.lower() in ("1", "true", "yes", "y", "on"):
+        return True
+    if value.lower() in ("0", "false", "no", "n", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected a boolean (true/false); got {value!r}")
+
+
+def int_list(value: str) -> list[int]:
+    """``"1,10,100"`` → ``[1, 10, 100]``."""
+    try:
+        return [int(v) for v in str(value).replace(" ", "").split(",") if v]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 1,10; got {value!r}") from e
+
+
+def float_list(value: str) -> list[float]:
+    """``"0.16,1.0"`` → ``[0.16, 1.0]``."""
+    try:
+        return [float(v) for v in str(value).replace(" ", "").split(",") if v]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers such as 0.5,1.0; got {value!r}") from e
+
+
+def str_list(value: str) -> list[str]:
+    """``"fine_label,coarse_label"`` → ``["fine_label", "coarse_label"]``."""
+    return [v for v in str(value).replace(" ", "").split(",") if v]
+
+
+def json_dict(value: str) -> dict[str, Any]:
+    """A JSON object given on the command line."""
+    try:
+        out = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f'expected a JSON object such as {{"img_size": 64}}; got {value!r}') from e
+    if not isinstance(out, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object; got {value!r}")
+    return out
+
+
+class _FlattenList(argparse.Action):
+    """``--k 1,10 100`` → ``[1, 10, 100]`` (comma- and space-separated items)."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+        setattr(namespace, self.dest, [x for v in values for x in v])
+
+
+def _strip_optional(tp: Any) -> Any:
+    if get_origin(tp) in (Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        return args[0] if len(args) == 1 else tp
+    return tp
+
+
+def _argparse_kwargs(tp: Any, f: Field) -> dict[str, Any]:
+    tp = _strip_optional(tp)
+    origin = get_origin(tp)
+    check = f.metadata.get("check")
+    if tp is bool:
+        return {"type": str2bool, "nargs": "?", "const": True, "metavar": "{true,false}"}
+    if origin is Literal:
+        return {"type": type(get_args(tp)[0]), "choices": list(get_args(tp))}
+    if origin in (list, tuple, Sequence, typing.Sequence) or tp in (list, tuple):
+        item = (get_args(tp) or (str,))[0]
+        parse = {int: int_list, float: float_list}.get(item, str_list)
+        return {"type": parse, "nargs": "+", "action": _FlattenList}
+    if tp is dict or origin is dict:
+        return {"type": json_dict}
+    out: dict[str, Any] = {"type": tp if tp in (int, float, str) else str}
+    if check is not None and check.choices is not None:
+        out["choices"] = list(check.choices)
+    return out
+
+
+def add_option_arguments(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    cls: type,
+    *,
+    only: Iterable[str] | None = None,
+    exclude: Iterable[str] = (),
+    defaults: Mapping[str, Any] | None = None,
+    choices: Mapping[str, Sequence[Any]] | None = None,
+    flags: Mapping[str, Sequence[str]] | None = None,
+) -> list[str]:
+    """Add one flag per command-line field of the dataclass ``cls``; return the destinations added.
+
+    Args:
+        parser: An ``ArgumentParser`` or argument group.
+        cls: An option dataclass (``TrainingConfig``, ``ModelOptions``, ...).
+        only: Restrict to these field names (in the class order).
+        exclude: Leave these fields out.
+        defaults: Defaults replacing the class defaults (e.g. a recipe's no-argument run).
+        choices: Narrower ``choices=`` per field (e.g. the losses one recipe trains).
+        flags: Flag strings per field replacing ``--<name>`` (the first one is shown).
+    """
+    hints = get_type_hints(cls)
+    keep = set(only) if only is not None else None
+    defaults, choices, flags = dict(defaults or {}), dict(choices or {}), dict(flags or {})
+    added = []
+    for _, f in option_fields(cls):
+        if not f.metadata.get("cli", True) or f.name in exclude or (keep is not None and f.name not in keep):
+            continue
+        kwargs = _argparse_kwargs(hints[f.name], f)
+        if f.name in choices:
+            kwargs["choices"] = list(choices[f.name])
+        default = defaults.get(f.name, field_default(f))
+        if isinstance(default, tuple):
+            default = list(default)
+        parser.add_argument(*flags.get(f.name, [f"--{f.name}"]), dest=f.name, default=default,
+                            help=f.metadata["help"], **kwargs)  # fmt: skip
+        added.append(f.name)
+    return added

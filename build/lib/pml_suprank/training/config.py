@@ -1,0 +1,284 @@
+"""The training options: :class:`TrainingConfig`, the single source of every training hyper-parameter.
+
+Every field carries its help text, its hub_config section and a value check in its ``metadata`` (see
+:func:`option`); the recipes' command line (:mod:`pml_suprank.training.cli`) and the hub_config schema
+(:mod:`pml_suprank.hub_config`) are generated from these fields, so an option is written exactly once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields
+from typing import Any, Literal, get_args
+
+import numpy as np
+
+from .._validation import check_choice, check_positive
+
+__all__ = [
+    "OptionCheck",
+    "TrainingConfig",
+    "field_default",
+    "is_bool",
+    "is_choice",
+    "is_int",
+    "is_number",
+    "is_str",
+    "list_of",
+    "option",
+    "optional",
+]
+
+OptimizerType = Literal["adam", "adamw", "sgd"]
+SchedulerType = Literal["cosine", "constant"]
+SamplerType = Literal["m_per_class", "hierarchical"]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# option metadata and value checks (used by the hub_config schema)
+# ---------------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class OptionCheck:
+    """A value check of a configuration file: ``fn(value) -> bool`` and the expectation, e.g. ``"an int >= 1"``.
+
+    ``choices`` lists the valid values of a closed set (also the argparse ``choices=``).
+    """
+
+    fn: Callable[[Any], bool]
+    expected: str
+    choices: tuple[Any, ...] | None = None
+
+    def __call__(self, value: Any) -> bool:
+        return bool(self.fn(value))
+
+
+def is_bool() -> OptionCheck:
+    """A YAML boolean (not 0/1)."""
+    return OptionCheck(lambda v: isinstance(v, bool), "a bool")
+
+
+def is_str(expected: str = "a non-empty string") -> OptionCheck:
+    """A non-empty string; ``expected`` is what the error message says."""
+    return OptionCheck(lambda v: isinstance(v, str) and bool(v), expected)
+
+
+def is_int(low: int = 0) -> OptionCheck:
+    """An int (not a bool) ``>= low``."""
+    return OptionCheck(lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low, f"an int >= {low}")
+
+
+def is_number(
+    low: float = 0.0, *, strict: bool = False, high: float = math.inf, open_high: bool = False
+) -> OptionCheck:
+    """A finite real number ``>= low`` (``> low`` if ``strict``) and ``<= high`` (``< high`` if ``open_high``)."""
+
+    def check(v: Any) -> bool:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
+            return False
+        return (v > low if strict else v >= low) and (v < high if open_high else v <= high)
+
+    lo = f"{'>' if strict else '>='} {low:g}"
+    if high == math.inf:
+        expected = f"a number {lo}"
+    else:
+        expected = f"a number in {'(' if strict else '['}{low:g}, {high:g}{')' if open_high else ']'}"
+    return OptionCheck(check, expected)
+
+
+def is_choice(*values: Any) -> OptionCheck:
+    """One of ``values`` (also the argparse ``choices=``)."""
+    return OptionCheck(lambda v: v in values, f"one of {', '.join(map(str, values))}", tuple(values))
+
+
+def optional(check: OptionCheck) -> OptionCheck:
+    """``None`` (YAML ``null``) or a value passing ``check``."""
+    return OptionCheck(lambda v: v is None or check(v), f"null or {check.expected}", check.choices)
+
+
+def list_of(check: OptionCheck, expected: str, min_len: int = 1) -> OptionCheck:
+    """A list (or tuple) of at least ``min_len`` items passing ``check``."""
+    return OptionCheck(lambda v: isinstance(v, (list, tuple)) and len(v) >= min_len and all(map(check, v)), expected)
+
+
+def option(
+    default: Any,
+    help: str,
+    *,
+    section: str | None = None,
+    key: str | None = None,
+    check: OptionCheck | None = None,
+    cli: bool = True,
+    losses: tuple[str, ...] | None = None,
+) -> Any:
+    """A dataclass field with its documentation: the one place an option is described.
+
+    Args:
+        default: Default value (a list is copied per instance).
+        help: One-line help shown by ``--help`` (with the default) and used in error messages.
+        section: hub_config section holding the key (``None``: command line only).
+        key: Key inside the section (default: the field name).
+        check: Value check of a configuration file (type and range).
+        cli: Expose the option on the recipes' command line.
+        losses: Loss names the option applies to (loss options only; ``None``: all).
+    """
+    metadata = {"help": help, "section": section, "key": key, "check": check, "cli": cli, "losses": losses}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def field_default(f: Field) -> Any:
+    """The default of a dataclass field (calling its factory)."""
+    if f.default is not MISSING:
+        return f.default
+    if f.default_factory is not MISSING:  # type: ignore[misc]
+        return f.default_factory()  # type: ignore[misc]
+    return None
+
+
+def _pos(low: int) -> OptionCheck:
+    return is_int(low)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the training configuration
+# ---------------------------------------------------------------------------------------------------------------------
+@dataclass
+class TrainingConfig:
+    """Hyper-parameters of a training run (plain values; recipes fill it from the command line and ``--config``).
+
+    Every field is documented by the ``help`` of its metadata (``python recipes/train_happier.py --help`` lists them
+    with their defaults). The global batch of a step is ``num_processes * batch_size``; ``warmup_epochs`` freezes the
+    backbone (no gradient, no step) and holds the schedule; the cosine schedule decays each group's learning rate to
+    ``min_lr_ratio`` times its initial value; ``stop_after_steps`` ends one invocation (after a checkpoint) for jobs
+    with a time limit, to be continued with ``resume``.
+    """
+
+    output_dir: str = option("outputs/run", "folder for checkpoints, the final model and the plots")
+    seed: int = option(0, "seed of the model init, samplers and per-item augmentation", section="training",
+                       check=_pos(0))  # fmt: skip
+    epochs: int = option(10, "number of epochs (one pass of the batch sampler)", section="training", check=_pos(1))
+    max_train_steps: int | None = option(
+        None, "stop after N optimizer steps (also shortens the cosine schedule)", section="training",
+        check=optional(_pos(1)),
+    )  # fmt: skip
+    batch_size: int = option(64, "images per step per process", section="sampler_options", check=_pos(2))
+    samples_per_class: int = option(4, "images per class in a batch (m)", section="sampler_options", check=_pos(2))
+    sampler: SamplerType = option(
+        "m_per_class", "batch sampler (hierarchical = the SOP sampler over pairs of super-classes, needs 2-D labels)",
+        section="sampler_options", check=is_choice(*get_args(SamplerType)),
+    )  # fmt: skip
+    batches_per_super_tuple: int = option(4, "hierarchical sampler: batches per pair of super-classes",
+                                          section="sampler_options", check=_pos(1))  # fmt: skip
+    super_classes_per_batch: int = option(2, "hierarchical sampler: super-classes per batch",
+                                          section="sampler_options", check=_pos(1))  # fmt: skip
+    optimizer: OptimizerType = option("adam", "optimizer (sgd: Nesterov with --momentum)", section="optimizer",
+                                      check=is_choice(*get_args(OptimizerType)))  # fmt: skip
+    lr_backbone: float = option(1e-4, "learning rate of the timm trunk", section="optimizer", check=is_number(0))
+    lr_head: float = option(2e-4, "learning rate of pooling (GeM p), projection and classifier", section="optimizer",
+                            check=is_number(0))  # fmt: skip
+    lr_proxies: float = option(10.0, "learning rate of the loss proxies (ClusterLoss)", section="optimizer",
+                               check=is_number(0))  # fmt: skip
+    weight_decay: float = option(1e-4, "weight decay of the backbone and head groups", section="optimizer",
+                                 check=is_number(0))  # fmt: skip
+    proxies_weight_decay: float = option(0.0, "weight decay of the loss proxies", section="optimizer",
+                                         check=is_number(0))  # fmt: skip
+    momentum: float = option(0.9, "SGD momentum (Nesterov)", section="optimizer", check=is_number(0, high=1))
+    scheduler: SchedulerType = option("cosine", "learning-rate schedule", section="scheduler",
+                                      check=is_choice(*get_args(SchedulerType)))  # fmt: skip
+    min_lr_ratio: float = option(0.0, "final lr of the cosine schedule as a fraction of each group's initial lr",
+                                 section="scheduler", check=is_number(0, high=1))  # fmt: skip
+    warmup_epochs: int = option(0, "first epochs with the backbone frozen and no scheduler step", section="training",
+                                check=_pos(0))  # fmt: skip
+    freeze_batch_norm: bool = option(False, "keep the backbone's BatchNorm layers in eval mode (ResNet-50 recipes)",
+                                     section="model", check=is_bool())  # fmt: skip
+    grad_clip: float | None = option(None, "clip the gradient norm to this value", section="training",
+                                     check=optional(is_number(0, strict=True)))  # fmt: skip
+    memory_size: int = option(0, "cross-batch memory size (0: none)", section="memory", check=_pos(0))
+    memory_warmup_steps: int = option(0, "steps before the memory loss is used", section="memory", check=_pos(0))
+    hierarchical_labels: bool = option(
+        True, "give the loss all label columns (N, L) instead of the fine labels (N,)", cli=False
+    )
+    eval_every: int = option(1, "evaluate every N epochs (0: only at the end)", section="evaluation", check=_pos(0))
+    eval_batch_size: int = option(128, "evaluation batch size per process", section="evaluation", check=_pos(1))
+    k_values: Sequence[int] = option((1, 10), "Recall@k values, e.g. 1,10,100", section="evaluation",
+                                     check=list_of(_pos(1), "a non-empty list of ints >= 1"))  # fmt: skip
+    alpha: float = option(1.0, "H-AP relevance exponent of the evaluator and of HAPPIER (alpha > 1: HAPPIER_F)",
+                          section="loss", check=is_number(0, strict=True), losses=("HAPPIER",))  # fmt: skip
+    checkpoint_every: int = option(0, "checkpoint every N steps (0: at the end of every epoch)", section="training",
+                                   check=_pos(0))  # fmt: skip
+    keep_checkpoints: int = option(2, "most recent checkpoints kept (0: all)", section="training", check=_pos(0))
+    num_workers: int = option(0, "DataLoader worker processes", section="training", check=_pos(0))
+    log_every: int = option(10, "log the loss every N steps", section="training", check=_pos(1))
+    stop_after_steps: int | None = option(
+        None, "end this invocation after N steps with a checkpoint (time-limited jobs; continue with --resume)"
+    )
+
+    def __post_init__(self) -> None:
+        check_choice("optimizer", self.optimizer, get_args(OptimizerType))
+        check_choice("scheduler", self.scheduler, get_args(SchedulerType))
+        check_choice("sampler", self.sampler, get_args(SamplerType))
+        for name in (
+            "epochs",
+            "batch_size",
+            "samples_per_class",
+            "batches_per_super_tuple",
+            "super_classes_per_batch",
+            "eval_batch_size",
+            "log_every",
+        ):
+            _check_int(name, getattr(self, name), 1)
+        for name in (
+            "seed",
+            "warmup_epochs",
+            "memory_size",
+            "memory_warmup_steps",
+            "eval_every",
+            "checkpoint_every",
+            "keep_checkpoints",
+            "num_workers",
+        ):
+            _check_int(name, getattr(self, name), 0)
+        for name in ("max_train_steps", "stop_after_steps"):
+            if getattr(self, name) is not None:
+                _check_int(name, getattr(self, name), 1)
+        if self.warmup_epochs >= self.epochs and self.epochs > 0 and self.warmup_epochs > 0:
+            raise ValueError(f"warmup_epochs must be < epochs = {self.epochs}; got {self.warmup_epochs}")
+        if self.batch_size % self.samples_per_class:
+            raise ValueError(
+                f"batch_size must be a multiple of samples_per_class = {self.samples_per_class}; "
+                f"got batch_size={self.batch_size}"
+            )
+        for name in ("lr_backbone", "lr_head", "lr_proxies"):
+            check_positive(name, getattr(self, name), strict=False)
+        for name in ("weight_decay", "proxies_weight_decay", "momentum", "min_lr_ratio"):
+            check_positive(name, getattr(self, name), strict=False)
+        if self.min_lr_ratio > 1:
+            raise ValueError(f"min_lr_ratio must lie in [0, 1]; got {self.min_lr_ratio}")
+        if self.grad_clip is not None:
+            check_positive("grad_clip", self.grad_clip)
+        check_positive("alpha", self.alpha)
+        self.k_values = tuple(_check_int("k_values", k, 1) for k in self.k_values)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrainingConfig:
+        """Build from a dict, rejecting unknown keys with the list of valid ones."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise ValueError(f"unknown TrainingConfig keys {unknown}; valid keys: {sorted(names)}")
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["k_values"] = list(self.k_values)
+        return d
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int; got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}; got {value}")
+    return int(value)

@@ -1,0 +1,90 @@
+"""The final, Hub-ready folder of a training run (weights, config, model card, metrics, history, plots)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor, nn
+
+from .checkpoint import jsonable
+
+__all__ = ["write_final_folder"]
+
+
+def _draw_plots(
+    save_directory: Path,
+    last: tuple[Tensor, Tensor, Tensor],
+    first: tuple[Tensor, Tensor, Tensor] | None,
+    image_dataset: Any,
+    label_names: list[str] | None,
+    seed: int,
+) -> list[Path]:
+    from .. import plots
+
+    emb, labels, idx = last
+    compare = {"before training": first[0]} if first is not None and first is not last else None
+    names = plots.plot_all(
+        emb,
+        labels,
+        save_directory,
+        label_names=label_names,
+        image_dataset=image_dataset,
+        indices=idx,
+        compare=compare,
+        seed=seed,
+    )
+    return [save_directory / n for n in names]
+
+
+def write_final_folder(
+    save_directory: Path,
+    model: nn.Module,
+    *,
+    config: dict[str, Any],
+    history: list[dict[str, Any]],
+    metrics: dict[str, float] | None = None,
+    summary: dict[str, Any] | None = None,
+    metadata: dict[str, Any] | None = None,
+    hub_config: dict[str, Any] | None = None,
+    embeddings: tuple[tuple[Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor] | None] | None = None,
+    image_dataset: Any = None,
+    label_names: list[str] | None = None,
+    seed: int = 0,
+    repo_id: str | None = None,
+) -> Path:
+    """Write the Hub-ready folder ``save_directory`` (call it on one process).
+
+    Contents: ``config.json``, ``model.safetensors``, ``README.md`` (the model card of
+    :func:`pml_suprank.hub.save_pretrained`), ``metrics.json``, ``training_summary.json`` (``summary``),
+    ``history.json``, ``training_config.json`` and, when ``embeddings = (last, first)`` is given, the PNG plots of
+    :func:`pml_suprank.plots.plot_all` drawn from the last evaluation's embeddings with the first one's (before
+    training) for comparison. A model without ``save_pretrained`` gets ``model.safetensors`` and ``metrics.json``.
+    """
+    save_directory.mkdir(parents=True, exist_ok=True)
+    plot_files: list[Path] = []
+    if embeddings is not None:
+        plot_files = _draw_plots(save_directory, embeddings[0], embeddings[1], image_dataset, label_names, seed)
+    (save_directory / "training_summary.json").write_text(json.dumps(jsonable(summary or {}), indent=1))
+    (save_directory / "history.json").write_text(json.dumps(jsonable(history), indent=1))
+    (save_directory / "training_config.json").write_text(json.dumps(jsonable(config), indent=1))
+    flat = {k: float(v) for k, v in (metrics or {}).items()}
+    if hasattr(model, "save_pretrained"):
+        model.save_pretrained(
+            save_directory,
+            metrics=flat,
+            metadata=jsonable(metadata or {}),
+            hub_config=hub_config,
+            plots=plot_files,
+            repo_id=repo_id,
+        )
+    else:
+        from safetensors.torch import save_file
+
+        save_file(
+            {k: v.detach().contiguous() for k, v in model.state_dict().items()},
+            str(save_directory / "model.safetensors"),
+        )
+        (save_directory / "metrics.json").write_text(json.dumps(flat, indent=1))
+    return save_directory

@@ -1,0 +1,111 @@
+"""Data side of the training loop: seeded per-item augmentation, the data loaders and the one embedding loop
+(:func:`embed_loader`, a view of :func:`pml_suprank.metrics.compute_embeddings`) used by the trainer, the evaluation
+recipe and the plots."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset
+
+from ..metrics.evaluator import compute_embeddings
+
+__all__ = ["SeededAugmentation", "embed_loader", "make_loader"]
+
+
+class SeededAugmentation(Dataset):
+    """Dataset wrapper that draws the random augmentation of item ``i`` in epoch ``e`` from the seed
+    ``(seed, e, i)``, whatever process or worker loads it and whenever — so that a resumed run, a different
+    ``num_workers`` or a different number of processes see the same augmented images.
+
+    The global ``random`` / ``numpy`` / ``torch`` (CPU) generators are forked around ``dataset[i]`` and restored
+    afterwards: loading an item has no effect on the caller's random state.
+    """
+
+    def __init__(self, dataset: Dataset, seed: int = 0) -> None:
+        self.dataset = dataset
+        self.seed = int(seed)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        item_seed = int(np.random.SeedSequence([self.seed, self.epoch, int(index)]).generate_state(1, np.uint64)[0])
+        py_state, np_state = random.getstate(), np.random.get_state()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(item_seed)
+            random.seed(item_seed)
+            np.random.seed(item_seed % (2**32))
+            try:
+                return self.dataset[index]
+            finally:
+                random.setstate(py_state)
+                np.random.set_state(np_state)
+
+
+def collate(items: list[dict[str, Any]]) -> dict[str, Tensor]:
+    """Batch dataset items ``{"image", "labels", "index"}`` (:func:`pml_suprank.data.collate`)."""
+    from ..data import collate as data_collate
+
+    return data_collate(items)
+
+
+def make_loader(dataset: Dataset, batch_size: int, num_workers: int = 0, **kwargs: Any) -> DataLoader:
+    """A loader of ``dataset`` in dataset order (evaluation), or with ``batch_sampler=`` (training)."""
+    if "batch_sampler" in kwargs:
+        return DataLoader(dataset, num_workers=num_workers, collate_fn=collate, **kwargs)
+    return DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers, collate_fn=collate)
+
+
+def _dataset_labels(dataset: Any) -> Tensor:
+    labels = getattr(dataset, "labels", None)
+    if labels is None:
+        raise TypeError(
+            f"dataset must expose `labels`, a LongTensor (N, L) (the pml_suprank.data contract); "
+            f"got {type(dataset).__name__} without it"
+        )
+    labels = torch.as_tensor(labels).long()
+    return labels[:, None] if labels.dim() == 1 else labels
+
+
+@torch.no_grad()
+def embed_loader(
+    model: nn.Module,
+    dataloader: DataLoader,
+    accelerator: Any = None,
+    *,
+    progress: bool = False,
+    description: str = "embedding",
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Embeddings, labels and indices of every item of ``dataloader``, in dataset order.
+
+    Under Accelerate, ``dataloader`` should have gone through ``accelerator.prepare`` (it is sharded across
+    processes) and the results are collected with ``accelerator.gather_for_metrics`` (the duplicates that pad the
+    last batch are dropped). Every process receives the full result. The loop is
+    :func:`pml_suprank.metrics.compute_embeddings` (not normalised, with the dataset indices).
+
+    Returns:
+        ``(embeddings (N, D) float32 on CPU, labels (N, L) long, indices (N,) long)``.
+    """
+    emb, lab, idx = compute_embeddings(
+        model, dataloader, accelerator=accelerator, normalize=False, input_key="image", label_key="labels",
+        return_indices=True, progress=progress, description=description,
+    )
+    order = torch.argsort(idx)
+    return emb[order], lab[order], idx[order]
+
+
+def _progress(iterable: Any, **kwargs: Any) -> Any:
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # pragma: no cover - tqdm is in the recipes extra
+        return iterable
+    return tqdm(iterable, dynamic_ncols=True, mininterval=1.0, **kwargs)

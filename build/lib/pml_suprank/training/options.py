@@ -1,0 +1,195 @@
+"""The model, data, loss and run options of the recipes, next to :class:`~pml_suprank.training.TrainingConfig`.
+
+Each option is one dataclass field (help, default, hub_config section and value check in its metadata, see
+:func:`~pml_suprank.training.config.option`). The recipes' command line and the hub_config schema are derived from
+these classes, and a loss is built in one place, :func:`build_loss`, from the name → class table
+:data:`LOSS_CLASSES`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import Field, dataclass, fields
+from typing import Any
+
+from torch import nn
+
+from .config import (
+    OptionCheck,
+    TrainingConfig,
+    is_bool,
+    is_choice,
+    is_int,
+    is_number,
+    is_str,
+    list_of,
+    option,
+    optional,
+)
+
+__all__ = [
+    "HIERARCHICAL_LOSSES",
+    "LOSS_CLASSES",
+    "OPTION_CLASSES",
+    "DataOptions",
+    "LossOptions",
+    "ModelOptions",
+    "RunOptions",
+    "build_loss",
+    "loss_keys",
+    "option_fields",
+]
+
+
+def _crop_scale() -> OptionCheck:
+    def check(v: Any) -> bool:
+        ok = isinstance(v, (list, tuple)) and len(v) == 2 and all(is_number(0, strict=True, high=1)(x) for x in v)
+        return ok and v[0] <= v[1]
+
+    return OptionCheck(check, "two numbers 0 < low <= high <= 1")
+
+
+def _json_object() -> OptionCheck:
+    return OptionCheck(lambda v: v is None or isinstance(v, dict), "null or a mapping of timm.create_model kwargs")
+
+
+@dataclass
+class ModelOptions:
+    """Options of :class:`pml_suprank.models.RetrievalModel` (``image_size`` is a data option)."""
+
+    backbone: str = option("test_resnet", "any timm model name", section="model", check=is_str("a timm model name"))
+    pretrained: bool = option(False, "load timm pretrained weights (downloads)", section="model", check=is_bool())
+    pooling: str = option("avg", "global pooling", section="model", check=is_choice("avg", "gem", "max"))
+    embedding_size: int = option(128, "embedding dimension", section="model", check=is_int(1))
+    layer_norm: bool = option(True, "LayerNorm (no affine) before the projection", section="model", check=is_bool())
+    backbone_kwargs: dict | None = option(
+        None, 'extra timm.create_model kwargs as JSON, e.g. \'{"img_size": 64}\' for a ViT', section="model",
+        check=_json_object(),
+    )  # fmt: skip
+
+
+@dataclass
+class DataOptions:
+    """The training and test sets: built-in SyntheticShapes or a retrieval dataset (Hub id or local path)."""
+
+    dataset: str = option(
+        "synthetic", "'synthetic' (built-in SyntheticShapes), a Hub dataset id, a local image folder, parquet files "
+        "or a save_to_disk folder", section="data", check=is_str("'synthetic', a Hub dataset id or a local path"),
+    )  # fmt: skip
+    label_columns: list[str] | None = option(
+        None, "label columns fine -> coarse for a Hub/local dataset, e.g. fine_label,coarse_label", section="data",
+        check=list_of(is_str(), "a non-empty list of column names (fine → coarse)"),
+    )  # fmt: skip
+    train_split: str = option("train", "split used for training ('a+b' concatenates)", section="data",
+                              check=is_str("a split name"))  # fmt: skip
+    test_split: str = option("test", "split used for evaluation", section="data", check=is_str("a split name"))
+    num_per_class: int = option(32, "SyntheticShapes: images per fine class", section="data", check=is_int(1))
+    image_size: int = option(48, "training/test resolution", section="data", check=is_int(8))
+    crop_scale: list[float] = option([0.5, 1.0], "area range of the RandomResizedCrop (reference: 0.16,1.0)",
+                                     section="data", check=_crop_scale())  # fmt: skip
+    open_set: bool = option(False, "Hub/local data: train and test fine classes disjoint (error if they overlap)",
+                            section="data", check=is_bool())  # fmt: skip
+    train_classes_per_coarse: int | None = option(
+        None, "open-set rule: the first N fine classes of every coarse class are for training", section="data",
+        check=is_int(1),
+    )  # fmt: skip
+    train_class_fraction: float | None = option(
+        None, "open-set rule: this fraction of the fine classes is for training", section="data",
+        check=is_number(0, strict=True, high=1, open_high=True),
+    )  # fmt: skip
+
+
+@dataclass
+class LossOptions:
+    """The rank loss: its name and the SupRank H⁻ / decomposability hyper-parameters (``alpha`` is a
+    :class:`TrainingConfig` field shared with the evaluator)."""
+
+    loss: str = option("HAPPIER", "the loss (HAPPIER / ROD-NDCG: hierarchical labels; ROADMAP: fine labels)",
+                       section="loss", key="name", check=is_choice("HAPPIER", "ROADMAP", "ROD-NDCG"))  # fmt: skip
+    decomposability: str = option(
+        "calibration", "L_DG on pairs (ROADMAP, NeurIPS 2021) or ClusterLoss proxies (SupRank, TPAMI 2025)",
+        section="loss", check=is_choice("calibration", "proxy"), losses=("ROADMAP",),
+    )  # fmt: skip
+    decomposability_weight: float = option(0.1, "weight λ of the decomposability term", section="loss",
+                                           check=is_number(0, high=1))  # fmt: skip
+    tau: float = option(0.01, "SupRank sigmoid temperature τ", section="loss", check=is_number(0, strict=True))
+    rho: float = option(100.0, "SupRank slope ρ of the linear branch", section="loss", check=is_number(0))
+    delta: float | None = option(None, "SupRank δ (unset: the loss default 0.05)", section="loss",
+                                 check=is_number(0))  # fmt: skip
+    start: float | None = option(None, "SupRank start of the linear branch (unset: the loss default 0.5)",
+                                 section="loss", check=is_number(0, high=1))  # fmt: skip
+    offset: float | None = option(
+        None, "SupRank offset (unset: the continuous σ(δ/τ) + start; the SOP reference uses 1.44)", section="loss",
+        check=optional(is_number(0)),
+    )  # fmt: skip
+
+
+@dataclass
+class RunOptions:
+    """Options of one recipe invocation (hardware, tracking, resume, outputs, publishing)."""
+
+    mixed_precision: str | None = option(
+        None, "override the `accelerate launch` mixed precision setting", section="training",
+        check=is_choice("no", "fp16", "bf16"),
+    )  # fmt: skip
+    cpu: bool = option(False, "run on the CPU even if an accelerator is available")
+    with_tracking: bool = option(True, "log to the trackers Accelerate finds (TensorBoard when installed)")
+    resume: str | None = option(None, "checkpoint folder to continue from, or 'latest' (newest in output_dir)")
+    skip_initial_eval: bool = option(False, "do not evaluate before training")
+    no_plots: bool = option(False, "do not draw the plots of the final folder")
+    push_to_hub: bool = option(False, "upload the final folder to the Hugging Face Hub (needs --hub_model_id)")
+    hub_model_id: str | None = option(None, "repo id for --push_to_hub, e.g. user/happier-sop")
+    hub_private: bool = option(False, "create the Hub repo as private")
+
+
+#: every option class, in --help order
+OPTION_CLASSES: tuple[type, ...] = (RunOptions, DataOptions, ModelOptions, LossOptions, TrainingConfig)
+
+#: loss name → class name in :mod:`pml_suprank.losses` (the keys it accepts come from the options' ``losses``)
+_LOSS_CLASS_NAMES = {"HAPPIER": "HAPPIERLoss", "ROADMAP": "ROADMAPLoss", "ROD-NDCG": "RODNDCGLoss"}
+#: losses trained on all label columns ``(N, L)`` (the others take the fine labels ``(N,)``); their ClusterLoss
+#: proxies need ``num_classes`` / ``embedding_size``
+HIERARCHICAL_LOSSES = ("HAPPIER", "ROD-NDCG")
+
+
+def option_fields(*classes: type) -> Iterator[tuple[type, Field]]:
+    """``(class, field)`` of every option of ``classes`` (default: all of :data:`OPTION_CLASSES`)."""
+    for cls in classes or OPTION_CLASSES:
+        for f in fields(cls):
+            yield cls, f
+
+
+def loss_keys(name: str) -> tuple[str, ...]:
+    """The loss options (hub_config ``loss.*`` keys) that apply to the loss ``name``."""
+    keys = []
+    for _, f in option_fields(LossOptions, TrainingConfig):
+        md = f.metadata
+        if md["section"] == "loss" and md["key"] is None and (md["losses"] is None or name in md["losses"]):
+            keys.append(f.name)
+    return tuple(keys)
+
+
+#: loss name of a hub_config / ``--loss`` → (class name in :mod:`pml_suprank.losses`, option keys it accepts)
+LOSS_CLASSES: dict[str, tuple[str, tuple[str, ...]]] = {n: (c, loss_keys(n)) for n, c in _LOSS_CLASS_NAMES.items()}
+
+
+def build_loss(name: str, values: Mapping[str, Any], num_classes: int, embedding_size: int) -> nn.Module:
+    """The one loss builder: instantiate the loss ``name`` from option ``values`` (unset ``None`` values keep the loss
+    defaults; options of other losses are ignored).
+
+    Args:
+        name: ``"HAPPIER"``, ``"ROADMAP"`` or ``"ROD-NDCG"``.
+        values: Option values, e.g. ``{"tau": 0.01, "decomposability_weight": 0.1}``.
+        num_classes: Number of fine training classes (one ClusterLoss proxy each).
+        embedding_size: Embedding dimension ``D``.
+    """
+    from .. import losses
+
+    if name not in LOSS_CLASSES:
+        raise ValueError(f"loss must be one of {sorted(LOSS_CLASSES)}; got {name!r}")
+    class_name, accepted = LOSS_CLASSES[name]
+    kwargs = {k: values[k] for k in accepted if values.get(k) is not None}
+    uses_proxies = name in HIERARCHICAL_LOSSES or kwargs.get("decomposability") == "proxy"
+    if uses_proxies:
+        kwargs.update(num_classes=num_classes, embedding_size=embedding_size)
+    return getattr(losses, class_name)(**kwargs)

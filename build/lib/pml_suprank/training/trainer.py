@@ -1,0 +1,552 @@
+"""The training loop shared by the recipes: Accelerate-driven metric learning with rank losses.
+
+What :class:`Trainer` does:
+
+* **any ``accelerate launch`` configuration** — CPU, multi-process (gloo), multi-GPU, mixed precision: the model and
+  the loss (whose proxies are parameters, e.g. ``ClusterLoss``) are wrapped in one :class:`LossModule` that goes
+  through ``accelerator.prepare``, so DDP synchronises the proxies' gradients too;
+* **exact distributed loss**: under several processes the embeddings of the global batch are gathered *with
+  gradients* (:func:`pml_suprank.distributed.all_gather_with_grad`) and every process computes the loss of the
+  global batch; after DDP's gradient averaging this equals the single-process gradient on the concatenated batch;
+* **parameter groups** ``backbone`` / ``head`` / ``proxies`` with their own learning rates, **warm-up epochs with the
+  backbone frozen** (no gradient, not stepped, no scheduler step, as in the ROADMAP / HAPPIER reference code) and a
+  **cosine** schedule over the remaining steps;
+* the package's **samplers** (which shard themselves: one global batch of ``num_processes * batch_size`` per step)
+  and the **memory** (``RankingMemory``);
+* **evaluation** every ``eval_every`` epochs with :class:`pml_suprank.metrics.RetrievalEvaluator` on embeddings
+  gathered with ``accelerator.gather_for_metrics``; **progress bars** on the main process; **tracking** through
+  ``accelerator.log``;
+* **checkpoints** every ``checkpoint_every`` steps written *atomically* and an **exact resume**: model, optimizer,
+  scheduler, memory, RNG states, sampler epoch and position are restored and the augmentation of every item is
+  seeded by ``(seed, epoch, index)`` — a resumed run ends with the same weights as an uninterrupted one;
+* a final **Hub-ready folder** (:func:`pml_suprank.training.export.write_final_folder`).
+
+The module never reads the environment; recipes pass everything explicitly.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset
+
+from .checkpoint import (
+    CheckpointError,
+    check_compatible,
+    find_checkpoints,
+    jsonable,
+    load_scheduler_state,
+    save_checkpoint_atomically,
+    scheduler_state,
+    validate_checkpoint,
+)
+from .config import TrainingConfig
+from .export import write_final_folder
+from .loaders import SeededAugmentation, _dataset_labels, _progress, embed_loader, make_loader
+from .loss_module import LossModule
+from .optim import build_optimizer, build_scheduler
+from .report import _format_metrics
+
+__all__ = ["Trainer"]
+
+EpochCallback = Callable[["Trainer", int, "dict[str, float] | None"], None]
+
+
+@dataclass
+class _Progress:
+    epoch: int = 0
+    step_in_epoch: int = 0
+    global_step: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class _Run:
+    """State of one ``train()`` invocation (not checkpointed)."""
+
+    bar: Any = None
+    steps: int = 0
+    stopped: bool = False
+    loss_sum: float = 0.0
+    loss_n: int = 0
+    t0: float = field(default_factory=time.perf_counter)
+
+
+class Trainer:
+    """Train an embedding model with a rank loss under Accelerate; evaluate, checkpoint, resume, export.
+
+    Args:
+        accelerator: An ``accelerate.Accelerator`` (the recipe creates it: mixed precision, trackers, DDP kwargs).
+        model: ``RetrievalModel`` (or any module mapping images to L2-normalised ``(B, D)`` embeddings).
+        loss: The loss, a PML-style ``loss(embeddings, labels)`` (``ROADMAPLoss``, ``HAPPIERLoss``, ...).
+        train_dataset: A dataset following the ``pml_suprank.data`` contract (items ``{"image", "labels", "index"}``,
+            attribute ``labels (N, L)``), with its training transform set.
+        config: :class:`TrainingConfig`.
+        test_dataset: Dataset for evaluation (same contract, test transform).
+        evaluator: ``RetrievalEvaluator``; default ``RetrievalEvaluator(k_values=config.k_values,
+            alpha=config.alpha)``.
+        memory: Optional ``RankingMemory`` wrapping ``loss``; built from ``config.memory_size`` when ``None`` and
+            ``memory_size > 0``.
+        sampler: Optional batch sampler; default built from ``config.sampler`` with the accelerator's number of
+            processes and rank (the sampler shards the global batch itself).
+
+    Example:
+        >>> trainer = Trainer(accelerator, model, losses.HAPPIERLoss(...), train_ds, TrainingConfig(epochs=3),
+        ...                   test_dataset=test_ds)
+        >>> before = trainer.evaluate()
+        >>> trainer.train()
+        >>> after = trainer.evaluate()
+        >>> trainer.save_final(metrics=after, summary={"before": before, "after": after})
+    """
+
+    def __init__(
+        self,
+        accelerator: Any,
+        model: nn.Module,
+        loss: nn.Module,
+        train_dataset: Dataset,
+        config: TrainingConfig,
+        test_dataset: Dataset | None = None,
+        evaluator: Any = None,
+        memory: nn.Module | None = None,
+        sampler: Any = None,
+    ) -> None:
+        if not isinstance(config, TrainingConfig):
+            raise TypeError(f"config must be a TrainingConfig; got {type(config).__name__}")
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
+        if not isinstance(loss, nn.Module):
+            raise TypeError(f"loss must be a torch.nn.Module (a PML loss); got {type(loss).__name__}")
+        self.accelerator = accelerator
+        self.config = config
+        self.output_dir = Path(config.output_dir)
+        self.train_labels = _dataset_labels(train_dataset)
+        if config.sampler == "hierarchical" and self.train_labels.shape[1] < 2:
+            raise ValueError("sampler='hierarchical' needs 2-D labels (N, L >= 2); the training set has one column")
+        self.train_dataset = SeededAugmentation(train_dataset, seed=config.seed)
+        self.test_dataset = test_dataset
+        self.loss = loss
+        self.memory = memory if memory is not None else self._build_memory(model, loss, train_dataset)
+
+        R, r = accelerator.num_processes, accelerator.process_index
+        self.sampler = sampler if sampler is not None else self._build_sampler(R, r)
+        if not hasattr(self.sampler, "set_epoch"):
+            raise TypeError("sampler must be a batch sampler with set_epoch(epoch) (pml_suprank.samplers)")
+        self.steps_per_epoch = len(self.sampler)
+        if self.steps_per_epoch == 0:
+            raise ValueError("the training sampler yields no batch; use a smaller batch_size or more data")
+        total = config.epochs * self.steps_per_epoch
+        self.total_steps = min(total, config.max_train_steps) if config.max_train_steps else total
+        warm = config.warmup_epochs * self.steps_per_epoch
+        self.scheduled_steps = max(self.total_steps - warm, 1)
+
+        self.loss_module = LossModule(
+            model, loss, self.memory, hierarchical_labels=config.hierarchical_labels, distributed=R > 1
+        )
+        optimizer = build_optimizer(model, loss, config)
+        self.scheduler = build_scheduler(optimizer, self.scheduled_steps, config)
+        self.loss_module, self.optimizer = accelerator.prepare(self.loss_module, optimizer)
+        # the scheduler is stepped by hand once per global step (each process sees every step: the sampler shards
+        # the global batch), so it is not prepared (a prepared one steps num_processes times); nor is it registered
+        # for checkpointing (Accelerate would pickle it and unpickle it on resume): its state goes into
+        # trainer_state.json as JSON
+        self.evaluator = evaluator
+        self.progress = _Progress()
+        self._eval_loader: DataLoader | None = None
+        self.last_embeddings: tuple[Tensor, Tensor, Tensor] | None = None
+        self.first_embeddings: tuple[Tensor, Tensor, Tensor] | None = None  # e.g. before training, for the plots
+        self.finished = False
+
+    # -- construction helpers -----------------------------------------------------------------------------------
+    def _build_memory(self, model: nn.Module, loss: nn.Module, train_dataset: Dataset) -> nn.Module | None:
+        c = self.config
+        if c.memory_size <= 0:
+            return None
+        from ..memory import RankingMemory
+
+        return RankingMemory(
+            loss,
+            embedding_size=int(getattr(model, "embedding_size", 0) or _infer_dim(model, train_dataset)),
+            memory_size=c.memory_size,
+            warmup_steps=c.memory_warmup_steps,
+            label_levels=self.train_labels.shape[1] if c.hierarchical_labels else None,
+        )
+
+    def _build_sampler(self, num_replicas: int, rank: int) -> Any:
+        from .. import samplers
+
+        c = self.config
+        if c.sampler == "hierarchical":
+            return samplers.HierarchicalSampler(
+                self.train_labels,
+                batch_size=c.batch_size,
+                samples_per_class=c.samples_per_class,
+                batches_per_super_tuple=c.batches_per_super_tuple,
+                super_classes_per_batch=c.super_classes_per_batch,
+                seed=c.seed,
+                num_replicas=num_replicas,
+                rank=rank,
+            )
+        return samplers.MPerClassSampler(
+            self.train_labels[:, 0],
+            m=c.samples_per_class,
+            batch_size=c.batch_size,
+            seed=c.seed,
+            num_replicas=num_replicas,
+            rank=rank,
+        )
+
+    def _train_loader(self) -> DataLoader:
+        generator = torch.Generator().manual_seed(self.config.seed)  # keeps the global RNG untouched
+        return make_loader(
+            self.train_dataset,
+            self.config.batch_size,
+            self.config.num_workers,
+            batch_sampler=self.sampler,
+            generator=generator,
+            persistent_workers=False,
+        )
+
+    def _get_evaluator(self) -> Any:
+        if self.evaluator is None:
+            from ..metrics import RetrievalEvaluator
+
+            self.evaluator = RetrievalEvaluator(k_values=self.config.k_values, alpha=self.config.alpha)
+        return self.evaluator
+
+    @property
+    def model(self) -> nn.Module:
+        """The bare model (unwrapped from DDP / compile)."""
+        return self.accelerator.unwrap_model(self.loss_module).model
+
+    # -- evaluation ---------------------------------------------------------------------------------------------
+    def embed(self, dataset: Dataset | None = None, description: str = "embedding") -> tuple[Tensor, Tensor, Tensor]:
+        """Embeddings ``(N, D)``, labels ``(N, L)`` and indices of ``dataset`` (default: the test set), gathered
+        over processes."""
+        if dataset is None:
+            if self.test_dataset is None:
+                raise ValueError("no test_dataset was given to the Trainer; pass dataset=")
+            if self._eval_loader is None:
+                self._eval_loader = self.accelerator.prepare(self._plain_loader(self.test_dataset))
+            loader = self._eval_loader
+        else:
+            loader = self.accelerator.prepare(self._plain_loader(dataset))
+        return embed_loader(self.model, loader, self.accelerator, progress=True, description=description)
+
+    def _plain_loader(self, dataset: Dataset) -> DataLoader:
+        return make_loader(dataset, self.config.eval_batch_size, self.config.num_workers)
+
+    def evaluate(self, dataset: Dataset | None = None, description: str = "evaluation") -> dict[str, float]:
+        """Retrieval metrics of ``dataset`` (default: the test set) against itself, every query excluded from its
+        own gallery: ``{"ap", "map_at_r", "recall_at_k", "h_ap", "ndcg", "asi", "ap_level{l}", ...}``."""
+        with torch.random.fork_rng(devices=[]):  # building the loader draws from the global RNG: keep it untouched
+            emb, labels, idx = self.embed(dataset, description=description)
+        self.last_embeddings = (emb, labels, idx)
+        if self.first_embeddings is None:
+            self.first_embeddings = self.last_embeddings
+        result = self._get_evaluator().evaluate(emb, labels)
+        out: dict[str, float] = {}
+        for k, v in result.items():
+            if isinstance(v, Tensor) and v.numel() == 1:
+                out[k] = float(v)
+            elif isinstance(v, (int, float, np.floating, np.integer)):
+                out[k] = float(v)
+        return out
+
+    # -- checkpoints --------------------------------------------------------------------------------------------
+    def _trainer_state(self) -> dict[str, Any]:
+        sampler_state = self.sampler.state_dict() if hasattr(self.sampler, "state_dict") else {}
+        if sampler_state:
+            sampler_state = dict(sampler_state)
+            sampler_state["epoch"] = self.progress.epoch
+            sampler_state["position"] = self.progress.step_in_epoch  # batches consumed, not fetched ahead
+        return {
+            "global_step": self.progress.global_step,
+            "epoch": self.progress.epoch,
+            "step_in_epoch": self.progress.step_in_epoch,
+            "steps_per_epoch": self.steps_per_epoch,
+            "total_steps": self.total_steps,
+            "num_processes": self.accelerator.num_processes,
+            "sampler": jsonable(sampler_state),
+            "scheduler": scheduler_state(self.scheduler),
+            "history": self.progress.history,
+            "config": jsonable(self.config.to_dict()),
+        }
+
+    def save_checkpoint(self) -> Path:
+        """Write ``output_dir/checkpoints/step_XXXXXXXX`` atomically (``save_state`` into a temporary folder, then
+        one rename) and delete the oldest checkpoints beyond ``keep_checkpoints``."""
+        state = self._trainer_state() if self.accelerator.is_main_process else {}
+        return save_checkpoint_atomically(
+            self.accelerator, self.output_dir, self.progress.global_step, state, self.config.keep_checkpoints
+        )
+
+    def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
+        """Restore model, loss, memory, optimizer, scheduler, RNG states and the sampler position from ``path``.
+
+        Raises:
+            CheckpointError: the folder is incomplete or corrupt, or was written with a different number of
+                processes or a different sampler configuration.
+        """
+        path = Path(path)
+        state = validate_checkpoint(path)
+        check_compatible(
+            path, state, self.accelerator.num_processes, self.steps_per_epoch, self.total_steps,
+            jsonable(self.config.to_dict()),
+        )
+        load_scheduler_state(path, self.scheduler, state.get("scheduler"))
+        try:
+            self.accelerator.load_state(str(path))  # safetensors weights; optimizer / RNG files with weights_only=True
+        except Exception as e:
+            raise CheckpointError(f"checkpoint {str(path)!r} cannot be loaded: {type(e).__name__}: {e}") from e
+        if state["sampler"] and hasattr(self.sampler, "load_state_dict"):
+            try:
+                self.sampler.load_state_dict(state["sampler"])
+            except ValueError as e:
+                raise CheckpointError(f"checkpoint {str(path)!r}: {e}") from e
+        self.progress = _Progress(
+            epoch=int(state["epoch"]),
+            step_in_epoch=int(state["step_in_epoch"]),
+            global_step=int(state["global_step"]),
+            history=list(state.get("history", [])),
+        )
+        return state
+
+    # -- training -----------------------------------------------------------------------------------------------
+    def _set_backbone_trainable(self, trainable: bool) -> None:
+        backbone = getattr(self.model, "backbone", None)
+        if backbone is None:
+            return
+        for name, p in backbone.named_parameters():
+            if self.config.freeze_batch_norm and self._is_bn_param(backbone, name):
+                p.requires_grad_(False)
+            else:
+                p.requires_grad_(trainable)
+
+    @staticmethod
+    def _is_bn_param(backbone: nn.Module, name: str) -> bool:
+        module = backbone.get_submodule(name.rsplit(".", 1)[0]) if "." in name else backbone
+        return isinstance(module, nn.modules.batchnorm._BatchNorm)
+
+    def _train_mode(self) -> None:
+        self.loss_module.train()
+        if self.config.freeze_batch_norm:
+            for module in self.model.modules():
+                if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                    module.eval()
+
+    def train(self, resume_from: str | Path | None = None, on_epoch_end: EpochCallback | None = None) -> list[dict]:
+        """Run (or continue) the training; return the history of logged values.
+
+        Args:
+            resume_from: A checkpoint folder, or ``"latest"`` for the newest one in ``output_dir`` (if there is
+                none, training starts from scratch).
+            on_epoch_end: Called as ``fn(trainer, epoch, metrics_or_None)`` after every completed epoch.
+
+        Returns:
+            One dict per log event (``{"step", "epoch", "loss", "lr_<group>"}``) and per evaluation
+            (``{"step", "epoch", "eval/<metric>"}``).
+        """
+        if resume_from is not None:
+            self._resume(resume_from)
+        p, c = self.progress, self.config
+        run = _Run()
+        run.bar = _progress(
+            None,
+            total=self.total_steps,
+            initial=p.global_step,
+            desc="training",
+            disable=not self.accelerator.is_local_main_process,
+        )
+        while p.global_step < self.total_steps and p.epoch < c.epochs and not run.stopped:
+            epoch = p.epoch
+            self._train_epoch(epoch, run)
+            if run.stopped or p.epoch == epoch:  # interrupted, or max_train_steps reached inside the epoch
+                break
+            self._end_epoch(epoch, on_epoch_end)
+        if run.bar is not None:
+            run.bar.close()
+        self._set_backbone_trainable(True)
+        self.finished = p.global_step >= self.total_steps or p.epoch >= c.epochs
+        if self.finished:
+            self.save_checkpoint()
+        return p.history
+
+    def _latest_valid_checkpoint(self) -> Path | None:
+        """The newest checkpoint that validates; newer broken ones (e.g. an empty folder) are skipped with a note."""
+        for ckpt in reversed(find_checkpoints(self.output_dir)):
+            try:
+                validate_checkpoint(ckpt)
+            except CheckpointError as e:
+                self.accelerator.print(f"skipping {ckpt.name}: {e}")
+                continue
+            return ckpt
+        return None
+
+    def _resume(self, resume_from: str | Path) -> None:
+        acc = self.accelerator
+        ckpt = self._latest_valid_checkpoint() if str(resume_from) == "latest" else Path(resume_from)
+        if ckpt is None:
+            acc.print(f"no checkpoint in {self.output_dir / 'checkpoints'}; starting from scratch")
+            return
+        self.load_checkpoint(ckpt)
+        acc.print(f"resumed from {ckpt} (step {self.progress.global_step}, epoch {self.progress.epoch})")
+
+    def _train_epoch(self, epoch: int, run: _Run) -> None:
+        """Steps of ``epoch`` from the current position until the epoch ends, the run is done or stopped."""
+        p = self.progress
+        warm = epoch < self.config.warmup_epochs
+        self._set_backbone_trainable(not warm)
+        self.train_dataset.set_epoch(epoch)
+        self.sampler.set_epoch(epoch)  # keeps the position restored by load_checkpoint
+        self._train_mode()
+        for batch in self._train_loader():
+            value = self._step(batch, warm)
+            p.global_step += 1
+            p.step_in_epoch += 1
+            run.steps += 1
+            run.loss_sum, run.loss_n = run.loss_sum + value, run.loss_n + 1
+            if run.bar is not None:
+                run.bar.update(1)
+                run.bar.set_postfix(epoch=epoch, loss=f"{value:.4f}", refresh=False)
+            done = p.global_step >= self.total_steps
+            if p.global_step % self.config.log_every == 0 or done:
+                self._log_step(epoch, run)
+            if p.step_in_epoch >= self.steps_per_epoch:  # the epoch ends with this step
+                p.epoch, p.step_in_epoch = epoch + 1, 0
+            self._maybe_checkpoint(run, done)
+            if done or run.stopped or p.epoch != epoch:
+                break
+
+    def _step(self, batch: dict[str, Tensor], warm: bool) -> float:
+        """One optimizer step on ``batch``; no scheduler step during the warm-up. Returns the loss value."""
+        acc = self.accelerator
+        images = batch["image"].to(acc.device, non_blocking=True)
+        labels = batch["labels"].to(acc.device)
+        index = batch["index"].to(acc.device)
+        with acc.autocast():
+            loss = self.loss_module(images, labels, index)
+        acc.backward(loss)
+        if self.config.grad_clip is not None:
+            acc.clip_grad_norm_(self.loss_module.parameters(), self.config.grad_clip)
+        self.optimizer.step()
+        if not warm:
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(loss.detach())
+
+    def _log_step(self, epoch: int, run: _Run) -> None:
+        """Record the mean loss since the last log, the speed and every group's lr; send them to the trackers."""
+        p = self.progress
+        record: dict[str, Any] = {
+            "step": p.global_step,
+            "epoch": epoch,
+            "loss": run.loss_sum / run.loss_n,
+            "steps_per_s": run.loss_n / max(time.perf_counter() - run.t0, 1e-9),
+        }
+        for g in self.optimizer.param_groups:
+            record[f"lr_{g.get('name', 'group')}"] = g["lr"]
+        p.history.append(record)
+        self.accelerator.log({f"train/{k}": v for k, v in record.items() if k != "step"}, step=p.global_step)
+        run.loss_sum, run.loss_n, run.t0 = 0.0, 0, time.perf_counter()
+
+    def _maybe_checkpoint(self, run: _Run, done: bool) -> None:
+        """Checkpoint every ``checkpoint_every`` steps; stop (with a checkpoint) after ``stop_after_steps``."""
+        c, step = self.config, self.progress.global_step
+        periodic = bool(c.checkpoint_every) and step % c.checkpoint_every == 0
+        if periodic and not done:
+            self.save_checkpoint()
+        if c.stop_after_steps is not None and run.steps >= c.stop_after_steps and not done:
+            if not periodic:
+                self.save_checkpoint()
+            self.accelerator.print(f"stopping after {run.steps} steps (step {step}); resume to continue")
+            run.stopped = True
+
+    def _end_epoch(self, epoch: int, on_epoch_end: EpochCallback | None) -> None:
+        """After a completed epoch: evaluation (every ``eval_every``), the per-epoch checkpoint, the callback."""
+        p, c = self.progress, self.config
+        metrics = None
+        if c.eval_every and (epoch + 1) % c.eval_every == 0 and self.test_dataset is not None:
+            if p.global_step < self.total_steps:  # the final evaluation is the recipe's
+                metrics = self._evaluate_epoch(epoch)
+        if not c.checkpoint_every and p.global_step < self.total_steps:
+            self.save_checkpoint()
+        if on_epoch_end is not None:
+            on_epoch_end(self, epoch, metrics)
+
+    def _evaluate_epoch(self, epoch: int) -> dict[str, float]:
+        p, acc = self.progress, self.accelerator
+        metrics = self.evaluate(description=f"evaluation (epoch {epoch + 1})")
+        p.history.append({"step": p.global_step, "epoch": epoch, **{f"eval/{k}": v for k, v in metrics.items()}})
+        acc.log({f"eval/{k}": v for k, v in metrics.items()}, step=p.global_step)
+        acc.print(f"epoch {epoch + 1}/{self.config.epochs}: {_format_metrics(metrics, short=True)}")
+        self._train_mode()
+        return metrics
+
+    # -- export -------------------------------------------------------------------------------------------------
+    def save_final(
+        self,
+        save_directory: str | Path | None = None,
+        metrics: dict[str, float] | None = None,
+        summary: dict[str, Any] | None = None,
+        metadata: dict[str, Any] | None = None,
+        hub_config: dict[str, Any] | None = None,
+        plots: bool = True,
+        image_dataset: Any = None,
+        repo_id: str | None = None,
+    ) -> Path | None:
+        """Write the Hub-ready folder (on the main process; returns ``None`` elsewhere).
+
+        Contents: see :func:`pml_suprank.training.export.write_final_folder`; the plots are drawn from the last
+        evaluation's embeddings, with the first evaluation's (before training) for comparison.
+
+        Args:
+            save_directory: Default ``output_dir/final``.
+            metrics: Final test metrics ``{name: number}`` (``RetrievalEvaluator`` keys) for the card.
+            summary: Any JSON-able dict, written to ``training_summary.json``.
+            metadata: ``config.json`` training metadata (``loss``, ``dataset``, ``label_names``, ``loss_kwargs``...).
+            hub_config: The hub_config dict (tags, datasets, the paper's numbers for the card).
+            plots: Draw the plots.
+            image_dataset: Dataset with ``get_image(i)`` for the retrieval grid (default: the test set).
+            repo_id: Repo id shown in the card's usage snippet.
+        """
+        acc = self.accelerator
+        save_directory = Path(save_directory) if save_directory is not None else self.output_dir / "final"
+        acc.wait_for_everyone()
+        if not acc.is_main_process:
+            return None
+        embeddings = None
+        if plots and self.last_embeddings is not None:
+            embeddings = (self.last_embeddings, self.first_embeddings)
+        return write_final_folder(
+            save_directory,
+            self.model,
+            config=self.config.to_dict(),
+            history=self.progress.history,
+            metrics=metrics,
+            summary=summary,
+            metadata=metadata,
+            hub_config=hub_config,
+            embeddings=embeddings,
+            image_dataset=image_dataset if image_dataset is not None else self.test_dataset,
+            label_names=list(getattr(self.test_dataset, "label_names", [])) or None,
+            seed=self.config.seed,
+            repo_id=repo_id,
+        )
+
+
+def _infer_dim(model: nn.Module, dataset: Any) -> int:
+    item = dataset[0]
+    with torch.no_grad():
+        was = model.training
+        model.eval()
+        d = int(model(item["image"][None]).shape[-1])
+        model.train(was)
+    return d

@@ -1,0 +1,174 @@
+"""Epoch plan, sharding, resumable state and drawing helpers shared by the batch samplers of
+:mod:`pml_suprank.samplers` and :mod:`pml_suprank.multilabel_sampler` (see the former's docstring for the contract)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch.utils.data import Sampler
+
+__all__ = ["SmallClassPolicy"]
+
+SmallClassPolicy = Literal["replace", "skip"]
+
+
+def _as_int_array(labels: Any, name: str = "labels") -> np.ndarray:
+    if isinstance(labels, torch.Tensor):
+        if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+            raise TypeError(f"{name} must have an integer dtype; got dtype {labels.dtype}")
+        arr = labels.detach().cpu().numpy()
+    else:
+        try:
+            arr = np.asarray(labels)
+        except Exception as err:  # pragma: no cover - exotic inputs
+            raise TypeError(f"{name} must be array-like of integers; got {type(labels).__name__}") from err
+        if arr.dtype == object or not (np.issubdtype(arr.dtype, np.integer)):
+            raise TypeError(f"{name} must contain integers; got dtype {arr.dtype}")
+    return arr.astype(np.int64, copy=False)
+
+
+def _check_int(name: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int; got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}; got {value}")
+    return int(value)
+
+
+def _resolve_replicas(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
+    dist_on = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if num_replicas is None:
+        num_replicas = torch.distributed.get_world_size() if dist_on else 1
+    if rank is None:
+        rank = torch.distributed.get_rank() if dist_on and num_replicas > 1 else 0
+    num_replicas = _check_int("num_replicas", num_replicas, 1)
+    rank = _check_int("rank", rank, 0)
+    if rank >= num_replicas:
+        raise ValueError(f"rank must lie in [0, num_replicas - 1] = [0, {num_replicas - 1}]; got rank={rank}")
+    return num_replicas, rank
+
+
+def _draw(rng: np.random.Generator, pool: np.ndarray, size: int, exclude: np.ndarray | None = None) -> np.ndarray:
+    """``size`` items of ``pool``: without replacement while possible (preferring items not in ``exclude``),
+    the remainder with replacement."""
+    if exclude is not None and exclude.size:
+        fresh = pool[~np.isin(pool, exclude)]
+        if fresh.size >= size:
+            return rng.choice(fresh, size, replace=False)
+        rest = pool[np.isin(pool, exclude)]
+        return np.concatenate([rng.permutation(fresh), rng.choice(rest, size - fresh.size, replace=False)])
+    if pool.size >= size:
+        return rng.choice(pool, size, replace=False)
+    return np.concatenate([rng.permutation(pool), rng.choice(pool, size - pool.size, replace=True)])
+
+
+class _ShardedBatchSampler(Sampler[list[int]]):
+    """Epoch plan, sharding and resumable state shared by the two samplers.
+
+    Subclasses implement ``_global_plan(rng)`` returning a list of global batches, each a list of *parts*
+    (``np.ndarray`` of shape ``(groups, group_size)``); rank ``r`` takes the ``r``-th ``1/R`` of the groups of every
+    part, and the local batch interleaves the parts group by group.
+    """
+
+    def __init__(self, batch_size: int, seed: int, num_replicas: int | None, rank: int | None) -> None:
+        self.batch_size = _check_int("batch_size", batch_size, 1)
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"seed must be a non-negative int; got {seed!r}")
+        self.seed = int(seed)
+        self.num_replicas, self.rank = _resolve_replicas(num_replicas, rank)
+        self.drop_last = True  # every batch has exactly batch_size indices (read by accelerate's BatchSamplerShard)
+        self.epoch = 0
+        self._position = 0  # local batches handed out in the current pass over `epoch`
+        self._resume_from = 0  # first batch of the next pass (set by load_state_dict)
+        self._cache: tuple[int, list[list[int]]] | None = None
+
+    # -- to implement -------------------------------------------------------------------------------------------
+    def _global_plan(self, rng: np.random.Generator) -> list[list[np.ndarray]]:
+        raise NotImplementedError
+
+    def _num_global_batches(self) -> int:
+        raise NotImplementedError
+
+    def _fingerprint(self) -> dict[str, Any]:
+        """What a saved ``state_dict`` must agree with to resume (the subclass adds its own size parameters)."""
+        return {
+            "sampler": type(self).__name__,
+            "seed": self.seed,
+            "num_replicas": self.num_replicas,
+            "batch_size": self.batch_size,
+            "num_batches": len(self),
+        }
+
+    # -- epoch plan ----------------------------------------------------------------------------------------------
+    def _local_batches(self, epoch: int) -> list[list[int]]:
+        if self._cache is not None and self._cache[0] == epoch:
+            return self._cache[1]
+        rng = np.random.default_rng((self.seed, epoch))
+        R, r = self.num_replicas, self.rank
+        local = []
+        for parts in self._global_plan(rng):
+            slices = []
+            for part in parts:
+                n = part.shape[0] // R
+                slices.append(part[r * n : (r + 1) * n])
+            # interleave the parts group by group: [p0 g0, p1 g0, p0 g1, p1 g1, ...]
+            batch = np.stack(slices, axis=1).reshape(-1) if len(slices) > 1 else slices[0].reshape(-1)
+            local.append(batch.tolist())
+        self._cache = (epoch, local)
+        return local
+
+    def batches(self, epoch: int | None = None) -> list[list[int]]:
+        """All local batches of ``epoch`` (default: the current epoch), without touching the iteration state."""
+        return [list(b) for b in self._local_batches(self.epoch if epoch is None else int(epoch))]
+
+    def __len__(self) -> int:
+        return self._num_global_batches()
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batches = self._local_batches(self.epoch)
+        start, self._resume_from = self._resume_from, 0
+        self._position = start
+        for i in range(start, len(batches)):
+            self._position = i + 1
+            yield list(batches[i])
+
+    # -- state ---------------------------------------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose plan the next iteration yields.
+
+        Calling it with the epoch restored by ``load_state_dict`` keeps the resume position.
+        """
+        epoch = _check_int("epoch", epoch, 0)
+        if epoch != self.epoch:
+            self._resume_from = 0
+            self._position = 0
+        self.epoch = epoch
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"epoch", "position", ...}``; ``position`` = batches already handed out in this epoch.
+
+        With ``DataLoader(num_workers > 0)`` the loader fetches a few batches ahead: overwrite ``position`` with the
+        number of batches your loop actually consumed before saving.
+        """
+        return {"epoch": self.epoch, "position": self._position, **self._fingerprint()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore ``epoch`` and the position: the next iteration continues exactly where the saved one stopped."""
+        if not isinstance(state_dict, dict) or "epoch" not in state_dict or "position" not in state_dict:
+            raise ValueError(f"state_dict must be a dict with keys 'epoch' and 'position'; got {state_dict!r}")
+        mine = self._fingerprint()
+        diff = {k: (state_dict[k], v) for k, v in mine.items() if k in state_dict and state_dict[k] != v}
+        if diff:
+            raise ValueError(
+                "state_dict was saved by a sampler with a different configuration (saved, current): "
+                + ", ".join(f"{k}={a!r} vs {b!r}" for k, (a, b) in diff.items())
+            )
+        position = _check_int("state_dict['position']", state_dict["position"], 0)
+        if position > len(self):
+            raise ValueError(f"state_dict['position'] must be <= len(sampler) = {len(self)}; got {position}")
+        self.epoch = _check_int("state_dict['epoch']", state_dict["epoch"], 0)
+        self._position = position
+        self._resume_from = position
