@@ -36,7 +36,6 @@ from .synthetic_shapes import (
     _NUM_COLOURS,
     _NUM_VARIANTS,
     _SHAPES,
-    _SPLIT_CODE,
     COLOURS,
     FAMILIES,
     VARIANTS,
@@ -44,7 +43,6 @@ from .synthetic_shapes import (
     SyntheticShapes,
     _background,
     _fine_id,
-    _is_test_class,
 )
 
 __all__ = ["SYNTHETIC_DATASETS", "SyntheticMultiShapes", "synthetic_dataset"]
