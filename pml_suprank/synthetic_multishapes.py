@@ -45,7 +45,7 @@ from .synthetic_shapes import (
     _fine_id,
 )
 
-__all__ = ["SYNTHETIC_DATASETS", "SyntheticMultiShapes", "synthetic_dataset"]
+__all__ = ["SYNTHETIC_DATASETS", "SyntheticMultiShapes", "hierarchy_table", "synthetic_dataset"]
 
 _MAX_LABELS = 9  # at most a 3 x 3 grid of shapes
 _IMAGE_STREAM = 1000  # above every fine id, so no image stream is shared with SyntheticShapes
