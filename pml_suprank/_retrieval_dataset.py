@@ -157,7 +157,10 @@ class RetrievalDatasetBase(Dataset):
                 )
             table = Hierarchy(table).table
         used = labels[labels >= 0]
-        missing = used[(used >= table.shape[0]) | (table[used.clamp_max(max(table.shape[0] - 1, 0)), 0] < 0)]
+        if table.shape[0] == 0:
+            missing = used
+        else:
+            missing = used[(used >= table.shape[0]) | (table[used.clamp_max(table.shape[0] - 1), 0] < 0)]
         if len(missing):
             raise ValueError(
                 f"labels contain fine label {int(missing[0])}, which has no row in the hierarchy "

@@ -414,6 +414,8 @@ def _multilabel_dataset(
         else:
             every = [multilabel_labels(d, k, splits, fine_col, None, where)[0] for k, d in others.items()]
             fine = torch.unique(torch.cat([fine_label_rows(x) for x in (labels, *every)]))
+            if table is not None:  # a given table must cover the other splits' labels too
+                RetrievalDatasetBase._check_hierarchy(fine[:, None], table)
             train_cls, test_cls = open_set_classes(fine[:, None] if table is None else table[fine], **rules)
             keep = torch.nonzero(open_set_keep(labels, train_cls if open_set == "train" else test_cls)).flatten()
             if len(keep) == 0:

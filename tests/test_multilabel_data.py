@@ -235,3 +235,15 @@ def test_base_contract_checks():
         _Plain(torch.tensor([[0]]), ["fine"], hierarchy=[[0]])
     single = _Plain(torch.tensor([[0, 1]]), ["fine", "coarse"])
     assert not single.multilabel and single.num_levels == 2 and not hasattr(single, "hierarchy")
+
+
+def test_open_set_rule_with_a_given_table(hf_multi):
+    table = [[f, f // 4] for f in range(8)]
+    kw = {"open_set": "train", "train_classes_per_coarse": 2}
+    tr = load_retrieval_dataset(hf_multi, "labels", "train", hierarchy=table, **kw)
+    assert set(tr.labels[tr.labels >= 0].tolist()) == {0, 1} and tr.hierarchy.tolist() == table
+    with pytest.raises(ValueError, match="fine label 4, which has no row"):
+        load_retrieval_dataset(hf_multi, "labels", "train", open_set="train", train_class_fraction=0.5,
+                               hierarchy=[[f, 0] for f in range(4)])
+    with pytest.raises(ValueError, match="no row in the hierarchy"):
+        _Plain(torch.tensor([[0]]), ["fine", "coarse"], multilabel=True, hierarchy=torch.zeros(0, 2, dtype=torch.long))
