@@ -167,17 +167,7 @@ class SyntheticMultiShapes(RetrievalDatasetBase):
         return (self.labels >= 0).sum(1)
 
     # ------------------------------------------------------------------ rendering
-    def get_image(self, index: int) -> Any:
-        """The untransformed PIL RGB image of item ``index``."""
-        from PIL import Image
-
-        index = self._check_index(index)
-        arr = self._cache.get(index)
-        if arr is None:
-            arr = self.render(index)
-            if self.cache:
-                self._cache[index] = arr
-        return Image.fromarray(arr)
+    get_image = SyntheticShapes.get_image  # the cached PIL image of self.render(index)
 
     def render(self, index: int) -> np.ndarray:
         """Render item ``index`` as a ``(H, W, 3)`` uint8 array (deterministic)."""
