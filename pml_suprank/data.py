@@ -1,10 +1,12 @@
 """Datasets for retrieval training and evaluation: Hugging Face ``datasets`` loading with several label columns,
-open-set class splits, timm transforms, and the built-in SyntheticShapes.
+open-set class splits, timm transforms, and the built-in SyntheticShapes / SyntheticMultiShapes.
 
 Every dataset returned here follows one contract (see :mod:`pml_suprank._retrieval_dataset`):
 ``ds[i] = {"image": FloatTensor (3, H, W), "labels": LongTensor (L,), "index": i}`` with label column 0 the finest,
 ``ds.labels`` a ``(N, L)`` LongTensor readable without decoding images, ``ds.label_names`` the column names
 (fine → coarse), ``ds.set_transform(fn)`` with ``fn`` a callable on a PIL image, and ``ds.get_image(i)``.
+Multi-label datasets (``ds.multilabel``: ``SyntheticMultiShapes``, a list-valued label column) give ``ds.labels``
+``(N, M)`` fine label sets padded with ``-1`` and ``ds.hierarchy`` the ``(num_fine, L)`` table instead.
 """
 
 from __future__ import annotations
@@ -19,10 +21,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._retrieval_dataset import RetrievalDatasetBase, pil_to_tensor
+from ._hf_sources import _describe, _image_column, _load_splits, _select_split
+from ._multilabel_columns import fine_label_rows, is_list_column, multilabel_labels, open_set_keep
+from ._retrieval_dataset import RetrievalDatasetBase, check_label_sets, pad_label_sets, pil_to_tensor
 from ._validation import check_choice
 from .benchmarks import load_benchmark
 from .relevance import check_tree
+from .synthetic_multishapes import SYNTHETIC_DATASETS, SyntheticMultiShapes, synthetic_dataset
 from .synthetic_shapes import COLOURS, FAMILIES, SyntheticNoise, SyntheticShapes
 
 logger = logging.getLogger(__name__)
@@ -32,19 +37,23 @@ __all__ = [
     "FAMILIES",
     "HFRetrievalDataset",
     "RetrievalDatasetBase",
+    "SYNTHETIC_DATASETS",
+    "SyntheticMultiShapes",
     "SyntheticNoise",
     "SyntheticShapes",
     "build_transforms",
     "check_disjoint_classes",
+    "check_label_sets",
     "collate",
     "load_benchmark",
     "load_retrieval_dataset",
     "open_set_classes",
+    "pad_label_sets",
     "pil_to_tensor",
+    "synthetic_dataset",
 ]
 
 OpenSetPart = Literal["train", "test"]
-_IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
 
 def build_transforms(
@@ -110,13 +119,17 @@ def build_transforms(
 
 
 def collate(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Collate dataset items into ``{"image": (B, 3, H, W), "labels": (B, L), "index": (B,)}``."""
-    import torch
+    """Collate dataset items into ``{"image": (B, 3, H, W), "labels": (B, L) or (B, M), "index": (B,)}``.
 
+    Labels may be ints, lists or tensors of any integer dtype, one row per item. Rows of one length are stacked
+    (the ``(B, L)`` levels of single-label data, the ``(B, M)`` padded label sets of a multi-label dataset); rows of
+    different lengths are multi-label sets (e.g. lists of a custom dataset), padded with ``-1`` to the longest.
+    """
+    rows = [torch.as_tensor(it["labels"]).long().reshape(-1) for it in items]
+    ragged = len({len(r) for r in rows}) > 1
     return {
         "image": torch.stack([it["image"] for it in items]),
-        # ints, lists or tensors of any integer dtype: one row of label columns per item
-        "labels": torch.stack([torch.as_tensor(it["labels"]).long().reshape(-1) for it in items]),
+        "labels": pad_label_sets(rows) if ragged else torch.stack(rows),
         "index": torch.tensor([int(it["index"]) for it in items], dtype=torch.long),
     }
 
@@ -132,11 +145,14 @@ class HFRetrievalDataset(RetrievalDatasetBase):
 
     Args:
         hf_dataset: A map-style ``datasets.Dataset``.
-        label_columns: Integer label columns, fine → coarse.
+        label_columns: Integer label columns, fine → coarse (multi-label: the names of the hierarchy levels).
         image_column: Column holding the images (decoded to PIL by ``datasets``).
-        labels: Precomputed ``(N, L)`` labels (integer ids after mapping string labels).
+        labels: Precomputed ``(N, L)`` labels (integer ids after mapping string labels); multi-label: ``(N, M)``
+            fine label sets padded with ``-1``.
         transform: Callable on a PIL RGB image.
         class_names: Optional ``{fine label id: name}``.
+        multilabel: ``labels`` are label sets (see :class:`RetrievalDatasetBase`).
+        hierarchy: Multi-label only: the ``(num_fine, L)`` table, or ``None``.
     """
 
     def __init__(
@@ -147,12 +163,15 @@ class HFRetrievalDataset(RetrievalDatasetBase):
         labels: Tensor,
         transform: Callable | None = None,
         class_names: Mapping[int, str] | None = None,
+        *,
+        multilabel: bool = False,
+        hierarchy: Any = None,
     ) -> None:
         self.hf_dataset = hf_dataset
         self.image_column = image_column
         self._images = hf_dataset.select_columns([image_column])
         self.class_names = dict(class_names or {})
-        super().__init__(labels, list(label_columns), transform)
+        super().__init__(labels, list(label_columns), transform, multilabel=multilabel, hierarchy=hierarchy)
 
     def get_image(self, index: int) -> Any:
         """The untransformed PIL RGB image of item ``index``."""
@@ -265,6 +284,7 @@ def load_retrieval_dataset(
     cache_dir: str | Path | None = None,
     revision: str | None = None,
     token: str | bool | None = None,
+    hierarchy: Any = None,
 ) -> HFRetrievalDataset:
     """Load a retrieval dataset with several label columns (fine → coarse) through Hugging Face ``datasets``.
 
@@ -281,6 +301,15 @@ def load_retrieval_dataset(
 
     Label columns may hold integers (e.g. ``ClassLabel``) or strings; strings are mapped to ids by sorting their
     values over *all* splits, so ids agree between splits. The hierarchy must be a tree.
+
+    **Multi-label data**: when the fine label column holds lists (``Sequence(ClassLabel)`` / ``Sequence(int)`` /
+    ``Sequence(string)`` features, list columns of parquet or JSON-lines metadata), ``ds.multilabel`` is True,
+    ``ds.labels`` is the ``(N, M)`` LongTensor of each item's fine labels padded with ``-1`` (``M`` = the most labels
+    of an item) and ``ds.hierarchy`` the ``(num_fine, L)`` fine → ancestors table, or ``None`` for flat labels. The
+    hierarchy comes from further list columns in ``label_columns`` aligned element by element with the fine one
+    (the ancestor of every fine label of the row, e.g. ``labels=[3, 7]``, ``families=[0, 2]``; read over all splits),
+    or from ``hierarchy=``. An empty list, a null row or a null inside a list is refused (``ValueError`` naming the
+    column, the split and the row). Open-set sides keep the items *all* of whose labels are on that side.
 
     Open-set splits (``open_set="train"`` / ``"test"``) keep the fine classes of one side of a class partition:
     with ``train_classes_per_coarse`` or ``train_class_fraction`` (see :func:`open_set_classes`, computed over all
@@ -299,6 +328,8 @@ def load_retrieval_dataset(
         transform: Callable on a PIL image (e.g. :func:`build_transforms`).
         data_files: Passed to ``datasets.load_dataset`` for parquet sources.
         cache_dir, revision, token: Passed to ``datasets.load_dataset`` for Hub ids.
+        hierarchy: Multi-label only: the ``(num_fine, L)`` table (tensor, array or nested list; row ``f`` =
+            ``[f, parent(f), ..., coarsest]``) when ``label_columns`` names only the fine list column.
 
     Returns:
         An :class:`HFRetrievalDataset`.
@@ -323,6 +354,15 @@ def load_retrieval_dataset(
 
     for name, d in {**splits, split: ds}.items():
         _check_no_missing_labels(d, label_columns, name, source)
+    rules = {"train_classes_per_coarse": train_classes_per_coarse, "train_class_fraction": train_class_fraction}
+    if is_list_column(ds, label_columns[0]):
+        args = (ds, parts, splits, label_columns, image_column, hierarchy, open_set, rules, split, source)
+        return _multilabel_dataset(*args, transform=transform)
+    if hierarchy is not None:
+        raise ValueError(
+            f"hierarchy= is for multi-label data (a list-valued fine label column); label column "
+            f"{label_columns[0]!r} holds one label per item: pass the coarser levels as label_columns instead"
+        )
     mappings = _string_label_mappings(ds, splits, label_columns)
     labels = _read_labels(ds, label_columns, mappings)
     if labels.numel() and bool((labels < 0).any()):
@@ -331,17 +371,7 @@ def load_retrieval_dataset(
 
     if open_set is not None:
         ds, labels = _open_set_side(
-            ds,
-            labels,
-            splits,
-            parts,
-            label_columns,
-            mappings,
-            open_set=open_set,
-            split=split,
-            source=source,
-            train_classes_per_coarse=train_classes_per_coarse,
-            train_class_fraction=train_class_fraction,
+            ds, labels, splits, parts, label_columns, mappings, open_set=open_set, split=split, source=source, **rules
         )
 
     class_names = {}
@@ -353,6 +383,56 @@ def load_retrieval_dataset(
     return HFRetrievalDataset(ds, label_columns, image_column, labels, transform=transform, class_names=class_names)
 
 
+def _multilabel_dataset(
+    ds: Any,
+    parts: list[str],
+    splits: dict[str, Any],
+    label_columns: list[str],
+    image_column: str,
+    hierarchy: Any,
+    open_set: str | None,
+    rules: dict[str, Any],
+    split: str,
+    source: Any,
+    *,
+    transform: Callable | None,
+) -> HFRetrievalDataset:
+    """:func:`load_retrieval_dataset` for a list-valued fine label column (see there)."""
+    import datasets
+
+    where = _describe(source)
+    labels, table, names, mappings = multilabel_labels(ds, split, splits, label_columns, hierarchy, where)
+    if open_set is not None:
+        fine_col = label_columns[:1]
+        others = {k: v for k, v in splits.items() if k not in parts and label_columns[0] in v.column_names}
+        if all(r is None for r in rules.values()):
+            for name, other in others.items():
+                other_labels = multilabel_labels(other, name, splits, fine_col, None, where)[0]
+                check_disjoint_classes(
+                    fine_label_rows(labels), fine_label_rows(other_labels), name=f"{where} ({split!r} vs {name!r})"
+                )
+        else:
+            every = [multilabel_labels(d, k, splits, fine_col, None, where)[0] for k, d in others.items()]
+            fine = torch.unique(torch.cat([fine_label_rows(x) for x in (labels, *every)]))
+            if table is not None:  # a given table must cover the other splits' labels too
+                RetrievalDatasetBase._check_hierarchy(fine[:, None], table)
+            train_cls, test_cls = open_set_classes(fine[:, None] if table is None else table[fine], **rules)
+            keep = torch.nonzero(open_set_keep(labels, train_cls if open_set == "train" else test_cls)).flatten()
+            if len(keep) == 0:
+                raise ValueError(f"the open-set {open_set!r} side of split {split!r} is empty")
+            ds, labels = ds.select(keep.tolist()), labels[keep]
+            labels = labels[:, : int((labels >= 0).sum(1).max())]
+    feature = getattr(ds.features[label_columns[0]], "feature", None)
+    class_names = {}
+    if isinstance(feature, datasets.ClassLabel):
+        class_names = dict(enumerate(feature.names))
+    elif label_columns[0] in mappings:
+        class_names = {i: v for v, i in mappings[label_columns[0]].items()}
+    return HFRetrievalDataset(
+        ds, names, image_column, labels, transform=transform, class_names=class_names, multilabel=True, hierarchy=table
+    )
+
+
 def _check_label_columns(label_columns: str | Sequence[str]) -> list[str]:
     if isinstance(label_columns, str):
         label_columns = [label_columns]
@@ -362,20 +442,6 @@ def _check_label_columns(label_columns: str | Sequence[str]) -> list[str]:
     if len(set(label_columns)) != len(label_columns):
         raise ValueError(f"label_columns must not repeat a column; got {label_columns}")
     return label_columns
-
-
-def _select_split(splits: dict[str, Any], split: str, source: Any) -> tuple[list[str], Any]:
-    """The split names ``split`` designates (``"train+test"`` concatenates) and the map-style dataset they form."""
-    import datasets
-
-    parts = [split] if split in splits else [p.strip() for p in str(split).split("+")]
-    unknown = [p for p in parts if p not in splits]
-    if unknown:
-        raise ValueError(f"split={split!r} is not in {_describe(source)}; available splits: {sorted(splits)}")
-    ds = splits[parts[0]] if len(parts) == 1 else datasets.concatenate_datasets([splits[p] for p in parts])
-    if isinstance(ds, datasets.IterableDataset):
-        raise ValueError("streaming datasets are not supported: retrieval needs random access (use a map-style one)")
-    return parts, ds
 
 
 def _check_no_missing_labels(d: Any, label_columns: list[str], split: str, source: Any) -> None:
@@ -466,72 +532,3 @@ def _open_set_side(
     if len(ds) == 0:
         raise ValueError(f"the open-set {open_set!r} side of split {split!r} is empty")
     return ds, labels
-
-
-def _describe(source: Any) -> str:
-    return repr(str(source)) if isinstance(source, (str, Path)) else type(source).__name__
-
-
-def _image_column(ds: Any, image_column: str | None, source: Any) -> str:
-    import datasets
-
-    if image_column is not None:
-        if image_column not in ds.column_names:
-            raise ValueError(
-                f"image_column={image_column!r} not found in {_describe(source)}; available columns: {ds.column_names}"
-            )
-        return image_column
-    for name, feature in ds.features.items():
-        if isinstance(feature, datasets.Image):
-            return name
-    for name in ("image", "img", "pixel_values"):
-        if name in ds.column_names:
-            return name
-    raise ValueError(f"no image column found in {_describe(source)} (columns {ds.column_names}); pass image_column=")
-
-
-def _load_splits(source: Any, *, data_files: Any, cache_dir: Any, revision: Any, token: Any) -> dict[str, Any]:
-    """Load every split of ``source`` as a dict ``{split name: datasets.Dataset}`` (memory-mapped, lazy images)."""
-    import datasets
-
-    if isinstance(source, datasets.DatasetDict):
-        return dict(source)
-    if isinstance(source, datasets.Dataset):
-        return {str(source.split) if source.split is not None else "train": source}
-    if not isinstance(source, (str, Path)):
-        raise TypeError(
-            "source must be a Hub dataset id, a local folder / parquet path, or a datasets.Dataset; "
-            f"got {type(source).__name__}"
-        )
-    src = str(source)
-    path = Path(src)
-    if data_files is not None:
-        loaded = datasets.load_dataset(
-            "parquet" if src in ("", "parquet") else src, data_files=data_files, cache_dir=cache_dir
-        )
-        return dict(loaded)
-    if src.endswith(".parquet") or (("*" in src or "?" in src) and ".parquet" in src):
-        if "*" not in src and not path.is_file():
-            raise FileNotFoundError(f"parquet file {src} does not exist")
-        return dict(datasets.load_dataset("parquet", data_files={"train": src}, cache_dir=cache_dir))
-    if path.is_dir():
-        if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
-            loaded = datasets.load_from_disk(src)
-            return dict(loaded) if isinstance(loaded, datasets.DatasetDict) else _single(loaded)
-        files = [p for p in path.rglob("*") if p.is_file()]
-        if any(p.suffix.lower() in _IMAGE_SUFFIXES for p in files):
-            return dict(datasets.load_dataset("imagefolder", data_dir=src, cache_dir=cache_dir))
-        if any(p.suffix == ".parquet" for p in files):
-            return dict(datasets.load_dataset("parquet", data_dir=src, cache_dir=cache_dir))
-        raise ValueError(
-            f"{src} is a folder but neither a save_to_disk dataset, an image folder, nor a folder of parquet files"
-        )
-    if path.exists():
-        raise ValueError(f"{src} is a file but not a parquet file; pass parquet files, a folder or a Hub id")
-    if src.startswith((".", "/", "~")) or src.count("/") > 1:
-        raise FileNotFoundError(f"{src} does not exist (and is not a Hub dataset id of the form 'org/name')")
-    return dict(datasets.load_dataset(src, cache_dir=cache_dir, revision=revision, token=token))
-
-
-def _single(ds: Any) -> dict[str, Any]:
-    return {str(ds.split) if ds.split is not None else "train": ds}

@@ -1,0 +1,94 @@
+"""Where the splits of :func:`pml_suprank.data.load_retrieval_dataset` come from: Hub ids, image folders, parquet
+files, ``save_to_disk`` folders and in-memory ``datasets`` objects, loaded as ``{split name: datasets.Dataset}``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+__all__: list[str] = []
+
+_IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
+
+
+def _select_split(splits: dict[str, Any], split: str, source: Any) -> tuple[list[str], Any]:
+    """The split names ``split`` designates (``"train+test"`` concatenates) and the map-style dataset they form."""
+    import datasets
+
+    parts = [split] if split in splits else [p.strip() for p in str(split).split("+")]
+    unknown = [p for p in parts if p not in splits]
+    if unknown:
+        raise ValueError(f"split={split!r} is not in {_describe(source)}; available splits: {sorted(splits)}")
+    ds = splits[parts[0]] if len(parts) == 1 else datasets.concatenate_datasets([splits[p] for p in parts])
+    if isinstance(ds, datasets.IterableDataset):
+        raise ValueError("streaming datasets are not supported: retrieval needs random access (use a map-style one)")
+    return parts, ds
+
+
+def _describe(source: Any) -> str:
+    return repr(str(source)) if isinstance(source, (str, Path)) else type(source).__name__
+
+
+def _image_column(ds: Any, image_column: str | None, source: Any) -> str:
+    import datasets
+
+    if image_column is not None:
+        if image_column not in ds.column_names:
+            raise ValueError(
+                f"image_column={image_column!r} not found in {_describe(source)}; available columns: {ds.column_names}"
+            )
+        return image_column
+    for name, feature in ds.features.items():
+        if isinstance(feature, datasets.Image):
+            return name
+    for name in ("image", "img", "pixel_values"):
+        if name in ds.column_names:
+            return name
+    raise ValueError(f"no image column found in {_describe(source)} (columns {ds.column_names}); pass image_column=")
+
+
+def _load_splits(source: Any, *, data_files: Any, cache_dir: Any, revision: Any, token: Any) -> dict[str, Any]:
+    """Load every split of ``source`` as a dict ``{split name: datasets.Dataset}`` (memory-mapped, lazy images)."""
+    import datasets
+
+    if isinstance(source, datasets.DatasetDict):
+        return dict(source)
+    if isinstance(source, datasets.Dataset):
+        return {str(source.split) if source.split is not None else "train": source}
+    if not isinstance(source, (str, Path)):
+        raise TypeError(
+            "source must be a Hub dataset id, a local folder / parquet path, or a datasets.Dataset; "
+            f"got {type(source).__name__}"
+        )
+    src = str(source)
+    path = Path(src)
+    if data_files is not None:
+        loaded = datasets.load_dataset(
+            "parquet" if src in ("", "parquet") else src, data_files=data_files, cache_dir=cache_dir
+        )
+        return dict(loaded)
+    if src.endswith(".parquet") or (("*" in src or "?" in src) and ".parquet" in src):
+        if "*" not in src and not path.is_file():
+            raise FileNotFoundError(f"parquet file {src} does not exist")
+        return dict(datasets.load_dataset("parquet", data_files={"train": src}, cache_dir=cache_dir))
+    if path.is_dir():
+        if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
+            loaded = datasets.load_from_disk(src)
+            return dict(loaded) if isinstance(loaded, datasets.DatasetDict) else _single(loaded)
+        files = [p for p in path.rglob("*") if p.is_file()]
+        if any(p.suffix.lower() in _IMAGE_SUFFIXES for p in files):
+            return dict(datasets.load_dataset("imagefolder", data_dir=src, cache_dir=cache_dir))
+        if any(p.suffix == ".parquet" for p in files):
+            return dict(datasets.load_dataset("parquet", data_dir=src, cache_dir=cache_dir))
+        raise ValueError(
+            f"{src} is a folder but neither a save_to_disk dataset, an image folder, nor a folder of parquet files"
+        )
+    if path.exists():
+        raise ValueError(f"{src} is a file but not a parquet file; pass parquet files, a folder or a Hub id")
+    if src.startswith((".", "/", "~")) or src.count("/") > 1:
+        raise FileNotFoundError(f"{src} does not exist (and is not a Hub dataset id of the form 'org/name')")
+    return dict(datasets.load_dataset(src, cache_dir=cache_dir, revision=revision, token=token))
+
+
+def _single(ds: Any) -> dict[str, Any]:
+    return {str(ds.split) if ds.split is not None else "train": ds}
