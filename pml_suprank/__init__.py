@@ -32,6 +32,7 @@ __all__ = [
     "ranking",
     "relevance",
     "samplers",
+    "synthetic_multishapes",
     "synthetic_shapes",
     "training",
 ]
@@ -55,6 +56,7 @@ if TYPE_CHECKING:  # pragma: no cover - for static analysers only
         ranking,
         relevance,
         samplers,
+        synthetic_multishapes,
         synthetic_shapes,
         training,
     )
