@@ -29,7 +29,7 @@ from .checkpoint import (
 from .checkpoint import jsonable as _jsonable
 from .config import OptimizerType, SamplerType, SchedulerType, TrainingConfig, _check_int
 from .export import write_final_folder
-from .loaders import SeededAugmentation, _dataset_labels, _progress, collate, embed_loader, make_loader
+from .loaders import SeededAugmentation, _dataset_labels, _infer_dim, _progress, collate, embed_loader, make_loader
 from .loaders import collate as _collate
 from .loss_module import LossModule
 from .optim import _model_groups, build_optimizer, build_scheduler
@@ -42,7 +42,7 @@ from .options import (
     build_loss,
 )
 from .report import _SHORT_KEYS, _format_metrics, _one_column, format_metrics_table
-from .trainer import Trainer, _infer_dim, _Progress
+from .trainer import Trainer, _Progress
 
 __all__ = [
     "CHECKPOINT_PREFIX",
