@@ -183,7 +183,8 @@ class Trainer:
         self.finished = False
         self.run_config = run_config(config.to_dict(), run_options)
         self.fingerprint = run_fingerprint(self.run_config)  # identifies this run in run.json and its checkpoints
-        self._lock: RunLock | None = None
+        self._lock: RunLock | None = None  # on the main process, between begin_run and end_run
+        self._begun = False
         self._claimed = False  # the output folder was checked and claimed by this trainer once
         self._pending: tuple[Path, bool] | None = None  # (checkpoint, ignore_config_change) begin_run resolved
 
@@ -341,8 +342,9 @@ class Trainer:
             CheckpointError: the checkpoint is invalid or of another run (the message lists the settings that differ).
         """
         acc = self.accelerator
-        if self._lock is None:
+        if not self._begun:
             self._lock = on_main_process(acc, lambda: RunLock(self.output_dir, note=acc.print).acquire())
+            self._begun = True
         try:
             ckpt = latest_valid_checkpoint(self.output_dir, acc.print) if str(resume_from) == "latest" else resume_from
             ckpt = Path(ckpt) if ckpt is not None else None
@@ -367,7 +369,7 @@ class Trainer:
         """Release the lock of ``output_dir`` taken by :meth:`begin_run` (idempotent)."""
         if self._lock is not None:
             self._lock.release()
-            self._lock = None
+        self._lock, self._begun = None, False
 
     # -- training -----------------------------------------------------------------------------------------------
     def _set_backbone_trainable(self, trainable: bool) -> None:
@@ -416,7 +418,7 @@ class Trainer:
             One dict per log event (``{"step", "epoch", "loss", "lr_<group>"}``) and per evaluation
             (``{"step", "epoch", "eval/<metric>"}``).
         """
-        owns = self._lock is None
+        owns = not self._begun
         if owns:
             self.begin_run(resume_from, ignore_config_change=ignore_config_change,
                            overwrite_output_dir=overwrite_output_dir)  # fmt: skip
@@ -455,10 +457,6 @@ class Trainer:
         if self.finished:
             self.save_checkpoint()
         return p.history
-
-    def _latest_valid_checkpoint(self) -> Path | None:
-        """The newest checkpoint that validates; newer broken ones (e.g. an empty folder) are skipped with a note."""
-        return latest_valid_checkpoint(self.output_dir, self.accelerator.print)
 
     def _train_epoch(self, epoch: int, run: _Run) -> None:
         """Steps of ``epoch`` from the current position until the epoch ends, the run is done or stopped."""
