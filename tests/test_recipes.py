@@ -292,6 +292,12 @@ def test_torchrun_two_processes_equals_one_process_with_the_global_batch(tmp_pat
     assert one.keys() == two.keys()
     for k in one:
         torch.testing.assert_close(two[k], one[k], rtol=1e-4, atol=1e-5, msg=k)
+    # only the main process took the lock (released at the end); a refusal on the main process (here: a new run into
+    # a finished run's folder) stops every process instead of leaving the others waiting at a barrier
+    assert not (tmp_path / "two" / "run.lock").exists()
+    again = _run(args, timeout=300, check=False)
+    assert again.returncode != 0 and "OutputDirError" in again.stderr
+    assert "Traceback" in again.stderr and "already holds a previous run" in again.stderr
 
 
 # ------------------------------------------------------------------------------------------------------------------

@@ -2,8 +2,12 @@
 
 A checkpoint is the folder ``output_dir/checkpoints/step_XXXXXXXX`` written by ``accelerator.save_state`` (model,
 optimizer, scheduler, RNG states per process) plus ``trainer_state.json`` (step, epoch, sampler position, history,
-configuration). It is written into a temporary folder renamed once complete, so an interrupted save never leaves a
-folder that looks complete.
+configuration, the run fingerprint and the resolved configuration it hashes). It is written into a temporary folder
+renamed once complete, so an interrupted save never leaves a folder that looks complete.
+
+Nothing here unpickles: weights are safetensors, the scheduler / sampler / counters are JSON (Accelerate loads the
+optimizer and RNG files with ``weights_only=True``). A checkpoint continues a run only if it validates (types,
+ranges, the sampler state where the counters say) and belongs to the same run (:func:`check_compatible`).
 """
 
 from __future__ import annotations
