@@ -569,6 +569,12 @@ def test_lock_file_refuses_a_live_holder_and_takes_over_a_stale_one(tmp_path):
     (tmp_path / LOCK_FILE).write_text("{garbage")
     with pytest.raises(RunLockError, match="delete the file only if that run is gone"):
         RunLock(tmp_path).acquire()
+    # a stale lock replaced by another run's fresh one between the check and the removal is put back, not removed
+    fresh = {"pid": os.getpid(), "host": socket.gethostname(), "token": "fresh"}
+    (tmp_path / LOCK_FILE).write_text(json.dumps(fresh))
+    assert RunLock(tmp_path)._remove_stale({"pid": dead, "host": socket.gethostname(), "token": "x"}) is False
+    assert json.loads((tmp_path / LOCK_FILE).read_text()) == fresh
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_FILE]  # nothing left aside
 
 
 def test_new_run_into_a_previous_runs_folder_is_refused_or_overwritten(tmp_path):

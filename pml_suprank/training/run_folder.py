@@ -175,11 +175,33 @@ class RunLock:
                         "wait for it to finish or use another --output_dir / output_dir; delete the file only if "
                         "that run is gone"
                     )
-                self.note(f"taking over the stale lock {self.path} of pid {pid} on {host} (no such process)")
-                self.path.unlink(missing_ok=True)
+                if self._remove_stale(holder):
+                    self.note(f"taking over the stale lock {self.path} of pid {pid} on {host} (no such process)")
             raise RunLockError(f"cannot take the lock file {str(self.path)!r}: it keeps changing")
         finally:
             tmp.unlink(missing_ok=True)
+
+    def _remove_stale(self, stale: dict[str, Any]) -> bool:
+        """Move the lock file aside; if it is no longer the ``stale`` record (another run took the lock over in the
+        meantime), put it back. Returns whether the stale lock was removed."""
+        aside = self.path.with_name(f".{LOCK_FILE}.stale-{self.token}")
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:
+            return False
+        try:
+            moved = json.loads(aside.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            moved = None
+        if moved == stale:
+            aside.unlink(missing_ok=True)
+            return True
+        try:  # a fresh lock of another run: restore it (the next attempt reports its holder)
+            os.link(aside, self.path)
+        except FileExistsError:
+            pass
+        aside.unlink(missing_ok=True)
+        return False
 
     def _holder(self) -> dict[str, Any] | None:
         try:
