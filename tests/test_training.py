@@ -684,3 +684,17 @@ def test_final_folder_matches_its_config_and_is_replaced_whole(tmp_path):
     trainer.save_final(plots=False)
     assert not (final / "stale_from_another_run.txt").exists()  # replaced whole, never mixed
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+@pytest.mark.slow
+def test_an_overriding_run_never_deletes_another_runs_checkpoint(tmp_path):
+    first = _trainer(tmp_path, max_train_steps=2, checkpoint_every=1, keep_checkpoints=0)
+    first.train()
+    step1, step2 = find_checkpoints(tmp_path)
+    second = _trainer(tmp_path, max_train_steps=2, checkpoint_every=1, keep_checkpoints=0, lr_head=5e-3)
+    second.train(resume_from=step1, ignore_config_change=True)
+    # the second run's step 2 took the name; the first run's is kept aside, out of the resume candidates
+    assert validate_checkpoint(step2)["fingerprint"] == second.fingerprint
+    aside = tmp_path / "checkpoints" / f"step_00000002-run-{first.fingerprint[:12]}"
+    assert validate_checkpoint(aside)["fingerprint"] == first.fingerprint
+    assert find_checkpoints(tmp_path) == [step1, step2]

@@ -297,7 +297,8 @@ def save_checkpoint_atomically(
 ) -> Path:
     """Write ``output_dir/checkpoints/step_<step>`` (``save_state`` into a temporary folder, then one rename) and
     delete the oldest checkpoints of this run (those whose ``trainer_state.json`` has ``fingerprint``; all when it
-    is ``None``) beyond ``keep`` (0 keeps all). Every process must call it."""
+    is ``None``) beyond ``keep`` (0 keeps all). A checkpoint of another run at the same step is renamed
+    ``step_<step>-run-<its fingerprint>`` (kept, no longer a resume candidate). Every process must call it."""
     acc = accelerator
     root = Path(output_dir) / "checkpoints"
     name = f"{CHECKPOINT_PREFIX}{step:08d}"
@@ -313,7 +314,11 @@ def save_checkpoint_atomically(
     acc.wait_for_everyone()
     if acc.is_main_process:
         if final.exists():
-            shutil.rmtree(final)
+            owner = _owner(final)
+            if fingerprint is not None and owner is not None and owner != fingerprint:  # another run's: kept aside
+                final.rename(root / f"{name}-run-{owner[:12]}")
+            else:
+                shutil.rmtree(final)
         tmp.rename(final)
         if keep > 0:
             for old in _run_checkpoints(output_dir, fingerprint)[:-keep]:
@@ -326,15 +331,17 @@ def _run_checkpoints(output_dir: Path, fingerprint: str | None) -> list[Path]:
     """The checkpoints of ``output_dir`` written by the run ``fingerprint`` (all of them when ``None``)."""
     if fingerprint is None:
         return find_checkpoints(output_dir)
-    mine = []
-    for ckpt in find_checkpoints(output_dir):
-        try:
-            state = json.loads((ckpt / TRAINER_STATE).read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            continue  # not provably ours: left alone
-        if isinstance(state, dict) and state.get("fingerprint") == fingerprint:
-            mine.append(ckpt)
-    return mine
+    return [ckpt for ckpt in find_checkpoints(output_dir) if _owner(ckpt) == fingerprint]
+
+
+def _owner(ckpt: Path) -> str | None:
+    """The run fingerprint in ``ckpt/trainer_state.json`` (``None`` if unreadable or absent)."""
+    try:
+        state = json.loads((ckpt / TRAINER_STATE).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    owner = state.get("fingerprint") if isinstance(state, dict) else None
+    return owner if isinstance(owner, str) else None
 
 
 def jsonable(x: Any) -> Any:
