@@ -359,7 +359,7 @@ def _job(args: argparse.Namespace, hub_config: dict[str, Any], accelerator: Any,
         metadata=metadata,
         hub_config=hub_config or None,
         plots=not args.no_plots,
-        repo_id=args.hub_model_id or str(final),  # the card's usage line: the repo pushed to, or this folder
+        repo_id=args.hub_model_id,  # the card's usage line: the repo pushed to, else the folder itself
     )
     total = time.perf_counter() - t_start
     accelerator.print(

@@ -65,15 +65,16 @@ def write_final_folder(
     :func:`pml_suprank.plots.plot_all` drawn from the last evaluation's embeddings with the first one's (before
     training) for comparison. A model without ``save_pretrained`` gets ``model.safetensors`` and ``metrics.json``.
 
-    With ``replace=True`` the folder is written aside (``.tmp-<name>`` next to it) and renamed into place, replacing
-    a previous folder whole: it never mixes the files of two runs, and an interrupted write leaves the previous one.
+    With ``replace=True`` the folder is written aside (``.tmp-<name>-<pid>/<name>`` next to it, so that it has its
+    final name while written, e.g. for the card's usage line) and renamed into place, replacing a previous folder
+    whole: it never mixes the files of two runs, and an interrupted write leaves the previous one.
     """
     save_directory = Path(save_directory)
     if replace:
         return _replace_folder(save_directory, lambda tmp: write_final_folder(
             tmp, model, config=config, history=history, metrics=metrics, summary=summary, metadata=metadata,
             hub_config=hub_config, embeddings=embeddings, image_dataset=image_dataset, label_names=label_names,
-            seed=seed, repo_id=repo_id or str(save_directory),  # the card's usage line: the real folder
+            seed=seed, repo_id=repo_id,
         ))  # fmt: skip
     save_directory.mkdir(parents=True, exist_ok=True)
     plot_files: list[Path] = []
@@ -104,19 +105,21 @@ def write_final_folder(
 
 
 def _replace_folder(target: Path, write: Any) -> Path:
-    """Call ``write(tmp)`` on a fresh sibling folder, then put it in place of ``target`` (two renames: the previous
-    folder is moved aside first and deleted last; on an error the partial folder is deleted, ``target`` untouched)."""
+    """Call ``write(staged)`` on a fresh folder of the same name inside a hidden sibling, then put it in place of
+    ``target`` (two renames: the previous folder is moved aside first and deleted last; on an error the partial
+    folder is deleted and ``target`` is untouched)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".tmp-{target.name}-{os.getpid()}")
     old = target.with_name(f".old-{target.name}-{os.getpid()}")
     for stale in (tmp, old):
         if stale.exists():
             shutil.rmtree(stale)
+    staged = tmp / target.name
     try:
-        write(tmp)
+        write(staged)
         if target.exists():
             os.replace(target, old)
-        os.replace(tmp, target)
+        os.replace(staged, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     shutil.rmtree(old, ignore_errors=True)
