@@ -139,7 +139,25 @@ def parse_with_config(
                 parser.error(f"--config: {dest} {value!r} is not trained by this recipe (choose from {choices})")
         parser.set_defaults(**options)
     args = parser.parse_args(argv)
+    _check_run_flags(parser, args)
     return args, hub_config
+
+
+def _check_run_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse flag combinations that would only fail after training (parser.error: exit 2, nothing built)."""
+    if getattr(args, "push_to_hub", False):
+        if not args.hub_model_id:
+            parser.error("--push_to_hub true needs --hub_model_id (e.g. your-name/happier-synthetic)")
+        from pml_suprank.hub.transport import check_repo_id
+
+        try:
+            check_repo_id(args.hub_model_id)
+        except ValueError as e:
+            parser.error(f"--hub_model_id: {e}")
+    if getattr(args, "resume_ignore_config", False) and args.resume is None:
+        parser.error("--resume_ignore_config true needs --resume (a checkpoint folder or 'latest')")
+    if getattr(args, "overwrite_output_dir", False) and args.resume is not None:
+        parser.error("--overwrite_output_dir true starts a new run: it cannot be combined with --resume")
 
 
 def training_config(args: argparse.Namespace, **overrides: Any) -> TrainingConfig:
@@ -238,7 +256,10 @@ def _setup(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     num_classes = int(train_ds.labels[:, 0].max()) + 1  # proxies are indexed by the fine label
     loss = make_loss(args, num_classes, model.embedding_size)
     config = training_config(args, hierarchical_labels=args.loss in HIERARCHICAL_LOSSES)
-    trainer = Trainer(accelerator, model, loss, train_ds, config, test_dataset=test_ds)
+    trainer = Trainer(
+        accelerator, model, loss, train_ds, config, test_dataset=test_ds,
+        run_options=run_options(args, loss, accelerator.mixed_precision),
+    )  # fmt: skip
     if accelerator.is_main_process:
         Path(args.output_dir).mkdir(parents=True, exist_ok=True)
     accelerator.print(
@@ -253,6 +274,17 @@ def _setup(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
             "pml_suprank", config={k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool))}
         )
     return accelerator, trainer, test_ds, num_classes
+
+
+def run_options(args: argparse.Namespace, loss: torch.nn.Module, mixed_precision: str) -> dict[str, Any]:
+    """The resolved model / data / loss options of the run (with the ``TrainingConfig``, its fingerprint)."""
+    values = vars(args)
+    return {
+        "model": {f.name: values[f.name] for f in fields(ModelOptions) if f.name in values},
+        "data": {f.name: values[f.name] for f in fields(DataOptions) if f.name in values},
+        "loss": {"name": args.loss, **loss_kwargs(loss)},
+        "mixed_precision": str(mixed_precision),
+    }
 
 
 def _initial_eval(args: argparse.Namespace, trainer: Any) -> dict[str, float] | None:
@@ -273,13 +305,24 @@ def _initial_eval(args: argparse.Namespace, trainer: Any) -> dict[str, float] | 
 
 def run(args: argparse.Namespace, hub_config: dict[str, Any]) -> dict[str, Any] | None:
     """The whole job: data, model, loss, evaluation before, training, evaluation after, final folder, push."""
+    accelerator, trainer, test_ds, _ = _setup(args)
+    # lock the output folder, refuse another run's folder or checkpoint, record run.json: before any work
+    trainer.begin_run(
+        args.resume, ignore_config_change=args.resume_ignore_config, overwrite_output_dir=args.overwrite_output_dir
+    )
+    try:
+        return _job(args, hub_config, accelerator, trainer, test_ds)
+    finally:
+        trainer.end_run()
+
+
+def _job(args: argparse.Namespace, hub_config: dict[str, Any], accelerator: Any, trainer: Any, test_ds: Any) -> Any:
     from pml_suprank.training import format_metrics_table
 
     t_start = time.perf_counter()
-    accelerator, trainer, test_ds, _ = _setup(args)
     before = _initial_eval(args, trainer)
     t_train = time.perf_counter()
-    trainer.train(resume_from=args.resume)
+    trainer.train()
     train_time = time.perf_counter() - t_train
     if not trainer.finished:
         accelerator.print(f"training interrupted at step {trainer.progress.global_step}; continue with --resume latest")
@@ -316,7 +359,7 @@ def run(args: argparse.Namespace, hub_config: dict[str, Any]) -> dict[str, Any] 
         metadata=metadata,
         hub_config=hub_config or None,
         plots=not args.no_plots,
-        repo_id=args.hub_model_id or f"{args.loss.lower()}-{Path(args.output_dir).name}",
+        repo_id=args.hub_model_id,  # the card's usage line: the repo pushed to, else the folder itself
     )
     total = time.perf_counter() - t_start
     accelerator.print(

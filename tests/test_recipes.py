@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -104,6 +105,12 @@ def test_train_happier_few_steps_writes_everything(happier_run):
     assert config["training"]["loss"] == "HAPPIER" and config["model_args"]["backbone"] == "test_resnet"
     card = (final / "README.md").read_text()
     assert "precision_recall.png" in card
+    # no repo id: the usage line loads the folder itself (written with its final name, never a temporary one)
+    assert re.search(r'RetrievalModel.from_pretrained\("(\./)?final"\)', card), card
+    run = json.loads((out / "run.json").read_text())
+    assert config["training"]["run_fingerprint"] == summary["run_fingerprint"] == run["fingerprint"]
+    assert run["config"]["model"]["backbone"] == "test_resnet" and run["config"]["loss"]["name"] == "HAPPIER"
+    assert not (out / "run.lock").exists()  # released at the end
     assert [p.name for p in sorted((out / "checkpoints").iterdir())] == ["step_00000002", "step_00000003"]
     # the saved model restores offline and gives the evaluated embeddings
     from pml_suprank.models import RetrievalModel
@@ -189,9 +196,17 @@ def test_kill_and_resume_equals_uninterrupted_run(tmp_path):
             proc.kill()
     if killed:
         assert not (out / "final").exists()
-    # whatever the kill left behind is a set of complete checkpoints (temporary folders are ignored)
-    _recipe("train_happier.py", out, *common, "--resume", "latest")
+    # whatever the kill left behind is a set of complete checkpoints (temporary folders are ignored), and a lock
+    # file of a dead process, taken over
+    resumed = _recipe("train_happier.py", out, *common, "--resume", "latest")
     _assert_same_weights(_final_weights(tmp_path / "full"), _final_weights(out))
+    # the resume passed the fingerprint check: the same run as the uninterrupted one (output_dir aside)
+    fingerprint = json.loads((tmp_path / "full" / "run.json").read_text())["fingerprint"]
+    assert json.loads((out / "run.json").read_text())["fingerprint"] == fingerprint
+    if killed:
+        assert "resumed from" in resumed.stdout
+    for ckpt in (out / "checkpoints").iterdir():
+        assert json.loads((ckpt / "trainer_state.json").read_text())["fingerprint"] == fingerprint
 
 
 @pytest.mark.slow
@@ -279,6 +294,12 @@ def test_torchrun_two_processes_equals_one_process_with_the_global_batch(tmp_pat
     assert one.keys() == two.keys()
     for k in one:
         torch.testing.assert_close(two[k], one[k], rtol=1e-4, atol=1e-5, msg=k)
+    # only the main process took the lock (released at the end); a refusal on the main process (here: a new run into
+    # a finished run's folder) stops every process instead of leaving the others waiting at a barrier
+    assert not (tmp_path / "two" / "run.lock").exists()
+    again = _run(args, timeout=300, check=False)
+    assert again.returncode != 0 and "OutputDirError" in again.stderr
+    assert "Traceback" in again.stderr and "already holds a previous run" in again.stderr
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -454,6 +475,8 @@ def test_push_to_hub_upload_replaced(tmp_path, monkeypatch, capsys):
     ]
     train_happier.main(argv)
     assert calls["create"] == "me/happier-test" and calls["upload"]["repo_id"] == "me/happier-test"
+    card = (tmp_path / "final" / "README.md").read_text()
+    assert 'from_pretrained("me/happier-test")' in card  # the usage line names the repo pushed to
     assert {"config.json", "model.safetensors", "README.md", "metrics.json"} <= set(calls["files"])
 
     def failing_upload(self, **kw):
@@ -478,3 +501,62 @@ def test_push_to_hub_upload_replaced(tmp_path, monkeypatch, capsys):
     assert exc.value.code == 1
     assert "network unreachable" in capsys.readouterr().err
     assert (out2 / "final" / "model.safetensors").is_file() and (out2 / "final" / "config.json").is_file()
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# run identity: one run per output folder, resume only the same run, lock file, flags checked before anything is built
+# ------------------------------------------------------------------------------------------------------------------
+def test_run_flags_are_checked_by_the_parser(capsys):
+    common, _ = _parser("train_happier")
+    for argv, expected in (
+        (["--push_to_hub", "true"], "--push_to_hub true needs --hub_model_id"),
+        (["--push_to_hub", "--hub_model_id", "no-slash"], "--hub_model_id: repo_id must look like 'org/name'"),
+        (["--resume_ignore_config", "true"], "--resume_ignore_config true needs --resume"),
+        (["--overwrite_output_dir", "true", "--resume", "latest"], "cannot be combined with --resume"),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            common.parse_with_config(_parser("train_happier")[1], argv)
+        assert exc.value.code == 2
+        assert expected in capsys.readouterr().err
+    args, _ = common.parse_with_config(_parser("train_happier")[1], ["--push_to_hub", "--hub_model_id", "me/x"])
+    assert args.push_to_hub and args.hub_model_id == "me/x"
+
+
+@pytest.mark.slow
+def test_second_run_into_a_run_folder_is_refused_or_isolated(happier_run, tmp_path):
+    out, _ = happier_run
+    shutil.copytree(out, tmp_path, dirs_exist_ok=True)
+    fast = ["--max_train_steps", "3", "--checkpoint_every", "2", "--skip_initial_eval", "--no_plots"]
+    # a new run into the folder of a finished run: refused before anything is trained or written
+    before = (tmp_path / "final" / "config.json").read_bytes()
+    proc = _recipe("train_happier.py", tmp_path, *fast, "--lr_head", "0.005", check=False)
+    assert proc.returncode != 0 and "OutputDirError" in proc.stderr
+    for hint in ("already holds a previous run", "--resume latest", "--overwrite_output_dir true"):
+        assert hint in proc.stderr
+    assert (tmp_path / "final" / "config.json").read_bytes() == before
+    # resuming it with another --lr_head: refused, naming the setting
+    proc = _recipe("train_happier.py", tmp_path, *fast, "--lr_head", "0.005", "--resume", "latest", check=False)
+    assert proc.returncode != 0 and "CheckpointError" in proc.stderr
+    assert "lr_head: 0.002 -> 0.005" in proc.stderr and "--resume_ignore_config true" in proc.stderr
+    # with the override: continues from step 3 to 5; the first run's checkpoints are not rotated away
+    _recipe("train_happier.py", tmp_path, *fast[2:], "--max_train_steps", "5", "--lr_head", "0.005",
+            "--resume", "latest", "--resume_ignore_config", "true")  # fmt: skip
+    run = json.loads((tmp_path / "run.json").read_text())
+    first = json.loads((out / "run.json").read_text())["fingerprint"]
+    assert run["previous_fingerprint"] == first and run["fingerprint"] != first
+    assert {"step_00000002", "step_00000003", "step_00000005"} <= {p.name for p in (tmp_path / "checkpoints").iterdir()}
+    config = json.loads((tmp_path / "final" / "config.json").read_text())
+    assert config["training"]["run_fingerprint"] == run["fingerprint"]
+    assert config["training"]["training_config"]["lr_head"] == 0.005  # final/ and its config.json: one run
+    assert json.loads((tmp_path / "final" / "training_summary.json").read_text())["steps"] == 5
+
+
+@pytest.mark.slow
+def test_a_locked_output_folder_is_refused(tmp_path):
+    import socket
+
+    (tmp_path / "run.lock").write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
+    proc = _recipe("train_happier.py", tmp_path, "--max_train_steps", "1", "--skip_initial_eval", check=False)
+    assert proc.returncode != 0 and "RunLockError" in proc.stderr
+    assert str(tmp_path / "run.lock") in proc.stderr and f"pid {os.getpid()}" in proc.stderr
+    assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "run.json").exists()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -482,16 +483,23 @@ def test_resume_refuses_changed_hyper_parameters_and_bad_state_values(tmp_path):
         _trainer(tmp_path, max_train_steps=2, lr_head=5e-3).load_checkpoint(ckpt)
     _trainer(tmp_path, max_train_steps=2, log_every=5, keep_checkpoints=4).load_checkpoint(ckpt)  # harmless changes
     state = json.loads((ckpt / "trainer_state.json").read_text())
-    for key, value, match in (
-        ("global_step", 1000, "beyond this run's 2 steps"),
-        ("epoch", [1], "'epoch' must be an int >= 0"),
-        ("global_step", True, "'global_step' must be an int"),
-        ("step_in_epoch", 10**6, "step_in_epoch=1000000"),
-        ("history", "x", "'history' must be a list"),
+    sampler = state["sampler"]
+    for changes, match in (
+        ({"global_step": 1000}, "beyond this run's 2 steps"),
+        ({"epoch": [1]}, "'epoch' must be an int >= 0"),
+        ({"global_step": True}, "'global_step' must be an int"),
+        ({"step_in_epoch": 10**6, "sampler": {**sampler, "position": 10**6}}, "step_in_epoch=1000000"),
+        ({"history": "x"}, "'history' must be a list"),
+        ({"fingerprint": 7}, "'fingerprint' must be a str"),
+        # the sampler state must sit where the counters say
+        ({"step_in_epoch": 1}, r"inconsistent: 'sampler.position' is 2 but 'step_in_epoch' is 1"),
+        ({"sampler": {**sampler, "epoch": 3}}, r"inconsistent: 'sampler.epoch' is 3 but 'epoch' is 0"),
+        ({"sampler": {**sampler, "position": "2"}}, r"'sampler.position' is '2'"),
     ):
-        (ckpt / "trainer_state.json").write_text(json.dumps({**state, key: value}))
-        with pytest.raises(CheckpointError, match=match):
+        (ckpt / "trainer_state.json").write_text(json.dumps({**state, **changes}))
+        with pytest.raises(CheckpointError, match=match) as info:
             _trainer(tmp_path, max_train_steps=2).load_checkpoint(ckpt)
+        assert str(ckpt) in str(info.value)
 
 
 @pytest.mark.slow
@@ -502,3 +510,193 @@ def test_resume_latest_skips_a_newer_broken_checkpoint(tmp_path):
     resumed = _trainer(tmp_path, max_train_steps=3, checkpoint_every=1)
     resumed.train(resume_from="latest")
     assert resumed.finished and resumed.progress.global_step == 3
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# run identity: fingerprint, run.json, lock file, output-folder claim
+# ------------------------------------------------------------------------------------------------------------------
+def _dead_pid():
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_run_fingerprint_ignores_resumable_fields_and_lists_differences():
+    from pml_suprank.training.run_folder import config_differences, run_config, run_fingerprint
+
+    base = TrainingConfig(seed=1).to_dict()
+    a = run_config(base, {"model": {"backbone": "test_resnet"}})
+    assert run_fingerprint(a) == run_fingerprint(run_config({**base, "log_every": 99, "output_dir": "x"},
+                                                            {"model": {"backbone": "test_resnet"}}))  # fmt: skip
+    b = run_config({**base, "seed": 2, "lr_head": 0.5}, {"model": {"backbone": "test_vit"}})
+    assert run_fingerprint(a) != run_fingerprint(b)
+    assert (
+        config_differences(a, b) == "lr_head: 0.0002 -> 0.5, model.backbone: 'test_resnet' -> 'test_vit', seed: 1 -> 2"
+    )
+    with pytest.raises(ValueError, match="run_options must not have a 'training' key"):
+        run_config(base, {"training": {}})
+
+
+def test_lock_file_refuses_a_live_holder_and_takes_over_a_stale_one(tmp_path):
+    import os
+    import socket
+
+    from pml_suprank.training.run_folder import LOCK_FILE, RunLock, RunLockError
+
+    notes = []
+    first = RunLock(tmp_path, note=notes.append).acquire()
+    record = json.loads((tmp_path / LOCK_FILE).read_text())
+    assert record["pid"] == os.getpid() and record["host"] == socket.gethostname()
+    with pytest.raises(RunLockError, match=rf"lock file .*{LOCK_FILE}.* \(pid {os.getpid()} on host ") as info:
+        RunLock(tmp_path).acquire()
+    assert str(tmp_path / LOCK_FILE) in str(info.value)
+    first.release()
+    assert not (tmp_path / LOCK_FILE).exists()
+    first.release()  # idempotent
+    # a lock left by a dead process of this host is stale: taken over, with a note
+    dead = _dead_pid()
+    (tmp_path / LOCK_FILE).write_text(json.dumps({"pid": dead, "host": socket.gethostname(), "token": "x"}))
+    with RunLock(tmp_path, note=notes.append) as lock:
+        assert json.loads((tmp_path / LOCK_FILE).read_text())["token"] == lock.token
+    assert notes and f"stale lock {tmp_path / LOCK_FILE} of pid {dead}" in notes[-1]
+    assert not (tmp_path / LOCK_FILE).exists()
+    # a holder on another host cannot be checked, an unreadable lock file cannot be judged: both refused
+    (tmp_path / LOCK_FILE).write_text(json.dumps({"pid": dead, "host": "elsewhere"}))
+    with pytest.raises(RunLockError, match="on host 'elsewhere'"):
+        RunLock(tmp_path).acquire()
+    (tmp_path / LOCK_FILE).write_text("{garbage")
+    with pytest.raises(RunLockError, match="delete the file only if that run is gone"):
+        RunLock(tmp_path).acquire()
+    # a stale lock replaced by another run's fresh one between the check and the removal is put back, not removed
+    fresh = {"pid": os.getpid(), "host": socket.gethostname(), "token": "fresh"}
+    (tmp_path / LOCK_FILE).write_text(json.dumps(fresh))
+    assert RunLock(tmp_path)._remove_stale({"pid": dead, "host": socket.gethostname(), "token": "x"}) is False
+    assert json.loads((tmp_path / LOCK_FILE).read_text()) == fresh
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_FILE]  # nothing left aside
+
+
+def test_new_run_into_a_previous_runs_folder_is_refused_or_overwritten(tmp_path):
+    from pml_suprank.training.run_folder import OutputDirError, claim_output_dir
+
+    claim_output_dir(tmp_path, overwrite=False)  # empty: fine
+    (tmp_path / "checkpoints" / "step_00000004").mkdir(parents=True)
+    (tmp_path / "final").mkdir()
+    (tmp_path / "run.json").write_text("{}")
+    (tmp_path / "logs").mkdir()
+    with pytest.raises(
+        OutputDirError, match=r"already holds a previous run \(checkpoints/step_00000004, final/\)"
+    ) as e:
+        claim_output_dir(tmp_path, overwrite=False)
+    for hint in (str(tmp_path), "--resume latest", "--output_dir", "--overwrite_output_dir true"):
+        assert hint in str(e.value)
+    notes = []
+    claim_output_dir(tmp_path, overwrite=True, note=notes.append)
+    assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "final").exists()
+    assert not (tmp_path / "run.json").exists() and (tmp_path / "logs").is_dir()  # only the run's own files go
+    assert "deleting the previous run" in notes[0]
+
+
+@pytest.mark.slow
+def test_second_run_into_one_folder_is_refused_overwritten_or_isolated(tmp_path):
+    from pml_suprank.training.run_folder import RUN_FILE, OutputDirError
+
+    first = _trainer(tmp_path, max_train_steps=2, checkpoint_every=1, keep_checkpoints=1)
+    first.train()
+    run = json.loads((tmp_path / RUN_FILE).read_text())
+    assert run["fingerprint"] == first.fingerprint and run["seed"] == 3
+    assert validate_checkpoint(latest_checkpoint(tmp_path))["fingerprint"] == first.fingerprint
+    # a new run (no resume) into the finished run's folder: refused before anything is written
+    second = _trainer(tmp_path, max_train_steps=4, checkpoint_every=1, keep_checkpoints=1, lr_head=5e-3)
+    with pytest.raises(OutputDirError, match="already holds a previous run"):
+        second.train()
+    assert json.loads((tmp_path / RUN_FILE).read_text())["fingerprint"] == first.fingerprint
+    assert not (tmp_path / "run.lock").exists()  # released on the error
+    # resuming it with other settings: refused, naming the difference; with the override: isolated
+    differ = r"other hyper-parameters \(lr_head: 0.001 -> 0.005, max_train_steps: 2 -> 4\)"
+    with pytest.raises(CheckpointError, match=differ):
+        second.train(resume_from="latest")
+    second.train(resume_from="latest", ignore_config_change=True)
+    assert second.finished and second.progress.global_step == 4
+    run = json.loads((tmp_path / RUN_FILE).read_text())
+    assert run["fingerprint"] == second.fingerprint and run["previous_fingerprint"] == first.fingerprint
+    # rotation (keep 1) only touched the second run's checkpoints: the first run's step 2 is still there
+    owners = {c.name: validate_checkpoint(c)["fingerprint"] for c in find_checkpoints(tmp_path)}
+    assert owners == {"step_00000002": first.fingerprint, "step_00000004": second.fingerprint}
+    # --overwrite_output_dir: the previous runs are deleted first
+    third = _trainer(tmp_path, max_train_steps=1, seed=3)
+    third.train(overwrite_output_dir=True)
+    assert [c.name for c in find_checkpoints(tmp_path)] == ["step_00000001"]
+
+
+@pytest.mark.slow
+def test_lock_stops_a_concurrent_trainer_and_is_released_on_errors(tmp_path):
+    import os
+    import socket
+
+    from pml_suprank.training.run_folder import LOCK_FILE, RunLockError
+
+    holder = _trainer(tmp_path, max_train_steps=1)
+    assert holder.begin_run() is None
+    other = _trainer(tmp_path, max_train_steps=1)
+    with pytest.raises(RunLockError, match=rf"{LOCK_FILE}.*\(pid {os.getpid()} on host"):
+        other.train()
+    holder.train()  # the holder's own run goes on
+    assert (tmp_path / LOCK_FILE).exists()  # held until end_run
+    holder.end_run()
+    assert not (tmp_path / LOCK_FILE).exists()
+
+    def boom(trainer, epoch, metrics):
+        raise RuntimeError("callback failed")
+
+    crashing = _trainer(tmp_path / "crash", max_train_steps=None, epochs=2)
+    with pytest.raises(RuntimeError, match="callback failed"):
+        crashing.train(on_epoch_end=boom)
+    assert not (tmp_path / "crash" / LOCK_FILE).exists()
+    # a run killed without releasing leaves a lock of a dead pid: the next run takes it over
+    (tmp_path / "crash" / LOCK_FILE).write_text(
+        json.dumps({"pid": _dead_pid(), "host": socket.gethostname()})
+    )
+    resumed = _trainer(tmp_path / "crash", max_train_steps=None, epochs=2)
+    resumed.train(resume_from="latest")
+    assert resumed.finished and not (tmp_path / "crash" / LOCK_FILE).exists()
+
+
+@pytest.mark.slow
+def test_final_folder_matches_its_config_and_is_replaced_whole(tmp_path):
+    from safetensors.torch import load_file
+
+    trainer = _trainer(tmp_path, max_train_steps=1)
+    trainer.train()
+    final = trainer.save_final(plots=False, summary={"note": 1}, metadata={"loss": "HAPPIER"})
+    config = json.loads((final / "config.json").read_text())
+    summary = json.loads((final / "training_summary.json").read_text())
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert config["training"]["run_fingerprint"] == summary["run_fingerprint"] == run["fingerprint"]
+    assert summary["note"] == 1 and json.loads((final / "training_config.json").read_text())["seed"] == 3
+    weights = load_file(str(final / "model.safetensors"))
+    for k, v in trainer.model.state_dict().items():
+        torch.testing.assert_close(weights[k], v, rtol=0, atol=0, msg=k)
+    card = (final / "README.md").read_text()
+    # no repo id: the usage line loads the folder by its own name (the card is written with the final name)
+    assert re.search(r'from_pretrained\("(\./)?final"\)', card), card
+    (final / "stale_from_another_run.txt").write_text("x")
+    trainer.save_final(plots=False)
+    assert not (final / "stale_from_another_run.txt").exists()  # replaced whole, never mixed
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+@pytest.mark.slow
+def test_an_overriding_run_never_deletes_another_runs_checkpoint(tmp_path):
+    first = _trainer(tmp_path, max_train_steps=2, checkpoint_every=1, keep_checkpoints=0)
+    first.train()
+    step1, step2 = find_checkpoints(tmp_path)
+    second = _trainer(tmp_path, max_train_steps=2, checkpoint_every=1, keep_checkpoints=0, lr_head=5e-3)
+    second.train(resume_from=step1, ignore_config_change=True)
+    # the second run's step 2 took the name; the first run's is kept aside, out of the resume candidates
+    assert validate_checkpoint(step2)["fingerprint"] == second.fingerprint
+    aside = tmp_path / "checkpoints" / f"step_00000002-run-{first.fingerprint[:12]}"
+    assert validate_checkpoint(aside)["fingerprint"] == first.fingerprint
+    assert find_checkpoints(tmp_path) == [step1, step2]

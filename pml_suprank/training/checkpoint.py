@@ -2,8 +2,12 @@
 
 A checkpoint is the folder ``output_dir/checkpoints/step_XXXXXXXX`` written by ``accelerator.save_state`` (model,
 optimizer, scheduler, RNG states per process) plus ``trainer_state.json`` (step, epoch, sampler position, history,
-configuration). It is written into a temporary folder renamed once complete, so an interrupted save never leaves a
-folder that looks complete.
+configuration, the run fingerprint and the resolved configuration it hashes). It is written into a temporary folder
+renamed once complete, so an interrupted save never leaves a folder that looks complete.
+
+Nothing here unpickles: weights are safetensors, the scheduler / sampler / counters are JSON (Accelerate loads the
+optimizer and RNG files with ``weights_only=True``). A checkpoint continues a run only if it validates (types,
+ranges, the sampler state where the counters say) and belongs to the same run (:func:`check_compatible`).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +26,12 @@ __all__ = [
     "CHECKPOINT_PREFIX",
     "TRAINER_STATE",
     "CheckpointError",
+    "RESUMABLE_CHANGES",
     "check_compatible",
+    "config_differences",
     "find_checkpoints",
     "latest_checkpoint",
+    "latest_valid_checkpoint",
     "save_checkpoint_atomically",
     "validate_checkpoint",
 ]
@@ -53,6 +61,19 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
     """The most recent complete checkpoint of ``output_dir``, or ``None``."""
     ckpts = find_checkpoints(output_dir)
     return ckpts[-1] if ckpts else None
+
+
+def latest_valid_checkpoint(output_dir: str | Path, note: Callable[[str], None] = print) -> Path | None:
+    """The newest checkpoint of ``output_dir`` that validates; newer broken ones (e.g. an empty folder left by a
+    copy) are skipped with a note naming them and the reason."""
+    for ckpt in reversed(find_checkpoints(output_dir)):
+        try:
+            validate_checkpoint(ckpt)
+        except CheckpointError as e:
+            note(f"skipping {ckpt.name}: {e}")
+            continue
+        return ckpt
+    return None
 
 
 def validate_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -106,9 +127,24 @@ def _check_state_values(path: Path, state: dict[str, Any]) -> None:
         value = state[key]
         if isinstance(value, bool) or not isinstance(value, kind) or value < low:
             raise CheckpointError(where + f"'{key}' must be an int >= {low}; got {value!r}")
-    for key, kind in (("sampler", dict), ("history", list), ("config", dict), ("scheduler", dict)):
+    for key, kind in (("sampler", dict), ("history", list), ("config", dict), ("scheduler", dict),
+                      ("fingerprint", str), ("run_config", dict)):  # fmt: skip
         if key in state and state[key] is not None and not isinstance(state[key], kind):
             raise CheckpointError(where + f"'{key}' must be a {kind.__name__}; got {type(state[key]).__name__}")
+    _check_sampler_position(where, state)
+
+
+def _check_sampler_position(where: str, state: dict[str, Any]) -> None:
+    """The sampler state must sit where the counters say: its epoch is ``epoch``, its position ``step_in_epoch``."""
+    sampler = state["sampler"]
+    if not sampler:
+        return
+    for key, counter in (("epoch", "epoch"), ("position", "step_in_epoch")):
+        value = sampler.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value != state[counter]:
+            raise CheckpointError(
+                where + f"is inconsistent: 'sampler.{key}' is {value!r} but '{counter}' is {state[counter]!r}"
+            )
 
 
 def check_compatible(
@@ -118,10 +154,15 @@ def check_compatible(
     steps_per_epoch: int,
     total_steps: int | None = None,
     config: dict[str, Any] | None = None,
+    *,
+    fingerprint: str | None = None,
+    run_config: Mapping[str, Any] | None = None,
+    ignore_config_change: bool = False,
 ) -> None:
     """Raise :class:`CheckpointError` if the checkpoint ``state`` cannot continue this run: other number of processes,
-    other number of steps per epoch, a position beyond this run's end, or other hyper-parameters (every
-    ``TrainingConfig`` field outside :data:`RESUMABLE_CHANGES` must be equal)."""
+    other number of steps per epoch, a position beyond this run's end, or another run (other fingerprint; without
+    one, a checkpoint of an older version: every ``TrainingConfig`` field outside :data:`RESUMABLE_CHANGES` must be
+    equal). ``ignore_config_change=True`` lets another configuration through (the structural checks remain)."""
     if total_steps is not None and state["global_step"] > total_steps:
         raise CheckpointError(
             f"checkpoint {str(path)!r} is at step {state['global_step']}, beyond this run's {total_steps} steps"
@@ -131,16 +172,8 @@ def check_compatible(
             f"checkpoint {str(path)!r} has step_in_epoch={state['step_in_epoch']} but an epoch has "
             f"{steps_per_epoch} steps"
         )
-    saved = state.get("config")
-    if config is not None and isinstance(saved, dict):
-        fixed = (k for k in config if k not in RESUMABLE_CHANGES and k in saved)
-        changed = {k: (saved[k], config[k]) for k in fixed if saved[k] != config[k]}
-        if changed:
-            listing = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in sorted(changed.items()))
-            raise CheckpointError(
-                f"checkpoint {str(path)!r} was written with other hyper-parameters ({listing}); resume with the "
-                f"same settings or start a new run in another output_dir"
-            )
+    if not ignore_config_change:
+        _check_same_run(path, state, config, fingerprint, run_config)
     if state["num_processes"] != num_processes:
         raise CheckpointError(
             f"checkpoint {str(path)!r} was written by {state['num_processes']} processes; this run has "
@@ -151,6 +184,56 @@ def check_compatible(
             f"checkpoint {str(path)!r} has {state['steps_per_epoch']} steps per epoch; this run has "
             f"{steps_per_epoch} (different data, batch size or sampler)"
         )
+
+
+def _check_same_run(
+    path: Path,
+    state: dict[str, Any],
+    config: dict[str, Any] | None,
+    fingerprint: str | None,
+    run_config: Mapping[str, Any] | None,
+) -> None:
+    listing = ""
+    if fingerprint is not None and state.get("fingerprint") is not None:
+        if state["fingerprint"] == fingerprint:
+            return
+        listing = config_differences(state.get("run_config") or {}, run_config or {}) or "settings not recorded"
+    elif config is not None and isinstance(state.get("config"), dict):
+        saved = state["config"]
+        fixed = (k for k in config if k not in RESUMABLE_CHANGES and k in saved)
+        listing = ", ".join(f"{k}: {saved[k]!r} -> {config[k]!r}" for k in sorted(fixed) if saved[k] != config[k])
+    if listing:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} was written by another run, with other hyper-parameters ({listing}); resume "
+            "with the same settings, start a new run in another output_dir, or continue anyway with "
+            "--resume_ignore_config true (Trainer.train(..., ignore_config_change=True))"
+        )
+
+
+def _flatten(config: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for section, values in config.items():
+        if isinstance(values, Mapping):
+            prefix = "" if section == "training" else f"{section}."
+            out.update({f"{prefix}{k}": v for k, v in values.items()})
+        else:
+            out[section] = values
+    return out
+
+
+def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> str:
+    """``"lr_head: 0.001 -> 0.005, model.backbone: 'a' -> 'b'"``: the settings that differ between two
+    :func:`~pml_suprank.training.run_folder.run_config` dicts (``TrainingConfig`` fields unprefixed, the other
+    sections as ``section.key``)."""
+    a, b = _flatten(saved), _flatten(current)
+    missing = object()
+    changed = [(k, a.get(k, missing), b.get(k, missing)) for k in sorted(set(a) | set(b))]
+    changed = [(k, x, y) for k, x, y in changed if x != y]
+    return ", ".join(
+        f"{k}: {'(unset)' if x is missing else repr(x)} -> {'(unset)' if y is missing else repr(y)}"
+        for k, x, y in changed
+    )
+
 
 
 _SCHEDULER_KEYS = frozenset({"base_lrs", "last_epoch", "_step_count", "_last_lr", "lr_lambdas", "verbose",
@@ -205,10 +288,17 @@ def _finite(value: Any) -> bool:
 
 
 def save_checkpoint_atomically(
-    accelerator: Any, output_dir: Path, step: int, trainer_state: dict[str, Any], keep: int
+    accelerator: Any,
+    output_dir: Path,
+    step: int,
+    trainer_state: dict[str, Any],
+    keep: int,
+    fingerprint: str | None = None,
 ) -> Path:
     """Write ``output_dir/checkpoints/step_<step>`` (``save_state`` into a temporary folder, then one rename) and
-    delete the oldest checkpoints beyond ``keep`` (0 keeps all). Every process must call it."""
+    delete the oldest checkpoints of this run (those whose ``trainer_state.json`` has ``fingerprint``; all when it
+    is ``None``) beyond ``keep`` (0 keeps all). A checkpoint of another run at the same step is renamed
+    ``step_<step>-run-<its fingerprint>`` (kept, no longer a resume candidate). Every process must call it."""
     acc = accelerator
     root = Path(output_dir) / "checkpoints"
     name = f"{CHECKPOINT_PREFIX}{step:08d}"
@@ -224,13 +314,34 @@ def save_checkpoint_atomically(
     acc.wait_for_everyone()
     if acc.is_main_process:
         if final.exists():
-            shutil.rmtree(final)
+            owner = _owner(final)
+            if fingerprint is not None and owner is not None and owner != fingerprint:  # another run's: kept aside
+                final.rename(root / f"{name}-run-{owner[:12]}")
+            else:
+                shutil.rmtree(final)
         tmp.rename(final)
         if keep > 0:
-            for old in find_checkpoints(output_dir)[:-keep]:
+            for old in _run_checkpoints(output_dir, fingerprint)[:-keep]:
                 shutil.rmtree(old, ignore_errors=True)
     acc.wait_for_everyone()
     return final
+
+
+def _run_checkpoints(output_dir: Path, fingerprint: str | None) -> list[Path]:
+    """The checkpoints of ``output_dir`` written by the run ``fingerprint`` (all of them when ``None``)."""
+    if fingerprint is None:
+        return find_checkpoints(output_dir)
+    return [ckpt for ckpt in find_checkpoints(output_dir) if _owner(ckpt) == fingerprint]
+
+
+def _owner(ckpt: Path) -> str | None:
+    """The run fingerprint in ``ckpt/trainer_state.json`` (``None`` if unreadable or absent)."""
+    try:
+        state = json.loads((ckpt / TRAINER_STATE).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    owner = state.get("fingerprint") if isinstance(state, dict) else None
+    return owner if isinstance(owner, str) else None
 
 
 def jsonable(x: Any) -> Any:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +55,7 @@ def write_final_folder(
     label_names: list[str] | None = None,
     seed: int = 0,
     repo_id: str | None = None,
+    replace: bool = False,
 ) -> Path:
     """Write the Hub-ready folder ``save_directory`` (call it on one process).
 
@@ -61,7 +64,18 @@ def write_final_folder(
     ``history.json``, ``training_config.json`` and, when ``embeddings = (last, first)`` is given, the PNG plots of
     :func:`pml_suprank.plots.plot_all` drawn from the last evaluation's embeddings with the first one's (before
     training) for comparison. A model without ``save_pretrained`` gets ``model.safetensors`` and ``metrics.json``.
+
+    With ``replace=True`` the folder is written aside (``.tmp-<name>-<pid>/<name>`` next to it, so that it has its
+    final name while written, e.g. for the card's usage line) and renamed into place, replacing a previous folder
+    whole: it never mixes the files of two runs, and an interrupted write leaves the previous one.
     """
+    save_directory = Path(save_directory)
+    if replace:
+        return _replace_folder(save_directory, lambda tmp: write_final_folder(
+            tmp, model, config=config, history=history, metrics=metrics, summary=summary, metadata=metadata,
+            hub_config=hub_config, embeddings=embeddings, image_dataset=image_dataset, label_names=label_names,
+            seed=seed, repo_id=repo_id,
+        ))  # fmt: skip
     save_directory.mkdir(parents=True, exist_ok=True)
     plot_files: list[Path] = []
     if embeddings is not None:
@@ -88,3 +102,25 @@ def write_final_folder(
         )
         (save_directory / "metrics.json").write_text(json.dumps(flat, indent=1))
     return save_directory
+
+
+def _replace_folder(target: Path, write: Any) -> Path:
+    """Call ``write(staged)`` on a fresh folder of the same name inside a hidden sibling, then put it in place of
+    ``target`` (two renames: the previous folder is moved aside first and deleted last; on an error the partial
+    folder is deleted and ``target`` is untouched)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".tmp-{target.name}-{os.getpid()}")
+    old = target.with_name(f".old-{target.name}-{os.getpid()}")
+    for stale in (tmp, old):
+        if stale.exists():
+            shutil.rmtree(stale)
+    staged = tmp / target.name
+    try:
+        write(staged)
+        if target.exists():
+            os.replace(target, old)
+        os.replace(staged, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
+    return target

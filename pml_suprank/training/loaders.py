@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..metrics.evaluator import compute_embeddings
 
-__all__ = ["SeededAugmentation", "embed_loader", "make_loader"]
+__all__ = ["SeededAugmentation", "build_memory", "build_sampler", "embed_loader", "make_loader"]
 
 
 class SeededAugmentation(Dataset):
@@ -109,3 +109,57 @@ def _progress(iterable: Any, **kwargs: Any) -> Any:
     except ImportError:  # pragma: no cover - tqdm is in the recipes extra
         return iterable
     return tqdm(iterable, dynamic_ncols=True, mininterval=1.0, **kwargs)
+
+
+def build_sampler(config: Any, labels: np.ndarray, num_replicas: int, rank: int) -> Any:
+    """The training batch sampler of ``config`` (``TrainingConfig``) over ``labels (N, L)`` (fine first), sharded
+    over ``num_replicas`` processes (this one is ``rank``): one global batch of ``num_replicas * batch_size``."""
+    from .. import samplers
+
+    c = config
+    if c.sampler == "hierarchical":
+        return samplers.HierarchicalSampler(
+            labels,
+            batch_size=c.batch_size,
+            samples_per_class=c.samples_per_class,
+            batches_per_super_tuple=c.batches_per_super_tuple,
+            super_classes_per_batch=c.super_classes_per_batch,
+            seed=c.seed,
+            num_replicas=num_replicas,
+            rank=rank,
+        )
+    return samplers.MPerClassSampler(
+        labels[:, 0],
+        m=c.samples_per_class,
+        batch_size=c.batch_size,
+        seed=c.seed,
+        num_replicas=num_replicas,
+        rank=rank,
+    )
+
+
+def build_memory(config: Any, model: nn.Module, loss: nn.Module, dataset: Any, label_levels: int) -> nn.Module | None:
+    """The ``RankingMemory`` of ``config`` (``TrainingConfig``) wrapping ``loss``, or ``None`` when
+    ``memory_size == 0``; the embedding size is the model's (or inferred from one item of ``dataset``)."""
+    c = config
+    if c.memory_size <= 0:
+        return None
+    from ..memory import RankingMemory
+
+    return RankingMemory(
+        loss,
+        embedding_size=int(getattr(model, "embedding_size", 0) or _infer_dim(model, dataset)),
+        memory_size=c.memory_size,
+        warmup_steps=c.memory_warmup_steps,
+        label_levels=label_levels if c.hierarchical_labels else None,
+    )
+
+
+def _infer_dim(model: nn.Module, dataset: Any) -> int:
+    item = dataset[0]
+    with torch.no_grad():
+        was = model.training
+        model.eval()
+        d = int(model(item["image"][None]).shape[-1])
+        model.train(was)
+    return d

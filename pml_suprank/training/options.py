@@ -135,6 +135,12 @@ class RunOptions:
     cpu: bool = option(False, "run on the CPU even if an accelerator is available")
     with_tracking: bool = option(True, "log to the trackers Accelerate finds (TensorBoard when installed)")
     resume: str | None = option(None, "checkpoint folder to continue from, or 'latest' (newest in output_dir)")
+    resume_ignore_config: bool = option(
+        False, "with --resume: continue from a checkpoint written with another configuration (other run fingerprint)"
+    )
+    overwrite_output_dir: bool = option(
+        False, "without --resume: delete a previous run's checkpoints and final/ in --output_dir before starting"
+    )
     skip_initial_eval: bool = option(False, "do not evaluate before training")
     no_plots: bool = option(False, "do not draw the plots of the final folder")
     push_to_hub: bool = option(False, "upload the final folder to the Hugging Face Hub (needs --hub_model_id)")

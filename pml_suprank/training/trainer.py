@@ -19,7 +19,11 @@ What :class:`Trainer` does:
 * **checkpoints** every ``checkpoint_every`` steps written *atomically* and an **exact resume**: model, optimizer,
   scheduler, memory, RNG states, sampler epoch and position are restored and the augmentation of every item is
   seeded by ``(seed, epoch, index)`` — a resumed run ends with the same weights as an uninterrupted one;
-* a final **Hub-ready folder** (:func:`pml_suprank.training.export.write_final_folder`).
+* **run identity**: a fingerprint of the resolved configuration (:mod:`pml_suprank.training.run_folder`) in
+  ``output_dir/run.json`` and in every checkpoint; a resume from another run's checkpoint is refused (naming the
+  settings that differ) unless ``ignore_config_change=True``; a new run into a folder holding a previous run is
+  refused unless ``overwrite_output_dir=True``; the lock file ``output_dir/run.lock`` stops a concurrent run;
+* a final **Hub-ready folder** (:func:`pml_suprank.training.export.write_final_folder`), written atomically.
 
 The module never reads the environment; recipes pass everything explicitly.
 """
@@ -27,7 +31,7 @@ The module never reads the environment; recipes pass everything explicitly.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,8 +44,8 @@ from torch.utils.data import DataLoader, Dataset
 from .checkpoint import (
     CheckpointError,
     check_compatible,
-    find_checkpoints,
     jsonable,
+    latest_valid_checkpoint,
     load_scheduler_state,
     save_checkpoint_atomically,
     scheduler_state,
@@ -49,10 +53,19 @@ from .checkpoint import (
 )
 from .config import TrainingConfig
 from .export import write_final_folder
-from .loaders import SeededAugmentation, _dataset_labels, _progress, embed_loader, make_loader
+from .loaders import (
+    SeededAugmentation,
+    _dataset_labels,
+    _progress,
+    build_memory,
+    build_sampler,
+    embed_loader,
+    make_loader,
+)
 from .loss_module import LossModule
 from .optim import build_optimizer, build_scheduler
 from .report import _format_metrics
+from .run_folder import RunLock, claim_output_dir, on_main_process, run_config, run_fingerprint, write_run_file
 
 __all__ = ["Trainer"]
 
@@ -96,6 +109,8 @@ class Trainer:
             ``memory_size > 0``.
         sampler: Optional batch sampler; default built from ``config.sampler`` with the accelerator's number of
             processes and rank (the sampler shards the global batch itself).
+        run_options: The model / data / loss options the caller resolved (``{"model": {...}, "data": {...},
+            "loss": {...}}``, JSON-able); with the ``TrainingConfig`` they make the run fingerprint.
 
     Example:
         >>> trainer = Trainer(accelerator, model, losses.HAPPIERLoss(...), train_ds, TrainingConfig(epochs=3),
@@ -117,6 +132,7 @@ class Trainer:
         evaluator: Any = None,
         memory: nn.Module | None = None,
         sampler: Any = None,
+        run_options: Mapping[str, Any] | None = None,
     ) -> None:
         if not isinstance(config, TrainingConfig):
             raise TypeError(f"config must be a TrainingConfig; got {type(config).__name__}")
@@ -133,10 +149,12 @@ class Trainer:
         self.train_dataset = SeededAugmentation(train_dataset, seed=config.seed)
         self.test_dataset = test_dataset
         self.loss = loss
-        self.memory = memory if memory is not None else self._build_memory(model, loss, train_dataset)
+        if memory is None:
+            memory = build_memory(config, model, loss, train_dataset, self.train_labels.shape[1])
+        self.memory = memory
 
         R, r = accelerator.num_processes, accelerator.process_index
-        self.sampler = sampler if sampler is not None else self._build_sampler(R, r)
+        self.sampler = sampler if sampler is not None else build_sampler(config, self.train_labels, R, r)
         if not hasattr(self.sampler, "set_epoch"):
             raise TypeError("sampler must be a batch sampler with set_epoch(epoch) (pml_suprank.samplers)")
         self.steps_per_epoch = len(self.sampler)
@@ -163,46 +181,14 @@ class Trainer:
         self.last_embeddings: tuple[Tensor, Tensor, Tensor] | None = None
         self.first_embeddings: tuple[Tensor, Tensor, Tensor] | None = None  # e.g. before training, for the plots
         self.finished = False
+        self.run_config = run_config(config.to_dict(), run_options)
+        self.fingerprint = run_fingerprint(self.run_config)  # identifies this run in run.json and its checkpoints
+        self._lock: RunLock | None = None  # on the main process, between begin_run and end_run
+        self._begun = False
+        self._claimed = False  # the output folder was checked and claimed by this trainer once
+        self._pending: tuple[Path, bool] | None = None  # (checkpoint, ignore_config_change) begin_run resolved
 
     # -- construction helpers -----------------------------------------------------------------------------------
-    def _build_memory(self, model: nn.Module, loss: nn.Module, train_dataset: Dataset) -> nn.Module | None:
-        c = self.config
-        if c.memory_size <= 0:
-            return None
-        from ..memory import RankingMemory
-
-        return RankingMemory(
-            loss,
-            embedding_size=int(getattr(model, "embedding_size", 0) or _infer_dim(model, train_dataset)),
-            memory_size=c.memory_size,
-            warmup_steps=c.memory_warmup_steps,
-            label_levels=self.train_labels.shape[1] if c.hierarchical_labels else None,
-        )
-
-    def _build_sampler(self, num_replicas: int, rank: int) -> Any:
-        from .. import samplers
-
-        c = self.config
-        if c.sampler == "hierarchical":
-            return samplers.HierarchicalSampler(
-                self.train_labels,
-                batch_size=c.batch_size,
-                samples_per_class=c.samples_per_class,
-                batches_per_super_tuple=c.batches_per_super_tuple,
-                super_classes_per_batch=c.super_classes_per_batch,
-                seed=c.seed,
-                num_replicas=num_replicas,
-                rank=rank,
-            )
-        return samplers.MPerClassSampler(
-            self.train_labels[:, 0],
-            m=c.samples_per_class,
-            batch_size=c.batch_size,
-            seed=c.seed,
-            num_replicas=num_replicas,
-            rank=rank,
-        )
-
     def _train_loader(self) -> DataLoader:
         generator = torch.Generator().manual_seed(self.config.seed)  # keeps the global RNG untouched
         return make_loader(
@@ -278,6 +264,8 @@ class Trainer:
             "scheduler": scheduler_state(self.scheduler),
             "history": self.progress.history,
             "config": jsonable(self.config.to_dict()),
+            "fingerprint": self.fingerprint,
+            "run_config": self.run_config,
         }
 
     def save_checkpoint(self) -> Path:
@@ -285,22 +273,20 @@ class Trainer:
         one rename) and delete the oldest checkpoints beyond ``keep_checkpoints``."""
         state = self._trainer_state() if self.accelerator.is_main_process else {}
         return save_checkpoint_atomically(
-            self.accelerator, self.output_dir, self.progress.global_step, state, self.config.keep_checkpoints
+            self.accelerator, self.output_dir, self.progress.global_step, state, self.config.keep_checkpoints,
+            fingerprint=self.fingerprint,
         )
 
-    def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
+    def load_checkpoint(self, path: str | Path, ignore_config_change: bool = False) -> dict[str, Any]:
         """Restore model, loss, memory, optimizer, scheduler, RNG states and the sampler position from ``path``.
 
         Raises:
             CheckpointError: the folder is incomplete or corrupt, or was written with a different number of
-                processes or a different sampler configuration.
+                processes or a different sampler configuration, or by another run (other fingerprint; the message
+                lists the settings that differ) unless ``ignore_config_change``.
         """
         path = Path(path)
-        state = validate_checkpoint(path)
-        check_compatible(
-            path, state, self.accelerator.num_processes, self.steps_per_epoch, self.total_steps,
-            jsonable(self.config.to_dict()),
-        )
+        state = self._check_checkpoint(path, ignore_config_change)
         load_scheduler_state(path, self.scheduler, state.get("scheduler"))
         try:
             self.accelerator.load_state(str(path))  # safetensors weights; optimizer / RNG files with weights_only=True
@@ -318,6 +304,72 @@ class Trainer:
             history=list(state.get("history", [])),
         )
         return state
+
+    def _check_checkpoint(self, path: Path, ignore_config_change: bool) -> dict[str, Any]:
+        state = validate_checkpoint(path)
+        check_compatible(
+            path, state, self.accelerator.num_processes, self.steps_per_epoch, self.total_steps,
+            jsonable(self.config.to_dict()), fingerprint=self.fingerprint, run_config=self.run_config,
+            ignore_config_change=ignore_config_change,
+        )  # fmt: skip
+        return state
+
+    # -- run identity -------------------------------------------------------------------------------------------
+    def begin_run(
+        self,
+        resume_from: str | Path | None = None,
+        *,
+        ignore_config_change: bool = False,
+        overwrite_output_dir: bool = False,
+    ) -> Path | None:
+        """Take ``output_dir`` for this run: lock it, decide where to start, record ``run.json``. :meth:`train` calls
+        it (and :meth:`end_run`) itself; a recipe calls it first (to fail before any work), then ``train()``, then
+        ``save_final()``, then :meth:`end_run` (in a ``finally``).
+
+        Args:
+            resume_from: A checkpoint folder, or ``"latest"`` for the newest valid one in ``output_dir`` (none:
+                start from scratch). The checkpoint is validated and checked against this run here and loaded by
+                :meth:`train`.
+            ignore_config_change: Resume from a checkpoint of another configuration (other fingerprint) anyway.
+            overwrite_output_dir: Starting from scratch, delete a previous run's checkpoints and ``final/`` first.
+
+        Returns:
+            The checkpoint the run continues from, or ``None``.
+
+        Raises:
+            RunLockError: another live run holds ``output_dir/run.lock`` (the message names its pid and host).
+            OutputDirError: starting from scratch in a folder holding a previous run (no ``overwrite_output_dir``).
+            CheckpointError: the checkpoint is invalid or of another run (the message lists the settings that differ).
+        """
+        acc = self.accelerator
+        if not self._begun:
+            self._lock = on_main_process(acc, lambda: RunLock(self.output_dir, note=acc.print).acquire())
+            self._begun = True
+        try:
+            ckpt = latest_valid_checkpoint(self.output_dir, acc.print) if str(resume_from) == "latest" else resume_from
+            ckpt = Path(ckpt) if ckpt is not None else None
+            state = self._check_checkpoint(ckpt, ignore_config_change) if ckpt is not None else {}
+            if ckpt is None and resume_from is not None:
+                acc.print(f"no checkpoint in {self.output_dir / 'checkpoints'}; starting from scratch")
+            if ckpt is None and not self._claimed:
+                on_main_process(acc, lambda: claim_output_dir(self.output_dir, overwrite_output_dir, acc.print))
+            extra = {"resumed_from": str(ckpt)} if ckpt is not None else {}
+            if state.get("fingerprint") not in (None, self.fingerprint):
+                extra["previous_fingerprint"] = state["fingerprint"]
+                acc.print(f"resuming {ckpt} although its configuration differs (ignore_config_change)")
+            on_main_process(acc, lambda: write_run_file(self.output_dir, self.run_config, self.fingerprint, **extra))
+        except BaseException:
+            self.end_run()
+            raise
+        self._claimed = True
+        self._pending = (ckpt, ignore_config_change) if ckpt is not None else None
+        return ckpt
+
+    def end_run(self) -> None:
+        """Release the lock of ``output_dir`` taken by :meth:`begin_run` (idempotent)."""
+        if self._lock is not None:
+            self._lock.release()
+        self._lock, self._begun = None, False
 
     # -- training -----------------------------------------------------------------------------------------------
     def _set_backbone_trainable(self, trainable: bool) -> None:
@@ -342,20 +394,47 @@ class Trainer:
                 if isinstance(module, nn.modules.batchnorm._BatchNorm):
                     module.eval()
 
-    def train(self, resume_from: str | Path | None = None, on_epoch_end: EpochCallback | None = None) -> list[dict]:
+    def train(
+        self,
+        resume_from: str | Path | None = None,
+        on_epoch_end: EpochCallback | None = None,
+        *,
+        ignore_config_change: bool = False,
+        overwrite_output_dir: bool = False,
+    ) -> list[dict]:
         """Run (or continue) the training; return the history of logged values.
 
+        Without a prior :meth:`begin_run`, it begins the run itself (same arguments) and releases the lock at the end
+        (also on an exception).
+
         Args:
-            resume_from: A checkpoint folder, or ``"latest"`` for the newest one in ``output_dir`` (if there is
-                none, training starts from scratch).
+            resume_from: A checkpoint folder, or ``"latest"`` for the newest valid one in ``output_dir`` (if there
+                is none, training starts from scratch).
             on_epoch_end: Called as ``fn(trainer, epoch, metrics_or_None)`` after every completed epoch.
+            ignore_config_change: Resume from a checkpoint of another configuration anyway (see :meth:`begin_run`).
+            overwrite_output_dir: Starting from scratch, delete a previous run in ``output_dir`` first.
 
         Returns:
             One dict per log event (``{"step", "epoch", "loss", "lr_<group>"}``) and per evaluation
             (``{"step", "epoch", "eval/<metric>"}``).
         """
-        if resume_from is not None:
-            self._resume(resume_from)
+        owns = not self._begun
+        if owns:
+            self.begin_run(resume_from, ignore_config_change=ignore_config_change,
+                           overwrite_output_dir=overwrite_output_dir)  # fmt: skip
+        elif resume_from is not None:
+            raise ValueError("resume_from must be given to begin_run() when the run was begun with it; got both")
+        try:
+            return self._train(on_epoch_end)
+        finally:
+            if owns:
+                self.end_run()
+
+    def _train(self, on_epoch_end: EpochCallback | None) -> list[dict]:
+        if self._pending is not None:
+            (ckpt, ignore), self._pending = self._pending, None
+            self.load_checkpoint(ckpt, ignore_config_change=ignore)
+            self.accelerator.print(f"resumed from {ckpt} (step {self.progress.global_step})")
         p, c = self.progress, self.config
         run = _Run()
         run.bar = _progress(
@@ -378,26 +457,6 @@ class Trainer:
         if self.finished:
             self.save_checkpoint()
         return p.history
-
-    def _latest_valid_checkpoint(self) -> Path | None:
-        """The newest checkpoint that validates; newer broken ones (e.g. an empty folder) are skipped with a note."""
-        for ckpt in reversed(find_checkpoints(self.output_dir)):
-            try:
-                validate_checkpoint(ckpt)
-            except CheckpointError as e:
-                self.accelerator.print(f"skipping {ckpt.name}: {e}")
-                continue
-            return ckpt
-        return None
-
-    def _resume(self, resume_from: str | Path) -> None:
-        acc = self.accelerator
-        ckpt = self._latest_valid_checkpoint() if str(resume_from) == "latest" else Path(resume_from)
-        if ckpt is None:
-            acc.print(f"no checkpoint in {self.output_dir / 'checkpoints'}; starting from scratch")
-            return
-        self.load_checkpoint(ckpt)
-        acc.print(f"resumed from {ckpt} (step {self.progress.global_step}, epoch {self.progress.epoch})")
 
     def _train_epoch(self, epoch: int, run: _Run) -> None:
         """Steps of ``epoch`` from the current position until the epoch ends, the run is done or stopped."""
@@ -515,7 +574,10 @@ class Trainer:
             hub_config: The hub_config dict (tags, datasets, the paper's numbers for the card).
             plots: Draw the plots.
             image_dataset: Dataset with ``get_image(i)`` for the retrieval grid (default: the test set).
-            repo_id: Repo id shown in the card's usage snippet.
+            repo_id: Repo id (or folder path) shown in the card's usage snippet.
+
+        The folder is written aside and renamed into place (a previous ``final/`` is replaced whole), so it always
+        holds one run's weights, ``config.json`` and summary; both JSON files carry the run fingerprint.
         """
         acc = self.accelerator
         save_directory = Path(save_directory) if save_directory is not None else self.output_dir / "final"
@@ -525,28 +587,12 @@ class Trainer:
         embeddings = None
         if plots and self.last_embeddings is not None:
             embeddings = (self.last_embeddings, self.first_embeddings)
+        run = {"run_fingerprint": self.fingerprint}  # config.json and training_summary.json name the run
         return write_final_folder(
-            save_directory,
-            self.model,
-            config=self.config.to_dict(),
-            history=self.progress.history,
-            metrics=metrics,
-            summary=summary,
-            metadata=metadata,
-            hub_config=hub_config,
-            embeddings=embeddings,
+            save_directory, self.model, config=self.config.to_dict(), history=self.progress.history,
+            metrics=metrics, summary={**(summary or {}), **run}, metadata={**(metadata or {}), **run},
+            hub_config=hub_config, embeddings=embeddings,
             image_dataset=image_dataset if image_dataset is not None else self.test_dataset,
-            label_names=list(getattr(self.test_dataset, "label_names", [])) or None,
-            seed=self.config.seed,
-            repo_id=repo_id,
-        )
-
-
-def _infer_dim(model: nn.Module, dataset: Any) -> int:
-    item = dataset[0]
-    with torch.no_grad():
-        was = model.training
-        model.eval()
-        d = int(model(item["image"][None]).shape[-1])
-        model.train(was)
-    return d
+            label_names=list(getattr(self.test_dataset, "label_names", [])) or None, seed=self.config.seed,
+            repo_id=repo_id, replace=True,
+        )  # fmt: skip

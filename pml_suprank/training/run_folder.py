@@ -1,0 +1,272 @@
+"""Run identity and ownership of an output folder: the run fingerprint, ``run.json`` and the lock file.
+
+* **Fingerprint** — a SHA-256 of the resolved configuration of a run: every :class:`TrainingConfig` field except
+  those that may change on resume (:data:`~pml_suprank.training.checkpoint.RESUMABLE_CHANGES`; the seed is a
+  ``TrainingConfig`` field, so it is included) plus the model / data / loss options the caller resolved
+  (``run_options``). Two runs with the same fingerprint train the same weights.
+* **run.json** — ``output_dir/run.json``, written atomically when a run starts: fingerprint, seed, the resolved
+  configuration (to list what differs), pid, host and time. Checkpoints carry the same fingerprint.
+* **Lock** — ``output_dir/run.lock`` holds the pid and host of the run that owns the folder; a second run into the
+  folder is refused while the holder lives; a lock left by a dead process of this host is taken over with a note.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from .checkpoint import RESUMABLE_CHANGES, config_differences, find_checkpoints, jsonable
+
+__all__ = [
+    "LOCK_FILE",
+    "RUN_FILE",
+    "OutputDirError",
+    "RunLock",
+    "RunLockError",
+    "claim_output_dir",
+    "config_differences",
+    "on_main_process",
+    "previous_run_artifacts",
+    "remove_previous_run",
+    "run_config",
+    "run_fingerprint",
+    "write_json_atomically",
+    "write_run_file",
+]
+
+RUN_FILE = "run.json"
+LOCK_FILE = "run.lock"
+#: what a previous run leaves in its output folder (``metrics_before.json`` is the recipes')
+RUN_ARTIFACTS = ("checkpoints", "final", RUN_FILE, "metrics_before.json")
+
+
+class OutputDirError(ValueError):
+    """The output folder already holds another run (its checkpoints or its ``final/`` folder)."""
+
+
+class RunLockError(RuntimeError):
+    """Another live run holds the lock file of the output folder."""
+
+
+def run_config(training: Mapping[str, Any], run_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The resolved configuration that identifies a run: ``{"training": {...}, **run_options}``.
+
+    Args:
+        training: ``TrainingConfig.to_dict()``; the fields of ``RESUMABLE_CHANGES`` are left out.
+        run_options: The model / data / loss options the caller resolved, e.g. ``{"model": {...}, "data": {...},
+            "loss": {...}}`` (JSON-able values); key ``"training"`` is reserved.
+    """
+    extra = dict(run_options or {})
+    if "training" in extra:
+        raise ValueError("run_options must not have a 'training' key (the TrainingConfig fields go there)")
+    kept = {k: v for k, v in training.items() if k not in RESUMABLE_CHANGES}
+    return jsonable({"training": kept, **extra})
+
+
+def run_fingerprint(config: Mapping[str, Any]) -> str:
+    """SHA-256 (hex) of the canonical JSON of a :func:`run_config` dict."""
+    text = json.dumps(jsonable(dict(config)), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def write_json_atomically(path: Path, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` through a temporary file renamed into place."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(jsonable(data), indent=1))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_run_file(output_dir: Path, config: Mapping[str, Any], fingerprint: str, **extra: Any) -> Path:
+    """Write ``output_dir/run.json`` atomically: fingerprint, seed, the resolved configuration, pid, host, time."""
+    path = Path(output_dir) / RUN_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    seed = dict(config.get("training") or {}).get("seed")
+    data = {"fingerprint": fingerprint, "seed": seed, "config": dict(config), "pid": os.getpid(),
+            "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra}  # fmt: skip
+    write_json_atomically(path, data)
+    return path
+
+
+def previous_run_artifacts(output_dir: Path) -> list[str]:
+    """What a previous run left in ``output_dir`` that a new run would mix with: its checkpoints (any ``step_*``
+    folder, valid or not) and its ``final/`` folder."""
+    output_dir = Path(output_dir)
+    found = [f"checkpoints/{p.name}" for p in find_checkpoints(output_dir)]
+    if (output_dir / "final").exists():
+        found.append("final/")
+    return found
+
+
+def remove_previous_run(output_dir: Path) -> None:
+    """Delete what a previous run left in ``output_dir`` (checkpoints, final/, run.json, metrics_before.json)."""
+    for name in RUN_ARTIFACTS:
+        target = Path(output_dir) / name
+        if target.is_dir():
+            shutil.rmtree(target)
+        elif target.exists():
+            target.unlink()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by another user
+        return True
+    return True
+
+
+class RunLock:
+    """The lock file ``output_dir/run.lock`` of one run (take it on one process only: the main one).
+
+    The file is created complete and atomically (written aside, then hard-linked into place, which fails if it
+    exists). A lock whose holder is a dead process of this host is stale and taken over, with a note.
+
+    Args:
+        output_dir: The run's output folder (created if needed).
+        note: Where the take-over note goes (default ``print``).
+    """
+
+    def __init__(self, output_dir: str | Path, note: Callable[[str], None] = print) -> None:
+        self.path = Path(output_dir) / LOCK_FILE
+        self.note = note
+        self.token = uuid.uuid4().hex
+        self.held = False
+
+    def acquire(self) -> RunLock:
+        """Take the lock.
+
+        Raises:
+            RunLockError: a live process (or one on another host, which cannot be checked) holds it; the message
+                names the lock file and the holder's pid and host.
+        """
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        host = socket.gethostname()
+        record = {"pid": os.getpid(), "host": host, "token": self.token, "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        tmp = self.path.with_name(f".{LOCK_FILE}.{self.token}")
+        tmp.write_text(json.dumps(record))
+        try:
+            for _ in range(3):
+                try:
+                    os.link(tmp, self.path)
+                    self.held = True
+                    return self
+                except FileExistsError:
+                    holder = self._holder()
+                if holder is None:
+                    continue  # released between the two calls: try again
+                pid, holder_host = holder.get("pid"), holder.get("host")
+                stale = holder_host == host and isinstance(pid, int) and pid > 0 and not _pid_alive(pid)
+                if not stale:
+                    raise RunLockError(
+                        f"another run holds the lock file {str(self.path)!r} (pid {pid!r} on host {holder_host!r}): "
+                        "wait for it to finish or use another --output_dir / output_dir; delete the file only if "
+                        "that run is gone"
+                    )
+                if self._remove_stale(holder):
+                    self.note(f"taking over the stale lock {self.path} of pid {pid} on {host} (no such process)")
+            raise RunLockError(f"cannot take the lock file {str(self.path)!r}: it keeps changing")
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _remove_stale(self, stale: dict[str, Any]) -> bool:
+        """Move the lock file aside; if it is no longer the ``stale`` record (another run took the lock over in the
+        meantime), put it back. Returns whether the stale lock was removed."""
+        aside = self.path.with_name(f".{LOCK_FILE}.stale-{self.token}")
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:
+            return False
+        try:
+            moved = json.loads(aside.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            moved = None
+        if moved == stale:
+            aside.unlink(missing_ok=True)
+            return True
+        try:  # a fresh lock of another run: restore it (the next attempt reports its holder)
+            os.link(aside, self.path)
+        except FileExistsError:
+            pass
+        aside.unlink(missing_ok=True)
+        return False
+
+    def _holder(self) -> dict[str, Any] | None:
+        try:
+            holder = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            holder = {}
+        return holder if isinstance(holder, dict) else {}
+
+    def release(self) -> None:
+        """Remove the lock file if this lock holds it (idempotent)."""
+        if not self.held:
+            return
+        self.held = False
+        holder = self._holder()
+        if holder is not None and holder.get("token") == self.token:
+            self.path.unlink(missing_ok=True)
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+def claim_output_dir(output_dir: Path, overwrite: bool, note: Callable[[str], None] = print) -> None:
+    """Check that a new run may start in ``output_dir`` (call it on the main process, holding the lock).
+
+    Args:
+        output_dir: The run's output folder.
+        overwrite: Delete what a previous run left (checkpoints, final/, run.json, metrics_before.json) first.
+        note: Where the note about the deletion goes.
+
+    Raises:
+        OutputDirError: the folder holds checkpoints or a ``final/`` folder of a previous run and ``overwrite`` is
+            false; the message names the folder, what is there, and the three ways out.
+    """
+    found = previous_run_artifacts(output_dir)
+    if not found:
+        return
+    if not overwrite:
+        shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
+        raise OutputDirError(
+            f"output_dir {str(output_dir)!r} already holds a previous run ({shown}); continue it with --resume "
+            "latest (Trainer.train(resume_from='latest')), choose another --output_dir, or pass "
+            "--overwrite_output_dir true (overwrite_output_dir=True) to delete the previous run first"
+        )
+    note(f"--overwrite_output_dir: deleting the previous run in {output_dir} ({', '.join(found)})")
+    remove_previous_run(output_dir)
+
+
+def on_main_process(accelerator: Any, fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` on the main process only; an exception it raises is raised on every process (so that no process
+    waits forever at the next barrier). Returns ``fn()`` on the main process, ``None`` elsewhere."""
+    result, error = None, None
+    if accelerator.is_main_process:
+        try:
+            result = fn()
+        except Exception as e:  # re-raised below on every process
+            error = e
+    if accelerator.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        error = broadcast_object_list([error], from_process=0)[0]
+    if error is not None:
+        raise error
+    return result
