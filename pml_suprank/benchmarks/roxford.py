@@ -88,7 +88,7 @@ def read_revisited_gnd(path: str | Path) -> dict[str, Any]:
             message names the file and the entry, e.g. ``gnd[3]['junk']``).
     """
     path = Path(path)
-    content = load_restricted_pickle(path, "revisited ground-truth pickle (imlist, qimlist, gnd)", encoding="latin1")
+    content = load_restricted_pickle(path, "revisited ground-truth pickle", encoding="latin1")
     if not isinstance(content, dict):
         raise layout_error(path, None, f"expected a dict with imlist, qimlist, gnd; got {type(content).__name__}")
     missing = [k for k in ("imlist", "qimlist", "gnd") if k not in content]

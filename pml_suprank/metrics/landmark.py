@@ -156,7 +156,7 @@ def _revisited_scores(positions: Tensor, kappas: Sequence[int]) -> tuple[Tensor,
     p0 = torch.where(r > 0, j / r.clamp(min=1.0), torch.ones_like(r))
     p1 = (j + 1) / (r + 1)
     ap = torch.where(valid, (p0 + p1) / 2, torch.zeros_like(r)).sum(1) / n.clamp(min=1)
-    last = positions.max(1).values.double()
+    last = positions.amax(1).double() if positions.shape[1] else torch.zeros(len(positions), dtype=torch.float64)
     prs = []
     for kappa in kappas:
         kq = torch.minimum(last, torch.full_like(last, float(kappa))).clamp(min=1.0)
