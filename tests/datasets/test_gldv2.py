@@ -3,8 +3,11 @@ labels, protocol splits, query crops, the ground truth, bad layouts naming file 
 
 from __future__ import annotations
 
+import importlib
 import io
 import pickle
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +23,7 @@ from _benchmark_fixtures import (
 )
 from PIL import Image
 
+from pml_suprank import hub_config
 from pml_suprank.benchmarks import BENCHMARKS, load_benchmark
 from pml_suprank.benchmarks.cifar100 import load_restricted_pickle
 from pml_suprank.benchmarks.roxford import RevisitedQueryDataset, read_revisited_gnd
@@ -243,3 +247,23 @@ def test_revisited_bad_ground_truth_names_file_and_entry(tmp_path):
         load_benchmark("roxford5k", root, "query")
     with pytest.raises(ValueError, match=r"gnd_rparis6k\.pkl: missing file"):
         load_benchmark("rparis6k", root, "query")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", ["roadmap_gldv2", "happier_gldv2"])
+def test_gldv2_hub_configs_read_a_prepared_copy(config, tmp_path):
+    """The label columns and splits of the shipped configs fit a prepared copy: only ``dataset`` changes."""
+    repo = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(repo / "recipes"))
+    try:
+        prepare = importlib.import_module("prepare_dataset")
+    finally:
+        sys.path.remove(str(repo / "recipes"))
+    root = make_gldv2(tmp_path / "native")
+    prepare.prepare("gldv2_hier", root, tmp_path / "copy")
+    cfg = hub_config.load_hub_config(repo / "hub_configs" / f"{config}.yaml")
+    assert cfg["model"]["pooling"] == "gem" and cfg["training"]["max_train_steps"] == 55000
+    cfg["data"]["dataset"] = str(tmp_path / "copy")
+    for part, split in (("train", "train"), ("test", "query")):
+        built = hub_config.build_dataset(cfg, part)
+        assert torch.equal(built.labels, load_benchmark("gldv2_hier", root, split).labels), (config, part)
