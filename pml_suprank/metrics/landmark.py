@@ -170,7 +170,7 @@ def _revisited_scores(positions: Tensor, kappas: Sequence[int]) -> tuple[Tensor,
 def revisited_map(
     scores: Tensor, gnd: Sequence[Mapping[str, Any]], kappas: Sequence[int] = (1, 5, 10), *, per_query: bool = False
 ) -> dict[str, Any]:
-    """Revisited Oxford / Paris evaluation: mAP and mP@κ of the Easy, Medium and Hard setups (in percent).
+    """Revisited Oxford / Paris evaluation: mAP and mP@κ of the Easy, Medium and Hard setups.
 
     Args:
         scores: ``(Q, N)`` floating similarities of the ``N`` database images (``imlist`` order) to the ``Q`` queries
@@ -182,8 +182,9 @@ def revisited_map(
             tensors, NaN for queries without a positive in the setup).
 
     Returns:
-        ``{"easy_map", "medium_map", "hard_map"}`` and ``"<setup>_mp@<κ>"`` floats in ``[0, 100]`` (NaN when no query
-        has a positive in the setup), plus the per-query tensors when ``per_query``.
+        ``{"easy_map", "medium_map", "hard_map"}`` and ``"<setup>_mp@<κ>"`` floats in ``[0, 1]`` like every metric of
+        the package (the protocol's papers print them × 100; NaN when no query has a positive in the setup), plus
+        the per-query tensors when ``per_query``.
 
     Raises:
         TypeError: ``scores`` is not a floating tensor, ``gnd`` not a sequence.
@@ -204,9 +205,9 @@ def revisited_map(
         ranks = retrieval_ranks(scores, positives, ~ignored)
         ap, pr = _revisited_scores(ranks.positions.cpu(), kappas)
         defined = ~torch.isnan(ap)
-        out[f"{setup}_map"] = 100.0 * float(ap[defined].mean()) if bool(defined.any()) else math.nan
+        out[f"{setup}_map"] = float(ap[defined].mean()) if bool(defined.any()) else math.nan
         for i, kappa in enumerate(kappas):
-            out[f"{setup}_mp@{kappa}"] = 100.0 * float(pr[defined, i].mean()) if bool(defined.any()) else math.nan
+            out[f"{setup}_mp@{kappa}"] = float(pr[defined, i].mean()) if bool(defined.any()) else math.nan
         if per_query:
             out[f"{setup}_ap"], out[f"{setup}_mp"] = ap, pr
     return out

@@ -182,9 +182,9 @@ def test_revisited_evaluation_from_the_loaded_ground_truth(tmp_path):
     out = revisited_map(scores, query.gnd, kappas=(1,))
     # query 0, easy {0, 1}, junk {3}: kept ranking 0, 2, 1 -> positives at 0 and 2: (1 + (1/2 + 2/3) / 2) / 2
     # query 1, easy {2}, hard {3}: Easy ranking (3 ignored) 2, 1, 0 -> AP 1; Hard ranking (2 ignored) 3, 1, 0 -> 1
-    assert out["easy_map"] == pytest.approx(100 * ((1 + 7 / 12) / 2 + 1) / 2)
-    assert out["hard_map"] == pytest.approx(100.0)
-    assert out["medium_map"] == pytest.approx(100 * ((1 + 7 / 12) / 2 + 1) / 2)
+    assert out["easy_map"] == pytest.approx(((1 + 7 / 12) / 2 + 1) / 2)
+    assert out["hard_map"] == pytest.approx(1.0)
+    assert out["medium_map"] == pytest.approx(((1 + 7 / 12) / 2 + 1) / 2)
 
 
 class _Payload:

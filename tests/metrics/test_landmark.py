@@ -99,12 +99,12 @@ def test_revisited_hand_computed():
     assert out["easy_ap"].tolist() == pytest.approx([easy_q0, 1.0])
     assert out["medium_ap"].tolist() == pytest.approx([medium_q0, 1.0])
     assert out["hard_ap"][0].item() == pytest.approx(hard_q0) and math.isnan(out["hard_ap"][1].item())
-    assert out["easy_map"] == pytest.approx(100 * (easy_q0 + 1) / 2)
-    assert out["medium_map"] == pytest.approx(100 * (medium_q0 + 1) / 2)
-    assert out["hard_map"] == pytest.approx(100 * hard_q0)  # the query without a hard image is left out
-    assert [out[f"easy_mp@{k}"] for k in (1, 5, 10)] == pytest.approx([100.0, 75.0, 75.0])
-    assert [out[f"medium_mp@{k}"] for k in (1, 5, 10)] == pytest.approx([100.0, 80.0, 80.0])  # (1 + 3/5) / 2
-    assert [out[f"hard_mp@{k}"] for k in (1, 5, 10)] == pytest.approx([0.0, 50.0, 50.0])  # 1 / min(2, k)
+    assert out["easy_map"] == pytest.approx((easy_q0 + 1) / 2)
+    assert out["medium_map"] == pytest.approx((medium_q0 + 1) / 2)
+    assert out["hard_map"] == pytest.approx(hard_q0)  # the query without a hard image is left out
+    assert [out[f"easy_mp@{k}"] for k in (1, 5, 10)] == pytest.approx([1.0, 0.75, 0.75])
+    assert [out[f"medium_mp@{k}"] for k in (1, 5, 10)] == pytest.approx([1.0, 0.8, 0.8])  # (1 + 3/5) / 2
+    assert [out[f"hard_mp@{k}"] for k in (1, 5, 10)] == pytest.approx([0.0, 0.5, 0.5])  # 1 / min(2, k)
     assert out["easy_mp"].shape == (2, 3)
 
 
@@ -127,7 +127,7 @@ def _protocol_loop(scores: np.ndarray, gnd: list[dict], kappas=(1, 5, 10)) -> tu
         aps.append(ap)
         pos1 = pos + 1
         prs.append([(pos1 <= min(pos1.max(), k)).sum() / min(pos1.max(), k) for k in kappas])
-    return 100 * float(np.mean(aps)), 100 * np.mean(prs, axis=0)
+    return float(np.mean(aps)), np.mean(prs, axis=0)
 
 
 def test_revisited_matches_the_protocol_loop_on_random_data():
@@ -165,8 +165,8 @@ def test_revisited_pessimistic_ties():
     scores = torch.zeros(1, 4)
     out = revisited_map(scores, [{"easy": [0], "hard": [], "junk": [1]}], kappas=(1, 3))
     # kept items 0, 2, 3 all tied: the positive is ranked last (0-based 2): (0/2 + 1/3) / 2
-    assert out["easy_map"] == pytest.approx(100 * (1 / 3) / 2)
-    assert out["easy_mp@1"] == 0.0 and out["easy_mp@3"] == pytest.approx(100 / 3)
+    assert out["easy_map"] == pytest.approx((1 / 3) / 2)
+    assert out["easy_mp@1"] == 0.0 and out["easy_mp@3"] == pytest.approx(1 / 3)
     assert math.isnan(out["hard_map"])
 
 
