@@ -195,3 +195,19 @@ def test_revisited_argument_errors():
         revisited_map(SCORES8, {"gnd": GND})
     with pytest.raises(TypeError, match=r"scores must be a \(Q, N\) torch\.Tensor"):
         revisited_map(SCORES8[0], GND)
+
+
+def test_map_at_100_agrees_with_the_evaluator_on_a_query_gallery_pair():
+    """H-GLDv2 protocol: the evaluator's map_at_100 (query vs gallery, fine level) is the GLDv2 mAP@100."""
+    from pml_suprank.metrics import RetrievalEvaluator
+
+    generator = torch.Generator().manual_seed(0)
+    query = torch.nn.functional.normalize(torch.randn(20, 8, generator=generator), dim=1)
+    gallery = torch.nn.functional.normalize(torch.randn(150, 8, generator=generator), dim=1)
+    fine_q, fine_g = torch.randint(0, 6, (20,), generator=generator), torch.randint(0, 8, (150,), generator=generator)
+    query_labels, gallery_labels = torch.stack([fine_q, fine_q // 3], 1), torch.stack([fine_g, fine_g // 3], 1)
+    out = RetrievalEvaluator(k_values=(100,), metrics=["map_at_k"]).evaluate(
+        query, query_labels, gallery, gallery_labels
+    )
+    ours = landmark_map_at_k(query @ gallery.T, query_labels[:, None, 0] == gallery_labels[None, :, 0], k=100)
+    assert out["map_at_100"] == pytest.approx(torch.nanmean(ours).item())
