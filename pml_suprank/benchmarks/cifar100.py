@@ -4,7 +4,8 @@
 
 Local layout: ``cifar-100-python/{train,test}`` are pickles of a dict with the byte-string keys ``data``
 (``(N, 3072)`` uint8, the R, G then B planes of 32×32 images), ``fine_labels``, ``coarse_labels`` and
-``filenames``. They are read with a restricted unpickler that only builds builtin containers and numpy arrays.
+``filenames``. They are read with :func:`load_restricted_pickle`, a restricted unpickler that only builds builtin
+containers and numpy arrays (also used for the revisited Oxford / Paris ground truth).
 
 Splits: ``train`` / ``test`` as distributed (closed set: the same 100 classes) and the open-set protocol of this
 project's HAPPIER CIFAR-100 config: inside every coarse class the 3 smallest fine ids are training classes and the
@@ -28,23 +29,34 @@ __all__ = [
     "CIFAR100_SPLITS",
     "CIFAR100_TRAIN_CLASSES_PER_COARSE",
     "HubImageDataset",
+    "RestrictedUnpickler",
     "load_cifar100",
+    "load_restricted_pickle",
 ]
 
 CIFAR100_LABEL_NAMES = ("fine_label", "coarse_label")
 CIFAR100_SPLITS = ("train", "test", "open_train", "open_test")
 CIFAR100_TRAIN_CLASSES_PER_COARSE = 3
-_ALLOWED_GLOBALS = {
-    ("_codecs", "encode"),  # bytes in protocol-2 pickles
-    ("numpy", "ndarray"),
-    ("numpy", "dtype"),
-    ("numpy.core.multiarray", "_reconstruct"),
-    ("numpy._core.multiarray", "_reconstruct"),
-}
+_ALLOWED_GLOBALS = frozenset(
+    {
+        ("_codecs", "encode"),  # bytes in protocol-2 pickles
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy.core.multiarray", "scalar"),  # numpy scalars (np.int64(3)) inside containers
+        ("numpy._core.multiarray", "scalar"),
+    }
+)
 
 
-class _RestrictedUnpickler(pickle.Unpickler):
-    """Builds builtin containers and numpy arrays only; any other global is refused."""
+class RestrictedUnpickler(pickle.Unpickler):
+    """Builds builtin containers and numpy arrays / scalars only; any other global is refused.
+
+    ``pickle.load`` runs whatever callable a file names, so archives distributed as pickles (the CIFAR batches, the
+    revisited Oxford / Paris ground truth) are read with this class: a file naming any other global (``os.system``,
+    ``builtins.eval``, a class of some package) raises ``pickle.UnpicklingError`` before anything is called.
+    """
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in _ALLOWED_GLOBALS:
@@ -52,14 +64,35 @@ class _RestrictedUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"global {module}.{name} is not allowed (only numpy arrays and builtins)")
 
 
+_RestrictedUnpickler = RestrictedUnpickler  # the former private name
+
+
+def load_restricted_pickle(path: Path, what: str, *, encoding: str = "ASCII") -> Any:
+    """The content of a pickle file read with :class:`RestrictedUnpickler`.
+
+    Args:
+        path: The pickle file.
+        what: What the file should hold (for the error messages), e.g. ``"a CIFAR-100 pickle"``.
+        encoding: How Python 2 ``str`` objects are decoded (``"bytes"`` keeps them as bytes, as for CIFAR).
+
+    Raises:
+        ValueError: The file is missing (``"<path>: missing file (<what>)"``) or is not a readable pickle of
+            builtins and numpy arrays (``"<path>: not a readable <what> (<reason>)"``, e.g. a refused global).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: missing file ({what})")
+    try:
+        with open(path, "rb") as f:
+            return RestrictedUnpickler(f, encoding=encoding).load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError) as err:
+        raise layout_error(path, None, f"not a readable {what} ({err})") from None
+
+
 def _read_pickle(path: Path) -> dict[bytes, Any]:
     if not path.is_file():
         raise ValueError(f"{path}: missing file (a CIFAR-100 pickle with data, fine_labels, coarse_labels)")
-    try:
-        with open(path, "rb") as f:
-            content = _RestrictedUnpickler(f, encoding="bytes").load()
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as err:
-        raise layout_error(path, None, f"not a readable CIFAR-100 pickle ({err})") from None
+    content = load_restricted_pickle(path, "CIFAR-100 pickle", encoding="bytes")
     if not isinstance(content, dict):
         raise layout_error(path, None, f"expected a dict; got {type(content).__name__}")
     content = {k.encode() if isinstance(k, str) else k: v for k, v in content.items()}

@@ -11,8 +11,10 @@ from ._native import NativeImageDataset
 from .cifar100 import CIFAR100_LABEL_NAMES, CIFAR100_SPLITS, load_cifar100
 from .cub import CUB_LABEL_NAMES, CUB_SPLITS, load_cub
 from .dyml import dyml_label_names, dyml_splits, load_dyml
+from .gldv2 import GLDV2_LABEL_NAMES, GLDV2_SPLITS, load_gldv2
 from .inat import INAT_BASE_LABEL_NAMES, INAT_FULL_LABEL_NAMES, INAT_SPLITS, load_inat
 from .omniglot import OMNIGLOT_LABEL_NAMES, OMNIGLOT_SPLITS, load_omniglot
+from .roxford import REVISITED_LABEL_NAMES, REVISITED_SPLITS, load_revisited
 from .sop import SOP_LABEL_NAMES, SOP_SPLITS, load_sop
 
 __all__ = ["BENCHMARKS", "BenchmarkSpec", "benchmark_label_names", "load_benchmark"]
@@ -30,7 +32,8 @@ class BenchmarkSpec:
         layout: One line describing the expected ``root``.
         train_split: The split a training recipe uses by default.
         test_split: The split a single-test-set evaluation uses by default (``None``: the benchmark is evaluated
-            per query / gallery pair, as DyML-Vehicle and DyML-Animal).
+            per query / gallery pair, as DyML-Vehicle, DyML-Animal, H-GLDv2 and the revisited Oxford / Paris).
+            The revisited datasets are test sets only: their ``train_split`` names the database (``gallery``).
     """
 
     name: str
@@ -100,6 +103,31 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
 }
 
 
+def _revisited(name: str) -> BenchmarkSpec:
+    return BenchmarkSpec(
+        name,
+        REVISITED_SPLITS,
+        _fixed(REVISITED_LABEL_NAMES),
+        partial(load_revisited, name=name),
+        f"{name}/ with gnd_{name}.pkl (imlist, qimlist, gnd) + jpg/",
+        train_split="gallery",
+        test_split=None,
+    )
+
+
+BENCHMARKS["gldv2_hier"] = BenchmarkSpec(
+    "gldv2_hier",
+    GLDV2_SPLITS,
+    _fixed(GLDV2_LABEL_NAMES),
+    load_gldv2,
+    "GLDv2 folder with train_clean.csv, index_image_to_landmark.csv, retrieval_solution_v2.1.csv, "
+    "{train,index}_label_to_subcategory_with_clusters.csv + train/, index/, test/",
+    test_split=None,
+)
+BENCHMARKS["roxford5k"] = _revisited("roxford5k")
+BENCHMARKS["rparis6k"] = _revisited("rparis6k")
+
+
 def _spec(name: str) -> BenchmarkSpec:
     if not isinstance(name, str) or name not in BENCHMARKS:
         raise ValueError(f"name must be one of {sorted(BENCHMARKS)}; got {name!r}")
@@ -119,7 +147,8 @@ def load_benchmark(name: str, root: str | Path, split: str, transform: Callable 
 
     Args:
         name: One of :data:`BENCHMARKS` (``sop``, ``cub``, ``inat_base``, ``inat_full``, ``dyml_vehicle``,
-            ``dyml_animal``, ``dyml_product``, ``cifar100``, ``omniglot``).
+            ``dyml_animal``, ``dyml_product``, ``cifar100``, ``omniglot``, ``gldv2_hier``, ``roxford5k``,
+            ``rparis6k``).
         root: The folder the archive was extracted to (see each spec's ``layout``); for ``cifar100`` also a Hub id.
         split: One of ``BENCHMARKS[name].splits``.
         transform: Callable on a PIL RGB image returning a ``(3, H, W)`` tensor (``None``: ``[0, 1]`` tensor).

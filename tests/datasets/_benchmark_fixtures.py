@@ -181,3 +181,89 @@ MAKERS = {
     "cifar100": make_cifar100,
     "omniglot": make_omniglot,
 }
+
+
+# H-GLDv2: landmarks with (cluster, overall_cluster); landmark 3 (train) and 12 (index) have no cluster and are
+# left out. Image ids are 16 hex characters as in GLDv2; images at <folder>/a/b/c/<id>.jpg.
+GLDV2_TRAIN = {1: 2, 2: 2, 3: 1, 4: 3}  # landmark -> number of images
+GLDV2_TRAIN_CLUSTERS = {1: ("church", "human-made"), 2: ("castle", "human-made"), 4: ("lake", "natural")}
+GLDV2_INDEX = {10: 3, 11: 2, 12: 2, 13: 1}  # landmark -> number of index images
+GLDV2_INDEX_CLUSTERS = {10: ("bridge", "human-made"), 11: ("waterfall", "natural"), 13: ("bridge", "human-made")}
+GLDV2_QUERIES = [10, 11, None, 12, 10]  # landmark of each test image (None: no ground truth)
+
+
+def gldv2_id(kind: str, number: int) -> str:
+    """A 16-character hex image id (deterministic)."""
+    return f"{zlib.crc32(f'{kind}{number}'.encode()):08x}{number:08x}"
+
+
+def _gldv2_image(folder: Path, image_id: str, seed: int) -> None:
+    write_image(folder / image_id[0] / image_id[1] / image_id[2] / f"{image_id}.jpg", seed)
+
+
+def make_gldv2(root: Path) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    seed, lines = 0, ["landmark_id,images"]
+    for landmark, count in GLDV2_TRAIN.items():
+        ids = [gldv2_id("train", 10 * landmark + k) for k in range(count)]
+        for image_id in ids:
+            seed += 1
+            _gldv2_image(root / "train", image_id, seed)
+        lines.append(f"{landmark},{' '.join(ids)}")
+    (root / "train_clean.csv").write_text("\n".join(lines) + "\n")
+    lines, by_landmark = ["id,landmark_id"], {}
+    for landmark, count in GLDV2_INDEX.items():
+        for k in range(count):
+            image_id = gldv2_id("index", 10 * landmark + k)
+            by_landmark.setdefault(landmark, []).append(image_id)
+            seed += 1
+            _gldv2_image(root / "index", image_id, seed)
+            lines.append(f"{image_id},{landmark}")
+    (root / "index_image_to_landmark.csv").write_text("\n".join(lines) + "\n")
+    lines = ["id,images,Usage"]
+    for q, landmark in enumerate(GLDV2_QUERIES):
+        image_id = gldv2_id("test", q)
+        seed += 1
+        _gldv2_image(root / "test", image_id, seed)
+        usage = "Ignored" if landmark is None else ("Public" if q % 2 else "Private")
+        solution = "None" if landmark is None else " ".join(by_landmark[landmark])
+        lines.append(f"{image_id},{solution},{usage}")
+    (root / "retrieval_solution_v2.1.csv").write_text("\n".join(lines) + "\n")
+    for split, clusters, landmarks in (
+        ("train", GLDV2_TRAIN_CLUSTERS, GLDV2_TRAIN),
+        ("index", GLDV2_INDEX_CLUSTERS, GLDV2_INDEX),
+    ):
+        lines = ["landmark_id,category,cluster,overall_cluster"]  # an extra column, as the released files may have
+        for landmark in landmarks:
+            cluster, overall = clusters.get(landmark, ("", ""))
+            lines.append(f'{landmark},"http://commons.wikimedia.org/wiki/Category:{landmark}, x",{cluster},{overall}')
+        (root / f"{split}_label_to_subcategory_with_clusters.csv").write_text("\n".join(lines) + "\n")
+    return root
+
+
+# Revisited Oxford: 3 database images of two landmarks plus a distractor, 2 queries (also in the database).
+REVISITED_IMLIST = ["all_souls_000001", "all_souls_000002", "radcliffe_camera_000001", "oxford_000100"]
+REVISITED_QIMLIST = ["all_souls_000001", "radcliffe_camera_000001"]
+REVISITED_GND = [
+    {
+        "easy": np.array([0, 1]),
+        "hard": np.array([], dtype=np.int64),
+        "junk": np.array([3]),
+        "bbx": [1.0, 1.0, 7.0, 6.0],
+    },
+    {"easy": [2], "hard": [3], "junk": [], "bbx": np.array([0.0, 2.0, 5.0, 8.0])},
+]
+
+
+def make_revisited(root: Path, name: str = "roxford5k") -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for k, image in enumerate(REVISITED_IMLIST):
+        write_image(root / "jpg" / f"{image}.jpg", 100 + k)
+    content = {"imlist": REVISITED_IMLIST, "qimlist": REVISITED_QIMLIST, "gnd": REVISITED_GND}
+    (root / f"gnd_{name}.pkl").write_bytes(pickle.dumps(content, protocol=4))
+    return root
+
+
+MAKERS["gldv2_hier"] = make_gldv2
+MAKERS["roxford5k"] = make_revisited
+MAKERS["rparis6k"] = lambda root: make_revisited(root, "rparis6k")

@@ -1,0 +1,181 @@
+"""H-GLDv2: Google Landmarks v2 (Weyand et al., CVPR 2020) with the hierarchical labels of SupRank (TPAMI Sec. VI),
+3 levels landmark → cluster (78 supercategories) → overall_cluster (human-made / natural).
+
+Layout under ``root`` (comma-separated csv files with a header, as distributed):
+
+* ``train_clean.csv`` — ``landmark_id,images``: one row per landmark, ``images`` = space-separated image ids;
+* ``index_image_to_landmark.csv`` — ``id,landmark_id``: the retrieval database (index set);
+* ``retrieval_solution_v2.1.csv`` — ``id,images,Usage``: one row per test image, ``images`` = the space-separated
+  index ids that depict its landmark, or ``None`` for test images without ground truth (``Usage`` ``Ignored``);
+* ``train_label_to_subcategory_with_clusters.csv`` and ``index_label_to_subcategory_with_clusters.csv`` — the
+  H-GLDv2 files: a header holding (at least) ``landmark_id``, ``cluster`` and ``overall_cluster``, one row per
+  landmark; an empty cluster means the landmark got no supercategory;
+* the images at ``train/a/b/c/<id>.jpg``, ``index/a/b/c/<id>.jpg`` and ``test/a/b/c/<id>.jpg`` (``a``, ``b``, ``c``
+  the first three characters of the id, as the GLDv2 tar files extract).
+
+Splits: ``train`` (train_clean), ``query`` (the test images with ground truth; their landmark is the landmark of
+their solution images, which must agree) and ``gallery`` (the index set). As in the SupRank reference, images whose
+landmark has no cluster (absent from the H-GLDv2 file or with an empty cell) are left out: H-GLDv2 covers 128.8k of
+the 203k train landmarks and 67.9k of the 101k index landmarks. ``query`` and ``gallery`` share one label space (ids
+encoded over both); ``train`` has its own. Cluster names are kept as strings (sorted for the ids).
+
+Evaluation (TPAMI Table VII): mAP@100 with :func:`pml_suprank.metrics.landmark.landmark_map_at_k` (positives = the
+gallery images of the query's landmark) and the hierarchical metrics (H-AP, ASI, NDCG) of the standard evaluator
+on the query / gallery pair.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from ._native import FileImageDataset, Record, file_split, layout_error, parse_int, require_file
+
+__all__ = ["GLDV2_LABEL_NAMES", "GLDV2_SPLITS", "gldv2_image_path", "load_gldv2", "read_subcategories"]
+
+GLDV2_LABEL_NAMES = ("landmark_id", "cluster", "overall_cluster")
+GLDV2_SPLITS = ("train", "query", "gallery")
+_TRAIN_COLUMNS = ("landmark_id", "images")
+_INDEX_COLUMNS = ("id", "landmark_id")
+_SOLUTION_COLUMNS = ("id", "images", "Usage")
+_HIERARCHY_COLUMNS = ("landmark_id", "cluster", "overall_cluster")
+_NO_GROUND_TRUTH = "None"
+
+
+def gldv2_image_path(folder: Path, image_id: str) -> Path:
+    """``folder/a/b/c/<id>.jpg`` with ``a``, ``b``, ``c`` the first three characters of ``image_id``."""
+    return folder / image_id[0] / image_id[1] / image_id[2] / f"{image_id}.jpg"
+
+
+def _rows(path: Path, columns: tuple[str, ...], *, exact: bool = True) -> Iterator[tuple[int, dict[str, str]]]:
+    """``(line, {column: cell})`` of a csv file whose header is ``columns`` (or contains them when not ``exact``)."""
+    require_file(path, f"csv with the columns {list(columns)}")
+    with open(path, encoding="utf-8", newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader, [])
+        if (header != list(columns)) if exact else not set(columns) <= set(header):
+            expected = f"the columns {list(columns)}" if exact else f"columns including {list(columns)}"
+            raise layout_error(path, 1, f"expected {expected}; got {header}")
+        for cells in reader:
+            line = reader.line_num
+            if not any(c.strip() for c in cells):
+                continue
+            if len(cells) != len(header):
+                raise layout_error(path, line, f"expected {len(header)} cells {header}; got {cells}")
+            yield line, dict(zip(header, cells))
+
+
+def _image_id(value: str, path: Path, line: int) -> str:
+    image_id = value.strip()
+    if len(image_id) < 3 or not image_id.isalnum():
+        raise layout_error(path, line, f"image id {value!r} must be an alphanumeric string (at least 3 characters)")
+    return image_id
+
+
+def read_subcategories(path: Path) -> dict[int, tuple[str, str]]:
+    """``landmark_id → (cluster, overall_cluster)`` of an H-GLDv2 ``*_label_to_subcategory_with_clusters.csv``.
+
+    Landmarks with an empty ``cluster`` or ``overall_cluster`` cell are left out (no supercategory).
+
+    Raises:
+        ValueError: Missing file or columns, a non-integer landmark id, a landmark listed with two clusters or a
+            cluster under two overall clusters (naming the file and both lines).
+    """
+    mapping: dict[int, tuple[str, str]] = {}
+    seen_landmark: dict[int, int] = {}
+    parent: dict[str, tuple[str, int]] = {}
+    for line, row in _rows(path, _HIERARCHY_COLUMNS, exact=False):
+        landmark = parse_int(row["landmark_id"], path, line, "landmark_id")
+        cluster, overall = row["cluster"].strip(), row["overall_cluster"].strip()
+        if not cluster or not overall or cluster.lower() == "nan" or overall.lower() == "nan":
+            continue
+        if landmark in mapping and mapping[landmark] != (cluster, overall):
+            raise layout_error(
+                path,
+                line,
+                f"landmark_id {landmark} has cluster {cluster!r} / {overall!r} but {mapping[landmark]} at line "
+                f"{seen_landmark[landmark]}; a landmark must belong to exactly one cluster (a tree)",
+            )
+        known = parent.setdefault(cluster, (overall, line))
+        if known[0] != overall:
+            raise layout_error(
+                path,
+                line,
+                f"cluster {cluster!r} has overall_cluster {overall!r} but {known[0]!r} at line {known[1]}; a cluster "
+                "must belong to exactly one overall_cluster (a tree)",
+            )
+        mapping[landmark] = (cluster, overall)
+        seen_landmark.setdefault(landmark, line)
+    return mapping
+
+
+def _train_records(root: Path) -> list[Record]:
+    path = root / "train_clean.csv"
+    hierarchy = read_subcategories(root / "train_label_to_subcategory_with_clusters.csv")
+    out = []
+    for line, row in _rows(path, _TRAIN_COLUMNS):
+        landmark = parse_int(row["landmark_id"], path, line, "landmark_id")
+        if landmark not in hierarchy:
+            continue
+        key, where = (landmark, *hierarchy[landmark]), f"{path}, line {line}"
+        for image in row["images"].split():
+            out.append((str(gldv2_image_path(root / "train", _image_id(image, path, line))), key, where))
+    return out
+
+
+def _index_landmarks(root: Path) -> tuple[Path, list[tuple[int, str, int]]]:
+    path = root / "index_image_to_landmark.csv"
+    rows = []
+    for line, row in _rows(path, _INDEX_COLUMNS):
+        rows.append((line, _image_id(row["id"], path, line), parse_int(row["landmark_id"], path, line, "landmark_id")))
+    return path, rows
+
+
+def _query_gallery_records(root: Path) -> dict[str, list[Record]]:
+    hierarchy = read_subcategories(root / "index_label_to_subcategory_with_clusters.csv")
+    index_path, index_rows = _index_landmarks(root)
+    landmark_of = {image: landmark for _, image, landmark in index_rows}
+    gallery = [
+        (str(gldv2_image_path(root / "index", image)), (landmark, *hierarchy[landmark]), f"{index_path}, line {line}")
+        for line, image, landmark in index_rows
+        if landmark in hierarchy
+    ]
+    path = root / "retrieval_solution_v2.1.csv"
+    query = []
+    for line, row in _rows(path, _SOLUTION_COLUMNS):
+        relevant = row["images"].split()
+        if relevant == [_NO_GROUND_TRUTH] or not relevant:
+            continue
+        unknown = [image for image in relevant if image not in landmark_of]
+        if unknown:
+            raise layout_error(path, line, f"solution image {unknown[0]!r} is not in {index_path.name}")
+        landmarks = sorted({landmark_of[image] for image in relevant})
+        if len(landmarks) != 1:
+            raise layout_error(path, line, f"the solution images depict several landmarks {landmarks}; expected one")
+        if landmarks[0] in hierarchy:
+            image = _image_id(row["id"], path, line)
+            key = (landmarks[0], *hierarchy[landmarks[0]])
+            query.append((str(gldv2_image_path(root / "test", image)), key, f"{path}, line {line}"))
+    return {"query": query, "gallery": gallery}
+
+
+def load_gldv2(root: str | Path, split: str, transform: Callable | None = None) -> FileImageDataset:
+    """H-GLDv2 ``split`` (``"train"``, ``"query"``, ``"gallery"``): labels ``(N, 3)`` = (landmark, cluster,
+    overall_cluster), 0-based and contiguous (query and gallery share their ids).
+
+    Args:
+        root: The GLDv2 folder holding the csv files and the ``train/``, ``index/``, ``test/`` image folders.
+        split: ``"train"``, ``"query"`` or ``"gallery"``.
+        transform: Callable on a PIL RGB image.
+
+    Raises:
+        ValueError: A csv file is missing or malformed (wrong header, non-integer id, a query whose solution images
+            are not in the index or depict several landmarks), an image does not exist, or a landmark / cluster with
+            two parents (the message names the file and line).
+    """
+    root = Path(root)
+    if split not in GLDV2_SPLITS:
+        raise ValueError(f"split must be one of {list(GLDV2_SPLITS)} for gldv2_hier; got {split!r}")
+    records = {"train": _train_records(root)} if split == "train" else _query_gallery_records(root)
+    return file_split(records, split, GLDV2_LABEL_NAMES, root, benchmark="gldv2_hier", transform=transform)

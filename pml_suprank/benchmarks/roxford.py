@@ -1,0 +1,188 @@
+"""Revisited Oxford and Paris (Radenović et al., "Revisiting Oxford and Paris", CVPR 2018): ``roxford5k`` and
+``rparis6k``, the landmark test sets evaluated with the Easy / Medium / Hard protocol.
+
+Layout under ``root`` (the dataset folder as the protocol's download script leaves it, e.g. ``.../roxford5k``):
+
+* ``gnd_roxford5k.pkl`` / ``gnd_rparis6k.pkl`` — a pickle of a dict with ``imlist`` (the database image names,
+  without extension), ``qimlist`` (the query image names) and ``gnd``: one dict per query with ``easy``, ``hard``,
+  ``junk`` (database indices into ``imlist``) and ``bbx`` (the query region ``[x1, y1, x2, y2]`` in pixels). It is
+  read with :func:`~pml_suprank.benchmarks.cifar100.load_restricted_pickle` (builtin containers and numpy arrays
+  only; any other global is refused);
+* ``jpg/<name>.jpg`` — the images.
+
+Splits: ``query`` (the ``qimlist`` images cropped to their ``bbx``, as the protocol prescribes; the dataset's
+``gnd`` attribute holds the ground truth) and ``gallery`` (the ``imlist`` images in ``imlist`` order, so the ``gnd``
+indices are gallery indices). One label level, ``landmark``: the image name without its trailing ``_<number>``
+(``all_souls_000013`` → ``all_souls``), ids shared by query and gallery. Evaluate with
+:func:`pml_suprank.metrics.landmark.revisited_map` (the labels are only the dataset contract; the protocol uses
+``gnd``).
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._native import FileImageDataset, Record, check_paths_exist, encode_split, layout_error
+from .cifar100 import load_restricted_pickle
+
+__all__ = [
+    "REVISITED_DATASETS",
+    "REVISITED_LABEL_NAMES",
+    "REVISITED_SPLITS",
+    "RevisitedQueryDataset",
+    "load_revisited",
+    "read_revisited_gnd",
+]
+
+REVISITED_DATASETS = ("roxford5k", "rparis6k")
+REVISITED_LABEL_NAMES = ("landmark",)
+REVISITED_SPLITS = ("query", "gallery")
+_NAME = re.compile(r"^(?P<landmark>.+)_\d+$")
+_GND_KEYS = ("easy", "hard", "junk")
+
+
+def _names(content: dict, key: str, path: Path) -> list[str]:
+    names = content[key]
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise layout_error(path, key, f"expected a list of image names (str); got {type(names).__name__}")
+    return list(names)
+
+
+def _indices(value: Any, path: Path, where: str, num_items: int) -> np.ndarray:
+    array = np.asarray(value if value is not None else [])
+    if array.size and not np.issubdtype(array.dtype, np.integer):
+        raise layout_error(path, where, f"expected integer database indices; got dtype {array.dtype}")
+    array = array.astype(np.int64).reshape(-1)
+    if array.size and (array.min() < 0 or array.max() >= num_items):
+        raise layout_error(
+            path, where, f"indices must lie in [0, {num_items}) (imlist); got [{array.min()}, {array.max()}]"
+        )
+    return array
+
+
+def _bbx(value: Any, path: Path, where: str) -> tuple[float, float, float, float]:
+    try:
+        box = np.asarray(value, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError):
+        box = np.zeros(0)
+    if box.size != 4 or not np.isfinite(box).all() or box[2] <= box[0] or box[3] <= box[1]:
+        raise layout_error(path, where, f"bbx must be [x1, y1, x2, y2] with x1 < x2 and y1 < y2; got {value!r}")
+    return (float(box[0]), float(box[1]), float(box[2]), float(box[3]))
+
+
+def read_revisited_gnd(path: str | Path) -> dict[str, Any]:
+    """The checked content of a ``gnd_<dataset>.pkl`` ground-truth file.
+
+    Returns:
+        ``{"imlist": [str], "qimlist": [str], "gnd": [{"easy", "hard", "junk": int64 arrays, "bbx": 4 floats}]}``.
+
+    Raises:
+        ValueError: Missing or unreadable file (including a pickle naming a global other than numpy arrays and
+            builtins), missing keys, ``len(gnd) != len(qimlist)``, an index outside ``imlist``, a bad ``bbx`` (the
+            message names the file and the entry, e.g. ``gnd[3]['junk']``).
+    """
+    path = Path(path)
+    content = load_restricted_pickle(path, "revisited ground-truth pickle", encoding="latin1")
+    if not isinstance(content, dict):
+        raise layout_error(path, None, f"expected a dict with imlist, qimlist, gnd; got {type(content).__name__}")
+    missing = [k for k in ("imlist", "qimlist", "gnd") if k not in content]
+    if missing:
+        raise layout_error(path, None, f"missing keys {missing}; got {sorted(map(str, content))}")
+    imlist, qimlist = _names(content, "imlist", path), _names(content, "qimlist", path)
+    gnd_list = content["gnd"]
+    if not isinstance(gnd_list, (list, tuple)) or len(gnd_list) != len(qimlist):
+        size = len(gnd_list) if isinstance(gnd_list, (list, tuple)) else type(gnd_list).__name__
+        raise layout_error(path, "gnd", f"expected one dict per query ({len(qimlist)} in qimlist); got {size}")
+    gnd = []
+    for q, entry in enumerate(gnd_list):
+        if not isinstance(entry, dict) or not {"easy", "hard", "bbx"} <= set(entry):
+            got = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
+            raise layout_error(path, f"gnd[{q}]", f"expected a dict with easy, hard, junk, bbx; got {got}")
+        checked = {k: _indices(entry.get(k), path, f"gnd[{q}][{k!r}]", len(imlist)) for k in _GND_KEYS}
+        gnd.append({**checked, "bbx": _bbx(entry["bbx"], path, f"gnd[{q}]['bbx']")})
+    return {"imlist": imlist, "qimlist": qimlist, "gnd": gnd}
+
+
+class RevisitedQueryDataset(FileImageDataset):
+    """The query images of a revisited dataset, cropped to their ``bbx``; ``gnd[i]`` is the ground truth of item ``i``.
+
+    Args:
+        labels, label_names, paths, root: As :class:`FileImageDataset`.
+        gnd: One dict per query (``easy``, ``hard``, ``junk`` gallery indices, ``bbx``).
+        **kwargs: ``transform``, ``benchmark``, ``split``.
+    """
+
+    def __init__(
+        self, labels: Any, label_names: Sequence[str], paths: Sequence[str], root: Path, *, gnd: list, **kwargs
+    ):
+        super().__init__(labels, label_names, paths, root, **kwargs)
+        if len(gnd) != len(self):
+            raise ValueError(f"gnd must give one entry per query ({len(self)}); got {len(gnd)}")
+        self.gnd = gnd
+
+    def get_image(self, index: int) -> Any:
+        """The query region ``bbx`` of item ``index`` as a PIL RGB image (coordinates rounded as PIL does)."""
+        from PIL import Image
+
+        index = self._check_index(index)
+        with Image.open(self.paths[index]) as image:
+            return image.convert("RGB").crop(self.gnd[index]["bbx"])
+
+    def image_record(self, index: int) -> dict[str, Any]:
+        """The cropped query encoded as PNG (lossless) and its path relative to the dataset root."""
+        buffer = io.BytesIO()
+        self.get_image(index).save(buffer, format="PNG")
+        return {"bytes": buffer.getvalue(), "path": self.names[self._check_index(index)]}
+
+
+def _records(names: list[str], root: Path, path: Path, key: str) -> list[Record]:
+    out = []
+    for i, name in enumerate(names):
+        match = _NAME.match(name)
+        if match is None:
+            raise layout_error(path, f"{key}[{i}]", f"image name {name!r} does not end in _<number> (landmark_number)")
+        out.append((str(root / "jpg" / f"{name}.jpg"), (match["landmark"],), f"{path}, {key}[{i}]"))
+    return out
+
+
+def load_revisited(
+    root: str | Path, split: str, *, name: str = "roxford5k", transform: Callable | None = None
+) -> FileImageDataset:
+    """Revisited Oxford / Paris ``split``: ``"query"`` (cropped, with ``.gnd``) or ``"gallery"`` (``imlist`` order).
+
+    Args:
+        root: The dataset folder holding ``gnd_<name>.pkl`` and ``jpg/``.
+        split: ``"query"`` or ``"gallery"``.
+        name: ``"roxford5k"`` or ``"rparis6k"`` (selects the ground-truth file).
+        transform: Callable on a PIL RGB image.
+
+    Raises:
+        ValueError: A missing or malformed ground-truth pickle (see :func:`read_revisited_gnd`), an image name without
+            a trailing number, or an image that does not exist.
+    """
+    if name not in REVISITED_DATASETS:
+        raise ValueError(f"name must be one of {list(REVISITED_DATASETS)}; got {name!r}")
+    if split not in REVISITED_SPLITS:
+        raise ValueError(f"split must be one of {list(REVISITED_SPLITS)} for {name}; got {split!r}")
+    root = Path(root)
+    path = root / f"gnd_{name}.pkl"
+    content = read_revisited_gnd(path)
+    records = {
+        "query": _records(content["qimlist"], root, path, "qimlist"),
+        "gallery": _records(content["imlist"], root, path, "imlist"),
+    }
+    part, labels = encode_split(records, split, REVISITED_LABEL_NAMES)
+    if not part:
+        raise ValueError(f"{root}: split {split!r} of {name} lists no image")
+    paths = [r[0] for r in part]
+    check_paths_exist(paths, [r[2] for r in part])
+    kwargs: dict[str, Any] = {"transform": transform, "benchmark": name, "split": split}
+    if split == "query":
+        return RevisitedQueryDataset(labels, REVISITED_LABEL_NAMES, paths, root, gnd=content["gnd"], **kwargs)
+    return FileImageDataset(labels, REVISITED_LABEL_NAMES, paths, root, **kwargs)
