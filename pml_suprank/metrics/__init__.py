@@ -17,8 +17,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from . import functional, report
+from . import functional, graded, landmark, report
 from .evaluator import METRIC_GROUPS, RetrievalEvaluator, compute_embeddings
+from .landmark import landmark_map_at_k, revisited_map
 from .registry import METRICS, TOP_K_GROUPS, MetricSpec
 
 __all__ = [
@@ -31,7 +32,11 @@ __all__ = [
     "compute_embeddings",
     "decomposability_gap",
     "functional",
+    "graded",
+    "landmark",
+    "landmark_map_at_k",
     "report",
+    "revisited_map",
 ]
 
 _LAZY = {
