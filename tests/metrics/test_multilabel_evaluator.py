@@ -325,3 +325,12 @@ def test_accuracy_calculator_multilabel():
     assert "mean_label_ap" not in single.get_accuracy(emb, labels[:, 0].clamp_min(0) % 4, include=("ap",))
     named = single.get_accuracy(emb, table[labels.max(1).values], include=("ap", "mean_label_ap"))
     assert named["mean_label_ap"] == named["ap"]
+
+
+def test_device_and_dtype(device, dtype):
+    emb, labels, table = _problem(6, n=24)
+    ref = RetrievalEvaluator(hierarchy=table).evaluate(emb, labels, multilabel=True)
+    ev = RetrievalEvaluator(hierarchy=table, device=device, chunk_size=5, multilabel=True)
+    out = ev.evaluate(emb.to(dtype), labels)
+    for key, value in ref.items():
+        assert out[key] == pytest.approx(value, abs=1e-9, nan_ok=True), key
