@@ -170,6 +170,8 @@ class RetrievalEvaluator:
         >>> evaluator = RetrievalEvaluator(k_values=(1, 10))
         >>> out = evaluator.evaluate(embeddings, labels)  # labels (N,) or (N, L), column 0 finest
         >>> out["map_at_r"], out["h_ap"]
+        >>> ml = RetrievalEvaluator(hierarchy=table).evaluate(embeddings, label_sets, multilabel=True)  # (N, M), -1 pad
+        >>> ml["h_ap"], ml["mean_label_ap"]
     """
 
     def __init__(
