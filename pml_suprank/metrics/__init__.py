@@ -5,7 +5,8 @@
 * :mod:`.registry`: one :class:`MetricSpec` per metric (key pattern, label, flags, function); the evaluator's
   groups, the accuracy calculator's methods and the reports derive from it.
 * :mod:`.functional`: the same metrics from a ``(Q, N)`` score matrix; :mod:`.evaluator`: the chunked full-ranking
-  evaluator; :mod:`.accuracy_calculator`: a PML ``AccuracyCalculator`` subclass; :mod:`.report`: labels and
+  evaluator (:mod:`.multilabel_eval`: its ``multilabel=True`` mode); :mod:`.graded`: metrics of a graded pairwise
+  relevance; :mod:`.accuracy_calculator`: a PML ``AccuracyCalculator`` subclass; :mod:`.report`: labels and
   printed tables; :mod:`.decomposability`: the decomposability gap (SupRank Eq. 6).
 
 Submodules are imported lazily so that ``import pml_suprank.metrics`` does not import scikit-learn/faiss
@@ -17,7 +18,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from . import functional, graded, landmark, report
+from . import functional, graded, landmark, multilabel_eval, report
 from .evaluator import METRIC_GROUPS, RetrievalEvaluator, compute_embeddings
 from .landmark import landmark_map_at_k, revisited_map
 from .registry import METRICS, TOP_K_GROUPS, MetricSpec
@@ -35,6 +36,7 @@ __all__ = [
     "graded",
     "landmark",
     "landmark_map_at_k",
+    "multilabel_eval",
     "report",
     "revisited_map",
 ]

@@ -12,7 +12,8 @@ from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
 from .._validation import check_device, check_labels
 from ..relevance import Hierarchy, as_hierarchy
 from .evaluator import RetrievalEvaluator, _hierarchical_label_pair
-from .registry import METRICS, MetricSpec
+from .multilabel_eval import multilabel_groups
+from .registry import METRICS, MULTILABEL_GROUPS, MetricSpec
 
 __all__ = ["HierarchicalAccuracyCalculator"]
 
@@ -48,6 +49,10 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
         level_weights: ΣwAP weights.
         hierarchy: fine -> ancestors table for 1-D labels.
         chunk_size: queries per chunk of the exact evaluation.
+        multilabel: labels are ``(N, M)`` sets of fine labels padded with ``-1`` (``hierarchy``: their
+            ``(num_fine, L)`` table, None = flat), evaluated by ``RetrievalEvaluator(multilabel=True)``. Only the
+            registry's multi-label groups are computed (default: every one PML does not define itself; PML's own
+            metrics, defined for one label per item, raise ``ValueError`` when named in ``include``).
         **kwargs: forwarded to PML's ``AccuracyCalculator`` (``k``, ``avg_of_avgs``, ``knn_func``, ``device``, ...).
     """
 
@@ -61,8 +66,12 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
         level_weights: Sequence[float] | None = None,
         hierarchy: Hierarchy | torch.Tensor | None = None,
         chunk_size: int | None = None,
+        multilabel: bool = False,
         **kwargs: Any,
     ) -> None:
+        if not isinstance(multilabel, bool):
+            raise TypeError(f"multilabel must be a bool; got {type(multilabel).__name__}")
+        self.multilabel = multilabel
         self._cache: dict[str, Any] = {}
         self._num_levels = 1
         self._include = tuple(include)
@@ -74,6 +83,8 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
             k_values=tuple(k_values), alpha=alpha, chunk_size=chunk_size, level_weights=level_weights
         )
         RetrievalEvaluator(**self._evaluator_kwargs)  # validate now
+        if multilabel:
+            self._multilabel_groups(include)  # validate now
 
     def get_accuracy(
         self,
@@ -96,11 +107,25 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
             reference_labels = c_f.numpy_to_torch(reference_labels)
         if len(query) != len(query_labels) or len(reference) != len(reference_labels):
             raise ValueError("embeddings and labels must have the same length")
+        named = set(include) if include else set(self._include)
+        if self.multilabel:
+            ours = [m for m in self._multilabel_groups(include) if m in self.get_function_dict(include, exclude)]
+            result: dict[str, Any] = {}
+            if ours:
+                evaluator = RetrievalEvaluator(
+                    metrics=ours, device=self.device, hierarchy=self.hierarchy, multilabel=True,
+                    **self._evaluator_kwargs,
+                )  # fmt: skip
+                self._run(evaluator, query, query_labels, reference, reference_labels, ref_includes_query)
+                self._num_levels = 1 if self.hierarchy is None else self.hierarchy.num_levels
+                self._collect(ours, named, result)
+            return result
         query_labels = check_labels("query_labels", query_labels, len(query), n_name="query")
         reference_labels = check_labels("reference_labels", reference_labels, len(reference), n_name="reference")
         ql, rl = _hierarchical_label_pair(query_labels, reference_labels, self.hierarchy)
         wanted = list(self.get_function_dict(include, exclude))
-        ours = [m for m in wanted if m in _ADDED]
+        # a multi-label group (mean_label_ap) is computed on single-label data only when named: it repeats "ap"
+        ours = [m for m in wanted if m in _ADDED and (METRICS[m].single_label or m in named)]
         theirs = [m for m in wanted if m not in _ADDED]
         result: dict[str, Any] = {}
         if theirs:
@@ -118,29 +143,50 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
             )
         if ours:
             evaluator = RetrievalEvaluator(metrics=ours, device=self.device, **self._evaluator_kwargs)
-            same = reference is query
-            self._cache = evaluator.evaluate(
-                query.float(),
-                ql,
-                None if same else reference.float(),
-                None if same else rl,
-                ref_includes_query=ref_includes_query and not same,
-            )
+            self._run(evaluator, query, ql, reference, rl, ref_includes_query)
             self._num_levels = ql.shape[1]
-            named = set(include) if include else set(self._include)
-            for name in ours:
-                value = getattr(self, f"calculate_{name}")()
-                pml_names = dict(METRICS[name].pml_names)
-                for key, v in (value if isinstance(value, dict) else {name: value}).items():
-                    pml = pml_names.get(key)
-                    if pml is not None and pml in result and (key == pml or name not in named):
-                        continue  # PML reports this number under its own name
-                    result[key] = v
-            for key, value in self._cache.items():
-                if key.startswith("num_queries"):
-                    result[key] = value
-            self._cache = {}
+            self._collect(ours, named, result)
         return result
+
+    def _multilabel_groups(self, include: Sequence[str]) -> list[str]:
+        """The added groups of a multi-label call: those named in ``include`` (of this call, else of the
+        constructor), or every multi-label one; ValueError for PML's own metrics or single-label-only groups."""
+        named = tuple(include) if include else self._include
+        pml_named = [m for m in named if m not in _ADDED]
+        if pml_named:
+            raise ValueError(
+                f"include: PML's metrics {pml_named} are not defined for multilabel=True; multi-label metrics: "
+                f"{[m for m in MULTILABEL_GROUPS if m in _ADDED]}"
+            )
+        if named:
+            return list(multilabel_groups(named))
+        return [m for m in MULTILABEL_GROUPS if m in _ADDED]
+
+    def _run(self, evaluator: RetrievalEvaluator, query: Any, ql: Any, reference: Any, rl: Any, riq: bool) -> None:
+        """Evaluate once into the cache read by the ``calculate_<group>`` methods."""
+        same = reference is query
+        self._cache = evaluator.evaluate(
+            query.float(),
+            ql,
+            None if same else reference.float(),
+            None if same else rl,
+            ref_includes_query=riq and not same,
+        )
+
+    def _collect(self, ours: Sequence[str], named: set[str], result: dict[str, Any]) -> None:
+        """Add the cached values of the groups ``ours`` (and the query counts) to ``result``."""
+        for name in ours:
+            value = getattr(self, f"calculate_{name}")()
+            pml_names = dict(METRICS[name].pml_names)
+            for key, v in (value if isinstance(value, dict) else {name: value}).items():
+                pml = pml_names.get(key)
+                if pml is not None and pml in result and (key == pml or name not in named):
+                    continue  # PML reports this number under its own name
+                result[key] = v
+        for key, value in self._cache.items():
+            if key.startswith("num_queries"):
+                result[key] = value
+        self._cache = {}
 
 
 def _calculate(spec: MetricSpec) -> Any:

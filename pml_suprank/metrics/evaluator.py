@@ -28,8 +28,10 @@ from .._validation import (
     check_positive_int,
 )
 from ..relevance import Hierarchy, as_hierarchical_labels, as_hierarchy
+from ._scaling import _overflow_safe_scales
+from .multilabel_eval import evaluate_multilabel, multilabel_groups
 from .ranks import COUNTING_METHODS, RetrievalRanks, rank_relevant_items
-from .registry import METRIC_GROUPS, TOP_K_GROUPS, check_groups, metrics_from_ranks
+from .registry import METRIC_GROUPS, SINGLE_LABEL_GROUPS, TOP_K_GROUPS, check_groups, metrics_from_ranks
 
 __all__ = ["RetrievalEvaluator", "compute_embeddings", "METRIC_GROUPS"]
 
@@ -130,6 +132,16 @@ class RetrievalEvaluator:
     * counts: ``"num_queries"``, ``"num_queries_without_positives"`` (fine level),
       ``"num_queries_without_positives_level{h}"``, ``"num_queries_without_relevant"`` (nothing at any level).
 
+    **Multi-label data** (``multilabel=True`` here or in :meth:`evaluate`; never guessed from the shape, since 2-D
+    labels otherwise are hierarchical ``(N, L)`` levels): labels are ``(N, M)`` sets of fine labels padded with
+    ``-1`` and ``hierarchy`` is the ``(num_fine, L)`` table (None = flat). ``"h_ap"`` and ``"ndcg"`` then use the
+    graded relevance of the thesis' Algorithm 1 (:func:`pml_suprank.relevance.multilabel_relevance`; NDCG gains
+    ``2^rel − 1``), ``"mean_label_ap"`` is the AP of each query label as a binary problem averaged over the query's
+    labels, and the binary metrics (``"ap"``, ``"recall_at_{k}"``, ...) count an item as a positive when it shares
+    a fine label with the query (at level ``h``: a level-``h`` ancestor); ``"asi"`` and ``"sum_w_ap"`` are not
+    defined. With one label per item the graded relevance is ``l / L``, not the pop relevance of the single-label
+    ``"h_ap"``: see :mod:`pml_suprank.metrics.multilabel_eval`.
+
     Embeddings must be finite; huge ones are fine: when ``max|q| · max|g| · D`` could overflow the dtype, queries and
     gallery are scaled by powers of two before the matmul (exact, so the metrics are those of the unscaled scores).
 
@@ -140,7 +152,9 @@ class RetrievalEvaluator:
         device: where to compute (default: the device of ``query``); a device whose backend is unavailable here
             (e.g. ``"cuda"`` without CUDA) raises ``ValueError`` at construction.
         metrics: metric groups to compute (keys of :data:`METRIC_GROUPS`, one per entry of the metric registry
-            :data:`~pml_suprank.metrics.registry.METRICS`); default all.
+            :data:`~pml_suprank.metrics.registry.METRICS`); default: every single-label group
+            (:data:`~pml_suprank.metrics.registry.SINGLE_LABEL_GROUPS`), or every multi-label one
+            (:data:`~pml_suprank.metrics.registry.MULTILABEL_GROUPS`) for multi-label data.
         level_weights: ``w_1..w_L`` for ΣwAP (``w_L`` = finest): finite, ``>= 0``, not all zero; default uniform.
         hierarchy: fine -> ancestors table ``(num_fine, L)`` or :class:`~pml_suprank.relevance.Hierarchy`, used to
             expand 1-D labels.
@@ -150,11 +164,14 @@ class RetrievalEvaluator:
         num_bins: histogram resolution of the counting kernel (speed only): ``None`` or an int ``>= 1``.
         counting: ``"auto"``, ``"search"`` or ``"histogram"``: how negatives are counted (speed only, never the
             result; see :func:`~pml_suprank.metrics.ranks.rank_relevant_items`).
+        multilabel: default of :meth:`evaluate`'s ``multilabel``: labels are ``(N, M)`` fine-label sets.
 
     Example:
         >>> evaluator = RetrievalEvaluator(k_values=(1, 10))
         >>> out = evaluator.evaluate(embeddings, labels)  # labels (N,) or (N, L), column 0 finest
         >>> out["map_at_r"], out["h_ap"]
+        >>> ml = RetrievalEvaluator(hierarchy=table).evaluate(embeddings, label_sets, multilabel=True)  # (N, M), -1 pad
+        >>> ml["h_ap"], ml["mean_label_ap"]
     """
 
     def __init__(
@@ -171,6 +188,7 @@ class RetrievalEvaluator:
         progress_bar: bool = False,
         num_bins: int | None = None,
         counting: str = "auto",
+        multilabel: bool = False,
     ) -> None:
         if isinstance(k_values, int):
             k_values = (k_values,)
@@ -189,8 +207,15 @@ class RetrievalEvaluator:
         if backend not in ("torch", "faiss"):
             raise ValueError(f"backend must be one of ('torch', 'faiss'); got {backend!r}")
         self.backend = backend
+        if not isinstance(multilabel, bool):
+            raise TypeError(f"multilabel must be a bool; got {type(multilabel).__name__}")
+        self.multilabel = multilabel
+        self._multilabel_metrics = None if metrics is None else check_groups(metrics)
+        if multilabel:
+            multilabel_groups(self._multilabel_metrics)  # validate now
+            _check_multilabel_backend(backend)
         if metrics is None:
-            metrics = TOP_K_GROUPS if backend == "faiss" else tuple(METRIC_GROUPS)
+            metrics = TOP_K_GROUPS if backend == "faiss" else SINGLE_LABEL_GROUPS
         metrics = check_groups(metrics)
         if backend == "faiss":
             exact_only = [m for m in metrics if m not in TOP_K_GROUPS]
@@ -283,6 +308,7 @@ class RetrievalEvaluator:
         return_per_query: bool = False,
         *,
         ref_includes_query: bool = False,
+        multilabel: bool | None = None,
     ) -> dict[str, Any]:
         """Evaluate ``query`` against ``reference`` (default: the query set itself, each query removed by index).
 
@@ -294,10 +320,23 @@ class RetrievalEvaluator:
             return_per_query: also return ``"per_query"``: ``{key: (Q,) float64 tensor}`` (NaN = undefined).
             ref_includes_query: the first ``Q`` rows of ``reference`` are the queries (PML convention); they are
                 removed from their own ranking by index.
+            multilabel: labels are ``(Q, M)`` / ``(N, M)`` sets of fine labels padded with ``-1`` (a ``(N,)``
+                tensor: one label each) and the constructor's ``hierarchy`` is their ``(num_fine, L)`` table;
+                default: the constructor's ``multilabel``.
 
         Returns:
             dict of float means (and int counts), plus ``"per_query"`` when asked.
         """
+        if multilabel is None:
+            multilabel = self.multilabel
+        if not isinstance(multilabel, bool):
+            raise TypeError(f"multilabel must be a bool or None; got {type(multilabel).__name__}")
+        if multilabel:
+            _check_multilabel_backend(self.backend)
+            per_query, Q, L = evaluate_multilabel(
+                self, query, query_labels, reference, reference_labels, ref_includes_query
+            )
+            return self._summarise(per_query, Q, L, return_per_query)
         query, ql, reference, rl, self_idx = self._prepare(
             query, query_labels, reference, reference_labels, ref_includes_query
         )
@@ -395,29 +434,9 @@ class RetrievalEvaluator:
         return self._summarise(self._metrics_from_ranks(ranks), Q, L, per_q)
 
 
-def _overflow_safe_scales(query: Tensor, gallery: Tensor) -> tuple[float, Tensor]:
-    """``(query_scale, gallery)``: powers of two that keep every dot product ``query · gallery`` finite.
-
-    ``|q · g| ≤ D · max|q_i| · max|g_j|``, and so are the partial sums of the matmul, so when that bound could exceed
-    the dtype's range both sides are scaled by powers of two. A power of two scales every product and partial sum
-    exactly (barring the underflow of terms negligible at that magnitude), so the ranking, hence every metric, is
-    the one of the unscaled scores; without this, float32 embeddings with entries ~1e19 give ``inf``/NaN scores.
-    ``(1.0, gallery)`` unchanged in the usual case (one ``amax`` per side; compared in log2 to never overflow).
-    """
-    if query.numel() == 0 or gallery.numel() == 0:
-        return 1.0, gallery
-    q_max = float(query.detach().abs().amax())
-    g_max = float(gallery.abs().amax())
-    if q_max == 0.0 or g_max == 0.0:
-        return 1.0, gallery
-    log_q, log_g = math.log2(q_max), math.log2(g_max)
-    excess = log_q + log_g + math.log2(gallery.shape[1]) - math.log2(torch.finfo(gallery.dtype).max / 16)
-    if excess <= 0:
-        return 1.0, gallery
-    # scale the product by 2**-shift; the larger side takes more of it, so that the smaller one does not underflow
-    shift = math.ceil(excess)
-    q_shift = min(max(round((shift + log_q - log_g) / 2), 0), shift)
-    return 2.0**-q_shift, gallery * 2.0 ** -(shift - q_shift)
+def _check_multilabel_backend(backend: str) -> None:
+    if backend != "torch":
+        raise ValueError(f"multilabel=True needs backend='torch' (exact full ranking); got backend={backend!r}")
 
 
 def _block_counts(starts: Tensor, ends: Tensor, has_self: Tensor, N: int) -> Tensor:

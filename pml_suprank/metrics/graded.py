@@ -49,9 +49,7 @@ def _check_scores_mask(scores: Tensor, mask: Tensor | None, block_elements: int)
         if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
             raise TypeError(f"mask must be a bool torch.Tensor; got {getattr(mask, 'dtype', type(mask).__name__)}")
         if mask.shape != scores.shape:
-            raise ValueError(
-                f"mask must have the shape of scores {tuple(scores.shape)}; got shape {tuple(mask.shape)}"
-            )
+            raise ValueError(f"mask must have the shape of scores {tuple(scores.shape)}; got shape {tuple(mask.shape)}")
     if isinstance(block_elements, bool) or not isinstance(block_elements, int) or block_elements < 1:
         raise ValueError(f"block_elements must be a positive int; got {block_elements!r}")
 

@@ -24,6 +24,9 @@ from .ranks import RetrievalRanks
 __all__ = [
     "METRICS",
     "METRIC_GROUPS",
+    "MULTILABEL_GROUPS",
+    "MULTILABEL_KINDS",
+    "SINGLE_LABEL_GROUPS",
     "TOP_K_GROUPS",
     "MetricArgs",
     "MetricSpec",
@@ -71,6 +74,17 @@ class MetricSpec:
         report: position in the printed tables and in the model card's headline table (None: only in the table of
             all metrics).
         pml_names: ``(our key, PML AccuracyCalculator metric name)`` pairs of keys PML computes under its own name.
+        multilabel: how the multi-label evaluator (``RetrievalEvaluator.evaluate(..., multilabel=True)``) computes
+            the metric, one of :data:`MULTILABEL_KINDS`: ``"levels"``: ``compute`` on the ranking by the best
+            agreement level ``λ(q, k) = L − min_{i,j} LCA(y_q^i, y_k^j)`` (so the fine positives are the items
+            sharing a fine label with the query, the level-``h`` positives those sharing a level-``h`` ancestor);
+            ``"graded"``: from the graded relevance of Algorithm 1 (:func:`pml_suprank.relevance.multilabel_relevance`)
+            through :mod:`pml_suprank.metrics.graded`; ``"labels"``: one binary problem per query label
+            (:func:`~pml_suprank.metrics.graded.mean_label_average_precision`); ``None``: not defined for
+            multi-label data.
+        single_label: among the default groups of single-label evaluation. ``False`` for a multi-label metric
+            whose single-label reduction is another metric (``mean_label_ap`` is ``ap`` with one label per item:
+            ``compute`` gives that reduction when the group is asked for explicitly).
     """
 
     name: str
@@ -85,6 +99,12 @@ class MetricSpec:
     progress: bool = False
     report: int | None = None
     pml_names: tuple[tuple[str, str], ...] = ()
+    multilabel: str | None = None
+    single_label: bool = True
+
+    def __post_init__(self) -> None:
+        if self.multilabel is not None and self.multilabel not in MULTILABEL_KINDS:
+            raise ValueError(f"multilabel must be one of {MULTILABEL_KINDS} or None; got {self.multilabel!r}")
 
     @property
     def takes_k(self) -> bool:
@@ -101,6 +121,10 @@ class MetricSpec:
         key, e.g. ``"ap_level"``)."""
         key = self.key.replace("{k}", "1")
         return key.split("{h}")[0] if self.per_level else key
+
+
+#: how a metric is computed on multi-label data (see :attr:`MetricSpec.multilabel`)
+MULTILABEL_KINDS = ("levels", "graded", "labels")
 
 
 def _binary(fn: Callable[[R.RankStats, int], Tensor]) -> Callable[[R.RankStats, MetricArgs], Tensor]:
@@ -121,35 +145,40 @@ def _sum_w_ap(st: R.RankStats, a: MetricArgs) -> Tensor:
 
 _SPECS = (
     MetricSpec("ap", "ap", "mAP", _binary(R.average_precision_), "average precision over the whole gallery",
-               headline=True, progress=True, report=4),
+               headline=True, progress=True, report=4, multilabel="levels"),
     MetricSpec("map_at_r", "map_at_r", "mAP@R", _binary(R.map_at_r_), "mAP@R (Musgrave et al.)",
-               headline=True, report=5, pml_names=(("map_at_r", "mean_average_precision_at_r"),)),
+               headline=True, report=5, pml_names=(("map_at_r", "mean_average_precision_at_r"),), multilabel="levels"),
     MetricSpec("r_precision", "r_precision", "R-precision", _binary(R.r_precision_), "R-precision",
-               pml_names=(("r_precision", "r_precision"),)),
+               pml_names=(("r_precision", "r_precision"),), multilabel="levels"),
     MetricSpec("precision_at_1", "precision_at_1", "P@1", lambda st, a: R.precision_at_k_(st, a.min_level, 1),
-               "precision of the first item", top_k=True, report=7, pml_names=(("precision_at_1", "precision_at_1"),)),
+               "precision of the first item", top_k=True, report=7, multilabel="levels",
+               pml_names=(("precision_at_1", "precision_at_1"),)),
     MetricSpec("recall_at_k", "recall_at_{k}", "R@{k}", _binary_k(R.recall_at_k_),
                "hit rate: 1 if a positive is in the top k", top_k=True, headline=True, progress=True, report=6,
-               pml_names=(("recall_at_1", "precision_at_1"),)),
+               pml_names=(("recall_at_1", "precision_at_1"),), multilabel="levels"),
     MetricSpec("precision_at_k", "precision_at_{k}", "P@{k}", _binary_k(R.precision_at_k_),
-               "positives in the top k / k", top_k=True, pml_names=(("precision_at_1", "precision_at_1"),)),
+               "positives in the top k / k", top_k=True, pml_names=(("precision_at_1", "precision_at_1"),),
+               multilabel="levels"),
     MetricSpec("true_recall_at_k", "true_recall_at_{k}", "true recall@{k}", _binary_k(R.true_recall_at_k_),
-               "positives in the top k / min(#positives, k)"),
+               "positives in the top k / min(#positives, k)", multilabel="levels"),
     MetricSpec("map_at_k", "map_at_{k}", "mAP@{k}", _binary_k(R.map_at_k_),
-               "precisions at the positives in the top k / min(#positives, k)"),
+               "precisions at the positives in the top k / min(#positives, k)", multilabel="levels"),
     MetricSpec("h_ap", "h_ap", "H-AP", _hap, "hierarchical AP (SupRank Eq. 19, pop relevance Eq. 20)",
-               hierarchical=True, headline=True, progress=True, report=0),
+               hierarchical=True, headline=True, progress=True, report=0, multilabel="graded"),
     MetricSpec("ndcg", "ndcg", "NDCG", lambda st, a: R.ndcg_(st), "NDCG (SupRank Eq. 23)",
-               hierarchical=True, headline=True, progress=True, report=1),
+               hierarchical=True, headline=True, progress=True, report=1, multilabel="graded"),
     MetricSpec("asi", "asi", "ASI", lambda st, a: R.asi_(st), "average set intersection (SupRank App. C-A1)",
                hierarchical=True, headline=True, progress=True, report=2),
     MetricSpec("sum_w_ap", "sum_w_ap", "ΣwAP", _sum_w_ap, "weighted sum of the per-level APs", hierarchical=True),
     MetricSpec("ap_level", "ap_level{h}", "AP", _binary(R.average_precision_), "AP at each hierarchy level",
-               per_level=True, report=3),
+               per_level=True, report=3, multilabel="levels"),
     MetricSpec("map_at_r_level", "map_at_r_level{h}", "mAP@R", _binary(R.map_at_r_), "mAP@R at each level",
-               per_level=True),
+               per_level=True, multilabel="levels"),
     MetricSpec("recall_at_k_level", "recall_at_{k}_level{h}", "R@{k}", _binary_k(R.recall_at_k_),
-               "hit rate at each level", per_level=True, top_k=True),
+               "hit rate at each level", per_level=True, top_k=True, multilabel="levels"),
+    MetricSpec("mean_label_ap", "mean_label_ap", "mean label AP", _binary(R.average_precision_),
+               "AP of each query label as a binary problem, averaged over the query's labels (one label per item: "
+               "the fine AP)", report=8, multilabel="labels", single_label=False),
 )  # fmt: skip
 
 #: every metric, by group name (read-only)
@@ -158,6 +187,10 @@ METRICS: Mapping[str, MetricSpec] = MappingProxyType({s.name: s for s in _SPECS}
 METRIC_GROUPS: Mapping[str, str] = MappingProxyType({s.name: s.key for s in _SPECS})
 #: the groups the faiss k-NN backend computes
 TOP_K_GROUPS: tuple[str, ...] = tuple(s.name for s in _SPECS if s.top_k)
+#: the default groups of single-label evaluation
+SINGLE_LABEL_GROUPS: tuple[str, ...] = tuple(s.name for s in _SPECS if s.single_label)
+#: the groups the multi-label evaluator computes (its default)
+MULTILABEL_GROUPS: tuple[str, ...] = tuple(s.name for s in _SPECS if s.multilabel is not None)
 
 
 def check_groups(groups: Iterable[str]) -> tuple[str, ...]:

@@ -38,6 +38,7 @@ def test_engine_and_views_are_bit_identical(seed):
         "ndcg": F.ndcg_from_ranks(ranks),
         "asi": F.asi_from_ranks(ranks),
         "sum_w_ap": F.weighted_sum_ap_from_ranks(ranks, w),
+        "mean_label_ap": F.ap_from_ranks(ranks),  # its one-label reduction: the fine AP
     }
     for k in (1, 3, 7):
         views[f"recall_at_{k}"] = F.recall_at_k_from_ranks(ranks, k)

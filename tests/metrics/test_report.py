@@ -105,7 +105,7 @@ def test_headline_progress_and_tables_literal():
 
 def test_registry_is_consistent():
     assert tuple(METRIC_GROUPS) == tuple(METRICS)
-    assert len(METRICS) == 15
+    assert len(METRICS) == 16
     for name, spec in METRICS.items():
         assert spec.name == name and METRIC_GROUPS[name] == spec.key
         assert ("{h}" in spec.key) == spec.per_level

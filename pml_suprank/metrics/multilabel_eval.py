@@ -1,0 +1,202 @@
+"""Exact multi-label retrieval evaluation: ``RetrievalEvaluator.evaluate(..., multilabel=True)``.
+
+Labels are ``(N, M)`` sets of fine labels padded with ``-1`` (every item has at least one label) and the hierarchy
+is the ``(num_fine, L)`` table of the hierarchical losses (``None`` = flat labels, ``L = 1``). For each chunk of
+queries the ``(C, N)`` score block is one matmul and every relevance is computed for that chunk only (memory
+``O(chunk · N)``, never a ``(Q, N)`` matrix); the query is removed from its own gallery by index and ties are
+resolved pessimistically (less relevant first), as in the single-label evaluator. Each metric group is computed as
+its registry entry says (:attr:`~pml_suprank.metrics.registry.MetricSpec.multilabel`):
+
+* ``"graded"`` (``h_ap``, ``ndcg``): the relevance of Algorithm 1 of E. Ramzi's PhD thesis
+  (:func:`pml_suprank.relevance.multilabel_relevance`, ``rel = Σ_i l*_i / (n_q · L)`` in ``[0, 1]``) taken as
+  given: H-AP of HAPPIER (Eqs. 2-3) and NDCG with gains ``2^rel − 1`` (SupRank Eq. 23 applied to ``rel``), see
+  :mod:`pml_suprank.metrics.graded`.
+* ``"levels"`` (``ap``, ``recall_at_{k}``, ``ap_level{h}``, ...): the binary metrics of the single-label registry on
+  the best agreement level ``λ(q, k) = L − min_{i,j} LCA(y_q^i, y_k^j)``: a fine positive (``λ = L``) shares a fine
+  label with the query, a level-``h`` positive (``λ >= L − h``) shares a level-``h`` ancestor.
+* ``"labels"`` (``mean_label_ap``): the AP of each query label as a binary problem, averaged over the query's labels
+  (:func:`~pml_suprank.metrics.graded.mean_label_average_precision`).
+
+**One label per item.** ``λ`` is then the single-label level, so the ``"levels"`` metrics equal the single-label
+evaluator's. The graded relevance is ``l / L`` (level ``l``), *not* the evaluator's default pop relevance
+``(l / L)^α / |Ω^(l)|`` (SupRank Eq. 20): ``h_ap`` equals
+``functional.hierarchical_average_precision(scores, levels, relevance=l / L)``, and equals the single-label ``h_ap``
+when ``L = 1`` (H-AP does not change when every relevance of a query is scaled by the same factor). ``ndcg`` uses
+gains ``2^(l / L) − 1`` where the single-label ``ndcg`` uses ``2^l − 1``: equal when ``L = 1``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .._validation import check_embeddings
+from ..relevance import Hierarchy, _ancestors, _check_multilabel, level_counts, multilabel_relevance
+from ._scaling import _overflow_safe_scales
+from .graded import _graded_ranks, _hap_block, _ndcg_block, mean_label_average_precision
+from .ranks import retrieval_ranks
+from .registry import METRICS, MULTILABEL_GROUPS, check_groups, metrics_from_ranks
+
+__all__ = ["best_agreement_levels", "check_multilabel_labels", "multilabel_groups"]
+
+
+def check_multilabel_labels(name: str, labels: Any, n: int, n_name: str, hierarchy: Hierarchy | None) -> Tensor:
+    """``labels`` as an ``(n, M)`` long tensor of label sets (``-1`` padding), checked against ``hierarchy``.
+
+    Raises:
+        TypeError: non-tensor or non-integer labels.
+        ValueError: naming ``name``: a label below ``-1``, a row without a label, a wrong number of rows, a fine
+            label missing from the hierarchy.
+    """
+    labels = _check_multilabel(name, labels)
+    if labels.shape[0] != n:
+        raise ValueError(
+            f"{name} must have shape (N,) or (N, M) with N == {n_name}.shape[0] == {n}; got shape {tuple(labels.shape)}"
+        )
+    if hierarchy is not None:
+        _ancestors(labels, hierarchy.table.to(labels.device), name)
+    return labels
+
+
+def multilabel_groups(groups: tuple[str, ...] | None) -> tuple[str, ...]:
+    """The groups to compute on multi-label data: :data:`~pml_suprank.metrics.registry.MULTILABEL_GROUPS` for
+    ``None``, else ``groups``, or a ValueError naming ``metrics`` and the groups undefined for multi-label data."""
+    if groups is None:
+        return MULTILABEL_GROUPS
+    groups = check_groups(groups)
+    bad = [g for g in groups if METRICS[g].multilabel is None]
+    if bad:
+        raise ValueError(f"metrics {bad} are not defined for multilabel=True; multi-label metrics: {MULTILABEL_GROUPS}")
+    return groups
+
+
+def best_agreement_levels(query_labels: Tensor, ref_labels: Tensor, hierarchy: Hierarchy | None) -> Tensor:
+    """``(Q, R)`` int64 best agreement level ``λ = L − min_{i,j} LCA(y_q^i, y_k^j)`` (``L`` = a shared fine label,
+    ``0`` = no shared ancestor), from :func:`~pml_suprank.relevance.multilabel_relevance` of each query label alone
+    (``l*_i / L``); memory-bounded like that function."""
+    L = 1 if hierarchy is None else hierarchy.num_levels
+    q = query_labels
+    fill = q.max(1, keepdim=True).values  # a real label of the row: padding slots repeat it (a set ignores repeats)
+    q = torch.where(q >= 0, q, fill)
+    best = None
+    for col in range(q.shape[1]):
+        rel = multilabel_relevance(q[:, col], ref_labels, hierarchy, dtype=torch.float64)
+        best = rel if best is None else torch.maximum(best, rel)
+    return torch.round(best * L).long()
+
+
+def _chunk_metrics(
+    evaluator: Any,
+    scores: Tensor,
+    ql: Tensor,
+    rl: Tensor,
+    self_cols: Tensor | None,
+    groups: tuple[str, ...],
+) -> dict[str, Tensor]:
+    """Per-query metrics ``{key: (C,) float64}`` of one chunk (``scores`` ``(C, N)``, labels on its device)."""
+    C, N = scores.shape
+    hierarchy = evaluator.hierarchy
+    L = 1 if hierarchy is None else hierarchy.num_levels
+    mask = None
+    if self_cols is not None:
+        mask = torch.ones(C, N, dtype=torch.bool, device=scores.device)
+        mask[torch.arange(C, device=scores.device), self_cols] = False
+    out: dict[str, Tensor] = {}
+    level_groups = tuple(g for g in groups if METRICS[g].multilabel == "levels")
+    lam = best_agreement_levels(ql, rl, hierarchy)
+    if level_groups:
+        ranks = retrieval_ranks(
+            scores, lam, mask, num_levels=L, num_bins=evaluator.num_bins, counting=evaluator.counting
+        )
+        out.update(metrics_from_ranks(ranks, k_values=evaluator.k_values, groups=level_groups))
+        counts = ranks.counts
+    else:
+        counts = level_counts(lam, L, mask)
+    graded = [g for g in groups if METRICS[g].multilabel == "graded"]
+    if graded:
+        rel = multilabel_relevance(ql, rl, hierarchy, dtype=torch.float64)
+        g_ranks, values = _graded_ranks(scores, rel, mask)
+        if "h_ap" in graded:
+            out["h_ap"] = _hap_block(g_ranks, values)
+        if "ndcg" in graded:
+            out["ndcg"] = _ndcg_block(g_ranks, values, "exponential")
+    if "mean_label_ap" in groups:
+        out["mean_label_ap"] = mean_label_average_precision(scores, ql, rl, mask)
+    out["_n_pos_fine"] = counts[:, L].double()
+    out["_n_rel"] = counts[:, 1:].sum(1).double()
+    for h in range(L):
+        out[f"_n_pos_level{h}"] = counts[:, L - h :].sum(1).double()
+    return out
+
+
+def evaluate_multilabel(
+    evaluator: Any,
+    query: Tensor,
+    query_labels: Tensor,
+    reference: Tensor | None,
+    reference_labels: Tensor | None,
+    ref_includes_query: bool,
+) -> tuple[dict[str, Tensor], int, int]:
+    """Per-query metrics ``{key: (Q,) float64}`` (plus ``_``-prefixed counts), ``Q`` and ``L`` of a multi-label
+    evaluation with the settings of ``evaluator`` (a :class:`~pml_suprank.metrics.RetrievalEvaluator`)."""
+    hierarchy = evaluator.hierarchy
+    query = check_embeddings("query", query)
+    Q = query.shape[0]
+    ql = check_multilabel_labels("query_labels", query_labels, Q, "query", hierarchy)
+    if reference is None:
+        if reference_labels is not None:
+            raise ValueError("reference_labels given without reference")
+        reference, rl, ref_includes_query = query, ql, True
+    else:
+        reference = check_embeddings("reference", reference)
+        if reference_labels is None:
+            raise ValueError("reference_labels must be given with reference")
+        rl = check_multilabel_labels("reference_labels", reference_labels, reference.shape[0], "reference", hierarchy)
+    if reference.shape[1] != query.shape[1]:
+        raise ValueError(
+            f"query and reference must have the same embedding size; got {query.shape[1]} and {reference.shape[1]}"
+        )
+    N = reference.shape[0]
+    if ref_includes_query:
+        _check_queries_first(query, ql, reference, rl)
+    groups = multilabel_groups(evaluator._multilabel_metrics)
+    device = evaluator.device if evaluator.device is not None else query.device
+    dtype = query.dtype if query.dtype in (torch.float32, torch.float64) else torch.float32
+    gallery = reference.detach().to(device=device, dtype=dtype)
+    query_scale, gallery = _overflow_safe_scales(query, gallery)
+    ql, rl = ql.to(device), rl.to(device)
+    chunk = evaluator.chunk_size if evaluator.chunk_size is not None else max(16, 2**23 // max(N, 1))
+    per_query: dict[str, list[Tensor]] = {}
+    with torch.no_grad():
+        for s in evaluator._chunks(Q, chunk):
+            e = min(s + chunk, Q)
+            qc = query.detach()[s:e].to(device=device, dtype=dtype)
+            if query_scale != 1.0:
+                qc = qc * query_scale
+            self_cols = torch.arange(s, e, device=device) if ref_includes_query else None
+            out = _chunk_metrics(evaluator, qc @ gallery.T, ql[s:e], rl, self_cols, groups)
+            for key, value in out.items():
+                per_query.setdefault(key, []).append(value.cpu())
+    L = 1 if hierarchy is None else hierarchy.num_levels
+    return {k: torch.cat(v) for k, v in per_query.items()}, Q, L
+
+
+def _check_queries_first(query: Tensor, ql: Tensor, reference: Tensor, rl: Tensor) -> None:
+    Q = query.shape[0]
+    if reference.shape[0] < Q:
+        raise ValueError(
+            f"ref_includes_query=True needs the queries as the first rows of reference; reference has "
+            f"{reference.shape[0]} rows for {Q} queries"
+        )
+    if reference is query:
+        return
+    width = max(ql.shape[1], rl.shape[1])
+    sets = [torch.nn.functional.pad(x, (0, width - x.shape[1]), value=-1).sort(1).values for x in (ql, rl[:Q])]
+    same_labels = torch.equal(sets[0], sets[1].to(sets[0].device))
+    if not (same_labels and torch.allclose(query, reference[:Q].to(query.device))):
+        raise ValueError(
+            "ref_includes_query=True: the first len(query) rows of reference (and reference_labels) must equal "
+            "query (and query_labels)"
+        )
