@@ -51,6 +51,7 @@ from collections.abc import Callable, Sequence  # noqa: E402
 from dataclasses import asdict, dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -158,8 +159,8 @@ def load_split(root: str | Path, split: str, image_size: int) -> tuple[torch.Ten
 
     def decode(img) -> torch.Tensor:
         grey = img.convert("L").resize((image_size, image_size), Image.Resampling.BOX)
-        flat = torch.tensor(list(grey.getdata()), dtype=torch.float32)
-        return (1.0 - flat / 255.0).view(1, image_size, image_size)
+        ink = 1.0 - torch.from_numpy(np.asarray(grey, dtype=np.float32)) / 255.0
+        return ink.view(1, image_size, image_size)
 
     ds = load_benchmark("omniglot", root, split, transform=decode)
     images = torch.stack([ds[i]["image"] for i in range(len(ds))])
