@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: spinning OpenMP threads stall a shared CPU
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # noqa: TID251 - before torch: spinning OpenMP threads stall a shared CPU
 
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -197,8 +197,10 @@ def evaluate(model, images: torch.Tensor, labels: torch.Tensor, protocol: Protoc
     from pml_suprank.metrics import RetrievalEvaluator
 
     model.eval()
-    chunks = [model(to_input(images[i : i + protocol.eval_batch_size])) for i in range(0, len(images),
-                                                                                       protocol.eval_batch_size)]
+    chunks = [
+        model(to_input(images[i : i + protocol.eval_batch_size]))
+        for i in range(0, len(images), protocol.eval_batch_size)
+    ]
     out = RetrievalEvaluator(k_values=(1,), metrics=("ap_level", "h_ap", "ndcg", "asi", "recall_at_k")).evaluate(
         torch.cat(chunks), labels
     )
