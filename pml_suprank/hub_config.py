@@ -237,7 +237,9 @@ def _benchmark_errors(spec: BenchmarkSpec, data: Mapping[str, Any], require_root
     for part in ("train", "test"):
         split = data.get(f"{part}_split")
         if split is not None and split not in spec.splits:
-            errors.append(f"'data.{part}_split' must be a split of benchmark {spec.name} {list(spec.splits)}; got {split!r}")
+            errors.append(
+                f"'data.{part}_split' must be a split of benchmark {spec.name} {list(spec.splits)}; got {split!r}"
+            )
     if data.get("test_split") is None and spec.test_split is None:
         errors.append(
             f"benchmark {spec.name} has no single test split (it is evaluated per query / gallery pair by "
