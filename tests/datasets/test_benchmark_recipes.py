@@ -248,3 +248,27 @@ def test_evaluate_benchmark_errors(capsys, tmp_path):
     with pytest.raises(SystemExit):
         evaluate.main(["--model", "m", "--benchmark", "imagenet", "--data_root", str(tmp_path)])
     assert "invalid choice: 'imagenet'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_train_happier_on_a_benchmark_by_name_then_evaluate(tmp_path):
+    """``train_happier.py --config hub_configs/happier_sop.yaml --data_root DIR`` (tiny overrides) trains on the native
+    SOP layout, and evaluate.py reads the same benchmark by name."""
+    import json
+    import os
+    import subprocess
+
+    root = MAKERS["sop"](tmp_path / "Stanford_Online_Products")
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}  # noqa: TID251
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    config = ROOT / "hub_configs" / "happier_sop.yaml"
+    cmd = [sys.executable, str(RECIPES / "train_happier.py"), "--config", str(config),
+           "--data_root", str(root), *TINY, "--sampler", "m_per_class", "--batch_size", "4", "--samples_per_class", "2",
+           "--max_train_steps", "2", "--epochs", "2", "--warmup_epochs", "0", "--eval_every", "0", "--no_plots",
+           "--output_dir", str(tmp_path / "run")]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "HAPPIER on sop: 6 training / 4 test images, 3 training classes" in proc.stdout
+    trained = json.loads((tmp_path / "run" / "final" / "metrics.json").read_text())
+    out = _evaluate("--model", tmp_path / "run" / "final", "--dataset", "sop", "--data_root", root, "--no_plots")
+    assert out["h_ap"] == pytest.approx(trained["h_ap"], abs=1e-6)
