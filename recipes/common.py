@@ -5,7 +5,9 @@
 # DataOptions, LossOptions, RunOptions): one snake_case flag per field, with its help and default shown by --help;
 # booleans are `--flag true/false`, lists comma-separated. `--config` reads hub_configs (several files are laid over
 # each other, so an override file may hold only the keys it changes); command-line flags override them. The model,
-# data and loss are built with the same builders as pml_suprank.hub_config.
+# data and loss are built with the same builders as pml_suprank.hub_config. `--dataset` takes a paper benchmark by
+# name (sop, cub, inat_base, inat_full, dyml_*, cifar100, omniglot, gldv2_hier, ...), read from its archive as
+# distributed under `--data_root DIR` (pml_suprank.benchmarks.load_benchmark), as well as a Hub id or a local copy.
 #
 # Everything here runs in any `accelerate launch` setting: CPU, multi-process (gloo), multi-GPU, mixed precision.
 # With no argument at all, a recipe trains a tiny timm backbone on SyntheticShapes (built into the package): it needs
