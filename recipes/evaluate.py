@@ -16,7 +16,8 @@
 #     GLDv2 mAP@100 (pml_suprank.metrics.landmark.landmark_map_at_k), plus H-AP / ASI / NDCG and the other metrics.
 #   * roxford5k / rparis6k — the revisited protocol: Easy / Medium / Hard mAP and mP@k with junk images removed
 #     (revisited_map); images are only resized (longer side --max_side) and embedded one at a time (sizes vary).
-#   Any other benchmark name is evaluated on its test split (or --split) as a single test set.
+#   Any other benchmark name is evaluated on its test split as a single test set; with --split, any split of any
+#   benchmark is evaluated alone (each query against the others, with the plots).
 #
 # Embeddings are computed on every process's shard and collected with `accelerator.gather_for_metrics`
 # (pml_suprank.training.embed_loader, the loop the trainer uses).
