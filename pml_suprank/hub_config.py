@@ -21,8 +21,13 @@ Schema (``*`` = required in a complete file; types in brackets; defaults are the
     ``backbone``\\* [timm name], ``pretrained`` [bool], ``pooling`` [avg | gem | max], ``embedding_size`` [int],
     ``layer_norm`` [bool], ``freeze_batch_norm`` [bool], ``backbone_kwargs`` [mapping].
 ``data``\\*
-    ``dataset``\\* [``"synthetic"``, a Hub dataset id, or a local folder / parquet path], ``label_columns`` [list of
-    str, fine → coarse; required unless synthetic], ``train_split`` / ``test_split`` [str, ``"a+b"`` concatenates],
+    ``dataset``\\* [``"synthetic"``, a benchmark name of :data:`pml_suprank.benchmarks.BENCHMARKS` (``sop``,
+    ``cub``, ``inat_base``, ``dyml_vehicle``, ``gldv2_hier``, ...: read from its archive under ``data_root``, usually
+    given on the command line as ``--data_root``), a Hub dataset id, or a local folder / parquet path (e.g. a copy
+    written by ``recipes/prepare_dataset.py``)], ``data_root`` [str, benchmarks only], ``label_columns`` [list of
+    str, fine → coarse; required unless synthetic; optional for a benchmark, where it must equal the benchmark's
+    label names], ``train_split`` / ``test_split`` [str, ``"a+b"`` concatenates; default ``train`` / ``test``, or
+    the benchmark's own training / test split],
     ``image_size`` [int], ``crop_scale`` [two floats], ``num_per_class`` [int, SyntheticShapes],
     ``open_set`` [bool: train/test fine classes must be disjoint], ``train_classes_per_coarse`` [int] or
     ``train_class_fraction`` [float] (the open-set class partition, see :func:`pml_suprank.data.open_set_classes`).
@@ -62,6 +67,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .benchmarks.registry import BENCHMARKS, BenchmarkSpec, benchmark_label_names
 from .training.config import OptionCheck, TrainingConfig, is_number, is_str, list_of
 from .training.options import LOSS_CLASSES, OPTION_CLASSES, option_fields
 from .training.options import build_loss as _build_loss_by_name
@@ -71,6 +77,7 @@ __all__ = [
     "LOSS_CLASSES",
     "build_dataset",
     "build_loss",
+    "data_option_errors",
     "dataset_kwargs",
     "flat_options",
     "load_hub_config",
@@ -79,6 +86,7 @@ __all__ = [
     "model_kwargs",
     "nest_options",
     "recipe_options",
+    "resolved_split",
     "validate_hub_config",
 ]
 
@@ -153,7 +161,7 @@ def validate_hub_config(
                 if not isinstance(config.get(section), dict) or k not in config[section]:
                     errors.append(f"missing required key '{section}.{k}'")
     if not errors:
-        errors += _data_errors(config.get("data") or {}) + _build_errors(config, defaults or {})
+        errors += data_option_errors(config.get("data") or {}) + _build_errors(config, defaults or {})
     if errors:
         raise ValueError(f"{source}: invalid hub_config:\n  - " + "\n  - ".join(errors))
     return config
@@ -180,11 +188,34 @@ def _schema_errors(config: dict[str, Any]) -> list[str]:
     return errors
 
 
-def _data_errors(data: dict[str, Any]) -> list[str]:
+def _benchmark(dataset: Any) -> BenchmarkSpec | None:
+    return BENCHMARKS.get(dataset) if isinstance(dataset, str) else None
+
+
+def data_option_errors(data: Mapping[str, Any], *, require_root: bool = False) -> list[str]:
+    """The problems of a ``data`` section (or of the recipes' data options nested by :func:`nest_options`), as
+    messages naming the keys; ``[]`` when it is consistent.
+
+    Checks the label columns (required for a Hub / local dataset, forbidden for the synthetic one, equal to the
+    benchmark's label names when given for a benchmark), the splits of a benchmark, the open-set rules, and refuses
+    ``synthetic_multilabel`` (multi-label training needs multi-label losses, not yet available).
+    ``require_root=True`` also requires ``data_root`` for a benchmark (a complete run; a shipped file leaves it to
+    the command line).
+    """
     errors = []
     dataset = data.get("dataset")
-    if dataset is not None and dataset != "synthetic" and "label_columns" not in data:
-        errors.append("'data.label_columns' is required unless data.dataset is 'synthetic'")
+    spec = _benchmark(dataset)
+    if dataset == "synthetic_multilabel":
+        errors.append(
+            "'data.dataset' synthetic_multilabel (SyntheticMultiShapes) cannot be trained by the recipes yet: "
+            "multi-label training needs the multi-label losses, which are not yet available; use 'synthetic'"
+        )
+    elif spec is not None:
+        errors += _benchmark_errors(spec, data, require_root)
+    elif dataset is not None and dataset != "synthetic" and "label_columns" not in data:
+        errors.append("'data.label_columns' is required unless data.dataset is 'synthetic' or a benchmark name")
+    if spec is None and "data_root" in data:
+        errors.append(f"'data.data_root' is for a benchmark dataset ({', '.join(BENCHMARKS)}); got dataset {dataset!r}")
     if dataset == "synthetic" and "label_columns" in data:
         errors.append("'data.label_columns' must not be set for the synthetic dataset (fine_label, coarse_label)")
     rules = [k for k in ("train_classes_per_coarse", "train_class_fraction") if k in data]
@@ -194,8 +225,39 @@ def _data_errors(data: dict[str, Any]) -> list[str]:
         errors.append(f"'data.{rules[0]}' needs 'data.open_set: true'")
     if rules and dataset == "synthetic":
         errors.append("the synthetic dataset has its own open-set split; drop the open-set rule")
+    if rules and spec is not None:
+        errors.append(f"benchmark {dataset} has its own train / test splits; drop 'data.{rules[0]}'")
     if "train_classes_per_coarse" in data and len(data.get("label_columns", [])) < 2:
         errors.append("'data.train_classes_per_coarse' needs at least two label_columns (fine and coarse)")
+    return errors
+
+
+def _benchmark_errors(spec: BenchmarkSpec, data: Mapping[str, Any], require_root: bool) -> list[str]:
+    errors = []
+    for part in ("train", "test"):
+        split = data.get(f"{part}_split")
+        if split is not None and split not in spec.splits:
+            errors.append(
+                f"'data.{part}_split' must be a split of benchmark {spec.name} {list(spec.splits)}; got {split!r}"
+            )
+    if data.get("test_split") is None and spec.test_split is None:
+        errors.append(
+            f"benchmark {spec.name} has no single test split (it is evaluated per query / gallery pair by "
+            f"recipes/evaluate.py --benchmark {spec.name}); set 'data.test_split' to one of {list(spec.splits)}"
+        )
+    train_split = data.get("train_split") or spec.train_split
+    if "label_columns" in data and train_split in spec.splits:
+        names = list(benchmark_label_names(spec.name, train_split))
+        if list(data["label_columns"]) != names:
+            errors.append(
+                f"'data.label_columns' {list(data['label_columns'])} does not match the label names {names} of "
+                f"benchmark {spec.name} (split {train_split!r}); drop label_columns or give exactly these"
+            )
+    if require_root and not data.get("data_root"):
+        errors.append(
+            f"benchmark {spec.name} is read from its archive: give its folder with --data_root (data.data_root); "
+            f"expected layout: {spec.layout}"
+        )
     return errors
 
 
@@ -338,27 +400,62 @@ def build_loss(config: Mapping[str, Any], num_classes: int, embedding_size: int)
     return _build_loss_by_name(name, loss_kwargs(config), num_classes, embedding_size)
 
 
-def dataset_kwargs(config: Mapping[str, Any], part: str) -> dict[str, Any]:
+def resolved_split(config: Mapping[str, Any], part: str) -> str:
+    """The split name of the ``part`` (``"train"`` / ``"test"``) dataset: ``data.<part>_split`` when set, else the
+    benchmark's own training / test split for a benchmark name, else ``part``."""
+    if part not in ("train", "test"):
+        raise ValueError(f"part must be 'train' or 'test'; got {part!r}")
+    data = config.get("data") or {}
+    split = data.get(f"{part}_split")
+    if split is not None:
+        return split
+    spec = _benchmark(data.get("dataset"))
+    if spec is None:
+        return part
+    split = spec.train_split if part == "train" else spec.test_split
+    if split is None:
+        raise ValueError(
+            f"benchmark {spec.name} has no single test split (evaluate it with recipes/evaluate.py --benchmark "
+            f"{spec.name}); set data.test_split (--test_split) to one of {list(spec.splits)}"
+        )
+    return split
+
+
+def dataset_kwargs(config: Mapping[str, Any], part: str, *, data_root: str | Path | None = None) -> dict[str, Any]:
     """Arguments for the ``part`` (``"train"`` or ``"test"``) dataset of this setting.
 
-    Returns ``{"synthetic": True, "split", "num_per_class", "image_size"}`` for SyntheticShapes, else the kwargs of
-    :func:`pml_suprank.data.load_retrieval_dataset` (``source``, ``label_columns``, ``split``, ``open_set`` and the
-    open-set rule).
+    Returns ``{"synthetic": True, "split", "num_per_class", "image_size"}`` for SyntheticShapes,
+    ``{"benchmark": name, "root", "split"}`` for a benchmark name (the arguments of
+    :func:`pml_suprank.data.load_benchmark`), else the kwargs of :func:`pml_suprank.data.load_retrieval_dataset`
+    (``source``, ``label_columns``, ``split``, ``open_set`` and the open-set rule).
+
+    Args:
+        config: A loaded hub_config (or the recipes' options nested by :func:`nest_options`).
+        part: ``"train"`` or ``"test"``.
+        data_root: The benchmark's folder; replaces ``data.data_root``.
+
+    Raises:
+        ValueError: A bad ``part``, an inconsistent ``data`` section (see :func:`data_option_errors`), e.g. a
+            benchmark without ``data_root``.
     """
     if part not in ("train", "test"):
         raise ValueError(f"part must be 'train' or 'test'; got {part!r}")
     data = dict(config.get("data") or {})
+    if data_root is not None:
+        data["data_root"] = str(data_root)
     if data.get("dataset") == "synthetic":
         out: dict[str, Any] = {"synthetic": True, "split": part}
         for k in ("num_per_class", "image_size"):
             if k in data:
                 out[k] = data[k]
         return out
-    out = {
-        "source": data["dataset"],
-        "label_columns": list(data["label_columns"]),
-        "split": data.get(f"{part}_split", part),
-    }
+    errors = data_option_errors(data, require_root=True)
+    if errors:
+        raise ValueError("data options: " + "; ".join(errors))
+    split = resolved_split({"data": data}, part)
+    if _benchmark(data["dataset"]) is not None:
+        return {"benchmark": data["dataset"], "root": data["data_root"], "split": split}
+    out = {"source": data["dataset"], "label_columns": list(data["label_columns"]), "split": split}
     if data.get("open_set"):
         out["open_set"] = part
         for k in ("train_classes_per_coarse", "train_class_fraction"):
@@ -367,20 +464,36 @@ def dataset_kwargs(config: Mapping[str, Any], part: str) -> dict[str, Any]:
     return out
 
 
-def build_dataset(config: Mapping[str, Any], part: str, transform: Any = None, *, seed: int = 0, **kwargs: Any) -> Any:
-    """The ``part`` (``"train"`` / ``"test"``) dataset of this setting: ``SyntheticShapes`` or
-    :func:`pml_suprank.data.load_retrieval_dataset` with the open-set split applied.
+def build_dataset(
+    config: Mapping[str, Any],
+    part: str,
+    transform: Any = None,
+    *,
+    seed: int = 0,
+    data_root: str | Path | None = None,
+    **kwargs: Any,
+) -> Any:
+    """The ``part`` (``"train"`` / ``"test"``) dataset of this setting: ``SyntheticShapes``, a benchmark read from its
+    archive (:func:`pml_suprank.data.load_benchmark`) or :func:`pml_suprank.data.load_retrieval_dataset` with the
+    open-set split applied.
 
     Args:
         config: A loaded hub_config.
         part: ``"train"`` or ``"test"``.
         transform: Callable on a PIL image (e.g. :func:`pml_suprank.data.build_transforms`).
         seed: SyntheticShapes seed.
-        **kwargs: Extra or overriding arguments for the loader (e.g. ``cache_dir``, ``num_per_class``).
+        data_root: The benchmark's folder (replaces ``data.data_root``).
+        **kwargs: Extra or overriding arguments for the loader (e.g. ``cache_dir``, ``num_per_class``); a benchmark
+            takes none.
     """
     from . import data
 
-    kw = {**dataset_kwargs(config, part), **kwargs}
+    kw = {**dataset_kwargs(config, part, data_root=data_root), **kwargs}
     if kw.pop("synthetic", False):
         return data.SyntheticShapes(seed=seed, transform=transform, **kw)
+    if "benchmark" in kw:
+        name, root, split = kw.pop("benchmark"), kw.pop("root"), kw.pop("split")
+        if kw:
+            raise TypeError(f"benchmark {name} takes no loader arguments; got {sorted(kw)}")
+        return data.load_benchmark(name, root, split, transform)
     return data.load_retrieval_dataset(kw.pop("source"), transform=transform, **kw)

@@ -5,7 +5,9 @@
 # DataOptions, LossOptions, RunOptions): one snake_case flag per field, with its help and default shown by --help;
 # booleans are `--flag true/false`, lists comma-separated. `--config` reads hub_configs (several files are laid over
 # each other, so an override file may hold only the keys it changes); command-line flags override them. The model,
-# data and loss are built with the same builders as pml_suprank.hub_config.
+# data and loss are built with the same builders as pml_suprank.hub_config. `--dataset` takes a paper benchmark by
+# name (sop, cub, inat_base, inat_full, dyml_*, cifar100, omniglot, gldv2_hier, ...), read from its archive as
+# distributed under `--data_root DIR` (pml_suprank.benchmarks.load_benchmark), as well as a Hub id or a local copy.
 #
 # Everything here runs in any `accelerate launch` setting: CPU, multi-process (gloo), multi-GPU, mixed precision.
 # With no argument at all, a recipe trains a tiny timm backbone on SyntheticShapes (built into the package): it needs
@@ -33,6 +35,7 @@ from typing import Any  # noqa: E402
 import torch  # noqa: E402
 
 from pml_suprank import hub_config as hc  # noqa: E402
+from pml_suprank.benchmarks import BENCHMARKS  # noqa: E402
 from pml_suprank.metrics.report import one_column as _one_column  # noqa: E402
 from pml_suprank.training import TrainingConfig  # noqa: E402
 from pml_suprank.training.cli import add_option_arguments, int_list, json_dict, str2bool, str_list  # noqa: E402
@@ -158,6 +161,10 @@ def _check_run_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         parser.error("--resume_ignore_config true needs --resume (a checkpoint folder or 'latest')")
     if getattr(args, "overwrite_output_dir", False) and args.resume is not None:
         parser.error("--overwrite_output_dir true starts a new run: it cannot be combined with --resume")
+    if getattr(args, "dataset", None) is not None:
+        errors = hc.data_option_errors(hc.nest_options(vars(args)).get("data", {}), require_root=True)
+        if errors:
+            parser.error(f"--dataset {args.dataset}: " + "; ".join(errors))
 
 
 def training_config(args: argparse.Namespace, **overrides: Any) -> TrainingConfig:
@@ -207,17 +214,21 @@ def build_model(args: argparse.Namespace) -> Any:
 
 
 def build_datasets(args: argparse.Namespace, model: Any) -> tuple[Any, Any]:
-    """Training and test sets (:func:`hub_config.build_dataset`) with timm-config transforms (RandomResizedCrop +
-    flip / resize + center crop)."""
+    """Training and test sets (:func:`hub_config.build_dataset`: SyntheticShapes, a benchmark read from its archive
+    under ``--data_root``, or a Hub / local dataset) with timm-config transforms (RandomResizedCrop + flip / resize +
+    center crop). A benchmark with ``--open_set true`` is checked for disjoint training / test fine classes."""
     from pml_suprank import data
 
-    if args.dataset != "synthetic" and not args.label_columns:
-        raise ValueError(f"--label_columns is required with --dataset {args.dataset!r} (e.g. fine_label,coarse_label)")
+    errors = hc.data_option_errors(hc.nest_options(vars(args)).get("data", {}), require_root=True)
+    if errors:
+        raise ValueError(f"--dataset {args.dataset!r}: " + "; ".join(errors))
     config = hc.nest_options(vars(args))
     train_tf = data.build_transforms(model.data_config, train=True, scale=tuple(args.crop_scale))
     test_tf = data.build_transforms(model.data_config, train=False)
     train = hc.build_dataset(config, "train", train_tf, seed=args.seed)
     test = hc.build_dataset(config, "test", test_tf, seed=args.seed)
+    if args.dataset in BENCHMARKS and args.open_set:
+        data.check_disjoint_classes(train, test, name=f"benchmark {args.dataset}")
     return train, test
 
 
@@ -278,10 +289,16 @@ def _setup(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
 
 def run_options(args: argparse.Namespace, loss: torch.nn.Module, mixed_precision: str) -> dict[str, Any]:
     """The resolved model / data / loss options of the run (with the ``TrainingConfig``, its fingerprint)."""
-    values = vars(args)
+    values = dict(vars(args))
+    nested = hc.nest_options(values)
+    for part in ("train", "test"):  # the split actually read (unset: "train" / "test" or the benchmark's own)
+        if values.get(f"{part}_split") is None and "dataset" in values:
+            values[f"{part}_split"] = hc.resolved_split(nested, part)
+    # where the data lies does not change the run (moving the archive keeps the fingerprint)
+    data_options = [f.name for f in fields(DataOptions) if f.name in values and f.name != "data_root"]
     return {
         "model": {f.name: values[f.name] for f in fields(ModelOptions) if f.name in values},
-        "data": {f.name: values[f.name] for f in fields(DataOptions) if f.name in values},
+        "data": {name: values[name] for name in data_options},
         "loss": {"name": args.loss, **loss_kwargs(loss)},
         "mixed_precision": str(mixed_precision),
     }

@@ -169,7 +169,7 @@ def _base():
         (lambda c: c["loss"].update(name="TripletLoss"), "'loss.name' must be one of"),
         (lambda c: c["loss"].update(decomposability="proxy"), "'loss.decomposability' does not apply to loss HAPPIER"),
         (lambda c: c["optimizer"].update(lr_backbone=-1.0), "'optimizer.lr_backbone' must be a number >= 0"),
-        (lambda c: c["data"].pop("label_columns"), "label_columns' is required"),
+        (lambda c: c["data"].update(dataset="data/sop") or c["data"].pop("label_columns"), "columns' is required"),
         (lambda c: c["data"].update(train_classes_per_coarse=3, train_class_fraction=0.5), "give one open-set rule"),
         (lambda c: c["data"].update(open_set=False, train_class_fraction=0.5), "needs 'data.open_set: true'"),
         (lambda c: c["sampler_options"].update(batch_size=255), "must be a multiple"),

@@ -344,8 +344,10 @@ def test_config_yaml_sets_defaults_and_flags_win(tmp_path):
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "hub_configs").glob("*.yaml")), ids=lambda p: p.stem)
-def test_every_training_hub_config_parses_with_its_recipe(path):
+def test_every_training_hub_config_parses_with_its_recipe(path, tmp_path):
     import yaml
+
+    from pml_suprank.benchmarks import BENCHMARKS
 
     raw = yaml.safe_load(path.read_text())
     name = (raw.get("loss") or {}).get("name")
@@ -353,7 +355,8 @@ def test_every_training_hub_config_parses_with_its_recipe(path):
         pytest.skip(f"{path.name} is not a training config (no loss.name)")
     recipe = "train_roadmap" if name == "ROADMAP" else "train_happier"
     common, parser = _parser(recipe)
-    args, hub_config = common.parse_with_config(parser, ["--config", str(path)])
+    root = ["--data_root", str(tmp_path)] if raw["data"]["dataset"] in BENCHMARKS else []
+    args, hub_config = common.parse_with_config(parser, ["--config", str(path), *root])
     assert args.loss == name
     assert args.backbone == raw["model"]["backbone"] and args.dataset == raw["data"]["dataset"]
     for section in ("optimizer", "sampler_options", "training", "evaluation", "memory", "scheduler"):
@@ -408,7 +411,9 @@ def test_partial_override_config_files(tmp_path):
     override = tmp_path / "short.yaml"
     override.write_text("training: {epochs: 7}\noptimizer: {lr_head: 0.5}\n")
     base = ROOT / "hub_configs" / "happier_sop.yaml"
-    args, hub_config = common.parse_with_config(parser, ["--config", str(base), "--config", str(override)])
+    args, hub_config = common.parse_with_config(
+        parser, ["--config", str(base), "--config", str(override), "--data_root", str(tmp_path)]
+    )
     assert args.epochs == 7 and args.lr_head == 0.5 and args.lr_backbone == 5.0e-5 and args.sampler == "hierarchical"
     assert hub_config["name"] == "happier_sop" and hub_config["training"]["warmup_epochs"] == 5
     # an override file alone is laid over the recipe's defaults
@@ -422,7 +427,7 @@ def test_partial_override_config_files(tmp_path):
     # a loss the recipe does not train is refused
     with pytest.raises(SystemExit):
         roadmap = ROOT / "hub_configs" / "roadmap_sop.yaml"
-        common.parse_with_config(_parser("train_happier")[1], ["--config", str(roadmap)])
+        common.parse_with_config(_parser("train_happier")[1], ["--config", str(roadmap), "--data_root", str(tmp_path)])
 
 
 @pytest.mark.parametrize("name", ["train_happier.py", "train_roadmap.py", "evaluate.py", "common.py"])

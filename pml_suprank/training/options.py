@@ -68,21 +68,39 @@ class ModelOptions:
     )  # fmt: skip
 
 
+def _benchmark_names() -> str:
+    from ..benchmarks.registry import BENCHMARKS
+
+    return ", ".join(sorted(BENCHMARKS))
+
+
 @dataclass
 class DataOptions:
-    """The training and test sets: built-in SyntheticShapes or a retrieval dataset (Hub id or local path)."""
+    """The training and test sets: built-in SyntheticShapes, a paper benchmark read from its archive (by name, with
+    ``data_root``) or a retrieval dataset (Hub id or local path)."""
 
     dataset: str = option(
-        "synthetic", "'synthetic' (built-in SyntheticShapes), a Hub dataset id, a local image folder, parquet files "
-        "or a save_to_disk folder", section="data", check=is_str("'synthetic', a Hub dataset id or a local path"),
+        "synthetic", "'synthetic' (built-in SyntheticShapes), a benchmark name read from its archive under --data_root "
+        f"({_benchmark_names()}), a Hub dataset id, a local image folder, parquet files or a save_to_disk folder",
+        section="data", check=is_str("'synthetic', a benchmark name, a Hub dataset id or a local path"),
+    )  # fmt: skip
+    data_root: str | None = option(
+        None, "benchmark datasets: the folder the archive was extracted to (e.g. /data/Stanford_Online_Products)",
+        section="data", check=is_str("the folder of the benchmark archive"),
     )  # fmt: skip
     label_columns: list[str] | None = option(
-        None, "label columns fine -> coarse for a Hub/local dataset, e.g. fine_label,coarse_label", section="data",
+        None, "label columns fine -> coarse for a Hub/local dataset, e.g. fine_label,coarse_label (benchmarks: "
+        "optional, their own label names)", section="data",
         check=list_of(is_str(), "a non-empty list of column names (fine → coarse)"),
     )  # fmt: skip
-    train_split: str = option("train", "split used for training ('a+b' concatenates)", section="data",
-                              check=is_str("a split name"))  # fmt: skip
-    test_split: str = option("test", "split used for evaluation", section="data", check=is_str("a split name"))
+    train_split: str | None = option(
+        None, "split used for training ('a+b' concatenates; unset: 'train', or the benchmark's training split)",
+        section="data", check=is_str("a split name"),
+    )  # fmt: skip
+    test_split: str | None = option(
+        None, "split used for evaluation (unset: 'test', or the benchmark's test split)", section="data",
+        check=is_str("a split name"),
+    )  # fmt: skip
     num_per_class: int = option(32, "SyntheticShapes: images per fine class", section="data", check=is_int(1))
     image_size: int = option(48, "training/test resolution", section="data", check=is_int(8))
     crop_scale: list[float] = option([0.5, 1.0], "area range of the RandomResizedCrop (reference: 0.16,1.0)",
