@@ -1,0 +1,220 @@
+"""Dense rank kernels of the flat losses: every (query, item, reference) difference, blocked over queries.
+
+The sorted kernels of :mod:`pml_suprank.ranking.flat` touch only the (query, positive) pairs, but they pay for it
+with sorts, ``searchsorted``, data-dependent shapes and host synchronisations (``nonzero``, ``.item()``). On an
+accelerator — or for small batches on the CPU — it is cheaper to evaluate the surrogate on the full
+``(b, N, N)`` difference tensor ``t[q, i, j] = s_{q j} − s_{q i}`` of a block of ``b`` queries with a handful of
+fused elementwise ops and reductions, with every mask applied arithmetically (multiplication by a float mask),
+so that nothing depends on the data's values but the values themselves:
+
+* :func:`dense_suprank_ranks` — SupRank's ``rank⁺`` and ``rank`` (SupRank, Ramzi et al., TPAMI 2025, Eq. 9-10,
+  with ``H⁻`` of Eq. 4) for every reference item of a query block;
+* :func:`dense_smooth_ap_ranks` — Smooth-AP's ``rank⁺`` and ``rank`` (Brown et al., ECCV 2020, Eq. 5-6);
+* :func:`dense_query_ranks` — either one over all the queries, in blocks of :func:`dense_block_size` queries so
+  that a block's ``(b, N, N)`` temporaries fit a memory budget (default :data:`DENSE_MEMORY_BUDGET`, 256 MB);
+  with more than one block each block is recomputed in backward (``torch.utils.checkpoint``), so the extra
+  memory stays one block's, forward and backward;
+* :func:`masked_query_mean` — ``Σ_i w[q, i] x[q, i] / max(Σ_i w[q, i], 1)`` per query, the AP of Eq. 5 / Eq. 11;
+* :func:`choose_kernel` — the losses' ``kernel=`` option (:data:`KERNELS`) resolved by a per-device cost rule.
+
+None of these functions synchronises with the host (no ``.item()``, ``nonzero``, boolean indexing or ``unique``;
+the block size depends on shapes only), so they are ``torch.compile(fullgraph=True)``-friendly. Values equal the
+sorted kernels' up to rounding (tested to 1e-9 in float64). Rows ``i`` that are not positives of ``q`` get finite
+ranks (``rank >= rank⁺ >= 1``) that callers multiply by a zero weight. All functions take the device and dtype
+from their inputs.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from .steps import SupRankStep
+
+__all__ = [
+    "CPU_DENSE_MAX_WORK",
+    "CUDA_DENSE_MAX_REFS",
+    "DENSE_MEMORY_BUDGET",
+    "DENSE_TEMPORARIES",
+    "KERNELS",
+    "choose_kernel",
+    "dense_block_size",
+    "dense_query_ranks",
+    "dense_smooth_ap_ranks",
+    "dense_suprank_ranks",
+    "masked_query_mean",
+]
+
+DENSE_MEMORY_BUDGET = 256 * 2**20  # bytes for one block's (b, N, N) temporaries
+DENSE_TEMPORARIES = 6  # (b, N, N) tensors alive at once in a block's forward + backward
+
+KERNELS = ("auto", "dense", "sorted")
+# CPU: dense iff B·N² <= this (the measured crossover of benchmarks/bench_losses.py --crossover on a 2-core CPU)
+CPU_DENSE_MAX_WORK = 1 << 20
+# CUDA (and other accelerators): dense iff N <= this; NOT measured yet (no GPU was available): it is the N at which
+# one query's float32 (1, N, N) temporaries reach DENSE_MEMORY_BUDGET, sqrt(256 MB / (6 · 4 B)) ≈ 3,300
+CUDA_DENSE_MAX_REFS = 3300
+
+
+def choose_kernel(kernel: str, device: torch.device | str, num_queries: int, num_refs: int) -> str:
+    """Resolve a loss's ``kernel=`` option to ``"dense"`` or ``"sorted"``.
+
+    ``"dense"``/``"sorted"`` are returned as given. ``"auto"`` applies the cost rule of the device type:
+
+    * CPU: ``"dense"`` iff ``B·N² <= CPU_DENSE_MAX_WORK`` (small in-batch problems, where the sorted kernels'
+      fixed cost of sorts, ``searchsorted`` and index bookkeeping dominates), else ``"sorted"``;
+    * any other device (CUDA, MPS, ...): ``"dense"`` iff ``N <= CUDA_DENSE_MAX_REFS`` (one query's
+      ``(1, N, N)`` float32 temporaries fit :data:`DENSE_MEMORY_BUDGET`; each kernel launch and host
+      synchronisation of the sorted path costs microseconds there), else ``"sorted"``.
+
+    Args:
+        kernel: one of :data:`KERNELS`.
+        device: where the scores live.
+        num_queries: ``B``.
+        num_refs: ``N``.
+
+    Raises:
+        ValueError: ``kernel`` not in :data:`KERNELS`.
+    """
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}; got {kernel!r}")
+    if kernel != "auto":
+        return kernel
+    if torch.device(device).type == "cpu":
+        return "dense" if num_queries * num_refs * num_refs <= CPU_DENSE_MAX_WORK else "sorted"
+    return "dense" if num_refs <= CUDA_DENSE_MAX_REFS else "sorted"
+
+
+def dense_block_size(
+    num_queries: int,
+    num_refs: int,
+    element_size: int,
+    memory_budget: int = DENSE_MEMORY_BUDGET,
+    temporaries: int = DENSE_TEMPORARIES,
+) -> int:
+    """The number ``b`` of queries per block so that ``temporaries`` tensors of shape ``(b, N, N)`` fit the budget.
+
+    ``b = clamp(⌊budget / (temporaries · N² · element_size)⌋, 1, num_queries)``: shapes only, no data.
+
+    Args:
+        num_queries: ``B``.
+        num_refs: ``N``, the number of reference items.
+        element_size: bytes per element of the score dtype (4 for float32, 8 for float64).
+        memory_budget: bytes allowed for one block's temporaries.
+        temporaries: how many ``(b, N, N)`` tensors a block keeps alive at once.
+
+    Raises:
+        ValueError: a non-positive ``memory_budget`` or ``temporaries``.
+    """
+    if memory_budget <= 0 or temporaries <= 0:
+        raise ValueError(
+            f"memory_budget and temporaries must be positive; got memory_budget={memory_budget!r}, "
+            f"temporaries={temporaries!r}"
+        )
+    per_query = temporaries * max(num_refs, 1) ** 2 * element_size
+    return int(max(1, min(max(num_queries, 1), memory_budget // per_query)))
+
+
+def dense_suprank_ranks(
+    scores: Tensor, positives: Tensor, negatives: Tensor, step: SupRankStep
+) -> tuple[Tensor, Tensor]:
+    """SupRank ranks of every reference item ``i`` of a block of queries (SupRank Eq. 9-10, ``H⁻`` of Eq. 4).
+
+    ``rank⁺[q, i] = 1 + Σ_{j≠i} P[q, j] · H(s_{qj} − s_{qi})`` (Heaviside with ``H(0) = 1``, no gradient) and
+    ``rank[q, i] = rank⁺[q, i] + Σ_j N[q, j] · H⁻(s_{qj} − s_{qi})``. ``j = i`` is removed by index: its
+    difference is exactly 0, so it adds ``P[q, i]`` to the positive sum, which is subtracted.
+
+    Args:
+        scores: ``(b, N)`` floating scores of the block, may require grad.
+        positives: ``(b, N)`` float 0/1 mask ``P`` (valid positives), same dtype as ``scores``.
+        negatives: ``(b, N)`` float 0/1 mask ``N`` (valid negatives).
+        step: SupRank's ``H⁻``.
+
+    Returns:
+        ``(rank_plus (b, N), rank (b, N))`` in the dtype of ``scores``; ``rank`` is differentiable (through the
+        negatives' ``H⁻`` terms only), ``rank_plus`` is not. Temporaries: a few ``(b, N, N)`` tensors.
+    """
+    t = scores.unsqueeze(1) - scores.unsqueeze(2)  # (b, N_i, N_j): s_qj − s_qi
+    heaviside = (t.detach() >= 0).to(scores.dtype)
+    rank_plus = 1.0 + torch.einsum("bij,bj->bi", heaviside, positives) - positives
+    sig = torch.sigmoid(t / step.tau)
+    linear = step.rho * (t - step.delta) + step.resolved_offset
+    h_minus = torch.where(t <= 0, sig, torch.where(t <= step.delta, sig + step.start, linear))
+    rank = rank_plus + torch.einsum("bij,bj->bi", h_minus, negatives)
+    return rank_plus, rank
+
+
+def dense_smooth_ap_ranks(scores: Tensor, positives: Tensor, valid: Tensor, tau: float) -> tuple[Tensor, Tensor]:
+    """Smooth-AP ranks of every reference item ``i`` of a block of queries (Smooth-AP Eq. 5-6).
+
+    ``rank⁺[q, i] = 1 + Σ_{j≠i} P[q, j] σ_τ(s_{qj} − s_{qi})`` and ``rank[q, i] = 1 + Σ_{j≠i} V[q, j]
+    σ_τ(s_{qj} − s_{qi})``; ``j = i`` contributes exactly ``σ(0) = 1/2`` times its mask and is subtracted.
+
+    Args:
+        scores: ``(b, N)`` floating scores, may require grad.
+        positives: ``(b, N)`` float 0/1 mask ``P``.
+        valid: ``(b, N)`` float 0/1 mask ``V`` of the counted reference items (``P ⊆ V``).
+        tau: temperature ``τ > 0``.
+
+    Returns:
+        ``(rank_plus (b, N), rank (b, N))``, both differentiable w.r.t. ``scores``.
+    """
+    sig = torch.sigmoid((scores.unsqueeze(1) - scores.unsqueeze(2)) / tau)  # (b, N_i, N_j)
+    rank_plus = 1.0 + torch.einsum("bij,bj->bi", sig, positives) - 0.5 * positives
+    rank = 1.0 + torch.einsum("bij,bj->bi", sig, valid) - 0.5 * valid
+    return rank_plus, rank
+
+
+def dense_query_ranks(
+    kernel: str,
+    scores: Tensor,
+    positives: Tensor,
+    others: Tensor,
+    parameter: SupRankStep | float,
+    *,
+    memory_budget: int = DENSE_MEMORY_BUDGET,
+) -> tuple[Tensor, Tensor]:
+    """``(rank⁺, rank)`` ``(B, N)`` of every query, in blocks of :func:`dense_block_size` queries.
+
+    Args:
+        kernel: ``"suprank"`` (:func:`dense_suprank_ranks`, ``others`` = negatives, ``parameter`` = the step)
+            or ``"smooth_ap"`` (:func:`dense_smooth_ap_ranks`, ``others`` = valid mask, ``parameter`` = ``τ``).
+        scores: ``(B, N)`` scores; ``positives``/``others``: ``(B, N)`` float masks in the dtype of ``scores``.
+        memory_budget: bytes for one block's temporaries. With one block the graph is ordinary autograd; with
+            several, each block is checkpointed (recomputed in backward) so only one block's temporaries live.
+
+    Raises:
+        ValueError: unknown ``kernel``.
+    """
+    if kernel == "suprank":
+        fn = dense_suprank_ranks
+    elif kernel == "smooth_ap":
+        fn = dense_smooth_ap_ranks
+    else:
+        raise ValueError(f"kernel must be 'suprank' or 'smooth_ap'; got {kernel!r}")
+    num_queries, num_refs = scores.shape
+    block = dense_block_size(num_queries, num_refs, scores.element_size(), memory_budget)
+    if block >= num_queries:
+        return fn(scores, positives, others, parameter)
+    parts = []
+    for start in range(0, num_queries, block):
+        rows = slice(start, start + block)
+        args = (scores[rows], positives[rows], others[rows], parameter)
+        parts.append(checkpoint(fn, *args, use_reentrant=False) if scores.requires_grad else fn(*args))
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+
+def masked_query_mean(values: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:
+    """``(Σ_i w[q, i] · x[q, i] / max(Σ_i w[q, i], 1), Σ_i w[q, i])`` per query (the AP of Smooth-AP Eq. 5 and
+    SupRank Eq. 11 with ``x = rank⁺ / rank`` and ``w`` the positives).
+
+    Args:
+        values: ``(B, N)`` finite values ``x``.
+        weights: ``(B, N)`` float weights ``w`` (0/1 masks).
+
+    Returns:
+        ``(mean (B,), weight sum (B,))``; rows without weight have mean 0.
+    """
+    count = weights.sum(1)
+    return (values * weights).sum(1) / count.clamp(min=1.0), count
