@@ -94,7 +94,7 @@ class SupAPLoss(SupRankStepMixin, BaseRankLoss):
     def query_ap(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:
         """Surrogate AP ``(Q,)`` of the queries with at least one positive, and their rows ``(Q,)``."""
         if self.resolved_kernel(inputs) == "dense":
-            pos, rank_plus, rank = dense_suprank_query_ranks(inputs, self.step)
+            pos, rank_plus, rank = dense_suprank_query_ranks(inputs, self.constant_step())
             return self.kept_queries(*masked_query_mean(rank_plus / rank, pos))
         q, _, rank_plus, rank = suprank_pair_ranks(inputs, self.step)
         return self.segment_mean(rank_plus / rank, q, inputs.scores.shape[0])

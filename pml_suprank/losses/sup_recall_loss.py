@@ -67,7 +67,7 @@ class SupRecallLoss(SupRankStepMixin, BaseRankLoss):
 
     def _dense_recall(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:
         # Eq. 16 on the dense ranks: hits (B, N, |K|) weighted by the positives mask, no host synchronisation
-        pos, _, rank = dense_suprank_query_ranks(inputs, self.step)
+        pos, _, rank = dense_suprank_query_ranks(inputs, self.constant_step())
         ks = torch.tensor(self.k, dtype=rank.dtype, device=rank.device)
         hits = tau_sigmoid(ks - rank.unsqueeze(2), self.temperature)
         sums = torch.einsum("bik,bi->bk", hits, pos)

@@ -12,7 +12,8 @@ so that nothing depends on the data's values but the values themselves:
 * :func:`dense_smooth_ap_ranks` — Smooth-AP's ``rank⁺`` and ``rank`` (Brown et al., ECCV 2020, Eq. 5-6);
 * :func:`dense_query_ranks` — either one over all the queries, in blocks of :func:`dense_block_size` queries so
   that a block's ``(b, N, N)`` temporaries fit a memory budget (default :data:`DENSE_MEMORY_BUDGET`, 256 MB);
-  with more than one block each block is recomputed in backward (``torch.utils.checkpoint``), so the extra
+  a custom autograd function that saves only ``(B, N)`` tensors and recomputes each block's derivative in
+  backward from the explicit formulas :func:`dense_suprank_grad` / :func:`dense_smooth_ap_grad`, so the extra
   memory stays one block's, forward and backward;
 * :func:`masked_query_mean` — ``Σ_i w[q, i] x[q, i] / max(Σ_i w[q, i], 1)`` per query, the AP of Eq. 5 / Eq. 11;
 * :func:`choose_kernel` — the losses' ``kernel=`` option (:data:`KERNELS`) resolved by a per-device cost rule.
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
 
 from .steps import SupRankStep
 
@@ -41,13 +41,15 @@ __all__ = [
     "choose_kernel",
     "dense_block_size",
     "dense_query_ranks",
+    "dense_smooth_ap_grad",
     "dense_smooth_ap_ranks",
+    "dense_suprank_grad",
     "dense_suprank_ranks",
     "masked_query_mean",
 ]
 
 DENSE_MEMORY_BUDGET = 256 * 2**20  # bytes for one block's (b, N, N) temporaries
-DENSE_TEMPORARIES = 6  # (b, N, N) tensors alive at once in a block's forward + backward
+DENSE_TEMPORARIES = 4  # (b, N, N) tensors alive at once in a block's forward or backward (t, sig, mask/derivative, w)
 
 KERNELS = ("auto", "dense", "sorted")
 # CPU: dense iff B·N² <= this (the measured crossover of benchmarks/bench_losses.py --crossover on a 2-core CPU)
@@ -116,6 +118,11 @@ def dense_block_size(
     return int(max(1, min(max(num_queries, 1), memory_budget // per_query)))
 
 
+def _differences(scores: Tensor) -> Tensor:
+    """``t[q, i, j] = s_{qj} − s_{qi}``: ``(b, N) → (b, N_i, N_j)``."""
+    return scores.unsqueeze(1) - scores.unsqueeze(2)
+
+
 def dense_suprank_ranks(
     scores: Tensor, positives: Tensor, negatives: Tensor, step: SupRankStep
 ) -> tuple[Tensor, Tensor]:
@@ -125,24 +132,42 @@ def dense_suprank_ranks(
     ``rank[q, i] = rank⁺[q, i] + Σ_j N[q, j] · H⁻(s_{qj} − s_{qi})``. ``j = i`` is removed by index: its
     difference is exactly 0, so it adds ``P[q, i]`` to the positive sum, which is subtracted.
 
+    Plain autograd (differentiable through ``rank``); :func:`dense_query_ranks` evaluates the same values under
+    ``no_grad`` and the gradient from :func:`dense_suprank_grad`, so nothing of size ``(b, N, N)`` is saved.
+
     Args:
         scores: ``(b, N)`` floating scores of the block, may require grad.
         positives: ``(b, N)`` float 0/1 mask ``P`` (valid positives), same dtype as ``scores``.
         negatives: ``(b, N)`` float 0/1 mask ``N`` (valid negatives).
-        step: SupRank's ``H⁻``.
+        step: SupRank's ``H⁻``; give it a numeric ``offset`` (``offset=None`` resolves through a small host
+            computation) to keep the function free of host synchronisation.
 
     Returns:
-        ``(rank_plus (b, N), rank (b, N))`` in the dtype of ``scores``; ``rank`` is differentiable (through the
-        negatives' ``H⁻`` terms only), ``rank_plus`` is not. Temporaries: a few ``(b, N, N)`` tensors.
+        ``(rank_plus (b, N), rank (b, N))`` in the dtype of ``scores``. Temporaries: a few ``(b, N, N)`` tensors.
     """
-    t = scores.unsqueeze(1) - scores.unsqueeze(2)  # (b, N_i, N_j): s_qj − s_qi
-    heaviside = (t.detach() >= 0).to(scores.dtype)
-    rank_plus = 1.0 + torch.einsum("bij,bj->bi", heaviside, positives) - positives
+    t = _differences(scores)
+    rank_plus = 1.0 + ((t >= 0).to(scores.dtype) @ positives.unsqueeze(2)).squeeze(2) - positives
     sig = torch.sigmoid(t / step.tau)
-    linear = step.rho * (t - step.delta) + step.resolved_offset
-    h_minus = torch.where(t <= 0, sig, torch.where(t <= step.delta, sig + step.start, linear))
-    rank = rank_plus + torch.einsum("bij,bj->bi", h_minus, negatives)
-    return rank_plus, rank
+    h_minus = torch.where(
+        t <= step.delta, sig + step.start * (t > 0).to(t.dtype), step.rho * (t - step.delta) + step.resolved_offset
+    )
+    return rank_plus, rank_plus + (h_minus @ negatives.unsqueeze(2)).squeeze(2)
+
+
+def dense_suprank_grad(scores: Tensor, negatives: Tensor, step: SupRankStep, grad_rank: Tensor) -> Tensor:
+    """Gradient w.r.t. the ``(b, N)`` scores of ``Σ_{q,i} grad_rank[q, i] · rank[q, i]`` (:func:`dense_suprank_ranks`).
+
+    With ``d[q, i, j] = H⁻'(t_{qij})`` (``σ_τ'`` for ``t <= δ``, ``ρ`` above; SupRank Eq. 4) and
+    ``w[q, i, j] = g[q, i] · N[q, j] · d[q, i, j]``: ``∂/∂s_{qj} = Σ_i w[q, i, j] − Σ_k w[q, j, k]
+    = N[q, j] · (gᵀd)[q, j] − g[q, j] · (d N)[q, j]`` (two batched mat-vec products; ``w`` is never formed).
+    Returns ``(b, N)``.
+    """
+    t = _differences(scores)
+    sig = torch.sigmoid(t / step.tau)
+    deriv = torch.where(t <= step.delta, sig * (1.0 - sig) / step.tau, step.rho)  # (b, N_i, N_j)
+    into_j = (grad_rank.unsqueeze(1) @ deriv).squeeze(1) * negatives
+    from_i = (deriv @ negatives.unsqueeze(2)).squeeze(2) * grad_rank
+    return into_j - from_i
 
 
 def dense_smooth_ap_ranks(scores: Tensor, positives: Tensor, valid: Tensor, tau: float) -> tuple[Tensor, Tensor]:
@@ -158,12 +183,74 @@ def dense_smooth_ap_ranks(scores: Tensor, positives: Tensor, valid: Tensor, tau:
         tau: temperature ``τ > 0``.
 
     Returns:
-        ``(rank_plus (b, N), rank (b, N))``, both differentiable w.r.t. ``scores``.
+        ``(rank_plus (b, N), rank (b, N))``, both differentiable w.r.t. ``scores`` by plain autograd.
     """
-    sig = torch.sigmoid((scores.unsqueeze(1) - scores.unsqueeze(2)) / tau)  # (b, N_i, N_j)
-    rank_plus = 1.0 + torch.einsum("bij,bj->bi", sig, positives) - 0.5 * positives
-    rank = 1.0 + torch.einsum("bij,bj->bi", sig, valid) - 0.5 * valid
-    return rank_plus, rank
+    sig = torch.sigmoid(_differences(scores) / tau)
+    masks = torch.stack([positives, valid], dim=2)  # (b, N, 2)
+    ranks = 1.0 + sig @ masks - 0.5 * masks
+    return ranks[..., 0], ranks[..., 1]
+
+
+def dense_smooth_ap_grad(
+    scores: Tensor, positives: Tensor, valid: Tensor, tau: float, grad_plus: Tensor, grad_rank: Tensor
+) -> Tensor:
+    """Gradient w.r.t. the ``(b, N)`` scores of ``Σ g⁺ · rank⁺ + g · rank`` (:func:`dense_smooth_ap_ranks`).
+
+    ``w[q, i, j] = σ_τ'(t_{qij}) · (g⁺[q, i] P[q, j] + g[q, i] V[q, j])``, ``∂/∂s_{qj} = Σ_i w[q, i, j] −
+    Σ_k w[q, j, k]``, from two batched products with ``σ_τ'`` (``w`` is never formed). Returns ``(b, N)``.
+    """
+    sig = torch.sigmoid(_differences(scores) / tau)
+    deriv = sig * (1.0 - sig) / tau  # (b, N_i, N_j)
+    into_j = torch.stack([grad_plus, grad_rank], dim=1) @ deriv  # (b, 2, N)
+    from_i = deriv @ torch.stack([positives, valid], dim=2)  # (b, N, 2)
+    return (into_j[:, 0] * positives + into_j[:, 1] * valid) - (from_i[..., 0] * grad_plus + from_i[..., 1] * grad_rank)
+
+
+class _DenseRanks(torch.autograd.Function):
+    """Blocked dense ranks: values per query block under ``no_grad``, gradients recomputed block by block."""
+
+    @staticmethod
+    def forward(ctx, kernel, block, parameter, scores, positives, others):
+        fn = dense_suprank_ranks if kernel == "suprank" else dense_smooth_ap_ranks
+        if block >= scores.shape[0]:
+            rank_plus, rank = fn(scores, positives, others, parameter)
+        else:
+            outs = [fn(scores[r], positives[r], others[r], parameter) for r in _blocks(scores.shape[0], block)]
+            rank_plus, rank = torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
+        ctx.save_for_backward(scores, positives, others)
+        ctx.kernel, ctx.block, ctx.parameter = kernel, block, parameter
+        if kernel == "suprank":
+            ctx.mark_non_differentiable(rank_plus)
+        return rank_plus, rank
+
+    @staticmethod
+    def backward(ctx, grad_plus, grad_rank):
+        saved = ctx.saved_tensors
+        grad_rank = torch.zeros_like(saved[0]) if grad_rank is None else grad_rank
+        if grad_plus is None:  # always for "suprank" (rank⁺ has no gradient), where it is not used
+            grad_plus = grad_rank if ctx.kernel == "suprank" else torch.zeros_like(saved[0])
+        grads = (grad_plus, grad_rank)
+        tensors = (*saved, *grads)  # scores, positives, others, grad_plus, grad_rank
+        if ctx.block >= saved[0].shape[0]:
+            grad_scores = _block_grad(ctx.kernel, ctx.parameter, *tensors)
+        else:
+            grad_scores = torch.cat(
+                [
+                    _block_grad(ctx.kernel, ctx.parameter, *(x[r] for x in tensors))
+                    for r in _blocks(saved[0].shape[0], ctx.block)
+                ]
+            )
+        return None, None, None, grad_scores, None, None
+
+
+def _block_grad(kernel, parameter, scores, positives, others, grad_plus, grad_rank) -> Tensor:
+    if kernel == "suprank":
+        return dense_suprank_grad(scores, others, parameter, grad_rank)
+    return dense_smooth_ap_grad(scores, positives, others, parameter, grad_plus, grad_rank)
+
+
+def _blocks(num_queries: int, block: int) -> list[slice]:
+    return [slice(start, start + block) for start in range(0, num_queries, block)]
 
 
 def dense_query_ranks(
@@ -177,32 +264,30 @@ def dense_query_ranks(
 ) -> tuple[Tensor, Tensor]:
     """``(rank⁺, rank)`` ``(B, N)`` of every query, in blocks of :func:`dense_block_size` queries.
 
+    A custom autograd function: forward evaluates each block's values (:func:`dense_suprank_ranks` /
+    :func:`dense_smooth_ap_ranks`) without a graph; backward recomputes each block's ``(b, N, N)`` derivative
+    (:func:`dense_suprank_grad` / :func:`dense_smooth_ap_grad`). Only ``(B, N)`` tensors are saved, so the extra
+    memory is one block's temporaries in forward and in backward. No host synchronisation.
+
     Args:
-        kernel: ``"suprank"`` (:func:`dense_suprank_ranks`, ``others`` = negatives, ``parameter`` = the step)
-            or ``"smooth_ap"`` (:func:`dense_smooth_ap_ranks`, ``others`` = valid mask, ``parameter`` = ``τ``).
-        scores: ``(B, N)`` scores; ``positives``/``others``: ``(B, N)`` float masks in the dtype of ``scores``.
-        memory_budget: bytes for one block's temporaries. With one block the graph is ordinary autograd; with
-            several, each block is checkpointed (recomputed in backward) so only one block's temporaries live.
+        kernel: ``"suprank"`` (``others`` = negatives mask, ``parameter`` = the :class:`SupRankStep`, with a
+            numeric ``offset`` for a sync-free call) or ``"smooth_ap"`` (``others`` = valid mask, ``parameter`` =
+            ``τ``).
+        scores: ``(B, N)`` scores; ``positives``/``others``: ``(B, N)`` float masks in the dtype of ``scores``
+            (no gradient flows into them).
+        memory_budget: bytes for one block's temporaries (see :func:`dense_block_size`).
+
+    Returns:
+        ``(rank_plus (B, N), rank (B, N))``; for ``"suprank"`` ``rank_plus`` carries no gradient.
 
     Raises:
         ValueError: unknown ``kernel``.
     """
-    if kernel == "suprank":
-        fn = dense_suprank_ranks
-    elif kernel == "smooth_ap":
-        fn = dense_smooth_ap_ranks
-    else:
+    if kernel not in ("suprank", "smooth_ap"):
         raise ValueError(f"kernel must be 'suprank' or 'smooth_ap'; got {kernel!r}")
     num_queries, num_refs = scores.shape
     block = dense_block_size(num_queries, num_refs, scores.element_size(), memory_budget)
-    if block >= num_queries:
-        return fn(scores, positives, others, parameter)
-    parts = []
-    for start in range(0, num_queries, block):
-        rows = slice(start, start + block)
-        args = (scores[rows], positives[rows], others[rows], parameter)
-        parts.append(checkpoint(fn, *args, use_reentrant=False) if scores.requires_grad else fn(*args))
-    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+    return _DenseRanks.apply(kernel, block, parameter, scores, positives, others)
 
 
 def masked_query_mean(values: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:
