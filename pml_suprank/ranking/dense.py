@@ -52,8 +52,10 @@ DENSE_MEMORY_BUDGET = 256 * 2**20  # bytes for one block's (b, N, N) temporaries
 DENSE_TEMPORARIES = 4  # (b, N, N) tensors alive at once in a block's forward or backward (t, sig, mask/derivative, w)
 
 KERNELS = ("auto", "dense", "sorted")
-# CPU: dense iff B·N² <= this (the measured crossover of benchmarks/bench_losses.py --crossover on a 2-core CPU)
-CPU_DENSE_MAX_WORK = 1 << 20
+# CPU: dense iff B·N² <= this. Measured with benchmarks/bench_losses.py --crossover (2-core CPU, float32, 512-d,
+# torch 2.14): dense is faster for all four flat losses at in-batch B = 16 (B·N² = 4.1e3, 1.4-3.7×), for three of
+# four at B = 32 (3.3e4), and slower from B = 64 (2.6e5, 0.5-0.7×); the rule keeps B·N² <= 2^14 (in-batch B <= 25)
+CPU_DENSE_MAX_WORK = 1 << 14
 # CUDA (and other accelerators): dense iff N <= this; NOT measured yet (no GPU was available): it is the N at which
 # one query's float32 (1, N, N) temporaries reach DENSE_MEMORY_BUDGET, sqrt(256 MB / (6 · 4 B)) ≈ 3,300
 CUDA_DENSE_MAX_REFS = 3300
