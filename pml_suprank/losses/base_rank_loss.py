@@ -106,8 +106,8 @@ class BaseRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
         # plain attributes read by _sub_loss_names(), which PML calls inside super().__init__
         self._has_decomposability = decomposability is not None
         super().__init__(**kwargs)
+        self.kernel = kernel  # before include_self: vars(loss) keeps ending with the former hyper-parameters
         self.include_self = include_self
-        self.kernel = kernel
         check_similarity(type(self).__name__, self.distance)
         self.decomposability_weight = check_probability("decomposability_weight", decomposability_weight)
         self.decomposability_loss = None
