@@ -281,3 +281,22 @@ def test_explicit_gradient_equals_autograd_of_the_values(kernel):
         ((rank * weights).sum() + extra).backward()
         grads.append(s.grad)
     torch.testing.assert_close(grads[0], grads[1], atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["SmoothAP", "SupAP", "ROADMAP"])
+def test_dense_equals_sorted_inside_cross_batch_memory(name):
+    emb, labels, _, _ = _data(9, batch=10)
+    results = []
+    for kernel in ("dense", "sorted"):
+        torch.manual_seed(0)
+        xbm = losses.CrossBatchMemory(FLAT[name](kernel=kernel), embedding_size=8, memory_size=25).to(torch.float64)
+        grads = []
+        for step in range(3):  # fills the memory: later calls rank against earlier batches
+            e = (emb.roll(step, 0) + 0.01 * step).requires_grad_(True)
+            loss = xbm(e, labels.roll(step, 0))
+            loss.backward()
+            grads.append((loss.detach(), e.grad))
+        results.append(grads)
+    for (la, ga), (lb, gb) in zip(*results, strict=True):
+        torch.testing.assert_close(la, lb, atol=1e-9, rtol=0)
+        torch.testing.assert_close(ga, gb, atol=1e-9, rtol=0)
