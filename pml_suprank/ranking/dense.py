@@ -147,13 +147,28 @@ def dense_suprank_ranks(
     Returns:
         ``(rank_plus (b, N), rank (b, N))`` in the dtype of ``scores``. Temporaries: a few ``(b, N, N)`` tensors.
     """
+    return _suprank_forward(scores, positives, negatives, step, keep_derivative=False)[:2]
+
+
+def _suprank_forward(scores, positives, negatives, step, *, keep_derivative: bool):
     t = _differences(scores)
     rank_plus = 1.0 + ((t >= 0).to(scores.dtype) @ positives.unsqueeze(2)).squeeze(2) - positives
     sig = torch.sigmoid(t / step.tau)
     h_minus = torch.where(
         t <= step.delta, sig + step.start * (t > 0).to(t.dtype), step.rho * (t - step.delta) + step.resolved_offset
     )
-    return rank_plus, rank_plus + (h_minus @ negatives.unsqueeze(2)).squeeze(2)
+    deriv = _suprank_derivative(t, sig, step) if keep_derivative else None
+    return rank_plus, rank_plus + (h_minus @ negatives.unsqueeze(2)).squeeze(2), deriv
+
+
+def _suprank_derivative(t: Tensor, sig: Tensor, step: SupRankStep) -> Tensor:
+    return torch.where(t <= step.delta, sig * (1.0 - sig) / step.tau, step.rho)  # H⁻'(t), (b, N_i, N_j)
+
+
+def _suprank_grad_from(deriv: Tensor, negatives: Tensor, grad_rank: Tensor) -> Tensor:
+    into_j = (grad_rank.unsqueeze(1) @ deriv).squeeze(1) * negatives
+    from_i = (deriv @ negatives.unsqueeze(2)).squeeze(2) * grad_rank
+    return into_j - from_i
 
 
 def dense_suprank_grad(scores: Tensor, negatives: Tensor, step: SupRankStep, grad_rank: Tensor) -> Tensor:
@@ -165,11 +180,7 @@ def dense_suprank_grad(scores: Tensor, negatives: Tensor, step: SupRankStep, gra
     Returns ``(b, N)``.
     """
     t = _differences(scores)
-    sig = torch.sigmoid(t / step.tau)
-    deriv = torch.where(t <= step.delta, sig * (1.0 - sig) / step.tau, step.rho)  # (b, N_i, N_j)
-    into_j = (grad_rank.unsqueeze(1) @ deriv).squeeze(1) * negatives
-    from_i = (deriv @ negatives.unsqueeze(2)).squeeze(2) * grad_rank
-    return into_j - from_i
+    return _suprank_grad_from(_suprank_derivative(t, torch.sigmoid(t / step.tau), step), negatives, grad_rank)
 
 
 def dense_smooth_ap_ranks(scores: Tensor, positives: Tensor, valid: Tensor, tau: float) -> tuple[Tensor, Tensor]:
@@ -187,10 +198,21 @@ def dense_smooth_ap_ranks(scores: Tensor, positives: Tensor, valid: Tensor, tau:
     Returns:
         ``(rank_plus (b, N), rank (b, N))``, both differentiable w.r.t. ``scores`` by plain autograd.
     """
+    return _smooth_ap_forward(scores, positives, valid, tau, keep_derivative=False)[:2]
+
+
+def _smooth_ap_forward(scores, positives, valid, tau, *, keep_derivative: bool):
     sig = torch.sigmoid(_differences(scores) / tau)
     masks = torch.stack([positives, valid], dim=2)  # (b, N, 2)
     ranks = 1.0 + sig @ masks - 0.5 * masks
-    return ranks[..., 0], ranks[..., 1]
+    deriv = sig * (1.0 - sig) / tau if keep_derivative else None
+    return ranks[..., 0], ranks[..., 1], deriv
+
+
+def _smooth_ap_grad_from(deriv, positives, valid, grad_plus, grad_rank) -> Tensor:
+    into_j = torch.stack([grad_plus, grad_rank], dim=1) @ deriv  # (b, 2, N)
+    from_i = deriv @ torch.stack([positives, valid], dim=2)  # (b, N, 2)
+    return (into_j[:, 0] * positives + into_j[:, 1] * valid) - (from_i[..., 0] * grad_plus + from_i[..., 1] * grad_rank)
 
 
 def dense_smooth_ap_grad(
@@ -202,44 +224,53 @@ def dense_smooth_ap_grad(
     Σ_k w[q, j, k]``, from two batched products with ``σ_τ'`` (``w`` is never formed). Returns ``(b, N)``.
     """
     sig = torch.sigmoid(_differences(scores) / tau)
-    deriv = sig * (1.0 - sig) / tau  # (b, N_i, N_j)
-    into_j = torch.stack([grad_plus, grad_rank], dim=1) @ deriv  # (b, 2, N)
-    from_i = deriv @ torch.stack([positives, valid], dim=2)  # (b, N, 2)
-    return (into_j[:, 0] * positives + into_j[:, 1] * valid) - (from_i[..., 0] * grad_plus + from_i[..., 1] * grad_rank)
+    return _smooth_ap_grad_from(sig * (1.0 - sig) / tau, positives, valid, grad_plus, grad_rank)
 
 
 class _DenseRanks(torch.autograd.Function):
-    """Blocked dense ranks: values per query block under ``no_grad``, gradients recomputed block by block."""
+    """Blocked dense ranks: values per query block without a graph; gradients from the explicit derivative.
+
+    With one block (everything fits the budget) the block's ``(B, N, N)`` derivative is kept from forward;
+    with several, each block's derivative is recomputed in backward, so only one block is alive at a time.
+    """
 
     @staticmethod
     def forward(ctx, kernel, block, parameter, scores, positives, others):
-        fn = dense_suprank_ranks if kernel == "suprank" else dense_smooth_ap_ranks
-        if block >= scores.shape[0]:
-            rank_plus, rank = fn(scores, positives, others, parameter)
+        fn = _suprank_forward if kernel == "suprank" else _smooth_ap_forward
+        single = block >= scores.shape[0]
+        if single:
+            rank_plus, rank, deriv = fn(scores, positives, others, parameter, keep_derivative=True)
+            ctx.save_for_backward(scores, positives, others, deriv)
         else:
-            outs = [fn(scores[r], positives[r], others[r], parameter) for r in _blocks(scores.shape[0], block)]
+            outs = [
+                fn(scores[r], positives[r], others[r], parameter, keep_derivative=False)
+                for r in _blocks(scores.shape[0], block)
+            ]
             rank_plus, rank = torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
-        ctx.save_for_backward(scores, positives, others)
-        ctx.kernel, ctx.block, ctx.parameter = kernel, block, parameter
+            ctx.save_for_backward(scores, positives, others)
+        ctx.kernel, ctx.block, ctx.parameter, ctx.single = kernel, block, parameter, single
         if kernel == "suprank":
             ctx.mark_non_differentiable(rank_plus)
         return rank_plus, rank
 
     @staticmethod
     def backward(ctx, grad_plus, grad_rank):
-        saved = ctx.saved_tensors
-        grad_rank = torch.zeros_like(saved[0]) if grad_rank is None else grad_rank
+        scores, positives, others = ctx.saved_tensors[:3]
+        grad_rank = torch.zeros_like(scores) if grad_rank is None else grad_rank
         if grad_plus is None:  # always for "suprank" (rank⁺ has no gradient), where it is not used
-            grad_plus = grad_rank if ctx.kernel == "suprank" else torch.zeros_like(saved[0])
-        grads = (grad_plus, grad_rank)
-        tensors = (*saved, *grads)  # scores, positives, others, grad_plus, grad_rank
-        if ctx.block >= saved[0].shape[0]:
-            grad_scores = _block_grad(ctx.kernel, ctx.parameter, *tensors)
+            grad_plus = grad_rank if ctx.kernel == "suprank" else torch.zeros_like(scores)
+        if ctx.single:
+            deriv = ctx.saved_tensors[3]
+            if ctx.kernel == "suprank":
+                grad_scores = _suprank_grad_from(deriv, others, grad_rank)
+            else:
+                grad_scores = _smooth_ap_grad_from(deriv, positives, others, grad_plus, grad_rank)
         else:
+            tensors = (scores, positives, others, grad_plus, grad_rank)
             grad_scores = torch.cat(
                 [
                     _block_grad(ctx.kernel, ctx.parameter, *(x[r] for x in tensors))
-                    for r in _blocks(saved[0].shape[0], ctx.block)
+                    for r in _blocks(scores.shape[0], ctx.block)
                 ]
             )
         return None, None, None, grad_scores, None, None
@@ -267,9 +298,11 @@ def dense_query_ranks(
     """``(rank⁺, rank)`` ``(B, N)`` of every query, in blocks of :func:`dense_block_size` queries.
 
     A custom autograd function: forward evaluates each block's values (:func:`dense_suprank_ranks` /
-    :func:`dense_smooth_ap_ranks`) without a graph; backward recomputes each block's ``(b, N, N)`` derivative
-    (:func:`dense_suprank_grad` / :func:`dense_smooth_ap_grad`). Only ``(B, N)`` tensors are saved, so the extra
-    memory is one block's temporaries in forward and in backward. No host synchronisation.
+    :func:`dense_smooth_ap_ranks`) without a graph. With a single block (all ``B`` queries fit the budget) it keeps
+    that block's ``(B, N, N)`` derivative for backward (two mat-vec products then); with several blocks it saves
+    only ``(B, N)`` tensors and backward recomputes each block's derivative (:func:`dense_suprank_grad` /
+    :func:`dense_smooth_ap_grad`), so the extra memory is one block's temporaries in forward and in backward.
+    No host synchronisation.
 
     Args:
         kernel: ``"suprank"`` (``others`` = negatives mask, ``parameter`` = the :class:`SupRankStep`, with a
