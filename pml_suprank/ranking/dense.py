@@ -52,10 +52,11 @@ DENSE_MEMORY_BUDGET = 256 * 2**20  # bytes for one block's (b, N, N) temporaries
 DENSE_TEMPORARIES = 4  # (b, N, N) tensors alive at once in a block's forward or backward (t, sig, mask/derivative, w)
 
 KERNELS = ("auto", "dense", "sorted")
-# CPU: dense iff B·N² <= this. Measured with benchmarks/bench_losses.py --crossover (2-core CPU, float32, 512-d,
-# torch 2.14): dense is faster for all four flat losses at in-batch B = 16 (B·N² = 4.1e3, 1.4-3.7×), for three of
-# four at B = 32 (3.3e4), and slower from B = 64 (2.6e5, 0.5-0.7×); the rule keeps B·N² <= 2^14 (in-batch B <= 25)
-CPU_DENSE_MAX_WORK = 1 << 14
+# CPU: dense iff B·N² <= this. Measured with benchmarks/bench_losses.py --crossover --repeats 5 (2 shared CPU cores,
+# float32, 512-d, torch 2.14, SupAP / Smooth-AP / ROADMAP / Sup-R@k): dense is faster for all four at in-batch
+# B = 16 (B·N² = 4.1e3, 1.3-1.8×) and B = 32 (3.3e4, 1.15-1.45×), slower from B = 64 (2.6e5, 0.6-0.9×) and at
+# B = 64 vs N = 128 (1.0e6, 0.14-0.32×); the rule takes the largest measured B·N² where dense won, 2^15
+CPU_DENSE_MAX_WORK = 1 << 15
 # CUDA (and other accelerators): dense iff N <= this; NOT measured yet (no GPU was available): it is the N at which
 # one query's float32 (1, N, N) temporaries reach DENSE_MEMORY_BUDGET, sqrt(256 MB / (6 · 4 B)) ≈ 3,300
 CUDA_DENSE_MAX_REFS = 3300
