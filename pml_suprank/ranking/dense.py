@@ -12,9 +12,10 @@ so that nothing depends on the data's values but the values themselves:
 * :func:`dense_smooth_ap_ranks` — Smooth-AP's ``rank⁺`` and ``rank`` (Brown et al., ECCV 2020, Eq. 5-6);
 * :func:`dense_query_ranks` — either one over all the queries, in blocks of :func:`dense_block_size` queries so
   that a block's ``(b, N, N)`` temporaries fit a memory budget (default :data:`DENSE_MEMORY_BUDGET`, 256 MB);
-  a custom autograd function that saves only ``(B, N)`` tensors and recomputes each block's derivative in
-  backward from the explicit formulas :func:`dense_suprank_grad` / :func:`dense_smooth_ap_grad`, so the extra
-  memory stays one block's, forward and backward;
+  a custom autograd function with explicit derivatives (:func:`dense_suprank_grad` /
+  :func:`dense_smooth_ap_grad`): with one block it keeps that block's derivative from forward, with several it
+  saves only ``(B, N)`` tensors and recomputes each block's derivative in backward, so the extra memory stays
+  one block's, forward and backward;
 * :func:`masked_query_mean` — ``Σ_i w[q, i] x[q, i] / max(Σ_i w[q, i], 1)`` per query, the AP of Eq. 5 / Eq. 11;
 * :func:`choose_kernel` — the losses' ``kernel=`` option (:data:`KERNELS`) resolved by a per-device cost rule.
 
@@ -57,9 +58,9 @@ KERNELS = ("auto", "dense", "sorted")
 # B = 16 (B·N² = 4.1e3, 1.3-1.8×) and B = 32 (3.3e4, 1.15-1.45×), slower from B = 64 (2.6e5, 0.6-0.9×) and at
 # B = 64 vs N = 128 (1.0e6, 0.14-0.32×); the rule takes the largest measured B·N² where dense won, 2^15
 CPU_DENSE_MAX_WORK = 1 << 15
-# CUDA (and other accelerators): dense iff N <= this; NOT measured yet (no GPU was available): it is the N at which
-# one query's float32 (1, N, N) temporaries reach DENSE_MEMORY_BUDGET, sqrt(256 MB / (6 · 4 B)) ≈ 3,300
-CUDA_DENSE_MAX_REFS = 3300
+# CUDA (and other accelerators): dense iff N <= this; NOT measured yet (no GPU was available): it is the N up to
+# which one query's float32 (1, N, N) temporaries fit DENSE_MEMORY_BUDGET, sqrt(256 MB / (4 · 4 B)) = 4,096
+CUDA_DENSE_MAX_REFS = 4096
 
 
 def choose_kernel(kernel: str, device: torch.device | str, num_queries: int, num_refs: int) -> str:
