@@ -64,9 +64,18 @@ class HierarchicalRankLoss(SupRankStepMixin, BaseRankLoss):
     def query_scores(self, scores: Tensor, levels: Tensor, valid: Tensor, num_levels: int) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
 
+    def dense_query_scores(
+        self, scores: Tensor, levels: Tensor, valid: Tensor, num_levels: int
+    ) -> tuple[Tensor, Tensor]:
+        """:meth:`query_scores` by the dense kernel (``kernel="dense"``); subclasses that list ``"dense"`` in
+        ``kernels`` implement it."""
+        raise NotImplementedError
+
     def compute_query_losses(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:
         labels, ref_labels, num_levels = self.hierarchical_labels(inputs)
         levels = level_matrix(labels, ref_labels)
-        score, has_pos = self.query_scores(inputs.scores, levels, inputs.valid, num_levels)
+        dense = self.resolved_kernel(inputs) == "dense"
+        scores_fn = self.dense_query_scores if dense else self.query_scores
+        score, has_pos = scores_fn(inputs.scores, levels, inputs.valid, num_levels)
         kept = torch.nonzero(has_pos, as_tuple=True)[0]
         return 1.0 - score[kept], kept

@@ -16,6 +16,7 @@ from pml_suprank.ranking import (
     SupRankStep,
     choose_kernel,
     dense_block_size,
+    dense_hierarchical_query_ranks,
     dense_query_ranks,
     dense_smooth_ap_ranks,
     dense_suprank_ranks,
@@ -34,8 +35,8 @@ FLAT = {
 HIERARCHICAL = {
     "SupHAP": lambda **kw: losses.SupHAPLoss(**kw),
     "SupNDCG": lambda **kw: losses.SupNDCGLoss(**kw),
-    "HAPPIER": lambda **kw: losses.HAPPIERLoss(num_classes=4, embedding_size=8, **kw),
-    "RODNDCG": lambda **kw: losses.RODNDCGLoss(num_classes=4, embedding_size=8, **kw),
+    "HAPPIER": lambda **kw: losses.HAPPIERLoss(num_classes=64, embedding_size=8, **kw),
+    "RODNDCG": lambda **kw: losses.RODNDCGLoss(num_classes=64, embedding_size=8, **kw),
 }
 SYNC_OPS = {"aten::item", "aten::_local_scalar_dense", "aten::nonzero", "aten::unique", "aten::_unique2"}
 SYNC_OPS |= {"aten::is_nonzero", "aten::masked_select", "aten::equal", "aten::unique_consecutive"}
@@ -163,11 +164,89 @@ def test_kernel_option_is_validated_and_mirrored(name):
 
 
 @pytest.mark.parametrize("name", list(HIERARCHICAL))
-def test_hierarchical_losses_accept_sorted_and_reject_dense(name):
-    assert HIERARCHICAL[name](kernel="sorted").kernel == "sorted"
+def test_hierarchical_kernel_option_is_validated(name):
+    for kernel in KERNELS:
+        assert HIERARCHICAL[name](kernel=kernel).kernel == kernel
     assert HIERARCHICAL[name]().kernel == "auto"
-    with pytest.raises(ValueError, match=r"supports kernel in \('auto', 'sorted'\); got kernel='dense'"):
-        HIERARCHICAL[name](kernel="dense")
+    with pytest.raises(ValueError, match=r"kernel in \('auto', 'dense', 'sorted'\); got kernel='fast'"):
+        HIERARCHICAL[name](kernel="fast")
+
+
+class _SortedOnlyLoss(losses.BaseRankLoss):
+    """A third-party rank loss that implements no dense kernel (the base's default ``kernels``)."""
+
+    def compute_query_losses(self, inputs):
+        ap, kept = losses.SupAPLoss(kernel="sorted").query_ap(inputs)
+        return 1.0 - ap, kept
+
+
+def test_a_loss_without_dense_kernel_rejects_dense_by_name():
+    emb, labels, _, _ = _data(0)
+    assert _SortedOnlyLoss(kernel="sorted")(emb, labels) > 0
+    with pytest.raises(
+        ValueError, match=r"_SortedOnlyLoss supports kernel in \('auto', 'sorted'\); got kernel='dense'"
+    ):
+        _SortedOnlyLoss(kernel="dense")
+
+
+def _levels_data(seed: int, batch: int = 14, refs: int | None = None, num_levels: int = 2):
+    emb, fine, ref, ref_fine = _data(seed, batch, refs)
+    fine = fine % 6
+    fine[0] = 50  # a query whose fine and coarse classes appear nowhere else
+
+    def table(f):
+        cols = [f, f // 2, f // 4][:num_levels]
+        return torch.stack(cols, 1)
+
+    return emb, table(fine), ref, None if ref is None else table(ref_fine % 6)
+
+
+@pytest.mark.parametrize("name", list(HIERARCHICAL))
+@pytest.mark.parametrize("include_self", [False, True])
+def test_hierarchical_dense_equals_sorted_in_batch(name, include_self):
+    emb, labels, _, _ = _levels_data(10)
+    _assert_same(lambda **kw: HIERARCHICAL[name](include_self=include_self, **kw), emb, labels)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda **kw: losses.SupHAPLoss(with_hrank=True, **kw),
+        lambda **kw: losses.SupHAPLoss(with_hrank=True, tau=0.05, delta=0.1, start=0.0, offset=1.0, **kw),
+        lambda **kw: losses.SupHAPLoss(level_weights=[1.0, 0.3, 0.1], **kw),
+        lambda **kw: losses.SupNDCGLoss(**kw),
+    ],
+    ids=["hrank", "hrank_inat", "level_weights", "ndcg"],
+)
+def test_hierarchical_dense_equals_sorted_three_levels_and_memory(make):
+    emb, labels, ref, ref_labels = _levels_data(11, batch=9, refs=26, num_levels=3)
+    _assert_same(make, emb, labels)
+    _assert_same(make, emb, labels, ref, ref_labels)
+
+
+@pytest.mark.parametrize("name", ["SupHAP", "SupNDCG"])
+def test_hierarchical_dense_equals_sorted_with_indices_tuple(name):
+    emb, labels, _, _ = _levels_data(12)
+    g = torch.Generator().manual_seed(3)
+    a, p, n = (torch.randint(0, len(labels), (40,), generator=g) for _ in range(3))
+    _assert_same(HIERARCHICAL[name], emb, labels, indices_tuple=(a, p, n))
+
+
+def test_blocked_hierarchical_ranks_equal_one_block():
+    emb, labels, _, _ = _levels_data(13, num_levels=3)
+    scores = emb @ emb.t()
+    levels = (labels.unsqueeze(1) == labels.unsqueeze(0)).sum(2)  # shared ancestors: a level in {0..3}
+    valid = ~torch.eye(len(labels), dtype=torch.bool)
+    rel = torch.rand(len(labels), 4, dtype=torch.float64)
+    step, hrank = SupRankStep(offset=1.44), losses.SupHAPLoss().hrank
+    results = []
+    for budget in (DENSE_MEMORY_BUDGET, 3 * 10 * 14 * 14 * 8):  # one block; blocks of 3 queries (checkpointed)
+        s = scores.clone().requires_grad_(True)
+        rank, rank_plus = dense_hierarchical_query_ranks(s, levels, rel, valid, step, hrank, memory_budget=budget)
+        (rank_plus / rank).sum().backward()
+        results.append((rank.detach(), rank_plus.detach(), s.grad))
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
 
 
 def test_choose_kernel_cost_rule():
