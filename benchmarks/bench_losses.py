@@ -231,7 +231,16 @@ def run_row(row: Row, setting: Setting, device: str, repeats: int, threads: int 
 
 
 # ------------------------------------------------------------------------------------------------ kernel= option
-KERNEL_LOSSES = ("SupAPLoss", "SmoothAPLoss", "ROADMAPLoss", "SupRecallLoss")
+KERNEL_LOSSES = (
+    "SupAPLoss",
+    "SmoothAPLoss",
+    "ROADMAPLoss",
+    "SupRecallLoss",
+    "SupHAPLoss",
+    "HAPPIERLoss",
+    "SupNDCGLoss",
+)
+HIERARCHICAL = {"SupHAPLoss": {}, "HAPPIERLoss": {"num_classes": 16384, "embedding_size": 512}, "SupNDCGLoss": {}}
 CROSSOVER_SETTINGS = [Setting(f"in-batch B={b}", b, None) for b in (16, 32, 64, 128, 256)]
 CROSSOVER_SETTINGS += [Setting(f"B=64 N={n}", 64, n) for n in (128, 256, 512)]
 # host-synchronising aten ops (each drains an accelerator's queue); counted once per outermost call
@@ -240,7 +249,15 @@ SYNC_OPS += ("aten::_unique2", "aten::unique_consecutive", "aten::masked_select"
 
 
 def _kernel_loss(cls_name: str, kernel: str):
-    return _ours(cls_name, kernel=kernel)()
+    """The loss with ``kernel=``; hierarchical losses get 2-level labels ``(fine, fine // 4)``."""
+    if cls_name not in HIERARCHICAL:
+        return _ours(cls_name, kernel=kernel)()
+    fn = _ours(cls_name, kernel=kernel, **HIERARCHICAL[cls_name])()
+
+    def two_levels(labels):
+        return None if labels is None else torch.stack([labels, labels // 4], 1)
+
+    return lambda emb, labels, ref, ref_labels: fn(emb, two_levels(labels), ref, two_levels(ref_labels))
 
 
 def _time_in_process(fn, setting: Setting, device: str, repeats: int) -> float:

@@ -32,7 +32,11 @@ class HierarchicalRankLoss(SupRankStepMixin, BaseRankLoss):
         hierarchy: ``None``, a :class:`~pml_suprank.relevance.Hierarchy` or a ``(num_fine, L)`` integer table
             (row ``f`` = ``[f, parent, ..., root]``); required to use 1-D fine labels with ``L > 1`` levels.
         include_self: keep the query as its own (finest-level) item when the reference set is the batch.
-        chunk_size: window elements enumerated at once by the rank kernel (memory/speed only).
+        chunk_size: window elements enumerated at once by the sorted rank kernel (memory/speed only).
+        kernel: ``"auto"``, ``"dense"`` (:func:`~pml_suprank.ranking.dense_hierarchical_ranks`, ``(b, N, N)``
+            blocks) or ``"sorted"`` (:func:`~pml_suprank.ranking.hierarchical_ranks`); see
+            :class:`~pml_suprank.losses.BaseRankLoss`. Subclasses with a dense path implement
+            :meth:`dense_query_scores` and list ``"dense"`` in ``kernels``.
         **kwargs: the SupRank step ``H⁻`` (SupRank Eq. 4, :class:`~pml_suprank.ranking.SupRankStep`): ``tau``
             (0.01; alias ``temperature``, giving both with different values raises ``ValueError``), ``rho``,
             ``delta``, ``start``, ``offset``; and :class:`~pml_suprank.losses.BaseRankLoss` / PML options.

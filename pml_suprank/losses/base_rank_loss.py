@@ -63,9 +63,10 @@ class BaseRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
        and ``"decomposability_loss"`` (already reduced, weighted by ``λ``); otherwise a single ``"loss"`` entry. The
        decomposability term uses the finest labels (column 0 of 2-D labels).
 
-    4. Kernels: the class attribute ``kernels`` lists the ``kernel=`` values a loss accepts; the flat losses
-       (Smooth-AP, SupAP, Sup-R@k) have ``("auto", "dense", "sorted")`` and branch on :meth:`resolved_kernel`,
-       the others ``("auto", "sorted")`` (``kernel="dense"`` raises ``ValueError`` naming what is supported).
+    4. Kernels: the class attribute ``kernels`` lists the ``kernel=`` values a loss accepts. Every loss of the
+       package has ``("auto", "dense", "sorted")`` and branches on :meth:`resolved_kernel`; a new subclass
+       inherits ``("auto", "sorted")`` until it implements a dense path (``kernel="dense"`` then raises
+       ``ValueError`` naming what is supported).
 
     Args:
         include_self: keep the query as its own positive when the reference set is the batch (reference code).
@@ -99,7 +100,7 @@ class BaseRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
         if kernel not in self.kernels:
             raise ValueError(
                 f"{type(self).__name__} supports kernel in {self.kernels}; got kernel={kernel!r}"
-                + (" (the dense kernel exists for the flat losses only)" if kernel in KERNELS else "")
+                + (" (this loss implements no dense kernel)" if kernel in KERNELS else "")
             )
         if not isinstance(include_self, bool):
             raise TypeError(f"include_self must be a bool; got {type(include_self).__name__} {include_self!r}")

@@ -63,7 +63,9 @@ KERNELS = ("auto", "dense", "sorted")
 # CPU: dense iff B·N² <= this. Measured with benchmarks/bench_losses.py --crossover --repeats 5 (2 shared CPU cores,
 # float32, 512-d, torch 2.14, SupAP / Smooth-AP / ROADMAP / Sup-R@k): dense is faster for all four at in-batch
 # B = 16 (B·N² = 4.1e3, 1.3-1.8×) and B = 32 (3.3e4, 1.15-1.45×), slower from B = 64 (2.6e5, 0.6-0.9×) and at
-# B = 64 vs N = 128 (1.0e6, 0.14-0.32×); the rule takes the largest measured B·N² where dense won, 2^15
+# B = 64 vs N = 128 (1.0e6, 0.14-0.32×); the rule takes the largest measured B·N² where dense won, 2^15. The
+# hierarchical losses (Sup-H-AP, HAPPIER, Sup-NDCG, 2 levels) agree: dense 1.1-2.4× faster at B = 16 and 32, mixed
+# at B = 64 (0.25-1.8×), slower at B = 128 (0.2-0.3×)
 CPU_DENSE_MAX_WORK = 1 << 15
 # CUDA (and other accelerators): dense iff N <= this; NOT measured yet (no GPU was available): it is the N up to
 # which one query's float32 (1, N, N) temporaries fit DENSE_MEMORY_BUDGET, sqrt(256 MB / (4 · 4 B)) = 4,096
