@@ -17,6 +17,7 @@ from pml_suprank.ranking import (
     choose_kernel,
     dense_block_size,
     dense_hierarchical_query_ranks,
+    dense_hierarchical_ranks,
     dense_query_ranks,
     dense_smooth_ap_ranks,
     dense_suprank_ranks,
@@ -379,3 +380,45 @@ def test_dense_equals_sorted_inside_cross_batch_memory(name):
     for (la, ga), (lb, gb) in zip(*results, strict=True):
         torch.testing.assert_close(la, lb, atol=1e-9, rtol=0)
         torch.testing.assert_close(ga, gb, atol=1e-9, rtol=0)
+
+
+def _hierarchical_block(seed: int = 0, batch: int = 48):
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.randn(batch, batch, generator=g)
+    levels = torch.randint(0, 3, (batch, batch), generator=g)
+    valid = torch.rand(batch, batch, generator=g) > 0.1
+    rel = torch.rand(batch, 3, generator=g)
+    return scores, levels, valid, rel
+
+
+def test_dense_hierarchical_kernel_has_no_host_synchronisation():
+    scores, levels, valid, rel = _hierarchical_block()
+    scores.requires_grad_(True)
+    step, hrank = SupRankStep(offset=1.4933), losses.SupHAPLoss().hrank
+
+    def step_fn():
+        rank, rank_plus = dense_hierarchical_query_ranks(scores, levels, rel, valid, step, hrank)
+        (rank_plus / rank).sum().backward()
+
+    top, syncs = _profiled_ops(step_fn)
+    assert syncs == []
+    assert len(top) <= 120
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler for inductor")
+def test_dense_hierarchical_core_compiles_without_graph_breaks():
+    scores, levels, valid, rel = _hierarchical_block(batch=8)
+    scores = scores.double()
+    args = (levels, rel.double(), valid, SupRankStep(offset=1.44), losses.SupHAPLoss().hrank)
+    explained = torch._dynamo.explain(dense_hierarchical_ranks)(scores, *args)
+    assert explained.graph_break_count == 0
+    compiled = torch.compile(dense_hierarchical_ranks, backend="inductor", fullgraph=True)
+    results = []
+    for fn in (compiled, dense_hierarchical_ranks):
+        s = scores.clone().requires_grad_(True)
+        rank, rank_plus = fn(s, *args)
+        (rank_plus / rank).sum().backward()
+        results.append((rank.detach(), rank_plus.detach(), s.grad))
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-12)
