@@ -17,6 +17,10 @@ Usage::
     python benchmarks/bench_losses.py            # B ∈ {64,128,256} in-batch, B=256 vs N ∈ {1024,4096,60000}
     python benchmarks/bench_losses.py --quick    # small sizes only, 1 repeat
     python benchmarks/bench_losses.py --device cuda
+    python benchmarks/bench_losses.py --crossover  # kernel="dense" vs "sorted" timings and the auto rule's choice
+    python benchmarks/bench_losses.py --ops        # top-level aten ops and host syncs per fwd+bwd, per kernel
+
+Rows ``<loss> dense`` / ``<loss> sorted`` force the ``kernel=`` option; the plain rows use ``kernel="auto"``.
 
 Writes ``benchmarks/results/bench_losses[_quick]_<device>.json``.
 """
@@ -149,6 +153,10 @@ ROWS: list[Row] = [
     Row("ROADMAP", _ours("ROADMAPLoss")),
     Row("Smooth-AP", _ours("SmoothAPLoss")),
     Row("Sup-R@k", _ours("SupRecallLoss")),
+    Row("SupAP dense", _ours("SupAPLoss", kernel="dense"), dense=True),
+    Row("SupAP sorted", _ours("SupAPLoss", kernel="sorted")),
+    Row("Smooth-AP dense", _ours("SmoothAPLoss", kernel="dense"), dense=True),
+    Row("Smooth-AP sorted", _ours("SmoothAPLoss", kernel="sorted")),
     Row("dense SupAP", lambda: _dense("supap"), kind="baseline", dense=True, notes="B×N×N, reference-style"),
     Row("dense Smooth-AP", lambda: _dense("smoothap"), kind="baseline", dense=True, notes="B×N×N"),
     Row("PML SmoothAPLoss", _pml_smooth_ap, kind="baseline", in_batch_only=True, notes="PML 2.9; value wrong here"),
@@ -160,6 +168,10 @@ COMPARE = {
     "ROADMAP": ["matmul", "dense SupAP"],
     "Smooth-AP": ["matmul", "dense Smooth-AP", "PML SmoothAPLoss"],
     "Sup-R@k": ["matmul"],
+    "SupAP dense": ["matmul", "dense SupAP"],
+    "SupAP sorted": ["matmul", "dense SupAP"],
+    "Smooth-AP dense": ["matmul", "dense Smooth-AP", "PML SmoothAPLoss"],
+    "Smooth-AP sorted": ["matmul", "dense Smooth-AP", "PML SmoothAPLoss"],
 }
 
 
@@ -218,6 +230,103 @@ def run_row(row: Row, setting: Setting, device: str, repeats: int, threads: int 
     return queue.get() if not queue.empty() else {"error": f"exit code {proc.exitcode}"}
 
 
+# ------------------------------------------------------------------------------------------------ kernel= option
+KERNEL_LOSSES = (
+    "SupAPLoss",
+    "SmoothAPLoss",
+    "ROADMAPLoss",
+    "SupRecallLoss",
+    "SupHAPLoss",
+    "HAPPIERLoss",
+    "SupNDCGLoss",
+)
+HIERARCHICAL = {"SupHAPLoss": {}, "HAPPIERLoss": {"num_classes": 16384, "embedding_size": 512}, "SupNDCGLoss": {}}
+CROSSOVER_SETTINGS = [Setting(f"in-batch B={b}", b, None) for b in (16, 32, 64, 128, 256)]
+CROSSOVER_SETTINGS += [Setting(f"B=64 N={n}", 64, n) for n in (128, 256, 512)]
+# host-synchronising aten ops (each drains an accelerator's queue); counted once per outermost call
+SYNC_OPS = ("aten::item", "aten::_local_scalar_dense", "aten::nonzero", "aten::is_nonzero", "aten::unique")
+SYNC_OPS += ("aten::_unique2", "aten::unique_consecutive", "aten::masked_select", "aten::equal")
+
+
+def _kernel_loss(cls_name: str, kernel: str):
+    """The loss with ``kernel=``; hierarchical losses get 2-level labels ``(fine, fine // 4)``."""
+    if cls_name not in HIERARCHICAL:
+        return _ours(cls_name, kernel=kernel)()
+    fn = _ours(cls_name, kernel=kernel, **HIERARCHICAL[cls_name])()
+
+    def two_levels(labels):
+        return None if labels is None else torch.stack([labels, labels // 4], 1)
+
+    return lambda emb, labels, ref, ref_labels: fn(emb, two_levels(labels), ref, two_levels(ref_labels))
+
+
+def _time_in_process(fn, setting: Setting, device: str, repeats: int) -> float:
+    emb, labels, ref, ref_labels = make_inputs(setting, device)
+    emb = emb.clone().requires_grad_(True)
+    times = []
+    for _ in range(repeats + 1):
+        emb.grad = None
+        t0 = time.perf_counter()
+        fn(emb, labels, ref, ref_labels).backward()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:])
+
+
+def crossover(device: str, repeats: int) -> list[dict]:
+    """Time ``kernel="dense"`` against ``"sorted"`` (one process, median of ``repeats``) and print the table.
+
+    The CPU rule of ``pml_suprank.ranking.choose_kernel`` (dense iff ``B·N² <= CPU_DENSE_MAX_WORK``) is read off
+    this table: the largest ``B·N²`` at which dense is still faster for every loss.
+    """
+    from pml_suprank.ranking import choose_kernel
+
+    rows = []
+    print("\n| setting | B·N² | loss | dense (s) | sorted (s) | sorted/dense | auto picks |")
+    print("|---|---|---|---|---|---|---|")
+    for setting in CROSSOVER_SETTINGS:
+        n = setting.num_refs or setting.batch
+        for cls_name in KERNEL_LOSSES:
+            t = {k: _time_in_process(_kernel_loss(cls_name, k), setting, device, repeats) for k in ("dense", "sorted")}
+            auto = choose_kernel("auto", device, setting.batch, n)
+            rows.append({"setting": setting.name, "B": setting.batch, "N": n, "loss": cls_name, **t, "auto": auto})
+            ratio = t["sorted"] / t["dense"]
+            print(
+                f"| {setting.name} | {setting.batch * n * n:.1e} | {cls_name} | {t['dense']:.4f} | "
+                f"{t['sorted']:.4f} | {ratio:.2f}× | {auto} |",
+                flush=True,
+            )
+    faster = [r["B"] * r["N"] ** 2 for r in rows if r["dense"] < r["sorted"]]
+    slower = [r["B"] * r["N"] ** 2 for r in rows if r["dense"] >= r["sorted"]]
+    print(f"dense faster up to B·N² = {max(faster, default=0):.2e}; first slower at {min(slower, default=0):.2e}")
+    return rows
+
+
+def op_counts(device: str, batch: int = 256) -> list[dict]:
+    """Top-level aten ops and host-synchronising ops of one fwd+bwd (after a warm-up), per loss and kernel."""
+    from torch.profiler import ProfilerActivity, profile
+
+    setting = Setting(f"in-batch B={batch}", batch, None)
+    rows = []
+    print(f"\n| loss (B = {batch} in-batch) | kernel | top-level aten ops | host syncs |")
+    print("|---|---|---|---|")
+    for cls_name in KERNEL_LOSSES:
+        for kernel in ("dense", "sorted"):
+            fn = _kernel_loss(cls_name, kernel)
+            emb, labels, ref, ref_labels = make_inputs(setting, device)
+            emb = emb.clone().requires_grad_(True)
+            fn(emb, labels, ref, ref_labels).backward()
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                fn(emb, labels, ref, ref_labels).backward()
+            events = [e for e in prof.events() if e.name.startswith("aten::")]
+            top = [e for e in events if not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::"))]
+            syncs = [e for e in events if e.name in SYNC_OPS and not (e.cpu_parent and e.cpu_parent.name in SYNC_OPS)]
+            rows.append({"loss": cls_name, "kernel": kernel, "aten_ops": len(top), "syncs": len(syncs)})
+            print(f"| {cls_name} | {kernel} | {len(top)} | {len(syncs)} |", flush=True)
+    return rows
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, one repeat")
@@ -227,7 +336,23 @@ def main(argv=None):
     parser.add_argument("--dense-limit", type=float, default=4e7, help="skip dense rows when B·N² exceeds this")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per measurement")
     parser.add_argument("--rows", nargs="*", default=None, help="only these row names")
+    parser.add_argument("--crossover", action="store_true", help="dense vs sorted kernel timings (one process)")
+    parser.add_argument("--ops", action="store_true", help="aten op and host-sync counts per kernel (profiler)")
     args = parser.parse_args(argv)
+    if args.crossover or args.ops:
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        out = {}
+        if args.ops:
+            out["ops"] = op_counts(args.device)
+        if args.crossover:
+            out["crossover"] = crossover(args.device, args.repeats if args.repeats is not None else 3)
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        path = RESULTS / f"bench_kernels_{args.device.split(':')[0]}.json"
+        meta = {"torch": torch.__version__, "device": args.device, "threads": torch.get_num_threads()}
+        path.write_text(json.dumps({"meta": meta, **out}, indent=1))
+        print(f"wrote {path}")
+        return out
 
     if args.quick:
         settings = [Setting("in-batch B=64", 64, None), Setting("B=64 N=1024", 64, 1024)]

@@ -32,7 +32,11 @@ class HierarchicalRankLoss(SupRankStepMixin, BaseRankLoss):
         hierarchy: ``None``, a :class:`~pml_suprank.relevance.Hierarchy` or a ``(num_fine, L)`` integer table
             (row ``f`` = ``[f, parent, ..., root]``); required to use 1-D fine labels with ``L > 1`` levels.
         include_self: keep the query as its own (finest-level) item when the reference set is the batch.
-        chunk_size: window elements enumerated at once by the rank kernel (memory/speed only).
+        chunk_size: window elements enumerated at once by the sorted rank kernel (memory/speed only).
+        kernel: ``"auto"``, ``"dense"`` (:func:`~pml_suprank.ranking.dense_hierarchical_ranks`, ``(b, N, N)``
+            blocks) or ``"sorted"`` (:func:`~pml_suprank.ranking.hierarchical_ranks`); see
+            :class:`~pml_suprank.losses.BaseRankLoss`. Subclasses with a dense path implement
+            :meth:`dense_query_scores` and list ``"dense"`` in ``kernels``.
         **kwargs: the SupRank step ``H⁻`` (SupRank Eq. 4, :class:`~pml_suprank.ranking.SupRankStep`): ``tau``
             (0.01; alias ``temperature``, giving both with different values raises ``ValueError``), ``rho``,
             ``delta``, ``start``, ``offset``; and :class:`~pml_suprank.losses.BaseRankLoss` / PML options.
@@ -64,9 +68,18 @@ class HierarchicalRankLoss(SupRankStepMixin, BaseRankLoss):
     def query_scores(self, scores: Tensor, levels: Tensor, valid: Tensor, num_levels: int) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
 
+    def dense_query_scores(
+        self, scores: Tensor, levels: Tensor, valid: Tensor, num_levels: int
+    ) -> tuple[Tensor, Tensor]:
+        """:meth:`query_scores` by the dense kernel (``kernel="dense"``); subclasses that list ``"dense"`` in
+        ``kernels`` implement it."""
+        raise NotImplementedError
+
     def compute_query_losses(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:
         labels, ref_labels, num_levels = self.hierarchical_labels(inputs)
         levels = level_matrix(labels, ref_labels)
-        score, has_pos = self.query_scores(inputs.scores, levels, inputs.valid, num_levels)
+        dense = self.resolved_kernel(inputs) == "dense"
+        scores_fn = self.dense_query_scores if dense else self.query_scores
+        score, has_pos = scores_fn(inputs.scores, levels, inputs.valid, num_levels)
         kept = torch.nonzero(has_pos, as_tuple=True)[0]
         return 1.0 - score[kept], kept

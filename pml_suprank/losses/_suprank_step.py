@@ -10,6 +10,8 @@ is only ``tau=``.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .._validation import check_positive
 from ..ranking import SupRankStep
 
@@ -68,3 +70,17 @@ class SupRankStepMixin:
         self.step = SupRankStep(tau=tau, rho=rho, delta=delta, start=start, offset=offset)
         self.tau, self.rho, self.delta, self.start = self.step.tau, self.step.rho, self.step.delta, self.step.start
         self.offset = self.step.resolved_offset
+
+    def constant_step(self) -> SupRankStep:
+        """``self.step`` with its offset resolved to a number (cached per step object).
+
+        ``offset=None`` resolves through a small tensor computation (:func:`~pml_suprank.ranking.default_offset`);
+        the dense kernel takes this copy so that its hot path has no such host round trip and compiles without a
+        graph break.
+        """
+        cached = self.__dict__.get("_constant_step")
+        if cached is None or cached[0] is not self.step:
+            step = self.step if self.step.offset is not None else replace(self.step, offset=self.step.resolved_offset)
+            cached = (self.step, step)
+            self.__dict__["_constant_step"] = cached
+        return cached[1]

@@ -16,6 +16,7 @@ from pytorch_metric_learning.losses import BaseMetricLossFunction
 from torch import Tensor, nn
 
 from .._validation import check_probability
+from ..ranking.dense import KERNELS, choose_kernel
 from ._combination import combined_loss_dict, make_decomposability
 from ._inputs import (
     PreparedForwardMixin,
@@ -62,8 +63,18 @@ class BaseRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
        and ``"decomposability_loss"`` (already reduced, weighted by ``λ``); otherwise a single ``"loss"`` entry. The
        decomposability term uses the finest labels (column 0 of 2-D labels).
 
+    4. Kernels: the class attribute ``kernels`` lists the ``kernel=`` values a loss accepts. Every loss of the
+       package has ``("auto", "dense", "sorted")`` and branches on :meth:`resolved_kernel`; a new subclass
+       inherits ``("auto", "sorted")`` until it implements a dense path (``kernel="dense"`` then raises
+       ``ValueError`` naming what is supported).
+
     Args:
         include_self: keep the query as its own positive when the reference set is the batch (reference code).
+        kernel: ``"auto"`` (default: the per-device cost rule of :func:`pml_suprank.ranking.choose_kernel`),
+            ``"dense"`` (every ``(query, item, reference)`` difference in query blocks under a memory budget, no
+            host synchronisation; :mod:`pml_suprank.ranking.dense`) or ``"sorted"`` (sorted thresholds and
+            chunked windows over the (query, positive) pairs; :mod:`pml_suprank.ranking.flat`). Same values and
+            gradients up to rounding.
         decomposability: ``None``, ``"calibration"`` (L_DG, ROADMAP Eq. 7), ``"proxy"`` (L_DG*, Eq. 8), or an
             ``nn.Module`` loss, called as ``module(embeddings, fine_labels, indices_tuple[, ref_emb, ref_fine_labels])``
             (or ``module(embeddings, fine_labels)`` when it has ``uses_reference_set = False``, like ClusterLoss).
@@ -73,6 +84,7 @@ class BaseRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
     """
 
     allow_2d_labels = False
+    kernels: tuple[str, ...] = ("auto", "sorted")
 
     def __init__(
         self,
@@ -81,13 +93,21 @@ class BaseRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
         decomposability_weight: float = 0.1,
         num_classes: int | None = None,
         embedding_size: int | None = None,
+        *,
+        kernel: str = "auto",
         **kwargs,
     ):
+        if kernel not in self.kernels:
+            raise ValueError(
+                f"{type(self).__name__} supports kernel in {self.kernels}; got kernel={kernel!r}"
+                + (" (this loss implements no dense kernel)" if kernel in KERNELS else "")
+            )
         if not isinstance(include_self, bool):
             raise TypeError(f"include_self must be a bool; got {type(include_self).__name__} {include_self!r}")
         # plain attributes read by _sub_loss_names(), which PML calls inside super().__init__
         self._has_decomposability = decomposability is not None
         super().__init__(**kwargs)
+        self.kernel = kernel  # before include_self: vars(loss) keeps ending with the former hyper-parameters
         self.include_self = include_self
         check_similarity(type(self).__name__, self.distance)
         self.decomposability_weight = check_probability("decomposability_weight", decomposability_weight)
@@ -166,6 +186,11 @@ class BaseRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
         """Per-query losses ``(Q,)`` and the kept query rows ``(Q,)`` long; see the class docstring."""
         raise NotImplementedError
 
+    def resolved_kernel(self, inputs: RankInputs) -> str:
+        """``"dense"`` or ``"sorted"``: :attr:`kernel` resolved for these inputs (``"auto"``: cost rule by device)."""
+        num_queries, num_refs = inputs.scores.shape
+        return choose_kernel(self.kernel, inputs.scores.device, num_queries, num_refs)
+
     # ------------------------------------------------------------------ helpers for flat AP-like losses
     @staticmethod
     def segment_mean(values: Tensor, query_idx: Tensor, num_queries: int) -> tuple[Tensor, Tensor]:
@@ -174,3 +199,12 @@ class BaseRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
         counts = torch.bincount(query_idx, minlength=num_queries)
         kept = torch.nonzero(counts > 0, as_tuple=True)[0]
         return sums[kept] / counts[kept].to(values.dtype), kept
+
+    @staticmethod
+    def kept_queries(per_query: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:
+        """``(per_query[kept], kept)`` with ``kept`` the rows whose positive count is > 0 (dense path).
+
+        The one host synchronisation of the dense losses: PML's element reduction needs the kept rows.
+        """
+        kept = torch.nonzero(counts > 0, as_tuple=True)[0]
+        return per_query[kept], kept

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ..ranking import SigmoidStep, sigmoid_rank_sums
+from ..ranking import SigmoidStep, dense_query_ranks, masked_query_mean, sigmoid_rank_sums
 from .base_rank_loss import BaseRankLoss, RankInputs
 
 __all__ = ["SmoothAPLoss"]
@@ -18,15 +18,18 @@ class SmoothAPLoss(BaseRankLoss):
     Unlike PML 2.9's ``SmoothAPLoss`` it makes no assumption on the batch layout: any number of classes, any number
     of samples per class, any order, a separate reference set (``ref_emb``) and ``indices_tuple`` all work.
 
-    Cost: ``O(Σ_q |P_q| · N)`` time, ``O(B · N)`` extra memory.
+    Cost: ``O(Σ_q |P_q| · N)`` time, ``O(B · N)`` extra memory (``kernel="sorted"``); ``O(B · N²)`` time in
+    query blocks under a 256 MB budget (``kernel="dense"``); ``kernel="auto"`` picks one per device and size.
 
     Args:
         temperature: sigmoid temperature ``τ`` (0.01 in the paper).
         include_self: keep the query as its own positive when the reference set is the batch (reference code).
-        **kwargs: ``BaseRankLoss`` / PML options.
+        **kwargs: ``BaseRankLoss`` / PML options (``kernel="auto" | "dense" | "sorted"``, ``distance``, ...).
 
     Shapes: ``embeddings (B, D)``, ``labels (B,)``, optional ``ref_emb (N, D)``, ``ref_labels (N,)``; returns a scalar.
     """
+
+    kernels = ("auto", "dense", "sorted")
 
     def __init__(self, temperature: float = 0.01, include_self: bool = False, **kwargs):
         super().__init__(include_self=include_self, **kwargs)
@@ -36,6 +39,11 @@ class SmoothAPLoss(BaseRankLoss):
     def query_ap(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:
         """Smooth AP ``(Q,)`` of the queries with at least one positive, and their rows ``(Q,)``."""
         positives = inputs.positives()
+        if self.resolved_kernel(inputs) == "dense":
+            pos = positives.to(inputs.scores.dtype)
+            valid = inputs.valid.to(inputs.scores.dtype)
+            rank_plus, rank = dense_query_ranks("smooth_ap", inputs.scores, pos, valid, self.temperature)
+            return self.kept_queries(*masked_query_mean(rank_plus / rank, pos))
         q, i = inputs.positive_pairs(positives)
         pos_sum, all_sum = sigmoid_rank_sums(inputs.scores, q, i, positives, inputs.valid, self.temperature)
         rank_plus, rank = 1.0 + pos_sum, 1.0 + all_sum

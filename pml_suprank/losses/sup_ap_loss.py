@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ..ranking import SupRankStep, heaviside_positive_count, suprank_negative_sum
+from ..ranking import SupRankStep, dense_query_ranks, heaviside_positive_count, masked_query_mean, suprank_negative_sum
 from ._inputs import RankInputs
 from ._suprank_step import SupRankStepMixin, resolve_tau
 from .base_rank_loss import BaseRankLoss
 
-__all__ = ["SupAPLoss", "suprank_pair_ranks"]
+__all__ = ["SupAPLoss", "dense_suprank_query_ranks", "suprank_pair_ranks"]
 
 
 def suprank_pair_ranks(inputs: RankInputs, step: SupRankStep) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -33,6 +33,20 @@ def suprank_pair_ranks(inputs: RankInputs, step: SupRankStep) -> tuple[Tensor, T
     return q, i, rank_plus, rank
 
 
+def dense_suprank_query_ranks(inputs: RankInputs, step: SupRankStep) -> tuple[Tensor, Tensor, Tensor]:
+    """SupRank ranks of every (query, reference) pair by the dense kernel (SupRank Eq. 9-10).
+
+    Returns:
+        ``(positives (B, N) float mask, rank_plus (B, N), rank (B, N))``; only the entries where the mask is 1 are
+        (query, positive) ranks, the rest are finite and must be weighted by 0. No host synchronisation.
+    """
+    positives = inputs.positives()
+    negatives = (inputs.valid & ~positives).to(inputs.scores.dtype)
+    pos = positives.to(inputs.scores.dtype)
+    rank_plus, rank = dense_query_ranks("suprank", inputs.scores, pos, negatives, step)
+    return pos, rank_plus, rank
+
+
 class SupAPLoss(SupRankStepMixin, BaseRankLoss):
     """SupAP loss (Ramzi et al., SupRank, TPAMI 2025, Eq. 11; ROADMAP, NeurIPS 2021).
 
@@ -51,12 +65,15 @@ class SupAPLoss(SupRankStepMixin, BaseRankLoss):
         offset: value at ``t = δ⁺``; ``None`` → ``σ_τ(δ) + start`` (continuous; reference SOP configs use 1.44,
             iNat configs ``start=0, offset=1``).
         include_self: keep the query as its own positive when the reference set is the batch (reference code).
+        kernel: ``"auto"`` (default), ``"dense"`` or ``"sorted"`` (see :class:`BaseRankLoss`).
         temperature: alias of ``tau`` (the name the package's other sigmoid losses use); giving both with different
             values raises ``ValueError``.
         **kwargs: ``BaseRankLoss`` / PML options (``distance``, ``reducer``, ...).
 
     Shapes: ``embeddings (B, D)``, ``labels (B,)``, optional ``ref_emb (N, D)``, ``ref_labels (N,)``; returns a scalar.
     """
+
+    kernels = ("auto", "dense", "sorted")
 
     def __init__(
         self,
@@ -76,6 +93,9 @@ class SupAPLoss(SupRankStepMixin, BaseRankLoss):
 
     def query_ap(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:
         """Surrogate AP ``(Q,)`` of the queries with at least one positive, and their rows ``(Q,)``."""
+        if self.resolved_kernel(inputs) == "dense":
+            pos, rank_plus, rank = dense_suprank_query_ranks(inputs, self.constant_step())
+            return self.kept_queries(*masked_query_mean(rank_plus / rank, pos))
         q, _, rank_plus, rank = suprank_pair_ranks(inputs, self.step)
         return self.segment_mean(rank_plus / rank, q, inputs.scores.shape[0])
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from torch import Tensor
 
 from .._validation import check_level_weights, check_positive
-from ..ranking import HRankParams, sup_hap_scores
+from ..ranking import HRankParams, dense_sup_hap_scores, sup_hap_scores
 from ..relevance import Hierarchy, level_counts, pop_relevance, property1_relevance
 from ._hierarchical import HierarchicalRankLoss
 
@@ -53,6 +53,8 @@ class SupHAPLoss(HierarchicalRankLoss):
     ``ref_emb (N, D)``, ``ref_labels`` like ``labels``; returns a scalar.
     """
 
+    kernels = ("auto", "dense", "sorted")
+
     def __init__(
         self,
         hierarchy: Hierarchy | Tensor | None = None,
@@ -84,6 +86,13 @@ class SupHAPLoss(HierarchicalRankLoss):
                 )
             return property1_relevance(counts, self.level_weights, dtype=dtype)
         return pop_relevance(counts, self.alpha, dtype=dtype)
+
+    def dense_query_scores(
+        self, scores: Tensor, levels: Tensor, valid: Tensor, num_levels: int
+    ) -> tuple[Tensor, Tensor]:
+        rel = self.level_relevance(levels, valid, num_levels, scores.dtype)
+        hrank = self.hrank if self.with_hrank else None
+        return dense_sup_hap_scores(scores, levels, rel, valid, self.constant_step(), hrank)
 
     def query_scores(self, scores: Tensor, levels: Tensor, valid: Tensor, num_levels: int) -> tuple[Tensor, Tensor]:
         rel = self.level_relevance(levels, valid, num_levels, scores.dtype)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ..ranking import sup_ndcg_scores
+from ..ranking import dense_sup_ndcg_scores, sup_ndcg_scores
 from ..relevance import Hierarchy
 from ._hierarchical import HierarchicalRankLoss
 
@@ -27,8 +27,15 @@ class SupNDCGLoss(HierarchicalRankLoss):
     Shapes: ``embeddings (B, D)``; ``labels (B, L)`` or ``(B,)`` with ``hierarchy``; returns a scalar.
     """
 
+    kernels = ("auto", "dense", "sorted")
+
     def __init__(self, hierarchy: Hierarchy | Tensor | None = None, **suprank_kwargs):
         super().__init__(hierarchy=hierarchy, **suprank_kwargs)
+
+    def dense_query_scores(
+        self, scores: Tensor, levels: Tensor, valid: Tensor, num_levels: int
+    ) -> tuple[Tensor, Tensor]:
+        return dense_sup_ndcg_scores(scores, levels, num_levels, valid, self.constant_step())
 
     def query_scores(self, scores: Tensor, levels: Tensor, valid: Tensor, num_levels: int) -> tuple[Tensor, Tensor]:
         return sup_ndcg_scores(scores, levels, num_levels, valid, step=self.step, chunk_size=self.chunk_size)

@@ -10,7 +10,7 @@ from ..ranking import tau_sigmoid
 from ._inputs import RankInputs
 from ._suprank_step import SupRankStepMixin, pop_step_options
 from .base_rank_loss import BaseRankLoss
-from .sup_ap_loss import suprank_pair_ranks
+from .sup_ap_loss import dense_suprank_query_ranks, suprank_pair_ranks
 
 __all__ = ["SupRecallLoss"]
 
@@ -36,10 +36,13 @@ class SupRecallLoss(SupRankStepMixin, BaseRankLoss):
         k: the cut-offs ``K`` ((1, 2, 4, 8, 16)).
         temperature: ``τ*`` of the outer sigmoid (1.0).
         **suprank_kwargs: ``tau`` (0.01), ``rho``, ``delta``, ``start``, ``offset`` of ``H⁻`` (see
-            :class:`SupAPLoss`), ``include_self`` and ``BaseRankLoss``/PML options.
+            :class:`SupAPLoss`), ``include_self``, ``kernel`` (``"auto"``, ``"dense"``, ``"sorted"``) and
+            ``BaseRankLoss``/PML options.
 
     Shapes: ``embeddings (B, D)``, ``labels (B,)``, optional ``ref_emb (N, D)``, ``ref_labels (N,)``; returns a scalar.
     """
+
+    kernels = ("auto", "dense", "sorted")
 
     def __init__(self, k=(1, 2, 4, 8, 16), temperature: float = 1.0, **suprank_kwargs):
         step_kwargs = pop_step_options(type(self).__name__, suprank_kwargs, temperature_is_tau=False)
@@ -50,6 +53,8 @@ class SupRecallLoss(SupRankStepMixin, BaseRankLoss):
 
     def query_recall(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:
         """Surrogate recall ``(Q,)`` averaged over ``k`` for the queries with a positive, and their rows ``(Q,)``."""
+        if self.resolved_kernel(inputs) == "dense":
+            return self._dense_recall(inputs)
         q, _, _, rank = suprank_pair_ranks(inputs, self.step)
         num_queries = inputs.scores.shape[0]
         ks = torch.tensor(self.k, dtype=rank.dtype, device=rank.device)
@@ -59,6 +64,16 @@ class SupRecallLoss(SupRankStepMixin, BaseRankLoss):
         kept = torch.nonzero(counts > 0, as_tuple=True)[0]
         denom = torch.minimum(counts[kept].to(rank.dtype).unsqueeze(1), ks.unsqueeze(0))
         return (sums[kept] / denom).mean(1), kept
+
+    def _dense_recall(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:
+        # Eq. 16 on the dense ranks: hits (B, N, |K|) weighted by the positives mask, no host synchronisation
+        pos, _, rank = dense_suprank_query_ranks(inputs, self.constant_step())
+        ks = torch.tensor(self.k, dtype=rank.dtype, device=rank.device)
+        hits = tau_sigmoid(ks - rank.unsqueeze(2), self.temperature)
+        sums = torch.einsum("bik,bi->bk", hits, pos)
+        counts = pos.sum(1)
+        denom = torch.minimum(counts.unsqueeze(1), ks).clamp(min=1.0)
+        return self.kept_queries((sums / denom).mean(1), counts)
 
     def compute_query_losses(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:
         recall, kept = self.query_recall(inputs)

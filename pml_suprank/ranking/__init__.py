@@ -9,6 +9,8 @@ ECCV 2020; HAPPIER, Ramzi et al., ECCV 2022).
   for the Heaviside and linear branches, sigmoid windows for the rest;
 * :mod:`~pml_suprank.ranking.levels` and :mod:`~pml_suprank.ranking.hierarchical` — the hierarchical kernels
   (Sup-H-AP / HAPPIER, Sup-NDCG) over score-sorted level sets;
+* :mod:`~pml_suprank.ranking.dense` — the dense kernels of the flat losses (``(b, N, N)`` differences blocked over
+  queries under a memory budget, no host synchronisation) and the ``kernel="auto"`` cost rule;
 * :mod:`~pml_suprank.ranking.tail` — the separable series of the sigmoid's far branches.
 
 All functions are pure and take the device and dtype from their inputs.
@@ -16,6 +18,22 @@ All functions are pure and take the device and dtype from their inputs.
 
 from __future__ import annotations
 
+from .dense import (
+    DENSE_MEMORY_BUDGET,
+    KERNELS,
+    choose_kernel,
+    dense_block_size,
+    dense_hierarchical_query_ranks,
+    dense_hierarchical_ranks,
+    dense_query_ranks,
+    dense_smooth_ap_grad,
+    dense_smooth_ap_ranks,
+    dense_sup_hap_scores,
+    dense_sup_ndcg_scores,
+    dense_suprank_grad,
+    dense_suprank_ranks,
+    masked_query_mean,
+)
 from .flat import (
     count_above,
     group_positions,
@@ -45,17 +63,31 @@ DEFAULT_CHUNK_ELEMENTS = CHUNK_SIZE  # the former name of the flat kernels' defa
 
 __all__ = [
     "CHUNK_SIZE",
+    "DENSE_MEMORY_BUDGET",
+    "KERNELS",
     "HRankParams",
     "HeavisideStep",
     "SigmoidStep",
     "SortedLevels",
     "SupRankStep",
+    "choose_kernel",
     "count_above",
     "default_offset",
+    "dense_block_size",
+    "dense_hierarchical_query_ranks",
+    "dense_hierarchical_ranks",
+    "dense_query_ranks",
+    "dense_smooth_ap_grad",
+    "dense_smooth_ap_ranks",
+    "dense_sup_hap_scores",
+    "dense_sup_ndcg_scores",
+    "dense_suprank_grad",
+    "dense_suprank_ranks",
     "group_positions",
     "heaviside",
     "heaviside_positive_count",
     "hierarchical_ranks",
+    "masked_query_mean",
     "pairwise_step_sum",
     "sigmoid_rank_sums",
     "sigmoid_window_sum",

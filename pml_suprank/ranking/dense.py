@@ -1,0 +1,478 @@
+"""Dense rank kernels of the flat losses: every (query, item, reference) difference, blocked over queries.
+
+The sorted kernels of :mod:`pml_suprank.ranking.flat` touch only the (query, positive) pairs, but they pay for it
+with sorts, ``searchsorted``, data-dependent shapes and host synchronisations (``nonzero``, ``.item()``). On an
+accelerator — or for small batches on the CPU — it is cheaper to evaluate the surrogate on the full
+``(b, N, N)`` difference tensor ``t[q, i, j] = s_{q j} − s_{q i}`` of a block of ``b`` queries with a handful of
+fused elementwise ops and reductions, with every mask applied arithmetically (multiplication by a float mask),
+so that nothing depends on the data's values but the values themselves:
+
+* :func:`dense_suprank_ranks` — SupRank's ``rank⁺`` and ``rank`` (SupRank, Ramzi et al., TPAMI 2025, Eq. 9-10,
+  with ``H⁻`` of Eq. 4) for every reference item of a query block;
+* :func:`dense_smooth_ap_ranks` — Smooth-AP's ``rank⁺`` and ``rank`` (Brown et al., ECCV 2020, Eq. 5-6);
+* :func:`dense_query_ranks` — either one over all the queries, in blocks of :func:`dense_block_size` queries so
+  that a block's ``(b, N, N)`` temporaries fit a memory budget (default :data:`DENSE_MEMORY_BUDGET`, 256 MB);
+  a custom autograd function with explicit derivatives (:func:`dense_suprank_grad` /
+  :func:`dense_smooth_ap_grad`): with one block it keeps that block's derivative from forward, with several it
+  saves only ``(B, N)`` tensors and recomputes each block's derivative in backward, so the extra memory stays
+  one block's, forward and backward;
+* :func:`masked_query_mean` — ``Σ_i w[q, i] x[q, i] / max(Σ_i w[q, i], 1)`` per query, the AP of Eq. 5 / Eq. 11;
+* :func:`choose_kernel` — the losses' ``kernel=`` option (:data:`KERNELS`) resolved by a per-device cost rule.
+
+None of these functions synchronises with the host (no ``.item()``, ``nonzero``, boolean indexing or ``unique``;
+the block size depends on shapes only), so they are ``torch.compile(fullgraph=True)``-friendly. Values equal the
+sorted kernels' up to rounding (tested to 1e-9 in float64). Rows ``i`` that are not positives of ``q`` get finite
+ranks (``rank >= rank⁺ >= 1``) that callers multiply by a zero weight. All functions take the device and dtype
+from their inputs.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from ..relevance import ideal_dcg
+from .steps import HRankParams, SupRankStep
+
+__all__ = [
+    "CPU_DENSE_MAX_WORK",
+    "CUDA_DENSE_MAX_REFS",
+    "DENSE_MEMORY_BUDGET",
+    "DENSE_TEMPORARIES",
+    "HIERARCHICAL_TEMPORARIES",
+    "KERNELS",
+    "choose_kernel",
+    "dense_block_size",
+    "dense_hierarchical_query_ranks",
+    "dense_hierarchical_ranks",
+    "dense_query_ranks",
+    "dense_smooth_ap_grad",
+    "dense_smooth_ap_ranks",
+    "dense_sup_hap_scores",
+    "dense_sup_ndcg_scores",
+    "dense_suprank_grad",
+    "dense_suprank_ranks",
+    "masked_query_mean",
+]
+
+DENSE_MEMORY_BUDGET = 256 * 2**20  # bytes for one block's (b, N, N) temporaries
+DENSE_TEMPORARIES = 4  # (b, N, N) tensors alive at once in a block's forward or backward (t, sig, mask/derivative, w)
+
+KERNELS = ("auto", "dense", "sorted")
+# CPU: dense iff B·N² <= this. Measured with benchmarks/bench_losses.py --crossover --repeats 5 (2 shared CPU cores,
+# float32, 512-d, torch 2.14, SupAP / Smooth-AP / ROADMAP / Sup-R@k): dense is faster for all four at in-batch
+# B = 16 (B·N² = 4.1e3, 1.3-1.8×) and B = 32 (3.3e4, 1.15-1.45×), slower from B = 64 (2.6e5, 0.6-0.9×) and at
+# B = 64 vs N = 128 (1.0e6, 0.14-0.32×); the rule takes the largest measured B·N² where dense won, 2^15. The
+# hierarchical losses (Sup-H-AP, HAPPIER, Sup-NDCG, 2 levels) agree: dense 1.1-2.4× faster at B = 16 and 32, mixed
+# at B = 64 (0.25-1.8×), slower at B = 128 (0.2-0.3×)
+CPU_DENSE_MAX_WORK = 1 << 15
+# CUDA (and other accelerators): dense iff N <= this; NOT measured yet (no GPU was available): it is the N up to
+# which one query's float32 (1, N, N) temporaries fit DENSE_MEMORY_BUDGET, sqrt(256 MB / (4 · 4 B)) = 4,096
+CUDA_DENSE_MAX_REFS = 4096
+
+
+def choose_kernel(kernel: str, device: torch.device | str, num_queries: int, num_refs: int) -> str:
+    """Resolve a loss's ``kernel=`` option to ``"dense"`` or ``"sorted"``.
+
+    ``"dense"``/``"sorted"`` are returned as given. ``"auto"`` applies the cost rule of the device type:
+
+    * CPU: ``"dense"`` iff ``B·N² <= CPU_DENSE_MAX_WORK`` (small in-batch problems, where the sorted kernels'
+      fixed cost of sorts, ``searchsorted`` and index bookkeeping dominates), else ``"sorted"``;
+    * any other device (CUDA, MPS, ...): ``"dense"`` iff ``N <= CUDA_DENSE_MAX_REFS`` (one query's
+      ``(1, N, N)`` float32 temporaries fit :data:`DENSE_MEMORY_BUDGET`; each kernel launch and host
+      synchronisation of the sorted path costs microseconds there), else ``"sorted"``.
+
+    Args:
+        kernel: one of :data:`KERNELS`.
+        device: where the scores live.
+        num_queries: ``B``.
+        num_refs: ``N``.
+
+    Raises:
+        ValueError: ``kernel`` not in :data:`KERNELS`.
+    """
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}; got {kernel!r}")
+    if kernel != "auto":
+        return kernel
+    if torch.device(device).type == "cpu":
+        return "dense" if num_queries * num_refs * num_refs <= CPU_DENSE_MAX_WORK else "sorted"
+    return "dense" if num_refs <= CUDA_DENSE_MAX_REFS else "sorted"
+
+
+def dense_block_size(
+    num_queries: int,
+    num_refs: int,
+    element_size: int,
+    memory_budget: int = DENSE_MEMORY_BUDGET,
+    temporaries: int = DENSE_TEMPORARIES,
+) -> int:
+    """The number ``b`` of queries per block so that ``temporaries`` tensors of shape ``(b, N, N)`` fit the budget.
+
+    ``b = clamp(⌊budget / (temporaries · N² · element_size)⌋, 1, num_queries)``: shapes only, no data.
+
+    Args:
+        num_queries: ``B``.
+        num_refs: ``N``, the number of reference items.
+        element_size: bytes per element of the score dtype (4 for float32, 8 for float64).
+        memory_budget: bytes allowed for one block's temporaries.
+        temporaries: how many ``(b, N, N)`` tensors a block keeps alive at once.
+
+    Raises:
+        ValueError: a non-positive ``memory_budget`` or ``temporaries``.
+    """
+    if memory_budget <= 0 or temporaries <= 0:
+        raise ValueError(
+            f"memory_budget and temporaries must be positive; got memory_budget={memory_budget!r}, "
+            f"temporaries={temporaries!r}"
+        )
+    per_query = temporaries * max(num_refs, 1) ** 2 * element_size
+    return int(max(1, min(max(num_queries, 1), memory_budget // per_query)))
+
+
+def _differences(scores: Tensor) -> Tensor:
+    """``t[q, i, j] = s_{qj} − s_{qi}``: ``(b, N) → (b, N_i, N_j)``."""
+    return scores.unsqueeze(1) - scores.unsqueeze(2)
+
+
+def dense_suprank_ranks(
+    scores: Tensor, positives: Tensor, negatives: Tensor, step: SupRankStep
+) -> tuple[Tensor, Tensor]:
+    """SupRank ranks of every reference item ``i`` of a block of queries (SupRank Eq. 9-10, ``H⁻`` of Eq. 4).
+
+    ``rank⁺[q, i] = 1 + Σ_{j≠i} P[q, j] · H(s_{qj} − s_{qi})`` (Heaviside with ``H(0) = 1``, no gradient) and
+    ``rank[q, i] = rank⁺[q, i] + Σ_j N[q, j] · H⁻(s_{qj} − s_{qi})``. ``j = i`` is removed by index: its
+    difference is exactly 0, so it adds ``P[q, i]`` to the positive sum, which is subtracted.
+
+    Plain autograd (differentiable through ``rank``); :func:`dense_query_ranks` evaluates the same values under
+    ``no_grad`` and the gradient from :func:`dense_suprank_grad`, so nothing of size ``(b, N, N)`` is saved.
+
+    Args:
+        scores: ``(b, N)`` floating scores of the block, may require grad.
+        positives: ``(b, N)`` float 0/1 mask ``P`` (valid positives), same dtype as ``scores``.
+        negatives: ``(b, N)`` float 0/1 mask ``N`` (valid negatives).
+        step: SupRank's ``H⁻``; give it a numeric ``offset`` (``offset=None`` resolves through a small host
+            computation) to keep the function free of host synchronisation.
+
+    Returns:
+        ``(rank_plus (b, N), rank (b, N))`` in the dtype of ``scores``. Temporaries: a few ``(b, N, N)`` tensors.
+    """
+    return _suprank_forward(scores, positives, negatives, step, keep_derivative=False)[:2]
+
+
+def _suprank_forward(scores, positives, negatives, step, *, keep_derivative: bool):
+    t = _differences(scores)
+    rank_plus = 1.0 + ((t >= 0).to(scores.dtype) @ positives.unsqueeze(2)).squeeze(2) - positives
+    sig = torch.sigmoid(t / step.tau)
+    h_minus = torch.where(
+        t <= step.delta, sig + step.start * (t > 0).to(t.dtype), step.rho * (t - step.delta) + step.resolved_offset
+    )
+    deriv = _suprank_derivative(t, sig, step) if keep_derivative else None
+    return rank_plus, rank_plus + (h_minus @ negatives.unsqueeze(2)).squeeze(2), deriv
+
+
+def _suprank_derivative(t: Tensor, sig: Tensor, step: SupRankStep) -> Tensor:
+    return torch.where(t <= step.delta, sig * (1.0 - sig) / step.tau, step.rho)  # H⁻'(t), (b, N_i, N_j)
+
+
+def _suprank_grad_from(deriv: Tensor, negatives: Tensor, grad_rank: Tensor) -> Tensor:
+    into_j = (grad_rank.unsqueeze(1) @ deriv).squeeze(1) * negatives
+    from_i = (deriv @ negatives.unsqueeze(2)).squeeze(2) * grad_rank
+    return into_j - from_i
+
+
+def dense_suprank_grad(scores: Tensor, negatives: Tensor, step: SupRankStep, grad_rank: Tensor) -> Tensor:
+    """Gradient w.r.t. the ``(b, N)`` scores of ``Σ_{q,i} grad_rank[q, i] · rank[q, i]`` (:func:`dense_suprank_ranks`).
+
+    With ``d[q, i, j] = H⁻'(t_{qij})`` (``σ_τ'`` for ``t <= δ``, ``ρ`` above; SupRank Eq. 4) and
+    ``w[q, i, j] = g[q, i] · N[q, j] · d[q, i, j]``: ``∂/∂s_{qj} = Σ_i w[q, i, j] − Σ_k w[q, j, k]
+    = N[q, j] · (gᵀd)[q, j] − g[q, j] · (d N)[q, j]`` (two batched mat-vec products; ``w`` is never formed).
+    Returns ``(b, N)``.
+    """
+    t = _differences(scores)
+    return _suprank_grad_from(_suprank_derivative(t, torch.sigmoid(t / step.tau), step), negatives, grad_rank)
+
+
+def dense_smooth_ap_ranks(scores: Tensor, positives: Tensor, valid: Tensor, tau: float) -> tuple[Tensor, Tensor]:
+    """Smooth-AP ranks of every reference item ``i`` of a block of queries (Smooth-AP Eq. 5-6).
+
+    ``rank⁺[q, i] = 1 + Σ_{j≠i} P[q, j] σ_τ(s_{qj} − s_{qi})`` and ``rank[q, i] = 1 + Σ_{j≠i} V[q, j]
+    σ_τ(s_{qj} − s_{qi})``; ``j = i`` contributes exactly ``σ(0) = 1/2`` times its mask and is subtracted.
+
+    Args:
+        scores: ``(b, N)`` floating scores, may require grad.
+        positives: ``(b, N)`` float 0/1 mask ``P``.
+        valid: ``(b, N)`` float 0/1 mask ``V`` of the counted reference items (``P ⊆ V``).
+        tau: temperature ``τ > 0``.
+
+    Returns:
+        ``(rank_plus (b, N), rank (b, N))``, both differentiable w.r.t. ``scores`` by plain autograd.
+    """
+    return _smooth_ap_forward(scores, positives, valid, tau, keep_derivative=False)[:2]
+
+
+def _smooth_ap_forward(scores, positives, valid, tau, *, keep_derivative: bool):
+    sig = torch.sigmoid(_differences(scores) / tau)
+    masks = torch.stack([positives, valid], dim=2)  # (b, N, 2)
+    ranks = 1.0 + sig @ masks - 0.5 * masks
+    deriv = sig * (1.0 - sig) / tau if keep_derivative else None
+    return ranks[..., 0], ranks[..., 1], deriv
+
+
+def _smooth_ap_grad_from(deriv, positives, valid, grad_plus, grad_rank) -> Tensor:
+    into_j = torch.stack([grad_plus, grad_rank], dim=1) @ deriv  # (b, 2, N)
+    from_i = deriv @ torch.stack([positives, valid], dim=2)  # (b, N, 2)
+    return (into_j[:, 0] * positives + into_j[:, 1] * valid) - (from_i[..., 0] * grad_plus + from_i[..., 1] * grad_rank)
+
+
+def dense_smooth_ap_grad(
+    scores: Tensor, positives: Tensor, valid: Tensor, tau: float, grad_plus: Tensor, grad_rank: Tensor
+) -> Tensor:
+    """Gradient w.r.t. the ``(b, N)`` scores of ``Σ g⁺ · rank⁺ + g · rank`` (:func:`dense_smooth_ap_ranks`).
+
+    ``w[q, i, j] = σ_τ'(t_{qij}) · (g⁺[q, i] P[q, j] + g[q, i] V[q, j])``, ``∂/∂s_{qj} = Σ_i w[q, i, j] −
+    Σ_k w[q, j, k]``, from two batched products with ``σ_τ'`` (``w`` is never formed). Returns ``(b, N)``.
+    """
+    sig = torch.sigmoid(_differences(scores) / tau)
+    return _smooth_ap_grad_from(sig * (1.0 - sig) / tau, positives, valid, grad_plus, grad_rank)
+
+
+class _DenseRanks(torch.autograd.Function):
+    """Blocked dense ranks: values per query block without a graph; gradients from the explicit derivative.
+
+    With one block (everything fits the budget) the block's ``(B, N, N)`` derivative is kept from forward;
+    with several, each block's derivative is recomputed in backward, so only one block is alive at a time.
+    """
+
+    @staticmethod
+    def forward(ctx, kernel, block, parameter, scores, positives, others):
+        fn = _suprank_forward if kernel == "suprank" else _smooth_ap_forward
+        single = block >= scores.shape[0]
+        if single:
+            rank_plus, rank, deriv = fn(scores, positives, others, parameter, keep_derivative=True)
+            ctx.save_for_backward(scores, positives, others, deriv)
+        else:
+            outs = [
+                fn(scores[r], positives[r], others[r], parameter, keep_derivative=False)
+                for r in _blocks(scores.shape[0], block)
+            ]
+            rank_plus, rank = torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
+            ctx.save_for_backward(scores, positives, others)
+        ctx.kernel, ctx.block, ctx.parameter, ctx.single = kernel, block, parameter, single
+        if kernel == "suprank":
+            ctx.mark_non_differentiable(rank_plus)
+        return rank_plus, rank
+
+    @staticmethod
+    def backward(ctx, grad_plus, grad_rank):
+        scores, positives, others = ctx.saved_tensors[:3]
+        grad_rank = torch.zeros_like(scores) if grad_rank is None else grad_rank
+        if grad_plus is None:  # always for "suprank" (rank⁺ has no gradient), where it is not used
+            grad_plus = grad_rank if ctx.kernel == "suprank" else torch.zeros_like(scores)
+        if ctx.single:
+            deriv = ctx.saved_tensors[3]
+            if ctx.kernel == "suprank":
+                grad_scores = _suprank_grad_from(deriv, others, grad_rank)
+            else:
+                grad_scores = _smooth_ap_grad_from(deriv, positives, others, grad_plus, grad_rank)
+        else:
+            tensors = (scores, positives, others, grad_plus, grad_rank)
+            grad_scores = torch.cat(
+                [
+                    _block_grad(ctx.kernel, ctx.parameter, *(x[r] for x in tensors))
+                    for r in _blocks(scores.shape[0], ctx.block)
+                ]
+            )
+        return None, None, None, grad_scores, None, None
+
+
+def _block_grad(kernel, parameter, scores, positives, others, grad_plus, grad_rank) -> Tensor:
+    if kernel == "suprank":
+        return dense_suprank_grad(scores, others, parameter, grad_rank)
+    return dense_smooth_ap_grad(scores, positives, others, parameter, grad_plus, grad_rank)
+
+
+def _blocks(num_queries: int, block: int) -> list[slice]:
+    return [slice(start, start + block) for start in range(0, num_queries, block)]
+
+
+def dense_query_ranks(
+    kernel: str,
+    scores: Tensor,
+    positives: Tensor,
+    others: Tensor,
+    parameter: SupRankStep | float,
+    *,
+    memory_budget: int = DENSE_MEMORY_BUDGET,
+) -> tuple[Tensor, Tensor]:
+    """``(rank⁺, rank)`` ``(B, N)`` of every query, in blocks of :func:`dense_block_size` queries.
+
+    A custom autograd function: forward evaluates each block's values (:func:`dense_suprank_ranks` /
+    :func:`dense_smooth_ap_ranks`) without a graph. With a single block (all ``B`` queries fit the budget) it keeps
+    that block's ``(B, N, N)`` derivative for backward (two mat-vec products then); with several blocks it saves
+    only ``(B, N)`` tensors and backward recomputes each block's derivative (:func:`dense_suprank_grad` /
+    :func:`dense_smooth_ap_grad`), so the extra memory is one block's temporaries in forward and in backward.
+    No host synchronisation.
+
+    Args:
+        kernel: ``"suprank"`` (``others`` = negatives mask, ``parameter`` = the :class:`SupRankStep`, with a
+            numeric ``offset`` for a sync-free call) or ``"smooth_ap"`` (``others`` = valid mask, ``parameter`` =
+            ``τ``).
+        scores: ``(B, N)`` scores; ``positives``/``others``: ``(B, N)`` float masks in the dtype of ``scores``
+            (no gradient flows into them).
+        memory_budget: bytes for one block's temporaries (see :func:`dense_block_size`).
+
+    Returns:
+        ``(rank_plus (B, N), rank (B, N))``; for ``"suprank"`` ``rank_plus`` carries no gradient.
+
+    Raises:
+        ValueError: unknown ``kernel``.
+    """
+    if kernel not in ("suprank", "smooth_ap"):
+        raise ValueError(f"kernel must be 'suprank' or 'smooth_ap'; got {kernel!r}")
+    num_queries, num_refs = scores.shape
+    block = dense_block_size(num_queries, num_refs, scores.element_size(), memory_budget)
+    return _DenseRanks.apply(kernel, block, parameter, scores, positives, others)
+
+
+def masked_query_mean(values: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:
+    """``(Σ_i w[q, i] · x[q, i] / max(Σ_i w[q, i], 1), Σ_i w[q, i])`` per query (the AP of Smooth-AP Eq. 5 and
+    SupRank Eq. 11 with ``x = rank⁺ / rank`` and ``w`` the positives).
+
+    Args:
+        values: ``(B, N)`` finite values ``x``.
+        weights: ``(B, N)`` float weights ``w`` (0/1 masks).
+
+    Returns:
+        ``(mean (B,), weight sum (B,))``; rows without weight have mean 0.
+    """
+    count = weights.sum(1)
+    return (values * weights).sum(1) / count.clamp(min=1.0), count
+
+
+# ------------------------------------------------------------------------------------------------ hierarchical
+HIERARCHICAL_TEMPORARIES = 10  # (b, N, N) tensors of one hierarchical block (plain autograd keeps several)
+
+
+def dense_hierarchical_ranks(
+    scores: Tensor,
+    levels: Tensor,
+    level_relevance: Tensor | None,
+    valid: Tensor,
+    step: SupRankStep,
+    hrank: HRankParams | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Dense SupRank ranks and H-rank⁺ of every positive item of a block of queries (SupRank Eqs. 18 and 21).
+
+    ``rank(i) = 1 + Σ_{j≠i, T_j ≥ T_i} H(t_ij) + Σ_{j: T_j < T_i} H⁻(t_ij)`` and
+    ``H-rank⁺(i) = Σ_{j: T_j ≥ 1} min(rel_i, rel_j) · H⁺(t_ij)`` (``j = i`` included: the ``rel_i`` term), with
+    ``H⁺ = H`` or, with ``hrank``, HAPPIER's ``H_s^>`` (Eq. 43) for ``T_j > T_i``; sums over valid ``j``.
+    Same convention as :func:`pml_suprank.ranking.hierarchical_ranks`: ``rank = 1`` and ``H-rank⁺ = 0`` at
+    non-positive or invalid items. Plain autograd; masks are arithmetic (no host synchronisation).
+
+    Args:
+        scores: ``(b, N)`` scores; ``levels``: ``(b, N)`` int levels ``T`` in ``{0..L}``; ``valid``: ``(b, N)`` bool.
+        level_relevance: ``(b, L + 1)`` relevance of each level, or ``None`` (ranks only, for Sup-NDCG).
+        step: SupRank's ``H⁻`` (numeric ``offset`` for a sync-free call); hrank: optional ``H_s^>``.
+
+    Returns:
+        ``(rank (b, N), rank_plus (b, N) or None)`` in the dtype of ``scores``.
+    """
+    dtype = scores.dtype
+    levels = levels.long()
+    v = valid.to(dtype)
+    positive = v * (levels > 0).to(dtype)
+    t = _differences(scores)
+    heaviside = (t >= 0).to(dtype)
+    lower = (levels.unsqueeze(1) < levels.unsqueeze(2)).to(dtype)  # [q, i, j]: T_j < T_i
+    sig = torch.sigmoid(t / step.tau)
+    h_minus = torch.where(
+        t <= step.delta, sig + step.start * (t > 0).to(dtype), step.rho * (t - step.delta) + step.resolved_offset
+    )
+    mixed = heaviside + lower * (h_minus - heaviside)  # H⁻ towards less relevant items, H otherwise
+    rank = 1.0 + (mixed @ v.unsqueeze(2)).squeeze(2) - v
+    rank = torch.where(positive > 0, rank, torch.ones_like(rank))
+    if level_relevance is None:
+        return rank, None
+    rel = torch.gather(level_relevance.to(dtype), 1, levels)
+    weight = torch.minimum(rel.unsqueeze(2), rel.unsqueeze(1)) * positive.unsqueeze(1)
+    if hrank is None:
+        h_plus = heaviside
+    else:
+        higher = (levels.unsqueeze(1) > levels.unsqueeze(2)).to(dtype)
+        h_plus = heaviside + higher * (hrank.value(t) - heaviside)
+    rank_plus = (weight * h_plus).sum(2) * positive
+    return rank, rank_plus
+
+
+def dense_hierarchical_query_ranks(
+    scores: Tensor,
+    levels: Tensor,
+    level_relevance: Tensor | None,
+    valid: Tensor,
+    step: SupRankStep,
+    hrank: HRankParams | None = None,
+    *,
+    memory_budget: int = DENSE_MEMORY_BUDGET,
+) -> tuple[Tensor, Tensor | None]:
+    """:func:`dense_hierarchical_ranks` over all ``B`` queries in blocks that fit ``memory_budget``; with several
+    blocks each one is checkpointed (recomputed in backward), so one block's temporaries are alive at a time."""
+    num_queries, num_refs = scores.shape
+    block = dense_block_size(num_queries, num_refs, scores.element_size(), memory_budget, HIERARCHICAL_TEMPORARIES)
+    if block >= num_queries:
+        return dense_hierarchical_ranks(scores, levels, level_relevance, valid, step, hrank)
+    parts = []
+    for r in _blocks(num_queries, block):
+        rel = None if level_relevance is None else level_relevance[r]
+        args = (scores[r], levels[r], rel, valid[r], step, hrank)
+        grad = scores.requires_grad and torch.is_grad_enabled()
+        parts.append(
+            checkpoint(dense_hierarchical_ranks, *args, use_reentrant=False)
+            if grad
+            else dense_hierarchical_ranks(*args)
+        )
+    rank = torch.cat([p[0] for p in parts])
+    return rank, None if level_relevance is None else torch.cat([p[1] for p in parts])
+
+
+def dense_sup_hap_scores(
+    scores: Tensor,
+    levels: Tensor,
+    level_relevance: Tensor,
+    valid: Tensor,
+    step: SupRankStep,
+    hrank: HRankParams | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Per-query surrogate H-AP (SupRank Eq. 21) by the dense kernel: the values of
+    :func:`pml_suprank.ranking.sup_hap_scores`, ``Σ_{i∈Ω⁺} H-rank⁺(i) / rank(i) / Σ_j rel_j``.
+
+    Returns:
+        ``(score (B,), has_pos (B,) bool)`` (score 0 where the query has no positive).
+    """
+    levels = levels.long()
+    rank, rank_plus = dense_hierarchical_query_ranks(scores, levels, level_relevance, valid, step, hrank)
+    rel = torch.gather(level_relevance.to(scores.dtype), 1, levels) * valid.to(scores.dtype)
+    norm = rel.sum(1)
+    has_pos = norm > 0
+    return (rank_plus / rank).sum(1) / torch.where(has_pos, norm, torch.ones_like(norm)), has_pos
+
+
+def dense_sup_ndcg_scores(
+    scores: Tensor, levels: Tensor, num_levels: int, valid: Tensor, step: SupRankStep
+) -> tuple[Tensor, Tensor]:
+    """Per-query surrogate NDCG (SupRank Eq. 24) by the dense kernel: the values of
+    :func:`pml_suprank.ranking.sup_ndcg_scores`, ``DCG_s / iDCG`` with gains ``2^l − 1``.
+
+    Returns:
+        ``(score (B,), has_pos (B,) bool)`` (score 0 where the query has no positive).
+    """
+    levels = levels.long()
+    rank, _ = dense_hierarchical_query_ranks(scores, levels, None, valid, step)
+    gains = torch.pow(2.0, torch.arange(num_levels + 1, dtype=scores.dtype, device=scores.device)) - 1.0
+    positive = valid & (levels > 0)
+    dcg = (gains[levels] * positive.to(scores.dtype) / torch.log2(1.0 + rank)).sum(1)
+    counts = torch.zeros(levels.shape[0], num_levels + 1, dtype=torch.long, device=levels.device)
+    idcg = ideal_dcg(counts.scatter_add(1, levels, valid.long()), gains)
+    has_pos = positive.any(1)
+    return dcg / torch.where(has_pos, idcg, torch.ones_like(idcg)), has_pos
