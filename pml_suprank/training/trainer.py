@@ -64,6 +64,7 @@ from .loaders import (
 )
 from .loss_module import LossModule
 from .optim import build_optimizer, build_scheduler
+from .pca_init import init_projection_if_requested
 from .report import _format_metrics
 from .run_folder import RunLock, claim_output_dir, on_main_process, run_config, run_fingerprint, write_run_file
 
@@ -431,6 +432,7 @@ class Trainer:
                 self.end_run()
 
     def _train(self, on_epoch_end: EpochCallback | None) -> list[dict]:
+        init_projection_if_requested(self, fresh=self._pending is None and self.progress.global_step == 0)
         if self._pending is not None:
             (ckpt, ignore), self._pending = self._pending, None
             self.load_checkpoint(ckpt, ignore_config_change=ignore)
