@@ -238,8 +238,13 @@ def test_trainer_sets_the_projection_once_on_a_fresh_run_and_not_on_resume(tmp_p
     monkeypatch.setattr(trainer_module, "init_projection_if_requested", spy)
     model = _tiny(projection_init="pca")
     trainer, train, test = _trainer(tmp_path, model, max_train_steps=2, stop_after_steps=1)
-    trainer.train()
+    trainer.begin_run()  # the recipes begin the run, evaluate "before training", then train
     assert [(f, d) for f, d, *_ in calls] == [(True, True)]
+    try:
+        trainer.train()
+    finally:
+        trainer.end_run()
+    assert [(f, d) for f, d, *_ in calls] == [(True, True)]  # not again in train()
     _, _, before, after = calls[0]
     assert not torch.equal(before, after)
     # the PCA of the projection inputs of the seeded 60-image subset, evaluation transform, eval mode
@@ -258,3 +263,29 @@ def test_trainer_sets_the_projection_once_on_a_fresh_run_and_not_on_resume(tmp_p
     assert [(f, d) for f, d, *_ in calls[1:]] == [(False, False)]
     assert resumed.finished
     torch.testing.assert_close(resumed.model.projection.weight.detach(), after)  # from the checkpoint
+
+
+@pytest.mark.slow
+def test_recipe_option_reaches_the_model_and_config_json(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ)  # noqa: TID251 - subprocess environment of the test
+    env.update({"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    args = [
+        sys.executable, str(root / "recipes" / "train_happier.py"), "--backbone", TINY, "--image_size", "16",
+        "--num_per_class", "8", "--embedding_size", "16", "--batch_size", "32", "--eval_batch_size", "64",
+        "--with_tracking", "false", "--cpu", "--output_dir", str(tmp_path), "--max_train_steps", "1", "--no_plots",
+        "--skip_initial_eval", "--projection_init", "pca", "--pca_samples", "50",
+    ]  # fmt: skip
+    proc = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "projection initialised by PCA of 50 training features" in proc.stdout
+    config = json.loads((tmp_path / "final" / "config.json").read_text())
+    assert config["model_args"]["projection_init"] == "pca"
+    assert RetrievalModel.from_pretrained(tmp_path / "final").projection_init == "pca"

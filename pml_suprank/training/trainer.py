@@ -323,9 +323,9 @@ class Trainer:
         ignore_config_change: bool = False,
         overwrite_output_dir: bool = False,
     ) -> Path | None:
-        """Take ``output_dir`` for this run: lock it, decide where to start, record ``run.json``. :meth:`train` calls
-        it (and :meth:`end_run`) itself; a recipe calls it first (to fail before any work), then ``train()``, then
-        ``save_final()``, then :meth:`end_run` (in a ``finally``).
+        """Take ``output_dir`` for this run: lock it, decide where to start, record ``run.json``; from scratch, set
+        the PCA projection of a ``projection_init="pca"`` model (:mod:`.pca_init`). :meth:`train` calls it (and
+        :meth:`end_run`) itself; a recipe calls it first, then ``train()``, ``save_final()``, :meth:`end_run`.
 
         Args:
             resume_from: A checkpoint folder, or ``"latest"`` for the newest valid one in ``output_dir`` (none:
@@ -359,6 +359,7 @@ class Trainer:
                 extra["previous_fingerprint"] = state["fingerprint"]
                 acc.print(f"resuming {ckpt} although its configuration differs (ignore_config_change)")
             on_main_process(acc, lambda: write_run_file(self.output_dir, self.run_config, self.fingerprint, **extra))
+            init_projection_if_requested(self, fresh=ckpt is None and self.progress.global_step == 0)  # PCA, once
         except BaseException:
             self.end_run()
             raise
@@ -432,7 +433,6 @@ class Trainer:
                 self.end_run()
 
     def _train(self, on_epoch_end: EpochCallback | None) -> list[dict]:
-        init_projection_if_requested(self, fresh=self._pending is None and self.progress.global_step == 0)
         if self._pending is not None:
             (ckpt, ignore), self._pending = self._pending, None
             self.load_checkpoint(ckpt, ignore_config_change=ignore)
