@@ -3,7 +3,12 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -173,8 +178,6 @@ def test_from_pretrained_keeps_the_option_and_the_saved_weights(tmp_path, monkey
 
 # ------------------------------------------------------------------------------------------------ options
 def test_options_flow_from_the_gldv2_hub_configs():
-    from pathlib import Path
-
     from pml_suprank import hub_config as hc
 
     root = Path(__file__).resolve().parents[1] / "hub_configs"
@@ -265,27 +268,48 @@ def test_trainer_sets_the_projection_once_on_a_fresh_run_and_not_on_resume(tmp_p
     torch.testing.assert_close(resumed.model.projection.weight.detach(), after)  # from the checkpoint
 
 
-@pytest.mark.slow
-def test_recipe_option_reaches_the_model_and_config_json(tmp_path):
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+ROOT = Path(__file__).resolve().parents[1]
 
-    root = Path(__file__).resolve().parents[1]
+
+def _run_recipe(out, *launcher, backbone=(TINY,), batch_size=32, extra=()):
     env = dict(os.environ)  # noqa: TID251 - subprocess environment of the test
     env.update({"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
-    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     args = [
-        sys.executable, str(root / "recipes" / "train_happier.py"), "--backbone", TINY, "--image_size", "16",
-        "--num_per_class", "8", "--embedding_size", "16", "--batch_size", "32", "--eval_batch_size", "64",
-        "--with_tracking", "false", "--cpu", "--output_dir", str(tmp_path), "--max_train_steps", "1", "--no_plots",
-        "--skip_initial_eval", "--projection_init", "pca", "--pca_samples", "50",
+        *(launcher or (sys.executable,)), str(ROOT / "recipes" / "train_happier.py"), "--backbone", *backbone,
+        "--image_size", "16", "--num_per_class", "8", "--embedding_size", "16", "--batch_size", str(batch_size),
+        "--eval_batch_size", "64", "--with_tracking", "false", "--cpu", "--output_dir", str(out),
+        "--max_train_steps", "1", "--no_plots", "--skip_initial_eval", "--projection_init", "pca",
+        "--pca_samples", "50", *extra,
     ]  # fmt: skip
-    proc = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+@pytest.mark.slow
+def test_recipe_option_reaches_the_model_and_config_json(tmp_path):
+    proc = _run_recipe(tmp_path)
     assert "projection initialised by PCA of 50 training features" in proc.stdout
     config = json.loads((tmp_path / "final" / "config.json").read_text())
     assert config["model_args"]["projection_init"] == "pca"
     assert RetrievalModel.from_pretrained(tmp_path / "final").projection_init == "pca"
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_two_processes_set_the_same_projection_as_one(tmp_path):
+    # test_vit has no BatchNorm and the learning rates are 0: the final projection is the PCA one; 2 gloo processes
+    # embed half of the 50 images each, gather them and must set exactly the projection of the single process
+    from safetensors.torch import load_file
+
+    extra = ("--lr_backbone", "0", "--lr_head", "0", "--weight_decay", "0")
+    vit = ("test_vit", "--backbone_kwargs", '{"img_size": 16}')
+    _run_recipe(tmp_path / "one", backbone=vit, batch_size=64, extra=extra)
+    torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2")
+    proc = _run_recipe(tmp_path / "two", *torchrun, backbone=vit, batch_size=32, extra=extra)
+    assert "2 process(es)" in proc.stdout and "PCA of 50 training features" in proc.stdout
+    one = load_file(str(tmp_path / "one" / "final" / "model.safetensors"))
+    two = load_file(str(tmp_path / "two" / "final" / "model.safetensors"))
+    for key in ("projection.weight", "projection.bias"):
+        assert torch.equal(one[key], two[key]), key

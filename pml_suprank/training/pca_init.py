@@ -11,7 +11,8 @@ before the first step of a run started from scratch (a resumed run restores the 
   otherwise the training transform, seeded per item so that every process sees the same images);
 * in eval mode, through the one embedding loop (:func:`~pml_suprank.training.embed_loader`, i.e.
   :func:`pml_suprank.metrics.compute_embeddings`), sharded across processes and gathered, so every process holds the
-  same ``(N, C)`` features and computes (on the CPU, in float64) the same projection — no broadcast is needed;
+  same ``(N, C)`` features and computes (on the CPU, in float64) the same projection; the main process's weights
+  are then broadcast, so the processes agree bit for bit even across hosts with different linear-algebra libraries;
 * the global random state is left untouched, so the rest of the run draws the same numbers as without PCA.
 """
 
@@ -72,5 +73,10 @@ def init_projection_if_requested(trainer: Any, *, fresh: bool) -> bool:
         loader = acc.prepare(make_loader(dataset, config.eval_batch_size, config.num_workers))
         features, _, _ = embed_loader(_ProjectionInput(model), loader, acc, progress=True, description="PCA")
     model.init_projection_from_pca(features)
+    if acc.num_processes > 1:  # identical already (same gathered features); made bit-identical across hosts anyway
+        import torch.distributed as dist
+
+        for tensor in (model.projection.weight, model.projection.bias):
+            dist.broadcast(tensor.data, src=0)
     acc.print(f"projection initialised by PCA of {features.shape[0]} training features ({features.shape[1]}-d)")
     return True
