@@ -377,7 +377,7 @@ def nest_options(values: Mapping[str, Any], *, drop_none: bool = True) -> dict[s
 def model_kwargs(config: Mapping[str, Any], **overrides: Any) -> dict[str, Any]:
     """Constructor kwargs of :class:`pml_suprank.models.RetrievalModel` for this setting."""
     model = dict(config.get("model") or {})
-    keys = ("backbone", "pretrained", "pooling", "embedding_size", "layer_norm", "backbone_kwargs")
+    keys = ("backbone", "pretrained", "pooling", "embedding_size", "layer_norm", "backbone_kwargs", "projection_init")
     kwargs = {k: model[k] for k in keys if k in model}
     image_size = (config.get("data") or {}).get("image_size")
     if image_size is not None:

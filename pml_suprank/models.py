@@ -36,9 +36,18 @@ from .hub.mixin import HubMixin, load_module_state
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GeneralizedMeanPooling", "Pooling", "PoolingType", "RetrievalModel", "check_backbone_name"]
+__all__ = [
+    "GeneralizedMeanPooling",
+    "Pooling",
+    "PoolingType",
+    "ProjectionInit",
+    "RetrievalModel",
+    "check_backbone_name",
+    "pca_projection",
+]
 
 PoolingType = Literal["avg", "gem", "max"]
+ProjectionInit = Literal["random", "pca"]
 
 _HUB_PREFIXES = ("hf-hub:", "local-dir:")
 
@@ -78,6 +87,67 @@ def check_backbone_name(backbone: Any) -> str:
             f"e.g. 'resnet50', 'resnet50.a1_in1k', 'vit_small_patch16_224', 'test_resnet'.{hint}"
         )
     return backbone
+
+
+def pca_projection(features: Tensor, out_dim: int, *, whiten: bool = False) -> tuple[Tensor, Tensor]:
+    """Linear map onto the ``out_dim`` leading principal components of ``features`` (centred PCA).
+
+    With the mean ``mu = mean_n x_n`` and the covariance ``S = 1/(N-1) sum_n (x_n - mu)(x_n - mu)^T = V diag(l) V^T``
+    (eigenvalues ``l_1 >= l_2 >= ...``), the map is ``y = W (x - mu) = W x + b`` with ``W = V[:, :out_dim]^T`` and
+    ``b = -W mu``; with ``whiten=True`` row k is divided by ``sqrt(l_k)`` so that the projected features have unit
+    variance. This is the PCA-initialised projection of the landmark-retrieval models the SupRank paper uses on
+    H-GLDv2 (ResNet-101 + GeM + PCA projection, TPAMI Sec. VII-C3). The projected training features are
+    decorrelated, with variances ``l_1 >= l_2 >= ...`` (all 1 with ``whiten``).
+
+    Computed in float64 with ``torch.linalg.eigh`` of the covariance. Sign convention: each component is flipped so
+    that its entry of largest absolute value is positive (first such entry on ties), so the result is deterministic.
+    Rank: the data span at most ``r = min(N - 1, C)`` directions, and eigenvalues below
+    ``C * eps(float64) * l_1`` are treated as zero; rows ``k >= rank`` (including every row beyond ``C`` when
+    ``out_dim > C``) are **zero** (weight and bias), i.e. only the directions the data determine are set — so
+    ``N < out_dim`` and ``out_dim > C`` are allowed.
+
+    Args:
+        features: ``(N, C)`` real features, ``N >= 2``, all finite.
+        out_dim: Number of output dimensions D (rows of ``W``), ``>= 1``.
+        whiten: Divide each component by the square root of its variance.
+
+    Returns:
+        ``weight (D, C)`` and ``bias (D,)`` in the dtype and on the device of ``features``.
+
+    Raises:
+        TypeError: ``features`` is not a floating-point Tensor.
+        ValueError: ``features`` is not 2-D with ``N >= 2`` rows and ``C >= 1`` columns, holds NaN/inf, or
+            ``out_dim`` is not a positive int.
+    """
+    if not isinstance(features, Tensor) or not features.is_floating_point():
+        what = f"{features.dtype} Tensor" if isinstance(features, Tensor) else type(features).__name__
+        raise TypeError(f"features must be a floating-point Tensor of shape (N, C); got {what}")
+    if features.dim() != 2 or features.shape[0] < 2 or features.shape[1] < 1:
+        raise ValueError(f"features must have shape (N, C) with N >= 2 and C >= 1; got shape {tuple(features.shape)}")
+    if isinstance(out_dim, bool) or not isinstance(out_dim, int) or out_dim < 1:
+        raise ValueError(f"out_dim must be a positive int; got {out_dim!r}")
+    if not bool(torch.isfinite(features).all()):
+        raise ValueError("features must be finite; got NaN or inf values")
+    x = features.detach().to(torch.float64)
+    n, c = x.shape
+    mean = x.mean(dim=0)
+    centred = x - mean
+    cov = centred.T @ centred / (n - 1)
+    eigvals, eigvecs = torch.linalg.eigh(cov)  # ascending
+    eigvals, eigvecs = eigvals.flip(0), eigvecs.flip(1)
+    components = eigvecs.T  # (C, C), row k = k-th principal axis
+    pivot = components.abs().argmax(dim=1, keepdim=True)
+    signs = torch.sign(components.gather(1, pivot))
+    components = components * torch.where(signs == 0, torch.ones_like(signs), signs)
+    tol = c * torch.finfo(torch.float64).eps * float(eigvals[0].clamp(min=0.0))
+    rank = min(n - 1, c, int((eigvals > tol).sum()))
+    weight = torch.zeros(out_dim, c, dtype=torch.float64, device=x.device)
+    k = min(rank, out_dim)
+    weight[:k] = components[:k]
+    if whiten and k > 0:
+        weight[:k] = weight[:k] / eigvals[:k].sqrt().unsqueeze(1)
+    bias = -(weight @ mean)
+    return weight.to(features.dtype), bias.to(features.dtype)
 
 
 class GeneralizedMeanPooling(nn.Module):
@@ -182,6 +252,12 @@ class RetrievalModel(HubMixin, nn.Module):
             reported in :attr:`data_config`.
         mean: Normalisation mean overriding the backbone's pretrained config.
         std: Normalisation std overriding the backbone's pretrained config.
+        projection_init: ``"random"`` (PyTorch's default ``nn.Linear`` init) or ``"pca"``: the projection is meant
+            to be set from a PCA of the training features with :meth:`init_projection_from_pca` (the
+            :class:`~pml_suprank.training.Trainer` does it once at the start of a fresh run, on up to
+            ``TrainingConfig.pca_samples`` training images). The option is saved in ``config.json``;
+            :meth:`from_pretrained` rebuilds the model with it and loads the saved (trained) projection — it never
+            recomputes the PCA. Needs ``embedding_size`` (a projection).
 
     Shapes:
         ``forward``: ``(B, 3, H, W)`` → ``(B, D)`` with unit L2 norm rows.
@@ -211,6 +287,7 @@ class RetrievalModel(HubMixin, nn.Module):
         image_size: int | None = None,
         mean: tuple[float, float, float] | None = None,
         std: tuple[float, float, float] | None = None,
+        projection_init: ProjectionInit = "random",
     ) -> None:
         super().__init__()
         timm = _timm()
@@ -241,6 +318,9 @@ class RetrievalModel(HubMixin, nn.Module):
                 raise ValueError(f"{name} must be None or three numbers (one per RGB channel); got {value!r}")
         if std is not None and any(v <= 0 for v in std):
             raise ValueError(f"std must be > 0 in every channel; got {std!r}")
+        check_choice("projection_init", projection_init, get_args(ProjectionInit))
+        if projection_init == "pca" and embedding_size is None:
+            raise ValueError("projection_init='pca' needs a projection: give embedding_size (an int); got None")
 
         self.config: dict[str, Any] = {
             "backbone": backbone,
@@ -255,6 +335,9 @@ class RetrievalModel(HubMixin, nn.Module):
             "mean": list(mean) if mean is not None else None,
             "std": list(std) if std is not None else None,
         }
+        if projection_init != "random":  # default left out: config.json of a default model is unchanged
+            self.config["projection_init"] = projection_init
+        self.projection_init: str = projection_init
         # free-form metadata saved in config.json (training loss, label names, dataset, metrics, ...)
         self.hub_metadata: dict[str, Any] = {}
 
@@ -287,6 +370,10 @@ class RetrievalModel(HubMixin, nn.Module):
         """Pooled backbone features ``(B, C)`` (before LayerNorm and projection)."""
         return self.pool(self.forward_features(x))
 
+    def forward_projection_input(self, x: Tensor) -> Tensor:
+        """The input of the projection, ``(B, C)``: pooled backbone features after the LayerNorm (if any)."""
+        return self.norm(self.forward_pooled(x))
+
     def embed_pooled(self, pooled: Tensor) -> Tensor:
         """Head on pooled features: LayerNorm → projection → L2 normalisation, ``(B, C)`` → ``(B, D)``."""
         return F.normalize(self.projection(self.norm(pooled)), p=2, dim=-1)
@@ -308,6 +395,32 @@ class RetrievalModel(HubMixin, nn.Module):
         if self.classifier is None:
             raise ValueError("this RetrievalModel has no classification head; build it with num_classes > 0")
         return self.classifier(pooled)
+
+    @torch.no_grad()
+    def init_projection_from_pca(self, features: Tensor, *, whiten: bool = False) -> RetrievalModel:
+        """Set the projection to the PCA of ``features`` (:func:`pca_projection`), in place; returns ``self``.
+
+        Args:
+            features: ``(N, C)`` inputs of the projection (:meth:`forward_projection_input`: pooled features after
+                the LayerNorm) of training images, ``C = num_features``, ``N >= 2``. With ``N - 1 < embedding_size``
+                the rows the data do not determine are set to zero (see :func:`pca_projection`).
+            whiten: Scale each component to unit variance.
+
+        Raises:
+            ValueError: the model has no projection (``embedding_size=None``), or ``features`` is not ``(N, C)``
+                with ``C = num_features`` and ``N >= 2``, or is not finite.
+        """
+        if not isinstance(self.projection, nn.Linear):
+            raise ValueError("init_projection_from_pca needs a projection; this model has embedding_size=None")
+        if isinstance(features, Tensor) and (features.dim() != 2 or features.shape[1] != self.num_features):
+            raise ValueError(
+                f"features must have shape (N, {self.num_features}) (the projection input); "
+                f"got shape {tuple(features.shape)}"
+            )
+        weight, bias = pca_projection(features, self.embedding_size, whiten=whiten)
+        self.projection.weight.copy_(weight.to(self.projection.weight))
+        self.projection.bias.copy_(bias.to(self.projection.bias))
+        return self
 
     # ------------------------------------------------------------------ helpers for recipes
     def parameter_groups(self) -> dict[str, list[nn.Parameter]]:

@@ -193,6 +193,8 @@ class TrainingConfig:
                                 check=_pos(0))  # fmt: skip
     freeze_batch_norm: bool = option(False, "keep the backbone's BatchNorm layers in eval mode (ResNet-50 recipes)",
                                      section="model", check=is_bool())  # fmt: skip
+    pca_samples: int = option(10000, "projection_init=pca: training images whose features give the PCA",
+                              section="model", check=_pos(2))  # fmt: skip
     grad_clip: float | None = option(None, "clip the gradient norm to this value", section="training",
                                      check=optional(is_number(0, strict=True)))  # fmt: skip
     memory_size: int = option(0, "cross-batch memory size (0: none)", section="memory", check=_pos(0))
@@ -229,6 +231,7 @@ class TrainingConfig:
             "log_every",
         ):
             _check_int(name, getattr(self, name), 1)
+        _check_int("pca_samples", self.pca_samples, 2)
         for name in (
             "seed",
             "warmup_epochs",

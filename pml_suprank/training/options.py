@@ -62,6 +62,10 @@ class ModelOptions:
     pooling: str = option("avg", "global pooling", section="model", check=is_choice("avg", "gem", "max"))
     embedding_size: int = option(128, "embedding dimension", section="model", check=is_int(1))
     layer_norm: bool = option(True, "LayerNorm (no affine) before the projection", section="model", check=is_bool())
+    projection_init: str = option(
+        "random", "projection init: random, or pca (PCA of the training features, once at the start of a fresh run)",
+        section="model", check=is_choice("random", "pca"),
+    )  # fmt: skip
     backbone_kwargs: dict | None = option(
         None, 'extra timm.create_model kwargs as JSON, e.g. \'{"img_size": 64}\' for a ViT', section="model",
         check=_json_object(),

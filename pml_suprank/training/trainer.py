@@ -64,6 +64,7 @@ from .loaders import (
 )
 from .loss_module import LossModule
 from .optim import build_optimizer, build_scheduler
+from .pca_init import init_projection_if_requested
 from .report import _format_metrics
 from .run_folder import RunLock, claim_output_dir, on_main_process, run_config, run_fingerprint, write_run_file
 
@@ -322,9 +323,9 @@ class Trainer:
         ignore_config_change: bool = False,
         overwrite_output_dir: bool = False,
     ) -> Path | None:
-        """Take ``output_dir`` for this run: lock it, decide where to start, record ``run.json``. :meth:`train` calls
-        it (and :meth:`end_run`) itself; a recipe calls it first (to fail before any work), then ``train()``, then
-        ``save_final()``, then :meth:`end_run` (in a ``finally``).
+        """Take ``output_dir`` for this run: lock it, decide where to start, record ``run.json``; from scratch, set
+        the PCA projection of a ``projection_init="pca"`` model (:mod:`.pca_init`). :meth:`train` calls it (and
+        :meth:`end_run`) itself; a recipe calls it first, then ``train()``, ``save_final()``, :meth:`end_run`.
 
         Args:
             resume_from: A checkpoint folder, or ``"latest"`` for the newest valid one in ``output_dir`` (none:
@@ -358,6 +359,7 @@ class Trainer:
                 extra["previous_fingerprint"] = state["fingerprint"]
                 acc.print(f"resuming {ckpt} although its configuration differs (ignore_config_change)")
             on_main_process(acc, lambda: write_run_file(self.output_dir, self.run_config, self.fingerprint, **extra))
+            init_projection_if_requested(self, fresh=ckpt is None and self.progress.global_step == 0)  # PCA, once
         except BaseException:
             self.end_run()
             raise

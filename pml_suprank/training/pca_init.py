@@ -1,0 +1,82 @@
+"""PCA initialisation of a model's projection at the start of a fresh training run (``projection_init="pca"``).
+
+The landmark-retrieval setting of the SupRank paper (TPAMI Sec. VII-C3, H-GLDv2: ResNet-101 + GeM + a linear
+projection initialised by a PCA of the training features) starts from a projection onto the leading principal
+components of the projection inputs of the training images. :func:`init_projection_if_requested` computes them once,
+before the first step of a run started from scratch (a resumed run restores the projection from its checkpoint):
+
+* up to ``TrainingConfig.pca_samples`` training images, a random subset drawn with ``TrainingConfig.seed`` (the same
+  on every process);
+* with the evaluation transform (the test set's ``transform`` when both datasets have one — no augmentation;
+  otherwise the training transform, seeded per item so that every process sees the same images);
+* in eval mode, through the one embedding loop (:func:`~pml_suprank.training.embed_loader`, i.e.
+  :func:`pml_suprank.metrics.compute_embeddings`), sharded across processes and gathered, so every process holds the
+  same ``(N, C)`` features and computes (on the CPU, in float64) the same projection; the main process's weights
+  are then broadcast, so the processes agree bit for bit even across hosts with different linear-algebra libraries;
+* the global random state is left untouched, so the rest of the run draws the same numbers as without PCA.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils.data import Dataset, Subset
+
+from .loaders import SeededAugmentation, embed_loader, make_loader
+
+__all__ = ["init_projection_if_requested", "pca_dataset"]
+
+
+class _ProjectionInput(nn.Module):
+    """Wraps a ``RetrievalModel`` so that the embedding loop returns its projection inputs ``(B, C)``."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.model.forward_projection_input(x)
+
+
+def pca_dataset(train_dataset: Dataset, eval_dataset: Dataset | None, samples: int, seed: int) -> Dataset:
+    """The images the PCA is computed on: ``train_dataset`` with the transform of ``eval_dataset`` (when both have a
+    ``transform`` attribute; a shallow copy, the original is unchanged), at most ``samples`` items drawn without
+    replacement with ``seed`` (kept in dataset order), each item's randomness seeded by ``(seed, index)``."""
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 2:
+        raise ValueError(f"pca_samples must be an int >= 2; got {samples!r}")
+    data = train_dataset
+    transform = getattr(eval_dataset, "transform", None)
+    if transform is not None and hasattr(train_dataset, "transform"):
+        data = copy.copy(train_dataset)
+        data.transform = transform
+    data = SeededAugmentation(data, seed=seed)
+    n = len(data)
+    if samples < n:
+        generator = torch.Generator().manual_seed(int(seed))
+        data = Subset(data, torch.randperm(n, generator=generator)[:samples].sort().values.tolist())
+    return data
+
+
+def init_projection_if_requested(trainer: Any, *, fresh: bool) -> bool:
+    """Set ``trainer.model``'s projection from a PCA of the training features if ``fresh`` (a run started from
+    scratch, before its first step: the Trainer passes it; a resumed run restores the projection from its
+    checkpoint) and the model's ``projection_init`` is ``"pca"`` (see the module docstring); return whether it did."""
+    model = trainer.model
+    if not fresh or getattr(model, "projection_init", "random") != "pca":
+        return False
+    config, acc = trainer.config, trainer.accelerator
+    with torch.random.fork_rng(devices=[]):  # building the loader draws from the global RNG: keep it untouched
+        dataset = pca_dataset(trainer.train_dataset.dataset, trainer.test_dataset, config.pca_samples, config.seed)
+        loader = acc.prepare(make_loader(dataset, config.eval_batch_size, config.num_workers))
+        features, _, _ = embed_loader(_ProjectionInput(model), loader, acc, progress=True, description="PCA")
+    model.init_projection_from_pca(features)
+    if acc.num_processes > 1:  # identical already (same gathered features); made bit-identical across hosts anyway
+        import torch.distributed as dist
+
+        for tensor in (model.projection.weight, model.projection.bias):
+            dist.broadcast(tensor.data, src=0)
+    acc.print(f"projection initialised by PCA of {features.shape[0]} training features ({features.shape[1]}-d)")
+    return True
