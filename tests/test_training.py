@@ -700,3 +700,22 @@ def test_an_overriding_run_never_deletes_another_runs_checkpoint(tmp_path):
     aside = tmp_path / "checkpoints" / f"step_00000002-run-{first.fingerprint[:12]}"
     assert validate_checkpoint(aside)["fingerprint"] == first.fingerprint
     assert find_checkpoints(tmp_path) == [step1, step2]
+
+
+@pytest.mark.parametrize("kernel", ["auto", "dense", "sorted"])
+def test_kernel_option_reaches_every_recipe_loss(kernel):
+    from pml_suprank.training.options import LOSS_CLASSES, LossOptions, build_loss
+
+    assert LossOptions().kernel == "auto"
+    for name in LOSS_CLASSES:
+        loss = build_loss(name, {"kernel": kernel}, num_classes=8, embedding_size=16)
+        assert loss.kernel == kernel and loss.rank_loss.kernel == kernel, name
+
+
+def test_kernel_option_is_validated():
+    from pml_suprank.hub_config import validate_hub_config
+
+    base = {"name": "t", "model": {"backbone": "test_resnet"}, "data": {"dataset": "synthetic"}}
+    validate_hub_config({**base, "loss": {"name": "ROADMAP", "kernel": "sorted"}})
+    with pytest.raises(ValueError, match="kernel"):
+        validate_hub_config({**base, "loss": {"name": "ROADMAP", "kernel": "fast"}})

@@ -117,7 +117,7 @@ _STATE_TYPES = {"global_step": (int, 0), "epoch": (int, 0), "step_in_epoch": (in
 #: TrainingConfig fields that may change between a run and its resumption (they do not change the trained weights).
 RESUMABLE_CHANGES = frozenset(
     {"output_dir", "stop_after_steps", "num_workers", "log_every", "keep_checkpoints", "checkpoint_every",
-     "eval_every", "eval_batch_size", "k_values", "alpha"}
+     "eval_every", "eval_batch_size", "k_values", "alpha", "pca_samples"}
 )
 
 

@@ -144,6 +144,10 @@ class LossOptions:
         None, "SupRank offset (unset: the continuous σ(δ/τ) + start; the SOP reference uses 1.44)", section="loss",
         check=optional(is_number(0)),
     )  # fmt: skip
+    kernel: str = option(
+        "auto", "rank-loss kernel: 'dense' (blocked B×N×N, no host sync), 'sorted' (sorted thresholds), 'auto' (by "
+        "device and size)", section="loss", check=is_choice("auto", "dense", "sorted"),
+    )  # fmt: skip
 
 
 @dataclass
