@@ -13,7 +13,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..metrics.graded import graded_levels
 from ..relevance import Hierarchy, _check_multilabel, multilabel_relevance
 
 __all__ = ["multilabel_levels"]
@@ -50,6 +49,8 @@ def multilabel_levels(
         TypeError / ValueError: bad labels (see :func:`pml_suprank.relevance.multilabel_relevance`), or a row
             whose column 0 is padding.
     """
+    from ..metrics.graded import graded_levels  # here: importing pml_suprank.losses must not load the evaluator
+
     labels = _check_first_column("labels", labels)
     ref_labels = _check_first_column("ref_labels", ref_labels)
     rel = multilabel_relevance(labels, ref_labels, hierarchy, dtype=torch.float64)
