@@ -25,7 +25,11 @@ class HAPPIERLoss(CombinedRankLoss):
         embedding_size: embedding dimension ``D``.
         alpha: ``α`` of the H-AP relevance (Eq. 20).
         decomposability_weight: ``λ`` (0.1 in the paper and every reference config).
-        hierarchy: fine → ancestors table for 1-D fine labels.
+        hierarchy: fine → ancestors table for 1-D fine labels (and for multi-label sets; ``None`` = flat).
+        relevance: ``"levels"`` (default) or ``"multilabel"``: ``(B, M)`` fine-label sets padded with ``-1`` and the
+            relevance of the PhD thesis' Algorithm 1 (see :class:`~pml_suprank.losses.SupHAPLoss`). The proxy term
+            then sees column 0 of the labels, each item's first label (a row must start with a label, padding
+            after), so ``num_classes`` must exceed every fine label.
         **suprank_kwargs: :class:`~pml_suprank.losses.SupHAPLoss` options (``tau`` or its alias ``temperature``,
             ``rho``, ``delta``, ``start``, ``offset``, ``with_hrank``, ``include_self``, ``distance``, ...) and the
             PML options of the combined loss (``reducer``, ...).
@@ -40,13 +44,14 @@ class HAPPIERLoss(CombinedRankLoss):
         alpha: float = 1.0,
         decomposability_weight: float = 0.1,
         hierarchy: Hierarchy | Tensor | None = None,
+        relevance: str = "levels",
         **suprank_kwargs,
     ):
         weight, rank_kwargs, combination_kwargs = combination_options(
             "HAPPIERLoss", "proxy", decomposability_weight, suprank_kwargs, proxy_only=True
         )
         super().__init__(
-            SupHAPLoss(hierarchy=hierarchy, alpha=alpha, **rank_kwargs),
+            SupHAPLoss(hierarchy=hierarchy, alpha=alpha, relevance=relevance, **rank_kwargs),
             "proxy",
             weight,
             num_classes=num_classes,

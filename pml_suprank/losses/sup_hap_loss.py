@@ -4,14 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 from torch import Tensor
 
 from .._validation import check_level_weights, check_positive
 from ..ranking import HRankParams, dense_sup_hap_scores, sup_hap_scores
 from ..relevance import Hierarchy, level_counts, pop_relevance, property1_relevance
 from ._hierarchical import HierarchicalRankLoss
+from ._inputs import RankInputs
+from ._multilabel import multilabel_levels
 
-__all__ = ["SupHAPLoss"]
+__all__ = ["RELEVANCES", "SupHAPLoss"]
+
+RELEVANCES = ("levels", "multilabel")  # the relevance= choices of SupHAPLoss / HAPPIERLoss
 
 
 class SupHAPLoss(HierarchicalRankLoss):
@@ -33,6 +38,18 @@ class SupHAPLoss(HierarchicalRankLoss):
     ``ΣwAP = Σ_l w_l AP^(l)``. Since ``H⁻ ≥ H`` (default offset) and ``H_s^> ≤ H``, the loss is ``≥ 1 − H-AP``.
     With one level it equals :class:`~pml_suprank.losses.SupAPLoss`.
 
+    Multi-label (``relevance="multilabel"``): labels are ``(B, M)`` sets of fine labels padded with ``-1`` (column 0
+    must hold a label; ``ref_labels`` ``(N, M)`` likewise, padded to the same ``M``) and ``rel(q, j)`` is the
+    hierarchical multi-label relevance of the PhD thesis' Algorithm 1
+    (:func:`pml_suprank.relevance.multilabel_relevance` through ``hierarchy``; ``hierarchy=None`` = flat labels,
+    ``rel`` = fraction of the query's labels the item has). The loss is Sup-H-AP with this pairwise relevance:
+    ``H⁻`` towards strictly less relevant items and H-rank⁺ with ``min(rel_i, rel_j)`` (HAPPIER Eqs. 2-3), exactly,
+    through the same kernels (both): each query's distinct relevance values are its levels
+    (:func:`pml_suprank.losses._multilabel.multilabel_levels`). The bound ``loss ≥ 1 − H-AP`` holds with H-AP =
+    :func:`pml_suprank.metrics.functional.graded_average_precision`. ``alpha`` must stay 1 and ``level_weights``
+    unset. Not supported yet: ``CrossBatchMemory`` / ``RankingMemory`` / ``DistributedRankLoss`` (they pass 1-D
+    labels).
+
     Cost: ``O(L · B · N log N)`` plus the sigmoid-window pairs, ``O(L · B · N)`` extra memory
     (:func:`pml_suprank.ranking.hierarchical_ranks`); never ``B × N × N``.
 
@@ -42,6 +59,8 @@ class SupHAPLoss(HierarchicalRankLoss):
         alpha: ``α ≥ 0`` of Eq. 20.
         with_hrank: use ``H_s^>`` in H-rank⁺ (off in every reference config).
         hrank_nu, hrank_mu, hrank_gamma: ``ν > 0``, ``μ ∈ [0, 1]``, ``γ ≥ 0`` of ``H_s^>`` (paper: 25, 0.5, 10).
+        relevance: ``"levels"`` (default: Eq. 20 or Property 1 on ``(B, L)`` / 1-D hierarchical labels) or
+            ``"multilabel"`` (``(B, M)`` padded label sets, thesis Algorithm 1).
         level_weights: optional ``L`` finite, non-negative, not all zero weights ``w_1..w_L`` (``w_L`` = finest)
             selecting the Property-1 relevance (ΣwAP) instead of Eq. 20; ``alpha`` is then unused. Checked as the
             evaluator checks them (``ValueError`` naming ``level_weights`` otherwise).
@@ -64,6 +83,7 @@ class SupHAPLoss(HierarchicalRankLoss):
         hrank_mu: float = 0.5,
         hrank_gamma: float = 10.0,
         level_weights: Sequence[float] | Tensor | None = None,
+        relevance: str = "levels",
         **suprank_kwargs,
     ):
         super().__init__(hierarchy=hierarchy, **suprank_kwargs)
@@ -74,7 +94,30 @@ class SupHAPLoss(HierarchicalRankLoss):
         self.hrank = HRankParams(nu=hrank_nu, mu=hrank_mu, gamma=hrank_gamma)
         num_levels = None if self.hierarchy is None else self.hierarchy.num_levels
         self.level_weights = check_level_weights("level_weights", level_weights, num_levels)
+        if not isinstance(relevance, str) or relevance not in RELEVANCES:
+            raise ValueError(f"relevance must be one of {RELEVANCES}; got {relevance!r}")
+        if relevance == "multilabel" and (self.alpha != 1.0 or self.level_weights is not None):
+            raise ValueError(
+                "relevance='multilabel' takes its relevance from the label sets: alpha must be 1 and level_weights "
+                f"None; got alpha={alpha!r}, level_weights={level_weights!r}"
+            )
+        self.relevance = relevance
         self.add_to_recordable_attributes(list_of_names=["alpha"], is_stat=False)
+
+    def compute_query_losses(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:
+        if self.relevance != "multilabel":
+            return super().compute_query_losses(inputs)
+        levels, rel, num_levels = multilabel_levels(inputs.labels, inputs.ref_labels, self.hierarchy, inputs.valid)
+        rel = rel.to(inputs.scores.dtype)
+        hrank = self.hrank if self.with_hrank else None
+        if self.resolved_kernel(inputs) == "dense":
+            score, has_pos = dense_sup_hap_scores(inputs.scores, levels, rel, inputs.valid, self.constant_step(), hrank)
+        else:
+            score, has_pos = sup_hap_scores(
+                inputs.scores, levels, rel, num_levels, inputs.valid, self.step, hrank, self.chunk_size
+            )
+        kept = torch.nonzero(has_pos, as_tuple=True)[0]
+        return 1.0 - score[kept], kept
 
     def level_relevance(self, levels: Tensor, valid: Tensor, num_levels: int, dtype) -> Tensor:
         """``(B, L + 1)`` relevance of each level for each query, counted over the valid reference items."""
