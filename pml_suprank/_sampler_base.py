@@ -172,3 +172,14 @@ class _ShardedBatchSampler(Sampler[list[int]]):
         self.epoch = _check_int("state_dict['epoch']", state_dict["epoch"], 0)
         self._position = position
         self._resume_from = position
+
+
+def check_group_size(m: Any, batch_size: int, minimum: int = 1) -> int:
+    """Validate the per-group size ``m`` of a batch of ``batch_size``: an int >= ``minimum``, <= ``batch_size`` and
+    dividing it; return it."""
+    m = _check_int("m", m, minimum)
+    if m > batch_size:
+        raise ValueError(f"m must be <= batch_size = {batch_size}; got m={m}")
+    if batch_size % m:
+        raise ValueError(f"batch_size must be a multiple of m = {m}; got batch_size={batch_size}")
+    return m

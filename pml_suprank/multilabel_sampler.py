@@ -20,7 +20,7 @@ from typing import Any, get_args
 
 import numpy as np
 
-from ._sampler_base import SmallClassPolicy, _as_int_array, _check_int, _draw, _ShardedBatchSampler
+from ._sampler_base import SmallClassPolicy, _as_int_array, _draw, _ShardedBatchSampler, check_group_size
 from ._validation import check_choice
 
 __all__ = ["MultiLabelSampler"]
@@ -76,11 +76,7 @@ class MultiLabelSampler(_ShardedBatchSampler):
         small_classes: SmallClassPolicy = "replace",
     ) -> None:
         super().__init__(batch_size, seed, num_replicas, rank)
-        self.m = _check_int("m", m, 2)
-        if self.m > self.batch_size:
-            raise ValueError(f"m must be <= batch_size = {self.batch_size}; got m={self.m}")
-        if self.batch_size % self.m:
-            raise ValueError(f"batch_size must be a multiple of m = {self.m}; got batch_size={self.batch_size}")
+        self.m = check_group_size(m, self.batch_size, 2)
         self.small_classes = check_choice("small_classes", small_classes, get_args(SmallClassPolicy))
         arr = _as_int_array(labels)
         if arr.ndim == 1:

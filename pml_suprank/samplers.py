@@ -44,6 +44,7 @@ from ._sampler_base import (  # noqa: F401 - private helpers kept importable fro
     _draw,
     _resolve_replicas,
     _ShardedBatchSampler,
+    check_group_size,
 )
 from ._validation import check_choice
 from .multilabel_sampler import MultiLabelSampler
@@ -91,11 +92,7 @@ class MPerClassSampler(_ShardedBatchSampler):
         drop_last: bool = False,
     ) -> None:
         super().__init__(batch_size, seed, num_replicas, rank)
-        self.m = _check_int("m", m, 1)
-        if self.m > self.batch_size:
-            raise ValueError(f"m must be <= batch_size = {self.batch_size}; got m={self.m}")
-        if self.batch_size % self.m:
-            raise ValueError(f"batch_size must be a multiple of m = {self.m}; got batch_size={self.batch_size}")
+        self.m = check_group_size(m, self.batch_size, 1)
         self.small_classes = check_choice("small_classes", small_classes, get_args(SmallClassPolicy))
         self.pad = not bool(drop_last)
         arr = _as_int_array(labels)

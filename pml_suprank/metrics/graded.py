@@ -30,7 +30,7 @@ from torch import Tensor
 
 from ..relevance import _check_multilabel, _label_sets, ideal_dcg
 from .from_ranks import ap_from_ranks
-from .ranks import RetrievalRanks, retrieval_ranks
+from .ranks import RetrievalRanks, _check_mask, _check_scores, retrieval_ranks
 
 __all__ = ["GAINS", "graded_average_precision", "graded_levels", "graded_ndcg", "mean_label_average_precision"]
 
@@ -39,17 +39,8 @@ GRADED_BLOCK = 2**22  # elements of the (C, N) score block processed at once
 
 
 def _check_scores_mask(scores: Tensor, mask: Tensor | None, block_elements: int) -> None:
-    if not isinstance(scores, Tensor):
-        raise TypeError(f"scores must be a torch.Tensor of shape (Q, N); got {type(scores).__name__}")
-    if scores.dim() != 2:
-        raise ValueError(f"scores must have shape (Q, N); got shape {tuple(scores.shape)}")
-    if not scores.is_floating_point():
-        raise TypeError(f"scores must be a floating-point tensor; got dtype {scores.dtype}")
-    if mask is not None:
-        if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-            raise TypeError(f"mask must be a bool torch.Tensor; got {getattr(mask, 'dtype', type(mask).__name__)}")
-        if mask.shape != scores.shape:
-            raise ValueError(f"mask must have the shape of scores {tuple(scores.shape)}; got shape {tuple(mask.shape)}")
+    _check_scores(scores)  # the engine's checks: (Q, N) floating point, no NaN
+    _check_mask(mask, scores)
     if isinstance(block_elements, bool) or not isinstance(block_elements, int) or block_elements < 1:
         raise ValueError(f"block_elements must be a positive int; got {block_elements!r}")
 
