@@ -71,5 +71,9 @@ class ROADMAPLoss(CombinedRankLoss):
         value = self.decomposability_loss(*args)
         return {
             "rank_loss": rank_entry,
-            "decomposability_loss": {"losses": self.weight * value, "indices": None, "reduction_type": "already_reduced"},
+            "decomposability_loss": {
+                "losses": self.weight * value,
+                "indices": None,
+                "reduction_type": "already_reduced",
+            },
         }
