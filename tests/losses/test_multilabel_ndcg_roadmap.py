@@ -252,3 +252,17 @@ def test_per_label_bad_inputs_name_the_argument():
         losses.SupAPLoss()(emb, labels)  # (B, M) label sets need multilabel="per_label"
     with pytest.raises(ValueError, match="labels row 1"):
         losses.SupAPLoss(multilabel="per_label")(emb, torch.tensor([[0, 2], [-1, -1], [2, 3], [0, 1]]))
+
+
+@pytest.mark.parametrize("kernel", ["dense", "sorted"])
+def test_no_relevant_item_gives_pml_zero_loss(kernel):
+    emb, _ = _batch(10, n=4)
+    labels = torch.tensor([[0, -1], [1, -1], [2, 3], [4, 5]])  # flat: no two items share a label
+    emb = emb.clone().requires_grad_(True)
+    for loss_fn in (
+        losses.SupNDCGLoss(relevance="multilabel", kernel=kernel),
+        losses.SupAPLoss(multilabel="per_label", kernel=kernel),
+    ):
+        loss = loss_fn(emb, labels)
+        assert float(loss.detach()) == 0.0
+        loss.backward()
