@@ -266,3 +266,15 @@ def test_no_relevant_item_gives_pml_zero_loss(kernel):
         loss = loss_fn(emb, labels)
         assert float(loss.detach()) == 0.0
         loss.backward()
+
+
+def test_roadmap_per_label_with_reference_set_and_terms():
+    emb, labels = _batch(11, n=6)
+    ref_emb, ref_labels = _batch(12, n=9)
+    loss_fn = losses.ROADMAPLoss(multilabel="per_label", decomposability_weight=0.3)
+    got = loss_fn(emb, labels, ref_emb=ref_emb, ref_labels=ref_labels)
+    rank = losses.SupAPLoss(multilabel="per_label")(emb, labels, ref_emb=ref_emb, ref_labels=ref_labels)
+    calib = losses.CalibrationLoss(multilabel=True)(emb, labels, ref_emb=ref_emb, ref_labels=ref_labels)
+    torch.testing.assert_close(got, 0.7 * rank + 0.3 * calib, rtol=1e-12, atol=1e-12)
+    terms = loss_fn.compute_terms(emb, labels, ref_emb=ref_emb, ref_labels=ref_labels)
+    torch.testing.assert_close(sum(terms.values()), got, rtol=1e-12, atol=1e-12)
