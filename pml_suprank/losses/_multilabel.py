@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..relevance import Hierarchy, _check_multilabel, multilabel_relevance
+from ..relevance import Hierarchy, _check_multilabel, ideal_dcg, multilabel_relevance
 
-__all__ = ["multilabel_levels"]
+__all__ = ["graded_dcg_scores", "multilabel_levels", "per_label_rows"]
 
 
 def _check_first_column(name: str, labels: Tensor) -> Tensor:
@@ -56,3 +56,54 @@ def multilabel_levels(
     rel = multilabel_relevance(labels, ref_labels, hierarchy, dtype=torch.float64)
     levels, values = graded_levels(rel, valid)
     return levels, values, values.shape[1] - 1
+
+
+def graded_dcg_scores(rank: Tensor, levels: Tensor, level_gains: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-query ``DCG / iDCG`` (SupRank Eqs. 23-24) with per-query level gains (multi-label Sup-NDCG).
+
+    ``DCG(q) = Σ_{i: T_i > 0} g_q(T_i) / log2(1 + rank(i))``; ``iDCG(q)`` is the DCG of the same valid items sorted by
+    decreasing level (:func:`pml_suprank.relevance.ideal_dcg`), so ``level_gains`` must be non-decreasing per row.
+
+    Args:
+        rank: ``(B, N)`` ranks of the items (only the valid positive entries are read).
+        levels: ``(B, N)`` int64 levels ``0..K`` (0 = not relevant).
+        level_gains: ``(B, K + 1)`` gain of each level of each query (``level_gains[:, 0] = 0``).
+        valid: ``(B, N)`` bool mask of the counted reference items.
+
+    Returns:
+        ``(score (B,), has_pos (B,) bool)``: score 0 where the query has no relevant item.
+    """
+    levels = levels.long()
+    gains = level_gains.to(rank.dtype)
+    positive = valid & (levels > 0)
+    dcg = torch.where(positive, gains.gather(1, levels) / torch.log2(1.0 + rank), torch.zeros_like(rank)).sum(1)
+    counts = torch.zeros(levels.shape[0], gains.shape[1], dtype=torch.long, device=levels.device)
+    idcg = ideal_dcg(counts.scatter_add(1, levels, valid.long()), gains)
+    has_pos = positive.any(1)
+    score = torch.where(has_pos, dcg / torch.where(has_pos, idcg, torch.ones_like(idcg)), torch.zeros_like(dcg))
+    return score, has_pos
+
+
+def per_label_rows(labels: Tensor, ref_labels: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+    """Expand each (query, distinct label) pair into a binary pseudo-query (per-label AP, thesis Sec. 6.2.1).
+
+    Args:
+        labels: ``(B, M)`` (or ``(B,)``) query label sets, ``-1`` = padding (a repeated label counts once).
+        ref_labels: ``(N, M')`` (or ``(N,)``) reference label sets, same conventions.
+        valid: ``(B, N)`` bool mask of the counted reference items.
+
+    Returns:
+        ``(owner (R,) long, positives (R, N) bool)``: ``owner[r]`` is the query row of pseudo-query ``r`` and
+        ``positives[r, j]`` says that valid item ``j`` carries its label; ``R = Σ_q n_q`` (distinct labels).
+    """
+    labels = _check_first_column("labels", labels)
+    ref_labels = _check_multilabel("ref_labels", ref_labels)
+    first = torch.ones_like(labels, dtype=torch.bool)
+    if labels.shape[1] > 1:  # keep the first occurrence of each label of a row
+        earlier = labels.unsqueeze(2) == labels.unsqueeze(1)  # (B, M, M): [q, a, b] label a == label b
+        first = ~torch.tril(earlier, diagonal=-1).any(2)
+    keep = (labels >= 0) & first
+    owner, col = torch.nonzero(keep, as_tuple=True)
+    row_labels = labels[owner, col]
+    carries = (ref_labels.unsqueeze(0) == row_labels.view(-1, 1, 1)).any(2)  # (R, N)
+    return owner, carries & valid[owner]

@@ -19,6 +19,16 @@ def _check_margin(name: str, value) -> float:
     return float(value)
 
 
+def _share_label(labels, ref_labels):
+    """``(B, N)`` bool: the query's label set (``(B, M)``, ``-1`` padding) meets the item's (``(N, M')``)."""
+    labels = labels.view(labels.shape[0], -1)
+    ref_labels = ref_labels.view(ref_labels.shape[0], -1)
+    same = torch.zeros(labels.shape[0], ref_labels.shape[0], dtype=torch.bool, device=labels.device)
+    for col in labels.unbind(1):  # M passes over a (B, N, M') comparison
+        same = same | ((col.view(-1, 1, 1) == ref_labels.unsqueeze(0)).any(2) & (col >= 0).unsqueeze(1))
+    return same
+
+
 class CalibrationLoss(BaseMetricLossFunction):
     """Decomposability loss L_DG (SupRank paper Eq. 7; ROADMAP NeurIPS 2021 Eq. 7).
 
@@ -36,6 +46,8 @@ class CalibrationLoss(BaseMetricLossFunction):
         neg_margin: ``β`` (0.6).
         average: ``"active"`` or ``"all"``; ignored when an explicit ``reducer`` is passed.
         include_self: keep the (query, query) pair when the reference set is the batch (reference code).
+        multilabel: take ``(B, M)`` label sets padded with ``-1`` (``ref_labels`` ``(N, M)``); a pair is positive
+            when the two items share any label (the calibration term of ``ROADMAPLoss(multilabel="per_label")``).
         **kwargs: PML options (``distance``, ``reducer``, ...).
 
     Shapes: ``embeddings (B, D)``, ``labels (B,)``, optional ``ref_emb (N, D)``, ``ref_labels (N,)``; returns a scalar.
@@ -48,8 +60,11 @@ class CalibrationLoss(BaseMetricLossFunction):
         neg_margin: float = 0.6,
         average: str = "active",
         include_self: bool = False,
+        multilabel: bool = False,
         **kwargs,
     ):
+        if not isinstance(multilabel, bool):
+            raise TypeError(f"multilabel must be a bool; got {type(multilabel).__name__} {multilabel!r}")
         average = check_choice("average", average, ("active", "all"))
         if not isinstance(include_self, bool):
             raise TypeError(f"include_self must be a bool; got {type(include_self).__name__} {include_self!r}")
@@ -64,6 +79,7 @@ class CalibrationLoss(BaseMetricLossFunction):
         self.neg_margin = _check_margin("neg_margin", neg_margin)
         self.average = average
         self.include_self = include_self
+        self.multilabel = multilabel
 
     def get_default_distance(self):
         return CosineSimilarity()
@@ -75,7 +91,7 @@ class CalibrationLoss(BaseMetricLossFunction):
         """Compute L_DG; see the class docstring."""
         self.reset_stats()
         embeddings, labels, ref_emb, ref_labels, _ = prepare_inputs(
-            type(self).__name__, embeddings, labels, ref_emb, ref_labels
+            type(self).__name__, embeddings, labels, ref_emb, ref_labels, allow_2d_labels=self.multilabel
         )
         loss_dict = self.compute_loss(embeddings, labels, indices_tuple, ref_emb, ref_labels)
         self.add_embedding_regularization_to_loss_dict(loss_dict, embeddings)
@@ -91,7 +107,7 @@ class CalibrationLoss(BaseMetricLossFunction):
             include_self=self.include_self,
             indices_tuple=indices_tuple,
         )
-        same = labels.unsqueeze(1) == ref_labels.unsqueeze(0)
+        same = _share_label(labels, ref_labels) if self.multilabel else labels.unsqueeze(1) == ref_labels.unsqueeze(0)
         pos, neg = valid & same, valid & ~same
         if self._prune_inactive:
             pos = pos & (scores.detach() < self.pos_margin)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from .calibration_loss import CalibrationLoss
 from .combined_rank_loss import CombinedRankLoss, combination_options
-from .sup_ap_loss import SupAPLoss
+from .sup_ap_loss import MULTILABEL_MODES, SupAPLoss
 
 __all__ = ["ROADMAPLoss"]
 
@@ -21,6 +22,11 @@ class ROADMAPLoss(CombinedRankLoss):
         decomposability: ``"calibration"`` (default), ``"proxy"``, or an ``nn.Module`` loss.
         decomposability_weight: ``λ`` (0.1).
         num_classes, embedding_size: for ``"proxy"``.
+        multilabel: ``None`` or ``"per_label"``: ``(B, M)`` label sets padded with ``-1``, the rank term is the
+            per-label SupAP of :class:`SupAPLoss` (AP of each query label as a binary problem, averaged over the
+            query's labels; cost ``Σ_q n_q`` pseudo-query rows) and the calibration term counts a pair as positive
+            when the two items share any label (``CalibrationLoss(multilabel=True)``). ``"proxy"`` and custom modules
+            get column 0 of the label sets (each item's first label).
         **suprank_kwargs: :class:`SupAPLoss` arguments (``tau`` or its alias ``temperature``, ``rho``, ``delta``,
             ``start``, ``offset``, ``include_self``, ``distance``) and the PML options of the combined loss
             (``reducer``, ``embedding_regularizer``, ...).
@@ -35,16 +41,39 @@ class ROADMAPLoss(CombinedRankLoss):
         decomposability_weight: float = 0.1,
         num_classes: int | None = None,
         embedding_size: int | None = None,
+        multilabel: str | None = None,
         **suprank_kwargs,
     ):
         weight, rank_kwargs, combination_kwargs = combination_options(
             "ROADMAPLoss", decomposability, decomposability_weight, suprank_kwargs
         )
+        if multilabel not in MULTILABEL_MODES:
+            raise ValueError(f"multilabel must be one of {MULTILABEL_MODES}; got {multilabel!r}")
+        if multilabel == "per_label" and isinstance(decomposability, str) and decomposability == "calibration":
+            decomposability = CalibrationLoss(include_self=rank_kwargs.get("include_self", False), multilabel=True)
         super().__init__(
-            SupAPLoss(**rank_kwargs),
+            SupAPLoss(multilabel=multilabel, **rank_kwargs),
             decomposability,
             weight,
             num_classes=num_classes,
             embedding_size=embedding_size,
             **combination_kwargs,
         )
+
+    def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
+        if getattr(self.decomposability_loss, "multilabel", False) is not True:
+            return super().compute_loss(embeddings, labels, indices_tuple, ref_emb, ref_labels)
+        # per-label ROADMAP: the calibration term sees the whole label sets (pairs sharing any label are positive)
+        rank_entry = self.rank_entry(embeddings, labels, indices_tuple, ref_emb, ref_labels)
+        args = (embeddings, labels, indices_tuple)
+        if ref_emb is not embeddings:
+            args = (*args, ref_emb, ref_labels)
+        value = self.decomposability_loss(*args)
+        return {
+            "rank_loss": rank_entry,
+            "decomposability_loss": {
+                "losses": self.weight * value,
+                "indices": None,
+                "reduction_type": "already_reduced",
+            },
+        }

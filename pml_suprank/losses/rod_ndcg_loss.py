@@ -23,6 +23,9 @@ class RODNDCGLoss(CombinedRankLoss):
         embedding_size: embedding dimension ``D``.
         decomposability_weight: ``λ`` (0.1).
         hierarchy: fine → ancestors table for 1-D fine labels.
+        relevance: ``"levels"`` (default) or ``"multilabel"``: ``(B, M)`` fine-label sets padded with ``-1`` and the
+            gains ``2^rel − 1`` of the PhD thesis' Algorithm 1 relevance (see :class:`~pml_suprank.losses.SupNDCGLoss`).
+            The proxy term then uses column 0 of the label sets (each item's first label).
         **suprank_kwargs: :class:`~pml_suprank.losses.SupNDCGLoss` options (``tau`` or its alias ``temperature``,
             ...) and the PML options of the combined loss.
     """
@@ -33,13 +36,14 @@ class RODNDCGLoss(CombinedRankLoss):
         embedding_size: int,
         decomposability_weight: float = 0.1,
         hierarchy: Hierarchy | Tensor | None = None,
+        relevance: str = "levels",
         **suprank_kwargs,
     ):
         weight, rank_kwargs, combination_kwargs = combination_options(
             "RODNDCGLoss", "proxy", decomposability_weight, suprank_kwargs, proxy_only=True
         )
         super().__init__(
-            SupNDCGLoss(hierarchy=hierarchy, **rank_kwargs),
+            SupNDCGLoss(hierarchy=hierarchy, relevance=relevance, **rank_kwargs),
             "proxy",
             weight,
             num_classes=num_classes,

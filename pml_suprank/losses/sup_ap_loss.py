@@ -2,14 +2,30 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import torch
 from torch import Tensor
 
 from ..ranking import SupRankStep, dense_query_ranks, heaviside_positive_count, masked_query_mean, suprank_negative_sum
 from ._inputs import RankInputs
+from ._multilabel import per_label_rows
 from ._suprank_step import SupRankStepMixin, resolve_tau
 from .base_rank_loss import BaseRankLoss
 
-__all__ = ["SupAPLoss", "dense_suprank_query_ranks", "suprank_pair_ranks"]
+__all__ = ["MULTILABEL_MODES", "SupAPLoss", "dense_suprank_query_ranks", "suprank_pair_ranks"]
+
+MULTILABEL_MODES = (None, "per_label")  # the multilabel= choices of SupAPLoss / ROADMAPLoss
+
+
+@dataclass
+class _PseudoQueryInputs(RankInputs):
+    """:class:`RankInputs` of binary pseudo-queries whose positives are given (per-label AP)."""
+
+    positive_mask: Tensor | None = None
+
+    def positives(self) -> Tensor:
+        return self.positive_mask
 
 
 def suprank_pair_ranks(inputs: RankInputs, step: SupRankStep) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -70,7 +86,18 @@ class SupAPLoss(SupRankStepMixin, BaseRankLoss):
             values raises ``ValueError``.
         **kwargs: ``BaseRankLoss`` / PML options (``distance``, ``reducer``, ...).
 
-    Shapes: ``embeddings (B, D)``, ``labels (B,)``, optional ``ref_emb (N, D)``, ``ref_labels (N,)``; returns a scalar.
+        multilabel: ``None`` (default: one label per item) or ``"per_label"``: labels are ``(B, M)`` label sets
+            padded with ``-1`` (column 0 must hold a label; ``ref_labels`` ``(N, M)`` likewise) and the per-query
+            score is the mean, over the query's distinct labels that have a positive, of the SupAP of that label as a
+            binary problem (positives = the valid items carrying the label; the per-label adaptation of ROADMAP,
+            Ramzi PhD thesis Sec. 6.2.1). Each (query, label) pair is a pseudo-query row of the same kernels, so the
+            cost is that of ``Σ_q n_q`` queries (``n_q`` = distinct labels of query ``q``) plus an ``(Σ_q n_q, N, M)``
+            bool comparison. Upper bound of ``1 −`` :func:`pml_suprank.metrics.graded.mean_label_average_precision`.
+            With one label per item it equals the default loss. Not supported yet: ``CrossBatchMemory`` /
+            ``RankingMemory`` / ``DistributedRankLoss`` (they pass 1-D labels).
+
+    Shapes: ``embeddings (B, D)``, ``labels (B,)`` (``(B, M)`` with ``multilabel="per_label"``), optional
+    ``ref_emb (N, D)``, ``ref_labels`` like ``labels``; returns a scalar.
     """
 
     kernels = ("auto", "dense", "sorted")
@@ -85,11 +112,20 @@ class SupAPLoss(SupRankStepMixin, BaseRankLoss):
         include_self: bool = False,
         *,
         temperature: float | None = None,
+        multilabel: str | None = None,
         **kwargs,
     ):
         tau = resolve_tau(tau, temperature, type(self).__name__)
+        if multilabel not in MULTILABEL_MODES:
+            raise ValueError(f"multilabel must be one of {MULTILABEL_MODES}; got {multilabel!r}")
         super().__init__(include_self=include_self, **kwargs)
         self.init_step(tau=tau, rho=rho, delta=delta, start=start, offset=offset)
+        self.multilabel = multilabel
+
+    @property
+    def allow_2d_labels(self) -> bool:
+        """``(B, M)`` label sets are accepted with ``multilabel="per_label"``."""
+        return self.multilabel == "per_label"
 
     def query_ap(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:
         """Surrogate AP ``(Q,)`` of the queries with at least one positive, and their rows ``(Q,)``."""
@@ -99,6 +135,25 @@ class SupAPLoss(SupRankStepMixin, BaseRankLoss):
         q, _, rank_plus, rank = suprank_pair_ranks(inputs, self.step)
         return self.segment_mean(rank_plus / rank, q, inputs.scores.shape[0])
 
+    def per_label_query_ap(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:
+        """Mean per-label surrogate AP ``(Q,)`` of the queries with a label that has a positive, and their rows."""
+        owner, positives = per_label_rows(inputs.labels, inputs.ref_labels, inputs.valid)
+        pseudo = _PseudoQueryInputs(
+            scores=inputs.scores[owner],
+            valid=inputs.valid[owner],
+            labels=owner,
+            ref_labels=inputs.ref_labels,
+            same_source=inputs.same_source,
+            positive_mask=positives,
+        )
+        ap, rows = self.query_ap(pseudo)
+        if len(rows) == 0:
+            return ap, torch.zeros(0, dtype=torch.long, device=inputs.scores.device)
+        return self.segment_mean(ap, owner[rows], inputs.scores.shape[0])
+
     def compute_query_losses(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:
-        ap, kept = self.query_ap(inputs)
+        if self.multilabel == "per_label":
+            ap, kept = self.per_label_query_ap(inputs)
+        else:
+            ap, kept = self.query_ap(inputs)
         return 1.0 - ap, kept

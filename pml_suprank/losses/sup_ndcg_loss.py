@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
-from ..ranking import dense_sup_ndcg_scores, sup_ndcg_scores
+from ..ranking import dense_hierarchical_query_ranks, dense_sup_ndcg_scores, hierarchical_ranks, sup_ndcg_scores
 from ..relevance import Hierarchy
 from ._hierarchical import HierarchicalRankLoss
+from ._inputs import RankInputs
+from ._multilabel import graded_dcg_scores, multilabel_levels
 
 __all__ = ["SupNDCGLoss"]
+
+NDCG_RELEVANCES = ("levels", "multilabel")  # the relevance= choices of SupNDCGLoss / RODNDCGLoss
 
 
 class SupNDCGLoss(HierarchicalRankLoss):
@@ -19,18 +24,52 @@ class SupNDCGLoss(HierarchicalRankLoss):
     :class:`~pml_suprank.losses.SupHAPLoss`) and ``iDCG`` is the DCG of the same reference set (the valid items)
     ordered by decreasing level (Eq. 23, gains ``2^l − 1``). Upper bound of ``1 − NDCG`` for the default offset.
 
+    Multi-label (``relevance="multilabel"``): labels are ``(B, M)`` sets of fine labels padded with ``-1`` (column 0
+    must hold a label; ``ref_labels`` ``(N, M)`` likewise) and the gain of item ``j`` for query ``q`` is
+    ``2^{rel(q, j)} − 1`` with ``rel`` the hierarchical multi-label relevance of the PhD thesis' Algorithm 1
+    (:func:`pml_suprank.relevance.multilabel_relevance`, ``rel ∈ [0, 1]``; ``hierarchy=None`` = flat label sets) —
+    the default ``gain="exponential"`` of :func:`pml_suprank.metrics.graded.graded_ndcg`, so the loss is an upper
+    bound of ``1 −`` that NDCG. Each query's distinct relevance values are its levels
+    (:func:`pml_suprank.losses._multilabel.multilabel_levels`): the rank kernels (both) order items by them and the
+    gains are per query. With one label per item and ``L`` levels, the gains are ``2^{T/L} − 1`` (not ``2^T − 1``);
+    flat single labels give exactly the level loss. Not supported yet: ``CrossBatchMemory`` / ``RankingMemory`` /
+    ``DistributedRankLoss`` (they pass 1-D labels).
+
     Args:
-        hierarchy: fine → ancestors table for 1-D fine labels.
+        hierarchy: fine → ancestors table for 1-D fine labels (and for the multi-label relevance).
+        relevance: ``"levels"`` (default: ``(B, L)`` / 1-D hierarchical labels) or ``"multilabel"`` (``(B, M)``
+            padded label sets, thesis Algorithm 1).
         **suprank_kwargs: ``tau`` (alias ``temperature``), ``rho``, ``delta``, ``start``, ``offset``,
             ``include_self``, ``chunk_size`` and BaseRankLoss / PML options.
 
-    Shapes: ``embeddings (B, D)``; ``labels (B, L)`` or ``(B,)`` with ``hierarchy``; returns a scalar.
+    Shapes: ``embeddings (B, D)``; ``labels (B, L)`` or ``(B,)`` with ``hierarchy`` (``(B, M)`` label sets with
+    ``relevance="multilabel"``); returns a scalar.
     """
 
     kernels = ("auto", "dense", "sorted")
 
-    def __init__(self, hierarchy: Hierarchy | Tensor | None = None, **suprank_kwargs):
+    def __init__(self, hierarchy: Hierarchy | Tensor | None = None, relevance: str = "levels", **suprank_kwargs):
         super().__init__(hierarchy=hierarchy, **suprank_kwargs)
+        if not isinstance(relevance, str) or relevance not in NDCG_RELEVANCES:
+            raise ValueError(f"relevance must be one of {NDCG_RELEVANCES}; got {relevance!r}")
+        self.relevance = relevance
+
+    def compute_query_losses(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:
+        if self.relevance != "multilabel":
+            return super().compute_query_losses(inputs)
+        levels, rel, num_levels = multilabel_levels(inputs.labels, inputs.ref_labels, self.hierarchy, inputs.valid)
+        if num_levels == 0:  # no query has a relevant item
+            return inputs.scores.new_zeros(0), torch.zeros(0, dtype=torch.long, device=inputs.scores.device)
+        gains = torch.pow(2.0, rel) - 1.0  # graded_ndcg's exponential gain of each level's relevance
+        if self.resolved_kernel(inputs) == "dense":
+            rank, _ = dense_hierarchical_query_ranks(inputs.scores, levels, None, inputs.valid, self.constant_step())
+        else:
+            rank, _ = hierarchical_ranks(
+                inputs.scores, levels, None, num_levels, inputs.valid, self.step, None, self.chunk_size
+            )
+        score, has_pos = graded_dcg_scores(rank, levels, gains, inputs.valid)
+        kept = torch.nonzero(has_pos, as_tuple=True)[0]
+        return 1.0 - score[kept], kept
 
     def dense_query_scores(
         self, scores: Tensor, levels: Tensor, valid: Tensor, num_levels: int
