@@ -44,7 +44,8 @@ def _batch(step: int, n: int = 8, width: int = 2):
 
 def test_multilabel_mode_is_the_loss_attribute_not_the_shape():
     assert is_multilabel_loss(_loss())
-    assert is_multilabel_loss(losses.HAPPIERLoss(num_classes=4, embedding_size=D, hierarchy=TABLE, relevance="multilabel"))
+    happier = losses.HAPPIERLoss(num_classes=4, embedding_size=D, hierarchy=TABLE, relevance="multilabel")
+    assert is_multilabel_loss(happier)
     assert not is_multilabel_loss(losses.SupHAPLoss(hierarchy=TABLE))
     assert not is_multilabel_loss(losses.SupAPLoss())
     # a hierarchical memory keeps refusing 2-D labels of another width (levels are never padded)
