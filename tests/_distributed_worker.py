@@ -237,8 +237,8 @@ def run_multilabel_case(make_loss, wrapper, sizes, rank, ws):
     loss_fn = make_loss().double()
     ref_loss = copy.deepcopy(loss_fn)
     ddp = DDP(model)
-    if wrapper == "local_queries":
-        dist_fn, ref_fn = DistributedRankLoss(loss_fn), ref_loss
+    if wrapper in ("local_queries", "all"):
+        dist_fn, ref_fn = DistributedRankLoss(loss_fn, mode=wrapper), ref_loss
     else:
         dist_fn = RankingMemory(loss_fn, D, 40, dtype=torch.float64)
         ref_fn = RankingMemory(ref_loss, D, 40, distributed=False, dtype=torch.float64)
@@ -281,7 +281,9 @@ def multilabel_results(rank: int, ws: int) -> dict:
     """Every multi-label case of a ``--multilabel`` run, reduced (max) over the ranks."""
     results = {"gather_batch_multilabel": check_gather_batch_multilabel(rank, ws)}
     for name, make in multilabel_factories().items():
-        for wrapper, sizes in (("local_queries", [8] * ws), ("local_queries", [6, 10][:ws]), ("memory", [8] * ws)):
+        plan = [("local_queries", [8] * ws), ("local_queries", [6, 10][:ws]), ("all", [6, 10][:ws])]
+        plan.append(("memory", [8] * ws))
+        for wrapper, sizes in plan:
             try:
                 res = run_multilabel_case(make, wrapper, sizes, rank, ws)
             except Exception as err:  # reported, not hidden: the test fails on any error entry

@@ -124,6 +124,9 @@ def test_narrower_batches_are_padded_and_wider_grow_the_memory():
     assert torch.equal(mem.labels[8:], wide)
     mem.enqueue(torch.zeros(8, D), narrow[:, 0])  # 1-D fine labels = sets of one label
     assert torch.equal(mem.labels[:8], pad_label_sets(narrow, 3))
+    fresh_memory = RankingMemory(_loss(), D, 16, dtype=torch.float64)
+    fresh_memory.load_state_dict(mem.state_dict())  # the (16, 3) sets and the queue position are restored
+    assert torch.equal(fresh_memory.labels, mem.labels) and int(fresh_memory.ptr) == int(mem.ptr)
     # CrossBatchMemory pads the same way
     xbm = losses.CrossBatchMemory(_loss(), D, memory_size=16)
     xbm(*_batch(0, width=3))
@@ -192,7 +195,7 @@ def test_two_process_gloo_multilabel_equals_single_process(tmp_path):
     errors = {k: v["error"] for k, v in results.items() if "error" in v}
     assert not errors, errors
     for name in ("SupHAP_multilabel", "HAPPIER_multilabel"):
-        for key in ("local_queries/8-8", "local_queries/6-10", "memory/8-8"):
+        for key in ("local_queries/8-8", "local_queries/6-10", "all/6-10", "memory/8-8"):
             assert f"{name}/{key}" in results
     worst = {k: max(v.values()) for k, v in results.items()}
     assert max(worst.values()) <= 1e-6, {k: v for k, v in worst.items() if v > 1e-6}
