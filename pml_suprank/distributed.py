@@ -51,6 +51,8 @@ __all__ = [
     "gather_batch",
     "get_world_size",
     "is_distributed",
+    "is_multilabel_loss",
+    "pad_label_sets",
     "pairs_without_self",
     "reference_loss",
 ]
@@ -159,13 +161,47 @@ def all_gather(tensor: Tensor, group: Any = None) -> Tensor:
     return _gather(tensor, _sizes(tensor.shape[0], tensor.device, group), group)
 
 
+def is_multilabel_loss(loss: Any) -> bool:
+    """True when ``loss`` takes multi-label label sets: its ``relevance`` attribute is ``"multilabel"``
+    (``SupHAPLoss`` / ``HAPPIERLoss(relevance="multilabel")``).
+
+    The memory and distributed code never guesses the mode from the labels' shape: 2-D labels are hierarchical
+    ``(N, L)`` levels unless the loss says it is multi-label; then they are ``(N, M)`` fine-label sets padded with
+    ``-1``, which may be padded with more ``-1`` columns without changing the loss.
+    """
+    return getattr(loss, "relevance", None) == "multilabel"
+
+
+def pad_label_sets(labels: Tensor, width: int) -> Tensor:
+    """Multi-label sets ``(N,)`` or ``(N, M)`` as ``(N, width)``, the new columns filled with ``-1`` (padding).
+
+    Raises:
+        ValueError: ``labels`` has more than ``width`` columns (the message names both sizes).
+    """
+    labels = labels.unsqueeze(1) if labels.dim() == 1 else labels
+    if labels.shape[1] > width:
+        raise ValueError(
+            f"labels has {labels.shape[1]} label columns, more than the {width} columns they must be padded to"
+        )
+    if labels.shape[1] == width:
+        return labels
+    pad = labels.new_full((labels.shape[0], width - labels.shape[1]), -1)
+    return torch.cat([labels, pad], dim=1)
+
+
+def _max_width(labels: Tensor, group: Any) -> int:
+    width = torch.tensor([1 if labels.dim() == 1 else labels.shape[1]], dtype=torch.long, device=labels.device)
+    torch.distributed.all_reduce(width, op=torch.distributed.ReduceOp.MAX, group=group)
+    return int(width)
+
+
 @dataclass
 class GlobalBatch:
     """The batch of all processes, as :func:`gather_batch` returns it.
 
     Attributes:
         embeddings: ``(B_global, D)``, connected to every process's graph (:func:`all_gather_with_grad`).
-        labels: ``(B_global,)`` or ``(B_global, L)``, no gradient.
+        labels: ``(B_global,)`` or ``(B_global, L)`` (multi-label: ``(B_global, max_r M_r)``), no gradient.
         indices: ``(B_global,)`` dataset indices, or ``None`` when none were given.
         local: ``(B_local,)`` long, the rows of this process's batch in the global one (on the embeddings' device).
     """
@@ -176,7 +212,14 @@ class GlobalBatch:
     local: Tensor
 
 
-def gather_batch(embeddings: Tensor, labels: Tensor, indices: Tensor | None = None, group: Any = None) -> GlobalBatch:
+def gather_batch(
+    embeddings: Tensor,
+    labels: Tensor,
+    indices: Tensor | None = None,
+    group: Any = None,
+    *,
+    multilabel: bool = False,
+) -> GlobalBatch:
     """Gather this process's batch from every process: embeddings with gradient, labels and indices without.
 
     One exchange of the per-process sizes serves all the gathers. Without an initialised process group (or with
@@ -187,6 +230,9 @@ def gather_batch(embeddings: Tensor, labels: Tensor, indices: Tensor | None = No
         labels: ``(B_r,)`` or ``(B_r, L)``.
         indices: optional ``(B_r,)`` dataset indices.
         group: process group (default: the world).
+        multilabel: ``labels`` are ``(B_r, M_r)`` label sets padded with ``-1`` (:func:`is_multilabel_loss`);
+            ``M_r`` may differ between processes: every set is padded to the largest ``M`` first (under a process
+            group; 1-D labels count as ``M_r = 1``).
     """
     _check_tensor("embeddings", embeddings)
     _check_tensor("labels", labels)
@@ -194,6 +240,8 @@ def gather_batch(embeddings: Tensor, labels: Tensor, indices: Tensor | None = No
     if not is_distributed(group):
         local = torch.arange(embeddings.shape[0], device=device)
         return GlobalBatch(embeddings, labels, indices, local)
+    if multilabel:
+        labels = pad_label_sets(labels, _max_width(labels, group))
     sizes = _sizes(embeddings.shape[0], device, group)
     offset = sum(sizes[: torch.distributed.get_rank(group)])
     return GlobalBatch(
@@ -403,6 +451,10 @@ class DistributedRankLoss(nn.Module):
 
     A ``ref_emb`` given to ``forward`` is used as a shared reference set (it must be identical on every process,
     e.g. a memory); ``indices_tuple`` is only supported without a process group.
+
+    Multi-label losses (``relevance="multilabel"``, :func:`is_multilabel_loss`) take ``(B_r, M_r)`` label sets
+    padded with ``-1``; the widths may differ between processes (and from ``ref_labels``): every set is padded with
+    ``-1`` to the largest width, which leaves the loss unchanged.
     """
 
     def __init__(self, loss: nn.Module, mode: DistributedMode = "local_queries", group: Any = None) -> None:
@@ -429,11 +481,18 @@ class DistributedRankLoss(nn.Module):
         check_embeddings("embeddings", embeddings)
         check_labels("labels", labels, embeddings.shape[0])
         labels = labels.to(embeddings.device)
+        multilabel = is_multilabel_loss(self.loss)
         if ref_emb is not None:
             if ref_labels is None:
                 raise ValueError("ref_labels must be given with ref_emb; got None")
+            if multilabel:
+                _check_tensor("ref_labels", ref_labels)
+                width = max(_max_width(labels, self.group), 1 if ref_labels.dim() == 1 else ref_labels.shape[1])
+                labels, ref_labels = pad_label_sets(labels, width), pad_label_sets(ref_labels, width)
             return reference_loss(self.loss, embeddings, labels, ref_emb, ref_labels, group=self.group)
-        batch = gather_batch(embeddings, labels, group=self.group)
+        batch = gather_batch(embeddings, labels, group=self.group, multilabel=multilabel)
+        if multilabel:
+            labels = pad_label_sets(labels, batch.labels.shape[1])
         if self.mode == "all":
             return self.loss(batch.embeddings, batch.labels)
         self_index = None if getattr(self.loss, "include_self", False) else batch.local

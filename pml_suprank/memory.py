@@ -34,6 +34,12 @@ Semantics (those of the SupRank reference code's XBM, with the differences state
 
 Labels may be 1-D ``(B,)`` or hierarchical 2-D ``(B, L)``; the label buffer takes the shape of the first batch
 (or ``label_levels``) and is stored as ``(M,)`` / ``(M, L)``.
+
+**Multi-label** losses (``relevance="multilabel"``: ``SupHAPLoss`` / ``HAPPIERLoss``; decided by the loss's
+attribute, :func:`pml_suprank.distributed.is_multilabel_loss`, never by the labels' shape) take ``(B, W)`` label
+sets padded with ``-1``, stored as ``(M, W)``. A batch with fewer columns than the memory is padded with ``-1``; a
+batch with more columns *grows* the memory (new columns of ``-1``, which leave the stored sets unchanged), unless
+``label_levels`` fixed the width: then it is refused with a ``ValueError`` naming both widths.
 """
 
 from __future__ import annotations
@@ -72,7 +78,8 @@ class RankingMemory(nn.Module):
         batch_weight: weight of the in-batch loss (``0`` → memory term only once the memory is active).
         memory_weight: weight of the loss against the memory.
         label_levels: ``None`` (taken from the first batch: 1-D or 2-D labels) or ``L`` for ``(M, L)`` labels
-            (``1`` → 1-D).
+            (``1`` → 1-D). With a multi-label loss: the fixed maximal width ``W`` of the label sets (``None``: the
+            memory grows to the widest batch seen).
         get_first: compute the memory term against the memory *before* the batch is written (the reference XBM's
             ``get_first=True``): the memory then holds no copy of the current queries, nothing has to be removed
             in ``"fifo"`` mode and the step skips the ``(B, M)`` pair list (faster with a large memory); in
@@ -183,7 +190,9 @@ class RankingMemory(nn.Module):
             )
         check_labels("labels", labels, embeddings.shape[0])
         want = tuple(self.labels.shape[1:])
-        if tuple(labels.shape[1:]) != want:
+        if self.multilabel:  # widths are reconciled by _fit_label_width (after the distributed gather)
+            labels = labels.unsqueeze(1) if labels.dim() == 1 else labels
+        elif tuple(labels.shape[1:]) != want:
             adaptable = not self._label_levels_fixed and not bool(self.filled.any())
             if not adaptable:
                 raise ValueError(
@@ -216,6 +225,32 @@ class RankingMemory(nn.Module):
                 )
         return labels.to(self.labels.device), indices
 
+    @property
+    def multilabel(self) -> bool:
+        """True when the wrapped loss takes multi-label label sets (its ``relevance == "multilabel"``)."""
+        return dist_utils.is_multilabel_loss(self.loss)
+
+    def _fit_label_width(self, labels: Tensor) -> Tensor:
+        """Multi-label mode: pad ``labels`` ``(B, W_b)`` or grow the ``(M, W)`` buffer so both have one width."""
+        if not self.multilabel:
+            return labels
+        if self.labels.dim() == 1:  # a fresh buffer (or 1-D fine labels, i.e. sets of one label)
+            self.labels = self.labels.unsqueeze(1).clone()
+        width, incoming = self.labels.shape[1], labels.shape[1]
+        if incoming > width:
+            if not bool(self.filled.any()) and not self._label_levels_fixed:
+                self.labels = torch.full((self.memory_size, incoming), -1, dtype=torch.long, device=self.labels.device)
+            elif self._label_levels_fixed:
+                raise ValueError(
+                    f"labels has {incoming} label columns but the memory stores label sets of width "
+                    f"label_levels={width}; pad the sets to at most {width} columns or build the memory with "
+                    f"label_levels >= {incoming}"
+                )
+            else:
+                self.labels = dist_utils.pad_label_sets(self.labels, incoming)
+            return labels
+        return dist_utils.pad_label_sets(labels, width)
+
     @torch.no_grad()
     def enqueue(self, embeddings: Tensor, labels: Tensor, indices: Tensor | None = None) -> Tensor:
         """Write a (detached) batch into the memory, without computing any loss and without gathering.
@@ -230,7 +265,7 @@ class RankingMemory(nn.Module):
             kept).
         """
         labels, indices = self._check_batch(embeddings, labels, indices)
-        return self._write(embeddings.detach(), labels, indices)
+        return self._write(embeddings.detach(), self._fit_label_width(labels), indices)
 
     def _write(self, embeddings: Tensor, labels: Tensor, indices: Tensor | None) -> Tensor:
         B, M = embeddings.shape[0], self.memory_size
@@ -297,11 +332,14 @@ class RankingMemory(nn.Module):
         exclude_self = not getattr(self.loss, "include_self", False)
 
         if use_dist:
-            batch = dist_utils.gather_batch(embeddings, labels, indices, group=self.group)
+            batch = dist_utils.gather_batch(embeddings, labels, indices, group=self.group, multilabel=self.multilabel)
         else:
             local = torch.arange(embeddings.shape[0], device=embeddings.device)
             batch = dist_utils.GlobalBatch(embeddings, labels, indices, local)
         all_emb, all_labels, all_indices, local = batch.embeddings, batch.labels, batch.indices, batch.local
+        if self.multilabel:  # one width for the batch, the gathered batch and the memory
+            all_labels = self._fit_label_width(all_labels)
+            labels = dist_utils.pad_label_sets(labels, all_labels.shape[1])
 
         def in_batch_loss() -> Tensor:
             if not use_dist:

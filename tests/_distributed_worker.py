@@ -157,12 +157,16 @@ def main() -> None:
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--world-size", type=int, required=True)
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--multilabel", action="store_true", help="run only the multi-label cases")
     args = parser.parse_args()
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank, world_size=args.world_size
     )
     torch.set_num_threads(1)
     rank, ws = dist.get_rank(), dist.get_world_size()
+    if args.multilabel:
+        _write_results(args.out, rank, multilabel_results(rank, ws))
+        return
     results = {"gather": check_gather(rank, ws), "gather_batch": check_gather_batch(rank, ws)}
     factories = loss_factories()
     plan = []
@@ -186,6 +190,115 @@ def main() -> None:
         results[key] = res
     if rank == 0:
         with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------------------------------------ multi-label
+ML_TABLE = torch.tensor([[0, 0], [1, 0], [2, 1], [3, 1]])
+
+
+def multilabel_factories():
+    """Multi-label losses (``relevance="multilabel"``) of ``--multilabel`` runs (tests/test_multilabel_memory.py)."""
+    return {
+        "SupHAP_multilabel": lambda: losses.SupHAPLoss(hierarchy=ML_TABLE, relevance="multilabel"),
+        "HAPPIER_multilabel": lambda: losses.HAPPIERLoss(
+            num_classes=4, embedding_size=D, hierarchy=ML_TABLE, relevance="multilabel"
+        ),
+    }
+
+
+def multilabel_batch(step: int, sizes: list[int]):
+    """Global batch whose rank ``r`` rows carry label sets of width ``2 + r`` (``-1`` padded), and the sets of
+    every rank padded to the widest one (what the single process sees)."""
+    n, ws = sum(sizes), len(sizes)
+    g = torch.Generator().manual_seed(200 + step)
+    x = torch.randn(n, D_IN, generator=g, dtype=torch.float64)
+    sets = torch.randint(0, 4, (n, 1 + ws), generator=g)
+    sets[torch.rand(n, 1 + ws, generator=g) < 0.4] = -1
+    sets[:, 0] = (torch.arange(n) + step) % 4
+    per_rank, lo = [], 0
+    for r, size in enumerate(sizes):
+        part = sets[lo : lo + size, : 2 + r].clone()
+        per_rank.append(part)
+        lo += size
+    full = torch.cat([torch.cat([p, p.new_full((p.shape[0], 1 + ws - p.shape[1]), -1)], 1) for p in per_rank])
+    indices = (torch.arange(n) + 5 * step) % 24
+    return x, per_rank, full, indices
+
+
+def run_multilabel_case(make_loss, wrapper, sizes, rank, ws):
+    """Loss, DDP-averaged gradient and memory of a multi-label loss vs the single process (like run_case)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(D_IN, D).double()
+    ref_model = copy.deepcopy(model)
+    torch.manual_seed(1)
+    loss_fn = make_loss().double()
+    ref_loss = copy.deepcopy(loss_fn)
+    ddp = DDP(model)
+    if wrapper in ("local_queries", "all"):
+        dist_fn, ref_fn = DistributedRankLoss(loss_fn, mode=wrapper), ref_loss
+    else:
+        dist_fn = RankingMemory(loss_fn, D, 40, dtype=torch.float64)
+        ref_fn = RankingMemory(ref_loss, D, 40, distributed=False, dtype=torch.float64)
+    lo = sum(sizes[:rank])
+    out = {"loss": 0.0, "grad": 0.0, "memory": 0.0}
+    for step in range(STEPS):
+        x, per_rank, full, _ = multilabel_batch(step, sizes)
+        emb = F.normalize(ddp(x[lo : lo + sizes[rank]].clone()), dim=1)
+        loss = dist_fn(emb, per_rank[rank])
+        loss.backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        loss_s = ref_fn(F.normalize(ref_model(x), dim=1), full)
+        loss_s.backward()
+        out["loss"] = max(out["loss"], abs(float(loss.detach()) - float(loss_s.detach())))
+        for g, p in zip(grads, ref_model.parameters(), strict=True):
+            out["grad"] = max(out["grad"], max_diff(g, p.grad))
+        if isinstance(dist_fn, RankingMemory):
+            out["memory"] = max(out["memory"], max_diff(dist_fn.embeddings, ref_fn.embeddings))
+            same = dist_fn.labels.shape == ref_fn.labels.shape and torch.equal(dist_fn.labels, ref_fn.labels)
+            out["memory"] = max(out["memory"], 0.0 if same else 1.0)
+        for m in (model, ref_model, loss_fn, ref_loss):
+            m.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for p, q in zip(model.parameters(), ref_model.parameters(), strict=True):
+                p -= 0.5 * q.grad if q.grad is not None else 0.0
+    return out
+
+
+def check_gather_batch_multilabel(rank: int, ws: int) -> float:
+    """gather_batch(multilabel=True): label sets of different widths are padded with -1 to the widest."""
+    labels = torch.full((2, 1 + rank), rank)
+    batch = gather_batch(torch.zeros(2, 3), labels, multilabel=True)
+    expect = torch.full((2 * ws, ws), -1)
+    for r in range(ws):
+        expect[2 * r : 2 * r + 2, : 1 + r] = r
+    return 0.0 if torch.equal(batch.labels, expect) else 1.0
+
+
+def multilabel_results(rank: int, ws: int) -> dict:
+    """Every multi-label case of a ``--multilabel`` run, reduced (max) over the ranks."""
+    results = {"gather_batch_multilabel": check_gather_batch_multilabel(rank, ws)}
+    for name, make in multilabel_factories().items():
+        plan = [("local_queries", [8] * ws), ("local_queries", [6, 10][:ws]), ("all", [6, 10][:ws])]
+        plan.append(("memory", [8] * ws))
+        for wrapper, sizes in plan:
+            try:
+                res = run_multilabel_case(make, wrapper, sizes, rank, ws)
+            except Exception as err:  # reported, not hidden: the test fails on any error entry
+                res = {"error": f"{type(err).__name__}: {err}"}
+            vals = torch.tensor([v for k, v in sorted(res.items()) if k != "error"] or [0.0], dtype=torch.float64)
+            dist.all_reduce(vals, op=dist.ReduceOp.MAX)
+            if "error" not in res:
+                res = dict(zip(sorted(res), vals.tolist(), strict=True))
+            results[f"{name}/{wrapper}/{'-'.join(map(str, sizes))}"] = res
+    return results
+
+
+def _write_results(path: str, rank: int, results: dict) -> None:
+    if rank == 0:
+        with open(path, "w") as f:
             json.dump(results, f, indent=1)
     dist.barrier()
     dist.destroy_process_group()
