@@ -163,13 +163,14 @@ def all_gather(tensor: Tensor, group: Any = None) -> Tensor:
 
 def is_multilabel_loss(loss: Any) -> bool:
     """True when ``loss`` takes multi-label label sets: its ``relevance`` attribute is ``"multilabel"``
-    (``SupHAPLoss`` / ``HAPPIERLoss(relevance="multilabel")``).
+    (``SupHAPLoss`` / ``HAPPIERLoss`` / ``SupNDCGLoss`` / ``RODNDCGLoss(relevance="multilabel")``) or its
+    ``multilabel`` attribute is ``"per_label"`` (``SupAPLoss`` / ``ROADMAPLoss(multilabel="per_label")``).
 
     The memory and distributed code never guesses the mode from the labels' shape: 2-D labels are hierarchical
     ``(N, L)`` levels unless the loss says it is multi-label; then they are ``(N, M)`` fine-label sets padded with
     ``-1``, which may be padded with more ``-1`` columns without changing the loss.
     """
-    return getattr(loss, "relevance", None) == "multilabel"
+    return getattr(loss, "relevance", None) == "multilabel" or getattr(loss, "multilabel", None) == "per_label"
 
 
 def pad_label_sets(labels: Tensor, width: int) -> Tensor:

@@ -199,3 +199,28 @@ def test_two_process_gloo_multilabel_equals_single_process(tmp_path):
             assert f"{name}/{key}" in results
     worst = {k: max(v.values()) for k, v in results.items()}
     assert max(worst.values()) <= 1e-6, {k: v for k, v in worst.items() if v > 1e-6}
+
+
+def test_every_multilabel_loss_is_recognised_and_runs_in_the_memory():
+    from pml_suprank import losses
+    from pml_suprank.distributed import is_multilabel_loss
+    from pml_suprank.memory import RankingMemory
+
+    hierarchy = torch.tensor([[0, 0], [1, 0], [2, 1], [3, 1]])
+    multi = [
+        losses.SupHAPLoss(hierarchy=hierarchy, relevance="multilabel"),
+        losses.SupNDCGLoss(hierarchy=hierarchy, relevance="multilabel"),
+        losses.SupAPLoss(multilabel="per_label"),
+        losses.ROADMAPLoss(multilabel="per_label"),
+    ]
+    assert all(is_multilabel_loss(loss) for loss in multi)
+    assert not any(is_multilabel_loss(loss) for loss in (losses.SupAPLoss(), losses.ROADMAPLoss(), losses.SupHAPLoss()))
+    g = torch.Generator().manual_seed(0)
+    labels = torch.tensor([[0, 2], [1, -1], [3, -1], [0, 1], [2, 3], [1, 2], [0, -1], [3, 2]])
+    for loss in multi:
+        memory = RankingMemory(loss, embedding_size=8, memory_size=16)
+        for _ in range(2):
+            emb = torch.nn.functional.normalize(torch.randn(8, 8, generator=g), dim=-1).requires_grad_()
+            value = memory(emb, labels[:, :1] if isinstance(loss, losses.SupAPLoss) and _ == 0 else labels)
+            assert torch.isfinite(value)
+            value.backward()
