@@ -21,7 +21,8 @@ Schema (``*`` = required in a complete file; types in brackets; defaults are the
     ``backbone``\\* [timm name], ``pretrained`` [bool], ``pooling`` [avg | gem | max], ``embedding_size`` [int],
     ``layer_norm`` [bool], ``freeze_batch_norm`` [bool], ``backbone_kwargs`` [mapping].
 ``data``\\*
-    ``dataset``\\* [``"synthetic"``, a benchmark name of :data:`pml_suprank.benchmarks.BENCHMARKS` (``sop``,
+    ``dataset``\\* [``"synthetic"``, ``"synthetic_multilabel"`` (several shapes per image; HAPPIER, no memory), a
+    benchmark name of :data:`pml_suprank.benchmarks.BENCHMARKS` (``sop``,
     ``cub``, ``inat_base``, ``dyml_vehicle``, ``gldv2_hier``, ...: read from its archive under ``data_root``, usually
     given on the command line as ``--data_root``), a Hub dataset id, or a local folder / parquet path (e.g. a copy
     written by ``recipes/prepare_dataset.py``)], ``data_root`` [str, benchmarks only], ``label_columns`` [list of
@@ -83,12 +84,18 @@ __all__ = [
     "load_hub_config",
     "loss_kwargs",
     "merge_hub_configs",
+    "multilabel_option_errors",
     "model_kwargs",
     "nest_options",
     "recipe_options",
     "resolved_split",
     "validate_hub_config",
 ]
+
+
+# the built-in datasets (pml_suprank.data.synthetic_dataset) and the losses with a multi-label variant
+SYNTHETIC_NAMES = ("synthetic", "synthetic_multilabel")
+MULTILABEL_LOSSES = ("HAPPIER",)
 
 
 def _results(v: Any) -> bool:
@@ -162,6 +169,10 @@ def validate_hub_config(
                     errors.append(f"missing required key '{section}.{k}'")
     if not errors:
         errors += data_option_errors(config.get("data") or {}) + _build_errors(config, defaults or {})
+        options = {**(defaults or {}), **recipe_options(config)}
+        errors += multilabel_option_errors(
+            options.get("dataset"), options.get("loss"), options.get("memory_size"), options.get("sampler")
+        )
     if errors:
         raise ValueError(f"{source}: invalid hub_config:\n  - " + "\n  - ".join(errors))
     return config
@@ -198,37 +209,62 @@ def data_option_errors(data: Mapping[str, Any], *, require_root: bool = False) -
 
     Checks the label columns (required for a Hub / local dataset, forbidden for the synthetic one, equal to the
     benchmark's label names when given for a benchmark), the splits of a benchmark, the open-set rules, and refuses
-    ``synthetic_multilabel`` (multi-label training needs multi-label losses, not yet available).
+    ``synthetic_multilabel`` under any loss but HAPPIER or with a memory (:func:`multilabel_option_errors`).
     ``require_root=True`` also requires ``data_root`` for a benchmark (a complete run; a shipped file leaves it to
     the command line).
     """
     errors = []
     dataset = data.get("dataset")
     spec = _benchmark(dataset)
-    if dataset == "synthetic_multilabel":
-        errors.append(
-            "'data.dataset' synthetic_multilabel (SyntheticMultiShapes) cannot be trained by the recipes yet: "
-            "multi-label training needs the multi-label losses, which are not yet available; use 'synthetic'"
-        )
-    elif spec is not None:
+    if spec is not None:
         errors += _benchmark_errors(spec, data, require_root)
-    elif dataset is not None and dataset != "synthetic" and "label_columns" not in data:
+    elif dataset is not None and dataset not in SYNTHETIC_NAMES and "label_columns" not in data:
         errors.append("'data.label_columns' is required unless data.dataset is 'synthetic' or a benchmark name")
     if spec is None and "data_root" in data:
         errors.append(f"'data.data_root' is for a benchmark dataset ({', '.join(BENCHMARKS)}); got dataset {dataset!r}")
-    if dataset == "synthetic" and "label_columns" in data:
-        errors.append("'data.label_columns' must not be set for the synthetic dataset (fine_label, coarse_label)")
+    if dataset in SYNTHETIC_NAMES and "label_columns" in data:
+        errors.append(f"'data.label_columns' must not be set for the built-in dataset {dataset} (it has its own)")
     rules = [k for k in ("train_classes_per_coarse", "train_class_fraction") if k in data]
     if len(rules) > 1:
         errors.append(f"'data' sets both {rules}; give one open-set rule")
     if rules and not data.get("open_set", False):
         errors.append(f"'data.{rules[0]}' needs 'data.open_set: true'")
-    if rules and dataset == "synthetic":
+    if rules and dataset in SYNTHETIC_NAMES:
         errors.append("the synthetic dataset has its own open-set split; drop the open-set rule")
     if rules and spec is not None:
         errors.append(f"benchmark {dataset} has its own train / test splits; drop 'data.{rules[0]}'")
     if "train_classes_per_coarse" in data and len(data.get("label_columns", [])) < 2:
         errors.append("'data.train_classes_per_coarse' needs at least two label_columns (fine and coarse)")
+    return errors
+
+
+def multilabel_option_errors(dataset: Any, loss: Any, memory_size: Any, sampler: Any = None) -> list[str]:
+    """The problems of training the multi-label ``synthetic_multilabel`` dataset with ``loss``, a memory of
+    ``memory_size`` and the batch ``sampler`` option, as messages naming the options; ``[]`` for any other dataset or
+    a supported setting.
+
+    Only HAPPIER has a multi-label variant (``relevance="multilabel"``: the thesis' Algorithm 1 relevance);
+    ROADMAP and ROD-NDCG have none yet, the cross-batch memory does not store label sets yet, and the batches are
+    drawn by :class:`pml_suprank.samplers.MultiLabelSampler` (``sampler`` must keep its default ``m_per_class``).
+    """
+    if dataset != "synthetic_multilabel":
+        return []
+    errors = []
+    if loss is not None and loss not in MULTILABEL_LOSSES:
+        errors.append(
+            f"'loss' {loss} has no multi-label variant: dataset synthetic_multilabel (several labels per image) "
+            f"trains with {' or '.join(MULTILABEL_LOSSES)} only"
+        )
+    if memory_size:
+        errors.append(
+            f"'memory_size' {memory_size}: the memory does not store multi-label label sets yet; "
+            "use memory_size 0 with dataset synthetic_multilabel"
+        )
+    if sampler not in (None, "m_per_class"):
+        errors.append(
+            f"'sampler' {sampler}: dataset synthetic_multilabel is sampled by MultiLabelSampler (m items per label); "
+            "keep sampler m_per_class"
+        )
     return errors
 
 
@@ -443,8 +479,8 @@ def dataset_kwargs(config: Mapping[str, Any], part: str, *, data_root: str | Pat
     data = dict(config.get("data") or {})
     if data_root is not None:
         data["data_root"] = str(data_root)
-    if data.get("dataset") == "synthetic":
-        out: dict[str, Any] = {"synthetic": True, "split": part}
+    if data.get("dataset") in SYNTHETIC_NAMES:
+        out: dict[str, Any] = {"synthetic": True if data["dataset"] == "synthetic" else data["dataset"], "split": part}
         for k in ("num_per_class", "image_size"):
             if k in data:
                 out[k] = data[k]
@@ -489,8 +525,10 @@ def build_dataset(
     from . import data
 
     kw = {**dataset_kwargs(config, part, data_root=data_root), **kwargs}
-    if kw.pop("synthetic", False):
-        return data.SyntheticShapes(seed=seed, transform=transform, **kw)
+    synthetic = kw.pop("synthetic", False)
+    if synthetic:
+        name = synthetic if isinstance(synthetic, str) else "synthetic"
+        return data.synthetic_dataset(name, kw.pop("split", "train"), seed=seed, transform=transform, **kw)
     if "benchmark" in kw:
         name, root, split = kw.pop("benchmark"), kw.pop("root"), kw.pop("split")
         if kw:

@@ -60,6 +60,7 @@ __all__ = [
     "main",
     "make_accelerator",
     "make_loss",
+    "multilabel_parts",
     "parse_with_config",
     "push",
     "run",
@@ -163,6 +164,9 @@ def _check_run_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         parser.error("--overwrite_output_dir true starts a new run: it cannot be combined with --resume")
     if getattr(args, "dataset", None) is not None:
         errors = hc.data_option_errors(hc.nest_options(vars(args)).get("data", {}), require_root=True)
+        errors += hc.multilabel_option_errors(
+            args.dataset, getattr(args, "loss", None), getattr(args, "memory_size", 0), getattr(args, "sampler", None)
+        )
         if errors:
             parser.error(f"--dataset {args.dataset}: " + "; ".join(errors))
 
@@ -232,9 +236,35 @@ def build_datasets(args: argparse.Namespace, model: Any) -> tuple[Any, Any]:
     return train, test
 
 
-def make_loss(args: argparse.Namespace, num_classes: int, embedding_size: int) -> torch.nn.Module:
-    """The loss ``--loss`` with the loss options (the one loss builder, as a hub_config's)."""
-    return build_loss(args.loss, vars(args), num_classes, embedding_size)
+def make_loss(
+    args: argparse.Namespace, num_classes: int, embedding_size: int, hierarchy: torch.Tensor | None = None
+) -> torch.nn.Module:
+    """The loss ``--loss`` with the loss options (the one loss builder, as a hub_config's); with the ``(num_fine, L)``
+    ``hierarchy`` table of a multi-label dataset, its multi-label variant (``relevance="multilabel"``)."""
+    if hierarchy is None:
+        return build_loss(args.loss, vars(args), num_classes, embedding_size)
+    return build_loss(args.loss, vars(args), num_classes, embedding_size, relevance="multilabel", hierarchy=hierarchy)
+
+
+def multilabel_parts(args: argparse.Namespace, accelerator: Any, train_ds: Any, test_ds: Any) -> dict[str, Any]:
+    """The :class:`~pml_suprank.training.Trainer` arguments of a multi-label dataset (``ds.multilabel``: labels
+    ``(N, M)`` padded with ``-1``, ``ds.hierarchy`` the ``(num_fine, L)`` table): the
+    :class:`~pml_suprank.samplers.MultiLabelSampler` (``m = samples_per_class`` items per sampled label, sharded over
+    the processes) and the :class:`~pml_suprank.metrics.RetrievalEvaluator` with the graded multi-label relevance of
+    the test set's table (``h_ap``, ``ndcg``, ``mean_label_ap``, R@k). ``{}`` for a single-label dataset."""
+    if not getattr(train_ds, "multilabel", False):
+        return {}
+    from pml_suprank.metrics import RetrievalEvaluator
+    from pml_suprank.samplers import MultiLabelSampler
+
+    sampler = MultiLabelSampler(
+        train_ds.labels, m=args.samples_per_class, batch_size=args.batch_size, seed=args.seed,
+        num_replicas=accelerator.num_processes, rank=accelerator.process_index,
+    )  # fmt: skip
+    evaluator = RetrievalEvaluator(
+        k_values=tuple(args.k_values), alpha=args.alpha, multilabel=True, hierarchy=test_ds.hierarchy
+    )
+    return {"sampler": sampler, "evaluator": evaluator}
 
 
 def loss_kwargs(loss: torch.nn.Module) -> dict[str, Any]:
@@ -264,18 +294,24 @@ def _setup(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     set_seed(args.seed)  # the model initialisation (the package itself never seeds global RNGs)
     model = build_model(args)
     train_ds, test_ds = build_datasets(args, model)
-    num_classes = int(train_ds.labels[:, 0].max()) + 1  # proxies are indexed by the fine label
-    loss = make_loss(args, num_classes, model.embedding_size)
-    config = training_config(args, hierarchical_labels=args.loss in HIERARCHICAL_LOSSES)
+    multilabel = bool(getattr(train_ds, "multilabel", False))
+    labels = train_ds.labels
+    num_seen = int(torch.unique(labels[labels >= 0]).numel()) if multilabel else int(labels[:, 0].max()) + 1
+    # proxies are indexed by the fine label (multi-label: every row of the hierarchy table, train and test classes)
+    num_classes = len(train_ds.hierarchy) if multilabel else int(train_ds.labels[:, 0].max()) + 1
+    loss = make_loss(args, num_classes, model.embedding_size, hierarchy=train_ds.hierarchy if multilabel else None)
+    # multi-label: the (B, M) label sets go to the loss whole
+    config = training_config(args, hierarchical_labels=multilabel or args.loss in HIERARCHICAL_LOSSES)
     trainer = Trainer(
         accelerator, model, loss, train_ds, config, test_dataset=test_ds,
         run_options=run_options(args, loss, accelerator.mixed_precision),
+        **multilabel_parts(args, accelerator, train_ds, test_ds),
     )  # fmt: skip
     if accelerator.is_main_process:
         Path(args.output_dir).mkdir(parents=True, exist_ok=True)
     accelerator.print(
         f"{args.loss} on {args.dataset}: {len(train_ds)} training / {len(test_ds)} test images, "
-        f"{num_classes} training classes, backbone {args.backbone} @ {args.image_size}px, "
+        f"{num_seen} training classes, backbone {args.backbone} @ {args.image_size}px, "
         f"{accelerator.num_processes} process(es) on {accelerator.device}, "
         f"mixed precision {accelerator.mixed_precision}; {trainer.steps_per_epoch} steps/epoch, "
         f"{trainer.total_steps} steps"
@@ -369,18 +405,23 @@ def _job(args: argparse.Namespace, hub_config: dict[str, Any], accelerator: Any,
         "training_config": trainer.config.to_dict(),
     }
     final = Path(args.output_dir) / "final"
+    plots = not args.no_plots
+    if plots and getattr(test_ds, "multilabel", False):  # the plots colour and match items by one label per level
+        accelerator.print("plots skipped: they need one label per item, the test set is multi-label")
+        plots = False
     trainer.save_final(
         final,
         metrics=after,
         summary=summary,
         metadata=metadata,
         hub_config=hub_config or None,
-        plots=not args.no_plots,
+        plots=plots,
         repo_id=args.hub_model_id,  # the card's usage line: the repo pushed to, else the folder itself
     )
     total = time.perf_counter() - t_start
     accelerator.print(
-        f"final model, model card, metrics and plots in {final} ({total:.0f} s in all, {train_time:.0f} s of training)"
+        f"final model, model card, metrics{' and plots' if plots else ''} in {final} "
+        f"({total:.0f} s in all, {train_time:.0f} s of training)"
     )
     pushed_ok = True
     if args.push_to_hub and accelerator.is_main_process:

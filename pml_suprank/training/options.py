@@ -205,7 +205,7 @@ def loss_keys(name: str) -> tuple[str, ...]:
 LOSS_CLASSES: dict[str, tuple[str, tuple[str, ...]]] = {n: (c, loss_keys(n)) for n, c in _LOSS_CLASS_NAMES.items()}
 
 
-def build_loss(name: str, values: Mapping[str, Any], num_classes: int, embedding_size: int) -> nn.Module:
+def build_loss(name: str, values: Mapping[str, Any], num_classes: int, embedding_size: int, **extra: Any) -> nn.Module:
     """The one loss builder: instantiate the loss ``name`` from option ``values`` (unset ``None`` values keep the loss
     defaults; options of other losses are ignored).
 
@@ -214,6 +214,8 @@ def build_loss(name: str, values: Mapping[str, Any], num_classes: int, embedding
         values: Option values, e.g. ``{"tau": 0.01, "decomposability_weight": 0.1}``.
         num_classes: Number of fine training classes (one ClusterLoss proxy each).
         embedding_size: Embedding dimension ``D``.
+        **extra: Further keyword arguments of the loss class, not recipe options (e.g. ``relevance="multilabel"``
+            and ``hierarchy=`` the ``(num_fine, L)`` table for multi-label data).
     """
     from .. import losses
 
@@ -224,4 +226,4 @@ def build_loss(name: str, values: Mapping[str, Any], num_classes: int, embedding
     uses_proxies = name in HIERARCHICAL_LOSSES or kwargs.get("decomposability") == "proxy"
     if uses_proxies:
         kwargs.update(num_classes=num_classes, embedding_size=embedding_size)
-    return getattr(losses, class_name)(**kwargs)
+    return getattr(losses, class_name)(**kwargs, **extra)
