@@ -91,7 +91,7 @@ def test_benchmark_defaults_to_its_own_splits_and_label_names():
         ({"dataset": "cub", "open_set": True, "train_class_fraction": 0.5}, r"cub has its own train / test splits"),
         ({"dataset": "dyml_animal"}, r"dyml_animal has no single test split"),
         ({"dataset": "data/sop", "label_columns": ["a"], "data_root": "/x"}, r"'data.data_root' is for a benchmark"),
-        ({"dataset": "synthetic_multilabel"}, r"multi-label training needs the multi-label losses.*not yet available"),
+        ({"dataset": "synthetic_multilabel"}, r"'sampler' hierarchical: dataset synthetic_multilabel is sampled by"),
     ],
 )  # fmt: skip
 def test_data_section_errors(data, match):
@@ -112,11 +112,11 @@ def test_missing_data_root_is_an_error_before_anything_is_built(capsys):
     assert "--dataset sop" in err and "--data_root" in err and "Ebay_" in err
 
 
-def test_synthetic_multilabel_is_refused_early_and_synthetic_unchanged(capsys):
+def test_synthetic_multilabel_unsupported_loss_is_refused_early_and_synthetic_unchanged(capsys):
     common, parser = _parser()
     with pytest.raises(SystemExit):
-        common.parse_with_config(parser, ["--dataset", "synthetic_multilabel", *TINY])
-    assert "multi-label losses" in capsys.readouterr().err
+        common.parse_with_config(parser, ["--dataset", "synthetic_multilabel", "--loss", "ROD-NDCG", *TINY])
+    assert "'loss' ROD-NDCG has no multi-label variant" in capsys.readouterr().err
     args, _ = common.parse_with_config(_parser()[1], ["--dataset", "synthetic", *TINY])
     assert args.dataset == "synthetic" and args.data_root is None
     assert hub_config.dataset_kwargs(hub_config.nest_options(vars(args)), "train")["synthetic"] is True
