@@ -4,14 +4,12 @@ and a real 2-process gloo run (tests/_distributed_worker.py) compared with the s
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from _helpers import launch_workers
 from pytorch_metric_learning.losses import ContrastiveLoss, TripletMarginLoss
 from pytorch_metric_learning.reducers import DoNothingReducer
 
@@ -133,29 +131,8 @@ def test_unsupported_reductions_raise():
         _local_terms(torch.nn.MSELoss(), emb, labels, None, emb, labels)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(out: Path, world_size: int = 2) -> tuple[list[int], list[str]]:
-    port = _free_port()
-    procs = []
-    for rank in range(world_size):
-        cmd = [sys.executable, str(WORKER), "--out", str(out), "--rank", str(rank), "--world-size", str(world_size)]
-        procs.append(
-            subprocess.Popen(cmd + ["--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        )
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=600)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail("2-process gloo run timed out")
-    return [p.returncode for p in procs], logs
+    return launch_workers(out, world_size)
 
 
 @pytest.mark.slow

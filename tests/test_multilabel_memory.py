@@ -5,14 +5,12 @@ run in tests/_distributed_worker.py ``--multilabel``)."""
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from _helpers import launch_workers
 
 from pml_suprank import losses
 from pml_suprank.distributed import (
@@ -156,27 +154,8 @@ def test_distributed_wrappers_without_process_group():
     assert batch.labels is labels
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(out: Path) -> tuple[list[int], list[str]]:
-    port, procs = _free_port(), []
-    for rank in range(2):
-        cmd = [sys.executable, str(WORKER), "--out", str(out), "--rank", str(rank), "--world-size", "2"]
-        cmd += ["--port", str(port), "--multilabel"]
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=600)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail("2-process gloo run timed out")
-    return [p.returncode for p in procs], logs
+    return launch_workers(out, 2, ["--multilabel"])
 
 
 @pytest.mark.slow

@@ -4,7 +4,6 @@ refusals of the settings without a multi-label variant (ROADMAP, ROD-NDCG, the m
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import subprocess
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _helpers import recipe_parser
 
 from pml_suprank import hub_config
 from pml_suprank.training.options import build_loss
@@ -27,18 +27,6 @@ TINY = ["--backbone", "test_resnet", "--pretrained", "false", "--image_size", "1
         "--with_tracking", "false"]  # fmt: skip
 
 
-def _import_recipe(name):
-    sys.path.insert(0, str(RECIPES))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(RECIPES))
-
-
-def _parser(recipe="train_happier"):
-    common = _import_recipe("common")
-    module = _import_recipe(recipe)
-    return common, common.build_parser(module.DESCRIPTION, module.DEFAULTS, module.LOSSES)
 
 
 def test_data_section_accepts_synthetic_multilabel_and_its_kwargs():
@@ -77,7 +65,7 @@ def test_multilabel_option_errors_name_the_option(loss, memory_size, sampler, ma
     ],
 )
 def test_recipe_refuses_unsupported_multilabel_settings_before_building(recipe, extra, match, capsys):
-    common, parser = _parser(recipe)
+    common, parser = recipe_parser(recipe)
     with pytest.raises(SystemExit) as exit_info:
         common.parse_with_config(parser, ["--dataset", "synthetic_multilabel", *TINY, *extra])
     assert exit_info.value.code == 2
@@ -108,7 +96,7 @@ def test_recipe_builds_the_multilabel_parts():
     from pml_suprank.metrics import RetrievalEvaluator
     from pml_suprank.samplers import MultiLabelSampler
 
-    common, parser = _parser()
+    common, parser = recipe_parser()
     args, _ = common.parse_with_config(parser, ["--dataset", "synthetic_multilabel", *TINY])
     model = common.build_model(args)
     train, test = common.build_datasets(args, model)
@@ -122,7 +110,7 @@ def test_recipe_builds_the_multilabel_parts():
     parts = common.multilabel_parts(args, _Acc(), train, test)
     assert isinstance(parts["sampler"], MultiLabelSampler) and parts["sampler"].m == args.samples_per_class
     assert isinstance(parts["evaluator"], RetrievalEvaluator) and parts["evaluator"].multilabel
-    single, _ = common.parse_with_config(_parser()[1], ["--dataset", "synthetic", *TINY])
+    single, _ = common.parse_with_config(recipe_parser()[1], ["--dataset", "synthetic", *TINY])
     train1, test1 = common.build_datasets(single, model)
     assert common.multilabel_parts(single, _Acc(), train1, test1) == {}
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _helpers import import_recipe, recipe_parser
 
 pytest.importorskip("accelerate")
 pytest.importorskip("timm")
@@ -305,24 +306,10 @@ def test_torchrun_two_processes_equals_one_process_with_the_global_batch(tmp_pat
 # ------------------------------------------------------------------------------------------------------------------
 # in-process: --config YAML, Hub push with the upload replaced
 # ------------------------------------------------------------------------------------------------------------------
-def _import_recipe(name):
-    sys.path.insert(0, str(RECIPES))
-    try:
-        import importlib
-
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(RECIPES))
-
-
-def _parser(recipe):
-    common = _import_recipe("common")
-    module = _import_recipe(recipe)
-    return common, common.build_parser(module.DESCRIPTION, module.DEFAULTS, module.LOSSES)
 
 
 def test_config_yaml_sets_defaults_and_flags_win(tmp_path):
-    common, parser = _parser("train_happier")
+    common, parser = recipe_parser("train_happier")
     cfg = tmp_path / "mine.yaml"
     cfg.write_text(
         "name: mine\nmodel: {backbone: resnet18, embedding_size: 64}\ndata: {dataset: synthetic}\n"
@@ -338,9 +325,9 @@ def test_config_yaml_sets_defaults_and_flags_win(tmp_path):
         "training: {epoch: 3}\n"
     )
     with pytest.raises(SystemExit):  # a typo is an error, not a silently ignored key
-        common.parse_with_config(_parser("train_happier")[1], ["--config", str(cfg)])
+        common.parse_with_config(recipe_parser("train_happier")[1], ["--config", str(cfg)])
     with pytest.raises(SystemExit):
-        common.parse_with_config(_parser("train_happier")[1], ["--config", str(tmp_path / "missing.yaml")])
+        common.parse_with_config(recipe_parser("train_happier")[1], ["--config", str(tmp_path / "missing.yaml")])
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "hub_configs").glob("*.yaml")), ids=lambda p: p.stem)
@@ -354,7 +341,7 @@ def test_every_training_hub_config_parses_with_its_recipe(path, tmp_path):
     if name is None:
         pytest.skip(f"{path.name} is not a training config (no loss.name)")
     recipe = "train_roadmap" if name == "ROADMAP" else "train_happier"
-    common, parser = _parser(recipe)
+    common, parser = recipe_parser(recipe)
     root = ["--data_root", str(tmp_path)] if raw["data"]["dataset"] in BENCHMARKS else []
     args, hub_config = common.parse_with_config(parser, ["--config", str(path), *root])
     assert args.loss == name
@@ -374,7 +361,7 @@ def test_flags_are_generated_from_the_option_dataclasses(recipe):
 
     from pml_suprank.training import DataOptions, ModelOptions, RunOptions, TrainingConfig
 
-    common, parser = _parser(recipe)
+    common, parser = recipe_parser(recipe)
     flags = {s for a in parser._actions for s in a.option_strings}
     for cls in (TrainingConfig, ModelOptions, DataOptions, RunOptions):
         for f in fields(cls):
@@ -391,7 +378,7 @@ def test_flags_are_generated_from_the_option_dataclasses(recipe):
 
 
 def test_bool_list_and_dict_flags():
-    _, parser = _parser("train_happier")
+    _, parser = recipe_parser("train_happier")
     args = parser.parse_args(
         ["--pretrained", "true", "--no_plots", "--push_to_hub", "false", "--layer_norm", "no", "--k_values", "1,10,100",
          "--crop_scale", "0.16,1.0", "--label_columns", "a,b", "--backbone_kwargs", '{"img_size": 64}']
@@ -407,7 +394,7 @@ def test_bool_list_and_dict_flags():
 
 
 def test_partial_override_config_files(tmp_path):
-    common, parser = _parser("train_happier")
+    common, parser = recipe_parser("train_happier")
     override = tmp_path / "short.yaml"
     override.write_text("training: {epochs: 7}\noptimizer: {lr_head: 0.5}\n")
     base = ROOT / "hub_configs" / "happier_sop.yaml"
@@ -417,17 +404,18 @@ def test_partial_override_config_files(tmp_path):
     assert args.epochs == 7 and args.lr_head == 0.5 and args.lr_backbone == 5.0e-5 and args.sampler == "hierarchical"
     assert hub_config["name"] == "happier_sop" and hub_config["training"]["warmup_epochs"] == 5
     # an override file alone is laid over the recipe's defaults
-    args, hub_config = common.parse_with_config(_parser("train_happier")[1], ["--config", str(override)])
+    args, hub_config = common.parse_with_config(recipe_parser("train_happier")[1], ["--config", str(override)])
     assert args.epochs == 7 and args.backbone == "test_resnet"
     assert hub_config == {"training": {"epochs": 7}, "optimizer": {"lr_head": 0.5}}
     # the options a file leaves out are the recipe's: warmup_epochs 11 < the recipe's 12 epochs (TrainingConfig: 10)
     override.write_text("training: {warmup_epochs: 11}\n")
-    args, _ = common.parse_with_config(_parser("train_happier")[1], ["--config", str(override)])
+    args, _ = common.parse_with_config(recipe_parser("train_happier")[1], ["--config", str(override)])
     assert args.warmup_epochs == 11 and common.training_config(args).epochs == 12
     # a loss the recipe does not train is refused
     with pytest.raises(SystemExit):
         roadmap = ROOT / "hub_configs" / "roadmap_sop.yaml"
-        common.parse_with_config(_parser("train_happier")[1], ["--config", str(roadmap), "--data_root", str(tmp_path)])
+        argv = ["--config", str(roadmap), "--data_root", str(tmp_path)]
+        common.parse_with_config(recipe_parser("train_happier")[1], argv)
 
 
 @pytest.mark.parametrize("name", ["train_happier.py", "train_roadmap.py", "evaluate.py", "common.py"])
@@ -440,7 +428,7 @@ def test_every_recipe_sets_a_passive_openmp_wait_policy_before_torch(name):
 
 
 def test_evaluate_help_shows_defaults():
-    evaluate = _import_recipe("evaluate")
+    evaluate = import_recipe("evaluate")
     text = evaluate.build_parser().format_help()
     assert "--batch_size" in text and "(default: 128)" in text and "--split" in text
     args = evaluate.build_parser().parse_args(["--model", "m", "--split", "val", "--batch_size", "8", "--cpu"])
@@ -452,7 +440,7 @@ def test_evaluate_help_shows_defaults():
 def test_push_to_hub_upload_replaced(tmp_path, monkeypatch, capsys):
     import huggingface_hub
 
-    train_happier = _import_recipe("train_happier")
+    train_happier = import_recipe("train_happier")
     calls = {}
 
     def create_repo(self, repo_id, **kw):
@@ -512,7 +500,7 @@ def test_push_to_hub_upload_replaced(tmp_path, monkeypatch, capsys):
 # run identity: one run per output folder, resume only the same run, lock file, flags checked before anything is built
 # ------------------------------------------------------------------------------------------------------------------
 def test_run_flags_are_checked_by_the_parser(capsys):
-    common, _ = _parser("train_happier")
+    common, _ = recipe_parser("train_happier")
     for argv, expected in (
         (["--push_to_hub", "true"], "--push_to_hub true needs --hub_model_id"),
         (["--push_to_hub", "--hub_model_id", "no-slash"], "--hub_model_id: repo_id must look like 'org/name'"),
@@ -520,10 +508,10 @@ def test_run_flags_are_checked_by_the_parser(capsys):
         (["--overwrite_output_dir", "true", "--resume", "latest"], "cannot be combined with --resume"),
     ):
         with pytest.raises(SystemExit) as exc:
-            common.parse_with_config(_parser("train_happier")[1], argv)
+            common.parse_with_config(recipe_parser("train_happier")[1], argv)
         assert exc.value.code == 2
         assert expected in capsys.readouterr().err
-    args, _ = common.parse_with_config(_parser("train_happier")[1], ["--push_to_hub", "--hub_model_id", "me/x"])
+    args, _ = common.parse_with_config(recipe_parser("train_happier")[1], ["--push_to_hub", "--hub_model_id", "me/x"])
     assert args.push_to_hub and args.hub_model_id == "me/x"
 
 

@@ -243,9 +243,9 @@ _SCHEDULER_KEYS = frozenset({"base_lrs", "last_epoch", "_step_count", "_last_lr"
 def scheduler_state(scheduler: Any) -> dict[str, Any]:
     """The JSON form of a ``LambdaLR`` state (stored in ``trainer_state.json``: a scheduler is never pickled).
 
-    Accelerate would store a registered scheduler as ``custom_checkpoint_0.pkl`` and load it with
-    ``weights_only=False`` (arbitrary code on resume); a ``LambdaLR`` built by :func:`build_scheduler` holds only
-    numbers (its ``lr_lambdas`` entries are ``None`` for plain functions).
+    Accelerate would store a registered scheduler as ``custom_checkpoint_0.pkl`` and unpickle it without restriction
+    on resume (arbitrary code); a ``LambdaLR`` built by :func:`build_scheduler` holds only numbers (its
+    ``lr_lambdas`` entries are ``None`` for plain functions).
     """
     state = scheduler.state_dict()
     unknown = sorted(set(state) - _SCHEDULER_KEYS)

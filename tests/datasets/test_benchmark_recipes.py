@@ -4,7 +4,6 @@ protocols against hand-computed values."""
 
 from __future__ import annotations
 
-import importlib
 import sys
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 import torch
 import yaml
 from _benchmark_fixtures import MAKERS
+from _helpers import import_recipe, recipe_parser
 
 from pml_suprank import hub_config
 from pml_suprank.benchmarks import BENCHMARKS, load_benchmark
@@ -24,18 +24,6 @@ TINY = ["--backbone", "test_resnet", "--pretrained", "false", "--image_size", "1
         "--cpu", "--with_tracking", "false"]  # fmt: skip
 
 
-def _import_recipe(name):
-    sys.path.insert(0, str(RECIPES))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(RECIPES))
-
-
-def _parser(recipe="train_happier"):
-    common = _import_recipe("common")
-    module = _import_recipe(recipe)
-    return common, common.build_parser(module.DESCRIPTION, module.DEFAULTS, module.LOSSES)
 
 
 def test_shipped_configs_name_their_benchmark():
@@ -104,7 +92,7 @@ def test_data_section_errors(data, match):
 def test_missing_data_root_is_an_error_before_anything_is_built(capsys):
     with pytest.raises(ValueError, match=r"benchmark sop is read from its archive: give its folder with --data_root"):
         hub_config.dataset_kwargs({"data": {"dataset": "sop"}}, "train")
-    common, parser = _parser()
+    common, parser = recipe_parser()
     with pytest.raises(SystemExit) as exit_info:
         common.parse_with_config(parser, ["--config", str(ROOT / "hub_configs" / "happier_sop.yaml")])
     assert exit_info.value.code == 2
@@ -113,18 +101,18 @@ def test_missing_data_root_is_an_error_before_anything_is_built(capsys):
 
 
 def test_synthetic_multilabel_unsupported_loss_is_refused_early_and_synthetic_unchanged(capsys):
-    common, parser = _parser()
+    common, parser = recipe_parser()
     with pytest.raises(SystemExit):
         common.parse_with_config(parser, ["--dataset", "synthetic_multilabel", "--loss", "ROD-NDCG", *TINY])
     assert "'loss' ROD-NDCG has no multi-label variant" in capsys.readouterr().err
-    args, _ = common.parse_with_config(_parser()[1], ["--dataset", "synthetic", *TINY])
+    args, _ = common.parse_with_config(recipe_parser()[1], ["--dataset", "synthetic", *TINY])
     assert args.dataset == "synthetic" and args.data_root is None
     assert hub_config.dataset_kwargs(hub_config.nest_options(vars(args)), "train")["synthetic"] is True
 
 
 def test_recipe_builds_the_benchmark_by_name(tmp_path):
     root = MAKERS["sop"](tmp_path / "Stanford_Online_Products")
-    common, parser = _parser()
+    common, parser = recipe_parser()
     argv = ["--config", str(ROOT / "hub_configs" / "happier_sop.yaml"), "--data_root", str(root), *TINY]
     args, hub_cfg = common.parse_with_config(parser, argv)
     assert args.dataset == "sop" and args.data_root == str(root) and "data_root" not in hub_cfg["data"]
@@ -141,7 +129,7 @@ def test_recipe_builds_the_benchmark_by_name(tmp_path):
     cifar = MAKERS["cifar100"](tmp_path / "cifar")
     argv = ["--dataset", "cifar100", "--data_root", str(cifar), "--train_split", "train", "--test_split", "test",
             "--open_set", "true", *TINY]  # fmt: skip
-    args, _ = common.parse_with_config(_parser()[1], argv)
+    args, _ = common.parse_with_config(recipe_parser()[1], argv)
     with pytest.raises(ValueError, match=r"benchmark cifar100: an open-set split was requested"):
         common.build_datasets(args, model)
     args.train_split, args.test_split = None, None  # its own open-set splits
@@ -176,7 +164,7 @@ def constant_model(tmp_path_factory):
 
 def _evaluate(*argv):
     torch.set_num_threads(1)
-    return _import_recipe("evaluate").main([*map(str, argv), "--cpu"])
+    return import_recipe("evaluate").main([*map(str, argv), "--cpu"])
 
 
 def test_evaluate_dyml_protocol_hand_computed(constant_model, tmp_path):
@@ -238,7 +226,7 @@ def test_evaluate_benchmark_modes_match_the_library(tmp_path):
 
 
 def test_evaluate_benchmark_errors(capsys, tmp_path):
-    evaluate = _import_recipe("evaluate")
+    evaluate = import_recipe("evaluate")
     with pytest.raises(SystemExit):
         evaluate.main(["--model", "m", "--benchmark", "dyml_vehicle"])
     assert "--data_root is required for benchmark dyml_vehicle" in capsys.readouterr().err

@@ -5,27 +5,20 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from _helpers import MULTILABEL_TABLE, random_label_sets
 
 from pml_suprank import losses
 from pml_suprank.metrics.graded import graded_ndcg, mean_label_average_precision
 from pml_suprank.ranking import hierarchical_ranks
 from pml_suprank.relevance import level_matrix, multilabel_relevance
 
-# 6 fine labels -> 3 mid -> 2 coarse (column 0 = fine, last = coarsest)
-TABLE = torch.tensor([[0, 0, 0], [1, 0, 0], [2, 1, 0], [3, 1, 0], [4, 2, 1], [5, 2, 1]])
-
-
-def _random_sets(n, m, gen, num_fine=6):
-    labels = torch.randint(0, num_fine, (n, m), generator=gen)
-    pad = torch.rand(n, m, generator=gen) < 0.4
-    pad[:, 0] = False  # column 0 always holds a label
-    return labels.masked_fill(pad, -1)
+TABLE = MULTILABEL_TABLE
 
 
 def _batch(seed, n=10, m=3, d=5, dtype=torch.float64):
     gen = torch.Generator().manual_seed(seed)
     emb = F.normalize(torch.randn(n, d, generator=gen, dtype=dtype), dim=1)
-    return emb, _random_sets(n, m, gen)
+    return emb, random_label_sets(n, m, gen)
 
 
 def _h_minus(step, t):

@@ -1,0 +1,68 @@
+"""Helpers shared by several test files: recipe imports, the 2-process gloo launcher, multi-label fixtures."""
+
+from __future__ import annotations
+
+import importlib
+import socket
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = ROOT / "recipes"
+WORKER = Path(__file__).parent / "_distributed_worker.py"
+
+# 6 fine labels -> 3 mid -> 2 coarse (column 0 = fine, last = coarsest)
+MULTILABEL_TABLE = torch.tensor([[0, 0, 0], [1, 0, 0], [2, 1, 0], [3, 1, 0], [4, 2, 1], [5, 2, 1]])
+
+
+def import_recipe(name: str):
+    """Import ``recipes/<name>.py`` as a module (the recipes are scripts, not a package)."""
+    sys.path.insert(0, str(RECIPES))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(RECIPES))
+
+
+def recipe_parser(recipe: str = "train_happier"):
+    """``(recipes.common, the argparse parser of recipe)``."""
+    common = import_recipe("common")
+    module = import_recipe(recipe)
+    return common, common.build_parser(module.DESCRIPTION, module.DEFAULTS, module.LOSSES)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_workers(out: Path, world_size: int = 2, extra: Sequence[str] = ()) -> tuple[list[int], list[str]]:
+    """Run ``tests/_distributed_worker.py`` on ``world_size`` gloo processes; return their exit codes and logs."""
+    port, procs = free_port(), []
+    for rank in range(world_size):
+        cmd = [sys.executable, str(WORKER), "--out", str(out), "--rank", str(rank), "--world-size", str(world_size)]
+        cmd += ["--port", str(port), *extra]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    logs = []
+    for p in procs:
+        try:
+            logs.append(p.communicate(timeout=600)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail(f"{world_size}-process gloo run timed out")
+    return [p.returncode for p in procs], logs
+
+
+def random_label_sets(n: int, m: int, gen: torch.Generator, num_fine: int = 6) -> torch.Tensor:
+    """``(n, m)`` random fine-label sets padded with -1 (about 40 % padding; column 0 always holds a label)."""
+    labels = torch.randint(0, num_fine, (n, m), generator=gen)
+    pad = torch.rand(n, m, generator=gen) < 0.4
+    pad[:, 0] = False
+    return labels.masked_fill(pad, -1)
