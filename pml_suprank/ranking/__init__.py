@@ -11,6 +11,7 @@ ECCV 2020; HAPPIER, Ramzi et al., ECCV 2022).
   (Sup-H-AP / HAPPIER, Sup-NDCG) over score-sorted level sets;
 * :mod:`~pml_suprank.ranking.dense` — the dense kernels of the flat losses (``(b, N, N)`` differences blocked over
   queries under a memory budget, no host synchronisation) and the ``kernel="auto"`` cost rule;
+* :mod:`~pml_suprank.ranking.dense_hierarchical` — the dense kernels of the hierarchical losses;
 * :mod:`~pml_suprank.ranking.tail` — the separable series of the sigmoid's far branches.
 
 All functions are pure and take the device and dtype from their inputs.
@@ -23,16 +24,18 @@ from .dense import (
     KERNELS,
     choose_kernel,
     dense_block_size,
-    dense_hierarchical_query_ranks,
-    dense_hierarchical_ranks,
     dense_query_ranks,
     dense_smooth_ap_grad,
     dense_smooth_ap_ranks,
-    dense_sup_hap_scores,
-    dense_sup_ndcg_scores,
     dense_suprank_grad,
     dense_suprank_ranks,
     masked_query_mean,
+)
+from .dense_hierarchical import (
+    dense_hierarchical_query_ranks,
+    dense_hierarchical_ranks,
+    dense_sup_hap_scores,
+    dense_sup_ndcg_scores,
 )
 from .flat import (
     count_above,
