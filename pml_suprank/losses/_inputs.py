@@ -155,6 +155,8 @@ def reference_mask(
     """
     pairs = check_indices_tuple(indices_tuple, num_queries, num_refs)
     if pairs is None:
+        if same_source and not include_self:  # every pair but the diagonal, in two operators
+            return ~torch.eye(num_queries, num_refs, dtype=torch.bool, device=device)
         valid = torch.ones(num_queries, num_refs, dtype=torch.bool, device=device)
     else:
         valid = torch.zeros(num_queries, num_refs, dtype=torch.bool, device=device)
@@ -209,7 +211,8 @@ def prepare_inputs(owner: str, embeddings, labels, ref_emb, ref_labels, *, allow
     if labels is None:
         raise ValueError(f"{owner} requires labels (an integer tensor of shape (batch_size,)); got None")
     labels = check_labels("labels", labels, embeddings.shape[0], allow_2d=allow_2d_labels)
-    labels = labels.to(embeddings.device)
+    if labels.device != embeddings.device:
+        labels = labels.to(embeddings.device)
     if same_source:
         if ref_labels is not None and ref_labels is not labels:
             ref_labels = check_labels("ref_labels", ref_labels, embeddings.shape[0], allow_2d=allow_2d_labels)

@@ -176,7 +176,8 @@ class BaseRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
             if type(reducer) is MeanReducer and not self.collect_stats:
                 mean = (losses * rows).sum() / rows.sum().clamp_min(1)
                 self.num_kept_queries = 0
-                return {"losses": scale * mean, "indices": None, "reduction_type": "already_reduced"}
+                mean = mean if scale == 1.0 else scale * mean
+                return {"losses": mean, "indices": None, "reduction_type": "already_reduced"}
             rows = torch.nonzero(rows, as_tuple=True)[0]
             losses = losses[rows]
         self.num_kept_queries = int(len(rows)) if self.collect_stats else 0

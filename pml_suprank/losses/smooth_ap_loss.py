@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ..ranking import SigmoidStep, dense_query_ranks, masked_query_mean, sigmoid_rank_sums
+from ..ranking import SigmoidStep, dense_query_ap, sigmoid_rank_sums
 from .base_rank_loss import BaseRankLoss, RankInputs
 
 __all__ = ["SmoothAPLoss"]
@@ -43,8 +43,7 @@ class SmoothAPLoss(BaseRankLoss):
         if self.resolved_kernel(inputs) == "dense":
             pos = positives.to(inputs.scores.dtype)
             valid = inputs.valid.to(inputs.scores.dtype)
-            rank_plus, rank = dense_query_ranks("smooth_ap", inputs.scores, pos, valid, self.temperature)
-            return self.kept_queries(*masked_query_mean(rank_plus / rank, pos))
+            return self.kept_queries(*dense_query_ap("smooth_ap", inputs.scores, pos, valid, self.temperature))
         q, i = inputs.positive_pairs(positives)
         pos_sum, all_sum = sigmoid_rank_sums(inputs.scores, q, i, positives, inputs.valid, self.temperature)
         rank_plus, rank = 1.0 + pos_sum, 1.0 + all_sum

@@ -7,7 +7,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..ranking import SupRankStep, dense_query_ranks, heaviside_positive_count, masked_query_mean, suprank_negative_sum
+from ..ranking import (
+    SupRankStep,
+    dense_query_ap,
+    dense_query_ranks,
+    heaviside_positive_count,
+    suprank_negative_sum,
+)
 from ._inputs import RankInputs
 from ._multilabel import per_label_rows
 from ._suprank_step import SupRankStepMixin, resolve_tau
@@ -131,8 +137,10 @@ class SupAPLoss(SupRankStepMixin, BaseRankLoss):
         """Surrogate AP of the queries with a positive: ``(ap (Q,), rows (Q,) long)`` (sorted kernel) or
         ``(ap (B,), kept (B,) bool)`` (dense kernel, no host synchronisation; ``ap = 0`` where not kept)."""
         if self.resolved_kernel(inputs) == "dense":
-            pos, rank_plus, rank = dense_suprank_query_ranks(inputs, self.constant_step())
-            return self.kept_queries(*masked_query_mean(rank_plus / rank, pos))
+            positives = inputs.positives()
+            negatives = (inputs.valid & ~positives).to(inputs.scores.dtype)
+            pos = positives.to(inputs.scores.dtype)
+            return self.kept_queries(*dense_query_ap("suprank", inputs.scores, pos, negatives, self.constant_step()))
         q, _, rank_plus, rank = suprank_pair_ranks(inputs, self.step)
         return self.segment_mean(rank_plus / rank, q, inputs.scores.shape[0])
 

@@ -41,6 +41,7 @@ __all__ = [
     "KERNELS",
     "choose_kernel",
     "dense_block_size",
+    "dense_query_ap",
     "dense_query_ranks",
     "dense_smooth_ap_grad",
     "dense_smooth_ap_ranks",
@@ -129,6 +130,71 @@ def _differences(scores: Tensor) -> Tensor:
     return scores.unsqueeze(1) - scores.unsqueeze(2)
 
 
+# Block kernels in column layout: masks and ranks are (b, N, 1), so every sum over j is one batched
+# matrix-vector product (``baddbmm`` adds the constant part in the same op) and nothing is squeezed in between.
+def _suprank_block(scores: Tensor, pos_col: Tensor, neg_col: Tensor, step: SupRankStep, keep_derivative: bool):
+    """``(rank⁺ (b, N, 1), rank (b, N, 1), H⁻' (b, N, N) or None)`` of SupRank Eq. 9-10 for a query block."""
+    t = _differences(scores)
+    # rank⁺ = 1 + Σ_j P_j H(t_ij) − P_i (the j = i term has t = 0, H(0) = 1)
+    rank_plus = torch.baddbmm(1.0 - pos_col, (t >= 0).to(t.dtype), pos_col)
+    sig = torch.sigmoid(t / step.tau)
+    above = t > step.delta
+    linear = t * step.rho + (step.resolved_offset - step.rho * step.delta)
+    h_minus = torch.where(above, linear, torch.where(t > 0, sig + step.start, sig))  # H⁻ of Eq. 4
+    rank = torch.baddbmm(rank_plus, h_minus, neg_col)
+    deriv = torch.where(above, step.rho, sig * (1.0 - sig) / step.tau) if keep_derivative else None
+    return rank_plus, rank, deriv
+
+
+def _suprank_block_grad(deriv: Tensor, neg_col: Tensor, grad_rank: Tensor) -> Tensor:
+    """``∂/∂s`` ``(b, N)`` of ``Σ g · rank``: ``N_j (gᵀ d)_j − g_j (d N)_j`` with ``d = H⁻'``, ``g = grad_rank``
+    ``(b, N, 1)``."""
+    into_j = (grad_rank.mT @ deriv) * neg_col.mT  # (b, 1, N)
+    from_i = (deriv @ neg_col) * grad_rank  # (b, N, 1)
+    return into_j.flatten(1) - from_i.flatten(1)
+
+
+def _smooth_ap_block(scores: Tensor, masks: Tensor, tau: float, keep_derivative: bool):
+    """``(rank⁺ (b, N, 1), rank (b, N, 1), σ_τ' (b, N, N) or None)`` of Smooth-AP Eq. 5-6; ``masks`` is
+    ``(b, N, 2)`` = (positives, valid); the ``j = i`` term is ``σ(0) = 1/2`` times its mask."""
+    sig = torch.sigmoid(_differences(scores) / tau)
+    ranks = torch.baddbmm(1.0 - 0.5 * masks, sig, masks)
+    deriv = sig * (1.0 - sig) / tau if keep_derivative else None
+    return ranks[..., :1], ranks[..., 1:], deriv
+
+
+def _smooth_ap_block_grad(deriv: Tensor, masks: Tensor, grads: Tensor) -> Tensor:
+    """``∂/∂s`` ``(b, N)`` of ``Σ g⁺ rank⁺ + g rank``; ``grads`` is ``(b, N, 2)`` = (g⁺, g)."""
+    into_j = ((grads.mT @ deriv) * masks.mT).sum(1)  # (b, N)
+    from_i = ((deriv @ masks) * grads).sum(2)
+    return into_j - from_i
+
+
+def _block_values(kernel: str, parameter, scores: Tensor, cols: tuple[Tensor, Tensor], keep_derivative: bool):
+    """One block's ``(rank⁺, rank, derivative)``; ``cols`` = (positives, negatives or valid) as ``(b, N, 1)``."""
+    if kernel == "suprank":
+        return _suprank_block(scores, cols[0], cols[1], parameter, keep_derivative)
+    return _smooth_ap_block(scores, torch.cat(cols, 2), parameter, keep_derivative)
+
+
+def _block_grad(kernel: str, deriv: Tensor, cols, grad_plus: Tensor | None, grad_rank: Tensor) -> Tensor:
+    if kernel == "suprank":
+        return _suprank_block_grad(deriv, cols[1], grad_rank)
+    return _smooth_ap_block_grad(deriv, torch.cat(cols, 2), torch.cat([grad_plus, grad_rank], 2))
+
+
+def _blocks(num_queries: int, block: int) -> list[slice]:
+    return [slice(start, start + block) for start in range(0, num_queries, block)]
+
+
+def _column_masks(positives: Tensor, others: Tensor) -> Tensor:
+    return torch.stack([positives, others], 2)  # (B, N, 2)
+
+
+def _rows(cols: tuple[Tensor, Tensor], r: slice) -> tuple[Tensor, Tensor]:
+    return cols[0][r], cols[1][r]
+
+
 def dense_suprank_ranks(
     scores: Tensor, positives: Tensor, negatives: Tensor, step: SupRankStep
 ) -> tuple[Tensor, Tensor]:
@@ -138,41 +204,21 @@ def dense_suprank_ranks(
     ``rank[q, i] = rank⁺[q, i] + Σ_j N[q, j] · H⁻(s_{qj} − s_{qi})``. ``j = i`` is removed by index: its
     difference is exactly 0, so it adds ``P[q, i]`` to the positive sum, which is subtracted.
 
-    Plain autograd (differentiable through ``rank``); :func:`dense_query_ranks` evaluates the same values under
-    ``no_grad`` and the gradient from :func:`dense_suprank_grad`, so nothing of size ``(b, N, N)`` is saved.
+    Plain autograd (differentiable through ``rank``); :func:`dense_query_ranks` / :func:`dense_query_ap` evaluate
+    the same values under ``no_grad`` with the gradient from :func:`dense_suprank_grad`, so nothing of size
+    ``(b, N, N)`` is saved.
 
     Args:
-        scores: ``(b, N)`` floating scores of the block, may require grad.
-        positives: ``(b, N)`` float 0/1 mask ``P`` (valid positives), same dtype as ``scores``.
-        negatives: ``(b, N)`` float 0/1 mask ``N`` (valid negatives).
-        step: SupRank's ``H⁻``; give it a numeric ``offset`` (``offset=None`` resolves through a small host
-            computation) to keep the function free of host synchronisation.
+        scores: ``(b, N)`` floating scores, may require grad.
+        positives: ``(b, N)`` float 0/1 mask ``P`` of the positives.
+        negatives: ``(b, N)`` float 0/1 mask ``N`` of the negatives (valid non-positives).
+        step: the :class:`SupRankStep` ``H⁻`` (a numeric ``offset`` makes the call sync-free).
 
     Returns:
         ``(rank_plus (b, N), rank (b, N))`` in the dtype of ``scores``. Temporaries: a few ``(b, N, N)`` tensors.
     """
-    return _suprank_forward(scores, positives, negatives, step, keep_derivative=False)[:2]
-
-
-def _suprank_forward(scores, positives, negatives, step, *, keep_derivative: bool):
-    t = _differences(scores)
-    rank_plus = 1.0 + ((t >= 0).to(scores.dtype) @ positives.unsqueeze(2)).squeeze(2) - positives
-    sig = torch.sigmoid(t / step.tau)
-    h_minus = torch.where(
-        t <= step.delta, sig + step.start * (t > 0).to(t.dtype), step.rho * (t - step.delta) + step.resolved_offset
-    )
-    deriv = _suprank_derivative(t, sig, step) if keep_derivative else None
-    return rank_plus, rank_plus + (h_minus @ negatives.unsqueeze(2)).squeeze(2), deriv
-
-
-def _suprank_derivative(t: Tensor, sig: Tensor, step: SupRankStep) -> Tensor:
-    return torch.where(t <= step.delta, sig * (1.0 - sig) / step.tau, step.rho)  # H⁻'(t), (b, N_i, N_j)
-
-
-def _suprank_grad_from(deriv: Tensor, negatives: Tensor, grad_rank: Tensor) -> Tensor:
-    into_j = (grad_rank.unsqueeze(1) @ deriv).squeeze(1) * negatives
-    from_i = (deriv @ negatives.unsqueeze(2)).squeeze(2) * grad_rank
-    return into_j - from_i
+    rank_plus, rank, _ = _suprank_block(scores, positives.unsqueeze(2), negatives.unsqueeze(2), step, False)
+    return rank_plus.flatten(1), rank.flatten(1)
 
 
 def dense_suprank_grad(scores: Tensor, negatives: Tensor, step: SupRankStep, grad_rank: Tensor) -> Tensor:
@@ -183,8 +229,9 @@ def dense_suprank_grad(scores: Tensor, negatives: Tensor, step: SupRankStep, gra
     = N[q, j] · (gᵀd)[q, j] − g[q, j] · (d N)[q, j]`` (two batched mat-vec products; ``w`` is never formed).
     Returns ``(b, N)``.
     """
-    t = _differences(scores)
-    return _suprank_grad_from(_suprank_derivative(t, torch.sigmoid(t / step.tau), step), negatives, grad_rank)
+    neg_col = negatives.unsqueeze(2)
+    _, _, deriv = _suprank_block(scores, neg_col, neg_col, step, True)
+    return _suprank_block_grad(deriv, neg_col, grad_rank.unsqueeze(2))
 
 
 def dense_smooth_ap_ranks(scores: Tensor, positives: Tensor, valid: Tensor, tau: float) -> tuple[Tensor, Tensor]:
@@ -202,21 +249,8 @@ def dense_smooth_ap_ranks(scores: Tensor, positives: Tensor, valid: Tensor, tau:
     Returns:
         ``(rank_plus (b, N), rank (b, N))``, both differentiable w.r.t. ``scores`` by plain autograd.
     """
-    return _smooth_ap_forward(scores, positives, valid, tau, keep_derivative=False)[:2]
-
-
-def _smooth_ap_forward(scores, positives, valid, tau, *, keep_derivative: bool):
-    sig = torch.sigmoid(_differences(scores) / tau)
-    masks = torch.stack([positives, valid], dim=2)  # (b, N, 2)
-    ranks = 1.0 + sig @ masks - 0.5 * masks
-    deriv = sig * (1.0 - sig) / tau if keep_derivative else None
-    return ranks[..., 0], ranks[..., 1], deriv
-
-
-def _smooth_ap_grad_from(deriv, positives, valid, grad_plus, grad_rank) -> Tensor:
-    into_j = torch.stack([grad_plus, grad_rank], dim=1) @ deriv  # (b, 2, N)
-    from_i = deriv @ torch.stack([positives, valid], dim=2)  # (b, N, 2)
-    return (into_j[:, 0] * positives + into_j[:, 1] * valid) - (from_i[..., 0] * grad_plus + from_i[..., 1] * grad_rank)
+    rank_plus, rank, _ = _smooth_ap_block(scores, _column_masks(positives, valid), tau, False)
+    return rank_plus.flatten(1), rank.flatten(1)
 
 
 def dense_smooth_ap_grad(
@@ -227,67 +261,98 @@ def dense_smooth_ap_grad(
     ``w[q, i, j] = σ_τ'(t_{qij}) · (g⁺[q, i] P[q, j] + g[q, i] V[q, j])``, ``∂/∂s_{qj} = Σ_i w[q, i, j] −
     Σ_k w[q, j, k]``, from two batched products with ``σ_τ'`` (``w`` is never formed). Returns ``(b, N)``.
     """
-    sig = torch.sigmoid(_differences(scores) / tau)
-    return _smooth_ap_grad_from(sig * (1.0 - sig) / tau, positives, valid, grad_plus, grad_rank)
+    masks = _column_masks(positives, valid)
+    _, _, deriv = _smooth_ap_block(scores, masks, tau, True)
+    return _smooth_ap_block_grad(deriv, masks, torch.stack([grad_plus, grad_rank], 2))
+
+
+def _forward_blocks(ctx, kernel: str, block: int, parameter, scores: Tensor, cols: tuple[Tensor, Tensor]):
+    """``(rank⁺, rank)`` ``(B, N, 1)`` of all blocks; stores on ``ctx`` what backward needs (the single block's
+    derivative, or nothing of size ``(b, N, N)`` when there are several)."""
+    single = block >= scores.shape[0]
+    if single:
+        rank_plus, rank, deriv = _block_values(kernel, parameter, scores, cols, True)
+        ctx.deriv = deriv
+    else:
+        outs = [_block_values(kernel, parameter, scores[r], _rows(cols, r), False) for r in _blocks(len(scores), block)]
+        rank_plus, rank = torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
+        ctx.deriv = None
+    ctx.kernel, ctx.block, ctx.parameter = kernel, block, parameter
+    return rank_plus, rank
+
+
+def _backward_blocks(ctx, scores: Tensor, cols, grad_plus: Tensor | None, grad_rank: Tensor) -> Tensor:
+    """``∂/∂scores`` ``(B, N)`` from the column gradients ``(B, N, 1)`` of rank⁺ (smooth-AP only) and rank."""
+    if ctx.deriv is not None:
+        return _block_grad(ctx.kernel, ctx.deriv, cols, grad_plus, grad_rank)
+    parts = []
+    for r in _blocks(scores.shape[0], ctx.block):
+        _, _, deriv = _block_values(ctx.kernel, ctx.parameter, scores[r], _rows(cols, r), True)
+        plus = None if grad_plus is None else grad_plus[r]
+        parts.append(_block_grad(ctx.kernel, deriv, _rows(cols, r), plus, grad_rank[r]))
+    return torch.cat(parts)
 
 
 class _DenseRanks(torch.autograd.Function):
-    """Blocked dense ranks: values per query block without a graph; gradients from the explicit derivative.
-
-    With one block (everything fits the budget) the block's ``(B, N, N)`` derivative is kept from forward;
-    with several, each block's derivative is recomputed in backward, so only one block is alive at a time.
-    """
+    """Blocked dense ranks ``(B, N)``: values per query block without a graph; gradients from the explicit
+    derivative (kept from forward with one block, recomputed per block in backward with several)."""
 
     @staticmethod
     def forward(ctx, kernel, block, parameter, scores, positives, others):
-        fn = _suprank_forward if kernel == "suprank" else _smooth_ap_forward
-        single = block >= scores.shape[0]
-        if single:
-            rank_plus, rank, deriv = fn(scores, positives, others, parameter, keep_derivative=True)
-            ctx.save_for_backward(scores, positives, others, deriv)
-        else:
-            outs = [
-                fn(scores[r], positives[r], others[r], parameter, keep_derivative=False)
-                for r in _blocks(scores.shape[0], block)
-            ]
-            rank_plus, rank = torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
-            ctx.save_for_backward(scores, positives, others)
-        ctx.kernel, ctx.block, ctx.parameter, ctx.single = kernel, block, parameter, single
+        cols = positives.unsqueeze(2), others.unsqueeze(2)
+        rank_plus, rank = _forward_blocks(ctx, kernel, block, parameter, scores, cols)
+        ctx.save_for_backward(scores, *cols)
         if kernel == "suprank":
             ctx.mark_non_differentiable(rank_plus)
-        return rank_plus, rank
+        return rank_plus.flatten(1), rank.flatten(1)
 
     @staticmethod
     def backward(ctx, grad_plus, grad_rank):
-        scores, positives, others = ctx.saved_tensors[:3]
+        scores, *cols = ctx.saved_tensors
         grad_rank = torch.zeros_like(scores) if grad_rank is None else grad_rank
-        if grad_plus is None:  # always for "suprank" (rank⁺ has no gradient), where it is not used
-            grad_plus = grad_rank if ctx.kernel == "suprank" else torch.zeros_like(scores)
-        if ctx.single:
-            deriv = ctx.saved_tensors[3]
-            if ctx.kernel == "suprank":
-                grad_scores = _suprank_grad_from(deriv, others, grad_rank)
-            else:
-                grad_scores = _smooth_ap_grad_from(deriv, positives, others, grad_plus, grad_rank)
+        if ctx.kernel == "smooth_ap":
+            grad_plus = (torch.zeros_like(scores) if grad_plus is None else grad_plus).unsqueeze(2)
         else:
-            tensors = (scores, positives, others, grad_plus, grad_rank)
-            grad_scores = torch.cat(
-                [
-                    _block_grad(ctx.kernel, ctx.parameter, *(x[r] for x in tensors))
-                    for r in _blocks(scores.shape[0], ctx.block)
-                ]
-            )
+            grad_plus = None  # rank⁺ has no gradient (Heaviside)
+        grad_scores = _backward_blocks(ctx, scores, cols, grad_plus, grad_rank.unsqueeze(2))
         return None, None, None, grad_scores, None, None
 
 
-def _block_grad(kernel, parameter, scores, positives, others, grad_plus, grad_rank) -> Tensor:
-    if kernel == "suprank":
-        return dense_suprank_grad(scores, others, parameter, grad_rank)
-    return dense_smooth_ap_grad(scores, positives, others, parameter, grad_plus, grad_rank)
+class _DenseAP(torch.autograd.Function):
+    """Per-query AP ``Σ_i P_i rank⁺_i / rank_i / max(|P|, 1)`` ``(B,)`` from the blocked dense ranks, with the
+    gradient through the ranks in closed form: ``∂AP/∂rank_i = −P_i rank⁺_i / rank_i² / n`` and (Smooth-AP)
+    ``∂AP/∂rank⁺_i = P_i / rank_i / n``, so backward is two batched mat-vec products per block."""
+
+    @staticmethod
+    def forward(ctx, kernel, block, parameter, scores, positives, others):
+        ctx.set_materialize_grads(False)
+        cols = positives.unsqueeze(2), others.unsqueeze(2)
+        rank_plus, rank = _forward_blocks(ctx, kernel, block, parameter, scores, cols)
+        ratio = rank_plus / rank  # (B, N, 1)
+        count = positives.sum(1)
+        norm = count.clamp_min(1.0)
+        ap = (ratio * cols[0]).sum((1, 2)) / norm
+        ctx.save_for_backward(scores, *cols, ratio, rank, norm)
+        ctx.mark_non_differentiable(count)
+        return ap, count
+
+    @staticmethod
+    def backward(ctx, grad_ap, _grad_count):
+        scores, pos_col, other_col, ratio, rank, norm = ctx.saved_tensors
+        if grad_ap is None:
+            return None, None, None, None, None, None
+        cols = pos_col, other_col
+        weight = pos_col * (grad_ap / norm).view(-1, 1, 1) / rank  # g · P_i / (n · rank_i), (B, N, 1)
+        if ctx.kernel == "suprank":  # ∂/∂rank = −weight · ratio; the map to ∂/∂scores is linear in it
+            grad_scores = -_backward_blocks(ctx, scores, cols, None, weight * ratio)
+        else:
+            grad_scores = _backward_blocks(ctx, scores, cols, weight, -weight * ratio)
+        return None, None, None, grad_scores, None, None
 
 
-def _blocks(num_queries: int, block: int) -> list[slice]:
-    return [slice(start, start + block) for start in range(0, num_queries, block)]
+def _check_kernel_name(kernel: str) -> None:
+    if kernel not in ("suprank", "smooth_ap"):
+        raise ValueError(f"kernel must be 'suprank' or 'smooth_ap'; got {kernel!r}")
 
 
 def dense_query_ranks(
@@ -322,11 +387,36 @@ def dense_query_ranks(
     Raises:
         ValueError: unknown ``kernel``.
     """
-    if kernel not in ("suprank", "smooth_ap"):
-        raise ValueError(f"kernel must be 'suprank' or 'smooth_ap'; got {kernel!r}")
+    _check_kernel_name(kernel)
     num_queries, num_refs = scores.shape
     block = dense_block_size(num_queries, num_refs, scores.element_size(), memory_budget)
     return _DenseRanks.apply(kernel, block, parameter, scores, positives, others)
+
+
+def dense_query_ap(
+    kernel: str,
+    scores: Tensor,
+    positives: Tensor,
+    others: Tensor,
+    parameter: SupRankStep | float,
+    *,
+    memory_budget: int = DENSE_MEMORY_BUDGET,
+) -> tuple[Tensor, Tensor]:
+    """Per-query surrogate AP ``(B,)`` and positive count ``(B,)``: SupAP (SupRank Eq. 11) or Smooth-AP (Eq. 5),
+    ``AP_q = Σ_i P[q, i] · rank⁺[q, i] / rank[q, i] / max(|P_q|, 1)`` (0 for a query without positives).
+
+    The values of ``masked_query_mean(rank⁺ / rank, positives)`` over :func:`dense_query_ranks`, in one custom
+    autograd function whose backward goes straight from ``∂L/∂AP`` to ``∂L/∂scores`` (no autograd graph of the
+    ranks, the ratio or the mean). Same blocking, memory and arguments as :func:`dense_query_ranks`; no host
+    synchronisation.
+
+    Returns:
+        ``(ap (B,), count (B,))``; ``count`` (float) carries no gradient.
+    """
+    _check_kernel_name(kernel)
+    num_queries, num_refs = scores.shape
+    block = dense_block_size(num_queries, num_refs, scores.element_size(), memory_budget)
+    return _DenseAP.apply(kernel, block, parameter, scores, positives, others)
 
 
 def masked_query_mean(values: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:
