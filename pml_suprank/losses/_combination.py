@@ -10,10 +10,9 @@ own reducer). The decomposability term sees the finest labels (column 0 of 2-D l
 
 from __future__ import annotations
 
-from pytorch_metric_learning.reducers import MultipleReducers
 from torch import Tensor, nn
 
-from ._inputs import fine_labels
+from ._inputs import entry_reducer, fine_labels
 from .calibration_loss import CalibrationLoss
 from .cluster_loss import ClusterLoss
 
@@ -58,14 +57,6 @@ def make_decomposability(
             )
         return ClusterLoss(num_classes=num_classes, embedding_size=embedding_size)
     raise ValueError(f"decomposability must be one of (None, 'calibration', 'proxy') or an nn.Module; got {kind!r}")
-
-
-def entry_reducer(reducer, name: str):
-    """The reducer that reduces the loss-dict entry ``name`` under ``reducer`` (a ``MultipleReducers`` picks
-    ``reducers[name]`` or its default; any other reducer reduces every entry; ``None`` stays ``None``)."""
-    if isinstance(reducer, MultipleReducers):
-        return reducer.reducers[name] if name in reducer.reducers else reducer.default_reducer
-    return reducer
 
 
 def decomposability_arguments(module: nn.Module, embeddings, labels, indices_tuple, ref_emb, ref_labels) -> tuple:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 from pytorch_metric_learning.distances import DotProductSimilarity
+from pytorch_metric_learning.reducers import MultipleReducers
 from torch import Tensor
 
 from .._similarity import similarity_scores
@@ -27,6 +28,7 @@ __all__ = [
     "RankInputs",
     "check_indices_tuple",
     "check_similarity",
+    "entry_reducer",
     "fine_labels",
     "hierarchical_label_pair",
     "prepare_inputs",
@@ -68,6 +70,14 @@ class RankInputs:
         pos = self.positives() if positives is None else positives
         q, i = torch.nonzero(pos, as_tuple=True)
         return q, i
+
+
+def entry_reducer(reducer, name: str):
+    """The reducer that reduces the loss-dict entry ``name`` under ``reducer`` (a ``MultipleReducers`` picks
+    ``reducers[name]`` or its default; any other reducer reduces every entry; ``None`` stays ``None``)."""
+    if isinstance(reducer, MultipleReducers):
+        return reducer.reducers[name] if name in reducer.reducers else reducer.default_reducer
+    return reducer
 
 
 def check_similarity(owner: str, distance) -> None:

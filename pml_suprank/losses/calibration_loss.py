@@ -8,7 +8,7 @@ from pytorch_metric_learning.losses import BaseMetricLossFunction
 from pytorch_metric_learning.reducers import AvgNonZeroReducer, MeanReducer
 
 from .._validation import check_choice
-from ._inputs import check_similarity, prepare_inputs, reference_mask, similarity_matrix
+from ._inputs import check_similarity, entry_reducer, prepare_inputs, reference_mask, similarity_matrix
 
 __all__ = ["CalibrationLoss"]
 
@@ -93,11 +93,22 @@ class CalibrationLoss(BaseMetricLossFunction):
         embeddings, labels, ref_emb, ref_labels, _ = prepare_inputs(
             type(self).__name__, embeddings, labels, ref_emb, ref_labels, allow_2d_labels=self.multilabel
         )
-        loss_dict = self.compute_loss(embeddings, labels, indices_tuple, ref_emb, ref_labels)
+        loss_dict = self.pair_losses(embeddings, labels, indices_tuple, ref_emb, ref_labels, reducer=self.reducer)
         self.add_embedding_regularization_to_loss_dict(loss_dict, embeddings)
         return self.reducer(loss_dict, embeddings, labels)
 
     def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
+        """PML's hook: the loss dict with one element per (anchor, reference) pair (any reducer)."""
+        return self.pair_losses(embeddings, labels, indices_tuple, ref_emb, ref_labels)
+
+    def pair_losses(self, embeddings, labels, indices_tuple, ref_emb, ref_labels, *, reducer=None) -> dict:
+        """``{"pos_loss": ..., "neg_loss": ...}`` on prepared inputs.
+
+        ``reducer`` is the reducer that will reduce the dict (``None``: unknown). An entry whose reducer is PML's
+        plain ``AvgNonZeroReducer`` (``average="active"``) or ``MeanReducer`` (``"all"``), with statistics off, is
+        reduced here from the ``(B, N)`` pair-loss matrix — ``Σ losses / max(#pairs counted, 1)`` — without a host
+        synchronisation; otherwise each pair is an element (``torch.nonzero``), as PML's reducers expect.
+        """
         scores = similarity_matrix(self.distance, embeddings, ref_emb)
         valid = reference_mask(
             embeddings.shape[0],
@@ -109,11 +120,20 @@ class CalibrationLoss(BaseMetricLossFunction):
         )
         same = _share_label(labels, ref_labels) if self.multilabel else labels.unsqueeze(1) == ref_labels.unsqueeze(0)
         pos, neg = valid & same, valid & ~same
-        if self._prune_inactive:
-            pos = pos & (scores.detach() < self.pos_margin)
-            neg = neg & (scores.detach() > self.neg_margin)
         out = {}
         for name, mask, kind in (("pos_loss", pos, "pos_pair"), ("neg_loss", neg, "neg_pair")):
+            averaged = _arithmetic_average(entry_reducer(reducer, name)) if not self.collect_stats else None
+            if averaged is not None:
+                margin = self.pos_margin - scores if kind == "pos_pair" else scores - self.neg_margin
+                total, active = _MaskedHingeSum.apply(margin, mask)
+                count = active if averaged == "nonzero" else mask.sum()
+                value = total / count.clamp_min(1)
+                out[name] = {"losses": value, "indices": None, "reduction_type": "already_reduced"}
+                continue
+            if self._prune_inactive:  # pairs with a zero loss cannot change an "active" average: never built
+                mask = mask & (
+                    (scores.detach() < self.pos_margin) if kind == "pos_pair" else (scores.detach() > self.neg_margin)
+                )
             a, j = torch.nonzero(mask, as_tuple=True)
             if len(a) == 0:
                 out[name] = self.zero_loss()
@@ -122,3 +142,31 @@ class CalibrationLoss(BaseMetricLossFunction):
             losses = torch.relu(self.pos_margin - s) if kind == "pos_pair" else torch.relu(s - self.neg_margin)
             out[name] = {"losses": losses, "indices": (a, j), "reduction_type": kind}
         return out
+
+
+def _arithmetic_average(reducer) -> str | None:
+    """``"nonzero"`` for PML's plain ``AvgNonZeroReducer``, ``"all"`` for ``MeanReducer``, else ``None``."""
+    if type(reducer) is AvgNonZeroReducer and reducer.low == 0 and reducer.high is None and not reducer.collect_stats:
+        return "nonzero"
+    if type(reducer) is MeanReducer and not reducer.collect_stats:
+        return "all"
+    return None
+
+
+class _MaskedHingeSum(torch.autograd.Function):
+    """``(Σ relu(x) · m, #{relu(x) · m > 0})`` of a ``(B, N)`` margin matrix ``x`` and bool mask ``m``; backward
+    keeps only the bool mask of the active pairs (``∂/∂x = [x > 0] · m``), so a memory of ``N`` items costs one
+    byte per (query, reference) pair, and nothing synchronises with the host."""
+
+    @staticmethod
+    def forward(ctx, margin, mask):
+        active = (margin > 0) & mask
+        ctx.save_for_backward(active)
+        count = active.sum()
+        ctx.mark_non_differentiable(count)
+        return (margin * active).sum(), count
+
+    @staticmethod
+    def backward(ctx, grad_total, _grad_count):
+        (active,) = ctx.saved_tensors
+        return grad_total * active, None
