@@ -66,3 +66,43 @@ def random_label_sets(n: int, m: int, gen: torch.Generator, num_fine: int = 6) -
     pad = torch.rand(n, m, generator=gen) < 0.4
     pad[:, 0] = False
     return labels.masked_fill(pad, -1)
+
+
+# Host-synchronising aten ops (they block the host until an accelerator's queue drains), as counted by the
+# benchmarks. torch._assert_async reads its flag on the CPU but never blocks a CUDA host: ops under it are not syncs.
+SYNC_OPS = frozenset(
+    {
+        "aten::item",
+        "aten::_local_scalar_dense",
+        "aten::nonzero",
+        "aten::is_nonzero",
+        "aten::unique",
+        "aten::_unique2",
+        "aten::unique_consecutive",
+        "aten::masked_select",
+        "aten::equal",
+    }
+)
+
+
+def profiled_ops(fn) -> tuple[list[str], list[str]]:
+    """``(top-level aten ops, host-synchronising ops)`` of one call of ``fn`` after a warm-up call (torch.profiler,
+    CPU). Top-level = an aten event whose parent is not an aten op; a sync nested in ``aten::_assert_async`` is not
+    counted (it is asynchronous on accelerators)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    events = [e for e in prof.events() if e.name.startswith("aten::")]
+
+    def under_assert(e) -> bool:
+        while e.cpu_parent is not None:
+            e = e.cpu_parent
+            if e.name == "aten::_assert_async":
+                return True
+        return False
+
+    top = [e.name for e in events if not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::"))]
+    syncs = [e.name for e in events if e.name in SYNC_OPS and not under_assert(e)]
+    return top, syncs

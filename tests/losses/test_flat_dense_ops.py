@@ -1,0 +1,178 @@
+"""Issue 13's accelerator contract for the flat rank losses on the dense kernel: operator and host-sync counts of one
+forward+backward (torch.profiler on the CPU), and the exactness of the pieces that made them small — the score
+matrix with its explicit backward, the fused per-query AP, the kept-query mean and the sync-free calibration term."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from _helpers import profiled_ops
+from pytorch_metric_learning.distances import CosineSimilarity, DotProductSimilarity
+from pytorch_metric_learning.reducers import AvgNonZeroReducer, MeanReducer
+
+from pml_suprank import losses
+from pml_suprank._similarity import similarity_scores
+from pml_suprank.ranking import SupRankStep, dense_query_ap, dense_query_ranks, masked_query_mean
+
+# measured at B = 256 in-batch (4 items per class), one fwd+bwd, kernel="dense"; the issue's target is <= 60 for
+# these three (not reached: see the README's kernel section for where the remaining operators go)
+OP_BOUNDS = {"SupAP": 88, "SmoothAP": 80, "ROADMAP": 182, "SupRecall": 128}
+MAKERS = {
+    "SupAP": lambda: losses.SupAPLoss(kernel="dense"),
+    "SmoothAP": lambda: losses.SmoothAPLoss(kernel="dense"),
+    "ROADMAP": lambda: losses.ROADMAPLoss(kernel="dense"),
+    "SupRecall": lambda: losses.SupRecallLoss(kernel="dense"),
+}
+
+
+@pytest.mark.parametrize("name", list(MAKERS))
+def test_dense_loss_at_b256_has_no_host_sync_and_few_ops(name):
+    emb = F.normalize(torch.randn(256, 32, generator=torch.Generator().manual_seed(0)), dim=1).requires_grad_(True)
+    labels = torch.arange(256) // 4
+    loss_fn = MAKERS[name]()
+    top, syncs = profiled_ops(lambda: loss_fn(emb, labels).backward())
+    assert syncs == []
+    assert "aten::_assert_async" in top  # the finiteness check is there, asynchronous
+    assert len(top) <= OP_BOUNDS[name], len(top)
+
+
+def test_sorted_kernel_still_synchronises():  # the contrast the dense path exists for
+    emb = F.normalize(torch.randn(64, 16), dim=1).requires_grad_(True)
+    _, syncs = profiled_ops(lambda: losses.SupAPLoss(kernel="sorted")(emb, torch.arange(64) // 4).backward())
+    assert len(syncs) > 2
+
+
+@pytest.mark.parametrize("kernel", ["dense", "sorted"])
+def test_non_finite_embeddings_still_raise_value_error(kernel):
+    emb = torch.randn(8, 4)
+    emb[3, 1] = float("nan")
+    with pytest.raises(ValueError, match=r"embeddings contains NaN or inf values \(in 1 of 8 rows\)"):
+        losses.SupAPLoss(kernel=kernel)(emb, torch.arange(8) // 2)
+    ref = torch.randn(5, 4)
+    ref[0, 0] = float("inf")
+    with pytest.raises(ValueError, match="ref_emb contains NaN or inf"):
+        losses.SmoothAPLoss(kernel=kernel)(
+            torch.randn(8, 4), torch.arange(8) // 2, ref_emb=ref, ref_labels=torch.arange(5)
+        )
+
+
+# ------------------------------------------------------------------------------------------------ score matrix
+@pytest.mark.parametrize("same", [True, False])
+@pytest.mark.parametrize("distance", [CosineSimilarity(), DotProductSimilarity()], ids=["cosine", "dot"])
+def test_similarity_scores_match_pml_values_and_gradients(same, distance):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(6, 5, generator=g, dtype=torch.float64)
+    x[2] = 0.0  # a zero row: F.normalize's clamp branch
+    r = torch.randn(7, 5, generator=g, dtype=torch.float64)
+    w = torch.randn(6, 6 if same else 7, generator=g, dtype=torch.float64)
+    grads = []
+    for fn in (lambda a, b: similarity_scores(distance, a, b), lambda a, b: distance(a, None if same else b)):
+        a, b = x.clone().requires_grad_(True), r.clone().requires_grad_(True)
+        s = fn(a, a if same else b)
+        (s * w).sum().backward()
+        grads.append((s.detach(), a.grad, None if same else b.grad))
+    for ours, pml in zip(grads[0], grads[1], strict=True):
+        if pml is not None:
+            torch.testing.assert_close(ours, pml, rtol=1e-12, atol=1e-12)
+
+
+def test_similarity_scores_gradcheck():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(4, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    r = torch.randn(5, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: similarity_scores(CosineSimilarity(), a, b), (x, r))
+    assert torch.autograd.gradcheck(lambda a: similarity_scores(CosineSimilarity(), a, a), (x,))
+
+
+def test_similarity_scores_defer_to_other_distances():
+    class Shifted(CosineSimilarity):
+        def compute_mat(self, q, r):
+            return super().compute_mat(q, r) + 1.0
+
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(similarity_scores(Shifted(), x, x), CosineSimilarity()(x) + 1.0)
+
+
+# ------------------------------------------------------------------------------------------------ fused AP
+@pytest.mark.parametrize("kernel", ["suprank", "smooth_ap"])
+@pytest.mark.parametrize("budget", [None, 4 * 8 * 12 * 12 * 2])  # one block / several blocks
+def test_dense_query_ap_equals_mean_of_dense_ranks(kernel, budget):
+    g = torch.Generator().manual_seed(3)
+    s = torch.randn(9, 12, generator=g, dtype=torch.float64).round(decimals=1)  # ties
+    pos = (torch.rand(9, 12, generator=g) < 0.3).double()
+    pos[4] = 0.0  # a query without positives
+    other = 1.0 - pos if kernel == "suprank" else torch.ones_like(pos)
+    param = SupRankStep(offset=1.4933) if kernel == "suprank" else 0.05
+    kw = {} if budget is None else {"memory_budget": budget}
+    weight = torch.randn(9, generator=g, dtype=torch.float64)
+    results = []
+    for fused in (True, False):
+        x = s.clone().requires_grad_(True)
+        if fused:
+            ap, count = dense_query_ap(kernel, x, pos, other, param, **kw)
+        else:
+            rank_plus, rank = dense_query_ranks(kernel, x, pos, other, param, **kw)
+            ap, count = masked_query_mean(rank_plus / rank, pos)
+        (ap * weight).sum().backward()
+        results.append((ap.detach(), count, x.grad))
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert results[0][0][4] == 0.0 and results[0][2][4].abs().sum() == 0.0
+
+
+@pytest.mark.parametrize("kernel", ["suprank", "smooth_ap"])
+def test_dense_query_ap_gradcheck(kernel):
+    g = torch.Generator().manual_seed(4)
+    s = (torch.randn(3, 6, generator=g, dtype=torch.float64) * 0.03).requires_grad_(True)
+    pos = torch.tensor([[1, 1, 0, 0, 0, 0], [0, 1, 0, 1, 1, 0], [1, 0, 0, 0, 0, 1]], dtype=torch.float64)
+    other = 1.0 - pos if kernel == "suprank" else torch.ones_like(pos)
+    param = SupRankStep(offset=1.4933) if kernel == "suprank" else 0.05
+    assert torch.autograd.gradcheck(lambda x: dense_query_ap(kernel, x, pos, other, param)[0], (s,))
+
+
+# ------------------------------------------------------------------------------------------------ reductions
+class _ExactMean(MeanReducer):  # a MeanReducer subclass: the loss must take the element (nonzero) path
+    pass
+
+
+class _ExactAvgNonZero(AvgNonZeroReducer):
+    pass
+
+
+@pytest.mark.parametrize("name", ["SupAP", "SmoothAP", "SupRecall"])
+def test_kept_query_mean_equals_the_element_path(name):
+    g = torch.Generator().manual_seed(5)
+    emb = torch.randn(12, 6, generator=g, dtype=torch.float64)
+    labels = torch.tensor([0, 0, 1, 1, 1, 2, 3, 3, 4, 5, 5, 6])  # queries 5, 8, 11 have no positive
+    values = []
+    for reducer in (None, _ExactMean()):
+        kw = {} if reducer is None else {"reducer": reducer}
+        loss_fn = {"SupAP": losses.SupAPLoss, "SmoothAP": losses.SmoothAPLoss, "SupRecall": losses.SupRecallLoss}[name](
+            kernel="dense", **kw
+        )
+        x = emb.clone().requires_grad_(True)
+        loss = loss_fn(x, labels)
+        loss.backward()
+        values.append((loss.detach(), x.grad))
+    for a, b in zip(*values, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("average", ["active", "all"])
+def test_calibration_arithmetic_average_equals_pair_elements(average):
+    g = torch.Generator().manual_seed(6)
+    emb = torch.randn(10, 5, generator=g, dtype=torch.float64)
+    ref = torch.randn(30, 5, generator=g, dtype=torch.float64)
+    labels, ref_labels = torch.arange(10) % 3, torch.arange(30) % 4
+    exact = _ExactAvgNonZero() if average == "active" else _ExactMean()
+    values = []
+    for kw in ({}, {"reducer": exact}):
+        x, r = emb.clone().requires_grad_(True), ref.clone().requires_grad_(True)
+        loss = losses.CalibrationLoss(average=average, **kw)(x, labels, ref_emb=r, ref_labels=ref_labels)
+        loss.backward()
+        values.append((loss.detach(), x.grad, r.grad))
+    for a, b in zip(*values, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+    _, syncs = profiled_ops(
+        lambda: losses.CalibrationLoss(average=average)(emb, labels, ref_emb=ref, ref_labels=ref_labels)
+    )
+    assert syncs == []
