@@ -18,7 +18,8 @@ Usage::
     python benchmarks/bench_losses.py --quick    # small sizes only, 1 repeat
     python benchmarks/bench_losses.py --device cuda
     python benchmarks/bench_losses.py --crossover  # kernel="dense" vs "sorted" timings and the auto rule's choice
-    python benchmarks/bench_losses.py --ops        # top-level aten ops and host syncs per fwd+bwd, per kernel
+    python benchmarks/bench_losses.py --ops        # op / launch-proxy / host-sync counts per fwd+bwd, per kernel,
+                                                   # on every available device, with the naive dense and PML rows
 
 Rows ``<loss> dense`` / ``<loss> sorted`` force the ``kernel=`` option; the plain rows use ``kernel="auto"``.
 
@@ -303,28 +304,73 @@ def crossover(device: str, repeats: int) -> list[dict]:
     return rows
 
 
-def op_counts(device: str, batch: int = 256) -> list[dict]:
-    """Top-level aten ops and host-synchronising ops of one fwd+bwd (after a warm-up), per loss and kernel."""
+# metadata-only aten ops (no kernel launch on an accelerator): excluded from the "compute ops" launch proxy
+VIEW_OPS = frozenset(
+    "aten::" + n
+    for n in (
+        "view unsqueeze squeeze slice select mT t transpose expand expand_as as_strided flatten detach lift_fresh "
+        "alias reshape permute _unsafe_view empty empty_like empty_strided result_type"
+    ).split()
+)
+
+
+def _profile_counts(fn, emb, labels, ref, ref_labels) -> dict:
+    """Operator counts of one fwd+bwd after a warm-up (CPU profiler): top-level aten ops, compute ops (leaf aten
+    ops that are not views/allocations: the number of kernels an accelerator would launch, approximately) and
+    host-synchronising ops (not counting those nested in ``aten::_assert_async``, asynchronous on accelerators)."""
     from torch.profiler import ProfilerActivity, profile
 
+    fn(emb, labels, ref, ref_labels).backward()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn(emb, labels, ref, ref_labels).backward()
+    events = [e for e in prof.events() if e.name.startswith("aten::")]
+    children = {id(e.cpu_parent) for e in events if e.cpu_parent is not None}
+
+    def nested_in(e, names) -> bool:
+        while e.cpu_parent is not None:
+            e = e.cpu_parent
+            if e.name in names:
+                return True
+        return False
+
+    top = [e for e in events if not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::"))]
+    leaves = [e for e in events if id(e) not in children and e.name not in VIEW_OPS]
+    syncs = [
+        e for e in events if e.name in SYNC_OPS and not nested_in(e, set(SYNC_OPS) | {"aten::_assert_async"})
+    ]
+    return {"aten_ops": len(top), "compute_ops": len(leaves), "syncs": len(syncs)}
+
+
+def op_counts(device: str, batch: int = 256) -> list[dict]:
+    """Per loss: our kernels (auto / dense / sorted), and for SupAP / Smooth-AP the naive dense formulation of the
+    reference code and PML's SmoothAPLoss, at ``batch`` in-batch — operator and host-sync counts of one fwd+bwd."""
     setting = Setting(f"in-batch B={batch}", batch, None)
     rows = []
-    print(f"\n| loss (B = {batch} in-batch) | kernel | top-level aten ops | host syncs |")
-    print("|---|---|---|---|")
-    for cls_name in KERNEL_LOSSES:
-        for kernel in ("dense", "sorted"):
-            fn = _kernel_loss(cls_name, kernel)
-            emb, labels, ref, ref_labels = make_inputs(setting, device)
-            emb = emb.clone().requires_grad_(True)
-            fn(emb, labels, ref, ref_labels).backward()
-            with profile(activities=[ProfilerActivity.CPU]) as prof:
-                fn(emb, labels, ref, ref_labels).backward()
-            events = [e for e in prof.events() if e.name.startswith("aten::")]
-            top = [e for e in events if not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::"))]
-            syncs = [e for e in events if e.name in SYNC_OPS and not (e.cpu_parent and e.cpu_parent.name in SYNC_OPS)]
-            rows.append({"loss": cls_name, "kernel": kernel, "aten_ops": len(top), "syncs": len(syncs)})
-            print(f"| {cls_name} | {kernel} | {len(top)} | {len(syncs)} |", flush=True)
+    print(f"\ndevice: {_device_name(device)}")
+    print(f"| loss (B = {batch} in-batch) | kernel | top-level aten ops | compute ops (≈ launches) | host syncs |")
+    print("|---|---|---|---|---|")
+    candidates = [(cls_name, kernel, None) for cls_name in KERNEL_LOSSES for kernel in ("auto", "dense", "sorted")]
+    candidates += [("SupAPLoss", "naive dense", _dense("supap")), ("SmoothAPLoss", "naive dense", _dense("smoothap"))]
+    candidates += [("SmoothAPLoss", "PML 2.9", _pml_smooth_ap())]
+    for cls_name, kernel, fn in sorted(candidates, key=lambda c: KERNEL_LOSSES.index(c[0])):
+        fn = fn or _kernel_loss(cls_name, kernel)
+        emb, labels, ref, ref_labels = make_inputs(setting, device)
+        emb = emb.clone().requires_grad_(True)
+        counts = _profile_counts(fn, emb, labels, ref, ref_labels)
+        rows.append({"loss": cls_name, "kernel": kernel, **counts})
+        print(f"| {cls_name} | {kernel} | {counts['aten_ops']} | {counts['compute_ops']} | {counts['syncs']} |")
     return rows
+
+
+def _device_name(device: str) -> str:
+    if device.startswith("cuda"):
+        return f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def available_devices() -> list[str]:
+    """The CPU, plus ``cuda`` when a GPU is visible."""
+    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def main(argv=None):
@@ -344,7 +390,7 @@ def main(argv=None):
             torch.set_num_threads(args.threads)
         out = {}
         if args.ops:
-            out["ops"] = op_counts(args.device)
+            out["ops"] = {dev: op_counts(dev) for dev in available_devices()}
         if args.crossover:
             out["crossover"] = crossover(args.device, args.repeats if args.repeats is not None else 3)
         RESULTS.mkdir(parents=True, exist_ok=True)
