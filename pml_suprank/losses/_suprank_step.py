@@ -70,6 +70,7 @@ class SupRankStepMixin:
         self.step = SupRankStep(tau=tau, rho=rho, delta=delta, start=start, offset=offset)
         self.tau, self.rho, self.delta, self.start = self.step.tau, self.step.rho, self.step.delta, self.step.start
         self.offset = self.step.resolved_offset
+        self.constant_step()  # resolved now, eagerly: a later call (perhaps under torch.compile) only reads it
 
     def constant_step(self) -> SupRankStep:
         """``self.step`` with its offset resolved to a number (cached per step object).

@@ -2,6 +2,8 @@
 forward+backward (torch.profiler on the CPU), and the exactness of the pieces that made them small — the score
 matrix with its explicit backward, the fused per-query AP, the kept-query mean and the sync-free calibration term."""
 
+import shutil
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -176,3 +178,29 @@ def test_calibration_arithmetic_average_equals_pair_elements(average):
         lambda: losses.CalibrationLoss(average=average)(emb, labels, ref_emb=ref, ref_labels=ref_labels)
     )
     assert syncs == []
+
+
+# ------------------------------------------------------------------------------------------------ torch.compile
+COMPILED_OP_BOUND = 60  # issue 13's bound for SupAP / Smooth-AP / ROADMAP at B = 256 (measured: 6-7)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler for inductor")
+@pytest.mark.parametrize("name", ["SupAP", "SmoothAP", "ROADMAP"])
+def test_compiled_dense_loss_is_one_graph_with_few_ops(name):
+    """``torch.compile(loss, fullgraph=True)`` on a dense loss: the whole call (validation, score matrix, masks,
+    kernel, PML reducer) is one graph; inductor fuses the elementwise work, leaving a handful of operators."""
+    torch._dynamo.reset()
+    emb = F.normalize(torch.randn(256, 32, generator=torch.Generator().manual_seed(0)), dim=1).requires_grad_(True)
+    labels = torch.arange(256) // 4
+    loss_fn = MAKERS[name]()
+    compiled = torch.compile(loss_fn, fullgraph=True, backend="inductor")
+    value = compiled(emb, labels)
+    value.backward()
+    grad, emb.grad = emb.grad, None
+    expected = loss_fn(emb, labels)
+    expected.backward()
+    torch.testing.assert_close(value, expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grad, emb.grad, rtol=1e-4, atol=1e-7)
+    top, syncs = profiled_ops(lambda: compiled(emb, labels).backward())
+    assert syncs == [] and len(top) <= COMPILED_OP_BOUND, (len(top), top)
