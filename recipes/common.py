@@ -240,10 +240,17 @@ def make_loss(
     args: argparse.Namespace, num_classes: int, embedding_size: int, hierarchy: torch.Tensor | None = None
 ) -> torch.nn.Module:
     """The loss ``--loss`` with the loss options (the one loss builder, as a hub_config's); with the ``(num_fine, L)``
-    ``hierarchy`` table of a multi-label dataset, its multi-label variant (``relevance="multilabel"``)."""
+    ``hierarchy`` table of a multi-label dataset, its multi-label variant (``relevance="multilabel"``).
+    ``--compile_loss`` compiles it in place (``nn.Module.compile``: same parameters and state-dict keys)."""
     if hierarchy is None:
-        return build_loss(args.loss, vars(args), num_classes, embedding_size)
-    return build_loss(args.loss, vars(args), num_classes, embedding_size, relevance="multilabel", hierarchy=hierarchy)
+        loss = build_loss(args.loss, vars(args), num_classes, embedding_size)
+    else:
+        loss = build_loss(
+            args.loss, vars(args), num_classes, embedding_size, relevance="multilabel", hierarchy=hierarchy
+        )
+    if getattr(args, "compile_loss", False):
+        loss.compile()
+    return loss
 
 
 def multilabel_parts(args: argparse.Namespace, accelerator: Any, train_ds: Any, test_ds: Any) -> dict[str, Any]:

@@ -553,3 +553,19 @@ def test_a_locked_output_folder_is_refused(tmp_path):
     assert proc.returncode != 0 and "RunLockError" in proc.stderr
     assert str(tmp_path / "run.lock") in proc.stderr and f"pid {os.getpid()}" in proc.stderr
     assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "run.json").exists()
+
+
+def test_compile_loss_compiles_in_place_and_keeps_state_dict_keys():
+    common, parser = recipe_parser("train_happier")
+    args = parser.parse_args(["--loss", "HAPPIER", "--compile_loss"])
+    plain = parser.parse_args(["--loss", "HAPPIER"])
+    compiled, reference = common.make_loss(args, 12, 16), common.make_loss(plain, 12, 16)
+    assert compiled._compiled_call_impl is not None and reference._compiled_call_impl is None
+    assert list(compiled.state_dict()) == list(reference.state_dict())
+
+
+@pytest.mark.slow
+def test_roadmap_recipe_trains_with_a_compiled_dense_loss(tmp_path):
+    proc = _recipe("train_roadmap.py", tmp_path, "--max_train_steps", "2", "--kernel", "dense", "--compile_loss")
+    weights = _final_weights(tmp_path)
+    assert weights and all(torch.isfinite(w).all() for w in weights.values()), proc.stdout[-2000:]

@@ -159,6 +159,10 @@ class RunOptions:
         check=is_choice("no", "fp16", "bf16"),
     )  # fmt: skip
     cpu: bool = option(False, "run on the CPU even if an accelerator is available")
+    compile_loss: bool = option(
+        False, "torch.compile the loss module (with --kernel dense on an accelerator: one fused graph, no host sync; "
+        "the first steps compile)",
+    )  # fmt: skip
     with_tracking: bool = option(True, "log to the trackers Accelerate finds (TensorBoard when installed)")
     resume: str | None = option(None, "checkpoint folder to continue from, or 'latest' (newest in output_dir)")
     resume_ignore_config: bool = option(
