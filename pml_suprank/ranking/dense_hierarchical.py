@@ -122,7 +122,7 @@ def dense_hierarchical_query_ranks(
     return rank, None if level_relevance is None else torch.cat([p[1] for p in parts])
 
 
-def _fused_block(s, levels, valid, weight, step: SupRankStep, hrank: HRankParams | None, with_plus: bool):
+def _fused_block(s, levels, v, weight, step: SupRankStep, hrank: HRankParams | None, with_plus: bool):
     """Values of one query block of the fused kernel: ``(rank, rank_plus or None, H⁻' mask, H_s^>' term or None)``.
 
     ``rank`` (SupRank Eq. 18), ``rank_plus = Σ_j min(w_i, w_j) · H⁺(t_ij)`` (Eq. 21 with ``w`` the relevance of the
@@ -130,7 +130,6 @@ def _fused_block(s, levels, valid, weight, step: SupRankStep, hrank: HRankParams
     H⁻'(t_ij)`` and, with ``hrank``, ``e[q, i, j] = min(w_i, w_j) · [T_j > T_i] · H_s^>'(t_ij)``. Masks are applied
     by in-place ``masked_fill_`` / ``mul_`` / ``add_`` with 0/1 values, so every entry is exactly one branch's value.
     """
-    v = valid.to(s.dtype)
     t = s.unsqueeze(1) - s.unsqueeze(2)  # t[q, i, j] = s_qj − s_qi
     upper = levels.unsqueeze(1) >= levels.unsqueeze(2)  # T_j ≥ T_i: Heaviside; else H⁻
     linear = t > step.delta
@@ -164,25 +163,32 @@ def _hrank_plus(t, levels, minimum, heaviside, hrank: HRankParams) -> tuple[Tens
     return (minimum * h_plus).sum(2), slope.mul_(higher).mul_(minimum)
 
 
-def _block_score(kind, s, levels, valid, weight, norm, step, hrank, keep: bool):
-    """Per-query score of a block and what backward needs: ``(score (b,), coef (b, N), coef_plus, d, e)`` with
-    ``coef = ∂score/∂rank`` and ``coef_plus = ∂score/∂rank_plus`` (``None`` without ``H_s^>``)."""
-    rank, rank_plus, deriv, extra = _fused_block(s, levels, valid, weight, step, hrank, kind == "hap")
-    inv_norm = norm.reciprocal().unsqueeze(1)
+def _block_score(kind, s, levels, v, weight, norm, step, hrank, keep: bool):
+    """Per-query score of a block and what backward needs: ``(score (b,), coef (b, N), coef_plus, d, e)``.
+
+    ``∂score/∂rank = factor · coef / norm`` and ``∂score/∂rank_plus = coef_plus / norm`` (``coef_plus`` is ``None``
+    without ``H_s^>``) with ``factor`` the constant :data:`_FACTOR` of the kind (the sign and the ``1 / ln 2`` of
+    ``log2`` are applied once per query in backward).
+    """
+    rank, rank_plus, deriv, extra = _fused_block(s, levels, v, weight, step, hrank, kind == "hap")
     if kind == "hap":
         ratio = rank_plus / rank
-        score = (ratio.sum(1, keepdim=True) * inv_norm).squeeze(1)
-        coef = ratio.div_(rank).mul_(inv_norm).neg_()  # −rank⁺ / rank² / norm
-        coef_plus = None if hrank is None else rank.reciprocal().mul_(inv_norm)
+        score = ratio.sum(1).div_(norm)
+        coef = ratio.div_(rank)  # rank⁺ / rank²
+        coef_plus = None if hrank is None else rank.reciprocal()
     else:
-        log_rank = torch.log2(rank + 1.0)
-        score = ((weight / log_rank).sum(1, keepdim=True) * inv_norm).squeeze(1)
-        # d/drank of w / log2(1 + rank): −w / (log2(1 + rank)² · (1 + rank) · ln 2)
-        coef = weight / log_rank.square_().mul_(rank.add_(1.0)).mul_(-math.log(2.0)) * inv_norm
+        shifted = rank.add_(1.0)
+        log_rank = torch.log2(shifted)
+        ratio = weight / log_rank
+        score = ratio.sum(1).div_(norm)
+        coef = ratio.div_(log_rank).div_(shifted)  # w / (log2(1 + rank)² · (1 + rank))
         coef_plus = None
     if not keep:
         deriv = extra = None
     return score, coef, coef_plus, deriv, extra
+
+
+_FACTOR = {"hap": -1.0, "ndcg": -1.0 / math.log(2.0)}
 
 
 def _grad_from(deriv, extra, v, coef, coef_plus) -> Tensor:
@@ -207,34 +213,35 @@ class _HierarchicalScores(torch.autograd.Function):
     def forward(ctx, kind, block, step, hrank, scores, levels, valid, weight, norm):
         num_queries = scores.shape[0]
         single = block >= num_queries
-        ranges = [slice(0, num_queries)] if single else _blocks(num_queries, block)
-        outs = [
-            _block_score(kind, scores[r], levels[r], valid[r], weight[r], norm[r], step, hrank, keep=single)
-            for r in ranges
-        ]
+        v = valid.to(scores.dtype)
         if single:
-            score, coef, coef_plus, deriv, extra = outs[0]
+            score, coef, coef_plus, deriv, extra = _block_score(
+                kind, scores, levels, v, weight, norm, step, hrank, keep=True
+            )
         else:
+            outs = [
+                _block_score(kind, scores[r], levels[r], v[r], weight[r], norm[r], step, hrank, keep=False)
+                for r in _blocks(num_queries, block)
+            ]
             score, coef = torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
             coef_plus = None if hrank is None else torch.cat([o[2] for o in outs])
             deriv = extra = None
-        ctx.save_for_backward(scores, levels, valid, weight, norm, coef, coef_plus, deriv, extra)
+        ctx.save_for_backward(scores, levels, v, weight, norm, coef, coef_plus, deriv, extra)
         ctx.kind, ctx.block, ctx.step, ctx.hrank, ctx.single = kind, block, step, hrank, single
         return score
 
     @staticmethod
     def backward(ctx, grad_score):
-        scores, levels, valid, weight, norm, coef, coef_plus, deriv, extra = ctx.saved_tensors
-        g = grad_score.unsqueeze(1)
-        coef = coef * g
+        scores, levels, v, weight, norm, coef, coef_plus, deriv, extra = ctx.saved_tensors
+        g = (grad_score / norm).unsqueeze(1)
         coef_plus = None if coef_plus is None else coef_plus * g
-        v = valid.to(scores.dtype)
+        coef = coef * g.mul(_FACTOR[ctx.kind])
         if ctx.single:
             return None, None, None, None, _grad_from(deriv, extra, v, coef, coef_plus), None, None, None, None
         parts = []
         for r in _blocks(scores.shape[0], ctx.block):
             *_, d, e = _block_score(
-                ctx.kind, scores[r], levels[r], valid[r], weight[r], norm[r], ctx.step, ctx.hrank, keep=True
+                ctx.kind, scores[r], levels[r], v[r], weight[r], norm[r], ctx.step, ctx.hrank, keep=True
             )
             parts.append(_grad_from(d, e, v[r], coef[r], None if coef_plus is None else coef_plus[r]))
         return None, None, None, None, torch.cat(parts), None, None, None, None
@@ -269,8 +276,10 @@ def dense_sup_hap_scores(
     Returns:
         ``(score (B,), has_pos (B,) bool)`` (score 0 where the query has no positive). No host synchronisation.
     """
-    levels = levels.long()
-    weight = torch.gather(level_relevance.to(scores.dtype), 1, levels).mul_(valid)
+    levels = levels if levels.dtype == torch.long else levels.long()
+    if level_relevance.dtype != scores.dtype:
+        level_relevance = level_relevance.to(scores.dtype)
+    weight = torch.gather(level_relevance, 1, levels).mul_(valid)
     norm = weight.sum(1)
     has_pos = norm > 0
     norm = torch.where(has_pos, norm, 1.0)
@@ -296,7 +305,7 @@ def dense_sup_ndcg_scores(
         ``(score (B,), has_pos (B,) bool)`` (score 0 where the query has no positive).
     """
     del num_levels  # the gains 2^T − 1 need no table
-    levels = levels.long()
+    levels = levels if levels.dtype == torch.long else levels.long()
     weight = torch.exp2(levels.to(scores.dtype)).sub_(1.0).mul_(valid)  # gain of each valid item, 0 at level 0
     positions = torch.arange(2, scores.shape[1] + 2, dtype=scores.dtype, device=scores.device)
     idcg = weight.sort(1, descending=True).values.div_(torch.log2(positions)).sum(1)
