@@ -53,8 +53,15 @@ def check_probability(name: str, value: float, *, closed: bool = True) -> float:
     return value
 
 
-def check_embeddings(name: str, x: Any, *, allow_empty: bool = False) -> Tensor:
-    """Check ``x`` is a 2-D floating tensor ``(N, D)`` without NaN/inf."""
+def check_embeddings(name: str, x: Any, *, allow_empty: bool = False, asynchronous: bool = False) -> Tensor:
+    """Check ``x`` is a 2-D floating tensor ``(N, D)`` without NaN/inf.
+
+    ``asynchronous=True`` (the losses' hot path) checks finiteness with ``torch._assert_async``, which never blocks
+    the host on an accelerator: on the CPU a non-finite value still raises the ``ValueError`` below at once; on CUDA
+    it fails the device-side assertion when the stream reaches it (a ``RuntimeError`` at the next synchronisation,
+    which ends the process's CUDA context — checkpoints written so far are intact). ``False`` reads the flag on the
+    host (one synchronisation) and always raises ``ValueError``.
+    """
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of shape (N, D); got {type(x).__name__}")
     if x.dim() != 2:
@@ -67,7 +74,15 @@ def check_embeddings(name: str, x: Any, *, allow_empty: bool = False) -> Tensor:
         raise ValueError(f"{name} must contain at least one row; got shape {tuple(x.shape)}")
     if x.shape[1] == 0:
         raise ValueError(f"{name} must have at least one feature column; got shape {tuple(x.shape)}")
-    if not bool(torch.isfinite(x.detach()).all()):
+    finite = torch.isfinite(x.detach()).all()
+    if asynchronous:
+        try:
+            torch._assert_async(finite, f"{name} contains NaN or inf values")
+        except RuntimeError:  # raised at once on the CPU; accelerators report it asynchronously
+            finite = torch.zeros((), dtype=torch.bool)
+        else:
+            return x
+    if not bool(finite):
         bad = int((~torch.isfinite(x.detach())).any(dim=1).sum())
         raise ValueError(f"{name} contains NaN or inf values (in {bad} of {x.shape[0]} rows)")
     return x

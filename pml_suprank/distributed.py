@@ -358,7 +358,9 @@ def _local_terms(loss: nn.Module, queries, labels, indices_tuple, ref_emb, ref_l
         ref_emb, ref_labels = queries, labels
     loss.reset_stats()
     sub = getattr(loss, "decomposability_loss", None)
-    if sub is None:
+    if sub is None and hasattr(loss, "rank_entry"):  # the kept rows, not a mean already reduced on this process
+        loss_dict = {"loss": loss.rank_entry(queries, labels, indices_tuple, ref_emb, ref_labels)}
+    elif sub is None:
         loss_dict = loss.compute_loss(queries, labels, indices_tuple, ref_emb, ref_labels)
     else:  # CombinedRankLoss (or BaseRankLoss(decomposability=...)): the rank term, then L_dec split into its parts
         loss_dict = {"rank_loss": loss.rank_entry(queries, labels, indices_tuple, ref_emb, ref_labels)}

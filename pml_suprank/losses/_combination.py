@@ -10,13 +10,20 @@ own reducer). The decomposability term sees the finest labels (column 0 of 2-D l
 
 from __future__ import annotations
 
+from pytorch_metric_learning.reducers import MultipleReducers
 from torch import Tensor, nn
 
 from ._inputs import fine_labels
 from .calibration_loss import CalibrationLoss
 from .cluster_loss import ClusterLoss
 
-__all__ = ["DECOMPOSABILITY_KINDS", "combined_loss_dict", "decomposability_arguments", "make_decomposability"]
+__all__ = [
+    "DECOMPOSABILITY_KINDS",
+    "combined_loss_dict",
+    "decomposability_arguments",
+    "entry_reducer",
+    "make_decomposability",
+]
 
 DECOMPOSABILITY_KINDS = ("calibration", "proxy")
 
@@ -53,6 +60,14 @@ def make_decomposability(
     raise ValueError(f"decomposability must be one of (None, 'calibration', 'proxy') or an nn.Module; got {kind!r}")
 
 
+def entry_reducer(reducer, name: str):
+    """The reducer that reduces the loss-dict entry ``name`` under ``reducer`` (a ``MultipleReducers`` picks
+    ``reducers[name]`` or its default; any other reducer reduces every entry; ``None`` stays ``None``)."""
+    if isinstance(reducer, MultipleReducers):
+        return reducer.reducers[name] if name in reducer.reducers else reducer.default_reducer
+    return reducer
+
+
 def decomposability_arguments(module: nn.Module, embeddings, labels, indices_tuple, ref_emb, ref_labels) -> tuple:
     """Positional arguments of ``module(...)`` for the decomposability term, on the finest labels.
 
@@ -69,7 +84,15 @@ def decomposability_arguments(module: nn.Module, embeddings, labels, indices_tup
 
 
 def combined_loss_dict(
-    rank_loss, decomposability_loss: nn.Module, weight: float, embeddings, labels, indices_tuple, ref_emb, ref_labels
+    rank_loss,
+    decomposability_loss: nn.Module,
+    weight: float,
+    embeddings,
+    labels,
+    indices_tuple,
+    ref_emb,
+    ref_labels,
+    reducer=None,
 ) -> dict:
     """The PML loss dict of ``(1 − λ)·rank_loss + λ·decomposability_loss`` on prepared inputs.
 
@@ -78,11 +101,16 @@ def combined_loss_dict(
         decomposability_loss: the L_dec module.
         weight: ``λ`` in ``[0, 1]``.
         embeddings, labels, indices_tuple, ref_emb, ref_labels: as returned by ``rank_loss.prepare_inputs``.
+        reducer: the combined loss's reducer (its ``"rank_loss"`` reducer reduces the rank entry; lets
+            ``rank_entry`` reduce a plain mean without a host synchronisation), or ``None``.
 
     Returns:
         ``{"rank_loss": element entry (weighted by 1 − λ), "decomposability_loss": already-reduced λ·L_dec}``.
     """
-    rank_entry = rank_loss.rank_entry(embeddings, labels, indices_tuple, ref_emb, ref_labels, scale=1.0 - weight)
+    rank_entry = rank_loss.rank_entry(
+        embeddings, labels, indices_tuple, ref_emb, ref_labels, scale=1.0 - weight,
+        reducer=entry_reducer(reducer, "rank_loss"),
+    )
     args = decomposability_arguments(decomposability_loss, embeddings, labels, indices_tuple, ref_emb, ref_labels)
     value: Tensor = decomposability_loss(*args)
     return {

@@ -18,6 +18,7 @@ import torch
 from pytorch_metric_learning.distances import DotProductSimilarity
 from torch import Tensor
 
+from .._similarity import similarity_scores
 from .._validation import check_embeddings, check_labels
 from ..relevance import Hierarchy, as_hierarchical_labels, check_tree
 
@@ -167,7 +168,7 @@ def reference_mask(
 
 
 def _check_reference(owner: str, embeddings: Tensor, labels: Tensor, ref_emb, ref_labels, allow_2d: bool):
-    ref_emb = check_embeddings("ref_emb", ref_emb)
+    ref_emb = check_embeddings("ref_emb", ref_emb, asynchronous=True)
     if ref_emb.shape[1] != embeddings.shape[1]:
         raise ValueError(
             f"ref_emb must have the embedding size of embeddings ({embeddings.shape[1]}); got shape "
@@ -204,7 +205,7 @@ def prepare_inputs(owner: str, embeddings, labels, ref_emb, ref_labels, *, allow
         device.
     """
     same_source = ref_emb is None or ref_emb is embeddings
-    embeddings = check_embeddings("embeddings", embeddings)
+    embeddings = check_embeddings("embeddings", embeddings, asynchronous=True)
     if labels is None:
         raise ValueError(f"{owner} requires labels (an integer tensor of shape (batch_size,)); got None")
     labels = check_labels("labels", labels, embeddings.shape[0], allow_2d=allow_2d_labels)
@@ -227,9 +228,10 @@ def prepare_inputs(owner: str, embeddings, labels, ref_emb, ref_labels, *, allow
 
 
 def similarity_matrix(distance, embeddings: Tensor, ref_emb: Tensor) -> Tensor:
-    """``(B, N)`` similarity matrix computed in full precision (autocast disabled)."""
+    """``(B, N)`` similarity matrix computed in full precision (autocast disabled); the batch as its own reference
+    set (``ref_emb is embeddings``) is normalised once (:func:`~pml_suprank._similarity.similarity_scores`)."""
     with torch.autocast(device_type=embeddings.device.type, enabled=False):
-        return distance(embeddings, ref_emb)
+        return similarity_scores(distance, embeddings, ref_emb)
 
 
 def fine_labels(labels: Tensor) -> Tensor:

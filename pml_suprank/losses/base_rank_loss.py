@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from pytorch_metric_learning.distances import CosineSimilarity
 from pytorch_metric_learning.losses import BaseMetricLossFunction
+from pytorch_metric_learning.reducers import MeanReducer
 from torch import Tensor, nn
 
 from .._validation import check_probability
@@ -48,7 +49,9 @@ class BaseRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
     1. Implement ``compute_query_losses(self, inputs: RankInputs) -> (losses, query_idx)``. ``inputs.scores`` is
        the ``(B, N)`` differentiable score matrix, ``inputs.valid`` the ``(B, N)`` bool mask of counted pairs,
        ``inputs.labels``/``inputs.ref_labels`` the labels as given. Return the per-query losses ``(Q,)`` of the
-       queries you keep (those with at least one positive / relevant item) and their row indices ``(Q,)`` long.
+       queries you keep (those with at least one positive / relevant item) and their row indices ``(Q,)`` long —
+       or, without a host synchronisation, the losses of all ``B`` queries (finite everywhere) and a ``(B,)`` bool
+       mask of the kept ones (:meth:`kept_queries`).
        They are reduced by the loss's PML reducer (``MeanReducer`` by default, i.e. the mean over kept queries).
        For ranks use :mod:`pml_suprank.ranking`: ``suprank_negative_sum`` / ``heaviside_positive_count`` /
        ``sigmoid_rank_sums`` (flat, fast) or the general ``pairwise_step_sum`` (any step, pair-dependent masks);
@@ -152,25 +155,39 @@ class BaseRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
         )
         return RankInputs(scores=scores, valid=valid, labels=labels, ref_labels=ref_labels, same_source=same_source)
 
-    def rank_entry(self, embeddings, labels, indices_tuple, ref_emb, ref_labels, *, scale: float | None = None) -> dict:
+    def rank_entry(
+        self, embeddings, labels, indices_tuple, ref_emb, ref_labels, *, scale: float | None = None, reducer=None
+    ) -> dict:
         """The PML loss-dict entry of the rank term on prepared inputs: ``scale`` × the per-query losses.
 
         ``scale=None`` is the weight of the rank term in this loss: ``1 − λ`` with a ``decomposability`` term, else 1.
-        Returns ``{"losses": (Q,), "indices": (Q,) kept query rows, "reduction_type": "element"}``, or PML's zero
-        loss when no query has a positive. Records ``num_kept_queries`` when stats are collected.
+        ``reducer`` is the PML reducer that will reduce the entry (``None``: unknown). When it is PML's plain
+        ``MeanReducer``, statistics are off and :meth:`compute_query_losses` returned a bool ``kept`` mask, the mean
+        over the kept queries is formed here, without a host synchronisation, and returned already reduced;
+        otherwise the entry is ``{"losses": (Q,), "indices": (Q,) kept query rows, "reduction_type": "element"}``
+        (any reducer, :mod:`pml_suprank.distributed`'s exact normalisation), or PML's zero loss when no query has a
+        positive. Records ``num_kept_queries`` when stats are collected.
         """
         if scale is None:
             scale = 1.0 - self.decomposability_weight if self.decomposability_loss is not None else 1.0
         inputs = self.rank_inputs(embeddings, labels, indices_tuple, ref_emb, ref_labels)
-        losses, query_idx = self.compute_query_losses(inputs)
-        self.num_kept_queries = int(len(query_idx)) if self.collect_stats else 0
-        if len(query_idx) == 0:
+        losses, rows = self.compute_query_losses(inputs)
+        if rows.dtype == torch.bool:
+            if type(reducer) is MeanReducer and not self.collect_stats:
+                mean = (losses * rows).sum() / rows.sum().clamp_min(1)
+                self.num_kept_queries = 0
+                return {"losses": scale * mean, "indices": None, "reduction_type": "already_reduced"}
+            rows = torch.nonzero(rows, as_tuple=True)[0]
+            losses = losses[rows]
+        self.num_kept_queries = int(len(rows)) if self.collect_stats else 0
+        if len(rows) == 0:
             return self.zero_loss()
-        return {"losses": scale * losses, "indices": query_idx, "reduction_type": "element"}
+        return {"losses": scale * losses, "indices": rows, "reduction_type": "element"}
 
     def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
         if self.decomposability_loss is None:
-            return {"loss": self.rank_entry(embeddings, labels, indices_tuple, ref_emb, ref_labels)}
+            entry = self.rank_entry(embeddings, labels, indices_tuple, ref_emb, ref_labels, reducer=self.reducer)
+            return {"loss": entry}
         return combined_loss_dict(
             self,
             self.decomposability_loss,
@@ -180,6 +197,7 @@ class BaseRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
             indices_tuple,
             ref_emb,
             ref_labels,
+            reducer=self.reducer,
         )
 
     def compute_query_losses(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:
@@ -202,9 +220,9 @@ class BaseRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
 
     @staticmethod
     def kept_queries(per_query: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:
-        """``(per_query[kept], kept)`` with ``kept`` the rows whose positive count is > 0 (dense path).
+        """``(per_query (B,), kept (B,) bool)`` with ``kept`` the rows whose positive count is > 0 (dense path).
 
-        The one host synchronisation of the dense losses: PML's element reduction needs the kept rows.
+        No host synchronisation: :meth:`rank_entry` reduces over ``kept`` arithmetically (plain ``MeanReducer``) or
+        selects the rows for any other reducer. ``per_query`` must be finite on every row.
         """
-        kept = torch.nonzero(counts > 0, as_tuple=True)[0]
-        return per_query[kept], kept
+        return per_query, counts > 0

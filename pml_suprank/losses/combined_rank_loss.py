@@ -192,6 +192,7 @@ class CombinedRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
             indices_tuple,
             ref_emb,
             ref_labels,
+            reducer=self.reducer,
         )
         self.num_kept_queries = self.rank_loss.num_kept_queries
         return loss_dict

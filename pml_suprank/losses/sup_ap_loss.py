@@ -128,7 +128,8 @@ class SupAPLoss(SupRankStepMixin, BaseRankLoss):
         return self.multilabel == "per_label"
 
     def query_ap(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:
-        """Surrogate AP ``(Q,)`` of the queries with at least one positive, and their rows ``(Q,)``."""
+        """Surrogate AP of the queries with a positive: ``(ap (Q,), rows (Q,) long)`` (sorted kernel) or
+        ``(ap (B,), kept (B,) bool)`` (dense kernel, no host synchronisation; ``ap = 0`` where not kept)."""
         if self.resolved_kernel(inputs) == "dense":
             pos, rank_plus, rank = dense_suprank_query_ranks(inputs, self.constant_step())
             return self.kept_queries(*masked_query_mean(rank_plus / rank, pos))
@@ -147,6 +148,9 @@ class SupAPLoss(SupRankStepMixin, BaseRankLoss):
             positive_mask=positives,
         )
         ap, rows = self.query_ap(pseudo)
+        if rows.dtype == torch.bool:  # the dense kernel's kept mask
+            rows = torch.nonzero(rows, as_tuple=True)[0]
+            ap = ap[rows]
         if len(rows) == 0:
             return ap, torch.zeros(0, dtype=torch.long, device=inputs.scores.device)
         return self.segment_mean(ap, owner[rows], inputs.scores.shape[0])
