@@ -10,7 +10,6 @@ without a hierarchy raise ``ValueError`` (they would silently train the flat los
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from ..ranking import CHUNK_SIZE
@@ -81,5 +80,4 @@ class HierarchicalRankLoss(SupRankStepMixin, BaseRankLoss):
         dense = self.resolved_kernel(inputs) == "dense"
         scores_fn = self.dense_query_scores if dense else self.query_scores
         score, has_pos = scores_fn(inputs.scores, levels, inputs.valid, num_levels)
-        kept = torch.nonzero(has_pos, as_tuple=True)[0]
-        return 1.0 - score[kept], kept
+        return 1.0 - score, has_pos  # all rows and the kept mask: the base reduces without nonzero
