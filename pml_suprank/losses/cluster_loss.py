@@ -70,19 +70,24 @@ class ClusterLoss(BaseMetricLossFunction):
             ),
             f"ClusterLoss: labels must lie in [0, num_classes={self.num_classes})",
         )
-        loss_dict = self.compute_loss(embeddings, labels, indices_tuple, embeddings, labels)
+        reduce = type(self.reducer) is MeanReducer and not self.collect_stats
+        loss_dict = self._loss_dict(embeddings, labels, reduce=reduce)
         self.add_embedding_regularization_to_loss_dict(loss_dict, embeddings)
         return self.reducer(loss_dict, embeddings, labels)
 
     def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
-        """PML loss dict: per-item cross-entropies, or their mean already reduced when the reducer is PML's plain
-        ``MeanReducer`` with statistics off (the same value, four operators fewer on the hot path)."""
+        """PML loss dict of per-item cross-entropies (element reduction)."""
+        return self._loss_dict(embeddings, labels, reduce=False)
+
+    def _loss_dict(self, embeddings, labels, *, reduce: bool) -> dict:
+        """Per-item cross-entropies, or (``reduce``: :meth:`forward` under PML's plain ``MeanReducer`` with
+        statistics off) their mean already reduced: the same value, four operators fewer on the hot path."""
         proxies = self.proxies if self.proxies.dtype == embeddings.dtype else self.proxies.to(embeddings.dtype)
         proxies = F.normalize(proxies, p=2, dim=1)
         labels = labels if labels.dtype == torch.long else labels.long()
         with torch.autocast(device_type=embeddings.device.type, enabled=False):
             logits = embeddings @ (proxies / self.temperature).t()
-        if type(self.reducer) is MeanReducer and not self.collect_stats:
+        if reduce:
             loss = F.cross_entropy(logits, labels)
             return {"loss": {"losses": loss, "indices": None, "reduction_type": "already_reduced"}}
         losses = F.cross_entropy(logits, labels, reduction="none")
