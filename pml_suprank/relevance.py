@@ -18,10 +18,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ._async_check import check_async
 from ._validation import check_labels
 
 __all__ = [
     "Hierarchy",
+    "PAIRWISE_TREE_CHECK",
     "ideal_dcg",
     "as_hierarchical_labels",
     "as_hierarchy",
@@ -32,27 +34,66 @@ __all__ = [
     "ndcg_gain",
     "pop_relevance",
     "property1_relevance",
+    "tree_consistent",
 ]
+
+
+PAIRWISE_TREE_CHECK = 2**24  # N² · L up to which check_tree compares all pairs (one fused op) instead of sorting
+
+
+def tree_consistent(labels: Tensor) -> Tensor:
+    """0-d bool tensor, True iff 2-D ``labels`` ``(N, L)`` are tree-consistent; no host synchronisation.
+
+    Tree-consistent: any two rows that agree in column ``c`` agree in column ``c + 1`` (every value of column ``c``
+    has one parent). Small inputs (``N² · L <= PAIRWISE_TREE_CHECK``) compare all pairs at once; larger ones sort
+    each column pair lexicographically (two stable sorts) and compare neighbours: fixed shapes either way.
+    """
+    num, width = labels.shape
+    if width < 2 or num < 2:
+        return torch.ones((), dtype=torch.bool, device=labels.device)
+    if num * num * width <= PAIRWISE_TREE_CHECK:
+        agree = labels.unsqueeze(1) == labels.unsqueeze(0)  # (N, N, L)
+        return (agree[:, :, :-1] <= agree[:, :, 1:]).all()  # agreeing in column c implies agreeing in c + 1
+    bad = torch.zeros((), dtype=torch.bool, device=labels.device)
+    for c in range(width - 1):
+        child, parent = labels[:, c], labels[:, c + 1]
+        order = torch.argsort(parent, stable=True)
+        order = order[torch.argsort(child[order], stable=True)]  # by (child, parent)
+        child, parent = child[order], parent[order]
+        bad = bad | ((child[1:] == child[:-1]) & (parent[1:] != parent[:-1])).any()
+    return ~bad
 
 
 def check_tree(labels: Tensor, name: str = "labels") -> None:
     """Raise ``ValueError`` if 2-D ``labels`` ``(N, L)`` are not tree-consistent.
 
     Every value of column ``c`` (``c < L - 1``) must map to exactly one value of column ``c + 1``;
-    by induction every fine label then has exactly one ancestor per level.
+    by induction every fine label then has exactly one ancestor per level. The condition is
+    :func:`tree_violation`, asserted by :func:`pml_suprank._async_check.check_async`: an immediate ``ValueError``
+    on the CPU, a device-side assertion without host synchronisation on accelerators.
     """
     if labels.dim() != 2:
         raise ValueError(f"{name} must have shape (N, L); got shape {tuple(labels.shape)}")
+    check_async(
+        tree_consistent(labels),
+        lambda: _tree_error(labels, name),
+        f"{name} is not a tree: a label has several parents (pml_suprank.relevance.check_tree)",
+    )
+
+
+def _tree_error(labels: Tensor, name: str) -> ValueError:
+    """The ``ValueError`` naming the first label with several parents (failure path only: reads the data)."""
     for c in range(labels.shape[1] - 1):
         pairs = _unique_pairs(labels[:, c : c + 2].long())
         child, counts = torch.unique(pairs[:, 0], return_counts=True)
         if bool((counts > 1).any()):
             bad = int(child[counts > 1][0])
             parents = pairs[pairs[:, 0] == bad, 1].tolist()
-            raise ValueError(
+            return ValueError(
                 f"{name} is not a tree: label {bad} of level {c} (column {c}) has several parents "
                 f"{parents} in column {c + 1}; every label must have exactly one ancestor per level"
             )
+    return ValueError(f"{name} is not a tree")
 
 
 def _unique_pairs(pairs: Tensor) -> Tensor:
@@ -170,12 +211,14 @@ def as_hierarchical_labels(
     return labels.long()
 
 
-def level_matrix(query_labels: Tensor, ref_labels: Tensor) -> Tensor:
+def level_matrix(query_labels: Tensor, ref_labels: Tensor, *, tree: bool = False) -> Tensor:
     """Level of every reference item for every query.
 
     Args:
         query_labels: ``(Q, L)`` hierarchical labels (column 0 finest).
         ref_labels: ``(N, L)`` hierarchical labels.
+        tree: the labels are known to be tree-consistent together (:func:`check_tree`): the level is then the number
+            of equal columns, counted without the running "agreeing so far" (two fewer ops, same values).
 
     Returns:
         ``(Q, N)`` int64 tensor with values in ``{0, ..., L}``: the number of consecutive agreeing levels counted
@@ -186,12 +229,10 @@ def level_matrix(query_labels: Tensor, ref_labels: Tensor) -> Tensor:
             "query_labels and ref_labels must have shapes (Q, L) and (N, L) with the same L; "
             f"got {tuple(query_labels.shape)} and {tuple(ref_labels.shape)}"
         )
-    levels = torch.zeros(query_labels.shape[0], ref_labels.shape[0], dtype=torch.long, device=query_labels.device)
-    agree = torch.ones_like(levels, dtype=torch.bool)
-    for c in range(query_labels.shape[1] - 1, -1, -1):
-        agree = agree & (query_labels[:, c, None] == ref_labels[None, :, c])
-        levels = levels + agree.long()
-    return levels
+    agree = query_labels.unsqueeze(1) == ref_labels.unsqueeze(0)  # (Q, N, L)
+    if agree.shape[2] > 1 and not tree:
+        agree = agree.flip(2).cummin(2).values  # agreeing so far, from the coarsest column
+    return agree.sum(2)
 
 
 def level_counts(levels: Tensor, num_levels: int, mask: Tensor | None = None) -> Tensor:
@@ -225,10 +266,12 @@ def pop_relevance(counts: Tensor, alpha: float = 1.0, dtype: torch.dtype = torch
         raise ValueError(f"alpha must be >= 0; got {alpha}")
     num_levels = counts.shape[1] - 1
     lv = torch.arange(num_levels + 1, device=counts.device, dtype=dtype)
-    w = (lv / num_levels) ** alpha
-    w = torch.where(lv == 0, torch.zeros_like(w), w)
+    if alpha == 0:
+        w = (lv > 0).to(dtype)  # 0^0 would be 1: level 0 is never relevant
+    else:
+        w = lv / num_levels if alpha == 1 else (lv / num_levels) ** alpha
     c = counts.to(dtype)
-    return torch.where(c > 0, w / c.clamp_min(1), torch.zeros_like(c))
+    return torch.where(c > 0, w / c, 0.0)
 
 
 def property1_relevance(counts: Tensor, weights: Tensor | list[float], dtype: torch.dtype = torch.float32) -> Tensor:
@@ -261,18 +304,24 @@ def ndcg_gain(levels: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     return torch.pow(2.0, levels.to(dtype)) - 1.0
 
 
-def ideal_dcg(counts: Tensor, gains: Tensor) -> Tensor:
+def ideal_dcg(counts: Tensor, gains: Tensor, num_items: int | None = None) -> Tensor:
     """Ideal DCG of SupRank Eq. 23 from per-level counts.
 
     Args:
         counts: ``(B, L + 1)`` number of reference items per level.
         gains: ``(L + 1,)`` or ``(B, L + 1)`` gain of each level (``2^l − 1``).
+        num_items: an upper bound of ``counts.sum(1)`` (e.g. the number of reference items): the discount table
+            then has a fixed length and nothing is read back from the device; ``None`` takes the largest row total
+            (one host synchronisation).
 
     Returns:
         ``(B,)`` ``Σ_p gain(p-th best item) / log2(1 + p)`` with the items ordered by decreasing level.
     """
     bsz, lp1 = counts.shape
-    n = int(counts.sum(1).max()) if counts.numel() else 0
+    if num_items is not None:
+        n = num_items
+    else:
+        n = int(counts.sum(1).max()) if counts.numel() else 0
     dtype = gains.dtype
     disc = torch.cat(
         [

@@ -10,7 +10,6 @@ without a hierarchy raise ``ValueError`` (they would silently train the flat los
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from ..ranking import CHUNK_SIZE
@@ -77,9 +76,8 @@ class HierarchicalRankLoss(SupRankStepMixin, BaseRankLoss):
 
     def compute_query_losses(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:
         labels, ref_labels, num_levels = self.hierarchical_labels(inputs)
-        levels = level_matrix(labels, ref_labels)
+        levels = level_matrix(labels, ref_labels, tree=True)  # hierarchical_labels checked the tree
         dense = self.resolved_kernel(inputs) == "dense"
         scores_fn = self.dense_query_scores if dense else self.query_scores
         score, has_pos = scores_fn(inputs.scores, levels, inputs.valid, num_levels)
-        kept = torch.nonzero(has_pos, as_tuple=True)[0]
-        return 1.0 - score[kept], kept
+        return 1.0 - score, has_pos  # all rows and the kept mask: the base reduces without nonzero

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
 from torch import Tensor
 
 from .._validation import check_level_weights, check_positive
@@ -116,8 +115,7 @@ class SupHAPLoss(HierarchicalRankLoss):
             score, has_pos = sup_hap_scores(
                 inputs.scores, levels, rel, num_levels, inputs.valid, self.step, hrank, self.chunk_size
             )
-        kept = torch.nonzero(has_pos, as_tuple=True)[0]
-        return 1.0 - score[kept], kept
+        return 1.0 - score, has_pos  # all rows and the kept mask: the base reduces without nonzero
 
     def level_relevance(self, levels: Tensor, valid: Tensor, num_levels: int, dtype) -> Tensor:
         """``(B, L + 1)`` relevance of each level for each query, counted over the valid reference items."""

@@ -68,8 +68,7 @@ class SupNDCGLoss(HierarchicalRankLoss):
                 inputs.scores, levels, None, num_levels, inputs.valid, self.step, None, self.chunk_size
             )
         score, has_pos = graded_dcg_scores(rank, levels, gains, inputs.valid)
-        kept = torch.nonzero(has_pos, as_tuple=True)[0]
-        return 1.0 - score[kept], kept
+        return 1.0 - score, has_pos  # all rows and the kept mask: the base reduces without nonzero
 
     def dense_query_scores(
         self, scores: Tensor, levels: Tensor, valid: Tensor, num_levels: int

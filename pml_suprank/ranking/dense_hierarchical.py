@@ -5,22 +5,28 @@ difference of a block of queries, with level masks applied arithmetically.
   HAPPIER's ``H_s^>`` of Eq. 43 optional) for a ``(b, N)`` block;
 * :func:`dense_hierarchical_query_ranks` — the same over all queries in blocks under a memory budget;
 * :func:`dense_sup_hap_scores` / :func:`dense_sup_ndcg_scores` — the per-query surrogate H-AP (Eq. 21) and NDCG
-  (Eq. 24), equal to :func:`pml_suprank.ranking.sup_hap_scores` / :func:`~pml_suprank.ranking.sup_ndcg_scores`.
+  (Eq. 24), equal to :func:`pml_suprank.ranking.sup_hap_scores` / :func:`~pml_suprank.ranking.sup_ndcg_scores`, by
+  one fused autograd function (:class:`_HierarchicalScores`): forward evaluates rank, H-rank⁺ and the per-query
+  score with in-place masked arithmetic (a few ``(b, N, N)`` buffers, :data:`FUSED_TEMPORARIES`), backward applies
+  the explicit derivative of ``H⁻`` (and of ``H_s^>``) through two batched mat-vec products.
 
-No host synchronisation inside the kernels; device and dtype come from the inputs.
+No host synchronisation inside the kernels (every mask is arithmetic, every shape known in advance); device and
+dtype come from the inputs.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from ..relevance import ideal_dcg
 from .dense import DENSE_MEMORY_BUDGET, _blocks, _differences, dense_block_size
 from .steps import HRankParams, SupRankStep
 
 __all__ = [
+    "FUSED_TEMPORARIES",
     "HIERARCHICAL_TEMPORARIES",
     "dense_hierarchical_query_ranks",
     "dense_hierarchical_ranks",
@@ -29,6 +35,10 @@ __all__ = [
 ]
 
 HIERARCHICAL_TEMPORARIES = 10  # (b, N, N) tensors of one hierarchical block (plain autograd keeps several)
+# (b, N, N) float buffers alive at once in the fused kernel, bool masks counted at their size (1 byte per element,
+# one float32 buffer per 4 masks): without H_s^> the float buffers t / lin, σ / H⁻, H⁻' and 3 masks ≈ 4; with it,
+# also min(rel_i, rel_j), H_s^> and its derivative
+FUSED_TEMPORARIES = {False: 4, True: 7}
 
 
 def dense_hierarchical_ranks(
@@ -112,6 +122,138 @@ def dense_hierarchical_query_ranks(
     return rank, None if level_relevance is None else torch.cat([p[1] for p in parts])
 
 
+def _fused_block(s, levels, v, weight, step: SupRankStep, hrank: HRankParams | None, with_plus: bool):
+    """Values of one query block of the fused kernel: ``(rank, rank_plus or None, H⁻' mask, H_s^>' term or None)``.
+
+    ``rank`` (SupRank Eq. 18), ``rank_plus = Σ_j min(w_i, w_j) · H⁺(t_ij)`` (Eq. 21 with ``w`` the relevance of the
+    valid items, 0 elsewhere) and the ``(b, N, N)`` derivative terms of backward: ``d[q, i, j] = [T_j < T_i] ·
+    H⁻'(t_ij)`` and, with ``hrank``, ``e[q, i, j] = min(w_i, w_j) · [T_j > T_i] · H_s^>'(t_ij)``. Masks are applied
+    by in-place ``masked_fill_`` / ``mul_`` / ``add_`` with 0/1 values, so every entry is exactly one branch's value.
+    """
+    t = s.unsqueeze(1) - s.unsqueeze(2)  # t[q, i, j] = s_qj − s_qi
+    upper = levels.unsqueeze(1) >= levels.unsqueeze(2)  # T_j ≥ T_i: Heaviside; else H⁻
+    linear = t > step.delta
+    sig = torch.sigmoid_(t / step.tau)
+    deriv = torch.rsub(sig, 1.0).mul_(sig).mul_(1.0 / step.tau).masked_fill_(linear, step.rho).masked_fill_(upper, 0.0)
+    sig.add_(t > 0, alpha=step.start)  # H⁻ on t ≤ δ
+    heaviside = t >= 0
+    extra = None
+    rank_plus = None
+    if with_plus:
+        wi, wj = weight.unsqueeze(2), weight.unsqueeze(1)
+        if hrank is None:
+            rank_plus = torch.minimum(wi, wj).mul_(heaviside).sum(2)
+        else:
+            rank_plus, extra = _hrank_plus(t, levels, torch.minimum(wi, wj), heaviside, hrank)
+    lin = t.mul_(step.rho).add_(step.resolved_offset - step.rho * step.delta).mul_(linear)
+    mixed = sig.masked_fill_(linear, 0.0).add_(lin).masked_fill_(upper, 0.0).add_(heaviside.logical_and_(upper))
+    rank = torch.baddbmm(torch.rsub(v, 1.0).unsqueeze(2), mixed, v.unsqueeze(2)).squeeze(2)
+    return rank, rank_plus, deriv, extra
+
+
+def _hrank_plus(t, levels, minimum, heaviside, hrank: HRankParams) -> tuple[Tensor, Tensor]:
+    """``Σ_j min(w_i, w_j) · H⁺(t_ij)`` with HAPPIER's ``H_s^>`` (Eq. 43) towards ``T_j > T_i`` and its derivative
+    term ``min(w_i, w_j) · [T_j > T_i] · H_s^>'(t_ij)`` (``γ`` for ``t ≤ 0``, ``ν`` where ``ν t + μ ≤ 1``, else 0)."""
+    higher = levels.unsqueeze(1) > levels.unsqueeze(2)
+    ramp = t * hrank.nu + hrank.mu
+    nonpos = t <= 0
+    value = torch.where(nonpos, t * hrank.gamma, ramp.clamp(max=1.0))
+    slope = torch.where(nonpos, hrank.gamma, (ramp <= 1.0).to(t.dtype) * hrank.nu)
+    h_plus = torch.where(higher, value, heaviside.to(t.dtype))
+    return (minimum * h_plus).sum(2), slope.mul_(higher).mul_(minimum)
+
+
+def _block_score(kind, s, levels, v, weight, norm, step, hrank, keep: bool):
+    """Per-query score of a block and what backward needs: ``(score (b,), coef (b, N), coef_plus, d, e)``.
+
+    ``∂score/∂rank = factor · coef / norm`` and ``∂score/∂rank_plus = coef_plus / norm`` (``coef_plus`` is ``None``
+    without ``H_s^>``) with ``factor`` the constant :data:`_FACTOR` of the kind (the sign and the ``1 / ln 2`` of
+    ``log2`` are applied once per query in backward).
+    """
+    rank, rank_plus, deriv, extra = _fused_block(s, levels, v, weight, step, hrank, kind == "hap")
+    if kind == "hap":
+        ratio = rank_plus / rank
+        score = ratio.sum(1).div_(norm)
+        coef = ratio.div_(rank)  # rank⁺ / rank²
+        coef_plus = None if hrank is None else rank.reciprocal()
+    else:
+        shifted = rank.add_(1.0)
+        log_rank = torch.log2(shifted)
+        ratio = weight / log_rank
+        score = ratio.sum(1).div_(norm)
+        coef = ratio.div_(log_rank).div_(shifted)  # w / (log2(1 + rank)² · (1 + rank))
+        coef_plus = None
+    if not keep:
+        deriv = extra = None
+    return score, coef, coef_plus, deriv, extra
+
+
+_FACTOR = {"hap": -1.0, "ndcg": -1.0 / math.log(2.0)}
+
+
+def _grad_from(deriv, extra, v, coef, coef_plus) -> Tensor:
+    """``∂/∂s_k = v_k (gᵀd)_k − g_k (d v)_k`` (+ the same with ``e`` and ``g⁺``, whose rows already hold ``w_j``)."""
+    into = torch.bmm(coef.unsqueeze(1), deriv).squeeze(1)
+    out = torch.bmm(deriv, v.unsqueeze(2)).squeeze(2)
+    grad = into.mul_(v).sub_(out.mul_(coef))
+    if extra is not None:
+        grad += torch.bmm(coef_plus.unsqueeze(1), extra).squeeze(1) - extra.sum(2) * coef_plus
+    return grad
+
+
+class _HierarchicalScores(torch.autograd.Function):
+    """Fused dense Sup-H-AP / Sup-NDCG per-query scores with an explicit backward.
+
+    One block (everything fits the budget): the block's ``(B, N, N)`` derivative terms are kept from forward and
+    backward is two batched mat-vec products. Several blocks: only ``(B, N)`` tensors are saved and each block's
+    derivative terms are recomputed in backward, one block alive at a time.
+    """
+
+    @staticmethod
+    def forward(ctx, kind, block, step, hrank, scores, levels, valid, weight, norm):
+        num_queries = scores.shape[0]
+        single = block >= num_queries
+        v = valid.to(scores.dtype)
+        if single:
+            score, coef, coef_plus, deriv, extra = _block_score(
+                kind, scores, levels, v, weight, norm, step, hrank, keep=True
+            )
+        else:
+            outs = [
+                _block_score(kind, scores[r], levels[r], v[r], weight[r], norm[r], step, hrank, keep=False)
+                for r in _blocks(num_queries, block)
+            ]
+            score, coef = torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
+            coef_plus = None if hrank is None else torch.cat([o[2] for o in outs])
+            deriv = extra = None
+        ctx.save_for_backward(scores, levels, v, weight, norm, coef, coef_plus, deriv, extra)
+        ctx.kind, ctx.block, ctx.step, ctx.hrank, ctx.single = kind, block, step, hrank, single
+        return score
+
+    @staticmethod
+    def backward(ctx, grad_score):
+        scores, levels, v, weight, norm, coef, coef_plus, deriv, extra = ctx.saved_tensors
+        g = (grad_score / norm).unsqueeze(1)
+        coef_plus = None if coef_plus is None else coef_plus * g
+        coef = coef * g.mul(_FACTOR[ctx.kind])
+        if ctx.single:
+            return None, None, None, None, _grad_from(deriv, extra, v, coef, coef_plus), None, None, None, None
+        parts = []
+        for r in _blocks(scores.shape[0], ctx.block):
+            *_, d, e = _block_score(
+                ctx.kind, scores[r], levels[r], v[r], weight[r], norm[r], ctx.step, ctx.hrank, keep=True
+            )
+            parts.append(_grad_from(d, e, v[r], coef[r], None if coef_plus is None else coef_plus[r]))
+        return None, None, None, None, torch.cat(parts), None, None, None, None
+
+
+def _fused_scores(kind, scores, levels, weight, norm, valid, step, hrank, memory_budget) -> Tensor:
+    num_queries, num_refs = scores.shape
+    temporaries = FUSED_TEMPORARIES[hrank is not None]
+    block = dense_block_size(num_queries, num_refs, scores.element_size(), memory_budget, temporaries)
+    return _HierarchicalScores.apply(kind, block, step, hrank, scores, levels, valid, weight, norm)
+
+
 def dense_sup_hap_scores(
     scores: Tensor,
     levels: Tensor,
@@ -119,36 +261,54 @@ def dense_sup_hap_scores(
     valid: Tensor,
     step: SupRankStep,
     hrank: HRankParams | None = None,
+    *,
+    memory_budget: int = DENSE_MEMORY_BUDGET,
 ) -> tuple[Tensor, Tensor]:
-    """Per-query surrogate H-AP (SupRank Eq. 21) by the dense kernel: the values of
+    """Per-query surrogate H-AP (SupRank Eq. 21) by the fused dense kernel: the values of
     :func:`pml_suprank.ranking.sup_hap_scores`, ``Σ_{i∈Ω⁺} H-rank⁺(i) / rank(i) / Σ_j rel_j``.
 
+    Args:
+        scores: ``(B, N)``; levels: ``(B, N)`` int levels ``T``; valid: ``(B, N)`` bool.
+        level_relevance: ``(B, L + 1)`` relevance of each level (``rel(0) = 0``).
+        step: SupRank's ``H⁻`` with a numeric ``offset``; hrank: optional ``H_s^>`` (HAPPIER Eq. 43).
+        memory_budget: bytes of one query block's ``(b, N, N)`` buffers (:data:`FUSED_TEMPORARIES` of them).
+
     Returns:
-        ``(score (B,), has_pos (B,) bool)`` (score 0 where the query has no positive).
+        ``(score (B,), has_pos (B,) bool)`` (score 0 where the query has no positive). No host synchronisation.
     """
-    levels = levels.long()
-    rank, rank_plus = dense_hierarchical_query_ranks(scores, levels, level_relevance, valid, step, hrank)
-    rel = torch.gather(level_relevance.to(scores.dtype), 1, levels) * valid.to(scores.dtype)
-    norm = rel.sum(1)
+    levels = levels if levels.dtype == torch.long else levels.long()
+    if level_relevance.dtype != scores.dtype:
+        level_relevance = level_relevance.to(scores.dtype)
+    weight = torch.gather(level_relevance, 1, levels).mul_(valid)
+    norm = weight.sum(1)
     has_pos = norm > 0
-    return (rank_plus / rank).sum(1) / torch.where(has_pos, norm, torch.ones_like(norm)), has_pos
+    norm = torch.where(has_pos, norm, 1.0)
+    return _fused_scores("hap", scores, levels, weight, norm, valid, step, hrank, memory_budget), has_pos
 
 
 def dense_sup_ndcg_scores(
-    scores: Tensor, levels: Tensor, num_levels: int, valid: Tensor, step: SupRankStep
+    scores: Tensor,
+    levels: Tensor,
+    num_levels: int,
+    valid: Tensor,
+    step: SupRankStep,
+    *,
+    memory_budget: int = DENSE_MEMORY_BUDGET,
 ) -> tuple[Tensor, Tensor]:
-    """Per-query surrogate NDCG (SupRank Eq. 24) by the dense kernel: the values of
+    """Per-query surrogate NDCG (SupRank Eq. 24) by the fused dense kernel: the values of
     :func:`pml_suprank.ranking.sup_ndcg_scores`, ``DCG_s / iDCG`` with gains ``2^l − 1``.
+
+    The ideal DCG (Eq. 23) sorts each query's valid gains in decreasing order (the order of decreasing level) and
+    weighs them by ``1 / log2(1 + p)``, ``p = 1..N``: fixed shapes, no host synchronisation.
 
     Returns:
         ``(score (B,), has_pos (B,) bool)`` (score 0 where the query has no positive).
     """
-    levels = levels.long()
-    rank, _ = dense_hierarchical_query_ranks(scores, levels, None, valid, step)
-    gains = torch.pow(2.0, torch.arange(num_levels + 1, dtype=scores.dtype, device=scores.device)) - 1.0
-    positive = valid & (levels > 0)
-    dcg = (gains[levels] * positive.to(scores.dtype) / torch.log2(1.0 + rank)).sum(1)
-    counts = torch.zeros(levels.shape[0], num_levels + 1, dtype=torch.long, device=levels.device)
-    idcg = ideal_dcg(counts.scatter_add(1, levels, valid.long()), gains)
-    has_pos = positive.any(1)
-    return dcg / torch.where(has_pos, idcg, torch.ones_like(idcg)), has_pos
+    del num_levels  # the gains 2^T − 1 need no table
+    levels = levels if levels.dtype == torch.long else levels.long()
+    weight = torch.exp2(levels.to(scores.dtype)).sub_(1.0).mul_(valid)  # gain of each valid item, 0 at level 0
+    positions = torch.arange(2, scores.shape[1] + 2, dtype=scores.dtype, device=scores.device)
+    idcg = weight.sort(1, descending=True).values.div_(torch.log2(positions)).sum(1)
+    has_pos = idcg > 0
+    norm = torch.where(has_pos, idcg, 1.0)
+    return _fused_scores("ndcg", scores, levels, weight, norm, valid, step, None, memory_budget), has_pos
