@@ -9,6 +9,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ._async_check import check_async
+
 __all__ = [
     "check_choice",
     "check_device",
@@ -75,16 +77,15 @@ def check_embeddings(name: str, x: Any, *, allow_empty: bool = False, asynchrono
     if x.shape[1] == 0:
         raise ValueError(f"{name} must have at least one feature column; got shape {tuple(x.shape)}")
     finite = torch.isfinite(x).all()  # no gradient flows through isfinite
-    if asynchronous:
-        try:
-            torch._assert_async(finite, f"{name} contains NaN or inf values")
-        except RuntimeError:  # raised at once on the CPU; accelerators report it asynchronously
-            finite = torch.zeros((), dtype=torch.bool)
-        else:
-            return x
-    if not bool(finite):
+
+    def error() -> ValueError:
         bad = int((~torch.isfinite(x.detach())).any(dim=1).sum())
-        raise ValueError(f"{name} contains NaN or inf values (in {bad} of {x.shape[0]} rows)")
+        return ValueError(f"{name} contains NaN or inf values (in {bad} of {x.shape[0]} rows)")
+
+    if asynchronous:
+        check_async(finite, error, f"{name} contains NaN or inf values")
+    elif not bool(finite):
+        raise error()
     return x
 
 

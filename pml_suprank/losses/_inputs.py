@@ -19,6 +19,7 @@ from pytorch_metric_learning.distances import DotProductSimilarity
 from pytorch_metric_learning.reducers import MultipleReducers
 from torch import Tensor
 
+from .._async_check import check_async
 from .._similarity import similarity_scores
 from .._validation import check_embeddings, check_labels
 from ..relevance import Hierarchy, as_hierarchical_labels, check_tree
@@ -139,11 +140,15 @@ def check_indices_tuple(indices_tuple, num_queries: int, num_refs: int) -> tuple
     for k, (idx, bound, what) in enumerate(
         zip(pairs, (num_queries, num_refs) * 2, ("embeddings", "ref_emb") * 2, strict=True)
     ):
-        if len(idx) and (int(idx.min()) < 0 or int(idx.max()) >= bound):
-            raise ValueError(
-                f"indices_tuple entry {k} indexes {what} (size {bound}); "
-                f"got values in [{int(idx.min())}, {int(idx.max())}]"
-            )
+        if len(idx):  # sync-free on accelerators (a device-side assert there), a ValueError on the CPU
+
+            def error(k=k, idx=idx, bound=bound, what=what) -> ValueError:
+                return ValueError(
+                    f"indices_tuple entry {k} indexes {what} (size {bound}); "
+                    f"got values in [{int(idx.min())}, {int(idx.max())}]"
+                )
+
+            check_async(((idx >= 0) & (idx < bound)).all(), error, f"indices_tuple entry {k} out of range")
     return pairs
 
 
