@@ -95,15 +95,29 @@ def combined_loss_dict(
         reducer: the combined loss's reducer (its ``"rank_loss"`` reducer reduces the rank entry; lets
             ``rank_entry`` reduce a plain mean without a host synchronisation), or ``None``.
 
+    A decomposability module with ``prepared_forward`` (the package's CalibrationLoss / ClusterLoss) is called
+    through it, skipping a second validation of the same inputs; a CalibrationLoss whose similarity and
+    ``include_self`` match the rank loss's (``shares_scores``) reuses the rank term's score matrix and mask.
+
     Returns:
         ``{"rank_loss": element entry (weighted by 1 − λ), "decomposability_loss": already-reduced λ·L_dec}``.
     """
+    shared = getattr(decomposability_loss, "shares_scores", None)
+    inputs = None
+    if shared is not None and shared(rank_loss.distance, rank_loss.include_self):  # one score matrix for both terms
+        inputs = rank_loss.rank_inputs(embeddings, labels, indices_tuple, ref_emb, ref_labels)
     rank_entry = rank_loss.rank_entry(
         embeddings, labels, indices_tuple, ref_emb, ref_labels, scale=1.0 - weight,
-        reducer=entry_reducer(reducer, "rank_loss"),
-    )
+        reducer=entry_reducer(reducer, "rank_loss"), inputs=inputs,
+    )  # fmt: skip
     args = decomposability_arguments(decomposability_loss, embeddings, labels, indices_tuple, ref_emb, ref_labels)
-    value: Tensor = decomposability_loss(*args)
+    prepared = getattr(decomposability_loss, "prepared_forward", None)
+    if prepared is None:
+        value: Tensor = decomposability_loss(*args)
+    elif inputs is not None:
+        value = prepared(*args, scores=inputs.scores, valid=inputs.valid)
+    else:
+        value = prepared(*args)
     return {
         "rank_loss": rank_entry,
         "decomposability_loss": {"losses": weight * value, "indices": None, "reduction_type": "already_reduced"},

@@ -16,7 +16,13 @@ from dataclasses import dataclass
 
 import torch
 from pytorch_metric_learning.distances import DotProductSimilarity
-from pytorch_metric_learning.reducers import MultipleReducers
+from pytorch_metric_learning.reducers import (
+    AvgNonZeroReducer,
+    MeanReducer,
+    MultipleReducers,
+    SumReducer,
+    ThresholdReducer,
+)
 from torch import Tensor
 
 from .._async_check import check_async
@@ -33,6 +39,7 @@ __all__ = [
     "fine_labels",
     "hierarchical_label_pair",
     "prepare_inputs",
+    "reduce_loss_dict",
     "reference_mask",
     "require_hierarchy",
     "similarity_matrix",
@@ -79,6 +86,40 @@ def entry_reducer(reducer, name: str):
     if isinstance(reducer, MultipleReducers):
         return reducer.reducers[name] if name in reducer.reducers else reducer.default_reducer
     return reducer
+
+
+# reducers whose already-reduced path returns the value unchanged (BaseReducer.already_reduced_reduction)
+_PASS_THROUGH_REDUCERS = (MeanReducer, AvgNonZeroReducer, SumReducer, ThresholdReducer)
+
+
+def reduce_loss_dict(reducer, loss_dict: dict, embeddings: Tensor, labels: Tensor | None):
+    """``reducer(loss_dict, embeddings, labels)`` — without PML's ``MultipleReducers`` bookkeeping when it is a no-op.
+
+    When ``reducer`` is PML's own ``MultipleReducers`` (statistics off) and every entry is an already-reduced 0-d
+    tensor whose entry reducer is a standard PML reducer (they return such a value unchanged), the result is the
+    sum of the entries, which is what ``MultipleReducers`` computes — through a zero tensor, one indexed copy per
+    entry and their backward. Anything else goes to ``reducer`` as is.
+    """
+    direct = type(reducer) is MultipleReducers and not reducer.collect_stats and bool(loss_dict)
+    for name, entry in loss_dict.items() if direct else ():
+        sub = entry_reducer(reducer, name)
+        value = entry.get("losses")
+        if not (
+            entry.get("reduction_type") == "already_reduced"
+            and isinstance(value, Tensor)
+            and value.dim() == 0
+            and type(sub) in _PASS_THROUGH_REDUCERS
+            and not sub.collect_stats
+        ):
+            direct = False
+            break
+    if not direct:
+        return reducer(loss_dict, embeddings, labels)
+    values = [entry["losses"] for entry in loss_dict.values()]
+    total = values[0]
+    for value in values[1:]:
+        total = total + value
+    return total if total.dtype == embeddings.dtype else total.to(embeddings.dtype)
 
 
 def check_similarity(owner: str, distance) -> None:
@@ -331,4 +372,4 @@ class PreparedForwardMixin:
     def forward(self, embeddings, labels=None, indices_tuple=None, ref_emb=None, ref_labels=None):
         """Compute the loss (see the class docstring); a scalar tensor."""
         loss_dict, embeddings, labels = self.prepared_loss_dict(embeddings, labels, indices_tuple, ref_emb, ref_labels)
-        return self.reducer(loss_dict, embeddings, labels)
+        return reduce_loss_dict(self.reducer, loss_dict, embeddings, labels)

@@ -156,7 +156,16 @@ class BaseRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
         return RankInputs(scores=scores, valid=valid, labels=labels, ref_labels=ref_labels, same_source=same_source)
 
     def rank_entry(
-        self, embeddings, labels, indices_tuple, ref_emb, ref_labels, *, scale: float | None = None, reducer=None
+        self,
+        embeddings,
+        labels,
+        indices_tuple,
+        ref_emb,
+        ref_labels,
+        *,
+        scale: float | None = None,
+        reducer=None,
+        inputs: RankInputs | None = None,
     ) -> dict:
         """The PML loss-dict entry of the rank term on prepared inputs: ``scale`` × the per-query losses.
 
@@ -166,11 +175,13 @@ class BaseRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
         over the kept queries is formed here, without a host synchronisation, and returned already reduced;
         otherwise the entry is ``{"losses": (Q,), "indices": (Q,) kept query rows, "reduction_type": "element"}``
         (any reducer, :mod:`pml_suprank.distributed`'s exact normalisation), or PML's zero loss when no query has a
-        positive. Records ``num_kept_queries`` when stats are collected.
+        positive. Records ``num_kept_queries`` when stats are collected. ``inputs``: the :meth:`rank_inputs` of these
+        arguments when the caller has already built them (a combined loss sharing its score matrix).
         """
         if scale is None:
             scale = 1.0 - self.decomposability_weight if self.decomposability_loss is not None else 1.0
-        inputs = self.rank_inputs(embeddings, labels, indices_tuple, ref_emb, ref_labels)
+        if inputs is None:
+            inputs = self.rank_inputs(embeddings, labels, indices_tuple, ref_emb, ref_labels)
         losses, rows = self.compute_query_losses(inputs)
         if rows.dtype == torch.bool:
             if type(reducer) is MeanReducer and not self.collect_stats:

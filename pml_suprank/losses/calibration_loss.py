@@ -8,7 +8,14 @@ from pytorch_metric_learning.losses import BaseMetricLossFunction
 from pytorch_metric_learning.reducers import AvgNonZeroReducer, MeanReducer
 
 from .._validation import check_choice
-from ._inputs import check_similarity, entry_reducer, prepare_inputs, reference_mask, similarity_matrix
+from ._inputs import (
+    check_similarity,
+    entry_reducer,
+    prepare_inputs,
+    reduce_loss_dict,
+    reference_mask,
+    similarity_matrix,
+)
 
 __all__ = ["CalibrationLoss"]
 
@@ -95,29 +102,61 @@ class CalibrationLoss(BaseMetricLossFunction):
         )
         loss_dict = self.pair_losses(embeddings, labels, indices_tuple, ref_emb, ref_labels, reducer=self.reducer)
         self.add_embedding_regularization_to_loss_dict(loss_dict, embeddings)
-        return self.reducer(loss_dict, embeddings, labels)
+        return reduce_loss_dict(self.reducer, loss_dict, embeddings, labels)
+
+    def prepared_forward(
+        self, embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None, *, scores=None, valid=None
+    ):
+        """:meth:`forward` on inputs a combined loss has already validated (``prepare_inputs``), optionally with the
+        ``(B, N)`` ``scores`` / ``valid`` mask of its rank term when they are the same (:func:`shares_scores`)."""
+        self.reset_stats()
+        if ref_emb is None:
+            ref_emb, ref_labels = embeddings, labels
+        loss_dict = self.pair_losses(
+            embeddings, labels, indices_tuple, ref_emb, ref_labels, reducer=self.reducer, scores=scores, valid=valid
+        )
+        self.add_embedding_regularization_to_loss_dict(loss_dict, embeddings)
+        return reduce_loss_dict(self.reducer, loss_dict, embeddings, labels)
+
+    def shares_scores(self, distance, include_self: bool) -> bool:
+        """Whether this loss's score matrix and reference mask equal those of a rank loss with ``distance`` and
+        ``include_self`` (same PML similarity class and settings): the combined loss then computes them once."""
+        mine = self.distance
+        return (
+            type(mine) is type(distance)
+            and (mine.normalize_embeddings, mine.p, mine.power)
+            == (distance.normalize_embeddings, distance.p, distance.power)
+            and not (mine.collect_stats or distance.collect_stats)
+            and self.include_self == include_self
+            and not self.multilabel
+        )
 
     def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
         """PML's hook: the loss dict with one element per (anchor, reference) pair (any reducer)."""
         return self.pair_losses(embeddings, labels, indices_tuple, ref_emb, ref_labels)
 
-    def pair_losses(self, embeddings, labels, indices_tuple, ref_emb, ref_labels, *, reducer=None) -> dict:
+    def pair_losses(
+        self, embeddings, labels, indices_tuple, ref_emb, ref_labels, *, reducer=None, scores=None, valid=None
+    ) -> dict:
         """``{"pos_loss": ..., "neg_loss": ...}`` on prepared inputs.
 
         ``reducer`` is the reducer that will reduce the dict (``None``: unknown). An entry whose reducer is PML's
         plain ``AvgNonZeroReducer`` (``average="active"``) or ``MeanReducer`` (``"all"``), with statistics off, is
         reduced here from the ``(B, N)`` pair-loss matrix — ``Σ losses / max(#pairs counted, 1)`` — without a host
         synchronisation; otherwise each pair is an element (``torch.nonzero``), as PML's reducers expect.
+        ``scores`` / ``valid``: the ``(B, N)`` score matrix and reference mask when the caller has them.
         """
-        scores = similarity_matrix(self.distance, embeddings, ref_emb)
-        valid = reference_mask(
-            embeddings.shape[0],
-            ref_emb.shape[0],
-            embeddings.device,
-            same_source=ref_emb is embeddings,
-            include_self=self.include_self,
-            indices_tuple=indices_tuple,
-        )
+        if scores is None:
+            scores = similarity_matrix(self.distance, embeddings, ref_emb)
+        if valid is None:
+            valid = reference_mask(
+                embeddings.shape[0],
+                ref_emb.shape[0],
+                embeddings.device,
+                same_source=ref_emb is embeddings,
+                include_self=self.include_self,
+                indices_tuple=indices_tuple,
+            )
         same = _share_label(labels, ref_labels) if self.multilabel else labels.unsqueeze(1) == ref_labels.unsqueeze(0)
         pos, neg = valid & same, valid & ~same
         out = {}

@@ -12,7 +12,7 @@ from torch import nn
 
 from .._async_check import check_async
 from .._validation import check_positive
-from ._inputs import prepare_inputs
+from ._inputs import prepare_inputs, reduce_loss_dict
 
 __all__ = ["ClusterLoss"]
 
@@ -57,6 +57,11 @@ class ClusterLoss(BaseMetricLossFunction):
         if ref_emb is not None and ref_emb is not embeddings:
             raise ValueError("ClusterLoss does not take ref_emb/ref_labels: its proxies are the reference set")
         embeddings, labels, _, _, _ = prepare_inputs(type(self).__name__, embeddings, labels, None, None)
+        return self.prepared_forward(embeddings, labels)
+
+    def prepared_forward(self, embeddings, labels):
+        """:meth:`forward` on inputs a combined loss has already validated (``prepare_inputs``)."""
+        self.reset_stats()
         if embeddings.shape[1] != self.embedding_size:
             raise ValueError(
                 f"embeddings must have embedding_size={self.embedding_size} columns; "
@@ -73,7 +78,7 @@ class ClusterLoss(BaseMetricLossFunction):
         reduce = type(self.reducer) is MeanReducer and not self.collect_stats
         loss_dict = self._loss_dict(embeddings, labels, reduce=reduce)
         self.add_embedding_regularization_to_loss_dict(loss_dict, embeddings)
-        return self.reducer(loss_dict, embeddings, labels)
+        return reduce_loss_dict(self.reducer, loss_dict, embeddings, labels)
 
     def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
         """PML loss dict of per-item cross-entropies (element reduction)."""
