@@ -23,7 +23,7 @@ from pytorch_metric_learning.distances import CosineSimilarity, DotProductSimila
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-__all__ = ["NORMALIZE_EPS", "similarity_scores"]
+__all__ = ["NORMALIZE_EPS", "normalized_logits", "similarity_scores"]
 
 NORMALIZE_EPS = 1e-12  # F.normalize's default, which PML's distances use
 
@@ -98,3 +98,35 @@ def similarity_scores(distance, embeddings: Tensor, ref_emb: Tensor | None = Non
     if not _is_plain(distance):
         return distance(embeddings, None if same else ref_emb)
     return _Similarity.apply(embeddings, None if same else ref_emb, bool(distance.normalize_embeddings))
+
+
+class _NormalizedLogits(torch.autograd.Function):
+    """``x p̂ᵀ / T`` with ``p̂`` the L2-normalised rows of ``p`` (ClusterLoss's proxy logits), explicit backward."""
+
+    @staticmethod
+    def forward(ctx, embeddings, proxies, temperature: float):
+        p_hat, norm = _normalize(proxies)
+        ctx.temperature = temperature
+        ctx.save_for_backward(embeddings, p_hat, norm)
+        return embeddings @ p_hat.mT / temperature
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        embeddings, p_hat, norm = ctx.saved_tensors
+        grad = grad / ctx.temperature
+        grad_x = grad @ p_hat if ctx.needs_input_grad[0] else None
+        grad_p = _normalize_backward(grad.mT @ embeddings, p_hat, norm) if ctx.needs_input_grad[1] else None
+        return grad_x, grad_p, None
+
+
+def normalized_logits(embeddings: Tensor, proxies: Tensor, temperature: float) -> Tensor:
+    """``(B, C)`` logits ``x_b · p̂_c / T`` with ``p̂_c = p_c / max(‖p_c‖₂, ε)`` (``F.normalize``): the proxy scores of
+    :class:`~pml_suprank.losses.ClusterLoss` (SupRank Eq. 13), one explicit backward for both arguments.
+
+    Args:
+        embeddings: ``(B, D)`` floating tensor (not normalised here).
+        proxies: ``(C, D)`` tensor of the same dtype and device.
+        temperature: ``T > 0``.
+    """
+    return _NormalizedLogits.apply(embeddings, proxies, temperature)

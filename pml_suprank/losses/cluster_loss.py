@@ -11,6 +11,7 @@ from pytorch_metric_learning.reducers import MeanReducer
 from torch import nn
 
 from .._async_check import check_async
+from .._similarity import normalized_logits
 from .._validation import check_positive
 from ._inputs import prepare_inputs, reduce_loss_dict
 
@@ -88,10 +89,9 @@ class ClusterLoss(BaseMetricLossFunction):
         """Per-item cross-entropies, or (``reduce``: :meth:`forward` under PML's plain ``MeanReducer`` with
         statistics off) their mean already reduced: the same value, four operators fewer on the hot path."""
         proxies = self.proxies if self.proxies.dtype == embeddings.dtype else self.proxies.to(embeddings.dtype)
-        proxies = F.normalize(proxies, p=2, dim=1)
         labels = labels if labels.dtype == torch.long else labels.long()
         with torch.autocast(device_type=embeddings.device.type, enabled=False):
-            logits = embeddings @ (proxies / self.temperature).t()
+            logits = normalized_logits(embeddings, proxies, self.temperature)  # x · normalize(p) / T
         if reduce:
             loss = F.cross_entropy(logits, labels)
             return {"loss": {"losses": loss, "indices": None, "reduction_type": "already_reduced"}}

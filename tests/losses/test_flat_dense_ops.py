@@ -204,3 +204,19 @@ def test_compiled_dense_loss_is_one_graph_with_few_ops(name):
     torch.testing.assert_close(grad, emb.grad, rtol=1e-4, atol=1e-7)
     top, syncs = profiled_ops(lambda: compiled(emb, labels).backward())
     assert syncs == [] and len(top) <= COMPILED_OP_BOUND, (len(top), top)
+
+
+def test_normalized_logits_match_autograd_of_f_normalize():
+    from pml_suprank._similarity import normalized_logits
+
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(5, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    p = torch.randn(3, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(5, 3, generator=g, dtype=torch.float64)
+    (normalized_logits(x, p, 0.05) * w).sum().backward()
+    ours = (x.grad.clone(), p.grad.clone())
+    x.grad = p.grad = None
+    ((x @ F.normalize(p, dim=1).t() / 0.05) * w).sum().backward()
+    torch.testing.assert_close(ours[0], x.grad, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(ours[1], p.grad, rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda a, b: normalized_logits(a, b, 0.5), (x, p))
