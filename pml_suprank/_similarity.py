@@ -36,9 +36,8 @@ def _normalize(x: Tensor) -> tuple[Tensor, Tensor]:
 
 def _normalize_backward(grad_hat: Tensor, x_hat: Tensor, norm: Tensor) -> Tensor:
     """``∂L/∂x`` from ``∂L/∂x̂`` through ``x̂ = x / max(‖x‖, ε)``; rows with ``‖x‖ <= ε`` are a plain division."""
-    live = (norm > NORMALIZE_EPS).to(x_hat.dtype)
-    radial = (x_hat * grad_hat).sum(1, keepdim=True) * live
-    return (grad_hat - x_hat * radial) / norm
+    radial = torch.where(norm > NORMALIZE_EPS, (x_hat * grad_hat).sum(1, keepdim=True), 0.0)
+    return torch.addcmul(grad_hat, x_hat, radial, value=-1.0) / norm
 
 
 class _Similarity(torch.autograd.Function):

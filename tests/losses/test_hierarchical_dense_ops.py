@@ -8,6 +8,8 @@ Sync count: the ``aten::item`` *inside* ``aten::_assert_async`` is left out — 
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -67,7 +69,7 @@ def test_hierarchical_dense_loss_op_budget(name):
 def test_hierarchical_dense_loss_small_batch_is_sync_free(name):
     ops, syncs = _count(_step(name, batch=64))  # same operators as B = 256 (one query block either way)
     assert syncs == []
-    assert ops <= (120 if name in ("SupHAPLoss", "SupNDCGLoss") else 190), ops
+    assert ops <= (120 if name in ("SupHAPLoss", "SupNDCGLoss") else 145), ops
 
 
 @pytest.mark.slow
@@ -75,19 +77,27 @@ def test_hierarchical_dense_loss_small_batch_is_sync_free(name):
 def test_combined_hierarchical_dense_loss_has_no_sync(name):
     ops, syncs = _count(_step(name))
     assert syncs == []
-    assert ops <= 190, ops  # measured 183 / 178; the <= 120 target is the xfail test below
+    assert ops <= 145, ops  # measured 142 / 137 eager; compiled: test_compiled_hierarchical_dense_loss_meets_...
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=False,
-    reason="proxy term: PML's MultipleReducers (zeros + copy_ per sub-loss, ~20 ops with backward), a second input "
-    "validation and autograd through F.normalize remain (measured 183 / 178 ops)",
-)
-@pytest.mark.parametrize("name", ["HAPPIERLoss", "RODNDCGLoss"])
-def test_combined_hierarchical_dense_loss_op_budget(name):
-    ops, _ = _count(_step(name))
-    assert ops <= 120, ops
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler for inductor")
+@pytest.mark.parametrize("name", ["SupHAPLoss", "SupNDCGLoss", "HAPPIERLoss", "RODNDCGLoss"])
+def test_compiled_hierarchical_dense_loss_meets_the_op_budget(name):
+    """Eager HAPPIER / ROD-NDCG stay above 120 operators (the proxy term's cross-entropy and its normalisation, two
+    reductions, the label-level computation); compiled with ``torch.compile(fullgraph=True)`` every hierarchical loss
+    is one graph of about ten operators, with the same value."""
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(0)
+    emb = torch.nn.functional.normalize(torch.randn(256, 32, generator=g), dim=1).requires_grad_(True)
+    fine = torch.arange(256) // 4
+    labels = torch.stack([fine, fine // 4], 1)
+    kw = {"num_classes": 64, "embedding_size": 32} if name in ("HAPPIERLoss", "RODNDCGLoss") else {}
+    loss = getattr(losses, name)(kernel="dense", **kw)
+    compiled = torch.compile(loss, fullgraph=True, backend="inductor")
+    torch.testing.assert_close(compiled(emb, labels), loss(emb, labels), rtol=1e-5, atol=1e-6)
+    ops, syncs = _count(lambda: compiled(emb, labels).backward())
+    assert syncs == [] and ops <= 120, ops
 
 
 def _block(batch=12, num_levels=3, seed=0):
