@@ -147,6 +147,7 @@ def run_config(name: str, memory_size: int, batch_size: int, dim: int, reps: int
         }
     )
 
+
 # ------------------------------------------------------------------------------------------------ --syncs
 SYNC_LOSSES = ("SupAPLoss", "ROADMAPLoss", "SmoothAPLoss", "SupRecallLoss")
 # host-synchronising aten ops (the list of bench_losses.py); counted once per outermost call

@@ -41,6 +41,7 @@ __all__ = [
     "group_positions",
     "heaviside_positive_count",
     "pairwise_step_sum",
+    "positive_pair_groups",
     "sigmoid_rank_sums",
     "sigmoid_window_sum",
     "suprank_negative_sum",
@@ -120,6 +121,12 @@ class PairGroups(NamedTuple):
         """``P_max``, the largest number of pairs of a query (0 without pairs)."""
         return self.widths[0] if self.widths else 0
 
+    def kept_rows(self) -> Tensor:
+        """``(Q,)`` long, ascending: the queries with at least one pair — ``torch.nonzero(counts > 0)`` with its
+        size known on the host, so without a host synchronisation."""
+        num_kept = sum(1 for w in self.widths if w > 0)
+        return _nonzero(self.counts > 0, num_kept)[:, 0]
+
 
 def group_pairs(query_idx: Tensor, num_queries: int) -> PairGroups:
     """Group pairs by query: the :class:`PairGroups` of ``query_idx`` ``(K,)`` (non-decreasing) over ``B`` queries.
@@ -141,6 +148,32 @@ def group_pairs(query_idx: Tensor, num_queries: int) -> PairGroups:
     if host[0]:
         raise ValueError("query_idx must be grouped by query (non-decreasing), e.g. from torch.nonzero(mask)")
     return PairGroups(counts, pos, order, tuple(host[1:]))
+
+
+def positive_pair_groups(mask: Tensor) -> tuple[Tensor, Tensor, PairGroups]:
+    """``(query_idx (K,), item_idx (K,), groups)`` of the True entries of a ``(B, N)`` bool ``mask``, row-major.
+
+    The pairs of ``torch.nonzero(mask, as_tuple=True)`` (grouped by query) and their :class:`PairGroups`, for one
+    host synchronisation in all: the sorted per-row counts are read first, and the pair list, whose length they
+    give, comes from ``torch.nonzero_static`` (``nonzero`` itself waits for the device to learn its size).
+    """
+    if not isinstance(mask, Tensor) or mask.dim() != 2 or mask.dtype != torch.bool:
+        raise ValueError(f"mask must be a (B, N) bool tensor; got {getattr(mask, 'dtype', type(mask).__name__)}")
+    counts = mask.sum(1)
+    order = torch.argsort(counts, descending=True, stable=True)
+    widths = tuple(counts[order].tolist())
+    query_idx, item_idx = _nonzero(mask, sum(widths)).unbind(1)
+    starts = torch.cumsum(counts, 0) - counts
+    pos = torch.arange(len(query_idx), device=mask.device) - starts[query_idx]
+    return query_idx, item_idx, PairGroups(counts, pos, order, widths)
+
+
+def _nonzero(mask: Tensor, size: int) -> Tensor:
+    """``torch.nonzero(mask)`` ``(size, mask.dim())`` when its size is known: no host synchronisation on the
+    devices that have ``nonzero_static`` (CPU, CUDA)."""
+    if mask.device.type in ("cpu", "cuda"):
+        return torch.nonzero_static(mask, size=size)
+    return torch.nonzero(mask)
 
 
 def group_positions(query_idx: Tensor, num_queries: int) -> tuple[Tensor, Tensor, int]:
@@ -259,10 +292,8 @@ def suprank_negative_sum(
     groups = group_pairs(query_idx, num_queries) if groups is None else groups
     s_item = scores[query_idx, item_idx]
     s_neg = scores.masked_fill(~negatives, float("-inf"))
-    window = sigmoid_window_sum(
-        s_neg / step.tau, query_idx, s_item / step.tau, step.delta / step.tau, chunk_elements=chunk_elements,
-        groups=groups,
-    )
+    z_neg, z_item, upper = s_neg / step.tau, s_item / step.tau, step.delta / step.tau
+    window = sigmoid_window_sum(z_neg, query_idx, z_item, upper, chunk_elements=chunk_elements, groups=groups)
     pos, width = groups.pos, groups.width
     if step.start != 0.0:
         # one histogram for both threshold sets: s_i (t > 0) in columns [0, P_q) and s_i + δ (t > δ) in
@@ -328,8 +359,6 @@ def sigmoid_rank_sums(
     z_item = scores[query_idx, item_idx] / tau
     pos_scores = _padded(z_item, query_idx, groups.pos, num_queries, groups.width, float("-inf"))
     pos_sum = sigmoid_window_sum(pos_scores, query_idx, z_item, chunk_elements=chunk_elements, groups=groups) - 0.5
-    all_sum = sigmoid_window_sum(
-        scores.masked_fill(~valid, float("-inf")) / tau, query_idx, z_item, chunk_elements=chunk_elements,
-        groups=groups,
-    )
+    z_valid = scores.masked_fill(~valid, float("-inf")) / tau
+    all_sum = sigmoid_window_sum(z_valid, query_idx, z_item, chunk_elements=chunk_elements, groups=groups)
     return pos_sum, all_sum - 0.5
