@@ -302,6 +302,7 @@ def print_sync_counts(args) -> dict:
         for part in ("kernel", "loss_total"):
             cells.append(_before_after(old and old[part]["seconds"], row[part]["seconds"], "{:.3f}"))
         print(f"| {row['loss']} | {row['memory']} | " + " | ".join(cells) + " |", flush=True)
+    print("(seconds: one call each, in separate processes: an order of magnitude, not a timing comparison)")
     return {"after": after, "before": before}
 
 
