@@ -7,8 +7,17 @@ and 2 GB extra on the 2-core CPU). It also reports the bytes held by the memory'
 resident memory of the step (``ru_maxrss`` after the step minus before it, i.e. the loss's and the memory's
 temporaries). Machines are shared and noisy: read the ratios, not the absolute times.
 
+``--syncs`` instead counts, per flat rank loss with ``kernel="sorted"`` (SupAP, ROADMAP, Smooth-AP, Sup-R@k), the
+top-level aten ops and the host-synchronising ops of one forward+backward (torch.profiler on the CPU, as
+``bench_losses.py --ops``; Python-level host reads such as ``.tolist()``, which the CPU profiler does not see, are
+counted too) for B = 256 queries against the batch itself and against memories of 4,096 and 60,000 items, both for
+the whole loss and for its rank kernel alone (the :mod:`pml_suprank.ranking.flat` calls on a precomputed score
+matrix), with the fwd+bwd time of one call. ``--compare PATH`` runs the same counts with the ``pml_suprank``
+package found under ``PATH`` (e.g. an older checkout) and prints it as the "before" column.
+
 Usage: ``python benchmarks/bench_memory.py [--memory-size 60000] [--batch-size 256] [--dim 512] [--reps 3]
-[--json out.json] [--device cpu|cuda]``
+[--json out.json] [--device cpu|cuda]``; ``python benchmarks/bench_memory.py --syncs [--sizes 4096 60000]
+[--compare /path/to/other/checkout]``
 """
 
 from __future__ import annotations
@@ -139,6 +148,168 @@ def run_config(name: str, memory_size: int, batch_size: int, dim: int, reps: int
     )
 
 
+# ------------------------------------------------------------------------------------------------ --syncs
+SYNC_LOSSES = ("SupAPLoss", "ROADMAPLoss", "SmoothAPLoss", "SupRecallLoss")
+# host-synchronising aten ops (the list of bench_losses.py); counted once per outermost call
+SYNC_OPS = ("aten::item", "aten::_local_scalar_dense", "aten::nonzero", "aten::is_nonzero", "aten::unique")
+SYNC_OPS += ("aten::_unique2", "aten::unique_consecutive", "aten::masked_select", "aten::equal")
+HOST_READS = ("tolist", "numpy", "__array__")  # device-to-host reads that dispatch no aten op on the CPU
+
+
+class _HostReads:
+    """Counts the calls of the tensor methods of ``HOST_READS`` while active, forward and backward (the methods
+    are wrapped for the duration of the ``with`` block and restored after it; a ``TorchFunctionMode`` would not
+    see the autograd engine's calls)."""
+
+    def __enter__(self):
+        self.count, self.saved = 0, {name: getattr(torch.Tensor, name) for name in HOST_READS}
+
+        def counting(method):
+            def wrapper(*args, **kwargs):
+                self.count += 1
+                return method(*args, **kwargs)
+
+            return wrapper
+
+        for name, method in self.saved.items():
+            setattr(torch.Tensor, name, counting(method))
+        return self
+
+    def __exit__(self, *exc):
+        for name, method in self.saved.items():
+            setattr(torch.Tensor, name, method)
+
+
+def count_ops(fn) -> dict:
+    """Top-level aten ops, host syncs and wall time of one call of ``fn`` (after a warm-up call)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    t0 = time.perf_counter()
+    fn()
+    seconds = time.perf_counter() - t0
+    with _HostReads() as reads, profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    events = [e for e in prof.events() if e.name.startswith("aten::")]
+    top = [e for e in events if not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::"))]
+    syncs = [e for e in events if e.name in SYNC_OPS and not (e.cpu_parent and e.cpu_parent.name in SYNC_OPS)]
+    return {"aten_ops": len(top), "syncs": len(syncs) + reads.count, "seconds": seconds}
+
+
+def _sync_inputs(batch_size: int, memory_size: int | None, dim: int):
+    """``(emb (B, D), labels (B,), ref (N, D) | None, ref_labels (N,) | None)``: an m-per-class batch of SOP-like
+    labels (4 per class) against itself or against a memory of ``memory_size`` items (5 per class)."""
+    g = torch.Generator().manual_seed(0)
+    labels = _dataset_labels(max(memory_size or 0, 4 * batch_size))[:, 0]
+    idx = _batch(labels[:, None], batch_size)
+    emb = F.normalize(torch.randn(batch_size, dim, generator=g), dim=1)
+    if memory_size is None:
+        return emb, labels[idx], None, None
+    ref = F.normalize(torch.randn(memory_size, dim, generator=g), dim=1)
+    return emb, labels[idx], ref, labels[:memory_size]
+
+
+def _kernel_step(cls_name: str, emb, labels, ref, ref_labels):
+    """The rank-kernel calls of ``cls_name``'s sorted path on a fixed score matrix, fwd+bwd (a closure)."""
+    from pml_suprank import ranking
+
+    same = ref is None
+    scores = (emb @ (emb if same else ref).t()).requires_grad_(True)
+    valid = torch.ones(scores.shape, dtype=torch.bool)
+    if same:
+        valid.fill_diagonal_(False)
+    positives = valid & (labels[:, None] == (labels if same else ref_labels)[None, :])
+    negatives = valid & ~positives
+    q, i = torch.nonzero(positives, as_tuple=True)  # the loss's pair list (outside the kernel)
+
+    def step():
+        scores.grad = None
+        if cls_name == "SmoothAPLoss":
+            pos_sum, all_sum = ranking.sigmoid_rank_sums(scores, q, i, positives, valid, 0.01)
+            ((1.0 + pos_sum) / (1.0 + all_sum)).sum().backward()
+            return
+        rank_plus = 1.0 + ranking.heaviside_positive_count(scores, q, i, positives)
+        rank = rank_plus + ranking.suprank_negative_sum(scores, q, i, negatives, ranking.SupRankStep())
+        (rank_plus / rank).sum().backward()
+
+    return step
+
+
+def _loss_step(cls_name: str, emb, labels, ref, ref_labels):
+    from pml_suprank import losses
+
+    loss_fn = getattr(losses, cls_name)(kernel="sorted")
+    emb = emb.clone().requires_grad_(True)
+    kwargs = {} if ref is None else {"ref_emb": ref, "ref_labels": ref_labels}
+
+    def step():
+        emb.grad = None
+        loss_fn(emb, labels, **kwargs).backward()
+
+    return step
+
+
+def sync_counts(batch_size: int, sizes: list[int], dim: int, package_path: str | None, queue) -> None:
+    """Worker: ``count_ops`` of every loss of ``SYNC_LOSSES`` (kernel part and whole loss) per setting."""
+    import sys
+
+    if package_path:
+        sys.path.insert(0, package_path)
+    torch.manual_seed(0)
+    rows = []
+    for memory_size in [None, *sizes]:
+        inputs = _sync_inputs(batch_size, memory_size, dim)
+        for cls_name in SYNC_LOSSES:
+            row = {"loss": cls_name, "memory": memory_size or "in-batch"}
+            row["kernel"] = count_ops(_kernel_step(cls_name, *inputs))
+            row["loss_total"] = count_ops(_loss_step(cls_name, *inputs))
+            rows.append(row)
+    import pml_suprank
+
+    queue.put({"package": pml_suprank.__file__, "rows": rows})
+
+
+def _spawn_sync_counts(args, package_path: str | None) -> dict:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=sync_counts, args=(args.batch_size, args.sizes, args.dim, package_path, queue))
+    proc.start()
+    proc.join(args.timeout)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+        raise RuntimeError(f"--syncs: timeout after {args.timeout:.0f} s")
+    if queue.empty():
+        raise RuntimeError(f"--syncs: the worker exited with code {proc.exitcode}")
+    return queue.get()
+
+
+def print_sync_counts(args) -> dict:
+    """Run the ``--syncs`` counts (and those of ``--compare``) and print one table; returns the raw rows."""
+    after = _spawn_sync_counts(args, None)
+    before = _spawn_sync_counts(args, args.compare) if args.compare else None
+    print(f"sorted kernel, B={args.batch_size}, one fwd+bwd (after warm-up): top-level aten ops / host syncs / seconds")
+    if before:
+        print(f"before = {before['package']}, after = {after['package']}")
+    cols = ["kernel ops", "kernel syncs", "loss ops", "loss syncs", "kernel s", "loss s"]
+    print("| loss | references | " + " | ".join(cols) + " |")
+    print("|---|---|" + "---|" * len(cols))
+    for k, row in enumerate(after["rows"]):
+        old = before["rows"][k] if before else None
+        cells = []
+        for part, key in [("kernel", "aten_ops"), ("kernel", "syncs"), ("loss_total", "aten_ops")]:
+            cells.append(_before_after(old and old[part][key], row[part][key], "{}"))
+        cells.append(_before_after(old and old["loss_total"]["syncs"], row["loss_total"]["syncs"], "{}"))
+        for part in ("kernel", "loss_total"):
+            cells.append(_before_after(old and old[part]["seconds"], row[part]["seconds"], "{:.3f}"))
+        print(f"| {row['loss']} | {row['memory']} | " + " | ".join(cells) + " |", flush=True)
+    print("(seconds: one call each, in separate processes: an order of magnitude, not a timing comparison)")
+    return {"after": after, "before": before}
+
+
+def _before_after(old, new, fmt: str) -> str:
+    return fmt.format(new) if old is None else f"{fmt.format(old)} → {fmt.format(new)}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--memory-size", type=int, default=60_000)
@@ -149,7 +320,16 @@ def main() -> None:
     parser.add_argument("--configs", nargs="*", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--json", default=None, help="write the results to this JSON file")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per configuration")
+    parser.add_argument("--syncs", action="store_true", help="aten op and host-sync counts of the sorted kernels")
+    parser.add_argument("--sizes", nargs="*", type=int, default=[4096, 60_000], help="memory sizes for --syncs")
+    parser.add_argument("--compare", default=None, help="--syncs: also count with the package under this path")
     args = parser.parse_args()
+    if args.syncs:
+        out = print_sync_counts(args)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"args": vars(args), **out}, f, indent=1)
+        return
     ctx = mp.get_context("spawn")
     rows = []
     print(

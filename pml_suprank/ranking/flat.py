@@ -15,9 +15,18 @@ Eqs. 9-11; Smooth-AP, Brown et al., ECCV 2020, Eq. 6):
 Pairs are given as ``query_idx`` / ``item_idx`` ``(K,)`` long tensors; the fast kernels need them grouped by query
 (non-decreasing ``query_idx``, e.g. from ``torch.nonzero(mask, as_tuple=True)``). All functions take the device and
 dtype from their inputs.
+
+Host synchronisation: every size the fast kernels need is read from the device once per call, by
+:func:`group_pairs` (one ``.tolist()`` of the sorted per-query pair counts, which also carries the "grouped by query"
+check); from then on every tensor shape and every chunk of the window kernel, forward and backward, is known on the
+host, so no other operation waits for the device. A caller that runs several kernels on the same pairs computes the
+:class:`PairGroups` once and passes them as ``groups=``. :func:`heaviside_positive_count` needs no sizes at all (one
+sort of the pairs) and :func:`pairwise_step_sum` none either (chunks of pairs).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -26,10 +35,13 @@ from .steps import PairMask, Step, SupRankStep
 from .window import CHUNK_SIZE, PairRowsLayout, QueryBlockLayout, SigmoidTerm, StepTerm, window_sum
 
 __all__ = [
+    "PairGroups",
     "count_above",
+    "group_pairs",
     "group_positions",
     "heaviside_positive_count",
     "pairwise_step_sum",
+    "positive_pair_groups",
     "sigmoid_rank_sums",
     "sigmoid_window_sum",
     "suprank_negative_sum",
@@ -89,14 +101,91 @@ def pairwise_step_sum(
     return window_sum(layout, StepTerm(step), scores)
 
 
-def group_positions(query_idx: Tensor, num_queries: int) -> tuple[Tensor, Tensor, int]:
-    """Pairs grouped by query (non-decreasing ``query_idx``) → ``(counts (B,), position in group (K,), max count)``."""
-    if len(query_idx) > 1 and bool((query_idx[1:] < query_idx[:-1]).any()):
-        raise ValueError("query_idx must be grouped by query (non-decreasing), e.g. from torch.nonzero(mask)")
-    counts = torch.bincount(query_idx, minlength=num_queries)
+class PairGroups(NamedTuple):
+    """(query, item) pairs grouped by query, with the sizes of their padded ``(B, P_max)`` layout on the host.
+
+    Attributes:
+        counts: ``(B,)`` long, pairs per query.
+        pos: ``(K,)`` long, position of each pair within its query's group (its column in the padded layout).
+        order: ``(B,)`` long, the queries by decreasing pair count (stable).
+        widths: ``B`` host ints, ``counts[order]`` (non-increasing): the chunk shapes of the window kernel.
+    """
+
+    counts: Tensor
+    pos: Tensor
+    order: Tensor
+    widths: tuple[int, ...]
+
+    @property
+    def width(self) -> int:
+        """``P_max``, the largest number of pairs of a query (0 without pairs)."""
+        return self.widths[0] if self.widths else 0
+
+    def kept_rows(self) -> Tensor:
+        """``(Q,)`` long, ascending: the queries with at least one pair — ``torch.nonzero(counts > 0)`` with its
+        size known on the host, so without a host synchronisation."""
+        num_kept = sum(1 for w in self.widths if w > 0)
+        return _nonzero(self.counts > 0, num_kept)[:, 0]
+
+
+def group_pairs(query_idx: Tensor, num_queries: int) -> PairGroups:
+    """Group pairs by query: the :class:`PairGroups` of ``query_idx`` ``(K,)`` (non-decreasing) over ``B`` queries.
+
+    The one host synchronisation of the fast kernels: a single ``.tolist()`` brings the sorted pair counts (every
+    later shape and chunk) and the grouping check to the host. ``O(B log B + K)``.
+
+    Raises:
+        ValueError: ``query_idx`` is not grouped by query (non-decreasing).
+    """
+    device = query_idx.device
+    counts = torch.zeros(num_queries, dtype=torch.long, device=device)
+    counts = counts.index_add_(0, query_idx, torch.ones_like(query_idx))  # bincount would sync on CUDA (its size)
     starts = torch.cumsum(counts, 0) - counts
-    pos = torch.arange(len(query_idx), device=query_idx.device) - starts[query_idx]
-    return counts, pos, int(counts.max()) if len(counts) else 0
+    pos = torch.arange(len(query_idx), device=device) - starts[query_idx]
+    order = torch.argsort(counts, descending=True, stable=True)
+    unsorted = (query_idx[1:] < query_idx[:-1]).any().long().view(1)
+    host = torch.cat([unsorted, counts[order]]).tolist()
+    if host[0]:
+        raise ValueError("query_idx must be grouped by query (non-decreasing), e.g. from torch.nonzero(mask)")
+    return PairGroups(counts, pos, order, tuple(host[1:]))
+
+
+def positive_pair_groups(mask: Tensor) -> tuple[Tensor, Tensor, PairGroups]:
+    """``(query_idx (K,), item_idx (K,), groups)`` of the True entries of a ``(B, N)`` bool ``mask``, row-major.
+
+    The pairs of ``torch.nonzero(mask, as_tuple=True)`` (grouped by query) and their :class:`PairGroups`, for one
+    host synchronisation in all: the sorted per-row counts are read first, and the pair list, whose length they
+    give, comes from ``torch.nonzero_static`` (``nonzero`` itself waits for the device to learn its size).
+    """
+    if not isinstance(mask, Tensor) or mask.dim() != 2 or mask.dtype != torch.bool:
+        raise ValueError(f"mask must be a (B, N) bool tensor; got {getattr(mask, 'dtype', type(mask).__name__)}")
+    counts = mask.sum(1)
+    order = torch.argsort(counts, descending=True, stable=True)
+    widths = tuple(counts[order].tolist())
+    query_idx, item_idx = _nonzero(mask, sum(widths)).unbind(1)
+    starts = torch.cumsum(counts, 0) - counts
+    pos = torch.arange(len(query_idx), device=mask.device) - starts[query_idx]
+    return query_idx, item_idx, PairGroups(counts, pos, order, widths)
+
+
+def _nonzero(mask: Tensor, size: int) -> Tensor:
+    """``torch.nonzero(mask)`` ``(size, mask.dim())`` when its size is known: no host synchronisation on the
+    devices that have ``nonzero_static`` (CPU, CUDA)."""
+    if mask.device.type in ("cpu", "cuda"):
+        return torch.nonzero_static(mask, size=size)
+    return torch.nonzero(mask)
+
+
+def group_positions(query_idx: Tensor, num_queries: int) -> tuple[Tensor, Tensor, int]:
+    """Pairs grouped by query (non-decreasing ``query_idx``) → ``(counts (B,), position in group (K,), max count)``
+    (:func:`group_pairs`, one host synchronisation)."""
+    groups = group_pairs(query_idx, num_queries)
+    return groups.counts, groups.pos, groups.width
+
+
+def _padded(values: Tensor, query_idx: Tensor, pos: Tensor, num_queries: int, width: int, fill: float) -> Tensor:
+    """``(B, max(width, 1))`` matrix with ``values[k]`` at ``(query_idx[k], pos[k])`` and ``fill`` elsewhere."""
+    return values.new_full((num_queries, max(width, 1)), fill).index_put((query_idx, pos), values)
 
 
 def count_above(
@@ -106,6 +195,7 @@ def count_above(
     *,
     inclusive: bool = False,
     with_sum: bool = False,
+    groups: PairGroups | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Per pair ``k``: how many items of row ``q_k`` score above ``thresholds[k]`` (and the sum of their scores).
 
@@ -113,16 +203,24 @@ def count_above(
     ``sum_k = Σ_j scores[q_k, j]`` over the same items — differentiable w.r.t. ``scores`` and accumulated in
     float64 (float32 on MPS) so that ``sum_k − count_k·x`` does not cancel catastrophically in float32.
     Excluded items must be ``-inf`` in ``scores`` (they count for no threshold and get no gradient). Pairs must be
-    grouped by query (``query_idx`` non-decreasing). Cost: ``O(B·N log P + K log P)`` via sorted thresholds +
-    ``searchsorted`` + a histogram with suffix sums; no ``K × N`` tensor.
+    grouped by query (``query_idx`` non-decreasing); ``groups`` (from :func:`group_pairs`) saves the one host
+    synchronisation. Cost: ``O(B·N log P + K log P)`` via sorted thresholds + ``searchsorted`` + a histogram with
+    suffix sums; no ``K × N`` tensor.
 
     Returns:
         ``(count (K,) in the dtype of scores, sum (K,) float64 or None)``.
     """
+    groups = group_pairs(query_idx, scores.shape[0]) if groups is None else groups
+    padded = _padded(thresholds.detach(), query_idx, groups.pos, scores.shape[0], groups.width, float("inf"))
+    return _count_above_padded(scores, query_idx, groups.pos, padded, inclusive, with_sum)
+
+
+def _count_above_padded(
+    scores: Tensor, query_idx: Tensor, pos: Tensor, padded: Tensor, inclusive: bool, with_sum: bool
+) -> tuple[Tensor, Tensor | None]:
+    """:func:`count_above` with the thresholds already laid out as ``padded`` ``(B, W)`` (``+inf`` padding), pair
+    ``k`` at ``(query_idx[k], pos[k])``. No host synchronisation."""
     num_queries = scores.shape[0]
-    _, pos, width = group_positions(query_idx, num_queries)
-    padded = thresholds.new_full((num_queries, max(width, 1)), float("inf"))
-    padded[query_idx, pos] = thresholds.detach()
     sorted_t, order = torch.sort(padded, dim=1)
     rank = torch.empty_like(order)
     rank.scatter_(1, order, torch.arange(order.shape[1], device=order.device).expand_as(order).contiguous())
@@ -149,6 +247,7 @@ def sigmoid_window_sum(
     upper: float = float("inf"),
     *,
     chunk_elements: int = CHUNK_SIZE,
+    groups: PairGroups | None = None,
 ) -> Tensor:
     """``out[k] = Σ_j σ(Z[q_k, j] − z_item[k])`` over the ``j`` with ``Z[q_k, j] − z_item[k] <= upper``.
 
@@ -156,16 +255,18 @@ def sigmoid_window_sum(
     contribute 0 and get no gradient); ``query_idx`` ``(K,)`` must be grouped by query, ``z_item`` is ``(K,)``.
     The shared window kernel (:class:`~pml_suprank.ranking.window.QueryBlockLayout`): the pairs are laid out as a
     ``(B, P_max)`` matrix and whole queries are processed in chunks by broadcasting, recomputed in backward, so the
-    extra memory is ``O(B·M + chunk_elements)`` and nothing of size ``K × M`` is saved.
+    extra memory is ``O(B·M + chunk_elements)`` and nothing of size ``K × M`` is saved. The chunk shapes come from
+    ``groups`` (:func:`group_pairs`; computed here, one host synchronisation, when not given).
 
     Returns:
         ``(K,)`` in the dtype of ``Z``, differentiable w.r.t. ``Z`` and ``z_item``.
     """
     num_queries = Z.shape[0]
-    counts, pos, width = group_positions(query_idx, num_queries)
-    z = z_item.new_full((num_queries, max(width, 1)), float("inf")).index_put((query_idx, pos), z_item)
-    out = window_sum(QueryBlockLayout(counts, float(upper), chunk_elements), SigmoidTerm(), Z, z)
-    return out[query_idx, pos]
+    groups = group_pairs(query_idx, num_queries) if groups is None else groups
+    z = _padded(z_item, query_idx, groups.pos, num_queries, groups.width, float("inf"))
+    layout = QueryBlockLayout(groups.order, groups.widths, float(upper), chunk_elements)
+    out = window_sum(layout, SigmoidTerm(), Z, z)
+    return out[query_idx, groups.pos]
 
 
 def suprank_negative_sum(
@@ -176,6 +277,7 @@ def suprank_negative_sum(
     step: SupRankStep,
     *,
     chunk_elements: int = CHUNK_SIZE,
+    groups: PairGroups | None = None,
 ) -> Tensor:
     """``Σ_{j : negatives[q_k, j]} H⁻(s_{q_k j} − s_{q_k i_k})`` for every pair ``k`` (SupRank Eq. 4 and 10).
 
@@ -183,25 +285,29 @@ def suprank_negative_sum(
     ``0 < t <= δ`` → ``start`` times a count; ``t > δ`` → ``ρ (Σ s_j − C (s_i + δ)) + offset·C`` from sorted
     thresholds and suffix sums (:func:`count_above`). Same value as ``pairwise_step_sum(..., SupRankStep)`` (up to
     rounding and the ``±50`` sigmoid clamp, < 1e-20 per term) at a fraction of the passes over ``K × N``.
-    Pairs must be grouped by query. Returns ``(K,)`` in the dtype of ``scores``.
+    Pairs must be grouped by query; one host synchronisation (:func:`group_pairs`), none when ``groups`` is given.
+    Returns ``(K,)`` in the dtype of ``scores``.
     """
+    num_queries = scores.shape[0]
+    groups = group_pairs(query_idx, num_queries) if groups is None else groups
     s_item = scores[query_idx, item_idx]
     s_neg = scores.masked_fill(~negatives, float("-inf"))
-    window = sigmoid_window_sum(
-        s_neg / step.tau, query_idx, s_item / step.tau, step.delta / step.tau, chunk_elements=chunk_elements
-    )
+    z_neg, z_item, upper = s_neg / step.tau, s_item / step.tau, step.delta / step.tau
+    window = sigmoid_window_sum(z_neg, query_idx, z_item, upper, chunk_elements=chunk_elements, groups=groups)
+    pos, width = groups.pos, groups.width
     if step.start != 0.0:
-        # one histogram for both threshold sets: s_i (t > 0) and s_i + δ (t > δ)
+        # one histogram for both threshold sets: s_i (t > 0) in columns [0, P_q) and s_i + δ (t > δ) in
+        # [P_q, 2·P_q) of each query's row
         k = len(query_idx)
-        both_q = torch.cat([query_idx, query_idx]).sort(stable=True)
-        order = both_q.indices
-        counts, sums = count_above(s_neg, both_q.values, torch.cat([s_item, s_item + step.delta])[order], with_sum=True)
-        inverse = torch.empty_like(order)
-        inverse[order] = torch.arange(2 * k, device=order.device)
-        above_zero, above_delta, sum_above = counts[inverse[:k]], counts[inverse[k:]], sums[inverse[k:]]
+        both_q, both_pos = torch.cat([query_idx, query_idx]), torch.cat([pos, pos + groups.counts[query_idx]])
+        both_t = torch.cat([s_item, s_item + step.delta]).detach()
+        padded = _padded(both_t, both_q, both_pos, num_queries, 2 * width, float("inf"))
+        counts, sums = _count_above_padded(s_neg, both_q, both_pos, padded, False, True)
+        above_zero, above_delta, sum_above = counts[:k], counts[k:], sums[k:]
         total = window + step.start * (above_zero - above_delta)
     else:
-        above_delta, sum_above = count_above(s_neg, query_idx, s_item + step.delta, with_sum=True)
+        padded = _padded((s_item + step.delta).detach(), query_idx, pos, num_queries, width, float("inf"))
+        above_delta, sum_above = _count_above_padded(s_neg, query_idx, pos, padded, False, True)
         total = window
     acc = sum_above.dtype
     linear = step.rho * (sum_above - above_delta.to(acc) * (s_item.to(acc) + step.delta))
@@ -209,14 +315,26 @@ def suprank_negative_sum(
 
 
 def heaviside_positive_count(scores: Tensor, query_idx: Tensor, item_idx: Tensor, positives: Tensor) -> Tensor:
-    """``Σ_{j∈P_q, j≠i} H(s_j − s_i)`` per pair (``H(0) = 1``), without gradient; ``O(B·N log P)``."""
+    """``Σ_{j∈P_q, j≠i} H(s_j − s_i)`` per pair (``H(0) = 1``), without gradient, where ``P_q`` = the items of
+    query ``q``'s pairs; ``positives`` is not read (the pairs are the positives).
+
+    One sort of the ``K`` pairs by (query, score): pair ``k`` counts the pairs of its query from the first one tied
+    with it to the end of the query's group, minus itself. ``O(K log K)``, no host synchronisation, any pair order.
+    """
     with torch.no_grad():
-        num_queries = scores.shape[0]
-        _, pos, width = group_positions(query_idx, num_queries)
+        num_pairs, device = len(query_idx), query_idx.device
         s_item = scores[query_idx, item_idx].detach()
-        pos_scores = s_item.new_full((num_queries, max(width, 1)), float("-inf")).index_put((query_idx, pos), s_item)
-        count, _ = count_above(pos_scores, query_idx, s_item, inclusive=True)
-        return count - 1.0  # the item itself (s_i >= s_i)
+        by_score = torch.sort(s_item, stable=True).indices
+        order = by_score[torch.sort(query_idx[by_score], stable=True).indices]  # by query, then by score
+        q_sorted, s_sorted = query_idx[order], s_item[order]
+        new_run = torch.ones(num_pairs, dtype=torch.bool, device=device)
+        new_run[1:] = (q_sorted[1:] != q_sorted[:-1]) | (s_sorted[1:] != s_sorted[:-1])
+        positions = torch.arange(num_pairs, device=device)
+        run_start = torch.cummax(torch.where(new_run, positions, 0), 0).values  # first pair tied with each
+        counts = torch.zeros(scores.shape[0], dtype=torch.long, device=device)
+        group_end = torch.cumsum(counts.index_add_(0, query_idx, torch.ones_like(query_idx)), 0)[q_sorted]
+        count = torch.empty_like(order).index_put_((order,), group_end - run_start - 1)
+        return count.to(scores.dtype)
 
 
 def sigmoid_rank_sums(
@@ -228,21 +346,19 @@ def sigmoid_rank_sums(
     tau: float,
     *,
     chunk_elements: int = CHUNK_SIZE,
+    groups: PairGroups | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Smooth-AP sums per pair: ``(Σ_{j∈P_q, j≠i} σ_τ(s_j − s_i), Σ_{j∈V_q, j≠i} σ_τ(s_j − s_i))``.
 
     The positive sum runs over a ``(B, P_max)`` padded matrix of positive scores, the full sum over ``(B, N)``;
     ``j = i`` contributes exactly ``σ(0) = 1/2`` and is subtracted. Pairs must be grouped by query and ``i`` must be
-    a positive.
+    a positive; one host synchronisation (:func:`group_pairs`), none when ``groups`` is given.
     """
     num_queries = scores.shape[0]
-    _, pos, width = group_positions(query_idx, num_queries)
-    s_item = scores[query_idx, item_idx]
-    z_item = s_item / tau
-    pos_scores = scores.new_full((num_queries, max(width, 1)), float("-inf"))
-    pos_scores = pos_scores.index_put((query_idx, pos), z_item)
-    pos_sum = sigmoid_window_sum(pos_scores, query_idx, z_item, chunk_elements=chunk_elements) - 0.5
-    all_sum = sigmoid_window_sum(
-        scores.masked_fill(~valid, float("-inf")) / tau, query_idx, z_item, chunk_elements=chunk_elements
-    )
+    groups = group_pairs(query_idx, num_queries) if groups is None else groups
+    z_item = scores[query_idx, item_idx] / tau
+    pos_scores = _padded(z_item, query_idx, groups.pos, num_queries, groups.width, float("-inf"))
+    pos_sum = sigmoid_window_sum(pos_scores, query_idx, z_item, chunk_elements=chunk_elements, groups=groups) - 0.5
+    z_valid = scores.masked_fill(~valid, float("-inf")) / tau
+    all_sum = sigmoid_window_sum(z_valid, query_idx, z_item, chunk_elements=chunk_elements, groups=groups)
     return pos_sum, all_sum - 0.5

@@ -39,6 +39,7 @@ __all__ = [
     "StepTerm",
     "WindowLayout",
     "WindowTerm",
+    "next_below",
     "sorted_window_blocks",
     "window_sum",
 ]
@@ -124,6 +125,32 @@ def _masked(values: Tensor, mask: Tensor | None) -> Tensor:
     if mask.dtype == torch.bool:
         return torch.where(mask, values, torch.zeros((), dtype=values.dtype, device=values.device))
     return values * mask
+
+
+def next_below(x: float, dtype: torch.dtype) -> float:
+    """``torch.nextafter(torch.tensor(x, dtype=dtype), -inf)`` computed on the host (no tensor, no device read):
+    the largest ``dtype`` value strictly below ``x`` rounded to ``dtype``.
+
+    The rounding is torch's: half to even, to float32 first for the 16-bit types (as ``torch.tensor`` converts a
+    Python float). Zero, subnormal, overflowing and non-finite values are handed to torch itself.
+    """
+    if dtype == torch.float64:
+        return math.nextafter(x, -math.inf)
+    info = torch.finfo(dtype)
+    bits = 1 - round(math.log2(info.eps))  # significand bits: 24 (float32), 11 (float16), 8 (bfloat16)
+    rounded = _round_bits(_round_bits(x, 24), bits) if math.isfinite(x) else x
+    if not info.tiny < abs(rounded) < info.max:
+        below = torch.nextafter(torch.tensor(x, dtype=dtype), torch.tensor(-math.inf, dtype=dtype))
+        return float(below)
+    mant, exp = math.frexp(rounded)  # rounded = mant·2^exp, 0.5 <= |mant| < 1
+    ulp = 2.0 ** (exp - bits)
+    return rounded - (ulp / 2 if mant == 0.5 else ulp)  # below a positive power of two the spacing halves
+
+
+def _round_bits(x: float, bits: int) -> float:
+    """``x`` rounded half to even to ``bits`` significand bits (exponent range unbounded)."""
+    mant, exp = math.frexp(x)
+    return round(mant * 2**bits) * 2.0 ** (exp - bits)  # exact: Python rounds the float half to even
 
 
 class _WindowKernel(torch.autograd.Function):
@@ -234,27 +261,29 @@ class QueryBlockLayout:
     """``out[b, p] = Σ_j σ(Z[b, j] − z[b, p])·1[Z[b, j] − z[b, p] <= upper]``; inputs ``Z`` (B, M), ``z`` (B, P).
 
     ``Z`` may hold ``-inf`` (excluded items) and ``z`` ``+inf`` (padding): both contribute 0 and get no gradient.
-    Rows are visited in decreasing order of their number of pairs (``widths`` ``(B,)``), in blocks of whole queries,
-    by broadcasting (no per-pair gather) over only the block's widest row. The differences are handed to the term
-    as ``−inf`` outside the window (use :class:`SigmoidTerm` with scale 1: ``Z`` and ``z`` are already divided by
-    the temperature). Output ``(B, P)``.
+    Rows are visited in decreasing order of their number of pairs (``order`` ``(B,)``, a device tensor, with
+    ``widths`` their pair counts as host ints, non-increasing: :func:`pml_suprank.ranking.flat.group_pairs`), in
+    blocks of whole queries, by broadcasting (no per-pair gather) over only the block's widest row. Every block
+    shape is known on the host from ``widths``, so neither forward nor backward waits for the device. The
+    differences are handed to the term as ``−inf`` outside the window (use :class:`SigmoidTerm` with scale 1: ``Z``
+    and ``z`` are already divided by the temperature). Output ``(B, P)``.
     """
 
-    def __init__(self, widths: Tensor, upper: float, chunk_elements: int) -> None:
-        self.widths, self.upper, self.chunk_elements = widths, float(upper), chunk_elements
+    def __init__(self, order: Tensor, widths: tuple[int, ...], upper: float, chunk_elements: int) -> None:
+        if len(widths) != len(order) or any(a < b for a, b in zip(widths, widths[1:])):
+            raise ValueError(f"widths must be {len(order)} non-increasing host ints (one per row of order)")
+        self.order, self.widths, self.upper, self.chunk_elements = order, tuple(widths), float(upper), chunk_elements
 
     def output(self, inputs):
         return inputs[1].new_zeros(inputs[1].shape)
 
     def blocks(self, inputs):
         num_cols = inputs[0].shape[1]
-        order = torch.argsort(self.widths, descending=True, stable=True)
-        sorted_widths = self.widths[order].tolist()
-        start, num_rows = 0, len(sorted_widths)
-        while start < num_rows and sorted_widths[start] > 0:  # rows without pairs contribute nothing
-            width = sorted_widths[start]
+        start, num_rows = 0, len(self.widths)
+        while start < num_rows and self.widths[start] > 0:  # rows without pairs contribute nothing
+            width = self.widths[start]
             stop = min(num_rows, start + max(1, self.chunk_elements // max(1, width * num_cols)))
-            yield order[start:stop], width
+            yield self.order[start:stop], width
             start = stop
 
     def differences(self, inputs, block):
@@ -265,9 +294,7 @@ class QueryBlockLayout:
         # −t = z − Z (exact negation); threshold_ keeps −t > nextdown(−upper), i.e. t <= upper, and sets the rest
         # to +inf (then t = −inf): bit-identical to masking t > upper, ~3× faster than a comparison + masked_fill_
         buf = z[rows, :width].unsqueeze(2) - Z[rows].unsqueeze(1)
-        neg_inf = torch.tensor(float("-inf"), dtype=buf.dtype)
-        below = float(torch.nextafter(torch.tensor(-self.upper, dtype=buf.dtype), neg_inf))
-        torch.nn.functional.threshold_(buf, below, float("inf"))
+        torch.nn.functional.threshold_(buf, next_below(-self.upper, buf.dtype), float("inf"))
         return buf.neg_(), None, None
 
     def store(self, out, block, where, sums):
