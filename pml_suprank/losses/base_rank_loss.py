@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from .._validation import check_probability
 from ..ranking.dense import KERNELS, choose_kernel
+from ..ranking.flat import PairGroups
 from ._combination import combined_loss_dict, make_decomposability
 from ._inputs import (
     PreparedForwardMixin,
@@ -223,11 +224,21 @@ class BaseRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
 
     # ------------------------------------------------------------------ helpers for flat AP-like losses
     @staticmethod
-    def segment_mean(values: Tensor, query_idx: Tensor, num_queries: int) -> tuple[Tensor, Tensor]:
-        """Mean of ``values`` per query (pairs grouped by ``query_idx``) → ``(per_query (Q,), kept rows (Q,))``."""
+    def segment_mean(
+        values: Tensor, query_idx: Tensor, num_queries: int, groups: PairGroups | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Mean of ``values`` per query (pairs grouped by ``query_idx``) → ``(per_query (Q,), kept rows (Q,))``.
+
+        With the pairs' ``groups`` (:func:`~pml_suprank.ranking.positive_pair_groups`) the kept rows come without a
+        host synchronisation; without, from ``torch.nonzero``.
+        """
         sums = values.new_zeros(num_queries).index_add(0, query_idx, values)
-        counts = torch.bincount(query_idx, minlength=num_queries)
-        kept = torch.nonzero(counts > 0, as_tuple=True)[0]
+        if groups is None:
+            counts = torch.zeros(num_queries, dtype=torch.long, device=values.device)
+            counts = counts.index_add_(0, query_idx, torch.ones_like(query_idx))  # bincount syncs on CUDA
+            kept = torch.nonzero(counts > 0, as_tuple=True)[0]
+        else:
+            counts, kept = groups.counts, groups.kept_rows()
         return sums[kept] / counts[kept].to(values.dtype), kept
 
     @staticmethod

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ..ranking import SigmoidStep, dense_query_ap, sigmoid_rank_sums
+from ..ranking import SigmoidStep, dense_query_ap, positive_pair_groups, sigmoid_rank_sums
 from .base_rank_loss import BaseRankLoss, RankInputs
 
 __all__ = ["SmoothAPLoss"]
@@ -44,10 +44,12 @@ class SmoothAPLoss(BaseRankLoss):
             pos = positives.to(inputs.scores.dtype)
             valid = inputs.valid.to(inputs.scores.dtype)
             return self.kept_queries(*dense_query_ap("smooth_ap", inputs.scores, pos, valid, self.temperature))
-        q, i = inputs.positive_pairs(positives)
-        pos_sum, all_sum = sigmoid_rank_sums(inputs.scores, q, i, positives, inputs.valid, self.temperature)
+        q, i, groups = positive_pair_groups(positives)
+        pos_sum, all_sum = sigmoid_rank_sums(
+            inputs.scores, q, i, positives, inputs.valid, self.temperature, groups=groups
+        )
         rank_plus, rank = 1.0 + pos_sum, 1.0 + all_sum
-        return self.segment_mean(rank_plus / rank, q, inputs.scores.shape[0])
+        return self.segment_mean(rank_plus / rank, q, inputs.scores.shape[0], groups=groups)
 
     def compute_query_losses(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:
         ap, kept = self.query_ap(inputs)

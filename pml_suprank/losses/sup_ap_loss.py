@@ -12,6 +12,7 @@ from ..ranking import (
     dense_query_ap,
     dense_query_ranks,
     heaviside_positive_count,
+    positive_pair_groups,
     suprank_negative_sum,
 )
 from ._inputs import RankInputs
@@ -19,7 +20,13 @@ from ._multilabel import per_label_rows
 from ._suprank_step import SupRankStepMixin, resolve_tau
 from .base_rank_loss import BaseRankLoss
 
-__all__ = ["MULTILABEL_MODES", "SupAPLoss", "dense_suprank_query_ranks", "suprank_pair_ranks"]
+__all__ = [
+    "MULTILABEL_MODES",
+    "SupAPLoss",
+    "dense_suprank_query_ranks",
+    "grouped_suprank_pair_ranks",
+    "suprank_pair_ranks",
+]
 
 MULTILABEL_MODES = (None, "per_label")  # the multilabel= choices of SupAPLoss / ROADMAPLoss
 
@@ -47,12 +54,18 @@ def suprank_pair_ranks(inputs: RankInputs, step: SupRankStep) -> tuple[Tensor, T
     Returns:
         ``(query_idx, item_idx, rank_plus, rank)``, each ``(K,)`` with ``K = Σ_q |P_q|``, pairs grouped by query.
     """
+    return grouped_suprank_pair_ranks(inputs, step)[:4]
+
+
+def grouped_suprank_pair_ranks(inputs: RankInputs, step: SupRankStep):
+    """:func:`suprank_pair_ranks` and the pairs' :class:`~pml_suprank.ranking.PairGroups` (one host read for the
+    pair list, the kernel's shapes and the kept rows): ``(query_idx, item_idx, rank_plus, rank, groups)``."""
     positives = inputs.positives()
     negatives = inputs.valid & ~positives
-    q, i = inputs.positive_pairs(positives)
+    q, i, groups = positive_pair_groups(positives)
     rank_plus = 1.0 + heaviside_positive_count(inputs.scores, q, i, positives)
-    rank = rank_plus + suprank_negative_sum(inputs.scores, q, i, negatives, step)
-    return q, i, rank_plus, rank
+    rank = rank_plus + suprank_negative_sum(inputs.scores, q, i, negatives, step, groups=groups)
+    return q, i, rank_plus, rank, groups
 
 
 def dense_suprank_query_ranks(inputs: RankInputs, step: SupRankStep) -> tuple[Tensor, Tensor, Tensor]:
@@ -141,8 +154,8 @@ class SupAPLoss(SupRankStepMixin, BaseRankLoss):
             negatives = (inputs.valid & ~positives).to(inputs.scores.dtype)
             pos = positives.to(inputs.scores.dtype)
             return self.kept_queries(*dense_query_ap("suprank", inputs.scores, pos, negatives, self.constant_step()))
-        q, _, rank_plus, rank = suprank_pair_ranks(inputs, self.step)
-        return self.segment_mean(rank_plus / rank, q, inputs.scores.shape[0])
+        q, _, rank_plus, rank, groups = grouped_suprank_pair_ranks(inputs, self.step)
+        return self.segment_mean(rank_plus / rank, q, inputs.scores.shape[0], groups=groups)
 
     def per_label_query_ap(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:
         """Mean per-label surrogate AP ``(Q,)`` of the queries with a label that has a positive, and their rows."""

@@ -10,7 +10,7 @@ from ..ranking import tau_sigmoid
 from ._inputs import RankInputs
 from ._suprank_step import SupRankStepMixin, pop_step_options
 from .base_rank_loss import BaseRankLoss
-from .sup_ap_loss import dense_suprank_query_ranks, suprank_pair_ranks
+from .sup_ap_loss import dense_suprank_query_ranks, grouped_suprank_pair_ranks
 
 __all__ = ["SupRecallLoss"]
 
@@ -55,13 +55,12 @@ class SupRecallLoss(SupRankStepMixin, BaseRankLoss):
         """Surrogate recall ``(Q,)`` averaged over ``k`` for the queries with a positive, and their rows ``(Q,)``."""
         if self.resolved_kernel(inputs) == "dense":
             return self._dense_recall(inputs)
-        q, _, _, rank = suprank_pair_ranks(inputs, self.step)
+        q, _, _, rank, groups = grouped_suprank_pair_ranks(inputs, self.step)
         num_queries = inputs.scores.shape[0]
         ks = torch.tensor(self.k, dtype=rank.dtype, device=rank.device)
         hits = tau_sigmoid(ks.unsqueeze(0) - rank.unsqueeze(1), self.temperature)  # (K_pairs, |K|)
         sums = hits.new_zeros(num_queries, len(self.k)).index_add(0, q, hits)
-        counts = torch.bincount(q, minlength=num_queries)
-        kept = torch.nonzero(counts > 0, as_tuple=True)[0]
+        counts, kept = groups.counts, groups.kept_rows()  # no host synchronisation (one read in the pairs' groups)
         denom = torch.minimum(counts[kept].to(rank.dtype).unsqueeze(1), ks.unsqueeze(0))
         return (sums[kept] / denom).mean(1), kept
 
