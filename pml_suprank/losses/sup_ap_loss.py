@@ -154,7 +154,7 @@ class SupAPLoss(SupRankStepMixin, BaseRankLoss):
             negatives = (inputs.valid & ~positives).to(inputs.scores.dtype)
             pos = positives.to(inputs.scores.dtype)
             return self.kept_queries(*dense_query_ap("suprank", inputs.scores, pos, negatives, self.constant_step()))
-        q, _, rank_plus, rank, groups = grouped_suprank_pair_ranks(inputs, self.step)
+        q, _, rank_plus, rank, groups = grouped_suprank_pair_ranks(inputs, self.constant_step())
         return self.segment_mean(rank_plus / rank, q, inputs.scores.shape[0], groups=groups)
 
     def per_label_query_ap(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:

@@ -55,7 +55,7 @@ class SupRecallLoss(SupRankStepMixin, BaseRankLoss):
         """Surrogate recall ``(Q,)`` averaged over ``k`` for the queries with a positive, and their rows ``(Q,)``."""
         if self.resolved_kernel(inputs) == "dense":
             return self._dense_recall(inputs)
-        q, _, _, rank, groups = grouped_suprank_pair_ranks(inputs, self.step)
+        q, _, _, rank, groups = grouped_suprank_pair_ranks(inputs, self.constant_step())
         num_queries = inputs.scores.shape[0]
         ks = torch.tensor(self.k, dtype=rank.dtype, device=rank.device)
         hits = tau_sigmoid(ks.unsqueeze(0) - rank.unsqueeze(1), self.temperature)  # (K_pairs, |K|)
