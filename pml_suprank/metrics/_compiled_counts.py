@@ -39,70 +39,90 @@ def _bin(value, lo, scale, num_bins):
     return num_bins - 1
 
 
+@numba.njit(nogil=True)
+def _count_row(row, r, n, num_bins, out_row):  # pragma: no cover - compiled
+    """``out_row[k] = #{j : row[j] >= r[k]}`` for ``k < n``: ``row`` ``(N,)`` scores, ``r`` ``(n + 1,)`` the relevant
+    scores in descending order followed by a ``-inf`` sentinel (never above a kept negative)."""
+    N = row.shape[0]
+    lo = np.float64(r[n - 1])
+    width = np.float64(r[0]) - lo
+    B = num_bins if num_bins > 0 else _DEFAULT_BINS * n
+    B = max(min(B, 64 * n), 1)
+    scale = B / width if width > 0.0 else 0.0
+    if not scale < np.inf:  # width subnormal-small or infinite: one bin, still exact
+        scale = 0.0
+    # ge[b] = #{k : bin(r_k) >= b} (r descending: bins non-increasing), ge[B] = 0
+    ge = np.zeros(B + 1, np.int32)
+    for k in range(n):
+        ge[_bin(r[k], lo, scale, B)] += 1
+    for b in range(B - 1, -1, -1):
+        ge[b] += ge[b + 1]
+    # slot[j] = #{k : r_k > s_j} for the kept negatives, n for the others; two passes (slots, then their
+    # histogram) keep the histogram's stores out of the lookup loop, which is several times faster
+    slot = np.empty(N, np.int32)
+    lo_s = r[n - 1]
+    for j in range(N):
+        s = row[j]
+        if s < lo_s:  # below every relevant item (also the -inf of removed items): never counts
+            slot[j] = n
+            continue
+        b = _bin(s, lo, scale, B)
+        a = np.int64(ge[b + 1])  # relevant items in higher bins: all score strictly higher
+        a += np.int64(r[a] > s)  # items past the bin score strictly lower than s; the sentinel ends the row
+        if r[a] > s:  # a second relevant item of the bin scores higher: finish the bin exactly
+            e = np.int64(ge[b])
+            if e - a <= _LINEAR_SCAN:
+                while r[a] > s:
+                    a += 1
+            else:  # first slot in [a, e) with r <= s
+                while a < e:
+                    m = (a + e) >> 1
+                    if r[m] > s:
+                        a = m + 1
+                    else:
+                        e = m
+        slot[j] = a  # a < n because s >= the lowest relevant score
+    hist = np.zeros(n + 1, np.int64)
+    for j in range(N):
+        hist[slot[j]] += 1
+    acc = 0
+    for k in range(n):
+        acc += hist[k]
+        out_row[k] = acc
+
+
 @numba.njit(parallel=True, nogil=True)
-def _count_rows(neg, rs, n_rel, num_bins, out):  # pragma: no cover - compiled; run by the tests through numba
+def _count_rows(neg, rs, n_rel, num_bins, out):  # pragma: no cover - compiled
     """``out[c, k] = #{j : neg[c, j] >= rs[c, k]}`` for ``k < n_rel[c]`` (0 elsewhere).
 
     ``neg`` ``(C, N)``; ``rs`` ``(C, P)`` relevant scores in descending order (the first ``n_rel[c]`` of a row are
     valid); ``num_bins`` ``<= 0`` means ``_DEFAULT_BINS · n_rel[c]`` bins.
     """
-    C, N = neg.shape
-    P = rs.shape[1]
-    for c in numba.prange(C):
-        for k in range(P):
-            out[c, k] = 0
+    for c in numba.prange(neg.shape[0]):
+        out[c, :] = 0
         n = n_rel[c]
-        if n == 0:
-            continue
-        # relevant scores of the row, descending, then one -inf sentinel (never above a kept negative)
-        r = np.empty(n + 1, rs.dtype)
-        r[:n] = rs[c, :n]
-        r[n] = -np.inf
-        lo = np.float64(r[n - 1])
-        width = np.float64(r[0]) - lo
-        B = num_bins if num_bins > 0 else _DEFAULT_BINS * n
-        B = max(min(B, 64 * n), 1)
-        scale = B / width if width > 0.0 else 0.0
-        if not scale < np.inf:  # width subnormal-small or infinite: one bin, still exact
-            scale = 0.0
-        # ge[b] = #{k : bin(r_k) >= b} (r descending: bins non-increasing), ge[B] = 0
-        ge = np.zeros(B + 1, np.int32)
-        for k in range(n):
-            ge[_bin(r[k], lo, scale, B)] += 1
-        for b in range(B - 1, -1, -1):
-            ge[b] += ge[b + 1]
-        # slot[j] = #{k : r_k > s_j} for the kept negatives, n for the others; two passes (slots, then their
-        # histogram) keep the histogram's stores out of the lookup loop, which is several times faster
-        slot = np.empty(N, np.int32)
-        row = neg[c]
-        lo_s = r[n - 1]
-        for j in range(N):
-            s = row[j]
-            if s < lo_s:  # below every relevant item (also the -inf of removed items): never counts
-                slot[j] = n
-                continue
-            a = np.int64(ge[_bin(s, lo, scale, B) + 1])  # relevant items in higher bins: all score strictly higher
-            a += np.int64(r[a] > s)  # items past the bin score strictly lower than s; the sentinel ends the row
-            if r[a] > s:  # a second relevant item of the bin scores higher: finish the bin exactly
-                e = np.int64(ge[_bin(s, lo, scale, B)])
-                if e - a <= _LINEAR_SCAN:
-                    while r[a] > s:
-                        a += 1
-                else:  # first slot in [a, e) with r <= s
-                    while a < e:
-                        m = (a + e) >> 1
-                        if r[m] > s:
-                            a = m + 1
-                        else:
-                            e = m
-            slot[j] = a  # a < n because s >= the lowest relevant score
-        hist = np.zeros(n + 1, np.int64)
-        for j in range(N):
-            hist[slot[j]] += 1
-        acc = 0
-        for k in range(n):
-            acc += hist[k]
-            out[c, k] = acc
+        if n > 0:
+            r = np.empty(n + 1, rs.dtype)
+            r[:n] = rs[c, :n]
+            r[n] = -np.inf
+            _count_row(neg[c], r, n, num_bins, out[c])
+
+
+@numba.njit(parallel=True, nogil=True)
+def _count_rows_keys(neg, keys, n_rel, num_bins, out):  # pragma: no cover - compiled
+    """:func:`_count_rows` for float32 ``neg`` with the relevant items given by their sorted int64 pessimistic keys
+    ``-m(r)·64 + level`` (:func:`pml_suprank.metrics.ranks._pessimistic_keys`), decoded here row by row."""
+    for c in numba.prange(neg.shape[0]):
+        out[c, :] = 0
+        n = n_rel[c]
+        if n > 0:
+            bits = np.empty(n + 1, np.int32)
+            for k in range(n):
+                m = -(keys[c, k] >> 6)  # the order-preserving int32 image m(r), an involution of the float bits
+                bits[k] = np.int32(m ^ ((m >> 31) & 0x7FFFFFFF))
+            r = bits.view(np.float32)
+            r[n] = -np.inf
+            _count_row(neg[c], r, n, num_bins, out[c])
 
 
 def count_negatives_compiled(neg_scores: Tensor, rs: Tensor, n_rel: Tensor, num_bins: int | None = None) -> Tensor:
@@ -111,7 +131,8 @@ def count_negatives_compiled(neg_scores: Tensor, rs: Tensor, n_rel: Tensor, num_
     Args:
         neg_scores: ``(C, N)`` float32/float64 CPU scores of the negatives, ``-inf`` (or anything below the row's
             lowest relevant score) elsewhere. Not modified.
-        rs: ``(C, P)`` float32/float64 relevant scores in descending order per row, valid slots first.
+        rs: ``(C, P)`` float32/float64 relevant scores in descending order per row, valid slots first; or, with
+            float32 ``neg_scores``, their sorted int64 pessimistic keys (``-m(r)·64 + level``, decoded in the kernel).
         n_rel: ``(C,)`` int64 number of valid slots of each row of ``rs``.
         num_bins: bins per row (default ``8 · n_rel``, at most ``64 · n_rel``); speed only.
 
@@ -121,9 +142,12 @@ def count_negatives_compiled(neg_scores: Tensor, rs: Tensor, n_rel: Tensor, num_
     Raises:
         ValueError: a tensor not on the CPU or of an unsupported dtype (naming the argument).
     """
+    keys = rs.dtype == torch.int64
     for name, t in (("neg_scores", neg_scores), ("rs", rs)):
-        if t.device.type != "cpu" or t.dtype not in SUPPORTED_DTYPES:
+        if t.device.type != "cpu" or t.dtype not in SUPPORTED_DTYPES and not (name == "rs" and keys):
             raise ValueError(f"{name} must be a float32/float64 CPU tensor; got {t.dtype} on {t.device}")
+    if keys and neg_scores.dtype != torch.float32:
+        raise ValueError(f"int64 keys rs need float32 neg_scores; got {neg_scores.dtype}")
     C, P = rs.shape
     out = torch.empty(C, P, dtype=torch.int64)
     if C == 0 or P == 0:
@@ -131,5 +155,6 @@ def count_negatives_compiled(neg_scores: Tensor, rs: Tensor, n_rel: Tensor, num_
     neg = neg_scores.detach().contiguous().numpy()
     rel = rs.detach().contiguous().numpy()
     counts = n_rel.detach().to(torch.int64).contiguous().numpy()
-    _count_rows(neg, rel, counts, int(num_bins) if num_bins is not None else 0, out.numpy())
+    kernel = _count_rows_keys if keys else _count_rows
+    kernel(neg, rel, counts, int(num_bins) if num_bins is not None else 0, out.numpy())
     return out

@@ -266,15 +266,15 @@ def rank_relevant_items(
         counting = _auto_counting(neg_scores, rel_scores, lo)
     elif counting == "compiled":
         _check_compiled(neg_scores, rel_scores)
-    if counting == "histogram" or counting == "compiled":
+    if counting == "compiled":  # the kernel decodes the sorted keys itself
+        from ._compiled_counts import count_negatives_compiled
+
+        rs = keys if keys is not None else rel_scores.gather(1, order).masked_fill_(~vs, float("-inf"))
+        neg_ge = count_negatives_compiled(neg_scores, rs, n_rel, num_bins)
+    elif counting == "histogram":
         # descending relevant scores, padding (-inf) last
         rs = (_decode_key(keys) if order is None else rel_scores.gather(1, order)).masked_fill_(~vs, float("-inf"))
-        if counting == "histogram":
-            neg_ge = _count_negatives_histogram(neg_scores, rs, vs, num_bins, workspace)
-        else:
-            from ._compiled_counts import count_negatives_compiled
-
-            neg_ge = count_negatives_compiled(neg_scores, rs, n_rel, num_bins)
+        neg_ge = _count_negatives_histogram(neg_scores, rs, vs, num_bins, workspace)
     else:
         seq, to_seq = _search_sequence(keys, order, rel_scores, vs, neg_scores.dtype)
         if counting == "dense":
