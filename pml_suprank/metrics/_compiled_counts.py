@@ -8,8 +8,8 @@ order, the bins only narrow down where to compare).
 
 numba is an optional dependency (``pip install 'pml-suprank[fast]'``): this module imports it at import time, so
 import the module lazily and treat ``ImportError`` as "not available" (:func:`compiled_counting_available`). The
-kernel compiles on its first call (a few seconds, once per process; no on-disk cache is written, so a read-only
-installation works unchanged) and runs its rows in parallel on numba's threads.
+kernel compiles on its first call (a few seconds, once per process and dtype; no on-disk cache is written, so a
+read-only installation works unchanged) and runs its rows in parallel on as many numba threads as torch uses.
 """
 
 from __future__ import annotations
@@ -156,5 +156,11 @@ def count_negatives_compiled(neg_scores: Tensor, rs: Tensor, n_rel: Tensor, num_
     rel = rs.detach().contiguous().numpy()
     counts = n_rel.detach().to(torch.int64).contiguous().numpy()
     kernel = _count_rows_keys if keys else _count_rows
-    kernel(neg, rel, counts, int(num_bins) if num_bins is not None else 0, out.numpy())
+    # as many threads as torch uses (numba's setting is per calling thread; restored afterwards)
+    previous = numba.get_num_threads()
+    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+    try:
+        kernel(neg, rel, counts, int(num_bins) if num_bins is not None else 0, out.numpy())
+    finally:
+        numba.set_num_threads(previous)
     return out

@@ -5,8 +5,11 @@ the ``m`` coarsest labels of a query then form a contiguous, nested slice ``[a_m
 level of an item follows from its column and no ``(Q, N)`` level matrix is built. For each chunk of queries the
 score block is one matmul; the relevant slice is gathered and sorted, one scatter blanks it in the score block, and
 negatives are only *counted* (:func:`~pml_suprank.metrics.ranks.rank_relevant_items`: negatives below the
-lowest relevant score are pruned by one comparison pass). Cost: ``O(Q·N·D)`` for the matmul plus a few ``O(Q·N)``
-streaming passes and ``O(Σ_q P_q log P_q)`` for the relevant items; memory ``O(chunk·N)``.
+lowest relevant score are pruned by one comparison pass; on the CPU a compiled numba kernel when installed, off the
+CPU a fixed-shape search). Cost: ``O(Q·N·D)`` for the matmul plus a few ``O(Q·N)`` streaming passes and
+``O(Σ_q P_q log P_q)`` for the relevant items; memory ``O(chunk·N)``. Every chunk stays on the evaluation device:
+the per-chunk sizes are read on the host once per call and the per-query results are brought back in one transfer
+at the end, so no chunk waits for the host.
 """
 
 from __future__ import annotations
@@ -165,8 +168,9 @@ class RetrievalEvaluator:
             :data:`~pml_suprank.metrics.registry.TOP_K_GROUPS`; ties in faiss order).
         progress_bar: show a tqdm bar over chunks.
         num_bins: histogram resolution of the counting kernel (speed only): ``None`` or an int ``>= 1``.
-        counting: ``"auto"``, ``"search"`` or ``"histogram"``: how negatives are counted (speed only, never the
-            result; see :func:`~pml_suprank.metrics.ranks.rank_relevant_items`).
+        counting: ``"auto"``, ``"search"``, ``"histogram"``, ``"compiled"`` (numba, CPU) or ``"dense"`` (no host
+            synchronisation; the default off the CPU): how negatives are counted (speed only, never the result; see
+            :func:`~pml_suprank.metrics.ranks.rank_relevant_items`).
         multilabel: default of :meth:`evaluate`'s ``multilabel``: labels are ``(N, M)`` fine-label sets.
 
     Example:

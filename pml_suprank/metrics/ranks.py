@@ -20,7 +20,9 @@ after every relevant item and never change a metric, so one comparison pass prun
 is binary-searched among the sorted keys (``"search"``, ``O(N + M log P)`` for ``M`` kept negatives); when most
 negatives overlap the relevant range, a uniform histogram of the row (bins spanning the relevant scores' range,
 ``O(N)``) plus an exact correction for the negatives that share a bin with a relevant item is used instead
-(``"histogram"``). Both are exact. Every metric is then computed from the ``(Q, P)`` positions of the relevant items
+(``"histogram"``); on the CPU the same is fused per row into one compiled pass when numba is installed
+(``"compiled"``), and off the CPU every entry is binary-searched with fixed shapes (``"dense"``, no host
+synchronisation). All are exact. Every metric is then computed from the ``(Q, P)`` positions of the relevant items
 (:mod:`pml_suprank.metrics.from_ranks`).
 """
 
