@@ -329,8 +329,9 @@ def _count_negatives_dense(
     """``neg_ge[c, k] = #{j : neg_scores[c, j] >= r_k}`` by binary-searching every entry of the block, no pruning.
 
     Fixed shapes and no data-dependent size, hence no host synchronisation: the accelerator path. ``O(C·N log P)``
-    work; each entry's slot ``#{k : r_k > s}`` (``P`` for the ``-inf`` of removed items and relevant slots, which
-    then count for nothing) is scattered into a ``(C, P + 1)`` histogram and prefix-summed.
+    work; each entry's slot ``#{k : r_k > s}`` is scattered into a ``(C, P + 1)`` histogram and prefix-summed (the
+    ``-inf`` of removed and relevant items, like every negative below the row's relevant items, lands at the row's
+    number of relevant items and so only reaches padding slots).
 
     Returns:
         ``(C, P)`` int64 (a fresh tensor, safe to modify in place).
