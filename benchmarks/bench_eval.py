@@ -27,7 +27,11 @@ import numpy as np
 import torch
 
 from pml_suprank.metrics import RetrievalEvaluator
+from pml_suprank.metrics.registry import SINGLE_LABEL_GROUPS
 from pml_suprank.relevance import level_matrix
+
+SYNC_OPS = ("aten::item", "aten::_local_scalar_dense", "aten::nonzero", "aten::is_nonzero", "aten::unique")
+SYNC_OPS += ("aten::_unique2", "aten::unique_consecutive", "aten::masked_select", "aten::equal")
 
 
 def make_data(
@@ -75,11 +79,19 @@ def _rss_gb() -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def bare_scores(emb: torch.Tensor, chunk: int) -> float:
+    """Seconds of the chunked ``(N, N)`` score matrix alone, on the device of ``emb``."""
+    _synchronize(emb.device)
     t = time.perf_counter()
-    buf = torch.empty(min(chunk, len(emb)), len(emb))
+    buf = torch.empty(min(chunk, len(emb)), len(emb), device=emb.device)
     for s in range(0, len(emb), chunk):
         torch.mm(emb[s : s + chunk], emb.T, out=buf[: min(chunk, len(emb) - s)])
+    _synchronize(emb.device)
     return time.perf_counter() - t
 
 
@@ -122,18 +134,66 @@ def pml_calculator(emb: torch.Tensor, fine: torch.Tensor) -> tuple[float, dict[s
     return time.perf_counter() - t, out
 
 
-def run(n: int, levels: int, naive_queries: int, with_pml: bool, coarse_weight: float = 2.0) -> dict:
+def host_syncs(
+    emb: torch.Tensor, labels: torch.Tensor, counting: str, device: str = "cpu", n: int = 1024
+) -> dict[str, list[int]]:
+    """Outermost host-synchronising aten ops of one ``evaluate()`` of the first ``n`` items (torch.profiler on the
+    CPU), with 1 and with 8 row blocks: every metric, and every metric but NDCG (whose discount tables are sized by
+    two read-backs per block in ``from_ranks.ndcg_`` / ``relevance.ideal_dcg``)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    emb, labels = emb[:n], labels[:n]
+    out = {}
+    for name, groups in (
+        ("all", SINGLE_LABEL_GROUPS),
+        ("no_ndcg", tuple(g for g in SINGLE_LABEL_GROUPS if g != "ndcg")),
+    ):
+        counts = []
+        for blocks in (1, 8):
+            ev = RetrievalEvaluator(
+                k_values=(1, 10, 100), chunk_size=n // blocks, counting=counting, metrics=groups, device=device
+            )
+            ev.evaluate(emb, labels)
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                ev.evaluate(emb, labels)
+            top = [
+                e for e in prof.events() if e.name in SYNC_OPS and not (e.cpu_parent and e.cpu_parent.name in SYNC_OPS)
+            ]
+            counts.append(len(top))
+        out[name] = counts
+    return out
+
+
+def warm_up(ev: RetrievalEvaluator, emb: torch.Tensor, labels: torch.Tensor) -> float:
+    """Seconds of a first evaluation of 512 queries: the one-off numba compilation of the counting kernel (per
+    process) plus a negligible evaluation; excluded from the timed evaluation that follows."""
+    t = time.perf_counter()
+    ev.evaluate(emb[:512], labels[:512])
+    return time.perf_counter() - t
+
+
+def run(
+    n: int,
+    levels: int,
+    naive_queries: int,
+    with_pml: bool,
+    coarse_weight: float = 2.0,
+    counting: str = "auto",
+    device: str = "cpu",
+) -> dict:
     emb, labels = make_data(n, levels, coarse_weight=coarse_weight)
-    ev = RetrievalEvaluator(k_values=(1, 10, 100))
+    ev = RetrievalEvaluator(k_values=(1, 10, 100), counting=counting, device=device)
     chunk = ev._default_chunk(n)
-    t_scores = bare_scores(emb, chunk)
+    t_compile = warm_up(ev, emb, labels)
+    syncs = host_syncs(emb, labels, counting, device)
+    t_scores = bare_scores(emb.to(device), chunk)
     with PeakRSS() as mem:
         t = time.perf_counter()
         out = ev.evaluate(emb, labels, return_per_query=True)
         t_eval = time.perf_counter() - t
     # the machine is shared: time the bare score matrix again after the evaluation and keep the faster of the two
     # (the conservative denominator for the ratio)
-    t_scores_after = bare_scores(emb, chunk)
+    t_scores_after = bare_scores(emb.to(device), chunk)
     t_scores_before, t_scores = t_scores, min(t_scores, t_scores_after)
     res = {
         "n": n,
@@ -142,6 +202,12 @@ def run(n: int, levels: int, naive_queries: int, with_pml: bool, coarse_weight: 
         "dim": emb.shape[1],
         "threads": torch.get_num_threads(),
         "chunk_size": chunk,
+        "device": device,
+        "device_name": torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu",
+        "counting": counting,
+        "numba": _numba_version(),
+        "first_call_compile_s": t_compile,
+        "host_syncs_1_vs_8_blocks": syncs,
         "score_matrix_s": t_scores,
         "score_matrix_before_after_s": [t_scores_before, t_scores_after],
         "evaluate_all_metrics_s": t_eval,
@@ -151,11 +217,17 @@ def run(n: int, levels: int, naive_queries: int, with_pml: bool, coarse_weight: 
         "metrics": {k: v for k, v in out.items() if isinstance(v, (int, float))},
     }
     print(
-        f"\nN={n:,} L={levels} coarse_weight={coarse_weight}: score matrix {t_scores:.1f}s "
+        f"\nN={n:,} L={levels} coarse_weight={coarse_weight} device={res['device_name']} counting={counting} "
+        f"numba={res['numba']} "
+        f"(first call incl. compile {t_compile:.1f}s, excluded): score matrix {t_scores:.1f}s "
         f"(min of {t_scores_before:.1f}s before, {t_scores_after:.1f}s after) | all metrics {t_eval:.1f}s "
         f"(x{t_eval / t_scores:.2f}) | RSS {mem.start:.2f} GB before, peak {mem.peak:.2f} GB during the evaluation"
     )
     print("  " + ", ".join(f"{k}={out[k]:.4f}" for k in ("ap", "map_at_r", "recall_at_1", "h_ap", "ndcg", "asi")))
+    print(
+        f"  host-synchronising ops of evaluate() on 1,024 items, 1 vs 8 row blocks: every metric "
+        f"{syncs['all'][0]} vs {syncs['all'][1]}, every metric but NDCG {syncs['no_ndcg'][0]} vs {syncs['no_ndcg'][1]}"
+    )
     if naive_queries:
         t_naive, naive = naive_subset(emb, labels, naive_queries)
         per_q_naive = t_naive / naive_queries
@@ -188,6 +260,14 @@ def run(n: int, levels: int, naive_queries: int, with_pml: bool, coarse_weight: 
     return res
 
 
+def _numba_version() -> str | None:
+    try:
+        import numba
+    except ImportError:
+        return None
+    return numba.__version__
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small N (2,000 and 10,000)")
@@ -196,13 +276,17 @@ def main() -> None:
     parser.add_argument("--naive-queries", type=int, default=50)
     parser.add_argument("--no-pml", action="store_true")
     parser.add_argument("--coarse-weight", type=float, default=2.0, help="separation of the coarse classes")
+    parser.add_argument("--device", default="cpu", help="where the evaluator and the bare score matrix run")
+    parser.add_argument("--counting", default="auto", help="counting= of the evaluator (auto/compiled/histogram/...)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
     sizes = args.sizes or ([2000, 10000] if args.quick else [10000, 60502])
     results = []
     for n in sizes:
         for levels in args.levels:
-            results.append(run(n, levels, args.naive_queries, not args.no_pml, args.coarse_weight))
+            results.append(
+                run(n, levels, args.naive_queries, not args.no_pml, args.coarse_weight, args.counting, args.device)
+            )
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"bench_eval_{'quick' if args.quick else 'full'}_{int(time.time())}.json"
     path.write_text(json.dumps({"torch": torch.__version__, "results": results}, indent=1))

@@ -5,8 +5,11 @@ the ``m`` coarsest labels of a query then form a contiguous, nested slice ``[a_m
 level of an item follows from its column and no ``(Q, N)`` level matrix is built. For each chunk of queries the
 score block is one matmul; the relevant slice is gathered and sorted, one scatter blanks it in the score block, and
 negatives are only *counted* (:func:`~pml_suprank.metrics.ranks.rank_relevant_items`: negatives below the
-lowest relevant score are pruned by one comparison pass). Cost: ``O(Q·N·D)`` for the matmul plus a few ``O(Q·N)``
-streaming passes and ``O(Σ_q P_q log P_q)`` for the relevant items; memory ``O(chunk·N)``.
+lowest relevant score are pruned by one comparison pass; on the CPU a compiled numba kernel when installed, off the
+CPU a fixed-shape search). Cost: ``O(Q·N·D)`` for the matmul plus a few ``O(Q·N)`` streaming passes and
+``O(Σ_q P_q log P_q)`` for the relevant items; memory ``O(chunk·N)``. Every chunk stays on the evaluation device:
+the per-chunk sizes are read on the host once per call and the per-query results are brought back in one transfer
+at the end, so no chunk waits for the host.
 """
 
 from __future__ import annotations
@@ -85,14 +88,17 @@ def _chunk_ranks(
     num_bins: int | None,
     workspace: dict | None = None,
     counting: str = "auto",
+    P: int | None = None,
 ) -> RetrievalRanks:
-    """Ranks of one chunk from its ``(C, N)`` score block (overwritten) and the label slices ``(C, L)``."""
+    """Ranks of one chunk from its ``(C, N)`` score block (overwritten) and the label slices ``(C, L)``; ``P``: the
+    largest first-level block ``max(ends[:, 0] - starts[:, 0])`` if known on the host (else read back)."""
     C, N = scores.shape
     L = starts.shape[1]
     device = scores.device
     a1, b1 = starts[:, 0], ends[:, 0]
     n_block = b1 - a1
-    P = int(n_block.max()) if C else 0
+    if P is None:
+        P = int(n_block.max()) if C else 0
     t = torch.arange(P, device=device)
     in_block = t[None, :] < n_block[:, None]
     raw = a1[:, None] + t[None, :]  # past the block (possibly past N) on padding slots
@@ -111,7 +117,7 @@ def _chunk_ranks(
     if P:
         scores.scatter_(1, col, rel_scores.masked_fill((n_block > 0)[:, None], float("-inf")))
     levels, positions = rank_relevant_items(
-        scores, rel_scores, lev, num_bins=num_bins, workspace=workspace, counting=counting
+        scores, rel_scores, lev, num_bins=num_bins, workspace=workspace, counting=counting, max_level=L
     )
     return RetrievalRanks(levels, positions, _block_counts(starts, ends, has_self, N), L)
 
@@ -162,8 +168,9 @@ class RetrievalEvaluator:
             :data:`~pml_suprank.metrics.registry.TOP_K_GROUPS`; ties in faiss order).
         progress_bar: show a tqdm bar over chunks.
         num_bins: histogram resolution of the counting kernel (speed only): ``None`` or an int ``>= 1``.
-        counting: ``"auto"``, ``"search"`` or ``"histogram"``: how negatives are counted (speed only, never the
-            result; see :func:`~pml_suprank.metrics.ranks.rank_relevant_items`).
+        counting: ``"auto"``, ``"search"``, ``"histogram"``, ``"compiled"`` (numba, CPU) or ``"dense"`` (no host
+            synchronisation; the default off the CPU): how negatives are counted (speed only, never the result; see
+            :func:`~pml_suprank.metrics.ranks.rank_relevant_items`).
         multilabel: default of :meth:`evaluate`'s ``multilabel``: labels are ``(N, M)`` fine-label sets.
 
     Example:
@@ -354,19 +361,22 @@ class RetrievalEvaluator:
             self_col[self_idx] = inv[self_idx]
         gallery = reference.detach()[perm.to(reference.device)].to(device=device, dtype=dtype)
         query_scale, gallery = _overflow_safe_scales(query, gallery)
+        chunk = self._default_chunk(N)
+        # relevant slots per chunk (the largest label block of its queries), read on the host once per call so
+        # that no chunk reads anything back from the device
+        block_sizes = _chunk_maxima(ends[:, 0] - starts[:, 0], chunk)
         starts, ends = starts.to(device), ends.to(device)
         self_col = None if self_col is None else self_col.to(device)
-        chunk = self._default_chunk(N)
+        queries = query.detach().to(device=device, dtype=dtype)
+        if query_scale != 1.0:
+            queries = queries * query_scale
         per_query: dict[str, list[Tensor]] = {}
         workspace: dict[str, Tensor] = {}
         score_buf = torch.empty(min(chunk, Q), N, dtype=dtype, device=device)
         with torch.no_grad():
-            for s in self._chunks(Q, chunk):
+            for i, s in enumerate(self._chunks(Q, chunk)):
                 e = min(s + chunk, Q)
-                qc = query.detach()[s:e].to(device=device, dtype=dtype)
-                if query_scale != 1.0:
-                    qc = qc * query_scale
-                scores = torch.mm(qc, gallery.T, out=score_buf[: e - s])
+                scores = torch.mm(queries[s:e], gallery.T, out=score_buf[: e - s])
                 ranks = _chunk_ranks(
                     scores,
                     starts[s:e],
@@ -375,11 +385,11 @@ class RetrievalEvaluator:
                     self.num_bins,
                     workspace,
                     self.counting,
+                    block_sizes[i],
                 )
                 for key, value in self._metrics_from_ranks(ranks).items():
-                    per_query.setdefault(key, []).append(value.cpu())
-        merged = {k: torch.cat(v) for k, v in per_query.items()}
-        return self._summarise(merged, Q, L, return_per_query)
+                    per_query.setdefault(key, []).append(value)  # stays on the device until the end
+        return self._summarise(_to_host(per_query), Q, L, return_per_query)
 
     def _metrics_from_ranks(self, ranks: RetrievalRanks) -> dict[str, Tensor]:
         L = ranks.num_levels
@@ -437,6 +447,22 @@ class RetrievalEvaluator:
 def _check_multilabel_backend(backend: str) -> None:
     if backend != "torch":
         raise ValueError(f"multilabel=True needs backend='torch' (exact full ranking); got backend={backend!r}")
+
+
+def _chunk_maxima(values: Tensor, chunk: int) -> list[int]:
+    """Maximum of each run of ``chunk`` consecutive entries of the 1-D host tensor ``values`` (one read-back)."""
+    pad = -len(values) % chunk
+    padded = torch.cat([values, values.new_zeros(pad)]) if pad else values
+    return padded.view(-1, chunk).amax(1).tolist() if len(values) else []
+
+
+def _to_host(per_query: dict[str, list[Tensor]]) -> dict[str, Tensor]:
+    """Concatenate the per-chunk ``(C,)`` float64 results of every key and bring them to the host in one transfer."""
+    keys = list(per_query)
+    if not keys:
+        return {}
+    stacked = torch.stack([torch.cat(per_query[k]) for k in keys]).cpu()
+    return dict(zip(keys, stacked.unbind(0)))
 
 
 def _block_counts(starts: Tensor, ends: Tensor, has_self: Tensor, N: int) -> Tensor:

@@ -20,12 +20,15 @@ after every relevant item and never change a metric, so one comparison pass prun
 is binary-searched among the sorted keys (``"search"``, ``O(N + M log P)`` for ``M`` kept negatives); when most
 negatives overlap the relevant range, a uniform histogram of the row (bins spanning the relevant scores' range,
 ``O(N)``) plus an exact correction for the negatives that share a bin with a relevant item is used instead
-(``"histogram"``). Both are exact. Every metric is then computed from the ``(Q, P)`` positions of the relevant items
+(``"histogram"``); on the CPU the same is fused per row into one compiled pass when numba is installed
+(``"compiled"``), and off the CPU every entry is binary-searched with fixed shapes (``"dense"``, no host
+synchronisation). All are exact. Every metric is then computed from the ``(Q, P)`` positions of the relevant items
 (:mod:`pml_suprank.metrics.from_ranks`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -36,7 +39,7 @@ from ..relevance import level_counts
 
 __all__ = ["COUNTING_METHODS", "RetrievalRanks", "rank_relevant_items", "retrieval_ranks"]
 
-COUNTING_METHODS = ("auto", "search", "histogram")
+COUNTING_METHODS = ("auto", "search", "histogram", "compiled", "dense")
 
 
 class RetrievalRanks(NamedTuple):
@@ -146,10 +149,15 @@ def _descending_key(scores: Tensor) -> Tensor:
     return (bits ^ ((bits >> 31) & 0x7FFFFFFF)).long().neg_()
 
 
-def _pessimistic_keys(scores: Tensor, levels: Tensor) -> Tensor | None:
+def _pessimistic_keys(scores: Tensor, levels: Tensor, max_level: int | None = None) -> Tensor | None:
     """int64 sort keys ``(C, P)``: score descending, then level ascending, padding (level 0) last with key bits
-    ``level = key & 63`` (0 for padding); None when the one-key encoding does not apply (float64, levels >= 64)."""
-    if scores.dtype != torch.float32 or (levels.numel() and int(levels.max()) >= 64):
+    ``level = key & 63`` (0 for padding); None when the one-key encoding does not apply (float64, levels >= 64).
+    ``max_level``: a known upper bound of ``levels`` (saves reading the maximum back to the host)."""
+    if scores.dtype != torch.float32:
+        return None
+    if max_level is None:
+        max_level = int(levels.max()) if levels.numel() else 0
+    if max_level >= 64:
         return None
     key = _descending_key(scores).mul_(64).add_(levels)
     return key.masked_fill_(levels == 0, _KEY_PAD)
@@ -209,6 +217,7 @@ def rank_relevant_items(
     num_bins: int | None = None,
     workspace: dict | None = None,
     counting: str = "auto",
+    max_level: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Sort the relevant items of each query and find their positions in the full pessimistic ranking.
 
@@ -225,9 +234,14 @@ def rank_relevant_items(
             ``"search"`` keeps only the negatives scoring at least the lowest relevant score of their row (the others
             rank after every relevant item and never change a metric) and binary-searches each of them among the
             sorted relevant scores, ``O(N + M log P)`` for ``M`` such negatives; ``"histogram"`` bins whole rows,
-            ``O(N)`` plus an exact comparison for the negatives sharing a bin with a relevant item; ``"auto"`` picks
-            ``"search"`` when a strided sample of the row block puts fewer than 5 % of the negatives in range (the
-            measured break-even on a 2-core CPU lies between 1 % and 11 %).
+            ``O(N)`` plus an exact comparison for the negatives sharing a bin with a relevant item; ``"compiled"``
+            is the histogram fused per row into one compiled pass (numba, CPU, float32/float64; the ``fast`` extra);
+            ``"dense"`` binary-searches every entry without pruning, ``O(N log P)`` with fixed shapes and no host
+            synchronisation (the accelerator path); ``"auto"`` picks ``"dense"`` off the CPU, ``"compiled"`` on the
+            CPU when numba is installed, else ``"search"`` when a strided sample of the row block puts fewer than
+            5 % of the negatives in range (the measured break-even on a 2-core CPU lies between 1 % and 11 %) and
+            ``"histogram"`` otherwise.
+        max_level: a known upper bound of ``rel_levels`` (the evaluator's ``L``); saves one read-back to the host.
 
     Returns:
         ``(levels, positions)``, both ``(C, P)`` int64, in ranked order: the levels of the relevant items (``0`` =
@@ -242,7 +256,8 @@ def rank_relevant_items(
     if counting not in COUNTING_METHODS:
         raise ValueError(f"counting must be one of {COUNTING_METHODS}; got {counting!r}")
     arange_p = torch.arange(P, device=device)
-    keys, order, rl = _sort_relevant(rel_scores, rel_levels, same_dtype=neg_scores.dtype == rel_scores.dtype)
+    same_dtype = neg_scores.dtype == rel_scores.dtype
+    keys, order, rl = _sort_relevant(rel_scores, rel_levels, same_dtype, max_level)
     vs = rl > 0
     n_rel = vs.sum(1)
     # lowest relevant score of each row (+inf without relevant items: then no negative matters)
@@ -250,28 +265,30 @@ def rank_relevant_items(
     lo = (_decode_key(keys.gather(1, last)) if order is None else rel_scores.gather(1, order.gather(1, last)))[:, 0]
     lo = torch.where(n_rel > 0, lo, torch.full_like(lo, float("inf")))
     if counting == "auto":
-        counting = "search" if _in_range_fraction(neg_scores, lo) < 0.05 else "histogram"
-    if counting == "search":
-        if keys is not None:  # the sorted keys are the search sequence: #{k : r_k > s} = #{k : key_k < key(s)}
-            neg_ge = _count_negatives_search(
-                neg_scores, lo, keys, _KEY_PAD, lambda v: _descending_key(v) * 64, workspace
-            )
-        else:  # ascending -r (padding +inf): #{k : r_k > s} = #{k : -r_k < -s}
-            dt = torch.promote_types(neg_scores.dtype, rel_scores.dtype)  # exact comparisons across dtypes
-            seq = rel_scores.gather(1, order).to(dt).neg_().masked_fill_(~vs, float("inf"))
-            neg_ge = _count_negatives_search(neg_scores, lo, seq, float("inf"), lambda v: -v.to(dt), workspace)
-        positions = neg_ge.add_(arange_p + 1).masked_fill_(~vs, 0)
-        return rl, positions
+        counting = _auto_counting(neg_scores, rel_scores, lo)
+    elif counting == "compiled":
+        _check_compiled(neg_scores, rel_scores)
+    if counting == "compiled":  # the kernel decodes the sorted keys itself
+        from ._compiled_counts import count_negatives_compiled
 
-    # descending relevant scores, padding (-inf) last
-    rs = (_decode_key(keys) if order is None else rel_scores.gather(1, order)).masked_fill_(~vs, float("-inf"))
-    neg_ge = _count_negatives_histogram(neg_scores, rs, vs, num_bins, workspace)
-    positions = torch.where(vs, neg_ge + arange_p + 1, torch.zeros_like(neg_ge))
-    return torch.where(vs, rl, torch.zeros_like(rl)), positions
+        rs = keys if keys is not None else rel_scores.gather(1, order).masked_fill_(~vs, float("-inf"))
+        neg_ge = count_negatives_compiled(neg_scores, rs, n_rel, num_bins)
+    elif counting == "histogram":
+        # descending relevant scores, padding (-inf) last
+        rs = (_decode_key(keys) if order is None else rel_scores.gather(1, order)).masked_fill_(~vs, float("-inf"))
+        neg_ge = _count_negatives_histogram(neg_scores, rs, vs, num_bins, workspace)
+    else:
+        seq, to_seq = _search_sequence(keys, order, rel_scores, vs, neg_scores.dtype)
+        if counting == "dense":
+            neg_ge = _count_negatives_dense(neg_scores, seq, to_seq, workspace)
+        else:
+            pad = _KEY_PAD if keys is not None else float("inf")
+            neg_ge = _count_negatives_search(neg_scores, lo, seq, pad, to_seq, workspace)
+    return rl, neg_ge.add_(arange_p + 1).masked_fill_(~vs, 0)
 
 
 def _sort_relevant(
-    rel_scores: Tensor, rel_levels: Tensor, same_dtype: bool
+    rel_scores: Tensor, rel_levels: Tensor, same_dtype: bool, max_level: int | None = None
 ) -> tuple[Tensor | None, Tensor | None, Tensor]:
     """Pessimistic order of the relevant items of each row.
 
@@ -280,13 +297,89 @@ def _sort_relevant(
         does not apply, or the dtypes of the negatives and relevant scores differ), else the ``(C, P)`` argsort
         ``order``; and the ``(C, P)`` levels in ranked order, ``0`` on padding (always last).
     """
-    keys = _pessimistic_keys(rel_scores, rel_levels) if same_dtype else None
+    keys = _pessimistic_keys(rel_scores, rel_levels, max_level) if same_dtype else None
     if keys is not None:  # one int64 key per item carries the score and the level: no permutation needed
         keys = _sort_rows(keys)
         return keys, None, keys & 63
     valid = rel_levels > 0
     order = _pessimistic_order(rel_scores, rel_levels, valid)
     return None, order, rel_levels.gather(1, order).masked_fill_(~valid.gather(1, order), 0)
+
+
+def _search_sequence(
+    keys: Tensor | None, order: Tensor | None, rel_scores: Tensor, vs: Tensor, neg_dtype: torch.dtype
+) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
+    """Ascending ``(C, P)`` image ``seq`` of the ranked relevant items (padding last) and the map ``to_seq`` of
+    negative scores such that ``#{k : seq_k < to_seq(s)} = #{k : r_k > s}`` (padding never counts).
+
+    With the int64 keys, the sorted keys themselves (``key(s) = -m(s)·64``, level bits 0, lands after exactly the
+    keys of higher scores); otherwise ``-r`` in the promoted dtype (comparisons exact across dtypes), padding
+    ``+inf``.
+    """
+    if keys is not None:
+        return keys, lambda v: _descending_key(v).mul_(64)
+    dt = torch.promote_types(neg_dtype, rel_scores.dtype)
+    seq = rel_scores.gather(1, order).to(dt).neg_().masked_fill_(~vs, float("inf"))
+    return seq, lambda v: -v.to(dt)
+
+
+def _count_negatives_dense(
+    neg_scores: Tensor, seq: Tensor, to_seq: Callable[[Tensor], Tensor], workspace: dict | None
+) -> Tensor:
+    """``neg_ge[c, k] = #{j : neg_scores[c, j] >= r_k}`` by binary-searching every entry of the block, no pruning.
+
+    Fixed shapes and no data-dependent size, hence no host synchronisation: the accelerator path. ``O(C·N log P)``
+    work; each entry's slot ``#{k : r_k > s}`` is scattered into a ``(C, P + 1)`` histogram and prefix-summed (the
+    ``-inf`` of removed and relevant items, like every negative below the row's relevant items, lands at the row's
+    number of relevant items and so only reaches padding slots).
+
+    Returns:
+        ``(C, P)`` int64 (a fresh tensor, safe to modify in place).
+    """
+    C, N = neg_scores.shape
+    P = seq.shape[1]
+    device = neg_scores.device
+    above = _workspace(workspace, "above", (C, N), torch.long, device)
+    torch.searchsorted(seq.contiguous(), to_seq(neg_scores), out=above)
+    hist = torch.zeros(C, P + 1, dtype=torch.long, device=device)
+    hist.scatter_add_(1, above, torch.ones(1, 1, dtype=torch.long, device=device).expand(C, N))
+    return hist[:, :P].cumsum(1)
+
+
+def _auto_counting(neg_scores: Tensor, rel_scores: Tensor, lo: Tensor) -> str:
+    """``counting="auto"``: ``"dense"`` off the CPU (no host synchronisation), ``"compiled"`` on the CPU when numba
+    is installed (every float32/float64 case), else ``"search"`` or ``"histogram"`` by the in-range share of a
+    strided sample of the negatives (break-even measured between 1 % and 11 % on a 2-core CPU)."""
+    if neg_scores.device.type != "cpu":
+        return "dense"
+    if _compiled_dtypes(neg_scores, rel_scores) and _compiled_available():
+        return "compiled"
+    return "search" if _in_range_fraction(neg_scores, lo) < 0.05 else "histogram"
+
+
+def _compiled_dtypes(neg_scores: Tensor, rel_scores: Tensor) -> bool:
+    supported = (torch.float32, torch.float64)
+    return neg_scores.dtype in supported and rel_scores.dtype in supported
+
+
+def _compiled_available() -> bool:
+    """Whether the numba kernel can be imported (numba is the optional ``fast`` extra)."""
+    try:
+        from . import _compiled_counts  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _check_compiled(neg_scores: Tensor, rel_scores: Tensor) -> None:
+    if neg_scores.device.type != "cpu" or rel_scores.device.type != "cpu":
+        raise ValueError(f"counting='compiled' runs on CPU tensors; neg_scores are on {neg_scores.device}")
+    if not _compiled_dtypes(neg_scores, rel_scores):
+        raise ValueError(
+            f"counting='compiled' needs float32/float64 scores; got {neg_scores.dtype} and {rel_scores.dtype}"
+        )
+    if not _compiled_available():
+        raise ImportError("counting='compiled' needs numba: pip install 'pml-suprank[fast]'")
 
 
 def _count_negatives_histogram(

@@ -1,0 +1,166 @@
+"""Compiled (numba) counting of the negatives ranked before each relevant item, for CPU tensors.
+
+The fused per-row kernel behind ``counting="compiled"`` of :func:`pml_suprank.metrics.ranks.rank_relevant_items`:
+for every row it prunes the negatives scoring below the lowest relevant item, looks the others up in a uniform
+histogram of the row's relevant scores and finishes with an exact comparison against the relevant items sharing a
+bin, in one pass over the row. Same result as the torch counters (exact integer counts; no arithmetic decides an
+order, the bins only narrow down where to compare).
+
+numba is an optional dependency (``pip install 'pml-suprank[fast]'``): this module imports it at import time, so
+import the module lazily and treat ``ImportError`` as "not available" (:func:`compiled_counting_available`). The
+kernel compiles on its first call (a few seconds, once per process and dtype; no on-disk cache is written, so a
+read-only installation works unchanged) and runs its rows in parallel on as many numba threads as torch uses.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = ["SUPPORTED_DTYPES", "count_negatives_compiled"]
+
+SUPPORTED_DTYPES = (torch.float32, torch.float64)
+
+_DEFAULT_BINS = 8  # bins per relevant item: few bins hold a relevant item, so the exact comparisons are rare
+_LINEAR_SCAN = 8  # bins holding at most this many relevant items are scanned, larger ones binary-searched
+
+
+@numba.njit(inline="always")
+def _bin(value, lo, scale, num_bins):
+    """Bin of ``value >= lo``: ``floor((value - lo) · scale)`` in float64, clamped to ``num_bins - 1`` (also for an
+    overflow to inf or NaN). A chain of correctly rounded monotone operations, so ``bin`` is non-decreasing in
+    ``value``: an item in a higher bin than a relevant item scores strictly higher, one in a lower bin strictly
+    lower."""
+    x = (np.float64(value) - lo) * scale
+    if x < num_bins:
+        return np.int64(x)
+    return num_bins - 1
+
+
+@numba.njit(nogil=True)
+def _count_row(row, r, n, num_bins, out_row):  # pragma: no cover - compiled
+    """``out_row[k] = #{j : row[j] >= r[k]}`` for ``k < n``: ``row`` ``(N,)`` scores, ``r`` ``(n + 1,)`` the relevant
+    scores in descending order followed by a ``-inf`` sentinel (never above a kept negative)."""
+    N = row.shape[0]
+    lo = np.float64(r[n - 1])
+    width = np.float64(r[0]) - lo
+    B = num_bins if num_bins > 0 else _DEFAULT_BINS * n
+    B = max(min(B, 64 * n), 1)
+    scale = B / width if width > 0.0 else 0.0
+    if not scale < np.inf:  # width subnormal-small or infinite: one bin, still exact
+        scale = 0.0
+    # ge[b] = #{k : bin(r_k) >= b} (r descending: bins non-increasing), ge[B] = 0
+    ge = np.zeros(B + 1, np.int32)
+    for k in range(n):
+        ge[_bin(r[k], lo, scale, B)] += 1
+    for b in range(B - 1, -1, -1):
+        ge[b] += ge[b + 1]
+    # slot[j] = #{k : r_k > s_j} for the kept negatives, n for the others; two passes (slots, then their
+    # histogram) keep the histogram's stores out of the lookup loop, which is several times faster
+    slot = np.empty(N, np.int32)
+    lo_s = r[n - 1]
+    for j in range(N):
+        s = row[j]
+        if s < lo_s:  # below every relevant item (also the -inf of removed items): never counts
+            slot[j] = n
+            continue
+        b = _bin(s, lo, scale, B)
+        a = np.int64(ge[b + 1])  # relevant items in higher bins: all score strictly higher
+        a += np.int64(r[a] > s)  # items past the bin score strictly lower than s; the sentinel ends the row
+        if r[a] > s:  # a second relevant item of the bin scores higher: finish the bin exactly
+            e = np.int64(ge[b])
+            if e - a <= _LINEAR_SCAN:
+                while r[a] > s:
+                    a += 1
+            else:  # first slot in [a, e) with r <= s
+                while a < e:
+                    m = (a + e) >> 1
+                    if r[m] > s:
+                        a = m + 1
+                    else:
+                        e = m
+        slot[j] = a  # a < n because s >= the lowest relevant score
+    hist = np.zeros(n + 1, np.int64)
+    for j in range(N):
+        hist[slot[j]] += 1
+    acc = 0
+    for k in range(n):
+        acc += hist[k]
+        out_row[k] = acc
+
+
+@numba.njit(parallel=True, nogil=True)
+def _count_rows(neg, rs, n_rel, num_bins, out):  # pragma: no cover - compiled
+    """``out[c, k] = #{j : neg[c, j] >= rs[c, k]}`` for ``k < n_rel[c]`` (0 elsewhere).
+
+    ``neg`` ``(C, N)``; ``rs`` ``(C, P)`` relevant scores in descending order (the first ``n_rel[c]`` of a row are
+    valid); ``num_bins`` ``<= 0`` means ``_DEFAULT_BINS · n_rel[c]`` bins.
+    """
+    for c in numba.prange(neg.shape[0]):
+        out[c, :] = 0
+        n = n_rel[c]
+        if n > 0:
+            r = np.empty(n + 1, rs.dtype)
+            r[:n] = rs[c, :n]
+            r[n] = -np.inf
+            _count_row(neg[c], r, n, num_bins, out[c])
+
+
+@numba.njit(parallel=True, nogil=True)
+def _count_rows_keys(neg, keys, n_rel, num_bins, out):  # pragma: no cover - compiled
+    """:func:`_count_rows` for float32 ``neg`` with the relevant items given by their sorted int64 pessimistic keys
+    ``-m(r)·64 + level`` (:func:`pml_suprank.metrics.ranks._pessimistic_keys`), decoded here row by row."""
+    for c in numba.prange(neg.shape[0]):
+        out[c, :] = 0
+        n = n_rel[c]
+        if n > 0:
+            bits = np.empty(n + 1, np.int32)
+            for k in range(n):
+                m = -(keys[c, k] >> 6)  # the order-preserving int32 image m(r), an involution of the float bits
+                bits[k] = np.int32(m ^ ((m >> 31) & 0x7FFFFFFF))
+            r = bits.view(np.float32)
+            r[n] = -np.inf
+            _count_row(neg[c], r, n, num_bins, out[c])
+
+
+def count_negatives_compiled(neg_scores: Tensor, rs: Tensor, n_rel: Tensor, num_bins: int | None = None) -> Tensor:
+    """``neg_ge[c, k] = #{j : neg_scores[c, j] >= rs[c, k]}`` for the valid relevant items, with the compiled kernel.
+
+    Args:
+        neg_scores: ``(C, N)`` float32/float64 CPU scores of the negatives, ``-inf`` (or anything below the row's
+            lowest relevant score) elsewhere. Not modified.
+        rs: ``(C, P)`` float32/float64 relevant scores in descending order per row, valid slots first; or, with
+            float32 ``neg_scores``, their sorted int64 pessimistic keys (``-m(r)·64 + level``, decoded in the kernel).
+        n_rel: ``(C,)`` int64 number of valid slots of each row of ``rs``.
+        num_bins: bins per row (default ``8 · n_rel``, at most ``64 · n_rel``); speed only.
+
+    Returns:
+        ``(C, P)`` int64 counts, ``0`` on padding slots.
+
+    Raises:
+        ValueError: a tensor not on the CPU or of an unsupported dtype (naming the argument).
+    """
+    keys = rs.dtype == torch.int64
+    for name, t in (("neg_scores", neg_scores), ("rs", rs)):
+        if t.device.type != "cpu" or t.dtype not in SUPPORTED_DTYPES and not (name == "rs" and keys):
+            raise ValueError(f"{name} must be a float32/float64 CPU tensor; got {t.dtype} on {t.device}")
+    if keys and neg_scores.dtype != torch.float32:
+        raise ValueError(f"int64 keys rs need float32 neg_scores; got {neg_scores.dtype}")
+    C, P = rs.shape
+    out = torch.empty(C, P, dtype=torch.int64)
+    if C == 0 or P == 0:
+        return out.zero_()
+    neg = neg_scores.detach().contiguous().numpy()
+    rel = rs.detach().contiguous().numpy()
+    counts = n_rel.detach().to(torch.int64).contiguous().numpy()
+    kernel = _count_rows_keys if keys else _count_rows
+    # as many threads as torch uses (numba's setting is per calling thread; restored afterwards)
+    previous = numba.get_num_threads()
+    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+    try:
+        kernel(neg, rel, counts, int(num_bins) if num_bins is not None else 0, out.numpy())
+    finally:
+        numba.set_num_threads(previous)
+    return out

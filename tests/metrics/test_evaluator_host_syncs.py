@@ -1,0 +1,67 @@
+"""RetrievalEvaluator keeps its row blocks on the device: the host-synchronising aten ops of ``evaluate()`` (counted
+with torch.profiler on the CPU) do not grow with the number of row blocks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from pml_suprank.metrics import RetrievalEvaluator
+from pml_suprank.metrics import ranks as R
+from pml_suprank.metrics.registry import SINGLE_LABEL_GROUPS
+
+SYNC_OPS = (
+    "aten::item",
+    "aten::_local_scalar_dense",
+    "aten::nonzero",
+    "aten::is_nonzero",
+    "aten::unique",
+    "aten::_unique2",
+    "aten::unique_consecutive",
+    "aten::masked_select",
+    "aten::equal",
+)
+
+# "ndcg" sizes its discount tables from positions.max() and the largest gallery count of each block
+# (metrics/from_ranks.py ndcg_, relevance.ideal_dcg): two read-backs per block outside the evaluator
+BLOCK_FREE_GROUPS = tuple(g for g in SINGLE_LABEL_GROUPS if g != "ndcg")
+
+
+def _sync_count(evaluator: RetrievalEvaluator, emb: torch.Tensor, labels: torch.Tensor) -> int:
+    evaluator.evaluate(emb, labels)  # warm-up (lazy initialisations, numba compilation)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        evaluator.evaluate(emb, labels)
+    # outermost sync ops only (item -> _local_scalar_dense counts once)
+    return len(
+        [e for e in prof.events() if e.name in SYNC_OPS and not (e.cpu_parent and e.cpu_parent.name in SYNC_OPS)]
+    )
+
+
+def _data(n: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    emb = torch.nn.functional.normalize(torch.randn(n, 16, generator=g), dim=1)
+    fine = torch.randint(0, 24, (n,), generator=g)
+    return emb, torch.stack([fine, fine % 4], 1)
+
+
+def _sync_free_countings() -> list:
+    compiled = pytest.param("compiled", marks=pytest.mark.skipif(not R._compiled_available(), reason="no numba"))
+    return ["dense", compiled]
+
+
+@pytest.mark.parametrize("counting", _sync_free_countings())
+def test_host_syncs_do_not_grow_with_the_number_of_row_blocks(counting):
+    emb, labels = _data()
+    counts = {
+        blocks: _sync_count(
+            RetrievalEvaluator(
+                k_values=(1, 10), chunk_size=len(emb) // blocks, counting=counting, metrics=BLOCK_FREE_GROUPS
+            ),
+            emb,
+            labels,
+        )
+        for blocks in (1, 8)
+    }
+    assert counts[1] == counts[8], counts
+    assert counts[1] > 0  # the per-call input checks and the host-side summary are counted
