@@ -208,15 +208,13 @@ def ndcg_(st: RankStats) -> Tensor:
     """NDCG (SupRank Eq. 23): gains ``2^l − 1``, discounts ``1 / log2(1 + p)``, ideal DCG of the same gallery."""
     L = st.num_levels
     device = st.levels.device
-    # lookup tables instead of per-slot pow / log2 (padding: gain 0)
+    # gain lookup table instead of per-slot pow (padding: level 0, gain 0); discounts per slot, no size read back
     gains = 2.0 ** torch.arange(L + 1, device=device, dtype=torch.float64) - 1.0
     gain = gains.take(st.levels)
-    ranks_p = torch.arange(
-        int(st.positions.max()) + 1 if st.positions.numel() else 1, device=device, dtype=torch.float64
-    )
-    disc = (1.0 / torch.log2(1.0 + ranks_p.clamp_min(1))).take(st.positions)
+    disc = 1.0 / torch.log2(1.0 + st.positions.clamp_min(1).to(torch.float64))
     dcg = gain.mul_(disc).sum(1)
-    idcg = ideal_dcg(st.counts[:, 1:], gains[1:])  # relevant levels only: the negatives' gain is 0
+    # relevant levels only (the negatives' gain is 0): at most P = levels.shape[1] items, a size known on the host
+    idcg = ideal_dcg(st.counts[:, 1:], gains[1:], num_items=st.levels.shape[1])
     return _nan_where_empty(dcg / torch.where(idcg > 0, idcg, torch.ones_like(idcg)), st.n_pos(1))
 
 

@@ -23,9 +23,9 @@ SYNC_OPS = (
     "aten::equal",
 )
 
-# "ndcg" sizes its discount tables from positions.max() and the largest gallery count of each block
-# (metrics/from_ranks.py ndcg_, relevance.ideal_dcg): two read-backs per block outside the evaluator
-BLOCK_FREE_GROUPS = tuple(g for g in SINGLE_LABEL_GROUPS if g != "ndcg")
+# every metric group, NDCG included (its discounts are computed per slot and its ideal-DCG table has the padded
+# width of the block, a size known on the host)
+BLOCK_FREE_GROUPS = tuple(SINGLE_LABEL_GROUPS)
 
 
 def _sync_count(evaluator: RetrievalEvaluator, emb: torch.Tensor, labels: torch.Tensor) -> int:
