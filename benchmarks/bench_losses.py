@@ -22,6 +22,7 @@ Usage::
                                                    # on every available device, with the naive dense and PML rows
     python benchmarks/bench_losses.py --ops --no-compile  # the same without the torch.compile rows (faster)
     python benchmarks/bench_losses.py --settings "in-batch B=256" "B=256 N=4096"  # only these settings
+    python benchmarks/bench_losses.py --crossover --settings "in-batch B=64" "in-batch B=256"  # (crossover names)
 
 "dense compiled" (``--ops`` / ``--crossover``, flat losses): ``torch.compile(loss, fullgraph=True, dynamic=False)`` of
 the ``kernel="dense"`` loss, compiled on the setting's shapes; the compile time is printed apart and excluded from
@@ -288,7 +289,17 @@ def _compiled_kernel_loss(cls_name: str, setting: Setting, device: str):
     return compile_loss(_kernel_loss(cls_name, "dense"), lambda compiled: _fwd_bwd(compiled, setting, device)(), device)
 
 
-def crossover(device: str, repeats: int, compiled: bool = True) -> list[dict]:
+def _select(settings: list[Setting], names: list[str] | None) -> list[Setting]:
+    """The settings named in ``names`` (all when None); ValueError naming ``--settings`` for an unknown name."""
+    if names is None:
+        return settings
+    unknown = set(names) - {s.name for s in settings}
+    if unknown:
+        raise ValueError(f"--settings: unknown {sorted(unknown)}; choose from {[s.name for s in settings]}")
+    return [s for s in settings if s.name in names]
+
+
+def crossover(device: str, repeats: int, compiled: bool = True, settings: list[Setting] | None = None) -> list[dict]:
     """Time ``kernel="dense"`` (eager and, with ``compiled``, under ``torch.compile(fullgraph=True)``) against
     ``"sorted"`` (one process, median of ``repeats`` after a warm-up) and print the table with the ``auto`` choice.
 
@@ -305,7 +316,7 @@ def crossover(device: str, repeats: int, compiled: bool = True) -> list[dict]:
         "| dense/compiled | auto picks |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for setting in CROSSOVER_SETTINGS:
+    for setting in settings or CROSSOVER_SETTINGS:
         n = setting.num_refs or setting.batch
         for cls_name in KERNEL_LOSSES:
             t = {k: _time_in_process(_kernel_loss(cls_name, k), setting, device, repeats) for k in ("dense", "sorted")}
@@ -388,7 +399,8 @@ def main(argv=None):
             out["ops"] = {dev: op_counts(dev, compiled=not args.no_compile) for dev in available_devices()}
         if args.crossover:
             repeats = args.repeats if args.repeats is not None else 3
-            out["crossover"] = crossover(args.device, repeats, compiled=not args.no_compile)
+            chosen = _select(CROSSOVER_SETTINGS, args.settings)
+            out["crossover"] = crossover(args.device, repeats, compiled=not args.no_compile, settings=chosen)
         RESULTS.mkdir(parents=True, exist_ok=True)
         path = RESULTS / f"bench_kernels_{args.device.split(':')[0]}.json"
         meta = {"torch": torch.__version__, "device": args.device, "threads": torch.get_num_threads()}
@@ -401,11 +413,7 @@ def main(argv=None):
     else:
         settings = [Setting(f"in-batch B={b}", b, None) for b in (64, 128, 256)]
         settings += [Setting(f"B=256 N={n}", 256, n) for n in (1024, 4096, 60000)]
-    if args.settings is not None:
-        unknown = set(args.settings) - {s.name for s in settings}
-        if unknown:
-            raise ValueError(f"--settings: unknown {sorted(unknown)}; choose from {[s.name for s in settings]}")
-        settings = [s for s in settings if s.name in args.settings]
+    settings = _select(settings, args.settings)
     repeats = args.repeats if args.repeats is not None else (1 if args.quick else 3)
     rows = [r for r in ROWS if args.rows is None or r.name in args.rows or r.name == "matmul"]
 
