@@ -6,8 +6,16 @@ Prints ratios measured in the same process (the machine is shared: absolute time
     python benchmarks/bench_hierarchical.py                 # in-batch B=256 (L=2, 3) + memory case
     python benchmarks/bench_hierarchical.py --quick         # smaller sizes, for a smoke run
     python benchmarks/bench_hierarchical.py --out results.json
+    python benchmarks/bench_hierarchical.py --quick --no-compile  # without the torch.compile rows (no compile time)
 
 Cases:
+* kernels table (issue 13), per available device (CPU, and CUDA when visible), in-batch ``random`` regime, L = 2
+  (and 3 without ``--quick``): for SupHAPLoss, HAPPIERLoss and SupNDCGLoss, the naive ``B × N × N`` formulation,
+  our kernels ``auto`` (with the kernel it resolves to) / ``dense`` / ``sorted``, and ``dense compiled``
+  (``torch.compile(loss, fullgraph=True, dynamic=False)``; compile time printed apart, excluded from the timing,
+  which starts after a warm-up). Columns: median time of ``max(--reps, 10)`` fwd+bwd, speed-up vs naive dense,
+  top-level aten ops, compute ops (leaf non-view aten ops ≈ kernel launches), host-synchronising ops (profiler,
+  see ``_bench_common``), |loss − naive loss|. PML's SmoothAPLoss does not apply (flat AP, 1-D labels): said so;
 * in-batch B = 256, 512-d, 4 images per fine class, classes drawn from 2 coarse classes per batch (as PML's
   HierarchicalSampler / the SOP recipe), L = 2 and L = 3 levels; two embedding regimes: ``random`` (untrained
   network: all scores within ±0.2, i.e. every pair inside the sigmoid window) and ``clustered`` (trained-like:
@@ -31,39 +39,69 @@ import time
 
 import torch
 import torch.nn.functional as F
+from _bench_common import available_devices, compile_loss, device_name, median_time, profile_counts
 
 from pml_suprank import losses
-from pml_suprank.ranking import SupRankStep
+from pml_suprank.ranking import SupRankStep, choose_kernel
 from pml_suprank.relevance import level_counts, level_matrix, pop_relevance
 
 
-# ----------------------------------------------------------------------------- dense B×N×N baseline
-def dense_happier(emb, labels, ref, ref_labels, proxies, *, alpha=1.0, lam=0.1, step=None, include_self=False):
-    """HAPPIER with every (query, item, item) triple materialised, as the reference ``quick_forward`` does."""
-    step = step or SupRankStep()
-    num_levels = labels.shape[1]
+# ----------------------------------------------------------------------------- dense B×N×N baselines
+def _dense_ranks(emb, labels, ref, ref_labels, *, step, include_self):
+    """Scores, levels, valid mask and the level-aware SupRank rank of every item, with every (query, item, item)
+    triple materialised: ``rank_i = 1 + Σ_{j≠i} h(s_j − s_i)``, ``h = H⁻`` towards strictly less relevant items,
+    Heaviside otherwise (SupRank Eq. 19). Also returns the ``(B, N, N)`` Heaviside and pair mask for ``rank⁺``."""
     same = ref is emb
     cos_emb = F.normalize(emb, dim=1)  # cosine similarity, as the losses' default distance
     scores = cos_emb @ (cos_emb if same else F.normalize(ref, dim=1)).T  # (B, N)
     levels = level_matrix(labels, ref_labels)
     valid = torch.ones_like(levels, dtype=torch.bool)
     if same and not include_self:
-        valid = valid & ~torch.eye(levels.shape[0], levels.shape[1], dtype=torch.bool)
-    rel_tab = pop_relevance(level_counts(levels, num_levels, mask=valid), alpha, dtype=scores.dtype)
-    rel = torch.gather(rel_tab, 1, levels) * valid
+        valid = valid & ~torch.eye(levels.shape[0], levels.shape[1], dtype=torch.bool, device=levels.device)
     diff = scores.unsqueeze(1) - scores.unsqueeze(2)  # (B, N, N): s_j − s_i
     n = scores.shape[1]
-    pair_ok = valid.unsqueeze(1) & ~torch.eye(n, dtype=torch.bool).unsqueeze(0)
+    pair_ok = valid.unsqueeze(1) & ~torch.eye(n, dtype=torch.bool, device=scores.device).unsqueeze(0)
     heav = (diff.detach() >= 0).to(scores.dtype)
     inferior = levels.unsqueeze(1) < levels.unsqueeze(2)
     h = torch.where(inferior, step.value(diff), heav)
     rank = 1 + (h * pair_ok).sum(-1)
+    return scores, levels, valid, rank, heav, pair_ok
+
+
+def dense_sup_hap(emb, labels, ref, ref_labels, *, alpha=1.0, step=None, include_self=False):
+    """Sup-H-AP (SupRank Eq. 20-21) from ``B × N × N`` tensors, as the reference ``quick_forward`` computes it."""
+    step = step or SupRankStep()
+    scores, levels, valid, rank, heav, pair_ok = _dense_ranks(
+        emb, labels, ref, ref_labels, step=step, include_self=include_self
+    )
+    num_levels = labels.shape[1]
+    rel_tab = pop_relevance(level_counts(levels, num_levels, mask=valid), alpha, dtype=scores.dtype)
+    rel = torch.gather(rel_tab, 1, levels) * valid
     rank_plus = rel + (heav * torch.minimum(rel.unsqueeze(2), rel.unsqueeze(1)) * pair_ok).sum(-1)
     pos = valid & (levels > 0)
     hap = (torch.where(pos, rank_plus / rank, torch.zeros_like(rank))).sum(1) / rel.sum(1)
-    sup_hap = (1 - hap[pos.any(1)]).mean()
+    return (1 - hap[pos.any(1)]).mean()
+
+
+def dense_happier(emb, labels, ref, ref_labels, proxies, *, alpha=1.0, lam=0.1, step=None, include_self=False):
+    """HAPPIER = ``(1 − λ)·Sup-H-AP + λ·ClusterLoss`` with every (query, item, item) triple materialised."""
+    sup_hap = dense_sup_hap(emb, labels, ref, ref_labels, alpha=alpha, step=step, include_self=include_self)
     cluster = F.cross_entropy(emb @ F.normalize(proxies, dim=-1).T / 0.05, labels[:, 0])
     return (1 - lam) * sup_hap + lam * cluster
+
+
+def dense_sup_ndcg(emb, labels, ref, ref_labels, *, step=None, include_self=False):
+    """Sup-NDCG (SupRank Eq. 24) from ``B × N × N`` tensors: ``1 − DCG_s / iDCG`` with gains ``2^l − 1``, ``DCG_s``
+    over the level-aware ranks and ``iDCG`` from the valid items sorted by decreasing level."""
+    step = step or SupRankStep()
+    scores, levels, valid, rank, _, _ = _dense_ranks(emb, labels, ref, ref_labels, step=step, include_self=include_self)
+    gains = (torch.pow(2.0, levels.to(scores.dtype)) - 1.0) * valid
+    dcg = (gains / torch.log2(1.0 + rank)).sum(1)
+    ideal = torch.sort(gains, dim=1, descending=True).values
+    positions = torch.arange(1, ideal.shape[1] + 1, dtype=scores.dtype, device=scores.device)
+    idcg = (ideal / torch.log2(1.0 + positions)).sum(1)
+    has_pos = (valid & (levels > 0)).any(1)
+    return (1 - dcg[has_pos] / idcg[has_pos]).mean()
 
 
 # ----------------------------------------------------------------------------- data
@@ -129,6 +167,94 @@ def bench_in_batch(batch_size, num_levels, regime, dim, reps):
     }
 
 
+# ----------------------------------------------------------------------------- kernels table (issue 13)
+KERNEL_LOSSES = ("SupHAPLoss", "HAPPIERLoss", "SupNDCGLoss")
+KERNEL_ROWS = ("naive dense", "auto", "dense", "sorted", "dense compiled")
+PML_NOTE = (
+    "PML SmoothAPLoss: not applicable (flat binary-relevance AP; it takes 1-D labels and has no hierarchical "
+    "relevance, so it computes neither Sup-H-AP, HAPPIER nor Sup-NDCG)"
+)
+
+
+def _kernel_fn(cls_name, kernel, num_fine, dim, proxies):
+    """``f(x, labels) -> loss``: our loss with ``kernel=`` (in-batch), or the naive ``B × N × N`` formulation."""
+    if kernel == "naive dense":
+        if cls_name == "SupHAPLoss":
+            return lambda x, labels: dense_sup_hap(x, labels, x, labels)
+        if cls_name == "SupNDCGLoss":
+            return lambda x, labels: dense_sup_ndcg(x, labels, x, labels)
+        return lambda x, labels: dense_happier(x, labels, x, labels, proxies)
+    extra = {"num_classes": num_fine, "embedding_size": dim} if cls_name == "HAPPIERLoss" else {}
+    fn = getattr(losses, cls_name)(kernel=kernel.removesuffix(" compiled"), **extra)
+    if cls_name == "HAPPIERLoss":  # the same proxies as the naive formulation (same loss value)
+        fn.decomposability_loss.proxies = proxies
+    return lambda x, labels: fn(x, labels)
+
+
+def _kernel_row(cls_name, kernel, emb, labels, proxies, device, reps):
+    """Time, loss value, profiler counts (and compile time) of one (loss, kernel) fwd+bwd on ``emb``."""
+    fn = _kernel_fn(cls_name, kernel, int(labels[:, 0].max()) + 1, emb.shape[1], proxies)
+    x = emb.clone().requires_grad_(True)
+
+    def step_with(f):
+        def step():
+            x.grad = None
+            proxies.grad = None
+            loss = f(x, labels)
+            loss.backward()
+            return loss
+
+        return step
+
+    row = {"loss": cls_name, "kernel": kernel}
+    if kernel.endswith("compiled"):
+        try:
+            fn, row["compile_s"] = compile_loss(fn, lambda f: step_with(f)(), device)
+        except Exception as exc:  # e.g. no C compiler for inductor: reported in the table
+            return {**row, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"}
+    step = step_with(fn)
+    row["value"] = float(step().detach())
+    row["time_s"] = median_time(step, device, reps)
+    return {**row, **profile_counts(step)}
+
+
+def kernel_table(device, batch_size, num_levels, dim, reps, compiled=True):
+    """Per hierarchical loss, in-batch (``random`` regime): the naive dense formulation, our kernels auto / dense /
+    sorted and dense under ``torch.compile(fullgraph=True)``; time, speed-up vs naive dense, top-level aten ops,
+    compute ops (≈ launches), host syncs (profiler), compile time apart. Prints a markdown table."""
+    emb, labels, num_fine = make_batch(batch_size, num_levels, dim, "random", seed=0)
+    emb, labels = emb.to(device), labels.to(device)
+    print(f"\ndevice: {device_name(device)} — in-batch B={batch_size} L={num_levels} {dim}-d random")
+    print(
+        "| loss | kernel | time (ms) | speed-up vs naive dense | top-level aten ops | compute ops (≈ launches) "
+        "| host syncs | compile (s) | |Δ loss| vs naive |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    rows = []
+    kernels = [k for k in KERNEL_ROWS if compiled or not k.endswith("compiled")]
+    for cls_name in KERNEL_LOSSES:
+        proxies = torch.nn.Parameter(torch.randn(num_fine, dim, generator=torch.Generator().manual_seed(1)).to(device))
+        naive = None
+        for kernel in kernels:
+            r = _kernel_row(cls_name, kernel, emb, labels, proxies, device, reps)
+            r.update(case=f"kernels B={batch_size} L={num_levels}", device=device)
+            rows.append(r)
+            if "error" in r:
+                print(f"| {cls_name} | {kernel} | {r['error']} | | | | | | |", flush=True)
+                continue
+            naive = naive or r
+            label = f"auto (→ {choose_kernel('auto', device, batch_size, batch_size)})" if kernel == "auto" else kernel
+            comp = f"{r['compile_s']:.1f}" if "compile_s" in r else "–"
+            print(
+                f"| {cls_name} | {label} | {r['time_s'] * 1e3:.2f} | {naive['time_s'] / r['time_s']:.2f}× | "
+                f"{r['aten_ops']} | {r['compute_ops']} | {r['syncs']} | {comp} | "
+                f"{abs(r['value'] - naive['value']):.1e} |",
+                flush=True,
+            )
+    print(PML_NOTE)
+    return rows
+
+
 def _memory_child(batch_size, memory_size, dim, regime):
     """Run in a fresh process: one forward + backward with a memory; print JSON with time and max-RSS growth."""
     torch.manual_seed(0)
@@ -185,6 +311,7 @@ def main():
     parser.add_argument("--reps", type=int, default=3, help="timed repetitions (median)")
     parser.add_argument("--out", default=None, help="write the results as JSON to this path")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: stable numbers on a shared CPU)")
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows of the kernels table")
     parser.add_argument("--child", nargs=5, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -194,6 +321,11 @@ def main():
         return
     batch_size, memory_size, dim = (64, 512, 128) if args.quick else (256, 4096, 512)
     results = []
+    for device in available_devices():
+        for num_levels in (2,) if args.quick else (2, 3):
+            reps = max(args.reps, 10)  # a few ms each: more repetitions for stable medians on a shared machine
+            results += kernel_table(device, batch_size, num_levels, dim, reps, compiled=not args.no_compile)
+    print()
     for regime in ("random", "clustered"):
         for num_levels in (2, 3):
             r = bench_in_batch(batch_size, num_levels, regime, dim, args.reps)
@@ -211,6 +343,7 @@ def main():
             f"(dense reference would need ~{r['dense_reference_estimate_gb']:.0f} GB)"
         )
     meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "quick": args.quick}
+    meta["devices"] = [device_name(d) for d in available_devices()]
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"meta": meta, "results": results}, f, indent=2)

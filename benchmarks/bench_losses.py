@@ -17,9 +17,16 @@ Usage::
     python benchmarks/bench_losses.py            # B ∈ {64,128,256} in-batch, B=256 vs N ∈ {1024,4096,60000}
     python benchmarks/bench_losses.py --quick    # small sizes only, 1 repeat
     python benchmarks/bench_losses.py --device cuda
-    python benchmarks/bench_losses.py --crossover  # kernel="dense" vs "sorted" timings and the auto rule's choice
+    python benchmarks/bench_losses.py --crossover  # kernel="dense" (eager, compiled) vs "sorted" timings, auto's choice
     python benchmarks/bench_losses.py --ops        # op / launch-proxy / host-sync counts per fwd+bwd, per kernel,
                                                    # on every available device, with the naive dense and PML rows
+    python benchmarks/bench_losses.py --ops --no-compile  # the same without the torch.compile rows (faster)
+    python benchmarks/bench_losses.py --settings "in-batch B=256" "B=256 N=4096"  # only these settings
+    python benchmarks/bench_losses.py --crossover --settings "in-batch B=64" "in-batch B=256"  # (crossover names)
+
+"dense compiled" (``--ops`` / ``--crossover``, flat losses): ``torch.compile(loss, fullgraph=True, dynamic=False)`` of
+the ``kernel="dense"`` loss, compiled on the setting's shapes; the compile time is printed apart and excluded from
+the timings (those start after a warm-up call).
 
 Rows ``<loss> dense`` / ``<loss> sorted`` force the ``kernel=`` option; the plain rows use ``kernel="auto"``.
 
@@ -41,6 +48,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _bench_common import available_devices, compile_loss, median_time, profile_counts
+from _bench_common import device_name as _device_name
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -244,9 +253,6 @@ KERNEL_LOSSES = (
 HIERARCHICAL = {"SupHAPLoss": {}, "HAPPIERLoss": {"num_classes": 16384, "embedding_size": 512}, "SupNDCGLoss": {}}
 CROSSOVER_SETTINGS = [Setting(f"in-batch B={b}", b, None) for b in (16, 32, 64, 128, 256)]
 CROSSOVER_SETTINGS += [Setting(f"B=64 N={n}", 64, n) for n in (128, 256, 512)]
-# host-synchronising aten ops (each drains an accelerator's queue); counted once per outermost call
-SYNC_OPS = ("aten::item", "aten::_local_scalar_dense", "aten::nonzero", "aten::is_nonzero", "aten::unique")
-SYNC_OPS += ("aten::_unique2", "aten::unique_consecutive", "aten::masked_select", "aten::equal")
 
 
 def _kernel_loss(cls_name: str, kernel: str):
@@ -261,116 +267,114 @@ def _kernel_loss(cls_name: str, kernel: str):
     return lambda emb, labels, ref, ref_labels: fn(emb, two_levels(labels), ref, two_levels(ref_labels))
 
 
-def _time_in_process(fn, setting: Setting, device: str, repeats: int) -> float:
+def _fwd_bwd(fn, setting: Setting, device: str):
+    """A closure running one forward + backward of ``fn`` on the inputs of ``setting``."""
     emb, labels, ref, ref_labels = make_inputs(setting, device)
     emb = emb.clone().requires_grad_(True)
-    times = []
-    for _ in range(repeats + 1):
+
+    def step():
         emb.grad = None
-        t0 = time.perf_counter()
         fn(emb, labels, ref, ref_labels).backward()
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times[1:])
+
+    return step
 
 
-def crossover(device: str, repeats: int) -> list[dict]:
-    """Time ``kernel="dense"`` against ``"sorted"`` (one process, median of ``repeats``) and print the table.
+def _time_in_process(fn, setting: Setting, device: str, repeats: int) -> float:
+    return median_time(_fwd_bwd(fn, setting, device), device, repeats)
+
+
+def _compiled_kernel_loss(cls_name: str, setting: Setting, device: str):
+    """``kernel="dense"`` under ``torch.compile(fullgraph=True)``, compiled (fwd and bwd) on ``setting``'s shapes:
+    ``(compiled, compile_s)``."""
+    return compile_loss(_kernel_loss(cls_name, "dense"), lambda compiled: _fwd_bwd(compiled, setting, device)(), device)
+
+
+def _select(settings: list[Setting], names: list[str] | None) -> list[Setting]:
+    """The settings named in ``names`` (all when None); ValueError naming ``--settings`` for an unknown name."""
+    if names is None:
+        return settings
+    unknown = set(names) - {s.name for s in settings}
+    if unknown:
+        raise ValueError(f"--settings: unknown {sorted(unknown)}; choose from {[s.name for s in settings]}")
+    return [s for s in settings if s.name in names]
+
+
+def crossover(device: str, repeats: int, compiled: bool = True, settings: list[Setting] | None = None) -> list[dict]:
+    """Time ``kernel="dense"`` (eager and, with ``compiled``, under ``torch.compile(fullgraph=True)``) against
+    ``"sorted"`` (one process, median of ``repeats`` after a warm-up) and print the table with the ``auto`` choice.
 
     The CPU rule of ``pml_suprank.ranking.choose_kernel`` (dense iff ``B·N² <= CPU_DENSE_MAX_WORK``) is read off
-    this table: the largest ``B·N²`` at which dense is still faster for every loss.
+    the eager columns: the largest ``B·N²`` at which eager dense is still faster for every loss. Compile time is
+    reported apart and excluded from the timings.
     """
     from pml_suprank.ranking import choose_kernel
 
     rows = []
-    print("\n| setting | B·N² | loss | dense (s) | sorted (s) | sorted/dense | auto picks |")
-    print("|---|---|---|---|---|---|---|")
-    for setting in CROSSOVER_SETTINGS:
+    print(f"\ndevice: {_device_name(device)}")
+    print(
+        "| setting | B·N² | loss | dense (s) | dense compiled (s) | compile (s) | sorted (s) | sorted/dense "
+        "| dense/compiled | auto picks |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for setting in settings or CROSSOVER_SETTINGS:
         n = setting.num_refs or setting.batch
         for cls_name in KERNEL_LOSSES:
             t = {k: _time_in_process(_kernel_loss(cls_name, k), setting, device, repeats) for k in ("dense", "sorted")}
+            if compiled and cls_name not in HIERARCHICAL:
+                fn, t["compile_s"] = _compiled_kernel_loss(cls_name, setting, device)
+                t["dense_compiled"] = _time_in_process(fn, setting, device, repeats)
             auto = choose_kernel("auto", device, setting.batch, n)
             rows.append({"setting": setting.name, "B": setting.batch, "N": n, "loss": cls_name, **t, "auto": auto})
-            ratio = t["sorted"] / t["dense"]
+            comp = f"{t['dense_compiled']:.4f} | {t['compile_s']:.1f} | " if "dense_compiled" in t else "– | – | "
+            speed = f"{t['dense'] / t['dense_compiled']:.2f}×" if "dense_compiled" in t else "–"
             print(
-                f"| {setting.name} | {setting.batch * n * n:.1e} | {cls_name} | {t['dense']:.4f} | "
-                f"{t['sorted']:.4f} | {ratio:.2f}× | {auto} |",
+                f"| {setting.name} | {setting.batch * n * n:.1e} | {cls_name} | {t['dense']:.4f} | {comp}"
+                f"{t['sorted']:.4f} | {t['sorted'] / t['dense']:.2f}× | {speed} | {auto} |",
                 flush=True,
             )
     faster = [r["B"] * r["N"] ** 2 for r in rows if r["dense"] < r["sorted"]]
     slower = [r["B"] * r["N"] ** 2 for r in rows if r["dense"] >= r["sorted"]]
-    print(f"dense faster up to B·N² = {max(faster, default=0):.2e}; first slower at {min(slower, default=0):.2e}")
+    print(f"eager dense faster up to B·N² = {max(faster, default=0):.2e}; first slower at {min(slower, default=0):.2e}")
     return rows
 
 
-# metadata-only aten ops (no kernel launch on an accelerator): excluded from the "compute ops" launch proxy
-VIEW_OPS = frozenset(
-    "aten::" + n
-    for n in (
-        "view unsqueeze squeeze slice select mT t transpose expand expand_as as_strided flatten detach lift_fresh "
-        "alias reshape permute _unsafe_view empty empty_like empty_strided result_type"
-    ).split()
-)
-
-
 def _profile_counts(fn, emb, labels, ref, ref_labels) -> dict:
-    """Operator counts of one fwd+bwd after a warm-up (CPU profiler): top-level aten ops, compute ops (leaf aten
-    ops that are not views/allocations: the number of kernels an accelerator would launch, approximately) and
-    host-synchronising ops (not counting those nested in ``aten::_assert_async``, asynchronous on accelerators)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn(emb, labels, ref, ref_labels).backward()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        fn(emb, labels, ref, ref_labels).backward()
-    events = [e for e in prof.events() if e.name.startswith("aten::")]
-    children = {id(e.cpu_parent) for e in events if e.cpu_parent is not None}
-
-    def nested_in(e, names) -> bool:
-        while e.cpu_parent is not None:
-            e = e.cpu_parent
-            if e.name in names:
-                return True
-        return False
-
-    top = [e for e in events if not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::"))]
-    leaves = [e for e in events if id(e) not in children and e.name not in VIEW_OPS]
-    syncs = [
-        e for e in events if e.name in SYNC_OPS and not nested_in(e, set(SYNC_OPS) | {"aten::_assert_async"})
-    ]
-    return {"aten_ops": len(top), "compute_ops": len(leaves), "syncs": len(syncs)}
+    """Operator counts of one fwd+bwd of ``fn`` after a warm-up (see ``_bench_common.profile_counts``)."""
+    return profile_counts(lambda: fn(emb, labels, ref, ref_labels).backward())
 
 
-def op_counts(device: str, batch: int = 256) -> list[dict]:
-    """Per loss: our kernels (auto / dense / sorted), and for SupAP / Smooth-AP the naive dense formulation of the
+def op_counts(device: str, batch: int = 256, compiled: bool = True) -> list[dict]:
+    """Per loss: our kernels (auto / dense / sorted / dense under ``torch.compile(fullgraph=True)`` — compile time
+    reported, flat losses only with ``compiled``), and for SupAP / Smooth-AP the naive dense formulation of the
     reference code and PML's SmoothAPLoss, at ``batch`` in-batch — operator and host-sync counts of one fwd+bwd."""
     setting = Setting(f"in-batch B={batch}", batch, None)
     rows = []
     print(f"\ndevice: {_device_name(device)}")
-    print(f"| loss (B = {batch} in-batch) | kernel | top-level aten ops | compute ops (≈ launches) | host syncs |")
-    print("|---|---|---|---|---|")
+    print(
+        f"| loss (B = {batch} in-batch) | kernel | top-level aten ops | compute ops (≈ launches) | host syncs "
+        "| compile (s) |"
+    )
+    print("|---|---|---|---|---|---|")
     candidates = [(cls_name, kernel, None) for cls_name in KERNEL_LOSSES for kernel in ("auto", "dense", "sorted")]
+    if compiled:
+        candidates += [(cls_name, "dense compiled", None) for cls_name in KERNEL_LOSSES if cls_name not in HIERARCHICAL]
     candidates += [("SupAPLoss", "naive dense", _dense("supap")), ("SmoothAPLoss", "naive dense", _dense("smoothap"))]
     candidates += [("SmoothAPLoss", "PML 2.9", _pml_smooth_ap())]
     for cls_name, kernel, fn in sorted(candidates, key=lambda c: KERNEL_LOSSES.index(c[0])):
+        compile_s = None
+        if kernel == "dense compiled":
+            fn, compile_s = _compiled_kernel_loss(cls_name, setting, device)
         fn = fn or _kernel_loss(cls_name, kernel)
         emb, labels, ref, ref_labels = make_inputs(setting, device)
         emb = emb.clone().requires_grad_(True)
         counts = _profile_counts(fn, emb, labels, ref, ref_labels)
-        rows.append({"loss": cls_name, "kernel": kernel, **counts})
-        print(f"| {cls_name} | {kernel} | {counts['aten_ops']} | {counts['compute_ops']} | {counts['syncs']} |")
+        rows.append({"loss": cls_name, "kernel": kernel, **counts, "compile_s": compile_s})
+        comp = "–" if compile_s is None else f"{compile_s:.1f}"
+        print(
+            f"| {cls_name} | {kernel} | {counts['aten_ops']} | {counts['compute_ops']} | {counts['syncs']} | {comp} |",
+            flush=True,
+        )
     return rows
-
-
-def _device_name(device: str) -> str:
-    if device.startswith("cuda"):
-        return f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
-    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
-
-
-def available_devices() -> list[str]:
-    """The CPU, plus ``cuda`` when a GPU is visible."""
-    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def main(argv=None):
@@ -382,17 +386,21 @@ def main(argv=None):
     parser.add_argument("--dense-limit", type=float, default=4e7, help="skip dense rows when B·N² exceeds this")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per measurement")
     parser.add_argument("--rows", nargs="*", default=None, help="only these row names")
+    parser.add_argument("--settings", nargs="*", default=None, help="only these setting names, e.g. 'B=256 N=4096'")
     parser.add_argument("--crossover", action="store_true", help="dense vs sorted kernel timings (one process)")
     parser.add_argument("--ops", action="store_true", help="aten op and host-sync counts per kernel (profiler)")
+    parser.add_argument("--no-compile", action="store_true", help="--ops / --crossover: skip the torch.compile rows")
     args = parser.parse_args(argv)
     if args.crossover or args.ops:
         if args.threads:
             torch.set_num_threads(args.threads)
         out = {}
         if args.ops:
-            out["ops"] = {dev: op_counts(dev) for dev in available_devices()}
+            out["ops"] = {dev: op_counts(dev, compiled=not args.no_compile) for dev in available_devices()}
         if args.crossover:
-            out["crossover"] = crossover(args.device, args.repeats if args.repeats is not None else 3)
+            repeats = args.repeats if args.repeats is not None else 3
+            chosen = _select(CROSSOVER_SETTINGS, args.settings)
+            out["crossover"] = crossover(args.device, repeats, compiled=not args.no_compile, settings=chosen)
         RESULTS.mkdir(parents=True, exist_ok=True)
         path = RESULTS / f"bench_kernels_{args.device.split(':')[0]}.json"
         meta = {"torch": torch.__version__, "device": args.device, "threads": torch.get_num_threads()}
@@ -405,6 +413,7 @@ def main(argv=None):
     else:
         settings = [Setting(f"in-batch B={b}", b, None) for b in (64, 128, 256)]
         settings += [Setting(f"B=256 N={n}", 256, n) for n in (1024, 4096, 60000)]
+    settings = _select(settings, args.settings)
     repeats = args.repeats if args.repeats is not None else (1 if args.quick else 3)
     rows = [r for r in ROWS if args.rows is None or r.name in args.rows or r.name == "matmul"]
 
