@@ -5,7 +5,8 @@ its compile time measured apart, and a median fwd+bwd timer.
 Counting method (issue 13): ``torch.profiler`` on the CPU; "top-level aten ops" = aten events whose parent is not
 an aten op; "compute ops" = leaf aten ops that are not views / allocations (≈ kernel launches on an accelerator);
 "host syncs" = aten ops that block the host on an accelerator (``SYNC_OPS``), not counting those nested in another
-sync op or in ``aten::_assert_async`` (asynchronous on accelerators).
+sync op or in ``aten::_assert_async`` (asynchronous on accelerators), plus Python-level reads of a tensor's data
+(``.tolist()``, ``.numpy()``, ``__array__``: no aten op on the CPU, a device-to-host copy elsewhere).
 """
 
 from __future__ import annotations
@@ -29,6 +30,32 @@ VIEW_OPS = frozenset(
         "alias reshape permute _unsafe_view empty empty_like empty_strided result_type"
     ).split()
 )
+
+
+HOST_READS = ("tolist", "numpy", "__array__")  # device-to-host reads that dispatch no aten op on the CPU
+
+
+class _HostReads:
+    """Counts calls of the ``HOST_READS`` tensor methods while active (forward and backward): the methods are wrapped
+    for the duration of the ``with`` block and restored after it."""
+
+    def __enter__(self):
+        self.count, self.saved = 0, {name: getattr(torch.Tensor, name) for name in HOST_READS}
+
+        def counting(method):
+            def wrapper(*args, **kwargs):
+                self.count += 1
+                return method(*args, **kwargs)
+
+            return wrapper
+
+        for name, method in self.saved.items():
+            setattr(torch.Tensor, name, counting(method))
+        return self
+
+    def __exit__(self, *exc):
+        for name, method in self.saved.items():
+            setattr(torch.Tensor, name, method)
 
 
 def available_devices() -> list[str]:
@@ -55,7 +82,7 @@ def profile_counts(step: Callable[[], object]) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     step()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with _HostReads() as reads, profile(activities=[ProfilerActivity.CPU]) as prof:
         step()
     events = [e for e in prof.events() if e.name.startswith("aten::")]
     children = {id(e.cpu_parent) for e in events if e.cpu_parent is not None}
@@ -70,7 +97,7 @@ def profile_counts(step: Callable[[], object]) -> dict:
     top = [e for e in events if not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::"))]
     leaves = [e for e in events if id(e) not in children and e.name not in VIEW_OPS]
     syncs = [e for e in events if e.name in SYNC_OPS and not nested_in(e, set(SYNC_OPS) | {"aten::_assert_async"})]
-    return {"aten_ops": len(top), "compute_ops": len(leaves), "syncs": len(syncs)}
+    return {"aten_ops": len(top), "compute_ops": len(leaves), "syncs": len(syncs) + reads.count}
 
 
 def median_time(step: Callable[[], object], device: str, repeats: int) -> float:
