@@ -229,8 +229,8 @@ def asi_(st: RankStats) -> Tensor:
 
     With ``N⁺`` relevant items, ``ASI = (1/N⁺) Σ_{n=1}^{N⁺} Σ_l min(c_l(n), c*_l(n)) / n`` where ``c_l(n)`` counts
     the level-``l`` items in the top ``n`` of the ranking and ``c*_l(n)`` in the ideal ranking. ``c_{>=l}(n)`` is an
-    int32 prefix sum over a ``(C, P)`` map position -> level; the finest level needs no ``min`` with the ideal count
-    (``c_L(n) <= min(n, |Ω^(L)|)`` always).
+    int16/int32 prefix sum over a ``(C, P)`` map position -> level; the finest level needs no ``min`` with the ideal
+    count (``c_L(n) <= min(n, |Ω^(L)|)`` always).
     """
     L = st.num_levels
     lv, positions, counts = st.levels, st.positions, st.counts
@@ -242,22 +242,26 @@ def asi_(st: RankStats) -> Tensor:
     level_at = torch.zeros(C, P + 1, dtype=torch.int8, device=device)
     level_at.scatter_(1, (positions - 1).masked_fill_(~inside, P), lv.to(torch.int8).mul_(inside))
     level_at = level_at[:, :P]
-    n = torch.arange(1, P + 1, device=device, dtype=torch.int32)
+    # exact small integers (every count here is at most n <= P): int16 halves the memory traffic when P allows;
+    # gallery counts above P act as P (c*_l(n) = clamp(n - above, 0, |Ω^(l)|) with n <= P)
+    idt = torch.int16 if P < 2**15 else torch.int32
+    n = torch.arange(1, P + 1, device=device, dtype=idt)
     total = None
     above = torch.zeros_like(n_plus)  # relevant items of higher level (ranked first in the ideal order)
     prev = None
     for lvl in range(L, 0, -1):
-        cum_ge = (level_at >= lvl).cumsum(1, dtype=torch.int32)  # items of level >= lvl within the first n
-        c = cum_ge if prev is None else cum_ge - prev
-        prev = cum_ge
+        cum_ge = (level_at >= lvl).cumsum(1, dtype=idt)  # items of level >= lvl within the first n
         n_l = counts[:, lvl]
-        if lvl == L:
-            total = c.clone()
+        if prev is None:  # lvl == L: total shares cum_ge's memory (prev is only read before total changes)
+            total = cum_ge
         else:
-            c_star = (n[None, :] - above[:, None].int()).clamp_min_(0)
-            total += torch.minimum(c, torch.minimum(c_star, n_l[:, None].int(), out=c_star))
+            c = torch.sub(cum_ge, prev)
+            c_star = (n[None, :] - above.clamp_max(P)[:, None].to(idt)).clamp_min_(0)
+            total += torch.minimum(c, torch.minimum(c_star, n_l.clamp_max(P)[:, None].to(idt), out=c_star), out=c)
+        prev = cum_ge
         above = above + n_l
-    ratio = _f64(total.mul_(n[None, :] <= n_plus[:, None].int())).div_(_f64(n)[None, :])  # positions <= N⁺ only
+    inside_n = n[None, :] <= n_plus.clamp_max(P)[:, None].to(idt)  # positions <= N⁺ only
+    ratio = _f64(total.mul_(inside_n)).div_(_f64(n)[None, :])
     return _nan_where_empty(ratio.sum(1) / n_plus.clamp_min(1), n_plus)
 
 
