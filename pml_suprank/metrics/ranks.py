@@ -177,7 +177,7 @@ def _sort_rows(keys: Tensor) -> Tensor:
     GIL while sorting, so large blocks are split into row bands sorted by ``torch.get_num_threads()`` threads."""
     if keys.device.type == "cpu" and keys.is_contiguous():
         arr = keys.numpy()  # shares memory with keys
-        parts = min(torch.get_num_threads(), arr.shape[0], max(arr.size // _SORT_BAND_MIN, 1))
+        parts = max(min(torch.get_num_threads(), arr.shape[0], arr.size // _SORT_BAND_MIN), 1)
         bounds = [arr.shape[0] * i // parts for i in range(parts + 1)]
         threads = [threading.Thread(target=arr[a:b].sort, kwargs={"axis": 1}) for a, b in zip(bounds[1:-1], bounds[2:])]
         for t in threads:

@@ -24,5 +24,6 @@ def test_threaded_row_sort_matches_torch_sort(monkeypatch):
 def test_row_sort_of_a_single_row_and_of_a_view():
     row = torch.tensor([[5, -3, 2**40, 0]])
     assert torch.equal(ranks._sort_rows(row.clone()), torch.tensor([[-3, 0, 5, 2**40]]))
+    assert ranks._sort_rows(torch.zeros(0, 3, dtype=torch.long)).shape == (0, 3)
     strided = torch.tensor([[3, 1], [2, 0]]).T  # not contiguous: the torch.sort fallback
     assert torch.equal(ranks._sort_rows(strided), torch.tensor([[2, 3], [0, 1]]))
