@@ -28,6 +28,7 @@ synchronisation). All are exact. Every metric is then computed from the ``(Q, P)
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -140,6 +141,7 @@ def _check_mask(mask: Tensor | None, scores: Tensor) -> Tensor | None:
 
 
 _KEY_PAD = (2**63 - 1) & ~63  # larger than every key; its level bits are 0
+_SORT_BAND_MIN = 2**18  # entries per sorting thread below which one thread is faster
 
 
 def _descending_key(scores: Tensor) -> Tensor:
@@ -171,9 +173,18 @@ def _decode_key(keys: Tensor) -> Tensor:
 
 def _sort_rows(keys: Tensor) -> Tensor:
     """Sort each row of an int64 tensor (values only). On the CPU, numpy's in-place sort (SIMD-accelerated where the
-    CPU allows) is several times faster than ``torch.sort``, which also builds the permutation."""
+    CPU allows) is several times faster than ``torch.sort``, which also builds the permutation; numpy releases the
+    GIL while sorting, so large blocks are split into row bands sorted by ``torch.get_num_threads()`` threads."""
     if keys.device.type == "cpu" and keys.is_contiguous():
-        keys.numpy().sort(axis=1)  # shares memory with keys
+        arr = keys.numpy()  # shares memory with keys
+        parts = max(min(torch.get_num_threads(), arr.shape[0], arr.size // _SORT_BAND_MIN), 1)
+        bounds = [arr.shape[0] * i // parts for i in range(parts + 1)]
+        threads = [threading.Thread(target=arr[a:b].sort, kwargs={"axis": 1}) for a, b in zip(bounds[1:-1], bounds[2:])]
+        for t in threads:
+            t.start()
+        arr[: bounds[1]].sort(axis=1)
+        for t in threads:
+            t.join()
         return keys
     return torch.sort(keys, dim=1).values
 
