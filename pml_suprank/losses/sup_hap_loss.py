@@ -113,7 +113,7 @@ class SupHAPLoss(HierarchicalRankLoss):
             score, has_pos = dense_sup_hap_scores(inputs.scores, levels, rel, inputs.valid, self.constant_step(), hrank)
         else:
             score, has_pos = sup_hap_scores(
-                inputs.scores, levels, rel, num_levels, inputs.valid, self.step, hrank, self.chunk_size
+                inputs.scores, levels, rel, num_levels, inputs.valid, self.constant_step(), hrank, self.chunk_size
             )
         return 1.0 - score, has_pos  # all rows and the kept mask: the base reduces without nonzero
 
@@ -143,7 +143,7 @@ class SupHAPLoss(HierarchicalRankLoss):
             rel,
             num_levels,
             valid,
-            step=self.step,
+            step=self.constant_step(),
             hrank=self.hrank if self.with_hrank else None,
             chunk_size=self.chunk_size,
         )

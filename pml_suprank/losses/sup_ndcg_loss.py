@@ -65,7 +65,7 @@ class SupNDCGLoss(HierarchicalRankLoss):
             rank, _ = dense_hierarchical_query_ranks(inputs.scores, levels, None, inputs.valid, self.constant_step())
         else:
             rank, _ = hierarchical_ranks(
-                inputs.scores, levels, None, num_levels, inputs.valid, self.step, None, self.chunk_size
+                inputs.scores, levels, None, num_levels, inputs.valid, self.constant_step(), None, self.chunk_size
             )
         score, has_pos = graded_dcg_scores(rank, levels, gains, inputs.valid)
         return 1.0 - score, has_pos  # all rows and the kept mask: the base reduces without nonzero
@@ -76,4 +76,4 @@ class SupNDCGLoss(HierarchicalRankLoss):
         return dense_sup_ndcg_scores(scores, levels, num_levels, valid, self.constant_step())
 
     def query_scores(self, scores: Tensor, levels: Tensor, valid: Tensor, num_levels: int) -> tuple[Tensor, Tensor]:
-        return sup_ndcg_scores(scores, levels, num_levels, valid, step=self.step, chunk_size=self.chunk_size)
+        return sup_ndcg_scores(scores, levels, num_levels, valid, step=self.constant_step(), chunk_size=self.chunk_size)

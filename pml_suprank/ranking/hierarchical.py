@@ -155,8 +155,10 @@ def _plan_series(
     Returns the windows (with ``lo_s``/``up_s`` when the series was considered) and the plan, or ``None``."""
     bsz, n = x.s_det.shape
     num_terms = num_terms_for(x.s_det.dtype)
-    window_total = sum(int(torch.where(w.at_level, w.hi - w.lo, 0).sum()) for w in windows)
-    num_rows = sum(int(w.at_level.any(1).sum()) for w in windows)  # lists with positives: at least one table each
+    sums = [torch.where(w.at_level, w.hi - w.lo, 0).sum() for w in windows]
+    sums += [w.at_level.any(1).sum() for w in windows]  # lists with positives: at least one table each
+    host = torch.stack(sums).tolist()  # one host read
+    window_total, num_rows = sum(host[: len(windows)]), sum(host[len(windows) :])
     if window_total * _WINDOW_COST <= num_rows * n * num_terms * _TABLE_COST:
         return windows, None
     cut = CUT * step.tau  # |t| > cut: the sigmoid may be summed by its separable series

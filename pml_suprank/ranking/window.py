@@ -324,21 +324,26 @@ def sorted_window_blocks(lengths: Tensor, budget: int, fill: float = 0.7) -> lis
     """Split pairs sorted by decreasing window length ``(K,)`` into ranges ``(m0, m1, width)`` of at most ``budget``
     padded elements (``(m1 − m0) · width``; ``width`` = the longest window of the range); a range also ends where
     the windows get shorter than ``fill · width``, so that padding stays below ``1/fill − 1`` of the work."""
+    return _sorted_window_plan(lengths, budget, fill)[0]
+
+
+def _sorted_window_plan(lengths: Tensor, budget: int, fill: float = 0.7) -> tuple[list[tuple[int, int, int]], int]:
+    """``(sorted_window_blocks(...), the longest window)`` from one read of the device (one ``.tolist()``)."""
     out = []
     m0, n = 0, lengths.numel()
     if n == 0:
-        return out
+        return out, 0
     # first pair whose window is shorter than fill·(window of pair m): lengths are non-increasing
     desc = lengths.flip(0).contiguous()  # non-decreasing
     short_start = n - torch.searchsorted(desc, (lengths.to(torch.float64) * fill).ceil().to(lengths.dtype))
-    short_start = short_start.tolist()
-    lens = lengths.tolist()
+    host = torch.cat([short_start, lengths]).tolist()  # one host read for both
+    short_start, lens = host[:n], host[n:]
     while m0 < n:
         width = max(int(lens[m0]), 1)
         m1 = min(n, m0 + max(1, budget // width), max(m0 + 1, short_start[m0]))
         out.append((m0, m1, width))
         m0 = m1
-    return out
+    return out, int(lens[0])
 
 
 class SortedWindowLayout:
@@ -368,14 +373,13 @@ class SortedWindowLayout:
         mask_infinite: bool = False,
     ) -> None:
         num_lists, bsz, n = keys.shape
-        pad = int(lengths[0]) if lengths.numel() else 0  # the longest window
+        self.block_list, pad = _sorted_window_plan(lengths, chunk_elements)  # pad: the longest window
         sentinels = torch.full((num_lists, bsz, pad), float("-inf"), dtype=keys.dtype, device=keys.device)
         self.keys_ext = torch.cat([sentinels, keys], dim=2).reshape(-1)
         self.ends = rows * (n + pad) + pad + ends  # flat end (exclusive) of every window
         self.s_i = scores.detach()[q_idx, i_idx]
         self.perms, self.q_idx, self.i_idx = perms, q_idx, i_idx
         self.shape, self.mask_infinite = (num_lists, bsz, n, pad), mask_infinite
-        self.block_list = sorted_window_blocks(lengths, chunk_elements)
 
     def output(self, inputs):
         return torch.zeros_like(self.s_i)
