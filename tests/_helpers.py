@@ -85,24 +85,50 @@ SYNC_OPS = frozenset(
 )
 
 
-def profiled_ops(fn) -> tuple[list[str], list[str]]:
-    """``(top-level aten ops, host-synchronising ops)`` of one call of ``fn`` after a warm-up call (torch.profiler,
-    CPU). Top-level = an aten event whose parent is not an aten op; a sync nested in ``aten::_assert_async`` is not
-    counted (it is asynchronous on accelerators)."""
+HOST_READS = ("tolist", "numpy", "__array__")  # device-to-host reads that dispatch no aten op on the CPU
+
+
+def profiled_ops(fn, *, host_reads: bool = False, warm_up: bool = True) -> tuple[list[str], list[str]]:
+    """``(top-level aten ops, host-synchronising ops)`` of one call of ``fn`` (torch.profiler, CPU), after a warm-up
+    call unless ``warm_up=False``.
+
+    Top-level = an aten event whose parent is not an aten op. A sync is counted once, at its outermost op, and not
+    when nested in ``aten::_assert_async`` (asynchronous on accelerators). ``host_reads=True`` also counts the
+    Python-level reads of a tensor's data (``.tolist()``, ``.numpy()``, ``__array__``: no aten op on the CPU, a
+    device-to-host copy elsewhere), listed by method name.
+    """
     from torch.profiler import ProfilerActivity, profile
 
-    fn()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    if warm_up:
         fn()
-    events = [e for e in prof.events() if e.name.startswith("aten::")]
+    reads: list[str] = []
+    saved = {name: getattr(torch.Tensor, name) for name in HOST_READS} if host_reads else {}
 
-    def under_assert(e) -> bool:
+    def counting(name, method):
+        def wrapper(*args, **kwargs):
+            reads.append(name)
+            return method(*args, **kwargs)
+
+        return wrapper
+
+    try:
+        for name, method in saved.items():
+            setattr(torch.Tensor, name, counting(name, method))
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            fn()
+    finally:
+        for name, method in saved.items():
+            setattr(torch.Tensor, name, method)
+    events = [e for e in prof.events() if e.name.startswith("aten::")]
+    skip = SYNC_OPS | {"aten::_assert_async"}
+
+    def nested(e) -> bool:
         while e.cpu_parent is not None:
             e = e.cpu_parent
-            if e.name == "aten::_assert_async":
+            if e.name in skip:
                 return True
         return False
 
     top = [e.name for e in events if not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::"))]
-    syncs = [e.name for e in events if e.name in SYNC_OPS and not under_assert(e)]
-    return top, syncs
+    syncs = [e.name for e in events if e.name in SYNC_OPS and not nested(e)]
+    return top, syncs + reads

@@ -6,14 +6,11 @@ import math
 
 import pytest
 import torch
-from torch.profiler import ProfilerActivity, profile
+from _helpers import profiled_ops
 
 from pml_suprank import ranking as R
 from pml_suprank.ranking.flat import group_pairs, positive_pair_groups
 from pml_suprank.ranking.window import QueryBlockLayout, next_below
-
-SYNC_OPS = {"aten::item", "aten::_local_scalar_dense", "aten::nonzero", "aten::is_nonzero", "aten::unique"}
-SYNC_OPS |= {"aten::_unique2", "aten::unique_consecutive", "aten::masked_select", "aten::equal"}
 
 
 def _problem(b: int, n: int, seed: int = 0, ties: bool = False):
@@ -89,21 +86,9 @@ def test_query_block_layout_needs_host_widths():
         QueryBlockLayout(torch.arange(3), (2, 1), 5.0, 100)
 
 
-def _count_syncs(fn, monkeypatch) -> int:
-    """Host-synchronising aten ops (outermost) plus ``.tolist()`` calls of one ``fn()``, forward and backward."""
-    reads = []
-    tolist = torch.Tensor.tolist
-
-    def counting(self):
-        reads.append(1)
-        return tolist(self)
-
-    with monkeypatch.context() as patch:
-        patch.setattr(torch.Tensor, "tolist", counting)
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            fn()
-    syncs = [e for e in prof.events() if e.name in SYNC_OPS and not (e.cpu_parent and e.cpu_parent.name in SYNC_OPS)]
-    return len(syncs) + len(reads)
+def _count_syncs(fn) -> int:
+    """Host-synchronising aten ops (outermost) plus host reads (``.tolist()``, ...) of one ``fn()``, fwd and bwd."""
+    return len(profiled_ops(fn, host_reads=True, warm_up=False)[1])
 
 
 def _supap_kernel(scores, pos, neg, chunk, groups_given):
@@ -133,15 +118,15 @@ def _smooth_ap_kernel(scores, pos, valid, chunk, groups_given):
 
 
 @pytest.mark.parametrize("groups_given", [False, True])
-def test_sorted_kernel_syncs_do_not_grow_with_references_chunks_or_positives(groups_given, monkeypatch):
+def test_sorted_kernel_syncs_do_not_grow_with_references_chunks_or_positives(groups_given):
     """One host read per kernel call (none with ``groups=``), whether 1 chunk or ~50, 10 or 120 references."""
     counts = []
     for b, n, chunk in [(6, 10, 1 << 21), (6, 120, 1 << 21), (10, 120, 7)]:
         scores, valid, pos, neg = _problem(b, n)
         counts.append(
             (
-                _count_syncs(_supap_kernel(scores, pos, neg, chunk, groups_given), monkeypatch),
-                _count_syncs(_smooth_ap_kernel(scores, pos, valid, chunk, groups_given), monkeypatch),
+                _count_syncs(_supap_kernel(scores, pos, neg, chunk, groups_given)),
+                _count_syncs(_smooth_ap_kernel(scores, pos, valid, chunk, groups_given)),
             )
         )
     assert counts == [(0, 0) if groups_given else (1, 1)] * len(counts)

@@ -6,8 +6,8 @@ import shutil
 import pytest
 import torch
 import torch.nn.functional as F
+from _helpers import profiled_ops
 from pytorch_metric_learning.reducers import DoNothingReducer
-from torch.profiler import ProfilerActivity, profile
 
 from pml_suprank import losses
 from pml_suprank.ranking import (
@@ -39,8 +39,6 @@ HIERARCHICAL = {
     "HAPPIER": lambda **kw: losses.HAPPIERLoss(num_classes=64, embedding_size=8, **kw),
     "RODNDCG": lambda **kw: losses.RODNDCGLoss(num_classes=64, embedding_size=8, **kw),
 }
-SYNC_OPS = {"aten::item", "aten::_local_scalar_dense", "aten::nonzero", "aten::unique", "aten::_unique2"}
-SYNC_OPS |= {"aten::is_nonzero", "aten::masked_select", "aten::equal", "aten::unique_consecutive"}
 
 
 def _data(seed: int, batch: int = 14, refs: int | None = None, dim: int = 8):
@@ -274,16 +272,6 @@ def test_auto_follows_the_rule_on_cpu(monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------------ host syncs
-def _profiled_ops(fn):
-    fn()  # warm-up (lazy initialisations)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        fn()
-    events = [e for e in prof.events() if e.name.startswith("aten::")]
-    top = [e for e in events if not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::"))]
-    syncs = [e.name for e in events if e.name in SYNC_OPS]
-    return top, syncs
-
-
 @pytest.mark.parametrize("kernel", ["suprank", "smooth_ap"])
 def test_dense_kernel_has_no_host_synchronisation(kernel):
     g = torch.Generator().manual_seed(0)
@@ -297,7 +285,7 @@ def test_dense_kernel_has_no_host_synchronisation(kernel):
         ap, count = masked_query_mean(rank_plus / rank, pos)
         (1.0 - ap).sum().backward()
 
-    top, syncs = _profiled_ops(step)
+    top, syncs = profiled_ops(step)
     assert syncs == []
     assert len(top) <= 70  # kernel + AP reduction + backward (about 55 of them are the kernel's)
 
@@ -388,7 +376,7 @@ def test_dense_hierarchical_kernel_has_no_host_synchronisation():
         rank, rank_plus = dense_hierarchical_query_ranks(scores, levels, rel, valid, step, hrank)
         (rank_plus / rank).sum().backward()
 
-    top, syncs = _profiled_ops(step_fn)
+    top, syncs = profiled_ops(step_fn)
     assert syncs == []
     assert len(top) <= 120
 

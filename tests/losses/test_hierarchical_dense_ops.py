@@ -12,33 +12,16 @@ import shutil
 
 import pytest
 import torch
-from torch.profiler import ProfilerActivity, profile
+from _helpers import profiled_ops
 
 from pml_suprank import losses
 from pml_suprank.ranking import SupRankStep, dense_hierarchical_query_ranks, dense_sup_hap_scores
 from pml_suprank.ranking.dense_hierarchical import dense_sup_ndcg_scores
 from pml_suprank.relevance import check_tree, ideal_dcg, level_matrix, tree_consistent
 
-SYNC_OPS = ("aten::item", "aten::_local_scalar_dense", "aten::nonzero", "aten::is_nonzero", "aten::unique")
-SYNC_OPS += ("aten::_unique2", "aten::unique_consecutive", "aten::masked_select", "aten::equal")
-
-
-def _inside_assert(event) -> bool:
-    parent = event.cpu_parent
-    while parent is not None:
-        if parent.name == "aten::_assert_async":
-            return True
-        parent = parent.cpu_parent
-    return False
-
 
 def _count(fn):
-    fn()  # warm-up
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        fn()
-    events = [e for e in prof.events() if e.name.startswith("aten::")]
-    top = [e for e in events if not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::"))]
-    syncs = [e.name for e in events if e.name in SYNC_OPS and not _inside_assert(e)]
+    top, syncs = profiled_ops(fn)
     return len(top), syncs
 
 

@@ -5,23 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.profiler import ProfilerActivity, profile
+from _helpers import profiled_ops
 
 from pml_suprank.metrics import RetrievalEvaluator
 from pml_suprank.metrics import ranks as R
 from pml_suprank.metrics.registry import SINGLE_LABEL_GROUPS
-
-SYNC_OPS = (
-    "aten::item",
-    "aten::_local_scalar_dense",
-    "aten::nonzero",
-    "aten::is_nonzero",
-    "aten::unique",
-    "aten::_unique2",
-    "aten::unique_consecutive",
-    "aten::masked_select",
-    "aten::equal",
-)
 
 # every metric group, NDCG included (its discounts are computed per slot and its ideal-DCG table has the padded
 # width of the block, a size known on the host)
@@ -29,13 +17,8 @@ BLOCK_FREE_GROUPS = tuple(SINGLE_LABEL_GROUPS)
 
 
 def _sync_count(evaluator: RetrievalEvaluator, emb: torch.Tensor, labels: torch.Tensor) -> int:
-    evaluator.evaluate(emb, labels)  # warm-up (lazy initialisations, numba compilation)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        evaluator.evaluate(emb, labels)
-    # outermost sync ops only (item -> _local_scalar_dense counts once)
-    return len(
-        [e for e in prof.events() if e.name in SYNC_OPS and not (e.cpu_parent and e.cpu_parent.name in SYNC_OPS)]
-    )
+    # after a warm-up (lazy initialisations, numba compilation); outermost sync ops (item -> _local_scalar_dense once)
+    return len(profiled_ops(lambda: evaluator.evaluate(emb, labels))[1])
 
 
 def _data(n: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
