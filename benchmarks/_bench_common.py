@@ -1,12 +1,12 @@
-"""Shared helpers of the loss benchmarks (``bench_losses.py``, ``bench_hierarchical.py``): device discovery, the
-profiler's operator / launch-proxy / host-sync counts of one forward + backward, ``torch.compile`` of a loss with
+"""Shared helpers of the benchmarks (``bench_losses``, ``bench_hierarchical``, ``bench_memory``, ``bench_eval``):
+devices, the profiler's operator / launch-proxy / host-sync counts of one call, ``torch.compile`` of a loss with
 its compile time measured apart, and a median fwd+bwd timer.
 
 Counting method (issue 13): ``torch.profiler`` on the CPU; "top-level aten ops" = aten events whose parent is not
 an aten op; "compute ops" = leaf aten ops that are not views / allocations (≈ kernel launches on an accelerator);
 "host syncs" = aten ops that block the host on an accelerator (``SYNC_OPS``), not counting those nested in another
 sync op or in ``aten::_assert_async`` (asynchronous on accelerators), plus Python-level reads of a tensor's data
-(``.tolist()``, ``.numpy()``, ``__array__``: no aten op on the CPU, a device-to-host copy elsewhere).
+(``.tolist()``: no aten op on the CPU, a device-to-host copy elsewhere).
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ VIEW_OPS = frozenset(
 )
 
 
-HOST_READS = ("tolist", "numpy", "__array__")  # device-to-host reads that dispatch no aten op on the CPU
+# device-to-host reads that dispatch no aten op on the CPU. ``.numpy()`` / ``__array__`` are not counted: they only
+# work on CPU tensors, so the code paths calling them are CPU-only branches that do not exist on an accelerator
+HOST_READS = ("tolist",)
 
 
 class _HostReads:
@@ -75,13 +77,15 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def profile_counts(step: Callable[[], object]) -> dict:
-    """Operator counts of one call of ``step`` (a fwd+bwd closure), after one un-profiled warm-up call.
+def profile_counts(step: Callable[[], object], *, warm_up: bool = True) -> dict:
+    """Operator counts of one call of ``step`` (a fwd+bwd closure), after one un-profiled warm-up call (skipped with
+    ``warm_up=False``, for a caller that has just run ``step``).
 
     Returns ``{"aten_ops", "compute_ops", "syncs"}`` (see the module docstring)."""
     from torch.profiler import ProfilerActivity, profile
 
-    step()
+    if warm_up:
+        step()
     with _HostReads() as reads, profile(activities=[ProfilerActivity.CPU]) as prof:
         step()
     events = [e for e in prof.events() if e.name.startswith("aten::")]

@@ -25,13 +25,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _bench_common import profile_counts
 
 from pml_suprank.metrics import RetrievalEvaluator
 from pml_suprank.metrics.registry import SINGLE_LABEL_GROUPS
 from pml_suprank.relevance import level_matrix
-
-SYNC_OPS = ("aten::item", "aten::_local_scalar_dense", "aten::nonzero", "aten::is_nonzero", "aten::unique")
-SYNC_OPS += ("aten::_unique2", "aten::unique_consecutive", "aten::masked_select", "aten::equal")
 
 
 def make_data(
@@ -134,34 +132,17 @@ def pml_calculator(emb: torch.Tensor, fine: torch.Tensor) -> tuple[float, dict[s
     return time.perf_counter() - t, out
 
 
-def host_syncs(
-    emb: torch.Tensor, labels: torch.Tensor, counting: str, device: str = "cpu", n: int = 1024
-) -> dict[str, list[int]]:
-    """Outermost host-synchronising aten ops of one ``evaluate()`` of the first ``n`` items (torch.profiler on the
-    CPU), with 1 and with 8 row blocks: every metric, and every metric but NDCG (whose discount tables are sized by
-    two read-backs per block in ``from_ranks.ndcg_`` / ``relevance.ideal_dcg``)."""
-    from torch.profiler import ProfilerActivity, profile
-
+def host_syncs(emb: torch.Tensor, labels: torch.Tensor, counting: str, device: str = "cpu", n: int = 1024) -> list[int]:
+    """Host syncs of one ``evaluate()`` (every metric) of the first ``n`` items, with 1 and with 8 row blocks
+    (``_bench_common.profile_counts``: outermost sync ops plus ``.tolist()``-style reads, after a warm-up)."""
     emb, labels = emb[:n], labels[:n]
-    out = {}
-    for name, groups in (
-        ("all", SINGLE_LABEL_GROUPS),
-        ("no_ndcg", tuple(g for g in SINGLE_LABEL_GROUPS if g != "ndcg")),
-    ):
-        counts = []
-        for blocks in (1, 8):
-            ev = RetrievalEvaluator(
-                k_values=(1, 10, 100), chunk_size=n // blocks, counting=counting, metrics=groups, device=device
-            )
-            ev.evaluate(emb, labels)
-            with profile(activities=[ProfilerActivity.CPU]) as prof:
-                ev.evaluate(emb, labels)
-            top = [
-                e for e in prof.events() if e.name in SYNC_OPS and not (e.cpu_parent and e.cpu_parent.name in SYNC_OPS)
-            ]
-            counts.append(len(top))
-        out[name] = counts
-    return out
+    counts = []
+    for blocks in (1, 8):
+        ev = RetrievalEvaluator(
+            k_values=(1, 10, 100), chunk_size=n // blocks, counting=counting, metrics=SINGLE_LABEL_GROUPS, device=device
+        )
+        counts.append(profile_counts(lambda ev=ev: ev.evaluate(emb, labels))["syncs"])
+    return counts
 
 
 def warm_up(ev: RetrievalEvaluator, emb: torch.Tensor, labels: torch.Tensor) -> float:
@@ -224,10 +205,7 @@ def run(
         f"(x{t_eval / t_scores:.2f}) | RSS {mem.start:.2f} GB before, peak {mem.peak:.2f} GB during the evaluation"
     )
     print("  " + ", ".join(f"{k}={out[k]:.4f}" for k in ("ap", "map_at_r", "recall_at_1", "h_ap", "ndcg", "asi")))
-    print(
-        f"  host-synchronising ops of evaluate() on 1,024 items, 1 vs 8 row blocks: every metric "
-        f"{syncs['all'][0]} vs {syncs['all'][1]}, every metric but NDCG {syncs['no_ndcg'][0]} vs {syncs['no_ndcg'][1]}"
-    )
+    print(f"  host syncs of evaluate() on 1,024 items (every metric), 1 vs 8 row blocks: {syncs[0]} vs {syncs[1]}")
     if naive_queries:
         t_naive, naive = naive_subset(emb, labels, naive_queries)
         per_q_naive = t_naive / naive_queries

@@ -31,6 +31,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from _bench_common import profile_counts
 
 CONFIGS = {
     "loss_only_SupAP(ref=memory)": "direct SupAPLoss(include_self=True) call with ref_emb = the 60k memory",
@@ -150,51 +151,17 @@ def run_config(name: str, memory_size: int, batch_size: int, dim: int, reps: int
 
 # ------------------------------------------------------------------------------------------------ --syncs
 SYNC_LOSSES = ("SupAPLoss", "ROADMAPLoss", "SmoothAPLoss", "SupRecallLoss")
+
+
 # host-synchronising aten ops (the list of bench_losses.py); counted once per outermost call
-SYNC_OPS = ("aten::item", "aten::_local_scalar_dense", "aten::nonzero", "aten::is_nonzero", "aten::unique")
-SYNC_OPS += ("aten::_unique2", "aten::unique_consecutive", "aten::masked_select", "aten::equal")
-HOST_READS = ("tolist", "numpy", "__array__")  # device-to-host reads that dispatch no aten op on the CPU
-
-
-class _HostReads:
-    """Counts the calls of the tensor methods of ``HOST_READS`` while active, forward and backward (the methods
-    are wrapped for the duration of the ``with`` block and restored after it; a ``TorchFunctionMode`` would not
-    see the autograd engine's calls)."""
-
-    def __enter__(self):
-        self.count, self.saved = 0, {name: getattr(torch.Tensor, name) for name in HOST_READS}
-
-        def counting(method):
-            def wrapper(*args, **kwargs):
-                self.count += 1
-                return method(*args, **kwargs)
-
-            return wrapper
-
-        for name, method in self.saved.items():
-            setattr(torch.Tensor, name, counting(method))
-        return self
-
-    def __exit__(self, *exc):
-        for name, method in self.saved.items():
-            setattr(torch.Tensor, name, method)
-
-
 def count_ops(fn) -> dict:
-    """Top-level aten ops, host syncs and wall time of one call of ``fn`` (after a warm-up call)."""
-    from torch.profiler import ProfilerActivity, profile
-
+    """Top-level aten ops, host syncs (``_bench_common.profile_counts``: outermost sync ops plus ``.tolist()``-style
+    reads) and wall time of one call of ``fn``; the timed call is the profile's warm-up."""
     t0 = time.perf_counter()
     fn()
     seconds = time.perf_counter() - t0
-    with _HostReads() as reads, profile(activities=[ProfilerActivity.CPU]) as prof:
-        fn()
-    events = [e for e in prof.events() if e.name.startswith("aten::")]
-    top = [e for e in events if not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::"))]
-    # a read nested in another sync op, or in aten::_assert_async (asynchronous on accelerators), is not counted
-    skip = set(SYNC_OPS) | {"aten::_assert_async"}
-    syncs = [e for e in events if e.name in SYNC_OPS and not (e.cpu_parent and e.cpu_parent.name in skip)]
-    return {"aten_ops": len(top), "syncs": len(syncs) + reads.count, "seconds": seconds}
+    counts = profile_counts(fn, warm_up=False)
+    return {"aten_ops": counts["aten_ops"], "syncs": counts["syncs"], "seconds": seconds}
 
 
 def _sync_inputs(batch_size: int, memory_size: int | None, dim: int):

@@ -85,7 +85,9 @@ SYNC_OPS = frozenset(
 )
 
 
-HOST_READS = ("tolist", "numpy", "__array__")  # device-to-host reads that dispatch no aten op on the CPU
+# device-to-host reads that dispatch no aten op on the CPU. ``.numpy()`` / ``__array__`` are not counted: they only
+# work on CPU tensors, so the code paths calling them are CPU-only branches that do not exist on an accelerator
+HOST_READS = ("tolist",)
 
 
 def profiled_ops(fn, *, host_reads: bool = False, warm_up: bool = True) -> tuple[list[str], list[str]]:
@@ -94,8 +96,7 @@ def profiled_ops(fn, *, host_reads: bool = False, warm_up: bool = True) -> tuple
 
     Top-level = an aten event whose parent is not an aten op. A sync is counted once, at its outermost op, and not
     when nested in ``aten::_assert_async`` (asynchronous on accelerators). ``host_reads=True`` also counts the
-    Python-level reads of a tensor's data (``.tolist()``, ``.numpy()``, ``__array__``: no aten op on the CPU, a
-    device-to-host copy elsewhere), listed by method name.
+    Python-level reads of a tensor's data (``.tolist()``: no aten op on the CPU, a device-to-host copy elsewhere).
     """
     from torch.profiler import ProfilerActivity, profile
 
