@@ -96,13 +96,10 @@ class CalibrationLoss(BaseMetricLossFunction):
 
     def forward(self, embeddings, labels=None, indices_tuple=None, ref_emb=None, ref_labels=None):
         """Compute L_DG; see the class docstring."""
-        self.reset_stats()
         embeddings, labels, ref_emb, ref_labels, _ = prepare_inputs(
             type(self).__name__, embeddings, labels, ref_emb, ref_labels, allow_2d_labels=self.multilabel
         )
-        loss_dict = self.pair_losses(embeddings, labels, indices_tuple, ref_emb, ref_labels, reducer=self.reducer)
-        self.add_embedding_regularization_to_loss_dict(loss_dict, embeddings)
-        return reduce_loss_dict(self.reducer, loss_dict, embeddings, labels)
+        return self.prepared_forward(embeddings, labels, indices_tuple, ref_emb, ref_labels)
 
     def prepared_forward(
         self, embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None, *, scores=None, valid=None

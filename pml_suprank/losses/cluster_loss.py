@@ -54,7 +54,6 @@ class ClusterLoss(BaseMetricLossFunction):
 
     def forward(self, embeddings, labels=None, indices_tuple=None, ref_emb=None, ref_labels=None):
         """Compute L_DG*; see the class docstring."""
-        self.reset_stats()
         if ref_emb is not None and ref_emb is not embeddings:
             raise ValueError("ClusterLoss does not take ref_emb/ref_labels: its proxies are the reference set")
         embeddings, labels, _, _, _ = prepare_inputs(type(self).__name__, embeddings, labels, None, None)

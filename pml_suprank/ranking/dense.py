@@ -350,9 +350,26 @@ class _DenseAP(torch.autograd.Function):
         return None, None, None, grad_scores, None, None
 
 
-def _check_kernel_name(kernel: str) -> None:
+def _blocked_apply(function, kernel: str, scores: Tensor, positives: Tensor, others: Tensor, parameter, budget: int):
+    """Validate a dense call (shapes and dtypes only: nothing is read from the device) and run ``function`` over
+    query blocks of :func:`dense_block_size` queries."""
     if kernel not in ("suprank", "smooth_ap"):
         raise ValueError(f"kernel must be 'suprank' or 'smooth_ap'; got {kernel!r}")
+    if not isinstance(scores, Tensor) or scores.dim() != 2 or not scores.is_floating_point():
+        raise ValueError(f"scores must be a (B, N) floating tensor; got {_describe(scores)}")
+    for name, mask in (("positives", positives), ("others", others)):
+        if not isinstance(mask, Tensor) or mask.shape != scores.shape or mask.dtype != scores.dtype:
+            raise ValueError(
+                f"{name} must be a float mask of the shape and dtype of scores {tuple(scores.shape)} {scores.dtype}; "
+                f"got {_describe(mask)}"
+            )
+    num_queries, num_refs = scores.shape
+    block = dense_block_size(num_queries, num_refs, scores.element_size(), budget)
+    return function.apply(kernel, block, parameter, scores, positives, others)
+
+
+def _describe(x) -> str:
+    return f"shape {tuple(x.shape)}, dtype {x.dtype}" if isinstance(x, Tensor) else type(x).__name__
 
 
 def dense_query_ranks(
@@ -385,12 +402,9 @@ def dense_query_ranks(
         ``(rank_plus (B, N), rank (B, N))``; for ``"suprank"`` ``rank_plus`` carries no gradient.
 
     Raises:
-        ValueError: unknown ``kernel``.
+        ValueError: unknown ``kernel``, or masks whose shape / dtype differ from those of ``scores``.
     """
-    _check_kernel_name(kernel)
-    num_queries, num_refs = scores.shape
-    block = dense_block_size(num_queries, num_refs, scores.element_size(), memory_budget)
-    return _DenseRanks.apply(kernel, block, parameter, scores, positives, others)
+    return _blocked_apply(_DenseRanks, kernel, scores, positives, others, parameter, memory_budget)
 
 
 def dense_query_ap(
@@ -412,11 +426,11 @@ def dense_query_ap(
 
     Returns:
         ``(ap (B,), count (B,))``; ``count`` (float) carries no gradient.
+
+    Raises:
+        ValueError: unknown ``kernel``, or masks whose shape / dtype differ from those of ``scores``.
     """
-    _check_kernel_name(kernel)
-    num_queries, num_refs = scores.shape
-    block = dense_block_size(num_queries, num_refs, scores.element_size(), memory_budget)
-    return _DenseAP.apply(kernel, block, parameter, scores, positives, others)
+    return _blocked_apply(_DenseAP, kernel, scores, positives, others, parameter, memory_budget)
 
 
 def masked_query_mean(values: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:

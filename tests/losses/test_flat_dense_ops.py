@@ -223,3 +223,17 @@ def test_normalized_logits_match_autograd_of_f_normalize():
     torch.testing.assert_close(ours[0], x.grad, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(ours[1], p.grad, rtol=1e-12, atol=1e-12)
     assert torch.autograd.gradcheck(lambda a, b: normalized_logits(a, b, 0.5), (x, p))
+
+
+@pytest.mark.parametrize("fn", [dense_query_ap, dense_query_ranks])
+def test_dense_entry_points_name_the_bad_argument(fn):
+    s, m = torch.randn(3, 4), torch.zeros(3, 4)
+    step = SupRankStep(offset=1.4933)
+    with pytest.raises(ValueError, match="kernel must be"):
+        fn("ndcg", s, m, m, step)
+    with pytest.raises(ValueError, match=r"scores must be a \(B, N\) floating tensor; got shape \(3, 4\), dtype"):
+        fn("suprank", s.long(), m, m, step)
+    with pytest.raises(ValueError, match=r"positives must be a float mask .* got shape \(3, 5\)"):
+        fn("suprank", s, torch.zeros(3, 5), m, step)
+    with pytest.raises(ValueError, match="others must be a float mask .* dtype torch.bool"):
+        fn("suprank", s, m, m.bool(), step)
