@@ -121,7 +121,7 @@ class _NormalizedLogits(torch.autograd.Function):
 
 def normalized_logits(embeddings: Tensor, proxies: Tensor, temperature: float) -> Tensor:
     """``(B, C)`` logits ``x_b · p̂_c / T`` with ``p̂_c = p_c / max(‖p_c‖₂, ε)`` (``F.normalize``): the proxy scores of
-    :class:`~pml_suprank.losses.ClusterLoss` (SupRank Eq. 13), one explicit backward for both arguments.
+    :class:`~pml_suprank.losses.ClusterLoss` (L_DG*, SupRank Eq. 8), one explicit backward for both arguments.
 
     Args:
         embeddings: ``(B, D)`` floating tensor (not normalised here).

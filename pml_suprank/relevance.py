@@ -41,13 +41,27 @@ __all__ = [
 PAIRWISE_TREE_CHECK = 2**24  # N² · L up to which check_tree compares all pairs (one fused op) instead of sorting
 
 
-def tree_consistent(labels: Tensor) -> Tensor:
+def tree_consistent(labels: Tensor, name: str = "labels") -> Tensor:
     """0-d bool tensor, True iff 2-D ``labels`` ``(N, L)`` are tree-consistent; no host synchronisation.
 
     Tree-consistent: any two rows that agree in column ``c`` agree in column ``c + 1`` (every value of column ``c``
     has one parent). Small inputs (``N² · L <= PAIRWISE_TREE_CHECK``) compare all pairs at once; larger ones sort
     each column pair lexicographically (two stable sorts) and compare neighbours: fixed shapes either way.
+
+    Raises:
+        TypeError / ValueError: ``labels`` (called ``name`` in the message) is not a 2-D integer tensor.
     """
+    if (
+        not isinstance(labels, Tensor)
+        or labels.is_floating_point()
+        or labels.is_complex()
+        or labels.dtype == torch.bool
+    ):
+        raise TypeError(
+            f"{name} must be an integer torch.Tensor of shape (N, L); got {getattr(labels, 'dtype', labels)}"
+        )
+    if labels.dim() != 2:
+        raise ValueError(f"{name} must have shape (N, L); got shape {tuple(labels.shape)}")
     num, width = labels.shape
     if width < 2 or num < 2:
         return torch.ones((), dtype=torch.bool, device=labels.device)
@@ -69,13 +83,11 @@ def check_tree(labels: Tensor, name: str = "labels") -> None:
 
     Every value of column ``c`` (``c < L - 1``) must map to exactly one value of column ``c + 1``;
     by induction every fine label then has exactly one ancestor per level. The condition is
-    :func:`tree_violation`, asserted by :func:`pml_suprank._async_check.check_async`: an immediate ``ValueError``
+    :func:`tree_consistent`, asserted by :func:`pml_suprank._async_check.check_async`: an immediate ``ValueError``
     on the CPU, a device-side assertion without host synchronisation on accelerators.
     """
-    if labels.dim() != 2:
-        raise ValueError(f"{name} must have shape (N, L); got shape {tuple(labels.shape)}")
     check_async(
-        tree_consistent(labels),
+        tree_consistent(labels, name),
         lambda: _tree_error(labels, name),
         f"{name} is not a tree: a label has several parents (pml_suprank.relevance.check_tree)",
     )
@@ -201,9 +213,7 @@ def as_hierarchical_labels(
         return hierarchy.expand(labels, name=name) if hierarchy is not None else labels.long()[:, None]
     if hierarchy is not None:
         if labels.shape[1] != hierarchy.num_levels:
-            raise ValueError(
-                f"{name} has {labels.shape[1]} levels but the hierarchy has {hierarchy.num_levels}"
-            )
+            raise ValueError(f"{name} has {labels.shape[1]} levels but the hierarchy has {hierarchy.num_levels}")
         if not torch.equal(hierarchy.expand(labels[:, 0], name=name), labels.long()):
             raise ValueError(f"{name} (N, L) disagree with the given hierarchy table")
     elif check:

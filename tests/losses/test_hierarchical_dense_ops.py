@@ -194,3 +194,12 @@ def test_cluster_loss_label_range_is_a_value_error():
         loss(torch.randn(2, 3), torch.tensor([0, 4]))
     with pytest.raises(ValueError, match="num_classes=4"):
         loss(torch.randn(2, 3), torch.tensor([-1, 0]))
+
+
+def test_tree_consistent_names_bad_labels():
+    with pytest.raises(TypeError, match="hier must be an integer torch.Tensor"):
+        tree_consistent(torch.zeros(4, 2), name="hier")
+    with pytest.raises(ValueError, match=r"labels must have shape \(N, L\); got shape \(4,\)"):
+        tree_consistent(torch.zeros(4, dtype=torch.long))
+    assert bool(tree_consistent(torch.tensor([[0, 0], [1, 0], [2, 1]])))
+    assert not bool(tree_consistent(torch.tensor([[0, 0], [0, 1]])))
