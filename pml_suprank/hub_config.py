@@ -22,7 +22,7 @@ Schema (``*`` = required in a complete file; types in brackets; defaults are the
     ``layer_norm`` [bool], ``freeze_batch_norm`` [bool], ``backbone_kwargs`` [mapping].
 ``data``\\*
     ``dataset``\\* [``"synthetic"``, ``"synthetic_multilabel"`` (several shapes per image; HAPPIER, no memory), a
-    benchmark name of :data:`pml_suprank.benchmarks.BENCHMARKS` (``sop``,
+    benchmark name of :data:`pml_suprank.data.benchmarks.BENCHMARKS` (``sop``,
     ``cub``, ``inat_base``, ``dyml_vehicle``, ``gldv2_hier``, ...: read from its archive under ``data_root``, usually
     given on the command line as ``--data_root``), a Hub dataset id, or a local folder / parquet path (e.g. a copy
     written by ``recipes/prepare_dataset.py``)], ``data_root`` [str, benchmarks only], ``label_columns`` [list of
@@ -68,7 +68,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .benchmarks.registry import BENCHMARKS, BenchmarkSpec, benchmark_label_names
+from .data.benchmarks.registry import BENCHMARKS, BenchmarkSpec, benchmark_label_names
 from .training.config import OptionCheck, TrainingConfig, is_number, is_str, list_of
 from .training.options import LOSS_CLASSES, OPTION_CLASSES, option_fields
 from .training.options import build_loss as _build_loss_by_name

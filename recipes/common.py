@@ -7,7 +7,7 @@
 # each other, so an override file may hold only the keys it changes); command-line flags override them. The model,
 # data and loss are built with the same builders as pml_suprank.hub_config. `--dataset` takes a paper benchmark by
 # name (sop, cub, inat_base, inat_full, dyml_*, cifar100, omniglot, gldv2_hier, ...), read from its archive as
-# distributed under `--data_root DIR` (pml_suprank.benchmarks.load_benchmark), as well as a Hub id or a local copy.
+# distributed under `--data_root DIR` (pml_suprank.data.benchmarks.load_benchmark), as well as a Hub id or a local copy.
 #
 # Everything here runs in any `accelerate launch` setting: CPU, multi-process (gloo), multi-GPU, mixed precision.
 # With no argument at all, a recipe trains a tiny timm backbone on SyntheticShapes (built into the package): it needs
@@ -35,7 +35,7 @@ from typing import Any  # noqa: E402
 import torch  # noqa: E402
 
 from pml_suprank import hub_config as hc  # noqa: E402
-from pml_suprank.benchmarks import BENCHMARKS  # noqa: E402
+from pml_suprank.data.benchmarks import BENCHMARKS  # noqa: E402
 from pml_suprank.metrics.report import one_column as _one_column  # noqa: E402
 from pml_suprank.training import TrainingConfig  # noqa: E402
 from pml_suprank.training.cli import add_option_arguments, int_list, json_dict, str2bool, str_list  # noqa: E402

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 import torch  # noqa: E402
 
-from pml_suprank.benchmarks import BENCHMARKS  # noqa: E402
+from pml_suprank.data.benchmarks import BENCHMARKS  # noqa: E402
 from pml_suprank.training import TrainingConfig  # noqa: E402
 from pml_suprank.training.cli import add_option_arguments  # noqa: E402
 from pml_suprank.training.options import DataOptions, RunOptions  # noqa: E402

@@ -6,7 +6,7 @@
 
 The copy is a ``DatasetDict`` written with ``save_to_disk`` (one split per benchmark split) with an ``image`` column
 (the original encoded bytes, so no pixel changes), a ``file_name`` column (path inside the archive) and one int64
-column per label level named as :func:`pml_suprank.benchmarks.benchmark_label_names` gives them (e.g. ``class_id``,
+column per label level named as :func:`pml_suprank.data.benchmarks.benchmark_label_names` gives them (e.g. ``class_id``,
 ``super_class_id`` for SOP). It loads with
 ``pml_suprank.data.load_retrieval_dataset(OUTPUT_DIR, label_columns, split)`` with the same labels as
 ``pml_suprank.data.load_benchmark(name, root, split)``; ``benchmark.json`` records the label columns per split.
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pml_suprank.benchmarks import BENCHMARKS, benchmark_label_names, load_benchmark
+from pml_suprank.data.benchmarks import BENCHMARKS, benchmark_label_names, load_benchmark
 from pml_suprank.training.cli import str2bool
 
 __all__ = ["build_parser", "main", "prepare", "to_hf_dataset"]
@@ -32,7 +32,7 @@ def to_hf_dataset(ds: Any, cache_dir: str | Path) -> Any:
     """A ``datasets.Dataset`` copy of a benchmark split (images as encoded bytes, one int64 column per level).
 
     Args:
-        ds: A dataset from :func:`pml_suprank.benchmarks.load_benchmark` (with ``image_record`` and ``label_names``).
+        ds: A dataset from :func:`pml_suprank.data.benchmarks.load_benchmark` (with ``image_record`` and ``label_names``).
         cache_dir: Folder for the Arrow files written while generating.
     """
     import datasets
@@ -56,7 +56,7 @@ def prepare(name: str, root: str | Path, output_dir: str | Path, splits: Sequenc
     """Read benchmark ``name`` from ``root`` and write its ``DatasetDict`` copy to ``output_dir``.
 
     Args:
-        name: A name of :data:`pml_suprank.benchmarks.BENCHMARKS`.
+        name: A name of :data:`pml_suprank.data.benchmarks.BENCHMARKS`.
         root: The benchmark's archive folder (see ``BENCHMARKS[name].layout``).
         output_dir: Destination folder (``save_to_disk`` layout + ``benchmark.json``).
         splits: Splits to convert (default: all of the benchmark's splits).

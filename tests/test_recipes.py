@@ -334,7 +334,7 @@ def test_config_yaml_sets_defaults_and_flags_win(tmp_path):
 def test_every_training_hub_config_parses_with_its_recipe(path, tmp_path):
     import yaml
 
-    from pml_suprank.benchmarks import BENCHMARKS
+    from pml_suprank.data.benchmarks import BENCHMARKS
 
     raw = yaml.safe_load(path.read_text())
     name = (raw.get("loss") or {}).get("name")

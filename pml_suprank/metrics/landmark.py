@@ -176,7 +176,7 @@ def revisited_map(
         scores: ``(Q, N)`` floating similarities of the ``N`` database images (``imlist`` order) to the ``Q`` queries
             (``qimlist`` order).
         gnd: The ground truth: one mapping per query with ``"easy"``, ``"hard"``, ``"junk"`` database indices (the
-            ``gnd`` list of ``gnd_roxford5k.pkl``; :func:`pml_suprank.benchmarks.roxford.read_revisited_gnd`).
+            ``gnd`` list of ``gnd_roxford5k.pkl``; :func:`pml_suprank.data.benchmarks.roxford.read_revisited_gnd`).
         kappas: The cut-offs κ of mP@κ (the protocol reports 1, 5, 10).
         per_query: Also return the per-query values (``"<setup>_ap"`` ``(Q,)`` and ``"<setup>_mp"`` ``(Q, K)``
             tensors, NaN for queries without a positive in the setup).

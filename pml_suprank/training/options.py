@@ -73,7 +73,7 @@ class ModelOptions:
 
 
 def _benchmark_names() -> str:
-    from ..benchmarks.registry import BENCHMARKS
+    from ..data.benchmarks.registry import BENCHMARKS
 
     return ", ".join(sorted(BENCHMARKS))
 

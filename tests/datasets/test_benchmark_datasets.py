@@ -23,7 +23,7 @@ from _benchmark_fixtures import (
 from PIL import Image
 
 from pml_suprank import data
-from pml_suprank.benchmarks import BENCHMARKS, NativeImageDataset, benchmark_label_names, load_benchmark
+from pml_suprank.data.benchmarks import BENCHMARKS, NativeImageDataset, benchmark_label_names, load_benchmark
 from pml_suprank.relevance import check_tree
 
 

@@ -14,7 +14,7 @@ from _benchmark_fixtures import MAKERS
 from _helpers import import_recipe, recipe_parser
 
 from pml_suprank import hub_config
-from pml_suprank.benchmarks import BENCHMARKS, load_benchmark
+from pml_suprank.data.benchmarks import BENCHMARKS, load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "recipes"

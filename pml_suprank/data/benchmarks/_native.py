@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._retrieval_dataset import RetrievalDatasetBase
+from ..retrieval_dataset import RetrievalDatasetBase
 
 __all__ = [
     "ArrayImageDataset",

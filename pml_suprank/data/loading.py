@@ -1,7 +1,7 @@
 """Datasets for retrieval training and evaluation: Hugging Face ``datasets`` loading with several label columns,
 open-set class splits, timm transforms, and the built-in SyntheticShapes / SyntheticMultiShapes.
 
-Every dataset returned here follows one contract (see :mod:`pml_suprank._retrieval_dataset`):
+Every dataset returned here follows one contract (see :mod:`pml_suprank.data.retrieval_dataset`):
 ``ds[i] = {"image": FloatTensor (3, H, W), "labels": LongTensor (L,), "index": i}`` with label column 0 the finest,
 ``ds.labels`` a ``(N, L)`` LongTensor readable without decoding images, ``ds.label_names`` the column names
 (fine → coarse), ``ds.set_transform(fn)`` with ``fn`` a callable on a PIL image, and ``ds.get_image(i)``.
@@ -21,36 +21,21 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._hf_sources import _describe, _image_column, _load_splits, _select_split
-from ._multilabel_columns import fine_label_rows, is_list_column, multilabel_labels, open_set_keep
-from ._retrieval_dataset import RetrievalDatasetBase, check_label_sets, pad_label_sets, pil_to_tensor
-from ._validation import check_choice
-from .benchmarks import load_benchmark
-from .relevance import check_tree
-from .synthetic_multishapes import SYNTHETIC_DATASETS, SyntheticMultiShapes, synthetic_dataset
-from .synthetic_shapes import COLOURS, FAMILIES, SyntheticNoise, SyntheticShapes
+from .._validation import check_choice
+from ..relevance import check_tree
+from .hf_sources import describe_source, image_column_name, load_splits, select_split
+from .label_columns import fine_label_rows, is_list_column, multilabel_labels, open_set_keep
+from .retrieval_dataset import RetrievalDatasetBase, pad_label_sets
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "COLOURS",
-    "FAMILIES",
     "HFRetrievalDataset",
-    "RetrievalDatasetBase",
-    "SYNTHETIC_DATASETS",
-    "SyntheticMultiShapes",
-    "SyntheticNoise",
-    "SyntheticShapes",
     "build_transforms",
     "check_disjoint_classes",
-    "check_label_sets",
     "collate",
-    "load_benchmark",
     "load_retrieval_dataset",
     "open_set_classes",
-    "pad_label_sets",
-    "pil_to_tensor",
-    "synthetic_dataset",
 ]
 
 OpenSetPart = Literal["train", "test"]
@@ -342,15 +327,15 @@ def load_retrieval_dataset(
     elif train_classes_per_coarse is not None or train_class_fraction is not None:
         raise ValueError("train_classes_per_coarse / train_class_fraction need open_set='train' or 'test'")
 
-    splits = _load_splits(source, data_files=data_files, cache_dir=cache_dir, revision=revision, token=token)
-    parts, ds = _select_split(splits, split, source)
+    splits = load_splits(source, data_files=data_files, cache_dir=cache_dir, revision=revision, token=token)
+    parts, ds = select_split(splits, split, source)
     missing = [c for c in label_columns if c not in ds.column_names]
     if missing:
         raise ValueError(
-            f"label column(s) {missing} not found in split {split!r} of {_describe(source)}; "
+            f"label column(s) {missing} not found in split {split!r} of {describe_source(source)}; "
             f"available columns: {ds.column_names}"
         )
-    image_column = _image_column(ds, image_column, source)
+    image_column = image_column_name(ds, image_column, source)
 
     for name, d in {**splits, split: ds}.items():
         _check_no_missing_labels(d, label_columns, name, source)
@@ -400,7 +385,7 @@ def _multilabel_dataset(
     """:func:`load_retrieval_dataset` for a list-valued fine label column (see there)."""
     import datasets
 
-    where = _describe(source)
+    where = describe_source(source)
     labels, table, names, mappings = multilabel_labels(ds, split, splits, label_columns, hierarchy, where)
     if open_set is not None:
         fine_col = label_columns[:1]
@@ -459,7 +444,7 @@ def _check_no_missing_labels(d: Any, label_columns: list[str], split: str, sourc
         if pc.any(missing).as_py():
             row = pc.index(missing, True).as_py()
             raise ValueError(
-                f"label column {c!r} of split {split!r} of {_describe(source)} has a missing (null / NaN) label at "
+                f"label column {c!r} of split {split!r} of {describe_source(source)} has a missing (null / NaN) label at "
                 f"row {row} ({pc.sum(missing).as_py()} missing in all); drop or label those rows before loading"
             )
 
@@ -517,7 +502,7 @@ def _open_set_side(
         others = {k: v for k, v in splits.items() if k not in parts and has_columns(v)}
         for name, other in others.items():
             other_labels = _read_labels(other, label_columns, mappings)
-            check_disjoint_classes(labels, other_labels, name=f"{_describe(source)} ({split!r} vs {name!r})")
+            check_disjoint_classes(labels, other_labels, name=f"{describe_source(source)} ({split!r} vs {name!r})")
     else:
         everything = torch.cat([_read_labels(d, label_columns, mappings) for d in splits.values() if has_columns(d)])
         train_cls, test_cls = open_set_classes(

@@ -11,7 +11,7 @@ import torch
 
 datasets = pytest.importorskip("datasets")
 
-from pml_suprank._retrieval_dataset import RetrievalDatasetBase  # noqa: E402
+from pml_suprank.data.retrieval_dataset import RetrievalDatasetBase  # noqa: E402
 from pml_suprank.data import (  # noqa: E402
     check_label_sets,
     collate,

@@ -1,4 +1,4 @@
-"""Tests for pml_suprank/synthetic_shapes.py: SyntheticShapes and SyntheticNoise."""
+"""Tests for pml_suprank/data/synthetic_shapes.py: SyntheticShapes and SyntheticNoise."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pml_suprank.relevance import check_tree
-from pml_suprank.synthetic_shapes import COLOURS, FAMILIES, SHADES, SyntheticNoise, SyntheticShapes
+from pml_suprank.data.synthetic_shapes import COLOURS, FAMILIES, SHADES, SyntheticNoise, SyntheticShapes
 
 
 def test_sizes_labels_and_contract():

@@ -6,7 +6,7 @@ Layout under ``root`` (the dataset folder as the protocol's download script leav
 * ``gnd_roxford5k.pkl`` / ``gnd_rparis6k.pkl`` — a pickle of a dict with ``imlist`` (the database image names,
   without extension), ``qimlist`` (the query image names) and ``gnd``: one dict per query with ``easy``, ``hard``,
   ``junk`` (database indices into ``imlist``) and ``bbx`` (the query region ``[x1, y1, x2, y2]`` in pixels). It is
-  read with :func:`~pml_suprank.benchmarks.cifar100.load_restricted_pickle` (builtin containers and numpy arrays
+  read with :func:`~pml_suprank.data.benchmarks.cifar100.load_restricted_pickle` (builtin containers and numpy arrays
   only; any other global is refused);
 * ``jpg/<name>.jpg`` — the images.
 

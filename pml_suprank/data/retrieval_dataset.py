@@ -12,7 +12,7 @@ Every dataset (``SyntheticShapes``, ``SyntheticNoise``, ``load_retrieval_dataset
 * ``ds.get_image(i)``: the untransformed PIL RGB image (for plots such as retrieval grids);
 * ``ds.multilabel``: ``False`` for the labels above.
 
-Multi-label datasets (``ds.multilabel is True``: :class:`pml_suprank.synthetic_multishapes.SyntheticMultiShapes`,
+Multi-label datasets (``ds.multilabel is True``: :class:`pml_suprank.data.synthetic_multishapes.SyntheticMultiShapes`,
 ``load_retrieval_dataset`` on a list-valued label column) expose their hierarchy as a separate table instead:
 
 * ``ds.labels``: ``LongTensor (N, M)``, the *set* of fine labels of every item padded with ``-1`` (every item has at
@@ -142,7 +142,7 @@ class RetrievalDatasetBase(Dataset):
     @staticmethod
     def _check_hierarchy(labels: Tensor, hierarchy: Any) -> Tensor | None:
         """The validated ``(num_fine, L)`` table (every label of ``labels`` must have a row), or ``None``."""
-        from .relevance import Hierarchy
+        from ..relevance import Hierarchy
 
         if hierarchy is None:
             return None

@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._retrieval_dataset import RetrievalDatasetBase
-from .relevance import Hierarchy, check_tree
+from ..relevance import Hierarchy, check_tree
+from .retrieval_dataset import RetrievalDatasetBase
 
 __all__ = ["fine_label_rows", "is_list_column", "multilabel_labels", "open_set_keep"]
 

@@ -41,8 +41,8 @@ from typing import Any, Literal, get_args
 import numpy as np
 import torch
 
-from ._retrieval_dataset import RetrievalDatasetBase
-from ._validation import check_choice
+from .._validation import check_choice
+from .retrieval_dataset import RetrievalDatasetBase
 
 __all__ = ["COLOURS", "FAMILIES", "SHADES", "SyntheticNoise", "SyntheticShapes"]
 

@@ -1,7 +1,7 @@
 """SyntheticMultiShapes: the multi-label, hierarchical counterpart of SyntheticShapes (no download).
 
 Every image shows **several** coloured shapes (1 to ``max_labels``, in distinct cells of a grid) on the cluttered,
-noisy background of :class:`pml_suprank.synthetic_shapes.SyntheticShapes`. The fine classes, the family hierarchy
+noisy background of :class:`pml_suprank.data.synthetic_shapes.SyntheticShapes`. The fine classes, the family hierarchy
 and the open-set protocol are those of SyntheticShapes: 54 global fine classes ``(family * 3 + variant) * 3 + shade``
 (family = shape family with its own hue, variant = shape variant, shade = light / medium / dark), 36 training and 18
 disjoint test classes.
@@ -30,8 +30,8 @@ from typing import Any, get_args
 import numpy as np
 import torch
 
-from ._retrieval_dataset import RetrievalDatasetBase, pad_label_sets
-from ._validation import check_choice
+from .._validation import check_choice
+from .retrieval_dataset import RetrievalDatasetBase, pad_label_sets
 from .synthetic_shapes import (
     _NUM_COLOURS,
     _NUM_VARIANTS,
@@ -68,7 +68,7 @@ class SyntheticMultiShapes(RetrievalDatasetBase):
         num_per_class: Number of images in which every fine class of the split appears.
         image_size: Side of the square RGB images, in pixels (64 leaves room for a 2 x 2 grid of shapes).
         seed: Base seed; train and test images come from different streams of the same seed.
-        families: Subset of :data:`pml_suprank.synthetic_shapes.FAMILIES` (names or indices).
+        families: Subset of :data:`pml_suprank.data.synthetic_shapes.FAMILIES` (names or indices).
         levels: 2 → hierarchy ``[fine, family]``; 3 → ``[fine, variant, family]``.
         open_set: Disjoint train/test fine classes (default) or all classes in every split.
         max_labels: Most shapes (labels) per image, 1..9; each image shows 1..``max_labels`` shapes placed in distinct
@@ -252,7 +252,7 @@ def synthetic_dataset(name: str, split: Split = "train", **kwargs: Any) -> Retri
     """Build a built-in synthetic dataset by name.
 
     Args:
-        name: ``"synthetic"`` (:class:`~pml_suprank.synthetic_shapes.SyntheticShapes`, one shape per image, labels
+        name: ``"synthetic"`` (:class:`~pml_suprank.data.synthetic_shapes.SyntheticShapes`, one shape per image, labels
             ``(N, L)``) or ``"synthetic_multilabel"`` (:class:`SyntheticMultiShapes`, labels ``(N, max_labels)``
             padded with ``-1`` and ``ds.hierarchy``).
         split: ``"train"``, ``"test"`` or ``"all"``.

@@ -1,0 +1,57 @@
+"""Datasets for retrieval training and evaluation (the ``recipes`` extra).
+
+One contract for every dataset (:mod:`pml_suprank.data.retrieval_dataset`): ``ds[i] = {"image": FloatTensor
+(3, H, W), "labels": LongTensor (L,), "index": i}``, ``ds.labels`` ``(N, L)`` with column 0 the finest.
+
+Modules:
+    loading: :func:`load_retrieval_dataset` (Hugging Face ids, folders, parquet), open-set splits, transforms.
+    hf_sources: where the ``datasets`` splits come from.
+    label_columns: multi-label (list-valued) label columns.
+    retrieval_dataset: :class:`RetrievalDatasetBase` and the label-set helpers.
+    synthetic_shapes / synthetic_multishapes: the built-in offline datasets.
+    benchmarks: the papers' benchmarks read from their archives (:func:`load_benchmark`).
+
+Example:
+    >>> from pml_suprank import data
+    >>> ds = data.SyntheticShapes("train", num_per_class=4, image_size=32)
+    >>> ds.label_names
+    ['fine_label', 'coarse_label']
+"""
+
+from . import benchmarks
+from .benchmarks import BENCHMARKS, benchmark_label_names, load_benchmark
+from .loading import (
+    HFRetrievalDataset,
+    build_transforms,
+    check_disjoint_classes,
+    collate,
+    load_retrieval_dataset,
+    open_set_classes,
+)
+from .retrieval_dataset import RetrievalDatasetBase, check_label_sets, pad_label_sets, pil_to_tensor
+from .synthetic_multishapes import SYNTHETIC_DATASETS, SyntheticMultiShapes, synthetic_dataset
+from .synthetic_shapes import COLOURS, FAMILIES, SyntheticNoise, SyntheticShapes
+
+__all__ = [
+    "BENCHMARKS",
+    "COLOURS",
+    "FAMILIES",
+    "HFRetrievalDataset",
+    "RetrievalDatasetBase",
+    "SYNTHETIC_DATASETS",
+    "SyntheticMultiShapes",
+    "SyntheticNoise",
+    "SyntheticShapes",
+    "benchmark_label_names",
+    "benchmarks",
+    "build_transforms",
+    "check_disjoint_classes",
+    "check_label_sets",
+    "collate",
+    "load_benchmark",
+    "load_retrieval_dataset",
+    "open_set_classes",
+    "pad_label_sets",
+    "pil_to_tensor",
+    "synthetic_dataset",
+]
