@@ -32,7 +32,7 @@ def to_hf_dataset(ds: Any, cache_dir: str | Path) -> Any:
     """A ``datasets.Dataset`` copy of a benchmark split (images as encoded bytes, one int64 column per level).
 
     Args:
-        ds: A dataset from :func:`pml_suprank.data.benchmarks.load_benchmark` (with ``image_record`` and ``label_names``).
+        ds: A dataset from :func:`pml_suprank.data.load_benchmark` (with ``image_record`` and ``label_names``).
         cache_dir: Folder for the Arrow files written while generating.
     """
     import datasets

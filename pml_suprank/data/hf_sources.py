@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["describe_source", "image_column_name", "load_splits", "select_split"]
+__all__ = ["describe", "image_column_name", "load_splits", "select_split"]
 
 _IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
@@ -18,14 +18,14 @@ def select_split(splits: dict[str, Any], split: str, source: Any) -> tuple[list[
     parts = [split] if split in splits else [p.strip() for p in str(split).split("+")]
     unknown = [p for p in parts if p not in splits]
     if unknown:
-        raise ValueError(f"split={split!r} is not in {describe_source(source)}; available splits: {sorted(splits)}")
+        raise ValueError(f"split={split!r} is not in {describe(source)}; available splits: {sorted(splits)}")
     ds = splits[parts[0]] if len(parts) == 1 else datasets.concatenate_datasets([splits[p] for p in parts])
     if isinstance(ds, datasets.IterableDataset):
         raise ValueError("streaming datasets are not supported: retrieval needs random access (use a map-style one)")
     return parts, ds
 
 
-def describe_source(source: Any) -> str:
+def describe(source: Any) -> str:
     return repr(str(source)) if isinstance(source, (str, Path)) else type(source).__name__
 
 
@@ -35,7 +35,7 @@ def image_column_name(ds: Any, image_column: str | None, source: Any) -> str:
     if image_column is not None:
         if image_column not in ds.column_names:
             raise ValueError(
-                f"image_column={image_column!r} not found in {describe_source(source)}; available columns: {ds.column_names}"
+                f"image_column={image_column!r} not found in {describe(source)}; available columns: {ds.column_names}"
             )
         return image_column
     for name, feature in ds.features.items():
@@ -44,7 +44,7 @@ def image_column_name(ds: Any, image_column: str | None, source: Any) -> str:
     for name in ("image", "img", "pixel_values"):
         if name in ds.column_names:
             return name
-    raise ValueError(f"no image column found in {describe_source(source)} (columns {ds.column_names}); pass image_column=")
+    raise ValueError(f"no image column found in {describe(source)} (columns {ds.column_names}); pass image_column=")
 
 
 def load_splits(source: Any, *, data_files: Any, cache_dir: Any, revision: Any, token: Any) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from .._validation import check_choice
 from ..relevance import check_tree
-from .hf_sources import describe_source, image_column_name, load_splits, select_split
+from .hf_sources import describe, image_column_name, load_splits, select_split
 from .label_columns import fine_label_rows, is_list_column, multilabel_labels, open_set_keep
 from .retrieval_dataset import RetrievalDatasetBase, pad_label_sets
 
@@ -332,7 +332,7 @@ def load_retrieval_dataset(
     missing = [c for c in label_columns if c not in ds.column_names]
     if missing:
         raise ValueError(
-            f"label column(s) {missing} not found in split {split!r} of {describe_source(source)}; "
+            f"label column(s) {missing} not found in split {split!r} of {describe(source)}; "
             f"available columns: {ds.column_names}"
         )
     image_column = image_column_name(ds, image_column, source)
@@ -385,7 +385,7 @@ def _multilabel_dataset(
     """:func:`load_retrieval_dataset` for a list-valued fine label column (see there)."""
     import datasets
 
-    where = describe_source(source)
+    where = describe(source)
     labels, table, names, mappings = multilabel_labels(ds, split, splits, label_columns, hierarchy, where)
     if open_set is not None:
         fine_col = label_columns[:1]
@@ -444,7 +444,7 @@ def _check_no_missing_labels(d: Any, label_columns: list[str], split: str, sourc
         if pc.any(missing).as_py():
             row = pc.index(missing, True).as_py()
             raise ValueError(
-                f"label column {c!r} of split {split!r} of {describe_source(source)} has a missing (null / NaN) label at "
+                f"label column {c!r} of split {split!r} of {describe(source)} has a missing (null / NaN) label at "
                 f"row {row} ({pc.sum(missing).as_py()} missing in all); drop or label those rows before loading"
             )
 
@@ -502,7 +502,7 @@ def _open_set_side(
         others = {k: v for k, v in splits.items() if k not in parts and has_columns(v)}
         for name, other in others.items():
             other_labels = _read_labels(other, label_columns, mappings)
-            check_disjoint_classes(labels, other_labels, name=f"{describe_source(source)} ({split!r} vs {name!r})")
+            check_disjoint_classes(labels, other_labels, name=f"{describe(source)} ({split!r} vs {name!r})")
     else:
         everything = torch.cat([_read_labels(d, label_columns, mappings) for d in splits.values() if has_columns(d)])
         train_cls, test_cls = open_set_classes(

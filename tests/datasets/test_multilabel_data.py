@@ -11,13 +11,13 @@ import torch
 
 datasets = pytest.importorskip("datasets")
 
-from pml_suprank.data.retrieval_dataset import RetrievalDatasetBase  # noqa: E402
 from pml_suprank.data import (  # noqa: E402
     check_label_sets,
     collate,
     load_retrieval_dataset,
     pad_label_sets,
 )
+from pml_suprank.data.retrieval_dataset import RetrievalDatasetBase  # noqa: E402
 from pml_suprank.relevance import multilabel_relevance  # noqa: E402
 
 # 8 fine classes in 4 families (family = fine // 2); train rows use classes 0-3 (+ some 4-7), test rows 4-7

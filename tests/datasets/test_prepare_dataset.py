@@ -13,8 +13,8 @@ import pytest
 import torch
 from _benchmark_fixtures import MAKERS, make_sop
 
-from pml_suprank.data.benchmarks import BENCHMARKS, benchmark_label_names, load_benchmark
 from pml_suprank.data import load_retrieval_dataset
+from pml_suprank.data.benchmarks import BENCHMARKS, benchmark_label_names, load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "recipes"

@@ -1,4 +1,4 @@
-"""Tests for pml_suprank/data/synthetic_multishapes.py: SyntheticMultiShapes (several shapes per image, (N, M) labels padded
+"""Tests for pml_suprank.data.synthetic_multishapes.SyntheticMultiShapes (several shapes per image, (N, M) labels padded
 with -1, the fine → family hierarchy table) and the name-based constructor synthetic_dataset; SyntheticShapes stays
 bit-identical."""
 
@@ -12,8 +12,6 @@ import pytest
 import torch
 
 from pml_suprank.data import collate
-from pml_suprank.multilabel_sampler import MultiLabelSampler
-from pml_suprank.relevance import Hierarchy, multilabel_relevance
 from pml_suprank.data.synthetic_multishapes import (
     SYNTHETIC_DATASETS,
     SyntheticMultiShapes,
@@ -21,6 +19,8 @@ from pml_suprank.data.synthetic_multishapes import (
     synthetic_dataset,
 )
 from pml_suprank.data.synthetic_shapes import COLOURS, FAMILIES, SyntheticShapes
+from pml_suprank.multilabel_sampler import MultiLabelSampler
+from pml_suprank.relevance import Hierarchy, multilabel_relevance
 
 
 def _sets(ds) -> list[set[int]]:

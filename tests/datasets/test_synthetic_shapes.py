@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from pml_suprank.relevance import check_tree
 from pml_suprank.data.synthetic_shapes import COLOURS, FAMILIES, SHADES, SyntheticNoise, SyntheticShapes
+from pml_suprank.relevance import check_tree
 
 
 def test_sizes_labels_and_contract():
