@@ -3,6 +3,7 @@ bad input raises a ``ValueError``/``TypeError`` naming the argument, the expecta
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable
 from typing import Any
 
@@ -119,7 +120,9 @@ def nested_batch_hint(shape: tuple[int, ...], expected_dim: int) -> str:
 
 
 def check_positive_int(name: str, value: Any, *, minimum: int = 1, allow_none: bool = False) -> int | None:
-    """Return ``value`` if it is an int ``>= minimum`` (or ``None`` with ``allow_none``), else raise.
+    """Return ``int(value)`` if it is an int ``>= minimum`` (or ``None`` with ``allow_none``), else raise.
+
+    Python and numpy integers are accepted (``numbers.Integral``); bools are refused.
 
     Raises:
         TypeError: not an int (bools are refused).
@@ -127,12 +130,12 @@ def check_positive_int(name: str, value: Any, *, minimum: int = 1, allow_none: b
     """
     if value is None and allow_none:
         return None
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         expected = f"None or an int >= {minimum}" if allow_none else f"an int >= {minimum}"
         raise TypeError(f"{name} must be {expected}; got {type(value).__name__} {value!r}")
     if value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}; got {value}")
-    return value
+    return int(value)
 
 
 def check_level_weights(name: str, weights: Any, num_levels: int | None = None) -> list[float] | None:

@@ -17,7 +17,7 @@ Multi-label datasets (``ds.multilabel is True``: :class:`pml_suprank.data.synthe
 
 * ``ds.labels``: ``LongTensor (N, M)``, the *set* of fine labels of every item padded with ``-1`` (every item has at
   least one label), as taken by :func:`pml_suprank.relevance.multilabel_relevance` and
-  :class:`pml_suprank.multilabel_sampler.MultiLabelSampler`; ``ds[i]["labels"]`` is the ``(M,)`` row;
+  :class:`pml_suprank.samplers.MultiLabelSampler`; ``ds[i]["labels"]`` is the ``(M,)`` row;
 * ``ds.hierarchy``: the ``(num_fine, L)`` LongTensor fine → ancestors table (row ``f`` = ``[f, parent(f), ...,
   coarsest]``, ``-1`` rows for unused ids; the ``hierarchy=`` the hierarchical losses and metrics take), or ``None``
   for flat labels (``L = 1``);

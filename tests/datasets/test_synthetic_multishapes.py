@@ -19,8 +19,8 @@ from pml_suprank.data.synthetic_multishapes import (
     synthetic_dataset,
 )
 from pml_suprank.data.synthetic_shapes import COLOURS, FAMILIES, SyntheticShapes
-from pml_suprank.multilabel_sampler import MultiLabelSampler
 from pml_suprank.relevance import Hierarchy, multilabel_relevance
+from pml_suprank.samplers import MultiLabelSampler
 
 
 def _sets(ds) -> list[set[int]]:

@@ -1,4 +1,4 @@
-"""Tests of pml_suprank.multilabel_sampler.MultiLabelSampler (m items per sampled label, every item has positives)."""
+"""Tests of pml_suprank.samplers.MultiLabelSampler (m items per sampled label, every item has positives)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from pml_suprank.multilabel_sampler import MultiLabelSampler
+from pml_suprank.samplers import MultiLabelSampler
 
 
 def _labels(n: int = 200, num_labels: int = 20, width: int = 3, seed: int = 0) -> torch.Tensor:
@@ -120,7 +120,7 @@ def test_validation():
     bad[7] = -1
     with pytest.raises(ValueError, match="labels row 7 has no label"):
         MultiLabelSampler(bad, m=2, batch_size=4)
-    with pytest.raises(ValueError, match="m must be >= 2"):
+    with pytest.raises(ValueError, match="m must be an int >= 2"):
         MultiLabelSampler(labels, m=1, batch_size=4)
     with pytest.raises(TypeError, match="m must be an int"):
         MultiLabelSampler(labels, m=2.0, batch_size=4)

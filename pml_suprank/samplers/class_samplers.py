@@ -37,22 +37,13 @@ from typing import Any, get_args
 
 import numpy as np
 
-from ._sampler_base import (  # noqa: F401 - private helpers kept importable from here
-    SmallClassPolicy,
-    _as_int_array,
-    _check_int,
-    _draw,
-    _resolve_replicas,
-    _ShardedBatchSampler,
-    check_group_size,
-)
-from ._validation import check_choice
-from .multilabel_sampler import MultiLabelSampler
+from .._validation import check_choice, check_positive_int
+from .base import ShardedBatchSampler, SmallClassPolicy, as_int_array, check_group_size, draw
 
-__all__ = ["HierarchicalSampler", "MPerClassSampler", "MultiLabelSampler", "SmallClassPolicy"]
+__all__ = ["HierarchicalSampler", "MPerClassSampler"]
 
 
-class MPerClassSampler(_ShardedBatchSampler):
+class MPerClassSampler(ShardedBatchSampler):
     """Batches of ``batch_size / m`` distinct classes with ``m`` images each (m-per-class sampling).
 
     One epoch covers the dataset: every class is cut into ``ceil(n_c / m)`` groups of ``m`` images (the last group
@@ -95,7 +86,7 @@ class MPerClassSampler(_ShardedBatchSampler):
         self.m = check_group_size(m, self.batch_size, 1)
         self.small_classes = check_choice("small_classes", small_classes, get_args(SmallClassPolicy))
         self.pad = not bool(drop_last)
-        arr = _as_int_array(labels)
+        arr = as_int_array(labels)
         if arr.ndim == 2:
             arr = arr[:, 0]
         if arr.ndim != 1 or arr.size == 0:
@@ -147,7 +138,7 @@ class MPerClassSampler(_ShardedBatchSampler):
         m, pool = self.m, self._members[c]
         perm = rng.permutation(pool)
         if perm.size < m:  # small class, replacement policy
-            return _draw(rng, pool, m)[None]
+            return draw(rng, pool, m)[None]
         full = perm[: min(k * m, (perm.size // m) * m)].reshape(-1, m)
         if full.shape[0] == k:
             return full
@@ -178,12 +169,12 @@ class MPerClassSampler(_ShardedBatchSampler):
             if missing > 0:
                 free = np.setdiff1d(np.arange(len(self.classes)), bc)
                 extra = rng.choice(free, missing, replace=False)
-                bg = np.concatenate([bg] + [_draw(rng, self._members[int(c)], m)[None] for c in extra])
+                bg = np.concatenate([bg] + [draw(rng, self._members[int(c)], m)[None] for c in extra])
             plan.append([bg[rng.permutation(G)]])
         return [plan[i] for i in rng.permutation(nb)]
 
 
-class HierarchicalSampler(_ShardedBatchSampler):
+class HierarchicalSampler(ShardedBatchSampler):
     """The Stanford Online Products sampler: every batch is drawn from ``super_classes_per_batch`` super-classes.
 
     For every combination of ``super_classes_per_batch`` super-classes (``C(S, k)`` of them), the epoch has
@@ -228,9 +219,9 @@ class HierarchicalSampler(_ShardedBatchSampler):
         small_classes: SmallClassPolicy = "replace",
     ) -> None:
         super().__init__(batch_size, seed, num_replicas, rank)
-        self.samples_per_class = _check_int("samples_per_class", samples_per_class, 1)
-        self.batches_per_super_tuple = _check_int("batches_per_super_tuple", batches_per_super_tuple, 1)
-        self.super_classes_per_batch = k = _check_int("super_classes_per_batch", super_classes_per_batch, 1)
+        self.samples_per_class = check_positive_int("samples_per_class", samples_per_class)
+        self.batches_per_super_tuple = check_positive_int("batches_per_super_tuple", batches_per_super_tuple)
+        self.super_classes_per_batch = k = check_positive_int("super_classes_per_batch", super_classes_per_batch)
         self.small_classes = check_choice("small_classes", small_classes, get_args(SmallClassPolicy))
         unit = k * self.samples_per_class
         if self.samples_per_class > self.batch_size:
@@ -242,7 +233,7 @@ class HierarchicalSampler(_ShardedBatchSampler):
                 "batch_size must be a multiple of super_classes_per_batch * samples_per_class = "
                 f"{k} * {self.samples_per_class} = {unit}; got batch_size={self.batch_size}"
             )
-        arr = _as_int_array(labels)
+        arr = as_int_array(labels)
         if arr.ndim != 2 or arr.shape[0] == 0:
             raise ValueError(f"labels must have shape (N, L) with N >= 1 and L >= 2; got shape {arr.shape}")
         for name, col in (("inner_label", inner_label), ("outer_label", outer_label)):
@@ -284,7 +275,7 @@ class HierarchicalSampler(_ShardedBatchSampler):
         groups = np.empty((n, spc), dtype=np.int64)
         for c in np.unique(picks):
             rows = np.flatnonzero(picks == c)
-            groups[rows] = _draw(rng, classes[int(c)], rows.size * spc).reshape(rows.size, spc)
+            groups[rows] = draw(rng, classes[int(c)], rows.size * spc).reshape(rows.size, spc)
         return groups
 
     def _global_plan(self, rng: np.random.Generator) -> list[list[np.ndarray]]:

@@ -10,12 +10,21 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-__all__ = ["SmallClassPolicy"]
+from .._validation import check_positive_int
+
+__all__ = [
+    "ShardedBatchSampler",
+    "SmallClassPolicy",
+    "as_int_array",
+    "check_group_size",
+    "draw",
+    "resolve_replicas",
+]
 
 SmallClassPolicy = Literal["replace", "skip"]
 
 
-def _as_int_array(labels: Any, name: str = "labels") -> np.ndarray:
+def as_int_array(labels: Any, name: str = "labels") -> np.ndarray:
     if isinstance(labels, torch.Tensor):
         if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
             raise TypeError(f"{name} must have an integer dtype; got dtype {labels.dtype}")
@@ -30,28 +39,20 @@ def _as_int_array(labels: Any, name: str = "labels") -> np.ndarray:
     return arr.astype(np.int64, copy=False)
 
 
-def _check_int(name: str, value: Any, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int; got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}; got {value}")
-    return int(value)
-
-
-def _resolve_replicas(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
+def resolve_replicas(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
     dist_on = torch.distributed.is_available() and torch.distributed.is_initialized()
     if num_replicas is None:
         num_replicas = torch.distributed.get_world_size() if dist_on else 1
     if rank is None:
         rank = torch.distributed.get_rank() if dist_on and num_replicas > 1 else 0
-    num_replicas = _check_int("num_replicas", num_replicas, 1)
-    rank = _check_int("rank", rank, 0)
+    num_replicas = check_positive_int("num_replicas", num_replicas)
+    rank = check_positive_int("rank", rank, minimum=0)
     if rank >= num_replicas:
         raise ValueError(f"rank must lie in [0, num_replicas - 1] = [0, {num_replicas - 1}]; got rank={rank}")
     return num_replicas, rank
 
 
-def _draw(rng: np.random.Generator, pool: np.ndarray, size: int, exclude: np.ndarray | None = None) -> np.ndarray:
+def draw(rng: np.random.Generator, pool: np.ndarray, size: int, exclude: np.ndarray | None = None) -> np.ndarray:
     """``size`` items of ``pool``: without replacement while possible (preferring items not in ``exclude``),
     the remainder with replacement."""
     if exclude is not None and exclude.size:
@@ -65,7 +66,7 @@ def _draw(rng: np.random.Generator, pool: np.ndarray, size: int, exclude: np.nda
     return np.concatenate([rng.permutation(pool), rng.choice(pool, size - pool.size, replace=True)])
 
 
-class _ShardedBatchSampler(Sampler[list[int]]):
+class ShardedBatchSampler(Sampler[list[int]]):
     """Epoch plan, sharding and resumable state shared by the two samplers.
 
     Subclasses implement ``_global_plan(rng)`` returning a list of global batches, each a list of *parts*
@@ -74,11 +75,11 @@ class _ShardedBatchSampler(Sampler[list[int]]):
     """
 
     def __init__(self, batch_size: int, seed: int, num_replicas: int | None, rank: int | None) -> None:
-        self.batch_size = _check_int("batch_size", batch_size, 1)
+        self.batch_size = check_positive_int("batch_size", batch_size)
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ValueError(f"seed must be a non-negative int; got {seed!r}")
         self.seed = int(seed)
-        self.num_replicas, self.rank = _resolve_replicas(num_replicas, rank)
+        self.num_replicas, self.rank = resolve_replicas(num_replicas, rank)
         self.drop_last = True  # every batch has exactly batch_size indices (read by accelerate's BatchSamplerShard)
         self.epoch = 0
         self._position = 0  # local batches handed out in the current pass over `epoch`
@@ -141,7 +142,7 @@ class _ShardedBatchSampler(Sampler[list[int]]):
 
         Calling it with the epoch restored by ``load_state_dict`` keeps the resume position.
         """
-        epoch = _check_int("epoch", epoch, 0)
+        epoch = check_positive_int("epoch", epoch, minimum=0)
         if epoch != self.epoch:
             self._resume_from = 0
             self._position = 0
@@ -166,10 +167,10 @@ class _ShardedBatchSampler(Sampler[list[int]]):
                 "state_dict was saved by a sampler with a different configuration (saved, current): "
                 + ", ".join(f"{k}={a!r} vs {b!r}" for k, (a, b) in diff.items())
             )
-        position = _check_int("state_dict['position']", state_dict["position"], 0)
+        position = check_positive_int("state_dict['position']", state_dict["position"], minimum=0)
         if position > len(self):
             raise ValueError(f"state_dict['position'] must be <= len(sampler) = {len(self)}; got {position}")
-        self.epoch = _check_int("state_dict['epoch']", state_dict["epoch"], 0)
+        self.epoch = check_positive_int("state_dict['epoch']", state_dict["epoch"], minimum=0)
         self._position = position
         self._resume_from = position
 
@@ -177,7 +178,7 @@ class _ShardedBatchSampler(Sampler[list[int]]):
 def check_group_size(m: Any, batch_size: int, minimum: int = 1) -> int:
     """Validate the per-group size ``m`` of a batch of ``batch_size``: an int >= ``minimum``, <= ``batch_size`` and
     dividing it; return it."""
-    m = _check_int("m", m, minimum)
+    m = check_positive_int("m", m, minimum=minimum)
     if m > batch_size:
         raise ValueError(f"m must be <= batch_size = {batch_size}; got m={m}")
     if batch_size % m:

@@ -20,8 +20,8 @@ from typing import Any, get_args
 
 import numpy as np
 
-from ._sampler_base import SmallClassPolicy, _as_int_array, _draw, _ShardedBatchSampler, check_group_size
-from ._validation import check_choice
+from .._validation import check_choice
+from .base import ShardedBatchSampler, SmallClassPolicy, as_int_array, check_group_size, draw
 
 __all__ = ["MultiLabelSampler"]
 
@@ -35,7 +35,7 @@ def _label_members(arr: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
     return labels, np.split(pairs[:, 1], starts[1:])
 
 
-class MultiLabelSampler(_ShardedBatchSampler):
+class MultiLabelSampler(ShardedBatchSampler):
     """Batches of ``batch_size / m`` distinct labels with ``m`` items carrying each label.
 
     One epoch visits every label in proportion to its size: label ``c`` (carried by ``n_c`` items) gets
@@ -78,7 +78,7 @@ class MultiLabelSampler(_ShardedBatchSampler):
         super().__init__(batch_size, seed, num_replicas, rank)
         self.m = check_group_size(m, self.batch_size, 2)
         self.small_classes = check_choice("small_classes", small_classes, get_args(SmallClassPolicy))
-        arr = _as_int_array(labels)
+        arr = as_int_array(labels)
         if arr.ndim == 1:
             arr = arr[:, None]
         if arr.ndim != 2 or arr.shape[0] == 0 or arr.shape[1] == 0:
@@ -141,7 +141,7 @@ class MultiLabelSampler(_ShardedBatchSampler):
         if pool.size >= m + exclude.size:  # enough candidates: at most |exclude| of them are excluded
             cand = rng.choice(pool, m + exclude.size, replace=False)
             return cand[~np.isin(cand, exclude)][:m]
-        return _draw(rng, pool, m, exclude=exclude)
+        return draw(rng, pool, m, exclude=exclude)
 
     def _global_plan(self, rng: np.random.Generator) -> list[list[np.ndarray]]:
         G, nb = self.groups_per_batch, len(self)
