@@ -362,7 +362,7 @@ def _local_terms(loss: nn.Module, queries, labels, indices_tuple, ref_emb, ref_l
         loss_dict = {"loss": loss.rank_entry(queries, labels, indices_tuple, ref_emb, ref_labels)}
     elif sub is None:
         loss_dict = loss.compute_loss(queries, labels, indices_tuple, ref_emb, ref_labels)
-    else:  # CombinedRankLoss (or BaseRankLoss(decomposability=...)): the rank term, then L_dec split into its parts
+    else:  # CombinedRankLoss: the rank term, then L_dec split into its parts
         loss_dict = {"rank_loss": loss.rank_entry(queries, labels, indices_tuple, ref_emb, ref_labels)}
     loss.add_embedding_regularization_to_loss_dict(loss_dict, queries)
     terms = [_sum_and_count(loss, name, entry, queries) for name, entry in loss_dict.items()]

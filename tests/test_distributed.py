@@ -88,7 +88,7 @@ def test_reference_loss_without_process_group_removes_only_the_self_copy():
 SPLIT_LOSSES = {
     "SupAP": (lambda: losses.SupAPLoss(), False),
     "SmoothAP+calibration": (lambda: losses.CombinedRankLoss(losses.SmoothAPLoss(), "calibration", 0.4), False),
-    "SupAP_legacy_decomposability": (lambda: losses.SupAPLoss(decomposability="calibration"), False),
+    "SupAP+calibration": (lambda: losses.CombinedRankLoss(losses.SupAPLoss(), "calibration"), False),
     "RODNDCG": (lambda: losses.RODNDCGLoss(num_classes=4, embedding_size=8), True),
     "ROADMAP": (lambda: losses.ROADMAPLoss(), False),
     "ROADMAP_proxy": (lambda: losses.ROADMAPLoss(decomposability="proxy", num_classes=4, embedding_size=8), False),

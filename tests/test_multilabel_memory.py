@@ -1,5 +1,5 @@
 """Multi-label (``(B, M)`` fine-label sets padded with ``-1``) through the cross-batch memories and the distributed
-wrapper: ``RankingMemory``, ``losses.CrossBatchMemory``, ``DistributedRankLoss`` / ``gather_batch`` (2-process gloo
+wrapper: ``RankingMemory``, ``memory.CrossBatchMemory``, ``DistributedRankLoss`` / ``gather_batch`` (2-process gloo
 run in tests/_distributed_worker.py ``--multilabel``)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pml_suprank.distributed import (
     pad_label_sets,
     pairs_without_self,
 )
-from pml_suprank.memory import RankingMemory
+from pml_suprank.memory import CrossBatchMemory, RankingMemory
 
 WORKER = Path(__file__).parent / "_distributed_worker.py"
 TABLE = torch.tensor([[0, 0], [1, 0], [2, 1], [3, 1]])
@@ -70,7 +70,7 @@ def test_memory_of_one_batch_equals_in_batch_loss():
     mem(emb, labels)
     torch.testing.assert_close(mem.last_losses["memory"], expected.detach(), rtol=0, atol=1e-12)
     torch.testing.assert_close(mem.last_losses["batch"], expected.detach(), rtol=0, atol=0)
-    xbm = losses.CrossBatchMemory(_loss(), D, memory_size=8)
+    xbm = CrossBatchMemory(_loss(), D, memory_size=8)
     torch.testing.assert_close(xbm(emb, labels), expected, rtol=0, atol=1e-12)
 
 
@@ -98,7 +98,7 @@ def test_fifo_memory_over_three_steps_equals_manual_concatenation(wrapper):
     if wrapper == "ranking_memory":
         mem = RankingMemory(_loss(), D, size, dtype=torch.float64)
     else:
-        mem = losses.CrossBatchMemory(_loss(), D, memory_size=size)
+        mem = CrossBatchMemory(_loss(), D, memory_size=size)
     for step, width in enumerate(widths):
         emb, labels = _batch(step, width=width)
         value = mem(emb, labels)
@@ -126,13 +126,13 @@ def test_narrower_batches_are_padded_and_wider_grow_the_memory():
     fresh_memory.load_state_dict(mem.state_dict())  # the (16, 3) sets and the queue position are restored
     assert torch.equal(fresh_memory.labels, mem.labels) and int(fresh_memory.ptr) == int(mem.ptr)
     # CrossBatchMemory pads the same way
-    xbm = losses.CrossBatchMemory(_loss(), D, memory_size=16)
+    xbm = CrossBatchMemory(_loss(), D, memory_size=16)
     xbm(*_batch(0, width=3))
     emb, labels = _batch(1, width=1)
     xbm(emb, labels)
     assert torch.equal(xbm.label_memory[8:], pad_label_sets(labels, 3))
     state = xbm.state_dict()
-    fresh = losses.CrossBatchMemory(_loss(), D, memory_size=16)
+    fresh = CrossBatchMemory(_loss(), D, memory_size=16)
     fresh.load_state_dict(state)
     assert torch.equal(fresh.label_memory, xbm.label_memory)
 

@@ -16,7 +16,6 @@ from .base_rank_loss import BaseRankLoss, RankInputs
 from .calibration_loss import CalibrationLoss
 from .cluster_loss import ClusterLoss
 from .combined_rank_loss import CombinedRankLoss
-from .cross_batch_memory import CrossBatchMemory
 from .csl_loss import CSLLoss
 from .happier_loss import HAPPIERLoss
 from .roadmap_loss import ROADMAPLoss
@@ -34,7 +33,6 @@ __all__ = [
     "CalibrationLoss",
     "ClusterLoss",
     "CombinedRankLoss",
-    "CrossBatchMemory",
     "HAPPIERLoss",
     "ROADMAPLoss",
     "RODNDCGLoss",

@@ -4,8 +4,7 @@ It owns everything that is not the rank surrogate itself: the score matrix, whic
 query (``include_self``, ``indices_tuple``), mixed precision, dropping queries without a positive and PML reducers
 (input validation lives in :mod:`pml_suprank.losses._inputs`). Subclasses implement one hook,
 :meth:`BaseRankLoss.compute_query_losses`. Combining a rank loss with a decomposability term (SupRank paper
-Eq. 12) is :class:`~pml_suprank.losses.CombinedRankLoss`'s job; the ``decomposability=`` arguments of this class are
-a shortcut to the same computation.
+Eq. 12) is :class:`~pml_suprank.losses.CombinedRankLoss`'s job (the one way to combine losses).
 """
 
 from __future__ import annotations
@@ -14,12 +13,10 @@ import torch
 from pytorch_metric_learning.distances import CosineSimilarity
 from pytorch_metric_learning.losses import BaseMetricLossFunction
 from pytorch_metric_learning.reducers import MeanReducer
-from torch import Tensor, nn
+from torch import Tensor
 
-from .._validation import check_probability
 from ..ranking.dense import KERNELS, choose_kernel
 from ..ranking.flat import PairGroups
-from ._combination import combined_loss_dict, make_decomposability
 from ._inputs import (
     PreparedForwardMixin,
     RankInputs,
@@ -60,12 +57,8 @@ class BaseRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
     2. Hierarchical losses set the class attribute ``allow_2d_labels = True`` to accept ``(N, L)`` labels
        (column 0 = finest); the base validates them and passes them through unchanged.
     3. Combined losses (``(1 − λ)·rank loss + λ·decomposability loss``, SupRank Eq. 12): wrap the loss in
-       :class:`~pml_suprank.losses.CombinedRankLoss` (``CombinedRankLoss(MyRankLoss(), "calibration", 0.1)``).
-       Passing ``decomposability=`` (``"calibration"``, ``"proxy"`` or a loss module), ``decomposability_weight=``
-       and, for proxies, ``num_classes=``/``embedding_size=`` to this constructor computes the same combination on
-       the loss itself. The loss dict then has two entries: ``"rank_loss"`` (element-wise, weighted by ``1 − λ``)
-       and ``"decomposability_loss"`` (already reduced, weighted by ``λ``); otherwise a single ``"loss"`` entry. The
-       decomposability term uses the finest labels (column 0 of 2-D labels).
+       :class:`~pml_suprank.losses.CombinedRankLoss` (``CombinedRankLoss(MyRankLoss(), "calibration", 0.1)``), the
+       one way to combine losses. A rank loss alone returns a single ``"loss"`` entry.
 
     4. Kernels: the class attribute ``kernels`` lists the ``kernel=`` values a loss accepts. Every loss of the
        package has ``("auto", "dense", "sorted")`` and branches on :meth:`resolved_kernel`; a new subclass
@@ -79,11 +72,6 @@ class BaseRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
             host synchronisation; :mod:`pml_suprank.ranking.dense`) or ``"sorted"`` (sorted thresholds and
             chunked windows over the (query, positive) pairs; :mod:`pml_suprank.ranking.flat`). Same values and
             gradients up to rounding.
-        decomposability: ``None``, ``"calibration"`` (L_DG, ROADMAP Eq. 7), ``"proxy"`` (L_DG*, Eq. 8), or an
-            ``nn.Module`` loss, called as ``module(embeddings, fine_labels, indices_tuple[, ref_emb, ref_fine_labels])``
-            (or ``module(embeddings, fine_labels)`` when it has ``uses_reference_set = False``, like ClusterLoss).
-        decomposability_weight: ``λ`` in ``[0, 1]``.
-        num_classes, embedding_size: needed by ``decomposability="proxy"``.
         **kwargs: passed to ``BaseMetricLossFunction`` (``distance``, ``reducer``, ``embedding_regularizer``, ...).
     """
 
@@ -93,10 +81,6 @@ class BaseRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
     def __init__(
         self,
         include_self: bool = False,
-        decomposability: str | nn.Module | None = None,
-        decomposability_weight: float = 0.1,
-        num_classes: int | None = None,
-        embedding_size: int | None = None,
         *,
         kernel: str = "auto",
         **kwargs,
@@ -106,29 +90,22 @@ class BaseRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
                 f"{type(self).__name__} supports kernel in {self.kernels}; got kernel={kernel!r}"
                 + (" (this loss implements no dense kernel)" if kernel in KERNELS else "")
             )
+        removed = sorted(set(kwargs) & {"decomposability", "decomposability_weight", "num_classes", "embedding_size"})
+        if removed:
+            raise TypeError(
+                f"{type(self).__name__} got {', '.join(removed)}: a rank loss has no decomposability term of its own; "
+                f"combine it with CombinedRankLoss({type(self).__name__}(), 'calibration', weight=0.1)"
+            )
         if not isinstance(include_self, bool):
             raise TypeError(f"include_self must be a bool; got {type(include_self).__name__} {include_self!r}")
-        # plain attributes read by _sub_loss_names(), which PML calls inside super().__init__
-        self._has_decomposability = decomposability is not None
         super().__init__(**kwargs)
         self.kernel = kernel  # before include_self: vars(loss) keeps ending with the former hyper-parameters
         self.include_self = include_self
         check_similarity(type(self).__name__, self.distance)
-        self.decomposability_weight = check_probability("decomposability_weight", decomposability_weight)
-        self.decomposability_loss = None
-        if decomposability is not None:
-            self.decomposability_loss = make_decomposability(
-                decomposability, include_self=include_self, num_classes=num_classes, embedding_size=embedding_size
-            )
         self.add_to_recordable_attributes(list_of_names=["num_kept_queries"], is_stat=True)
 
     def get_default_distance(self):
         return CosineSimilarity()
-
-    def _sub_loss_names(self):
-        if getattr(self, "_has_decomposability", False):
-            return ["rank_loss", "decomposability_loss"]
-        return ["loss"]
 
     # ------------------------------------------------------------------ PML entry points
     def prepare_inputs(self, embeddings, labels, ref_emb=None, ref_labels=None):
@@ -170,7 +147,7 @@ class BaseRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
     ) -> dict:
         """The PML loss-dict entry of the rank term on prepared inputs: ``scale`` × the per-query losses.
 
-        ``scale=None`` is the weight of the rank term in this loss: ``1 − λ`` with a ``decomposability`` term, else 1.
+        ``scale=None`` is 1 (the rank loss alone); :class:`CombinedRankLoss` passes ``1 − λ``.
         ``reducer`` is the PML reducer that will reduce the entry (``None``: unknown). When it is PML's plain
         ``MeanReducer``, statistics are off and :meth:`compute_query_losses` returned a bool ``kept`` mask, the mean
         over the kept queries is formed here, without a host synchronisation, and returned already reduced;
@@ -180,7 +157,7 @@ class BaseRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
         arguments when the caller has already built them (a combined loss sharing its score matrix).
         """
         if scale is None:
-            scale = 1.0 - self.decomposability_weight if self.decomposability_loss is not None else 1.0
+            scale = 1.0
         if inputs is None:
             inputs = self.rank_inputs(embeddings, labels, indices_tuple, ref_emb, ref_labels)
         losses, rows = self.compute_query_losses(inputs)
@@ -198,20 +175,8 @@ class BaseRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
         return {"losses": scale * losses, "indices": rows, "reduction_type": "element"}
 
     def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
-        if self.decomposability_loss is None:
-            entry = self.rank_entry(embeddings, labels, indices_tuple, ref_emb, ref_labels, reducer=self.reducer)
-            return {"loss": entry}
-        return combined_loss_dict(
-            self,
-            self.decomposability_loss,
-            self.decomposability_weight,
-            embeddings,
-            labels,
-            indices_tuple,
-            ref_emb,
-            ref_labels,
-            reducer=self.reducer,
-        )
+        entry = self.rank_entry(embeddings, labels, indices_tuple, ref_emb, ref_labels, reducer=self.reducer)
+        return {"loss": entry}
 
     def compute_query_losses(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:
         """Per-query losses ``(Q,)`` and the kept query rows ``(Q,)`` long; see the class docstring."""

@@ -12,16 +12,11 @@ from torch import nn
 
 from .._async_check import check_async
 from .._similarity import normalized_logits
-from .._validation import check_positive
+from .._validation import check_positive, check_positive_int
 from ._inputs import prepare_inputs, reduce_loss_dict
 
 __all__ = ["ClusterLoss"]
 
-
-def _check_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int; got {value!r}")
-    return value
 
 
 class ClusterLoss(BaseMetricLossFunction):
@@ -46,8 +41,8 @@ class ClusterLoss(BaseMetricLossFunction):
 
     def __init__(self, num_classes: int, embedding_size: int, temperature: float = 0.05, **kwargs):
         super().__init__(**kwargs)
-        self.num_classes = _check_int("num_classes", num_classes)
-        self.embedding_size = _check_int("embedding_size", embedding_size)
+        self.num_classes = check_positive_int("num_classes", num_classes)
+        self.embedding_size = check_positive_int("embedding_size", embedding_size)
         self.temperature = check_positive("temperature", temperature)
         bound = 1.0 / math.sqrt(embedding_size)
         self.proxies = nn.Parameter(torch.empty(num_classes, embedding_size).uniform_(-bound, bound))

@@ -104,11 +104,6 @@ class CombinedRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
             raise TypeError(
                 f"rank_loss must be a pml_suprank BaseRankLoss (e.g. SupAPLoss()); got {type(rank_loss).__name__}"
             )
-        if rank_loss.decomposability_loss is not None:
-            raise ValueError(
-                f"rank_loss must not have a decomposability term of its own; got {type(rank_loss).__name__} with "
-                f"decomposability_loss={type(rank_loss.decomposability_loss).__name__}"
-            )
         if decomposability_loss is None:
             raise ValueError(
                 "decomposability_loss must be 'calibration', 'proxy' or an nn.Module loss; got None (use the rank "
@@ -135,7 +130,9 @@ class CombinedRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
         for key, value in vars(self.rank_loss).items():
             if key.startswith("_") or key == "num_kept_queries" or hasattr(self, key) or isinstance(value, nn.Module):
                 continue
-            setattr(self, key, weight if key == "decomposability_weight" else value)
+            setattr(self, key, value)
+            if key == "include_self":  # λ right after include_self, where vars(loss) has always listed it
+                self.decomposability_weight = weight
         self.decomposability_weight = weight
 
     @property

@@ -109,7 +109,7 @@ def test_extension_contract_with_subclass():
     assert out["loss"]["indices"].tolist() == [0, 1, 2, 3]
     scores = emb @ emb.t()
     assert out["loss"]["losses"][0].item() == pytest.approx(-scores[0, 1].item(), abs=1e-12)
-    combined = _MeanPositiveScore(decomposability="calibration", decomposability_weight=0.5)(emb, labels)
+    combined = losses.CombinedRankLoss(_MeanPositiveScore(), "calibration", weight=0.5)(emb, labels)
     plain = _MeanPositiveScore()(emb, labels)
     assert combined.item() == pytest.approx(0.5 * plain.item() + 0.5 * losses.CalibrationLoss()(emb, labels).item())
     combined.backward()

@@ -9,6 +9,7 @@ from pytorch_metric_learning.reducers import DoNothingReducer, SumReducer
 from pytorch_metric_learning.regularizers import LpRegularizer
 
 from pml_suprank import losses
+from pml_suprank.memory import CrossBatchMemory
 
 
 def _flat(n=16, d=8, seed=0):
@@ -80,16 +81,19 @@ def test_roadmap_is_the_combination_of_supap_and_calibration_bit_for_bit():
     assert a.item() == b.item() and torch.equal(x1.grad, x2.grad)
 
 
-def test_legacy_decomposability_argument_equals_combined_rank_loss():
-    """BaseRankLoss(decomposability=...) is a shortcut to the same computation."""
+def test_combined_rank_loss_is_the_one_way_to_combine():
+    """CombinedRankLoss = (1 − λ)·rank loss + λ·L_dec (Eq. 12); a rank loss refuses ``decomposability=``."""
     emb, labels = _flat()
-    legacy = losses.SupAPLoss(decomposability="calibration", decomposability_weight=0.4)
     combined = losses.CombinedRankLoss(losses.SupAPLoss(), "calibration", 0.4)
-    assert legacy(emb, labels).item() == combined(emb, labels).item()
-    d1 = losses.SupAPLoss(decomposability="calibration", reducer=DoNothingReducer())(emb, labels)
+    expected = 0.6 * losses.SupAPLoss()(emb, labels) + 0.4 * losses.CalibrationLoss()(emb, labels)
+    torch.testing.assert_close(combined(emb, labels), expected, rtol=1e-12, atol=1e-12)
+    d1 = losses.SupAPLoss(reducer=DoNothingReducer())(emb, labels)
     d2 = losses.CombinedRankLoss(losses.SupAPLoss(), reducer=DoNothingReducer())(emb, labels)
-    assert set(d1) == set(d2) == {"rank_loss", "decomposability_loss"}
-    torch.testing.assert_close(d1["rank_loss"]["losses"], d2["rank_loss"]["losses"], rtol=0, atol=0)
+    assert set(d1) == {"loss"} and set(d2) == {"rank_loss", "decomposability_loss"}
+    torch.testing.assert_close(d2["rank_loss"]["losses"], 0.9 * d1["loss"]["losses"], rtol=0, atol=0)
+    for removed in ({"decomposability": "calibration"}, {"decomposability_weight": 0.4}, {"num_classes": 3}):
+        with pytest.raises(TypeError, match=r"CombinedRankLoss\(SupAPLoss\(\), 'calibration'"):
+            losses.SupAPLoss(**removed)
 
 
 def test_public_attributes_and_mirrored_hyper_parameters():
@@ -144,7 +148,7 @@ def test_weight_bounds_select_one_term(weight):
 def test_bad_arguments():
     with pytest.raises(TypeError, match="rank_loss must be a pml_suprank BaseRankLoss"):
         losses.CombinedRankLoss(losses.CalibrationLoss(), "calibration")
-    with pytest.raises(ValueError, match="must not have a decomposability term"):
+    with pytest.raises(TypeError, match="a rank loss has no decomposability term of its own"):
         losses.CombinedRankLoss(losses.SupAPLoss(decomposability="calibration"), "calibration")
     with pytest.raises(ValueError, match="decomposability_loss must be"):
         losses.CombinedRankLoss(losses.SupAPLoss(), None)
@@ -161,8 +165,8 @@ def test_custom_module_and_cross_batch_memory():
     loss_fn = losses.CombinedRankLoss(losses.SupAPLoss(), ContrastiveLoss(), 0.5)
     expected = 0.5 * losses.SupAPLoss()(emb, labels) + 0.5 * ContrastiveLoss()(emb, labels)
     assert loss_fn(emb, labels).item() == pytest.approx(expected.item(), abs=1e-12)
-    losses.CrossBatchMemory(loss_fn, embedding_size=8, memory_size=32)
-    losses.CrossBatchMemory(losses.HAPPIERLoss(6, 8, hierarchy=TABLE), embedding_size=8, memory_size=32)
+    CrossBatchMemory(loss_fn, embedding_size=8, memory_size=32)
+    CrossBatchMemory(losses.HAPPIERLoss(6, 8, hierarchy=TABLE), embedding_size=8, memory_size=32)
 
 
 def test_rank_loss_hyper_parameters_are_mirrored_for_config_files():

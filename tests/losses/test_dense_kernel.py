@@ -10,6 +10,7 @@ from _helpers import profiled_ops
 from pytorch_metric_learning.reducers import DoNothingReducer
 
 from pml_suprank import losses
+from pml_suprank.memory import CrossBatchMemory
 from pml_suprank.ranking import (
     DENSE_MEMORY_BUDGET,
     KERNELS,
@@ -345,7 +346,7 @@ def test_dense_equals_sorted_inside_cross_batch_memory(name):
     results = []
     for kernel in ("dense", "sorted"):
         torch.manual_seed(0)
-        xbm = losses.CrossBatchMemory(FLAT[name](kernel=kernel), embedding_size=8, memory_size=25).to(torch.float64)
+        xbm = CrossBatchMemory(FLAT[name](kernel=kernel), embedding_size=8, memory_size=25).to(torch.float64)
         grads = []
         for step in range(3):  # fills the memory: later calls rank against earlier batches
             e = (emb.roll(step, 0) + 0.01 * step).requires_grad_(True)

@@ -110,7 +110,7 @@ PROXY = {
     "RODNDCGLoss": lambda: losses.RODNDCGLoss(num_classes=C, embedding_size=D),
     "ROADMAPLoss_proxy": lambda: losses.ROADMAPLoss(decomposability="proxy", num_classes=C, embedding_size=D),
     "RODRecallLoss_proxy": lambda: losses.RODRecallLoss(decomposability="proxy", num_classes=C, embedding_size=D),
-    "SupAPLoss_proxy": lambda: losses.SupAPLoss(decomposability="proxy", num_classes=C, embedding_size=D),
+    "SupAPLoss_proxy": lambda: losses.CombinedRankLoss(losses.SupAPLoss(), "proxy", num_classes=C, embedding_size=D),
     "CSLLoss": lambda: losses.CSLLoss(num_classes=C, embedding_size=D, margins=(0.25, 0.35), hierarchy=TABLE),
 }
 

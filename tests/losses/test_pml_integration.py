@@ -11,6 +11,7 @@ from pytorch_metric_learning import samplers, trainers
 from pytorch_metric_learning.utils.distributed import DistributedLossWrapper
 
 from pml_suprank import losses
+from pml_suprank.memory import CrossBatchMemory
 
 
 def _emb(n=16, d=8, seed=0, dtype=torch.float64):
@@ -75,15 +76,15 @@ def test_pml_cross_batch_memory_rejects_and_ours_accepts():
     with pytest.raises(Exception, match="not supported"):
         pml_losses.CrossBatchMemory(losses.SupAPLoss(), embedding_size=8)
     for loss_fn in (losses.SupAPLoss(), losses.SmoothAPLoss(), losses.ROADMAPLoss(), losses.CalibrationLoss()):
-        losses.CrossBatchMemory(loss_fn, embedding_size=8, memory_size=32)
-    losses.CrossBatchMemory(pml_losses.ContrastiveLoss(), embedding_size=8)  # PML's own list still works
+        CrossBatchMemory(loss_fn, embedding_size=8, memory_size=32)
+    CrossBatchMemory(pml_losses.ContrastiveLoss(), embedding_size=8)  # PML's own list still works
 
 
 @pytest.mark.parametrize("make", [losses.SupAPLoss, losses.SmoothAPLoss, losses.ROADMAPLoss, losses.SupRecallLoss])
 def test_cross_batch_memory_first_step_equals_in_batch_loss(make):
     """Step 0: the memory holds only the (detached) batch and the query's own copy is removed by indices_tuple."""
     emb, labels = _emb(dtype=torch.float32)
-    xbm = losses.CrossBatchMemory(make(), embedding_size=8, memory_size=48)
+    xbm = CrossBatchMemory(make(), embedding_size=8, memory_size=48)
     e = emb.clone().requires_grad_(True)
     first = xbm(e, labels)
     assert first.item() == pytest.approx(make()(emb, labels).item(), abs=1e-6)

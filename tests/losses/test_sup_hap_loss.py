@@ -9,6 +9,7 @@ from _hierarchical_helpers import SOP, TABLE, NoReduce, batch, raw_dot, run_case
 from pytorch_metric_learning.distances import LpDistance
 
 from pml_suprank import losses
+from pml_suprank.memory import CrossBatchMemory
 from pml_suprank.relevance import Hierarchy, level_counts, level_matrix, pop_relevance
 
 
@@ -129,7 +130,7 @@ def test_cross_batch_memory_with_fine_labels():
     """The 1-D path inside CrossBatchMemory: the first call ranks the batch against its own (detached) copy."""
     emb, fine = batch(6, n=16)
     x = emb.clone().requires_grad_(True)
-    xbm = losses.CrossBatchMemory(losses.SupHAPLoss(hierarchy=TABLE), embedding_size=8, memory_size=64).to(
+    xbm = CrossBatchMemory(losses.SupHAPLoss(hierarchy=TABLE), embedding_size=8, memory_size=64).to(
         torch.float64
     )
     loss = xbm(x, fine)
