@@ -17,10 +17,8 @@ from .version import __version__
 
 __all__ = [
     "__version__",
-    "benchmarks",
     "data",
     "distributed",
-    "hierarchical_ranking",
     "hub",
     "hub_config",
     "losses",
@@ -32,8 +30,6 @@ __all__ = [
     "ranking",
     "relevance",
     "samplers",
-    "synthetic_multishapes",
-    "synthetic_shapes",
     "training",
 ]
 
@@ -41,10 +37,8 @@ _SUBMODULES = frozenset(__all__) - {"__version__"}
 
 if TYPE_CHECKING:  # pragma: no cover - for static analysers only
     from . import (
-        benchmarks,
         data,
         distributed,
-        hierarchical_ranking,
         hub,
         hub_config,
         losses,
@@ -56,8 +50,6 @@ if TYPE_CHECKING:  # pragma: no cover - for static analysers only
         ranking,
         relevance,
         samplers,
-        synthetic_multishapes,
-        synthetic_shapes,
         training,
     )
 

@@ -1,5 +1,4 @@
-"""Tests of the sorted-score hierarchical rank kernels (pml_suprank.ranking.hierarchical, .levels; the module path
-pml_suprank.hierarchical_ranking is kept)."""
+"""Tests of the sorted-score hierarchical rank kernels (pml_suprank.ranking.hierarchical, .levels)."""
 
 from __future__ import annotations
 
@@ -9,15 +8,9 @@ import pytest
 import torch
 from _hierarchical_dense import dense_hap, dense_ndcg, dense_ranks
 
-from pml_suprank.hierarchical_ranking import (
-    HRankParams,
-    hierarchical_ranks,
-    ideal_dcg,
-    sup_hap_scores,
-    sup_ndcg_scores,
-)
 from pml_suprank.ranking import SupRankStep
-from pml_suprank.relevance import level_counts, level_matrix, pop_relevance
+from pml_suprank.ranking.hierarchical import HRankParams, hierarchical_ranks, sup_hap_scores, sup_ndcg_scores
+from pml_suprank.relevance import ideal_dcg, level_counts, level_matrix, pop_relevance
 
 SOP_STEP = dict(tau=0.01, rho=100.0, delta=0.05, start=0.5, offset=1.44)
 HRANK = dict(nu=25.0, mu=0.5, gamma=10.0)
@@ -220,15 +213,3 @@ def test_sorted_levels_counts_and_sums_match_brute_force():
                 torch.testing.assert_close(s[b], torch.where(below, m_scores, 0.0).sum(1), rtol=0, atol=1e-12)
             c_hi, _ = sl.count_and_sum(l, before, None)
             assert torch.equal(c_hi + c, sl.counts[l - 1].double().expand_as(c))
-
-
-def test_module_path_kept():
-    """pml_suprank.hierarchical_ranking stays importable with the same names (now re-exported from ranking)."""
-    import pml_suprank
-    import pml_suprank.hierarchical_ranking as shim
-    import pml_suprank.ranking.hierarchical as impl
-    from pml_suprank.relevance import ideal_dcg as relevance_ideal_dcg
-
-    assert "hierarchical_ranking" in pml_suprank.__all__ and "ranking" in pml_suprank.__all__
-    assert shim.hierarchical_ranks is impl.hierarchical_ranks and shim.ideal_dcg is relevance_ideal_dcg
-    assert set(shim.__all__) == {"HRankParams", "hierarchical_ranks", "ideal_dcg", "sup_hap_scores", "sup_ndcg_scores"}

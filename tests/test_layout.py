@@ -124,6 +124,35 @@ def test_no_function_over_120_lines():
     assert long == {}
 
 
+REMOVED_MODULES = (  # moved or re-export-only modules removed before 0.1.0 (CHANGELOG.md, "Removed")
+    "pml_suprank.benchmarks",
+    "pml_suprank.hierarchical_ranking",
+    "pml_suprank.ood.baselines",
+    "pml_suprank.losses.cross_batch_memory",
+    "pml_suprank.synthetic_shapes",
+    "pml_suprank.synthetic_multishapes",
+    "pml_suprank._retrieval_dataset",
+    "pml_suprank._hf_sources",
+    "pml_suprank._multilabel_columns",
+    "pml_suprank._sampler_base",
+    "pml_suprank.multilabel_sampler",
+)
+
+
+def test_packages_group_their_modules_and_removed_paths_stay_removed():
+    import pml_suprank
+
+    def exists(module: str) -> bool:
+        path = ROOT.joinpath(*module.split("."))
+        return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+    assert not {m for m in REMOVED_MODULES if exists(m)}
+    assert not {m.split(".")[1] for m in REMOVED_MODULES if m.count(".") == 1} & set(pml_suprank.__all__)
+    assert {"data", "samplers", "memory"} <= set(pml_suprank.__all__)
+    for package in ("data", "data/benchmarks", "samplers"):
+        assert (PACKAGE / package / "__init__.py").is_file()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", sorted(p.name for p in RECIPES.glob("*.py") if "__main__" in p.read_text()))
 def test_recipe_flags_are_snake_case_and_show_defaults(recipe):

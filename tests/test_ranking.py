@@ -181,17 +181,13 @@ def test_fast_kernels_require_pairs_grouped_by_query():
 
 
 def test_package_layout_and_one_chunk_constant():
-    """The package re-exports every former name; one chunk size serves the flat, hierarchical and series kernels."""
-    import pml_suprank.hierarchical_ranking as shim
-    from pml_suprank.ranking import flat, hierarchical, steps, tail, window
+    """The package exports the kernels' names; one chunk size serves the flat, hierarchical and series kernels."""
+    from pml_suprank.ranking import flat, steps, tail, window
 
     for name in ("HeavisideStep", "SigmoidStep", "SupRankStep", "count_above", "default_offset", "group_positions"):
         assert name in R.__all__ and getattr(R, name) is not None
     assert R.SupRankStep is steps.SupRankStep and R.suprank_negative_sum is flat.suprank_negative_sum
-    assert R.DEFAULT_CHUNK_ELEMENTS == R.CHUNK_SIZE == window.CHUNK_SIZE
-    assert shim._CHUNK == R.CHUNK_SIZE
-    for name in shim.__all__:
-        assert getattr(shim, name) is getattr(hierarchical, name)
+    assert R.CHUNK_SIZE == window.CHUNK_SIZE and not hasattr(R, "DEFAULT_CHUNK_ELEMENTS")
     assert tail.SigmoidTail.forward.__defaults__ == (R.CHUNK_SIZE,)
 
 

@@ -7,8 +7,8 @@ import torch
 from _hierarchical_dense import dense_ranks
 
 import pml_suprank.ranking.hierarchical as hr
-from pml_suprank.hierarchical_ranking import HRankParams, hierarchical_ranks
 from pml_suprank.ranking import SupRankStep
+from pml_suprank.ranking.hierarchical import HRankParams, hierarchical_ranks
 from pml_suprank.ranking.tail import CUT, SigmoidTail, bands, num_terms_for
 from pml_suprank.relevance import level_counts, pop_relevance
 

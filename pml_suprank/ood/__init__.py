@@ -11,7 +11,7 @@ Every detector is fitted on in-distribution features (and labels / logits where 
     ood.metrics.auroc(scores_id, scores_ood); ood.metrics.fpr_at_tpr(scores_id, scores_ood, tpr=0.95)
 
 Layout: one module per detector (``msp``, ``max_logit``, ``energy``, ``odin``, ``mahalanobis``, ``knn``, ``vim``,
-``dice``, ``react``, ``heat``; ``baselines`` re-exports the nine baselines), the :class:`Detector` contract in
+``dice``, ``react``, ``heat``), the :class:`Detector` contract in
 ``base``, the name registries in ``registry``, HEAT's :class:`Prior` contract in ``prior`` with the built-in priors
 in ``heat_priors``, the densities in ``priors``, presets in ``presets``, the residual EBM in ``ebm``.
 

@@ -66,8 +66,6 @@ from .steps import (
 )
 from .window import CHUNK_SIZE, window_sum
 
-DEFAULT_CHUNK_ELEMENTS = CHUNK_SIZE  # the former name of the flat kernels' default chunk size
-
 __all__ = [
     "CHUNK_SIZE",
     "DENSE_MEMORY_BUDGET",

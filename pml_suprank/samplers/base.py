@@ -1,5 +1,6 @@
 """Epoch plan, sharding, resumable state and drawing helpers shared by the batch samplers of
-:mod:`pml_suprank.samplers` and :mod:`pml_suprank.multilabel_sampler` (see the former's docstring for the contract)."""
+:mod:`pml_suprank.samplers.class_samplers` and :mod:`pml_suprank.samplers.multilabel` (see the former's docstring for
+the contract)."""
 
 from __future__ import annotations
 
