@@ -28,6 +28,7 @@ __all__ = [
     "as_hierarchical_labels",
     "as_hierarchy",
     "check_tree",
+    "hierarchical_label_pair",
     "level_counts",
     "level_matrix",
     "multilabel_relevance",
@@ -219,6 +220,48 @@ def as_hierarchical_labels(
     elif check:
         check_tree(labels, name=name)
     return labels.long()
+
+
+def hierarchical_label_pair(
+    query_labels: Tensor,
+    ref_labels: Tensor,
+    hierarchy: Hierarchy | Tensor | None = None,
+    *,
+    names: tuple[str, str] = ("query_labels", "ref_labels"),
+    same_source: bool = False,
+    check_jointly: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """Query and reference labels as levels, ``(Q, L)`` and ``(N, L)`` (column 0 finest), with the same ``L``.
+
+    Each side goes through :func:`as_hierarchical_labels` (1-D fine labels expanded through ``hierarchy``).
+
+    Args:
+        query_labels: ``(Q,)`` fine labels (with ``hierarchy``) or ``(Q, L)`` labels.
+        ref_labels: ``(N,)`` or ``(N, L)``, in the same form.
+        hierarchy: fine → ancestors table (:class:`Hierarchy` or ``(num_fine, L)`` tensor), or ``None``.
+        names: the two arguments' names, for error messages.
+        same_source: the references are the queries (their levels are reused, checked once).
+        check_jointly: without ``hierarchy``, check that both sets form *one* tree together (:func:`check_tree` on
+            their concatenation, what a loss ranking queries against references needs) instead of each set alone.
+
+    Raises:
+        ValueError: the two sets have different numbers of levels, or are not tree-consistent (see above).
+    """
+    q_name, r_name = names
+    levels = as_hierarchical_labels(query_labels, hierarchy, name=q_name, check=not check_jointly)
+    if same_source:
+        ref_levels = levels
+    else:
+        ref_levels = as_hierarchical_labels(ref_labels, hierarchy, name=r_name, check=not check_jointly)
+    if ref_levels.shape[1] != levels.shape[1]:
+        raise ValueError(
+            f"{q_name} and {r_name} must have the same number of levels; got {levels.shape[1]} and "
+            f"{ref_levels.shape[1]}"
+        )
+    if check_jointly and hierarchy is None and levels.shape[1] > 1:
+        both = levels if ref_levels is levels else torch.cat([levels, ref_levels])
+        check_tree(both, name=f"{q_name} (queries and references together)")
+    return levels, ref_levels
 
 
 def level_matrix(query_labels: Tensor, ref_labels: Tensor, *, tree: bool = False) -> Tensor:

@@ -28,7 +28,8 @@ from torch import Tensor
 from .._async_check import check_async
 from .._similarity import similarity_scores
 from .._validation import check_embeddings, check_labels
-from ..relevance import Hierarchy, as_hierarchical_labels, check_tree
+from ..relevance import Hierarchy
+from ..relevance import hierarchical_label_pair as relevance_label_pair
 
 __all__ = [
     "PreparedForwardMixin",
@@ -336,19 +337,14 @@ def hierarchical_label_pair(
             numbers of levels, or (without ``hierarchy``) do not form a tree.
     """
     require_hierarchy(owner, labels, hierarchy)  # ref_labels have the shape of labels (prepare_inputs)
-    levels = as_hierarchical_labels(labels, hierarchy, name="labels", check=False)
-    if same_source or ref_labels is labels:
-        ref_levels = levels
-    else:
-        ref_levels = as_hierarchical_labels(ref_labels, hierarchy, name="ref_labels", check=False)
-    if ref_levels.shape[1] != levels.shape[1]:
-        raise ValueError(
-            f"labels and ref_labels must have the same number of levels; got {levels.shape[1]} and "
-            f"{ref_levels.shape[1]}"
-        )
-    if hierarchy is None and levels.shape[1] > 1:
-        both = levels if ref_levels is levels else torch.cat([levels, ref_levels])
-        check_tree(both, name="labels (queries and references together)")
+    levels, ref_levels = relevance_label_pair(
+        labels,
+        ref_labels,
+        hierarchy,
+        names=("labels", "ref_labels"),
+        same_source=same_source or ref_labels is labels,
+        check_jointly=True,
+    )
     return levels, ref_levels, int(levels.shape[1])
 
 

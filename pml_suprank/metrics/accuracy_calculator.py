@@ -10,8 +10,8 @@ from pytorch_metric_learning.utils import common_functions as c_f
 from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
 
 from .._validation import check_device, check_labels
-from ..relevance import Hierarchy, as_hierarchy
-from .evaluator import RetrievalEvaluator, _hierarchical_label_pair
+from ..relevance import Hierarchy, as_hierarchy, hierarchical_label_pair
+from .evaluator import RetrievalEvaluator
 from .multilabel_eval import multilabel_groups
 from .registry import METRICS, MULTILABEL_GROUPS, MetricSpec
 
@@ -122,7 +122,9 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
             return result
         query_labels = check_labels("query_labels", query_labels, len(query), n_name="query")
         reference_labels = check_labels("reference_labels", reference_labels, len(reference), n_name="reference")
-        ql, rl = _hierarchical_label_pair(query_labels, reference_labels, self.hierarchy)
+        ql, rl = hierarchical_label_pair(
+            query_labels, reference_labels, self.hierarchy, names=("query_labels", "reference_labels")
+        )
         wanted = list(self.get_function_dict(include, exclude))
         # a multi-label group (mean_label_ap) is computed on single-label data only when named: it repeats "ap"
         ours = [m for m in wanted if m in _ADDED and (METRICS[m].single_label or m in named)]

@@ -30,7 +30,7 @@ from .._validation import (
     check_positive,
     check_positive_int,
 )
-from ..relevance import Hierarchy, as_hierarchical_labels, as_hierarchy
+from ..relevance import Hierarchy, as_hierarchy, hierarchical_label_pair
 from ._scaling import _overflow_safe_scales
 from .multilabel_eval import evaluate_multilabel, multilabel_groups
 from .ranks import COUNTING_METHODS, RetrievalRanks, rank_relevant_items
@@ -38,20 +38,7 @@ from .registry import METRIC_GROUPS, SINGLE_LABEL_GROUPS, TOP_K_GROUPS, check_gr
 
 __all__ = ["RetrievalEvaluator", "compute_embeddings", "METRIC_GROUPS"]
 
-
-def _hierarchical_label_pair(
-    query_labels: Tensor, reference_labels: Tensor, hierarchy: Hierarchy | None
-) -> tuple[Tensor, Tensor]:
-    """``(Q, L)`` and ``(N, L)`` labels (column 0 finest) from 1-D or 2-D labels, expanded through ``hierarchy``;
-    ValueError when the two have different numbers of levels."""
-    ql = as_hierarchical_labels(query_labels, hierarchy, name="query_labels")
-    rl = as_hierarchical_labels(reference_labels, hierarchy, name="reference_labels")
-    if ql.shape[1] != rl.shape[1]:
-        raise ValueError(
-            f"query_labels and reference_labels must have the same number of levels; got {ql.shape[1]} "
-            f"and {rl.shape[1]}"
-        )
-    return ql, rl
+LABEL_NAMES = ("query_labels", "reference_labels")
 
 
 def _label_blocks(query_labels: Tensor, ref_labels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -273,7 +260,7 @@ class RetrievalEvaluator:
             raise ValueError(
                 f"query and reference must have the same embedding size; got {query.shape[1]} and {reference.shape[1]}"
             )
-        ql, rl = _hierarchical_label_pair(query_labels, reference_labels, self.hierarchy)
+        ql, rl = hierarchical_label_pair(query_labels, reference_labels, self.hierarchy, names=LABEL_NAMES)
         self_idx = None
         if ref_includes_query:
             Q = query.shape[0]
