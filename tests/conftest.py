@@ -51,6 +51,16 @@ def heat_golden() -> dict:
     return load_golden("heat_golden")
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a whole module (``pytestmark = pytest.mark.usefixtures("one_thread")``): in-process
+    training runs, where oversubscribed OpenMP threads are pathologically slow on a shared CPU."""
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(prev)
+
+
 @pytest.fixture(autouse=True)
 def _few_threads():
     # keep tests predictable on the 2-core CI machine

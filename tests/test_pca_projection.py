@@ -23,12 +23,7 @@ from pml_suprank.training.pca_init import init_projection_if_requested, pca_data
 TINY = "test_resnet"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _tiny(**kw):

@@ -60,13 +60,7 @@ def _assert_same_weights(a, b):
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=0, msg=k)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # in-process runs: oversubscribed OpenMP threads are pathologically slow on a shared CPU
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

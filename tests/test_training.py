@@ -27,17 +27,10 @@ from pml_suprank.training import (  # noqa: E402
     validate_checkpoint,
 )
 
-
 # ------------------------------------------------------------------------------------------------------------------
 # helpers
 # ------------------------------------------------------------------------------------------------------------------
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # spinning OpenMP threads are pathologically slow on a shared, oversubscribed CPU; one thread is enough here
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _accelerator():

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
-import sys
 from pathlib import Path
 
 import pytest
@@ -115,43 +115,40 @@ def test_registry_is_consistent():
         METRICS["x"] = METRICS["ap"]  # read-only
 
 
-def test_same_output_as_hub_model_card_helpers():
+def test_model_card_results_use_the_registry_labels():
+    """The model card's results table: headline metrics first, labels from the registry, percent, level names."""
     hub = importlib.import_module("pml_suprank.hub")
-    old, headline = getattr(hub, "_metric_label", None), getattr(hub, "_HEADLINE", None)
-    if old is None or headline is None:
-        pytest.skip("hub now uses pml_suprank.metrics.report")
-    for metrics in CASES:
-        for key in (*metrics, *ODD_KEYS):
-            for names in (None, ("fine", "coarse"), ("a", "b", "c")):
-                assert report.metric_label(key, names) == old(key, names), key
-        paper = {"recall_at_1": 1.0, "extra": 2.0}
-        rates = {k: v for k, v in metrics.items() if not k.startswith("num_")}
-        main = [k for k in headline if k in rates or k in paper]
-        main += [k for k in paper if k not in main]
-        assert report.headline_keys(metrics, paper) == main
-        assert report.headline_keys(metrics) == [k for k in headline if k in rates]
+    metrics = {"ap": 0.5681, "map_at_r": 0.4503, "recall_at_1": 0.773, "ap_level1": 0.83, "h_ap": 0.7128}
+    card = hub.generate_model_card({"training": {"label_names": ["fine", "coarse"]}}, metrics=metrics)
+    results = card[card.index("## Results") :]
+    rows = [line for line in results.splitlines() if line.startswith("| ") and not line.startswith("| metric")]
+    assert rows == [
+        "| H-AP | 71.28 | – |",
+        "| mAP | 56.81 | – |",
+        "| mAP@R | 45.03 | – |",
+        "| R@1 | 77.30 | – |",
+        "| AP (coarse) | 83.00 |",
+    ]
 
 
-def test_same_output_as_training_and_recipes():
-    training = importlib.import_module("pml_suprank.training")
-    old_format = getattr(training, "_format_metrics", None)
-    if old_format is None:
-        pytest.skip("training now uses pml_suprank.metrics.report")
-    recipes = Path(__file__).resolve().parents[2] / "recipes"
-    sys.path.insert(0, str(recipes))
-    try:
-        common = importlib.import_module("common")
-    finally:
-        sys.path.remove(str(recipes))
-    old_one_column = getattr(common, "_one_column", None)
-    if old_one_column is None:
-        pytest.skip("recipes/common.py now uses pml_suprank.metrics.report")
-    for metrics in CASES:
-        for short in (False, True):
-            assert report.format_metrics(metrics, short) == old_format(metrics, short)
-        assert report.one_column(metrics) == old_one_column(metrics)
-        before = {k: v / 2 for k, v in metrics.items()}
-        assert report.format_metrics_table(before, metrics) == training.format_metrics_table(before, metrics)
-        assert report.format_metrics_table(metrics, {}, ["ap", "x"]) == training.format_metrics_table(
-            metrics, {}, ["ap", "x"]
-        )
+def test_no_copy_of_the_report_helpers_outside_metrics_report():
+    """The model card, the training progress line and the recipes' tables format through metrics.report: no other
+    module of the package or the recipes defines a function of the same name (a copy would drift)."""
+    root = Path(__file__).resolve().parents[2]
+    names = {"metric_label", "headline_keys", "format_metrics", "one_column", "format_metrics_table", "table_keys"}
+    sources = [*(root / "pml_suprank").rglob("*.py"), *(root / "recipes").glob("*.py")]
+    assert len(sources) > 20
+    copies = []
+    for path in sources:
+        if path == root / "pml_suprank" / "metrics" / "report.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.lstrip("_") in names:
+                copies.append(f"{path.relative_to(root)}:{node.lineno} {node.name}")
+    assert copies == []
+    defined = {
+        n.name
+        for n in ast.parse((root / "pml_suprank/metrics/report.py").read_text()).body
+        if isinstance(n, ast.FunctionDef)
+    }
+    assert names <= defined
