@@ -1,4 +1,4 @@
-"""Tests for pml_suprank/data.py: load_retrieval_dataset (image folder, parquet, save_to_disk, in-memory) with two
+"""Tests for pml_suprank.data.loading: load_retrieval_dataset (image folder, parquet, save_to_disk, in-memory) with two
 label columns, open-set class splits, build_transforms. Tiny data is built on the fly; nothing touches the network."""
 
 from __future__ import annotations

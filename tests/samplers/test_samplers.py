@@ -1,4 +1,5 @@
-"""Tests of pml_suprank/samplers.py: class structure, coverage, determinism, resume, sharding, accelerate."""
+"""Tests of pml_suprank.samplers (MPerClassSampler, HierarchicalSampler): class structure, coverage, determinism,
+resume, sharding, accelerate."""
 
 from __future__ import annotations
 
