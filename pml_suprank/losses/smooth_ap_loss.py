@@ -23,7 +23,11 @@ class SmoothAPLoss(BaseRankLoss):
 
     Args:
         temperature: sigmoid temperature ``τ`` (0.01 in the paper).
-        include_self: keep the query as its own positive when the reference set is the batch (reference code).
+        include_self: keep the query as its own positive when the reference set is the batch. **This default
+            differs from PML's** ``SmoothAPLoss`` **and the authors' code**, which both count the query as its own
+            (top-ranked) positive: ours, ``False``, is the retrieval convention (a query is never its own result), so
+            the same embeddings give a lower AP and a different loss value. Pass ``include_self=True`` for PML's /
+            the authors' convention (it matches the authors' code on the golden vectors).
         **kwargs: ``BaseRankLoss`` / PML options (``kernel="auto" | "dense" | "sorted"``, ``distance``, ...).
 
     Shapes: ``embeddings (B, D)``, ``labels (B,)``, optional ``ref_emb (N, D)``, ``ref_labels (N,)``; returns a scalar.

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from pytorch_metric_learning.utils import common_functions as c_f
-from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
+from pytorch_metric_learning.utils.accuracy_calculator import EQUALITY, AccuracyCalculator
 
 from .._validation import check_device, check_labels
 from ..relevance import Hierarchy, as_hierarchy, hierarchical_label_pair
@@ -41,6 +42,16 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
       ours (``map_at_r`` = ``mean_average_precision_at_r``, ``recall_at_1`` = ``precision_at_1``) is left out,
       unless its group is named in ``include`` (of the constructor, or of this ``get_accuracy`` call when given).
       A key spelled exactly like PML's (``precision_at_1`` of ``precision_at_k``) always keeps PML's value.
+
+    **Labels as PML takes them.** Integer labels, and float labels holding integer values (PML's own testers store
+    labels in float tensors) are converted exactly; float labels with a fractional part, NaN or inf raise
+    ``ValueError``. With a custom ``label_comparison_fn``, PML's metrics are computed by PML on the labels exactly as
+    passed (any shape the function understands); the added metrics, which rank by label levels and cannot honour an
+    arbitrary comparison, are skipped with a ``UserWarning`` naming them.
+
+    **Standalone functions.** Every function of :meth:`get_function_dict` can be called the way PML calls it
+    (``fn(**kwargs)`` with ``query``, ``reference``, ``query_labels``, ``reference_labels``, ``ref_includes_query``):
+    an added metric then evaluates itself on those inputs.
 
     Args:
         include, exclude: metric names, PML's and the added ones.
@@ -107,6 +118,13 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
             reference_labels = c_f.numpy_to_torch(reference_labels)
         if len(query) != len(query_labels) or len(reference) != len(reference_labels):
             raise ValueError("embeddings and labels must have the same length")
+        if self.label_comparison_fn is not EQUALITY:
+            return self._custom_comparison_accuracy(
+                query, query_labels, reference, reference_labels, ref_includes_query, include, exclude
+            )
+        same_labels = reference_labels is query_labels
+        query_labels = integer_labels("query_labels", query_labels)
+        reference_labels = query_labels if same_labels else integer_labels("reference_labels", reference_labels)
         named = set(include) if include else set(self._include)
         if self.multilabel:
             ours = [m for m in self._multilabel_groups(include) if m in self.get_function_dict(include, exclude)]
@@ -150,6 +168,72 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
             self._collect(ours, named, result)
         return result
 
+    def _custom_comparison_accuracy(
+        self,
+        query: torch.Tensor,
+        query_labels: Any,
+        reference: torch.Tensor,
+        reference_labels: Any,
+        ref_includes_query: bool,
+        include: Sequence[str],
+        exclude: Sequence[str],
+    ) -> dict[str, Any]:
+        """A custom ``label_comparison_fn``: PML's metrics by PML on the labels as passed; the added ones skipped."""
+        wanted = list(self.get_function_dict(include, exclude))
+        skipped = [m for m in wanted if m in _ADDED]
+        theirs = [m for m in wanted if m not in _ADDED]
+        if skipped:
+            warnings.warn(
+                f"label_comparison_fn is set: the added metrics {skipped} rank items by label levels and cannot "
+                "honour a custom comparison, so they are skipped (PML's metrics are computed with it)",
+                UserWarning,
+                stacklevel=3,
+            )
+        if not theirs:
+            return {}
+        return super().get_accuracy(
+            query, query_labels, reference, reference_labels, ref_includes_query, include=tuple(theirs)
+        )
+
+    def _evaluate_group(self, spec: MetricSpec, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Evaluate the group ``spec`` on the inputs PML passes to a metric function (``fn(**kwargs)``)."""
+        missing = [k for k in ("query", "query_labels") if k not in kwargs]
+        if missing:
+            raise ValueError(
+                f"calculate_{spec.name} needs the inputs PML passes to metric functions ({missing} missing); "
+                "call get_accuracy(...) or pass query=, query_labels=, reference=, reference_labels="
+            )
+        query = c_f.numpy_to_torch(kwargs["query"])
+        query_labels = integer_labels("query_labels", kwargs["query_labels"])
+        reference = kwargs.get("reference")
+        if reference is None:
+            reference, reference_labels, riq = query, query_labels, True
+        else:
+            reference = c_f.numpy_to_torch(reference)
+            reference_labels = integer_labels("reference_labels", kwargs.get("reference_labels"))
+            riq = bool(kwargs.get("ref_includes_query", False))
+        if self.multilabel:
+            evaluator = RetrievalEvaluator(
+                metrics=[spec.name], device=self.device, hierarchy=self.hierarchy, multilabel=True,
+                **self._evaluator_kwargs,
+            )  # fmt: skip
+            num_levels = 1 if self.hierarchy is None else self.hierarchy.num_levels
+        else:
+            query_labels = check_labels("query_labels", query_labels, len(query), n_name="query")
+            reference_labels = check_labels("reference_labels", reference_labels, len(reference), n_name="reference")
+            query_labels, reference_labels = _hierarchical_label_pair(query_labels, reference_labels, self.hierarchy)
+            evaluator = RetrievalEvaluator(metrics=[spec.name], device=self.device, **self._evaluator_kwargs)
+            num_levels = query_labels.shape[1]
+        same = reference is query
+        values = evaluator.evaluate(
+            query.float(),
+            query_labels,
+            None if same else reference.float(),
+            None if same else reference_labels,
+            ref_includes_query=riq and not same,
+        )
+        return {"values": values, "num_levels": num_levels}
+
     def _multilabel_groups(self, include: Sequence[str]) -> list[str]:
         """The added groups of a multi-label call: those named in ``include`` (of this call, else of the
         constructor), or every multi-label one; ValueError for PML's own metrics or single-label-only groups."""
@@ -191,16 +275,35 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
         self._cache = {}
 
 
+def integer_labels(name: str, labels: Any) -> Any:
+    """``labels`` as an integer tensor when they are float values that are all integers (PML stores labels as
+    float); ValueError naming ``name`` for fractional, NaN or inf values; anything else unchanged (checked later)."""
+    labels = c_f.numpy_to_torch(labels)
+    if isinstance(labels, torch.Tensor) and labels.is_floating_point():
+        if not bool(torch.isfinite(labels).all()):
+            raise ValueError(f"{name}: float labels must be finite integer values; got NaN or inf")
+        if not bool((labels == labels.round()).all()):
+            bad = labels[labels != labels.round()][:3].tolist()
+            raise ValueError(f"{name}: float labels must hold integer values (e.g. 3.0); got {bad}")
+        return labels.long()
+    return labels
+
+
 def _calculate(spec: MetricSpec) -> Any:
     """The ``calculate_<group>`` method of ``spec``: its value(s) from the evaluation run once in ``get_accuracy``
     (a float for a plain key, ``{key: float}`` for a pattern with ``{k}`` and/or ``{h}``)."""
 
     def calculate(self: HierarchicalAccuracyCalculator, **kwargs: Any) -> float | dict[str, float]:
+        if kwargs:  # called the way PML calls metric functions: evaluate on the inputs given
+            run = self._evaluate_group(spec, kwargs)
+            cache, num_levels = run["values"], run["num_levels"]
+        else:  # inside get_accuracy: the evaluation ran once for every group
+            cache, num_levels = self._cache, self._num_levels
         if spec.key == spec.name:
-            return self._cache[spec.key]
+            return cache[spec.key]
         ks = self._evaluator_kwargs["k_values"] if spec.takes_k else (None,)
-        hs = range(self._num_levels) if spec.per_level else (None,)
-        return {key: self._cache[key] for key in dict.fromkeys(spec.format_key(k, h) for h in hs for k in ks)}
+        hs = range(num_levels) if spec.per_level else (None,)
+        return {key: cache[key] for key in dict.fromkeys(spec.format_key(k, h) for h in hs for k in ks)}
 
     calculate.__name__ = calculate.__qualname__ = f"calculate_{spec.name}"
     calculate.__doc__ = f"{spec.description} (``{spec.key}``); computed once per ``get_accuracy`` call."
