@@ -221,7 +221,9 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
         else:
             query_labels = check_labels("query_labels", query_labels, len(query), n_name="query")
             reference_labels = check_labels("reference_labels", reference_labels, len(reference), n_name="reference")
-            query_labels, reference_labels = _hierarchical_label_pair(query_labels, reference_labels, self.hierarchy)
+            query_labels, reference_labels = hierarchical_label_pair(
+                query_labels, reference_labels, self.hierarchy, names=("query_labels", "reference_labels")
+            )
             evaluator = RetrievalEvaluator(metrics=[spec.name], device=self.device, **self._evaluator_kwargs)
             num_levels = query_labels.shape[1]
         same = reference is query
