@@ -89,7 +89,7 @@ class SyntheticMultiShapes(RetrievalDatasetBase):
 
     Example:
         >>> ds = SyntheticMultiShapes("train", num_per_class=4, image_size=32, max_labels=3)
-        >>> ds.labels.shape[1], ds.hierarchy.shape, ds[0]["image"].shape
+        >>> ds.labels.shape[1], ds.hierarchy.shape, ds[0].get("image").shape
         (3, torch.Size([54, 2]), torch.Size([3, 32, 32]))
     """
 

@@ -185,7 +185,7 @@ class SyntheticShapes(RetrievalDatasetBase):
 
     Example:
         >>> ds = SyntheticShapes("train", num_per_class=4, image_size=32)
-        >>> len(ds), ds.labels.shape, ds[0]["image"].shape
+        >>> len(ds), ds.labels.shape, ds[0].get("image").shape
         (144, torch.Size([144, 2]), torch.Size([3, 32, 32]))
     """
 

@@ -246,8 +246,8 @@ def train_residual(
         prior_energy: ``(B, D) -> (B,)`` tempered prior energy ``E_prior/T_k`` (differentiable in the input).
         proposal: ``n -> (n, D)`` SGLD starting points (prior samples, or ``N(0, I)`` for EL).
         features: ``(N, D)`` real training features, already L2-normalised when ``normalize``.
-        epochs, batch_size, lr, l2_coef, sgld_steps, step_size, noise_std, end_factor, eps_data, betas,
-        milestones, gamma: Hyper-parameters (see ``ood.PRESETS``).
+        **hyper_parameters: ``epochs``, ``batch_size``, ``lr``, ``l2_coef``, ``sgld_steps``, ``step_size``,
+            ``noise_std``, ``end_factor``, ``eps_data``, ``betas``, ``milestones``, ``gamma`` (see ``ood.PRESETS``).
         normalize: Project SGLD states onto the unit sphere.
         accumulation_steps: Batches per optimiser step (a last incomplete group still steps).
         generator: Randomness for shuffling, SGLD noise and input noise.

@@ -10,7 +10,7 @@ Modules:
 Example:
     >>> from pml_suprank import samplers
     >>> sampler = samplers.MPerClassSampler([0, 0, 1, 1, 2, 2, 3, 3], m=2, batch_size=4, seed=0)
-    >>> [len(batch) for batch in sampler]
+    >>> list(map(len, sampler))
     [4, 4]
 """
 
