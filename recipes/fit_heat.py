@@ -263,7 +263,7 @@ def build_detector(method: str, args, model, n_train: int, dim: int):
         kwargs["head"] = model.get_classifier()
     if "model" in params:
         kwargs["model"] = model
-    if name == "KNN":
+    if name in ("KNN", "NNGuide"):
         kwargs["k"] = min(kwargs["k"], n_train)  # a small ID set: the k-th neighbour must exist
     if name == "ViM" and kwargs.get("dim") is None:
         kwargs["dim"] = min(256, dim // 2)

@@ -10,7 +10,10 @@ from pml_suprank.ood import baselines
 from pml_suprank.ood.base import _detector_class
 from pml_suprank.ood.registry import DETECTOR_REGISTRY, PRIOR_REGISTRY, Registry
 
-BUILT_IN = ("HEAT", "MSP", "MaxLogit", "Energy", "ODIN", "Mahalanobis", "KNN", "ViM", "DICE", "ReAct")
+BUILT_IN = (
+    "HEAT", "MSP", "MaxLogit", "Energy", "ODIN", "Mahalanobis", "KNN", "ViM", "DICE", "ReAct",
+    "GEN", "RMDS", "ASH", "SCALE", "NNGuide",
+)  # fmt: skip
 
 
 @pytest.fixture
