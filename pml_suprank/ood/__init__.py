@@ -24,6 +24,7 @@ in ``heat_priors``, the densities in ``priors``, presets in ``presets``, the res
 from . import metrics
 from .base import Detector, NotFittedError
 from .ebm import ResidualEnergyMLP, contrastive_divergence_loss, polynomial_schedule, sgld_sample, train_residual
+from .feature_store import SavedFeatures, load_features, save_features
 from .features import OODFeatures, extract_features, pool_feature_map
 
 # detectors, in the order of ``list_detectors()``: importing a module defines (registers) its detector
@@ -48,11 +49,14 @@ from .priors import ClassConditionalGaussian, EnergyLogitsPrior, energy_logits
 from .registry import DETECTOR_REGISTRY, RegistryNames, get_detector, get_prior, list_detectors, list_priors
 from .shaping import ShapedEnergyDetector
 
+from .benchmark import BenchmarkResult, benchmark  # isort: skip
+
 #: Names of the registered detectors: a live, tuple-like view of the registry (``ood.list_detectors()``).
 DETECTORS = RegistryNames(DETECTOR_REGISTRY)
 
 __all__ = [
     "ASH",
+    "BenchmarkResult",
     "DETECTORS",
     "GEN",
     "NNGuide",
@@ -79,7 +83,9 @@ __all__ = [
     "Prior",
     "ReAct",
     "ResidualEnergyMLP",
+    "SavedFeatures",
     "ViM",
+    "benchmark",
     "compose_energies",
     "contrastive_divergence_loss",
     "energy_logits",
@@ -88,9 +94,11 @@ __all__ = [
     "get_prior",
     "list_detectors",
     "list_priors",
+    "load_features",
     "metrics",
     "polynomial_schedule",
     "pool_feature_map",
+    "save_features",
     "sgld_sample",
     "standardize",
     "train_residual",
