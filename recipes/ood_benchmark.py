@@ -28,8 +28,10 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # noqa: TID251 - recipes may configure the process
 
 import argparse  # noqa: E402
+import importlib  # noqa: E402
 import inspect  # noqa: E402
 import json  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -83,9 +85,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _import_fit_heat():
-    import fit_heat  # recipes/fit_heat.py, next to this file
-
-    return fit_heat
+    """``recipes/fit_heat.py`` (next to this file), importable even when this recipe was imported from elsewhere."""
+    here = str(Path(__file__).resolve().parent)
+    added = here not in sys.path
+    if added:
+        sys.path.insert(0, here)
+    try:
+        return importlib.import_module("fit_heat")
+    finally:
+        if added:
+            sys.path.remove(here)
 
 
 def extract(args, rest: list[str], out_dir: Path) -> Path:
