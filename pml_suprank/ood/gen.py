@@ -15,7 +15,15 @@ from .._validation import check_positive, check_positive_int
 from .base import Detector
 from .head import check_logits
 
-__all__ = ["GEN", "generalized_entropy"]
+__all__ = ["GEN", "check_gamma", "generalized_entropy"]
+
+
+def check_gamma(gamma: float) -> float:
+    """GEN's exponent ``γ`` as a float in (0, 1) (``TypeError`` / ``ValueError`` naming it otherwise)."""
+    gamma = check_positive("gamma", gamma)
+    if gamma >= 1.0:
+        raise ValueError(f"gamma must lie in (0, 1); got {gamma}")
+    return gamma
 
 
 def generalized_entropy(logits: Tensor, gamma: float = 0.1, m: int = 100) -> Tensor:
@@ -31,7 +39,8 @@ def generalized_entropy(logits: Tensor, gamma: float = 0.1, m: int = 100) -> Ten
     Returns:
         ``(N,)`` scores, higher = more uncertain = more OOD.
     """
-    probs = torch.softmax(logits, dim=-1)
+    gamma, m = check_gamma(gamma), check_positive_int("M", m)
+    probs = torch.softmax(check_logits(logits), dim=-1)
     top = probs.topk(min(m, probs.shape[-1]), dim=-1).values
     return (top.pow(gamma) * (1.0 - top).pow(gamma)).sum(dim=-1)
 
@@ -51,13 +60,10 @@ class GEN(Detector):
 
     def __init__(self, gamma: float = 0.1, M: int = 100) -> None:  # noqa: N803 - the paper's name
         super().__init__()
-        gamma = check_positive("gamma", gamma)
-        if gamma >= 1.0:
-            raise ValueError(f"gamma must lie in (0, 1); got {gamma}")
-        self.gamma, self.M = gamma, check_positive_int("M", M)
+        self.gamma, self.M = check_gamma(gamma), check_positive_int("M", M)
 
     def config(self) -> dict[str, Any]:
         return {"gamma": self.gamma, "M": self.M}
 
     def _score(self, features=None, logits=None, **kwargs) -> Tensor:
-        return generalized_entropy(check_logits(logits), self.gamma, self.M)
+        return generalized_entropy(logits, self.gamma, self.M)

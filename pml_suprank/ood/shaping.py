@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from ..hub.serialization import CONFIG_NAME, WEIGHTS_NAME
+from .base import check_features
 from .head import HeadDetector
 from .priors import energy_logits
 
@@ -25,17 +26,31 @@ __all__ = [
     "ash_binarize",
     "ash_prune",
     "ash_scale",
+    "check_percentile",
     "kept_count",
     "scale_activations",
 ]
 
 
+def check_percentile(percentile: Any) -> float:
+    """``percentile`` as a float in [0, 100) (``TypeError`` / ``ValueError`` naming it otherwise)."""
+    if isinstance(percentile, bool) or not isinstance(percentile, (int, float)):
+        raise TypeError(f"percentile must be a real number in [0, 100); got {type(percentile).__name__}")
+    if not 0.0 <= float(percentile) < 100.0:
+        raise ValueError(f"percentile must lie in [0, 100); got {percentile}")
+    return float(percentile)
+
+
 def kept_count(dim: int, percentile: float) -> int:
     """Number ``k = D − round(D·p/100)`` of entries kept by ASH / SCALE at percentile ``p`` (``ValueError`` if 0)."""
-    k = dim - int(round(dim * percentile / 100.0))
+    k = dim - int(round(dim * check_percentile(percentile) / 100.0))
     if k < 1:
         raise ValueError(f"percentile={percentile} prunes all {dim} feature entries; use a smaller percentile")
     return k
+
+
+def _check_z(z: Any) -> Tensor:
+    return check_features("z", z)
 
 
 def _top_mask(z: Tensor, k: int) -> Tensor:
@@ -51,11 +66,13 @@ def _sharpening(total: Tensor, kept: Tensor) -> Tensor:
 
 def ash_prune(z: Tensor, percentile: float) -> Tensor:
     """ASH-P (Djurisic et al. 2023, Sec. 3): keep the ``k`` largest entries of each row, zero the others. ``(N, D)``."""
+    z = _check_z(z)
     return torch.where(_top_mask(z, kept_count(z.shape[-1], percentile)), z, torch.zeros_like(z))
 
 
 def ash_binarize(z: Tensor, percentile: float) -> Tensor:
     """ASH-B: the ``k`` largest entries of each row set to ``s1 / k`` (``s1`` = the row's sum), the others 0."""
+    z = _check_z(z)
     k = kept_count(z.shape[-1], percentile)
     fill = (z.sum(dim=-1, keepdim=True) / k).expand_as(z)
     return torch.where(_top_mask(z, k), fill, torch.zeros_like(z))
@@ -69,6 +86,7 @@ def ash_scale(z: Tensor, percentile: float) -> Tensor:
 
 def scale_activations(z: Tensor, percentile: float) -> Tensor:
     """SCALE (Xu et al. 2024, Eq. 3): the **unpruned** row times ``exp(s1 / s2)``, ``s2`` = sum of its top-``k``."""
+    z = _check_z(z)
     k = kept_count(z.shape[-1], percentile)
     kept = z.topk(k, dim=-1).values.sum(dim=-1, keepdim=True)
     return z * _sharpening(z.sum(dim=-1, keepdim=True), kept)
@@ -90,11 +108,7 @@ class ShapedEnergyDetector(HeadDetector, register=False):
 
     def __init__(self, percentile: float, weight=None, bias=None, head=None) -> None:
         super().__init__(weight, bias, head, _allow_missing=True)
-        if isinstance(percentile, bool) or not isinstance(percentile, (int, float)):
-            raise TypeError(f"percentile must be a real number in [0, 100); got {type(percentile).__name__}")
-        if not 0.0 <= float(percentile) < 100.0:
-            raise ValueError(f"percentile must lie in [0, 100); got {percentile}")
-        self.percentile = float(percentile)
+        self.percentile = check_percentile(percentile)
         if self.weight is not None:
             kept_count(self.weight.shape[1], self.percentile)
 

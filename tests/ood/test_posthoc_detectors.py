@@ -10,6 +10,7 @@ import torch
 from conftest import load_golden
 
 from pml_suprank import ood
+from pml_suprank.ood.gen import generalized_entropy
 from pml_suprank.ood.shaping import ash_binarize, ash_prune, ash_scale, kept_count, scale_activations
 
 
@@ -172,6 +173,12 @@ def test_constructor_and_input_validation():
         ood.RMDS().score(features=torch.rand(2, 8))
     with pytest.raises(ValueError, match="at least 2 distinct classes"):
         ood.RMDS().fit(features=torch.rand(10, 3), labels=torch.zeros(10, dtype=torch.long))
+    with pytest.raises(ValueError, match="gamma must lie in"):
+        generalized_entropy(torch.rand(2, 3), gamma=0.0 + 1.0)
+    with pytest.raises(ValueError, match="z must"):
+        ash_prune(torch.rand(8), 50)
+    with pytest.raises(TypeError, match="percentile must be a real number"):
+        scale_activations(torch.rand(2, 8), "90")
     bad = torch.rand(4, 8)
     bad[0, 0] = float("inf")
     with pytest.raises(ValueError, match="NaN or inf"):
