@@ -131,14 +131,17 @@ class ModelDetectorMixin:
     """``fit_model`` / ``predict`` for every :class:`~pml_suprank.ood.Detector` (mixed into the base class)."""
 
     def _adopt_head(self, model: nn.Module) -> None:
-        """Detectors keeping a classifier head (ASH, DICE, ReAct, ViM, ...) built without one take the model's."""
-        from .head import HeadDetector, head_params
-
-        if isinstance(self, HeadDetector) and self.weight is None:
-            head = _classifier(model)
-            if head is None:
-                raise ValueError(f"{type(self).__name__} needs a classifier head and the model has none")
-            self.weight, self.bias = head_params(None, None, head)
+        """Detectors keeping a classifier head (ASH, SCALE, DICE, ReAct, ViM, HEAT) built without one take the
+        model's (detected by a ``head=`` constructor argument and a ``weight`` attribute that is ``None``)."""
+        if "head" not in inspect.signature(type(self)).parameters or getattr(self, "weight", 0) is not None:
+            return
+        head = _classifier(model)
+        if head is None:
+            raise ValueError(f"{type(self).__name__} needs a classifier head and the model has none")
+        weight, bias = head.weight.detach(), getattr(head, "bias", None)
+        if weight.dim() != 2 or not weight.is_floating_point():
+            raise ValueError(f"the model's classifier weight must be a floating (C, D) matrix; got {weight.shape}")
+        self.weight, self.bias = weight.clone(), None if bias is None else bias.detach().clone()
 
     def _scores_images(self) -> bool:
         """Detectors built around the network (ODIN: a ``model=`` argument) score images, not features."""
