@@ -10,7 +10,7 @@ held-out families (near-OOD) plus uniform-noise and blob images (far-OOD). It th
    training features,
 3. prints FPR95 / AUROC per OOD set and their average (like thesis Table 5.5), saves score histograms, a JSON of all
    metrics and the fitted HEAT detector (``save_pretrained`` folder; ``--push_to_hub true --hub_model_id ID``
-   uploads it).
+   uploads it), and the extracted features (``features.safetensors``, read by ``recipes/ood_benchmark.py``).
 
 The no-argument run takes about a minute on an idle 2-core CPU and a few minutes on a busy one; progress bars show
 the classifier training, the feature extraction and every HEAT prior's residual training. Any timm backbone and any
@@ -263,7 +263,7 @@ def build_detector(method: str, args, model, n_train: int, dim: int):
         kwargs["head"] = model.get_classifier()
     if "model" in params:
         kwargs["model"] = model
-    if name == "KNN":
+    if name in ("KNN", "NNGuide"):
         kwargs["k"] = min(kwargs["k"], n_train)  # a small ID set: the k-th neighbour must exist
     if name == "ViM" and kwargs.get("dim") is None:
         kwargs["dim"] = min(256, dim // 2)
@@ -428,6 +428,16 @@ def extract_all(model, train_ds, test_ds, ood_sets, level, classes, train_labels
     return train_feats, test_feats, ood_feats, test_acc
 
 
+def save_features(out_dir: Path, model, train_feats, test_feats, ood_feats, args) -> Path:
+    """``features.safetensors``: every extracted set and the head, read by ``recipes/ood_benchmark.py --features``."""
+    return ood.save_features(
+        out_dir / "features.safetensors",
+        {"id_train": train_feats, "id_test": test_feats, **ood_feats},
+        head=model.get_classifier(),
+        metadata={"id_dataset": args.id_dataset, "backbone": args.backbone, "ood_datasets": list(ood_feats)},
+    )
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.threads:
@@ -445,6 +455,7 @@ def main(argv=None) -> dict:
     train_feats, test_feats, ood_feats, test_acc = extract_all(
         model, train_ds, test_ds, ood_sets, level, classes, train_labels, args, device
     )
+    features_file = save_features(out_dir, model, train_feats, test_feats, ood_feats, args)
 
     detectors, fit_times = fit_detectors(model, train_feats, args)
     print("scoring ...", flush=True)
@@ -468,6 +479,7 @@ def main(argv=None) -> dict:
         "total_seconds": time.perf_counter() - t0,
         "heat_detector": None if heat_dir is None else str(heat_dir),
         "histograms": None if plot is None else str(plot),
+        "features": str(features_file),
     }
     (out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
     print(f"\nwrote {out_dir / 'results.json'}, {plot or 'no plots'}, detector in {heat_dir}")

@@ -11,7 +11,8 @@ Every detector is fitted on in-distribution features (and labels / logits where 
     ood.metrics.auroc(scores_id, scores_ood); ood.metrics.fpr_at_tpr(scores_id, scores_ood, tpr=0.95)
 
 Layout: one module per detector (``msp``, ``max_logit``, ``energy``, ``odin``, ``mahalanobis``, ``knn``, ``vim``,
-``dice``, ``react``, ``heat``), the :class:`Detector` contract in
+``dice``, ``react``, ``gen``, ``rmds``, ``ash``, ``scale`` (with ``shaping``), ``nnguide``, ``heat``), the
+:class:`Detector` contract in
 ``base``, the name registries in ``registry``, HEAT's :class:`Prior` contract in ``prior`` with the built-in priors
 in ``heat_priors``, the densities in ``priors``, presets in ``presets``, the residual EBM in ``ebm``.
 
@@ -23,6 +24,7 @@ in ``heat_priors``, the densities in ``priors``, presets in ``presets``, the res
 from . import metrics
 from .base import Detector, NotFittedError
 from .ebm import ResidualEnergyMLP, contrastive_divergence_loss, polynomial_schedule, sgld_sample, train_residual
+from .feature_store import SavedFeatures, load_features, save_features
 from .features import OODFeatures, extract_features, pool_feature_map
 
 # detectors, in the order of ``list_detectors()``: importing a module defines (registers) its detector
@@ -36,16 +38,31 @@ from .knn import KNN  # isort: skip
 from .vim import ViM  # isort: skip
 from .dice import DICE  # isort: skip
 from .react import ReAct  # isort: skip
+from .gen import GEN  # isort: skip
+from .rmds import RMDS  # isort: skip
+from .ash import ASH  # isort: skip
+from .scale import SCALE  # isort: skip
+from .nnguide import NNGuide  # isort: skip
 from .heat_priors import ELPrior, GMMPrior, GMMStdPrior
 from .prior import Prior
 from .priors import ClassConditionalGaussian, EnergyLogitsPrior, energy_logits
 from .registry import DETECTOR_REGISTRY, RegistryNames, get_detector, get_prior, list_detectors, list_priors
+from .shaping import ShapedEnergyDetector
+
+from .benchmark import BenchmarkResult, benchmark  # isort: skip
 
 #: Names of the registered detectors: a live, tuple-like view of the registry (``ood.list_detectors()``).
 DETECTORS = RegistryNames(DETECTOR_REGISTRY)
 
 __all__ = [
+    "ASH",
+    "BenchmarkResult",
     "DETECTORS",
+    "GEN",
+    "NNGuide",
+    "RMDS",
+    "SCALE",
+    "ShapedEnergyDetector",
     "DICE",
     "HEAT",
     "KNN",
@@ -66,7 +83,9 @@ __all__ = [
     "Prior",
     "ReAct",
     "ResidualEnergyMLP",
+    "SavedFeatures",
     "ViM",
+    "benchmark",
     "compose_energies",
     "contrastive_divergence_loss",
     "energy_logits",
@@ -75,9 +94,11 @@ __all__ = [
     "get_prior",
     "list_detectors",
     "list_priors",
+    "load_features",
     "metrics",
     "polynomial_schedule",
     "pool_feature_map",
+    "save_features",
     "sgld_sample",
     "standardize",
     "train_residual",

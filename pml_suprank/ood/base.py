@@ -28,6 +28,7 @@ from ..hub.mixin import HubMixin, instantiate
 from ..hub.schema import TensorSpec, check_schema
 from ..hub.serialization import CONFIG_NAME as CONFIG_NAME  # kept importable from here
 from ..hub.serialization import DETECTOR_TASK, WEIGHTS_NAME, check_state, make_config
+from .model_api import ModelDetectorMixin
 from .registry import DETECTOR_REGISTRY
 
 __all__ = ["Detector", "NotFittedError", "check_features", "check_class_labels"]
@@ -88,7 +89,7 @@ def _detector_class(name: Any, source: Any = None) -> type:
         ) from None
 
 
-class Detector(HubMixin):
+class Detector(ModelDetectorMixin, HubMixin):
     """Base class of the OOD detectors: ``fit(...) -> self``, ``score(...) -> Tensor`` (higher = more OOD).
 
     Subclasses implement ``_fit`` and ``_score``, declare the fitted tensors in ``_state_names``, and return their
@@ -99,6 +100,9 @@ class Detector(HubMixin):
     keyword (``class SSDPlus(Mahalanobis, name="SSD+")``), so that ``ood.get_detector(name)`` and
     ``Detector.from_pretrained`` find it. Private (``_``-prefixed) and abstract classes, and classes defined with
     ``register=False``, are not registered.
+
+    ``fit_model(model, loader)`` / ``predict(model, x)`` (:mod:`.model_api`) extract the features of a timm
+    classifier or a ``RetrievalModel`` and call ``fit`` / ``score``.
     """
 
     requires_fit: ClassVar[bool] = True

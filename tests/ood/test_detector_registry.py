@@ -9,7 +9,10 @@ from pml_suprank import ood
 from pml_suprank.ood.base import _detector_class
 from pml_suprank.ood.registry import DETECTOR_REGISTRY, PRIOR_REGISTRY, Registry
 
-BUILT_IN = ("HEAT", "MSP", "MaxLogit", "Energy", "ODIN", "Mahalanobis", "KNN", "ViM", "DICE", "ReAct")
+BUILT_IN = (
+    "HEAT", "MSP", "MaxLogit", "Energy", "ODIN", "Mahalanobis", "KNN", "ViM", "DICE", "ReAct",
+    "GEN", "RMDS", "ASH", "SCALE", "NNGuide",
+)  # fmt: skip
 
 
 @pytest.fixture
@@ -40,6 +43,7 @@ def test_every_baseline_lives_in_its_own_module():
     """One module per detector (the re-export-only ``ood.baselines`` was removed)."""
     modules = {"MSP": "msp", "MaxLogit": "max_logit", "Energy": "energy", "ODIN": "odin", "Mahalanobis": "mahalanobis"}
     modules |= {"KNN": "knn", "ViM": "vim", "DICE": "dice", "ReAct": "react", "HEAT": "heat"}
+    modules |= {"GEN": "gen", "RMDS": "rmds", "ASH": "ash", "SCALE": "scale", "NNGuide": "nnguide"}
     for name in BUILT_IN:
         cls = getattr(ood, name)
         assert cls.__module__ == f"pml_suprank.ood.{modules[name]}" and issubclass(cls, ood.Detector)

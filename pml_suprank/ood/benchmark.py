@@ -1,0 +1,310 @@
+"""Near / far OOD benchmark harness: fit each detector once, score ID test and every OOD set, report per-set and
+per-group metrics, write a CSV, a markdown table and a score-histogram figure.
+
+::
+
+    result = ood.benchmark(
+        {"KNN": ood.KNN(k=50), "RMDS": ood.RMDS(), "ASH": ood.ASH(head=fc)},
+        id_test=test_feats,
+        ood_sets={"near": {"ssb_hard": f1, "ninco": f2}, "far": {"textures": f3, "inaturalist": f4}},
+        id_train=train_feats,
+    )
+    print(result.to_markdown())
+    result.save("outputs/ood_benchmark")        # results.csv, results.md, score_histograms.png
+
+Metrics per (detector, set) — :mod:`pml_suprank.ood.metrics`, OOD = positive, higher score = more OOD:
+``auroc``; ``fpr_id_positive`` (FPR at 95 % TPR, thesis Eq. 5.9 / HEAT) and ``fpr_ood_positive`` (OpenOOD v1.5 /
+pytorch-ood), both at ``tpr``; ``aupr_in``, ``aupr_out`` (``ap_method``: step = HEAT / sklearn AP, trapezoid =
+OpenOOD). A group's row (``set = "mean"``) is the unweighted mean over its sets, as OpenOOD's near / far columns.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .._validation import check_choice, check_probability
+from . import metrics as ood_metrics
+from .base import Detector, NotFittedError
+from .features import OODFeatures
+
+__all__ = ["METRICS", "BenchmarkResult", "benchmark"]
+
+#: Metric columns of a benchmark row, in table order.
+METRICS = ("auroc", "fpr_id_positive", "fpr_ood_positive", "aupr_in", "aupr_out")
+#: Markdown column titles (FPR shown at 95 % TPR unless ``tpr`` differs).
+_TITLES = {
+    "auroc": "AUROC ↑",
+    "fpr_id_positive": "FPR{tpr} (ID+) ↓",
+    "fpr_ood_positive": "FPR{tpr} (OOD+) ↓",
+    "aupr_in": "AUPR-In ↑",
+    "aupr_out": "AUPR-Out ↑",
+}
+
+
+def _as_inputs(where: str, value: Any) -> dict[str, Tensor]:
+    """Keyword tensors of a feature set (``OODFeatures`` or a dict with at least ``features`` or ``logits``)."""
+    if isinstance(value, OODFeatures):
+        value = value.as_kwargs()
+    if not isinstance(value, Mapping) or not any(isinstance(v, Tensor) for v in value.values()):
+        raise TypeError(f"{where} must be an OODFeatures or a dict of tensors (features=..., logits=...); "
+                        f"got {type(value).__name__}")  # fmt: skip
+    return {k: v for k, v in value.items() if v is not None}
+
+
+def _is_feature_set(value: Any) -> bool:
+    return isinstance(value, OODFeatures) or (
+        isinstance(value, Mapping) and bool(value) and all(isinstance(v, Tensor) or v is None for v in value.values())
+    )
+
+
+def _groups(ood_sets: Any) -> dict[str, dict[str, dict[str, Tensor]]]:
+    """``{group: {set: inputs}}``; a feature set given directly under a name forms its own one-set group."""
+    if not isinstance(ood_sets, Mapping) or not ood_sets:
+        raise ValueError(f"ood_sets must be a non-empty mapping group -> {{name: features}}; got {ood_sets!r:.80}")
+    out: dict[str, dict[str, dict[str, Tensor]]] = {}
+    seen: set[str] = set()
+    for group, sets in ood_sets.items():
+        if _is_feature_set(sets):
+            sets = {group: sets}
+        if not isinstance(sets, Mapping) or not sets:
+            raise ValueError(f"ood_sets[{group!r}] must be a non-empty mapping name -> features; got {type(sets)}")
+        out[str(group)] = {}
+        for name, value in sets.items():
+            if name in seen or name == "ID":
+                raise ValueError(f"OOD set name {name!r} is used twice (or is the reserved 'ID'); names must be unique")
+            seen.add(name)
+            out[str(group)][str(name)] = _as_inputs(f"ood_sets[{group!r}][{name!r}]", value)
+    return out
+
+
+def _named(detectors: Any) -> dict[str, Detector]:
+    if isinstance(detectors, Detector):
+        detectors = [detectors]
+    if isinstance(detectors, Mapping):
+        items = list(detectors.items())
+    elif isinstance(detectors, Sequence):
+        items = [(d.detector_name or type(d).__name__, d) for d in detectors]
+    else:
+        raise TypeError(f"detectors must be a mapping name -> Detector or a list of detectors; got {type(detectors)}")
+    named: dict[str, Detector] = {}
+    for name, det in items:
+        if not isinstance(det, Detector):
+            raise TypeError(f"detectors[{name!r}] must be an ood.Detector; got {type(det).__name__}")
+        if name in named:
+            raise ValueError(f"two detectors are named {name!r}; pass a mapping name -> detector to tell them apart")
+        named[name] = det
+    if not named:
+        raise ValueError("detectors must not be empty")
+    return named
+
+
+@dataclass
+class BenchmarkResult:
+    """Scores and metrics of :func:`benchmark`.
+
+    Attributes:
+        rows: One dict per (detector, group, set) and per (detector, group) mean (``set == "mean"``) with keys
+            ``detector``, ``group``, ``set``, ``n_id``, ``n_ood`` and :data:`METRICS`.
+        scores: ``{detector: {"ID": (N_id,), set: (N_set,)}}`` outlier scores on CPU.
+        groups: ``{group: (set names)}``.
+        fit_seconds: ``{detector: seconds}`` spent in ``fit`` (empty when ``id_train`` was not given).
+        tpr: The TPR of the FPR columns.
+    """
+
+    rows: list[dict[str, Any]]
+    scores: dict[str, dict[str, Tensor]]
+    groups: dict[str, tuple[str, ...]]
+    fit_seconds: dict[str, float] = field(default_factory=dict)
+    tpr: float = 0.95
+
+    def row(self, detector: str, set_name: str, group: str | None = None) -> dict[str, Any]:
+        """The row of one detector on one set (``set_name="mean"`` with ``group`` for a group's mean)."""
+        for r in self.rows:
+            if r["detector"] == detector and r["set"] == set_name and (group is None or r["group"] == group):
+                return r
+        raise KeyError(f"no row for detector {detector!r}, set {set_name!r}, group {group!r}")
+
+    def to_markdown(self, metrics: Sequence[str] = METRICS, per_set: bool = True, digits: int = 1) -> str:
+        """Markdown table in percent: one row per detector and set (``per_set``) or per group mean only."""
+        for m in metrics:
+            check_choice("metrics", m, METRICS)
+        tpr = f"{100 * self.tpr:g}"
+        head = ["detector", "group", "set", *(_TITLES[m].format(tpr=tpr) for m in metrics)]
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 3 + "---:|" * len(metrics)]
+        for r in self.rows:
+            if not per_set and r["set"] != "mean":
+                continue
+            cells = [r["detector"], r["group"], r["set"], *(f"{100 * r[m]:.{digits}f}" for m in metrics)]
+            lines.append("| " + " | ".join(cells) + " |")
+        return "\n".join(lines)
+
+    def to_csv(self, path: str | Path) -> Path:
+        """Write :attr:`rows` (fractions, not percent) as CSV. Returns the path."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=["detector", "group", "set", "n_id", "n_ood", *METRICS])
+            writer.writeheader()
+            writer.writerows(self.rows)
+        return path
+
+    def plot(self, path: str | Path, bins: int = 40, dpi: int = 80) -> Path:
+        """Score histograms, one panel per detector: ID test vs each OOD group (densities). Returns the path."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        names = list(self.scores)
+        cols = min(4, len(names))
+        rows = math.ceil(len(names) / cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.6 * rows), squeeze=False)
+        for ax, name in zip(axes.flat, names):
+            per_set = self.scores[name]
+            groups = {g: torch.cat([per_set[s] for s in sets]) for g, sets in self.groups.items()}
+            everything = torch.cat([per_set["ID"], *groups.values()]).double()
+            lo, hi = torch.quantile(everything, 0.005).item(), torch.quantile(everything, 0.995).item()
+            edges = torch.linspace(lo, hi if hi > lo else lo + 1e-6, bins + 1).numpy()
+            ax.hist(per_set["ID"].double().numpy(), bins=edges, density=True, alpha=0.55, label="ID test")
+            for group, values in groups.items():
+                ax.hist(values.double().numpy(), bins=edges, density=True, alpha=0.45, label=f"OOD {group}")
+            ax.set_title(f"{name}", fontsize=9)
+            ax.tick_params(labelsize=7)
+        for ax in list(axes.flat)[len(names) :]:
+            ax.axis("off")
+        axes.flat[0].legend(fontsize=7)
+        fig.suptitle("outlier scores (higher = more OOD)", fontsize=9)
+        fig.tight_layout()
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=dpi)
+        plt.close(fig)
+        return path
+
+    def save(self, output_dir: str | Path, plot: bool = True) -> dict[str, Path]:
+        """Write ``results.csv``, ``results.md`` (markdown table) and ``score_histograms.png`` into ``output_dir``."""
+        out = Path(output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        files = {"csv": self.to_csv(out / "results.csv")}
+        md = out / "results.md"
+        md.write_text(
+            "Per group (mean over its sets)\n\n" + self.to_markdown(per_set=False) + "\n\nPer set\n\n"
+            + self.to_markdown() + "\n"
+        )  # fmt: skip
+        files["markdown"] = md
+        if plot:
+            files["figure"] = self.plot(out / "score_histograms.png")
+        return files
+
+    def __str__(self) -> str:
+        return self.to_markdown()
+
+
+def _set_metrics(id_s: Tensor, ood_s: Tensor, tpr: float, ap_method: str) -> dict[str, float]:
+    return {
+        "auroc": ood_metrics.auroc(id_s, ood_s),
+        "fpr_id_positive": ood_metrics.fpr_at_tpr(id_s, ood_s, tpr=tpr, convention="id_positive"),
+        "fpr_ood_positive": ood_metrics.fpr_at_tpr(id_s, ood_s, tpr=tpr, convention="ood_positive"),
+        "aupr_in": ood_metrics.aupr_in(id_s, ood_s, method=ap_method),
+        "aupr_out": ood_metrics.aupr_out(id_s, ood_s, method=ap_method),
+    }
+
+
+def _score(det: Detector, name: str, where: str, inputs: dict[str, Tensor]) -> Tensor:
+    scores = det.score(**{k: v for k, v in inputs.items() if k != "labels"})
+    if not isinstance(scores, Tensor) or scores.dim() != 1:
+        raise ValueError(f"{name}.score on {where} must return a 1-D tensor; got {getattr(scores, 'shape', scores)}")
+    return scores.detach().cpu()
+
+
+def benchmark(
+    detectors: Mapping[str, Detector] | Sequence[Detector],
+    id_test: OODFeatures | Mapping[str, Tensor],
+    ood_sets: Mapping[str, Any],
+    *,
+    id_train: OODFeatures | Mapping[str, Tensor] | None = None,
+    tpr: float = 0.95,
+    ap_method: str = "step",
+    output_dir: str | Path | None = None,
+    plot: bool = True,
+    progress: bool = True,
+) -> BenchmarkResult:
+    """Fit every detector once on ``id_train``, score ``id_test`` and every OOD set, and compute the metrics.
+
+    Args:
+        detectors: ``{name: Detector}`` (or a list, named by their registered names).
+        id_test: ID test features (:class:`OODFeatures` or a dict of keyword tensors for ``score``).
+        ood_sets: ``{group: {set name: features}}``, e.g. ``{"near": {...}, "far": {...}}``; a feature set given
+            directly (``{"svhn": feats}``) is a group of its own.
+        id_train: ID training features (with labels for class-conditional detectors). When given, every detector is
+            fitted on it once; otherwise the detectors must already be fitted.
+        tpr: TPR of the two FPR columns (0.95: FPR95).
+        ap_method: ``"step"`` (HEAT / sklearn AP) or ``"trapezoid"`` (OpenOOD) AUPR.
+        output_dir: When given, :meth:`BenchmarkResult.save` writes CSV, markdown and (``plot``) the figure there.
+        plot: Write the histogram figure with ``output_dir`` (needs matplotlib).
+        progress: Show a tqdm bar over the fit and score steps (stderr).
+
+    Returns:
+        A :class:`BenchmarkResult`.
+    """
+    from tqdm.auto import tqdm
+
+    check_probability("tpr", tpr)
+    if tpr == 0.0:
+        raise ValueError("tpr must lie in (0, 1]; got 0.0")
+    check_choice("ap_method", ap_method, ("step", "trapezoid"))
+    named = _named(detectors)
+    test_inputs = _as_inputs("id_test", id_test)
+    groups = _groups(ood_sets)
+    train_inputs = None if id_train is None else _as_inputs("id_train", id_train)
+    if train_inputs is None:
+        unfitted = [n for n, d in named.items() if not d.is_fitted]
+        if unfitted:
+            raise NotFittedError(f"{unfitted} (benchmark without id_train= needs fitted detectors); the detectors")
+    n_sets = sum(len(s) for s in groups.values())
+    bar = tqdm(total=len(named) * (n_sets + 1 + (train_inputs is not None)), desc="OOD benchmark", disable=not progress)
+    scores: dict[str, dict[str, Tensor]] = {}
+    fit_seconds: dict[str, float] = {}
+    try:
+        for name, det in named.items():
+            if train_inputs is not None:
+                bar.set_postfix_str(f"fit {name}")
+                start = time.perf_counter()
+                det.fit(**train_inputs)
+                fit_seconds[name] = time.perf_counter() - start
+                bar.update(1)
+            bar.set_postfix_str(f"score {name}")
+            scores[name] = {"ID": _score(det, name, "id_test", test_inputs)}
+            bar.update(1)
+            for sets in groups.values():
+                for set_name, inputs in sets.items():
+                    scores[name][set_name] = _score(det, name, set_name, inputs)
+                    bar.update(1)
+    finally:
+        bar.close()
+    rows = []
+    for name, per_set in scores.items():
+        for group, sets in groups.items():
+            set_rows = []
+            for set_name in sets:
+                values = _set_metrics(per_set["ID"], per_set[set_name], tpr, ap_method)
+                base = {"detector": name, "group": group, "set": set_name}
+                set_rows.append({**base, "n_id": per_set["ID"].numel(), "n_ood": per_set[set_name].numel(), **values})
+            rows += set_rows
+            mean = {m: sum(r[m] for r in set_rows) / len(set_rows) for m in METRICS}
+            n_ood = sum(r["n_ood"] for r in set_rows)
+            rows.append({"detector": name, "group": group, "set": "mean", "n_id": set_rows[0]["n_id"], "n_ood": n_ood,
+                         **mean})  # fmt: skip
+    result = BenchmarkResult(rows, scores, {g: tuple(s) for g, s in groups.items()}, fit_seconds, tpr)
+    if output_dir is not None:
+        result.save(output_dir, plot=plot)
+    return result

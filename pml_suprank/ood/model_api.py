@@ -1,0 +1,192 @@
+"""Model-level convenience (pytorch-ood style): ``detector.fit_model(model, loader)`` / ``detector.predict(model, x)``
+on top of the feature API, for timm classifiers and :class:`~pml_suprank.models.RetrievalModel`.
+
+::
+
+    det = ood.ASH().fit_model(timm_model, train_loader)      # the head is taken from the model when not given
+    scores = det.predict(timm_model, images)                  # (B,) outlier scores, higher = more OOD
+
+Features are those of :func:`~pml_suprank.ood.extract_features`: for a timm classifier ``z`` is the classifier's
+input (``forward_head(..., pre_logits=True)``), ``σ`` the std-pooled last feature map and the logits come from the
+model. For a ``RetrievalModel``, ``z`` is the pooled backbone feature (the input of its optional classification
+head, so that ``logits = classifier(z)``), or the L2-normalised embedding with ``features="embedding"``; the logits
+are ``None`` when the model has no classification head (logit detectors then raise). Extraction runs once per call;
+for several detectors on the same data, extract once and use ``fit`` / ``score`` (or :func:`ood.benchmark`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from .features import OODFeatures, extract_features, pool_feature_map
+
+__all__ = ["ModelDetectorMixin", "extract_model_features", "batch_images"]
+
+FeatureKind = Literal["pooled", "embedding"]
+
+
+def _is_retrieval_model(model: Any) -> bool:
+    from ..models import RetrievalModel
+
+    return isinstance(model, RetrievalModel)
+
+
+def batch_images(batch: Any) -> tuple[Tensor, Tensor | None]:
+    """``(images, labels or None)`` of a batch: a dict (``"image"`` / ``"pixel_values"``, ``"labels"`` /
+    ``"label"``), an ``(images, labels)`` tuple or an image tensor; 2-D labels keep column 0 (finest level)."""
+    if isinstance(batch, dict):
+        images = batch.get("image", batch.get("pixel_values"))
+        labels = batch.get("labels", batch.get("label"))
+    elif isinstance(batch, (list, tuple)):
+        images, labels = batch[0], (batch[1] if len(batch) > 1 else None)
+    else:
+        images, labels = batch, None
+    if not isinstance(images, Tensor) or images.dim() != 4:
+        got = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
+        raise TypeError(f"batches must hold an image tensor (B, C, H, W) (dict 'image' or first element); got {got}")
+    if isinstance(labels, Tensor) and labels.dim() == 2:
+        labels = labels[:, 0]
+    return images, labels if isinstance(labels, Tensor) else None
+
+
+@torch.no_grad()
+def _retrieval_features(model, batches: Iterable, device, max_batches: int | None, features: FeatureKind):
+    zs, sigmas, logits, labels = [], [], [], []
+    was_training = model.training
+    model.eval()
+    try:
+        for i, batch in enumerate(batches):
+            if max_batches is not None and i >= max_batches:
+                break
+            images, y = batch_images(batch)
+            fmap = model.forward_features(images.to(device))
+            pooled = model.pool(fmap)
+            try:
+                sigmas.append(pool_feature_map(fmap)[1].float().cpu())
+            except ValueError:  # a single spatial position: no std-pooled features
+                sigmas.append(None)
+            zs.append((pooled if features == "pooled" else model.embed_pooled(pooled)).float().cpu())
+            logits.append(None if model.classifier is None else model.classifier(pooled).float().cpu())
+            if y is not None:
+                labels.append(y.cpu())
+    finally:
+        model.train(was_training)
+    if not zs:
+        raise ValueError("batches yielded no data")
+    cat = lambda parts: None if any(p is None for p in parts) else torch.cat(parts)  # noqa: E731
+    return OODFeatures(torch.cat(zs), cat(sigmas), cat(logits), torch.cat(labels) if len(labels) == len(zs) else None)
+
+
+def extract_model_features(
+    model: nn.Module,
+    batches: Iterable | Tensor,
+    device: torch.device | str | None = None,
+    max_batches: int | None = None,
+    features: FeatureKind = "pooled",
+) -> OODFeatures:
+    """Features of a timm classifier or a ``RetrievalModel`` on a loader (or one image batch ``(B, C, H, W)``).
+
+    Args:
+        model: A timm model (``forward_features`` / ``forward_head``) or a :class:`~pml_suprank.models.RetrievalModel`.
+        batches: Iterable of batches (see :func:`batch_images`) or a single image tensor.
+        device: Where to run the model (default: the device of its first parameter).
+        max_batches: Stop after this many batches.
+        features: ``RetrievalModel`` only: ``"pooled"`` backbone features (default) or the ``"embedding"``.
+
+    Returns:
+        :class:`~pml_suprank.ood.OODFeatures` with float32 CPU tensors.
+    """
+    if features not in ("pooled", "embedding"):
+        raise ValueError(f"features must be 'pooled' or 'embedding'; got {features!r}")
+    if isinstance(batches, Tensor):
+        batch_images(batches)  # validates the shape
+        batches = [batches]
+    device = device or _model_device(model)
+    if _is_retrieval_model(model):
+        return _retrieval_features(model, batches, device, max_batches, features)
+    if features != "pooled":
+        raise ValueError("features='embedding' needs a RetrievalModel; timm classifiers give pooled features")
+    return extract_features(model, batches, device=device, max_batches=max_batches)
+
+
+def _model_device(model: Any) -> torch.device:
+    first = next(model.parameters(), None) if isinstance(model, nn.Module) else None
+    return first.device if first is not None else torch.device("cpu")
+
+
+def _classifier(model: nn.Module) -> nn.Module | None:
+    if _is_retrieval_model(model):
+        return model.classifier
+    get = getattr(model, "get_classifier", None)
+    head = get() if callable(get) else None
+    return head if isinstance(getattr(head, "weight", None), Tensor) else None
+
+
+class ModelDetectorMixin:
+    """``fit_model`` / ``predict`` for every :class:`~pml_suprank.ood.Detector` (mixed into the base class)."""
+
+    def _adopt_head(self, model: nn.Module) -> None:
+        """Detectors keeping a classifier head (ASH, SCALE, DICE, ReAct, ViM, HEAT) built without one take the
+        model's (detected by a ``head=`` constructor argument and a ``weight`` attribute that is ``None``)."""
+        if "head" not in inspect.signature(type(self)).parameters or getattr(self, "weight", 0) is not None:
+            return
+        head = _classifier(model)
+        if head is None:
+            raise ValueError(f"{type(self).__name__} needs a classifier head and the model has none")
+        weight, bias = head.weight.detach(), getattr(head, "bias", None)
+        if weight.dim() != 2 or not weight.is_floating_point():
+            raise ValueError(f"the model's classifier weight must be a floating (C, D) matrix; got {weight.shape}")
+        self.weight, self.bias = weight.clone(), None if bias is None else bias.detach().clone()
+
+    def _scores_images(self) -> bool:
+        """Detectors built around the network (ODIN: a ``model=`` argument) score images, not features."""
+        return "model" in inspect.signature(type(self)).parameters
+
+    def fit_model(
+        self,
+        model: nn.Module,
+        loader: Iterable,
+        *,
+        device: torch.device | str | None = None,
+        max_batches: int | None = None,
+        features: FeatureKind = "pooled",
+        **fit_kwargs: Any,
+    ):
+        """Extract features of ``model`` on ``loader`` (ID training data) and :meth:`fit` on them. Returns ``self``.
+
+        ``fit_kwargs`` go to ``fit`` (e.g. ``callback=`` for HEAT). A head detector built without a head takes the
+        model's classifier; ODIN-like detectors built without a network take ``model``.
+        """
+        self._adopt_head(model)
+        if self._scores_images() and self.model is None:
+            self.model = model.forward_logits if _is_retrieval_model(model) else model
+            return self.fit(**fit_kwargs)
+        feats = extract_model_features(model, loader, device=device, max_batches=max_batches, features=features)
+        return self.fit(**feats.as_kwargs(), **fit_kwargs)
+
+    def predict(
+        self,
+        model: nn.Module,
+        x: Tensor | Iterable,
+        *,
+        device: torch.device | str | None = None,
+        features: FeatureKind = "pooled",
+    ) -> Tensor:
+        """Outlier scores ``(N,)`` (higher = more OOD) of images ``x`` ``(B, C, H, W)`` or of a loader's batches.
+
+        The features are extracted by ``model`` as in :meth:`fit_model` (use the same model and ``features``).
+        """
+        self._adopt_head(model)
+        if self._scores_images():
+            if self.model is None:
+                self.model = model.forward_logits if _is_retrieval_model(model) else model
+            device = device or _model_device(model)
+            batches = [x] if isinstance(x, Tensor) else x
+            return torch.cat([self.score(inputs=batch_images(b)[0].to(device)).cpu() for b in batches])
+        feats = extract_model_features(model, x, device=device, features=features)
+        return self.score(**{k: v for k, v in feats.as_kwargs().items() if k != "labels"})

@@ -1,0 +1,129 @@
+"""Activation shaping of penultimate features before the classifier head: ASH (Djurisic et al., ICLR 2023) and SCALE
+(Xu et al., ICLR 2024), and :class:`ShapedEnergyDetector`, the base of the detectors scoring the energy of shaped
+logits.
+
+Every function acts per sample on a ``(N, D)`` feature matrix and is pure (out of place). As in the papers' code
+(and OpenOOD v1.5, which reshapes the pooled features to ``(N, D, 1, 1)``), the ``percentile`` sets how many entries
+are *pruned*: ``k = D − round(D · percentile / 100)`` largest entries are kept (``round`` halves to even, as
+``numpy.round``); ties at the threshold are broken by ``torch.topk``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..hub.serialization import CONFIG_NAME, WEIGHTS_NAME
+from .base import check_features
+from .head import HeadDetector
+from .priors import energy_logits
+
+__all__ = [
+    "ShapedEnergyDetector",
+    "ash_binarize",
+    "ash_prune",
+    "ash_scale",
+    "check_percentile",
+    "kept_count",
+    "scale_activations",
+]
+
+
+def check_percentile(percentile: Any) -> float:
+    """``percentile`` as a float in [0, 100) (``TypeError`` / ``ValueError`` naming it otherwise)."""
+    if isinstance(percentile, bool) or not isinstance(percentile, (int, float)):
+        raise TypeError(f"percentile must be a real number in [0, 100); got {type(percentile).__name__}")
+    if not 0.0 <= float(percentile) < 100.0:
+        raise ValueError(f"percentile must lie in [0, 100); got {percentile}")
+    return float(percentile)
+
+
+def kept_count(dim: int, percentile: float) -> int:
+    """Number ``k = D − round(D·p/100)`` of entries kept by ASH / SCALE at percentile ``p`` (``ValueError`` if 0)."""
+    k = dim - int(round(dim * check_percentile(percentile) / 100.0))
+    if k < 1:
+        raise ValueError(f"percentile={percentile} prunes all {dim} feature entries; use a smaller percentile")
+    return k
+
+
+def _check_z(z: Any) -> Tensor:
+    return check_features("z", z)
+
+
+def _top_mask(z: Tensor, k: int) -> Tensor:
+    idx = z.topk(k, dim=-1).indices
+    return torch.zeros_like(z, dtype=torch.bool).scatter(-1, idx, True)
+
+
+def _sharpening(total: Tensor, kept: Tensor) -> Tensor:
+    """``exp(s1 / s2)`` per row (``(N, 1)``); rows whose kept sum is 0 get factor 1 instead of NaN."""
+    safe = torch.where(kept != 0, kept, torch.ones_like(kept))
+    return torch.where(kept != 0, torch.exp(total / safe), torch.ones_like(kept))
+
+
+def ash_prune(z: Tensor, percentile: float) -> Tensor:
+    """ASH-P (Djurisic et al. 2023, Sec. 3): keep the ``k`` largest entries of each row, zero the others. ``(N, D)``."""
+    z = _check_z(z)
+    return torch.where(_top_mask(z, kept_count(z.shape[-1], percentile)), z, torch.zeros_like(z))
+
+
+def ash_binarize(z: Tensor, percentile: float) -> Tensor:
+    """ASH-B: the ``k`` largest entries of each row set to ``s1 / k`` (``s1`` = the row's sum), the others 0."""
+    z = _check_z(z)
+    k = kept_count(z.shape[-1], percentile)
+    fill = (z.sum(dim=-1, keepdim=True) / k).expand_as(z)
+    return torch.where(_top_mask(z, k), fill, torch.zeros_like(z))
+
+
+def ash_scale(z: Tensor, percentile: float) -> Tensor:
+    """ASH-S: ASH-P, then each row times ``exp(s1 / s2)`` (``s1``, ``s2`` = row sums before / after pruning)."""
+    pruned = ash_prune(z, percentile)
+    return pruned * _sharpening(z.sum(dim=-1, keepdim=True), pruned.sum(dim=-1, keepdim=True))
+
+
+def scale_activations(z: Tensor, percentile: float) -> Tensor:
+    """SCALE (Xu et al. 2024, Eq. 3): the **unpruned** row times ``exp(s1 / s2)``, ``s2`` = sum of its top-``k``."""
+    z = _check_z(z)
+    k = kept_count(z.shape[-1], percentile)
+    kept = z.topk(k, dim=-1).values.sum(dim=-1, keepdim=True)
+    return z * _sharpening(z.sum(dim=-1, keepdim=True), kept)
+
+
+class ShapedEnergyDetector(HeadDetector, register=False):
+    """Base of ASH and SCALE: score ``−logsumexp(W·shape(z) + b)`` (energy of the shaped logits); nothing to fit.
+
+    Subclasses implement :meth:`shape` ``(N, D) -> (N, D)``. The classifier head (``weight``/``bias`` or ``head``)
+    is the only state, saved by ``save_pretrained``.
+
+    Args:
+        percentile: Pruning percentile in [0, 100).
+        weight, bias, head: The classifier head.
+    """
+
+    requires_fit = False
+    _state_names = ("weight", "bias")
+
+    def __init__(self, percentile: float, weight=None, bias=None, head=None) -> None:
+        super().__init__(weight, bias, head, _allow_missing=True)
+        self.percentile = check_percentile(percentile)
+        if self.weight is not None:
+            kept_count(self.weight.shape[1], self.percentile)
+
+    def shape(self, z: Tensor) -> Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _score(self, features=None, logits=None, **kwargs) -> Tensor:
+        z = self._check_z(features)
+        return energy_logits(self._logits(self.shape(z)))
+
+    def _hub_load_state(self, state, config, *, source: Any, strict: bool, map_location: str) -> None:
+        """Refuse a folder without ``model.safetensors`` (the head lives there), then validate as every detector."""
+        if not Path(source).is_file():
+            raise FileNotFoundError(
+                f"{source} is missing: a {type(self).__name__} keeps the classifier head in it (the folder must hold "
+                f"{CONFIG_NAME} and {WEIGHTS_NAME} as written by save_pretrained)"
+            )
+        super()._hub_load_state(state, config, source=source, strict=strict, map_location=map_location)
