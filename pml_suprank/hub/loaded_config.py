@@ -145,6 +145,9 @@ def check_loaded_model_args(model_args: Mapping[str, Any], source: str | Path, *
             f"a loaded config; got {backbone!r} (hf-hub:/local-dir: names and paths make timm fetch or read other "
             "files: pass trust_config=True only for a trusted file)"
         )
+    for key in ("layer_norm", "pretrained"):  # strictly typed: bool("false") is True
+        if key in args and not isinstance(args[key], bool):
+            raise ValueError(f"{source}: model_args.{key} must be true or false; got {str(args[key])[:64]!r}")
     _check_size(args, "embedding_size", MAX_EMBEDDING_SIZE, source)
     if "num_classes" in args:
         _check_size(args, "num_classes", MAX_NUM_CLASSES, source, minimum=0)
