@@ -547,7 +547,7 @@ def test_lock_file_refuses_a_live_holder_and_takes_over_a_stale_one(tmp_path):
     import os
     import socket
 
-    from pml_suprank.training.run_folder import LOCK_FILE, RunLock, RunLockError
+    from pml_suprank.training.run_folder import LOCK_FILE, OS_LOCK_FILE, RunLock, RunLockError
 
     notes = []
     first = RunLock(tmp_path, note=notes.append).acquire()
@@ -578,7 +578,7 @@ def test_lock_file_refuses_a_live_holder_and_takes_over_a_stale_one(tmp_path):
     (tmp_path / LOCK_FILE).write_text(json.dumps(fresh))
     assert RunLock(tmp_path)._remove_stale({"pid": dead, "host": socket.gethostname(), "token": "x"}) is False
     assert json.loads((tmp_path / LOCK_FILE).read_text()) == fresh
-    assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_FILE]  # nothing left aside
+    assert sorted(p.name for p in tmp_path.iterdir()) == [OS_LOCK_FILE, LOCK_FILE]  # nothing left aside
 
 
 def test_new_run_into_a_previous_runs_folder_is_refused_or_overwritten(tmp_path):

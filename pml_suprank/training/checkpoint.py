@@ -26,6 +26,7 @@ from .checkpoint_files import CheckpointError, check_optimizer_file, check_weigh
 
 __all__ = [
     "CHECKPOINT_PREFIX",
+    "CheckpointSaveError",
     "TRAINER_STATE",
     "CheckpointError",
     "RESUMABLE_CHANGES",
@@ -361,9 +362,13 @@ def save_checkpoint_atomically(
         if tmp.exists():
             shutil.rmtree(tmp)
     acc.wait_for_everyone()
-    acc.save_state(str(tmp), safe_serialization=True)
-    if acc.is_main_process:
-        (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=1))
+    try:
+        acc.save_state(str(tmp), safe_serialization=True)
+        if acc.is_main_process:
+            (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=1))
+    except (OSError, RuntimeError) as e:  # a full disk surfaces from torch.save as "RuntimeError: ... unexpected pos"
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointSaveError(_save_failure(root, name, tmp, e)) from e
     acc.wait_for_everyone()
     if acc.is_main_process:
         if final.exists():
@@ -378,6 +383,41 @@ def save_checkpoint_atomically(
                 shutil.rmtree(old, ignore_errors=True)
     acc.wait_for_everyone()
     return final
+
+
+class CheckpointSaveError(OSError):
+    """A checkpoint could not be written (full disk, read-only or unwritable folder); the message names the folder,
+    the cause and what was kept."""
+
+
+def _save_failure(root: Path, name: str, tmp: Path, error: BaseException) -> str:
+    """The message of a failed checkpoint save: path, cause (disk full / read-only when the error or the free space
+    says so), and what was kept."""
+    import errno
+
+    code = getattr(error, "errno", None)
+    try:
+        free = shutil.disk_usage(root).free
+    except OSError:
+        free = None
+    if code in (errno.ENOSPC, errno.EDQUOT) or (free is not None and free < 64 * 2**20):
+        cause = "the disk is full" + (f" ({free / 2**20:.1f} MiB free)" if free is not None else "")
+    elif code in (errno.EROFS, errno.EACCES, errno.EPERM):
+        cause = "the folder is read-only or not writable"
+    else:
+        cause = "the write failed" + (f" ({free / 2**30:.1f} GiB free on that disk)" if free is not None else "")
+    kept = [p.name for p in find_checkpoints(root.parent)]
+    if kept:
+        older = f" and {len(kept) - 3} older" if len(kept) > 3 else ""
+        kept_text = (f"the previous checkpoints are kept unchanged ({', '.join(kept[-3:])}{older}; --resume latest "
+                     f"continues from {kept[-1]})")  # fmt: skip
+    else:
+        kept_text = "no earlier checkpoint exists"
+    detail = f"{type(error).__name__}: {error}".replace("\n", " ")[:300]
+    return (
+        f"cannot write checkpoint {name} into {str(tmp)!r}: {cause} ({detail}); the partial folder was removed and "
+        f"{kept_text}; free space or choose another --output_dir"
+    )
 
 
 def _run_checkpoints(output_dir: Path, fingerprint: str | None) -> list[Path]:
