@@ -106,7 +106,7 @@ def _upgrade_config(config: dict[str, Any]) -> dict[str, Any]:
         "task": DETECTOR_TASK,
         "model_args": dict(config.get("config", {})),
         "training": {},
-        "fitted": bool(config.get("fitted", False)),
+        "fitted": config.get("fitted", False),  # a non-bool is refused by the loader, not converted
     }
 
 

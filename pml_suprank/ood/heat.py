@@ -30,7 +30,7 @@ from typing import Any, Literal, get_args
 import torch
 from torch import Tensor, nn
 
-from .._validation import check_choice, check_positive
+from .._validation import check_bool, check_choice, check_positive
 from .base import Detector, NotFittedError, check_class_labels, check_features
 from .ebm import ResidualEnergyMLP, train_residual
 from .head import head_params
@@ -178,8 +178,8 @@ class HEAT(Detector):
         self.preset = check_choice("preset", preset, get_args(Preset))
         self.settings_overrides = copy.deepcopy(settings or {})
         self.component_settings = self._resolve_settings(self.settings_overrides)
-        self.tie_hidden_weights = bool(tie_hidden_weights)
-        self.zero_init_residual = bool(zero_init_residual)
+        self.tie_hidden_weights = check_bool("tie_hidden_weights", tie_hidden_weights)
+        self.zero_init_residual = check_bool("zero_init_residual", zero_init_residual)
         self.reg = check_positive("reg", reg, strict=False)
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"seed must be an int; got {type(seed).__name__}")

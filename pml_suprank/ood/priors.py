@@ -21,7 +21,7 @@ import math
 import torch
 from torch import Tensor
 
-from .._validation import check_positive
+from .._validation import check_bool, check_positive
 from ..hub.schema import TensorSpec
 from .base import check_class_labels, check_features
 
@@ -122,7 +122,7 @@ class ClassConditionalGaussian:
     """
 
     def __init__(self, normalize: bool = True, reg: float = 1e-6, chunk_size: int = 8192) -> None:
-        self.normalize = bool(normalize)
+        self.normalize = check_bool("normalize", normalize)
         self.reg = check_positive("reg", reg, strict=False)
         self.chunk_size = int(check_positive("chunk_size", chunk_size))
         self.means: Tensor | None = None

@@ -181,3 +181,29 @@ def test_evaluator_rescales_tiny_and_huge_embeddings_exactly(scale):
         if torch.is_tensor(value) and value.numel() == 1 or isinstance(value, float):
             tol = 0.0 if exact else 1e-6
             assert float(got[key]) == pytest.approx(float(value), abs=tol), key
+
+
+@pytest.mark.parametrize(
+    ("name", "make"),
+    [
+        ("normalize", lambda v: ood.Mahalanobis(normalize=v)),
+        ("normalize", lambda v: ood.KNN(normalize=v)),
+        ("tie_hidden_weights", lambda v: ood.HEAT(priors=("gmm",), tie_hidden_weights=v)),
+        ("zero_init_residual", lambda v: ood.HEAT(priors=("gmm",), zero_init_residual=v)),
+    ],
+)
+def test_detector_booleans_are_strictly_typed(name, make):
+    # issue 20 item 5: "false" is a true value for bool(); a loaded "normalize": "false" built SSD+
+    with pytest.raises(TypeError, match=rf"{name} must be a bool \(true or false\); got str 'false'"):
+        make("false")
+
+
+def test_loaded_string_boolean_of_a_detector_is_refused_naming_the_file(tmp_path):
+    x = _data()
+    ood.Mahalanobis().fit(features=x["features"], labels=x["labels"]).save_pretrained(tmp_path, model_card=False)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["model_args"]["normalize"] = "false"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(TypeError, match="normalize must be a bool") as info:
+        ood.Detector.from_pretrained(tmp_path)
+    assert str(tmp_path) in str(info.value)
