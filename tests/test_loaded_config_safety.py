@@ -68,3 +68,16 @@ def test_unknown_timm_layer_name_is_a_value_error_naming_file_and_key(folder, ke
 def test_known_timm_layer_names_build():
     model = RetrievalModel(TINY, embedding_size=8, image_size=32, backbone_kwargs={"act_layer": "gelu"})
     assert "GELU" in {type(m).__name__ for m in model.backbone.modules()}  # timm.layers.GELU
+
+
+def test_errors_show_loaded_values_truncated(folder):
+    # issue 20 item 3: an error message must not echo a huge loaded value
+    huge = list(range(100_000))
+    _edit(folder, embedding_size=huge)
+    with pytest.raises(ValueError, match="embedding_size must be an int") as info:
+        RetrievalModel.from_pretrained(folder)
+    assert len(str(info.value)) < 600
+    _edit(folder, embedding_size=8, backbone_kwargs={"drop_rate": "x" * 100_000})
+    with pytest.raises(ValueError, match=r"backbone_kwargs\['drop_rate'\]") as info:
+        RetrievalModel.from_pretrained(folder)
+    assert len(str(info.value)) < 600
