@@ -23,6 +23,8 @@ from pytorch_metric_learning.distances import CosineSimilarity, DotProductSimila
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from ._precision import float32_backward
+
 __all__ = ["NORMALIZE_EPS", "normalized_logits", "similarity_scores"]
 
 NORMALIZE_EPS = 1e-12  # F.normalize's default, which PML's distances use
@@ -56,6 +58,7 @@ class _Similarity(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
+    @float32_backward
     def backward(ctx, grad):
         x_hat, norm, r_hat, r_norm = ctx.saved_tensors
         if ctx.same:
@@ -111,6 +114,7 @@ class _NormalizedLogits(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
+    @float32_backward
     def backward(ctx, grad):
         embeddings, p_hat, norm = ctx.saved_tensors
         grad = grad / ctx.temperature

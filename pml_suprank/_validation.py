@@ -13,6 +13,7 @@ from torch import Tensor
 from ._async_check import check_async
 
 __all__ = [
+    "check_bool",
     "check_choice",
     "check_device",
     "check_embeddings",
@@ -23,6 +24,14 @@ __all__ = [
     "check_probability",
     "nested_batch_hint",
 ]
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """Return ``value`` if it is a ``bool``, else raise ``TypeError`` (``bool("false")`` is ``True``: a string or a
+    number read from a config must not silently switch an option on)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool (true or false); got {type(value).__name__} {str(value)[:64]!r}")
+    return value
 
 
 def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:

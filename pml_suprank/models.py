@@ -182,6 +182,24 @@ class GeneralizedMeanPooling(nn.Module):
         return f"p={float(self.p.detach()):.4f}, eps={self.eps}"
 
 
+def _check_layer_names(backbone_kwargs: dict[str, Any]) -> None:
+    """``act_layer`` / ``norm_layer`` given by name must be timm layer names (``ValueError`` naming the key, the
+    value and the known names; timm itself raises a bare ``KeyError`` deep inside the model constructor)."""
+    from timm.layers import get_act_layer, get_norm_layer
+
+    for key, resolve in (("act_layer", get_act_layer), ("norm_layer", get_norm_layer)):
+        value = backbone_kwargs.get(key)
+        if not isinstance(value, str) or value == "":
+            continue
+        try:
+            resolve(value)
+        except (KeyError, ValueError, AssertionError) as e:
+            raise ValueError(
+                f"backbone_kwargs[{key!r}] must name a timm {key.replace('_', ' ')} (e.g. 'gelu', 'relu' / "
+                f"'layernorm', 'batchnorm'); got {value[:64]!r} ({type(e).__name__}: {str(e)[:100]})"
+            ) from e
+
+
 class Pooling(nn.Module):
     """Global pooling of a timm feature output: ``(B, C, H, W)`` maps (NCHW or NHWC) or ``(B, T, C)`` tokens.
 
@@ -309,6 +327,9 @@ class RetrievalModel(HubMixin, nn.Module):
                 raise ValueError(
                     f"backbone_kwargs must not contain {reserved!r} (RetrievalModel sets it); got {backbone_kwargs}"
                 )
+        _check_layer_names(backbone_kwargs)
+        if not isinstance(layer_norm, bool):  # bool("false") is True: a string must not switch LayerNorm on
+            raise TypeError(f"layer_norm must be a bool; got {type(layer_norm).__name__} {layer_norm!r}")
         if image_size is not None and (
             isinstance(image_size, bool) or not isinstance(image_size, int) or image_size <= 0
         ):

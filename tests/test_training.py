@@ -478,10 +478,13 @@ def test_resume_refuses_changed_hyper_parameters_and_bad_state_values(tmp_path):
     state = json.loads((ckpt / "trainer_state.json").read_text())
     sampler = state["sampler"]
     for changes, match in (
-        ({"global_step": 1000}, "beyond this run's 2 steps"),
+        # the counters must agree with each other and with the folder's step (issue 20)
+        ({"global_step": 1000}, r"inconsistent: 'global_step' is 1000 but epoch 0 x \d+ steps per epoch"),
+        ({"global_step": 11, "epoch": 1, "sampler": {**sampler, "epoch": 1}},
+         "the folder step_00000002 is step 2 but 'global_step' is 11"),
         ({"epoch": [1]}, "'epoch' must be an int >= 0"),
         ({"global_step": True}, "'global_step' must be an int"),
-        ({"step_in_epoch": 10**6, "sampler": {**sampler, "position": 10**6}}, "step_in_epoch=1000000"),
+        ({"step_in_epoch": 10**6, "sampler": {**sampler, "position": 10**6}}, "step_in_epoch 1000000"),
         ({"history": "x"}, "'history' must be a list"),
         ({"fingerprint": 7}, "'fingerprint' must be a str"),
         # the sampler state must sit where the counters say
@@ -537,7 +540,7 @@ def test_lock_file_refuses_a_live_holder_and_takes_over_a_stale_one(tmp_path):
     import os
     import socket
 
-    from pml_suprank.training.run_folder import LOCK_FILE, RunLock, RunLockError
+    from pml_suprank.training.run_folder import LOCK_FILE, OS_LOCK_FILE, RunLock, RunLockError
 
     notes = []
     first = RunLock(tmp_path, note=notes.append).acquire()
@@ -568,7 +571,7 @@ def test_lock_file_refuses_a_live_holder_and_takes_over_a_stale_one(tmp_path):
     (tmp_path / LOCK_FILE).write_text(json.dumps(fresh))
     assert RunLock(tmp_path)._remove_stale({"pid": dead, "host": socket.gethostname(), "token": "x"}) is False
     assert json.loads((tmp_path / LOCK_FILE).read_text()) == fresh
-    assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_FILE]  # nothing left aside
+    assert sorted(p.name for p in tmp_path.iterdir()) == [OS_LOCK_FILE, LOCK_FILE]  # nothing left aside
 
 
 def test_new_run_into_a_previous_runs_folder_is_refused_or_overwritten(tmp_path):
@@ -678,7 +681,9 @@ def test_final_folder_matches_its_config_and_is_replaced_whole(tmp_path):
     (final / "stale_from_another_run.txt").write_text("x")
     trainer.save_final(plots=False)
     assert not (final / "stale_from_another_run.txt").exists()  # replaced whole, never mixed
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+    from pml_suprank.training.run_folder import OS_LOCK_FILE  # the OS lock's file stays (deleting it would race)
+
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == [OS_LOCK_FILE]
 
 
 @pytest.mark.slow

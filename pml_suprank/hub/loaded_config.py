@@ -35,6 +35,7 @@ __all__ = [
     "SAFE_BACKBONE_KWARGS",
     "check_loaded_model_args",
     "check_loaded_values",
+    "shown",
 ]
 
 MAX_EMBEDDING_SIZE = 65_536
@@ -86,6 +87,12 @@ _NAME_RE = re.compile(r"[A-Za-z0-9_]{1,32}")  # no '/', ':', '.', '~': no path, 
 _BACKBONE_RE = re.compile(r"[A-Za-z0-9_]{1,100}(\.[A-Za-z0-9_]{1,100})?")
 
 
+def shown(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters: error messages never echo a whole (possibly huge) loaded value."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -96,7 +103,7 @@ def _is_int(value: Any) -> bool:
 
 def _check_kwarg(key: str, value: Any, source: Path) -> None:
     kind = SAFE_BACKBONE_KWARGS[key]
-    where = f"{source}: model_args.backbone_kwargs[{key!r}]"
+    where = f"{source}: model_args.backbone_kwargs[{shown(key, 40)}]"
     if kind == _RATE:
         ok = _number(value) and 0.0 <= value <= 1.0
     elif kind == _BOOL:
@@ -111,7 +118,9 @@ def _check_kwarg(key: str, value: Any, source: Path) -> None:
         ok = (_is_int(value) if isinstance(low, int) else _number(value)) and low <= value <= high
     if not ok:
         expected = kind if isinstance(kind, str) else f"a number in [{kind[0]}, {kind[1]}]"
-        raise ValueError(f"{where} must be a {expected}; got {value!r} (pass trust_config=True for a trusted file)")
+        raise ValueError(
+            f"{where} must be a {expected}; got {shown(value)} (pass trust_config=True for a trusted file)"
+        )
 
 
 def _check_size(args: Mapping[str, Any], key: str, maximum: int, source: Path, *, minimum: int = 1) -> None:
@@ -120,8 +129,8 @@ def _check_size(args: Mapping[str, Any], key: str, maximum: int, source: Path, *
         return
     if value is None or not _is_int(value) or not minimum <= value <= maximum:
         raise ValueError(
-            f"{source}: model_args.{key} must be an int in [{minimum}, {maximum}] in a loaded config; got {value!r} "
-            "(pass trust_config=True to load a trusted file with larger sizes)"
+            f"{source}: model_args.{key} must be an int in [{minimum}, {maximum}] in a loaded config; got "
+            f"{shown(value)} (pass trust_config=True to load a trusted file with larger sizes)"
         )
 
 
@@ -142,20 +151,23 @@ def check_loaded_model_args(model_args: Mapping[str, Any], source: str | Path, *
     if "backbone" in args and (not isinstance(backbone, str) or not _BACKBONE_RE.fullmatch(backbone)):
         raise ValueError(
             f"{source}: model_args.backbone must be a plain timm model name (e.g. 'resnet50', 'resnet50.a1_in1k') in "
-            f"a loaded config; got {backbone!r} (hf-hub:/local-dir: names and paths make timm fetch or read other "
+            f"a loaded config; got {shown(backbone)} (hf-hub:/local-dir: names and paths make timm fetch or read other "
             "files: pass trust_config=True only for a trusted file)"
         )
+    for key in ("layer_norm", "pretrained"):  # strictly typed: bool("false") is True
+        if key in args and not isinstance(args[key], bool):
+            raise ValueError(f"{source}: model_args.{key} must be true or false; got {shown(args[key], 64)}")
     _check_size(args, "embedding_size", MAX_EMBEDDING_SIZE, source)
     if "num_classes" in args:
         _check_size(args, "num_classes", MAX_NUM_CLASSES, source, minimum=0)
     _check_size(args, "image_size", MAX_IMAGE_SIZE, source)
     gem_p = args.get("gem_p", 3.0)
     if not _number(gem_p) or not 0.0 < gem_p <= 100.0:
-        raise ValueError(f"{source}: model_args.gem_p must be a number in (0, 100]; got {gem_p!r}")
+        raise ValueError(f"{source}: model_args.gem_p must be a number in (0, 100]; got {shown(gem_p)}")
     for key in ("mean", "std"):
         value = args.get(key)
         if value is not None and (not isinstance(value, list) or not all(_number(v) for v in value)):
-            raise ValueError(f"{source}: model_args.{key} must be None or a list of finite numbers; got {value!r}")
+            raise ValueError(f"{source}: model_args.{key} must be None or a list of finite numbers; got {shown(value)}")
     kwargs = args.get("backbone_kwargs")
     if kwargs is None:
         return
@@ -164,7 +176,7 @@ def check_loaded_model_args(model_args: Mapping[str, Any], source: str | Path, *
     for key, value in kwargs.items():
         if key not in SAFE_BACKBONE_KWARGS:
             raise ValueError(
-                f"{source}: model_args.backbone_kwargs[{key!r}] is not allowed in a loaded config (allowed: "
+                f"{source}: model_args.backbone_kwargs[{shown(key, 40)}] is not allowed in a loaded config (allowed: "
                 f"{sorted(SAFE_BACKBONE_KWARGS)}); keyword arguments such as checkpoint_path or pretrained_cfg make "
                 "timm read files or fetch repos: pass trust_config=True only for a trusted file"
             )

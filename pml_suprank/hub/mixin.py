@@ -296,12 +296,12 @@ class HubMixin:
             if len(matches) != 1:
                 found = "several classes" if matches else "no loaded class"
                 raise ValueError(
-                    f"{source} holds a {arch!r} and {found} of that name use HubMixin; call from_pretrained on the "
-                    "class itself (e.g. pml_suprank.models.RetrievalModel.from_pretrained)"
+                    f"{source} holds a {repr(arch)[:80]} and {found} of that name use HubMixin; call from_pretrained "
+                    "on the class itself (e.g. pml_suprank.models.RetrievalModel.from_pretrained)"
                 )
             return matches[0]
         if arch is not None and arch != cls._hub_architecture():
-            raise ValueError(f"{source} holds a {arch!r}; it cannot be loaded as {cls.__name__}")
+            raise ValueError(f"{source} holds a {repr(arch)[:80]}; it cannot be loaded as {cls.__name__}")
         return cls
 
     @classmethod

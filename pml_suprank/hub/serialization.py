@@ -38,12 +38,16 @@ __all__ = [
     "MODEL_CARD_NAME",
     "PICKLE_SUFFIXES",
     "RETRIEVAL_TASK",
+    "MAX_JSON_BYTES",
+    "MAX_JSON_DEPTH",
     "WEIGHTS_NAME",
     "AtomicFolderWriter",
     "StateReport",
     "check_metrics",
     "check_state",
+    "json_depth",
     "jsonable",
+    "loads_bounded",
     "make_config",
     "read_config",
     "read_weights",
@@ -102,23 +106,72 @@ def _upgrade_config(config: dict[str, Any]) -> dict[str, Any]:
         "task": DETECTOR_TASK,
         "model_args": dict(config.get("config", {})),
         "training": {},
-        "fitted": bool(config.get("fitted", False)),
+        "fitted": config.get("fitted", False),  # a non-bool is refused by the loader, not converted
     }
 
 
+#: bounds of a loaded JSON file: nesting depth (Python's parser recurses once per level) and size
+MAX_JSON_DEPTH = 100
+MAX_JSON_BYTES = 64 * 2**20
+
+
+def json_depth(text: str) -> int:
+    """The deepest nesting of ``[`` / ``{`` in JSON ``text`` (brackets inside strings do not count); linear time,
+    no recursion."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+def loads_bounded(text: str, source: Any, max_depth: int = MAX_JSON_DEPTH, what: str = "file") -> Any:
+    """``json.loads(text)`` refusing, before parsing, text nested deeper than ``max_depth`` (200,000 ``[`` would
+    otherwise raise ``RecursionError``) or larger than :data:`MAX_JSON_BYTES`.
+
+    Raises:
+        ValueError: naming ``source``: too deep, too large or not valid JSON (the parser's message, truncated).
+    """
+    if len(text) > MAX_JSON_BYTES:
+        raise ValueError(f"{source} is {len(text)} characters long; a JSON {what} read here may have {MAX_JSON_BYTES}")
+    depth = json_depth(text)
+    if depth > max_depth:
+        raise ValueError(f"{source} nests JSON {depth} levels deep; at most {max_depth} are allowed (corrupt {what}?)")
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise ValueError(f"{source} is not valid JSON (corrupt {what}): {str(e)[:200]}") from e
+
+
 def read_config(path: str | Path) -> dict[str, Any]:
-    """Parse and validate a ``config.json`` (``ValueError`` naming the file when corrupt or not ours)."""
+    """Parse and validate a ``config.json`` (``ValueError`` naming the file when corrupt, too deeply nested or too
+    large, or not ours)."""
     path = Path(path)
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path} is not valid JSON (corrupt config.json): {e}") from e
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON (corrupt config.json): {str(e)[:200]}") from e
+    config = loads_bounded(text, path, what="config.json")
     if isinstance(config, dict):
         config = _upgrade_config(config)
     if not isinstance(config, dict) or not isinstance(config.get("model_args"), dict):
+        keys = sorted(map(str, config))[:20] if isinstance(config, dict) else type(config).__name__
         raise ValueError(
-            f"{path} is not a pml-suprank config: expected a JSON object with a 'model_args' dict; "
-            f"got keys {sorted(config) if isinstance(config, dict) else type(config).__name__}"
+            f"{path} is not a pml-suprank config: expected a JSON object with a 'model_args' dict; got keys "
+            f"{str(keys)[:300]}"
         )
     return config
 

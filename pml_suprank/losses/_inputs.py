@@ -26,6 +26,7 @@ from pytorch_metric_learning.reducers import (
 from torch import Tensor
 
 from .._async_check import check_async
+from .._precision import float32_forward
 from .._similarity import similarity_scores
 from .._validation import check_embeddings, check_labels
 from ..relevance import Hierarchy
@@ -365,7 +366,9 @@ class PreparedForwardMixin:
         self.add_embedding_regularization_to_loss_dict(loss_dict, embeddings)
         return loss_dict, embeddings, labels
 
+    @float32_forward
     def forward(self, embeddings, labels=None, indices_tuple=None, ref_emb=None, ref_labels=None):
-        """Compute the loss (see the class docstring); a scalar tensor."""
+        """Compute the loss (see the class docstring); a scalar tensor, float32 under autocast (scores and rank math
+        in full precision: :func:`~pml_suprank._precision.float32_forward`)."""
         loss_dict, embeddings, labels = self.prepared_loss_dict(embeddings, labels, indices_tuple, ref_emb, ref_labels)
         return reduce_loss_dict(self.reducer, loss_dict, embeddings, labels)

@@ -7,6 +7,7 @@ from pytorch_metric_learning.distances import CosineSimilarity
 from pytorch_metric_learning.losses import BaseMetricLossFunction
 from pytorch_metric_learning.reducers import AvgNonZeroReducer, MeanReducer
 
+from .._precision import float32_backward, float32_forward
 from .._validation import check_choice
 from ._inputs import (
     check_similarity,
@@ -94,6 +95,7 @@ class CalibrationLoss(BaseMetricLossFunction):
     def _sub_loss_names(self):
         return ["pos_loss", "neg_loss"]
 
+    @float32_forward
     def forward(self, embeddings, labels=None, indices_tuple=None, ref_emb=None, ref_labels=None):
         """Compute L_DG; see the class docstring."""
         embeddings, labels, ref_emb, ref_labels, _ = prepare_inputs(
@@ -203,6 +205,7 @@ class _MaskedHingeSum(torch.autograd.Function):
         return (margin * active).sum(), count
 
     @staticmethod
+    @float32_backward
     def backward(ctx, grad_total, _grad_count):
         (active,) = ctx.saved_tensors
         return grad_total * active, None

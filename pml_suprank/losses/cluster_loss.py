@@ -11,6 +11,7 @@ from pytorch_metric_learning.reducers import MeanReducer
 from torch import nn
 
 from .._async_check import check_async
+from .._precision import float32_forward
 from .._similarity import normalized_logits
 from .._validation import check_positive, check_positive_int
 from ._inputs import prepare_inputs, reduce_loss_dict
@@ -47,6 +48,7 @@ class ClusterLoss(BaseMetricLossFunction):
         bound = 1.0 / math.sqrt(embedding_size)
         self.proxies = nn.Parameter(torch.empty(num_classes, embedding_size).uniform_(-bound, bound))
 
+    @float32_forward
     def forward(self, embeddings, labels=None, indices_tuple=None, ref_emb=None, ref_labels=None):
         """Compute L_DG*; see the class docstring."""
         if ref_emb is not None and ref_emb is not embeddings:

@@ -12,6 +12,7 @@ from pytorch_metric_learning.utils import common_functions as c_f
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 from torch import Tensor
 
+from .._precision import float32_forward
 from .._validation import check_embeddings, check_labels, check_positive
 from ..relevance import Hierarchy, as_hierarchical_labels, as_hierarchy, check_tree
 from ._inputs import require_hierarchy
@@ -131,6 +132,7 @@ class CSLLoss(WeightRegularizerMixin, BaseMetricLossFunction):
             raise ValueError(f"{name} must be non-negative; got minimum {int(labels.min())}")
         return labels
 
+    @float32_forward
     def forward(self, embeddings, labels=None, indices_tuple=None, ref_emb=None, ref_labels=None):
         """Compute the loss (PML call signature; ``labels`` may be 2-D)."""
         self.reset_stats()

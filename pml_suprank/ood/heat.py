@@ -30,7 +30,7 @@ from typing import Any, Literal, get_args
 import torch
 from torch import Tensor, nn
 
-from .._validation import check_choice, check_positive
+from .._validation import check_bool, check_choice, check_positive
 from .base import Detector, NotFittedError, check_class_labels, check_features
 from .ebm import ResidualEnergyMLP, train_residual
 from .head import head_params
@@ -38,7 +38,7 @@ from .heat_priors import ELPrior, GMMPrior, GMMStdPrior  # noqa: F401 - defines 
 from .heat_state import check_heat_config, check_heat_state
 from .presets import PRESETS, SETTING_KEYS, resolve_settings  # noqa: F401 - PRESETS, SETTING_KEYS kept here
 from .prior import Prior
-from .priors import ClassConditionalGaussian, EnergyLogitsPrior  # noqa: F401 - importable here before the split
+from .priors import ClassConditionalGaussian, EnergyLogitsPrior, degenerate_variance  # noqa: F401 - importable here
 from .registry import PRIOR_REGISTRY
 
 __all__ = ["HEAT", "PriorName", "PRESETS", "compose_energies", "standardize"]
@@ -178,8 +178,8 @@ class HEAT(Detector):
         self.preset = check_choice("preset", preset, get_args(Preset))
         self.settings_overrides = copy.deepcopy(settings or {})
         self.component_settings = self._resolve_settings(self.settings_overrides)
-        self.tie_hidden_weights = bool(tie_hidden_weights)
-        self.zero_init_residual = bool(zero_init_residual)
+        self.tie_hidden_weights = check_bool("tie_hidden_weights", tie_hidden_weights)
+        self.zero_init_residual = check_bool("zero_init_residual", zero_init_residual)
         self.reg = check_positive("reg", reg, strict=False)
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"seed must be an int; got {type(seed).__name__}")
@@ -294,8 +294,22 @@ class HEAT(Detector):
             self.components[name] = comp
             self.fit_seconds[name] = time.perf_counter() - start_time
         energies = self._hybrid_matrix(inputs)
-        self.standardization_mean = energies.mean(dim=0)
-        self.standardization_std = energies.std(dim=0, unbiased=True).clamp_min(torch.finfo(energies.dtype).tiny)
+        self.standardization_mean, self.standardization_std = self._standardization(energies)
+
+    def _standardization(self, energies: Tensor) -> tuple[Tensor, Tensor]:
+        """``(mean (K,), std (K,))`` of the ``(N, K)`` hybrid energies over the training set; a prior whose energy is
+        constant (its std at the rounding level of its mean) cannot be standardised and is refused by name."""
+        mean = energies.mean(dim=0)
+        std = energies.std(dim=0, unbiased=True)
+        floor = degenerate_variance(mean.to(torch.float64).pow(2), energies.dtype)
+        bad = [name for name, ok in zip(self.priors, (std.to(torch.float64).pow(2) > floor).tolist()) if not ok]
+        if bad or not bool(torch.isfinite(std).all() & torch.isfinite(mean).all()):
+            raise ValueError(
+                f"the hybrid energy of prior(s) {bad or list(self.priors)} is constant or not finite over the "
+                f"{energies.shape[0]} training features (mean {mean.tolist()}, std {std.tolist()}): the "
+                "standardisation (E - mean) / std is undefined; degenerate (constant or duplicated) features?"
+            )
+        return mean, std
 
     @torch.no_grad()
     def _hybrid_matrix(self, inputs: dict[str, Tensor], chunk_size: int = 8192) -> Tensor:
@@ -311,7 +325,17 @@ class HEAT(Detector):
         energies = self._hybrid_matrix(inputs)
         mean = self.standardization_mean.to(energies.device, energies.dtype)
         std = self.standardization_std.to(energies.device, energies.dtype)
-        return compose_energies(standardize(energies, mean, std), self.beta)
+        scores = compose_energies(standardize(energies, mean, std), self.beta)
+        finite = torch.isfinite(energies)
+        if not bool(finite.all() & torch.isfinite(scores).all()):
+            counts = (~finite).sum(0).tolist()
+            parts = [f"{name}: {n} non-finite energies" for name, n in zip(self.priors, counts) if n]
+            raise ValueError(
+                f"HEAT scores of {int((~torch.isfinite(scores)).sum())} of {scores.shape[0]} inputs are not finite "
+                f"({', '.join(parts) or 'finite energies overflow once standardised by std ' + str(std.tolist())}); "
+                "inputs far outside the float range of the features, or a corrupt standardization_std?"
+            )
+        return scores
 
     @torch.no_grad()
     def score_components(self, features=None, std_features=None, **kwargs) -> dict[str, dict[str, Tensor]]:

@@ -17,39 +17,91 @@ Every error is a ``ValueError`` naming the file and the key.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from ..hub.schema import TensorSpec, check_schema, kind_of
 from ..hub.serialization import check_state
 from .ebm import ResidualEnergyMLP
+from .priors import degenerate_variance
 
-__all__ = ["MAX_HIDDEN_DIM", "MAX_HIDDEN_LAYERS", "check_heat_config", "check_heat_state"]
+__all__ = ["LOADED_SETTINGS", "MAX_HIDDEN_DIM", "MAX_HIDDEN_LAYERS", "check_heat_config", "check_heat_state"]
 
 MAX_HIDDEN_DIM = 65_536
 MAX_HIDDEN_LAYERS = 64
+_MAX_STEPS = 100_000  # SGLD steps, epochs, accumulation steps, milestones
+_MAX_BATCH = 2**24
+
+#: The one schema of a HEAT setting in a loaded ``config.json``, at the top level of ``settings`` (applied to every
+#: prior) and in a prior's own dict: ``(kind, low, high)``; ints bound what sizes work (MLP width and depth, SGLD
+#: steps, epochs, batch), booleans are strictly typed (``"false"`` is refused), numbers are finite.
+LOADED_SETTINGS: dict[str, tuple[str, float, float]] = {
+    "hidden_dim": ("int", 1, MAX_HIDDEN_DIM),
+    "n_hidden_layers": ("int", 0, MAX_HIDDEN_LAYERS),
+    "sgld_steps": ("int", 0, _MAX_STEPS),
+    "epochs": ("int", 0, _MAX_STEPS),
+    "accumulation_steps": ("int", 1, _MAX_STEPS),
+    "batch_size": ("int", 1, _MAX_BATCH),
+    "reduce_width": ("bool", 0, 1),
+    "milestones": ("ints", 0, _MAX_STEPS),
+    **dict.fromkeys(("prior_temperature", "lr", "step_size", "noise_std", "l2_coef", "eps_data", "end_factor",
+                     "gamma"), ("number", -math.inf, math.inf)),  # fmt: skip
+}
+_TOP_LEVEL_BOOLS = ("tie_hidden_weights", "zero_init_residual")
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _setting_ok(kind: str, low: float, high: float, value: Any) -> bool:
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+    if kind == "ints":
+        return isinstance(value, list) and len(value) <= 1000 and all(_setting_ok("int", low, high, v) for v in value)
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_setting(key: str, value: Any, where: str) -> None:
+    kind, low, high = LOADED_SETTINGS[key]
+    if not _setting_ok(kind, low, high, value):
+        expected = {"bool": "true or false", "number": "a finite number", "int": f"an int in [{low}, {high}]",
+                    "ints": f"a list of at most 1000 ints in [{low}, {high}]"}[kind]  # fmt: skip
+        raise ValueError(
+            f"{where} must be {expected} in a loaded config; got {_shown(value)} (pass trust_config=True for a "
+            "trusted file)"
+        )
 
 
 def check_heat_config(model_args: Mapping[str, Any], source: Path, skip: Mapping[str, Any]) -> None:
-    """Bound the residual MLP sizes of a loaded HEAT ``config.json`` (``settings`` per prior)."""
+    """Bound a loaded HEAT ``config.json`` before anything is built: every setting of :data:`LOADED_SETTINGS`, at
+    the top level of ``settings`` and in each prior's dict alike; ``tie_hidden_weights`` / ``zero_init_residual``
+    strictly bool (``ValueError`` naming the file and the key; values shown truncated)."""
+    for key in _TOP_LEVEL_BOOLS:
+        if key in model_args and key not in skip and not isinstance(model_args[key], bool):
+            raise ValueError(f"{source}: model_args.{key} must be true or false; got {_shown(model_args[key])}")
     if "settings" in skip:
         return
     settings = model_args.get("settings") or {}
     if not isinstance(settings, dict):
         raise ValueError(f"{source}: model_args.settings must be a dict; got {type(settings).__name__}")
-    for prior, values in settings.items():
-        if not isinstance(values, dict):
-            continue  # a global setting: resolve_settings checks it
-        for key, maximum in (("hidden_dim", MAX_HIDDEN_DIM), ("n_hidden_layers", MAX_HIDDEN_LAYERS)):
-            value = values.get(key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value > maximum):
-                raise ValueError(
-                    f"{source}: model_args.settings[{prior!r}][{key!r}] must be an int <= {maximum} in a loaded "
-                    f"config; got {value!r} (pass trust_config=True for a trusted file)"
-                )
+    for name, values in settings.items():
+        where = f"{source}: model_args.settings[{_shown(name, 40)}]"
+        if isinstance(values, dict):  # a prior's own settings
+            for key, value in values.items():
+                if key in LOADED_SETTINGS:
+                    _check_setting(key, value, f"{where}[{key!r}]")
+        elif name in LOADED_SETTINGS:  # a setting for every prior: the same bounds
+            _check_setting(name, values, where)
+        # anything else (unknown keys, a prior given a non-dict): resolve_settings refuses it with its own message
 
 
 def _mlp_spec(heat: Any, name: str, dim: int, symbol: str) -> dict[str, TensorSpec]:
@@ -67,6 +119,27 @@ def _mlp_spec(heat: Any, name: str, dim: int, symbol: str) -> dict[str, TensorSp
     first = f"{name}.mlp.input_layer.weight"
     spec[first] = TensorSpec((spec[first].shape[0], symbol))
     return spec
+
+
+#: the smallest standardization_std a loaded HEAT may hold: below it (E - mean) / std overflows float32 for energies
+#: that differ by more than ~1e8 (1e-45, a float32 subnormal, turned every score into inf / NaN)
+MIN_STANDARDIZATION_STD = 1e-30
+
+
+def _check_standardization(state: Mapping[str, Tensor], source: Path) -> None:
+    """``standardization_std`` must exceed both :data:`MIN_STANDARDIZATION_STD` and the rounding level of
+    ``standardization_mean`` (:func:`~pml_suprank.ood.priors.degenerate_variance`): a smaller one makes the scores
+    infinite or pure rounding noise."""
+    mean = state["standardization_mean"].to(torch.float64)
+    std = state["standardization_std"].to(torch.float64)
+    floor = torch.maximum(degenerate_variance(mean.pow(2), torch.float32).sqrt(),
+                          torch.tensor(MIN_STANDARDIZATION_STD, dtype=torch.float64))  # fmt: skip
+    if not bool((std >= floor).all()):
+        raise ValueError(
+            f"{source}: tensor 'standardization_std' must be >= {MIN_STANDARDIZATION_STD} and above the rounding "
+            f"level of 'standardization_mean' (>= {[float(f) for f in floor][:8]}); got {std.tolist()[:8]} (every "
+            "score would be inf / NaN or rounding noise): corrupt file?"
+        )
 
 
 def check_heat_state(heat: Any, state: Mapping[str, Tensor], source: Path) -> None:
@@ -89,6 +162,7 @@ def check_heat_state(heat: Any, state: Mapping[str, Tensor], source: Path) -> No
     mlp_prefixes = tuple(f"{name}.mlp." for name in heat.priors)
     fixed = {key: v for key, v in state.items() if not key.startswith(mlp_prefixes + tuple(opaque))}
     sizes = check_schema(fixed, source, spec)
+    _check_standardization(state, source)
     check_state({key: v for key, v in state.items() if key.startswith(tuple(opaque))}, source)
     for name, cls in heat.prior_classes.items():
         own = {key: v for key, v in state.items() if key.startswith(f"{name}.mlp.")}

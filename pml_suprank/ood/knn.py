@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .._validation import check_positive
+from .._validation import check_bool, check_positive
 from ..hub.schema import TensorSpec
 from .base import Detector, check_features
 
@@ -38,7 +38,8 @@ class KNN(Detector):
         super().__init__()
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"k must be a positive integer; got {k!r}")
-        self.k, self.normalize, self.chunk_size = k, bool(normalize), int(check_positive("chunk_size", chunk_size))
+        self.k, self.normalize = k, check_bool("normalize", normalize)
+        self.chunk_size = int(check_positive("chunk_size", chunk_size))
         self.bank: Tensor | None = None
 
     def config(self) -> dict[str, Any]:

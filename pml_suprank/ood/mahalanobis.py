@@ -10,6 +10,7 @@ from typing import Any
 
 from torch import Tensor
 
+from .._validation import check_bool
 from ..hub.schema import TensorSpec
 from .base import Detector, check_features
 from .priors import ClassConditionalGaussian, gaussian_state_spec
@@ -34,7 +35,7 @@ class Mahalanobis(Detector):
 
     def __init__(self, normalize: bool = False, reg: float = 1e-6) -> None:
         super().__init__()
-        self.normalize, self.reg = bool(normalize), float(reg)
+        self.normalize, self.reg = check_bool("normalize", normalize), float(reg)
         self.gaussian = ClassConditionalGaussian(normalize=normalize, reg=reg)
 
     def config(self) -> dict[str, Any]:

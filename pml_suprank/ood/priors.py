@@ -21,11 +21,17 @@ import math
 import torch
 from torch import Tensor
 
-from .._validation import check_positive
+from .._validation import check_bool, check_positive
 from ..hub.schema import TensorSpec
 from .base import check_class_labels, check_features
 
-__all__ = ["energy_logits", "EnergyLogitsPrior", "ClassConditionalGaussian", "gaussian_state_spec"]
+__all__ = [
+    "energy_logits",
+    "EnergyLogitsPrior",
+    "ClassConditionalGaussian",
+    "degenerate_variance",
+    "gaussian_state_spec",
+]
 
 
 def gaussian_state_spec() -> dict[str, TensorSpec]:
@@ -38,6 +44,13 @@ def gaussian_state_spec() -> dict[str, TensorSpec]:
         "cholesky": TensorSpec(("D", "D"), lower_triangular=True),
         "classes": TensorSpec(("C",), kind="integer", min_value=0),
     }
+
+
+def degenerate_variance(second_moment: Tensor | float, dtype: torch.dtype, factor: float = 16.0) -> Tensor | float:
+    """The largest variance that is only rounding noise for values whose mean square is ``second_moment``, stored
+    in ``dtype``: ``(factor · eps(dtype))² · second_moment``. A fitted variance at or below it is degenerate."""
+    eps = torch.finfo(dtype).eps if dtype.is_floating_point else torch.finfo(torch.float32).eps
+    return (factor * eps) ** 2 * second_moment
 
 
 def energy_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
@@ -109,7 +122,7 @@ class ClassConditionalGaussian:
     """
 
     def __init__(self, normalize: bool = True, reg: float = 1e-6, chunk_size: int = 8192) -> None:
-        self.normalize = bool(normalize)
+        self.normalize = check_bool("normalize", normalize)
         self.reg = check_positive("reg", reg, strict=False)
         self.chunk_size = int(check_positive("chunk_size", chunk_size))
         self.means: Tensor | None = None
@@ -139,8 +152,14 @@ class ClassConditionalGaussian:
         centred = z - means[inverse]
         cov = centred.T @ centred / z.shape[0]  # MLE, as np.cov(bias=True) in the reference
         scale = torch.diagonal(cov).mean()
-        if not bool(scale > 0):
-            raise ValueError("features have zero variance within every class; cannot fit a Gaussian prior")
+        # degenerate unless the within-class variance exceeds the rounding level of the features' own scale (constant
+        # features, L2-normalised or not, leave only rounding noise: its whitening would give scores ~1e37 or inf)
+        second_moment = (z * z).sum(1).mean() / z.shape[1]
+        if not bool(scale > degenerate_variance(second_moment, features.dtype)):
+            raise ValueError(
+                "features have zero variance within every class (at most the rounding level of their "
+                f"{features.dtype} values); cannot fit a Gaussian prior: constant or duplicated features?"
+            )
         ridge = self.reg * scale + torch.finfo(z.dtype).tiny
         cov = cov + ridge * torch.eye(z.shape[1], dtype=z.dtype, device=z.device)
         chol, info = torch.linalg.cholesky_ex(cov)

@@ -13,6 +13,7 @@ from torch import Tensor
 
 from ..hub.schema import TensorSpec, check_schema
 from .head import HeadDetector
+from .priors import degenerate_variance
 
 __all__ = ["ViM"]
 
@@ -74,6 +75,13 @@ class ViM(HeadDetector):
         order = torch.argsort(eigvals, descending=True)
         null_space = eigvecs[:, order[self.dim :]]
         vlogit = torch.linalg.vector_norm(centred @ null_space, dim=-1)
+        second_moment = (centred * centred).sum(1).mean()
+        if not bool(vlogit.pow(2).mean() > degenerate_variance(second_moment, z.dtype)):
+            raise ValueError(
+                f"features have zero variance outside their principal subspace of dim={self.dim} (at most the "
+                f"rounding level of their {z.dtype} values): ViM's alpha (Eq. 8) is undefined; constant features, or "
+                "use a smaller dim"
+            )
         max_logit = self._logits(z.to(torch.float64), w).max(dim=-1).values
         self.u, self.null_space = u, null_space
         self.alpha = (max_logit.mean() / vlogit.mean()).reshape(())

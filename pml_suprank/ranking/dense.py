@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .._precision import float32_backward
 from .steps import SupRankStep
 
 __all__ = [
@@ -307,6 +308,7 @@ class _DenseRanks(torch.autograd.Function):
         return rank_plus.flatten(1), rank.flatten(1)
 
     @staticmethod
+    @float32_backward
     def backward(ctx, grad_plus, grad_rank):
         scores, *cols = ctx.saved_tensors
         grad_rank = torch.zeros_like(scores) if grad_rank is None else grad_rank
@@ -337,6 +339,7 @@ class _DenseAP(torch.autograd.Function):
         return ap, count
 
     @staticmethod
+    @float32_backward
     def backward(ctx, grad_ap, _grad_count):
         scores, pos_col, other_col, ratio, rank, norm = ctx.saved_tensors
         if grad_ap is None:

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from .._precision import float32_backward
 from .dense import DENSE_MEMORY_BUDGET, _blocks, _differences, dense_block_size
 from .steps import HRankParams, SupRankStep
 
@@ -231,6 +232,7 @@ class _HierarchicalScores(torch.autograd.Function):
         return score
 
     @staticmethod
+    @float32_backward
     def backward(ctx, grad_score):
         scores, levels, v, weight, norm, coef, coef_plus, deriv, extra = ctx.saved_tensors
         g = (grad_score / norm).unsqueeze(1)

@@ -38,6 +38,7 @@ import math
 import torch
 from torch import Tensor
 
+from .._precision import float32_backward
 from .window import CHUNK_SIZE
 
 __all__ = ["CUT", "NUM_TERMS", "NUM_TERMS_LOW", "SigmoidTail", "band_width", "bands", "num_terms_for", "table_rows"]
@@ -166,6 +167,7 @@ class SigmoidTail(torch.autograd.Function):
         return count + ((lows - ups) * signs).sum(0)
 
     @staticmethod
+    @float32_backward
     def backward(ctx, grad_out):
         keys, s_item, rows, lo_end, up_begin, up_end, anchors, band, signed_sums = ctx.saved_tensors
         tau, num_terms, has_up = ctx.tau, ctx.num_terms, ctx.has_up

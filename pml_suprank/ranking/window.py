@@ -30,6 +30,8 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from .._precision import float32_backward
+
 __all__ = [
     "CHUNK_SIZE",
     "PairRowsLayout",
@@ -167,6 +169,7 @@ class _WindowKernel(torch.autograd.Function):
         return out
 
     @staticmethod
+    @float32_backward
     def backward(ctx, grad_out):
         inputs = ctx.saved_tensors
         layout, term = ctx.layout, ctx.term

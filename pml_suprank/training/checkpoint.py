@@ -22,8 +22,11 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
+from .checkpoint_files import CheckpointError, check_optimizer_file, check_weights_files, read_rng_states
+
 __all__ = [
     "CHECKPOINT_PREFIX",
+    "CheckpointSaveError",
     "TRAINER_STATE",
     "CheckpointError",
     "RESUMABLE_CHANGES",
@@ -38,10 +41,6 @@ __all__ = [
 
 CHECKPOINT_PREFIX = "step_"
 TRAINER_STATE = "trainer_state.json"
-
-
-class CheckpointError(ValueError):
-    """A checkpoint folder is missing, incomplete, corrupt or was written by an incompatible run."""
 
 
 def find_checkpoints(output_dir: str | Path) -> list[Path]:
@@ -63,21 +62,38 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
     return ckpts[-1] if ckpts else None
 
 
-def latest_valid_checkpoint(output_dir: str | Path, note: Callable[[str], None] = print) -> Path | None:
-    """The newest checkpoint of ``output_dir`` that validates; newer broken ones (e.g. an empty folder left by a
-    copy) are skipped with a note naming them and the reason."""
+def latest_valid_checkpoint(
+    output_dir: str | Path,
+    note: Callable[[str], None] = print,
+    validate: Callable[[Path], Any] | None = None,
+) -> Path | None:
+    """The newest checkpoint of ``output_dir`` that validates (:func:`validate_checkpoint`, or ``validate``, which
+    raises :class:`CheckpointError`). When newer ones are skipped (a missing, truncated or corrupt file, e.g. after a
+    crash or a full disk), one line goes to ``note`` naming them, why, and the checkpoint chosen."""
+    check = validate if validate is not None else validate_checkpoint
+    skipped: list[str] = []
+    chosen = None
     for ckpt in reversed(find_checkpoints(output_dir)):
         try:
-            validate_checkpoint(ckpt)
+            check(ckpt)
         except CheckpointError as e:
-            note(f"skipping {ckpt.name}: {e}")
+            reason = str(e).replace(f"checkpoint {str(ckpt)!r} ", "").replace(f"checkpoint {str(ckpt)!r}: ", "")
+            skipped.append(f"{ckpt.name} ({reason[:300]})")
             continue
-        return ckpt
-    return None
+        chosen = ckpt
+        break
+    if skipped:
+        target = f"resuming from {chosen.name}" if chosen is not None else "no checkpoint validates"
+        note(f"--resume latest: skipping {'; '.join(skipped)}; {target}")
+    return chosen
 
 
-def validate_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Check that ``path`` is a complete checkpoint written by :class:`Trainer` and return its trainer state.
+def validate_checkpoint(path: str | Path, num_processes: int | None = None) -> dict[str, Any]:
+    """Check that ``path`` is a complete checkpoint written by :class:`Trainer` and return its trainer state: every
+    file it needs is there and readable, pickled ones with ``weights_only=True`` and checked against a schema
+    (``trainer_state.json`` with its scheduler and sampler state, ``model*.safetensors``, ``optimizer.bin``, one
+    ``random_states_<i>.pkl`` per process; see :mod:`.checkpoint_files`). With ``num_processes``, a checkpoint of
+    another number of processes is refused first.
 
     Raises:
         CheckpointError: naming the folder and what is missing or unreadable (corrupt JSON, truncated weights).
@@ -90,25 +106,21 @@ def validate_checkpoint(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint {str(path)!r} is incomplete: {TRAINER_STATE} is missing")
     try:
         state = json.loads(state_file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"checkpoint {str(path)!r} is corrupt: {TRAINER_STATE} cannot be read ({e})") from e
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} is corrupt: {TRAINER_STATE} cannot be read ({type(e).__name__}: {str(e)[:200]})"
+        ) from e
     required = ("global_step", "epoch", "step_in_epoch", "sampler", "num_processes")
     if not isinstance(state, dict) or any(k not in state for k in required):
         raise CheckpointError(f"checkpoint {str(path)!r} is corrupt: {TRAINER_STATE} lacks one of {required}")
-    weights = sorted(path.glob("model*.safetensors")) + sorted(path.glob("pytorch_model*.bin"))
-    if not weights:
-        raise CheckpointError(f"checkpoint {str(path)!r} is incomplete: no model weights (model.safetensors)")
-    for w in weights:
-        if w.suffix == ".safetensors":
-            try:
-                from safetensors import safe_open
-
-                with safe_open(str(w), framework="pt") as f:
-                    for key in f.keys():  # noqa: SIM118 - safe_open has no __iter__
-                        f.get_slice(key)
-            except Exception as e:
-                raise CheckpointError(f"checkpoint {str(path)!r} is corrupt: cannot read {w.name} ({e})") from e
     _check_state_values(path, state)
+    if num_processes is not None:
+        _check_world_size(path, state, num_processes)
+    check_scheduler_state(path, state.get("scheduler"))
+    check_weights_files(path)
+    check_optimizer_file(path)
+    for index in range(state["num_processes"]):
+        read_rng_states(path, index)
     return state
 
 
@@ -132,6 +144,29 @@ def _check_state_values(path: Path, state: dict[str, Any]) -> None:
         if key in state and state[key] is not None and not isinstance(state[key], kind):
             raise CheckpointError(where + f"'{key}' must be a {kind.__name__}; got {type(state[key]).__name__}")
     _check_sampler_position(where, state)
+    _check_counters(path, where, state)
+
+
+def _check_counters(path: Path, where: str, state: dict[str, Any]) -> None:
+    """The counters must agree: ``global_step = epoch · steps_per_epoch + step_in_epoch`` with ``step_in_epoch <
+    steps_per_epoch``, and a ``step_<N>`` folder holds step ``N`` (otherwise later checkpoints would overwrite earlier
+    steps)."""
+    spe = state.get("steps_per_epoch")
+    if spe is not None:
+        if isinstance(spe, bool) or not isinstance(spe, int) or spe < 1:
+            raise CheckpointError(where + f"'steps_per_epoch' must be an int >= 1; got {spe!r}")
+        expected = state["epoch"] * spe + state["step_in_epoch"]
+        if state["step_in_epoch"] >= spe or state["global_step"] != expected:
+            raise CheckpointError(
+                where + f"is inconsistent: 'global_step' is {state['global_step']} but epoch {state['epoch']} x "
+                f"{spe} steps per epoch + step_in_epoch {state['step_in_epoch']} = {expected}"
+            )
+    digits = path.name[len(CHECKPOINT_PREFIX) :]
+    if path.name.startswith(CHECKPOINT_PREFIX) and digits.isdigit() and int(digits) != state["global_step"]:
+        raise CheckpointError(
+            where + f"is inconsistent: the folder {path.name} is step {int(digits)} but 'global_step' is "
+            f"{state['global_step']}"
+        )
 
 
 def _check_sampler_position(where: str, state: dict[str, Any]) -> None:
@@ -174,15 +209,19 @@ def check_compatible(
         )
     if not ignore_config_change:
         _check_same_run(path, state, config, fingerprint, run_config)
-    if state["num_processes"] != num_processes:
-        raise CheckpointError(
-            f"checkpoint {str(path)!r} was written by {state['num_processes']} processes; this run has "
-            f"{num_processes} (the sampler streams and RNG states are per process)"
-        )
+    _check_world_size(path, state, num_processes)
     if state.get("steps_per_epoch", steps_per_epoch) != steps_per_epoch:
         raise CheckpointError(
             f"checkpoint {str(path)!r} has {state['steps_per_epoch']} steps per epoch; this run has "
             f"{steps_per_epoch} (different data, batch size or sampler)"
+        )
+
+
+def _check_world_size(path: Path, state: dict[str, Any], num_processes: int) -> None:
+    if state["num_processes"] != num_processes:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} was written by {state['num_processes']} processes; this run has "
+            f"{num_processes} (the sampler streams and RNG states are per process)"
         )
 
 
@@ -261,6 +300,21 @@ def load_scheduler_state(path: Path, scheduler: Any, state: Any) -> None:
         CheckpointError: the state is missing (a checkpoint of an older version, which pickled it), has unknown
             keys, or its values are not finite numbers matching the optimizer's parameter groups.
     """
+    groups = len(scheduler.base_lrs)
+    check_scheduler_state(path, state, groups)
+    restored = dict(state)
+    restored["lr_lambdas"] = [None] * groups
+    scheduler.load_state_dict(restored)
+
+
+def check_scheduler_state(path: Path, state: Any, groups: int | None = None) -> None:
+    """Validate the JSON scheduler ``state`` of checkpoint ``path`` (``groups``: the optimizer's parameter groups, when
+    known; otherwise the lists must only agree with each other).
+
+    Raises:
+        CheckpointError: the state is missing (a checkpoint of an older version, which pickled it), has unknown
+            keys, or its values are not finite numbers matching the parameter groups.
+    """
     where = f"checkpoint {str(path)!r}: {TRAINER_STATE} "
     if state is None:
         raise CheckpointError(
@@ -269,18 +323,18 @@ def load_scheduler_state(path: Path, scheduler: Any, state: Any) -> None:
         )
     if not isinstance(state, dict) or set(state) - _SCHEDULER_KEYS:
         raise CheckpointError(where + f"'scheduler' must be a LambdaLR state with keys in {sorted(_SCHEDULER_KEYS)}")
-    groups = len(scheduler.base_lrs)
+    if groups is None:
+        base = state.get("base_lrs")
+        groups = len(base) if isinstance(base, list) and base else -1
     for key in ("base_lrs", "_last_lr"):
         values = state.get(key)
         if not (isinstance(values, list) and len(values) == groups and all(_finite(v) for v in values)):
-            raise CheckpointError(where + f"'scheduler.{key}' must be {groups} finite numbers; got {values!r}")
+            shown = values if not isinstance(values, list) or len(values) <= 8 else f"{len(values)} values"
+            raise CheckpointError(where + f"'scheduler.{key}' must be {groups} finite numbers; got {shown!r}")
     for key in ("last_epoch", "_step_count"):
         value = state.get(key)
         if isinstance(value, bool) or not isinstance(value, int) or value < -1:
             raise CheckpointError(where + f"'scheduler.{key}' must be an int >= -1; got {value!r}")
-    restored = dict(state)
-    restored["lr_lambdas"] = [None] * groups
-    scheduler.load_state_dict(restored)
 
 
 def _finite(value: Any) -> bool:
@@ -308,9 +362,13 @@ def save_checkpoint_atomically(
         if tmp.exists():
             shutil.rmtree(tmp)
     acc.wait_for_everyone()
-    acc.save_state(str(tmp), safe_serialization=True)
-    if acc.is_main_process:
-        (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=1))
+    try:
+        acc.save_state(str(tmp), safe_serialization=True)
+        if acc.is_main_process:
+            (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=1))
+    except (OSError, RuntimeError) as e:  # a full disk surfaces from torch.save as "RuntimeError: ... unexpected pos"
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointSaveError(_save_failure(root, name, tmp, e)) from e
     acc.wait_for_everyone()
     if acc.is_main_process:
         if final.exists():
@@ -325,6 +383,41 @@ def save_checkpoint_atomically(
                 shutil.rmtree(old, ignore_errors=True)
     acc.wait_for_everyone()
     return final
+
+
+class CheckpointSaveError(OSError):
+    """A checkpoint could not be written (full disk, read-only or unwritable folder); the message names the folder,
+    the cause and what was kept."""
+
+
+def _save_failure(root: Path, name: str, tmp: Path, error: BaseException) -> str:
+    """The message of a failed checkpoint save: path, cause (disk full / read-only when the error or the free space
+    says so), and what was kept."""
+    import errno
+
+    code = getattr(error, "errno", None)
+    try:
+        free = shutil.disk_usage(root).free
+    except OSError:
+        free = None
+    if code in (errno.ENOSPC, errno.EDQUOT) or (free is not None and free < 64 * 2**20):
+        cause = "the disk is full" + (f" ({free / 2**20:.1f} MiB free)" if free is not None else "")
+    elif code in (errno.EROFS, errno.EACCES, errno.EPERM):
+        cause = "the folder is read-only or not writable"
+    else:
+        cause = "the write failed" + (f" ({free / 2**30:.1f} GiB free on that disk)" if free is not None else "")
+    kept = [p.name for p in find_checkpoints(root.parent)]
+    if kept:
+        older = f" and {len(kept) - 3} older" if len(kept) > 3 else ""
+        kept_text = (f"the previous checkpoints are kept unchanged ({', '.join(kept[-3:])}{older}; --resume latest "
+                     f"continues from {kept[-1]})")  # fmt: skip
+    else:
+        kept_text = "no earlier checkpoint exists"
+    detail = f"{type(error).__name__}: {error}".replace("\n", " ")[:300]
+    return (
+        f"cannot write checkpoint {name} into {str(tmp)!r}: {cause} ({detail}); the partial folder was removed and "
+        f"{kept_text}; free space or choose another --output_dir"
+    )
 
 
 def _run_checkpoints(output_dir: Path, fingerprint: str | None) -> list[Path]:

@@ -6,8 +6,12 @@
   (``run_options``). Two runs with the same fingerprint train the same weights.
 * **run.json** — ``output_dir/run.json``, written atomically when a run starts: fingerprint, seed, the resolved
   configuration (to list what differs), pid, host and time. Checkpoints carry the same fingerprint.
-* **Lock** — ``output_dir/run.lock`` holds the pid and host of the run that owns the folder; a second run into the
-  folder is refused while the holder lives; a lock left by a dead process of this host is taken over with a note.
+* **Lock** — an OS file lock (:class:`filelock.FileLock` on ``output_dir/.run.lock.flock``: released by the operating
+  system when its process dies, even by SIGKILL) plus ``output_dir/run.lock``, which holds the pid and host of the run
+  that owns the folder (named when a second run is refused). A record left by a dead process of this host (or by a
+  process whose pid was reused since) is taken over with a note; one of another host cannot be checked and is refused.
+* **Stale temporaries** — once the lock is held, what interrupted runs of *this* folder left behind (a partial
+  ``checkpoints/.tmp-step_*`` or ``.tmp-final-<pid>`` folder, a ``.run.json.<pid>.tmp`` file) is removed, with a note.
 """
 
 from __future__ import annotations
@@ -33,9 +37,11 @@ __all__ = [
     "RunLockError",
     "claim_output_dir",
     "config_differences",
+    "OS_LOCK_FILE",
     "on_main_process",
     "previous_run_artifacts",
     "remove_previous_run",
+    "remove_stale_temporaries",
     "run_config",
     "run_fingerprint",
     "write_json_atomically",
@@ -44,6 +50,7 @@ __all__ = [
 
 RUN_FILE = "run.json"
 LOCK_FILE = "run.lock"
+OS_LOCK_FILE = ".run.lock.flock"  #: the file :class:`filelock.FileLock` locks (kept: deleting it would race)
 #: what a previous run leaves in its output folder (``metrics_before.json`` is the recipes')
 RUN_ARTIFACTS = ("checkpoints", "final", RUN_FILE, "metrics_before.json")
 
@@ -118,6 +125,38 @@ def remove_previous_run(output_dir: Path) -> None:
             target.unlink()
 
 
+def remove_stale_temporaries(output_dir: Path, note: Callable[[str], None] = print) -> list[str]:
+    """Delete what interrupted runs left in ``output_dir`` (call it holding the folder's lock, so that no live run
+    of this folder is writing them): ``checkpoints/.tmp-step_*`` and ``.tmp-final-*`` folders, ``.run.json.*.tmp``
+    and ``.run.lock.*`` aside files. Only this folder is looked at. Returns the names removed (one note lists them)."""
+    output_dir = Path(output_dir)
+    found = [p for p in (output_dir / "checkpoints").glob(".tmp-*") if p.name.startswith(".tmp-step_")]
+    found += list(output_dir.glob(".tmp-final-*"))
+    found += [p for p in output_dir.glob(f".{RUN_FILE}.*.tmp")]
+    found += [p for p in output_dir.glob(f".{LOCK_FILE}.*") if p.name != OS_LOCK_FILE]
+    removed = []
+    for path in sorted(found):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(str(path.relative_to(output_dir)))
+    if removed:
+        note(f"removed what an interrupted run left in {output_dir}: {', '.join(removed)}")
+    return removed
+
+
+def _process_start(pid: int) -> str | None:
+    """The start time of process ``pid`` (Linux ``/proc/<pid>/stat`` field 22), or ``None`` where unknown: a pid
+    reused by another process has another start time."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return fields[19] if len(fields) > 19 else None
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -129,14 +168,19 @@ def _pid_alive(pid: int) -> bool:
 
 
 class RunLock:
-    """The lock file ``output_dir/run.lock`` of one run (take it on one process only: the main one).
+    """The lock of one run's output folder (take it on one process only: the main one).
 
-    The file is created complete and atomically (written aside, then hard-linked into place, which fails if it
-    exists). A lock whose holder is a dead process of this host is stale and taken over, with a note.
+    Two parts: an OS lock (:class:`filelock.FileLock` on ``output_dir/.run.lock.flock``; the operating system releases
+    it when the holder dies, however it dies) and the record ``output_dir/run.lock`` naming the holder (pid, host,
+    process start time), created complete and atomically (written aside, then hard-linked into place). With the OS
+    lock held, a record of a dead process of this host, or of a pid since reused by another process, is stale and
+    taken over with a note; a record of a live process of this host (a run of an older version, which took no OS lock)
+    or of another host (which cannot be checked) is refused. Taking the lock also removes the temporaries interrupted
+    runs of this folder left behind (:func:`remove_stale_temporaries`).
 
     Args:
         output_dir: The run's output folder (created if needed).
-        note: Where the take-over note goes (default ``print``).
+        note: Where the take-over and clean-up notes go (default ``print``).
     """
 
     def __init__(self, output_dir: str | Path, note: Callable[[str], None] = print) -> None:
@@ -144,6 +188,7 @@ class RunLock:
         self.note = note
         self.token = uuid.uuid4().hex
         self.held = False
+        self._os_lock: Any = None
 
     def acquire(self) -> RunLock:
         """Take the lock.
@@ -152,34 +197,64 @@ class RunLock:
             RunLockError: a live process (or one on another host, which cannot be checked) holds it; the message
                 names the lock file and the holder's pid and host.
         """
+        from filelock import FileLock, Timeout
+
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        os_lock = FileLock(str(self.path.with_name(OS_LOCK_FILE)), timeout=0, thread_local=False)
+        try:
+            os_lock.acquire()
+        except Timeout:
+            holder = self._holder() or {}
+            raise self._refusal(holder.get("pid"), holder.get("host")) from None
+        try:
+            self._take_record()
+        except BaseException:
+            os_lock.release()
+            raise
+        self._os_lock, self.held = os_lock, True
+        remove_stale_temporaries(self.path.parent, self.note)
+        return self
+
+    def _refusal(self, pid: Any, host: Any) -> RunLockError:
+        return RunLockError(
+            f"another run holds the lock file {str(self.path)!r} (pid {pid!r} on host {host!r}): wait for it to "
+            "finish or use another --output_dir / output_dir; delete the file only if that run is gone"
+        )
+
+    def _take_record(self) -> None:
         host = socket.gethostname()
-        record = {"pid": os.getpid(), "host": host, "token": self.token, "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        record = {"pid": os.getpid(), "host": host, "token": self.token, "start": _process_start(os.getpid()),
+                  "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}  # fmt: skip
         tmp = self.path.with_name(f".{LOCK_FILE}.{self.token}")
         tmp.write_text(json.dumps(record))
         try:
             for _ in range(3):
                 try:
                     os.link(tmp, self.path)
-                    self.held = True
-                    return self
+                    return
                 except FileExistsError:
                     holder = self._holder()
                 if holder is None:
                     continue  # released between the two calls: try again
                 pid, holder_host = holder.get("pid"), holder.get("host")
-                stale = holder_host == host and isinstance(pid, int) and pid > 0 and not _pid_alive(pid)
-                if not stale:
-                    raise RunLockError(
-                        f"another run holds the lock file {str(self.path)!r} (pid {pid!r} on host {holder_host!r}): "
-                        "wait for it to finish or use another --output_dir / output_dir; delete the file only if "
-                        "that run is gone"
-                    )
+                if not self._stale(holder, host):
+                    raise self._refusal(pid, holder_host)
                 if self._remove_stale(holder):
                     self.note(f"taking over the stale lock {self.path} of pid {pid} on {host} (no such process)")
             raise RunLockError(f"cannot take the lock file {str(self.path)!r}: it keeps changing")
         finally:
             tmp.unlink(missing_ok=True)
+
+    @staticmethod
+    def _stale(holder: dict[str, Any], host: str) -> bool:
+        """A record of this host whose process is gone, or whose pid now belongs to a process started later."""
+        pid = holder.get("pid")
+        if holder.get("host") != host or isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+            return False
+        if not _pid_alive(pid):
+            return True
+        saved, now = holder.get("start"), _process_start(pid)
+        return saved is not None and now is not None and saved != now
 
     def _remove_stale(self, stale: dict[str, Any]) -> bool:
         """Move the lock file aside; if it is no longer the ``stale`` record (another run took the lock over in the
@@ -191,7 +266,7 @@ class RunLock:
             return False
         try:
             moved = json.loads(aside.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
             moved = None
         if moved == stale:
             aside.unlink(missing_ok=True)
@@ -208,18 +283,23 @@ class RunLock:
             holder = json.loads(self.path.read_text())
         except FileNotFoundError:
             return None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
             holder = {}
         return holder if isinstance(holder, dict) else {}
 
     def release(self) -> None:
-        """Remove the lock file if this lock holds it (idempotent)."""
+        """Remove the record if this lock holds it and release the OS lock (idempotent)."""
         if not self.held:
             return
         self.held = False
-        holder = self._holder()
-        if holder is not None and holder.get("token") == self.token:
-            self.path.unlink(missing_ok=True)
+        try:
+            holder = self._holder()
+            if holder is not None and holder.get("token") == self.token:
+                self.path.unlink(missing_ok=True)
+        finally:
+            if self._os_lock is not None:
+                self._os_lock.release()
+                self._os_lock = None
 
     def __enter__(self) -> RunLock:
         return self.acquire()

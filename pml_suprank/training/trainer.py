@@ -41,6 +41,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
+from . import checkpoint_files as files
 from .checkpoint import (
     CheckpointError,
     check_compatible,
@@ -273,10 +274,8 @@ class Trainer:
         """Write ``output_dir/checkpoints/step_XXXXXXXX`` atomically (``save_state`` into a temporary folder, then
         one rename) and delete the oldest checkpoints beyond ``keep_checkpoints``."""
         state = self._trainer_state() if self.accelerator.is_main_process else {}
-        return save_checkpoint_atomically(
-            self.accelerator, self.output_dir, self.progress.global_step, state, self.config.keep_checkpoints,
-            fingerprint=self.fingerprint,
-        )
+        return save_checkpoint_atomically(self.accelerator, self.output_dir, self.progress.global_step, state,
+                                          self.config.keep_checkpoints, fingerprint=self.fingerprint)  # fmt: skip
 
     def load_checkpoint(self, path: str | Path, ignore_config_change: bool = False) -> dict[str, Any]:
         """Restore model, loss, memory, optimizer, scheduler, RNG states and the sampler position from ``path``.
@@ -286,28 +285,27 @@ class Trainer:
                 processes or a different sampler configuration, or by another run (other fingerprint; the message
                 lists the settings that differ) unless ``ignore_config_change``.
         """
-        path = Path(path)
-        state = self._check_checkpoint(path, ignore_config_change)
+        state = self._check_checkpoint(path := Path(path), ignore_config_change)  # every file, before any loads
+        rng = files.read_rng_states(path, self.accelerator.process_index)
         load_scheduler_state(path, self.scheduler, state.get("scheduler"))
         try:
             self.accelerator.load_state(str(path))  # safetensors weights; optimizer / RNG files with weights_only=True
         except Exception as e:
             raise CheckpointError(f"checkpoint {str(path)!r} cannot be loaded: {type(e).__name__}: {e}") from e
+        files.restore_rng_states(rng, self.accelerator)  # ourselves: Accelerate skips bad RNG files (an INFO line)
         if state["sampler"] and hasattr(self.sampler, "load_state_dict"):
-            try:
-                self.sampler.load_state_dict(state["sampler"])
-            except ValueError as e:
-                raise CheckpointError(f"checkpoint {str(path)!r}: {e}") from e
-        self.progress = _Progress(
-            epoch=int(state["epoch"]),
-            step_in_epoch=int(state["step_in_epoch"]),
-            global_step=int(state["global_step"]),
-            history=list(state.get("history", [])),
-        )
+            self.sampler.load_state_dict(state["sampler"])  # validated on a copy by check_against_trainer
+        self.progress = _Progress(int(state["epoch"]), int(state["step_in_epoch"]), int(state["global_step"]),
+                                  list(state.get("history", [])))  # fmt: skip
         return state
 
+    def _check_files(self, path: Path) -> dict[str, Any]:  # every file, and that it fits this model / optimizer
+        state = validate_checkpoint(path, self.accelerator.num_processes)
+        module = self.accelerator.unwrap_model(self.loss_module)
+        return files.check_against_trainer(path, module.state_dict(), self.optimizer, self.sampler, state)
+
     def _check_checkpoint(self, path: Path, ignore_config_change: bool) -> dict[str, Any]:
-        state = validate_checkpoint(path)
+        state = self._check_files(path)
         check_compatible(
             path, state, self.accelerator.num_processes, self.steps_per_epoch, self.total_steps,
             jsonable(self.config.to_dict()), fingerprint=self.fingerprint, run_config=self.run_config,
@@ -347,7 +345,8 @@ class Trainer:
             self._lock = on_main_process(acc, lambda: RunLock(self.output_dir, note=acc.print).acquire())
             self._begun = True
         try:
-            ckpt = latest_valid_checkpoint(self.output_dir, acc.print) if str(resume_from) == "latest" else resume_from
+            ckpt = resume_from if str(resume_from) != "latest" else latest_valid_checkpoint(
+                self.output_dir, acc.print, self._check_files)  # fmt: skip
             ckpt = Path(ckpt) if ckpt is not None else None
             state = self._check_checkpoint(ckpt, ignore_config_change) if ckpt is not None else {}
             if ckpt is None and resume_from is not None:

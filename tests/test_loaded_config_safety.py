@@ -1,0 +1,83 @@
+"""Loaded configs (issue 20 items 5 and 6): booleans strictly typed, unknown timm layer names a clear ValueError
+naming the file and the key."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from pml_suprank.models import RetrievalModel
+
+pytestmark = pytest.mark.hub
+pytest.importorskip("safetensors.torch")
+TINY = "test_resnet"
+
+
+@pytest.fixture()
+def folder(tmp_path):
+    torch.manual_seed(0)
+    out = tmp_path / "tiny-model"
+    RetrievalModel(TINY, embedding_size=8, image_size=32).save_pretrained(out)
+    return out
+
+
+def _edit(folder, **model_args):
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    config["model_args"].update(model_args)
+    path.write_text(json.dumps(config))
+    return path
+
+
+@pytest.mark.parametrize("value", ["false", "False", 0, None, [False]])
+def test_string_boolean_layer_norm_is_refused(folder, value):
+    # issue 20 item 5: "layer_norm": "false" built a model with LayerNorm on
+    path = _edit(folder, layer_norm=value)
+    with pytest.raises(ValueError, match="layer_norm must be true or false") as info:
+        RetrievalModel.from_pretrained(folder)
+    assert str(path) in str(info.value)
+    with pytest.raises(TypeError, match="layer_norm must be a bool") as info:  # trusted: the constructor refuses
+        RetrievalModel.from_pretrained(folder, trust_config=True)
+    assert str(folder) in str(info.value)
+
+
+def test_layer_norm_false_is_honoured(folder):
+    _edit(folder, layer_norm=False)
+    model = RetrievalModel.from_pretrained(folder)
+    assert isinstance(model.norm, torch.nn.Identity)
+
+
+def test_constructor_refuses_a_non_bool_layer_norm():
+    with pytest.raises(TypeError, match="layer_norm must be a bool; got str 'false'"):
+        RetrievalModel(TINY, embedding_size=8, layer_norm="false")
+
+
+@pytest.mark.parametrize("key", ["act_layer", "norm_layer"])
+def test_unknown_timm_layer_name_is_a_value_error_naming_file_and_key(folder, key):
+    # issue 20 item 6: a raw KeyError from deep inside timm
+    _edit(folder, backbone_kwargs={key: "nolayer"})
+    with pytest.raises(ValueError, match=rf"backbone_kwargs\['{key}'\] must name a timm .*'nolayer'") as info:
+        RetrievalModel.from_pretrained(folder)
+    assert str(folder) in str(info.value)
+    with pytest.raises(ValueError, match=rf"backbone_kwargs\['{key}'\]"):
+        RetrievalModel(TINY, embedding_size=8, backbone_kwargs={key: "nolayer"})
+
+
+def test_known_timm_layer_names_build():
+    model = RetrievalModel(TINY, embedding_size=8, image_size=32, backbone_kwargs={"act_layer": "gelu"})
+    assert "GELU" in {type(m).__name__ for m in model.backbone.modules()}  # timm.layers.GELU
+
+
+def test_errors_show_loaded_values_truncated(folder):
+    # issue 20 item 3: an error message must not echo a huge loaded value
+    huge = list(range(100_000))
+    _edit(folder, embedding_size=huge)
+    with pytest.raises(ValueError, match="embedding_size must be an int") as info:
+        RetrievalModel.from_pretrained(folder)
+    assert len(str(info.value)) < 600
+    _edit(folder, embedding_size=8, backbone_kwargs={"drop_rate": "x" * 100_000})
+    with pytest.raises(ValueError, match=r"backbone_kwargs\['drop_rate'\]") as info:
+        RetrievalModel.from_pretrained(folder)
+    assert len(str(info.value)) < 600

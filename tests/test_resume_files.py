@@ -1,0 +1,217 @@
+"""Resume is exact or refused (issue 20 item 1): every file of a checkpoint is validated before anything loads.
+
+For each file a checkpoint needs (``model.safetensors``, ``optimizer.bin``, ``random_states_0.pkl``,
+``trainer_state.json``) and each way to break it (missing, truncated, garbage, a pickle planting code), the folder
+is refused naming the file; ``--resume latest`` then continues from the newest checkpoint that validates, saying
+which and why in one line, and ends bit-identical to an uninterrupted run; an explicit checkpoint path is refused.
+The model uses stochastic depth, so a run whose RNG states are not restored trains different weights.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import random
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("accelerate")
+pytest.importorskip("timm")
+
+from pml_suprank import losses  # noqa: E402
+from pml_suprank.training import CheckpointError, Trainer, TrainingConfig, validate_checkpoint  # noqa: E402
+
+FILES = ("model.safetensors", "optimizer.bin", "random_states_0.pkl", "trainer_state.json")
+DAMAGES = ("missing", "truncated", "garbage", "pickle")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _trainer(output_dir, seed=0, **cfg):
+    from accelerate import Accelerator
+
+    from pml_suprank import data
+    from pml_suprank.models import RetrievalModel
+
+    torch.manual_seed(seed)
+    model = RetrievalModel("test_resnet", embedding_size=16, image_size=16,
+                           backbone_kwargs={"drop_path_rate": 0.3})  # fmt: skip - draws from the global RNG
+    tf = data.build_transforms(model.data_config, train=True, scale=(0.5, 1.0))
+    train = data.SyntheticShapes("train", num_per_class=4, image_size=16, transform=tf)
+    values = dict(output_dir=str(output_dir), epochs=2, batch_size=32, samples_per_class=4, eval_every=0,
+                  lr_backbone=1e-3, lr_head=1e-3, log_every=1, hierarchical_labels=True, seed=3,
+                  checkpoint_every=1, keep_checkpoints=0)  # fmt: skip
+    values.update(cfg)
+    loss = losses.HAPPIERLoss(num_classes=54, embedding_size=16)
+    return Trainer(Accelerator(cpu=True), model, loss, train, TrainingConfig(**values))
+
+
+def _weights(module):
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+class _Payload:
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        import pathlib
+
+        return (pathlib.Path.touch, (pathlib.Path(self.marker),))
+
+
+def _damage(file, how, marker):
+    if how == "missing":
+        file.unlink()
+    elif how == "truncated":
+        file.write_bytes(file.read_bytes()[: max(file.stat().st_size // 2, 1)])
+    elif how == "garbage":
+        file.write_bytes(np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes())
+    else:  # a pickle that would run code when unpickled (torch.save's zip format and a plain pickle)
+        payload = {"state": _Payload(marker)}
+        if file.suffix in (".bin", ".pkl"):
+            torch.save(payload, file)
+        else:
+            file.write_bytes(pickle.dumps(payload))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """An uninterrupted run of 4 steps and one stopped after 3 (checkpoints at steps 1, 2, 3)."""
+    root = tmp_path_factory.mktemp("resume")
+    full = _trainer(root / "full", max_train_steps=4)
+    full.train()
+    part = _trainer(root / "part", max_train_steps=4, stop_after_steps=3)
+    part.train()
+    assert not part.finished
+    return root, _weights(full.loss_module)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", DAMAGES)
+@pytest.mark.parametrize("name", FILES)
+def test_each_damaged_file_is_refused_naming_it(runs, tmp_path, name, how):
+    root, _ = runs
+    ckpt = tmp_path / "step_00000003"
+    shutil.copytree(root / "part" / "checkpoints" / "step_00000003", ckpt)
+    validate_checkpoint(ckpt)  # intact
+    marker = tmp_path / "planted"
+    _damage(ckpt / name, how, marker)
+    with pytest.raises(CheckpointError) as info:
+        validate_checkpoint(ckpt)
+    assert str(ckpt) in str(info.value) and name in str(info.value)
+    assert not marker.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", DAMAGES)
+@pytest.mark.parametrize("name", FILES)
+def test_resume_latest_after_damage_is_bit_identical_from_an_earlier_checkpoint(runs, tmp_path, capsys, name, how):
+    root, expected = runs
+    run = tmp_path / "run"
+    shutil.copytree(root / "part", run)
+    marker = tmp_path / "planted"
+    _damage(run / "checkpoints" / "step_00000003" / name, how, marker)
+    capsys.readouterr()
+    resumed = _trainer(run, seed=1, max_train_steps=4)  # other initial weights: all must come from a checkpoint
+    resumed.train(resume_from="latest")
+    out = capsys.readouterr().out
+    notes = [line for line in out.splitlines() if "--resume latest" in line]
+    assert len(notes) == 1 and "skipping step_00000003" in notes[0] and name in notes[0], out
+    assert notes[0].endswith("resuming from step_00000002"), notes[0]
+    assert "resumed from" in out and "(step 2)" in out
+    assert resumed.finished and not marker.exists()
+    got = _weights(resumed.loss_module)
+    assert got.keys() == expected.keys()
+    for k in expected:
+        torch.testing.assert_close(got[k], expected[k], rtol=0, atol=0, msg=k)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", FILES)
+def test_explicit_resume_of_a_damaged_checkpoint_is_refused(runs, tmp_path, name):
+    root, _ = runs
+    run = tmp_path / "run"
+    shutil.copytree(root / "part", run)
+    ckpt = run / "checkpoints" / "step_00000003"
+    _damage(ckpt / name, "truncated", tmp_path / "planted")
+    with pytest.raises(CheckpointError, match=name):
+        _trainer(run, max_train_steps=4).train(resume_from=ckpt)
+
+
+@pytest.mark.slow
+def test_rng_file_schema_and_restore(runs, tmp_path):
+    root, _ = runs
+    from pml_suprank.training.checkpoint_files import read_rng_states, restore_rng_states
+
+    ckpt = tmp_path / "step_00000003"
+    shutil.copytree(root / "part" / "checkpoints" / "step_00000003", ckpt)
+    states = read_rng_states(ckpt, 0)
+    # the states restored are the saved ones: the next draws equal those after the save
+    restore_rng_states(states)
+    draws = (random.random(), float(np.random.rand()), float(torch.rand(1)))
+    restore_rng_states(states)
+    assert draws == (random.random(), float(np.random.rand()), float(torch.rand(1)))
+    file = ckpt / "random_states_0.pkl"
+    good = dict(states)
+    for key, bad, match in (
+        ("torch_manual_seed", torch.zeros(7, dtype=torch.uint8), "'torch_manual_seed' must be a uint8 tensor"),
+        ("random_state", (3, (1, 2, 3), None), "'random_state' must be Python's"),
+        ("numpy_random_seed", ("MT19937", np.zeros(5, np.uint32), 0, 0, 0.0), "'numpy_random_seed' must be"),
+        ("step", -1, "'step' must be an int >= 0"),
+        ("extra", 1, "must be a dict with keys in"),
+    ):
+        torch.save({**good, key: bad}, file)
+        with pytest.raises(CheckpointError, match=match):
+            validate_checkpoint(ckpt)
+    torch.save({k: v for k, v in good.items() if k != "torch_manual_seed"}, file)
+    with pytest.raises(CheckpointError, match="lacks 'torch_manual_seed'"):
+        validate_checkpoint(ckpt)
+
+
+@pytest.mark.slow
+def test_optimizer_file_schema_and_fit(runs, tmp_path):
+    root, _ = runs
+    run = tmp_path / "run"
+    shutil.copytree(root / "part", run)
+    ckpt = run / "checkpoints" / "step_00000003"
+    file = ckpt / "optimizer.bin"
+    good = torch.load(file, weights_only=True)
+    torch.save({"state": good["state"]}, file)
+    with pytest.raises(CheckpointError, match="keys 'state' and 'param_groups'"):
+        validate_checkpoint(ckpt)
+    bad = {"state": {10**6: {}}, "param_groups": good["param_groups"]}
+    torch.save(bad, file)
+    with pytest.raises(CheckpointError, match="'state' must map parameter indices"):
+        validate_checkpoint(ckpt)
+    # structurally fine but for another shape of the parameters: refused against the trainer, before loading
+    i = next(iter(good["state"]))
+    wrong = {**good["state"], i: {k: (torch.zeros(3, 3) if torch.is_tensor(v) and v.dim() else v)
+                                  for k, v in good["state"][i].items()}}  # fmt: skip
+    torch.save({"state": wrong, "param_groups": good["param_groups"]}, file)
+    validate_checkpoint(ckpt)
+    with pytest.raises(CheckpointError, match=r"optimizer.bin 'state\[\d+\]\['exp_avg'\]' has shape \(3, 3\)"):
+        _trainer(run, max_train_steps=4).load_checkpoint(ckpt)
+
+
+@pytest.mark.slow
+def test_trainer_state_counters_must_agree(runs, tmp_path):
+    root, _ = runs
+    ckpt = tmp_path / "step_00000003"
+    shutil.copytree(root / "part" / "checkpoints" / "step_00000003", ckpt)
+    state = json.loads((ckpt / "trainer_state.json").read_text())
+    (ckpt / "trainer_state.json").write_text(json.dumps({**state, "global_step": 7}))
+    with pytest.raises(CheckpointError, match="'global_step' is 7 but epoch 0 x"):
+        validate_checkpoint(ckpt)
+    (ckpt / "trainer_state.json").write_text("[" * 200_000)  # nesting deeper than the JSON parser recurses
+    with pytest.raises(CheckpointError, match="trainer_state.json cannot be read"):
+        validate_checkpoint(ckpt)
