@@ -26,15 +26,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402  (recipes/common.py: argparse, config, the whole job)
 
-DEFAULTS = {**common.NO_ARGUMENT_RUN, "output_dir": "outputs/roadmap_synthetic"}  # the run without arguments
+# the run without arguments
+DEFAULTS = {**common.NO_ARGUMENT_RUN, "loss": "ROADMAP", "output_dir": "outputs/roadmap_synthetic"}
 # ROADMAP = SupAP + a decomposability term; "calibration" has no parameters, "proxy" adds ClusterLoss proxies (one per
 # fine class) in their own optimizer group.
-LOSSES = ("ROADMAP",)
+# --loss: the losses registered with hierarchical=False (pml_suprank.losses.register_loss)
+HIERARCHICAL = False
 DESCRIPTION = "Train a retrieval model with ROADMAP (SupAP + L_DG)."
 
 
 def main(argv: list[str] | None = None) -> dict | None:
-    return common.main(argv, DESCRIPTION, DEFAULTS, LOSSES)
+    return common.main(argv, DESCRIPTION, DEFAULTS, HIERARCHICAL)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ def recipe_parser(recipe: str = "train_happier"):
     """``(recipes.common, the argparse parser of recipe)``."""
     common = import_recipe("common")
     module = import_recipe(recipe)
-    return common, common.build_parser(module.DESCRIPTION, module.DEFAULTS, module.LOSSES)
+    return common, common.build_parser(module.DESCRIPTION, module.DEFAULTS, module.HIERARCHICAL)
 
 
 def free_port() -> int:

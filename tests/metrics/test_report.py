@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import importlib
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -130,28 +128,3 @@ def test_same_output_as_hub_model_card_helpers():
         main += [k for k in paper if k not in main]
         assert report.headline_keys(metrics, paper) == main
         assert report.headline_keys(metrics) == [k for k in headline if k in rates]
-
-
-def test_same_output_as_training_and_recipes():
-    training = importlib.import_module("pml_suprank.training")
-    old_format = getattr(training, "_format_metrics", None)
-    if old_format is None:
-        pytest.skip("training now uses pml_suprank.metrics.report")
-    recipes = Path(__file__).resolve().parents[2] / "recipes"
-    sys.path.insert(0, str(recipes))
-    try:
-        common = importlib.import_module("common")
-    finally:
-        sys.path.remove(str(recipes))
-    old_one_column = getattr(common, "_one_column", None)
-    if old_one_column is None:
-        pytest.skip("recipes/common.py now uses pml_suprank.metrics.report")
-    for metrics in CASES:
-        for short in (False, True):
-            assert report.format_metrics(metrics, short) == old_format(metrics, short)
-        assert report.one_column(metrics) == old_one_column(metrics)
-        before = {k: v / 2 for k, v in metrics.items()}
-        assert report.format_metrics_table(before, metrics) == training.format_metrics_table(before, metrics)
-        assert report.format_metrics_table(metrics, {}, ["ap", "x"]) == training.format_metrics_table(
-            metrics, {}, ["ap", "x"]
-        )
