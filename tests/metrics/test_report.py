@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 
 from pml_suprank.metrics import report
@@ -113,15 +111,9 @@ def test_registry_is_consistent():
         METRICS["x"] = METRICS["ap"]  # read-only
 
 
-def test_same_output_as_hub_model_card_helpers():
-    hub = importlib.import_module("pml_suprank.hub")
-    old, headline = getattr(hub, "_metric_label", None), getattr(hub, "_HEADLINE", None)
-    if old is None or headline is None:
-        pytest.skip("hub now uses pml_suprank.metrics.report")
+def test_headline_keys_follow_the_headline_order_then_the_paper_keys():
+    headline = report.HEADLINE_KEYS
     for metrics in CASES:
-        for key in (*metrics, *ODD_KEYS):
-            for names in (None, ("fine", "coarse"), ("a", "b", "c")):
-                assert report.metric_label(key, names) == old(key, names), key
         paper = {"recall_at_1": 1.0, "extra": 2.0}
         rates = {k: v for k, v in metrics.items() if not k.startswith("num_")}
         main = [k for k in headline if k in rates or k in paper]
