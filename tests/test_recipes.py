@@ -424,7 +424,7 @@ def test_partial_override_config_files(tmp_path):
         common.parse_run_spec(recipe_parser("train_happier")[1], argv)
 
 
-@pytest.mark.parametrize("name", ["train_happier.py", "train_roadmap.py", "evaluate.py", "common.py"])
+@pytest.mark.parametrize("name", ["train_happier.py", "train_roadmap.py", "evaluate.py", "fit_heat.py"])
 def test_every_recipe_sets_a_passive_openmp_wait_policy_before_torch(name):
     text = (RECIPES / name).read_text()
     policy = text.index('os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")')

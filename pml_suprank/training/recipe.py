@@ -1,71 +1,52 @@
-########################################################################
-# Shared plumbing of the pml-suprank recipes (train_happier.py, train_roadmap.py, evaluate.py).
-#
-# The command line is generated from the parts of pml_suprank.training.RunSpec (ModelOptions, DataOptions,
-# LossOptions, TrainingConfig, RunOptions): one snake_case flag per field, with its help and default shown by --help;
-# booleans are `--flag true/false`, lists comma-separated. `--config` reads hub_configs (several files are laid over
-# each other, so an override file may hold only the keys it changes); command-line flags override them. The run's
-# RunSpec is built once from both and validated once, then passed down typed; `--loss` takes any loss registered with
-# pml_suprank.losses.register_loss (hierarchical ones in train_happier.py, the others in train_roadmap.py).
-# `--dataset` takes a paper benchmark by name (sop, cub, inat_base, inat_full, dyml_*, cifar100, omniglot,
-# gldv2_hier, ...), read from its archive as distributed under `--data_root DIR`
-# (pml_suprank.benchmarks.load_benchmark), as well as a Hub id or a local copy.
-#
-# Everything here runs in any `accelerate launch` setting: CPU, multi-process (gloo), multi-GPU, mixed precision.
-# With no argument at all, a recipe trains a tiny timm backbone on SyntheticShapes (built into the package): it needs
-# no network and finishes in a few minutes on a 2-core CPU.
-########################################################################
+"""The training job of the recipes (``recipes/train_happier.py``, ``recipes/train_roadmap.py``): parse, build,
+train, evaluate, save, push.
+
+The command line is generated from the parts of :class:`~pml_suprank.training.RunSpec` (``ModelOptions``,
+``DataOptions``, ``LossOptions``, ``TrainingConfig``, ``RunOptions``): one snake_case flag per field, with its help
+and default shown by ``--help``; booleans are ``--flag true/false``, lists comma-separated. ``--config`` reads
+hub_configs (several files are laid over each other, so an override file may hold only the keys it changes);
+command-line flags override them. The run's ``RunSpec`` is built once from both and validated once
+(:func:`~pml_suprank.training.cli.parse_run_spec`), then passed down typed; ``--loss`` takes any loss registered with
+:func:`pml_suprank.losses.register_loss` (the hierarchical ones in ``train_happier.py``, the others in
+``train_roadmap.py``). ``--dataset`` takes a paper benchmark by name (``sop``, ``cub``, ``inat_base``, ``dyml_*``,
+``cifar100``, ``gldv2_hier``, ...), read from its archive under ``--data_root DIR``, a Hub id or a local copy.
+
+Everything here runs in any ``accelerate launch`` setting: CPU, multi-process (gloo), multi-GPU, mixed precision.
+With no argument at all, a recipe trains a tiny timm backbone on SyntheticShapes (built into the package): it needs
+no network and finishes in a few minutes on a 2-core CPU. The scripts set ``OMP_WAIT_POLICY=PASSIVE`` before torch
+is imported (spinning OpenMP threads make a busy or shared CPU dramatically slower).
+"""
+
 from __future__ import annotations
 
-import os
+import argparse
+import importlib.util
+import json
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
-# OpenMP threads that spin while waiting make a busy or shared CPU dramatically slower (small ops 10-20x slower,
-# and a tiny ResNet step up to 30x, with 2 spinning threads on an oversubscribed 2-core machine); sleeping waits cost
-# nothing when the CPU is idle. Must be set before torch is imported; an explicit setting by the user wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # noqa: TID251 - recipes may configure the process
+import torch
 
-import argparse  # noqa: E402
-import importlib.util  # noqa: E402
-import json  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Mapping  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
-
-import torch  # noqa: E402
-
-from pml_suprank.benchmarks import BENCHMARKS  # noqa: E402
-from pml_suprank.metrics.report import one_column  # noqa: E402
-from pml_suprank.training import RunSpec  # noqa: E402
-from pml_suprank.training.cli import (  # noqa: E402
-    build_recipe_parser,
-    int_list,
-    json_dict,
-    parse_run_spec,
-    recipe_losses,
-    str2bool,
-    str_list,
-)
-from pml_suprank.training.data_source import dataset_source  # noqa: E402
+from ..benchmarks.registry import BENCHMARKS
+from ..metrics.report import format_metrics_table, one_column
+from .cli import build_recipe_parser, parse_run_spec, recipe_losses
+from .data_source import dataset_source
+from .run_spec import RunSpec
 
 __all__ = [
     "NO_ARGUMENT_RUN",
     "build_datasets",
     "build_model",
     "build_parser",
-    "int_list",
-    "json_dict",
     "main",
     "make_accelerator",
     "make_loss",
     "multilabel_parts",
-    "one_column",
-    "parse_run_spec",
     "push",
     "run",
-    "str2bool",
-    "str_list",
 ]
 
 
@@ -115,7 +96,7 @@ def build_model(spec: RunSpec) -> Any:
     """The :class:`~pml_suprank.models.RetrievalModel` of the model options (at the data's ``image_size``)."""
     from dataclasses import asdict
 
-    from pml_suprank.models import RetrievalModel
+    from ..models import RetrievalModel
 
     return RetrievalModel(**asdict(spec.model), image_size=spec.data.image_size)
 
@@ -125,7 +106,7 @@ def build_datasets(spec: RunSpec, model: Any) -> tuple[Any, Any]:
     read from its archive under ``--data_root``, or a Hub / local dataset) with timm-config transforms
     (RandomResizedCrop + flip / resize + center crop). A benchmark with ``--open_set true`` is checked for disjoint
     training / test fine classes. The data options were checked with the spec."""
-    from pml_suprank import data
+    from .. import data
 
     train_tf = data.build_transforms(model.data_config, train=True, scale=tuple(spec.data.crop_scale))
     test_tf = data.build_transforms(model.data_config, train=False)
@@ -160,8 +141,8 @@ def multilabel_parts(spec: RunSpec, accelerator: Any, train_ds: Any, test_ds: An
     the test set's table (``h_ap``, ``ndcg``, ``mean_label_ap``, R@k). ``{}`` for a single-label dataset."""
     if not getattr(train_ds, "multilabel", False):
         return {}
-    from pml_suprank.metrics import RetrievalEvaluator
-    from pml_suprank.samplers import MultiLabelSampler
+    from ..metrics import RetrievalEvaluator
+    from ..samplers import MultiLabelSampler
 
     train = spec.train
     sampler = MultiLabelSampler(
@@ -186,7 +167,7 @@ def _setup(spec: RunSpec) -> tuple[Any, Any, Any, Any]:
     """Accelerator, trainer, test set and number of classes of the run (model, data and loss built here)."""
     from accelerate.utils import set_seed
 
-    from pml_suprank.training import Trainer
+    from .trainer import Trainer
 
     # parameters without a gradient in some steps (frozen backbone during the warm-up, frozen BatchNorm) need DDP's
     # find_unused_parameters
@@ -256,8 +237,6 @@ def run(spec: RunSpec) -> dict[str, Any] | None:
 
 
 def _job(spec: RunSpec, accelerator: Any, trainer: Any, test_ds: Any) -> Any:
-    from pml_suprank.training import format_metrics_table
-
     t_start = time.perf_counter()
     before = _initial_eval(spec, trainer)
     t_train = time.perf_counter()
@@ -321,11 +300,11 @@ def _job(spec: RunSpec, accelerator: Any, trainer: Any, test_ds: Any) -> Any:
 
 def push(spec: RunSpec, folder: Path) -> bool:
     """Upload the final folder; a failed upload keeps the local results and says where they are."""
-    from pml_suprank import hub
+    from .. import hub
 
     repo_id = spec.run.hub_model_id
     if not repo_id:
-        print(
+        print(  # noqa: T201 - the recipes' command-line job reports on the terminal
             "--push_to_hub needs --hub_model_id (e.g. your-name/happier-synthetic); nothing was uploaded, "
             f"the results are in {folder}",
             file=sys.stderr,
@@ -334,7 +313,8 @@ def push(spec: RunSpec, folder: Path) -> bool:
     try:
         info = hub.push_folder_to_hub(folder, repo_id, private=spec.run.hub_private or None)
     except Exception as e:  # the local folder is never touched by a failed push
-        print(f"push to {repo_id!r} failed ({type(e).__name__}: {e}); the results stay in {folder}", file=sys.stderr)
+        message = f"push to {repo_id!r} failed ({type(e).__name__}: {e}); the results stay in {folder}"
+        print(message, file=sys.stderr)  # noqa: T201 - the recipes' command-line job reports on the terminal
         return False
-    print(f"pushed {folder} to {getattr(info, 'commit_url', None) or repo_id}")
+    print(f"pushed {folder} to {getattr(info, 'commit_url', None) or repo_id}")  # noqa: T201 - as above
     return True
