@@ -102,9 +102,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from pml_suprank.models import RetrievalModel
 
-    accelerator = make_accelerator(
-        cpu=args.cpu, mixed_precision=args.mixed_precision, output_dir=args.output_dir
-    )
+    accelerator = make_accelerator(cpu=args.cpu, mixed_precision=args.mixed_precision, output_dir=args.output_dir)
     model = accelerator.prepare(RetrievalModel.from_pretrained(args.model))
     mode = PROTOCOLS.get(name) if name is not None and args.test_split is None else None
     if mode is None:
