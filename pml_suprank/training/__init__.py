@@ -16,7 +16,10 @@ Layout:
 * :mod:`.run_folder` — run identity and ownership of ``output_dir``: the run fingerprint, ``run.json``, the lock file
   ``run.lock`` and the refusal of a new run into a previous run's folder;
 * :mod:`.trainer` — :class:`Trainer`;
-* :mod:`.export` — the final Hub-ready folder.
+* :mod:`.export` — the final Hub-ready folder;
+* :mod:`.data_source` — :class:`~pml_suprank.training.data_source.DatasetSource`, where a run's training / test set
+  comes from (synthetic, a benchmark archive, a Hub / local retrieval dataset);
+* :mod:`.recipe` — the training recipes' whole job (``recipes/train_happier.py``, ``recipes/train_roadmap.py``).
 
 Printed metric summaries live in :mod:`pml_suprank.metrics.report` (``format_metrics_table`` is re-exported here).
 """

@@ -274,13 +274,9 @@ class Trainer:
         one rename) and delete the oldest checkpoints beyond ``keep_checkpoints``."""
         state = self._trainer_state() if self.accelerator.is_main_process else {}
         return save_checkpoint_atomically(
-            self.accelerator,
-            self.output_dir,
-            self.progress.global_step,
-            state,
-            self.config.keep_checkpoints,
+            self.accelerator, self.output_dir, self.progress.global_step, state, self.config.keep_checkpoints,
             fingerprint=self.fingerprint,
-        )
+        )  # fmt: skip
 
     def load_checkpoint(self, path: str | Path, ignore_config_change: bool = False) -> dict[str, Any]:
         """Restore model, loss, memory, optimizer, scheduler, RNG states and the sampler position from ``path``.
