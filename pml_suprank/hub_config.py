@@ -70,11 +70,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .benchmarks.registry import BENCHMARKS, BenchmarkSpec, benchmark_label_names
 from .losses.registry import registered_losses
 from .training.config import OptionCheck, is_number, is_str, list_of
-from .training.data_source import SYNTHETIC_NAMES, dataset_source
-from .training.options import OPTION_CLASSES, option_fields
+from .training.data_source import data_option_errors, dataset_source, multilabel_option_errors, resolved_split
+from .training.options import LOCATIONS, OPTION_CLASSES, SECTIONS, option_fields, recipe_options
 
 __all__ = [
     "HUB_CONFIG_SCHEMA",
@@ -110,23 +109,10 @@ _HUB_SECTION: dict[str, OptionCheck] = {
 }
 
 
-def _option_locations() -> dict[tuple[str, str], tuple[type, str]]:
-    """``(section, key)`` of every file option → ``(option class, field name)``."""
-    out = {}
-    for cls, f in option_fields(*OPTION_CLASSES):
-        if f.metadata.get("section") is not None:
-            out[(f.metadata["section"], f.metadata["key"] or f.name)] = (cls, f.name)
-    return out
-
-
-_LOCATIONS = _option_locations()
-_SECTIONS = ("model", "data", "loss", "optimizer", "scheduler", "sampler_options", "memory", "training", "evaluation")
-
-
 def _derive_schema() -> dict[str, dict[str, tuple[Any, str]]]:
-    schema: dict[str, dict[str, tuple[Any, str]]] = {s: {} for s in _SECTIONS}
+    schema: dict[str, dict[str, tuple[Any, str]]] = {s: {} for s in SECTIONS}
     checks = {f.name: f.metadata["check"] for _, f in option_fields(*OPTION_CLASSES)}
-    for (section, key), (_, name) in _LOCATIONS.items():
+    for (section, key), (_, name) in LOCATIONS.items():
         schema[section][key] = (checks[name], checks[name].expected)
     schema["hub"] = {k: (c, c.expected) for k, c in _HUB_SECTION.items()}
     return schema
@@ -203,106 +189,6 @@ def _schema_errors(config: dict[str, Any]) -> list[str]:
     return errors
 
 
-def _benchmark(dataset: Any) -> BenchmarkSpec | None:
-    return BENCHMARKS.get(dataset) if isinstance(dataset, str) else None
-
-
-def data_option_errors(data: Mapping[str, Any], *, require_root: bool = False) -> list[str]:
-    """The problems of a ``data`` section (or of the recipes' data options nested by :func:`nest_options`), as
-    messages naming the keys; ``[]`` when it is consistent.
-
-    Checks the label columns (required for a Hub / local dataset, forbidden for the synthetic one, equal to the
-    benchmark's label names when given for a benchmark), the splits of a benchmark, the open-set rules, and refuses
-    ``synthetic_multilabel`` under any loss but HAPPIER or with a memory (:func:`multilabel_option_errors`).
-    ``require_root=True`` also requires ``data_root`` for a benchmark (a complete run; a shipped file leaves it to
-    the command line).
-    """
-    errors = []
-    dataset = data.get("dataset")
-    spec = _benchmark(dataset)
-    if spec is not None:
-        errors += _benchmark_errors(spec, data, require_root)
-    elif dataset is not None and dataset not in SYNTHETIC_NAMES and "label_columns" not in data:
-        errors.append("'data.label_columns' is required unless data.dataset is 'synthetic' or a benchmark name")
-    if spec is None and "data_root" in data:
-        errors.append(f"'data.data_root' is for a benchmark dataset ({', '.join(BENCHMARKS)}); got dataset {dataset!r}")
-    if dataset in SYNTHETIC_NAMES and "label_columns" in data:
-        errors.append(f"'data.label_columns' must not be set for the built-in dataset {dataset} (it has its own)")
-    rules = [k for k in ("train_classes_per_coarse", "train_class_fraction") if k in data]
-    if len(rules) > 1:
-        errors.append(f"'data' sets both {rules}; give one open-set rule")
-    if rules and not data.get("open_set", False):
-        errors.append(f"'data.{rules[0]}' needs 'data.open_set: true'")
-    if rules and dataset in SYNTHETIC_NAMES:
-        errors.append("the synthetic dataset has its own open-set split; drop the open-set rule")
-    if rules and spec is not None:
-        errors.append(f"benchmark {dataset} has its own train / test splits; drop 'data.{rules[0]}'")
-    if "train_classes_per_coarse" in data and len(data.get("label_columns", [])) < 2:
-        errors.append("'data.train_classes_per_coarse' needs at least two label_columns (fine and coarse)")
-    return errors
-
-
-def multilabel_option_errors(dataset: Any, loss: Any, memory_size: Any, sampler: Any = None) -> list[str]:
-    """The problems of training the multi-label ``synthetic_multilabel`` dataset with ``loss``, a memory of
-    ``memory_size`` and the batch ``sampler`` option, as messages naming the options; ``[]`` for any other dataset or
-    a supported setting.
-
-    Only the losses registered with ``multilabel=True`` have a multi-label variant (HAPPIER: ``relevance=
-    "multilabel"``, the thesis' Algorithm 1 relevance); ROADMAP and ROD-NDCG have none yet, the cross-batch memory
-    does not store label sets yet, and the batches are drawn by :class:`pml_suprank.samplers.MultiLabelSampler`
-    (``sampler`` must keep its default ``m_per_class``).
-    """
-    if dataset != "synthetic_multilabel":
-        return []
-    errors = []
-    multilabel_losses = list(registered_losses(multilabel=True))
-    if loss is not None and loss not in multilabel_losses:
-        errors.append(
-            f"'loss' {loss} has no multi-label variant: dataset synthetic_multilabel (several labels per image) "
-            f"trains with {' or '.join(multilabel_losses)} only"
-        )
-    if memory_size:
-        errors.append(
-            f"'memory_size' {memory_size}: the memory does not store multi-label label sets yet; "
-            "use memory_size 0 with dataset synthetic_multilabel"
-        )
-    if sampler not in (None, "m_per_class"):
-        errors.append(
-            f"'sampler' {sampler}: dataset synthetic_multilabel is sampled by MultiLabelSampler (m items per label); "
-            "keep sampler m_per_class"
-        )
-    return errors
-
-
-def _benchmark_errors(spec: BenchmarkSpec, data: Mapping[str, Any], require_root: bool) -> list[str]:
-    errors = []
-    for part in ("train", "test"):
-        split = data.get(f"{part}_split")
-        if split is not None and split not in spec.splits:
-            errors.append(
-                f"'data.{part}_split' must be a split of benchmark {spec.name} {list(spec.splits)}; got {split!r}"
-            )
-    if data.get("test_split") is None and spec.test_split is None:
-        errors.append(
-            f"benchmark {spec.name} has no single test split (it is evaluated per query / gallery pair by "
-            f"recipes/evaluate.py --benchmark {spec.name}); set 'data.test_split' to one of {list(spec.splits)}"
-        )
-    train_split = data.get("train_split") or spec.train_split
-    if "label_columns" in data and train_split in spec.splits:
-        names = list(benchmark_label_names(spec.name, train_split))
-        if list(data["label_columns"]) != names:
-            errors.append(
-                f"'data.label_columns' {list(data['label_columns'])} does not match the label names {names} of "
-                f"benchmark {spec.name} (split {train_split!r}); drop label_columns or give exactly these"
-            )
-    if require_root and not data.get("data_root"):
-        errors.append(
-            f"benchmark {spec.name} is read from its archive: give its folder with --data_root (data.data_root); "
-            f"expected layout: {spec.layout}"
-        )
-    return errors
-
-
 def merge_hub_configs(*configs: Mapping[str, Any]) -> dict[str, Any]:
     """Lay ``configs`` over each other in order: later sections' keys replace earlier ones, top-level values
     (``name``, ``notes``...) are replaced whole. Returns a new dict; the inputs are not modified."""
@@ -363,17 +249,6 @@ def load_hub_config(
     return validate_hub_config(config, source=str(path), partial=partial, defaults=defaults)
 
 
-def recipe_options(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The option sections as ``{option name: value}`` (the recipes' argparse destinations; ``loss.name`` →
-    ``loss``); the metadata (``name``, ``hub``...) is dropped."""
-    out: dict[str, Any] = {}
-    for section in _SECTIONS:
-        for k, v in (config.get(section) or {}).items():
-            if (section, k) in _LOCATIONS:
-                out[_LOCATIONS[(section, k)][1]] = v
-    return out
-
-
 def flat_options(config: Mapping[str, Any]) -> dict[str, Any]:
     """The option sections flattened to ``{recipe option: value}`` (metadata — ``hub``, ``loss.name`` — dropped)."""
     out = recipe_options(config)
@@ -384,7 +259,7 @@ def flat_options(config: Mapping[str, Any]) -> dict[str, Any]:
 def nest_options(values: Mapping[str, Any], *, drop_none: bool = True) -> dict[str, Any]:
     """The inverse of :func:`recipe_options`: option values (e.g. ``vars(args)``) as hub_config sections; names
     that are no file option are ignored, and so are ``None`` values with ``drop_none``."""
-    where = {name: (section, key) for (section, key), (_, name) in _LOCATIONS.items()}
+    where = {name: (section, key) for (section, key), (_, name) in LOCATIONS.items()}
     out: dict[str, Any] = {}
     for name, value in values.items():
         if name in where and not (drop_none and value is None):
@@ -419,27 +294,6 @@ def build_loss(config: Mapping[str, Any], num_classes: int, embedding_size: int)
     if name not in registered_losses():
         raise ValueError(f"loss.name must be one of {sorted(registered_losses())}; got {name!r}")
     return build_registered_loss(name, loss_kwargs(config), num_classes, embedding_size)
-
-
-def resolved_split(config: Mapping[str, Any], part: str) -> str:
-    """The split name of the ``part`` (``"train"`` / ``"test"``) dataset: ``data.<part>_split`` when set, else the
-    benchmark's own training / test split for a benchmark name, else ``part``."""
-    if part not in ("train", "test"):
-        raise ValueError(f"part must be 'train' or 'test'; got {part!r}")
-    data = config.get("data") or {}
-    split = data.get(f"{part}_split")
-    if split is not None:
-        return split
-    spec = _benchmark(data.get("dataset"))
-    if spec is None:
-        return part
-    split = spec.train_split if part == "train" else spec.test_split
-    if split is None:
-        raise ValueError(
-            f"benchmark {spec.name} has no single test split (evaluate it with recipes/evaluate.py --benchmark "
-            f"{spec.name}); set data.test_split (--test_split) to one of {list(spec.splits)}"
-        )
-    return split
 
 
 def build_dataset(

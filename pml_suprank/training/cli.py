@@ -18,7 +18,7 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from ..losses.registry import registered_losses
 from .config import field_default
-from .options import loss_keys, option_fields
+from .options import loss_keys, option_fields, recipe_options
 from .run_spec import FIELD_PARTS, PARTS, RunSpec
 
 __all__ = [
@@ -219,7 +219,7 @@ def _read_configs(parser: argparse.ArgumentParser, paths: list[str]) -> dict[str
     except (ValueError, FileNotFoundError) as e:
         parser.error(f"--config: {e}")
     actions = {a.dest: a for a in parser._actions}
-    options = hc.recipe_options(config)
+    options = recipe_options(config)
     unknown = sorted(set(options) - set(actions))
     if unknown:
         parser.error(f"--config {' '.join(paths)}: option(s) {unknown} are not options of this recipe")
@@ -241,10 +241,8 @@ def parse_run_spec(parser: argparse.ArgumentParser, argv: list[str] | None = Non
     pre.add_argument("--config", action="append", default=None)
     known, _ = pre.parse_known_args(argv)
     hub_config = _read_configs(parser, known.config) if known.config else {}
-    from .. import hub_config as hc
-
     defaults = {a.dest: a.default for a in parser._actions if a.dest in FIELD_PARTS}
-    values = {**defaults, **hc.recipe_options(hub_config), **_explicit_flags(parser, argv)}
+    values = {**defaults, **recipe_options(hub_config), **_explicit_flags(parser, argv)}
     try:
         return RunSpec.from_values(values, hub_config).validate()
     except ValueError as e:

@@ -30,7 +30,9 @@ from .config import (
 )
 
 __all__ = [
+    "LOCATIONS",
     "OPTION_CLASSES",
+    "SECTIONS",
     "DataOptions",
     "LossOptions",
     "ModelOptions",
@@ -38,6 +40,7 @@ __all__ = [
     "build_loss",
     "loss_keys",
     "option_fields",
+    "recipe_options",
 ]
 
 
@@ -213,6 +216,32 @@ def option_fields(*classes: type) -> Iterator[tuple[type, Field]]:
     for cls in classes or OPTION_CLASSES:
         for f in fields(cls):
             yield cls, f
+
+
+def _option_locations() -> dict[tuple[str, str], tuple[type, str]]:
+    """``(section, key)`` of every file option → ``(option class, field name)``."""
+    out = {}
+    for cls, f in option_fields(*OPTION_CLASSES):
+        if f.metadata.get("section") is not None:
+            out[(f.metadata["section"], f.metadata["key"] or f.name)] = (cls, f.name)
+    return out
+
+
+#: ``(hub_config section, key)`` of every file option → ``(option class, field name)``
+LOCATIONS = _option_locations()
+#: the hub_config sections holding options, in file order
+SECTIONS = ("model", "data", "loss", "optimizer", "scheduler", "sampler_options", "memory", "training", "evaluation")
+
+
+def recipe_options(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The option sections of a hub_config as ``{option name: value}`` (the recipes' flag names; ``loss.name`` →
+    ``loss``); the metadata (``name``, ``hub``...) is dropped."""
+    out: dict[str, Any] = {}
+    for section in SECTIONS:
+        for k, v in (config.get(section) or {}).items():
+            if (section, k) in LOCATIONS:
+                out[LOCATIONS[(section, k)][1]] = v
+    return out
 
 
 def loss_keys(name: str) -> tuple[str, ...]:

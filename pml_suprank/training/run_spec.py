@@ -31,7 +31,8 @@ from torch import nn
 
 from ..losses.registry import LossEntry, loss_entry
 from .config import TrainingConfig
-from .options import DataOptions, LossOptions, ModelOptions, RunOptions, build_loss, loss_keys
+from .data_source import data_option_errors, multilabel_option_errors, resolved_split
+from .options import DataOptions, LossOptions, ModelOptions, RunOptions, build_loss, loss_keys, recipe_options
 
 __all__ = ["PARTS", "RunSpec"]
 
@@ -97,8 +98,6 @@ class RunSpec:
     @classmethod
     def from_hub_config(cls, config: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> RunSpec:
         """The spec of a (schema-checked) hub_config dict laid over ``defaults`` (option name → value)."""
-        from ..hub_config import recipe_options
-
         return cls.from_values({**(defaults or {}), **recipe_options(config)}, config)
 
     # ------------------------------------------------------------------------------------------------------ reading
@@ -134,8 +133,6 @@ class RunSpec:
     def run_options(self, mixed_precision: str) -> dict[str, Any]:
         """The resolved model / data / loss options of the run (with the ``TrainingConfig``: its fingerprint). The
         splits are the ones actually read; ``data_root`` is left out (moving the archive keeps the fingerprint)."""
-        from ..hub_config import resolved_split
-
         data = {k: v for k, v in _asdict(self.data).items() if k != "data_root"}
         for part in ("train", "test"):
             if data[f"{part}_split"] is None:
@@ -152,8 +149,6 @@ class RunSpec:
         """Every inconsistency of the spec, as messages naming the options (``[]``: valid). ``require_data_root``:
         a benchmark dataset needs ``data_root`` (a complete run; a shipped hub_config leaves it to the command line).
         """
-        from ..hub_config import data_option_errors, multilabel_option_errors
-
         errors = _field_errors(self)
         try:
             accepted = loss_keys(self.loss.loss)
