@@ -3,10 +3,11 @@
 A hub_config is plain YAML with the sections below. Every key of the option sections is a field of the option
 dataclasses of :mod:`pml_suprank.training` (``TrainingConfig``, ``ModelOptions``, ``DataOptions``, ``LossOptions``,
 ``RunOptions``) and the name of a recipe option (``recipes/train_happier.py --help``, ``loss.name`` is ``--loss``), so
-``--config file.yaml`` simply sets the recipe's defaults; ``name``, ``description``, ``notes`` and the whole ``hub``
-section are metadata (model card, bookkeeping). :data:`HUB_CONFIG_SCHEMA` is derived from those dataclasses, and a
-file is validated by building the real objects (``TrainingConfig``, the loss; the backbone name is checked against
-timm without building the network).
+``--config file.yaml`` sets the options of the recipe's :class:`~pml_suprank.training.RunSpec`; ``name``,
+``description``, ``notes`` and the whole ``hub`` section are metadata (model card, bookkeeping).
+:data:`HUB_CONFIG_SCHEMA` is derived from those dataclasses, and a file is validated as a ``RunSpec`` (the
+``TrainingConfig``, the registered loss and the options it takes, the data section; the backbone name is checked
+against timm without building the network).
 
 Files can be partial: ``load_hub_config(path, partial=True)`` accepts a file with only the keys it changes, and
 :func:`merge_hub_configs` lays such files over a base (the recipes' ``--config base.yaml --config override.yaml``).
@@ -33,7 +34,8 @@ Schema (``*`` = required in a complete file; types in brackets; defaults are the
     ``open_set`` [bool: train/test fine classes must be disjoint], ``train_classes_per_coarse`` [int] or
     ``train_class_fraction`` [float] (the open-set class partition, see :func:`pml_suprank.data.open_set_classes`).
 ``loss``\\*
-    ``name``\\* [HAPPIER | ROADMAP | ROD-NDCG], ``decomposability`` [calibration | proxy, ROADMAP only],
+    ``name``\\* [a loss of :func:`pml_suprank.losses.register_loss`: HAPPIER | ROADMAP | ROD-NDCG | ...],
+    ``decomposability`` [calibration | proxy, ROADMAP only],
     ``decomposability_weight`` [λ], ``alpha`` [H-AP relevance exponent, HAPPIER only], ``tau``, ``rho``, ``delta``,
     ``start``, ``offset`` [SupRank H⁻ parameters; ``offset: null`` = the continuous σ(δ/τ) + start].
 ``optimizer``
@@ -68,18 +70,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .data.benchmarks.registry import BENCHMARKS, BenchmarkSpec, benchmark_label_names
-from .training.config import OptionCheck, TrainingConfig, is_number, is_str, list_of
-from .training.options import LOSS_CLASSES, OPTION_CLASSES, option_fields
-from .training.options import build_loss as _build_loss_by_name
+from .losses.registry import registered_losses
+from .training.config import OptionCheck, is_number, is_str, list_of
+from .training.data_source import data_option_errors, dataset_source, multilabel_option_errors, resolved_split
+from .training.options import LOCATIONS, OPTION_CLASSES, SECTIONS, option_fields, recipe_options
 
 __all__ = [
     "HUB_CONFIG_SCHEMA",
-    "LOSS_CLASSES",
     "build_dataset",
     "build_loss",
     "data_option_errors",
-    "dataset_kwargs",
     "flat_options",
     "load_hub_config",
     "loss_kwargs",
@@ -87,15 +87,11 @@ __all__ = [
     "multilabel_option_errors",
     "model_kwargs",
     "nest_options",
+    "read_hub_config",
     "recipe_options",
     "resolved_split",
     "validate_hub_config",
 ]
-
-
-# the built-in datasets (pml_suprank.data.synthetic_dataset) and the losses with a multi-label variant
-SYNTHETIC_NAMES = ("synthetic", "synthetic_multilabel")
-MULTILABEL_LOSSES = ("HAPPIER",)
 
 
 def _results(v: Any) -> bool:
@@ -113,23 +109,10 @@ _HUB_SECTION: dict[str, OptionCheck] = {
 }
 
 
-def _option_locations() -> dict[tuple[str, str], tuple[type, str]]:
-    """``(section, key)`` of every file option → ``(option class, field name)``."""
-    out = {}
-    for cls, f in option_fields(*OPTION_CLASSES):
-        if f.metadata.get("section") is not None:
-            out[(f.metadata["section"], f.metadata["key"] or f.name)] = (cls, f.name)
-    return out
-
-
-_LOCATIONS = _option_locations()
-_SECTIONS = ("model", "data", "loss", "optimizer", "scheduler", "sampler_options", "memory", "training", "evaluation")
-
-
 def _derive_schema() -> dict[str, dict[str, tuple[Any, str]]]:
-    schema: dict[str, dict[str, tuple[Any, str]]] = {s: {} for s in _SECTIONS}
+    schema: dict[str, dict[str, tuple[Any, str]]] = {s: {} for s in SECTIONS}
     checks = {f.name: f.metadata["check"] for _, f in option_fields(*OPTION_CLASSES)}
-    for (section, key), (_, name) in _LOCATIONS.items():
+    for (section, key), (_, name) in LOCATIONS.items():
         schema[section][key] = (checks[name], checks[name].expected)
     schema["hub"] = {k: (c, c.expected) for k, c in _HUB_SECTION.items()}
     return schema
@@ -148,15 +131,30 @@ _TOP_LEVEL = {
 def validate_hub_config(
     config: Any, source: str = "hub_config", *, partial: bool = False, defaults: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
-    """Check ``config`` against :data:`HUB_CONFIG_SCHEMA` and by building its objects; return it unchanged (a plain
-    dict) or raise ``ValueError``.
+    """Check ``config`` against :data:`HUB_CONFIG_SCHEMA` and as a :class:`~pml_suprank.training.RunSpec` (the
+    registered loss and its options, the data section, the ``TrainingConfig``, the backbone name against timm;
+    nothing is built); return it unchanged (a plain dict) or raise ``ValueError``.
 
     Every error names the file, the key, what was expected and what was found; unknown sections and keys are
     errors (a typo must not be silently ignored). ``partial=True`` accepts an override file without the required
     keys (``name``, ``model.backbone``, ``data.dataset``, ``loss.name``). ``defaults`` (option name → value, e.g. a
-    recipe's defaults) fill the options the file leaves out when the objects are built; default: the dataclass
-    defaults.
+    recipe's defaults) fill the options the file leaves out; default: the dataclass defaults.
     """
+    errors = _structure_errors(config, source, partial)
+    if not errors:
+        from .training.run_spec import RunSpec
+
+        try:
+            errors += RunSpec.from_hub_config(config, defaults).problems(require_data_root=False)
+        except ValueError as e:  # the TrainingConfig refuses its values
+            errors.append(str(e))
+    if errors:
+        raise ValueError(f"{source}: invalid hub_config:\n  - " + "\n  - ".join(errors))
+    return config
+
+
+def _structure_errors(config: Any, source: str, partial: bool) -> list[str]:
+    """The schema problems of ``config`` (sections, keys, value types, required keys)."""
     if not isinstance(config, dict):
         raise ValueError(f"{source}: a hub_config must be a YAML mapping; got {type(config).__name__}")
     errors = _schema_errors(config)
@@ -167,15 +165,7 @@ def validate_hub_config(
             for k in keys:
                 if not isinstance(config.get(section), dict) or k not in config[section]:
                     errors.append(f"missing required key '{section}.{k}'")
-    if not errors:
-        errors += data_option_errors(config.get("data") or {}) + _build_errors(config, defaults or {})
-        options = {**(defaults or {}), **recipe_options(config)}
-        errors += multilabel_option_errors(
-            options.get("dataset"), options.get("loss"), options.get("memory_size"), options.get("sampler")
-        )
-    if errors:
-        raise ValueError(f"{source}: invalid hub_config:\n  - " + "\n  - ".join(errors))
-    return config
+    return errors
 
 
 def _schema_errors(config: dict[str, Any]) -> list[str]:
@@ -193,146 +183,10 @@ def _schema_errors(config: dict[str, Any]) -> list[str]:
                 if sub not in allowed:
                     errors.append(f"unknown key '{key}.{sub}' (valid keys of '{key}': {sorted(allowed)})")
                 elif not allowed[sub][0](v):
-                    errors.append(f"'{key}.{sub}' must be {allowed[sub][1]}; got {v!r}")
+                    errors.append(f"'{key}.{sub}' must be {allowed[sub][0].expected}; got {v!r}")
         else:
             errors.append(f"unknown top-level key '{key}' (valid: {sorted([*_TOP_LEVEL, *HUB_CONFIG_SCHEMA])})")
     return errors
-
-
-def _benchmark(dataset: Any) -> BenchmarkSpec | None:
-    return BENCHMARKS.get(dataset) if isinstance(dataset, str) else None
-
-
-def data_option_errors(data: Mapping[str, Any], *, require_root: bool = False) -> list[str]:
-    """The problems of a ``data`` section (or of the recipes' data options nested by :func:`nest_options`), as
-    messages naming the keys; ``[]`` when it is consistent.
-
-    Checks the label columns (required for a Hub / local dataset, forbidden for the synthetic one, equal to the
-    benchmark's label names when given for a benchmark), the splits of a benchmark, the open-set rules, and refuses
-    ``synthetic_multilabel`` under any loss but HAPPIER or with a memory (:func:`multilabel_option_errors`).
-    ``require_root=True`` also requires ``data_root`` for a benchmark (a complete run; a shipped file leaves it to
-    the command line).
-    """
-    errors = []
-    dataset = data.get("dataset")
-    spec = _benchmark(dataset)
-    if spec is not None:
-        errors += _benchmark_errors(spec, data, require_root)
-    elif dataset is not None and dataset not in SYNTHETIC_NAMES and "label_columns" not in data:
-        errors.append("'data.label_columns' is required unless data.dataset is 'synthetic' or a benchmark name")
-    if spec is None and "data_root" in data:
-        errors.append(f"'data.data_root' is for a benchmark dataset ({', '.join(BENCHMARKS)}); got dataset {dataset!r}")
-    if dataset in SYNTHETIC_NAMES and "label_columns" in data:
-        errors.append(f"'data.label_columns' must not be set for the built-in dataset {dataset} (it has its own)")
-    rules = [k for k in ("train_classes_per_coarse", "train_class_fraction") if k in data]
-    if len(rules) > 1:
-        errors.append(f"'data' sets both {rules}; give one open-set rule")
-    if rules and not data.get("open_set", False):
-        errors.append(f"'data.{rules[0]}' needs 'data.open_set: true'")
-    if rules and dataset in SYNTHETIC_NAMES:
-        errors.append("the synthetic dataset has its own open-set split; drop the open-set rule")
-    if rules and spec is not None:
-        errors.append(f"benchmark {dataset} has its own train / test splits; drop 'data.{rules[0]}'")
-    if "train_classes_per_coarse" in data and len(data.get("label_columns", [])) < 2:
-        errors.append("'data.train_classes_per_coarse' needs at least two label_columns (fine and coarse)")
-    return errors
-
-
-def multilabel_option_errors(dataset: Any, loss: Any, memory_size: Any, sampler: Any = None) -> list[str]:
-    """The problems of training the multi-label ``synthetic_multilabel`` dataset with ``loss``, a memory of
-    ``memory_size`` and the batch ``sampler`` option, as messages naming the options; ``[]`` for any other dataset or
-    a supported setting.
-
-    Only HAPPIER has a multi-label variant (``relevance="multilabel"``: the thesis' Algorithm 1 relevance);
-    ROADMAP and ROD-NDCG have none yet, the cross-batch memory does not store label sets yet, and the batches are
-    drawn by :class:`pml_suprank.samplers.MultiLabelSampler` (``sampler`` must keep its default ``m_per_class``).
-    """
-    if dataset != "synthetic_multilabel":
-        return []
-    errors = []
-    if loss is not None and loss not in MULTILABEL_LOSSES:
-        errors.append(
-            f"'loss' {loss} has no multi-label variant: dataset synthetic_multilabel (several labels per image) "
-            f"trains with {' or '.join(MULTILABEL_LOSSES)} only"
-        )
-    if memory_size:
-        errors.append(
-            f"'memory_size' {memory_size}: the memory does not store multi-label label sets yet; "
-            "use memory_size 0 with dataset synthetic_multilabel"
-        )
-    if sampler not in (None, "m_per_class"):
-        errors.append(
-            f"'sampler' {sampler}: dataset synthetic_multilabel is sampled by MultiLabelSampler (m items per label); "
-            "keep sampler m_per_class"
-        )
-    return errors
-
-
-def _benchmark_errors(spec: BenchmarkSpec, data: Mapping[str, Any], require_root: bool) -> list[str]:
-    errors = []
-    for part in ("train", "test"):
-        split = data.get(f"{part}_split")
-        if split is not None and split not in spec.splits:
-            errors.append(
-                f"'data.{part}_split' must be a split of benchmark {spec.name} {list(spec.splits)}; got {split!r}"
-            )
-    if data.get("test_split") is None and spec.test_split is None:
-        errors.append(
-            f"benchmark {spec.name} has no single test split (it is evaluated per query / gallery pair by "
-            f"recipes/evaluate.py --benchmark {spec.name}); set 'data.test_split' to one of {list(spec.splits)}"
-        )
-    train_split = data.get("train_split") or spec.train_split
-    if "label_columns" in data and train_split in spec.splits:
-        names = list(benchmark_label_names(spec.name, train_split))
-        if list(data["label_columns"]) != names:
-            errors.append(
-                f"'data.label_columns' {list(data['label_columns'])} does not match the label names {names} of "
-                f"benchmark {spec.name} (split {train_split!r}); drop label_columns or give exactly these"
-            )
-    if require_root and not data.get("data_root"):
-        errors.append(
-            f"benchmark {spec.name} is read from its archive: give its folder with --data_root (data.data_root); "
-            f"expected layout: {spec.layout}"
-        )
-    return errors
-
-
-def _build_errors(config: dict[str, Any], defaults: Mapping[str, Any]) -> list[str]:
-    """Build what the file describes: the backbone name (checked against timm), the loss, the TrainingConfig."""
-    from .models import check_backbone_name
-
-    errors = []
-    options = recipe_options(config)
-    if "backbone" in options:
-        try:
-            check_backbone_name(options["backbone"])
-        except (ValueError, TypeError) as e:
-            errors.append(f"'model.backbone': {e}")
-    name = options.get("loss")
-    if name is not None:
-        accepted = LOSS_CLASSES[name][1]
-        for k in config.get("loss") or {}:
-            if k != "name" and k not in accepted:
-                errors.append(f"'loss.{k}' does not apply to loss {name} (valid: {list(accepted)})")
-        if not errors:
-            values = {**defaults, **options}
-            try:
-                _build_loss_by_name(name, values, num_classes=2, embedding_size=values.get("embedding_size") or 8)
-            except (ValueError, TypeError) as e:
-                errors.append(f"'loss': {e}")
-    training = {k: v for k, v in {**defaults, **options}.items() if _owner(k) is TrainingConfig}
-    try:
-        TrainingConfig.from_dict(training)
-    except (ValueError, TypeError) as e:
-        errors.append(f"training options: {e}")
-    return errors
-
-
-def _owner(name: str) -> type | None:
-    for cls, field_name in _LOCATIONS.values():
-        if field_name == name:
-            return cls
-    return None
 
 
 def merge_hub_configs(*configs: Mapping[str, Any]) -> dict[str, Any]:
@@ -348,20 +202,14 @@ def merge_hub_configs(*configs: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load_hub_config(
-    path: str | Path, *, partial: bool = False, defaults: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
-    """Read and validate a hub_config YAML file (see the module docstring for the schema).
+def read_hub_config(path: str | Path, *, partial: bool = False) -> dict[str, Any]:
+    """Read a hub_config YAML file and check its structure only (sections, keys, value types, required keys, the
+    name): the recipes check the merged files once, as their :class:`~pml_suprank.training.RunSpec`.
 
     Args:
         path: The YAML file, or a bare name looked up as ``hub_configs/<name>.yaml`` from the working directory.
         partial: Accept an override file with only the keys it changes (no required key; ``name``, when given,
             must still equal the file name).
-        defaults: Values of the options the file leaves out, used to build its objects (see
-            :func:`validate_hub_config`).
-
-    Returns:
-        The configuration as a plain nested dict.
     """
     import yaml
 
@@ -374,21 +222,31 @@ def load_hub_config(
         config = yaml.safe_load(p.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
         raise ValueError(f"{p}: not valid YAML: {e}") from e
-    validate_hub_config(config, source=str(p), partial=partial, defaults=defaults)
+    errors = _structure_errors(config, str(p), partial)
+    if errors:
+        raise ValueError(f"{p}: invalid hub_config:\n  - " + "\n  - ".join(errors))
     if (not partial or "name" in config) and config["name"] != p.stem:
         raise ValueError(f"{p}: 'name' must equal the file name without .yaml ({p.stem!r}); got {config['name']!r}")
     return config
 
 
-def recipe_options(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The option sections as ``{option name: value}`` (the recipes' argparse destinations; ``loss.name`` →
-    ``loss``); the metadata (``name``, ``hub``...) is dropped."""
-    out: dict[str, Any] = {}
-    for section in _SECTIONS:
-        for k, v in (config.get(section) or {}).items():
-            if (section, k) in _LOCATIONS:
-                out[_LOCATIONS[(section, k)][1]] = v
-    return out
+def load_hub_config(
+    path: str | Path, *, partial: bool = False, defaults: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Read and validate a hub_config YAML file (see the module docstring for the schema):
+    :func:`read_hub_config` and :func:`validate_hub_config`.
+
+    Args:
+        path: The YAML file, or a bare name looked up as ``hub_configs/<name>.yaml`` from the working directory.
+        partial: Accept an override file with only the keys it changes (no required key; ``name``, when given,
+            must still equal the file name).
+        defaults: Values of the options the file leaves out (see :func:`validate_hub_config`).
+
+    Returns:
+        The configuration as a plain nested dict.
+    """
+    config = read_hub_config(path, partial=partial)
+    return validate_hub_config(config, source=str(path), partial=partial, defaults=defaults)
 
 
 def flat_options(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -401,7 +259,7 @@ def flat_options(config: Mapping[str, Any]) -> dict[str, Any]:
 def nest_options(values: Mapping[str, Any], *, drop_none: bool = True) -> dict[str, Any]:
     """The inverse of :func:`recipe_options`: option values (e.g. ``vars(args)``) as hub_config sections; names
     that are no file option are ignored, and so are ``None`` values with ``drop_none``."""
-    where = {name: (section, key) for (section, key), (_, name) in _LOCATIONS.items()}
+    where = {name: (section, key) for (section, key), (_, name) in LOCATIONS.items()}
     out: dict[str, Any] = {}
     for name, value in values.items():
         if name in where and not (drop_none and value is None):
@@ -428,76 +286,14 @@ def loss_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def build_loss(config: Mapping[str, Any], num_classes: int, embedding_size: int) -> Any:
-    """Instantiate the setting's loss (``HAPPIERLoss``, ``ROADMAPLoss`` or ``RODNDCGLoss``) with the one loss builder
-    :func:`pml_suprank.training.build_loss`."""
+    """Instantiate the setting's registered loss (``loss.name``: ``HAPPIERLoss``, ``ROADMAPLoss``, ``RODNDCGLoss``,
+    ...) with the one loss builder :func:`pml_suprank.training.build_loss`."""
+    from .training.options import build_loss as build_registered_loss
+
     name = (config.get("loss") or {}).get("name")
-    if name not in LOSS_CLASSES:
-        raise ValueError(f"loss.name must be one of {sorted(LOSS_CLASSES)}; got {name!r}")
-    return _build_loss_by_name(name, loss_kwargs(config), num_classes, embedding_size)
-
-
-def resolved_split(config: Mapping[str, Any], part: str) -> str:
-    """The split name of the ``part`` (``"train"`` / ``"test"``) dataset: ``data.<part>_split`` when set, else the
-    benchmark's own training / test split for a benchmark name, else ``part``."""
-    if part not in ("train", "test"):
-        raise ValueError(f"part must be 'train' or 'test'; got {part!r}")
-    data = config.get("data") or {}
-    split = data.get(f"{part}_split")
-    if split is not None:
-        return split
-    spec = _benchmark(data.get("dataset"))
-    if spec is None:
-        return part
-    split = spec.train_split if part == "train" else spec.test_split
-    if split is None:
-        raise ValueError(
-            f"benchmark {spec.name} has no single test split (evaluate it with recipes/evaluate.py --benchmark "
-            f"{spec.name}); set data.test_split (--test_split) to one of {list(spec.splits)}"
-        )
-    return split
-
-
-def dataset_kwargs(config: Mapping[str, Any], part: str, *, data_root: str | Path | None = None) -> dict[str, Any]:
-    """Arguments for the ``part`` (``"train"`` or ``"test"``) dataset of this setting.
-
-    Returns ``{"synthetic": True, "split", "num_per_class", "image_size"}`` for SyntheticShapes,
-    ``{"benchmark": name, "root", "split"}`` for a benchmark name (the arguments of
-    :func:`pml_suprank.data.load_benchmark`), else the kwargs of :func:`pml_suprank.data.load_retrieval_dataset`
-    (``source``, ``label_columns``, ``split``, ``open_set`` and the open-set rule).
-
-    Args:
-        config: A loaded hub_config (or the recipes' options nested by :func:`nest_options`).
-        part: ``"train"`` or ``"test"``.
-        data_root: The benchmark's folder; replaces ``data.data_root``.
-
-    Raises:
-        ValueError: A bad ``part``, an inconsistent ``data`` section (see :func:`data_option_errors`), e.g. a
-            benchmark without ``data_root``.
-    """
-    if part not in ("train", "test"):
-        raise ValueError(f"part must be 'train' or 'test'; got {part!r}")
-    data = dict(config.get("data") or {})
-    if data_root is not None:
-        data["data_root"] = str(data_root)
-    if data.get("dataset") in SYNTHETIC_NAMES:
-        out: dict[str, Any] = {"synthetic": True if data["dataset"] == "synthetic" else data["dataset"], "split": part}
-        for k in ("num_per_class", "image_size"):
-            if k in data:
-                out[k] = data[k]
-        return out
-    errors = data_option_errors(data, require_root=True)
-    if errors:
-        raise ValueError("data options: " + "; ".join(errors))
-    split = resolved_split({"data": data}, part)
-    if _benchmark(data["dataset"]) is not None:
-        return {"benchmark": data["dataset"], "root": data["data_root"], "split": split}
-    out = {"source": data["dataset"], "label_columns": list(data["label_columns"]), "split": split}
-    if data.get("open_set"):
-        out["open_set"] = part
-        for k in ("train_classes_per_coarse", "train_class_fraction"):
-            if k in data:
-                out[k] = data[k]
-    return out
+    if name not in registered_losses():
+        raise ValueError(f"loss.name must be one of {sorted(registered_losses())}; got {name!r}")
+    return build_registered_loss(name, loss_kwargs(config), num_classes, embedding_size)
 
 
 def build_dataset(
@@ -511,7 +307,7 @@ def build_dataset(
 ) -> Any:
     """The ``part`` (``"train"`` / ``"test"``) dataset of this setting: ``SyntheticShapes``, a benchmark read from its
     archive (:func:`pml_suprank.data.load_benchmark`) or :func:`pml_suprank.data.load_retrieval_dataset` with the
-    open-set split applied.
+    open-set split applied (see :class:`~pml_suprank.training.data_source.DatasetSource`).
 
     Args:
         config: A loaded hub_config.
@@ -521,17 +317,17 @@ def build_dataset(
         data_root: The benchmark's folder (replaces ``data.data_root``).
         **kwargs: Extra or overriding arguments for the loader (e.g. ``cache_dir``, ``num_per_class``); a benchmark
             takes none.
-    """
-    from . import data
 
-    kw = {**dataset_kwargs(config, part, data_root=data_root), **kwargs}
-    synthetic = kw.pop("synthetic", False)
-    if synthetic:
-        name = synthetic if isinstance(synthetic, str) else "synthetic"
-        return data.synthetic_dataset(name, kw.pop("split", "train"), seed=seed, transform=transform, **kw)
-    if "benchmark" in kw:
-        name, root, split = kw.pop("benchmark"), kw.pop("root"), kw.pop("split")
-        if kw:
-            raise TypeError(f"benchmark {name} takes no loader arguments; got {sorted(kw)}")
-        return data.load_benchmark(name, root, split, transform)
-    return data.load_retrieval_dataset(kw.pop("source"), transform=transform, **kw)
+    Raises:
+        ValueError: A bad ``part``, an inconsistent ``data`` section (see :func:`data_option_errors`), e.g. a
+            benchmark without ``data_root``.
+    """
+    if part not in ("train", "test"):
+        raise ValueError(f"part must be 'train' or 'test'; got {part!r}")
+    data = dict(config.get("data") or {})
+    if data_root is not None:
+        data["data_root"] = str(data_root)
+    errors = data_option_errors(data, require_root=True)
+    if errors:
+        raise ValueError("data options: " + "; ".join(errors))
+    return dataset_source(data, part).load(transform, seed=seed, **kwargs)

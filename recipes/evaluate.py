@@ -32,18 +32,16 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # noqa: TID251 - recipes ma
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import common  # noqa: E402
 import torch  # noqa: E402
 
 from pml_suprank.data.benchmarks import BENCHMARKS  # noqa: E402
+from pml_suprank.metrics.report import one_column  # noqa: E402
 from pml_suprank.training import TrainingConfig  # noqa: E402
 from pml_suprank.training.cli import add_option_arguments  # noqa: E402
 from pml_suprank.training.options import DataOptions, RunOptions  # noqa: E402
+from pml_suprank.training.recipe import make_accelerator  # noqa: E402
 
 #: benchmarks with their own protocol (not a single test set): name → mode
 PROTOCOLS = {
@@ -104,7 +102,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from pml_suprank.models import RetrievalModel
 
-    accelerator = common.make_accelerator(args, find_unused_parameters=False)
+    accelerator = make_accelerator(cpu=args.cpu, mixed_precision=args.mixed_precision, output_dir=args.output_dir)
     model = accelerator.prepare(RetrievalModel.from_pretrained(args.model))
     mode = PROTOCOLS.get(name) if name is not None and args.test_split is None else None
     if mode is None:
@@ -112,7 +110,7 @@ def main(argv: list[str] | None = None) -> dict:
     protocol = {"dyml": evaluate_dyml, "landmark": evaluate_landmark, "revisited": evaluate_revisited}[mode]
     metrics = protocol(args, name, model, accelerator)
     accelerator.print(f"{args.model} on {name} ({mode} protocol):")
-    accelerator.print(common._one_column(metrics))
+    accelerator.print(one_column(metrics))
     _write_metrics(args, metrics, accelerator)
     accelerator.wait_for_everyone()
     return metrics
@@ -246,7 +244,7 @@ def evaluate_test_set(args: argparse.Namespace, name: str | None, model: torch.n
     emb, labels, idx = embed_loader(model, loader, accelerator, progress=True)
     metrics = _floats(RetrievalEvaluator(k_values=tuple(args.k_values), alpha=args.alpha).evaluate(emb, labels))
     accelerator.print(f"{args.model} on {name or args.dataset} ({split}, {len(dataset)} images):")
-    accelerator.print(common._one_column(metrics))
+    accelerator.print(one_column(metrics))
     out = _write_metrics(args, metrics, accelerator)
     if out is not None and not args.no_plots:
         files = plots.plot_all(

@@ -52,8 +52,10 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
-from common import str2bool  # noqa: E402  (recipes/common.py: the training recipes' boolean flags)
-from fit_heat_data import (  # noqa: E402
+
+from pml_suprank import ood  # noqa: E402
+from pml_suprank.ood import metrics as ood_metrics  # noqa: E402
+from pml_suprank.ood.recipe_data import (  # noqa: E402
     BUILTIN_OOD,
     build_datasets,
     build_model,
@@ -64,9 +66,7 @@ from fit_heat_data import (  # noqa: E402
     save_histograms,
     train_classifier,
 )
-
-from pml_suprank import ood  # noqa: E402
-from pml_suprank.ood import metrics as ood_metrics  # noqa: E402
+from pml_suprank.training.cli import str2bool  # noqa: E402  (the training recipes' boolean flags)
 
 #: Table rows that are a registered detector with other constructor arguments: name -> (detector, kwargs).
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {"SSD+": ("Mahalanobis", {"normalize": True})}

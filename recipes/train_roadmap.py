@@ -16,25 +16,22 @@ from __future__ import annotations
 import os
 
 # Spinning OpenMP threads make small ops 10-20x slower on a shared or busy CPU; sleeping waits cost nothing on an
-# idle one. Set here, before recipes/common.py imports torch; an explicit setting by the user wins.
+# idle one. Set here, before torch is imported; an explicit setting by the user wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # noqa: TID251 - recipes may configure the process
 
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
+from pml_suprank.training import recipe  # noqa: E402  (the command line, the RunSpec and the whole job)
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import common  # noqa: E402  (recipes/common.py: argparse, config, the whole job)
-
-DEFAULTS = {**common.NO_ARGUMENT_RUN, "output_dir": "outputs/roadmap_synthetic"}  # the run without arguments
+# the run without arguments
+DEFAULTS = {**recipe.NO_ARGUMENT_RUN, "loss": "ROADMAP", "output_dir": "outputs/roadmap_synthetic"}
 # ROADMAP = SupAP + a decomposability term; "calibration" has no parameters, "proxy" adds ClusterLoss proxies (one per
 # fine class) in their own optimizer group.
-LOSSES = ("ROADMAP",)
+# --loss: the losses registered with hierarchical=False (pml_suprank.losses.register_loss)
+HIERARCHICAL = False
 DESCRIPTION = "Train a retrieval model with ROADMAP (SupAP + L_DG)."
 
 
 def main(argv: list[str] | None = None) -> dict | None:
-    return common.main(argv, DESCRIPTION, DEFAULTS, LOSSES)
+    return recipe.main(argv, DESCRIPTION, DEFAULTS, HIERARCHICAL)
 
 
 if __name__ == "__main__":

@@ -30,10 +30,11 @@ def import_recipe(name: str):
 
 
 def recipe_parser(recipe: str = "train_happier"):
-    """``(recipes.common, the argparse parser of recipe)``."""
-    common = import_recipe("common")
+    """``(pml_suprank.training.recipe, the argparse parser of recipe)``."""
+    from pml_suprank.training import recipe as common
+
     module = import_recipe(recipe)
-    return common, common.build_parser(module.DESCRIPTION, module.DEFAULTS, module.LOSSES)
+    return common, common.build_parser(module.DESCRIPTION, module.DEFAULTS, module.HIERARCHICAL)
 
 
 def free_port() -> int:

@@ -12,10 +12,8 @@ import yaml
 
 from pml_suprank.hub_config import (
     HUB_CONFIG_SCHEMA,
-    LOSS_CLASSES,
     build_dataset,
     build_loss,
-    dataset_kwargs,
     flat_options,
     load_hub_config,
     merge_hub_configs,
@@ -25,6 +23,7 @@ from pml_suprank.hub_config import (
     validate_hub_config,
 )
 from pml_suprank.models import RetrievalModel
+from pml_suprank.training.data_source import DatasetSource, dataset_source
 
 ROOT = Path(__file__).resolve().parents[1] / "hub_configs"
 # heat_*.yaml belong to the HEAT recipe and follow their own schema
@@ -104,25 +103,28 @@ def test_config_builds_its_real_backbone(path):
     assert model.data_config["input_size"] == (3, cfg["data"]["image_size"], cfg["data"]["image_size"])
 
 
-def test_dataset_kwargs():
+def test_dataset_source():
     cifar = load_hub_config(ROOT / "happier_cifar100.yaml")
-    assert dataset_kwargs(cifar, "train") == {
-        "source": "uoft-cs/cifar100",
-        "label_columns": ["fine_label", "coarse_label"],
-        "split": "train",
-        "open_set": "train",
-        "train_classes_per_coarse": 3,
-    }
-    assert dataset_kwargs(cifar, "test")["open_set"] == "test"
+    assert dataset_source(cifar["data"], "train") == DatasetSource(
+        "retrieval",
+        "uoft-cs/cifar100",
+        "train",
+        options={"label_columns": ["fine_label", "coarse_label"], "open_set": "train", "train_classes_per_coarse": 3},
+    )
+    assert dataset_source(cifar["data"], "test").options["open_set"] == "test"
     synth = load_hub_config(ROOT / "synthetic_shapes_happier.yaml")
-    assert dataset_kwargs(synth, "test") == {"synthetic": True, "split": "test", "num_per_class": 32, "image_size": 48}
+    assert dataset_source(synth["data"], "test") == DatasetSource(
+        "synthetic", "synthetic", "test", options={"num_per_class": 32, "image_size": 48}
+    )
     with pytest.raises(ValueError, match="part must be"):
-        dataset_kwargs(synth, "val")
+        dataset_source(synth["data"], "val")
+    with pytest.raises(ValueError, match="part must be"):
+        build_dataset(synth, "val")
     test = build_dataset(synth, "test", num_per_class=1)  # overrides are passed to the loader
     assert len(test) == 18 and test.image_size == 48
 
 
-def test_dataset_kwargs_feed_load_retrieval_dataset():
+def test_dataset_source_feeds_load_retrieval_dataset():
     """The CIFAR-100 open-set arguments work end to end on a tiny in-memory stand-in with the same columns."""
     datasets = pytest.importorskip("datasets")
     import numpy as np
@@ -146,8 +148,9 @@ def test_dataset_kwargs_feed_load_retrieval_dataset():
     cfg = load_hub_config(ROOT / "happier_cifar100.yaml")
     parts = {}
     for part in ("train", "test"):
-        kw = dataset_kwargs(cfg, part)
-        kw.pop("source")
+        source = dataset_source(cfg["data"], part)
+        assert source.kind == "retrieval" and source.name == "uoft-cs/cifar100"
+        kw = {**source.options, "split": source.split}
         parts[part] = load_retrieval_dataset(dd, **kw)
     check_disjoint_classes(parts["train"], parts["test"])
     assert len(parts["train"]) == 6 and len(parts["test"]) == 4
@@ -226,9 +229,12 @@ def test_schema_is_derived_from_the_option_dataclasses():
 
 
 def test_loss_table_and_builder_are_one():
-    assert set(LOSS_CLASSES) == set(HUB_CONFIG_SCHEMA["loss"]["name"][0].choices)
-    assert "alpha" in LOSS_CLASSES["HAPPIER"][1] and "alpha" not in LOSS_CLASSES["ROADMAP"][1]
-    assert "decomposability" in LOSS_CLASSES["ROADMAP"][1] and "decomposability" not in LOSS_CLASSES["ROD-NDCG"][1]
+    from pml_suprank.losses import registered_losses
+    from pml_suprank.training.options import loss_keys
+
+    assert set(registered_losses()) == set(HUB_CONFIG_SCHEMA["loss"]["name"][0].choices)
+    assert "alpha" in loss_keys("HAPPIER") and "alpha" not in loss_keys("ROADMAP")
+    assert "decomposability" in loss_keys("ROADMAP") and "decomposability" not in loss_keys("ROD-NDCG")
     from pml_suprank import losses
     from pml_suprank.training import build_loss as build_by_name
 

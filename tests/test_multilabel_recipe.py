@@ -15,6 +15,7 @@ import torch
 from _helpers import recipe_parser
 
 from pml_suprank import hub_config
+from pml_suprank.training.data_source import DatasetSource, dataset_source
 from pml_suprank.training.options import build_loss
 
 pytest.importorskip("accelerate")
@@ -27,13 +28,11 @@ TINY = ["--backbone", "test_resnet", "--pretrained", "false", "--image_size", "1
         "--with_tracking", "false"]  # fmt: skip
 
 
-
-
 def test_data_section_accepts_synthetic_multilabel_and_its_kwargs():
     assert hub_config.data_option_errors({"dataset": "synthetic_multilabel"}) == []
-    kw = hub_config.dataset_kwargs({"data": {"dataset": "synthetic_multilabel", "image_size": 16}}, "test")
-    assert kw == {"synthetic": "synthetic_multilabel", "split": "test", "image_size": 16}
-    assert hub_config.dataset_kwargs({"data": {"dataset": "synthetic"}}, "train")["synthetic"] is True
+    source = dataset_source({"dataset": "synthetic_multilabel", "image_size": 16}, "test")
+    assert source == DatasetSource("synthetic", "synthetic_multilabel", "test", options={"image_size": 16})
+    assert dataset_source({"dataset": "synthetic"}, "train").kind == "synthetic"
     errors = hub_config.data_option_errors({"dataset": "synthetic_multilabel", "label_columns": ["a"]})
     assert any("'data.label_columns'" in e and "synthetic_multilabel" in e for e in errors)
 
@@ -67,7 +66,7 @@ def test_multilabel_option_errors_name_the_option(loss, memory_size, sampler, ma
 def test_recipe_refuses_unsupported_multilabel_settings_before_building(recipe, extra, match, capsys):
     common, parser = recipe_parser(recipe)
     with pytest.raises(SystemExit) as exit_info:
-        common.parse_with_config(parser, ["--dataset", "synthetic_multilabel", *TINY, *extra])
+        common.parse_run_spec(parser, ["--dataset", "synthetic_multilabel", *TINY, *extra])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "--dataset synthetic_multilabel" in err and match in err
@@ -97,9 +96,9 @@ def test_recipe_builds_the_multilabel_parts():
     from pml_suprank.samplers import MultiLabelSampler
 
     common, parser = recipe_parser()
-    args, _ = common.parse_with_config(parser, ["--dataset", "synthetic_multilabel", *TINY])
-    model = common.build_model(args)
-    train, test = common.build_datasets(args, model)
+    spec = common.parse_run_spec(parser, ["--dataset", "synthetic_multilabel", *TINY])
+    model = common.build_model(spec)
+    train, test = common.build_datasets(spec, model)
     assert train.multilabel and test.multilabel and train.labels.dim() == 2
     assert torch.equal(train.hierarchy, test.hierarchy) and len(train.hierarchy) == 54
     assert train[0]["image"].shape == (3, 16, 16)
@@ -107,10 +106,10 @@ def test_recipe_builds_the_multilabel_parts():
     class _Acc:
         num_processes, process_index = 1, 0
 
-    parts = common.multilabel_parts(args, _Acc(), train, test)
-    assert isinstance(parts["sampler"], MultiLabelSampler) and parts["sampler"].m == args.samples_per_class
+    parts = common.multilabel_parts(spec, _Acc(), train, test)
+    assert isinstance(parts["sampler"], MultiLabelSampler) and parts["sampler"].m == spec.train.samples_per_class
     assert isinstance(parts["evaluator"], RetrievalEvaluator) and parts["evaluator"].multilabel
-    single, _ = common.parse_with_config(recipe_parser()[1], ["--dataset", "synthetic", *TINY])
+    single = common.parse_run_spec(recipe_parser()[1], ["--dataset", "synthetic", *TINY])
     train1, test1 = common.build_datasets(single, model)
     assert common.multilabel_parts(single, _Acc(), train1, test1) == {}
 

@@ -310,18 +310,20 @@ def test_config_yaml_sets_defaults_and_flags_win(tmp_path):
         "loss: {name: HAPPIER, alpha: 2.0, offset: 1.44}\ntraining: {epochs: 3}\n"
         "hub: {paper_results: {h_ap: 50.0}}\n"
     )
-    args, hub_config = common.parse_with_config(parser, ["--config", str(cfg), "--epochs", "5"])
-    assert args.backbone == "resnet18" and args.embedding_size == 64 and args.epochs == 5 and args.alpha == 2.0
-    assert common.suprank_kwargs(args) == {"tau": 0.01, "rho": 100.0, "offset": 1.44}
-    assert hub_config["hub"]["paper_results"] == {"h_ap": 50.0}
+    spec = common.parse_run_spec(parser, ["--config", str(cfg), "--epochs", "5"])
+    assert spec.model.backbone == "resnet18" and spec.model.embedding_size == 64 and spec.train.epochs == 5
+    assert spec.train.alpha == 2.0
+    suprank = {k: v for k, v in spec.loss_kwargs().items() if k in ("tau", "rho", "delta", "start", "offset")}
+    assert {k: v for k, v in suprank.items() if v is not None} == {"tau": 0.01, "rho": 100.0, "offset": 1.44}
+    assert spec.hub_config["hub"]["paper_results"] == {"h_ap": 50.0}
     cfg.write_text(
         "name: mine\nmodel: {backbone: resnet18}\ndata: {dataset: synthetic}\nloss: {name: HAPPIER}\n"
         "training: {epoch: 3}\n"
     )
     with pytest.raises(SystemExit):  # a typo is an error, not a silently ignored key
-        common.parse_with_config(recipe_parser("train_happier")[1], ["--config", str(cfg)])
+        common.parse_run_spec(recipe_parser("train_happier")[1], ["--config", str(cfg)])
     with pytest.raises(SystemExit):
-        common.parse_with_config(recipe_parser("train_happier")[1], ["--config", str(tmp_path / "missing.yaml")])
+        common.parse_run_spec(recipe_parser("train_happier")[1], ["--config", str(tmp_path / "missing.yaml")])
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "hub_configs").glob("*.yaml")), ids=lambda p: p.stem)
@@ -337,13 +339,14 @@ def test_every_training_hub_config_parses_with_its_recipe(path, tmp_path):
     recipe = "train_roadmap" if name == "ROADMAP" else "train_happier"
     common, parser = recipe_parser(recipe)
     root = ["--data_root", str(tmp_path)] if raw["data"]["dataset"] in BENCHMARKS else []
-    args, hub_config = common.parse_with_config(parser, ["--config", str(path), *root])
-    assert args.loss == name
-    assert args.backbone == raw["model"]["backbone"] and args.dataset == raw["data"]["dataset"]
+    spec = common.parse_run_spec(parser, ["--config", str(path), *root])
+    assert spec.loss.loss == name
+    assert spec.model.backbone == raw["model"]["backbone"] and spec.data.dataset == raw["data"]["dataset"]
+    values = spec.values()
     for section in ("optimizer", "sampler_options", "training", "evaluation", "memory", "scheduler"):
         for key, value in (raw.get(section) or {}).items():
-            assert getattr(args, key) == value, (section, key)
-    common.training_config(args, hierarchical_labels=True)  # every value is a valid TrainingConfig
+            assert values[key] == (tuple(value) if key == "k_values" else value), (section, key)
+    spec.training_config()  # every value is a valid TrainingConfig
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -368,7 +371,7 @@ def test_flags_are_generated_from_the_option_dataclasses(recipe):
     assert "(default: 128)" in text  # eval_batch_size: TrainingConfig's default (the old argparse said 256)
     args = parser.parse_args([])
     assert args.eval_batch_size == TrainingConfig().eval_batch_size and args.epochs == 12
-    assert common.training_config(args).lr_backbone == 1e-3  # the recipe's no-argument run
+    assert common.parse_run_spec(parser, []).train.lr_backbone == 1e-3  # the recipe's no-argument run
 
 
 def test_bool_list_and_dict_flags():
@@ -392,27 +395,30 @@ def test_partial_override_config_files(tmp_path):
     override = tmp_path / "short.yaml"
     override.write_text("training: {epochs: 7}\noptimizer: {lr_head: 0.5}\n")
     base = ROOT / "hub_configs" / "happier_sop.yaml"
-    args, hub_config = common.parse_with_config(
+    spec = common.parse_run_spec(
         parser, ["--config", str(base), "--config", str(override), "--data_root", str(tmp_path)]
     )
-    assert args.epochs == 7 and args.lr_head == 0.5 and args.lr_backbone == 5.0e-5 and args.sampler == "hierarchical"
-    assert hub_config["name"] == "happier_sop" and hub_config["training"]["warmup_epochs"] == 5
+    train = spec.train
+    assert (
+        train.epochs == 7 and train.lr_head == 0.5 and train.lr_backbone == 5.0e-5 and train.sampler == "hierarchical"
+    )
+    assert spec.hub_config["name"] == "happier_sop" and spec.hub_config["training"]["warmup_epochs"] == 5
     # an override file alone is laid over the recipe's defaults
-    args, hub_config = common.parse_with_config(recipe_parser("train_happier")[1], ["--config", str(override)])
-    assert args.epochs == 7 and args.backbone == "test_resnet"
-    assert hub_config == {"training": {"epochs": 7}, "optimizer": {"lr_head": 0.5}}
+    spec = common.parse_run_spec(recipe_parser("train_happier")[1], ["--config", str(override)])
+    assert spec.train.epochs == 7 and spec.model.backbone == "test_resnet"
+    assert spec.hub_config == {"training": {"epochs": 7}, "optimizer": {"lr_head": 0.5}}
     # the options a file leaves out are the recipe's: warmup_epochs 11 < the recipe's 12 epochs (TrainingConfig: 10)
     override.write_text("training: {warmup_epochs: 11}\n")
-    args, _ = common.parse_with_config(recipe_parser("train_happier")[1], ["--config", str(override)])
-    assert args.warmup_epochs == 11 and common.training_config(args).epochs == 12
+    spec = common.parse_run_spec(recipe_parser("train_happier")[1], ["--config", str(override)])
+    assert spec.train.warmup_epochs == 11 and spec.train.epochs == 12
     # a loss the recipe does not train is refused
     with pytest.raises(SystemExit):
         roadmap = ROOT / "hub_configs" / "roadmap_sop.yaml"
         argv = ["--config", str(roadmap), "--data_root", str(tmp_path)]
-        common.parse_with_config(recipe_parser("train_happier")[1], argv)
+        common.parse_run_spec(recipe_parser("train_happier")[1], argv)
 
 
-@pytest.mark.parametrize("name", ["train_happier.py", "train_roadmap.py", "evaluate.py", "common.py"])
+@pytest.mark.parametrize("name", ["train_happier.py", "train_roadmap.py", "evaluate.py", "fit_heat.py"])
 def test_every_recipe_sets_a_passive_openmp_wait_policy_before_torch(name):
     text = (RECIPES / name).read_text()
     policy = text.index('os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")')
@@ -502,11 +508,11 @@ def test_run_flags_are_checked_by_the_parser(capsys):
         (["--overwrite_output_dir", "true", "--resume", "latest"], "cannot be combined with --resume"),
     ):
         with pytest.raises(SystemExit) as exc:
-            common.parse_with_config(recipe_parser("train_happier")[1], argv)
+            common.parse_run_spec(recipe_parser("train_happier")[1], argv)
         assert exc.value.code == 2
         assert expected in capsys.readouterr().err
-    args, _ = common.parse_with_config(recipe_parser("train_happier")[1], ["--push_to_hub", "--hub_model_id", "me/x"])
-    assert args.push_to_hub and args.hub_model_id == "me/x"
+    spec = common.parse_run_spec(recipe_parser("train_happier")[1], ["--push_to_hub", "--hub_model_id", "me/x"])
+    assert spec.run.push_to_hub and spec.run.hub_model_id == "me/x"
 
 
 @pytest.mark.slow
@@ -551,8 +557,8 @@ def test_a_locked_output_folder_is_refused(tmp_path):
 
 def test_compile_loss_compiles_in_place_and_keeps_state_dict_keys():
     common, parser = recipe_parser("train_happier")
-    args = parser.parse_args(["--loss", "HAPPIER", "--compile_loss"])
-    plain = parser.parse_args(["--loss", "HAPPIER"])
+    args = common.parse_run_spec(parser, ["--loss", "HAPPIER", "--compile_loss"])
+    plain = common.parse_run_spec(parser, ["--loss", "HAPPIER"])
     compiled, reference = common.make_loss(args, 12, 16), common.make_loss(plain, 12, 16)
     assert compiled._compiled_call_impl is not None and reference._compiled_call_impl is None
     assert list(compiled.state_dict()) == list(reference.state_dict())

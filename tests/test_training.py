@@ -366,18 +366,25 @@ def test_every_training_option_is_described_in_one_place():
     assert set(TrainingConfig().to_dict()) == {f.name for f in fields(TrainingConfig)}
 
 
-def test_former_module_names_are_reexported():
+def test_public_names_are_exported_and_private_aliases_are_not():
+    import importlib
+
     import pml_suprank.training as t
+    from pml_suprank.metrics.report import format_metrics
 
     for name in (
         "CHECKPOINT_PREFIX", "TRAINER_STATE", "CheckpointError", "LossModule", "SeededAugmentation", "Trainer",
-        "TrainingConfig", "build_optimizer", "build_scheduler", "embed_loader", "find_checkpoints",
-        "format_metrics_table", "latest_checkpoint", "validate_checkpoint", "_format_metrics", "_SHORT_KEYS",
-        "_jsonable", "_collate", "_Progress", "_dataset_labels", "_progress", "_infer_dim", "_one_column",
+        "TrainingConfig", "RunSpec", "build_optimizer", "build_scheduler", "embed_loader", "find_checkpoints",
+        "format_metrics_table", "latest_checkpoint", "validate_checkpoint",
     ):  # fmt: skip
         assert hasattr(t, name), name
+    for name in ("_format_metrics", "_SHORT_KEYS", "_jsonable", "_collate", "_Progress", "_dataset_labels", "_progress",
+                 "_infer_dim", "_one_column", "_check_int", "_model_groups", "LOSS_CLASSES"):  # fmt: skip
+        assert not hasattr(t, name), name
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("pml_suprank.training.report")
     assert t.CHECKPOINT_PREFIX == "step_" and t.TRAINER_STATE == "trainer_state.json"
-    assert t._format_metrics({"h_ap": 0.5, "ap_level0": 0.25}) == "h_ap=0.5000  ap_level0=0.2500"
+    assert format_metrics({"h_ap": 0.5, "ap_level0": 0.25}) == "h_ap=0.5000  ap_level0=0.2500"
 
 
 def test_embed_loader_returns_dataset_order_without_accelerator():
@@ -652,9 +659,7 @@ def test_lock_stops_a_concurrent_trainer_and_is_released_on_errors(tmp_path):
         crashing.train(on_epoch_end=boom)
     assert not (tmp_path / "crash" / LOCK_FILE).exists()
     # a run killed without releasing leaves a lock of a dead pid: the next run takes it over
-    (tmp_path / "crash" / LOCK_FILE).write_text(
-        json.dumps({"pid": _dead_pid(), "host": socket.gethostname()})
-    )
+    (tmp_path / "crash" / LOCK_FILE).write_text(json.dumps({"pid": _dead_pid(), "host": socket.gethostname()}))
     resumed = _trainer(tmp_path / "crash", max_train_steps=None, epochs=2)
     resumed.train(resume_from="latest")
     assert resumed.finished and not (tmp_path / "crash" / LOCK_FILE).exists()
@@ -702,10 +707,11 @@ def test_an_overriding_run_never_deletes_another_runs_checkpoint(tmp_path):
 
 @pytest.mark.parametrize("kernel", ["auto", "dense", "sorted"])
 def test_kernel_option_reaches_every_recipe_loss(kernel):
-    from pml_suprank.training.options import LOSS_CLASSES, LossOptions, build_loss
+    from pml_suprank.losses import registered_losses
+    from pml_suprank.training.options import LossOptions, build_loss
 
     assert LossOptions().kernel == "auto"
-    for name in LOSS_CLASSES:
+    for name in registered_losses():
         loss = build_loss(name, {"kernel": kernel}, num_classes=8, embedding_size=16)
         assert loss.kernel == kernel and loss.rank_loss.kernel == kernel, name
 

@@ -26,10 +26,7 @@ from typing import Any
 
 from torch import nn
 
-from ..metrics.report import HEADLINE_KEYS as _HEADLINE  # private names kept importable from their former module
-from ..metrics.report import metric_label as _metric_label
 from .card import REPO_URL, CardInputs, generate_model_card
-from .card import _fmt as _fmt
 from .mixin import HubMixin, build_config, push_folder, save_folder
 from .serialization import (
     CONFIG_NAME,
@@ -42,10 +39,7 @@ from .serialization import (
     WEIGHTS_NAME,
     read_config,
 )
-from .serialization import check_metrics as _check_metrics
-from .serialization import tied_aliases as _tied_aliases
-from .transport import check_repo_id as _check_repo_id
-from .transport import resolve_file as _resolve_file
+from .transport import resolve_file
 from .transport import upload_folder as push_folder_to_hub
 
 logger = logging.getLogger(__name__)
@@ -145,5 +139,5 @@ def load_config(
 ) -> dict[str, Any]:
     """Read and validate ``config.json`` from a folder or a Hub repo id (through the local cache when offline)."""
     options = dict(revision=revision, cache_dir=cache_dir, local_files_only=local_files_only, token=token)
-    path = _resolve_file(pretrained_model_name_or_path, CONFIG_NAME, force_download=force_download, **options)
+    path = resolve_file(pretrained_model_name_or_path, CONFIG_NAME, force_download=force_download, **options)
     return read_config(path)

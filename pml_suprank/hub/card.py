@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..losses.registry import SUPRANK_PAPER, loss_entry
 from ..metrics.report import headline_keys, metric_label
 from .serialization import DETECTOR_TASK, LIBRARY_NAME, check_metrics
 
@@ -25,13 +26,15 @@ __all__ = ["REPO_URL", "CardInputs", "generate_model_card"]
 
 REPO_URL = "https://github.com/pml-suprank/pml-suprank"
 
-_TPAMI = ("Optimization of Rank Losses for Image Retrieval (Ramzi et al., TPAMI)", "https://arxiv.org/abs/2309.08250")
-_ECCV = (
-    "Hierarchical Average Precision Training for Pertinent Image Retrieval (Ramzi et al., ECCV 2022)",
-    "https://arxiv.org/abs/2207.04873",
-)
-_PAPERS = {"HAPPIER": _ECCV, "HAPPIERLoss": _ECCV, "SupHAPLoss": _ECCV}
-_DEFAULT_PAPER = _TPAMI
+
+def _paper(loss: Any) -> tuple[str, str]:
+    """``(title, url)`` of the paper of the registered loss ``loss`` (name or class name; else the SupRank paper)."""
+    try:
+        paper = loss_entry(str(loss)).paper
+    except ValueError:
+        paper = None
+    return paper or SUPRANK_PAPER
+
 
 def _fmt(value: Any) -> str:
     if value is None:
@@ -221,7 +224,7 @@ def _retrieval_card(inputs: CardInputs) -> str:
     loss, source = training.get("loss"), inputs.source
     _, _, main_keys, _ = _split_metrics(inputs.metrics, inputs.paper_results)
     tags = ["pml-suprank", "image-retrieval", "metric-learning", "pytorch-metric-learning", "timm"]
-    title, url = _PAPERS.get(str(loss), _DEFAULT_PAPER)
+    title, url = _paper(loss)
     if hub.get("paper"):
         title, url = str(hub["paper"]), str(hub.get("paper_url") or url)
     lines = [

@@ -68,8 +68,8 @@ class CombinedRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
     The PML loss dict keeps both weighted terms: ``"rank_loss"`` (the per-query losses times ``1 − λ``, reduced by
     this loss's reducer) and ``"decomposability_loss"`` (``λ·L_dec``, already reduced by ``L_dec``'s own reducer).
     :meth:`compute_terms` returns them reduced; they sum to the loss. The rank loss's public attributes
-    (``include_self``, ``tau``, ``step``, ``hierarchy``, ``alpha``, ...) are mirrored on the combined loss when it
-    is built, for reading (config files list them); the ones in use are :attr:`rank_loss`'s.
+    (``include_self``, ``tau``, ``step``, ``hierarchy``, ``alpha``, ...) can be read on the combined loss: an
+    attribute it does not have is :attr:`rank_loss`'s (no copy; config files are written from the run's options).
 
     Args:
         rank_loss: the rank loss (without a decomposability term of its own). It owns the scores (``distance``)
@@ -120,20 +120,19 @@ class CombinedRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
             num_classes=num_classes,
             embedding_size=embedding_size,
         )
-        self._mirror_rank_loss_attributes(weight)
+        self.decomposability_weight = weight
         self.add_to_recordable_attributes(list_of_names=["num_kept_queries"], is_stat=True)
 
-    def _mirror_rank_loss_attributes(self, weight: float) -> None:
-        # the rank loss's public hyper-parameters (include_self, tau, ..., alpha, k) as attributes of this loss, in
-        # the rank loss's order, with decomposability_weight = λ: what vars(loss) listed when these losses were
-        # subclasses of their rank loss (config files are written from it)
-        for key, value in vars(self.rank_loss).items():
-            if key.startswith("_") or key == "num_kept_queries" or hasattr(self, key) or isinstance(value, nn.Module):
-                continue
-            setattr(self, key, value)
-            if key == "include_self":  # λ right after include_self, where vars(loss) has always listed it
-                self.decomposability_weight = weight
-        self.decomposability_weight = weight
+    def __getattr__(self, name: str):
+        # the rank loss's public hyper-parameters (tau, rho, alpha, kernel, step, hierarchy, ...) read through this
+        # loss, without copies: nn.Module's parameters / buffers / sub-modules first, then the rank loss's attribute
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            rank_loss = self.__dict__["_modules"].get("rank_loss")
+            if name.startswith("_") or rank_loss is None or name == "num_kept_queries":
+                raise
+            return getattr(rank_loss, name)
 
     @property
     def weight(self) -> float:

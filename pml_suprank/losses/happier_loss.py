@@ -6,11 +6,16 @@ from torch import Tensor
 
 from ..relevance import Hierarchy
 from .combined_rank_loss import CombinedRankLoss, combination_options
+from .registry import HAPPIER_PAPER, register_loss
 from .sup_hap_loss import SupHAPLoss
 
 __all__ = ["HAPPIERLoss"]
 
 
+@register_loss(
+    "HAPPIER", hierarchical=True, multilabel=True, paper=HAPPIER_PAPER,
+    options=("decomposability_weight", "tau", "rho", "delta", "start", "offset", "kernel", "alpha"),
+)  # fmt: skip
 class HAPPIERLoss(CombinedRankLoss):
     """HAPPIER loss ``(1 − λ) · L_Sup-H-AP + λ · L_DG*`` (SupRank paper Eq. 22).
 

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 from .calibration_loss import CalibrationLoss
 from .combined_rank_loss import CombinedRankLoss, combination_options
+from .registry import SUPRANK_PAPER, register_loss
 from .sup_ap_loss import MULTILABEL_MODES, SupAPLoss
 
 __all__ = ["ROADMAPLoss"]
 
 
+@register_loss(
+    "ROADMAP", hierarchical=False, multilabel=False, paper=SUPRANK_PAPER,
+    options=("decomposability", "decomposability_weight", "tau", "rho", "delta", "start", "offset", "kernel"),
+)  # fmt: skip
 class ROADMAPLoss(CombinedRankLoss):
     """ROADMAP loss (Ramzi et al., NeurIPS 2021; SupRank TPAMI 2025 Eq. 12).
 

@@ -6,11 +6,16 @@ from torch import Tensor
 
 from ..relevance import Hierarchy
 from .combined_rank_loss import CombinedRankLoss, combination_options
+from .registry import SUPRANK_PAPER, register_loss
 from .sup_ndcg_loss import SupNDCGLoss
 
 __all__ = ["RODNDCGLoss"]
 
 
+@register_loss(
+    "ROD-NDCG", hierarchical=True, multilabel=False, paper=SUPRANK_PAPER,
+    options=("decomposability_weight", "tau", "rho", "delta", "start", "offset", "kernel"),
+)  # fmt: skip
 class RODNDCGLoss(CombinedRankLoss):
     """ROD-NDCG loss ``(1 − λ) · L_Sup-NDCG + λ · L_DG*`` (SupRank paper Eq. 25; reference configs ``roadndcg_*``).
 

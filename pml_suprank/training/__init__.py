@@ -5,8 +5,10 @@ Layout:
 * :mod:`.config` — :class:`TrainingConfig`, the single source of the training options (help, default, hub_config
   section and value check of every field);
 * :mod:`.options` — the model / data / loss / run options of the recipes and the one loss builder
-  (:func:`build_loss`, :data:`LOSS_CLASSES`);
-* :mod:`.cli` — the recipes' argparse flags generated from those dataclasses;
+  (:func:`build_loss`, reading the loss registry :func:`pml_suprank.losses.register_loss`);
+* :mod:`.run_spec` — :class:`RunSpec`, the whole configuration of a recipe run (model / data / loss / train / run),
+  built once from a hub_config YAML plus command-line overrides and validated once;
+* :mod:`.cli` — the recipes' argparse flags generated from those dataclasses, and :func:`parse_run_spec`;
 * :mod:`.optim` — :func:`build_optimizer` (parameter groups) and :func:`build_scheduler`;
 * :mod:`.loaders` — :class:`SeededAugmentation`, the data loaders and the one embedding loop :func:`embed_loader`;
 * :mod:`.loss_module` — :class:`LossModule` (model + loss [+ memory], what goes through ``accelerator.prepare``);
@@ -15,11 +17,16 @@ Layout:
   ``run.lock`` and the refusal of a new run into a previous run's folder;
 * :mod:`.trainer` — :class:`Trainer`;
 * :mod:`.export` — the final Hub-ready folder;
-* :mod:`.report` — printed metric summaries.
+* :mod:`.data_source` — :class:`~pml_suprank.training.data_source.DatasetSource`, where a run's training / test set
+  comes from (synthetic, a benchmark archive, a Hub / local retrieval dataset);
+* :mod:`.recipe` — the training recipes' whole job (``recipes/train_happier.py``, ``recipes/train_roadmap.py``).
+
+Printed metric summaries live in :mod:`pml_suprank.metrics.report` (``format_metrics_table`` is re-exported here).
 """
 
 from __future__ import annotations
 
+from ..metrics.report import format_metrics_table
 from .checkpoint import (
     CHECKPOINT_PREFIX,
     TRAINER_STATE,
@@ -29,29 +36,19 @@ from .checkpoint import (
     latest_valid_checkpoint,
     validate_checkpoint,
 )
-from .checkpoint import jsonable as _jsonable
-from .config import OptimizerType, SamplerType, SchedulerType, TrainingConfig, _check_int
+from .config import OptimizerType, SamplerType, SchedulerType, TrainingConfig
 from .export import write_final_folder
-from .loaders import SeededAugmentation, _dataset_labels, _infer_dim, _progress, collate, embed_loader, make_loader
-from .loaders import collate as _collate
+from .loaders import SeededAugmentation, collate, embed_loader, make_loader
 from .loss_module import LossModule
-from .optim import _model_groups, build_optimizer, build_scheduler
-from .options import (
-    LOSS_CLASSES,
-    DataOptions,
-    LossOptions,
-    ModelOptions,
-    RunOptions,
-    build_loss,
-)
-from .report import _SHORT_KEYS, _format_metrics, _one_column, format_metrics_table
+from .optim import build_optimizer, build_scheduler
+from .options import DataOptions, LossOptions, ModelOptions, RunOptions, build_loss
 from .run_folder import LOCK_FILE, RUN_FILE, OutputDirError, RunLock, RunLockError, run_config, run_fingerprint
-from .trainer import Trainer, _Progress
+from .run_spec import RunSpec
+from .trainer import Trainer
 
 __all__ = [
     "CHECKPOINT_PREFIX",
     "LOCK_FILE",
-    "LOSS_CLASSES",
     "RUN_FILE",
     "TRAINER_STATE",
     "CheckpointError",
@@ -63,6 +60,7 @@ __all__ = [
     "RunLock",
     "RunLockError",
     "RunOptions",
+    "RunSpec",
     "SeededAugmentation",
     "Trainer",
     "TrainingConfig",

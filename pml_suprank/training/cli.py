@@ -1,4 +1,5 @@
-"""Command-line options generated from the option dataclasses (:mod:`pml_suprank.training.options`).
+"""Command-line options generated from the option dataclasses (:mod:`pml_suprank.training.options`), and the one
+place a recipe's :class:`~pml_suprank.training.RunSpec` is built (:func:`parse_run_spec`).
 
 One ``--<field name>`` flag per field (snake_case), with the field's help and its default shown by ``--help``
 (use ``argparse.ArgumentDefaultsHelpFormatter``); booleans are ``--flag true/false`` (a bare ``--flag`` means true),
@@ -12,13 +13,24 @@ import json
 import types
 import typing
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import Field
+from dataclasses import Field, fields
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
+from ..losses.registry import registered_losses
 from .config import field_default
-from .options import option_fields
+from .options import loss_keys, option_fields, recipe_options
+from .run_spec import FIELD_PARTS, PARTS, RunSpec
 
-__all__ = ["add_option_arguments", "int_list", "json_dict", "str2bool", "str_list"]
+__all__ = [
+    "add_option_arguments",
+    "build_recipe_parser",
+    "int_list",
+    "json_dict",
+    "parse_run_spec",
+    "recipe_losses",
+    "str2bool",
+    "str_list",
+]
 
 
 def str2bool(value: str | bool) -> bool:
@@ -136,3 +148,102 @@ def add_option_arguments(
                             help=f.metadata["help"], **kwargs)  # fmt: skip
         added.append(f.name)
     return added
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the training recipes' command line → RunSpec
+# ---------------------------------------------------------------------------------------------------------------------
+_PART_TITLES = {"run": "run", "data": "data", "model": "model", "loss": "loss (SupRank H⁻ and decomposability)",
+                "train": "training"}  # fmt: skip
+
+
+def recipe_losses(*, hierarchical: bool) -> list[str]:
+    """The registered losses a training recipe trains: the hierarchical ones (``train_happier.py``) or the others
+    (``train_roadmap.py``), in registration order."""
+    return list(registered_losses(hierarchical=hierarchical))
+
+
+def build_recipe_parser(
+    description: str, defaults: Mapping[str, Any], losses: Sequence[str]
+) -> argparse.ArgumentParser:
+    """A training recipe's parser: ``--config`` plus one flag per :class:`~pml_suprank.training.RunSpec` field.
+
+    Args:
+        description: The recipe's one-line description.
+        defaults: The recipe's no-argument run (replacing the dataclass defaults, shown by ``--help``).
+        losses: The registered losses this recipe trains (``--loss`` choices, the first is the default; loss options
+            that none of them takes are left out).
+    """
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument(
+        "--config",
+        action="append",
+        default=None,
+        help="hub_config YAML (e.g. hub_configs/happier_sop.yaml); repeat it to lay partial override files over a "
+        "base; command-line flags override the files",
+    )
+    defaults = {"loss": losses[0], **defaults}
+    accepted = {k for name in losses for k in loss_keys(name)} | {"loss"}
+    for part, cls in PARTS.items():
+        group = parser.add_argument_group(_PART_TITLES[part])
+        if part == "loss":
+            only = [f.name for f in fields(cls) if f.name in accepted]
+            add_option_arguments(group, cls, only=only, defaults=defaults, choices={"loss": list(losses)})
+        else:
+            add_option_arguments(group, cls, defaults=defaults)
+    return parser
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "<unset>"
+
+
+_UNSET = _Unset()
+
+
+def _explicit_flags(parser: argparse.ArgumentParser, argv: list[str] | None) -> dict[str, Any]:
+    """The option values given on the command line (argparse leaves a destination that is already set alone, so
+    pre-setting each one to a marker keeps the defaults out)."""
+    dests = [a.dest for a in parser._actions if a.dest in FIELD_PARTS]
+    namespace = parser.parse_args(argv, namespace=argparse.Namespace(**dict.fromkeys(dests, _UNSET)))
+    return {d: v for d, v in vars(namespace).items() if d in FIELD_PARTS and v is not _UNSET}
+
+
+def _read_configs(parser: argparse.ArgumentParser, paths: list[str]) -> dict[str, Any]:
+    """The ``--config`` files, schema-checked and merged in order (their consistency is checked with the spec)."""
+    from .. import hub_config as hc
+
+    try:
+        config = hc.merge_hub_configs(*(hc.read_hub_config(path, partial=True) for path in paths))
+    except (ValueError, FileNotFoundError) as e:
+        parser.error(f"--config: {e}")
+    actions = {a.dest: a for a in parser._actions}
+    options = recipe_options(config)
+    unknown = sorted(set(options) - set(actions))
+    if unknown:
+        parser.error(f"--config {' '.join(paths)}: option(s) {unknown} are not options of this recipe")
+    for dest, value in options.items():
+        choices = actions[dest].choices
+        if choices is not None and value not in choices:
+            parser.error(f"--config: {dest} {value!r} is not trained by this recipe (choose from {choices})")
+    return config
+
+
+def parse_run_spec(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> RunSpec:
+    """The :class:`~pml_suprank.training.RunSpec` of a recipe invocation, built once and validated once.
+
+    Precedence: dataclass defaults < the parser's defaults (the recipe's no-argument run) < the ``--config``
+    hub_config(s) (several files are merged in order, each may be partial) < the flags given. Any inconsistency is a
+    ``parser.error`` (exit 2, nothing built).
+    """
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", action="append", default=None)
+    known, _ = pre.parse_known_args(argv)
+    hub_config = _read_configs(parser, known.config) if known.config else {}
+    defaults = {a.dest: a.default for a in parser._actions if a.dest in FIELD_PARTS}
+    values = {**defaults, **recipe_options(hub_config), **_explicit_flags(parser, argv)}
+    try:
+        return RunSpec.from_values(values, hub_config).validate()
+    except ValueError as e:
+        parser.error(str(e))

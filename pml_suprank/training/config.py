@@ -109,7 +109,6 @@ def option(
     key: str | None = None,
     check: OptionCheck | None = None,
     cli: bool = True,
-    losses: tuple[str, ...] | None = None,
 ) -> Any:
     """A dataclass field with its documentation: the one place an option is described.
 
@@ -120,9 +119,8 @@ def option(
         key: Key inside the section (default: the field name).
         check: Value check of a configuration file (type and range).
         cli: Expose the option on the recipes' command line.
-        losses: Loss names the option applies to (loss options only; ``None``: all).
     """
-    metadata = {"help": help, "section": section, "key": key, "check": check, "cli": cli, "losses": losses}
+    metadata = {"help": help, "section": section, "key": key, "check": check, "cli": cli}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -207,7 +205,7 @@ class TrainingConfig:
     k_values: Sequence[int] = option((1, 10), "Recall@k values, e.g. 1,10,100", section="evaluation",
                                      check=list_of(_pos(1), "a non-empty list of ints >= 1"))  # fmt: skip
     alpha: float = option(1.0, "H-AP relevance exponent of the evaluator and of HAPPIER (alpha > 1: HAPPIER_F)",
-                          section="loss", check=is_number(0, strict=True), losses=("HAPPIER",))  # fmt: skip
+                          section="loss", check=is_number(0, strict=True))  # fmt: skip
     checkpoint_every: int = option(0, "checkpoint every N steps (0: at the end of every epoch)", section="training",
                                    check=_pos(0))  # fmt: skip
     keep_checkpoints: int = option(2, "most recent checkpoints kept (0: all)", section="training", check=_pos(0))

@@ -2,18 +2,20 @@
 
 Each option is one dataclass field (help, default, hub_config section and value check in its metadata, see
 :func:`~pml_suprank.training.config.option`). The recipes' command line and the hub_config schema are derived from
-these classes, and a loss is built in one place, :func:`build_loss`, from the name → class table
-:data:`LOSS_CLASSES`.
+these classes, and a loss is built in one place, :func:`build_loss`, from the loss registry
+(:func:`pml_suprank.losses.register_loss`).
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator, Mapping
 from dataclasses import Field, dataclass, fields
 from typing import Any
 
 from torch import nn
 
+from ..losses.registry import loss_entry, registered_losses
 from .config import (
     OptionCheck,
     TrainingConfig,
@@ -28,9 +30,9 @@ from .config import (
 )
 
 __all__ = [
-    "HIERARCHICAL_LOSSES",
-    "LOSS_CLASSES",
+    "LOCATIONS",
     "OPTION_CLASSES",
+    "SECTIONS",
     "DataOptions",
     "LossOptions",
     "ModelOptions",
@@ -38,7 +40,32 @@ __all__ = [
     "build_loss",
     "loss_keys",
     "option_fields",
+    "recipe_options",
 ]
+
+
+class RegisteredLoss(OptionCheck):
+    """The check of ``loss.name``: a name registered with :func:`pml_suprank.losses.register_loss` (read when
+    checked, so a loss registered after import is accepted)."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda v: isinstance(v, str) and v in registered_losses(), "a registered loss name")
+
+    @property  # type: ignore[override]
+    def expected(self) -> str:
+        return f"one of {', '.join(registered_losses())}"
+
+    @expected.setter
+    def expected(self, value: str) -> None:  # the dataclass __init__ assigns it
+        pass
+
+    @property  # type: ignore[override]
+    def choices(self) -> tuple[str, ...]:
+        return tuple(registered_losses())
+
+    @choices.setter
+    def choices(self, value: Any) -> None:
+        pass
 
 
 def _crop_scale() -> OptionCheck:
@@ -126,11 +153,13 @@ class LossOptions:
     """The rank loss: its name and the SupRank H⁻ / decomposability hyper-parameters (``alpha`` is a
     :class:`TrainingConfig` field shared with the evaluator)."""
 
-    loss: str = option("HAPPIER", "the loss (HAPPIER / ROD-NDCG: hierarchical labels; ROADMAP: fine labels)",
-                       section="loss", key="name", check=is_choice("HAPPIER", "ROADMAP", "ROD-NDCG"))  # fmt: skip
+    loss: str = option(
+        "HAPPIER", "a loss registered with pml_suprank.losses.register_loss (HAPPIER / ROD-NDCG: hierarchical labels; "
+        "ROADMAP: fine labels)", section="loss", key="name", check=RegisteredLoss(),
+    )  # fmt: skip
     decomposability: str = option(
         "calibration", "L_DG on pairs (ROADMAP, NeurIPS 2021) or ClusterLoss proxies (SupRank, TPAMI 2025)",
-        section="loss", check=is_choice("calibration", "proxy"), losses=("ROADMAP",),
+        section="loss", check=is_choice("calibration", "proxy"),
     )  # fmt: skip
     decomposability_weight: float = option(0.1, "weight λ of the decomposability term", section="loss",
                                            check=is_number(0, high=1))  # fmt: skip
@@ -181,12 +210,6 @@ class RunOptions:
 #: every option class, in --help order
 OPTION_CLASSES: tuple[type, ...] = (RunOptions, DataOptions, ModelOptions, LossOptions, TrainingConfig)
 
-#: loss name → class name in :mod:`pml_suprank.losses` (the keys it accepts come from the options' ``losses``)
-_LOSS_CLASS_NAMES = {"HAPPIER": "HAPPIERLoss", "ROADMAP": "ROADMAPLoss", "ROD-NDCG": "RODNDCGLoss"}
-#: losses trained on all label columns ``(N, L)`` (the others take the fine labels ``(N,)``); their ClusterLoss
-#: proxies need ``num_classes`` / ``embedding_size``
-HIERARCHICAL_LOSSES = ("HAPPIER", "ROD-NDCG")
-
 
 def option_fields(*classes: type) -> Iterator[tuple[type, Field]]:
     """``(class, field)`` of every option of ``classes`` (default: all of :data:`OPTION_CLASSES`)."""
@@ -195,39 +218,64 @@ def option_fields(*classes: type) -> Iterator[tuple[type, Field]]:
             yield cls, f
 
 
+def _option_locations() -> dict[tuple[str, str], tuple[type, str]]:
+    """``(section, key)`` of every file option → ``(option class, field name)``."""
+    out = {}
+    for cls, f in option_fields(*OPTION_CLASSES):
+        if f.metadata.get("section") is not None:
+            out[(f.metadata["section"], f.metadata["key"] or f.name)] = (cls, f.name)
+    return out
+
+
+#: ``(hub_config section, key)`` of every file option → ``(option class, field name)``
+LOCATIONS = _option_locations()
+#: the hub_config sections holding options, in file order
+SECTIONS = ("model", "data", "loss", "optimizer", "scheduler", "sampler_options", "memory", "training", "evaluation")
+
+
+def recipe_options(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The option sections of a hub_config as ``{option name: value}`` (the recipes' flag names; ``loss.name`` →
+    ``loss``); the metadata (``name``, ``hub``...) is dropped."""
+    out: dict[str, Any] = {}
+    for section in SECTIONS:
+        for k, v in (config.get(section) or {}).items():
+            if (section, k) in LOCATIONS:
+                out[LOCATIONS[(section, k)][1]] = v
+    return out
+
+
 def loss_keys(name: str) -> tuple[str, ...]:
-    """The loss options (hub_config ``loss.*`` keys) that apply to the loss ``name``."""
-    keys = []
-    for _, f in option_fields(LossOptions, TrainingConfig):
-        md = f.metadata
-        if md["section"] == "loss" and md["key"] is None and (md["losses"] is None or name in md["losses"]):
-            keys.append(f.name)
-    return tuple(keys)
-
-
-#: loss name of a hub_config / ``--loss`` → (class name in :mod:`pml_suprank.losses`, option keys it accepts)
-LOSS_CLASSES: dict[str, tuple[str, tuple[str, ...]]] = {n: (c, loss_keys(n)) for n, c in _LOSS_CLASS_NAMES.items()}
+    """The loss options (hub_config ``loss.*`` keys, recipe flags) that the registered loss ``name`` takes: its
+    entry's ``options``, or the loss options that are named parameters of its constructor."""
+    entry = loss_entry(name)
+    if entry.options is not None:
+        return entry.options
+    params = inspect.signature(entry.cls.__init__).parameters
+    names = [f.name for _, f in option_fields(LossOptions, TrainingConfig) if f.metadata["section"] == "loss"]
+    return tuple(n for n in names if n in params and n != "loss")
 
 
 def build_loss(name: str, values: Mapping[str, Any], num_classes: int, embedding_size: int, **extra: Any) -> nn.Module:
-    """The one loss builder: instantiate the loss ``name`` from option ``values`` (unset ``None`` values keep the loss
-    defaults; options of other losses are ignored).
+    """The one loss builder: instantiate the registered loss ``name`` from option ``values`` (unset ``None`` values
+    keep the loss defaults; options the loss does not take are ignored).
 
     Args:
-        name: ``"HAPPIER"``, ``"ROADMAP"`` or ``"ROD-NDCG"``.
+        name: A name registered with :func:`pml_suprank.losses.register_loss` (``"HAPPIER"``, ``"ROADMAP"``,
+            ``"ROD-NDCG"``, ...).
         values: Option values, e.g. ``{"tau": 0.01, "decomposability_weight": 0.1}``.
         num_classes: Number of fine training classes (one ClusterLoss proxy each).
         embedding_size: Embedding dimension ``D``.
         **extra: Further keyword arguments of the loss class, not recipe options (e.g. ``relevance="multilabel"``
             and ``hierarchy=`` the ``(num_fine, L)`` table for multi-label data).
-    """
-    from .. import losses
 
-    if name not in LOSS_CLASSES:
-        raise ValueError(f"loss must be one of {sorted(LOSS_CLASSES)}; got {name!r}")
-    class_name, accepted = LOSS_CLASSES[name]
-    kwargs = {k: values[k] for k in accepted if values.get(k) is not None}
-    uses_proxies = name in HIERARCHICAL_LOSSES or kwargs.get("decomposability") == "proxy"
-    if uses_proxies:
-        kwargs.update(num_classes=num_classes, embedding_size=embedding_size)
-    return getattr(losses, class_name)(**kwargs, **extra)
+    ``num_classes`` / ``embedding_size`` go to a constructor that names them, when the loss is hierarchical (its
+    ClusterLoss proxies) or uses ``decomposability="proxy"``, or when the constructor requires them.
+    """
+    entry = loss_entry(name)
+    kwargs = {k: values[k] for k in loss_keys(name) if values.get(k) is not None}
+    params = inspect.signature(entry.cls.__init__).parameters
+    for key, value in (("num_classes", num_classes), ("embedding_size", embedding_size)):
+        required = key in params and params[key].default is inspect.Parameter.empty
+        if key in params and (required or entry.hierarchical or kwargs.get("decomposability") == "proxy"):
+            kwargs[key] = value
+    return entry.cls(**kwargs, **extra)

@@ -41,6 +41,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
+from ..metrics.report import format_metrics
 from . import checkpoint_files as files
 from .checkpoint import (
     CheckpointError,
@@ -66,7 +67,6 @@ from .loaders import (
 from .loss_module import LossModule
 from .optim import build_optimizer, build_scheduler
 from .pca_init import init_projection_if_requested
-from .report import _format_metrics
 from .run_folder import RunLock, claim_output_dir, on_main_process, run_config, run_fingerprint, write_run_file
 
 __all__ = ["Trainer"]
@@ -546,7 +546,7 @@ class Trainer:
         metrics = self.evaluate(description=f"evaluation (epoch {epoch + 1})")
         p.history.append({"step": p.global_step, "epoch": epoch, **{f"eval/{k}": v for k, v in metrics.items()}})
         acc.log({f"eval/{k}": v for k, v in metrics.items()}, step=p.global_step)
-        acc.print(f"epoch {epoch + 1}/{self.config.epochs}: {_format_metrics(metrics, short=True)}")
+        acc.print(f"epoch {epoch + 1}/{self.config.epochs}: {format_metrics(metrics, short=True)}")
         self._train_mode()
         return metrics
 

@@ -15,6 +15,7 @@ from _helpers import import_recipe, recipe_parser
 
 from pml_suprank import hub_config
 from pml_suprank.data.benchmarks import BENCHMARKS, load_benchmark
+from pml_suprank.training.data_source import DatasetSource, dataset_source
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "recipes"
@@ -22,8 +23,6 @@ CONFIGS = sorted(p for p in (ROOT / "hub_configs").glob("*.yaml") if not p.name.
 BENCHMARK_CONFIGS = [p for p in CONFIGS if yaml.safe_load(p.read_text())["data"]["dataset"] in BENCHMARKS]
 TINY = ["--backbone", "test_resnet", "--pretrained", "false", "--image_size", "16", "--embedding_size", "8",
         "--cpu", "--with_tracking", "false"]  # fmt: skip
-
-
 
 
 def test_shipped_configs_name_their_benchmark():
@@ -48,8 +47,8 @@ def test_hub_config_builds_its_benchmark_from_data_root(path, tmp_path):
     for part in ("train", "test"):
         split = hub_config.resolved_split(cfg, part)
         assert split == cfg["data"].get(f"{part}_split", split) and split in BENCHMARKS[name].splits
-        assert hub_config.dataset_kwargs(cfg, part, data_root=root) == {"benchmark": name, "root": str(root),
-                                                                       "split": split}  # fmt: skip
+        assert dataset_source(cfg["data"], part, data_root=root) == DatasetSource("benchmark", name, split,
+                                                                                 root=str(root))  # fmt: skip
         built = hub_config.build_dataset(cfg, part, data_root=root)
         native = load_benchmark(name, root, split)
         assert torch.equal(built.labels, native.labels) and built.names == native.names, (name, part)
@@ -91,10 +90,10 @@ def test_data_section_errors(data, match):
 
 def test_missing_data_root_is_an_error_before_anything_is_built(capsys):
     with pytest.raises(ValueError, match=r"benchmark sop is read from its archive: give its folder with --data_root"):
-        hub_config.dataset_kwargs({"data": {"dataset": "sop"}}, "train")
+        hub_config.build_dataset({"data": {"dataset": "sop"}}, "train")
     common, parser = recipe_parser()
     with pytest.raises(SystemExit) as exit_info:
-        common.parse_with_config(parser, ["--config", str(ROOT / "hub_configs" / "happier_sop.yaml")])
+        common.parse_run_spec(parser, ["--config", str(ROOT / "hub_configs" / "happier_sop.yaml")])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "--dataset sop" in err and "--data_root" in err and "Ebay_" in err
@@ -103,37 +102,38 @@ def test_missing_data_root_is_an_error_before_anything_is_built(capsys):
 def test_synthetic_multilabel_unsupported_loss_is_refused_early_and_synthetic_unchanged(capsys):
     common, parser = recipe_parser()
     with pytest.raises(SystemExit):
-        common.parse_with_config(parser, ["--dataset", "synthetic_multilabel", "--loss", "ROD-NDCG", *TINY])
+        common.parse_run_spec(parser, ["--dataset", "synthetic_multilabel", "--loss", "ROD-NDCG", *TINY])
     assert "'loss' ROD-NDCG has no multi-label variant" in capsys.readouterr().err
-    args, _ = common.parse_with_config(recipe_parser()[1], ["--dataset", "synthetic", *TINY])
-    assert args.dataset == "synthetic" and args.data_root is None
-    assert hub_config.dataset_kwargs(hub_config.nest_options(vars(args)), "train")["synthetic"] is True
+    spec = common.parse_run_spec(recipe_parser()[1], ["--dataset", "synthetic", *TINY])
+    assert spec.data.dataset == "synthetic" and spec.data.data_root is None
+    assert dataset_source(spec.data_section(), "train").kind == "synthetic"
 
 
 def test_recipe_builds_the_benchmark_by_name(tmp_path):
     root = MAKERS["sop"](tmp_path / "Stanford_Online_Products")
     common, parser = recipe_parser()
     argv = ["--config", str(ROOT / "hub_configs" / "happier_sop.yaml"), "--data_root", str(root), *TINY]
-    args, hub_cfg = common.parse_with_config(parser, argv)
-    assert args.dataset == "sop" and args.data_root == str(root) and "data_root" not in hub_cfg["data"]
-    model = common.build_model(args)
-    train, test = common.build_datasets(args, model)
+    spec = common.parse_run_spec(parser, argv)
+    assert (
+        spec.data.dataset == "sop" and spec.data.data_root == str(root) and "data_root" not in spec.hub_config["data"]
+    )
+    model = common.build_model(spec)
+    train, test = common.build_datasets(spec, model)
     assert torch.equal(train.labels, load_benchmark("sop", root, "train").labels)
     assert torch.equal(test.labels, load_benchmark("sop", root, "test").labels)
     assert train[0]["image"].shape == (3, 16, 16)
-    loss = common.make_loss(args, int(train.labels[:, 0].max()) + 1, 8)
-    options = common.run_options(args, loss, "no")
+    options = spec.run_options("no")
     assert options["data"]["train_split"] == "train" and options["data"]["test_split"] == "test"
     assert "data_root" not in options["data"]  # moving the archive keeps the run's fingerprint
     # open_set on a benchmark checks the training / test fine classes: CIFAR-100's closed-set splits overlap
     cifar = MAKERS["cifar100"](tmp_path / "cifar")
     argv = ["--dataset", "cifar100", "--data_root", str(cifar), "--train_split", "train", "--test_split", "test",
             "--open_set", "true", *TINY]  # fmt: skip
-    args, _ = common.parse_with_config(recipe_parser()[1], argv)
+    spec = common.parse_run_spec(recipe_parser()[1], argv)
     with pytest.raises(ValueError, match=r"benchmark cifar100: an open-set split was requested"):
-        common.build_datasets(args, model)
-    args.train_split, args.test_split = None, None  # its own open-set splits
-    train, test = common.build_datasets(args, model)
+        common.build_datasets(spec, model)
+    spec.data.train_split, spec.data.test_split = None, None  # its own open-set splits
+    train, test = common.build_datasets(spec, model)
     assert not set(train.labels[:, 0].tolist()) & set(test.labels[:, 0].tolist())
 
 

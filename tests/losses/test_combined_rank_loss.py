@@ -96,14 +96,14 @@ def test_combined_rank_loss_is_the_one_way_to_combine():
             losses.SupAPLoss(**removed)
 
 
-def test_public_attributes_and_mirrored_hyper_parameters():
+def test_public_attributes_and_rank_loss_hyper_parameters():
     loss_fn = losses.ROADMAPLoss(decomposability_weight=0.25, tau=0.05, include_self=True)
     assert isinstance(loss_fn, losses.CombinedRankLoss)
     assert isinstance(loss_fn.rank_loss, losses.SupAPLoss) and isinstance(
         loss_fn.decomposability_loss, losses.CalibrationLoss
     )
     assert loss_fn.weight == loss_fn.decomposability_weight == 0.25
-    assert loss_fn.tau == 0.05 and loss_fn.step is loss_fn.rank_loss.step  # mirrored from the rank loss
+    assert loss_fn.tau == 0.05 and loss_fn.step is loss_fn.rank_loss.step  # read from the rank loss
     assert loss_fn.include_self and loss_fn.decomposability_loss.include_self
     with pytest.raises(AttributeError):
         loss_fn.no_such_attribute  # noqa: B018
@@ -169,17 +169,19 @@ def test_custom_module_and_cross_batch_memory():
     CrossBatchMemory(losses.HAPPIERLoss(6, 8, hierarchy=TABLE), embedding_size=8, memory_size=32)
 
 
-def test_rank_loss_hyper_parameters_are_mirrored_for_config_files():
-    """vars(loss) lists what it listed when the combined losses subclassed their rank loss (config.json uses it)."""
-
-    def scalars(loss):
-        return {k: v for k, v in vars(loss).items() if not k.startswith("_") and isinstance(v, (int, float, str, bool))}
-
-    roadmap = scalars(losses.ROADMAPLoss(decomposability_weight=0.3, tau=0.05))
-    assert list(roadmap)[-7:] == ["include_self", "decomposability_weight", "tau", "rho", "delta", "start", "offset"]
-    assert roadmap["decomposability_weight"] == 0.3 and roadmap["tau"] == 0.05 and "weight" not in roadmap
-    happier = scalars(losses.HAPPIERLoss(6, 8, alpha=2.0))
-    assert happier["alpha"] == 2.0 and happier["with_hrank"] is False and "chunk_size" in happier
+def test_rank_loss_hyper_parameters_are_read_through_without_copies():
+    """The rank loss's hyper-parameters read on the combined loss are the rank loss's own (no copy in vars(); config
+    files are written from the run's options, pml_suprank.training.RunSpec.loss_kwargs)."""
+    roadmap = losses.ROADMAPLoss(decomposability_weight=0.3, tau=0.05)
+    own = {k for k in vars(roadmap) if not k.startswith("_")}
+    assert {"tau", "rho", "delta", "start", "offset"}.isdisjoint(own) and roadmap.decomposability_weight == 0.3
+    assert roadmap.tau == 0.05 == roadmap.rank_loss.tau and roadmap.offset == roadmap.rank_loss.offset
+    roadmap.rank_loss.tau = 0.02  # one value, read through
+    assert roadmap.tau == 0.02
+    happier = losses.HAPPIERLoss(6, 8, alpha=2.0)
+    assert happier.alpha == 2.0 and happier.with_hrank is False and happier.chunk_size == happier.rank_loss.chunk_size
+    with pytest.raises(AttributeError):
+        happier._private_of_the_rank_loss  # noqa: B018
 
 
 def test_num_kept_queries_is_recorded_on_the_combined_loss():

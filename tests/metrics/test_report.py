@@ -152,3 +152,14 @@ def test_no_copy_of_the_report_helpers_outside_metrics_report():
         if isinstance(n, ast.FunctionDef)
     }
     assert names <= defined
+
+
+def test_headline_keys_follow_the_headline_order_then_the_paper_keys():
+    headline = report.HEADLINE_KEYS
+    for metrics in CASES:
+        paper = {"recall_at_1": 1.0, "extra": 2.0}
+        rates = {k: v for k, v in metrics.items() if not k.startswith("num_")}
+        main = [k for k in headline if k in rates or k in paper]
+        main += [k for k in paper if k not in main]
+        assert report.headline_keys(metrics, paper) == main
+        assert report.headline_keys(metrics) == [k for k in headline if k in rates]

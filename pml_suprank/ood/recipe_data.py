@@ -1,6 +1,8 @@
-"""Data, classifier and plotting helpers of ``recipes/fit_heat.py`` (datasets, timm model, histograms).
+"""Data, classifier and plotting helpers of the HEAT recipe ``recipes/fit_heat.py`` (datasets, timm model,
+histograms); ``args`` is that recipe's parsed command line.
 
-Kept apart from the command-line recipe so that each file stays short; nothing here is specific to one detector.
+Kept apart from the command-line script so that ``recipes/`` holds only runnable scripts; nothing here is specific to
+one detector.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def _cap(ds, max_samples, seed):
 
 
 def build_datasets(args, transform):
-    from pml_suprank import data
+    from .. import data
 
     if args.id_dataset == "synthetic":
         label_col = args.label_column or "coarse_label"
@@ -81,7 +83,7 @@ def build_datasets(args, transform):
 
 
 def loader(ds, batch_size, shuffle=False, seed=0):
-    from pml_suprank.data import collate
+    from ..data import collate
 
     g = torch.Generator().manual_seed(seed)
     return torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=shuffle, collate_fn=collate, generator=g)
@@ -151,7 +153,7 @@ def train_classifier(model, ds, level, classes, args, device):
             correct += int((logits.argmax(-1) == y).sum())
             seen += len(y)
         history.append({"epoch": epoch, "loss": total / seen, "accuracy": correct / seen})
-        print(f"classifier epoch {epoch}: loss {total / seen:.4f} train acc {correct / seen:.3f}", flush=True)
+        print(f"classifier epoch {epoch}: loss {total / seen:.4f} train acc {correct / seen:.3f}", flush=True)  # noqa: T201 - recipe progress
     model.eval()
     return history
 

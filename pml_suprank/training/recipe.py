@@ -1,0 +1,320 @@
+"""The training job of the recipes (``recipes/train_happier.py``, ``recipes/train_roadmap.py``): parse, build,
+train, evaluate, save, push.
+
+The command line is generated from the parts of :class:`~pml_suprank.training.RunSpec` (``ModelOptions``,
+``DataOptions``, ``LossOptions``, ``TrainingConfig``, ``RunOptions``): one snake_case flag per field, with its help
+and default shown by ``--help``; booleans are ``--flag true/false``, lists comma-separated. ``--config`` reads
+hub_configs (several files are laid over each other, so an override file may hold only the keys it changes);
+command-line flags override them. The run's ``RunSpec`` is built once from both and validated once
+(:func:`~pml_suprank.training.cli.parse_run_spec`), then passed down typed; ``--loss`` takes any loss registered with
+:func:`pml_suprank.losses.register_loss` (the hierarchical ones in ``train_happier.py``, the others in
+``train_roadmap.py``). ``--dataset`` takes a paper benchmark by name (``sop``, ``cub``, ``inat_base``, ``dyml_*``,
+``cifar100``, ``gldv2_hier``, ...), read from its archive under ``--data_root DIR``, a Hub id or a local copy.
+
+Everything here runs in any ``accelerate launch`` setting: CPU, multi-process (gloo), multi-GPU, mixed precision.
+With no argument at all, a recipe trains a tiny timm backbone on SyntheticShapes (built into the package): it needs
+no network and finishes in a few minutes on a 2-core CPU. The scripts set ``OMP_WAIT_POLICY=PASSIVE`` before torch
+is imported (spinning OpenMP threads make a busy or shared CPU dramatically slower).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..data.benchmarks.registry import BENCHMARKS
+from ..metrics.report import format_metrics_table, one_column
+from .cli import build_recipe_parser, parse_run_spec, recipe_losses
+from .data_source import dataset_source
+from .run_spec import RunSpec
+
+__all__ = [
+    "NO_ARGUMENT_RUN",
+    "build_datasets",
+    "build_model",
+    "build_parser",
+    "main",
+    "make_accelerator",
+    "make_loss",
+    "multilabel_parts",
+    "push",
+    "run",
+]
+
+
+# The training recipes without arguments: tiny backbone (ModelOptions), 48-px SyntheticShapes (DataOptions), fast on
+# 2 CPU cores; only these differ from the TrainingConfig defaults.
+NO_ARGUMENT_RUN: dict[str, Any] = {"epochs": 12, "lr_backbone": 1e-3, "lr_head": 2e-3, "eval_every": 4}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# command line
+# ---------------------------------------------------------------------------------------------------------------------
+def build_parser(description: str, defaults: Mapping[str, Any], hierarchical: bool) -> argparse.ArgumentParser:
+    """A training recipe's parser: the registered hierarchical losses (``train_happier.py``) or the others
+    (``train_roadmap.py``) as ``--loss`` choices, ``defaults`` the recipe's no-argument run."""
+    return build_recipe_parser(description, defaults, recipe_losses(hierarchical=hierarchical))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# building blocks
+# ---------------------------------------------------------------------------------------------------------------------
+def make_accelerator(
+    *,
+    cpu: bool = False,
+    mixed_precision: str | None = None,
+    with_tracking: bool = False,
+    output_dir: str | None = None,
+    find_unused_parameters: bool = False,
+) -> Any:
+    """Accelerator with the run options (mixed precision, trackers under output_dir/logs, DDP kwargs)."""
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration
+
+    log_with = None
+    if with_tracking and importlib.util.find_spec("tensorboard") is not None:
+        log_with = "tensorboard"
+    kwargs: dict[str, Any] = {"cpu": cpu, "log_with": log_with}
+    if output_dir:
+        kwargs["project_config"] = ProjectConfiguration(project_dir=output_dir, logging_dir=f"{output_dir}/logs")
+    if find_unused_parameters:  # frozen backbone during warm-up: its parameters get no gradient for a while
+        kwargs["kwargs_handlers"] = [DistributedDataParallelKwargs(find_unused_parameters=True)]
+    if mixed_precision is not None:
+        kwargs["mixed_precision"] = mixed_precision
+    return Accelerator(**kwargs)
+
+
+def build_model(spec: RunSpec) -> Any:
+    """The :class:`~pml_suprank.models.RetrievalModel` of the model options (at the data's ``image_size``)."""
+    from dataclasses import asdict
+
+    from ..models import RetrievalModel
+
+    return RetrievalModel(**asdict(spec.model), image_size=spec.data.image_size)
+
+
+def build_datasets(spec: RunSpec, model: Any) -> tuple[Any, Any]:
+    """Training and test sets (:class:`~pml_suprank.training.data_source.DatasetSource`: SyntheticShapes, a benchmark
+    read from its archive under ``--data_root``, or a Hub / local dataset) with timm-config transforms
+    (RandomResizedCrop + flip / resize + center crop). A benchmark with ``--open_set true`` is checked for disjoint
+    training / test fine classes. The data options were checked with the spec."""
+    from .. import data
+
+    train_tf = data.build_transforms(model.data_config, train=True, scale=tuple(spec.data.crop_scale))
+    test_tf = data.build_transforms(model.data_config, train=False)
+    section = spec.data_section()
+    train = dataset_source(section, "train").load(train_tf, seed=spec.train.seed)
+    test = dataset_source(section, "test").load(test_tf, seed=spec.train.seed)
+    if spec.data.dataset in BENCHMARKS and spec.data.open_set:
+        data.check_disjoint_classes(train, test, name=f"benchmark {spec.data.dataset}")
+    return train, test
+
+
+def make_loss(
+    spec: RunSpec, num_classes: int, embedding_size: int, hierarchy: torch.Tensor | None = None
+) -> torch.nn.Module:
+    """The registered loss ``--loss`` with its options (:meth:`RunSpec.build_loss`); with the ``(num_fine, L)``
+    ``hierarchy`` table of a multi-label dataset, its multi-label variant (``relevance="multilabel"``).
+    ``--compile_loss`` compiles it in place (``nn.Module.compile``: same parameters and state-dict keys)."""
+    if hierarchy is None:
+        loss = spec.build_loss(num_classes, embedding_size)
+    else:
+        loss = spec.build_loss(num_classes, embedding_size, relevance="multilabel", hierarchy=hierarchy)
+    if spec.run.compile_loss:
+        loss.compile()
+    return loss
+
+
+def multilabel_parts(spec: RunSpec, accelerator: Any, train_ds: Any, test_ds: Any) -> dict[str, Any]:
+    """The :class:`~pml_suprank.training.Trainer` arguments of a multi-label dataset (``ds.multilabel``: labels
+    ``(N, M)`` padded with ``-1``, ``ds.hierarchy`` the ``(num_fine, L)`` table): the
+    :class:`~pml_suprank.samplers.MultiLabelSampler` (``m = samples_per_class`` items per sampled label, sharded over
+    the processes) and the :class:`~pml_suprank.metrics.RetrievalEvaluator` with the graded multi-label relevance of
+    the test set's table (``h_ap``, ``ndcg``, ``mean_label_ap``, R@k). ``{}`` for a single-label dataset."""
+    if not getattr(train_ds, "multilabel", False):
+        return {}
+    from ..metrics import RetrievalEvaluator
+    from ..samplers import MultiLabelSampler
+
+    train = spec.train
+    sampler = MultiLabelSampler(
+        train_ds.labels, m=train.samples_per_class, batch_size=train.batch_size, seed=train.seed,
+        num_replicas=accelerator.num_processes, rank=accelerator.process_index,
+    )  # fmt: skip
+    evaluator = RetrievalEvaluator(
+        k_values=tuple(train.k_values), alpha=train.alpha, multilabel=True, hierarchy=test_ds.hierarchy
+    )
+    return {"sampler": sampler, "evaluator": evaluator}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the job
+# ---------------------------------------------------------------------------------------------------------------------
+def main(argv: list[str] | None, description: str, defaults: Mapping[str, Any], hierarchical: bool) -> Any:
+    """A training recipe: build the run's :class:`RunSpec` once (flags + ``--config``), then :func:`run`."""
+    return run(parse_run_spec(build_parser(description, defaults, hierarchical), argv))
+
+
+def _setup(spec: RunSpec) -> tuple[Any, Any, Any, Any]:
+    """Accelerator, trainer, test set and number of classes of the run (model, data and loss built here)."""
+    from accelerate.utils import set_seed
+
+    from .trainer import Trainer
+
+    # parameters without a gradient in some steps (frozen backbone during the warm-up, frozen BatchNorm) need DDP's
+    # find_unused_parameters
+    train = spec.train
+    accelerator = make_accelerator(
+        cpu=spec.run.cpu, mixed_precision=spec.run.mixed_precision, with_tracking=spec.run.with_tracking,
+        output_dir=train.output_dir, find_unused_parameters=train.warmup_epochs > 0 or train.freeze_batch_norm,
+    )  # fmt: skip
+    set_seed(train.seed)  # the model initialisation (the package itself never seeds global RNGs)
+    model = build_model(spec)
+    train_ds, test_ds = build_datasets(spec, model)
+    multilabel = bool(getattr(train_ds, "multilabel", False))
+    labels = train_ds.labels
+    num_seen = int(torch.unique(labels[labels >= 0]).numel()) if multilabel else int(labels[:, 0].max()) + 1
+    # proxies are indexed by the fine label (multi-label: every row of the hierarchy table, train and test classes)
+    num_classes = len(train_ds.hierarchy) if multilabel else int(train_ds.labels[:, 0].max()) + 1
+    loss = make_loss(spec, num_classes, model.embedding_size, hierarchy=train_ds.hierarchy if multilabel else None)
+    trainer = Trainer(
+        accelerator, model, loss, train_ds, spec.training_config(multilabel=multilabel), test_dataset=test_ds,
+        run_options=spec.run_options(accelerator.mixed_precision),
+        **multilabel_parts(spec, accelerator, train_ds, test_ds),
+    )  # fmt: skip
+    if accelerator.is_main_process:
+        Path(train.output_dir).mkdir(parents=True, exist_ok=True)
+    accelerator.print(
+        f"{spec.loss.loss} on {spec.data.dataset}: {len(train_ds)} training / {len(test_ds)} test images, "
+        f"{num_seen} training classes, backbone {spec.model.backbone} @ {spec.data.image_size}px, "
+        f"{accelerator.num_processes} process(es) on {accelerator.device}, "
+        f"mixed precision {accelerator.mixed_precision}; {trainer.steps_per_epoch} steps/epoch, "
+        f"{trainer.total_steps} steps"
+    )
+    if spec.run.with_tracking:
+        scalars = {k: v for k, v in spec.values().items() if isinstance(v, (int, float, str, bool))}
+        accelerator.init_trackers("pml_suprank", config=scalars)
+    return accelerator, trainer, test_ds, num_classes
+
+
+def _initial_eval(spec: RunSpec, trainer: Any) -> dict[str, float] | None:
+    """Test metrics before training (read back from ``metrics_before.json`` when resuming)."""
+    if spec.run.skip_initial_eval:
+        return None
+    acc = trainer.accelerator
+    before_file = Path(spec.train.output_dir) / "metrics_before.json"
+    if spec.run.resume is not None and before_file.is_file():
+        return json.loads(before_file.read_text())
+    before = trainer.evaluate(description="evaluation before training")
+    if acc.is_main_process:
+        before_file.write_text(json.dumps(before, indent=1))
+    acc.print("test metrics before training:")
+    acc.print(one_column(before))
+    return before
+
+
+def run(spec: RunSpec) -> dict[str, Any] | None:
+    """The whole job: data, model, loss, evaluation before, training, evaluation after, final folder, push."""
+    accelerator, trainer, test_ds, _ = _setup(spec)
+    # lock the output folder, refuse another run's folder or checkpoint, record run.json: before any work
+    run_opts = spec.run
+    trainer.begin_run(
+        run_opts.resume, ignore_config_change=run_opts.resume_ignore_config,
+        overwrite_output_dir=run_opts.overwrite_output_dir,
+    )  # fmt: skip
+    try:
+        return _job(spec, accelerator, trainer, test_ds)
+    finally:
+        trainer.end_run()
+
+
+def _job(spec: RunSpec, accelerator: Any, trainer: Any, test_ds: Any) -> Any:
+    t_start = time.perf_counter()
+    before = _initial_eval(spec, trainer)
+    t_train = time.perf_counter()
+    trainer.train()
+    train_time = time.perf_counter() - t_train
+    if not trainer.finished:
+        accelerator.print(f"training interrupted at step {trainer.progress.global_step}; continue with --resume latest")
+        accelerator.end_training()
+        return None
+
+    after = trainer.evaluate(description="evaluation after training")
+    if before is not None:
+        accelerator.print("test metrics before / after training:")
+        accelerator.print(format_metrics_table(before, after))
+    else:
+        accelerator.print("test metrics after training:")
+        accelerator.print(one_column(after))
+    summary = {
+        "before": before,
+        "after": after,
+        "train_time_s": train_time,
+        "steps": trainer.progress.global_step,
+        "num_processes": accelerator.num_processes,
+        "mixed_precision": accelerator.mixed_precision,
+    }
+    metadata = {
+        "loss": spec.loss.loss,
+        "loss_kwargs": spec.loss_kwargs(),
+        "dataset": spec.data.dataset,
+        "label_names": list(getattr(test_ds, "label_names", [])),
+        "training_config": trainer.config.to_dict(),
+    }
+    final = Path(spec.train.output_dir) / "final"
+    plots = not spec.run.no_plots
+    if plots and getattr(test_ds, "multilabel", False):  # the plots colour and match items by one label per level
+        accelerator.print("plots skipped: they need one label per item, the test set is multi-label")
+        plots = False
+    trainer.save_final(
+        final,
+        metrics=after,
+        summary=summary,
+        metadata=metadata,
+        hub_config=spec.hub_config or None,
+        plots=plots,
+        repo_id=spec.run.hub_model_id,  # the card's usage line: the repo pushed to, else the folder itself
+    )
+    total = time.perf_counter() - t_start
+    accelerator.print(
+        f"final model, model card, metrics{' and plots' if plots else ''} in {final} "
+        f"({total:.0f} s in all, {train_time:.0f} s of training)"
+    )
+    pushed_ok = True
+    if spec.run.push_to_hub and accelerator.is_main_process:
+        pushed_ok = push(spec, final)
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    if not pushed_ok:
+        sys.exit(1)
+    return summary
+
+
+def push(spec: RunSpec, folder: Path) -> bool:
+    """Upload the final folder; a failed upload keeps the local results and says where they are."""
+    from .. import hub
+
+    repo_id = spec.run.hub_model_id
+    if not repo_id:
+        print(  # noqa: T201 - the recipes' command-line job reports on the terminal
+            "--push_to_hub needs --hub_model_id (e.g. your-name/happier-synthetic); nothing was uploaded, "
+            f"the results are in {folder}",
+            file=sys.stderr,
+        )
+        return False
+    try:
+        info = hub.push_folder_to_hub(folder, repo_id, private=spec.run.hub_private or None)
+    except Exception as e:  # the local folder is never touched by a failed push
+        message = f"push to {repo_id!r} failed ({type(e).__name__}: {e}); the results stay in {folder}"
+        print(message, file=sys.stderr)  # noqa: T201 - the recipes' command-line job reports on the terminal
+        return False
+    print(f"pushed {folder} to {getattr(info, 'commit_url', None) or repo_id}")  # noqa: T201 - as above
+    return True

@@ -1,0 +1,191 @@
+"""The loss registry (pml_suprank.losses.register_loss) and the run specification (pml_suprank.training.RunSpec):
+a loss registered with one decorator trains by name through a recipe; a recipe run builds and validates its RunSpec
+exactly once; config.json and the model card are written from the spec and the registry."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import textwrap
+
+import pytest
+import torch
+from _helpers import ROOT, import_recipe, recipe_parser
+
+from pml_suprank import losses
+from pml_suprank.losses.registry import SUPRANK_PAPER, loss_entry, register_loss, unregister_loss
+from pml_suprank.training import RunSpec
+
+TINY = [
+    "--backbone", "test_resnet", "--image_size", "16", "--num_per_class", "4", "--embedding_size", "8",
+    "--batch_size", "16", "--eval_batch_size", "64", "--with_tracking", "false", "--cpu", "--no_plots",
+    "--max_train_steps", "2", "--skip_initial_eval",
+]  # fmt: skip
+
+TEMPORARY_LOSS = '''
+from pml_suprank.losses import SupAPLoss, register_loss
+
+
+@register_loss("TMP-AP", hierarchical=False, paper=("A temporary AP loss (tests, 2026)", "https://example.org/tmp"))
+class TmpAPLoss(SupAPLoss):
+    """SupAP under another name: a third-party loss registered with one decorator."""
+
+    def __init__(self, tau: float = 0.01, kernel: str = "auto"):
+        super().__init__(tau=tau, kernel=kernel)
+'''
+
+
+@pytest.fixture
+def temporary_loss(tmp_path):
+    """A loss defined in a module of its own (written to tmp_path), registered by importing it; unregistered after."""
+    (tmp_path / "tmp_ap_loss.py").write_text(textwrap.dedent(TEMPORARY_LOSS))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        module = importlib.import_module("tmp_ap_loss")
+    finally:
+        sys.path.remove(str(tmp_path))
+    yield module.TmpAPLoss
+    unregister_loss("TMP-AP")
+    sys.modules.pop("tmp_ap_loss", None)
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Count RunSpec constructions and validations."""
+    counts = {"built": 0, "validated": 0, "problems": 0}
+    init, validate, problems = RunSpec.__init__, RunSpec.validate, RunSpec.problems
+
+    def counted_init(self, *args, **kwargs):
+        counts["built"] += 1
+        init(self, *args, **kwargs)
+
+    def counted_validate(self, *args, **kwargs):
+        counts["validated"] += 1
+        return validate(self, *args, **kwargs)
+
+    def counted_problems(self, *args, **kwargs):
+        counts["problems"] += 1
+        return problems(self, *args, **kwargs)
+
+    monkeypatch.setattr(RunSpec, "__init__", counted_init)
+    monkeypatch.setattr(RunSpec, "validate", counted_validate)
+    monkeypatch.setattr(RunSpec, "problems", counted_problems)
+    return counts
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# the registry
+# ------------------------------------------------------------------------------------------------------------------
+def test_the_recipe_losses_are_registered_with_their_properties():
+    registered = losses.registered_losses()
+    assert list(registered) == ["HAPPIER", "ROADMAP", "ROD-NDCG"]
+    assert list(losses.registered_losses(hierarchical=True)) == ["HAPPIER", "ROD-NDCG"]
+    assert list(losses.registered_losses(multilabel=True)) == ["HAPPIER"]
+    assert registered["HAPPIER"].cls is losses.HAPPIERLoss and "Hierarchical" in registered["HAPPIER"].paper[0]
+    assert registered["ROADMAP"].paper == SUPRANK_PAPER and not registered["ROADMAP"].hierarchical
+    assert loss_entry("RODNDCGLoss") is registered["ROD-NDCG"]  # by class name, as save_pretrained writes it
+    with pytest.raises(ValueError, match=r"loss must be one of \['HAPPIER', 'ROADMAP', 'ROD-NDCG'\]; got 'nope'"):
+        loss_entry("nope")
+
+
+def test_register_loss_validates_its_arguments():
+    with pytest.raises(TypeError, match="name must be a non-empty string"):
+        register_loss("", hierarchical=False)
+    with pytest.raises(TypeError, match="hierarchical must be a bool; got int 1"):
+        register_loss("X", hierarchical=1)
+    with pytest.raises(TypeError, match="paper must be None or a"):
+        register_loss("X", hierarchical=False, paper="title only")
+    with pytest.raises(TypeError, match="options must be None or a sequence"):
+        register_loss("X", hierarchical=False, options="tau")
+    with pytest.raises(TypeError, match="decorates an nn.Module class"):
+        register_loss("X", hierarchical=False)(object)
+    with pytest.raises(ValueError, match="'HAPPIER' is already registered for HAPPIERLoss"):
+        register_loss("HAPPIER", hierarchical=True)(losses.SupAPLoss)
+    with pytest.raises(KeyError, match="not registered"):
+        unregister_loss("X")
+
+
+def test_a_registered_loss_is_a_recipe_choice_a_hub_config_name_and_a_card_paper(temporary_loss):
+    from pml_suprank.hub.card import _paper
+    from pml_suprank.hub_config import validate_hub_config
+    from pml_suprank.training.options import build_loss, loss_keys
+
+    assert loss_keys("TMP-AP") == ("tau", "kernel")  # the loss options its constructor names
+    assert isinstance(build_loss("TMP-AP", {"tau": 0.05, "alpha": 3.0}, 4, 8), temporary_loss)
+    parser = recipe_parser("train_roadmap")[1]
+    assert "TMP-AP" in next(a for a in parser._actions if a.dest == "loss").choices
+    base = {"name": "t", "model": {"backbone": "test_resnet"}, "data": {"dataset": "synthetic"}}
+    validate_hub_config({**base, "loss": {"name": "TMP-AP", "tau": 0.02}})
+    with pytest.raises(ValueError, match="'loss.rho' does not apply to loss TMP-AP"):
+        validate_hub_config({**base, "loss": {"name": "TMP-AP", "rho": 10.0}})
+    assert _paper("TMP-AP") == _paper("TmpAPLoss") == ("A temporary AP loss (tests, 2026)", "https://example.org/tmp")
+    assert _paper("SomethingElse") == SUPRANK_PAPER
+
+
+def test_a_loss_registered_in_a_temporary_module_trains_two_recipe_steps_by_name(temporary_loss, counted, tmp_path):
+    train_roadmap = import_recipe("train_roadmap")
+    out = tmp_path / "run"
+    summary = train_roadmap.main([*TINY, "--loss", "TMP-AP", "--tau", "0.02", "--output_dir", str(out)])
+    assert summary["steps"] == 2 and all(torch.isfinite(torch.tensor(v)) for v in summary["after"].values())
+    assert counted == {"built": 1, "validated": 1, "problems": 1}  # the configuration is built and checked once
+    config = json.loads((out / "final" / "config.json").read_text())["training"]
+    assert config["loss"] == "TMP-AP" and config["loss_kwargs"] == {"tau": 0.02, "kernel": "auto"}
+    run = json.loads((out / "run.json").read_text())
+    assert run["config"]["loss"] == {"name": "TMP-AP", "tau": 0.02, "kernel": "auto"}
+    assert "A temporary AP loss (tests, 2026)" in (out / "final" / "README.md").read_text()
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# the spec
+# ------------------------------------------------------------------------------------------------------------------
+def test_a_hub_config_run_builds_and_validates_its_spec_once(counted, tmp_path):
+    train_roadmap = import_recipe("train_roadmap")
+    out = tmp_path / "run"
+    config = ROOT / "hub_configs" / "synthetic_shapes_roadmap.yaml"
+    summary = train_roadmap.main(["--config", str(config), *TINY, "--output_dir", str(out)])
+    assert summary["steps"] == 2
+    assert counted == {"built": 1, "validated": 1, "problems": 1}
+    saved = json.loads((out / "final" / "config.json").read_text())["training"]
+    assert saved["loss_kwargs"] == {
+        "decomposability": "calibration", "decomposability_weight": 0.1, "tau": 0.01, "rho": 100.0, "delta": None,
+        "start": None, "offset": None, "kernel": "auto",
+    }  # fmt: skip
+    assert "ROADMAP" in (out / "final" / "README.md").read_text()
+
+
+def test_flags_override_the_config_which_overrides_the_recipe_defaults(tmp_path):
+    common, parser = recipe_parser("train_happier")
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text("training: {epochs: 7, seed: 3}\nloss: {name: ROD-NDCG, tau: 0.05}\nmodel: {embedding_size: 32}\n")
+    spec = common.parse_run_spec(parser, ["--config", str(cfg), "--seed", "4", "--rho", "50"])
+    assert (spec.train.epochs, spec.train.seed, spec.train.lr_backbone) == (7, 4, 1e-3)  # file, flag, recipe
+    assert (spec.loss.loss, spec.loss.tau, spec.loss.rho, spec.model.embedding_size) == ("ROD-NDCG", 0.05, 50.0, 32)
+    assert spec.training_config().hierarchical_labels and not spec.hub_config.get("name")
+    assert spec.loss_kwargs()["tau"] == 0.05 and "alpha" not in spec.loss_kwargs()  # ROD-NDCG takes no alpha
+    roadmap = common.parse_run_spec(recipe_parser("train_roadmap")[1], [])
+    assert not roadmap.training_config().hierarchical_labels
+    assert roadmap.training_config(multilabel=True).hierarchical_labels
+
+
+def test_command_line_values_get_the_hub_config_checks(capsys):
+    common, parser = recipe_parser("train_happier")
+    with pytest.raises(SystemExit):
+        common.parse_run_spec(parser, ["--image_size", "4"])
+    assert "--image_size must be an int >= 8; got 4" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        common.parse_run_spec(recipe_parser("train_happier")[1], ["--backbone", "resnet5000"])
+    assert "not a timm model name" in capsys.readouterr().err
+
+
+def test_from_values_names_unknown_options_and_training_errors():
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['epoch'\]"):
+        RunSpec.from_values({"epoch": 3})
+    with pytest.raises(ValueError, match="training options: batch_size must be a multiple of samples_per_class"):
+        RunSpec.from_values({"batch_size": 30, "samples_per_class": 4})
+    spec = RunSpec.from_values({"dataset": "sop"})
+    assert any("--dataset sop: " in p and "--data_root" in p for p in spec.problems())
+    assert spec.problems(require_data_root=False) == []
+    assert (
+        spec.run_options("no")["data"]["train_split"] == "train" and "data_root" not in spec.run_options("no")["data"]
+    )
