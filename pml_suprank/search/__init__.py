@@ -1,0 +1,21 @@
+"""Search a gallery with new queries and look at the results.
+
+* :mod:`.index`: :class:`RetrievalIndex` — embeddings (+ labels, ids) searched by inner product, exact ``"torch"``
+  (default) or faiss backends (``"faiss"``, ``"faiss-ivf"``, ``"faiss-hnsw"``), ``add``, ``save`` / ``load``;
+* :mod:`.topk`: the exact chunked top-k with the lower-index tie rule;
+* :mod:`.faiss_backends`: the faiss indexes (faiss imported only when used);
+* :mod:`.storage`: the validated safetensors + JSON folder format;
+* :mod:`.report`: an offline HTML page and a PNG grid of the results.
+
+Example:
+    >>> from pml_suprank.search import RetrievalIndex
+    >>> index = RetrievalIndex(gallery_embeddings, labels=gallery_labels)
+    >>> scores, indices = index.search(query_embeddings, k=10)
+"""
+
+from __future__ import annotations
+
+from .index import RetrievalIndex
+from .options import BACKENDS
+
+__all__ = ["BACKENDS", "RetrievalIndex"]

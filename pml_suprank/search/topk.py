@@ -1,0 +1,120 @@
+"""Exact top-k inner-product search in torch, chunked over queries and gallery, with a deterministic tie rule.
+
+For a query ``q`` (row of ``(Q, D)``) and a gallery ``G`` ``(N, D)``, the result is the ``k`` gallery rows of largest
+score ``s_j = <q, g_j>``, ordered by decreasing score and, **among equal scores, by increasing gallery index**
+(the order of a stable sort of ``-s``). ``torch.topk`` alone leaves the choice among tied items unspecified, so the
+boundary ties are resolved explicitly:
+
+* within one gallery block, ``t`` = the k-th largest score; the items with ``s > t`` are all kept and the
+  ``k - #{s > t}`` items with ``s == t`` of lowest index complete the set (a cumulative count over the tied mask,
+  only for the rows that have more tied items than free slots);
+* the per-block results are merged by a lexicographic sort on ``(-score, index)`` (two stable sorts), which is exact
+  because every item of the global top-k is in the top-k of its own block under the same order.
+
+Cost: one ``(C, B)`` score block per step (``C`` queries, ``B`` gallery rows, about ``block_elements`` entries),
+``O(Q·N·D)`` multiply-adds and ``O(Q·N)`` comparisons — no full-row sort.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+from torch import Tensor
+
+__all__ = ["DEFAULT_BLOCK_ELEMENTS", "exact_topk", "merge_topk", "topk_lowest_index"]
+
+#: score entries per block (``C · B``): 2^24 float32 values = 64 MiB, plus a boolean mask of the same shape
+DEFAULT_BLOCK_ELEMENTS = 2**24
+
+
+def topk_lowest_index(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """Top-``k`` of each row of ``scores`` ``(C, B)``, ties broken by the lower column index.
+
+    Returns:
+        ``values (C, k)`` in decreasing order and ``columns (C, k)`` (long); equal values appear in increasing column
+        order. ``k`` must satisfy ``1 <= k <= B``.
+    """
+    values, columns = torch.topk(scores, k, dim=1, largest=True, sorted=True)
+    kth = values[:, -1:]
+    above = (scores > kth).sum(dim=1)
+    tied = (scores == kth).sum(dim=1)
+    ambiguous = tied > (k - above)  # more tied items than free slots: topk's choice among them is arbitrary
+    if bool(ambiguous.any()):
+        rows = ambiguous.nonzero().squeeze(1)
+        sub = scores[rows]
+        sub_kth = kth[rows]
+        eq = sub == sub_kth
+        rank_in_tie = eq.cumsum(dim=1, dtype=torch.int32)
+        keep = (sub > sub_kth) | (eq & (rank_in_tie <= (k - above[rows]).unsqueeze(1).to(torch.int32)))
+        picked = keep.nonzero()[:, 1].reshape(len(rows), k)  # columns in increasing order, exactly k per row
+        columns = columns.clone()
+        columns[rows] = picked
+    # order the selected set by (-score, column): sort by column, then stable sort by decreasing score
+    columns, _ = columns.sort(dim=1)
+    values = scores.gather(1, columns)
+    values, order = values.sort(dim=1, descending=True, stable=True)
+    return values, columns.gather(1, order)
+
+
+def merge_topk(values: Tensor, indices: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """Keep the ``k`` best of candidate lists ``values`` / ``indices`` ``(C, M)`` by ``(-value, index)``.
+
+    Indices must be distinct within a row. Returns ``(values (C, k), indices (C, k))``.
+    """
+    indices, order = indices.sort(dim=1)
+    values = values.gather(1, order)
+    values, order = values.sort(dim=1, descending=True, stable=True)
+    return values[:, :k], indices.gather(1, order)[:, :k]
+
+
+def _blocks(total: int, size: int) -> Iterable[tuple[int, int]]:
+    for s in range(0, total, size):
+        yield s, min(s + size, total)
+
+
+def exact_topk(
+    queries: Tensor,
+    gallery: Tensor,
+    k: int,
+    *,
+    block_elements: int = DEFAULT_BLOCK_ELEMENTS,
+    progress: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """Exact top-``k`` gallery rows of each query by inner product, ties by lower gallery index.
+
+    Args:
+        queries: ``(Q, D)`` on the device and in the dtype of ``gallery``.
+        gallery: ``(N, D)``.
+        k: ``1 <= k <= N`` (checked by the caller).
+        block_elements: score entries computed at once (``query block × gallery block``).
+        progress: a tqdm bar over the query blocks.
+
+    Returns:
+        ``scores (Q, k)`` (dtype of ``gallery``) and ``indices (Q, k)`` long, on ``gallery``'s device.
+    """
+    Q, N = queries.shape[0], gallery.shape[0]
+    q_block = max(1, min(Q, 1024, block_elements // max(N, 1)))
+    g_block = max(k, block_elements // q_block)
+    steps: Iterable[tuple[int, int]] = _blocks(Q, q_block)
+    if progress:
+        from tqdm.auto import tqdm
+
+        steps = tqdm(list(steps), desc="search", unit="block", total=math.ceil(Q / q_block), leave=False)
+    out_scores, out_indices = [], []
+    with torch.no_grad():
+        for qs, qe in steps:
+            q = queries[qs:qe]
+            best_v = best_i = None
+            for gs, ge in _blocks(N, g_block):
+                scores = q @ gallery[gs:ge].T
+                v, i = topk_lowest_index(scores, min(k, ge - gs))
+                i = i + gs
+                if best_v is None:
+                    best_v, best_i = v, i
+                else:
+                    best_v, best_i = merge_topk(torch.cat([best_v, v], 1), torch.cat([best_i, i], 1), k)
+            out_scores.append(best_v)
+            out_indices.append(best_i)
+    return torch.cat(out_scores), torch.cat(out_indices)
