@@ -110,6 +110,14 @@ class FaissSearcher:
             self.train(embeddings)
         self.index.add(_float32(embeddings))
 
+    def set_search_option(self, name: str, value: int) -> None:
+        """Set ``nprobe`` (IVF) or ``ef_search`` (HNSW) on the built index."""
+        self.options[name] = value
+        if name == "nprobe":
+            self.index.nprobe = value
+        else:
+            self.index.hnsw.efSearch = value
+
     def search(self, queries: Tensor, k: int) -> tuple[Tensor, Tensor]:
         """``(scores (Q, k) float32, indices (Q, k) long)`` on the CPU; an approximate backend that finds fewer
         than ``k`` items pads with index ``-1`` and score ``-inf``."""

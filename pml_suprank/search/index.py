@@ -154,6 +154,21 @@ class RetrievalIndex:
             self.ids = self.ids + new_ids
         return self
 
+    def set_search_options(self, *, nprobe: int | None = None, ef_search: int | None = None) -> RetrievalIndex:
+        """Change the search-time parameter of an approximate backend (``nprobe`` of ``"faiss-ivf"``, ``ef_search``
+        of ``"faiss-hnsw"``) without rebuilding it; saved with the index. Returns ``self``."""
+        for name, value in (("nprobe", nprobe), ("ef_search", ef_search)):
+            if value is None:
+                continue
+            if OPTION_BACKENDS[name] != self.backend:
+                raise ValueError(f"{name} applies to backend={OPTION_BACKENDS[name]!r}; got backend={self.backend!r}")
+            value = check_positive_int(name, value)
+            if name == "nprobe" and value > self.options["nlist"]:
+                raise ValueError(f"nprobe must be <= nlist={self.options['nlist']}; got {value}")
+            self.options[name] = value
+            self._faiss.set_search_option(name, value)
+        return self
+
     # ------------------------------------------------------------------ search
     def search(self, queries: Tensor, k: int, *, progress: bool = False) -> tuple[Tensor, Tensor]:
         """The ``k`` best gallery items of each query by inner product.

@@ -168,3 +168,20 @@ def test_torch_backend_on_each_device(device):
     scores, indices = index.search(queries, 9)
     assert indices.device.type == device.type
     assert torch.equal(indices.cpu(), brute_force(queries, gallery, 9)[1])
+
+
+def test_set_search_options_changes_the_approximate_search_only():
+    pytest.importorskip("faiss")
+    gallery, queries = normal_data(400, 8, 17), normal_data(20, 8, 18)
+    index = RetrievalIndex(gallery, backend="faiss-ivf", nlist=16, nprobe=1)
+    narrow = index.search(queries, 10)[1]
+    assert index.set_search_options(nprobe=16) is index and index.options["nprobe"] == 16
+    assert torch.equal(index.search(queries, 10)[1], brute_force(queries, gallery, 10)[1])  # exhaustive now
+    assert not torch.equal(narrow, index.search(queries, 10)[1])
+    with pytest.raises(ValueError, match="ef_search applies to backend='faiss-hnsw'"):
+        index.set_search_options(ef_search=10)
+    with pytest.raises(ValueError, match="nprobe must be <= nlist=16"):
+        index.set_search_options(nprobe=17)
+    hnsw = RetrievalIndex(gallery, backend="faiss-hnsw", hnsw_m=8, ef_search=16)
+    hnsw.set_search_options(ef_search=200)
+    assert hnsw.options["ef_search"] == 200 and hnsw.search(queries, 10)[1].shape == (20, 10)
