@@ -5,9 +5,10 @@ score ``s_j = <q, g_j>``, ordered by decreasing score and, **among equal scores,
 (the order of a stable sort of ``-s``). ``torch.topk`` alone leaves the choice among tied items unspecified, so the
 boundary ties are resolved explicitly:
 
-* within one gallery block, ``t`` = the k-th largest score; the items with ``s > t`` are all kept and the
-  ``k - #{s > t}`` items with ``s == t`` of lowest index complete the set (a cumulative count over the tied mask,
-  only for the rows that have more tied items than free slots);
+* within one gallery block, ``t`` = the k-th largest score; when the (k+1)-th score also equals ``t`` (``topk`` of
+  ``k + 1`` shows it), the items with ``s > t`` are all kept and the ``k - #{s > t}`` items with ``s == t`` of lowest
+  index complete the set (a cumulative count over the tied mask, only for those rows); otherwise ``topk``'s set is
+  already the unique answer;
 * the per-block results are merged by a lexicographic sort on ``(-score, index)`` (two stable sorts), which is exact
   because every item of the global top-k is in the top-k of its own block under the same order.
 
@@ -36,18 +37,18 @@ def topk_lowest_index(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
         ``values (C, k)`` in decreasing order and ``columns (C, k)`` (long); equal values appear in increasing column
         order. ``k`` must satisfy ``1 <= k <= B``.
     """
-    values, columns = torch.topk(scores, k, dim=1, largest=True, sorted=True)
+    extra = int(k < scores.shape[1])  # one more item shows whether the k-th score is tied beyond the cut
+    top_values, top_columns = torch.topk(scores, k + extra, dim=1, largest=True, sorted=True)
+    values, columns = top_values[:, :k], top_columns[:, :k]
     kth = values[:, -1:]
-    above = (scores > kth).sum(dim=1)
-    tied = (scores == kth).sum(dim=1)
-    ambiguous = tied > (k - above)  # more tied items than free slots: topk's choice among them is arbitrary
-    if bool(ambiguous.any()):
-        rows = ambiguous.nonzero().squeeze(1)
+    if extra and bool((top_values[:, k] == top_values[:, k - 1]).any()):
+        # rows whose k-th score is shared by an item outside the cut: topk's choice among the tied items is arbitrary
+        rows = (top_values[:, k] == top_values[:, k - 1]).nonzero().squeeze(1)
         sub = scores[rows]
         sub_kth = kth[rows]
+        free = k - (sub > sub_kth).sum(dim=1, dtype=torch.int32)
         eq = sub == sub_kth
-        rank_in_tie = eq.cumsum(dim=1, dtype=torch.int32)
-        keep = (sub > sub_kth) | (eq & (rank_in_tie <= (k - above[rows]).unsqueeze(1).to(torch.int32)))
+        keep = (sub > sub_kth) | (eq & (eq.cumsum(dim=1, dtype=torch.int32) <= free.unsqueeze(1)))
         picked = keep.nonzero()[:, 1].reshape(len(rows), k)  # columns in increasing order, exactly k per row
         columns = columns.clone()
         columns[rows] = picked
