@@ -96,8 +96,12 @@ def exact_topk(
         ``scores (Q, k)`` (dtype of ``gallery``) and ``indices (Q, k)`` long, on ``gallery``'s device.
     """
     Q, N = queries.shape[0], gallery.shape[0]
-    q_block = max(1, min(Q, 1024, block_elements // max(N, 1)))
-    g_block = max(k, block_elements // q_block)
+    # enough queries per block that each gallery block is read from memory a few times only (the matmul stays
+    # compute-bound), and gallery blocks of about block_elements / q_block rows
+    q_block = max(1, min(Q, 1024, max(256, block_elements // max(N, 1))))
+    g_block = max(k + 1, block_elements // q_block)
+    # one score buffer reused by every block (allocating ~64 MiB per block costs as much as the matmul on a CPU)
+    buffer = torch.empty(q_block * min(g_block, N), dtype=gallery.dtype, device=gallery.device)
     steps: Iterable[tuple[int, int]] = _blocks(Q, q_block)
     if progress:
         from tqdm.auto import tqdm
@@ -109,7 +113,7 @@ def exact_topk(
             q = queries[qs:qe]
             best_v = best_i = None
             for gs, ge in _blocks(N, g_block):
-                scores = q @ gallery[gs:ge].T
+                scores = torch.mm(q, gallery[gs:ge].T, out=buffer[: q.shape[0] * (ge - gs)].view(q.shape[0], ge - gs))
                 v, i = topk_lowest_index(scores, min(k, ge - gs))
                 i = i + gs
                 if best_v is None:
