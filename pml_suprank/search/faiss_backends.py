@@ -22,6 +22,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .topk import merge_topk
+
 __all__ = ["FAISS_BACKENDS", "FAISS_GPU_MAX_K", "FaissSearcher", "default_options", "import_faiss"]
 
 FAISS_BACKENDS = ("faiss", "faiss-ivf", "faiss-hnsw")
@@ -119,11 +121,12 @@ class FaissSearcher:
             self.index.hnsw.efSearch = value
 
     def search(self, queries: Tensor, k: int) -> tuple[Tensor, Tensor]:
-        """``(scores (Q, k) float32, indices (Q, k) long)`` on the CPU; an approximate backend that finds fewer
-        than ``k`` items pads with index ``-1`` and score ``-inf``."""
+        """``(scores (Q, k) float32, indices (Q, k) long)`` on the CPU, equal scores ordered by increasing index; an
+        approximate backend that finds fewer than ``k`` items pads with index ``-1`` and score ``-inf`` (last)."""
         if self.gpu and k > FAISS_GPU_MAX_K:
             raise ValueError(f"k={k} exceeds faiss-GPU's limit of {FAISS_GPU_MAX_K}; use backend='torch'")
         scores, indices = self.index.search(_float32(queries), k)
         scores = torch.from_numpy(scores)
         indices = torch.from_numpy(indices).long()
-        return scores.masked_fill(indices < 0, float("-inf")), indices
+        # equal scores within the returned k in increasing gallery index (faiss's own order among ties varies)
+        return merge_topk(scores.masked_fill(indices < 0, float("-inf")), indices, k)

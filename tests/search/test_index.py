@@ -185,3 +185,13 @@ def test_set_search_options_changes_the_approximate_search_only():
     hnsw = RetrievalIndex(gallery, backend="faiss-hnsw", hnsw_m=8, ef_search=16)
     hnsw.set_search_options(ef_search=200)
     assert hnsw.options["ef_search"] == 200 and hnsw.search(queries, 10)[1].shape == (20, 10)
+
+
+def test_faiss_results_order_ties_by_index_and_match_the_exact_scores():
+    pytest.importorskip("faiss")
+    gallery, queries = tied_data(60, 4, 19), tied_data(12, 4, 20)
+    scores, indices = RetrievalIndex(gallery, backend="faiss").search(queries, 8)
+    for s, i in zip(scores.tolist(), indices.tolist()):
+        keys = [(-a, b) for a, b in zip(s, i)]
+        assert keys == sorted(keys)  # decreasing score, then increasing index
+    torch.testing.assert_close(scores.double(), brute_force(queries, gallery, 8)[0], rtol=0, atol=0)
