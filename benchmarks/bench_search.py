@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                   f"nlist={nlist}, nprobe={p}") for p in args.nprobe]  # fmt: skip
     settings += [("faiss-hnsw", {"hnsw_m": args.hnsw_m, "ef_construction": args.ef_construction, "ef_search": ef},
                   f"M={args.hnsw_m}, efC={args.ef_construction}, efS={ef}") for ef in args.ef_search]  # fmt: skip
+    settings = [s for s in settings if s[0] in args.backends]
     rows, exact, built = [], None, {}
     for backend, options, label in settings:
         build_key = (backend, tuple(sorted((k, v) for k, v in options.items() if k not in ("nprobe", "ef_search"))))
@@ -110,6 +111,12 @@ def main() -> None:
     parser.add_argument("--ef_construction", type=int, default=40)
     parser.add_argument("--ef_search", type=int, nargs="+", default=[32, 128, 512])
     parser.add_argument("--threads", type=int, default=2, help="torch and faiss threads")
+    parser.add_argument(
+        "--backends",
+        nargs="+",
+        default=["torch", "faiss", "faiss-ivf", "faiss-hnsw"],
+        help="backends to run; the first is the baseline and the ground truth (keep torch first)",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="search runs per setting; the fastest is reported")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="one nprobe and one ef_search")

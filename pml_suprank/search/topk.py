@@ -96,9 +96,9 @@ def exact_topk(
         ``scores (Q, k)`` (dtype of ``gallery``) and ``indices (Q, k)`` long, on ``gallery``'s device.
     """
     Q, N = queries.shape[0], gallery.shape[0]
-    # enough queries per block that each gallery block is read from memory a few times only (the matmul stays
-    # compute-bound), and gallery blocks of about block_elements / q_block rows
-    q_block = max(1, min(Q, 1024, max(256, block_elements // max(N, 1))))
+    # up to 1024 queries per block, so that each gallery block is read from memory a few times only (the matmul
+    # stays compute-bound), and gallery blocks of block_elements / q_block rows (16,384 by default)
+    q_block = max(1, min(Q, 1024))
     g_block = max(k + 1, block_elements // q_block)
     # one score buffer reused by every block (allocating ~64 MiB per block costs as much as the matmul on a CPU)
     buffer = torch.empty(q_block * min(g_block, N), dtype=gallery.dtype, device=gallery.device)

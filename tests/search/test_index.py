@@ -195,3 +195,10 @@ def test_faiss_results_order_ties_by_index_and_match_the_exact_scores():
         keys = [(-a, b) for a, b in zip(s, i)]
         assert keys == sorted(keys)  # decreasing score, then increasing index
     torch.testing.assert_close(scores.double(), brute_force(queries, gallery, 8)[0], rtol=0, atol=0)
+
+
+def test_more_queries_than_one_block():
+    gallery, queries = tied_data(50, 3, 21), tied_data(1100, 3, 22)  # 1100 queries: two query blocks of <= 1024
+    scores, indices = exact_topk(queries, gallery, 6, block_elements=100)
+    ref_scores, ref_indices = brute_force(queries, gallery, 6)
+    assert torch.equal(indices, ref_indices) and torch.equal(scores.double(), ref_scores)
