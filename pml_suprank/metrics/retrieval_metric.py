@@ -23,10 +23,29 @@ import torch
 from torch import Tensor
 
 from .._validation import check_embeddings, check_labels
-from ..distributed import all_gather, get_world_size, is_distributed
 from .evaluator import RetrievalEvaluator
 
 __all__ = ["RetrievalMetric"]
+
+
+# (pml_suprank.distributed has the same collectives, but it imports the losses, which import the metrics)
+def _is_distributed(group: Any) -> bool:
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
+
+
+def _gather_rows(tensor: Tensor, group: Any) -> Tensor:
+    """Concatenate ``tensor`` ``(n_r, ...)`` of every process in rank order (``n_r`` may differ; no gradient)."""
+    world = torch.distributed.get_world_size(group)
+    size = torch.tensor([tensor.shape[0]], device=tensor.device)
+    sizes = [torch.empty_like(size) for _ in range(world)]
+    torch.distributed.all_gather(sizes, size, group=group)
+    sizes = [int(n) for n in sizes]
+    padded = tensor.new_zeros((max(sizes), *tensor.shape[1:]))
+    padded[: tensor.shape[0]] = tensor
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    torch.distributed.all_gather(parts, padded, group=group)
+    return torch.cat([p[:n] for p, n in zip(parts, sizes, strict=True)])
 
 
 class RetrievalMetric:
@@ -134,7 +153,7 @@ class RetrievalMetric:
             ],
             device=device,
         )
-        headers = [torch.empty_like(header) for _ in range(get_world_size(group))]
+        headers = [torch.empty_like(header) for _ in range(torch.distributed.get_world_size(group))]
         torch.distributed.all_gather(headers, header, group=group)
         table = torch.stack(headers).cpu()
         full = table[table[:, 0] > 0]
@@ -149,9 +168,9 @@ class RetrievalMetric:
             emb = torch.empty(0, width)
             labels = torch.empty((0,) if ndim == 1 else (0, cols), dtype=torch.long)
             indices = torch.empty(0, dtype=torch.long) if bool(full[0, 5]) else None
-        emb = all_gather(emb.to(device, dtype), group)
-        labels = all_gather(labels.to(device), group)
-        indices = None if indices is None else all_gather(indices.to(device), group)
+        emb = _gather_rows(emb.to(device, dtype), group)
+        labels = _gather_rows(labels.to(device), group)
+        indices = None if indices is None else _gather_rows(indices.to(device), group)
         return emb, labels, indices
 
     def compute(self, **evaluate_kwargs: Any) -> dict[str, Any]:
@@ -163,7 +182,7 @@ class RetrievalMetric:
             what ``RetrievalEvaluator.evaluate`` returns on the gathered, concatenated data.
         """
         emb, labels, indices = self._local()
-        if self.sync and is_distributed(self.process_group):
+        if self.sync and _is_distributed(self.process_group):
             emb, labels, indices = self._gather(emb, labels, indices)
         elif not self._embeddings:
             raise ValueError("RetrievalMetric.compute() called before any update()")
