@@ -30,6 +30,7 @@ __all__ = [
     "ranking",
     "relevance",
     "samplers",
+    "search",
     "training",
 ]
 
@@ -50,6 +51,7 @@ if TYPE_CHECKING:  # pragma: no cover - for static analysers only
         ranking,
         relevance,
         samplers,
+        search,
         training,
     )
 

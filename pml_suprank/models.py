@@ -443,6 +443,23 @@ class RetrievalModel(HubMixin, nn.Module):
         self.projection.bias.copy_(bias.to(self.projection.bias))
         return self
 
+    # ------------------------------------------------------------------ search (pml_suprank.search)
+    def build_index(self, dataset_or_loader: Any, *, backend: str = "torch", **kwargs: Any) -> Any:
+        """Embed a gallery and index it; the index is returned and kept as ``self.retrieval_index`` for
+        :meth:`search` (not saved with the model). See :func:`pml_suprank.search.from_model.build_index`."""
+        from .search.from_model import build_index
+
+        self.retrieval_index = build_index(self, dataset_or_loader, backend=backend, **kwargs)
+        return self.retrieval_index
+
+    def search(self, images: Any, k: int = 10, *, index: Any = None, batch_size: int = 64) -> tuple[Tensor, Tensor]:
+        """Top-``k`` gallery items of images (tensors, PIL images or paths): ``(scores (B, k), indices (B, k))``
+        from ``index`` or the one :meth:`build_index` built. See :func:`pml_suprank.search.from_model.search_images`."""
+        from .search.from_model import search_images
+
+        index = index if index is not None else getattr(self, "retrieval_index", None)
+        return search_images(self, index, images, k, batch_size=batch_size)
+
     # ------------------------------------------------------------------ helpers for recipes
     def parameter_groups(self) -> dict[str, list[nn.Parameter]]:
         """Trainable parameters split as in the reference configs: ``backbone`` (the timm trunk) and ``head``

@@ -30,6 +30,7 @@ __all__ = [
     "HierarchicalAccuracyCalculator",
     "MetricSpec",
     "RetrievalEvaluator",
+    "RetrievalMetric",
     "compute_embeddings",
     "decomposability_gap",
     "functional",
@@ -44,11 +45,13 @@ __all__ = [
 _LAZY = {
     "HierarchicalAccuracyCalculator": ".accuracy_calculator",
     "decomposability_gap": ".decomposability",
+    "RetrievalMetric": ".retrieval_metric",  # streaming update/compute/reset, gathered across processes
 }
 
 if TYPE_CHECKING:  # pragma: no cover
     from .accuracy_calculator import HierarchicalAccuracyCalculator
     from .decomposability import decomposability_gap
+    from .retrieval_metric import RetrievalMetric
 
 
 def __getattr__(name: str) -> Any:

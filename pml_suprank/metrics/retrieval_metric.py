@@ -1,0 +1,196 @@
+"""``RetrievalMetric``: the exact retrieval evaluator as a streaming ``update`` / ``compute`` / ``reset`` metric that
+gathers its data across processes (``torch.distributed``, hence Accelerate, Lightning, torchrun).
+
+Exact ranking metrics are not decomposable over batches (the AP of a query depends on every other item), so the
+metric keeps the embeddings and labels it is given and evaluates them once in :meth:`RetrievalMetric.compute`:
+
+    result = RetrievalEvaluator(**kwargs).evaluate(cat_r cat_b E_{r,b}, cat_r cat_b Y_{r,b})
+
+with ``r`` the processes in rank order and ``b`` the ``update`` calls in call order — every query against all the
+other items, removed from its own ranking by index — i.e. exactly what :meth:`RetrievalEvaluator.evaluate` returns
+on the concatenated data. With ``indices`` (dataset indices) the gathered items are put in index order and repeated
+indices are kept once: this drops the copies a ``DistributedSampler`` (or Accelerate's even batches) adds to pad
+the last batch, so the result is that of the dataset itself.
+
+Memory: ``N × D`` embeddings per process before ``compute``; after it, every process holds the gathered set.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .._validation import check_embeddings, check_labels
+from .evaluator import RetrievalEvaluator
+
+__all__ = ["RetrievalMetric"]
+
+
+# (pml_suprank.distributed has the same collectives, but it imports the losses, which import the metrics)
+def _is_distributed(group: Any) -> bool:
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
+
+
+def _gather_rows(tensor: Tensor, group: Any) -> Tensor:
+    """Concatenate ``tensor`` ``(n_r, ...)`` of every process in rank order (``n_r`` may differ; no gradient)."""
+    world = torch.distributed.get_world_size(group)
+    size = torch.tensor([tensor.shape[0]], device=tensor.device)
+    sizes = [torch.empty_like(size) for _ in range(world)]
+    torch.distributed.all_gather(sizes, size, group=group)
+    sizes = [int(n) for n in sizes]
+    padded = tensor.new_zeros((max(sizes), *tensor.shape[1:]))
+    padded[: tensor.shape[0]] = tensor
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    torch.distributed.all_gather(parts, padded, group=group)
+    return torch.cat([p[:n] for p, n in zip(parts, sizes, strict=True)])
+
+
+class RetrievalMetric:
+    """Streaming exact retrieval metrics (AP, mAP@R, R@k, H-AP, NDCG, ASI, per-level AP, ...).
+
+    Args:
+        evaluator: a configured :class:`RetrievalEvaluator` (default: ``RetrievalEvaluator(**evaluator_kwargs)``).
+        process_group: the ``torch.distributed`` group to gather over (default: the world, when initialised).
+        sync: gather across processes in :meth:`compute` (``False``: this process's data only).
+        **evaluator_kwargs: passed to :class:`RetrievalEvaluator` when ``evaluator`` is None (``k_values``,
+            ``alpha``, ``metrics``, ``hierarchy``, ``device``, ...).
+
+    Every process must call :meth:`compute` (it is a collective operation when distributed); a process may have
+    received no data, as long as some process has.
+
+    Example:
+        >>> metric = RetrievalMetric(k_values=(1, 10))
+        >>> for images, labels in loader:
+        ...     metric.update(model(images), labels)       # (B, D), (B,) or (B, L)
+        >>> metric.compute()["map_at_r"]
+        >>> metric.reset()
+    """
+
+    def __init__(
+        self,
+        evaluator: RetrievalEvaluator | None = None,
+        *,
+        process_group: Any = None,
+        sync: bool = True,
+        **evaluator_kwargs: Any,
+    ) -> None:
+        if evaluator is not None and evaluator_kwargs:
+            raise ValueError(f"give either evaluator or evaluator kwargs, not both; got {sorted(evaluator_kwargs)}")
+        if evaluator is not None and not isinstance(evaluator, RetrievalEvaluator):
+            raise TypeError(f"evaluator must be a RetrievalEvaluator; got {type(evaluator).__name__}")
+        if not isinstance(sync, bool):
+            raise TypeError(f"sync must be a bool; got {type(sync).__name__}")
+        self.evaluator = evaluator if evaluator is not None else RetrievalEvaluator(**evaluator_kwargs)
+        self.process_group = process_group
+        self.sync = sync
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every update."""
+        self._embeddings: list[Tensor] = []
+        self._labels: list[Tensor] = []
+        self._indices: list[Tensor] = []
+
+    def __len__(self) -> int:
+        """Number of items given to this process since the last :meth:`reset`."""
+        return sum(int(e.shape[0]) for e in self._embeddings)
+
+    def update(self, embeddings: Tensor, labels: Tensor, indices: Tensor | None = None) -> None:
+        """Add a batch: ``embeddings (B, D)`` (finite floats; compared by dot product), ``labels (B,)`` or
+        ``(B, L)`` integers (column 0 finest), optional ``indices (B,)`` dataset indices (then in every update).
+
+        The tensors are detached and kept on their device. Width, label shape and the use of ``indices`` must agree
+        with the earlier updates.
+        """
+        embeddings = check_embeddings("embeddings", embeddings)
+        labels = check_labels("labels", labels, embeddings.shape[0])
+        if self._embeddings:
+            first_e, first_l = self._embeddings[0], self._labels[0]
+            if embeddings.shape[1] != first_e.shape[1]:
+                raise ValueError(
+                    f"embeddings must have width {first_e.shape[1]} like the earlier updates; got {embeddings.shape[1]}"
+                )
+            if labels.shape[1:] != first_l.shape[1:]:
+                raise ValueError(
+                    f"labels must have shape (B, *{tuple(first_l.shape[1:])}) like the earlier updates; got "
+                    f"{tuple(labels.shape)}"
+                )
+            if (indices is None) != (not self._indices):
+                raise ValueError("indices must be given in every update or in none")
+        if indices is not None:
+            if not isinstance(indices, Tensor) or indices.dtype.is_floating_point or indices.dtype == torch.bool:
+                raise TypeError(f"indices must be an integer Tensor of shape (B,); got {indices!r:.80}")
+            if tuple(indices.shape) != (embeddings.shape[0],):
+                raise ValueError(f"indices must have shape ({embeddings.shape[0]},); got {tuple(indices.shape)}")
+            self._indices.append(indices.detach().long())
+        self._embeddings.append(embeddings.detach())
+        self._labels.append(labels.detach().long())
+
+    def _local(self) -> tuple[Tensor, Tensor, Tensor | None]:
+        if not self._embeddings:
+            return torch.empty(0, 0), torch.empty(0, dtype=torch.long), None
+        indices = torch.cat(self._indices) if self._indices else None
+        return torch.cat(self._embeddings), torch.cat(self._labels), indices
+
+    def _gather(self, emb: Tensor, labels: Tensor, indices: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
+        """All processes' data in rank order (collective). Processes without data send empty tensors shaped like
+        the others'; embeddings travel as float64 when any process holds float64, else float32."""
+        group = self.process_group
+        backend = torch.distributed.get_backend(group)
+        device = torch.device("cpu") if backend == "gloo" else (emb.device if emb.numel() else torch.device("cuda"))
+        has = bool(self._embeddings)
+        header = torch.tensor(
+            [
+                emb.shape[0],
+                emb.shape[1] if has else -1,
+                labels.dim() if has else -1,
+                labels.shape[1] if has and labels.dim() == 2 else 0,
+                int(emb.dtype == torch.float64),
+                int(indices is not None) if has else -1,
+            ],
+            device=device,
+        )
+        headers = [torch.empty_like(header) for _ in range(torch.distributed.get_world_size(group))]
+        torch.distributed.all_gather(headers, header, group=group)
+        table = torch.stack(headers).cpu()
+        full = table[table[:, 0] > 0]
+        if full.shape[0] == 0:
+            raise ValueError("RetrievalMetric.compute() called before any update() on every process")
+        for col, what in ((1, "embedding widths"), (2, "label shapes"), (3, "label shapes"), (5, "use of indices")):
+            if len(set(full[:, col].tolist())) > 1:
+                raise ValueError(f"processes disagree on their {what}: {full[:, col].tolist()}")
+        dtype = torch.float64 if bool(full[:, 4].any()) else torch.float32
+        if not has:
+            width, ndim, cols = (int(v) for v in full[0, 1:4])
+            emb = torch.empty(0, width)
+            labels = torch.empty((0,) if ndim == 1 else (0, cols), dtype=torch.long)
+            indices = torch.empty(0, dtype=torch.long) if bool(full[0, 5]) else None
+        emb = _gather_rows(emb.to(device, dtype), group)
+        labels = _gather_rows(labels.to(device), group)
+        indices = None if indices is None else _gather_rows(indices.to(device), group)
+        return emb, labels, indices
+
+    def compute(self, **evaluate_kwargs: Any) -> dict[str, Any]:
+        """Evaluate everything given since the last :meth:`reset` (on every process: a collective call when
+        distributed and ``sync``). Keyword arguments go to :meth:`RetrievalEvaluator.evaluate` (e.g.
+        ``return_per_query=True``, ``multilabel=True``).
+
+        Returns:
+            what ``RetrievalEvaluator.evaluate`` returns on the gathered, concatenated data.
+        """
+        emb, labels, indices = self._local()
+        if self.sync and _is_distributed(self.process_group):
+            emb, labels, indices = self._gather(emb, labels, indices)
+        elif not self._embeddings:
+            raise ValueError("RetrievalMetric.compute() called before any update()")
+        if indices is not None:
+            order = torch.argsort(indices.cpu(), stable=True)
+            sorted_idx = indices.cpu()[order]
+            first = torch.ones_like(sorted_idx, dtype=torch.bool)
+            first[1:] = sorted_idx[1:] != sorted_idx[:-1]
+            keep = order[first].to(emb.device)
+            emb, labels = emb[keep], labels[keep.to(labels.device)]
+        return self.evaluator.evaluate(emb, labels, **evaluate_kwargs)

@@ -1,0 +1,122 @@
+"""Index a dataset with a model and search it with new images: what ``RetrievalModel.build_index`` and
+``RetrievalModel.search`` call.
+
+Inputs accepted as queries (:func:`embed_inputs`): an image batch ``(B, 3, H, W)``, one image ``(3, H, W)``, a PIL
+image, an image file path, or a list of any of these (PIL images and paths go through the model's evaluation
+transform, :func:`pml_suprank.data.build_transforms` with ``train=False``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..metrics import compute_embeddings
+from .index import RetrievalIndex
+
+__all__ = ["build_index", "embed_inputs", "search_images"]
+
+
+def _device(model: nn.Module) -> torch.device:
+    p = next(iter(model.parameters()), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+def build_index(
+    model: nn.Module,
+    data: Any,
+    *,
+    batch_size: int = 64,
+    backend: str = "torch",
+    ids: Sequence[str | int] | None = None,
+    progress: bool = False,
+    device: torch.device | str | None = None,
+    **index_kwargs: Any,
+) -> RetrievalIndex:
+    """Embed every item of ``data`` with ``model`` (eval mode, no gradient, L2-normalised) and index it.
+
+    Args:
+        model: maps ``(B, 3, H, W)`` images to ``(B, D)`` embeddings.
+        data: a dataset following the package contract (``ds[i] = {"image", "labels", "index"}``, e.g.
+            :class:`~pml_suprank.data.SyntheticShapes`; with its evaluation transform set) or an iterable of
+            ``(images, labels, ...)`` / dict batches (a ``DataLoader``), in gallery order.
+        batch_size: batch size when ``data`` is a dataset.
+        backend, device, **index_kwargs: passed to :class:`RetrievalIndex` (e.g. ``nlist=...``).
+        ids: optional item identifiers.
+        progress: a tqdm bar over the batches.
+
+    Returns:
+        a :class:`RetrievalIndex` whose row ``i`` is the ``i``-th item of ``data``, with its labels.
+    """
+    if isinstance(data, torch.utils.data.Dataset) and not isinstance(data, torch.utils.data.IterableDataset):
+        data = torch.utils.data.DataLoader(data, batch_size=batch_size, shuffle=False)
+    keys = {"input_key": "image", "label_key": "labels"} if _is_contract_loader(data) else {}
+    emb, labels = compute_embeddings(model, data, normalize=True, progress=progress, description="gallery", **keys)
+    return RetrievalIndex(emb, labels=labels, ids=ids, backend=backend, device=device, **index_kwargs)
+
+
+def _is_contract_loader(data: Any) -> bool:
+    dataset = getattr(data, "dataset", None)
+    return dataset is not None and hasattr(dataset, "labels") and hasattr(dataset, "get_image")
+
+
+def _as_image_tensors(inputs: Any, transform: Any) -> Tensor:
+    if isinstance(inputs, Tensor):
+        if inputs.dim() == 3:
+            inputs = inputs.unsqueeze(0)
+        if inputs.dim() != 4 or not inputs.is_floating_point():
+            raise ValueError(
+                f"images must be a float tensor (B, 3, H, W) or (3, H, W); got {inputs.dtype} {tuple(inputs.shape)}"
+            )
+        return inputs
+    items = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+    if not items:
+        raise ValueError("images must not be empty")
+    tensors = []
+    for item in items:
+        if isinstance(item, (str, Path)):
+            from PIL import Image
+
+            with Image.open(item) as img:
+                item = img.convert("RGB")
+        if isinstance(item, Tensor):
+            tensors.append(_as_image_tensors(item, transform)[0])
+        elif hasattr(item, "convert"):  # a PIL image
+            tensors.append(transform(item.convert("RGB")))
+        else:
+            raise TypeError(f"images must be tensors, PIL images or image paths; got {type(item).__name__}")
+    return torch.stack(tensors)
+
+
+def embed_inputs(model: nn.Module, images: Any, *, batch_size: int = 64, transform: Any = None) -> Tensor:
+    """L2-normalised ``(B, D)`` embeddings of ``images`` (see the module docstring for the accepted inputs)."""
+    if transform is None and not isinstance(images, Tensor):
+        from ..data import build_transforms
+
+        transform = build_transforms(model.data_config, train=False)
+    x = _as_image_tensors(images, transform)
+    device = _device(model)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = [model(x[s : s + batch_size].to(device)) for s in range(0, x.shape[0], batch_size)]
+    finally:
+        model.train(was_training)
+    return torch.nn.functional.normalize(torch.cat(out).float(), dim=-1)
+
+
+def search_images(
+    model: nn.Module, index: RetrievalIndex, images: Any, k: int, *, batch_size: int = 64
+) -> tuple[Tensor, Tensor]:
+    """Embed ``images`` with ``model`` and return ``index.search(embeddings, k)``: ``(scores (B, k),
+    indices (B, k))``."""
+    if not isinstance(index, RetrievalIndex):
+        raise TypeError(
+            f"index must be a RetrievalIndex (build one with model.build_index(dataset)); got {type(index).__name__}"
+        )
+    return index.search(embed_inputs(model, images, batch_size=batch_size), k)

@@ -1,0 +1,225 @@
+"""``RetrievalIndex``: a gallery of embeddings (with optional labels and ids) searched by inner product.
+
+``index.search(queries, k)`` returns, for each query row ``q``, the ``k`` gallery rows ``j`` of largest score
+``s_j = <q, g_j>`` (cosine similarity when both sides are L2-normalised, as :class:`~pml_suprank.models.RetrievalModel`
+outputs), ordered by decreasing score and, for the exact ``"torch"`` backend, among equal scores by increasing gallery
+index (:mod:`pml_suprank.search.topk`). Backends:
+
+* ``"torch"`` (default): exact, chunked (no ``Q × N`` matrix), on any device, any ``k <= N``;
+* ``"faiss"``: exact ``IndexFlatIP`` (CPU, or GPU with a faiss GPU build and ``device="cuda"``; ties in faiss order);
+* ``"faiss-ivf"`` (``nlist``, ``nprobe``, ``train_size``) and ``"faiss-hnsw"`` (``hnsw_m``, ``ef_construction``,
+  ``ef_search``): approximate (:mod:`pml_suprank.search.faiss_backends`).
+
+Persistence: :meth:`RetrievalIndex.save` / :meth:`RetrievalIndex.load` (:mod:`pml_suprank.search.storage`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .._validation import check_choice, check_device, check_embeddings, check_labels, check_positive_int
+from .faiss_backends import FaissSearcher, default_options
+from .options import BACKENDS, OPTION_BACKENDS, check_ids
+from .storage import read_index_files, write_index_files
+from .topk import DEFAULT_BLOCK_ELEMENTS, exact_topk
+
+__all__ = ["RetrievalIndex"]
+
+
+class RetrievalIndex:
+    """A searchable gallery: ``(N, D)`` embeddings, optional ``(N,)`` / ``(N, L)`` labels and ``N`` ids.
+
+    Args:
+        embeddings: ``(N, D)`` finite floating-point gallery embeddings, ``N >= 1``; stored in float32 (float64 kept
+            as float64 for the torch backend) on ``device``.
+        labels: optional ``(N,)`` or ``(N, L)`` integer labels (column 0 finest), kept on the CPU.
+        ids: optional list of ``N`` str / int identifiers (e.g. file names), saved in the JSON file.
+        backend: ``"torch"`` (exact, default), ``"faiss"`` (exact), ``"faiss-ivf"`` or ``"faiss-hnsw"``.
+        device: where the embeddings live and the torch backend computes (default: the device of ``embeddings``);
+            ``"faiss"`` runs on that GPU when it is a CUDA device and faiss has GPU support.
+        nlist, nprobe, train_size: ``"faiss-ivf"`` only — k-means cells, cells scanned per query, leading rows the
+            quantizer is trained on (defaults: :func:`~pml_suprank.search.faiss_backends.default_options`).
+        hnsw_m, ef_construction, ef_search: ``"faiss-hnsw"`` only — links per node and candidate-list sizes.
+        block_elements: torch backend: score entries computed at once (memory, not results).
+
+    Example:
+        >>> index = RetrievalIndex(gallery, labels=gallery_labels)
+        >>> scores, indices = index.search(queries, k=10)   # (Q, 10) each
+        >>> index.save("my_index"); same = RetrievalIndex.load("my_index")
+    """
+
+    def __init__(
+        self,
+        embeddings: Tensor,
+        labels: Tensor | None = None,
+        ids: Any = None,
+        backend: str = "torch",
+        device: torch.device | str | None = None,
+        *,
+        nlist: int | None = None,
+        nprobe: int | None = None,
+        train_size: int | None = None,
+        hnsw_m: int | None = None,
+        ef_construction: int | None = None,
+        ef_search: int | None = None,
+        block_elements: int = DEFAULT_BLOCK_ELEMENTS,
+    ) -> None:
+        self.backend = check_choice("backend", backend, BACKENDS)
+        embeddings = check_embeddings("embeddings", embeddings)
+        parsed = check_device("device", device)
+        self.device = parsed if parsed is not None else embeddings.device
+        self.block_elements = check_positive_int("block_elements", block_elements)
+        given = {
+            "nlist": nlist,
+            "nprobe": nprobe,
+            "train_size": train_size,
+            "hnsw_m": hnsw_m,
+            "ef_construction": ef_construction,
+            "ef_search": ef_search,
+        }
+        self.options = default_options(self.backend, embeddings.shape[0])
+        for name, value in given.items():
+            if value is None:
+                continue
+            if OPTION_BACKENDS[name] != self.backend:
+                raise ValueError(f"{name} applies to backend={OPTION_BACKENDS[name]!r}; got backend={self.backend!r}")
+            self.options[name] = check_positive_int(name, value)
+        if self.backend == "faiss-ivf" and self.options["nprobe"] > self.options["nlist"]:
+            raise ValueError(f"nprobe must be <= nlist={self.options['nlist']}; got {self.options['nprobe']}")
+        keep64 = embeddings.dtype == torch.float64 and self.backend == "torch"
+        self.dtype = torch.float64 if keep64 else torch.float32
+        self.dim = int(embeddings.shape[1])
+        self._embeddings = embeddings.detach().to(self.device, self.dtype)
+        self.labels: Tensor | None = None
+        self.labels = None if labels is None else self._checked_labels(labels, embeddings.shape[0]).cpu()
+        self.ids = None if ids is None else check_ids("ids", ids, embeddings.shape[0])
+        self._faiss = None
+        if self.backend != "torch":
+            self._faiss = FaissSearcher(self.backend, self.dim, self.options, self.device)
+            self._faiss.add(self._embeddings)
+            if self.backend == "faiss-ivf":
+                self.options["train_size"] = self._faiss.trained_rows
+
+    # ------------------------------------------------------------------ contents
+    def __len__(self) -> int:
+        return int(self._embeddings.shape[0])
+
+    @property
+    def embeddings(self) -> Tensor:
+        """The ``(N, D)`` stored gallery embeddings (read-only view; use :meth:`add` to grow the index)."""
+        return self._embeddings
+
+    def __repr__(self) -> str:
+        extra = f", options={self.options}" if self.options else ""
+        return (
+            f"RetrievalIndex(num_items={len(self)}, dim={self.dim}, backend={self.backend!r}, device={self.device}, "
+            f"labels={self.labels is not None}, ids={self.ids is not None}{extra})"
+        )
+
+    def _checked_labels(self, labels: Any, n: int) -> Tensor:
+        labels = check_labels("labels", labels, n)
+        if self.labels is not None and labels.shape[1:] != self.labels.shape[1:]:
+            raise ValueError(
+                f"labels must have the index's label shape (n, *{tuple(self.labels.shape[1:])}); "
+                f"got shape {tuple(labels.shape)}"
+            )
+        return labels.long()
+
+    def add(self, embeddings: Tensor, labels: Tensor | None = None, ids: Any = None) -> RetrievalIndex:
+        """Append ``(M, D)`` embeddings (and their labels / ids: required exactly when the index has them); their
+        gallery indices are ``len(index) ... len(index) + M - 1``. Returns ``self``."""
+        embeddings = check_embeddings("embeddings", embeddings)
+        m = embeddings.shape[0]
+        if embeddings.shape[1] != self.dim:
+            raise ValueError(
+                f"embeddings must have width D={self.dim} (the index's); got shape {tuple(embeddings.shape)}"
+            )
+        for name, value, held in (("labels", labels, self.labels), ("ids", ids, self.ids)):
+            if (value is None) != (held is None):
+                has = "has" if held is not None else "has no"
+                raise ValueError(f"{name} must be given exactly when the index has them; this index {has} {name}")
+        new_labels = None if labels is None else self._checked_labels(labels, m).cpu()
+        new_ids = None if ids is None else check_ids("ids", ids, m)
+        new = embeddings.detach().to(self.device, self.dtype)
+        if self._faiss is not None:
+            self._faiss.add(new)
+        self._embeddings = torch.cat([self._embeddings, new])
+        if new_labels is not None:
+            self.labels = torch.cat([self.labels, new_labels])
+        if new_ids is not None:
+            self.ids = self.ids + new_ids
+        return self
+
+    def set_search_options(self, *, nprobe: int | None = None, ef_search: int | None = None) -> RetrievalIndex:
+        """Change the search-time parameter of an approximate backend (``nprobe`` of ``"faiss-ivf"``, ``ef_search``
+        of ``"faiss-hnsw"``) without rebuilding it; saved with the index. Returns ``self``."""
+        for name, value in (("nprobe", nprobe), ("ef_search", ef_search)):
+            if value is None:
+                continue
+            if OPTION_BACKENDS[name] != self.backend:
+                raise ValueError(f"{name} applies to backend={OPTION_BACKENDS[name]!r}; got backend={self.backend!r}")
+            value = check_positive_int(name, value)
+            if name == "nprobe" and value > self.options["nlist"]:
+                raise ValueError(f"nprobe must be <= nlist={self.options['nlist']}; got {value}")
+            self.options[name] = value
+            self._faiss.set_search_option(name, value)
+        return self
+
+    # ------------------------------------------------------------------ search
+    def search(self, queries: Tensor, k: int, *, progress: bool = False) -> tuple[Tensor, Tensor]:
+        """The ``k`` best gallery items of each query by inner product.
+
+        Args:
+            queries: ``(Q, D)`` finite floating-point embeddings (``Q >= 1``), same width as the gallery.
+            k: ``1 <= k <= len(index)``.
+            progress: a tqdm bar over the query blocks (torch backend).
+
+        Returns:
+            ``scores (Q, k)`` (decreasing along each row) and ``indices (Q, k)`` (long gallery rows) on the index
+            device. Torch backend: ties ordered by increasing gallery index. Approximate backends may return fewer
+            than ``k`` items: index ``-1``, score ``-inf``.
+
+        Raises:
+            TypeError / ValueError: ``queries`` is not a 2-D finite float tensor of width ``D``; ``k`` is not an int
+                in ``[1, len(index)]``.
+        """
+        queries = check_embeddings("queries", queries)
+        if queries.shape[1] != self.dim:
+            raise ValueError(
+                f"queries must have width D={self.dim} (the index's embedding size); got shape {tuple(queries.shape)}"
+            )
+        k = check_positive_int("k", k)
+        if k > len(self):
+            raise ValueError(f"k must be <= the number of gallery items ({len(self)}); got k={k}")
+        if self._faiss is not None:
+            scores, indices = self._faiss.search(queries, k)
+            return scores.to(self.device), indices.to(self.device)
+        q = queries.detach().to(self.device, self.dtype)
+        return exact_topk(q, self._embeddings, k, block_elements=self.block_elements, progress=progress)
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, folder: str | Path) -> Path:
+        """Write ``index.safetensors`` (embeddings, labels) and ``index.json`` (backend, options, ids, shapes, a
+        SHA-256 of the tensor file) to ``folder`` (:mod:`pml_suprank.search.storage`); approximate faiss structures
+        are rebuilt by :meth:`load`, not stored. Returns the folder."""
+        meta = {"backend": self.backend, "options": self.options, "ids": self.ids}
+        return write_index_files(folder, self._embeddings, self.labels, meta)
+
+    @classmethod
+    def load(cls, folder: str | Path, device: torch.device | str | None = "cpu") -> RetrievalIndex:
+        """Read a folder written by :meth:`save`, validating every file (a ``ValueError`` naming the file and the
+        field for anything tampered or inconsistent; nothing is unpickled), and rebuild the index on ``device``
+        with its saved backend and options (IVF: trained on the same leading ``train_size`` rows)."""
+        emb, labels, meta = read_index_files(folder)
+        options, n = dict(meta["options"]), emb.shape[0]
+        m = options.pop("train_size", n)
+        ids = meta["ids"]
+        index = cls(emb[:m], None if labels is None else labels[:m], None if ids is None else ids[:m],
+                    backend=meta["backend"], device=device, **options)  # fmt: skip
+        if m < n:
+            index.add(emb[m:], None if labels is None else labels[m:], None if ids is None else ids[m:])
+        return index

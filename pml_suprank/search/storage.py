@@ -1,0 +1,184 @@
+"""The file format of a saved :class:`~pml_suprank.search.RetrievalIndex`: safetensors + JSON, validated, no pickle.
+
+A saved index is a folder with
+
+* ``index.safetensors``: ``"embeddings"`` ``(N, D)`` float32/float64 and, when the index has labels, ``"labels"``
+  ``(N,)`` / ``(N, L)`` int64;
+* ``index.json``: ``{"format": "pml_suprank.RetrievalIndex", "format_version": 1, "backend", "options", "num_items",
+  "dim", "dtype", "label_shape" (null or the shape after N), "ids" (null or N str/int), "sha256" (of the tensor
+  file), "pml_suprank_version"}``.
+
+Approximate faiss structures are **not** stored: ``RetrievalIndex.load`` rebuilds them from the stored
+embeddings with the stored options (IVF: trained on the same leading ``train_size`` rows, so the same cells; HNSW:
+the same parameters, though a multi-threaded faiss build may link the graph differently). Nothing is unpickled and no
+faiss binary is parsed. Every field is checked on load — unknown or missing keys, types, a checksum mismatch (a
+tampered or swapped tensor file), tensor names, shapes, dtypes, non-finite values, options — and a ``ValueError``
+names the file and the field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..version import __version__
+from .options import BACKENDS, OPTION_BACKENDS, check_ids
+
+__all__ = ["INDEX_FORMAT", "JSON_NAME", "TENSORS_NAME", "read_index_files", "sha256_file", "write_index_files"]
+
+INDEX_FORMAT = "pml_suprank.RetrievalIndex"
+FORMAT_VERSION = 1
+TENSORS_NAME = "index.safetensors"
+JSON_NAME = "index.json"
+_KEYS = {
+    "format",
+    "format_version",
+    "backend",
+    "options",
+    "num_items",
+    "dim",
+    "dtype",
+    "label_shape",
+    "ids",
+    "sha256",
+    "pml_suprank_version",
+}
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_index_files(folder: str | Path, embeddings: Tensor, labels: Tensor | None, meta: dict[str, Any]) -> Path:
+    """Write ``index.safetensors`` (``embeddings``, ``labels``) and ``index.json`` (``meta`` — ``backend``,
+    ``options``, ``ids`` — completed with the format, shapes and checksum) to ``folder`` (created if needed)."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {"embeddings": embeddings.detach().cpu().contiguous()}
+    if labels is not None:
+        tensors["labels"] = labels.cpu().contiguous()
+    save_file(tensors, str(folder / TENSORS_NAME), metadata={"format": INDEX_FORMAT})
+    record = {
+        "format": INDEX_FORMAT,
+        "format_version": FORMAT_VERSION,
+        "backend": meta["backend"],
+        "options": dict(meta["options"]),
+        "num_items": int(embeddings.shape[0]),
+        "dim": int(embeddings.shape[1]),
+        "dtype": str(embeddings.dtype).removeprefix("torch."),
+        "label_shape": None if labels is None else list(labels.shape[1:]),
+        "ids": meta["ids"],
+        "sha256": sha256_file(folder / TENSORS_NAME),
+        "pml_suprank_version": __version__,
+    }
+    (folder / JSON_NAME).write_text(json.dumps(record, indent=1))
+    return folder
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _read_meta(path: Path) -> dict[str, Any]:
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not a readable JSON file ({e})") from e
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: expected a JSON object; got {type(meta).__name__}")
+    if meta.get("format") != INDEX_FORMAT:
+        raise ValueError(f"{path}: 'format' must be {INDEX_FORMAT!r}; got {meta.get('format')!r}")
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"{path}: unsupported format_version {meta.get('format_version')!r} (expected 1)")
+    missing, unknown = sorted(_KEYS - set(meta)), sorted(set(meta) - _KEYS)
+    if missing or unknown:
+        raise ValueError(f"{path}: missing keys {missing}, unknown keys {unknown}")
+    if meta["backend"] not in BACKENDS:
+        raise ValueError(f"{path}: 'backend' must be one of {BACKENDS}; got {meta['backend']!r}")
+    for key in ("num_items", "dim"):
+        if not _is_int(meta[key]) or meta[key] < 1:
+            raise ValueError(f"{path}: {key!r} must be a positive int; got {meta[key]!r}")
+    if meta["dtype"] not in _DTYPES:
+        raise ValueError(f"{path}: 'dtype' must be one of {sorted(_DTYPES)}; got {meta['dtype']!r}")
+    shape = meta["label_shape"]
+    if shape is not None and not (shape == [] or (len(shape) == 1 and _is_int(shape[0]) and shape[0] >= 1)):
+        raise ValueError(f"{path}: 'label_shape' must be null, [] or [L] with L >= 1; got {shape!r}")
+    options = meta["options"]
+    if not isinstance(options, dict):
+        raise ValueError(f"{path}: 'options' must be an object; got {type(options).__name__}")
+    for name, value in options.items():
+        if OPTION_BACKENDS.get(name) != meta["backend"] or not _is_int(value) or value < 1:
+            raise ValueError(f"{path}: option {name}={value!r} is not a positive int option of {meta['backend']!r}")
+    if not isinstance(meta["sha256"], str) or len(meta["sha256"]) != 64:
+        raise ValueError(f"{path}: 'sha256' must be a 64-character hex digest; got {meta['sha256']!r}")
+    if meta["ids"] is not None:
+        try:
+            check_ids("ids", meta["ids"], meta["num_items"])
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{path}: {e}") from e
+    return meta
+
+
+def read_index_files(folder: str | Path) -> tuple[Tensor, Tensor | None, dict[str, Any]]:
+    """Read and validate a folder written by :func:`write_index_files` (see the module docstring).
+
+    Returns:
+        ``(embeddings (N, D), labels (N, ...) or None, meta)`` with ``meta`` the validated JSON record.
+
+    Raises:
+        FileNotFoundError: the folder or one of its two files is missing.
+        ValueError: any field or tensor disagrees with the format, the JSON file or the checksum.
+    """
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder} is not a folder (expected one written by RetrievalIndex.save)")
+    json_path, tensor_path = folder / JSON_NAME, folder / TENSORS_NAME
+    for path in (json_path, tensor_path):
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing (a RetrievalIndex folder holds {JSON_NAME} and {TENSORS_NAME})")
+    meta = _read_meta(json_path)
+    if sha256_file(tensor_path) != meta["sha256"]:
+        raise ValueError(
+            f"{tensor_path} does not match the sha256 recorded in {json_path}: the file was modified or replaced"
+        )
+    try:
+        tensors = load_file(str(tensor_path))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise ValueError(f"{tensor_path}: not a readable safetensors file ({e})") from e
+    expected = {"embeddings"} | ({"labels"} if meta["label_shape"] is not None else set())
+    if set(tensors) != expected:
+        raise ValueError(f"{tensor_path}: expected tensors {sorted(expected)}; got {sorted(tensors)}")
+    n, d = meta["num_items"], meta["dim"]
+    emb = tensors["embeddings"]
+    if emb.dtype != _DTYPES[meta["dtype"]] or tuple(emb.shape) != (n, d):
+        raise ValueError(
+            f"{tensor_path}: 'embeddings' must be {meta['dtype']} of shape ({n}, {d}) as {json_path} says; got "
+            f"{emb.dtype} {tuple(emb.shape)}"
+        )
+    if not bool(torch.isfinite(emb).all()):
+        raise ValueError(f"{tensor_path}: 'embeddings' contains NaN or inf values")
+    labels = tensors.get("labels")
+    if labels is not None and (labels.dtype != torch.int64 or list(labels.shape) != [n, *meta["label_shape"]]):
+        raise ValueError(
+            f"{tensor_path}: 'labels' must be int64 of shape {tuple([n, *meta['label_shape']])}; got "
+            f"{labels.dtype} {tuple(labels.shape)}"
+        )
+    train_size = meta["options"].get("train_size")
+    if train_size is not None and train_size > n:
+        raise ValueError(f"{json_path}: option train_size={train_size} exceeds num_items={n}")
+    return emb, labels, meta

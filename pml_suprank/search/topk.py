@@ -1,0 +1,125 @@
+"""Exact top-k inner-product search in torch, chunked over queries and gallery, with a deterministic tie rule.
+
+For a query ``q`` (row of ``(Q, D)``) and a gallery ``G`` ``(N, D)``, the result is the ``k`` gallery rows of largest
+score ``s_j = <q, g_j>``, ordered by decreasing score and, **among equal scores, by increasing gallery index**
+(the order of a stable sort of ``-s``). ``torch.topk`` alone leaves the choice among tied items unspecified, so the
+boundary ties are resolved explicitly:
+
+* within one gallery block, ``t`` = the k-th largest score; when the (k+1)-th score also equals ``t`` (``topk`` of
+  ``k + 1`` shows it), the items with ``s > t`` are all kept and the ``k - #{s > t}`` items with ``s == t`` of lowest
+  index complete the set (a cumulative count over the tied mask, only for those rows); otherwise ``topk``'s set is
+  already the unique answer;
+* the per-block results are merged by a lexicographic sort on ``(-score, index)`` (two stable sorts), which is exact
+  because every item of the global top-k is in the top-k of its own block under the same order.
+
+Cost: one ``(C, B)`` score block per step (``C`` queries, ``B`` gallery rows, about ``block_elements`` entries),
+``O(Q·N·D)`` multiply-adds and ``O(Q·N)`` comparisons — no full-row sort.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+from torch import Tensor
+
+__all__ = ["DEFAULT_BLOCK_ELEMENTS", "exact_topk", "merge_topk", "topk_lowest_index"]
+
+#: score entries per block (``C · B``): 2^24 float32 values = 64 MiB, plus a boolean mask of the same shape
+DEFAULT_BLOCK_ELEMENTS = 2**24
+
+
+def topk_lowest_index(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """Top-``k`` of each row of ``scores`` ``(C, B)``, ties broken by the lower column index.
+
+    Returns:
+        ``values (C, k)`` in decreasing order and ``columns (C, k)`` (long); equal values appear in increasing column
+        order. ``k`` must satisfy ``1 <= k <= B``.
+    """
+    extra = int(k < scores.shape[1])  # one more item shows whether the k-th score is tied beyond the cut
+    top_values, top_columns = torch.topk(scores, k + extra, dim=1, largest=True, sorted=True)
+    values, columns = top_values[:, :k], top_columns[:, :k]
+    kth = values[:, -1:]
+    if extra and bool((top_values[:, k] == top_values[:, k - 1]).any()):
+        # rows whose k-th score is shared by an item outside the cut: topk's choice among the tied items is arbitrary
+        rows = (top_values[:, k] == top_values[:, k - 1]).nonzero().squeeze(1)
+        sub = scores[rows]
+        sub_kth = kth[rows]
+        free = k - (sub > sub_kth).sum(dim=1, dtype=torch.int32)
+        eq = sub == sub_kth
+        keep = (sub > sub_kth) | (eq & (eq.cumsum(dim=1, dtype=torch.int32) <= free.unsqueeze(1)))
+        picked = keep.nonzero()[:, 1].reshape(len(rows), k)  # columns in increasing order, exactly k per row
+        columns = columns.clone()
+        columns[rows] = picked
+    # order the selected set by (-score, column): sort by column, then stable sort by decreasing score
+    columns, _ = columns.sort(dim=1)
+    values = scores.gather(1, columns)
+    values, order = values.sort(dim=1, descending=True, stable=True)
+    return values, columns.gather(1, order)
+
+
+def merge_topk(values: Tensor, indices: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """Keep the ``k`` best of candidate lists ``values`` / ``indices`` ``(C, M)`` by ``(-value, index)``.
+
+    Indices must be distinct within a row. Returns ``(values (C, k), indices (C, k))``.
+    """
+    indices, order = indices.sort(dim=1)
+    values = values.gather(1, order)
+    values, order = values.sort(dim=1, descending=True, stable=True)
+    return values[:, :k], indices.gather(1, order)[:, :k]
+
+
+def _blocks(total: int, size: int) -> Iterable[tuple[int, int]]:
+    for s in range(0, total, size):
+        yield s, min(s + size, total)
+
+
+def exact_topk(
+    queries: Tensor,
+    gallery: Tensor,
+    k: int,
+    *,
+    block_elements: int = DEFAULT_BLOCK_ELEMENTS,
+    progress: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """Exact top-``k`` gallery rows of each query by inner product, ties by lower gallery index.
+
+    Args:
+        queries: ``(Q, D)`` on the device and in the dtype of ``gallery``.
+        gallery: ``(N, D)``.
+        k: ``1 <= k <= N`` (checked by the caller).
+        block_elements: score entries computed at once (``query block × gallery block``).
+        progress: a tqdm bar over the query blocks.
+
+    Returns:
+        ``scores (Q, k)`` (dtype of ``gallery``) and ``indices (Q, k)`` long, on ``gallery``'s device.
+    """
+    Q, N = queries.shape[0], gallery.shape[0]
+    # up to 1024 queries per block, so that each gallery block is read from memory a few times only (the matmul
+    # stays compute-bound), and gallery blocks of block_elements / q_block rows (16,384 by default)
+    q_block = max(1, min(Q, 1024))
+    g_block = max(k + 1, block_elements // q_block)
+    # one score buffer reused by every block (allocating ~64 MiB per block costs as much as the matmul on a CPU)
+    buffer = torch.empty(q_block * min(g_block, N), dtype=gallery.dtype, device=gallery.device)
+    steps: Iterable[tuple[int, int]] = _blocks(Q, q_block)
+    if progress:
+        from tqdm.auto import tqdm
+
+        steps = tqdm(list(steps), desc="search", unit="block", total=math.ceil(Q / q_block), leave=False)
+    out_scores, out_indices = [], []
+    with torch.no_grad():
+        for qs, qe in steps:
+            q = queries[qs:qe]
+            best_v = best_i = None
+            for gs, ge in _blocks(N, g_block):
+                scores = torch.mm(q, gallery[gs:ge].T, out=buffer[: q.shape[0] * (ge - gs)].view(q.shape[0], ge - gs))
+                v, i = topk_lowest_index(scores, min(k, ge - gs))
+                i = i + gs
+                if best_v is None:
+                    best_v, best_i = v, i
+                else:
+                    best_v, best_i = merge_topk(torch.cat([best_v, v], 1), torch.cat([best_i, i], 1), k)
+            out_scores.append(best_v)
+            out_indices.append(best_i)
+    return torch.cat(out_scores), torch.cat(out_indices)

@@ -1,0 +1,84 @@
+"""The HTML page and the PNG grid of pml_suprank.search.report: structure, inlined images, relevance colours."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+import pytest
+from _html_checks import parse_report
+from PIL import Image
+
+from pml_suprank.search.report import RELEVANCE_COLOURS, relevance_level, write_html_report, write_result_grid
+
+
+def _img(colour, size=12):
+    return Image.new("RGB", (size, size), colour)
+
+
+def _queries():
+    levels = ["fine", "coarse", "other", "unknown"]
+    return [
+        {
+            "name": f"q<{q}>",  # escaped in the page
+            "image": _img((0, 0, 255)),
+            "labels": [q, 0],
+            "results": [
+                {
+                    "rank": r + 1,
+                    "index": 10 * q + r,
+                    "name": f"item {r}",
+                    "score": 1.0 - 0.1 * r,
+                    "image": _img((40 * r, 80, 0)),
+                    "labels": None,
+                    "relevance": levels[(q + r) % 4],
+                }
+                for r in range(3)
+            ],
+        }  # fmt: skip
+        for q in range(2)
+    ]
+
+
+def test_relevance_level():
+    assert relevance_level([1, 0], [1, 0]) == "fine"
+    assert relevance_level([1, 0], [2, 0]) == "coarse"
+    assert relevance_level([1, 0], [2, 1]) == "other"
+    assert relevance_level([1], [2]) == "other"  # one level: no coarse class
+    assert relevance_level(None, [1, 0]) == "unknown"
+    with pytest.raises(ValueError, match="same length"):
+        relevance_level([1, 0], [1])
+
+
+def test_html_page_structure(tmp_path):
+    queries = _queries()
+    path = write_html_report(tmp_path / "r.html", queries, title="T & <t>")
+    page = parse_report(path.read_text())
+    assert page["title"] == "T & <t>" and len(page["queries"]) == 2
+    for q, parsed in zip(queries, page["queries"], strict=True):
+        assert q["name"] in parsed["caption"]
+        assert [r["rank"] for r in parsed["results"]] == [1, 2, 3]
+        assert [r["relevance"] for r in parsed["results"]] == [r["relevance"] for r in q["results"]]
+        assert [r["index"] for r in parsed["results"]] == [r["index"] for r in q["results"]]
+        assert [r["score"] for r in parsed["results"]] == pytest.approx([r["score"] for r in q["results"]])
+    # every image is inlined (offline page) and decodes as a PNG
+    assert page["external_refs"] == [] and len(page["images"]) == 2 * 4
+    for src in page["images"]:
+        assert src.startswith("data:image/png;base64,")
+        Image.open(io.BytesIO(base64.b64decode(src.split(",", 1)[1]))).verify()
+    with pytest.raises(ValueError, match="relevance must be one of"):
+        bad = _queries()
+        bad[0]["results"][0]["relevance"] = "close"
+        write_html_report(tmp_path / "bad.html", bad)
+
+
+def test_png_grid(tmp_path):
+    path = write_result_grid(tmp_path / "g.png", _queries())
+    with Image.open(path) as img:
+        rgb = img.convert("RGB")
+        assert rgb.width > 200 and rgb.height > 100
+        colours = {tuple(c) for c in np.unique(np.asarray(rgb).reshape(-1, 3), axis=0).tolist()}
+    for level in ("fine", "coarse", "other", "unknown"):  # each border colour is drawn
+        target = tuple(int(RELEVANCE_COLOURS[level][i : i + 2], 16) for i in (1, 3, 5))
+        assert any(sum(abs(a - b) for a, b in zip(c, target)) < 12 for c in colours), level

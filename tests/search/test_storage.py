@@ -1,0 +1,96 @@
+"""RetrievalIndex.load refuses tampered, swapped, incomplete or inconsistent folders with errors naming the file."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from pml_suprank.search import RetrievalIndex
+from pml_suprank.search.storage import JSON_NAME, TENSORS_NAME, sha256_file
+
+pytest.importorskip("safetensors")
+
+
+@pytest.fixture
+def saved(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    index = RetrievalIndex(
+        torch.randn(12, 4, generator=g), labels=torch.arange(12) % 3, ids=[f"i{j}" for j in range(12)]
+    )
+    return index.save(tmp_path / "idx")
+
+
+def _edit_json(folder, **changes):
+    meta = json.loads((folder / JSON_NAME).read_text())
+    meta.update(changes)
+    (folder / JSON_NAME).write_text(json.dumps(meta))
+
+
+def _rewrite_tensors(folder, tensors):
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(folder / TENSORS_NAME))
+    _edit_json(folder, sha256=sha256_file(folder / TENSORS_NAME))  # a consistent checksum: only the content is wrong
+
+
+def test_round_trip_keeps_everything(saved):
+    loaded = RetrievalIndex.load(saved)
+    assert len(loaded) == 12 and loaded.ids[3] == "i3" and loaded.labels.tolist() == [j % 3 for j in range(12)]
+    meta = json.loads((saved / JSON_NAME).read_text())
+    assert meta["format"] == "pml_suprank.RetrievalIndex" and meta["label_shape"] == [] and meta["dim"] == 4
+
+
+def test_modified_tensor_file_is_refused(saved):
+    data = bytearray((saved / TENSORS_NAME).read_bytes())
+    data[-3] ^= 0xFF
+    (saved / TENSORS_NAME).write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="does not match the sha256 recorded"):
+        RetrievalIndex.load(saved)
+
+
+def test_wrong_shapes_names_and_values_are_refused(saved):
+    _rewrite_tensors(saved, {"embeddings": torch.zeros(12, 5), "labels": torch.zeros(12, dtype=torch.long)})
+    with pytest.raises(ValueError, match=r"'embeddings' must be float32 of shape \(12, 4\)"):
+        RetrievalIndex.load(saved)
+    _rewrite_tensors(saved, {"embeddings": torch.zeros(12, 4)})
+    with pytest.raises(ValueError, match=r"expected tensors \['embeddings', 'labels'\]"):
+        RetrievalIndex.load(saved)
+    _rewrite_tensors(saved, {"embeddings": torch.full((12, 4), float("nan")), "labels": torch.zeros(12).long()})
+    with pytest.raises(ValueError, match="'embeddings' contains NaN or inf"):
+        RetrievalIndex.load(saved)
+    _rewrite_tensors(saved, {"embeddings": torch.zeros(12, 4), "labels": torch.zeros(12, dtype=torch.int32)})
+    with pytest.raises(ValueError, match="'labels' must be int64"):
+        RetrievalIndex.load(saved)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"format": "other"}, "'format' must be"),
+        ({"extra": 1}, r"unknown keys \['extra'\]"),
+        ({"backend": "annoy"}, "'backend' must be one of"),
+        ({"dim": -1}, "'dim' must be a positive int"),
+        ({"dtype": "float16"}, "'dtype' must be one of"),
+        ({"options": {"nlist": 4}}, "option nlist=4 is not a positive int option of 'torch'"),
+        ({"ids": ["a"]}, "ids must have one id per embedding"),
+        ({"label_shape": [0]}, "'label_shape' must be null"),
+        ({"format_version": 2}, "unsupported format_version"),
+    ],
+)
+def test_inconsistent_json_is_refused(saved, changes, message):
+    _edit_json(saved, **changes)
+    with pytest.raises(ValueError, match=message):
+        RetrievalIndex.load(saved)
+
+
+def test_missing_or_unreadable_files(saved, tmp_path):
+    with pytest.raises(FileNotFoundError, match="is not a folder"):
+        RetrievalIndex.load(tmp_path / "nowhere")
+    (saved / JSON_NAME).write_text("{not json")
+    with pytest.raises(ValueError, match="not a readable JSON file"):
+        RetrievalIndex.load(saved)
+    (saved / TENSORS_NAME).unlink()
+    with pytest.raises(FileNotFoundError, match="index.safetensors is missing"):
+        RetrievalIndex.load(saved)
