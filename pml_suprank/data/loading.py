@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -25,7 +26,8 @@ from .._validation import check_choice
 from ..relevance import check_tree
 from .hf_sources import describe, image_column_name, load_splits, select_split
 from .label_columns import fine_label_rows, is_list_column, multilabel_labels, open_set_keep
-from .retrieval_dataset import RetrievalDatasetBase, pad_label_sets
+from .paths import confined_path
+from .retrieval_dataset import RetrievalDatasetBase, decode_image, pad_label_sets
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +35,7 @@ __all__ = [
     "HFRetrievalDataset",
     "build_transforms",
     "check_disjoint_classes",
+    "check_image_paths",
     "collate",
     "load_retrieval_dataset",
     "open_set_classes",
@@ -158,16 +161,31 @@ class HFRetrievalDataset(RetrievalDatasetBase):
         self.class_names = dict(class_names or {})
         super().__init__(labels, list(label_columns), transform, multilabel=multilabel, hierarchy=hierarchy)
 
+    def describe_item(self, index: int) -> str:
+        """``"row <i> (<file>)"`` of the image column, for error messages (the file when the row stores one)."""
+        where = f"row {index} of the image column {self.image_column!r}"
+        try:
+            cell = self._images.with_format("arrow")[index : index + 1][self.image_column][0].as_py()
+        except Exception:  # noqa: BLE001 - only for the message
+            return where
+        path = cell.get("path") if isinstance(cell, Mapping) else None
+        return f"{where} ({path})" if path else where
+
     def get_image(self, index: int) -> Any:
-        """The untransformed PIL RGB image of item ``index``."""
+        """The untransformed PIL RGB image of item ``index`` (``ValueError`` naming the row and file if it does not
+        decode)."""
         index = self._check_index(index)
-        image = self._images[index][self.image_column]
+        try:
+            image = self._images[index][self.image_column]
+        except (OSError, SyntaxError, ValueError) as err:
+            raise ValueError(
+                f"{self.describe_item(index)}: cannot decode the image ({type(err).__name__}: {err})"
+            ) from None
         if isinstance(image, Mapping) and ("bytes" in image or "path" in image):  # undecoded Image feature
             from io import BytesIO
 
-            from PIL import Image
-
-            image = Image.open(BytesIO(image["bytes"]) if image.get("bytes") else image["path"])
+            source = BytesIO(image["bytes"]) if image.get("bytes") else image["path"]
+            return decode_image(source, self.describe_item(index))
         if isinstance(image, (np.ndarray, list)):  # e.g. an Array3D column of (H, W, 3) uint8 pixels
             from PIL import Image
 
@@ -336,6 +354,7 @@ def load_retrieval_dataset(
             f"available columns: {ds.column_names}"
         )
     image_column = image_column_name(ds, image_column, source)
+    check_image_paths(ds, image_column, source, split)
 
     for name, d in {**splits, split: ds}.items():
         _check_no_missing_labels(d, label_columns, name, source)
@@ -416,6 +435,49 @@ def _multilabel_dataset(
     return HFRetrievalDataset(
         ds, names, image_column, labels, transform=transform, class_names=class_names, multilabel=True, hierarchy=table
     )
+
+
+def _local_root(source: Any) -> Path | None:
+    """The folder a local ``source`` (folder, parquet file or glob) owns, or ``None`` (Hub id, in-memory data)."""
+    if not isinstance(source, (str, Path)):
+        return None
+    text = str(source)
+    path = Path(text)
+    if path.is_dir():
+        return path
+    if path.is_file():
+        return path.parent
+    if "*" in text or "?" in text:
+        static = Path(text.split("*", 1)[0].split("?", 1)[0])
+        return static if str(static).endswith(("/", "\\")) or static.is_dir() else static.parent
+    return None
+
+
+def check_image_paths(ds: Any, image_column: str, source: Any, split: str) -> None:
+    """Refuse image files stored by path (``datasets.Image`` cells without bytes) that lie outside a local source.
+
+    An image folder, a parquet file or a ``save_to_disk`` folder may store an image as a path instead of its bytes;
+    ``datasets`` opens it as written (an absolute path, ``..`` or a symbolic link can name any readable file). For a
+    local ``source`` every such path must lie inside its folder (:func:`pml_suprank.data.paths.confined_path`; the
+    folder of a parquet file). Hub ids and in-memory datasets are not checked (their paths are the user's own).
+
+    Raises:
+        ValueError: Naming the source, the split, the row and the path.
+    """
+    import datasets
+    import pyarrow.compute as pc
+
+    root = _local_root(source)
+    if root is None or not isinstance(ds.features.get(image_column), datasets.Image):
+        return
+    column = ds.select_columns([image_column]).with_format("arrow")[image_column]
+    paths = pc.struct_field(column, "path")
+    stored = pc.and_(pc.is_null(pc.struct_field(column, "bytes")), pc.is_valid(paths))
+    rows = pc.indices_nonzero(stored.combine_chunks() if hasattr(stored, "combine_chunks") else stored)
+    for row in rows.to_pylist():
+        path = paths[row].as_py()
+        where = f"{describe(source)}, split {split!r}, row {row} of the image column {image_column!r}"
+        confined_path(root, os.path.abspath(path), where=where, allow_absolute=True)
 
 
 def _check_label_columns(label_columns: str | Sequence[str]) -> list[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from ..paths import confined_path
 from ._native import FileImageDataset, Record, file_split
 
 __all__ = ["CUB_LABEL_NAMES", "CUB_SPLITS", "load_cub"]
@@ -54,5 +55,7 @@ def load_cub(root: str | Path, split: str, transform: Callable | None = None) ->
         if not files:
             raise ValueError(f"{images / name}: class folder without images")
         side = "train" if rank < n_train else "test"
-        records[side].extend((str(p), (name,), str(p)) for p in files)
+        records[side].extend(
+            (confined_path(images, p.relative_to(images), where=str(p)), (name,), str(p)) for p in files
+        )
     return file_split(records, split, CUB_LABEL_NAMES, images, benchmark="cub", transform=transform)
