@@ -26,7 +26,7 @@ from .._validation import check_choice
 from ..relevance import check_tree
 from .hf_sources import describe, image_column_name, load_splits, select_split
 from .label_columns import fine_label_rows, is_list_column, multilabel_labels, open_set_keep
-from .paths import confined_path
+from .paths import PathConfiner
 from .retrieval_dataset import RetrievalDatasetBase, decode_image, pad_label_sets
 
 logger = logging.getLogger(__name__)
@@ -458,7 +458,7 @@ def check_image_paths(ds: Any, image_column: str, source: Any, split: str) -> No
 
     An image folder, a parquet file or a ``save_to_disk`` folder may store an image as a path instead of its bytes;
     ``datasets`` opens it as written (an absolute path, ``..`` or a symbolic link can name any readable file). For a
-    local ``source`` every such path must lie inside its folder (:func:`pml_suprank.data.paths.confined_path`; the
+    local ``source`` every such path must lie inside its folder (:class:`pml_suprank.data.paths.PathConfiner`; the
     folder of a parquet file). Hub ids and in-memory datasets are not checked (their paths are the user's own).
 
     Raises:
@@ -474,10 +474,11 @@ def check_image_paths(ds: Any, image_column: str, source: Any, split: str) -> No
     paths = pc.struct_field(column, "path")
     stored = pc.and_(pc.is_null(pc.struct_field(column, "bytes")), pc.is_valid(paths))
     rows = pc.indices_nonzero(stored.combine_chunks() if hasattr(stored, "combine_chunks") else stored)
+    confine = PathConfiner(root)
     for row in rows.to_pylist():
         path = paths[row].as_py()
         where = f"{describe(source)}, split {split!r}, row {row} of the image column {image_column!r}"
-        confined_path(root, os.path.abspath(path), where=where, allow_absolute=True)
+        confine(os.path.abspath(path), where=where, allow_absolute=True)
 
 
 def _check_label_columns(label_columns: str | Sequence[str]) -> list[str]:

@@ -18,7 +18,7 @@ from PIL import Image
 
 from pml_suprank.data import load_retrieval_dataset
 from pml_suprank.data.benchmarks import BENCHMARKS, load_benchmark
-from pml_suprank.data.paths import confined_path, is_inside
+from pml_suprank.data.paths import PathConfiner, confined_path, is_inside
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = b"password=hunter2\n"
@@ -82,6 +82,21 @@ def test_confined_path_symlinks(tmp_path):
     # a root reached through a symbolic link is fine
     (tmp_path / "alias").symlink_to(root, target_is_directory=True)
     assert confined_path(tmp_path / "alias", "imgs/real.jpg", where="w").endswith("real.jpg")
+
+
+def test_one_confiner_for_many_paths_still_checks_every_file(tmp_path):
+    root = tmp_path / "root"
+    (root / "imgs").mkdir(parents=True)
+    (root / "imgs" / "a.jpg").write_bytes(b"x")
+    (root / "imgs" / "b.jpg").symlink_to(_secret(tmp_path))
+    (root / "up").symlink_to(tmp_path / "outside", target_is_directory=True)
+    confine = PathConfiner(root)
+    assert confine("imgs/a.jpg", where="w") == str(root / "imgs" / "a.jpg")  # the folder is now resolved and cached
+    with pytest.raises(ValueError, match=r"w: path .*b\.jpg' leads outside"):
+        confine("imgs", "b.jpg", where="w")
+    assert confine("imgs/missing.jpg", where="w").endswith("missing.jpg")  # existence is checked elsewhere
+    with pytest.raises(ValueError, match="leads outside"):
+        confine("up/secret.txt", where="w")
 
 
 # --- the reproduction: an SOP list line naming a file outside the dataset -----------------------------------------

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from ..paths import confined_path
+from ..paths import PathConfiner
 from ._native import FileImageDataset, Record, file_split, parse_int, read_table
 
 __all__ = ["DYML_GRANULARITIES", "DYML_LABEL_NAMES", "dyml_label_names", "dyml_splits", "load_dyml"]
@@ -44,22 +44,22 @@ def dyml_label_names(split: str) -> tuple[str, ...]:
 
 def _three_levels(root: Path, sub: str) -> list[Record]:
     path = root / sub / "label.csv"
-    out = []
+    out, confine = [], PathConfiner(root)
     for line, cells in read_table(path, _TRAIN_COLUMNS, delimiter=","):
         keys = tuple(parse_int(cells[i], path, line, _TRAIN_COLUMNS[i]) for i in (1, 2, 3))
         where = f"{path}, line {line}"
-        out.append((confined_path(root, sub, "imgs", cells[0].strip(), where=where), keys, where))
+        out.append((confine(sub, "imgs", cells[0].strip(), where=where), keys, where))
     return out
 
 
 def _benchmark_set(root: Path, kind: str, granularity: str) -> list[Record]:
     folder = root / f"bmk_{granularity}"
     path = folder / f"{kind}.csv"
-    out = []
+    out, confine = [], PathConfiner(root)
     for line, cells in read_table(path, _BMK_COLUMNS, delimiter=","):
         label = parse_int(cells[1], path, line, _BMK_COLUMNS[1])
         where = f"{path}, line {line}"
-        out.append((confined_path(root, folder.name, kind, cells[0].strip(), where=where), (label,), where))
+        out.append((confine(folder.name, kind, cells[0].strip(), where=where), (label,), where))
     return out
 
 

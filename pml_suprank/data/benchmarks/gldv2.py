@@ -31,7 +31,7 @@ import io
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ..paths import confined_path
+from ..paths import PathConfiner
 from ._native import FileImageDataset, Record, file_split, layout_error, parse_int, read_text, require_file
 
 __all__ = ["GLDV2_LABEL_NAMES", "GLDV2_SPLITS", "gldv2_image_path", "load_gldv2", "read_subcategories"]
@@ -50,9 +50,9 @@ def gldv2_image_path(folder: Path, image_id: str) -> Path:
     return folder / image_id[0] / image_id[1] / image_id[2] / f"{image_id}.jpg"
 
 
-def _confined_image(root: Path, folder: str, image_id: str, where: str) -> str:
+def _confined_image(confine: PathConfiner, folder: str, image_id: str, where: str) -> str:
     """The image path of ``image_id`` under ``root / folder``, refused if a symbolic link leads outside ``root``."""
-    return confined_path(root, gldv2_image_path(Path(folder), image_id), where=where)
+    return confine(gldv2_image_path(Path(folder), image_id), where=where)
 
 
 def _rows(path: Path, columns: tuple[str, ...], *, exact: bool = True) -> Iterator[tuple[int, dict[str, str]]]:
@@ -118,6 +118,7 @@ def read_subcategories(path: Path) -> dict[int, tuple[str, str]]:
 
 
 def _train_records(root: Path) -> list[Record]:
+    confine = PathConfiner(root)
     path = root / "train_clean.csv"
     hierarchy = read_subcategories(root / "train_label_to_subcategory_with_clusters.csv")
     out = []
@@ -127,7 +128,7 @@ def _train_records(root: Path) -> list[Record]:
             continue
         key, where = (landmark, *hierarchy[landmark]), f"{path}, line {line}"
         for image in row["images"].split():
-            out.append((_confined_image(root, "train", _image_id(image, path, line), where), key, where))
+            out.append((_confined_image(confine, "train", _image_id(image, path, line), where), key, where))
     return out
 
 
@@ -140,12 +141,13 @@ def _index_landmarks(root: Path) -> tuple[Path, list[tuple[int, str, int]]]:
 
 
 def _query_gallery_records(root: Path) -> dict[str, list[Record]]:
+    confine = PathConfiner(root)
     hierarchy = read_subcategories(root / "index_label_to_subcategory_with_clusters.csv")
     index_path, index_rows = _index_landmarks(root)
     landmark_of = {image: landmark for _, image, landmark in index_rows}
     gallery = [
         (
-            _confined_image(root, "index", image, f"{index_path}, line {line}"),
+            _confined_image(confine, "index", image, f"{index_path}, line {line}"),
             (landmark, *hierarchy[landmark]),
             f"{index_path}, line {line}",
         )
@@ -168,7 +170,7 @@ def _query_gallery_records(root: Path) -> dict[str, list[Record]]:
             image = _image_id(row["id"], path, line)
             key = (landmarks[0], *hierarchy[landmarks[0]])
             where = f"{path}, line {line}"
-            query.append((_confined_image(root, "test", image, where), key, where))
+            query.append((_confined_image(confine, "test", image, where), key, where))
     return {"query": query, "gallery": gallery}
 
 

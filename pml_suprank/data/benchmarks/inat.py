@@ -20,7 +20,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from ..paths import confined_path
+from ..paths import PathConfiner
 from ._native import FileImageDataset, Record, file_split, layout_error, read_text, require_file
 
 __all__ = ["INAT_BASE_LABEL_NAMES", "INAT_FULL_LABEL_NAMES", "INAT_SPLITS", "load_inat"]
@@ -36,7 +36,7 @@ def _split_records(root: Path, split: str) -> list[tuple[str, str, int, str]]:
     path = require_file(
         root / "Inat_dataset_splits" / f"Inaturalist_{split}_set1.txt", "one image path per line (Smooth-AP splits)"
     )
-    out = []
+    out, confine = [], PathConfiner(root)
     for line, raw in enumerate(read_text(path).split("\n"), start=1):
         rel = raw.strip()
         if not rel:
@@ -47,7 +47,7 @@ def _split_records(root: Path, split: str) -> list[tuple[str, str, int, str]]:
                 path, line, f"expected train_val2018/<supercategory>/<category id>/<file>.jpg; got {rel!r}"
             )
         where = f"{path}, line {line}"
-        out.append((confined_path(root, rel, where=where), parts[1], int(parts[2]), where))
+        out.append((confine(rel, where=where), parts[1], int(parts[2]), where))
     return out
 
 

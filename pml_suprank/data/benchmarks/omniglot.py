@@ -17,7 +17,7 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from ..paths import confined_path
+from ..paths import PathConfiner
 from ._native import FileImageDataset, NativeImageDataset, ZipImageDataset, encode_split
 
 __all__ = ["OMNIGLOT_LABEL_NAMES", "OMNIGLOT_SPLITS", "load_omniglot"]
@@ -42,10 +42,11 @@ def _entries(root: Path) -> tuple[list[tuple[str, str, str, str, str]], bool]:
                     continue
                 out.append(_entry(f"{archive}::{member}", member, archive, f"{archive}, entry {member}"))
         return out, True
+    confine = PathConfiner(root)
     for folder in folders:
         for path in sorted(p for p in folder.rglob("*") if p.is_file()):
             rel = path.relative_to(root).as_posix()
-            out.append(_entry(confined_path(root, rel, where=str(path)), rel, folder, str(path)))
+            out.append(_entry(confine(rel, where=str(path)), rel, folder, str(path)))
     return out, False
 
 

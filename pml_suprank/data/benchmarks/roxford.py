@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..paths import confined_path
+from ..paths import PathConfiner
 from ..retrieval_dataset import decode_image
 from ._native import FileImageDataset, Record, check_paths_exist, encode_split, layout_error
 from .cifar100 import load_restricted_pickle
@@ -141,13 +141,13 @@ class RevisitedQueryDataset(FileImageDataset):
 
 
 def _records(names: list[str], root: Path, path: Path, key: str) -> list[Record]:
-    out = []
+    out, confine = [], PathConfiner(root)
     for i, name in enumerate(names):
         match = _NAME.match(name)
         if match is None:
             raise layout_error(path, f"{key}[{i}]", f"image name {name!r} does not end in _<number> (landmark_number)")
         where = f"{path}, {key}[{i}]"
-        out.append((confined_path(root, "jpg", f"{name}.jpg", where=where), (match["landmark"],), where))
+        out.append((confine("jpg", f"{name}.jpg", where=where), (match["landmark"],), where))
     return out
 
 
