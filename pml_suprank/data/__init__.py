@@ -21,11 +21,11 @@ Example:
 
 from . import benchmarks
 from .benchmarks import BENCHMARKS, benchmark_label_names, load_benchmark
+from .hf_sources import check_image_paths
 from .loading import (
     HFRetrievalDataset,
     build_transforms,
     check_disjoint_classes,
-    check_image_paths,
     collate,
     load_retrieval_dataset,
     open_set_classes,

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -24,9 +23,8 @@ from torch import Tensor
 
 from .._validation import check_choice
 from ..relevance import check_tree
-from .hf_sources import describe, image_column_name, load_splits, select_split
+from .hf_sources import check_image_paths, describe, image_column_name, load_splits, select_split
 from .label_columns import fine_label_rows, is_list_column, multilabel_labels, open_set_keep
-from .paths import PathConfiner
 from .retrieval_dataset import RetrievalDatasetBase, decode_image, pad_label_sets
 
 logger = logging.getLogger(__name__)
@@ -35,7 +33,6 @@ __all__ = [
     "HFRetrievalDataset",
     "build_transforms",
     "check_disjoint_classes",
-    "check_image_paths",
     "collate",
     "load_retrieval_dataset",
     "open_set_classes",
@@ -435,50 +432,6 @@ def _multilabel_dataset(
     return HFRetrievalDataset(
         ds, names, image_column, labels, transform=transform, class_names=class_names, multilabel=True, hierarchy=table
     )
-
-
-def _local_root(source: Any) -> Path | None:
-    """The folder a local ``source`` (folder, parquet file or glob) owns, or ``None`` (Hub id, in-memory data)."""
-    if not isinstance(source, (str, Path)):
-        return None
-    text = str(source)
-    path = Path(text)
-    if path.is_dir():
-        return path
-    if path.is_file():
-        return path.parent
-    if "*" in text or "?" in text:
-        static = Path(text.split("*", 1)[0].split("?", 1)[0])
-        return static if str(static).endswith(("/", "\\")) or static.is_dir() else static.parent
-    return None
-
-
-def check_image_paths(ds: Any, image_column: str, source: Any, split: str) -> None:
-    """Refuse image files stored by path (``datasets.Image`` cells without bytes) that lie outside a local source.
-
-    An image folder, a parquet file or a ``save_to_disk`` folder may store an image as a path instead of its bytes;
-    ``datasets`` opens it as written (an absolute path, ``..`` or a symbolic link can name any readable file). For a
-    local ``source`` every such path must lie inside its folder (:class:`pml_suprank.data.paths.PathConfiner`; the
-    folder of a parquet file). Hub ids and in-memory datasets are not checked (their paths are the user's own).
-
-    Raises:
-        ValueError: Naming the source, the split, the row and the path.
-    """
-    import datasets
-    import pyarrow.compute as pc
-
-    root = _local_root(source)
-    if root is None or not isinstance(ds.features.get(image_column), datasets.Image):
-        return
-    column = ds.select_columns([image_column]).with_format("arrow")[image_column]
-    paths = pc.struct_field(column, "path")
-    stored = pc.and_(pc.is_null(pc.struct_field(column, "bytes")), pc.is_valid(paths))
-    rows = pc.indices_nonzero(stored.combine_chunks() if hasattr(stored, "combine_chunks") else stored)
-    confine = PathConfiner(root)
-    for row in rows.to_pylist():
-        path = paths[row].as_py()
-        where = f"{describe(source)}, split {split!r}, row {row} of the image column {image_column!r}"
-        confine(os.path.abspath(path), where=where, allow_absolute=True)
 
 
 def _check_label_columns(label_columns: str | Sequence[str]) -> list[str]:

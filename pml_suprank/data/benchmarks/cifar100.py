@@ -155,8 +155,14 @@ class HubImageDataset(NativeImageDataset):
         super().__init__(labels, label_names, [f"{i:06d}.png" for i in range(len(hf_dataset))], **kwargs)
 
     def get_image(self, index: int) -> Any:
-        """The untransformed PIL RGB image of item ``index``."""
-        return self._images[self._check_index(index)][self.image_column].convert("RGB")
+        """The untransformed PIL RGB image of item ``index`` (``ValueError`` naming the row if it does not decode)."""
+        index = self._check_index(index)
+        try:
+            return self._images[index][self.image_column].convert("RGB")
+        except (OSError, SyntaxError, ValueError) as err:
+            raise ValueError(
+                f"{self.describe_item(index)}: cannot decode the image ({type(err).__name__}: {err})"
+            ) from None
 
     def image_record(self, index: int) -> dict[str, Any]:
         """The image encoded as PNG."""
