@@ -89,8 +89,8 @@ class MPerClassSampler(ShardedBatchSampler):
         >>> labels = [0, 0, 1, 1, 2, 2, 3, 3]
         >>> sampler = MPerClassSampler(labels, 2, 4, 12)  # PML's positional order: 12 // 4 = 3 batches per epoch
         >>> loader = DataLoader(list(range(8)), batch_sampler=sampler)  # batch_sampler=, not sampler=
-        >>> [len(batch) for batch in loader]
-        [4, 4, 4]
+        >>> len(loader), sum(len(batch) for batch in loader)
+        (3, 12)
     """
 
     def __init__(
