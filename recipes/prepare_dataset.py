@@ -25,15 +25,47 @@ from typing import Any
 from pml_suprank.data.benchmarks import BENCHMARKS, benchmark_label_names, load_benchmark
 from pml_suprank.training.cli import str2bool
 
-__all__ = ["build_parser", "main", "prepare", "to_hf_dataset"]
+__all__ = ["build_parser", "check_image", "main", "prepare", "to_hf_dataset"]
+
+
+def check_image(data: bytes, where: str) -> None:
+    """Refuse bytes that are not an image PIL decodes completely: ``Image.verify`` (the file's structure and
+    checksums) and then a full ``load`` of the pixels (truncated data), so that only images reach the copy.
+
+    Raises:
+        ValueError: ``"<where>: not a decodable image (...); nothing was written"``.
+    """
+    from io import BytesIO
+
+    from PIL import Image
+
+    try:
+        with Image.open(BytesIO(data)) as image:
+            image.verify()
+        with Image.open(BytesIO(data)) as image:
+            image.load()
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+        raise ValueError(f"{where}: not a decodable image ({type(err).__name__}: {err}); nothing was written") from None
+
+
+def _item_source(ds: Any, index: int, record: dict[str, Any]) -> str:
+    """The file an item comes from, for the error messages (absolute path when the dataset has one)."""
+    describe = getattr(ds, "describe_item", None)
+    return describe(index) if callable(describe) else f"item {index} ({record.get('path')})"
 
 
 def to_hf_dataset(ds: Any, cache_dir: str | Path) -> Any:
     """A ``datasets.Dataset`` copy of a benchmark split (images as encoded bytes, one int64 column per level).
 
+    Every image is decoded (:func:`check_image`) before it is written: a file that is not an image is refused with
+    its name.
+
     Args:
         ds: A dataset from :func:`pml_suprank.data.load_benchmark` (with ``image_record`` and ``label_names``).
         cache_dir: Folder for the Arrow files written while generating.
+
+    Raises:
+        ValueError: An item is not a decodable image (naming the item and its file).
     """
     import datasets
 
@@ -44,12 +76,24 @@ def to_hf_dataset(ds: Any, cache_dir: str | Path) -> Any:
     labels = ds.labels.tolist()
     names = list(ds.label_names)
 
+    refused: list[ValueError] = []
+
     def rows() -> Any:
         for i in range(len(ds)):
-            record = ds.image_record(i)
+            try:
+                record = ds.image_record(i)
+                check_image(record["bytes"], _item_source(ds, i, record))
+            except ValueError as err:
+                refused.append(err)
+                raise
             yield {"image": record, "file_name": record["path"], **dict(zip(names, labels[i]))}
 
-    return datasets.Dataset.from_generator(rows, features=features, cache_dir=str(cache_dir))
+    try:
+        return datasets.Dataset.from_generator(rows, features=features, cache_dir=str(cache_dir))
+    except Exception:
+        if refused:  # datasets wraps generator errors in DatasetGenerationError: report the refusal itself
+            raise refused[0] from None
+        raise
 
 
 def prepare(name: str, root: str | Path, output_dir: str | Path, splits: Sequence[str] | None = None) -> Any:

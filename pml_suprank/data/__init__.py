@@ -8,6 +8,7 @@ Modules:
     hf_sources: where the ``datasets`` splits come from.
     label_columns: multi-label (list-valued) label columns.
     retrieval_dataset: :class:`RetrievalDatasetBase` and the label-set helpers.
+    paths: :func:`confined_path`, the check that keeps paths read from a dataset's files inside its folder.
     synthetic_shapes / synthetic_multishapes: the built-in offline datasets.
     benchmarks: the papers' benchmarks read from their archives (:func:`load_benchmark`).
 
@@ -20,6 +21,7 @@ Example:
 
 from . import benchmarks
 from .benchmarks import BENCHMARKS, benchmark_label_names, load_benchmark
+from .hf_sources import check_image_paths
 from .loading import (
     HFRetrievalDataset,
     build_transforms,
@@ -28,7 +30,8 @@ from .loading import (
     load_retrieval_dataset,
     open_set_classes,
 )
-from .retrieval_dataset import RetrievalDatasetBase, check_label_sets, pad_label_sets, pil_to_tensor
+from .paths import PathConfiner, confined_path, is_inside
+from .retrieval_dataset import RetrievalDatasetBase, check_label_sets, decode_image, pad_label_sets, pil_to_tensor
 from .synthetic_multishapes import SYNTHETIC_DATASETS, SyntheticMultiShapes, synthetic_dataset
 from .synthetic_shapes import COLOURS, FAMILIES, SyntheticNoise, SyntheticShapes
 
@@ -37,6 +40,7 @@ __all__ = [
     "COLOURS",
     "FAMILIES",
     "HFRetrievalDataset",
+    "PathConfiner",
     "RetrievalDatasetBase",
     "SYNTHETIC_DATASETS",
     "SyntheticMultiShapes",
@@ -46,8 +50,12 @@ __all__ = [
     "benchmarks",
     "build_transforms",
     "check_disjoint_classes",
+    "check_image_paths",
     "check_label_sets",
     "collate",
+    "confined_path",
+    "decode_image",
+    "is_inside",
     "load_benchmark",
     "load_retrieval_dataset",
     "open_set_classes",

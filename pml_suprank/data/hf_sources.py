@@ -3,10 +3,13 @@ files, ``save_to_disk`` folders and in-memory ``datasets`` objects, loaded as ``
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["describe", "image_column_name", "load_splits", "select_split"]
+from .paths import PathConfiner
+
+__all__ = ["check_image_paths", "describe", "image_column_name", "load_splits", "select_split"]
 
 _IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
@@ -92,3 +95,47 @@ def load_splits(source: Any, *, data_files: Any, cache_dir: Any, revision: Any, 
 
 def _single(ds: Any) -> dict[str, Any]:
     return {str(ds.split) if ds.split is not None else "train": ds}
+
+
+def _local_root(source: Any) -> Path | None:
+    """The folder a local ``source`` (folder, parquet file or glob) owns, or ``None`` (Hub id, in-memory data)."""
+    if not isinstance(source, (str, Path)):
+        return None
+    text = str(source)
+    path = Path(text)
+    if path.is_dir():
+        return path
+    if path.is_file():
+        return path.parent
+    if "*" in text or "?" in text:
+        static = Path(text.split("*", 1)[0].split("?", 1)[0])
+        return static if str(static).endswith(("/", "\\")) or static.is_dir() else static.parent
+    return None
+
+
+def check_image_paths(ds: Any, image_column: str, source: Any, split: str) -> None:
+    """Refuse image files stored by path (``datasets.Image`` cells without bytes) that lie outside a local source.
+
+    An image folder, a parquet file or a ``save_to_disk`` folder may store an image as a path instead of its bytes;
+    ``datasets`` opens it as written (an absolute path, ``..`` or a symbolic link can name any readable file). For a
+    local ``source`` every such path must lie inside its folder (:class:`pml_suprank.data.paths.PathConfiner`; the
+    folder of a parquet file). Hub ids and in-memory datasets are not checked (their paths are the user's own).
+
+    Raises:
+        ValueError: Naming the source, the split, the row and the path.
+    """
+    import datasets
+    import pyarrow.compute as pc
+
+    root = _local_root(source)
+    if root is None or not isinstance(ds.features.get(image_column), datasets.Image):
+        return
+    column = ds.select_columns([image_column]).with_format("arrow")[image_column]
+    paths = pc.struct_field(column, "path")
+    stored = pc.and_(pc.is_null(pc.struct_field(column, "bytes")), pc.is_valid(paths))
+    rows = pc.indices_nonzero(stored.combine_chunks() if hasattr(stored, "combine_chunks") else stored)
+    confine = PathConfiner(root)
+    for row in rows.to_pylist():
+        path = paths[row].as_py()
+        where = f"{describe(source)}, split {split!r}, row {row} of the image column {image_column!r}"
+        confine(os.path.abspath(path), where=where, allow_absolute=True)

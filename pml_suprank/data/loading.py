@@ -23,9 +23,9 @@ from torch import Tensor
 
 from .._validation import check_choice
 from ..relevance import check_tree
-from .hf_sources import describe, image_column_name, load_splits, select_split
+from .hf_sources import check_image_paths, describe, image_column_name, load_splits, select_split
 from .label_columns import fine_label_rows, is_list_column, multilabel_labels, open_set_keep
-from .retrieval_dataset import RetrievalDatasetBase, pad_label_sets
+from .retrieval_dataset import RetrievalDatasetBase, decode_image, pad_label_sets
 
 logger = logging.getLogger(__name__)
 
@@ -158,16 +158,31 @@ class HFRetrievalDataset(RetrievalDatasetBase):
         self.class_names = dict(class_names or {})
         super().__init__(labels, list(label_columns), transform, multilabel=multilabel, hierarchy=hierarchy)
 
+    def describe_item(self, index: int) -> str:
+        """``"row <i> (<file>)"`` of the image column, for error messages (the file when the row stores one)."""
+        where = f"row {index} of the image column {self.image_column!r}"
+        try:
+            cell = self._images.with_format("arrow")[index : index + 1][self.image_column][0].as_py()
+        except Exception:  # noqa: BLE001 - only for the message
+            return where
+        path = cell.get("path") if isinstance(cell, Mapping) else None
+        return f"{where} ({path})" if path else where
+
     def get_image(self, index: int) -> Any:
-        """The untransformed PIL RGB image of item ``index``."""
+        """The untransformed PIL RGB image of item ``index`` (``ValueError`` naming the row and file if it does not
+        decode)."""
         index = self._check_index(index)
-        image = self._images[index][self.image_column]
+        try:
+            image = self._images[index][self.image_column]
+        except (OSError, SyntaxError, ValueError) as err:
+            raise ValueError(
+                f"{self.describe_item(index)}: cannot decode the image ({type(err).__name__}: {err})"
+            ) from None
         if isinstance(image, Mapping) and ("bytes" in image or "path" in image):  # undecoded Image feature
             from io import BytesIO
 
-            from PIL import Image
-
-            image = Image.open(BytesIO(image["bytes"]) if image.get("bytes") else image["path"])
+            source = BytesIO(image["bytes"]) if image.get("bytes") else image["path"]
+            return decode_image(source, self.describe_item(index))
         if isinstance(image, (np.ndarray, list)):  # e.g. an Array3D column of (H, W, 3) uint8 pixels
             from PIL import Image
 
@@ -336,6 +351,7 @@ def load_retrieval_dataset(
             f"available columns: {ds.column_names}"
         )
     image_column = image_column_name(ds, image_column, source)
+    check_image_paths(ds, image_column, source, split)
 
     for name, d in {**splits, split: ds}.items():
         _check_no_missing_labels(d, label_columns, name, source)

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-__all__ = ["RetrievalDatasetBase", "check_label_sets", "pad_label_sets", "pil_to_tensor"]
+__all__ = ["RetrievalDatasetBase", "check_label_sets", "decode_image", "pad_label_sets", "pil_to_tensor"]
 
 
 def pil_to_tensor(image: Any) -> Tensor:
@@ -43,6 +43,30 @@ def pil_to_tensor(image: Any) -> Tensor:
     if arr.ndim == 2:
         arr = np.repeat(arr[:, :, None], 3, axis=2)
     return torch.from_numpy(np.ascontiguousarray(arr)).permute(2, 0, 1).float().div_(255.0)
+
+
+def decode_image(source: Any, where: str) -> Any:
+    """Decode an encoded image fully into a PIL RGB image, or raise a ``ValueError`` naming ``where``.
+
+    PIL reads lazily: a truncated or corrupt file can open and fail only when its pixels are read, with a message
+    naming an anonymous buffer (``<_io.BytesIO ...>``). This loads the pixels here, so every such failure names the
+    item and the file it comes from.
+
+    Args:
+        source: A path or a binary file object (e.g. ``io.BytesIO`` of the encoded bytes).
+        where: The item and its file, e.g. ``"sop train item 3 (/data/sop/bicycle_final/1_0.JPG)"``.
+
+    Raises:
+        ValueError: ``"<where>: cannot decode the image (<PIL error>)"``.
+    """
+    from PIL import Image
+
+    try:
+        with Image.open(source) as image:
+            image.load()
+            return image.convert("RGB")
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+        raise ValueError(f"{where}: cannot decode the image ({type(err).__name__}: {err})") from None
 
 
 def pad_label_sets(rows: Sequence[Any], width: int | None = None) -> Tensor:
@@ -181,10 +205,17 @@ class RetrievalDatasetBase(Dataset):
         raise NotImplementedError
 
     def _check_index(self, index: int) -> int:
-        if isinstance(index, torch.Tensor):
+        if isinstance(index, torch.Tensor) and index.numel() == 1:
             index = int(index)
         if not isinstance(index, (int, np.integer)):
-            raise TypeError(f"index must be an int; got {type(index).__name__}")
+            hint = ""
+            if isinstance(index, (list, tuple, torch.Tensor, np.ndarray)):
+                hint = (
+                    "; a list of indices usually means a batch sampler (pml_suprank.samplers.*, which yield whole "
+                    "batches) was passed as DataLoader(sampler=...): pass it as DataLoader(batch_sampler=...) "
+                    "without batch_size"
+                )
+            raise TypeError(f"index must be an int; got {type(index).__name__}{hint}")
         n = len(self)
         if not -n <= index < n:
             raise IndexError(f"index {index} is out of range for a dataset of {n} items")

@@ -36,8 +36,10 @@ import math
 from typing import Any, get_args
 
 import numpy as np
+import torch
 
 from .._validation import check_choice, check_positive_int
+from ..relevance import check_tree
 from .base import ShardedBatchSampler, SmallClassPolicy, as_int_array, check_group_size, draw
 
 __all__ = ["HierarchicalSampler", "MPerClassSampler"]
@@ -53,10 +55,22 @@ class MPerClassSampler(ShardedBatchSampler):
     (``drop_last=True``). A class holding more than ``1/num_batches`` of all groups contributes at most one group per
     batch (its extra images are subsampled). The number of batches per epoch depends only on the class sizes.
 
+    **Differs from PML's** ``samplers.MPerClassSampler`` **in one line: this is a batch sampler.** Pass it as
+    ``DataLoader(dataset, batch_sampler=sampler)`` (no ``batch_size``, no ``shuffle``), not ``sampler=``: PML's yields
+    single indices for ``DataLoader(sampler=..., batch_size=B)``, this one yields whole batches (a list per step).
+    PML's arguments keep PML's meaning: ``MPerClassSampler(labels, m, batch_size, length_before_new_iter)`` gives
+    ``length_before_new_iter // batch_size`` batches per epoch of ``batch_size / m`` classes × ``m`` images, as PML's
+    gives that many batches of that structure to a ``DataLoader(batch_size=batch_size)``. Without
+    ``length_before_new_iter`` (PML's default is 100000 indices) an epoch is one pass over the dataset (above).
+    ``batch_size=None`` (PML: the loader cuts the stream) is refused: pass the loader's batch size. What this one
+    adds is keyword-only. See ``docs/samplers-memory.md`` (PML compatibility).
+
     Args:
         labels: Class labels ``(N,)`` (tensor, array or list of ints). 2-D labels ``(N, L)`` use column 0.
         m: Images per class in a batch.
         batch_size: Indices per batch *per process*; a multiple of ``m``.
+        length_before_new_iter: PML's epoch length in indices: ``length_before_new_iter // batch_size`` batches per
+            epoch (per process), drawn as consecutive passes of the plan above; ``None`` (default): one pass.
         seed: Seed of the per-epoch ``np.random.default_rng((seed, epoch))``.
         num_replicas: Number of processes sharing one global batch of ``num_replicas * batch_size`` indices
             (default: the ``torch.distributed`` world size, 1 when not initialised).
@@ -66,23 +80,47 @@ class MPerClassSampler(ShardedBatchSampler):
         drop_last: Leave out the leftover groups instead of completing the last batches with extra groups.
 
     Raises:
-        ValueError: if ``m > batch_size``, ``batch_size % m != 0``, or there are fewer usable classes than
+        ValueError: if ``batch_size`` is ``None``, ``m > batch_size``, ``batch_size % m != 0``,
+            ``length_before_new_iter < batch_size``, or there are fewer usable classes than
             ``num_replicas * batch_size / m`` (e.g. a single class).
+
+    Example:
+        >>> from torch.utils.data import DataLoader
+        >>> labels = [0, 0, 1, 1, 2, 2, 3, 3]
+        >>> sampler = MPerClassSampler(labels, 2, 4, 12)  # PML's positional order: 12 // 4 = 3 batches per epoch
+        >>> loader = DataLoader(list(range(8)), batch_sampler=sampler)  # batch_sampler=, not sampler=
+        >>> len(loader), sum(len(batch) for batch in loader)
+        (3, 12)
     """
 
     def __init__(
         self,
         labels: Any,
         m: int,
-        batch_size: int,
+        batch_size: int | None = None,
+        length_before_new_iter: int | None = None,
+        *,
         seed: int = 0,
         num_replicas: int | None = None,
         rank: int | None = None,
-        *,
         small_classes: SmallClassPolicy = "replace",
         drop_last: bool = False,
     ) -> None:
+        if batch_size is None:
+            raise ValueError(
+                "batch_size=None: pml_suprank.samplers.MPerClassSampler is a batch sampler and needs the batch size "
+                "(PML's MPerClassSampler with batch_size=None yields single indices that DataLoader(batch_size=...) "
+                "cuts into batches); pass batch_size=<the batch size> and use DataLoader(batch_sampler=sampler)"
+            )
         super().__init__(batch_size, seed, num_replicas, rank)
+        if length_before_new_iter is not None:
+            length_before_new_iter = check_positive_int("length_before_new_iter", length_before_new_iter)
+            if length_before_new_iter < self.batch_size:
+                raise ValueError(
+                    f"length_before_new_iter (indices per epoch, as PML) must be >= batch_size = {self.batch_size}; "
+                    f"got {length_before_new_iter}"
+                )
+        self.length_before_new_iter = length_before_new_iter
         self.m = check_group_size(m, self.batch_size, 1)
         self.small_classes = check_choice("small_classes", small_classes, get_args(SmallClassPolicy))
         self.pad = not bool(drop_last)
@@ -125,13 +163,19 @@ class MPerClassSampler(ShardedBatchSampler):
                 return k
             k = np.minimum(k, nb)
 
-    def _num_global_batches(self) -> int:
+    def _pass_batches(self) -> int:
+        """Batches of one pass over the dataset (the epoch without ``length_before_new_iter``)."""
         total = int(self._chunks.sum())
         G = self.groups_per_batch
         return -(-total // G) if self.pad else total // G
 
+    def _num_global_batches(self) -> int:
+        if self.length_before_new_iter is not None:
+            return self.length_before_new_iter // self.batch_size
+        return self._pass_batches()
+
     def _fingerprint(self) -> dict[str, Any]:
-        return {**super()._fingerprint(), "m": self.m}
+        return {**super()._fingerprint(), "m": self.m, "length_before_new_iter": self.length_before_new_iter}
 
     def _class_groups(self, rng: np.random.Generator, c: int, k: int) -> np.ndarray:
         """``k`` groups of ``m`` images of class ``c``; no image repeated inside a group when ``n_c >= m``."""
@@ -147,7 +191,13 @@ class MPerClassSampler(ShardedBatchSampler):
         return np.concatenate([full, last[None]])
 
     def _global_plan(self, rng: np.random.Generator) -> list[list[np.ndarray]]:
-        G, nb, m = self.groups_per_batch, len(self), self.m
+        plan = self._one_pass(rng)
+        while len(plan) < len(self):  # length_before_new_iter: consecutive passes, the last one cut
+            plan.extend(self._one_pass(rng))
+        return plan[: len(self)]
+
+    def _one_pass(self, rng: np.random.Generator) -> list[list[np.ndarray]]:
+        G, nb, m = self.groups_per_batch, self._pass_batches(), self.m
         class_order = rng.permutation(len(self.classes))
         groups, owner = [], []
         for c in class_order:
@@ -180,49 +230,115 @@ class HierarchicalSampler(ShardedBatchSampler):
     For every combination of ``super_classes_per_batch`` super-classes (``C(S, k)`` of them), the epoch has
     ``batches_per_super_tuple`` batches; in each, every super-class fills ``batch_size / k`` slots with
     ``samples_per_class`` images of distinct classes drawn at random (PML ``samplers.HierarchicalSampler`` semantics,
-    used by ROADMAP/HAPPIER on SOP). Differences from PML: seeded and shardable; batches always have exactly
+    used by ROADMAP/HAPPIER on SOP). PML's arguments, positional order and meaning are kept (``samples_per_class="all"``
+    included); what this one adds is keyword-only. Differences from PML (see ``docs/samplers-memory.md``): seeded and
+    shardable; the labels must form a tree on ``(inner_label, outer_label)`` (a class under two super-classes is a
+    ``ValueError``; PML puts it in both); with an integer ``samples_per_class`` batches always have exactly
     ``batch_size`` indices (a super-class with too few classes contributes further groups of its classes, with other
-    images while there are any); the super-classes alternate group by group instead of a full in-batch shuffle
-    (rank losses do not depend on the order; the layout keeps contiguous slices balanced).
+    images while there are any; PML leaves the batch short); the super-classes alternate group by group instead of a
+    full in-batch shuffle (rank losses do not depend on the order; the layout keeps contiguous slices balanced).
+
+    ``samples_per_class="all"`` (PML's meaning): every sampled class contributes all its images; each super-class
+    takes whole classes in random order while they fit in its ``batch_size / k`` slots (a larger class is passed
+    over, as PML), so batches hold up to ``batch_size`` indices and their size varies. Classes larger than
+    ``batch_size / k`` are never sampled (as PML); a super-class none of whose classes fits is a ``ValueError`` (PML
+    would give it empty halves). Not shardable (``num_replicas`` must be 1).
 
     Args:
         labels: ``(N, L)`` integer labels, column 0 = finest (the order of PML's HierarchicalSampler).
-        batch_size: Indices per batch *per process*; a multiple of ``super_classes_per_batch * samples_per_class``.
-        samples_per_class: Images per class in a batch.
+        batch_size: Indices per batch *per process*; a multiple of ``super_classes_per_batch * samples_per_class``
+            (of ``super_classes_per_batch`` for ``"all"``).
+        samples_per_class: Images per class in a batch, or ``"all"``.
         batches_per_super_tuple: Batches per combination of super-classes and epoch.
         super_classes_per_batch: Super-classes per batch (``k``).
+        inner_label: Column of the class label.
+        outer_label: Column of the super-class label.
         seed: Seed of the per-epoch ``np.random.default_rng((seed, epoch))``.
         num_replicas: Processes sharing one global batch (default: ``torch.distributed`` world size or 1).
         rank: This process's slice (default: ``torch.distributed`` rank).
-        inner_label: Column of the class label.
-        outer_label: Column of the super-class label.
         small_classes: Classes with fewer than ``samples_per_class`` images: ``"replace"`` (duplicates inside their
             group) or ``"skip"``.
 
+    Raises:
+        ValueError: A bad size, a column that is not a column of ``labels``, labels that are not a tree on
+            ``(inner_label, outer_label)`` (naming the class and its super-classes), fewer than ``k`` super-classes.
+
     The epoch has ``C(S, k) * batches_per_super_tuple`` batches for every process (the global batch grows with
-    ``num_replicas``).
+    ``num_replicas``), as PML's.
     """
 
     def __init__(
         self,
         labels: Any,
         batch_size: int,
-        samples_per_class: int,
+        samples_per_class: int | str,
         batches_per_super_tuple: int = 4,
         super_classes_per_batch: int = 2,
+        inner_label: int = 0,
+        outer_label: int = 1,
+        *,
         seed: int = 0,
         num_replicas: int | None = None,
         rank: int | None = None,
-        *,
-        inner_label: int = 0,
-        outer_label: int = 1,
         small_classes: SmallClassPolicy = "replace",
     ) -> None:
         super().__init__(batch_size, seed, num_replicas, rank)
-        self.samples_per_class = check_positive_int("samples_per_class", samples_per_class)
+        self.whole_classes = isinstance(samples_per_class, str) and samples_per_class == "all"
+        if isinstance(samples_per_class, str) and not self.whole_classes:
+            raise ValueError(f"samples_per_class must be a positive int or 'all' (as PML); got {samples_per_class!r}")
+        self.samples_per_class = (
+            "all" if self.whole_classes else check_positive_int("samples_per_class", samples_per_class)
+        )
         self.batches_per_super_tuple = check_positive_int("batches_per_super_tuple", batches_per_super_tuple)
         self.super_classes_per_batch = k = check_positive_int("super_classes_per_batch", super_classes_per_batch)
         self.small_classes = check_choice("small_classes", small_classes, get_args(SmallClassPolicy))
+        self._check_sizes()
+        arr = as_int_array(labels)
+        if arr.ndim != 2 or arr.shape[0] == 0:
+            raise ValueError(f"labels must have shape (N, L) with N >= 1 and L >= 2; got shape {arr.shape}")
+        for name, col in (("inner_label", inner_label), ("outer_label", outer_label)):
+            if (
+                isinstance(col, bool)
+                or not isinstance(col, (int, np.integer))
+                or not -arr.shape[1] <= col < arr.shape[1]
+            ):
+                raise ValueError(f"{name} must be a column index of labels (L = {arr.shape[1]}); got {col!r}")
+        self.inner_label, self.outer_label = int(inner_label), int(outer_label)
+        self.num_samples = arr.shape[0]
+        inner, outer = arr[:, self.inner_label], arr[:, self.outer_label]
+        check_tree(torch.from_numpy(np.stack([inner, outer], 1)), name=f"labels[:, [{inner_label}, {outer_label}]]")
+        supers = self._super_classes(inner, outer)
+        if len(supers) < k:
+            raise ValueError(
+                f"labels must contain at least super_classes_per_batch = {k} super-classes (column {outer_label})"
+                + (
+                    f" with classes of >= {self.samples_per_class} images"
+                    if self.small_classes == "skip" and not self.whole_classes
+                    else ""
+                )
+                + f"; got {len(supers)}"
+            )
+        if sum(len(v) for v in supers.values()) < 2:
+            raise ValueError("labels must contain at least 2 classes; got a single class")
+        self.super_classes = sorted(supers)
+        self._supers = supers
+        self.super_tuples = list(itertools.combinations(self.super_classes, k))
+        unit = k * (1 if self.whole_classes else self.samples_per_class)
+        self.groups_per_part = self.num_replicas * self.batch_size // unit
+
+    def _check_sizes(self) -> None:
+        k = self.super_classes_per_batch
+        if self.whole_classes:
+            if self.batch_size % k:
+                raise ValueError(
+                    f"batch_size must be a multiple of super_classes_per_batch = {k}; got batch_size={self.batch_size}"
+                )
+            if self.num_replicas != 1:
+                raise ValueError(
+                    "samples_per_class='all' gives batches of varying size, which cannot be sharded: use "
+                    f"num_replicas=1 (and let accelerate deal whole batches); got num_replicas={self.num_replicas}"
+                )
+            return
         unit = k * self.samples_per_class
         if self.samples_per_class > self.batch_size:
             raise ValueError(
@@ -233,34 +349,29 @@ class HierarchicalSampler(ShardedBatchSampler):
                 "batch_size must be a multiple of super_classes_per_batch * samples_per_class = "
                 f"{k} * {self.samples_per_class} = {unit}; got batch_size={self.batch_size}"
             )
-        arr = as_int_array(labels)
-        if arr.ndim != 2 or arr.shape[0] == 0:
-            raise ValueError(f"labels must have shape (N, L) with N >= 1 and L >= 2; got shape {arr.shape}")
-        for name, col in (("inner_label", inner_label), ("outer_label", outer_label)):
-            if isinstance(col, bool) or not isinstance(col, int) or not -arr.shape[1] <= col < arr.shape[1]:
-                raise ValueError(f"{name} must be a column index of labels (L = {arr.shape[1]}); got {col!r}")
-        self.inner_label, self.outer_label = inner_label, outer_label
-        self.num_samples = arr.shape[0]
-        inner, outer = arr[:, inner_label], arr[:, outer_label]
-        spc = self.samples_per_class
+
+    def _super_classes(self, inner: np.ndarray, outer: np.ndarray) -> dict[int, list[np.ndarray]]:
+        """``{super-class: [indices of each of its usable classes]}``."""
         supers: dict[int, list[np.ndarray]] = {}
         order = np.lexsort((inner, outer))  # grouped by (super-class, class)
         pairs, starts = np.unique(np.stack([outer[order], inner[order]], 1), axis=0, return_index=True)
+        sub_batch = self.batch_size // self.super_classes_per_batch
         for (s, _c), members in zip(pairs, np.split(order, starts[1:]), strict=True):
-            if members.size >= spc or self.small_classes == "replace":
+            if self.whole_classes:
+                supers.setdefault(int(s), [])
+                if members.size <= sub_batch:  # as PML: a class that never fits is never sampled
+                    supers[int(s)].append(members)
+            elif members.size >= self.samples_per_class or self.small_classes == "replace":
                 supers.setdefault(int(s), []).append(members)
-        if len(supers) < k:
-            raise ValueError(
-                f"labels must contain at least super_classes_per_batch = {k} super-classes (column {outer_label})"
-                + (f" with classes of >= {spc} images" if self.small_classes == "skip" else "")
-                + f"; got {len(supers)}"
-            )
-        if sum(len(v) for v in supers.values()) < 2:
-            raise ValueError("labels must contain at least 2 classes; got a single class")
-        self.super_classes = sorted(supers)
-        self._supers = supers
-        self.super_tuples = list(itertools.combinations(self.super_classes, k))
-        self.groups_per_part = self.num_replicas * self.batch_size // unit
+        if self.whole_classes:
+            empty = [s for s, classes in supers.items() if not classes]
+            if empty:
+                raise ValueError(
+                    f"samples_per_class='all': super-class {empty[0]} (column {self.outer_label}) has no class of at "
+                    f"most batch_size / super_classes_per_batch = {sub_batch} images, so none of its classes fits in "
+                    "a batch; raise batch_size or use an integer samples_per_class"
+                )
+        return supers
 
     def _num_global_batches(self) -> int:
         return len(self.super_tuples) * self.batches_per_super_tuple
@@ -278,9 +389,25 @@ class HierarchicalSampler(ShardedBatchSampler):
             groups[rows] = draw(rng, classes[int(c)], rows.size * spc).reshape(rows.size, spc)
         return groups
 
+    def _whole_classes_part(self, rng: np.random.Generator, super_class: int) -> np.ndarray:
+        """PML's ``"all"``: whole classes in random order while they fit in ``batch_size / k`` slots."""
+        room = self.batch_size // self.super_classes_per_batch
+        taken: list[np.ndarray] = []
+        for c in rng.permutation(len(self._supers[super_class])):
+            members = self._supers[super_class][int(c)]
+            if members.size <= room:
+                taken.append(rng.permutation(members))
+                room -= members.size
+            if room == 0:
+                break
+        return np.concatenate(taken)
+
     def _global_plan(self, rng: np.random.Generator) -> list[list[np.ndarray]]:
         plan = []
         for tup in self.super_tuples:
             for _ in range(self.batches_per_super_tuple):
-                plan.append([self._part(rng, s) for s in tup])
+                if self.whole_classes:  # one part of varying length: (1, n)
+                    plan.append([np.concatenate([self._whole_classes_part(rng, s) for s in tup])[None]])
+                else:
+                    plan.append([self._part(rng, s) for s in tup])
         return [plan[i] for i in rng.permutation(len(plan))]

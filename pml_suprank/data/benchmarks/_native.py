@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import os
 import zipfile
+import zlib
 from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..retrieval_dataset import RetrievalDatasetBase
+from ..retrieval_dataset import RetrievalDatasetBase, decode_image
 
 __all__ = [
     "ArrayImageDataset",
@@ -35,6 +36,7 @@ __all__ = [
     "layout_error",
     "parse_int",
     "read_table",
+    "read_text",
     "require_file",
 ]
 
@@ -50,6 +52,19 @@ def require_file(path: Path, what: str) -> Path:
     if not path.is_file():
         raise ValueError(f"{path}: missing file ({what})")
     return path
+
+
+def read_text(path: Path) -> str:
+    """The content of a UTF-8 text file, or a ``ValueError`` naming the file and the line of the first byte that is
+    not UTF-8 (instead of a bare ``UnicodeDecodeError``)."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise layout_error(
+            path, line, f"not UTF-8 text (byte {err.start}: {err.reason}); expected a UTF-8 list file"
+        ) from None
 
 
 def read_table(
@@ -71,19 +86,18 @@ def read_table(
     """
     require_file(path, f"columns {list(columns)}")
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for number, raw in enumerate(f, start=1):
-            text = raw.rstrip("\r\n")
-            cells = text.split(delimiter) if delimiter is not None else text.split()
-            if number == 1 and header:
-                if cells != list(columns):
-                    raise layout_error(path, 1, f"expected the columns {list(columns)}; got {cells}")
-                continue
-            if not text.strip():
-                continue
-            if len(cells) != len(columns):
-                raise layout_error(path, number, f"expected {len(columns)} cells {list(columns)}; got {cells}")
-            rows.append((number, cells))
+    for number, raw in enumerate(read_text(path).split("\n"), start=1):
+        text = raw.rstrip("\r\n")
+        cells = text.split(delimiter) if delimiter is not None else text.split()
+        if number == 1 and header:
+            if cells != list(columns):
+                raise layout_error(path, 1, f"expected the columns {list(columns)}; got {cells}")
+            continue
+        if not text.strip():
+            continue
+        if len(cells) != len(columns):
+            raise layout_error(path, number, f"expected {len(columns)} cells {list(columns)}; got {cells}")
+        rows.append((number, cells))
     return rows
 
 
@@ -207,12 +221,14 @@ class NativeImageDataset(RetrievalDatasetBase):
         raise NotImplementedError
 
     def get_image(self, index: int) -> Any:
-        """The untransformed PIL RGB image of item ``index``."""
-        from PIL import Image
+        """The untransformed PIL RGB image of item ``index`` (``ValueError`` naming the file if it does not decode)."""
+        index = self._check_index(index)
+        record = self.image_record(index)
+        return decode_image(io.BytesIO(record["bytes"]), self.describe_item(index))
 
-        record = self.image_record(self._check_index(index))
-        with Image.open(io.BytesIO(record["bytes"])) as image:
-            return image.convert("RGB")
+    def describe_item(self, index: int) -> str:
+        """Where item ``index`` comes from, for error messages (``"<benchmark> <split> item <i> (<file>)"``)."""
+        return f"{self.benchmark} {self.split} item {index} ({self.names[index]})"
 
     def __repr__(self) -> str:
         return (
@@ -232,8 +248,15 @@ class FileImageDataset(NativeImageDataset):
     def image_record(self, index: int) -> dict[str, Any]:
         """The file's bytes and its path relative to the benchmark root."""
         index = self._check_index(index)
-        with open(self.paths[index], "rb") as f:
-            return {"bytes": f.read(), "path": self.names[index]}
+        try:
+            with open(self.paths[index], "rb") as f:
+                return {"bytes": f.read(), "path": self.names[index]}
+        except OSError as err:
+            raise ValueError(f"{self.describe_item(index)}: cannot read the image file ({err})") from None
+
+    def describe_item(self, index: int) -> str:
+        """``"<benchmark> <split> item <i> (<file>)"`` with the file's absolute path."""
+        return f"{self.benchmark} {self.split} item {index} ({self.paths[index]})"
 
 
 class ZipImageDataset(NativeImageDataset):
@@ -249,13 +272,24 @@ class ZipImageDataset(NativeImageDataset):
         super().__init__(labels, label_names, [m for _, m in self.members], **kwargs)
         self._handles: dict[tuple[int, str], zipfile.ZipFile] = {}
 
+    def describe_item(self, index: int) -> str:
+        """``"<benchmark> <split> item <i> (<archive>::<member>)"``."""
+        archive, member = self.members[index]
+        return f"{self.benchmark} {self.split} item {index} ({archive}::{member})"
+
     def image_record(self, index: int) -> dict[str, Any]:
         """The member's bytes and its name inside the archive."""
         archive, member = self.members[self._check_index(index)]
         key = (os.getpid(), archive)
-        if key not in self._handles:
-            self._handles[key] = zipfile.ZipFile(archive)
-        return {"bytes": self._handles[key].read(member), "path": member}
+        try:
+            if key not in self._handles:
+                self._handles[key] = zipfile.ZipFile(archive)
+            data = self._handles[key].read(member)
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, KeyError, zlib.error) as err:
+            raise ValueError(
+                f"{archive}, entry {member}: cannot read the zip member ({type(err).__name__}: {err})"
+            ) from None
+        return {"bytes": data, "path": member}
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)

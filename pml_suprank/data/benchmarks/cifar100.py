@@ -120,10 +120,20 @@ def _local_part(folder: Path, part: str) -> tuple[np.ndarray, list[tuple[int, in
     pixels = data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
     return (
         pixels,
-        [(int(a), int(b)) for a, b in zip(fine, coarse)],
+        [
+            (_label(a, path, i, "fine_labels"), _label(b, path, i, "coarse_labels"))
+            for i, (a, b) in enumerate(zip(fine, coarse))
+        ],
         names,
         [f"{path}, item {i}" for i in range(len(data))],
     )
+
+
+def _label(value: Any, path: Path, item: int, key: str) -> int:
+    """An integer label of a CIFAR pickle, or a ``ValueError`` naming the file, the key and the item."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise layout_error(path, f"{key}[{item}]", f"labels must be integers; got {value!r} ({type(value).__name__})")
+    return int(value)
 
 
 def _open_set_keep(keys: list[tuple[int, int]], part: str, everything: list[tuple[int, int]]) -> list[int]:
@@ -145,8 +155,14 @@ class HubImageDataset(NativeImageDataset):
         super().__init__(labels, label_names, [f"{i:06d}.png" for i in range(len(hf_dataset))], **kwargs)
 
     def get_image(self, index: int) -> Any:
-        """The untransformed PIL RGB image of item ``index``."""
-        return self._images[self._check_index(index)][self.image_column].convert("RGB")
+        """The untransformed PIL RGB image of item ``index`` (``ValueError`` naming the row if it does not decode)."""
+        index = self._check_index(index)
+        try:
+            return self._images[index][self.image_column].convert("RGB")
+        except (OSError, SyntaxError, ValueError) as err:
+            raise ValueError(
+                f"{self.describe_item(index)}: cannot decode the image ({type(err).__name__}: {err})"
+            ) from None
 
     def image_record(self, index: int) -> dict[str, Any]:
         """The image encoded as PNG."""

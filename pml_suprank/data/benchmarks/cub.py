@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from ..paths import PathConfiner
 from ._native import FileImageDataset, Record, file_split
 
 __all__ = ["CUB_LABEL_NAMES", "CUB_SPLITS", "load_cub"]
@@ -49,10 +50,11 @@ def load_cub(root: str | Path, split: str, transform: Callable | None = None) ->
         raise ValueError(f"{images}: expected one folder per class (200 in the release); got {len(classes)}")
     n_train = (len(classes) + 1) // 2
     records: dict[str, list[Record]] = {"train": [], "test": []}
+    confine = PathConfiner(images)
     for rank, name in enumerate(classes):
         files = sorted(p for p in (images / name).iterdir() if p.suffix.lower() in _SUFFIXES and p.is_file())
         if not files:
             raise ValueError(f"{images / name}: class folder without images")
         side = "train" if rank < n_train else "test"
-        records[side].extend((str(p), (name,), str(p)) for p in files)
+        records[side].extend((confine(p.relative_to(images), where=str(p)), (name,), str(p)) for p in files)
     return file_split(records, split, CUB_LABEL_NAMES, images, benchmark="cub", transform=transform)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from ..paths import PathConfiner
 from ._native import FileImageDataset, Record, file_split, parse_int, read_table
 
 __all__ = ["DYML_GRANULARITIES", "DYML_LABEL_NAMES", "dyml_label_names", "dyml_splits", "load_dyml"]
@@ -41,22 +42,24 @@ def dyml_label_names(split: str) -> tuple[str, ...]:
     return DYML_LABEL_NAMES if split in ("train", "test") else (split.split("_", 1)[1],)
 
 
-def _three_levels(folder: Path) -> list[Record]:
-    path = folder / "label.csv"
-    out = []
+def _three_levels(root: Path, sub: str) -> list[Record]:
+    path = root / sub / "label.csv"
+    out, confine = [], PathConfiner(root)
     for line, cells in read_table(path, _TRAIN_COLUMNS, delimiter=","):
         keys = tuple(parse_int(cells[i], path, line, _TRAIN_COLUMNS[i]) for i in (1, 2, 3))
-        out.append((str(folder / "imgs" / cells[0].strip()), keys, f"{path}, line {line}"))
+        where = f"{path}, line {line}"
+        out.append((confine(sub, "imgs", cells[0].strip(), where=where), keys, where))
     return out
 
 
 def _benchmark_set(root: Path, kind: str, granularity: str) -> list[Record]:
     folder = root / f"bmk_{granularity}"
     path = folder / f"{kind}.csv"
-    out = []
+    out, confine = [], PathConfiner(root)
     for line, cells in read_table(path, _BMK_COLUMNS, delimiter=","):
         label = parse_int(cells[1], path, line, _BMK_COLUMNS[1])
-        out.append((str(folder / kind / cells[0].strip()), (label,), f"{path}, line {line}"))
+        where = f"{path}, line {line}"
+        out.append((confine(folder.name, kind, cells[0].strip(), where=where), (label,), where))
     return out
 
 
@@ -80,9 +83,9 @@ def load_dyml(
     if split not in allowed:
         raise ValueError(f"split must be one of {list(allowed)} for {name}; got {split!r}")
     if split == "train":
-        records = {"train": _three_levels(root / "train")}
+        records = {"train": _three_levels(root, "train")}
     elif split == "test":
-        records = {"test": _three_levels(root / "mini-bmk_all_in_one")}
+        records = {"test": _three_levels(root, "mini-bmk_all_in_one")}
     else:
         granularity = split.split("_", 1)[1]
         records = {f"{k}_{granularity}": _benchmark_set(root, k, granularity) for k in ("query", "gallery")}

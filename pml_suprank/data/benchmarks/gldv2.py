@@ -27,10 +27,12 @@ on the query / gallery pair.
 from __future__ import annotations
 
 import csv
+import io
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ._native import FileImageDataset, Record, file_split, layout_error, parse_int, require_file
+from ..paths import PathConfiner
+from ._native import FileImageDataset, Record, file_split, layout_error, parse_int, read_text, require_file
 
 __all__ = ["GLDV2_LABEL_NAMES", "GLDV2_SPLITS", "gldv2_image_path", "load_gldv2", "read_subcategories"]
 
@@ -48,10 +50,15 @@ def gldv2_image_path(folder: Path, image_id: str) -> Path:
     return folder / image_id[0] / image_id[1] / image_id[2] / f"{image_id}.jpg"
 
 
+def _confined_image(confine: PathConfiner, folder: str, image_id: str, where: str) -> str:
+    """The image path of ``image_id`` under ``root / folder``, refused if a symbolic link leads outside ``root``."""
+    return confine(gldv2_image_path(Path(folder), image_id), where=where)
+
+
 def _rows(path: Path, columns: tuple[str, ...], *, exact: bool = True) -> Iterator[tuple[int, dict[str, str]]]:
     """``(line, {column: cell})`` of a csv file whose header is ``columns`` (or contains them when not ``exact``)."""
     require_file(path, f"csv with the columns {list(columns)}")
-    with open(path, encoding="utf-8", newline="") as f:
+    with io.StringIO(read_text(path), newline="") as f:
         reader = csv.reader(f)
         header = next(reader, [])
         if (header != list(columns)) if exact else not set(columns) <= set(header):
@@ -111,6 +118,7 @@ def read_subcategories(path: Path) -> dict[int, tuple[str, str]]:
 
 
 def _train_records(root: Path) -> list[Record]:
+    confine = PathConfiner(root)
     path = root / "train_clean.csv"
     hierarchy = read_subcategories(root / "train_label_to_subcategory_with_clusters.csv")
     out = []
@@ -120,7 +128,7 @@ def _train_records(root: Path) -> list[Record]:
             continue
         key, where = (landmark, *hierarchy[landmark]), f"{path}, line {line}"
         for image in row["images"].split():
-            out.append((str(gldv2_image_path(root / "train", _image_id(image, path, line))), key, where))
+            out.append((_confined_image(confine, "train", _image_id(image, path, line), where), key, where))
     return out
 
 
@@ -133,11 +141,16 @@ def _index_landmarks(root: Path) -> tuple[Path, list[tuple[int, str, int]]]:
 
 
 def _query_gallery_records(root: Path) -> dict[str, list[Record]]:
+    confine = PathConfiner(root)
     hierarchy = read_subcategories(root / "index_label_to_subcategory_with_clusters.csv")
     index_path, index_rows = _index_landmarks(root)
     landmark_of = {image: landmark for _, image, landmark in index_rows}
     gallery = [
-        (str(gldv2_image_path(root / "index", image)), (landmark, *hierarchy[landmark]), f"{index_path}, line {line}")
+        (
+            _confined_image(confine, "index", image, f"{index_path}, line {line}"),
+            (landmark, *hierarchy[landmark]),
+            f"{index_path}, line {line}",
+        )
         for line, image, landmark in index_rows
         if landmark in hierarchy
     ]
@@ -156,7 +169,8 @@ def _query_gallery_records(root: Path) -> dict[str, list[Record]]:
         if landmarks[0] in hierarchy:
             image = _image_id(row["id"], path, line)
             key = (landmarks[0], *hierarchy[landmarks[0]])
-            query.append((str(gldv2_image_path(root / "test", image)), key, f"{path}, line {line}"))
+            where = f"{path}, line {line}"
+            query.append((_confined_image(confine, "test", image, where), key, where))
     return {"query": query, "gallery": gallery}
 
 

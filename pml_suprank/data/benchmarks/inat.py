@@ -20,7 +20,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from ._native import FileImageDataset, Record, file_split, layout_error, require_file
+from ..paths import PathConfiner
+from ._native import FileImageDataset, Record, file_split, layout_error, read_text, require_file
 
 __all__ = ["INAT_BASE_LABEL_NAMES", "INAT_FULL_LABEL_NAMES", "INAT_SPLITS", "load_inat"]
 
@@ -35,18 +36,18 @@ def _split_records(root: Path, split: str) -> list[tuple[str, str, int, str]]:
     path = require_file(
         root / "Inat_dataset_splits" / f"Inaturalist_{split}_set1.txt", "one image path per line (Smooth-AP splits)"
     )
-    out = []
-    with open(path, encoding="utf-8") as f:
-        for line, raw in enumerate(f, start=1):
-            rel = raw.strip()
-            if not rel:
-                continue
-            parts = rel.split("/")
-            if len(parts) != 4 or parts[0] != "train_val2018" or not parts[2].isdigit():
-                raise layout_error(
-                    path, line, f"expected train_val2018/<supercategory>/<category id>/<file>.jpg; got {rel!r}"
-                )
-            out.append((str(root / rel), parts[1], int(parts[2]), f"{path}, line {line}"))
+    out, confine = [], PathConfiner(root)
+    for line, raw in enumerate(read_text(path).split("\n"), start=1):
+        rel = raw.strip()
+        if not rel:
+            continue
+        parts = rel.split("/")
+        if len(parts) != 4 or parts[0] != "train_val2018" or not parts[2].isdigit():
+            raise layout_error(
+                path, line, f"expected train_val2018/<supercategory>/<category id>/<file>.jpg; got {rel!r}"
+            )
+        where = f"{path}, line {line}"
+        out.append((confine(rel, where=where), parts[1], int(parts[2]), where))
     return out
 
 
@@ -54,8 +55,7 @@ def _taxonomy(root: Path) -> dict[int, tuple[str, ...]]:
     """``{category id: (kingdom, phylum, class, order, family, genus, name)}`` from ``train2018.json``."""
     path = require_file(root / "train2018.json", "the iNaturalist 2018 categories")
     try:
-        with open(path, encoding="utf-8") as f:
-            categories = json.load(f)["categories"]
+        categories = json.loads(read_text(path))["categories"]
     except (json.JSONDecodeError, KeyError, TypeError) as err:
         raise layout_error(path, None, f"expected a JSON object with a 'categories' list ({err})") from None
     out = {}

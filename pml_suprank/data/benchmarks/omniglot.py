@@ -17,6 +17,7 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
+from ..paths import PathConfiner
 from ._native import FileImageDataset, NativeImageDataset, ZipImageDataset, encode_split
 
 __all__ = ["OMNIGLOT_LABEL_NAMES", "OMNIGLOT_SPLITS", "load_omniglot"]
@@ -36,17 +37,28 @@ def _entries(root: Path) -> tuple[list[tuple[str, str, str, str, str]], bool]:
     out = []
     if zips:
         for archive in zips:
-            with zipfile.ZipFile(archive) as z:
-                for member in z.namelist():
-                    if member.endswith("/"):
-                        continue
-                    out.append(_entry(f"{archive}::{member}", member, archive, f"{archive}, entry {member}"))
+            for member in _zip_members(archive):
+                if member.endswith("/"):
+                    continue
+                out.append(_entry(f"{archive}::{member}", member, archive, f"{archive}, entry {member}"))
         return out, True
+    confine = PathConfiner(root)
     for folder in folders:
         for path in sorted(p for p in folder.rglob("*") if p.is_file()):
             rel = path.relative_to(root).as_posix()
-            out.append(_entry(str(path), rel, folder, str(path)))
+            out.append(_entry(confine(rel, where=str(path)), rel, folder, str(path)))
     return out, False
+
+
+def _zip_members(archive: Path) -> list[str]:
+    """The member names of a zip archive, or a ``ValueError`` naming the archive (truncated, not a zip)."""
+    try:
+        with zipfile.ZipFile(archive) as z:
+            return z.namelist()
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError) as err:
+        raise ValueError(
+            f"{archive}: not a readable zip archive (truncated or corrupt? {type(err).__name__}: {err})"
+        ) from None
 
 
 def _entry(source: str, rel: str, container: Path, where: str) -> tuple[str, str, str, str, str]:

@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from ..paths import PathConfiner
+from ..retrieval_dataset import decode_image
 from ._native import FileImageDataset, Record, check_paths_exist, encode_split, layout_error
 from .cifar100 import load_restricted_pickle
 
@@ -128,11 +130,8 @@ class RevisitedQueryDataset(FileImageDataset):
 
     def get_image(self, index: int) -> Any:
         """The query region ``bbx`` of item ``index`` as a PIL RGB image (coordinates rounded as PIL does)."""
-        from PIL import Image
-
         index = self._check_index(index)
-        with Image.open(self.paths[index]) as image:
-            return image.convert("RGB").crop(self.gnd[index]["bbx"])
+        return decode_image(self.paths[index], self.describe_item(index)).crop(self.gnd[index]["bbx"])
 
     def image_record(self, index: int) -> dict[str, Any]:
         """The cropped query encoded as PNG (lossless) and its path relative to the dataset root."""
@@ -142,12 +141,13 @@ class RevisitedQueryDataset(FileImageDataset):
 
 
 def _records(names: list[str], root: Path, path: Path, key: str) -> list[Record]:
-    out = []
+    out, confine = [], PathConfiner(root)
     for i, name in enumerate(names):
         match = _NAME.match(name)
         if match is None:
             raise layout_error(path, f"{key}[{i}]", f"image name {name!r} does not end in _<number> (landmark_number)")
-        out.append((str(root / "jpg" / f"{name}.jpg"), (match["landmark"],), f"{path}, {key}[{i}]"))
+        where = f"{path}, {key}[{i}]"
+        out.append((confine("jpg", f"{name}.jpg", where=where), (match["landmark"],), where))
     return out
 
 

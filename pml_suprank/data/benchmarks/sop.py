@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from ..paths import PathConfiner
 from ._native import FileImageDataset, Record, file_split, layout_error, parse_int, read_table
 
 __all__ = ["SOP_LABEL_NAMES", "SOP_SPLITS", "load_sop"]
@@ -23,12 +24,13 @@ _COLUMNS = ("image_id", "class_id", "super_class_id", "path")
 
 def _records(root: Path, split: str) -> list[Record]:
     path = root / f"Ebay_{split}.txt"
-    out = []
+    out, confine = [], PathConfiner(root)
     for line, cells in read_table(path, _COLUMNS, delimiter=None):
         ids = [parse_int(cells[i], path, line, _COLUMNS[i]) for i in range(3)]
         if min(ids) < 1:
             raise layout_error(path, line, f"ids are 1-based; got image_id, class_id, super_class_id = {ids}")
-        out.append((str(root / cells[3]), (ids[1], ids[2]), f"{path}, line {line}"))
+        where = f"{path}, line {line}"
+        out.append((confine(cells[3], where=where), (ids[1], ids[2]), where))
     return out
 
 

@@ -1,0 +1,106 @@
+"""Paths read from a dataset's own files, kept inside the dataset's folder.
+
+A list file (SOP's ``Ebay_train.txt``, a DyML ``label.csv``, a ``metadata.csv`` ...) names images by path. Such a
+path is data, not a trusted argument: an absolute path, a ``..`` component or a symbolic link could make a loader
+read (and ``recipes/prepare_dataset.py`` write, and ``--push_to_hub`` upload) any file the user can read.
+:func:`confined_path` is the one check every loader of the package applies to such paths.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path, PurePath
+
+__all__ = ["PathConfiner", "confined_path", "is_inside"]
+
+
+def is_inside(root: str | Path, path: str | Path) -> bool:
+    """Whether ``path``, symbolic links resolved, lies inside ``root`` (also resolved)."""
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(path)
+    return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
+
+
+def _named_inside(root: str | Path, path: str) -> bool:
+    """Whether the absolute ``path``, as written (``..`` collapsed, links not followed), names a file below ``root``
+    (as given or resolved)."""
+    name = os.path.normpath(path)
+    for base in {os.path.normpath(os.path.abspath(root)), os.path.realpath(root)}:
+        if name == base or name.startswith(base.rstrip(os.sep) + os.sep):
+            return True
+    return False
+
+
+class PathConfiner:
+    """:func:`confined_path` for many paths under one ``root``: the resolved root and the resolved folders are
+    computed once (per instance; a folder is resolved on first use), so each further path costs one ``lstat``.
+
+    Args:
+        root: The dataset folder every listed path must stay in.
+
+    Example:
+        >>> import tempfile
+        >>> root = tempfile.mkdtemp()
+        >>> confine = PathConfiner(root)
+        >>> confine("imgs", "a.jpg", where="list.txt, line 2") == f"{root}/imgs/a.jpg"
+        True
+    """
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self._real_root = os.path.realpath(root)
+        self._real_dirs: dict[str, str] = {}
+
+    def __call__(self, *parts: str | Path, where: str, allow_absolute: bool = False) -> str:
+        """See :func:`confined_path`."""
+        joined = self.root
+        for i, part in enumerate(parts):
+            text = os.fspath(part)
+            pure = PurePath(text)
+            if pure.is_absolute() or (os.sep != "/" and text.startswith("/")):
+                if not (allow_absolute and i == 0 and _named_inside(self.root, text)):
+                    raise ValueError(
+                        f"{where}: path {text!r} is absolute; paths listed by a dataset must be relative to its "
+                        f"folder {self.root}"
+                    )
+            if ".." in pure.parts or ".." in text.replace("\\", "/").split("/"):
+                raise ValueError(f"{where}: path {text!r} has a '..' component; it must stay inside {self.root}")
+            joined = joined / pure
+        real = self._resolve(str(joined))
+        if not (real == self._real_root or real.startswith(self._real_root.rstrip(os.sep) + os.sep)):
+            raise ValueError(
+                f"{where}: path {os.fspath(joined)!r} leads outside {self.root} (a symbolic link to {real!r}); "
+                "dataset files must lie inside the dataset folder"
+            )
+        return str(joined)
+
+    def _resolve(self, path: str) -> str:
+        """``os.path.realpath(path)``, its folder resolved once per instance."""
+        folder, name = os.path.split(path)
+        real_folder = self._real_dirs.get(folder)
+        if real_folder is None:
+            real_folder = self._real_dirs[folder] = os.path.realpath(folder)
+        candidate = os.path.join(real_folder, name)
+        return os.path.realpath(candidate) if os.path.islink(candidate) else candidate
+
+
+def confined_path(root: str | Path, *parts: str | Path, where: str, allow_absolute: bool = False) -> str:
+    """``root / parts[0] / parts[1] / ...`` after checking that it stays inside ``root``.
+
+    Args:
+        root: The dataset folder every listed path must stay in.
+        *parts: Path components taken from the dataset's files (e.g. ``"bicycle_final/1_0.JPG"``), joined in order.
+        where: Where the path was read, e.g. ``"Ebay_train.txt, line 7"``, for the error message.
+        allow_absolute: Accept an absolute path (the first part) when it lies inside ``root`` (e.g. the absolute
+            paths ``datasets`` stores for an image folder); relative paths are the rule for list files.
+
+    Returns:
+        The joined path as a string (not resolved: the name below ``root`` is kept).
+
+    Raises:
+        ValueError: ``"<where>: ..."`` when a part is absolute (unless ``allow_absolute``), has a ``..`` component,
+            or when the joined path, symbolic links resolved, lies outside ``root``.
+
+    Use :class:`PathConfiner` to check many paths under one root (it resolves each folder once).
+    """
+    return PathConfiner(root)(*parts, where=where, allow_absolute=allow_absolute)
