@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pml_suprank.losses import registered_losses, unregister_loss
+from pml_suprank.losses import registered_losses
+from pml_suprank.losses.registry import unregister_loss
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
