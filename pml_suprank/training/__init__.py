@@ -20,6 +20,7 @@ Layout:
 
 from __future__ import annotations
 
+from .cached_backward import cached_backward
 from .checkpoint import (
     CHECKPOINT_PREFIX,
     TRAINER_STATE,
@@ -69,6 +70,7 @@ __all__ = [
     "build_loss",
     "build_optimizer",
     "build_scheduler",
+    "cached_backward",
     "collate",
     "embed_loader",
     "find_checkpoints",
