@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import get_device_states, set_device_states
 
-__all__ = ["cached_backward"]
+__all__ = ["cached_backward", "check_virtual_batch"]
 
 Inputs = Tensor | Mapping[str, Tensor] | Sequence[Tensor]
 
@@ -127,6 +127,35 @@ class _RNGState:
             yield
 
 
+def _autocast_off(device_type: str) -> contextlib.ExitStack:
+    """Disable the autocast regions that are enabled (CPU, CUDA, ``device_type``) for the block."""
+    stack = contextlib.ExitStack()
+    for kind in dict.fromkeys(("cpu", "cuda", device_type)):
+        if torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
+            stack.enter_context(torch.autocast(kind, enabled=False))
+    return stack
+
+
+def check_virtual_batch(virtual_batch_size: Any, chunk_size: Any, batch_size: int) -> int | None:
+    """Validate the ``virtual_batch_size`` / ``chunk_size`` options of a training loop; return ``chunk_size``.
+
+    ``virtual_batch_size`` is the batch of one optimizer step, the ranking the loss sees (per process; under ``R``
+    processes the loss ranks ``R`` of them): it must equal the sampler's ``batch_size`` when given. ``chunk_size``
+    (``None``: a plain forward / backward) is the number of items embedded at a time by :func:`cached_backward`.
+    """
+    if virtual_batch_size is not None:
+        if isinstance(virtual_batch_size, bool) or not isinstance(virtual_batch_size, int):
+            raise TypeError(f"virtual_batch_size must be a positive int or None; got {virtual_batch_size!r}")
+        if virtual_batch_size != batch_size:
+            raise ValueError(
+                f"virtual_batch_size must equal the sampler's batch_size (the batch of one step); got "
+                f"virtual_batch_size={virtual_batch_size} and batch_size={batch_size}"
+            )
+    if chunk_size is not None:
+        _check_chunk_size(chunk_size)
+    return chunk_size
+
+
 def _ddp_chunks_agree(model: nn.Module, num_chunks: int) -> None:
     """Under DDP every process must run the same number of chunk forwards (DDP's forward may run collectives)."""
     if not isinstance(model, DistributedDataParallel):
@@ -139,6 +168,40 @@ def _ddp_chunks_agree(model: nn.Module, num_chunks: int) -> None:
             f"chunks; this process has {num_chunks}, the processes range over {-int(counts[1])}..{int(counts[0])} "
             "(use equal local batches, or a chunk_size that gives the same count)"
         )
+
+
+def _embed_without_graph(model: nn.Module, inputs: Inputs, bounds: list[slice]) -> tuple[list[_RNGState], list[Tensor]]:
+    """Pass 1: the embeddings of every chunk without a graph, and the RNG state before each chunk."""
+    states, outputs = [], []
+    with torch.no_grad():
+        for rows in bounds:
+            chunk = _slice(inputs, rows)
+            states.append(_RNGState(_tensors(chunk)))
+            outputs.append(_check_output(_call(model, chunk), rows.stop - rows.start, rows.start).detach())
+    return states, outputs
+
+
+def _backward_chunks(
+    model: nn.Module, inputs: Inputs, bounds: list[slice], states: list[_RNGState], grad: Tensor
+) -> None:
+    """Pass 2: each chunk again, with a graph and its RNG state, back-propagating its rows of ``grad`` (``dL/dE``).
+
+    Under DDP the gradients are synchronised at the last chunk only; BatchNorm running statistics (training mode,
+    ``allow_batchnorm``) are restored afterwards so that the first pass alone updates them.
+    """
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training]
+    saved = [{k: b.clone() for k, b in m.named_buffers(recurse=False) if b is not None} for m in norms]
+    last = len(bounds) - 1
+    for i, (rows, state) in enumerate(zip(bounds, states, strict=True)):
+        sync = model.no_sync() if isinstance(model, DistributedDataParallel) and i < last else contextlib.nullcontext()
+        with sync, state.restored():
+            out = _call(model, _slice(inputs, rows))
+            with _autocast_off(out.device.type):
+                torch.autograd.backward(out, grad_tensors=grad[rows].to(out.dtype))
+    with torch.no_grad():
+        for m, buffers in zip(norms, saved, strict=True):
+            for k, value in buffers.items():
+                getattr(m, k).copy_(value)
 
 
 def cached_backward(
@@ -232,13 +295,7 @@ def cached_backward(
     bounds = [slice(lo, min(lo + chunk_size, n)) for lo in range(0, n, chunk_size)]
     _ddp_chunks_agree(model, len(bounds))
 
-    # pass 1: embeddings without a graph, one RNG state per chunk
-    states, outputs = [], []
-    with torch.no_grad():
-        for rows in bounds:
-            chunk = _slice(inputs, rows)
-            states.append(_RNGState(_tensors(chunk)))
-            outputs.append(_check_output(_call(model, chunk), rows.stop - rows.start, rows.start).detach())
+    states, outputs = _embed_without_graph(model, inputs, bounds)
     embeddings = torch.cat(outputs).requires_grad_(True)
     del outputs
 
@@ -248,22 +305,11 @@ def cached_backward(
         raise ValueError(f"loss_fn must return a scalar Tensor; got {type(loss).__name__} {getattr(loss, 'shape', '')}")
     if not loss.requires_grad:
         raise ValueError("loss_fn returned a loss that does not require grad: nothing to back-propagate")
-    (backward or Tensor.backward)(loss)
+    with _autocast_off(embeddings.device.type):  # backward outside autocast, as with a plain forward
+        (backward or Tensor.backward)(loss)
     grad = embeddings.grad
     if grad is None:  # the loss does not depend on the embeddings: the model gets no gradient, as with backward()
         return loss.detach()
 
-    # pass 2: each chunk again, with a graph and its RNG state, back-propagating its rows of dL/dE
-    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training]
-    saved = [{k: b.clone() for k, b in m.named_buffers(recurse=False) if b is not None} for m in norms]
-    last = len(bounds) - 1
-    for i, (rows, state) in enumerate(zip(bounds, states, strict=True)):
-        sync = model.no_sync() if isinstance(model, DistributedDataParallel) and i < last else contextlib.nullcontext()
-        with sync, state.restored():
-            out = _call(model, _slice(inputs, rows))
-            torch.autograd.backward(out, grad_tensors=grad[rows].to(out.dtype))
-    with torch.no_grad():  # the second pass must not update the running statistics again
-        for m, buffers in zip(norms, saved, strict=True):
-            for k, value in buffers.items():
-                getattr(m, k).copy_(value)
+    _backward_chunks(model, inputs, bounds, states, grad)
     return loss.detach()

@@ -41,6 +41,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
+from .cached_backward import check_virtual_batch
 from .checkpoint import (
     CheckpointError,
     check_compatible,
@@ -62,7 +63,7 @@ from .loaders import (
     embed_loader,
     make_loader,
 )
-from .loss_module import LossModule
+from .loss_module import LossModule, backward_step
 from .optim import build_optimizer, build_scheduler
 from .pca_init import init_projection_if_requested
 from .report import _format_metrics
@@ -112,6 +113,7 @@ class Trainer:
             processes and rank (the sampler shards the global batch itself).
         run_options: The model / data / loss options the caller resolved (``{"model": {...}, "data": {...},
             "loss": {...}}``, JSON-able); with the ``TrainingConfig`` they make the run fingerprint.
+        virtual_batch_size, chunk_size: Gradient-cached steps (exact): see :func:`.loss_module.backward_step`.
 
     Example:
         >>> trainer = Trainer(accelerator, model, losses.HAPPIERLoss(...), train_ds, TrainingConfig(epochs=3),
@@ -134,6 +136,9 @@ class Trainer:
         memory: nn.Module | None = None,
         sampler: Any = None,
         run_options: Mapping[str, Any] | None = None,
+        *,
+        virtual_batch_size: int | None = None,
+        chunk_size: int | None = None,
     ) -> None:
         if not isinstance(config, TrainingConfig):
             raise TypeError(f"config must be a TrainingConfig; got {type(config).__name__}")
@@ -150,6 +155,7 @@ class Trainer:
         self.train_dataset = SeededAugmentation(train_dataset, seed=config.seed)
         self.test_dataset = test_dataset
         self.loss = loss
+        self.chunk_size = check_virtual_batch(virtual_batch_size, chunk_size, config.batch_size)
         if memory is None:
             memory = build_memory(config, model, loss, train_dataset, self.train_labels.shape[1])
         self.memory = memory
@@ -298,12 +304,8 @@ class Trainer:
                 self.sampler.load_state_dict(state["sampler"])
             except ValueError as e:
                 raise CheckpointError(f"checkpoint {str(path)!r}: {e}") from e
-        self.progress = _Progress(
-            epoch=int(state["epoch"]),
-            step_in_epoch=int(state["step_in_epoch"]),
-            global_step=int(state["global_step"]),
-            history=list(state.get("history", [])),
-        )
+        counters = {k: int(state[k]) for k in ("epoch", "step_in_epoch", "global_step")}
+        self.progress = _Progress(**counters, history=list(state.get("history", [])))
         return state
 
     def _check_checkpoint(self, path: Path, ignore_config_change: bool) -> dict[str, Any]:
@@ -492,9 +494,7 @@ class Trainer:
         images = batch["image"].to(acc.device, non_blocking=True)
         labels = batch["labels"].to(acc.device)
         index = batch["index"].to(acc.device)
-        with acc.autocast():
-            loss = self.loss_module(images, labels, index)
-        acc.backward(loss)
+        loss = backward_step(acc, self.loss_module, images, labels, index, self.chunk_size)
         if self.config.grad_clip is not None:
             acc.clip_grad_norm_(self.loss_module.parameters(), self.config.grad_clip)
         self.optimizer.step()

@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from pml_suprank import losses
 from pml_suprank.distributed import DistributedRankLoss
 from pml_suprank.memory import RankingMemory
-from pml_suprank.training import cached_backward
+from pml_suprank.training import LossModule, cached_backward
 
 D_IN, D, STEPS, CHUNKS = 6, 8, 2, 3
 TABLE = torch.tensor([[0, 0, 0], [1, 0, 0], [2, 1, 0], [3, 1, 0], [4, 2, 1], [5, 2, 1]])
@@ -133,6 +133,27 @@ def run_case(make_loss, kind: str, wrapper: str, sizes: list[int], rank: int, ws
     return out
 
 
+def check_loss_module(rank: int, ws: int) -> dict[str, float]:
+    """LossModule.cached_backward (the Trainer's chunk_size step) on the unwrapped module of a DDP-wrapped
+    LossModule(distributed=True): gradients averaged over the processes = the single-process full-batch gradient."""
+    torch.manual_seed(0)
+    module = LossModule(nn.Sequential(nn.Linear(D_IN, D), nn.Tanh()).double(),
+                        losses.HAPPIERLoss(num_classes=6, embedding_size=D).double(), distributed=True)  # fmt: skip
+    ref = copy.deepcopy(module)
+    ref.distributed = False
+    DDP(module)  # as accelerator.prepare does; cached_backward bypasses its forward
+    sizes = [9, 9][:ws]
+    x, labels, _ = global_batch(0, sum(sizes), "levels")
+    rows = slice(sum(sizes[:rank]), sum(sizes[: rank + 1]))
+    loss = module.cached_backward(x[rows], labels[rows], None, 4, torch.Tensor.backward)
+    loss_s = ref(x, labels)
+    loss_s.backward()
+    out = {"loss": rel(loss, loss_s), "grad": 0.0}
+    for p, q in zip(module.parameters(), ref.parameters(), strict=True):
+        out["grad"] = max(out["grad"], rel(p.grad, q.grad))
+    return out
+
+
 def check_chunk_count_mismatch(rank: int) -> float:
     """Different numbers of chunks on the processes are refused on every process (not a hang)."""
     ddp = DDP(Net().double())
@@ -157,6 +178,10 @@ def main() -> None:
     torch.set_num_threads(1)
     rank, ws = dist.get_rank(), dist.get_world_size()
     results = {"chunk_count_mismatch": {"refused": check_chunk_count_mismatch(rank)}}
+    res = check_loss_module(rank, ws)
+    vals = torch.tensor([res["grad"], res["loss"]], dtype=torch.float64)
+    dist.all_reduce(vals, op=dist.ReduceOp.MAX)  # the worst process
+    results["LossModule"] = {"grad": float(vals[0]), "loss": float(vals[1])}
     plan = [(name, wrapper, [7, 11][:ws]) for name in factories() for wrapper in ("local_queries", "all")]
     plan += [("SupAP", "memory", [7, 11][:ws]), ("HAPPIER", "memory", [9, 9][:ws])]
     for name, wrapper, sizes in plan:
