@@ -422,3 +422,19 @@ def test_trainer_with_chunk_size_trains_like_the_plain_batch(tmp_path):
         losses_logged.append(torch.tensor([h["loss"] for h in history if "loss" in h]))
     assert losses_logged[0].numel() == 2
     torch.testing.assert_close(losses_logged[1], losses_logged[0], rtol=1e-5, atol=1e-6)
+
+
+def test_benchmark_script_steps_agree(monkeypatch):
+    """benchmarks/bench_cached_backward.py on a tiny setting: its plain and cached steps give the same gradient."""
+    import argparse
+
+    pytest.importorskip("timm")
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import bench_cached_backward as bench
+
+    args = argparse.Namespace(n=24, chunk=5, image_size=16)
+    assert bench.gradient_difference(args) < 1e-4
+    model, loss_fn, images, labels, optimizer = bench.build(24, 16)
+    before = [p.detach().clone() for p in model.parameters()]
+    value = bench.step(model, loss_fn, images, labels, optimizer, chunk=5)
+    assert value == value and any(not torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
