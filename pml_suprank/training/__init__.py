@@ -27,6 +27,7 @@ Printed metric summaries live in :mod:`pml_suprank.metrics.report` (``format_met
 from __future__ import annotations
 
 from ..metrics.report import format_metrics_table
+from .cached_backward import cached_backward
 from .checkpoint import (
     CHECKPOINT_PREFIX,
     TRAINER_STATE,
@@ -67,6 +68,7 @@ __all__ = [
     "build_loss",
     "build_optimizer",
     "build_scheduler",
+    "cached_backward",
     "collate",
     "embed_loader",
     "find_checkpoints",

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
 from .. import distributed as dist_utils
+from .cached_backward import cached_backward
 
-__all__ = ["LossModule"]
+__all__ = ["LossModule", "backward_step"]
 
 
 class LossModule(nn.Module):
@@ -43,7 +47,11 @@ class LossModule(nn.Module):
         self.distributed = bool(distributed)
 
     def forward(self, images: Tensor, labels: Tensor, indices: Tensor | None = None) -> Tensor:
-        embeddings = self.model(images).float()
+        return self.embedding_loss(self.model(images), labels, indices)
+
+    def embedding_loss(self, embeddings: Tensor, labels: Tensor, indices: Tensor | None = None) -> Tensor:
+        """The loss of the batch's ``(B, D)`` embeddings (``forward`` after the model)."""
+        embeddings = embeddings.float()
         labels = labels if self.hierarchical_labels else labels[:, 0]
         # mixed precision applies to the network; the rank loss runs in float32 (sigmoids of score differences / τ)
         with torch.autocast(device_type=embeddings.device.type, enabled=False):
@@ -53,3 +61,37 @@ class LossModule(nn.Module):
                 embeddings = dist_utils.all_gather_with_grad(embeddings)
                 labels = dist_utils.all_gather(labels)
             return self.loss(embeddings, labels)
+
+    def cached_backward(
+        self, images: Tensor, labels: Tensor, indices: Tensor | None, chunk_size: int, backward: Callable
+    ) -> Tensor:
+        """Back-propagate ``forward(images, labels, indices)`` embedding ``chunk_size`` images at a time
+        (:func:`.cached_backward`: the gradient of the whole batch, exactly); ``backward`` back-propagates the loss
+        (``accelerator.backward``). Called on the unwrapped module, it bypasses DDP: with ``distributed`` the
+        gradients are then averaged over the processes here, as DDP does. Returns the detached loss."""
+        loss = cached_backward(
+            self.model, self.embedding_loss, images, labels, chunk_size=chunk_size, backward=backward, indices=indices
+        )
+        if self.distributed:
+            params = [p for p in self.parameters() if p.requires_grad]
+            flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+            torch.distributed.all_reduce(flat)
+            for p, g in zip(params, flat.div_(torch.distributed.get_world_size()).split([p.numel() for p in params])):
+                p.grad = g.view_as(p).clone()
+        return loss
+
+
+def backward_step(
+    accelerator: Any, loss_module: nn.Module, images: Tensor, labels: Tensor, indices: Tensor, chunk_size: int | None
+) -> Tensor:
+    """The loss of a training batch, back-propagated: the (prepared) ``loss_module`` forward under autocast and
+    ``accelerator.backward``, or with ``chunk_size`` :meth:`LossModule.cached_backward` of the unwrapped module (the
+    same gradient, ``chunk_size`` images in memory at a time)."""
+    with accelerator.autocast():
+        if chunk_size is not None:
+            return accelerator.unwrap_model(loss_module).cached_backward(
+                images, labels, indices, chunk_size, accelerator.backward
+            )
+        loss = loss_module(images, labels, indices)
+    accelerator.backward(loss)
+    return loss

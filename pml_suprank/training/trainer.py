@@ -43,6 +43,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..metrics.report import format_metrics
 from . import checkpoint_files as files
+from .cached_backward import check_virtual_batch
 from .checkpoint import (
     CheckpointError,
     check_compatible,
@@ -64,7 +65,7 @@ from .loaders import (
     embed_loader,
     make_loader,
 )
-from .loss_module import LossModule
+from .loss_module import LossModule, backward_step
 from .optim import build_optimizer, build_scheduler
 from .pca_init import init_projection_if_requested
 from .run_folder import RunLock, claim_output_dir, on_main_process, run_config, run_fingerprint, write_run_file
@@ -113,14 +114,9 @@ class Trainer:
             processes and rank (the sampler shards the global batch itself).
         run_options: The model / data / loss options the caller resolved (``{"model": {...}, "data": {...},
             "loss": {...}}``, JSON-able); with the ``TrainingConfig`` they make the run fingerprint.
+        virtual_batch_size, chunk_size: Gradient-cached steps (exact): see :func:`.loss_module.backward_step`.
 
-    Example:
-        >>> trainer = Trainer(accelerator, model, losses.HAPPIERLoss(...), train_ds, TrainingConfig(epochs=3),
-        ...                   test_dataset=test_ds)
-        >>> before = trainer.evaluate()
-        >>> trainer.train()
-        >>> after = trainer.evaluate()
-        >>> trainer.save_final(metrics=after, summary={"before": before, "after": after})
+    Example: see "From Python" in the training recipes guide (``docs/recipes.md``).
     """
 
     def __init__(
@@ -135,6 +131,9 @@ class Trainer:
         memory: nn.Module | None = None,
         sampler: Any = None,
         run_options: Mapping[str, Any] | None = None,
+        *,
+        virtual_batch_size: int | None = None,
+        chunk_size: int | None = None,
     ) -> None:
         if not isinstance(config, TrainingConfig):
             raise TypeError(f"config must be a TrainingConfig; got {type(config).__name__}")
@@ -151,6 +150,7 @@ class Trainer:
         self.train_dataset = SeededAugmentation(train_dataset, seed=config.seed)
         self.test_dataset = test_dataset
         self.loss = loss
+        self.chunk_size = check_virtual_batch(virtual_batch_size, chunk_size, config.batch_size)
         if memory is None:
             memory = build_memory(config, model, loss, train_dataset, self.train_labels.shape[1])
         self.memory = memory
@@ -491,9 +491,7 @@ class Trainer:
         images = batch["image"].to(acc.device, non_blocking=True)
         labels = batch["labels"].to(acc.device)
         index = batch["index"].to(acc.device)
-        with acc.autocast():
-            loss = self.loss_module(images, labels, index)
-        acc.backward(loss)
+        loss = backward_step(acc, self.loss_module, images, labels, index, self.chunk_size)
         if self.config.grad_clip is not None:
             acc.clip_grad_norm_(self.loss_module.parameters(), self.config.grad_clip)
         self.optimizer.step()

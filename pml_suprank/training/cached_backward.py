@@ -1,0 +1,315 @@
+"""Exact large batches on one device: gradient-cached virtual batches for any loss, rank losses first.
+
+A rank loss (Smooth-AP, SupAP, ROADMAP, HAPPIER, Sup-NDCG, ...) is not a sum over the items of the batch: the batch
+*is* the ranking the loss sees, so accumulating the gradients of small batches computes another loss (the mean of
+small-batch APs), not the large-batch one. Gradient caching (Gao et al., "Scaling Deep Contrastive Learning Batch
+Size under Memory Limited Setup", RepL4NLP 2021) gives the large-batch gradient exactly, at the activation memory of
+one chunk plus the ``(N, D)`` embeddings, for one extra forward:
+
+1. embed the ``N`` inputs chunk by chunk without an autograd graph, recording each chunk's RNG state;
+2. evaluate the loss on the whole ``(N, D)`` batch of embeddings, a leaf that requires grad, and back-propagate it:
+   this fills ``dL/dE`` (``N, D``) and the ``.grad`` of the loss's own parameters (proxies);
+3. embed each chunk again, now with a graph and its recorded RNG state restored (the same dropout masks), and
+   back-propagate ``dL/dE`` of its rows: by the chain rule ``dL/dθ = Σ_i (dL/dE_i)ᵀ dE_i/dθ``, the sum over chunks
+   being exactly the full-batch backward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.checkpoint import get_device_states, set_device_states
+
+__all__ = ["cached_backward", "check_virtual_batch"]
+
+Inputs = Tensor | Mapping[str, Tensor] | Sequence[Tensor]
+
+
+def _check_chunk_size(chunk_size: Any) -> int:
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int):
+        raise TypeError(f"chunk_size must be a positive int; got {type(chunk_size).__name__} {chunk_size!r}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int; got {chunk_size}")
+    return chunk_size
+
+
+def _batch_size(inputs: Any) -> int:
+    """``N``, the common dim-0 size of ``inputs`` (a tensor, or a dict / tuple / list of tensors)."""
+    if isinstance(inputs, Tensor):
+        tensors = {"inputs": inputs}
+    elif isinstance(inputs, Mapping):
+        tensors = {f"inputs[{k!r}]": v for k, v in inputs.items()}
+    elif isinstance(inputs, (tuple, list)):
+        tensors = {f"inputs[{i}]": v for i, v in enumerate(inputs)}
+    else:
+        raise TypeError(f"inputs must be a Tensor or a dict / tuple / list of Tensors; got {type(inputs).__name__}")
+    if not tensors:
+        raise ValueError(f"inputs must hold at least one Tensor; got an empty {type(inputs).__name__}")
+    sizes = {}
+    for name, value in tensors.items():
+        if not isinstance(value, Tensor):
+            raise TypeError(f"{name} must be a Tensor (split along dim 0); got {type(value).__name__}")
+        if value.dim() == 0:
+            raise ValueError(f"{name} must have a batch dimension (dim 0); got a 0-d tensor")
+        sizes[name] = value.shape[0]
+    if len(set(sizes.values())) != 1:
+        raise ValueError(f"every tensor of inputs must have the same size along dim 0; got {sizes}")
+    n = next(iter(sizes.values()))
+    if n == 0:
+        raise ValueError("inputs must hold at least one item; got a batch of size 0")
+    return n
+
+
+def _slice(inputs: Inputs, rows: slice) -> Inputs:
+    if isinstance(inputs, Tensor):
+        return inputs[rows]
+    if isinstance(inputs, Mapping):
+        return {k: v[rows] for k, v in inputs.items()}
+    return tuple(v[rows] for v in inputs)
+
+
+def _call(model: nn.Module, chunk: Inputs) -> Tensor:
+    """``model(x)`` for a tensor, ``model(*x)`` for a tuple / list, ``model(**x)`` for a dict."""
+    if isinstance(chunk, Tensor):
+        return model(chunk)
+    if isinstance(chunk, Mapping):
+        return model(**chunk)
+    return model(*chunk)
+
+
+def _tensors(chunk: Inputs) -> list[Tensor]:
+    if isinstance(chunk, Tensor):
+        return [chunk]
+    return list(chunk.values()) if isinstance(chunk, Mapping) else list(chunk)
+
+
+def _check_output(out: Any, rows: int, start: int) -> Tensor:
+    if not isinstance(out, Tensor):
+        raise TypeError(f"model must return a Tensor of embeddings (rows, D); got {type(out).__name__}")
+    if out.dim() == 0 or out.shape[0] != rows:
+        raise ValueError(
+            f"model must return one embedding per input row: the chunk of rows {start}..{start + rows - 1} gave "
+            f"shape {tuple(out.shape)}"
+        )
+    return out
+
+
+def _training_batchnorms(model: nn.Module) -> list[str]:
+    return [
+        name or type(m).__name__
+        for name, m in model.named_modules()
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training
+    ]
+
+
+class _RNGState:
+    """The CPU generator and the accelerator generators of a chunk's devices (what ``torch.utils.checkpoint`` saves)."""
+
+    def __init__(self, tensors: list[Tensor]) -> None:
+        self.cpu = torch.get_rng_state()
+        types = {t.device.type for t in tensors} - {"cpu", "meta"}
+        self.device_type = next(iter(types)) if len(types) == 1 else None
+        self.devices, self.states = get_device_states(*tensors) if self.device_type else ([], [])
+
+    @contextlib.contextmanager
+    def restored(self):
+        """Run the block with this state; the global generators are left as they were before the block."""
+        kwargs = {"device_type": self.device_type} if self.device_type else {}
+        with torch.random.fork_rng(devices=self.devices, **kwargs):
+            torch.set_rng_state(self.cpu)
+            if self.device_type:
+                set_device_states(self.devices, self.states, device_type=self.device_type)
+            yield
+
+
+def _autocast_off(device_type: str) -> contextlib.ExitStack:
+    """Disable the autocast regions that are enabled (CPU, CUDA, ``device_type``) for the block."""
+    stack = contextlib.ExitStack()
+    for kind in dict.fromkeys(("cpu", "cuda", device_type)):
+        if torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
+            stack.enter_context(torch.autocast(kind, enabled=False))
+    return stack
+
+
+def check_virtual_batch(virtual_batch_size: Any, chunk_size: Any, batch_size: int) -> int | None:
+    """Validate the ``virtual_batch_size`` / ``chunk_size`` options of a training loop; return ``chunk_size``.
+
+    ``virtual_batch_size`` is the batch of one optimizer step, the ranking the loss sees (per process; under ``R``
+    processes the loss ranks ``R`` of them): it must equal the sampler's ``batch_size`` when given. ``chunk_size``
+    (``None``: a plain forward / backward) is the number of items embedded at a time by :func:`cached_backward`.
+    """
+    if virtual_batch_size is not None:
+        if isinstance(virtual_batch_size, bool) or not isinstance(virtual_batch_size, int):
+            raise TypeError(f"virtual_batch_size must be a positive int or None; got {virtual_batch_size!r}")
+        if virtual_batch_size != batch_size:
+            raise ValueError(
+                f"virtual_batch_size must equal the sampler's batch_size (the batch of one step); got "
+                f"virtual_batch_size={virtual_batch_size} and batch_size={batch_size}"
+            )
+    if chunk_size is not None:
+        _check_chunk_size(chunk_size)
+    return chunk_size
+
+
+def _ddp_chunks_agree(model: nn.Module, num_chunks: int) -> None:
+    """Under DDP every process must run the same number of chunk forwards (DDP's forward may run collectives)."""
+    if not isinstance(model, DistributedDataParallel):
+        return
+    counts = torch.tensor([num_chunks, -num_chunks], dtype=torch.long, device=next(model.parameters()).device)
+    torch.distributed.all_reduce(counts, op=torch.distributed.ReduceOp.MAX, group=model.process_group)
+    if int(counts[0]) != num_chunks or -int(counts[1]) != num_chunks:
+        raise ValueError(
+            f"with a DistributedDataParallel model every process must split its batch into the same number of "
+            f"chunks; this process has {num_chunks}, the processes range over {-int(counts[1])}..{int(counts[0])} "
+            "(use equal local batches, or a chunk_size that gives the same count)"
+        )
+
+
+def _embed_without_graph(model: nn.Module, inputs: Inputs, bounds: list[slice]) -> tuple[list[_RNGState], list[Tensor]]:
+    """Pass 1: the embeddings of every chunk without a graph, and the RNG state before each chunk."""
+    states, outputs = [], []
+    with torch.no_grad():
+        for rows in bounds:
+            chunk = _slice(inputs, rows)
+            states.append(_RNGState(_tensors(chunk)))
+            outputs.append(_check_output(_call(model, chunk), rows.stop - rows.start, rows.start).detach())
+    return states, outputs
+
+
+def _backward_chunks(
+    model: nn.Module, inputs: Inputs, bounds: list[slice], states: list[_RNGState], grad: Tensor
+) -> None:
+    """Pass 2: each chunk again, with a graph and its RNG state, back-propagating its rows of ``grad`` (``dL/dE``).
+
+    Under DDP the gradients are synchronised at the last chunk only; BatchNorm running statistics (training mode,
+    ``allow_batchnorm``) are restored afterwards so that the first pass alone updates them.
+    """
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training]
+    saved = [{k: b.clone() for k, b in m.named_buffers(recurse=False) if b is not None} for m in norms]
+    last = len(bounds) - 1
+    for i, (rows, state) in enumerate(zip(bounds, states, strict=True)):
+        sync = model.no_sync() if isinstance(model, DistributedDataParallel) and i < last else contextlib.nullcontext()
+        with sync, state.restored():
+            out = _call(model, _slice(inputs, rows))
+            with _autocast_off(out.device.type):
+                torch.autograd.backward(out, grad_tensors=grad[rows].to(out.dtype))
+    with torch.no_grad():
+        for m, buffers in zip(norms, saved, strict=True):
+            for k, value in buffers.items():
+                getattr(m, k).copy_(value)
+
+
+def cached_backward(
+    model: nn.Module,
+    loss_fn: Callable[..., Tensor],
+    inputs: Inputs,
+    labels: Tensor,
+    *,
+    chunk_size: int,
+    allow_batchnorm: bool = False,
+    backward: Callable[[Tensor], Any] | None = None,
+    **loss_kwargs: Any,
+) -> Tensor:
+    """Backward of ``loss_fn(model(inputs), labels)`` on a batch of ``N`` items, embedding ``chunk_size`` at a time.
+
+    After the call every parameter of ``model`` and of ``loss_fn`` holds the ``.grad`` that
+
+    ``loss_fn(torch.cat([model(c) for c in chunks(inputs)]), labels, **loss_kwargs).backward()``
+
+    gives (the gradient of the large-batch loss: tested to 1e-9 relative in float64 for every pml_suprank rank
+    loss), while at most one chunk's activations are alive. Gradients *accumulate* into existing ``.grad`` like
+    ``backward()`` (zero them before, step and clip after). The embeddings are computed twice (one extra forward).
+
+    Contract:
+
+    * **chunks**: ``inputs`` is split along dim 0 into ``ceil(N / chunk_size)`` chunks (the last one may be smaller);
+      a tensor is called as ``model(x)``, a tuple / list as ``model(*x)``, a dict as ``model(**x)``. ``model`` must
+      return ``(rows, D)`` embeddings. ``labels`` (1-D, ``(N, L)`` levels, ``(N, W)`` multi-label sets: whatever
+      ``loss_fn`` takes) and ``loss_kwargs`` (``indices_tuple=``, a memory's ``indices=``...) go unsplit to the one
+      call ``loss_fn(embeddings (N, D), labels, **loss_kwargs)``, which sees the whole virtual batch: a
+      ``RankingMemory`` enqueues it once, a ``DistributedRankLoss`` gathers every process's virtual batch.
+    * **randomness** (dropout, stochastic depth): the CPU generator and the generators of the chunk's accelerator
+      (as ``torch.utils.checkpoint`` does) are recorded before each chunk's first forward and restored for its second,
+      so both see the same masks; the masks are those of a chunk-by-chunk forward (a single full-batch forward
+      would draw others). The global generators end as after the first pass. Randomness on a device that holds no
+      input tensor is not recorded.
+    * **BatchNorm** in training mode normalises with the statistics of its *chunk*, not of the batch: a chunked
+      forward cannot reproduce full-batch BatchNorm, so such a model is refused with a ``ValueError`` unless
+      ``allow_batchnorm=True`` (then the result is approximate: the gradient of the chunk-statistics network; the
+      running statistics are updated once per chunk by the first pass, the second pass restores them). BatchNorm in
+      eval mode (frozen statistics, the recipes' default for retrieval backbones) is exact.
+    * **mixed precision**: call it inside ``accelerator.autocast()`` (both forwards run under the same autocast) and
+      pass ``backward=accelerator.backward`` so that the loss is scaled (GradScaler) as usual: the cached embedding
+      gradient carries the scale to the model's gradients. Unscale / clip / step after the call.
+    * **DistributedDataParallel** ``model``: the gradients are synchronised once, at the last chunk
+      (``no_sync()`` for the others); every process must use the same number of chunks (checked). Parameters of
+      ``loss_fn`` are not under the model's DDP: synchronise them as usual.
+
+    Args:
+        model: Maps a chunk of ``inputs`` to its embeddings ``(rows, D)``.
+        loss_fn: ``loss_fn(embeddings (N, D), labels, **loss_kwargs) -> scalar`` (any pml_suprank / PML loss, a
+            ``RankingMemory``, a ``DistributedRankLoss``, or a closure).
+        inputs: ``(N, ...)`` tensor, or dict / tuple / list of tensors with the same size ``N`` along dim 0.
+        labels: The labels of the ``N`` items, a tensor with ``N`` rows, passed whole to ``loss_fn``.
+        chunk_size: Rows embedded at a time (``>= N``: one chunk, a plain forward and backward plus one forward).
+        allow_batchnorm: Accept BatchNorm layers in training mode (approximate, see above).
+        backward: Called as ``backward(loss)`` instead of ``loss.backward()`` (e.g. ``accelerator.backward``).
+        **loss_kwargs: Extra keyword arguments of ``loss_fn``.
+
+    Returns:
+        The loss value, detached (a 0-d tensor).
+
+    Example:
+        >>> loss_fn = losses.ROADMAPLoss()
+        >>> optimizer.zero_grad()
+        >>> loss = cached_backward(model, loss_fn, images, labels, chunk_size=64)  # images: (1024, 3, H, W)
+        >>> torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        >>> optimizer.step()
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
+    if not callable(loss_fn):
+        raise TypeError(f"loss_fn must be callable as loss_fn(embeddings, labels, **loss_kwargs); got {loss_fn!r}")
+    chunk_size = _check_chunk_size(chunk_size)
+    n = _batch_size(inputs)
+    if not isinstance(labels, Tensor):
+        raise TypeError(f"labels must be a Tensor with one row per input; got {type(labels).__name__}")
+    if labels.dim() == 0 or labels.shape[0] != n:
+        raise ValueError(f"labels must have one row per input (N={n} rows); got shape {tuple(labels.shape)}")
+    if not isinstance(allow_batchnorm, bool):
+        raise TypeError(f"allow_batchnorm must be a bool; got {type(allow_batchnorm).__name__}")
+    if backward is not None and not callable(backward):
+        raise TypeError(f"backward must be callable as backward(loss) or None; got {backward!r}")
+    bn = _training_batchnorms(model)
+    if bn and not allow_batchnorm:
+        raise ValueError(
+            "cached_backward cannot reproduce full-batch BatchNorm: the model has BatchNorm layers in training mode "
+            f"({', '.join(bn[:3])}{', ...' if len(bn) > 3 else ''}); put them in eval mode (frozen statistics) or "
+            "pass allow_batchnorm=True to accept chunk statistics (approximate)"
+        )
+    bounds = [slice(lo, min(lo + chunk_size, n)) for lo in range(0, n, chunk_size)]
+    _ddp_chunks_agree(model, len(bounds))
+
+    states, outputs = _embed_without_graph(model, inputs, bounds)
+    embeddings = torch.cat(outputs).requires_grad_(True)
+    del outputs
+
+    # the loss on the whole batch: dL/dE and the loss parameters' gradients
+    loss = loss_fn(embeddings, labels, **loss_kwargs)
+    if not isinstance(loss, Tensor) or loss.numel() != 1:
+        raise ValueError(f"loss_fn must return a scalar Tensor; got {type(loss).__name__} {getattr(loss, 'shape', '')}")
+    if not loss.requires_grad:
+        raise ValueError("loss_fn returned a loss that does not require grad: nothing to back-propagate")
+    with _autocast_off(embeddings.device.type):  # backward outside autocast, as with a plain forward
+        (backward or Tensor.backward)(loss)
+    grad = embeddings.grad
+    if grad is None:  # the loss does not depend on the embeddings: the model gets no gradient, as with backward()
+        return loss.detach()
+
+    _backward_chunks(model, inputs, bounds, states, grad)
+    return loss.detach()
