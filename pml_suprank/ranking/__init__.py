@@ -42,8 +42,10 @@ from .dense_hierarchical import (
     dense_sup_ndcg_scores,
 )
 from .flat import (
+    ACCELERATOR_CHUNK_SIZE,
     PairGroups,
     count_above,
+    default_chunk_elements,
     group_pairs,
     group_positions,
     heaviside_positive_count,
@@ -72,6 +74,7 @@ from .window import CHUNK_SIZE, window_sum
 DEFAULT_CHUNK_ELEMENTS = CHUNK_SIZE  # the former name of the flat kernels' default chunk size
 
 __all__ = [
+    "ACCELERATOR_CHUNK_SIZE",
     "CHUNK_SIZE",
     "DENSE_MEMORY_BUDGET",
     "KERNELS",
@@ -84,6 +87,7 @@ __all__ = [
     "SupRankStep",
     "choose_kernel",
     "count_above",
+    "default_chunk_elements",
     "default_offset",
     "dense_block_size",
     "dense_hierarchical_query_ranks",
