@@ -95,17 +95,18 @@ class KernelCosts(NamedTuple):
 # every grid point where one kernel is ≥ 1.3× faster is decided for it, and N = 60,000 is sorted for every B.
 CUDA_FLAT_COSTS = KernelCosts(1.56, 6.90e-8, 4.31, 2.22e-6, 0.0)
 CUDA_HIERARCHICAL_COSTS = KernelCosts(1.45, 1.135e-7, 12.9, 3.71e-6, 3.74e-3)
-# CPU (2 shared cores, torch 2.14, float32, 512-d): see CPU_DENSE_MAX_WORK; in the same form, dense wins up to
-# B·N² = 2^15 for the flat and the 2-level hierarchical losses (bench_losses.py --crossover; docs/performance.md)
-CPU_FLAT_COSTS = KernelCosts(0.0, 1.0, float(1 << 15), 0.0, 0.0)
-CPU_HIERARCHICAL_COSTS = CPU_FLAT_COSTS
 # CPU: dense iff B·N² <= this. Measured with benchmarks/bench_losses.py --crossover --repeats 5 (2 shared CPU cores,
 # float32, 512-d, torch 2.14, SupAP / Smooth-AP / ROADMAP / Sup-R@k): dense is faster for all four at in-batch
 # B = 16 (B·N² = 4.1e3, 1.3-1.8×) and B = 32 (3.3e4, 1.15-1.45×), slower from B = 64 (2.6e5, 0.6-0.9×) and at
 # B = 64 vs N = 128 (1.0e6, 0.14-0.32×); the rule takes the largest measured B·N² where dense won, 2^15. The
 # hierarchical losses (Sup-H-AP, HAPPIER, Sup-NDCG, 2 levels) agree: dense 1.1-2.4× faster at B = 16 and 32, mixed
-# at B = 64 (0.25-1.8×), slower at B = 128 (0.2-0.3×)
+# at B = 64 (0.25-1.8×), slower at B = 128 (0.2-0.3×). Re-measured on 2026-11-26 (--repeats 3, the same grid, a
+# loaded machine; docs/performance.md): the same picture, so the rule is kept
 CPU_DENSE_MAX_WORK = 1 << 15
+# the CPU rule in the form of the cost model: dense = B·N² against sorted = CPU_DENSE_MAX_WORK (unitless), for every
+# number of levels
+CPU_FLAT_COSTS = KernelCosts(0.0, 1.0, float(CPU_DENSE_MAX_WORK), 0.0, 0.0)
+CPU_HIERARCHICAL_COSTS = CPU_FLAT_COSTS
 # Former rule of the accelerators (dense iff N <= this), kept for callers that read it; choose_kernel now uses
 # CUDA_FLAT_COSTS / CUDA_HIERARCHICAL_COSTS
 CUDA_DENSE_MAX_REFS = 4096
