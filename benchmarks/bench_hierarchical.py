@@ -243,7 +243,8 @@ def kernel_table(device, batch_size, num_levels, dim, reps, compiled=True):
                 print(f"| {cls_name} | {kernel} | {r['error']} | | | | | | |", flush=True)
                 continue
             naive = naive or r
-            label = f"auto (→ {choose_kernel('auto', device, batch_size, batch_size)})" if kernel == "auto" else kernel
+            picked = choose_kernel("auto", device, batch_size, batch_size, levels=num_levels)
+            label = f"auto (→ {picked})" if kernel == "auto" else kernel
             comp = f"{r['compile_s']:.1f}" if "compile_s" in r else "–"
             print(
                 f"| {cls_name} | {label} | {r['time_s'] * 1e3:.2f} | {naive['time_s'] / r['time_s']:.2f}× | "

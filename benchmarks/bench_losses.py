@@ -323,7 +323,7 @@ def crossover(device: str, repeats: int, compiled: bool = True, settings: list[S
             if compiled and cls_name not in HIERARCHICAL:
                 fn, t["compile_s"] = _compiled_kernel_loss(cls_name, setting, device)
                 t["dense_compiled"] = _time_in_process(fn, setting, device, repeats)
-            auto = choose_kernel("auto", device, setting.batch, n)
+            auto = choose_kernel("auto", device, setting.batch, n, levels=2 if cls_name in HIERARCHICAL else 1)
             rows.append({"setting": setting.name, "B": setting.batch, "N": n, "loss": cls_name, **t, "auto": auto})
             comp = f"{t['dense_compiled']:.4f} | {t['compile_s']:.1f} | " if "dense_compiled" in t else "– | – | "
             speed = f"{t['dense'] / t['dense_compiled']:.2f}×" if "dense_compiled" in t else "–"

@@ -103,7 +103,7 @@ def check_labels(name: str, labels: Any, n: int, *, allow_2d: bool = True, n_nam
     """Check ``labels`` is an integer tensor of shape ``(n,)`` or ``(n, L)`` (when ``allow_2d``)."""
     if not isinstance(labels, Tensor):
         raise TypeError(f"{name} must be an integer torch.Tensor; got {type(labels).__name__}")
-    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+    if labels.dtype.is_floating_point or labels.dtype.is_complex or labels.dtype == torch.bool:
         raise TypeError(f"{name} must have an integer dtype (e.g. torch.long); got dtype {labels.dtype}")
     shapes = "(N,) or (N, L)" if allow_2d else "(N,)"
     if labels.dim() not in ((1, 2) if allow_2d else (1,)) or labels.shape[0] != n:

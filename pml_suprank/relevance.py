@@ -54,8 +54,8 @@ def tree_consistent(labels: Tensor, name: str = "labels") -> Tensor:
     """
     if (
         not isinstance(labels, Tensor)
-        or labels.is_floating_point()
-        or labels.is_complex()
+        or labels.dtype.is_floating_point
+        or labels.dtype.is_complex
         or labels.dtype == torch.bool
     ):
         raise TypeError(

@@ -77,7 +77,7 @@ class HierarchicalRankLoss(SupRankStepMixin, BaseRankLoss):
     def compute_query_losses(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:
         labels, ref_labels, num_levels = self.hierarchical_labels(inputs)
         levels = level_matrix(labels, ref_labels, tree=True)  # hierarchical_labels checked the tree
-        dense = self.resolved_kernel(inputs) == "dense"
+        dense = self.resolved_kernel(inputs, levels=max(num_levels, 1)) == "dense"
         scores_fn = self.dense_query_scores if dense else self.query_scores
         score, has_pos = scores_fn(inputs.scores, levels, inputs.valid, num_levels)
         return 1.0 - score, has_pos  # all rows and the kept mask: the base reduces without nonzero

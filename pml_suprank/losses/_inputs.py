@@ -102,7 +102,8 @@ def reduce_loss_dict(reducer, loss_dict: dict, embeddings: Tensor, labels: Tenso
     sum of the entries, which is what ``MultipleReducers`` computes — through a zero tensor, one indexed copy per
     entry and their backward. Anything else goes to ``reducer`` as is.
     """
-    direct = type(reducer) is MultipleReducers and not reducer.collect_stats and bool(loss_dict)
+    # len() > 0, not bool(dict): dynamo of torch 2.11 cannot trace bool() of a dict (fullgraph=True fails)
+    direct = type(reducer) is MultipleReducers and not reducer.collect_stats and len(loss_dict) > 0
     for name, entry in loss_dict.items() if direct else ():
         sub = entry_reducer(reducer, name)
         value = entry.get("losses")

@@ -67,7 +67,7 @@ class BaseRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
 
     Args:
         include_self: keep the query as its own positive when the reference set is the batch (reference code).
-        kernel: ``"auto"`` (default: the per-device cost rule of :func:`pml_suprank.ranking.choose_kernel`),
+        kernel: ``"auto"`` (default: the per-device cost model of :func:`pml_suprank.ranking.choose_kernel`),
             ``"dense"`` (every ``(query, item, reference)`` difference in query blocks under a memory budget, no
             host synchronisation; :mod:`pml_suprank.ranking.dense`) or ``"sorted"`` (sorted thresholds and
             chunked windows over the (query, positive) pairs; :mod:`pml_suprank.ranking.flat`). Same values and
@@ -182,10 +182,12 @@ class BaseRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
         """Per-query losses ``(Q,)`` and the kept query rows ``(Q,)`` long; see the class docstring."""
         raise NotImplementedError
 
-    def resolved_kernel(self, inputs: RankInputs) -> str:
-        """``"dense"`` or ``"sorted"``: :attr:`kernel` resolved for these inputs (``"auto"``: cost rule by device)."""
+    def resolved_kernel(self, inputs: RankInputs, levels: int = 1) -> str:
+        """``"dense"`` or ``"sorted"``: :attr:`kernel` resolved for these inputs (``"auto"``: the cost model of
+        :func:`~pml_suprank.ranking.choose_kernel` by device type; ``levels``: 1 for a flat loss, the number of
+        hierarchy levels for a hierarchical one)."""
         num_queries, num_refs = inputs.scores.shape
-        return choose_kernel(self.kernel, inputs.scores.device, num_queries, num_refs)
+        return choose_kernel(self.kernel, inputs.scores.device, num_queries, num_refs, levels=levels)
 
     # ------------------------------------------------------------------ helpers for flat AP-like losses
     @staticmethod

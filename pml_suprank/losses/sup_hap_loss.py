@@ -109,7 +109,7 @@ class SupHAPLoss(HierarchicalRankLoss):
         levels, rel, num_levels = multilabel_levels(inputs.labels, inputs.ref_labels, self.hierarchy, inputs.valid)
         rel = rel.to(inputs.scores.dtype)
         hrank = self.hrank if self.with_hrank else None
-        if self.resolved_kernel(inputs) == "dense":
+        if self.resolved_kernel(inputs, levels=max(num_levels, 1)) == "dense":
             score, has_pos = dense_sup_hap_scores(inputs.scores, levels, rel, inputs.valid, self.constant_step(), hrank)
         else:
             score, has_pos = sup_hap_scores(

@@ -61,7 +61,7 @@ class SupNDCGLoss(HierarchicalRankLoss):
         if num_levels == 0:  # no query has a relevant item
             return inputs.scores.new_zeros(0), torch.zeros(0, dtype=torch.long, device=inputs.scores.device)
         gains = torch.pow(2.0, rel) - 1.0  # graded_ndcg's exponential gain of each level's relevance
-        if self.resolved_kernel(inputs) == "dense":
+        if self.resolved_kernel(inputs, levels=max(num_levels, 1)) == "dense":
             rank, _ = dense_hierarchical_query_ranks(inputs.scores, levels, None, inputs.valid, self.constant_step())
         else:
             rank, _ = hierarchical_ranks(

@@ -48,8 +48,21 @@ class SupRecallLoss(SupRankStepMixin, BaseRankLoss):
         step_kwargs = pop_step_options(type(self).__name__, suprank_kwargs, temperature_is_tau=False)
         super().__init__(**suprank_kwargs)
         self.k = _check_k(k)
+        # the cut-offs as a tensor, built once: moved with the loss (.to / .cuda), copied once per other device
+        self.register_buffer("k_values", torch.tensor(self.k, dtype=torch.float32), persistent=False)
+        self._k_copies: dict[torch.device, Tensor] = {}
         self.temperature = check_positive("temperature", temperature)
         self.init_step(**step_kwargs)
+
+    def k_tensor(self, like: Tensor) -> Tensor:
+        """The cut-offs ``(|K|,)`` on ``like``'s device in its dtype, without a host-to-device copy per call: the
+        ``k_values`` buffer (which follows the loss's ``.to(device)``), else a copy made once for that device."""
+        ks = self.k_values
+        if ks.device != like.device:  # the loss was not moved to the scores' device
+            ks = self._k_copies.get(like.device)
+            if ks is None:
+                ks = self._k_copies[like.device] = self.k_values.to(like.device)
+        return ks.to(like.dtype)
 
     def query_recall(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:
         """Surrogate recall ``(Q,)`` averaged over ``k`` for the queries with a positive, and their rows ``(Q,)``."""
@@ -57,7 +70,7 @@ class SupRecallLoss(SupRankStepMixin, BaseRankLoss):
             return self._dense_recall(inputs)
         q, _, _, rank, groups = grouped_suprank_pair_ranks(inputs, self.constant_step())
         num_queries = inputs.scores.shape[0]
-        ks = torch.tensor(self.k, dtype=rank.dtype, device=rank.device)
+        ks = self.k_tensor(rank)
         hits = tau_sigmoid(ks.unsqueeze(0) - rank.unsqueeze(1), self.temperature)  # (K_pairs, |K|)
         sums = hits.new_zeros(num_queries, len(self.k)).index_add(0, q, hits)
         counts, kept = groups.counts, groups.kept_rows()  # no host synchronisation (one read in the pairs' groups)
@@ -67,7 +80,7 @@ class SupRecallLoss(SupRankStepMixin, BaseRankLoss):
     def _dense_recall(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:
         # Eq. 16 on the dense ranks: hits (B, N, |K|) weighted by the positives mask, no host synchronisation
         pos, _, rank = dense_suprank_query_ranks(inputs, self.constant_step())
-        ks = torch.tensor(self.k, dtype=rank.dtype, device=rank.device)
+        ks = self.k_tensor(rank)
         hits = tau_sigmoid(ks - rank.unsqueeze(2), self.temperature)
         sums = torch.einsum("bik,bi->bk", hits, pos)
         counts = pos.sum(1)

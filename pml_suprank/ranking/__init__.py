@@ -10,7 +10,7 @@ ECCV 2020; HAPPIER, Ramzi et al., ECCV 2022).
 * :mod:`~pml_suprank.ranking.levels` and :mod:`~pml_suprank.ranking.hierarchical` — the hierarchical kernels
   (Sup-H-AP / HAPPIER, Sup-NDCG) over score-sorted level sets;
 * :mod:`~pml_suprank.ranking.dense` — the dense kernels of the flat losses (``(b, N, N)`` differences blocked over
-  queries under a memory budget, no host synchronisation) and the ``kernel="auto"`` cost rule;
+  queries under a memory budget, no host synchronisation) and the ``kernel="auto"`` cost model;
 * :mod:`~pml_suprank.ranking.dense_hierarchical` — the dense kernels of the hierarchical losses;
 * :mod:`~pml_suprank.ranking.tail` — the separable series of the sigmoid's far branches.
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 from .dense import (
     DENSE_MEMORY_BUDGET,
     KERNELS,
+    KernelCosts,
     choose_kernel,
     dense_block_size,
     dense_query_ap,
@@ -30,7 +31,9 @@ from .dense import (
     dense_smooth_ap_ranks,
     dense_suprank_grad,
     dense_suprank_ranks,
+    kernel_costs,
     masked_query_mean,
+    predicted_costs,
 )
 from .dense_hierarchical import (
     dense_hierarchical_query_ranks,
@@ -39,8 +42,10 @@ from .dense_hierarchical import (
     dense_sup_ndcg_scores,
 )
 from .flat import (
+    ACCELERATOR_CHUNK_SIZE,
     PairGroups,
     count_above,
+    default_chunk_elements,
     group_pairs,
     group_positions,
     heaviside_positive_count,
@@ -67,17 +72,20 @@ from .steps import (
 from .window import CHUNK_SIZE, window_sum
 
 __all__ = [
+    "ACCELERATOR_CHUNK_SIZE",
     "CHUNK_SIZE",
     "DENSE_MEMORY_BUDGET",
     "KERNELS",
     "HRankParams",
     "HeavisideStep",
+    "KernelCosts",
     "PairGroups",
     "SigmoidStep",
     "SortedLevels",
     "SupRankStep",
     "choose_kernel",
     "count_above",
+    "default_chunk_elements",
     "default_offset",
     "dense_block_size",
     "dense_hierarchical_query_ranks",
@@ -95,9 +103,11 @@ __all__ = [
     "heaviside",
     "heaviside_positive_count",
     "hierarchical_ranks",
+    "kernel_costs",
     "masked_query_mean",
     "pairwise_step_sum",
     "positive_pair_groups",
+    "predicted_costs",
     "sigmoid_rank_sums",
     "sigmoid_window_sum",
     "sort_levels",

@@ -17,7 +17,8 @@ so that nothing depends on the data's values but the values themselves:
   saves only ``(B, N)`` tensors and recomputes each block's derivative in backward, so the extra memory stays
   one block's, forward and backward;
 * :func:`masked_query_mean` — ``Σ_i w[q, i] x[q, i] / max(Σ_i w[q, i], 1)`` per query, the AP of Eq. 5 / Eq. 11;
-* :func:`choose_kernel` — the losses' ``kernel=`` option (:data:`KERNELS`) resolved by a per-device cost rule.
+* :func:`choose_kernel` — the losses' ``kernel=`` option (:data:`KERNELS`) resolved by a per-device cost model
+  (:func:`kernel_costs`, constants fitted to measured grids).
 
 None of these functions synchronises with the host (no ``.item()``, ``nonzero``, boolean indexing or ``unique``;
 the block size depends on shapes only), so they are ``torch.compile(fullgraph=True)``-friendly. Values equal the
@@ -28,6 +29,8 @@ from their inputs.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
@@ -36,10 +39,15 @@ from .steps import SupRankStep
 
 __all__ = [
     "CPU_DENSE_MAX_WORK",
+    "CPU_FLAT_COSTS",
+    "CPU_HIERARCHICAL_COSTS",
     "CUDA_DENSE_MAX_REFS",
+    "CUDA_FLAT_COSTS",
+    "CUDA_HIERARCHICAL_COSTS",
     "DENSE_MEMORY_BUDGET",
     "DENSE_TEMPORARIES",
     "KERNELS",
+    "KernelCosts",
     "choose_kernel",
     "dense_block_size",
     "dense_query_ap",
@@ -48,52 +56,134 @@ __all__ = [
     "dense_smooth_ap_ranks",
     "dense_suprank_grad",
     "dense_suprank_ranks",
+    "kernel_costs",
     "masked_query_mean",
+    "predicted_costs",
 ]
 
 DENSE_MEMORY_BUDGET = 256 * 2**20  # bytes for one block's (b, N, N) temporaries
 DENSE_TEMPORARIES = 4  # (b, N, N) tensors alive at once in a block's forward or backward (t, sig, mask/derivative, w)
 
 KERNELS = ("auto", "dense", "sorted")
+
+
+class KernelCosts(NamedTuple):
+    """Fitted fwd+bwd time (ms) of one loss call: ``dense = dense_ms + dense_per_elem · B·N²`` and
+    ``sorted = sorted_ms + sorted_per_pair · B·N + sorted_per_ref · N`` (:func:`kernel_costs`)."""
+
+    dense_ms: float
+    dense_per_elem: float
+    sorted_ms: float
+    sorted_per_pair: float
+    sorted_per_ref: float
+
+
+# CUDA, fitted (least squares on relative error) to the NVIDIA H200 grid of 2026-11-26 (torch 2.11.0+cu130, float32,
+# 512-d, fwd+bwd median, B ∈ {32, 64, 128, 256, 512} × N ∈ {B, 512, 1024, 2048, 4096}; tests/data/
+# h200_2026-11-26_grid.jsonl, table in docs/performance.md). Flat: SupAP's dense (the costlier flat dense kernel;
+# Smooth-AP's is ~0.5×) and SupAP + Smooth-AP sorted; hierarchical: Sup-H-AP with 2 levels. Excerpt (ms, dense /
+# sorted):
+#
+#   B    N     B·N²    SupAP        Smooth-AP    Sup-H-AP (2 levels)
+#   32   1024  3.4e7   3.3 / 4.8    2.7 / 4.0    5.3 / 24.8
+#   64   1024  6.7e7   5.8 / 6.0    4.3 / 3.9    9.5 / 22.8
+#   128  1024  1.3e8   10.9 / 6.7   8.5 / 5.8    17.9 / 27.6
+#   512  512   1.3e8   10.8 / 5.0   5.9 / 3.6    17.6 / 13.3
+#   256  4096  4.3e9   313.6 / 9.0  158.6 / 6.8  518.2 / 26.7
+#
+# With these constants the flat crossover is near B·N² ≈ 4e7 (SupAP, in-batch B = 256 up to B = 32 vs 1,024 dense)
+# and the 2-level one near 1.3e8 with a dependence on N (the sorted hierarchical kernel's windows grow with N):
+# every grid point where one kernel is ≥ 1.3× faster is decided for it, and N = 60,000 is sorted for every B.
+CUDA_FLAT_COSTS = KernelCosts(1.56, 6.90e-8, 4.31, 2.22e-6, 0.0)
+CUDA_HIERARCHICAL_COSTS = KernelCosts(1.45, 1.135e-7, 12.9, 3.71e-6, 3.74e-3)
 # CPU: dense iff B·N² <= this. Measured with benchmarks/bench_losses.py --crossover --repeats 5 (2 shared CPU cores,
 # float32, 512-d, torch 2.14, SupAP / Smooth-AP / ROADMAP / Sup-R@k): dense is faster for all four at in-batch
 # B = 16 (B·N² = 4.1e3, 1.3-1.8×) and B = 32 (3.3e4, 1.15-1.45×), slower from B = 64 (2.6e5, 0.6-0.9×) and at
 # B = 64 vs N = 128 (1.0e6, 0.14-0.32×); the rule takes the largest measured B·N² where dense won, 2^15. The
 # hierarchical losses (Sup-H-AP, HAPPIER, Sup-NDCG, 2 levels) agree: dense 1.1-2.4× faster at B = 16 and 32, mixed
-# at B = 64 (0.25-1.8×), slower at B = 128 (0.2-0.3×)
+# at B = 64 (0.25-1.8×), slower at B = 128 (0.2-0.3×). Re-measured on 2026-11-26 (--repeats 3, the same grid, a
+# loaded machine; docs/performance.md): the same picture, so the rule is kept
 CPU_DENSE_MAX_WORK = 1 << 15
-# CUDA (and other accelerators): dense iff N <= this; NOT measured yet (no GPU was available): it is the N up to
-# which one query's float32 (1, N, N) temporaries fit DENSE_MEMORY_BUDGET, sqrt(256 MB / (4 · 4 B)) = 4,096
+# the CPU rule in the form of the cost model: dense = B·N² against sorted = CPU_DENSE_MAX_WORK (unitless), for every
+# number of levels
+CPU_FLAT_COSTS = KernelCosts(0.0, 1.0, float(CPU_DENSE_MAX_WORK), 0.0, 0.0)
+CPU_HIERARCHICAL_COSTS = CPU_FLAT_COSTS
+# Former rule of the accelerators (dense iff N <= this), kept for callers that read it; choose_kernel now uses
+# CUDA_FLAT_COSTS / CUDA_HIERARCHICAL_COSTS
 CUDA_DENSE_MAX_REFS = 4096
 
 
-def choose_kernel(kernel: str, device: torch.device | str, num_queries: int, num_refs: int) -> str:
+def kernel_costs(device: torch.device | str, levels: int = 1) -> KernelCosts:
+    """The :class:`KernelCosts` of ``auto`` on ``device``'s type for a loss with ``levels`` hierarchy levels.
+
+    ``levels = 1``: the flat constants. ``levels >= 2``: the hierarchical ones, measured with 2 levels; on an
+    accelerator, for more levels the size-dependent terms (dense per element, sorted per pair and per reference)
+    are scaled by ``levels − 1`` on both sides (each level adds one pass of each kernel; NOT measured: an
+    extrapolation). CPU constants for the CPU (the same rule for every ``levels``, as measured), the CUDA ones for
+    every other device type (CUDA, MPS, ...: launch-bound devices).
+
+    Raises:
+        ValueError: ``levels`` not a positive int.
+    """
+    if isinstance(levels, bool) or not isinstance(levels, int) or levels < 1:
+        raise ValueError(f"levels must be a positive int (1 for a flat loss); got {levels!r}")
+    cpu = torch.device(device).type == "cpu"
+    if levels == 1:
+        return CPU_FLAT_COSTS if cpu else CUDA_FLAT_COSTS
+    if cpu:  # measured: the CPU crossover does not move with the number of levels
+        return CPU_HIERARCHICAL_COSTS
+    costs, scale = CUDA_HIERARCHICAL_COSTS, float(levels - 1)
+    return costs._replace(
+        dense_per_elem=costs.dense_per_elem * scale,
+        sorted_per_pair=costs.sorted_per_pair * scale,
+        sorted_per_ref=costs.sorted_per_ref * scale,
+    )
+
+
+def predicted_costs(device: torch.device | str, num_queries: int, num_refs: int, levels: int = 1):
+    """``(dense, sorted)`` predicted fwd+bwd cost of one call by :func:`kernel_costs` (ms on CUDA; on the CPU a
+    unitless score whose sign of the difference is the measured rule ``B·N² <= CPU_DENSE_MAX_WORK``)."""
+    costs = kernel_costs(device, levels)
+    b, n = float(num_queries), float(num_refs)
+    dense = costs.dense_ms + costs.dense_per_elem * b * n * n
+    sorted_ = costs.sorted_ms + costs.sorted_per_pair * b * n + costs.sorted_per_ref * n
+    return dense, sorted_
+
+
+def choose_kernel(
+    kernel: str, device: torch.device | str, num_queries: int, num_refs: int, levels: int = 1
+) -> str:
     """Resolve a loss's ``kernel=`` option to ``"dense"`` or ``"sorted"``.
 
-    ``"dense"``/``"sorted"`` are returned as given. ``"auto"`` applies the cost rule of the device type:
+    ``"dense"``/``"sorted"`` are returned as given. ``"auto"`` returns the kernel of the lower predicted cost
+    (:func:`predicted_costs`, ties to dense) for ``B = num_queries`` queries against ``N = num_refs`` reference
+    items and ``levels`` hierarchy levels:
 
-    * CPU: ``"dense"`` iff ``B·N² <= CPU_DENSE_MAX_WORK`` (small in-batch problems, where the sorted kernels'
-      fixed cost of sorts, ``searchsorted`` and index bookkeeping dominates), else ``"sorted"``;
-    * any other device (CUDA, MPS, ...): ``"dense"`` iff ``N <= CUDA_DENSE_MAX_REFS`` (one query's
-      ``(1, N, N)`` float32 temporaries fit :data:`DENSE_MEMORY_BUDGET`; each kernel launch and host
-      synchronisation of the sorted path costs microseconds there), else ``"sorted"``.
+    * CUDA (and other accelerators): ``dense = 1.56 + 6.9e-8·B·N²`` vs ``sorted = 4.31 + 2.2e-6·B·N`` ms (flat),
+      ``dense = 1.45 + 1.14e-7·B·N²`` vs ``sorted = 12.9 + 3.7e-6·B·N + 3.7e-3·N`` ms (2 levels): the constants
+      :data:`CUDA_FLAT_COSTS` / :data:`CUDA_HIERARCHICAL_COSTS`, fitted to the H200 grid quoted with them. E.g.
+      in-batch B = 256 → dense, B = 256 vs 1,024 → sorted, B = 32 vs 1,024 → dense, anything vs 60,000 → sorted.
+    * CPU: ``"dense"`` iff ``B·N² <= CPU_DENSE_MAX_WORK`` (2^15) for every ``levels`` (measured crossover of the
+      flat and 2-level losses on a 2-core CPU).
 
     Args:
         kernel: one of :data:`KERNELS`.
         device: where the scores live.
         num_queries: ``B``.
         num_refs: ``N``.
+        levels: 1 for a flat loss, the number of hierarchy levels ``L`` for a hierarchical one.
 
     Raises:
-        ValueError: ``kernel`` not in :data:`KERNELS`.
+        ValueError: ``kernel`` not in :data:`KERNELS`, or ``levels`` not a positive int.
     """
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}; got {kernel!r}")
+    if isinstance(levels, bool) or not isinstance(levels, int) or levels < 1:
+        raise ValueError(f"levels must be a positive int (1 for a flat loss); got {levels!r}")
     if kernel != "auto":
         return kernel
-    if torch.device(device).type == "cpu":
-        return "dense" if num_queries * num_refs * num_refs <= CPU_DENSE_MAX_WORK else "sorted"
-    return "dense" if num_refs <= CUDA_DENSE_MAX_REFS else "sorted"
+    dense, sorted_ = predicted_costs(device, num_queries, num_refs, levels)
+    return "dense" if dense <= sorted_ else "sorted"
 
 
 def dense_block_size(

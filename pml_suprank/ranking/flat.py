@@ -35,8 +35,10 @@ from .steps import PairMask, Step, SupRankStep
 from .window import CHUNK_SIZE, PairRowsLayout, QueryBlockLayout, SigmoidTerm, StepTerm, window_sum
 
 __all__ = [
+    "ACCELERATOR_CHUNK_SIZE",
     "PairGroups",
     "count_above",
+    "default_chunk_elements",
     "group_pairs",
     "group_positions",
     "heaviside_positive_count",
@@ -46,6 +48,19 @@ __all__ = [
     "sigmoid_window_sum",
     "suprank_negative_sum",
 ]
+
+
+ACCELERATOR_CHUNK_SIZE = 1 << 23
+"""Elements of one window block of the fast flat kernels on an accelerator (CUDA, MPS, ...): 4× :data:`CHUNK_SIZE`,
+i.e. 32 MB per float32 temporary, so that e.g. B = 256 queries × 5 positives against 60,000 items take 10 blocks
+(about 20 launches each, forward and backward) instead of 37. On the CPU the blocks stay at :data:`CHUNK_SIZE`
+(cache-sized; launches cost nothing there). Changes speed and memory, not values: a block holds whole queries."""
+
+
+def default_chunk_elements(device: torch.device | str) -> int:
+    """The window block size of the fast flat kernels on ``device``: :data:`CHUNK_SIZE` on the CPU,
+    :data:`ACCELERATOR_CHUNK_SIZE` elsewhere (fewer, larger blocks where each launch costs microseconds)."""
+    return CHUNK_SIZE if torch.device(device).type == "cpu" else ACCELERATOR_CHUNK_SIZE
 
 
 def pairwise_step_sum(
@@ -246,7 +261,7 @@ def sigmoid_window_sum(
     z_item: Tensor,
     upper: float = float("inf"),
     *,
-    chunk_elements: int = CHUNK_SIZE,
+    chunk_elements: int | None = None,
     groups: PairGroups | None = None,
 ) -> Tensor:
     """``out[k] = Σ_j σ(Z[q_k, j] − z_item[k])`` over the ``j`` with ``Z[q_k, j] − z_item[k] <= upper``.
@@ -255,8 +270,9 @@ def sigmoid_window_sum(
     contribute 0 and get no gradient); ``query_idx`` ``(K,)`` must be grouped by query, ``z_item`` is ``(K,)``.
     The shared window kernel (:class:`~pml_suprank.ranking.window.QueryBlockLayout`): the pairs are laid out as a
     ``(B, P_max)`` matrix and whole queries are processed in chunks by broadcasting, recomputed in backward, so the
-    extra memory is ``O(B·M + chunk_elements)`` and nothing of size ``K × M`` is saved. The chunk shapes come from
-    ``groups`` (:func:`group_pairs`; computed here, one host synchronisation, when not given).
+    extra memory is ``O(B·M + chunk_elements)`` and nothing of size ``K × M`` is saved (``chunk_elements=None``:
+    :func:`default_chunk_elements` of the device). The chunk shapes come from ``groups`` (:func:`group_pairs`;
+    computed here, one host synchronisation, when not given).
 
     Returns:
         ``(K,)`` in the dtype of ``Z``, differentiable w.r.t. ``Z`` and ``z_item``.
@@ -264,7 +280,8 @@ def sigmoid_window_sum(
     num_queries = Z.shape[0]
     groups = group_pairs(query_idx, num_queries) if groups is None else groups
     z = _padded(z_item, query_idx, groups.pos, num_queries, groups.width, float("inf"))
-    layout = QueryBlockLayout(groups.order, groups.widths, float(upper), chunk_elements)
+    chunk = default_chunk_elements(Z.device) if chunk_elements is None else chunk_elements
+    layout = QueryBlockLayout(groups.order, groups.widths, float(upper), chunk)
     out = window_sum(layout, SigmoidTerm(), Z, z)
     return out[query_idx, groups.pos]
 
@@ -276,7 +293,7 @@ def suprank_negative_sum(
     negatives: Tensor,
     step: SupRankStep,
     *,
-    chunk_elements: int = CHUNK_SIZE,
+    chunk_elements: int | None = None,
     groups: PairGroups | None = None,
 ) -> Tensor:
     """``Σ_{j : negatives[q_k, j]} H⁻(s_{q_k j} − s_{q_k i_k})`` for every pair ``k`` (SupRank Eq. 4 and 10).
@@ -345,7 +362,7 @@ def sigmoid_rank_sums(
     valid: Tensor,
     tau: float,
     *,
-    chunk_elements: int = CHUNK_SIZE,
+    chunk_elements: int | None = None,
     groups: PairGroups | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Smooth-AP sums per pair: ``(Σ_{j∈P_q, j≠i} σ_τ(s_j − s_i), Σ_{j∈V_q, j≠i} σ_τ(s_j − s_i))``.

@@ -1,0 +1,98 @@
+"""``choose_kernel``'s cost model against the grids it was fitted to (the H200 grid in tests/data) and its CPU rule."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import DATA
+
+from pml_suprank.ranking import KernelCosts, choose_kernel, kernel_costs, predicted_costs
+from pml_suprank.ranking.dense import CPU_DENSE_MAX_WORK, CUDA_FLAT_COSTS, CUDA_HIERARCHICAL_COSTS
+
+GRID = DATA / "h200_2026-11-26_grid.jsonl"
+LEVELS = {"SupAPLoss": 1, "SmoothAPLoss": 1, "SupHAPLoss": 2}  # the grid's Sup-H-AP has 2 levels
+
+
+def _grid() -> list[dict]:
+    rows = [json.loads(line) for line in GRID.read_text().splitlines() if line.strip()]
+    return [r for r in rows if r["section"] == "grid"]
+
+
+def test_grid_file_is_the_h200_measurement():
+    meta = json.loads(GRID.read_text().splitlines()[0])
+    assert meta["name"] == "NVIDIA H200" and meta["torch"].startswith("2.11")
+    rows = _grid()
+    assert len(rows) == 72 and {r["loss"] for r in rows} == set(LEVELS)
+
+
+def test_cuda_auto_picks_the_faster_kernel_wherever_the_grid_separates_them_by_1_3x():
+    decided = 0
+    for r in _grid():
+        slow, fast = max(r["dense"], r["sorted"]), min(r["dense"], r["sorted"])
+        if slow < 1.3 * fast:
+            continue
+        faster = "dense" if r["dense"] < r["sorted"] else "sorted"
+        picked = choose_kernel("auto", "cuda", r["B"], r["N"], levels=LEVELS[r["loss"]])
+        assert picked == faster, (r["B"], r["N"], r["loss"], r["dense"], r["sorted"])
+        decided += 1
+    assert decided >= 60  # most of the 72 points are far apart; the close ones may go either way
+
+
+@pytest.mark.parametrize("levels", [1, 2, 3])
+@pytest.mark.parametrize("batch", [1, 32, 256, 4096])
+def test_cuda_auto_is_sorted_against_a_60000_item_memory(batch, levels):
+    assert choose_kernel("auto", "cuda", batch, 60_000, levels=levels) == "sorted"
+    assert choose_kernel("auto", torch.device("cuda", 0), batch, 60_000, levels=levels) == "sorted"
+
+
+def test_cuda_auto_examples_of_the_docstring():
+    assert choose_kernel("auto", "cuda", 256, 256) == "dense"  # in-batch
+    assert choose_kernel("auto", "cuda", 256, 1024) == "sorted"
+    assert choose_kernel("auto", "cuda", 32, 1024) == "dense"
+    assert choose_kernel("auto", "cuda", 256, 4096, levels=2) == "sorted"
+    assert choose_kernel("auto", "cuda", 128, 1024, levels=2) == "dense"
+    assert choose_kernel("auto", "cuda", 512, 512, levels=2) == "sorted"
+
+
+def test_cost_model_values_are_the_fitted_lines():
+    dense, sorted_ = predicted_costs("cuda", 256, 4096)
+    c = CUDA_FLAT_COSTS
+    assert dense == pytest.approx(c.dense_ms + c.dense_per_elem * 256 * 4096**2)
+    assert sorted_ == pytest.approx(c.sorted_ms + c.sorted_per_pair * 256 * 4096)
+    # the fit reproduces the measured times within a factor of two at the large points (ms)
+    assert dense == pytest.approx(313.6, rel=0.5) and sorted_ == pytest.approx(9.0, rel=0.5)
+    h_dense, h_sorted = predicted_costs("cuda", 256, 4096, levels=2)
+    assert h_dense == pytest.approx(518.2, rel=0.5) and h_sorted == pytest.approx(26.7, rel=0.5)
+
+
+def test_more_levels_scale_the_size_terms():
+    two, three = kernel_costs("cuda", 2), kernel_costs("cuda", 3)
+    assert isinstance(two, KernelCosts) and two == CUDA_HIERARCHICAL_COSTS
+    assert three.dense_per_elem == pytest.approx(2 * two.dense_per_elem)
+    assert three.sorted_per_ref == pytest.approx(2 * two.sorted_per_ref)
+    assert three.dense_ms == two.dense_ms and three.sorted_ms == two.sorted_ms
+
+
+@pytest.mark.parametrize("levels", [1, 2, 3])
+def test_cpu_rule_keeps_its_measured_threshold(levels):
+    n = int((CPU_DENSE_MAX_WORK // 64) ** 0.5)
+    assert choose_kernel("auto", "cpu", 16, 16, levels=levels) == "dense"
+    assert choose_kernel("auto", "cpu", 32, 32, levels=levels) == "dense"  # B·N² = 2^15
+    assert choose_kernel("auto", "cpu", 64, 64, levels=levels) == "sorted"
+    assert choose_kernel("auto", "cpu", 64, n, levels=levels) == "dense"
+    assert choose_kernel("auto", "cpu", 64, n + 1, levels=levels) == "sorted"
+    assert choose_kernel("auto", "cpu", 256, 60_000, levels=levels) == "sorted"
+
+
+def test_forced_kernels_and_invalid_options():
+    assert choose_kernel("dense", "cuda", 10**6, 10**6, levels=3) == "dense"
+    assert choose_kernel("sorted", "cpu", 2, 2) == "sorted"
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        choose_kernel("Dense", "cpu", 2, 2)
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="levels must be a positive int"):
+            choose_kernel("auto", "cuda", 2, 2, levels=bad)
+        with pytest.raises(ValueError, match="levels must be a positive int"):
+            kernel_costs("cpu", bad)
