@@ -227,7 +227,8 @@ def build_datasets(args: argparse.Namespace, model: Any) -> tuple[Any, Any]:
     if errors:
         raise ValueError(f"--dataset {args.dataset!r}: " + "; ".join(errors))
     config = hc.nest_options(vars(args))
-    train_tf = data.build_transforms(model.data_config, train=True, scale=tuple(args.crop_scale))
+    train_tf = data.build_transforms(model.data_config, train=True, scale=tuple(args.crop_scale),
+                                     auto_augment=args.auto_augment, re_prob=args.re_prob)  # fmt: skip
     test_tf = data.build_transforms(model.data_config, train=False)
     train = hc.build_dataset(config, "train", train_tf, seed=args.seed)
     test = hc.build_dataset(config, "test", test_tf, seed=args.seed)
