@@ -19,10 +19,10 @@ __all__ = [
     "format_metrics",
     "format_metrics_table",
     "headline_keys",
-    "metric_legend",
-    "same_as",
     "metric_label",
+    "metric_legend",
     "one_column",
+    "same_as",
     "table_keys",
 ]
 
