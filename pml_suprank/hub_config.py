@@ -273,6 +273,7 @@ def model_kwargs(config: Mapping[str, Any], **overrides: Any) -> dict[str, Any]:
     model = dict(config.get("model") or {})
     keys = ("backbone", "pretrained", "pooling", "embedding_size", "layer_norm", "backbone_kwargs", "projection_init")
     kwargs = {k: model[k] for k in keys if k in model}
+    kwargs.update({k: model[k] for k in ("crop_pct", "crop_mode") if model.get(k) is not None})
     image_size = (config.get("data") or {}).get("image_size")
     if image_size is not None:
         kwargs["image_size"] = image_size

@@ -37,6 +37,7 @@ from .hub.mixin import HubMixin, load_module_state
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "CropMode",
     "GeneralizedMeanPooling",
     "Pooling",
     "PoolingType",
@@ -48,6 +49,7 @@ __all__ = [
 
 PoolingType = Literal["avg", "gem", "max"]
 ProjectionInit = Literal["random", "pca"]
+CropMode = Literal["center", "squash", "border"]
 
 _HUB_PREFIXES = ("hf-hub:", "local-dir:")
 
@@ -270,6 +272,12 @@ class RetrievalModel(HubMixin, nn.Module):
             reported in :attr:`data_config`.
         mean: Normalisation mean overriding the backbone's pretrained config.
         std: Normalisation std overriding the backbone's pretrained config.
+        crop_pct: Evaluation crop fraction overriding the backbone's (``Resize(size / crop_pct)`` then crop to
+            ``size``; 1.0: no margin); reported in :attr:`data_config` and used by
+            :func:`pml_suprank.data.build_transforms`. Saved in ``config.json`` only when set.
+        crop_mode: Evaluation crop mode overriding the backbone's, one of ``"center"`` (keep the aspect ratio),
+            ``"squash"`` (resize both sides, aspect ratio not kept) or ``"border"`` (resize the long side, pad).
+            Saved in ``config.json`` only when set.
         projection_init: ``"random"`` (PyTorch's default ``nn.Linear`` init) or ``"pca"``: the projection is meant
             to be set from a PCA of the training features with :meth:`init_projection_from_pca` (the
             :class:`~pml_suprank.training.Trainer` does it once at the start of a fresh run, on up to
@@ -306,6 +314,8 @@ class RetrievalModel(HubMixin, nn.Module):
         mean: tuple[float, float, float] | None = None,
         std: tuple[float, float, float] | None = None,
         projection_init: ProjectionInit = "random",
+        crop_pct: float | None = None,
+        crop_mode: CropMode | None = None,
     ) -> None:
         super().__init__()
         timm = _timm()
@@ -340,6 +350,12 @@ class RetrievalModel(HubMixin, nn.Module):
         if std is not None and any(v <= 0 for v in std):
             raise ValueError(f"std must be > 0 in every channel; got {std!r}")
         check_choice("projection_init", projection_init, get_args(ProjectionInit))
+        if crop_pct is not None and (
+            isinstance(crop_pct, bool) or not isinstance(crop_pct, (int, float)) or not 0 < crop_pct <= 1
+        ):
+            raise ValueError(f"crop_pct must be None or a number in (0, 1]; got {crop_pct!r}")
+        if crop_mode is not None:
+            check_choice("crop_mode", crop_mode, get_args(CropMode))
         if projection_init == "pca" and embedding_size is None:
             raise ValueError("projection_init='pca' needs a projection: give embedding_size (an int); got None")
 
@@ -358,6 +374,10 @@ class RetrievalModel(HubMixin, nn.Module):
         }
         if projection_init != "random":  # default left out: config.json of a default model is unchanged
             self.config["projection_init"] = projection_init
+        if crop_pct is not None:  # left out when unset: config.json of a default model is unchanged
+            self.config["crop_pct"] = float(crop_pct)
+        if crop_mode is not None:
+            self.config["crop_mode"] = crop_mode
         self.projection_init: str = projection_init
         # free-form metadata saved in config.json (training loss, label names, dataset, metrics, ...)
         self.hub_metadata: dict[str, Any] = {}
@@ -485,7 +505,8 @@ class RetrievalModel(HubMixin, nn.Module):
     @property
     def data_config(self) -> dict[str, Any]:
         """timm data config (``input_size``, ``interpolation``, ``mean``, ``std``, ``crop_pct``, ``crop_mode``),
-        with ``image_size`` / ``mean`` / ``std`` overrides applied."""
+        with ``image_size`` / ``mean`` / ``std`` / ``crop_pct`` / ``crop_mode`` overrides applied; the input of
+        :func:`pml_suprank.data.build_transforms`."""
         timm = _timm()
         cfg = dict(timm.data.resolve_model_data_config(self.backbone))
         if self.config["image_size"] is not None:
@@ -495,6 +516,9 @@ class RetrievalModel(HubMixin, nn.Module):
             cfg["mean"] = tuple(self.config["mean"])
         if self.config["std"] is not None:
             cfg["std"] = tuple(self.config["std"])
+        for key in ("crop_pct", "crop_mode"):
+            if self.config.get(key) is not None:
+                cfg[key] = self.config[key]
         return cfg
 
     def get_config(self) -> dict[str, Any]:

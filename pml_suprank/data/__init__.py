@@ -4,7 +4,8 @@ One contract for every dataset (:mod:`pml_suprank.data.retrieval_dataset`): ``ds
 (3, H, W), "labels": LongTensor (L,), "index": i}``, ``ds.labels`` ``(N, L)`` with column 0 the finest.
 
 Modules:
-    loading: :func:`load_retrieval_dataset` (Hugging Face ids, folders, parquet), open-set splits, transforms.
+    loading: :func:`load_retrieval_dataset` (Hugging Face ids, folders, parquet), open-set splits.
+    transforms: :func:`build_transforms`, timm's training / evaluation transforms from a backbone's data config.
     hf_sources: where the ``datasets`` splits come from.
     label_columns: multi-label (list-valued) label columns.
     retrieval_dataset: :class:`RetrievalDatasetBase` and the label-set helpers.
@@ -34,10 +35,12 @@ from .paths import PathConfiner, confined_path, is_inside
 from .retrieval_dataset import RetrievalDatasetBase, check_label_sets, decode_image, pad_label_sets, pil_to_tensor
 from .synthetic_multishapes import SYNTHETIC_DATASETS, SyntheticMultiShapes, synthetic_dataset
 from .synthetic_shapes import COLOURS, FAMILIES, SyntheticNoise, SyntheticShapes
+from .transforms import CROP_MODES
 
 __all__ = [
     "BENCHMARKS",
     "COLOURS",
+    "CROP_MODES",
     "FAMILIES",
     "HFRetrievalDataset",
     "PathConfiner",

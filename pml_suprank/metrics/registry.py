@@ -144,7 +144,8 @@ def _sum_w_ap(st: R.RankStats, a: MetricArgs) -> Tensor:
 
 
 _SPECS = (
-    MetricSpec("ap", "ap", "mAP", _binary(R.average_precision_), "average precision over the whole gallery",
+    MetricSpec("ap", "ap", "mAP", _binary(R.average_precision_),
+               "average precision of the fine label over the whole gallery",
                headline=True, progress=True, report=4, multilabel="levels"),
     MetricSpec("map_at_r", "map_at_r", "mAP@R", _binary(R.map_at_r_), "mAP@R (Musgrave et al.)",
                headline=True, report=5, pml_names=(("map_at_r", "mean_average_precision_at_r"),), multilabel="levels"),
@@ -170,12 +171,15 @@ _SPECS = (
     MetricSpec("asi", "asi", "ASI", lambda st, a: R.asi_(st), "average set intersection (SupRank App. C-A1)",
                hierarchical=True, headline=True, progress=True, report=2),
     MetricSpec("sum_w_ap", "sum_w_ap", "ΣwAP", _sum_w_ap, "weighted sum of the per-level APs", hierarchical=True),
-    MetricSpec("ap_level", "ap_level{h}", "AP", _binary(R.average_precision_), "AP at each hierarchy level",
+    MetricSpec("ap_level", "ap_level{h}", "AP", _binary(R.average_precision_),
+               "AP with positives sharing label column h (0 = finest)",
                per_level=True, report=3, multilabel="levels"),
-    MetricSpec("map_at_r_level", "map_at_r_level{h}", "mAP@R", _binary(R.map_at_r_), "mAP@R at each level",
+    MetricSpec("map_at_r_level", "map_at_r_level{h}", "mAP@R", _binary(R.map_at_r_),
+               "mAP@R with positives sharing label column h",
                per_level=True, multilabel="levels"),
     MetricSpec("recall_at_k_level", "recall_at_{k}_level{h}", "R@{k}", _binary_k(R.recall_at_k_),
-               "hit rate at each level", per_level=True, top_k=True, multilabel="levels"),
+               "hit rate in the top k with positives sharing label column h", per_level=True, top_k=True,
+               multilabel="levels"),
     MetricSpec("mean_label_ap", "mean_label_ap", "mean label AP", _binary(R.average_precision_),
                "AP of each query label as a binary problem, averaged over the query's labels (one label per item: "
                "the fine AP)", report=8, multilabel="labels", single_label=False),

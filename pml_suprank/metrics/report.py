@@ -7,9 +7,11 @@ touching these layers.
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Mapping, Sequence
 
-from .registry import METRICS
+from .registry import METRICS, MetricSpec
 
 __all__ = [
     "HEADLINE_KEYS",
@@ -18,7 +20,9 @@ __all__ = [
     "format_metrics_table",
     "headline_keys",
     "metric_label",
+    "metric_legend",
     "one_column",
+    "same_as",
     "table_keys",
 ]
 
@@ -76,15 +80,97 @@ def headline_keys(metrics: Mapping[str, float], paper_results: Mapping[str, floa
     return keys + [k for k in paper if k not in keys]
 
 
-def table_keys(metrics: Mapping[str, float]) -> list[str]:
-    """Keys of ``metrics`` shown in printed tables, in registry report order (per-level keys sorted by name)."""
+# keys of the same number by definition (alias -> the key kept in printed tables): the level-0 key of a per-level
+# metric is its fine metric (level 0 = the finest label column), and a hit in the top 1 is the precision at 1
+_LEVEL0 = re.compile(r"^(?P<base>.+)_level0$")
+_SAME_EXACT = {"precision_at_1": "recall_at_1"}
+# every key pattern as a regular expression, exact keys before the ``{k}``/``{h}`` patterns
+_PATTERNS = tuple(
+    (re.compile("^" + re.escape(s.key).replace(r"\{k\}", r"\d+").replace(r"\{h\}", r"\d+") + "$"), s)
+    for s in sorted(METRICS.values(), key=lambda s: s.takes_k or s.per_level)
+)
+
+
+def _spec_of(key: str) -> MetricSpec | None:
+    for pattern, spec in _PATTERNS:
+        if pattern.match(key):
+            return spec
+    return None
+
+
+def same_as(key: str) -> str | None:
+    """The key that holds the same number as ``key`` by definition and is printed instead of it, or None.
+
+    ``"ap_level0"`` → ``"ap"``, ``"map_at_r_level0"`` → ``"map_at_r"``, ``"recall_at_5_level0"`` →
+    ``"recall_at_5"`` (level 0 is the finest label column) and ``"precision_at_1"`` → ``"recall_at_1"`` (one item:
+    a hit is a precision of 1).
+    """
+    if key in _SAME_EXACT:
+        return _SAME_EXACT[key]
+    match = _LEVEL0.match(key)
+    spec = _spec_of(key)
+    if match and spec is not None and spec.per_level and _spec_of(match["base"]) is not None:
+        return match["base"]
+    return None
+
+
+def _equal(a: float, b: float) -> bool:
+    a, b = float(a), float(b)
+    return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def _dropped(metrics: Mapping[str, float], key: str) -> bool:
+    kept = same_as(key)
+    return kept is not None and kept in metrics and _equal(metrics[key], metrics[kept])
+
+
+def _level(key: str) -> int:
+    tail = key.rpartition("_level")[2]
+    return int(tail) if tail.isdigit() else -1
+
+
+def _candidate_keys(metrics: Mapping[str, float]) -> list[str]:
     keys: list[str] = []
     for spec in _REPORTED:
         if spec.per_level:
-            keys += sorted(k for k in metrics if k.startswith(spec.report_key))
+            level_keys = [k for k in metrics if k.startswith(spec.report_key) and k[len(spec.report_key) :].isdigit()]
+            keys += sorted(level_keys, key=_level)
         elif spec.report_key in metrics:
             keys.append(spec.report_key)
     return keys
+
+
+def table_keys(metrics: Mapping[str, float]) -> list[str]:
+    """Keys of ``metrics`` shown in printed tables, in registry report order (per-level keys by level).
+
+    A key whose number is printed under another name (:func:`same_as`, e.g. ``ap_level0`` = ``ap``,
+    ``precision_at_1`` = ``recall_at_1``) is left out when that key is present with the same value.
+    """
+    return [k for k in _candidate_keys(metrics) if not _dropped(metrics, k)]
+
+
+def metric_legend(keys: Sequence[str], metrics: Mapping[str, float] | None = None) -> str:
+    """One line defining the printed ``keys`` from the registry descriptions, e.g. ``"h_ap = hierarchical AP
+    (SupRank Eq. 19, pop relevance Eq. 20) · ap_level{h} = AP with positives sharing label column h (0 = finest)
+    · ..."``.
+
+    Per-level and top-k keys are described once by their pattern (``ap_level{h}``, ``recall_at_{k}``). With
+    ``metrics``, the table keys of ``metrics`` left out as the same number as a printed key (:func:`same_as`) are
+    named after the key that was kept. Unknown keys are not described; empty string when nothing is described.
+    """
+    left_out = [k for k in _candidate_keys(metrics or {}) if _dropped(metrics or {}, k)]
+    parts: dict[str, str] = {}
+    for key in keys:
+        spec = _spec_of(key)
+        if spec is None:
+            continue
+        name = spec.key if (spec.per_level or spec.takes_k) else key
+        if name not in parts:
+            parts[name] = f"{name} = {spec.description}"
+        same = [k for k in left_out if same_as(k) == key]
+        if same:
+            parts[name] += f" ({key} = {' = '.join(same)}, printed once)"
+    return " · ".join(parts.values())
 
 
 def format_metrics(metrics: Mapping[str, float], short: bool = False) -> str:
@@ -97,19 +183,30 @@ def format_metrics(metrics: Mapping[str, float], short: bool = False) -> str:
 
 
 def format_metrics_table(
-    before: Mapping[str, float], after: Mapping[str, float], keys: Sequence[str] | None = None
+    before: Mapping[str, float],
+    after: Mapping[str, float],
+    keys: Sequence[str] | None = None,
+    legend: bool = True,
 ) -> str:
-    """A fixed-width before/after table (``metric``, ``before``, ``after``, ``change``); default keys: the table keys
-    of ``after``; a key missing from one side prints ``nan``."""
+    """A fixed-width before/after table (``metric``, ``before``, ``after``, ``change``), then (``legend``) a
+    one-line :func:`metric_legend` of its rows; default keys: the table keys of ``after``; a key missing from one
+    side prints ``nan``."""
     if keys is None:
         keys = table_keys(after)
     lines = [f"{'metric':<16}{'before':>10}{'after':>10}{'change':>10}"]
     for k in keys:
         b, a = before.get(k, float("nan")), after.get(k, float("nan"))
         lines.append(f"{k:<16}{b:>10.4f}{a:>10.4f}{a - b:>+10.4f}")
+    if legend and (text := metric_legend(keys, after)):
+        lines.append(text)
     return "\n".join(lines)
 
 
-def one_column(metrics: Mapping[str, float]) -> str:
-    """The table keys of ``metrics`` as fixed-width ``key value`` lines."""
-    return "\n".join(f"{k:<16}{metrics[k]:>10.4f}" for k in table_keys(metrics))
+def one_column(metrics: Mapping[str, float], legend: bool = True) -> str:
+    """The table keys of ``metrics`` as fixed-width ``key value`` lines, then (``legend``) a one-line
+    :func:`metric_legend` of them."""
+    keys = table_keys(metrics)
+    lines = [f"{k:<16}{metrics[k]:>10.4f}" for k in keys]
+    if legend and (text := metric_legend(keys, metrics)):
+        lines.append(text)
+    return "\n".join(lines)

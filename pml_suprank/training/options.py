@@ -97,6 +97,10 @@ class ModelOptions:
         None, 'extra timm.create_model kwargs as JSON, e.g. \'{"img_size": 64}\' for a ViT', section="model",
         check=_json_object(),
     )  # fmt: skip
+    crop_pct: float | None = option(None, "evaluation crop fraction (unset: the backbone's)", section="model",
+                                    check=is_number(0, strict=True, high=1))  # fmt: skip
+    crop_mode: str | None = option(None, "evaluation crop: center, squash or border (unset: the backbone's)",
+                                   section="model", check=is_choice("center", "squash", "border"))  # fmt: skip
 
 
 def _benchmark_names() -> str:
@@ -136,6 +140,9 @@ class DataOptions:
     image_size: int = option(48, "training/test resolution", section="data", check=is_int(8))
     crop_scale: list[float] = option([0.5, 1.0], "area range of the RandomResizedCrop (reference: 0.16,1.0)",
                                      section="data", check=_crop_scale())  # fmt: skip
+    auto_augment: str | None = option(None, "timm augmentation policy for training, e.g. rand-m9-mstd0.5 (RandAugment)",
+                                      section="data", check=is_str("a timm policy string"))  # fmt: skip
+    re_prob: float = option(0.0, "random erasing probability (training)", section="data", check=is_number(0, high=1))
     open_set: bool = option(False, "Hub/local data: train and test fine classes disjoint (error if they overlap)",
                             section="data", check=is_bool())  # fmt: skip
     train_classes_per_coarse: int | None = option(

@@ -108,7 +108,8 @@ def build_datasets(spec: RunSpec, model: Any) -> tuple[Any, Any]:
     training / test fine classes. The data options were checked with the spec."""
     from .. import data
 
-    train_tf = data.build_transforms(model.data_config, train=True, scale=tuple(spec.data.crop_scale))
+    train_tf = data.build_transforms(model.data_config, train=True, scale=tuple(spec.data.crop_scale),
+                                     auto_augment=spec.data.auto_augment, re_prob=spec.data.re_prob)  # fmt: skip
     test_tf = data.build_transforms(model.data_config, train=False)
     section = spec.data_section()
     train = dataset_source(section, "train").load(train_tf, seed=spec.train.seed)

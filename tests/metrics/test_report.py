@@ -82,25 +82,75 @@ def test_headline_progress_and_tables_literal():
         "ndcg_at_5",
     ]
     assert report.table_keys(FULL) == [
-        "h_ap", "ndcg", "asi", "ap_level0", "ap_level1", "ap_level10", "ap_level2",
-        "ap", "map_at_r", "recall_at_1", "precision_at_1",
+        "h_ap", "ndcg", "asi", "ap_level1", "ap_level2", "ap_level10", "ap", "map_at_r", "recall_at_1",
     ]  # fmt: skip
     assert report.format_metrics(HIER_ONLY, short=True) == "h_ap=0.3338  ndcg=0.7162"
-    assert report.format_metrics(FINE_ONLY) == "ap=0.2500  recall_at_1=0.5000  map_at_r=0.1250  precision_at_1=0.5000"
+    assert report.format_metrics(FINE_ONLY) == "ap=0.2500  recall_at_1=0.5000  map_at_r=0.1250"
     assert report.format_metrics(HIER_ONLY) == "h_ap=0.3338  ndcg=0.7162  ap_level0=0.1000  ap_level1=0.2000"
     assert report.one_column(FINE_ONLY) == (
-        "ap                  0.2500\nmap_at_r            0.1250\nrecall_at_1         0.5000\nprecision_at_1      0.5000"
+        "ap                  0.2500\nmap_at_r            0.1250\nrecall_at_1         0.5000\n"
+        "ap = average precision of the fine label over the whole gallery · map_at_r = mAP@R (Musgrave et al.) · "
+        "recall_at_{k} = hit rate: 1 if a positive is in the top k (recall_at_1 = precision_at_1, printed once)"
     )
+    assert report.one_column(FINE_ONLY, legend=False).count("\n") == 2
+    assert report.one_column({}) == ""
     table = report.format_metrics_table({"ap": 0.2, "h_ap": 0.1}, {"ap": 0.25, "h_ap": 0.3338, "map_at_r": 0.5})
     assert table == (
         "metric              before     after    change\n"
         "h_ap                0.1000    0.3338   +0.2338\n"
         "ap                  0.2000    0.2500   +0.0500\n"
-        "map_at_r               nan    0.5000      +nan"
+        "map_at_r               nan    0.5000      +nan\n"
+        "h_ap = hierarchical AP (SupRank Eq. 19, pop relevance Eq. 20) · "
+        "ap = average precision of the fine label over the whole gallery · map_at_r = mAP@R (Musgrave et al.)"
     )
     assert report.format_metrics_table({}, {"ap": 1.0}, keys=["ap"]).splitlines()[1] == (
         "ap                     nan    1.0000      +nan"
     )
+    assert report.format_metrics_table({}, {"foo": 1.0}, keys=["foo"], legend=True).count("\n") == 1
+
+
+def test_each_number_printed_once_with_a_legend():
+    """ap = ap_level0 and recall_at_1 = precision_at_1 by definition: one row each, the legend names the key kept;
+    a per-level metric is described once by its pattern, with the level-0 convention."""
+    lines = report.one_column(FULL).splitlines()
+    rows, legend = lines[:-1], lines[-1]
+    assert [r.split()[0] for r in rows] == report.table_keys(FULL)
+    values = [r.split()[1] for r in rows]
+    assert len(values) == len(set(values)), rows  # no number printed twice
+    assert legend.split(" · ") == [
+        "h_ap = hierarchical AP (SupRank Eq. 19, pop relevance Eq. 20)",
+        "ndcg = NDCG (SupRank Eq. 23)",
+        "asi = average set intersection (SupRank App. C-A1)",
+        "ap_level{h} = AP with positives sharing label column h (0 = finest)",
+        "ap = average precision of the fine label over the whole gallery (ap = ap_level0, printed once)",
+        "map_at_r = mAP@R (Musgrave et al.)",
+        "recall_at_{k} = hit rate: 1 if a positive is in the top k (recall_at_1 = precision_at_1, printed once)",
+    ]
+    table = report.format_metrics_table(FULL, FULL).splitlines()
+    assert [r.split()[0] for r in table[1:-1]] == report.table_keys(FULL) and table[-1] == legend
+    # only the keys shown are described; an alias whose kept key is absent is printed under its own name
+    assert report.one_column(HIER_ONLY).splitlines()[-1] == (
+        "h_ap = hierarchical AP (SupRank Eq. 19, pop relevance Eq. 20) · ndcg = NDCG (SupRank Eq. 23) · "
+        "ap_level{h} = AP with positives sharing label column h (0 = finest)"
+    )
+    # a different value (not the evaluator's) is never hidden
+    assert "precision_at_1" in report.table_keys({**FINE_ONLY, "precision_at_1": 0.4})
+    assert report.same_as("ap_level0") == "ap"
+    assert report.same_as("map_at_r_level0") == "map_at_r"
+    assert report.same_as("recall_at_5_level0") == "recall_at_5"
+    assert report.same_as("precision_at_1") == "recall_at_1"
+    assert [report.same_as(k) for k in ("ap_level1", "recall_at_1", "precision_at_5", *ODD_KEYS)] == [None] * 10
+    # the evaluator's own numbers: the duplicated keys are equal and left out
+    import torch
+
+    from pml_suprank.metrics import RetrievalEvaluator
+
+    g = torch.Generator().manual_seed(0)
+    emb = torch.randn(40, 8, generator=g)
+    labels = torch.stack([torch.arange(40) % 8, torch.arange(40) % 8 // 4], 1)
+    out = RetrievalEvaluator().evaluate(emb, labels)
+    assert out["ap"] == out["ap_level0"] and out["recall_at_1"] == out["precision_at_1"]
+    assert "ap_level0" not in report.table_keys(out) and "precision_at_1" not in report.table_keys(out)
 
 
 def test_registry_is_consistent():

@@ -1,0 +1,142 @@
+"""Training and evaluation image transforms: timm's :func:`timm.data.create_transform` driven by a backbone's
+resolved data config (``model.data_config``, i.e. :func:`timm.data.resolve_model_data_config` with the model's
+overrides).
+
+The data config decides the resolution, interpolation, normalisation and the evaluation crop (``crop_pct`` and
+``crop_mode``: ``"center"`` resizes the short side to ``size / crop_pct`` then center-crops, ``"squash"`` resizes
+both sides to ``size / crop_pct`` — the aspect ratio is not kept — then center-crops, ``"border"`` resizes the long
+side then pads); the keyword arguments of :func:`build_transforms` decide the training augmentation (random resized
+crop, flip, optional colour jitter, RandAugment / AugMix / AutoAugment policy strings and random erasing).
+
+Randomness: timm's training transforms draw from the global ``random`` and ``torch`` generators. The training loop
+wraps its dataset in :class:`~pml_suprank.training.SeededAugmentation`, which seeds both per ``(seed, epoch, item)``,
+so the augmented images do not depend on workers, processes or on resuming.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+__all__ = ["CROP_MODES", "build_transforms"]
+
+#: evaluation crop modes of timm (``data_config["crop_mode"]``)
+CROP_MODES = ("center", "squash", "border")
+_INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "box", "hamming", "lanczos")
+_DEFAULT_CROP_PCT = 0.875
+
+
+def _check_pair(name: str, value: Sequence[float], high: float | None) -> tuple[float, float]:
+    ok = isinstance(value, Sequence) and len(value) == 2 and all(isinstance(v, (int, float)) for v in value)
+    ok = ok and 0 < value[0] <= value[1] and (high is None or value[1] <= high)
+    if not ok:
+        bound = f" <= {high}" if high is not None else ""
+        raise ValueError(f"{name} must be (low, high) with 0 < low <= high{bound}; got {value!r}")
+    return float(value[0]), float(value[1])
+
+
+def _check_probability(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ValueError(f"{name} must be a probability in [0, 1]; got {value!r}")
+    return float(value)
+
+
+def _eval_crop(data_config: Mapping[str, Any]) -> tuple[float, str]:
+    crop_pct = data_config.get("crop_pct")
+    crop_pct = _DEFAULT_CROP_PCT if crop_pct is None else crop_pct
+    if isinstance(crop_pct, bool) or not isinstance(crop_pct, (int, float)) or not 0 < crop_pct <= 1:
+        raise ValueError(f"data_config['crop_pct'] must lie in (0, 1]; got {crop_pct!r}")
+    crop_mode = data_config.get("crop_mode") or "center"
+    if crop_mode not in CROP_MODES:
+        raise ValueError(f"data_config['crop_mode'] must be one of {CROP_MODES}; got {crop_mode!r}")
+    return float(crop_pct), str(crop_mode)
+
+
+def build_transforms(
+    data_config: dict[str, Any],
+    train: bool,
+    *,
+    scale: Sequence[float] = (0.16, 1.0),
+    ratio: Sequence[float] = (3.0 / 4.0, 4.0 / 3.0),
+    hflip: float = 0.5,
+    color_jitter: float | None = None,
+    auto_augment: str | None = None,
+    re_prob: float = 0.0,
+    re_mode: str = "pixel",
+    re_count: int = 1,
+) -> Callable:
+    """Image transforms from a timm data config, built by :func:`timm.data.create_transform`.
+
+    Training: ``RandomResizedCropAndInterpolation(size, scale, ratio)`` + horizontal flip (+ colour jitter, + the
+    ``auto_augment`` policy) + ``ToTensor`` + ``Normalize`` (+ ``RandomErasing``); the reference recipes use scale
+    (0.16, 1) (ranking_reference.md §5). Evaluation: timm's eval pipeline for ``crop_pct`` / ``crop_mode`` (module
+    docstring) + ``ToTensor`` + ``Normalize``: ``Resize(floor(size / crop_pct))`` + ``CenterCrop(size)`` for the
+    default ``"center"`` (Resize 256 + CenterCrop 224 for ``crop_pct = 0.875``).
+
+    Args:
+        data_config: Dict with ``input_size`` ``(3, H, W)``, ``mean``, ``std`` and optionally ``interpolation``
+            (default bilinear), ``crop_pct`` (default 0.875) and ``crop_mode`` (one of :data:`CROP_MODES`, default
+            ``"center"``), e.g. ``model.data_config``.
+        train: Training (random) or evaluation (deterministic) pipeline.
+        scale: Area range of the random crop (training only).
+        ratio: Aspect-ratio range of the random crop (training only).
+        hflip: Probability of a horizontal flip (training only).
+        color_jitter: Brightness / contrast / saturation jitter strength, or None for none (training only; timm
+            leaves it out when an ``auto_augment`` policy is given).
+        auto_augment: timm policy string (training only), e.g. ``"rand-m9-mstd0.5"`` (RandAugment, magnitude 9,
+            magnitude std 0.5), ``"rand-m9-n3-mstd0.5-inc1"``, ``"augmix-m5-w4-d2"``, ``"original"``; None: none.
+        re_prob: Probability of random erasing, applied to the normalised tensor (training only; 0: none).
+        re_mode: Random-erasing fill: ``"pixel"`` (per-pixel normal noise), ``"rand"`` (per-channel) or ``"const"``
+            (zeros).
+        re_count: Maximum number of erased rectangles per image.
+
+    Returns:
+        A callable mapping a PIL RGB image to a normalised ``(3, H, W)`` float tensor.
+
+    Example:
+        >>> tf = build_transforms({"input_size": (3, 32, 32), "mean": (0.5,) * 3, "std": (0.5,) * 3}, train=True,
+        ...                       auto_augment="rand-m9-mstd0.5", re_prob=0.25)
+        >>> from PIL import Image
+        >>> tf(Image.new("RGB", (40, 30))).shape
+        torch.Size([3, 32, 32])
+    """
+    from timm.data import create_transform
+
+    if not isinstance(data_config, dict):
+        raise TypeError(f"data_config must be a dict (e.g. model.data_config); got {type(data_config).__name__}")
+    missing = [k for k in ("input_size", "mean", "std") if k not in data_config]
+    if missing:
+        raise ValueError(f"data_config is missing {missing}; got keys {sorted(data_config)}")
+    input_size = tuple(data_config["input_size"])
+    if len(input_size) != 3 or any(int(s) <= 0 for s in input_size):
+        raise ValueError(f"data_config['input_size'] must be (3, H, W); got {input_size}")
+    size = (int(input_size[1]), int(input_size[2]))
+    interpolation = str(data_config.get("interpolation") or "bilinear")
+    if interpolation not in _INTERPOLATIONS:
+        raise ValueError(f"data_config['interpolation'] must be one of {_INTERPOLATIONS}; got {interpolation!r}")
+    common = {"mean": tuple(data_config["mean"]), "std": tuple(data_config["std"]), "interpolation": interpolation}
+    scale, ratio = _check_pair("scale", scale, 1.0), _check_pair("ratio", ratio, None)
+    hflip = _check_probability("hflip", hflip)
+    if color_jitter is not None and (not isinstance(color_jitter, (int, float)) or color_jitter < 0):
+        raise ValueError(f"color_jitter must be None or a number >= 0; got {color_jitter!r}")
+    if auto_augment is not None and (not isinstance(auto_augment, str) or not auto_augment):
+        raise ValueError(f"auto_augment must be None or a timm policy string such as 'rand-m9-mstd0.5'; got "
+                         f"{auto_augment!r}")  # fmt: skip
+    re_prob = _check_probability("re_prob", re_prob)
+    if re_mode not in ("pixel", "rand", "const"):
+        raise ValueError(f"re_mode must be one of ('pixel', 'rand', 'const'); got {re_mode!r}")
+    if isinstance(re_count, bool) or not isinstance(re_count, int) or re_count < 1:
+        raise ValueError(f"re_count must be an int >= 1; got {re_count!r}")
+    crop_pct, crop_mode = _eval_crop(data_config)
+    if not train:
+        return create_transform(size, is_training=False, crop_pct=crop_pct, crop_mode=crop_mode, **common)
+    try:
+        return create_transform(
+            size, is_training=True, scale=scale, ratio=ratio, hflip=hflip, color_jitter=color_jitter,
+            auto_augment=auto_augment, re_prob=re_prob, re_mode=re_mode, re_count=re_count, **common,
+        )  # fmt: skip
+    except (AssertionError, KeyError, ValueError, IndexError) as err:  # timm's parsing of the policy string
+        raise ValueError(
+            f"auto_augment must be a timm policy string such as 'rand-m9-mstd0.5' or 'augmix-m5-w4-d2'; got "
+            f"{auto_augment!r} ({type(err).__name__}: {err})"
+        ) from err
