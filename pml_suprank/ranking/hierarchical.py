@@ -61,6 +61,10 @@ __all__ = [
 # relative costs (CPU, measured) of one elementwise window element and of one element of one series table per term
 _WINDOW_COST, _TABLE_COST = 1.0, 1.5
 
+QUERY_BLOCK_ELEMENTS = 1 << 21
+"""``(query, list, item)`` elements of one block of queries of the sorted hierarchical kernel (``rows · (L + 1) · N``):
+bounds its extra memory (a few hundred bytes per element with autograd) whatever the batch and memory sizes."""
+
 
 class _Query(NamedTuple):
     """Per-call inputs of :func:`hierarchical_ranks`, all ``(B, N)``."""
@@ -289,36 +293,17 @@ def _rank_plus(
     return torch.where(x.positive, rplus, 0.0)
 
 
-def hierarchical_ranks(
+def _block_ranks(
     scores: Tensor,
     levels: Tensor,
     level_relevance: Tensor | None,
     num_levels: int,
-    valid: Tensor | None = None,
-    step: SupRankStep | None = None,
-    hrank: HRankParams | None = None,
-    chunk_size: int = CHUNK_SIZE,
+    valid: Tensor,
+    step: SupRankStep,
+    hrank: HRankParams | None,
+    chunk_size: int,
 ) -> tuple[Tensor, Tensor | None]:
-    """Surrogate ranks and H-rank⁺ of every positive reference item (SupRank Eqs. 18 and 21).
-
-    Args:
-        scores: ``(B, N)`` query-reference similarities (differentiable).
-        levels: ``(B, N)`` int64 levels in ``{0..L}`` (``L`` = same fine class, 0 = negative).
-        level_relevance: ``(B, L + 1)`` relevance of each level for each query (e.g.
-            :func:`pml_suprank.relevance.pop_relevance`); ``None`` skips H-rank⁺ (Sup-NDCG only needs ranks).
-        num_levels: ``L``.
-        valid: optional ``(B, N)`` bool, the reference items that take part for each query.
-        step: the SupRank step H⁻ (:class:`pml_suprank.ranking.SupRankStep`, paper defaults when None).
-        hrank: if given, use ``H_s^>`` (HAPPIER Eq. 43) towards more relevant items in H-rank⁺.
-        chunk_size: window (and series table) elements processed at once (memory/speed trade-off only).
-
-    Returns:
-        ``rank`` ``(B, N)`` (1 at non-positive or invalid items) and ``rank_plus`` ``(B, N)`` (0 there, ``None`` if
-        ``level_relevance`` is None), both in ``scores.dtype``.
-    """
-    step = step if step is not None else SupRankStep()
-    levels = levels.long()
-    valid = torch.ones_like(levels, dtype=torch.bool) if valid is None else valid.bool()
+    """:func:`hierarchical_ranks` of one block of queries (``(b, N)`` inputs), with plain autograd."""
     x = _Query(scores, scores.detach(), scores.to(torch.float64), levels, valid, valid & (levels > 0))
     sl = sort_levels(scores, levels, valid, int(num_levels), s64=x.s64)
     ge_pos = sl.search(x.s_det, right=False)
@@ -338,6 +323,106 @@ def hierarchical_ranks(
     return rank, _rank_plus(sl, x, ge, gt_pos, level_relevance, hrank).to(scores.dtype)
 
 
+class _BlockedRanks(torch.autograd.Function):
+    """:func:`_block_ranks` over blocks of ``rows`` queries; backward recomputes one block at a time.
+
+    Forward runs every block without autograd and keeps only the inputs; backward re-evaluates each block with
+    autograd and back-propagates through it before the next one. The extra memory is then one block's graph (about
+    ``rows · (L + 1) · N`` list elements, :data:`QUERY_BLOCK_ELEMENTS`) whatever ``B`` and however many items of a
+    query are relevant; values and gradients are those of the blocks evaluated separately.
+    """
+
+    @staticmethod
+    def forward(ctx, scores, level_relevance, levels, valid, num_levels, step, hrank, chunk_size, rows):
+        ranks, plus = [], []
+        for b0 in range(0, scores.shape[0], rows):
+            b1 = b0 + rows
+            rel = None if level_relevance is None else level_relevance[b0:b1]
+            r, p = _block_ranks(scores[b0:b1], levels[b0:b1], rel, num_levels, valid[b0:b1], step, hrank, chunk_size)
+            ranks.append(r)
+            plus.append(torch.zeros_like(r) if p is None else p)
+        ctx.save_for_backward(scores, level_relevance, levels, valid)
+        ctx.args = (num_levels, step, hrank, chunk_size, rows)
+        return torch.cat(ranks), torch.cat(plus)
+
+    @staticmethod
+    def backward(ctx, grad_rank, grad_plus):
+        scores, level_relevance, levels, valid = ctx.saved_tensors
+        num_levels, step, hrank, chunk_size, rows = ctx.args
+        need_rel = level_relevance is not None and ctx.needs_input_grad[1]
+        grad_s = torch.zeros_like(scores) if ctx.needs_input_grad[0] else None
+        grad_r = torch.zeros_like(level_relevance) if need_rel else None
+        for b0 in range(0, scores.shape[0], rows):
+            b1 = b0 + rows
+            with torch.enable_grad():
+                s = scores[b0:b1].detach().requires_grad_(grad_s is not None)
+                rel = None if level_relevance is None else level_relevance[b0:b1].detach().requires_grad_(need_rel)
+                r, p = _block_ranks(s, levels[b0:b1], rel, num_levels, valid[b0:b1], step, hrank, chunk_size)
+                outs = [(r, grad_rank[b0:b1])] + ([] if p is None else [(p, grad_plus[b0:b1])])
+                outs = [(o, g) for o, g in outs if o.requires_grad]
+                targets = [(t, acc) for t, acc in ((s, grad_s), (rel, grad_r)) if acc is not None]
+                if not outs or not targets:
+                    continue
+                got = torch.autograd.grad(
+                    [o for o, _ in outs], [t for t, _ in targets], [g for _, g in outs], allow_unused=True
+                )
+            for (_, acc), g in zip(targets, got):
+                if g is not None:
+                    acc[b0:b1] = g
+        return grad_s, grad_r, None, None, None, None, None, None, None
+
+
+def query_block_rows(num_refs: int, num_levels: int, block_elements: int | None = None) -> int:
+    """Queries per block of the sorted hierarchical kernel: ``rows · (L + 1) · N <= block_elements``
+    (:data:`QUERY_BLOCK_ELEMENTS` by default), at least 1."""
+    budget = QUERY_BLOCK_ELEMENTS if block_elements is None else int(block_elements)
+    return max(1, budget // max(1, (int(num_levels) + 1) * int(num_refs)))
+
+
+def hierarchical_ranks(
+    scores: Tensor,
+    levels: Tensor,
+    level_relevance: Tensor | None,
+    num_levels: int,
+    valid: Tensor | None = None,
+    step: SupRankStep | None = None,
+    hrank: HRankParams | None = None,
+    chunk_size: int = CHUNK_SIZE,
+    block_elements: int | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Surrogate ranks and H-rank⁺ of every positive reference item (SupRank Eqs. 18 and 21).
+
+    Args:
+        scores: ``(B, N)`` query-reference similarities (differentiable).
+        levels: ``(B, N)`` int64 levels in ``{0..L}`` (``L`` = same fine class, 0 = negative).
+        level_relevance: ``(B, L + 1)`` relevance of each level for each query (e.g.
+            :func:`pml_suprank.relevance.pop_relevance`); ``None`` skips H-rank⁺ (Sup-NDCG only needs ranks).
+        num_levels: ``L``.
+        valid: optional ``(B, N)`` bool, the reference items that take part for each query.
+        step: the SupRank step H⁻ (:class:`pml_suprank.ranking.SupRankStep`, paper defaults when None).
+        hrank: if given, use ``H_s^>`` (HAPPIER Eq. 43) towards more relevant items in H-rank⁺.
+        chunk_size: window (and series table) elements processed at once (memory/speed trade-off only).
+        block_elements: ``(query, list, item)`` elements of one block of queries (:func:`query_block_rows`,
+            :data:`QUERY_BLOCK_ELEMENTS` when None). When ``B`` queries need several blocks, forward keeps no graph
+            and backward recomputes one block at a time (:class:`_BlockedRanks`): the extra memory is bounded by one
+            block whatever ``B`` and the number of relevant items, at the price of a second forward pass.
+
+    Returns:
+        ``rank`` ``(B, N)`` (1 at non-positive or invalid items) and ``rank_plus`` ``(B, N)`` (0 there, ``None`` if
+        ``level_relevance`` is None), both in ``scores.dtype``.
+    """
+    step = step if step is not None else SupRankStep()
+    levels = levels.long()
+    valid = torch.ones_like(levels, dtype=torch.bool) if valid is None else valid.bool()
+    num_levels = int(num_levels)
+    rows = query_block_rows(scores.shape[1], num_levels, block_elements)
+    if scores.shape[0] <= rows:
+        return _block_ranks(scores, levels, level_relevance, num_levels, valid, step, hrank, int(chunk_size))
+    args = (levels, valid, num_levels, step, hrank, int(chunk_size), rows)
+    rank, rank_plus = _BlockedRanks.apply(scores, level_relevance, *args)
+    return rank, (None if level_relevance is None else rank_plus)
+
+
 def sup_hap_scores(
     scores: Tensor,
     levels: Tensor,
@@ -347,20 +432,24 @@ def sup_hap_scores(
     step: SupRankStep | None = None,
     hrank: HRankParams | None = None,
     chunk_size: int = CHUNK_SIZE,
+    block_elements: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Per-query surrogate H-AP of SupRank Eq. 21 (the score inside ``1 − mean``).
 
     ``H-AP_b = Σ_{i ∈ Ω⁺} H-rank⁺(i) / rank(i) / Σ_{j} rel_j`` with the relevances of ``level_relevance``.
 
     Args:
-        scores, levels, level_relevance, num_levels, valid, step, hrank, chunk_size: see :func:`hierarchical_ranks`.
+        scores, levels, level_relevance, num_levels, valid, step, hrank, chunk_size, block_elements: see
+            :func:`hierarchical_ranks`.
 
     Returns:
         ``(B,)`` per-query scores (0 where the query has no positive) and the ``(B,)`` bool mask of queries with at
         least one positive (relevance sum > 0).
     """
     valid_b = torch.ones_like(levels, dtype=torch.bool) if valid is None else valid.bool()
-    rank, rank_plus = hierarchical_ranks(scores, levels, level_relevance, num_levels, valid_b, step, hrank, chunk_size)
+    rank, rank_plus = hierarchical_ranks(
+        scores, levels, level_relevance, num_levels, valid_b, step, hrank, chunk_size, block_elements
+    )
     rel = torch.gather(level_relevance.to(scores.dtype), 1, levels.long())
     rel = torch.where(valid_b, rel, torch.zeros_like(rel))
     norm = rel.sum(1)
@@ -379,18 +468,20 @@ def sup_ndcg_scores(
     valid: Tensor | None = None,
     step: SupRankStep | None = None,
     chunk_size: int = CHUNK_SIZE,
+    block_elements: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Per-query surrogate NDCG of SupRank Eq. 24: ``DCG_s / iDCG`` with gains ``2^l − 1``.
 
     ``DCG_s = Σ_{i ∈ Ω⁺} (2^{T_i} − 1) / log2(1 + rank(i))`` with the SupRank ranks of :func:`hierarchical_ranks`;
-    the ideal DCG is that of the same reference set (the valid items) sorted by level.
+    the ideal DCG is that of the same reference set (the valid items) sorted by level. Arguments: see
+    :func:`hierarchical_ranks`.
 
     Returns:
         ``(B,)`` per-query scores (0 where the query has no positive) and the ``(B,)`` mask of queries with one.
     """
     valid_b = torch.ones_like(levels, dtype=torch.bool) if valid is None else valid.bool()
     levels = levels.long()
-    rank, _ = hierarchical_ranks(scores, levels, None, num_levels, valid_b, step, None, chunk_size)
+    rank, _ = hierarchical_ranks(scores, levels, None, num_levels, valid_b, step, None, chunk_size, block_elements)
     gains_l = torch.pow(2.0, torch.arange(num_levels + 1, dtype=scores.dtype, device=scores.device)) - 1.0
     g = gains_l[levels]
     pos = valid_b & (levels > 0)
