@@ -47,7 +47,7 @@ from torch import Tensor
 from ..relevance import ideal_dcg
 from .levels import SortedLevels, sort_levels
 from .steps import HRankParams, SupRankStep
-from .tail import CUT, SigmoidTail, bands, num_terms_for, table_rows
+from .tail import CUT, SigmoidTail, band_span, bands, num_terms_for, table_rows
 from .window import CHUNK_SIZE, SigmoidTerm, SortedWindowLayout, StepTerm, window_sum
 
 __all__ = [
@@ -168,27 +168,30 @@ def _plan_series(
     cut = CUT * step.tau  # |t| > cut: the sigmoid may be summed by its separable series
     below_pos = sl.search(x.s_det - cut, right=False)
     above_pos = sl.search(x.s_det + cut, right=True) if fast else None
-    tail_lists = []  # (query, item, row, lower-tail end, upper-part begin, upper-part end)
     for l, w in enumerate(windows, 1):
         lo_s = torch.minimum(sl.members_before(l, below_pos), w.hi)
         up_s = torch.minimum(torch.maximum(sl.members_before(l, above_pos), lo_s), w.hi) if fast else w.hi
         windows[l - 1] = w._replace(lo_s=lo_s, up_s=up_s)
-        q_idx, i_idx = torch.nonzero(w.at_level & ((lo_s > 0) | (up_s < w.hi)), as_tuple=True)
-        if q_idx.numel():
-            rows = (l - 1) * bsz + q_idx
-            tail_lists.append((q_idx, i_idx, rows, lo_s[q_idx, i_idx], up_s[q_idx, i_idx], w.hi[q_idx, i_idx]))
-    if not tail_lists:
+    # (level, query, item) of every item with a series part: one nonzero over the stacked levels
+    lo_all, up_all, hi_all = (torch.stack(v) for v in zip(*((w.lo_s, w.up_s, w.hi) for w in windows)))
+    at_all = torch.stack([w.at_level for w in windows])
+    lv, tq, ti = torch.nonzero(at_all & ((lo_all > 0) | (up_all < hi_all)), as_tuple=True)
+    if not lv.numel():
         return windows, None
-    tq, ti, t_rows, lo_end, up_begin, up_end = (torch.cat(v) for v in zip(*tail_lists))
+    t_rows = lv * bsz + tq  # row of the stacked sorted lists A_1..A_L
+    lo_end, up_begin, up_end = lo_all[lv, tq, ti], up_all[lv, tq, ti], hi_all[lv, tq, ti]
     inf = torch.tensor(float("inf"), dtype=x.s_det.dtype, device=x.s_det.device)
     s_row_min = torch.where(x.valid, x.s_det, inf).amin(1).to(torch.float64)
     s_row_max = torch.where(x.valid, x.s_det, -inf).amax(1).to(torch.float64)
     s_row_min = torch.where(torch.isfinite(s_row_min), s_row_min, 0.0).repeat(sl.num_levels)
     s_row_max = torch.where(torch.isfinite(s_row_max), s_row_max, 0.0).repeat(sl.num_levels)
     s_item = x.s64[tq, ti]
-    anchors, band = bands(s_row_min, s_row_max, s_item, t_rows, step.tau, num_terms)
-    saved = window_total - sum(int(torch.where(w.at_level, w.up_s - w.lo_s, 0).sum()) for w in windows)
-    table_cost = table_rows(t_rows, band) * n * num_terms * _TABLE_COST
+    lo, span = band_span(s_row_min, s_row_max, s_item, t_rows)
+    kept = torch.where(at_all, up_all - lo_all, 0).sum()
+    span_max, kept = torch.stack([span.max().to(torch.float64), kept.to(torch.float64)]).tolist()  # one host read
+    anchors, band = bands(s_row_min, s_row_max, s_item, t_rows, step.tau, num_terms, (lo, span_max))
+    saved = window_total - int(kept)
+    table_cost = table_rows(t_rows, band, sl.num_levels * bsz) * n * num_terms * _TABLE_COST
     if saved * _WINDOW_COST <= table_cost:
         return windows, None
     return windows, _SeriesPlan(tq, ti, t_rows, lo_end, up_begin, up_end, s_item, anchors, band)
@@ -210,17 +213,14 @@ def _add_window_sums(
     series sums the items below the windows, it then stops at the block's start; the returned plan says so."""
     bsz, n = x.s_det.shape
     num_levels = sl.num_levels
-    pair_lists = []  # (query, item, row, window end, window length)
-    for l, w in enumerate(windows, 1):
-        start, end = (w.lo_s, w.up_s) if series is not None else (w.lo, w.hi)
-        length = torch.where(w.at_level, end - start, torch.zeros_like(w.hi))
-        q_idx, i_idx = torch.nonzero(length > 0, as_tuple=True)
-        if q_idx.numel():
-            rows = (l - 1) * bsz + q_idx  # row of the stacked sorted lists A_1..A_L
-            pair_lists.append((q_idx, i_idx, rows, end[q_idx, i_idx], length[q_idx, i_idx]))
-    if not pair_lists:
+    bounds = [(w.lo_s, w.up_s) if series is not None else (w.lo, w.hi) for w in windows]
+    end_all, start_all = torch.stack([end for _, end in bounds]), torch.stack([b for b, _ in bounds])
+    length_all = torch.where(torch.stack([w.at_level for w in windows]), end_all - start_all, 0)
+    lv, q_idx, i_idx = torch.nonzero(length_all > 0, as_tuple=True)  # one nonzero over the stacked levels
+    if not lv.numel():
         return rank64, series
-    q_idx, i_idx, rows, ends, lengths = (torch.cat(v) for v in zip(*pair_lists))
+    rows = lv * bsz + q_idx  # row of the stacked sorted lists A_1..A_L
+    ends, lengths = end_all[lv, q_idx, i_idx], length_all[lv, q_idx, i_idx]
     order = torch.argsort(lengths, descending=True)  # similar widths per block: little padding
     q_idx, i_idx, rows, ends, lengths = (v[order] for v in (q_idx, i_idx, rows, ends, lengths))
     layout = SortedWindowLayout(
@@ -228,9 +228,8 @@ def _add_window_sums(
         q_idx, i_idx, int(chunk_size), mask_infinite=not fast,
     )  # fmt: skip
     if series is not None:  # the series' lower tail stops where the evaluated block starts
-        widths = torch.empty_like(lengths)
-        for m0, m1, width in layout.block_list:
-            widths[m0:m1] = width
+        spans = torch.tensor([[m1 - m0, width] for m0, m1, width in layout.block_list]).to(lengths.device)
+        widths = torch.repeat_interleave(spans[:, 1], spans[:, 0], output_size=lengths.numel())
         block_start = torch.full((num_levels * bsz * n,), n, dtype=torch.long, device=lengths.device)
         block_start[rows * n + i_idx] = (ends - widths).clamp_min(0)
         lo_end = torch.minimum(series.lo_end, block_start[series.rows * n + series.i_idx])
