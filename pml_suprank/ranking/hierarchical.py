@@ -322,42 +322,43 @@ def _block_ranks(
     return rank, _rank_plus(sl, x, ge, gt_pos, level_relevance, hrank).to(scores.dtype)
 
 
-class _BlockedRanks(torch.autograd.Function):
-    """:func:`_block_ranks` over blocks of ``rows`` queries; backward recomputes one block at a time.
+class _BlockedRows(torch.autograd.Function):
+    """``fn`` (a per-query function of ``(scores, level_relevance, levels, valid)`` rows returning a tuple of
+    row-indexed float tensors) over blocks of ``rows`` queries; backward recomputes one block at a time.
 
-    Forward runs every block without autograd and keeps only the inputs; backward re-evaluates each block with
-    autograd and back-propagates through it before the next one. The extra memory is then one block's graph (about
-    ``rows · (L + 1) · N`` list elements, :data:`QUERY_BLOCK_ELEMENTS`) whatever ``B`` and however many items of a
-    query are relevant; values and gradients are those of the blocks evaluated separately.
+    Forward runs every block without autograd and keeps only the inputs and the outputs; backward re-evaluates each
+    block with autograd and back-propagates through it before the next one. The extra memory is then one block's
+    graph (about ``rows · (L + 1) · N`` list elements, :data:`QUERY_BLOCK_ELEMENTS`) whatever ``B`` and however many
+    items of a query are relevant; values and gradients are those of the blocks evaluated separately.
     """
 
     @staticmethod
-    def forward(ctx, scores, level_relevance, levels, valid, num_levels, step, hrank, chunk_size, rows):
-        ranks, plus = [], []
+    def forward(ctx, fn, rows, scores, level_relevance, levels, valid):
+        outs = None
         for b0 in range(0, scores.shape[0], rows):
-            b1 = b0 + rows
-            rel = None if level_relevance is None else level_relevance[b0:b1]
-            r, p = _block_ranks(scores[b0:b1], levels[b0:b1], rel, num_levels, valid[b0:b1], step, hrank, chunk_size)
-            ranks.append(r)
-            plus.append(torch.zeros_like(r) if p is None else p)
+            rel = None if level_relevance is None else level_relevance[b0 : b0 + rows]
+            got = fn(scores[b0 : b0 + rows], rel, levels[b0 : b0 + rows], valid[b0 : b0 + rows])
+            if outs is None:  # preallocated: no list of blocks and no concatenation
+                outs = [o.new_empty((scores.shape[0], *o.shape[1:])) for o in got]
+            for out, o in zip(outs, got):
+                out[b0 : b0 + rows] = o
         ctx.save_for_backward(scores, level_relevance, levels, valid)
-        ctx.args = (num_levels, step, hrank, chunk_size, rows)
-        return torch.cat(ranks), torch.cat(plus)
+        ctx.fn, ctx.rows = fn, rows
+        return tuple(outs)
 
     @staticmethod
-    def backward(ctx, grad_rank, grad_plus):
+    def backward(ctx, *grad_outs):
         scores, level_relevance, levels, valid = ctx.saved_tensors
-        num_levels, step, hrank, chunk_size, rows = ctx.args
-        need_rel = level_relevance is not None and ctx.needs_input_grad[1]
-        grad_s = torch.zeros_like(scores) if ctx.needs_input_grad[0] else None
+        fn, rows = ctx.fn, ctx.rows
+        need_rel = level_relevance is not None and ctx.needs_input_grad[3]
+        grad_s = torch.zeros_like(scores) if ctx.needs_input_grad[2] else None
         grad_r = torch.zeros_like(level_relevance) if need_rel else None
         for b0 in range(0, scores.shape[0], rows):
             b1 = b0 + rows
             with torch.enable_grad():
                 s = scores[b0:b1].detach().requires_grad_(grad_s is not None)
                 rel = None if level_relevance is None else level_relevance[b0:b1].detach().requires_grad_(need_rel)
-                r, p = _block_ranks(s, levels[b0:b1], rel, num_levels, valid[b0:b1], step, hrank, chunk_size)
-                outs = [(r, grad_rank[b0:b1])] + ([] if p is None else [(p, grad_plus[b0:b1])])
+                outs = [(o, g[b0:b1]) for o, g in zip(fn(s, rel, levels[b0:b1], valid[b0:b1]), grad_outs)]
                 outs = [(o, g) for o, g in outs if o.requires_grad]
                 targets = [(t, acc) for t, acc in ((s, grad_s), (rel, grad_r)) if acc is not None]
                 if not outs or not targets:
@@ -368,7 +369,15 @@ class _BlockedRanks(torch.autograd.Function):
             for (_, acc), g in zip(targets, got):
                 if g is not None:
                     acc[b0:b1] = g
-        return grad_s, grad_r, None, None, None, None, None, None, None
+        return None, None, grad_s, grad_r, None, None
+
+
+def _by_blocks(fn, rows: int, scores: Tensor, level_relevance: Tensor | None, levels: Tensor, valid: Tensor):
+    """``fn(scores, level_relevance, levels, valid)`` directly when the ``B`` queries fit one block of ``rows``,
+    else by :class:`_BlockedRows`."""
+    if scores.shape[0] <= rows:
+        return fn(scores, level_relevance, levels, valid)
+    return _BlockedRows.apply(fn, rows, scores, level_relevance, levels, valid)
 
 
 def query_block_rows(num_refs: int, num_levels: int, block_elements: int | None = None) -> int:
@@ -415,10 +424,13 @@ def hierarchical_ranks(
     valid = torch.ones_like(levels, dtype=torch.bool) if valid is None else valid.bool()
     num_levels = int(num_levels)
     rows = query_block_rows(scores.shape[1], num_levels, block_elements)
-    if scores.shape[0] <= rows:
-        return _block_ranks(scores, levels, level_relevance, num_levels, valid, step, hrank, int(chunk_size))
-    args = (levels, valid, num_levels, step, hrank, int(chunk_size), rows)
-    rank, rank_plus = _BlockedRanks.apply(scores, level_relevance, *args)
+    chunk_size = int(chunk_size)
+
+    def ranks(s: Tensor, rel: Tensor | None, lv: Tensor, va: Tensor) -> tuple[Tensor, Tensor]:
+        rank, rank_plus = _block_ranks(s, lv, rel, num_levels, va, step, hrank, chunk_size)
+        return rank, (torch.zeros_like(rank) if rank_plus is None else rank_plus)
+
+    rank, rank_plus = _by_blocks(ranks, rows, scores, level_relevance, levels, valid)
     return rank, (None if level_relevance is None else rank_plus)
 
 
@@ -445,18 +457,24 @@ def sup_hap_scores(
         ``(B,)`` per-query scores (0 where the query has no positive) and the ``(B,)`` bool mask of queries with at
         least one positive (relevance sum > 0).
     """
+    step = step if step is not None else SupRankStep()
+    levels = levels.long()
     valid_b = torch.ones_like(levels, dtype=torch.bool) if valid is None else valid.bool()
-    rank, rank_plus = hierarchical_ranks(
-        scores, levels, level_relevance, num_levels, valid_b, step, hrank, chunk_size, block_elements
-    )
-    rel = torch.gather(level_relevance.to(scores.dtype), 1, levels.long())
-    rel = torch.where(valid_b, rel, torch.zeros_like(rel))
-    norm = rel.sum(1)
-    has_pos = norm > 0
-    ratio = torch.where(valid_b & (levels > 0), rank_plus / rank, torch.zeros_like(rank))
-    score = torch.where(
-        has_pos, ratio.sum(1) / torch.where(has_pos, norm, torch.ones_like(norm)), torch.zeros_like(norm)
-    )
+    num_levels, chunk = int(num_levels), int(chunk_size)
+
+    def hap(s: Tensor, rel_tab: Tensor, lv: Tensor, va: Tensor) -> tuple[Tensor]:
+        rank, rank_plus = _block_ranks(s, lv, rel_tab, num_levels, va, step, hrank, chunk)
+        rel = torch.gather(rel_tab.to(s.dtype), 1, lv)
+        norm = torch.where(va, rel, torch.zeros_like(rel)).sum(1)
+        has_pos = norm > 0
+        ratio = torch.where(va & (lv > 0), rank_plus / rank, torch.zeros_like(rank))
+        return (torch.where(has_pos, ratio.sum(1) / torch.where(has_pos, norm, 1.0), torch.zeros_like(norm)),)
+
+    rows = query_block_rows(scores.shape[1], num_levels, block_elements)
+    (score,) = _by_blocks(hap, rows, scores, level_relevance, levels, valid_b)
+    with torch.no_grad():
+        rel = torch.gather(level_relevance.to(scores.dtype), 1, levels)
+        has_pos = torch.where(valid_b, rel, torch.zeros_like(rel)).sum(1) > 0
     return score, has_pos
 
 
@@ -478,16 +496,21 @@ def sup_ndcg_scores(
     Returns:
         ``(B,)`` per-query scores (0 where the query has no positive) and the ``(B,)`` mask of queries with one.
     """
-    valid_b = torch.ones_like(levels, dtype=torch.bool) if valid is None else valid.bool()
+    step = step if step is not None else SupRankStep()
     levels = levels.long()
-    rank, _ = hierarchical_ranks(scores, levels, None, num_levels, valid_b, step, None, chunk_size, block_elements)
+    valid_b = torch.ones_like(levels, dtype=torch.bool) if valid is None else valid.bool()
+    num_levels, chunk = int(num_levels), int(chunk_size)
     gains_l = torch.pow(2.0, torch.arange(num_levels + 1, dtype=scores.dtype, device=scores.device)) - 1.0
-    g = gains_l[levels]
-    pos = valid_b & (levels > 0)
-    dcg = torch.where(pos, g / torch.log2(1.0 + rank), torch.zeros_like(rank)).sum(1)
-    counts = torch.zeros(levels.shape[0], num_levels + 1, dtype=torch.long, device=levels.device)
-    counts = counts.scatter_add(1, levels, valid_b.long())
-    idcg = ideal_dcg(counts, gains_l)
-    has_pos = pos.any(1)
-    score = torch.where(has_pos, dcg / torch.where(has_pos, idcg, torch.ones_like(idcg)), torch.zeros_like(dcg))
-    return score, has_pos
+
+    def ndcg(s: Tensor, _rel: None, lv: Tensor, va: Tensor) -> tuple[Tensor]:
+        rank, _ = _block_ranks(s, lv, None, num_levels, va, step, None, chunk)
+        pos = va & (lv > 0)
+        dcg = torch.where(pos, gains_l[lv] / torch.log2(1.0 + rank), torch.zeros_like(rank)).sum(1)
+        counts = torch.zeros(lv.shape[0], num_levels + 1, dtype=torch.long, device=lv.device)
+        idcg = ideal_dcg(counts.scatter_add(1, lv, va.long()), gains_l)
+        has_pos = pos.any(1)
+        return (torch.where(has_pos, dcg / torch.where(has_pos, idcg, torch.ones_like(idcg)), torch.zeros_like(dcg)),)
+
+    rows = query_block_rows(scores.shape[1], num_levels, block_elements)
+    (score,) = _by_blocks(ndcg, rows, scores, None, levels, valid_b)
+    return score, (valid_b & (levels > 0)).any(1)
