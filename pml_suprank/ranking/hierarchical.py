@@ -65,6 +65,10 @@ QUERY_BLOCK_ELEMENTS = 1 << 21
 """``(query, list, item)`` elements of one block of queries of the sorted hierarchical kernel (``rows · (L + 1) · N``):
 bounds its extra memory (a few hundred bytes per element with autograd) whatever the batch and memory sizes."""
 
+ONE_BLOCK_FACTOR = 2
+"""A problem of at most ``ONE_BLOCK_FACTOR · QUERY_BLOCK_ELEMENTS`` elements is evaluated as one block (plain autograd,
+no recomputation): e.g. B = 256 queries against 4,096 items with 2 levels (3.1e6 elements)."""
+
 
 class _Query(NamedTuple):
     """Per-call inputs of :func:`hierarchical_ranks`, all ``(B, N)``."""
@@ -380,11 +384,19 @@ def _by_blocks(fn, rows: int, scores: Tensor, level_relevance: Tensor | None, le
     return _BlockedRows.apply(fn, rows, scores, level_relevance, levels, valid)
 
 
-def query_block_rows(num_refs: int, num_levels: int, block_elements: int | None = None) -> int:
+def query_block_rows(
+    num_refs: int, num_levels: int, block_elements: int | None = None, num_queries: int | None = None
+) -> int:
     """Queries per block of the sorted hierarchical kernel: ``rows · (L + 1) · N <= block_elements``
-    (:data:`QUERY_BLOCK_ELEMENTS` by default), at least 1."""
+    (:data:`QUERY_BLOCK_ELEMENTS` by default), at least 1.
+
+    Blocks cost a second forward pass (backward recomputes them), so ``num_queries`` queries whose whole problem is
+    at most :data:`ONE_BLOCK_FACTOR` blocks are kept as one block (returns ``num_queries``)."""
     budget = QUERY_BLOCK_ELEMENTS if block_elements is None else int(block_elements)
-    return max(1, budget // max(1, (int(num_levels) + 1) * int(num_refs)))
+    per_query = max(1, (int(num_levels) + 1) * int(num_refs))
+    if num_queries is not None and int(num_queries) * per_query <= ONE_BLOCK_FACTOR * budget:
+        return max(1, int(num_queries))
+    return max(1, budget // per_query)
 
 
 def hierarchical_ranks(
@@ -423,7 +435,7 @@ def hierarchical_ranks(
     levels = levels.long()
     valid = torch.ones_like(levels, dtype=torch.bool) if valid is None else valid.bool()
     num_levels = int(num_levels)
-    rows = query_block_rows(scores.shape[1], num_levels, block_elements)
+    rows = query_block_rows(scores.shape[1], num_levels, block_elements, scores.shape[0])
     chunk_size = int(chunk_size)
 
     def ranks(s: Tensor, rel: Tensor | None, lv: Tensor, va: Tensor) -> tuple[Tensor, Tensor]:
@@ -470,7 +482,7 @@ def sup_hap_scores(
         ratio = torch.where(va & (lv > 0), rank_plus / rank, torch.zeros_like(rank))
         return (torch.where(has_pos, ratio.sum(1) / torch.where(has_pos, norm, 1.0), torch.zeros_like(norm)),)
 
-    rows = query_block_rows(scores.shape[1], num_levels, block_elements)
+    rows = query_block_rows(scores.shape[1], num_levels, block_elements, scores.shape[0])
     (score,) = _by_blocks(hap, rows, scores, level_relevance, levels, valid_b)
     with torch.no_grad():
         rel = torch.gather(level_relevance.to(scores.dtype), 1, levels)
@@ -511,6 +523,6 @@ def sup_ndcg_scores(
         has_pos = pos.any(1)
         return (torch.where(has_pos, dcg / torch.where(has_pos, idcg, torch.ones_like(idcg)), torch.zeros_like(dcg)),)
 
-    rows = query_block_rows(scores.shape[1], num_levels, block_elements)
+    rows = query_block_rows(scores.shape[1], num_levels, block_elements, scores.shape[0])
     (score,) = _by_blocks(ndcg, rows, scores, None, levels, valid_b)
     return score, (valid_b & (levels > 0)).any(1)

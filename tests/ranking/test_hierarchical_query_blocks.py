@@ -19,7 +19,7 @@ from pml_suprank.ranking import (
     sup_hap_scores,
     sup_ndcg_scores,
 )
-from pml_suprank.ranking.hierarchical import QUERY_BLOCK_ELEMENTS, query_block_rows
+from pml_suprank.ranking.hierarchical import ONE_BLOCK_FACTOR, QUERY_BLOCK_ELEMENTS, query_block_rows
 from pml_suprank.relevance import level_counts, pop_relevance
 
 STEP = SupRankStep(tau=0.01, rho=100.0, delta=0.05, start=0.5, offset=1.44)
@@ -56,7 +56,7 @@ def test_hap_blocks_equal_dense_with_a_huge_coarse_class(spread, with_hrank):
     hrank = HRANK if with_hrank else None
     n, num_levels = scores.shape[1], 2
     blocks = 2 * (num_levels + 1) * n  # 2 queries per block: 4 blocks for 7 queries
-    assert query_block_rows(n, num_levels, blocks) == 2
+    assert query_block_rows(n, num_levels, blocks, 7) == 2
     dense = _value_and_grad(lambda s: dense_sup_hap_scores(s, levels, rel, valid, STEP, hrank), scores)
     ours = _value_and_grad(
         lambda s: sup_hap_scores(s, levels, rel, num_levels, valid, STEP, hrank, chunk_size=257, block_elements=blocks),
@@ -90,7 +90,7 @@ def test_blocks_equal_one_block_ranks_and_rank_plus():
         rank, plus = hierarchical_ranks(s, levels, rel, 2, valid, STEP, HRANK, chunk_size=500, block_elements=blocks)
         (rank.sum() + 0.3 * plus.sum()).backward()
         out.append((rank.detach(), plus.detach(), s.grad))
-    assert query_block_rows(300, 2, None) >= 5 and query_block_rows(300, 2, 1) == 1
+    assert query_block_rows(300, 2, None, 5) == 5 and query_block_rows(300, 2, 1, 5) == 1
     for a, b in zip(*out):
         torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-12)  # ranks up to ~300: a few ulp
 
@@ -116,8 +116,13 @@ def test_blocked_forward_without_grad_and_relevance_gradient():
 
 def test_query_block_rows_bounds_the_block():
     assert query_block_rows(60_000, 2) == QUERY_BLOCK_ELEMENTS // (3 * 60_000)
+    assert ONE_BLOCK_FACTOR * QUERY_BLOCK_ELEMENTS >= 256 * 3 * 4096
     assert query_block_rows(10**9, 2) == 1  # at least one query, whatever N
     assert query_block_rows(100, 1, 1_000) == 5
+    # a problem of at most ONE_BLOCK_FACTOR blocks stays one block (no recomputation)
+    assert query_block_rows(100, 1, 1_000, 10) == 10 and query_block_rows(100, 1, 1_000, 11) == 5
+    assert query_block_rows(4096, 2, None, 256) == 256  # B = 256 vs 4,096 items, 2 levels: one block
+    assert query_block_rows(60_000, 2, None, 256) < 16  # vs 60,000 items: blocks of a few queries
 
 
 _HIER_LOSSES = {
