@@ -31,7 +31,9 @@ A dense implementation materialises ``B × N × N`` tensors. Here every quantity
 Branch boundaries are decided exactly as an elementwise evaluation of ``t = s_j − s_i`` would (``t > 0`` ⇔
 ``s_j > s_i``; the ``δ`` threshold is searched with :func:`_last_within`), so ties and boundary cases match the
 dense definition. Cost: ``O(L · B · N log N)`` plus the window work ``Σ_{(b,i)} |window(b, i)|``; extra memory
-``O(L · B · N)`` plus one chunk. ``t_lo = −τ · min(50, log(N / eps))``: below it the sigmoid contributes less than
+``O(L · b · N)`` for a block of ``b`` queries plus one chunk: queries are independent, so large problems are
+evaluated in blocks of :data:`QUERY_BLOCK_ELEMENTS` ``(query, list, item)`` elements whose backward recomputes them
+(:class:`_BlockedRows`, a second forward pass), and the extra memory does not grow with ``B``. ``t_lo = −τ · min(50, log(N / eps))``: below it the sigmoid contributes less than
 ``eps`` (the dtype's machine epsilon) to any rank in total, so such pairs may be skipped (the reference's clamp
 makes them constant ``σ(−50) ≈ 2e−22`` with zero gradient).
 """
@@ -424,7 +426,7 @@ def hierarchical_ranks(
         chunk_size: window (and series table) elements processed at once (memory/speed trade-off only).
         block_elements: ``(query, list, item)`` elements of one block of queries (:func:`query_block_rows`,
             :data:`QUERY_BLOCK_ELEMENTS` when None). When ``B`` queries need several blocks, forward keeps no graph
-            and backward recomputes one block at a time (:class:`_BlockedRanks`): the extra memory is bounded by one
+            and backward recomputes one block at a time (:class:`_BlockedRows`): the extra memory is bounded by one
             block whatever ``B`` and the number of relevant items, at the price of a second forward pass.
 
     Returns:
