@@ -33,9 +33,10 @@ Branch boundaries are decided exactly as an elementwise evaluation of ``t = s_j 
 dense definition. Cost: ``O(L · B · N log N)`` plus the window work ``Σ_{(b,i)} |window(b, i)|``; extra memory
 ``O(L · b · N)`` for a block of ``b`` queries plus one chunk: queries are independent, so large problems are
 evaluated in blocks of :data:`QUERY_BLOCK_ELEMENTS` ``(query, list, item)`` elements whose backward recomputes them
-(:class:`_BlockedRows`, a second forward pass), and the extra memory does not grow with ``B``. ``t_lo = −τ · min(50, log(N / eps))``: below it the sigmoid contributes less than
-``eps`` (the dtype's machine epsilon) to any rank in total, so such pairs may be skipped (the reference's clamp
-makes them constant ``σ(−50) ≈ 2e−22`` with zero gradient).
+(:class:`_BlockedRows`, a second forward pass), and the extra memory does not grow with ``B``.
+``t_lo = −τ · min(50, log(N / eps))``: below it the sigmoid contributes less than ``eps`` (the dtype's machine
+epsilon) to any rank in total, so such pairs may be skipped (the reference's clamp makes them constant
+``σ(−50) ≈ 2e−22`` with zero gradient).
 """
 
 from __future__ import annotations
