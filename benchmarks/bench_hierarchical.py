@@ -7,6 +7,7 @@ Prints ratios measured in the same process (the machine is shared: absolute time
     python benchmarks/bench_hierarchical.py --quick         # smaller sizes, for a smoke run
     python benchmarks/bench_hierarchical.py --out results.json
     python benchmarks/bench_hierarchical.py --quick --no-compile  # without the torch.compile rows (no compile time)
+    python benchmarks/bench_hierarchical.py --large 256x20000,64x60000  # large memories: peak memory, x score matrix
 
 Cases:
 * kernels table (issue 13), per available device (CPU, and CUDA when visible), in-batch ``random`` regime, L = 2
@@ -23,12 +24,17 @@ Cases:
 * B = 256 queries with a 4,096-item memory and 3 levels: time and peak extra memory (resident memory of a fresh
   subprocess sampled every millisecond during one forward + backward, minus the resident memory before it).
   The dense implementation would need B·N² ≈ 4.3e9 elements
-  (~35 bytes each in the reference, i.e. > 100 GB), so only ours is run.
+  (~35 bytes each in the reference, i.e. > 100 GB), so only ours is run;
+* ``--large BxN,...`` (issue 19) only: Sup-H-AP / HAPPIER / Sup-NDCG, sorted kernel, against SOP-like memories
+  (N / 5 fine classes, 12 super-classes), each row in a fresh process: peak resident-memory growth of one fwd+bwd
+  and its time next to the score-matrix fwd+bwd of the same shapes in the same process; ``--block-elements 0,-1``
+  compares the default blocks of queries with all queries in one block (the kernel before blocking).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import resource
 import statistics
@@ -306,6 +312,104 @@ def bench_memory(batch_size, memory_size, dim, regime, threads):
     }
 
 
+# ----------------------------------------------------------------------------- large memories (issue 19)
+LARGE_LOSSES = ("SupHAPLoss", "HAPPIERLoss", "SupNDCGLoss")
+
+
+def _sop_like(num_items, num_levels, dim, seed, num_fine):
+    """SOP-like items: ``num_fine`` fine classes, 12 super-classes (and, with 3 levels, 4 fine classes per middle
+    class), random unit embeddings (an untrained network: every score inside the sigmoid window)."""
+    g = torch.Generator().manual_seed(seed)
+    fine = torch.randint(0, num_fine, (num_items,), generator=g)
+    cols = [fine] + ([fine // 4] if num_levels == 3 else []) + [fine % 12]
+    return F.normalize(torch.randn(num_items, dim, generator=g), dim=1), torch.stack(cols, 1)
+
+
+def _peak_run(fn):
+    """Time (s) and peak resident-memory growth (MB) of ``fn()``: current RSS sampled every millisecond by a thread
+    (after :func:`_mmap_large_blocks`, so that memory freed before ``fn`` is not silently reused by it)."""
+    baseline = _rss_mb()
+    peak, done = [baseline], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], _rss_mb())
+            time.sleep(0.001)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    t0 = time.perf_counter()
+    fn()
+    elapsed = time.perf_counter() - t0
+    done.set()
+    sampler.join()
+    return elapsed, max(peak[0], _rss_mb()) - baseline
+
+
+def _mmap_large_blocks() -> None:
+    """glibc: serve every allocation above 64 KiB by ``mmap`` (``mallopt(M_MMAP_THRESHOLD, 65536)``), so that a freed
+    block leaves the resident set at once and the RSS delta measures the peak honestly; no-op elsewhere."""
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(-3, 65536)  # M_MMAP_THRESHOLD = -3
+    except (OSError, AttributeError):
+        pass
+
+
+def _large_child(loss_name, batch_size, memory_size, num_levels, dim, block_elements):
+    """Fresh process: fwd+bwd of the score matrix, then of ``loss_name`` (sorted kernel) against a memory of
+    ``memory_size`` items; ``block_elements``: 0 the default blocks, < 0 all queries in one block (unbounded)."""
+    import pml_suprank.ranking.hierarchical as hier
+
+    _mmap_large_blocks()
+    if block_elements < 0:
+        hier.QUERY_BLOCK_ELEMENTS = 1 << 62
+    elif block_elements > 0:
+        hier.QUERY_BLOCK_ELEMENTS = block_elements
+    num_fine = max(memory_size // 5, 12)
+    mem, mem_labels = _sop_like(memory_size, num_levels, dim, 2, num_fine)
+    emb, labels = _sop_like(batch_size, num_levels, dim, 1, num_fine)
+    kwargs = {"num_classes": num_fine, "embedding_size": dim} if loss_name == "HAPPIERLoss" else {}
+    loss_fn = getattr(losses, loss_name)(kernel="sorted", **kwargs)
+    x = emb.clone().requires_grad_(True)
+    loss_fn(x[:4], labels[:4], ref_emb=mem[:500], ref_labels=mem_labels[:500]).backward()  # warm-up (lazy inits)
+    x.grad = None
+    mm_s, mm_mb = _peak_run(lambda: (F.normalize(x, dim=1) @ mem.T).sum().backward())
+    loss_s, loss_mb = _peak_run(lambda: loss_fn(x, labels, ref_emb=mem, ref_labels=mem_labels).backward())
+    print(json.dumps({"matmul_s": mm_s, "matmul_mb": mm_mb, "loss_s": loss_s, "loss_mb": loss_mb}))
+
+
+def bench_large(loss_name, batch_size, memory_size, num_levels, dim, threads, block_elements):
+    """One row of the large-memory table, measured in a fresh subprocess (``_large_child``)."""
+    cmd = [sys.executable, __file__, "--threads", str(threads), "--large-child", loss_name, str(batch_size)]
+    cmd += [str(memory_size), str(num_levels), str(dim), str(block_elements)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    res = json.loads(out)
+    blocks = "one block" if block_elements < 0 else f"blocks of {block_elements or 'default'}"
+    return {
+        "case": f"{loss_name} B={batch_size} memory={memory_size} L={num_levels} sorted, {blocks}",
+        **res,
+        "time_over_matmul": res["loss_s"] / res["matmul_s"],
+    }
+
+
+def large_table(sizes, num_levels, dim, threads, block_elements_list):
+    """Peak extra memory and time of the sorted hierarchical losses against large memories."""
+    print("\n| case | peak extra (MB) | fwd+bwd (s) | score matrix fwd+bwd (s) | ratio |")
+    print("|---|---|---|---|---|")
+    rows = []
+    for batch_size, memory_size in sizes:
+        for loss_name in LARGE_LOSSES:
+            for block_elements in block_elements_list:
+                r = bench_large(loss_name, batch_size, memory_size, num_levels, dim, threads, block_elements)
+                rows.append(r)
+                print(
+                    f"| {r['case']} | {r['loss_mb']:.0f} | {r['loss_s']:.2f} | {r['matmul_s']:.3f} | "
+                    f"{r['time_over_matmul']:.0f}x |",
+                    flush=True,
+                )
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smaller sizes (smoke run)")
@@ -314,11 +418,37 @@ def main():
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: stable numbers on a shared CPU)")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows of the kernels table")
     parser.add_argument("--child", nargs=5, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--large-child", nargs=6, default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--large",
+        default=None,
+        help="only the large-memory table: comma-separated BxN sizes, e.g. 256x20000,64x60000 (sorted kernel, "
+        "SupHAP / HAPPIER / SupNDCG, peak extra memory and time vs the score matrix, fresh process per row)",
+    )
+    parser.add_argument("--levels", type=int, default=2, help="levels of the --large table (2 or 3)")
+    parser.add_argument(
+        "--block-elements",
+        default="0,-1",
+        help="--large: comma-separated QUERY_BLOCK_ELEMENTS values (0: the default; -1: all queries in one block, "
+        "i.e. the unbounded kernel as before blocking)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.child:
         b, m, d, regime, _ = args.child
         _memory_child(int(b), int(m), int(d), regime)
+        return
+    if args.large_child:
+        name, b, m, lv, d, be = args.large_child
+        _large_child(name, int(b), int(m), int(lv), int(d), int(be))
+        return
+    if args.large:
+        sizes = [tuple(int(v) for v in size.split("x")) for size in args.large.split(",")]
+        block_list = [int(v) for v in args.block_elements.split(",")]
+        rows = large_table(sizes, args.levels, 512, args.threads, block_list)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"meta": {"torch": torch.__version__, "threads": args.threads}, "results": rows}, f, indent=2)
         return
     batch_size, memory_size, dim = (64, 512, 128) if args.quick else (256, 4096, 512)
     results = []

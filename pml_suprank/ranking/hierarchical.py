@@ -31,9 +31,12 @@ A dense implementation materialises ``B × N × N`` tensors. Here every quantity
 Branch boundaries are decided exactly as an elementwise evaluation of ``t = s_j − s_i`` would (``t > 0`` ⇔
 ``s_j > s_i``; the ``δ`` threshold is searched with :func:`_last_within`), so ties and boundary cases match the
 dense definition. Cost: ``O(L · B · N log N)`` plus the window work ``Σ_{(b,i)} |window(b, i)|``; extra memory
-``O(L · B · N)`` plus one chunk. ``t_lo = −τ · min(50, log(N / eps))``: below it the sigmoid contributes less than
-``eps`` (the dtype's machine epsilon) to any rank in total, so such pairs may be skipped (the reference's clamp
-makes them constant ``σ(−50) ≈ 2e−22`` with zero gradient).
+``O(L · b · N)`` for a block of ``b`` queries plus one chunk: queries are independent, so large problems are
+evaluated in blocks of :data:`QUERY_BLOCK_ELEMENTS` ``(query, list, item)`` elements whose backward recomputes them
+(:class:`_BlockedRows`, a second forward pass), and the extra memory does not grow with ``B``.
+``t_lo = −τ · min(50, log(N / eps))``: below it the sigmoid contributes less than ``eps`` (the dtype's machine
+epsilon) to any rank in total, so such pairs may be skipped (the reference's clamp makes them constant
+``σ(−50) ≈ 2e−22`` with zero gradient).
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from torch import Tensor
 from ..relevance import ideal_dcg
 from .levels import SortedLevels, sort_levels
 from .steps import HRankParams, SupRankStep
-from .tail import CUT, SigmoidTail, bands, num_terms_for, table_rows
+from .tail import CUT, SigmoidTail, band_span, bands, num_terms_for, table_rows
 from .window import CHUNK_SIZE, SigmoidTerm, SortedWindowLayout, StepTerm, window_sum
 
 __all__ = [
@@ -60,6 +63,14 @@ __all__ = [
 
 # relative costs (CPU, measured) of one elementwise window element and of one element of one series table per term
 _WINDOW_COST, _TABLE_COST = 1.0, 1.5
+
+QUERY_BLOCK_ELEMENTS = 1 << 21
+"""``(query, list, item)`` elements of one block of queries of the sorted hierarchical kernel (``rows · (L + 1) · N``):
+bounds its extra memory (a few hundred bytes per element with autograd) whatever the batch and memory sizes."""
+
+ONE_BLOCK_FACTOR = 2
+"""A problem of at most ``ONE_BLOCK_FACTOR · QUERY_BLOCK_ELEMENTS`` elements is evaluated as one block (plain autograd,
+no recomputation): e.g. B = 256 queries against 4,096 items with 2 levels (3.1e6 elements)."""
 
 
 class _Query(NamedTuple):
@@ -164,27 +175,30 @@ def _plan_series(
     cut = CUT * step.tau  # |t| > cut: the sigmoid may be summed by its separable series
     below_pos = sl.search(x.s_det - cut, right=False)
     above_pos = sl.search(x.s_det + cut, right=True) if fast else None
-    tail_lists = []  # (query, item, row, lower-tail end, upper-part begin, upper-part end)
     for l, w in enumerate(windows, 1):
         lo_s = torch.minimum(sl.members_before(l, below_pos), w.hi)
         up_s = torch.minimum(torch.maximum(sl.members_before(l, above_pos), lo_s), w.hi) if fast else w.hi
         windows[l - 1] = w._replace(lo_s=lo_s, up_s=up_s)
-        q_idx, i_idx = torch.nonzero(w.at_level & ((lo_s > 0) | (up_s < w.hi)), as_tuple=True)
-        if q_idx.numel():
-            rows = (l - 1) * bsz + q_idx
-            tail_lists.append((q_idx, i_idx, rows, lo_s[q_idx, i_idx], up_s[q_idx, i_idx], w.hi[q_idx, i_idx]))
-    if not tail_lists:
+    # (level, query, item) of every item with a series part: one nonzero over the stacked levels
+    lo_all, up_all, hi_all = (torch.stack(v) for v in zip(*((w.lo_s, w.up_s, w.hi) for w in windows)))
+    at_all = torch.stack([w.at_level for w in windows])
+    lv, tq, ti = torch.nonzero(at_all & ((lo_all > 0) | (up_all < hi_all)), as_tuple=True)
+    if not lv.numel():
         return windows, None
-    tq, ti, t_rows, lo_end, up_begin, up_end = (torch.cat(v) for v in zip(*tail_lists))
+    t_rows = lv * bsz + tq  # row of the stacked sorted lists A_1..A_L
+    lo_end, up_begin, up_end = lo_all[lv, tq, ti], up_all[lv, tq, ti], hi_all[lv, tq, ti]
     inf = torch.tensor(float("inf"), dtype=x.s_det.dtype, device=x.s_det.device)
     s_row_min = torch.where(x.valid, x.s_det, inf).amin(1).to(torch.float64)
     s_row_max = torch.where(x.valid, x.s_det, -inf).amax(1).to(torch.float64)
     s_row_min = torch.where(torch.isfinite(s_row_min), s_row_min, 0.0).repeat(sl.num_levels)
     s_row_max = torch.where(torch.isfinite(s_row_max), s_row_max, 0.0).repeat(sl.num_levels)
     s_item = x.s64[tq, ti]
-    anchors, band = bands(s_row_min, s_row_max, s_item, t_rows, step.tau, num_terms)
-    saved = window_total - sum(int(torch.where(w.at_level, w.up_s - w.lo_s, 0).sum()) for w in windows)
-    table_cost = table_rows(t_rows, band) * n * num_terms * _TABLE_COST
+    lo, span = band_span(s_row_min, s_row_max, s_item, t_rows)
+    kept = torch.where(at_all, up_all - lo_all, 0).sum()
+    span_max, kept = torch.stack([span.max().to(torch.float64), kept.to(torch.float64)]).tolist()  # one host read
+    anchors, band = bands(s_row_min, s_row_max, s_item, t_rows, step.tau, num_terms, (lo, span_max))
+    saved = window_total - int(kept)
+    table_cost = table_rows(t_rows, band, sl.num_levels * bsz) * n * num_terms * _TABLE_COST
     if saved * _WINDOW_COST <= table_cost:
         return windows, None
     return windows, _SeriesPlan(tq, ti, t_rows, lo_end, up_begin, up_end, s_item, anchors, band)
@@ -206,17 +220,14 @@ def _add_window_sums(
     series sums the items below the windows, it then stops at the block's start; the returned plan says so."""
     bsz, n = x.s_det.shape
     num_levels = sl.num_levels
-    pair_lists = []  # (query, item, row, window end, window length)
-    for l, w in enumerate(windows, 1):
-        start, end = (w.lo_s, w.up_s) if series is not None else (w.lo, w.hi)
-        length = torch.where(w.at_level, end - start, torch.zeros_like(w.hi))
-        q_idx, i_idx = torch.nonzero(length > 0, as_tuple=True)
-        if q_idx.numel():
-            rows = (l - 1) * bsz + q_idx  # row of the stacked sorted lists A_1..A_L
-            pair_lists.append((q_idx, i_idx, rows, end[q_idx, i_idx], length[q_idx, i_idx]))
-    if not pair_lists:
+    bounds = [(w.lo_s, w.up_s) if series is not None else (w.lo, w.hi) for w in windows]
+    end_all, start_all = torch.stack([end for _, end in bounds]), torch.stack([b for b, _ in bounds])
+    length_all = torch.where(torch.stack([w.at_level for w in windows]), end_all - start_all, 0)
+    lv, q_idx, i_idx = torch.nonzero(length_all > 0, as_tuple=True)  # one nonzero over the stacked levels
+    if not lv.numel():
         return rank64, series
-    q_idx, i_idx, rows, ends, lengths = (torch.cat(v) for v in zip(*pair_lists))
+    rows = lv * bsz + q_idx  # row of the stacked sorted lists A_1..A_L
+    ends, lengths = end_all[lv, q_idx, i_idx], length_all[lv, q_idx, i_idx]
     order = torch.argsort(lengths, descending=True)  # similar widths per block: little padding
     q_idx, i_idx, rows, ends, lengths = (v[order] for v in (q_idx, i_idx, rows, ends, lengths))
     layout = SortedWindowLayout(
@@ -224,9 +235,8 @@ def _add_window_sums(
         q_idx, i_idx, int(chunk_size), mask_infinite=not fast,
     )  # fmt: skip
     if series is not None:  # the series' lower tail stops where the evaluated block starts
-        widths = torch.empty_like(lengths)
-        for m0, m1, width in layout.block_list:
-            widths[m0:m1] = width
+        spans = torch.tensor([[m1 - m0, width] for m0, m1, width in layout.block_list]).to(lengths.device)
+        widths = torch.repeat_interleave(spans[:, 1], spans[:, 0], output_size=lengths.numel())
         block_start = torch.full((num_levels * bsz * n,), n, dtype=torch.long, device=lengths.device)
         block_start[rows * n + i_idx] = (ends - widths).clamp_min(0)
         lo_end = torch.minimum(series.lo_end, block_start[series.rows * n + series.i_idx])
@@ -289,36 +299,17 @@ def _rank_plus(
     return torch.where(x.positive, rplus, 0.0)
 
 
-def hierarchical_ranks(
+def _block_ranks(
     scores: Tensor,
     levels: Tensor,
     level_relevance: Tensor | None,
     num_levels: int,
-    valid: Tensor | None = None,
-    step: SupRankStep | None = None,
-    hrank: HRankParams | None = None,
-    chunk_size: int = CHUNK_SIZE,
+    valid: Tensor,
+    step: SupRankStep,
+    hrank: HRankParams | None,
+    chunk_size: int,
 ) -> tuple[Tensor, Tensor | None]:
-    """Surrogate ranks and H-rank⁺ of every positive reference item (SupRank Eqs. 18 and 21).
-
-    Args:
-        scores: ``(B, N)`` query-reference similarities (differentiable).
-        levels: ``(B, N)`` int64 levels in ``{0..L}`` (``L`` = same fine class, 0 = negative).
-        level_relevance: ``(B, L + 1)`` relevance of each level for each query (e.g.
-            :func:`pml_suprank.relevance.pop_relevance`); ``None`` skips H-rank⁺ (Sup-NDCG only needs ranks).
-        num_levels: ``L``.
-        valid: optional ``(B, N)`` bool, the reference items that take part for each query.
-        step: the SupRank step H⁻ (:class:`pml_suprank.ranking.SupRankStep`, paper defaults when None).
-        hrank: if given, use ``H_s^>`` (HAPPIER Eq. 43) towards more relevant items in H-rank⁺.
-        chunk_size: window (and series table) elements processed at once (memory/speed trade-off only).
-
-    Returns:
-        ``rank`` ``(B, N)`` (1 at non-positive or invalid items) and ``rank_plus`` ``(B, N)`` (0 there, ``None`` if
-        ``level_relevance`` is None), both in ``scores.dtype``.
-    """
-    step = step if step is not None else SupRankStep()
-    levels = levels.long()
-    valid = torch.ones_like(levels, dtype=torch.bool) if valid is None else valid.bool()
+    """:func:`hierarchical_ranks` of one block of queries (``(b, N)`` inputs), with plain autograd."""
     x = _Query(scores, scores.detach(), scores.to(torch.float64), levels, valid, valid & (levels > 0))
     sl = sort_levels(scores, levels, valid, int(num_levels), s64=x.s64)
     ge_pos = sl.search(x.s_det, right=False)
@@ -338,6 +329,126 @@ def hierarchical_ranks(
     return rank, _rank_plus(sl, x, ge, gt_pos, level_relevance, hrank).to(scores.dtype)
 
 
+class _BlockedRows(torch.autograd.Function):
+    """``fn`` (a per-query function of ``(scores, level_relevance, levels, valid)`` rows returning a tuple of
+    row-indexed float tensors) over blocks of ``rows`` queries; backward recomputes one block at a time.
+
+    Forward runs every block without autograd and keeps only the inputs and the outputs; backward re-evaluates each
+    block with autograd and back-propagates through it before the next one. The extra memory is then one block's
+    graph (about ``rows · (L + 1) · N`` list elements, :data:`QUERY_BLOCK_ELEMENTS`) whatever ``B`` and however many
+    items of a query are relevant; values and gradients are those of the blocks evaluated separately.
+    """
+
+    @staticmethod
+    def forward(ctx, fn, rows, scores, level_relevance, levels, valid):
+        outs = None
+        for b0 in range(0, scores.shape[0], rows):
+            rel = None if level_relevance is None else level_relevance[b0 : b0 + rows]
+            got = fn(scores[b0 : b0 + rows], rel, levels[b0 : b0 + rows], valid[b0 : b0 + rows])
+            if outs is None:  # preallocated: no list of blocks and no concatenation
+                outs = [o.new_empty((scores.shape[0], *o.shape[1:])) for o in got]
+            for out, o in zip(outs, got):
+                out[b0 : b0 + rows] = o
+        ctx.save_for_backward(scores, level_relevance, levels, valid)
+        ctx.fn, ctx.rows = fn, rows
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *grad_outs):
+        scores, level_relevance, levels, valid = ctx.saved_tensors
+        fn, rows = ctx.fn, ctx.rows
+        need_rel = level_relevance is not None and ctx.needs_input_grad[3]
+        grad_s = torch.zeros_like(scores) if ctx.needs_input_grad[2] else None
+        grad_r = torch.zeros_like(level_relevance) if need_rel else None
+        for b0 in range(0, scores.shape[0], rows):
+            b1 = b0 + rows
+            with torch.enable_grad():
+                s = scores[b0:b1].detach().requires_grad_(grad_s is not None)
+                rel = None if level_relevance is None else level_relevance[b0:b1].detach().requires_grad_(need_rel)
+                outs = [(o, g[b0:b1]) for o, g in zip(fn(s, rel, levels[b0:b1], valid[b0:b1]), grad_outs)]
+                outs = [(o, g) for o, g in outs if o.requires_grad]
+                targets = [(t, acc) for t, acc in ((s, grad_s), (rel, grad_r)) if acc is not None]
+                if not outs or not targets:
+                    continue
+                got = torch.autograd.grad(
+                    [o for o, _ in outs], [t for t, _ in targets], [g for _, g in outs], allow_unused=True
+                )
+            for (_, acc), g in zip(targets, got):
+                if g is not None:
+                    acc[b0:b1] = g
+        return None, None, grad_s, grad_r, None, None
+
+
+def _by_blocks(fn, rows: int, scores: Tensor, level_relevance: Tensor | None, levels: Tensor, valid: Tensor):
+    """``fn(scores, level_relevance, levels, valid)`` directly when the ``B`` queries fit one block of ``rows``,
+    else by :class:`_BlockedRows`."""
+    if scores.shape[0] <= rows:
+        return fn(scores, level_relevance, levels, valid)
+    return _BlockedRows.apply(fn, rows, scores, level_relevance, levels, valid)
+
+
+def query_block_rows(
+    num_refs: int, num_levels: int, block_elements: int | None = None, num_queries: int | None = None
+) -> int:
+    """Queries per block of the sorted hierarchical kernel: ``rows · (L + 1) · N <= block_elements``
+    (:data:`QUERY_BLOCK_ELEMENTS` by default), at least 1.
+
+    Blocks cost a second forward pass (backward recomputes them), so ``num_queries`` queries whose whole problem is
+    at most :data:`ONE_BLOCK_FACTOR` blocks are kept as one block (returns ``num_queries``)."""
+    budget = QUERY_BLOCK_ELEMENTS if block_elements is None else int(block_elements)
+    per_query = max(1, (int(num_levels) + 1) * int(num_refs))
+    if num_queries is not None and int(num_queries) * per_query <= ONE_BLOCK_FACTOR * budget:
+        return max(1, int(num_queries))
+    return max(1, budget // per_query)
+
+
+def hierarchical_ranks(
+    scores: Tensor,
+    levels: Tensor,
+    level_relevance: Tensor | None,
+    num_levels: int,
+    valid: Tensor | None = None,
+    step: SupRankStep | None = None,
+    hrank: HRankParams | None = None,
+    chunk_size: int = CHUNK_SIZE,
+    block_elements: int | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Surrogate ranks and H-rank⁺ of every positive reference item (SupRank Eqs. 18 and 21).
+
+    Args:
+        scores: ``(B, N)`` query-reference similarities (differentiable).
+        levels: ``(B, N)`` int64 levels in ``{0..L}`` (``L`` = same fine class, 0 = negative).
+        level_relevance: ``(B, L + 1)`` relevance of each level for each query (e.g.
+            :func:`pml_suprank.relevance.pop_relevance`); ``None`` skips H-rank⁺ (Sup-NDCG only needs ranks).
+        num_levels: ``L``.
+        valid: optional ``(B, N)`` bool, the reference items that take part for each query.
+        step: the SupRank step H⁻ (:class:`pml_suprank.ranking.SupRankStep`, paper defaults when None).
+        hrank: if given, use ``H_s^>`` (HAPPIER Eq. 43) towards more relevant items in H-rank⁺.
+        chunk_size: window (and series table) elements processed at once (memory/speed trade-off only).
+        block_elements: ``(query, list, item)`` elements of one block of queries (:func:`query_block_rows`,
+            :data:`QUERY_BLOCK_ELEMENTS` when None). When ``B`` queries need several blocks, forward keeps no graph
+            and backward recomputes one block at a time (:class:`_BlockedRows`): the extra memory is bounded by one
+            block whatever ``B`` and the number of relevant items, at the price of a second forward pass.
+
+    Returns:
+        ``rank`` ``(B, N)`` (1 at non-positive or invalid items) and ``rank_plus`` ``(B, N)`` (0 there, ``None`` if
+        ``level_relevance`` is None), both in ``scores.dtype``.
+    """
+    step = step if step is not None else SupRankStep()
+    levels = levels.long()
+    valid = torch.ones_like(levels, dtype=torch.bool) if valid is None else valid.bool()
+    num_levels = int(num_levels)
+    rows = query_block_rows(scores.shape[1], num_levels, block_elements, scores.shape[0])
+    chunk_size = int(chunk_size)
+
+    def ranks(s: Tensor, rel: Tensor | None, lv: Tensor, va: Tensor) -> tuple[Tensor, Tensor]:
+        rank, rank_plus = _block_ranks(s, lv, rel, num_levels, va, step, hrank, chunk_size)
+        return rank, (torch.zeros_like(rank) if rank_plus is None else rank_plus)
+
+    rank, rank_plus = _by_blocks(ranks, rows, scores, level_relevance, levels, valid)
+    return rank, (None if level_relevance is None else rank_plus)
+
+
 def sup_hap_scores(
     scores: Tensor,
     levels: Tensor,
@@ -347,28 +458,38 @@ def sup_hap_scores(
     step: SupRankStep | None = None,
     hrank: HRankParams | None = None,
     chunk_size: int = CHUNK_SIZE,
+    block_elements: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Per-query surrogate H-AP of SupRank Eq. 21 (the score inside ``1 − mean``).
 
     ``H-AP_b = Σ_{i ∈ Ω⁺} H-rank⁺(i) / rank(i) / Σ_{j} rel_j`` with the relevances of ``level_relevance``.
 
     Args:
-        scores, levels, level_relevance, num_levels, valid, step, hrank, chunk_size: see :func:`hierarchical_ranks`.
+        scores, levels, level_relevance, num_levels, valid, step, hrank, chunk_size, block_elements: see
+            :func:`hierarchical_ranks`.
 
     Returns:
         ``(B,)`` per-query scores (0 where the query has no positive) and the ``(B,)`` bool mask of queries with at
         least one positive (relevance sum > 0).
     """
+    step = step if step is not None else SupRankStep()
+    levels = levels.long()
     valid_b = torch.ones_like(levels, dtype=torch.bool) if valid is None else valid.bool()
-    rank, rank_plus = hierarchical_ranks(scores, levels, level_relevance, num_levels, valid_b, step, hrank, chunk_size)
-    rel = torch.gather(level_relevance.to(scores.dtype), 1, levels.long())
-    rel = torch.where(valid_b, rel, torch.zeros_like(rel))
-    norm = rel.sum(1)
-    has_pos = norm > 0
-    ratio = torch.where(valid_b & (levels > 0), rank_plus / rank, torch.zeros_like(rank))
-    score = torch.where(
-        has_pos, ratio.sum(1) / torch.where(has_pos, norm, torch.ones_like(norm)), torch.zeros_like(norm)
-    )
+    num_levels, chunk = int(num_levels), int(chunk_size)
+
+    def hap(s: Tensor, rel_tab: Tensor, lv: Tensor, va: Tensor) -> tuple[Tensor]:
+        rank, rank_plus = _block_ranks(s, lv, rel_tab, num_levels, va, step, hrank, chunk)
+        rel = torch.gather(rel_tab.to(s.dtype), 1, lv)
+        norm = torch.where(va, rel, torch.zeros_like(rel)).sum(1)
+        has_pos = norm > 0
+        ratio = torch.where(va & (lv > 0), rank_plus / rank, torch.zeros_like(rank))
+        return (torch.where(has_pos, ratio.sum(1) / torch.where(has_pos, norm, 1.0), torch.zeros_like(norm)),)
+
+    rows = query_block_rows(scores.shape[1], num_levels, block_elements, scores.shape[0])
+    (score,) = _by_blocks(hap, rows, scores, level_relevance, levels, valid_b)
+    with torch.no_grad():
+        rel = torch.gather(level_relevance.to(scores.dtype), 1, levels)
+        has_pos = torch.where(valid_b, rel, torch.zeros_like(rel)).sum(1) > 0
     return score, has_pos
 
 
@@ -379,25 +500,32 @@ def sup_ndcg_scores(
     valid: Tensor | None = None,
     step: SupRankStep | None = None,
     chunk_size: int = CHUNK_SIZE,
+    block_elements: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Per-query surrogate NDCG of SupRank Eq. 24: ``DCG_s / iDCG`` with gains ``2^l − 1``.
 
     ``DCG_s = Σ_{i ∈ Ω⁺} (2^{T_i} − 1) / log2(1 + rank(i))`` with the SupRank ranks of :func:`hierarchical_ranks`;
-    the ideal DCG is that of the same reference set (the valid items) sorted by level.
+    the ideal DCG is that of the same reference set (the valid items) sorted by level. Arguments: see
+    :func:`hierarchical_ranks`.
 
     Returns:
         ``(B,)`` per-query scores (0 where the query has no positive) and the ``(B,)`` mask of queries with one.
     """
-    valid_b = torch.ones_like(levels, dtype=torch.bool) if valid is None else valid.bool()
+    step = step if step is not None else SupRankStep()
     levels = levels.long()
-    rank, _ = hierarchical_ranks(scores, levels, None, num_levels, valid_b, step, None, chunk_size)
+    valid_b = torch.ones_like(levels, dtype=torch.bool) if valid is None else valid.bool()
+    num_levels, chunk = int(num_levels), int(chunk_size)
     gains_l = torch.pow(2.0, torch.arange(num_levels + 1, dtype=scores.dtype, device=scores.device)) - 1.0
-    g = gains_l[levels]
-    pos = valid_b & (levels > 0)
-    dcg = torch.where(pos, g / torch.log2(1.0 + rank), torch.zeros_like(rank)).sum(1)
-    counts = torch.zeros(levels.shape[0], num_levels + 1, dtype=torch.long, device=levels.device)
-    counts = counts.scatter_add(1, levels, valid_b.long())
-    idcg = ideal_dcg(counts, gains_l)
-    has_pos = pos.any(1)
-    score = torch.where(has_pos, dcg / torch.where(has_pos, idcg, torch.ones_like(idcg)), torch.zeros_like(dcg))
-    return score, has_pos
+
+    def ndcg(s: Tensor, _rel: None, lv: Tensor, va: Tensor) -> tuple[Tensor]:
+        rank, _ = _block_ranks(s, lv, None, num_levels, va, step, None, chunk)
+        pos = va & (lv > 0)
+        dcg = torch.where(pos, gains_l[lv] / torch.log2(1.0 + rank), torch.zeros_like(rank)).sum(1)
+        counts = torch.zeros(lv.shape[0], num_levels + 1, dtype=torch.long, device=lv.device)
+        idcg = ideal_dcg(counts.scatter_add(1, lv, va.long()), gains_l)
+        has_pos = pos.any(1)
+        return (torch.where(has_pos, dcg / torch.where(has_pos, idcg, torch.ones_like(idcg)), torch.zeros_like(dcg)),)
+
+    rows = query_block_rows(scores.shape[1], num_levels, block_elements, scores.shape[0])
+    (score,) = _by_blocks(ndcg, rows, scores, None, levels, valid_b)
+    return score, (valid_b & (levels > 0)).any(1)

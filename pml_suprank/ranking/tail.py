@@ -58,28 +58,54 @@ def band_width(tau: float, num_terms: int = NUM_TERMS) -> float:
     return 600.0 * tau / num_terms
 
 
-def bands(row_min: Tensor, row_max: Tensor, s_item: Tensor, item_row: Tensor, tau: float, num_terms: int = NUM_TERMS):
+def band_span(row_min: Tensor, row_max: Tensor, s_item: Tensor, item_row: Tensor) -> tuple[Tensor, Tensor]:
+    """Lowest score ``(R,)`` (float64) of each list and of its items, and the score span ``(R,)`` the bands of that
+    list must cover (the bands bracket the items too: their factors ``e^{∓k(s − a)/τ}`` are only bounded inside
+    their band)."""
+    s64 = s_item.detach().double()
+    lo = row_min.double().scatter_reduce(0, item_row, s64, reduce="amin")
+    hi = row_max.double().scatter_reduce(0, item_row, s64, reduce="amax")
+    return lo, (hi - lo).clamp_min(0.0)
+
+
+def bands(
+    row_min: Tensor,
+    row_max: Tensor,
+    s_item: Tensor,
+    item_row: Tensor,
+    tau: float,
+    num_terms: int = NUM_TERMS,
+    span: tuple[Tensor, float] | None = None,
+):
     """Anchors ``(num_bands, R)`` (float64, band centres) and the band of each item ``(M,)``.
 
     Args:
         row_min, row_max: ``(R,)`` lowest and highest finite score of each list (detached).
         s_item: ``(M,)`` item scores; ``item_row``: ``(M,)`` the list of each item.
+        span: ``(lo, largest span)`` when the caller has already read them (:func:`band_span`: ``lo`` and the
+            host float ``span.max()``); else computed here with one host read.
     """
     width = band_width(tau, num_terms)
     s64 = s_item.detach().double()
-    # the bands must bracket the items too (their factors e^{∓k(s − a)/τ} are only bounded inside their band)
-    lo = row_min.double().scatter_reduce(0, item_row, s64, reduce="amin")
-    hi = row_max.double().scatter_reduce(0, item_row, s64, reduce="amax")
-    span = (hi - lo).clamp_min(0.0)
-    num_bands = max(1, int(math.floor(float(span.max()) / width)) + 1) if span.numel() else 1
+    if span is None:
+        lo, spans = band_span(row_min, row_max, s_item, item_row)
+        span = (lo, float(spans.max()) if spans.numel() else None)
+    lo, span_max = span
+    num_bands = max(1, int(math.floor(span_max / width)) + 1) if span_max is not None else 1
     band = torch.floor((s64 - lo[item_row]) / width).long().clamp(0, num_bands - 1)
     centres = lo[None, :] + (torch.arange(num_bands, dtype=torch.float64, device=lo.device)[:, None] + 0.5) * width
     return centres, band
 
 
-def table_rows(rows: Tensor, band: Tensor) -> int:
-    """Number of (list, band) tables :class:`SigmoidTail` builds for these items (its cost is ``O(K·N)`` each)."""
-    return int(torch.unique(band * (int(rows.max()) + 1) + rows).numel()) if rows.numel() else 0
+def table_rows(rows: Tensor, band: Tensor, num_rows: int | None = None) -> int:
+    """Number of (list, band) tables :class:`SigmoidTail` builds for these items (its cost is ``O(K·N)`` each);
+    ``num_rows``: the number of lists when known. One host read."""
+    if not rows.numel():
+        return 0
+    if num_rows is None:
+        return int(torch.unique(band * (int(rows.max()) + 1) + rows).numel())
+    key = torch.sort(band * int(num_rows) + rows).values
+    return int((key[1:] != key[:-1]).sum()) + 1
 
 
 def _flat_prefix_index(r: Tensor, c: Tensor, n: int) -> tuple[Tensor, Tensor]:
@@ -104,36 +130,50 @@ class SigmoidTail(torch.autograd.Function):
     """
 
     @staticmethod
-    def _bands(keys, s_item, rows, anchors, band, tau, num_terms, flip_e, chunk_size):
-        """Per band and block of at most ``chunk_size / N`` table rows: the items, their table rows, and the
-        base tables ``e^{z}``, ``e^{−z}`` (``z = (x − a)/τ``, clamped so that their ``K``-th powers stay finite, 0
-        past the members); ``e^{z}`` is reversed along the list when ``flip_e`` (else ``e^{−z}``)."""
+    def _plan(rows, band, up_begin, up_end, num_bands, num_lists, n, chunk_size):
+        """Items grouped by (band, table row), in blocks of at most ``chunk_size / N`` table rows: a list of
+        ``(band, items, table rows, item -> table row in the block)`` and whether any item has an upper part. Two
+        host reads (the tables per band, then the item range of every block); reused by backward."""
+        device = rows.device
+        key = band * num_lists + rows
+        order = torch.argsort(key, stable=True)  # items grouped by (band, list row), in item order within a group
+        skey = key[order]
+        new = torch.ones_like(skey, dtype=torch.bool)
+        new[1:] = skey[1:] != skey[:-1]
+        table = torch.cumsum(new, 0) - 1  # table of every sorted item
+        per_band = torch.zeros(num_bands, dtype=torch.long, device=device).index_add_(0, skey // num_lists, new.long())
+        host = torch.cat([per_band, (up_end > up_begin).any().long().view(1)]).tolist()  # host read 1
+        rows_per_block = max(1, chunk_size // max(n, 1))
+        blocks, t0 = [], 0
+        for b, count in enumerate(host[:-1]):
+            blocks += [(b, s0, min(s0 + rows_per_block, t0 + count)) for s0 in range(t0, t0 + count, rows_per_block)]
+            t0 += count
+        if not blocks:
+            return [], bool(host[-1])
+        tab_row = torch.zeros(t0, dtype=torch.long, device=device).scatter_(0, table, rows[order])
+        firsts = torch.tensor([s0 for _, s0, _ in blocks] + [t0], dtype=table.dtype).to(device)
+        starts = torch.searchsorted(table, firsts).tolist()  # host read 2
+        plan = [
+            (b, order[starts[k] : starts[k + 1]], tab_row[s0:s1], table[starts[k] : starts[k + 1]] - s0)
+            for k, (b, s0, s1) in enumerate(blocks)
+        ]
+        return plan, bool(host[-1])
+
+    @staticmethod
+    def _bands(keys, s_item, rows, anchors, plan, tau, num_terms, flip_e):
+        """Per block of the plan (:meth:`_plan`): the items, their table rows, and the base tables ``e^{z}``,
+        ``e^{−z}`` (``z = (x − a)/τ``, clamped so that their ``K``-th powers stay finite, 0 past the members);
+        ``e^{z}`` is reversed along the list when ``flip_e`` (else ``e^{−z}``)."""
         zmax = (700.0 - math.log(max(num_terms / tau, 1.0))) / num_terms  # (K/τ)·e^{K·zmax} <= e^{700}
-        rows_per_block = max(1, chunk_size // max(keys.shape[1], 1))
-        for b in range(anchors.shape[0]):
-            in_band = torch.nonzero(band == b, as_tuple=True)[0]
-            if not in_band.numel():
-                continue
-            all_rows, inverse = torch.unique(rows[in_band], return_inverse=True)
-            order = torch.argsort(inverse, stable=True)  # items grouped by table row
-            in_band, inverse = in_band[order], inverse[order]
-            bounds = torch.arange(0, all_rows.numel() + rows_per_block, rows_per_block, device=rows.device)
-            starts = torch.searchsorted(inverse, bounds.clamp_max(all_rows.numel())).tolist()
-            for blk in range(len(starts) - 1):
-                if starts[blk] == starts[blk + 1]:
-                    continue
-                idx = in_band[starts[blk] : starts[blk + 1]]
-                r0 = blk * rows_per_block
-                tab_rows = all_rows[r0 : r0 + rows_per_block]
-                r = inverse[starts[blk] : starts[blk + 1]] - r0
-                x = keys[tab_rows]
-                finite = torch.isfinite(x)
-                z = (x.detach() - anchors[b][tab_rows, None]) / tau
-                e1 = torch.where(finite, torch.exp(z.clamp_max(zmax)), 0.0)
-                d1 = torch.where(finite, torch.exp((-z).clamp_max(zmax)), 0.0)
-                e1, d1 = (e1.flip(1), d1) if flip_e else (e1, d1.flip(1))
-                zi = (s_item.detach()[idx] - anchors[b][rows[idx]]) / tau
-                yield idx, tab_rows, r, e1, d1, torch.exp(-zi), torch.exp(zi)
+        for b, idx, tab_rows, r in plan:
+            x = keys[tab_rows]
+            finite = torch.isfinite(x)
+            z = (x.detach() - anchors[b][tab_rows, None]) / tau
+            e1 = torch.where(finite, torch.exp(z.clamp_max(zmax)), 0.0)
+            d1 = torch.where(finite, torch.exp((-z).clamp_max(zmax)), 0.0)
+            e1, d1 = (e1.flip(1), d1) if flip_e else (e1, d1.flip(1))
+            zi = (s_item.detach()[idx] - anchors[b][rows[idx]]) / tau
+            yield idx, tab_rows, r, e1, d1, torch.exp(-zi), torch.exp(zi)
 
     @staticmethod
     def forward(
@@ -142,10 +182,9 @@ class SigmoidTail(torch.autograd.Function):
         n = keys.shape[1]
         lows = torch.zeros(num_terms, s_item.shape[0], dtype=torch.float64, device=keys.device)
         ups = torch.zeros_like(lows)
-        has_up = bool((up_end > up_begin).any())
-        for idx, _, r, e1, d1r, f1, phi1 in SigmoidTail._bands(
-            keys, s_item, rows, anchors, band, tau, num_terms, False, chunk_size
-        ):
+        plan, has_up = SigmoidTail._plan(rows, band, up_begin, up_end, anchors.shape[0], keys.shape[0], n, chunk_size)
+        tables = SigmoidTail._bands(keys, s_item, rows, anchors, plan, tau, num_terms, False)
+        for idx, _, r, e1, d1r, f1, phi1 in tables:
             at_e = _flat_prefix_index(r, lo_end[idx], n)
             at_u, at_h = _flat_prefix_index(r, n - up_begin[idx], n), _flat_prefix_index(r, n - up_end[idx], n)
             ek, dk, fk, pk = e1.clone(), d1r.clone(), f1.clone(), phi1.clone()
@@ -162,7 +201,7 @@ class SigmoidTail(torch.autograd.Function):
                     ups[k - 1, idx] = (_take_prefix(cum, at_u) - _take_prefix(cum, at_h)) * pk
         signs = _signs(num_terms, keys.device)
         ctx.save_for_backward(keys, s_item, rows, lo_end, up_begin, up_end, anchors, band, (lows + ups).mul_(signs))
-        ctx.tau, ctx.num_terms, ctx.has_up, ctx.chunk_size = tau, num_terms, has_up, chunk_size
+        ctx.tau, ctx.num_terms, ctx.has_up, ctx.plan = tau, num_terms, has_up, plan
         count = (up_end - up_begin).to(torch.float64)  # the "1" of σ(x) = 1 − σ(−x) on the upper part
         return count + ((lows - ups) * signs).sum(0)
 
@@ -177,7 +216,7 @@ class SigmoidTail(torch.autograd.Function):
         grad_keys = torch.zeros_like(keys)
         n = keys.shape[1]
         for idx, tab_rows, r, e1r, d1, f1, phi1 in SigmoidTail._bands(
-            keys, s_item, rows, anchors, band, tau, num_terms, True, ctx.chunk_size
+            keys, s_item, rows, anchors, ctx.plan, tau, num_terms, True
         ):
             gi = g[idx]
             flat_lo = r * (n + 1) + (n - lo_end[idx])  # reversed: Σ_{e > p} = prefix sum up to n − 1 − p
