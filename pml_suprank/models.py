@@ -38,11 +38,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "GeneralizedMeanPooling",
-    "Pooling",
-    "PoolingType",
-    "ProjectionInit",
     "RetrievalModel",
-    "check_backbone_name",
     "pca_projection",
 ]
 

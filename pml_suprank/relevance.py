@@ -23,19 +23,15 @@ from ._validation import check_labels
 
 __all__ = [
     "Hierarchy",
-    "PAIRWISE_TREE_CHECK",
     "ideal_dcg",
-    "as_hierarchical_labels",
     "as_hierarchy",
     "check_tree",
     "hierarchical_label_pair",
     "level_counts",
     "level_matrix",
     "multilabel_relevance",
-    "ndcg_gain",
     "pop_relevance",
     "property1_relevance",
-    "tree_consistent",
 ]
 
 
