@@ -19,14 +19,8 @@ import time
 import torch
 from _bench_common import profile_counts
 
-from pml_suprank.ranking import (
-    ACCELERATOR_CHUNK_SIZE,
-    CHUNK_SIZE,
-    SupRankStep,
-    positive_pair_groups,
-    sigmoid_rank_sums,
-    suprank_negative_sum,
-)
+from pml_suprank.ranking import ACCELERATOR_CHUNK_SIZE, CHUNK_SIZE, SupRankStep
+from pml_suprank.ranking.flat import positive_pair_groups, sigmoid_rank_sums, suprank_negative_sum
 
 
 def problem(batch: int, refs: int, seed: int = 0):

@@ -41,19 +41,11 @@ from ._validation import check_choice, check_embeddings, check_labels
 from .losses._combination import decomposability_arguments
 
 __all__ = [
-    "DistributedMode",
     "DistributedRankLoss",
     "GlobalBatch",
     "all_gather",
     "all_gather_with_grad",
-    "check_self_index",
-    "get_rank",
     "gather_batch",
-    "get_world_size",
-    "is_distributed",
-    "is_multilabel_loss",
-    "pad_label_sets",
-    "pairs_without_self",
     "reference_loss",
 ]
 

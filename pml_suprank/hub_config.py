@@ -72,24 +72,14 @@ from typing import Any
 
 from .losses.registry import registered_losses
 from .training.config import OptionCheck, is_number, is_str, list_of
-from .training.data_source import data_option_errors, dataset_source, multilabel_option_errors, resolved_split
+from .training.data_source import data_option_errors, dataset_source
 from .training.options import LOCATIONS, OPTION_CLASSES, SECTIONS, option_fields, recipe_options
 
 __all__ = [
     "HUB_CONFIG_SCHEMA",
-    "build_dataset",
     "build_loss",
-    "data_option_errors",
-    "flat_options",
     "load_hub_config",
-    "loss_kwargs",
     "merge_hub_configs",
-    "multilabel_option_errors",
-    "model_kwargs",
-    "nest_options",
-    "read_hub_config",
-    "recipe_options",
-    "resolved_split",
     "validate_hub_config",
 ]
 

@@ -63,7 +63,7 @@ from ._validation import (
 from .losses.base_rank_loss import BaseRankLoss
 from .losses.combined_rank_loss import CombinedRankLoss
 
-__all__ = ["CrossBatchMemory", "MemoryMode", "RankingMemory"]
+__all__ = ["CrossBatchMemory", "RankingMemory"]
 
 MemoryMode = Literal["fifo", "index"]
 

@@ -39,11 +39,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "CropMode",
     "GeneralizedMeanPooling",
-    "Pooling",
-    "PoolingType",
-    "ProjectionInit",
     "RetrievalModel",
-    "check_backbone_name",
     "pca_projection",
 ]
 

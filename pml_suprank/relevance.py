@@ -23,19 +23,15 @@ from ._validation import check_labels
 
 __all__ = [
     "Hierarchy",
-    "PAIRWISE_TREE_CHECK",
     "ideal_dcg",
-    "as_hierarchical_labels",
     "as_hierarchy",
     "check_tree",
     "hierarchical_label_pair",
     "level_counts",
     "level_matrix",
     "multilabel_relevance",
-    "ndcg_gain",
     "pop_relevance",
     "property1_relevance",
-    "tree_consistent",
 ]
 
 
@@ -397,7 +393,7 @@ def ideal_dcg(counts: Tensor, gains: Tensor, num_items: int | None = None) -> Te
 MULTILABEL_BLOCK = 2**22  # elements of the (C, R, M_q, M_r) work tensor of one block of multilabel_relevance
 
 
-def _check_multilabel(name: str, labels: object) -> Tensor:
+def check_multilabel(name: str, labels: object) -> Tensor:
     """Return ``labels`` as an ``(N, M)`` long tensor of label sets (``-1`` = padding; every row has a label)."""
     if not isinstance(labels, Tensor):
         raise TypeError(f"{name} must be an integer torch.Tensor of shape (N, M); got {type(labels).__name__}")
@@ -417,7 +413,7 @@ def _check_multilabel(name: str, labels: object) -> Tensor:
     return labels
 
 
-def _label_sets(labels: Tensor) -> Tensor:
+def dedupe_label_sets(labels: Tensor) -> Tensor:
     """Sort each row and turn repeated labels into padding: a row is a *set* of labels."""
     s = labels.sort(dim=1).values
     dup = torch.zeros_like(s, dtype=torch.bool)
@@ -425,7 +421,7 @@ def _label_sets(labels: Tensor) -> Tensor:
     return s.masked_fill(dup, -1)
 
 
-def _ancestors(labels: Tensor, table: Tensor | None, name: str) -> Tensor:
+def label_ancestors(labels: Tensor, table: Tensor | None, name: str) -> Tensor:
     """``(N, M, L)`` ancestors of every label (``-1`` rows for padding) through the ``(num_fine, L)`` table."""
     if table is None:
         return labels[:, :, None]
@@ -482,8 +478,8 @@ def multilabel_relevance(
         ValueError: a label below ``-1``, a row without labels, a label missing from the hierarchy, a hierarchy that
             is not a tree, a non-positive ``block_elements``.
     """
-    q = _label_sets(_check_multilabel("query_labels", query_labels))
-    r = _check_multilabel("ref_labels", ref_labels).to(q.device)
+    q = dedupe_label_sets(check_multilabel("query_labels", query_labels))
+    r = check_multilabel("ref_labels", ref_labels).to(q.device)
     hierarchy = as_hierarchy(hierarchy)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype; got {dtype!r}")
@@ -491,8 +487,8 @@ def multilabel_relevance(
         raise ValueError(f"block_elements must be a positive int; got {block_elements!r}")
     table = None if hierarchy is None else hierarchy.table.to(q.device)
     L = 1 if table is None else int(table.shape[1])
-    qa = _ancestors(q, table, "query_labels")  # (Q, M_q, L)
-    ra = _ancestors(r, table, "ref_labels")  # (R, M_r, L)
+    qa = label_ancestors(q, table, "query_labels")  # (Q, M_q, L)
+    ra = label_ancestors(r, table, "ref_labels")  # (R, M_r, L)
     q_used, r_used = q >= 0, r >= 0
     denom = q_used.sum(1, dtype=torch.float64) * L  # n_q · L
     Q, Mq = q.shape

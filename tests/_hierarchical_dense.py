@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from pml_suprank.ranking import suprank_step
+from pml_suprank.ranking.steps import suprank_step
 
 
 def h_s_greater(t: Tensor, nu: float = 25.0, mu: float = 0.5, gamma: float = 10.0) -> Tensor:

@@ -15,7 +15,7 @@ import torch
 from _helpers import recipe_parser
 
 from pml_suprank import hub_config
-from pml_suprank.training.data_source import DatasetSource, dataset_source
+from pml_suprank.training.data_source import DatasetSource, dataset_source, multilabel_option_errors
 from pml_suprank.training.options import build_loss
 
 pytest.importorskip("accelerate")
@@ -47,12 +47,12 @@ def test_data_section_accepts_synthetic_multilabel_and_its_kwargs():
     ],
 )
 def test_multilabel_option_errors_name_the_option(loss, memory_size, sampler, match):
-    errors = hub_config.multilabel_option_errors("synthetic_multilabel", loss, memory_size, sampler)
+    errors = multilabel_option_errors("synthetic_multilabel", loss, memory_size, sampler)
     assert len(errors) == 1
     with pytest.raises(ValueError, match=match):
         raise ValueError(errors[0])
-    assert hub_config.multilabel_option_errors("synthetic", loss, memory_size, sampler) == []
-    assert hub_config.multilabel_option_errors("synthetic_multilabel", "HAPPIER", 0, "m_per_class") == []
+    assert multilabel_option_errors("synthetic", loss, memory_size, sampler) == []
+    assert multilabel_option_errors("synthetic_multilabel", "HAPPIER", 0, "m_per_class") == []
 
 
 @pytest.mark.parametrize(

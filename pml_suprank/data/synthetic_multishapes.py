@@ -33,16 +33,16 @@ import torch
 from .._validation import check_choice
 from .retrieval_dataset import RetrievalDatasetBase, pad_label_sets
 from .synthetic_shapes import (
-    _NUM_COLOURS,
-    _NUM_VARIANTS,
-    _SHAPES,
     COLOURS,
     FAMILIES,
+    NUM_COLOURS,
+    NUM_VARIANTS,
+    SHAPES,
     VARIANTS,
     Split,
     SyntheticShapes,
-    _background,
-    _fine_id,
+    background,
+    fine_id,
 )
 
 __all__ = ["SYNTHETIC_DATASETS", "SyntheticMultiShapes", "hierarchy_table", "synthetic_dataset"]
@@ -55,7 +55,7 @@ def hierarchy_table(levels: int = 2) -> torch.Tensor:
     """The ``(54, levels)`` fine → ancestors table of the SyntheticShapes classes: ``[fine, (variant,) family]``."""
     check_choice("levels", levels, (2, 3))
     fine = torch.arange(SyntheticShapes.num_fine_classes())
-    cols = [fine] + ([fine // _NUM_COLOURS] if levels == 3 else []) + [fine // (_NUM_VARIANTS * _NUM_COLOURS)]
+    cols = [fine] + ([fine // NUM_COLOURS] if levels == 3 else []) + [fine // (NUM_VARIANTS * NUM_COLOURS)]
     return torch.stack(cols, dim=1)
 
 
@@ -133,7 +133,7 @@ class SyntheticMultiShapes(RetrievalDatasetBase):
         self._items: list[tuple[int, int, list[int]]] = []
         codes = sorted({code for *_, code in ref._classes})
         for code in codes:
-            fine = sorted(_fine_id(f, v, c) for f, v, c, k in ref._classes if k == code)
+            fine = sorted(fine_id(f, v, c) for f, v, c, k in ref._classes if k == code)
             for j, group in enumerate(self._label_sets(fine, code)):
                 self._items.append((code, j, group))
         names = ["fine_label"] + (["variant_label"] if levels == 3 else []) + ["coarse_label"]
@@ -174,10 +174,10 @@ class SyntheticMultiShapes(RetrievalDatasetBase):
         split_code, j, group = self._items[index]
         shapes = []
         for fine in group:
-            f, rest = divmod(fine, _NUM_VARIANTS * _NUM_COLOURS)
-            v, c = divmod(rest, _NUM_COLOURS)
+            f, rest = divmod(fine, NUM_VARIANTS * NUM_COLOURS)
+            v, c = divmod(rest, NUM_COLOURS)
             family = FAMILIES[f]
-            shapes.append((_SHAPES[family][VARIANTS[family][v]], list(COLOURS[family].values())[c]))
+            shapes.append((SHAPES[family][VARIANTS[family][v]], list(COLOURS[family].values())[c]))
         rng = np.random.default_rng((self.seed, split_code, _IMAGE_STREAM, j))
         return _render_multi(rng, shapes, self)
 
@@ -212,7 +212,7 @@ def _render_multi(rng: np.random.Generator, shapes: list[tuple[list, tuple[int, 
     from PIL import Image, ImageDraw
 
     size, ss = ds.image_size, 3
-    img = _background(rng, size)
+    img = background(rng, size)
     n_lines = int(rng.integers(0, ds.clutter + 1)) if ds.clutter > 0 else 0
     for _ in range(n_lines):
         layer = Image.new("L", (size * ss, size * ss), 0)

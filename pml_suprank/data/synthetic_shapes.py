@@ -78,7 +78,7 @@ def _scaled(poly: _Poly, s: float) -> _Poly:
     return [(s * x, s * y) for x, y in poly]
 
 
-_SHAPES: dict[str, dict[str, list[tuple[_Poly, int]]]] = {
+SHAPES: dict[str, dict[str, list[tuple[_Poly, int]]]] = {
     "circle": {
         "disc": [(_ellipse(0.9, 0.9), 255)],
         "ring": [(_ellipse(0.95, 0.95), 255), (_ellipse(0.5, 0.5), 0)],
@@ -115,8 +115,8 @@ _SHAPES: dict[str, dict[str, list[tuple[_Poly, int]]]] = {
     },
 }
 
-FAMILIES: tuple[str, ...] = tuple(_SHAPES)
-VARIANTS: dict[str, tuple[str, ...]] = {f: tuple(v) for f, v in _SHAPES.items()}
+FAMILIES: tuple[str, ...] = tuple(SHAPES)
+VARIANTS: dict[str, tuple[str, ...]] = {f: tuple(v) for f, v in SHAPES.items()}
 # Each family has its own hue (degrees) and three shades of it: (saturation, value) in HSV.
 _FAMILY_HUES: dict[str, tuple[str, float]] = {
     "circle": ("red", 0.0),
@@ -140,22 +140,22 @@ def _palette(hue_name: str, hue: float) -> dict[str, tuple[int, int, int]]:
 
 #: family → {colour name: RGB}: the three colours (shades of the family's hue) of the fine classes of each family.
 COLOURS: dict[str, dict[str, tuple[int, int, int]]] = {f: _palette(*_FAMILY_HUES[f]) for f in FAMILIES}
-_NUM_VARIANTS = 3
-_NUM_COLOURS = len(SHADES)
+NUM_VARIANTS = 3
+NUM_COLOURS = len(SHADES)
 _SPLIT_CODE = {"train": 1, "test": 2}
 
 Split = Literal["train", "test", "all"]
 
 
-def _fine_id(family: int, variant: int, colour: int) -> int:
-    return (family * _NUM_VARIANTS + variant) * _NUM_COLOURS + colour
+def fine_id(family: int, variant: int, colour: int) -> int:
+    return (family * NUM_VARIANTS + variant) * NUM_COLOURS + colour
 
 
 def _is_test_class(family: int, variant: int, colour: int) -> bool:
     # per family: variants 0 and 1 in shade (family % 3), variant 2 in the next shade. Two test classes of every
     # family share their colour (only the shape tells them apart) and every (variant, shade) row and column keeps
     # training classes.
-    return colour == (family + variant // 2) % _NUM_COLOURS
+    return colour == (family + variant // 2) % NUM_COLOURS
 
 
 class SyntheticShapes(RetrievalDatasetBase):
@@ -244,8 +244,8 @@ class SyntheticShapes(RetrievalDatasetBase):
 
         classes = []  # (family, variant, colour, split_code)
         for f in self.family_ids:
-            for v in range(_NUM_VARIANTS):
-                for c in range(_NUM_COLOURS):
+            for v in range(NUM_VARIANTS):
+                for c in range(NUM_COLOURS):
                     is_test = _is_test_class(f, v, c)
                     if self.split == "all":
                         if open_set:
@@ -258,7 +258,7 @@ class SyntheticShapes(RetrievalDatasetBase):
         self._classes = classes
         rows = []
         for f, v, c, _ in classes:
-            row = [_fine_id(f, v, c)] + ([f * _NUM_VARIANTS + v] if levels == 3 else []) + [f]
+            row = [fine_id(f, v, c)] + ([f * NUM_VARIANTS + v] if levels == 3 else []) + [f]
             rows.extend([row] * num_per_class)
         names = ["fine_label"] + (["variant_label"] if levels == 3 else []) + ["coarse_label"]
         super().__init__(torch.tensor(rows, dtype=torch.long).reshape(-1, levels), names, transform)
@@ -290,20 +290,20 @@ class SyntheticShapes(RetrievalDatasetBase):
     @staticmethod
     def num_fine_classes() -> int:
         """Number of fine classes over all splits and families (54)."""
-        return len(FAMILIES) * _NUM_VARIANTS * _NUM_COLOURS
+        return len(FAMILIES) * NUM_VARIANTS * NUM_COLOURS
 
     @staticmethod
     def fine_class_name(fine_label: int) -> str:
         """Human-readable name of a global fine label, e.g. ``"circle/ring/red"`` or ``"star/star8/dark_cyan"``."""
-        f, rest = divmod(int(fine_label), _NUM_VARIANTS * _NUM_COLOURS)
-        v, c = divmod(rest, _NUM_COLOURS)
+        f, rest = divmod(int(fine_label), NUM_VARIANTS * NUM_COLOURS)
+        v, c = divmod(rest, NUM_COLOURS)
         return f"{FAMILIES[f]}/{VARIANTS[FAMILIES[f]][v]}/{list(COLOURS[FAMILIES[f]])[c]}"
 
     @staticmethod
     def hierarchy() -> torch.Tensor:
         """The ``(54, 2)`` fine → (fine, coarse) table over all fine classes."""
         fine = torch.arange(SyntheticShapes.num_fine_classes())
-        return torch.stack([fine, fine // (_NUM_VARIANTS * _NUM_COLOURS)], dim=1)
+        return torch.stack([fine, fine // (NUM_VARIANTS * NUM_COLOURS)], dim=1)
 
     @property
     def class_names(self) -> dict[int, str]:
@@ -327,10 +327,10 @@ class SyntheticShapes(RetrievalDatasetBase):
         """Render item ``index`` as a ``(H, W, 3)`` uint8 array (deterministic)."""
         cls, instance = divmod(index, self.num_per_class)
         f, v, c, split_code = self._classes[cls]
-        rng = np.random.default_rng((self.seed, split_code, _fine_id(f, v, c), instance))
+        rng = np.random.default_rng((self.seed, split_code, fine_id(f, v, c), instance))
         return _render(
             rng,
-            _SHAPES[FAMILIES[f]][VARIANTS[FAMILIES[f]][v]],
+            SHAPES[FAMILIES[f]][VARIANTS[FAMILIES[f]][v]],
             np.array(list(COLOURS[FAMILIES[f]].values())[c], dtype=np.float64),
             self.image_size,
             self.rotation,
@@ -350,7 +350,7 @@ class SyntheticShapes(RetrievalDatasetBase):
         )
 
 
-def _background(rng: np.random.Generator, size: int) -> np.ndarray:
+def background(rng: np.random.Generator, size: int) -> np.ndarray:
     base = rng.uniform(50, 205, size=3)
     # low-saturation base colour plus a random linear gradient
     base = 0.6 * base + 0.4 * base.mean()
@@ -378,7 +378,7 @@ def _render(
 
     ss = 3  # supersampling factor for anti-aliased edges
     big = size * ss
-    img = _background(rng, size)
+    img = background(rng, size)
 
     # clutter: thin random lines of random colours, drawn on the background
     n_lines = int(rng.integers(0, clutter + 1)) if clutter > 0 else 0
@@ -472,7 +472,7 @@ class SyntheticNoise(RetrievalDatasetBase):
         if self.kind == "gaussian":
             arr = np.clip(rng.normal(127.5, 60.0, size=(s, s, 3)), 0, 255).astype(np.uint8)
             return Image.fromarray(arr).filter(ImageFilter.GaussianBlur(radius=rng.uniform(0.5, 2.0)))
-        img = _background(rng, s)
+        img = background(rng, s)
         yy, xx = np.mgrid[0:s, 0:s]
         for _ in range(int(rng.integers(2, 6))):
             cx, cy, r = rng.uniform(0, s), rng.uniform(0, s), rng.uniform(0.05, 0.25) * s

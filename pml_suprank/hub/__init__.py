@@ -45,18 +45,7 @@ from .transport import upload_folder as push_folder_to_hub
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "CONFIG_NAME",
-    "DETECTOR_TASK",
-    "LIBRARY_NAME",
-    "METRICS_NAME",
-    "MODEL_CARD_NAME",
-    "PICKLE_SUFFIXES",
-    "REPO_URL",
-    "RETRIEVAL_TASK",
-    "WEIGHTS_NAME",
-    "CardInputs",
     "HubMixin",
-    "build_config",
     "from_pretrained",
     "generate_model_card",
     "load_config",

@@ -39,7 +39,6 @@ __all__ = [
     "ROADMAPLoss",
     "RODNDCGLoss",
     "RODRecallLoss",
-    "RankInputs",
     "SmoothAPLoss",
     "SupAPLoss",
     "SupHAPLoss",

@@ -13,13 +13,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..relevance import Hierarchy, _check_multilabel, ideal_dcg, multilabel_relevance
+from ..relevance import Hierarchy, check_multilabel, ideal_dcg, multilabel_relevance
 
 __all__ = ["graded_dcg_scores", "multilabel_levels", "per_label_rows"]
 
 
 def _check_first_column(name: str, labels: Tensor) -> Tensor:
-    labels = _check_multilabel(name, labels)
+    labels = check_multilabel(name, labels)
     if labels.numel() and bool((labels[:, 0] < 0).any()):
         row = int((labels[:, 0] < 0).nonzero()[0, 0])
         raise ValueError(
@@ -97,7 +97,7 @@ def per_label_rows(labels: Tensor, ref_labels: Tensor, valid: Tensor) -> tuple[T
         ``positives[r, j]`` says that valid item ``j`` carries its label; ``R = Σ_q n_q`` (distinct labels).
     """
     labels = _check_first_column("labels", labels)
-    ref_labels = _check_multilabel("ref_labels", ref_labels)
+    ref_labels = check_multilabel("ref_labels", ref_labels)
     first = torch.ones_like(labels, dtype=torch.bool)
     if labels.shape[1] > 1:  # keep the first occurrence of each label of a row
         earlier = labels.unsqueeze(2) == labels.unsqueeze(1)  # (B, M, M): [q, a, b] label a == label b

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ..ranking import SigmoidStep, dense_query_ap, positive_pair_groups, sigmoid_rank_sums
+from ..ranking import SigmoidStep
+from ..ranking.dense import dense_query_ap
+from ..ranking.flat import positive_pair_groups, sigmoid_rank_sums
 from .base_rank_loss import BaseRankLoss, RankInputs
 
 __all__ = ["SmoothAPLoss"]

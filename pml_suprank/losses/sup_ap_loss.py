@@ -7,14 +7,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..ranking import (
-    SupRankStep,
-    dense_query_ap,
-    dense_query_ranks,
-    heaviside_positive_count,
-    positive_pair_groups,
-    suprank_negative_sum,
-)
+from ..ranking import SupRankStep
+from ..ranking.dense import dense_query_ap, dense_query_ranks
+from ..ranking.flat import heaviside_positive_count, positive_pair_groups, suprank_negative_sum
 from ._inputs import RankInputs
 from ._multilabel import per_label_rows
 from ._suprank_step import SupRankStepMixin, resolve_tau

@@ -7,7 +7,9 @@ from collections.abc import Sequence
 from torch import Tensor
 
 from .._validation import check_level_weights, check_positive
-from ..ranking import HRankParams, dense_sup_hap_scores, sup_hap_scores
+from ..ranking.dense_hierarchical import dense_sup_hap_scores
+from ..ranking.hierarchical import sup_hap_scores
+from ..ranking.steps import HRankParams
 from ..relevance import Hierarchy, level_counts, pop_relevance, property1_relevance
 from ._hierarchical import HierarchicalRankLoss
 from ._inputs import RankInputs

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..ranking import dense_hierarchical_query_ranks, dense_sup_ndcg_scores, hierarchical_ranks, sup_ndcg_scores
+from ..ranking.dense_hierarchical import dense_hierarchical_query_ranks, dense_sup_ndcg_scores
+from ..ranking.hierarchical import hierarchical_ranks, sup_ndcg_scores
 from ..relevance import Hierarchy
 from ._hierarchical import HierarchicalRankLoss
 from ._inputs import RankInputs

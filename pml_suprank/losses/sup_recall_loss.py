@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from .._validation import check_positive
-from ..ranking import tau_sigmoid
+from ..ranking.steps import tau_sigmoid
 from ._inputs import RankInputs
 from ._suprank_step import SupRankStepMixin, pop_step_options
 from .base_rank_loss import BaseRankLoss

@@ -26,7 +26,6 @@ from .registry import METRICS, TOP_K_GROUPS, MetricSpec
 __all__ = [
     "METRICS",
     "METRIC_GROUPS",
-    "TOP_K_GROUPS",
     "HierarchicalAccuracyCalculator",
     "MetricSpec",
     "RetrievalEvaluator",
@@ -37,7 +36,6 @@ __all__ = [
     "graded",
     "landmark",
     "landmark_map_at_k",
-    "multilabel_eval",
     "report",
     "revisited_map",
 ]

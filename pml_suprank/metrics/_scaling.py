@@ -10,7 +10,7 @@ from torch import Tensor
 __all__: list[str] = []
 
 
-def _overflow_safe_scales(query: Tensor, gallery: Tensor) -> tuple[float, Tensor]:
+def overflow_safe_scales(query: Tensor, gallery: Tensor) -> tuple[float, Tensor]:
     """``(query_scale, gallery)``: powers of two that keep every dot product ``query · gallery`` finite and normal.
 
     ``|q · g| ≤ D · max|q_i| · max|g_j|``, and so are the partial sums of the matmul, so when that bound could exceed

@@ -31,7 +31,7 @@ from .._validation import (
     check_positive_int,
 )
 from ..relevance import Hierarchy, as_hierarchy, hierarchical_label_pair
-from ._scaling import _overflow_safe_scales
+from ._scaling import overflow_safe_scales
 from .multilabel_eval import evaluate_multilabel, multilabel_groups
 from .ranks import COUNTING_METHODS, RetrievalRanks, rank_relevant_items
 from .registry import METRIC_GROUPS, SINGLE_LABEL_GROUPS, TOP_K_GROUPS, check_groups, metrics_from_ranks
@@ -347,7 +347,7 @@ class RetrievalEvaluator:
             self_col = torch.full((Q,), -1, dtype=torch.long)
             self_col[self_idx] = inv[self_idx]
         gallery = reference.detach()[perm.to(reference.device)].to(device=device, dtype=dtype)
-        query_scale, gallery = _overflow_safe_scales(query, gallery)
+        query_scale, gallery = overflow_safe_scales(query, gallery)
         chunk = self._default_chunk(N)
         # relevant slots per chunk (the largest label block of its queries), read on the host once per call so
         # that no chunk reads anything back from the device

@@ -28,9 +28,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..relevance import _check_multilabel, _label_sets, ideal_dcg
+from ..relevance import check_multilabel, dedupe_label_sets, ideal_dcg
 from .from_ranks import ap_from_ranks
-from .ranks import RetrievalRanks, _check_mask, _check_scores, retrieval_ranks
+from .ranks import RetrievalRanks, check_mask, check_scores, retrieval_ranks
 
 __all__ = ["GAINS", "graded_average_precision", "graded_levels", "graded_ndcg", "mean_label_average_precision"]
 
@@ -39,8 +39,8 @@ GRADED_BLOCK = 2**22  # elements of the (C, N) score block processed at once
 
 
 def _check_scores_mask(scores: Tensor, mask: Tensor | None, block_elements: int) -> None:
-    _check_scores(scores)  # the engine's checks: (Q, N) floating point, no NaN
-    _check_mask(mask, scores)
+    check_scores(scores)  # the engine's checks: (Q, N) floating point, no NaN
+    check_mask(mask, scores)
     if isinstance(block_elements, bool) or not isinstance(block_elements, int) or block_elements < 1:
         raise ValueError(f"block_elements must be a positive int; got {block_elements!r}")
 
@@ -102,7 +102,7 @@ def graded_levels(relevance: Tensor, mask: Tensor | None = None) -> tuple[Tensor
     return levels, values.cummax(dim=1).values
 
 
-def _graded_ranks(scores: Tensor, rel: Tensor, mask: Tensor | None) -> tuple[RetrievalRanks, Tensor]:
+def graded_ranks(scores: Tensor, rel: Tensor, mask: Tensor | None) -> tuple[RetrievalRanks, Tensor]:
     levels, values = graded_levels(rel, mask)
     ranks = retrieval_ranks(scores, levels, mask, num_levels=max(values.shape[1] - 1, 1))
     if values.shape[1] == 1:  # no relevant item anywhere: one empty level keeps the shapes consistent
@@ -110,7 +110,7 @@ def _graded_ranks(scores: Tensor, rel: Tensor, mask: Tensor | None) -> tuple[Ret
     return ranks, values
 
 
-def _hap_block(ranks: RetrievalRanks, values: Tensor) -> Tensor:
+def hap_block(ranks: RetrievalRanks, values: Tensor) -> Tensor:
     """H-AP ``(C,)`` from the ranked levels and the non-decreasing value table ``(C, K + 1)``.
 
     With values non-decreasing in the level, ``min(rel(j), rel(k)) = Σ_{l ≤ min(λ_j, λ_k)} Δ_l`` (``Δ_l = rel(l) −
@@ -133,7 +133,7 @@ def _hap_block(ranks: RetrievalRanks, values: Tensor) -> Tensor:
     return torch.where(den > 0, num / torch.where(den > 0, den, torch.ones_like(den)), float("nan"))
 
 
-def _ndcg_block(ranks: RetrievalRanks, values: Tensor, gain: str) -> Tensor:
+def ndcg_block(ranks: RetrievalRanks, values: Tensor, gain: str) -> Tensor:
     """NDCG ``(C,)``: ``DCG = Σ_k g(rel(k)) / log2(1 + rank(k))`` over the ideal DCG of the same gallery."""
     gains = torch.pow(2.0, values) - 1.0 if gain == "exponential" else values.clone()
     lv = ranks.levels
@@ -151,7 +151,7 @@ def _per_block(scores, rel, mask, block_elements, metric) -> Tensor:
     out = torch.empty(Q, dtype=torch.float64, device=scores.device)
     for i in range(0, Q, rows):
         m = None if mask is None else mask[i : i + rows]
-        ranks, values = _graded_ranks(scores[i : i + rows].detach(), rel[i : i + rows], m)
+        ranks, values = graded_ranks(scores[i : i + rows].detach(), rel[i : i + rows], m)
         out[i : i + rows] = metric(ranks, values)
     return out
 
@@ -183,7 +183,7 @@ def graded_average_precision(
         ValueError: shape mismatches, NaN scores, negative or non-finite relevance, bad ``block_elements``.
     """
     rel = _check_inputs(scores, relevance, mask, block_elements)
-    return _per_block(scores, rel, mask, block_elements, _hap_block)
+    return _per_block(scores, rel, mask, block_elements, hap_block)
 
 
 def graded_ndcg(
@@ -217,7 +217,7 @@ def graded_ndcg(
     rel = _check_inputs(scores, relevance, mask, block_elements)
     if gain not in GAINS:
         raise ValueError(f"gain must be one of {GAINS}; got {gain!r}")
-    return _per_block(scores, rel, mask, block_elements, lambda r, v: _ndcg_block(r, v, gain))
+    return _per_block(scores, rel, mask, block_elements, lambda r, v: ndcg_block(r, v, gain))
 
 
 def mean_label_average_precision(
@@ -252,8 +252,8 @@ def mean_label_average_precision(
         not match ``scores``.
     """
     _check_scores_mask(scores, mask, block_elements)
-    q = _label_sets(_check_multilabel("query_labels", query_labels))
-    r = _check_multilabel("ref_labels", ref_labels)
+    q = dedupe_label_sets(check_multilabel("query_labels", query_labels))
+    r = check_multilabel("ref_labels", ref_labels)
     if scores.shape != (q.shape[0], r.shape[0]):
         raise ValueError(
             f"scores must have shape (query_labels.shape[0], ref_labels.shape[0]) = ({q.shape[0]}, {r.shape[0]}); "

@@ -33,9 +33,9 @@ import torch
 from torch import Tensor
 
 from .._validation import check_embeddings
-from ..relevance import Hierarchy, _ancestors, _check_multilabel, level_counts, multilabel_relevance
-from ._scaling import _overflow_safe_scales
-from .graded import _graded_ranks, _hap_block, _ndcg_block, mean_label_average_precision
+from ..relevance import Hierarchy, check_multilabel, label_ancestors, level_counts, multilabel_relevance
+from ._scaling import overflow_safe_scales
+from .graded import graded_ranks, hap_block, mean_label_average_precision, ndcg_block
 from .ranks import retrieval_ranks
 from .registry import METRICS, MULTILABEL_GROUPS, check_groups, metrics_from_ranks
 
@@ -50,13 +50,13 @@ def check_multilabel_labels(name: str, labels: Any, n: int, n_name: str, hierarc
         ValueError: naming ``name``: a label below ``-1``, a row without a label, a wrong number of rows, a fine
             label missing from the hierarchy.
     """
-    labels = _check_multilabel(name, labels)
+    labels = check_multilabel(name, labels)
     if labels.shape[0] != n:
         raise ValueError(
             f"{name} must have shape (N,) or (N, M) with N == {n_name}.shape[0] == {n}; got shape {tuple(labels.shape)}"
         )
     if hierarchy is not None:
-        _ancestors(labels, hierarchy.table.to(labels.device), name)
+        label_ancestors(labels, hierarchy.table.to(labels.device), name)
     return labels
 
 
@@ -117,11 +117,11 @@ def _chunk_metrics(
     graded = [g for g in groups if METRICS[g].multilabel == "graded"]
     if graded:
         rel = multilabel_relevance(ql, rl, hierarchy, dtype=torch.float64)
-        g_ranks, values = _graded_ranks(scores, rel, mask)
+        g_ranks, values = graded_ranks(scores, rel, mask)
         if "h_ap" in graded:
-            out["h_ap"] = _hap_block(g_ranks, values)
+            out["h_ap"] = hap_block(g_ranks, values)
         if "ndcg" in graded:
-            out["ndcg"] = _ndcg_block(g_ranks, values, "exponential")
+            out["ndcg"] = ndcg_block(g_ranks, values, "exponential")
     if "mean_label_ap" in groups:
         out["mean_label_ap"] = mean_label_average_precision(scores, ql, rl, mask)
     out["_n_pos_fine"] = counts[:, L].double()
@@ -165,7 +165,7 @@ def evaluate_multilabel(
     device = evaluator.device if evaluator.device is not None else query.device
     dtype = query.dtype if query.dtype in (torch.float32, torch.float64) else torch.float32
     gallery = reference.detach().to(device=device, dtype=dtype)
-    query_scale, gallery = _overflow_safe_scales(query, gallery)
+    query_scale, gallery = overflow_safe_scales(query, gallery)
     ql, rl = ql.to(device), rl.to(device)
     chunk = evaluator.chunk_size if evaluator.chunk_size is not None else max(16, 2**23 // max(N, 1))
     per_query: dict[str, list[Tensor]] = {}

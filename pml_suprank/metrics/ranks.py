@@ -63,7 +63,7 @@ class RetrievalRanks(NamedTuple):
 # input checks
 
 
-def _check_scores(scores: Tensor) -> Tensor:
+def check_scores(scores: Tensor) -> Tensor:
     if not isinstance(scores, Tensor):
         raise TypeError(f"scores must be a torch.Tensor of shape (Q, N); got {type(scores).__name__}")
     if scores.dim() != 2:
@@ -126,7 +126,7 @@ def _check_levels(levels: Tensor, scores: Tensor, num_levels: int | None) -> tup
     return levels, num_levels
 
 
-def _check_mask(mask: Tensor | None, scores: Tensor) -> Tensor | None:
+def check_mask(mask: Tensor | None, scores: Tensor) -> Tensor | None:
     if mask is None:
         return None
     if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
@@ -575,9 +575,9 @@ def retrieval_ranks(
         :class:`RetrievalRanks` from which every metric of this module is computed.
     """
     check_positive_int("num_bins", num_bins, allow_none=True)
-    scores = _check_scores(scores)
+    scores = check_scores(scores)
     levels, L = _check_levels(levels, scores, num_levels)
-    mask = _check_mask(mask, scores)
+    mask = check_mask(mask, scores)
     Q, N = scores.shape
     keep = torch.ones_like(levels, dtype=torch.bool) if mask is None else mask
     relevant = (levels > 0) & keep

@@ -15,106 +15,32 @@ ECCV 2020; HAPPIER, Ramzi et al., ECCV 2022).
 * :mod:`~pml_suprank.ranking.tail` — the separable series of the sigmoid's far branches.
 
 All functions are pure and take the device and dtype from their inputs.
+
+The package lists what a user of the losses calls: the kernel choice (:func:`choose_kernel`, its cost model
+:func:`kernel_costs` / :func:`predicted_costs`), the chunk sizes and the step functions. The kernels themselves
+(``dense_suprank_grad``, ``sigmoid_rank_sums``, ``hierarchical_ranks``, ...) are the **expert API**: import them from
+their modules above (``from pml_suprank.ranking.flat import sigmoid_rank_sums``); they are documented there and
+may change with the losses that use them.
 """
 
 from __future__ import annotations
 
-from .dense import (
-    DENSE_MEMORY_BUDGET,
-    KERNELS,
-    KernelCosts,
-    choose_kernel,
-    dense_block_size,
-    dense_query_ap,
-    dense_query_ranks,
-    dense_smooth_ap_grad,
-    dense_smooth_ap_ranks,
-    dense_suprank_grad,
-    dense_suprank_ranks,
-    kernel_costs,
-    masked_query_mean,
-    predicted_costs,
-)
-from .dense_hierarchical import (
-    dense_hierarchical_query_ranks,
-    dense_hierarchical_ranks,
-    dense_sup_hap_scores,
-    dense_sup_ndcg_scores,
-)
-from .flat import (
-    ACCELERATOR_CHUNK_SIZE,
-    PairGroups,
-    count_above,
-    default_chunk_elements,
-    group_pairs,
-    group_positions,
-    heaviside_positive_count,
-    pairwise_step_sum,
-    positive_pair_groups,
-    sigmoid_rank_sums,
-    sigmoid_window_sum,
-    suprank_negative_sum,
-)
-from .hierarchical import hierarchical_ranks, sup_hap_scores, sup_ndcg_scores
-from .levels import SortedLevels, sort_levels
-from .steps import (
-    HeavisideStep,
-    HRankParams,
-    PairMask,
-    SigmoidStep,
-    Step,
-    SupRankStep,
-    default_offset,
-    heaviside,
-    suprank_step,
-    tau_sigmoid,
-)
-from .window import CHUNK_SIZE, window_sum
+from . import dense, dense_hierarchical, flat, hierarchical, levels, steps, tail, window
+from .dense import KERNELS, KernelCosts, choose_kernel, kernel_costs, predicted_costs
+from .flat import ACCELERATOR_CHUNK_SIZE, default_chunk_elements
+from .steps import HeavisideStep, SigmoidStep, SupRankStep
+from .window import CHUNK_SIZE
 
 __all__ = [
     "ACCELERATOR_CHUNK_SIZE",
     "CHUNK_SIZE",
-    "DENSE_MEMORY_BUDGET",
     "KERNELS",
-    "HRankParams",
     "HeavisideStep",
     "KernelCosts",
-    "PairGroups",
     "SigmoidStep",
-    "SortedLevels",
     "SupRankStep",
     "choose_kernel",
-    "count_above",
     "default_chunk_elements",
-    "default_offset",
-    "dense_block_size",
-    "dense_hierarchical_query_ranks",
-    "dense_hierarchical_ranks",
-    "dense_query_ap",
-    "dense_query_ranks",
-    "dense_smooth_ap_grad",
-    "dense_smooth_ap_ranks",
-    "dense_sup_hap_scores",
-    "dense_sup_ndcg_scores",
-    "dense_suprank_grad",
-    "dense_suprank_ranks",
-    "group_pairs",
-    "group_positions",
-    "heaviside",
-    "heaviside_positive_count",
-    "hierarchical_ranks",
     "kernel_costs",
-    "masked_query_mean",
-    "pairwise_step_sum",
-    "positive_pair_groups",
     "predicted_costs",
-    "sigmoid_rank_sums",
-    "sigmoid_window_sum",
-    "sort_levels",
-    "sup_hap_scores",
-    "sup_ndcg_scores",
-    "suprank_negative_sum",
-    "suprank_step",
-    "tau_sigmoid",
-    "window_sum",
 ]

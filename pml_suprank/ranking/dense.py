@@ -216,7 +216,7 @@ def dense_block_size(
     return int(max(1, min(max(num_queries, 1), memory_budget // per_query)))
 
 
-def _differences(scores: Tensor) -> Tensor:
+def score_differences(scores: Tensor) -> Tensor:
     """``t[q, i, j] = s_{qj} − s_{qi}``: ``(b, N) → (b, N_i, N_j)``."""
     return scores.unsqueeze(1) - scores.unsqueeze(2)
 
@@ -225,7 +225,7 @@ def _differences(scores: Tensor) -> Tensor:
 # matrix-vector product (``baddbmm`` adds the constant part in the same op) and nothing is squeezed in between.
 def _suprank_block(scores: Tensor, pos_col: Tensor, neg_col: Tensor, step: SupRankStep, keep_derivative: bool):
     """``(rank⁺ (b, N, 1), rank (b, N, 1), H⁻' (b, N, N) or None)`` of SupRank Eq. 9-10 for a query block."""
-    t = _differences(scores)
+    t = score_differences(scores)
     # rank⁺ = 1 + Σ_j P_j H(t_ij) − P_i (the j = i term has t = 0, H(0) = 1)
     rank_plus = torch.baddbmm(1.0 - pos_col, (t >= 0).to(t.dtype), pos_col)
     sig = torch.sigmoid(t / step.tau)
@@ -248,7 +248,7 @@ def _suprank_block_grad(deriv: Tensor, neg_col: Tensor, grad_rank: Tensor) -> Te
 def _smooth_ap_block(scores: Tensor, masks: Tensor, tau: float, keep_derivative: bool):
     """``(rank⁺ (b, N, 1), rank (b, N, 1), σ_τ' (b, N, N) or None)`` of Smooth-AP Eq. 5-6; ``masks`` is
     ``(b, N, 2)`` = (positives, valid); the ``j = i`` term is ``σ(0) = 1/2`` times its mask."""
-    sig = torch.sigmoid(_differences(scores) / tau)
+    sig = torch.sigmoid(score_differences(scores) / tau)
     ranks = torch.baddbmm(1.0 - 0.5 * masks, sig, masks)
     deriv = sig * (1.0 - sig) / tau if keep_derivative else None
     return ranks[..., :1], ranks[..., 1:], deriv
@@ -274,7 +274,7 @@ def _block_grad(kernel: str, deriv: Tensor, cols, grad_plus: Tensor | None, grad
     return _smooth_ap_block_grad(deriv, torch.cat(cols, 2), torch.cat([grad_plus, grad_rank], 2))
 
 
-def _blocks(num_queries: int, block: int) -> list[slice]:
+def query_blocks(num_queries: int, block: int) -> list[slice]:
     return [slice(start, start + block) for start in range(0, num_queries, block)]
 
 
@@ -365,7 +365,8 @@ def _forward_blocks(ctx, kernel: str, block: int, parameter, scores: Tensor, col
         rank_plus, rank, deriv = _block_values(kernel, parameter, scores, cols, True)
         ctx.deriv = deriv
     else:
-        outs = [_block_values(kernel, parameter, scores[r], _rows(cols, r), False) for r in _blocks(len(scores), block)]
+        blocks = query_blocks(len(scores), block)
+        outs = [_block_values(kernel, parameter, scores[r], _rows(cols, r), False) for r in blocks]
         rank_plus, rank = torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
         ctx.deriv = None
     ctx.kernel, ctx.block, ctx.parameter = kernel, block, parameter
@@ -377,7 +378,7 @@ def _backward_blocks(ctx, scores: Tensor, cols, grad_plus: Tensor | None, grad_r
     if ctx.deriv is not None:
         return _block_grad(ctx.kernel, ctx.deriv, cols, grad_plus, grad_rank)
     parts = []
-    for r in _blocks(scores.shape[0], ctx.block):
+    for r in query_blocks(scores.shape[0], ctx.block):
         _, _, deriv = _block_values(ctx.kernel, ctx.parameter, scores[r], _rows(cols, r), True)
         plus = None if grad_plus is None else grad_plus[r]
         parts.append(_block_grad(ctx.kernel, deriv, _rows(cols, r), plus, grad_rank[r]))

@@ -23,7 +23,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from .._precision import float32_backward
-from .dense import DENSE_MEMORY_BUDGET, _blocks, _differences, dense_block_size
+from .dense import DENSE_MEMORY_BUDGET, dense_block_size, query_blocks, score_differences
 from .steps import HRankParams, SupRankStep
 
 __all__ = [
@@ -70,7 +70,7 @@ def dense_hierarchical_ranks(
     levels = levels.long()
     v = valid.to(dtype)
     positive = v * (levels > 0).to(dtype)
-    t = _differences(scores)
+    t = score_differences(scores)
     heaviside = (t >= 0).to(dtype)
     lower = (levels.unsqueeze(1) < levels.unsqueeze(2)).to(dtype)  # [q, i, j]: T_j < T_i
     sig = torch.sigmoid(t / step.tau)
@@ -110,7 +110,7 @@ def dense_hierarchical_query_ranks(
     if block >= num_queries:
         return dense_hierarchical_ranks(scores, levels, level_relevance, valid, step, hrank)
     parts = []
-    for r in _blocks(num_queries, block):
+    for r in query_blocks(num_queries, block):
         rel = None if level_relevance is None else level_relevance[r]
         args = (scores[r], levels[r], rel, valid[r], step, hrank)
         grad = scores.requires_grad and torch.is_grad_enabled()
@@ -222,7 +222,7 @@ class _HierarchicalScores(torch.autograd.Function):
         else:
             outs = [
                 _block_score(kind, scores[r], levels[r], v[r], weight[r], norm[r], step, hrank, keep=False)
-                for r in _blocks(num_queries, block)
+                for r in query_blocks(num_queries, block)
             ]
             score, coef = torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
             coef_plus = None if hrank is None else torch.cat([o[2] for o in outs])
@@ -241,7 +241,7 @@ class _HierarchicalScores(torch.autograd.Function):
         if ctx.single:
             return None, None, None, None, _grad_from(deriv, extra, v, coef, coef_plus), None, None, None, None
         parts = []
-        for r in _blocks(scores.shape[0], ctx.block):
+        for r in query_blocks(scores.shape[0], ctx.block):
             *_, d, e = _block_score(
                 ctx.kind, scores[r], levels[r], v[r], weight[r], norm[r], ctx.step, ctx.hrank, keep=True
             )

@@ -18,4 +18,4 @@ from .base import SmallClassPolicy
 from .class_samplers import HierarchicalSampler, MPerClassSampler
 from .multilabel import MultiLabelSampler
 
-__all__ = ["HierarchicalSampler", "MPerClassSampler", "MultiLabelSampler", "SmallClassPolicy"]
+__all__ = ["HierarchicalSampler", "MPerClassSampler", "MultiLabelSampler"]

@@ -48,10 +48,6 @@ from .run_spec import RunSpec
 from .trainer import Trainer
 
 __all__ = [
-    "CHECKPOINT_PREFIX",
-    "LOCK_FILE",
-    "RUN_FILE",
-    "TRAINER_STATE",
     "CheckpointError",
     "DataOptions",
     "LossModule",
@@ -62,22 +58,14 @@ __all__ = [
     "RunLockError",
     "RunOptions",
     "RunSpec",
-    "SeededAugmentation",
     "Trainer",
     "TrainingConfig",
     "build_loss",
     "build_optimizer",
     "build_scheduler",
     "cached_backward",
-    "collate",
     "embed_loader",
-    "find_checkpoints",
-    "format_metrics_table",
-    "latest_checkpoint",
-    "latest_valid_checkpoint",
     "make_loader",
-    "run_config",
     "run_fingerprint",
     "validate_checkpoint",
-    "write_final_folder",
 ]

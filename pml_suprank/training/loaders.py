@@ -65,7 +65,7 @@ def make_loader(dataset: Dataset, batch_size: int, num_workers: int = 0, **kwarg
     return DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers, collate_fn=collate)
 
 
-def _dataset_labels(dataset: Any) -> Tensor:
+def dataset_labels(dataset: Any) -> Tensor:
     labels = getattr(dataset, "labels", None)
     if labels is None:
         raise TypeError(
@@ -103,7 +103,7 @@ def embed_loader(
     return emb[order], lab[order], idx[order]
 
 
-def _progress(iterable: Any, **kwargs: Any) -> Any:
+def progress_bar(iterable: Any, **kwargs: Any) -> Any:
     try:
         from tqdm.auto import tqdm
     except ImportError:  # pragma: no cover - tqdm is in the recipes extra

@@ -58,12 +58,12 @@ from .config import TrainingConfig
 from .export import write_final_folder
 from .loaders import (
     SeededAugmentation,
-    _dataset_labels,
-    _progress,
     build_memory,
     build_sampler,
+    dataset_labels,
     embed_loader,
     make_loader,
+    progress_bar,
 )
 from .loss_module import LossModule, backward_step
 from .optim import build_optimizer, build_scheduler
@@ -144,7 +144,7 @@ class Trainer:
         self.accelerator = accelerator
         self.config = config
         self.output_dir = Path(config.output_dir)
-        self.train_labels = _dataset_labels(train_dataset)
+        self.train_labels = dataset_labels(train_dataset)
         if config.sampler == "hierarchical" and self.train_labels.shape[1] < 2:
             raise ValueError("sampler='hierarchical' needs 2-D labels (N, L >= 2); the training set has one column")
         self.train_dataset = SeededAugmentation(train_dataset, seed=config.seed)
@@ -438,7 +438,7 @@ class Trainer:
             self.accelerator.print(f"resumed from {ckpt} (step {self.progress.global_step})")
         p, c = self.progress, self.config
         run = _Run()
-        run.bar = _progress(
+        run.bar = progress_bar(
             None,
             total=self.total_steps,
             initial=p.global_step,

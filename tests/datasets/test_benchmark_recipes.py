@@ -15,7 +15,7 @@ from _helpers import import_recipe, recipe_parser
 
 from pml_suprank import hub_config
 from pml_suprank.data.benchmarks import BENCHMARKS, load_benchmark
-from pml_suprank.training.data_source import DatasetSource, dataset_source
+from pml_suprank.training.data_source import DatasetSource, dataset_source, resolved_split
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "recipes"
@@ -45,7 +45,7 @@ def test_hub_config_builds_its_benchmark_from_data_root(path, tmp_path):
     name = cfg["data"]["dataset"]
     root = MAKERS[name](tmp_path / name)
     for part in ("train", "test"):
-        split = hub_config.resolved_split(cfg, part)
+        split = resolved_split(cfg, part)
         assert split == cfg["data"].get(f"{part}_split", split) and split in BENCHMARKS[name].splits
         assert dataset_source(cfg["data"], part, data_root=root) == DatasetSource("benchmark", name, split,
                                                                                  root=str(root))  # fmt: skip
@@ -54,19 +54,19 @@ def test_hub_config_builds_its_benchmark_from_data_root(path, tmp_path):
         assert torch.equal(built.labels, native.labels) and built.names == native.names, (name, part)
     # the data root may also come from the file (e.g. a personal override file)
     cfg["data"]["data_root"] = str(root)
-    assert len(hub_config.build_dataset(cfg, "train")) == len(load_benchmark(name, root, hub_config.resolved_split(
+    assert len(hub_config.build_dataset(cfg, "train")) == len(load_benchmark(name, root, resolved_split(
         cfg, "train")))  # fmt: skip
 
 
 def test_benchmark_defaults_to_its_own_splits_and_label_names():
     cfg = {"data": {"dataset": "cifar100"}}
-    assert hub_config.resolved_split(cfg, "train") == "open_train" and hub_config.resolved_split(cfg, "test") == (
+    assert resolved_split(cfg, "train") == "open_train" and resolved_split(cfg, "test") == (
         "open_test"
     )
-    assert hub_config.resolved_split({"data": {"dataset": "data/sop"}}, "test") == "test"  # a prepared copy: as before
+    assert resolved_split({"data": {"dataset": "data/sop"}}, "test") == "test"  # a prepared copy: as before
     assert hub_config.data_option_errors({"dataset": "sop"}) == []  # label_columns optional for a benchmark
     with pytest.raises(ValueError, match=r"dyml_vehicle has no single test split.*query_fine"):
-        hub_config.resolved_split({"data": {"dataset": "dyml_vehicle"}}, "test")
+        resolved_split({"data": {"dataset": "dyml_vehicle"}}, "test")
 
 
 @pytest.mark.parametrize(

@@ -11,20 +11,18 @@ from pytorch_metric_learning.reducers import DoNothingReducer
 
 from pml_suprank import losses
 from pml_suprank.memory import CrossBatchMemory
-from pml_suprank.ranking import (
+from pml_suprank.ranking import KERNELS, SupRankStep, choose_kernel
+from pml_suprank.ranking.dense import (
+    CPU_DENSE_MAX_WORK,
+    CUDA_DENSE_MAX_REFS,
     DENSE_MEMORY_BUDGET,
-    KERNELS,
-    SupRankStep,
-    choose_kernel,
     dense_block_size,
-    dense_hierarchical_query_ranks,
-    dense_hierarchical_ranks,
     dense_query_ranks,
     dense_smooth_ap_ranks,
     dense_suprank_ranks,
     masked_query_mean,
 )
-from pml_suprank.ranking.dense import CPU_DENSE_MAX_WORK, CUDA_DENSE_MAX_REFS
+from pml_suprank.ranking.dense_hierarchical import dense_hierarchical_query_ranks, dense_hierarchical_ranks
 
 FLAT = {
     "SmoothAP": lambda **kw: losses.SmoothAPLoss(**kw),

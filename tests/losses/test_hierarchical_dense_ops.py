@@ -15,8 +15,12 @@ import torch
 from _helpers import profiled_ops
 
 from pml_suprank import losses
-from pml_suprank.ranking import SupRankStep, dense_hierarchical_query_ranks, dense_sup_hap_scores
-from pml_suprank.ranking.dense_hierarchical import dense_sup_ndcg_scores
+from pml_suprank.ranking import SupRankStep
+from pml_suprank.ranking.dense_hierarchical import (
+    dense_hierarchical_query_ranks,
+    dense_sup_hap_scores,
+    dense_sup_ndcg_scores,
+)
 from pml_suprank.relevance import check_tree, ideal_dcg, level_matrix, tree_consistent
 
 

@@ -9,7 +9,7 @@ from _helpers import MULTILABEL_TABLE, random_label_sets
 
 from pml_suprank import losses
 from pml_suprank.metrics.graded import graded_ndcg, mean_label_average_precision
-from pml_suprank.ranking import hierarchical_ranks
+from pml_suprank.ranking.hierarchical import hierarchical_ranks
 from pml_suprank.relevance import level_matrix, multilabel_relevance
 
 TABLE = MULTILABEL_TABLE

@@ -17,7 +17,7 @@ from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 
 from pml_suprank import losses
 from pml_suprank.losses.base_rank_loss import RankInputs
-from pml_suprank.ranking import default_offset
+from pml_suprank.ranking.steps import default_offset
 
 INPUTS = ["A_b12_L2", "B_b16_L3_singletons", "C_b12_L2_ties", "D_b8_mem32_L2"]
 VARIANTS = {

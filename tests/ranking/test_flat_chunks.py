@@ -7,15 +7,8 @@ import pytest
 import torch
 from _helpers import profiled_ops
 
-from pml_suprank.ranking import (
-    ACCELERATOR_CHUNK_SIZE,
-    CHUNK_SIZE,
-    SupRankStep,
-    default_chunk_elements,
-    positive_pair_groups,
-    sigmoid_rank_sums,
-    suprank_negative_sum,
-)
+from pml_suprank.ranking import ACCELERATOR_CHUNK_SIZE, CHUNK_SIZE, SupRankStep, default_chunk_elements
+from pml_suprank.ranking.flat import positive_pair_groups, sigmoid_rank_sums, suprank_negative_sum
 
 
 def test_default_block_size_per_device_type():

@@ -10,16 +10,17 @@ import torch.nn.functional as F
 
 import pml_suprank.ranking.hierarchical as hier
 from pml_suprank import losses
-from pml_suprank.ranking import (
-    HRankParams,
-    SupRankStep,
-    dense_sup_hap_scores,
-    dense_sup_ndcg_scores,
+from pml_suprank.ranking import SupRankStep
+from pml_suprank.ranking.dense_hierarchical import dense_sup_hap_scores, dense_sup_ndcg_scores
+from pml_suprank.ranking.hierarchical import (
+    ONE_BLOCK_FACTOR,
+    QUERY_BLOCK_ELEMENTS,
     hierarchical_ranks,
+    query_block_rows,
     sup_hap_scores,
     sup_ndcg_scores,
 )
-from pml_suprank.ranking.hierarchical import ONE_BLOCK_FACTOR, QUERY_BLOCK_ELEMENTS, query_block_rows
+from pml_suprank.ranking.steps import HRankParams
 from pml_suprank.relevance import level_counts, pop_relevance
 
 STEP = SupRankStep(tau=0.01, rho=100.0, delta=0.05, start=0.5, offset=1.44)

@@ -188,7 +188,7 @@ def test_window_truncation_is_below_machine_precision():
 
 def test_sorted_levels_counts_and_sums_match_brute_force():
     """SortedLevels: positions from one search in A_{L+1} give the per-level counts and prefix sums of A_l."""
-    from pml_suprank.ranking import sort_levels
+    from pml_suprank.ranking.levels import sort_levels
 
     g = torch.Generator().manual_seed(0)
     bsz, n, L = 4, 30, 3

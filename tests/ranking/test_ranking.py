@@ -8,13 +8,13 @@ from pml_suprank import ranking as R
 
 def test_step_values_by_hand():
     t = torch.tensor([-1.0, -0.01, 0.0, 0.01, 0.05, 0.06], dtype=torch.float64)
-    h = R.heaviside(t)
+    h = R.steps.heaviside(t)
     assert h.tolist() == [0.0, 0.0, 1.0, 1.0, 1.0, 1.0]
-    sig = R.tau_sigmoid(t, 0.01)
+    sig = R.steps.tau_sigmoid(t, 0.01)
     assert sig[2].item() == 0.5 and sig[1].item() == pytest.approx(1 / (1 + math.e), abs=1e-15)
     assert sig[0].item() == pytest.approx(1 / (1 + math.exp(50)), rel=1e-12)  # clamped at -50 like the reference
-    hm = R.suprank_step(t)
-    off = R.default_offset(0.01, 0.05, 0.5)
+    hm = R.steps.suprank_step(t)
+    off = R.steps.default_offset(0.01, 0.05, 0.5)
     assert hm[2].item() == 0.5  # H⁻(0) = σ(0)
     assert hm[3].item() == pytest.approx(0.5 + 1 / (1 + math.exp(-1)), abs=1e-15)
     assert hm[4].item() == pytest.approx(0.5 + 1 / (1 + math.exp(-5)), abs=1e-15)
@@ -22,15 +22,15 @@ def test_step_values_by_hand():
     assert off == pytest.approx(1.4933071, abs=1e-7)
     # continuous at δ with the default offset, upper bound of H on t > 0
     eps = torch.tensor([0.05 - 1e-9, 0.05 + 1e-9], dtype=torch.float64)
-    v = R.suprank_step(eps)
+    v = R.steps.suprank_step(eps)
     assert abs(v[1] - v[0]).item() < 1e-6
     grid = torch.linspace(-0.5, 0.5, 1001, dtype=torch.float64)
-    assert (R.suprank_step(grid)[grid > 0] >= 1).all()
+    assert (R.steps.suprank_step(grid)[grid > 0] >= 1).all()
 
 
 def test_heaviside_has_no_gradient():
     t = torch.randn(5, requires_grad=True)
-    assert not R.heaviside(t).requires_grad
+    assert not R.steps.heaviside(t).requires_grad
 
 
 @pytest.mark.parametrize("step", [R.SigmoidStep(0.05), R.SupRankStep(tau=0.05), R.SupRankStep(offset=1.44)])
@@ -81,16 +81,17 @@ def test_pairwise_step_sum_matches_brute_force_and_chunking(ties):
     step = R.SupRankStep()
     expected = _brute(scores, q, i, neg, step.value, exclude_item=False)
     for chunk in (1, 37, 1 << 20):
-        got = R.pairwise_step_sum(scores, q, i, neg, step, exclude_item=False, chunk_elements=chunk)
+        got = R.flat.pairwise_step_sum(scores, q, i, neg, step, exclude_item=False, chunk_elements=chunk)
         torch.testing.assert_close(got, expected, atol=1e-12, rtol=0)
     # callable (pair-dependent) mask and float weights
-    got = R.pairwise_step_sum(scores, q, i, lambda qq, ii: pos[qq], R.HeavisideStep())
-    torch.testing.assert_close(got, _brute(scores, q, i, pos, R.heaviside), atol=0, rtol=0)
+    got = R.flat.pairwise_step_sum(scores, q, i, lambda qq, ii: pos[qq], R.HeavisideStep())
+    torch.testing.assert_close(got, _brute(scores, q, i, pos, R.steps.heaviside), atol=0, rtol=0)
     weights = torch.rand(scores.shape, dtype=torch.float64)
-    got = R.pairwise_step_sum(scores, q, i, weights, R.SigmoidStep(0.05))
+    got = R.flat.pairwise_step_sum(scores, q, i, weights, R.SigmoidStep(0.05))
+    sig = R.steps.tau_sigmoid
     exp = torch.stack(
         [
-            (R.tau_sigmoid(scores[q[k]] - scores[q[k], i[k]], 0.05) * weights[q[k]]).sum() - 0.5 * weights[q[k], i[k]]
+            (sig(scores[q[k]] - scores[q[k], i[k]], 0.05) * weights[q[k]]).sum() - 0.5 * weights[q[k], i[k]]
             for k in range(len(q))
         ]
     )
@@ -100,7 +101,7 @@ def test_pairwise_step_sum_matches_brute_force_and_chunking(ties):
 def test_pairwise_step_sum_gradcheck():
     scores, _, _, neg, q, i = _problem(b=3, n=8)
     scores.requires_grad_(True)
-    f = lambda s: R.pairwise_step_sum(s, q, i, neg, R.SupRankStep(tau=0.05), chunk_elements=5)  # noqa: E731
+    f = lambda s: R.flat.pairwise_step_sum(s, q, i, neg, R.SupRankStep(tau=0.05), chunk_elements=5)  # noqa: E731
     assert torch.autograd.gradcheck(f, (scores,))
 
 
@@ -112,8 +113,8 @@ def test_fast_suprank_kernel_matches_general_kernel(step, ties):
     scores, _, _, neg, q, i = _problem(ties=ties)
     scores.requires_grad_(True)
     w = torch.rand(len(q), dtype=torch.float64)
-    a = R.pairwise_step_sum(scores, q, i, neg, step, exclude_item=False)
-    b = R.suprank_negative_sum(scores, q, i, neg, step, chunk_elements=50)
+    a = R.flat.pairwise_step_sum(scores, q, i, neg, step, exclude_item=False)
+    b = R.flat.suprank_negative_sum(scores, q, i, neg, step, chunk_elements=50)
     torch.testing.assert_close(b, a, atol=1e-12, rtol=0)
     (ga,) = torch.autograd.grad((a * w).sum(), scores)
     (gb,) = torch.autograd.grad((b * w).sum(), scores)
@@ -123,12 +124,12 @@ def test_fast_suprank_kernel_matches_general_kernel(step, ties):
 @pytest.mark.parametrize("ties", [False, True])
 def test_fast_heaviside_and_sigmoid_kernels(ties):
     scores, valid, pos, _, q, i = _problem(ties=ties)
-    got = R.heaviside_positive_count(scores, q, i, pos)
-    torch.testing.assert_close(got, R.pairwise_step_sum(scores, q, i, pos, R.HeavisideStep()), atol=0, rtol=0)
+    got = R.flat.heaviside_positive_count(scores, q, i, pos)
+    torch.testing.assert_close(got, R.flat.pairwise_step_sum(scores, q, i, pos, R.HeavisideStep()), atol=0, rtol=0)
     scores.requires_grad_(True)
     step = R.SigmoidStep(0.05)
-    a1, a2 = R.pairwise_step_sum(scores, q, i, pos, step), R.pairwise_step_sum(scores, q, i, valid, step)
-    b1, b2 = R.sigmoid_rank_sums(scores, q, i, pos, valid, 0.05, chunk_elements=30)
+    a1, a2 = R.flat.pairwise_step_sum(scores, q, i, pos, step), R.flat.pairwise_step_sum(scores, q, i, valid, step)
+    b1, b2 = R.flat.sigmoid_rank_sums(scores, q, i, pos, valid, 0.05, chunk_elements=30)
     torch.testing.assert_close(b1, a1, atol=1e-12, rtol=0)
     torch.testing.assert_close(b2, a2, atol=1e-12, rtol=0)
     (ga,) = torch.autograd.grad((2 * a1 + 3 * a2).sum(), scores)
@@ -139,9 +140,9 @@ def test_fast_heaviside_and_sigmoid_kernels(ties):
 def test_fast_kernels_gradcheck():
     scores, valid, pos, neg, q, i = _problem(b=3, n=10)
     scores.requires_grad_(True)
-    f = lambda s: R.suprank_negative_sum(s, q, i, neg, R.SupRankStep(tau=0.05), chunk_elements=7)  # noqa: E731
+    f = lambda s: R.flat.suprank_negative_sum(s, q, i, neg, R.SupRankStep(tau=0.05), chunk_elements=7)  # noqa: E731
     assert torch.autograd.gradcheck(f, (scores,))
-    g = lambda s: R.sigmoid_rank_sums(s, q, i, pos, valid, 0.05, chunk_elements=7)  # noqa: E731
+    g = lambda s: R.flat.sigmoid_rank_sums(s, q, i, pos, valid, 0.05, chunk_elements=7)  # noqa: E731
     assert torch.autograd.gradcheck(g, (scores,))
 
 
@@ -149,7 +150,7 @@ def test_count_above_matches_brute_force():
     scores, _, _, neg, q, i = _problem()
     masked = scores.masked_fill(~neg, float("-inf")).requires_grad_(True)
     thr = scores[q, i] + 0.05
-    count, total = R.count_above(masked, q, thr, with_sum=True)
+    count, total = R.flat.count_above(masked, q, thr, with_sum=True)
     for k in range(len(q)):
         sel = neg[q[k]] & (scores[q[k]] > thr[k])
         assert count[k].item() == sel.sum().item()
@@ -161,32 +162,36 @@ def test_count_above_matches_brute_force():
 def test_pairwise_step_sum_bad_input():
     scores, _, _, neg, q, i = _problem()
     with pytest.raises(ValueError, match="scores"):
-        R.pairwise_step_sum(scores[0], q, i, neg, R.HeavisideStep())
+        R.flat.pairwise_step_sum(scores[0], q, i, neg, R.HeavisideStep())
     with pytest.raises(ValueError, match="query_idx"):
-        R.pairwise_step_sum(scores, q.float(), i, neg, R.HeavisideStep())
+        R.flat.pairwise_step_sum(scores, q.float(), i, neg, R.HeavisideStep())
     with pytest.raises(ValueError, match="same length"):
-        R.pairwise_step_sum(scores, q, i[:-1], neg, R.HeavisideStep())
+        R.flat.pairwise_step_sum(scores, q, i[:-1], neg, R.HeavisideStep())
     with pytest.raises(ValueError, match="mask"):
-        R.pairwise_step_sum(scores, q, i, neg[:, :3], R.HeavisideStep())
+        R.flat.pairwise_step_sum(scores, q, i, neg[:, :3], R.HeavisideStep())
     with pytest.raises(TypeError, match="mask"):
-        R.pairwise_step_sum(scores, q, i, 3, R.HeavisideStep())
-    empty = R.pairwise_step_sum(scores, q[:0], i[:0], neg, R.HeavisideStep())
+        R.flat.pairwise_step_sum(scores, q, i, 3, R.HeavisideStep())
+    empty = R.flat.pairwise_step_sum(scores, q[:0], i[:0], neg, R.HeavisideStep())
     assert empty.shape == (0,)
 
 
 def test_fast_kernels_require_pairs_grouped_by_query():
     scores, _, _, neg, q, i = _problem()
     with pytest.raises(ValueError, match="grouped"):
-        R.suprank_negative_sum(scores, q.flip(0), i.flip(0), neg, R.SupRankStep())
+        R.flat.suprank_negative_sum(scores, q.flip(0), i.flip(0), neg, R.SupRankStep())
 
 
 def test_package_layout_and_one_chunk_constant():
-    """The package exports the kernels' names; one chunk size serves the flat, hierarchical and series kernels."""
-    from pml_suprank.ranking import flat, steps, tail, window
+    """The package lists the kernel choice and the steps; the kernels are the expert API of their modules; one chunk
+    size serves the flat, hierarchical and series kernels."""
+    from pml_suprank.ranking import dense, flat, steps, tail, window
 
-    for name in ("HeavisideStep", "SigmoidStep", "SupRankStep", "count_above", "default_offset", "group_positions"):
+    for name in ("HeavisideStep", "SigmoidStep", "SupRankStep", "choose_kernel", "CHUNK_SIZE"):
         assert name in R.__all__ and getattr(R, name) is not None
-    assert R.SupRankStep is steps.SupRankStep and R.suprank_negative_sum is flat.suprank_negative_sum
+    for name in ("dense_suprank_grad", "suprank_negative_sum", "count_above", "default_offset", "group_positions"):
+        assert name not in R.__all__ and not hasattr(R, name), name
+    assert R.SupRankStep is steps.SupRankStep and callable(flat.suprank_negative_sum)
+    assert callable(dense.dense_suprank_grad) and callable(steps.default_offset)
     assert R.CHUNK_SIZE == window.CHUNK_SIZE and not hasattr(R, "DEFAULT_CHUNK_ELEMENTS")
     assert tail.SigmoidTail.forward.__defaults__ == (R.CHUNK_SIZE,)
 
@@ -199,9 +204,9 @@ def test_flat_kernels_bit_identical_across_chunk_sizes(ties):
     results = []
     for chunk in (7, 100, R.CHUNK_SIZE):
         s = scores.clone().requires_grad_(True)
-        a = R.suprank_negative_sum(s, q, i, neg, R.SupRankStep(), chunk_elements=chunk)
-        b1, b2 = R.sigmoid_rank_sums(s, q, i, pos, valid, 0.05, chunk_elements=chunk)
-        c = R.pairwise_step_sum(s, q, i, neg, R.SupRankStep(tau=0.05), chunk_elements=chunk)
+        a = R.flat.suprank_negative_sum(s, q, i, neg, R.SupRankStep(), chunk_elements=chunk)
+        b1, b2 = R.flat.sigmoid_rank_sums(s, q, i, pos, valid, 0.05, chunk_elements=chunk)
+        c = R.flat.pairwise_step_sum(s, q, i, neg, R.SupRankStep(tau=0.05), chunk_elements=chunk)
         out = torch.stack([a, b1, b2, c])
         (grad,) = torch.autograd.grad((out * w).sum(), s)
         results.append((out, grad))
@@ -237,7 +242,7 @@ def test_window_sum_sorted_layout_matches_autograd():
     w = torch.linspace(-1, 2, len(q_idx), dtype=torch.float64)
     for term, fn in (
         (SigmoidTerm(1.0 / tau), lambda t: torch.sigmoid(t / tau)),
-        (StepTerm(R.SigmoidStep(tau)), lambda t: R.tau_sigmoid(t, tau)),
+        (StepTerm(R.SigmoidStep(tau)), lambda t: R.steps.tau_sigmoid(t, tau)),
     ):
         got, ref = window_sum(layout(), term, scores), expected(fn)
         torch.testing.assert_close(got, ref, rtol=0, atol=1e-13)
@@ -250,7 +255,7 @@ def test_hrank_params_value():
     from _hierarchical_dense import h_s_greater
 
     t = torch.linspace(-0.3, 0.3, 121, dtype=torch.float64)
-    hp = R.HRankParams(nu=20.0, mu=0.4, gamma=5.0)
+    hp = R.steps.HRankParams(nu=20.0, mu=0.4, gamma=5.0)
     torch.testing.assert_close(hp.value(t), h_s_greater(t, 20.0, 0.4, 5.0), rtol=0, atol=0)
     assert hp.saturation == pytest.approx(0.03)
     assert float(hp.value(torch.tensor(hp.saturation, dtype=torch.float64))) == pytest.approx(1.0)

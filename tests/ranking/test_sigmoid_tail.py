@@ -168,7 +168,7 @@ def test_hierarchical_gradcheck_with_series(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_flat_window_upper_bound_is_inclusive(dtype):
     """The flat window kernel keeps ``t == upper`` exactly and drops the next representable ``t`` (and ``-inf``)."""
-    from pml_suprank.ranking import sigmoid_window_sum
+    from pml_suprank.ranking.flat import sigmoid_window_sum
 
     upper = 5.0
     above = float(torch.nextafter(torch.tensor(upper, dtype=dtype), torch.tensor(float("inf"), dtype=dtype)))
