@@ -23,6 +23,17 @@ LOW_PRECISION = (torch.float16, torch.bfloat16)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def _autocast_device_types() -> frozenset[str]:
+    """The device types this torch build can autocast, read once at import (``torch.amp.is_autocast_available``
+    cannot be traced by ``torch.compile`` on older torch releases)."""
+    candidates = ("cpu", "cuda", "xpu", "hpu", "mps", "xla", "privateuseone")
+    return frozenset(d for d in candidates if torch.amp.is_autocast_available(d))
+
+
+#: device types with autocast support in this torch build (a constant of the installed torch)
+AUTOCAST_DEVICE_TYPES = _autocast_device_types()
+
+
 def upcast(x: Any) -> Any:
     """``x.float()`` for a floating fp16/bf16 tensor; anything else unchanged."""
     if isinstance(x, Tensor) and x.dtype in LOW_PRECISION:
@@ -46,7 +57,7 @@ def float32_forward(forward: F) -> F:
         device_type = _device_type(args, kwargs)
         args = tuple(upcast(a) for a in args)
         kwargs = {k: upcast(v) for k, v in kwargs.items()}
-        if device_type is None or not torch.amp.is_autocast_available(device_type):
+        if device_type not in AUTOCAST_DEVICE_TYPES:
             return forward(self, *args, **kwargs)
         with torch.autocast(device_type=device_type, enabled=False):
             return forward(self, *args, **kwargs)
@@ -65,7 +76,7 @@ def float32_backward(backward: F) -> F:
     @functools.wraps(backward)
     def wrapper(ctx, *grads):
         device_type = _device_type(grads, {})
-        if device_type is None or not torch.amp.is_autocast_available(device_type):
+        if device_type not in AUTOCAST_DEVICE_TYPES:
             return backward(ctx, *grads)
         with torch.autocast(device_type=device_type, enabled=False):
             return backward(ctx, *grads)

@@ -123,17 +123,6 @@ class CombinedRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
         self.decomposability_weight = weight
         self.add_to_recordable_attributes(list_of_names=["num_kept_queries"], is_stat=True)
 
-    def __getattr__(self, name: str):
-        # the rank loss's public hyper-parameters (tau, rho, alpha, kernel, step, hierarchy, ...) read through this
-        # loss, without copies: nn.Module's parameters / buffers / sub-modules first, then the rank loss's attribute
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            rank_loss = self.__dict__["_modules"].get("rank_loss")
-            if name.startswith("_") or rank_loss is None or name == "num_kept_queries":
-                raise
-            return getattr(rank_loss, name)
-
     @property
     def weight(self) -> float:
         """``λ``, the weight of the decomposability term (also the attribute ``decomposability_weight``)."""
@@ -201,3 +190,25 @@ class CombinedRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
         """
         loss_dict, embeddings, labels = self.prepared_loss_dict(embeddings, labels, indices_tuple, ref_emb, ref_labels)
         return {name: self.reducer({name: entry}, embeddings, labels) for name, entry in loss_dict.items()}
+
+
+#: the rank loss's public hyper-parameters, readable on the combined loss (``roadmap.tau`` is
+#: ``roadmap.rank_loss.tau``; no copies): read-only properties, which ``torch.compile`` traces on every supported
+#: torch (a custom ``__getattr__`` on a module is not traceable by dynamo before torch 2.5)
+RANK_LOSS_ATTRIBUTES = (
+    "allow_2d_labels", "alpha", "chunk_size", "delta", "hierarchy", "hrank", "include_self", "k", "kernel",
+    "level_weights", "multilabel", "offset", "relevance", "rho", "start", "step", "tau", "temperature", "with_hrank",
+)  # fmt: skip
+
+
+def _read_through(name: str) -> property:
+    def get(self: CombinedRankLoss):
+        return getattr(self.rank_loss, name)
+
+    get.__name__ = name
+    return property(get, doc=f"``rank_loss.{name}`` (read-only; set it on :attr:`rank_loss`).")
+
+
+for _name in RANK_LOSS_ATTRIBUTES:
+    setattr(CombinedRankLoss, _name, _read_through(_name))
+del _name
