@@ -201,20 +201,18 @@ def read_hub_config(path: str | Path, *, partial: bool = False) -> dict[str, Any
         partial: Accept an override file with only the keys it changes (no required key; ``name``, when given,
             must still equal the file name).
     """
-    import yaml
+    from ._safe_yaml import load_yaml, shorten
 
     p = Path(path)
     if not p.is_file() and p.suffix == "" and (Path("hub_configs") / f"{path}.yaml").is_file():
         p = Path("hub_configs") / f"{path}.yaml"
     if not p.is_file():
         raise FileNotFoundError(f"hub_config {str(path)!r} does not exist")
-    try:
-        config = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        raise ValueError(f"{p}: not valid YAML: {e}") from e
+    config = load_yaml(p)  # aliases, deep nesting and oversized files refused before any value is built
     errors = _structure_errors(config, str(p), partial)
     if errors:
-        raise ValueError(f"{p}: invalid hub_config:\n  - " + "\n  - ".join(errors))
+        shown = [shorten(e) for e in errors[:20]] + ([f"... {len(errors) - 20} more"] if len(errors) > 20 else [])
+        raise ValueError(f"{p}: invalid hub_config:\n  - " + "\n  - ".join(shown))
     if (not partial or "name" in config) and config["name"] != p.stem:
         raise ValueError(f"{p}: 'name' must equal the file name without .yaml ({p.stem!r}); got {config['name']!r}")
     return config

@@ -172,7 +172,7 @@ def test_command_line_values_get_the_hub_config_checks(capsys):
     common, parser = recipe_parser("train_happier")
     with pytest.raises(SystemExit):
         common.parse_run_spec(parser, ["--image_size", "4"])
-    assert "--image_size must be an int >= 8; got 4" in capsys.readouterr().err
+    assert "--image_size must be an int in [8, 4096]; got 4" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         common.parse_run_spec(recipe_parser("train_happier")[1], ["--backbone", "resnet5000"])
     assert "not a timm model name" in capsys.readouterr().err

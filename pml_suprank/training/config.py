@@ -63,9 +63,15 @@ def is_str(expected: str = "a non-empty string") -> OptionCheck:
     return OptionCheck(lambda v: isinstance(v, str) and bool(v), expected)
 
 
-def is_int(low: int = 0) -> OptionCheck:
-    """An int (not a bool) ``>= low``."""
-    return OptionCheck(lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low, f"an int >= {low}")
+#: the largest integer a configuration value may hold unless its option sets a tighter bound: values that size work
+#: (epochs, batch sizes, memory slots, steps) stay within 32-bit counts, so a loaded file cannot ask for unbounded work
+MAX_CONFIG_INT = 2**31 - 1
+
+
+def is_int(low: int = 0, high: int = MAX_CONFIG_INT) -> OptionCheck:
+    """An int (not a bool) with ``low <= value <= high``."""
+    expected = f"an int >= {low}" if high == MAX_CONFIG_INT else f"an int in [{low}, {high}]"
+    return OptionCheck(lambda v: isinstance(v, int) and not isinstance(v, bool) and low <= v <= high, expected)
 
 
 def is_number(
@@ -282,4 +288,6 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
         raise TypeError(f"{name} must be an int; got {type(value).__name__} {value!r}")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}; got {value}")
+    if value > MAX_CONFIG_INT:
+        raise ValueError(f"{name} must be <= {MAX_CONFIG_INT}; got {value}")
     return int(value)

@@ -87,7 +87,7 @@ class ModelOptions:
     backbone: str = option("test_resnet", "any timm model name", section="model", check=is_str("a timm model name"))
     pretrained: bool = option(False, "load timm pretrained weights (downloads)", section="model", check=is_bool())
     pooling: str = option("avg", "global pooling", section="model", check=is_choice("avg", "gem", "max"))
-    embedding_size: int = option(128, "embedding dimension", section="model", check=is_int(1))
+    embedding_size: int = option(128, "embedding dimension", section="model", check=is_int(1, 65536))
     layer_norm: bool = option(True, "LayerNorm (no affine) before the projection", section="model", check=is_bool())
     projection_init: str = option(
         "random", "projection init: random, or pca (PCA of the training features, once at the start of a fresh run)",
@@ -136,8 +136,8 @@ class DataOptions:
         None, "split used for evaluation (unset: 'test', or the benchmark's test split)", section="data",
         check=is_str("a split name"),
     )  # fmt: skip
-    num_per_class: int = option(32, "SyntheticShapes: images per fine class", section="data", check=is_int(1))
-    image_size: int = option(48, "training/test resolution", section="data", check=is_int(8))
+    num_per_class: int = option(32, "SyntheticShapes: images per fine class", section="data", check=is_int(1, 100_000))
+    image_size: int = option(48, "training/test resolution", section="data", check=is_int(8, 4096))
     crop_scale: list[float] = option([0.5, 1.0], "area range of the RandomResizedCrop (reference: 0.16,1.0)",
                                      section="data", check=_crop_scale())  # fmt: skip
     auto_augment: str | None = option(None, "timm augmentation policy for training, e.g. rand-m9-mstd0.5 (RandAugment)",

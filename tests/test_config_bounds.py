@@ -1,0 +1,63 @@
+"""Small configuration files cannot ask for unbounded cost: YAML aliases and deep nesting are refused while the file
+is composed, oversized files before they are read, long messages are shortened, and integers that size work are
+bounded."""
+
+import time
+
+import pytest
+
+from pml_suprank import hub_config
+from pml_suprank._safe_yaml import load_yaml, shorten
+from pml_suprank.training.config import MAX_CONFIG_INT, TrainingConfig, is_int
+
+
+def _alias_bomb(levels: int = 9) -> str:
+    lines = ['a0: &a0 ["xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"]']
+    for i in range(1, levels):
+        prev = f"*a{i - 1}"
+        lines.append(f"a{i}: &a{i} [{', '.join([prev] * 9)}]")
+    lines.append(f"name: [*a{levels - 1}]")
+    return "\n".join(lines) + "\n"
+
+
+def test_alias_chain_is_refused_at_once_with_a_short_message(tmp_path):
+    """The issue's reproduction: ~500 bytes of nested aliases expanded into a 0.95 GB validation message."""
+    path = tmp_path / "bomb.yaml"
+    path.write_text(_alias_bomb())
+    assert path.stat().st_size < 600
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=r"aliases \(\*a0\) are not allowed") as info:
+        hub_config.read_hub_config(path)
+    assert time.perf_counter() - start < 5
+    assert len(str(info.value)) < 1000 and "bomb.yaml" in str(info.value)
+
+
+def test_deep_nesting_and_oversized_files_are_refused(tmp_path):
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("a: " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(ValueError, match="nesting deeper than 32 levels"):
+        load_yaml(deep)
+    big = tmp_path / "big.yaml"
+    big.write_text("a: " + "x" * 2_000_000 + "\n")
+    with pytest.raises(ValueError, match="at most 1048576 bytes"):
+        load_yaml(big)
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("a: &x 1\nb: [1, 2, {c: 3}]\n")  # an anchor without an alias is plain YAML
+    assert load_yaml(plain) == {"a": 1, "b": [1, 2, {"c": 3}]}
+
+
+def test_structure_errors_are_shortened(tmp_path):
+    path = tmp_path / "long.yaml"
+    path.write_text("name: long\nmodel: {backbone: " + "y" * 100_000 + "}\ntraining: 3\n")
+    with pytest.raises(ValueError) as info:
+        hub_config.read_hub_config(path)
+    assert len(str(info.value)) < 5000
+    assert shorten("z" * 1000, 10) == "zzzzzzzzzz... (990 more characters)"
+
+
+def test_integers_that_size_work_are_bounded():
+    check = is_int(1)
+    assert check(MAX_CONFIG_INT) and not check(MAX_CONFIG_INT + 1)
+    assert not is_int(1, 65536)(65537)
+    with pytest.raises(ValueError, match="epochs must be <= 2147483647"):
+        TrainingConfig(epochs=10**12)
