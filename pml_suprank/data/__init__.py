@@ -6,6 +6,7 @@ One contract for every dataset (:mod:`pml_suprank.data.retrieval_dataset`): ``ds
 Modules:
     loading: :func:`load_retrieval_dataset` (Hugging Face ids, folders, parquet), open-set splits, transforms.
     hf_sources: where the ``datasets`` splits come from.
+    folders: your own image folders (:func:`image_folder_layout`, the seeded :func:`class_split`).
     label_columns: multi-label (list-valued) label columns.
     retrieval_dataset: :class:`RetrievalDatasetBase` and the label-set helpers.
     paths: :func:`confined_path`, the check that keeps paths read from a dataset's files inside its folder.
@@ -21,6 +22,7 @@ Example:
 
 from . import benchmarks
 from .benchmarks import BENCHMARKS, benchmark_label_names, load_benchmark
+from .folders import FolderLayout, class_split, class_split_side, image_folder_layout
 from .hf_sources import check_image_paths
 from .loading import (
     HFRetrievalDataset,
@@ -39,6 +41,7 @@ __all__ = [
     "BENCHMARKS",
     "COLOURS",
     "FAMILIES",
+    "FolderLayout",
     "HFRetrievalDataset",
     "PathConfiner",
     "RetrievalDatasetBase",
@@ -50,11 +53,14 @@ __all__ = [
     "benchmarks",
     "build_transforms",
     "check_disjoint_classes",
+    "class_split",
+    "class_split_side",
     "check_image_paths",
     "check_label_sets",
     "collate",
     "confined_path",
     "decode_image",
+    "image_folder_layout",
     "is_inside",
     "load_benchmark",
     "load_retrieval_dataset",
