@@ -257,7 +257,7 @@ def _setup(spec: RunSpec, given: Collection[str]) -> tuple[RunSpec, Any, Any, An
     spec = fit_to_data(spec, train_ds, accelerator.num_processes, given)
     multilabel = bool(getattr(train_ds, "multilabel", False))
     labels = train_ds.labels
-    num_seen = int(torch.unique(labels[labels >= 0]).numel()) if multilabel else int(labels[:, 0].max()) + 1
+    num_seen = int(torch.unique(labels[labels >= 0] if multilabel else labels[:, 0]).numel())
     # proxies are indexed by the fine label (multi-label: every row of the hierarchy table, train and test classes)
     num_classes = len(train_ds.hierarchy) if multilabel else int(train_ds.labels[:, 0].max()) + 1
     loss = make_loss(spec, num_classes, model.embedding_size, hierarchy=train_ds.hierarchy if multilabel else None)
