@@ -83,6 +83,11 @@ def test_the_layout_of_a_folder_is_read_from_its_names_and_metadata_header(tmp_p
                                                                         False)  # fmt: skip
     b = image_folder_layout(_metadata_folder(tmp_path / "b"))
     assert (b.kind, b.label_columns, b.needs_class_split) == ("metadata", ("species", "family"), True)
+    for part in ("train", "test"):  # a metadata file per split folder
+        _png(tmp_path / "bs" / part / "x.png", (0, 0, 0), 0)
+        (tmp_path / "bs" / part / "metadata.csv").write_text("file_name,species,family\nx.png,cat,1\n")
+    bs = image_folder_layout(tmp_path / "bs")
+    assert (bs.kind, bs.label_columns, bs.splits) == ("metadata", ("species", "family"), ("train", "test"))
     c = image_folder_layout(_class_folders(tmp_path / "c", ["cat", "dog"], 1))
     assert (c.kind, c.label_columns, c.splits) == ("class_folders", ("label",), ("train",))
     assert "no split" in c.describe() and "species, family" in b.describe()
