@@ -7,6 +7,7 @@ Modules:
     loading: :func:`load_retrieval_dataset` (Hugging Face ids, folders, parquet), open-set splits.
     transforms: :func:`build_transforms`, timm's training / evaluation transforms from a backbone's data config.
     hf_sources: where the ``datasets`` splits come from.
+    folders: your own image folders (:func:`image_folder_layout`, the seeded :func:`class_split`).
     label_columns: multi-label (list-valued) label columns.
     retrieval_dataset: :class:`RetrievalDatasetBase` and the label-set helpers.
     paths: :func:`confined_path`, the check that keeps paths read from a dataset's files inside its folder.
@@ -22,6 +23,7 @@ Example:
 
 from . import benchmarks
 from .benchmarks import BENCHMARKS, benchmark_label_names, load_benchmark
+from .folders import FolderLayout, class_split, class_split_side, image_folder_layout
 from .hf_sources import check_image_paths
 from .loading import (
     HFRetrievalDataset,

@@ -24,6 +24,7 @@ from .run_spec import FIELD_PARTS, PARTS, RunSpec
 __all__ = [
     "add_option_arguments",
     "build_recipe_parser",
+    "given_options",
     "int_list",
     "json_dict",
     "parse_run_spec",
@@ -208,6 +209,20 @@ def _explicit_flags(parser: argparse.ArgumentParser, argv: list[str] | None) -> 
     dests = [a.dest for a in parser._actions if a.dest in FIELD_PARTS]
     namespace = parser.parse_args(argv, namespace=argparse.Namespace(**dict.fromkeys(dests, _UNSET)))
     return {d: v for d, v in vars(namespace).items() if d in FIELD_PARTS and v is not _UNSET}
+
+
+def given_options(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> set[str]:
+    """The options the user set: the flags given in ``argv`` and the options of its ``--config`` files (what a
+    recipe must not change on its own, e.g. a batch the data cannot fill is refused rather than shrunk)."""
+    from .. import hub_config as hc
+
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", action="append", default=None)
+    known, _ = pre.parse_known_args(argv)
+    given = set(_explicit_flags(parser, argv))
+    for path in known.config or []:
+        given |= set(recipe_options(hc.read_hub_config(path, partial=True)))
+    return given
 
 
 def _read_configs(parser: argparse.ArgumentParser, paths: list[str]) -> dict[str, Any]:

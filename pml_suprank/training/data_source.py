@@ -3,7 +3,9 @@ section (a :class:`~pml_suprank.training.DataOptions` or a hub_config ``data`` m
 
 Three kinds: the built-in synthetic sets (``"synthetic"``, ``"synthetic_multilabel"``), a paper benchmark read from
 its archive by name (:data:`pml_suprank.data.BENCHMARKS`, under ``data_root``) and a retrieval dataset (a Hub
-id or a local folder / parquet path, with its label columns and the optional open-set rule).
+id or a local folder / parquet path, with its label columns and the optional open-set rule). A local image folder
+needs no label column (:func:`pml_suprank.data.image_folder_layout`: class folders or a ``metadata.csv``), and one
+without a test split is split by class (:func:`pml_suprank.data.class_split`, seeded by the run's seed).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..data.benchmarks.registry import BENCHMARKS, BenchmarkSpec, benchmark_label_names
+from ..data.folders import FolderLayout, image_folder_layout
 from ..losses.registry import registered_losses
 
 __all__ = [
@@ -21,6 +24,7 @@ __all__ = [
     "DatasetSource",
     "data_option_errors",
     "dataset_source",
+    "folder_layout",
     "multilabel_option_errors",
     "resolved_split",
 ]
@@ -39,7 +43,8 @@ class DatasetSource:
         split: The split read (``"a+b"`` concatenates for a retrieval dataset).
         root: The benchmark's folder (benchmarks only).
         options: Further loader arguments: ``num_per_class`` / ``image_size`` (synthetic); ``label_columns``,
-            ``open_set`` and the open-set rule (retrieval).
+            ``open_set`` and the open-set rule (retrieval); ``class_split``: the side (``"train"`` / ``"test"``) of
+            the seeded class split of a local folder without a test split (:func:`pml_suprank.data.class_split`).
     """
 
     kind: Literal["synthetic", "benchmark", "retrieval"]
@@ -49,11 +54,16 @@ class DatasetSource:
     options: dict[str, Any] = field(default_factory=dict)
 
     def load(self, transform: Any = None, *, seed: int = 0, **kwargs: Any) -> Any:
-        """The dataset (``transform``: callable on a PIL image; ``seed``: the synthetic sets' seed; ``kwargs``:
-        extra or overriding loader arguments such as ``cache_dir``; a benchmark takes none)."""
+        """The dataset (``transform``: callable on a PIL image; ``seed``: the synthetic sets' seed and the seed of a
+        class split; ``kwargs``: extra or overriding loader arguments such as ``cache_dir``; a benchmark takes
+        none)."""
         from .. import data
 
         options = {**self.options, **kwargs}
+        side = options.pop("class_split", None)
+        if side is not None:
+            whole = data.load_retrieval_dataset(self.name, split=self.split, transform=transform, **options)
+            return data.class_split_side(whole, side, seed=seed)
         if self.kind == "synthetic":
             return data.synthetic_dataset(self.name, self.split, seed=seed, transform=transform, **options)
         if self.kind == "benchmark":
@@ -82,11 +92,27 @@ def dataset_source(data: Mapping[str, Any], part: str, *, data_root: str | Path 
     if dataset in BENCHMARKS:
         root = data_root if data_root is not None else data.get("data_root")
         return DatasetSource("benchmark", dataset, split, root=None if root is None else str(root))
-    options: dict[str, Any] = {"label_columns": list(data["label_columns"])}
+    layout = folder_layout(dataset)
+    columns = data.get("label_columns") or (layout.label_columns if layout is not None else None)
+    options: dict[str, Any] = {"label_columns": list(columns)}
+    rules = {k: data[k] for k in ("train_classes_per_coarse", "train_class_fraction") if k in data}
+    if layout is not None and layout.needs_class_split and not any(data.get(f"{p}_split") for p in ("train", "test")):
+        if not (data.get("open_set") and rules):  # the folder's classes split in two, seeded by the run
+            return DatasetSource("retrieval", dataset, "train", options={**options, "class_split": part})
+        split = "train"  # the user's open-set rule splits the one split of the folder
     if data.get("open_set"):
         options["open_set"] = part
-        options.update({k: data[k] for k in ("train_classes_per_coarse", "train_class_fraction") if k in data})
+        options.update(rules)
     return DatasetSource("retrieval", dataset, split, options=options)
+
+
+def folder_layout(dataset: Any) -> FolderLayout | None:
+    """The :class:`~pml_suprank.data.FolderLayout` of ``dataset`` when it names a local folder of images, else
+    ``None`` (a built-in set, a benchmark name, a Hub id, parquet files; ``ValueError`` for an image folder whose
+    labels cannot be read)."""
+    if not isinstance(dataset, str) or dataset in SYNTHETIC_NAMES or dataset in BENCHMARKS:
+        return None
+    return image_folder_layout(dataset)
 
 
 def _benchmark(dataset: Any) -> BenchmarkSpec | None:
@@ -109,7 +135,16 @@ def data_option_errors(data: Mapping[str, Any], *, require_root: bool = False) -
     if spec is not None:
         errors += _benchmark_errors(spec, data, require_root)
     elif dataset is not None and dataset not in SYNTHETIC_NAMES and "label_columns" not in data:
-        errors.append("'data.label_columns' is required unless data.dataset is 'synthetic' or a benchmark name")
+        try:
+            layout = folder_layout(dataset)
+        except (ValueError, OSError) as e:
+            errors.append(str(e))
+        else:
+            if layout is None:
+                errors.append(
+                    "'data.label_columns' is required unless data.dataset is 'synthetic', a benchmark name or a "
+                    "local image folder (class folders or a metadata.csv)"
+                )
     if spec is None and "data_root" in data:
         errors.append(f"'data.data_root' is for a benchmark dataset ({', '.join(BENCHMARKS)}); got dataset {dataset!r}")
     if dataset in SYNTHETIC_NAMES and "label_columns" in data:

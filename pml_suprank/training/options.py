@@ -28,6 +28,7 @@ from .config import (
     option,
     optional,
 )
+from .trackers import REPORT_TO
 
 __all__ = [
     "LOCATIONS",
@@ -199,7 +200,12 @@ class RunOptions:
         False, "torch.compile the loss module (with --kernel dense on an accelerator: one fused graph, no host sync; "
         "the first steps compile)",
     )  # fmt: skip
-    with_tracking: bool = option(True, "log to the trackers Accelerate finds (TensorBoard when installed)")
+    with_tracking: bool = option(True, "log to the --report_to trackers (false: no tracker, as --report_to none)")
+    report_to: str = option(
+        "tensorboard", "experiment trackers through Accelerate: none, tensorboard (under <output_dir>/logs; skipped "
+        "when not installed unless given explicitly), wandb, mlflow or all (every installed one)",
+        check=is_choice(*REPORT_TO),
+    )  # fmt: skip
     resume: str | None = option(None, "checkpoint folder to continue from, or 'latest' (newest in output_dir)")
     resume_ignore_config: bool = option(
         False, "with --resume: continue from a checkpoint written with another configuration (other run fingerprint)"

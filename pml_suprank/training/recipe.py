@@ -9,7 +9,11 @@ command-line flags override them. The run's ``RunSpec`` is built once from both 
 (:func:`~pml_suprank.training.cli.parse_run_spec`), then passed down typed; ``--loss`` takes any loss registered with
 :func:`pml_suprank.losses.register_loss` (the hierarchical ones in ``train_happier.py``, the others in
 ``train_roadmap.py``). ``--dataset`` takes a paper benchmark by name (``sop``, ``cub``, ``inat_base``, ``dyml_*``,
-``cifar100``, ``gldv2_hier``, ...), read from its archive under ``--data_root DIR``, a Hub id or a local copy.
+``cifar100``, ``gldv2_hier``, ...), read from its archive under ``--data_root DIR``, a Hub id or a local copy, or
+your own image folder (``train/`` + ``test/`` class folders, a ``metadata.csv`` of label levels, or one folder of class
+folders split by class: :mod:`pml_suprank.data.folders`). A batch the training set cannot fill is shrunk to what it
+allows (refused, exit 2, when ``--batch_size`` / ``--samples_per_class`` were given), a run of fewer than ~200 steps
+gets a warning, and ``--report_to`` picks the trackers (:mod:`pml_suprank.training.trackers`).
 
 Everything here runs in any ``accelerate launch`` setting: CPU, multi-process (gloo), multi-GPU, mixed precision.
 With no argument at all, a recipe trains a tiny timm backbone on SyntheticShapes (built into the package): it needs
@@ -24,16 +28,19 @@ import importlib.util
 import json
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..data.batch_fit import fit_batch, short_run_warning
 from ..data.benchmarks.registry import BENCHMARKS
+from ..data.folders import class_names_of, class_split
 from ..metrics.report import format_metrics_table, one_column
-from .cli import build_recipe_parser, parse_run_spec, recipe_losses
-from .data_source import dataset_source
+from .cli import build_recipe_parser, given_options, parse_run_spec, recipe_losses
+from .data_source import dataset_source, folder_layout
 from .run_spec import RunSpec
 
 __all__ = [
@@ -74,14 +81,17 @@ def make_accelerator(
     with_tracking: bool = False,
     output_dir: str | None = None,
     find_unused_parameters: bool = False,
+    report_to: str | None = None,
 ) -> Any:
-    """Accelerator with the run options (mixed precision, trackers under output_dir/logs, DDP kwargs)."""
+    """Accelerator with the run options (mixed precision, trackers under output_dir/logs, DDP kwargs).
+    ``with_tracking``: log to ``report_to`` (an ``Accelerator(log_with=...)`` value, see
+    :func:`~pml_suprank.training.trackers.resolve_report_to`), by default TensorBoard when it is installed."""
     from accelerate import Accelerator
     from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration
 
     log_with = None
-    if with_tracking and importlib.util.find_spec("tensorboard") is not None:
-        log_with = "tensorboard"
+    if with_tracking:
+        log_with = report_to or ("tensorboard" if importlib.util.find_spec("tensorboard") is not None else None)
     kwargs: dict[str, Any] = {"cpu": cpu, "log_with": log_with}
     if output_dir:
         kwargs["project_config"] = ProjectConfiguration(project_dir=output_dir, logging_dir=f"{output_dir}/logs")
@@ -160,29 +170,95 @@ def multilabel_parts(spec: RunSpec, accelerator: Any, train_ds: Any, test_ds: An
 # the job
 # ---------------------------------------------------------------------------------------------------------------------
 def main(argv: list[str] | None, description: str, defaults: Mapping[str, Any], hierarchical: bool) -> Any:
-    """A training recipe: build the run's :class:`RunSpec` once (flags + ``--config``), then :func:`run`."""
-    return run(parse_run_spec(build_parser(description, defaults, hierarchical), argv))
+    """A training recipe: build the run's :class:`RunSpec` once (flags + ``--config``), then :func:`run` (told which
+    options the user set, :func:`~pml_suprank.training.cli.given_options`)."""
+    parser = build_parser(description, defaults, hierarchical)
+    spec = parse_run_spec(parser, argv)
+    return run(spec, given=given_options(parser, argv))
 
 
-def _setup(spec: RunSpec) -> tuple[Any, Any, Any, Any]:
-    """Accelerator, trainer, test set and number of classes of the run (model, data and loss built here)."""
+def refuse(message: str) -> None:
+    """End the job as argparse does on a bad option: ``<prog>: error: <message>`` on stderr, exit status 2."""
+    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)  # noqa: T201 - the recipes' job reports
+    sys.exit(2)
+
+
+def fit_to_data(spec: RunSpec, train_ds: Any, num_processes: int, given: Collection[str] = ()) -> RunSpec:
+    """The spec with a batch the training set can fill (:func:`~pml_suprank.data.batch_fit.fit_batch`, m-per-class
+    sampler of single-label data), said in one line; :func:`refuse` when ``--batch_size`` / ``--samples_per_class``
+    are in ``given`` (set by the user) and the data cannot fill them."""
+    train = spec.train
+    if getattr(train_ds, "multilabel", False) or train.sampler != "m_per_class":
+        return spec
+    try:
+        fit = fit_batch(train_ds.labels, batch_size=train.batch_size, samples_per_class=train.samples_per_class,
+                        num_processes=num_processes)  # fmt: skip
+    except ValueError as e:
+        refuse(f"--dataset {spec.data.dataset}: {e}")
+    asked = f"--batch_size {train.batch_size} --samples_per_class {train.samples_per_class}"
+    works = f"--batch_size {fit.batch_size} --samples_per_class {fit.samples_per_class}"
+    if {"batch_size", "samples_per_class"} & set(given):
+        if not fit.fits:
+            need = num_processes * train.batch_size // train.samples_per_class
+            refuse(
+                f"{asked} need {need} classes per batch ({num_processes} process(es)) but the training set has "
+                f"{fit.describe_data()}; values that would work: {works}"
+            )
+        return spec
+    if not fit.changed:
+        return spec
+    print(f"batch fitted to the data ({fit.describe_data()}): {works} instead of {asked}")  # noqa: T201 - as above
+    return replace(spec, train=replace(train, batch_size=fit.batch_size, samples_per_class=fit.samples_per_class))
+
+
+def _data_notes(spec: RunSpec, train_ds: Any, test_ds: Any) -> dict[str, Any] | None:
+    """Print the layout, class and image counts of an own image folder; the class split (``class_split.json``) of
+    one without a test split, else ``None``."""
+    layout = folder_layout(spec.data.dataset)
+    if layout is None:
+        return None
+
+    def counts(ds: Any) -> str:
+        return f"{len(ds)} images, {int(torch.unique(ds.labels[:, 0]).numel())} classes"
+
+    print(f"data: {layout.root} ({layout.describe()}): training {counts(train_ds)}; test {counts(test_ds)}")  # noqa: T201
+    if dataset_source(spec.data_section(), "train").options.get("class_split") is None:
+        return None
+    train_cls, test_cls = class_split(torch.cat([train_ds.labels, test_ds.labels]), seed=spec.train.seed)
+    return {"seed": spec.train.seed, "train_classes": class_names_of(train_ds, train_cls),
+            "test_classes": class_names_of(test_ds, test_cls)}  # fmt: skip
+
+
+def _setup(spec: RunSpec, given: Collection[str]) -> tuple[RunSpec, Any, Any, Any, dict[str, Any] | None]:
+    """The run's spec (its batch fitted to the data), accelerator, trainer, test set and class split (model, data
+    and loss built here)."""
     from accelerate.utils import set_seed
 
+    from .trackers import resolve_report_to
     from .trainer import Trainer
 
+    log_with = None
+    if spec.run.with_tracking:
+        try:
+            log_with = resolve_report_to(spec.run.report_to, required="report_to" in given)
+        except ValueError as e:
+            refuse(str(e))
     # parameters without a gradient in some steps (frozen backbone during the warm-up, frozen BatchNorm) need DDP's
     # find_unused_parameters
     train = spec.train
     accelerator = make_accelerator(
-        cpu=spec.run.cpu, mixed_precision=spec.run.mixed_precision, with_tracking=spec.run.with_tracking,
+        cpu=spec.run.cpu, mixed_precision=spec.run.mixed_precision, with_tracking=log_with is not None,
         output_dir=train.output_dir, find_unused_parameters=train.warmup_epochs > 0 or train.freeze_batch_norm,
+        report_to=log_with,
     )  # fmt: skip
     set_seed(train.seed)  # the model initialisation (the package itself never seeds global RNGs)
     model = build_model(spec)
     train_ds, test_ds = build_datasets(spec, model)
+    split = _data_notes(spec, train_ds, test_ds) if accelerator.is_main_process else None
+    spec = fit_to_data(spec, train_ds, accelerator.num_processes, given)
     multilabel = bool(getattr(train_ds, "multilabel", False))
     labels = train_ds.labels
-    num_seen = int(torch.unique(labels[labels >= 0]).numel()) if multilabel else int(labels[:, 0].max()) + 1
+    num_seen = int(torch.unique(labels[labels >= 0] if multilabel else labels[:, 0]).numel())
     # proxies are indexed by the fine label (multi-label: every row of the hierarchy table, train and test classes)
     num_classes = len(train_ds.hierarchy) if multilabel else int(train_ds.labels[:, 0].max()) + 1
     loss = make_loss(spec, num_classes, model.embedding_size, hierarchy=train_ds.hierarchy if multilabel else None)
@@ -200,10 +276,17 @@ def _setup(spec: RunSpec) -> tuple[Any, Any, Any, Any]:
         f"mixed precision {accelerator.mixed_precision}; {trainer.steps_per_epoch} steps/epoch, "
         f"{trainer.total_steps} steps"
     )
-    if spec.run.with_tracking:
-        scalars = {k: v for k, v in spec.values().items() if isinstance(v, (int, float, str, bool))}
-        accelerator.init_trackers("pml_suprank", config=scalars)
-    return accelerator, trainer, test_ds, num_classes
+    warning = short_run_warning(trainer.steps_per_epoch, trainer.total_steps, epochs=spec.train.epochs,
+                                max_train_steps=spec.train.max_train_steps)  # fmt: skip
+    if warning:
+        accelerator.print(warning)
+    if log_with is not None:
+        from .trackers import flat_config, log_config_text
+
+        config = flat_config(spec.values())
+        accelerator.init_trackers("pml_suprank", config=config)
+        log_config_text(accelerator, config)
+    return spec, accelerator, trainer, test_ds, split
 
 
 def _initial_eval(spec: RunSpec, trainer: Any) -> dict[str, float] | None:
@@ -215,6 +298,7 @@ def _initial_eval(spec: RunSpec, trainer: Any) -> dict[str, float] | None:
     if spec.run.resume is not None and before_file.is_file():
         return json.loads(before_file.read_text())
     before = trainer.evaluate(description="evaluation before training")
+    acc.log({f"eval/{k}": v for k, v in before.items()}, step=0)
     if acc.is_main_process:
         before_file.write_text(json.dumps(before, indent=1))
     acc.print("test metrics before training:")
@@ -222,15 +306,23 @@ def _initial_eval(spec: RunSpec, trainer: Any) -> dict[str, float] | None:
     return before
 
 
-def run(spec: RunSpec) -> dict[str, Any] | None:
-    """The whole job: data, model, loss, evaluation before, training, evaluation after, final folder, push."""
-    accelerator, trainer, test_ds, _ = _setup(spec)
+def run(spec: RunSpec, *, given: Collection[str] = ()) -> dict[str, Any] | None:
+    """The whole job: data, model, loss, evaluation before, training, evaluation after, final folder, push.
+    ``given``: the options the user set (a batch the data cannot fill is then refused, not shrunk)."""
+    spec, accelerator, trainer, test_ds, split = _setup(spec, given)
     # lock the output folder, refuse another run's folder or checkpoint, record run.json: before any work
     run_opts = spec.run
     trainer.begin_run(
         run_opts.resume, ignore_config_change=run_opts.resume_ignore_config,
         overwrite_output_dir=run_opts.overwrite_output_dir,
     )  # fmt: skip
+    if split is not None:
+        path = Path(spec.train.output_dir) / "class_split.json"
+        path.write_text(json.dumps(split, indent=1))
+        accelerator.print(
+            f"no test split: classes split by seed {split['seed']} into {len(split['train_classes'])} training and "
+            f"{len(split['test_classes'])} test classes (open set), written to {path}"
+        )
     try:
         return _job(spec, accelerator, trainer, test_ds)
     finally:
@@ -249,6 +341,7 @@ def _job(spec: RunSpec, accelerator: Any, trainer: Any, test_ds: Any) -> Any:
         return None
 
     after = trainer.evaluate(description="evaluation after training")
+    accelerator.log({f"eval/{k}": v for k, v in after.items()}, step=trainer.progress.global_step)
     if before is not None:
         accelerator.print("test metrics before / after training:")
         accelerator.print(format_metrics_table(before, after))
@@ -284,6 +377,10 @@ def _job(spec: RunSpec, accelerator: Any, trainer: Any, test_ds: Any) -> Any:
         plots=plots,
         repo_id=spec.run.hub_model_id,  # the card's usage line: the repo pushed to, else the folder itself
     )
+    if plots:
+        from .trackers import log_plots
+
+        log_plots(accelerator, sorted(final.glob("*.png")), trainer.progress.global_step)
     total = time.perf_counter() - t_start
     accelerator.print(
         f"final model, model card, metrics{' and plots' if plots else ''} in {final} "

@@ -1,0 +1,100 @@
+"""What a training set allows: the batch an m-per-class sampler can fill (:func:`fit_batch`) and whether a run is
+long enough to train (:func:`short_run_warning`).
+
+A batch of :class:`pml_suprank.samplers.MPerClassSampler` holds ``batch_size / samples_per_class`` classes per
+process with ``samples_per_class`` (m) images each; all processes together need ``num_processes * batch_size / m``
+distinct classes (and at least 2). A small folder of your own images often has fewer: :func:`fit_batch` gives the
+largest batch with the same m that the classes fill (and a smaller m when most classes have fewer than m images).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["MIN_STEPS", "BatchFit", "fit_batch", "short_run_warning"]
+
+#: a run with fewer optimizer steps than this gets a warning (a model hardly moves from its initialisation)
+MIN_STEPS = 200
+
+
+@dataclass(frozen=True)
+class BatchFit:
+    """The batch a training set allows.
+
+    Attributes:
+        batch_size: Images per step per process (a multiple of ``samples_per_class``).
+        samples_per_class: Images per class in a batch (m).
+        num_classes: Fine classes of the training set.
+        images_per_class: ``(fewest, median, most)`` images of a class.
+        changed: The values differ from the requested ones.
+        fits: The requested batch can be filled (the sampler has enough classes).
+    """
+
+    batch_size: int
+    samples_per_class: int
+    num_classes: int
+    images_per_class: tuple[int, int, int]
+    changed: bool
+    fits: bool
+
+    def describe_data(self) -> str:
+        """``"6 classes (3 to 9 images each)"``."""
+        low, _, high = self.images_per_class
+        each = f"{low} images each" if low == high else f"{low} to {high} images each"
+        return f"{self.num_classes} classes ({each})"
+
+
+def fit_batch(labels: Any, *, batch_size: int, samples_per_class: int, num_processes: int = 1) -> BatchFit:
+    """The batch that the fine classes (column 0) of ``labels`` ``(N, L)`` / ``(N,)`` can fill.
+
+    Keeps the requested batch when the classes fill it (``num_processes * batch_size / m`` classes, at least 2) and
+    most classes have ``m`` images; else ``m`` drops to the median images per class (at least 2) and the classes per
+    batch to what the data has: ``batch_size = m * min(batch_size // m_requested, num_classes // num_processes)``.
+
+    Raises:
+        ValueError: Fewer than 2 classes, or fewer classes than processes: no batch can be filled.
+    """
+    labels = torch.as_tensor(labels)
+    fine = labels if labels.dim() == 1 else labels[:, 0]
+    for name, value in (("batch_size", batch_size), ("samples_per_class", samples_per_class),
+                        ("num_processes", num_processes)):  # fmt: skip
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int; got {value!r}")
+    _, counts = torch.unique(fine, return_counts=True)
+    counts = np.sort(counts.numpy())
+    num_classes = len(counts)
+    spread = (int(counts[0]), int(np.median(counts)), int(counts[-1])) if num_classes else (0, 0, 0)
+    groups = max(batch_size // samples_per_class, 1)
+    fits = num_classes >= max(num_processes * groups, 2)
+    m = samples_per_class if spread[1] >= samples_per_class else max(2, spread[1])
+    new_groups = min(groups, num_classes // num_processes)
+    if num_classes < 2 or new_groups < 1 or num_processes * new_groups < 2:
+        raise ValueError(
+            f"the training set has {num_classes} class(es): a retrieval batch needs at least 2 classes "
+            f"(and one per process, {num_processes} process(es)); add classes"
+        )
+    new_batch = m * new_groups
+    changed = (new_batch, m) != (batch_size, samples_per_class)
+    return BatchFit(new_batch, m, num_classes, spread, changed, fits)
+
+
+def short_run_warning(
+    steps_per_epoch: int, total_steps: int, *, epochs: int, max_train_steps: int | None, min_steps: int = MIN_STEPS
+) -> str | None:
+    """One line when a run has fewer than ``min_steps`` optimizer steps, naming the ``--epochs`` /
+    ``--max_train_steps`` that would reach them; ``None`` for a long enough run."""
+    if total_steps >= min_steps:
+        return None
+    need_epochs = max(epochs, -(-min_steps // max(steps_per_epoch, 1)))
+    fix = f"--epochs {need_epochs}"
+    if max_train_steps is not None and max_train_steps < min_steps:
+        fix += f" --max_train_steps {min_steps}" if need_epochs > epochs else ""
+        fix = f"--max_train_steps {min_steps}" if need_epochs <= epochs else fix
+    return (
+        f"warning: only {total_steps} optimizer steps ({steps_per_epoch} per epoch); a model hardly trains in fewer "
+        f"than ~{min_steps}: {fix} would reach {min_steps}"
+    )

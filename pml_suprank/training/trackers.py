@@ -1,0 +1,111 @@
+"""The experiment trackers of a recipe run (``--report_to``), through Accelerate's trackers.
+
+``--report_to none|tensorboard|wandb|mlflow|all`` becomes ``Accelerator(log_with=...)``; the run then sends the
+resolved :class:`~pml_suprank.training.RunSpec` (one flat ``{option: value}`` dict, :func:`flat_config`) with
+``accelerator.init_trackers``, the training and evaluation metrics with ``accelerator.log`` (the
+:class:`~pml_suprank.training.Trainer`) and the plots of the final folder (:func:`log_plots`: TensorBoard images,
+W&B images, MLflow artifacts). TensorBoard writes under ``<output_dir>/logs``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["REPORT_TO", "flat_config", "log_config_text", "log_plots", "resolve_report_to"]
+
+#: the choices of ``--report_to``
+REPORT_TO = ("none", "tensorboard", "wandb", "mlflow", "all")
+
+_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+
+
+def _available(name: str) -> bool:
+    from accelerate.utils import is_mlflow_available, is_tensorboard_available, is_wandb_available
+
+    return {"tensorboard": is_tensorboard_available, "wandb": is_wandb_available, "mlflow": is_mlflow_available}[name]()
+
+
+def resolve_report_to(report_to: str, *, required: bool = True) -> str | None:
+    """The ``log_with`` of ``Accelerator`` for ``report_to`` (``None``: no tracker).
+
+    Args:
+        report_to: One of :data:`REPORT_TO`.
+        required: The user asked for this tracker: a missing package is an error. ``False`` (the default value of
+            the option) quietly logs nowhere when the package is not installed.
+
+    Raises:
+        ValueError: An unknown name, or a requested tracker whose package is not installed (naming the package).
+    """
+    if report_to not in REPORT_TO:
+        raise ValueError(f"--report_to must be one of {', '.join(REPORT_TO)}; got {report_to!r}")
+    if report_to == "none":
+        return None
+    if report_to == "all":
+        return "all"
+    if not _available(report_to):
+        if required:
+            raise ValueError(
+                f"--report_to {report_to} needs the {_PACKAGES[report_to]} package: pip install "
+                f"{_PACKAGES[report_to]} (or --report_to none)"
+            )
+        return None
+    return report_to
+
+
+def flat_config(values: Mapping[str, Any]) -> dict[str, int | float | str | bool]:
+    """Option values as tracker hyper-parameters: numbers, strings and booleans kept, ``None`` → ``"none"``, lists
+    comma-joined, mappings as JSON (TensorBoard's ``add_hparams`` takes scalars and strings only)."""
+    out: dict[str, int | float | str | bool] = {}
+    for key, value in values.items():
+        if value is None:
+            out[key] = "none"
+        elif isinstance(value, (bool, int, float, str)):
+            out[key] = value
+        elif isinstance(value, (list, tuple)):
+            out[key] = ",".join(map(str, value))
+        else:
+            out[key] = json.dumps(value, sort_keys=True, default=str)
+    return out
+
+
+def log_config_text(accelerator: Any, config: Mapping[str, Any]) -> None:
+    """The config as one JSON text entry ``run_spec`` of the TensorBoard tracker (readable in its Text tab)."""
+    for tracker in getattr(accelerator, "trackers", []):
+        if tracker.name == "tensorboard" and accelerator.is_main_process:
+            tracker.writer.add_text("run_spec", "    " + json.dumps(dict(config), indent=1).replace("\n", "\n    "))
+            tracker.writer.flush()
+
+
+def log_plots(accelerator: Any, paths: Iterable[str | Path], step: int) -> int:
+    """Send image files (the final folder's plots) to the trackers that take images; the number of images sent per
+    tracker. TensorBoard: ``add_image`` (tag = file stem); W&B: ``log_images``; MLflow: ``log_artifact``."""
+    paths = [Path(p) for p in paths if Path(p).suffix.lower() in (".png", ".jpg", ".jpeg")]
+    if not paths or not accelerator.is_main_process:
+        return 0
+    import numpy as np
+    from PIL import Image
+
+    sent = 0
+    for tracker in getattr(accelerator, "trackers", []):
+        if tracker.name == "tensorboard":
+            for p in paths:
+                with Image.open(p) as im:
+                    tracker.writer.add_image(f"plots/{p.stem}", np.asarray(im.convert("RGB")), step,
+                                             dataformats="HWC")  # fmt: skip
+            tracker.writer.flush()
+        elif tracker.name == "wandb":
+            import wandb
+
+            tracker.log_images({f"plots/{p.stem}": [wandb.Image(str(p))] for p in paths}, step=step)
+        elif tracker.name == "mlflow":
+            import mlflow
+
+            for p in paths:
+                mlflow.log_artifact(str(p), artifact_path="plots")
+        else:
+            continue
+        sent = len(paths)
+    return sent
