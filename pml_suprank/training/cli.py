@@ -179,7 +179,8 @@ def build_recipe_parser(
         "--config",
         action="append",
         default=None,
-        help="hub_config YAML (e.g. hub_configs/happier_sop.yaml); repeat it to lay partial override files over a "
+        help="hub_config: a bundled name (e.g. happier_sop; pml_suprank.hub_config.bundled_hub_configs()) or a YAML "
+        "file; repeat it to lay partial override files over a "
         "base; command-line flags override the files",
     )
     defaults = {"loss": losses[0], **defaults}
