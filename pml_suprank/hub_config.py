@@ -48,13 +48,15 @@ Schema (``*`` = required in a complete file; types in brackets; defaults are the
 ``scheduler``
     ``scheduler`` [cosine | constant], ``min_lr_ratio`` [final lr as a fraction of the initial one].
 ``sampler_options``
-    ``sampler`` [m_per_class | hierarchical], ``batch_size``, ``samples_per_class``, ``batches_per_super_tuple``,
+    ``sampler`` [m_per_class | hierarchical], ``batch_size``, ``virtual_batch_size`` [int or null: replaces
+    ``batch_size``, see ``docs/large-batches.md``], ``samples_per_class``, ``batches_per_super_tuple``,
     ``super_classes_per_batch``.
 ``memory``
     ``memory_size`` [int, 0 = none], ``memory_warmup_steps`` [int].
 ``training``
     ``epochs``, ``warmup_epochs`` [backbone frozen], ``seed``, ``grad_clip``, ``mixed_precision`` [no | fp16 | bf16],
-    ``max_train_steps``, ``checkpoint_every``, ``keep_checkpoints``, ``num_workers``, ``log_every``.
+    ``max_train_steps``, ``checkpoint_every``, ``keep_checkpoints``, ``num_workers``, ``log_every``, ``chunk_size``
+    [int or null: gradient caching].
 ``evaluation``
     ``k_values`` [list of int], ``eval_every`` [epochs, 0 = end], ``eval_batch_size``.
 ``hub``

@@ -178,6 +178,12 @@ def _setup(spec: RunSpec) -> tuple[Any, Any, Any, Any]:
     )  # fmt: skip
     set_seed(train.seed)  # the model initialisation (the package itself never seeds global RNGs)
     model = build_model(spec)
+    if train.chunk_size is not None and not train.freeze_batch_norm and _has_batch_norm(model):
+        raise SystemExit(
+            f"--chunk_size {train.chunk_size}: the backbone {spec.model.backbone} has BatchNorm layers, whose "
+            "statistics a chunked forward cannot reproduce (they would be each chunk's, not the batch's); add "
+            "--freeze_batch_norm true (BatchNorm in eval mode, as the retrieval papers train), or drop --chunk_size"
+        )
     train_ds, test_ds = build_datasets(spec, model)
     multilabel = bool(getattr(train_ds, "multilabel", False))
     labels = train_ds.labels
@@ -198,11 +204,17 @@ def _setup(spec: RunSpec) -> tuple[Any, Any, Any, Any]:
         f"{accelerator.num_processes} process(es) on {accelerator.device}, "
         f"mixed precision {accelerator.mixed_precision}; {trainer.steps_per_epoch} steps/epoch, "
         f"{trainer.total_steps} steps"
-    )
+        + (f"; batches of {train.batch_size} in chunks of {train.chunk_size} (gradient caching)" if train.chunk_size
+           else "")
+    )  # fmt: skip
     if spec.run.with_tracking:
         scalars = {k: v for k, v in spec.values().items() if isinstance(v, (int, float, str, bool))}
         accelerator.init_trackers("pml_suprank", config=scalars)
     return accelerator, trainer, test_ds, num_classes
+
+
+def _has_batch_norm(model: torch.nn.Module) -> bool:
+    return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 
 def _initial_eval(spec: RunSpec, trainer: Any) -> dict[str, float] | None:
