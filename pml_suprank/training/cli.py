@@ -251,8 +251,9 @@ def parse_run_spec(parser: argparse.ArgumentParser, argv: list[str] | None = Non
     """The :class:`~pml_suprank.training.RunSpec` of a recipe invocation, built once and validated once.
 
     Precedence: dataclass defaults < the parser's defaults (the recipe's no-argument run) < the ``--config``
-    hub_config(s) (several files are merged in order, each may be partial) < the flags given. Any inconsistency is a
-    ``parser.error`` (exit 2, nothing built).
+    hub_config(s) (several files are merged in order, each may be partial) < the flags given. ``virtual_batch_size``,
+    when set, replaces ``batch_size`` (the batch the sampler draws and the loss ranks; two different values given
+    are refused, naming both flags). Any inconsistency is a ``parser.error`` (exit 2, nothing built).
     """
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config", action="append", default=None)
