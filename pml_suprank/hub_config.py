@@ -9,6 +9,10 @@ dataclasses of :mod:`pml_suprank.training` (``TrainingConfig``, ``ModelOptions``
 ``TrainingConfig``, the registered loss and the options it takes, the data section; the backbone name is checked
 against timm without building the network).
 
+The published settings ship with the package (``pml_suprank/hub_configs/<name>.yaml``,
+:func:`bundled_hub_configs`): ``--config happier_sop`` / ``load_hub_config("happier_sop")`` reads one by name, and
+any other argument is a path to a YAML file (:func:`hub_config_path`).
+
 Files can be partial: ``load_hub_config(path, partial=True)`` accepts a file with only the keys it changes, and
 :func:`merge_hub_configs` lays such files over a base (the recipes' ``--config base.yaml --config override.yaml``).
 
@@ -44,13 +48,15 @@ Schema (``*`` = required in a complete file; types in brackets; defaults are the
 ``scheduler``
     ``scheduler`` [cosine | constant], ``min_lr_ratio`` [final lr as a fraction of the initial one].
 ``sampler_options``
-    ``sampler`` [m_per_class | hierarchical], ``batch_size``, ``samples_per_class``, ``batches_per_super_tuple``,
+    ``sampler`` [m_per_class | hierarchical], ``batch_size``, ``virtual_batch_size`` [int or null: replaces
+    ``batch_size``, see ``docs/large-batches.md``], ``samples_per_class``, ``batches_per_super_tuple``,
     ``super_classes_per_batch``.
 ``memory``
     ``memory_size`` [int, 0 = none], ``memory_warmup_steps`` [int].
 ``training``
     ``epochs``, ``warmup_epochs`` [backbone frozen], ``seed``, ``grad_clip``, ``mixed_precision`` [no | fp16 | bf16],
-    ``max_train_steps``, ``checkpoint_every``, ``keep_checkpoints``, ``num_workers``, ``log_every``.
+    ``max_train_steps``, ``checkpoint_every``, ``keep_checkpoints``, ``num_workers``, ``log_every``, ``chunk_size``
+    [int or null: gradient caching].
 ``evaluation``
     ``k_values`` [list of int], ``eval_every`` [epochs, 0 = end], ``eval_batch_size``.
 ``hub``
@@ -60,7 +66,7 @@ Schema (``*`` = required in a complete file; types in brackets; defaults are the
     no number was published for the setting].
 
 Example:
-    >>> cfg = load_hub_config("hub_configs/happier_sop.yaml")  # doctest: +SKIP
+    >>> cfg = load_hub_config("happier_sop")  # a bundled config by name   # doctest: +SKIP
     >>> model = RetrievalModel(**model_kwargs(cfg))             # doctest: +SKIP
 """
 
@@ -78,6 +84,8 @@ from .training.options import LOCATIONS, OPTION_CLASSES, SECTIONS, option_fields
 __all__ = [
     "HUB_CONFIG_SCHEMA",
     "build_loss",
+    "bundled_hub_configs",
+    "hub_config_path",
     "load_hub_config",
     "merge_hub_configs",
     "validate_hub_config",
@@ -192,22 +200,48 @@ def merge_hub_configs(*configs: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+#: the hub_configs shipped with the package (package data)
+BUNDLED_HUB_CONFIGS = Path(__file__).resolve().parent / "hub_configs"
+
+
+def bundled_hub_configs() -> list[str]:
+    """The names of the hub_configs shipped with the package (``pml_suprank/hub_configs/<name>.yaml``), sorted."""
+    return sorted(p.stem for p in BUNDLED_HUB_CONFIGS.glob("*.yaml"))
+
+
+def hub_config_path(path: str | Path) -> Path:
+    """The YAML file a ``--config`` argument names: an existing file as given, else a bare name (no suffix, no
+    directory) of :func:`bundled_hub_configs`.
+
+    Raises:
+        FileNotFoundError: neither; the message lists the bundled names (and the one meant, for an old
+            ``hub_configs/<name>.yaml`` path).
+    """
+    p = Path(path)
+    if p.is_file():
+        return p
+    bundled = BUNDLED_HUB_CONFIGS / f"{p.name}.yaml"
+    if p.suffix == "" and p.name == str(path) and bundled.is_file():
+        return bundled
+    names = bundled_hub_configs()
+    hint = f"; did you mean the bundled config {p.stem!r} (--config {p.stem})?" if p.stem in names else ""
+    raise FileNotFoundError(
+        f"hub_config {str(path)!r} is neither a file nor the name of a bundled config ({', '.join(names)}){hint}"
+    )
+
+
 def read_hub_config(path: str | Path, *, partial: bool = False) -> dict[str, Any]:
     """Read a hub_config YAML file and check its structure only (sections, keys, value types, required keys, the
     name): the recipes check the merged files once, as their :class:`~pml_suprank.training.RunSpec`.
 
     Args:
-        path: The YAML file, or a bare name looked up as ``hub_configs/<name>.yaml`` from the working directory.
+        path: The YAML file, or the name of a bundled config (:func:`hub_config_path`).
         partial: Accept an override file with only the keys it changes (no required key; ``name``, when given,
             must still equal the file name).
     """
     from ._safe_yaml import load_yaml, shorten
 
-    p = Path(path)
-    if not p.is_file() and p.suffix == "" and (Path("hub_configs") / f"{path}.yaml").is_file():
-        p = Path("hub_configs") / f"{path}.yaml"
-    if not p.is_file():
-        raise FileNotFoundError(f"hub_config {str(path)!r} does not exist")
+    p = hub_config_path(path)
     config = load_yaml(p)  # aliases, deep nesting and oversized files refused before any value is built
     errors = _structure_errors(config, str(p), partial)
     if errors:
@@ -225,7 +259,7 @@ def load_hub_config(
     :func:`read_hub_config` and :func:`validate_hub_config`.
 
     Args:
-        path: The YAML file, or a bare name looked up as ``hub_configs/<name>.yaml`` from the working directory.
+        path: The YAML file, or the name of a bundled config (:func:`hub_config_path`).
         partial: Accept an override file with only the keys it changes (no required key; ``name``, when given,
             must still equal the file name).
         defaults: Values of the options the file leaves out (see :func:`validate_hub_config`).

@@ -1,40 +1,17 @@
-########################################################################
-# Train an image-retrieval model with HAPPIER (Ramzi et al., "Hierarchical Average Precision Training for
-# Pertinent Image Retrieval", ECCV 2022): (1 - λ)·Sup-H-AP + λ·ClusterLoss on hierarchical labels (fine → coarse),
-# or with ROD-NDCG (Sup-NDCG + ClusterLoss, `--loss ROD-NDCG`).
-#
-# With no argument it trains a tiny timm backbone on SyntheticShapes (coarse = shape family, fine = variant ×
-# colour; train and test fine classes disjoint) on the CPU, without network, in a few minutes, and prints the
-# test metrics before and after training (H-AP, NDCG, ASI, AP per level, R@1).
-#
-# The same script runs in any of these settings (`accelerate launch [--multi_gpu --num_processes N
-# --mixed_precision bf16] recipes/train_happier.py ...`, or `torchrun --nproc_per_node N`):
-#   - single CPU or GPU, multi-process CPU (gloo), multi-GPU / multi-node (DDP), fp16 / bf16
-# and at the paper settings with a hub_config (`--help` lists every option with its default):
-#   accelerate launch recipes/train_happier.py --config hub_configs/happier_sop.yaml
-########################################################################
-from __future__ import annotations
+"""Train a retrieval model with HAPPIER (hierarchical AP) or ROD-NDCG.
+
+The repository's entry point of :mod:`pml_suprank.recipes.train_happier` (``--help`` lists every option); the same
+recipe runs from any pip install as ``pml-suprank-train-happier`` or ``python -m pml_suprank.recipes.train_happier``
+(or through `accelerate launch -m`).
+"""
 
 import os
 
-# Spinning OpenMP threads make small ops 10-20x slower on a shared or busy CPU; sleeping waits cost nothing on an
-# idle one. Set here, before torch is imported; an explicit setting by the user wins.
+# Spinning OpenMP threads make small ops 10-20x slower on a shared or busy CPU: set before torch is imported; an
+# explicit setting by the user wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # noqa: TID251 - recipes may configure the process
 
-from pml_suprank.training import recipe  # noqa: E402  (the command line, the RunSpec and the whole job)
-
-# the run without arguments
-DEFAULTS = {**recipe.NO_ARGUMENT_RUN, "loss": "HAPPIER", "output_dir": "outputs/happier_synthetic"}
-# HAPPIER takes the 2-D labels (N, L) of the batch (column 0 finest); the proxies of its ClusterLoss are parameters of
-# the loss and get their own optimizer group (lr_proxies). ROD-NDCG trains the same way (hub_configs/rod_ndcg_sop.yaml).
-# --loss: the losses registered with hierarchical=True (pml_suprank.losses.register_loss)
-HIERARCHICAL = True
-DESCRIPTION = "Train a retrieval model with HAPPIER (hierarchical AP) or ROD-NDCG."
-
-
-def main(argv: list[str] | None = None) -> dict | None:
-    return recipe.main(argv, DESCRIPTION, DEFAULTS, HIERARCHICAL)
-
+from pml_suprank.recipes.train_happier import run  # noqa: E402
 
 if __name__ == "__main__":
-    main()
+    run()

@@ -21,12 +21,8 @@ MULTILABEL_TABLE = torch.tensor([[0, 0, 0], [1, 0, 0], [2, 1, 0], [3, 1, 0], [4,
 
 
 def import_recipe(name: str):
-    """Import ``recipes/<name>.py`` as a module (the recipes are scripts, not a package)."""
-    sys.path.insert(0, str(RECIPES))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(RECIPES))
+    """The recipe module ``pml_suprank.recipes.<name>`` (``recipes/<name>.py`` is its thin entry point)."""
+    return importlib.import_module(f"pml_suprank.recipes.{name}")
 
 
 def recipe_parser(recipe: str = "train_happier"):

@@ -50,8 +50,7 @@ def test_few_blocks_are_not_runnable_and_they_say_why():
 @pytest.mark.parametrize("page", sorted({p for p, _, _ in _runnable()}))
 def test_python_blocks_run(page, tmp_path, monkeypatch, capsys):
     """A page's runnable blocks run in order in one namespace, as a reader would run them."""
-    for folder in ("recipes", "hub_configs"):  # blocks run from a checkout's root and write under outputs/
-        (tmp_path / folder).symlink_to(ROOT / folder)
+    (tmp_path / "recipes").symlink_to(ROOT / "recipes")  # blocks run from a checkout's root and write under outputs/
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(sys, "path", list(sys.path))

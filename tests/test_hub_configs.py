@@ -25,7 +25,7 @@ from pml_suprank.hub_config import (
 from pml_suprank.models import RetrievalModel
 from pml_suprank.training.data_source import DatasetSource, dataset_source
 
-ROOT = Path(__file__).resolve().parents[1] / "hub_configs"
+ROOT = Path(__file__).resolve().parents[1] / "pml_suprank" / "hub_configs"
 # heat_*.yaml belong to the HEAT recipe and follow their own schema
 CONFIGS = sorted(p for p in ROOT.glob("*.yaml") if not p.name.startswith("heat_"))
 REQUIRED_SETTINGS = {

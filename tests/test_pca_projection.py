@@ -175,7 +175,7 @@ def test_from_pretrained_keeps_the_option_and_the_saved_weights(tmp_path, monkey
 def test_options_flow_from_the_gldv2_hub_configs():
     from pml_suprank import hub_config as hc
 
-    root = Path(__file__).resolve().parents[1] / "hub_configs"
+    root = Path(__file__).resolve().parents[1] / "pml_suprank" / "hub_configs"
     for name in ("roadmap_gldv2.yaml", "happier_gldv2.yaml"):
         config = hc.load_hub_config(root / name)
         assert hc.model_kwargs(config)["projection_init"] == "pca", name

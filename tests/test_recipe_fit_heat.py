@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,11 +13,7 @@ RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 
 
 def _import_fit_heat():
-    sys.path.insert(0, str(RECIPES))
-    try:
-        return importlib.import_module("fit_heat")
-    finally:
-        sys.path.remove(str(RECIPES))
+    return importlib.import_module("pml_suprank.recipes.fit_heat")
 
 
 @pytest.mark.slow
@@ -50,7 +45,7 @@ def test_fit_heat_tiny_synthetic_run(tmp_path, capsys):
 
 def test_fit_heat_config_file_sets_defaults_and_flags_win():
     fit_heat = _import_fit_heat()
-    cfg = Path(__file__).resolve().parents[1] / "hub_configs" / "heat_cifar10_resnet34.yaml"
+    cfg = Path(__file__).resolve().parents[1] / "pml_suprank" / "hub_configs" / "heat_cifar10_resnet34.yaml"
     args = fit_heat.parse_args(["--config", str(cfg), "--knn_k", "7"])
     assert args.backbone == "resnet34" and args.preset == "cifar10" and args.tie_hidden_weights
     assert args.cifar_stem and args.knn_k == 7 and args.vim_dim == 256
@@ -139,7 +134,9 @@ def test_fit_heat_detector_rows_and_flags_come_from_the_registry():
     )
 
 
-@pytest.mark.parametrize("path", sorted((RECIPES.parent / "hub_configs").glob("heat_*.yaml")), ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "path", sorted((RECIPES.parent / "pml_suprank" / "hub_configs").glob("heat_*.yaml")), ids=lambda p: p.stem
+)
 def test_every_heat_hub_config_parses(path):
     import yaml
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import importlib
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,11 +16,7 @@ RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 
 
 def _import_recipe():
-    sys.path.insert(0, str(RECIPES))
-    try:
-        return importlib.import_module("ood_benchmark")
-    finally:
-        sys.path.remove(str(RECIPES))
+    return importlib.import_module("pml_suprank.recipes.ood_benchmark")
 
 
 def _feature_file(path: Path) -> Path:

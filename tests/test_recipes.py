@@ -326,7 +326,7 @@ def test_config_yaml_sets_defaults_and_flags_win(tmp_path):
         common.parse_run_spec(recipe_parser("train_happier")[1], ["--config", str(tmp_path / "missing.yaml")])
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "hub_configs").glob("*.yaml")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", sorted((ROOT / "pml_suprank" / "hub_configs").glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_training_hub_config_parses_with_its_recipe(path, tmp_path):
     import yaml
 
@@ -394,7 +394,7 @@ def test_partial_override_config_files(tmp_path):
     common, parser = recipe_parser("train_happier")
     override = tmp_path / "short.yaml"
     override.write_text("training: {epochs: 7}\noptimizer: {lr_head: 0.5}\n")
-    base = ROOT / "hub_configs" / "happier_sop.yaml"
+    base = ROOT / "pml_suprank" / "hub_configs" / "happier_sop.yaml"
     spec = common.parse_run_spec(
         parser, ["--config", str(base), "--config", str(override), "--data_root", str(tmp_path)]
     )
@@ -413,14 +413,19 @@ def test_partial_override_config_files(tmp_path):
     assert spec.train.warmup_epochs == 11 and spec.train.epochs == 12
     # a loss the recipe does not train is refused
     with pytest.raises(SystemExit):
-        roadmap = ROOT / "hub_configs" / "roadmap_sop.yaml"
+        roadmap = ROOT / "pml_suprank" / "hub_configs" / "roadmap_sop.yaml"
         argv = ["--config", str(roadmap), "--data_root", str(tmp_path)]
         common.parse_run_spec(recipe_parser("train_happier")[1], argv)
 
 
-@pytest.mark.parametrize("name", ["train_happier.py", "train_roadmap.py", "evaluate.py", "fit_heat.py"])
-def test_every_recipe_sets_a_passive_openmp_wait_policy_before_torch(name):
-    text = (RECIPES / name).read_text()
+@pytest.mark.parametrize("folder", ["recipes", "pml_suprank/recipes"])
+@pytest.mark.parametrize(
+    "name", ["train_happier.py", "train_roadmap.py", "evaluate.py", "search.py", "fit_heat.py", "ood_benchmark.py"]
+)
+def test_every_recipe_sets_a_passive_openmp_wait_policy_before_torch(folder, name):
+    """Both the package module (``-m`` / console script: ``pml_suprank`` and ``pml_suprank.recipes`` import nothing)
+    and the repository's entry point set the policy before anything that may import torch."""
+    text = (ROOT / folder / name).read_text()
     policy = text.index('os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")')
     for later in ("import torch", "import common", "from pml_suprank"):
         if later in text:

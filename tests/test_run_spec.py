@@ -142,7 +142,7 @@ def test_a_loss_registered_in_a_temporary_module_trains_two_recipe_steps_by_name
 def test_a_hub_config_run_builds_and_validates_its_spec_once(counted, tmp_path):
     train_roadmap = import_recipe("train_roadmap")
     out = tmp_path / "run"
-    config = ROOT / "hub_configs" / "synthetic_shapes_roadmap.yaml"
+    config = ROOT / "pml_suprank" / "hub_configs" / "synthetic_shapes_roadmap.yaml"
     summary = train_roadmap.main(["--config", str(config), *TINY, "--output_dir", str(out)])
     assert summary["steps"] == 2
     assert counted == {"built": 1, "validated": 1, "problems": 1}

@@ -180,7 +180,8 @@ def build_recipe_parser(
         "--config",
         action="append",
         default=None,
-        help="hub_config YAML (e.g. hub_configs/happier_sop.yaml); repeat it to lay partial override files over a "
+        help="hub_config: a bundled name (e.g. happier_sop; pml_suprank.hub_config.bundled_hub_configs()) or a YAML "
+        "file; repeat it to lay partial override files over a "
         "base; command-line flags override the files",
     )
     defaults = {"loss": losses[0], **defaults}
@@ -245,20 +246,39 @@ def _read_configs(parser: argparse.ArgumentParser, paths: list[str]) -> dict[str
     return config
 
 
+def _virtual_batch(files: Mapping[str, Any], flags: Mapping[str, Any], batch_size: int) -> int:
+    """The batch of one step per process: ``virtual_batch_size`` when set (it replaces ``batch_size``), else
+    ``batch_size``. A ``--virtual_batch_size`` flag overrides the ``--config`` files' ``batch_size``; otherwise a
+    ``batch_size`` and a ``virtual_batch_size`` that differ (two flags, a flag and a file, or the files) are refused."""
+    v, b = flags.get("virtual_batch_size"), flags.get("batch_size")
+    if v is None:
+        v = files.get("virtual_batch_size")
+        b = b if b is not None else files.get("batch_size")
+    if v is not None and b is not None and v != b:
+        raise ValueError(
+            f"--virtual_batch_size {v} and --batch_size {b} differ: --virtual_batch_size is the batch the sampler "
+            "draws and the loss ranks, it replaces --batch_size; give one of them (or the same value to both)"
+        )
+    return batch_size if v is None else v
+
+
 def parse_run_spec(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> RunSpec:
     """The :class:`~pml_suprank.training.RunSpec` of a recipe invocation, built once and validated once.
 
     Precedence: dataclass defaults < the parser's defaults (the recipe's no-argument run) < the ``--config``
-    hub_config(s) (several files are merged in order, each may be partial) < the flags given. Any inconsistency is a
-    ``parser.error`` (exit 2, nothing built).
+    hub_config(s) (several files are merged in order, each may be partial) < the flags given. ``virtual_batch_size``,
+    when set, replaces ``batch_size`` (the batch the sampler draws and the loss ranks; two different values given
+    are refused, naming both flags). Any inconsistency is a ``parser.error`` (exit 2, nothing built).
     """
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config", action="append", default=None)
     known, _ = pre.parse_known_args(argv)
     hub_config = _read_configs(parser, known.config) if known.config else {}
     defaults = {a.dest: a.default for a in parser._actions if a.dest in FIELD_PARTS}
-    values = {**defaults, **recipe_options(hub_config), **_explicit_flags(parser, argv)}
+    files, flags = recipe_options(hub_config), _explicit_flags(parser, argv)
+    values = {**defaults, **files, **flags}
     try:
+        values["batch_size"] = _virtual_batch(files, flags, values["batch_size"])
         return RunSpec.from_values(values, hub_config).validate()
     except ValueError as e:
         parser.error(str(e))

@@ -157,6 +157,13 @@ class TrainingConfig:
     backbone (no gradient, no step) and holds the schedule; the cosine schedule decays each group's learning rate to
     ``min_lr_ratio`` times its initial value; ``stop_after_steps`` ends one invocation (after a checkpoint) for jobs
     with a time limit, to be continued with ``resume``.
+
+    Exact large batches (``docs/large-batches.md``): ``virtual_batch_size`` is the batch the sampler draws and the loss
+    ranks (per process; it replaces ``batch_size``, which must then be equal); ``chunk_size`` embeds and
+    back-propagates it that many images at a time with :func:`~pml_suprank.training.cached_backward` (the same
+    gradient as the whole batch at once). Both are part of the run fingerprint: a resume with another value of either
+    is refused like any other hyper-parameter change (``resume_ignore_config`` continues anyway; another
+    ``chunk_size`` then changes only the floating-point summation order of the gradient).
     """
 
     output_dir: str = option("outputs/run", "folder for checkpoints, the final model and the plots")
@@ -168,6 +175,16 @@ class TrainingConfig:
         check=optional(_pos(1)),
     )  # fmt: skip
     batch_size: int = option(64, "images per step per process", section="sampler_options", check=_pos(2))
+    virtual_batch_size: int | None = option(
+        None, "the ranking batch: images the sampler draws and the loss ranks per step and process; replaces "
+        "--batch_size (with --chunk_size it need not fit in memory)", section="sampler_options",
+        check=optional(_pos(2)),
+    )  # fmt: skip
+    chunk_size: int | None = option(
+        None, "gradient caching: embed and back-propagate the batch this many images at a time (exact: the gradient "
+        "of the whole batch; needs --freeze_batch_norm true with a BatchNorm backbone); none: all at once",
+        section="training", check=optional(_pos(1)),
+    )  # fmt: skip
     samples_per_class: int = option(4, "images per class in a batch (m)", section="sampler_options", check=_pos(2))
     sampler: SamplerType = option(
         "m_per_class", "batch sampler (hierarchical = the SOP sampler over pairs of super-classes, needs 2-D labels)",
@@ -252,6 +269,7 @@ class TrainingConfig:
                 _check_int(name, getattr(self, name), 1)
         if self.warmup_epochs >= self.epochs and self.epochs > 0 and self.warmup_epochs > 0:
             raise ValueError(f"warmup_epochs must be < epochs = {self.epochs}; got {self.warmup_epochs}")
+        self._check_virtual_batch()
         if self.batch_size % self.samples_per_class:
             raise ValueError(
                 f"batch_size must be a multiple of samples_per_class = {self.samples_per_class}; "
@@ -267,6 +285,30 @@ class TrainingConfig:
             check_positive("grad_clip", self.grad_clip)
         check_positive("alpha", self.alpha)
         self.k_values = tuple(_check_int("k_values", k, 1) for k in self.k_values)
+
+    def _check_virtual_batch(self) -> None:
+        """``virtual_batch_size`` replaces ``batch_size`` (the recipes set both from ``--virtual_batch_size``): equal
+        when set, and a whole number of the sampler's groups (``samples_per_class`` images per class, times
+        ``super_classes_per_batch`` with the hierarchical sampler)."""
+        if self.chunk_size is not None:
+            _check_int("chunk_size", self.chunk_size, 1)
+        if self.virtual_batch_size is None:
+            return
+        v = _check_int("virtual_batch_size", self.virtual_batch_size, 2)
+        if v != self.batch_size:
+            raise ValueError(
+                f"virtual_batch_size replaces batch_size (the batch the sampler draws and the loss ranks): set one, or "
+                f"both to the same value; got --virtual_batch_size {v} and --batch_size {self.batch_size}"
+            )
+        m = self.samples_per_class
+        k = self.super_classes_per_batch if self.sampler == "hierarchical" else 1
+        if v % (k * m):
+            group = f"--super_classes_per_batch {k} x --samples_per_class {m}" if k > 1 else f"--samples_per_class {m}"
+            lower, upper = v // (k * m) * k * m, (v // (k * m) + 1) * k * m
+            raise ValueError(
+                f"--virtual_batch_size {v} is not a whole number of the sampler's groups ({group} = {k * m} images "
+                f"per group of classes); use a multiple of {k * m}, e.g. {upper}" + (f" or {lower}" if lower else "")
+            )
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> TrainingConfig:

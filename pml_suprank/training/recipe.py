@@ -253,6 +253,12 @@ def _setup(spec: RunSpec, given: Collection[str]) -> tuple[RunSpec, Any, Any, An
     )  # fmt: skip
     set_seed(train.seed)  # the model initialisation (the package itself never seeds global RNGs)
     model = build_model(spec)
+    if train.chunk_size is not None and not train.freeze_batch_norm and _has_batch_norm(model):
+        raise SystemExit(
+            f"--chunk_size {train.chunk_size}: the backbone {spec.model.backbone} has BatchNorm layers, whose "
+            "statistics a chunked forward cannot reproduce (they would be each chunk's, not the batch's); add "
+            "--freeze_batch_norm true (BatchNorm in eval mode, as the retrieval papers train), or drop --chunk_size"
+        )
     train_ds, test_ds = build_datasets(spec, model)
     split = _data_notes(spec, train_ds, test_ds) if accelerator.is_main_process else None
     spec = fit_to_data(spec, train_ds, accelerator.num_processes, given)
@@ -275,7 +281,9 @@ def _setup(spec: RunSpec, given: Collection[str]) -> tuple[RunSpec, Any, Any, An
         f"{accelerator.num_processes} process(es) on {accelerator.device}, "
         f"mixed precision {accelerator.mixed_precision}; {trainer.steps_per_epoch} steps/epoch, "
         f"{trainer.total_steps} steps"
-    )
+        + (f"; batches of {spec.train.batch_size} in chunks of {spec.train.chunk_size} (gradient caching)"
+           if spec.train.chunk_size else "")
+    )  # fmt: skip
     warning = short_run_warning(trainer.steps_per_epoch, trainer.total_steps, epochs=spec.train.epochs,
                                 max_train_steps=spec.train.max_train_steps)  # fmt: skip
     if warning:
@@ -287,6 +295,10 @@ def _setup(spec: RunSpec, given: Collection[str]) -> tuple[RunSpec, Any, Any, An
         accelerator.init_trackers("pml_suprank", config=config)
         log_config_text(accelerator, config)
     return spec, accelerator, trainer, test_ds, split
+
+
+def _has_batch_norm(model: torch.nn.Module) -> bool:
+    return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 
 def _initial_eval(spec: RunSpec, trainer: Any) -> dict[str, float] | None:

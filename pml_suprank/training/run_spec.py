@@ -7,9 +7,9 @@
 * ``loss`` — :class:`~pml_suprank.training.LossOptions` (a loss of the registry,
   :func:`pml_suprank.losses.register_loss`, and its hyper-parameters);
 * ``train`` — :class:`~pml_suprank.training.TrainingConfig` (optimizer, schedule, sampler, memory, evaluation,
-  checkpoints). Gradient caching will add its ``virtual_batch_size`` / ``chunk_size`` here, as two more
-  ``TrainingConfig`` fields (they then become ``--virtual_batch_size`` / ``--chunk_size`` flags and hub_config keys
-  with no other edit), read by the :class:`~pml_suprank.training.Trainer` from its typed config;
+  checkpoints), including gradient caching's ``virtual_batch_size`` / ``chunk_size`` (``--virtual_batch_size`` /
+  ``--chunk_size`` flags and hub_config keys), read by the :class:`~pml_suprank.training.Trainer` from its typed
+  config; ``--virtual_batch_size`` replaces ``--batch_size`` (:func:`~pml_suprank.training.cli.parse_run_spec`);
 * ``run`` — :class:`~pml_suprank.training.RunOptions` (hardware, tracking, resume, outputs, publishing);
 
 plus ``hub_config``, the merged YAML file(s) as read (metadata for the model card: ``hub.*``, ``name``, ``notes``).

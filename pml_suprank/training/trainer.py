@@ -114,7 +114,8 @@ class Trainer:
             processes and rank (the sampler shards the global batch itself).
         run_options: The model / data / loss options the caller resolved (``{"model": {...}, "data": {...},
             "loss": {...}}``, JSON-able); with the ``TrainingConfig`` they make the run fingerprint.
-        virtual_batch_size, chunk_size: Gradient-cached steps (exact): see :func:`.loss_module.backward_step`.
+        virtual_batch_size, chunk_size: Gradient-cached steps (exact): see :func:`.loss_module.backward_step`;
+            by default ``config.virtual_batch_size`` / ``config.chunk_size`` (the arguments win when given).
 
     Example: see "From Python" in the training recipes guide (``docs/recipes.md``).
     """
@@ -150,7 +151,9 @@ class Trainer:
         self.train_dataset = SeededAugmentation(train_dataset, seed=config.seed)
         self.test_dataset = test_dataset
         self.loss = loss
-        self.chunk_size = check_virtual_batch(virtual_batch_size, chunk_size, config.batch_size)
+        vbs = config.virtual_batch_size if virtual_batch_size is None else virtual_batch_size
+        chunk = config.chunk_size if chunk_size is None else chunk_size
+        self.chunk_size = check_virtual_batch(vbs, chunk, config.batch_size)
         if memory is None:
             memory = build_memory(config, model, loss, train_dataset, self.train_labels.shape[1])
         self.memory = memory

@@ -19,7 +19,7 @@ from pml_suprank.training.data_source import DatasetSource, dataset_source, reso
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "recipes"
-CONFIGS = sorted(p for p in (ROOT / "hub_configs").glob("*.yaml") if not p.name.startswith("heat_"))
+CONFIGS = sorted(p for p in (ROOT / "pml_suprank" / "hub_configs").glob("*.yaml") if not p.name.startswith("heat_"))
 BENCHMARK_CONFIGS = [p for p in CONFIGS if yaml.safe_load(p.read_text())["data"]["dataset"] in BENCHMARKS]
 TINY = ["--backbone", "test_resnet", "--pretrained", "false", "--image_size", "16", "--embedding_size", "8",
         "--cpu", "--with_tracking", "false"]  # fmt: skip
@@ -82,7 +82,7 @@ def test_benchmark_defaults_to_its_own_splits_and_label_names():
     ],
 )  # fmt: skip
 def test_data_section_errors(data, match):
-    cfg = hub_config.merge_hub_configs(hub_config.load_hub_config(ROOT / "hub_configs" / "happier_sop.yaml"))
+    cfg = hub_config.merge_hub_configs(hub_config.load_hub_config("happier_sop"))  # bundled, by name
     cfg["data"] = data
     with pytest.raises(ValueError, match=match):
         hub_config.validate_hub_config(cfg, source="test.yaml")
@@ -93,7 +93,7 @@ def test_missing_data_root_is_an_error_before_anything_is_built(capsys):
         hub_config.build_dataset({"data": {"dataset": "sop"}}, "train")
     common, parser = recipe_parser()
     with pytest.raises(SystemExit) as exit_info:
-        common.parse_run_spec(parser, ["--config", str(ROOT / "hub_configs" / "happier_sop.yaml")])
+        common.parse_run_spec(parser, ["--config", str(ROOT / "pml_suprank" / "hub_configs" / "happier_sop.yaml")])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "--dataset sop" in err and "--data_root" in err and "Ebay_" in err
@@ -112,7 +112,7 @@ def test_synthetic_multilabel_unsupported_loss_is_refused_early_and_synthetic_un
 def test_recipe_builds_the_benchmark_by_name(tmp_path):
     root = MAKERS["sop"](tmp_path / "Stanford_Online_Products")
     common, parser = recipe_parser()
-    argv = ["--config", str(ROOT / "hub_configs" / "happier_sop.yaml"), "--data_root", str(root), *TINY]
+    argv = ["--config", str(ROOT / "pml_suprank" / "hub_configs" / "happier_sop.yaml"), "--data_root", str(root), *TINY]
     spec = common.parse_run_spec(parser, argv)
     assert (
         spec.data.dataset == "sop" and spec.data.data_root == str(root) and "data_root" not in spec.hub_config["data"]
@@ -249,7 +249,7 @@ def test_train_happier_on_a_benchmark_by_name_then_evaluate(tmp_path):
     root = MAKERS["sop"](tmp_path / "Stanford_Online_Products")
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}  # noqa: TID251
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    config = ROOT / "hub_configs" / "happier_sop.yaml"
+    config = ROOT / "pml_suprank" / "hub_configs" / "happier_sop.yaml"
     cmd = [sys.executable, str(RECIPES / "train_happier.py"), "--config", str(config),
            "--data_root", str(root), *TINY, "--sampler", "m_per_class", "--batch_size", "4", "--samples_per_class", "2",
            "--max_train_steps", "2", "--epochs", "2", "--warmup_epochs", "0", "--eval_every", "0", "--no_plots",

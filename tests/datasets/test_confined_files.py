@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import pickle
-import sys
 import zipfile
 from pathlib import Path
 
@@ -292,13 +291,9 @@ def test_batch_sampler_passed_as_sampler_gets_a_hint(tmp_path):
 
 
 def _import_prepare():
-    sys.path.insert(0, str(ROOT / "recipes"))
-    try:
-        import prepare_dataset
+    from pml_suprank.recipes import prepare_dataset
 
-        return prepare_dataset
-    finally:
-        sys.path.remove(str(ROOT / "recipes"))
+    return prepare_dataset
 
 
 @pytest.mark.parametrize("content", [SECRET, b"", image_bytes(5)[:100]], ids=["text", "empty", "truncated"])

@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib
 import io
 import pickle
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -254,14 +253,10 @@ def test_revisited_bad_ground_truth_names_file_and_entry(tmp_path):
 def test_gldv2_hub_configs_read_a_prepared_copy(config, tmp_path):
     """The label columns and splits of the shipped configs fit a prepared copy: only ``dataset`` changes."""
     repo = Path(__file__).resolve().parents[2]
-    sys.path.insert(0, str(repo / "recipes"))
-    try:
-        prepare = importlib.import_module("prepare_dataset")
-    finally:
-        sys.path.remove(str(repo / "recipes"))
+    prepare = importlib.import_module("pml_suprank.recipes.prepare_dataset")
     root = make_gldv2(tmp_path / "native")
     prepare.prepare("gldv2_hier", root, tmp_path / "copy")
-    cfg = hub_config.load_hub_config(repo / "hub_configs" / f"{config}.yaml")
+    cfg = hub_config.load_hub_config(repo / "pml_suprank" / "hub_configs" / f"{config}.yaml")
     assert cfg["model"]["pooling"] == "gem" and cfg["training"]["max_train_steps"] == 55000
     cfg["data"]["dataset"] = str(tmp_path / "copy")
     for part, split in (("train", "train"), ("test", "query")):

@@ -21,11 +21,7 @@ RECIPES = ROOT / "recipes"
 
 
 def _import_prepare():
-    sys.path.insert(0, str(RECIPES))
-    try:
-        return importlib.import_module("prepare_dataset")
-    finally:
-        sys.path.remove(str(RECIPES))
+    return importlib.import_module("pml_suprank.recipes.prepare_dataset")
 
 
 def _round_trip(name: str, tmp_path: Path) -> None:
@@ -91,7 +87,7 @@ def test_shipped_hub_configs_read_a_prepared_copy(name, config, tmp_path):
 
     root = MAKERS[name](tmp_path / "native")
     _import_prepare().prepare(name, root, tmp_path / "copy")
-    cfg = hub_config.load_hub_config(ROOT / "hub_configs" / f"{config}.yaml")
+    cfg = hub_config.load_hub_config(ROOT / "pml_suprank" / "hub_configs" / f"{config}.yaml")
     cfg["data"]["dataset"] = str(tmp_path / "copy")
     spec = BENCHMARKS[name]
     for part, split in (("train", spec.train_split), ("test", spec.test_split)):

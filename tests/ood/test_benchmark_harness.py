@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import importlib
-import sys
 from pathlib import Path
 
 import pytest
@@ -84,11 +83,7 @@ def test_reproduces_single_set_numbers_of_every_old_detector(heat_golden):
 
 
 def test_matches_the_fit_heat_recipe_table(heat_golden):
-    sys.path.insert(0, str(RECIPES))
-    try:
-        fit_heat = importlib.import_module("fit_heat")
-    finally:
-        sys.path.remove(str(RECIPES))
+    fit_heat = importlib.import_module("pml_suprank.recipes.fit_heat")
     train, test_id, test_ood, head = _golden_sets(heat_golden)
     result = ood.benchmark(_old_detectors(head), test_id, {"far": {"x": test_ood}}, id_train=train, progress=False)
     id_scores = {n: s["ID"] for n, s in result.scores.items()}

@@ -140,9 +140,7 @@ def test_page_renders_in_headless_chromium(trained_search, tmp_path):
 
 
 def test_recipe_in_process_with_folder_queries(untrained_model, tmp_path):
-    spec = importlib.util.spec_from_file_location("search_recipe", RECIPES / "search.py")
-    recipe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(recipe)
+    recipe = importlib.import_module("pml_suprank.recipes.search")
     folder = tmp_path / "queries" / "nested"
     folder.mkdir(parents=True)
     for i, colour in enumerate([(255, 0, 0), (0, 200, 0), (30, 30, 220)]):

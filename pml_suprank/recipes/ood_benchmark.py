@@ -1,0 +1,211 @@
+"""Near / far OOD benchmark of every registered detector on saved features (``ood.benchmark``).
+
+Two ways to run it:
+
+* **from features saved by** ``fit_heat`` (``<output_dir>/features.safetensors``: ID train / ID test /
+  OOD sets and the classifier head), so that nothing is embedded twice::
+
+      python -m pml_suprank.recipes.fit_heat --output_dir outputs/fit_heat
+      python -m pml_suprank.recipes.ood_benchmark --features outputs/fit_heat/features.safetensors \\
+          --near synthetic-heldout --far noise-uniform noise-blobs
+
+* **with no ``--features``**: it runs ``fit_heat.py``'s data and classifier steps first (the same flags, e.g.
+  ``--num_per_class``, ``--backbone``, ``--id_dataset``, ``--ood_datasets``; offline SyntheticShapes by default),
+  writes ``features.safetensors`` into ``--output_dir`` and benchmarks on it.
+
+Every registered detector is fitted once on the ID training features (ODIN is left out: it needs the images and the
+network, see ``fit_heat.py``), plus the SSD+ variant of Mahalanobis. The recipe adapts sizes to small sets (``k`` of
+KNN / NNGuide at most the training size, ViM's ``dim = min(256, D // 2)``) and runs HEAT with the ``fast`` preset.
+OOD sets are grouped: ``--near`` names (default: ``synthetic-heldout`` when present), ``--far`` names (default: the
+others). It prints the per-group and per-set tables (AUROC, FPR95 in both conventions, AUPR-In / -Out) and writes
+``results.csv``, ``results.md``, ``results.json`` and ``score_histograms.png`` into ``--output_dir``.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # noqa: TID251 - recipes may configure the process
+
+import argparse  # noqa: E402
+import inspect  # noqa: E402
+import json  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import torch  # noqa: E402
+
+from pml_suprank import ood  # noqa: E402
+
+#: Table rows that are a registered detector with other constructor arguments.
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {"SSD+": ("Mahalanobis", {"normalize": True})}
+#: Detectors that score images through the network, not features: not run here.
+NEEDS_IMAGES = ("ODIN",)
+
+
+def available_detectors() -> tuple[str, ...]:
+    """Every registered detector that scores features, each followed by its variants."""
+    names: list[str] = []
+    for name in ood.list_detectors():
+        if name not in NEEDS_IMAGES:
+            names += [name, *(v for v, (base, _) in VARIANTS.items() if base == name)]
+    return tuple(names)
+
+
+def _bool(value: str) -> bool:
+    """``true/false`` (also 1/0, yes/no) for boolean flags; kept local so that ``--features`` runs import little."""
+    lowered = str(value).strip().lower()
+    if lowered not in ("true", "false", "1", "0", "yes", "no"):
+        raise argparse.ArgumentTypeError(f"expected true or false; got {value!r}")
+    return lowered in ("true", "1", "yes")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description="Near/far OOD benchmark on saved features (see the module docstring); unknown flags go to "
+        "fit_heat.py's data / classifier steps when --features is not given.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--features", default=None, help="features.safetensors written by fit_heat.py (None: extract)")
+    p.add_argument("--output_dir", default="outputs/ood_benchmark", help="where to write tables, figure, features")
+    p.add_argument("--near", nargs="+", default=None, help="near-OOD set names (default: synthetic-heldout)")
+    p.add_argument("--far", nargs="+", default=None, help="far-OOD set names (default: the other OOD sets)")
+    p.add_argument("--detectors", nargs="+", default=None, help="rows to compute (default: all feature detectors)")
+    p.add_argument("--heat_epochs", type=int, default=None, help="HEAT epochs (None: 30 on synthetic, else preset)")
+    p.add_argument("--heat_batch_size", type=int, default=128, help="HEAT batch size (fast preset)")
+    p.add_argument("--ap_method", default="step", choices=["step", "trapezoid"], help="AUPR: HEAT step / OpenOOD")
+    p.add_argument("--seed", type=int, default=0, help="seed of the classifier training and of HEAT / NNGuide")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--no_plots", action="store_true", help="do not write the histogram figure")
+    p.add_argument("--progress", type=_bool, nargs="?", const=True, default=True, help="progress bars")
+    return p
+
+
+def _import_fit_heat():
+    """:mod:`pml_suprank.recipes.fit_heat`, imported when a run needs it."""
+    from . import fit_heat
+
+    return fit_heat
+
+
+def extract(args, rest: list[str], out_dir: Path) -> Path:
+    """Run fit_heat.py's data / classifier / extraction steps and save ``features.safetensors``; returns its path."""
+    fit_heat = _import_fit_heat()
+    fh = fit_heat.parse_args([*rest, "--seed", str(args.seed), "--progress", str(args.progress)])
+    device = torch.device(fh.device)
+    train_ds, test_ds, ood_sets, level, classes, train_labels = fit_heat.prepare_data(fh)
+    model = fit_heat.build_model(fh, len(classes)).to(device)
+    fit_heat.train_classifier(model, train_ds, level, classes, fh, device)
+    model.eval()
+    feats = fit_heat.extract_all(model, train_ds, test_ds, ood_sets, level, classes, train_labels, fh, device)
+    if args.heat_epochs is None and fh.id_dataset == "synthetic":
+        args.heat_epochs = fh.heat_epochs
+    return fit_heat.save_features(out_dir, model, *feats[:3], fh)
+
+
+def group_sets(names: list[str], near: list[str] | None, far: list[str] | None) -> dict[str, list[str]]:
+    """``{"near": [...], "far": [...]}`` from the OOD set names of the file (unknown names are an error)."""
+    unknown = sorted(set(near or ()) | set(far or ()) - set(names))
+    if unknown:
+        raise SystemExit(f"--near/--far name sets that are not in the feature file: {unknown}; it holds {names}")
+    if near is None:
+        near = [n for n in names if n == "synthetic-heldout" and n not in (far or ())]
+    if far is None:
+        far = [n for n in names if n not in near]
+    groups = {"near": list(near), "far": list(far)}
+    return {g: s for g, s in groups.items() if s}
+
+
+def build_detectors(names, saved: ood.SavedFeatures, args) -> dict[str, ood.Detector]:
+    """Detectors with their defaults, the saved head where they need one, and sizes adapted to the data."""
+    train = saved.sets["id_train"]
+    n_train, dim = train.features.shape
+    head = {"weight": saved.weight, "bias": saved.bias}
+    out = {}
+    for row in names:
+        name, variant = VARIANTS.get(row, (row, {}))
+        cls = ood.get_detector(name)
+        params = inspect.signature(cls).parameters
+        kwargs = dict(variant)
+        if "weight" in params:
+            if saved.weight is None:
+                print(f"skipping {row}: the feature file has no classifier head", flush=True)
+                continue
+            kwargs.update(head)
+        if name in ("KNN", "NNGuide"):
+            kwargs["k"] = min(params["k"].default, n_train)
+        if name == "NNGuide":
+            kwargs["seed"] = args.seed
+        if name == "ViM":
+            kwargs["dim"] = min(256, dim // 2)
+        if name == "HEAT":
+            settings = {"batch_size": args.heat_batch_size}
+            if args.heat_epochs is not None:
+                settings["epochs"] = args.heat_epochs
+            kwargs.update(preset="fast", settings=settings, seed=args.seed)
+        out[row] = cls(**kwargs)
+    return out
+
+
+def main(argv=None) -> dict:
+    args, rest = build_parser().parse_known_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)  # recipe-level seeding of the classifier training (the package never seeds)
+    out_dir = Path(args.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    if args.features is None:
+        features_path = extract(args, rest, out_dir)
+    elif rest:
+        raise SystemExit(f"unknown flags {rest} (data / classifier flags only apply without --features)")
+    else:
+        features_path = Path(args.features)
+    saved = ood.load_features(features_path)
+    missing = {"id_train", "id_test"} - set(saved.sets)
+    if missing:
+        raise SystemExit(f"{features_path} lacks the set(s) {sorted(missing)} (write it with fit_heat)")
+    ood_names = [n for n in saved.sets if n not in ("id_train", "id_test")]
+    groups = group_sets(ood_names, args.near, args.far)
+    rows = args.detectors or available_detectors()
+    unknown = sorted(set(rows) - set(available_detectors()))
+    if unknown:
+        raise SystemExit(f"--detectors: unknown {unknown}; choose among {list(available_detectors())}")
+    detectors = build_detectors(rows, saved, args)
+    result = ood.benchmark(
+        detectors,
+        saved.sets["id_test"],
+        {g: {n: saved.sets[n] for n in names} for g, names in groups.items()},
+        id_train=saved.sets["id_train"],
+        ap_method=args.ap_method,
+        output_dir=out_dir,
+        plot=not args.no_plots,
+        progress=args.progress,
+    )
+    print(f"\nOOD benchmark on {features_path} (ID test {len(saved.sets['id_test'])}; groups {groups})\n")
+    print(result.to_markdown(per_set=False), "\n")
+    print(result.to_markdown())
+    summary = {
+        "features": str(features_path),
+        "feature_metadata": saved.metadata,
+        "groups": groups,
+        "rows": result.rows,
+        "fit_seconds": result.fit_seconds,
+        "total_seconds": time.perf_counter() - t0,
+        "args": vars(args),
+    }
+    (out_dir / "results.json").write_text(json.dumps(summary, indent=2, default=str))
+    figure = "" if args.no_plots else ", score_histograms.png"
+    print(f"\nwrote {out_dir}/results.csv, results.md, results.json{figure}")
+    print(f"total {summary['total_seconds']:.1f} s")
+    return summary
+
+
+def run() -> None:
+    """The console script ``pml-suprank-ood-benchmark``: :func:`main` on the process's arguments."""
+    main()
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,166 @@
+"""Convert a paper benchmark, read from its native archive, into a Hugging Face ``datasets`` copy.
+
+    python -m pml_suprank.recipes.prepare_dataset sop --root /data/Stanford_Online_Products --output_dir data/sop
+    python -m pml_suprank.recipes.prepare_dataset sop --root /data/Stanford_Online_Products --output_dir data/sop \\
+        --push_to_hub true --hub_model_id your-name/sop-hierarchical
+
+The copy is a ``DatasetDict`` written with ``save_to_disk`` (one split per benchmark split) with an ``image`` column
+(the original encoded bytes, so no pixel changes), a ``file_name`` column (path inside the archive) and one int64
+column per label level named as :func:`pml_suprank.data.benchmarks.benchmark_label_names` gives them (e.g. ``class_id``,
+``super_class_id`` for SOP). It loads with
+``pml_suprank.data.load_retrieval_dataset(OUTPUT_DIR, label_columns, split)`` with the same labels as
+``pml_suprank.data.load_benchmark(name, root, split)``; ``benchmark.json`` records the label columns per split.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pml_suprank.data.benchmarks import BENCHMARKS, benchmark_label_names, load_benchmark
+from pml_suprank.training.cli import str2bool
+
+__all__ = ["build_parser", "check_image", "main", "prepare", "to_hf_dataset"]
+
+
+def check_image(data: bytes, where: str) -> None:
+    """Refuse bytes that are not an image PIL decodes completely: ``Image.verify`` (the file's structure and
+    checksums) and then a full ``load`` of the pixels (truncated data), so that only images reach the copy.
+
+    Raises:
+        ValueError: ``"<where>: not a decodable image (...); nothing was written"``.
+    """
+    from io import BytesIO
+
+    from PIL import Image
+
+    try:
+        with Image.open(BytesIO(data)) as image:
+            image.verify()
+        with Image.open(BytesIO(data)) as image:
+            image.load()
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+        raise ValueError(f"{where}: not a decodable image ({type(err).__name__}: {err}); nothing was written") from None
+
+
+def _item_source(ds: Any, index: int, record: dict[str, Any]) -> str:
+    """The file an item comes from, for the error messages (absolute path when the dataset has one)."""
+    describe = getattr(ds, "describe_item", None)
+    return describe(index) if callable(describe) else f"item {index} ({record.get('path')})"
+
+
+def to_hf_dataset(ds: Any, cache_dir: str | Path) -> Any:
+    """A ``datasets.Dataset`` copy of a benchmark split (images as encoded bytes, one int64 column per level).
+
+    Every image is decoded (:func:`check_image`) before it is written: a file that is not an image is refused with
+    its name.
+
+    Args:
+        ds: A dataset from :func:`pml_suprank.data.load_benchmark` (with ``image_record`` and ``label_names``).
+        cache_dir: Folder for the Arrow files written while generating.
+
+    Raises:
+        ValueError: An item is not a decodable image (naming the item and its file).
+    """
+    import datasets
+
+    features = datasets.Features(
+        {"image": datasets.Image(), "file_name": datasets.Value("string")}
+        | {name: datasets.Value("int64") for name in ds.label_names}
+    )
+    labels = ds.labels.tolist()
+    names = list(ds.label_names)
+
+    refused: list[ValueError] = []
+
+    def rows() -> Any:
+        for i in range(len(ds)):
+            try:
+                record = ds.image_record(i)
+                check_image(record["bytes"], _item_source(ds, i, record))
+            except ValueError as err:
+                refused.append(err)
+                raise
+            yield {"image": record, "file_name": record["path"], **dict(zip(names, labels[i]))}
+
+    try:
+        return datasets.Dataset.from_generator(rows, features=features, cache_dir=str(cache_dir))
+    except Exception:
+        if refused:  # datasets wraps generator errors in DatasetGenerationError: report the refusal itself
+            raise refused[0] from None
+        raise
+
+
+def prepare(name: str, root: str | Path, output_dir: str | Path, splits: Sequence[str] | None = None) -> Any:
+    """Read benchmark ``name`` from ``root`` and write its ``DatasetDict`` copy to ``output_dir``.
+
+    Args:
+        name: A name of :data:`pml_suprank.data.benchmarks.BENCHMARKS`.
+        root: The benchmark's archive folder (see ``BENCHMARKS[name].layout``).
+        output_dir: Destination folder (``save_to_disk`` layout + ``benchmark.json``).
+        splits: Splits to convert (default: all of the benchmark's splits).
+
+    Returns:
+        The written ``datasets.DatasetDict``.
+    """
+    import datasets
+
+    if name not in BENCHMARKS:
+        raise ValueError(f"name must be one of {sorted(BENCHMARKS)}; got {name!r}")
+    splits = list(splits or BENCHMARKS[name].splits)
+    unknown = [s for s in splits if s not in BENCHMARKS[name].splits]
+    if unknown:
+        raise ValueError(f"splits {unknown} are not splits of {name}; available: {list(BENCHMARKS[name].splits)}")
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".prepare_cache_", dir=output_dir, ignore_cleanup_errors=True) as cache:
+        parts = {s: to_hf_dataset(load_benchmark(name, root, s), Path(cache) / s) for s in splits}
+        copy = datasets.DatasetDict(parts)
+        copy.save_to_disk(str(output_dir))
+    info = {"benchmark": name, "label_columns": {s: list(benchmark_label_names(name, s)) for s in splits}}
+    (output_dir / "benchmark.json").write_text(json.dumps(info, indent=2) + "\n")
+    return datasets.load_from_disk(str(output_dir))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description="Convert a benchmark archive into a Hugging Face datasets copy (see the module docstring).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("name", choices=sorted(BENCHMARKS), help="benchmark name")
+    p.add_argument("--root", required=True, help="folder the benchmark archive was extracted to")
+    p.add_argument("--output_dir", required=True, help="where to write the datasets copy (save_to_disk layout)")
+    p.add_argument("--splits", default=None, help="comma-separated splits to convert (None: all)")
+    p.add_argument(
+        "--push_to_hub", type=str2bool, nargs="?", const=True, default=False, help="upload the copy (true/false)"
+    )
+    p.add_argument("--hub_model_id", default=None, help="Hub dataset repo id for --push_to_hub, e.g. user/sop")
+    p.add_argument("--private", type=str2bool, nargs="?", const=True, default=False, help="private Hub repo")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> Any:
+    args = build_parser().parse_args(argv)
+    if args.push_to_hub and not args.hub_model_id:
+        raise SystemExit("--push_to_hub needs --hub_model_id (e.g. your-name/sop-hierarchical); nothing was written")
+    splits = [s.strip() for s in args.splits.split(",")] if args.splits else None
+    copy = prepare(args.name, args.root, args.output_dir, splits)
+    print(f"{args.name}: wrote {', '.join(f'{k} ({len(v)} images)' for k, v in copy.items())} to {args.output_dir}")
+    if args.push_to_hub:
+        copy.push_to_hub(args.hub_model_id, private=args.private)
+        print(f"pushed to https://huggingface.co/datasets/{args.hub_model_id}")
+    return copy
+
+
+def run() -> None:
+    """The console script ``pml-suprank-prepare-dataset``: :func:`main` on the process's arguments."""
+    sys.exit(0 if main() is not None else 1)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,210 @@
+########################################################################
+# Search a gallery with a trained retrieval model and look at the results.
+#
+#   python -m pml_suprank.recipes.search --model outputs/happier_synthetic/final --gallery synthetic --k 10 \
+#       --output_dir search_out
+#   python -m pml_suprank.recipes.search --model DIR --gallery synthetic --queries my_photos/ --k 5 --output_dir OUT
+#   python -m pml_suprank.recipes.search --model org/model --gallery <hub id or folder> --label_columns fine,coarse \
+#       --queries <hub id or folder> --query_split test --backend faiss-hnsw --output_dir OUT
+#
+# --gallery: "synthetic" (SyntheticShapes at the model's image size), a paper benchmark name (with --data_root), or
+#   any source of pml_suprank.data.load_retrieval_dataset (Hub id, image folder, parquet; with --label_columns).
+# --queries: a folder of image files (no labels; searched recursively), or a dataset given like --gallery. Without it,
+#   --num_queries gallery items are drawn (seeded) and each one is removed from its own results.
+#
+# Writes to --output_dir: results.json (every query with its top-k: rank, gallery index, name, score, labels,
+# relevance), results.html (one offline page: thumbnails inlined, borders coloured by relevance — green same fine
+# class, orange same coarse class, red other, grey no labels), results_grid.png, and with --save_index the index
+# folder (pml_suprank.search.RetrievalIndex.save). Progress bars (tqdm) on embedding and search.
+########################################################################
+from __future__ import annotations
+
+import os
+
+# Spinning OpenMP threads make small ops 10-20x slower on a shared or busy CPU; sleeping waits cost nothing on an
+# idle one. Set before torch is imported; an explicit setting by the user wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # noqa: TID251 - recipes may configure the process
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import torch  # noqa: E402
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="Search a gallery with a retrieval model; write results.json, an HTML page and a PNG grid.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--model", required=True, help="model folder (config.json + model.safetensors) or Hub id")
+    parser.add_argument("--gallery", required=True, help="'synthetic', a benchmark name, or a dataset source")
+    parser.add_argument("--queries", default=None, help="a folder of images, or a dataset given like --gallery")
+    parser.add_argument("--output_dir", required=True, help="where results.json / .html / _grid.png go")
+    parser.add_argument("--k", type=int, default=10, help="results per query")
+    parser.add_argument("--backend", default="torch", choices=("torch", "faiss", "faiss-ivf", "faiss-hnsw"))
+    parser.add_argument("--gallery_split", default="test", help="split of the gallery dataset")
+    parser.add_argument("--query_split", default=None, help="split of a query dataset (default: --gallery_split)")
+    parser.add_argument("--num_queries", type=int, default=8, help="queries drawn from the gallery without --queries")
+    parser.add_argument("--label_columns", default=None, help="comma-separated label columns, finest first")
+    parser.add_argument("--data_root", default=None, help="archive folder of a paper benchmark")
+    parser.add_argument("--num_per_class", type=int, default=10, help="SyntheticShapes images per class")
+    parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--thumbnail_size", type=int, default=96, help="longer side of the HTML thumbnails")
+    parser.add_argument("--save_index", action="store_true", help="also save the index to OUTPUT_DIR/index")
+    parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    return parser
+
+
+class ImageFolderQueries(torch.utils.data.Dataset):
+    """Every image file under ``root`` (sorted paths), transformed, with placeholder labels (``-1``)."""
+
+    def __init__(self, root: Path, transform: Any) -> None:
+        self.root = root
+        self.paths = sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+        if not self.paths:
+            raise SystemExit(f"--queries {root}: no image files ({', '.join(IMAGE_SUFFIXES)}) found")
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def get_image(self, i: int) -> Any:
+        from PIL import Image
+
+        with Image.open(self.paths[i]) as img:
+            return img.convert("RGB")
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {"image": self.transform(self.get_image(i)), "labels": torch.tensor([-1]), "index": i}
+
+
+def is_plain_image_folder(root: Path) -> bool:
+    """A folder of image files without the metadata / parquet / saved-dataset files of a dataset source."""
+    markers = ("metadata.csv", "metadata.jsonl", "dataset_dict.json", "dataset_info.json")
+    return root.is_dir() and not any(root.glob("*.parquet")) and not any((root / m).exists() for m in markers)
+
+
+def load_dataset(args: argparse.Namespace, spec: str, split: str, transform: Any, image_size: int) -> Any:
+    from pml_suprank import data
+    from pml_suprank.data import BENCHMARKS
+
+    if spec == "synthetic":
+        return data.SyntheticShapes(split, num_per_class=args.num_per_class, image_size=image_size, seed=args.seed,
+                                    transform=transform)  # fmt: skip
+    if spec in BENCHMARKS:
+        if not args.data_root:
+            raise SystemExit(f"--data_root is required for benchmark {spec!r}")
+        return data.load_benchmark(spec, args.data_root, split, transform)
+    if not args.label_columns:
+        raise SystemExit(f"--label_columns is required with dataset {spec!r}")
+    return data.load_retrieval_dataset(spec, args.label_columns.split(","), split=split, transform=transform)
+
+
+def embed(model: torch.nn.Module, dataset: Any, batch_size: int, description: str) -> tuple[torch.Tensor, torch.Tensor]:
+    from pml_suprank.metrics import compute_embeddings
+
+    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=False)
+    return compute_embeddings(model, loader, input_key="image", label_key="labels", progress=True,
+                              description=description)  # fmt: skip
+
+
+def describe_results(args, gallery, labels, queries, query_images, query_labels, scores, indices) -> list[dict]:
+    """The per-query result records of results.json (and, with their images, of the HTML page and the grid)."""
+    from pml_suprank.search.report import relevance_level
+
+    records = []
+    for row, (name, q_labels) in enumerate(zip(queries, query_labels, strict=True)):
+        results = []
+        for rank, (score, j) in enumerate(zip(scores[row].tolist(), indices[row].tolist(), strict=True), start=1):
+            if j < 0:  # an approximate backend found fewer than k items
+                continue
+            item_labels = labels[j].tolist() if labels is not None else None
+            results.append({"rank": rank, "index": j, "name": f"{args.gallery}:{args.gallery_split}[{j}]",
+                            "score": float(score), "labels": item_labels,
+                            "relevance": relevance_level(q_labels, item_labels)})  # fmt: skip
+        records.append({"name": name, "labels": q_labels, "results": results, "image_ref": query_images[row]})
+    return records
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
+    if args.k < 1 or args.num_queries < 1:
+        raise SystemExit("--k and --num_queries must be >= 1")
+    from pml_suprank import data
+    from pml_suprank.models import RetrievalModel
+    from pml_suprank.search.report import write_html_report, write_result_grid
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model = RetrievalModel.from_pretrained(args.model).to(device).eval()
+    transform = data.build_transforms(model.data_config, train=False)
+    image_size = int(model.data_config["input_size"][-1])
+    gallery = load_dataset(args, args.gallery, args.gallery_split, transform, image_size)
+    index = model.build_index(torch.utils.data.DataLoader(gallery, batch_size=args.batch_size), backend=args.backend,
+                              progress=True)  # fmt: skip
+    labels = index.labels if index.labels is not None and index.labels.dim() == 2 else None
+    exclude_self = args.queries is None
+    if args.queries is None:
+        g = torch.Generator().manual_seed(args.seed)
+        picked = torch.randperm(len(gallery), generator=g)[: args.num_queries].sort().values
+        q_emb = index.embeddings[picked].float().cpu()
+        names = [f"{args.gallery}:{args.gallery_split}[{i}]" for i in picked.tolist()]
+        q_labels = [labels[i].tolist() if labels is not None else None for i in picked.tolist()]
+        q_images = [(gallery, i) for i in picked.tolist()]
+    else:
+        root = Path(args.queries)
+        if is_plain_image_folder(root):
+            source = ImageFolderQueries(root, transform)
+            names = [str(p.relative_to(root)) for p in source.paths]
+        else:
+            source = load_dataset(args, args.queries, args.query_split or args.gallery_split, transform, image_size)
+            names = [f"{args.queries}:{args.query_split or args.gallery_split}[{i}]" for i in range(len(source))]
+        q_emb, q_lab = embed(model, source, args.batch_size, "queries")
+        unlabelled = isinstance(source, ImageFolderQueries) or labels is None or q_lab.dim() != 2
+        q_labels = [None if unlabelled else row.tolist() for row in q_lab]
+        q_images = [(source, i) for i in range(len(source))]
+    num_results = min(args.k, len(index) - int(exclude_self))
+    if num_results < 1:
+        raise SystemExit(f"the gallery has {len(index)} item(s): nothing to return once a query is left out")
+    scores, indices = index.search(q_emb, min(args.k + int(exclude_self), len(index)), progress=True)
+    scores, indices = scores.cpu(), indices.cpu()
+    if exclude_self:  # drop each query from its own results (it is a gallery item)
+        keep = indices != picked[:, None]
+        scores = torch.stack([s[m][:num_results] for s, m in zip(scores, keep, strict=True)])
+        indices = torch.stack([i[m][:num_results] for i, m in zip(indices, keep, strict=True)])
+    records = describe_results(args, gallery, labels, names, q_images, q_labels, scores, indices)
+
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    pages = [{**r, "image": r["image_ref"][0].get_image(r["image_ref"][1]),
+              "results": [{**x, "image": gallery.get_image(x["index"])} for x in r["results"]]}
+             for r in records]  # fmt: skip
+    title = f"{args.model}: {len(records)} queries against {args.gallery} ({len(index)} items), top {args.k}"
+    write_html_report(out / "results.html", pages, title=title, thumbnail_size=args.thumbnail_size)
+    write_result_grid(out / "results_grid.png", pages)
+    levels = [x["relevance"] for r in records for x in r["results"]]
+    summary = {level: levels.count(level) for level in ("fine", "coarse", "other", "unknown")}
+    result = {
+        "model": args.model, "gallery": {"source": args.gallery, "split": args.gallery_split, "size": len(index)},
+        "queries_source": args.queries, "k": args.k, "backend": args.backend, "index_options": index.options,
+        "label_names": list(getattr(gallery, "label_names", []) or []), "relevance_counts": summary,
+        "queries": [{key: v for key, v in r.items() if key != "image_ref"} for r in records],
+    }  # fmt: skip
+    (out / "results.json").write_text(json.dumps(result, indent=1))
+    if args.save_index:
+        index.save(out / "index")
+    print(f"{len(records)} queries, top {args.k}: {summary}; results.json, results.html, results_grid.png in {out}")
+    return result
+
+
+def run() -> None:
+    """The console script ``pml-suprank-search``: :func:`main` on the process's arguments."""
+    main()
+
+
+if __name__ == "__main__":
+    run()
