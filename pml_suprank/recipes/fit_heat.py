@@ -73,7 +73,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {"SSD+": ("Mahalanobis", {"nor
 #: Constructor arguments the recipe fills itself (the classifier head, the network).
 CONTEXT_ARGUMENTS = ("weight", "bias", "head", "model")
 #: Recipe defaults that differ from the class defaults: HEAT's evaluation code clips ReAct at the 95th percentile;
-#: ViM's principal dimension None means min(256, D // 2), as the feature dimension is only known after extraction.
+#: ViM's principal dimension None means min(256, D // 2, (N - 1) // 2), known only after extraction.
 RECIPE_DEFAULTS: dict[str, Any] = {"react_percentile": 95.0, "vim_dim": None}
 
 
@@ -222,15 +222,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     known, _ = pre.parse_known_args(argv)
     heat_settings: dict[str, Any] = {}
     if known.config:
-        import yaml
-
+        from pml_suprank._safe_yaml import load_yaml
         from pml_suprank.hub_config import hub_config_path
 
         try:
-            config_file = hub_config_path(known.config)
-        except FileNotFoundError as e:
+            cfg = load_yaml(hub_config_path(known.config)) or {}  # aliases / deep nesting / huge files refused
+        except (FileNotFoundError, ValueError) as e:
             p.error(f"--config: {e}")
-        cfg = yaml.safe_load(config_file.read_text()) or {}
+        if not isinstance(cfg, dict):
+            p.error(f"--config: {known.config} must hold a mapping of sections; got {type(cfg).__name__}")
         heat = dict(cfg.get("heat") or {})
         heat_settings = heat.pop("settings", None) or {}
         valid = {a.dest for a in p._actions}
@@ -274,7 +274,8 @@ def build_detector(method: str, args, model, n_train: int, dim: int):
     if name in ("KNN", "NNGuide"):
         kwargs["k"] = min(kwargs["k"], n_train)  # a small ID set: the k-th neighbour must exist
     if name == "ViM" and kwargs.get("dim") is None:
-        kwargs["dim"] = min(256, dim // 2)
+        # the principal subspace must leave residual variance: below the rank (n_train - 1) of a small ID set
+        kwargs["dim"] = max(1, min(256, dim // 2, (n_train - 1) // 2))
     return cls(**kwargs)
 
 
