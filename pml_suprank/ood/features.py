@@ -15,11 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["OODFeatures", "pool_feature_map", "extract_features"]
+__all__ = ["OODFeatures", "batch_images", "extract_features", "pool_feature_map"]
 
 
 @dataclass
@@ -69,7 +70,9 @@ def pool_feature_map(feature_map: Tensor) -> tuple[Tensor, Tensor]:
     return feature_map.mean(dim=dims), feature_map.std(dim=dims, unbiased=True)
 
 
-def _split_batch(batch) -> tuple[Tensor, Tensor | None]:
+def batch_images(batch: Any) -> tuple[Tensor, Tensor | None]:
+    """``(images, labels or None)`` of a batch: a dict (``"image"`` / ``"pixel_values"``, ``"labels"`` /
+    ``"label"``), an ``(images, labels)`` tuple or an image tensor; 2-D labels keep column 0 (finest level)."""
     if isinstance(batch, dict):
         images = batch.get("image", batch.get("pixel_values"))
         labels = batch.get("labels", batch.get("label"))
@@ -77,8 +80,9 @@ def _split_batch(batch) -> tuple[Tensor, Tensor | None]:
         images, labels = batch[0], (batch[1] if len(batch) > 1 else None)
     else:
         images, labels = batch, None
-    if not isinstance(images, Tensor):
-        raise TypeError(f"batches must hold an image tensor (dict key 'image' or first element); got {type(images)}")
+    if not isinstance(images, Tensor) or images.dim() != 4:
+        got = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
+        raise TypeError(f"batches must hold an image tensor (B, C, H, W) (dict 'image' or first element); got {got}")
     if isinstance(labels, Tensor) and labels.dim() == 2:
         labels = labels[:, 0]
     return images, labels if isinstance(labels, Tensor) else None
@@ -113,7 +117,7 @@ def extract_features(
         for i, batch in enumerate(batches):
             if max_batches is not None and i >= max_batches:
                 break
-            images, y = _split_batch(batch)
+            images, y = batch_images(batch)
             fmap = model.forward_features(images.to(device))
             _, sigma = pool_feature_map(fmap)
             z = model.forward_head(fmap, pre_logits=True)  # the classifier's input: logits = fc(z)

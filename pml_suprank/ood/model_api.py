@@ -23,9 +23,9 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from .features import OODFeatures, extract_features, pool_feature_map
+from .features import OODFeatures, batch_images, extract_features, pool_feature_map
 
-__all__ = ["ModelDetectorMixin", "extract_model_features", "batch_images"]
+__all__ = ["ModelDetectorMixin", "extract_model_features"]
 
 FeatureKind = Literal["pooled", "embedding"]
 
@@ -34,24 +34,6 @@ def _is_retrieval_model(model: Any) -> bool:
     from ..models import RetrievalModel
 
     return isinstance(model, RetrievalModel)
-
-
-def batch_images(batch: Any) -> tuple[Tensor, Tensor | None]:
-    """``(images, labels or None)`` of a batch: a dict (``"image"`` / ``"pixel_values"``, ``"labels"`` /
-    ``"label"``), an ``(images, labels)`` tuple or an image tensor; 2-D labels keep column 0 (finest level)."""
-    if isinstance(batch, dict):
-        images = batch.get("image", batch.get("pixel_values"))
-        labels = batch.get("labels", batch.get("label"))
-    elif isinstance(batch, (list, tuple)):
-        images, labels = batch[0], (batch[1] if len(batch) > 1 else None)
-    else:
-        images, labels = batch, None
-    if not isinstance(images, Tensor) or images.dim() != 4:
-        got = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
-        raise TypeError(f"batches must hold an image tensor (B, C, H, W) (dict 'image' or first element); got {got}")
-    if isinstance(labels, Tensor) and labels.dim() == 2:
-        labels = labels[:, 0]
-    return images, labels if isinstance(labels, Tensor) else None
 
 
 @torch.no_grad()
