@@ -134,7 +134,7 @@ def load_features(path: str | Path) -> SavedFeatures:
 
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist (write it with ood.save_features or recipes/fit_heat.py)")
+        raise FileNotFoundError(f"{path} does not exist (write it with ood.save_features or pml-suprank-fit-heat)")
     with safe_open(str(path), framework="pt") as f:
         header = f.metadata() or {}
         state = {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118 - safe_open has no __iter__

@@ -206,7 +206,7 @@ def _benchmark_errors(spec: BenchmarkSpec, data: Mapping[str, Any], require_root
     if data.get("test_split") is None and spec.test_split is None:
         errors.append(
             f"benchmark {spec.name} has no single test split (it is evaluated per query / gallery pair by "
-            f"recipes/evaluate.py --benchmark {spec.name}); set 'data.test_split' to one of {list(spec.splits)}"
+            f"pml-suprank-evaluate --benchmark {spec.name}); set 'data.test_split' to one of {list(spec.splits)}"
         )
     train_split = data.get("train_split") or spec.train_split
     if "label_columns" in data and train_split in spec.splits:
@@ -239,7 +239,7 @@ def resolved_split(config: Mapping[str, Any], part: str) -> str:
     split = spec.train_split if part == "train" else spec.test_split
     if split is None:
         raise ValueError(
-            f"benchmark {spec.name} has no single test split (evaluate it with recipes/evaluate.py --benchmark "
+            f"benchmark {spec.name} has no single test split (evaluate it with pml-suprank-evaluate --benchmark "
             f"{spec.name}); set data.test_split (--test_split) to one of {list(spec.splits)}"
         )
     return split
