@@ -13,14 +13,14 @@ unbiased std of the raw map over its positions (all tokens for ViTs).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["OODFeatures", "batch_images", "extract_features", "pool_feature_map"]
+__all__ = ["OODFeatures", "batch_images", "collect_features", "extract_features", "pool_feature_map"]
 
 
 @dataclass
@@ -110,6 +110,25 @@ def extract_features(
     if device is None:
         first = next(model.parameters(), None)
         device = first.device if first is not None else torch.device("cpu")
+    def timm_parts(images: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        fmap = model.forward_features(images)
+        z = model.forward_head(fmap, pre_logits=True)  # the classifier's input: logits = fc(z)
+        return z, pool_feature_map(fmap)[1], model.forward_head(fmap)
+
+    return collect_features(model, batches, device, max_batches, timm_parts)
+
+
+@torch.no_grad()
+def collect_features(
+    model: nn.Module,
+    batches: Iterable,
+    device: torch.device | str,
+    max_batches: int | None,
+    parts: Callable[[Tensor], tuple[Tensor, Tensor | None, Tensor | None]],
+) -> OODFeatures:
+    """The loop shared by the feature extractors: ``parts(images) -> (z (B, D), σ (B, D) or None, logits (B, C) or
+    None)`` on every batch (:func:`batch_images`) with ``model`` in eval mode (restored afterwards), gathered as
+    float32 CPU tensors; σ / logits / labels are ``None`` in the result when a batch has none."""
     was_training = model.training
     model.eval()
     zs, sigmas, logits, labels = [], [], [], []
@@ -118,21 +137,20 @@ def extract_features(
             if max_batches is not None and i >= max_batches:
                 break
             images, y = batch_images(batch)
-            fmap = model.forward_features(images.to(device))
-            _, sigma = pool_feature_map(fmap)
-            z = model.forward_head(fmap, pre_logits=True)  # the classifier's input: logits = fc(z)
+            z, sigma, logit = parts(images.to(device))
             zs.append(z.float().cpu())
-            sigmas.append(sigma.float().cpu())
-            logits.append(model.forward_head(fmap).float().cpu())
+            sigmas.append(None if sigma is None else sigma.float().cpu())
+            logits.append(None if logit is None else logit.float().cpu())
             if y is not None:
                 labels.append(y.cpu())
     finally:
         model.train(was_training)
     if not zs:
         raise ValueError("batches yielded no data")
+    cat = lambda parts: None if any(p is None for p in parts) else torch.cat(parts)  # noqa: E731
     return OODFeatures(
         features=torch.cat(zs),
-        std_features=torch.cat(sigmas),
-        logits=torch.cat(logits),
+        std_features=cat(sigmas),
+        logits=cat(logits),
         labels=torch.cat(labels) if len(labels) == len(zs) else None,
     )

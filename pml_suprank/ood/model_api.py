@@ -23,7 +23,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from .features import OODFeatures, batch_images, extract_features, pool_feature_map
+from .features import OODFeatures, batch_images, collect_features, extract_features, pool_feature_map
 
 __all__ = ["ModelDetectorMixin", "extract_model_features"]
 
@@ -36,32 +36,18 @@ def _is_retrieval_model(model: Any) -> bool:
     return isinstance(model, RetrievalModel)
 
 
-@torch.no_grad()
 def _retrieval_features(model, batches: Iterable, device, max_batches: int | None, features: FeatureKind):
-    zs, sigmas, logits, labels = [], [], [], []
-    was_training = model.training
-    model.eval()
-    try:
-        for i, batch in enumerate(batches):
-            if max_batches is not None and i >= max_batches:
-                break
-            images, y = batch_images(batch)
-            fmap = model.forward_features(images.to(device))
-            pooled = model.pool(fmap)
-            try:
-                sigmas.append(pool_feature_map(fmap)[1].float().cpu())
-            except ValueError:  # a single spatial position: no std-pooled features
-                sigmas.append(None)
-            zs.append((pooled if features == "pooled" else model.embed_pooled(pooled)).float().cpu())
-            logits.append(None if model.classifier is None else model.classifier(pooled).float().cpu())
-            if y is not None:
-                labels.append(y.cpu())
-    finally:
-        model.train(was_training)
-    if not zs:
-        raise ValueError("batches yielded no data")
-    cat = lambda parts: None if any(p is None for p in parts) else torch.cat(parts)  # noqa: E731
-    return OODFeatures(torch.cat(zs), cat(sigmas), cat(logits), torch.cat(labels) if len(labels) == len(zs) else None)
+    def retrieval_parts(images: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        fmap = model.forward_features(images)
+        pooled = model.pool(fmap)
+        try:
+            sigma = pool_feature_map(fmap)[1]
+        except ValueError:  # a single spatial position: no std-pooled features
+            sigma = None
+        z = pooled if features == "pooled" else model.embed_pooled(pooled)
+        return z, sigma, None if model.classifier is None else model.classifier(pooled)
+
+    return collect_features(model, batches, device, max_batches, retrieval_parts)
 
 
 def extract_model_features(
