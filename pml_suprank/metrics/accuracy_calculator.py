@@ -64,13 +64,22 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
             ``(num_fine, L)`` table, None = flat), evaluated by ``RetrievalEvaluator(multilabel=True)``. Only the
             registry's multi-label groups are computed (default: every one PML does not define itself; PML's own
             metrics, defined for one label per item, raise ``ValueError`` when named in ``include``).
-        **kwargs: forwarded to PML's ``AccuracyCalculator`` (``k``, ``avg_of_avgs``, ``knn_func``, ``device``, ...).
+        avg_of_avgs, return_per_class, k, label_comparison_fn, device, knn_func, kmeans_func: PML's arguments, in
+            PML's positional order and with PML's meaning.
+        **kwargs: forwarded to PML's ``AccuracyCalculator`` (arguments of later PML releases).
     """
 
     def __init__(
         self,
         include: Sequence[str] = (),
         exclude: Sequence[str] = (),
+        avg_of_avgs: bool = False,
+        return_per_class: bool = False,
+        k: Any = None,
+        label_comparison_fn: Any = None,
+        device: Any = None,
+        knn_func: Any = None,
+        kmeans_func: Any = None,
         *,
         k_values: Sequence[int] = (1, 10, 100),
         alpha: float = 1.0,
@@ -86,9 +95,12 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
         self._cache: dict[str, Any] = {}
         self._num_levels = 1
         self._include = tuple(include)
-        if "device" in kwargs:
-            kwargs["device"] = check_device("device", kwargs["device"])
-        super().__init__(include=include, exclude=exclude, **kwargs)
+        if device is not None:
+            device = check_device("device", device)
+        super().__init__(
+            include, exclude, avg_of_avgs, return_per_class, k, label_comparison_fn, device, knn_func, kmeans_func,
+            **kwargs,
+        )  # fmt: skip
         self.hierarchy = as_hierarchy(hierarchy)
         self._evaluator_kwargs = dict(
             k_values=tuple(k_values), alpha=alpha, chunk_size=chunk_size, level_weights=level_weights
@@ -167,6 +179,26 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
             self._num_levels = ql.shape[1]
             self._collect(ours, named, result)
         return result
+
+    def _get_accuracy(self, function_dict: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        """PML's ``_get_accuracy``: every function of ``function_dict`` called with ``kwargs``.
+
+        PML's own tests and some user code call it with the kNN results only (``knn_labels``, ``query_labels``,
+        ``label_counts``, ...) and no embeddings. The added metrics rank the whole gallery and need the embeddings
+        (``query``, ``reference``), so on that path they are skipped with one ``UserWarning`` naming them and PML's
+        metrics are computed as PML computes them.
+        """
+        if "query" in kwargs and "reference" in kwargs:
+            return super()._get_accuracy(function_dict, **kwargs)
+        skipped = [name for name in function_dict if name in _ADDED]
+        if skipped:
+            warnings.warn(
+                f"{type(self).__name__}: {', '.join(skipped)} need the embeddings (query= and reference=) and are "
+                "skipped on the kNN-only path; call get_accuracy(query, query_labels, ...) to compute them",
+                UserWarning,
+                stacklevel=2,
+            )
+        return super()._get_accuracy({k: v for k, v in function_dict.items() if k not in _ADDED}, **kwargs)
 
     def _custom_comparison_accuracy(
         self,

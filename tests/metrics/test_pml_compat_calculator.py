@@ -156,3 +156,40 @@ def test_pml_testers_run_end_to_end_with_our_calculator(tester_cls):
         assert results["ours"][key] == pytest.approx(results["pml"][key]), key
     assert 0.0 <= results["ours"]["ap_level0"] <= 1.0
     assert 0.0 <= results["ours"]["h_ap_level0"] <= 1.0
+
+
+def _knn_only_kwargs():
+    """PML's kNN-only inputs: six queries, their five nearest labels and the label counts of the reference set."""
+    return {
+        "query_labels": torch.tensor([1, 1, 2, 3, 4, 0]),
+        "knn_labels": torch.tensor(
+            [[0, 1, 1, 2, 2], [1, 0, 1, 1, 3], [4, 4, 4, 4, 2], [3, 1, 3, 1, 3], [0, 0, 4, 2, 2], [1, 2, 3, 4, 5]]
+        ),
+        "label_counts": ([0, 1, 2, 3, 4], [2, 3, 5, 4, 5]),
+        "not_lone_query_mask": torch.ones(6, dtype=torch.bool),
+        "ref_includes_query": False,
+    }
+
+
+def test_knn_only_get_accuracy_gives_pmls_values_and_warns_once_for_ours():
+    ours = HierarchicalAccuracyCalculator(exclude=("NMI", "AMI"))
+    theirs = AccuracyCalculator(exclude=("NMI", "AMI"))
+    with pytest.warns(UserWarning, match="need the embeddings") as record:
+        got = ours._get_accuracy(ours.get_function_dict(), **_knn_only_kwargs())
+    assert len([w for w in record if "need the embeddings" in str(w.message)]) == 1
+    want = theirs._get_accuracy(theirs.get_function_dict(), **_knn_only_kwargs())
+    assert set(got) == set(want)
+    for key, value in want.items():
+        assert got[key] == pytest.approx(value), key
+    # precision@1 by hand: the nearest label equals the query label for queries 1 and 3 of six
+    assert got["precision_at_1"] == pytest.approx(
+        sum(int(a == b) for a, b in zip([0, 1, 4, 3, 0, 1], [1, 1, 2, 3, 4, 0])) / 6
+    )
+
+
+def test_pmls_positional_arguments_keep_pmls_meaning():
+    ours = HierarchicalAccuracyCalculator(("precision_at_1",), (), True, False, 5)
+    theirs = AccuracyCalculator(("precision_at_1",), (), True, False, 5)
+    assert (ours.avg_of_avgs, ours.return_per_class, ours.k) == (theirs.avg_of_avgs, theirs.return_per_class, 5)
+    with pytest.raises(ValueError):  # PML's own refusal of avg_of_avgs together with return_per_class
+        HierarchicalAccuracyCalculator((), (), True, True)
