@@ -101,7 +101,7 @@ class ShardedBatchSampler(Sampler[list[int]]):
             "seed": self.seed,
             "num_replicas": self.num_replicas,
             "batch_size": self.batch_size,
-            "num_batches": len(self),
+            "num_batches": self._num_global_batches(),
         }
 
     # -- epoch plan ----------------------------------------------------------------------------------------------
@@ -169,8 +169,11 @@ class ShardedBatchSampler(Sampler[list[int]]):
                 + ", ".join(f"{k}={a!r} vs {b!r}" for k, (a, b) in diff.items())
             )
         position = check_positive_int("state_dict['position']", state_dict["position"], minimum=0)
-        if position > len(self):
-            raise ValueError(f"state_dict['position'] must be <= len(sampler) = {len(self)}; got {position}")
+        if position > self._num_global_batches():
+            raise ValueError(
+                f"state_dict['position'] must be <= the number of batches = {self._num_global_batches()}; "
+                f"got {position}"
+            )
         self.epoch = check_positive_int("state_dict['epoch']", state_dict["epoch"], minimum=0)
         self._position = position
         self._resume_from = position

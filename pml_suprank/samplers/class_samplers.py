@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterator
 from typing import Any, get_args
 
 import numpy as np
@@ -55,20 +56,23 @@ class MPerClassSampler(ShardedBatchSampler):
     (``drop_last=True``). A class holding more than ``1/num_batches`` of all groups contributes at most one group per
     batch (its extra images are subsampled). The number of batches per epoch depends only on the class sizes.
 
-    **Differs from PML's** ``samplers.MPerClassSampler`` **in one line: this is a batch sampler.** Pass it as
-    ``DataLoader(dataset, batch_sampler=sampler)`` (no ``batch_size``, no ``shuffle``), not ``sampler=``: PML's yields
-    single indices for ``DataLoader(sampler=..., batch_size=B)``, this one yields whole batches (a list per step).
-    PML's arguments keep PML's meaning: ``MPerClassSampler(labels, m, batch_size, length_before_new_iter)`` gives
+    **Two modes.** With ``batch_size`` it is a *batch sampler*: pass it as ``DataLoader(dataset,
+    batch_sampler=sampler)`` (no ``batch_size``, no ``shuffle``); it yields whole batches (a list per step). With
+    ``batch_size=None`` (PML's default) it is PML's index stream for ``DataLoader(dataset, sampler=sampler,
+    batch_size=B)``: every pass visits each class once in random order with ``m`` consecutive indices, ``len`` is
+    ``m * C * (length_before_new_iter // (m * C))`` indices as PML's (``C`` classes), so a ``B`` that is a multiple of
+    ``m`` and divides ``m * C`` gives batches of ``B / m`` classes × ``m`` images. PML's arguments keep PML's meaning:
+    ``MPerClassSampler(labels, m, batch_size, length_before_new_iter)`` gives
     ``length_before_new_iter // batch_size`` batches per epoch of ``batch_size / m`` classes × ``m`` images, as PML's
     gives that many batches of that structure to a ``DataLoader(batch_size=batch_size)``. Without
-    ``length_before_new_iter`` (PML's default is 100000 indices) an epoch is one pass over the dataset (above).
-    ``batch_size=None`` (PML: the loader cuts the stream) is refused: pass the loader's batch size. What this one
-    adds is keyword-only. See ``docs/samplers-memory.md`` (PML compatibility).
+    ``length_before_new_iter`` a batch-sampler epoch is one pass over the dataset (above); the index stream takes
+    PML's default of 100000 indices. What this one adds is keyword-only. See
+    ``docs/samplers-memory.md`` (PML compatibility).
 
     Args:
         labels: Class labels ``(N,)`` (tensor, array or list of ints). 2-D labels ``(N, L)`` use column 0.
         m: Images per class in a batch.
-        batch_size: Indices per batch *per process*; a multiple of ``m``.
+        batch_size: Indices per batch *per process*; a multiple of ``m``. None: the index stream for ``sampler=``.
         length_before_new_iter: PML's epoch length in indices: ``length_before_new_iter // batch_size`` batches per
             epoch (per process), drawn as consecutive passes of the plan above; ``None`` (default): one pass.
         seed: Seed of the per-epoch ``np.random.default_rng((seed, epoch))``.
@@ -106,29 +110,43 @@ class MPerClassSampler(ShardedBatchSampler):
         small_classes: SmallClassPolicy = "replace",
         drop_last: bool = False,
     ) -> None:
-        if batch_size is None:
-            raise ValueError(
-                "batch_size=None: pml_suprank.samplers.MPerClassSampler is a batch sampler and needs the batch size "
-                "(PML's MPerClassSampler with batch_size=None yields single indices that DataLoader(batch_size=...) "
-                "cuts into batches); pass batch_size=<the batch size> and use DataLoader(batch_sampler=sampler)"
-            )
-        super().__init__(batch_size, seed, num_replicas, rank)
-        if length_before_new_iter is not None:
-            length_before_new_iter = check_positive_int("length_before_new_iter", length_before_new_iter)
-            if length_before_new_iter < self.batch_size:
-                raise ValueError(
-                    f"length_before_new_iter (indices per epoch, as PML) must be >= batch_size = {self.batch_size}; "
-                    f"got {length_before_new_iter}"
-                )
-        self.length_before_new_iter = length_before_new_iter
-        self.m = check_group_size(m, self.batch_size, 1)
-        self.small_classes = check_choice("small_classes", small_classes, get_args(SmallClassPolicy))
-        self.pad = not bool(drop_last)
         arr = as_int_array(labels)
         if arr.ndim == 2:
             arr = arr[:, 0]
         if arr.ndim != 1 or arr.size == 0:
             raise ValueError(f"labels must have shape (N,) or (N, L) with N >= 1; got shape {np.shape(labels)}")
+        self.index_stream = batch_size is None
+        if self.index_stream:  # PML's sampler= mode: one pass = every class once, m indices each
+            if num_replicas not in (None, 1):
+                raise ValueError(
+                    f"num_replicas must be 1 with batch_size=None (an index stream; the DataLoader or Accelerate "
+                    f"shards its batches); got num_replicas={num_replicas}"
+                )
+            num_replicas, rank = 1, 0
+            check_positive_int("m", m)
+            classes, counts = np.unique(arr, return_counts=True)
+            usable = int((counts >= m).sum()) if small_classes == "skip" else len(classes)
+            batch_size = max(int(m), 1) * max(usable, 1)
+            if length_before_new_iter is None:
+                length_before_new_iter = 100_000  # PML's default
+        super().__init__(batch_size, seed, num_replicas, rank)
+        if length_before_new_iter is not None:
+            length_before_new_iter = check_positive_int("length_before_new_iter", length_before_new_iter)
+            if length_before_new_iter < self.batch_size:
+                raise ValueError(
+                    (
+                        f"length_before_new_iter (indices per epoch, as PML) must be >= m * number of classes = "
+                        f"{self.batch_size} with batch_size=None (one pass over the classes)"
+                        if self.index_stream
+                        else f"length_before_new_iter (indices per epoch, as PML) must be >= batch_size = "
+                        f"{self.batch_size}"
+                    )
+                    + f"; got {length_before_new_iter}"
+                )
+        self.length_before_new_iter = length_before_new_iter
+        self.m = check_group_size(m, self.batch_size, 1)
+        self.small_classes = check_choice("small_classes", small_classes, get_args(SmallClassPolicy))
+        self.pad = not bool(drop_last)
         self.num_samples = arr.size
         classes, inverse, counts = np.unique(arr, return_inverse=True, return_counts=True)
         order = np.argsort(inverse, kind="stable")
@@ -177,6 +195,19 @@ class MPerClassSampler(ShardedBatchSampler):
     def _fingerprint(self) -> dict[str, Any]:
         return {**super()._fingerprint(), "m": self.m, "length_before_new_iter": self.length_before_new_iter}
 
+    def __len__(self) -> int:
+        """Batches per epoch; with ``batch_size=None`` indices per epoch (PML's ``len``)."""
+        n = self._num_global_batches()
+        return n * self.batch_size if self.index_stream else n
+
+    def __iter__(self) -> Iterator[Any]:
+        """Batches (lists of indices); with ``batch_size=None`` single indices, ``m`` consecutive ones per class."""
+        if not self.index_stream:
+            yield from super().__iter__()
+            return
+        for batch in super().__iter__():
+            yield from batch
+
     def _class_groups(self, rng: np.random.Generator, c: int, k: int) -> np.ndarray:
         """``k`` groups of ``m`` images of class ``c``; no image repeated inside a group when ``n_c >= m``."""
         m, pool = self.m, self._members[c]
@@ -192,9 +223,9 @@ class MPerClassSampler(ShardedBatchSampler):
 
     def _global_plan(self, rng: np.random.Generator) -> list[list[np.ndarray]]:
         plan = self._one_pass(rng)
-        while len(plan) < len(self):  # length_before_new_iter: consecutive passes, the last one cut
+        while len(plan) < self._num_global_batches():  # length_before_new_iter: consecutive passes, the last one cut
             plan.extend(self._one_pass(rng))
-        return plan[: len(self)]
+        return plan[: self._num_global_batches()]
 
     def _one_pass(self, rng: np.random.Generator) -> list[list[np.ndarray]]:
         G, nb, m = self.groups_per_batch, self._pass_batches(), self.m

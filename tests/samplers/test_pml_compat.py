@@ -116,10 +116,12 @@ def test_m_per_class_documented_differences():
     # default epoch: PML 100000 indices, ours one pass over the dataset
     assert len(pml_samplers.MPerClassSampler(labels, 4, 16)) == 100000 - 100000 % 16
     assert len(samplers.MPerClassSampler(labels, 4, 16)) == len(samplers.MPerClassSampler(labels, 4, 16, seed=9)) < 20
-    # batch_size=None: PML cuts its stream in the loader; ours needs the batch size and says so
-    assert len(pml_samplers.MPerClassSampler(labels, 4)) > 0
-    with pytest.raises(ValueError, match=r"batch_size=None: .* batch sampler .* DataLoader\(batch_sampler=sampler\)"):
-        samplers.MPerClassSampler(labels, 4)
+    # batch_size=None: both are index streams of PML's length
+    assert (
+        len(samplers.MPerClassSampler(labels, 4))
+        == len(pml_samplers.MPerClassSampler(labels, 4))
+        == 100000 - 100000 % 40
+    )
     # sizes PML asserts on are ValueErrors naming the argument
     with pytest.raises(AssertionError):
         pml_samplers.MPerClassSampler(labels, 4, 16, 8)
@@ -217,3 +219,32 @@ def test_hierarchical_labels_must_form_a_tree():
         samplers.HierarchicalSampler(labels, 8, 2)
     with pytest.raises(ValueError, match="not a tree"):
         samplers.HierarchicalSampler(labels, 8, "all")
+
+
+@pytest.mark.parametrize("length_before_new_iter", [None, 9999, 40])
+def test_m_per_class_without_batch_size_is_pmls_index_stream(length_before_new_iter):
+    """PML's usage: ``MPerClassSampler(labels, m, length_before_new_iter=...)`` as ``DataLoader(sampler=...)``."""
+    labels = torch.as_tensor(_flat_labels(num_classes=10, per_class=7))
+    kwargs = {} if length_before_new_iter is None else {"length_before_new_iter": length_before_new_iter}
+    ours, theirs = samplers.MPerClassSampler(labels, 4, **kwargs), pml_samplers.MPerClassSampler(labels, 4, **kwargs)
+    assert len(ours) == len(theirs) == 40 * ((length_before_new_iter or 100000) // 40)
+    stream = list(ours)
+    assert len(stream) == len(ours) and all(isinstance(i, int) for i in stream)
+    groups = np.asarray(stream).reshape(-1, 4)
+    assert all(len(set(labels[g].tolist())) == 1 for g in groups)  # m consecutive indices of one class
+    for one_pass in groups.reshape(-1, 10, 4):  # every pass visits each class once
+        assert sorted(labels[one_pass[:, 0]].tolist()) == list(range(10))
+    loader = DataLoader(TensorDataset(torch.arange(len(labels)), labels), sampler=ours, batch_size=20)
+    for _, batch_labels in loader:
+        assert sorted(Counter(batch_labels.tolist()).values()) == [4] * 5  # 5 classes x 4 images, as PML's
+    assert list(ours) == stream  # same epoch, same stream
+    ours.set_epoch(1)
+    assert list(ours) != stream
+
+
+def test_m_per_class_index_stream_refuses_what_it_cannot_do():
+    labels = _flat_labels(num_classes=10, per_class=7)
+    with pytest.raises(ValueError, match=r"length_before_new_iter .* >= m \* number of classes = 40 .* got 39"):
+        samplers.MPerClassSampler(labels, 4, length_before_new_iter=39)
+    with pytest.raises(ValueError, match="num_replicas must be 1 with batch_size=None"):
+        samplers.MPerClassSampler(labels, 4, num_replicas=2, rank=0)
