@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..losses.registry import SUPRANK_PAPER, loss_entry
-from ..metrics.report import headline_keys, metric_label
+from ..metrics.report import headline_keys, metric_label, same_as
 from .serialization import DETECTOR_TASK, LIBRARY_NAME, check_metrics
 
 __all__ = ["REPO_URL", "CardInputs", "generate_model_card"]
@@ -105,12 +105,26 @@ class CardInputs:
         return datasets
 
     def title(self, default: str) -> str:
-        return self.repo_id or str(self.hub.get("name") or self.hub_config.get("name") or self.folder or default)
+        """The repo id, else the hub_config's name, else ``default`` (never the folder's name: "final" says
+        nothing)."""
+        return self.repo_id or str(self.hub.get("name") or self.hub_config.get("name") or default)
 
     def yaml(
-        self, tags: Sequence[Any], metrics: Sequence[str], pipeline_tag: str | None, last_tags: Sequence[Any] = ()
+        self,
+        tags: Sequence[Any],
+        metrics: Sequence[str],
+        pipeline_tag: str | None,
+        last_tags: Sequence[Any] = (),
+        *,
+        model_name: str | None = None,
+        base_model: str | None = None,
+        task_type: str | None = None,
     ) -> str:
-        """The card's YAML metadata; tags are ``tags``, then ``hub.tags``, then ``last_tags`` (duplicates dropped)."""
+        """The card's YAML metadata; tags are ``tags``, then ``hub.tags``, then ``last_tags`` (duplicates dropped).
+
+        With ``model_name`` and ``task_type``, the measured ``metrics`` (percent) also go into ``model-index`` (the
+        Hub's evaluation results), on the test split of the card's dataset.
+        """
         from huggingface_hub import ModelCardData
 
         all_tags: list[str] = []
@@ -119,14 +133,37 @@ class CardInputs:
                 all_tags.append(str(t))
         card_data = ModelCardData(
             library_name=LIBRARY_NAME,
-            license=self.hub.get("license"),
+            license=self.hub.get("license") or "mit",
             tags=all_tags,
             datasets=self.datasets or None,
             metrics=list(metrics) or None,
             pipeline_tag=pipeline_tag,
-            model_name=self.repo_id,
+            base_model=base_model,
+            model_name=model_name or self.repo_id,
+            eval_results=self.eval_results(metrics, task_type) if model_name and task_type else None,
         )
         return card_data.to_yaml()
+
+    def eval_results(self, keys: Sequence[str], task_type: str) -> list[Any] | None:
+        """``huggingface_hub.EvalResult`` of each measured metric in ``keys`` (percent), or None when none is."""
+        from huggingface_hub import EvalResult
+
+        source = str(self.source or "custom")
+        dataset = self.datasets[0] if self.datasets else source
+        results = [
+            EvalResult(
+                task_type=task_type,
+                dataset_type=dataset,
+                dataset_name=source,
+                dataset_split="test",
+                metric_type=k,
+                metric_name=metric_label(k, self.training.get("label_names")),
+                metric_value=round(100.0 * float(self.metrics[k]), 2),
+            )
+            for k in keys
+            if k in self.metrics and math.isfinite(float(self.metrics[k]))
+        ]
+        return results or None
 
     def plot_lines(self) -> list[str]:
         lines: list[str] = []
@@ -188,8 +225,83 @@ def _split_metrics(metrics: Mapping[str, float], paper_results: Mapping[str, Any
     counts = {k: v for k, v in metrics.items() if k.startswith("num_")}
     rates = {k: v for k, v in metrics.items() if k not in counts}
     main_keys = headline_keys(rates, paper_results)
-    other_keys = [k for k in rates if k not in main_keys]
+    other_keys = [k for k in rates if k not in main_keys and not _shown_as_another(rates, k)]
     return counts, rates, main_keys, other_keys
+
+
+def _shown_as_another(rates: Mapping[str, float], key: str) -> bool:
+    """``key`` holds, by definition, the number of a key that is also in ``rates`` (``ap_level0`` = ``ap``,
+    ``precision_at_1`` = ``recall_at_1``, ...): each number is listed once."""
+    kept = same_as(key)
+    return kept is not None and kept in rates and math.isclose(float(rates[key]), float(rates[kept]), rel_tol=1e-9)
+
+
+def _base_model(config: Mapping[str, Any]) -> str | None:
+    """The Hub repo of the pretrained backbone weights the model started from (``timm/<name>.<tag>``), or None for
+    a backbone trained from scratch or one timm does not know."""
+    args = dict(config.get("model_args") or {})
+    backbone = str(args.get("backbone") or "")
+    if backbone.startswith("hf-hub:"):
+        return backbone[len("hf-hub:") :] or None
+    if not args.get("pretrained") or not backbone:
+        return None
+    try:
+        import timm
+
+        cfg = timm.models.get_pretrained_cfg(backbone)
+    except Exception:  # an unknown name or an old timm: no base model to name
+        return None
+    hub_id = getattr(cfg, "hf_hub_id", None) if cfg is not None else None
+    return str(hub_id) if hub_id else None
+
+
+def _hyper_parameters(training: Mapping[str, Any]) -> list[str]:
+    """The loss, its options and the optimisation settings of the run, as a two-column table."""
+    tc = dict(training.get("training_config") or {})
+    rows: list[tuple[str, Any]] = []
+    if training.get("loss"):
+        rows.append(("loss", f"`{training['loss']}`"))
+    for k, v in sorted(dict(training.get("loss_kwargs") or {}).items()):
+        if v is not None:
+            rows.append((f"loss: {k}", f"`{json.dumps(v)}`"))
+    for k in (
+        "optimizer", "lr_backbone", "lr_head", "weight_decay", "scheduler", "warmup_epochs", "batch_size",
+        "virtual_batch_size", "sampler", "samples_per_class", "epochs", "max_train_steps", "memory_size", "seed",
+    ):  # fmt: skip
+        if tc.get(k) is not None:
+            rows.append((k, f"`{json.dumps(tc[k])}`"))
+    if not rows:
+        return []
+    return [
+        "## Training hyper-parameters",
+        "",
+        "| setting | value |",
+        "|---|---|",
+        *(f"| {k} | {v} |" for k, v in rows),
+        "",
+    ]
+
+
+def _use_and_limits(training: Mapping[str, Any], source: Any, base_model: str | None) -> list[str]:
+    tc = dict(training.get("training_config") or {})
+    steps = tc.get("max_train_steps")
+    where = f"`{source}`" if source else "its training data"
+    lines = [
+        "## Intended use and limitations",
+        "",
+        f"- **Use:** embed images of the domain of {where} and rank a gallery by cosine similarity (nearest-neighbour"
+        " search, e.g. `pml_suprank.search.RetrievalIndex`); with a label hierarchy, nearer items share finer labels.",
+        "- Compare embeddings of this model only with embeddings of the same model and preprocessing.",
+        "- The results above are measured on the held-out test split of the training data; quality on other image"
+        " domains is not measured. Not for decisions about people (identification, surveillance).",
+    ]
+    if base_model:
+        lines.append(f"- Fine-tuned from [`{base_model}`](https://huggingface.co/{base_model}): its license applies too.")
+    if isinstance(steps, int) and steps < 200:
+        lines.append(
+            f"- **Trained for {steps} optimizer steps only**: a demonstration or smoke test, not a usable model."
+        )
+    return [*lines, ""]
 
 
 def _retrieval_results(inputs: CardInputs, title: str) -> list[str]:
@@ -227,12 +339,24 @@ def _retrieval_card(inputs: CardInputs) -> str:
     title, url = _paper(loss)
     if hub.get("paper"):
         title, url = str(hub["paper"]), str(hub.get("paper_url") or url)
+    backbone = (inputs.config.get("model_args") or {}).get("backbone")
+    name = inputs.title(
+        " ".join(str(x) for x in (loss, "retrieval model", f"({backbone}" + (f", {source})" if source else ")")) if x)
+    )
     lines = [
         "---",
-        inputs.yaml(tags, main_keys, "image-feature-extraction", last_tags=[loss]),
+        inputs.yaml(
+            tags,
+            main_keys,
+            "image-feature-extraction",
+            last_tags=[loss],
+            model_name=name,
+            base_model=_base_model(inputs.config),
+            task_type="image-feature-extraction",
+        ),  # fmt: skip
         "---",
         "",
-        f"# {inputs.title('pml-suprank retrieval model')}",
+        f"# {name}",
         "",
         f"An image-retrieval embedding model trained with [pml-suprank]({REPO_URL})"
         + (f" using `{loss}`" if loss else "")
@@ -241,18 +365,24 @@ def _retrieval_card(inputs: CardInputs) -> str:
         "",
         *_retrieval_overview(inputs.config, training),
         *_retrieval_results(inputs, title),
+        *_hyper_parameters(training),
+        *_use_and_limits(training, source, _base_model(inputs.config)),
         *inputs.plot_lines(),
         "## Usage",
         "",
         "```python",
+        "import torch",
+        "from PIL import Image",
         "from pml_suprank.models import RetrievalModel",
         "from pml_suprank.data import build_transforms",
         "",
-        f'model = RetrievalModel.from_pretrained("{inputs.load_target}")'
+        f'model = RetrievalModel.from_pretrained("{inputs.load_target}").eval()'
         + (inputs.load_comment + ";" if inputs.load_comment else "  #")
         + " never downloads backbone weights",
         "transform = build_transforms(model.data_config, train=False)",
-        "embeddings = model(transform(pil_image)[None])  # (1, D), L2-normalised",
+        'image = Image.open("query.jpg").convert("RGB")  # any image file',
+        "with torch.no_grad():",
+        "    embedding = model(transform(image)[None])  # (1, D), L2-normalised",
         "```",
         "",
         "## Citation",

@@ -83,7 +83,8 @@ def headline_keys(metrics: Mapping[str, float], paper_results: Mapping[str, floa
 # keys of the same number by definition (alias -> the key kept in printed tables): the level-0 key of a per-level
 # metric is its fine metric (level 0 = the finest label column), and a hit in the top 1 is the precision at 1
 _LEVEL0 = re.compile(r"^(?P<base>.+)_level0$")
-_SAME_EXACT = {"precision_at_1": "recall_at_1"}
+# at k = 1 a hit is a precision of 1, a true recall of 1 (min(#positives, 1) = 1) and an mAP@1 of 1
+_SAME_EXACT = {"precision_at_1": "recall_at_1", "true_recall_at_1": "recall_at_1", "map_at_1": "recall_at_1"}
 # every key pattern as a regular expression, exact keys before the ``{k}``/``{h}`` patterns
 _PATTERNS = tuple(
     (re.compile("^" + re.escape(s.key).replace(r"\{k\}", r"\d+").replace(r"\{h\}", r"\d+") + "$"), s)
@@ -102,8 +103,8 @@ def same_as(key: str) -> str | None:
     """The key that holds the same number as ``key`` by definition and is printed instead of it, or None.
 
     ``"ap_level0"`` → ``"ap"``, ``"map_at_r_level0"`` → ``"map_at_r"``, ``"recall_at_5_level0"`` →
-    ``"recall_at_5"`` (level 0 is the finest label column) and ``"precision_at_1"`` → ``"recall_at_1"`` (one item:
-    a hit is a precision of 1).
+    ``"recall_at_5"`` (level 0 is the finest label column) and ``"precision_at_1"``, ``"true_recall_at_1"``,
+    ``"map_at_1"`` → ``"recall_at_1"`` (one item: a hit is a precision, a true recall and an mAP@1 of 1).
     """
     if key in _SAME_EXACT:
         return _SAME_EXACT[key]
