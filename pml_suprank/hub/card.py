@@ -296,7 +296,7 @@ def _use_and_limits(training: Mapping[str, Any], source: Any, base_model: str | 
         " domains is not measured. Not for decisions about people (identification, surveillance).",
     ]
     if base_model:
-        lines.append(f"- Fine-tuned from [`{base_model}`](https://huggingface.co/{base_model}): its license applies too.")
+        lines.append(f"- Fine-tuned from [`{base_model}`](https://huggingface.co/{base_model}): its license applies.")
     if isinstance(steps, int) and steps < 200:
         lines.append(
             f"- **Trained for {steps} optimizer steps only**: a demonstration or smoke test, not a usable model."
