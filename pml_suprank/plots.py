@@ -8,6 +8,8 @@
   evaluation of HAPPIER (Ramzi et al., ECCV 2022, Sec. 4);
 * :func:`plot_embedding_map` — a 2-D map of the class-mean embeddings coloured by coarse class (HAPPIER Fig. 6 uses
   t-SNE; scikit-learn's t-SNE is used when installed, else a PCA projection);
+* :func:`plot_training_curves` — the training loss, learning rates and test metrics over optimizer steps, from
+  the run's ``history.json`` (metric names as in the model card);
 * :func:`plot_retrieval_grid` — queries and their top-k results, with borders marking same fine class (green), same
   coarse class only (orange) and negatives (red).
 
@@ -16,7 +18,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +27,11 @@ import torch
 from torch import Tensor
 
 from ._validation import check_embeddings, check_labels
+from .metrics.report import headline_keys, metric_label
 
 __all__ = [
     "plot_all",
+    "plot_training_curves",
     "plot_embedding_map",
     "plot_hierarchical_precision_recall",
     "plot_precision_recall",
@@ -99,6 +103,15 @@ def precision_recall_curve(
     Returns:
         ``(recall (num_points,), precision (num_points,))`` as numpy arrays.
     """
+    grid, precision, _ = _pr_curve_and_ap(embeddings, labels, level, num_points, max_queries, seed, chunk_size)
+    return grid, precision
+
+
+def _pr_curve_and_ap(
+    embeddings: Tensor, labels: Tensor, level: int, num_points: int, max_queries: int | None, seed: int, chunk_size: int
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """:func:`precision_recall_curve` plus the mean exact (non-interpolated) AP of the same queries — the card's
+    ``ap`` when every query is used (``max_queries >= N``)."""
     check_embeddings("embeddings", embeddings)
     labels = _as_2d_labels(check_labels("labels", labels, embeddings.shape[0]))
     if not 0 <= level < labels.shape[1]:
@@ -110,7 +123,7 @@ def precision_recall_curve(
     n = emb.shape[0]
     queries = _query_subset(n, max_queries, seed)
     grid = np.linspace(0.0, 1.0, num_points)
-    total, count = np.zeros(num_points), 0
+    total, count, ap_sum = np.zeros(num_points), 0, 0.0
     for start in range(0, len(queries), chunk_size):
         q = queries[start : start + chunk_size]
         scores = emb[q] @ emb.T
@@ -132,10 +145,11 @@ def precision_recall_curve(
             interp = np.maximum.accumulate(precision[::-1])[::-1]
             idx = np.searchsorted(recall, grid, side="left").clip(max=n - 2)
             total += interp[idx]
+            ap_sum += float((precision * rel_sorted[i]).sum() / npos[i])
             count += 1
     if count == 0:
         raise ValueError("no query has a positive at this level; cannot draw a precision-recall curve")
-    return grid, total / count
+    return grid, total / count, ap_sum / count
 
 
 def plot_precision_recall(
@@ -149,15 +163,21 @@ def plot_precision_recall(
     title: str = "Precision-recall (fine classes)",
 ) -> Path:
     """Draw the mean precision–recall curve of ``embeddings`` (label ``"trained"``) and of every entry of ``compare``
-    (``{"before training": embeddings_before}``) and save it to ``path``."""
+    (``{"before training": embeddings_before}``) and save it to ``path``.
+
+    The curves show the interpolated precision (the best precision at any higher recall), which lies above the exact
+    precision; the legend gives each curve's mAP, the mean exact AP of the plotted queries in percent (with every
+    query plotted, the model card's mAP).
+    """
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5, 4), dpi=110)
     curves = {"trained": embeddings, **(compare or {})}
+    n = int(embeddings.shape[0])
     for name, emb in curves.items():
-        r, p = precision_recall_curve(emb, labels, level=level, max_queries=max_queries, seed=seed)
-        area = float(np.sum((r[1:] - r[:-1]) * (p[1:] + p[:-1]) / 2))
-        ax.plot(r, p, label=f"{name} (area {area:.3f})")
-    _finish_pr_axes(ax, title, legend_fontsize=8)
+        r, p, ap = _pr_curve_and_ap(emb, labels, level, 101, max_queries, seed, 256)
+        ax.plot(r, p, label=f"{name}: mAP {100 * ap:.2f}")
+    queries = n if max_queries is None else min(n, max_queries)
+    _finish_pr_axes(ax, f"{title}\ninterpolated precision, {queries} of {n} queries", legend_fontsize=8)
     return _save(plt, fig, path)
 
 
@@ -194,7 +214,7 @@ def _project_2d(x: np.ndarray, method: str, seed: int) -> tuple[np.ndarray, str]
             from sklearn.manifold import TSNE
 
             perplexity = float(min(30.0, max(2.0, (x.shape[0] - 1) / 3.0)))
-            method = "exact" if x.shape[0] <= 1000 else "barnes_hut"  # class means: few points, exact is cheap
+            method = "exact" if x.shape[0] <= 300 else "barnes_hut"  # few points: exact is cheap
             emb = TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=seed, method=method)
             emb = emb.fit_transform(x)
             return emb, "t-SNE"
@@ -218,35 +238,50 @@ def plot_embedding_map(
     label_names: Sequence[str] | None = None,
     method: str = "auto",
     seed: int = 0,
+    max_points: int = 1000,
 ) -> Path:
-    """2-D map of the fine-class mean embeddings (re-normalised), coloured by coarse class (last label column).
+    """2-D map of sample embeddings (dots) and fine-class mean embeddings (re-normalised, outlined circles),
+    projected together and coloured by coarse class (last label column).
 
     Args:
         method: ``"auto"`` (t-SNE if scikit-learn is installed, else PCA), ``"tsne"`` or ``"pca"``.
+        max_points: Samples drawn (a random subset of at most this many; every class mean is drawn).
     """
     check_embeddings("embeddings", embeddings)
     labels = _as_2d_labels(check_labels("labels", labels, embeddings.shape[0]))
     if method not in ("auto", "tsne", "pca"):
         raise ValueError(f"method must be one of ('auto', 'tsne', 'pca'); got {method!r}")
+    if isinstance(max_points, bool) or not isinstance(max_points, int) or max_points < 0:
+        raise ValueError(f"max_points must be an int >= 0; got {max_points!r}")
     emb = embeddings.detach().float().cpu()
     fine, coarse = labels[:, 0].cpu(), labels[:, -1].cpu()
     classes, inverse = torch.unique(fine, return_inverse=True)
     means = torch.zeros(len(classes), emb.shape[1]).index_add_(0, inverse, emb)
     means = torch.nn.functional.normalize(means, dim=1).numpy()
     class_coarse = torch.zeros(len(classes), dtype=torch.long).index_copy_(0, inverse, coarse).numpy()
-    xy, used = _project_2d(means, method, seed)
+    sample = _query_subset(emb.shape[0], max_points, seed).numpy()
+    xy, used = _project_2d(np.concatenate([emb[sample].numpy(), means]), method, seed)
+    xy_samples, xy_means = xy[: len(sample)], xy[len(sample) :]
+    sample_coarse = coarse[sample].numpy()
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5.5, 4.5), dpi=110)
     coarse_ids = np.unique(class_coarse)
     cmap = plt.get_cmap("tab10" if len(coarse_ids) <= 10 else "tab20")
-    for j, c in enumerate(coarse_ids):
-        sel = class_coarse == c
-        ax.scatter(
-            xy[sel, 0], xy[sel, 1], s=40, color=cmap(j % cmap.N), label=f"coarse {int(c)}", edgecolor="k", linewidth=0.4
-        )
     coarse_name = label_names[-1] if label_names else "coarse class"
-    ax.set(title=f"Class means ({used}), coloured by {coarse_name}", xticks=[], yticks=[])
-    ax.legend(fontsize=7, loc="best", markerscale=0.8)
+    for j, c in enumerate(coarse_ids):
+        colour = cmap(j % cmap.N)
+        pts = sample_coarse == c
+        ax.scatter(xy_samples[pts, 0], xy_samples[pts, 1], s=6, color=colour, alpha=0.45, linewidth=0)
+        sel = class_coarse == c
+        label = f"{coarse_name} {int(c)}" if j < 12 else None  # a legend of at most 12 entries
+        ax.scatter(xy_means[sel, 0], xy_means[sel, 1], s=42, color=colour, label=label, edgecolor="k", linewidth=0.6)
+    ax.set(
+        title=f"Embeddings ({used}): {len(sample)} samples (dots), {len(classes)} class means (circles)",
+        xticks=[],
+        yticks=[],
+    )
+    ax.title.set_fontsize(9)
+    ax.legend(fontsize=7, loc="best", markerscale=0.8, title=f"coloured by {coarse_name}", title_fontsize=7)
     return _save(plt, fig, path)
 
 
@@ -359,3 +394,66 @@ def plot_all(
             )
         )
     return [f.name for f in files]
+
+
+def _series(history: Sequence[Mapping[str, Any]], key: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(steps, values)`` of the finite numeric ``key`` entries of ``history``."""
+    pts = [
+        (float(r["step"]), float(r[key]))
+        for r in history
+        if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool) and np.isfinite(float(r[key]))
+    ]
+    arr = np.asarray(pts, dtype=float).reshape(-1, 2)
+    return arr[:, 0], arr[:, 1]
+
+
+def plot_training_curves(
+    history: Sequence[Mapping[str, Any]],
+    path: str | Path,
+    label_names: Sequence[str] | None = None,
+    max_metrics: int = 6,
+) -> Path:
+    """Save a figure with up to three panels, sharing the step axis: the training loss, the learning rate of every
+    parameter group, and the headline test metrics (percent) of every evaluation in ``history``.
+
+    Args:
+        history: The run's logged records (each a mapping with an int ``"step"``).
+        path: The PNG file written.
+        label_names: Label column names, for per-level metric names.
+        max_metrics: At most this many metrics (the card's headline metrics first).
+
+    Raises:
+        ValueError: ``history`` holds no logged loss, learning rate or metric.
+    """
+    if not isinstance(history, Sequence) or not all(isinstance(r, Mapping) and "step" in r for r in history):
+        raise ValueError("history must be a list of records, each a mapping with a 'step' (history.json)")
+    keys = list(dict.fromkeys(k for r in history for k in r))
+    lrs = [k for k in keys if k.startswith("lr_")]
+    metrics = {k[len("eval/") :]: 0.0 for k in keys if k.startswith("eval/") and not k.startswith("eval/num_")}
+    shown = headline_keys(metrics)[:max_metrics] if metrics else []
+    panels = [p for p, on in (("loss", "loss" in keys), ("lr", bool(lrs)), ("metrics", bool(shown))) if on]
+    if not panels:
+        raise ValueError("history holds no loss, learning rate or evaluation to draw")
+    plt = _plt()
+    fig, axes = plt.subplots(len(panels), 1, figsize=(6, 2.3 * len(panels)), dpi=110, sharex=True, squeeze=False)
+    for ax, panel in zip(axes[:, 0], panels):
+        if panel == "loss":
+            ax.plot(*_series(history, "loss"), marker=".", lw=1.2, color="#1f77b4")
+            ax.set(ylabel="training loss", title="Training loss (mean over each logging interval)")
+        elif panel == "lr":
+            for k in lrs:
+                ax.plot(*_series(history, k), lw=1.2, label=k[len("lr_") :])
+            ax.set_yscale("log", nonpositive="mask")  # groups differ by orders of magnitude; a zero rate is not drawn
+            ax.set(ylabel="learning rate (log)", title="Learning rate per parameter group")
+            ax.legend(fontsize=7, loc="best")
+        else:
+            for k in shown:
+                steps, values = _series(history, f"eval/{k}")
+                ax.plot(steps, 100.0 * values, marker="o", lw=1.2, label=metric_label(k, label_names))
+            ax.set(ylabel="percent", title="Test metrics at each evaluation")
+            ax.legend(fontsize=7, loc="best")
+        ax.grid(alpha=0.3)
+        ax.title.set_fontsize(9)
+    axes[-1, 0].set_xlabel("optimizer step")
+    fig.tight_layout()
+    return _save(plt, fig, path)

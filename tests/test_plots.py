@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -86,3 +88,72 @@ def test_plot_all_writes_the_files(tmp_path, method):
     assert plots._relation(labels[0], labels[1]) == "fine"
     assert plots._relation(labels[0], labels[5]) == "coarse"
     assert plots._relation(labels[0], labels[25]) == "negative"
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    """The figures the plotting functions save, kept open for inspection."""
+    saved = []
+
+    def keep(plt, fig, path):
+        saved.append(fig)
+        fig.savefig(path)
+        return Path(path)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    yield saved
+    import matplotlib.pyplot as plt
+
+    for fig in saved:
+        plt.close(fig)
+
+
+def test_precision_recall_legend_gives_the_exact_map_of_the_card(figures, tmp_path):
+    from pml_suprank.metrics import RetrievalEvaluator
+
+    g = torch.Generator().manual_seed(0)
+    emb = torch.nn.functional.normalize(torch.randn(40, 8, generator=g), dim=1)
+    labels = torch.arange(40) % 5
+    plots.plot_precision_recall(emb, labels, tmp_path / "pr.png", max_queries=None)
+    (ax,) = figures[0].axes
+    (text,) = [t.get_text() for t in ax.get_legend().get_texts()]
+    exact = RetrievalEvaluator(metrics=["ap"]).evaluate(emb, labels)["ap"]
+    assert text == f"trained: mAP {100 * exact:.2f}"
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("recall", "precision") and "40 of 40 queries" in ax.get_title()
+
+
+def test_training_curves_show_loss_learning_rates_and_metrics_by_their_card_names(figures, tmp_path):
+    history = [
+        {"step": 10, "epoch": 0, "loss": 1.4, "lr_backbone": 1e-3, "lr_proxies": 10.0},
+        {"step": 20, "epoch": 1, "loss": 1.1, "lr_backbone": 5e-4, "lr_proxies": 5.0},
+        {"step": 20, "epoch": 1, "eval/h_ap": 0.3, "eval/recall_at_1": 0.5, "eval/num_queries": 12},
+        {"step": 30, "epoch": 2, "loss": 0.9, "lr_backbone": 0.0, "lr_proxies": 0.0},
+        {"step": 40, "epoch": 3, "eval/h_ap": 0.4, "eval/recall_at_1": 0.6, "eval/num_queries": 12},
+    ]
+    path = plots.plot_training_curves(history, tmp_path / "curves.png")
+    assert path.is_file() and path.stat().st_size > 0
+    loss_ax, lr_ax, metric_ax = figures[0].axes
+    np.testing.assert_allclose(loss_ax.lines[0].get_ydata(), [1.4, 1.1, 0.9])
+    assert lr_ax.get_yscale() == "log" and [t.get_text() for t in lr_ax.get_legend().get_texts()] == [
+        "backbone",
+        "proxies",
+    ]
+    assert [t.get_text() for t in metric_ax.get_legend().get_texts()] == ["H-AP", "R@1"]
+    np.testing.assert_allclose(metric_ax.lines[0].get_ydata(), [30.0, 40.0])
+    assert metric_ax.get_xlabel() == "optimizer step"
+    with pytest.raises(ValueError, match="no loss, learning rate or evaluation"):
+        plots.plot_training_curves([{"step": 1, "epoch": 0}], tmp_path / "empty.png")
+    with pytest.raises(ValueError, match="history must be a list of records"):
+        plots.plot_training_curves([{"loss": 1.0}], tmp_path / "bad.png")
+
+
+def test_embedding_map_draws_samples_and_class_means(figures, tmp_path):
+    g = torch.Generator().manual_seed(0)
+    emb = torch.nn.functional.normalize(torch.randn(60, 8, generator=g), dim=1)
+    labels = torch.stack([torch.arange(60) % 6, torch.arange(60) % 6 // 3], 1)
+    plots.plot_embedding_map(emb, labels, tmp_path / "map.png", label_names=["fine", "group"], method="pca")
+    (ax,) = figures[0].axes
+    sizes = sorted(len(c.get_offsets()) for c in ax.collections)
+    assert sum(sizes) == 60 + 6  # every sample and every class mean
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["group 0", "group 1"]
+    assert "60 samples" in ax.get_title() and "6 class means" in ax.get_title()

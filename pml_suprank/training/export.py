@@ -61,7 +61,8 @@ def write_final_folder(
 
     Contents: ``config.json``, ``model.safetensors``, ``README.md`` (the model card of
     :func:`pml_suprank.hub.save_pretrained`), ``metrics.json``, ``training_summary.json`` (``summary``),
-    ``history.json``, ``training_config.json`` and, when ``embeddings = (last, first)`` is given, the PNG plots of
+    ``history.json``, ``training_config.json`` and, when ``embeddings = (last, first)`` is given,
+    ``training_curves.png`` (:func:`pml_suprank.plots.plot_training_curves`) and the PNG plots of
     :func:`pml_suprank.plots.plot_all` drawn from the last evaluation's embeddings with the first one's (before
     training) for comparison. A model without ``save_pretrained`` gets ``model.safetensors`` and ``metrics.json``.
 
@@ -80,6 +81,11 @@ def write_final_folder(
     plot_files: list[Path] = []
     if embeddings is not None:
         plot_files = _draw_plots(save_directory, embeddings[0], embeddings[1], image_dataset, label_names, seed)
+        if any("loss" in r or any(str(k).startswith("eval/") for k in r) for r in history):
+            from ..plots import plot_training_curves
+
+            curves = plot_training_curves(history, save_directory / "training_curves.png", label_names=label_names)
+            plot_files.insert(0, curves)
     (save_directory / "training_summary.json").write_text(json.dumps(jsonable(summary or {}), indent=1))
     (save_directory / "history.json").write_text(json.dumps(jsonable(history), indent=1))
     (save_directory / "training_config.json").write_text(json.dumps(jsonable(config), indent=1))
