@@ -1,0 +1,103 @@
+"""``RetrievalTorchMetric``: the exact retrieval evaluator as a ``torchmetrics.Metric`` (needs ``torchmetrics``).
+
+For Lightning (``self.log_dict(metric.compute())``, ``MetricCollection``) and any torchmetrics user. Same contract as
+:class:`~pml_suprank.metrics.RetrievalMetric`: the embeddings and labels of every ``update`` are kept (states reduced
+by concatenation, so torchmetrics gathers them across processes), and :meth:`compute` evaluates them once, exactly,
+with :class:`~pml_suprank.metrics.RetrievalEvaluator` — the AP of a query depends on every other item, so nothing is
+averaged over batches. With ``indices``, repeated dataset indices (a ``DistributedSampler``'s padding) are kept once.
+
+Memory: ``N × D`` embeddings per process before ``compute``; after the gather, every process holds all of them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+from torchmetrics.utilities import dim_zero_cat
+
+from .._validation import check_embeddings, check_labels
+from .evaluator import RetrievalEvaluator
+
+__all__ = ["RetrievalTorchMetric"]
+
+
+class RetrievalTorchMetric(Metric):
+    """Exact AP, mAP@R, R@k, H-AP, NDCG, ASI, per-level AP ... of everything given to ``update`` (a torchmetrics
+    ``Metric``; ``compute`` returns ``{name: 0-d float64 tensor}`` — counts such as ``num_queries`` included).
+
+    Args:
+        evaluator: a configured :class:`RetrievalEvaluator` (default: ``RetrievalEvaluator(**evaluator_kwargs)``).
+        metric_kwargs: keyword arguments of ``torchmetrics.Metric`` (``process_group``, ``sync_on_compute``, ...).
+        **evaluator_kwargs: passed to :class:`RetrievalEvaluator` when ``evaluator`` is None.
+
+    Example:
+        >>> metric = RetrievalTorchMetric(k_values=(1, 10))
+        >>> metric.update(model(images), labels)   # (B, D), (B,) or (B, L)
+        >>> metric.compute()["map_at_r"]
+    """
+
+    is_differentiable = False
+    higher_is_better = True
+    full_state_update = False
+
+    def __init__(
+        self,
+        evaluator: RetrievalEvaluator | None = None,
+        *,
+        metric_kwargs: dict[str, Any] | None = None,
+        **evaluator_kwargs: Any,
+    ) -> None:
+        if evaluator is not None and evaluator_kwargs:
+            raise ValueError(f"give evaluator or evaluator keyword arguments, not both; got {sorted(evaluator_kwargs)}")
+        if evaluator is not None and not isinstance(evaluator, RetrievalEvaluator):
+            raise TypeError(f"evaluator must be a RetrievalEvaluator; got {type(evaluator).__name__}")
+        super().__init__(**(metric_kwargs or {}))
+        self.evaluator = evaluator if evaluator is not None else RetrievalEvaluator(**evaluator_kwargs)
+        self.add_state("embeddings", default=[], dist_reduce_fx="cat")
+        self.add_state("labels", default=[], dist_reduce_fx="cat")
+        self.add_state("indices", default=[], dist_reduce_fx="cat")
+
+    def update(self, embeddings: Tensor, labels: Tensor, indices: Tensor | None = None) -> None:
+        """Add ``embeddings (B, D)``, ``labels (B,)`` or ``(B, L)`` and optional dataset ``indices (B,)`` (then in
+        every update)."""
+        embeddings = check_embeddings("embeddings", embeddings)
+        labels = check_labels("labels", labels, embeddings.shape[0])
+        if self.embeddings:
+            if embeddings.shape[1] != self.embeddings[0].shape[1]:
+                raise ValueError(
+                    f"embeddings must have width {self.embeddings[0].shape[1]} like the earlier updates; "
+                    f"got {embeddings.shape[1]}"
+                )
+            if labels.shape[1:] != self.labels[0].shape[1:]:
+                raise ValueError(
+                    f"labels must have shape (B, *{tuple(self.labels[0].shape[1:])}) like the earlier updates; "
+                    f"got {tuple(labels.shape)}"
+                )
+            if (indices is None) != (not self.indices):
+                raise ValueError("indices must be given in every update or in none")
+        if indices is not None:
+            if not isinstance(indices, Tensor) or indices.dtype.is_floating_point or indices.dtype == torch.bool:
+                raise TypeError(f"indices must be an integer Tensor of shape (B,); got {indices!r:.80}")
+            if tuple(indices.shape) != (embeddings.shape[0],):
+                raise ValueError(f"indices must have shape ({embeddings.shape[0]},); got {tuple(indices.shape)}")
+            self.indices.append(indices.detach().long())
+        self.embeddings.append(embeddings.detach())
+        self.labels.append(labels.detach().long())
+
+    def compute(self) -> dict[str, Tensor]:
+        """Evaluate everything given since the last ``reset`` (gathered across processes by torchmetrics)."""
+        if not self.embeddings:
+            raise ValueError("RetrievalTorchMetric.compute() called before any update()")
+        emb, labels = dim_zero_cat(self.embeddings), dim_zero_cat(self.labels)
+        if self.indices:
+            indices = dim_zero_cat(self.indices).cpu()
+            order = torch.argsort(indices, stable=True)
+            first = torch.ones_like(indices, dtype=torch.bool)
+            first[1:] = indices[order][1:] != indices[order][:-1]
+            keep = order[first]
+            emb, labels = emb[keep.to(emb.device)], labels[keep.to(labels.device)]
+        result = self.evaluator.evaluate(emb, labels)
+        return {k: torch.tensor(float(v), dtype=torch.float64) for k, v in result.items()}
