@@ -217,11 +217,25 @@ def train(
     protocol: Protocol,
 ):
     """Train a fresh model with ``loss_name`` for ``steps`` steps; returns the model and the last training loss."""
+    factory, hierarchical = LOSSES[loss_name]
+    return train_loss(factory, hierarchical, seed, steps, train_data, protocol)
+
+
+def train_loss(
+    factory: Callable,
+    hierarchical: bool,
+    seed: int,
+    steps: int,
+    train_data: tuple[torch.Tensor, torch.Tensor],
+    protocol: Protocol,
+):
+    """Train a fresh model with the loss of ``factory(num_classes, embedding_size) -> (loss, miner or None)``
+    (given ``(N, 2)`` labels when ``hierarchical``, else the fine column) for ``steps`` steps under ``protocol``;
+    returns the model and the last training loss."""
     from pml_suprank.samplers import HierarchicalSampler
     from pml_suprank.training import TrainingConfig, build_optimizer, build_scheduler
 
     images, labels = train_data
-    factory, hierarchical = LOSSES[loss_name]
     model = build_model(protocol, seed)
     torch.manual_seed(seed)
     loss_fn, miner = factory(int(labels[:, 0].max()) + 1, protocol.embedding_size)
