@@ -3,8 +3,15 @@
 Both take the same description of the results, a list of queries::
 
     {"name": str, "image": PIL image, "labels": list[int] | None,
+     "class_name": str | None, "ap": float | None,          # optional: the query's class name, its AP in the gallery
      "results": [{"rank": int, "index": int, "name": str, "score": float, "image": PIL image,
-                  "labels": list[int] | None, "relevance": "fine" | "coarse" | "other" | "unknown"}, ...]}
+                  "labels": list[int] | None, "class_name": str | None,
+                  "relevance": "fine" | "coarse" | "other" | "unknown"}, ...]}
+
+``name`` is what identifies an item to a person (a file path relative to its folder, or a dataset id), ``class_name``
+its class as the data names it (e.g. ``"Greek/character03"``). Each query's row also shows its hits — results of the
+same fine class, and of the same coarse class, among those shown — and, when given, its average precision over the
+whole gallery.
 
 The relevance of a result to its query (:func:`relevance_level`) is read from their label rows (column 0 finest, last
 coarsest): ``"fine"`` = same fine class, ``"coarse"`` = same coarsest class only, ``"other"``; ``"unknown"`` when
@@ -21,7 +28,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RELEVANCE_COLOURS", "relevance_level", "thumbnail_data_uri", "write_html_report", "write_result_grid"]
+__all__ = [
+    "RELEVANCE_COLOURS",
+    "query_hits",
+    "relevance_level",
+    "thumbnail_data_uri",
+    "write_html_report",
+    "write_result_grid",
+]
 
 #: border colour of each relevance level (the colours of :func:`pml_suprank.plots.plot_retrieval_grid`)
 RELEVANCE_COLOURS = {"fine": "#2ca02c", "coarse": "#ff7f0e", "other": "#d62728", "unknown": "#7f7f7f"}
@@ -60,6 +74,8 @@ figure { margin: 0; text-align: center; font-size: 0.75em; }
 figure img { display: block; border: 4px solid #1f77b4; }
 ol.results { display: flex; flex-wrap: wrap; gap: 0.5em; list-style: none; padding: 0; margin: 0; }
 ol.results img { display: block; border: 4px solid; }
+figcaption .name { display: block; max-width: 9em; overflow-wrap: anywhere; color: #555; }
+p.summary { margin: 0.3em 0 0 0; font-size: 0.8em; }
 """ + "".join(f"li.{level} img {{ border-color: {colour}; }}\n" for level, colour in RELEVANCE_COLOURS.items())
 
 
@@ -83,11 +99,11 @@ def write_html_report(path: str | Path, queries: Sequence[dict[str, Any]], *, ti
         + "</p>",
     ]
     for q, query in enumerate(queries):
-        labels = "" if query.get("labels") is None else f" — labels {esc(str(list(query['labels'])))}"
         parts.append(f'<section class="query" id="query-{q}">')
         parts.append(
             f'<figure class="query-image"><img src="{thumbnail_data_uri(query["image"], thumbnail_size)}" '
-            f'alt="query {q}"><figcaption>query {q}: {esc(str(query["name"]))}{labels}</figcaption></figure>'
+            f'alt="query {q}"><figcaption>query {q}: <span class="name">{esc(str(query["name"]))}</span>'
+            f"{_class_caption(query)}</figcaption>{_summary(query)}</figure>"
         )
         parts.append('<ol class="results">')
         for r in query["results"]:
@@ -99,13 +115,44 @@ def write_html_report(path: str | Path, queries: Sequence[dict[str, Any]], *, ti
                 f'data-index="{int(r["index"])}"><figure><img src="{thumbnail_data_uri(r["image"], thumbnail_size)}" '
                 f'alt="rank {int(r["rank"])}" title="{esc(str(r["name"]))}"><figcaption>'
                 f'<span class="rank">#{int(r["rank"])}</span> <span class="score">{float(r["score"]):.3f}</span>'
-                f"</figcaption></figure></li>"
+                f'<span class="name">{esc(str(r["name"]))}</span>{_class_caption(r)}</figcaption></figure></li>'
             )
         parts.append("</ol></section>")
     parts.append("</body></html>")
     path = Path(path)
     path.write_text("\n".join(parts), encoding="utf-8")
     return path
+
+
+def _class_caption(item: dict[str, Any]) -> str:
+    """The item's class name (else its label row) as a caption line, or nothing."""
+    if item.get("class_name"):
+        return f'<span class="name class">{html.escape(str(item["class_name"]))}</span>'
+    if item.get("labels") is not None:
+        return f'<span class="name class">labels {html.escape(str(list(item["labels"])))}</span>'
+    return ""
+
+
+def query_hits(query: dict[str, Any]) -> dict[str, int]:
+    """``{"shown", "fine", "coarse"}``: results shown, and those of the query's fine class / of its coarse class
+    (fine included) among them; ``fine`` and ``coarse`` are absent when the relevance is unknown."""
+    results = query["results"]
+    levels = [r.get("relevance", "unknown") for r in results]
+    out = {"shown": len(results)}
+    if results and "unknown" not in levels:
+        out["fine"] = levels.count("fine")
+        out["coarse"] = levels.count("fine") + levels.count("coarse")
+    return out
+
+
+def _summary(query: dict[str, Any]) -> str:
+    hits = query_hits(query)
+    parts = []
+    if "fine" in hits:
+        parts.append(f"hits {hits['fine']}/{hits['shown']} same class, {hits['coarse']}/{hits['shown']} same group")
+    if query.get("ap") is not None:
+        parts.append(f"AP {100 * float(query['ap']):.1f}")
+    return f'<p class="summary">{html.escape(" · ".join(parts))}</p>' if parts else ""
 
 
 def write_result_grid(path: str | Path, queries: Sequence[dict[str, Any]], *, dpi: int = 100) -> Path:

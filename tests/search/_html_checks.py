@@ -28,14 +28,14 @@ class _ReportParser(HTMLParser):
                 if not value.startswith(("data:", "#")):
                     self.external_refs.append(value)
         if tag == "section" and "query" in classes:
-            self.queries.append({"id": a.get("id"), "caption": "", "results": []})
+            self.queries.append({"id": a.get("id"), "caption": "", "summary": "", "results": []})
         elif tag == "figure" and "query-image" in classes:
             self._in_query_caption = True
         elif tag == "li" and "result" in classes:
             level = next(c for c in classes if c != "result")
             self.queries[-1]["results"].append(
                 {"rank": int(a["data-rank"]), "score": float(a["data-score"]), "index": int(a["data-index"]),
-                 "relevance": level}
+                 "relevance": level, "caption": ""}
             )  # fmt: skip
 
     def handle_endtag(self, tag: str) -> None:
@@ -47,12 +47,17 @@ class _ReportParser(HTMLParser):
     def handle_data(self, data: str) -> None:
         if self._stack and self._stack[-1] == "title":
             self.title += data
-        elif self._in_query_caption and self._stack and self._stack[-1] == "figcaption":
+        elif self._in_query_caption and "figcaption" in self._stack:
             self.queries[-1]["caption"] += data
+        elif self._in_query_caption and self._stack and self._stack[-1] == "p":
+            self.queries[-1]["summary"] += data
+        elif "figcaption" in self._stack and self.queries and self.queries[-1]["results"]:
+            self.queries[-1]["results"][-1]["caption"] += data
 
 
 def parse_report(text: str) -> dict[str, Any]:
-    """``{"title", "queries": [{"id", "caption", "results": [{"rank", "score", "index", "relevance"}]}], "images":
+    """``{"title", "queries": [{"id", "caption", "summary", "results": [{"rank", "score", "index", "relevance",
+    "caption"}]}], "images":
     [img src...], "external_refs": [src/href not inlined]}``."""
     parser = _ReportParser()
     parser.feed(text)

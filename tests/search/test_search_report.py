@@ -82,3 +82,20 @@ def test_png_grid(tmp_path):
     for level in ("fine", "coarse", "other", "unknown"):  # each border colour is drawn
         target = tuple(int(RELEVANCE_COLOURS[level][i : i + 2], 16) for i in (1, 3, 5))
         assert any(sum(abs(a - b) for a, b in zip(c, target)) < 12 for c in colours), level
+
+
+def test_page_names_files_and_classes_and_summarises_each_query(tmp_path):
+    queries = _queries()
+    queries[0]["class_name"], queries[0]["ap"] = "Greek/character03", 0.625
+    queries[0]["results"][0]["class_name"] = "Greek/character03"
+    for r in queries[1]["results"]:
+        r["relevance"] = "fine" if r["rank"] == 1 else "other"
+    queries[1]["results"][0]["name"] = "gallery/Greek/character03/0042_07.png"
+    page = parse_report(write_html_report(tmp_path / "r.html", queries).read_text())
+    first, second = page["queries"]
+    assert "Greek/character03" in first["caption"] and "AP 62.5" in first["summary"]
+    assert "Greek/character03" in first["results"][0]["caption"] and "item 0" in first["results"][0]["caption"]
+    assert "labels [1, 0]" in second["caption"]  # no class name: the label row
+    assert "gallery/Greek/character03/0042_07.png" in second["results"][0]["caption"]
+    assert "hits 1/3 same class, 1/3 same group" in second["summary"]
+    assert first["summary"] == "AP 62.5"  # a result of unknown relevance: no hit count
