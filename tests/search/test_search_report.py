@@ -98,4 +98,6 @@ def test_page_names_files_and_classes_and_summarises_each_query(tmp_path):
     assert "labels [1, 0]" in second["caption"]  # no class name: the label row
     assert "gallery/Greek/character03/0042_07.png" in second["results"][0]["caption"]
     assert "hits 1/3 same class, 1/3 same group" in second["summary"]
-    assert first["summary"] == "AP 62.5"  # a result of unknown relevance: no hit count
+    assert first["summary"] == "hits 1/3 same class, 2/3 same group · AP 62.5"
+    unknown = parse_report(write_html_report(tmp_path / "u.html", _queries()[1:]).read_text())["queries"][0]
+    assert unknown["summary"] == ""  # a result of unknown relevance: no hit count, no AP given
