@@ -106,7 +106,7 @@ def extract(args, rest: list[str], out_dir: Path) -> Path:
 
 def group_sets(names: list[str], near: list[str] | None, far: list[str] | None) -> dict[str, list[str]]:
     """``{"near": [...], "far": [...]}`` from the OOD set names of the file (unknown names are an error)."""
-    unknown = sorted(set(near or ()) | set(far or ()) - set(names))
+    unknown = sorted((set(near or ()) | set(far or ())) - set(names))
     if unknown:
         raise SystemExit(f"--near/--far name sets that are not in the feature file: {unknown}; it holds {names}")
     if near is None:
