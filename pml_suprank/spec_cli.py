@@ -25,11 +25,36 @@ from typing import Any
 
 from ._safe_yaml import shorten
 
-__all__ = ["OptionError", "check_options", "explicit_flags", "option_checks", "parse_options", "section_values"]
+__all__ = [
+    "OptionError",
+    "check_options",
+    "explicit_flags",
+    "option_checks",
+    "parse_options",
+    "same_option",
+    "section_values",
+]
+
+_KEEP = object()
 
 
 class OptionError(ValueError):
     """An option value that fails its field's check; the message names where it came from and the expectation."""
+
+
+def same_option(cls: type, name: str, default: Any = _KEEP, help: str | None = None) -> Any:
+    """The option ``name`` of the option dataclass ``cls`` (its help and check: one declaration), as a field of
+    another spec; ``default`` / ``help`` replace the original's where the recipe means something else by unset."""
+    from .training.config import field_default, option
+
+    f = {f.name: f for f in fields(cls)}[name]
+    check = f.metadata.get("check")
+    default = field_default(f) if default is _KEEP else default
+    if default is None and check is not None and not check(None):
+        from .training.config import optional
+
+        check = optional(check)
+    return option(default, help or f.metadata["help"], check=check)
 
 
 def option_checks(*classes: type) -> dict[str, Any]:

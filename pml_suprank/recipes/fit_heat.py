@@ -214,7 +214,6 @@ def fit_detectors(model, train_feats, spec: FitHeatSpec):
             detectors[method] = build_heat(spec, model)
             for line in heat_step_warnings(detectors[method], n_train):
                 warnings.warn(line, stacklevel=2)
-                print(f"warning: {line}", flush=True)
         else:
             detectors[method] = build_detector(method, spec, model, n_train, dim)
     timings = {}
