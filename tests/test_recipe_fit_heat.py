@@ -116,7 +116,7 @@ def test_fit_heat_detector_rows_and_flags_come_from_the_registry():
     assert fit_heat.METHODS[-1] == "HEAT" and "SSD+" in fit_heat.METHODS
     args = fit_heat.parse_args([])
     options = args.detector_options
-    assert (options["knn_k"], options["dice_p"], options["react_percentile"], options["vim_dim"]) == (50, 0.9, 95.0, None)
+    assert [options[k] for k in ("knn_k", "dice_p", "react_percentile", "vim_dim")] == [50, 0.9, 95.0, None]
     assert (options["odin_temperature"], options["odin_eps"], options["energy_temperature"]) == (1000.0, 0.0014, 1.0)
     for name in registered:  # every plain constructor argument has its flag
         for argument in fit_heat.detector_options(name):
@@ -171,10 +171,11 @@ def test_fit_heat_and_ood_benchmark_config_values_are_checked_before_any_work(tm
     benchmark = importlib.import_module("pml_suprank.recipes.ood_benchmark")
     config = tmp_path / "heat.yaml"
     config.write_text(text)
-    for parse in (lambda: fit_heat.parse_args(["--config", str(config)]),
-                  lambda: benchmark.main(["--config", str(config), "--output_dir", str(tmp_path / "out")])):  # fmt: skip
+    out = str(tmp_path / "out")
+    for parse, argv in ((fit_heat.parse_args, ["--config", str(config)]),
+                        (benchmark.main, ["--config", str(config), "--output_dir", out])):  # fmt: skip
         with pytest.raises(SystemExit) as raised:
-            parse()
+            parse(argv)
         assert raised.value.code == 2
         assert re.search(message, capsys.readouterr().err), message
     assert not (tmp_path / "out").exists()  # nothing was written
@@ -187,17 +188,19 @@ def test_fit_heat_flags_python_and_files_give_one_verdict(tmp_path, capsys):
 
     fit_heat = _import_fit_heat()
     cases = {"num_per_class": (1, 100_000, 0, 100_001), "batch_size": (1, 65_536, 0, 65_537),
-             "image_size": (8, 4096, 7, 4097), "heat_epochs": (1, 100_000, 0, 100_001), "threads": (1, 4096, 0, 4097)}  # fmt: skip
+             "image_size": (8, 4096, 7, 4097), "heat_epochs": (1, 100_000, 0, 100_001),
+             "threads": (1, 4096, 0, 4097)}  # fmt: skip
     for name, (low, high, below, above) in cases.items():
         for value, ok in ((low, True), (high, True), (below, False), (above, False)):
             config = tmp_path / f"{name}_{value}.yaml"
-            config.write_text(f"recipe:\n  {name}: {value}\n" if name != "heat_epochs" else f"heat:\n  epochs: {value}\n")
+            text = f"heat:\n  epochs: {value}\n" if name == "heat_epochs" else f"recipe:\n  {name}: {value}\n"
+            config.write_text(text)
             verdicts = []
-            for build in (lambda: fit_heat.parse_args([f"--{name}", str(value)]),
-                          lambda: fit_heat.parse_args(["--config", str(config)]),
-                          lambda: FitHeatSpec(**{name: value})):  # fmt: skip
+            for build, arg in ((fit_heat.parse_args, [f"--{name}", str(value)]),
+                               (fit_heat.parse_args, ["--config", str(config)]),
+                               (lambda kw: FitHeatSpec(**kw), {name: value})):  # fmt: skip
                 try:
-                    spec = build()
+                    spec = build(arg)
                     verdicts.append(getattr(spec, name) == value)
                 except (SystemExit, OptionError):
                     verdicts.append(False)

@@ -44,9 +44,11 @@ def data_spec(
             dataset when the options left them to be inferred).
         class_split: ``{"train_classes": [...], "test_classes": [...]}`` of a folder split by class, for reference.
     """
-    from .data_source import dataset_source
+    from .data_source import dataset_source, folder_layout
 
     data = dict(section)
+    if folder_layout(data.get("dataset")) is not None:  # a local folder: found again from any working directory
+        data["dataset"] = str(Path(data["dataset"]).resolve())
     if label_names and dataset_source(data, "test").kind == "retrieval" and not data.get("label_columns"):
         data["label_columns"] = list(label_names)
     out: dict[str, Any] = {"version": VERSION, "data": data, "seed": int(seed), "k_values": [int(k) for k in k_values],
