@@ -18,13 +18,14 @@ Image = pytest.importorskip("PIL.Image")
 
 COLOURS = [(220, 40, 40), (40, 200, 40), (40, 40, 220), (200, 200, 40), (200, 40, 200), (40, 200, 200)]
 TINY = [
-    "--backbone", "test_resnet", "--image_size", "16", "--embedding_size", "16", "--eval_batch_size", "64",
+    "--backbone", "test_resnet", "--image_size", "64", "--embedding_size", "16", "--eval_batch_size", "64",
     "--cpu", "--max_train_steps", "2", "--no_plots", "--with_tracking", "false", "--skip_initial_eval",
 ]  # fmt: skip
 
 
 def _class_folders(root: Path, per_class: int = 3) -> Path:
-    """Six class folders and no split: training splits the classes in two, seeded by the run."""
+    """Six class folders and no split: training splits the classes in two, seeded by the run (64 px: a 2 x 2 last
+    feature map, so that HEAT has std-pooled features)."""
     for k, colour in enumerate(COLOURS):
         for i in range(per_class):
             rng = np.random.default_rng(100 * k + i)
@@ -75,3 +76,24 @@ def test_search_with_only_the_model_searches_its_test_set(trained, tmp_path):
                                            "--num_queries", "3"])  # fmt: skip
     assert result["gallery"]["size"] == 9  # the 3 test classes of the seeded class split, 3 images each
     assert result["label_names"] == ["label"]
+
+
+@pytest.mark.slow
+def test_fit_heat_on_the_users_retrieval_model(trained, tmp_path):
+    """``fit_heat --model RUN/final``: the package's retrieval model (frozen backbone, a classification head trained
+    on the run's own training classes), the ID sets from its data spec; the head is trained by default."""
+    final, _, _ = trained
+    fit_heat = import_recipe("fit_heat")
+    argv = ["--model", str(final), "--ood_datasets", "noise-uniform", "--num_noise", "8", "--heat_epochs", "1",
+            "--knn_k", "3", "--no_odin", "--no_plots", "--progress", "false", "--threads", "1",
+            "--output_dir", str(tmp_path / "heat")]  # fmt: skip
+    with pytest.warns(UserWarning, match="optimizer step"):
+        results = fit_heat.main(argv)
+    assert results["args"]["train_epochs"] == 5 and len(results["classifier_history"]) == 5
+    assert results["classifier_test_accuracy"] is None  # open set: the test classes are not the training classes
+    table = results["table"]
+    assert "HEAT" in table and 0.0 <= table["HEAT"]["noise-uniform"]["auroc"] <= 1.0
+    from pml_suprank import ood
+
+    saved = ood.load_features(tmp_path / "heat" / "features.safetensors")
+    assert len(saved.sets["id_train"]) == 9 and saved.weight.shape == (3, 96)  # 3 training classes, pooled width

@@ -64,7 +64,8 @@ def write_final_folder(
     ``history.json``, ``training_config.json``, ``data_spec.json`` when ``metadata["data"]`` holds the run's data
     section (:mod:`pml_suprank.training.data_spec`: what ``evaluate --model`` reuses) and, when ``embeddings =
     (last, first)`` is given, the PNG plots of :func:`pml_suprank.plots.plot_all` drawn from the last evaluation's
-    embeddings with the first one's (before training) for comparison. A model without ``save_pretrained`` gets ``model.safetensors`` and ``metrics.json``.
+    embeddings with the first one's (before training) for comparison. A model without ``save_pretrained`` gets
+    ``model.safetensors`` and ``metrics.json``.
 
     With ``replace=True`` the folder is written aside (``.tmp-<name>-<pid>/<name>`` next to it, so that it has its
     final name while written, e.g. for the card's usage line) and renamed into place, replacing a previous folder
