@@ -184,7 +184,7 @@ def test_fit_heat_and_ood_benchmark_config_values_are_checked_before_any_work(tm
 def test_fit_heat_flags_python_and_files_give_one_verdict(tmp_path, capsys):
     """Each bounded option: the flag, the file value and FitHeatSpec(...) accept and refuse the same values."""
     from pml_suprank.ood.recipe_spec import FitHeatSpec
-    from pml_suprank.spec_cli import OptionError
+    from pml_suprank.training.spec_cli import OptionError
 
     fit_heat = _import_fit_heat()
     cases = {"num_per_class": (1, 100_000, 0, 100_001), "batch_size": (1, 65_536, 0, 65_537),

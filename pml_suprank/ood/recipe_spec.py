@@ -3,8 +3,8 @@
 ``--config`` YAML (the bundled ``heat_*`` files).
 
 Every option is a dataclass field declared with :func:`~pml_suprank.training.config.option` (help, default, value
-check), as the training options are; :mod:`pml_suprank.spec_cli` turns them into flags and checks flags, files and
-Python construction with the same checks, before any data is read or any network is built.
+check), as the training options are; :mod:`pml_suprank.training.spec_cli` turns them into flags and checks flags,
+files and Python construction with the same checks, before any data is read or any network is built.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import re
 from dataclasses import asdict, dataclass, fields, make_dataclass, replace
 from typing import Any
 
-from ..spec_cli import OptionError, check_options, section_values
 from ..training.config import (
     OptionCheck,
     is_bool,
@@ -27,6 +26,7 @@ from ..training.config import (
     option,
     optional,
 )
+from ..training.spec_cli import OptionError, check_options, section_values
 
 __all__ = [
     "BUILTIN_OOD",

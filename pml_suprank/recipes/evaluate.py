@@ -41,12 +41,12 @@ import torch  # noqa: E402
 
 from pml_suprank.data.benchmarks import BENCHMARKS  # noqa: E402
 from pml_suprank.metrics.report import one_column  # noqa: E402
-from pml_suprank.spec_cli import OptionError, check_options, parse_options, same_option  # noqa: E402
 from pml_suprank.training import TrainingConfig  # noqa: E402
 from pml_suprank.training.cli import add_option_arguments  # noqa: E402
 from pml_suprank.training.config import is_choice, is_int, is_str, option, optional  # noqa: E402
 from pml_suprank.training.options import DataOptions, RunOptions  # noqa: E402
 from pml_suprank.training.recipe import make_accelerator  # noqa: E402
+from pml_suprank.training.spec_cli import OptionError, check_options, parse_options, same_option  # noqa: E402
 
 #: benchmarks with their own protocol (not a single test set): name → mode
 PROTOCOLS = {

@@ -77,8 +77,8 @@ from pml_suprank.ood.recipe_spec import (  # noqa: E402
     methods,
     read_heat_config,
 )
-from pml_suprank.spec_cli import OptionError, parse_options  # noqa: E402
 from pml_suprank.training.cli import add_option_arguments  # noqa: E402
+from pml_suprank.training.spec_cli import OptionError, parse_options  # noqa: E402
 
 __all__ = [
     "BUILTIN_OOD", "CONTEXT_ARGUMENTS", "METHODS", "RECIPE_DEFAULTS", "VARIANTS", "FitHeatSpec", "build_detector",

@@ -39,8 +39,8 @@ import torch  # noqa: E402
 
 from pml_suprank import ood  # noqa: E402
 from pml_suprank.ood.recipe_spec import VARIANTS, OODBenchmarkSpec  # noqa: E402
-from pml_suprank.spec_cli import parse_options  # noqa: E402
 from pml_suprank.training.cli import add_option_arguments  # noqa: E402
+from pml_suprank.training.spec_cli import parse_options  # noqa: E402
 
 #: Detectors that score images through the network, not features: not run here.
 NEEDS_IMAGES = ("ODIN",)

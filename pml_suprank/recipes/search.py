@@ -34,10 +34,10 @@ from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 
-from pml_suprank.spec_cli import OptionError, check_options, parse_options, same_option  # noqa: E402
 from pml_suprank.training.cli import add_option_arguments  # noqa: E402
 from pml_suprank.training.config import is_bool, is_choice, is_int, is_str, option, optional  # noqa: E402
 from pml_suprank.training.options import DataOptions  # noqa: E402
+from pml_suprank.training.spec_cli import OptionError, check_options, parse_options, same_option  # noqa: E402
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
 

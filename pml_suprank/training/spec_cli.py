@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import fields
 from typing import Any
 
-from ._safe_yaml import shorten
+from .._safe_yaml import shorten
 
 __all__ = [
     "OptionError",
@@ -45,13 +45,13 @@ class OptionError(ValueError):
 def same_option(cls: type, name: str, default: Any = _KEEP, help: str | None = None) -> Any:
     """The option ``name`` of the option dataclass ``cls`` (its help and check: one declaration), as a field of
     another spec; ``default`` / ``help`` replace the original's where the recipe means something else by unset."""
-    from .training.config import field_default, option
+    from .config import field_default, option
 
     f = {f.name: f for f in fields(cls)}[name]
     check = f.metadata.get("check")
     default = field_default(f) if default is _KEEP else default
     if default is None and check is not None and not check(None):
-        from .training.config import optional
+        from .config import optional
 
         check = optional(check)
     return option(default, help or f.metadata["help"], check=check)
