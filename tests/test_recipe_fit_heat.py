@@ -246,3 +246,25 @@ def test_fit_heat_refuses_an_untrained_head_and_warns_about_few_heat_steps(tmp_p
 class _Head(torch.nn.Module):
     def get_classifier(self):
         return torch.nn.Linear(4, 3)
+
+
+def test_ood_folders_are_read_from_the_split_they_have(tmp_path):
+    """``--ood_datasets DIR`` without ``:SPLIT``: a folder with a test split gives it, a folder of class folders
+    without one is used whole (its only split), never a split that does not exist."""
+    import numpy as np
+    from PIL import Image
+
+    from pml_suprank.ood.recipe_data import ood_source
+
+    spec = _import_fit_heat().parse_args([])
+    layouts = {"whole": ["a/0.png", "a/1.png", "b/0.png", "b/1.png"],
+               "split": ["train/a/0.png", "train/b/0.png", "test/a/0.png", "test/b/0.png"]}  # fmt: skip
+    for folder, names in layouts.items():
+        root = tmp_path / folder
+        for name in names:
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(np.full((8, 8, 3), 90, dtype=np.uint8)).save(root / name)
+    assert ood_source(str(tmp_path / "whole"), spec) == (str(tmp_path / "whole"), "train", "label")
+    assert ood_source(str(tmp_path / "split"), spec) == (str(tmp_path / "split"), "test", "label")
+    assert ood_source(f"{tmp_path / 'split'}:train:label", spec)[1] == "train"
+    assert ood_source("org/hub-set", spec) == ("org/hub-set", "test", "label")
