@@ -132,3 +132,56 @@ def test_mkdocs_build_strict(tmp_path, monkeypatch):
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert (tmp_path / "site" / "index.html").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# shell blocks: every ``python recipes/<name>.py`` command of these pages runs as written, at small sizes through the
+# recipe's documented flags (appended: the last value of a flag wins)
+# ---------------------------------------------------------------------------------------------------------------------
+SHELL_PAGES = ("docs/ood.md",)
+_FIT_HEAT_SMALL = ["--num_per_class", "3", "--num_test_per_class", "2", "--num_noise", "12", "--train_epochs", "1",
+                   "--heat_epochs", "1", "--knn_k", "3", "--no_plots", "true"]  # fmt: skip
+SMALL_FLAGS = {
+    "fit_heat": [*_FIT_HEAT_SMALL, "--threads", "1", "--progress", "false"],
+    "ood_benchmark": ["--heat_epochs", "1", "--threads", "1", "--progress", "false", "--no_plots", "true"],
+    "ood_benchmark_extract": ["--num_per_class", "3", "--num_test_per_class", "2", "--num_noise", "12",
+                              "--train_epochs", "1"],
+}  # fmt: skip
+
+
+def _shell_commands(page: str) -> list[list[str]]:
+    """The ``python recipes/...`` commands of the page's ```bash blocks (continuation lines joined, comments and
+    other commands left out), as argv lists."""
+    import shlex
+
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", (ROOT / page).read_text(), flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line.startswith("python recipes/"):
+                commands.append(shlex.split(line)[1:])
+    return commands
+
+
+def test_the_shell_pages_have_recipe_commands():
+    for page in SHELL_PAGES:
+        commands = _shell_commands(page)
+        assert commands and all(c[0].startswith("recipes/") for c in commands), page
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", SHELL_PAGES)
+def test_shell_blocks_run(page, tmp_path):
+    """The page's recipe commands run in order from a checkout's root (they may read what an earlier one wrote)."""
+    import os
+
+    (tmp_path / "recipes").symlink_to(ROOT / "recipes")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}  # noqa: TID251
+    for argv in _shell_commands(page):
+        name = Path(argv[0]).stem
+        small = SMALL_FLAGS.get(name, [])
+        if name == "ood_benchmark" and "--features" not in argv:
+            small = [*small, *SMALL_FLAGS["ood_benchmark_extract"]]
+        proc = subprocess.run([sys.executable, *argv, *small], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=600)  # fmt: skip
+        assert proc.returncode == 0, f"{' '.join(argv)}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -48,7 +49,7 @@ def test_fit_heat_config_file_sets_defaults_and_flags_win():
     cfg = Path(__file__).resolve().parents[1] / "pml_suprank" / "hub_configs" / "heat_cifar10_resnet34.yaml"
     args = fit_heat.parse_args(["--config", str(cfg), "--knn_k", "7"])
     assert args.backbone == "resnet34" and args.preset == "cifar10" and args.tie_hidden_weights
-    assert args.cifar_stem and args.knn_k == 7 and args.vim_dim == 256
+    assert args.cifar_stem and args.detector_options["knn_k"] == 7 and args.detector_options["vim_dim"] == 256
     assert args.heat_settings["gmm"]["sgld_steps"] == 40
     with pytest.raises(SystemExit):
         fit_heat.parse_args(["--preset", "mnist"])
@@ -114,11 +115,12 @@ def test_fit_heat_detector_rows_and_flags_come_from_the_registry():
     assert [m for m in fit_heat.METHODS if m in registered] == registered
     assert fit_heat.METHODS[-1] == "HEAT" and "SSD+" in fit_heat.METHODS
     args = fit_heat.parse_args([])
-    assert (args.knn_k, args.dice_p, args.react_percentile, args.vim_dim) == (50, 0.9, 95.0, None)
-    assert (args.odin_temperature, args.odin_eps, args.energy_temperature) == (1000.0, 0.0014, 1.0)
+    options = args.detector_options
+    assert [options[k] for k in ("knn_k", "dice_p", "react_percentile", "vim_dim")] == [50, 0.9, 95.0, None]
+    assert (options["odin_temperature"], options["odin_eps"], options["energy_temperature"]) == (1000.0, 0.0014, 1.0)
     for name in registered:  # every plain constructor argument has its flag
         for argument in fit_heat.detector_options(name):
-            assert hasattr(args, f"{name.lower()}_{argument}"), (name, argument)
+            assert f"{name.lower()}_{argument}" in options, (name, argument)
     model = torch.nn.Module()
     model.get_classifier = lambda: torch.nn.Linear(8, 3)
     knn = fit_heat.build_detector("KNN", args, model, n_train=20, dim=8)
@@ -144,5 +146,125 @@ def test_every_heat_hub_config_parses(path):
     raw = yaml.safe_load(path.read_text())
     args = fit_heat.parse_args(["--config", str(path)])
     for key, value in {**raw["recipe"], **{k: v for k, v in raw["heat"].items() if k != "settings"}}.items():
-        assert getattr(args, key) == value, key
+        assert (args.detector_options[key] if key in args.detector_options else getattr(args, key)) == value, key
     assert args.heat_settings == raw["heat"]["settings"]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("recipe:\n  batch_size: [1, 2]\n", r"recipe\.batch_size: expected an int in \[1, 65536\]; got \[1, 2\]"),
+        ("recipe:\n  num_per_class: 1000000000000\n", r"recipe\.num_per_class: expected an int in \[1, 100000\]"),
+        ("recipe:\n  knn_k: 2.5\n", r"recipe\.knn_k: expected an int >= 0; got 2\.5"),
+        ("recipe:\n  backbone_name: resnet18\n", r"unknown key recipe\.backbone_name"),
+        ("heat:\n  beta: .nan\n", r"heat\.beta: expected a number or ±inf"),
+        ("heat:\n  settings: {gmm: {hidden_dimm: 5}}\n", r"unknown HEAT settings \['hidden_dimm'\]"),
+        ("heat:\n  priors: [gmm, nope]\n", r"--priors: unknown \['nope'\]"),
+        ("training:\n  epochs: 3\n", r"unknown section\(s\) \['training'\]"),
+        ("- a\n- b\n", r"must hold a mapping of sections; got list"),
+    ],
+)
+def test_fit_heat_and_ood_benchmark_config_values_are_checked_before_any_work(tmp_path, capsys, text, message):
+    """A --config value that its option refuses exits 2 at parse time, naming the file and key (never a TypeError
+    deep inside, a MemoryError or an allocation); ood_benchmark hands the same file to the same checks."""
+    fit_heat = _import_fit_heat()
+    benchmark = importlib.import_module("pml_suprank.recipes.ood_benchmark")
+    config = tmp_path / "heat.yaml"
+    config.write_text(text)
+    out = str(tmp_path / "out")
+    for parse, argv in ((fit_heat.parse_args, ["--config", str(config)]),
+                        (benchmark.main, ["--config", str(config), "--output_dir", out])):  # fmt: skip
+        with pytest.raises(SystemExit) as raised:
+            parse(argv)
+        assert raised.value.code == 2
+        assert re.search(message, capsys.readouterr().err), message
+    assert not (tmp_path / "out").exists()  # nothing was written
+
+
+def test_fit_heat_flags_python_and_files_give_one_verdict(tmp_path, capsys):
+    """Each bounded option: the flag, the file value and FitHeatSpec(...) accept and refuse the same values."""
+    from pml_suprank.ood.recipe_spec import FitHeatSpec
+    from pml_suprank.training.spec_cli import OptionError
+
+    fit_heat = _import_fit_heat()
+    cases = {"num_per_class": (1, 100_000, 0, 100_001), "batch_size": (1, 65_536, 0, 65_537),
+             "image_size": (8, 4096, 7, 4097), "heat_epochs": (1, 100_000, 0, 100_001),
+             "threads": (1, 4096, 0, 4097)}  # fmt: skip
+    for name, (low, high, below, above) in cases.items():
+        for value, ok in ((low, True), (high, True), (below, False), (above, False)):
+            config = tmp_path / f"{name}_{value}.yaml"
+            text = f"heat:\n  epochs: {value}\n" if name == "heat_epochs" else f"recipe:\n  {name}: {value}\n"
+            config.write_text(text)
+            verdicts = []
+            for build, arg in ((fit_heat.parse_args, [f"--{name}", str(value)]),
+                               (fit_heat.parse_args, ["--config", str(config)]),
+                               (lambda kw: FitHeatSpec(**kw), {name: value})):  # fmt: skip
+                try:
+                    spec = build(arg)
+                    verdicts.append(getattr(spec, name) == value)
+                except (SystemExit, OptionError):
+                    verdicts.append(False)
+            assert verdicts == [ok] * 3, (name, value, verdicts)
+    capsys.readouterr()
+
+
+def test_fit_heat_checkpoint_of_a_retrieval_model_points_to_model(tmp_path, capsys):
+    """``--checkpoint RUN/final/model.safetensors`` of the package's own retrieval model: a one-line message
+    pointing to ``--model RUN/final``, not a state-dict traceback."""
+    from pml_suprank.models import RetrievalModel
+    from pml_suprank.ood.recipe_data import build_model
+
+    fit_heat = _import_fit_heat()
+    final = tmp_path / "final"
+    RetrievalModel(backbone="test_resnet", embedding_size=16, image_size=32).save_pretrained(final)
+    spec = fit_heat.parse_args(["--checkpoint", str(final / "model.safetensors")])
+    with pytest.raises(ValueError, match=rf"use --model {re.escape(str(final))}") as raised:
+        build_model(spec, 4)
+    assert len(str(raised.value).splitlines()) == 1
+    other = tmp_path / "other.safetensors"
+    from safetensors.torch import save_file
+
+    save_file({"fc.weight": torch.zeros(3, 3)}, str(other))
+    with pytest.raises(ValueError, match=r"does not fit --backbone test_resnet: missing keys \[.*\] \(\d+\)"):
+        build_model(fit_heat.parse_args(["--checkpoint", str(other)]), 4)
+
+
+def test_fit_heat_refuses_an_untrained_head_and_warns_about_few_heat_steps(tmp_path):
+    fit_heat = _import_fit_heat()
+    spec = fit_heat.parse_args(["--id_dataset", str(tmp_path)])
+    assert spec.resolved(model_image_size=32).train_epochs == 5  # a user's data: the head is trained by default
+    assert fit_heat.parse_args(["--checkpoint", "x.pt"]).resolved(model_image_size=32).train_epochs == 0
+    with pytest.raises(SystemExit, match="classifier head would be untrained"):
+        fit_heat.check_trained_head(fit_heat.parse_args(["--train_epochs", "0"]).resolved(model_image_size=32))
+    heat = fit_heat.build_heat(fit_heat.parse_args(["--heat_epochs", "1"]), _Head())
+    lines = fit_heat.heat_step_warnings(heat, n_train=40)
+    assert len(lines) == 3 and "gmm: 1 optimizer step(s)" in lines[0] and "--heat_epochs" in lines[0]
+    enough = fit_heat.build_heat(fit_heat.parse_args(["--heat_epochs", "30", "--heat_batch_size", "4"]), _Head())
+    assert fit_heat.heat_step_warnings(enough, n_train=40) == []
+
+
+class _Head(torch.nn.Module):
+    def get_classifier(self):
+        return torch.nn.Linear(4, 3)
+
+
+def test_ood_folders_are_read_from_the_split_they_have(tmp_path):
+    """``--ood_datasets DIR`` without ``:SPLIT``: a folder with a test split gives it, a folder of class folders
+    without one is used whole (its only split), never a split that does not exist."""
+    import numpy as np
+    from PIL import Image
+
+    from pml_suprank.ood.recipe_data import ood_source
+
+    spec = _import_fit_heat().parse_args([])
+    layouts = {"whole": ["a/0.png", "a/1.png", "b/0.png", "b/1.png"],
+               "split": ["train/a/0.png", "train/b/0.png", "test/a/0.png", "test/b/0.png"]}  # fmt: skip
+    for folder, names in layouts.items():
+        root = tmp_path / folder
+        for name in names:
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(np.full((8, 8, 3), 90, dtype=np.uint8)).save(root / name)
+    assert ood_source(str(tmp_path / "whole"), spec) == (str(tmp_path / "whole"), "train", "label")
+    assert ood_source(str(tmp_path / "split"), spec) == (str(tmp_path / "split"), "test", "label")
+    assert ood_source(f"{tmp_path / 'split'}:train:label", spec)[1] == "train"
+    assert ood_source("org/hub-set", spec) == ("org/hub-set", "test", "label")

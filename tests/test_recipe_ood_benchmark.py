@@ -71,3 +71,19 @@ def test_recipe_end_to_end_on_tiny_synthetic_data(tmp_path):
     saved = ood.load_features(tmp_path / "features.safetensors")  # the fit_heat.py format, reusable
     assert set(saved.sets) == {"id_train", "id_test", "synthetic-heldout", "noise-uniform", "noise-blobs"}
     assert saved.weight is not None and saved.sets["id_train"].labels is not None
+
+
+def test_near_and_far_names_from_the_file_are_accepted(tmp_path):
+    """The docs' command: ``--near synthetic-heldout --far noise-uniform`` names sets the file holds."""
+    recipe = _import_recipe()
+    names = ["synthetic-heldout", "noise-uniform", "noise-blobs"]
+    groups = recipe.group_sets(names, ["synthetic-heldout"], ["noise-uniform", "noise-blobs"])
+    assert groups == {"near": ["synthetic-heldout"], "far": ["noise-uniform", "noise-blobs"]}
+    assert recipe.group_sets(names, ["synthetic-heldout"], None)["far"] == ["noise-uniform", "noise-blobs"]
+    with pytest.raises(SystemExit, match=r"\['svhn'\]"):
+        recipe.group_sets(names, ["svhn"], ["noise-uniform"])
+    features = _feature_file(tmp_path / "features.safetensors")
+    summary = recipe.main(["--features", str(features), "--output_dir", str(tmp_path / "out"), "--progress", "false",
+                           "--no_plots", "--detectors", "KNN", "MSP", "--near", "synthetic-heldout", "--far",
+                           "noise-uniform"])  # fmt: skip
+    assert summary["groups"] == {"near": ["synthetic-heldout"], "far": ["noise-uniform"]}

@@ -196,9 +196,12 @@ class Detector(ModelDetectorMixin, HubMixin):
             raise NotFittedError(type(self).__name__)
 
     def _hub_config(self, metadata: Mapping[str, Any] | None) -> dict[str, Any]:
+        kind = getattr(self, "feature_kind", None)  # set by fit_model: the features predict extracts
+        extra = {"feature_kind": kind} if kind is not None else {}
         return make_config(
-            self._hub_architecture(), self.config(), task=DETECTOR_TASK, metadata=metadata, fitted=self._fitted
-        )
+            self._hub_architecture(), self.config(), task=DETECTOR_TASK, metadata=metadata, fitted=self._fitted,
+            **extra,
+        )  # fmt: skip
 
     def _hub_weights(self) -> dict[str, Tensor]:
         return self.state_dict()
@@ -246,7 +249,14 @@ class Detector(ModelDetectorMixin, HubMixin):
                     f"(the folder must hold {CONFIG_NAME} and {WEIGHTS_NAME} as written by save_pretrained)"
                 )
         self._hub_check_state(state, weights, dict(config))
+        kind = config.get("feature_kind")
+        if kind is not None and kind not in ("pooled", "embedding"):
+            raise ValueError(
+                f"{weights.parent / CONFIG_NAME}: key 'feature_kind' must be 'pooled' or 'embedding'; got {kind!r}"
+            )
         self._restore(state, dict(config))
+        if kind is not None:
+            self.feature_kind = kind
 
     def _state_spec(self) -> dict[str, TensorSpec] | None:
         """The tensors this detector (as configured) holds once fitted, or ``None`` for the generic check."""

@@ -128,14 +128,17 @@ class ModelDetectorMixin:
         """Extract features of ``model`` on ``loader`` (ID training data) and :meth:`fit` on them. Returns ``self``.
 
         ``fit_kwargs`` go to ``fit`` (e.g. ``callback=`` for HEAT). A head detector built without a head takes the
-        model's classifier; ODIN-like detectors built without a network take ``model``.
+        model's classifier; ODIN-like detectors built without a network take ``model``. The detector remembers
+        ``features`` (``feature_kind``): :meth:`predict` extracts the same kind by default.
         """
         self._adopt_head(model)
         if self._scores_images() and self.model is None:
             self.model = model.forward_logits if _is_retrieval_model(model) else model
             return self.fit(**fit_kwargs)
         feats = extract_model_features(model, loader, device=device, max_batches=max_batches, features=features)
-        return self.fit(**feats.as_kwargs(), **fit_kwargs)
+        fitted = self.fit(**feats.as_kwargs(), **fit_kwargs)
+        self.feature_kind = features
+        return fitted
 
     def predict(
         self,
@@ -143,12 +146,23 @@ class ModelDetectorMixin:
         x: Tensor | Iterable,
         *,
         device: torch.device | str | None = None,
-        features: FeatureKind = "pooled",
+        features: FeatureKind | None = None,
     ) -> Tensor:
         """Outlier scores ``(N,)`` (higher = more OOD) of images ``x`` ``(B, C, H, W)`` or of a loader's batches.
 
-        The features are extracted by ``model`` as in :meth:`fit_model` (use the same model and ``features``).
+        The features are extracted by ``model`` as in :meth:`fit_model` (use the same model); ``features`` defaults
+        to the kind the detector was fitted on by :meth:`fit_model` (else ``"pooled"``), and another kind is refused.
+
+        Raises:
+            ValueError: ``features`` differs from the kind the detector was fitted on.
         """
+        fitted = getattr(self, "feature_kind", None)
+        if features is not None and fitted is not None and features != fitted:
+            raise ValueError(
+                f"{type(self).__name__} was fitted on {fitted!r} features (fit_model(features={fitted!r})); got "
+                f"features={features!r}: scores of another feature space mean nothing"
+            )
+        features = features or fitted or "pooled"
         self._adopt_head(model)
         if self._scores_images():
             if self.model is None:

@@ -33,7 +33,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # noqa: TID251 - recipes ma
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+from dataclasses import dataclass, replace  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -41,8 +43,10 @@ from pml_suprank.data.benchmarks import BENCHMARKS  # noqa: E402
 from pml_suprank.metrics.report import one_column  # noqa: E402
 from pml_suprank.training import TrainingConfig  # noqa: E402
 from pml_suprank.training.cli import add_option_arguments  # noqa: E402
+from pml_suprank.training.config import is_choice, is_int, is_str, option, optional  # noqa: E402
 from pml_suprank.training.options import DataOptions, RunOptions  # noqa: E402
 from pml_suprank.training.recipe import make_accelerator  # noqa: E402
+from pml_suprank.training.spec_cli import OptionError, check_options, parse_options, same_option  # noqa: E402
 
 #: benchmarks with their own protocol (not a single test set): name → mode
 PROTOCOLS = {
@@ -56,65 +60,147 @@ PROTOCOLS = {
 DYML_GRANULARITIES = ("fine", "middle", "coarse")
 
 
+@dataclass
+class EvaluateSpec:
+    """Every option of the ``evaluate`` recipe (the data and evaluation options are the training recipes' own
+    declarations). Unset data / evaluation options are the model folder's (its ``data_spec.json``: the training
+    run's test set, class split, seed, ``k_values`` and ``alpha``), else the defaults shown by ``--help``."""
+
+    model: str | None = option(None, "model folder (config.json) or Hub repo id (required)",
+                               check=optional(is_str()))  # fmt: skip
+    output_dir: str | None = option(None, "write metrics.json and plots here", check=optional(is_str()))
+    benchmark: str | None = option(
+        None, "a paper benchmark read from its archive under --data_root, evaluated by its protocol (DyML: per "
+        "granularity; gldv2_hier: query vs gallery, mAP@100; roxford5k / rparis6k: revisited E/M/H mAP); other "
+        "benchmarks: their test split", check=optional(is_choice(*sorted(BENCHMARKS))),
+    )  # fmt: skip
+    max_side: int | None = option(
+        None, "roxford5k / rparis6k: resize each image so its longer side has this many pixels (default: the model's "
+        "input size; the protocol's papers use 1024)", check=optional(is_int(8, 16384)),
+    )  # fmt: skip
+    dataset: str | None = same_option(DataOptions, "dataset", None, "the test data: 'synthetic', a benchmark name, a "
+                                      "Hub id or a local folder (unset: the model's training data, else synthetic)")
+    data_root: str | None = same_option(DataOptions, "data_root")
+    label_columns: list[str] | None = same_option(DataOptions, "label_columns", None, "label columns, finest first, "
+                                                  "space-separated (unset: the model's, or the folder's)")
+    test_split: str | None = same_option(DataOptions, "test_split")
+    num_per_class: int | None = same_option(DataOptions, "num_per_class", None,
+                                            "SyntheticShapes: images per fine class (unset: the model's, else 32)")
+    seed: int | None = same_option(TrainingConfig, "seed", None, "seed of a synthetic test set, a class split and "
+                                   "the plots (unset: the model's, else 0)")
+    eval_batch_size: int = same_option(TrainingConfig, "eval_batch_size")
+    k_values: list[int] | None = same_option(TrainingConfig, "k_values", None,
+                                             "Recall@k values, space-separated (unset: the model's, else 1 10)")
+    alpha: float | None = same_option(TrainingConfig, "alpha", None, "H-AP relevance exponent (unset: the model's, "
+                                      "else 1)")  # fmt: skip
+    no_plots: bool = same_option(RunOptions, "no_plots")
+    mixed_precision: str | None = same_option(RunOptions, "mixed_precision")
+    cpu: bool = same_option(RunOptions, "cpu")
+
+    def __post_init__(self) -> None:
+        check_options(self)
+        if self.model is None:
+            raise OptionError("--model is required (a model folder such as RUN/final, or a Hub repo id)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """``--model`` and ``--output_dir``, plus the shared data / evaluation / run options (generated)."""
+    """One flag per :class:`EvaluateSpec` field (``--split`` / ``--batch_size`` as the short names)."""
     parser = argparse.ArgumentParser(
         description="Evaluate a retrieval model on a test set.", formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    parser.add_argument("--model", type=str, required=True, help="model folder (config.json) or Hub repo id")
-    parser.add_argument("--output_dir", type=str, default=None, help="write metrics.json and plots here")
-    parser.add_argument(
-        "--benchmark", type=str, default=None, choices=sorted(BENCHMARKS),
-        help="a paper benchmark read from its archive under --data_root, evaluated by its protocol (DyML: per "
-        "granularity; gldv2_hier: query vs gallery, mAP@100; roxford5k / rparis6k: revisited E/M/H mAP); other "
-        "benchmarks: their test split",
-    )  # fmt: skip
-    parser.add_argument(
-        "--max_side", type=int, default=None,
-        help="roxford5k / rparis6k: resize each image so its longer side has this many pixels (default: the model's "
-        "input size; the protocol's papers use 1024)",
-    )  # fmt: skip
-    add_option_arguments(
-        parser,
-        DataOptions,
-        only=("dataset", "data_root", "label_columns", "test_split", "num_per_class"),
-        flags={"test_split": ("--split", "--test_split")},
-    )
-    add_option_arguments(
-        parser,
-        TrainingConfig,
-        only=("seed", "eval_batch_size", "k_values", "alpha"),
-        flags={"eval_batch_size": ("--batch_size", "--eval_batch_size")},
-    )
-    add_option_arguments(parser, RunOptions, only=("no_plots", "mixed_precision", "cpu"))
+    flags = {"test_split": ("--split", "--test_split"), "eval_batch_size": ("--batch_size", "--eval_batch_size")}
+    add_option_arguments(parser, EvaluateSpec, flags=flags)
     return parser
+
+
+def parse_args(argv: list[str] | None = None) -> EvaluateSpec:
+    """The invocation's :class:`EvaluateSpec` (each flag checked by its option; exit 2 with the flag named)."""
+    parser = build_parser()
+    try:
+        return EvaluateSpec(**parse_options(parser, argv, (EvaluateSpec,)))
+    except OptionError as e:
+        parser.error(str(e))
+
+
+def test_data(spec: EvaluateSpec, recorded: dict[str, Any] | None, image_size: int) -> tuple[dict, int]:
+    """The data section and seed of the test set: the model's recorded data spec (``recorded``) with the options the
+    user set laid over it, or the options alone (SyntheticShapes at the model's ``image_size`` by default)."""
+    section = dict(recorded["data"]) if recorded is not None else {"dataset": "synthetic", "image_size": image_size}
+    if spec.dataset is not None and spec.dataset != section.get("dataset"):
+        section = {"dataset": spec.dataset} if recorded is None or not _same_kind(spec.dataset, section) else {
+            **section, "dataset": spec.dataset}  # fmt: skip
+        if section["dataset"] == "synthetic":
+            section["image_size"] = image_size
+    for name in ("data_root", "label_columns", "test_split", "num_per_class"):
+        if getattr(spec, name) is not None:
+            section[name] = getattr(spec, name)
+    seed = spec.seed if spec.seed is not None else int((recorded or {}).get("seed", 0))
+    return section, seed
+
+
+def _same_kind(dataset: str, section: dict) -> bool:
+    """``--dataset DIR`` replacing the recorded one keeps the recorded options when both are local folders (the
+    same data moved), else the options start afresh."""
+    from pml_suprank.training.data_source import folder_layout
+
+    return folder_layout(dataset) is not None and folder_layout(section.get("dataset")) is not None
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    name = args.benchmark or (args.dataset if args.dataset in BENCHMARKS else None)
-    if name is not None and not args.data_root:
+    spec = parse_args(argv)
+    from pml_suprank.training.data_spec import read_data_spec
+
+    try:
+        recorded = read_data_spec(spec.model)
+    except ValueError as e:
+        parser.error(f"--model: {e}")
+    kept = recorded or {}
+    alpha = spec.alpha if spec.alpha is not None else float(kept.get("alpha", 1.0))
+    spec = replace(spec, k_values=spec.k_values or list(kept.get("k_values", (1, 10))), alpha=alpha)
+    dataset = spec.benchmark or spec.dataset or kept.get("data", {}).get("dataset", "synthetic")
+    name = spec.benchmark or (dataset if dataset in BENCHMARKS else None)
+    root = spec.data_root or kept.get("data", {}).get("data_root")
+    if name is not None and not root:
         parser.error(f"--data_root is required for benchmark {name} (expected: {BENCHMARKS[name].layout})")
-    if name is None and args.dataset not in ("synthetic",) and not args.label_columns:
-        parser.error(f"--label_columns is required with --dataset {args.dataset!r}")
-    if name is not None and args.test_split is not None and args.test_split not in BENCHMARKS[name].splits:
-        parser.error(f"--split must be a split of {name} {list(BENCHMARKS[name].splits)}; got {args.test_split!r}")
+    if name is not None and spec.test_split is not None and spec.test_split not in BENCHMARKS[name].splits:
+        parser.error(f"--split must be a split of {name} {list(BENCHMARKS[name].splits)}; got {spec.test_split!r}")
+    spec = replace(spec, data_root=root)
 
     from pml_suprank.models import RetrievalModel
 
-    accelerator = make_accelerator(cpu=args.cpu, mixed_precision=args.mixed_precision, output_dir=args.output_dir)
-    model = accelerator.prepare(RetrievalModel.from_pretrained(args.model))
-    mode = PROTOCOLS.get(name) if name is not None and args.test_split is None else None
+    accelerator = make_accelerator(cpu=spec.cpu, mixed_precision=spec.mixed_precision, output_dir=spec.output_dir)
+    model = accelerator.prepare(RetrievalModel.from_pretrained(spec.model))
+    mode = PROTOCOLS.get(name) if name is not None and spec.test_split is None else None
     if mode is None:
-        return evaluate_test_set(args, name, model, accelerator)
+        image_size = int(_unwrap(model).data_config["input_size"][-1])
+        section, seed = test_data(spec, recorded if spec.benchmark is None else None, image_size)
+        if name is not None:
+            section = {"dataset": name, "data_root": root}
+            section.update({"test_split": spec.test_split} if spec.test_split else {})
+        error = _data_error(section)
+        if error:
+            parser.error(error)
+        return evaluate_test_set(replace(spec, seed=seed), section, model, accelerator)
     protocol = {"dyml": evaluate_dyml, "landmark": evaluate_landmark, "revisited": evaluate_revisited}[mode]
-    metrics = protocol(args, name, model, accelerator)
-    accelerator.print(f"{args.model} on {name} ({mode} protocol):")
+    metrics = protocol(spec, name, model, accelerator)
+    accelerator.print(f"{spec.model} on {name} ({mode} protocol):")
     accelerator.print(one_column(metrics))
-    _write_metrics(args, metrics, accelerator)
+    _write_metrics(spec, metrics, accelerator)
     accelerator.wait_for_everyone()
     return metrics
+
+
+def _data_error(section: dict) -> str | None:
+    """Why the data section cannot be read (a Hub id without ``--label_columns``, a bad option), else ``None``."""
+    from pml_suprank.training.data_source import SYNTHETIC_NAMES, data_option_errors, folder_layout
+
+    dataset = section.get("dataset")
+    if dataset not in SYNTHETIC_NAMES and dataset not in BENCHMARKS and not section.get("label_columns"):
+        if folder_layout(dataset) is None:
+            return f"--label_columns is required with --dataset {dataset!r} (the model records no data spec for it)"
+    errors = data_option_errors(section)
+    return "; ".join(errors) if errors else None
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -136,10 +222,10 @@ def _test_transform(model: torch.nn.Module):
     return data.build_transforms(_unwrap(model).data_config, train=False)
 
 
-def _write_metrics(args: argparse.Namespace, metrics: dict, accelerator) -> Path | None:
-    if not args.output_dir or not accelerator.is_main_process:
+def _write_metrics(spec: EvaluateSpec, metrics: dict, accelerator) -> Path | None:
+    if not spec.output_dir or not accelerator.is_main_process:
         return None
-    out = Path(args.output_dir)
+    out = Path(spec.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
     return out
@@ -149,7 +235,7 @@ def _floats(metrics: dict) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items() if not hasattr(v, "numel") or v.numel() == 1}
 
 
-def evaluate_dyml(args: argparse.Namespace, name: str, model: torch.nn.Module, accelerator) -> dict[str, float]:
+def evaluate_dyml(spec: EvaluateSpec, name: str, model: torch.nn.Module, accelerator) -> dict[str, float]:
     """The DyML protocol: for each granularity ``g``, ``query_g`` against ``gallery_g`` (queries are not in the
     gallery); ``<metric>_<g>`` per granularity and ``<metric>`` = the mean over the three granularities, for ``ap``
     (mAP), ``map_at_r``, ``asi`` and ``recall_at_1``."""
@@ -157,14 +243,14 @@ def evaluate_dyml(args: argparse.Namespace, name: str, model: torch.nn.Module, a
     from pml_suprank.metrics import RetrievalEvaluator
 
     transform = _test_transform(model)
-    evaluator = RetrievalEvaluator(k_values=tuple(sorted({1, *args.k_values})), alpha=args.alpha)
+    evaluator = RetrievalEvaluator(k_values=tuple(sorted({1, *spec.k_values})), alpha=spec.alpha)
     keys = ("ap", "map_at_r", "asi", "recall_at_1")
     out: dict[str, float] = {}
     for g in DYML_GRANULARITIES:
-        q, ql = _embed(model, data.load_benchmark(name, args.data_root, f"query_{g}", transform),
-                       args.eval_batch_size, accelerator)  # fmt: skip
-        r, rl = _embed(model, data.load_benchmark(name, args.data_root, f"gallery_{g}", transform),
-                       args.eval_batch_size, accelerator)  # fmt: skip
+        q, ql = _embed(model, data.load_benchmark(name, spec.data_root, f"query_{g}", transform),
+                       spec.eval_batch_size, accelerator)  # fmt: skip
+        r, rl = _embed(model, data.load_benchmark(name, spec.data_root, f"gallery_{g}", transform),
+                       spec.eval_batch_size, accelerator)  # fmt: skip
         metrics = evaluator.evaluate(q, ql, r, rl)
         out.update({f"{k}_{g}": float(metrics[k]) for k in keys})
         out[f"num_queries_{g}"] = float(len(q))
@@ -173,7 +259,7 @@ def evaluate_dyml(args: argparse.Namespace, name: str, model: torch.nn.Module, a
     return out
 
 
-def evaluate_landmark(args: argparse.Namespace, name: str, model: torch.nn.Module, accelerator) -> dict[str, float]:
+def evaluate_landmark(spec: EvaluateSpec, name: str, model: torch.nn.Module, accelerator) -> dict[str, float]:
     """H-GLDv2: the ``query`` split against the ``gallery`` split; every metric of the standard evaluator (H-AP, ASI,
     NDCG on the 3 levels, ...) and ``map_at_100``, the GLDv2 mAP@100 (positives = gallery images of the query's
     landmark; it replaces the evaluator's value of that name)."""
@@ -182,11 +268,11 @@ def evaluate_landmark(args: argparse.Namespace, name: str, model: torch.nn.Modul
     from pml_suprank.metrics.landmark import landmark_map_at_k
 
     transform = _test_transform(model)
-    q, ql = _embed(model, data.load_benchmark(name, args.data_root, "query", transform), args.eval_batch_size,
+    q, ql = _embed(model, data.load_benchmark(name, spec.data_root, "query", transform), spec.eval_batch_size,
                    accelerator)  # fmt: skip
-    r, rl = _embed(model, data.load_benchmark(name, args.data_root, "gallery", transform), args.eval_batch_size,
+    r, rl = _embed(model, data.load_benchmark(name, spec.data_root, "gallery", transform), spec.eval_batch_size,
                    accelerator)  # fmt: skip
-    out = _floats(RetrievalEvaluator(k_values=tuple(args.k_values), alpha=args.alpha).evaluate(q, ql, r, rl))
+    out = _floats(RetrievalEvaluator(k_values=tuple(spec.k_values), alpha=spec.alpha).evaluate(q, ql, r, rl))
     per_query = landmark_map_at_k(q @ r.T, ql[:, None, 0] == rl[None, :, 0], k=100)
     out["map_at_100"] = float(torch.nanmean(per_query))
     return out
@@ -205,52 +291,41 @@ def resize_only_transform(data_config: dict, max_side: int):
     return T.Compose([T.Lambda(resize), T.ToTensor(), T.Normalize(data_config["mean"], data_config["std"])])
 
 
-def evaluate_revisited(args: argparse.Namespace, name: str, model: torch.nn.Module, accelerator) -> dict[str, float]:
+def evaluate_revisited(spec: EvaluateSpec, name: str, model: torch.nn.Module, accelerator) -> dict[str, float]:
     """Revisited Oxford / Paris: the cropped queries against the database, ``revisited_map(q @ g.T, query.gnd)``
     (Easy / Medium / Hard mAP and mP@1/5/10, junk removed); resize-only transform, one image per batch."""
     from pml_suprank import data
     from pml_suprank.metrics.landmark import revisited_map
 
     config = _unwrap(model).data_config
-    max_side = args.max_side or int(max(config["input_size"][1:]))
+    max_side = spec.max_side or int(max(config["input_size"][1:]))
     transform = resize_only_transform(config, max_side)
-    query = data.load_benchmark(name, args.data_root, "query", transform)
+    query = data.load_benchmark(name, spec.data_root, "query", transform)
     q, _ = _embed(model, query, 1, accelerator)
-    g, _ = _embed(model, data.load_benchmark(name, args.data_root, "gallery", transform), 1, accelerator)
+    g, _ = _embed(model, data.load_benchmark(name, spec.data_root, "gallery", transform), 1, accelerator)
     return _floats(revisited_map(q @ g.T, query.gnd))
 
 
-def evaluate_test_set(args: argparse.Namespace, name: str | None, model: torch.nn.Module, accelerator) -> dict:
-    """One test set (SyntheticShapes, a benchmark split, or a Hub / local dataset), each query against the others,
-    with the plots."""
-    from pml_suprank import data, plots
+def evaluate_test_set(spec: EvaluateSpec, section: dict, model: torch.nn.Module, accelerator) -> dict:
+    """One test set (the ``"test"`` part of the data ``section``: SyntheticShapes, a benchmark split, a Hub / local
+    dataset, or a folder's seeded class split), each query against the others, with the plots."""
+    from pml_suprank import plots
     from pml_suprank.metrics import RetrievalEvaluator
     from pml_suprank.training import embed_loader, make_loader
+    from pml_suprank.training.data_source import dataset_source
 
-    transform = _test_transform(model)
-    split = args.test_split
-    if name is not None:
-        split = split or BENCHMARKS[name].test_split
-        dataset = data.load_benchmark(name, args.data_root, split, transform)
-    elif args.dataset == "synthetic":
-        image_size = int(_unwrap(model).data_config["input_size"][-1])
-        split = split or "test"
-        dataset = data.SyntheticShapes(
-            split, num_per_class=args.num_per_class, image_size=image_size, seed=args.seed, transform=transform
-        )
-    else:
-        split = split or "test"
-        dataset = data.load_retrieval_dataset(args.dataset, args.label_columns, split=split, transform=transform)
-    loader = accelerator.prepare(make_loader(dataset, args.eval_batch_size))
+    source = dataset_source(section, "test")
+    dataset = source.load(_test_transform(model), seed=spec.seed)
+    loader = accelerator.prepare(make_loader(dataset, spec.eval_batch_size))
     emb, labels, idx = embed_loader(model, loader, accelerator, progress=True)
-    metrics = _floats(RetrievalEvaluator(k_values=tuple(args.k_values), alpha=args.alpha).evaluate(emb, labels))
-    accelerator.print(f"{args.model} on {name or args.dataset} ({split}, {len(dataset)} images):")
+    metrics = _floats(RetrievalEvaluator(k_values=tuple(spec.k_values), alpha=spec.alpha).evaluate(emb, labels))
+    accelerator.print(f"{spec.model} on {source.name} ({source.split}, {len(dataset)} images):")
     accelerator.print(one_column(metrics))
-    out = _write_metrics(args, metrics, accelerator)
-    if out is not None and not args.no_plots:
+    out = _write_metrics(spec, metrics, accelerator)
+    if out is not None and not spec.no_plots:
         files = plots.plot_all(
             emb, labels, out, label_names=getattr(dataset, "label_names", None), image_dataset=dataset, indices=idx,
-            seed=args.seed,
+            seed=spec.seed,
         )  # fmt: skip
         accelerator.print(f"metrics.json and {', '.join(files)} in {out}")
     accelerator.wait_for_everyone()

@@ -30,16 +30,18 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # noqa: TID251 - recipes ma
 import argparse  # noqa: E402
 import inspect  # noqa: E402
 import json  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
+from dataclasses import asdict, replace  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 
 from pml_suprank import ood  # noqa: E402
+from pml_suprank.ood.recipe_spec import VARIANTS, OODBenchmarkSpec  # noqa: E402
+from pml_suprank.training.cli import add_option_arguments  # noqa: E402
+from pml_suprank.training.spec_cli import parse_options  # noqa: E402
 
-#: Table rows that are a registered detector with other constructor arguments.
-VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {"SSD+": ("Mahalanobis", {"normalize": True})}
 #: Detectors that score images through the network, not features: not run here.
 NEEDS_IMAGES = ("ODIN",)
 
@@ -53,33 +55,36 @@ def available_detectors() -> tuple[str, ...]:
     return tuple(names)
 
 
-def _bool(value: str) -> bool:
-    """``true/false`` (also 1/0, yes/no) for boolean flags; kept local so that ``--features`` runs import little."""
-    lowered = str(value).strip().lower()
-    if lowered not in ("true", "false", "1", "0", "yes", "no"):
-        raise argparse.ArgumentTypeError(f"expected true or false; got {value!r}")
-    return lowered in ("true", "1", "yes")
-
-
 def build_parser() -> argparse.ArgumentParser:
+    """One flag per :class:`~pml_suprank.ood.recipe_spec.OODBenchmarkSpec` field (the other flags go to
+    ``fit_heat``'s data / classifier steps when ``--features`` is not given)."""
     p = argparse.ArgumentParser(
         description="Near/far OOD benchmark on saved features (see the module docstring); unknown flags go to "
         "fit_heat.py's data / classifier steps when --features is not given.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--features", default=None, help="features.safetensors written by fit_heat.py (None: extract)")
-    p.add_argument("--output_dir", default="outputs/ood_benchmark", help="where to write tables, figure, features")
-    p.add_argument("--near", nargs="+", default=None, help="near-OOD set names (default: synthetic-heldout)")
-    p.add_argument("--far", nargs="+", default=None, help="far-OOD set names (default: the other OOD sets)")
-    p.add_argument("--detectors", nargs="+", default=None, help="rows to compute (default: all feature detectors)")
-    p.add_argument("--heat_epochs", type=int, default=None, help="HEAT epochs (None: 30 on synthetic, else preset)")
-    p.add_argument("--heat_batch_size", type=int, default=128, help="HEAT batch size (fast preset)")
-    p.add_argument("--ap_method", default="step", choices=["step", "trapezoid"], help="AUPR: HEAT step / OpenOOD")
-    p.add_argument("--seed", type=int, default=0, help="seed of the classifier training and of HEAT / NNGuide")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--no_plots", action="store_true", help="do not write the histogram figure")
-    p.add_argument("--progress", type=_bool, nargs="?", const=True, default=True, help="progress bars")
+    add_option_arguments(p, OODBenchmarkSpec)
     return p
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[OODBenchmarkSpec, list[str]]:
+    """The benchmark's spec (each flag checked by its field) and the flags left for ``fit_heat``."""
+    parser = build_parser()
+    _, rest = parser.parse_known_args(argv)
+    own = list(argv if argv is not None else sys.argv[1:])
+    values = parse_options(parser, _without(own, rest), (OODBenchmarkSpec,))
+    return OODBenchmarkSpec(**values), rest
+
+
+def _without(argv: list[str], rest: list[str]) -> list[str]:
+    """``argv`` without the tokens argparse left over (``rest``, in order)."""
+    out, i = [], 0
+    for token in argv:
+        if i < len(rest) and token == rest[i]:
+            i += 1
+            continue
+        out.append(token)
+    return out
 
 
 def _import_fit_heat():
@@ -89,24 +94,32 @@ def _import_fit_heat():
     return fit_heat
 
 
-def extract(args, rest: list[str], out_dir: Path) -> Path:
-    """Run fit_heat.py's data / classifier / extraction steps and save ``features.safetensors``; returns its path."""
+def fit_heat_spec(spec: OODBenchmarkSpec, rest: list[str]):
+    """The :class:`~pml_suprank.ood.recipe_spec.FitHeatSpec` of the data / classifier steps: ``rest`` (fit_heat's
+    flags, ``--config`` included) with the benchmark's seed and progress."""
+    from dataclasses import replace
+
+    fh = _import_fit_heat().parse_args(rest)
+    return replace(fh, seed=spec.seed, progress=spec.progress)
+
+
+def extract(spec: OODBenchmarkSpec, fh, out_dir: Path) -> tuple[Path, int | None]:
+    """Run fit_heat's data / classifier / extraction steps with the spec ``fh`` and save ``features.safetensors``;
+    returns its path and fit_heat's HEAT epochs (the synthetic default)."""
     fit_heat = _import_fit_heat()
-    fh = fit_heat.parse_args([*rest, "--seed", str(args.seed), "--progress", str(args.progress)])
     device = torch.device(fh.device)
-    train_ds, test_ds, ood_sets, level, classes, train_labels = fit_heat.prepare_data(fh)
+    fh, train_ds, test_ds, ood_sets, level, classes, train_labels = fit_heat.prepare_data(fh)
+    fit_heat.check_trained_head(fh)
     model = fit_heat.build_model(fh, len(classes)).to(device)
     fit_heat.train_classifier(model, train_ds, level, classes, fh, device)
     model.eval()
     feats = fit_heat.extract_all(model, train_ds, test_ds, ood_sets, level, classes, train_labels, fh, device)
-    if args.heat_epochs is None and fh.id_dataset == "synthetic":
-        args.heat_epochs = fh.heat_epochs
-    return fit_heat.save_features(out_dir, model, *feats[:3], fh)
+    return fit_heat.save_features(out_dir, model, *feats[:3], fh), fh.heat_epochs
 
 
 def group_sets(names: list[str], near: list[str] | None, far: list[str] | None) -> dict[str, list[str]]:
     """``{"near": [...], "far": [...]}`` from the OOD set names of the file (unknown names are an error)."""
-    unknown = sorted(set(near or ()) | set(far or ()) - set(names))
+    unknown = sorted((set(near or ()) | set(far or ())) - set(names))
     if unknown:
         raise SystemExit(f"--near/--far name sets that are not in the feature file: {unknown}; it holds {names}")
     if near is None:
@@ -117,7 +130,7 @@ def group_sets(names: list[str], near: list[str] | None, far: list[str] | None) 
     return {g: s for g, s in groups.items() if s}
 
 
-def build_detectors(names, saved: ood.SavedFeatures, args) -> dict[str, ood.Detector]:
+def build_detectors(names, saved: ood.SavedFeatures, spec: OODBenchmarkSpec) -> dict[str, ood.Detector]:
     """Detectors with their defaults, the saved head where they need one, and sizes adapted to the data."""
     train = saved.sets["id_train"]
     n_train, dim = train.features.shape
@@ -136,30 +149,33 @@ def build_detectors(names, saved: ood.SavedFeatures, args) -> dict[str, ood.Dete
         if name in ("KNN", "NNGuide"):
             kwargs["k"] = min(params["k"].default, n_train)
         if name == "NNGuide":
-            kwargs["seed"] = args.seed
+            kwargs["seed"] = spec.seed
         if name == "ViM":
             kwargs["dim"] = min(256, dim // 2)
         if name == "HEAT":
-            settings = {"batch_size": args.heat_batch_size}
-            if args.heat_epochs is not None:
-                settings["epochs"] = args.heat_epochs
-            kwargs.update(preset="fast", settings=settings, seed=args.seed)
+            settings = {"batch_size": spec.heat_batch_size}
+            if spec.heat_epochs is not None:
+                settings["epochs"] = spec.heat_epochs
+            kwargs.update(preset="fast", settings=settings, seed=spec.seed)
         out[row] = cls(**kwargs)
     return out
 
 
 def main(argv=None) -> dict:
-    args, rest = build_parser().parse_known_args(argv)
+    args, rest = parse_args(argv)
+    if args.features is not None and rest:
+        raise SystemExit(f"unknown flags {rest} (data / classifier flags only apply without --features)")
+    fh = fit_heat_spec(args, rest) if args.features is None else None  # every option checked before any work
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)  # recipe-level seeding of the classifier training (the package never seeds)
     out_dir = Path(args.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    if args.features is None:
-        features_path = extract(args, rest, out_dir)
-    elif rest:
-        raise SystemExit(f"unknown flags {rest} (data / classifier flags only apply without --features)")
+    if fh is not None:
+        features_path, heat_epochs = extract(args, fh, out_dir)
+        if args.heat_epochs is None and heat_epochs is not None:
+            args = replace(args, heat_epochs=heat_epochs)
     else:
         features_path = Path(args.features)
     saved = ood.load_features(features_path)
@@ -193,7 +209,7 @@ def main(argv=None) -> dict:
         "rows": result.rows,
         "fit_seconds": result.fit_seconds,
         "total_seconds": time.perf_counter() - t0,
-        "args": vars(args),
+        "args": asdict(args),
     }
     (out_dir / "results.json").write_text(json.dumps(summary, indent=2, default=str))
     figure = "" if args.no_plots else ", score_histograms.png"

@@ -4,11 +4,12 @@
 #   python -m pml_suprank.recipes.search --model outputs/happier_synthetic/final --gallery synthetic --k 10 \
 #       --output_dir search_out
 #   python -m pml_suprank.recipes.search --model DIR --gallery synthetic --queries my_photos/ --k 5 --output_dir OUT
-#   python -m pml_suprank.recipes.search --model org/model --gallery <hub id or folder> --label_columns fine,coarse \
+#   python -m pml_suprank.recipes.search --model org/model --gallery <hub id or folder> --label_columns fine coarse \
 #       --queries <hub id or folder> --query_split test --backend faiss-hnsw --output_dir OUT
 #
 # --gallery: "synthetic" (SyntheticShapes at the model's image size), a paper benchmark name (with --data_root), or
-#   any source of pml_suprank.data.load_retrieval_dataset (Hub id, image folder, parquet; with --label_columns).
+#   any source of pml_suprank.data.load_retrieval_dataset (Hub id, image folder, parquet; with --label_columns,
+#   space-separated, finest first). Without it: the test set the model was trained with (its data_spec.json).
 # --queries: a folder of image files (no labels; searched recursively), or a dataset given like --gallery. Without it,
 #   --num_queries gallery items are drawn (seeded) and each one is removed from its own results.
 #
@@ -27,37 +28,75 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # noqa: TID251 - recipes ma
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+from dataclasses import dataclass, replace  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 
+from pml_suprank.training.cli import add_option_arguments  # noqa: E402
+from pml_suprank.training.config import is_bool, is_choice, is_int, is_str, option, optional  # noqa: E402
+from pml_suprank.training.options import DataOptions  # noqa: E402
+from pml_suprank.training.spec_cli import OptionError, check_options, parse_options, same_option  # noqa: E402
+
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
 
 
+@dataclass
+class SearchSpec:
+    """Every option of the ``search`` recipe (label columns, data root and synthetic size are the training recipes'
+    declarations). Without ``--gallery`` the gallery is the model's own test set (its ``data_spec.json``)."""
+
+    model: str | None = option(None, "model folder (config.json + model.safetensors) or Hub id (required)",
+                               check=optional(is_str()))  # fmt: skip
+    gallery: str | None = option(None, "'synthetic', a benchmark name, or a dataset source (unset: the test set the "
+                                 "model was trained with)", check=optional(is_str()))  # fmt: skip
+    queries: str | None = option(None, "a folder of images, or a dataset given like --gallery",
+                                 check=optional(is_str()))  # fmt: skip
+    output_dir: str | None = option(None, "where results.json / .html / _grid.png go (required)",
+                                    check=optional(is_str()))  # fmt: skip
+    k: int = option(10, "results per query", check=is_int(1, 100_000))
+    backend: str = option("torch", "search backend", check=is_choice("torch", "faiss", "faiss-ivf", "faiss-hnsw"))
+    gallery_split: str | None = option(None, "split of the gallery dataset (unset: the model's test split, else test)",
+                                       check=optional(is_str()))  # fmt: skip
+    query_split: str | None = option(None, "split of a query dataset (default: --gallery_split)",
+                                     check=optional(is_str()))  # fmt: skip
+    num_queries: int = option(8, "queries drawn from the gallery without --queries", check=is_int(1, 100_000))
+    label_columns: list[str] | None = same_option(DataOptions, "label_columns", None, "label columns of a dataset "
+                                                  "source, finest first, space-separated (e.g. fine coarse)")
+    data_root: str | None = same_option(DataOptions, "data_root")
+    num_per_class: int = same_option(DataOptions, "num_per_class", 10)
+    batch_size: int = option(64, "embedding batch size", check=is_int(1, 65_536))
+    seed: int | None = option(None, "seed of the drawn queries, a synthetic gallery and a class split (unset: the "
+                              "model's, else 0)", check=optional(is_int(0)))  # fmt: skip
+    thumbnail_size: int = option(96, "longer side of the HTML thumbnails", check=is_int(16, 1024))
+    save_index: bool = option(False, "also save the index to OUTPUT_DIR/index", check=is_bool())
+    device: str | None = option(None, "default: cuda when available, else cpu", check=optional(is_str()))
+
+    def __post_init__(self) -> None:
+        check_options(self)
+        for name in ("model", "output_dir"):
+            if getattr(self, name) is None:
+                raise OptionError(f"--{name} is required")
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """One flag per :class:`SearchSpec` field."""
     parser = argparse.ArgumentParser(
         description="Search a gallery with a retrieval model; write results.json, an HTML page and a PNG grid.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--model", required=True, help="model folder (config.json + model.safetensors) or Hub id")
-    parser.add_argument("--gallery", required=True, help="'synthetic', a benchmark name, or a dataset source")
-    parser.add_argument("--queries", default=None, help="a folder of images, or a dataset given like --gallery")
-    parser.add_argument("--output_dir", required=True, help="where results.json / .html / _grid.png go")
-    parser.add_argument("--k", type=int, default=10, help="results per query")
-    parser.add_argument("--backend", default="torch", choices=("torch", "faiss", "faiss-ivf", "faiss-hnsw"))
-    parser.add_argument("--gallery_split", default="test", help="split of the gallery dataset")
-    parser.add_argument("--query_split", default=None, help="split of a query dataset (default: --gallery_split)")
-    parser.add_argument("--num_queries", type=int, default=8, help="queries drawn from the gallery without --queries")
-    parser.add_argument("--label_columns", default=None, help="comma-separated label columns, finest first")
-    parser.add_argument("--data_root", default=None, help="archive folder of a paper benchmark")
-    parser.add_argument("--num_per_class", type=int, default=10, help="SyntheticShapes images per class")
-    parser.add_argument("--batch_size", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--thumbnail_size", type=int, default=96, help="longer side of the HTML thumbnails")
-    parser.add_argument("--save_index", action="store_true", help="also save the index to OUTPUT_DIR/index")
-    parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    add_option_arguments(parser, SearchSpec)
     return parser
+
+
+def parse_args(argv: list[str] | None = None) -> SearchSpec:
+    """The invocation's :class:`SearchSpec` (each flag checked by its option; exit 2 with the flag named)."""
+    parser = build_parser()
+    try:
+        return SearchSpec(**parse_options(parser, argv, (SearchSpec,)))
+    except OptionError as e:
+        parser.error(str(e))
 
 
 class ImageFolderQueries(torch.utils.data.Dataset):
@@ -89,20 +128,37 @@ def is_plain_image_folder(root: Path) -> bool:
     return root.is_dir() and not any(root.glob("*.parquet")) and not any((root / m).exists() for m in markers)
 
 
-def load_dataset(args: argparse.Namespace, spec: str, split: str, transform: Any, image_size: int) -> Any:
+def load_dataset(args: SearchSpec, source: str, split: str, transform: Any, image_size: int) -> Any:
     from pml_suprank import data
     from pml_suprank.data import BENCHMARKS
 
-    if spec == "synthetic":
+    if source == "synthetic":
         return data.SyntheticShapes(split, num_per_class=args.num_per_class, image_size=image_size, seed=args.seed,
                                     transform=transform)  # fmt: skip
-    if spec in BENCHMARKS:
+    if source in BENCHMARKS:
         if not args.data_root:
-            raise SystemExit(f"--data_root is required for benchmark {spec!r}")
-        return data.load_benchmark(spec, args.data_root, split, transform)
+            raise SystemExit(f"--data_root is required for benchmark {source!r}")
+        return data.load_benchmark(source, args.data_root, split, transform)
     if not args.label_columns:
-        raise SystemExit(f"--label_columns is required with dataset {spec!r}")
-    return data.load_retrieval_dataset(spec, args.label_columns.split(","), split=split, transform=transform)
+        raise SystemExit(f"--label_columns is required with dataset {source!r}")
+    return data.load_retrieval_dataset(source, args.label_columns, split=split, transform=transform)
+
+
+def model_gallery(args: SearchSpec, transform: Any) -> tuple[Any, SearchSpec]:
+    """The test set the model was trained with (its ``data_spec.json``), and the spec naming it."""
+    from pml_suprank.training.data_source import dataset_source
+    from pml_suprank.training.data_spec import read_data_spec
+
+    try:
+        recorded = read_data_spec(args.model)
+    except ValueError as e:
+        raise SystemExit(f"--model: {e}") from e
+    if recorded is None:
+        raise SystemExit(f"--gallery is required: the model {args.model} records no data spec (data_spec.json)")
+    source = dataset_source(recorded["data"], "test")
+    seed = args.seed if args.seed is not None else int(recorded["seed"])
+    args = replace(args, gallery=source.name, gallery_split=source.split, seed=seed)
+    return source.load(transform, seed=seed), args
 
 
 def embed(model: torch.nn.Module, dataset: Any, batch_size: int, description: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,7 +169,9 @@ def embed(model: torch.nn.Module, dataset: Any, batch_size: int, description: st
                               description=description)  # fmt: skip
 
 
-def describe_results(args, gallery, labels, queries, query_images, query_labels, scores, indices) -> list[dict]:
+def describe_results(
+    args: SearchSpec, gallery, labels, queries, query_images, query_labels, scores, indices
+) -> list[dict]:
     """The per-query result records of results.json (and, with their images, of the HTML page and the grid)."""
     from pml_suprank.search.report import relevance_level
 
@@ -132,9 +190,7 @@ def describe_results(args, gallery, labels, queries, query_images, query_labels,
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = build_parser().parse_args(argv)
-    if args.k < 1 or args.num_queries < 1:
-        raise SystemExit("--k and --num_queries must be >= 1")
+    args = parse_args(argv)
     from pml_suprank import data
     from pml_suprank.models import RetrievalModel
     from pml_suprank.search.report import write_html_report, write_result_grid
@@ -143,7 +199,11 @@ def main(argv: list[str] | None = None) -> dict:
     model = RetrievalModel.from_pretrained(args.model).to(device).eval()
     transform = data.build_transforms(model.data_config, train=False)
     image_size = int(model.data_config["input_size"][-1])
-    gallery = load_dataset(args, args.gallery, args.gallery_split, transform, image_size)
+    if args.gallery is None:
+        gallery, args = model_gallery(args, transform)
+    else:
+        args = replace(args, gallery_split=args.gallery_split or "test", seed=args.seed or 0)
+        gallery = load_dataset(args, args.gallery, args.gallery_split, transform, image_size)
     index = model.build_index(torch.utils.data.DataLoader(gallery, batch_size=args.batch_size), backend=args.backend,
                               progress=True)  # fmt: skip
     labels = index.labels if index.labels is not None and index.labels.dim() == 2 else None

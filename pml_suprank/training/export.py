@@ -61,10 +61,12 @@ def write_final_folder(
 
     Contents: ``config.json``, ``model.safetensors``, ``README.md`` (the model card of
     :func:`pml_suprank.hub.save_pretrained`), ``metrics.json``, ``training_summary.json`` (``summary``),
-    ``history.json``, ``training_config.json`` and, when ``embeddings = (last, first)`` is given,
-    ``training_curves.png`` (:func:`pml_suprank.plots.plot_training_curves`) and the PNG plots of
-    :func:`pml_suprank.plots.plot_all` drawn from the last evaluation's embeddings with the first one's (before
-    training) for comparison. A model without ``save_pretrained`` gets ``model.safetensors`` and ``metrics.json``.
+    ``history.json``, ``training_config.json``, ``data_spec.json`` when ``metadata["data"]`` holds the run's data
+    section (:mod:`pml_suprank.training.data_spec`: what ``evaluate --model`` reuses) and, when ``embeddings =
+    (last, first)`` is given, ``training_curves.png`` (:func:`pml_suprank.plots.plot_training_curves`) and the PNG
+    plots of :func:`pml_suprank.plots.plot_all` drawn from the last evaluation's embeddings with the first one's
+    (before training) for comparison. A model without ``save_pretrained`` gets ``model.safetensors`` and
+    ``metrics.json``.
 
     With ``replace=True`` the folder is written aside (``.tmp-<name>-<pid>/<name>`` next to it, so that it has its
     final name while written, e.g. for the card's usage line) and renamed into place, replacing a previous folder
@@ -89,12 +91,20 @@ def write_final_folder(
     (save_directory / "training_summary.json").write_text(json.dumps(jsonable(summary or {}), indent=1))
     (save_directory / "history.json").write_text(json.dumps(jsonable(history), indent=1))
     (save_directory / "training_config.json").write_text(json.dumps(jsonable(config), indent=1))
+    metadata = dict(metadata or {})
+    section = metadata.pop("data", None)
+    if section is not None:
+        from .data_spec import DATA_SPEC_FILE, data_spec
+
+        spec = data_spec(section, seed=config.get("seed", 0), k_values=config.get("k_values", (1, 10)),
+                         alpha=config.get("alpha", 1.0), label_names=metadata.get("label_names"))  # fmt: skip
+        (save_directory / DATA_SPEC_FILE).write_text(json.dumps(jsonable(spec), indent=1))
     flat = {k: float(v) for k, v in (metrics or {}).items()}
     if hasattr(model, "save_pretrained"):
         model.save_pretrained(
             save_directory,
             metrics=flat,
-            metadata=jsonable(metadata or {}),
+            metadata=jsonable(metadata),
             hub_config=hub_config,
             plots=plot_files,
             repo_id=repo_id,

@@ -372,6 +372,7 @@ def _job(spec: RunSpec, accelerator: Any, trainer: Any, test_ds: Any) -> Any:
         "loss": spec.loss.loss,
         "loss_kwargs": spec.loss_kwargs(),
         "dataset": spec.data.dataset,
+        "data": spec.data_section(),  # the final folder's data_spec.json (reused by evaluate / search / fit_heat)
         "label_names": list(getattr(test_ds, "label_names", [])),
         "training_config": trainer.config.to_dict(),
     }

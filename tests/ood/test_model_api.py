@@ -79,6 +79,33 @@ def test_retrieval_model_features_and_detectors(retrieval_model):
     assert knn.predict(retrieval_model, x, features="embedding").shape == (8,)
 
 
+def test_a_detector_remembers_the_feature_kind_it_was_fitted_on(retrieval_model):
+    train, x = _loader(), _loader(8, seed=1)[0]["image"]
+    knn = ood.KNN(k=3).fit_model(retrieval_model, train, features="embedding")
+    assert knn.feature_kind == "embedding"
+    torch.testing.assert_close(knn.predict(retrieval_model, x), knn.predict(retrieval_model, x, features="embedding"))
+    emb = extract_model_features(retrieval_model, x, features="embedding").features
+    torch.testing.assert_close(knn.predict(retrieval_model, x), knn.score(features=emb))
+    with pytest.raises(ValueError, match="fitted on 'embedding' features"):
+        knn.predict(retrieval_model, x, features="pooled")
+    pooled = ood.KNN(k=3).fit_model(retrieval_model, train)
+    assert pooled.feature_kind == "pooled" and pooled.predict(retrieval_model, x).shape == (8,)
+
+
+def test_a_saved_detector_keeps_its_feature_kind(retrieval_model, tmp_path):
+    import json
+
+    train, x = _loader(), _loader(8, seed=1)[0]["image"]
+    knn = ood.KNN(k=3).fit_model(retrieval_model, train, features="embedding")
+    loaded = ood.Detector.from_pretrained(knn.save_pretrained(tmp_path / "knn"))
+    assert loaded.feature_kind == "embedding"
+    torch.testing.assert_close(loaded.predict(retrieval_model, x), knn.predict(retrieval_model, x))
+    config = json.loads((tmp_path / "knn" / "config.json").read_text())
+    (tmp_path / "knn" / "config.json").write_text(json.dumps({**config, "feature_kind": "logits"}))
+    with pytest.raises(ValueError, match="'feature_kind' must be 'pooled' or 'embedding'; got 'logits'"):
+        ood.Detector.from_pretrained(tmp_path / "knn")
+
+
 def test_odin_binds_the_model_and_scores_images(timm_model):
     x = _loader(8)[0]["image"]
     det = ood.ODIN(temperature=10.0, eps=0.01).fit_model(timm_model, _loader())

@@ -164,3 +164,21 @@ def test_recipe_in_process_with_folder_queries(untrained_model, tmp_path):
         assert [r["index"] for r in record["results"]] == [j for j in indices[0].tolist() if j != own][:4]
     with pytest.raises(SystemExit, match="--label_columns is required"):
         recipe.main(argv[:2] + ["--gallery", "some/dataset", "--output_dir", str(out)])
+
+
+def test_label_columns_are_spelled_as_in_every_recipe(capsys):
+    """``--label_columns fine coarse`` (space-separated, finest first) in search, evaluate and training alike; a
+    bounded option refused with the flag named."""
+    from _helpers import import_recipe
+
+    search, evaluate = import_recipe("search"), import_recipe("evaluate")
+    argv = ["--model", "m", "--output_dir", "o", "--gallery", "g", "--label_columns", "fine", "coarse"]
+    assert search.parse_args(argv).label_columns == ["fine", "coarse"]
+    spec = evaluate.parse_args(["--model", "m", "--label_columns", "fine", "coarse"])
+    assert spec.label_columns == ["fine", "coarse"]
+    with pytest.raises(SystemExit) as raised:
+        search.parse_args(["--model", "m", "--output_dir", "o", "--k", "0"])
+    assert raised.value.code == 2 and "--k: expected an int in [1, 100000]; got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        search.parse_args(["--model", "m"])
+    assert "--output_dir is required" in capsys.readouterr().err

@@ -1,0 +1,370 @@
+"""The typed specs of the OOD recipes: :class:`FitHeatSpec` (``fit_heat``) and :class:`OODBenchmarkSpec`
+(``ood_benchmark``), their detector options (generated from the detector registry) and the reader of their
+``--config`` YAML (the bundled ``heat_*`` files).
+
+Every option is a dataclass field declared with :func:`~pml_suprank.training.config.option` (help, default, value
+check), as the training options are; :mod:`pml_suprank.training.spec_cli` turns them into flags and checks flags,
+files and Python construction with the same checks, before any data is read or any network is built.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import re
+from dataclasses import asdict, dataclass, fields, make_dataclass, replace
+from typing import Any
+
+from ..training.config import (
+    OptionCheck,
+    is_bool,
+    is_choice,
+    is_int,
+    is_number,
+    is_str,
+    list_of,
+    option,
+    optional,
+)
+from ..training.spec_cli import OptionError, check_options, section_values
+
+__all__ = [
+    "BUILTIN_OOD",
+    "CONTEXT_ARGUMENTS",
+    "RECIPE_DEFAULTS",
+    "VARIANTS",
+    "FitHeatSpec",
+    "OODBenchmarkSpec",
+    "detector_option_class",
+    "detector_options",
+    "flag_prefix",
+    "methods",
+    "read_heat_config",
+]
+
+#: built-in OOD sets of the recipes (no download)
+BUILTIN_OOD = ("synthetic-heldout", "noise-uniform", "noise-gaussian", "noise-blobs")
+#: Table rows that are a registered detector with other constructor arguments: name -> (detector, kwargs).
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {"SSD+": ("Mahalanobis", {"normalize": True})}
+#: Constructor arguments the recipe fills itself (the classifier head, the network).
+CONTEXT_ARGUMENTS = ("weight", "bias", "head", "model")
+#: Recipe defaults that differ from the class defaults: HEAT's evaluation code clips ReAct at the 95th percentile;
+#: ViM's principal dimension None means min(256, D // 2, (N - 1) // 2), known only after extraction.
+RECIPE_DEFAULTS: dict[str, Any] = {"react_percentile": 95.0, "vim_dim": None}
+#: the largest count of images a synthetic or noise set may hold (a few GB of pixels at 224 px)
+MAX_IMAGES = 100_000
+
+
+def methods() -> tuple[str, ...]:
+    """Table rows: every registered detector but HEAT (registration order), each followed by its variants; HEAT."""
+    from . import list_detectors
+
+    names: list[str] = []
+    for name in list_detectors():
+        if name != "HEAT":
+            names += [name, *(v for v, (base, _) in VARIANTS.items() if base == name)]
+    return (*names, "HEAT")
+
+
+def flag_prefix(name: str) -> str:
+    """The flag prefix of a detector: ``"NNGuide"`` → ``"nnguide"``."""
+    return re.sub(r"[^0-9a-z]+", "_", name.lower()).strip("_")
+
+
+def detector_options(name: str) -> dict[str, inspect.Parameter]:
+    """Constructor arguments of a registered detector that get a flag: plain (bool / int / float / str) defaults."""
+    from . import get_detector
+
+    params = inspect.signature(get_detector(name)).parameters.values()
+    return {
+        p.name: p
+        for p in params
+        if p.name not in CONTEXT_ARGUMENTS
+        and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        and isinstance(p.default, (bool, int, float, str))
+    }
+
+
+def _argument_help(cls: type, argument: str) -> str:
+    match = re.search(rf"^\s+{re.escape(argument)}: (.+)$", inspect.getdoc(cls) or "", flags=re.MULTILINE)
+    text = match.group(1) if match else f"constructor argument {argument}"
+    text = re.sub(r":\w+:`~?(?:[\w.]+\.)?(\w+)`", r"\1", text).replace("``", "").replace("**", "")
+    return f"{cls.__name__}: {text}"
+
+
+def _finite() -> OptionCheck:
+    def check(v: Any) -> bool:
+        return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+
+    return OptionCheck(check, "a finite number")
+
+
+def _check_of(default: Any) -> OptionCheck:
+    if isinstance(default, bool):
+        return is_bool()
+    if isinstance(default, int):
+        return is_int(0)
+    if isinstance(default, float):
+        return _finite()
+    return is_str()
+
+
+def detector_option_class() -> type:
+    """A dataclass with one field ``<detector>_<argument>`` per plain constructor argument of every registered
+    baseline (read from the registry when called, so a detector registered later gets its options too)."""
+    from . import get_detector, list_detectors
+
+    specs = []
+    for name in list_detectors():
+        if name == "HEAT":
+            continue
+        cls = get_detector(name)
+        for argument, param in detector_options(name).items():
+            dest = f"{flag_prefix(name)}_{argument}"
+            default = RECIPE_DEFAULTS.get(dest, param.default)
+            kind, check = type(param.default), _check_of(param.default)
+            if default is None:
+                kind, check = kind | None, optional(check)
+            specs.append((dest, kind, option(default, _argument_help(cls, argument), check=check)))
+    return make_dataclass("DetectorOptions", specs)
+
+
+def _beta() -> OptionCheck:
+    def check(v: Any) -> bool:
+        return not isinstance(v, bool) and isinstance(v, (int, float)) and not math.isnan(v)
+
+    return OptionCheck(check, "a number or ±inf (0 = sum, -1, 1, inf, -inf)")
+
+
+def _mapping(expected: str) -> OptionCheck:
+    return OptionCheck(lambda v: isinstance(v, dict), expected)
+
+
+def _names(expected: str) -> OptionCheck:
+    return optional(list_of(is_str(), expected))
+
+
+def _presets() -> tuple[str, ...]:
+    from .presets import PRESETS
+
+    return tuple(sorted(PRESETS))
+
+
+@dataclass
+class FitHeatSpec:
+    """Every option of the ``fit_heat`` recipe (see ``pml-suprank-fit-heat --help``); ``None`` defaults are resolved
+    from the data by :meth:`resolved`. Built in Python, every field is checked like a flag or a file value."""
+
+    # run
+    output_dir: str = option("outputs/fit_heat", "where to write results, plots and the detector", check=is_str())
+    push_to_hub: bool = option(False, "upload the fitted HEAT detector to the Hub (needs --hub_model_id)",
+                               check=is_bool())  # fmt: skip
+    hub_model_id: str | None = option(None, "Hub repo id for --push_to_hub, e.g. user/heat-cifar10",
+                                      check=optional(is_str()))  # fmt: skip
+    hub_private: bool = option(False, "create the Hub repo as private", check=is_bool())
+    device: str = option("cpu", "'cpu', 'cuda', ...", check=is_str())
+    threads: int | None = option(None, "torch CPU threads (unset: torch's choice)", check=optional(is_int(1, 4096)))
+    seed: int = option(0, "seed for data, training and HEAT", check=is_int(0))
+    no_plots: bool = option(False, "do not write histograms", check=is_bool())
+    progress: bool = option(True, "show progress bars (stderr)", check=is_bool())
+    # model
+    model: str | None = option(
+        None, "a retrieval model folder written by the training recipes (RUN/final) or its Hub id: its backbone and "
+        "data spec, with a classifier head trained on the ID set (replaces --backbone / --checkpoint)",
+        check=optional(is_str()),
+    )  # fmt: skip
+    backbone: str = option("test_resnet", "timm model name (test_resnet: a tiny timm ResNet)", check=is_str())
+    pretrained: bool = option(False, "load timm's pretrained weights (downloads)", check=is_bool())
+    checkpoint: str | None = option(None, "state dict (.pt / .safetensors) of the timm classifier",
+                                    check=optional(is_str()))  # fmt: skip
+    cifar_stem: bool = option(False, "ResNet with a 3x3 stride-1 stem and no max-pool", check=is_bool())
+    output_stride: int | None = option(None, "timm output_stride (unset: 8 on synthetic, else 32)",
+                                       check=optional(is_choice(8, 16, 32)))  # fmt: skip
+    train_epochs: int | None = option(
+        None, "epochs of classifier-head training before fitting (unset: 0 with --checkpoint, else 10 on synthetic "
+        "data and 5 on other data; 0 needs a trained head)", check=optional(is_int(0, 10_000)),
+    )  # fmt: skip
+    lr: float = option(5e-3, "classifier learning rate (AdamW, one-cycle)", check=is_number(0, strict=True, high=10))
+    batch_size: int = option(64, "batch size for training and feature extraction", check=is_int(1, 65_536))
+    # data
+    id_dataset: str | None = option(
+        None, "'synthetic', a Hub dataset id or a local folder (unset: the training data of --model, else synthetic)",
+        check=optional(is_str()),
+    )  # fmt: skip
+    label_column: str | None = option(None, "class label column (unset: coarse_label on synthetic, else label)",
+                                      check=optional(is_str()))  # fmt: skip
+    id_train_split: str = option("train", "split of the ID dataset used to fit the detectors", check=is_str())
+    id_test_split: str = option("test", "split of the ID dataset used as ID test set", check=is_str())
+    ood_datasets: list[str] = option(
+        ["synthetic-heldout", "noise-uniform", "noise-blobs"],
+        f"OOD sets (space-separated): built-in {', '.join(BUILTIN_OOD)} or SOURCE[:SPLIT[:LABEL_COLUMN]] (Hub id / "
+        "local folder; no SPLIT: 'test', or the folder's only split)", check=list_of(is_str(), "a list of OOD sets"),
+    )  # fmt: skip
+    ood_label_column: str = option("label", "default label column of Hub / folder OOD sets (unused)", check=is_str())
+    cache_dir: str | None = option(None, "datasets cache folder for Hub / folder datasets", check=optional(is_str()))
+    image_size: int | None = option(None, "image side (unset: 32 on synthetic, else the model's)",
+                                    check=optional(is_int(8, 4096)))  # fmt: skip
+    num_per_class: int = option(40, "synthetic: training images per fine class", check=is_int(1, MAX_IMAGES))
+    num_test_per_class: int = option(12, "synthetic: test images per fine class", check=is_int(1, MAX_IMAGES))
+    num_noise: int = option(200, "images per built-in noise OOD set", check=is_int(1, MAX_IMAGES))
+    max_samples: int | None = option(None, "cap every split at this many images", check=optional(is_int(1)))
+    # HEAT
+    preset: str = option("fast", "HEAT hyper-parameter preset", check=is_choice(*_presets()))
+    heat_epochs: int | None = option(None, "override the preset's epochs (unset: 30 on synthetic)",
+                                     check=optional(is_int(1, 100_000)))  # fmt: skip
+    heat_batch_size: int | None = option(None, "override the preset's batch (unset: 128 on synthetic)",
+                                         check=optional(is_int(1, 1 << 20)))  # fmt: skip
+    beta: float = option(0.0, "HEAT composition β (0 = sum, -1, 1, inf, -inf)", check=_beta())
+    priors: list[str] = option(["gmm", "gmm_std", "el"], "HEAT priors (registered names, ood.list_priors())",
+                               check=list_of(is_str(), "a non-empty list of prior names"))  # fmt: skip
+    tie_hidden_weights: bool = option(False, "share HEAT's hidden layer (the authors' released MLP)", check=is_bool())
+    convention: str = option("id_positive", "FPR95 convention: id_positive (thesis / HEAT) or ood_positive (OpenOOD "
+                             "v1.5)", check=is_choice("id_positive", "ood_positive", "id_positive_roc"))  # fmt: skip
+    heat_settings: dict | None = option(None, "per-prior HEAT settings (the config file's heat.settings)", cli=False,
+                                        check=optional(_mapping("a mapping of HEAT settings")))  # fmt: skip
+    # baselines
+    detectors: list[str] | None = option(None, "table rows to compute (default: all; see --help of the recipe)",
+                                         check=_names("a list of detector names"))  # fmt: skip
+    no_odin: bool = option(False, "skip ODIN (needs a backward pass per batch)", check=is_bool())
+    detector_options: dict | None = option(None, "constructor arguments of the baselines, {'knn_k': 50, ...}",
+                                           cli=False, check=optional(_mapping("a mapping of detector options")))
+
+    def __post_init__(self) -> None:
+        check_options(self)
+        self.heat_settings = dict(self.heat_settings or {})
+        self.detector_options = dict(self.detector_options or {})
+        self.validate()
+
+    def validate(self) -> FitHeatSpec:
+        """The rules between options (each field was checked alone)."""
+        from . import HEAT, list_priors
+
+        if self.push_to_hub and not self.hub_model_id:
+            raise OptionError("--push_to_hub true needs --hub_model_id (the Hub repo id)")
+        unknown = sorted(set(self.detectors or ()) - set(methods()))
+        if unknown:
+            raise OptionError(f"--detectors: unknown {unknown}; choose among {list(methods())}")
+        bad = sorted(set(self.priors) - set(list_priors()))
+        if bad:
+            raise OptionError(f"--priors: unknown {bad}; choose among {list(list_priors())}")
+        if self.model is not None and self.checkpoint is not None:
+            raise OptionError("--model and --checkpoint exclude each other: --model loads a retrieval model folder "
+                              "(RUN/final), --checkpoint a timm classifier's state dict")  # fmt: skip
+        known = {f.name: f for f in fields(detector_option_class())}
+        for key, value in self.detector_options.items():
+            if key not in known:
+                raise OptionError(f"detector option {key!r} is not an option of a registered detector")
+            _check = known[key].metadata["check"]
+            if not _check(value):
+                raise OptionError(f"--{key}: expected {_check.expected}; got {value!r}")
+        # the HEAT settings are checked by the detector's constructor (nothing is allocated before fit)
+        try:
+            HEAT(priors=tuple(self.priors), beta=self.beta, preset=self.preset, settings=self.heat_overrides(),
+                 tie_hidden_weights=self.tie_hidden_weights, seed=self.seed)  # fmt: skip
+        except (TypeError, ValueError) as e:
+            where = "HEAT settings (heat: section, --preset, --heat_epochs, --heat_batch_size)"
+            raise OptionError(f"{where}: {e}") from e
+        return self
+
+    def heat_overrides(self) -> dict[str, Any]:
+        """The HEAT ``settings=`` of the run: the file's ``heat.settings`` and the ``--heat_epochs`` /
+        ``--heat_batch_size`` overrides."""
+        settings = dict(self.heat_settings)
+        if self.heat_epochs is not None:
+            settings["epochs"] = self.heat_epochs
+        if self.heat_batch_size is not None:
+            settings["batch_size"] = self.heat_batch_size
+        return settings
+
+    def detector_kwargs(self, name: str) -> dict[str, Any]:
+        """The option values of detector ``name``'s constructor (recipe defaults, then the given ones)."""
+        defaults = {f.name: getattr(detector_option_class()(), f.name) for f in fields(detector_option_class())}
+        values = {**defaults, **self.detector_options}
+        return {a: values[f"{flag_prefix(name)}_{a}"] for a in detector_options(name)}
+
+    @property
+    def synthetic(self) -> bool:
+        """The ID data is the built-in SyntheticShapes (the default without ``--model``)."""
+        return self.id_dataset == "synthetic" or (self.id_dataset is None and self.model is None)
+
+    def resolved(self, *, model_image_size: int) -> FitHeatSpec:
+        """The spec with the data-dependent defaults set: output stride, image size, classifier and HEAT epochs."""
+        synthetic = self.synthetic
+        epochs = self.train_epochs
+        if epochs is None:  # a checkpoint holds a trained head; any other head starts untrained
+            epochs = 0 if self.checkpoint is not None else (10 if synthetic else 5)
+        return replace(
+            self,
+            output_stride=self.output_stride or (8 if synthetic and self.model is None else 32),
+            image_size=self.image_size or (32 if synthetic and self.model is None else model_image_size),
+            train_epochs=epochs,
+            heat_epochs=self.heat_epochs or (30 if synthetic else None),
+            heat_batch_size=self.heat_batch_size or (128 if synthetic else None),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+#: ``heat:`` keys of a config file → FitHeatSpec fields
+HEAT_KEYS = {"priors": "priors", "beta": "beta", "preset": "preset", "tie_hidden_weights": "tie_hidden_weights",
+             "epochs": "heat_epochs", "batch_size": "heat_batch_size", "settings": "heat_settings"}  # fmt: skip
+#: top-level keys of a ``heat_*`` config file that hold no option (documentation, the Hub card)
+METADATA_KEYS = ("name", "kind", "description", "notes", "hub")
+
+
+def read_heat_config(path: str) -> dict[str, tuple[str, Any]]:
+    """``{field name: (where, value)}`` of a ``fit_heat`` / ``ood_benchmark`` ``--config`` file (a bundled name such
+    as ``heat_cifar10_resnet34`` or a YAML path) through the bounded YAML loader (detector options such as
+    ``knn_k`` by their field names of :func:`detector_option_class`).
+
+    Raises:
+        OptionError: not a mapping, an unknown section or key (each named with the file).
+        FileNotFoundError: no such file or bundled name.
+    """
+    from .._safe_yaml import load_yaml
+    from ..hub_config import hub_config_path
+
+    file = hub_config_path(path)
+    try:
+        cfg = load_yaml(file)
+    except ValueError as e:
+        raise OptionError(f"--config: {e}") from e
+    cfg = {} if cfg is None else cfg
+    if not isinstance(cfg, dict):
+        raise OptionError(f"--config {file}: must hold a mapping of sections; got {type(cfg).__name__}")
+    unknown = sorted(set(map(str, cfg)) - {"recipe", "heat", *METADATA_KEYS})
+    if unknown:
+        valid = ", ".join(("recipe", "heat", *METADATA_KEYS))
+        raise OptionError(f"--config {file}: unknown section(s) {unknown}; valid: {valid}")
+    detector_fields = {f.name for f in fields(detector_option_class())}
+    recipe_fields = {f.name: f.name for f in fields(FitHeatSpec) if f.metadata.get("cli", True)}
+    recipe_fields |= {d: d for d in detector_fields}
+    values = section_values(cfg.get("recipe"), str(file), "recipe", recipe_fields)
+    values |= section_values(cfg.get("heat"), str(file), "heat", HEAT_KEYS)
+    return values
+
+
+@dataclass
+class OODBenchmarkSpec:
+    """Every option of the ``ood_benchmark`` recipe that is not a ``fit_heat`` data / classifier option."""
+
+    features: str | None = option(None, "features.safetensors written by fit_heat (unset: extract them first)",
+                                  check=optional(is_str()))  # fmt: skip
+    output_dir: str = option("outputs/ood_benchmark", "where to write tables, figure, features", check=is_str())
+    near: list[str] | None = option(None, "near-OOD set names (default: synthetic-heldout)", check=_names("set names"))
+    far: list[str] | None = option(None, "far-OOD set names (default: the other OOD sets)", check=_names("set names"))
+    detectors: list[str] | None = option(None, "rows to compute (default: all feature detectors)",
+                                         check=_names("detector names"))  # fmt: skip
+    heat_epochs: int | None = option(None, "HEAT epochs (unset: 30 on synthetic, else the preset's)",
+                                     check=optional(is_int(1, 100_000)))  # fmt: skip
+    heat_batch_size: int = option(128, "HEAT batch size (fast preset)", check=is_int(1, 1 << 20))
+    ap_method: str = option("step", "AUPR: HEAT step / OpenOOD trapezoid", check=is_choice("step", "trapezoid"))
+    seed: int = option(0, "seed of the classifier training and of HEAT / NNGuide", check=is_int(0))
+    threads: int | None = option(None, "torch CPU threads", check=optional(is_int(1, 4096)))
+    no_plots: bool = option(False, "do not write the histogram figure", check=is_bool())
+    progress: bool = option(True, "progress bars", check=is_bool())
+
+    def __post_init__(self) -> None:
+        check_options(self)
+
