@@ -21,7 +21,6 @@ OpenOOD). A group's row (``set = "mean"``) is the unweighted mean over its sets,
 from __future__ import annotations
 
 import csv
-import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -158,37 +157,16 @@ class BenchmarkResult:
         return path
 
     def plot(self, path: str | Path, bins: int = 40, dpi: int = 80) -> Path:
-        """Score histograms, one panel per detector: ID test vs each OOD group (densities). Returns the path."""
-        import matplotlib
+        """Score histograms, one panel per detector: ID test vs each OOD group, with every group's AUROC and FPR95
+        (:func:`pml_suprank.ood.score_plots.plot_score_histograms`, the style of ``fit_heat``). Returns the path."""
+        from .score_plots import plot_score_histograms
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        names = list(self.scores)
-        cols = min(4, len(names))
-        rows = math.ceil(len(names) / cols)
-        fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.6 * rows), squeeze=False)
-        for ax, name in zip(axes.flat, names):
-            per_set = self.scores[name]
-            groups = {g: torch.cat([per_set[s] for s in sets]) for g, sets in self.groups.items()}
-            everything = torch.cat([per_set["ID"], *groups.values()]).double()
-            lo, hi = torch.quantile(everything, 0.005).item(), torch.quantile(everything, 0.995).item()
-            edges = torch.linspace(lo, hi if hi > lo else lo + 1e-6, bins + 1).numpy()
-            ax.hist(per_set["ID"].double().numpy(), bins=edges, density=True, alpha=0.55, label="ID test")
-            for group, values in groups.items():
-                ax.hist(values.double().numpy(), bins=edges, density=True, alpha=0.45, label=f"OOD {group}")
-            ax.set_title(f"{name}", fontsize=9)
-            ax.tick_params(labelsize=7)
-        for ax in list(axes.flat)[len(names) :]:
-            ax.axis("off")
-        axes.flat[0].legend(fontsize=7)
-        fig.suptitle("outlier scores (higher = more OOD)", fontsize=9)
-        fig.tight_layout()
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=dpi)
-        plt.close(fig)
-        return path
+        id_scores = {name: per_set["ID"] for name, per_set in self.scores.items()}
+        ood_scores = {
+            group: {name: torch.cat([per_set[s] for s in sets]) for name, per_set in self.scores.items()}
+            for group, sets in self.groups.items()
+        }
+        return plot_score_histograms(id_scores, ood_scores, path, bins=bins, dpi=dpi)
 
     def save(self, output_dir: str | Path, plot: bool = True) -> dict[str, Path]:
         """Write ``results.csv``, ``results.md`` (markdown table) and ``score_histograms.png`` into ``output_dir``."""

@@ -110,6 +110,7 @@ def extract_features(
     if device is None:
         first = next(model.parameters(), None)
         device = first.device if first is not None else torch.device("cpu")
+
     def timm_parts(images: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
         fmap = model.forward_features(images)
         z = model.forward_head(fmap, pre_logits=True)  # the classifier's input: logits = fc(z)

@@ -49,8 +49,10 @@ LOADED_SETTINGS: dict[str, tuple[str, float, float]] = {
     "batch_size": ("int", 1, _MAX_BATCH),
     "reduce_width": ("bool", 0, 1),
     "milestones": ("ints", 0, _MAX_STEPS),
-    **dict.fromkeys(("prior_temperature", "lr", "step_size", "noise_std", "l2_coef", "eps_data", "end_factor",
-                     "gamma"), ("number", -math.inf, math.inf)),  # fmt: skip
+    **dict.fromkeys(
+        ("prior_temperature", "lr", "step_size", "noise_std", "l2_coef", "eps_data", "end_factor", "gamma"),
+        ("number", -math.inf, math.inf),
+    ),  # fmt: skip
 }
 _TOP_LEVEL_BOOLS = ("tie_hidden_weights", "zero_init_residual")
 

@@ -235,29 +235,9 @@ def train_classifier(model, ds, level, classes, spec: FitHeatSpec, device):
     return history
 
 
-def save_histograms(id_scores, ood_scores, out_dir: Path) -> Path:
-    import matplotlib
+def save_histograms(id_scores, ood_scores, out_dir: Path, convention: str = "id_positive") -> Path:
+    """``score_histograms.png`` in ``out_dir``: :func:`pml_suprank.ood.score_plots.plot_score_histograms` of the
+    ``{detector: (N,)}`` ID scores against every OOD set's ``{detector: (M,)}`` scores."""
+    from .score_plots import plot_score_histograms
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    methods = list(id_scores)
-    cols = 4
-    rows = math.ceil(len(methods) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), squeeze=False)
-    for ax, method in zip(axes.flat, methods):
-        all_s = torch.cat([id_scores[method], *(v[method] for v in ood_scores.values())])
-        lo, hi = torch.quantile(all_s, 0.005).item(), torch.quantile(all_s, 0.995).item()
-        bins = torch.linspace(lo, hi if hi > lo else lo + 1e-6, 40).numpy()
-        ax.hist(id_scores[method].numpy(), bins=bins, alpha=0.6, density=True, label="ID test")
-        for name, per_method in ood_scores.items():
-            ax.hist(per_method[method].numpy(), bins=bins, alpha=0.45, density=True, histtype="stepfilled", label=name)
-        ax.set_title(f"{method} (higher = more OOD)", fontsize=9)
-    for ax in list(axes.flat)[len(methods) :]:
-        ax.axis("off")
-    axes.flat[0].legend(fontsize=7)
-    fig.tight_layout()
-    path = out_dir / "score_histograms.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return plot_score_histograms(id_scores, ood_scores, Path(out_dir) / "score_histograms.png", convention=convention)

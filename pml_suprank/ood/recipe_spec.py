@@ -226,8 +226,12 @@ class FitHeatSpec:
     detectors: list[str] | None = option(None, "table rows to compute (default: all; see --help of the recipe)",
                                          check=_names("a list of detector names"))  # fmt: skip
     no_odin: bool = option(False, "skip ODIN (needs a backward pass per batch)", check=is_bool())
-    detector_options: dict | None = option(None, "constructor arguments of the baselines, {'knn_k': 50, ...}",
-                                           cli=False, check=optional(_mapping("a mapping of detector options")))
+    detector_options: dict | None = option(
+        None,
+        "constructor arguments of the baselines, {'knn_k': 50, ...}",
+        cli=False,
+        check=optional(_mapping("a mapping of detector options")),
+    )
 
     def __post_init__(self) -> None:
         check_options(self)
@@ -367,4 +371,3 @@ class OODBenchmarkSpec:
 
     def __post_init__(self) -> None:
         check_options(self)
-

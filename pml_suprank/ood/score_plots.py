@@ -3,7 +3,7 @@
 Each panel shows the in-distribution test scores against every OOD group (the fraction of each set per bin; scores
 beyond the drawn range count in the outer bins), with the x axis labelled
 (higher = more out-of-distribution), the group's AUROC and FPR95 (:func:`pml_suprank.ood.metrics.auroc`,
-:func:`~pml_suprank.ood.metrics.fpr_at_tpr`, FPR95 in the ``id_positive`` convention of the result tables) in the
+:func:`~pml_suprank.ood.metrics.fpr_at_tpr`, FPR95 in the convention of the result tables) in the
 panel's title, and one legend for the figure. Scores whose range spans orders of magnitude (energies, Mahalanobis
 distances, KNN, RMDS, ...) are drawn on a symmetric-log x axis with bins even on that axis, so that neither set is
 squeezed into one bin; the x range is the 0.5 %–99.5 % quantile range of all scores of the panel.
@@ -59,6 +59,7 @@ def plot_score_histograms(
     bins: int = 40,
     dpi: int = 110,
     title: str = "Outlier scores: ID test vs OOD",
+    convention: str = "id_positive",
 ) -> Path:
     """Save the score histograms of every detector to ``path``.
 
@@ -69,6 +70,7 @@ def plot_score_histograms(
         bins: Bins per panel.
         dpi: Resolution.
         title: The figure's title.
+        convention: FPR95 convention (:func:`pml_suprank.ood.metrics.fpr_at_tpr`), that of the result tables.
 
     Raises:
         ValueError: no detector, a detector missing from a group, or an empty / non-finite score set.
@@ -109,7 +111,7 @@ def plot_score_histograms(
         for g, s in ood_scores.items():
             lines.append(
                 f"{g}: AUROC {100 * auroc(id_scores[name], s[name]):.1f} · FPR95 "
-                f"{100 * fpr_at_tpr(id_scores[name], s[name]):.1f}"
+                f"{100 * fpr_at_tpr(id_scores[name], s[name], convention=convention):.1f}"
             )
         ax.set_title("\n".join(lines), fontsize=8)
         ax.set_xlabel("score (higher = more OOD)" + (", symlog" if linthresh is not None else ""), fontsize=8)

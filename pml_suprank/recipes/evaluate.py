@@ -78,19 +78,34 @@ class EvaluateSpec:
         None, "roxford5k / rparis6k: resize each image so its longer side has this many pixels (default: the model's "
         "input size; the protocol's papers use 1024)", check=optional(is_int(8, 16384)),
     )  # fmt: skip
-    dataset: str | None = same_option(DataOptions, "dataset", None, "the test data: 'synthetic', a benchmark name, a "
-                                      "Hub id or a local folder (unset: the model's training data, else synthetic)")
+    dataset: str | None = same_option(
+        DataOptions,
+        "dataset",
+        None,
+        "the test data: 'synthetic', a benchmark name, a "
+        "Hub id or a local folder (unset: the model's training data, else synthetic)",
+    )
     data_root: str | None = same_option(DataOptions, "data_root")
-    label_columns: list[str] | None = same_option(DataOptions, "label_columns", None, "label columns, finest first, "
-                                                  "space-separated (unset: the model's, or the folder's)")
+    label_columns: list[str] | None = same_option(
+        DataOptions,
+        "label_columns",
+        None,
+        "label columns, finest first, space-separated (unset: the model's, or the folder's)",
+    )
     test_split: str | None = same_option(DataOptions, "test_split")
-    num_per_class: int | None = same_option(DataOptions, "num_per_class", None,
-                                            "SyntheticShapes: images per fine class (unset: the model's, else 32)")
-    seed: int | None = same_option(TrainingConfig, "seed", None, "seed of a synthetic test set, a class split and "
-                                   "the plots (unset: the model's, else 0)")
+    num_per_class: int | None = same_option(
+        DataOptions, "num_per_class", None, "SyntheticShapes: images per fine class (unset: the model's, else 32)"
+    )
+    seed: int | None = same_option(
+        TrainingConfig,
+        "seed",
+        None,
+        "seed of a synthetic test set, a class split and the plots (unset: the model's, else 0)",
+    )
     eval_batch_size: int = same_option(TrainingConfig, "eval_batch_size")
-    k_values: list[int] | None = same_option(TrainingConfig, "k_values", None,
-                                             "Recall@k values, space-separated (unset: the model's, else 1 10)")
+    k_values: list[int] | None = same_option(
+        TrainingConfig, "k_values", None, "Recall@k values, space-separated (unset: the model's, else 1 10)"
+    )
     alpha: float | None = same_option(TrainingConfig, "alpha", None, "H-AP relevance exponent (unset: the model's, "
                                       "else 1)")  # fmt: skip
     no_plots: bool = same_option(RunOptions, "no_plots")

@@ -356,8 +356,11 @@ def save_features(out_dir: Path, model, train_feats, test_feats, ood_feats, spec
         out_dir / "features.safetensors",
         {"id_train": train_feats, "id_test": test_feats, **ood_feats},
         head=model.get_classifier(),
-        metadata={"id_dataset": spec.id_dataset or spec.model, "backbone": spec.model or spec.backbone,
-                  "ood_datasets": list(ood_feats)},
+        metadata={
+            "id_dataset": spec.id_dataset or spec.model,
+            "backbone": spec.model or spec.backbone,
+            "ood_datasets": list(ood_feats),
+        },
     )
 
 
@@ -392,7 +395,7 @@ def main(argv=None) -> dict:
 
     heat = detectors.get("HEAT")
     heat_dir = None if heat is None else heat.save_pretrained(out_dir / "heat_detector")
-    plot = None if spec.no_plots else save_histograms(id_scores, ood_scores, out_dir)
+    plot = None if spec.no_plots else save_histograms(id_scores, ood_scores, out_dir, spec.convention)
     results = {
         "args": spec.to_dict(),
         "classifier_history": train_history,

@@ -62,8 +62,12 @@ class SearchSpec:
     query_split: str | None = option(None, "split of a query dataset (default: --gallery_split)",
                                      check=optional(is_str()))  # fmt: skip
     num_queries: int = option(8, "queries drawn from the gallery without --queries", check=is_int(1, 100_000))
-    label_columns: list[str] | None = same_option(DataOptions, "label_columns", None, "label columns of a dataset "
-                                                  "source, finest first, space-separated (e.g. fine coarse)")
+    label_columns: list[str] | None = same_option(
+        DataOptions,
+        "label_columns",
+        None,
+        "label columns of a dataset source, finest first, space-separated (e.g. fine coarse)",
+    )
     data_root: str | None = same_option(DataOptions, "data_root")
     num_per_class: int = same_option(DataOptions, "num_per_class", 10)
     batch_size: int = option(64, "embedding batch size", check=is_int(1, 65_536))
