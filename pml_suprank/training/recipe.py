@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from .._safe_json import load_json
 from ..data.batch_fit import fit_batch, short_run_warning
 from ..data.benchmarks.registry import BENCHMARKS
 from ..data.folders import class_names_of, class_split
@@ -308,7 +309,7 @@ def _initial_eval(spec: RunSpec, trainer: Any) -> dict[str, float] | None:
     acc = trainer.accelerator
     before_file = Path(spec.train.output_dir) / "metrics_before.json"
     if spec.run.resume is not None and before_file.is_file():
-        return json.loads(before_file.read_text())
+        return load_json(before_file, expected=dict)
     before = trainer.evaluate(description="evaluation before training")
     acc.log({f"eval/{k}": v for k, v in before.items()}, step=0)
     if acc.is_main_process:
