@@ -40,8 +40,10 @@ from ..data.batch_fit import fit_batch, short_run_warning
 from ..data.benchmarks.registry import BENCHMARKS
 from ..data.folders import class_names_of, class_split
 from ..metrics.report import format_metrics_table, one_column
+from .checkpoint import CheckpointSaveError
 from .cli import build_recipe_parser, given_options, parse_run_spec, recipe_losses
 from .data_source import dataset_source, folder_layout
+from .run_folder import RUN_FOLDER_ERRORS, prepare_output_dir, refusal_message
 from .run_spec import RunSpec
 
 __all__ = [
@@ -175,7 +177,11 @@ def main(argv: list[str] | None, description: str, defaults: Mapping[str, Any], 
     options the user set, :func:`~pml_suprank.training.cli.given_options`)."""
     parser = build_parser(description, defaults, hierarchical)
     spec = parse_run_spec(parser, argv)
-    return run(spec, given=given_options(parser, argv))
+    try:
+        return run(spec, given=given_options(parser, argv))
+    except RUN_FOLDER_ERRORS as e:  # the output folder or a checkpoint refused: its message, no traceback
+        print(f"{Path(sys.argv[0]).name}: error: {refusal_message(e, spec.run.resume)}", file=sys.stderr)  # noqa: T201
+        sys.exit(1 if isinstance(e, CheckpointSaveError) else 2)
 
 
 def refuse(message: str) -> None:
@@ -275,7 +281,7 @@ def _setup(spec: RunSpec, given: Collection[str]) -> tuple[RunSpec, Any, Any, An
         **multilabel_parts(spec, accelerator, train_ds, test_ds),
     )  # fmt: skip
     if accelerator.is_main_process:
-        Path(train.output_dir).mkdir(parents=True, exist_ok=True)
+        prepare_output_dir(train.output_dir)  # OutputDirError naming --output_dir: a file, read-only
     accelerator.print(
         f"{spec.loss.loss} on {spec.data.dataset}: {len(train_ds)} training / {len(test_ds)} test images, "
         f"{num_seen} training classes, backbone {spec.model.backbone} @ {spec.data.image_size}px, "
