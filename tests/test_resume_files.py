@@ -321,8 +321,9 @@ def test_deeply_nested_later_checkpoint_does_not_stop_the_run(runs, tmp_path, ca
     run = tmp_path / "run"
     shutil.copytree(root / "part", run)
     (run / "checkpoints" / "step_00000003" / "trainer_state.json").write_text("[" * 100_000)
-    with pytest.raises(CheckpointError, match=r"trainer_state.json cannot be read .*nests JSON 100000 levels deep"):
-        validate_checkpoint(run / "checkpoints" / "step_00000003")
+    shutil.copytree(run / "checkpoints" / "step_00000003", tmp_path / "step_00000003")
     _resume_latest_is_bit_identical(run, expected, capsys, "step_00000003")
+    with pytest.raises(CheckpointError, match=r"trainer_state.json cannot be read .*nests JSON 100000 levels deep"):
+        validate_checkpoint(tmp_path / "step_00000003")
     state = json.loads((run / "checkpoints" / "step_00000003" / "trainer_state.json").read_text())
     assert state["global_step"] == 3  # replaced by this run's checkpoint of that step
