@@ -36,7 +36,7 @@ def _one_thread():
     torch.set_num_threads(n)
 
 
-def _trainer(output_dir, seed=0, **cfg):
+def _trainer(output_dir, seed=0, sampler=None, **cfg):
     from accelerate import Accelerator
 
     from pml_suprank import data
@@ -52,7 +52,7 @@ def _trainer(output_dir, seed=0, **cfg):
                   checkpoint_every=1, keep_checkpoints=0)  # fmt: skip
     values.update(cfg)
     loss = losses.HAPPIERLoss(num_classes=54, embedding_size=16)
-    return Trainer(Accelerator(cpu=True), model, loss, train, TrainingConfig(**values))
+    return Trainer(Accelerator(cpu=True), model, loss, train, TrainingConfig(**values), sampler=sampler)
 
 
 def _weights(module):
@@ -327,3 +327,35 @@ def test_deeply_nested_later_checkpoint_does_not_stop_the_run(runs, tmp_path, ca
         validate_checkpoint(tmp_path / "step_00000003")
     state = json.loads((run / "checkpoints" / "step_00000003" / "trainer_state.json").read_text())
     assert state["global_step"] == 3  # replaced by this run's checkpoint of that step
+
+
+class _StatelessSampler:
+    """A batch sampler with ``set_epoch`` but no ``state_dict`` / ``load_state_dict``: its position inside an epoch
+    cannot be restored."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def set_epoch(self, epoch):
+        self.inner.set_epoch(epoch)
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __iter__(self):
+        return iter(self.inner)
+
+
+@pytest.mark.slow
+def test_mid_epoch_checkpoint_with_a_stateless_sampler_is_refused(tmp_path):
+    # the sampler would replay the epoch from its first batch: the resumed run would train on other batches
+    sampler = _StatelessSampler(_trainer(tmp_path / "unused").sampler)
+    first = _trainer(tmp_path / "run", sampler=sampler, max_train_steps=4, stop_after_steps=1)
+    first.train()
+    assert first.steps_per_epoch > 1
+    ckpt = tmp_path / "run" / "checkpoints" / "step_00000001"
+    assert json.loads((ckpt / "trainer_state.json").read_text())["sampler"] == {}
+    again = _trainer(tmp_path / "run", sampler=sampler, max_train_steps=4)
+    with pytest.raises(CheckpointError, match=r"is inside an epoch \(step_in_epoch=1\) but this run's sampler "
+                                              r"\(_StatelessSampler\) has no state_dict"):  # fmt: skip
+        again.train(resume_from=ckpt)

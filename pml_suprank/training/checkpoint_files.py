@@ -291,6 +291,13 @@ def check_against_trainer(
             copy.deepcopy(sampler).load_state_dict(state["sampler"])
         except ValueError as e:
             raise CheckpointError(f"{where}: {e}") from e
+    elif state["step_in_epoch"] > 0:
+        raise CheckpointError(
+            f"{where} is inside an epoch (step_in_epoch={state['step_in_epoch']}) but this run's sampler "
+            f"({type(sampler).__name__}) has no state_dict() / load_state_dict(): its position cannot be restored "
+            "and the resumed run would train on other batches; resume from a checkpoint at the end of an epoch "
+            "(checkpoint_every=0 writes one per epoch) or give the sampler state_dict() / load_state_dict()"
+        )
     return state
 
 
