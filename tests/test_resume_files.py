@@ -36,7 +36,7 @@ def _one_thread():
     torch.set_num_threads(n)
 
 
-def _trainer(output_dir, seed=0, **cfg):
+def _trainer(output_dir, seed=0, sampler=None, **cfg):
     from accelerate import Accelerator
 
     from pml_suprank import data
@@ -52,7 +52,7 @@ def _trainer(output_dir, seed=0, **cfg):
                   checkpoint_every=1, keep_checkpoints=0)  # fmt: skip
     values.update(cfg)
     loss = losses.HAPPIERLoss(num_classes=54, embedding_size=16)
-    return Trainer(Accelerator(cpu=True), model, loss, train, TrainingConfig(**values))
+    return Trainer(Accelerator(cpu=True), model, loss, train, TrainingConfig(**values), sampler=sampler)
 
 
 def _weights(module):
@@ -215,3 +215,147 @@ def test_trainer_state_counters_must_agree(runs, tmp_path):
     (ckpt / "trainer_state.json").write_text("[" * 200_000)  # nesting deeper than the JSON parser recurses
     with pytest.raises(CheckpointError, match="trainer_state.json cannot be read"):
         validate_checkpoint(ckpt)
+
+
+# -- issue 28: the remaining holes of "exact or refused" ----------------------------------------------------------
+def _resume_latest_is_bit_identical(run, expected, capsys, skipped):
+    """``--resume latest`` in ``run`` skips ``skipped`` (one note naming it), continues from step 2 and ends with the
+    weights of the uninterrupted run, leaving no temporary folder."""
+    capsys.readouterr()
+    resumed = _trainer(run, seed=1, max_train_steps=4)  # other initial weights: all must come from a checkpoint
+    resumed.train(resume_from="latest")
+    out = capsys.readouterr().out
+    notes = [line for line in out.splitlines() if "--resume latest" in line]
+    assert len(notes) == 1 and f"skipping {skipped}" in notes[0], out
+    assert notes[0].endswith("resuming from step_00000002"), notes[0]
+    assert resumed.finished and "(step 2)" in out
+    got = _weights(resumed.loss_module)
+    for k in expected:
+        torch.testing.assert_close(got[k], expected[k], rtol=0, atol=0, msg=k)
+    assert not [p.name for p in (run / "checkpoints").iterdir() if p.name.startswith(".tmp")]
+    return resumed
+
+
+def _edit_state(ckpt, **changes):
+    file = ckpt / "trainer_state.json"
+    state = json.loads(file.read_text())
+    state.update(changes)
+    file.write_text(json.dumps(state))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sampler", [None, {}], ids=["null", "empty"])
+def test_checkpoint_without_sampler_state_is_refused(runs, tmp_path, capsys, sampler):
+    # the sampler would restart at epoch 0 and the resumed run would train on other batches
+    root, expected = runs
+    run = tmp_path / "run"
+    shutil.copytree(root / "part", run)
+    ckpt = run / "checkpoints" / "step_00000003"
+    _edit_state(ckpt, sampler=sampler)
+    with pytest.raises(CheckpointError, match=r"sampler") as info:
+        _trainer(run, max_train_steps=4).train(resume_from=ckpt)
+    assert str(ckpt) in str(info.value) and "trainer_state.json" in str(info.value)
+    _resume_latest_is_bit_identical(run, expected, capsys, "step_00000003")
+
+
+@pytest.mark.slow
+def test_optimizer_file_without_per_parameter_state_is_refused(runs, tmp_path, capsys):
+    # {"state": {}, "param_groups": <original>} at step 3: Adam's moments would silently restart at zero
+    root, expected = runs
+    run = tmp_path / "run"
+    shutil.copytree(root / "part", run)
+    ckpt = run / "checkpoints" / "step_00000003"
+    file = ckpt / "optimizer.bin"
+    good = torch.load(file, weights_only=True)
+    recorded = json.loads((ckpt / "trainer_state.json").read_text())["optimizer_state"]
+    assert sorted(recorded) == sorted(good["state"]) and recorded  # the trainer records who has state
+    torch.save({"state": {}, "param_groups": good["param_groups"]}, file)
+    with pytest.raises(CheckpointError, match=r"optimizer.bin holds state for 0 parameters but trainer_state.json "
+                                              r"'optimizer_state' lists \d+"):  # fmt: skip
+        validate_checkpoint(ckpt)
+    with pytest.raises(CheckpointError, match="optimizer.bin"):
+        _trainer(run, max_train_steps=4).train(resume_from=ckpt)
+    # one parameter's state dropped
+    first = next(iter(good["state"]))
+    torch.save({"state": {k: v for k, v in good["state"].items() if k != first},
+                "param_groups": good["param_groups"]}, file)  # fmt: skip
+    with pytest.raises(CheckpointError, match=rf"missing \[{first}\]"):
+        validate_checkpoint(ckpt)
+    # a checkpoint that does not record the list (older version): no state at all after a step is still refused
+    torch.save({"state": {}, "param_groups": good["param_groups"]}, file)
+    _edit_state(ckpt, optimizer_state=None)
+    with pytest.raises(CheckpointError, match="holds no per-parameter state at step 3"):
+        validate_checkpoint(ckpt)
+    _resume_latest_is_bit_identical(run, expected, capsys, "step_00000003")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", ["key", "dtype"])
+def test_optimizer_state_must_have_the_keys_and_dtypes_of_the_optimizer(runs, tmp_path, damage):
+    root, _ = runs
+    run = tmp_path / "run"
+    shutil.copytree(root / "part", run)
+    ckpt = run / "checkpoints" / "step_00000003"
+    file = ckpt / "optimizer.bin"
+    good = torch.load(file, weights_only=True)
+    i = next(iter(good["state"]))
+    entry = dict(good["state"][i])
+    assert set(entry) == {"step", "exp_avg", "exp_avg_sq"}  # Adam
+    if damage == "key":
+        del entry["exp_avg_sq"]
+        match = rf"'state\[{i}\]' has keys \['exp_avg', 'step'\]; this optimizer \(Adam\) keeps"
+    else:
+        entry["exp_avg"] = entry["exp_avg"].double()
+        match = r"\['exp_avg'\]' must be a tensor of dtype torch.float32; got Tensor of dtype torch.float64"
+    torch.save({"state": {**good["state"], i: entry}, "param_groups": good["param_groups"]}, file)
+    validate_checkpoint(ckpt)  # the file alone is well-formed; it does not fit this optimizer
+    with pytest.raises(CheckpointError, match=match):
+        _trainer(run, max_train_steps=4).train(resume_from=ckpt)
+
+
+@pytest.mark.slow
+def test_deeply_nested_later_checkpoint_does_not_stop_the_run(runs, tmp_path, capsys):
+    # "[" * 100000 in a later checkpoint's trainer_state.json: --resume latest skipped it, then died with a raw
+    # RecursionError when the save of that step met it, leaving .tmp-step_... (every retry died there)
+    root, expected = runs
+    run = tmp_path / "run"
+    shutil.copytree(root / "part", run)
+    (run / "checkpoints" / "step_00000003" / "trainer_state.json").write_text("[" * 100_000)
+    shutil.copytree(run / "checkpoints" / "step_00000003", tmp_path / "step_00000003")
+    _resume_latest_is_bit_identical(run, expected, capsys, "step_00000003")
+    with pytest.raises(CheckpointError, match=r"trainer_state.json cannot be read .*nests JSON 100000 levels deep"):
+        validate_checkpoint(tmp_path / "step_00000003")
+    state = json.loads((run / "checkpoints" / "step_00000003" / "trainer_state.json").read_text())
+    assert state["global_step"] == 3  # replaced by this run's checkpoint of that step
+
+
+class _StatelessSampler:
+    """A batch sampler with ``set_epoch`` but no ``state_dict`` / ``load_state_dict``: its position inside an epoch
+    cannot be restored."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def set_epoch(self, epoch):
+        self.inner.set_epoch(epoch)
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __iter__(self):
+        return iter(self.inner)
+
+
+@pytest.mark.slow
+def test_mid_epoch_checkpoint_with_a_stateless_sampler_is_refused(tmp_path):
+    # the sampler would replay the epoch from its first batch: the resumed run would train on other batches
+    sampler = _StatelessSampler(_trainer(tmp_path / "unused").sampler)
+    first = _trainer(tmp_path / "run", sampler=sampler, max_train_steps=4, stop_after_steps=1)
+    first.train()
+    assert first.steps_per_epoch > 1
+    ckpt = tmp_path / "run" / "checkpoints" / "step_00000001"
+    assert json.loads((ckpt / "trainer_state.json").read_text())["sampler"] == {}
+    again = _trainer(tmp_path / "run", sampler=sampler, max_train_steps=4)
+    with pytest.raises(CheckpointError, match=r"is inside an epoch \(step_in_epoch=1\) but this run's sampler "
+                                              r"\(_StatelessSampler\) has no state_dict"):  # fmt: skip
+        again.train(resume_from=ckpt)

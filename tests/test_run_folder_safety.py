@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -27,7 +28,7 @@ from pml_suprank.training.run_folder import (  # noqa: E402
 )
 
 
-def _trainer(output_dir, **cfg):
+def _trainer(output_dir, embedding_size=16, **cfg):
     from accelerate import Accelerator
 
     from pml_suprank import data, losses
@@ -35,13 +36,13 @@ def _trainer(output_dir, **cfg):
     from pml_suprank.training import Trainer, TrainingConfig
 
     torch.manual_seed(0)
-    model = RetrievalModel("test_resnet", embedding_size=16, image_size=16)
+    model = RetrievalModel("test_resnet", embedding_size=embedding_size, image_size=16)
     tf = data.build_transforms(model.data_config, train=True, scale=(0.5, 1.0))
     train = data.SyntheticShapes("train", num_per_class=4, image_size=16, transform=tf)
     values = dict(output_dir=str(output_dir), epochs=1, batch_size=32, samples_per_class=4, eval_every=0,
                   log_every=1, hierarchical_labels=True, seed=3, checkpoint_every=1, keep_checkpoints=0)  # fmt: skip
     values.update(cfg)
-    loss = losses.HAPPIERLoss(num_classes=54, embedding_size=16)
+    loss = losses.HAPPIERLoss(num_classes=54, embedding_size=embedding_size)
     return Trainer(Accelerator(cpu=True), model, loss, train, TrainingConfig(**values))
 
 
@@ -154,3 +155,147 @@ def test_record_of_a_reused_pid_is_stale(tmp_path):
     (tmp_path / LOCK_FILE).write_text(json.dumps({"pid": live, "host": socket.gethostname()}))
     with pytest.raises(RunLockError, match=rf"pid {live} on host"):
         RunLock(tmp_path).acquire()
+
+
+# -- issue 28: clear messages, never a traceback ----------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "error",
+    [
+        'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })',
+        OSError(errno.ENOSPC, "No space left on device"),
+    ],
+    ids=["safetensors-error", "enospc"],
+)
+def test_failed_weights_write_is_a_checkpoint_save_error(tmp_path, monkeypatch, error):
+    # a full disk during the model.safetensors write raised SafetensorError past save_checkpoint_atomically (raw
+    # traceback, partial .tmp- folder left)
+    import accelerate.utils.other as accelerate_io
+    from safetensors import SafetensorError
+
+    trainer = _trainer(tmp_path, max_train_steps=3, stop_after_steps=1)
+    trainer.train()
+    real = accelerate_io.safe_save_file
+
+    def failing_write(tensors, filename, *args, **kwargs):  # half a file, then the error the writer gives
+        with open(filename, "wb") as out:
+            out.write(b"\x10\0\0\0\0\0\0\0{")
+        raise SafetensorError(error) if isinstance(error, str) else error
+
+    monkeypatch.setattr(accelerate_io, "safe_save_file", failing_write)
+    resumed = _trainer(tmp_path, max_train_steps=3)
+    with pytest.raises(CheckpointSaveError) as info:
+        resumed.train(resume_from="latest")
+    message = str(info.value)
+    assert "cannot write checkpoint step_00000002" in message and "the disk is full" in message
+    assert "--resume latest continues from step_00000001" in message and "--output_dir" in message
+    assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".tmp")]
+    assert not (tmp_path / LOCK_FILE).exists()
+    monkeypatch.setattr(accelerate_io, "safe_save_file", real)
+    again = _trainer(tmp_path, max_train_steps=3)
+    again.train(resume_from="latest")
+    assert again.finished
+
+
+def test_output_dir_that_is_a_file_or_not_writable_is_refused_by_name(tmp_path):
+    from pml_suprank.training.run_folder import OutputDirError, prepare_output_dir
+
+    file = tmp_path / "results.txt"
+    file.write_text("notes")
+    with pytest.raises(OutputDirError, match=rf"--output_dir '{file}' is a file, not a folder"):
+        RunLock(file).acquire()
+    with pytest.raises(OutputDirError, match=r"cannot be created \(a part of the path is a file\)"):
+        prepare_output_dir(file / "run")
+    assert file.read_text() == "notes"
+
+
+@pytest.mark.parametrize("where", ["read-only-folder", "read-only-filesystem"])
+def test_output_dir_that_cannot_be_written_is_refused_by_name(tmp_path, where):
+    from pml_suprank.training.run_folder import OutputDirError
+
+    if where == "read-only-folder":
+        if os.geteuid() == 0:
+            pytest.skip("root writes into a folder without write permission")
+        target = tmp_path / "ro"
+        target.mkdir()
+        target.chmod(0o500)
+    else:
+        target = "/sys/pml-suprank-run"  # sysfs: no folder can be created there, not even by root
+        try:
+            os.mkdir(target)
+        except OSError:
+            pass
+        else:
+            os.rmdir(target)
+            pytest.skip("/sys is writable here")
+    with pytest.raises(OutputDirError, match=r"--output_dir '.*' cannot be (created|written) \(.+\): choose a folder"):
+        RunLock(target).acquire()
+
+
+def test_symlinked_final_with_overwrite_is_refused_and_its_target_kept(tmp_path):
+    from pml_suprank.training.run_folder import OutputDirError, claim_output_dir
+
+    run, elsewhere = tmp_path / "run", tmp_path / "storage"
+    (run / "checkpoints" / "step_00000004").mkdir(parents=True)
+    (elsewhere / "final").mkdir(parents=True)
+    (elsewhere / "final" / "model.safetensors").write_bytes(b"weights")
+    (run / "final").symlink_to(elsewhere / "final", target_is_directory=True)
+    with pytest.raises(OutputDirError, match=r"--overwrite_output_dir: .* holds symbolic links \(final -> .*storage"):
+        claim_output_dir(run, overwrite=True, note=print)
+    assert (elsewhere / "final" / "model.safetensors").read_bytes() == b"weights"
+    assert (run / "checkpoints" / "step_00000004").is_dir() and (run / "final").is_symlink()  # nothing deleted
+
+
+@pytest.mark.slow
+def test_resume_latest_in_another_runs_folder_says_so(tmp_path, capsys):
+    # the checkpoints of another run (another embedding size: they do not fit this model) are skipped; today's
+    # message said "starting from scratch", then advised --resume latest
+    from pml_suprank.training.run_folder import OutputDirError
+
+    first = _trainer(tmp_path, max_train_steps=2)
+    first.train()
+    other = _trainer(tmp_path, max_train_steps=2, lr_head=0.005, embedding_size=8)
+    capsys.readouterr()
+    with pytest.raises(OutputDirError) as info:
+        other.train(resume_from="latest")
+    message = str(info.value)
+    assert message.startswith(f"--resume latest: output_dir '{tmp_path}' holds another run")
+    assert "lr_head: 0.0" in message and "-> 0.005" in message
+    assert "--overwrite_output_dir true" in message and "another --output_dir" in message
+    assert "starting from scratch" not in capsys.readouterr().out
+    assert [p.name for p in find_checkpoints(tmp_path)] == ["step_00000001", "step_00000002"]
+    assert not (tmp_path / LOCK_FILE).exists()
+
+
+TINY_RECIPE = ["--backbone", "test_resnet", "--image_size", "16", "--num_per_class", "4", "--embedding_size", "16",
+               "--batch_size", "32", "--with_tracking", "false", "--cpu", "--skip_initial_eval", "--no_plots",
+               "--max_train_steps", "1"]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["output-dir-is-a-file", "missing-checkpoint", "corrupt-checkpoint"])
+def test_recipe_prints_refusals_without_a_traceback(tmp_path, capsys, case):
+    from pml_suprank.recipes import train_happier
+
+    out = tmp_path / "run"
+    extra: list[str] = []
+    if case == "output-dir-is-a-file":
+        out.write_text("notes")
+        expected = rf"--output_dir '{out}' is a file, not a folder"
+    elif case == "missing-checkpoint":
+        extra = ["--resume", str(tmp_path / "nowhere")]
+        expected = rf"--resume {tmp_path / 'nowhere'}: checkpoint '{tmp_path / 'nowhere'}' does not exist"
+    else:
+        ckpt = out / "checkpoints" / "step_00000001"
+        ckpt.mkdir(parents=True)
+        (ckpt / "trainer_state.json").write_text("[" * 100_000)
+        extra = ["--resume", str(ckpt)]
+        expected = rf"--resume {ckpt}: checkpoint '{ckpt}' is corrupt: trainer_state.json cannot be read"
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:
+        train_happier.main([*TINY_RECIPE, "--output_dir", str(out), *extra])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if ": error: " in line]
+    assert len(lines) == 1 and re.search(expected, lines[0]), err
+    assert "Traceback" not in err

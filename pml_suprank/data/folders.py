@@ -18,7 +18,6 @@ opened), :func:`class_split` draws the seeded class split and :func:`class_split
 from __future__ import annotations
 
 import csv
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,8 @@ from typing import Any, Literal
 
 import torch
 from torch import Tensor
+
+from .._safe_json import loads_json
 
 __all__ = [
     "CLASS_SPLIT_FRACTION",
@@ -88,8 +89,8 @@ def _metadata_columns(path: Path) -> list[str]:
             return [c.strip() for c in next(csv.reader(f), [])]
         first = f.readline()
     try:
-        record = json.loads(first) if first.strip() else {}
-    except json.JSONDecodeError as e:
+        record = loads_json(first, "the line", what="metadata.jsonl record") if first.strip() else {}
+    except ValueError as e:
         raise ValueError(f"{path}: the first line is not a JSON object ({e})") from None
     if not isinstance(record, dict):
         raise ValueError(f"{path}: the first line is not a JSON object")

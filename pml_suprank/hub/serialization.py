@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .._safe_json import MAX_JSON_BYTES, MAX_JSON_DEPTH, json_depth
+from .._safe_json import loads_json as loads_bounded
 from ..version import __version__
 
 __all__ = [
@@ -108,52 +110,6 @@ def _upgrade_config(config: dict[str, Any]) -> dict[str, Any]:
         "training": {},
         "fitted": config.get("fitted", False),  # a non-bool is refused by the loader, not converted
     }
-
-
-#: bounds of a loaded JSON file: nesting depth (Python's parser recurses once per level) and size
-MAX_JSON_DEPTH = 100
-MAX_JSON_BYTES = 64 * 2**20
-
-
-def json_depth(text: str) -> int:
-    """The deepest nesting of ``[`` / ``{`` in JSON ``text`` (brackets inside strings do not count); linear time,
-    no recursion."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch in "]}":
-            depth -= 1
-    return deepest
-
-
-def loads_bounded(text: str, source: Any, max_depth: int = MAX_JSON_DEPTH, what: str = "file") -> Any:
-    """``json.loads(text)`` refusing, before parsing, text nested deeper than ``max_depth`` (200,000 ``[`` would
-    otherwise raise ``RecursionError``) or larger than :data:`MAX_JSON_BYTES`.
-
-    Raises:
-        ValueError: naming ``source``: too deep, too large or not valid JSON (the parser's message, truncated).
-    """
-    if len(text) > MAX_JSON_BYTES:
-        raise ValueError(f"{source} is {len(text)} characters long; a JSON {what} read here may have {MAX_JSON_BYTES}")
-    depth = json_depth(text)
-    if depth > max_depth:
-        raise ValueError(f"{source} nests JSON {depth} levels deep; at most {max_depth} are allowed (corrupt {what}?)")
-    try:
-        return json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as e:
-        raise ValueError(f"{source} is not valid JSON (corrupt {what}): {str(e)[:200]}") from e
 
 
 def read_config(path: str | Path) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .._safe_json import loads_json
 from .features import OODFeatures
 from .head import head_params
 
@@ -142,8 +143,8 @@ def load_features(path: str | Path) -> SavedFeatures:
         raise ValueError(f"{path} is not a feature file (header format {header.get('format')!r}, "
                          f"expected {FEATURES_FORMAT!r})")  # fmt: skip
     try:
-        names, metadata = json.loads(header["sets"]), json.loads(header.get("metadata", "{}"))
-    except (KeyError, json.JSONDecodeError) as err:
+        names, metadata = loads_json(header["sets"], path), loads_json(header.get("metadata", "{}"), path)
+    except (KeyError, ValueError) as err:
         raise ValueError(f"{path}: unreadable header entry 'sets' / 'metadata' ({err})") from None
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names) or len(set(names)) != len(names):
         raise ValueError(f"{path}: header entry 'sets' must be a list of distinct names; got {names!r}")

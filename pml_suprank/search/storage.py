@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .._safe_json import load_json
 from ..version import __version__
 from .options import BACKENDS, OPTION_BACKENDS, check_ids
 
@@ -93,8 +94,8 @@ def _is_int(value: Any) -> bool:
 
 def _read_meta(path: Path) -> dict[str, Any]:
     try:
-        meta = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        meta = load_json(path)
+    except (OSError, ValueError) as e:
         raise ValueError(f"{path}: not a readable JSON file ({e})") from e
     if not isinstance(meta, dict):
         raise ValueError(f"{path}: expected a JSON object; got {type(meta).__name__}")

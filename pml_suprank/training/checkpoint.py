@@ -12,8 +12,10 @@ ranges, the sampler state where the counters say) and belongs to the same run (:
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import re
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -22,6 +24,7 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
+from .._safe_json import load_json
 from .checkpoint_files import CheckpointError, check_optimizer_file, check_weights_files, read_rng_states
 
 __all__ = [
@@ -105,20 +108,20 @@ def validate_checkpoint(path: str | Path, num_processes: int | None = None) -> d
     if not state_file.is_file():
         raise CheckpointError(f"checkpoint {str(path)!r} is incomplete: {TRAINER_STATE} is missing")
     try:
-        state = json.loads(state_file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        state = load_json(state_file, expected=dict, what="checkpoint state")
+    except (OSError, ValueError) as e:
         raise CheckpointError(
-            f"checkpoint {str(path)!r} is corrupt: {TRAINER_STATE} cannot be read ({type(e).__name__}: {str(e)[:200]})"
+            f"checkpoint {str(path)!r} is corrupt: {TRAINER_STATE} cannot be read ({type(e).__name__}: {str(e)[:300]})"
         ) from e
     required = ("global_step", "epoch", "step_in_epoch", "sampler", "num_processes")
-    if not isinstance(state, dict) or any(k not in state for k in required):
+    if any(k not in state for k in required):
         raise CheckpointError(f"checkpoint {str(path)!r} is corrupt: {TRAINER_STATE} lacks one of {required}")
     _check_state_values(path, state)
     if num_processes is not None:
         _check_world_size(path, state, num_processes)
     check_scheduler_state(path, state.get("scheduler"))
     check_weights_files(path)
-    check_optimizer_file(path)
+    check_optimizer_file(path, state.get("optimizer_state"), state["global_step"])
     for index in range(state["num_processes"]):
         read_rng_states(path, index)
     return state
@@ -139,10 +142,16 @@ def _check_state_values(path: Path, state: dict[str, Any]) -> None:
         value = state[key]
         if isinstance(value, bool) or not isinstance(value, kind) or value < low:
             raise CheckpointError(where + f"'{key}' must be an int >= {low}; got {value!r}")
-    for key, kind in (("sampler", dict), ("history", list), ("config", dict), ("scheduler", dict),
-                      ("fingerprint", str), ("run_config", dict)):  # fmt: skip
+    if not isinstance(state["sampler"], dict):  # {} where the sampler keeps no state (never null)
+        raise CheckpointError(where + f"'sampler' must be a dict (the sampler state); got {state['sampler']!r}")
+    for key, kind in (("history", list), ("config", dict), ("scheduler", dict), ("fingerprint", str),
+                      ("run_config", dict), ("optimizer_state", list)):  # fmt: skip
         if key in state and state[key] is not None and not isinstance(state[key], kind):
             raise CheckpointError(where + f"'{key}' must be a {kind.__name__}; got {type(state[key]).__name__}")
+    indices = state.get("optimizer_state")
+    if indices is not None and (len(set(indices)) != len(indices) or not all(
+            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in indices)):  # fmt: skip
+        raise CheckpointError(where + "'optimizer_state' must list distinct parameter indices (ints >= 0)")
     _check_sampler_position(where, state)
     _check_counters(path, where, state)
 
@@ -366,23 +375,49 @@ def save_checkpoint_atomically(
         acc.save_state(str(tmp), safe_serialization=True)
         if acc.is_main_process:
             (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=1))
-    except (OSError, RuntimeError) as e:  # a full disk surfaces from torch.save as "RuntimeError: ... unexpected pos"
+    except _WRITE_ERRORS as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointSaveError(_save_failure(root, name, tmp, e)) from e
     acc.wait_for_everyone()
     if acc.is_main_process:
-        if final.exists():
-            owner = _owner(final)
-            if fingerprint is not None and owner is not None and owner != fingerprint:  # another run's: kept aside
-                final.rename(root / f"{name}-run-{owner[:12]}")
-            else:
-                shutil.rmtree(final)
-        tmp.rename(final)
+        try:
+            _put_in_place(root, name, fingerprint)
+        except OSError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointSaveError(_save_failure(root, name, tmp, e)) from e
         if keep > 0:
             for old in _run_checkpoints(output_dir, fingerprint)[:-keep]:
                 shutil.rmtree(old, ignore_errors=True)
     acc.wait_for_everyone()
     return final
+
+
+def _put_in_place(root: Path, name: str, fingerprint: str | None) -> None:
+    """Rename the written ``root/.tmp-<name>`` to ``root/<name>``. A checkpoint already there is replaced, unless it
+    belongs to another run (other fingerprint): that one is renamed ``<name>-run-<its fingerprint>`` and kept (one
+    whose ``trainer_state.json`` cannot be read is replaced: it can never be resumed)."""
+    final, tmp = root / name, root / f".tmp-{name}"
+    if final.exists():
+        owner = _owner(final)
+        if fingerprint is not None and owner is not None and owner != fingerprint:  # another run's: kept aside
+            final.rename(root / f"{name}-run-{owner[:12]}")
+        else:
+            shutil.rmtree(final)
+    tmp.rename(final)
+
+
+def _write_errors() -> tuple[type[BaseException], ...]:
+    """What a failed checkpoint write raises: ``OSError``; ``RuntimeError`` (a full disk surfaces from
+    ``torch.save`` as "RuntimeError: ... unexpected pos"); safetensors' ``SafetensorError`` (its writer's I/O
+    errors, e.g. "IoError(Os { code: 28, kind: StorageFull ... })")."""
+    try:
+        from safetensors import SafetensorError
+    except ImportError:  # an older safetensors: its error is exported from the Rust extension only
+        from safetensors.safetensors_rust import SafetensorError
+    return (OSError, RuntimeError, SafetensorError)
+
+
+_WRITE_ERRORS = _write_errors()
 
 
 class CheckpointSaveError(OSError):
@@ -393,9 +428,10 @@ class CheckpointSaveError(OSError):
 def _save_failure(root: Path, name: str, tmp: Path, error: BaseException) -> str:
     """The message of a failed checkpoint save: path, cause (disk full / read-only when the error or the free space
     says so), and what was kept."""
-    import errno
-
     code = getattr(error, "errno", None)
+    if code is None:  # safetensors reports the OS error in its message: "Os { code: 28, kind: StorageFull, ..."
+        found = re.search(r"\bcode: (\d+)", str(error))
+        code = int(found.group(1)) if found else None
     try:
         free = shutil.disk_usage(root).free
     except OSError:
@@ -430,8 +466,8 @@ def _run_checkpoints(output_dir: Path, fingerprint: str | None) -> list[Path]:
 def _owner(ckpt: Path) -> str | None:
     """The run fingerprint in ``ckpt/trainer_state.json`` (``None`` if unreadable or absent)."""
     try:
-        state = json.loads((ckpt / TRAINER_STATE).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        state = load_json(ckpt / TRAINER_STATE, what="checkpoint state")
+    except (OSError, ValueError):  # missing, unreadable, corrupt, too deep (a bad checkpoint must not stop a save)
         return None
     owner = state.get("fingerprint") if isinstance(state, dict) else None
     return owner if isinstance(owner, str) else None

@@ -28,6 +28,7 @@ __all__ = [
     "check_against_trainer",
     "check_optimizer_file",
     "check_weights_files",
+    "optimizer_state_indices",
     "read_rng_states",
     "restore_rng_states",
     "rng_file",
@@ -197,9 +198,20 @@ def weights_shapes(file: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     return out
 
 
-def check_optimizer_file(path: Path) -> dict[str, Any]:
+def optimizer_state_indices(optimizer: Any) -> list[int]:
+    """The indices (as in ``optimizer.state_dict()``: parameters numbered through the groups in order) of the
+    parameters that have optimizer state (e.g. Adam's moments): recorded in ``trainer_state.json`` so that a resume
+    can require exactly these in ``optimizer.bin``."""
+    params = (p for g in optimizer.param_groups for p in g["params"])
+    return [i for i, p in enumerate(params) if optimizer.state.get(p)]
+
+
+def check_optimizer_file(path: Path, with_state: list[int] | None = None, step: int = 0) -> dict[str, Any]:
     """The validated ``path/optimizer.bin``: ``{"state": {int: {str: tensor | number}}, "param_groups": [{"params":
-    [int, ...], ...}, ...]}`` with every state index listed by a group.
+    [int, ...], ...}, ...]}`` with every state index listed by a group, and per-parameter state where the optimizer
+    had it: for exactly the parameters ``with_state`` (``trainer_state.json`` ``"optimizer_state"``) or, when that
+    is not recorded, for at least one parameter after a step (``step > 0``); otherwise the moments of Adam (or
+    SGD's momentum) would silently restart at zero.
 
     Raises:
         CheckpointError: the file is missing, unreadable, a pickle of anything else, or breaks the schema.
@@ -224,6 +236,18 @@ def check_optimizer_file(path: Path) -> dict[str, Any]:
             isinstance(k, str) and isinstance(v, (torch.Tensor, int, float, bool, type(None))) for k, v in entry.items()
         ):
             raise CheckpointError(bad + f"'state[{i}]' must map names to tensors or numbers")
+        if not entry:
+            raise CheckpointError(bad + f"'state[{i}]' is empty")
+    if with_state is not None and set(per_param) != set(with_state):
+        lost, extra = sorted(set(with_state) - set(per_param)), sorted(set(per_param) - set(with_state))
+        raise CheckpointError(
+            bad + f"holds state for {len(per_param)} parameters but trainer_state.json 'optimizer_state' lists "
+            f"{len(with_state)} (missing {lost[:8]}, unexpected {extra[:8]}): the optimizer would restart their "
+            "moments at zero"
+        )
+    if with_state is None and step > 0 and not per_param:
+        raise CheckpointError(bad + f"holds no per-parameter state at step {step}: the optimizer would restart its "
+                              "moments at zero")  # fmt: skip
     return state
 
 
@@ -256,11 +280,24 @@ def check_against_trainer(
     if isinstance(base_lrs, list) and len(base_lrs) != len(optimizer.param_groups):
         raise CheckpointError(f"{where}: trainer_state.json 'scheduler.base_lrs' has {len(base_lrs)} entries; this "
                               f"optimizer has {len(optimizer.param_groups)} parameter groups")  # fmt: skip
-    if state.get("sampler") and hasattr(sampler, "load_state_dict"):
+    if hasattr(sampler, "load_state_dict"):
+        if not state.get("sampler"):
+            raise CheckpointError(
+                f"{where}: trainer_state.json has no sampler state ('sampler' is {state.get('sampler')!r}) but this "
+                f"run's sampler ({type(sampler).__name__}) keeps one: it would restart at epoch 0 and the resumed run "
+                "would train on other batches"
+            )
         try:
             copy.deepcopy(sampler).load_state_dict(state["sampler"])
         except ValueError as e:
             raise CheckpointError(f"{where}: {e}") from e
+    elif state["step_in_epoch"] > 0:
+        raise CheckpointError(
+            f"{where} is inside an epoch (step_in_epoch={state['step_in_epoch']}) but this run's sampler "
+            f"({type(sampler).__name__}) has no state_dict() / load_state_dict(): its position cannot be restored "
+            "and the resumed run would train on other batches; resume from a checkpoint at the end of an epoch "
+            "(checkpoint_every=0 writes one per epoch) or give the sampler state_dict() / load_state_dict()"
+        )
     return state
 
 
@@ -273,10 +310,50 @@ def _check_optimizer_fits(where: str, state: dict[str, Any], optimizer: Any) -> 
             f"optimizer {[len(g['params']) for g in groups]}"
         )
     params = {i: p for sg, g in zip(saved, groups, strict=True) for i, p in zip(sg["params"], g["params"], strict=True)}
+    group_of = {i: k for k, sg in enumerate(saved) for i in sg["params"]}
+    expected = [_state_layout(optimizer, g) for g in groups]
     for i, entry in state["state"].items():
+        layout = expected[group_of[i]]
+        if layout is not None:
+            _check_state_entry(where, i, entry, layout, type(getattr(optimizer, "optimizer", optimizer)).__name__)
         for name, value in entry.items():
             if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != params[i].shape:
                 raise CheckpointError(
                     f"{where}: {OPTIMIZER_FILE} 'state[{i}][{name!r}]' has shape {tuple(value.shape)}; the parameter "
                     f"has {tuple(params[i].shape)}"
                 )
+
+
+def _state_layout(optimizer: Any, group: dict[str, Any]) -> dict[str, torch.dtype | None] | None:
+    """``{state key: tensor dtype, or None for a number}`` that ``optimizer``'s class keeps for a parameter of
+    ``group`` (found by one step of a fresh optimizer of that class, same hyper-parameters, on a 2-element parameter
+    of the group's dtype and device); ``None`` when it cannot be found (an optimizer that does not take this)."""
+    inner = getattr(optimizer, "optimizer", optimizer)  # an accelerate AcceleratedOptimizer wraps the torch one
+    if not group["params"]:
+        return None
+    ref = group["params"][0]
+    try:
+        probe = torch.zeros(2, dtype=ref.dtype, device=ref.device, requires_grad=True)
+        fresh = type(inner)([{**{k: v for k, v in group.items() if k != "params"}, "params": [probe]}])
+        probe.grad = torch.zeros_like(probe)
+        fresh.step()
+        kept = fresh.state[probe]
+    except Exception:  # noqa: BLE001 - an optimizer class that cannot be probed: its keys are not checked
+        return None
+    return {k: (v.dtype if isinstance(v, torch.Tensor) else None) for k, v in kept.items()}
+
+
+def _check_state_entry(where: str, i: int, entry: dict[str, Any], layout: dict[str, Any], kind: str) -> None:
+    """``optimizer.bin``'s ``state[i]`` has the keys ``layout`` names, tensors of its dtypes."""
+    if set(entry) != set(layout):
+        raise CheckpointError(
+            f"{where}: {OPTIMIZER_FILE} 'state[{i}]' has keys {sorted(entry)}; this optimizer ({kind}) keeps "
+            f"{sorted(layout)} for every parameter it updates"
+        )
+    for name, dtype in layout.items():
+        value = entry[name]
+        if dtype is not None and not (isinstance(value, torch.Tensor) and value.dtype == dtype):
+            raise CheckpointError(
+                f"{where}: {OPTIMIZER_FILE} 'state[{i}][{name!r}]' must be a tensor of dtype {dtype}; got "
+                f"{_desc(value)}"
+            )

@@ -9,13 +9,13 @@ lists are comma-separated (``--k_values 1,10,100``; space-separated values are a
 from __future__ import annotations
 
 import argparse
-import json
 import types
 import typing
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import Field, fields
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
+from .._safe_json import loads_json
 from ..losses.registry import registered_losses
 from .config import field_default
 from .options import loss_keys, option_fields, recipe_options
@@ -69,8 +69,8 @@ def str_list(value: str) -> list[str]:
 def json_dict(value: str) -> dict[str, Any]:
     """A JSON object given on the command line."""
     try:
-        out = json.loads(value)
-    except json.JSONDecodeError as e:
+        out = loads_json(value, "the value", what="option value")
+    except ValueError as e:
         raise argparse.ArgumentTypeError(f'expected a JSON object such as {{"img_size": 64}}; got {value!r}') from e
     if not isinstance(out, dict):
         raise argparse.ArgumentTypeError(f"expected a JSON object; got {value!r}")

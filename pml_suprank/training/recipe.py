@@ -35,12 +35,15 @@ from typing import Any
 
 import torch
 
+from .._safe_json import load_json
 from ..data.batch_fit import fit_batch, short_run_warning
 from ..data.benchmarks.registry import BENCHMARKS
 from ..data.folders import class_names_of, class_split
 from ..metrics.report import format_metrics_table, one_column
+from .checkpoint import CheckpointSaveError
 from .cli import build_recipe_parser, given_options, parse_run_spec, recipe_losses
 from .data_source import dataset_source, folder_layout
+from .run_folder import RUN_FOLDER_ERRORS, prepare_output_dir, refusal_message
 from .run_spec import RunSpec
 
 __all__ = [
@@ -174,7 +177,11 @@ def main(argv: list[str] | None, description: str, defaults: Mapping[str, Any], 
     options the user set, :func:`~pml_suprank.training.cli.given_options`)."""
     parser = build_parser(description, defaults, hierarchical)
     spec = parse_run_spec(parser, argv)
-    return run(spec, given=given_options(parser, argv))
+    try:
+        return run(spec, given=given_options(parser, argv))
+    except RUN_FOLDER_ERRORS as e:  # the output folder or a checkpoint refused: its message, no traceback
+        print(f"{Path(sys.argv[0]).name}: error: {refusal_message(e, spec.run.resume)}", file=sys.stderr)  # noqa: T201
+        sys.exit(1 if isinstance(e, CheckpointSaveError) else 2)
 
 
 def refuse(message: str) -> None:
@@ -274,7 +281,7 @@ def _setup(spec: RunSpec, given: Collection[str]) -> tuple[RunSpec, Any, Any, An
         **multilabel_parts(spec, accelerator, train_ds, test_ds),
     )  # fmt: skip
     if accelerator.is_main_process:
-        Path(train.output_dir).mkdir(parents=True, exist_ok=True)
+        prepare_output_dir(train.output_dir)  # OutputDirError naming --output_dir: a file, read-only
     accelerator.print(
         f"{spec.loss.loss} on {spec.data.dataset}: {len(train_ds)} training / {len(test_ds)} test images, "
         f"{num_seen} training classes, backbone {spec.model.backbone} @ {spec.data.image_size}px, "
@@ -308,7 +315,7 @@ def _initial_eval(spec: RunSpec, trainer: Any) -> dict[str, float] | None:
     acc = trainer.accelerator
     before_file = Path(spec.train.output_dir) / "metrics_before.json"
     if spec.run.resume is not None and before_file.is_file():
-        return json.loads(before_file.read_text())
+        return load_json(before_file, expected=dict)
     before = trainer.evaluate(description="evaluation before training")
     acc.log({f"eval/{k}": v for k, v in before.items()}, step=0)
     if acc.is_main_process:

@@ -27,11 +27,20 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import RESUMABLE_CHANGES, config_differences, find_checkpoints, jsonable
+from .._safe_json import load_json
+from .checkpoint import (
+    RESUMABLE_CHANGES,
+    CheckpointError,
+    CheckpointSaveError,
+    config_differences,
+    find_checkpoints,
+    jsonable,
+)
 
 __all__ = [
     "LOCK_FILE",
     "RUN_FILE",
+    "RUN_FOLDER_ERRORS",
     "OutputDirError",
     "RunLock",
     "RunLockError",
@@ -39,7 +48,9 @@ __all__ = [
     "config_differences",
     "OS_LOCK_FILE",
     "on_main_process",
+    "prepare_output_dir",
     "previous_run_artifacts",
+    "refusal_message",
     "remove_previous_run",
     "remove_stale_temporaries",
     "run_config",
@@ -56,11 +67,25 @@ RUN_ARTIFACTS = ("checkpoints", "final", RUN_FILE, "metrics_before.json")
 
 
 class OutputDirError(ValueError):
-    """The output folder already holds another run (its checkpoints or its ``final/`` folder)."""
+    """The output folder cannot take this run: it holds another run (its checkpoints or its ``final/`` folder), is a
+    file, or cannot be written."""
 
 
 class RunLockError(RuntimeError):
     """Another live run holds the lock file of the output folder."""
+
+
+#: the errors a command line reports as their message only (no traceback): the output folder or a checkpoint refused
+RUN_FOLDER_ERRORS = (CheckpointError, CheckpointSaveError, OutputDirError, RunLockError)
+
+
+def refusal_message(error: BaseException, resume: Any = None) -> str:
+    """The line a command line prints for one of :data:`RUN_FOLDER_ERRORS`: its message, led by the flag to change
+    (``--resume <value>: ...`` for a checkpoint refused while resuming) where it does not name one first."""
+    text = str(error)
+    if isinstance(error, CheckpointError) and resume is not None and not text.startswith("--"):
+        text = f"--resume {resume}: {text}"
+    return text
 
 
 def run_config(training: Mapping[str, Any], run_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -115,8 +140,45 @@ def previous_run_artifacts(output_dir: Path) -> list[str]:
     return found
 
 
+def prepare_output_dir(output_dir: str | Path) -> Path:
+    """Create ``output_dir`` (with its parents) and check that files can be written into it.
+
+    Raises:
+        OutputDirError: it is a file, or cannot be created or written (read-only disk or folder, no permission); the
+            message names the folder, the cause and the flag to change (``--output_dir``).
+    """
+    path = Path(output_dir)
+    if path.exists() and not path.is_dir():
+        raise OutputDirError(f"--output_dir {str(path)!r} is a file, not a folder: choose a folder path (it is "
+                             "created if missing)")  # fmt: skip
+    probe = path / f".write-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        doing = "written" if path.is_dir() else "created"
+        reason = e.strerror or type(e).__name__
+        if isinstance(e, (FileExistsError, NotADirectoryError)):
+            reason = "a part of the path is a file"
+        raise OutputDirError(f"--output_dir {str(path)!r} cannot be {doing} ({reason}): choose a folder you can "
+                             "write to") from None  # fmt: skip
+    return path
+
+
 def remove_previous_run(output_dir: Path) -> None:
-    """Delete what a previous run left in ``output_dir`` (checkpoints, final/, run.json, metrics_before.json)."""
+    """Delete what a previous run left in ``output_dir`` (checkpoints, final/, run.json, metrics_before.json).
+
+    Raises:
+        OutputDirError: one of them is a symbolic link (nothing is deleted: a link is neither followed nor removed).
+    """
+    links = [name for name in RUN_ARTIFACTS if (Path(output_dir) / name).is_symlink()]
+    if links:
+        shown = ", ".join(f"{name} -> {os.readlink(Path(output_dir) / name)}" for name in links)
+        raise OutputDirError(
+            f"--overwrite_output_dir: {str(output_dir)!r} holds symbolic links ({shown}); the previous run is "
+            "not deleted through a link: remove the link yourself, or choose another --output_dir"
+        )
     for name in RUN_ARTIFACTS:
         target = Path(output_dir) / name
         if target.is_dir():
@@ -199,7 +261,7 @@ class RunLock:
         """
         from filelock import FileLock, Timeout
 
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        prepare_output_dir(self.path.parent)
         os_lock = FileLock(str(self.path.with_name(OS_LOCK_FILE)), timeout=0, thread_local=False)
         try:
             os_lock.acquire()
@@ -265,8 +327,8 @@ class RunLock:
         except FileNotFoundError:
             return False
         try:
-            moved = json.loads(aside.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+            moved = load_json(aside)
+        except (OSError, ValueError):
             moved = None
         if moved == stale:
             aside.unlink(missing_ok=True)
@@ -280,10 +342,10 @@ class RunLock:
 
     def _holder(self) -> dict[str, Any] | None:
         try:
-            holder = json.loads(self.path.read_text())
+            holder = load_json(self.path)
         except FileNotFoundError:
             return None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        except (OSError, ValueError):
             holder = {}
         return holder if isinstance(holder, dict) else {}
 
@@ -308,19 +370,35 @@ class RunLock:
         self.release()
 
 
-def claim_output_dir(output_dir: Path, overwrite: bool, note: Callable[[str], None] = print) -> None:
+def claim_output_dir(
+    output_dir: Path,
+    overwrite: bool,
+    note: Callable[[str], None] = print,
+    *,
+    resumed: str | Path | None = None,
+    run_config: Mapping[str, Any] | None = None,
+) -> None:
     """Check that a new run may start in ``output_dir`` (call it on the main process, holding the lock).
 
     Args:
         output_dir: The run's output folder.
         overwrite: Delete what a previous run left (checkpoints, final/, run.json, metrics_before.json) first.
         note: Where the note about the deletion goes.
+        resumed: The ``--resume`` value that found no checkpoint to continue (``"latest"``), if any: the run starts
+            from scratch only in a folder without a previous run (or with ``overwrite``), said in one note.
+        run_config: This run's :func:`run_config`, to name the settings of another run found in the folder.
 
     Raises:
         OutputDirError: the folder holds checkpoints or a ``final/`` folder of a previous run and ``overwrite`` is
-            false; the message names the folder, what is there, and the three ways out.
+            false; the message names the folder, what is there (another run, and the settings that differ, when
+            ``resumed``), and the ways out.
     """
     found = previous_run_artifacts(output_dir)
+    if resumed is not None:
+        if found and not overwrite:
+            raise OutputDirError(_nothing_to_resume(Path(output_dir), found, resumed, run_config))
+        what = "nothing there can continue this run" if found else "no checkpoint there"
+        note(f"--resume {resumed}: {what} ({Path(output_dir) / 'checkpoints'}); starting from scratch")
     if not found:
         return
     if not overwrite:
@@ -350,3 +428,29 @@ def on_main_process(accelerator: Any, fn: Callable[[], Any]) -> Any:
     if error is not None:
         raise error
     return result
+
+
+def _nothing_to_resume(output_dir: Path, found: list[str], resumed: Any, config: Mapping[str, Any] | None) -> str:
+    """The refusal of ``--resume latest`` in a folder whose previous run has nothing this run can continue: another
+    run's (named by ``run.json``, with the settings that differ) or this run's unusable checkpoints."""
+    shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
+    try:
+        previous = load_json(output_dir / RUN_FILE, expected=dict)
+    except (OSError, ValueError):
+        previous = {}
+    theirs = previous.get("fingerprint")
+    ours = run_fingerprint(config) if config is not None else None
+    if isinstance(theirs, str) and ours is not None and theirs != ours:
+        saved = previous.get("config") if isinstance(previous.get("config"), dict) else {}
+        differ = config_differences(saved, config or {}) or "settings not recorded"
+        return (
+            f"--resume {resumed}: output_dir {str(output_dir)!r} holds another run (its run.json: fingerprint "
+            f"{theirs[:12]}, this run {ours[:12]}; settings that differ: {differ[:600]}) and nothing there can "
+            f"continue this run ({shown}): choose another --output_dir for this run, resume that run with its own "
+            "settings, or pass --overwrite_output_dir true to delete it and start anew"
+        )
+    why = "; why is said above" if any(f.startswith("checkpoints/") for f in found) else ""
+    return (
+        f"--resume {resumed}: nothing in {str(output_dir)!r} can continue this run ({shown}{why}): pass "
+        "--overwrite_output_dir true to delete it and start anew, or choose another --output_dir"
+    )

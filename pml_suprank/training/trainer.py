@@ -254,10 +254,8 @@ class Trainer:
     # -- checkpoints --------------------------------------------------------------------------------------------
     def _trainer_state(self) -> dict[str, Any]:
         sampler_state = self.sampler.state_dict() if hasattr(self.sampler, "state_dict") else {}
-        if sampler_state:
-            sampler_state = dict(sampler_state)
-            sampler_state["epoch"] = self.progress.epoch
-            sampler_state["position"] = self.progress.step_in_epoch  # batches consumed, not fetched ahead
+        if sampler_state:  # the position: batches consumed, not fetched ahead
+            sampler_state = {**sampler_state, "epoch": self.progress.epoch, "position": self.progress.step_in_epoch}
         return {
             "global_step": self.progress.global_step,
             "epoch": self.progress.epoch,
@@ -267,6 +265,7 @@ class Trainer:
             "num_processes": self.accelerator.num_processes,
             "sampler": jsonable(sampler_state),
             "scheduler": scheduler_state(self.scheduler),
+            "optimizer_state": files.optimizer_state_indices(self.optimizer),  # the parameters with moments
             "history": self.progress.history,
             "config": jsonable(self.config.to_dict()),
             "fingerprint": self.fingerprint,
@@ -296,10 +295,10 @@ class Trainer:
         except Exception as e:
             raise CheckpointError(f"checkpoint {str(path)!r} cannot be loaded: {type(e).__name__}: {e}") from e
         files.restore_rng_states(rng, self.accelerator)  # ourselves: Accelerate skips bad RNG files (an INFO line)
-        if state["sampler"] and hasattr(self.sampler, "load_state_dict"):
-            self.sampler.load_state_dict(state["sampler"])  # validated on a copy by check_against_trainer
-        self.progress = _Progress(int(state["epoch"]), int(state["step_in_epoch"]), int(state["global_step"]),
-                                  list(state.get("history", [])))  # fmt: skip
+        if hasattr(self.sampler, "load_state_dict"):  # validated (present, loads into a copy) by check_against_trainer
+            self.sampler.load_state_dict(state["sampler"])
+        self.progress = _Progress(state["epoch"], state["step_in_epoch"], state["global_step"],
+                                  list(state.get("history") or []))  # fmt: skip
         return state
 
     def _check_files(self, path: Path) -> dict[str, Any]:  # every file, and that it fits this model / optimizer
@@ -352,10 +351,9 @@ class Trainer:
                 self.output_dir, acc.print, self._check_files)  # fmt: skip
             ckpt = Path(ckpt) if ckpt is not None else None
             state = self._check_checkpoint(ckpt, ignore_config_change) if ckpt is not None else {}
-            if ckpt is None and resume_from is not None:
-                acc.print(f"no checkpoint in {self.output_dir / 'checkpoints'}; starting from scratch")
-            if ckpt is None and not self._claimed:
-                on_main_process(acc, lambda: claim_output_dir(self.output_dir, overwrite_output_dir, acc.print))
+            if ckpt is None and not self._claimed:  # a new run here (also when --resume latest found no checkpoint)
+                on_main_process(acc, lambda: claim_output_dir(self.output_dir, overwrite_output_dir, acc.print,
+                                                              resumed=resume_from, run_config=self.run_config))
             extra = {"resumed_from": str(ckpt)} if ckpt is not None else {}
             if state.get("fingerprint") not in (None, self.fingerprint):
                 extra["previous_fingerprint"] = state["fingerprint"]

@@ -16,10 +16,10 @@ its whole lineage (e.g. a genus by kingdom … family + genus), so homonyms in d
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
+from ..._safe_json import loads_json
 from ..paths import PathConfiner
 from ._native import FileImageDataset, Record, file_split, layout_error, read_text, require_file
 
@@ -55,8 +55,8 @@ def _taxonomy(root: Path) -> dict[int, tuple[str, ...]]:
     """``{category id: (kingdom, phylum, class, order, family, genus, name)}`` from ``train2018.json``."""
     path = require_file(root / "train2018.json", "the iNaturalist 2018 categories")
     try:
-        categories = json.loads(read_text(path))["categories"]
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        categories = loads_json(read_text(path), path, max_bytes=2**32)["categories"]  # a large annotation file
+    except (ValueError, KeyError, TypeError) as err:
         raise layout_error(path, None, f"expected a JSON object with a 'categories' list ({err})") from None
     out = {}
     for i, cat in enumerate(categories):

@@ -1,0 +1,152 @@
+"""JSON for files the package reads (checkpoints, ``run.json``, lock records, ``index.json``, ``config.json``, data
+annotations): one reader with bounded cost and one kind of error.
+
+``json.loads`` recurses once per nesting level (``"[" * 100000`` raises ``RecursionError``), converts integers of any
+length (a 5000-digit number raises a ``ValueError`` that names no file) and reads files of any size. :func:`load_json`
+and :func:`loads_json` refuse, with a ``ValueError`` naming the file: a file larger than ``max_bytes`` (before
+reading it), text that is not UTF-8 or not JSON, nesting deeper than ``max_depth``, an integer of more than
+``max_int_digits`` digits and, when ``expected`` is given, a top-level value of another type.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "MAX_JSON_BYTES",
+    "MAX_JSON_DEPTH",
+    "MAX_JSON_INT_DIGITS",
+    "json_depth",
+    "load_json",
+    "loads_json",
+]
+
+#: largest JSON text read (bytes / characters); a caller reading a large annotation file passes its own bound
+MAX_JSON_BYTES = 64 * 2**20
+#: deepest nesting of arrays / objects (``json`` recurses once per level)
+MAX_JSON_DEPTH = 100
+#: most digits of one integer (int64 has 19; Python's own limit, 4300, raises an error naming no file)
+MAX_JSON_INT_DIGITS = 100
+
+_TYPE_NAMES = {dict: "a JSON object", list: "a JSON array", str: "a JSON string", int: "an integer",
+               float: "a number", bool: "true or false"}  # fmt: skip
+
+
+def json_depth(text: str) -> int:
+    """The deepest nesting of ``[`` / ``{`` in JSON ``text`` (brackets inside strings do not count); linear time,
+    no recursion."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+def _value_depth(value: Any) -> int:
+    """The nesting depth of a parsed JSON value (a scalar is 0, ``[]`` is 1); iterative, no recursion."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        elif not isinstance(item, list):
+            continue
+        deepest = max(deepest, depth + 1)
+        stack.extend((child, depth + 1) for child in item if isinstance(child, (dict, list)))
+    return deepest
+
+
+def loads_json(
+    text: str | bytes,
+    source: Any,
+    max_depth: int = MAX_JSON_DEPTH,
+    what: str = "file",
+    *,
+    expected: type | tuple[type, ...] | None = None,
+    max_bytes: int = MAX_JSON_BYTES,
+    max_int_digits: int = MAX_JSON_INT_DIGITS,
+) -> Any:
+    """The value of the JSON ``text`` read from ``source`` (a path or a name, used in messages), with bounded cost.
+
+    Args:
+        text: The JSON text (``bytes`` are decoded as UTF-8).
+        source: What the text was read from, named by every error (e.g. the file path).
+        max_depth: Deepest nesting of arrays / objects allowed.
+        what: What the text is, for the messages (``"config.json"``, ``"checkpoint state"``).
+        expected: The type(s) the top-level value must have (e.g. ``dict``); ``None`` accepts any.
+        max_bytes: Longest text allowed (characters, or bytes for ``bytes``).
+        max_int_digits: Most digits of one integer.
+
+    Raises:
+        ValueError: naming ``source``: too large, not UTF-8, not valid JSON, nested deeper than ``max_depth``, an
+            integer too long, or a top-level value other than ``expected``.
+    """
+    if len(text) > max_bytes:
+        raise ValueError(f"{source} is {len(text)} characters long; a JSON {what} read here may have {max_bytes}")
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{source} is not valid JSON (corrupt {what}): not UTF-8 text ({e})") from None
+
+    def parse_int(digits: str) -> int:
+        if len(digits.lstrip("-")) > max_int_digits:
+            raise ValueError(f"an integer of {len(digits.lstrip('-'))} digits; at most {max_int_digits} are allowed")
+        return int(digits)
+
+    try:
+        value = json.loads(text, parse_int=parse_int)
+    except RecursionError:
+        depth = json_depth(text)  # only on failure: a linear scan, for the message
+        message = f"{source} nests JSON {depth} levels deep; at most {max_depth} are allowed (corrupt {what}?)"
+        raise ValueError(message) from None
+    except ValueError as e:  # json.JSONDecodeError, or parse_int's refusal
+        raise ValueError(f"{source} is not valid JSON (corrupt {what}): {str(e)[:200]}") from None
+    depth = _value_depth(value)
+    if depth > max_depth:
+        raise ValueError(f"{source} nests JSON {depth} levels deep; at most {max_depth} are allowed (corrupt {what}?)")
+    kinds = expected if isinstance(expected, tuple) or expected is None else (expected,)
+    if kinds is not None and (not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)):
+        want = " or ".join(_TYPE_NAMES.get(k, k.__name__) for k in kinds)
+        got = "null" if value is None else _TYPE_NAMES.get(type(value), type(value).__name__)
+        raise ValueError(f"{source} must hold {want} (corrupt {what}?); got {got}")
+    return value
+
+
+def load_json(
+    path: str | Path,
+    *,
+    what: str | None = None,
+    expected: type | tuple[type, ...] | None = None,
+    max_bytes: int = MAX_JSON_BYTES,
+    max_depth: int = MAX_JSON_DEPTH,
+    max_int_digits: int = MAX_JSON_INT_DIGITS,
+) -> Any:
+    """The value of the JSON file ``path`` (:func:`loads_json`'s bounds; its size is checked before it is read).
+
+    Raises:
+        OSError: the file cannot be opened (``FileNotFoundError`` when it does not exist).
+        ValueError: naming the file: see :func:`loads_json`.
+    """
+    p = Path(path)
+    what = what or p.name
+    size = p.stat().st_size
+    if size > max_bytes:
+        raise ValueError(f"{p} is {size} bytes long; a JSON {what} read here may have {max_bytes}")
+    return loads_json(p.read_bytes(), p, max_depth, what, expected=expected, max_bytes=max_bytes,
+                      max_int_digits=max_int_digits)  # fmt: skip
