@@ -11,10 +11,11 @@ training / test sets.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from .._safe_json import load_json
 
 __all__ = ["DATA_SPEC_FILE", "data_spec", "read_data_spec"]
 
@@ -68,12 +69,8 @@ def read_data_spec(model: str | Path) -> dict[str, Any] | None:
     path = Path(model) / DATA_SPEC_FILE
     if not path.is_file():
         return None
-    try:
-        with path.open(encoding="utf-8") as f:
-            spec = json.load(f)
-    except (ValueError, UnicodeDecodeError, RecursionError) as e:
-        raise ValueError(f"{path}: not a valid data spec ({type(e).__name__}: {str(e)[:200]})") from e
-    if not isinstance(spec, dict) or not isinstance(spec.get("data"), dict):
+    spec = load_json(path, what="data spec", expected=dict)
+    if not isinstance(spec.get("data"), dict):
         raise ValueError(f"{path}: expected a JSON object with a 'data' mapping")
     seed = spec.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
