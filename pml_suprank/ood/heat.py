@@ -38,7 +38,7 @@ from .heat_priors import ELPrior, GMMPrior, GMMStdPrior  # noqa: F401 - defines 
 from .heat_state import MAX_SEED, check_heat_config, check_heat_settings, check_heat_state, check_mlp_sizes
 from .presets import PRESETS, SETTING_KEYS, resolve_settings  # noqa: F401 - PRESETS, SETTING_KEYS kept here
 from .prior import Prior
-from .priors import ClassConditionalGaussian, EnergyLogitsPrior, degenerate_variance  # noqa: F401 - importable here
+from .priors import ClassConditionalGaussian, EnergyLogitsPrior, degenerate_variance, unit_rows  # noqa: F401
 from .registry import PRIOR_REGISTRY
 
 __all__ = ["HEAT", "PriorName", "PRESETS", "compose_energies", "standardize"]
@@ -91,7 +91,7 @@ class _Component(nn.Module):
         return bool(self.prior.normalize)
 
     def prep(self, z: Tensor) -> Tensor:
-        return nn.functional.normalize(z, dim=-1, eps=1e-12) if self.normalize else z
+        return unit_rows(z) if self.normalize else z
 
     def prior_energy(self, z: Tensor) -> Tensor:
         return self.prior.energy(z) / self.prior_temperature

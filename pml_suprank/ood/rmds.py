@@ -15,7 +15,7 @@ from torch import Tensor
 from .._validation import check_positive
 from ..hub.schema import TensorSpec
 from .base import Detector, check_features
-from .priors import ClassConditionalGaussian, gaussian_state_spec
+from .priors import ClassConditionalGaussian, finite_scores, gaussian_state_spec
 
 __all__ = ["RMDS"]
 
@@ -75,7 +75,7 @@ class RMDS(Detector):
     def _score(self, features=None, logits=None, **kwargs) -> Tensor:
         z = check_features("features", features, dim=self.gaussian.dim)
         relative = self.gaussian.mahalanobis(z) - self.background_distance(z).unsqueeze(-1)
-        return relative.min(dim=-1).values.to(z.dtype)
+        return finite_scores(relative.min(dim=-1).values, z.dtype, "RMDS")
 
     def state_dict(self) -> dict[str, Tensor]:
         state = self.gaussian.state_dict()
