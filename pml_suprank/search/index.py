@@ -24,7 +24,7 @@ from torch import Tensor
 from .._validation import check_choice, check_device, check_embeddings, check_labels, check_positive_int
 from .faiss_backends import FaissSearcher
 from .options import BACKENDS, INT32_MAX, check_ids, check_option, resolve_options
-from .scale import check_scores_fit, max_row_norm
+from .scale import check_scores_fit, max_abs
 from .storage import read_index_files, write_index_files
 from .topk import DEFAULT_BLOCK_ELEMENTS, exact_topk
 
@@ -92,7 +92,7 @@ class RetrievalIndex:
         self.dtype = torch.float64 if keep64 else torch.float32
         self.dim = int(embeddings.shape[1])
         self._embeddings = embeddings.detach().to(self.device, self.dtype)
-        self._max_norm = max_row_norm(self._embeddings)
+        self._max_abs = max_abs(self._embeddings)
         self.labels: Tensor | None = None
         self.labels = None if labels is None else self._checked_labels(labels, embeddings.shape[0]).cpu()
         self.ids = None if ids is None else check_ids("ids", ids, embeddings.shape[0])
@@ -146,7 +146,7 @@ class RetrievalIndex:
         new = embeddings.detach().to(self.device, self.dtype)
         if self._faiss is not None:
             self._faiss.add(new)
-        self._max_norm = max(self._max_norm, max_row_norm(new))
+        self._max_abs = max(self._max_abs, max_abs(new))
         self._embeddings = torch.cat([self._embeddings, new])
         if new_labels is not None:
             self.labels = torch.cat([self.labels, new_labels])
@@ -194,7 +194,7 @@ class RetrievalIndex:
         k = check_positive_int("k", k)
         if k > len(self):
             raise ValueError(f"k must be <= the number of gallery items ({len(self)}); got k={k}")
-        check_scores_fit("queries", max_row_norm(queries), self._max_norm, self.dtype)
+        check_scores_fit("queries", queries, self._embeddings, self._max_abs, self.dtype)
         if self._faiss is not None:
             scores, indices = self._faiss.search(queries, k)
             return scores.to(self.device), indices.to(self.device)

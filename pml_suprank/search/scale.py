@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["check_scores_fit", "max_row_norm"]
+__all__ = ["check_scores_fit", "max_abs", "max_row_norm"]
 
 _ROWS = 1 << 16
 
@@ -32,10 +32,22 @@ def max_row_norm(x: Tensor) -> float:
     return best
 
 
-def check_scores_fit(name: str, query_norm: float, gallery_norm: float, dtype: torch.dtype) -> None:
-    """Raise ``ValueError`` naming ``name`` when ``query_norm · gallery_norm`` (largest row norms) exceeds half the
-    largest finite value of ``dtype``, i.e. when a score could overflow to ``inf``."""
+def max_abs(x: Tensor) -> float:
+    """The largest ``|x_ij|`` as a Python float (one pass, no copy of ``x``)."""
+    with torch.no_grad():
+        return float(x.abs().amax()) if x.numel() else 0.0
+
+
+def check_scores_fit(name: str, queries: Tensor, gallery: Tensor, gallery_max_abs: float, dtype: torch.dtype) -> None:
+    """Raise ``ValueError`` naming ``name`` when the largest row norm of ``queries`` ``(Q, D)`` times the largest row
+    norm of ``gallery`` ``(N, D)`` exceeds half the largest finite value of ``dtype``, i.e. when a score could
+    overflow to ``inf``. Usually decided from the largest entries alone (``||x|| <= sqrt(D)·max|x_j|``, with the
+    gallery's ``gallery_max_abs`` kept by the index); the row norms are computed only when that bound is too loose."""
     limit = torch.finfo(dtype).max / 2
+    query_abs = max_abs(queries)
+    if query_abs * gallery_max_abs * queries.shape[1] <= limit:
+        return
+    query_norm, gallery_norm = max_row_norm(queries), max_row_norm(gallery)
     if query_norm * gallery_norm > limit:
         raise ValueError(
             f"{name} and the gallery are too large for {str(dtype).removeprefix('torch.')} scores: the largest "
