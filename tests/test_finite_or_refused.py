@@ -18,12 +18,12 @@ def _unit(n, d, seed):
 
 
 @pytest.mark.parametrize("scale", [1e-40, 1e-42, 1e-44])
-def test_evaluator_ranks_subnormal_embeddings_exactly(scale):
+def test_evaluator_ranks_subnormal_embeddings_exactly(scale, device):
     # the reproduction: x 1e-40 (float32 subnormal) gave mAP@R 0.0 (the rescaling factor overflowed)
     emb, labels = _unit(120, 16, 0), torch.arange(120) % 6
     tiny = emb * scale
     assert bool(tiny.abs().amax() < torch.finfo(torch.float32).tiny)  # every entry subnormal
-    evaluator = RetrievalEvaluator()
+    evaluator = RetrievalEvaluator(device=device)
     got = evaluator.evaluate(tiny, labels)
     # the same values exactly scaled back up (a power of two, in float64): the ranking of the input as given
     exact = evaluator.evaluate((tiny.double() * 2.0**140).float(), labels)
@@ -45,6 +45,15 @@ def test_evaluator_with_separate_queries_and_subnormal_gallery():
     for key, value in expected.items():
         if isinstance(value, float):
             assert got[key] == value and got_q[key] == value, key
+
+
+def test_multilabel_evaluator_ranks_subnormal_embeddings_exactly():
+    g = torch.Generator().manual_seed(6)
+    emb = (_unit(80, 8, 6) * 4096).round() / 4096  # multiples of 2**-12: exact subnormals once times 2**-136
+    labels = (torch.rand(80, 5, generator=g) > 0.6).long()
+    evaluator = RetrievalEvaluator(multilabel=True)
+    expected, got = evaluator.evaluate(emb, labels), evaluator.evaluate(emb * 2.0**-136, labels)
+    assert expected["map_at_r"] > 0 and all(got[k] == v for k, v in expected.items() if isinstance(v, float))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
