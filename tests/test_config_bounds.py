@@ -67,8 +67,10 @@ def test_integers_that_size_work_are_bounded():
     ("text", "match"),
     [
         ("a: 1\nb: 2\na: 3\n", r"key 'a' is given twice in one mapping \(line 1 and line 3\)"),
-        ("model:\n  backbone: x\n  pooling: avg\n  backbone: y\n",
-         r"key 'backbone' is given twice .*line 2 and line 4"),
+        (
+            "model:\n  backbone: x\n  pooling: avg\n  backbone: y\n",
+            r"key 'backbone' is given twice .*line 2 and line 4",
+        ),
         ("a: {b: 1, b: 1}\n", "key 'b' is given twice"),
     ],
 )

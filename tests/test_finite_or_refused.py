@@ -72,9 +72,7 @@ def test_scaling_keeps_products_normal_and_finite_at_both_ends(dtype):
     assert torch.equal(times_power_of_two(x, k), torch.tensor([3.0, -1.0], dtype=dtype))
 
 
-@pytest.mark.parametrize(
-    "make", [lambda: ood.Mahalanobis(), lambda: ood.RMDS()], ids=["mahalanobis", "rmds"]
-)
+@pytest.mark.parametrize("make", [lambda: ood.Mahalanobis(), lambda: ood.RMDS()], ids=["mahalanobis", "rmds"])
 def test_distance_scores_that_overflow_the_dtype_are_refused(make):
     # the reproduction: fitted on features of scale 1e-30, normal features scored +inf
     z, labels = torch.randn(200, 8, generator=torch.Generator().manual_seed(3)), torch.arange(200) % 4
