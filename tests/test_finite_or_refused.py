@@ -103,3 +103,18 @@ def test_heat_gmm_prior_is_exact_at_any_feature_scale():
 
     reference = scores(1.0)
     torch.testing.assert_close(scores(1e-30), reference, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("scale", [1e-160, 1e-300, 1e300])
+@pytest.mark.parametrize(
+    "make", [lambda: ood.Mahalanobis(), lambda: ood.RMDS(), lambda: ood.Mahalanobis(normalize=True)],
+    ids=["mahalanobis", "rmds", "ssd+"],
+)  # fmt: skip
+def test_gaussian_fits_are_exact_at_any_float64_scale(make, scale):
+    # a covariance of features of scale 1e-160 is ~1e-320, a float64 subnormal: scores were off by 12, and at 1e-200
+    # the fit was refused as "zero variance"; fitted at scale ~1 and scaled back by a power of two, they are exact
+    g = torch.Generator().manual_seed(7)
+    z, labels = torch.randn(200, 8, generator=g, dtype=torch.float64), torch.arange(200) % 4
+    reference = make().fit(features=z, labels=labels).score(features=z[:10])
+    got = make().fit(features=z * scale, labels=labels).score(features=z[:10] * scale)
+    torch.testing.assert_close(got, reference, rtol=1e-12, atol=1e-12)

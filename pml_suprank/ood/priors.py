@@ -33,6 +33,7 @@ __all__ = [
     "degenerate_variance",
     "finite_scores",
     "gaussian_state_spec",
+    "power_of_two_exponent",
     "unit_rows",
 ]
 
@@ -67,6 +68,15 @@ def unit_rows(z: Tensor) -> Tensor:
     """
     peak = z.detach().abs().amax(dim=-1, keepdim=True)
     return torch.nn.functional.normalize(z / torch.where(peak > 0, peak, torch.ones_like(peak)), dim=-1, eps=1e-12)
+
+
+def power_of_two_exponent(z: Tensor) -> int:
+    """``k`` with ``max|z| · 2**-k`` in ``[1, 2)`` (``0`` for an all-zero or non-finite ``z``), clamped to
+    ``[-1000, 1000]`` so that ``2.0**k`` is a float64. Dividing by ``2**k`` is exact: it moves exponents only."""
+    peak = float(z.abs().amax()) if z.numel() else 0.0
+    if peak == 0.0 or not math.isfinite(peak):
+        return 0
+    return max(-1000, min(1000, math.floor(math.log2(peak))))
 
 
 def finite_scores(scores: Tensor, dtype: torch.dtype, name: str) -> Tensor:
@@ -183,6 +193,10 @@ class ClassConditionalGaussian:
         features = check_features("features", features)
         labels = check_class_labels(labels, features.shape[0])
         z = self._prep(features.detach())
+        # fit on z / 2**k (max entry in [1, 2)) and scale back exactly: the covariance of features of scale 1e-160
+        # (float64) would otherwise fall into the subnormal range (1e-320) and lose its digits
+        k = power_of_two_exponent(z)
+        z = z * 2.0**-k
         classes, inverse, counts = torch.unique(labels, return_inverse=True, return_counts=True)
         sums = torch.zeros(classes.numel(), z.shape[1], dtype=z.dtype, device=z.device).index_add(0, inverse, z)
         means = sums / counts.unsqueeze(1).to(z.dtype)
@@ -202,7 +216,7 @@ class ClassConditionalGaussian:
         chol, info = torch.linalg.cholesky_ex(cov)
         if int(info) != 0:
             raise ValueError(f"the shared covariance is not positive definite even with reg={self.reg}; increase reg")
-        self.means, self.cholesky, self.classes = means, chol, classes
+        self.means, self.cholesky, self.classes = means * 2.0**k, chol * 2.0**k, classes  # Σ = 4**k Σ', L = 2**k L'
         self.class_weights = counts.to(z.dtype) / z.shape[0]
         self._cache = None
         return self
