@@ -22,9 +22,10 @@ import torch
 from torch import Tensor
 
 from .._validation import check_choice, check_device, check_embeddings, check_labels, check_positive_int
+from ..metrics._scaling import times_power_of_two
 from .faiss_backends import FaissSearcher
 from .options import BACKENDS, INT32_MAX, check_ids, check_option, resolve_options
-from .scale import check_scores_fit, max_abs
+from .scale import check_scores_fit, max_abs, underflow_exponent
 from .storage import read_index_files, write_index_files
 from .topk import DEFAULT_BLOCK_ELEMENTS, exact_topk
 
@@ -184,7 +185,8 @@ class RetrievalIndex:
         Raises:
             TypeError / ValueError: ``queries`` is not a 2-D finite float tensor of width ``D``; ``k`` is not an int
                 in ``[1, len(index)]``; the scores could overflow the index dtype (largest query norm × largest
-                gallery norm above half its largest finite value, :mod:`pml_suprank.search.scale`).
+                gallery norm above half its largest finite value, :mod:`pml_suprank.search.scale`). Tiny embeddings
+                whose scores would underflow are ranked exactly (the queries are scaled by a power of two).
         """
         queries = check_embeddings("queries", queries)
         if queries.shape[1] != self.dim:
@@ -195,11 +197,14 @@ class RetrievalIndex:
         if k > len(self):
             raise ValueError(f"k must be <= the number of gallery items ({len(self)}); got k={k}")
         check_scores_fit("queries", queries, self._embeddings, self._max_abs, self.dtype)
+        shift = underflow_exponent(max_abs(queries), self._max_abs, self.dtype)  # 0 unless scores would underflow
+        q = times_power_of_two(queries.detach().to(self.device, self.dtype), shift)
         if self._faiss is not None:
-            scores, indices = self._faiss.search(queries, k)
-            return scores.to(self.device), indices.to(self.device)
-        q = queries.detach().to(self.device, self.dtype)
-        return exact_topk(q, self._embeddings, k, block_elements=self.block_elements, progress=progress)
+            scores, indices = self._faiss.search(q, k)
+            scores, indices = scores.to(self.device), indices.to(self.device)
+        else:
+            scores, indices = exact_topk(q, self._embeddings, k, block_elements=self.block_elements, progress=progress)
+        return times_power_of_two(scores, -shift), indices
 
     # ------------------------------------------------------------------ persistence
     def save(self, folder: str | Path) -> Path:

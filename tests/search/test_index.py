@@ -256,3 +256,25 @@ def test_overflow_check_sees_rows_added_later():
     index.add(torch.full((1, 4), 1e30))
     with pytest.raises(ValueError, match="overflow to inf"):
         index.search(torch.full((1, 4), 1e30), 2)
+
+
+@pytest.mark.parametrize("scale", [1e-25, 1e-40, 1e-44])
+@pytest.mark.parametrize("backend", ["torch", "faiss"])
+def test_tiny_embeddings_are_ranked_exactly(backend, scale):
+    # scores of 1e-25 x 1e-25 entries underflow to 0 in float32: every item tied, ranked by index
+    if backend == "faiss":
+        pytest.importorskip("faiss")
+    gallery, queries = normal_data(300, 16, 40) * scale, normal_data(6, 16, 41) * scale
+    scores, indices = RetrievalIndex(gallery, backend=backend).search(queries, 8)
+    ref_scores, ref_indices = brute_force(queries, gallery, 8)  # float64: exact products of the values as given
+    torch.testing.assert_close(scores, ref_scores.float(), rtol=0, atol=0)  # the true scores, rounded (0 here)
+    exact = gallery.double() @ queries.double().T  # the true score of every returned item: the exact top 8
+    assert torch.equal(exact.T.gather(1, indices), ref_scores)
+    if backend == "torch":  # and ties by lower index (faiss breaks ties its own way)
+        assert torch.equal(indices, ref_indices)
+    # one side tiny: the items found for the same queries scaled up exactly (a power of two), on the same gallery
+    index, up = RetrievalIndex(gallery / scale, backend=backend), (queries.double() * 2.0**140).float()
+    found, found_up = index.search(queries, 8)[1], index.search(up, 8)[1]
+    true = ((gallery / scale).double() @ up.double().T).T
+    assert torch.equal(true.gather(1, found), true.gather(1, found_up))
+    assert backend != "torch" or torch.equal(found, found_up)
