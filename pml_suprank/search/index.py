@@ -196,8 +196,9 @@ class RetrievalIndex:
         k = check_positive_int("k", k)
         if k > len(self):
             raise ValueError(f"k must be <= the number of gallery items ({len(self)}); got k={k}")
-        check_scores_fit("queries", queries, self._embeddings, self._max_abs, self.dtype)
-        shift = underflow_exponent(max_abs(queries), self._max_abs, self.dtype)  # 0 unless scores would underflow
+        query_abs = max_abs(queries)
+        check_scores_fit("queries", queries, query_abs, self._embeddings, self._max_abs, self.dtype)
+        shift = underflow_exponent(query_abs, self._max_abs, self.dtype)  # 0 unless scores would underflow
         q = times_power_of_two(queries.detach().to(self.device, self.dtype), shift)
         if self._faiss is not None:
             scores, indices = self._faiss.search(q, k)

@@ -47,14 +47,15 @@ def max_abs(x: Tensor) -> float:
         return float(x.abs().amax()) if x.numel() else 0.0
 
 
-def check_scores_fit(name: str, queries: Tensor, gallery: Tensor, gallery_max_abs: float, dtype: torch.dtype) -> None:
+def check_scores_fit(
+    name: str, queries: Tensor, query_max_abs: float, gallery: Tensor, gallery_max_abs: float, dtype: torch.dtype
+) -> None:
     """Raise ``ValueError`` naming ``name`` when the largest row norm of ``queries`` ``(Q, D)`` times the largest row
     norm of ``gallery`` ``(N, D)`` exceeds half the largest finite value of ``dtype``, i.e. when a score could
     overflow to ``inf``. Usually decided from the largest entries alone (``||x|| <= sqrt(D)·max|x_j|``, with the
     gallery's ``gallery_max_abs`` kept by the index); the row norms are computed only when that bound is too loose."""
     limit = torch.finfo(dtype).max / 2
-    query_abs = max_abs(queries)
-    if query_abs * gallery_max_abs * queries.shape[1] <= limit:
+    if query_max_abs * gallery_max_abs * queries.shape[1] <= limit:
         return
     query_norm, gallery_norm = max_row_norm(queries), max_row_norm(gallery)
     if query_norm * gallery_norm > limit:
