@@ -23,7 +23,14 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FULL_DECODE_PIXELS", "MAX_LISTED", "bad_images_message", "check_dataset_images", "check_image_files"]
+__all__ = [
+    "FULL_DECODE_PIXELS",
+    "MAX_LISTED",
+    "bad_image_files",
+    "bad_images_message",
+    "check_dataset_images",
+    "check_image_files",
+]
 
 #: every image is decoded fully when the image headers add up to at most this many pixels (e.g. 4,000 images of
 #: 160 x 160); above it, the header, ``verify()`` and a reduced JPEG decode are read
@@ -132,9 +139,14 @@ def bad_images_message(sources: Iterable[Source], *, what: str, decode: bool | N
     return _message(*_problems(lambda: sources, decode), what)
 
 
+def bad_image_files(paths: Sequence[str | Path], *, what: str, decode: bool | None = None) -> str | None:
+    """:func:`bad_images_message` for image files named by their paths."""
+    return bad_images_message(((str(p), p) for p in paths), what=what, decode=decode)
+
+
 def check_image_files(paths: Sequence[str | Path], *, what: str, decode: bool | None = None) -> None:
     """Raise ``ValueError`` (:func:`bad_images_message`) when an image file of ``paths`` cannot be used."""
-    message = bad_images_message(((str(p), p) for p in paths), what=what, decode=decode)
+    message = bad_image_files(paths, what=what, decode=decode)
     if message is not None:
         raise ValueError(message)
 

@@ -240,7 +240,10 @@ def evaluate_test_set(args: argparse.Namespace, name: str | None, model: torch.n
         )
     else:
         split = split or "test"
-        dataset = data.load_retrieval_dataset(args.dataset, args.label_columns, split=split, transform=transform)
+        try:  # a missing split, unusable images: the message, not a traceback
+            dataset = data.load_retrieval_dataset(args.dataset, args.label_columns, split=split, transform=transform)
+        except ValueError as e:
+            raise SystemExit(f"--dataset {args.dataset} --split {split}: {e}") from None
     loader = accelerator.prepare(make_loader(dataset, args.eval_batch_size))
     emb, labels, idx = embed_loader(model, loader, accelerator, progress=True)
     metrics = _floats(RetrievalEvaluator(k_values=tuple(args.k_values), alpha=args.alpha).evaluate(emb, labels))

@@ -108,7 +108,10 @@ def build_model(spec: RunSpec) -> Any:
 
     from ..models import RetrievalModel
 
-    return RetrievalModel(**asdict(spec.model), image_size=spec.data.image_size)
+    try:  # e.g. --pretrained true while offline: the message names the ways out
+        return RetrievalModel(**asdict(spec.model), image_size=spec.data.image_size)
+    except ValueError as e:
+        refuse(f"--backbone {spec.model.backbone}: {e}")
 
 
 def build_datasets(spec: RunSpec, model: Any) -> tuple[Any, Any]:
