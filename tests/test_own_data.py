@@ -174,6 +174,26 @@ def test_a_folder_without_split_is_split_by_class_seeded_and_recorded(tmp_path, 
     assert summary["steps"] == 2
 
 
+@pytest.mark.slow
+def test_nested_class_folders_train_as_classes_within_groups(tmp_path, hf_cache, capsys):
+    folder = tmp_path / "scripts"  # alphabet/characterNN/*: the item names repeat in every group
+    for g, group in enumerate(["latin", "greek"]):
+        for k, (item, colour) in enumerate(zip(["c1", "c2", "c3"], list(COLOURS.values()), strict=False)):
+            for i in range(3):
+                _png(folder / group / item / f"{i}.png", colour, 100 * g + 10 * k + i)
+    out, summary = _train(tmp_path, folder, "--with_tracking", "false")
+    printed = capsys.readouterr().out
+    assert "class folders <group>/<class>, label levels label, group (finest first)" in printed
+    assert "training 9 images, 3 classes; test 9 images, 3 classes" in printed  # 6 classes, not 3 merged names
+    split = json.loads((out / "class_split.json").read_text())
+    assert sorted(split["train_classes"] + split["test_classes"]) == [
+        f"{g}/{c}" for g in ("greek", "latin") for c in ("c1", "c2", "c3")
+    ]
+    assert summary["steps"] == 2 and "ap_level1" in summary["after"]  # two levels: class within its group
+    config = json.loads((out / "final" / "config.json").read_text())
+    assert config["training"]["label_names"] == ["label", "group"]
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # refusals: exit status 2 and a message, no traceback
 # ------------------------------------------------------------------------------------------------------------------
@@ -185,6 +205,18 @@ def test_an_explicit_batch_the_data_cannot_fill_is_refused_with_values_that_work
     err = capsys.readouterr().err
     assert "error: --batch_size 32 --samples_per_class 4 need 8 classes per batch (1 process(es))" in err
     assert "3 classes (4 images each); values that would work: --batch_size 12 --samples_per_class 4" in err
+
+
+def test_unusable_images_are_refused_before_the_first_step_listing_them(tmp_path, hf_cache, capsys):
+    folder = _class_folders(tmp_path / "pets", ["cat", "dog", "fox"], 4)
+    (folder / "dog" / "fake.jpg").write_text("a text file")
+    with pytest.raises(SystemExit) as exit_info:
+        _train(tmp_path, folder, "--with_tracking", "false")
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: --dataset {folder}: '{folder}', split 'train': 1 of 13 images cannot be used" in err
+    assert f"{folder / 'dog' / 'fake.jpg'}: not an image" in err
+    assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "final").exists()
 
 
 def test_a_folder_whose_labels_cannot_be_read_is_a_command_line_error(tmp_path, capsys):

@@ -18,7 +18,6 @@ pytest.importorskip("datasets")
 Image = pytest.importorskip("PIL.Image")
 
 from pml_suprank.data import image_folder_layout, load_retrieval_dataset  # noqa: E402
-from pml_suprank.data.image_check import MAX_LISTED, bad_images_message, check_image_files  # noqa: E402
 
 OMNIGLOT = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "omniglot_small"
 
@@ -144,6 +143,8 @@ def test_a_text_file_and_a_decompression_bomb_are_listed_before_any_image_is_use
 
 
 def test_corrupt_files_are_found_by_the_header_verify_and_decode(tmp_path):
+    from pml_suprank.data.image_check import bad_images_message, check_image_files
+
     good = tmp_path / "good.png"
     _png(good, 0)
     data = good.read_bytes()
@@ -166,6 +167,8 @@ def test_corrupt_files_are_found_by_the_header_verify_and_decode(tmp_path):
 
 
 def test_the_error_lists_the_first_bad_files_and_counts_the_others(tmp_path):
+    from pml_suprank.data.image_check import MAX_LISTED, check_image_files
+
     paths = []
     for i in range(MAX_LISTED + 5):
         paths.append(tmp_path / f"{i:02d}.jpg")
