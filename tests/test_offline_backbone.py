@@ -21,7 +21,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _offline(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     env = {
-        **os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "empty_hf_home"),
+        **os.environ,  # noqa: TID251 - the child process's environment is the point of the test
+        "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "empty_hf_home"),
         "TORCH_HOME": str(tmp_path / "empty_torch_home"), "PYTHONPATH": str(REPO), "OMP_WAIT_POLICY": "PASSIVE",
     }  # fmt: skip
     env.pop("HF_HUB_CACHE", None)
@@ -38,7 +39,8 @@ except ValueError as e:
     print("ValueError:", e)
 weights = timm.create_model("test_resnet", num_classes=0)
 save_file(weights.state_dict(), sys.argv[1])
-local = RetrievalModel("test_resnet", pretrained=True, backbone_kwargs={"pretrained_cfg_overlay": {"file": sys.argv[1]}})
+overlay = {"pretrained_cfg_overlay": {"file": sys.argv[1]}}
+local = RetrievalModel("test_resnet", pretrained=True, backbone_kwargs=overlay)
 print("local checkpoint loaded:", torch.equal(local.backbone.conv1[0].weight, weights.conv1[0].weight))
 """
 
@@ -48,7 +50,8 @@ def test_a_pretrained_backbone_while_offline_names_the_ways_out(tmp_path):
     done = _offline(tmp_path, "-c", CODE, str(tmp_path / "weights.safetensors"))
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    assert "ValueError: could not get the pretrained weights of timm backbone 'test_resnet' (LocalEntryNotFoundError" in out
+    expected = "could not get the pretrained weights of timm backbone 'test_resnet' (LocalEntryNotFoundError"
+    assert f"ValueError: {expected}" in out
     assert "--pretrained false" in out and "set HF_HUB_OFFLINE=1" in out and "'pretrained_cfg_overlay'" in out
     assert "local checkpoint loaded: True" in out  # the suggested local checkpoint works offline
 
