@@ -256,13 +256,11 @@ def class_split_side(dataset: Any, part: str, *, seed: int, fraction: float = CL
     """The ``part`` (``"train"`` / ``"test"``) side of :func:`class_split` of an
     :class:`~pml_suprank.data.HFRetrievalDataset`: a new dataset of the items of that side's classes (same label
     ids, class names and transform)."""
-    from .loading import HFRetrievalDataset
-
     if part not in _SPLITS:
         raise ValueError(f"part must be 'train' or 'test'; got {part!r}")
     train, test = class_split(dataset.labels, seed=seed, fraction=fraction)
     keep = torch.nonzero(torch.isin(dataset.labels[:, 0], train if part == "train" else test)).flatten()
-    return HFRetrievalDataset(
+    return type(dataset)(
         dataset.hf_dataset.select(keep.tolist()), dataset.label_names, dataset.image_column, dataset.labels[keep],
         transform=dataset.transform, class_names=dataset.class_names,
     )  # fmt: skip

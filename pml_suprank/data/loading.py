@@ -280,19 +280,12 @@ def load_retrieval_dataset(
     """
     import datasets
 
-    layout = image_folder_layout(source) if isinstance(source, (str, Path)) and data_files is None else None
-    if label_columns is None and layout is not None:
-        label_columns = list(layout.label_columns)
-    label_columns = _check_label_columns(label_columns, source)
     if open_set is not None:
         check_choice("open_set", open_set, get_args(OpenSetPart))
     elif train_classes_per_coarse is not None or train_class_fraction is not None:
         raise ValueError("train_classes_per_coarse / train_class_fraction need open_set='train' or 'test'")
-
-    if layout is not None and layout.depth > 1:  # nested class folders: the imagefolder builder would merge classes
-        splits = folder_splits(layout)
-    else:
-        splits = load_splits(source, data_files=data_files, cache_dir=cache_dir, revision=revision, token=token)
+    hub = {"data_files": data_files, "cache_dir": cache_dir, "revision": revision, "token": token}
+    layout, label_columns, splits = _source_splits(source, label_columns, hub)
     parts, ds = select_split(splits, split, source)
     missing = [c for c in label_columns if c not in ds.column_names]
     if missing:
@@ -384,6 +377,20 @@ def _multilabel_dataset(
     return HFRetrievalDataset(
         ds, names, image_column, labels, transform=transform, class_names=class_names, multilabel=True, hierarchy=table
     )
+
+
+def _source_splits(source: Any, label_columns: Any, hub: dict[str, Any]) -> tuple[Any, list[str], dict[str, Any]]:
+    """``(layout of a local image folder or None, checked label columns, {split: datasets.Dataset})``: ``None`` label
+    columns are the folder's levels; nested class folders are read by :func:`folder_splits` (the ``imagefolder``
+    builder would label each image by its innermost folder name, merging the classes of different groups)."""
+    local = isinstance(source, (str, Path)) and hub["data_files"] is None
+    layout = image_folder_layout(source) if local else None
+    if label_columns is None and layout is not None:
+        label_columns = list(layout.label_columns)
+    label_columns = _check_label_columns(label_columns, source)
+    if layout is not None and layout.depth > 1:
+        return layout, label_columns, folder_splits(layout)
+    return layout, label_columns, load_splits(source, **hub)
 
 
 def _check_label_columns(label_columns: Any, source: Any) -> list[str]:
