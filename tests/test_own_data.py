@@ -219,6 +219,20 @@ def test_unusable_images_are_refused_before_the_first_step_listing_them(tmp_path
     assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "final").exists()
 
 
+def test_evaluating_a_split_the_folder_lacks_names_the_splits_and_the_flag(tmp_path, hf_cache):
+    from pml_suprank.models import RetrievalModel
+
+    model = tmp_path / "model"
+    RetrievalModel("test_resnet", embedding_size=8, image_size=16).save_pretrained(model)
+    folder = _class_folders(tmp_path / "pets", ["cat", "dog"], 2)
+    argv = ["--model", str(model), "--dataset", str(folder), "--label_columns", "label", "--cpu", "--no_plots"]
+    with pytest.raises(SystemExit) as exit_info:
+        import_recipe("evaluate").main(argv)  # the default split is 'test'; a folder of class folders has 'train'
+    message = str(exit_info.value.code)
+    assert message.startswith(f"--dataset {folder} --split test: split='test' is not in '{folder}'")
+    assert "available splits: ['train'] (choose one: split= of the loader, --split / --test_split" in message
+
+
 def test_a_folder_whose_labels_cannot_be_read_is_a_command_line_error(tmp_path, capsys):
     _png(tmp_path / "loose" / "x.png", (0, 0, 0), 0)
     with pytest.raises(SystemExit) as exit_info:
