@@ -6,9 +6,10 @@ would otherwise be found only when a batch or the evaluation reaches it, after t
 :func:`check_image_files` reads each file once up front and raises one error listing the bad files:
 
 * the header (PIL identifies the format and the size) and the size against ``PIL.Image.MAX_IMAGE_PIXELS``;
-* ``Image.verify()`` (PNG: every chunk's CRC and the end of the file);
-* a decode: JPEG at 1/8 scale (``Image.draft``: the whole compressed stream is read, at a fraction of the cost);
-  every image fully when the headers add up to at most :data:`FULL_DECODE_PIXELS` pixels (cheap enough).
+* ``Image.verify()`` (PNG: every chunk's CRC and the end of the file; a cost of the order of reading the header);
+* a full decode of every image when the headers add up to at most :data:`FULL_DECODE_PIXELS` pixels (cheap
+  enough: a few seconds); above it a decode would cost about as much as an epoch of data loading, so a JPEG whose
+  compressed data is truncated or corrupt is found only when a batch decodes it (``ValueError`` naming the file).
 
 :func:`check_dataset_images` applies it to the image column of a ``datasets.Dataset`` (images stored by path or as
 bytes).
@@ -33,7 +34,7 @@ __all__ = [
 ]
 
 #: every image is decoded fully when the image headers add up to at most this many pixels (e.g. 4,000 images of
-#: 160 x 160); above it, the header, ``verify()`` and a reduced JPEG decode are read
+#: 160 x 160); above it, the header and ``verify()`` are read
 FULL_DECODE_PIXELS = 100_000_000
 #: the bad files named in the error (then a count of the others)
 MAX_LISTED = 20
@@ -46,8 +47,8 @@ def _stream(data: Any) -> Any:
 
 
 def _header(data: Any) -> tuple[int, str | None]:
-    """``(pixels, problem)`` of one image: the header read, the size checked, ``verify()`` and a reduced JPEG decode
-    (``problem`` is ``None`` for a usable image)."""
+    """``(pixels, problem)`` of one image: the header read, the size checked and ``verify()`` (``problem`` is ``None``
+    for a usable image)."""
     from PIL import Image, UnidentifiedImageError
 
     limit = Image.MAX_IMAGE_PIXELS
@@ -59,9 +60,6 @@ def _header(data: Any) -> tuple[int, str | None]:
                 if limit is not None and width * height > limit:
                     return 0, f"{width} x {height} = {width * height} pixels, over the decompression-bomb limit"
                 image.verify()
-            with Image.open(_stream(data)) as image:
-                if image.draft(image.mode, (max(1, width // 8), max(1, height // 8))) is not None:
-                    image.load()  # JPEG: decoded at reduced scale
     except Image.DecompressionBombError as err:
         return 0, f"over the decompression-bomb limit ({err})"
     except UnidentifiedImageError:
@@ -128,8 +126,8 @@ def bad_images_message(sources: Iterable[Source], *, what: str, decode: bool | N
         sources: ``(name, image)`` pairs: the name used in the message (the file's path) and the image as a path or
             its encoded bytes.
         what: The data, for the message (e.g. ``"--queries photos/"`` or ``"'DIR', split 'train'"``).
-        decode: Decode every image fully (``True``), never (``False``: header, ``verify()``, reduced JPEG decode) or
-            when the headers add up to at most :data:`FULL_DECODE_PIXELS` pixels (``None``).
+        decode: Decode every image fully (``True``), never (``False``: header and ``verify()`` only) or when the
+            headers add up to at most :data:`FULL_DECODE_PIXELS` pixels (``None``).
 
     Returns:
         ``"<what>: <n> of <total> images cannot be used ..."``, one line per bad file (the first
