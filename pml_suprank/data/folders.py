@@ -152,6 +152,15 @@ _LAYOUTS = (
 )
 
 
+def _split_folders(root: Path, splits: tuple[str, ...], images: list[Path]) -> list[Path]:
+    """The folders the class folders lie in: ``root/train`` and ``root/test``; ``root/train`` when it holds every image
+    (a training split alone, read as ``imagefolder`` reads it); else ``root``."""
+    if "test" in splits:
+        return [root / s for s in splits]
+    train = root / "train"
+    return [train] if train.is_dir() and all(train in p.parents for p in images) else [root]
+
+
 def _class_folder_depth(root: Path, base: list[Path], images: list[Path]) -> int:
     """The one depth (folders between a split / ``root`` and the image) of every image; ``ValueError`` naming the
     layouts that work for loose images or images at different depths."""
@@ -208,8 +217,7 @@ def image_folder_layout(root: str | Path) -> FolderLayout | None:
         for path, (_, names) in headers.items():
             _check_metadata_files(path, names)
         return FolderLayout(root, "metadata", levels, splits)
-    base = [root / s for s in splits] if "test" in splits else [root]
-    depth = _class_folder_depth(root, base, images)
+    depth = _class_folder_depth(root, _split_folders(root, splits, images), images)
     kind = "split_folders" if "test" in splits else "class_folders"
     return FolderLayout(root, kind, _level_names(depth), splits, depth)
 
@@ -224,8 +232,9 @@ def folder_splits(layout: FolderLayout) -> dict[str, Any]:
         raise ValueError(f"{layout.root}: a metadata layout is read by the imagefolder builder, not folder_splits")
     out = {}
     for split in layout.splits:
-        base = layout.root / split if layout.kind == "split_folders" else layout.root
-        files = sorted(_images(base))
+        files = sorted(_images(layout.root))
+        base = next(b for b in _split_folders(layout.root, layout.splits, files) if b.name == split or b == layout.root)
+        files = [p for p in files if base in p.parents]
         folders = [p.parent.relative_to(base).parts for p in files]
         columns: dict[str, list[str]] = {"image": [str(p) for p in files]}
         for level, name in enumerate(layout.label_columns):

@@ -99,6 +99,19 @@ def test_nested_folders_under_train_and_test_and_deeper_nesting(tmp_path):
     assert torch.unique(ds.labels[:, 1]).numel() == 4 and torch.unique(ds.labels[:, 2]).numel() == 2
 
 
+def test_a_lone_train_folder_is_a_split_not_a_group(tmp_path):
+    root = tmp_path / "only_train"
+    _nested(root / "train", groups=("alpha",), items=("c1", "c2"))
+    layout = image_folder_layout(root)  # train/alpha/c1/*: group alpha, classes alpha/c1 and alpha/c2
+    assert (layout.kind, layout.depth, layout.splits) == ("class_folders", 2, ("train",))
+    ds = load_retrieval_dataset(root, None)
+    assert sorted(ds.class_names.values()) == ["alpha/c1", "alpha/c2"] and torch.unique(ds.labels[:, 1]).numel() == 1
+    flat = tmp_path / "flat_train"
+    for name in ("cat", "dog"):
+        _png(flat / "train" / name / "0.png", 0)
+    assert image_folder_layout(flat).label_columns == ("label",)  # train/<class>/*: one level, as before
+
+
 def test_images_at_different_depths_are_refused_naming_the_layouts_that_work(tmp_path):
     root = _nested(tmp_path / "mixed")
     _png(root / "gamma" / "0.png", 1)  # a class folder beside the group folders
