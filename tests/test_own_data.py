@@ -136,6 +136,26 @@ def test_a_short_run_is_named_with_the_epochs_or_steps_that_reach_200():
     assert capped.endswith("--max_train_steps 200 would reach 200")
 
 
+def test_nested_folders_take_the_open_set_rule_per_group(tmp_path, hf_cache):
+    from pml_suprank.training.data_source import data_option_errors, dataset_source
+
+    folder = tmp_path / "scripts"
+    for g, group in enumerate(["latin", "greek"]):
+        for k, item in enumerate(["c1", "c2", "c3"]):
+            _png(folder / group / item / "0.png", COLOURS["cat"], 10 * g + k)
+    section = {"dataset": str(folder), "open_set": True, "train_classes_per_coarse": 1}
+    assert data_option_errors(section) == []  # the folder's two levels count as label columns
+    train, test = (dataset_source(section, part).load() for part in ("train", "test"))
+    assert sorted(train.class_names[int(c)] for c in train.labels[:, 0]) == ["greek/c1", "latin/c1"]
+    assert sorted(test.class_names[int(c)] for c in test.labels[:, 0]) == [
+        "greek/c2", "greek/c3", "latin/c2", "latin/c3"
+    ]  # fmt: skip
+    flat = _class_folders(tmp_path / "flat", ["cat", "dog"], 1)
+    assert data_option_errors({**section, "dataset": str(flat)}) == [
+        "'data.train_classes_per_coarse' needs at least two label_columns (fine and coarse)"
+    ]
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # the one command on each layout
 # ------------------------------------------------------------------------------------------------------------------
