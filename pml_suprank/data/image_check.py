@@ -58,10 +58,11 @@ def _header(data: Any) -> tuple[int, str | None]:
             with Image.open(_stream(data)) as image:
                 width, height = image.size
                 if limit is not None and width * height > limit:
-                    return 0, f"{width} x {height} = {width * height} pixels, over the decompression-bomb limit"
+                    pixels = f"{width} x {height} = {width * height} pixels"
+                    return 0, f"{pixels}, over the decompression-bomb limit of {limit} pixels"
                 image.verify()
     except Image.DecompressionBombError as err:
-        return 0, f"over the decompression-bomb limit ({err})"
+        return 0, f"over the decompression-bomb limit of {limit} pixels (PIL: {err})"
     except UnidentifiedImageError:
         return 0, "not an image (PIL cannot identify its format)"
     except FileNotFoundError:
