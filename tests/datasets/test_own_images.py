@@ -155,6 +155,18 @@ def test_a_text_file_and_a_decompression_bomb_are_listed_before_any_image_is_use
     assert "900000000 pixels" in message and "PIL.Image.MAX_IMAGE_PIXELS" in message
 
 
+def test_a_bomb_reached_without_the_check_names_its_file(tmp_path):
+    import datasets
+
+    from pml_suprank.data import HFRetrievalDataset
+
+    (tmp_path / "big.png").write_bytes(_bomb_png())
+    table = datasets.Dataset.from_dict({"image": [str(tmp_path / "big.png")], "label": [0]})
+    ds = HFRetrievalDataset(table.cast_column("image", datasets.Image()), ["label"], "image", torch.zeros(1, 1))
+    with pytest.raises(ValueError, match=r"row 0 of the image column 'image' \(.*big\.png\): cannot decode the image "):
+        ds.get_image(0)
+
+
 def test_corrupt_files_are_found_by_the_header_verify_and_a_decode_when_cheap(tmp_path):
     from pml_suprank.data.image_check import bad_images_message, check_image_files
 
