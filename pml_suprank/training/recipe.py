@@ -39,12 +39,14 @@ from ..data.batch_fit import fit_batch, short_run_warning
 from ..data.benchmarks.registry import BENCHMARKS
 from ..data.folders import class_names_of, class_split
 from ..metrics.report import format_metrics_table, one_column
-from .cli import build_recipe_parser, given_options, parse_run_spec, recipe_losses
+from .cli import build_recipe_parser, parse_run_spec
 from .data_source import dataset_source, folder_layout
+from .options import build_loss
 from .run_spec import RunSpec
 
 __all__ = [
     "NO_ARGUMENT_RUN",
+    "PRESETS",
     "build_datasets",
     "build_model",
     "build_parser",
@@ -61,14 +63,23 @@ __all__ = [
 # 2 CPU cores; only these differ from the TrainingConfig defaults.
 NO_ARGUMENT_RUN: dict[str, Any] = {"epochs": 12, "lr_backbone": 1e-3, "lr_head": 2e-3, "eval_every": 4}
 
+#: the presets of the training command (``pml-suprank-train-happier`` / ``-roadmap``): defaults only, the same code
+PRESETS: dict[str, dict[str, Any]] = {
+    "train": {**NO_ARGUMENT_RUN, "loss": "HAPPIER", "output_dir": "outputs/train_synthetic"},
+    "train_happier": {**NO_ARGUMENT_RUN, "loss": "HAPPIER", "output_dir": "outputs/happier_synthetic"},
+    "train_roadmap": {**NO_ARGUMENT_RUN, "loss": "ROADMAP", "output_dir": "outputs/roadmap_synthetic"},
+}
+
 
 # ---------------------------------------------------------------------------------------------------------------------
 # command line
 # ---------------------------------------------------------------------------------------------------------------------
-def build_parser(description: str, defaults: Mapping[str, Any], hierarchical: bool) -> argparse.ArgumentParser:
-    """A training recipe's parser: the registered hierarchical losses (``train_happier.py``) or the others
-    (``train_roadmap.py``) as ``--loss`` choices, ``defaults`` the recipe's no-argument run."""
-    return build_recipe_parser(description, defaults, recipe_losses(hierarchical=hierarchical))
+def build_parser(
+    description: str, defaults: Mapping[str, Any], hierarchical: bool | None = None
+) -> argparse.ArgumentParser:
+    """The training command's parser, ``defaults`` its preset's no-argument run (every loss is a ``--loss`` value;
+    ``hierarchical`` is unused, kept for the former per-recipe callers)."""
+    return build_recipe_parser(description, defaults)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -132,13 +143,15 @@ def build_datasets(spec: RunSpec, model: Any) -> tuple[Any, Any]:
 def make_loss(
     spec: RunSpec, num_classes: int, embedding_size: int, hierarchy: torch.Tensor | None = None
 ) -> torch.nn.Module:
-    """The registered loss ``--loss`` with its options (:meth:`RunSpec.build_loss`); with the ``(num_fine, L)``
-    ``hierarchy`` table of a multi-label dataset, its multi-label variant (``relevance="multilabel"``).
-    ``--compile_loss`` compiles it in place (``nn.Module.compile``: same parameters and state-dict keys)."""
-    if hierarchy is None:
-        loss = spec.build_loss(num_classes, embedding_size)
-    else:
-        loss = spec.build_loss(num_classes, embedding_size, relevance="multilabel", hierarchy=hierarchy)
+    """The loss ``--loss`` with its options (the one builder :func:`~pml_suprank.training.build_loss`); with the
+    ``(num_fine, L)`` ``hierarchy`` table of a multi-label dataset, its multi-label variant
+    (``relevance="multilabel"``). ``--compile_loss`` compiles it in place (``nn.Module.compile``: same parameters
+    and state-dict keys)."""
+    extra = {} if hierarchy is None else {"relevance": "multilabel", "hierarchy": hierarchy}
+    try:
+        loss = build_loss(spec.loss.loss, spec.loss_kwargs(), num_classes, embedding_size, **extra)
+    except ValueError as e:
+        refuse(f"--loss {spec.loss.loss}: {e}")
     if spec.run.compile_loss:
         loss.compile()
     return loss
@@ -169,12 +182,13 @@ def multilabel_parts(spec: RunSpec, accelerator: Any, train_ds: Any, test_ds: An
 # ---------------------------------------------------------------------------------------------------------------------
 # the job
 # ---------------------------------------------------------------------------------------------------------------------
-def main(argv: list[str] | None, description: str, defaults: Mapping[str, Any], hierarchical: bool) -> Any:
-    """A training recipe: build the run's :class:`RunSpec` once (flags + ``--config``), then :func:`run` (told which
-    options the user set, :func:`~pml_suprank.training.cli.given_options`)."""
-    parser = build_parser(description, defaults, hierarchical)
-    spec = parse_run_spec(parser, argv)
-    return run(spec, given=given_options(parser, argv))
+def main(
+    argv: list[str] | None, description: str, defaults: Mapping[str, Any], hierarchical: bool | None = None
+) -> Any:
+    """The training command (a preset: ``defaults``): build the run's :class:`RunSpec` once (flags + ``--config``),
+    then :func:`run` (told which options the user set, :attr:`RunSpec.given`)."""
+    spec = parse_run_spec(build_parser(description, defaults), argv)
+    return run(spec, given=spec.given)
 
 
 def refuse(message: str) -> None:
