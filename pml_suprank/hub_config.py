@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from .training.data_source import data_option_errors, dataset_source  # noqa: F401 - read from here before
 from .training.hub_config import (
     BUNDLED_HUB_CONFIGS,  # noqa: F401 - importable from here too
     HUB_CONFIG_SCHEMA,
@@ -14,6 +15,7 @@ from .training.hub_config import (
     read_hub_config,  # noqa: F401 - the recipes' --config reader
     validate_hub_config,
 )
+from .training.options import recipe_options  # noqa: F401 - read from here before
 
 __all__ = [
     "HUB_CONFIG_SCHEMA",

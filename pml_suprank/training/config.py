@@ -43,12 +43,16 @@ SamplerType = Literal["m_per_class", "hierarchical"]
 class OptionCheck:
     """A value check of a configuration file: ``fn(value) -> bool`` and the expectation, e.g. ``"an int >= 1"``.
 
-    ``choices`` lists the valid values of a closed set (also the argparse ``choices=``).
+    ``choices`` lists the valid values of a closed set (also the argparse ``choices=``); ``kind`` (``"int"``,
+    ``"number"``, ``"bool"``, ``"choice"``, ``"str"`` or ``None``) and ``bounds`` (``(low, high, strict,
+    open_high)``) describe the check for tools and tests (its boundary values), never re-check a value.
     """
 
     fn: Callable[[Any], bool]
     expected: str
     choices: tuple[Any, ...] | None = None
+    kind: str | None = None
+    bounds: tuple[float, float, bool, bool] | None = None
 
     def __call__(self, value: Any) -> bool:
         return bool(self.fn(value))
@@ -56,12 +60,12 @@ class OptionCheck:
 
 def is_bool() -> OptionCheck:
     """A YAML boolean (not 0/1)."""
-    return OptionCheck(lambda v: isinstance(v, bool), "a bool")
+    return OptionCheck(lambda v: isinstance(v, bool), "a bool", kind="bool")
 
 
 def is_str(expected: str = "a non-empty string") -> OptionCheck:
     """A non-empty string; ``expected`` is what the error message says."""
-    return OptionCheck(lambda v: isinstance(v, str) and bool(v), expected)
+    return OptionCheck(lambda v: isinstance(v, str) and bool(v), expected, kind="str")
 
 
 #: the largest integer a configuration value may hold unless its option sets a tighter bound: values that size work
@@ -72,7 +76,10 @@ MAX_CONFIG_INT = 2**31 - 1
 def is_int(low: int = 0, high: int = MAX_CONFIG_INT) -> OptionCheck:
     """An int (not a bool) with ``low <= value <= high``."""
     expected = f"an int >= {low}" if high == MAX_CONFIG_INT else f"an int in [{low}, {high}]"
-    return OptionCheck(lambda v: isinstance(v, int) and not isinstance(v, bool) and low <= v <= high, expected)
+    return OptionCheck(
+        lambda v: isinstance(v, int) and not isinstance(v, bool) and low <= v <= high, expected, kind="int",
+        bounds=(low, high, False, False),
+    )  # fmt: skip
 
 
 def is_number(
@@ -90,17 +97,19 @@ def is_number(
         expected = f"a number {lo}"
     else:
         expected = f"a number in {'(' if strict else '['}{low:g}, {high:g}{')' if open_high else ']'}"
-    return OptionCheck(check, expected)
+    return OptionCheck(check, expected, kind="number", bounds=(low, high, strict, open_high))
 
 
 def is_choice(*values: Any) -> OptionCheck:
     """One of ``values`` (also the argparse ``choices=``)."""
-    return OptionCheck(lambda v: v in values, f"one of {', '.join(map(str, values))}", tuple(values))
+    return OptionCheck(lambda v: v in values, f"one of {', '.join(map(str, values))}", tuple(values), kind="choice")
 
 
 def optional(check: OptionCheck) -> OptionCheck:
     """``None`` (YAML ``null``) or a value passing ``check``."""
-    return OptionCheck(lambda v: v is None or check(v), f"null or {check.expected}", check.choices)
+    return OptionCheck(
+        lambda v: v is None or check(v), f"null or {check.expected}", check.choices, check.kind, check.bounds
+    )
 
 
 def list_of(check: OptionCheck, expected: str, min_len: int = 1) -> OptionCheck:
@@ -301,7 +310,7 @@ class TrainingConfig:
     def __post_init__(self) -> None:
         # virtual_batch_size is another name of the batch size: it sets batch_size unless that was given too
         if isinstance(self.batch_size, _DefaultInt):
-            self.batch_size = int(self.batch_size if self.virtual_batch_size is None else self.virtual_batch_size)
+            self.batch_size = int(self.batch_size) if self.virtual_batch_size is None else self.virtual_batch_size
         validate_options(self)
         self.k_values = tuple(self.k_values)
 

@@ -83,7 +83,7 @@ def _given_loss_options(v: Mapping[str, Any]) -> list[str]:
     shared = ("loss", "loss_kwargs", "alpha")  # alpha is also the evaluator's H-AP exponent
     wrong = [n for n in loss_option_names() if n in v["@given"] and n not in shared and n not in accepted]
     return [
-        f"--{n} (loss.{n}) does not apply to loss {v['loss']} (its options: {list(accepted)}; others go through "
+        f"'loss.{n}' does not apply to loss {v['loss']} (--{n}; its options: {list(accepted)}; others go through "
         "--loss_kwargs)"
         for n in wrong
     ]

@@ -22,7 +22,7 @@ from _helpers import import_recipe, recipe_parser
 pytest.importorskip("accelerate")
 pytest.importorskip("timm")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "recipes"
 TINY = [
     "--backbone", "test_resnet", "--image_size", "16", "--num_per_class", "8", "--embedding_size", "16",
