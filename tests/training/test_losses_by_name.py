@@ -148,8 +148,8 @@ def test_every_kind_of_loss_trains_under_accelerate_launch(loss, user_module, tm
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(user_module), env.get("PYTHONPATH", "")])
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--num_processes", "1",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "pml_suprank.recipes.train",
-           *TINY, "--loss", loss, "--output_dir", str(out)]  # fmt: skip
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "-m", "pml_suprank.recipes.train", *TINY, "--loss", loss, "--output_dir", str(out)]  # fmt: skip
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     saved = json.loads((out / "final" / "config.json").read_text())["training"]
