@@ -18,6 +18,7 @@ from torch import nn
 from ..losses.registry import registered_losses, resolve_loss
 from .config import (
     OptionCheck,
+    OptionError,
     TrainingConfig,
     is_bool,
     is_choice,
@@ -336,7 +337,8 @@ def build_loss(name: str, values: Mapping[str, Any], num_classes: int, embedding
     of PML), when the loss is hierarchical (its ClusterLoss proxies) or uses ``decomposability="proxy"``.
 
     Raises:
-        ValueError: an unknown loss, or a constructor refusing the arguments (the message names the loss and them).
+        ValueError: an unknown loss; :class:`~pml_suprank.training.config.OptionError` (a ``ValueError`` and a
+            ``TypeError``): a constructor refusing the arguments (the message names the loss and them).
     """
     entry = resolve_loss(name)
     kwargs = {k: values[k] for k in loss_keys(name) if values.get(k) is not None}
@@ -349,5 +351,5 @@ def build_loss(name: str, values: Mapping[str, Any], num_classes: int, embedding
     kwargs.update(extra)
     try:
         return entry.cls(**kwargs)
-    except TypeError as e:
-        raise ValueError(f"loss {name}: {entry.cls.__name__}(**{kwargs}) refused its arguments: {e}") from e
+    except TypeError as e:  # OptionError: a ValueError (bad input) and still the constructor's TypeError
+        raise OptionError([f"loss {name}: {entry.cls.__name__}(**{kwargs}) refused its arguments: {e}"]) from e

@@ -92,7 +92,8 @@ def _given_loss_options(v: Mapping[str, Any]) -> list[str]:
 def _multilabel(v: Mapping[str, Any]) -> list[str]:
     from .data_source import multilabel_option_errors
 
-    return multilabel_option_errors(v["dataset"], v["loss"], v["memory_size"], v["sampler"])
+    problems = multilabel_option_errors(v["dataset"], v["loss"], v["memory_size"], v["sampler"])
+    return [f"--dataset {v['dataset']}: " + "; ".join(problems)] if problems else []
 
 
 def _run_flags(v: Mapping[str, Any]) -> list[str]:
