@@ -49,6 +49,7 @@ __all__ = [
     "HAPPIER_PAPER",
     "SUPRANK_PAPER",
     "LossEntry",
+    "entry_options",
     "loss_entry",
     "loss_keywords",
     "register_builtin_losses",
@@ -267,6 +268,15 @@ def resolve_loss(name: str) -> LossEntry:
                                                            else "")
             + f", pml:ClassName (pytorch-metric-learning) or package.module:ClassName; got {name!r}"
         ) from None
+
+
+def entry_options(entry: LossEntry, option_names: Sequence[str]) -> tuple[str, ...]:
+    """The recipe options (of ``option_names``: ``tau``, ``rho``...) the loss of ``entry`` takes: its ``options``,
+    or those that are named parameters of its constructor."""
+    if entry.options is not None:
+        return entry.options
+    params = inspect.signature(entry.cls.__init__).parameters
+    return tuple(n for n in option_names if n in params and n not in ("loss", "loss_kwargs"))
 
 
 def loss_keywords(cls: type) -> frozenset[str] | None:

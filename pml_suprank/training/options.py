@@ -15,7 +15,7 @@ from typing import Any
 
 from torch import nn
 
-from ..losses.registry import registered_losses, resolve_loss
+from ..losses.registry import entry_options, registered_losses, resolve_loss
 from .config import (
     OptionCheck,
     OptionError,
@@ -312,11 +312,7 @@ def loss_keys(name: str) -> tuple[str, ...]:
     """The loss options (hub_config ``loss.*`` keys, recipe flags) that the loss ``name`` takes: its registry
     entry's ``options``, or the loss options that are named parameters of its constructor (``loss_kwargs`` is taken
     by every loss)."""
-    entry = resolve_loss(name)
-    if entry.options is not None:
-        return entry.options
-    params = inspect.signature(entry.cls.__init__).parameters
-    return tuple(n for n in loss_option_names() if n in params and n not in ("loss", "loss_kwargs"))
+    return entry_options(resolve_loss(name), loss_option_names())
 
 
 def build_loss(name: str, values: Mapping[str, Any], num_classes: int, embedding_size: int, **extra: Any) -> nn.Module:

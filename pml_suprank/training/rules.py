@@ -74,14 +74,14 @@ def _data(v: Mapping[str, Any]) -> list[str]:
 
 def _given_loss_options(v: Mapping[str, Any]) -> list[str]:
     """A loss option the user gave (flag or file key) that the loss does not take."""
-    from .options import loss_keys, loss_option_names
+    from ..losses.registry import entry_options, resolve_loss
 
     try:
-        accepted = loss_keys(v["loss"])
+        accepted = entry_options(resolve_loss(v["loss"]), v["@loss_options"])
     except ValueError:  # an unknown loss: refused by the loss option's own check
         return []
     shared = ("loss", "loss_kwargs", "alpha")  # alpha is also the evaluator's H-AP exponent
-    wrong = [n for n in loss_option_names() if n in v["@given"] and n not in shared and n not in accepted]
+    wrong = [n for n in v["@loss_options"] if n in v["@given"] and n not in shared and n not in accepted]
     return [
         f"'loss.{n}' does not apply to loss {v['loss']} (--{n}; its options: {list(accepted)}; others go through "
         "--loss_kwargs)"
@@ -124,7 +124,7 @@ RULES: tuple[tuple[tuple[str, ...], Callable[[Mapping[str, Any]], list[str]]], .
     (("warmup_epochs", "epochs"), _warmup),
     (("batch_size", "virtual_batch_size", "samples_per_class", "sampler", "super_classes_per_batch"), _batch_groups),
     (("loss", "loss_kwargs"), _loss_kwargs),
-    (("loss", "@given"), _given_loss_options),
+    (("loss", "@given", "@loss_options"), _given_loss_options),
     (_DATA_KEYS, _data),
     (("dataset", "loss", "memory_size", "sampler"), _multilabel),
     (("push_to_hub", "hub_model_id", "resume", "resume_ignore_config", "overwrite_output_dir"), _run_flags),
@@ -132,19 +132,24 @@ RULES: tuple[tuple[tuple[str, ...], Callable[[Mapping[str, Any]], list[str]]], .
 
 
 def cross_field_problems(
-    values: Mapping[str, Any], *, given: Collection[str] | None = None, require_data_root: bool = False
+    values: Mapping[str, Any],
+    *,
+    given: Collection[str] | None = None,
+    loss_options: Sequence[str] = (),
+    require_data_root: bool = False,
 ) -> list[str]:
     """Every broken rule between the options of ``values`` (``{option name: value}``, values already checked one
     by one), as messages naming the options; ``[]`` when consistent.
 
     Args:
         values: Option values; a rule runs when every option it reads is there.
-        given: The options the user set (flags, file keys): a loss option given for a loss that does not take it
-            is refused (``None``: not checked).
+        given: The options the user set (flags, file keys): a loss option (of ``loss_options``, the hub_config
+            ``loss`` section) given for a loss that does not take it is refused (``None``: not checked).
+        loss_options: The names of the loss options.
         require_data_root: A benchmark dataset needs ``data_root`` (a complete run; a shipped hub_config leaves it
             to the command line).
     """
-    context = {**values, "@require_data_root": require_data_root}
+    context = {**values, "@require_data_root": require_data_root, "@loss_options": tuple(loss_options)}
     if given is not None:
         context["@given"] = frozenset(given)
     problems: list[str] = []

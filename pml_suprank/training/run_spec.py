@@ -34,7 +34,16 @@ from torch import nn
 from ..losses.registry import LossEntry, resolve_loss
 from .config import TrainingConfig
 from .data_source import resolved_split
-from .options import DataOptions, LossOptions, ModelOptions, RunOptions, build_loss, loss_keys, recipe_options
+from .options import (
+    DataOptions,
+    LossOptions,
+    ModelOptions,
+    RunOptions,
+    build_loss,
+    loss_keys,
+    loss_option_names,
+    recipe_options,
+)
 from .rules import cross_field_problems, merge_option_layers
 
 __all__ = ["PARTS", "RunSpec"]
@@ -177,7 +186,8 @@ class RunSpec:
         of :func:`~pml_suprank.training.rules.cross_field_problems` (each value was checked when its part was
         built). ``require_data_root``: a benchmark dataset needs ``data_root`` (a complete run; a shipped hub_config
         leaves it to the command line)."""
-        return cross_field_problems(self.values(), given=self.given, require_data_root=require_data_root)
+        return cross_field_problems(self.values(), given=self.given, loss_options=loss_option_names(),
+                                    require_data_root=require_data_root)  # fmt: skip
 
     def validate(self, *, require_data_root: bool = True) -> RunSpec:
         """Raise ``ValueError`` listing :meth:`problems`, else return the spec."""
