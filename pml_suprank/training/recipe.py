@@ -1,14 +1,14 @@
-"""The training job of the recipes (``recipes/train_happier.py``, ``recipes/train_roadmap.py``): parse, build,
-train, evaluate, save, push.
+"""The training command's job (``recipes/train.py``; its presets ``train_happier`` / ``train_roadmap`` change only
+the defaults, :data:`PRESETS`): parse, build, train, evaluate, save, push.
 
 The command line is generated from the parts of :class:`~pml_suprank.training.RunSpec` (``ModelOptions``,
 ``DataOptions``, ``LossOptions``, ``TrainingConfig``, ``RunOptions``): one snake_case flag per field, with its help
 and default shown by ``--help``; booleans are ``--flag true/false``, lists comma-separated. ``--config`` reads
 hub_configs (several files are laid over each other, so an override file may hold only the keys it changes);
 command-line flags override them. The run's ``RunSpec`` is built once from both and validated once
-(:func:`~pml_suprank.training.cli.parse_run_spec`), then passed down typed; ``--loss`` takes any loss registered with
-:func:`pml_suprank.losses.register_loss` (the hierarchical ones in ``train_happier.py``, the others in
-``train_roadmap.py``). ``--dataset`` takes a paper benchmark by name (``sop``, ``cub``, ``inat_base``, ``dyml_*``,
+(:func:`~pml_suprank.training.cli.parse_run_spec`), then passed down typed; ``--loss`` takes any loss
+(:func:`pml_suprank.losses.resolve_loss`: a registered name, ``pml:ClassName``, ``package.module:ClassName`` or an
+installed plugin; ``--list_losses``). ``--dataset`` takes a paper benchmark by name (``sop``, ``cub``, ``inat_base``, ``dyml_*``,
 ``cifar100``, ``gldv2_hier``, ...), read from its archive under ``--data_root DIR``, a Hub id or a local copy, or
 your own image folder (``train/`` + ``test/`` class folders, a ``metadata.csv`` of label levels, or one folder of class
 folders split by class: :mod:`pml_suprank.data.folders`). A batch the training set cannot fill is shrunk to what it
