@@ -8,12 +8,12 @@ hub_configs (several files are laid over each other, so an override file may hol
 command-line flags override them. The run's ``RunSpec`` is built once from both and validated once
 (:func:`~pml_suprank.training.cli.parse_run_spec`), then passed down typed; ``--loss`` takes any loss
 (:func:`pml_suprank.losses.resolve_loss`: a registered name, ``pml:ClassName``, ``package.module:ClassName`` or an
-installed plugin; ``--list_losses``). ``--dataset`` takes a paper benchmark by name (``sop``, ``cub``,
-``inat_base``, ``dyml_*``, ``cifar100``, ``gldv2_hier``, ...), read from its archive under ``--data_root DIR``, a
-Hub id or a local copy, or your own image folder (``train/`` + ``test/`` class folders, a ``metadata.csv`` of label levels, or one folder of class
-folders split by class: :mod:`pml_suprank.data.folders`). A batch the training set cannot fill is shrunk to what it
-allows (refused, exit 2, when ``--batch_size`` / ``--samples_per_class`` were given), a run of fewer than ~200 steps
-gets a warning, and ``--report_to`` picks the trackers (:mod:`pml_suprank.training.trackers`).
+installed plugin; ``--list_losses``). ``--dataset`` takes a paper benchmark by name (``sop``, ``cub``, ``inat_base``,
+``dyml_*``, ``cifar100``, ``gldv2_hier``, ...), read from its archive under ``--data_root DIR``, a Hub id or a local
+copy, or your own image folder (``train/`` + ``test/`` class folders, a ``metadata.csv`` of label levels, or one
+folder of class folders split by class: :mod:`pml_suprank.data.folders`). A batch the training set cannot fill is
+shrunk to what it allows (refused, exit 2, when ``--batch_size`` / ``--samples_per_class`` were given), a run of fewer
+than ~200 steps gets a warning, and ``--report_to`` picks the trackers (:mod:`pml_suprank.training.trackers`).
 
 Everything here runs in any ``accelerate launch`` setting: CPU, multi-process (gloo), multi-GPU, mixed precision.
 With no argument at all, a recipe trains a tiny timm backbone on SyntheticShapes (built into the package): it needs
