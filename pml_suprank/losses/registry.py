@@ -11,7 +11,8 @@ What the entry says:
 
 * ``hierarchical``: the loss takes all label columns ``(N, L)`` of a batch (fine → coarse), and its ClusterLoss
   proxies (if any) need ``num_classes`` / ``embedding_size``; otherwise it takes the fine labels ``(N,)``.
-  ``recipes/train_happier.py`` trains the hierarchical losses, ``recipes/train_roadmap.py`` the others.
+  Every loss trains with the one training command (``recipes/train.py``; ``train_happier`` / ``train_roadmap`` are
+  its presets).
 * ``multilabel``: the loss has a multi-label variant (``relevance="multilabel"`` with a ``hierarchy=`` table), so the
   ``synthetic_multilabel`` dataset may train it.
 * ``paper``: ``(title, url)`` cited by the model card (``None``: the SupRank TPAMI paper).
