@@ -422,7 +422,8 @@ def test_partial_override_config_files(tmp_path):
 
 @pytest.mark.parametrize("folder", ["recipes", "pml_suprank/recipes"])
 @pytest.mark.parametrize(
-    "name", ["train.py", "train_happier.py", "train_roadmap.py", "evaluate.py", "search.py", "fit_heat.py", "ood_benchmark.py"]
+    "name",
+    ["train.py", "train_happier.py", "train_roadmap.py", "evaluate.py", "search.py", "fit_heat.py", "ood_benchmark.py"],
 )
 def test_every_recipe_sets_a_passive_openmp_wait_policy_before_torch(folder, name):
     """Both the package module (``-m`` / console script: ``pml_suprank`` and ``pml_suprank.recipes`` import nothing)
