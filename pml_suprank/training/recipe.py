@@ -38,6 +38,7 @@ import torch
 from ..data.batch_fit import fit_batch, short_run_warning
 from ..data.benchmarks.registry import BENCHMARKS
 from ..data.folders import class_names_of, class_split
+from ..losses.compile_guard import compile_loss
 from ..metrics.report import format_metrics_table, one_column
 from .cli import build_recipe_parser, given_options, parse_run_spec, recipe_losses
 from .data_source import dataset_source, folder_layout
@@ -134,13 +135,14 @@ def make_loss(
 ) -> torch.nn.Module:
     """The registered loss ``--loss`` with its options (:meth:`RunSpec.build_loss`); with the ``(num_fine, L)``
     ``hierarchy`` table of a multi-label dataset, its multi-label variant (``relevance="multilabel"``).
-    ``--compile_loss`` compiles it in place (``nn.Module.compile``: same parameters and state-dict keys)."""
+    ``--compile_loss`` compiles it in place (``nn.Module.compile``: same parameters and state-dict keys), its first
+    call checked against eager (:func:`pml_suprank.losses.compile_loss`)."""
     if hierarchy is None:
         loss = spec.build_loss(num_classes, embedding_size)
     else:
         loss = spec.build_loss(num_classes, embedding_size, relevance="multilabel", hierarchy=hierarchy)
     if spec.run.compile_loss:
-        loss.compile()
+        compile_loss(loss)
     return loss
 
 
