@@ -1,8 +1,9 @@
 """Every loss with a dense kernel compiles with ``torch.compile(fullgraph=True)`` — one graph, no break — and the
 compiled call equals the eager one (value and gradient). Run on both ends of the supported torch range and on 2.11
 (``.ci/run``'s older-torch venvs): a graph break there (``bool(dict)`` under torch 2.11, ``Tensor.is_complex()`` under
-2.1) or a wrong compiled gradient (the hierarchical kernel under 2.11's dynamo) fails here. The ``aot_eager`` backend traces forward and backward (dynamo + AOT autograd) without building C++
-kernels, so the whole file takes seconds; the inductor compile is tested in ``tests/losses/test_*_dense_ops.py``."""
+2.1) or a wrong compiled gradient (the hierarchical kernel under 2.11's dynamo) fails here. The ``aot_eager``
+backend traces forward and backward (dynamo + AOT autograd) without building C++ kernels, so the whole file takes
+seconds; the inductor compile is tested in ``tests/losses/test_*_dense_ops.py``."""
 
 from __future__ import annotations
 
