@@ -18,7 +18,7 @@ from torch._dynamo.backends.common import aot_autograd
 
 from pml_suprank import losses
 from pml_suprank.losses import CompiledLossMismatchError, check_compiled_loss, compile_loss
-from pml_suprank.losses.compile_guard import GuardedCall, relative_difference
+from pml_suprank.losses.compile_guard import GuardedCall, GuardedCompileMixin, relative_difference
 from pml_suprank.training.loss_module import LossModule
 
 
@@ -81,6 +81,17 @@ def test_loss_compile_with_a_zeroed_gradient_is_refused(name):
     assert f"torch {torch.__version__}" in message and "--compile_loss false" in message
     assert "call the loss uncompiled" in message.lower() and f"compiled {name}" in message
     assert "loss value 0," in message and "embedding gradient 1 " in message  # value right, gradient gone
+
+
+def test_every_loss_of_the_package_compiles_with_the_guard():
+    classes = [getattr(losses, n) for n in losses.__all__ if isinstance(getattr(losses, n), type)]
+    modules = [c for c in classes if issubclass(c, nn.Module)]
+    assert len(modules) == 14 and all(issubclass(c, GuardedCompileMixin) for c in modules)
+    emb, labels = _batch(hierarchical=False)
+    loss_fn = losses.CalibrationLoss()
+    loss_fn.compile(backend=ZERO_GRAD, fullgraph=True)
+    with pytest.raises(CompiledLossMismatchError, match="compiled CalibrationLoss"):
+        loss_fn(emb.clone().requires_grad_(True), labels)
 
 
 def test_a_wrong_compiled_value_is_refused_without_gradients():
