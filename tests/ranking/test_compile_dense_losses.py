@@ -12,7 +12,6 @@ import torch
 import torch.nn.functional as F
 
 from pml_suprank import losses
-from pml_suprank.ranking import SupRankStep
 from pml_suprank.ranking.dense_hierarchical import dense_sup_hap_scores, dense_sup_ndcg_scores
 from pml_suprank.relevance import Hierarchy
 
@@ -133,7 +132,7 @@ def test_fused_hierarchical_scores_are_not_produced_in_place(kind, budget):
     levels = (fine[:, None] == fine[None, :]).long() + (fine[:, None] // 3 == fine[None, :] // 3).long()
     valid = ~torch.eye(48, dtype=torch.bool)
     relevance = torch.tensor([0.0, 0.5, 1.0], dtype=torch.float64).expand(48, 3)
-    step = SupRankStep()
+    step = losses.SupHAPLoss().constant_step()  # numeric offset: what the losses pass
 
     def score(s):
         if kind == "ndcg":
