@@ -133,11 +133,11 @@ def test_fused_hierarchical_scores_are_not_produced_in_place(kind, budget):
     valid = ~torch.eye(48, dtype=torch.bool)
     relevance = torch.tensor([0.0, 0.5, 1.0], dtype=torch.float64).expand(48, 3)
     step = losses.SupHAPLoss().constant_step()  # numeric offset: what the losses pass
+    hrank = losses.SupHAPLoss(with_hrank=True).hrank if kind == "hap-hrank" else None
 
     def score(s):
         if kind == "ndcg":
             return dense_sup_ndcg_scores(s, levels, 2, valid, step, memory_budget=budget)[0]
-        hrank = losses.SupHAPLoss(with_hrank=True).hrank if kind == "hap-hrank" else None
         return dense_sup_hap_scores(s, levels, relevance, valid, step, hrank, memory_budget=budget)[0]
 
     x = scores.clone().requires_grad_(True)
