@@ -19,6 +19,7 @@ from .base_rank_loss import BaseRankLoss, RankInputs
 from .calibration_loss import CalibrationLoss
 from .cluster_loss import ClusterLoss
 from .combined_rank_loss import CombinedRankLoss
+from .compile_guard import CompiledLossMismatchError, check_compiled_loss, compile_loss
 from .csl_loss import CSLLoss
 from .happier_loss import HAPPIERLoss
 from .registry import loss_entry, register_builtin_losses, register_loss, registered_losses, resolve_loss
@@ -37,6 +38,7 @@ __all__ = [
     "CalibrationLoss",
     "ClusterLoss",
     "CombinedRankLoss",
+    "CompiledLossMismatchError",
     "HAPPIERLoss",
     "ROADMAPLoss",
     "RODNDCGLoss",
@@ -46,6 +48,8 @@ __all__ = [
     "SupHAPLoss",
     "SupNDCGLoss",
     "SupRecallLoss",
+    "check_compiled_loss",
+    "compile_loss",
     "loss_entry",
     "register_loss",
     "registered_losses",

@@ -39,6 +39,7 @@ from .._safe_json import load_json
 from ..data.batch_fit import fit_batch, short_run_warning
 from ..data.benchmarks.registry import BENCHMARKS
 from ..data.folders import class_names_of, class_split
+from ..losses.compile_guard import compile_loss
 from ..metrics.report import format_metrics_table, one_column
 from .checkpoint import CheckpointSaveError
 from .cli import build_recipe_parser, parse_run_spec
@@ -155,14 +156,14 @@ def make_loss(
     """The loss ``--loss`` with its options (the one builder :func:`~pml_suprank.training.build_loss`); with the
     ``(num_fine, L)`` ``hierarchy`` table of a multi-label dataset, its multi-label variant
     (``relevance="multilabel"``). ``--compile_loss`` compiles it in place (``nn.Module.compile``: same parameters
-    and state-dict keys)."""
+    and state-dict keys), its first call checked against eager (:func:`pml_suprank.losses.compile_loss`)."""
     extra = {} if hierarchy is None else {"relevance": "multilabel", "hierarchy": hierarchy}
     try:
         loss = build_loss(spec.loss.loss, spec.loss_kwargs(), num_classes, embedding_size, **extra)
     except ValueError as e:
         refuse(f"--loss {spec.loss.loss}: {e}")
     if spec.run.compile_loss:
-        loss.compile()
+        compile_loss(loss)
     return loss
 
 
