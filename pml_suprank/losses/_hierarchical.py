@@ -31,7 +31,7 @@ class HierarchicalRankLoss(SupRankStepMixin, BaseRankLoss):
             (row ``f`` = ``[f, parent, ..., root]``); required to use 1-D fine labels with ``L > 1`` levels.
         include_self: keep the query as its own (finest-level) item when the reference set is the batch.
         chunk_size: window elements enumerated at once by the sorted rank kernel (memory/speed only; ``None``: the
-            device's default, :func:`~pml_suprank.ranking.default_chunk_elements`).
+            device's default, :data:`~pml_suprank.ranking.hierarchical.WINDOW_CHUNK_ELEMENTS` on the CPU).
         kernel: ``"auto"``, ``"dense"`` (:func:`~pml_suprank.ranking.dense_hierarchical_ranks`, ``(b, N, N)``
             blocks) or ``"sorted"`` (:func:`~pml_suprank.ranking.hierarchical_ranks`); see
             :class:`~pml_suprank.losses.BaseRankLoss`. Subclasses with a dense path implement

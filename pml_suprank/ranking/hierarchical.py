@@ -37,14 +37,16 @@ import torch
 from torch import Tensor
 
 from ..relevance import ideal_dcg
-from .flat import PairGroups, _count_above_padded, _nonzero, _padded, default_chunk_elements, sigmoid_window_sum
+from .flat import PairGroups, _count_above_padded, _nonzero, _padded, sigmoid_window_sum
 from .levels import SortedLevels, sort_levels
 from .query_blocks import BYTES_PER_ELEMENT, ONE_BLOCK_FACTOR, block_budget_bytes, by_blocks, query_block_rows
 from .steps import HRankParams, SupRankStep
 
 __all__ = [
     "HRankParams",
+    "ACCELERATOR_WINDOW_CHUNK_ELEMENTS",
     "QUERY_BLOCK_ELEMENTS",
+    "WINDOW_CHUNK_ELEMENTS",
     "hierarchical_ranks",
     "ideal_dcg",
     "query_block_rows",
@@ -234,8 +236,18 @@ def _rank_plus(
     return torch.where(x.positive, rplus, 0.0)
 
 
+WINDOW_CHUNK_ELEMENTS = 1 << 24
+"""Elements of one window block of the hierarchical kernel on the CPU (64 MB per float32 temporary); on an
+accelerator :data:`ACCELERATOR_WINDOW_CHUNK_ELEMENTS`. Larger than the flat kernels' blocks: a query's ``L`` rows
+hold all its positives (``P·N`` elements per query), and every block is a handful of launches."""
+
+ACCELERATOR_WINDOW_CHUNK_ELEMENTS = 1 << 25
+
+
 def _chunk(chunk_size: int | None, device: torch.device) -> int:
-    return default_chunk_elements(device) if chunk_size is None else int(chunk_size)
+    if chunk_size is not None:
+        return int(chunk_size)
+    return WINDOW_CHUNK_ELEMENTS if device.type == "cpu" else ACCELERATOR_WINDOW_CHUNK_ELEMENTS
 
 
 def _prepare(scores: Tensor, levels: Tensor, valid: Tensor | None, num_levels: int, block_elements: int | None):
@@ -270,7 +282,7 @@ def hierarchical_ranks(
         step: the SupRank step H⁻ (:class:`pml_suprank.ranking.SupRankStep`, paper defaults when None).
         hrank: if given, use ``H_s^>`` (HAPPIER Eq. 43) towards more relevant items in H-rank⁺.
         chunk_size: window elements processed at once (memory/speed trade-off only; ``None``:
-            :func:`pml_suprank.ranking.default_chunk_elements` of the device).
+            :data:`WINDOW_CHUNK_ELEMENTS` on the CPU, :data:`ACCELERATOR_WINDOW_CHUNK_ELEMENTS` elsewhere).
         block_elements: ``(query, list, item)`` elements of one block of queries (:func:`query_block_rows`; ``None``:
             the device's byte budget). With several blocks, forward keeps no graph and backward recomputes one block
             at a time: the extra memory is bounded by one block, at the price of a second forward pass.
