@@ -259,6 +259,15 @@ def _prepare(scores: Tensor, levels: Tensor, valid: Tensor | None, num_levels: i
     return levels, valid, counts, rows
 
 
+def _ideal_dcg(levels: Tensor, present: Tensor, gains_l: Tensor) -> Tensor:
+    """``(b,)`` ideal DCG from the padded positives ``(b, P)``: their gains sorted in decreasing order at positions
+    ``1..P`` (negatives have gain ``2^0 − 1 = 0``: :func:`pml_suprank.relevance.ideal_dcg` of the level counts, with
+    every shape known from the host counts)."""
+    best = torch.where(present, levels, 0).sort(1, descending=True).values
+    positions = torch.arange(2, best.shape[1] + 2, dtype=gains_l.dtype, device=gains_l.device)
+    return (gains_l[best] / torch.log2(positions)).sum(1)
+
+
 def hierarchical_ranks(
     scores: Tensor,
     levels: Tensor,
@@ -376,8 +385,7 @@ def sup_ndcg_scores(
     def ndcg(s: Tensor, _rel: None, lv: Tensor, va: Tensor, b0: int, b1: int) -> tuple[Tensor]:
         r = _block_ranks(s, lv, None, va, counts[b0:b1], step, None, chunk)
         dcg = torch.where(r.present, gains_l[r.levels] / torch.log2(1.0 + r.rank), torch.zeros_like(r.rank)).sum(1)
-        level_counts = torch.zeros(lv.shape[0], num_levels + 1, dtype=torch.long, device=lv.device)
-        idcg = ideal_dcg(level_counts.scatter_add(1, lv, va.long()), gains_l)
+        idcg = _ideal_dcg(r.levels, r.present, gains_l)
         has_pos = r.present.any(1)
         return (torch.where(has_pos, dcg / torch.where(has_pos, idcg, torch.ones_like(idcg)), torch.zeros_like(dcg)),)
 
