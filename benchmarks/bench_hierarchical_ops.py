@@ -97,7 +97,7 @@ def child(loss_name: str, batch_size: int, num_refs: int, num_levels: int, dim: 
 
     step()  # warm-up (lazy initialisations)
     peak = _peak_mb(step)
-    mm_s = median_time(matmul, "cpu", max(reps, 3))
+    mm_s = median_time(matmul, "cpu", max(reps, 20))
     loss_s = median_time(step, "cpu", reps)
     counts = profile_counts(step, warm_up=False)
     return {
