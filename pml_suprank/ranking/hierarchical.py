@@ -45,6 +45,7 @@ from .steps import HRankParams, SupRankStep
 __all__ = [
     "HRankParams",
     "ACCELERATOR_WINDOW_CHUNK_ELEMENTS",
+    "ONE_BLOCK_FACTOR",
     "QUERY_BLOCK_ELEMENTS",
     "WINDOW_CHUNK_ELEMENTS",
     "hierarchical_ranks",
@@ -55,10 +56,9 @@ __all__ = [
 ]
 
 QUERY_BLOCK_ELEMENTS = block_budget_bytes("cpu") // BYTES_PER_ELEMENT
-"""``(query, list, item)`` elements of one block of queries on the CPU (``rows · (L + 1) · N``; on CUDA the budget
+"""``(query, list, item)`` elements of one block of queries on the CPU (``rows · (L + 1) · N``), derived from the
+byte budget at import (read-only: the budget is :data:`pml_suprank.ranking.query_blocks.BLOCK_BYTES_CPU`; on CUDA it
 follows the free memory, :func:`pml_suprank.ranking.query_blocks.block_budget_bytes`)."""
-
-__all__ += ["ONE_BLOCK_FACTOR"]
 
 
 class _Query(NamedTuple):
