@@ -204,8 +204,9 @@ def _rank_plus(
     level_relevance: Tensor,
     hrank: HRankParams | None,
 ) -> Tensor:
-    """``H-rank⁺`` ``(B, N)`` (SupRank Eq. 18; ``H_s^>`` of HAPPIER Eq. 43 towards more relevant levels when
-    ``hrank`` is given), 0 at non-positive or invalid items."""
+    """``H-rank⁺`` ``(b, P)`` of the padded positives of a block (SupRank Eq. 18; ``H_s^>`` of HAPPIER Eq. 43 towards
+    more relevant levels when ``hrank`` is given), 0 at padding. Only levels ``>= 1`` take part (``rel`` of the
+    negatives does not enter H-rank⁺), so ``sl`` holds the positives' level sets only."""
     num_levels = sl.num_levels
     rel_tab = level_relevance.to(torch.float64)
     rel_i = torch.gather(rel_tab, 1, x.levels)
