@@ -84,7 +84,9 @@ def _count_row(row, r, n, num_bins, out_row):  # pragma: no cover - compiled
         slot[j] = a  # a < n because s >= the lowest relevant score
     hist = np.zeros(n + 1, np.int64)
     for j in range(N):
-        hist[slot[j]] += 1
+        k = slot[j]
+        if k < n:  # the pruned entries (slot n) never count; skipping them avoids a store chain on hist[n]
+            hist[k] += 1
     acc = 0
     for k in range(n):
         acc += hist[k]
@@ -164,3 +166,122 @@ def count_negatives_compiled(neg_scores: Tensor, rs: Tensor, n_rel: Tensor, num_
     finally:
         numba.set_num_threads(previous)
     return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the evaluator's fused row kernels: the relevant items of a query are one contiguous column slice of its score row
+
+
+_KEY_PAD = (2**63 - 1) & ~63  # larger than every key; level bits 0 (== ranks._KEY_PAD)
+
+
+@numba.njit(parallel=True, nogil=True)
+def _block_keys(bits, starts, ends, self_col, keys):  # pragma: no cover - compiled
+    """``keys[c, t]`` = pessimistic int64 key ``-m(s)·64 + level`` of column ``starts[c, 0] + t`` of row ``c``
+    (``bits``: the float32 scores viewed as int32; ``_KEY_PAD`` on padding and on the query's own column): level 1
+    inside ``[starts[c, 0], ends[c, 0])``, +1 per finer nested slice ``[starts[c, m], ends[c, m])`` containing the
+    column."""
+    C, P = keys.shape
+    L = starts.shape[1]
+    for c in numba.prange(C):
+        a, b = starts[c, 0], ends[c, 0]
+        n = b - a
+        for t in range(n):
+            v = np.int64(bits[c, a + t])
+            if v == -(2**31):  # -0.0 ties with +0.0
+                v = 0
+            keys[c, t] = -(v ^ ((v >> 31) & 0x7FFFFFFF)) * 64 + 1
+        for m in range(1, L):
+            for j in range(starts[c, m], ends[c, m]):
+                keys[c, j - a] += 1
+        s = self_col[c]
+        if a <= s < b:
+            keys[c, s - a] = _KEY_PAD
+        for t in range(n, P):
+            keys[c, t] = _KEY_PAD
+
+
+@numba.njit(parallel=True, nogil=True)
+def _block_positions(scores, keys, a1, b1, self_col, num_bins, levels, positions):  # pragma: no cover - compiled
+    """Levels and 1-based positions ``(C, P)`` of the sorted relevant items (``keys``, padding last) of each row.
+
+    The negatives are every column outside ``[a1, b1)`` but the query's own: the slice and that column are set to
+    ``-inf`` in ``scores`` (the caller's buffer), then :func:`_count_row` counts, for each relevant item, the
+    negatives scoring at least as high."""
+    C, P = keys.shape
+    for c in numba.prange(C):
+        row = scores[c]
+        row[a1[c] : b1[c]] = -np.inf
+        if self_col[c] >= 0:
+            row[self_col[c]] = -np.inf
+        n = 0
+        while n < P and keys[c, n] != _KEY_PAD:
+            n += 1
+        for t in range(n, P):
+            levels[c, t] = 0
+            positions[c, t] = 0
+        if n == 0:
+            continue
+        bits = np.empty(n + 1, np.int32)
+        for k in range(n):
+            m = -(keys[c, k] >> 6)  # the order-preserving int32 image m(r), an involution of the float bits
+            bits[k] = np.int32(m ^ ((m >> 31) & 0x7FFFFFFF))
+        r = bits.view(np.float32)
+        r[n] = -np.inf
+        neg_ge = np.empty(n, np.int64)
+        _count_row(row, r, n, num_bins, neg_ge)
+        for k in range(n):
+            levels[c, k] = keys[c, k] & 63
+            positions[c, k] = neg_ge[k] + k + 1
+
+
+def block_keys_compiled(scores: Tensor, starts: Tensor, ends: Tensor, self_col: Tensor, P: int) -> Tensor:
+    """``(C, P)`` int64 pessimistic keys of the relevant slice of each row (unsorted; padding ``_KEY_PAD``).
+
+    Args:
+        scores: ``(C, N)`` float32 CPU score block (gallery in label-path order).
+        starts, ends: ``(C, L)`` int64 nested label slices (column 0 coarsest).
+        self_col: ``(C,)`` int64 column of the query itself (``-1`` when not in the gallery).
+        P: width, at least ``max(ends[:, 0] - starts[:, 0])``.
+    """
+    keys = torch.empty(scores.shape[0], P, dtype=torch.int64)
+    if keys.numel():
+        with _threads():
+            _block_keys(scores.numpy().view(np.int32), starts.numpy(), ends.numpy(), self_col.numpy(), keys.numpy())
+    return keys
+
+
+def block_positions_compiled(
+    scores: Tensor, keys: Tensor, starts: Tensor, ends: Tensor, self_col: Tensor, num_bins: int | None = None
+) -> tuple[Tensor, Tensor]:
+    """``(levels, positions)`` ``(C, P)`` int64 of the sorted keys of :func:`block_keys_compiled` in the pessimistic
+    ranking of each row (negatives: every column outside the row's coarsest slice but the query's own). Overwrites
+    the coarsest slice and the query's own column of ``scores`` with ``-inf``."""
+    C, P = keys.shape
+    levels = torch.empty(C, P, dtype=torch.int64)
+    positions = torch.empty(C, P, dtype=torch.int64)
+    if levels.numel():
+        a1, b1 = starts[:, 0].contiguous(), ends[:, 0].contiguous()
+        with _threads():
+            _block_positions(
+                scores.numpy(),
+                keys.numpy(),
+                a1.numpy(),
+                b1.numpy(),
+                self_col.numpy(),
+                int(num_bins) if num_bins is not None else 0,
+                levels.numpy(),
+                positions.numpy(),
+            )
+    return levels, positions
+
+
+class _threads:
+    """As many numba threads as torch uses (numba's setting is per calling thread; restored afterwards)."""
+
+    def __enter__(self) -> None:
+        self.previous = numba.get_num_threads()
+        numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+
+    def __exit__(self, *exc) -> None:
+        numba.set_num_threads(self.previous)

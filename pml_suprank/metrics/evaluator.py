@@ -33,7 +33,7 @@ from .._validation import (
 from ..relevance import Hierarchy, as_hierarchy, hierarchical_label_pair
 from ._scaling import overflow_safe_scales
 from .multilabel_eval import evaluate_multilabel, multilabel_groups
-from .ranks import COUNTING_METHODS, RetrievalRanks, rank_relevant_items
+from .ranks import COUNTING_METHODS, RetrievalRanks, _compiled_available, _sort_rows, rank_relevant_items
 from .registry import METRIC_GROUPS, SINGLE_LABEL_GROUPS, TOP_K_GROUPS, check_groups, metrics_from_ranks
 
 __all__ = ["RetrievalEvaluator", "compute_embeddings", "METRIC_GROUPS"]
@@ -86,6 +86,8 @@ def _chunk_ranks(
     n_block = b1 - a1
     if P is None:
         P = int(n_block.max()) if C else 0
+    if _fused_applies(scores, L, counting):
+        return _chunk_ranks_compiled(scores, starts, ends, self_col, num_bins, P)
     t = torch.arange(P, device=device)
     in_block = t[None, :] < n_block[:, None]
     raw = a1[:, None] + t[None, :]  # past the block (possibly past N) on padding slots
@@ -107,6 +109,31 @@ def _chunk_ranks(
         scores, rel_scores, lev, num_bins=num_bins, workspace=workspace, counting=counting, max_level=L
     )
     return RetrievalRanks(levels, positions, _block_counts(starts, ends, has_self, N), L)
+
+
+def _fused_applies(scores: Tensor, L: int, counting: str) -> bool:
+    """Whether the fused compiled row kernels rank this block: CPU float32 scores, fewer than 64 levels (one int64
+    key per item) and ``counting`` ``"compiled"``, or ``"auto"`` with numba installed."""
+    if scores.device.type != "cpu" or scores.dtype != torch.float32 or L >= 63 or counting not in ("auto", "compiled"):
+        return False
+    return _compiled_available()
+
+
+def _chunk_ranks_compiled(
+    scores: Tensor, starts: Tensor, ends: Tensor, self_col: Tensor | None, num_bins: int | None, P: int
+) -> RetrievalRanks:
+    """:func:`_chunk_ranks` on the CPU in two compiled passes over the rows (numba): the keys of the relevant slice
+    (score and level in one int64), a SIMD sort of the keys (numpy), then one pass over the other columns counting
+    the negatives at or above each relevant item. The score block is read, never modified."""
+    from ._compiled_counts import block_keys_compiled, block_positions_compiled
+
+    C, N = scores.shape
+    starts, ends = starts.contiguous(), ends.contiguous()
+    sc = torch.full((C,), -1, dtype=torch.long) if self_col is None else self_col.contiguous()
+    keys = _sort_rows(block_keys_compiled(scores, starts, ends, sc, P))
+    levels, positions = block_positions_compiled(scores, keys, starts, ends, sc, num_bins)
+    has_self = (sc >= 0).long()
+    return RetrievalRanks(levels, positions, _block_counts(starts, ends, has_self, N), starts.shape[1])
 
 
 class RetrievalEvaluator:
