@@ -285,3 +285,58 @@ class _threads:
 
     def __exit__(self, *exc) -> None:
         numba.set_num_threads(self.previous)
+
+
+@numba.njit(parallel=True, nogil=True)
+def _prefix_sums(levels, positions, position, inv_position, cum_ge, cum_prec, level_sums, level_disc):  # pragma: no cover
+    """One pass per row of :class:`~pml_suprank.metrics.from_ranks.RankStats`'s shared arrays: ``position`` (``inf``
+    on padding), ``inv_position = 1 / position`` and, for every threshold ``m = 1..L`` (index ``m - 1``), ``cum_ge``
+    (items of level ``>= m`` up to each slot) and ``cum_prec`` (inclusive sums of ``cum_ge · inv_position`` over the
+    slots of level ``>= m``) — the torch path's operations in its order, so bitwise equal; and the per-level sums
+    ``level_sums[c, λ - 1, m - 1] = Σ_{k: level λ} cum_ge_m(k) / position_k`` and ``level_disc[c, λ - 1] =
+    Σ_{k: level λ} 1 / log2(1 + position_k)``."""
+    C, P = levels.shape
+    L = cum_ge.shape[0]
+    for c in numba.prange(C):
+        level_sums[c] = 0.0
+        level_disc[c] = 0.0
+        for m in range(L):
+            a = 0.0
+            acc = 0.0
+            for k in range(P):
+                lv = levels[c, k]
+                if m == 0:
+                    if lv > 0:
+                        position[c, k] = np.float64(positions[c, k])
+                        inv_position[c, k] = 1.0 / position[c, k]
+                        level_disc[c, lv - 1] += 1.0 / np.log2(1.0 + position[c, k])
+                    else:
+                        position[c, k] = np.inf
+                        inv_position[c, k] = 0.0
+                if lv > m:  # the other slots add an exact 0 in the torch path
+                    a += 1.0
+                    acc += a * inv_position[c, k]
+                if lv > 0:
+                    level_sums[c, lv - 1, m] += a * inv_position[c, k]
+                cum_ge[m, c, k] = a
+                cum_prec[m, c, k] = acc
+
+
+def prefix_sums_compiled(levels: Tensor, positions: Tensor, num_levels: int) -> tuple[Tensor, ...]:
+    """``(position, inv_position, cum_ge, cum_prec, level_sums, level_disc)`` of ``(C, P)`` int64 ranked ``levels``
+    and ``positions`` (CPU): ``(C, P)``, ``(C, P)``, ``(L, C, P)``, ``(L, C, P)``, ``(C, L, L)`` and ``(C, L)``
+    float64 tensors, see :func:`_prefix_sums`."""
+    C, P = levels.shape
+    L = num_levels
+    out = (
+        torch.empty(C, P, dtype=torch.float64),
+        torch.empty(C, P, dtype=torch.float64),
+        torch.empty(L, C, P, dtype=torch.float64),
+        torch.empty(L, C, P, dtype=torch.float64),
+        torch.zeros(C, L, L, dtype=torch.float64),
+        torch.zeros(C, L, dtype=torch.float64),
+    )
+    if C and P:
+        with _threads():
+            _prefix_sums(levels.contiguous().numpy(), positions.contiguous().numpy(), *(t.numpy() for t in out))
+    return out

@@ -168,7 +168,8 @@ class RetrievalEvaluator:
     Args:
         k_values: the ``k`` of the top-k metrics.
         alpha: ``α`` of the H-AP relevance (1 = HAPPIER).
-        chunk_size: queries per chunk; default ``max(16, 2**25 // N)`` (about 1 GB of work memory).
+        chunk_size: queries per chunk; default: a byte budget for the device (:func:`chunk_rows`: 32 MiB on the
+            CPU, a quarter of the free memory on a GPU) divided by the work memory of one query.
         device: where to compute (default: the device of ``query``); a device whose backend is unavailable here
             (e.g. ``"cuda"`` without CUDA) raises ``ValueError`` at construction.
         metrics: metric groups to compute (keys of :data:`METRIC_GROUPS`, one per entry of the metric registry
@@ -306,8 +307,12 @@ class RetrievalEvaluator:
             self_idx = torch.arange(Q)
         return query, ql, reference, rl, self_idx
 
-    def _default_chunk(self, n_ref: int) -> int:
-        return self.chunk_size if self.chunk_size is not None else max(16, 2**25 // max(n_ref, 1))
+    def _default_chunk(self, n_ref: int, n_slots: int = 0, device: torch.device | str = "cpu", levels: int = 2) -> int:
+        """Queries per chunk: ``chunk_size``, else a byte budget for ``device`` divided by the bytes of one query's
+        row (see :func:`chunk_rows`; ``n_slots``: the largest first-level label block, ``levels``: ``L``)."""
+        if self.chunk_size is not None:
+            return self.chunk_size
+        return chunk_rows(n_ref, n_slots, torch.device(device), levels)
 
     def _chunks(self, num_queries: int, chunk: int) -> Iterable[int]:
         starts = range(0, num_queries, chunk)
@@ -375,10 +380,11 @@ class RetrievalEvaluator:
             self_col[self_idx] = inv[self_idx]
         gallery = reference.detach()[perm.to(reference.device)].to(device=device, dtype=dtype)
         query_scale, gallery = overflow_safe_scales(query, gallery)
-        chunk = self._default_chunk(N)
-        # relevant slots per chunk (the largest label block of its queries), read on the host once per call so
-        # that no chunk reads anything back from the device
-        block_sizes = _chunk_maxima(ends[:, 0] - starts[:, 0], chunk)
+        # relevant slots of every query (its first-level label block), read once per call from host tensors: they
+        # size the chunks and each chunk's slot width, so that no chunk reads anything back from the device
+        n_block = (ends[:, 0] - starts[:, 0]).tolist()
+        chunk = self._default_chunk(N, max(n_block, default=0), device, L)
+        block_sizes = [max(n_block[i : i + chunk]) for i in range(0, Q, chunk)]
         starts, ends = starts.to(device), ends.to(device)
         self_col = None if self_col is None else self_col.to(device)
         queries = query.detach().to(device=device, dtype=dtype)
@@ -458,16 +464,37 @@ class RetrievalEvaluator:
         return self._summarise(self._metrics_from_ranks(ranks), Q, L, per_q)
 
 
+#: work memory of one chunk on the CPU (the score block and the per-slot arrays stay in the large caches)
+CPU_CHUNK_BYTES = 2**25
+#: bytes of work memory per score entry and per relevant slot (per level) of one query, on the CPU (the compiled
+#: kernels read the score block in place) and on accelerators (the sync-free dense search keeps int64 search keys
+#: and slots for every entry)
+_ENTRY_BYTES = {"cpu": 4, "accelerator": 32}
+_SLOT_BYTES = {"cpu": 48, "accelerator": 96}
+
+
+def chunk_rows(n_ref: int, n_slots: int, device: torch.device, levels: int = 2) -> int:
+    """Queries per chunk from a byte budget for ``device``.
+
+    On the CPU the budget is :data:`CPU_CHUNK_BYTES` (a few hundred queries at SOP scale: the score block is read
+    while it is still cached). On an accelerator it is a quarter of the free memory
+    (``torch.cuda.mem_get_info``), between 256 MiB and 16 GiB: few large chunks, hence few kernel launches.
+    Each query costs ``n_ref`` score entries plus ``n_slots`` relevant slots (times the number of levels).
+    """
+    kind = "cpu" if device.type == "cpu" else "accelerator"
+    per_row = n_ref * _ENTRY_BYTES[kind] + n_slots * _SLOT_BYTES[kind] * max(levels, 1) + 1
+    budget = CPU_CHUNK_BYTES
+    if device.type == "cuda" and torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info(device)
+        budget = min(max(free // 4, 2**28), 2**34)
+    elif kind == "accelerator":
+        budget = 2**30
+    return max(16, budget // per_row)
+
+
 def _check_multilabel_backend(backend: str) -> None:
     if backend != "torch":
         raise ValueError(f"multilabel=True needs backend='torch' (exact full ranking); got backend={backend!r}")
-
-
-def _chunk_maxima(values: Tensor, chunk: int) -> list[int]:
-    """Maximum of each run of ``chunk`` consecutive entries of the 1-D host tensor ``values`` (one read-back)."""
-    pad = -len(values) % chunk
-    padded = torch.cat([values, values.new_zeros(pad)]) if pad else values
-    return padded.view(-1, chunk).amax(1).tolist() if len(values) else []
 
 
 def _to_host(per_query: dict[str, list[Tensor]]) -> dict[str, Tensor]:
