@@ -288,7 +288,9 @@ class _threads:
 
 
 @numba.njit(parallel=True, nogil=True)
-def _prefix_sums(levels, positions, position, inv_position, cum_ge, cum_prec, level_sums, level_disc):  # noqa: E501  # pragma: no cover
+def _prefix_sums(  # pragma: no cover - compiled
+    levels, positions, position, inv_position, cum_ge, cum_prec, level_sums, level_disc
+):
     """One pass per row of :class:`~pml_suprank.metrics.from_ranks.RankStats`'s shared arrays: ``position`` (``inf``
     on padding), ``inv_position = 1 / position`` and, for every threshold ``m = 1..L`` (index ``m - 1``), ``cum_ge``
     (items of level ``>= m`` up to each slot) and ``cum_prec`` (inclusive sums of ``cum_ge · inv_position`` over the
