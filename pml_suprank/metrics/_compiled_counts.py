@@ -342,3 +342,43 @@ def prefix_sums_compiled(levels: Tensor, positions: Tensor, num_levels: int) -> 
         with _threads():
             _prefix_sums(levels.contiguous().numpy(), positions.contiguous().numpy(), *(t.numpy() for t in out))
     return out
+
+
+@numba.njit(parallel=True, nogil=True)
+def _asi_sums(levels, positions, counts, out):  # pragma: no cover - compiled
+    """``out[c] = Σ_{n=1}^{min(N⁺, P)} Σ_l min(c_l(n), c*_l(n)) / n`` (ASI before the division by ``N⁺``), walking
+    the positions once per row; see :func:`pml_suprank.metrics.from_ranks.asi_` for the definitions."""
+    C, P = levels.shape
+    L = counts.shape[1] - 1
+    for c in numba.prange(C):
+        n_plus = 0
+        for lvl in range(1, L + 1):
+            n_plus += counts[c, lvl]
+        above = np.zeros(L + 1, np.int64)  # relevant items of a higher level (ranked first in the ideal order)
+        for lvl in range(L - 1, 0, -1):
+            above[lvl] = above[lvl + 1] + counts[c, lvl + 1]
+        cnt = np.zeros(L + 1, np.int64)  # items of each level within the first n positions
+        k = 0
+        total_sum = 0.0
+        for n in range(1, min(n_plus, P) + 1):
+            while k < P and levels[c, k] > 0 and positions[c, k] == n:
+                cnt[levels[c, k]] += 1
+                k += 1
+            total = cnt[L]  # the finest level never exceeds its ideal count
+            for lvl in range(1, L):
+                ideal = min(max(n - min(above[lvl], P), 0), min(counts[c, lvl], P))
+                total += min(cnt[lvl], ideal)
+            total_sum += np.float64(total) / np.float64(n)
+        out[c] = total_sum
+
+
+def asi_sums_compiled(levels: Tensor, positions: Tensor, counts: Tensor) -> Tensor:
+    """``(C,)`` float64 ASI numerators of ``(C, P)`` int64 ranked ``levels`` / ``positions`` and ``(C, L + 1)``
+    gallery ``counts`` (CPU), see :func:`_asi_sums`."""
+    out = torch.zeros(levels.shape[0], dtype=torch.float64)
+    if levels.numel():
+        with _threads():
+            _asi_sums(
+                levels.contiguous().numpy(), positions.contiguous().numpy(), counts.contiguous().numpy(), out.numpy()
+            )
+    return out

@@ -274,6 +274,10 @@ def asi_(st: RankStats) -> Tensor:
     C, P = lv.shape
     device = lv.device
     n_plus = st.n_pos(1)
+    if _compiled_prefix_sums(lv, positions) and counts.dtype == torch.int64:  # CPU: one compiled walk per row
+        from ._compiled_counts import asi_sums_compiled
+
+        return _nan_where_empty(asi_sums_compiled(lv, positions, counts) / n_plus.clamp_min(1), n_plus)
     inside = st.valid & (positions <= n_plus[:, None])  # only positions <= N⁺ <= P matter
     # level of the relevant item at each position 1..P (positions are distinct; column P collects the rest)
     level_at = torch.zeros(C, P + 1, dtype=torch.int8, device=device)
