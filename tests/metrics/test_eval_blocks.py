@@ -13,7 +13,7 @@ from _metrics_naive import naive_query_metrics
 
 import pml_suprank.metrics.from_ranks as FR
 from pml_suprank.metrics import RetrievalEvaluator
-from pml_suprank.metrics import evaluator as EV
+from pml_suprank.metrics import eval_blocks as EV
 from pml_suprank.metrics import ranks as R
 from pml_suprank.metrics.ranks import retrieval_ranks
 from pml_suprank.relevance import level_matrix
@@ -145,7 +145,7 @@ def test_chunks_are_sized_in_bytes_for_the_device():
     assert rows * per_row <= EV.CPU_CHUNK_BYTES + per_row and rows >= 16
     assert EV.chunk_rows(10, 2, cpu) == EV.CPU_CHUNK_BYTES // (10 * 4 + 2 * 48 * 2 + 1)
     assert EV.chunk_rows(10**9, 10**6, cpu) == 16  # never fewer than 16 queries
-    assert RetrievalEvaluator()._default_chunk(60502, 5042, "cpu", 2) == rows
+    assert RetrievalEvaluator()._default_chunk(60502, 5042, "cpu", 2) == rows  # the evaluator uses it
     assert RetrievalEvaluator(chunk_size=5)._default_chunk(60502, 5042, "cpu", 2) == 5
 
 
