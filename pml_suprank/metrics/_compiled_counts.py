@@ -1,10 +1,16 @@
-"""Compiled (numba) counting of the negatives ranked before each relevant item, for CPU tensors.
+"""Compiled (numba) row kernels of the exact evaluation, for CPU tensors.
 
-The fused per-row kernel behind ``counting="compiled"`` of :func:`pml_suprank.metrics.ranks.rank_relevant_items`:
-for every row it prunes the negatives scoring below the lowest relevant item, looks the others up in a uniform
-histogram of the row's relevant scores and finishes with an exact comparison against the relevant items sharing a
-bin, in one pass over the row. Same result as the torch counters (exact integer counts; no arithmetic decides an
-order, the bins only narrow down where to compare).
+* :func:`count_negatives_compiled`: the fused per-row kernel behind ``counting="compiled"`` of
+  :func:`pml_suprank.metrics.ranks.rank_relevant_items`: for every row it prunes the negatives scoring below the
+  lowest relevant item, looks the others up in a uniform histogram of the row's relevant scores and finishes with an
+  exact comparison against the relevant items sharing a bin, in one pass over the row. Same result as the torch
+  counters (exact integer counts; no arithmetic decides an order, the bins only narrow down where to compare).
+* :func:`block_keys_compiled` and :func:`block_positions_compiled`: the evaluator's two passes over a score block
+  whose relevant items are one contiguous column slice per row (keys of the slice; then, once sorted, the counting
+  over the other columns), used by :func:`pml_suprank.metrics.eval_blocks.chunk_ranks`.
+* :func:`prefix_sums_compiled` and :func:`asi_sums_compiled`: the shared prefix sums of
+  :class:`pml_suprank.metrics.from_ranks.RankStats` and the sums of ASI in one pass per row (the torch path of
+  those classes stays the implementation on other devices and the reference of the tests).
 
 numba is an optional dependency (``pip install 'pml-suprank[fast]'``): this module imports it at import time, so
 import the module lazily and treat ``ImportError`` as "not available" (:func:`compiled_counting_available`). The
@@ -19,7 +25,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["SUPPORTED_DTYPES", "count_negatives_compiled"]
+__all__ = [
+    "SUPPORTED_DTYPES",
+    "asi_sums_compiled",
+    "block_keys_compiled",
+    "block_positions_compiled",
+    "count_negatives_compiled",
+    "prefix_sums_compiled",
+]
 
 SUPPORTED_DTYPES = (torch.float32, torch.float64)
 
