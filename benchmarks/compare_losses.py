@@ -68,7 +68,7 @@ class Candidate:
     param: str  # name of the main hyper-parameter
     values: tuple[Any, ...]  # its grid
     ours: bool
-    lrs: tuple[float, ...] = (5e-4, 2e-3)
+    lrs: tuple[float, ...] = (1e-3, 3e-3)
     proxy_lr_factor: float | None = None  # proxies' learning rate = factor x lr (None: the protocol's lr_proxies)
     notes: str = ""
 
@@ -224,7 +224,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data_root", default=str(REPO_ROOT.parent / "shared" / "data" / "omniglot_small"),
                         help="folder with the Omniglot images_background*.zip archives")  # fmt: skip
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="test runs per loss")
-    parser.add_argument("--steps", type=int, default=300, help="optimizer steps per run (every loss, every run)")
+    parser.add_argument("--steps", type=int, default=200, help="optimizer steps per run (every loss, every run)")
     parser.add_argument("--losses", nargs="+", default=names, choices=names, help="losses compared")
     parser.add_argument("--select", default="h_ap", choices=[k for k, _ in METRICS], help="validation metric")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")

@@ -382,6 +382,17 @@ class RetrievalModel(HubMixin, nn.Module):
             self.backbone = timm.create_model(backbone, pretrained=pretrained, num_classes=0, **backbone_kwargs)
         except RuntimeError as e:  # timm's "Unknown model" and failed downloads
             raise ValueError(f"could not build timm backbone {backbone!r}: {e}") from e
+        except OSError as e:  # the Hub / URL download of the weights: offline, no cache entry, unreachable
+            if not pretrained:
+                raise
+            raise ValueError(
+                f"could not get the pretrained weights of timm backbone {backbone!r} ({type(e).__name__}: {e}); "
+                "without network access (or with HF_HUB_OFFLINE=1 and no cached copy) either train from random "
+                "weights (--pretrained false; RetrievalModel(pretrained=False)), or make the weights available "
+                "offline: download them once where the Hub is reachable (they stay in the Hugging Face cache, "
+                "HF_HOME) and set HF_HUB_OFFLINE=1, or give a local checkpoint file "
+                "(backbone_kwargs={'pretrained_cfg_overlay': {'file': '/path/to/weights.safetensors'}})"
+            ) from None
         num_features = int(self.backbone.num_features)
         self.num_features = num_features
         self.pool = Pooling(

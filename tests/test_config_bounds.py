@@ -61,3 +61,51 @@ def test_integers_that_size_work_are_bounded():
     assert not is_int(1, 65536)(65537)
     with pytest.raises(ValueError, match="epochs must be <= 2147483647"):
         TrainingConfig(epochs=10**12)
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("a: 1\nb: 2\na: 3\n", r"key 'a' is given twice in one mapping \(line 1 and line 3\)"),
+        (
+            "model:\n  backbone: x\n  pooling: avg\n  backbone: y\n",
+            r"key 'backbone' is given twice .*line 2 and line 4",
+        ),
+        ("a: {b: 1, b: 1}\n", "key 'b' is given twice"),
+    ],
+)
+def test_duplicate_keys_are_refused_naming_the_key_and_file(tmp_path, text, match):
+    path = tmp_path / "dup.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=match) as info:
+        load_yaml(path)
+    assert str(path) in str(info.value)
+
+
+def test_duplicate_key_in_a_hub_config_is_refused(tmp_path):
+    path = tmp_path / "dup_config.yaml"
+    path.write_text("name: dup_config\nmodel:\n  backbone: test_resnet\ntraining:\n  epochs: 1\n  epochs: 100\n")
+    with pytest.raises(ValueError, match=r"dup_config\.yaml: key 'epochs' is given twice"):
+        hub_config.read_hub_config(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("training:\n  epochs: " + "9" * 5000 + "\n", r"key 'epochs' \(line 2\): an integer of 5000 digits"),
+        ("a: -" + "1" * 101 + "\n", r"key 'a' \(line 1\): an integer of 101 digits; .* at most 100"),
+        ("a: [1, " + "9" * 5000 + "]\n", r"a value \(line 1\): an integer of 5000 digits"),
+    ],
+)
+def test_huge_integers_are_refused_naming_file_and_key(tmp_path, text, match):
+    path = tmp_path / "ints.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=match) as info:
+        load_yaml(path)
+    assert str(path) in str(info.value) and len(str(info.value)) < 400
+
+
+def test_plain_integers_and_inline_merges_still_load(tmp_path):
+    path = tmp_path / "ok.yaml"
+    path.write_text("a: 18446744073709551616\nb: {c: 1_000, d: 0x1F}\ne: {<<: {x: 1}, y: 2}\n")
+    assert load_yaml(path) == {"a": 2**64, "b": {"c": 1000, "d": 31}, "e": {"x": 1, "y": 2}}

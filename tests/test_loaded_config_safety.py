@@ -81,3 +81,38 @@ def test_errors_show_loaded_values_truncated(folder):
     with pytest.raises(ValueError, match=r"backbone_kwargs\['drop_rate'\]") as info:
         RetrievalModel.from_pretrained(folder)
     assert len(str(info.value)) < 600
+
+
+@pytest.mark.parametrize(
+    ("model", "match"),
+    [
+        ({"backbone": "hf-hub:timm/resnet18.a1_in1k"}, r"model\.backbone must be a plain timm model name"),
+        ({"backbone": "local-dir:/tmp/x"}, r"model\.backbone must be a plain timm model name"),
+        ({"backbone_kwargs": {"checkpoint_path": "/tmp/x.pth"}}, r"model\.backbone_kwargs\['checkpoint_path'\] is not"),
+        ({"backbone_kwargs": {"pretrained_cfg_overlay": {"f": 1}}}, r"backbone_kwargs\[.pretrained_cfg_overlay.\]"),
+        ({"backbone_kwargs": {"drop_rate": 5.0}}, r"model\.backbone_kwargs\['drop_rate'\] must be a rate in \[0, 1\]"),
+    ],
+)
+def test_hub_config_is_held_to_the_loaded_config_rule(tmp_path, model, match):
+    from pml_suprank import hub_config
+
+    config = hub_config.read_hub_config("synthetic_shapes_happier")
+    config["model"].update(model)
+    with pytest.raises(ValueError, match=match) as info:
+        hub_config.validate_hub_config(config, "shared.yaml")
+    assert "held to the rule of a loaded config.json" in str(info.value)
+    # the same values in a saved config.json: refused by the same rule
+    path = tmp_path / "m" / "config.json"
+    RetrievalModel(TINY, embedding_size=8, image_size=32).save_pretrained(path.parent)
+    _edit(path.parent, **model)
+    with pytest.raises(ValueError, match=match.replace(r"model\.", r"model_args\.")) as info:
+        RetrievalModel.from_pretrained(path.parent)
+    assert str(path) in str(info.value) and "trust_config=True" in str(info.value)
+
+
+def test_hub_config_with_allowed_backbone_kwargs_is_valid():
+    from pml_suprank import hub_config
+
+    config = hub_config.read_hub_config("synthetic_shapes_happier")
+    config["model"]["backbone_kwargs"] = {"drop_rate": 0.1}
+    assert hub_config.validate_hub_config(config, "shared.yaml") is config

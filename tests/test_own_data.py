@@ -136,6 +136,26 @@ def test_a_short_run_is_named_with_the_epochs_or_steps_that_reach_200():
     assert capped.endswith("--max_train_steps 200 would reach 200")
 
 
+def test_nested_folders_take_the_open_set_rule_per_group(tmp_path, hf_cache):
+    from pml_suprank.training.data_source import data_option_errors, dataset_source
+
+    folder = tmp_path / "scripts"
+    for g, group in enumerate(["latin", "greek"]):
+        for k, item in enumerate(["c1", "c2", "c3"]):
+            _png(folder / group / item / "0.png", COLOURS["cat"], 10 * g + k)
+    section = {"dataset": str(folder), "open_set": True, "train_classes_per_coarse": 1}
+    assert data_option_errors(section) == []  # the folder's two levels count as label columns
+    train, test = (dataset_source(section, part).load() for part in ("train", "test"))
+    assert sorted(train.class_names[int(c)] for c in train.labels[:, 0]) == ["greek/c1", "latin/c1"]
+    assert sorted(test.class_names[int(c)] for c in test.labels[:, 0]) == [
+        "greek/c2", "greek/c3", "latin/c2", "latin/c3"
+    ]  # fmt: skip
+    flat = _class_folders(tmp_path / "flat", ["cat", "dog"], 1)
+    assert data_option_errors({**section, "dataset": str(flat)}) == [
+        "'data.train_classes_per_coarse' needs at least two label_columns (fine and coarse)"
+    ]
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # the one command on each layout
 # ------------------------------------------------------------------------------------------------------------------
@@ -174,6 +194,26 @@ def test_a_folder_without_split_is_split_by_class_seeded_and_recorded(tmp_path, 
     assert summary["steps"] == 2
 
 
+@pytest.mark.slow
+def test_nested_class_folders_train_as_classes_within_groups(tmp_path, hf_cache, capsys):
+    folder = tmp_path / "scripts"  # alphabet/characterNN/*: the item names repeat in every group
+    for g, group in enumerate(["latin", "greek"]):
+        for k, (item, colour) in enumerate(zip(["c1", "c2", "c3"], list(COLOURS.values()), strict=False)):
+            for i in range(3):
+                _png(folder / group / item / f"{i}.png", colour, 100 * g + 10 * k + i)
+    out, summary = _train(tmp_path, folder, "--with_tracking", "false")
+    printed = capsys.readouterr().out
+    assert "class folders <group>/<class>, label levels label, group (finest first)" in printed
+    assert "training 9 images, 3 classes; test 9 images, 3 classes" in printed  # 6 classes, not 3 merged names
+    split = json.loads((out / "class_split.json").read_text())
+    assert sorted(split["train_classes"] + split["test_classes"]) == [
+        f"{g}/{c}" for g in ("greek", "latin") for c in ("c1", "c2", "c3")
+    ]
+    assert summary["steps"] == 2 and "ap_level1" in summary["after"]  # two levels: class within its group
+    config = json.loads((out / "final" / "config.json").read_text())
+    assert config["training"]["label_names"] == ["label", "group"]
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # refusals: exit status 2 and a message, no traceback
 # ------------------------------------------------------------------------------------------------------------------
@@ -185,6 +225,32 @@ def test_an_explicit_batch_the_data_cannot_fill_is_refused_with_values_that_work
     err = capsys.readouterr().err
     assert "error: --batch_size 32 --samples_per_class 4 need 8 classes per batch (1 process(es))" in err
     assert "3 classes (4 images each); values that would work: --batch_size 12 --samples_per_class 4" in err
+
+
+def test_unusable_images_are_refused_before_the_first_step_listing_them(tmp_path, hf_cache, capsys):
+    folder = _class_folders(tmp_path / "pets", ["cat", "dog", "fox"], 4)
+    (folder / "dog" / "fake.jpg").write_text("a text file")
+    with pytest.raises(SystemExit) as exit_info:
+        _train(tmp_path, folder, "--with_tracking", "false")
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: --dataset {folder}: '{folder}', split 'train': 1 of 13 images cannot be used" in err
+    assert f"{folder / 'dog' / 'fake.jpg'}: not an image" in err
+    assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "final").exists()
+
+
+def test_evaluating_a_split_the_folder_lacks_names_the_splits_and_the_flag(tmp_path, hf_cache):
+    from pml_suprank.models import RetrievalModel
+
+    model = tmp_path / "model"
+    RetrievalModel("test_resnet", embedding_size=8, image_size=16).save_pretrained(model)
+    folder = _class_folders(tmp_path / "pets", ["cat", "dog"], 2)
+    argv = ["--model", str(model), "--dataset", str(folder), "--label_columns", "label", "--cpu", "--no_plots"]
+    with pytest.raises(SystemExit) as exit_info:
+        import_recipe("evaluate").main(argv)  # the default split is 'test'; a folder of class folders has 'train'
+    message = str(exit_info.value.code)
+    assert message.startswith(f"--dataset {folder} --split test: split='test' is not in '{folder}'")
+    assert "available splits: ['train'] (choose one: split= of the loader, --split / --test_split" in message
 
 
 def test_a_folder_whose_labels_cannot_be_read_is_a_command_line_error(tmp_path, capsys):

@@ -11,8 +11,16 @@ Face ``datasets``) without naming a label column:
 * ``"class_folders"``: ``root/<class>/*`` with no split: the classes are split in two
   (:func:`class_split`, seeded, open set: no class on both sides).
 
+Class folders may be nested, every image at the same depth: ``root/<group>/<class>/*`` (Omniglot's
+``alphabet/character01/*.png``; also below ``train/`` and ``test/``) gives two label levels, ``label`` = the relative
+path ``<group>/<class>`` (so ``character01`` of two alphabets are two classes) and ``group``; deeper folders give one
+more level each (``label``, ``group_1`` = the parent path, ..., ``group_<d-1>`` = the top folder). Images at
+different depths are refused, naming these layouts. Nested folders are read by :func:`folder_splits` (the
+``imagefolder`` builder would label each image by its innermost folder name alone).
+
 :func:`image_folder_layout` tells which (by reading the folder names and the metadata header only; no image is
-opened), :func:`class_split` draws the seeded class split and :func:`class_split_side` keeps one side of it.
+opened; the ``file_name`` of every metadata row is checked to name an image inside the folder),
+:func:`class_split` draws the seeded class split and :func:`class_split_side` keeps one side of it.
 """
 
 from __future__ import annotations
@@ -27,12 +35,14 @@ import torch
 from torch import Tensor
 
 from .._safe_json import loads_json
+from .paths import PathConfiner
 
 __all__ = [
     "CLASS_SPLIT_FRACTION",
     "FolderLayout",
     "class_split",
     "class_names_of",
+    "folder_splits",
     "class_split_side",
     "image_folder_layout",
 ]
@@ -54,12 +64,15 @@ class FolderLayout:
         kind: ``"split_folders"``, ``"metadata"`` or ``"class_folders"`` (see the module docstring).
         label_columns: The label levels, finest first (``("label",)`` for class folders).
         splits: The splits found (``("train", "test")``), or ``("train",)`` when there is none.
+        depth: Class folders: the folders between a split (or ``root``) and each image (1: ``<class>/*``, 2:
+            ``<group>/<class>/*``); 1 for a metadata layout.
     """
 
     root: Path
     kind: Literal["split_folders", "metadata", "class_folders"]
     label_columns: tuple[str, ...]
     splits: tuple[str, ...]
+    depth: int = 1
 
     @property
     def needs_class_split(self) -> bool:
@@ -73,6 +86,9 @@ class FolderLayout:
             "metadata": f"metadata file, label levels {', '.join(self.label_columns)} (finest first)",
             "class_folders": "class folders",
         }[self.kind]
+        if self.depth > 1:
+            nesting = "/".join(["<group>"] * (self.depth - 1) + ["<class>"])
+            where += f" {nesting}, label levels {', '.join(self.label_columns)} (finest first)"
         if self.kind == "metadata" and not self.needs_class_split:
             where += ", train/ and test/ folders"
         return where + (", no split: classes split in two (seeded, open set)" if self.needs_class_split else "")
@@ -82,19 +98,90 @@ def _images(folder: Path) -> list[Path]:
     return [p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in _IMAGE_SUFFIXES]
 
 
-def _metadata_columns(path: Path) -> list[str]:
-    """The columns of a ``metadata.csv`` header or of the first record of a ``metadata.jsonl``."""
+def _metadata_rows(path: Path) -> tuple[list[str], list[Any]]:
+    """The columns of a ``metadata.csv`` header (or of the first record of a ``metadata.jsonl``) and the
+    ``file_name`` value of every row (``None`` where a row has none)."""
     with path.open(newline="", encoding="utf-8") as f:
         if path.suffix == ".csv":
-            return [c.strip() for c in next(csv.reader(f), [])]
-        first = f.readline()
-    try:
-        record = loads_json(first, "the line", what="metadata.jsonl record") if first.strip() else {}
-    except ValueError as e:
-        raise ValueError(f"{path}: the first line is not a JSON object ({e})") from None
-    if not isinstance(record, dict):
-        raise ValueError(f"{path}: the first line is not a JSON object")
-    return list(record)
+            reader = csv.reader(f)
+            columns = [c.strip() for c in next(reader, [])]
+            at = columns.index("file_name") if "file_name" in columns else None
+            names = [None if at is None or len(row) <= at else row[at] for row in reader if row]
+            return columns, names
+        lines = [line for line in f if line.strip()]
+    records = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            record = loads_json(line, f"{path}, line {number}", what="metadata.jsonl record")
+        except ValueError as e:
+            raise ValueError(f"{path}, line {number}: not a JSON object ({e})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}, line {number}: not a JSON object (got {type(record).__name__})")
+        records.append(record)
+    return (list(records[0]) if records else []), [r.get("file_name") for r in records]
+
+
+def _check_metadata_files(path: Path, names: list[Any]) -> None:
+    """Every ``file_name`` of the metadata file ``path`` names an existing image inside its folder (relative, no
+    ``..``, no symbolic link leading out: :class:`~pml_suprank.data.paths.PathConfiner`)."""
+    confine = PathConfiner(path.parent)
+    for row, name in enumerate(names, start=1):
+        where = f"{path}, row {row} (column 'file_name')"
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(f"{where}: expected the relative path of an image; got {name!r}")
+        file = Path(confine(name, where=where))
+        if file.suffix.lower() not in _IMAGE_SUFFIXES or not file.is_file():
+            state = "is not an image file" if file.is_file() else "does not exist"
+            raise ValueError(
+                f"{where}: {name!r} {state} ({file}); file_name must be the path of an image "
+                f"({', '.join(sorted(_IMAGE_SUFFIXES))}) relative to the folder of {path.name}"
+            )
+
+
+def _level_names(depth: int) -> tuple[str, ...]:
+    """The label levels of class folders ``depth`` deep, finest first."""
+    if depth == 1:
+        return ("label",)
+    return ("label", "group") if depth == 2 else ("label", *(f"group_{i}" for i in range(1, depth)))
+
+
+_LAYOUTS = (
+    "class folders <class>/* (one label level), nested class folders <group>/<class>/* with every image at the same "
+    "depth (levels label = <group>/<class> and group), train/ and test/ folders holding either, or a metadata.csv "
+    "(file_name plus one column per label level, finest first)"
+)
+
+
+def _split_folders(root: Path, splits: tuple[str, ...], images: list[Path]) -> list[Path]:
+    """The folders the class folders lie in: ``root/train`` and ``root/test``; ``root/train`` when it holds every image
+    (a training split alone, read as ``imagefolder`` reads it); else ``root``."""
+    if "test" in splits:
+        return [root / s for s in splits]
+    train = root / "train"
+    return [train] if train.is_dir() and all(train in p.parents for p in images) else [root]
+
+
+def _class_folder_depth(root: Path, base: list[Path], images: list[Path]) -> int:
+    """The one depth (folders between a split / ``root`` and the image) of every image; ``ValueError`` naming the
+    layouts that work for loose images or images at different depths."""
+    first: dict[int, Path] = {}
+    for image in images:
+        where = next((b for b in base if b in image.parents), None)
+        if where is not None:
+            first.setdefault(len(image.relative_to(where).parts) - 1, image)
+    if 0 in first:
+        loose = [p for p in images if p.parent in base]
+        raise ValueError(
+            f"{root}: {len(loose)} images (e.g. {loose[0]}) lie outside a class folder and there is no metadata.csv; "
+            f"put every image in a folder named after its class; the layouts that work: {_LAYOUTS}"
+        )
+    if len(first) > 1:
+        (a, pa), (b, pb) = sorted(first.items())[:2]
+        raise ValueError(
+            f"{root}: images lie at different folder depths (e.g. {pa}: {a} folder(s) deep; {pb}: {b}), so their "
+            f"classes are ambiguous; the layouts that work: {_LAYOUTS}"
+        )
+    return next(iter(first), 1)
 
 
 def image_folder_layout(root: str | Path) -> FolderLayout | None:
@@ -103,7 +190,8 @@ def image_folder_layout(root: str | Path) -> FolderLayout | None:
 
     Raises:
         ValueError: A folder of images whose labels cannot be read: images with no class folder and no metadata
-            file, metadata files with different columns, a metadata file with no ``file_name`` or no label column.
+            file, class folders at different depths, metadata files with different columns, a metadata file with no
+            ``file_name`` or no label column, a ``file_name`` that is not an image inside the folder.
     """
     root = Path(root)
     if not root.is_dir() or (root / "dataset_dict.json").is_file() or (root / "state.json").is_file():
@@ -114,9 +202,9 @@ def image_folder_layout(root: str | Path) -> FolderLayout | None:
     splits = tuple(s for s in _SPLITS if (root / s).is_dir()) if (root / "test").is_dir() else ("train",)
     metadata = sorted(p for name in _METADATA for p in root.rglob(name))
     if metadata:
-        headers = {p: _metadata_columns(p) for p in metadata}
-        first = headers[metadata[0]]
-        for path, columns in headers.items():
+        headers = {p: _metadata_rows(p) for p in metadata}
+        first = headers[metadata[0]][0]
+        for path, (columns, _) in headers.items():
             if columns != first:
                 raise ValueError(
                     f"{root}: metadata files disagree on their columns ({metadata[0]}: {first}; {path}: {columns})"
@@ -126,16 +214,33 @@ def image_folder_layout(root: str | Path) -> FolderLayout | None:
         levels = tuple(c for c in first if c != "file_name")
         if not levels:
             raise ValueError(f"{metadata[0]}: no label column besides 'file_name'; add one column per label level")
+        for path, (_, names) in headers.items():
+            _check_metadata_files(path, names)
         return FolderLayout(root, "metadata", levels, splits)
-    base = [root / s for s in splits] if "test" in splits else [root]
-    loose = [p for p in images if p.parent in base]
-    if loose:
-        raise ValueError(
-            f"{root}: {len(loose)} images (e.g. {loose[0]}) lie outside a class folder and there is no metadata.csv; "
-            "put every image in a folder named after its class, or list the labels in a metadata.csv "
-            "(file_name plus one column per label level, finest first)"
-        )
-    return FolderLayout(root, "split_folders" if "test" in splits else "class_folders", ("label",), splits)
+    depth = _class_folder_depth(root, _split_folders(root, splits, images), images)
+    kind = "split_folders" if "test" in splits else "class_folders"
+    return FolderLayout(root, kind, _level_names(depth), splits, depth)
+
+
+def folder_splits(layout: FolderLayout) -> dict[str, Any]:
+    """``{split: datasets.Dataset}`` of nested class folders (``layout.depth >= 2``): an ``image`` column (the
+    files, by path, sorted) and one string column per label level: ``label`` = the path of the image's folder
+    relative to the split (``"<group>/<class>"``), then each coarser level its parent path (``"<group>"``)."""
+    import datasets
+
+    if layout.kind == "metadata":
+        raise ValueError(f"{layout.root}: a metadata layout is read by the imagefolder builder, not folder_splits")
+    out = {}
+    for split in layout.splits:
+        files = sorted(_images(layout.root))
+        base = next(b for b in _split_folders(layout.root, layout.splits, files) if b.name == split or b == layout.root)
+        files = [p for p in files if base in p.parents]
+        folders = [p.parent.relative_to(base).parts for p in files]
+        columns: dict[str, list[str]] = {"image": [str(p) for p in files]}
+        for level, name in enumerate(layout.label_columns):
+            columns[name] = ["/".join(parts[: len(parts) - level]) for parts in folders]
+        out[split] = datasets.Dataset.from_dict(columns).cast_column("image", datasets.Image())
+    return out
 
 
 def class_split(labels: Tensor, *, seed: int, fraction: float = CLASS_SPLIT_FRACTION) -> tuple[Tensor, Tensor]:
@@ -160,13 +265,11 @@ def class_split_side(dataset: Any, part: str, *, seed: int, fraction: float = CL
     """The ``part`` (``"train"`` / ``"test"``) side of :func:`class_split` of an
     :class:`~pml_suprank.data.HFRetrievalDataset`: a new dataset of the items of that side's classes (same label
     ids, class names and transform)."""
-    from .loading import HFRetrievalDataset
-
     if part not in _SPLITS:
         raise ValueError(f"part must be 'train' or 'test'; got {part!r}")
     train, test = class_split(dataset.labels, seed=seed, fraction=fraction)
     keep = torch.nonzero(torch.isin(dataset.labels[:, 0], train if part == "train" else test)).flatten()
-    return HFRetrievalDataset(
+    return type(dataset)(
         dataset.hf_dataset.select(keep.tolist()), dataset.label_names, dataset.image_column, dataset.labels[keep],
         transform=dataset.transform, class_names=dataset.class_names,
     )  # fmt: skip

@@ -21,7 +21,10 @@ def select_split(splits: dict[str, Any], split: str, source: Any) -> tuple[list[
     parts = [split] if split in splits else [p.strip() for p in str(split).split("+")]
     unknown = [p for p in parts if p not in splits]
     if unknown:
-        raise ValueError(f"split={split!r} is not in {describe(source)}; available splits: {sorted(splits)}")
+        raise ValueError(
+            f"split={split!r} is not in {describe(source)}; available splits: {sorted(splits)} (choose one: split= "
+            "of the loader, --split / --test_split / --train_split / --gallery_split of the commands)"
+        )
     ds = splits[parts[0]] if len(parts) == 1 else datasets.concatenate_datasets([splits[p] for p in parts])
     if isinstance(ds, datasets.IterableDataset):
         raise ValueError("streaming datasets are not supported: retrieval needs random access (use a map-style one)")

@@ -22,7 +22,9 @@ from torch import Tensor
 
 from .._validation import check_choice
 from ..relevance import check_tree
+from .folders import folder_splits, image_folder_layout
 from .hf_sources import check_image_paths, describe, image_column_name, load_splits, select_split
+from .image_check import check_dataset_images
 from .label_columns import fine_label_rows, is_list_column, multilabel_labels, open_set_keep
 from .retrieval_dataset import RetrievalDatasetBase, decode_image, pad_label_sets
 from .transforms import build_transforms
@@ -109,10 +111,12 @@ class HFRetrievalDataset(RetrievalDatasetBase):
     def get_image(self, index: int) -> Any:
         """The untransformed PIL RGB image of item ``index`` (``ValueError`` naming the row and file if it does not
         decode)."""
+        from PIL import Image
+
         index = self._check_index(index)
         try:
             image = self._images[index][self.image_column]
-        except (OSError, SyntaxError, ValueError) as err:
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
             raise ValueError(
                 f"{self.describe_item(index)}: cannot decode the image ({type(err).__name__}: {err})"
             ) from None
@@ -122,8 +126,6 @@ class HFRetrievalDataset(RetrievalDatasetBase):
             source = BytesIO(image["bytes"]) if image.get("bytes") else image["path"]
             return decode_image(source, self.describe_item(index))
         if isinstance(image, (np.ndarray, list)):  # e.g. an Array3D column of (H, W, 3) uint8 pixels
-            from PIL import Image
-
             image = Image.fromarray(np.asarray(image, dtype=np.uint8))
         return image.convert("RGB")
 
@@ -210,7 +212,7 @@ def _as_2d_labels(labels: Any) -> Tensor:
 
 def load_retrieval_dataset(
     source: Any,
-    label_columns: str | Sequence[str],
+    label_columns: str | Sequence[str] | None,
     split: str = "train",
     *,
     image_column: str | None = None,
@@ -230,8 +232,11 @@ def load_retrieval_dataset(
 
     * a Hub dataset id, e.g. ``"uoft-cs/cifar100"`` (downloaded into the ``datasets`` cache; nothing else in the
       package touches the network);
-    * a local image folder (``imagefolder`` layout: ``root/<split>/...`` images plus a ``metadata.csv`` /
-      ``metadata.jsonl`` with ``file_name`` and the label columns);
+    * a local image folder (:func:`pml_suprank.data.image_folder_layout`: class folders, nested class folders
+      ``<group>/<class>/*`` (levels ``label`` = ``"<group>/<class>"`` and ``group``), each optionally under
+      ``train/`` and ``test/``, or images plus a ``metadata.csv`` / ``metadata.jsonl`` with ``file_name`` and the
+      label columns); every image of the split is checked before it is returned
+      (:func:`pml_suprank.data.image_check.check_dataset_images`: one ``ValueError`` listing the unusable files);
     * parquet files: a ``.parquet`` path or glob, a folder of parquet files (split names inferred from the file
       names, e.g. ``train-0.parquet``), or ``data_files={"train": ..., "test": ...}``;
     * a folder written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``;
@@ -256,7 +261,8 @@ def load_retrieval_dataset(
 
     Args:
         source: See above.
-        label_columns: Label column names, finest first (e.g. ``["fine_label", "coarse_label"]``).
+        label_columns: Label column names, finest first (e.g. ``["fine_label", "coarse_label"]``); ``None`` for a
+            local image folder: the levels of its layout (``FolderLayout.label_columns``).
         split: Split to load (``"train"``, ``"test"``, ...); ``"train+test"`` concatenates splits (e.g. CUB-200,
             whose Hub splits are classification splits of the same classes, with an open-set rule).
         image_column: Image column; default: the first ``Image`` feature, else ``"image"`` / ``"img"``.
@@ -274,13 +280,12 @@ def load_retrieval_dataset(
     """
     import datasets
 
-    label_columns = _check_label_columns(label_columns)
     if open_set is not None:
         check_choice("open_set", open_set, get_args(OpenSetPart))
     elif train_classes_per_coarse is not None or train_class_fraction is not None:
         raise ValueError("train_classes_per_coarse / train_class_fraction need open_set='train' or 'test'")
-
-    splits = load_splits(source, data_files=data_files, cache_dir=cache_dir, revision=revision, token=token)
+    hub = {"data_files": data_files, "cache_dir": cache_dir, "revision": revision, "token": token}
+    layout, label_columns, splits = _source_splits(source, label_columns, hub)
     parts, ds = select_split(splits, split, source)
     missing = [c for c in label_columns if c not in ds.column_names]
     if missing:
@@ -290,6 +295,8 @@ def load_retrieval_dataset(
         )
     image_column = image_column_name(ds, image_column, source)
     check_image_paths(ds, image_column, source, split)
+    if layout is not None:  # a user's own images: every one read before any training step
+        check_dataset_images(ds, image_column, what=f"{describe(source)}, split {split!r}")
 
     for name, d in {**splits, split: ds}.items():
         _check_no_missing_labels(d, label_columns, name, source)
@@ -372,12 +379,35 @@ def _multilabel_dataset(
     )
 
 
-def _check_label_columns(label_columns: str | Sequence[str]) -> list[str]:
+def _source_splits(source: Any, label_columns: Any, hub: dict[str, Any]) -> tuple[Any, list[str], dict[str, Any]]:
+    """``(layout of a local image folder or None, checked label columns, {split: datasets.Dataset})``: ``None`` label
+    columns are the folder's levels; nested class folders are read by :func:`folder_splits` (the ``imagefolder``
+    builder would label each image by its innermost folder name, merging the classes of different groups)."""
+    local = isinstance(source, (str, Path)) and hub["data_files"] is None
+    layout = image_folder_layout(source) if local else None
+    if label_columns is None and layout is not None:
+        label_columns = list(layout.label_columns)
+    label_columns = _check_label_columns(label_columns, source)
+    if layout is not None and layout.depth > 1:
+        return layout, label_columns, folder_splits(layout)
+    return layout, label_columns, load_splits(source, **hub)
+
+
+def _check_label_columns(label_columns: Any, source: Any) -> list[str]:
+    if label_columns is None:
+        raise ValueError(
+            f"label_columns=None: the label columns of {describe(source)} (a Hub id, parquet files or a saved "
+            "dataset) must be named, finest first (e.g. ['fine_label', 'coarse_label']); only a local image folder "
+            "(class folders or a metadata.csv) has levels of its own"
+        )
     if isinstance(label_columns, str):
         label_columns = [label_columns]
+    names = label_columns if isinstance(label_columns, Sequence) else None
+    if not names or not all(isinstance(c, str) for c in names):
+        raise ValueError(
+            f"label_columns must be a non-empty list of column names (fine → coarse); got {label_columns!r}"
+        )
     label_columns = list(label_columns)
-    if not label_columns or not all(isinstance(c, str) for c in label_columns):
-        raise ValueError(f"label_columns must be a non-empty list of column names (fine → coarse); got {label_columns}")
     if len(set(label_columns)) != len(label_columns):
         raise ValueError(f"label_columns must not repeat a column; got {label_columns}")
     return label_columns

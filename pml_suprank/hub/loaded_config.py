@@ -1,4 +1,6 @@
-"""What a loaded ``config.json`` of a retrieval model may ask for, unless the caller passes ``trust_config=True``.
+"""What a loaded ``config.json`` of a retrieval model may ask for, unless the caller passes ``trust_config=True``;
+the ``backbone`` / ``backbone_kwargs`` rule (:func:`untrusted_model_problems`) is also the rule of a hub_config's
+``model`` section.
 
 A downloaded folder is untrusted: its ``model_args`` reach ``timm.create_model`` and allocate tensors. Without
 ``trust_config=True``:
@@ -35,7 +37,9 @@ __all__ = [
     "SAFE_BACKBONE_KWARGS",
     "check_loaded_model_args",
     "check_loaded_values",
+    "hub_config_model_problems",
     "shown",
+    "untrusted_model_problems",
 ]
 
 MAX_EMBEDDING_SIZE = 65_536
@@ -101,9 +105,15 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _check_kwarg(key: str, value: Any, source: Path) -> None:
+def _kwarg_problem(key: str, value: Any, where: str) -> str | None:
+    """Why ``backbone_kwargs[key] = value`` is refused (``None``: allowed); ``where`` names the mapping."""
+    at = f"{where}backbone_kwargs[{shown(key, 40)}]"
+    if key not in SAFE_BACKBONE_KWARGS:
+        return (
+            f"{at} is not allowed (allowed: {sorted(SAFE_BACKBONE_KWARGS)}); keyword arguments such as "
+            "checkpoint_path or pretrained_cfg make timm read files or fetch repos"
+        )
     kind = SAFE_BACKBONE_KWARGS[key]
-    where = f"{source}: model_args.backbone_kwargs[{shown(key, 40)}]"
     if kind == _RATE:
         ok = _number(value) and 0.0 <= value <= 1.0
     elif kind == _BOOL:
@@ -116,11 +126,48 @@ def _check_kwarg(key: str, value: Any, source: Path) -> None:
     else:
         low, high = kind
         ok = (_is_int(value) if isinstance(low, int) else _number(value)) and low <= value <= high
-    if not ok:
-        expected = kind if isinstance(kind, str) else f"a number in [{kind[0]}, {kind[1]}]"
-        raise ValueError(
-            f"{where} must be a {expected}; got {shown(value)} (pass trust_config=True for a trusted file)"
+    if ok:
+        return None
+    expected = kind if isinstance(kind, str) else f"a number in [{kind[0]}, {kind[1]}]"
+    return f"{at} must be a {expected}; got {shown(value)}"
+
+
+def untrusted_model_problems(args: Mapping[str, Any], where: str) -> list[str]:
+    """The one rule for a model section written by someone else — a loaded ``config.json`` (``model_args``) and a
+    hub_config (``model``) alike: ``backbone`` a plain timm name (no ``hf-hub:`` / ``local-dir:`` prefix, no path),
+    ``backbone_kwargs`` only the bounded keys of :data:`SAFE_BACKBONE_KWARGS` (no ``checkpoint_path``, no
+    ``pretrained_cfg``...).
+
+    Args:
+        args: The model section (keys ``backbone`` / ``backbone_kwargs`` when present).
+        where: Prefix naming the section in the messages (e.g. ``"config.json: model_args."``, ``"model."``).
+
+    Returns:
+        One message per problem (``[]``: allowed).
+    """
+    problems = []
+    backbone = args.get("backbone")
+    if "backbone" in args and (not isinstance(backbone, str) or not _BACKBONE_RE.fullmatch(backbone)):
+        problems.append(
+            f"{where}backbone must be a plain timm model name (e.g. 'resnet50', 'resnet50.a1_in1k'); got "
+            f"{shown(backbone)} (hf-hub:/local-dir: names and paths make timm fetch or read other files)"
         )
+    kwargs = args.get("backbone_kwargs")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        problems.append(f"{where}backbone_kwargs must be a dict; got {type(kwargs).__name__}")
+    elif kwargs:
+        problems += [p for key, value in kwargs.items() if (p := _kwarg_problem(key, value, where)) is not None]
+    return problems
+
+
+def hub_config_model_problems(config: Mapping[str, Any]) -> list[str]:
+    """:func:`untrusted_model_problems` of a hub_config's ``model`` section (a hub_config is a shared file, held to
+    the rule of a loaded ``config.json``); ``[]`` when it has none."""
+    model = config.get("model")
+    if not isinstance(model, Mapping):
+        return []
+    hint = " — a hub_config is held to the rule of a loaded config.json; set it from Python or the command line instead"
+    return [f"{p}{hint}" for p in untrusted_model_problems(model, "model.")]
 
 
 def _check_size(args: Mapping[str, Any], key: str, maximum: int, source: Path, *, minimum: int = 1) -> None:
@@ -147,13 +194,9 @@ def check_loaded_model_args(model_args: Mapping[str, Any], source: str | Path, *
     """
     source = Path(source)
     args = {k: v for k, v in model_args.items() if k not in skip}
-    backbone = args.get("backbone")
-    if "backbone" in args and (not isinstance(backbone, str) or not _BACKBONE_RE.fullmatch(backbone)):
-        raise ValueError(
-            f"{source}: model_args.backbone must be a plain timm model name (e.g. 'resnet50', 'resnet50.a1_in1k') in "
-            f"a loaded config; got {shown(backbone)} (hf-hub:/local-dir: names and paths make timm fetch or read other "
-            "files: pass trust_config=True only for a trusted file)"
-        )
+    problems = untrusted_model_problems(args, f"{source}: model_args.")
+    if problems:
+        raise ValueError(f"{problems[0]} in a loaded config: pass trust_config=True only for a trusted file")
     for key in ("layer_norm", "pretrained"):  # strictly typed: bool("false") is True
         if key in args and not isinstance(args[key], bool):
             raise ValueError(f"{source}: model_args.{key} must be true or false; got {shown(args[key], 64)}")
@@ -168,19 +211,6 @@ def check_loaded_model_args(model_args: Mapping[str, Any], source: str | Path, *
         value = args.get(key)
         if value is not None and (not isinstance(value, list) or not all(_number(v) for v in value)):
             raise ValueError(f"{source}: model_args.{key} must be None or a list of finite numbers; got {shown(value)}")
-    kwargs = args.get("backbone_kwargs")
-    if kwargs is None:
-        return
-    if not isinstance(kwargs, dict):
-        raise ValueError(f"{source}: model_args.backbone_kwargs must be a dict; got {type(kwargs).__name__}")
-    for key, value in kwargs.items():
-        if key not in SAFE_BACKBONE_KWARGS:
-            raise ValueError(
-                f"{source}: model_args.backbone_kwargs[{shown(key, 40)}] is not allowed in a loaded config (allowed: "
-                f"{sorted(SAFE_BACKBONE_KWARGS)}); keyword arguments such as checkpoint_path or pretrained_cfg make "
-                "timm read files or fetch repos: pass trust_config=True only for a trusted file"
-            )
-        _check_kwarg(key, value, source)
 
 
 def check_loaded_values(state: Mapping[str, Tensor], source: str | Path) -> None:

@@ -413,7 +413,7 @@ class RetrievalEvaluator:
         try:
             import faiss
         except ImportError as e:
-            raise ImportError("backend='faiss' needs faiss: pip install 'pml-suprank[faiss]'") from e
+            raise ImportError("backend='faiss' needs faiss: pip install 'pml-suprank[faiss]' (or '[faiss-gpu]')") from e
         import numpy as np
 
         Q, N, L = query.shape[0], reference.shape[0], ql.shape[1]

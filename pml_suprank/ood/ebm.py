@@ -33,7 +33,11 @@ from torch.nn.utils import skip_init
 from .._validation import check_positive
 
 __all__ = [
+    "MAX_HIDDEN_DIM",
+    "MAX_HIDDEN_LAYERS",
+    "MAX_MLP_PARAMETERS",
     "ResidualEnergyMLP",
+    "mlp_parameter_count",
     "polynomial_schedule",
     "project",
     "sgld_sample",
@@ -41,14 +45,43 @@ __all__ = [
     "train_residual",
 ]
 
+#: bounds of the residual MLP, checked before any weight is allocated: width ``h``, number ``n`` of hidden layers and
+#: total parameters (2**30 = 4 GiB in float32, before Adam's two moments; the paper's MLP has 4.7 million)
+MAX_HIDDEN_DIM = 65_536
+MAX_HIDDEN_LAYERS = 64
+MAX_MLP_PARAMETERS = 2**30
+
+
+def _hidden_shapes(hidden_dim: int, n_hidden_layers: int, tie: bool, reduce_width: bool):
+    """``([(in, out) of each hidden nn.Linear], width of the last hidden activation)``."""
+    if reduce_width:
+        shapes = []
+        for i in range(n_hidden_layers):
+            w = hidden_dim // 2**i
+            shapes += [(w, w), (w, w), (w, w // 2)]
+        return shapes, hidden_dim // 2**n_hidden_layers
+    n_modules = min(n_hidden_layers, 1) if tie else n_hidden_layers
+    return [(hidden_dim, hidden_dim)] * n_modules, hidden_dim
+
+
+def mlp_parameter_count(
+    input_dim: int, hidden_dim: int, n_hidden_layers: int, tie_hidden_weights: bool = False, reduce_width: bool = False
+) -> int:
+    """Parameters (weights and biases) of :class:`ResidualEnergyMLP` with these sizes, computed without building it:
+    ``(d + 1)·h`` in, ``Σ (a + 1)·b`` over the hidden ``a × b`` layers (one when tied), ``h_last + 1`` out."""
+    shapes, last = _hidden_shapes(hidden_dim, n_hidden_layers, tie_hidden_weights, reduce_width)
+    return (input_dim + 1) * hidden_dim + sum((a + 1) * b for a, b in shapes) + last + 1
+
 
 class ResidualEnergyMLP(nn.Module):
     """Residual energy ``E_θ``: ``Linear(d,h) → LReLU → [Linear(h,h) → LReLU] × n → Linear(h,1)``, divided by ``T_nn``.
 
     Args:
         input_dim: Feature dimension ``d``.
-        hidden_dim: Width ``h`` (1024 in the paper).
-        n_hidden_layers: Number ``n`` of hidden ``h × h`` layers (4, i.e. 6 linear maps in total).
+        hidden_dim: Width ``h`` (1024 in the paper), at most :data:`MAX_HIDDEN_DIM`.
+        n_hidden_layers: Number ``n`` of hidden ``h × h`` layers (4, i.e. 6 linear maps in total), at most
+            :data:`MAX_HIDDEN_LAYERS`; the MLP holds at most :data:`MAX_MLP_PARAMETERS` parameters (checked before
+            anything is allocated, :func:`mlp_parameter_count`).
         negative_slope: LeakyReLU slope (0.2).
         tie_hidden_weights: Reuse one ``h × h`` layer ``n`` times, as the reference code does.
         reduce_width: The reference's ImageNet pyramid instead (``reduce_width: True``): ``Linear(d, h)``,
@@ -77,6 +110,11 @@ class ResidualEnergyMLP(nn.Module):
                 raise ValueError(f"{name} must be a positive integer; got {value!r}")
         if isinstance(n_hidden_layers, bool) or not isinstance(n_hidden_layers, int) or n_hidden_layers < 0:
             raise ValueError(f"n_hidden_layers must be a non-negative integer; got {n_hidden_layers!r}")
+        if hidden_dim > MAX_HIDDEN_DIM or n_hidden_layers > MAX_HIDDEN_LAYERS:
+            raise ValueError(
+                f"hidden_dim must be <= {MAX_HIDDEN_DIM} and n_hidden_layers <= {MAX_HIDDEN_LAYERS}; got "
+                f"hidden_dim={hidden_dim}, n_hidden_layers={n_hidden_layers}"
+            )
         self.temperature = check_positive("temperature", temperature)
         self.tie_hidden_weights = bool(tie_hidden_weights)
         self.reduce_width = bool(reduce_width)
@@ -84,18 +122,17 @@ class ResidualEnergyMLP(nn.Module):
             raise ValueError("reduce_width and tie_hidden_weights cannot be combined (the pyramid has no shared layer)")
         if self.reduce_width and hidden_dim % (2**n_hidden_layers) != 0:
             raise ValueError(f"reduce_width needs hidden_dim divisible by 2**n_hidden_layers; got {hidden_dim}")
+        count = mlp_parameter_count(input_dim, hidden_dim, n_hidden_layers, tie_hidden_weights, reduce_width)
+        if count > MAX_MLP_PARAMETERS:
+            raise ValueError(
+                f"the residual MLP would hold {count:,} parameters (input_dim={input_dim}, hidden_dim={hidden_dim}, "
+                f"n_hidden_layers={n_hidden_layers}), more than {MAX_MLP_PARAMETERS:,}: lower hidden_dim or "
+                "n_hidden_layers"
+            )
         # skip_init: nn.Linear's own init would draw from the global RNG; reset_parameters uses `generator`
         dd = {"device": "cpu" if device is None else device, "dtype": dtype}
         self.input_layer = skip_init(nn.Linear, input_dim, hidden_dim, **dd)
-        if self.reduce_width:
-            shapes = []
-            for i in range(n_hidden_layers):
-                w = hidden_dim // 2**i
-                shapes += [(w, w), (w, w), (w, w // 2)]
-            last = hidden_dim // 2**n_hidden_layers
-        else:
-            n_modules = min(n_hidden_layers, 1) if tie_hidden_weights else n_hidden_layers
-            shapes, last = [(hidden_dim, hidden_dim)] * n_modules, hidden_dim
+        shapes, last = _hidden_shapes(hidden_dim, n_hidden_layers, self.tie_hidden_weights, self.reduce_width)
         self.hidden = nn.ModuleList(skip_init(nn.Linear, a, b, **dd) for a, b in shapes)
         self.n_hidden_layers = n_hidden_layers
         self.output_layer = skip_init(nn.Linear, last, 1, **dd)

@@ -35,10 +35,10 @@ from .base import Detector, NotFittedError, check_class_labels, check_features
 from .ebm import ResidualEnergyMLP, train_residual
 from .head import head_params
 from .heat_priors import ELPrior, GMMPrior, GMMStdPrior  # noqa: F401 - defines (registers) the built-in priors
-from .heat_state import check_heat_config, check_heat_state
+from .heat_state import MAX_SEED, check_heat_config, check_heat_settings, check_heat_state, check_mlp_sizes
 from .presets import PRESETS, SETTING_KEYS, resolve_settings  # noqa: F401 - PRESETS, SETTING_KEYS kept here
 from .prior import Prior
-from .priors import ClassConditionalGaussian, EnergyLogitsPrior, degenerate_variance  # noqa: F401 - importable here
+from .priors import ClassConditionalGaussian, EnergyLogitsPrior, degenerate_variance, unit_rows  # noqa: F401
 from .registry import PRIOR_REGISTRY
 
 __all__ = ["HEAT", "PriorName", "PRESETS", "compose_energies", "standardize"]
@@ -91,7 +91,7 @@ class _Component(nn.Module):
         return bool(self.prior.normalize)
 
     def prep(self, z: Tensor) -> Tensor:
-        return nn.functional.normalize(z, dim=-1, eps=1e-12) if self.normalize else z
+        return unit_rows(z) if self.normalize else z
 
     def prior_energy(self, z: Tensor) -> Tensor:
         return self.prior.energy(z) / self.prior_temperature
@@ -138,12 +138,16 @@ class HEAT(Detector):
         settings: Overrides on the preset: a dict whose keys are setting names (applied to every prior) and/or
             prior names mapping to their own dict. Keys: ``prior_temperature, hidden_dim, n_hidden_layers,
             sgld_steps, step_size, noise_std, end_factor, l2_coef, eps_data, lr, epochs, batch_size, milestones,
-            gamma, reduce_width, accumulation_steps``. ``epochs=0`` keeps the initial residual.
+            gamma, reduce_width, accumulation_steps``. ``epochs=0`` keeps the initial residual. Every value is
+            bounded when HEAT is constructed, before anything is allocated, by the schema a loaded ``config.json``
+            is held to (:data:`~pml_suprank.ood.heat_state.LOADED_SETTINGS`: e.g. ``hidden_dim <= 65536``,
+            ``n_hidden_layers <= 64``, ``batch_size <= 2**24``, SGLD steps and epochs ``<= 100000``, finite numbers,
+            strict booleans) and the residual MLP to ``MAX_MLP_PARAMETERS`` (2**30) parameters.
         weight, bias, head: Classifier head ``(C, D)``, ``(C,)`` (or an ``nn.Linear``) for the EL prior.
         tie_hidden_weights: Share the hidden ``h × h`` layer as the released code (default False, see module doc).
         zero_init_residual: Zero the MLP's last layer at init, so an untrained HEAT equals its priors.
         reg: Relative covariance ridge of the GMM priors.
-        seed: Seed of the generators for initialisation, shuffling and SGLD.
+        seed: Seed of the generators for initialisation, shuffling and SGLD (``|seed| <= 2**53``).
 
     ``fit(features, labels, std_features=None, callback=None)``: ``features`` ``(N, D)`` avg-pooled, ``std_features``
     ``(N, D')`` std-pooled (for ``gmm_std``), ``labels`` ``(N,)`` (for the GMM priors); ``callback(prior, epoch,
@@ -176,13 +180,17 @@ class HEAT(Detector):
         if math.isnan(self.beta):
             raise ValueError("beta must be a real number or ±inf; got nan")
         self.preset = check_choice("preset", preset, get_args(Preset))
+        check_heat_settings(settings or {})  # bounded before anything is copied or allocated
         self.settings_overrides = copy.deepcopy(settings or {})
         self.component_settings = self._resolve_settings(self.settings_overrides)
         self.tie_hidden_weights = check_bool("tie_hidden_weights", tie_hidden_weights)
+        check_mlp_sizes(self.component_settings, self.tie_hidden_weights)
         self.zero_init_residual = check_bool("zero_init_residual", zero_init_residual)
         self.reg = check_positive("reg", reg, strict=False)
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"seed must be an int; got {type(seed).__name__}")
+        if abs(seed) > MAX_SEED:
+            raise ValueError(f"seed must be an int in [-2**53, 2**53]; got {seed}")
         self.seed = seed
         self.weight = self.bias = None
         if any(c.needs_head for c in self.prior_classes.values()) and (weight is not None or head is not None):

@@ -27,19 +27,30 @@ from torch import Tensor
 
 from ..hub.schema import TensorSpec, check_schema, kind_of
 from ..hub.serialization import check_state
-from .ebm import ResidualEnergyMLP
+from .ebm import MAX_HIDDEN_DIM, MAX_HIDDEN_LAYERS, MAX_MLP_PARAMETERS, ResidualEnergyMLP, mlp_parameter_count
 from .priors import degenerate_variance
 
-__all__ = ["LOADED_SETTINGS", "MAX_HIDDEN_DIM", "MAX_HIDDEN_LAYERS", "check_heat_config", "check_heat_state"]
+__all__ = [
+    "LOADED_SETTINGS",
+    "MAX_HIDDEN_DIM",
+    "MAX_HIDDEN_LAYERS",
+    "MAX_SEED",
+    "check_heat_config",
+    "check_heat_settings",
+    "check_heat_state",
+    "check_mlp_sizes",
+]
 
-MAX_HIDDEN_DIM = 65_536
-MAX_HIDDEN_LAYERS = 64
+#: ``|seed|`` bound: HEAT seeds its generators with ``seed·1000 + k``, which must fit a 64-bit int
+MAX_SEED = 2**53
 _MAX_STEPS = 100_000  # SGLD steps, epochs, accumulation steps, milestones
 _MAX_BATCH = 2**24
 
-#: The one schema of a HEAT setting in a loaded ``config.json``, at the top level of ``settings`` (applied to every
-#: prior) and in a prior's own dict: ``(kind, low, high)``; ints bound what sizes work (MLP width and depth, SGLD
-#: steps, epochs, batch), booleans are strictly typed (``"false"`` is refused), numbers are finite.
+#: The one schema of a HEAT setting, ``(kind, low, high)``: checked on the resolved settings of every
+#: ``HEAT(...)`` (:func:`check_heat_settings`) and, before that, on a loaded ``config.json`` at the top level of
+#: ``settings`` (applied to every prior) and in a prior's own dict (:func:`check_heat_config`); ints bound what sizes
+#: work (MLP width and depth, SGLD steps, epochs, batch), booleans are strictly typed (``"false"`` is refused),
+#: numbers are finite.
 LOADED_SETTINGS: dict[str, tuple[str, float, float]] = {
     "hidden_dim": ("int", 1, MAX_HIDDEN_DIM),
     "n_hidden_layers": ("int", 0, MAX_HIDDEN_LAYERS),
@@ -68,19 +79,58 @@ def _setting_ok(kind: str, low: float, high: float, value: Any) -> bool:
     if kind == "int":
         return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
     if kind == "ints":
-        return isinstance(value, list) and len(value) <= 1000 and all(_setting_ok("int", low, high, v) for v in value)
+        listed = isinstance(value, (list, tuple)) and len(value) <= 1000
+        return listed and all(_setting_ok("int", low, high, v) for v in value)
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _check_setting(key: str, value: Any, where: str) -> None:
+_LOADED_HINT = " in a loaded config; got {} (pass trust_config=True for a trusted file)"
+
+
+def _check_setting(key: str, value: Any, where: str, hint: str = _LOADED_HINT) -> None:
     kind, low, high = LOADED_SETTINGS[key]
     if not _setting_ok(kind, low, high, value):
         expected = {"bool": "true or false", "number": "a finite number", "int": f"an int in [{low}, {high}]",
                     "ints": f"a list of at most 1000 ints in [{low}, {high}]"}[kind]  # fmt: skip
-        raise ValueError(
-            f"{where} must be {expected} in a loaded config; got {_shown(value)} (pass trust_config=True for a "
-            "trusted file)"
-        )
+        raise ValueError(f"{where} must be {expected}" + (hint or "; got {}").format(_shown(value)))
+
+
+def _check_overrides(settings: Any, where: str, hint: str) -> None:
+    """Every setting of :data:`LOADED_SETTINGS` in ``settings``, at its top level and in each prior's dict alike."""
+    if not isinstance(settings, dict):
+        raise ValueError(f"{where} must be a dict; got {type(settings).__name__}")
+    for name, values in settings.items():
+        at = f"{where}[{_shown(name, 40)}]"
+        if isinstance(values, dict):  # a prior's own settings
+            for key, value in values.items():
+                if key in LOADED_SETTINGS:
+                    _check_setting(key, value, f"{at}[{key!r}]", hint)
+        elif name in LOADED_SETTINGS:  # a setting for every prior: the same bounds
+            _check_setting(name, values, at, hint)
+        # anything else (unknown keys, a prior given a non-dict): resolve_settings refuses it with its own message
+
+
+def check_heat_settings(settings: Any) -> None:
+    """Bound the ``settings=`` overrides of ``HEAT(...)`` when it is constructed, before anything is allocated: the
+    schema of :data:`LOADED_SETTINGS` (the one a loaded ``config.json`` is held to), at the top level and in each
+    prior's dict. ``ValueError`` naming ``settings[key]`` / ``settings[prior][key]``, the bound and the value."""
+    _check_overrides(settings, "settings", "")
+
+
+def check_mlp_sizes(component_settings: Mapping[str, Mapping[str, Any]], tie_hidden_weights: bool) -> None:
+    """The residual MLP of every prior, without its input layer (its width is known at fit time), holds at most
+    :data:`~pml_suprank.ood.ebm.MAX_MLP_PARAMETERS` parameters (:func:`~pml_suprank.ood.ebm.mlp_parameter_count`)."""
+    for name, values in component_settings.items():
+        h, n, reduce = values["hidden_dim"], values["n_hidden_layers"], values["reduce_width"]
+        if reduce and h % (2**n):
+            continue  # ResidualEnergyMLP refuses it by name when the prior is fitted or loaded
+        count = mlp_parameter_count(1, h, n, tie_hidden_weights and not reduce, reduce)
+        if count > MAX_MLP_PARAMETERS:
+            raise ValueError(
+                f"settings[{name!r}]: hidden_dim={h} with n_hidden_layers={n} makes a residual MLP of {count:,} "
+                f"parameters before its input layer, more than {MAX_MLP_PARAMETERS:,}: lower hidden_dim or "
+                "n_hidden_layers"
+            )
 
 
 def check_heat_config(model_args: Mapping[str, Any], source: Path, skip: Mapping[str, Any]) -> None:
@@ -92,18 +142,7 @@ def check_heat_config(model_args: Mapping[str, Any], source: Path, skip: Mapping
             raise ValueError(f"{source}: model_args.{key} must be true or false; got {_shown(model_args[key])}")
     if "settings" in skip:
         return
-    settings = model_args.get("settings") or {}
-    if not isinstance(settings, dict):
-        raise ValueError(f"{source}: model_args.settings must be a dict; got {type(settings).__name__}")
-    for name, values in settings.items():
-        where = f"{source}: model_args.settings[{_shown(name, 40)}]"
-        if isinstance(values, dict):  # a prior's own settings
-            for key, value in values.items():
-                if key in LOADED_SETTINGS:
-                    _check_setting(key, value, f"{where}[{key!r}]")
-        elif name in LOADED_SETTINGS:  # a setting for every prior: the same bounds
-            _check_setting(name, values, where)
-        # anything else (unknown keys, a prior given a non-dict): resolve_settings refuses it with its own message
+    _check_overrides(model_args.get("settings") or {}, f"{source}: model_args.settings", _LOADED_HINT)
 
 
 def _mlp_spec(heat: Any, name: str, dim: int, symbol: str) -> dict[str, TensorSpec]:

@@ -11,7 +11,8 @@ Semantics follow the HEAT authors' released code, with these documented choices:
   ``reg · mean(diag Σ)`` (relative, default 1e-6) is added before the Cholesky factorisation. The reference adds an
   absolute 1e-12 and factorises in float32, which fails on rank-deficient features (d > N_c, dead ReLU channels).
 * Mahalanobis distances and log-densities are computed in float64 through the whitened space
-  (``y = L⁻¹z``), then returned in the input dtype.
+  (``y = L⁻¹z``), then returned in the input dtype (a distance that overflows it is refused, :func:`finite_scores`);
+  L2 normalisation is exact at any feature scale (:func:`unit_rows`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,10 @@ __all__ = [
     "EnergyLogitsPrior",
     "ClassConditionalGaussian",
     "degenerate_variance",
+    "finite_scores",
     "gaussian_state_spec",
+    "power_of_two_exponent",
+    "unit_rows",
 ]
 
 
@@ -51,6 +55,49 @@ def degenerate_variance(second_moment: Tensor | float, dtype: torch.dtype, facto
     in ``dtype``: ``(factor · eps(dtype))² · second_moment``. A fitted variance at or below it is degenerate."""
     eps = torch.finfo(dtype).eps if dtype.is_floating_point else torch.finfo(torch.float32).eps
     return (factor * eps) ** 2 * second_moment
+
+
+def unit_rows(z: Tensor) -> Tensor:
+    """``(N, D)`` rows scaled to unit L2 norm at any magnitude (zero rows stay zero).
+
+    ``F.normalize(z, eps=1e-12)`` divides by ``max(‖z‖, 1e-12)``: rows of norm below ``1e-12`` (features of scale
+    ``1e-30``) come out at norm ``‖z‖/1e-12`` instead of 1, and in float32 ``‖z‖²`` itself underflows below
+    ``~1e-19``. Each row is first divided by its largest absolute entry ``a`` (held constant for autograd: the unit
+    vector does not depend on the scale, so the gradient is that of ``z/‖z‖``), which brings ``‖z/a‖`` into
+    ``[1, √D]``, then normalised.
+    """
+    peak = z.detach().abs().amax(dim=-1, keepdim=True)
+    return torch.nn.functional.normalize(z / torch.where(peak > 0, peak, torch.ones_like(peak)), dim=-1, eps=1e-12)
+
+
+def power_of_two_exponent(z: Tensor) -> int:
+    """``k`` with ``max|z| · 2**-k`` in ``[1, 2)`` (``0`` for an all-zero or non-finite ``z``), clamped to
+    ``[-1000, 1000]`` so that ``2.0**k`` is a float64. Dividing by ``2**k`` is exact: it moves exponents only."""
+    peak = float(z.abs().amax()) if z.numel() else 0.0
+    if peak == 0.0 or not math.isfinite(peak):
+        return 0
+    return max(-1000, min(1000, math.floor(math.log2(peak))))
+
+
+def finite_scores(scores: Tensor, dtype: torch.dtype, name: str) -> Tensor:
+    """``scores`` (computed in float64) in ``dtype``, or a ``ValueError`` when some do not fit it.
+
+    A squared Mahalanobis distance above ``finfo(dtype).max`` (float32: ``3.4e38``) would come back as ``+inf`` and
+    lose its rank: the input lies ~``√score`` fitted standard deviations from every class mean, i.e. at a scale far
+    from the training features' (features of scale ``1e-30`` fitted, features of scale 1 scored). Float64 features
+    get their finite float64 scores.
+    """
+    out = scores.to(dtype)
+    bad = ~torch.isfinite(out)
+    if bool(bad.any()):
+        peak = float(scores.abs().max())
+        raise ValueError(
+            f"{name} scores of {int(bad.sum())} of {out.shape[0]} inputs do not fit {str(dtype).removeprefix('torch.')}"
+            f" (largest {peak:.3g}): those inputs lie ~{math.sqrt(peak) if math.isfinite(peak) else peak:.3g} "
+            "fitted standard deviations from the training distribution, at a scale far from the features it was "
+            "fitted on (same model and preprocessing?); pass float64 features for float64 scores"
+        )
+    return out
 
 
 def energy_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
@@ -138,7 +185,7 @@ class ClassConditionalGaussian:
 
     def _prep(self, z: Tensor) -> Tensor:
         z = z.to(torch.float64)
-        return torch.nn.functional.normalize(z, dim=-1, eps=1e-12) if self.normalize else z
+        return unit_rows(z) if self.normalize else z
 
     @torch.no_grad()
     def fit(self, features: Tensor, labels: Tensor) -> ClassConditionalGaussian:
@@ -146,6 +193,10 @@ class ClassConditionalGaussian:
         features = check_features("features", features)
         labels = check_class_labels(labels, features.shape[0])
         z = self._prep(features.detach())
+        # fit on z / 2**k (max entry in [1, 2)) and scale back exactly: the covariance of features of scale 1e-160
+        # (float64) would otherwise fall into the subnormal range (1e-320) and lose its digits
+        k = power_of_two_exponent(z)
+        z = z * 2.0**-k
         classes, inverse, counts = torch.unique(labels, return_inverse=True, return_counts=True)
         sums = torch.zeros(classes.numel(), z.shape[1], dtype=z.dtype, device=z.device).index_add(0, inverse, z)
         means = sums / counts.unsqueeze(1).to(z.dtype)
@@ -165,7 +216,7 @@ class ClassConditionalGaussian:
         chol, info = torch.linalg.cholesky_ex(cov)
         if int(info) != 0:
             raise ValueError(f"the shared covariance is not positive definite even with reg={self.reg}; increase reg")
-        self.means, self.cholesky, self.classes = means, chol, classes
+        self.means, self.cholesky, self.classes = means * 2.0**k, chol * 2.0**k, classes  # Σ = 4**k Σ', L = 2**k L'
         self.class_weights = counts.to(z.dtype) / z.shape[0]
         self._cache = None
         return self
@@ -209,8 +260,9 @@ class ClassConditionalGaussian:
     energy = neg_log_likelihood
 
     def min_mahalanobis(self, z: Tensor) -> Tensor:
-        """``(N, D) -> (N,)`` ``min_c`` squared Mahalanobis distance (SSD+ / Mahalanobis score)."""
-        return self.mahalanobis(z).min(dim=-1).values.to(z.dtype)
+        """``(N, D) -> (N,)`` ``min_c`` squared Mahalanobis distance (SSD+ / Mahalanobis score), in ``z``'s dtype;
+        a ``ValueError`` when a distance overflows it (:func:`finite_scores`)."""
+        return finite_scores(self.mahalanobis(z).min(dim=-1).values, z.dtype, "Mahalanobis")
 
     def sample(
         self, n: int, generator: torch.Generator, device=None, dtype=torch.float32, noise_scale: Tensor | float = 1.0

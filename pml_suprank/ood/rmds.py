@@ -15,7 +15,7 @@ from torch import Tensor
 from .._validation import check_positive
 from ..hub.schema import TensorSpec
 from .base import Detector, check_features
-from .priors import ClassConditionalGaussian, gaussian_state_spec
+from .priors import ClassConditionalGaussian, finite_scores, gaussian_state_spec, power_of_two_exponent
 
 __all__ = ["RMDS"]
 
@@ -52,7 +52,8 @@ class RMDS(Detector):
     def _fit(self, features=None, logits=None, labels=None, **kwargs) -> None:
         z = check_features("features", features).detach()
         self.gaussian.fit(z, labels)
-        z64 = z.to(torch.float64)
+        k = power_of_two_exponent(z)  # fitted at scale ~1, scaled back exactly (as the class-conditional fit)
+        z64 = z.to(torch.float64) * 2.0**-k
         mean = z64.mean(dim=0)
         centred = z64 - mean
         cov = centred.T @ centred / z.shape[0]
@@ -63,7 +64,7 @@ class RMDS(Detector):
         chol, info = torch.linalg.cholesky_ex(cov + (self.reg * scale + torch.finfo(torch.float64).tiny) * eye)
         if int(info) != 0:
             raise ValueError(f"the background covariance is not positive definite with reg={self.reg}; increase reg")
-        self.background_mean, self.background_cholesky = mean, chol
+        self.background_mean, self.background_cholesky = mean * 2.0**k, chol * 2.0**k
 
     def background_distance(self, z: Tensor) -> Tensor:
         """``(N, D) -> (N,)`` squared Mahalanobis distance ``MD_0`` to the background Gaussian (float64)."""
@@ -75,7 +76,7 @@ class RMDS(Detector):
     def _score(self, features=None, logits=None, **kwargs) -> Tensor:
         z = check_features("features", features, dim=self.gaussian.dim)
         relative = self.gaussian.mahalanobis(z) - self.background_distance(z).unsqueeze(-1)
-        return relative.min(dim=-1).values.to(z.dtype)
+        return finite_scores(relative.min(dim=-1).values, z.dtype, "RMDS")
 
     def state_dict(self) -> dict[str, Tensor]:
         state = self.gaussian.state_dict()

@@ -330,7 +330,10 @@ def evaluate_test_set(spec: EvaluateSpec, section: dict, model: torch.nn.Module,
     from pml_suprank.training.data_source import dataset_source
 
     source = dataset_source(section, "test")
-    dataset = source.load(_test_transform(model), seed=spec.seed)
+    try:  # a missing split, unusable images: the message, not a traceback
+        dataset = source.load(_test_transform(model), seed=spec.seed)
+    except ValueError as e:
+        raise SystemExit(f"{spec.model} on {source.name} (--split {source.split}): {e}") from None
     loader = accelerator.prepare(make_loader(dataset, spec.eval_batch_size))
     emb, labels, idx = embed_loader(model, loader, accelerator, progress=True)
     metrics = _floats(RetrievalEvaluator(k_values=tuple(spec.k_values), alpha=spec.alpha).evaluate(emb, labels))

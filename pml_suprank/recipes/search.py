@@ -107,10 +107,14 @@ class ImageFolderQueries(torch.utils.data.Dataset):
     """Every image file under ``root`` (sorted paths), transformed, with placeholder labels (``-1``)."""
 
     def __init__(self, root: Path, transform: Any) -> None:
+        from pml_suprank.data.image_check import bad_image_files
+
         self.root = root
         self.paths = sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
         if not self.paths:
             raise SystemExit(f"--queries {root}: no image files ({', '.join(IMAGE_SUFFIXES)}) found")
+        if (bad := bad_image_files(self.paths, what=f"--queries {root}")) is not None:  # before a query is embedded
+            raise SystemExit(bad)
         self.transform = transform
 
     def __len__(self) -> int:

@@ -35,7 +35,8 @@ def import_faiss() -> Any:
         import faiss
     except ImportError as e:
         raise ImportError(
-            "the faiss backends of RetrievalIndex need faiss: pip install pml-suprank[faiss] (faiss-cpu or faiss-gpu)"
+            "the faiss backends of RetrievalIndex need faiss: pip install 'pml-suprank[faiss]' (faiss-cpu), or "
+            "'pml-suprank[faiss-gpu]' (faiss-gpu-cu12, CUDA 12 on Linux x86_64)"
         ) from e
     return faiss
 

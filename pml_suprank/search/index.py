@@ -22,8 +22,10 @@ import torch
 from torch import Tensor
 
 from .._validation import check_choice, check_device, check_embeddings, check_labels, check_positive_int
-from .faiss_backends import FaissSearcher, default_options
-from .options import BACKENDS, OPTION_BACKENDS, check_ids
+from ..metrics._scaling import times_power_of_two
+from .faiss_backends import FaissSearcher
+from .options import BACKENDS, INT32_MAX, check_ids, check_option, resolve_options
+from .scale import check_scores_fit, max_abs, underflow_exponent
 from .storage import read_index_files, write_index_files
 from .topk import DEFAULT_BLOCK_ELEMENTS, exact_topk
 
@@ -44,7 +46,10 @@ class RetrievalIndex:
         nlist, nprobe, train_size: ``"faiss-ivf"`` only — k-means cells, cells scanned per query, leading rows the
             quantizer is trained on (defaults: :func:`~pml_suprank.search.faiss_backends.default_options`).
         hnsw_m, ef_construction, ef_search: ``"faiss-hnsw"`` only — links per node and candidate-list sizes.
-        block_elements: torch backend: score entries computed at once (memory, not results).
+        block_elements: torch backend: score entries computed at once (memory, not results), at most ``2**31 - 1``.
+
+    Every option is checked before anything is allocated (:func:`~pml_suprank.search.options.resolve_options`):
+    ints in ``[1, OPTION_MAXIMA[name]]``, ``nlist <=`` the training rows, ``nprobe <= nlist``.
 
     Example:
         >>> index = RetrievalIndex(gallery, labels=gallery_labels)
@@ -73,6 +78,8 @@ class RetrievalIndex:
         parsed = check_device("device", device)
         self.device = parsed if parsed is not None else embeddings.device
         self.block_elements = check_positive_int("block_elements", block_elements)
+        if self.block_elements > INT32_MAX:
+            raise ValueError(f"block_elements must be <= {INT32_MAX}; got {self.block_elements}")
         given = {
             "nlist": nlist,
             "nprobe": nprobe,
@@ -81,19 +88,12 @@ class RetrievalIndex:
             "ef_construction": ef_construction,
             "ef_search": ef_search,
         }
-        self.options = default_options(self.backend, embeddings.shape[0])
-        for name, value in given.items():
-            if value is None:
-                continue
-            if OPTION_BACKENDS[name] != self.backend:
-                raise ValueError(f"{name} applies to backend={OPTION_BACKENDS[name]!r}; got backend={self.backend!r}")
-            self.options[name] = check_positive_int(name, value)
-        if self.backend == "faiss-ivf" and self.options["nprobe"] > self.options["nlist"]:
-            raise ValueError(f"nprobe must be <= nlist={self.options['nlist']}; got {self.options['nprobe']}")
+        self.options = resolve_options(self.backend, given, int(embeddings.shape[0]))
         keep64 = embeddings.dtype == torch.float64 and self.backend == "torch"
         self.dtype = torch.float64 if keep64 else torch.float32
         self.dim = int(embeddings.shape[1])
         self._embeddings = embeddings.detach().to(self.device, self.dtype)
+        self._max_abs = max_abs(self._embeddings)
         self.labels: Tensor | None = None
         self.labels = None if labels is None else self._checked_labels(labels, embeddings.shape[0]).cpu()
         self.ids = None if ids is None else check_ids("ids", ids, embeddings.shape[0])
@@ -147,6 +147,7 @@ class RetrievalIndex:
         new = embeddings.detach().to(self.device, self.dtype)
         if self._faiss is not None:
             self._faiss.add(new)
+        self._max_abs = max(self._max_abs, max_abs(new))
         self._embeddings = torch.cat([self._embeddings, new])
         if new_labels is not None:
             self.labels = torch.cat([self.labels, new_labels])
@@ -160,9 +161,7 @@ class RetrievalIndex:
         for name, value in (("nprobe", nprobe), ("ef_search", ef_search)):
             if value is None:
                 continue
-            if OPTION_BACKENDS[name] != self.backend:
-                raise ValueError(f"{name} applies to backend={OPTION_BACKENDS[name]!r}; got backend={self.backend!r}")
-            value = check_positive_int(name, value)
+            value = check_option(name, value, self.backend)
             if name == "nprobe" and value > self.options["nlist"]:
                 raise ValueError(f"nprobe must be <= nlist={self.options['nlist']}; got {value}")
             self.options[name] = value
@@ -185,7 +184,9 @@ class RetrievalIndex:
 
         Raises:
             TypeError / ValueError: ``queries`` is not a 2-D finite float tensor of width ``D``; ``k`` is not an int
-                in ``[1, len(index)]``.
+                in ``[1, len(index)]``; the scores could overflow the index dtype (largest query norm × largest
+                gallery norm above half its largest finite value, :mod:`pml_suprank.search.scale`). Tiny embeddings
+                whose scores would underflow are ranked exactly (the queries are scaled by a power of two).
         """
         queries = check_embeddings("queries", queries)
         if queries.shape[1] != self.dim:
@@ -195,11 +196,16 @@ class RetrievalIndex:
         k = check_positive_int("k", k)
         if k > len(self):
             raise ValueError(f"k must be <= the number of gallery items ({len(self)}); got k={k}")
+        query_abs = max_abs(queries)
+        check_scores_fit("queries", queries, query_abs, self._embeddings, self._max_abs, self.dtype)
+        shift = underflow_exponent(query_abs, self._max_abs, self.dtype)  # 0 unless scores would underflow
+        q = times_power_of_two(queries.detach().to(self.device, self.dtype), shift)
         if self._faiss is not None:
-            scores, indices = self._faiss.search(queries, k)
-            return scores.to(self.device), indices.to(self.device)
-        q = queries.detach().to(self.device, self.dtype)
-        return exact_topk(q, self._embeddings, k, block_elements=self.block_elements, progress=progress)
+            scores, indices = self._faiss.search(q, k)
+            scores, indices = scores.to(self.device), indices.to(self.device)
+        else:
+            scores, indices = exact_topk(q, self._embeddings, k, block_elements=self.block_elements, progress=progress)
+        return times_power_of_two(scores, -shift), indices
 
     # ------------------------------------------------------------------ persistence
     def save(self, folder: str | Path) -> Path:

@@ -1,12 +1,15 @@
-"""Names shared by the index and its file format: the backends, which backend each option belongs to, the id check."""
+"""Names shared by the index and its file format: the backends, which backend each option belongs to, the bounds of
+every option, the one option validator (used by the constructor, :meth:`RetrievalIndex.set_search_options` and the
+loader of ``index.json``) and the id check."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from .faiss_backends import FAISS_BACKENDS
+from .._validation import check_positive_int
+from .faiss_backends import FAISS_BACKENDS, default_options
 
-__all__ = ["BACKENDS", "OPTION_BACKENDS", "check_ids"]
+__all__ = ["BACKENDS", "INT32_MAX", "OPTION_BACKENDS", "OPTION_MAXIMA", "check_ids", "check_option", "resolve_options"]
 
 BACKENDS = ("torch", *FAISS_BACKENDS)
 #: constructor option -> the backend it configures
@@ -18,6 +21,62 @@ OPTION_BACKENDS = {
     "ef_construction": "faiss-hnsw",
     "ef_search": "faiss-hnsw",
 }
+#: the largest value faiss stores in its C ``int`` fields
+INT32_MAX = 2**31 - 1
+#: the largest value each option accepts. ``nlist`` is further bounded by the rows it is trained on and ``nprobe`` by
+#: ``nlist``; ``hnsw_m`` (links per node: ``2·M`` int32 per item at level 0) and the HNSW candidate lists
+#: ``ef_construction`` / ``ef_search`` (one heap of that size per search) are bounded well above any useful setting
+#: (faiss suggests M in 4 ... 64, ef in the hundreds) and well below an allocation that could not succeed.
+OPTION_MAXIMA = {
+    "nlist": INT32_MAX,
+    "nprobe": INT32_MAX,
+    "train_size": INT32_MAX,
+    "hnsw_m": 512,
+    "ef_construction": 65536,
+    "ef_search": 65536,
+}
+
+
+def check_option(name: str, value: Any, backend: str) -> int:
+    """Check one backend option: it belongs to ``backend`` and is an int in ``[1, OPTION_MAXIMA[name]]``.
+
+    Raises:
+        ValueError: ``name`` is not an option of ``backend``, or ``value`` is out of range.
+        TypeError: ``value`` is not an int (bools refused).
+    """
+    if name not in OPTION_BACKENDS:
+        raise ValueError(f"unknown option {name!r}; options are {sorted(OPTION_BACKENDS)}")
+    if OPTION_BACKENDS[name] != backend:
+        raise ValueError(f"{name} applies to backend={OPTION_BACKENDS[name]!r}; got backend={backend!r}")
+    value = check_positive_int(name, value)
+    if value > OPTION_MAXIMA[name]:
+        raise ValueError(f"{name} must be <= {OPTION_MAXIMA[name]}; got {value}")
+    return value
+
+
+def resolve_options(backend: str, given: dict[str, Any], num_items: int) -> dict[str, int]:
+    """The options of an index of ``num_items`` rows: the defaults of ``backend``
+    (:func:`~pml_suprank.search.faiss_backends.default_options`) overridden by the non-``None`` entries of ``given``,
+    each checked by :func:`check_option`, then ``nlist <= min(train_size, num_items)`` (k-means needs a row per cell)
+    and ``nprobe <= nlist``. Nothing is allocated before this passes.
+
+    Raises:
+        ValueError / TypeError: naming the option, its bound and the value received.
+    """
+    options = default_options(backend, num_items)
+    for name, value in given.items():
+        if value is not None:
+            options[name] = check_option(name, value, backend)
+    if backend == "faiss-ivf":
+        rows = min(options["train_size"], num_items)
+        if options["nlist"] > rows:
+            raise ValueError(
+                f"backend='faiss-ivf' needs at least nlist={options['nlist']} embeddings to train its "
+                f"{options['nlist']} cells; got {rows} (lower nlist to at most {rows})"
+            )
+        if options["nprobe"] > options["nlist"]:
+            raise ValueError(f"nprobe must be <= nlist={options['nlist']}; got {options['nprobe']}")
+    return options
 
 
 def check_ids(name: str, ids: Any, n: int) -> list[str | int]:

@@ -13,7 +13,10 @@ embeddings with the stored options (IVF: trained on the same leading ``train_siz
 the same parameters, though a multi-threaded faiss build may link the graph differently). Nothing is unpickled and no
 faiss binary is parsed. Every field is checked on load — unknown or missing keys, types, a checksum mismatch (a
 tampered or swapped tensor file), tensor names, shapes, dtypes, non-finite values, options — and a ``ValueError``
-names the file and the field.
+names the file and the field. Options are checked by the constructor's own validator
+(:func:`~pml_suprank.search.options.resolve_options`: bounded ints, ``nlist <=`` the training rows), so a tampered
+``index.json`` cannot ask faiss for an impossible allocation; a file of the folder that is a symbolic link to a path
+outside it is refused.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from torch import Tensor
 
 from .._safe_json import load_json
 from ..version import __version__
-from .options import BACKENDS, OPTION_BACKENDS, check_ids
+from .options import BACKENDS, check_ids, resolve_options
 
 __all__ = ["INDEX_FORMAT", "JSON_NAME", "TENSORS_NAME", "read_index_files", "sha256_file", "write_index_files"]
 
@@ -60,6 +63,17 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _inside(folder: Path, path: Path) -> Path:
+    """``path`` (a file of ``folder``) if it resolves inside ``folder``; a link pointing elsewhere is refused, so
+    ``load`` never reads, and ``save`` never overwrites, a file outside the index folder."""
+    if path.is_symlink() and not path.resolve().is_relative_to(folder.resolve()):
+        raise ValueError(
+            f"{path} is a symbolic link to {path.resolve()}, outside the index folder {folder}: refused (copy the "
+            f"file into the folder instead)"
+        )
+    return path
+
+
 def write_index_files(folder: str | Path, embeddings: Tensor, labels: Tensor | None, meta: dict[str, Any]) -> Path:
     """Write ``index.safetensors`` (``embeddings``, ``labels``) and ``index.json`` (``meta`` — ``backend``,
     ``options``, ``ids`` — completed with the format, shapes and checksum) to ``folder`` (created if needed)."""
@@ -67,6 +81,8 @@ def write_index_files(folder: str | Path, embeddings: Tensor, labels: Tensor | N
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    for name in (TENSORS_NAME, JSON_NAME):
+        _inside(folder, folder / name)
     tensors = {"embeddings": embeddings.detach().cpu().contiguous()}
     if labels is not None:
         tensors["labels"] = labels.cpu().contiguous()
@@ -114,14 +130,17 @@ def _read_meta(path: Path) -> dict[str, Any]:
     if meta["dtype"] not in _DTYPES:
         raise ValueError(f"{path}: 'dtype' must be one of {sorted(_DTYPES)}; got {meta['dtype']!r}")
     shape = meta["label_shape"]
-    if shape is not None and not (shape == [] or (len(shape) == 1 and _is_int(shape[0]) and shape[0] >= 1)):
+    if shape is not None and not (
+        isinstance(shape, list) and (shape == [] or (len(shape) == 1 and _is_int(shape[0]) and shape[0] >= 1))
+    ):
         raise ValueError(f"{path}: 'label_shape' must be null, [] or [L] with L >= 1; got {shape!r}")
     options = meta["options"]
     if not isinstance(options, dict):
         raise ValueError(f"{path}: 'options' must be an object; got {type(options).__name__}")
-    for name, value in options.items():
-        if OPTION_BACKENDS.get(name) != meta["backend"] or not _is_int(value) or value < 1:
-            raise ValueError(f"{path}: option {name}={value!r} is not a positive int option of {meta['backend']!r}")
+    try:  # the constructor's own validator: types, bounds, nlist <= training rows, nprobe <= nlist
+        resolve_options(meta["backend"], options, meta["num_items"])
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: 'options': {e}") from e
     if not isinstance(meta["sha256"], str) or len(meta["sha256"]) != 64:
         raise ValueError(f"{path}: 'sha256' must be a 64-character hex digest; got {meta['sha256']!r}")
     if meta["ids"] is not None:
@@ -152,6 +171,7 @@ def read_index_files(folder: str | Path) -> tuple[Tensor, Tensor | None, dict[st
     for path in (json_path, tensor_path):
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing (a RetrievalIndex folder holds {JSON_NAME} and {TENSORS_NAME})")
+        _inside(folder, path)
     meta = _read_meta(json_path)
     if sha256_file(tensor_path) != meta["sha256"]:
         raise ValueError(

@@ -132,6 +132,7 @@ def data_option_errors(data: Mapping[str, Any], *, require_root: bool = False) -
     errors = []
     dataset = data.get("dataset")
     spec = _benchmark(dataset)
+    levels = list(data.get("label_columns", []))
     if spec is not None:
         errors += _benchmark_errors(spec, data, require_root)
     elif dataset is not None and dataset not in SYNTHETIC_NAMES and "label_columns" not in data:
@@ -140,6 +141,7 @@ def data_option_errors(data: Mapping[str, Any], *, require_root: bool = False) -
         except (ValueError, OSError) as e:
             errors.append(str(e))
         else:
+            levels = list(layout.label_columns) if layout is not None else levels
             if layout is None:
                 errors.append(
                     "'data.label_columns' is required unless data.dataset is 'synthetic', a benchmark name or a "
@@ -158,7 +160,7 @@ def data_option_errors(data: Mapping[str, Any], *, require_root: bool = False) -
         errors.append("the synthetic dataset has its own open-set split; drop the open-set rule")
     if rules and spec is not None:
         errors.append(f"benchmark {dataset} has its own train / test splits; drop 'data.{rules[0]}'")
-    if "train_classes_per_coarse" in data and len(data.get("label_columns", [])) < 2:
+    if "train_classes_per_coarse" in data and len(levels) < 2:  # given, or the levels of a local image folder
         errors.append("'data.train_classes_per_coarse' needs at least two label_columns (fine and coarse)")
     return errors
 

@@ -111,7 +111,10 @@ def build_model(spec: RunSpec) -> Any:
 
     from ..models import RetrievalModel
 
-    return RetrievalModel(**asdict(spec.model), image_size=spec.data.image_size)
+    try:  # e.g. --pretrained true while offline: the message names the ways out
+        return RetrievalModel(**asdict(spec.model), image_size=spec.data.image_size)
+    except ValueError as e:
+        refuse(f"--backbone {spec.model.backbone}: {e}")
 
 
 def build_datasets(spec: RunSpec, model: Any) -> tuple[Any, Any]:
@@ -125,8 +128,11 @@ def build_datasets(spec: RunSpec, model: Any) -> tuple[Any, Any]:
                                      auto_augment=spec.data.auto_augment, re_prob=spec.data.re_prob)  # fmt: skip
     test_tf = data.build_transforms(model.data_config, train=False)
     section = spec.data_section()
-    train = dataset_source(section, "train").load(train_tf, seed=spec.train.seed)
-    test = dataset_source(section, "test").load(test_tf, seed=spec.train.seed)
+    try:  # a data problem (unusable images, a missing split) ends the job with its message, not a traceback
+        train = dataset_source(section, "train").load(train_tf, seed=spec.train.seed)
+        test = dataset_source(section, "test").load(test_tf, seed=spec.train.seed)
+    except ValueError as e:
+        refuse(f"--dataset {spec.data.dataset}: {e}")
     if spec.data.dataset in BENCHMARKS and spec.data.open_set:
         data.check_disjoint_classes(train, test, name=f"benchmark {spec.data.dataset}")
     return train, test

@@ -158,7 +158,7 @@ class RunSpec:
             for key in self.hub_config.get("loss") or {}:
                 if key != "name" and key not in accepted:
                     errors.append(f"'loss.{key}' does not apply to loss {self.loss.loss} (valid: {list(accepted)})")
-        errors += _backbone_errors(self.model.backbone)
+        errors += _backbone_errors(self.model.backbone) + _hub_config_model_problems(self.hub_config)
         data = data_option_errors(self.data_section(), require_root=require_data_root)
         data += multilabel_option_errors(self.data.dataset, self.loss.loss, self.train.memory_size, self.train.sampler)
         if data:
@@ -191,6 +191,12 @@ def _field_errors(spec: RunSpec) -> list[str]:
             ):
                 errors.append(f"--{f.name} must be {check.expected}; got {value!r}")
     return errors
+
+
+def _hub_config_model_problems(config: Mapping[str, Any]) -> list[str]:
+    from ..hub.loaded_config import hub_config_model_problems
+
+    return hub_config_model_problems(config)
 
 
 def _backbone_errors(backbone: str) -> list[str]:

@@ -204,7 +204,8 @@ def test_imagefolder_symlink_leaving_the_folder_is_refused(tmp_path):
     Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(secret)
     (folder / "train" / "1.png").unlink()
     (folder / "train" / "1.png").symlink_to(secret)
-    with pytest.raises(ValueError, match=r"row \d of the image column 'image': path .*1\.png' leads outside"):
+    # refused where the path is read: the metadata row naming it
+    with pytest.raises(ValueError, match=r"metadata\.csv, row 2 \(column 'file_name'\): path .*1\.png' leads outside"):
         load_retrieval_dataset(str(folder), "label", "train", cache_dir=str(tmp_path / "cache"))
 
 

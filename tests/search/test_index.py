@@ -202,3 +202,79 @@ def test_more_queries_than_one_block():
     scores, indices = exact_topk(queries, gallery, 6, block_elements=100)
     ref_scores, ref_indices = brute_force(queries, gallery, 6)
     assert torch.equal(indices, ref_indices) and torch.equal(scores.double(), ref_scores)
+
+
+@pytest.mark.parametrize(
+    ("backend", "kwargs", "message"),
+    [
+        ("faiss-ivf", {"nlist": 10**12}, "nlist must be <= 2147483647; got 1000000000000"),
+        ("faiss-ivf", {"nlist": 10**6}, r"needs at least nlist=1000000 embeddings .* got 20 \(lower nlist"),
+        ("faiss-ivf", {"nlist": 4, "train_size": 3}, r"needs at least nlist=4 embeddings .* got 3"),
+        ("faiss-ivf", {"nprobe": 2**31}, "nprobe must be <= 2147483647"),
+        ("faiss-hnsw", {"hnsw_m": 10**7}, "hnsw_m must be <= 512; got 10000000"),
+        ("faiss-hnsw", {"hnsw_m": 2**40}, "hnsw_m must be <= 512"),
+        ("faiss-hnsw", {"ef_search": 2**31}, "ef_search must be <= 65536; got 2147483648"),
+        ("faiss-hnsw", {"ef_construction": 10**9}, "ef_construction must be <= 65536"),
+        ("torch", {"block_elements": 2**40}, "block_elements must be <= 2147483647"),
+    ],
+)
+def test_options_are_bounded_before_anything_is_allocated(backend, kwargs, message):
+    # no faiss needed: the options are refused before faiss is imported or any structure is built
+    with pytest.raises(ValueError, match=message):
+        RetrievalIndex(normal_data(20, 4, 30), backend=backend, **kwargs)
+
+
+def test_search_options_are_bounded():
+    pytest.importorskip("faiss")
+    index = RetrievalIndex(normal_data(40, 4, 31), backend="faiss-hnsw", hnsw_m=4)
+    with pytest.raises(ValueError, match="ef_search must be <= 65536; got 2147483648"):
+        index.set_search_options(ef_search=2**31)
+    assert index.options["ef_search"] == 64  # unchanged by the refused call
+    index.set_search_options(ef_search=65536)
+    assert index.search(normal_data(3, 4, 32), 5)[1].shape == (3, 5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_scores_that_would_overflow_are_refused(dtype):
+    top = torch.finfo(dtype).max
+    gallery = torch.cat([torch.eye(6, dtype=dtype), torch.ones(1, 6, dtype=dtype)])  # last row: score = sum(q)
+    queries = torch.tensor([[0.75 * top, 0.75 * top, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0]], dtype=dtype)
+    with pytest.raises(ValueError, match=r"queries and the gallery are too large for float(32|64) scores"):
+        RetrievalIndex(gallery).search(queries, 3)  # the true best score 1.5·max would come back as inf
+    with pytest.raises(ValueError, match="overflow to inf"):  # a large gallery row, unit queries
+        RetrievalIndex(queries.clone()).search(gallery, 2)
+    # large but fitting: finite scores, the exact ranking
+    fit = torch.tensor([[top / 16, top / 32, 0, 0, 0, 0]], dtype=dtype)
+    scores, indices = RetrievalIndex(gallery).search(fit, 3)
+    assert bool(torch.isfinite(scores).all()) and indices.tolist() == [[6, 0, 1]]
+    assert scores[0].tolist() == [(fit[0, 0] + fit[0, 1]).item(), fit[0, 0].item(), fit[0, 1].item()]
+
+
+def test_overflow_check_sees_rows_added_later():
+    index = RetrievalIndex(torch.eye(4))
+    index.search(torch.full((1, 4), 1e30), 2)  # 2e30 * 1: fits
+    index.add(torch.full((1, 4), 1e30))
+    with pytest.raises(ValueError, match="overflow to inf"):
+        index.search(torch.full((1, 4), 1e30), 2)
+
+
+@pytest.mark.parametrize("scale", [1e-25, 1e-40, 1e-44])
+@pytest.mark.parametrize("backend", ["torch", "faiss"])
+def test_tiny_embeddings_are_ranked_exactly(backend, scale):
+    # scores of 1e-25 x 1e-25 entries underflow to 0 in float32: every item tied, ranked by index
+    if backend == "faiss":
+        pytest.importorskip("faiss")
+    gallery, queries = normal_data(300, 16, 40) * scale, normal_data(6, 16, 41) * scale
+    scores, indices = RetrievalIndex(gallery, backend=backend).search(queries, 8)
+    ref_scores, ref_indices = brute_force(queries, gallery, 8)  # float64: exact products of the values as given
+    torch.testing.assert_close(scores, ref_scores.float(), rtol=0, atol=0)  # the true scores, rounded (0 here)
+    exact = gallery.double() @ queries.double().T  # the true score of every returned item: the exact top 8
+    assert torch.equal(exact.T.gather(1, indices), ref_scores)
+    if backend == "torch":  # and ties by lower index (faiss breaks ties its own way)
+        assert torch.equal(indices, ref_indices)
+    # one side tiny: the items found for the same queries scaled up exactly (a power of two), on the same gallery
+    index, up = RetrievalIndex(gallery / scale, backend=backend), (queries.double() * 2.0**140).float()
+    found, found_up = index.search(queries, 8)[1], index.search(up, 8)[1]
+    true = ((gallery / scale).double() @ up.double().T).T
+    assert torch.equal(true.gather(1, found), true.gather(1, found_up))
+    assert backend != "torch" or torch.equal(found, found_up)

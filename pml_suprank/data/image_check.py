@@ -1,0 +1,177 @@
+"""Every image of a user's data checked before the first training step (or the first query of a search).
+
+A file that is not an image (a text file named ``fake.jpg``), a corrupt or truncated one, or one whose header
+announces more pixels than PIL's decompression-bomb limit (``PIL.Image.MAX_IMAGE_PIXELS``, e.g. a 30000 x 30000 PNG)
+would otherwise be found only when a batch or the evaluation reaches it, after the training time is spent.
+:func:`check_image_files` reads each file once up front and raises one error listing the bad files:
+
+* the header (PIL identifies the format and the size) and the size against ``PIL.Image.MAX_IMAGE_PIXELS``;
+* ``Image.verify()`` (PNG: every chunk's CRC and the end of the file; a cost of the order of reading the header);
+* a full decode of every image when the headers add up to at most :data:`FULL_DECODE_PIXELS` pixels (cheap
+  enough: a few seconds); above it a decode would cost about as much as an epoch of data loading, so a JPEG whose
+  compressed data is truncated or corrupt is found only when a batch decodes it (``ValueError`` naming the file).
+
+:func:`check_dataset_images` applies it to the image column of a ``datasets.Dataset`` (images stored by path or as
+bytes).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "FULL_DECODE_PIXELS",
+    "MAX_LISTED",
+    "bad_image_files",
+    "bad_images_message",
+    "check_dataset_images",
+    "check_image_files",
+]
+
+#: every image is decoded fully when the image headers add up to at most this many pixels (e.g. 4,000 images of
+#: 160 x 160); above it, the header and ``verify()`` are read
+FULL_DECODE_PIXELS = 100_000_000
+#: the bad files named in the error (then a count of the others)
+MAX_LISTED = 20
+
+Source = tuple[str, Any]  # (name for the message, a path or the encoded bytes)
+
+
+def _stream(data: Any) -> Any:
+    return io.BytesIO(data) if isinstance(data, (bytes, bytearray, memoryview)) else os.fspath(data)
+
+
+def _header(data: Any) -> tuple[int, str | None]:
+    """``(pixels, problem)`` of one image: the header read, the size checked and ``verify()`` (``problem`` is ``None``
+    for a usable image)."""
+    from PIL import Image, UnidentifiedImageError
+
+    limit = Image.MAX_IMAGE_PIXELS
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the size is judged below
+            with Image.open(_stream(data)) as image:
+                width, height = image.size
+                if limit is not None and width * height > limit:
+                    pixels = f"{width} x {height} = {width * height} pixels"
+                    return 0, f"{pixels}, over the decompression-bomb limit of {limit} pixels"
+                image.verify()
+    except Image.DecompressionBombError as err:
+        return 0, f"over the decompression-bomb limit of {limit} pixels (PIL: {err})"
+    except UnidentifiedImageError:
+        return 0, "not an image (PIL cannot identify its format)"
+    except FileNotFoundError:
+        return 0, "the file does not exist"
+    except Exception as err:  # noqa: BLE001 - whatever PIL raises on a file, the file is the problem
+        return 0, f"cannot be read ({type(err).__name__}: {err})"
+    return width * height, None
+
+
+def _decode(data: Any) -> str | None:
+    """The problem of a full decode of one image, or ``None``."""
+    from PIL import Image
+
+    try:
+        with Image.open(_stream(data)) as image:
+            image.load()
+    except Exception as err:  # noqa: BLE001 - as in _header
+        return f"cannot be decoded ({type(err).__name__}: {err})"
+    return None
+
+
+def _problems(sources: Callable[[], Iterable[Source]], decode: bool | None) -> tuple[list[tuple[str, str]], int]:
+    """``([(name, problem), ...], number of images)``; ``sources()`` is iterated once, or twice for a full decode."""
+    bad: list[tuple[str, str]] = []
+    total_pixels = count = 0
+    for name, data in sources():
+        pixels, problem = _header(data)
+        total_pixels += pixels
+        count += 1
+        if problem is not None:
+            bad.append((name, problem))
+    if decode or (decode is None and total_pixels <= FULL_DECODE_PIXELS):
+        failed = {name for name, _ in bad}
+        for name, data in sources():
+            problem = None if name in failed else _decode(data)
+            if problem is not None:
+                bad.append((name, problem))
+    return bad, count
+
+
+def _message(bad: list[tuple[str, str]], count: int, what: str) -> str | None:
+    from PIL import Image
+
+    if not bad:
+        return None
+    lines = [f"  {name}: {problem}" for name, problem in bad[:MAX_LISTED]]
+    if len(bad) > MAX_LISTED:
+        lines.append(f"  ... and {len(bad) - MAX_LISTED} more")
+    return (
+        f"{what}: {len(bad)} of {count} images cannot be used (checked before training or searching):\n"
+        + "\n".join(lines)
+        + "\nremove or replace these files (or convert them to PNG / JPEG); images over PIL's decompression-bomb "
+        f"limit PIL.Image.MAX_IMAGE_PIXELS = {Image.MAX_IMAGE_PIXELS} pixels must be shrunk (or that limit raised, "
+        "if they are genuine)"
+    )
+
+
+def bad_images_message(sources: Iterable[Source], *, what: str, decode: bool | None = None) -> str | None:
+    """The error message naming the unusable images among ``sources``, or ``None`` when every image is usable.
+
+    Args:
+        sources: ``(name, image)`` pairs: the name used in the message (the file's path) and the image as a path or
+            its encoded bytes.
+        what: The data, for the message (e.g. ``"--queries photos/"`` or ``"'DIR', split 'train'"``).
+        decode: Decode every image fully (``True``), never (``False``: header and ``verify()`` only) or when the
+            headers add up to at most :data:`FULL_DECODE_PIXELS` pixels (``None``).
+
+    Returns:
+        ``"<what>: <n> of <total> images cannot be used ..."``, one line per bad file (the first
+        :data:`MAX_LISTED`, then a count), or ``None``.
+    """
+    sources = list(sources)
+    return _message(*_problems(lambda: sources, decode), what)
+
+
+def bad_image_files(paths: Sequence[str | Path], *, what: str, decode: bool | None = None) -> str | None:
+    """:func:`bad_images_message` for image files named by their paths."""
+    return bad_images_message(((str(p), p) for p in paths), what=what, decode=decode)
+
+
+def check_image_files(paths: Sequence[str | Path], *, what: str, decode: bool | None = None) -> None:
+    """Raise ``ValueError`` (:func:`bad_images_message`) when an image file of ``paths`` cannot be used."""
+    message = bad_image_files(paths, what=what, decode=decode)
+    if message is not None:
+        raise ValueError(message)
+
+
+def check_dataset_images(ds: Any, image_column: str, *, what: str, decode: bool | None = None) -> None:
+    """:func:`check_image_files` for the ``datasets.Image`` column ``image_column`` of the ``datasets.Dataset`` ``ds``
+    (cells stored by path or as encoded bytes; other columns, such as arrays of pixels, are not checked).
+
+    Raises:
+        ValueError: Naming each bad image by its path (or ``row <i>`` when it is stored as bytes without one).
+    """
+    import datasets
+
+    if not isinstance(ds.features.get(image_column), datasets.Image):
+        return
+    column = ds.select_columns([image_column]).with_format("arrow")
+
+    def cells() -> Iterable[Source]:
+        for start in range(0, len(ds), 1024):
+            chunk = column[start : start + 1024][image_column].to_pylist()
+            for row, cell in enumerate(chunk, start=start):
+                cell = cell or {}
+                data = cell.get("bytes") or cell.get("path")
+                name = cell.get("path") or f"row {row}"
+                yield name, data if data is not None else b""
+
+    message = _message(*_problems(cells, decode), what)
+    if message is not None:
+        raise ValueError(message)

@@ -1,0 +1,82 @@
+"""Whether inner-product scores fit the index dtype, decided before searching, and an exact rescaling of the
+queries when they would underflow.
+
+Cauchy-Schwarz bounds every score and every partial sum of the matmul that computes it:
+``|<q, g>| <= sum_d |q_d|·|g_d| <= ||q||·||g||``. Search therefore refuses queries whose largest row norm times the
+gallery's largest row norm exceeds half the largest finite value of the dtype (the half absorbs rounding): below that
+no score can become ``inf``, above it scores near ``3.4e38`` (float32) would come back as ``inf`` and their order
+would be lost.
+
+At the other end, scores of tiny embeddings (float32 entries of ``1e-25`` on both sides: products ``1e-50``)
+underflow to ``0`` and every item ties. Ranking by ``<q·2**k, g>`` is the same ranking (``k`` is an integer: the
+multiplication is exact), so :func:`underflow_exponent` gives the ``k`` that brings the largest product of entries
+to about 1, the search runs on ``q·2**k`` and the scores are multiplied back by ``2**-k``: the order is exact and
+each score is the true one to the dtype's rounding (``0`` or subnormal where it does not fit).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = ["check_scores_fit", "max_abs", "max_row_norm", "underflow_exponent"]
+
+_ROWS = 1 << 16
+
+
+def max_row_norm(x: Tensor) -> float:
+    """The largest Euclidean row norm of ``x`` ``(N, D)`` as a Python float (``inf`` past float64's range), without
+    overflow in ``x``'s own dtype: each row is divided by its largest absolute entry ``a_i`` before the sum of squares
+    (``||x_i|| = a_i·||x_i / a_i||``), in blocks of 65,536 rows (no float64 copy: works on every device)."""
+    best = 0.0
+    with torch.no_grad():
+        for start in range(0, x.shape[0], _ROWS):
+            block = x[start : start + _ROWS]
+            peak = block.abs().amax(dim=1, keepdim=True)
+            safe = torch.where(peak > 0, peak, torch.ones_like(peak))
+            norms = torch.linalg.vector_norm(block / safe, dim=1)
+            best = max(best, float((peak.squeeze(1).cpu().double() * norms.cpu().double()).max()))
+    return best
+
+
+def max_abs(x: Tensor) -> float:
+    """The largest ``|x_ij|`` as a Python float (one pass, no copy of ``x``)."""
+    with torch.no_grad():
+        return float(x.abs().amax()) if x.numel() else 0.0
+
+
+def check_scores_fit(
+    name: str, queries: Tensor, query_max_abs: float, gallery: Tensor, gallery_max_abs: float, dtype: torch.dtype
+) -> None:
+    """Raise ``ValueError`` naming ``name`` when the largest row norm of ``queries`` ``(Q, D)`` times the largest row
+    norm of ``gallery`` ``(N, D)`` exceeds half the largest finite value of ``dtype``, i.e. when a score could
+    overflow to ``inf``. Usually decided from the largest entries alone (``||x|| <= sqrt(D)·max|x_j|``, with the
+    gallery's ``gallery_max_abs`` kept by the index); the row norms are computed only when that bound is too loose."""
+    limit = torch.finfo(dtype).max / 2
+    if query_max_abs * gallery_max_abs * queries.shape[1] <= limit:
+        return
+    query_norm, gallery_norm = max_row_norm(queries), max_row_norm(gallery)
+    if query_norm * gallery_norm > limit:
+        raise ValueError(
+            f"{name} and the gallery are too large for {str(dtype).removeprefix('torch.')} scores: the largest "
+            f"{name} row norm ({query_norm:.3g}) times the largest gallery row norm ({gallery_norm:.3g}) exceeds "
+            f"{limit:.3g}, so inner products could overflow to inf; scale the embeddings down (e.g. "
+            f"torch.nn.functional.normalize(x, dim=1), as RetrievalModel outputs)"
+        )
+
+
+def underflow_exponent(query_abs: float, gallery_abs: float, dtype: torch.dtype) -> int:
+    """``k >= 0`` such that scores computed from ``queries·2**k`` keep their order: ``0`` unless the largest product
+    of entries ``query_abs · gallery_abs`` is so small that score differences (``eps`` times the scores) would leave
+    the normal range (float32: below ``2**-63``); then the ``k`` bringing that product to about 1, capped so that
+    the scaled queries stay below ``2**(E - 8)`` (``E``: the dtype's largest exponent)."""
+    if query_abs == 0.0 or gallery_abs == 0.0:
+        return 0
+    info = torch.finfo(dtype)
+    log_product = math.log2(query_abs) + math.log2(gallery_abs)
+    if log_product >= math.log2(info.tiny) - math.log2(info.eps) + 40:
+        return 0
+    cap = math.floor(math.log2(info.max)) - 8 - math.ceil(math.log2(query_abs))
+    return max(0, min(-math.floor(log_product), cap))
