@@ -9,6 +9,7 @@ not run again: its output folder is copied (the docs repeat the no-argument run 
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import shlex
@@ -29,6 +30,7 @@ PAGES = ("README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "d
 NOT_RUN: tuple[tuple[str, str], ...] = (
     (r"^pip install", "installs from PyPI (network)"),
     (r"^python -m venv", "creates a virtual environment and installs from PyPI (network)"),
+    (r"^\. \.venv/bin/activate", "activates the virtual environment of the line (the test runs in this one)"),
     (r"^python -m pytest", "the test suite itself"),
     (r"^mkdocs build", "the docs build: tests/test_docs.py::test_mkdocs_build_strict"),
     (r"^tensorboard ", "starts a server that does not exit"),
@@ -108,7 +110,8 @@ def page_steps(page: str) -> list[tuple[str, object]]:
         commands = []
         for line in body.replace("\\\n", " ").splitlines():
             for part in line.split(" && "):
-                tokens = shlex.split(part, comments=True)
+                # a <placeholder> of the docs is one word (its spaces are not the shell's)
+                tokens = shlex.split(re.sub(r"<[^<>]+>", lambda m: m.group(0).replace(" ", "_"), part), comments=True)
                 if not tokens:
                     continue
                 env = {}
@@ -127,22 +130,25 @@ def all_commands() -> list[Command]:
     return [c for page in PAGES for c in bash_commands(page)]
 
 
-def parse_recipe_flags(recipe: str, args: list[str]) -> object:
-    """Parse ``args`` with the parser the recipe builds (nothing runs); argparse exits on a bad flag."""
-    import importlib
+def _make_flags():
+    import importlib.util
 
-    module = importlib.import_module(f"pml_suprank.recipes.{recipe}")
-    if recipe in TRAINING:
-        from pml_suprank.training import cli, recipe as training_recipe
+    spec = importlib.util.spec_from_file_location("make_flags", ROOT / "docs" / "hooks" / "make_flags.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
-        parser = training_recipe.build_parser(module.DESCRIPTION, module.DEFAULTS, module.HIERARCHICAL)
-        return cli.parse_run_spec(parser, args)
-    if recipe == "ood_benchmark":
-        spec, rest = module.parse_args(args)
-        return spec, (module.fit_heat_spec(spec, rest) if rest else None)
-    if recipe == "prepare_dataset":
-        return module.build_parser().parse_args(args)
-    return module.parse_args(args)
+
+def parse_recipe_flags(recipe: str, args: list[str]) -> argparse.Namespace:
+    """Parse ``args`` with the parser the recipe builds (the one ``--help`` prints and docs/flags.md lists): flag
+    names, types and choices, nothing run or read; argparse exits (status 2) on a bad flag."""
+    parser = _make_flags().recipe_parser(recipe)
+    if recipe != "ood_benchmark":
+        return parser.parse_args(args)
+    namespace, rest = parser.parse_known_args(args)  # the rest goes to fit_heat's extraction
+    if rest:
+        _make_flags().recipe_parser("fit_heat").parse_args(rest)
+    return namespace
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -203,13 +209,16 @@ def test_commands_are_read_as_a_shell_reads_them():
 # ---------------------------------------------------------------------------------------------------------------------
 # the slow part: the pages' commands run
 # ---------------------------------------------------------------------------------------------------------------------
-_TRAINED: dict[tuple[str, ...], Path] = {}  # (recipe, *args) -> the output folder of the run (this session)
+#: pages whose commands use what another page's command wrote (a reader follows the guide in order): that command runs
+#: first, in the page's folder (from this session's cache when it ran already)
+REQUIRES: dict[str, str] = {"docs/search.md": "accelerate launch recipes/train_happier.py"}
 
 
 @pytest.fixture(scope="session")
-def trained_runs():
-    """The output folders of the training commands run in this session, shared between pages."""
-    return _TRAINED
+def trained_runs(tmp_path_factory):
+    """The training runs of this session, shared between pages: ``(recipe, *args)`` -> a copy of the output folder
+    as the run left it, and the folder the copies go in."""
+    return {"runs": {}, "cache": tmp_path_factory.mktemp("docs_trained_runs")}
 
 
 def _output_dir(c: Command) -> str:
@@ -218,10 +227,9 @@ def _output_dir(c: Command) -> str:
 
 def _run_command(c: Command, cwd: Path, trained: dict) -> None:
     key = (c.recipe, *c.args)
-    if c.recipe in TRAINING and key in trained:
-        out = _output_dir(c)
-        shutil.rmtree(cwd / out, ignore_errors=True)
-        shutil.copytree(trained[key], cwd / out, symlinks=True)
+    out = cwd / _output_dir(c) if c.recipe in TRAINING else None
+    if out is not None and key in trained["runs"] and not (out.exists() and any(out.iterdir())):
+        shutil.copytree(trained["runs"][key], out, symlinks=True)  # the same run in an empty folder: as it wrote
         return
     small = list(SMALL_FLAGS[c.recipe])
     if c.recipe == "ood_benchmark" and "--features" not in c.args:
@@ -230,13 +238,17 @@ def _run_command(c: Command, cwd: Path, trained: dict) -> None:
     argv = [sys.executable, "-m", f"pml_suprank.recipes.{c.recipe}", *c.args, *small]
     proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"{c.page}: {c.text}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
-    if c.recipe in TRAINING:
-        trained[key] = cwd / _output_dir(c)
+    if out is not None and key not in trained["runs"]:
+        trained["runs"][key] = trained["cache"] / f"run{len(trained['runs'])}"
+        shutil.copytree(out, trained["runs"][key], symlinks=True)
 
 
 def run_page(page: str, cwd: Path, trained: dict) -> list[Command]:
     """Run the page's blocks in order in ``cwd``; returns the commands that ran."""
     ran = []
+    if page in REQUIRES:
+        (first,) = [c for c in all_commands() if c.text == REQUIRES[page]][:1]
+        _run_command(first, cwd, trained)
     namespace: dict = {"__name__": f"docs_{Path(page).stem}"}
     for kind, item in page_steps(page):
         if kind == "python":
