@@ -61,6 +61,11 @@ def _cell(text: Any) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
+def _text(text: Any) -> str:
+    """A table cell of prose: ``<placeholders>`` shown, not read as HTML tags."""
+    return _cell(text).replace("<", "&lt;").replace(">", "&gt;")
+
+
 def _default(action: argparse.Action) -> str:
     if action.required or action.default is None:
         return "required" if action.required else "—"
@@ -77,7 +82,7 @@ def _what(action: argparse.Action) -> str:
     text = text.replace("%(default)s", str(action.default)).replace("%%", "%")
     if action.choices is not None:
         text = f"{text} (one of: {', '.join(str(c) for c in action.choices)})".strip()
-    return _cell(text)
+    return _text(text)
 
 
 def _flag(action: argparse.Action) -> str:
@@ -89,15 +94,18 @@ def _flag(action: argparse.Action) -> str:
 def recipe_table(name: str, script: str) -> str:
     """The section of recipe ``name``: its description and one row per flag, grouped as ``--help`` groups them."""
     parser = recipe_parser(name)
-    lines = [f"## {name}", "", f"`python recipes/{name}.py` · `{script}` — {_cell(parser.description or '')}", ""]
+    lines = [f"## {name}", "", f"`python recipes/{name}.py` · `{script}` — {_text(parser.description or '')}", ""]
     if name == "ood_benchmark":
-        lines += ["Without `--features` it also takes every flag of [fit_heat](#fit_heat) (it runs its extraction).", ""]
+        lines += [
+            "Without `--features` it also takes every flag of [fit_heat](#fit_heat) (it runs its extraction).",
+            "",
+        ]
     for group in parser._action_groups:
         actions = [a for a in group._group_actions if not isinstance(a, argparse._HelpAction)]
         if not actions:
             continue
         if group.title not in ("options", "optional arguments", "positional arguments"):
-            lines += [f"**{_cell(group.title)}**", ""]
+            lines += [f"**{_text(group.title)}**", ""]
         lines += ["| flag | default | what |", "|---|---|---|"]
         lines += [f"| {_flag(a)} | {_default(a)} | {_what(a)} |" for a in actions]
         lines.append("")
