@@ -12,6 +12,12 @@ coarse classes overlap like a weakly trained model, which exercises the histogra
     python benchmarks/bench_eval.py --quick        # N = 2,000 and 10,000
     python benchmarks/bench_eval.py                # N = 10,000 and 60,502 (SOP test size)
     python benchmarks/bench_eval.py --sizes 20000 --coarse-weight 0.5 --no-pml
+
+``--floor`` prints instead, in one process, the blocked score-matrix floor and the evaluation at 2 and 3 levels and
+the default call as ratios of it, on the data of ``gpu_check.py`` / ``gpu_report.py`` (coarse labels unrelated to
+the geometry, the hardest case for the counting), plus the host reads of one call:
+
+    python benchmarks/bench_eval.py --floor --sizes 20000
 """
 
 from __future__ import annotations
@@ -164,7 +170,7 @@ def run(
 ) -> dict:
     emb, labels = make_data(n, levels, coarse_weight=coarse_weight)
     ev = RetrievalEvaluator(k_values=(1, 10, 100), counting=counting, device=device)
-    chunk = ev._default_chunk(n)
+    chunk = max(16, 2**25 // n)  # rows of the bare score-matrix blocks
     t_compile = warm_up(ev, emb, labels)
     syncs = host_syncs(emb, labels, counting, device)
     t_scores = bare_scores(emb.to(device), chunk)
@@ -238,6 +244,74 @@ def run(
     return res
 
 
+def floor_data(n: int, levels: int, dim: int = 512, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """The evaluation data of ``gpu_check.py``: fine classes of ~5 items, coarse labels ``fine % 12`` (2 levels) or
+    ``fine % 40``, ``fine % 8`` (3 levels), unrelated to the geometry."""
+    g = torch.Generator().manual_seed(seed)
+    fine = torch.randint(0, n // 5, (n,), generator=g)
+    cols = [fine, fine % 12] if levels == 2 else [fine, fine % 40, fine % 8]
+    centers = torch.randn(n // 5, dim, generator=g)
+    emb = torch.nn.functional.normalize(centers[fine] * 0.5 + torch.randn(n, dim, generator=g), dim=1)
+    return emb, torch.stack(cols, 1)
+
+
+def floor_ratios(n: int, device: str = "cpu") -> dict:
+    """Floor (blocked score matrix, 32 MiB blocks, each reduced by ``amax``) and the exact evaluation at 2 and 3
+    levels (``k_values=(1,)``) and the default call (``RetrievalEvaluator()``, 2 levels), timed in this process;
+    the floor is the faster of a run before and after the evaluations."""
+    dev = torch.device(device)
+    data = {levels: tuple(t.to(dev) for t in floor_data(n, levels)) for levels in (2, 3)}
+    emb = data[2][0]
+    rows = max(2**23 // n, 1)
+
+    def floor() -> float:
+        _synchronize(dev)
+        t = time.perf_counter()
+        buf = torch.empty(min(rows, n), n, device=dev)
+        for s in range(0, n, rows):
+            torch.mm(emb[s : s + rows], emb.T, out=buf[: min(rows, n - s)]).amax(1)
+        _synchronize(dev)
+        return time.perf_counter() - t
+
+    floor()  # warm-up
+    before = floor()
+    runs = {}
+    calls = {
+        "2 levels": (RetrievalEvaluator(k_values=(1,), device=device), 2),
+        "3 levels": (RetrievalEvaluator(k_values=(1,), device=device), 3),
+        "default call": (RetrievalEvaluator(device=device), 2),
+    }
+    for name, (ev, levels) in calls.items():
+        e, y = data[levels]
+        ev.evaluate(e[:512], y[:512])  # warm-up (numba compilation)
+        _synchronize(dev)
+        t = time.perf_counter()
+        out = ev.evaluate(e, y)
+        _synchronize(dev)
+        runs[name] = {"seconds": time.perf_counter() - t, "h_ap": out["h_ap"], "ap": out["ap"]}
+    after = floor()
+    t_floor = min(before, after)
+    e, y = data[2]
+    syncs = profile_counts(lambda: RetrievalEvaluator(device=device).evaluate(e[:1024], y[:1024]))["syncs"]
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu, {torch.get_num_threads()} threads"
+    print(
+        f"\nN={n:,} x {emb.shape[1]}-d, {name}, torch {torch.__version__}: floor {t_floor:.2f} s "
+        f"(before {before:.2f} s, after {after:.2f} s)"
+    )
+    for key, r in runs.items():
+        r["ratio"] = r["seconds"] / t_floor
+        print(f"  {key:>12}: {r['seconds']:.2f} s = {r['ratio']:.2f}x the floor (h_ap {r['h_ap']:.6f})")
+    print(f"  host reads of one default evaluate() of 1,024 items: {syncs}")
+    return {
+        "n": n,
+        "device": name,
+        "floor_s": t_floor,
+        "floor_before_after_s": [before, after],
+        "runs": runs,
+        "host_reads_default_call_1024": syncs,
+    }
+
+
 def _numba_version() -> str | None:
     try:
         import numba
@@ -257,8 +331,16 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="where the evaluator and the bare score matrix run")
     parser.add_argument("--counting", default="auto", help="counting= of the evaluator (auto/compiled/histogram/...)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--floor", action="store_true", help="floor ratios at 2 and 3 levels and the default call")
     args = parser.parse_args()
     sizes = args.sizes or ([2000, 10000] if args.quick else [10000, 60502])
+    if args.floor:
+        results = [floor_ratios(n, args.device) for n in sizes]
+        args.out.mkdir(parents=True, exist_ok=True)
+        path = args.out / f"bench_eval_floor_{int(time.time())}.json"
+        path.write_text(json.dumps({"torch": torch.__version__, "results": results}, indent=1))
+        print(f"\nwrote {path}")
+        return
     results = []
     for n in sizes:
         for levels in args.levels:

@@ -358,13 +358,13 @@ def _mmap_large_blocks() -> None:
 def _large_child(loss_name, batch_size, memory_size, num_levels, dim, block_elements):
     """Fresh process: fwd+bwd of the score matrix, then of ``loss_name`` (sorted kernel) against a memory of
     ``memory_size`` items; ``block_elements``: 0 the default blocks, < 0 all queries in one block (unbounded)."""
-    import pml_suprank.ranking.hierarchical as hier
+    import pml_suprank.ranking.query_blocks as qb
 
     _mmap_large_blocks()
     if block_elements < 0:
-        hier.QUERY_BLOCK_ELEMENTS = 1 << 62
+        qb.BLOCK_BYTES_CPU = 1 << 62
     elif block_elements > 0:
-        hier.QUERY_BLOCK_ELEMENTS = block_elements
+        qb.BLOCK_BYTES_CPU = block_elements * qb.BYTES_PER_ELEMENT
     num_fine = max(memory_size // 5, 12)
     mem, mem_labels = _sop_like(memory_size, num_levels, dim, 2, num_fine)
     emb, labels = _sop_like(batch_size, num_levels, dim, 1, num_fine)
@@ -429,7 +429,8 @@ def main():
     parser.add_argument(
         "--block-elements",
         default="0,-1",
-        help="--large: comma-separated QUERY_BLOCK_ELEMENTS values (0: the default; -1: all queries in one block, "
+        help="--large: comma-separated block sizes in (query, list, item) elements (0: the default byte budget; "
+        "-1: all queries in one block, "
         "i.e. the unbounded kernel as before blocking)",
     )
     args = parser.parse_args()

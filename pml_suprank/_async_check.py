@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-__all__ = ["check_async"]
+__all__ = ["check_async", "check_value"]
 
 
 def check_async(ok: Tensor, error: Callable[[], Exception], message: str = "pml_suprank input check failed") -> None:
@@ -42,3 +42,13 @@ def check_async(ok: Tensor, error: Callable[[], Exception], message: str = "pml_
         if ok.device.type != "cpu":
             raise
         raise error() from None
+
+
+def check_value(ok: Tensor, error: Callable[[], Exception], message: str = "pml_suprank input check failed") -> None:
+    """Raise ``error()`` when the 0-d bool tensor ``ok`` is false — a host read in eager mode (a ``ValueError`` on
+    every device), an in-graph assertion (:func:`check_async`) while ``torch.compile`` traces, where a host read
+    would break the graph (``fullgraph=True`` fails)."""
+    if torch.compiler.is_compiling():
+        check_async(ok, error, message)
+    elif not bool(ok):
+        raise error()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._async_check import check_async
+from ._async_check import check_async, check_value
 from ._validation import check_labels
 
 __all__ = [
@@ -166,15 +166,24 @@ class Hierarchy:
         return cls(table)
 
     def expand(self, fine: Tensor, name: str = "labels") -> Tensor:
-        """Map 1-D fine labels ``(N,)`` to hierarchical labels ``(N, L)``."""
+        """Map 1-D fine labels ``(N,)`` to hierarchical labels ``(N, L)``.
+
+        A label outside the table raises ``ValueError`` naming it (:func:`~pml_suprank._async_check.check_value`: an
+        in-graph assertion while ``torch.compile`` traces, where a host read would break the graph).
+        """
         table = self.table.to(fine.device)
-        bad = (fine < 0) | (fine >= table.shape[0])
-        if not bool(bad.any()):
-            bad = table[fine.long(), 0] < 0
-        if bool(bad.any()):
-            v = int(fine[bad][0])
-            raise ValueError(f"{name} contains fine label {v}, which is not in the hierarchy (num_fine={len(table)})")
-        return table[fine.long()]
+        idx = fine.long()
+        num_fine = table.shape[0]
+        known = (idx >= 0) & (idx < num_fine)
+        if num_fine:
+            known = known & (table[idx.clamp(0, num_fine - 1), 0] >= 0)
+
+        def error() -> ValueError:
+            v = int(fine[~known][0])
+            return ValueError(f"{name} contains fine label {v}, which is not in the hierarchy (num_fine={num_fine})")
+
+        check_value(known.all(), error, f"{name} contains a fine label that is not in the hierarchy")
+        return table[idx]
 
     def to(self, device: torch.device | str) -> Hierarchy:
         return Hierarchy(self.table.to(device))
@@ -340,8 +349,11 @@ def property1_relevance(counts: Tensor, weights: Tensor | list[float], dtype: to
     w = torch.as_tensor(weights, dtype=dtype, device=counts.device)
     if w.shape != (num_levels,):
         raise ValueError(f"weights must have {num_levels} entries (one per level 1..L); got shape {tuple(w.shape)}")
-    if bool((w < 0).any()):
-        raise ValueError(f"weights must be non-negative; got {w.tolist()}")
+    check_value(
+        (w >= 0).all(),
+        lambda: ValueError(f"weights must be non-negative; got {w.tolist()}"),
+        "property1_relevance: weights must be non-negative",
+    )
     at_least = counts.flip(1).cumsum(1).flip(1)[:, 1:].to(dtype)  # (Q, L): |Ω^{+,p}| for p = 1..L
     per_level = torch.where(at_least > 0, w / at_least.clamp_min(1), torch.zeros_like(at_least))
     rel = per_level.cumsum(1)

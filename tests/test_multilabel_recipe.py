@@ -1,6 +1,6 @@
 """recipes/train_happier.py on the multi-label SyntheticMultiShapes (``--dataset synthetic_multilabel``): the
 multi-label HAPPIER loss (thesis Algorithm 1 relevance), MultiLabelSampler, the multi-label evaluator, and the clear
-refusals of the settings without a multi-label variant (ROADMAP, ROD-NDCG, the memory, the hierarchical sampler)."""
+refusals of the settings without a multi-label variant (ROADMAP, ROD-NDCG, the hierarchical sampler)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,6 @@ def test_data_section_accepts_synthetic_multilabel_and_its_kwargs():
     [
         ("ROADMAP", 0, None, r"'loss' ROADMAP has no multi-label variant.*HAPPIER"),
         ("ROD-NDCG", 0, None, r"'loss' ROD-NDCG has no multi-label variant"),
-        ("HAPPIER", 64, None, r"'memory_size' 64: the memory does not store multi-label label sets"),
         ("HAPPIER", 0, "hierarchical", r"'sampler' hierarchical: .*MultiLabelSampler"),
     ],
 )
@@ -60,7 +59,6 @@ def test_multilabel_option_errors_name_the_option(loss, memory_size, sampler, ma
     [
         ("train_happier", ["--loss", "ROD-NDCG"], "'loss' ROD-NDCG has no multi-label variant"),
         ("train_roadmap", [], "'loss' ROADMAP has no multi-label variant"),
-        ("train_happier", ["--memory_size", "64"], "'memory_size' 64"),
     ],
 )
 def test_recipe_refuses_unsupported_multilabel_settings_before_building(recipe, extra, match, capsys):

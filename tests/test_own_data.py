@@ -245,11 +245,12 @@ def test_evaluating_a_split_the_folder_lacks_names_the_splits_and_the_flag(tmp_p
     model = tmp_path / "model"
     RetrievalModel("test_resnet", embedding_size=8, image_size=16).save_pretrained(model)
     folder = _class_folders(tmp_path / "pets", ["cat", "dog"], 2)
-    argv = ["--model", str(model), "--dataset", str(folder), "--label_columns", "label", "--cpu", "--no_plots"]
+    argv = ["--model", str(model), "--dataset", str(folder), "--label_columns", "label", "--cpu", "--no_plots",
+            "--split", "validation"]  # fmt: skip
     with pytest.raises(SystemExit) as exit_info:
-        import_recipe("evaluate").main(argv)  # the default split is 'test'; a folder of class folders has 'train'
+        import_recipe("evaluate").main(argv)  # a folder of class folders has 'train' only
     message = str(exit_info.value.code)
-    assert message.startswith(f"--dataset {folder} --split test: split='test' is not in '{folder}'")
+    assert "(--split validation): split='validation' is not in" in message
     assert "available splits: ['train'] (choose one: split= of the loader, --split / --test_split" in message
 
 

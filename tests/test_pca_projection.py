@@ -173,13 +173,15 @@ def test_from_pretrained_keeps_the_option_and_the_saved_weights(tmp_path, monkey
 
 # ------------------------------------------------------------------------------------------------ options
 def test_options_flow_from_the_gldv2_hub_configs():
+    import _hub_helpers
+
     from pml_suprank import hub_config as hc
 
     root = Path(__file__).resolve().parents[1] / "pml_suprank" / "hub_configs"
     for name in ("roadmap_gldv2.yaml", "happier_gldv2.yaml"):
         config = hc.load_hub_config(root / name)
-        assert hc.model_kwargs(config)["projection_init"] == "pca", name
-        assert hc.flat_options(config)["pca_samples"] == 10000, name
+        assert _hub_helpers.model_kwargs(config)["projection_init"] == "pca", name
+        assert _hub_helpers.flat_options(config)["pca_samples"] == 10000, name
     assert TrainingConfig().pca_samples == 10000
     with pytest.raises(ValueError, match="pca_samples"):
         TrainingConfig(pca_samples=1)

@@ -83,13 +83,14 @@ def test_a_virtual_batch_of_partial_groups_is_refused_naming_the_flags(capsys):
 
 def test_training_config_checks_the_pair():
     assert TrainingConfig(batch_size=32, virtual_batch_size=32, chunk_size=8).chunk_size == 8
+    assert TrainingConfig(virtual_batch_size=32).batch_size == 32  # another name of the batch size
     with pytest.raises(ValueError, match="--virtual_batch_size 32 and --batch_size 64"):
-        TrainingConfig(virtual_batch_size=32)
+        TrainingConfig(virtual_batch_size=32, batch_size=64)
     with pytest.raises(ValueError, match="multiple of 4"):
         TrainingConfig(batch_size=18, virtual_batch_size=18, samples_per_class=4)
-    with pytest.raises(TypeError, match="chunk_size must be an int"):
+    with pytest.raises(TypeError, match="chunk_size must be null or an int >= 1; got 8.0"):
         TrainingConfig(chunk_size=8.0)
-    with pytest.raises(ValueError, match="chunk_size must be >= 1"):
+    with pytest.raises(ValueError, match="chunk_size must be null or an int >= 1; got 0"):
         TrainingConfig(chunk_size=0)
 
 

@@ -3,7 +3,9 @@
 Layout: one loss per module; :class:`BaseRankLoss` is the base of the rank surrogates (Smooth-AP, SupAP, Sup-R@k,
 Sup-H-AP, Sup-NDCG), :class:`CombinedRankLoss` adds a decomposability term to any of them (SupRank Eq. 12:
 ROADMAP, ROD-R@k, HAPPIER and ROD-NDCG are its subclasses), ``_inputs`` holds the input validation shared by all;
-:func:`register_loss` (``registry``) makes a loss trainable by the recipes by name.
+:func:`register_loss` (``registry``) makes a loss trainable by the recipes by name; every loss above is
+registered, and :func:`resolve_loss` also reads ``pml:ClassName`` (a pytorch-metric-learning baseline),
+``package.module:ClassName`` and installed plugins (entry-point group ``pml_suprank.losses``).
 A new rank loss is a :class:`BaseRankLoss` subclass implementing ``compute_query_losses``; its combined variant is
 ``CombinedRankLoss(MyLoss(), "calibration" | "proxy" | module, weight)``.
 
@@ -17,9 +19,10 @@ from .base_rank_loss import BaseRankLoss, RankInputs
 from .calibration_loss import CalibrationLoss
 from .cluster_loss import ClusterLoss
 from .combined_rank_loss import CombinedRankLoss
+from .compile_guard import CompiledLossMismatchError, check_compiled_loss, compile_loss
 from .csl_loss import CSLLoss
 from .happier_loss import HAPPIERLoss
-from .registry import loss_entry, register_loss, registered_losses
+from .registry import loss_entry, register_builtin_losses, register_loss, registered_losses, resolve_loss
 from .roadmap_loss import ROADMAPLoss
 from .rod_ndcg_loss import RODNDCGLoss
 from .rod_recall_loss import RODRecallLoss
@@ -35,6 +38,7 @@ __all__ = [
     "CalibrationLoss",
     "ClusterLoss",
     "CombinedRankLoss",
+    "CompiledLossMismatchError",
     "HAPPIERLoss",
     "ROADMAPLoss",
     "RODNDCGLoss",
@@ -44,7 +48,12 @@ __all__ = [
     "SupHAPLoss",
     "SupNDCGLoss",
     "SupRecallLoss",
+    "check_compiled_loss",
+    "compile_loss",
     "loss_entry",
     "register_loss",
     "registered_losses",
+    "resolve_loss",
 ]
+
+register_builtin_losses()

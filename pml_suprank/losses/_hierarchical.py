@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ..ranking import CHUNK_SIZE
 from ..relevance import Hierarchy, as_hierarchy, level_matrix
 from ._inputs import RankInputs, hierarchical_label_pair
 from ._suprank_step import SupRankStepMixin, pop_step_options
@@ -31,7 +30,8 @@ class HierarchicalRankLoss(SupRankStepMixin, BaseRankLoss):
         hierarchy: ``None``, a :class:`~pml_suprank.relevance.Hierarchy` or a ``(num_fine, L)`` integer table
             (row ``f`` = ``[f, parent, ..., root]``); required to use 1-D fine labels with ``L > 1`` levels.
         include_self: keep the query as its own (finest-level) item when the reference set is the batch.
-        chunk_size: window elements enumerated at once by the sorted rank kernel (memory/speed only).
+        chunk_size: window elements enumerated at once by the sorted rank kernel (memory/speed only; ``None``: the
+            device's default, :data:`~pml_suprank.ranking.hierarchical.WINDOW_CHUNK_ELEMENTS` on the CPU).
         kernel: ``"auto"``, ``"dense"`` (:func:`~pml_suprank.ranking.dense_hierarchical_ranks`, ``(b, N, N)``
             blocks) or ``"sorted"`` (:func:`~pml_suprank.ranking.hierarchical_ranks`); see
             :class:`~pml_suprank.losses.BaseRankLoss`. Subclasses with a dense path implement
@@ -47,15 +47,16 @@ class HierarchicalRankLoss(SupRankStepMixin, BaseRankLoss):
         self,
         hierarchy: Hierarchy | Tensor | None = None,
         include_self: bool = False,
-        chunk_size: int = CHUNK_SIZE,
+        chunk_size: int | None = None,
         **kwargs,
     ):
         step_options = pop_step_options(type(self).__name__, kwargs)
         super().__init__(include_self=include_self, **kwargs)
         self.hierarchy = as_hierarchy(hierarchy)
         self.init_step(**step_options)
-        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-            raise ValueError(f"chunk_size must be a positive int; got {chunk_size!r}")
+        bad = isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
+        if chunk_size is not None and bad:
+            raise ValueError(f"chunk_size must be None or a positive int; got {chunk_size!r}")
         self.chunk_size = chunk_size
 
     def hierarchical_labels(self, inputs: RankInputs) -> tuple[Tensor, Tensor, int]:

@@ -25,7 +25,7 @@ from pytorch_metric_learning.reducers import (
 )
 from torch import Tensor
 
-from .._async_check import check_async
+from .._async_check import check_async, check_value
 from .._precision import float32_forward
 from .._similarity import similarity_scores
 from .._validation import check_embeddings, check_labels
@@ -275,8 +275,14 @@ def prepare_inputs(owner: str, embeddings, labels, ref_emb, ref_labels, *, allow
     if same_source:
         if ref_labels is not None and ref_labels is not labels:
             ref_labels = check_labels("ref_labels", ref_labels, embeddings.shape[0], allow_2d=allow_2d_labels)
-            if not torch.equal(ref_labels.to(labels.device), labels):
-                raise ValueError("ref_labels must be None or equal to labels when ref_emb is None")
+            ref_labels = ref_labels.to(labels.device)
+
+            def error() -> ValueError:
+                return ValueError("ref_labels must be None or equal to labels when ref_emb is None")
+
+            if ref_labels.shape != labels.shape:
+                raise error()
+            check_value((ref_labels == labels).all(), error, "ref_labels must be None or equal to labels")
         ref_labels = labels
     else:
         ref_emb, ref_labels = _check_reference(owner, embeddings, labels, ref_emb, ref_labels, allow_2d_labels)

@@ -25,11 +25,12 @@ from ._inputs import (
     reference_mask,
     similarity_matrix,
 )
+from .compile_guard import GuardedCompileMixin
 
 __all__ = ["BaseRankLoss", "RankInputs", "check_similarity", "prepare_inputs", "reference_mask", "similarity_matrix"]
 
 
-class BaseRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
+class BaseRankLoss(GuardedCompileMixin, PreparedForwardMixin, BaseMetricLossFunction):
     """Base class of the rank losses (Smooth-AP, SupAP, Sup-R@k, Sup-H-AP, Sup-NDCG, and their combinations).
 
     Call: ``loss(embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None)`` like any PML loss.
@@ -64,6 +65,8 @@ class BaseRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
        package has ``("auto", "dense", "sorted")`` and branches on :meth:`resolved_kernel`; a new subclass
        inherits ``("auto", "sorted")`` until it implements a dense path (``kernel="dense"`` then raises
        ``ValueError`` naming what is supported).
+    5. ``loss.compile(...)`` compiles in place and checks the first call against eager (value and embedding
+       gradient, :mod:`pml_suprank.losses.compile_guard`): a mismatch raises ``CompiledLossMismatchError``.
 
     Args:
         include_self: keep the query as its own positive when the reference set is the batch (reference code).

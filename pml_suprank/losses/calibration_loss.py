@@ -17,6 +17,7 @@ from ._inputs import (
     reference_mask,
     similarity_matrix,
 )
+from .compile_guard import GuardedCompileMixin
 
 __all__ = ["CalibrationLoss"]
 
@@ -37,7 +38,7 @@ def _share_label(labels, ref_labels):
     return same
 
 
-class CalibrationLoss(BaseMetricLossFunction):
+class CalibrationLoss(GuardedCompileMixin, BaseMetricLossFunction):
     """Decomposability loss L_DG (SupRank paper Eq. 7; ROADMAP NeurIPS 2021 Eq. 7).
 
     ``L_DG = mean_{(q,j)∈Pos} [α − cos(q, j)]₊ + mean_{(q,j)∈Neg} [cos(q, j) − β]₊`` over (query, reference) pairs:

@@ -15,12 +15,13 @@ from .._precision import float32_forward
 from .._similarity import normalized_logits
 from .._validation import check_positive, check_positive_int
 from ._inputs import prepare_inputs, reduce_loss_dict
+from .compile_guard import GuardedCompileMixin
 
 __all__ = ["ClusterLoss"]
 
 
 
-class ClusterLoss(BaseMetricLossFunction):
+class ClusterLoss(GuardedCompileMixin, BaseMetricLossFunction):
     """Cluster (proxy) loss L_DG* (SupRank paper Eq. 8): ``CE(E · normalize(W)ᵀ / η, y)``.
 
     One learnable proxy per (fine) class, L2-normalised in the forward pass; the embeddings are used as given (the

@@ -9,6 +9,7 @@ from .._validation import check_probability
 from ._combination import combined_loss_dict, decomposability_arguments, make_decomposability
 from ._inputs import PreparedForwardMixin, prepare_inputs
 from .base_rank_loss import BaseRankLoss
+from .compile_guard import GuardedCompileMixin
 
 __all__ = ["COMBINATION_OPTIONS", "CombinedRankLoss", "combination_options", "split_combination_options"]
 
@@ -55,7 +56,7 @@ def combination_options(
     return (weight, *split_combination_options(kwargs))
 
 
-class CombinedRankLoss(PreparedForwardMixin, BaseMetricLossFunction):
+class CombinedRankLoss(GuardedCompileMixin, PreparedForwardMixin, BaseMetricLossFunction):
     """A rank loss combined with a decomposability loss (SupRank TPAMI 2025, Eq. 12; ROADMAP NeurIPS 2021).
 
     ``L = (1 − λ)·L_rank + λ·L_dec`` where ``L_rank`` is any :class:`~pml_suprank.losses.BaseRankLoss` and

@@ -16,11 +16,12 @@ from .._precision import float32_forward
 from .._validation import check_embeddings, check_labels, check_positive
 from ..relevance import Hierarchy, as_hierarchical_labels, as_hierarchy, check_tree
 from ._inputs import require_hierarchy
+from .compile_guard import GuardedCompileMixin
 
 __all__ = ["CSLLoss"]
 
 
-class CSLLoss(WeightRegularizerMixin, BaseMetricLossFunction):
+class CSLLoss(GuardedCompileMixin, WeightRegularizerMixin, BaseMetricLossFunction):
     """Hierarchical proxy loss "CSL" (Sun et al., "Dynamic metric learning", CVPR 2021), as coded in the
     reference code of SupRank, used as a baseline in HAPPIER (ECCV 2022, Tab. 1-2).
 

@@ -11,7 +11,8 @@ What the entry says:
 
 * ``hierarchical``: the loss takes all label columns ``(N, L)`` of a batch (fine → coarse), and its ClusterLoss
   proxies (if any) need ``num_classes`` / ``embedding_size``; otherwise it takes the fine labels ``(N,)``.
-  ``recipes/train_happier.py`` trains the hierarchical losses, ``recipes/train_roadmap.py`` the others.
+  Every loss trains with the one training command (``recipes/train.py``; ``train_happier`` / ``train_roadmap`` are
+  its presets).
 * ``multilabel``: the loss has a multi-label variant (``relevance="multilabel"`` with a ``hierarchy=`` table), so the
   ``synthetic_multilabel`` dataset may train it.
 * ``paper``: ``(title, url)`` cited by the model card (``None``: the SupRank TPAMI paper).
@@ -19,23 +20,43 @@ What the entry says:
   ``None`` derives them from the named parameters of ``__init__``.
 
 The registry is read, never copied: :func:`loss_entry` and :func:`registered_losses` return the current entries.
+
+Every rank loss of the package is registered (:data:`BUILTIN_LOSSES`: Smooth-AP, SupAP, ROADMAP, Sup-R@k, ROD-R@k,
+Sup-H-AP, HAPPIER, Sup-NDCG, ROD-NDCG, CSL; HAPPIER_F is HAPPIER with ``alpha > 1``). Besides a registered name,
+:func:`resolve_loss` reads three more spellings of ``--loss``:
+
+* ``pml:ClassName`` — a loss of ``pytorch_metric_learning.losses`` as a baseline (``pml:MultiSimilarityLoss``,
+  ``pml:ArcFaceLoss``...), trained on the fine labels, its arguments given by ``--loss_kwargs``;
+* ``package.module:ClassName`` — a loss class of an importable module (your own file on ``PYTHONPATH``), with the
+  decorator above or none (then it takes the fine labels unless the class sets ``hierarchical = True``);
+* a name published by an installed package under the entry-point group ``pml_suprank.losses``
+  (``[project.entry-points."pml_suprank.losses"] MyAP = "my_package.losses:MyAPLoss"``), loaded when first asked for.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from typing import Any, TypeVar
 
 from torch import nn
 
 __all__ = [
+    "BUILTIN_LOSSES",
+    "ENTRY_POINT_GROUP",
     "HAPPIER_PAPER",
     "SUPRANK_PAPER",
     "LossEntry",
+    "entry_options",
     "loss_entry",
+    "loss_keywords",
+    "register_builtin_losses",
     "register_loss",
     "registered_losses",
+    "resolve_loss",
     "unregister_loss",
 ]
 
@@ -154,3 +175,127 @@ def loss_entry(name: str) -> LossEntry:
         if entry.cls.__name__ == name:
             return entry
     raise ValueError(f"loss must be one of {sorted(_REGISTRY)}; got {name!r}")
+
+
+#: the entry-point group under which installed packages publish losses (name = the ``--loss`` name)
+ENTRY_POINT_GROUP = "pml_suprank.losses"
+#: the prefix of a pytorch-metric-learning loss (``pml:MultiSimilarityLoss``)
+PML_PREFIX = "pml:"
+_SMOOTH_AP_PAPER = ("Smooth-AP: Smoothing the Path Towards Large-Scale Image Retrieval (Brown et al., ECCV 2020)",
+                    "https://arxiv.org/abs/2007.12163")  # fmt: skip
+_CSL_PAPER = ("Dynamic Metric Learning: Towards a Scalable Metric Space to Accommodate Multiple Semantic Scales "
+              "(Sun et al., CVPR 2021)", "https://arxiv.org/abs/2103.11781")  # fmt: skip
+_SUPRANK = ("tau", "rho", "delta", "start", "offset", "kernel")
+_COMBINED = ("decomposability", "decomposability_weight", *_SUPRANK)
+
+#: the rank losses of the package: ``(name, "module:Class" under pml_suprank.losses, hierarchical, multilabel, paper,
+#: options)`` (HAPPIER, ROADMAP and ROD-NDCG are registered by their modules' decorators)
+BUILTIN_LOSSES: tuple[tuple[str, str, bool, bool, tuple[str, str], tuple[str, ...] | None], ...] = (
+    ("Smooth-AP", "smooth_ap_loss:SmoothAPLoss", False, False, _SMOOTH_AP_PAPER, ("kernel",)),
+    ("SupAP", "sup_ap_loss:SupAPLoss", False, False, SUPRANK_PAPER, _SUPRANK),
+    ("Sup-R@k", "sup_recall_loss:SupRecallLoss", False, False, SUPRANK_PAPER, _SUPRANK),
+    ("ROD-R@k", "rod_recall_loss:RODRecallLoss", False, False, SUPRANK_PAPER, _COMBINED),
+    ("Sup-H-AP", "sup_hap_loss:SupHAPLoss", True, True, HAPPIER_PAPER, (*_SUPRANK, "alpha")),
+    ("Sup-NDCG", "sup_ndcg_loss:SupNDCGLoss", True, True, SUPRANK_PAPER, _SUPRANK),
+    ("CSL", "csl_loss:CSLLoss", True, False, _CSL_PAPER, ()),
+)
+
+
+def register_builtin_losses() -> None:
+    """Register :data:`BUILTIN_LOSSES` (called once by :mod:`pml_suprank.losses`)."""
+    for name, path, hierarchical, multilabel, paper, options in BUILTIN_LOSSES:
+        module, _, attr = path.partition(":")
+        cls = getattr(importlib.import_module(f"{__package__}.{module}"), attr)
+        register_loss(name, hierarchical=hierarchical, multilabel=multilabel, paper=paper, options=options)(cls)
+
+
+def _import_class(name: str) -> type:
+    """The class ``module:Class`` names (``pml:Class``: of ``pytorch_metric_learning.losses``)."""
+    module, _, attr = name.partition(":")
+    module = "pytorch_metric_learning.losses" if module == "pml" else module
+    if not module or not attr:
+        raise ValueError(f"loss {name!r}: expected a registered name, pml:ClassName or package.module:ClassName")
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as e:
+        raise ValueError(f"loss {name!r}: cannot import module {module!r} ({e}); is it on PYTHONPATH?") from e
+    cls = getattr(mod, attr, None)
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise ValueError(f"loss {name!r}: {module} has no nn.Module class {attr!r}")
+    return cls
+
+
+def _entry_point(name: str) -> LossEntry | None:
+    """Load the loss an installed package publishes as ``name`` (entry-point group :data:`ENTRY_POINT_GROUP`)."""
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name == name:
+            cls = ep.load()
+            if name not in _REGISTRY:  # published without the decorator (or under another registered name)
+                register_loss(name, hierarchical=bool(getattr(cls, "hierarchical", False)))(cls)
+            return _REGISTRY[name]
+    return None
+
+
+def resolve_loss(name: str) -> LossEntry:
+    """The entry of the ``--loss`` value ``name``: a registered name (or registered class name), ``pml:Class``,
+    ``package.module:Class`` or an installed plugin's name (see the module docstring). A class from a module that
+    registers it with the decorator gets its registered entry; others get one with ``hierarchical`` read from the
+    class attribute of that name (default ``False``).
+
+    Raises:
+        ValueError: ``name`` names no loss (the message lists the registered names and the other spellings).
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"loss must be a non-empty string; got {name!r}")
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    if ":" in name:
+        cls = _import_class(name)
+        for entry in _REGISTRY.values():
+            if entry.cls is cls:
+                return entry
+        if name.startswith(PML_PREFIX):  # a baseline: fine labels, its options only through --loss_kwargs
+            return LossEntry(name, cls, False, False, None, ())
+        return LossEntry(name, cls, bool(getattr(cls, "hierarchical", False)), False, None, None)
+    entry = _entry_point(name)
+    if entry is not None:
+        return entry
+    try:
+        return loss_entry(name)
+    except ValueError:
+        plugins = sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+        raise ValueError(
+            f"loss must be one of {sorted(_REGISTRY)}" + (f", an installed plugin ({', '.join(plugins)})" if plugins
+                                                           else "")
+            + f", pml:ClassName (pytorch-metric-learning) or package.module:ClassName; got {name!r}"
+        ) from None
+
+
+def entry_options(entry: LossEntry, option_names: Sequence[str]) -> tuple[str, ...]:
+    """The recipe options (of ``option_names``: ``tau``, ``rho``...) the loss of ``entry`` takes: its ``options``,
+    or those that are named parameters of its constructor."""
+    if entry.options is not None:
+        return entry.options
+    params = inspect.signature(entry.cls.__init__).parameters
+    return tuple(n for n in option_names if n in params and n not in ("loss", "loss_kwargs"))
+
+
+def loss_keywords(cls: type) -> frozenset[str] | None:
+    """The keyword arguments the loss class ``cls`` accepts, read from the ``__init__`` signatures along its MRO
+    (an ``__init__`` with ``**kwargs`` passes them on to its base); ``None`` when they cannot be read that way (the
+    package's combined losses hand their ``**kwargs`` to an inner loss)."""
+    if cls.__module__.startswith(f"{__package__}."):
+        return None
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        if klass in (nn.Module, object):
+            break
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        params = inspect.signature(init).parameters.values()
+        kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        names |= {p.name for p in params if p.kind in kinds and p.name != "self"}
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+            break
+    return frozenset(names)

@@ -1,10 +1,16 @@
-"""Compiled (numba) counting of the negatives ranked before each relevant item, for CPU tensors.
+"""Compiled (numba) row kernels of the exact evaluation, for CPU tensors.
 
-The fused per-row kernel behind ``counting="compiled"`` of :func:`pml_suprank.metrics.ranks.rank_relevant_items`:
-for every row it prunes the negatives scoring below the lowest relevant item, looks the others up in a uniform
-histogram of the row's relevant scores and finishes with an exact comparison against the relevant items sharing a
-bin, in one pass over the row. Same result as the torch counters (exact integer counts; no arithmetic decides an
-order, the bins only narrow down where to compare).
+* :func:`count_negatives_compiled`: the fused per-row kernel behind ``counting="compiled"`` of
+  :func:`pml_suprank.metrics.ranks.rank_relevant_items`: for every row it prunes the negatives scoring below the
+  lowest relevant item, looks the others up in a uniform histogram of the row's relevant scores and finishes with an
+  exact comparison against the relevant items sharing a bin, in one pass over the row. Same result as the torch
+  counters (exact integer counts; no arithmetic decides an order, the bins only narrow down where to compare).
+* :func:`block_keys_compiled` and :func:`block_positions_compiled`: the evaluator's two passes over a score block
+  whose relevant items are one contiguous column slice per row (keys of the slice; then, once sorted, the counting
+  over the other columns), used by :func:`pml_suprank.metrics.eval_blocks.chunk_ranks`.
+* :func:`prefix_sums_compiled` and :func:`asi_sums_compiled`: the shared prefix sums of
+  :class:`pml_suprank.metrics.from_ranks.RankStats` and the sums of ASI in one pass per row (the torch path of
+  those classes stays the implementation on other devices and the reference of the tests).
 
 numba is an optional dependency (``pip install 'pml-suprank[fast]'``): this module imports it at import time, so
 import the module lazily and treat ``ImportError`` as "not available" (:func:`compiled_counting_available`). The
@@ -19,7 +25,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["SUPPORTED_DTYPES", "count_negatives_compiled"]
+__all__ = [
+    "SUPPORTED_DTYPES",
+    "asi_sums_compiled",
+    "block_keys_compiled",
+    "block_positions_compiled",
+    "count_negatives_compiled",
+    "prefix_sums_compiled",
+]
 
 SUPPORTED_DTYPES = (torch.float32, torch.float64)
 
@@ -84,7 +97,9 @@ def _count_row(row, r, n, num_bins, out_row):  # pragma: no cover - compiled
         slot[j] = a  # a < n because s >= the lowest relevant score
     hist = np.zeros(n + 1, np.int64)
     for j in range(N):
-        hist[slot[j]] += 1
+        k = slot[j]
+        if k < n:  # the pruned entries (slot n) never count; skipping them avoids a store chain on hist[n]
+            hist[k] += 1
     acc = 0
     for k in range(n):
         acc += hist[k]
@@ -163,4 +178,220 @@ def count_negatives_compiled(neg_scores: Tensor, rs: Tensor, n_rel: Tensor, num_
         kernel(neg, rel, counts, int(num_bins) if num_bins is not None else 0, out.numpy())
     finally:
         numba.set_num_threads(previous)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the evaluator's fused row kernels: the relevant items of a query are one contiguous column slice of its score row
+
+
+_KEY_PAD = (2**63 - 1) & ~63  # larger than every key; level bits 0 (== ranks._KEY_PAD)
+
+
+@numba.njit(parallel=True, nogil=True)
+def _block_keys(bits, starts, ends, self_col, keys):  # pragma: no cover - compiled
+    """``keys[c, t]`` = pessimistic int64 key ``-m(s)·64 + level`` of column ``starts[c, 0] + t`` of row ``c``
+    (``bits``: the float32 scores viewed as int32; ``_KEY_PAD`` on padding and on the query's own column): level 1
+    inside ``[starts[c, 0], ends[c, 0])``, +1 per finer nested slice ``[starts[c, m], ends[c, m])`` containing the
+    column."""
+    C, P = keys.shape
+    L = starts.shape[1]
+    for c in numba.prange(C):
+        a, b = starts[c, 0], ends[c, 0]
+        n = b - a
+        for t in range(n):
+            v = np.int64(bits[c, a + t])
+            if v == -(2**31):  # -0.0 ties with +0.0
+                v = 0
+            keys[c, t] = -(v ^ ((v >> 31) & 0x7FFFFFFF)) * 64 + 1
+        for m in range(1, L):
+            for j in range(starts[c, m], ends[c, m]):
+                keys[c, j - a] += 1
+        s = self_col[c]
+        if a <= s < b:
+            keys[c, s - a] = _KEY_PAD
+        for t in range(n, P):
+            keys[c, t] = _KEY_PAD
+
+
+@numba.njit(parallel=True, nogil=True)
+def _block_positions(scores, keys, a1, b1, self_col, num_bins, levels, positions):  # pragma: no cover - compiled
+    """Levels and 1-based positions ``(C, P)`` of the sorted relevant items (``keys``, padding last) of each row.
+
+    The negatives are every column outside ``[a1, b1)`` but the query's own: the slice and that column are set to
+    ``-inf`` in ``scores`` (the caller's buffer), then :func:`_count_row` counts, for each relevant item, the
+    negatives scoring at least as high."""
+    C, P = keys.shape
+    for c in numba.prange(C):
+        row = scores[c]
+        row[a1[c] : b1[c]] = -np.inf
+        if self_col[c] >= 0:
+            row[self_col[c]] = -np.inf
+        n = 0
+        while n < P and keys[c, n] != _KEY_PAD:
+            n += 1
+        for t in range(n, P):
+            levels[c, t] = 0
+            positions[c, t] = 0
+        if n == 0:
+            continue
+        bits = np.empty(n + 1, np.int32)
+        for k in range(n):
+            m = -(keys[c, k] >> 6)  # the order-preserving int32 image m(r), an involution of the float bits
+            bits[k] = np.int32(m ^ ((m >> 31) & 0x7FFFFFFF))
+        r = bits.view(np.float32)
+        r[n] = -np.inf
+        neg_ge = np.empty(n, np.int64)
+        _count_row(row, r, n, num_bins, neg_ge)
+        for k in range(n):
+            levels[c, k] = keys[c, k] & 63
+            positions[c, k] = neg_ge[k] + k + 1
+
+
+def block_keys_compiled(scores: Tensor, starts: Tensor, ends: Tensor, self_col: Tensor, P: int) -> Tensor:
+    """``(C, P)`` int64 pessimistic keys of the relevant slice of each row (unsorted; padding ``_KEY_PAD``).
+
+    Args:
+        scores: ``(C, N)`` float32 CPU score block (gallery in label-path order).
+        starts, ends: ``(C, L)`` int64 nested label slices (column 0 coarsest).
+        self_col: ``(C,)`` int64 column of the query itself (``-1`` when not in the gallery).
+        P: width, at least ``max(ends[:, 0] - starts[:, 0])``.
+    """
+    keys = torch.empty(scores.shape[0], P, dtype=torch.int64)
+    if keys.numel():
+        with _threads():
+            _block_keys(scores.numpy().view(np.int32), starts.numpy(), ends.numpy(), self_col.numpy(), keys.numpy())
+    return keys
+
+
+def block_positions_compiled(
+    scores: Tensor, keys: Tensor, starts: Tensor, ends: Tensor, self_col: Tensor, num_bins: int | None = None
+) -> tuple[Tensor, Tensor]:
+    """``(levels, positions)`` ``(C, P)`` int64 of the sorted keys of :func:`block_keys_compiled` in the pessimistic
+    ranking of each row (negatives: every column outside the row's coarsest slice but the query's own). Overwrites
+    the coarsest slice and the query's own column of ``scores`` with ``-inf``."""
+    C, P = keys.shape
+    levels = torch.empty(C, P, dtype=torch.int64)
+    positions = torch.empty(C, P, dtype=torch.int64)
+    if levels.numel():
+        a1, b1 = starts[:, 0].contiguous(), ends[:, 0].contiguous()
+        with _threads():
+            _block_positions(
+                scores.numpy(),
+                keys.numpy(),
+                a1.numpy(),
+                b1.numpy(),
+                self_col.numpy(),
+                int(num_bins) if num_bins is not None else 0,
+                levels.numpy(),
+                positions.numpy(),
+            )
+    return levels, positions
+
+
+class _threads:
+    """As many numba threads as torch uses (numba's setting is per calling thread; restored afterwards)."""
+
+    def __enter__(self) -> None:
+        self.previous = numba.get_num_threads()
+        numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+
+    def __exit__(self, *exc) -> None:
+        numba.set_num_threads(self.previous)
+
+
+@numba.njit(parallel=True, nogil=True)
+def _prefix_sums(  # pragma: no cover - compiled
+    levels, positions, position, inv_position, cum_ge, cum_prec, level_sums, level_disc
+):
+    """One pass per row of :class:`~pml_suprank.metrics.from_ranks.RankStats`'s shared arrays: ``position`` (``inf``
+    on padding), ``inv_position = 1 / position`` and, for every threshold ``m = 1..L`` (index ``m - 1``), ``cum_ge``
+    (items of level ``>= m`` up to each slot) and ``cum_prec`` (inclusive sums of ``cum_ge · inv_position`` over the
+    slots of level ``>= m``) — the torch path's operations in its order, so bitwise equal; and the per-level sums
+    ``level_sums[c, λ - 1, m - 1] = Σ_{k: level λ} cum_ge_m(k) / position_k`` and ``level_disc[c, λ - 1] =
+    Σ_{k: level λ} 1 / log2(1 + position_k)``."""
+    C, P = levels.shape
+    L = cum_ge.shape[0]
+    for c in numba.prange(C):
+        level_sums[c] = 0.0
+        level_disc[c] = 0.0
+        for m in range(L):
+            a = 0.0
+            acc = 0.0
+            for k in range(P):
+                lv = levels[c, k]
+                if m == 0:
+                    if lv > 0:
+                        position[c, k] = np.float64(positions[c, k])
+                        inv_position[c, k] = 1.0 / position[c, k]
+                        level_disc[c, lv - 1] += 1.0 / np.log2(1.0 + position[c, k])
+                    else:
+                        position[c, k] = np.inf
+                        inv_position[c, k] = 0.0
+                if lv > m:  # the other slots add an exact 0 in the torch path
+                    a += 1.0
+                    acc += a * inv_position[c, k]
+                if lv > 0:
+                    level_sums[c, lv - 1, m] += a * inv_position[c, k]
+                cum_ge[m, c, k] = a
+                cum_prec[m, c, k] = acc
+
+
+def prefix_sums_compiled(levels: Tensor, positions: Tensor, num_levels: int) -> tuple[Tensor, ...]:
+    """``(position, inv_position, cum_ge, cum_prec, level_sums, level_disc)`` of ``(C, P)`` int64 ranked ``levels``
+    and ``positions`` (CPU): ``(C, P)``, ``(C, P)``, ``(L, C, P)``, ``(L, C, P)``, ``(C, L, L)`` and ``(C, L)``
+    float64 tensors, see :func:`_prefix_sums`."""
+    C, P = levels.shape
+    L = num_levels
+    out = (
+        torch.empty(C, P, dtype=torch.float64),
+        torch.empty(C, P, dtype=torch.float64),
+        torch.empty(L, C, P, dtype=torch.float64),
+        torch.empty(L, C, P, dtype=torch.float64),
+        torch.zeros(C, L, L, dtype=torch.float64),
+        torch.zeros(C, L, dtype=torch.float64),
+    )
+    if C and P:
+        with _threads():
+            _prefix_sums(levels.contiguous().numpy(), positions.contiguous().numpy(), *(t.numpy() for t in out))
+    return out
+
+
+@numba.njit(parallel=True, nogil=True)
+def _asi_sums(levels, positions, counts, out):  # pragma: no cover - compiled
+    """``out[c] = Σ_{n=1}^{min(N⁺, P)} Σ_l min(c_l(n), c*_l(n)) / n`` (ASI before the division by ``N⁺``), walking
+    the positions once per row; see :func:`pml_suprank.metrics.from_ranks.asi_` for the definitions."""
+    C, P = levels.shape
+    L = counts.shape[1] - 1
+    for c in numba.prange(C):
+        n_plus = 0
+        for lvl in range(1, L + 1):
+            n_plus += counts[c, lvl]
+        above = np.zeros(L + 1, np.int64)  # relevant items of a higher level (ranked first in the ideal order)
+        for lvl in range(L - 1, 0, -1):
+            above[lvl] = above[lvl + 1] + counts[c, lvl + 1]
+        cnt = np.zeros(L + 1, np.int64)  # items of each level within the first n positions
+        k = 0
+        total_sum = 0.0
+        for n in range(1, min(n_plus, P) + 1):
+            while k < P and levels[c, k] > 0 and positions[c, k] == n:
+                cnt[levels[c, k]] += 1
+                k += 1
+            total = cnt[L]  # the finest level never exceeds its ideal count
+            for lvl in range(1, L):
+                ideal = min(max(n - min(above[lvl], P), 0), min(counts[c, lvl], P))
+                total += min(cnt[lvl], ideal)
+            total_sum += np.float64(total) / np.float64(n)
+        out[c] = total_sum
+
+
+def asi_sums_compiled(levels: Tensor, positions: Tensor, counts: Tensor) -> Tensor:
+    """``(C,)`` float64 ASI numerators of ``(C, P)`` int64 ranked ``levels`` / ``positions`` and ``(C, L + 1)``
+    gallery ``counts`` (CPU), see :func:`_asi_sums`."""
+    out = torch.zeros(levels.shape[0], dtype=torch.float64)
+    if levels.numel():
+        with _threads():
+            _asi_sums(
+                levels.contiguous().numpy(), positions.contiguous().numpy(), counts.contiguous().numpy(), out.numpy()
+            )
     return out

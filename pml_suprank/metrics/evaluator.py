@@ -1,15 +1,15 @@
 """Chunked, exact full-ranking retrieval evaluation.
 
-The gallery is permuted once so that items are grouped by their label path (coarsest level first). The items sharing
+The gallery is permuted once so that items are grouped by their label path (coarsest level first): the items sharing
 the ``m`` coarsest labels of a query then form a contiguous, nested slice ``[a_m, b_m)`` of every score row, so the
-level of an item follows from its column and no ``(Q, N)`` level matrix is built. For each chunk of queries the
-score block is one matmul; the relevant slice is gathered and sorted, one scatter blanks it in the score block, and
-negatives are only *counted* (:func:`~pml_suprank.metrics.ranks.rank_relevant_items`: negatives below the
-lowest relevant score are pruned by one comparison pass; on the CPU a compiled numba kernel when installed, off the
-CPU a fixed-shape search). Cost: ``O(Q·N·D)`` for the matmul plus a few ``O(Q·N)`` streaming passes and
-``O(Σ_q P_q log P_q)`` for the relevant items; memory ``O(chunk·N)``. Every chunk stays on the evaluation device:
-the per-chunk sizes are read on the host once per call and the per-query results are brought back in one transfer
-at the end, so no chunk waits for the host.
+level of an item follows from its column and no ``(Q, N)`` level matrix is built (:mod:`.eval_blocks`). For each
+chunk of queries the score block is one matmul; the relevant slice is ranked and negatives are only *counted*
+(:func:`~pml_suprank.metrics.eval_blocks.chunk_ranks`: on the CPU two compiled passes over the rows when numba is
+installed, elsewhere the torch kernels of :mod:`~pml_suprank.metrics.ranks`, a fixed-shape search off the CPU).
+Cost: ``O(Q·N·D)`` for the matmul plus one or two ``O(Q·N)`` streaming passes and ``O(Σ_q P_q log P_q)`` for the
+relevant items; memory: a byte budget per chunk for the device (:func:`~pml_suprank.metrics.eval_blocks.chunk_rows`).
+Every chunk stays on the evaluation device: the per-chunk sizes are read on the host once per call and the
+per-query results are brought back in one transfer at the end, so no chunk waits for the host.
 """
 
 from __future__ import annotations
@@ -32,81 +32,14 @@ from .._validation import (
 )
 from ..relevance import Hierarchy, as_hierarchy, hierarchical_label_pair
 from ._scaling import overflow_safe_scales
+from .eval_blocks import block_counts, chunk_ranks, chunk_rows, label_blocks
 from .multilabel_eval import evaluate_multilabel, multilabel_groups
-from .ranks import COUNTING_METHODS, RetrievalRanks, rank_relevant_items
+from .ranks import COUNTING_METHODS, RetrievalRanks
 from .registry import METRIC_GROUPS, SINGLE_LABEL_GROUPS, TOP_K_GROUPS, check_groups, metrics_from_ranks
 
 __all__ = ["RetrievalEvaluator", "compute_embeddings", "METRIC_GROUPS"]
 
 LABEL_NAMES = ("query_labels", "reference_labels")
-
-
-def _label_blocks(query_labels: Tensor, ref_labels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Permutation of the gallery by label path and the nested slices of each query.
-
-    Returns:
-        ``perm`` ``(N,)``, ``starts`` and ``ends`` ``(Q, L)``: after ``ref[perm]`` the items agreeing with query ``q``
-        on its ``m`` coarsest labels are the columns ``[starts[q, m-1], ends[q, m-1])``.
-    """
-    N, L = ref_labels.shape
-    paths = torch.cat([ref_labels, query_labels]).flip(1)  # coarsest first
-    ids = []
-    prev = torch.zeros(paths.shape[0], dtype=torch.long)
-    for m in range(L):
-        # id of the path of the m + 1 coarsest labels: lexicographic (previous id, label), 1-D uniques only
-        _, col = torch.unique(paths[:, m], return_inverse=True)
-        _, prev = torch.unique(prev * (int(col.max()) + 1 if col.numel() else 1) + col, return_inverse=True)
-        ids.append(prev)
-    perm = torch.sort(ids[-1][:N], stable=True).indices
-    starts, ends = [], []
-    for inv in ids:
-        g = inv[:N][perm].contiguous()
-        q = inv[N:].contiguous()
-        starts.append(torch.searchsorted(g, q, right=False))
-        ends.append(torch.searchsorted(g, q, right=True))
-    return perm, torch.stack(starts, 1), torch.stack(ends, 1)
-
-
-def _chunk_ranks(
-    scores: Tensor,
-    starts: Tensor,
-    ends: Tensor,
-    self_col: Tensor | None,
-    num_bins: int | None,
-    workspace: dict | None = None,
-    counting: str = "auto",
-    P: int | None = None,
-) -> RetrievalRanks:
-    """Ranks of one chunk from its ``(C, N)`` score block (overwritten) and the label slices ``(C, L)``; ``P``: the
-    largest first-level block ``max(ends[:, 0] - starts[:, 0])`` if known on the host (else read back)."""
-    C, N = scores.shape
-    L = starts.shape[1]
-    device = scores.device
-    a1, b1 = starts[:, 0], ends[:, 0]
-    n_block = b1 - a1
-    if P is None:
-        P = int(n_block.max()) if C else 0
-    t = torch.arange(P, device=device)
-    in_block = t[None, :] < n_block[:, None]
-    raw = a1[:, None] + t[None, :]  # past the block (possibly past N) on padding slots
-    # level of every slot: 1 inside the block, +1 per finer nested slice containing it; 0 for padding and the query
-    lev = in_block.long()
-    for m in range(1, L):
-        lev += (raw >= starts[:, m : m + 1]) & (raw < ends[:, m : m + 1])
-    has_self = torch.zeros(C, dtype=torch.long, device=device)
-    if self_col is not None:
-        has_self = (self_col >= 0).long()
-        lev.masked_fill_(raw == self_col[:, None], 0)
-    # padding slots point at the first column of the row's block (or hold the original score of a row whose block is
-    # empty), so one scatter keeps only the negatives in the score block (the query itself lies in its own block)
-    col = torch.where(in_block, raw, a1.clamp_max(max(N - 1, 0))[:, None])
-    rel_scores = scores.gather(1, col)
-    if P:
-        scores.scatter_(1, col, rel_scores.masked_fill((n_block > 0)[:, None], float("-inf")))
-    levels, positions = rank_relevant_items(
-        scores, rel_scores, lev, num_bins=num_bins, workspace=workspace, counting=counting, max_level=L
-    )
-    return RetrievalRanks(levels, positions, _block_counts(starts, ends, has_self, N), L)
 
 
 class RetrievalEvaluator:
@@ -141,7 +74,8 @@ class RetrievalEvaluator:
     Args:
         k_values: the ``k`` of the top-k metrics.
         alpha: ``α`` of the H-AP relevance (1 = HAPPIER).
-        chunk_size: queries per chunk; default ``max(16, 2**25 // N)`` (about 1 GB of work memory).
+        chunk_size: queries per chunk; default: a byte budget for the device (:func:`chunk_rows`: 32 MiB on the
+            CPU, a quarter of the free memory on a GPU) divided by the work memory of one query.
         device: where to compute (default: the device of ``query``); a device whose backend is unavailable here
             (e.g. ``"cuda"`` without CUDA) raises ``ValueError`` at construction.
         metrics: metric groups to compute (keys of :data:`METRIC_GROUPS`, one per entry of the metric registry
@@ -279,8 +213,12 @@ class RetrievalEvaluator:
             self_idx = torch.arange(Q)
         return query, ql, reference, rl, self_idx
 
-    def _default_chunk(self, n_ref: int) -> int:
-        return self.chunk_size if self.chunk_size is not None else max(16, 2**25 // max(n_ref, 1))
+    def _default_chunk(self, n_ref: int, n_slots: int = 0, device: torch.device | str = "cpu", levels: int = 2) -> int:
+        """Queries per chunk: ``chunk_size``, else a byte budget for ``device`` divided by the bytes of one query's
+        row (see :func:`chunk_rows`; ``n_slots``: the largest first-level label block, ``levels``: ``L``)."""
+        if self.chunk_size is not None:
+            return self.chunk_size
+        return chunk_rows(n_ref, n_slots, torch.device(device), levels)
 
     def _chunks(self, num_queries: int, chunk: int) -> Iterable[int]:
         starts = range(0, num_queries, chunk)
@@ -339,7 +277,7 @@ class RetrievalEvaluator:
         device = self.device if self.device is not None else query.device
         dtype = query.dtype if query.dtype in (torch.float32, torch.float64) else torch.float32
         Q, N, L = query.shape[0], reference.shape[0], ql.shape[1]
-        perm, starts, ends = _label_blocks(ql.cpu(), rl.cpu())
+        perm, starts, ends = label_blocks(ql.cpu(), rl.cpu())
         self_col = None
         if self_idx is not None:
             inv = torch.empty_like(perm)
@@ -348,10 +286,11 @@ class RetrievalEvaluator:
             self_col[self_idx] = inv[self_idx]
         gallery = reference.detach()[perm.to(reference.device)].to(device=device, dtype=dtype)
         query_scale, gallery = overflow_safe_scales(query, gallery)
-        chunk = self._default_chunk(N)
-        # relevant slots per chunk (the largest label block of its queries), read on the host once per call so
-        # that no chunk reads anything back from the device
-        block_sizes = _chunk_maxima(ends[:, 0] - starts[:, 0], chunk)
+        # relevant slots of every query (its first-level label block), read once per call from host tensors: they
+        # size the chunks and each chunk's slot width, so that no chunk reads anything back from the device
+        n_block = (ends[:, 0] - starts[:, 0]).tolist()
+        chunk = self._default_chunk(N, max(n_block, default=0), device, L)
+        block_sizes = [max(n_block[i : i + chunk]) for i in range(0, Q, chunk)]
         starts, ends = starts.to(device), ends.to(device)
         self_col = None if self_col is None else self_col.to(device)
         queries = query.detach().to(device=device, dtype=dtype)
@@ -364,7 +303,7 @@ class RetrievalEvaluator:
             for i, s in enumerate(self._chunks(Q, chunk)):
                 e = min(s + chunk, Q)
                 scores = torch.mm(queries[s:e], gallery.T, out=score_buf[: e - s])
-                ranks = _chunk_ranks(
+                ranks = chunk_ranks(
                     scores,
                     starts[s:e],
                     ends[s:e],
@@ -436,13 +375,6 @@ def _check_multilabel_backend(backend: str) -> None:
         raise ValueError(f"multilabel=True needs backend='torch' (exact full ranking); got backend={backend!r}")
 
 
-def _chunk_maxima(values: Tensor, chunk: int) -> list[int]:
-    """Maximum of each run of ``chunk`` consecutive entries of the 1-D host tensor ``values`` (one read-back)."""
-    pad = -len(values) % chunk
-    padded = torch.cat([values, values.new_zeros(pad)]) if pad else values
-    return padded.view(-1, chunk).amax(1).tolist() if len(values) else []
-
-
 def _to_host(per_query: dict[str, list[Tensor]]) -> dict[str, Tensor]:
     """Concatenate the per-chunk ``(C,)`` float64 results of every key and bring them to the host in one transfer."""
     keys = list(per_query)
@@ -450,18 +382,6 @@ def _to_host(per_query: dict[str, list[Tensor]]) -> dict[str, Tensor]:
         return {}
     stacked = torch.stack([torch.cat(per_query[k]) for k in keys]).cpu()
     return dict(zip(keys, stacked.unbind(0)))
-
-
-def _block_counts(starts: Tensor, ends: Tensor, has_self: Tensor, N: int) -> Tensor:
-    """``(C, L + 1)`` items per level from the nested label slices ``(C, L)`` (``has_self``: 1 where the query
-    itself lies in the gallery and is removed)."""
-    C, L = starts.shape
-    ge = ends - starts - has_self[:, None]  # (C, L): items agreeing on the m coarsest labels (self removed)
-    ge = torch.cat([ge, torch.zeros_like(ge[:, :1])], 1)
-    counts = torch.empty(C, L + 1, dtype=torch.long, device=starts.device)
-    counts[:, 1:] = ge[:, :-1] - ge[:, 1:]
-    counts[:, 0] = N - has_self - ge[:, 0]
-    return counts
 
 
 def _knn_ranks(nn: Tensor, query_labels: Tensor, ref_labels: Tensor, removes_self: bool) -> RetrievalRanks:
@@ -476,9 +396,9 @@ def _knn_ranks(nn: Tensor, query_labels: Tensor, ref_labels: Tensor, removes_sel
     order = torch.sort((level == 0).to(torch.int8), dim=1, stable=True).indices  # relevant first, search order kept
     levels = level.gather(1, order)
     positions = (order + 1).masked_fill_(levels == 0, 0)
-    _, starts, ends = _label_blocks(query_labels, ref_labels)
+    _, starts, ends = label_blocks(query_labels, ref_labels)
     has_self = torch.full((Q,), int(removes_self), dtype=torch.long)
-    return RetrievalRanks(levels, positions, _block_counts(starts, ends, has_self, ref_labels.shape[0]), L)
+    return RetrievalRanks(levels, positions, block_counts(starts, ends, has_self, ref_labels.shape[0]), L)
 
 
 @torch.no_grad()

@@ -58,6 +58,15 @@ def _at(arr: Tensor, i: Tensor) -> Tensor:
     return torch.where(i > 0, arr.gather(1, (i - 1).clamp_min(0)), 0.0)[:, 0]
 
 
+def _compiled_prefix_sums(levels: Tensor, positions: Tensor) -> bool:
+    """Whether :class:`RankStats` computes its prefix sums with the compiled kernel (CPU int64, numba installed)."""
+    if levels.device.type != "cpu" or levels.dtype != torch.int64 or positions.dtype != torch.int64:
+        return False
+    from .ranks import _compiled_available
+
+    return _compiled_available()
+
+
 class RankStats:
     """Prefix sums of one :class:`RetrievalRanks` shared by every metric (computed on first use, then cached).
 
@@ -84,12 +93,22 @@ class RankStats:
             positions = torch.zeros_like(lv)
         self.levels, self.positions, self.counts, self.num_levels = lv, positions, ranks.counts, ranks.num_levels
         self.valid = lv > 0
-        self.position = _f64(positions).masked_fill_(~self.valid, float("inf"))
-        self.inv_position = self.position.reciprocal()
         self._ge: dict[int, Tensor] = {1: self.valid}
         self._cum_ge: dict[int, Tensor] = {}
         self._cprec: dict[int, Tensor] = {}
         self._upto: dict[tuple[str, int], Tensor] = {}
+        self._level_sums: Tensor | None = None
+        self._level_disc: Tensor | None = None
+        if _compiled_prefix_sums(lv, positions):  # CPU: every shared sum in one compiled pass
+            from ._compiled_counts import prefix_sums_compiled
+
+            out = prefix_sums_compiled(lv, positions, self.num_levels)
+            self.position, self.inv_position, cum_ge, cum_prec, self._level_sums, self._level_disc = out
+            for m in range(1, self.num_levels + 1):
+                self._cum_ge[m], self._cprec[m] = cum_ge[m - 1], cum_prec[m - 1]
+            return
+        self.position = _f64(positions).masked_fill_(~self.valid, float("inf"))
+        self.inv_position = self.position.reciprocal()
 
     def n_pos(self, m: int) -> Tensor:
         """``(C,)`` int64 number of gallery items at level ``>= m``."""
@@ -103,8 +122,8 @@ class RankStats:
 
     def cum_ge(self, m: int) -> Tensor:
         """``(C, P)`` float64 ``A_m``: items of level ``>= m`` ranked at or before each slot (inclusive)."""
-        if m not in self._cum_ge:
-            self._cum_ge[m] = torch.cumsum(self.ge(m), 1, dtype=torch.float64)
+        if m not in self._cum_ge:  # integer counts: an int32 scan then one conversion (exact, faster)
+            self._cum_ge[m] = torch.cumsum(self.ge(m), 1, dtype=torch.int32).to(torch.float64)
         return self._cum_ge[m]
 
     def cum_precision(self, m: int) -> Tensor:
@@ -115,6 +134,31 @@ class RankStats:
                 prec.mul_(self.ge(m))  # exact: x·1 = x, and x·0 = 0 for the finite x here
             self._cprec[m] = prec.cumsum_(1)
         return self._cprec[m]
+
+    def level_sums(self) -> Tensor:
+        """``(C, L, L)`` float64 ``[c, λ - 1, l - 1] = Σ_{k: level λ} A_l(k) / rank(k)`` over the slots of level
+        exactly ``λ`` (H-AP groups its per-slot terms by level with these)."""
+        if self._level_sums is None:
+            L = self.num_levels
+            rows = []
+            for lam in range(1, L + 1):
+                w = self.inv_position * (self.levels == lam)
+                rows.append(torch.stack([(self.cum_ge(m) * w).sum(1) for m in range(1, L + 1)], 1))
+            self._level_sums = torch.stack(rows, 1)
+        return self._level_sums
+
+    def level_discounts(self) -> Tensor:
+        """``(C, L)`` float64 ``[c, λ - 1] = Σ_{k: level λ} 1 / log2(1 + rank(k))`` (NDCG's discounts by level)."""
+        if self._level_disc is None:
+            disc = torch.add(self.position, 1.0).log2_().reciprocal_()  # 0 on padding (position inf)
+            L = self.num_levels
+            self._level_disc = torch.stack([(disc * (self.levels == lam)).sum(1) for lam in range(1, L + 1)], 1)
+        return self._level_disc
+
+    def level_slots(self) -> Tensor:
+        """``(C, L)`` float64 number of slots of level exactly ``λ = 1..L`` (from the last column of ``cum_ge``)."""
+        ge = torch.stack([self.cum_ge(m)[:, -1] for m in range(1, self.num_levels + 1)], 1)
+        return ge - torch.cat([ge[:, 1:], torch.zeros_like(ge[:, :1])], 1)
 
     def upto_k(self, k: int) -> Tensor:
         """``(C, 1)`` number of slots with position ``<= k``."""
@@ -190,35 +234,28 @@ def hierarchical_ap_(st: RankStats, table: Tensor) -> Tensor:
     ``H-rank⁺(k) = Σ_l c_l(k)·min(rel(k), rel(l))`` with ``c_l(k)`` the items of level exactly ``l`` ranked at or
     before ``k`` (the pessimistic order replaces the Heaviside of Eq. 18), ``H-AP = Σ_k H-rank⁺(k) / rank(k) /
     Σ_k rel(k)`` over the relevant items ``k``. Summed by parts over the cumulative counts ``A_l = c_l + ... + c_L``:
-    ``H-rank⁺(k) = Σ_l A_l(k)·(min(rel(k), rel(l)) − min(rel(k), rel(l − 1)))`` (the ``l − 1 = 0`` term is zero);
-    the ``(C, L + 1, L + 1)`` table of those differences is tiny, so each level costs one gather and one fma. Levels
-    are identified by their integer level, never by float equality of relevances.
+    ``H-rank⁺(k) = Σ_l A_l(k)·(min(rel(k), rel(l)) − min(rel(k), rel(l − 1)))`` (the ``l − 1 = 0`` term is zero).
+    The coefficient depends on ``k`` only through its level ``λ``, so grouping the slots by level gives
+    ``Σ_k H-rank⁺(k) / rank(k) = Σ_{λ, l} step[λ, l]·S[λ, l]`` with ``S[λ, l] = Σ_{k: level λ} A_l(k) / rank(k)``
+    (:meth:`RankStats.level_sums`) and ``Σ_k rel(k) = Σ_λ rel(λ)·#{k: level λ}``: ``(C, L, L)`` tables, no per-slot
+    gather. Levels are identified by their integer level, never by float equality of relevances.
     """
-    L = st.num_levels
-    lv = st.levels
     table = torch.cat([torch.zeros_like(table[:, :1]), table[:, 1:]], 1)  # rel(0) = 0
     pair_min = torch.minimum(table[:, :, None], table[:, None, :])  # [c, λ, l] = min(rel(λ), rel(l))
-    steps = pair_min[:, :, 1:] - torch.cat([torch.zeros_like(pair_min[:, :, :1]), pair_min[:, :, 1:-1]], 2)
-    rel_k = table.gather(1, lv)  # 0 on padding
-    h_rank = None
-    for lvl in range(1, L + 1):
-        coef = steps[:, :, lvl - 1].contiguous().gather(1, lv)  # a contiguous (C, L + 1) source gathers faster
-        cum_ge = st.cum_ge(lvl)  # cached: never modified in place
-        h_rank = coef.mul_(cum_ge) if h_rank is None else h_rank.addcmul_(cum_ge, coef)
-    num = h_rank.mul_(st.inv_position).sum(1)
-    den = rel_k.sum(1)
+    steps = pair_min[:, 1:, 1:] - torch.cat([torch.zeros_like(pair_min[:, 1:, :1]), pair_min[:, 1:, 1:-1]], 2)
+    num = (steps * st.level_sums()).sum((1, 2))
+    den = (table[:, 1:] * st.level_slots()).sum(1)
     return _nan_where_empty(num / torch.where(den > 0, den, torch.ones_like(den)), den)
 
 
 def ndcg_(st: RankStats) -> Tensor:
-    """NDCG (SupRank Eq. 23): gains ``2^l − 1``, discounts ``1 / log2(1 + p)``, ideal DCG of the same gallery."""
+    """NDCG (SupRank Eq. 23): gains ``2^l − 1``, discounts ``1 / log2(1 + p)``, ideal DCG of the same gallery.
+
+    ``DCG = Σ_λ (2^λ − 1)·Σ_{k: level λ} 1 / log2(1 + rank(k))`` (:meth:`RankStats.level_discounts`)."""
     L = st.num_levels
     device = st.levels.device
-    # gain lookup table instead of per-slot pow (padding: level 0, gain 0); discounts per slot, no size read back
     gains = 2.0 ** torch.arange(L + 1, device=device, dtype=torch.float64) - 1.0
-    gain = gains.expand(st.levels.shape[0], L + 1).gather(1, st.levels)  # a row gather: faster than take
-    disc = torch.add(st.position, 1.0).log2_().reciprocal_()  # 0 on padding (position inf), where the gain is 0
-    dcg = gain.mul_(disc).sum(1)
+    dcg = (st.level_discounts() * gains[1:]).sum(1)
     # relevant levels only (the negatives' gain is 0): at most P = levels.shape[1] items, a size known on the host
     idcg = ideal_dcg(st.counts[:, 1:], gains[1:], num_items=st.levels.shape[1])
     return _nan_where_empty(dcg / torch.where(idcg > 0, idcg, torch.ones_like(idcg)), st.n_pos(1))
@@ -237,6 +274,10 @@ def asi_(st: RankStats) -> Tensor:
     C, P = lv.shape
     device = lv.device
     n_plus = st.n_pos(1)
+    if _compiled_prefix_sums(lv, positions) and counts.dtype == torch.int64:  # CPU: one compiled walk per row
+        from ._compiled_counts import asi_sums_compiled
+
+        return _nan_where_empty(asi_sums_compiled(lv, positions, counts) / n_plus.clamp_min(1), n_plus)
     inside = st.valid & (positions <= n_plus[:, None])  # only positions <= N⁺ <= P matter
     # level of the relevant item at each position 1..P (positions are distinct; column P collects the rest)
     level_at = torch.zeros(C, P + 1, dtype=torch.int8, device=device)

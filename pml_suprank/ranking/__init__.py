@@ -8,7 +8,10 @@ ECCV 2020; HAPPIER, Ramzi et al., ECCV 2022).
 * :mod:`~pml_suprank.ranking.flat` — the flat kernels (SupAP / ROADMAP, Smooth-AP, Sup-R@k): sorted thresholds
   for the Heaviside and linear branches, sigmoid windows for the rest;
 * :mod:`~pml_suprank.ranking.levels` and :mod:`~pml_suprank.ranking.hierarchical` — the hierarchical kernels
-  (Sup-H-AP / HAPPIER, Sup-NDCG) over score-sorted level sets;
+  (Sup-H-AP / HAPPIER, Sup-NDCG): closed forms over the score-sorted level sets of each query's positives, the H⁻
+  sums by the flat kernel over one masked row per level, one host read per call;
+* :mod:`~pml_suprank.ranking.query_blocks` — blocks of queries under a byte budget per device (per-query scores
+  keep each block's Jacobian; per-item outputs recompute blocks in backward);
 * :mod:`~pml_suprank.ranking.dense` — the dense kernels of the flat losses (``(b, N, N)`` differences blocked over
   queries under a memory budget, no host synchronisation) and the ``kernel="auto"`` cost model;
 * :mod:`~pml_suprank.ranking.dense_hierarchical` — the dense kernels of the hierarchical losses;
@@ -25,7 +28,7 @@ may change with the losses that use them.
 
 from __future__ import annotations
 
-from . import dense, dense_hierarchical, flat, hierarchical, levels, steps, tail, window
+from . import dense, dense_hierarchical, flat, hierarchical, levels, query_blocks, steps, tail, window
 from .dense import KERNELS, KernelCosts, choose_kernel, kernel_costs, predicted_costs
 from .flat import ACCELERATOR_CHUNK_SIZE, default_chunk_elements
 from .steps import HeavisideStep, SigmoidStep, SupRankStep

@@ -41,6 +41,7 @@ __all__ = [
     "CPU_DENSE_MAX_WORK",
     "CPU_FLAT_COSTS",
     "CPU_HIERARCHICAL_COSTS",
+    "CPU_HIERARCHICAL_DENSE_MAX_WORK",
     "CUDA_DENSE_MAX_REFS",
     "CUDA_FLAT_COSTS",
     "CUDA_HIERARCHICAL_COSTS",
@@ -78,11 +79,11 @@ class KernelCosts(NamedTuple):
     sorted_per_ref: float
 
 
-# CUDA, fitted (least squares on relative error) to the NVIDIA H200 grid of 2026-11-26 (torch 2.11.0+cu130, float32,
-# 512-d, fwd+bwd median, B ∈ {32, 64, 128, 256, 512} × N ∈ {B, 512, 1024, 2048, 4096}; tests/data/
-# h200_2026-11-26_grid.jsonl, table in docs/performance.md). Flat: SupAP's dense (the costlier flat dense kernel;
-# Smooth-AP's is ~0.5×) and SupAP + Smooth-AP sorted; hierarchical: Sup-H-AP with 2 levels. Excerpt (ms, dense /
-# sorted):
+# CUDA, fitted (least squares on relative error) to the NVIDIA H200 grids of 2026-11-26 and 2026-11-28 (torch
+# 2.11.0+cu130, float32, 512-d, fwd+bwd median, B ∈ {32, 64, 128, 256, 512} × N ∈ {B, 512, 1024, 2048, 4096};
+# tests/data/h200_2026-11-26_grid.jsonl and h200_2026-11-28_grid.jsonl, table in docs/performance.md). Flat: SupAP's
+# dense (the costlier flat dense kernel; Smooth-AP's is ~0.5×) and SupAP + Smooth-AP sorted; hierarchical: Sup-H-AP
+# with 2 levels, both grids (48 points). Excerpt (ms, dense / sorted, 2026-11-26):
 #
 #   B    N     B·N²    SupAP        Smooth-AP    Sup-H-AP (2 levels)
 #   32   1024  3.4e7   3.3 / 4.8    2.7 / 4.0    5.3 / 24.8
@@ -91,23 +92,31 @@ class KernelCosts(NamedTuple):
 #   512  512   1.3e8   10.8 / 5.0   5.9 / 3.6    17.6 / 13.3
 #   256  4096  4.3e9   313.6 / 9.0  158.6 / 6.8  518.2 / 26.7
 #
+# and 2026-11-28, Sup-H-AP: B = 32 vs 2,048 18.4 / 30.8, B = 64 vs 1,024 9.9 / 30.0, B = 256 vs 512 9.8 / 16.9 ms
+# (dense: the fit predicts 17.2 / 21.3, 9.4 / 17.7 and 9.4 / 16.3).
 # With these constants the flat crossover is near B·N² ≈ 4e7 (SupAP, in-batch B = 256 up to B = 32 vs 1,024 dense)
-# and the 2-level one near 1.3e8 with a dependence on N (the sorted hierarchical kernel's windows grow with N):
-# every grid point where one kernel is ≥ 1.3× faster is decided for it, and N = 60,000 is sorted for every B.
+# and the 2-level one near 1.3e8 with a dependence on N: every point of both grids where one kernel is ≥ 1.3× faster
+# is decided for it, and N = 60,000 is sorted for every B. The sorted hierarchical constants describe the kernel
+# measured then (before the one-read kernel of pml_suprank.ranking.hierarchical; not re-measured on a GPU).
 CUDA_FLAT_COSTS = KernelCosts(1.56, 6.90e-8, 4.31, 2.22e-6, 0.0)
-CUDA_HIERARCHICAL_COSTS = KernelCosts(1.45, 1.135e-7, 12.9, 3.71e-6, 3.74e-3)
+CUDA_HIERARCHICAL_COSTS = KernelCosts(1.71, 1.151e-7, 13.8, 5.04e-6, 3.53e-3)
 # CPU: dense iff B·N² <= this. Measured with benchmarks/bench_losses.py --crossover --repeats 5 (2 shared CPU cores,
 # float32, 512-d, torch 2.14, SupAP / Smooth-AP / ROADMAP / Sup-R@k): dense is faster for all four at in-batch
 # B = 16 (B·N² = 4.1e3, 1.3-1.8×) and B = 32 (3.3e4, 1.15-1.45×), slower from B = 64 (2.6e5, 0.6-0.9×) and at
-# B = 64 vs N = 128 (1.0e6, 0.14-0.32×); the rule takes the largest measured B·N² where dense won, 2^15. The
-# hierarchical losses (Sup-H-AP, HAPPIER, Sup-NDCG, 2 levels) agree: dense 1.1-2.4× faster at B = 16 and 32, mixed
-# at B = 64 (0.25-1.8×), slower at B = 128 (0.2-0.3×). Re-measured on 2026-11-26 (--repeats 3, the same grid, a
-# loaded machine; docs/performance.md): the same picture, so the rule is kept
+# B = 64 vs N = 128 (1.0e6, 0.14-0.32×); the rule takes the largest measured B·N² where dense won, 2^15. Re-measured
+# on 2026-11-26 (--repeats 3, the same grid, a loaded machine; docs/performance.md): the same picture
 CPU_DENSE_MAX_WORK = 1 << 15
-# the CPU rule in the form of the cost model: dense = B·N² against sorted = CPU_DENSE_MAX_WORK (unitless), for every
-# number of levels
+# the CPU rule in the form of the cost model: dense = B·N² against sorted = the threshold (unitless)
 CPU_FLAT_COSTS = KernelCosts(0.0, 1.0, float(CPU_DENSE_MAX_WORK), 0.0, 0.0)
-CPU_HIERARCHICAL_COSTS = CPU_FLAT_COSTS
+# CPU, hierarchical (Sup-H-AP and Sup-NDCG, sorted kernel with one host read): dense iff B·N² <= the threshold of
+# the number of levels. Measured in-batch on 2 shared cores (torch 2.14, float32, 512-d, labels fine = i // 4 and
+# fine // 4^c above it; dense / sorted time, median of 9 interleaved, 2026-11-28):
+#   2 levels: 0.31-0.61 at B·N² = 6.4e4, ~1 at 1.1e5, 1.27-1.43 at 2.6e5, 2.1 at 5.1e5        → 2^17
+#   3 levels: 0.43-0.73 up to 2.6e5, ~1 at 5.1e5, 1.17-1.34 at 8.8e5                          → 2^19
+#   4 levels: 0.45-0.54 up to 5.1e5, 0.72-0.92 at 8.8e5, 1.67-2.76 at 2.1e6                   → 2^20
+# more levels keep the 4-level threshold (not measured beyond 4)
+CPU_HIERARCHICAL_DENSE_MAX_WORK = {2: 1 << 17, 3: 1 << 19, 4: 1 << 20}
+CPU_HIERARCHICAL_COSTS = KernelCosts(0.0, 1.0, float(CPU_HIERARCHICAL_DENSE_MAX_WORK[2]), 0.0, 0.0)
 # Former rule of the accelerators (dense iff N <= this), kept for callers that read it; choose_kernel now uses
 # CUDA_FLAT_COSTS / CUDA_HIERARCHICAL_COSTS
 CUDA_DENSE_MAX_REFS = 4096
@@ -116,11 +125,12 @@ CUDA_DENSE_MAX_REFS = 4096
 def kernel_costs(device: torch.device | str, levels: int = 1) -> KernelCosts:
     """The :class:`KernelCosts` of ``auto`` on ``device``'s type for a loss with ``levels`` hierarchy levels.
 
-    ``levels = 1``: the flat constants. ``levels >= 2``: the hierarchical ones, measured with 2 levels; on an
-    accelerator, for more levels the size-dependent terms (dense per element, sorted per pair and per reference)
-    are scaled by ``levels − 1`` on both sides (each level adds one pass of each kernel; NOT measured: an
-    extrapolation). CPU constants for the CPU (the same rule for every ``levels``, as measured), the CUDA ones for
-    every other device type (CUDA, MPS, ...: launch-bound devices).
+    ``levels = 1``: the flat constants. ``levels >= 2``: the hierarchical ones. On the CPU the threshold of
+    :data:`CPU_HIERARCHICAL_DENSE_MAX_WORK` for 2, 3 and 4 levels (measured; more levels keep the 4-level one). On
+    an accelerator, measured with 2 levels; for more levels the size-dependent terms (dense per element, sorted per
+    pair and per reference) are scaled by ``levels − 1`` on both sides (each level adds one pass of each kernel; NOT
+    measured on a GPU: an extrapolation). The CUDA constants serve every non-CPU device type (CUDA, MPS, ...:
+    launch-bound devices).
 
     Raises:
         ValueError: ``levels`` not a positive int.
@@ -130,8 +140,9 @@ def kernel_costs(device: torch.device | str, levels: int = 1) -> KernelCosts:
     cpu = torch.device(device).type == "cpu"
     if levels == 1:
         return CPU_FLAT_COSTS if cpu else CUDA_FLAT_COSTS
-    if cpu:  # measured: the CPU crossover does not move with the number of levels
-        return CPU_HIERARCHICAL_COSTS
+    if cpu:  # measured for 2, 3 and 4 levels
+        threshold = CPU_HIERARCHICAL_DENSE_MAX_WORK[min(levels, max(CPU_HIERARCHICAL_DENSE_MAX_WORK))]
+        return CPU_HIERARCHICAL_COSTS._replace(sorted_ms=float(threshold))
     costs, scale = CUDA_HIERARCHICAL_COSTS, float(levels - 1)
     return costs._replace(
         dense_per_elem=costs.dense_per_elem * scale,
@@ -142,7 +153,7 @@ def kernel_costs(device: torch.device | str, levels: int = 1) -> KernelCosts:
 
 def predicted_costs(device: torch.device | str, num_queries: int, num_refs: int, levels: int = 1):
     """``(dense, sorted)`` predicted fwd+bwd cost of one call by :func:`kernel_costs` (ms on CUDA; on the CPU a
-    unitless score whose sign of the difference is the measured rule ``B·N² <= CPU_DENSE_MAX_WORK``)."""
+    unitless score whose sign of the difference is the measured rule ``B·N² <= threshold``)."""
     costs = kernel_costs(device, levels)
     b, n = float(num_queries), float(num_refs)
     dense = costs.dense_ms + costs.dense_per_elem * b * n * n
@@ -160,11 +171,11 @@ def choose_kernel(
     items and ``levels`` hierarchy levels:
 
     * CUDA (and other accelerators): ``dense = 1.56 + 6.9e-8·B·N²`` vs ``sorted = 4.31 + 2.2e-6·B·N`` ms (flat),
-      ``dense = 1.45 + 1.14e-7·B·N²`` vs ``sorted = 12.9 + 3.7e-6·B·N + 3.7e-3·N`` ms (2 levels): the constants
-      :data:`CUDA_FLAT_COSTS` / :data:`CUDA_HIERARCHICAL_COSTS`, fitted to the H200 grid quoted with them. E.g.
+      ``dense = 1.71 + 1.15e-7·B·N²`` vs ``sorted = 13.8 + 5.0e-6·B·N + 3.5e-3·N`` ms (2 levels): the constants
+      :data:`CUDA_FLAT_COSTS` / :data:`CUDA_HIERARCHICAL_COSTS`, fitted to the H200 grids quoted with them. E.g.
       in-batch B = 256 → dense, B = 256 vs 1,024 → sorted, B = 32 vs 1,024 → dense, anything vs 60,000 → sorted.
-    * CPU: ``"dense"`` iff ``B·N² <= CPU_DENSE_MAX_WORK`` (2^15) for every ``levels`` (measured crossover of the
-      flat and 2-level losses on a 2-core CPU).
+    * CPU: ``"dense"`` iff ``B·N² <= CPU_DENSE_MAX_WORK`` (2^15) for a flat loss, ``<= 2^17 / 2^19 / 2^20`` for 2 / 3
+      / 4+ levels (:data:`CPU_HIERARCHICAL_DENSE_MAX_WORK`; measured crossovers on a 2-core CPU).
 
     Args:
         kernel: one of :data:`KERNELS`.

@@ -174,14 +174,14 @@ def _block_score(kind, s, levels, v, weight, norm, step, hrank, keep: bool):
     rank, rank_plus, deriv, extra = _fused_block(s, levels, v, weight, step, hrank, kind == "hap")
     if kind == "hap":
         ratio = rank_plus / rank
-        score = ratio.sum(1).div_(norm)
+        score = ratio.sum(1) / norm  # out of place: see _HierarchicalScores
         coef = ratio.div_(rank)  # rank⁺ / rank²
         coef_plus = None if hrank is None else rank.reciprocal()
     else:
         shifted = rank.add_(1.0)
         log_rank = torch.log2(shifted)
         ratio = weight / log_rank
-        score = ratio.sum(1).div_(norm)
+        score = ratio.sum(1) / norm  # out of place: see _HierarchicalScores
         coef = ratio.div_(log_rank).div_(shifted)  # w / (log2(1 + rank)² · (1 + rank))
         coef_plus = None
     if not keep:
@@ -208,6 +208,10 @@ class _HierarchicalScores(torch.autograd.Function):
     One block (everything fits the budget): the block's ``(B, N, N)`` derivative terms are kept from forward and
     backward is two batched mat-vec products. Several blocks: only ``(B, N)`` tensors are saved and each block's
     derivative terms are recomputed in backward, one block alive at a time.
+
+    The returned score is never the result of an in-place operation (its version counter is 0): dynamo of torch
+    2.11 drops the gradient of a custom Function's output that an in-place op produced (``x.sum(1).div_(n)``), so
+    the compiled embedding gradient would be zero while the value stays right.
     """
 
     @staticmethod

@@ -263,11 +263,14 @@ def sigmoid_window_sum(
     *,
     chunk_elements: int | None = None,
     groups: PairGroups | None = None,
+    scale: float = 1.0,
 ) -> Tensor:
-    """``out[k] = Σ_j σ(Z[q_k, j] − z_item[k])`` over the ``j`` with ``Z[q_k, j] − z_item[k] <= upper``.
+    """``out[k] = Σ_j σ(scale·(Z[q_k, j] − z_item[k]))`` over the ``j`` with ``Z[q_k, j] − z_item[k] <= upper``.
 
-    ``Z`` is a ``(B, M)`` matrix of scores divided by the temperature, with ``-inf`` at excluded entries (they
-    contribute 0 and get no gradient); ``query_idx`` ``(K,)`` must be grouped by query, ``z_item`` is ``(K,)``.
+    ``Z`` is a ``(B, M)`` matrix of scores divided by the temperature (or the scores themselves with
+    ``scale = 1/τ``: the window bound is then tested on the score differences, exactly as an elementwise
+    ``s_j − s_i <= upper``), with ``-inf`` at excluded entries (they contribute 0 and get no gradient);
+    ``query_idx`` ``(K,)`` must be grouped by query, ``z_item`` is ``(K,)``.
     The shared window kernel (:class:`~pml_suprank.ranking.window.QueryBlockLayout`): the pairs are laid out as a
     ``(B, P_max)`` matrix and whole queries are processed in chunks by broadcasting, recomputed in backward, so the
     extra memory is ``O(B·M + chunk_elements)`` and nothing of size ``K × M`` is saved (``chunk_elements=None``:
@@ -282,7 +285,7 @@ def sigmoid_window_sum(
     z = _padded(z_item, query_idx, groups.pos, num_queries, groups.width, float("inf"))
     chunk = default_chunk_elements(Z.device) if chunk_elements is None else chunk_elements
     layout = QueryBlockLayout(groups.order, groups.widths, float(upper), chunk)
-    out = window_sum(layout, SigmoidTerm(), Z, z)
+    out = window_sum(layout, SigmoidTerm(scale), Z, z)
     return out[query_idx, groups.pos]
 
 

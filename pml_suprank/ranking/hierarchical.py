@@ -12,69 +12,57 @@ defines for every positive item ``i`` (``T_i > 0``):
   typo), ``H⁺ = H_s^>`` for the strictly more relevant items ``T_j > T_i``:
   ``H_s^>(t) = γ·t`` for ``t ≤ 0`` and ``min(ν·t + μ, 1)`` for ``t > 0``.
 
-A dense implementation materialises ``B × N × N`` tensors. Here every quantity is computed from the sets
-``A_l = {valid j : T_j < l}`` (``l = 1..L+1``) sorted by score once per query (:mod:`pml_suprank.ranking.levels`):
+A dense implementation materialises ``B × N × N`` tensors. Here, per block of queries:
 
-* Heaviside counts and the ``min(rel)``-weighted ``H-rank⁺`` are per-level counts obtained with ``searchsorted``;
-* the linear branch ``ρ·(t − δ) + offset`` of H⁻ and the piecewise-linear ``H_s^>`` are prefix sums of the sorted
-  scores (differentiable through ``gather``/``cumsum``, accumulated in float64);
-* the jump ``start`` on ``(0, δ]`` is a count;
-* only the sigmoid branch of H⁻ (``t ∈ [t_lo, δ]``) needs pairs. Its pairs are contiguous windows of the sorted
-  lists, summed by the window kernel of :mod:`pml_suprank.ranking.window` (:class:`SortedWindowLayout`), which
-  recomputes them in backward instead of saving them;
-* when it saves work (an untrained network: many scores within ``|t_lo|`` of each other), the window shrinks to
-  ``|t| ≤ cτ`` (``c = 2``): on ``t < −cτ`` and on ``cτ < t ≤ δ`` the sigmoid is summed by its separable alternating
-  series (:mod:`pml_suprank.ranking.tail`; ``K = 19`` terms for float64 scores, error ``< e^{−40} ≈ 4e−18`` per
-  pair, ``K = 11`` otherwise, ``< e^{−24} ≈ 4e−11``). It costs ``O(K · N)`` per (list, score band), so it is chosen
-  by comparing that with the window elements it removes.
+* the terms between positives (the Heaviside count over ``T_j ≥ T_i`` and the whole ``H-rank⁺``: ``rel_j = 0`` for
+  negatives) only involve the ``P`` positives of each query: a ``(B, P)`` matrix whose level sets are sorted once
+  (:mod:`pml_suprank.ranking.levels`) — counts with ``searchsorted``, the piecewise-linear ``H_s^>`` from float64
+  prefix sums;
+* the H⁻ term of a positive at level ``l`` runs over ``A_l = {valid j : T_j < l}``. The ``L`` sets are ``L`` masked
+  copies of the query's row (row ``(l − 1)·B + b``), and every positive is a pair of the row of its level: the
+  flat kernel :func:`pml_suprank.ranking.flat.suprank_negative_sum` sums H⁻ over them (sigmoid branch by the
+  chunked window kernel, the jump and the linear branch by sorted thresholds and suffix sums), ``P·N`` elements per
+  query in all, with every chunk shape known on the host.
 
-Branch boundaries are decided exactly as an elementwise evaluation of ``t = s_j − s_i`` would (``t > 0`` ⇔
-``s_j > s_i``; the ``δ`` threshold is searched with :func:`_last_within`), so ties and boundary cases match the
-dense definition. Cost: ``O(L · B · N log N)`` plus the window work ``Σ_{(b,i)} |window(b, i)|``; extra memory
-``O(L · b · N)`` for a block of ``b`` queries plus one chunk: queries are independent, so large problems are
-evaluated in blocks of :data:`QUERY_BLOCK_ELEMENTS` ``(query, list, item)`` elements whose backward recomputes them
-(:class:`_BlockedRows`, a second forward pass), and the extra memory does not grow with ``B``.
-``t_lo = −τ · min(50, log(N / eps))``: below it the sigmoid contributes less than ``eps`` (the dtype's machine
-epsilon) to any rank in total, so such pairs may be skipped (the reference's clamp makes them constant
-``σ(−50) ≈ 2e−22`` with zero gradient).
+Host reads: ONE per call — the ``(B, L)`` positives per query and level (every shape of every block follows from
+them; the pairs come from ``nonzero_static``). Blocks: :mod:`pml_suprank.ranking.query_blocks` (a byte budget per
+device; the per-query scores keep each block's Jacobian, so forward and backward run once per block).
 """
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from ..relevance import ideal_dcg
+from .flat import PairGroups, _count_above_padded, _nonzero, _padded, sigmoid_window_sum
 from .levels import SortedLevels, sort_levels
+from .query_blocks import BYTES_PER_ELEMENT, ONE_BLOCK_FACTOR, block_budget_bytes, by_blocks, query_block_rows
 from .steps import HRankParams, SupRankStep
-from .tail import CUT, SigmoidTail, band_span, bands, num_terms_for, table_rows
-from .window import CHUNK_SIZE, SigmoidTerm, SortedWindowLayout, StepTerm, window_sum
 
 __all__ = [
     "HRankParams",
+    "ACCELERATOR_WINDOW_CHUNK_ELEMENTS",
+    "ONE_BLOCK_FACTOR",
+    "QUERY_BLOCK_ELEMENTS",
+    "WINDOW_CHUNK_ELEMENTS",
     "hierarchical_ranks",
     "ideal_dcg",
+    "query_block_rows",
     "sup_hap_scores",
     "sup_ndcg_scores",
 ]
 
-# relative costs (CPU, measured) of one elementwise window element and of one element of one series table per term
-_WINDOW_COST, _TABLE_COST = 1.0, 1.5
-
-QUERY_BLOCK_ELEMENTS = 1 << 21
-"""``(query, list, item)`` elements of one block of queries of the sorted hierarchical kernel (``rows · (L + 1) · N``):
-bounds its extra memory (a few hundred bytes per element with autograd) whatever the batch and memory sizes."""
-
-ONE_BLOCK_FACTOR = 2
-"""A problem of at most ``ONE_BLOCK_FACTOR · QUERY_BLOCK_ELEMENTS`` elements is evaluated as one block (plain autograd,
-no recomputation): e.g. B = 256 queries against 4,096 items with 2 levels (3.1e6 elements)."""
+QUERY_BLOCK_ELEMENTS = block_budget_bytes("cpu") // BYTES_PER_ELEMENT
+"""``(query, list, item)`` elements of one block of queries on the CPU (``rows · (L + 1) · N``), derived from the
+byte budget at import (read-only: the budget is :data:`pml_suprank.ranking.query_blocks.BLOCK_BYTES_CPU`; on CUDA it
+follows the free memory, :func:`pml_suprank.ranking.query_blocks.block_budget_bytes`)."""
 
 
 class _Query(NamedTuple):
-    """Per-call inputs of :func:`hierarchical_ranks`, all ``(B, N)``."""
+    """Inputs of the closed-form terms, all ``(b, P)`` over the padded positives of a block."""
 
     scores: Tensor  # differentiable
     s_det: Tensor  # detached
@@ -84,179 +72,128 @@ class _Query(NamedTuple):
     positive: Tensor  # valid & (levels > 0)
 
 
-class _LevelWindow(NamedTuple):
-    """Sigmoid window of the positives at level ``l`` in sorted ``A_l``, ``(B, N)`` each: sorted positions
-    ``[lo, hi)`` (truncated at ``t_lo``) and, when the series is considered, ``[lo_s, up_s)`` (``|t| <= cτ``)."""
+class _BlockRanks(NamedTuple):
+    """Ranks of the positives of a block in a padded ``(b, P)`` layout, and where each positive comes from."""
 
-    at_level: Tensor
-    lo: Tensor
-    hi: Tensor
-    lo_s: Tensor | None = None
-    up_s: Tensor | None = None
+    rank: Tensor  # (b, P), 1 at padding
+    rank_plus: Tensor | None  # (b, P), 0 at padding
+    levels: Tensor  # (b, P) long, 0 at padding
+    present: Tensor  # (b, P) bool
+    q: Tensor  # (K,) query of each positive
+    i: Tensor  # (K,) its column in the reference set
+    col: Tensor  # (K,) its column in the padded layout
 
 
-class _SeriesPlan(NamedTuple):
-    """Items whose sigmoid tail is summed by the series (``(M,)`` each) and its bands (:func:`bands`)."""
+def _positive_counts(levels: Tensor, valid: Tensor, num_levels: int) -> list[list[int]]:
+    """``(B, L)`` host ints: the positives of every query at every level ``1..L``. The one host read of a call."""
+    pos = (valid & (levels > 0)).long()
+    counts = torch.zeros(levels.shape[0], num_levels + 1, dtype=torch.long, device=levels.device)
+    return counts.scatter_add_(1, levels.clamp(0, num_levels), pos)[:, 1:].tolist()
 
-    q_idx: Tensor
-    i_idx: Tensor
-    rows: Tensor  # list row (level − 1)·B + query
-    lo_end: Tensor  # lower tail: sorted positions < lo_end
-    up_begin: Tensor  # upper part: [up_begin, up_end)
-    up_end: Tensor
-    s_item: Tensor  # float64, differentiable
-    anchors: Tensor
-    band: Tensor
+
+def _groups(rows_mask: Tensor, host_counts: list[int]) -> tuple[Tensor, Tensor, PairGroups]:
+    """Pairs ``(row, column)`` of the True entries of ``rows_mask`` ``(R, N)`` (row-major) and their
+    :class:`~pml_suprank.ranking.flat.PairGroups`, with the per-row counts already on the host: no host read."""
+    total = sum(host_counts)
+    rows, cols = _nonzero(rows_mask, total).unbind(1)
+    counts = rows_mask.sum(1)
+    order = torch.argsort(counts, descending=True, stable=True)
+    pos = torch.arange(total, device=rows_mask.device) - (torch.cumsum(counts, 0) - counts)[rows]
+    return rows, cols, PairGroups(counts, pos, order, tuple(sorted(host_counts, reverse=True)))
 
 
 def _last_within(s: Tensor, delta: float) -> Tensor:
-    """Largest ``u`` (elementwise) with ``fl(u − s) <= δ``, so that ``key <= u`` ⇔ ``fl(key − s) <= δ``: the sorted
-    positions then choose the branch of H⁻ exactly as an elementwise evaluation of ``t = s_j − s_i`` would."""
+    """Largest ``u`` (elementwise) with ``fl(u − s) <= δ``, so that ``key > u`` ⇔ ``fl(key − s) > δ``: the linear
+    branch of H⁻ is then chosen exactly as an elementwise evaluation of ``t = s_j − s_i`` would."""
     u = s + delta
-    down, up = torch.tensor(float("-inf"), dtype=s.dtype), torch.tensor(float("inf"), dtype=s.dtype)
+    down = torch.full((), float("-inf"), dtype=s.dtype, device=s.device)
+    up = torch.full((), float("inf"), dtype=s.dtype, device=s.device)
     for _ in range(4):  # fl(x − s) is monotone in x: a few ulp steps settle the boundary
-        u = torch.where((u - s) > delta, torch.nextafter(u, down.to(s.device)), u)
+        u = torch.where((u - s) > delta, torch.nextafter(u, down), u)
     for _ in range(4):
-        nxt = torch.nextafter(u, up.to(s.device))
+        nxt = torch.nextafter(u, up)
         u = torch.where((nxt - s) <= delta, nxt, u)
     return u
 
 
-def _closed_form_ranks(
-    sl: SortedLevels, x: _Query, ge: list[Tensor], gt_pos: Tensor | None, step: SupRankStep, fast: bool
-) -> tuple[Tensor, list[_LevelWindow]]:
-    """The closed-form part of ``rank`` (SupRank Eq. 21) ``(B, N)`` float64 and the sigmoid window of every level.
+def _negative_terms(
+    scores: Tensor, levels: Tensor, valid: Tensor, counts: list[list[int]], step: SupRankStep, chunk: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``Σ_{j ∈ A_l} H⁻(s_j − s_i)`` (SupRank Eq. 4) for every positive ``i`` (level ``l``) of a block:
+    ``(query (K,), column (K,), sum (K,) float64)``. Row ``(l − 1)·b + q`` of the stacked ``(L·b, N)`` problem is
+    query ``q`` restricted to ``A_l``.
 
-    Per level ``l`` and positive ``i`` at level ``l``: the Heaviside count of the items at levels ``>= l`` scored
-    ``>= s_i`` (``i`` included: the ``1 +``), the linear branch of H⁻ over ``A_l`` (``s_j > s_i + δ``) from prefix
-    sums, and on the fast path the jump ``start`` for the window items scored above ``s_i``.
-    """
-    bsz, n = x.s_det.shape
-    num_levels = sl.num_levels
-    t_lo = -step.tau * min(50.0, math.log(max(n, 1) / torch.finfo(x.s_det.dtype).eps))
-    lin_pos = sl.search(_last_within(x.s_det, step.delta), right=True)
-    lo_pos = sl.search(x.s_det + t_lo, right=False)
-    offset = step.resolved_offset
-    rank64 = torch.zeros(bsz, n, dtype=torch.float64, device=x.s_det.device)
-    windows = []
-    for l in range(1, num_levels + 1):
-        at_l = x.positive & (x.levels == l)
-        rank64 = rank64 + torch.where(at_l, (ge[num_levels] - ge[l - 1]).to(torch.float64), 0.0)
-        h = sl.members_before(l, lin_pos)
-        c64 = (sl.counts[l - 1] - h).clamp_min(0).to(torch.float64)
-        s_lin = sl.prefix_sums[l - 1][:, -1:] - torch.gather(sl.prefix_sums[l - 1], 1, h.clamp_max(n))
-        lin = step.rho * (s_lin - c64 * (x.s64 + step.delta)) + c64 * offset
-        rank64 = rank64 + torch.where(at_l, lin, 0.0)
-        lo = sl.members_before(l, lo_pos)
-        hi = torch.minimum(h, sl.counts[l - 1].expand_as(h))
-        if fast:  # the jump `start` on 0 < t <= δ: window items scored strictly above s_i
-            n_up = (hi - torch.maximum(lo, sl.members_before(l, gt_pos))).clamp_min(0)
-            rank64 = rank64 + torch.where(at_l, step.start * n_up.to(torch.float64), 0.0)
-        windows.append(_LevelWindow(at_l, torch.minimum(lo, hi), hi))
-    return rank64, windows
-
-
-def _plan_series(
-    sl: SortedLevels, x: _Query, windows: list[_LevelWindow], step: SupRankStep, fast: bool
-) -> tuple[list[_LevelWindow], _SeriesPlan | None]:
-    """Whether the series tail replaces part of the windows: with it the elementwise window keeps only
-    ``|t| <= cτ``; below it (and, on the fast path, on ``cτ < t <= δ``) the sigmoid is summed by the series. It costs
-    ``O(K·N)`` per (list, score band) table, so it is used only when that saves more elementwise work.
-
-    Returns the windows (with ``lo_s``/``up_s`` when the series was considered) and the plan, or ``None``."""
-    bsz, n = x.s_det.shape
-    num_terms = num_terms_for(x.s_det.dtype)
-    sums = [torch.where(w.at_level, w.hi - w.lo, 0).sum() for w in windows]
-    sums += [w.at_level.any(1).sum() for w in windows]  # lists with positives: at least one table each
-    host = torch.stack(sums).tolist()  # one host read
-    window_total, num_rows = sum(host[: len(windows)]), sum(host[len(windows) :])
-    if window_total * _WINDOW_COST <= num_rows * n * num_terms * _TABLE_COST:
-        return windows, None
-    cut = CUT * step.tau  # |t| > cut: the sigmoid may be summed by its separable series
-    below_pos = sl.search(x.s_det - cut, right=False)
-    above_pos = sl.search(x.s_det + cut, right=True) if fast else None
-    for l, w in enumerate(windows, 1):
-        lo_s = torch.minimum(sl.members_before(l, below_pos), w.hi)
-        up_s = torch.minimum(torch.maximum(sl.members_before(l, above_pos), lo_s), w.hi) if fast else w.hi
-        windows[l - 1] = w._replace(lo_s=lo_s, up_s=up_s)
-    # (level, query, item) of every item with a series part: one nonzero over the stacked levels
-    lo_all, up_all, hi_all = (torch.stack(v) for v in zip(*((w.lo_s, w.up_s, w.hi) for w in windows)))
-    at_all = torch.stack([w.at_level for w in windows])
-    lv, tq, ti = torch.nonzero(at_all & ((lo_all > 0) | (up_all < hi_all)), as_tuple=True)
-    if not lv.numel():
-        return windows, None
-    t_rows = lv * bsz + tq  # row of the stacked sorted lists A_1..A_L
-    lo_end, up_begin, up_end = lo_all[lv, tq, ti], up_all[lv, tq, ti], hi_all[lv, tq, ti]
-    inf = torch.tensor(float("inf"), dtype=x.s_det.dtype, device=x.s_det.device)
-    s_row_min = torch.where(x.valid, x.s_det, inf).amin(1).to(torch.float64)
-    s_row_max = torch.where(x.valid, x.s_det, -inf).amax(1).to(torch.float64)
-    s_row_min = torch.where(torch.isfinite(s_row_min), s_row_min, 0.0).repeat(sl.num_levels)
-    s_row_max = torch.where(torch.isfinite(s_row_max), s_row_max, 0.0).repeat(sl.num_levels)
-    s_item = x.s64[tq, ti]
-    lo, span = band_span(s_row_min, s_row_max, s_item, t_rows)
-    kept = torch.where(at_all, up_all - lo_all, 0).sum()
-    span_max, kept = torch.stack([span.max().to(torch.float64), kept.to(torch.float64)]).tolist()  # one host read
-    anchors, band = bands(s_row_min, s_row_max, s_item, t_rows, step.tau, num_terms, (lo, span_max))
-    saved = window_total - int(kept)
-    table_cost = table_rows(t_rows, band, sl.num_levels * bsz) * n * num_terms * _TABLE_COST
-    if saved * _WINDOW_COST <= table_cost:
-        return windows, None
-    return windows, _SeriesPlan(tq, ti, t_rows, lo_end, up_begin, up_end, s_item, anchors, band)
+    Branches as an elementwise evaluation of ``t = s_j − s_i`` chooses them: ``σ_τ(t)`` on ``t <= δ`` (the window
+    kernel on score differences, scale ``1/τ``), ``start`` on ``0 < t <= δ`` (``s_j > s_i``) and
+    ``ρ(t − δ) + offset`` on ``t > δ`` (``s_j > u_i``, :func:`_last_within`), the last two from sorted thresholds and
+    float64 suffix sums (:func:`pml_suprank.ranking.flat.count_above`)."""
+    bsz, n = scores.shape
+    num_levels = len(counts[0]) if counts else 0
+    lvl = torch.arange(1, num_levels + 1, device=levels.device)[:, None, None]
+    members = (valid & (levels < lvl)).reshape(num_levels * bsz, n)
+    at_level = (valid & (levels == lvl)).reshape(num_levels * bsz, n)
+    rows, cols, groups = _groups(at_level, [counts[q][l] for l in range(num_levels) for q in range(bsz)])
+    if not rows.numel():
+        return rows, cols, scores.new_zeros(0, dtype=torch.float64)
+    s_neg = scores.repeat(num_levels, 1).masked_fill(~members, float("-inf"))
+    s_item = scores[rows % bsz, cols]
+    window = sigmoid_window_sum(
+        s_neg, rows, s_item, step.delta, chunk_elements=chunk, groups=groups, scale=1.0 / step.tau
+    ).to(torch.float64)
+    s_det = s_item.detach()
+    k, width, pos = rows.numel(), groups.width, groups.pos
+    both_rows, both_pos = torch.cat([rows, rows]), torch.cat([pos, pos + groups.counts[rows]])
+    thresholds = torch.cat([s_det, _last_within(s_det, step.delta)])
+    padded = _padded(thresholds, both_rows, both_pos, num_levels * bsz, 2 * width, float("inf"))
+    counts_above, sums = _count_above_padded(s_neg, both_rows, both_pos, padded, False, True)
+    above_zero, above_delta = counts_above[:k].to(torch.float64), counts_above[k:].to(torch.float64)
+    sum_above = sums[k:]
+    linear = step.rho * (sum_above - above_delta * (s_item.to(torch.float64) + step.delta))
+    total = window + step.start * (above_zero - above_delta) + linear + step.resolved_offset * above_delta
+    return rows % bsz, cols, total
 
 
-def _add_window_sums(
-    rank64: Tensor,
-    sl: SortedLevels,
-    x: _Query,
-    windows: list[_LevelWindow],
-    series: _SeriesPlan | None,
+def _block_ranks(
+    scores: Tensor,
+    levels: Tensor,
+    level_relevance: Tensor | None,
+    valid: Tensor,
+    counts: list[list[int]],
     step: SupRankStep,
-    fast: bool,
-    chunk_size: int,
-) -> tuple[Tensor, _SeriesPlan | None]:
-    """Add the elementwise sigmoid windows (``σ(t/τ)`` on the fast path, else the full H⁻) to ``rank64``.
-
-    A window shorter than its block is evaluated from the block's start (:class:`SortedWindowLayout`): where the
-    series sums the items below the windows, it then stops at the block's start; the returned plan says so."""
-    bsz, n = x.s_det.shape
-    num_levels = sl.num_levels
-    bounds = [(w.lo_s, w.up_s) if series is not None else (w.lo, w.hi) for w in windows]
-    end_all, start_all = torch.stack([end for _, end in bounds]), torch.stack([b for b, _ in bounds])
-    length_all = torch.where(torch.stack([w.at_level for w in windows]), end_all - start_all, 0)
-    lv, q_idx, i_idx = torch.nonzero(length_all > 0, as_tuple=True)  # one nonzero over the stacked levels
-    if not lv.numel():
-        return rank64, series
-    rows = lv * bsz + q_idx  # row of the stacked sorted lists A_1..A_L
-    ends, lengths = end_all[lv, q_idx, i_idx], length_all[lv, q_idx, i_idx]
-    order = torch.argsort(lengths, descending=True)  # similar widths per block: little padding
-    q_idx, i_idx, rows, ends, lengths = (v[order] for v in (q_idx, i_idx, rows, ends, lengths))
-    layout = SortedWindowLayout(
-        x.scores, torch.stack(sl.keys[:num_levels]), torch.stack(sl.perms[:num_levels]), rows, ends, lengths,
-        q_idx, i_idx, int(chunk_size), mask_infinite=not fast,
-    )  # fmt: skip
-    if series is not None:  # the series' lower tail stops where the evaluated block starts
-        spans = torch.tensor([[m1 - m0, width] for m0, m1, width in layout.block_list]).to(lengths.device)
-        widths = torch.repeat_interleave(spans[:, 1], spans[:, 0], output_size=lengths.numel())
-        block_start = torch.full((num_levels * bsz * n,), n, dtype=torch.long, device=lengths.device)
-        block_start[rows * n + i_idx] = (ends - widths).clamp_min(0)
-        lo_end = torch.minimum(series.lo_end, block_start[series.rows * n + series.i_idx])
-        series = series._replace(lo_end=lo_end)
-    term = SigmoidTerm(1.0 / step.tau) if fast else StepTerm(step)
-    window = window_sum(layout, term, x.scores)
-    rank64 = rank64.reshape(-1).index_add(0, q_idx * n + i_idx, window.to(torch.float64)).view(bsz, n)
-    return rank64, series
-
-
-def _add_series(rank64: Tensor, sl: SortedLevels, series: _SeriesPlan, step: SupRankStep, chunk_size: int) -> Tensor:
-    """Add the series tail (:class:`pml_suprank.ranking.tail.SigmoidTail`) of the planned items to ``rank64``."""
-    bsz, n = rank64.shape
-    keys = torch.stack(sl.keys64).reshape(sl.num_levels * bsz, n)
-    num_terms = num_terms_for(sl.keys[0].dtype)
-    tail = SigmoidTail.apply(
-        keys, series.s_item, series.rows, series.lo_end, series.up_begin, series.up_end, series.anchors,
-        series.band, step.tau, num_terms, int(chunk_size),
-    )  # fmt: skip
-    return rank64.reshape(-1).index_add(0, series.q_idx * n + series.i_idx, tail).view(bsz, n)
+    hrank: HRankParams | None,
+    chunk: int,
+) -> _BlockRanks:
+    """``rank`` and ``H-rank⁺`` of the positives of one block of ``b`` queries (``(b, N)`` inputs; ``counts``: the
+    block's ``(b, L)`` host positive counts), with plain autograd and no host read."""
+    bsz, n = scores.shape
+    num_levels = len(counts[0]) if counts else 0
+    per_query = [sum(c) for c in counts]
+    width = max(max(per_query, default=0), 1)
+    q, i, groups = _groups(valid & (levels > 0), per_query)
+    col = groups.pos
+    s_pos, lv_pos = scores[q, i], levels[q, i]
+    padded = scores.new_zeros(bsz, width).index_put((q, col), s_pos)
+    lv = torch.zeros(bsz, width, dtype=torch.long, device=scores.device).index_put((q, col), lv_pos)
+    present = torch.zeros(bsz, width, dtype=torch.bool, device=scores.device).index_put(
+        (q, col), torch.ones_like(q, dtype=torch.bool)
+    )
+    x = _Query(padded, padded.detach(), padded.to(torch.float64), lv, present, present)
+    sl = sort_levels(padded, lv, present, num_levels, s64=x.s64)
+    # items of A_l scored >= s_i, l = 1..L+1; T_j >= T_i: A_{L+1} minus A_{T_i} (i itself included: the "1 +")
+    ge_pos = sl.search(x.s_det, right=False)
+    ge = [sl.counts[l - 1] - sl.members_before(l, ge_pos) for l in range(1, num_levels + 2)]
+    ge_all = torch.stack(ge)  # (L + 1, b, P)
+    heaviside = ge_all[num_levels] - ge_all.gather(0, (lv - 1).clamp_min(0)[None]).squeeze(0)
+    nq, ni, neg = _negative_terms(scores, levels, valid, counts, step, chunk)
+    col_of = torch.zeros(bsz * n, dtype=torch.long, device=scores.device).index_put((q * n + i,), col)
+    neg_pad = torch.zeros(bsz, width, dtype=torch.float64, device=scores.device)
+    neg_pad = neg_pad.index_put((nq, col_of[nq * n + ni]), neg)
+    rank = torch.where(present, heaviside.to(torch.float64) + neg_pad, 1.0).to(scores.dtype)
+    rank_plus = None
+    if level_relevance is not None:
+        gt_pos = sl.search(x.s_det, right=True) if hrank is not None else None
+        rank_plus = _rank_plus(sl, x, ge, gt_pos, level_relevance, hrank).to(scores.dtype)
+    return _BlockRanks(rank, rank_plus, lv, present, q, i, col)
 
 
 def _rank_plus(
@@ -267,8 +204,9 @@ def _rank_plus(
     level_relevance: Tensor,
     hrank: HRankParams | None,
 ) -> Tensor:
-    """``H-rank⁺`` ``(B, N)`` (SupRank Eq. 18; ``H_s^>`` of HAPPIER Eq. 43 towards more relevant levels when
-    ``hrank`` is given), 0 at non-positive or invalid items."""
+    """``H-rank⁺`` ``(b, P)`` of the padded positives of a block (SupRank Eq. 18; ``H_s^>`` of HAPPIER Eq. 43 towards
+    more relevant levels when ``hrank`` is given), 0 at padding. Only levels ``>= 1`` take part (``rel`` of the
+    negatives does not enter H-rank⁺), so ``sl`` holds the positives' level sets only."""
     num_levels = sl.num_levels
     rel_tab = level_relevance.to(torch.float64)
     rel_i = torch.gather(rel_tab, 1, x.levels)
@@ -299,107 +237,36 @@ def _rank_plus(
     return torch.where(x.positive, rplus, 0.0)
 
 
-def _block_ranks(
-    scores: Tensor,
-    levels: Tensor,
-    level_relevance: Tensor | None,
-    num_levels: int,
-    valid: Tensor,
-    step: SupRankStep,
-    hrank: HRankParams | None,
-    chunk_size: int,
-) -> tuple[Tensor, Tensor | None]:
-    """:func:`hierarchical_ranks` of one block of queries (``(b, N)`` inputs), with plain autograd."""
-    x = _Query(scores, scores.detach(), scores.to(torch.float64), levels, valid, valid & (levels > 0))
-    sl = sort_levels(scores, levels, valid, int(num_levels), s64=x.s64)
-    ge_pos = sl.search(x.s_det, right=False)
-    # number of items of A_l with score >= s_i, for l = 1..L+1
-    ge = [sl.counts[l - 1] - sl.members_before(l, ge_pos) for l in range(1, sl.num_levels + 2)]
-    fast = step.delta <= 50.0 * step.tau  # the sigmoid clamp never acts inside the window [t_lo, δ]
-    need_gt = fast or (hrank is not None and level_relevance is not None)
-    gt_pos = sl.search(x.s_det, right=True) if need_gt else None
-    rank64, windows = _closed_form_ranks(sl, x, ge, gt_pos, step, fast)
-    windows, series = _plan_series(sl, x, windows, step, fast)
-    rank64, series = _add_window_sums(rank64, sl, x, windows, series, step, fast, chunk_size)
-    if series is not None:
-        rank64 = _add_series(rank64, sl, series, step, chunk_size)
-    rank = torch.where(x.positive, rank64, 1.0).to(scores.dtype)
-    if level_relevance is None:
-        return rank, None
-    return rank, _rank_plus(sl, x, ge, gt_pos, level_relevance, hrank).to(scores.dtype)
+WINDOW_CHUNK_ELEMENTS = 1 << 24
+"""Elements of one window block of the hierarchical kernel on the CPU (64 MB per float32 temporary); on an
+accelerator :data:`ACCELERATOR_WINDOW_CHUNK_ELEMENTS`. Larger than the flat kernels' blocks: a query's ``L`` rows
+hold all its positives (``P·N`` elements per query), and every block is a handful of launches."""
+
+ACCELERATOR_WINDOW_CHUNK_ELEMENTS = 1 << 25
 
 
-class _BlockedRows(torch.autograd.Function):
-    """``fn`` (a per-query function of ``(scores, level_relevance, levels, valid)`` rows returning a tuple of
-    row-indexed float tensors) over blocks of ``rows`` queries; backward recomputes one block at a time.
-
-    Forward runs every block without autograd and keeps only the inputs and the outputs; backward re-evaluates each
-    block with autograd and back-propagates through it before the next one. The extra memory is then one block's
-    graph (about ``rows · (L + 1) · N`` list elements, :data:`QUERY_BLOCK_ELEMENTS`) whatever ``B`` and however many
-    items of a query are relevant; values and gradients are those of the blocks evaluated separately.
-    """
-
-    @staticmethod
-    def forward(ctx, fn, rows, scores, level_relevance, levels, valid):
-        outs = None
-        for b0 in range(0, scores.shape[0], rows):
-            rel = None if level_relevance is None else level_relevance[b0 : b0 + rows]
-            got = fn(scores[b0 : b0 + rows], rel, levels[b0 : b0 + rows], valid[b0 : b0 + rows])
-            if outs is None:  # preallocated: no list of blocks and no concatenation
-                outs = [o.new_empty((scores.shape[0], *o.shape[1:])) for o in got]
-            for out, o in zip(outs, got):
-                out[b0 : b0 + rows] = o
-        ctx.save_for_backward(scores, level_relevance, levels, valid)
-        ctx.fn, ctx.rows = fn, rows
-        return tuple(outs)
-
-    @staticmethod
-    def backward(ctx, *grad_outs):
-        scores, level_relevance, levels, valid = ctx.saved_tensors
-        fn, rows = ctx.fn, ctx.rows
-        need_rel = level_relevance is not None and ctx.needs_input_grad[3]
-        grad_s = torch.zeros_like(scores) if ctx.needs_input_grad[2] else None
-        grad_r = torch.zeros_like(level_relevance) if need_rel else None
-        for b0 in range(0, scores.shape[0], rows):
-            b1 = b0 + rows
-            with torch.enable_grad():
-                s = scores[b0:b1].detach().requires_grad_(grad_s is not None)
-                rel = None if level_relevance is None else level_relevance[b0:b1].detach().requires_grad_(need_rel)
-                outs = [(o, g[b0:b1]) for o, g in zip(fn(s, rel, levels[b0:b1], valid[b0:b1]), grad_outs)]
-                outs = [(o, g) for o, g in outs if o.requires_grad]
-                targets = [(t, acc) for t, acc in ((s, grad_s), (rel, grad_r)) if acc is not None]
-                if not outs or not targets:
-                    continue
-                got = torch.autograd.grad(
-                    [o for o, _ in outs], [t for t, _ in targets], [g for _, g in outs], allow_unused=True
-                )
-            for (_, acc), g in zip(targets, got):
-                if g is not None:
-                    acc[b0:b1] = g
-        return None, None, grad_s, grad_r, None, None
+def _chunk(chunk_size: int | None, device: torch.device) -> int:
+    if chunk_size is not None:
+        return int(chunk_size)
+    return WINDOW_CHUNK_ELEMENTS if device.type == "cpu" else ACCELERATOR_WINDOW_CHUNK_ELEMENTS
 
 
-def _by_blocks(fn, rows: int, scores: Tensor, level_relevance: Tensor | None, levels: Tensor, valid: Tensor):
-    """``fn(scores, level_relevance, levels, valid)`` directly when the ``B`` queries fit one block of ``rows``,
-    else by :class:`_BlockedRows`."""
-    if scores.shape[0] <= rows:
-        return fn(scores, level_relevance, levels, valid)
-    return _BlockedRows.apply(fn, rows, scores, level_relevance, levels, valid)
+def _prepare(scores: Tensor, levels: Tensor, valid: Tensor | None, num_levels: int, block_elements: int | None):
+    """Long levels, bool valid, the ``(B, L)`` host positive counts and the queries per block."""
+    levels = levels.long()
+    valid = torch.ones_like(levels, dtype=torch.bool) if valid is None else valid.bool()
+    counts = _positive_counts(levels, valid, int(num_levels))
+    rows = query_block_rows(scores.shape[1], int(num_levels), block_elements, scores.shape[0], scores.device)
+    return levels, valid, counts, rows
 
 
-def query_block_rows(
-    num_refs: int, num_levels: int, block_elements: int | None = None, num_queries: int | None = None
-) -> int:
-    """Queries per block of the sorted hierarchical kernel: ``rows · (L + 1) · N <= block_elements``
-    (:data:`QUERY_BLOCK_ELEMENTS` by default), at least 1.
-
-    Blocks cost a second forward pass (backward recomputes them), so ``num_queries`` queries whose whole problem is
-    at most :data:`ONE_BLOCK_FACTOR` blocks are kept as one block (returns ``num_queries``)."""
-    budget = QUERY_BLOCK_ELEMENTS if block_elements is None else int(block_elements)
-    per_query = max(1, (int(num_levels) + 1) * int(num_refs))
-    if num_queries is not None and int(num_queries) * per_query <= ONE_BLOCK_FACTOR * budget:
-        return max(1, int(num_queries))
-    return max(1, budget // per_query)
+def _ideal_dcg(levels: Tensor, present: Tensor, gains_l: Tensor) -> Tensor:
+    """``(b,)`` ideal DCG from the padded positives ``(b, P)``: their gains sorted in decreasing order at positions
+    ``1..P`` (negatives have gain ``2^0 − 1 = 0``: :func:`pml_suprank.relevance.ideal_dcg` of the level counts, with
+    every shape known from the host counts)."""
+    best = torch.where(present, levels, 0).sort(1, descending=True).values
+    positions = torch.arange(2, best.shape[1] + 2, dtype=gains_l.dtype, device=gains_l.device)
+    return (gains_l[best] / torch.log2(positions)).sum(1)
 
 
 def hierarchical_ranks(
@@ -410,7 +277,7 @@ def hierarchical_ranks(
     valid: Tensor | None = None,
     step: SupRankStep | None = None,
     hrank: HRankParams | None = None,
-    chunk_size: int = CHUNK_SIZE,
+    chunk_size: int | None = None,
     block_elements: int | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Surrogate ranks and H-rank⁺ of every positive reference item (SupRank Eqs. 18 and 21).
@@ -424,28 +291,29 @@ def hierarchical_ranks(
         valid: optional ``(B, N)`` bool, the reference items that take part for each query.
         step: the SupRank step H⁻ (:class:`pml_suprank.ranking.SupRankStep`, paper defaults when None).
         hrank: if given, use ``H_s^>`` (HAPPIER Eq. 43) towards more relevant items in H-rank⁺.
-        chunk_size: window (and series table) elements processed at once (memory/speed trade-off only).
-        block_elements: ``(query, list, item)`` elements of one block of queries (:func:`query_block_rows`,
-            :data:`QUERY_BLOCK_ELEMENTS` when None). When ``B`` queries need several blocks, forward keeps no graph
-            and backward recomputes one block at a time (:class:`_BlockedRows`): the extra memory is bounded by one
-            block whatever ``B`` and the number of relevant items, at the price of a second forward pass.
+        chunk_size: window elements processed at once (memory/speed trade-off only; ``None``:
+            :data:`WINDOW_CHUNK_ELEMENTS` on the CPU, :data:`ACCELERATOR_WINDOW_CHUNK_ELEMENTS` elsewhere).
+        block_elements: ``(query, list, item)`` elements of one block of queries (:func:`query_block_rows`; ``None``:
+            the device's byte budget). With several blocks, forward keeps no graph and backward recomputes one block
+            at a time: the extra memory is bounded by one block, at the price of a second forward pass.
 
     Returns:
         ``rank`` ``(B, N)`` (1 at non-positive or invalid items) and ``rank_plus`` ``(B, N)`` (0 there, ``None`` if
         ``level_relevance`` is None), both in ``scores.dtype``.
     """
     step = step if step is not None else SupRankStep()
-    levels = levels.long()
-    valid = torch.ones_like(levels, dtype=torch.bool) if valid is None else valid.bool()
-    num_levels = int(num_levels)
-    rows = query_block_rows(scores.shape[1], num_levels, block_elements, scores.shape[0])
-    chunk_size = int(chunk_size)
+    levels, valid, counts, rows = _prepare(scores, levels, valid, num_levels, block_elements)
+    chunk = _chunk(chunk_size, scores.device)
 
-    def ranks(s: Tensor, rel: Tensor | None, lv: Tensor, va: Tensor) -> tuple[Tensor, Tensor]:
-        rank, rank_plus = _block_ranks(s, lv, rel, num_levels, va, step, hrank, chunk_size)
-        return rank, (torch.zeros_like(rank) if rank_plus is None else rank_plus)
+    def ranks(s: Tensor, rel: Tensor | None, lv: Tensor, va: Tensor, b0: int, b1: int) -> tuple[Tensor, Tensor]:
+        r = _block_ranks(s, lv, rel, va, counts[b0:b1], step, hrank, chunk)
+        rank = torch.ones_like(s).index_put((r.q, r.i), r.rank[r.q, r.col])
+        rank_plus = torch.zeros_like(s)
+        if r.rank_plus is not None:
+            rank_plus = rank_plus.index_put((r.q, r.i), r.rank_plus[r.q, r.col])
+        return rank, rank_plus
 
-    rank, rank_plus = _by_blocks(ranks, rows, scores, level_relevance, levels, valid)
+    rank, rank_plus = by_blocks(ranks, rows, scores, level_relevance, levels, valid)
     return rank, (None if level_relevance is None else rank_plus)
 
 
@@ -457,7 +325,7 @@ def sup_hap_scores(
     valid: Tensor | None = None,
     step: SupRankStep | None = None,
     hrank: HRankParams | None = None,
-    chunk_size: int = CHUNK_SIZE,
+    chunk_size: int | None = None,
     block_elements: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Per-query surrogate H-AP of SupRank Eq. 21 (the score inside ``1 − mean``).
@@ -466,27 +334,26 @@ def sup_hap_scores(
 
     Args:
         scores, levels, level_relevance, num_levels, valid, step, hrank, chunk_size, block_elements: see
-            :func:`hierarchical_ranks`.
+            :func:`hierarchical_ranks` (with several blocks, each block's Jacobian is kept from forward: one
+            forward and one backward pass per block).
 
     Returns:
         ``(B,)`` per-query scores (0 where the query has no positive) and the ``(B,)`` bool mask of queries with at
         least one positive (relevance sum > 0).
     """
     step = step if step is not None else SupRankStep()
-    levels = levels.long()
-    valid_b = torch.ones_like(levels, dtype=torch.bool) if valid is None else valid.bool()
-    num_levels, chunk = int(num_levels), int(chunk_size)
+    levels, valid_b, counts, rows = _prepare(scores, levels, valid, num_levels, block_elements)
+    chunk = _chunk(chunk_size, scores.device)
 
-    def hap(s: Tensor, rel_tab: Tensor, lv: Tensor, va: Tensor) -> tuple[Tensor]:
-        rank, rank_plus = _block_ranks(s, lv, rel_tab, num_levels, va, step, hrank, chunk)
+    def hap(s: Tensor, rel_tab: Tensor, lv: Tensor, va: Tensor, b0: int, b1: int) -> tuple[Tensor]:
+        r = _block_ranks(s, lv, rel_tab, va, counts[b0:b1], step, hrank, chunk)
         rel = torch.gather(rel_tab.to(s.dtype), 1, lv)
         norm = torch.where(va, rel, torch.zeros_like(rel)).sum(1)
         has_pos = norm > 0
-        ratio = torch.where(va & (lv > 0), rank_plus / rank, torch.zeros_like(rank))
-        return (torch.where(has_pos, ratio.sum(1) / torch.where(has_pos, norm, 1.0), torch.zeros_like(norm)),)
+        ratio = torch.where(r.present, r.rank_plus / r.rank, torch.zeros_like(r.rank)).sum(1)
+        return (torch.where(has_pos, ratio / torch.where(has_pos, norm, 1.0), torch.zeros_like(norm)),)
 
-    rows = query_block_rows(scores.shape[1], num_levels, block_elements, scores.shape[0])
-    (score,) = _by_blocks(hap, rows, scores, level_relevance, levels, valid_b)
+    (score,) = by_blocks(hap, rows, scores, level_relevance, levels, valid_b, per_query_scalar=True)
     with torch.no_grad():
         rel = torch.gather(level_relevance.to(scores.dtype), 1, levels)
         has_pos = torch.where(valid_b, rel, torch.zeros_like(rel)).sum(1) > 0
@@ -499,33 +366,29 @@ def sup_ndcg_scores(
     num_levels: int,
     valid: Tensor | None = None,
     step: SupRankStep | None = None,
-    chunk_size: int = CHUNK_SIZE,
+    chunk_size: int | None = None,
     block_elements: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Per-query surrogate NDCG of SupRank Eq. 24: ``DCG_s / iDCG`` with gains ``2^l − 1``.
 
     ``DCG_s = Σ_{i ∈ Ω⁺} (2^{T_i} − 1) / log2(1 + rank(i))`` with the SupRank ranks of :func:`hierarchical_ranks`;
     the ideal DCG is that of the same reference set (the valid items) sorted by level. Arguments: see
-    :func:`hierarchical_ranks`.
+    :func:`hierarchical_ranks` (several blocks: as :func:`sup_hap_scores`).
 
     Returns:
         ``(B,)`` per-query scores (0 where the query has no positive) and the ``(B,)`` mask of queries with one.
     """
     step = step if step is not None else SupRankStep()
-    levels = levels.long()
-    valid_b = torch.ones_like(levels, dtype=torch.bool) if valid is None else valid.bool()
-    num_levels, chunk = int(num_levels), int(chunk_size)
+    levels, valid_b, counts, rows = _prepare(scores, levels, valid, num_levels, block_elements)
+    num_levels, chunk = int(num_levels), _chunk(chunk_size, scores.device)
     gains_l = torch.pow(2.0, torch.arange(num_levels + 1, dtype=scores.dtype, device=scores.device)) - 1.0
 
-    def ndcg(s: Tensor, _rel: None, lv: Tensor, va: Tensor) -> tuple[Tensor]:
-        rank, _ = _block_ranks(s, lv, None, num_levels, va, step, None, chunk)
-        pos = va & (lv > 0)
-        dcg = torch.where(pos, gains_l[lv] / torch.log2(1.0 + rank), torch.zeros_like(rank)).sum(1)
-        counts = torch.zeros(lv.shape[0], num_levels + 1, dtype=torch.long, device=lv.device)
-        idcg = ideal_dcg(counts.scatter_add(1, lv, va.long()), gains_l)
-        has_pos = pos.any(1)
+    def ndcg(s: Tensor, _rel: None, lv: Tensor, va: Tensor, b0: int, b1: int) -> tuple[Tensor]:
+        r = _block_ranks(s, lv, None, va, counts[b0:b1], step, None, chunk)
+        dcg = torch.where(r.present, gains_l[r.levels] / torch.log2(1.0 + r.rank), torch.zeros_like(r.rank)).sum(1)
+        idcg = _ideal_dcg(r.levels, r.present, gains_l)
+        has_pos = r.present.any(1)
         return (torch.where(has_pos, dcg / torch.where(has_pos, idcg, torch.ones_like(idcg)), torch.zeros_like(dcg)),)
 
-    rows = query_block_rows(scores.shape[1], num_levels, block_elements, scores.shape[0])
-    (score,) = _by_blocks(ndcg, rows, scores, None, levels, valid_b)
+    (score,) = by_blocks(ndcg, rows, scores, None, levels, valid_b, per_query_scalar=True)
     return score, (valid_b & (levels > 0)).any(1)

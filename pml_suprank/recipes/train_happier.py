@@ -23,17 +23,14 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # noqa: TID251 - recipes ma
 
 from pml_suprank.training import recipe  # noqa: E402  (the command line, the RunSpec and the whole job)
 
-# the run without arguments
-DEFAULTS = {**recipe.NO_ARGUMENT_RUN, "loss": "HAPPIER", "output_dir": "outputs/happier_synthetic"}
-# HAPPIER takes the 2-D labels (N, L) of the batch (column 0 finest); the proxies of its ClusterLoss are parameters of
-# the loss and get their own optimizer group (lr_proxies). ROD-NDCG trains the same way (--config rod_ndcg_sop).
-# --loss: the losses registered with hierarchical=True (pml_suprank.losses.register_loss)
-HIERARCHICAL = True
+# the run without arguments: a preset of the training command (pml_suprank.recipes.train: every loss, --list_losses)
+DEFAULTS = recipe.PRESETS["train_happier"]
+HIERARCHICAL = None  # every loss is a --loss value; the preset only sets the default
 DESCRIPTION = "Train a retrieval model with HAPPIER (hierarchical AP) or ROD-NDCG."
 
 
 def main(argv: list[str] | None = None) -> dict | None:
-    return recipe.main(argv, DESCRIPTION, DEFAULTS, HIERARCHICAL)
+    return recipe.main(argv, DESCRIPTION, DEFAULTS)
 
 
 def run() -> None:

@@ -21,17 +21,14 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # noqa: TID251 - recipes ma
 
 from pml_suprank.training import recipe  # noqa: E402  (the command line, the RunSpec and the whole job)
 
-# the run without arguments
-DEFAULTS = {**recipe.NO_ARGUMENT_RUN, "loss": "ROADMAP", "output_dir": "outputs/roadmap_synthetic"}
-# ROADMAP = SupAP + a decomposability term; "calibration" has no parameters, "proxy" adds ClusterLoss proxies (one per
-# fine class) in their own optimizer group.
-# --loss: the losses registered with hierarchical=False (pml_suprank.losses.register_loss)
-HIERARCHICAL = False
+# the run without arguments: a preset of the training command (pml_suprank.recipes.train: every loss, --list_losses)
+DEFAULTS = recipe.PRESETS["train_roadmap"]
+HIERARCHICAL = None  # every loss is a --loss value; the preset only sets the default
 DESCRIPTION = "Train a retrieval model with ROADMAP (SupAP + L_DG)."
 
 
 def main(argv: list[str] | None = None) -> dict | None:
-    return recipe.main(argv, DESCRIPTION, DEFAULTS, HIERARCHICAL)
+    return recipe.main(argv, DESCRIPTION, DEFAULTS)
 
 
 def run() -> None:

@@ -3,9 +3,13 @@
 Layout:
 
 * :mod:`.config` — :class:`TrainingConfig`, the single source of the training options (help, default, hub_config
-  section and value check of every field);
+  section and value check of every field), and the option machinery (``option``, ``OptionCheck``, the checks);
 * :mod:`.options` — the model / data / loss / run options of the recipes and the one loss builder
-  (:func:`build_loss`, reading the loss registry :func:`pml_suprank.losses.register_loss`);
+  (:func:`build_loss`: a registered loss, ``pml:ClassName``, ``module:ClassName`` or a plugin,
+  :func:`pml_suprank.losses.resolve_loss`);
+* :mod:`.rules` — the rules between options (:func:`~.rules.cross_field_problems`), run by every entry point;
+* :mod:`.hub_config` — the hub_config schema (derived from the options), reader and validator
+  (``pml_suprank.hub_config`` re-exports it);
 * :mod:`.run_spec` — :class:`RunSpec`, the whole configuration of a recipe run (model / data / loss / train / run),
   built once from a hub_config YAML plus command-line overrides and validated once;
 * :mod:`.cli` — the recipes' argparse flags generated from those dataclasses, and :func:`parse_run_spec`;
@@ -19,7 +23,8 @@ Layout:
 * :mod:`.export` — the final Hub-ready folder;
 * :mod:`.data_source` — :class:`~pml_suprank.training.data_source.DatasetSource`, where a run's training / test set
   comes from (synthetic, a benchmark archive, a Hub / local retrieval dataset);
-* :mod:`.recipe` — the training recipes' whole job (``recipes/train_happier.py``, ``recipes/train_roadmap.py``).
+* :mod:`.recipe` — the training command's whole job (``recipes/train.py``) and its presets (``train_happier``,
+  ``train_roadmap``: defaults only).
 
 Printed metric summaries live in :mod:`pml_suprank.metrics.report` (``format_metrics_table`` is re-exported here).
 """

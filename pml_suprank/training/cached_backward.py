@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import get_device_states, set_device_states
 
-__all__ = ["cached_backward", "check_virtual_batch"]
+__all__ = ["cached_backward", "check_virtual_batch", "step_chunk_size"]
 
 Inputs = Tensor | Mapping[str, Tensor] | Sequence[Tensor]
 
@@ -154,6 +154,16 @@ def check_virtual_batch(virtual_batch_size: Any, chunk_size: Any, batch_size: in
     if chunk_size is not None:
         _check_chunk_size(chunk_size)
     return chunk_size
+
+
+def step_chunk_size(config: Any, virtual_batch_size: Any = None, chunk_size: Any = None) -> int | None:
+    """The ``chunk_size`` of a training step: the (checked) ``TrainingConfig``'s, trusted as it is, unless the loop
+    is given its own ``virtual_batch_size`` / ``chunk_size`` arguments, which are checked
+    (:func:`check_virtual_batch`) against ``config.batch_size``."""
+    if virtual_batch_size is None and chunk_size is None:
+        return config.chunk_size
+    vbs = config.virtual_batch_size if virtual_batch_size is None else virtual_batch_size
+    return check_virtual_batch(vbs, config.chunk_size if chunk_size is None else chunk_size, config.batch_size)
 
 
 def _ddp_chunks_agree(model: nn.Module, num_chunks: int) -> None:

@@ -412,8 +412,11 @@ def _write_errors() -> tuple[type[BaseException], ...]:
     errors, e.g. "IoError(Os { code: 28, kind: StorageFull ... })")."""
     try:
         from safetensors import SafetensorError
-    except ImportError:  # an older safetensors: its error is exported from the Rust extension only
-        from safetensors.safetensors_rust import SafetensorError
+    except ImportError:
+        try:  # an older safetensors: its error is exported from the Rust extension only
+            from safetensors.safetensors_rust import SafetensorError
+        except ImportError:  # no safetensors (the core install): nothing of it can fail
+            return (OSError, RuntimeError)
     return (OSError, RuntimeError, SafetensorError)
 
 

@@ -12,12 +12,13 @@ import argparse
 import types
 import typing
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import Field, fields
+from dataclasses import Field
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from .._safe_json import loads_json
 from ..losses.registry import registered_losses
 from .config import field_default
+from .hub_config import merge_hub_configs, read_hub_config
 from .options import loss_keys, option_fields, recipe_options
 from .run_spec import FIELD_PARTS, PARTS, RunSpec
 
@@ -27,6 +28,7 @@ __all__ = [
     "given_options",
     "int_list",
     "json_dict",
+    "losses_listing",
     "parse_run_spec",
     "recipe_losses",
     "str2bool",
@@ -152,133 +154,115 @@ def add_option_arguments(
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# the training recipes' command line → RunSpec
+# the training command line → RunSpec
 # ---------------------------------------------------------------------------------------------------------------------
 _PART_TITLES = {"run": "run", "data": "data", "model": "model", "loss": "loss (SupRank H⁻ and decomposability)",
                 "train": "training"}  # fmt: skip
 
 
-def recipe_losses(*, hierarchical: bool) -> list[str]:
-    """The registered losses a training recipe trains: the hierarchical ones (``train_happier.py``) or the others
-    (``train_roadmap.py``), in registration order."""
+def recipe_losses(*, hierarchical: bool | None = None) -> list[str]:
+    """The registered losses (optionally only the (non-)hierarchical ones), in registration order."""
     return list(registered_losses(hierarchical=hierarchical))
 
 
+def losses_listing() -> str:
+    """Every loss the training command trains: the registered ones (with their labels and options), the installed
+    plugins and the other spellings of ``--loss``."""
+    from importlib.metadata import entry_points
+
+    from ..losses.registry import ENTRY_POINT_GROUP
+
+    lines = ["registered losses (--loss NAME):"]
+    for name, entry in registered_losses().items():
+        labels = "hierarchical labels (N, L)" if entry.hierarchical else "fine labels (N,)"
+        extra = ", multi-label" if entry.multilabel else ""
+        lines.append(f"  {name:<10} {entry.cls.__name__:<15} {labels}{extra}; options: {', '.join(loss_keys(name))}")
+    plugins = sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name not in registered_losses())
+    if plugins:
+        lines.append(f"installed plugins (entry-point group {ENTRY_POINT_GROUP}): {', '.join(plugins)}")
+    lines += [
+        "pytorch-metric-learning baselines: --loss pml:ClassName (e.g. pml:MultiSimilarityLoss, pml:ArcFaceLoss), "
+        "arguments by --loss_kwargs",
+        "your own loss class: --loss package.module:ClassName (importable, e.g. on PYTHONPATH)",
+    ]
+    return "\n".join(lines)
+
+
+class _ListLosses(argparse.Action):
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=kwargs.get("help"))
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+        print(losses_listing())  # noqa: T201 - the command's answer, as --help
+        parser.exit()
+
+
+class RecipeParser(argparse.ArgumentParser):
+    """The parser of the training command: one flag per :class:`~pml_suprank.training.RunSpec` option (no default
+    of its own: an option not given keeps ``run_defaults``, the preset's no-argument run, then the field default)."""
+
+    run_defaults: dict[str, Any]
+
+
 def build_recipe_parser(
-    description: str, defaults: Mapping[str, Any], losses: Sequence[str]
-) -> argparse.ArgumentParser:
-    """A training recipe's parser: ``--config`` plus one flag per :class:`~pml_suprank.training.RunSpec` field.
+    description: str, defaults: Mapping[str, Any], losses: Sequence[str] | None = None
+) -> RecipeParser:
+    """The training command's parser: ``--config``, ``--list_losses`` and one flag per
+    :class:`~pml_suprank.training.RunSpec` field.
 
     Args:
-        description: The recipe's one-line description.
-        defaults: The recipe's no-argument run (replacing the dataclass defaults, shown by ``--help``).
-        losses: The registered losses this recipe trains (``--loss`` choices, the first is the default; loss options
-            that none of them takes are left out).
+        description: The command's one-line description.
+        defaults: The preset's no-argument run (replacing the dataclass defaults, shown by ``--help``).
+        losses: Unused (every loss is a ``--loss`` value); kept for callers of the former per-recipe parsers.
     """
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = RecipeParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
+                          epilog=losses_listing())  # fmt: skip
+    parser.run_defaults = dict(defaults)
     parser.add_argument(
         "--config",
         action="append",
         default=None,
         help="hub_config: a bundled name (e.g. happier_sop; pml_suprank.hub_config.bundled_hub_configs()) or a YAML "
-        "file; repeat it to lay partial override files over a "
-        "base; command-line flags override the files",
+        "file; repeat it to lay partial override files over a base; command-line flags override the files",
     )
-    defaults = {"loss": losses[0], **defaults}
-    accepted = {k for name in losses for k in loss_keys(name)} | {"loss"}
+    parser.add_argument("--list_losses", action=_ListLosses, help="list every loss --loss takes, and exit")
     for part, cls in PARTS.items():
         group = parser.add_argument_group(_PART_TITLES[part])
-        if part == "loss":
-            only = [f.name for f in fields(cls) if f.name in accepted]
-            add_option_arguments(group, cls, only=only, defaults=defaults, choices={"loss": list(losses)})
-        else:
-            add_option_arguments(group, cls, defaults=defaults)
+        add_option_arguments(group, cls, defaults=defaults)
+    for action in parser._actions:  # an option not given is absent from the namespace: the layers decide
+        if action.dest in FIELD_PARTS:
+            action.help = f"{action.help} (default: {action.default})"
+            action.default = argparse.SUPPRESS
+            if action.choices is not None:  # the field's check decides (the same message as a file's value)
+                action.metavar, action.choices = "{" + ",".join(map(str, action.choices)) + "}", None
     return parser
 
 
-class _Unset:
-    def __repr__(self) -> str:
-        return "<unset>"
-
-
-_UNSET = _Unset()
-
-
-def _explicit_flags(parser: argparse.ArgumentParser, argv: list[str] | None) -> dict[str, Any]:
-    """The option values given on the command line (argparse leaves a destination that is already set alone, so
-    pre-setting each one to a marker keeps the defaults out)."""
-    dests = [a.dest for a in parser._actions if a.dest in FIELD_PARTS]
-    namespace = parser.parse_args(argv, namespace=argparse.Namespace(**dict.fromkeys(dests, _UNSET)))
-    return {d: v for d, v in vars(namespace).items() if d in FIELD_PARTS and v is not _UNSET}
-
-
 def given_options(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> set[str]:
-    """The options the user set: the flags given in ``argv`` and the options of its ``--config`` files (what a
-    recipe must not change on its own, e.g. a batch the data cannot fill is refused rather than shrunk)."""
-    from .. import hub_config as hc
-
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--config", action="append", default=None)
-    known, _ = pre.parse_known_args(argv)
-    given = set(_explicit_flags(parser, argv))
-    for path in known.config or []:
-        given |= set(recipe_options(hc.read_hub_config(path, partial=True)))
-    return given
-
-
-def _read_configs(parser: argparse.ArgumentParser, paths: list[str]) -> dict[str, Any]:
-    """The ``--config`` files, schema-checked and merged in order (their consistency is checked with the spec)."""
-    from .. import hub_config as hc
-
-    try:
-        config = hc.merge_hub_configs(*(hc.read_hub_config(path, partial=True) for path in paths))
-    except (ValueError, FileNotFoundError) as e:
-        parser.error(f"--config: {e}")
-    actions = {a.dest: a for a in parser._actions}
-    options = recipe_options(config)
-    unknown = sorted(set(options) - set(actions))
-    if unknown:
-        parser.error(f"--config {' '.join(paths)}: option(s) {unknown} are not options of this recipe")
-    for dest, value in options.items():
-        choices = actions[dest].choices
-        if choices is not None and value not in choices:
-            parser.error(f"--config: {dest} {value!r} is not trained by this recipe (choose from {choices})")
-    return config
-
-
-def _virtual_batch(files: Mapping[str, Any], flags: Mapping[str, Any], batch_size: int) -> int:
-    """The batch of one step per process: ``virtual_batch_size`` when set (it replaces ``batch_size``), else
-    ``batch_size``. A ``--virtual_batch_size`` flag overrides the ``--config`` files' ``batch_size``; otherwise a
-    ``batch_size`` and a ``virtual_batch_size`` that differ (two flags, a flag and a file, or the files) are refused."""
-    v, b = flags.get("virtual_batch_size"), flags.get("batch_size")
-    if v is None:
-        v = files.get("virtual_batch_size")
-        b = b if b is not None else files.get("batch_size")
-    if v is not None and b is not None and v != b:
-        raise ValueError(
-            f"--virtual_batch_size {v} and --batch_size {b} differ: --virtual_batch_size is the batch the sampler "
-            "draws and the loss ranks, it replaces --batch_size; give one of them (or the same value to both)"
-        )
-    return batch_size if v is None else v
+    """The options the user set (flags and ``--config`` keys): :attr:`RunSpec.given` of :func:`parse_run_spec`."""
+    return set(parse_run_spec(parser, argv).given)
 
 
 def parse_run_spec(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> RunSpec:
-    """The :class:`~pml_suprank.training.RunSpec` of a recipe invocation, built once and validated once.
+    """The :class:`~pml_suprank.training.RunSpec` of an invocation: ``argv`` parsed once, each ``--config`` file read
+    once, the spec built once and validated once.
 
-    Precedence: dataclass defaults < the parser's defaults (the recipe's no-argument run) < the ``--config``
-    hub_config(s) (several files are merged in order, each may be partial) < the flags given. ``virtual_batch_size``,
-    when set, replaces ``batch_size`` (the batch the sampler draws and the loss ranks; two different values given
-    are refused, naming both flags). Any inconsistency is a ``parser.error`` (exit 2, nothing built).
+    Precedence: dataclass defaults < the preset's defaults (``parser.run_defaults``) < the ``--config`` hub_config(s)
+    (several files are laid over each other in order, each may be partial) < the flags given.
+    ``virtual_batch_size`` is another name of ``batch_size`` (:func:`~pml_suprank.training.rules.merge_option_layers`).
+    Any inconsistency is a ``parser.error`` (exit 2, nothing built).
     """
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--config", action="append", default=None)
-    known, _ = pre.parse_known_args(argv)
-    hub_config = _read_configs(parser, known.config) if known.config else {}
-    defaults = {a.dest: a.default for a in parser._actions if a.dest in FIELD_PARTS}
-    files, flags = recipe_options(hub_config), _explicit_flags(parser, argv)
-    values = {**defaults, **files, **flags}
+    namespace = parser.parse_args(argv)
+    flags = {k: v for k, v in vars(namespace).items() if k in FIELD_PARTS}
+    paths = namespace.config or []
     try:
-        values["batch_size"] = _virtual_batch(files, flags, values["batch_size"])
-        return RunSpec.from_values(values, hub_config).validate()
+        files = [read_hub_config(path, partial=True) for path in paths]
+    except (ValueError, FileNotFoundError) as e:
+        parser.error(f"--config: {e}")
+    layers = [("defaults", getattr(parser, "run_defaults", {}))]
+    layers += [(f"--config {path}", recipe_options(cfg)) for path, cfg in zip(paths, files, strict=True)]
+    layers.append(("flags", flags))
+    try:
+        return RunSpec.from_layers(layers, merge_hub_configs(*files)).validate()
     except ValueError as e:
         parser.error(str(e))

@@ -14,10 +14,9 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
-from .._validation import check_choice, check_positive
-
 __all__ = [
     "OptionCheck",
+    "OptionError",
     "TrainingConfig",
     "field_default",
     "is_bool",
@@ -28,6 +27,8 @@ __all__ = [
     "list_of",
     "option",
     "optional",
+    "option_problems",
+    "validate_options",
 ]
 
 OptimizerType = Literal["adam", "adamw", "sgd"]
@@ -42,12 +43,16 @@ SamplerType = Literal["m_per_class", "hierarchical"]
 class OptionCheck:
     """A value check of a configuration file: ``fn(value) -> bool`` and the expectation, e.g. ``"an int >= 1"``.
 
-    ``choices`` lists the valid values of a closed set (also the argparse ``choices=``).
+    ``choices`` lists the valid values of a closed set (also the argparse ``choices=``); ``kind`` (``"int"``,
+    ``"number"``, ``"bool"``, ``"choice"``, ``"str"`` or ``None``) and ``bounds`` (``(low, high, strict,
+    open_high)``) describe the check for tools and tests (its boundary values), never re-check a value.
     """
 
     fn: Callable[[Any], bool]
     expected: str
     choices: tuple[Any, ...] | None = None
+    kind: str | None = None
+    bounds: tuple[float, float, bool, bool] | None = None
 
     def __call__(self, value: Any) -> bool:
         return bool(self.fn(value))
@@ -55,12 +60,12 @@ class OptionCheck:
 
 def is_bool() -> OptionCheck:
     """A YAML boolean (not 0/1)."""
-    return OptionCheck(lambda v: isinstance(v, bool), "a bool")
+    return OptionCheck(lambda v: isinstance(v, bool), "a bool", kind="bool")
 
 
 def is_str(expected: str = "a non-empty string") -> OptionCheck:
     """A non-empty string; ``expected`` is what the error message says."""
-    return OptionCheck(lambda v: isinstance(v, str) and bool(v), expected)
+    return OptionCheck(lambda v: isinstance(v, str) and bool(v), expected, kind="str")
 
 
 #: the largest integer a configuration value may hold unless its option sets a tighter bound: values that size work
@@ -71,7 +76,10 @@ MAX_CONFIG_INT = 2**31 - 1
 def is_int(low: int = 0, high: int = MAX_CONFIG_INT) -> OptionCheck:
     """An int (not a bool) with ``low <= value <= high``."""
     expected = f"an int >= {low}" if high == MAX_CONFIG_INT else f"an int in [{low}, {high}]"
-    return OptionCheck(lambda v: isinstance(v, int) and not isinstance(v, bool) and low <= v <= high, expected)
+    return OptionCheck(
+        lambda v: isinstance(v, int) and not isinstance(v, bool) and low <= v <= high, expected, kind="int",
+        bounds=(low, high, False, False),
+    )  # fmt: skip
 
 
 def is_number(
@@ -89,17 +97,19 @@ def is_number(
         expected = f"a number {lo}"
     else:
         expected = f"a number in {'(' if strict else '['}{low:g}, {high:g}{')' if open_high else ']'}"
-    return OptionCheck(check, expected)
+    return OptionCheck(check, expected, kind="number", bounds=(low, high, strict, open_high))
 
 
 def is_choice(*values: Any) -> OptionCheck:
     """One of ``values`` (also the argparse ``choices=``)."""
-    return OptionCheck(lambda v: v in values, f"one of {', '.join(map(str, values))}", tuple(values))
+    return OptionCheck(lambda v: v in values, f"one of {', '.join(map(str, values))}", tuple(values), kind="choice")
 
 
 def optional(check: OptionCheck) -> OptionCheck:
     """``None`` (YAML ``null``) or a value passing ``check``."""
-    return OptionCheck(lambda v: v is None or check(v), f"null or {check.expected}", check.choices)
+    return OptionCheck(
+        lambda v: v is None or check(v), f"null or {check.expected}", check.choices, check.kind, check.bounds
+    )
 
 
 def list_of(check: OptionCheck, expected: str, min_len: int = 1) -> OptionCheck:
@@ -145,6 +155,60 @@ def _pos(low: int) -> OptionCheck:
     return is_int(low)
 
 
+class _DefaultInt(int):
+    """An int default that says it was not given (``TrainingConfig.batch_size``: ``virtual_batch_size`` sets it)."""
+
+
+class OptionError(ValueError, TypeError):
+    """Option values refused by their checks (a ``ValueError`` and, for a wrong type, a ``TypeError``): the message
+    names each option, what it expects and what it got. ``problems`` lists them one by one."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("; ".join(self.problems))
+
+
+def _plain(value: Any) -> Any:
+    """Tuples as lists and numpy scalars as Python numbers, as a YAML file or the command line would give them."""
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def field_problem(f: Field, value: Any, label: str | None = None) -> str | None:
+    """The message refusing ``value`` for the option field ``f`` (``None``: accepted) — the field's metadata
+    ``check`` is the only check of a single value; ``None`` is accepted where it is the field's default (unset)."""
+    check = f.metadata.get("check")
+    if check is None or (value is None and field_default(f) is None):
+        return None
+    if check(_plain(value)):
+        return None
+    return f"{label or f.name} must be {check.expected}; got {value!r}"
+
+
+def option_problems(obj: Any) -> list[str]:
+    """The messages of every field of the option dataclass instance ``obj`` that its check refuses."""
+    return [p for f in fields(obj) if (p := field_problem(f, getattr(obj, f.name))) is not None]
+
+
+def validate_options(obj: Any) -> None:
+    """Check an option dataclass instance (its ``__post_init__``): every field against its metadata check, then the
+    rules between fields (:func:`pml_suprank.training.rules.cross_field_problems`, given the instance's values).
+
+    Raises:
+        OptionError: listing every problem.
+    """
+    from .rules import cross_field_problems
+
+    problems = option_problems(obj)
+    if not problems:
+        problems = cross_field_problems({f.name: getattr(obj, f.name) for f in fields(obj)})
+    if problems:
+        raise OptionError(problems)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # the training configuration
 # ---------------------------------------------------------------------------------------------------------------------
@@ -166,7 +230,8 @@ class TrainingConfig:
     ``chunk_size`` then changes only the floating-point summation order of the gradient).
     """
 
-    output_dir: str = option("outputs/run", "folder for checkpoints, the final model and the plots")
+    output_dir: str = option("outputs/run", "folder for checkpoints, the final model and the plots",
+                             check=is_str("a folder path"))  # fmt: skip
     seed: int = option(0, "seed of the model init, samplers and per-item augmentation", section="training",
                        check=_pos(0))  # fmt: skip
     epochs: int = option(10, "number of epochs (one pass of the batch sampler)", section="training", check=_pos(1))
@@ -174,7 +239,10 @@ class TrainingConfig:
         None, "stop after N optimizer steps (also shortens the cosine schedule)", section="training",
         check=optional(_pos(1)),
     )  # fmt: skip
-    batch_size: int = option(64, "images per step per process", section="sampler_options", check=_pos(2))
+    batch_size: int = option(
+        _DefaultInt(64), "images per step per process (the ranking batch; --virtual_batch_size is another name of it)",
+        section="sampler_options", check=_pos(2),
+    )  # fmt: skip
     virtual_batch_size: int | None = option(
         None, "the ranking batch: images the sampler draws and the loss ranks per step and process; replaces "
         "--batch_size (with --chunk_size it need not fit in memory)", section="sampler_options",
@@ -221,7 +289,7 @@ class TrainingConfig:
     memory_size: int = option(0, "cross-batch memory size (0: none)", section="memory", check=_pos(0))
     memory_warmup_steps: int = option(0, "steps before the memory loss is used", section="memory", check=_pos(0))
     hierarchical_labels: bool = option(
-        True, "give the loss all label columns (N, L) instead of the fine labels (N,)", cli=False
+        True, "give the loss all label columns (N, L) instead of the fine labels (N,)", cli=False, check=is_bool()
     )
     eval_every: int = option(1, "evaluate every N epochs (0: only at the end)", section="evaluation", check=_pos(0))
     eval_batch_size: int = option(128, "evaluation batch size per process", section="evaluation", check=_pos(1))
@@ -235,80 +303,16 @@ class TrainingConfig:
     num_workers: int = option(0, "DataLoader worker processes", section="training", check=_pos(0))
     log_every: int = option(10, "log the loss every N steps", section="training", check=_pos(1))
     stop_after_steps: int | None = option(
-        None, "end this invocation after N steps with a checkpoint (time-limited jobs; continue with --resume)"
+        None, "end this invocation after N steps with a checkpoint (time-limited jobs; continue with --resume)",
+        check=optional(_pos(1)),
     )
 
     def __post_init__(self) -> None:
-        check_choice("optimizer", self.optimizer, get_args(OptimizerType))
-        check_choice("scheduler", self.scheduler, get_args(SchedulerType))
-        check_choice("sampler", self.sampler, get_args(SamplerType))
-        for name in (
-            "epochs",
-            "batch_size",
-            "samples_per_class",
-            "batches_per_super_tuple",
-            "super_classes_per_batch",
-            "eval_batch_size",
-            "log_every",
-        ):
-            _check_int(name, getattr(self, name), 1)
-        _check_int("pca_samples", self.pca_samples, 2)
-        for name in (
-            "seed",
-            "warmup_epochs",
-            "memory_size",
-            "memory_warmup_steps",
-            "eval_every",
-            "checkpoint_every",
-            "keep_checkpoints",
-            "num_workers",
-        ):
-            _check_int(name, getattr(self, name), 0)
-        for name in ("max_train_steps", "stop_after_steps"):
-            if getattr(self, name) is not None:
-                _check_int(name, getattr(self, name), 1)
-        if self.warmup_epochs >= self.epochs and self.epochs > 0 and self.warmup_epochs > 0:
-            raise ValueError(f"warmup_epochs must be < epochs = {self.epochs}; got {self.warmup_epochs}")
-        self._check_virtual_batch()
-        if self.batch_size % self.samples_per_class:
-            raise ValueError(
-                f"batch_size must be a multiple of samples_per_class = {self.samples_per_class}; "
-                f"got batch_size={self.batch_size}"
-            )
-        for name in ("lr_backbone", "lr_head", "lr_proxies"):
-            check_positive(name, getattr(self, name), strict=False)
-        for name in ("weight_decay", "proxies_weight_decay", "momentum", "min_lr_ratio"):
-            check_positive(name, getattr(self, name), strict=False)
-        if self.min_lr_ratio > 1:
-            raise ValueError(f"min_lr_ratio must lie in [0, 1]; got {self.min_lr_ratio}")
-        if self.grad_clip is not None:
-            check_positive("grad_clip", self.grad_clip)
-        check_positive("alpha", self.alpha)
-        self.k_values = tuple(_check_int("k_values", k, 1) for k in self.k_values)
-
-    def _check_virtual_batch(self) -> None:
-        """``virtual_batch_size`` replaces ``batch_size`` (the recipes set both from ``--virtual_batch_size``): equal
-        when set, and a whole number of the sampler's groups (``samples_per_class`` images per class, times
-        ``super_classes_per_batch`` with the hierarchical sampler)."""
-        if self.chunk_size is not None:
-            _check_int("chunk_size", self.chunk_size, 1)
-        if self.virtual_batch_size is None:
-            return
-        v = _check_int("virtual_batch_size", self.virtual_batch_size, 2)
-        if v != self.batch_size:
-            raise ValueError(
-                f"virtual_batch_size replaces batch_size (the batch the sampler draws and the loss ranks): set one, or "
-                f"both to the same value; got --virtual_batch_size {v} and --batch_size {self.batch_size}"
-            )
-        m = self.samples_per_class
-        k = self.super_classes_per_batch if self.sampler == "hierarchical" else 1
-        if v % (k * m):
-            group = f"--super_classes_per_batch {k} x --samples_per_class {m}" if k > 1 else f"--samples_per_class {m}"
-            lower, upper = v // (k * m) * k * m, (v // (k * m) + 1) * k * m
-            raise ValueError(
-                f"--virtual_batch_size {v} is not a whole number of the sampler's groups ({group} = {k * m} images "
-                f"per group of classes); use a multiple of {k * m}, e.g. {upper}" + (f" or {lower}" if lower else "")
-            )
+        # virtual_batch_size is another name of the batch size: it sets batch_size unless that was given too
+        if isinstance(self.batch_size, _DefaultInt):
+            self.batch_size = int(self.batch_size) if self.virtual_batch_size is None else self.virtual_batch_size
+        validate_options(self)
+        self.k_values = tuple(self.k_values)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> TrainingConfig:
@@ -323,13 +327,3 @@ class TrainingConfig:
         d = asdict(self)
         d["k_values"] = list(self.k_values)
         return d
-
-
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int; got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}; got {value}")
-    if value > MAX_CONFIG_INT:
-        raise ValueError(f"{name} must be <= {MAX_CONFIG_INT}; got {value}")
-    return int(value)

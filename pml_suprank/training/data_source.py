@@ -125,7 +125,7 @@ def data_option_errors(data: Mapping[str, Any], *, require_root: bool = False) -
 
     Checks the label columns (required for a Hub / local dataset, forbidden for the synthetic one, equal to the
     benchmark's label names when given for a benchmark), the splits of a benchmark, the open-set rules, and refuses
-    ``synthetic_multilabel`` under any loss but HAPPIER or with a memory (:func:`multilabel_option_errors`).
+    ``synthetic_multilabel`` under a loss without a multi-label variant (:func:`multilabel_option_errors`).
     ``require_root=True`` also requires ``data_root`` for a benchmark (a complete run; a shipped file leaves it to
     the command line).
     """
@@ -166,14 +166,13 @@ def data_option_errors(data: Mapping[str, Any], *, require_root: bool = False) -
 
 
 def multilabel_option_errors(dataset: Any, loss: Any, memory_size: Any, sampler: Any = None) -> list[str]:
-    """The problems of training the multi-label ``synthetic_multilabel`` dataset with ``loss``, a memory of
-    ``memory_size`` and the batch ``sampler`` option, as messages naming the options; ``[]`` for any other dataset or
-    a supported setting.
+    """The problems of training the multi-label ``synthetic_multilabel`` dataset with ``loss`` and the batch
+    ``sampler`` option, as messages naming the options; ``[]`` for any other dataset or a supported setting.
 
-    Only the losses registered with ``multilabel=True`` have a multi-label variant (HAPPIER: ``relevance=
-    "multilabel"``, the thesis' Algorithm 1 relevance); ROADMAP and ROD-NDCG have none yet, the cross-batch memory
-    does not store label sets yet, and the batches are drawn by :class:`pml_suprank.samplers.MultiLabelSampler`
-    (``sampler`` must keep its default ``m_per_class``).
+    Only the losses registered with ``multilabel=True`` have a multi-label variant (HAPPIER, Sup-H-AP, Sup-NDCG:
+    ``relevance="multilabel"``, the thesis' Algorithm 1 relevance), and the batches are drawn by
+    :class:`pml_suprank.samplers.MultiLabelSampler` (``sampler`` must keep its default ``m_per_class``). A memory
+    (``memory_size``, accepted for the signature) stores the label sets (:class:`pml_suprank.memory.RankingMemory`).
     """
     if dataset != "synthetic_multilabel":
         return []
@@ -183,11 +182,6 @@ def multilabel_option_errors(dataset: Any, loss: Any, memory_size: Any, sampler:
         errors.append(
             f"'loss' {loss} has no multi-label variant: dataset synthetic_multilabel (several labels per image) "
             f"trains with {' or '.join(multilabel_losses)} only"
-        )
-    if memory_size:
-        errors.append(
-            f"'memory_size' {memory_size}: the memory does not store multi-label label sets yet; "
-            "use memory_size 0 with dataset synthetic_multilabel"
         )
     if sampler not in (None, "m_per_class"):
         errors.append(

@@ -18,9 +18,11 @@ class LossModule(nn.Module):
     """``model`` + ``loss`` (+ ``memory``) as one module: ``forward(images, labels, indices) -> loss``.
 
     Wrapping them together lets ``accelerator.prepare`` put the loss parameters (proxies) under the same DDP as the
-    network. With ``num_processes > 1`` the embeddings, labels and indices of the global batch are gathered (the
-    embeddings with gradients) and the loss of the global batch is computed on every process: after DDP averages
-    the gradients this is exactly the single-process gradient of the loss on the concatenated batch.
+    network. With ``num_processes > 1`` the embeddings and labels of the global batch are gathered by
+    :func:`pml_suprank.distributed.gather_batch` (the embeddings with gradients; multi-label sets padded to one width)
+    — the gather of :class:`~pml_suprank.memory.RankingMemory` and :class:`~pml_suprank.distributed.DistributedRankLoss`
+    too — and the loss of the global batch is computed on every process: after DDP averages the gradients this is
+    exactly the single-process gradient of the loss on the concatenated batch.
 
     Args:
         model: Maps ``(B, 3, H, W)`` images to ``(B, D)`` embeddings.
@@ -57,9 +59,11 @@ class LossModule(nn.Module):
         with torch.autocast(device_type=embeddings.device.type, enabled=False):
             if self.memory is not None:  # RankingMemory gathers the global batch itself under torch.distributed
                 return self.memory(embeddings, labels, indices)
-            if self.distributed:
-                embeddings = dist_utils.all_gather_with_grad(embeddings)
-                labels = dist_utils.all_gather(labels)
+            if self.distributed:  # the one gather of the package (also the memory's and DistributedRankLoss's)
+                batch = dist_utils.gather_batch(
+                    embeddings, labels, multilabel=dist_utils.is_multilabel_loss(self.loss)
+                )
+                embeddings, labels = batch.embeddings, batch.labels
             return self.loss(embeddings, labels)
 
     def cached_backward(

@@ -15,9 +15,10 @@ from typing import Any
 
 from torch import nn
 
-from ..losses.registry import loss_entry, registered_losses
+from ..losses.registry import entry_options, registered_losses, resolve_loss
 from .config import (
     OptionCheck,
+    OptionError,
     TrainingConfig,
     is_bool,
     is_choice,
@@ -27,6 +28,7 @@ from .config import (
     list_of,
     option,
     optional,
+    validate_options,
 )
 from .trackers import REPORT_TO
 
@@ -40,33 +42,63 @@ __all__ = [
     "RunOptions",
     "build_loss",
     "loss_keys",
+    "loss_option_names",
     "option_fields",
     "recipe_options",
 ]
 
 
-class RegisteredLoss(OptionCheck):
-    """The check of ``loss.name``: a name registered with :func:`pml_suprank.losses.register_loss` (read when
-    checked, so a loss registered after import is accepted)."""
+def _resolves(name: Any) -> bool:
+    try:
+        resolve_loss(name)
+    except ValueError:
+        return False
+    return True
+
+
+class LossName(OptionCheck):
+    """The check of ``--loss`` / ``loss.name``: a registered loss, ``pml:ClassName``, ``package.module:ClassName`` or
+    an installed plugin (:func:`pml_suprank.losses.resolve_loss`; read when checked, so a loss registered after
+    import is accepted)."""
 
     def __init__(self) -> None:
-        super().__init__(lambda v: isinstance(v, str) and v in registered_losses(), "a registered loss name")
+        super().__init__(_resolves, "a loss name")
 
     @property  # type: ignore[override]
     def expected(self) -> str:
-        return f"one of {', '.join(registered_losses())}"
+        return f"one of {', '.join(registered_losses())}, pml:ClassName or package.module:ClassName"
 
     @expected.setter
     def expected(self, value: str) -> None:  # the dataclass __init__ assigns it
         pass
 
-    @property  # type: ignore[override]
-    def choices(self) -> tuple[str, ...]:
-        return tuple(registered_losses())
 
-    @choices.setter
-    def choices(self, value: Any) -> None:
-        pass
+#: the former name of :class:`LossName`
+RegisteredLoss = LossName
+
+
+def _json_kwargs() -> OptionCheck:
+    return OptionCheck(
+        lambda v: v is None or (isinstance(v, dict) and all(isinstance(k, str) and k.isidentifier() for k in v)),
+        "null or a mapping of keyword arguments of the loss class",
+    )
+
+
+class _Checked:
+    """Option dataclasses check their values when built (:func:`~pml_suprank.training.config.validate_options`)."""
+
+    def __post_init__(self) -> None:
+        validate_options(self)
+
+
+def _known_backbone(name: Any) -> bool:
+    from ..models import check_backbone_name
+
+    try:
+        check_backbone_name(name)
+    except (ValueError, TypeError):
+        return False
+    return True
 
 
 def _crop_scale() -> OptionCheck:
@@ -82,10 +114,13 @@ def _json_object() -> OptionCheck:
 
 
 @dataclass
-class ModelOptions:
+class ModelOptions(_Checked):
     """Options of :class:`pml_suprank.models.RetrievalModel` (``image_size`` is a data option)."""
 
-    backbone: str = option("test_resnet", "any timm model name", section="model", check=is_str("a timm model name"))
+    backbone: str = option(
+        "test_resnet", "any timm model name", section="model",
+        check=OptionCheck(_known_backbone, "a timm model name (timm.list_models(); e.g. resnet50, test_resnet)"),
+    )  # fmt: skip
     pretrained: bool = option(False, "load timm pretrained weights (downloads)", section="model", check=is_bool())
     pooling: str = option("avg", "global pooling", section="model", check=is_choice("avg", "gem", "max"))
     embedding_size: int = option(128, "embedding dimension", section="model", check=is_int(1, 65536))
@@ -111,7 +146,7 @@ def _benchmark_names() -> str:
 
 
 @dataclass
-class DataOptions:
+class DataOptions(_Checked):
     """The training and test sets: built-in SyntheticShapes, a paper benchmark read from its archive (by name, with
     ``data_root``) or a retrieval dataset (Hub id or local path)."""
 
@@ -157,13 +192,18 @@ class DataOptions:
 
 
 @dataclass
-class LossOptions:
+class LossOptions(_Checked):
     """The rank loss: its name and the SupRank H⁻ / decomposability hyper-parameters (``alpha`` is a
     :class:`TrainingConfig` field shared with the evaluator)."""
 
     loss: str = option(
-        "HAPPIER", "a loss registered with pml_suprank.losses.register_loss (HAPPIER / ROD-NDCG: hierarchical labels; "
-        "ROADMAP: fine labels)", section="loss", key="name", check=RegisteredLoss(),
+        "HAPPIER", "the loss: a registered name (--list_losses), pml:ClassName (a pytorch-metric-learning loss, e.g. "
+        "pml:MultiSimilarityLoss), package.module:ClassName (your own class) or an installed plugin's name",
+        section="loss", key="name", check=LossName(),
+    )  # fmt: skip
+    loss_kwargs: dict | None = option(
+        None, 'further keyword arguments of the loss class, as JSON / a YAML mapping, e.g. \'{"margin": 0.2}\' '
+        "(checked against its signature)", section="loss", key="kwargs", check=_json_kwargs(),
     )  # fmt: skip
     decomposability: str = option(
         "calibration", "L_DG on pairs (ROADMAP, NeurIPS 2021) or ClusterLoss proxies (SupRank, TPAMI 2025)",
@@ -188,36 +228,42 @@ class LossOptions:
 
 
 @dataclass
-class RunOptions:
+class RunOptions(_Checked):
     """Options of one recipe invocation (hardware, tracking, resume, outputs, publishing)."""
 
     mixed_precision: str | None = option(
         None, "override the `accelerate launch` mixed precision setting", section="training",
         check=is_choice("no", "fp16", "bf16"),
     )  # fmt: skip
-    cpu: bool = option(False, "run on the CPU even if an accelerator is available")
+    cpu: bool = option(False, "run on the CPU even if an accelerator is available", check=is_bool())
     compile_loss: bool = option(
         False, "torch.compile the loss module (with --kernel dense on an accelerator: one fused graph, no host sync; "
-        "the first steps compile)",
+        "the first steps compile)", check=is_bool(),
     )  # fmt: skip
-    with_tracking: bool = option(True, "log to the --report_to trackers (false: no tracker, as --report_to none)")
+    with_tracking: bool = option(True, "log to the --report_to trackers (false: no tracker, as --report_to none)",
+                                 check=is_bool())  # fmt: skip
     report_to: str = option(
         "tensorboard", "experiment trackers through Accelerate: none, tensorboard (under <output_dir>/logs; skipped "
         "when not installed unless given explicitly), wandb, mlflow or all (every installed one)",
         check=is_choice(*REPORT_TO),
     )  # fmt: skip
-    resume: str | None = option(None, "checkpoint folder to continue from, or 'latest' (newest in output_dir)")
+    resume: str | None = option(None, "checkpoint folder to continue from, or 'latest' (newest in output_dir)",
+                                check=is_str("a checkpoint folder or 'latest'"))  # fmt: skip
     resume_ignore_config: bool = option(
-        False, "with --resume: continue from a checkpoint written with another configuration (other run fingerprint)"
+        False, "with --resume: continue from a checkpoint written with another configuration (other run fingerprint)",
+        check=is_bool(),
     )
     overwrite_output_dir: bool = option(
-        False, "without --resume: delete a previous run's checkpoints and final/ in --output_dir before starting"
+        False, "without --resume: delete a previous run's checkpoints and final/ in --output_dir before starting",
+        check=is_bool(),
     )
-    skip_initial_eval: bool = option(False, "do not evaluate before training")
-    no_plots: bool = option(False, "do not draw the plots of the final folder")
-    push_to_hub: bool = option(False, "upload the final folder to the Hugging Face Hub (needs --hub_model_id)")
-    hub_model_id: str | None = option(None, "repo id for --push_to_hub, e.g. user/happier-sop")
-    hub_private: bool = option(False, "create the Hub repo as private")
+    skip_initial_eval: bool = option(False, "do not evaluate before training", check=is_bool())
+    no_plots: bool = option(False, "do not draw the plots of the final folder", check=is_bool())
+    push_to_hub: bool = option(False, "upload the final folder to the Hugging Face Hub (needs --hub_model_id)",
+                               check=is_bool())  # fmt: skip
+    hub_model_id: str | None = option(None, "repo id for --push_to_hub, e.g. user/happier-sop",
+                                      check=is_str("a Hub repo id such as user/happier-sop"))  # fmt: skip
+    hub_private: bool = option(False, "create the Hub repo as private", check=is_bool())
 
 
 #: every option class, in --help order
@@ -257,38 +303,49 @@ def recipe_options(config: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def loss_option_names() -> tuple[str, ...]:
+    """The options of the hub_config ``loss`` section (``loss``, ``loss_kwargs``, ``tau``, ..., ``alpha``)."""
+    return tuple(f.name for _, f in option_fields(LossOptions, TrainingConfig) if f.metadata["section"] == "loss")
+
+
 def loss_keys(name: str) -> tuple[str, ...]:
-    """The loss options (hub_config ``loss.*`` keys, recipe flags) that the registered loss ``name`` takes: its
-    entry's ``options``, or the loss options that are named parameters of its constructor."""
-    entry = loss_entry(name)
-    if entry.options is not None:
-        return entry.options
-    params = inspect.signature(entry.cls.__init__).parameters
-    names = [f.name for _, f in option_fields(LossOptions, TrainingConfig) if f.metadata["section"] == "loss"]
-    return tuple(n for n in names if n in params and n != "loss")
+    """The loss options (hub_config ``loss.*`` keys, recipe flags) that the loss ``name`` takes: its registry
+    entry's ``options``, or the loss options that are named parameters of its constructor (``loss_kwargs`` is taken
+    by every loss)."""
+    return entry_options(resolve_loss(name), loss_option_names())
 
 
 def build_loss(name: str, values: Mapping[str, Any], num_classes: int, embedding_size: int, **extra: Any) -> nn.Module:
-    """The one loss builder: instantiate the registered loss ``name`` from option ``values`` (unset ``None`` values
-    keep the loss defaults; options the loss does not take are ignored).
+    """The one loss builder: instantiate the loss ``name`` (:func:`pml_suprank.losses.resolve_loss`: a registered
+    name, ``pml:ClassName``, ``package.module:ClassName`` or a plugin) from option ``values`` (unset ``None`` values
+    keep the loss defaults; options the loss does not take are ignored; ``values["loss_kwargs"]``, a mapping, is
+    passed on whole).
 
     Args:
-        name: A name registered with :func:`pml_suprank.losses.register_loss` (``"HAPPIER"``, ``"ROADMAP"``,
-            ``"ROD-NDCG"``, ...).
+        name: The loss (``"HAPPIER"``, ``"ROADMAP"``, ``"pml:MultiSimilarityLoss"``, ``"my_losses:MyAPLoss"``...).
         values: Option values, e.g. ``{"tau": 0.01, "decomposability_weight": 0.1}``.
-        num_classes: Number of fine training classes (one ClusterLoss proxy each).
+        num_classes: Number of fine training classes (one proxy each: ClusterLoss, ArcFace, ProxyAnchor...).
         embedding_size: Embedding dimension ``D``.
         **extra: Further keyword arguments of the loss class, not recipe options (e.g. ``relevance="multilabel"``
             and ``hierarchy=`` the ``(num_fine, L)`` table for multi-label data).
 
-    ``num_classes`` / ``embedding_size`` go to a constructor that names them, when the loss is hierarchical (its
-    ClusterLoss proxies) or uses ``decomposability="proxy"``, or when the constructor requires them.
+    ``num_classes`` / ``embedding_size`` go to a constructor that names them, when it requires them (a proxy loss
+    of PML), when the loss is hierarchical (its ClusterLoss proxies) or uses ``decomposability="proxy"``.
+
+    Raises:
+        ValueError: an unknown loss; :class:`~pml_suprank.training.config.OptionError` (a ``ValueError`` and a
+            ``TypeError``): a constructor refusing the arguments (the message names the loss and them).
     """
-    entry = loss_entry(name)
+    entry = resolve_loss(name)
     kwargs = {k: values[k] for k in loss_keys(name) if values.get(k) is not None}
     params = inspect.signature(entry.cls.__init__).parameters
     for key, value in (("num_classes", num_classes), ("embedding_size", embedding_size)):
         required = key in params and params[key].default is inspect.Parameter.empty
         if key in params and (required or entry.hierarchical or kwargs.get("decomposability") == "proxy"):
             kwargs[key] = value
-    return entry.cls(**kwargs, **extra)
+    kwargs.update(values.get("loss_kwargs") or {})
+    kwargs.update(extra)
+    try:
+        return entry.cls(**kwargs)
+    except TypeError as e:  # OptionError: a ValueError (bad input) and still the constructor's TypeError
+        raise OptionError([f"loss {name}: {entry.cls.__name__}(**{kwargs}) refused its arguments: {e}"]) from e

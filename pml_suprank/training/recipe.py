@@ -1,19 +1,19 @@
-"""The training job of the recipes (``recipes/train_happier.py``, ``recipes/train_roadmap.py``): parse, build,
-train, evaluate, save, push.
+"""The training command's job (``recipes/train.py``; its presets ``train_happier`` / ``train_roadmap`` change only
+the defaults, :data:`PRESETS`): parse, build, train, evaluate, save, push.
 
 The command line is generated from the parts of :class:`~pml_suprank.training.RunSpec` (``ModelOptions``,
 ``DataOptions``, ``LossOptions``, ``TrainingConfig``, ``RunOptions``): one snake_case flag per field, with its help
 and default shown by ``--help``; booleans are ``--flag true/false``, lists comma-separated. ``--config`` reads
 hub_configs (several files are laid over each other, so an override file may hold only the keys it changes);
 command-line flags override them. The run's ``RunSpec`` is built once from both and validated once
-(:func:`~pml_suprank.training.cli.parse_run_spec`), then passed down typed; ``--loss`` takes any loss registered with
-:func:`pml_suprank.losses.register_loss` (the hierarchical ones in ``train_happier.py``, the others in
-``train_roadmap.py``). ``--dataset`` takes a paper benchmark by name (``sop``, ``cub``, ``inat_base``, ``dyml_*``,
-``cifar100``, ``gldv2_hier``, ...), read from its archive under ``--data_root DIR``, a Hub id or a local copy, or
-your own image folder (``train/`` + ``test/`` class folders, a ``metadata.csv`` of label levels, or one folder of class
-folders split by class: :mod:`pml_suprank.data.folders`). A batch the training set cannot fill is shrunk to what it
-allows (refused, exit 2, when ``--batch_size`` / ``--samples_per_class`` were given), a run of fewer than ~200 steps
-gets a warning, and ``--report_to`` picks the trackers (:mod:`pml_suprank.training.trackers`).
+(:func:`~pml_suprank.training.cli.parse_run_spec`), then passed down typed; ``--loss`` takes any loss
+(:func:`pml_suprank.losses.resolve_loss`: a registered name, ``pml:ClassName``, ``package.module:ClassName`` or an
+installed plugin; ``--list_losses``). ``--dataset`` takes a paper benchmark by name (``sop``, ``cub``, ``inat_base``,
+``dyml_*``, ``cifar100``, ``gldv2_hier``, ...), read from its archive under ``--data_root DIR``, a Hub id or a local
+copy, or your own image folder (``train/`` + ``test/`` class folders, a ``metadata.csv`` of label levels, or one
+folder of class folders split by class: :mod:`pml_suprank.data.folders`). A batch the training set cannot fill is
+shrunk to what it allows (refused, exit 2, when ``--batch_size`` / ``--samples_per_class`` were given), a run of fewer
+than ~200 steps gets a warning, and ``--report_to`` picks the trackers (:mod:`pml_suprank.training.trackers`).
 
 Everything here runs in any ``accelerate launch`` setting: CPU, multi-process (gloo), multi-GPU, mixed precision.
 With no argument at all, a recipe trains a tiny timm backbone on SyntheticShapes (built into the package): it needs
@@ -39,15 +39,18 @@ from .._safe_json import load_json
 from ..data.batch_fit import fit_batch, short_run_warning
 from ..data.benchmarks.registry import BENCHMARKS
 from ..data.folders import class_names_of, class_split
+from ..losses.compile_guard import compile_loss
 from ..metrics.report import format_metrics_table, one_column
 from .checkpoint import CheckpointSaveError
-from .cli import build_recipe_parser, given_options, parse_run_spec, recipe_losses
+from .cli import build_recipe_parser, parse_run_spec
 from .data_source import dataset_source, folder_layout
+from .options import build_loss
 from .run_folder import RUN_FOLDER_ERRORS, prepare_output_dir, refusal_message
 from .run_spec import RunSpec
 
 __all__ = [
     "NO_ARGUMENT_RUN",
+    "PRESETS",
     "build_datasets",
     "build_model",
     "build_parser",
@@ -64,14 +67,23 @@ __all__ = [
 # 2 CPU cores; only these differ from the TrainingConfig defaults.
 NO_ARGUMENT_RUN: dict[str, Any] = {"epochs": 12, "lr_backbone": 1e-3, "lr_head": 2e-3, "eval_every": 4}
 
+#: the presets of the training command (``pml-suprank-train-happier`` / ``-roadmap``): defaults only, the same code
+PRESETS: dict[str, dict[str, Any]] = {
+    "train": {**NO_ARGUMENT_RUN, "loss": "HAPPIER", "output_dir": "outputs/train_synthetic"},
+    "train_happier": {**NO_ARGUMENT_RUN, "loss": "HAPPIER", "output_dir": "outputs/happier_synthetic"},
+    "train_roadmap": {**NO_ARGUMENT_RUN, "loss": "ROADMAP", "output_dir": "outputs/roadmap_synthetic"},
+}
+
 
 # ---------------------------------------------------------------------------------------------------------------------
 # command line
 # ---------------------------------------------------------------------------------------------------------------------
-def build_parser(description: str, defaults: Mapping[str, Any], hierarchical: bool) -> argparse.ArgumentParser:
-    """A training recipe's parser: the registered hierarchical losses (``train_happier.py``) or the others
-    (``train_roadmap.py``) as ``--loss`` choices, ``defaults`` the recipe's no-argument run."""
-    return build_recipe_parser(description, defaults, recipe_losses(hierarchical=hierarchical))
+def build_parser(
+    description: str, defaults: Mapping[str, Any], hierarchical: bool | None = None
+) -> argparse.ArgumentParser:
+    """The training command's parser, ``defaults`` its preset's no-argument run (every loss is a ``--loss`` value;
+    ``hierarchical`` is unused, kept for the former per-recipe callers)."""
+    return build_recipe_parser(description, defaults)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -141,15 +153,17 @@ def build_datasets(spec: RunSpec, model: Any) -> tuple[Any, Any]:
 def make_loss(
     spec: RunSpec, num_classes: int, embedding_size: int, hierarchy: torch.Tensor | None = None
 ) -> torch.nn.Module:
-    """The registered loss ``--loss`` with its options (:meth:`RunSpec.build_loss`); with the ``(num_fine, L)``
-    ``hierarchy`` table of a multi-label dataset, its multi-label variant (``relevance="multilabel"``).
-    ``--compile_loss`` compiles it in place (``nn.Module.compile``: same parameters and state-dict keys)."""
-    if hierarchy is None:
-        loss = spec.build_loss(num_classes, embedding_size)
-    else:
-        loss = spec.build_loss(num_classes, embedding_size, relevance="multilabel", hierarchy=hierarchy)
+    """The loss ``--loss`` with its options (the one builder :func:`~pml_suprank.training.build_loss`); with the
+    ``(num_fine, L)`` ``hierarchy`` table of a multi-label dataset, its multi-label variant
+    (``relevance="multilabel"``). ``--compile_loss`` compiles it in place (``nn.Module.compile``: same parameters
+    and state-dict keys), its first call checked against eager (:func:`pml_suprank.losses.compile_loss`)."""
+    extra = {} if hierarchy is None else {"relevance": "multilabel", "hierarchy": hierarchy}
+    try:
+        loss = build_loss(spec.loss.loss, spec.loss_kwargs(), num_classes, embedding_size, **extra)
+    except ValueError as e:
+        refuse(f"--loss {spec.loss.loss}: {e}")
     if spec.run.compile_loss:
-        loss.compile()
+        compile_loss(loss)
     return loss
 
 
@@ -178,13 +192,15 @@ def multilabel_parts(spec: RunSpec, accelerator: Any, train_ds: Any, test_ds: An
 # ---------------------------------------------------------------------------------------------------------------------
 # the job
 # ---------------------------------------------------------------------------------------------------------------------
-def main(argv: list[str] | None, description: str, defaults: Mapping[str, Any], hierarchical: bool) -> Any:
-    """A training recipe: build the run's :class:`RunSpec` once (flags + ``--config``), then :func:`run` (told which
-    options the user set, :func:`~pml_suprank.training.cli.given_options`)."""
-    parser = build_parser(description, defaults, hierarchical)
-    spec = parse_run_spec(parser, argv)
+def main(
+    argv: list[str] | None, description: str, defaults: Mapping[str, Any], hierarchical: bool | None = None
+) -> Any:
+    """The training command (a preset: ``defaults``): build the run's :class:`RunSpec` once (flags + ``--config``),
+    then :func:`run` (told which options the user set, :attr:`RunSpec.given`). A refused output folder or checkpoint
+    ends the command with its message (exit status 2; 1 for a failed save), not a traceback."""
+    spec = parse_run_spec(build_parser(description, defaults), argv)
     try:
-        return run(spec, given=given_options(parser, argv))
+        return run(spec, given=spec.given)
     except RUN_FOLDER_ERRORS as e:  # the output folder or a checkpoint refused: its message, no traceback
         print(f"{Path(sys.argv[0]).name}: error: {refusal_message(e, spec.run.resume)}", file=sys.stderr)  # noqa: T201
         sys.exit(1 if isinstance(e, CheckpointSaveError) else 2)

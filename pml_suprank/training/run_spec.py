@@ -14,25 +14,37 @@
 
 plus ``hub_config``, the merged YAML file(s) as read (metadata for the model card: ``hub.*``, ``name``, ``notes``).
 
-The command line (:mod:`pml_suprank.training.cli`) and the hub_config schema (:mod:`pml_suprank.hub_config`) are
-generated from the same fields; a recipe builds its spec once with :func:`pml_suprank.training.cli.parse_run_spec`
-(dataclass defaults < recipe defaults < ``--config`` files < explicit flags) and passes it down typed. The run
+The command line (:mod:`pml_suprank.training.cli`) and the hub_config schema (:mod:`pml_suprank.training.hub_config`)
+are generated from the same fields, and every entry point checks a value with its field's check and the rules between
+options with :func:`~pml_suprank.training.rules.cross_field_problems`. A recipe builds its spec once with
+:func:`pml_suprank.training.cli.parse_run_spec` (dataclass defaults < recipe defaults < ``--config`` files < explicit
+flags, :meth:`RunSpec.from_layers`) and passes it down typed. The run
 fingerprint (:meth:`RunSpec.run_options`), ``config.json`` (:meth:`RunSpec.loss_kwargs`) and the model card are
 written from it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from torch import nn
 
-from ..losses.registry import LossEntry, loss_entry
+from ..losses.registry import LossEntry, resolve_loss
 from .config import TrainingConfig
-from .data_source import data_option_errors, multilabel_option_errors, resolved_split
-from .options import DataOptions, LossOptions, ModelOptions, RunOptions, build_loss, loss_keys, recipe_options
+from .data_source import resolved_split
+from .options import (
+    DataOptions,
+    LossOptions,
+    ModelOptions,
+    RunOptions,
+    build_loss,
+    loss_keys,
+    loss_option_names,
+    recipe_options,
+)
+from .rules import cross_field_problems, merge_option_layers
 
 __all__ = ["PARTS", "RunSpec"]
 
@@ -62,8 +74,13 @@ FIELD_PARTS: dict[str, str] = _field_parts()
 
 @dataclass
 class RunSpec:
-    """The configuration of one run (see the module docstring). Build it with :meth:`from_values` (or
-    :func:`~pml_suprank.training.cli.parse_run_spec`), check it once with :meth:`validate`."""
+    """The configuration of one run (see the module docstring). Build it with :meth:`from_layers` /
+    :meth:`from_values` (or :func:`~pml_suprank.training.cli.parse_run_spec`): each part checks its values when built;
+    :meth:`validate` checks the rules between the parts once.
+
+    ``given`` holds the options the user set (flags and ``--config`` keys, not the recipe's defaults): a recipe does
+    not change those on its own (e.g. a batch the data cannot fill is refused rather than shrunk).
+    """
 
     model: ModelOptions = field(default_factory=ModelOptions)
     data: DataOptions = field(default_factory=DataOptions)
@@ -71,19 +88,30 @@ class RunSpec:
     train: TrainingConfig = field(default_factory=TrainingConfig)
     run: RunOptions = field(default_factory=RunOptions)
     hub_config: dict[str, Any] = field(default_factory=dict)
+    given: frozenset[str] = frozenset()
 
     # ----------------------------------------------------------------------------------------------------- building
     @classmethod
-    def from_values(cls, values: Mapping[str, Any], hub_config: Mapping[str, Any] | None = None) -> RunSpec:
-        """The spec of flat option ``values`` (``{option name: value}``; the others keep their defaults).
+    def from_layers(
+        cls,
+        layers: Sequence[tuple[str, Mapping[str, Any]]],
+        hub_config: Mapping[str, Any] | None = None,
+        *,
+        explicit_from: int = 1,
+    ) -> RunSpec:
+        """The spec of option layers ``(source, {option name: value})`` laid over each other in order
+        (:func:`~pml_suprank.training.rules.merge_option_layers`: ``virtual_batch_size`` sets ``batch_size``); the
+        layers from ``explicit_from`` on are the user's (``given``).
 
         Raises:
-            ValueError: An unknown option name, or a :class:`TrainingConfig` that refuses its values (message
-                prefixed with ``training options:``).
+            ValueError: An unknown option name, or a part refusing its values (message prefixed with the part,
+                e.g. ``training options:``), or two batch sizes given that differ.
         """
-        unknown = sorted(set(values) - set(FIELD_PARTS))
+        unknown = sorted({n for _, layer in layers for n in layer} - set(FIELD_PARTS))
         if unknown:
             raise ValueError(f"unknown option(s) {unknown}; valid options: {sorted(FIELD_PARTS)}")
+        values = merge_option_layers(layers, explicit_from)
+        given = frozenset(n for _, layer in layers[explicit_from:] for n in layer)
         by_part: dict[str, dict[str, Any]] = {part: {} for part in PARTS}
         for name, value in values.items():
             by_part[FIELD_PARTS[name]][name] = list(value) if isinstance(value, tuple) else value
@@ -93,12 +121,18 @@ class RunSpec:
                 parts[part] = PARTS[part](**kwargs)
             except (ValueError, TypeError) as e:
                 raise ValueError(f"{'training' if part == 'train' else part} options: {e}") from e
-        return cls(**parts, hub_config=dict(hub_config or {}))
+        return cls(**parts, hub_config=dict(hub_config or {}), given=given)
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any], hub_config: Mapping[str, Any] | None = None) -> RunSpec:
+        """The spec of flat option ``values`` (``{option name: value}``, all given by the user; the others keep
+        their defaults); see :meth:`from_layers`."""
+        return cls.from_layers([("options", values)], hub_config, explicit_from=0)
 
     @classmethod
     def from_hub_config(cls, config: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> RunSpec:
         """The spec of a (schema-checked) hub_config dict laid over ``defaults`` (option name → value)."""
-        return cls.from_values({**(defaults or {}), **recipe_options(config)}, config)
+        return cls.from_layers([("defaults", defaults or {}), ("the hub_config", recipe_options(config))], config)
 
     # ------------------------------------------------------------------------------------------------------ reading
     def values(self) -> dict[str, Any]:
@@ -111,23 +145,25 @@ class RunSpec:
 
     @property
     def loss_entry(self) -> LossEntry:
-        """The registry entry of ``loss.loss``."""
-        return loss_entry(self.loss.loss)
+        """The registry entry of ``loss.loss`` (:func:`pml_suprank.losses.resolve_loss`)."""
+        return resolve_loss(self.loss.loss)
 
     def loss_kwargs(self) -> dict[str, Any]:
-        """The options of the loss (those its registry entry takes), as given: ``None`` = the loss's default. What
-        ``config.json`` records and the fingerprint identifies."""
+        """The options of the loss (those it takes, and ``loss_kwargs`` when set), as given: ``None`` = the loss's
+        default. What ``config.json`` records and the fingerprint identifies."""
         values = {**_asdict(self.loss), "alpha": self.train.alpha}
-        return {k: values[k] for k in loss_keys(self.loss.loss) if k in values}
+        out = {k: values[k] for k in loss_keys(self.loss.loss) if k in values}
+        if self.loss.loss_kwargs:
+            out["loss_kwargs"] = dict(self.loss.loss_kwargs)
+        return out
 
     def build_loss(self, num_classes: int, embedding_size: int, **extra: Any) -> nn.Module:
-        """The loss of the spec (:func:`~pml_suprank.training.build_loss`); ``extra``: e.g. ``relevance=``,
-        ``hierarchy=`` of a multi-label dataset."""
+        """The loss of the spec, by the one loss builder :func:`~pml_suprank.training.build_loss`."""
         return build_loss(self.loss.loss, self.loss_kwargs(), num_classes, embedding_size, **extra)
 
     def training_config(self, *, multilabel: bool = False) -> TrainingConfig:
-        """The :class:`TrainingConfig` of the run, with ``hierarchical_labels`` resolved: the registered loss is
-        hierarchical, or the dataset is multi-label (its ``(B, M)`` label sets go to the loss whole)."""
+        """The :class:`TrainingConfig` of the run, with ``hierarchical_labels`` resolved: the loss is hierarchical,
+        or the dataset is multi-label (its ``(B, M)`` label sets go to the loss whole)."""
         return replace(self.train, hierarchical_labels=multilabel or self.loss_entry.hierarchical)
 
     def run_options(self, mixed_precision: str) -> dict[str, Any]:
@@ -146,24 +182,15 @@ class RunSpec:
 
     # --------------------------------------------------------------------------------------------------- validation
     def problems(self, *, require_data_root: bool = True) -> list[str]:
-        """Every inconsistency of the spec, as messages naming the options (``[]``: valid). ``require_data_root``:
-        a benchmark dataset needs ``data_root`` (a complete run; a shipped hub_config leaves it to the command line).
-        """
-        errors = _field_errors(self)
-        try:
-            accepted = loss_keys(self.loss.loss)
-        except ValueError as e:
-            errors.append(f"'loss.name': {e}")
-        else:
-            for key in self.hub_config.get("loss") or {}:
-                if key != "name" and key not in accepted:
-                    errors.append(f"'loss.{key}' does not apply to loss {self.loss.loss} (valid: {list(accepted)})")
-        errors += _backbone_errors(self.model.backbone) + _hub_config_model_problems(self.hub_config)
-        data = data_option_errors(self.data_section(), require_root=require_data_root)
-        data += multilabel_option_errors(self.data.dataset, self.loss.loss, self.train.memory_size, self.train.sampler)
-        if data:
-            errors.append(f"--dataset {self.data.dataset}: " + "; ".join(data))
-        return errors + _run_flag_errors(self)
+        """Every inconsistency between the options of the spec, as messages naming them (``[]``: valid): the rules
+        of :func:`~pml_suprank.training.rules.cross_field_problems` (each value was checked when its part was
+        built), and the hub_config's model section held to the rule of a loaded ``config.json``.
+        ``require_data_root``: a benchmark dataset needs ``data_root`` (a complete run; a shipped hub_config leaves
+        it to the command line)."""
+        errors = cross_field_problems(
+            self.values(), given=self.given, loss_options=loss_option_names(), require_data_root=require_data_root
+        )
+        return errors + _hub_config_model_problems(self.hub_config)
 
     def validate(self, *, require_data_root: bool = True) -> RunSpec:
         """Raise ``ValueError`` listing :meth:`problems`, else return the spec."""
@@ -178,52 +205,8 @@ def _asdict(options: Any) -> dict[str, Any]:
     return {f.name: list(v) if isinstance(v := getattr(options, f.name), tuple) else v for f in fields(options)}
 
 
-def _field_errors(spec: RunSpec) -> list[str]:
-    """The value check of every set option (a command-line value gets the same check as a hub_config's)."""
-    errors = []
-    for part, cls in PARTS.items():
-        for f in fields(cls):
-            check, value = f.metadata.get("check"), getattr(getattr(spec, part), f.name)
-            if (
-                check is not None
-                and value is not None
-                and not check(list(value) if isinstance(value, tuple) else value)
-            ):
-                errors.append(f"--{f.name} must be {check.expected}; got {value!r}")
-    return errors
-
-
 def _hub_config_model_problems(config: Mapping[str, Any]) -> list[str]:
+    """The hub_config's ``model`` section against the loaded ``config.json`` rule (one function for both)."""
     from ..hub.loaded_config import hub_config_model_problems
 
     return hub_config_model_problems(config)
-
-
-def _backbone_errors(backbone: str) -> list[str]:
-    from ..models import check_backbone_name
-
-    try:
-        check_backbone_name(backbone)
-    except (ValueError, TypeError) as e:
-        return [f"'model.backbone': {e}"]
-    return []
-
-
-def _run_flag_errors(spec: RunSpec) -> list[str]:
-    """Flag combinations that would only fail after training."""
-    from ..hub.transport import check_repo_id
-
-    run, errors = spec.run, []
-    if run.push_to_hub:
-        if not run.hub_model_id:
-            errors.append("--push_to_hub true needs --hub_model_id (e.g. your-name/happier-synthetic)")
-        else:
-            try:
-                check_repo_id(run.hub_model_id)
-            except ValueError as e:
-                errors.append(f"--hub_model_id: {e}")
-    if run.resume_ignore_config and run.resume is None:
-        errors.append("--resume_ignore_config true needs --resume (a checkpoint folder or 'latest')")
-    if run.overwrite_output_dir and run.resume is not None:
-        errors.append("--overwrite_output_dir true starts a new run: it cannot be combined with --resume")
-    return errors

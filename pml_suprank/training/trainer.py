@@ -43,7 +43,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..metrics.report import format_metrics
 from . import checkpoint_files as files
-from .cached_backward import check_virtual_batch
+from .cached_backward import step_chunk_size
 from .checkpoint import (
     CheckpointError,
     check_compatible,
@@ -151,9 +151,7 @@ class Trainer:
         self.train_dataset = SeededAugmentation(train_dataset, seed=config.seed)
         self.test_dataset = test_dataset
         self.loss = loss
-        vbs = config.virtual_batch_size if virtual_batch_size is None else virtual_batch_size
-        chunk = config.chunk_size if chunk_size is None else chunk_size
-        self.chunk_size = check_virtual_batch(vbs, chunk, config.batch_size)
+        self.chunk_size = step_chunk_size(config, virtual_batch_size, chunk_size)  # the config checked itself
         if memory is None:
             memory = build_memory(config, model, loss, train_dataset, self.train_labels.shape[1])
         self.memory = memory

@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import _hub_helpers
 import pytest
 import torch
 import yaml
@@ -15,7 +16,7 @@ from _helpers import import_recipe, recipe_parser
 
 from pml_suprank import hub_config
 from pml_suprank.data.benchmarks import BENCHMARKS, load_benchmark
-from pml_suprank.training.data_source import DatasetSource, dataset_source, resolved_split
+from pml_suprank.training.data_source import DatasetSource, data_option_errors, dataset_source, resolved_split
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "recipes"
@@ -49,12 +50,12 @@ def test_hub_config_builds_its_benchmark_from_data_root(path, tmp_path):
         assert split == cfg["data"].get(f"{part}_split", split) and split in BENCHMARKS[name].splits
         assert dataset_source(cfg["data"], part, data_root=root) == DatasetSource("benchmark", name, split,
                                                                                  root=str(root))  # fmt: skip
-        built = hub_config.build_dataset(cfg, part, data_root=root)
+        built = _hub_helpers.build_dataset(cfg, part, data_root=root)
         native = load_benchmark(name, root, split)
         assert torch.equal(built.labels, native.labels) and built.names == native.names, (name, part)
     # the data root may also come from the file (e.g. a personal override file)
     cfg["data"]["data_root"] = str(root)
-    assert len(hub_config.build_dataset(cfg, "train")) == len(load_benchmark(name, root, resolved_split(
+    assert len(_hub_helpers.build_dataset(cfg, "train")) == len(load_benchmark(name, root, resolved_split(
         cfg, "train")))  # fmt: skip
 
 
@@ -64,7 +65,7 @@ def test_benchmark_defaults_to_its_own_splits_and_label_names():
         "open_test"
     )
     assert resolved_split({"data": {"dataset": "data/sop"}}, "test") == "test"  # a prepared copy: as before
-    assert hub_config.data_option_errors({"dataset": "sop"}) == []  # label_columns optional for a benchmark
+    assert data_option_errors({"dataset": "sop"}) == []  # label_columns optional for a benchmark
     with pytest.raises(ValueError, match=r"dyml_vehicle has no single test split.*query_fine"):
         resolved_split({"data": {"dataset": "dyml_vehicle"}}, "test")
 
@@ -90,7 +91,7 @@ def test_data_section_errors(data, match):
 
 def test_missing_data_root_is_an_error_before_anything_is_built(capsys):
     with pytest.raises(ValueError, match=r"benchmark sop is read from its archive: give its folder with --data_root"):
-        hub_config.build_dataset({"data": {"dataset": "sop"}}, "train")
+        _hub_helpers.build_dataset({"data": {"dataset": "sop"}}, "train")
     common, parser = recipe_parser()
     with pytest.raises(SystemExit) as exit_info:
         common.parse_run_spec(parser, ["--config", str(ROOT / "pml_suprank" / "hub_configs" / "happier_sop.yaml")])

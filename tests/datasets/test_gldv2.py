@@ -8,6 +8,7 @@ import io
 import pickle
 from pathlib import Path
 
+import _hub_helpers
 import numpy as np
 import pytest
 import torch
@@ -260,5 +261,5 @@ def test_gldv2_hub_configs_read_a_prepared_copy(config, tmp_path):
     assert cfg["model"]["pooling"] == "gem" and cfg["training"]["max_train_steps"] == 55000
     cfg["data"]["dataset"] = str(tmp_path / "copy")
     for part, split in (("train", "train"), ("test", "query")):
-        built = hub_config.build_dataset(cfg, part)
+        built = _hub_helpers.build_dataset(cfg, part)
         assert torch.equal(built.labels, load_benchmark("gldv2_hier", root, split).labels), (config, part)

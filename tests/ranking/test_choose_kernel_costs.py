@@ -1,4 +1,5 @@
-"""``choose_kernel``'s cost model against the grids it was fitted to (the H200 grid in tests/data) and its CPU rule."""
+"""``choose_kernel``'s cost model against the grids it was fitted to (the two H200 grids in tests/data) and its CPU
+rules (flat, and per number of hierarchy levels)."""
 
 from __future__ import annotations
 
@@ -9,27 +10,44 @@ import torch
 from conftest import DATA
 
 from pml_suprank.ranking import KernelCosts, choose_kernel, kernel_costs, predicted_costs
-from pml_suprank.ranking.dense import CPU_DENSE_MAX_WORK, CUDA_FLAT_COSTS, CUDA_HIERARCHICAL_COSTS
+from pml_suprank.ranking.dense import (
+    CPU_DENSE_MAX_WORK,
+    CPU_HIERARCHICAL_DENSE_MAX_WORK,
+    CUDA_FLAT_COSTS,
+    CUDA_HIERARCHICAL_COSTS,
+)
 
-GRID = DATA / "h200_2026-11-26_grid.jsonl"
+GRIDS = (DATA / "h200_2026-11-26_grid.jsonl", DATA / "h200_2026-11-28_grid.jsonl")
 LEVELS = {"SupAPLoss": 1, "SmoothAPLoss": 1, "SupHAPLoss": 2}  # the grid's Sup-H-AP has 2 levels
 
 
-def _grid() -> list[dict]:
-    rows = [json.loads(line) for line in GRID.read_text().splitlines() if line.strip()]
+def _grid(path) -> list[dict]:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return [r for r in rows if r["section"] == "grid"]
 
 
-def test_grid_file_is_the_h200_measurement():
-    meta = json.loads(GRID.read_text().splitlines()[0])
+@pytest.mark.parametrize("path", GRIDS, ids=lambda p: p.stem)
+def test_grid_file_is_the_h200_measurement(path):
+    meta = json.loads(path.read_text().splitlines()[0])
     assert meta["name"] == "NVIDIA H200" and meta["torch"].startswith("2.11")
-    rows = _grid()
+    rows = _grid(path)
     assert len(rows) == 72 and {r["loss"] for r in rows} == set(LEVELS)
 
 
-def test_cuda_auto_picks_the_faster_kernel_wherever_the_grid_separates_them_by_1_3x():
+def test_cuda_auto_is_dense_where_the_2026_11_28_grid_measured_dense_faster_for_sup_hap():
+    """The three points of the second H200 grid whose ``auto`` column (computed there without ``levels=2``, i.e. by
+    the flat model) said sorted: the hierarchical model the losses use picks dense, the faster one."""
+    for b, n, dense_ms, sorted_ms in ((32, 2048, 18.4, 30.8), (64, 1024, 9.9, 30.0), (256, 512, 9.8, 16.9)):
+        assert sorted_ms > 1.3 * dense_ms
+        assert choose_kernel("auto", "cuda", b, n, levels=2) == "dense"
+        dense, sorted_ = predicted_costs("cuda", b, n, levels=2)
+        assert dense == pytest.approx(dense_ms, rel=0.3) and dense < sorted_
+
+
+@pytest.mark.parametrize("path", GRIDS, ids=lambda p: p.stem)
+def test_cuda_auto_picks_the_faster_kernel_wherever_the_grid_separates_them_by_1_3x(path):
     decided = 0
-    for r in _grid():
+    for r in _grid(path):
         slow, fast = max(r["dense"], r["sorted"]), min(r["dense"], r["sorted"])
         if slow < 1.3 * fast:
             continue
@@ -75,8 +93,20 @@ def test_more_levels_scale_the_size_terms():
     assert three.dense_ms == two.dense_ms and three.sorted_ms == two.sorted_ms
 
 
-@pytest.mark.parametrize("levels", [1, 2, 3])
-def test_cpu_rule_keeps_its_measured_threshold(levels):
+@pytest.mark.parametrize("levels, threshold", [(2, 1 << 17), (3, 1 << 19), (4, 1 << 20), (6, 1 << 20)])
+def test_cpu_hierarchical_threshold_per_number_of_levels(levels, threshold):
+    """Measured for 2, 3 and 4 levels (more levels keep the 4-level threshold): dense iff B·N² <= threshold."""
+    assert CPU_HIERARCHICAL_DENSE_MAX_WORK[min(levels, 4)] == threshold
+    n = int((threshold // 64) ** 0.5)
+    assert choose_kernel("auto", "cpu", 64, n, levels=levels) == "dense"
+    assert choose_kernel("auto", "cpu", 64, n + 1, levels=levels) == "sorted"
+    assert choose_kernel("auto", "cpu", 40, 40, levels=levels) == "dense"  # 6.4e4: dense 1.6-3× faster (2 levels)
+    assert choose_kernel("auto", "cpu", 80, 80, levels=2) == "sorted"  # 5.1e5: sorted 2.1× faster
+    assert choose_kernel("auto", "cpu", 256, 60_000, levels=levels) == "sorted"
+
+
+def test_cpu_flat_rule_keeps_its_measured_threshold():
+    levels = 1
     n = int((CPU_DENSE_MAX_WORK // 64) ** 0.5)
     assert choose_kernel("auto", "cpu", 16, 16, levels=levels) == "dense"
     assert choose_kernel("auto", "cpu", 32, 32, levels=levels) == "dense"  # B·N² = 2^15

@@ -1,6 +1,7 @@
-"""The sorted hierarchical kernels in blocks of queries (bounded extra memory, backward recomputes one block at a
-time): dense ≡ sorted (float64, values and gradients) with very large coarse classes whose windows cross the window
-chunks and whose queries cross the query blocks, blocks ≡ one block, the block arithmetic."""
+"""The sorted hierarchical kernels in blocks of queries (bounded extra memory: the per-query scores keep each
+block's Jacobian from forward, the per-item ranks recompute one block at a time in backward): dense ≡ sorted
+(float64, values and gradients) with very large coarse classes whose windows cross the window chunks and whose
+queries cross the query blocks, blocks ≡ one block, the block arithmetic and the byte budget per device."""
 
 from __future__ import annotations
 
@@ -8,18 +9,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import pml_suprank.ranking.hierarchical as hier
+import pml_suprank.ranking.query_blocks as qb
 from pml_suprank import losses
 from pml_suprank.ranking import SupRankStep
 from pml_suprank.ranking.dense_hierarchical import dense_sup_hap_scores, dense_sup_ndcg_scores
-from pml_suprank.ranking.hierarchical import (
-    ONE_BLOCK_FACTOR,
-    QUERY_BLOCK_ELEMENTS,
-    hierarchical_ranks,
-    query_block_rows,
-    sup_hap_scores,
-    sup_ndcg_scores,
-)
+from pml_suprank.ranking.hierarchical import hierarchical_ranks, query_block_rows, sup_hap_scores, sup_ndcg_scores
+from pml_suprank.ranking.query_blocks import BLOCK_BYTES_CPU, BYTES_PER_ELEMENT, block_budget_bytes
 from pml_suprank.ranking.steps import HRankParams
 from pml_suprank.relevance import level_counts, pop_relevance
 
@@ -116,14 +111,43 @@ def test_blocked_forward_without_grad_and_relevance_gradient():
 
 
 def test_query_block_rows_bounds_the_block():
-    assert query_block_rows(60_000, 2) == QUERY_BLOCK_ELEMENTS // (3 * 60_000)
-    assert ONE_BLOCK_FACTOR * QUERY_BLOCK_ELEMENTS >= 256 * 3 * 4096
+    budget = BLOCK_BYTES_CPU // BYTES_PER_ELEMENT  # (query, list, item) elements of one block on the CPU
+    assert query_block_rows(60_000, 2) == budget // (3 * 60_000)
     assert query_block_rows(10**9, 2) == 1  # at least one query, whatever N
     assert query_block_rows(100, 1, 1_000) == 5
-    # a problem of at most ONE_BLOCK_FACTOR blocks stays one block (no recomputation)
+    # a problem of at most ONE_BLOCK_FACTOR blocks stays one block
     assert query_block_rows(100, 1, 1_000, 10) == 10 and query_block_rows(100, 1, 1_000, 11) == 5
     assert query_block_rows(4096, 2, None, 256) == 256  # B = 256 vs 4,096 items, 2 levels: one block
-    assert query_block_rows(60_000, 2, None, 256) < 16  # vs 60,000 items: blocks of a few queries
+    rows = query_block_rows(60_000, 2, None, 256)  # vs 60,000 items: a few blocks of tens of queries
+    assert 32 <= rows < 256 and rows * 3 * 60_000 * BYTES_PER_ELEMENT <= BLOCK_BYTES_CPU
+
+
+def test_block_budget_is_in_bytes_for_the_device(monkeypatch):
+    """CPU: a fixed budget; CUDA: a quarter of the free memory (a driver query, no device sync), capped."""
+    assert block_budget_bytes("cpu") == BLOCK_BYTES_CPU
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (40 << 30, 80 << 30))
+    assert block_budget_bytes("cuda") == 8 << 30  # 10 GB capped at BLOCK_BYTES_MAX
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (8 << 30, 80 << 30))
+    assert block_budget_bytes("cuda:0") == 2 << 30
+    assert query_block_rows(60_000, 2, None, 256, "cuda:0") == 256  # one block on a large accelerator
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1 << 20, 80 << 30))
+    assert block_budget_bytes("cuda") == BLOCK_BYTES_CPU  # never below the CPU budget
+
+
+def test_jacobian_blocks_relevance_gradient_and_no_grad():
+    """Several blocks of the per-query H-AP: the level-relevance gradient and the no-grad values equal one block's."""
+    scores, levels, valid, rel = _coarse_heavy(4, B=6, N=150)
+    out = []
+    for blocks in (None, 2 * 3 * 150):  # one block / 3 blocks of 2 queries
+        s, r = scores.clone().requires_grad_(True), rel.clone().requires_grad_(True)
+        value, _ = sup_hap_scores(s, levels, r, 2, valid, STEP, HRANK, block_elements=blocks)
+        (value * torch.arange(1.0, 7.0, dtype=value.dtype)).sum().backward()
+        with torch.no_grad():
+            plain, _ = sup_hap_scores(scores, levels, rel, 2, valid, STEP, HRANK, block_elements=blocks)
+        out.append((value.detach(), plain, s.grad, r.grad))
+    for a, b in zip(*out):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-13)
+    assert out[0][3].abs().sum() > 0
 
 
 _HIER_LOSSES = {
@@ -141,7 +165,8 @@ def test_losses_with_a_memory_in_blocks_equal_dense(name, monkeypatch):
     ref = F.normalize(torch.randn(250, 8, generator=g, dtype=torch.float64), dim=1)
     fine, ref_fine = torch.randint(0, 30, (12,), generator=g), torch.randint(0, 30, (250,), generator=g)
     labels, ref_labels = torch.stack([fine, fine % 2], 1), torch.stack([ref_fine, ref_fine % 2], 1)
-    monkeypatch.setattr(hier, "QUERY_BLOCK_ELEMENTS", 2 * 3 * 250)
+    monkeypatch.setattr(qb, "BLOCK_BYTES_CPU", 2 * 3 * 250 * BYTES_PER_ELEMENT)  # blocks of 2 queries
+    assert query_block_rows(250, 2, None, 12) == 2
     out = []
     for kernel in ("dense", "sorted"):
         torch.manual_seed(0)  # HAPPIER's proxies

@@ -22,7 +22,7 @@ from _helpers import import_recipe, recipe_parser
 pytest.importorskip("accelerate")
 pytest.importorskip("timm")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "recipes"
 TINY = [
     "--backbone", "test_resnet", "--image_size", "16", "--num_per_class", "8", "--embedding_size", "16",
@@ -357,26 +357,28 @@ def test_every_training_hub_config_parses_with_its_recipe(path, tmp_path):
 def test_flags_are_generated_from_the_option_dataclasses(recipe):
     from dataclasses import fields
 
-    from pml_suprank.training import DataOptions, ModelOptions, RunOptions, TrainingConfig
+    from pml_suprank.training import DataOptions, LossOptions, ModelOptions, RunOptions, TrainingConfig
 
     common, parser = recipe_parser(recipe)
     flags = {s for a in parser._actions for s in a.option_strings}
-    for cls in (TrainingConfig, ModelOptions, DataOptions, RunOptions):
+    for cls in (TrainingConfig, ModelOptions, DataOptions, RunOptions, LossOptions):
         for f in fields(cls):
             if f.metadata["cli"]:
                 assert f"--{f.name}" in flags, f.name
                 assert f.metadata["help"], f.name
     assert all(flag == flag.lower() and "-" not in flag[2:] for flag in flags if flag.startswith("--"))
-    assert ("--decomposability" in flags) == (recipe == "train_roadmap")
+    assert "--list_losses" in flags and "--loss_kwargs" in flags  # one training command: every loss and option
     text = parser.format_help()
     assert "(default: 128)" in text  # eval_batch_size: TrainingConfig's default (the old argparse said 256)
-    args = parser.parse_args([])
-    assert args.eval_batch_size == TrainingConfig().eval_batch_size and args.epochs == 12
-    assert common.parse_run_spec(parser, []).train.lr_backbone == 1e-3  # the recipe's no-argument run
+    assert vars(parser.parse_args([])) == {"config": None}  # an option not given stays out: the layers decide
+    spec = common.parse_run_spec(parser, [])
+    assert spec.train.eval_batch_size == TrainingConfig().eval_batch_size and spec.train.epochs == 12
+    assert spec.train.lr_backbone == 1e-3  # the preset's no-argument run
+    assert spec.loss.loss == {"train_happier": "HAPPIER", "train_roadmap": "ROADMAP"}[recipe] and not spec.given
 
 
 def test_bool_list_and_dict_flags():
-    _, parser = recipe_parser("train_happier")
+    common, parser = recipe_parser("train_happier")
     args = parser.parse_args(
         ["--pretrained", "true", "--no_plots", "--push_to_hub", "false", "--layer_norm", "no", "--k_values", "1,10,100",
          "--crop_scale", "0.16,1.0", "--label_columns", "a,b", "--backbone_kwargs", '{"img_size": 64}']
@@ -387,8 +389,9 @@ def test_bool_list_and_dict_flags():
     assert parser.parse_args(["--crop_scale", "0.5", "1.0"]).crop_scale == [0.5, 1.0]  # the old space-separated form
     with pytest.raises(SystemExit):
         parser.parse_args(["--pretrained", "maybe"])
+    assert parser.parse_args(["--loss", "ROADMAP"]).loss == "ROADMAP"  # every loss: the preset sets the default
     with pytest.raises(SystemExit):
-        parser.parse_args(["--loss", "ROADMAP"])  # not a loss of this recipe
+        common.parse_run_spec(parser, ["--loss", "NoSuchLoss"])  # refused by the loss option's check
 
 
 def test_partial_override_config_files(tmp_path):
@@ -412,16 +415,16 @@ def test_partial_override_config_files(tmp_path):
     override.write_text("training: {warmup_epochs: 11}\n")
     spec = common.parse_run_spec(recipe_parser("train_happier")[1], ["--config", str(override)])
     assert spec.train.warmup_epochs == 11 and spec.train.epochs == 12
-    # a loss the recipe does not train is refused
-    with pytest.raises(SystemExit):
-        roadmap = ROOT / "pml_suprank" / "hub_configs" / "roadmap_sop.yaml"
-        argv = ["--config", str(roadmap), "--data_root", str(tmp_path)]
-        common.parse_run_spec(recipe_parser("train_happier")[1], argv)
+    # every preset trains every loss: the file's loss replaces the preset's default
+    roadmap = ROOT / "pml_suprank" / "hub_configs" / "roadmap_sop.yaml"
+    argv = ["--config", str(roadmap), "--data_root", str(tmp_path)]
+    assert common.parse_run_spec(recipe_parser("train_happier")[1], argv).loss.loss == "ROADMAP"
 
 
 @pytest.mark.parametrize("folder", ["recipes", "pml_suprank/recipes"])
 @pytest.mark.parametrize(
-    "name", ["train_happier.py", "train_roadmap.py", "evaluate.py", "search.py", "fit_heat.py", "ood_benchmark.py"]
+    "name",
+    ["train.py", "train_happier.py", "train_roadmap.py", "evaluate.py", "search.py", "fit_heat.py", "ood_benchmark.py"],
 )
 def test_every_recipe_sets_a_passive_openmp_wait_policy_before_torch(folder, name):
     """Both the package module (``-m`` / console script: ``pml_suprank`` and ``pml_suprank.recipes`` import nothing)

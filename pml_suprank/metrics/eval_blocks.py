@@ -1,0 +1,154 @@
+"""Row blocks of the exact evaluator: the gallery grouped by label path, each query block ranked, chunks sized in
+bytes for the device.
+
+The gallery is permuted once so that items are grouped by their label path (coarsest level first); the items sharing
+the ``m`` coarsest labels of a query then form a contiguous, nested slice ``[a_m, b_m)`` of every score row
+(:func:`label_blocks`), so the level of an item follows from its column. :func:`chunk_ranks` turns one ``(C, N)``
+score block into the positions of every relevant item (:class:`~pml_suprank.metrics.ranks.RetrievalRanks`): on the
+CPU with numba by two compiled passes over the rows (keys of the relevant slice, a SIMD sort, one counting pass over
+the other columns), elsewhere with the torch kernels of :mod:`pml_suprank.metrics.ranks`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .ranks import RetrievalRanks, _compiled_available, _sort_rows, rank_relevant_items
+
+__all__ = ["CPU_CHUNK_BYTES", "block_counts", "chunk_ranks", "chunk_rows", "label_blocks"]
+
+
+def label_blocks(query_labels: Tensor, ref_labels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Permutation of the gallery by label path and the nested slices of each query.
+
+    Returns:
+        ``perm`` ``(N,)``, ``starts`` and ``ends`` ``(Q, L)``: after ``ref[perm]`` the items agreeing with query ``q``
+        on its ``m`` coarsest labels are the columns ``[starts[q, m-1], ends[q, m-1])``.
+    """
+    N, L = ref_labels.shape
+    paths = torch.cat([ref_labels, query_labels]).flip(1)  # coarsest first
+    ids = []
+    prev = torch.zeros(paths.shape[0], dtype=torch.long)
+    for m in range(L):
+        # id of the path of the m + 1 coarsest labels: lexicographic (previous id, label), 1-D uniques only
+        _, col = torch.unique(paths[:, m], return_inverse=True)
+        _, prev = torch.unique(prev * (int(col.max()) + 1 if col.numel() else 1) + col, return_inverse=True)
+        ids.append(prev)
+    perm = torch.sort(ids[-1][:N], stable=True).indices
+    starts, ends = [], []
+    for inv in ids:
+        g = inv[:N][perm].contiguous()
+        q = inv[N:].contiguous()
+        starts.append(torch.searchsorted(g, q, right=False))
+        ends.append(torch.searchsorted(g, q, right=True))
+    return perm, torch.stack(starts, 1), torch.stack(ends, 1)
+
+
+def chunk_ranks(
+    scores: Tensor,
+    starts: Tensor,
+    ends: Tensor,
+    self_col: Tensor | None,
+    num_bins: int | None,
+    workspace: dict | None = None,
+    counting: str = "auto",
+    P: int | None = None,
+) -> RetrievalRanks:
+    """Ranks of one chunk from its ``(C, N)`` score block (overwritten) and the label slices ``(C, L)``; ``P``: the
+    largest first-level block ``max(ends[:, 0] - starts[:, 0])`` if known on the host (else read back)."""
+    C, N = scores.shape
+    L = starts.shape[1]
+    device = scores.device
+    a1, b1 = starts[:, 0], ends[:, 0]
+    n_block = b1 - a1
+    if P is None:
+        P = int(n_block.max()) if C else 0
+    if _fused_applies(scores, L, counting):
+        return _chunk_ranks_compiled(scores, starts, ends, self_col, num_bins, P)
+    t = torch.arange(P, device=device)
+    in_block = t[None, :] < n_block[:, None]
+    raw = a1[:, None] + t[None, :]  # past the block (possibly past N) on padding slots
+    # level of every slot: 1 inside the block, +1 per finer nested slice containing it; 0 for padding and the query
+    lev = in_block.long()
+    for m in range(1, L):
+        lev += (raw >= starts[:, m : m + 1]) & (raw < ends[:, m : m + 1])
+    has_self = torch.zeros(C, dtype=torch.long, device=device)
+    if self_col is not None:
+        has_self = (self_col >= 0).long()
+        lev.masked_fill_(raw == self_col[:, None], 0)
+    # padding slots point at the first column of the row's block (or hold the original score of a row whose block is
+    # empty), so one scatter keeps only the negatives in the score block (the query itself lies in its own block)
+    col = torch.where(in_block, raw, a1.clamp_max(max(N - 1, 0))[:, None])
+    rel_scores = scores.gather(1, col)
+    if P:
+        scores.scatter_(1, col, rel_scores.masked_fill((n_block > 0)[:, None], float("-inf")))
+    levels, positions = rank_relevant_items(
+        scores, rel_scores, lev, num_bins=num_bins, workspace=workspace, counting=counting, max_level=L
+    )
+    return RetrievalRanks(levels, positions, block_counts(starts, ends, has_self, N), L)
+
+
+def _fused_applies(scores: Tensor, L: int, counting: str) -> bool:
+    """Whether the fused compiled row kernels rank this block: CPU float32 scores, fewer than 64 levels (one int64
+    key per item) and ``counting`` ``"compiled"``, or ``"auto"`` with numba installed."""
+    if scores.device.type != "cpu" or scores.dtype != torch.float32 or L >= 63 or counting not in ("auto", "compiled"):
+        return False
+    return _compiled_available()
+
+
+def _chunk_ranks_compiled(
+    scores: Tensor, starts: Tensor, ends: Tensor, self_col: Tensor | None, num_bins: int | None, P: int
+) -> RetrievalRanks:
+    """:func:`chunk_ranks` on the CPU in two compiled passes over the rows (numba): the keys of the relevant slice
+    (score and level in one int64), a SIMD sort of the keys (numpy), then one pass over the other columns counting
+    the negatives at or above each relevant item. The score block is read, never modified."""
+    from ._compiled_counts import block_keys_compiled, block_positions_compiled
+
+    C, N = scores.shape
+    starts, ends = starts.contiguous(), ends.contiguous()
+    sc = torch.full((C,), -1, dtype=torch.long) if self_col is None else self_col.contiguous()
+    keys = _sort_rows(block_keys_compiled(scores, starts, ends, sc, P))
+    levels, positions = block_positions_compiled(scores, keys, starts, ends, sc, num_bins)
+    has_self = (sc >= 0).long()
+    return RetrievalRanks(levels, positions, block_counts(starts, ends, has_self, N), starts.shape[1])
+
+
+def block_counts(starts: Tensor, ends: Tensor, has_self: Tensor, N: int) -> Tensor:
+    """``(C, L + 1)`` items per level from the nested label slices ``(C, L)`` (``has_self``: 1 where the query
+    itself lies in the gallery and is removed)."""
+    C, L = starts.shape
+    ge = ends - starts - has_self[:, None]  # (C, L): items agreeing on the m coarsest labels (self removed)
+    ge = torch.cat([ge, torch.zeros_like(ge[:, :1])], 1)
+    counts = torch.empty(C, L + 1, dtype=torch.long, device=starts.device)
+    counts[:, 1:] = ge[:, :-1] - ge[:, 1:]
+    counts[:, 0] = N - has_self - ge[:, 0]
+    return counts
+
+
+#: work memory of one chunk on the CPU (the score block and the per-slot arrays stay in the large caches)
+CPU_CHUNK_BYTES = 2**25
+#: bytes of work memory per score entry and per relevant slot (per level) of one query, on the CPU (the compiled
+#: kernels read the score block in place) and on accelerators (the sync-free dense search keeps int64 search keys
+#: and slots for every entry)
+_ENTRY_BYTES = {"cpu": 4, "accelerator": 32}
+_SLOT_BYTES = {"cpu": 48, "accelerator": 96}
+
+
+def chunk_rows(n_ref: int, n_slots: int, device: torch.device, levels: int = 2) -> int:
+    """Queries per chunk from a byte budget for ``device``.
+
+    On the CPU the budget is :data:`CPU_CHUNK_BYTES` (a few hundred queries at SOP scale: the score block is read
+    while it is still cached). On an accelerator it is a quarter of the free memory
+    (``torch.cuda.mem_get_info``), between 256 MiB and 16 GiB: few large chunks, hence few kernel launches.
+    Each query costs ``n_ref`` score entries plus ``n_slots`` relevant slots (times the number of levels).
+    """
+    kind = "cpu" if device.type == "cpu" else "accelerator"
+    per_row = n_ref * _ENTRY_BYTES[kind] + n_slots * _SLOT_BYTES[kind] * max(levels, 1) + 1
+    budget = CPU_CHUNK_BYTES
+    if device.type == "cuda" and torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info(device)
+        budget = min(max(free // 4, 2**28), 2**34)
+    elif kind == "accelerator":
+        budget = 2**30
+    return max(16, budget // per_row)

@@ -1,0 +1,274 @@
+"""hub_configs: one YAML file per published setting (paper hyper-parameters, dataset, Hub metadata, paper numbers).
+
+A hub_config is plain YAML with the sections below. Every key of the option sections is a field of the option
+dataclasses of :mod:`pml_suprank.training` (``TrainingConfig``, ``ModelOptions``, ``DataOptions``, ``LossOptions``,
+``RunOptions``) and the name of a recipe option (``recipes/train_happier.py --help``, ``loss.name`` is ``--loss``), so
+``--config file.yaml`` sets the options of the recipe's :class:`~pml_suprank.training.RunSpec`; ``name``,
+``description``, ``notes`` and the whole ``hub`` section are metadata (model card, bookkeeping).
+:data:`HUB_CONFIG_SCHEMA` is derived from those dataclasses, and a file is validated as a ``RunSpec`` (the
+``TrainingConfig``, the registered loss and the options it takes, the data section; the backbone name is checked
+against timm without building the network).
+
+The published settings ship with the package (``pml_suprank/hub_configs/<name>.yaml``,
+:func:`bundled_hub_configs`): ``--config happier_sop`` / ``load_hub_config("happier_sop")`` reads one by name, and
+any other argument is a path to a YAML file (:func:`hub_config_path`).
+
+Files can be partial: ``load_hub_config(path, partial=True)`` accepts a file with only the keys it changes, and
+:func:`merge_hub_configs` lays such files over a base (the recipes' ``--config base.yaml --config override.yaml``).
+
+Schema (``*`` = required in a complete file; types in brackets; defaults are the recipes'):
+
+``name``\\* [str]
+    Identifier; must equal the file name without ``.yaml``.
+``description`` [str], ``notes`` [str | list of str]
+    Free text (deviations from the reference, where the numbers come from, ...).
+``model``\\*
+    ``backbone``\\* [timm name], ``pretrained`` [bool], ``pooling`` [avg | gem | max], ``embedding_size`` [int],
+    ``layer_norm`` [bool], ``freeze_batch_norm`` [bool], ``backbone_kwargs`` [mapping].
+``data``\\*
+    ``dataset``\\* [``"synthetic"``, ``"synthetic_multilabel"`` (several shapes per image; HAPPIER, no memory), a
+    benchmark name of :data:`pml_suprank.data.benchmarks.BENCHMARKS` (``sop``,
+    ``cub``, ``inat_base``, ``dyml_vehicle``, ``gldv2_hier``, ...: read from its archive under ``data_root``, usually
+    given on the command line as ``--data_root``), a Hub dataset id, or a local folder / parquet path (e.g. a copy
+    written by ``recipes/prepare_dataset.py``)], ``data_root`` [str, benchmarks only], ``label_columns`` [list of
+    str, fine → coarse; required unless synthetic; optional for a benchmark, where it must equal the benchmark's
+    label names], ``train_split`` / ``test_split`` [str, ``"a+b"`` concatenates; default ``train`` / ``test``, or
+    the benchmark's own training / test split],
+    ``image_size`` [int], ``crop_scale`` [two floats], ``num_per_class`` [int, SyntheticShapes],
+    ``open_set`` [bool: train/test fine classes must be disjoint], ``train_classes_per_coarse`` [int] or
+    ``train_class_fraction`` [float] (the open-set class partition, see :func:`pml_suprank.data.open_set_classes`).
+``loss``\\*
+    ``name``\\* [a loss of :func:`pml_suprank.losses.register_loss`: HAPPIER | ROADMAP | ROD-NDCG | ...],
+    ``decomposability`` [calibration | proxy, ROADMAP only],
+    ``decomposability_weight`` [λ], ``alpha`` [H-AP relevance exponent, HAPPIER only], ``tau``, ``rho``, ``delta``,
+    ``start``, ``offset`` [SupRank H⁻ parameters; ``offset: null`` = the continuous σ(δ/τ) + start].
+``optimizer``
+    ``optimizer`` [adam | adamw | sgd], ``lr_backbone``, ``lr_head``, ``lr_proxies``, ``weight_decay``,
+    ``proxies_weight_decay``, ``momentum``.
+``scheduler``
+    ``scheduler`` [cosine | constant], ``min_lr_ratio`` [final lr as a fraction of the initial one].
+``sampler_options``
+    ``sampler`` [m_per_class | hierarchical], ``batch_size``, ``virtual_batch_size`` [int or null: replaces
+    ``batch_size``, see ``docs/large-batches.md``], ``samples_per_class``, ``batches_per_super_tuple``,
+    ``super_classes_per_batch``.
+``memory``
+    ``memory_size`` [int, 0 = none], ``memory_warmup_steps`` [int].
+``training``
+    ``epochs``, ``warmup_epochs`` [backbone frozen], ``seed``, ``grad_clip``, ``mixed_precision`` [no | fp16 | bf16],
+    ``max_train_steps``, ``checkpoint_every``, ``keep_checkpoints``, ``num_workers``, ``log_every``, ``chunk_size``
+    [int or null: gradient caching].
+``evaluation``
+    ``k_values`` [list of int], ``eval_every`` [epochs, 0 = end], ``eval_batch_size``.
+``hub``
+    ``tags`` [list of str], ``license`` [str], ``datasets`` [list of Hub dataset ids for the card], ``paper`` [str],
+    ``paper_url`` [str], ``paper_table`` [str], ``paper_results`` [metric key → number in percent, keys as the
+    evaluator's: ``recall_at_1``, ``map_at_r``, ``ap``, ``h_ap``, ``asi``, ``ndcg``, ``ap_level{h}`` ...; empty when
+    no number was published for the setting].
+
+Example:
+    >>> cfg = load_hub_config("happier_sop")  # a bundled config by name   # doctest: +SKIP
+    >>> spec = RunSpec.from_hub_config(cfg)  # the typed options  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .config import OptionCheck, is_number, is_str, list_of
+from .options import LOCATIONS, OPTION_CLASSES, SECTIONS, option_fields
+from .run_spec import RunSpec
+
+__all__ = [
+    "HUB_CONFIG_SCHEMA",
+    "build_loss",
+    "bundled_hub_configs",
+    "hub_config_path",
+    "load_hub_config",
+    "merge_hub_configs",
+    "validate_hub_config",
+]
+
+
+def _results(v: Any) -> bool:
+    return isinstance(v, Mapping) and all(is_str()(k) and is_number(0.0, high=100.0)(x) for k, x in v.items())
+
+
+_HUB_SECTION: dict[str, OptionCheck] = {
+    "tags": list_of(is_str(), "a list of strings", min_len=0),
+    "license": is_str("a license id such as mit"),
+    "datasets": list_of(is_str(), "a list of Hub dataset ids", min_len=0),
+    "paper": is_str("the paper title"),
+    "paper_url": is_str("a URL"),
+    "paper_table": is_str("where the paper numbers come from"),
+    "paper_results": OptionCheck(_results, "a mapping metric key -> number in [0, 100] (percent)"),
+}
+
+
+def _derive_schema() -> dict[str, dict[str, tuple[Any, str]]]:
+    schema: dict[str, dict[str, tuple[Any, str]]] = {s: {} for s in SECTIONS}
+    checks = {f.name: f.metadata["check"] for _, f in option_fields(*OPTION_CLASSES)}
+    for (section, key), (_, name) in LOCATIONS.items():
+        schema[section][key] = (checks[name], checks[name].expected)
+    schema["hub"] = {k: (c, c.expected) for k, c in _HUB_SECTION.items()}
+    return schema
+
+
+#: ``{section: {key: (check, expectation)}}``, derived from the option dataclasses (``hub``: model-card metadata)
+HUB_CONFIG_SCHEMA: dict[str, dict[str, tuple[Any, str]]] = _derive_schema()
+_REQUIRED = {"model": ("backbone",), "data": ("dataset",), "loss": ("name",)}
+_TOP_LEVEL = {
+    "name": is_str(),
+    "description": is_str(),
+    "notes": OptionCheck(lambda v: is_str()(v) or list_of(is_str(), "")(v), "a string or a list of strings"),
+}
+
+
+def validate_hub_config(
+    config: Any, source: str = "hub_config", *, partial: bool = False, defaults: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Check ``config`` against :data:`HUB_CONFIG_SCHEMA` and as a :class:`~pml_suprank.training.RunSpec` (the
+    registered loss and its options, the data section, the ``TrainingConfig``, the backbone name against timm;
+    nothing is built); return it unchanged (a plain dict) or raise ``ValueError``.
+
+    Every error names the file, the key, what was expected and what was found; unknown sections and keys are
+    errors (a typo must not be silently ignored). ``partial=True`` accepts an override file without the required
+    keys (``name``, ``model.backbone``, ``data.dataset``, ``loss.name``). ``defaults`` (option name → value, e.g. a
+    recipe's defaults) fill the options the file leaves out; default: the dataclass defaults.
+    """
+    errors = _structure_errors(config, source, partial)
+    if not errors:
+        try:
+            errors += RunSpec.from_hub_config(config, defaults).problems(require_data_root=False)
+        except ValueError as e:  # the TrainingConfig refuses its values
+            errors.append(str(e))
+    if errors:
+        raise ValueError(f"{source}: invalid hub_config:\n  - " + "\n  - ".join(errors))
+    return config
+
+
+def _structure_errors(config: Any, source: str, partial: bool) -> list[str]:
+    """The schema problems of ``config`` (sections, keys, value types, required keys)."""
+    if not isinstance(config, dict):
+        raise ValueError(f"{source}: a hub_config must be a YAML mapping; got {type(config).__name__}")
+    errors = _schema_errors(config)
+    if not partial:
+        if "name" not in config:
+            errors.append("missing required key 'name'")
+        for section, keys in _REQUIRED.items():
+            for k in keys:
+                if not isinstance(config.get(section), dict) or k not in config[section]:
+                    errors.append(f"missing required key '{section}.{k}'")
+    return errors
+
+
+def _schema_errors(config: dict[str, Any]) -> list[str]:
+    errors = []
+    for key, value in config.items():
+        if key in _TOP_LEVEL:
+            if not _TOP_LEVEL[key](value):
+                errors.append(f"'{key}' has an invalid value {value!r}")
+        elif key in HUB_CONFIG_SCHEMA:
+            if not isinstance(value, dict):
+                errors.append(f"section '{key}' must be a mapping; got {type(value).__name__}")
+                continue
+            allowed = HUB_CONFIG_SCHEMA[key]
+            for sub, v in value.items():
+                if sub not in allowed:
+                    errors.append(f"unknown key '{key}.{sub}' (valid keys of '{key}': {sorted(allowed)})")
+                elif not allowed[sub][0](v):
+                    errors.append(f"'{key}.{sub}' must be {allowed[sub][0].expected}; got {v!r}")
+        else:
+            errors.append(f"unknown top-level key '{key}' (valid: {sorted([*_TOP_LEVEL, *HUB_CONFIG_SCHEMA])})")
+    return errors
+
+
+def merge_hub_configs(*configs: Mapping[str, Any]) -> dict[str, Any]:
+    """Lay ``configs`` over each other in order: later sections' keys replace earlier ones, top-level values
+    (``name``, ``notes``...) are replaced whole. Returns a new dict; the inputs are not modified."""
+    out: dict[str, Any] = {}
+    for cfg in configs:
+        for key, value in cfg.items():
+            if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+                out[key] = {**out[key], **value}
+            else:
+                out[key] = dict(value) if isinstance(value, Mapping) else value
+    return out
+
+
+#: the hub_configs shipped with the package (package data)
+BUNDLED_HUB_CONFIGS = Path(__file__).resolve().parents[1] / "hub_configs"
+
+
+def bundled_hub_configs() -> list[str]:
+    """The names of the hub_configs shipped with the package (``pml_suprank/hub_configs/<name>.yaml``), sorted."""
+    return sorted(p.stem for p in BUNDLED_HUB_CONFIGS.glob("*.yaml"))
+
+
+def hub_config_path(path: str | Path) -> Path:
+    """The YAML file a ``--config`` argument names: an existing file as given, else a bare name (no suffix, no
+    directory) of :func:`bundled_hub_configs`.
+
+    Raises:
+        FileNotFoundError: neither; the message lists the bundled names (and the one meant, for an old
+            ``hub_configs/<name>.yaml`` path).
+    """
+    p = Path(path)
+    if p.is_file():
+        return p
+    bundled = BUNDLED_HUB_CONFIGS / f"{p.name}.yaml"
+    if p.suffix == "" and p.name == str(path) and bundled.is_file():
+        return bundled
+    names = bundled_hub_configs()
+    hint = f"; did you mean the bundled config {p.stem!r} (--config {p.stem})?" if p.stem in names else ""
+    raise FileNotFoundError(
+        f"hub_config {str(path)!r} is neither a file nor the name of a bundled config ({', '.join(names)}){hint}"
+    )
+
+
+def read_hub_config(path: str | Path, *, partial: bool = False) -> dict[str, Any]:
+    """Read a hub_config YAML file and check its structure only (sections, keys, value types, required keys, the
+    name): the recipes check the merged files once, as their :class:`~pml_suprank.training.RunSpec`.
+
+    Args:
+        path: The YAML file, or the name of a bundled config (:func:`hub_config_path`).
+        partial: Accept an override file with only the keys it changes (no required key; ``name``, when given,
+            must still equal the file name).
+    """
+    from .._safe_yaml import load_yaml, shorten
+
+    p = hub_config_path(path)
+    config = load_yaml(p)  # aliases, deep nesting and oversized files refused before any value is built
+    errors = _structure_errors(config, str(p), partial)
+    if errors:
+        shown = [shorten(e) for e in errors[:20]] + ([f"... {len(errors) - 20} more"] if len(errors) > 20 else [])
+        raise ValueError(f"{p}: invalid hub_config:\n  - " + "\n  - ".join(shown))
+    if (not partial or "name" in config) and config["name"] != p.stem:
+        raise ValueError(f"{p}: 'name' must equal the file name without .yaml ({p.stem!r}); got {config['name']!r}")
+    return config
+
+
+def load_hub_config(
+    path: str | Path, *, partial: bool = False, defaults: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Read and validate a hub_config YAML file (see the module docstring for the schema):
+    :func:`read_hub_config` and :func:`validate_hub_config`.
+
+    Args:
+        path: The YAML file, or the name of a bundled config (:func:`hub_config_path`).
+        partial: Accept an override file with only the keys it changes (no required key; ``name``, when given,
+            must still equal the file name).
+        defaults: Values of the options the file leaves out (see :func:`validate_hub_config`).
+
+    Returns:
+        The configuration as a plain nested dict.
+    """
+    config = read_hub_config(path, partial=partial)
+    return validate_hub_config(config, source=str(path), partial=partial, defaults=defaults)
+
+
+def build_loss(config: Mapping[str, Any], num_classes: int, embedding_size: int) -> Any:
+    """The setting's loss (``loss.name`` and the ``loss`` section's options) by the one loss builder
+    :func:`pml_suprank.training.build_loss`."""
+    return RunSpec.from_hub_config(config).build_loss(num_classes, embedding_size)

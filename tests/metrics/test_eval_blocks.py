@@ -1,0 +1,164 @@
+"""Exact evaluation near the score-matrix floor: the CPU row kernels (fused ranking, compiled prefix sums, ASI walk)
+give the metrics of a naive full sort per query, with ties and across row-block boundaries; chunks are sized in
+bytes per device."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from _metrics_naive import naive_query_metrics
+
+import pml_suprank.metrics.from_ranks as FR
+from pml_suprank.metrics import RetrievalEvaluator
+from pml_suprank.metrics import eval_blocks as EV
+from pml_suprank.metrics import ranks as R
+from pml_suprank.metrics.ranks import retrieval_ranks
+from pml_suprank.relevance import level_matrix
+
+needs_numba = pytest.mark.skipif(not R._compiled_available(), reason="no numba")
+
+
+def _tied_data(n: int = 90, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """3-level labels; embeddings on a coarse grid, so many scores tie exactly (also across levels)."""
+    g = torch.Generator().manual_seed(seed)
+    fine = torch.randint(0, 18, (n,), generator=g)
+    labels = torch.stack([fine, fine % 6, fine % 2], 1)
+    emb = torch.randint(-2, 3, (n, 4), generator=g).float() / 2
+    emb[::7] = emb[0]  # identical embeddings: equal scores at every level
+    return emb, labels
+
+
+def _naive(emb: torch.Tensor, labels: torch.Tensor) -> dict[str, np.ndarray]:
+    """Per-query metrics of a full pessimistic sort (query removed by index), from the definitions."""
+    L = labels.shape[1]
+    scores = (emb @ emb.T).double().numpy()
+    levels = level_matrix(labels, labels).numpy()
+    rows = []
+    for q in range(len(emb)):
+        keep = np.arange(len(emb)) != q
+        rows.append(naive_query_metrics(scores[q, keep], levels[q, keep], L, k_values=(1, 5)))
+    return {k: np.array([r[k] for r in rows]) for k in rows[0]}
+
+
+def _close(a: torch.Tensor, b: np.ndarray) -> bool:
+    a = a.numpy()
+    return bool(
+        np.array_equal(np.isnan(a), np.isnan(b)) and np.allclose(np.nan_to_num(a), np.nan_to_num(b), atol=1e-12)
+    )
+
+
+@needs_numba
+@pytest.mark.parametrize("chunk_size", [1, 7, 40, None])
+def test_fused_cpu_path_equals_a_full_sort_with_ties_across_blocks(chunk_size):
+    emb, labels = _tied_data()
+    out = RetrievalEvaluator(k_values=(1, 5), chunk_size=chunk_size).evaluate(emb, labels, return_per_query=True)
+    pq, ref = out["per_query"], _naive(emb, labels)
+    L = labels.shape[1]
+    assert _close(pq["ap"], ref[f"ap{L}"]) and _close(pq["map_at_r"], ref[f"mapr{L}"])
+    assert _close(pq["recall_at_5"], ref[f"r@5_{L}"]) and _close(pq["map_at_5"], ref[f"map@5_{L}"])
+    for h in range(L):
+        assert _close(pq[f"ap_level{h}"], ref[f"ap{L - h}"]), h
+        assert _close(pq[f"map_at_r_level{h}"], ref[f"mapr{L - h}"]), h
+        assert _close(pq[f"recall_at_1_level{h}"], ref[f"r@1_{L - h}"]), h
+    for key, naive in (("h_ap", "hap"), ("ndcg", "ndcg"), ("asi", "asi")):
+        assert _close(pq[key], ref[naive]), key
+
+
+@needs_numba
+def test_fused_cpu_path_equals_the_torch_path_per_query():
+    emb, labels = _tied_data(120, seed=3)
+    fused = RetrievalEvaluator(k_values=(1, 5), chunk_size=13).evaluate(emb, labels, return_per_query=True)
+    torch_path = RetrievalEvaluator(k_values=(1, 5), chunk_size=13, counting="histogram").evaluate(
+        emb, labels, return_per_query=True
+    )
+    for key, value in torch_path["per_query"].items():
+        got = fused["per_query"][key]
+        assert torch.equal(got.isnan(), value.isnan()), key
+        assert torch.allclose(got.nan_to_num(), value.nan_to_num(), rtol=0, atol=1e-13), key
+
+
+@needs_numba
+def test_fused_ranks_with_a_separate_gallery_that_contains_the_queries():
+    emb, labels = _tied_data(60, seed=5)
+    a = RetrievalEvaluator(k_values=(1,), chunk_size=9).evaluate(
+        emb[:25], labels[:25], emb, labels, True, ref_includes_query=True
+    )
+    b = RetrievalEvaluator(k_values=(1,), chunk_size=9, counting="search").evaluate(
+        emb[:25], labels[:25], emb, labels, True, ref_includes_query=True
+    )
+    for key in ("ap", "h_ap", "ndcg", "asi", "map_at_r"):
+        assert torch.allclose(a["per_query"][key], b["per_query"][key], rtol=0, atol=1e-13, equal_nan=True), key
+
+
+def _stats_pair(monkeypatch, ranks):
+    compiled = FR.RankStats(ranks)
+    monkeypatch.setattr(FR, "_compiled_prefix_sums", lambda *a: False)
+    reference = FR.RankStats(ranks)
+    monkeypatch.undo()
+    return compiled, reference
+
+
+@needs_numba
+@pytest.mark.parametrize("L", [1, 2, 3, 5])
+def test_compiled_rank_stats_equal_the_torch_prefix_sums(monkeypatch, L):
+    g = torch.Generator().manual_seed(L)
+    scores = torch.randint(-4, 5, (30, 150), generator=g).float()  # many ties
+    levels = torch.randint(0, L + 1, (30, 150), generator=g) * (torch.rand(30, 150, generator=g) < 0.4)
+    levels[0] = 0  # a query without relevant items
+    ranks = retrieval_ranks(scores, levels, torch.rand(30, 150, generator=g) > 0.1, num_levels=L)
+    fast, ref = _stats_pair(monkeypatch, ranks)
+    assert torch.equal(fast.position, ref.position) and torch.equal(fast.inv_position, ref.inv_position)
+    for m in range(1, L + 1):  # bitwise: same operations in the same order
+        assert torch.equal(fast.cum_ge(m), ref.cum_ge(m)), m
+        assert torch.equal(fast.cum_precision(m), ref.cum_precision(m)), m
+    assert torch.allclose(fast.level_sums(), ref.level_sums(), rtol=1e-14, atol=0)
+    assert torch.allclose(fast.level_discounts(), ref.level_discounts(), rtol=1e-14, atol=0)
+    table = FR.pop_relevance_table(ref, 1.0)
+    for metric in (lambda st: FR.hierarchical_ap_(st, table), FR.ndcg_, FR.asi_):
+        a, b = metric(fast), metric(ref)
+        assert torch.equal(a.isnan(), b.isnan()) and bool(a.isnan()[0])
+        assert torch.allclose(a.nan_to_num(), b.nan_to_num(), rtol=0, atol=1e-14)
+
+
+def test_h_ap_ndcg_asi_by_hand():
+    # one query, ranking [level 2, negative, level 1, level 2] (positions 1, 3, 4), gallery counts (1, 1, 2)
+    ranks = R.RetrievalRanks(
+        torch.tensor([[2, 1, 2]]), torch.tensor([[1, 3, 4]]), torch.tensor([[1, 1, 2]]), num_levels=2
+    )
+    rel = torch.tensor([[0.0, 0.5, 1.0]], dtype=torch.float64)
+    # H-rank: item 1 -> 1; item 3 (rel .5) -> .5 + .5 = 1; item 4 -> 1 + .5 + 1 = 2.5; H-AP = (1 + 1/3 + 2.5/4) / 2.5
+    assert math.isclose(float(FR.hap_from_ranks(ranks, relevance=rel)), (1 + 1 / 3 + 2.5 / 4) / 2.5, rel_tol=1e-15)
+    dcg = 3 / math.log2(2) + 1 / math.log2(4) + 3 / math.log2(5)
+    idcg = 3 / math.log2(2) + 3 / math.log2(3) + 1 / math.log2(4)
+    assert math.isclose(float(FR.ndcg_from_ranks(ranks)), dcg / idcg, rel_tol=1e-15)
+    # ASI over n = 1..3: {2} vs {2}: 1; {2, neg} vs {2, 2}: 1/2; {2, neg, 1} vs {2, 2, 1}: 2/3
+    assert math.isclose(float(FR.asi_from_ranks(ranks)), (1 + 1 / 2 + 2 / 3) / 3, rel_tol=1e-15)
+
+
+def test_chunks_are_sized_in_bytes_for_the_device():
+    cpu = torch.device("cpu")
+    rows = EV.chunk_rows(60502, 5042, cpu, levels=2)
+    per_row = 60502 * EV._ENTRY_BYTES["cpu"] + 5042 * EV._SLOT_BYTES["cpu"] * 2
+    assert rows * per_row <= EV.CPU_CHUNK_BYTES + per_row and rows >= 16
+    assert EV.chunk_rows(10, 2, cpu) == EV.CPU_CHUNK_BYTES // (10 * 4 + 2 * 48 * 2 + 1)
+    assert EV.chunk_rows(10**9, 10**6, cpu) == 16  # never fewer than 16 queries
+    assert RetrievalEvaluator()._default_chunk(60502, 5042, "cpu", 2) == rows  # the evaluator uses it
+    assert RetrievalEvaluator(chunk_size=5)._default_chunk(60502, 5042, "cpu", 2) == 5
+
+
+@needs_numba
+def test_cpu_blocks_take_the_fused_kernels(monkeypatch):
+    # float32 on the CPU with numba: the row kernels rank every block (no (C, N) gather / scatter / torch counting)
+    def unused(*args, **kwargs):
+        raise AssertionError("the torch counting path ran")
+
+    emb, labels = _tied_data(50)
+    expected = RetrievalEvaluator(k_values=(1,), chunk_size=8).evaluate(emb, labels)
+    monkeypatch.setattr(EV, "rank_relevant_items", unused)
+    got = RetrievalEvaluator(k_values=(1,), chunk_size=8).evaluate(emb, labels)
+    assert got == expected
+    with pytest.raises(AssertionError, match="torch counting"):  # the other counters keep the torch path
+        RetrievalEvaluator(k_values=(1,), chunk_size=8, counting="histogram").evaluate(emb, labels)
