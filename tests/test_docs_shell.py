@@ -55,12 +55,15 @@ KNOWN_BROKEN: dict[tuple[str, str], str] = {
     ),
 }
 
-RECIPES = ("train_happier", "train_roadmap", "evaluate", "search", "fit_heat", "ood_benchmark", "prepare_dataset")
-TRAINING = ("train_happier", "train_roadmap")
+RECIPES = (
+    "train", "train_happier", "train_roadmap", "evaluate", "search", "fit_heat", "ood_benchmark", "prepare_dataset",
+)  # fmt: skip
+TRAINING = ("train", "train_happier", "train_roadmap")
 _FIT_HEAT_DATA = ["--num_per_class", "3", "--num_test_per_class", "2", "--num_noise", "12", "--train_epochs", "1",
                   "--max_samples", "64"]  # fmt: skip
 #: appended to a command that runs (the last value of a flag wins): the recipes' documented size flags
 SMALL_FLAGS: dict[str, list[str]] = {
+    "train": ["--max_train_steps", "3", "--skip_initial_eval", "true", "--report_to", "none"],
     "train_happier": ["--max_train_steps", "3", "--skip_initial_eval", "true", "--report_to", "none"],
     "train_roadmap": ["--max_train_steps", "3", "--skip_initial_eval", "true", "--report_to", "none"],
     "evaluate": [],
@@ -154,7 +157,12 @@ def parse_recipe_flags(recipe: str, args: list[str]) -> argparse.Namespace:
     names, types and choices, nothing run or read; argparse exits (status 2) on a bad flag."""
     parser = _make_flags().recipe_parser(recipe)
     if recipe != "ood_benchmark":
-        return parser.parse_args(args)
+        try:
+            return parser.parse_args(args)
+        except SystemExit as e:
+            if e.code not in (0, None):
+                raise
+            return argparse.Namespace()  # an action that ends the command (--list_losses): the flags were valid
     namespace, rest = parser.parse_known_args(args)  # the rest goes to fit_heat's extraction
     if rest:
         _make_flags().recipe_parser("fit_heat").parse_args(rest)
@@ -234,7 +242,13 @@ def trained_runs(tmp_path_factory):
 
 
 def _output_dir(c: Command) -> str:
-    return str(parse_recipe_flags(c.recipe, c.args).output_dir)
+    """The command's ``--output_dir``, or the recipe's default one."""
+    given = getattr(parse_recipe_flags(c.recipe, c.args), "output_dir", None)
+    if given is not None:
+        return str(given)
+    make_flags = _make_flags()
+    (action,) = [a for a in make_flags.recipe_parser(c.recipe)._actions if a.dest == "output_dir"]
+    return str(make_flags.action_default(action))
 
 
 def _run_command(c: Command, cwd: Path, trained: dict) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ COMMAND = "python docs/hooks/make_flags.py"
 
 #: (recipe module, console script), in page order
 RECIPES: tuple[tuple[str, str], ...] = (
+    ("train", "pml-suprank-train"),
     ("train_happier", "pml-suprank-train-happier"),
     ("train_roadmap", "pml-suprank-train-roadmap"),
     ("evaluate", "pml-suprank-evaluate"),
@@ -66,19 +68,34 @@ def _text(text: Any) -> str:
     return _cell(text).replace("<", "&lt;").replace(">", "&gt;")
 
 
+_HELP_DEFAULT = re.compile(r"\s*\(default: (?P<value>.*)\)\s*$", flags=re.S)
+
+
+def action_default(action: argparse.Action) -> Any:
+    """The default of a flag as ``--help`` shows it: the action's default, or, when the parser keeps it out of the
+    namespace (``argparse.SUPPRESS``, so that a given flag can be told from a default), the text of the help's
+    trailing ``(default: ...)``."""
+    if action.default is argparse.SUPPRESS:
+        match = _HELP_DEFAULT.search(action.help or "")
+        return match.group("value") if match else None
+    return action.default
+
+
 def _default(action: argparse.Action) -> str:
-    if action.required or action.default is None:
+    value = action_default(action)
+    if action.required or value is None or value == "None":
         return "required" if action.required else "—"
-    value = action.default
     if isinstance(value, (list, tuple)):
         value = " ".join(str(v) for v in value)
-    elif isinstance(value, bool):
+    elif isinstance(value, bool) or value in ("True", "False"):
         value = str(value).lower()
     return f"`{_cell(value)}`" if str(value) != "" else "`''`"
 
 
 def _what(action: argparse.Action) -> str:
     text = "" if action.help in (None, argparse.SUPPRESS) else action.help
+    if action.default is argparse.SUPPRESS:
+        text = _HELP_DEFAULT.sub("", text)  # shown in the default column
     text = text.replace("%(default)s", str(action.default)).replace("%%", "%")
     if action.choices is not None:
         text = f"{text} (one of: {', '.join(str(c) for c in action.choices)})".strip()
