@@ -270,7 +270,7 @@ def _run_command(c: Command, cwd: Path, trained: dict) -> None:
         assert proc.returncode != 0, f"{c.page}: {c.text!r} runs now: remove it from KNOWN_BROKEN"
         return
     assert proc.returncode == 0, f"{c.page}: {c.text}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
-    if out is not None and key not in trained["runs"]:
+    if out is not None and out.is_dir() and key not in trained["runs"]:  # (--list_losses writes nothing)
         trained["runs"][key] = trained["cache"] / f"run{len(trained['runs'])}"
         shutil.copytree(out, trained["runs"][key], symlinks=True)
 
