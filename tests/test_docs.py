@@ -37,6 +37,11 @@ def _runnable() -> list[tuple[str, int, str]]:
     return [item for item in _all_blocks() if not item[2].lstrip().startswith(OFFLINE_MARK)]
 
 
+#: pages whose python blocks prepare the data of their shell commands: they run with them, in page order, in
+#: tests/test_docs_shell.py
+SHELL_RUN_PAGES = ("docs/tutorial.md",)
+
+
 def test_few_blocks_are_not_runnable_and_they_say_why():
     skipped = [b for _, _, b in _all_blocks() if b.lstrip().startswith(OFFLINE_MARK)]
     assert len(skipped) <= MAX_OFFLINE_BLOCKS
@@ -47,7 +52,7 @@ def test_few_blocks_are_not_runnable_and_they_say_why():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("page", sorted({p for p, _, _ in _runnable()}))
+@pytest.mark.parametrize("page", sorted({p for p, _, _ in _runnable()} - set(SHELL_RUN_PAGES)))
 def test_python_blocks_run(page, tmp_path, monkeypatch, capsys):
     """A page's runnable blocks run in order in one namespace, as a reader would run them."""
     (tmp_path / "recipes").symlink_to(ROOT / "recipes")  # blocks run from a checkout's root and write under outputs/
@@ -135,53 +140,35 @@ def test_mkdocs_build_strict(tmp_path, monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# shell blocks: every ``python recipes/<name>.py`` command of these pages runs as written, at small sizes through the
-# recipe's documented flags (appended: the last value of a flag wins)
+# the flag reference: generated from the recipes' parsers, never stale
 # ---------------------------------------------------------------------------------------------------------------------
-SHELL_PAGES = ("docs/ood.md",)
-_FIT_HEAT_SMALL = ["--num_per_class", "3", "--num_test_per_class", "2", "--num_noise", "12", "--train_epochs", "1",
-                   "--heat_epochs", "1", "--knn_k", "3", "--no_plots", "true"]  # fmt: skip
-SMALL_FLAGS = {
-    "fit_heat": [*_FIT_HEAT_SMALL, "--threads", "1", "--progress", "false"],
-    "ood_benchmark": ["--heat_epochs", "1", "--threads", "1", "--progress", "false", "--no_plots", "true"],
-    "ood_benchmark_extract": ["--num_per_class", "3", "--num_test_per_class", "2", "--num_noise", "12",
-                              "--train_epochs", "1"],
-}  # fmt: skip
+def _make_flags():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_flags", DOCS / "hooks" / "make_flags.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def _shell_commands(page: str) -> list[list[str]]:
-    """The ``python recipes/...`` commands of the page's ```bash blocks (continuation lines joined, comments and
-    other commands left out), as argv lists."""
-    import shlex
-
-    commands = []
-    for block in re.findall(r"```bash\n(.*?)```", (ROOT / page).read_text(), flags=re.S):
-        for line in block.replace("\\\n", " ").splitlines():
-            line = line.split("#", 1)[0].strip()
-            if line.startswith("python recipes/"):
-                commands.append(shlex.split(line)[1:])
-    return commands
+def test_flag_reference_is_up_to_date():
+    make_flags = _make_flags()
+    assert (DOCS / "flags.md").read_text() == make_flags.render(), (
+        f"docs/flags.md is stale: run `{make_flags.COMMAND}` from the checkout's root and commit the page"
+    )
 
 
-def test_the_shell_pages_have_recipe_commands():
-    for page in SHELL_PAGES:
-        commands = _shell_commands(page)
-        assert commands and all(c[0].startswith("recipes/") for c in commands), page
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("page", SHELL_PAGES)
-def test_shell_blocks_run(page, tmp_path):
-    """The page's recipe commands run in order from a checkout's root (they may read what an earlier one wrote)."""
-    import os
-
-    (tmp_path / "recipes").symlink_to(ROOT / "recipes")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}  # noqa: TID251
-    for argv in _shell_commands(page):
-        name = Path(argv[0]).stem
-        small = SMALL_FLAGS.get(name, [])
-        if name == "ood_benchmark" and "--features" not in argv:
-            small = [*small, *SMALL_FLAGS["ood_benchmark_extract"]]
-        proc = subprocess.run([sys.executable, *argv, *small], cwd=tmp_path, env=env, capture_output=True, text=True,
-                              timeout=600)  # fmt: skip
-        assert proc.returncode == 0, f"{' '.join(argv)}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+def test_flag_reference_lists_every_flag_of_every_recipe():
+    make_flags = _make_flags()
+    page = (DOCS / "flags.md").read_text()
+    sections = dict(re.findall(r"^## (\w+)\n(.*?)(?=^## |\Z)", page, flags=re.S | re.M))
+    assert list(sections) == [name for name, _ in make_flags.RECIPES]
+    for name, _ in make_flags.RECIPES:
+        parser = make_flags.recipe_parser(name)
+        flags = {s for a in parser._actions for s in a.option_strings if s.startswith("--") and s != "--help"}
+        assert len(flags) >= 5, name
+        listed = set(re.findall(r"`(--[\w-]+)`", sections[name].split("|---|", 1)[1]))
+        assert flags <= listed, f"{name}: {sorted(flags - listed)} missing from docs/flags.md"
+    happier = sections["train_happier"]
+    assert "| `--max_train_steps` |" in happier and "| `--epochs` | `12` |" in happier  # the recipe's own default
+    assert "| `--model` | required |" in sections["search"] or "| `--model` | — |" in sections["search"]
