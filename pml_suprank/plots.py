@@ -441,10 +441,14 @@ def plot_training_curves(
             ax.plot(*_series(history, "loss"), marker=".", lw=1.2, color="#1f77b4")
             ax.set(ylabel="training loss", title="Training loss (mean over each logging interval)")
         elif panel == "lr":
+            positive = False
             for k in lrs:
-                ax.plot(*_series(history, k), lw=1.2, label=k[len("lr_") :])
-            ax.set_yscale("log", nonpositive="mask")  # groups differ by orders of magnitude; a zero rate is not drawn
-            ax.set(ylabel="learning rate (log)", title="Learning rate per parameter group")
+                steps, values = _series(history, k)
+                ax.plot(steps, values, lw=1.2, label=k[len("lr_") :])
+                positive = positive or bool((values > 0).any())
+            if positive:  # groups differ by orders of magnitude; a zero rate is not drawn on the log axis
+                ax.set_yscale("log", nonpositive="mask")
+            ax.set(ylabel="learning rate" + (" (log)" if positive else ""), title="Learning rate per parameter group")
             ax.legend(fontsize=7, loc="best")
         else:
             for k in shown:

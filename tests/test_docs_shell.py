@@ -48,12 +48,7 @@ NOT_RUN: tuple[tuple[str, str], ...] = (
 
 #: commands of pages owned elsewhere that fail as written, with the reason: they must keep failing (a strict xfail:
 #: remove the entry once the page is fixed)
-KNOWN_BROKEN: dict[tuple[str, str], str] = {
-    ("docs/recipes.md", "pml-suprank-train-happier --max_train_steps 3"): (
-        "writes into outputs/happier_synthetic, which the page's earlier no-argument run filled: refused with "
-        "'already holds a previous run' (needs --output_dir or --overwrite_output_dir true)"
-    ),
-}
+KNOWN_BROKEN: dict[tuple[str, str], str] = {}
 
 RECIPES = (
     "train", "train_happier", "train_roadmap", "evaluate", "search", "fit_heat", "ood_benchmark", "prepare_dataset",

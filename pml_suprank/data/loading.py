@@ -98,14 +98,19 @@ class HFRetrievalDataset(RetrievalDatasetBase):
         self.class_names = dict(class_names or {})
         super().__init__(labels, list(label_columns), transform, multilabel=multilabel, hierarchy=hierarchy)
 
+    def item_path(self, index: int) -> str | None:
+        """The file the image of item ``index`` was read from (``None`` when the row stores only bytes)."""
+        try:
+            cell = self._images.with_format("arrow")[index : index + 1][self.image_column][0].as_py()
+        except Exception:  # noqa: BLE001 - a name for people (messages, result pages), never needed to work
+            return None
+        path = cell.get("path") if isinstance(cell, Mapping) else None
+        return str(path) if path else None
+
     def describe_item(self, index: int) -> str:
         """``"row <i> (<file>)"`` of the image column, for error messages (the file when the row stores one)."""
         where = f"row {index} of the image column {self.image_column!r}"
-        try:
-            cell = self._images.with_format("arrow")[index : index + 1][self.image_column][0].as_py()
-        except Exception:  # noqa: BLE001 - only for the message
-            return where
-        path = cell.get("path") if isinstance(cell, Mapping) else None
+        path = self.item_path(index)
         return f"{where} ({path})" if path else where
 
     def get_image(self, index: int) -> Any:

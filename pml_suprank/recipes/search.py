@@ -177,11 +177,33 @@ def embed(model: torch.nn.Module, dataset: Any, batch_size: int, description: st
                               description=description)  # fmt: skip
 
 
+def item_name(dataset: Any, index: int, fallback: str, root: str | None) -> str:
+    """What names gallery item ``index`` for a person: its file relative to the gallery folder ``root`` (the file
+    name alone outside it), else ``fallback`` (``"<source>:<split>[index]"``: synthetic data, Hub rows of bytes)."""
+    path = getattr(dataset, "item_path", lambda i: None)(index)
+    if not path:
+        return fallback
+    if root is not None:
+        try:
+            return Path(path).resolve().relative_to(Path(root).resolve()).as_posix()
+        except (ValueError, OSError):
+            pass
+    return Path(path).name
+
+
+def class_name(dataset: Any, labels: list[int] | None) -> str | None:
+    """The name of the fine class of a label row, when the dataset names its classes (folder names)."""
+    names = getattr(dataset, "class_names", None) or {}
+    return None if not labels else names.get(int(labels[0]))
+
+
 def describe_results(
     args: SearchSpec, gallery, labels, queries, query_images, query_labels, scores, indices
 ) -> list[dict]:
     """The per-query result records of results.json (and, with their images, of the HTML page and the grid)."""
     from pml_suprank.search.report import relevance_level
+
+    root = args.gallery if args.gallery is not None and Path(args.gallery).is_dir() else None
 
     records = []
     for row, (name, q_labels) in enumerate(zip(queries, query_labels, strict=True)):
@@ -190,10 +212,14 @@ def describe_results(
             if j < 0:  # an approximate backend found fewer than k items
                 continue
             item_labels = labels[j].tolist() if labels is not None else None
-            results.append({"rank": rank, "index": j, "name": f"{args.gallery}:{args.gallery_split}[{j}]",
-                            "score": float(score), "labels": item_labels,
-                            "relevance": relevance_level(q_labels, item_labels)})  # fmt: skip
-        records.append({"name": name, "labels": q_labels, "results": results, "image_ref": query_images[row]})
+            fallback = f"{args.gallery}:{args.gallery_split}[{j}]"
+            results.append({
+                "rank": rank, "index": j, "name": item_name(gallery, j, fallback, root), "score": float(score),
+                "labels": item_labels, "class_name": class_name(gallery, item_labels),
+                "relevance": relevance_level(q_labels, item_labels),
+            })  # fmt: skip
+        records.append({"name": name, "labels": q_labels, "class_name": class_name(gallery, q_labels),
+                        "results": results, "image_ref": query_images[row]})  # fmt: skip
     return records
 
 
@@ -220,7 +246,8 @@ def main(argv: list[str] | None = None) -> dict:
         g = torch.Generator().manual_seed(args.seed)
         picked = torch.randperm(len(gallery), generator=g)[: args.num_queries].sort().values
         q_emb = index.embeddings[picked].float().cpu()
-        names = [f"{args.gallery}:{args.gallery_split}[{i}]" for i in picked.tolist()]
+        root = args.gallery if Path(args.gallery).is_dir() else None
+        names = [item_name(gallery, i, f"{args.gallery}:{args.gallery_split}[{i}]", root) for i in picked.tolist()]
         q_labels = [labels[i].tolist() if labels is not None else None for i in picked.tolist()]
         q_images = [(gallery, i) for i in picked.tolist()]
     else:
@@ -251,7 +278,8 @@ def main(argv: list[str] | None = None) -> dict:
     pages = [{**r, "image": r["image_ref"][0].get_image(r["image_ref"][1]),
               "results": [{**x, "image": gallery.get_image(x["index"])} for x in r["results"]]}
              for r in records]  # fmt: skip
-    title = f"{args.model}: {len(records)} queries against {args.gallery} ({len(index)} items), top {args.k}"
+    title = (f"{_short(args.model)}: {len(records)} queries against {_short(args.gallery)} {args.gallery_split} "
+             f"({len(index)} images), top {args.k}")  # fmt: skip
     write_html_report(out / "results.html", pages, title=title, thumbnail_size=args.thumbnail_size)
     write_result_grid(out / "results_grid.png", pages)
     levels = [x["relevance"] for r in records for x in r["results"]]
@@ -265,8 +293,32 @@ def main(argv: list[str] | None = None) -> dict:
     (out / "results.json").write_text(json.dumps(result, indent=1))
     if args.save_index:
         index.save(out / "index")
+    print(summary_table(records, args.k))  # noqa: T201 - the recipe's console output
     print(f"{len(records)} queries, top {args.k}: {summary}; results.json, results.html, results_grid.png in {out}")
     return result
+
+
+def _short(source: str | None) -> str:
+    """A model or gallery as a person names it: ``run/final`` for a folder path, else the source as given."""
+    if source is None:
+        return "-"
+    path = Path(source)
+    return "/".join(path.parts[-2:]) if path.exists() else source
+
+
+def summary_table(records: list[dict], k: int) -> str:
+    """The console table of the search: one row per query (name, class, same-class / same-group hits in the top
+    ``k``, the first result)."""
+    from pml_suprank.search.report import query_hits
+
+    rows = [("query", "class", f"same class / {k}", f"same group / {k}", "first result")]
+    for r in records:
+        hits = query_hits(r)
+        first = r["results"][0]["name"] if r["results"] else "-"
+        rows.append((str(r["name"]), str(r.get("class_name") or (r["labels"] or ["-"])[0]),
+                     str(hits.get("fine", "-")), str(hits.get("coarse", "-")), str(first)))  # fmt: skip
+    widths = [min(40, max(len(row[i]) for row in rows)) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell[:40].ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows)
 
 
 def run() -> None:

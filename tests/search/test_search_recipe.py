@@ -182,3 +182,28 @@ def test_label_columns_are_spelled_as_in_every_recipe(capsys):
     with pytest.raises(SystemExit):
         search.parse_args(["--model", "m"])
     assert "--output_dir is required" in capsys.readouterr().err
+
+
+def test_an_image_folder_gallery_is_shown_by_file_and_class_names(untrained_model, tmp_path, capsys):
+    recipe = importlib.import_module("pml_suprank.recipes.search")
+    gallery = tmp_path / "photos"
+    for name, colour in [("cat", (220, 40, 40)), ("dog", (40, 200, 40))]:
+        (gallery / "train" / name).mkdir(parents=True)
+        for i in range(3):
+            Image.new("RGB", (18, 18), tuple(max(0, x - 30 * i) for x in colour)).save(
+                gallery / "train" / name / f"{name}{i}.png"
+            )
+    out = tmp_path / "out"
+    result = recipe.main(["--model", str(untrained_model), "--gallery", str(gallery), "--gallery_split", "train",
+                          "--label_columns", "label", "--k", "2", "--num_queries", "4", "--output_dir", str(out),
+                          "--device", "cpu"])  # fmt: skip
+    names = {q["name"] for q in result["queries"]} | {r["name"] for q in result["queries"] for r in q["results"]}
+    assert names and all(re_name.startswith(("train/cat/", "train/dog/")) for re_name in names), names
+    for q in result["queries"]:
+        assert q["class_name"] == q["name"].split("/")[1]
+        assert all(r["class_name"] == r["name"].split("/")[1] for r in q["results"])
+    page = parse_report((out / "results.html").read_text())
+    assert "photos train (6 images), top 2" in page["title"] and str(tmp_path) not in page["title"]
+    assert all("hits" in q["summary"] for q in page["queries"])
+    table = capsys.readouterr().out
+    assert "same class / 2" in table and "train/cat/" in table
