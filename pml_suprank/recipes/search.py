@@ -191,6 +191,15 @@ def item_name(dataset: Any, index: int, fallback: str, root: str | None) -> str:
     return Path(path).name
 
 
+def gallery_ids(gallery: Any, args: SearchSpec) -> list[str] | None:
+    """The ids saved with the index (``index.json``): each gallery image's file relative to the gallery folder, for
+    a gallery read from files; ``None`` otherwise (synthetic data, rows of bytes)."""
+    if not hasattr(gallery, "item_path") or gallery.item_path(0) is None:
+        return None
+    root = args.gallery if args.gallery is not None and Path(args.gallery).is_dir() else None
+    return [item_name(gallery, j, f"{args.gallery}:{args.gallery_split}[{j}]", root) for j in range(len(gallery))]
+
+
 def class_name(dataset: Any, labels: list[int] | None) -> str | None:
     """The name of the fine class of a label row, when the dataset names its classes (folder names)."""
     names = getattr(dataset, "class_names", None) or {}
@@ -238,8 +247,9 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         args = replace(args, gallery_split=args.gallery_split or "test", seed=args.seed or 0)
         gallery = load_dataset(args, args.gallery, args.gallery_split, transform, image_size)
+    ids = gallery_ids(gallery, args)
     index = model.build_index(torch.utils.data.DataLoader(gallery, batch_size=args.batch_size), backend=args.backend,
-                              progress=True)  # fmt: skip
+                              ids=ids, progress=True)  # fmt: skip
     labels = index.labels if index.labels is not None and index.labels.dim() == 2 else None
     exclude_self = args.queries is None
     if args.queries is None:

@@ -196,7 +196,7 @@ def test_an_image_folder_gallery_is_shown_by_file_and_class_names(untrained_mode
     out = tmp_path / "out"
     result = recipe.main(["--model", str(untrained_model), "--gallery", str(gallery), "--gallery_split", "train",
                           "--label_columns", "label", "--k", "2", "--num_queries", "4", "--output_dir", str(out),
-                          "--device", "cpu"])  # fmt: skip
+                          "--device", "cpu", "--save_index"])  # fmt: skip
     names = {q["name"] for q in result["queries"]} | {r["name"] for q in result["queries"] for r in q["results"]}
     assert names and all(re_name.startswith(("train/cat/", "train/dog/")) for re_name in names), names
     for q in result["queries"]:
@@ -207,3 +207,5 @@ def test_an_image_folder_gallery_is_shown_by_file_and_class_names(untrained_mode
     assert all("hits" in q["summary"] for q in page["queries"])
     table = capsys.readouterr().out
     assert "same class / 2" in table and "train/cat/" in table
+    ids = RetrievalIndex.load(out / "index").ids  # saved with the index: the file of every gallery image
+    assert sorted(ids) == sorted(f"train/{c}/{c}{i}.png" for c in ("cat", "dog") for i in range(3))
