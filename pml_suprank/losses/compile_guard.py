@@ -97,14 +97,17 @@ def compare_with_eager(
     args: tuple,
     kwargs: dict,
     *,
+    compiled: Callable[..., Any] | None = None,
     rtol: float = COMPILE_RTOL,
 ) -> bool:
     """Compare the output of a compiled call of ``(args, kwargs)`` with ``eager(*args, **kwargs)``.
 
     The value always; the gradient with respect to the embeddings (``args[0]``) when gradients are enabled and both
-    the embeddings and the output require grad: ``torch.autograd.grad(compiled_out, embeddings, retain_graph=True)``
-    (the caller's graph stays usable, nothing is accumulated into ``.grad``) against the eager gradient computed on a
-    detached copy of the embeddings. Returns whether the gradient was checked.
+    the embeddings and the output require grad: the gradient of one more call of ``compiled`` on a detached copy of
+    the embeddings (the caller's graph is never run backward here: a compiled backward may reuse its saved buffers,
+    so a second backward through the caller's graph would read overwritten values; without ``compiled``,
+    ``torch.autograd.grad(compiled_out, embeddings, retain_graph=True)``), against the eager gradient on another
+    detached copy. Nothing is accumulated into ``.grad``. Returns whether the gradient was checked.
 
     Raises:
         CompiledLossMismatchError: a relative difference above ``rtol``.
@@ -119,7 +122,12 @@ def compare_with_eager(
     value_diff = relative_difference(compiled_out, expected)
     grad_diff = None
     if with_grad:
-        (got,) = torch.autograd.grad(compiled_out.sum(), emb, retain_graph=True, allow_unused=True)
+        if compiled is not None:
+            probe = emb.detach().requires_grad_(True)
+            probe_args, probe_kwargs = _swap(args, kwargs, emb, probe)
+            (got,) = torch.autograd.grad(compiled(*probe_args, **probe_kwargs).sum(), probe, allow_unused=True)
+        else:
+            (got,) = torch.autograd.grad(compiled_out.sum(), emb, retain_graph=True, allow_unused=True)
         want = None
         if expected.requires_grad:
             (want,) = torch.autograd.grad(expected.sum(), leaf, allow_unused=True)
@@ -159,7 +167,9 @@ class GuardedCall:
         if module is None:
             return out
         self.eager_calls += 1
-        checked = compare_with_eager(self.owner, out, module._call_impl, args, kwargs, rtol=self.rtol)
+        checked = compare_with_eager(
+            self.owner, out, module._call_impl, args, kwargs, compiled=self.compiled, rtol=self.rtol
+        )
         self.grad_checked = checked or with_grad  # a call that wanted a gradient and got none: nothing more to check
         self.value_checked = True
         return out
@@ -213,5 +223,5 @@ def check_compiled_loss(compiled: Callable[..., Any], *args, eager: Callable[...
             )
     owner = type(eager).__name__ if isinstance(eager, nn.Module) else getattr(eager, "__name__", "loss")
     out = compiled(*args, **kwargs)
-    compare_with_eager(owner, out, eager, args, kwargs)
+    compare_with_eager(owner, out, eager, args, kwargs, compiled=compiled)
     return out
