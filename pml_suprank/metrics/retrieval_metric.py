@@ -48,6 +48,41 @@ def _gather_rows(tensor: Tensor, group: Any) -> Tensor:
     return torch.cat([p[:n] for p, n in zip(parts, sizes, strict=True)])
 
 
+def check_update(
+    embeddings: Tensor,
+    labels: Tensor,
+    indices: Tensor | None,
+    seen_embeddings: list[Tensor],
+    seen_labels: list[Tensor],
+    seen_indices: list[Tensor],
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """One ``update`` batch checked against the batches kept so far (``seen_*``, possibly empty): ``(embeddings
+    (B, D), labels (B,) or (B, L), indices (B,) long or None)``, validated; width, label shape and the use of
+    ``indices`` must agree with the earlier updates (``ValueError`` / ``TypeError`` naming the argument)."""
+    embeddings = check_embeddings("embeddings", embeddings)
+    labels = check_labels("labels", labels, embeddings.shape[0])
+    if seen_embeddings:
+        first_e, first_l = seen_embeddings[0], seen_labels[0]
+        if embeddings.shape[1] != first_e.shape[1]:
+            raise ValueError(
+                f"embeddings must have width {first_e.shape[1]} like the earlier updates; got {embeddings.shape[1]}"
+            )
+        if labels.shape[1:] != first_l.shape[1:]:
+            raise ValueError(
+                f"labels must have shape (B, *{tuple(first_l.shape[1:])}) like the earlier updates; got "
+                f"{tuple(labels.shape)}"
+            )
+        if (indices is None) != (not seen_indices):
+            raise ValueError("indices must be given in every update or in none")
+    if indices is not None:
+        if not isinstance(indices, Tensor) or indices.dtype.is_floating_point or indices.dtype == torch.bool:
+            raise TypeError(f"indices must be an integer Tensor of shape (B,); got {indices!r:.80}")
+        if tuple(indices.shape) != (embeddings.shape[0],):
+            raise ValueError(f"indices must have shape ({embeddings.shape[0]},); got {tuple(indices.shape)}")
+        indices = indices.detach().long()
+    return embeddings, labels, indices
+
+
 class RetrievalMetric:
     """Streaming exact retrieval metrics (AP, mAP@R, R@k, H-AP, NDCG, ASI, per-level AP, ...).
 
@@ -105,27 +140,10 @@ class RetrievalMetric:
         The tensors are detached and kept on their device. Width, label shape and the use of ``indices`` must agree
         with the earlier updates.
         """
-        embeddings = check_embeddings("embeddings", embeddings)
-        labels = check_labels("labels", labels, embeddings.shape[0])
-        if self._embeddings:
-            first_e, first_l = self._embeddings[0], self._labels[0]
-            if embeddings.shape[1] != first_e.shape[1]:
-                raise ValueError(
-                    f"embeddings must have width {first_e.shape[1]} like the earlier updates; got {embeddings.shape[1]}"
-                )
-            if labels.shape[1:] != first_l.shape[1:]:
-                raise ValueError(
-                    f"labels must have shape (B, *{tuple(first_l.shape[1:])}) like the earlier updates; got "
-                    f"{tuple(labels.shape)}"
-                )
-            if (indices is None) != (not self._indices):
-                raise ValueError("indices must be given in every update or in none")
+        embeddings, labels, indices = check_update(embeddings, labels, indices, self._embeddings, self._labels,
+                                                   self._indices)  # fmt: skip
         if indices is not None:
-            if not isinstance(indices, Tensor) or indices.dtype.is_floating_point or indices.dtype == torch.bool:
-                raise TypeError(f"indices must be an integer Tensor of shape (B,); got {indices!r:.80}")
-            if tuple(indices.shape) != (embeddings.shape[0],):
-                raise ValueError(f"indices must have shape ({embeddings.shape[0]},); got {tuple(indices.shape)}")
-            self._indices.append(indices.detach().long())
+            self._indices.append(indices)
         self._embeddings.append(embeddings.detach())
         self._labels.append(labels.detach().long())
 

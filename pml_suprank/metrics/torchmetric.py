@@ -18,8 +18,8 @@ from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
-from .._validation import check_embeddings, check_labels
 from .evaluator import RetrievalEvaluator
+from .retrieval_metric import check_update
 
 __all__ = ["RetrievalTorchMetric"]
 
@@ -63,27 +63,10 @@ class RetrievalTorchMetric(Metric):
     def update(self, embeddings: Tensor, labels: Tensor, indices: Tensor | None = None) -> None:
         """Add ``embeddings (B, D)``, ``labels (B,)`` or ``(B, L)`` and optional dataset ``indices (B,)`` (then in
         every update)."""
-        embeddings = check_embeddings("embeddings", embeddings)
-        labels = check_labels("labels", labels, embeddings.shape[0])
-        if self.embeddings:
-            if embeddings.shape[1] != self.embeddings[0].shape[1]:
-                raise ValueError(
-                    f"embeddings must have width {self.embeddings[0].shape[1]} like the earlier updates; "
-                    f"got {embeddings.shape[1]}"
-                )
-            if labels.shape[1:] != self.labels[0].shape[1:]:
-                raise ValueError(
-                    f"labels must have shape (B, *{tuple(self.labels[0].shape[1:])}) like the earlier updates; "
-                    f"got {tuple(labels.shape)}"
-                )
-            if (indices is None) != (not self.indices):
-                raise ValueError("indices must be given in every update or in none")
+        embeddings, labels, indices = check_update(embeddings, labels, indices, self.embeddings, self.labels,
+                                                   self.indices)  # fmt: skip
         if indices is not None:
-            if not isinstance(indices, Tensor) or indices.dtype.is_floating_point or indices.dtype == torch.bool:
-                raise TypeError(f"indices must be an integer Tensor of shape (B,); got {indices!r:.80}")
-            if tuple(indices.shape) != (embeddings.shape[0],):
-                raise ValueError(f"indices must have shape ({embeddings.shape[0]},); got {tuple(indices.shape)}")
-            self.indices.append(indices.detach().long())
+            self.indices.append(indices)
         self.embeddings.append(embeddings.detach())
         self.labels.append(labels.detach().long())
 
