@@ -14,6 +14,7 @@ import zipfile
 from pathlib import Path
 
 SCRIPTS = {
+    "pml-suprank-train": "train",
     "pml-suprank-train-happier": "train_happier",
     "pml-suprank-train-roadmap": "train_roadmap",
     "pml-suprank-evaluate": "evaluate",
