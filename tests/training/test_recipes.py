@@ -138,10 +138,16 @@ def test_evaluate_recipe_on_the_final_folder(happier_run, tmp_path):
 
 @pytest.mark.slow
 def test_train_roadmap_few_steps_proxies_bf16(tmp_path):
-    # ROADMAP with the ClusterLoss proxies (own optimizer group) under bf16 autocast on the CPU
+    # ROADMAP with the ClusterLoss proxies (own optimizer group) under bf16 autocast on the CPU. test_vit (no
+    # convolution): on torch 2.14.1's CPU, the bf16 weight gradient of one test_resnet convolution comes out
+    # non-finite in about a third of the runs, at step 0, the same on earlier mains and single-threaded
     proc = _recipe(
         "train_roadmap.py",
         tmp_path,
+        "--backbone",
+        "test_vit",
+        "--backbone_kwargs",
+        '{"img_size": 16}',
         "--max_train_steps",
         "2",
         "--no_plots",

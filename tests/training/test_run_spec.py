@@ -77,13 +77,18 @@ def counted(monkeypatch):
 # ------------------------------------------------------------------------------------------------------------------
 # the registry
 # ------------------------------------------------------------------------------------------------------------------
+def _package_losses(**kwargs):
+    """The registered losses the package itself defines (a docs example run in this process may add its own)."""
+    return {n for n, e in losses.registered_losses(**kwargs).items() if e.cls.__module__.startswith("pml_suprank.")}
+
+
 def test_the_recipe_losses_are_registered_with_their_properties():
     registered = losses.registered_losses()
-    assert set(registered) == {
+    assert _package_losses() == {
         "HAPPIER", "ROADMAP", "ROD-NDCG", "Smooth-AP", "SupAP", "Sup-R@k", "ROD-R@k", "Sup-H-AP", "Sup-NDCG", "CSL"
     }  # fmt: skip
-    assert set(losses.registered_losses(hierarchical=True)) == {"HAPPIER", "ROD-NDCG", "Sup-H-AP", "Sup-NDCG", "CSL"}
-    assert set(losses.registered_losses(multilabel=True)) == {"HAPPIER", "Sup-H-AP", "Sup-NDCG"}
+    assert _package_losses(hierarchical=True) == {"HAPPIER", "ROD-NDCG", "Sup-H-AP", "Sup-NDCG", "CSL"}
+    assert _package_losses(multilabel=True) == {"HAPPIER", "Sup-H-AP", "Sup-NDCG"}
     for name, cls in [("Smooth-AP", losses.SmoothAPLoss), ("SupAP", losses.SupAPLoss), ("CSL", losses.CSLLoss),
                       ("Sup-R@k", losses.SupRecallLoss), ("ROD-R@k", losses.RODRecallLoss),
                       ("Sup-H-AP", losses.SupHAPLoss), ("Sup-NDCG", losses.SupNDCGLoss)]:  # fmt: skip
