@@ -217,24 +217,9 @@ def markdown_table(summary: dict, chosen: dict[str, dict]) -> str:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    names = list(candidates())
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
-    parser.add_argument("--data_root", default=str(REPO_ROOT.parent / "shared" / "data" / "omniglot_small"),
-                        help="folder with the Omniglot images_background*.zip archives")  # fmt: skip
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="test runs per loss")
-    parser.add_argument("--steps", type=int, default=200, help="optimizer steps per run (every loss, every run)")
-    parser.add_argument("--losses", nargs="+", default=names, choices=names, help="losses compared")
+    parser = RHR.benchmark_parser(__doc__.split("\n\n")[0], list(candidates()), 200, "outputs/compare_losses")
     parser.add_argument("--select", default="h_ap", choices=[k for k, _ in METRICS], help="validation metric")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument("--output_dir", default="outputs/compare_losses", help="results.json goes here")
-    args = parser.parse_args(argv)
-    if args.steps < 1:
-        parser.error(f"--steps must be >= 1; got {args.steps}")
-    if args.threads < 1:
-        parser.error(f"--threads must be >= 1; got {args.threads}")
-    return args
+    return RHR.checked_args(parser, argv)
 
 
 def main(argv: Sequence[str] | None = None) -> dict:

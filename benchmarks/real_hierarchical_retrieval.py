@@ -336,23 +336,32 @@ def markdown_table(summary: dict[str, dict[str, tuple[float, float]]]) -> str:
     return "\n".join(lines)
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
+def benchmark_parser(description: str, losses: Sequence[str], steps: int, output_dir: str) -> argparse.ArgumentParser:
+    """The options every Omniglot benchmark script shares (data, seeds, steps, losses, threads, output folder)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--data_root", default=str(REPO_ROOT.parent / "shared" / "data" / "omniglot_small"),
                         help="folder with the Omniglot images_background*.zip archives")  # fmt: skip
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one run per seed and loss")
-    parser.add_argument("--steps", type=int, default=400, help="optimizer steps per run (same for every loss)")
-    parser.add_argument("--losses", nargs="+", default=list(LOSSES), choices=list(LOSSES), help="losses to train")
+    parser.add_argument("--steps", type=int, default=steps, help="optimizer steps per run (same for every loss)")
+    parser.add_argument("--losses", nargs="+", default=list(losses), choices=list(losses), help="losses to train")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument("--output_dir", default="outputs/real_hierarchical_retrieval", help="results.json goes here")
+    parser.add_argument("--output_dir", default=output_dir, help="results.json goes here")
+    return parser
+
+
+def checked_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """``parser.parse_args(argv)`` with ``--steps`` and ``--threads`` checked (>= 1)."""
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error(f"--steps must be >= 1; got {args.steps}")
     if args.threads < 1:
         parser.error(f"--threads must be >= 1; got {args.threads}")
     return args
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = benchmark_parser(__doc__.split("\n\n")[0], list(LOSSES), 400, "outputs/real_hierarchical_retrieval")
+    return checked_args(parser, argv)
 
 
 def main(argv: Sequence[str] | None = None) -> dict:

@@ -106,6 +106,19 @@ def _count_row(row, r, n, num_bins, out_row):  # pragma: no cover - compiled
         out_row[k] = acc
 
 
+@numba.njit(nogil=True)
+def _decode_keys(keys_row, n):  # pragma: no cover - compiled
+    """The float32 scores ``(n + 1,)`` of the first ``n`` sorted pessimistic keys ``-m(r)·64 + level`` of a row, then
+    a ``-inf`` sentinel (``m``: the order-preserving int32 image of the float bits, an involution)."""
+    bits = np.empty(n + 1, np.int32)
+    for k in range(n):
+        m = -(keys_row[k] >> 6)
+        bits[k] = np.int32(m ^ ((m >> 31) & 0x7FFFFFFF))
+    r = bits.view(np.float32)
+    r[n] = -np.inf
+    return r
+
+
 @numba.njit(parallel=True, nogil=True)
 def _count_rows(neg, rs, n_rel, num_bins, out):  # pragma: no cover - compiled
     """``out[c, k] = #{j : neg[c, j] >= rs[c, k]}`` for ``k < n_rel[c]`` (0 elsewhere).
@@ -131,13 +144,7 @@ def _count_rows_keys(neg, keys, n_rel, num_bins, out):  # pragma: no cover - com
         out[c, :] = 0
         n = n_rel[c]
         if n > 0:
-            bits = np.empty(n + 1, np.int32)
-            for k in range(n):
-                m = -(keys[c, k] >> 6)  # the order-preserving int32 image m(r), an involution of the float bits
-                bits[k] = np.int32(m ^ ((m >> 31) & 0x7FFFFFFF))
-            r = bits.view(np.float32)
-            r[n] = -np.inf
-            _count_row(neg[c], r, n, num_bins, out[c])
+            _count_row(neg[c], _decode_keys(keys[c], n), n, num_bins, out[c])
 
 
 def count_negatives_compiled(neg_scores: Tensor, rs: Tensor, n_rel: Tensor, num_bins: int | None = None) -> Tensor:
@@ -235,12 +242,7 @@ def _block_positions(scores, keys, a1, b1, self_col, num_bins, levels, positions
             positions[c, t] = 0
         if n == 0:
             continue
-        bits = np.empty(n + 1, np.int32)
-        for k in range(n):
-            m = -(keys[c, k] >> 6)  # the order-preserving int32 image m(r), an involution of the float bits
-            bits[k] = np.int32(m ^ ((m >> 31) & 0x7FFFFFFF))
-        r = bits.view(np.float32)
-        r[n] = -np.inf
+        r = _decode_keys(keys[c], n)
         neg_ge = np.empty(n, np.int64)
         _count_row(row, r, n, num_bins, neg_ge)
         for k in range(n):
