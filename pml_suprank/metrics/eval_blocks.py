@@ -128,11 +128,14 @@ def block_counts(starts: Tensor, ends: Tensor, has_self: Tensor, N: int) -> Tens
 
 #: work memory of one chunk on the CPU (the score block and the per-slot arrays stay in the large caches)
 CPU_CHUNK_BYTES = 2**25
-#: bytes of work memory per score entry and per relevant slot (per level) of one query, on the CPU (the compiled
-#: kernels read the score block in place) and on accelerators (the sync-free dense search keeps int64 search keys
-#: and slots for every entry)
+#: bytes of work memory per score entry and per relevant slot (per level) of one query, on the CPU (the score block
+#: is read in place) and on accelerators (the sync-free dense search keeps int64 search keys and slots for every
+#: entry); the metrics' torch prefix sums take two float64 arrays per level and slot
 _ENTRY_BYTES = {"cpu": 4, "accelerator": 32}
 _SLOT_BYTES = {"cpu": 48, "accelerator": 96}
+#: bytes per relevant slot when the compiled CPU kernels rank the chunk (an int64 key, level and position, at any
+#: number of levels: the metrics are summed per row, without a per-slot array)
+_COMPILED_SLOT_BYTES = 24
 
 
 def chunk_rows(n_ref: int, n_slots: int, device: torch.device, levels: int = 2) -> int:
@@ -141,10 +144,14 @@ def chunk_rows(n_ref: int, n_slots: int, device: torch.device, levels: int = 2) 
     On the CPU the budget is :data:`CPU_CHUNK_BYTES` (a few hundred queries at SOP scale: the score block is read
     while it is still cached). On an accelerator it is a quarter of the free memory
     (``torch.cuda.mem_get_info``), between 256 MiB and 16 GiB: few large chunks, hence few kernel launches.
-    Each query costs ``n_ref`` score entries plus ``n_slots`` relevant slots (times the number of levels).
+    Each query costs ``n_ref`` score entries plus ``n_slots`` relevant slots (times the number of levels, except
+    with the compiled CPU kernels).
     """
     kind = "cpu" if device.type == "cpu" else "accelerator"
-    per_row = n_ref * _ENTRY_BYTES[kind] + n_slots * _SLOT_BYTES[kind] * max(levels, 1) + 1
+    slot_bytes = _SLOT_BYTES[kind] * max(levels, 1)
+    if kind == "cpu" and _compiled_available():
+        slot_bytes = _COMPILED_SLOT_BYTES
+    per_row = n_ref * _ENTRY_BYTES[kind] + n_slots * slot_bytes + 1
     budget = CPU_CHUNK_BYTES
     if device.type == "cuda" and torch.cuda.is_available():
         free, _ = torch.cuda.mem_get_info(device)

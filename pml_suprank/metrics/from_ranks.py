@@ -21,6 +21,8 @@ References:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 from torch import Tensor
 
@@ -43,6 +45,10 @@ __all__ = [
     "true_recall_at_k_from_ranks",
     "weighted_sum_ap_from_ranks",
 ]
+
+
+#: the threshold of :class:`RankStats` covering the whole ranking
+ALL = ("all",)
 
 
 def _f64(x: Tensor) -> Tensor:
@@ -71,48 +77,116 @@ class RankStats:
     """Prefix sums of one :class:`RetrievalRanks` shared by every metric (computed on first use, then cached).
 
     Because the positions increase along the ranked slots, every "within the first ``t`` positions" quantity is a
-    gather at ``upto(t)`` slots of an inclusive prefix sum. With ``A_m(k)`` the number of items of level ``>= m``
-    ranked at or before slot ``k`` (``cum_ge(m)``) and ``rank⁺/rank`` the precision at a positive, the binary
-    metrics at threshold ``m`` are single gathers of ``cum_ge(m)`` and ``cum_precision(m)``, and H-AP reuses the
-    ``cum_ge`` of every level. The cached arrays are never modified in place.
+    prefix sum read at the last slot of position ``<= t``. With ``A_m(k)`` the number of items of level ``>= m``
+    ranked at or before slot ``k`` (:meth:`cum_ge`) and ``rank⁺/rank`` the precision at a positive, the binary
+    metrics at threshold ``m`` read :meth:`count_at` (``A_m``) and :meth:`precision_sum_at` (``Σ rank⁺/rank``) at
+    one threshold: :data:`ALL` (the whole ranking), ``("k", k)`` (the top ``k``) or ``("r", m')`` (the first ``R``
+    positions, ``R`` = the number of items of level ``>= m'``); H-AP and NDCG read the per-level sums
+    :meth:`level_sums` and :meth:`level_discounts`.
+
+    On the CPU with numba (int64 levels and positions) one compiled walk per row computes those values at every
+    threshold named in ``k_values`` plus :data:`ALL` and every ``R`` at once, without writing a ``(Q, P)`` array
+    (:func:`~pml_suprank.metrics._compiled_rank_sums.rank_sums_compiled`; a threshold not named beforehand costs
+    one more walk); elsewhere the ``(Q, P)`` prefix sums are built with torch and gathered. Both perform the same
+    float64 operations in the same order (bitwise equal values). The cached arrays are never modified in place.
+
+    Args:
+        ranks: the ranked relevant items of a chunk of queries.
+        k_values: the cutoffs the top-k metrics will ask for (speed only).
 
     Attributes:
         levels: ``(C, P)`` int64 levels in ranked order, ``0`` on padding (one padding slot when ``P == 0``).
         positions: ``(C, P)`` int64 1-based positions, ``0`` on padding.
         counts: ``(C, L + 1)`` int64 items per level in the gallery.
         num_levels: ``L``.
-        position: ``(C, P)`` float64 positions, ``inf`` on padding (non-decreasing along the slots).
-        inv_position: ``(C, P)`` float64 ``1 / position``, ``0`` on padding.
     """
 
-    def __init__(self, ranks: RetrievalRanks) -> None:
+    def __init__(self, ranks: RetrievalRanks, k_values: Iterable[int] = ()) -> None:
         lv, positions = ranks.levels, ranks.positions
         C, P = lv.shape
         if P == 0:  # one padding slot keeps every gather well defined
             lv = torch.zeros(C, 1, dtype=lv.dtype, device=lv.device)
             positions = torch.zeros_like(lv)
         self.levels, self.positions, self.counts, self.num_levels = lv, positions, ranks.counts, ranks.num_levels
-        self.valid = lv > 0
-        self._ge: dict[int, Tensor] = {1: self.valid}
+        self._ge: dict[int, Tensor] = {}
         self._cum_ge: dict[int, Tensor] = {}
         self._cprec: dict[int, Tensor] = {}
         self._upto: dict[tuple[str, int], Tensor] = {}
+        self._points: dict[tuple, tuple[Tensor, Tensor]] = {}
+        self._n_pos: dict[int, Tensor] = {}
         self._level_sums: Tensor | None = None
         self._level_disc: Tensor | None = None
-        if _compiled_prefix_sums(lv, positions):  # CPU: every shared sum in one compiled pass
-            from ._compiled_counts import prefix_sums_compiled
+        self._position: Tensor | None = None
+        self._inv_position: Tensor | None = None
+        self._compiled = _compiled_prefix_sums(lv, positions)
+        self._named = (ALL, *(("r", m) for m in range(1, self.num_levels + 1)), *(("k", int(k)) for k in k_values))
 
-            out = prefix_sums_compiled(lv, positions, self.num_levels)
-            self.position, self.inv_position, cum_ge, cum_prec, self._level_sums, self._level_disc = out
-            for m in range(1, self.num_levels + 1):
-                self._cum_ge[m], self._cprec[m] = cum_ge[m - 1], cum_prec[m - 1]
-            return
-        self.position = _f64(positions).masked_fill_(~self.valid, float("inf"))
-        self.inv_position = self.position.reciprocal()
+    @property
+    def valid(self) -> Tensor:
+        """``(C, P)`` bool: the slot holds a relevant item (level ``>= 1``)."""
+        return self.ge(1)
+
+    @property
+    def position(self) -> Tensor:
+        """``(C, P)`` float64 positions, ``inf`` on padding (non-decreasing along the slots)."""
+        if self._position is None:
+            self._position = _f64(self.positions).masked_fill_(~self.valid, float("inf"))
+        return self._position
+
+    @property
+    def inv_position(self) -> Tensor:
+        """``(C, P)`` float64 ``1 / position``, ``0`` on padding."""
+        if self._inv_position is None:
+            self._inv_position = self.position.reciprocal()
+        return self._inv_position
+
+    def count_at(self, m: int, at: tuple) -> Tensor:
+        """``(C,)`` float64 ``A_m`` at the threshold ``at``: items of level ``>= m`` within it (see the class)."""
+        if self._compiled:
+            return self._walk(at)[0][m - 1]
+        return self.cum_ge(m)[:, -1] if at == ALL else _at(self.cum_ge(m), self._upto_key(at))
+
+    def precision_sum_at(self, m: int, at: tuple) -> Tensor:
+        """``(C,)`` float64 ``Σ rank⁺(k) / rank(k)`` over the positives (level ``>= m``) within the threshold
+        ``at``."""
+        if self._compiled:
+            return self._walk(at)[1][m - 1]
+        return self.cum_precision(m)[:, -1] if at == ALL else _at(self.cum_precision(m), self._upto_key(at))
+
+    def _upto_key(self, at: tuple) -> Tensor:
+        return self.upto_k(at[1]) if at[0] == "k" else self.upto_r(at[1])
+
+    def _walk(self, at: tuple) -> tuple[Tensor, Tensor]:
+        """``(L, C)`` counts and precision sums at ``at`` from the compiled walk, which also fills the thresholds
+        named at construction and the per-level sums."""
+        if at not in self._points:
+            from ._compiled_rank_sums import rank_sums_compiled
+
+            keys = [at, *(key for key in self._named if key not in self._points and key != at)]
+            thresholds = torch.stack([self._threshold(key) for key in keys], 1)
+            ge_at, prec_at, level_sums, level_disc = rank_sums_compiled(
+                self.levels, self.positions, thresholds, self.num_levels
+            )
+            for i, key in enumerate(keys):
+                self._points[key] = (ge_at[:, :, i], prec_at[:, :, i])
+            if self._level_sums is None:
+                self._level_sums, self._level_disc = level_sums, level_disc
+        return self._points[at]
+
+    def _threshold(self, at: tuple) -> Tensor:
+        """``(C,)`` int64 position of the threshold ``at`` (the whole ranking: larger than every position)."""
+        C = self.levels.shape[0]
+        if at == ALL:
+            return torch.full((C,), 2**62, dtype=torch.int64)
+        if at[0] == "k":
+            return torch.full((C,), at[1], dtype=torch.int64)
+        return self.n_pos(at[1]).to(torch.int64)
 
     def n_pos(self, m: int) -> Tensor:
         """``(C,)`` int64 number of gallery items at level ``>= m``."""
-        return self.counts[:, m:].sum(1)
+        if m not in self._n_pos:
+            self._n_pos[m] = self.counts[:, m:].sum(1)
+        return self._n_pos[m]
 
     def ge(self, m: int) -> Tensor:
         """``(C, P)`` bool: the slot holds an item of level ``>= m``."""
@@ -138,17 +212,22 @@ class RankStats:
     def level_sums(self) -> Tensor:
         """``(C, L, L)`` float64 ``[c, λ - 1, l - 1] = Σ_{k: level λ} A_l(k) / rank(k)`` over the slots of level
         exactly ``λ`` (H-AP groups its per-slot terms by level with these)."""
+        if self._compiled:
+            self._walk(ALL)
         if self._level_sums is None:
             L = self.num_levels
+            inv_position = self.inv_position
             rows = []
             for lam in range(1, L + 1):
-                w = self.inv_position * (self.levels == lam)
+                w = inv_position * (self.levels == lam)
                 rows.append(torch.stack([(self.cum_ge(m) * w).sum(1) for m in range(1, L + 1)], 1))
             self._level_sums = torch.stack(rows, 1)
         return self._level_sums
 
     def level_discounts(self) -> Tensor:
         """``(C, L)`` float64 ``[c, λ - 1] = Σ_{k: level λ} 1 / log2(1 + rank(k))`` (NDCG's discounts by level)."""
+        if self._compiled:
+            self._walk(ALL)
         if self._level_disc is None:
             disc = torch.add(self.position, 1.0).log2_().reciprocal_()  # 0 on padding (position inf)
             L = self.num_levels
@@ -156,8 +235,8 @@ class RankStats:
         return self._level_disc
 
     def level_slots(self) -> Tensor:
-        """``(C, L)`` float64 number of slots of level exactly ``λ = 1..L`` (from the last column of ``cum_ge``)."""
-        ge = torch.stack([self.cum_ge(m)[:, -1] for m in range(1, self.num_levels + 1)], 1)
+        """``(C, L)`` float64 number of slots of level exactly ``λ = 1..L``."""
+        ge = torch.stack([self.count_at(m, ALL) for m in range(1, self.num_levels + 1)], 1)
         return ge - torch.cat([ge[:, 1:], torch.zeros_like(ge[:, :1])], 1)
 
     def upto_k(self, k: int) -> Tensor:
@@ -185,23 +264,23 @@ class RankStats:
 def average_precision_(st: RankStats, m: int) -> Tensor:
     """AP ``= (1/|Ω⁺|) Σ_{k∈Ω⁺} rank⁺(k) / rank(k)``, positives at level ``>= m``."""
     n = st.n_pos(m)
-    return _nan_where_empty(st.cum_precision(m)[:, -1] / _f64(n).clamp_min(1), n)
+    return _nan_where_empty(st.precision_sum_at(m, ALL) / _f64(n).clamp_min(1), n)
 
 
 def map_at_r_(st: RankStats, m: int) -> Tensor:
     """mAP@R: precisions at the positives within the first ``R = |Ω⁺|`` positions, divided by ``R``."""
     n = st.n_pos(m)
-    return _nan_where_empty(_at(st.cum_precision(m), st.upto_r(m)) / _f64(n).clamp_min(1), n)
+    return _nan_where_empty(st.precision_sum_at(m, ("r", m)) / _f64(n).clamp_min(1), n)
 
 
 def r_precision_(st: RankStats, m: int) -> Tensor:
     """R-precision: positives within the first ``R = |Ω⁺|`` positions, divided by ``R``."""
     n = st.n_pos(m)
-    return _nan_where_empty(_at(st.cum_ge(m), st.upto_r(m)) / _f64(n).clamp_min(1), n)
+    return _nan_where_empty(st.count_at(m, ("r", m)) / _f64(n).clamp_min(1), n)
 
 
 def _hits(st: RankStats, m: int, k: int) -> Tensor:
-    return _at(st.cum_ge(m), st.upto_k(k))
+    return st.count_at(m, ("k", k))
 
 
 def recall_at_k_(st: RankStats, m: int, k: int) -> Tensor:
@@ -225,7 +304,7 @@ def true_recall_at_k_(st: RankStats, m: int, k: int) -> Tensor:
 def map_at_k_(st: RankStats, m: int, k: int) -> Tensor:
     """mAP@k: precisions at the positives within the top ``k``, divided by ``min(|Ω⁺|, k)``."""
     n = st.n_pos(m)
-    return _nan_where_empty(_at(st.cum_precision(m), st.upto_k(k)) / _f64(n).clamp(1, k), n)
+    return _nan_where_empty(st.precision_sum_at(m, ("k", k)) / _f64(n).clamp(1, k), n)
 
 
 def hierarchical_ap_(st: RankStats, table: Tensor) -> Tensor:
@@ -317,7 +396,7 @@ def weighted_sum_ap_(st: RankStats, weights: Tensor) -> Tensor:
         n = st.n_pos(m)
         has = n > 0
         num += torch.where(
-            has, weights[m - 1] * st.cum_precision(m)[:, -1] / _f64(n).clamp_min(1), torch.zeros_like(num)
+            has, weights[m - 1] * st.precision_sum_at(m, ALL) / _f64(n).clamp_min(1), torch.zeros_like(num)
         )
         den += torch.where(has, weights[m - 1], torch.zeros_like(den))
     return _nan_where_empty(num / torch.where(den > 0, den, torch.ones_like(den)), den)

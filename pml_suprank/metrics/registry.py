@@ -247,7 +247,8 @@ def metrics_from_ranks(
         ``{key: (Q,) float64}`` with the evaluator's key names (NaN where undefined).
     """
     groups = set(check_groups(groups))
-    stats = R.RankStats(ranks)
+    k_values = tuple(k_values)
+    stats = R.RankStats(ranks, k_values=(1, *k_values))
     out: dict[str, Tensor] = {}
     for key, spec, m, k in _plan(ranks.num_levels, k_values, groups):
         if key not in out:  # e.g. "precision_at_1" of both precision_at_1 and precision_at_k

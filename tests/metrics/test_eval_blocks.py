@@ -16,6 +16,7 @@ from pml_suprank.metrics import RetrievalEvaluator
 from pml_suprank.metrics import eval_blocks as EV
 from pml_suprank.metrics import ranks as R
 from pml_suprank.metrics.ranks import retrieval_ranks
+from pml_suprank.metrics.registry import METRICS, metrics_from_ranks
 from pml_suprank.relevance import level_matrix
 
 needs_numba = pytest.mark.skipif(not R._compiled_available(), reason="no numba")
@@ -93,8 +94,9 @@ def test_fused_ranks_with_a_separate_gallery_that_contains_the_queries():
         assert torch.allclose(a["per_query"][key], b["per_query"][key], rtol=0, atol=1e-13, equal_nan=True), key
 
 
-def _stats_pair(monkeypatch, ranks):
-    compiled = FR.RankStats(ranks)
+def _stats_pair(monkeypatch, ranks, k_values=()):
+    compiled = FR.RankStats(ranks, k_values=k_values)
+    assert compiled._compiled
     monkeypatch.setattr(FR, "_compiled_prefix_sums", lambda *a: False)
     reference = FR.RankStats(ranks)
     monkeypatch.undo()
@@ -109,18 +111,36 @@ def test_compiled_rank_stats_equal_the_torch_prefix_sums(monkeypatch, L):
     levels = torch.randint(0, L + 1, (30, 150), generator=g) * (torch.rand(30, 150, generator=g) < 0.4)
     levels[0] = 0  # a query without relevant items
     ranks = retrieval_ranks(scores, levels, torch.rand(30, 150, generator=g) > 0.1, num_levels=L)
-    fast, ref = _stats_pair(monkeypatch, ranks)
-    assert torch.equal(fast.position, ref.position) and torch.equal(fast.inv_position, ref.inv_position)
+    fast, ref = _stats_pair(monkeypatch, ranks, k_values=(1, 4))
+    # thresholds named at construction, others (one more walk each), R of every level and the whole ranking
+    thresholds = [FR.ALL, *(("r", m) for m in range(1, L + 1)), *(("k", k) for k in (1, 3, 4, 10, 149, 150, 10**6))]
     for m in range(1, L + 1):  # bitwise: same operations in the same order
-        assert torch.equal(fast.cum_ge(m), ref.cum_ge(m)), m
-        assert torch.equal(fast.cum_precision(m), ref.cum_precision(m)), m
+        for at in thresholds:
+            assert torch.equal(fast.count_at(m, at), ref.count_at(m, at)), (m, at)
+            assert torch.equal(fast.precision_sum_at(m, at), ref.precision_sum_at(m, at)), (m, at)
+        # the full prefix sums stay available (torch) and end at the whole-ranking values
+        assert torch.equal(fast.cum_precision(m)[:, -1], fast.precision_sum_at(m, FR.ALL))
     assert torch.allclose(fast.level_sums(), ref.level_sums(), rtol=1e-14, atol=0)
     assert torch.allclose(fast.level_discounts(), ref.level_discounts(), rtol=1e-14, atol=0)
+    assert torch.equal(fast.level_slots(), ref.level_slots())
     table = FR.pop_relevance_table(ref, 1.0)
     for metric in (lambda st: FR.hierarchical_ap_(st, table), FR.ndcg_, FR.asi_):
         a, b = metric(fast), metric(ref)
         assert torch.equal(a.isnan(), b.isnan()) and bool(a.isnan()[0])
         assert torch.allclose(a.nan_to_num(), b.nan_to_num(), rtol=0, atol=1e-14)
+
+
+@needs_numba
+def test_compiled_rank_stats_write_no_slot_arrays(monkeypatch):
+    """The compiled path answers every metric from per-row values: no (Q, P) float64 prefix sum is built."""
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(20, 300, generator=g)
+    levels = torch.randint(0, 3, (20, 300), generator=g)
+    ranks = retrieval_ranks(scores, levels, torch.ones(20, 300, dtype=torch.bool), num_levels=2)
+    built = []
+    monkeypatch.setattr(FR.RankStats, "cum_ge", lambda self, m: built.append(m))
+    out = metrics_from_ranks(ranks, k_values=(1, 5), groups=tuple(METRICS))
+    assert not built and set(out) >= {"ap", "map_at_r", "recall_at_5", "h_ap", "ndcg", "asi", "sum_w_ap"}
 
 
 def test_h_ap_ndcg_asi_by_hand():
@@ -138,8 +158,9 @@ def test_h_ap_ndcg_asi_by_hand():
     assert math.isclose(float(FR.asi_from_ranks(ranks)), (1 + 1 / 2 + 2 / 3) / 3, rel_tol=1e-15)
 
 
-def test_chunks_are_sized_in_bytes_for_the_device():
+def test_chunks_are_sized_in_bytes_for_the_device(monkeypatch):
     cpu = torch.device("cpu")
+    monkeypatch.setattr(EV, "_compiled_available", lambda: False)  # the torch kernels: slots cost bytes per level
     rows = EV.chunk_rows(60502, 5042, cpu, levels=2)
     per_row = 60502 * EV._ENTRY_BYTES["cpu"] + 5042 * EV._SLOT_BYTES["cpu"] * 2
     assert rows * per_row <= EV.CPU_CHUNK_BYTES + per_row and rows >= 16
@@ -147,6 +168,10 @@ def test_chunks_are_sized_in_bytes_for_the_device():
     assert EV.chunk_rows(10**9, 10**6, cpu) == 16  # never fewer than 16 queries
     assert RetrievalEvaluator()._default_chunk(60502, 5042, "cpu", 2) == rows  # the evaluator uses it
     assert RetrievalEvaluator(chunk_size=5)._default_chunk(60502, 5042, "cpu", 2) == 5
+    # the compiled kernels keep three int64 per slot at any number of levels
+    monkeypatch.setattr(EV, "_compiled_available", lambda: True)
+    assert EV.chunk_rows(10, 2, cpu) == EV.CPU_CHUNK_BYTES // (10 * 4 + 2 * 24 + 1)
+    assert EV.chunk_rows(10, 2, cpu, levels=5) == EV.chunk_rows(10, 2, cpu, levels=2)
 
 
 @needs_numba

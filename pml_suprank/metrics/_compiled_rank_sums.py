@@ -1,0 +1,125 @@
+"""Compiled (numba) sums of the ranked relevant items behind every retrieval metric, for CPU tensors.
+
+:class:`~pml_suprank.metrics.from_ranks.RankStats` asks each metric's value of the prefix sums only at a few
+thresholds (the last slot, the ``k`` of a top-k metric, ``R`` = the number of positives), so on the CPU one walk per
+row computes exactly those values and the per-level sums of H-AP and NDCG, without writing any ``(Q, P)`` array:
+:func:`rank_sums_compiled`. The torch path of :class:`RankStats` (full prefix sums, then gathers) stays the
+implementation on other devices and the reference of the tests; the walk performs the same float64 operations in the
+same order, so both give bitwise equal values.
+
+numba is an optional dependency (``pip install 'pml-suprank[fast]'``): import this module lazily and treat
+``ImportError`` as "not available".
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import torch
+from torch import Tensor
+
+from ._compiled_counts import _threads
+
+__all__ = ["rank_sums_compiled"]
+
+
+@numba.njit(nogil=True)
+def _position_tables(positions):  # pragma: no cover - compiled
+    """``(n + 1,)`` float64 ``1 / p`` and ``1 / log2(1 + p)`` for the positions ``p = 1..n``, ``n`` the largest of
+    ``positions`` (index 0 unused): the walk reads them instead of dividing and taking a logarithm per slot (the
+    same scalar operations, so the same values)."""
+    n = max(positions.max(), 0)
+    inv = np.zeros(n + 1, np.float64)
+    disc = np.zeros(n + 1, np.float64)
+    for p in range(1, n + 1):
+        position = np.float64(p)
+        inv[p] = 1.0 / position
+        disc[p] = 1.0 / np.log2(1.0 + position)
+    return inv, disc
+
+
+@numba.njit(parallel=True, nogil=True)
+def _rank_sums(  # pragma: no cover - compiled
+    levels, positions, thresholds, inv_table, disc_table, ge_at, prec_at, level_sums, level_disc
+):
+    """One walk per row ``c`` over its ranked slots (positions increasing, level ``0``: padding, skipped).
+
+    With ``A_m(k)`` the items of level ``>= m`` ranked at or before slot ``k`` and ``p_k`` its position:
+
+    * ``ge_at[m - 1, c, t]`` = ``A_m`` over the slots with ``p_k <= thresholds[c, t]`` and ``prec_at[m - 1, c, t]``
+      = ``Σ A_m(k) / p_k`` over those slots of level ``>= m`` (running sums, recorded when the walk passes the
+      threshold);
+    * ``level_sums[c, λ - 1, m - 1]`` = ``Σ_{k: level λ} A_m(k) / p_k`` and ``level_disc[c, λ - 1]`` =
+      ``Σ_{k: level λ} 1 / log2(1 + p_k)``.
+
+    ``inv_table`` / ``disc_table``: :func:`_position_tables` of at least the largest position.
+    """
+    C, P = levels.shape
+    L = ge_at.shape[0]
+    T = thresholds.shape[1]
+    for c in numba.prange(C):
+        level_sums[c] = 0.0
+        level_disc[c] = 0.0
+        order = np.argsort(thresholds[c])
+        a = np.zeros(L, np.float64)
+        acc = np.zeros(L, np.float64)
+        j = 0
+        for k in range(P):
+            lv = levels[c, k]
+            if lv <= 0:
+                continue
+            p = positions[c, k]
+            while j < T and thresholds[c, order[j]] < p:
+                for m in range(L):
+                    ge_at[m, c, order[j]] = a[m]
+                    prec_at[m, c, order[j]] = acc[m]
+                j += 1
+            inv = inv_table[p]
+            level_disc[c, lv - 1] += disc_table[p]
+            for m in range(L):
+                if lv > m:
+                    a[m] += 1.0
+                    acc[m] += a[m] * inv
+                level_sums[c, lv - 1, m] += a[m] * inv
+        while j < T:
+            for m in range(L):
+                ge_at[m, c, order[j]] = a[m]
+                prec_at[m, c, order[j]] = acc[m]
+            j += 1
+
+
+def rank_sums_compiled(
+    levels: Tensor, positions: Tensor, thresholds: Tensor, num_levels: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(ge_at, prec_at, level_sums, level_disc)`` of ``(C, P)`` int64 ranked ``levels`` / ``positions`` (CPU).
+
+    Args:
+        levels: ``(C, P)`` int64 levels in ranked order, ``0`` on padding.
+        positions: ``(C, P)`` int64 1-based positions, increasing along the valid slots.
+        thresholds: ``(C, T)`` int64 positions at which the prefix sums are read (``>= P``: the whole row).
+        num_levels: ``L``.
+
+    Returns:
+        ``(L, C, T)``, ``(L, C, T)``, ``(C, L, L)`` and ``(C, L)`` float64 tensors, see :func:`_rank_sums`.
+    """
+    C, P = levels.shape
+    L, T = num_levels, thresholds.shape[1]
+    out = (
+        torch.zeros(L, C, T, dtype=torch.float64),
+        torch.zeros(L, C, T, dtype=torch.float64),
+        torch.zeros(C, L, L, dtype=torch.float64),
+        torch.zeros(C, L, dtype=torch.float64),
+    )
+    if C and P and L:
+        positions = positions.contiguous().numpy()
+        inv_table, disc_table = _position_tables(positions)
+        with _threads():
+            _rank_sums(
+                levels.contiguous().numpy(),
+                positions,
+                thresholds.contiguous().numpy(),
+                inv_table,
+                disc_table,
+                *(t.numpy() for t in out),
+            )
+    return out
