@@ -4,6 +4,7 @@ rules (flat, and per number of hierarchy levels)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -126,3 +127,30 @@ def test_forced_kernels_and_invalid_options():
             choose_kernel("auto", "cuda", 2, 2, levels=bad)
         with pytest.raises(ValueError, match="levels must be a positive int"):
             kernel_costs("cpu", bad)
+
+
+def _doc_number(cell: str) -> float:
+    cell = cell.strip()
+    return float(2 ** int(cell[2:])) if cell.startswith("2^") else float(cell)
+
+
+def test_the_constants_table_of_the_performance_page_is_the_code():
+    """docs/performance.md lists the constants of ``kernel_costs`` row by row: every number is the code's."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "performance.md").read_text()
+    rows = [line.split("|")[1:-1] for line in page.splitlines() if line.startswith(("| CUDA (any", "| CPU |"))]
+    cases = {
+        ("CUDA", "flat"): [("cuda", 1)],
+        ("CUDA", "hierarchical"): [("cuda", 2)],
+        ("CPU", "flat"): [("cpu", 1)],
+        ("CPU", "hierarchical"): [("cpu", 2), ("cpu", 3), ("cpu", 4), ("cpu", 7)],
+    }
+    seen = set()
+    for cells in rows:
+        key = (cells[0].split()[0], "flat" if "flat" in cells[1] else "hierarchical")
+        seen.add(key)
+        for i, (device, levels) in enumerate(cases[key]):
+            expected = kernel_costs(device, levels)
+            # a cell "a / b / c" lists one value per number of levels (the last one for every larger number)
+            got = [_doc_number(c.split("/")[min(i, len(c.split("/")) - 1)]) for c in cells[2:7]]
+            assert got == pytest.approx(list(expected), rel=1e-12, abs=0), (key, levels)
+    assert seen == set(cases)
