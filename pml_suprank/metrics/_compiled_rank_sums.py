@@ -38,9 +38,20 @@ def _position_tables(positions):  # pragma: no cover - compiled
     return inv, disc
 
 
+@numba.njit(inline="always")
+def _asi_term(cnt, n, above, counts_row, L, P):  # pragma: no cover - compiled
+    """``Σ_l min(c_l(n), c*_l(n))`` of ASI for the level counts ``cnt`` ``(L + 1,)`` of the top ``n``; the finest
+    level never exceeds its ideal count (SupRank App. C-A1)."""
+    total = cnt[L]
+    for lvl in range(1, L):
+        ideal = min(max(n - min(above[lvl], P), 0), min(counts_row[lvl], P))
+        total += min(cnt[lvl], ideal)
+    return total
+
+
 @numba.njit(parallel=True, nogil=True)
 def _rank_sums(  # pragma: no cover - compiled
-    levels, positions, thresholds, inv_table, disc_table, ge_at, prec_at, level_sums, level_disc
+    levels, positions, counts, thresholds, inv_table, disc_table, ge_at, prec_at, level_sums, level_disc, asi
 ):
     """One walk per row ``c`` over its ranked slots (positions increasing, level ``0``: padding, skipped).
 
@@ -50,7 +61,11 @@ def _rank_sums(  # pragma: no cover - compiled
       = ``Σ A_m(k) / p_k`` over those slots of level ``>= m`` (running sums, recorded when the walk passes the
       threshold);
     * ``level_sums[c, λ - 1, m - 1]`` = ``Σ_{k: level λ} A_m(k) / p_k`` and ``level_disc[c, λ - 1]`` =
-      ``Σ_{k: level λ} 1 / log2(1 + p_k)``.
+      ``Σ_{k: level λ} 1 / log2(1 + p_k)``;
+    * ``asi[c]`` = ``Σ_{n=1}^{min(N⁺, P)} Σ_l min(c_l(n), c*_l(n)) / n``, ASI before the division by ``N⁺``
+      (``counts`` ``(C, L + 1)``: the gallery's items per level; see
+      :func:`pml_suprank.metrics.from_ranks.asi_`): the level counts ``c_l`` of the top ``n`` only change at a
+      relevant item, so the walk sums the ``n`` between two of them with the counts of the first.
 
     ``inv_table`` / ``disc_table``: :func:`_position_tables` of at least the largest position.
     """
@@ -64,6 +79,17 @@ def _rank_sums(  # pragma: no cover - compiled
         a = np.zeros(L, np.float64)
         acc = np.zeros(L, np.float64)
         j = 0
+        # ASI: relevant items of a higher level (first in the ideal order), level counts of the top n
+        n_plus = 0
+        for lvl in range(1, L + 1):
+            n_plus += counts[c, lvl]
+        last_n = min(n_plus, P)
+        above = np.zeros(L + 1, np.int64)
+        for lvl in range(L - 1, 0, -1):
+            above[lvl] = above[lvl + 1] + counts[c, lvl + 1]
+        cnt = np.zeros(L + 1, np.int64)
+        n = 1
+        asi_sum = 0.0
         for k in range(P):
             lv = levels[c, k]
             if lv <= 0:
@@ -74,6 +100,10 @@ def _rank_sums(  # pragma: no cover - compiled
                     ge_at[m, c, order[j]] = a[m]
                     prec_at[m, c, order[j]] = acc[m]
                 j += 1
+            while n < p and n <= last_n:  # the top n before this item
+                asi_sum += np.float64(_asi_term(cnt, n, above, counts[c], L, P)) / np.float64(n)
+                n += 1
+            cnt[lv] += 1
             inv = inv_table[p]
             level_disc[c, lv - 1] += disc_table[p]
             for m in range(L):
@@ -86,21 +116,28 @@ def _rank_sums(  # pragma: no cover - compiled
                 ge_at[m, c, order[j]] = a[m]
                 prec_at[m, c, order[j]] = acc[m]
             j += 1
+        while n <= last_n:
+            asi_sum += np.float64(_asi_term(cnt, n, above, counts[c], L, P)) / np.float64(n)
+            n += 1
+        asi[c] = asi_sum
 
 
 def rank_sums_compiled(
-    levels: Tensor, positions: Tensor, thresholds: Tensor, num_levels: int
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(ge_at, prec_at, level_sums, level_disc)`` of ``(C, P)`` int64 ranked ``levels`` / ``positions`` (CPU).
+    levels: Tensor, positions: Tensor, counts: Tensor, thresholds: Tensor, num_levels: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``(ge_at, prec_at, level_sums, level_disc, asi)`` of ``(C, P)`` int64 ranked ``levels`` / ``positions``
+    (CPU).
 
     Args:
         levels: ``(C, P)`` int64 levels in ranked order, ``0`` on padding.
         positions: ``(C, P)`` int64 1-based positions, increasing along the valid slots.
+        counts: ``(C, L + 1)`` items per level in the gallery.
         thresholds: ``(C, T)`` int64 positions at which the prefix sums are read (``>= P``: the whole row).
         num_levels: ``L``.
 
     Returns:
-        ``(L, C, T)``, ``(L, C, T)``, ``(C, L, L)`` and ``(C, L)`` float64 tensors, see :func:`_rank_sums`.
+        ``(L, C, T)``, ``(L, C, T)``, ``(C, L, L)``, ``(C, L)`` and ``(C,)`` float64 tensors, see
+        :func:`_rank_sums`.
     """
     C, P = levels.shape
     L, T = num_levels, thresholds.shape[1]
@@ -109,6 +146,7 @@ def rank_sums_compiled(
         torch.zeros(L, C, T, dtype=torch.float64),
         torch.zeros(C, L, L, dtype=torch.float64),
         torch.zeros(C, L, dtype=torch.float64),
+        torch.zeros(C, dtype=torch.float64),
     )
     if C and P and L:
         positions = positions.contiguous().numpy()
@@ -117,6 +155,7 @@ def rank_sums_compiled(
             _rank_sums(
                 levels.contiguous().numpy(),
                 positions,
+                counts.to(torch.int64).contiguous().numpy(),
                 thresholds.contiguous().numpy(),
                 inv_table,
                 disc_table,

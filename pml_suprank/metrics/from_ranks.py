@@ -116,6 +116,7 @@ class RankStats:
         self._n_pos: dict[int, Tensor] = {}
         self._level_sums: Tensor | None = None
         self._level_disc: Tensor | None = None
+        self._asi_sums: Tensor | None = None
         self._position: Tensor | None = None
         self._inv_position: Tensor | None = None
         self._compiled = _compiled_prefix_sums(lv, positions)
@@ -164,13 +165,13 @@ class RankStats:
 
             keys = [at, *(key for key in self._named if key not in self._points and key != at)]
             thresholds = torch.stack([self._threshold(key) for key in keys], 1)
-            ge_at, prec_at, level_sums, level_disc = rank_sums_compiled(
-                self.levels, self.positions, thresholds, self.num_levels
+            ge_at, prec_at, level_sums, level_disc, asi = rank_sums_compiled(
+                self.levels, self.positions, self.counts, thresholds, self.num_levels
             )
             for i, key in enumerate(keys):
                 self._points[key] = (ge_at[:, :, i], prec_at[:, :, i])
             if self._level_sums is None:
-                self._level_sums, self._level_disc = level_sums, level_disc
+                self._level_sums, self._level_disc, self._asi_sums = level_sums, level_disc, asi
         return self._points[at]
 
     def _threshold(self, at: tuple) -> Tensor:
@@ -353,10 +354,9 @@ def asi_(st: RankStats) -> Tensor:
     C, P = lv.shape
     device = lv.device
     n_plus = st.n_pos(1)
-    if _compiled_prefix_sums(lv, positions) and counts.dtype == torch.int64:  # CPU: one compiled walk per row
-        from ._compiled_counts import asi_sums_compiled
-
-        return _nan_where_empty(asi_sums_compiled(lv, positions, counts) / n_plus.clamp_min(1), n_plus)
+    if st._compiled:  # CPU: summed by the compiled walk of the other metrics
+        st._walk(ALL)
+        return _nan_where_empty(st._asi_sums / n_plus.clamp_min(1), n_plus)
     inside = st.valid & (positions <= n_plus[:, None])  # only positions <= N⁺ <= P matter
     # level of the relevant item at each position 1..P (positions are distinct; column P collects the rest)
     level_at = torch.zeros(C, P + 1, dtype=torch.int8, device=device)
