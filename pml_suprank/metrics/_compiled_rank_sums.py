@@ -38,17 +38,6 @@ def _position_tables(positions):  # pragma: no cover - compiled
     return inv, disc
 
 
-@numba.njit(inline="always")
-def _asi_term(cnt, n, above, counts_row, L, P):  # pragma: no cover - compiled
-    """``Σ_l min(c_l(n), c*_l(n))`` of ASI for the level counts ``cnt`` ``(L + 1,)`` of the top ``n``; the finest
-    level never exceeds its ideal count (SupRank App. C-A1)."""
-    total = cnt[L]
-    for lvl in range(1, L):
-        ideal = min(max(n - min(above[lvl], P), 0), min(counts_row[lvl], P))
-        total += min(cnt[lvl], ideal)
-    return total
-
-
 @numba.njit(parallel=True, nogil=True)
 def _rank_sums(  # pragma: no cover - compiled
     levels, positions, counts, thresholds, inv_table, disc_table, ge_at, prec_at, level_sums, level_disc, asi
@@ -65,29 +54,38 @@ def _rank_sums(  # pragma: no cover - compiled
     * ``asi[c]`` = ``Σ_{n=1}^{min(N⁺, P)} Σ_l min(c_l(n), c*_l(n)) / n``, ASI before the division by ``N⁺``
       (``counts`` ``(C, L + 1)``: the gallery's items per level; see
       :func:`pml_suprank.metrics.from_ranks.asi_`): the level counts ``c_l`` of the top ``n`` only change at a
-      relevant item, so the walk sums the ``n`` between two of them with the counts of the first.
+      relevant item, so the walk sums the ``n`` between two of them with the counts of the first; the ideal count
+      is ``c*_l(n) = clamp(n − above_l, 0, |Ω^(l)|)`` and the finest level never exceeds its own.
 
-    ``inv_table`` / ``disc_table``: :func:`_position_tables` of at least the largest position.
+    The per-level updates are branch-free (adding an exact ``0`` where a slot's level is below ``m``: the levels
+    of a row are unpredictable); ``inv_table`` / ``disc_table``: :func:`_position_tables` of at least the largest
+    position.
     """
     C, P = levels.shape
     L = ge_at.shape[0]
     T = thresholds.shape[1]
+    none = 2**62  # above every position
     for c in numba.prange(C):
-        level_sums[c] = 0.0
-        level_disc[c] = 0.0
         order = np.argsort(thresholds[c])
         a = np.zeros(L, np.float64)
         acc = np.zeros(L, np.float64)
+        sums = np.zeros((L, L), np.float64)
+        disc = np.zeros(L, np.float64)
         j = 0
-        # ASI: relevant items of a higher level (first in the ideal order), level counts of the top n
+        next_threshold = thresholds[c, order[0]] if T else none
+        # ASI: the ideal order ranks the higher levels first; clamped to the P slots of the row
         n_plus = 0
         for lvl in range(1, L + 1):
             n_plus += counts[c, lvl]
         last_n = min(n_plus, P)
-        above = np.zeros(L + 1, np.int64)
-        for lvl in range(L - 1, 0, -1):
-            above[lvl] = above[lvl + 1] + counts[c, lvl + 1]
-        cnt = np.zeros(L + 1, np.int64)
+        start = np.zeros(L + 1, np.int64)  # relevant items of a higher level than lvl (clamped to P)
+        cap = np.zeros(L + 1, np.int64)  # items of level lvl (clamped to P)
+        above = 0
+        for lvl in range(L, 0, -1):
+            start[lvl] = min(above, P)
+            cap[lvl] = min(counts[c, lvl], P)
+            above += counts[c, lvl]
+        cnt = np.zeros(L + 1, np.int64)  # items of each level in the top n
         n = 1
         asi_sum = 0.0
         for k in range(P):
@@ -95,31 +93,43 @@ def _rank_sums(  # pragma: no cover - compiled
             if lv <= 0:
                 continue
             p = positions[c, k]
-            while j < T and thresholds[c, order[j]] < p:
-                for m in range(L):
-                    ge_at[m, c, order[j]] = a[m]
-                    prec_at[m, c, order[j]] = acc[m]
-                j += 1
-            while n < p and n <= last_n:  # the top n before this item
-                asi_sum += np.float64(_asi_term(cnt, n, above, counts[c], L, P)) / np.float64(n)
+            if next_threshold < p:
+                while j < T and thresholds[c, order[j]] < p:
+                    for m in range(L):
+                        ge_at[m, c, order[j]] = a[m]
+                        prec_at[m, c, order[j]] = acc[m]
+                    j += 1
+                next_threshold = thresholds[c, order[j]] if j < T else none
+            end = min(p, last_n + 1)
+            while n < end:  # the top n before this item
+                total = cnt[L]
+                for lvl in range(1, L):
+                    total += min(cnt[lvl], min(max(n - start[lvl], 0), cap[lvl]))
+                asi_sum += np.float64(total) / np.float64(n)
                 n += 1
             cnt[lv] += 1
             inv = inv_table[p]
-            level_disc[c, lv - 1] += disc_table[p]
+            disc[lv - 1] += disc_table[p]
             for m in range(L):
-                if lv > m:
-                    a[m] += 1.0
-                    acc[m] += a[m] * inv
-                level_sums[c, lv - 1, m] += a[m] * inv
+                inside = 1.0 if lv > m else 0.0
+                a[m] += inside
+                term = a[m] * inv
+                acc[m] += term * inside
+                sums[lv - 1, m] += term
         while j < T:
             for m in range(L):
                 ge_at[m, c, order[j]] = a[m]
                 prec_at[m, c, order[j]] = acc[m]
             j += 1
         while n <= last_n:
-            asi_sum += np.float64(_asi_term(cnt, n, above, counts[c], L, P)) / np.float64(n)
+            total = cnt[L]
+            for lvl in range(1, L):
+                total += min(cnt[lvl], min(max(n - start[lvl], 0), cap[lvl]))
+            asi_sum += np.float64(total) / np.float64(n)
             n += 1
         asi[c] = asi_sum
+        level_sums[c] = sums
+        level_disc[c] = disc
 
 
 def rank_sums_compiled(
