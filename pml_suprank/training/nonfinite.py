@@ -62,18 +62,20 @@ def grad_norm(parameters: Iterable[nn.Parameter]) -> Tensor:
     return torch.linalg.vector_norm(torch.stack(norms))
 
 
-def step_grad_norm(accelerator: Any, parameters: Iterable[nn.Parameter], grad_clip: float | None) -> Tensor:
+def step_grad_norm(
+    accelerator: Any, optimizer: Any, parameters: Iterable[nn.Parameter], grad_clip: float | None
+) -> Tensor:
     """The total gradient norm of a training step, after the gradients are reduced over processes and unscaled:
     ``accelerator.clip_grad_norm_``'s value with ``grad_clip`` (it clips; the norm before clipping), otherwise
-    :func:`grad_norm` (under fp16 the ``GradScaler`` first unscales the gradients, recording its own overflow check,
-    which its ``step`` would do anyway)."""
+    :func:`grad_norm`. Under fp16 the accelerator's ``GradScaler`` first unscales the gradients of ``optimizer`` (an
+    ``AcceleratedOptimizer`` or the optimizer it wraps), recording its overflow check, as its ``step`` would."""
     params = list(parameters)
     if grad_clip is not None:
-        norm = accelerator.clip_grad_norm_(params, grad_clip)
+        norm = accelerator.clip_grad_norm_(params, grad_clip)  # unscales fp16 gradients first
         if isinstance(norm, Tensor):
             return norm
     elif getattr(accelerator, "scaler", None) is not None:
-        accelerator.unscale_gradients()
+        accelerator.scaler.unscale_(getattr(optimizer, "optimizer", optimizer))
     return grad_norm(params)
 
 
@@ -105,7 +107,7 @@ def step_if_finite(
         ``(loss, gradient norm, stepped)``: the two values of the step's one device→host read, and whether the
         optimizer stepped.
     """
-    norm = step_grad_norm(accelerator, parameters, grad_clip)
+    norm = step_grad_norm(accelerator, optimizer, parameters, grad_clip)
     value, norm_value = read_loss_and_norm(loss, norm)
     stepped = math.isfinite(value) and math.isfinite(norm_value)
     if stepped:
@@ -185,14 +187,19 @@ class NonFiniteSteps:
     def error(self, step: int, loss: float, norm: float, saved: str, precision: str) -> NonFiniteTrainingError:
         """The error ending the run at ``step`` (1-based); ``saved`` says where the last good state is."""
         good = step - self.consecutive
+        weights = f"those after step {good} (the last finite one)" if good else "the initial ones (no step was finite)"
         return NonFiniteTrainingError(
-            f"training stopped at step {step}: {self.consecutive} steps in a row had a non-finite loss or gradient "
-            f"(last: {_what(loss, norm)}, loss {loss:.4g}, gradient norm {norm:.4g}), more than max_nonfinite_steps="
-            f"{self.limit}; {self.skipped} steps were skipped in all. The weights are those after step {good} (the "
-            f"last finite one): {saved}. Make the steps finite: --mixed_precision no (this run: {precision}), a lower "
-            "learning rate (--lr_backbone / --lr_head / --lr_proxies) or --grad_clip (e.g. 1.0); then --resume "
-            "latest --resume_ignore_config true; or allow more skipped steps with --max_nonfinite_steps"
+            f"training stopped at step {step}: {_steps(self.consecutive)} in a row had a non-finite loss or gradient "
+            f"(the last: loss {loss:.4g}, gradient norm {norm:.4g}), more than max_nonfinite_steps={self.limit}; "
+            f"{_steps(self.skipped)} skipped in all. The weights are {weights}, {saved}. To make the steps finite, "
+            f"train with --mixed_precision no (this run: {precision}), a lower learning rate (--lr_backbone / "
+            "--lr_head / --lr_proxies) or --grad_clip (e.g. 1.0), continuing with --resume latest "
+            "--resume_ignore_config true; or allow more non-finite steps in a row with --max_nonfinite_steps"
         )
+
+
+def _steps(n: int) -> str:
+    return f"{n} step" if n == 1 else f"{n} steps"
 
 
 def _what(loss: float, norm: float) -> str:

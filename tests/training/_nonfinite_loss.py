@@ -1,0 +1,22 @@
+"""A loss for ``--loss _nonfinite_loss:NaNAfterFirstStepLoss`` in the command-line test of non-finite steps: Smooth-AP
+of finite embeddings whose value becomes NaN from the second training call on (as a custom loss that overflows)."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from pml_suprank.losses import SmoothAPLoss
+
+
+class NaNAfterFirstStepLoss(nn.Module):
+    """``SmoothAPLoss`` of the fine labels on the first call, ``NaN`` (with NaN gradients) on every later call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = SmoothAPLoss()
+        self.calls = 0
+
+    def forward(self, embeddings: Tensor, labels: Tensor, *args, **kwargs) -> Tensor:
+        self.calls += 1
+        loss = self.inner(embeddings, labels[:, 0] if labels.ndim == 2 else labels)
+        return loss if self.calls == 1 else loss * float("nan")
