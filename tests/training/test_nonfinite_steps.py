@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -309,3 +313,24 @@ def test_the_command_line_ends_a_diverging_run_with_one_error_line(tmp_path, cap
     assert "--max_nonfinite_steps" in err[0] and "those after step 1" in err[0]
     state = validate_checkpoint(latest_checkpoint(tmp_path))
     assert (state["global_step"], state["skipped_nonfinite_steps"]) == (3, 2)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_every_process_skips_the_same_steps_when_one_process_alone_has_a_nan_loss(tmp_path):
+    # process 1's loss is NaN from step 2 on, process 0's stays finite: DDP's all-reduce gives both the NaN gradient,
+    # so both skip step 2 and both stop at step 3 after one checkpoint (a different decision would hang a barrier)
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",  # noqa: TID251
+           "PYTHONPATH": os.pathsep.join([str(root), str(Path(__file__).parent)])}  # fmt: skip
+    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+            str(root / "recipes" / "train_happier.py"), "--backbone", "test_resnet", "--image_size", "16",
+            "--num_per_class", "4", "--embedding_size", "16", "--batch_size", "16", "--with_tracking", "false", "--cpu",
+            "--output_dir", str(tmp_path), "--max_train_steps", "6", "--skip_initial_eval", "true", "--no_plots",
+            "true", "--loss", "_nonfinite_loss:NaNOnRankOneLoss", "--max_nonfinite_steps", "1"]  # fmt: skip
+    proc = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1 and proc.stderr.count("exitcode  : 1") == 2, proc.stdout + proc.stderr[-3000:]
+    assert proc.stderr.count(": error: training stopped at step 3: 2 steps in a row") == 2, proc.stderr[-3000:]
+    assert "step 2: non-finite gradient (loss " in proc.stdout  # the main process: a finite loss, a NaN gradient
+    state = validate_checkpoint(latest_checkpoint(tmp_path))
+    assert (state["global_step"], state["num_processes"], state["skipped_nonfinite_steps"]) == (3, 2, 2)
