@@ -19,6 +19,8 @@ What :class:`Trainer` does:
 * **checkpoints** every ``checkpoint_every`` steps written *atomically* and an **exact resume**: model, optimizer,
   scheduler, memory, RNG states, sampler epoch and position are restored and the augmentation of every item is
   seeded by ``(seed, epoch, index)`` — a resumed run ends with the same weights as an uninterrupted one;
+* a step whose loss or gradient is NaN / inf is **skipped** (no update) and counted; more than ``max_nonfinite_steps``
+  in a row raise :class:`.NonFiniteTrainingError` after a checkpoint of the last good state (:mod:`.nonfinite`);
 * **run identity**: a fingerprint of the resolved configuration (:mod:`pml_suprank.training.run_folder`) in
   ``output_dir/run.json`` and in every checkpoint; a resume from another run's checkpoint is refused (naming the
   settings that differ) unless ``ignore_config_change=True``; a new run into a folder holding a previous run is
@@ -417,8 +419,11 @@ class Trainer:
             overwrite_output_dir: Starting from scratch, delete a previous run in ``output_dir`` first.
 
         Returns:
-            One dict per log event (``{"step", "epoch", "loss", "lr_<group>"}``) and per evaluation
-            (``{"step", "epoch", "eval/<metric>"}``).
+            One dict per log event (``{"step", "epoch", "loss", "steps_per_s", "skipped_nonfinite_steps",
+            "lr_<group>"}``) and per evaluation (``{"step", "epoch", "eval/<metric>"}``).
+
+        Raises:
+            NonFiniteTrainingError: more than ``config.max_nonfinite_steps`` steps in a row were non-finite.
         """
         owns = not self._begun
         if owns:
@@ -439,13 +444,8 @@ class Trainer:
             self.accelerator.print(f"resumed from {ckpt} (step {self.progress.global_step})")
         p, c = self.progress, self.config
         run = _Run()
-        run.bar = progress_bar(
-            None,
-            total=self.total_steps,
-            initial=p.global_step,
-            desc="training",
-            disable=not self.accelerator.is_local_main_process,
-        )
+        run.bar = progress_bar(None, total=self.total_steps, initial=p.global_step, desc="training",
+                               disable=not self.accelerator.is_local_main_process)  # fmt: skip
         while p.global_step < self.total_steps and p.epoch < c.epochs and not run.stopped:
             epoch = p.epoch
             self._train_epoch(epoch, run)
