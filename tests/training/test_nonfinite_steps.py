@@ -148,6 +148,19 @@ def test_counters_stop_after_limit_plus_one_steps_in_a_row():
     assert NonFiniteSteps(limit=0).record(False, 1, NAN, 1.0, notes.append)
 
 
+def test_the_limit_is_a_resumable_setting_outside_the_run_fingerprint():
+    from pml_suprank.training import run_fingerprint
+    from pml_suprank.training.run_folder import run_config
+
+    default = TrainingConfig()
+    assert default.max_nonfinite_steps == 10
+    other = TrainingConfig(max_nonfinite_steps=0)
+    # a run stopped by non-finite steps resumes with a higher limit as the same run, and checkpoints of versions
+    # without the option keep their fingerprint
+    assert "max_nonfinite_steps" not in run_config(other.to_dict())["training"]
+    assert run_fingerprint(run_config(default.to_dict())) == run_fingerprint(run_config(other.to_dict()))
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # the training loop
 # ------------------------------------------------------------------------------------------------------------------
