@@ -20,6 +20,8 @@ Layout:
 * :mod:`.run_folder` — run identity and ownership of ``output_dir``: the run fingerprint, ``run.json``, the lock file
   ``run.lock`` and the refusal of a new run into a previous run's folder;
 * :mod:`.trainer` — :class:`Trainer`;
+* :mod:`.nonfinite` — steps with a non-finite loss or gradient: skipped, counted, and a run that keeps producing
+  them stopped (:class:`NonFiniteTrainingError`);
 * :mod:`.export` — the final Hub-ready folder;
 * :mod:`.data_source` — :class:`~pml_suprank.training.data_source.DatasetSource`, where a run's training / test set
   comes from (synthetic, a benchmark archive, a Hub / local retrieval dataset);
@@ -46,6 +48,7 @@ from .config import OptimizerType, SamplerType, SchedulerType, TrainingConfig
 from .export import write_final_folder
 from .loaders import SeededAugmentation, collate, embed_loader, make_loader
 from .loss_module import LossModule
+from .nonfinite import NonFiniteTrainingError
 from .optim import build_optimizer, build_scheduler
 from .options import DataOptions, LossOptions, ModelOptions, RunOptions, build_loss
 from .run_folder import LOCK_FILE, RUN_FILE, OutputDirError, RunLock, RunLockError, run_config, run_fingerprint
@@ -58,6 +61,7 @@ __all__ = [
     "LossModule",
     "LossOptions",
     "ModelOptions",
+    "NonFiniteTrainingError",
     "OutputDirError",
     "RunLock",
     "RunLockError",

@@ -132,7 +132,7 @@ _STATE_TYPES = {"global_step": (int, 0), "epoch": (int, 0), "step_in_epoch": (in
 #: TrainingConfig fields that may change between a run and its resumption (they do not change the trained weights).
 RESUMABLE_CHANGES = frozenset(
     {"output_dir", "stop_after_steps", "num_workers", "log_every", "keep_checkpoints", "checkpoint_every",
-     "eval_every", "eval_batch_size", "k_values", "alpha", "pca_samples"}
+     "eval_every", "eval_batch_size", "k_values", "alpha", "pca_samples", "max_nonfinite_steps"}
 )
 
 
@@ -154,6 +154,7 @@ def _check_state_values(path: Path, state: dict[str, Any]) -> None:
         raise CheckpointError(where + "'optimizer_state' must list distinct parameter indices (ints >= 0)")
     _check_sampler_position(where, state)
     _check_counters(path, where, state)
+    _check_skipped_steps(where, state)
 
 
 def _check_counters(path: Path, where: str, state: dict[str, Any]) -> None:
@@ -175,6 +176,20 @@ def _check_counters(path: Path, where: str, state: dict[str, Any]) -> None:
         raise CheckpointError(
             where + f"is inconsistent: the folder {path.name} is step {int(digits)} but 'global_step' is "
             f"{state['global_step']}"
+        )
+
+
+def _check_skipped_steps(where: str, state: dict[str, Any]) -> None:
+    """The non-finite step counters (:mod:`.nonfinite`): ints with ``0 <= consecutive <= skipped <= global_step``.
+    A checkpoint written before they existed lacks both: its run applied every step, so they are 0."""
+    skipped, consecutive = (state.get(k, 0) for k in ("skipped_nonfinite_steps", "consecutive_nonfinite_steps"))
+    for key, value in (("skipped_nonfinite_steps", skipped), ("consecutive_nonfinite_steps", consecutive)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise CheckpointError(where + f"'{key}' must be an int >= 0; got {value!r}")
+    if not consecutive <= skipped <= state["global_step"]:
+        raise CheckpointError(
+            where + f"is inconsistent: 'consecutive_nonfinite_steps' {consecutive} <= 'skipped_nonfinite_steps' "
+            f"{skipped} <= 'global_step' {state['global_step']} does not hold"
         )
 
 

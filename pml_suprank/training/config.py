@@ -286,6 +286,11 @@ class TrainingConfig:
                               section="model", check=_pos(2))  # fmt: skip
     grad_clip: float | None = option(None, "clip the gradient norm to this value", section="training",
                                      check=optional(is_number(0, strict=True)))  # fmt: skip
+    max_nonfinite_steps: int = option(
+        10, "steps in a row with a non-finite loss or gradient that are skipped (no update, as fp16's GradScaler "
+        "does) before the run stops with an error and a checkpoint of the last good state (0: stop at the first)",
+        section="training", check=_pos(0),
+    )  # fmt: skip
     memory_size: int = option(0, "cross-batch memory size (0: none)", section="memory", check=_pos(0))
     memory_warmup_steps: int = option(0, "steps before the memory loss is used", section="memory", check=_pos(0))
     hierarchical_labels: bool = option(

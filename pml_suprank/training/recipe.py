@@ -44,6 +44,7 @@ from ..metrics.report import format_metrics_table, one_column
 from .checkpoint import CheckpointSaveError
 from .cli import build_recipe_parser, parse_run_spec
 from .data_source import dataset_source, folder_layout
+from .nonfinite import NonFiniteTrainingError
 from .options import build_loss
 from .run_folder import RUN_FOLDER_ERRORS, prepare_output_dir, refusal_message
 from .run_spec import RunSpec
@@ -197,13 +198,14 @@ def main(
 ) -> Any:
     """The training command (a preset: ``defaults``): build the run's :class:`RunSpec` once (flags + ``--config``),
     then :func:`run` (told which options the user set, :attr:`RunSpec.given`). A refused output folder or checkpoint
-    ends the command with its message (exit status 2; 1 for a failed save), not a traceback."""
+    ends the command with its message (exit status 2; 1 for a failed save or a run stopped by non-finite steps,
+    :class:`~pml_suprank.training.nonfinite.NonFiniteTrainingError`), not a traceback."""
     spec = parse_run_spec(build_parser(description, defaults), argv)
     try:
         return run(spec, given=spec.given)
-    except RUN_FOLDER_ERRORS as e:  # the output folder or a checkpoint refused: its message, no traceback
+    except (*RUN_FOLDER_ERRORS, NonFiniteTrainingError) as e:  # the folder, a checkpoint, diverging steps: one line
         print(f"{Path(sys.argv[0]).name}: error: {refusal_message(e, spec.run.resume)}", file=sys.stderr)  # noqa: T201
-        sys.exit(1 if isinstance(e, CheckpointSaveError) else 2)
+        sys.exit(1 if isinstance(e, (CheckpointSaveError, NonFiniteTrainingError)) else 2)
 
 
 def refuse(message: str) -> None:

@@ -19,6 +19,8 @@ What :class:`Trainer` does:
 * **checkpoints** every ``checkpoint_every`` steps written *atomically* and an **exact resume**: model, optimizer,
   scheduler, memory, RNG states, sampler epoch and position are restored and the augmentation of every item is
   seeded by ``(seed, epoch, index)`` — a resumed run ends with the same weights as an uninterrupted one;
+* a step whose loss or gradient is NaN / inf is **skipped** (no update) and counted; more than ``max_nonfinite_steps``
+  in a row raise :class:`.NonFiniteTrainingError` after a checkpoint of the last good state (:mod:`.nonfinite`);
 * **run identity**: a fingerprint of the resolved configuration (:mod:`pml_suprank.training.run_folder`) in
   ``output_dir/run.json`` and in every checkpoint; a resume from another run's checkpoint is refused (naming the
   settings that differ) unless ``ignore_config_change=True``; a new run into a folder holding a previous run is
@@ -30,6 +32,7 @@ The module never reads the environment; recipes pass everything explicitly.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -66,6 +69,7 @@ from .loaders import (
     progress_bar,
 )
 from .loss_module import LossModule, backward_step
+from .nonfinite import NonFiniteSteps, step_if_finite, stop_error
 from .optim import build_optimizer, build_scheduler
 from .pca_init import init_projection_if_requested
 from .run_folder import RunLock, claim_output_dir, on_main_process, run_config, run_fingerprint, write_run_file
@@ -90,8 +94,9 @@ class _Run:
     bar: Any = None
     steps: int = 0
     stopped: bool = False
-    loss_sum: float = 0.0
+    loss_sum: float = 0.0  # the finite losses since the last log
     loss_n: int = 0
+    logged_steps: int = 0  # steps since the last log
     t0: float = field(default_factory=time.perf_counter)
 
 
@@ -180,6 +185,7 @@ class Trainer:
         # trainer_state.json as JSON
         self.evaluator = evaluator
         self.progress = _Progress()
+        self.nonfinite = NonFiniteSteps(config.max_nonfinite_steps)  # skipped steps (trainer_state.json)
         self._eval_loader: DataLoader | None = None
         self.last_embeddings: tuple[Tensor, Tensor, Tensor] | None = None
         self.first_embeddings: tuple[Tensor, Tensor, Tensor] | None = None  # e.g. before training, for the plots
@@ -241,13 +247,9 @@ class Trainer:
         if self.first_embeddings is None:
             self.first_embeddings = self.last_embeddings
         result = self._get_evaluator().evaluate(emb, labels)
-        out: dict[str, float] = {}
-        for k, v in result.items():
-            if isinstance(v, Tensor) and v.numel() == 1:
-                out[k] = float(v)
-            elif isinstance(v, (int, float, np.floating, np.integer)):
-                out[k] = float(v)
-        return out
+        scalar = (int, float, np.floating, np.integer)
+        return {k: float(v) for k, v in result.items()
+                if (isinstance(v, Tensor) and v.numel() == 1) or isinstance(v, scalar)}  # fmt: skip
 
     # -- checkpoints --------------------------------------------------------------------------------------------
     def _trainer_state(self) -> dict[str, Any]:
@@ -265,6 +267,7 @@ class Trainer:
             "scheduler": scheduler_state(self.scheduler),
             "optimizer_state": files.optimizer_state_indices(self.optimizer),  # the parameters with moments
             "history": self.progress.history,
+            **self.nonfinite.state(),
             "config": jsonable(self.config.to_dict()),
             "fingerprint": self.fingerprint,
             "run_config": self.run_config,
@@ -297,6 +300,7 @@ class Trainer:
             self.sampler.load_state_dict(state["sampler"])
         self.progress = _Progress(state["epoch"], state["step_in_epoch"], state["global_step"],
                                   list(state.get("history") or []))  # fmt: skip
+        self.nonfinite.load(state)
         return state
 
     def _check_files(self, path: Path) -> dict[str, Any]:  # every file, and that it fits this model / optimizer
@@ -415,8 +419,11 @@ class Trainer:
             overwrite_output_dir: Starting from scratch, delete a previous run in ``output_dir`` first.
 
         Returns:
-            One dict per log event (``{"step", "epoch", "loss", "lr_<group>"}``) and per evaluation
-            (``{"step", "epoch", "eval/<metric>"}``).
+            One dict per log event (``{"step", "epoch", "loss", "steps_per_s", "skipped_nonfinite_steps",
+            "lr_<group>"}``) and per evaluation (``{"step", "epoch", "eval/<metric>"}``).
+
+        Raises:
+            NonFiniteTrainingError: more than ``config.max_nonfinite_steps`` steps in a row were non-finite.
         """
         owns = not self._begun
         if owns:
@@ -437,13 +444,8 @@ class Trainer:
             self.accelerator.print(f"resumed from {ckpt} (step {self.progress.global_step})")
         p, c = self.progress, self.config
         run = _Run()
-        run.bar = progress_bar(
-            None,
-            total=self.total_steps,
-            initial=p.global_step,
-            desc="training",
-            disable=not self.accelerator.is_local_main_process,
-        )
+        run.bar = progress_bar(None, total=self.total_steps, initial=p.global_step, desc="training",
+                               disable=not self.accelerator.is_local_main_process)  # fmt: skip
         while p.global_step < self.total_steps and p.epoch < c.epochs and not run.stopped:
             epoch = p.epoch
             self._train_epoch(epoch, run)
@@ -467,37 +469,38 @@ class Trainer:
         self.sampler.set_epoch(epoch)  # keeps the position restored by load_checkpoint
         self._train_mode()
         for batch in self._train_loader():
-            value = self._step(batch, warm)
+            value, norm, finite = self._step(batch, warm)
             p.global_step += 1
+            stop = self.nonfinite.record(finite, p.global_step, value, norm, self.accelerator.print)
             p.step_in_epoch += 1
-            run.steps += 1
-            run.loss_sum, run.loss_n = run.loss_sum + value, run.loss_n + 1
+            run.steps, run.logged_steps = run.steps + 1, run.logged_steps + 1
+            if math.isfinite(value):
+                run.loss_sum, run.loss_n = run.loss_sum + value, run.loss_n + 1
             if run.bar is not None:
                 run.bar.update(1)
                 run.bar.set_postfix(epoch=epoch, loss=f"{value:.4f}", refresh=False)
             done = p.global_step >= self.total_steps
-            if p.global_step % self.config.log_every == 0 or done:
+            if p.global_step % self.config.log_every == 0 or done or stop:
                 self._log_step(epoch, run)
             if p.step_in_epoch >= self.steps_per_epoch:  # the epoch ends with this step
                 p.epoch, p.step_in_epoch = epoch + 1, 0
+            if stop:  # too many non-finite steps in a row: checkpoint the last good state, then raise
+                raise stop_error(self, value, norm, run.bar)
             self._maybe_checkpoint(run, done)
             if done or run.stopped or p.epoch != epoch:
                 break
 
-    def _step(self, batch: dict[str, Tensor], warm: bool) -> float:
-        """One optimizer step on ``batch``; no scheduler step during the warm-up. Returns the loss value."""
+    def _step(self, batch: dict[str, Tensor], warm: bool) -> tuple[float, float, bool]:
+        """One optimizer step on ``batch``, skipped when its loss or gradient is not finite (:mod:`.nonfinite`); no
+        scheduler step during the warm-up nor on a skipped step. Returns ``(loss, gradient norm, stepped)``."""
         acc = self.accelerator
         images = batch["image"].to(acc.device, non_blocking=True)
         labels = batch["labels"].to(acc.device)
         index = batch["index"].to(acc.device)
         loss = backward_step(acc, self.loss_module, images, labels, index, self.chunk_size)
-        if self.config.grad_clip is not None:
-            acc.clip_grad_norm_(self.loss_module.parameters(), self.config.grad_clip)
-        self.optimizer.step()
-        if not warm:
-            self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return float(loss.detach())
+        # gradients all-reduced (DDP or cached_backward), the loss the global batch's: every process decides alike
+        return step_if_finite(acc, self.optimizer, None if warm else self.scheduler, loss,
+                              self.loss_module.parameters(), self.config.grad_clip)  # fmt: skip
 
     def _log_step(self, epoch: int, run: _Run) -> None:
         """Record the mean loss since the last log, the speed and every group's lr; send them to the trackers."""
@@ -505,14 +508,15 @@ class Trainer:
         record: dict[str, Any] = {
             "step": p.global_step,
             "epoch": epoch,
-            "loss": run.loss_sum / run.loss_n,
-            "steps_per_s": run.loss_n / max(time.perf_counter() - run.t0, 1e-9),
+            "loss": run.loss_sum / run.loss_n if run.loss_n else math.nan,  # the finite losses' mean
+            "steps_per_s": run.logged_steps / max(time.perf_counter() - run.t0, 1e-9),
+            "skipped_nonfinite_steps": self.nonfinite.skipped,
         }
         for g in self.optimizer.param_groups:
             record[f"lr_{g.get('name', 'group')}"] = g["lr"]
         p.history.append(record)
         self.accelerator.log({f"train/{k}": v for k, v in record.items() if k != "step"}, step=p.global_step)
-        run.loss_sum, run.loss_n, run.t0 = 0.0, 0, time.perf_counter()
+        run.loss_sum, run.loss_n, run.logged_steps, run.t0 = 0.0, 0, 0, time.perf_counter()
 
     def _maybe_checkpoint(self, run: _Run, done: bool) -> None:
         """Checkpoint every ``checkpoint_every`` steps; stop (with a checkpoint) after ``stop_after_steps``."""

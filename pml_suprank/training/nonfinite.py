@@ -1,0 +1,206 @@
+"""Non-finite training steps: found with the loss read, skipped, counted, and a run that keeps producing them stopped.
+
+What AMP's ``GradScaler`` does for fp16, for every precision: a step whose loss or gradient norm is not finite
+(NaN / ±inf) is **skipped** — no optimizer step, no scheduler step, gradients zeroed — so the parameters and the
+optimizer state stay those of the last finite step. More than ``TrainingConfig.max_nonfinite_steps`` such steps in a
+row stop the run with :class:`NonFiniteTrainingError` (after a checkpoint of the last good state).
+
+The check costs no extra host synchronisation: the total gradient norm ``‖g‖₂ = sqrt(Σᵢ ‖gᵢ‖₂²)`` is computed on the
+device (:func:`grad_norm`, or the value ``accelerator.clip_grad_norm_`` returns with ``grad_clip``) and read in the
+same device→host transfer as the loss the training loop reads anyway (:func:`read_loss_and_norm`).
+
+What the forward pass itself updates is kept on a skipped step, as with ``GradScaler``: BatchNorm running statistics
+and the memory's queue (:class:`pml_suprank.memory.RankingMemory`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .checkpoint import latest_valid_checkpoint
+
+__all__ = [
+    "NonFiniteSteps",
+    "NonFiniteTrainingError",
+    "grad_norm",
+    "read_loss_and_norm",
+    "step_grad_norm",
+    "step_if_finite",
+    "stop_error",
+]
+
+
+class NonFiniteTrainingError(RuntimeError):
+    """A training run stopped because more than ``max_nonfinite_steps`` consecutive steps had a non-finite loss or
+    gradient; the message says at which step, which checkpoint holds the last good state and what to change."""
+
+
+def grad_norm(parameters: Iterable[nn.Parameter]) -> Tensor:
+    """Total 2-norm of the gradients of ``parameters``: ``‖g‖₂ = sqrt(Σᵢ ‖gᵢ‖₂²)`` over every gradient ``gᵢ``.
+
+    Returns:
+        A 0-d float32 tensor on the first gradient's device (``0`` on the CPU when no parameter has a gradient);
+        NaN / inf when any gradient entry is (or when the norm overflows float32). No host synchronisation: one
+        ``torch._foreach_norm`` per (device, dtype) group (every torch of the supported range has it;
+        ``torch.nn.utils.get_total_norm`` is newer than torch 2.4).
+    """
+    groups: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
+    for p in parameters:
+        if p.grad is not None:
+            grad = p.grad.coalesce().values() if p.grad.is_sparse else p.grad
+            groups.setdefault((grad.device, grad.dtype), []).append(grad)
+    if not groups:
+        return torch.zeros(())
+    device = next(iter(groups))[0]
+    norms = [n.to(device, torch.float32) for grads in groups.values() for n in torch._foreach_norm(grads, 2.0)]
+    return torch.linalg.vector_norm(torch.stack(norms))
+
+
+def step_grad_norm(
+    accelerator: Any, optimizer: Any, parameters: Iterable[nn.Parameter], grad_clip: float | None
+) -> Tensor:
+    """The total gradient norm of a training step, after the gradients are reduced over processes and unscaled:
+    ``accelerator.clip_grad_norm_``'s value with ``grad_clip`` (it clips; the norm before clipping), otherwise
+    :func:`grad_norm`. Under fp16 the accelerator's ``GradScaler`` first unscales the gradients of ``optimizer`` (an
+    ``AcceleratedOptimizer`` or the optimizer it wraps), recording its overflow check, as its ``step`` would."""
+    params = list(parameters)
+    if grad_clip is not None:
+        norm = accelerator.clip_grad_norm_(params, grad_clip)  # unscales fp16 gradients first
+        if isinstance(norm, Tensor):
+            return norm
+    elif getattr(accelerator, "scaler", None) is not None:
+        accelerator.scaler.unscale_(getattr(optimizer, "optimizer", optimizer))
+    return grad_norm(params)
+
+
+def read_loss_and_norm(loss: Tensor, norm: Tensor) -> tuple[float, float]:
+    """``(loss, gradient norm)`` as Python floats, read in ONE device→host transfer (the loss is read every step
+    anyway). ``loss``: the 0-d loss of the step (any float dtype); ``norm``: the 0-d total gradient norm."""
+    pair = torch.stack([loss.detach().reshape(()).float(), norm.detach().reshape(()).float().to(loss.device)])
+    value, norm_value = pair.tolist()
+    return value, norm_value
+
+
+def step_if_finite(
+    accelerator: Any,
+    optimizer: Any,
+    scheduler: Any,
+    loss: Tensor,
+    parameters: Iterable[nn.Parameter],
+    grad_clip: float | None,
+) -> tuple[float, float, bool]:
+    """After ``accelerator.backward``: the optimizer step (and the ``scheduler`` step unless it is ``None``) when the
+    loss and the gradient norm (:func:`step_grad_norm`, clipping with ``grad_clip``) are finite; the gradients are
+    zeroed either way.
+
+    Call it after the gradients are reduced over processes (DDP's backward): every process then reads the same norm
+    and the same global-batch loss and takes the same decision. Under fp16 the ``GradScaler`` keeps its own say (a step
+    it skips counts as skipped, and a step skipped here backs its scale off as one it skips would).
+
+    Returns:
+        ``(loss, gradient norm, stepped)``: the two values of the step's one device→host read, and whether the
+        optimizer stepped.
+    """
+    norm = step_grad_norm(accelerator, optimizer, parameters, grad_clip)
+    value, norm_value = read_loss_and_norm(loss, norm)
+    stepped = math.isfinite(value) and math.isfinite(norm_value)
+    if stepped:
+        optimizer.step()
+        stepped = not getattr(optimizer, "step_was_skipped", False)  # fp16: the GradScaler found an inf itself
+    elif getattr(accelerator, "scaler", None) is not None:
+        accelerator.scaler.update()  # fp16: the inf checks were recorded by unscale_; back the scale off
+    if stepped and scheduler is not None:
+        scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return value, norm_value, stepped
+
+
+def stop_error(trainer: Any, loss: float, norm: float, bar: Any = None) -> NonFiniteTrainingError:
+    """The error that ends a :class:`~pml_suprank.training.Trainer` run at its current step, after closing the
+    progress ``bar`` and checkpointing the last good state: the parameters and optimizer state of the last finite step
+    (a skipped step leaves them untouched). No checkpoint is written when a forward pass left non-finite buffers
+    (BatchNorm statistics, the memory's queue); the message then names the newest valid checkpoint. Every process
+    calls it (the decision is the same everywhere) and takes the same branch (the buffers' check is gathered)."""
+    if bar is not None:
+        bar.close()
+    acc = trainer.accelerator
+    module = acc.unwrap_model(trainer.loss_module)
+    ok = all(bool(t.isfinite().all()) for t in module.state_dict().values() if t.is_floating_point())
+    if int(acc.gather(torch.tensor([int(ok)], device=acc.device)).min()) == 1:  # the same answer on every process
+        saved = f"saved in checkpoint {trainer.save_checkpoint()}"
+    else:
+        latest = latest_valid_checkpoint(trainer.output_dir, acc.print, trainer._check_files)
+        saved = f"not saved (a forward pass left non-finite BatchNorm statistics or memory; newest valid one: {latest})"
+    precision = str(getattr(acc, "mixed_precision", "no"))
+    return trainer.nonfinite.error(trainer.progress.global_step, loss, norm, saved, precision)
+
+
+@dataclass
+class NonFiniteSteps:
+    """The skipped-step counters of a run (checkpointed in ``trainer_state.json``).
+
+    Args:
+        limit: ``max_nonfinite_steps``: the most consecutive non-finite steps skipped; one more stops the run.
+        skipped: Non-finite steps skipped since the run began (all of them, consecutive or not).
+        consecutive: Non-finite steps in a row up to the current step (0 after a finite step).
+    """
+
+    limit: int
+    skipped: int = 0
+    consecutive: int = 0
+
+    def record(self, finite: bool, step: int, loss: float, norm: float, note: Callable[[str], None]) -> bool:
+        """Count step ``step`` (1-based) and ``note`` a skipped one (:meth:`skip_note`); ``True`` when it makes more
+        than ``limit`` non-finite steps in a row (the run must stop)."""
+        if finite:
+            self.consecutive = 0
+            return False
+        self.skipped += 1
+        self.consecutive += 1
+        note(self.skip_note(step, loss, norm))
+        return self.consecutive > self.limit
+
+    def state(self) -> dict[str, int]:
+        """The ``trainer_state.json`` entries."""
+        return {"skipped_nonfinite_steps": self.skipped, "consecutive_nonfinite_steps": self.consecutive}
+
+    def load(self, state: Mapping[str, Any]) -> None:
+        """Restore from a validated trainer state (:func:`~.checkpoint.validate_checkpoint`); a checkpoint written
+        before steps were ever skipped lacks the keys: its run applied every step, so both counters are 0."""
+        self.skipped = int(state.get("skipped_nonfinite_steps", 0))
+        self.consecutive = int(state.get("consecutive_nonfinite_steps", 0))
+
+    def skip_note(self, step: int, loss: float, norm: float) -> str:
+        """The line printed for a skipped step (``step``: its 1-based number)."""
+        return (
+            f"step {step}: non-finite {_what(loss, norm)} (loss {loss:.4g}, gradient norm {norm:.4g}): step skipped, "
+            f"weights unchanged ({self.consecutive} in a row, at most {self.limit} allowed; {self.skipped} skipped in "
+            "all)"
+        )
+
+    def error(self, step: int, loss: float, norm: float, saved: str, precision: str) -> NonFiniteTrainingError:
+        """The error ending the run at ``step`` (1-based); ``saved`` says where the last good state is."""
+        good = step - self.consecutive
+        weights = f"those after step {good} (the last finite one)" if good else "the initial ones (no step was finite)"
+        return NonFiniteTrainingError(
+            f"training stopped at step {step}: {_steps(self.consecutive)} in a row had a non-finite loss or gradient "
+            f"(the last: loss {loss:.4g}, gradient norm {norm:.4g}), more than max_nonfinite_steps={self.limit}; "
+            f"{_steps(self.skipped)} skipped in all. The weights are {weights}, {saved}. To make the steps finite, "
+            f"train with --mixed_precision no (this run: {precision}), a lower learning rate (--lr_backbone / "
+            "--lr_head / --lr_proxies) or --grad_clip (e.g. 1.0), continuing with --resume latest "
+            "--resume_ignore_config true; or allow more non-finite steps in a row with --max_nonfinite_steps"
+        )
+
+
+def _steps(n: int) -> str:
+    return f"{n} step" if n == 1 else f"{n} steps"
+
+
+def _what(loss: float, norm: float) -> str:
+    return "loss" if not math.isfinite(loss) else "gradient" if not math.isfinite(norm) else "step"
