@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -342,8 +343,11 @@ def test_every_process_skips_the_same_steps_when_one_process_alone_has_a_nan_los
             "--output_dir", str(tmp_path), "--max_train_steps", "6", "--skip_initial_eval", "true", "--no_plots",
             "true", "--loss", "_nonfinite_loss:NaNOnRankOneLoss", "--max_nonfinite_steps", "1"]  # fmt: skip
     proc = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 1 and proc.stderr.count("exitcode  : 1") == 2, proc.stdout + proc.stderr[-3000:]
-    assert proc.stderr.count(": error: training stopped at step 3: 2 steps in a row") == 2, proc.stderr[-3000:]
+    # torchrun stops the other worker once one has exited, so the second process may be terminated before it
+    # prints: every process that reports stops at step 3, and the checkpoint both wrote agrees
+    assert proc.returncode == 1 and "exitcode  : 1" in proc.stderr, proc.stdout + proc.stderr[-3000:]
+    stops = re.findall(r": error: training stopped at step (\d+): (\d+) steps in a row", proc.stderr)
+    assert stops and set(stops) == {("3", "2")}, proc.stderr[-3000:]
     assert "step 2: non-finite gradient (loss " in proc.stdout  # the main process: a finite loss, a NaN gradient
     state = validate_checkpoint(latest_checkpoint(tmp_path))
     assert (state["global_step"], state["num_processes"], state["skipped_nonfinite_steps"]) == (3, 2, 2)
