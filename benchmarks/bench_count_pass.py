@@ -211,59 +211,63 @@ class _Threads:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def score_blocks(n: int, levels: int, chunks: int | None) -> tuple[list, float]:
-    """``evaluate``'s score blocks ``(scores, starts, ends, self_col, P)`` of ``floor_data(n, levels)`` (``chunks``
-    of them spread over the queries, all when None) and the seconds their matrix products took."""
+def chunks_of(n: int, levels: int, chunks: int | None) -> tuple[list, torch.Tensor, torch.Tensor]:
+    """``evaluate``'s chunks ``(first, last, starts, ends, self_col, P)`` of ``floor_data(n, levels)`` (``chunks`` of
+    them spread over the queries, all when None), the query embeddings and the gallery in label-path order."""
     emb, labels = floor_data(n, levels)
     perm, starts, ends = label_blocks(labels, labels)
     inv = torch.empty_like(perm)
     inv[perm] = torch.arange(n)
-    gallery = emb[perm].contiguous()
     widths = ends[:, 0] - starts[:, 0]
     rows = chunk_rows(n, int(widths.max()), torch.device("cpu"), levels)
     firsts = list(range(0, n, rows))
     if chunks is not None and chunks < len(firsts):
         firsts = [firsts[i * len(firsts) // chunks] for i in range(chunks)]
-    blocks, seconds = [], 0.0
+    out = []
     for s in firsts:
         e = min(s + rows, n)
-        t = time.perf_counter()
-        scores = torch.mm(emb[s:e], gallery.T)
-        seconds += time.perf_counter() - t
-        blocks.append(
-            (scores, starts[s:e].contiguous(), ends[s:e].contiguous(), inv[s:e].contiguous(), int(widths[s:e].max()))
+        out.append(
+            (s, e, starts[s:e].contiguous(), ends[s:e].contiguous(), inv[s:e].contiguous(), int(widths[s:e].max()))
         )
-    return blocks, seconds
+    return out, emb, emb[perm].contiguous()
 
 
 def measure(
     n: int, levels: int, chunks: int | None = None, threads: tuple[int, ...] = (1, 2), repeats: int = 2
 ) -> dict:
-    """Times (best of ``repeats``, seconds) of both paths on the same blocks per thread count, their ratio, and
-    whether the levels and positions are identical."""
-    blocks, mm_seconds = score_blocks(n, levels, chunks)
+    """Seconds (best of ``repeats``) of the score blocks and of both paths per thread count, their ratio, and whether
+    the levels and positions are identical. As in ``evaluate``, each path ranks a block right after its matrix
+    product wrote it (the product itself is timed apart)."""
+    blocks, emb, gallery = chunks_of(n, levels, chunks)
+    buf = torch.empty(max(e - s for s, e, *_ in blocks), n)
+    paths = {"old": old_path, "new": lambda *a: block_ranks_compiled(*a[:4], None, a[4])}
     identical = True
-    for scores, st, en, sc, P in blocks:
-        old = old_path(scores.clone(), st, en, sc, P)
-        new = block_ranks_compiled(scores, st, en, sc, None, P)
+    mm_seconds = 0.0
+    for s, e, st, en, sc, P in blocks:
+        scores = buf[: e - s]
+        t = time.perf_counter()
+        torch.mm(emb[s:e], gallery.T, out=scores)
+        mm_seconds += time.perf_counter() - t
+        new = paths["new"](scores, st, en, sc, P)
+        old = paths["old"](scores, st, en, sc, P)
         identical &= torch.equal(old[0], new[0]) and torch.equal(old[1], new[1])
-    previous = torch.get_num_threads()
-    result = {"n": n, "levels": levels, "rows": sum(b[0].shape[0] for b in blocks), "score_blocks_s": mm_seconds}
+    result = {"n": n, "levels": levels, "rows": sum(e - s for s, e, *_ in blocks), "score_blocks_s": mm_seconds}
     result["identical"] = bool(identical)
+    previous = torch.get_num_threads()
     try:
         for t in threads:
             torch.set_num_threads(t)
-            best = {"old": float("inf"), "new": float("inf")}
+            best = dict.fromkeys(paths, float("inf"))
             for _ in range(repeats):  # interleaved: both paths see the same machine load
-                for name in best:
-                    copies = [b[0].clone() for b in blocks] if name == "old" else [b[0] for b in blocks]
-                    start = time.perf_counter()
-                    for scores, (_, st, en, sc, P) in zip(copies, blocks):
-                        if name == "old":
-                            old_path(scores, st, en, sc, P)
-                        else:
-                            block_ranks_compiled(scores, st, en, sc, None, P)
-                    best[name] = min(best[name], time.perf_counter() - start)
+                for name, path in paths.items():
+                    seconds = 0.0
+                    for s, e, st, en, sc, P in blocks:
+                        scores = buf[: e - s]
+                        torch.mm(emb[s:e], gallery.T, out=scores)
+                        start = time.perf_counter()
+                        path(scores, st, en, sc, P)
+                        seconds += time.perf_counter() - start
+                    best[name] = min(best[name], seconds)
             result[f"threads_{t}"] = {"old_s": best["old"], "new_s": best["new"], "ratio": best["old"] / best["new"]}
     finally:
         torch.set_num_threads(previous)
