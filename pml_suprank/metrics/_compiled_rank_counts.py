@@ -171,8 +171,18 @@ def _rank_row(row, vals, keys, n, a1, b1, sc, lo, hi, num_bins):  # pragma: no c
     binof = np.empty(ns, np.int32)
     for t in range(ns):  # vectorised
         binof[t] = _bin(vals[t], grid) + np.int32(1)
+    # the bin table in 16 bits when it can (half the cache footprint of the counting pass's random lookups)
+    if n + _SPREAD < 2**16:
+        ge16 = np.zeros(B + 2 + _SPREAD, np.uint16)
+        return _sort_and_count(row, keys, n, a1, b1, sc, lo, grid, B, binof, ge16)
+    return _sort_and_count(row, keys, n, a1, b1, sc, lo, grid, B, binof, np.zeros(B + 2 + _SPREAD, np.int32))
+
+
+@numba.njit(nogil=True)
+def _sort_and_count(row, keys, n, a1, b1, sc, lo, grid, B, binof, ge):  # pragma: no cover - compiled
+    """:func:`_rank_row` once the bins ``binof`` (+1) of the keys are known; ``ge`` ``(B + 10,)`` zeros."""
+    ns = keys.shape[0]
     # ge[b + 1]: items of bin b, then start of bin b in the descending order; after the placement the end of bin b
-    ge = np.zeros(B + 2 + _SPREAD, np.int32)
     for t in range(ns):
         ge[np.uint32(binof[t])] += np.int32(keys[t] != _KEY_PAD)
     acc = 0
@@ -210,7 +220,7 @@ def _rank_row(row, vals, keys, n, a1, b1, sc, lo, hi, num_bins):  # pragma: no c
     r = bits.view(np.float32)
     r[n:] = -np.inf
     bins = np.empty(_TILE, np.int32)
-    hist = np.zeros(n + _SPREAD, np.int64)
+    hist = np.zeros(n + _SPREAD, np.int32)
     N = row.shape[0]
     for j0, j1 in ((0, a1), (b1, N)):
         if j0 <= sc < j1:  # the query's own column outside its slice
