@@ -83,7 +83,7 @@ def _scale(lo, hi, bins):
     return scale if scale < np.float32(np.inf) else np.float32(0.0)
 
 
-@numba.njit(nogil=True)
+@numba.njit(nogil=True, fastmath={"reassoc"})  # the grid only affects speed: sums in any order
 def _make_grid(vals, keys, n, lo, hi, bins):  # pragma: no cover - compiled
     """``(grid, number of bins)`` for the ``n`` valid relevant scores ``vals`` (``keys != _KEY_PAD``), all finite
     in ``[lo, hi]``: the middle segment spans ``mean ± _TAIL_SIGMAS · std`` (clipped to ``[lo, hi]``), the tails
