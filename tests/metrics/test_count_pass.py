@@ -129,3 +129,14 @@ def test_chunk_ranks_compiled_reads_the_score_block_only():
     assert torch.equal(scores, before)
     ref = chunk_ranks(scores.clone(), starts, ends, self_col, None, counting="histogram")
     assert torch.equal(ranks.positions, ref.positions) and torch.equal(ranks.counts, ref.counts)
+
+
+def test_rows_with_more_relevant_items_than_a_16_bit_table_holds():
+    g = torch.Generator().manual_seed(8)
+    N, n = 70_000, 66_000
+    scores = torch.randn(2, N, generator=g).round(decimals=2)
+    starts = torch.tensor([[1_000, 2_000], [0, 0]])
+    ends = torch.tensor([[1_000 + n, 40_000], [N, N]])  # row 1: every column relevant (no negative)
+    self_col = torch.tensor([1_500, -1])
+    positions = _check(scores, starts, ends, self_col)
+    assert int(positions[0].max()) > n and torch.equal(positions[1], torch.arange(1, N + 1))
