@@ -312,7 +312,21 @@ def block_ranks_compiled(
         ``levels`` (``0`` on padding) and 1-based ``positions`` (``0`` on padding) of the relevant items sorted by
         score descending, then level ascending: the outputs of ``block_keys_compiled``, a row sort and
         ``block_positions_compiled``.
+
+    Raises:
+        ValueError: a tensor not on the CPU, of another dtype or with a row count other than ``scores``' (naming
+            the argument).
     """
+    if scores.device.type != "cpu" or scores.dtype != torch.float32 or scores.dim() != 2:
+        raise ValueError(
+            f"scores must be a 2-D float32 CPU tensor; got {tuple(scores.shape)} {scores.dtype} on {scores.device}"
+        )
+    for name, t in (("starts", starts), ("ends", ends), ("self_col", self_col)):
+        if t.device.type != "cpu" or t.dtype != torch.int64 or t.shape[0] != scores.shape[0]:
+            raise ValueError(
+                f"{name} must be an int64 CPU tensor with one row per score row ({scores.shape[0]}); "
+                f"got {tuple(t.shape)} {t.dtype} on {t.device}"
+            )
     C = scores.shape[0]
     if P is None:
         P = int((ends[:, 0] - starts[:, 0]).max()) if C else 0

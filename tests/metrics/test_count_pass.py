@@ -140,3 +140,13 @@ def test_rows_with_more_relevant_items_than_a_16_bit_table_holds():
     self_col = torch.tensor([1_500, -1])
     positions = _check(scores, starts, ends, self_col)
     assert int(positions[0].max()) > n and torch.equal(positions[1], torch.arange(1, N + 1))
+
+
+def test_fused_kernel_refuses_other_dtypes_devices_and_shapes():
+    scores, starts, ends, self_col = _block(9, n=20)
+    with pytest.raises(ValueError, match="scores must be a 2-D float32 CPU tensor"):
+        block_ranks_compiled(scores.double(), starts, ends, self_col)
+    with pytest.raises(ValueError, match="starts must be an int64 CPU tensor"):
+        block_ranks_compiled(scores, starts.int(), ends, self_col)
+    with pytest.raises(ValueError, match="self_col .* one row per score row"):
+        block_ranks_compiled(scores, starts, ends, self_col[:5])
