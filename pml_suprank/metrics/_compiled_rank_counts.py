@@ -38,7 +38,7 @@ __all__ = ["block_ranks_compiled"]
 
 _KEY_PAD = (2**63 - 1) & ~63  # larger than every key; level bits 0 (== ranks._KEY_PAD)
 _DEFAULT_BINS = 8  # counting bins per relevant item
-_TAIL_SIGMAS = 4.0  # the grid's middle segment: mean ± this many standard deviations of the relevant scores
+_TAIL_SIGMAS = 3.0  # the grid's middle segment: mean ± this many standard deviations of the relevant scores
 _SORT_MOVES = 16  # insertion-sort moves per item beyond which a row's keys are sorted in full
 _LINEAR_SCAN = 8  # bins holding at most this many relevant items are scanned, larger ones binary-searched
 _TILE = 1024  # columns per tile of the counting pass (bins of the tile stay in L1)
