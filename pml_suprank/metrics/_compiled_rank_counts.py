@@ -9,20 +9,27 @@ those of the torch counters and of the two-pass kernels of :mod:`pml_suprank.met
 Per row (``n`` relevant items, ``N`` columns):
 
 1. keys ``-m(s)·64 + level`` of the slice (``m``: the order-preserving int32 image of the float32 bits, ``-0.0``
-   as ``+0.0``), the query's own column left out;
-2. a bucket sort of the keys on a uniform grid of ``2n`` bins over ``[min, max]`` of the relevant scores, finished
-   by an insertion sort (bins hold few items; a bin of more than 64 falls back to a full sort);
-3. the counting pass over the negatives in tiles of :data:`_TILE` columns: a branch-free, vectorised loop computes
-   the bin of every entry, then a scalar loop looks up ``a = #{k : bin(r_k) > bin(s)}``, steps over the relevant
-   items of the bin scoring higher than ``s`` (rare) and adds one to ``hist[a]``; ``neg_ge = cumsum(hist)``.
+   as ``+0.0``), the query's own column left out; their extremes give the score range and whether it is finite;
+2. a grid of about ``8n`` bins (``num_bins``) in three uniform segments: ``mean ± 3·std`` of the relevant scores,
+   and below and above it the tails (far outliers such as near-duplicates of the query), with as many bins per item
+   in each segment;
+3. a bucket sort of the keys on that grid (descending bins), finished by an insertion sort inside the bins (a row
+   needing more than 16 moves per item is sorted in full instead); the bucket starts are the lookup table
+   ``ge[b] = #{k : bin(r_k) > b}``;
+4. the counting pass over the negatives in tiles of :data:`_TILE` columns: a branch-free, vectorised loop computes
+   the bin of every entry, then a scalar loop takes ``a = ge[bin(s)]``, steps over the relevant items of the bin
+   scoring higher than ``s`` (one branch-free step, more only in crowded bins: linear scan, or a binary search past
+   8 items) and adds one to ``hist[a] = #{negatives s : #{k : r_k > s} = a}``; ``neg_ge = cumsum(hist)``.
 
-Exactness: ``bin(s) = trunc(clamp((s - lo) · scale, 0, B - 1))`` in float32 is a chain of correctly rounded, monotone
-operations, so it is non-decreasing in ``s``: an entry in a higher bin than a relevant item scores strictly higher,
-one in a lower bin strictly lower, and only a relevant item of the same bin is compared exactly. No arithmetic
-decides an order. Rows whose relevant scores are not all finite take the two-pass kernel's code (same results).
+Exactness: in each segment ``bin(s) = trunc(clamp((s - start) · scale, 0, top))`` in float32 is a chain of
+correctly rounded, monotone operations and the segment follows from two comparisons, so the bin is non-decreasing
+in ``s``: an entry in a higher bin than a relevant item scores strictly higher, one in a lower bin strictly lower,
+and only the relevant items of its own bin are compared exactly. No arithmetic decides an order; the grid (its
+range, the number of bins) only affects the speed. Rows whose relevant scores are not all finite take the two-pass
+kernel's code (same results).
 
 Negatives scoring below the lowest relevant item (also ``-inf``) never count; ``NaN`` negatives count above every
-relevant item, as in the two-pass kernel.
+relevant item, as in the two-pass kernel. The score block is read, never written.
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ _DEFAULT_BINS = 8  # counting bins per relevant item
 _TAIL_SIGMAS = 3.0  # the grid's middle segment: mean ± this many standard deviations of the relevant scores
 _SORT_MOVES = 16  # insertion-sort moves per item beyond which a row's keys are sorted in full
 _LINEAR_SCAN = 8  # bins holding at most this many relevant items are scanned, larger ones binary-searched
-_TILE = 1024  # columns per tile of the counting pass (bins of the tile stay in L1)
+_TILE = 1024  # columns per tile of the counting pass (the tile and its bins stay in L1)
 _SPREAD = 8  # pruned entries go to 8 spare slots (no chain of increments of one counter)
 _ONE = np.uint32(1)
 _INF_IMAGE = 0x7F800000  # image of +inf (that of -inf is -_INF_IMAGE - 1); NaN images lie beyond
