@@ -49,6 +49,7 @@ _TAIL_SIGMAS = 3.0  # the grid's middle segment: mean ± this many standard devi
 _SORT_MOVES = 16  # insertion-sort moves per item beyond which a row's keys are sorted in full
 _LINEAR_SCAN = 8  # bins holding at most this many relevant items are scanned, larger ones binary-searched
 _TILE = 1024  # columns per tile of the counting pass (the tile and its bins stay in L1)
+_SAMPLES = 64  # entries of a row sampled to decide whether its pruned tiles are worth skipping
 _SPREAD = 8  # pruned entries go to 8 spare slots (no chain of increments of one counter)
 _ONE = np.uint32(1)
 _INF_IMAGE = 0x7F800000  # image of +inf (that of -inf is -_INF_IMAGE - 1); NaN images lie beyond
@@ -133,18 +134,30 @@ def _make_grid(vals, keys, n, lo, hi, bins):  # pragma: no cover - compiled
 
 
 @numba.njit(nogil=True)
-def _count_range(row, j0, j1, lo, grid, B, ge, r, bins, hist):  # pragma: no cover - compiled
+def _count_range(row, j0, j1, lo, grid, B, ge, r, bins, hist, skip_pruned):  # pragma: no cover - compiled
     """``hist[#{k : r_k > s}] += 1`` for the negatives ``s = row[j]``, ``j0 <= j < j1``, scoring at least ``lo``
-    (the others go to the spare slots ``n .. n + 7``). ``ge[b + 2]``: relevant items in bins above ``b``,
+    (the others go to the spare slots ``n .. n + 7``; with ``skip_pruned``, tiles holding only those are skipped).
+    ``ge[b + 2]``: relevant items in bins above ``b``,
     ``ge[b + 1]``: in bins ``>= b`` (the end of bin ``b``), ``ge[B + 2 + i] = n + i``; ``r`` ``(n + 8,)``: the
     descending relevant scores, ``-inf`` padded."""
     for t0 in range(j0, j1, _TILE):
         m = min(_TILE, j1 - t0)
         tile = row[t0 : t0 + m]
-        for j in range(m):  # vectorised: table index of every entry
-            s = tile[j]
-            b = _bin(s, grid) + np.int32(2)
-            bins[j] = b if not (s < lo) else np.int32(B + 2 + (j & 7))
+        if skip_pruned:  # most entries score below every relevant item: tiles holding no other are skipped
+            kept = np.int32(0)
+            for j in range(m):  # vectorised
+                s = tile[j]
+                b = _bin(s, grid) + np.int32(2)
+                below = s < lo
+                bins[j] = b if not below else np.int32(B + 2 + (j & 7))
+                kept |= np.int32(not below)
+            if kept == 0:
+                continue
+        else:
+            for j in range(m):  # vectorised: table index of every entry
+                s = tile[j]
+                b = _bin(s, grid) + np.int32(2)
+                bins[j] = b if not (s < lo) else np.int32(B + 2 + (j & 7))
         for j in range(m):
             s = tile[j]
             b = np.uint32(bins[j])
@@ -229,12 +242,17 @@ def _sort_and_count(row, keys, n, a1, b1, sc, lo, grid, B, binof, ge):  # pragma
     bins = np.empty(_TILE, np.int32)
     hist = np.zeros(n + _SPREAD, np.int32)
     N = row.shape[0]
+    step = max(N // _SAMPLES, 1)
+    below = 0
+    for j in range(0, N, step):  # a sample of the row: do most entries score below every relevant item?
+        below += row[j] < lo
+    skip = below * 10 >= 9 * ((N + step - 1) // step)
     for j0, j1 in ((0, a1), (b1, N)):
         if j0 <= sc < j1:  # the query's own column outside its slice
-            _count_range(row, j0, sc, lo, grid, B, ge, r, bins, hist)
-            _count_range(row, sc + 1, j1, lo, grid, B, ge, r, bins, hist)
+            _count_range(row, j0, sc, lo, grid, B, ge, r, bins, hist, skip)
+            _count_range(row, sc + 1, j1, lo, grid, B, ge, r, bins, hist, skip)
         else:
-            _count_range(row, j0, j1, lo, grid, B, ge, r, bins, hist)
+            _count_range(row, j0, j1, lo, grid, B, ge, r, bins, hist, skip)
     neg_ge = np.empty(n, np.int64)
     acc = 0
     for k in range(n):

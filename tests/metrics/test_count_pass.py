@@ -150,3 +150,19 @@ def test_fused_kernel_refuses_other_dtypes_devices_and_shapes():
         block_ranks_compiled(scores, starts.int(), ends, self_col)
     with pytest.raises(ValueError, match="self_col .* one row per score row"):
         block_ranks_compiled(scores, starts, ends, self_col[:5])
+
+
+def test_rows_whose_negatives_mostly_score_below_every_relevant_item():
+    """Relevant items on top (a well-trained model): whole tiles of pruned negatives are skipped, the few hard
+    negatives elsewhere still count."""
+    scores, starts, ends, self_col = _block(10, n=3_000, decimals=2, classes=20)
+    scores, starts, ends, self_col = scores[:30].clone(), starts[:30], ends[:30], self_col[:30]
+    cols = torch.arange(scores.shape[1])
+    relevant = (cols[None, :] >= starts[:, :1]) & (cols[None, :] < ends[:, :1])
+    scores[relevant] += 10.0
+    g = torch.Generator().manual_seed(10)
+    hard = torch.rand(scores.shape, generator=g) < 0.002
+    scores[hard & ~relevant] = 10.0 + torch.randn(int((hard & ~relevant).sum()), generator=g).round(decimals=1)
+    scores[:5, 1_500:] = 12.0  # and a few rows where half the negatives score among the relevant items
+    positions = _check(scores, starts, ends, self_col)
+    assert int(positions[5:].max()) < int(positions[:5].max())
