@@ -244,9 +244,12 @@ def _sort_and_count(row, keys, n, a1, b1, sc, lo, grid, B, binof, ge):  # pragma
     N = row.shape[0]
     step = max(N // _SAMPLES, 1)
     below = 0
-    for j in range(0, N, step):  # a sample of the row: do most entries score below every relevant item?
-        below += row[j] < lo
-    skip = below * 10 >= 9 * ((N + step - 1) // step)
+    sampled = 0
+    for j in range(0, N, step):  # a sample of the negatives: do most score below every relevant item?
+        if j < a1 or j >= b1:
+            below += row[j] < lo
+            sampled += 1
+    skip = below * 10 >= 9 * sampled
     for j0, j1 in ((0, a1), (b1, N)):
         if j0 <= sc < j1:  # the query's own column outside its slice
             _count_range(row, j0, sc, lo, grid, B, ge, r, bins, hist, skip)
