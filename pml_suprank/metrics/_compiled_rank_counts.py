@@ -20,6 +20,8 @@ Per row (``n`` relevant items, ``N`` columns):
    the bin of every entry, then a scalar loop takes ``a = ge[bin(s)]``, steps over the relevant items of the bin
    scoring higher than ``s`` (one branch-free step, more only in crowded bins: linear scan, or a binary search past
    8 items) and adds one to ``hist[a] = #{negatives s : #{k : r_k > s} = a}``; ``neg_ge = cumsum(hist)``.
+   In rows where a sample of the negatives mostly scores below every relevant item, tiles holding only such
+   entries are skipped.
 
 Exactness: in each segment ``bin(s) = trunc(clamp((s - start) · scale, 0, top))`` in float32 is a chain of
 correctly rounded, monotone operations and the segment follows from two comparisons, so the bin is non-decreasing
