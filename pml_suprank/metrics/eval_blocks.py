@@ -5,8 +5,8 @@ The gallery is permuted once so that items are grouped by their label path (coar
 the ``m`` coarsest labels of a query then form a contiguous, nested slice ``[a_m, b_m)`` of every score row
 (:func:`label_blocks`), so the level of an item follows from its column. :func:`chunk_ranks` turns one ``(C, N)``
 score block into the positions of every relevant item (:class:`~pml_suprank.metrics.ranks.RetrievalRanks`): on the
-CPU with numba by two compiled passes over the rows (keys of the relevant slice, a SIMD sort, one counting pass over
-the other columns), elsewhere with the torch kernels of :mod:`pml_suprank.metrics.ranks`.
+CPU with numba by one fused compiled pass over each row (keys of the relevant slice, a bucket sort, one counting pass
+over the other columns), elsewhere with the torch kernels of :mod:`pml_suprank.metrics.ranks`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .ranks import RetrievalRanks, _compiled_available, _sort_rows, rank_relevant_items
+from .ranks import RetrievalRanks, _compiled_available, rank_relevant_items
 
 __all__ = ["CPU_CHUNK_BYTES", "block_counts", "chunk_ranks", "chunk_rows", "label_blocks"]
 
@@ -100,16 +100,16 @@ def _fused_applies(scores: Tensor, L: int, counting: str) -> bool:
 def _chunk_ranks_compiled(
     scores: Tensor, starts: Tensor, ends: Tensor, self_col: Tensor | None, num_bins: int | None, P: int
 ) -> RetrievalRanks:
-    """:func:`chunk_ranks` on the CPU in two compiled passes over the rows (numba): the keys of the relevant slice
-    (score and level in one int64), a SIMD sort of the keys (numpy), then one pass over the other columns counting
-    the negatives at or above each relevant item. The score block is read, never modified."""
-    from ._compiled_counts import block_keys_compiled, block_positions_compiled
+    """:func:`chunk_ranks` on the CPU in one fused compiled pass per row (numba): the keys of the relevant slice
+    (score and level in one int64), a bucket sort of them, then the counting of the negatives at or above each
+    relevant item (:func:`~pml_suprank.metrics._compiled_rank_counts.block_ranks_compiled`). The score block is
+    read, never modified."""
+    from ._compiled_rank_counts import block_ranks_compiled
 
     C, N = scores.shape
     starts, ends = starts.contiguous(), ends.contiguous()
     sc = torch.full((C,), -1, dtype=torch.long) if self_col is None else self_col.contiguous()
-    keys = _sort_rows(block_keys_compiled(scores, starts, ends, sc, P))
-    levels, positions = block_positions_compiled(scores, keys, starts, ends, sc, num_bins)
+    levels, positions = block_ranks_compiled(scores, starts, ends, sc, num_bins, P)
     has_self = (sc >= 0).long()
     return RetrievalRanks(levels, positions, block_counts(starts, ends, has_self, N), starts.shape[1])
 

@@ -4,7 +4,7 @@ The gallery is permuted once so that items are grouped by their label path (coar
 the ``m`` coarsest labels of a query then form a contiguous, nested slice ``[a_m, b_m)`` of every score row, so the
 level of an item follows from its column and no ``(Q, N)`` level matrix is built (:mod:`.eval_blocks`). For each
 chunk of queries the score block is one matmul; the relevant slice is ranked and negatives are only *counted*
-(:func:`~pml_suprank.metrics.eval_blocks.chunk_ranks`: on the CPU two compiled passes over the rows when numba is
+(:func:`~pml_suprank.metrics.eval_blocks.chunk_ranks`: on the CPU one fused compiled pass per row when numba is
 installed, elsewhere the torch kernels of :mod:`~pml_suprank.metrics.ranks`, a fixed-shape search off the CPU).
 Cost: ``O(Q·N·D)`` for the matmul plus one or two ``O(Q·N)`` streaming passes and ``O(Σ_q P_q log P_q)`` for the
 relevant items; memory: a byte budget per chunk for the device (:func:`~pml_suprank.metrics.eval_blocks.chunk_rows`).
