@@ -5,12 +5,11 @@
   lowest relevant item, looks the others up in a uniform histogram of the row's relevant scores and finishes with an
   exact comparison against the relevant items sharing a bin, in one pass over the row. Same result as the torch
   counters (exact integer counts; no arithmetic decides an order, the bins only narrow down where to compare).
-* :func:`block_keys_compiled` and :func:`block_positions_compiled`: the evaluator's two passes over a score block
-  whose relevant items are one contiguous column slice per row (keys of the slice; then, once sorted, the counting
-  over the other columns), used by :func:`pml_suprank.metrics.eval_blocks.chunk_ranks`.
-* :func:`prefix_sums_compiled` and :func:`asi_sums_compiled`: the shared prefix sums of
-  :class:`pml_suprank.metrics.from_ranks.RankStats` and the sums of ASI in one pass per row (the torch path of
-  those classes stays the implementation on other devices and the reference of the tests).
+* :func:`block_keys_compiled` and :func:`block_positions_compiled`: two passes over a score block whose relevant
+  items are one contiguous column slice per row (keys of the slice; then, once sorted, the counting over the other
+  columns): the reference of the tests of the evaluator's fused kernel
+  (:mod:`pml_suprank.metrics._compiled_rank_counts`), whose rows with non-finite relevant scores reuse
+  :func:`_count_row`.
 
 numba is an optional dependency (``pip install 'pml-suprank[fast]'``): this module imports it at import time, so
 import the module lazily and treat ``ImportError`` as "not available" (:func:`compiled_counting_available`). The
@@ -27,11 +26,9 @@ from torch import Tensor
 
 __all__ = [
     "SUPPORTED_DTYPES",
-    "asi_sums_compiled",
     "block_keys_compiled",
     "block_positions_compiled",
     "count_negatives_compiled",
-    "prefix_sums_compiled",
 ]
 
 SUPPORTED_DTYPES = (torch.float32, torch.float64)
@@ -300,100 +297,3 @@ class _threads:
 
     def __exit__(self, *exc) -> None:
         numba.set_num_threads(self.previous)
-
-
-@numba.njit(parallel=True, nogil=True)
-def _prefix_sums(  # pragma: no cover - compiled
-    levels, positions, position, inv_position, cum_ge, cum_prec, level_sums, level_disc
-):
-    """One pass per row of :class:`~pml_suprank.metrics.from_ranks.RankStats`'s shared arrays: ``position`` (``inf``
-    on padding), ``inv_position = 1 / position`` and, for every threshold ``m = 1..L`` (index ``m - 1``), ``cum_ge``
-    (items of level ``>= m`` up to each slot) and ``cum_prec`` (inclusive sums of ``cum_ge · inv_position`` over the
-    slots of level ``>= m``) — the torch path's operations in its order, so bitwise equal; and the per-level sums
-    ``level_sums[c, λ - 1, m - 1] = Σ_{k: level λ} cum_ge_m(k) / position_k`` and ``level_disc[c, λ - 1] =
-    Σ_{k: level λ} 1 / log2(1 + position_k)``."""
-    C, P = levels.shape
-    L = cum_ge.shape[0]
-    for c in numba.prange(C):
-        level_sums[c] = 0.0
-        level_disc[c] = 0.0
-        for m in range(L):
-            a = 0.0
-            acc = 0.0
-            for k in range(P):
-                lv = levels[c, k]
-                if m == 0:
-                    if lv > 0:
-                        position[c, k] = np.float64(positions[c, k])
-                        inv_position[c, k] = 1.0 / position[c, k]
-                        level_disc[c, lv - 1] += 1.0 / np.log2(1.0 + position[c, k])
-                    else:
-                        position[c, k] = np.inf
-                        inv_position[c, k] = 0.0
-                if lv > m:  # the other slots add an exact 0 in the torch path
-                    a += 1.0
-                    acc += a * inv_position[c, k]
-                if lv > 0:
-                    level_sums[c, lv - 1, m] += a * inv_position[c, k]
-                cum_ge[m, c, k] = a
-                cum_prec[m, c, k] = acc
-
-
-def prefix_sums_compiled(levels: Tensor, positions: Tensor, num_levels: int) -> tuple[Tensor, ...]:
-    """``(position, inv_position, cum_ge, cum_prec, level_sums, level_disc)`` of ``(C, P)`` int64 ranked ``levels``
-    and ``positions`` (CPU): ``(C, P)``, ``(C, P)``, ``(L, C, P)``, ``(L, C, P)``, ``(C, L, L)`` and ``(C, L)``
-    float64 tensors, see :func:`_prefix_sums`."""
-    C, P = levels.shape
-    L = num_levels
-    out = (
-        torch.empty(C, P, dtype=torch.float64),
-        torch.empty(C, P, dtype=torch.float64),
-        torch.empty(L, C, P, dtype=torch.float64),
-        torch.empty(L, C, P, dtype=torch.float64),
-        torch.zeros(C, L, L, dtype=torch.float64),
-        torch.zeros(C, L, dtype=torch.float64),
-    )
-    if C and P:
-        with _threads():
-            _prefix_sums(levels.contiguous().numpy(), positions.contiguous().numpy(), *(t.numpy() for t in out))
-    return out
-
-
-@numba.njit(parallel=True, nogil=True)
-def _asi_sums(levels, positions, counts, out):  # pragma: no cover - compiled
-    """``out[c] = Σ_{n=1}^{min(N⁺, P)} Σ_l min(c_l(n), c*_l(n)) / n`` (ASI before the division by ``N⁺``), walking
-    the positions once per row; see :func:`pml_suprank.metrics.from_ranks.asi_` for the definitions."""
-    C, P = levels.shape
-    L = counts.shape[1] - 1
-    for c in numba.prange(C):
-        n_plus = 0
-        for lvl in range(1, L + 1):
-            n_plus += counts[c, lvl]
-        above = np.zeros(L + 1, np.int64)  # relevant items of a higher level (ranked first in the ideal order)
-        for lvl in range(L - 1, 0, -1):
-            above[lvl] = above[lvl + 1] + counts[c, lvl + 1]
-        cnt = np.zeros(L + 1, np.int64)  # items of each level within the first n positions
-        k = 0
-        total_sum = 0.0
-        for n in range(1, min(n_plus, P) + 1):
-            while k < P and levels[c, k] > 0 and positions[c, k] == n:
-                cnt[levels[c, k]] += 1
-                k += 1
-            total = cnt[L]  # the finest level never exceeds its ideal count
-            for lvl in range(1, L):
-                ideal = min(max(n - min(above[lvl], P), 0), min(counts[c, lvl], P))
-                total += min(cnt[lvl], ideal)
-            total_sum += np.float64(total) / np.float64(n)
-        out[c] = total_sum
-
-
-def asi_sums_compiled(levels: Tensor, positions: Tensor, counts: Tensor) -> Tensor:
-    """``(C,)`` float64 ASI numerators of ``(C, P)`` int64 ranked ``levels`` / ``positions`` and ``(C, L + 1)``
-    gallery ``counts`` (CPU), see :func:`_asi_sums`."""
-    out = torch.zeros(levels.shape[0], dtype=torch.float64)
-    if levels.numel():
-        with _threads():
-            _asi_sums(
-                levels.contiguous().numpy(), positions.contiguous().numpy(), counts.contiguous().numpy(), out.numpy()
-            )
-    return out
