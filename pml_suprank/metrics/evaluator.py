@@ -74,7 +74,7 @@ class RetrievalEvaluator:
     Args:
         k_values: the ``k`` of the top-k metrics.
         alpha: ``α`` of the H-AP relevance (1 = HAPPIER).
-        chunk_size: queries per chunk; default: a byte budget for the device (:func:`chunk_rows`: 32 MiB on the
+        chunk_size: queries per chunk; default: a byte budget for the device (:func:`chunk_rows`: 128 MiB on the
             CPU, a quarter of the free memory on a GPU) divided by the work memory of one query.
         device: where to compute (default: the device of ``query``); a device whose backend is unavailable here
             (e.g. ``"cuda"`` without CUDA) raises ``ValueError`` at construction.
