@@ -8,8 +8,7 @@
 * :func:`block_keys_compiled` and :func:`block_positions_compiled`: two passes over a score block whose relevant
   items are one contiguous column slice per row (keys of the slice; then, once sorted, the counting over the other
   columns): the reference of the tests of the evaluator's fused kernel
-  (:mod:`pml_suprank.metrics._compiled_rank_counts`), whose rows with non-finite relevant scores reuse
-  :func:`_count_row`.
+  (:mod:`pml_suprank.metrics._compiled_rank_counts`, which holds the row counter ``_count_row`` both use).
 
 numba is an optional dependency (``pip install 'pml-suprank[fast]'``): this module imports it at import time, so
 import the module lazily and treat ``ImportError`` as "not available" (:func:`compiled_counting_available`). The
@@ -24,6 +23,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ._compiled_rank_counts import _count_row, _decode_keys
+from ._numba_jit import _threads
+
 __all__ = [
     "SUPPORTED_DTYPES",
     "block_keys_compiled",
@@ -33,87 +35,6 @@ __all__ = [
 
 SUPPORTED_DTYPES = (torch.float32, torch.float64)
 
-_DEFAULT_BINS = 8  # bins per relevant item: few bins hold a relevant item, so the exact comparisons are rare
-_LINEAR_SCAN = 8  # bins holding at most this many relevant items are scanned, larger ones binary-searched
-
-
-@numba.njit(inline="always")
-def _bin(value, lo, scale, num_bins):
-    """Bin of ``value >= lo``: ``floor((value - lo) · scale)`` in float64, clamped to ``num_bins - 1`` (also for an
-    overflow to inf or NaN). A chain of correctly rounded monotone operations, so ``bin`` is non-decreasing in
-    ``value``: an item in a higher bin than a relevant item scores strictly higher, one in a lower bin strictly
-    lower."""
-    x = (np.float64(value) - lo) * scale
-    if x < num_bins:
-        return np.int64(x)
-    return num_bins - 1
-
-
-@numba.njit(nogil=True)
-def _count_row(row, r, n, num_bins, out_row):  # pragma: no cover - compiled
-    """``out_row[k] = #{j : row[j] >= r[k]}`` for ``k < n``: ``row`` ``(N,)`` scores, ``r`` ``(n + 1,)`` the relevant
-    scores in descending order followed by a ``-inf`` sentinel (never above a kept negative)."""
-    N = row.shape[0]
-    lo = np.float64(r[n - 1])
-    width = np.float64(r[0]) - lo
-    B = num_bins if num_bins > 0 else _DEFAULT_BINS * n
-    B = max(min(B, 64 * n), 1)
-    scale = B / width if width > 0.0 else 0.0
-    if not scale < np.inf:  # width subnormal-small or infinite: one bin, still exact
-        scale = 0.0
-    # ge[b] = #{k : bin(r_k) >= b} (r descending: bins non-increasing), ge[B] = 0
-    ge = np.zeros(B + 1, np.int32)
-    for k in range(n):
-        ge[_bin(r[k], lo, scale, B)] += 1
-    for b in range(B - 1, -1, -1):
-        ge[b] += ge[b + 1]
-    # slot[j] = #{k : r_k > s_j} for the kept negatives, n for the others; two passes (slots, then their
-    # histogram) keep the histogram's stores out of the lookup loop, which is several times faster
-    slot = np.empty(N, np.int32)
-    lo_s = r[n - 1]
-    for j in range(N):
-        s = row[j]
-        if s < lo_s:  # below every relevant item (also the -inf of removed items): never counts
-            slot[j] = n
-            continue
-        b = _bin(s, lo, scale, B)
-        a = np.int64(ge[b + 1])  # relevant items in higher bins: all score strictly higher
-        a += np.int64(r[a] > s)  # items past the bin score strictly lower than s; the sentinel ends the row
-        if r[a] > s:  # a second relevant item of the bin scores higher: finish the bin exactly
-            e = np.int64(ge[b])
-            if e - a <= _LINEAR_SCAN:
-                while r[a] > s:
-                    a += 1
-            else:  # first slot in [a, e) with r <= s
-                while a < e:
-                    m = (a + e) >> 1
-                    if r[m] > s:
-                        a = m + 1
-                    else:
-                        e = m
-        slot[j] = a  # a < n because s >= the lowest relevant score
-    hist = np.zeros(n + 1, np.int64)
-    for j in range(N):
-        k = slot[j]
-        if k < n:  # the pruned entries (slot n) never count; skipping them avoids a store chain on hist[n]
-            hist[k] += 1
-    acc = 0
-    for k in range(n):
-        acc += hist[k]
-        out_row[k] = acc
-
-
-@numba.njit(nogil=True)
-def _decode_keys(keys_row, n):  # pragma: no cover - compiled
-    """The float32 scores ``(n + 1,)`` of the first ``n`` sorted pessimistic keys ``-m(r)·64 + level`` of a row, then
-    a ``-inf`` sentinel (``m``: the order-preserving int32 image of the float bits, an involution)."""
-    bits = np.empty(n + 1, np.int32)
-    for k in range(n):
-        m = -(keys_row[k] >> 6)
-        bits[k] = np.int32(m ^ ((m >> 31) & 0x7FFFFFFF))
-    r = bits.view(np.float32)
-    r[n] = -np.inf
-    return r
 
 
 @numba.njit(parallel=True, nogil=True)
@@ -286,14 +207,3 @@ def block_positions_compiled(
                 positions.numpy(),
             )
     return levels, positions
-
-
-class _threads:
-    """As many numba threads as torch uses (numba's setting is per calling thread; restored afterwards)."""
-
-    def __enter__(self) -> None:
-        self.previous = numba.get_num_threads()
-        numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
-
-    def __exit__(self, *exc) -> None:
-        numba.set_num_threads(self.previous)

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._compiled_counts import _count_row, _decode_keys, _threads
+from ._numba_jit import _threads, njit
 
 __all__ = ["block_ranks_compiled"]
 
@@ -57,7 +57,90 @@ _ONE = np.uint32(1)
 _INF_IMAGE = 0x7F800000  # image of +inf (that of -inf is -_INF_IMAGE - 1); NaN images lie beyond
 
 
-@numba.njit(inline="always")
+# the uniform-grid counter of one row: rows whose relevant scores are not all finite, and the counting of
+# :func:`pml_suprank.metrics._compiled_counts.count_negatives_compiled`
+
+
+@njit(inline="always")
+def _uniform_bin(value, lo, scale, num_bins):
+    """Bin of ``value >= lo``: ``floor((value - lo) · scale)`` in float64, clamped to ``num_bins - 1`` (also for an
+    overflow to inf or NaN). A chain of correctly rounded monotone operations, so ``bin`` is non-decreasing in
+    ``value``: an item in a higher bin than a relevant item scores strictly higher, one in a lower bin strictly
+    lower."""
+    x = (np.float64(value) - lo) * scale
+    if x < num_bins:
+        return np.int64(x)
+    return num_bins - 1
+
+
+@njit(nogil=True)
+def _count_row(row, r, n, num_bins, out_row):  # pragma: no cover - compiled
+    """``out_row[k] = #{j : row[j] >= r[k]}`` for ``k < n``: ``row`` ``(N,)`` scores, ``r`` ``(n + 1,)`` the relevant
+    scores in descending order followed by a ``-inf`` sentinel (never above a kept negative)."""
+    N = row.shape[0]
+    lo = np.float64(r[n - 1])
+    width = np.float64(r[0]) - lo
+    B = num_bins if num_bins > 0 else _DEFAULT_BINS * n
+    B = max(min(B, 64 * n), 1)
+    scale = B / width if width > 0.0 else 0.0
+    if not scale < np.inf:  # width subnormal-small or infinite: one bin, still exact
+        scale = 0.0
+    # ge[b] = #{k : bin(r_k) >= b} (r descending: bins non-increasing), ge[B] = 0
+    ge = np.zeros(B + 1, np.int32)
+    for k in range(n):
+        ge[_uniform_bin(r[k], lo, scale, B)] += 1
+    for b in range(B - 1, -1, -1):
+        ge[b] += ge[b + 1]
+    # slot[j] = #{k : r_k > s_j} for the kept negatives, n for the others; two passes (slots, then their
+    # histogram) keep the histogram's stores out of the lookup loop, which is several times faster
+    slot = np.empty(N, np.int32)
+    lo_s = r[n - 1]
+    for j in range(N):
+        s = row[j]
+        if s < lo_s:  # below every relevant item (also the -inf of removed items): never counts
+            slot[j] = n
+            continue
+        b = _uniform_bin(s, lo, scale, B)
+        a = np.int64(ge[b + 1])  # relevant items in higher bins: all score strictly higher
+        a += np.int64(r[a] > s)  # items past the bin score strictly lower than s; the sentinel ends the row
+        if r[a] > s:  # a second relevant item of the bin scores higher: finish the bin exactly
+            e = np.int64(ge[b])
+            if e - a <= _LINEAR_SCAN:
+                while r[a] > s:
+                    a += 1
+            else:  # first slot in [a, e) with r <= s
+                while a < e:
+                    m = (a + e) >> 1
+                    if r[m] > s:
+                        a = m + 1
+                    else:
+                        e = m
+        slot[j] = a  # a < n because s >= the lowest relevant score
+    hist = np.zeros(n + 1, np.int64)
+    for j in range(N):
+        k = slot[j]
+        if k < n:  # the pruned entries (slot n) never count; skipping them avoids a store chain on hist[n]
+            hist[k] += 1
+    acc = 0
+    for k in range(n):
+        acc += hist[k]
+        out_row[k] = acc
+
+
+@njit(nogil=True)
+def _decode_keys(keys_row, n):  # pragma: no cover - compiled
+    """The float32 scores ``(n + 1,)`` of the first ``n`` sorted pessimistic keys ``-m(r)·64 + level`` of a row, then
+    a ``-inf`` sentinel (``m``: the order-preserving int32 image of the float bits, an involution)."""
+    bits = np.empty(n + 1, np.int32)
+    for k in range(n):
+        m = -(keys_row[k] >> 6)
+        bits[k] = np.int32(m ^ ((m >> 31) & 0x7FFFFFFF))
+    r = bits.view(np.float32)
+    r[n] = -np.inf
+    return r
+
+
+@njit(inline="always")
 def _bin(value, grid):
     """Bin of ``value`` on a three-segment grid ``(g_lo, g_hi, lo, scale_b, top_b, scale_m, top_m, off_m, scale_t,
     top_t, off_t)``: below ``g_lo`` the bins ``[0, top_b]`` over ``[lo, g_lo]``, from ``g_hi`` on (and NaN) the
@@ -77,7 +160,7 @@ def _bin(value, grid):
     return np.int32(x) + off
 
 
-@numba.njit(inline="always")
+@njit(inline="always")
 def _decode_one(m):
     """float32 of the order-preserving int32 image ``m`` of its bits."""
     bits = np.empty(1, np.int32)
@@ -85,7 +168,7 @@ def _decode_one(m):
     return bits.view(np.float32)[0]
 
 
-@numba.njit(inline="always")
+@njit(inline="always")
 def _scale(lo, hi, bins):
     """float32 ``bins / (hi - lo)`` (``0``: one bin, if degenerate or overflowing)."""
     width = np.float64(hi) - np.float64(lo)
@@ -93,7 +176,7 @@ def _scale(lo, hi, bins):
     return scale if scale < np.float32(np.inf) else np.float32(0.0)
 
 
-@numba.njit(nogil=True, fastmath={"reassoc"})  # the grid only affects speed: sums in any order
+@njit(nogil=True, fastmath={"reassoc"})  # the grid only affects speed: sums in any order
 def _make_grid(vals, keys, n, lo, hi, bins):  # pragma: no cover - compiled
     """``(grid, number of bins)`` for the ``n`` valid relevant scores ``vals`` (``keys != _KEY_PAD``), all finite
     in ``[lo, hi]``: the middle segment spans ``mean ± _TAIL_SIGMAS · std`` (clipped to ``[lo, hi]``), the tails
@@ -135,7 +218,7 @@ def _make_grid(vals, keys, n, lo, hi, bins):  # pragma: no cover - compiled
     return grid, b_bottom + b_mid + b_top
 
 
-@numba.njit(nogil=True)
+@njit(nogil=True)
 def _count_range(row, j0, j1, lo, grid, B, ge, r, bins, hist, skip_pruned):  # pragma: no cover - compiled
     """``hist[#{k : r_k > s}] += 1`` for the negatives ``s = row[j]``, ``j0 <= j < j1``, scoring at least ``lo``
     (the others go to the spare slots ``n .. n + 7``; with ``skip_pruned``, tiles holding only those are skipped).
@@ -180,7 +263,7 @@ def _count_range(row, j0, j1, lo, grid, B, ge, r, bins, hist, skip_pruned):  # p
             hist[a] += 1
 
 
-@numba.njit(nogil=True)
+@njit(nogil=True)
 def _rank_row(row, vals, keys, n, a1, b1, sc, lo, hi, num_bins):  # pragma: no cover - compiled
     """``(sorted keys (n,), neg_ge (n,))`` of one row whose ``n`` valid relevant keys (``_KEY_PAD`` elsewhere) are
     ``keys`` with scores ``vals`` (all finite, in ``[lo, hi]``): a bucket sort of the keys on the counting grid
@@ -200,7 +283,7 @@ def _rank_row(row, vals, keys, n, a1, b1, sc, lo, hi, num_bins):  # pragma: no c
     return _sort_and_count(row, keys, n, a1, b1, sc, lo, grid, B, binof, np.zeros(B + 2 + _SPREAD, np.int32))
 
 
-@numba.njit(nogil=True)
+@njit(nogil=True)
 def _sort_and_count(row, keys, n, a1, b1, sc, lo, grid, B, binof, ge):  # pragma: no cover - compiled
     """:func:`_rank_row` once the bins ``binof`` (+1) of the keys are known; ``ge`` ``(B + 10,)`` zeros."""
     ns = keys.shape[0]
@@ -266,7 +349,7 @@ def _sort_and_count(row, keys, n, a1, b1, sc, lo, grid, B, binof, ge):  # pragma
     return srt, neg_ge
 
 
-@numba.njit(nogil=True)
+@njit(nogil=True)
 def _count_general(row, keys, n, a1, b1, sc, num_bins):  # pragma: no cover - compiled
     """The two-pass kernel's sort and count (any scores, e.g. infinite or NaN relevant ones)."""
     srt = np.sort(keys)[:n]
@@ -279,7 +362,7 @@ def _count_general(row, keys, n, a1, b1, sc, num_bins):  # pragma: no cover - co
     return srt, neg_ge
 
 
-@numba.njit(parallel=True, nogil=True)
+@njit(parallel=True, nogil=True)
 def _block_ranks(scores, starts, ends, self_col, num_bins, levels, positions):  # pragma: no cover - compiled
     """Levels and 1-based positions ``(C, P)`` of the relevant items of each row in its pessimistic ranking, sorted
     (padding ``0`` last); see the module docstring."""

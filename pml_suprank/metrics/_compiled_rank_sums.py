@@ -19,11 +19,12 @@ import torch
 from torch import Tensor
 
 from ._compiled_counts import _threads
+from ._numba_jit import njit
 
 __all__ = ["rank_sums_compiled"]
 
 
-@numba.njit(nogil=True)
+@njit(nogil=True)
 def _position_tables(positions):  # pragma: no cover - compiled
     """``(n + 1,)`` float64 ``1 / p`` and ``1 / log2(1 + p)`` for the positions ``p = 1..n``, ``n`` the largest of
     ``positions`` (index 0 unused): the walk reads them instead of dividing and taking a logarithm per slot (the
@@ -38,7 +39,7 @@ def _position_tables(positions):  # pragma: no cover - compiled
     return inv, disc
 
 
-@numba.njit(parallel=True, nogil=True)
+@njit(parallel=True, nogil=True)
 def _rank_sums(  # pragma: no cover - compiled
     levels, positions, counts, thresholds, inv_table, disc_table, ge_at, prec_at, level_sums, level_disc, asi
 ):
