@@ -35,7 +35,8 @@ def _batch(name: str, batch: int = 32, dim: int = 16):
     return emb, labels
 
 
-@pytest.mark.parametrize("memory", [False, True], ids=["in-batch", "memory"])
+# the memory variants compile a second graph per loss (~3 s each): in the full suite only
+@pytest.mark.parametrize("memory", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["in-batch", "memory"])
 @pytest.mark.parametrize("name", FLAT + HIERARCHICAL)
 def test_dense_loss_compiles_as_one_graph_and_matches_eager(name, memory):
     torch._dynamo.reset()
