@@ -120,7 +120,7 @@ class RankStats:
         self._position: Tensor | None = None
         self._inv_position: Tensor | None = None
         self._compiled = _compiled_prefix_sums(lv, positions)
-        self._named = (ALL, *(("r", m) for m in range(1, self.num_levels + 1)), *(("k", int(k)) for k in k_values))
+        self._named = (ALL, *(("r", m) for m in range(1, self.num_levels + 1)), *(("k", _check_k(k)) for k in k_values))
 
     @property
     def valid(self) -> Tensor:
@@ -143,6 +143,7 @@ class RankStats:
 
     def count_at(self, m: int, at: tuple) -> Tensor:
         """``(C,)`` float64 ``A_m`` at the threshold ``at``: items of level ``>= m`` within it (see the class)."""
+        self._check_point(m, at)
         if self._compiled:
             return self._walk(at)[0][m - 1]
         return self.cum_ge(m)[:, -1] if at == ALL else _at(self.cum_ge(m), self._upto_key(at))
@@ -150,9 +151,24 @@ class RankStats:
     def precision_sum_at(self, m: int, at: tuple) -> Tensor:
         """``(C,)`` float64 ``Σ rank⁺(k) / rank(k)`` over the positives (level ``>= m``) within the threshold
         ``at``."""
+        self._check_point(m, at)
         if self._compiled:
             return self._walk(at)[1][m - 1]
         return self.cum_precision(m)[:, -1] if at == ALL else _at(self.cum_precision(m), self._upto_key(at))
+
+    def _check_point(self, m: int, at: tuple) -> None:
+        L = self.num_levels
+        _check_min_level(m, L)
+        ok = at == ALL or (
+            isinstance(at, tuple)
+            and len(at) == 2
+            and at[0] in ("k", "r")
+            and isinstance(at[1], int)
+            and not isinstance(at[1], bool)
+            and (at[1] >= 1 if at[0] == "k" else 1 <= at[1] <= L)
+        )
+        if not ok:
+            raise ValueError(f"at must be ALL, ('k', k) with k >= 1 or ('r', m) with 1 <= m <= {L}; got {at!r}")
 
     def _upto_key(self, at: tuple) -> Tensor:
         return self.upto_k(at[1]) if at[0] == "k" else self.upto_r(at[1])

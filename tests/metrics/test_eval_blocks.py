@@ -187,3 +187,15 @@ def test_cpu_blocks_take_the_fused_kernels(monkeypatch):
     assert got == expected
     with pytest.raises(AssertionError, match="torch counting"):  # the other counters keep the torch path
         RetrievalEvaluator(k_values=(1,), chunk_size=8, counting="histogram").evaluate(emb, labels)
+
+
+def test_rank_stats_thresholds_are_checked():
+    ranks = R.RetrievalRanks(torch.tensor([[2, 1]]), torch.tensor([[1, 3]]), torch.tensor([[1, 1, 1]]), num_levels=2)
+    st = FR.RankStats(ranks, k_values=(1, 5))
+    assert float(st.count_at(1, ("k", 2))) == 1.0 and float(st.count_at(1, FR.ALL)) == 2.0
+    assert float(st.precision_sum_at(1, FR.ALL)) == pytest.approx(1 / 1 + 2 / 3)
+    for m, at in ((0, FR.ALL), (3, FR.ALL), (1, ("k", 0)), (1, ("r", 3)), (1, ("x", 1)), (1, "all"), (1, ("k", True))):
+        with pytest.raises(ValueError, match="min_level|at must be"):
+            st.count_at(m, at)
+    with pytest.raises(ValueError, match="k must be a positive int"):
+        FR.RankStats(ranks, k_values=(0,))
