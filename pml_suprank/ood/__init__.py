@@ -41,10 +41,11 @@ from .rmds import RMDS  # isort: skip
 from .ash import ASH  # isort: skip
 from .scale import SCALE  # isort: skip
 from .nnguide import NNGuide  # isort: skip
+from .._registry import RegistryNames
 from .heat_priors import ELPrior, GMMPrior, GMMStdPrior
 from .prior import Prior
 from .priors import ClassConditionalGaussian, EnergyLogitsPrior, energy_logits
-from .registry import DETECTOR_REGISTRY, RegistryNames, get_detector, get_prior, list_detectors, list_priors
+from .registry import DETECTOR_REGISTRY, get_detector, get_prior, list_detectors, list_priors
 from .shaping import ShapedEnergyDetector
 
 from .benchmark import BenchmarkResult, benchmark  # isort: skip
