@@ -177,11 +177,6 @@ class RankingMemory(nn.Module):
         )
 
     # ------------------------------------------------------------------------------------------------ queue
-    def _use_distributed(self) -> bool:
-        if self.distributed is False:
-            return False
-        return dist_utils.is_distributed(self.group)
-
     def _check_batch(self, embeddings: Tensor, labels: Tensor, indices: Tensor | None) -> tuple[Tensor, Tensor | None]:
         check_embeddings("embeddings", embeddings)
         if embeddings.shape[1] != self.embedding_size:
@@ -203,9 +198,8 @@ class RankingMemory(nn.Module):
             self.labels = torch.zeros(
                 (self.memory_size, *labels.shape[1:]), dtype=torch.long, device=self.labels.device
             )
-        if self.mode == "index":
-            if indices is None:
-                raise ValueError("mode='index' (one slot per dataset index) needs indices (B,) of the batch; got None")
+        if self.mode == "index" and indices is None:
+            raise ValueError("mode='index' (one slot per dataset index) needs indices (B,) of the batch; got None")
         if indices is not None:
             if not isinstance(indices, Tensor) or indices.dim() != 1 or indices.shape[0] != embeddings.shape[0]:
                 raise ValueError(
@@ -329,7 +323,7 @@ class RankingMemory(nn.Module):
         """
         labels, indices = self._check_batch(embeddings, labels, indices)
         labels = labels.to(embeddings.device)
-        use_dist = self._use_distributed()
+        use_dist = self.distributed is not False and dist_utils.is_distributed(self.group)
         exclude_self = not getattr(self.loss, "include_self", False)
 
         if use_dist:
@@ -348,13 +342,16 @@ class RankingMemory(nn.Module):
             self_index = local if exclude_self else None
             return self._reference_loss(embeddings, labels, all_emb, all_labels, self_index, use_dist)
 
+        def batch_only() -> Tensor:
+            batch_loss = in_batch_loss()
+            self.last_losses = {"batch": batch_loss.detach()}
+            return batch_loss
+
         active = self.is_active
         if self.training:
             self.step += 1
         if not active:
-            batch_loss = in_batch_loss()
-            self.last_losses = {"batch": batch_loss.detach()}
-            return batch_loss
+            return batch_only()
 
         write_now = self.training and not self.get_first
         write_after = self.training and self.get_first
@@ -367,9 +364,7 @@ class RankingMemory(nn.Module):
         if self.num_filled == 0:  # get_first on an empty memory, or eval mode before anything was written
             if write_after:
                 self._write(all_emb.detach(), all_labels, all_indices)
-            batch_loss = in_batch_loss()
-            self.last_losses = {"batch": batch_loss.detach()}
-            return batch_loss
+            return batch_only()
         ref, ref_labels, row_of_slot = self._reference()
         if write_after:  # the buffers are written below, before backward: keep the references of this step
             ref, ref_labels = ref.clone(), ref_labels.clone()
