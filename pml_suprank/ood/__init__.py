@@ -11,8 +11,8 @@ Every detector is fitted on in-distribution features (and labels / logits where 
     ood.metrics.auroc(scores_id, scores_ood); ood.metrics.fpr_at_tpr(scores_id, scores_ood, tpr=0.95)
 
 Layout: one module per detector (``logit_scores`` holds the three logit-only ones: MSP, MaxLogit, Energy; ``odin``,
-``mahalanobis``, ``knn``, ``vim``, ``dice``, ``react``, ``gen``, ``rmds``, ``ash``, ``scale`` (with ``shaping``),
-``nnguide``, ``heat``), the :class:`Detector` contract in ``base``, the name registries in ``registry``, HEAT's
+``mahalanobis``, ``knn``, ``vim``, ``dice``, ``react``, ``gen``, ``rmds``, ``shaping`` (ASH and SCALE), ``nnguide``,
+``heat``), the :class:`Detector` contract in ``base``, the name registries in ``registry``, HEAT's
 :class:`Prior` contract in ``prior`` with the built-in priors in ``heat_priors``, the densities in ``priors``,
 presets in ``presets``, the residual EBM in ``ebm``.
 
@@ -38,8 +38,7 @@ from .dice import DICE  # isort: skip
 from .react import ReAct  # isort: skip
 from .gen import GEN  # isort: skip
 from .rmds import RMDS  # isort: skip
-from .ash import ASH  # isort: skip
-from .scale import SCALE  # isort: skip
+from .shaping import ASH, SCALE  # isort: skip
 from .nnguide import NNGuide  # isort: skip
 from .._registry import RegistryNames
 from .heat_priors import ELPrior, GMMPrior, GMMStdPrior

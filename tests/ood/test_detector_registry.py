@@ -41,12 +41,12 @@ def test_built_in_detectors_are_registered_in_order():
 
 
 def test_every_baseline_is_defined_where_the_layout_says():
-    """One module per detector, the three logit-only ones together (the re-export-only ``ood.baselines`` was
-    removed)."""
+    """One module per detector, the three logit-only ones together and ASH / SCALE in ``shaping`` (the
+    re-export-only ``ood.baselines`` was removed)."""
     modules = {"MSP": "logit_scores", "MaxLogit": "logit_scores", "Energy": "logit_scores"}
     modules |= {"ODIN": "odin", "Mahalanobis": "mahalanobis"}
     modules |= {"KNN": "knn", "ViM": "vim", "DICE": "dice", "ReAct": "react", "HEAT": "heat"}
-    modules |= {"GEN": "gen", "RMDS": "rmds", "ASH": "ash", "SCALE": "scale", "NNGuide": "nnguide"}
+    modules |= {"GEN": "gen", "RMDS": "rmds", "ASH": "shaping", "SCALE": "shaping", "NNGuide": "nnguide"}
     for name in BUILT_IN:
         cls = getattr(ood, name)
         assert cls.__module__ == f"pml_suprank.ood.{modules[name]}" and issubclass(cls, ood.Detector)
