@@ -71,15 +71,10 @@ class SyntheticMultiShapes(RetrievalDatasetBase):
         open_set: Disjoint train/test fine classes (default) or all classes in every split.
         max_labels: Most shapes (labels) per image, 1..9; each image shows 1..``max_labels`` shapes placed in distinct
             cells of a ``ceil(sqrt(max_labels))``-sided grid. ``labels`` has ``max_labels`` columns.
-        rotation: Maximum absolute rotation of every shape, in degrees.
         scale: Range of a shape's radius as a fraction of its grid cell's side.
-        noise: Standard deviation of the Gaussian pixel noise (0–255 scale).
-        clutter: Maximum number of random distractor lines.
-        colour_jitter: Maximum per-channel jitter of every shape colour (0–255 scale).
-        illumination: Maximum relative change of the global brightness.
-        colour_cast: Maximum relative per-channel gain of the whole image (white balance).
-        transform: Callable on a PIL image returning a ``(3, H, W)`` tensor (e.g. from ``build_transforms``).
-        cache: Keep rendered images in memory after their first access.
+        rotation, noise, clutter, colour_jitter, illumination, colour_cast, transform, cache: As in
+            :class:`~pml_suprank.data.synthetic_shapes.SyntheticShapes` (per shape for ``rotation`` and
+            ``colour_jitter``).
 
     Items: ``ds[i] = {"image": (3, H, W) float, "labels": (max_labels,) long (-1 padded), "index": i}``;
     ``ds.multilabel`` is True, ``ds.labels`` is ``(N, max_labels)``, ``ds.hierarchy`` the ``(54, levels)`` table and
