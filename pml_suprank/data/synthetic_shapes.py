@@ -41,7 +41,7 @@ from typing import Any, Literal, get_args
 import numpy as np
 import torch
 
-from .._validation import check_choice
+from .._validation import check_choice, check_positive, check_positive_int
 from .retrieval_dataset import RetrievalDatasetBase
 
 __all__ = ["COLOURS", "FAMILIES", "SHADES", "SyntheticNoise", "SyntheticShapes"]
@@ -216,22 +216,16 @@ class SyntheticShapes(RetrievalDatasetBase):
         cache: bool = True,
     ) -> None:
         self.split = check_choice("split", split, get_args(Split))
-        for name, value, low in (("num_per_class", num_per_class, 1), ("image_size", image_size, 8)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an int >= {low}; got {value!r}")
+        check_positive_int("num_per_class", num_per_class)
+        check_positive_int("image_size", image_size, minimum=8)
         check_choice("levels", levels, (2, 3))
         if not (isinstance(scale, (tuple, list)) and len(scale) == 2 and 0 < scale[0] <= scale[1] <= 0.5):
             raise ValueError(f"scale must be a pair (low, high) with 0 < low <= high <= 0.5; got {scale!r}")
-        for name, value in (
-            ("rotation", rotation),
-            ("noise", noise),
-            ("clutter", clutter),
-            ("colour_jitter", colour_jitter),
-        ):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"{name} must be a number >= 0; got {value!r}")
+        nonnegative = {"rotation": rotation, "noise": noise, "clutter": clutter, "colour_jitter": colour_jitter}
+        for name, value in nonnegative.items():
+            check_positive(name, value, strict=False)
         for name, value in (("illumination", illumination), ("colour_cast", colour_cast)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            if check_positive(name, value, strict=False) >= 1:
                 raise ValueError(f"{name} must be a number in [0, 1); got {value!r}")
         self.family_ids = self._resolve_families(families)
         self.num_per_class = num_per_class
