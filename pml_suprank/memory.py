@@ -60,8 +60,6 @@ from ._validation import (
     check_positive,
     check_positive_int,
 )
-from .losses.base_rank_loss import BaseRankLoss
-from .losses.combined_rank_loss import CombinedRankLoss
 
 __all__ = ["CrossBatchMemory", "RankingMemory"]
 
@@ -179,11 +177,6 @@ class RankingMemory(nn.Module):
         )
 
     # ------------------------------------------------------------------------------------------------ queue
-    def _use_distributed(self) -> bool:
-        if self.distributed is False:
-            return False
-        return dist_utils.is_distributed(self.group)
-
     def _check_batch(self, embeddings: Tensor, labels: Tensor, indices: Tensor | None) -> tuple[Tensor, Tensor | None]:
         check_embeddings("embeddings", embeddings)
         if embeddings.shape[1] != self.embedding_size:
@@ -205,9 +198,8 @@ class RankingMemory(nn.Module):
             self.labels = torch.zeros(
                 (self.memory_size, *labels.shape[1:]), dtype=torch.long, device=self.labels.device
             )
-        if self.mode == "index":
-            if indices is None:
-                raise ValueError("mode='index' (one slot per dataset index) needs indices (B,) of the batch; got None")
+        if self.mode == "index" and indices is None:
+            raise ValueError("mode='index' (one slot per dataset index) needs indices (B,) of the batch; got None")
         if indices is not None:
             if not isinstance(indices, Tensor) or indices.dim() != 1 or indices.shape[0] != embeddings.shape[0]:
                 raise ValueError(
@@ -331,7 +323,7 @@ class RankingMemory(nn.Module):
         """
         labels, indices = self._check_batch(embeddings, labels, indices)
         labels = labels.to(embeddings.device)
-        use_dist = self._use_distributed()
+        use_dist = self.distributed is not False and dist_utils.is_distributed(self.group)
         exclude_self = not getattr(self.loss, "include_self", False)
 
         if use_dist:
@@ -350,13 +342,16 @@ class RankingMemory(nn.Module):
             self_index = local if exclude_self else None
             return self._reference_loss(embeddings, labels, all_emb, all_labels, self_index, use_dist)
 
+        def batch_only() -> Tensor:
+            batch_loss = in_batch_loss()
+            self.last_losses = {"batch": batch_loss.detach()}
+            return batch_loss
+
         active = self.is_active
         if self.training:
             self.step += 1
         if not active:
-            batch_loss = in_batch_loss()
-            self.last_losses = {"batch": batch_loss.detach()}
-            return batch_loss
+            return batch_only()
 
         write_now = self.training and not self.get_first
         write_after = self.training and self.get_first
@@ -369,9 +364,7 @@ class RankingMemory(nn.Module):
         if self.num_filled == 0:  # get_first on an empty memory, or eval mode before anything was written
             if write_after:
                 self._write(all_emb.detach(), all_labels, all_indices)
-            batch_loss = in_batch_loss()
-            self.last_losses = {"batch": batch_loss.detach()}
-            return batch_loss
+            return batch_only()
         ref, ref_labels, row_of_slot = self._reference()
         if write_after:  # the buffers are written below, before backward: keep the references of this step
             ref, ref_labels = ref.clone(), ref_labels.clone()
@@ -394,26 +387,16 @@ class RankingMemory(nn.Module):
         return (self.batch_weight * batch_loss + self.memory_weight * memory_loss) / total
 
 
-def _pad(labels, width: int):
-    if labels.shape[1] == width:
-        return labels
-    return torch.cat([labels, labels.new_full((labels.shape[0], width - labels.shape[1]), -1)], dim=1)
-
-
-def _subclass_names(cls) -> list[str]:
-    names = []
-    for sub in cls.__subclasses__():
-        names.append(sub.__name__)
-        names.extend(_subclass_names(sub))
-    return names
+#: the package's loss bases whose subclasses rank against a memory (matched by name: no import of the losses)
+_RANK_LOSS_BASES = ("BaseRankLoss", "CombinedRankLoss", "CalibrationLoss")
 
 
 class CrossBatchMemory(_PMLCrossBatchMemory):
     """Drop-in for ``pytorch_metric_learning.losses.CrossBatchMemory`` (XBM, Wang et al. CVPR 2020).
 
-    PML checks the wrapped loss by class name against a fixed list; this subclass extends the list with every
-    :class:`BaseRankLoss` subclass (flat and hierarchical rank losses), :class:`CombinedRankLoss` and its subclasses
-    (ROADMAP, ROD-R@k, HAPPIER, ROD-NDCG) and :class:`CalibrationLoss`.
+    PML checks the wrapped loss by class name against a fixed list; this subclass also accepts every loss whose class
+    derives from a class named ``BaseRankLoss`` (flat and hierarchical rank losses), ``CombinedRankLoss`` (ROADMAP,
+    ROD-R@k, HAPPIER, ROD-NDCG) or ``CalibrationLoss``.
     Behaviour is PML's: the batch is enqueued (detached) first, then the loss is called as
     ``loss(embeddings, labels, pairs, memory_embeddings, memory_labels)`` where ``pairs`` omits each query's own copy
     — the rank losses rank only over those pairs, so the query is not its own positive. Memory rows carry no gradient.
@@ -431,6 +414,15 @@ class CrossBatchMemory(_PMLCrossBatchMemory):
         miner: optional PML miner.
     """
 
+    def __init__(self, loss: nn.Module, embedding_size: int, memory_size: int = 1024, miner: Any = None, **kwargs):
+        if not any(c.__name__ in _RANK_LOSS_BASES for c in type(loss).__mro__):
+            _PMLCrossBatchMemory.check_loss_support(type(loss).__name__)  # PML's list (raises for other losses)
+        super().__init__(loss, embedding_size, memory_size, miner, **kwargs)
+
+    @classmethod
+    def check_loss_support(cls, loss_name: str) -> None:
+        """Checked on the loss itself in ``__init__`` (a rank loss is recognised by its bases, not by its name)."""
+
     @property
     def multilabel(self) -> bool:
         """True when the wrapped loss takes multi-label label sets (its ``relevance == "multilabel"``)."""
@@ -443,8 +435,8 @@ class CrossBatchMemory(_PMLCrossBatchMemory):
         if memory.dim() == 1:
             memory = memory.unsqueeze(1)
         width = max(memory.shape[1], labels.shape[1])
-        self.label_memory = _pad(memory, width)
-        return _pad(labels, width)
+        self.label_memory = dist_utils.pad_label_sets(memory, width)
+        return dist_utils.pad_label_sets(labels, width)
 
     def forward(self, embeddings, labels, indices_tuple=None, enqueue_mask=None):
         """PML's ``forward``; multi-label sets ``(B, W)`` are reconciled with the memory's width first."""
@@ -465,10 +457,3 @@ class CrossBatchMemory(_PMLCrossBatchMemory):
         if key in state_dict and state_dict[key].shape != self.label_memory.shape:  # a multi-label (M, W) memory
             self.label_memory = torch.zeros_like(state_dict[key], device=self.label_memory.device)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-
-    @staticmethod
-    def supported_losses():
-        ours = (
-            ["CalibrationLoss", "CombinedRankLoss"] + _subclass_names(BaseRankLoss) + _subclass_names(CombinedRankLoss)
-        )
-        return _PMLCrossBatchMemory.supported_losses() + ours

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from pml_suprank import hub
+from pml_suprank.hub import serialization
 from pml_suprank.models import RetrievalModel
 
 pytestmark = pytest.mark.hub
@@ -359,7 +360,7 @@ def test_models_and_detectors_share_the_mixin_and_config_layout(model, tmp_path)
     m_cfg = json.loads((tmp_path / "model" / "config.json").read_text())
     d_cfg = json.loads((tmp_path / "det" / "config.json").read_text())
     assert common <= set(m_cfg) and common <= set(d_cfg)
-    assert (m_cfg["task"], d_cfg["task"]) == (hub.RETRIEVAL_TASK, hub.DETECTOR_TASK)
+    assert (m_cfg["task"], d_cfg["task"]) == (serialization.RETRIEVAL_TASK, serialization.DETECTOR_TASK)
     assert d_cfg["architecture"] == "KNN" and d_cfg["model_args"]["k"] == 3 and d_cfg["fitted"] is True
     assert d_cfg["library_name"] == m_cfg["library_name"] == "pml-suprank"
     assert d_cfg["training"] == {"dataset": "cifar10"}

@@ -33,16 +33,14 @@ import torch
 from .._validation import check_choice
 from .retrieval_dataset import RetrievalDatasetBase, pad_label_sets
 from .synthetic_shapes import (
-    COLOURS,
     FAMILIES,
     NUM_COLOURS,
     NUM_VARIANTS,
-    SHAPES,
-    VARIANTS,
     Split,
     SyntheticShapes,
-    background,
     fine_id,
+    render_shapes,
+    shape_of,
 )
 
 __all__ = ["SYNTHETIC_DATASETS", "SyntheticMultiShapes", "hierarchy_table", "synthetic_dataset"]
@@ -73,15 +71,10 @@ class SyntheticMultiShapes(RetrievalDatasetBase):
         open_set: Disjoint train/test fine classes (default) or all classes in every split.
         max_labels: Most shapes (labels) per image, 1..9; each image shows 1..``max_labels`` shapes placed in distinct
             cells of a ``ceil(sqrt(max_labels))``-sided grid. ``labels`` has ``max_labels`` columns.
-        rotation: Maximum absolute rotation of every shape, in degrees.
         scale: Range of a shape's radius as a fraction of its grid cell's side.
-        noise: Standard deviation of the Gaussian pixel noise (0–255 scale).
-        clutter: Maximum number of random distractor lines.
-        colour_jitter: Maximum per-channel jitter of every shape colour (0–255 scale).
-        illumination: Maximum relative change of the global brightness.
-        colour_cast: Maximum relative per-channel gain of the whole image (white balance).
-        transform: Callable on a PIL image returning a ``(3, H, W)`` tensor (e.g. from ``build_transforms``).
-        cache: Keep rendered images in memory after their first access.
+        rotation, noise, clutter, colour_jitter, illumination, colour_cast, transform, cache: As in
+            :class:`~pml_suprank.data.synthetic_shapes.SyntheticShapes` (per shape for ``rotation`` and
+            ``colour_jitter``).
 
     Items: ``ds[i] = {"image": (3, H, W) float, "labels": (max_labels,) long (-1 padded), "index": i}``;
     ``ds.multilabel`` is True, ``ds.labels`` is ``(N, max_labels)``, ``ds.hierarchy`` the ``(54, levels)`` table and
@@ -119,11 +112,11 @@ class SyntheticMultiShapes(RetrievalDatasetBase):
         ref = SyntheticShapes(
             split, 1, image_size, seed, families, levels, open_set, rotation, scale, noise, clutter, colour_jitter,
             illumination, colour_cast, None, False,
-        )
+        )  # fmt: skip
         if isinstance(num_per_class, bool) or not isinstance(num_per_class, int) or num_per_class < 1:
             raise ValueError(f"num_per_class must be an int >= 1; got {num_per_class!r}")
         for name in ("split", "image_size", "seed", "family_ids", "levels", "open_set", "rotation", "scale", "noise",
-                     "clutter", "colour_jitter", "illumination", "colour_cast"):
+                     "clutter", "colour_jitter", "illumination", "colour_cast"):  # fmt: skip
             setattr(self, name, getattr(ref, name))
         self.num_per_class = num_per_class
         self.max_labels = max_labels
@@ -172,14 +165,8 @@ class SyntheticMultiShapes(RetrievalDatasetBase):
     def render(self, index: int) -> np.ndarray:
         """Render item ``index`` as a ``(H, W, 3)`` uint8 array (deterministic)."""
         split_code, j, group = self._items[index]
-        shapes = []
-        for fine in group:
-            f, rest = divmod(fine, NUM_VARIANTS * NUM_COLOURS)
-            v, c = divmod(rest, NUM_COLOURS)
-            family = FAMILIES[f]
-            shapes.append((SHAPES[family][VARIANTS[family][v]], list(COLOURS[family].values())[c]))
         rng = np.random.default_rng((self.seed, split_code, _IMAGE_STREAM, j))
-        return _render_multi(rng, shapes, self)
+        return render_shapes(rng, [shape_of(fine) for fine in group], self, grid=math.ceil(math.sqrt(self.max_labels)))
 
     def __repr__(self) -> str:
         fams = [FAMILIES[f] for f in self.family_ids]
@@ -187,59 +174,6 @@ class SyntheticMultiShapes(RetrievalDatasetBase):
             f"SyntheticMultiShapes(split={self.split!r}, num_items={len(self)}, max_labels={self.max_labels}, "
             f"families={fams}, image_size={self.image_size}, label_names={self.label_names})"
         )
-
-
-def _polygon_alpha(shape: list, cx: float, cy: float, radius: float, theta: float, aspect: float, size: int,
-                   ss: int) -> np.ndarray:
-    """``(size, size, 1)`` anti-aliased coverage of a shape (polygons with fill values) rotated by ``theta``."""
-    from PIL import Image, ImageDraw
-
-    cos, sin = math.cos(theta), math.sin(theta)
-    mask = Image.new("L", (size * ss, size * ss), 0)
-    draw = ImageDraw.Draw(mask)
-    for poly, value in shape:
-        pts = []
-        for x, y in poly:
-            x, y = x * aspect, y / aspect
-            pts.append(((cx + radius * (cos * x - sin * y)) * ss, (cy + radius * (sin * x + cos * y)) * ss))
-        draw.polygon(pts, fill=value)
-    return (np.asarray(mask, dtype=np.float64) / 255.0).reshape(size, ss, size, ss).mean(axis=(1, 3))[:, :, None]
-
-
-def _render_multi(rng: np.random.Generator, shapes: list[tuple[list, tuple[int, int, int]]],
-                  ds: SyntheticMultiShapes) -> np.ndarray:
-    """Background, clutter, then every shape in its own random grid cell, illumination, colour cast and noise."""
-    from PIL import Image, ImageDraw
-
-    size, ss = ds.image_size, 3
-    img = background(rng, size)
-    n_lines = int(rng.integers(0, ds.clutter + 1)) if ds.clutter > 0 else 0
-    for _ in range(n_lines):
-        layer = Image.new("L", (size * ss, size * ss), 0)
-        x0, y0, x1, y1 = rng.uniform(0, size * ss, size=4)
-        ImageDraw.Draw(layer).line([(x0, y0), (x1, y1)], fill=255, width=max(1, int(round(ss * rng.uniform(0.6, 1.4)))))
-        a = (np.asarray(layer, dtype=np.float64) / 255.0).reshape(size, ss, size, ss).mean(axis=(1, 3))[:, :, None]
-        img = img * (1 - 0.8 * a) + 0.8 * a * rng.uniform(0, 255, size=3)
-    grid = math.ceil(math.sqrt(ds.max_labels))
-    cell = size / grid
-    cells = rng.choice(grid * grid, size=len(shapes), replace=False)
-    for (shape, colour), k in zip(shapes, cells):
-        row, col = divmod(int(k), grid)
-        radius = rng.uniform(*ds.scale) * cell
-        margin = min(radius * 1.02, cell / 2)
-        cx = col * cell + rng.uniform(margin, cell - margin)
-        cy = row * cell + rng.uniform(margin, cell - margin)
-        theta = math.radians(rng.uniform(-ds.rotation, ds.rotation))
-        alpha = _polygon_alpha(shape, cx, cy, radius, theta, rng.uniform(0.9, 1.1), size, ss)
-        jitter = rng.uniform(-ds.colour_jitter, ds.colour_jitter, size=3)
-        shade = np.clip(np.asarray(colour, dtype=np.float64) + jitter, 0, 255)
-        img = img * (1 - alpha) + alpha * shade[None, None, :]
-    img = img * (1.0 + rng.uniform(-ds.illumination, ds.illumination))
-    if ds.colour_cast > 0:
-        img = img * rng.uniform(1.0 - ds.colour_cast, 1.0 + ds.colour_cast, size=3)[None, None, :]
-    if ds.noise > 0:
-        img = img + rng.normal(0.0, ds.noise, size=img.shape)
-    return np.clip(np.rint(img), 0, 255).astype(np.uint8)
 
 
 #: The built-in synthetic datasets by name (read-only): the ``--dataset`` values of the recipes.

@@ -41,7 +41,7 @@ from typing import Any, Literal, get_args
 import numpy as np
 import torch
 
-from .._validation import check_choice
+from .._validation import check_choice, check_positive, check_positive_int
 from .retrieval_dataset import RetrievalDatasetBase
 
 __all__ = ["COLOURS", "FAMILIES", "SHADES", "SyntheticNoise", "SyntheticShapes"]
@@ -151,6 +151,13 @@ def fine_id(family: int, variant: int, colour: int) -> int:
     return (family * NUM_VARIANTS + variant) * NUM_COLOURS + colour
 
 
+def shape_of(fine: int) -> tuple[list[tuple[_Poly, int]], tuple[int, int, int]]:
+    """The polygons and the RGB colour of global fine class ``fine``."""
+    f, rest = divmod(int(fine), NUM_VARIANTS * NUM_COLOURS)
+    v, c = divmod(rest, NUM_COLOURS)
+    return SHAPES[FAMILIES[f]][VARIANTS[FAMILIES[f]][v]], list(COLOURS[FAMILIES[f]].values())[c]
+
+
 def _is_test_class(family: int, variant: int, colour: int) -> bool:
     # per family: variants 0 and 1 in shade (family % 3), variant 2 in the next shade. Two test classes of every
     # family share their colour (only the shape tells them apart) and every (variant, shade) row and column keeps
@@ -209,22 +216,16 @@ class SyntheticShapes(RetrievalDatasetBase):
         cache: bool = True,
     ) -> None:
         self.split = check_choice("split", split, get_args(Split))
-        for name, value, low in (("num_per_class", num_per_class, 1), ("image_size", image_size, 8)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an int >= {low}; got {value!r}")
+        check_positive_int("num_per_class", num_per_class)
+        check_positive_int("image_size", image_size, minimum=8)
         check_choice("levels", levels, (2, 3))
         if not (isinstance(scale, (tuple, list)) and len(scale) == 2 and 0 < scale[0] <= scale[1] <= 0.5):
             raise ValueError(f"scale must be a pair (low, high) with 0 < low <= high <= 0.5; got {scale!r}")
-        for name, value in (
-            ("rotation", rotation),
-            ("noise", noise),
-            ("clutter", clutter),
-            ("colour_jitter", colour_jitter),
-        ):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"{name} must be a number >= 0; got {value!r}")
+        nonnegative = {"rotation": rotation, "noise": noise, "clutter": clutter, "colour_jitter": colour_jitter}
+        for name, value in nonnegative.items():
+            check_positive(name, value, strict=False)
         for name, value in (("illumination", illumination), ("colour_cast", colour_cast)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            if check_positive(name, value, strict=False) >= 1:
                 raise ValueError(f"{name} must be a number in [0, 1); got {value!r}")
         self.family_ids = self._resolve_families(families)
         self.num_per_class = num_per_class
@@ -328,19 +329,7 @@ class SyntheticShapes(RetrievalDatasetBase):
         cls, instance = divmod(index, self.num_per_class)
         f, v, c, split_code = self._classes[cls]
         rng = np.random.default_rng((self.seed, split_code, fine_id(f, v, c), instance))
-        return _render(
-            rng,
-            SHAPES[FAMILIES[f]][VARIANTS[FAMILIES[f]][v]],
-            np.array(list(COLOURS[FAMILIES[f]].values())[c], dtype=np.float64),
-            self.image_size,
-            self.rotation,
-            self.scale,
-            self.noise,
-            self.clutter,
-            self.colour_jitter,
-            self.illumination,
-            self.colour_cast,
-        )
+        return render_shapes(rng, [shape_of(fine_id(f, v, c))], self)
 
     def __repr__(self) -> str:
         fams = [FAMILIES[f] for f in self.family_ids]
@@ -361,67 +350,83 @@ def background(rng: np.random.Generator, size: int) -> np.ndarray:
     return base[None, None, :] + t[:, :, None] * amp[None, None, :]
 
 
-def _render(
-    rng: np.random.Generator,
-    shape: list[tuple[_Poly, int]],
-    colour: np.ndarray,
-    size: int,
-    rotation: float,
-    scale: tuple[float, float],
-    noise: float,
-    clutter: int,
-    colour_jitter: int,
-    illumination: float = 0.12,
-    colour_cast: float = 0.0,
+def _coverage(layer: Any, size: int, ss: int) -> np.ndarray:
+    """``(size, size, 1)`` fraction of each pixel's ``ss x ss`` supersamples covered by a supersampled 0-255 mask."""
+    return (np.asarray(layer, dtype=np.float64) / 255.0).reshape(size, ss, size, ss).mean(axis=(1, 3))[:, :, None]
+
+
+def _polygon_alpha(
+    shape: list, cx: float, cy: float, radius: float, theta: float, aspect: float, size: int, ss: int
 ) -> np.ndarray:
+    """``(size, size, 1)`` anti-aliased coverage of a shape (polygons with fill values) rotated by ``theta``."""
     from PIL import Image, ImageDraw
 
-    ss = 3  # supersampling factor for anti-aliased edges
-    big = size * ss
-    img = background(rng, size)
-
-    # clutter: thin random lines of random colours, drawn on the background
-    n_lines = int(rng.integers(0, clutter + 1)) if clutter > 0 else 0
-    if n_lines:
-        layer = Image.new("L", (big, big), 0)
-        draw = ImageDraw.Draw(layer)
-        colours = []
-        for k in range(n_lines):
-            x0, y0, x1, y1 = rng.uniform(0, big, size=4)
-            draw.line([(x0, y0), (x1, y1)], fill=k + 1, width=max(1, int(round(ss * rng.uniform(0.6, 1.4)))))
-            colours.append(rng.uniform(0, 255, size=3))
-        lab = np.asarray(layer)
-        for k, col in enumerate(colours):
-            a = (lab == k + 1).reshape(size, ss, size, ss).mean(axis=(1, 3))[:, :, None]
-            img = img * (1 - 0.8 * a) + 0.8 * a * col
-
-    # the shape: rotated, scaled and translated polygons rendered into a supersampled mask
-    radius = rng.uniform(*scale) * size
-    theta = math.radians(rng.uniform(-rotation, rotation))
-    margin = radius * 1.02
-    cx = rng.uniform(margin, size - margin) if size - 2 * margin > 0 else size / 2
-    cy = rng.uniform(margin, size - margin) if size - 2 * margin > 0 else size / 2
-    aspect = rng.uniform(0.9, 1.1)
     cos, sin = math.cos(theta), math.sin(theta)
-    mask = Image.new("L", (big, big), 0)
+    mask = Image.new("L", (size * ss, size * ss), 0)
     draw = ImageDraw.Draw(mask)
     for poly, value in shape:
         pts = []
         for x, y in poly:
             x, y = x * aspect, y / aspect
-            px = cx + radius * (cos * x - sin * y)
-            py = cy + radius * (sin * x + cos * y)
-            pts.append((px * ss, py * ss))
+            pts.append(((cx + radius * (cos * x - sin * y)) * ss, (cy + radius * (sin * x + cos * y)) * ss))
         draw.polygon(pts, fill=value)
-    alpha = (np.asarray(mask, dtype=np.float64) / 255.0).reshape(size, ss, size, ss).mean(axis=(1, 3))[:, :, None]
-    col = np.clip(colour + rng.uniform(-colour_jitter, colour_jitter, size=3), 0, 255)
-    shade = 1.0 + rng.uniform(-illumination, illumination)  # global illumination change
-    img = (img * (1 - alpha) + alpha * col[None, None, :]) * shade
-    if colour_cast > 0:  # white balance: one gain per channel for the whole image
-        img = img * rng.uniform(1.0 - colour_cast, 1.0 + colour_cast, size=3)[None, None, :]
+    return _coverage(mask, size, ss)
 
-    if noise > 0:
-        img = img + rng.normal(0.0, noise, size=img.shape)
+
+def render_shapes(
+    rng: np.random.Generator,
+    shapes: list[tuple[list[tuple[_Poly, int]], Sequence[float]]],
+    ds: Any,
+    grid: int | None = None,
+) -> np.ndarray:
+    """The one renderer of the synthetic datasets: a ``(H, W, 3)`` uint8 image of ``shapes`` (``(shape, RGB)`` pairs).
+
+    Background, distractor lines, the shapes, then illumination, colour cast and noise, with the parameters of ``ds``
+    (``image_size``, ``rotation``, ``scale``, ``noise``, ``clutter``, ``colour_jitter``, ``illumination``,
+    ``colour_cast``). ``grid=None``: one shape anywhere in the image, its radius a fraction of the image side, and a
+    later distractor line hides the earlier ones where they cross; ``grid=g``: every shape in its own random cell of a
+    ``g x g`` grid, its radius a fraction of the cell side, and the lines are blended one over the other.
+    """
+    from PIL import Image, ImageDraw
+
+    size, ss = ds.image_size, 3  # ss: supersampling factor for anti-aliased edges
+    img = background(rng, size)
+    lines = []  # supersampled masks of the distractor lines, with their colours
+    for _ in range(int(rng.integers(0, ds.clutter + 1)) if ds.clutter > 0 else 0):
+        layer = Image.new("L", (size * ss, size * ss), 0)
+        x0, y0, x1, y1 = rng.uniform(0, size * ss, size=4)
+        ImageDraw.Draw(layer).line([(x0, y0), (x1, y1)], fill=255, width=max(1, int(round(ss * rng.uniform(0.6, 1.4)))))
+        lines.append((np.asarray(layer), rng.uniform(0, 255, size=3)))
+    hidden, alphas = np.zeros((size * ss, size * ss), dtype=bool), []  # grid=None: a later line hides earlier ones
+    for layer, colour in reversed(lines):
+        alphas.append((_coverage(np.where(hidden, 0, layer), size, ss), colour))
+        hidden |= (layer > 0) & (grid is None)
+    for a, colour in reversed(alphas):
+        img = img * (1 - 0.8 * a) + 0.8 * a * colour
+    cell = size / (grid or 1)
+    cells = rng.choice(grid * grid, size=len(shapes), replace=False) if grid else [0]
+    for (shape, colour), k in zip(shapes, cells):
+        row, col = divmod(int(k), grid or 1)
+        radius = rng.uniform(*ds.scale) * cell
+        if grid is None:
+            theta = math.radians(rng.uniform(-ds.rotation, ds.rotation))
+            margin = radius * 1.02
+            cx = rng.uniform(margin, size - margin) if size - 2 * margin > 0 else size / 2
+            cy = rng.uniform(margin, size - margin) if size - 2 * margin > 0 else size / 2
+        else:
+            margin = min(radius * 1.02, cell / 2)
+            cx = col * cell + rng.uniform(margin, cell - margin)
+            cy = row * cell + rng.uniform(margin, cell - margin)
+            theta = math.radians(rng.uniform(-ds.rotation, ds.rotation))
+        alpha = _polygon_alpha(shape, cx, cy, radius, theta, rng.uniform(0.9, 1.1), size, ss)
+        jitter = rng.uniform(-ds.colour_jitter, ds.colour_jitter, size=3)
+        shade = np.clip(np.asarray(colour, dtype=np.float64) + jitter, 0, 255)
+        img = img * (1 - alpha) + alpha * shade[None, None, :]
+    img = img * (1.0 + rng.uniform(-ds.illumination, ds.illumination))  # global illumination change
+    if ds.colour_cast > 0:  # white balance: one gain per channel for the whole image
+        img = img * rng.uniform(1.0 - ds.colour_cast, 1.0 + ds.colour_cast, size=3)[None, None, :]
+    if ds.noise > 0:
+        img = img + rng.normal(0.0, ds.noise, size=img.shape)
     return np.clip(np.rint(img), 0, 255).astype(np.uint8)
 
 

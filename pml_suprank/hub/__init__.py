@@ -19,30 +19,17 @@ The functions below are the same operations for a model given as an argument.
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
-from .card import REPO_URL, CardInputs, generate_model_card
+from .card import generate_model_card
 from .mixin import HubMixin, build_config, push_folder, save_folder
-from .serialization import (
-    CONFIG_NAME,
-    DETECTOR_TASK,
-    LIBRARY_NAME,
-    METRICS_NAME,
-    MODEL_CARD_NAME,
-    PICKLE_SUFFIXES,
-    RETRIEVAL_TASK,
-    WEIGHTS_NAME,
-    read_config,
-)
+from .serialization import CONFIG_NAME, read_config
 from .transport import resolve_file
 from .transport import upload_folder as push_folder_to_hub
-
-logger = logging.getLogger(__name__)
 
 __all__ = [
     "HubMixin",

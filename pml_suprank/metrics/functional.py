@@ -1,9 +1,9 @@
-"""Exact per-query retrieval metrics from a ``(Q, N)`` score matrix (thin wrappers) and the engine's public names.
+"""Exact per-query retrieval metrics from a ``(Q, N)`` score matrix and the engine's public names.
 
-Each function here computes :func:`~pml_suprank.metrics.ranks.retrieval_ranks` (positions of the relevant items in
-the pessimistic full ranking, without sorting whole rows) and then the one implementation of the metric in
-:mod:`pml_suprank.metrics.from_ranks`; the evaluator calls the same implementations through the metric registry
-(:mod:`pml_suprank.metrics.registry`).
+Each score-matrix function here is generated from its ``*_from_ranks`` view: it computes
+:func:`~pml_suprank.metrics.ranks.retrieval_ranks` (positions of the relevant items in the pessimistic full ranking,
+without sorting whole rows) and then the one implementation of the metric in :mod:`pml_suprank.metrics.from_ranks`;
+the evaluator calls the same implementations through the metric registry (:mod:`pml_suprank.metrics.registry`).
 
 Conventions:
     * ``scores`` ``(Q, N)``: similarity of every gallery item to every query (higher = closer).
@@ -22,6 +22,9 @@ References:
 """
 
 from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
 
 from torch import Tensor
 
@@ -79,132 +82,56 @@ __all__ = [
 ]
 
 
-def average_precision(
-    scores: Tensor,
-    levels: Tensor,
-    mask: Tensor | None = None,
-    *,
-    num_levels: int | None = None,
-    min_level: int | None = None,
-) -> Tensor:
-    """Average precision per query ``(Q,)``; positives are the items at level ``>= min_level`` (default ``L``).
-
-    ``AP = (1/|Ω⁺|) Σ_{k∈Ω⁺} rank⁺(k) / rank(k)`` in the pessimistic order; NaN for queries without positives.
-    """
-    return ap_from_ranks(retrieval_ranks(scores, levels, mask, num_levels=num_levels), min_level)
+_P = inspect.Parameter
+_BINARY = "\n\nPositives are the items at level ``>= min_level`` (default ``L``); NaN for queries without positives."
 
 
-def map_at_r(
-    scores: Tensor,
-    levels: Tensor,
-    mask: Tensor | None = None,
-    *,
-    num_levels: int | None = None,
-    min_level: int | None = None,
-) -> Tensor:
-    """mAP@R per query ``(Q,)`` (Musgrave et al., "A Metric Learning Reality Check"); NaN without positives."""
-    return map_at_r_from_ranks(retrieval_ranks(scores, levels, mask, num_levels=num_levels), min_level)
+def _on_scores(name: str, from_ranks: Callable[..., Tensor], doc: str, k: bool = False, **options: object):
+    """Generate ``name(scores, levels[, k], mask=None, *, num_levels=None, **options) -> (Q,)`` =
+    ``from_ranks(retrieval_ranks(scores, levels, mask, num_levels=num_levels)[, k], **options)``; a binary metric
+    (``options`` has ``min_level``) gets the paragraph on positives appended to its docstring."""
+    tensor = [_P(n, _P.POSITIONAL_OR_KEYWORD, annotation=Tensor) for n in ("scores", "levels")]
+    cutoff = [_P("k", _P.POSITIONAL_OR_KEYWORD, annotation=int)] * k
+    mask = [_P("mask", _P.POSITIONAL_OR_KEYWORD, default=None, annotation="Tensor | None")]
+    keywords = [_P(n, _P.KEYWORD_ONLY, default=d) for n, d in {"num_levels": None, **options}.items()]
+    signature = inspect.Signature(tensor + cutoff + mask + keywords, return_annotation=Tensor)
+
+    def metric(*args, **kwargs) -> Tensor:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        a = bound.arguments
+        ranks = retrieval_ranks(a.pop("scores"), a.pop("levels"), a.pop("mask"), num_levels=a.pop("num_levels"))
+        return from_ranks(ranks, **a)
+
+    metric.__name__ = metric.__qualname__ = name
+    metric.__module__, metric.__signature__ = __name__, signature
+    metric.__doc__ = doc + _BINARY if "min_level" in options else doc
+    return metric
 
 
-def map_at_k(
-    scores: Tensor,
-    levels: Tensor,
-    k: int,
-    mask: Tensor | None = None,
-    *,
-    num_levels: int | None = None,
-    min_level: int | None = None,
-) -> Tensor:
-    """mAP@k per query ``(Q,)`` (sum of precisions at the positives within the top ``k``, over ``min(R, k)``)."""
-    return map_at_k_from_ranks(retrieval_ranks(scores, levels, mask, num_levels=num_levels), k, min_level)
-
-
-def recall_at_k(
-    scores: Tensor,
-    levels: Tensor,
-    k: int,
-    mask: Tensor | None = None,
-    *,
-    num_levels: int | None = None,
-    min_level: int | None = None,
-) -> Tensor:
-    """R@k per query ``(Q,)``: 1.0 if a positive is in the top ``k`` (the retrieval "recall" / hit rate)."""
-    return recall_at_k_from_ranks(retrieval_ranks(scores, levels, mask, num_levels=num_levels), k, min_level)
-
-
-def true_recall_at_k(
-    scores: Tensor,
-    levels: Tensor,
-    k: int,
-    mask: Tensor | None = None,
-    *,
-    num_levels: int | None = None,
-    min_level: int | None = None,
-) -> Tensor:
-    """True recall@k per query ``(Q,)``: positives in the top ``k`` / ``min(#positives, k)``."""
-    return true_recall_at_k_from_ranks(retrieval_ranks(scores, levels, mask, num_levels=num_levels), k, min_level)
-
-
-def precision_at_k(
-    scores: Tensor,
-    levels: Tensor,
-    k: int,
-    mask: Tensor | None = None,
-    *,
-    num_levels: int | None = None,
-    min_level: int | None = None,
-) -> Tensor:
-    """P@k per query ``(Q,)``: positives in the top ``k`` / ``k``."""
-    return precision_at_k_from_ranks(retrieval_ranks(scores, levels, mask, num_levels=num_levels), k, min_level)
-
-
-def r_precision(
-    scores: Tensor,
-    levels: Tensor,
-    mask: Tensor | None = None,
-    *,
-    num_levels: int | None = None,
-    min_level: int | None = None,
-) -> Tensor:
-    """R-precision per query ``(Q,)``."""
-    return r_precision_from_ranks(retrieval_ranks(scores, levels, mask, num_levels=num_levels), min_level)
-
-
-def hierarchical_average_precision(
-    scores: Tensor,
-    levels: Tensor,
-    mask: Tensor | None = None,
-    *,
-    num_levels: int | None = None,
-    relevance: Tensor | None = None,
-    alpha: float = 1.0,
-) -> Tensor:
-    """H-AP per query ``(Q,)`` (SupRank Eq. 19); see :func:`hap_from_ranks` for ``relevance`` / ``alpha``.
-
-    The default relevance counts ``|Ω^(l)|`` over the items kept by ``mask``; pass an explicit ``(Q, L + 1)`` table to
-    use another convention (e.g. the reference code's counts, which include the query itself).
-    """
-    ranks = retrieval_ranks(scores, levels, mask, num_levels=num_levels)
-    return hap_from_ranks(ranks, relevance=relevance, alpha=alpha)
-
-
-def ndcg(scores: Tensor, levels: Tensor, mask: Tensor | None = None, *, num_levels: int | None = None) -> Tensor:
-    """NDCG per query ``(Q,)`` (SupRank Eq. 23, gains ``2^l − 1``, ideal DCG from the same gallery)."""
-    return ndcg_from_ranks(retrieval_ranks(scores, levels, mask, num_levels=num_levels))
-
-
-def asi(scores: Tensor, levels: Tensor, mask: Tensor | None = None, *, num_levels: int | None = None) -> Tensor:
-    """Average Set Intersection per query ``(Q,)`` (SupRank App. C-A1)."""
-    return asi_from_ranks(retrieval_ranks(scores, levels, mask, num_levels=num_levels))
-
-
-def weighted_sum_ap(
-    scores: Tensor,
-    levels: Tensor,
-    mask: Tensor | None = None,
-    *,
-    num_levels: int | None = None,
-    weights: Tensor | list[float] | None = None,
-) -> Tensor:
-    """ΣwAP per query ``(Q,)``; see :func:`weighted_sum_ap_from_ranks`."""
-    return weighted_sum_ap_from_ranks(retrieval_ranks(scores, levels, mask, num_levels=num_levels), weights)
+# fmt: off
+average_precision = _on_scores("average_precision", ap_from_ranks, "Average precision per query ``(Q,)``: "
+                               "``AP = (1/|Ω⁺|) Σ_{k∈Ω⁺} rank⁺(k) / rank(k)`` in the pessimistic order.",
+                               min_level=None)
+map_at_r = _on_scores("map_at_r", map_at_r_from_ranks, "mAP@R per query ``(Q,)`` (Musgrave et al.: A Metric Learning "
+                      "Reality Check).", min_level=None)
+map_at_k = _on_scores("map_at_k", map_at_k_from_ranks, "mAP@k per query ``(Q,)``: the precisions at the positives "
+                      "within the top ``k``, over ``min(R, k)``.", k=True, min_level=None)
+recall_at_k = _on_scores("recall_at_k", recall_at_k_from_ranks, "R@k per query ``(Q,)``: 1.0 if a positive is in the "
+                         "top ``k`` (the retrieval recall, or hit rate).", k=True, min_level=None)
+true_recall_at_k = _on_scores("true_recall_at_k", true_recall_at_k_from_ranks, "True recall@k per query ``(Q,)``: "
+                              "positives in the top ``k`` / ``min(#positives, k)``.", k=True, min_level=None)
+precision_at_k = _on_scores("precision_at_k", precision_at_k_from_ranks, "P@k per query ``(Q,)``: positives in the "
+                            "top ``k`` / ``k``.", k=True, min_level=None)
+r_precision = _on_scores("r_precision", r_precision_from_ranks, "R-precision per query ``(Q,)``.", min_level=None)
+hierarchical_average_precision = _on_scores(
+    "hierarchical_average_precision", hap_from_ranks, "H-AP per query ``(Q,)`` (SupRank Eq. 19); see "
+    ":func:`hap_from_ranks` for ``relevance`` / ``alpha``.\n\nThe default relevance counts ``|Ω^(l)|`` over the items "
+    "kept by ``mask``; pass an explicit ``(Q, L + 1)`` table to use another convention (e.g. the reference code's "
+    "counts, which include the query itself).", relevance=None, alpha=1.0)
+ndcg = _on_scores("ndcg", ndcg_from_ranks, "NDCG per query ``(Q,)`` (SupRank Eq. 23, gains ``2^l − 1``, ideal DCG from "
+                  "the same gallery).")
+asi = _on_scores("asi", asi_from_ranks, "Average Set Intersection per query ``(Q,)`` (SupRank App. C-A1).")
+weighted_sum_ap = _on_scores("weighted_sum_ap", weighted_sum_ap_from_ranks, "ΣwAP per query ``(Q,)``; see "
+                             ":func:`weighted_sum_ap_from_ranks`.", weights=None)
+# fmt: on

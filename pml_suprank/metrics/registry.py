@@ -6,7 +6,8 @@ backend can compute (:data:`TOP_K_GROUPS`), the ``calculate_*`` methods of
 tables (:mod:`pml_suprank.metrics.report`), and :func:`metrics_from_ranks`, the engine of the evaluator.
 
 Adding a metric = one function ``f(stats, args) -> (Q,) float64`` in :mod:`pml_suprank.metrics.from_ranks` (or
-anywhere) and one :class:`MetricSpec` entry in :data:`METRICS`.
+anywhere) and one :class:`MetricSpec` entry in :data:`METRICS` (``METRICS.register(spec.name, spec)``; the group
+tuples below list the built-in metrics).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import NamedTuple
 
 from torch import Tensor
 
+from .._registry import Registry
 from . import from_ranks as R
 from .ranks import RetrievalRanks
 
@@ -185,8 +187,11 @@ _SPECS = (
                "the fine AP)", report=8, multilabel="labels", single_label=False),
 )  # fmt: skip
 
-#: every metric, by group name (read-only)
-METRICS: Mapping[str, MetricSpec] = MappingProxyType({s.name: s for s in _SPECS})
+#: every metric, by group name: a read-only mapping (:class:`pml_suprank._registry.Registry`; a new metric is added
+#: with ``METRICS.register(spec.name, spec)``, a taken name is refused)
+METRICS = Registry("metric", on_conflict="refuse")
+for _spec in _SPECS:
+    METRICS.register(_spec.name, _spec)
 #: metric groups accepted by ``RetrievalEvaluator(metrics=...)`` and the key (pattern) each one produces
 METRIC_GROUPS: Mapping[str, str] = MappingProxyType({s.name: s.key for s in _SPECS})
 #: the groups the faiss k-NN backend computes
@@ -209,7 +214,7 @@ def check_groups(groups: Iterable[str]) -> tuple[str, ...]:
 def _plan(L: int, k_values: Iterable[int], groups: Collection[str]) -> list[tuple[str, MetricSpec, int, int | None]]:
     """``(key, spec, min_level, k)`` of every requested key, in result order: the fine binary metrics (cutoff-free
     first, then by increasing ``k``), the same for each hierarchy level ``h``, then the hierarchical metrics."""
-    specs = [s for s in _SPECS if s.name in groups]
+    specs = [s for s in METRICS.values() if s.name in groups]
     ks = sorted(set(k_values))
     plan = []
     for h in (None, *range(L)):

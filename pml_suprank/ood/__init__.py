@@ -10,11 +10,11 @@ Every detector is fitted on in-distribution features (and labels / logits where 
     scores = heat.score(**test.as_kwargs())
     ood.metrics.auroc(scores_id, scores_ood); ood.metrics.fpr_at_tpr(scores_id, scores_ood, tpr=0.95)
 
-Layout: one module per detector (``msp``, ``max_logit``, ``energy``, ``odin``, ``mahalanobis``, ``knn``, ``vim``,
-``dice``, ``react``, ``gen``, ``rmds``, ``ash``, ``scale`` (with ``shaping``), ``nnguide``, ``heat``), the
-:class:`Detector` contract in
-``base``, the name registries in ``registry``, HEAT's :class:`Prior` contract in ``prior`` with the built-in priors
-in ``heat_priors``, the densities in ``priors``, presets in ``presets``, the residual EBM in ``ebm``.
+Layout: one module per detector (``logit_scores`` holds the three logit-only ones: MSP, MaxLogit, Energy; ``odin``,
+``mahalanobis``, ``knn``, ``vim``, ``dice``, ``react``, ``gen``, ``rmds``, ``shaping`` (ASH and SCALE), ``nnguide``,
+``heat``), the :class:`Detector` contract in ``base``, the name registries in ``registry``, HEAT's
+:class:`Prior` contract in ``prior`` with the built-in priors in ``heat_priors``, the densities in ``priors``,
+presets in ``presets``, the residual EBM in ``ebm``.
 
 * **Add a detector**: subclass :class:`Detector` in a new module and import it below; defining the class registers
   it (``ood.list_detectors()``, ``ood.get_detector(name)``, ``Detector.from_pretrained``, ``recipes/fit_heat.py``).
@@ -29,9 +29,7 @@ from .features import OODFeatures, extract_features, pool_feature_map
 
 # detectors, in the order of ``list_detectors()``: importing a module defines (registers) its detector
 from .heat import HEAT, PRESETS, compose_energies, standardize  # isort: skip
-from .msp import MSP  # isort: skip
-from .max_logit import MaxLogit  # isort: skip
-from .energy import Energy  # isort: skip
+from .logit_scores import MSP, MaxLogit, Energy  # isort: skip
 from .odin import ODIN  # isort: skip
 from .mahalanobis import Mahalanobis  # isort: skip
 from .knn import KNN  # isort: skip
@@ -40,13 +38,13 @@ from .dice import DICE  # isort: skip
 from .react import ReAct  # isort: skip
 from .gen import GEN  # isort: skip
 from .rmds import RMDS  # isort: skip
-from .ash import ASH  # isort: skip
-from .scale import SCALE  # isort: skip
+from .shaping import ASH, SCALE  # isort: skip
 from .nnguide import NNGuide  # isort: skip
+from .._registry import RegistryNames
 from .heat_priors import ELPrior, GMMPrior, GMMStdPrior
 from .prior import Prior
 from .priors import ClassConditionalGaussian, EnergyLogitsPrior, energy_logits
-from .registry import DETECTOR_REGISTRY, RegistryNames, get_detector, get_prior, list_detectors, list_priors
+from .registry import DETECTOR_REGISTRY, get_detector, get_prior, list_detectors, list_priors
 from .shaping import ShapedEnergyDetector
 
 from .benchmark import BenchmarkResult, benchmark  # isort: skip

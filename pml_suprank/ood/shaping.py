@@ -1,6 +1,11 @@
-"""Activation shaping of penultimate features before the classifier head: ASH (Djurisic et al., ICLR 2023) and SCALE
-(Xu et al., ICLR 2024), and :class:`ShapedEnergyDetector`, the base of the detectors scoring the energy of shaped
-logits.
+"""Activation shaping of penultimate features before the classifier head and the detectors scoring the energy of the
+shaped logits: ASH (Djurisic et al., "Extremely Simple Activation Shaping for Out-of-Distribution Detection", ICLR
+2023) and SCALE (Xu et al., "Scaling for Training Time and Post-hoc Out-of-distribution Detection Enhancement", ICLR
+2024), on their base :class:`ShapedEnergyDetector`.
+
+Scores are outlier scores (higher = more OOD), the negative of OpenOOD v1.5's ``conf``; the definitions match
+OpenOOD v1.5's ``ASHPostprocessor`` (``ash_p`` / ``ash_b`` / ``ash_s``) and ``ScalePostprocessor`` on the pooled
+features at equal percentile.
 
 Every function acts per sample on a ``(N, D)`` feature matrix and is pure (out of place). As in the papers' code
 (and OpenOOD v1.5, which reshapes the pooled features to ``(N, D, 1, 1)``), the ``percentile`` sets how many entries
@@ -11,17 +16,20 @@ are *pruned*: ``k = D − round(D · percentile / 100)`` largest entries are kep
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
+from .._validation import check_choice
 from ..hub.serialization import CONFIG_NAME, WEIGHTS_NAME
 from .base import check_features
 from .head import HeadDetector
 from .priors import energy_logits
 
 __all__ = [
+    "ASH",
+    "SCALE",
     "ShapedEnergyDetector",
     "ash_binarize",
     "ash_prune",
@@ -127,3 +135,62 @@ class ShapedEnergyDetector(HeadDetector, register=False):
                 f"{CONFIG_NAME} and {WEIGHTS_NAME} as written by save_pretrained)"
             )
         super()._hub_load_state(state, config, source=source, strict=strict, map_location=map_location)
+
+
+_VARIANTS = {"p": ash_prune, "b": ash_binarize, "s": ash_scale}
+
+
+class ASH(ShapedEnergyDetector):
+    """ASH (Djurisic et al. 2023, Sec. 3): shape the penultimate features ``z``, then the energy score.
+
+    With ``k = D − round(D·p/100)`` kept entries per sample and ``s1 = Σ_j z_j``:
+
+    * ``"p"`` (prune): keep the top-``k`` entries, zero the rest;
+    * ``"b"`` (binarize): the top-``k`` entries set to ``s1 / k``, the rest 0;
+    * ``"s"`` (scale): prune, then multiply by ``exp(s1 / s2)`` where ``s2`` is the sum after pruning.
+
+    Score ``−logsumexp(W·ash(z) + b)`` (Liu et al. energy of the shaped logits). Defaults: ASH-S at ``p = 90``
+    (the paper's ImageNet ResNet-50 setting; OpenOOD v1.5 ``ash.yml``). ASH assumes non-negative (post-ReLU)
+    features; ``exp(s1/s2)`` can overflow when they are not.
+
+    Args:
+        variant: ``"p"``, ``"b"`` or ``"s"``.
+        percentile: Pruning percentile ``p`` in [0, 100).
+        weight, bias, head: The classifier head.
+    """
+
+    def __init__(
+        self, variant: Literal["p", "b", "s"] = "s", percentile: float = 90.0, weight=None, bias=None, head=None
+    ) -> None:
+        self.variant = check_choice("variant", variant, tuple(_VARIANTS))
+        super().__init__(percentile, weight, bias, head)
+
+    def config(self) -> dict[str, Any]:
+        return {"variant": self.variant, "percentile": self.percentile}
+
+    def shape(self, z: Tensor) -> Tensor:
+        """``(N, D) -> (N, D)`` shaped features (ASH-P, -B or -S)."""
+        return _VARIANTS[self.variant](z, self.percentile)
+
+
+class SCALE(ShapedEnergyDetector):
+    """SCALE (Xu et al. 2024, Eq. 3): ``z · exp(s1 / s2)``, then the energy score; no entry is pruned.
+
+    ``s1 = Σ_j z_j`` and ``s2`` = the sum of the ``k = D − round(D·p/100)`` largest entries of ``z``. Score
+    ``−logsumexp(W·z·exp(s1/s2) + b)``. Default ``p = 85`` (OpenOOD v1.5 ``scale.yml``; the paper's ImageNet
+    setting).
+
+    Args:
+        percentile: Percentile ``p`` in [0, 100) defining ``s2``.
+        weight, bias, head: The classifier head.
+    """
+
+    def __init__(self, percentile: float = 85.0, weight=None, bias=None, head=None) -> None:
+        super().__init__(percentile, weight, bias, head)
+
+    def config(self) -> dict[str, Any]:
+        return {"percentile": self.percentile}
+
+    def shape(self, z: Tensor) -> Tensor:
+        """``(N, D) -> (N, D)`` scaled features."""
+        return scale_activations(z, self.percentile)
