@@ -46,7 +46,7 @@ from .cli import build_recipe_parser, parse_run_spec
 from .data_source import dataset_source, folder_layout
 from .nonfinite import NonFiniteTrainingError
 from .options import build_loss
-from .run_folder import RUN_FOLDER_ERRORS, prepare_output_dir, refusal_message
+from .run_folder import RUN_FOLDER_ERRORS, check_outside_inputs, prepare_output_dir, refusal_message
 from .run_spec import RunSpec
 
 __all__ = [
@@ -268,6 +268,7 @@ def _setup(spec: RunSpec, given: Collection[str]) -> tuple[RunSpec, Any, Any, An
     from .trackers import resolve_report_to
     from .trainer import Trainer
 
+    check_outside_inputs(spec.train.output_dir, {"--dataset": spec.data.dataset})  # OutputDirError: exit 2
     log_with = None
     if spec.run.with_tracking:
         try:
