@@ -37,8 +37,9 @@ def probe(name: str) -> Callable:
 # helpers
 # ---------------------------------------------------------------------------------------------------------------------
 def run_recipe(recipe: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}  # fmt: skip
+    env = dict(os.environ)  # noqa: TID251 - a probe runs the commands as a user would, offline
+    path = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    env.update(PYTHONPATH=path, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", f"pml_suprank.recipes.{recipe}", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
 
@@ -124,8 +125,9 @@ def _mathtext_plot(tmp: Path) -> str | None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
+            names = ["$\\undefinedmacro$", "group"]
             write_final_folder(tmp / "final", model, config={"seed": 0}, history=[], metrics={"ap": 0.5},
-                               embeddings=(last, last), label_names=["$\\undefinedmacro$", "group"], replace=True)  # fmt: skip
+                               embeddings=(last, last), label_names=names, replace=True)  # fmt: skip
         except Exception as e:  # the hole: the plot error ends the write
             return f"{type(e).__name__}: {str(e)[:200]}"
     return None if (tmp / "final" / "model.safetensors").is_file() else "no model.safetensors"
@@ -240,7 +242,8 @@ def _diverged(tmp: Path) -> str | None:
                                  transform=data.build_transforms(model.data_config, train=True))  # fmt: skip
     config = TrainingConfig(output_dir=str(tmp), epochs=1, batch_size=16, samples_per_class=4, eval_every=0,
                             max_train_steps=4, max_nonfinite_steps=1)  # fmt: skip
-    trainer = Trainer(Accelerator(cpu=True), model, losses.HAPPIERLoss(num_classes=54, embedding_size=16), train, config)
+    loss = losses.HAPPIERLoss(num_classes=54, embedding_size=16)
+    trainer = Trainer(Accelerator(cpu=True), model, loss, train, config)
     with torch.no_grad():
         next(model.parameters()).fill_(float("inf"))
     try:
