@@ -30,9 +30,9 @@ def warn_degenerate_scale(name: str, cholesky: Tensor, dtype: torch.dtype) -> No
     if smallest < 1.0 / math.sqrt(limit):
         unit = float(torch.tensor(smallest, dtype=torch.float64).pow(-2))
         warnings.warn(
-            f"{name} was fitted on features whose spread is degenerate at the scale of {str(dtype).removeprefix('torch.')}"
-            f" (standard deviations down to {smallest:.3g}): an input at distance 1 from the class means would score "
-            f"~{unit:.3g}, beyond the dtype's range, so its score saturates. Fit and score features of the same "
+            f"{name} was fitted on features whose spread is degenerate at the scale of "
+            f"{str(dtype).removeprefix('torch.')} (standard deviations down to {smallest:.3g}): an input at "
+            f"distance 1 from the class means would score ~{unit:.3g}, beyond the dtype's range, so its score saturates. Fit and score features of the same "
             "scale (same model and preprocessing), or fit on float64 features",
             RuntimeWarning,
             stacklevel=4,
