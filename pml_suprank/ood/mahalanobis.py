@@ -32,8 +32,9 @@ def warn_degenerate_scale(name: str, cholesky: Tensor, dtype: torch.dtype) -> No
         warnings.warn(
             f"{name} was fitted on features whose spread is degenerate at the scale of "
             f"{str(dtype).removeprefix('torch.')} (standard deviations down to {smallest:.3g}): an input at "
-            f"distance 1 from the class means would score ~{unit:.3g}, beyond the dtype's range, so its score saturates. Fit and score features of the same "
-            "scale (same model and preprocessing), or fit on float64 features",
+            f"distance 1 from the class means would score ~{unit:.3g}, beyond the dtype's range, so its score "
+            "saturates. Fit and score features of the same scale (same model and preprocessing), or fit on float64 "
+            "features",
             RuntimeWarning,
             stacklevel=4,
         )

@@ -1,8 +1,8 @@
-"""Every new call signature of a compiled loss is checked against eager (``pml_suprank.losses.compile_guard``): a
-compiled loss made wrong on purpose — a ``torch.compile`` backend that zeroes the backward's gradients or scales the
-forward's output — is refused with an error naming the torch version and the way out; a correct compile passes silently, with
-one extra eager call, and leaves the caller's gradients exactly those of eager. ``aot_eager``-based backends trace
-forward and backward without building C++ kernels."""
+"""Every new call signature of a compiled loss is checked against eager (``pml_suprank.losses.compile_guard``):
+a compiled loss made wrong on purpose — a ``torch.compile`` backend that zeroes the backward's gradients or scales
+the forward's output — is refused with an error naming the torch version and the way out; a correct compile passes
+silently, with one extra eager call per call signature, and leaves the caller's gradients exactly those of eager.
+``aot_eager``-based backends trace forward and backward without building C++ kernels."""
 
 from __future__ import annotations
 
