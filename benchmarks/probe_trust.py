@@ -45,8 +45,8 @@ def run_recipe(recipe: str, *args: str, timeout: int = 600) -> subprocess.Comple
 
 
 def one_error_line(proc: subprocess.CompletedProcess, *needles: str) -> str | None:
-    """``None`` when the command ended with exit status 2 and exactly one ``error:`` line (naming every needle), no
-    traceback; otherwise what happened."""
+    """``None`` when the command ended with exit status 2 and exactly one ``error:`` line, no traceback, and the
+    message (that line and the details below it) names every needle; otherwise what happened."""
     errors = [line for line in proc.stderr.splitlines() if "error:" in line]
     tail = (proc.stderr.strip().splitlines() or ["(no stderr)"])[-1][:300]
     if "Traceback" in proc.stderr:
@@ -55,7 +55,8 @@ def one_error_line(proc: subprocess.CompletedProcess, *needles: str) -> str | No
         return f"exit status {proc.returncode}, not 2: {tail}"
     if len(errors) != 1:
         return f"{len(errors)} error: lines: {tail}"
-    missing = [n for n in needles if n not in errors[0]]
+    message = proc.stderr[proc.stderr.index(errors[0]) :]
+    missing = [n for n in needles if n not in message]
     return f"the error line does not name {missing}: {errors[0][:300]}" if missing else None
 
 
@@ -416,7 +417,8 @@ def _search_bad_image(tmp: Path) -> str | None:
     gallery = class_folders(tmp / "gallery", classes=3, per_class=3)
     (gallery / "class0" / "broken.png").write_bytes(b"not an image")
     return one_error_line(run_recipe("search", "--model", str(model_folder(tmp, 16)), "--gallery", str(gallery),
-                                     "--output_dir", str(tmp / "out")), "broken.png")  # fmt: skip
+                                     "--label_columns", "label", "--gallery_split", "train", "--output_dir", str(tmp / "out")),
+                          "broken.png")  # fmt: skip
 
 
 @probe("an own folder where every class has one image is refused (no NaN metrics in final/)")
