@@ -416,9 +416,9 @@ def _search_output_file(tmp: Path) -> str | None:
 def _search_bad_image(tmp: Path) -> str | None:
     gallery = class_folders(tmp / "gallery", classes=3, per_class=3)
     (gallery / "class0" / "broken.png").write_bytes(b"not an image")
-    return one_error_line(run_recipe("search", "--model", str(model_folder(tmp, 16)), "--gallery", str(gallery),
-                                     "--label_columns", "label", "--gallery_split", "train", "--output_dir", str(tmp / "out")),
-                          "broken.png")  # fmt: skip
+    args = ["--label_columns", "label", "--gallery_split", "train", "--output_dir", str(tmp / "out")]
+    proc = run_recipe("search", "--model", str(model_folder(tmp, 16)), "--gallery", str(gallery), *args)
+    return one_error_line(proc, "broken.png")
 
 
 @probe("an own folder where every class has one image is refused (no NaN metrics in final/)")

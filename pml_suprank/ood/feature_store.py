@@ -140,8 +140,10 @@ def load_features(path: str | Path) -> SavedFeatures:
         with safe_open(str(path), framework="pt") as f:
             header = f.metadata() or {}
             if header.get("format") != FEATURES_FORMAT:  # a foreign file: refused before its tensors are read
-                raise ValueError(f"{path} is not a feature file (header format {header.get('format')!r}, "
-                                 f"expected {FEATURES_FORMAT!r}; write one with ood.save_features or fit_heat)")  # fmt: skip
+                raise ValueError(
+                    f"{path} is not a feature file (header format {header.get('format')!r}, expected "
+                    f"{FEATURES_FORMAT!r}; write one with ood.save_features or fit_heat)"
+                )
             state = {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118 - safe_open has no __iter__
     except ValueError:
         raise

@@ -237,7 +237,6 @@ def main(argv: list[str] | None = None) -> dict:
     from pml_suprank import data
     from pml_suprank.models import RetrievalModel
     from pml_suprank.search.report import write_html_report, write_result_grid
-
     from pml_suprank.training.recipe import refuse
     from pml_suprank.training.run_folder import OutputDirError, prepare_output_dir
 
