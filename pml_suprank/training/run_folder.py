@@ -46,6 +46,7 @@ __all__ = [
     "RunLockError",
     "check_outside_inputs",
     "claim_output_dir",
+    "leave_process_group",
     "config_differences",
     "OS_LOCK_FILE",
     "on_main_process",
@@ -471,6 +472,44 @@ def claim_output_dir(
         )
     removed = remove_previous_run(output_dir)
     note(f"--overwrite_output_dir: deleted the previous run in {output_dir} ({', '.join(removed)})")
+
+
+def leave_process_group(status: int = 2, timeout_s: float = 60.0) -> None:
+    """End a multi-process run that every process refuses alike (its one error line printed) with ``status`` on every
+    process: wait for the other processes, destroy the process group, then leave at once (``os._exit`` after
+    flushing the output). A process never exits while a peer still holds a connection to it (a gloo process torn down
+    at interpreter exit after its peer closed the connection can abort with SIGABRT), and no process is caught in the
+    interpreter's slow teardown when ``torchrun`` sends SIGTERM to the remaining workers as soon as the first one
+    exits (it would die of the signal instead of reporting ``status``; a SIGTERM during the wait ends the process with
+    ``status`` too). Returns (doing nothing) without an initialised process group: the caller then exits as usual.
+    The wait gives up after ``timeout_s``."""
+    import datetime
+    import signal
+    import sys
+    import threading
+
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+
+    def leave(*_: Any) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, leave)
+    try:
+        if dist.get_backend() == "gloo":
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=timeout_s))
+        else:
+            dist.barrier()
+    except Exception:  # noqa: S110 - a peer already gone: the group is destroyed all the same
+        pass
+    finally:
+        dist.destroy_process_group()
+    leave()
 
 
 def on_main_process(accelerator: Any, fn: Callable[[], Any]) -> Any:
