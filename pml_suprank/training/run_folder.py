@@ -140,7 +140,7 @@ def _ours(path: Path, key: str) -> bool:
     return isinstance(data.get(key), str)
 
 
-def final_is_ours(output_dir: Path) -> bool:
+def _final_is_ours(output_dir: Path) -> bool:
     """Whether ``output_dir/final`` was written by a run of ours (its ``training_summary.json`` names the run
     fingerprint)."""
     return _ours(Path(output_dir) / "final" / "training_summary.json", "run_fingerprint")
@@ -215,7 +215,7 @@ def remove_previous_run(output_dir: Path) -> list[str]:
     """
     output_dir = Path(output_dir)
     final = output_dir / "final"
-    if final.exists() and not final.is_symlink() and not final_is_ours(output_dir):
+    if final.exists() and not final.is_symlink() and not _final_is_ours(output_dir):
         raise OutputDirError(
             f"--overwrite_output_dir: {str(final)!r} was not written by a run of this package (no "
             "training_summary.json naming a run fingerprint), so it is not deleted; move it away or choose another "
