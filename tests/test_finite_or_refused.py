@@ -73,12 +73,16 @@ def test_scaling_keeps_products_normal_and_finite_at_both_ends(dtype):
 
 
 @pytest.mark.parametrize("make", [lambda: ood.Mahalanobis(), lambda: ood.RMDS()], ids=["mahalanobis", "rmds"])
-def test_distance_scores_that_overflow_the_dtype_are_refused(make):
-    # the reproduction: fitted on features of scale 1e-30, normal features scored +inf
+def test_distance_scores_that_overflow_the_dtype_saturate_as_most_ood_with_warnings(make):
+    # fitted on features of scale 1e-30, normal features scored: beyond float32, answered (saturated), never raised
     z, labels = torch.randn(200, 8, generator=torch.Generator().manual_seed(3)), torch.arange(200) % 4
-    det = make().fit(features=z * 1e-30, labels=labels)
-    with pytest.raises(ValueError, match=r"scores of 5 of 5 inputs do not fit float32 .*pass float64 features"):
-        det.score(features=z[:5])
+    with pytest.warns(RuntimeWarning, match="degenerate at the scale of float32.*score saturates"):
+        det = make().fit(features=z * 1e-30, labels=labels)
+    with pytest.warns(RuntimeWarning, match=r"scores of 5 of 5 inputs exceed float32 .*saturated.*most OOD"):
+        scores = det.score(features=z[:5])
+    assert scores.dtype == torch.float32 and bool((scores == torch.finfo(torch.float32).max).all())
+    inside = det.score(features=z[:5] * 1e-30)  # inputs at the fitted scale: finite, ranked below the saturated
+    assert bool(torch.isfinite(inside).all()) and bool((inside < scores).all())
     wide = det.score(features=z[:5].double())  # the way out: finite float64 scores
     assert wide.dtype == torch.float64 and bool(torch.isfinite(wide).all()) and float(wide.min()) > 1e50
     reference = make().fit(features=z, labels=labels).score(features=z[:5])  # same scale: scale-free

@@ -142,12 +142,13 @@ def test_nested_folders_take_the_open_set_rule_per_group(tmp_path, hf_cache):
     folder = tmp_path / "scripts"
     for g, group in enumerate(["latin", "greek"]):
         for k, item in enumerate(["c1", "c2", "c3"]):
-            _png(folder / group / item / "0.png", COLOURS["cat"], 10 * g + k)
+            for i in range(2):  # two images a class: a folder of single-image classes is refused
+                _png(folder / group / item / f"{i}.png", COLOURS["cat"], 10 * g + k + 100 * i)
     section = {"dataset": str(folder), "open_set": True, "train_classes_per_coarse": 1}
     assert data_option_errors(section) == []  # the folder's two levels count as label columns
     train, test = (dataset_source(section, part).load() for part in ("train", "test"))
-    assert sorted(train.class_names[int(c)] for c in train.labels[:, 0]) == ["greek/c1", "latin/c1"]
-    assert sorted(test.class_names[int(c)] for c in test.labels[:, 0]) == [
+    assert sorted(train.class_names[int(c)] for c in train.labels[:, 0].unique()) == ["greek/c1", "latin/c1"]
+    assert sorted(test.class_names[int(c)] for c in test.labels[:, 0].unique()) == [
         "greek/c2", "greek/c3", "latin/c2", "latin/c3"
     ]  # fmt: skip
     flat = _class_folders(tmp_path / "flat", ["cat", "dog"], 1)
@@ -298,3 +299,38 @@ def test_tensorboard_events_hold_the_metrics_the_config_and_the_plots(tmp_path, 
     assert any(tag.startswith("plots/") for tag in tags["images"])
     hparams = list(logs.glob("*/hparams.yml"))  # Accelerate's copy of the config next to the events
     assert hparams and "report_to: tensorboard" in hparams[0].read_text()
+
+
+def test_metadata_csv_at_the_root_above_train_and_test_is_read(tmp_path, hf_cache):
+    """The documented layout ``metadata.csv`` + ``train/`` + ``test/`` (file names ``train/...``): its label columns
+    were "not found" (the imagefolder builder does not pair a root metadata file with split folders)."""
+    from pml_suprank.data import load_retrieval_dataset
+
+    root, rows = tmp_path / "shop", []
+    for split, names in (("train", ["cat", "dog", "fox"]), ("test", ["owl", "elk"])):
+        for k, name in enumerate(names):
+            for i in range(2):
+                _png(root / split / f"{name}{i}.png", COLOURS[name], 10 * k + i)
+                rows.append([f"{split}/{name}{i}.png", name, k % 2])
+    with (root / "metadata.csv").open("w", newline="") as f:
+        csv.writer(f).writerows([["file_name", "species", "family"], *rows])
+    layout = image_folder_layout(root)
+    assert layout.kind == "metadata" and layout.splits == ("train", "test")
+    train = load_retrieval_dataset(str(root), None, split="train")
+    test = load_retrieval_dataset(str(root), None, split="test")
+    assert (len(train), len(test)) == (6, 4) and train.labels.shape == (6, 2)
+    assert sorted(train.class_names[int(c)] for c in train.labels[:, 0].unique()) == ["cat", "dog", "fox"]
+    assert train.item_path(0).startswith(str(root / "train"))
+
+
+def test_a_folder_where_every_class_has_one_image_is_refused(tmp_path, hf_cache):
+    """Single-image classes gave no training pair and NaN metrics in final/; now refused before any training."""
+    from pml_suprank.data import load_retrieval_dataset
+
+    root = _class_folders(tmp_path / "singles", list(COLOURS), 1)
+    with pytest.raises(ValueError, match=r"every class \(\d\) has a single image"):
+        load_retrieval_dataset(str(root), None, split="train")
+    _class_folders(tmp_path / "some", ["cat", "dog", "fox"], 2)
+    _class_folders(tmp_path / "some", ["owl"], 1)
+    with pytest.warns(UserWarning, match="1 of 4 classes have a single image"):
+        assert len(load_retrieval_dataset(str(tmp_path / "some"), None, split="train")) == 7

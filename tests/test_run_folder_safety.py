@@ -299,3 +299,72 @@ def test_recipe_prints_refusals_without_a_traceback(tmp_path, capsys, case):
     lines = [line for line in err.splitlines() if ": error: " in line]
     assert len(lines) == 1 and re.search(expected, lines[0]), err
     assert "Traceback" not in err
+
+
+def test_overwrite_deletes_only_what_a_run_of_ours_wrote(tmp_path):
+    """A user's own ``final/`` (no run fingerprint in it) is refused, not deleted; a user's files in ``checkpoints/``,
+    another ``run.json`` and ``metrics_before.json`` beside it are kept; our step folders, final/ and run.json go."""
+    from pml_suprank.training.run_folder import OutputDirError, claim_output_dir
+
+    user = tmp_path / "user"
+    (user / "final").mkdir(parents=True)
+    (user / "final" / "model.bin").write_bytes(b"mine")
+    (user / "checkpoints").mkdir()
+    (user / "checkpoints" / "epoch3.pt").write_bytes(b"mine")
+    with pytest.raises(OutputDirError, match=r"final' was not written by a run of this package .* not deleted"):
+        claim_output_dir(user, overwrite=True, note=print)
+    assert (user / "final" / "model.bin").read_bytes() == b"mine"
+    assert (user / "checkpoints" / "epoch3.pt").read_bytes() == b"mine"
+
+    ours = tmp_path / "ours"
+    (ours / "checkpoints" / "step_00000002").mkdir(parents=True)
+    (ours / "checkpoints" / "notes.txt").write_text("mine")
+    (ours / "final").mkdir()
+    (ours / "final" / "training_summary.json").write_text(json.dumps({"run_fingerprint": "ab" * 32}))
+    (ours / "run.json").write_text(json.dumps({"fingerprint": "ab" * 32}))
+    (ours / "metrics_before.json").write_text("{}")
+    (ours / "data.csv").write_text("mine")
+    notes = []
+    claim_output_dir(ours, overwrite=True, note=notes.append)
+    assert sorted(p.relative_to(ours).as_posix() for p in ours.rglob("*")) == [
+        "checkpoints", "checkpoints/notes.txt", "data.csv"]  # fmt: skip
+    assert "checkpoints/step_00000002" in notes[0] and "final" in notes[0]
+
+    theirs = tmp_path / "theirs"  # a run.json that is not ours (no fingerprint) and a checkpoints/ of the user
+    (theirs / "checkpoints").mkdir(parents=True)
+    (theirs / "checkpoints" / "best.ckpt").write_bytes(b"mine")
+    (theirs / "run.json").write_text('{"name": "my experiment"}')
+    (theirs / "metrics_before.json").write_text("{}")
+    claim_output_dir(theirs, overwrite=True, note=print)
+    assert all((theirs / n).exists() for n in ("checkpoints/best.ckpt", "run.json", "metrics_before.json"))
+
+
+def test_output_dir_inside_an_input_folder_is_refused(tmp_path):
+    from pml_suprank.training.run_folder import OutputDirError, check_outside_inputs
+
+    data = tmp_path / "images"
+    (data / "cat").mkdir(parents=True)
+    with pytest.raises(OutputDirError, match=r"--output_dir '.*images/run' lies inside the input folder --dataset"):
+        check_outside_inputs(data / "run", {"--dataset": str(data)})
+    with pytest.raises(OutputDirError, match="inside the input folder"):
+        check_outside_inputs(data, {"--dataset": data})
+    check_outside_inputs(tmp_path / "run", {"--dataset": str(data), "--other": "user/hub-id", "--none": None})
+
+
+def test_a_figure_that_fails_is_skipped_and_the_final_folder_keeps_the_weights(tmp_path):
+    """A label name matplotlib's mathtext cannot typeset (``$\\undefinedmacro$``) used to end the final folder's
+    write before ``model.safetensors``: the trained model was lost."""
+    from pml_suprank.models import RetrievalModel
+    from pml_suprank.training.export import write_final_folder
+
+    model = RetrievalModel("test_resnet", embedding_size=8, image_size=16)
+    emb = torch.nn.functional.normalize(torch.randn(12, 8, generator=torch.Generator().manual_seed(0)), dim=1)
+    labels = torch.stack([torch.arange(12) % 3, torch.arange(12) % 3 // 2], 1)
+    last = (emb, labels, torch.arange(12))
+    history = [{"step": 1, "loss": 0.5}, {"step": 2, "loss": 0.4}]
+    with pytest.warns(RuntimeWarning, match="skipped"):
+        final = write_final_folder(tmp_path / "final", model, config={"seed": 0}, history=history,
+                                   metrics={"ap": 0.5}, embeddings=(last, last),
+                                   label_names=["$\\undefinedmacro$", "group"], replace=True)  # fmt: skip
+    assert (final / "model.safetensors").is_file() and (final / "metrics.json").is_file()
+    assert (final / "config.json").is_file() and (final / "README.md").is_file()

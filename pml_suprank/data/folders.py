@@ -45,6 +45,7 @@ __all__ = [
     "folder_splits",
     "class_split_side",
     "image_folder_layout",
+    "metadata_splits",
 ]
 
 #: the share of the classes that train when a folder without a split is split by class
@@ -241,6 +242,51 @@ def folder_splits(layout: FolderLayout) -> dict[str, Any]:
             columns[name] = ["/".join(parts[: len(parts) - level]) for parts in folders]
         out[split] = datasets.Dataset.from_dict(columns).cast_column("image", datasets.Image())
     return out
+
+
+def _cell(value: str) -> int | str:
+    text = value.strip()
+    return int(text) if text.lstrip("-").isdigit() else text
+
+
+def metadata_splits(layout: FolderLayout) -> dict[str, Any] | None:
+    """``{split: datasets.Dataset}`` of a metadata layout whose metadata file lies at the root above ``train/`` and
+    ``test/`` (``file_name`` values ``train/...`` / ``test/...``), which the ``imagefolder`` builder does not pair
+    with the split folders; ``None`` for any other layout (read by ``imagefolder``). Columns: ``image`` (the files,
+    by path) and the label levels (integers where every value of a CSV column is one, else strings); each row goes
+    to the split its file lies in.
+
+    Raises:
+        ValueError: a row whose file lies in no split folder, or a split without any row.
+    """
+    import datasets
+
+    root = layout.root
+    files = [root / name for name in _METADATA if (root / name).is_file()]
+    if layout.kind != "metadata" or layout.needs_class_split or not files:
+        return None
+    rows: dict[str, dict[str, list[Any]]] = {s: {"image": [], **{c: [] for c in layout.label_columns}}
+                                              for s in layout.splits}  # fmt: skip
+    for path in files:
+        if path.suffix == ".csv":
+            with path.open(newline="", encoding="utf-8") as f:
+                reader = csv.DictReader(f)
+                records = [{k.strip(): _cell(v or "") for k, v in r.items() if k is not None} for r in reader]
+        else:
+            records = [loads_json(line, str(path), what="metadata.jsonl record")
+                       for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]  # fmt: skip
+        for number, record in enumerate(records, start=1):
+            name = str(record["file_name"])
+            split = Path(name).parts[0] if Path(name).parts else ""
+            if split not in rows:
+                raise ValueError(f"{path}, row {number}: {name!r} lies in no split folder ({', '.join(layout.splits)})")
+            rows[split]["image"].append(str(root / name))
+            for column in layout.label_columns:
+                rows[split][column].append(record.get(column))
+    empty = [s for s, r in rows.items() if not r["image"]]
+    if empty:
+        raise ValueError(f"{files[0]}: no row names an image of the split folder(s) {empty}")
+    return {s: datasets.Dataset.from_dict(r).cast_column("image", datasets.Image()) for s, r in rows.items()}
 
 
 def class_split(labels: Tensor, *, seed: int, fraction: float = CLASS_SPLIT_FRACTION) -> tuple[Tensor, Tensor]:

@@ -12,6 +12,7 @@ Multi-label datasets (``ds.multilabel``: ``SyntheticMultiShapes``, a list-valued
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -22,7 +23,7 @@ from torch import Tensor
 
 from .._validation import check_choice
 from ..relevance import check_tree
-from .folders import folder_splits, image_folder_layout
+from .folders import folder_splits, image_folder_layout, metadata_splits
 from .hf_sources import check_image_paths, describe, image_column_name, load_splits, select_split
 from .image_check import check_dataset_images
 from .label_columns import fine_label_rows, is_list_column, multilabel_labels, open_set_keep
@@ -319,6 +320,8 @@ def load_retrieval_dataset(
     if labels.numel() and bool((labels < 0).any()):
         raise ValueError(f"label columns {label_columns} contain negative ids (unlabelled items?) in split {split!r}")
     check_tree(labels, name=f"labels {label_columns}")
+    if layout is not None:
+        _check_classes_have_pairs(labels, f"{describe(source)}, split {split!r}")
 
     if open_set is not None:
         ds, labels = _open_set_side(
@@ -332,6 +335,24 @@ def load_retrieval_dataset(
     elif label_columns[0] in mappings:
         class_names = {i: v for v, i in mappings[label_columns[0]].items()}
     return HFRetrievalDataset(ds, label_columns, image_column, labels, transform=transform, class_names=class_names)
+
+
+def _check_classes_have_pairs(labels: Tensor, where: str) -> None:
+    """Refuse a user's image folder where every class has a single image: no class gives a training pair, no query
+    a positive (every retrieval metric would be NaN). A few single-image classes among others are said in a
+    warning. ``labels``: ``(N, L)``, the fine class in column 0."""
+    if not labels.numel():
+        return
+    counts = torch.unique(labels[:, 0], return_counts=True)[1]
+    single = int((counts < 2).sum())
+    if single == len(counts):
+        raise ValueError(
+            f"{where}: every class ({len(counts)}) has a single image, so no class gives a training pair and no query "
+            "a positive; put at least 2 images in each class folder (or metadata class)"
+        )
+    if single:
+        warnings.warn(f"{where}: {single} of {len(counts)} classes have a single image (no training pair; as queries "
+                      "they have no positive)", stacklevel=3)  # fmt: skip
 
 
 def _multilabel_dataset(
@@ -395,6 +416,9 @@ def _source_splits(source: Any, label_columns: Any, hub: dict[str, Any]) -> tupl
     label_columns = _check_label_columns(label_columns, source)
     if layout is not None and layout.depth > 1:
         return layout, label_columns, folder_splits(layout)
+    from_metadata = metadata_splits(layout) if layout is not None else None  # metadata.csv above train/ and test/
+    if from_metadata is not None:
+        return layout, label_columns, from_metadata
     return layout, label_columns, load_splits(source, **hub)
 
 

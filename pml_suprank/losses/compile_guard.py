@@ -1,4 +1,4 @@
-"""Compiled = eager, or refused: the first call of a compiled loss is checked against the eager loss on that batch.
+"""Compiled = eager, or refused: each new graph of a compiled loss is checked against the eager loss on its batch.
 
 ``torch.compile`` of a loss can be silently wrong on some torch release (torch 2.11's dynamo once returned a zero
 gradient for the hierarchical dense kernel while the loss value was right: a model trained with it ended 30 % worse,
@@ -7,8 +7,11 @@ reported as a normal result). The guard makes that impossible to miss:
 * :meth:`GuardedCompileMixin.compile` (``loss.compile(...)``, the base classes of the package's losses) and
   :func:`compile_loss` (any ``nn.Module`` loss; the recipes' ``--compile_loss``) compile the loss in place as
   ``nn.Module.compile`` does and wrap the compiled call in a :class:`GuardedCall`;
-* the first call is compared with the eager call on the same batch — the loss value, and the gradient with respect to
-  the embeddings (the first argument) at the first call that has one — one extra eager forward + backward, once;
+* the first call of every call signature (the shapes / dtypes of the tensors, the grad mode: what makes torch trace a
+  new graph, e.g. the last, smaller batch) is compared with the eager call on the same batch — every output tensor
+  (``value`` or ``(value, extras)``), the gradient with respect to the embeddings (the first argument) and those of
+  the loss's own parameters (proxies) — one extra eager forward + backward per signature; a batch whose eager loss is
+  not finite is not judged (the trainer's non-finite step handling takes it) and its signature is checked later;
 * a relative difference above :data:`COMPILE_RTOL` raises :class:`CompiledLossMismatchError` naming the torch
   version and the way out (call the loss uncompiled; ``--compile_loss false`` in the recipes).
 
@@ -34,17 +37,18 @@ __all__ = [
     "CompiledLossMismatchError",
     "GuardedCall",
     "GuardedCompileMixin",
+    "call_signature",
     "check_compiled_loss",
     "compile_loss",
     "relative_difference",
 ]
 
-#: largest relative difference (value and embedding gradient) accepted between a compiled loss and the eager one
+#: largest relative difference (outputs and gradients) accepted between a compiled loss and the eager one
 COMPILE_RTOL = 1e-4
 
 
 class CompiledLossMismatchError(RuntimeError):
-    """A compiled loss differs from the eager loss on the same batch (value or embedding gradient)."""
+    """A compiled loss differs from the eager loss on the same batch (an output or a gradient)."""
 
 
 def relative_difference(got: Tensor | None, expected: Tensor | None) -> float:
@@ -80,14 +84,48 @@ def _embeddings(args: tuple, kwargs: dict) -> Tensor | None:
     return emb if isinstance(emb, Tensor) and emb.is_floating_point() else None
 
 
-def _mismatch(owner: str, value_diff: float, grad_diff: float | None, rtol: float) -> CompiledLossMismatchError:
-    grad = "" if grad_diff is None else f", of the embedding gradient {grad_diff:.3g}"
+def _tensors(out: Any) -> list[Tensor] | None:
+    """The floating tensors of a loss output: ``value`` or ``(value, extras...)`` (tuples, lists and dicts walked in
+    order); ``None`` for an output with none."""
+    if isinstance(out, Tensor):
+        return [out] if out.is_floating_point() else None
+    found: list[Tensor] = []
+    items = out.values() if isinstance(out, dict) else out if isinstance(out, (tuple, list)) else ()
+    for item in items:
+        found += _tensors(item) or []
+    return found or None
+
+
+def _finite(tensors: list[Tensor | None]) -> bool:
+    return all(t is None or bool(torch.isfinite(t.detach()).all()) for t in tensors)
+
+
+def call_signature(args: tuple, kwargs: dict) -> tuple:
+    """What makes ``torch.compile`` trace another graph, as far as a loss call shows it: the shape, dtype, device
+    and ``requires_grad`` of every tensor argument, the type of the others, and whether gradients are enabled."""
+
+    def one(v: Any) -> Any:
+        if isinstance(v, Tensor):
+            return ("T", tuple(v.shape), v.dtype, v.device.type, v.requires_grad)
+        return type(v).__name__
+
+    return (torch.is_grad_enabled(), tuple(one(a) for a in args), tuple(sorted((k, one(v)) for k, v in kwargs.items())))
+
+
+def _mismatch(owner: str, diffs: dict[str, float], rtol: float) -> CompiledLossMismatchError:
+    shown = ", ".join(f"of the {what} {diff:.3g}" for what, diff in diffs.items())
     return CompiledLossMismatchError(
         f"the compiled {owner} does not match the eager {owner} on this batch with torch {torch.__version__}: "
-        f"relative difference of the loss value {value_diff:.3g}{grad} (tolerance {rtol:g}). Training with it would "
+        f"relative difference {shown} (tolerance {rtol:g}). Training with it would "
         "silently optimise another objective. Call the loss uncompiled (recipes: --compile_loss false), or use a "
         "torch release on which the compiled loss matches eager."
     )
+
+
+def _gradients(out: Tensor, inputs: list[Tensor]) -> list[Tensor | None]:
+    if not inputs or not out.requires_grad:
+        return [None] * len(inputs)
+    return list(torch.autograd.grad(out.sum(), inputs, allow_unused=True))
 
 
 def compare_with_eager(
@@ -98,48 +136,73 @@ def compare_with_eager(
     kwargs: dict,
     *,
     compiled: Callable[..., Any] | None = None,
+    parameters: list[tuple[str, Tensor]] | None = None,
     rtol: float = COMPILE_RTOL,
 ) -> bool:
     """Compare the output of a compiled call of ``(args, kwargs)`` with ``eager(*args, **kwargs)``.
 
-    The value always; the gradient with respect to the embeddings (``args[0]``) when gradients are enabled and both
-    the embeddings and the output require grad: the gradient of one more call of ``compiled`` on a detached copy of
-    the embeddings (the caller's graph is never run backward here: a compiled backward may reuse its saved buffers,
-    so a second backward through the caller's graph would read overwritten values; without ``compiled``,
-    ``torch.autograd.grad(compiled_out, embeddings, retain_graph=True)``), against the eager gradient on another
-    detached copy. Nothing is accumulated into ``.grad``. Returns whether the gradient was checked.
+    Every floating tensor of the output (a value, or ``(value, extras...)``); with gradients enabled and the first
+    output tensor requiring grad, the gradients of that first tensor with respect to the embeddings (``args[0]``,
+    when they require grad) and to every ``parameters`` entry ``(name, tensor)`` that requires grad (the loss's own
+    parameters: proxies): those of one more call of ``compiled`` on a detached copy of the embeddings (the caller's
+    graph is never run backward here: a compiled backward may reuse its saved buffers, so a second backward through
+    the caller's graph would read overwritten values; without ``compiled``, ``torch.autograd.grad(compiled_out, ...,
+    retain_graph=True)``), against the eager ones on another detached copy. Nothing is accumulated into ``.grad``.
+
+    Returns:
+        Whether the call was judged: ``False`` when the eager output or gradient is not finite (nothing to compare
+        against: the non-finite step handling of the caller decides), or when the output has no floating tensor.
 
     Raises:
-        CompiledLossMismatchError: a relative difference above ``rtol``.
+        CompiledLossMismatchError: a relative difference above ``rtol`` (the message names each quantity).
     """
+    got_out = _tensors(compiled_out)
+    if got_out is None:
+        return False  # nothing this guard can compare
     emb = _embeddings(args, kwargs)
-    if not isinstance(compiled_out, Tensor) or not compiled_out.is_floating_point() or emb is None:
-        return True  # nothing this guard can compare
-    with_grad = torch.is_grad_enabled() and emb.requires_grad and compiled_out.requires_grad
-    leaf = emb.detach().requires_grad_(with_grad)
-    eager_args, eager_kwargs = _swap(args, kwargs, emb, leaf)
-    expected = eager(*eager_args, **eager_kwargs)
-    value_diff = relative_difference(compiled_out, expected)
-    grad_diff = None
-    if with_grad:
+    params = [(n, p) for n, p in (parameters or []) if p.requires_grad]
+    grad_mode = torch.is_grad_enabled()
+    emb_grad = grad_mode and emb is not None and emb.requires_grad
+    leaf = emb.detach().requires_grad_(emb_grad) if emb is not None else None
+    eager_args, eager_kwargs = (args, kwargs) if emb is None else _swap(args, kwargs, emb, leaf)
+    want_out = _tensors(eager(*eager_args, **eager_kwargs))
+    if want_out is None or not _finite(want_out):
+        return False
+    diffs: dict[str, float] = {}
+    if len(want_out) != len(got_out):
+        diffs["output structure"] = math.inf
+    else:
+        for i, (a, b) in enumerate(zip(got_out, want_out, strict=True)):
+            diffs["loss value" if i == 0 else f"output {i}"] = relative_difference(a, b)
+    with_grad = grad_mode and (got_out[0].requires_grad or want_out[0].requires_grad)  # one without: a mismatch
+    if with_grad and (emb_grad or params):
+        names = (["embedding gradient"] if emb_grad else []) + [f"gradient of {n}" for n, _ in params]
         if compiled is not None:
-            probe = emb.detach().requires_grad_(True)
-            probe_args, probe_kwargs = _swap(args, kwargs, emb, probe)
-            (got,) = torch.autograd.grad(compiled(*probe_args, **probe_kwargs).sum(), probe, allow_unused=True)
+            probe = emb.detach().requires_grad_(True) if emb_grad else None
+            probe_args, probe_kwargs = _swap(args, kwargs, emb, probe) if emb_grad else (args, kwargs)
+            probe_out = _tensors(compiled(*probe_args, **probe_kwargs)) or [torch.zeros(())]
+            got = _gradients(probe_out[0], ([probe] if emb_grad else []) + [p for _, p in params])
+        elif got_out[0].requires_grad:
+            inputs = ([emb] if emb_grad else []) + [p for _, p in params]
+            got = list(torch.autograd.grad(got_out[0].sum(), inputs, retain_graph=True, allow_unused=True))
         else:
-            (got,) = torch.autograd.grad(compiled_out.sum(), emb, retain_graph=True, allow_unused=True)
-        want = None
-        if expected.requires_grad:
-            (want,) = torch.autograd.grad(expected.sum(), leaf, allow_unused=True)
-        grad_diff = relative_difference(got, want)
-    if value_diff > rtol or (grad_diff is not None and grad_diff > rtol):
-        raise _mismatch(owner, value_diff, grad_diff, rtol)
-    return with_grad
+            got = [None] * len(names)
+        want = _gradients(want_out[0], ([leaf] if emb_grad else []) + [p for _, p in params])
+        if not _finite(want):
+            return False
+        for name, a, b in zip(names, got, want, strict=True):
+            diffs[name] = relative_difference(a, b)
+    if any(v > rtol for v in diffs.values()):
+        raise _mismatch(owner, diffs, rtol)
+    return True
 
 
 class GuardedCall:
-    """The compiled call of a loss, checked against the loss's eager call until a call with an embedding gradient
-    has been compared (:func:`compare_with_eager`); afterwards a plain pass-through.
+    """The compiled call of a loss, checked against the loss's eager call once for every new call signature
+    (:func:`call_signature`: the shapes, dtypes and ``requires_grad`` of the tensor arguments and the grad mode —
+    what makes ``torch.compile`` trace, or reuse, a graph), :func:`compare_with_eager`: the output value(s), the
+    embedding gradient and the gradients of the loss's own parameters. A call whose eager output is not finite is
+    not judged (its signature is checked again at the next call).
 
     Args:
         compiled: the compiled callable (``torch.compile(module._call_impl, ...)``).
@@ -152,26 +215,26 @@ class GuardedCall:
         self.module = weakref.ref(module)
         self.owner = type(module).__name__
         self.rtol = rtol
-        self.value_checked = False
-        self.grad_checked = False
+        self.checked: set[tuple] = set()  #: the call signatures compared with eager
         self.eager_calls = 0
 
     def __call__(self, *args, **kwargs):
         out = self.compiled(*args, **kwargs)
-        if self.grad_checked or torch.compiler.is_compiling():
+        if torch.compiler.is_compiling():
             return out
-        with_grad = torch.is_grad_enabled() and (emb := _embeddings(args, kwargs)) is not None and emb.requires_grad
-        if self.value_checked and not with_grad:
+        key = call_signature(args, kwargs)
+        if key in self.checked:
             return out
         module = self.module()
         if module is None:
             return out
         self.eager_calls += 1
-        checked = compare_with_eager(
-            self.owner, out, module._call_impl, args, kwargs, compiled=self.compiled, rtol=self.rtol
-        )
-        self.grad_checked = checked or with_grad  # a call that wanted a gradient and got none: nothing more to check
-        self.value_checked = True
+        judged = compare_with_eager(
+            self.owner, out, module._call_impl, args, kwargs, compiled=self.compiled,
+            parameters=list(module.named_parameters()), rtol=self.rtol,
+        )  # fmt: skip
+        if judged:
+            self.checked.add(key)
         return out
 
 
@@ -185,8 +248,8 @@ def guard_compiled_call(module: nn.Module, rtol: float = COMPILE_RTOL) -> nn.Mod
 
 
 def compile_loss(loss: nn.Module, *args, **kwargs) -> nn.Module:
-    """Compile ``loss`` in place (``nn.Module.compile(*args, **kwargs)``: same parameters and state-dict keys) with
-    the first-call check against eager. Returns ``loss``."""
+    """Compile ``loss`` in place (``nn.Module.compile(*args, **kwargs)``: same parameters and state-dict keys), every
+    new call signature checked against eager (:class:`GuardedCall`). Returns ``loss``."""
     if not isinstance(loss, nn.Module):
         raise TypeError(f"compile_loss needs an nn.Module loss; got {type(loss).__name__}")
     nn.Module.compile(loss, *args, **kwargs)
@@ -194,12 +257,12 @@ def compile_loss(loss: nn.Module, *args, **kwargs) -> nn.Module:
 
 
 class GuardedCompileMixin:
-    """``compile(*args, **kwargs)`` of an ``nn.Module`` loss: ``nn.Module.compile`` (in place) plus the first-call
-    check against eager (:class:`GuardedCall`)."""
+    """``compile(*args, **kwargs)`` of an ``nn.Module`` loss: ``nn.Module.compile`` (in place) plus the check of
+    every new call signature against eager (:class:`GuardedCall`)."""
 
     def compile(self, *args, **kwargs) -> None:
-        """``nn.Module.compile(*args, **kwargs)``; the first call is then checked against the eager loss and a
-        mismatch raises :class:`CompiledLossMismatchError`."""
+        """``nn.Module.compile(*args, **kwargs)``; each new call signature is then checked against the eager loss
+        and a mismatch raises :class:`CompiledLossMismatchError`."""
         compile_loss(self, *args, **kwargs)
 
 
@@ -207,8 +270,9 @@ def check_compiled_loss(compiled: Callable[..., Any], *args, eager: Callable[...
     """Call ``compiled(*args, **kwargs)`` once, checked against the eager loss, and return its output.
 
     For ``compiled = torch.compile(loss)`` (``eager`` defaults to the module it wraps, ``compiled._orig_mod``) or
-    any compiled callable with an explicit ``eager``. ``args[0]`` are the ``(B, D)`` embeddings: the value and, when
-    they require grad, the embedding gradient are compared (relative difference ≤ :data:`COMPILE_RTOL`).
+    any compiled callable with an explicit ``eager``. ``args[0]`` are the ``(B, D)`` embeddings: the output, and
+    when it requires grad the gradients of the embeddings and of an ``nn.Module`` eager's parameters, are compared
+    (relative difference ≤ :data:`COMPILE_RTOL`; see :func:`compare_with_eager`).
 
     Raises:
         TypeError: no ``eager`` given and ``compiled`` wraps no module.
@@ -222,6 +286,7 @@ def check_compiled_loss(compiled: Callable[..., Any], *args, eager: Callable[...
                 f"compiled of type {type(compiled).__name__}"
             )
     owner = type(eager).__name__ if isinstance(eager, nn.Module) else getattr(eager, "__name__", "loss")
+    params = list(eager.named_parameters()) if isinstance(eager, nn.Module) else None
     out = compiled(*args, **kwargs)
-    compare_with_eager(owner, out, eager, args, kwargs, compiled=compiled)
+    compare_with_eager(owner, out, eager, args, kwargs, compiled=compiled, parameters=params)
     return out

@@ -4,7 +4,13 @@ The compiled kernels of the exact evaluation take several seconds to compile. Wi
 machine code next to the module (``__pycache__``) or, for a read-only installation, in the user's cache directory
 (``NUMBA_CACHE_DIR`` overrides both), and later processes load it in a fraction of a second; the cache is keyed by
 the source file and the CPU, and rebuilt when either changes. Where numba finds no writable place at all, the kernel
-is compiled once per process instead, as without the cache.
+is compiled once per process instead, as without the cache. The cache is an optimisation only: any error while
+reading or writing it (a full or read-only disk, a corrupt or truncated index or data file) is said in one warning
+and the kernel is compiled in memory, as without the cache (:class:`_FallbackCache`).
+
+Trust: numba's cache files are pickles holding machine code, which numba loads and runs. The cache folder therefore
+has the trust of the package's own files: a folder others can write to (a shared ``NUMBA_CACHE_DIR``) lets them run
+code in every process that evaluates.
 
 numba rebuilds a cached kernel when its own source file changes, not when a compiled function it calls from another
 file does: use :func:`njit` only in modules whose kernels call compiled functions of the same file
@@ -14,11 +20,13 @@ file does: use :func:`njit` only in modules whose kernels call compiled function
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import numba
 import torch
+from numba.core.caching import NullCache
 
 __all__ = ["njit"]  # and _threads, for the kernel modules
 
@@ -29,11 +37,56 @@ def njit(**options: Any) -> Callable[[Callable], Callable]:
 
     def decorate(fn: Callable) -> Callable:
         try:
-            return numba.njit(cache=True, **options)(fn)
+            kernel = numba.njit(cache=True, **options)(fn)
         except RuntimeError:  # no writable cache location for this file
             return numba.njit(**options)(fn)
+        cache = getattr(kernel, "_cache", None)
+        if cache is not None and not isinstance(cache, (NullCache, _FallbackCache)):
+            kernel._cache = _FallbackCache(cache, getattr(fn, "__qualname__", "kernel"))
+        return kernel
 
     return decorate
+
+
+class _FallbackCache:
+    """numba's on-disk cache of one kernel (the dispatcher's ``_cache``), where an error while loading or saving an
+    overload turns the cache off for that kernel with one warning: the kernel is then compiled in memory. Every
+    other attribute is the wrapped cache's."""
+
+    def __init__(self, cache: Any, name: str) -> None:
+        self._cache = cache
+        self._name = name
+        self._broken = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cache, name)
+
+    def _fail(self, doing: str, error: BaseException) -> None:
+        self._broken = True
+        where = getattr(self._cache, "cache_path", None)
+        warnings.warn(
+            f"numba's cache of {self._name} could not be {doing} ({type(error).__name__}: {str(error)[:200]}; "
+            f"cache folder {where}): compiling it in memory instead (slower first evaluation, same results)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+    def load_overload(self, sig: Any, target_context: Any) -> Any:
+        if self._broken:
+            return None
+        try:
+            return self._cache.load_overload(sig, target_context)
+        except Exception as e:  # OSError, an unpickling error of a corrupt file, ...: never a failed evaluation
+            self._fail("read", e)
+            return None
+
+    def save_overload(self, sig: Any, data: Any) -> None:
+        if self._broken:
+            return
+        try:
+            self._cache.save_overload(sig, data)
+        except Exception as e:  # e.g. OSError: no space left on device
+            self._fail("written", e)
 
 
 class _threads:

@@ -136,12 +136,19 @@ def load_features(path: str | Path) -> SavedFeatures:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist (write it with ood.save_features or pml-suprank-fit-heat)")
-    with safe_open(str(path), framework="pt") as f:
-        header = f.metadata() or {}
-        state = {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118 - safe_open has no __iter__
-    if header.get("format") != FEATURES_FORMAT:
-        raise ValueError(f"{path} is not a feature file (header format {header.get('format')!r}, "
-                         f"expected {FEATURES_FORMAT!r})")  # fmt: skip
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            header = f.metadata() or {}
+            if header.get("format") != FEATURES_FORMAT:  # a foreign file: refused before its tensors are read
+                raise ValueError(
+                    f"{path} is not a feature file (header format {header.get('format')!r}, expected "
+                    f"{FEATURES_FORMAT!r}; write one with ood.save_features or fit_heat)"
+                )
+            state = {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118 - safe_open has no __iter__
+    except ValueError:
+        raise
+    except Exception as err:  # SafetensorError (not a safetensors file, a truncated one), OSError
+        raise ValueError(f"{path} is not a readable safetensors feature file ({type(err).__name__}: {err})") from None
     try:
         names, metadata = loads_json(header["sets"], path), loads_json(header.get("metadata", "{}"), path)
     except (KeyError, ValueError) as err:

@@ -20,7 +20,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["OODFeatures", "batch_images", "collect_features", "extract_features", "pool_feature_map"]
+__all__ = [
+    "OODFeatures",
+    "batch_images",
+    "collect_features",
+    "extract_features",
+    "feature_map_positions",
+    "pool_feature_map",
+]
 
 
 @dataclass
@@ -68,6 +75,20 @@ def pool_feature_map(feature_map: Tensor) -> tuple[Tensor, Tensor]:
     if n_positions < 2:
         raise ValueError(f"std pooling needs at least 2 spatial positions; got feature_map {tuple(feature_map.shape)}")
     return feature_map.mean(dim=dims), feature_map.std(dim=dims, unbiased=True)
+
+
+@torch.no_grad()
+def feature_map_positions(model: nn.Module, image_size: int, device: torch.device | str = "cpu") -> int:
+    """The spatial positions ``H·W`` (or tokens ``N``) of ``model.forward_features`` on one ``(1, 3, image_size,
+    image_size)`` image: std pooling (:func:`pool_feature_map`) needs at least 2. One forward pass in eval mode
+    (restored afterwards)."""
+    was_training = model.training
+    model.eval()
+    try:
+        fmap = model.forward_features(torch.zeros(1, 3, image_size, image_size, device=device))
+    finally:
+        model.train(was_training)
+    return int(fmap.shape[2] * fmap.shape[3]) if fmap.dim() == 4 else int(fmap.shape[1])
 
 
 def batch_images(batch: Any) -> tuple[Tensor, Tensor | None]:

@@ -6,8 +6,11 @@ OpenOOD v1.5 and pytorch-ood 0.4.0 once their hyper-parameters are aligned (chec
 
 from __future__ import annotations
 
+import math
+import warnings
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from .._validation import check_bool
@@ -16,6 +19,25 @@ from .base import Detector, check_features
 from .priors import ClassConditionalGaussian, gaussian_state_spec
 
 __all__ = ["Mahalanobis"]
+
+
+def warn_degenerate_scale(name: str, cholesky: Tensor, dtype: torch.dtype) -> None:
+    """Warn when a fitted Gaussian (``cholesky`` ``(D, D)``, lower triangular) is so narrow that an input one unit
+    from its mean scores beyond ``dtype``: features of another scale (``1e-30``) than those later scored (``1``)
+    would all get saturated scores (:func:`~pml_suprank.ood.priors.finite_scores`)."""
+    smallest = float(torch.diagonal(cholesky).abs().min())
+    limit = torch.finfo(dtype).max if dtype.is_floating_point else torch.finfo(torch.float32).max
+    if smallest < 1.0 / math.sqrt(limit):
+        unit = float(torch.tensor(smallest, dtype=torch.float64).pow(-2))
+        warnings.warn(
+            f"{name} was fitted on features whose spread is degenerate at the scale of "
+            f"{str(dtype).removeprefix('torch.')} (standard deviations down to {smallest:.3g}): an input at "
+            f"distance 1 from the class means would score ~{unit:.3g}, beyond the dtype's range, so its score "
+            "saturates. Fit and score features of the same scale (same model and preprocessing), or fit on float64 "
+            "features",
+            RuntimeWarning,
+            stacklevel=4,
+        )
 
 
 class Mahalanobis(Detector):
@@ -44,6 +66,8 @@ class Mahalanobis(Detector):
     def _fit(self, features=None, logits=None, labels=None, **kwargs) -> None:
         features = check_features("features", features)
         self.gaussian.fit(features, labels)
+        if not self.normalize:  # SSD+ scores unit-norm rows: the fitted scale is that of the sphere
+            warn_degenerate_scale("Mahalanobis", self.gaussian.cholesky, features.dtype)
 
     def _score(self, features=None, logits=None, **kwargs) -> Tensor:
         z = check_features("features", features, dim=self.gaussian.dim)

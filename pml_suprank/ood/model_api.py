@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -25,9 +26,37 @@ from torch import Tensor, nn
 
 from .features import OODFeatures, batch_images, collect_features, extract_features, pool_feature_map
 
-__all__ = ["ModelDetectorMixin", "extract_model_features"]
+__all__ = ["ModelDetectorMixin", "extract_model_features", "read_state_dict"]
 
 FeatureKind = Literal["pooled", "embedding"]
+
+
+def read_state_dict(path: str | Path) -> dict[str, Tensor]:
+    """The state dict in the file ``path``: ``.safetensors``, or a ``torch.save`` file read with
+    ``weights_only=True`` (nothing is unpickled beyond tensors and containers).
+
+    Raises:
+        ValueError: naming the file: missing, unreadable (not safetensors, a pickled object), or holding something
+            else than a mapping of parameter names to tensors (e.g. a training checkpoint that nests the state dict).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such file")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state = load_file(str(path))
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # SafetensorError, UnpicklingError (a pickled object), a truncated zip: all "unreadable"
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        raise ValueError(f"{path} cannot be read as a state dict ({type(e).__name__}: {first})") from None
+    if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, Tensor) for k, v in state.items()):
+        nested = [k for k, v in state.items() if isinstance(v, dict)] if isinstance(state, dict) else []
+        hint = f" (it nests dicts under {nested[:3]}: save model.state_dict() itself)" if nested else ""
+        raise ValueError(f"{path} holds a {type(state).__name__}, not a state dict of parameter names to tensors{hint}")
+    return state
 
 
 def _is_retrieval_model(model: Any) -> bool:

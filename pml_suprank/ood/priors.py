@@ -11,7 +11,7 @@ Semantics follow the HEAT authors' released code, with these documented choices:
   ``reg · mean(diag Σ)`` (relative, default 1e-6) is added before the Cholesky factorisation. The reference adds an
   absolute 1e-12 and factorises in float32, which fails on rank-deficient features (d > N_c, dead ReLU channels).
 * Mahalanobis distances and log-densities are computed in float64 through the whitened space
-  (``y = L⁻¹z``), then returned in the input dtype (a distance that overflows it is refused, :func:`finite_scores`);
+  (``y = L⁻¹z``), then returned in the input dtype (a distance that overflows it saturates, :func:`finite_scores`);
   L2 normalisation is exact at any feature scale (:func:`unit_rows`).
 """
 
@@ -80,24 +80,31 @@ def power_of_two_exponent(z: Tensor) -> int:
 
 
 def finite_scores(scores: Tensor, dtype: torch.dtype, name: str) -> Tensor:
-    """``scores`` (computed in float64) in ``dtype``, or a ``ValueError`` when some do not fit it.
+    """``scores`` (computed in float64) in ``dtype``, those beyond its range saturated at ``±finfo(dtype).max`` (NaN:
+    ``+max``, the most OOD) with one warning.
 
-    A squared Mahalanobis distance above ``finfo(dtype).max`` (float32: ``3.4e38``) would come back as ``+inf`` and
-    lose its rank: the input lies ~``√score`` fitted standard deviations from every class mean, i.e. at a scale far
-    from the training features' (features of scale ``1e-30`` fitted, features of scale 1 scored). Float64 features
-    get their finite float64 scores.
+    A squared Mahalanobis distance above ``finfo(dtype).max`` (float32: ``3.4e38``) would come back as ``+inf``: the
+    input lies ~``√score`` fitted standard deviations from every class mean, at a scale far from the training
+    features' (features of scale ``1e-30`` fitted, features of scale 1 scored). Such inputs are the most unusual ones
+    a guard sees: they are answered, ranked as most OOD (ties among them); float64 features get their exact float64
+    scores.
     """
-    out = scores.to(dtype)
-    bad = ~torch.isfinite(out)
-    if bool(bad.any()):
-        peak = float(scores.abs().max())
-        raise ValueError(
-            f"{name} scores of {int(bad.sum())} of {out.shape[0]} inputs do not fit {str(dtype).removeprefix('torch.')}"
-            f" (largest {peak:.3g}): those inputs lie ~{math.sqrt(peak) if math.isfinite(peak) else peak:.3g} "
-            "fitted standard deviations from the training distribution, at a scale far from the features it was "
-            "fitted on (same model and preprocessing?); pass float64 features for float64 scores"
+    info = torch.finfo(dtype)
+    wide = torch.nan_to_num(scores.to(torch.float64), nan=math.inf)
+    over = wide.abs() > info.max
+    if bool(over.any()):
+        import warnings
+
+        peak = float(wide.abs().max())
+        warnings.warn(
+            f"{name} scores of {int(over.sum())} of {wide.shape[0]} inputs exceed "
+            f"{str(dtype).removeprefix('torch.')} (largest {peak:.3g}) and are saturated at ±{info.max:.3g} (ranked "
+            "most OOD): those inputs lie at a scale far from the features the detector was fitted on (same model "
+            "and preprocessing?); pass float64 features for exact scores",
+            RuntimeWarning,
+            stacklevel=3,
         )
-    return out
+    return wide.clamp(-info.max, info.max).to(dtype)
 
 
 def energy_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
@@ -261,7 +268,7 @@ class ClassConditionalGaussian:
 
     def min_mahalanobis(self, z: Tensor) -> Tensor:
         """``(N, D) -> (N,)`` ``min_c`` squared Mahalanobis distance (SSD+ / Mahalanobis score), in ``z``'s dtype;
-        a ``ValueError`` when a distance overflows it (:func:`finite_scores`)."""
+        a distance that overflows it saturates at its largest value, with a warning (:func:`finite_scores`)."""
         return finite_scores(self.mahalanobis(z).min(dim=-1).values, z.dtype, "Mahalanobis")
 
     def sample(

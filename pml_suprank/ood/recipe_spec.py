@@ -157,6 +157,8 @@ class FitHeatSpec:
 
     # run
     output_dir: str = option("outputs/fit_heat", "where to write results, plots and the detector", check=is_str())
+    overwrite_output_dir: bool = option(False, "replace the results.json of a previous run in --output_dir",
+                                        check=is_bool())  # fmt: skip
     push_to_hub: bool = option(False, "upload the fitted HEAT detector to the Hub (needs --hub_model_id)",
                                check=is_bool())  # fmt: skip
     hub_model_id: str | None = option(None, "Hub repo id for --push_to_hub, e.g. user/heat-cifar10",

@@ -15,6 +15,7 @@ from torch import Tensor
 from .._validation import check_positive
 from ..hub.schema import TensorSpec
 from .base import Detector, check_features
+from .mahalanobis import warn_degenerate_scale
 from .priors import ClassConditionalGaussian, finite_scores, gaussian_state_spec, power_of_two_exponent
 
 __all__ = ["RMDS"]
@@ -65,6 +66,7 @@ class RMDS(Detector):
         if int(info) != 0:
             raise ValueError(f"the background covariance is not positive definite with reg={self.reg}; increase reg")
         self.background_mean, self.background_cholesky = mean * 2.0**k, chol * 2.0**k
+        warn_degenerate_scale("RMDS", self.gaussian.cholesky, z.dtype)
 
     def background_distance(self, z: Tensor) -> Tensor:
         """``(N, D) -> (N,)`` squared Mahalanobis distance ``MD_0`` to the background Gaussian (float64)."""

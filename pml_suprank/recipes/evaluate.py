@@ -183,9 +183,19 @@ def main(argv: list[str] | None = None) -> dict:
     spec = replace(spec, data_root=root)
 
     from pml_suprank.models import RetrievalModel
+    from pml_suprank.training.run_folder import OutputDirError, prepare_output_dir
 
+    try:  # before any work: a file, a read-only folder
+        if spec.output_dir:
+            prepare_output_dir(spec.output_dir)
+    except OutputDirError as e:
+        parser.error(str(e))
+    try:  # a missing folder, a Hub id not in the cache while offline, an unusable model folder
+        loaded = RetrievalModel.from_pretrained(spec.model)
+    except (OSError, ValueError) as e:
+        parser.error(f"--model {spec.model}: {e}")
     accelerator = make_accelerator(cpu=spec.cpu, mixed_precision=spec.mixed_precision, output_dir=spec.output_dir)
-    model = accelerator.prepare(RetrievalModel.from_pretrained(spec.model))
+    model = accelerator.prepare(loaded)
     mode = PROTOCOLS.get(name) if name is not None and spec.test_split is None else None
     if mode is None:
         image_size = int(_unwrap(model).data_config["input_size"][-1])

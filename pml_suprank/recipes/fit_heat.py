@@ -56,6 +56,8 @@ import torch  # noqa: E402
 
 from pml_suprank import ood  # noqa: E402
 from pml_suprank.ood import metrics as ood_metrics  # noqa: E402
+from pml_suprank.ood.features import feature_map_positions  # noqa: E402
+from pml_suprank.ood.model_api import read_state_dict  # noqa: E402
 from pml_suprank.ood.recipe_data import (  # noqa: E402
     build_datasets,
     build_model,
@@ -364,19 +366,47 @@ def save_features(out_dir: Path, model, train_feats, test_feats, ood_feats, spec
     )
 
 
+def check_files(spec: FitHeatSpec) -> Path:
+    """The files the run reads and writes, checked before any work (one ``error:`` line, exit 2): ``--checkpoint``
+    a readable state dict; ``--output_dir`` a writable folder whose ``results.json`` (another run's) is replaced
+    only with ``--overwrite_output_dir``. Returns the output folder."""
+    from pml_suprank.training.recipe import refuse
+    from pml_suprank.training.run_folder import OutputDirError, prepare_output_dir
+
+    if spec.checkpoint is not None:
+        try:
+            read_state_dict(spec.checkpoint)
+        except ValueError as e:
+            refuse(f"--checkpoint {e}")
+    out_dir = Path(spec.output_dir)
+    if (out_dir / "results.json").exists() and not spec.overwrite_output_dir:
+        refuse(f"--output_dir {str(out_dir)!r} already holds a results.json (another run's); choose another "
+               "--output_dir, or pass --overwrite_output_dir true to replace it")  # fmt: skip
+    try:
+        return prepare_output_dir(out_dir)
+    except OutputDirError as e:
+        refuse(str(e))
+
+
 def main(argv=None) -> dict:
     spec = parse_args(argv)
     if spec.threads:
         torch.set_num_threads(spec.threads)
     torch.manual_seed(spec.seed)  # recipe-level seeding (classifier init and flips); the package never does this
     device = torch.device(spec.device)
-    out_dir = Path(spec.output_dir)
+    out_dir = check_files(spec)
     t0 = time.perf_counter()
 
     spec, train_ds, test_ds, ood_sets, level, classes, train_labels = prepare_data(spec)
     check_trained_head(spec)
-    out_dir.mkdir(parents=True, exist_ok=True)
     model = build_model(spec, len(classes)).to(device)
+    if (positions := feature_map_positions(model, spec.image_size, device)) < 2:  # before the classifier trains
+        from pml_suprank.training.recipe import refuse
+
+        flag = f"--model {spec.model}" if spec.model else f"--backbone {spec.backbone}"
+        refuse(f"{flag}: its feature map at --image_size {spec.image_size} has {positions} spatial position(s); the "
+               "std-pooled features (HEAT's style prior) need at least 2: use a larger --image_size or a model "
+               "trained at a larger size")  # fmt: skip
     train_history = train_classifier(model, train_ds, level, classes, spec, device)
     model.eval()
     train_feats, test_feats, ood_feats, test_acc = extract_all(

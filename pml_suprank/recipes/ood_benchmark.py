@@ -161,6 +161,27 @@ def build_detectors(names, saved: ood.SavedFeatures, spec: OODBenchmarkSpec) -> 
     return out
 
 
+def _output_dir(path: str) -> Path:
+    """``--output_dir``, created and writable, or the command ends with one ``error:`` line (exit 2)."""
+    from pml_suprank.training.recipe import refuse
+    from pml_suprank.training.run_folder import OutputDirError, prepare_output_dir
+
+    try:
+        return prepare_output_dir(path)
+    except OutputDirError as e:
+        refuse(str(e))
+
+
+def _read_features(path: Path) -> ood.SavedFeatures:
+    """The ``--features`` file, or one ``error:`` line naming it (exit 2): missing, not safetensors, foreign."""
+    from pml_suprank.training.recipe import refuse
+
+    try:
+        return ood.load_features(path)
+    except (OSError, ValueError) as e:
+        refuse(f"--features {path}: {e}")
+
+
 def main(argv=None) -> dict:
     args, rest = parse_args(argv)
     if args.features is not None and rest:
@@ -169,16 +190,16 @@ def main(argv=None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)  # recipe-level seeding of the classifier training (the package never seeds)
-    out_dir = Path(args.output_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = _output_dir(args.output_dir)
     t0 = time.perf_counter()
+    saved = None if args.features is None else _read_features(Path(args.features))  # before any work
     if fh is not None:
         features_path, heat_epochs = extract(args, fh, out_dir)
         if args.heat_epochs is None and heat_epochs is not None:
             args = replace(args, heat_epochs=heat_epochs)
+        saved = ood.load_features(features_path)
     else:
         features_path = Path(args.features)
-    saved = ood.load_features(features_path)
     missing = {"id_train", "id_test"} - set(saved.sets)
     if missing:
         raise SystemExit(f"{features_path} lacks the set(s) {sorted(missing)} (write it with fit_heat)")

@@ -145,11 +145,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> Any:
-    args = build_parser().parse_args(argv)
+    """The command: every argument checked before anything is read or written (one ``error:`` line, exit 2)."""
+    from pml_suprank.training.run_folder import OutputDirError, prepare_output_dir
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.push_to_hub and not args.hub_model_id:
-        raise SystemExit("--push_to_hub needs --hub_model_id (e.g. your-name/sop-hierarchical); nothing was written")
+        parser.error("--push_to_hub needs --hub_model_id (e.g. your-name/sop-hierarchical); nothing was written")
+    if not Path(args.root).is_dir():
+        parser.error(f"--root {args.root!r} is not a folder; expected the folder {args.name} was extracted to "
+                     f"({BENCHMARKS[args.name].layout})")  # fmt: skip
     splits = [s.strip() for s in args.splits.split(",")] if args.splits else None
-    copy = prepare(args.name, args.root, args.output_dir, splits)
+    available = list(BENCHMARKS[args.name].splits)
+    unknown = [s for s in splits or () if s not in available]
+    if unknown:
+        parser.error(f"--splits {unknown} are not splits of {args.name}; available: {available}")
+    try:
+        prepare_output_dir(args.output_dir)
+        copy = prepare(args.name, args.root, args.output_dir, splits)
+    except (OutputDirError, ValueError) as e:  # a folder refused, a benchmark file missing or unusable
+        parser.error(str(e))
     print(f"{args.name}: wrote {', '.join(f'{k} ({len(v)} images)' for k, v in copy.items())} to {args.output_dir}")
     if args.push_to_hub:
         copy.push_to_hub(args.hub_model_id, private=args.private)

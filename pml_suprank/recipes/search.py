@@ -237,16 +237,28 @@ def main(argv: list[str] | None = None) -> dict:
     from pml_suprank import data
     from pml_suprank.models import RetrievalModel
     from pml_suprank.search.report import write_html_report, write_result_grid
+    from pml_suprank.training.recipe import refuse
+    from pml_suprank.training.run_folder import OutputDirError, prepare_output_dir
 
+    try:  # before any work: a file, a read-only folder
+        prepare_output_dir(args.output_dir)
+    except OutputDirError as e:
+        refuse(str(e))
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    model = RetrievalModel.from_pretrained(args.model).to(device).eval()
+    try:  # a missing folder, a Hub id not in the cache while offline, an unusable model folder
+        model = RetrievalModel.from_pretrained(args.model).to(device).eval()
+    except (OSError, ValueError) as e:
+        refuse(f"--model {args.model}: {e}")
     transform = data.build_transforms(model.data_config, train=False)
     image_size = int(model.data_config["input_size"][-1])
     if args.gallery is None:
         gallery, args = model_gallery(args, transform)
     else:
         args = replace(args, gallery_split=args.gallery_split or "test", seed=args.seed or 0)
-        gallery = load_dataset(args, args.gallery, args.gallery_split, transform, image_size)
+        try:  # a missing split, an unusable image (named), a label column not there
+            gallery = load_dataset(args, args.gallery, args.gallery_split, transform, image_size)
+        except ValueError as e:
+            refuse(f"--gallery {args.gallery}: {e}")
     ids = gallery_ids(gallery, args)
     index = model.build_index(torch.utils.data.DataLoader(gallery, batch_size=args.batch_size), backend=args.backend,
                               ids=ids, progress=True)  # fmt: skip

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,16 @@ def _draw_plots(
         seed=seed,
     )
     return [save_directory / n for n in names]
+
+
+def _try_plot(what: str, draw: Any) -> Any:
+    """``draw()``, or ``None`` with a warning when it raises (a label name matplotlib cannot typeset, a full disk):
+    the weights and metrics of the final folder never depend on a figure."""
+    try:
+        return draw()
+    except Exception as e:  # any failure of a figure: skipped, said once
+        warnings.warn(f"{what} skipped: {type(e).__name__}: {str(e)[:300]}", RuntimeWarning, stacklevel=3)
+        return None
 
 
 def write_final_folder(
@@ -81,13 +92,18 @@ def write_final_folder(
         ))  # fmt: skip
     save_directory.mkdir(parents=True, exist_ok=True)
     plot_files: list[Path] = []
-    if embeddings is not None:
-        plot_files = _draw_plots(save_directory, embeddings[0], embeddings[1], image_dataset, label_names, seed)
+    if embeddings is not None:  # a figure that fails is skipped with a warning: it never costs the model
+        plot_files = _try_plot("the plots", lambda: _draw_plots(
+            save_directory, embeddings[0], embeddings[1], image_dataset, label_names, seed))  # fmt: skip
+        if plot_files is None:  # the figures drawn before the failure are kept
+            plot_files = sorted(p for p in save_directory.glob("*.png") if p.name != "training_curves.png")
         if any("loss" in r or any(str(k).startswith("eval/") for k in r) for r in history):
             from ..plots import plot_training_curves
 
-            curves = plot_training_curves(history, save_directory / "training_curves.png", label_names=label_names)
-            plot_files.insert(0, curves)
+            curves = _try_plot("training_curves.png", lambda: plot_training_curves(
+                history, save_directory / "training_curves.png", label_names=label_names))  # fmt: skip
+            if curves is not None:
+                plot_files.insert(0, curves)
     (save_directory / "training_summary.json").write_text(json.dumps(jsonable(summary or {}), indent=1))
     (save_directory / "history.json").write_text(json.dumps(jsonable(history), indent=1))
     (save_directory / "training_config.json").write_text(json.dumps(jsonable(config), indent=1))

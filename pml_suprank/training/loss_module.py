@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from .. import distributed as dist_utils
 from .cached_backward import cached_backward
+from .nonfinite import finite_or_zero, nan_unless
 
 __all__ = ["LossModule", "backward_step"]
 
@@ -52,8 +53,12 @@ class LossModule(nn.Module):
         return self.embedding_loss(self.model(images), labels, indices)
 
     def embedding_loss(self, embeddings: Tensor, labels: Tensor, indices: Tensor | None = None) -> Tensor:
-        """The loss of the batch's ``(B, D)`` embeddings (``forward`` after the model)."""
-        embeddings = embeddings.float()
+        """The loss of the batch's ``(B, D)`` embeddings (``forward`` after the model); NaN when some are not finite
+        (diverged weights: the step is skipped, :func:`.nonfinite.finite_or_zero`)."""
+        embeddings, finite = finite_or_zero(embeddings.float(), self.distributed)
+        return nan_unless(finite, self._loss_of(embeddings, labels, indices))
+
+    def _loss_of(self, embeddings: Tensor, labels: Tensor, indices: Tensor | None) -> Tensor:
         labels = labels if self.hierarchical_labels else labels[:, 0]
         # mixed precision applies to the network; the rank loss runs in float32 (sigmoids of score differences / τ)
         with torch.autocast(device_type=embeddings.device.type, enabled=False):

@@ -9,6 +9,11 @@ The check costs no extra host synchronisation: the total gradient norm ``‖g‖
 device (:func:`grad_norm`, or the value ``accelerator.clip_grad_norm_`` returns with ``grad_clip``) and read in the
 same device→host transfer as the loss the training loop reads anyway (:func:`read_loss_and_norm`).
 
+Non-finite embeddings (weights a diverging run overflowed, an image with inf pixels) never reach the loss, whose input
+check would end the run with a traceback (and on an accelerator a device-side assertion): :func:`finite_or_zero`
+hands the loss zeros instead and :func:`nan_unless` makes that step's loss NaN, so the step is skipped and counted
+like any other — without a host read (two ``torch.where``; bitwise the same values on a finite step).
+
 What the forward pass itself updates is kept on a skipped step, as with ``GradScaler``: BatchNorm running statistics
 and the memory's queue (:class:`pml_suprank.memory.RankingMemory`).
 """
@@ -28,7 +33,9 @@ from .checkpoint import latest_valid_checkpoint
 __all__ = [
     "NonFiniteSteps",
     "NonFiniteTrainingError",
+    "finite_or_zero",
     "grad_norm",
+    "nan_unless",
     "read_loss_and_norm",
     "step_grad_norm",
     "step_if_finite",
@@ -39,6 +46,23 @@ __all__ = [
 class NonFiniteTrainingError(RuntimeError):
     """A training run stopped because more than ``max_nonfinite_steps`` consecutive steps had a non-finite loss or
     gradient; the message says at which step, which checkpoint holds the last good state and what to change."""
+
+
+def finite_or_zero(embeddings: Tensor, distributed: bool = False) -> tuple[Tensor, Tensor]:
+    """``(embeddings, ok)``: the ``(B, D)`` embeddings unchanged when all are finite, else zeros of the same shape,
+    and ``ok`` the 0-d bool tensor saying which (no host read). ``distributed``: ``ok`` is the minimum over the
+    processes (one all-reduce), so every process makes the step's loss NaN alike (:func:`nan_unless`)."""
+    ok = torch.isfinite(embeddings).all()
+    if distributed:
+        flag = ok.to(torch.int32).reshape(1)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+        ok = flag.reshape(()).bool()
+    return torch.where(ok, embeddings, torch.zeros_like(embeddings)), ok
+
+
+def nan_unless(ok: Tensor, loss: Tensor) -> Tensor:
+    """``loss`` where the 0-d bool ``ok`` holds, NaN otherwise (the step is then skipped, :func:`step_if_finite`)."""
+    return torch.where(ok, loss, torch.full_like(loss, math.nan))
 
 
 def grad_norm(parameters: Iterable[nn.Parameter]) -> Tensor:
@@ -136,7 +160,8 @@ def stop_error(trainer: Any, loss: float, norm: float, bar: Any = None) -> NonFi
         saved = f"saved in checkpoint {trainer.save_checkpoint()}"
     else:
         latest = latest_valid_checkpoint(trainer.output_dir, acc.print, trainer._check_files)
-        saved = f"not saved (a forward pass left non-finite BatchNorm statistics or memory; newest valid one: {latest})"
+        saved = (f"not saved (the weights, the BatchNorm statistics or the memory hold non-finite values; newest valid "
+                 f"one: {latest})")  # fmt: skip
     precision = str(getattr(acc, "mixed_precision", "no"))
     return trainer.nonfinite.error(trainer.progress.global_step, loss, norm, saved, precision)
 

@@ -46,7 +46,13 @@ from .cli import build_recipe_parser, parse_run_spec
 from .data_source import dataset_source, folder_layout
 from .nonfinite import NonFiniteTrainingError
 from .options import build_loss
-from .run_folder import RUN_FOLDER_ERRORS, prepare_output_dir, refusal_message
+from .run_folder import (
+    RUN_FOLDER_ERRORS,
+    check_outside_inputs,
+    leave_process_group,
+    prepare_output_dir,
+    refusal_message,
+)
 from .run_spec import RunSpec
 
 __all__ = [
@@ -205,12 +211,15 @@ def main(
         return run(spec, given=spec.given)
     except (*RUN_FOLDER_ERRORS, NonFiniteTrainingError) as e:  # the folder, a checkpoint, diverging steps: one line
         print(f"{Path(sys.argv[0]).name}: error: {refusal_message(e, spec.run.resume)}", file=sys.stderr)  # noqa: T201
-        sys.exit(1 if isinstance(e, (CheckpointSaveError, NonFiniteTrainingError)) else 2)
+        status = 1 if isinstance(e, (CheckpointSaveError, NonFiniteTrainingError)) else 2
+        leave_process_group(status)  # every process refuses alike: leave together (no SIGABRT of a torn connection)
+        sys.exit(status)
 
 
 def refuse(message: str) -> None:
     """End the job as argparse does on a bad option: ``<prog>: error: <message>`` on stderr, exit status 2."""
     print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)  # noqa: T201 - the recipes' job reports
+    leave_process_group(2)  # a multi-process run: every process leaves together with status 2
     sys.exit(2)
 
 
@@ -268,6 +277,7 @@ def _setup(spec: RunSpec, given: Collection[str]) -> tuple[RunSpec, Any, Any, An
     from .trackers import resolve_report_to
     from .trainer import Trainer
 
+    check_outside_inputs(spec.train.output_dir, {"--dataset": spec.data.dataset})  # OutputDirError: exit 2
     log_with = None
     if spec.run.with_tracking:
         try:

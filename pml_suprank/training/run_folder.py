@@ -44,7 +44,9 @@ __all__ = [
     "OutputDirError",
     "RunLock",
     "RunLockError",
+    "check_outside_inputs",
     "claim_output_dir",
+    "leave_process_group",
     "config_differences",
     "OS_LOCK_FILE",
     "on_main_process",
@@ -62,8 +64,6 @@ __all__ = [
 RUN_FILE = "run.json"
 LOCK_FILE = "run.lock"
 OS_LOCK_FILE = ".run.lock.flock"  #: the file :class:`filelock.FileLock` locks (kept: deleting it would race)
-#: what a previous run leaves in its output folder (``metrics_before.json`` is the recipes')
-RUN_ARTIFACTS = ("checkpoints", "final", RUN_FILE, "metrics_before.json")
 
 
 class OutputDirError(ValueError):
@@ -130,9 +130,25 @@ def write_run_file(output_dir: Path, config: Mapping[str, Any], fingerprint: str
     return path
 
 
+def _ours(path: Path, key: str) -> bool:
+    """Whether the JSON file ``path`` is a dict with a string ``key``: the mark a run of ours leaves (``run.json``:
+    ``fingerprint``; ``final/training_summary.json``: ``run_fingerprint``)."""
+    try:
+        data = load_json(path, expected=dict)
+    except (OSError, ValueError):
+        return False
+    return isinstance(data.get(key), str)
+
+
+def _final_is_ours(output_dir: Path) -> bool:
+    """Whether ``output_dir/final`` was written by a run of ours (its ``training_summary.json`` names the run
+    fingerprint)."""
+    return _ours(Path(output_dir) / "final" / "training_summary.json", "run_fingerprint")
+
+
 def previous_run_artifacts(output_dir: Path) -> list[str]:
     """What a previous run left in ``output_dir`` that a new run would mix with: its checkpoints (any ``step_*``
-    folder, valid or not) and its ``final/`` folder."""
+    folder, valid or not) and its ``final/`` folder (also one no run of ours wrote: a new run would replace it)."""
     output_dir = Path(output_dir)
     found = [f"checkpoints/{p.name}" for p in find_checkpoints(output_dir)]
     if (output_dir / "final").exists():
@@ -166,25 +182,71 @@ def prepare_output_dir(output_dir: str | Path) -> Path:
     return path
 
 
-def remove_previous_run(output_dir: Path) -> None:
-    """Delete what a previous run left in ``output_dir`` (checkpoints, final/, run.json, metrics_before.json).
+def check_outside_inputs(output_dir: str | Path, inputs: Mapping[str, Any]) -> None:
+    """Refuse an output folder that lies inside (or is) one of the input folders a run reads: its checkpoints,
+    plots and ``final/`` would be read back as data on the next pass (images of an image folder), and the dataset's
+    folder is the user's. ``inputs`` maps the flag to its value (``{"--dataset": "my_images"}``); values that are
+    not local folders (a Hub id, a built-in name, ``None``) are skipped.
 
     Raises:
-        OutputDirError: one of them is a symbolic link (nothing is deleted: a link is neither followed nor removed).
+        OutputDirError: naming ``--output_dir`` and the input flag.
     """
-    links = [name for name in RUN_ARTIFACTS if (Path(output_dir) / name).is_symlink()]
+    from ..data.paths import is_inside
+
+    for flag, value in inputs.items():
+        if not isinstance(value, (str, Path)) or not Path(value).is_dir():
+            continue
+        if is_inside(value, output_dir):
+            raise OutputDirError(
+                f"--output_dir {str(output_dir)!r} lies inside the input folder {flag} {str(value)!r}: the run's "
+                "files would be read back as data (and the folder is yours); choose an --output_dir outside it"
+            )
+
+
+def remove_previous_run(output_dir: Path) -> list[str]:
+    """Delete what a previous run of ours left in ``output_dir`` and nothing else: the ``checkpoints/step_*`` folders
+    (``checkpoints/`` itself only when that leaves it empty), ``final/`` when its ``training_summary.json`` names a
+    run fingerprint, ``run.json`` when it holds one, and ``metrics_before.json`` beside such a ``run.json``. Returns
+    the names deleted.
+
+    Raises:
+        OutputDirError: ``final/`` is not one of ours (a user's folder, which this run would replace), or one of the
+            paths is a symbolic link; nothing is deleted then (a link is neither followed nor removed).
+    """
+    output_dir = Path(output_dir)
+    final = output_dir / "final"
+    if final.exists() and not final.is_symlink() and not _final_is_ours(output_dir):
+        raise OutputDirError(
+            f"--overwrite_output_dir: {str(final)!r} was not written by a run of this package (no "
+            "training_summary.json naming a run fingerprint), so it is not deleted; move it away or choose another "
+            "--output_dir"
+        )
+    ckpts = output_dir / "checkpoints"
+    targets = [p for p in find_checkpoints(output_dir)] if ckpts.is_dir() and not ckpts.is_symlink() else []
+    run_file = output_dir / RUN_FILE
+    ours = run_file.is_file() and _ours(run_file, "fingerprint")
+    named = [final, ckpts, run_file] + ([output_dir / "metrics_before.json"] if ours else [])
+    links = [p for p in named + targets if p.is_symlink()]
     if links:
-        shown = ", ".join(f"{name} -> {os.readlink(Path(output_dir) / name)}" for name in links)
+        shown = ", ".join(f"{p.relative_to(output_dir)} -> {os.readlink(p)}" for p in links)
         raise OutputDirError(
             f"--overwrite_output_dir: {str(output_dir)!r} holds symbolic links ({shown}); the previous run is "
             "not deleted through a link: remove the link yourself, or choose another --output_dir"
         )
-    for name in RUN_ARTIFACTS:
-        target = Path(output_dir) / name
+    if final.exists():
+        targets.append(final)
+    if ours:
+        targets += [run_file] + [p for p in named[3:] if p.is_file()]
+    removed = []
+    for target in targets:
         if target.is_dir():
             shutil.rmtree(target)
-        elif target.exists():
+        else:
             target.unlink()
+        removed.append(str(target.relative_to(output_dir)))
+    if ckpts.is_dir() and not ckpts.is_symlink() and not any(ckpts.iterdir()):
+        ckpts.rmdir()
+    return removed
 
 
 def remove_stale_temporaries(output_dir: Path, note: Callable[[str], None] = print) -> list[str]:
@@ -382,7 +444,7 @@ def claim_output_dir(
 
     Args:
         output_dir: The run's output folder.
-        overwrite: Delete what a previous run left (checkpoints, final/, run.json, metrics_before.json) first.
+        overwrite: Delete what a previous run of ours left first (:func:`remove_previous_run`: only what it wrote).
         note: Where the note about the deletion goes.
         resumed: The ``--resume`` value that found no checkpoint to continue (``"latest"``), if any: the run starts
             from scratch only in a folder without a previous run (or with ``overwrite``), said in one note.
@@ -408,8 +470,46 @@ def claim_output_dir(
             "latest (Trainer.train(resume_from='latest')), choose another --output_dir, or pass "
             "--overwrite_output_dir true (overwrite_output_dir=True) to delete the previous run first"
         )
-    note(f"--overwrite_output_dir: deleting the previous run in {output_dir} ({', '.join(found)})")
-    remove_previous_run(output_dir)
+    removed = remove_previous_run(output_dir)
+    note(f"--overwrite_output_dir: deleted the previous run in {output_dir} ({', '.join(removed)})")
+
+
+def leave_process_group(status: int = 2, timeout_s: float = 60.0) -> None:
+    """End a multi-process run that every process refuses alike (its one error line printed) with ``status`` on every
+    process: wait for the other processes, destroy the process group, then leave at once (``os._exit`` after
+    flushing the output). A process never exits while a peer still holds a connection to it (a gloo process torn down
+    at interpreter exit after its peer closed the connection can abort with SIGABRT), and no process is caught in the
+    interpreter's slow teardown when ``torchrun`` sends SIGTERM to the remaining workers as soon as the first one
+    exits (it would die of the signal instead of reporting ``status``; a SIGTERM during the wait ends the process with
+    ``status`` too). Returns (doing nothing) without an initialised process group: the caller then exits as usual.
+    The wait gives up after ``timeout_s``."""
+    import datetime
+    import signal
+    import sys
+    import threading
+
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+
+    def leave(*_: Any) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, leave)
+    try:
+        if dist.get_backend() == "gloo":
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=timeout_s))
+        else:
+            dist.barrier()
+    except Exception:  # noqa: S110 - a peer already gone: the group is destroyed all the same
+        pass
+    finally:
+        dist.destroy_process_group()
+    leave()
 
 
 def on_main_process(accelerator: Any, fn: Callable[[], Any]) -> Any:

@@ -542,8 +542,11 @@ class Trainer:
         if on_epoch_end is not None:
             on_epoch_end(self, epoch, metrics)
 
-    def _evaluate_epoch(self, epoch: int) -> dict[str, float]:
+    def _evaluate_epoch(self, epoch: int) -> dict[str, float] | None:
         p, acc = self.progress, self.accelerator
+        if not all(bool(t.isfinite().all()) for t in self.model.state_dict().values() if t.is_floating_point()):
+            acc.print(f"epoch {epoch + 1}/{self.config.epochs}: evaluation skipped, the weights are not finite")
+            return None  # the next steps are non-finite too: the non-finite step limit ends the run
         metrics = self.evaluate(description=f"evaluation (epoch {epoch + 1})")
         p.history.append({"step": p.global_step, "epoch": epoch, **{f"eval/{k}": v for k, v in metrics.items()}})
         acc.log({f"eval/{k}": v for k, v in metrics.items()}, step=p.global_step)

@@ -91,7 +91,7 @@ def test_nested_folders_under_train_and_test_and_deeper_nesting(tmp_path):
     assert set(test.labels[:, 1].tolist()) == set(train.labels[:, 1].tolist())  # the same two groups
     deep = tmp_path / "deep"
     for top in ("x", "y"):
-        _nested(deep / top, items=("c1",), per_item=1)
+        _nested(deep / top, items=("c1",), per_item=2)  # one image a class is refused
     three = image_folder_layout(deep)
     assert (three.depth, three.label_columns) == (3, ("label", "group_1", "group_2"))
     ds = load_retrieval_dataset(deep, None)

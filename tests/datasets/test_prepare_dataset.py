@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -49,7 +50,7 @@ def test_prepare_dataset_round_trip(name, tmp_path):
     _round_trip(name, tmp_path)
 
 
-def test_prepare_dataset_selected_splits_and_errors(tmp_path):
+def test_prepare_dataset_selected_splits_and_errors(tmp_path, capsys):
     prepare = _import_prepare()
     root = make_sop(tmp_path / "native")
     copy = prepare.prepare("sop", root, tmp_path / "copy", ["test"])
@@ -58,9 +59,23 @@ def test_prepare_dataset_selected_splits_and_errors(tmp_path):
         prepare.prepare("sop", root, tmp_path / "other", ["val"])
     with pytest.raises(ValueError, match=r"name must be one of"):
         prepare.prepare("imagenet", root, tmp_path / "other")
-    with pytest.raises(SystemExit, match=r"--push_to_hub needs --hub_model_id"):
-        prepare.main(["sop", "--root", str(root), "--output_dir", str(tmp_path / "x"), "--push_to_hub", "true"])
-    assert not (tmp_path / "x").exists()
+    refused = {
+        "--push_to_hub needs --hub_model_id": ["--root", str(root), "--output_dir", str(tmp_path / "x"),
+                                               "--push_to_hub", "true"],
+        "--root '.*missing' is not a folder": ["--root", str(tmp_path / "missing"),
+                                               "--output_dir", str(tmp_path / "x")],
+        r"--splits \['val'\] are not splits of sop": ["--root", str(root), "--output_dir", str(tmp_path / "x"),
+                                                  "--splits", "val"],
+        "--output_dir '.*file' is a file": ["--root", str(root), "--output_dir", str(tmp_path / "file")],
+    }  # fmt: skip
+    (tmp_path / "file").write_text("mine")
+    for message, argv in refused.items():  # one error: line, exit 2, nothing written
+        with pytest.raises(SystemExit) as exc:
+            prepare.main(["sop", *argv])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert len([line for line in err.splitlines() if "error:" in line]) == 1 and re.search(message, err), err
+    assert not (tmp_path / "x").exists() and (tmp_path / "file").read_text() == "mine"
 
 
 @pytest.mark.slow

@@ -50,3 +50,53 @@ def test_without_a_writable_cache_location_the_kernel_compiles_per_process(monke
 
     assert twice(21) == 42
     assert isinstance(twice._cache, NullCache)
+
+
+def _kernel():
+    """A fresh dispatcher of the same function each call (a later process, as far as numba's cache is concerned)."""
+
+    def add_one(x):
+        return x + 1
+
+    return _numba_jit.njit(nogil=True)(add_one)
+
+
+def test_a_corrupt_cache_index_falls_back_to_compiling_in_memory_with_one_warning(tmp_path, monkeypatch):
+    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))
+    assert _kernel()(1) == 2  # writes the cache
+    index = list(tmp_path.rglob("*.nbi"))
+    assert index
+    for path in index:
+        path.write_bytes(b"\x80\x04not a pickle at all")
+    kernel = _kernel()
+    with pytest.warns(RuntimeWarning, match="could not be read") as record:
+        assert kernel(41) == 42
+    assert len([w for w in record if "numba" in str(w.message)]) == 1
+    assert kernel(1) == 2  # compiled in memory, no second warning
+
+
+def test_a_cache_that_cannot_be_written_falls_back_to_compiling_in_memory(tmp_path, monkeypatch):
+    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))
+    from numba.core import caching
+
+    def no_space(self, path):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(caching.IndexDataCacheFile, "_open_for_write", no_space)
+    kernel = _kernel()
+    with pytest.warns(RuntimeWarning, match="could not be written.*No space left"):
+        assert kernel(2) == 3
+
+
+def test_a_read_only_cache_folder_falls_back_to_compiling_in_memory(tmp_path, monkeypatch):
+    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))
+    assert _kernel()(1) == 2
+    from numba.core import caching
+
+    def read_only(self):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(caching.IndexDataCacheFile, "_load_index", read_only)
+    kernel = _kernel()
+    with pytest.warns(RuntimeWarning, match="could not be read.*Permission denied"):
+        assert kernel(5) == 6

@@ -68,3 +68,32 @@ def test_extract_features_from_timm(name):
 def test_extract_features_rejects_non_timm():
     with pytest.raises(TypeError, match="timm model"):
         ood.extract_features(torch.nn.Linear(3, 2), [torch.rand(2, 3)])
+
+
+def test_feature_files_and_state_dicts_that_are_not_are_refused_by_name(tmp_path):
+    from safetensors.torch import save_file
+
+    from pml_suprank.ood.features import feature_map_positions
+    from pml_suprank.ood.model_api import read_state_dict
+
+    garbage = tmp_path / "garbage.safetensors"
+    garbage.write_bytes(b"not a safetensors file")
+    with pytest.raises(ValueError, match="garbage.safetensors is not a readable safetensors feature file"):
+        ood.load_features(garbage)
+    foreign = tmp_path / "weights.safetensors"
+    save_file({"layer.weight": torch.zeros(2, 2)}, str(foreign))
+    with pytest.raises(ValueError, match="weights.safetensors is not a feature file"):
+        ood.load_features(foreign)
+    torch.save([1, 2, 3], tmp_path / "list.pt")
+    with pytest.raises(ValueError, match="list.pt holds a list, not a state dict"):
+        read_state_dict(tmp_path / "list.pt")
+    torch.save({"model": {"w": torch.zeros(1)}, "epoch": 3}, tmp_path / "nested.pt")
+    with pytest.raises(ValueError, match=r"nests dicts under \['model'\]"):
+        read_state_dict(tmp_path / "nested.pt")
+    (tmp_path / "junk.pt").write_bytes(b"junk")
+    with pytest.raises(ValueError, match="junk.pt cannot be read as a state dict"):
+        read_state_dict(tmp_path / "junk.pt")
+    assert read_state_dict(foreign).keys() == {"layer.weight"}
+    timm = pytest.importorskip("timm")
+    model = timm.create_model("test_resnet", num_classes=3)
+    assert feature_map_positions(model, 32) == 1 and feature_map_positions(model, 64) == 4

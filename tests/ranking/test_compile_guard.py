@@ -1,8 +1,8 @@
-"""The first call of a compiled loss is checked against eager (``pml_suprank.losses.compile_guard``): a compiled loss
-made wrong on purpose — a ``torch.compile`` backend that zeroes the backward's gradients or scales the forward's
-output — is refused with an error naming the torch version and the way out; a correct compile passes silently, with
-one extra eager call, and leaves the caller's gradients exactly those of eager. ``aot_eager``-based backends trace
-forward and backward without building C++ kernels."""
+"""Every new call signature of a compiled loss is checked against eager (``pml_suprank.losses.compile_guard``):
+a compiled loss made wrong on purpose — a ``torch.compile`` backend that zeroes the backward's gradients or scales
+the forward's output — is refused with an error naming the torch version and the way out; a correct compile passes
+silently, with one extra eager call per call signature, and leaves the caller's gradients exactly those of eager.
+``aot_eager``-based backends trace forward and backward without building C++ kernels."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def test_loss_compile_with_a_zeroed_gradient_is_refused(name):
     message = str(err.value)
     assert f"torch {torch.__version__}" in message and "--compile_loss false" in message
     assert "call the loss uncompiled" in message.lower() and f"compiled {name}" in message
-    assert "loss value 0," in message and "embedding gradient 1 " in message  # value right, gradient gone
+    assert "loss value 0," in message and "embedding gradient 1" in message  # value right, gradient gone
 
 
 def test_every_loss_of_the_package_compiles_with_the_guard():
@@ -109,10 +109,10 @@ def test_the_gradient_is_checked_at_the_first_call_that_has_one():
     loss_fn.compile(backend=ZERO_GRAD, fullgraph=True)
     with torch.no_grad():
         loss_fn(emb, labels)
-    loss_fn(emb, labels)  # no gradient wanted by this call either: passes
+    loss_fn(emb, labels)  # no gradient wanted by this call either: passes (another grad mode: checked too)
     guard = loss_fn._compiled_call_impl
-    assert guard.value_checked and not guard.grad_checked and guard.eager_calls == 1
-    with pytest.raises(CompiledLossMismatchError, match="embedding gradient 1 "):
+    assert len(guard.checked) == 2 and guard.eager_calls == 2
+    with pytest.raises(CompiledLossMismatchError, match="embedding gradient 1[ ,]"):
         loss_fn(emb.clone().requires_grad_(True), labels)
 
 
@@ -144,7 +144,7 @@ def test_a_correct_compile_passes_silently_with_one_extra_eager_call(name):
                 torch.testing.assert_close(p.grad, g, rtol=1e-10, atol=1e-12)
     assert not [w for w in caught if "pml_suprank" in w.filename]  # silent (torch's own tracing warnings aside)
     guard = loss_fn._compiled_call_impl
-    assert guard.grad_checked and guard.eager_calls == 1
+    assert len(guard.checked) == 1 and guard.eager_calls == 1
     assert float(x.grad.abs().max()) > 1e-4
 
 
@@ -227,3 +227,78 @@ def test_relative_difference():
     assert relative_difference(a, a * 1.001) == pytest.approx(0.001 / 1.001)
     assert relative_difference(a, torch.tensor([3.0, float("nan")])) == float("inf")
     assert relative_difference(a, torch.ones(3)) == float("inf")
+
+
+class _ProxyLoss(nn.Module):
+    """A loss with its own parameters (proxies): cross-entropy of the cosine to each class proxy."""
+
+    def __init__(self, num_classes: int = 4, dim: int = 16) -> None:
+        super().__init__()
+        self.proxies = nn.Parameter(torch.randn(num_classes, dim, generator=torch.Generator().manual_seed(1)))
+
+    def forward(self, embeddings, labels, proxies=None):
+        proxies = self.proxies if proxies is None else proxies
+        return F.cross_entropy(embeddings @ F.normalize(proxies, dim=1).T * 8, labels)
+
+
+def _proxy_batch(batch: int):
+    g = torch.Generator().manual_seed(batch)
+    return F.normalize(torch.randn(batch, 16, generator=g), dim=1).requires_grad_(True), torch.arange(batch) % 4
+
+
+def test_a_graph_that_diverges_after_a_recompile_is_refused():
+    """The last, smaller batch is a new graph: it is checked too (once per call signature, not at every call)."""
+    loss_fn = _ProxyLoss()
+
+    def compiled(emb, labels):  # right for the batch of 8, wrong for any other (a bad recompile)
+        value = loss_fn._call_impl(emb, labels)
+        return value if emb.shape[0] == 8 else value * 2
+
+    guard = GuardedCall(compiled, loss_fn)
+    for _ in range(3):
+        guard(*_proxy_batch(8))
+    assert guard.eager_calls == 1
+    with pytest.raises(CompiledLossMismatchError, match=r"loss value 0\.5"):
+        guard(*_proxy_batch(6))
+
+
+def test_a_missing_or_wrong_gradient_of_the_loss_parameters_is_refused():
+    loss_fn = _ProxyLoss()
+    detached = GuardedCall(lambda emb, labels: loss_fn._call_impl(emb, labels, loss_fn.proxies.detach()), loss_fn)
+    with pytest.raises(CompiledLossMismatchError, match="gradient of proxies 1 "):
+        detached(*_proxy_batch(8))
+    emb, labels = _proxy_batch(8)
+    with pytest.raises(CompiledLossMismatchError, match="gradient of proxies 1 "):
+        detached(emb.detach(), labels)
+    right = GuardedCall(lambda emb, labels: loss_fn._call_impl(emb, labels), loss_fn)
+    value = right(emb, labels)
+    value.backward()
+    assert loss_fn.proxies.grad is not None and float(loss_fn.proxies.grad.abs().max()) > 0  # caller's grads intact
+
+
+def test_a_tuple_return_is_checked():
+    loss_fn = _ProxyLoss()
+
+    def compiled(emb, labels):
+        return loss_fn._call_impl(emb, labels) * 3, {"n": emb.shape[0]}
+
+    class Eager(nn.Module):
+        def forward(self, emb, labels):
+            return loss_fn._call_impl(emb, labels), {"n": emb.shape[0]}
+
+    eager = Eager()
+    eager.proxies = loss_fn.proxies
+    with pytest.raises(CompiledLossMismatchError, match=r"loss value 0\.667"):
+        GuardedCall(compiled, eager)(*_proxy_batch(8))
+
+
+def test_a_non_finite_batch_in_eager_too_is_left_to_the_non_finite_step_handling():
+    """NaN embeddings (a diverged model): compiled and eager both NaN is no mismatch; the signature is judged at the
+    next finite batch."""
+    loss_fn = _ProxyLoss()
+    guard = GuardedCall(lambda emb, labels: loss_fn._call_impl(emb, labels), loss_fn)
+    emb, labels = _proxy_batch(8)
+    value = guard(torch.full_like(emb, float("nan")).requires_grad_(True), labels)
+    assert not torch.isfinite(value) and not guard.checked
+    guard(emb, labels)
+    assert len(guard.checked) == 1 and guard.eager_calls == 2

@@ -351,3 +351,29 @@ def test_every_process_skips_the_same_steps_when_one_process_alone_has_a_nan_los
     assert "step 2: non-finite gradient (loss " in proc.stdout  # the main process: a finite loss, a NaN gradient
     state = validate_checkpoint(latest_checkpoint(tmp_path))
     assert (state["global_step"], state["num_processes"], state["skipped_nonfinite_steps"]) == (3, 2, 2)
+
+
+def test_diverged_weights_skip_their_steps_and_stop_with_the_non_finite_error_not_a_traceback(tmp_path):
+    """Weights a diverging run overflowed (``--lr 1e30``) give NaN embeddings: the loss never sees them (its input
+    check would raise ``ValueError: embeddings contains NaN``), the steps are skipped and the run stops after
+    ``max_nonfinite_steps`` with :class:`NonFiniteTrainingError`."""
+    trainer = _trainer(tmp_path, max_train_steps=8, max_nonfinite_steps=2)
+    with torch.no_grad():
+        next(trainer.model.parameters()).fill_(float("inf"))
+    with pytest.raises(NonFiniteTrainingError, match="training stopped at step 3: 3 steps in a row") as info:
+        trainer.train()
+    assert "non-finite values; newest valid one: None" in str(info.value)
+    assert (trainer.nonfinite.skipped, trainer.nonfinite.consecutive) == (3, 3)
+
+
+def test_finite_or_zero_and_nan_unless_keep_finite_values_bitwise():
+    from pml_suprank.training.nonfinite import finite_or_zero, nan_unless
+
+    x = torch.randn(4, 3, requires_grad=True)
+    y, ok = finite_or_zero(x)
+    assert bool(ok) and torch.equal(y, x)
+    loss = nan_unless(ok, (y * y).sum())
+    loss.backward()
+    assert torch.equal(x.grad, 2 * x.detach())
+    z, ok = finite_or_zero(torch.tensor([[1.0, float("nan")]]))
+    assert not bool(ok) and torch.equal(z, torch.zeros(1, 2)) and math.isnan(float(nan_unless(ok, z.sum())))

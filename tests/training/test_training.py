@@ -587,7 +587,8 @@ def test_new_run_into_a_previous_runs_folder_is_refused_or_overwritten(tmp_path)
     claim_output_dir(tmp_path, overwrite=False)  # empty: fine
     (tmp_path / "checkpoints" / "step_00000004").mkdir(parents=True)
     (tmp_path / "final").mkdir()
-    (tmp_path / "run.json").write_text("{}")
+    (tmp_path / "final" / "training_summary.json").write_text('{"run_fingerprint": "' + "a" * 64 + '"}')
+    (tmp_path / "run.json").write_text('{"fingerprint": "' + "a" * 64 + '"}')
     (tmp_path / "logs").mkdir()
     with pytest.raises(
         OutputDirError, match=r"already holds a previous run \(checkpoints/step_00000004, final/\)"
@@ -599,7 +600,7 @@ def test_new_run_into_a_previous_runs_folder_is_refused_or_overwritten(tmp_path)
     claim_output_dir(tmp_path, overwrite=True, note=notes.append)
     assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "final").exists()
     assert not (tmp_path / "run.json").exists() and (tmp_path / "logs").is_dir()  # only the run's own files go
-    assert "deleting the previous run" in notes[0]
+    assert "deleted the previous run" in notes[0]
 
 
 @pytest.mark.slow
