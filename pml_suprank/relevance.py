@@ -360,11 +360,6 @@ def property1_relevance(counts: Tensor, weights: Tensor | list[float], dtype: to
     return torch.cat([torch.zeros_like(rel[:, :1]), rel], dim=1)
 
 
-def ndcg_gain(levels: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
-    """NDCG gain ``2^l − 1`` of SupRank Eq. 23 for a level tensor of any shape."""
-    return torch.pow(2.0, levels.to(dtype)) - 1.0
-
-
 def ideal_dcg(counts: Tensor, gains: Tensor, num_items: int | None = None) -> Tensor:
     """Ideal DCG of SupRank Eq. 23 from per-level counts.
 

@@ -12,7 +12,6 @@ from pml_suprank.relevance import (
     check_tree,
     level_counts,
     level_matrix,
-    ndcg_gain,
     pop_relevance,
     property1_relevance,
 )
@@ -138,10 +137,6 @@ def test_property1_relevance_hand_computed():
         property1_relevance(counts, [0.5, 0.5])
     with pytest.raises(ValueError, match="non-negative"):
         property1_relevance(counts, [1.5, -0.5, 0.0])
-
-
-def test_ndcg_gain():
-    assert ndcg_gain(torch.tensor([0, 1, 2, 3])).tolist() == [0.0, 1.0, 3.0, 7.0]
 
 
 @pytest.mark.parametrize("seed", range(4))
