@@ -14,8 +14,7 @@ ECCV 2020; HAPPIER, Ramzi et al., ECCV 2022).
   keep each block's Jacobian; per-item outputs recompute blocks in backward);
 * :mod:`~pml_suprank.ranking.dense` — the dense kernels of the flat losses (``(b, N, N)`` differences blocked over
   queries under a memory budget, no host synchronisation) and the ``kernel="auto"`` cost model;
-* :mod:`~pml_suprank.ranking.dense_hierarchical` — the dense kernels of the hierarchical losses;
-* :mod:`~pml_suprank.ranking.tail` — the separable series of the sigmoid's far branches.
+* :mod:`~pml_suprank.ranking.dense_hierarchical` — the dense kernels of the hierarchical losses.
 
 All functions are pure and take the device and dtype from their inputs.
 
@@ -28,7 +27,7 @@ may change with the losses that use them.
 
 from __future__ import annotations
 
-from . import dense, dense_hierarchical, flat, hierarchical, levels, query_blocks, steps, tail, window
+from . import dense, dense_hierarchical, flat, hierarchical, levels, query_blocks, steps, window
 from .dense import KERNELS, KernelCosts, choose_kernel, kernel_costs, predicted_costs
 from .flat import ACCELERATOR_CHUNK_SIZE, default_chunk_elements
 from .steps import HeavisideStep, SigmoidStep, SupRankStep

@@ -47,7 +47,7 @@ __all__ = [
 ]
 
 CHUNK_SIZE = 1 << 21
-"""Elements of one ``(pairs × window)`` block (and of one series table block): a few tensors of this size live at
+"""Elements of one ``(pairs × window)`` block: a few tensors of this size live at
 once, e.g. 8 MB each in float32. Bounds the extra memory of every kernel; changing it changes speed, not values."""
 
 

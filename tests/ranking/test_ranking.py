@@ -183,8 +183,8 @@ def test_fast_kernels_require_pairs_grouped_by_query():
 
 def test_package_layout_and_one_chunk_constant():
     """The package lists the kernel choice and the steps; the kernels are the expert API of their modules; one chunk
-    size serves the flat, hierarchical and series kernels."""
-    from pml_suprank.ranking import dense, flat, steps, tail, window
+    size serves the flat and hierarchical kernels."""
+    from pml_suprank.ranking import dense, flat, steps, window
 
     for name in ("HeavisideStep", "SigmoidStep", "SupRankStep", "choose_kernel", "CHUNK_SIZE"):
         assert name in R.__all__ and getattr(R, name) is not None
@@ -193,7 +193,6 @@ def test_package_layout_and_one_chunk_constant():
     assert R.SupRankStep is steps.SupRankStep and callable(flat.suprank_negative_sum)
     assert callable(dense.dense_suprank_grad) and callable(steps.default_offset)
     assert R.CHUNK_SIZE == window.CHUNK_SIZE and not hasattr(R, "DEFAULT_CHUNK_ELEMENTS")
-    assert tail.SigmoidTail.forward.__defaults__ == (R.CHUNK_SIZE,)
 
 
 @pytest.mark.parametrize("ties", [False, True])
