@@ -20,7 +20,7 @@ All functions are pure and take the device and dtype from their inputs.
 
 The package lists what a user of the losses calls: the kernel choice (:func:`choose_kernel`, its cost model
 :func:`kernel_costs` / :func:`predicted_costs`), the chunk sizes and the step functions. The kernels themselves
-(``dense_suprank_grad``, ``sigmoid_rank_sums``, ``hierarchical_ranks``, ...) are the **expert API**: import them from
+(``dense_query_ranks``, ``sigmoid_rank_sums``, ``hierarchical_ranks``, ...) are the **expert API**: import them from
 their modules above (``from pml_suprank.ranking.flat import sigmoid_rank_sums``); they are documented there and
 may change with the losses that use them.
 """

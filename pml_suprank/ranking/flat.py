@@ -40,8 +40,7 @@ __all__ = [
     "count_above",
     "default_chunk_elements",
     "group_pairs",
-    "group_positions",
-    "heaviside_positive_count",
+        "heaviside_positive_count",
     "pairwise_step_sum",
     "positive_pair_groups",
     "sigmoid_rank_sums",
@@ -189,13 +188,6 @@ def _nonzero(mask: Tensor, size: int) -> Tensor:
     if mask.device.type in ("cpu", "cuda"):
         return torch.nonzero_static(mask, size=size)
     return torch.nonzero(mask)
-
-
-def group_positions(query_idx: Tensor, num_queries: int) -> tuple[Tensor, Tensor, int]:
-    """Pairs grouped by query (non-decreasing ``query_idx``) → ``(counts (B,), position in group (K,), max count)``
-    (:func:`group_pairs`, one host synchronisation)."""
-    groups = group_pairs(query_idx, num_queries)
-    return groups.counts, groups.pos, groups.width
 
 
 def _padded(values: Tensor, query_idx: Tensor, pos: Tensor, num_queries: int, width: int, fill: float) -> Tensor:

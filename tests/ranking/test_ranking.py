@@ -188,10 +188,10 @@ def test_package_layout_and_one_chunk_constant():
 
     for name in ("HeavisideStep", "SigmoidStep", "SupRankStep", "choose_kernel", "CHUNK_SIZE"):
         assert name in R.__all__ and getattr(R, name) is not None
-    for name in ("dense_suprank_grad", "suprank_negative_sum", "count_above", "default_offset", "group_positions"):
+    for name in ("dense_query_ranks", "suprank_negative_sum", "count_above", "default_offset"):
         assert name not in R.__all__ and not hasattr(R, name), name
     assert R.SupRankStep is steps.SupRankStep and callable(flat.suprank_negative_sum)
-    assert callable(dense.dense_suprank_grad) and callable(steps.default_offset)
+    assert callable(dense.dense_query_ranks) and callable(steps.default_offset)
     assert R.CHUNK_SIZE == window.CHUNK_SIZE and not hasattr(R, "DEFAULT_CHUNK_ELEMENTS")
 
 
