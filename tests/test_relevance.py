@@ -165,20 +165,6 @@ def test_h_ap_with_one_level_is_ap():
     torch.testing.assert_close(dense_hap(scores, levels, rel, exact=True), binary_ap(scores, levels == 1, valid))
 
 
-def test_unique_pairs_matches_row_unique_including_huge_and_negative_labels():
-    from pml_suprank.relevance import _unique_pairs
-
-    g = torch.Generator().manual_seed(0)
-    cases = [
-        torch.randint(-5, 5, (1000, 2), generator=g),
-        torch.randint(0, 3, (50, 2), generator=g),
-        torch.tensor([[2**40, 3], [2**40, 3], [-(2**40), 2**30]]),  # falls back to the row-wise unique
-        torch.zeros(0, 2, dtype=torch.long),
-    ]
-    for pairs in cases:
-        assert torch.equal(_unique_pairs(pairs), torch.unique(pairs, dim=0))
-
-
 def test_as_hierarchy_wraps_tables_and_rejects_other_types():
     from pml_suprank.relevance import Hierarchy, as_hierarchy
 
