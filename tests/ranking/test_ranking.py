@@ -213,43 +213,6 @@ def test_flat_kernels_bit_identical_across_chunk_sizes(ties):
         assert torch.equal(out, results[0][0]) and torch.equal(grad, results[0][1])
 
 
-def test_window_sum_sorted_layout_matches_autograd():
-    """The shared window kernel on windows of sorted lists: σ(t/τ) (in place) and the general step term agree with
-    an elementwise autograd evaluation, values and gradients, including windows padded into the sentinels."""
-    from pml_suprank.ranking.window import SigmoidTerm, SortedWindowLayout, StepTerm, window_sum
-
-    g = torch.Generator().manual_seed(0)
-    bsz, n, tau = 3, 12, 0.05
-    scores = (torch.randn(bsz, n, generator=g, dtype=torch.float64) * 0.1).requires_grad_(True)
-    keys, perm = scores.detach().sort(1)
-    q_idx = torch.tensor([0, 1, 2, 0, 2])
-    i_idx = torch.tensor([3, 0, 5, 7, 11])
-    ends = torch.tensor([9, 5, 4, 6, 2])
-    lengths = torch.tensor([9, 5, 4, 2, 1])  # non-increasing; blocks of widths 9, 5 (two pairs: the 4 is padded
-    # into the -inf sentinels before the list), 2 and 1
-
-    def layout():
-        return SortedWindowLayout(scores, keys[None], perm[None], q_idx, ends, lengths, q_idx, i_idx, chunk_elements=20)
-
-    def expected(fn):
-        out = []
-        for k in range(len(q_idx)):
-            cols = perm[q_idx[k], ends[k] - lengths[k] : ends[k]]
-            out.append(fn(scores[q_idx[k], cols] - scores[q_idx[k], i_idx[k]]).sum())
-        return torch.stack(out)
-
-    w = torch.linspace(-1, 2, len(q_idx), dtype=torch.float64)
-    for term, fn in (
-        (SigmoidTerm(1.0 / tau), lambda t: torch.sigmoid(t / tau)),
-        (StepTerm(R.SigmoidStep(tau)), lambda t: R.steps.tau_sigmoid(t, tau)),
-    ):
-        got, ref = window_sum(layout(), term, scores), expected(fn)
-        torch.testing.assert_close(got, ref, rtol=0, atol=1e-13)
-        (g1,) = torch.autograd.grad((got * w).sum(), scores)
-        (g2,) = torch.autograd.grad((ref * w).sum(), scores)
-        torch.testing.assert_close(g1, g2, rtol=0, atol=1e-11)
-
-
 def test_hrank_params_value():
     from _hierarchical_dense import h_s_greater
 
