@@ -8,7 +8,8 @@ import torch
 from _hierarchical_dense import dense_ranks
 
 from pml_suprank.ranking import SupRankStep
-from pml_suprank.ranking.hierarchical import HRankParams, hierarchical_ranks
+from pml_suprank.ranking.hierarchical import hierarchical_ranks
+from pml_suprank.ranking.steps import HRankParams
 from pml_suprank.relevance import level_counts, pop_relevance
 
 

@@ -9,7 +9,8 @@ import torch
 from _hierarchical_dense import dense_hap, dense_ndcg, dense_ranks
 
 from pml_suprank.ranking import SupRankStep
-from pml_suprank.ranking.hierarchical import HRankParams, hierarchical_ranks, sup_hap_scores, sup_ndcg_scores
+from pml_suprank.ranking.hierarchical import hierarchical_ranks, sup_hap_scores, sup_ndcg_scores
+from pml_suprank.ranking.steps import HRankParams
 from pml_suprank.relevance import ideal_dcg, level_counts, level_matrix, pop_relevance
 
 SOP_STEP = dict(tau=0.01, rho=100.0, delta=0.05, start=0.5, offset=1.44)
