@@ -7,7 +7,8 @@ from torch import Tensor
 from ..ranking import SigmoidStep
 from ..ranking.dense import dense_query_ap
 from ..ranking.flat import positive_pair_groups, sigmoid_rank_sums
-from .base_rank_loss import BaseRankLoss, RankInputs
+from ._inputs import RankInputs
+from .base_rank_loss import BaseRankLoss
 
 __all__ = ["SmoothAPLoss"]
 

@@ -16,7 +16,7 @@ from pytorch_metric_learning.reducers import DoNothingReducer
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 
 from pml_suprank import losses
-from pml_suprank.losses.base_rank_loss import RankInputs
+from pml_suprank.losses._inputs import RankInputs
 from pml_suprank.ranking.steps import default_offset
 
 INPUTS = ["A_b12_L2", "B_b16_L3_singletons", "C_b12_L2_ties", "D_b8_mem32_L2"]
