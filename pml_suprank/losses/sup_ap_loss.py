@@ -53,7 +53,7 @@ def grouped_suprank_pair_ranks(inputs: RankInputs, step: SupRankStep):
     positives = inputs.positives()
     negatives = inputs.valid & ~positives
     q, i, groups = positive_pair_groups(positives)
-    rank_plus = 1.0 + heaviside_positive_count(inputs.scores, q, i, positives)
+    rank_plus = 1.0 + heaviside_positive_count(inputs.scores, q, i)
     rank = rank_plus + suprank_negative_sum(inputs.scores, q, i, negatives, step, groups=groups)
     return q, i, rank_plus, rank, groups
 

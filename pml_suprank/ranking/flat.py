@@ -326,9 +326,9 @@ def suprank_negative_sum(
     return total + (linear + step.resolved_offset * above_delta.to(acc)).to(scores.dtype)
 
 
-def heaviside_positive_count(scores: Tensor, query_idx: Tensor, item_idx: Tensor, positives: Tensor) -> Tensor:
+def heaviside_positive_count(scores: Tensor, query_idx: Tensor, item_idx: Tensor) -> Tensor:
     """``Σ_{j∈P_q, j≠i} H(s_j − s_i)`` per pair (``H(0) = 1``), without gradient, where ``P_q`` = the items of
-    query ``q``'s pairs; ``positives`` is not read (the pairs are the positives).
+    query ``q``'s pairs (the pairs are the positives).
 
     One sort of the ``K`` pairs by (query, score): pair ``k`` counts the pairs of its query from the first one tied
     with it to the end of the query's group, minus itself. ``O(K log K)``, no host synchronisation, any pair order.
@@ -353,7 +353,6 @@ def sigmoid_rank_sums(
     scores: Tensor,
     query_idx: Tensor,
     item_idx: Tensor,
-    positives: Tensor,
     valid: Tensor,
     tau: float,
     *,

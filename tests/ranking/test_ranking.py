@@ -124,12 +124,12 @@ def test_fast_suprank_kernel_matches_general_kernel(step, ties):
 @pytest.mark.parametrize("ties", [False, True])
 def test_fast_heaviside_and_sigmoid_kernels(ties):
     scores, valid, pos, _, q, i = _problem(ties=ties)
-    got = R.flat.heaviside_positive_count(scores, q, i, pos)
+    got = R.flat.heaviside_positive_count(scores, q, i)
     torch.testing.assert_close(got, R.flat.pairwise_step_sum(scores, q, i, pos, R.HeavisideStep()), atol=0, rtol=0)
     scores.requires_grad_(True)
     step = R.SigmoidStep(0.05)
     a1, a2 = R.flat.pairwise_step_sum(scores, q, i, pos, step), R.flat.pairwise_step_sum(scores, q, i, valid, step)
-    b1, b2 = R.flat.sigmoid_rank_sums(scores, q, i, pos, valid, 0.05, chunk_elements=30)
+    b1, b2 = R.flat.sigmoid_rank_sums(scores, q, i, valid, 0.05, chunk_elements=30)
     torch.testing.assert_close(b1, a1, atol=1e-12, rtol=0)
     torch.testing.assert_close(b2, a2, atol=1e-12, rtol=0)
     (ga,) = torch.autograd.grad((2 * a1 + 3 * a2).sum(), scores)
@@ -142,7 +142,7 @@ def test_fast_kernels_gradcheck():
     scores.requires_grad_(True)
     f = lambda s: R.flat.suprank_negative_sum(s, q, i, neg, R.SupRankStep(tau=0.05), chunk_elements=7)  # noqa: E731
     assert torch.autograd.gradcheck(f, (scores,))
-    g = lambda s: R.flat.sigmoid_rank_sums(s, q, i, pos, valid, 0.05, chunk_elements=7)  # noqa: E731
+    g = lambda s: R.flat.sigmoid_rank_sums(s, q, i, valid, 0.05, chunk_elements=7)  # noqa: E731
     assert torch.autograd.gradcheck(g, (scores,))
 
 
@@ -204,7 +204,7 @@ def test_flat_kernels_bit_identical_across_chunk_sizes(ties):
     for chunk in (7, 100, R.CHUNK_SIZE):
         s = scores.clone().requires_grad_(True)
         a = R.flat.suprank_negative_sum(s, q, i, neg, R.SupRankStep(), chunk_elements=chunk)
-        b1, b2 = R.flat.sigmoid_rank_sums(s, q, i, pos, valid, 0.05, chunk_elements=chunk)
+        b1, b2 = R.flat.sigmoid_rank_sums(s, q, i, valid, 0.05, chunk_elements=chunk)
         c = R.flat.pairwise_step_sum(s, q, i, neg, R.SupRankStep(tau=0.05), chunk_elements=chunk)
         out = torch.stack([a, b1, b2, c])
         (grad,) = torch.autograd.grad((out * w).sum(), s)
