@@ -1,10 +1,10 @@
-"""Benchmark: the counting pass of the exact evaluator on the CPU (numba), previous kernels vs the fused one.
+"""Benchmark: the counting pass of the exact evaluator on the CPU (numba), the two-pass route vs the fused kernel.
 
-The previous path (its kernels stay in ``pml_suprank.metrics._compiled_counts`` as the tests' reference):
-``block_keys`` (keys of each row's relevant slice), a numpy sort of the keys in row bands on
-``torch.get_num_threads()`` threads, then ``block_positions`` (one counting pass
-over the negatives per row). The current path: ``block_ranks_compiled``, one fused pass per row (keys, bucket sort
-on the counting grid, vectorised binning of the negatives, exact resolution inside the bins).
+The two-pass route (that of ``counting="compiled"`` in :func:`pml_suprank.metrics.ranks.rank_relevant_items`): the
+keys of each row's relevant slice in torch, a numpy sort of the keys in row bands on ``torch.get_num_threads()``
+threads, then ``count_negatives_compiled`` (one counting pass over the negatives per row). The current path:
+``block_ranks_compiled``, one fused pass per row (keys, bucket sort on the counting grid, vectorised binning of the
+negatives, exact resolution inside the bins).
 
 Both run, in one process, on the same score blocks (``evaluate``'s chunks of the data of ``bench_eval.floor_data``:
 coarse labels unrelated to the geometry, so the relevant items of a query spread over the whole score range and
@@ -25,17 +25,29 @@ import numba
 import torch
 from bench_eval import floor_data
 
-from pml_suprank.metrics._compiled_counts import block_keys_compiled, block_positions_compiled
+from pml_suprank.metrics._compiled_counts import count_negatives_compiled
 from pml_suprank.metrics._compiled_rank_counts import block_ranks_compiled
 from pml_suprank.metrics.eval_blocks import chunk_rows, label_blocks
-from pml_suprank.metrics.ranks import _sort_rows
+from pml_suprank.metrics.ranks import _pessimistic_keys, _sort_rows
 
 
 def old_path(scores: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, self_col: torch.Tensor, P: int):
-    """``(levels, positions)`` by the previous kernels, kept in the package as the reference of the fused one's tests
-    (overwrites ``scores``' relevant slices with ``-inf``)."""
-    keys = _sort_rows(block_keys_compiled(scores, starts, ends, self_col, P))
-    return block_positions_compiled(scores, keys, starts, ends, self_col)
+    """``(levels, positions)`` ``(C, P)`` by the two-pass route (overwrites ``scores``' relevant slices with
+    ``-inf``; the query's own column lies in its slice)."""
+    cols = starts[:, :1] + torch.arange(P)
+    in_slice = cols < ends[:, :1]
+    lev = in_slice.long()
+    for m in range(1, starts.shape[1]):
+        lev += (cols >= starts[:, m : m + 1]) & (cols < ends[:, m : m + 1])
+    lev.masked_fill_(cols == self_col[:, None], 0)
+    rel = scores.gather(1, cols.clamp_max(scores.shape[1] - 1))
+    keys = _sort_rows(_pessimistic_keys(rel, lev, starts.shape[1]))
+    arange = torch.arange(scores.shape[1])
+    scores.masked_fill_((arange >= starts[:, :1]) & (arange < ends[:, :1]), float("-inf"))
+    n_rel = (lev > 0).sum(1)
+    neg_ge = count_negatives_compiled(scores, keys, n_rel)
+    valid = torch.arange(P) < n_rel[:, None]
+    return (keys & 63).masked_fill_(~valid, 0), neg_ge.add_(torch.arange(P) + 1).masked_fill_(~valid, 0)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -45,7 +45,7 @@ def smooth_ap_step(scores, positives, valid, chunk):
 
     def run():
         q, i, groups = positive_pair_groups(positives)
-        pos, full = sigmoid_rank_sums(x, q, i, positives, valid, 0.01, chunk_elements=chunk, groups=groups)
+        pos, full = sigmoid_rank_sums(x, q, i, valid, 0.01, chunk_elements=chunk, groups=groups)
         (pos / (1 + full)).sum().backward()
 
     return run

@@ -193,10 +193,10 @@ def _kernel_step(cls_name: str, emb, labels, ref, ref_labels):
     def step():
         scores.grad = None
         if cls_name == "SmoothAPLoss":
-            pos_sum, all_sum = ranking.flat.sigmoid_rank_sums(scores, q, i, positives, valid, 0.01)
+            pos_sum, all_sum = ranking.flat.sigmoid_rank_sums(scores, q, i, valid, 0.01)
             ((1.0 + pos_sum) / (1.0 + all_sum)).sum().backward()
             return
-        rank_plus = 1.0 + ranking.flat.heaviside_positive_count(scores, q, i, positives)
+        rank_plus = 1.0 + ranking.flat.heaviside_positive_count(scores, q, i)
         rank = rank_plus + ranking.flat.suprank_negative_sum(scores, q, i, negatives, ranking.SupRankStep())
         (rank_plus / rank).sum().backward()
 

@@ -93,7 +93,7 @@ def check_tree(labels: Tensor, name: str = "labels") -> None:
 def _tree_error(labels: Tensor, name: str) -> ValueError:
     """The ``ValueError`` naming the first label with several parents (failure path only: reads the data)."""
     for c in range(labels.shape[1] - 1):
-        pairs = _unique_pairs(labels[:, c : c + 2].long())
+        pairs = torch.unique(labels[:, c : c + 2], dim=0)
         child, counts = torch.unique(pairs[:, 0], return_counts=True)
         if bool((counts > 1).any()):
             bad = int(child[counts > 1][0])
@@ -103,19 +103,6 @@ def _tree_error(labels: Tensor, name: str) -> ValueError:
                 f"{parents} in column {c + 1}; every label must have exactly one ancestor per level"
             )
     return ValueError(f"{name} is not a tree")
-
-
-def _unique_pairs(pairs: Tensor) -> Tensor:
-    """Distinct rows of an ``(N, 2)`` integer tensor (sorted), through a 1-D key when it fits in int64."""
-    if pairs.shape[0] == 0:
-        return pairs
-    lo = pairs.min(dim=0).values
-    shifted = pairs - lo
-    span = int(shifted[:, 1].max()) + 1
-    if (int(shifted[:, 0].max()) + 1) * span >= 2**62:  # keys would overflow: fall back to row-wise unique
-        return torch.unique(pairs, dim=0)
-    keys = torch.unique(shifted[:, 0] * span + shifted[:, 1])
-    return torch.stack([keys // span, keys % span], dim=1) + lo
 
 
 class Hierarchy:
@@ -358,11 +345,6 @@ def property1_relevance(counts: Tensor, weights: Tensor | list[float], dtype: to
     per_level = torch.where(at_least > 0, w / at_least.clamp_min(1), torch.zeros_like(at_least))
     rel = per_level.cumsum(1)
     return torch.cat([torch.zeros_like(rel[:, :1]), rel], dim=1)
-
-
-def ndcg_gain(levels: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
-    """NDCG gain ``2^l − 1`` of SupRank Eq. 23 for a level tensor of any shape."""
-    return torch.pow(2.0, levels.to(dtype)) - 1.0
 
 
 def ideal_dcg(counts: Tensor, gains: Tensor, num_items: int | None = None) -> Tensor:

@@ -12,7 +12,6 @@ from pml_suprank.relevance import (
     check_tree,
     level_counts,
     level_matrix,
-    ndcg_gain,
     pop_relevance,
     property1_relevance,
 )
@@ -140,10 +139,6 @@ def test_property1_relevance_hand_computed():
         property1_relevance(counts, [1.5, -0.5, 0.0])
 
 
-def test_ndcg_gain():
-    assert ndcg_gain(torch.tensor([0, 1, 2, 3])).tolist() == [0.0, 1.0, 3.0, 7.0]
-
-
 @pytest.mark.parametrize("seed", range(4))
 def test_sum_w_ap_equals_h_ap_with_property1_relevance(seed):
     """SupRank supplementary Property 1 (Eq. 57): ΣwAP = Σ_l w_l AP^(l) equals H-AP with the Eq. 44 relevance."""
@@ -168,20 +163,6 @@ def test_h_ap_with_one_level_is_ap():
     rel = pop_relevance(level_counts(levels, 1), 1.0, dtype=torch.float64)
     valid = torch.ones(4, 20, dtype=torch.bool)
     torch.testing.assert_close(dense_hap(scores, levels, rel, exact=True), binary_ap(scores, levels == 1, valid))
-
-
-def test_unique_pairs_matches_row_unique_including_huge_and_negative_labels():
-    from pml_suprank.relevance import _unique_pairs
-
-    g = torch.Generator().manual_seed(0)
-    cases = [
-        torch.randint(-5, 5, (1000, 2), generator=g),
-        torch.randint(0, 3, (50, 2), generator=g),
-        torch.tensor([[2**40, 3], [2**40, 3], [-(2**40), 2**30]]),  # falls back to the row-wise unique
-        torch.zeros(0, 2, dtype=torch.long),
-    ]
-    for pairs in cases:
-        assert torch.equal(_unique_pairs(pairs), torch.unique(pairs, dim=0))
 
 
 def test_as_hierarchy_wraps_tables_and_rejects_other_types():

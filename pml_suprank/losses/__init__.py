@@ -15,7 +15,8 @@ and ``tau=`` are aliases for its τ (Eq. 4). Sup-R@k and ROD-R@k have two: ``tem
 (Eq. 16) and ``tau=`` the τ of ``H⁻``.
 """
 
-from .base_rank_loss import BaseRankLoss, RankInputs
+from ._inputs import RankInputs
+from .base_rank_loss import BaseRankLoss
 from .calibration_loss import CalibrationLoss
 from .cluster_loss import ClusterLoss
 from .combined_rank_loss import CombinedRankLoss

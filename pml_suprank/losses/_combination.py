@@ -20,7 +20,6 @@ __all__ = [
     "DECOMPOSABILITY_KINDS",
     "combined_loss_dict",
     "decomposability_arguments",
-    "entry_reducer",
     "make_decomposability",
 ]
 

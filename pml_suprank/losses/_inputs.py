@@ -75,12 +75,6 @@ class RankInputs:
         """``(B, N)`` bool: valid reference items with the same (1-D) label as the query."""
         return self.valid & (self.labels.unsqueeze(1) == self.ref_labels.unsqueeze(0))
 
-    def positive_pairs(self, positives: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """``(query_idx, item_idx)`` of every (query, positive) pair, grouped by query (row-major order)."""
-        pos = self.positives() if positives is None else positives
-        q, i = torch.nonzero(pos, as_tuple=True)
-        return q, i
-
 
 def entry_reducer(reducer, name: str):
     """The reducer that reduces the loss-dict entry ``name`` under ``reducer`` (a ``MultipleReducers`` picks

@@ -27,7 +27,7 @@ from ._inputs import (
 )
 from .compile_guard import GuardedCompileMixin
 
-__all__ = ["BaseRankLoss", "RankInputs", "check_similarity", "prepare_inputs", "reference_mask", "similarity_matrix"]
+__all__ = ["BaseRankLoss"]
 
 
 class BaseRankLoss(GuardedCompileMixin, PreparedForwardMixin, BaseMetricLossFunction):

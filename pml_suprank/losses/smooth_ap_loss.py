@@ -7,7 +7,8 @@ from torch import Tensor
 from ..ranking import SigmoidStep
 from ..ranking.dense import dense_query_ap
 from ..ranking.flat import positive_pair_groups, sigmoid_rank_sums
-from .base_rank_loss import BaseRankLoss, RankInputs
+from ._inputs import RankInputs
+from .base_rank_loss import BaseRankLoss
 
 __all__ = ["SmoothAPLoss"]
 
@@ -52,7 +53,7 @@ class SmoothAPLoss(BaseRankLoss):
             return self.kept_queries(*dense_query_ap("smooth_ap", inputs.scores, pos, valid, self.temperature))
         q, i, groups = positive_pair_groups(positives)
         pos_sum, all_sum = sigmoid_rank_sums(
-            inputs.scores, q, i, positives, inputs.valid, self.temperature, groups=groups
+            inputs.scores, q, i, inputs.valid, self.temperature, groups=groups
         )
         rank_plus, rank = 1.0 + pos_sum, 1.0 + all_sum
         return self.segment_mean(rank_plus / rank, q, inputs.scores.shape[0], groups=groups)

@@ -20,7 +20,6 @@ __all__ = [
     "SupAPLoss",
     "dense_suprank_query_ranks",
     "grouped_suprank_pair_ranks",
-    "suprank_pair_ranks",
 ]
 
 MULTILABEL_MODES = (None, "per_label")  # the multilabel= choices of SupAPLoss / ROADMAPLoss
@@ -36,7 +35,7 @@ class _PseudoQueryInputs(RankInputs):
         return self.positive_mask
 
 
-def suprank_pair_ranks(inputs: RankInputs, step: SupRankStep) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def grouped_suprank_pair_ranks(inputs: RankInputs, step: SupRankStep):
     """SupRank ranks of every (query, positive) pair.
 
     ``rank⁺(i) = 1 + Σ_{j∈P_q, j≠i} H(s_j − s_i)`` (no gradient) and ``rank(i) = rank⁺(i) + Σ_{j∈N_q} H⁻(s_j − s_i)``
@@ -47,18 +46,14 @@ def suprank_pair_ranks(inputs: RankInputs, step: SupRankStep) -> tuple[Tensor, T
         step: the ``H⁻`` step.
 
     Returns:
-        ``(query_idx, item_idx, rank_plus, rank)``, each ``(K,)`` with ``K = Σ_q |P_q|``, pairs grouped by query.
+        ``(query_idx, item_idx, rank_plus, rank, groups)``: the first four ``(K,)`` with ``K = Σ_q |P_q|``, pairs
+        grouped by query; ``groups`` their :class:`~pml_suprank.ranking.flat.PairGroups` (one host read for the pair
+        list, the kernel's shapes and the kept rows).
     """
-    return grouped_suprank_pair_ranks(inputs, step)[:4]
-
-
-def grouped_suprank_pair_ranks(inputs: RankInputs, step: SupRankStep):
-    """:func:`suprank_pair_ranks` and the pairs' :class:`~pml_suprank.ranking.PairGroups` (one host read for the
-    pair list, the kernel's shapes and the kept rows): ``(query_idx, item_idx, rank_plus, rank, groups)``."""
     positives = inputs.positives()
     negatives = inputs.valid & ~positives
     q, i, groups = positive_pair_groups(positives)
-    rank_plus = 1.0 + heaviside_positive_count(inputs.scores, q, i, positives)
+    rank_plus = 1.0 + heaviside_positive_count(inputs.scores, q, i)
     rank = rank_plus + suprank_negative_sum(inputs.scores, q, i, negatives, step, groups=groups)
     return q, i, rank_plus, rank, groups
 

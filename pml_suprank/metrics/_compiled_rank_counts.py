@@ -3,8 +3,8 @@
 :func:`block_ranks_compiled` is the evaluator's CPU path (:func:`pml_suprank.metrics.eval_blocks.chunk_ranks`): one
 pass per row builds the pessimistic keys of the relevant slice, sorts them, and counts, for every relevant item, the
 negatives scoring at least as high (every column outside the slice but the query's own). Its results are exactly
-those of the torch counters and of the two-pass kernels of :mod:`pml_suprank.metrics._compiled_counts`
-(``block_keys_compiled``, a sort, ``block_positions_compiled``): same integer positions, same pessimistic tie rule.
+those of the torch counters and of the two-pass route of ``counting="compiled"`` (keys, a sort,
+:func:`~pml_suprank.metrics._compiled_counts.count_negatives_compiled`): same integer positions, same tie rule.
 
 Per row (``n`` relevant items, ``N`` columns):
 
@@ -423,8 +423,7 @@ def block_ranks_compiled(
 
     Returns:
         ``levels`` (``0`` on padding) and 1-based ``positions`` (``0`` on padding) of the relevant items sorted by
-        score descending, then level ascending: the outputs of ``block_keys_compiled``, a row sort and
-        ``block_positions_compiled``.
+        score descending, then level ascending.
 
     Raises:
         ValueError: a tensor not on the CPU, of another dtype or with a row count other than ``scores``' (naming

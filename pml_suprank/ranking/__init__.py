@@ -14,21 +14,20 @@ ECCV 2020; HAPPIER, Ramzi et al., ECCV 2022).
   keep each block's Jacobian; per-item outputs recompute blocks in backward);
 * :mod:`~pml_suprank.ranking.dense` — the dense kernels of the flat losses (``(b, N, N)`` differences blocked over
   queries under a memory budget, no host synchronisation) and the ``kernel="auto"`` cost model;
-* :mod:`~pml_suprank.ranking.dense_hierarchical` — the dense kernels of the hierarchical losses;
-* :mod:`~pml_suprank.ranking.tail` — the separable series of the sigmoid's far branches.
+* :mod:`~pml_suprank.ranking.dense_hierarchical` — the dense kernels of the hierarchical losses.
 
 All functions are pure and take the device and dtype from their inputs.
 
 The package lists what a user of the losses calls: the kernel choice (:func:`choose_kernel`, its cost model
 :func:`kernel_costs` / :func:`predicted_costs`), the chunk sizes and the step functions. The kernels themselves
-(``dense_suprank_grad``, ``sigmoid_rank_sums``, ``hierarchical_ranks``, ...) are the **expert API**: import them from
+(``dense_query_ranks``, ``sigmoid_rank_sums``, ``hierarchical_ranks``, ...) are the **expert API**: import them from
 their modules above (``from pml_suprank.ranking.flat import sigmoid_rank_sums``); they are documented there and
 may change with the losses that use them.
 """
 
 from __future__ import annotations
 
-from . import dense, dense_hierarchical, flat, hierarchical, levels, query_blocks, steps, tail, window
+from . import dense, dense_hierarchical, flat, hierarchical, levels, query_blocks, steps, window
 from .dense import KERNELS, KernelCosts, choose_kernel, kernel_costs, predicted_costs
 from .flat import ACCELERATOR_CHUNK_SIZE, default_chunk_elements
 from .steps import HeavisideStep, SigmoidStep, SupRankStep

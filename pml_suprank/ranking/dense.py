@@ -7,16 +7,14 @@ accelerator — or for small batches on the CPU — it is cheaper to evaluate th
 fused elementwise ops and reductions, with every mask applied arithmetically (multiplication by a float mask),
 so that nothing depends on the data's values but the values themselves:
 
-* :func:`dense_suprank_ranks` — SupRank's ``rank⁺`` and ``rank`` (SupRank, Ramzi et al., TPAMI 2025, Eq. 9-10,
-  with ``H⁻`` of Eq. 4) for every reference item of a query block;
-* :func:`dense_smooth_ap_ranks` — Smooth-AP's ``rank⁺`` and ``rank`` (Brown et al., ECCV 2020, Eq. 5-6);
-* :func:`dense_query_ranks` — either one over all the queries, in blocks of :func:`dense_block_size` queries so
-  that a block's ``(b, N, N)`` temporaries fit a memory budget (default :data:`DENSE_MEMORY_BUDGET`, 256 MB);
-  a custom autograd function with explicit derivatives (:func:`dense_suprank_grad` /
-  :func:`dense_smooth_ap_grad`): with one block it keeps that block's derivative from forward, with several it
-  saves only ``(B, N)`` tensors and recomputes each block's derivative in backward, so the extra memory stays
-  one block's, forward and backward;
-* :func:`masked_query_mean` — ``Σ_i w[q, i] x[q, i] / max(Σ_i w[q, i], 1)`` per query, the AP of Eq. 5 / Eq. 11;
+* :func:`dense_query_ranks` — ``rank⁺`` and ``rank`` of every reference item of every query: SupRank's (Ramzi et
+  al., TPAMI 2025, Eq. 9-10, with ``H⁻`` of Eq. 4) or Smooth-AP's (Brown et al., ECCV 2020, Eq. 5-6), in blocks of
+  :func:`dense_block_size` queries so that a block's ``(b, N, N)`` temporaries fit a memory budget (default
+  :data:`DENSE_MEMORY_BUDGET`, 256 MB); a custom autograd function with explicit derivatives: with one block it
+  keeps that block's derivative from forward, with several it saves only ``(B, N)`` tensors and recomputes each
+  block's derivative in backward, so the extra memory stays one block's, forward and backward;
+* :func:`dense_query_ap` — the per-query AP ``Σ_i P_i rank⁺_i / rank_i / max(|P|, 1)`` (Eq. 5 / Eq. 11) of the
+  same blocks, with its backward in closed form;
 * :func:`choose_kernel` — the losses' ``kernel=`` option (:data:`KERNELS`) resolved by a per-device cost model
   (:func:`kernel_costs`, constants fitted to measured grids).
 
@@ -42,8 +40,7 @@ __all__ = [
     "CPU_FLAT_COSTS",
     "CPU_HIERARCHICAL_COSTS",
     "CPU_HIERARCHICAL_DENSE_MAX_WORK",
-    "CUDA_DENSE_MAX_REFS",
-    "CUDA_FLAT_COSTS",
+        "CUDA_FLAT_COSTS",
     "CUDA_HIERARCHICAL_COSTS",
     "DENSE_MEMORY_BUDGET",
     "DENSE_TEMPORARIES",
@@ -53,12 +50,7 @@ __all__ = [
     "dense_block_size",
     "dense_query_ap",
     "dense_query_ranks",
-    "dense_smooth_ap_grad",
-    "dense_smooth_ap_ranks",
-    "dense_suprank_grad",
-    "dense_suprank_ranks",
     "kernel_costs",
-    "masked_query_mean",
     "predicted_costs",
 ]
 
@@ -117,9 +109,6 @@ CPU_FLAT_COSTS = KernelCosts(0.0, 1.0, float(CPU_DENSE_MAX_WORK), 0.0, 0.0)
 # more levels keep the 4-level threshold (not measured beyond 4)
 CPU_HIERARCHICAL_DENSE_MAX_WORK = {2: 1 << 17, 3: 1 << 19, 4: 1 << 20}
 CPU_HIERARCHICAL_COSTS = KernelCosts(0.0, 1.0, float(CPU_HIERARCHICAL_DENSE_MAX_WORK[2]), 0.0, 0.0)
-# Former rule of the accelerators (dense iff N <= this), kept for callers that read it; choose_kernel now uses
-# CUDA_FLAT_COSTS / CUDA_HIERARCHICAL_COSTS
-CUDA_DENSE_MAX_REFS = 4096
 
 
 def kernel_costs(device: torch.device | str, levels: int = 1) -> KernelCosts:
@@ -289,83 +278,8 @@ def query_blocks(num_queries: int, block: int) -> list[slice]:
     return [slice(start, start + block) for start in range(0, num_queries, block)]
 
 
-def _column_masks(positives: Tensor, others: Tensor) -> Tensor:
-    return torch.stack([positives, others], 2)  # (B, N, 2)
-
-
 def _rows(cols: tuple[Tensor, Tensor], r: slice) -> tuple[Tensor, Tensor]:
     return cols[0][r], cols[1][r]
-
-
-def dense_suprank_ranks(
-    scores: Tensor, positives: Tensor, negatives: Tensor, step: SupRankStep
-) -> tuple[Tensor, Tensor]:
-    """SupRank ranks of every reference item ``i`` of a block of queries (SupRank Eq. 9-10, ``H⁻`` of Eq. 4).
-
-    ``rank⁺[q, i] = 1 + Σ_{j≠i} P[q, j] · H(s_{qj} − s_{qi})`` (Heaviside with ``H(0) = 1``, no gradient) and
-    ``rank[q, i] = rank⁺[q, i] + Σ_j N[q, j] · H⁻(s_{qj} − s_{qi})``. ``j = i`` is removed by index: its
-    difference is exactly 0, so it adds ``P[q, i]`` to the positive sum, which is subtracted.
-
-    Plain autograd (differentiable through ``rank``); :func:`dense_query_ranks` / :func:`dense_query_ap` evaluate
-    the same values under ``no_grad`` with the gradient from :func:`dense_suprank_grad`, so nothing of size
-    ``(b, N, N)`` is saved.
-
-    Args:
-        scores: ``(b, N)`` floating scores, may require grad.
-        positives: ``(b, N)`` float 0/1 mask ``P`` of the positives.
-        negatives: ``(b, N)`` float 0/1 mask ``N`` of the negatives (valid non-positives).
-        step: the :class:`SupRankStep` ``H⁻`` (a numeric ``offset`` makes the call sync-free).
-
-    Returns:
-        ``(rank_plus (b, N), rank (b, N))`` in the dtype of ``scores``. Temporaries: a few ``(b, N, N)`` tensors.
-    """
-    rank_plus, rank, _ = _suprank_block(scores, positives.unsqueeze(2), negatives.unsqueeze(2), step, False)
-    return rank_plus.flatten(1), rank.flatten(1)
-
-
-def dense_suprank_grad(scores: Tensor, negatives: Tensor, step: SupRankStep, grad_rank: Tensor) -> Tensor:
-    """Gradient w.r.t. the ``(b, N)`` scores of ``Σ_{q,i} grad_rank[q, i] · rank[q, i]`` (:func:`dense_suprank_ranks`).
-
-    With ``d[q, i, j] = H⁻'(t_{qij})`` (``σ_τ'`` for ``t <= δ``, ``ρ`` above; SupRank Eq. 4) and
-    ``w[q, i, j] = g[q, i] · N[q, j] · d[q, i, j]``: ``∂/∂s_{qj} = Σ_i w[q, i, j] − Σ_k w[q, j, k]
-    = N[q, j] · (gᵀd)[q, j] − g[q, j] · (d N)[q, j]`` (two batched mat-vec products; ``w`` is never formed).
-    Returns ``(b, N)``.
-    """
-    neg_col = negatives.unsqueeze(2)
-    _, _, deriv = _suprank_block(scores, neg_col, neg_col, step, True)
-    return _suprank_block_grad(deriv, neg_col, grad_rank.unsqueeze(2))
-
-
-def dense_smooth_ap_ranks(scores: Tensor, positives: Tensor, valid: Tensor, tau: float) -> tuple[Tensor, Tensor]:
-    """Smooth-AP ranks of every reference item ``i`` of a block of queries (Smooth-AP Eq. 5-6).
-
-    ``rank⁺[q, i] = 1 + Σ_{j≠i} P[q, j] σ_τ(s_{qj} − s_{qi})`` and ``rank[q, i] = 1 + Σ_{j≠i} V[q, j]
-    σ_τ(s_{qj} − s_{qi})``; ``j = i`` contributes exactly ``σ(0) = 1/2`` times its mask and is subtracted.
-
-    Args:
-        scores: ``(b, N)`` floating scores, may require grad.
-        positives: ``(b, N)`` float 0/1 mask ``P``.
-        valid: ``(b, N)`` float 0/1 mask ``V`` of the counted reference items (``P ⊆ V``).
-        tau: temperature ``τ > 0``.
-
-    Returns:
-        ``(rank_plus (b, N), rank (b, N))``, both differentiable w.r.t. ``scores`` by plain autograd.
-    """
-    rank_plus, rank, _ = _smooth_ap_block(scores, _column_masks(positives, valid), tau, False)
-    return rank_plus.flatten(1), rank.flatten(1)
-
-
-def dense_smooth_ap_grad(
-    scores: Tensor, positives: Tensor, valid: Tensor, tau: float, grad_plus: Tensor, grad_rank: Tensor
-) -> Tensor:
-    """Gradient w.r.t. the ``(b, N)`` scores of ``Σ g⁺ · rank⁺ + g · rank`` (:func:`dense_smooth_ap_ranks`).
-
-    ``w[q, i, j] = σ_τ'(t_{qij}) · (g⁺[q, i] P[q, j] + g[q, i] V[q, j])``, ``∂/∂s_{qj} = Σ_i w[q, i, j] −
-    Σ_k w[q, j, k]``, from two batched products with ``σ_τ'`` (``w`` is never formed). Returns ``(b, N)``.
-    """
-    masks = _column_masks(positives, valid)
-    _, _, deriv = _smooth_ap_block(scores, masks, tau, True)
-    return _smooth_ap_block_grad(deriv, masks, torch.stack([grad_plus, grad_rank], 2))
 
 
 def _forward_blocks(ctx, kernel: str, block: int, parameter, scores: Tensor, cols: tuple[Tensor, Tensor]):
@@ -488,12 +402,13 @@ def dense_query_ranks(
 ) -> tuple[Tensor, Tensor]:
     """``(rank⁺, rank)`` ``(B, N)`` of every query, in blocks of :func:`dense_block_size` queries.
 
-    A custom autograd function: forward evaluates each block's values (:func:`dense_suprank_ranks` /
-    :func:`dense_smooth_ap_ranks`) without a graph. With a single block (all ``B`` queries fit the budget) it keeps
-    that block's ``(B, N, N)`` derivative for backward (two mat-vec products then); with several blocks it saves
-    only ``(B, N)`` tensors and backward recomputes each block's derivative (:func:`dense_suprank_grad` /
-    :func:`dense_smooth_ap_grad`), so the extra memory is one block's temporaries in forward and in backward.
-    No host synchronisation.
+    SupRank: ``rank⁺_i = 1 + Σ_{j≠i} P_j H(s_j − s_i)`` (``H(0) = 1``, no gradient) and ``rank_i = rank⁺_i + Σ_j N_j
+    H⁻(s_j − s_i)``; Smooth-AP: ``1 + Σ_{j≠i} P_j σ_τ(s_j − s_i)`` and ``1 + Σ_{j≠i} V_j σ_τ(s_j − s_i)``.
+    A custom autograd function: forward evaluates each block's values without a graph. With a single block (all
+    ``B`` queries fit the budget) it keeps that block's ``(B, N, N)`` derivative for backward; with several blocks it
+    saves only ``(B, N)`` tensors and backward recomputes each block's derivative (``H⁻'`` or ``σ_τ'``; then
+    ``∂/∂s_j = Σ_i w_ij − Σ_k w_jk`` by two batched mat-vec products), so the extra memory is one block's
+    temporaries in forward and in backward. No host synchronisation.
 
     Args:
         kernel: ``"suprank"`` (``others`` = negatives mask, ``parameter`` = the :class:`SupRankStep`, with a
@@ -524,7 +439,7 @@ def dense_query_ap(
     """Per-query surrogate AP ``(B,)`` and positive count ``(B,)``: SupAP (SupRank Eq. 11) or Smooth-AP (Eq. 5),
     ``AP_q = Σ_i P[q, i] · rank⁺[q, i] / rank[q, i] / max(|P_q|, 1)`` (0 for a query without positives).
 
-    The values of ``masked_query_mean(rank⁺ / rank, positives)`` over :func:`dense_query_ranks`, in one custom
+    The mean of ``rank⁺ / rank`` over the positives of :func:`dense_query_ranks`, in one custom
     autograd function whose backward goes straight from ``∂L/∂AP`` to ``∂L/∂scores`` (no autograd graph of the
     ranks, the ratio or the mean). Same blocking, memory and arguments as :func:`dense_query_ranks`; no host
     synchronisation.
@@ -536,18 +451,3 @@ def dense_query_ap(
         ValueError: unknown ``kernel``, or masks whose shape / dtype differ from those of ``scores``.
     """
     return _blocked_apply(_DenseAP, kernel, scores, positives, others, parameter, memory_budget)
-
-
-def masked_query_mean(values: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:
-    """``(Σ_i w[q, i] · x[q, i] / max(Σ_i w[q, i], 1), Σ_i w[q, i])`` per query (the AP of Smooth-AP Eq. 5 and
-    SupRank Eq. 11 with ``x = rank⁺ / rank`` and ``w`` the positives).
-
-    Args:
-        values: ``(B, N)`` finite values ``x``.
-        weights: ``(B, N)`` float weights ``w`` (0/1 masks).
-
-    Returns:
-        ``(mean (B,), weight sum (B,))``; rows without weight have mean 0.
-    """
-    count = weights.sum(1)
-    return (values * weights).sum(1) / count.clamp(min=1.0), count

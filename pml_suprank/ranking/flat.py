@@ -40,8 +40,7 @@ __all__ = [
     "count_above",
     "default_chunk_elements",
     "group_pairs",
-    "group_positions",
-    "heaviside_positive_count",
+        "heaviside_positive_count",
     "pairwise_step_sum",
     "positive_pair_groups",
     "sigmoid_rank_sums",
@@ -191,13 +190,6 @@ def _nonzero(mask: Tensor, size: int) -> Tensor:
     return torch.nonzero(mask)
 
 
-def group_positions(query_idx: Tensor, num_queries: int) -> tuple[Tensor, Tensor, int]:
-    """Pairs grouped by query (non-decreasing ``query_idx``) → ``(counts (B,), position in group (K,), max count)``
-    (:func:`group_pairs`, one host synchronisation)."""
-    groups = group_pairs(query_idx, num_queries)
-    return groups.counts, groups.pos, groups.width
-
-
 def _padded(values: Tensor, query_idx: Tensor, pos: Tensor, num_queries: int, width: int, fill: float) -> Tensor:
     """``(B, max(width, 1))`` matrix with ``values[k]`` at ``(query_idx[k], pos[k])`` and ``fill`` elsewhere."""
     return values.new_full((num_queries, max(width, 1)), fill).index_put((query_idx, pos), values)
@@ -334,9 +326,9 @@ def suprank_negative_sum(
     return total + (linear + step.resolved_offset * above_delta.to(acc)).to(scores.dtype)
 
 
-def heaviside_positive_count(scores: Tensor, query_idx: Tensor, item_idx: Tensor, positives: Tensor) -> Tensor:
+def heaviside_positive_count(scores: Tensor, query_idx: Tensor, item_idx: Tensor) -> Tensor:
     """``Σ_{j∈P_q, j≠i} H(s_j − s_i)`` per pair (``H(0) = 1``), without gradient, where ``P_q`` = the items of
-    query ``q``'s pairs; ``positives`` is not read (the pairs are the positives).
+    query ``q``'s pairs (the pairs are the positives).
 
     One sort of the ``K`` pairs by (query, score): pair ``k`` counts the pairs of its query from the first one tied
     with it to the end of the query's group, minus itself. ``O(K log K)``, no host synchronisation, any pair order.
@@ -361,7 +353,6 @@ def sigmoid_rank_sums(
     scores: Tensor,
     query_idx: Tensor,
     item_idx: Tensor,
-    positives: Tensor,
     valid: Tensor,
     tau: float,
     *,

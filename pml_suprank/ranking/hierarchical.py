@@ -36,30 +36,18 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ..relevance import ideal_dcg
 from .flat import PairGroups, _count_above_padded, _nonzero, _padded, sigmoid_window_sum
 from .levels import SortedLevels, sort_levels
-from .query_blocks import BYTES_PER_ELEMENT, ONE_BLOCK_FACTOR, block_budget_bytes, by_blocks, query_block_rows
+from .query_blocks import by_blocks, query_block_rows
 from .steps import HRankParams, SupRankStep
 
 __all__ = [
-    "HRankParams",
     "ACCELERATOR_WINDOW_CHUNK_ELEMENTS",
-    "ONE_BLOCK_FACTOR",
-    "QUERY_BLOCK_ELEMENTS",
     "WINDOW_CHUNK_ELEMENTS",
     "hierarchical_ranks",
-    "ideal_dcg",
-    "query_block_rows",
     "sup_hap_scores",
     "sup_ndcg_scores",
 ]
-
-QUERY_BLOCK_ELEMENTS = block_budget_bytes("cpu") // BYTES_PER_ELEMENT
-"""``(query, list, item)`` elements of one block of queries on the CPU (``rows · (L + 1) · N``), derived from the
-byte budget at import (read-only: the budget is :data:`pml_suprank.ranking.query_blocks.BLOCK_BYTES_CPU`; on CUDA it
-follows the free memory, :func:`pml_suprank.ranking.query_blocks.block_budget_bytes`)."""
-
 
 class _Query(NamedTuple):
     """Inputs of the closed-form terms, all ``(b, P)`` over the padded positives of a block."""

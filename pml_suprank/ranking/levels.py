@@ -26,21 +26,16 @@ class SortedLevels(NamedTuple):
     Attributes:
         keys: ``L + 1`` tensors ``(B, N)``: member scores sorted ascending (detached, dtype of the scores), ``+inf``
             past the ``|A_l|`` members.
-        perms: ``L + 1`` tensors ``(B, N)`` long: the sort permutation (sorted position → reference column).
         counts: ``L + 1`` tensors ``(B, 1)`` long: ``|A_l|``.
         prefix_sums: ``L + 1`` tensors ``(B, N + 1)`` float64: sum of the first ``p`` sorted member scores
             (differentiable w.r.t. the scores).
-        keys64: ``L`` tensors ``(B, N)`` float64 (``l = 1..L``): sorted member scores, ``+inf`` past the members
-            (differentiable; the tables of the series tail).
         member_prefix: ``L + 1`` tensors ``(B, N + 1)`` long: members of ``A_l`` among the first ``p`` items of
             ``A_{L+1}``'s sorted order.
     """
 
     keys: list[Tensor]
-    perms: list[Tensor]
     counts: list[Tensor]
     prefix_sums: list[Tensor]
-    keys64: list[Tensor]
     member_prefix: list[Tensor]
 
     @property
@@ -92,24 +87,21 @@ def sort_levels(
     s64 = scores.to(acc) if s64 is None else s64
     inf = torch.tensor(float("inf"), dtype=scores.dtype, device=scores.device)
     zero64 = torch.zeros(bsz, 1, dtype=acc, device=scores.device)
-    keys, perms, counts, prefix_sums, keys64 = [], [], [], [], []
+    keys, counts, prefix_sums = [], [], []
     for l in range(1, num_levels + 2):
         member = valid & (levels < l)
         key, perm = torch.sort(torch.where(member, s_det, inf), dim=1)  # invalid / excluded items last as +inf
         member_sorted = torch.gather(member, 1, perm)
         s64_sorted = torch.gather(s64, 1, perm)
-        if l <= num_levels:
-            keys64.append(torch.where(member_sorted, s64_sorted, float("inf")))
         keys.append(key)
-        perms.append(perm)
         counts.append(member.sum(1, keepdim=True))
         vals = torch.where(member_sorted, s64_sorted, 0.0)
         prefix_sums.append(torch.cat([zero64, torch.cumsum(vals, 1)], 1))  # (B, N + 1)
     # #{j ∈ A_l : key_j < x} = number of A_l members among the items of A_{L+1} scored below x (same comparisons)
-    levels_sorted, valid_sorted = torch.gather(levels, 1, perms[-1]), torch.gather(valid, 1, perms[-1])
+    levels_sorted, valid_sorted = torch.gather(levels, 1, perm), torch.gather(valid, 1, perm)
     zero_col = torch.zeros(bsz, 1, dtype=torch.long, device=scores.device)
     member_prefix = [
         torch.cat([zero_col, torch.cumsum((valid_sorted & (levels_sorted < l)).long(), 1)], 1)
         for l in range(1, num_levels + 2)
     ]
-    return SortedLevels(keys, perms, counts, prefix_sums, keys64, member_prefix)
+    return SortedLevels(keys, counts, prefix_sums, member_prefix)

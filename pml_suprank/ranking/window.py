@@ -15,8 +15,8 @@ gradient):
 * :class:`PairRowsLayout` — a list of pairs against whole ``(B, N)`` score rows, with a (possibly pair-dependent)
   mask: the general :func:`pml_suprank.ranking.pairwise_step_sum`;
 * :class:`QueryBlockLayout` — pairs grouped by query as a ``(B, P_max)`` matrix, whole queries broadcast against
-  their ``(B, M)`` row: the flat Smooth-AP / SupAP sigmoid windows;
-* :class:`SortedWindowLayout` — contiguous windows of score-sorted reference lists: the hierarchical kernel;
+  their ``(B, M)`` row: the flat Smooth-AP / SupAP sigmoid windows (and the hierarchical kernel's, one masked row
+  per level);
 * :class:`SigmoidTerm` (``σ(scale·t)``, evaluated in place on the block's own temporary) and :class:`StepTerm`
   (any step object with ``value``/``derivative``, see :mod:`pml_suprank.ranking.steps`).
 """
@@ -37,17 +37,15 @@ __all__ = [
     "PairRowsLayout",
     "QueryBlockLayout",
     "SigmoidTerm",
-    "SortedWindowLayout",
     "StepTerm",
     "WindowLayout",
     "WindowTerm",
     "next_below",
-    "sorted_window_blocks",
     "window_sum",
 ]
 
 CHUNK_SIZE = 1 << 21
-"""Elements of one ``(pairs × window)`` block (and of one series table block): a few tensors of this size live at
+"""Elements of one ``(pairs × window)`` block: a few tensors of this size live at
 once, e.g. 8 MB each in float32. Bounds the extra memory of every kernel; changing it changes speed, not values."""
 
 
@@ -187,7 +185,7 @@ def window_sum(layout: WindowLayout, term: WindowTerm, *inputs: Tensor) -> Tenso
     """Sum ``term`` over the windows of ``layout`` for every pair, differentiable w.r.t. ``inputs``.
 
     Args:
-        layout: one of :class:`PairRowsLayout`, :class:`QueryBlockLayout`, :class:`SortedWindowLayout` (or any
+        layout: :class:`PairRowsLayout`, :class:`QueryBlockLayout` (or any
             object following :class:`WindowLayout`).
         term: :class:`SigmoidTerm` or :class:`StepTerm` (or any :class:`WindowTerm`).
         inputs: the tensors the layout reads its score differences from (those that may need a gradient).
@@ -320,101 +318,3 @@ class QueryBlockLayout:
 
     def finish(self, grads, inputs):
         return grads
-
-
-# ------------------------------------------------------------------------------------- windows of sorted lists
-def sorted_window_blocks(lengths: Tensor, budget: int, fill: float = 0.7) -> list[tuple[int, int, int]]:
-    """Split pairs sorted by decreasing window length ``(K,)`` into ranges ``(m0, m1, width)`` of at most ``budget``
-    padded elements (``(m1 − m0) · width``; ``width`` = the longest window of the range); a range also ends where
-    the windows get shorter than ``fill · width``, so that padding stays below ``1/fill − 1`` of the work."""
-    return _sorted_window_plan(lengths, budget, fill)[0]
-
-
-def _sorted_window_plan(lengths: Tensor, budget: int, fill: float = 0.7) -> tuple[list[tuple[int, int, int]], int]:
-    """``(sorted_window_blocks(...), the longest window)`` from one read of the device (one ``.tolist()``)."""
-    out = []
-    m0, n = 0, lengths.numel()
-    if n == 0:
-        return out, 0
-    # first pair whose window is shorter than fill·(window of pair m): lengths are non-increasing
-    desc = lengths.flip(0).contiguous()  # non-decreasing
-    short_start = n - torch.searchsorted(desc, (lengths.to(torch.float64) * fill).ceil().to(lengths.dtype))
-    host = torch.cat([short_start, lengths]).tolist()  # one host read for both
-    short_start, lens = host[:n], host[n:]
-    while m0 < n:
-        width = max(int(lens[m0]), 1)
-        m1 = min(n, m0 + max(1, budget // width), max(m0 + 1, short_start[m0]))
-        out.append((m0, m1, width))
-        m0 = m1
-    return out, int(lens[0])
-
-
-class SortedWindowLayout:
-    """Windows of score-sorted reference lists; input: ``scores`` ``(B, N)``; output ``(K,)`` per pair.
-
-    ``keys`` ``(R, B, N)`` are ``R`` sorted (ascending, detached) lists per query and ``perms`` ``(R, B, N)`` their
-    sort permutations; pair ``k`` (query ``q_k``, item ``i_k``) sums over the ``lengths[k]`` items of list row
-    ``rows[k]`` (``= list·B + q_k``) ending at sorted position ``ends[k]`` (exclusive). Pairs must be sorted by
-    decreasing ``lengths``; they are processed as ``(pairs, width)`` blocks (:func:`sorted_window_blocks`): a window
-    shorter than its block is extended to the left, i.e. to items scored even lower or to ``−inf`` sentinels stored
-    before each list (zero value and derivative; with ``mask_infinite`` they are masked for terms that are not zero
-    at ``−inf``). Every element costs a few contiguous vector operations plus one gather; the gradient w.r.t. the
-    window items is accumulated in sorted order and un-permuted once at the end.
-    """
-
-    def __init__(
-        self,
-        scores: Tensor,
-        keys: Tensor,
-        perms: Tensor,
-        rows: Tensor,
-        ends: Tensor,
-        lengths: Tensor,
-        q_idx: Tensor,
-        i_idx: Tensor,
-        chunk_elements: int,
-        mask_infinite: bool = False,
-    ) -> None:
-        num_lists, bsz, n = keys.shape
-        self.block_list, pad = _sorted_window_plan(lengths, chunk_elements)  # pad: the longest window
-        sentinels = torch.full((num_lists, bsz, pad), float("-inf"), dtype=keys.dtype, device=keys.device)
-        self.keys_ext = torch.cat([sentinels, keys], dim=2).reshape(-1)
-        self.ends = rows * (n + pad) + pad + ends  # flat end (exclusive) of every window
-        self.s_i = scores.detach()[q_idx, i_idx]
-        self.perms, self.q_idx, self.i_idx = perms, q_idx, i_idx
-        self.shape, self.mask_infinite = (num_lists, bsz, n, pad), mask_infinite
-
-    def output(self, inputs):
-        return torch.zeros_like(self.s_i)
-
-    def blocks(self, inputs):
-        return iter(self.block_list)
-
-    def differences(self, inputs, block):
-        m0, m1, width = block
-        flat_pos = (self.ends[m0:m1] - width)[:, None] + torch.arange(width, device=self.keys_ext.device)
-        t = self.keys_ext.take(flat_pos).sub_(self.s_i[m0:m1, None])  # (k, width)
-        return t, (torch.isfinite(t) if self.mask_infinite else None), flat_pos
-
-    def store(self, out, block, where, sums):
-        out[block[0] : block[1]] = sums
-
-    def grad_of(self, grad_out, block):
-        return grad_out[block[0] : block[1], None]
-
-    def zero_grads(self, inputs, needs):
-        return [torch.zeros_like(self.keys_ext), torch.zeros_like(self.s_i)]
-
-    def accumulate(self, grads, block, where, w):
-        grads[1][block[0] : block[1]] = -w.sum(1)
-        grads[0].index_add_(0, where.reshape(-1), w.reshape(-1))
-
-    def finish(self, grads, inputs):
-        (scores,) = inputs
-        grad_sorted, grad_i = grads
-        num_lists, bsz, n, pad = self.shape
-        grad_sorted = grad_sorted.view(num_lists, bsz, n + pad)[:, :, pad:]
-        grad = torch.zeros_like(scores)
-        for l in range(num_lists):  # un-permute: sorted position -> reference column
-            grad = grad.scatter_add(1, self.perms[l], grad_sorted[l])
-        return [grad.index_put((self.q_idx, self.i_idx), grad_i, accumulate=True)]

@@ -4,7 +4,8 @@ from pytorch_metric_learning.distances import CosineSimilarity, DotProductSimila
 from pytorch_metric_learning.reducers import DoNothingReducer
 
 from pml_suprank import losses
-from pml_suprank.losses.base_rank_loss import BaseRankLoss, RankInputs, reference_mask
+from pml_suprank.losses._inputs import RankInputs, reference_mask
+from pml_suprank.losses.base_rank_loss import BaseRankLoss
 
 ALL = [
     lambda: losses.SmoothAPLoss(),

@@ -14,13 +14,9 @@ from pml_suprank.memory import CrossBatchMemory
 from pml_suprank.ranking import KERNELS, SupRankStep, choose_kernel
 from pml_suprank.ranking.dense import (
     CPU_DENSE_MAX_WORK,
-    CUDA_DENSE_MAX_REFS,
     DENSE_MEMORY_BUDGET,
     dense_block_size,
     dense_query_ranks,
-    dense_smooth_ap_ranks,
-    dense_suprank_ranks,
-    masked_query_mean,
 )
 from pml_suprank.ranking.dense_hierarchical import dense_hierarchical_query_ranks, dense_hierarchical_ranks
 
@@ -38,6 +34,22 @@ HIERARCHICAL = {
     "HAPPIER": lambda **kw: losses.HAPPIERLoss(num_classes=64, embedding_size=8, **kw),
     "RODNDCG": lambda **kw: losses.RODNDCGLoss(num_classes=64, embedding_size=8, **kw),
 }
+
+
+def _ap(rank_plus, rank, pos):
+    """Per-query mean of ``rank⁺ / rank`` over the positives (0 without any)."""
+    return (rank_plus / rank * pos).sum(1) / pos.sum(1).clamp(min=1.0)
+
+
+def _naive_ranks(kernel, s, pos, other, param):
+    """``(rank⁺, rank)`` by plain autograd over every ``t[q, i, j] = s_qj − s_qi`` (``j = i`` included, then its
+    ``H(0)``, resp. ``σ(0)``, removed from the positive sum): the definitions the dense kernel must reproduce."""
+    t = s[:, None, :] - s[:, :, None]
+    if kernel == "suprank":
+        rank_plus = 1.0 + ((t >= 0).to(s.dtype) * pos[:, None, :]).sum(2) - pos
+        return rank_plus, rank_plus + (param.value(t) * other[:, None, :]).sum(2)
+    sig = torch.sigmoid(t / param)
+    return 1.0 + (sig * pos[:, None, :]).sum(2) - 0.5 * pos, 1.0 + (sig * other[:, None, :]).sum(2) - 0.5 * other
 
 
 def _data(seed: int, batch: int = 14, refs: int | None = None, dim: int = 8):
@@ -130,8 +142,7 @@ def test_blocked_dense_ranks_equal_one_block(kernel):
     for budget in (DENSE_MEMORY_BUDGET, 2 * 4 * 11 * 11 * 8):  # one block; blocks of 2 queries (checkpointed)
         s = scores.clone().requires_grad_(True)
         rank_plus, rank = dense_query_ranks(kernel, s, pos, other, param, memory_budget=budget)
-        ap, _ = masked_query_mean(rank_plus / rank, pos)
-        ap.sum().backward()
+        _ap(rank_plus, rank, pos).sum().backward()
         results.append((rank_plus.detach(), rank.detach(), s.grad))
     for a, b in zip(*results, strict=True):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
@@ -256,7 +267,7 @@ def test_choose_kernel_cost_rule():
     assert choose_kernel("auto", "cpu", 64, n) == "dense"
     assert choose_kernel("auto", "cpu", 64, n + 1) == "sorted"
     assert choose_kernel("auto", "cuda", 256, 256) == "dense"  # CUDA: tests/ranking/test_choose_kernel_costs.py
-    assert choose_kernel("auto", "cuda:0", 4, CUDA_DENSE_MAX_REFS + 1) == "sorted"
+    assert choose_kernel("auto", "cuda:0", 4, 4097) == "sorted"
     with pytest.raises(ValueError, match="kernel must be one of"):
         choose_kernel("Dense", "cpu", 2, 2)
 
@@ -281,38 +292,11 @@ def test_dense_kernel_has_no_host_synchronisation(kernel):
 
     def step():
         rank_plus, rank = dense_query_ranks(kernel, scores, pos, other, param)
-        ap, count = masked_query_mean(rank_plus / rank, pos)
-        (1.0 - ap).sum().backward()
+        (1.0 - _ap(rank_plus, rank, pos)).sum().backward()
 
     top, syncs = profiled_ops(step)
     assert syncs == []
     assert len(top) <= 70  # kernel + AP reduction + backward (about 55 of them are the kernel's)
-
-
-# ------------------------------------------------------------------------------------------------ torch.compile
-@pytest.mark.slow
-@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler for inductor")
-def test_dense_core_compiles_without_graph_breaks():
-    g = torch.Generator().manual_seed(0)
-    scores = torch.randn(6, 10, generator=g, dtype=torch.float64)
-    pos = (torch.rand(6, 10, generator=g) < 0.3).double()
-    step = SupRankStep(offset=1.44)
-    explained = torch._dynamo.explain(dense_suprank_ranks)(scores, pos, 1.0 - pos, step)
-    assert explained.graph_break_count == 0
-    compiled = torch.compile(dense_suprank_ranks, backend="inductor", fullgraph=True)
-    grads = []
-    for fn in (compiled, dense_suprank_ranks):
-        s = scores.clone().requires_grad_(True)
-        _, rank = fn(s, pos, 1.0 - pos, step)
-        rank.sum().backward()
-        grads.append((rank.detach(), s.grad))
-    torch.testing.assert_close(grads[0][0], grads[1][0], atol=1e-9, rtol=1e-12)
-    torch.testing.assert_close(grads[0][1], grads[1][1], atol=1e-9, rtol=1e-12)
-    smooth = torch.compile(dense_smooth_ap_ranks, backend="inductor", fullgraph=True)
-    torch.testing.assert_close(
-        smooth(scores, pos, torch.ones_like(pos), 0.1)[1],
-        dense_smooth_ap_ranks(scores, pos, torch.ones_like(pos), 0.1)[1],
-    )
 
 
 @pytest.mark.parametrize("kernel", ["suprank", "smooth_ap"])
@@ -330,8 +314,7 @@ def test_explicit_gradient_equals_autograd_of_the_values(kernel):
         if fn == "explicit":
             rank_plus, rank = dense_query_ranks(kernel, s, pos, other, param)
         else:
-            values = dense_suprank_ranks if kernel == "suprank" else dense_smooth_ap_ranks
-            rank_plus, rank = values(s, pos, other, param)
+            rank_plus, rank = _naive_ranks(kernel, s, pos, other, param)
         extra = (rank_plus * weights.flip(0)).sum() if kernel == "smooth_ap" else 0.0
         ((rank * weights).sum() + extra).backward()
         grads.append(s.grad)

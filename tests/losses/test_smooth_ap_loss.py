@@ -80,7 +80,7 @@ def test_float64_gradcheck_and_gradient_signs():
     labels = torch.tensor([0, 0, 1, 1, 2, 2])
     loss_fn = losses.SmoothAPLoss(0.1)
     assert torch.autograd.gradcheck(lambda e: loss_fn(e, labels), (emb,))
-    from pml_suprank.losses.base_rank_loss import RankInputs
+    from pml_suprank.losses._inputs import RankInputs
 
     scores = (torch.rand(4, 10, generator=g, dtype=torch.float64) * 0.05).requires_grad_(True)
     lab, ref_lab = torch.arange(4) % 2, torch.arange(10) % 2

@@ -1,5 +1,6 @@
 """The evaluator's fused CPU ranking kernel (``_compiled_rank_counts.block_ranks_compiled``) gives exactly the
-positions of the torch counters and of the two-pass compiled kernels: heavy ties, ``±0.0``, ``-inf``, NaN, far
+positions of the torch counters and of the two-pass route (keys of the slice in torch, a row sort, the compiled row
+counter of ``counting="compiled"``): heavy ties, ``±0.0``, ``-inf``, NaN, far
 outliers, crowded bins, rows without relevant items or with only relevant items, any bin count."""
 
 from __future__ import annotations
@@ -9,10 +10,11 @@ import torch
 
 pytest.importorskip("numba")
 
-from pml_suprank.metrics._compiled_counts import block_keys_compiled, block_positions_compiled  # noqa: E402
+from unittest import mock  # noqa: E402
+
+from pml_suprank.metrics import eval_blocks  # noqa: E402
 from pml_suprank.metrics._compiled_rank_counts import block_ranks_compiled  # noqa: E402
 from pml_suprank.metrics.eval_blocks import chunk_ranks, label_blocks  # noqa: E402
-from pml_suprank.metrics.ranks import _sort_rows  # noqa: E402
 
 
 def _block(seed: int, n: int = 300, levels: int = 2, decimals: int | None = 1, classes: int = 4):
@@ -33,11 +35,14 @@ def _block(seed: int, n: int = 300, levels: int = 2, decimals: int | None = 1, c
 
 
 def _two_pass(scores, starts, ends, self_col, num_bins=None):
-    """The previous kernels: keys of the slice, a row sort, then the counting pass (which overwrites its input)."""
+    """The two-pass route: torch keys of the slice, a row sort, then the compiled row counter (``counting="compiled"``
+    with the fused kernel turned off); the query's own column is never a negative, inside its slice or not."""
     sc = scores.clone()
-    P = int((ends[:, 0] - starts[:, 0]).max())
-    keys = _sort_rows(block_keys_compiled(sc, starts, ends, self_col, P))
-    return block_positions_compiled(sc, keys, starts, ends, self_col, num_bins)
+    rows = torch.nonzero(self_col >= 0)[:, 0]
+    sc[rows, self_col[rows]] = float("-inf")
+    with mock.patch.object(eval_blocks, "_fused_applies", lambda *a: False):
+        ranks = chunk_ranks(sc, starts, ends, self_col, num_bins, counting="compiled")
+    return ranks.levels, ranks.positions
 
 
 def _torch(scores, starts, ends, self_col):

@@ -42,7 +42,7 @@ def _suprank(scores, positives, valid, chunk):
 def _smooth(scores, positives, valid, chunk):
     q, i, groups = positive_pair_groups(positives)
     x = scores.clone().requires_grad_(True)
-    pos, full = sigmoid_rank_sums(x, q, i, positives, valid, 0.01, chunk_elements=chunk, groups=groups)
+    pos, full = sigmoid_rank_sums(x, q, i, valid, 0.01, chunk_elements=chunk, groups=groups)
     (pos / (1 + full)).sum().backward()
     return torch.stack([pos, full]).detach(), x.grad
 

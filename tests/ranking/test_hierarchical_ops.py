@@ -13,7 +13,7 @@ from _helpers import profiled_ops
 
 import pml_suprank.ranking.query_blocks as qb
 from pml_suprank import losses
-from pml_suprank.ranking.hierarchical import query_block_rows
+from pml_suprank.ranking.query_blocks import query_block_rows
 
 NAMES = ("SupHAPLoss", "HAPPIERLoss", "SupNDCGLoss")
 

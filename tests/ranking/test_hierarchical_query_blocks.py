@@ -13,8 +13,8 @@ import pml_suprank.ranking.query_blocks as qb
 from pml_suprank import losses
 from pml_suprank.ranking import SupRankStep
 from pml_suprank.ranking.dense_hierarchical import dense_sup_hap_scores, dense_sup_ndcg_scores
-from pml_suprank.ranking.hierarchical import hierarchical_ranks, query_block_rows, sup_hap_scores, sup_ndcg_scores
-from pml_suprank.ranking.query_blocks import BLOCK_BYTES_CPU, BYTES_PER_ELEMENT, block_budget_bytes
+from pml_suprank.ranking.hierarchical import hierarchical_ranks, sup_hap_scores, sup_ndcg_scores
+from pml_suprank.ranking.query_blocks import BLOCK_BYTES_CPU, BYTES_PER_ELEMENT, block_budget_bytes, query_block_rows
 from pml_suprank.ranking.steps import HRankParams
 from pml_suprank.relevance import level_counts, pop_relevance
 

@@ -124,12 +124,12 @@ def test_fast_suprank_kernel_matches_general_kernel(step, ties):
 @pytest.mark.parametrize("ties", [False, True])
 def test_fast_heaviside_and_sigmoid_kernels(ties):
     scores, valid, pos, _, q, i = _problem(ties=ties)
-    got = R.flat.heaviside_positive_count(scores, q, i, pos)
+    got = R.flat.heaviside_positive_count(scores, q, i)
     torch.testing.assert_close(got, R.flat.pairwise_step_sum(scores, q, i, pos, R.HeavisideStep()), atol=0, rtol=0)
     scores.requires_grad_(True)
     step = R.SigmoidStep(0.05)
     a1, a2 = R.flat.pairwise_step_sum(scores, q, i, pos, step), R.flat.pairwise_step_sum(scores, q, i, valid, step)
-    b1, b2 = R.flat.sigmoid_rank_sums(scores, q, i, pos, valid, 0.05, chunk_elements=30)
+    b1, b2 = R.flat.sigmoid_rank_sums(scores, q, i, valid, 0.05, chunk_elements=30)
     torch.testing.assert_close(b1, a1, atol=1e-12, rtol=0)
     torch.testing.assert_close(b2, a2, atol=1e-12, rtol=0)
     (ga,) = torch.autograd.grad((2 * a1 + 3 * a2).sum(), scores)
@@ -142,7 +142,7 @@ def test_fast_kernels_gradcheck():
     scores.requires_grad_(True)
     f = lambda s: R.flat.suprank_negative_sum(s, q, i, neg, R.SupRankStep(tau=0.05), chunk_elements=7)  # noqa: E731
     assert torch.autograd.gradcheck(f, (scores,))
-    g = lambda s: R.flat.sigmoid_rank_sums(s, q, i, pos, valid, 0.05, chunk_elements=7)  # noqa: E731
+    g = lambda s: R.flat.sigmoid_rank_sums(s, q, i, valid, 0.05, chunk_elements=7)  # noqa: E731
     assert torch.autograd.gradcheck(g, (scores,))
 
 
@@ -183,17 +183,16 @@ def test_fast_kernels_require_pairs_grouped_by_query():
 
 def test_package_layout_and_one_chunk_constant():
     """The package lists the kernel choice and the steps; the kernels are the expert API of their modules; one chunk
-    size serves the flat, hierarchical and series kernels."""
-    from pml_suprank.ranking import dense, flat, steps, tail, window
+    size serves the flat and hierarchical kernels."""
+    from pml_suprank.ranking import dense, flat, steps, window
 
     for name in ("HeavisideStep", "SigmoidStep", "SupRankStep", "choose_kernel", "CHUNK_SIZE"):
         assert name in R.__all__ and getattr(R, name) is not None
-    for name in ("dense_suprank_grad", "suprank_negative_sum", "count_above", "default_offset", "group_positions"):
+    for name in ("dense_query_ranks", "suprank_negative_sum", "count_above", "default_offset"):
         assert name not in R.__all__ and not hasattr(R, name), name
     assert R.SupRankStep is steps.SupRankStep and callable(flat.suprank_negative_sum)
-    assert callable(dense.dense_suprank_grad) and callable(steps.default_offset)
+    assert callable(dense.dense_query_ranks) and callable(steps.default_offset)
     assert R.CHUNK_SIZE == window.CHUNK_SIZE and not hasattr(R, "DEFAULT_CHUNK_ELEMENTS")
-    assert tail.SigmoidTail.forward.__defaults__ == (R.CHUNK_SIZE,)
 
 
 @pytest.mark.parametrize("ties", [False, True])
@@ -205,50 +204,13 @@ def test_flat_kernels_bit_identical_across_chunk_sizes(ties):
     for chunk in (7, 100, R.CHUNK_SIZE):
         s = scores.clone().requires_grad_(True)
         a = R.flat.suprank_negative_sum(s, q, i, neg, R.SupRankStep(), chunk_elements=chunk)
-        b1, b2 = R.flat.sigmoid_rank_sums(s, q, i, pos, valid, 0.05, chunk_elements=chunk)
+        b1, b2 = R.flat.sigmoid_rank_sums(s, q, i, valid, 0.05, chunk_elements=chunk)
         c = R.flat.pairwise_step_sum(s, q, i, neg, R.SupRankStep(tau=0.05), chunk_elements=chunk)
         out = torch.stack([a, b1, b2, c])
         (grad,) = torch.autograd.grad((out * w).sum(), s)
         results.append((out, grad))
     for out, grad in results[1:]:
         assert torch.equal(out, results[0][0]) and torch.equal(grad, results[0][1])
-
-
-def test_window_sum_sorted_layout_matches_autograd():
-    """The shared window kernel on windows of sorted lists: σ(t/τ) (in place) and the general step term agree with
-    an elementwise autograd evaluation, values and gradients, including windows padded into the sentinels."""
-    from pml_suprank.ranking.window import SigmoidTerm, SortedWindowLayout, StepTerm, window_sum
-
-    g = torch.Generator().manual_seed(0)
-    bsz, n, tau = 3, 12, 0.05
-    scores = (torch.randn(bsz, n, generator=g, dtype=torch.float64) * 0.1).requires_grad_(True)
-    keys, perm = scores.detach().sort(1)
-    q_idx = torch.tensor([0, 1, 2, 0, 2])
-    i_idx = torch.tensor([3, 0, 5, 7, 11])
-    ends = torch.tensor([9, 5, 4, 6, 2])
-    lengths = torch.tensor([9, 5, 4, 2, 1])  # non-increasing; blocks of widths 9, 5 (two pairs: the 4 is padded
-    # into the -inf sentinels before the list), 2 and 1
-
-    def layout():
-        return SortedWindowLayout(scores, keys[None], perm[None], q_idx, ends, lengths, q_idx, i_idx, chunk_elements=20)
-
-    def expected(fn):
-        out = []
-        for k in range(len(q_idx)):
-            cols = perm[q_idx[k], ends[k] - lengths[k] : ends[k]]
-            out.append(fn(scores[q_idx[k], cols] - scores[q_idx[k], i_idx[k]]).sum())
-        return torch.stack(out)
-
-    w = torch.linspace(-1, 2, len(q_idx), dtype=torch.float64)
-    for term, fn in (
-        (SigmoidTerm(1.0 / tau), lambda t: torch.sigmoid(t / tau)),
-        (StepTerm(R.SigmoidStep(tau)), lambda t: R.steps.tau_sigmoid(t, tau)),
-    ):
-        got, ref = window_sum(layout(), term, scores), expected(fn)
-        torch.testing.assert_close(got, ref, rtol=0, atol=1e-13)
-        (g1,) = torch.autograd.grad((got * w).sum(), scores)
-        (g2,) = torch.autograd.grad((ref * w).sum(), scores)
-        torch.testing.assert_close(g1, g2, rtol=0, atol=1e-11)
 
 
 def test_hrank_params_value():

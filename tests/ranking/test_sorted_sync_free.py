@@ -33,7 +33,6 @@ def test_group_pairs_sizes_and_order_check():
     assert groups.widths == (3, 2, 1, 0, 0) and groups.width == 3
     assert groups.order.tolist() == [0, 3, 2, 1, 4]  # decreasing count, stable
     assert groups.kept_rows().tolist() == [0, 2, 3]
-    assert R.flat.group_positions(q, 5)[2] == 3
     empty = group_pairs(q[:0], 3)
     assert empty.width == 0 and empty.kept_rows().shape == (0,)
     with pytest.raises(ValueError, match="grouped"):
@@ -63,11 +62,11 @@ def test_heaviside_count_by_sorting_any_order_with_ties():
     q, i = torch.nonzero(pos, as_tuple=True)
     perm = torch.randperm(len(q), generator=torch.Generator().manual_seed(0))
     q, i = q[perm], i[perm]
-    got = R.flat.heaviside_positive_count(scores, q, i, pos)
+    got = R.flat.heaviside_positive_count(scores, q, i)
     s = scores[q, i]
     expected = [(pos[q[k]] & (scores[q[k]] >= s[k])).sum().item() - 1 for k in range(len(q))]
     assert got.tolist() == expected
-    assert R.flat.heaviside_positive_count(scores, q[:0], i[:0], pos).shape == (0,)
+    assert R.flat.heaviside_positive_count(scores, q[:0], i[:0]).shape == (0,)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
@@ -98,7 +97,7 @@ def _supap_kernel(scores, pos, neg, chunk, groups_given):
 
     def fn():
         q, i, groups = pairs
-        rank_plus = 1.0 + R.flat.heaviside_positive_count(s, q, i, pos)
+        rank_plus = 1.0 + R.flat.heaviside_positive_count(s, q, i)
         rank = rank_plus + R.flat.suprank_negative_sum(s, q, i, neg, step, chunk_elements=chunk, groups=groups)
         (rank_plus / rank).sum().backward()
 
@@ -111,7 +110,7 @@ def _smooth_ap_kernel(scores, pos, valid, chunk, groups_given):
 
     def fn():
         q, i, groups = pairs
-        a, b = R.flat.sigmoid_rank_sums(s, q, i, pos, valid, 0.05, chunk_elements=chunk, groups=groups)
+        a, b = R.flat.sigmoid_rank_sums(s, q, i, valid, 0.05, chunk_elements=chunk, groups=groups)
         ((1 + a) / (1 + b)).sum().backward()
 
     return fn

@@ -64,9 +64,6 @@ class RestrictedUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"global {module}.{name} is not allowed (only numpy arrays and builtins)")
 
 
-_RestrictedUnpickler = RestrictedUnpickler  # the former private name
-
-
 def load_restricted_pickle(path: Path, what: str, *, encoding: str = "ASCII") -> Any:
     """The content of a pickle file read with :class:`RestrictedUnpickler`.
 

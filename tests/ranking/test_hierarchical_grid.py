@@ -1,5 +1,5 @@
-"""Tests of the separable sigmoid series (pml_suprank.ranking.tail), and of the hierarchical kernel where the
-series used to serve it (ties on a grid at the branch boundaries, small τ, float32, gradcheck)."""
+"""The hierarchical kernel on a grid of ties at the sigmoid's branch boundaries (``±2τ``, ``δ``), at small τ, in
+float32 and under gradcheck; the flat window kernel's inclusive upper bound."""
 
 from __future__ import annotations
 
@@ -8,83 +8,9 @@ import torch
 from _hierarchical_dense import dense_ranks
 
 from pml_suprank.ranking import SupRankStep
-from pml_suprank.ranking.hierarchical import HRankParams, hierarchical_ranks
-from pml_suprank.ranking.tail import CUT, SigmoidTail, bands, num_terms_for
+from pml_suprank.ranking.hierarchical import hierarchical_ranks
+from pml_suprank.ranking.steps import HRankParams
 from pml_suprank.relevance import level_counts, pop_relevance
-
-TAU, DELTA = 0.01, 0.05
-
-
-def _problem(seed, spread, ties, num_rows=4, n=60, m=50):
-    """Sorted lists (``+inf`` past a random number of members), items, and the ranges the caller's contract
-    allows: lower tail ``x < s − cτ``, upper part ``s + cτ < x <= s + δ``."""
-    g = torch.Generator().manual_seed(seed)
-    keys = torch.randn(num_rows, n, generator=g, dtype=torch.float64) * spread
-    s = torch.randn(m, generator=g, dtype=torch.float64) * spread
-    if ties:  # a coarse grid: many exact ties among list items, items and list items, and at ±cτ / δ
-        keys = torch.round(keys / TAU) * TAU
-        s = torch.round(s / TAU) * TAU
-    keys = keys.sort(1).values
-    members = torch.randint(n // 2, n + 1, (num_rows,), generator=g)
-    keys = torch.where(torch.arange(n)[None, :] < members[:, None], keys, float("inf"))
-    rows = torch.randint(0, num_rows, (m,), generator=g)
-    cut = CUT * TAU
-    lists = keys[rows].contiguous()
-    lo_end = torch.searchsorted(lists, (s - cut)[:, None].contiguous()).squeeze(1)  # x < s − cτ
-    hi = torch.searchsorted(lists, (s + DELTA)[:, None].contiguous(), right=True).squeeze(1)
-    up_begin = torch.searchsorted(lists, (s + cut)[:, None].contiguous(), right=True).squeeze(1)  # x > s + cτ
-    up_begin = torch.minimum(torch.maximum(up_begin, lo_end), hi)
-    finite = torch.isfinite(keys)
-    row_min = torch.where(finite, keys, float("inf")).amin(1)
-    row_max = torch.where(finite, keys, float("-inf")).amax(1)
-    anchors, band = bands(row_min, row_max, s, rows, TAU, num_terms_for(torch.float64))
-    return keys, s, rows, lo_end, up_begin, hi, anchors, band
-
-
-def _elementwise(keys, s, rows, lo_end, up_begin, up_end):
-    t = (keys[rows] - s[:, None]) / TAU
-    p = torch.arange(keys.shape[1])[None, :]
-    inside = (p < lo_end[:, None]) | ((p >= up_begin[:, None]) & (p < up_end[:, None]))
-    return torch.where(inside, torch.sigmoid(torch.where(inside, t, 0.0)), 0.0).sum(1)
-
-
-def _tail(keys, s, rows, lo_end, up_begin, up_end, anchors, band, chunk_size=1 << 21):
-    k = num_terms_for(torch.float64)
-    return SigmoidTail.apply(keys, s, rows, lo_end, up_begin, up_end, anchors, band, TAU, k, chunk_size)
-
-
-@pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("spread, ties", [(0.05, False), (0.6, False), (0.05, True), (0.6, True)])
-def test_series_matches_elementwise_sum(seed, spread, ties):
-    """Value and gradient agree with the elementwise sigmoid sum to 1e-12 (spread 0.6: several score bands)."""
-    keys, s, rows, lo_end, up_begin, hi, anchors, band = _problem(seed, spread, ties)
-    if spread > 0.5:
-        assert anchors.shape[0] > 1
-    assert bool((lo_end > 0).any()) and bool((up_begin < hi).any())
-    k1, s1 = keys.clone().requires_grad_(True), s.clone().requires_grad_(True)
-    k2, s2 = keys.clone().requires_grad_(True), s.clone().requires_grad_(True)
-    out = _tail(k1, s1, rows, lo_end, up_begin, hi, anchors, band)
-    ref = _elementwise(k2, s2, rows, lo_end, up_begin, hi)
-    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
-    w = torch.rand(out.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) - 0.5
-    (out * w).sum().backward()
-    (ref * w).sum().backward()
-    torch.testing.assert_close(s1.grad, s2.grad, rtol=0, atol=1e-12)
-    finite = torch.isfinite(keys)
-    torch.testing.assert_close(k1.grad[finite], k2.grad[finite], rtol=0, atol=1e-12)
-
-
-def test_series_gradcheck():
-    keys, s, rows, lo_end, up_begin, hi, anchors, band = _problem(3, 0.3, False, num_rows=2, n=14, m=9)
-    # keep the perturbed keys inside their contract ranges: no key within 1e-5 of a range boundary
-    assert bool((lo_end > 0).any())
-
-    def fn(k, x):
-        return _tail(k, x, rows, lo_end, up_begin, hi, anchors, band)
-
-    keys = keys.requires_grad_(True)
-    s = s.requires_grad_(True)
-    assert torch.autograd.gradcheck(fn, (keys, s), eps=1e-7, atol=1e-7)
 
 
 def _hier_problem(seed, ties, B=6, N=70, L=3, spread=0.08):
@@ -189,17 +115,3 @@ def test_flat_window_upper_bound_is_inclusive(dtype):
     g2 = torch.autograd.grad(expected.sum(), (Z, z_item))
     for a, b in zip(g1, g2):
         torch.testing.assert_close(a, b, rtol=1e-6 if dtype == torch.float32 else 1e-12, atol=1e-7)
-
-
-def test_series_in_row_blocks_matches():
-    """Tables built a few rows at a time (bounded memory) give the same values and gradients."""
-    keys, s, rows, lo_end, up_begin, hi, anchors, band = _problem(4, 0.6, True, num_rows=7)
-    k1, s1 = keys.clone().requires_grad_(True), s.clone().requires_grad_(True)
-    out = _tail(k1, s1, rows, lo_end, up_begin, hi, anchors, band)
-    (out * torch.linspace(-1, 1, out.numel(), dtype=torch.float64)).sum().backward()
-    k2, s2 = keys.clone().requires_grad_(True), s.clone().requires_grad_(True)
-    out2 = _tail(k2, s2, rows, lo_end, up_begin, hi, anchors, band, chunk_size=2 * keys.shape[1])  # 2 rows a block
-    (out2 * torch.linspace(-1, 1, out.numel(), dtype=torch.float64)).sum().backward()
-    torch.testing.assert_close(out2, out, rtol=0, atol=1e-13)
-    torch.testing.assert_close(s2.grad, s1.grad, rtol=0, atol=1e-12)
-    torch.testing.assert_close(k2.grad, k1.grad, rtol=0, atol=1e-12)
