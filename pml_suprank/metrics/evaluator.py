@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .._scaling import overflow_safe_scales
 from .._validation import (
     check_device,
     check_embeddings,
@@ -31,7 +32,6 @@ from .._validation import (
     check_positive_int,
 )
 from ..relevance import Hierarchy, as_hierarchy, hierarchical_label_pair
-from ._scaling import overflow_safe_scales
 from .eval_blocks import block_counts, chunk_ranks, chunk_rows, label_blocks
 from .multilabel_eval import evaluate_multilabel, multilabel_groups
 from .ranks import COUNTING_METHODS, RetrievalRanks

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .._scaling import times_power_of_two
 from .._validation import check_choice, check_device, check_embeddings, check_labels, check_positive_int
-from ..metrics._scaling import times_power_of_two
 from .faiss_backends import FaissSearcher
 from .options import BACKENDS, INT32_MAX, check_ids, check_option, resolve_options
 from .scale import check_scores_fit, max_abs, underflow_exponent

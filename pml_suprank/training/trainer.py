@@ -6,7 +6,7 @@ What :class:`Trainer` does:
   the loss (whose proxies are parameters, e.g. ``ClusterLoss``) are wrapped in one :class:`LossModule` that goes
   through ``accelerator.prepare``, so DDP synchronises the proxies' gradients too;
 * **exact distributed loss**: under several processes the embeddings of the global batch are gathered *with
-  gradients* (:func:`pml_suprank.distributed.all_gather_with_grad`) and every process computes the loss of the
+  gradients* (:func:`pml_suprank.collectives.all_gather_with_grad`) and every process computes the loss of the
   global batch; after DDP's gradient averaging this equals the single-process gradient on the concatenated batch;
 * **parameter groups** ``backbone`` / ``head`` / ``proxies`` with their own learning rates, **warm-up epochs with the
   backbone frozen** (no gradient, not stepped, no scheduler step, as in the ROADMAP / HAPPIER reference code) and a
