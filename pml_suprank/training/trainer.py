@@ -14,7 +14,8 @@ What :class:`Trainer` does:
 * the package's **samplers** (which shard themselves: one global batch of ``num_processes * batch_size`` per step)
   and the **memory** (``RankingMemory``);
 * **evaluation** every ``eval_every`` epochs with :class:`pml_suprank.metrics.RetrievalEvaluator` on embeddings
-  gathered with ``accelerator.gather_for_metrics``; **progress bars** on the main process; **tracking** through
+  gathered with ``accelerator.gather_for_metrics``, ranked on the accelerator's device, the queries split across
+  the processes; **progress bars** on the main process; **tracking** through
   ``accelerator.log``;
 * **checkpoints** every ``checkpoint_every`` steps written *atomically* and an **exact resume**: model, optimizer,
   scheduler, memory, RNG states, sampler epoch and position are restored and the augmentation of every item is
@@ -240,13 +241,20 @@ class Trainer:
 
     def evaluate(self, dataset: Dataset | None = None, description: str = "evaluation") -> dict[str, float]:
         """Retrieval metrics of ``dataset`` (default: the test set) against itself, every query excluded from its
-        own gallery: ``{"ap", "map_at_r", "recall_at_k", "h_ap", "ndcg", "asi", "ap_level{l}", ...}``."""
+        own gallery: ``{"ap", "map_at_r", "recall_at_k", "h_ap", "ndcg", "asi", "ap_level{l}", ...}``.
+
+        The ranking runs on the evaluator's own ``device`` when it was given one, else on the accelerator's device
+        (the CPU only when that is the device); under several processes each ranks its share of the queries
+        against the whole set and the per-query results are gathered once (every process returns the metrics of
+        one process)."""
         with torch.random.fork_rng(devices=[]):  # building the loader draws from the global RNG: keep it untouched
             emb, labels, idx = self.embed(dataset, description=description)
         self.last_embeddings = (emb, labels, idx)
         if self.first_embeddings is None:
             self.first_embeddings = self.last_embeddings
-        result = self._get_evaluator().evaluate(emb, labels)
+        evaluator = self._get_evaluator()
+        device = evaluator.device if evaluator.device is not None else self.accelerator.device
+        result = evaluator.evaluate(emb, labels, device=device, distributed=self.accelerator.num_processes > 1)
         scalar = (int, float, np.floating, np.integer)
         return {k: float(v) for k, v in result.items()
                 if (isinstance(v, Tensor) and v.numel() == 1) or isinstance(v, scalar)}  # fmt: skip
