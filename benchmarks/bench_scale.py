@@ -56,7 +56,7 @@ def labelled(n: int, dim: int, seed: int, per_class: int = 20, per_coarse: int =
     emb = torch.empty(n, dim)
     for s in range(0, n, 100_000):
         e = min(s + 100_000, n)
-        emb[s:e] = F.normalize(centres[fine[s:e]] + torch.randn(e - s, dim, generator=g) / math.sqrt(dim), 1)
+        emb[s:e] = F.normalize(centres[fine[s:e]] + torch.randn(e - s, dim, generator=g) / math.sqrt(dim), dim=1)
     return emb, torch.stack([fine, fine // per_coarse], 1)
 
 
