@@ -101,6 +101,11 @@ def main() -> None:
                        "per_query": {m: v.tolist() for m, v in per_query.items()}}  # fmt: skip
         rows[name] = sum(ranked)
     evaluator_module.chunk_ranks = kernel
+    # the search's query split
+    from pml_suprank.search import RetrievalIndex
+
+    scores, indices = RetrievalIndex(emb.float()).search(emb.float(), 5, distributed=True)
+    split["search"] = {"scores": scores.tolist(), "indices": indices.tolist()}
     plain = {k: v if isinstance(v, int) else {m: float(x) for m, x in v.items()} for k, v in results.items()}
     with open(f"{args.out}.rank{args.rank}", "w") as f:
         json.dump({**plain, "split": split, "ranked_rows": rows}, f)

@@ -151,6 +151,11 @@ def test_two_gloo_processes_equal_the_one_shot_evaluator(tmp_path):
         if not init.get("multilabel") and name != "one_query":
             assert ranks[0]["ranked_rows"][name] + ranks[1]["ranked_rows"][name] == len(call[0]), name
             assert min(ranks[0]["ranked_rows"][name], ranks[1]["ranked_rows"][name]) > 0, name
+    from pml_suprank.search import RetrievalIndex
+
+    scores, indices = RetrievalIndex(emb.float()).search(emb.float(), 5)
+    for r in range(2):
+        assert ranks[r]["split"]["search"] == {"scores": scores.tolist(), "indices": indices.tolist()}
     evaluator = RetrievalEvaluator(k_values=(1, 4))
     _assert_same(got["plain"], evaluator.evaluate(emb, labels))
     _assert_same(got["padded"], evaluator.evaluate(emb, labels))
