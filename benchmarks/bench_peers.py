@@ -14,7 +14,8 @@ Keys ``eval_<n>_{ours,pml,torchmetrics}_s`` (seconds), ``eval_<n>_mapr_abs_diff`
 
 **Losses**, forward + backward, median of ``--repeats``: ours ``SmoothAPLoss`` / ``SupAPLoss`` vs PML
 ``SmoothAPLoss`` / ``FastAPLoss`` / ``MultiSimilarityLoss`` at ``B = --batch`` in-batch (``--batch // 4`` classes of 4)
-and against a ``--memory``-item reference set (``ref_emb``; ``null`` with the reason where a loss refuses it), as
+and against a ``--memory``-item reference set (``ref_emb``, about 4 items per class, so a query has a few positives
+in it as in a real memory; ``null`` with the reason where a loss refuses it), as
 seconds and as multiples of the score matrix alone (``emb @ ref.T`` forward + backward) timed in the same process.
 
 Threads: ``--threads`` for torch, numba and faiss alike (default 1, so that a shared machine affects each peer the
@@ -127,7 +128,7 @@ def loss_table(batch: int, memory: int, dim: int, repeats: int, seed: int) -> di
     labels = torch.arange(batch // 4).repeat_interleave(4)
     base = torch.nn.functional.normalize(torch.randn(batch, dim, generator=g), dim=1)
     ref = torch.nn.functional.normalize(torch.randn(memory, dim, generator=g), dim=1)
-    ref_labels = torch.randint(0, batch // 4, (memory,), generator=g)
+    ref_labels = torch.randint(0, max(batch // 4, memory // 4), (memory,), generator=g)  # ~4 items per class
     candidates = {
         "ours_SmoothAPLoss": lambda: our_losses.SmoothAPLoss(),
         "ours_SupAPLoss": lambda: our_losses.SupAPLoss(),
@@ -162,6 +163,7 @@ def loss_table(batch: int, memory: int, dim: int, repeats: int, seed: int) -> di
             continue
         out[f"loss_{name}_m{memory}_s"] = round(s, 5)
         out[f"loss_{name}_m{memory}_x_matmul"] = round(s / floor_memory, 1)
+        print(json.dumps({k: v for k, v in out.items() if name in k}), file=sys.stderr)  # noqa: T201 - progress
     return out
 
 
@@ -201,6 +203,7 @@ def main(argv: list[str] | None = None) -> dict:
     diffs = []
     for n in args.sizes:
         row = evaluation(n, args.dim, args.seed, args.torchmetrics_max_gb)
+        print(json.dumps(row), file=sys.stderr)  # noqa: T201 - progress
         diffs.append(row[f"eval_{_tag(n)}_mapr_abs_diff"])
         result.update(row)
     result["mapr_abs_diff"] = max(diffs)
