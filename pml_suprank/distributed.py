@@ -1,4 +1,5 @@
-"""Exact distributed rank losses: a gradient-keeping all_gather and local-queries-vs-global-references losses.
+"""Exact distributed rank losses: the global batch gathered with gradients and local-queries-vs-global-references
+losses.
 
 A rank loss on the *global* batch (all processes together) is not the average of per-process rank losses: every
 query must be ranked against the references of all processes. ``accelerator.gather`` and PML's
@@ -6,11 +7,10 @@ query must be ranked against the references of all processes. ``accelerator.gath
 the terms where a process's embeddings act as references for the other processes' queries and divides by per-process
 counts (ecosystem survey §1.6: 0.71 relative gradient error for a rank loss). Here:
 
-* :func:`all_gather_with_grad` concatenates the per-process tensors (sizes may differ); its backward **sums** the
-  gradients that all processes send to each slice (the semantics of ``torch.distributed.nn.functional.all_gather``,
-  which torch 2.15 deprecates; implemented here with one ``all_reduce``). :func:`gather_batch` gathers a whole
-  batch (embeddings with gradient, labels, dataset indices, and this process's rows) with it; it is the one gather
-  used by :class:`DistributedRankLoss`, :class:`~pml_suprank.memory.RankingMemory` and the training loop.
+* :func:`gather_batch` gathers a whole batch (embeddings with gradient through
+  :func:`pml_suprank.collectives.all_gather_with_grad`, labels, dataset indices, and this process's rows) with the
+  package's one gather (:mod:`pml_suprank.collectives`); it is used by :class:`DistributedRankLoss`,
+  :class:`~pml_suprank.memory.RankingMemory` and the training loop.
 * :func:`reference_loss` computes the losses of the *local* queries against a (gathered or shared) reference set and
   normalises them with the **global** counts of the loss's PML reducer (``all_reduce`` of the number of kept queries,
   of the non-zero pairs for ``AvgNonZeroReducer``, ...). Its value is the single-process loss on the global batch on
@@ -38,119 +38,16 @@ from pytorch_metric_learning.reducers import (
 from torch import Tensor, nn
 
 from ._validation import check_choice, check_embeddings, check_labels
-from .losses._combination import decomposability_arguments
+from .collectives import check_tensor, gather_rows, gather_sizes, is_distributed
 
 __all__ = [
     "DistributedRankLoss",
     "GlobalBatch",
-    "all_gather",
-    "all_gather_with_grad",
     "gather_batch",
     "reference_loss",
 ]
 
 DistributedMode = Literal["local_queries", "all"]
-
-
-def is_distributed(group: Any = None) -> bool:
-    """True when ``torch.distributed`` is initialised with more than one process in ``group``."""
-    return (
-        torch.distributed.is_available()
-        and torch.distributed.is_initialized()
-        and torch.distributed.get_world_size(group) > 1
-    )
-
-
-def get_world_size(group: Any = None) -> int:
-    """Number of processes in ``group`` (1 without an initialised process group)."""
-    return torch.distributed.get_world_size(group) if is_distributed(group) else 1
-
-
-def get_rank(group: Any = None) -> int:
-    """This process's rank in ``group`` (0 without an initialised process group)."""
-    return torch.distributed.get_rank(group) if is_distributed(group) else 0
-
-
-def _sizes(n: int, device: torch.device, group: Any) -> list[int]:
-    ws = torch.distributed.get_world_size(group)
-    mine = torch.tensor([n], dtype=torch.long, device=device)
-    out = [torch.zeros_like(mine) for _ in range(ws)]
-    torch.distributed.all_gather(out, mine, group=group)
-    return [int(x) for x in out]
-
-
-def _pad_rows(x: Tensor, rows: int) -> Tensor:
-    if x.shape[0] == rows:
-        return x.contiguous()
-    pad = x.new_zeros((rows - x.shape[0], *x.shape[1:]))
-    return torch.cat([x, pad]).contiguous()
-
-
-class _AllGatherWithGrad(torch.autograd.Function):
-    """Forward: ``all_gather`` of equally shaped tensors. Backward: this slice's gradient summed over all processes
-    (the semantics of ``torch.distributed.nn.functional.all_gather``, implemented with one ``all_reduce`` so that it
-    works on every backend and does not depend on that deprecated module)."""
-
-    @staticmethod
-    def forward(ctx, tensor: Tensor, group: Any) -> Tensor:
-        ctx.group = group
-        ctx.rank = torch.distributed.get_rank(group)
-        ctx.rows = tensor.shape[0]
-        parts = [torch.empty_like(tensor) for _ in range(torch.distributed.get_world_size(group))]
-        torch.distributed.all_gather(parts, tensor.contiguous(), group=group)
-        return torch.cat(parts)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        grad = grad.contiguous().clone()
-        torch.distributed.all_reduce(grad, op=torch.distributed.ReduceOp.SUM, group=ctx.group)
-        return grad[ctx.rank * ctx.rows : (ctx.rank + 1) * ctx.rows], None
-
-
-def _gather_with_grad(tensor: Tensor, sizes: list[int], group: Any) -> Tensor:
-    rows = max(sizes)
-    gathered = _AllGatherWithGrad.apply(_pad_rows(tensor, rows), group)
-    return torch.cat([gathered[r * rows : r * rows + n] for r, n in enumerate(sizes)])
-
-
-def _gather(tensor: Tensor, sizes: list[int], group: Any) -> Tensor:
-    padded = _pad_rows(tensor.detach(), max(sizes))
-    parts = [torch.empty_like(padded) for _ in sizes]
-    torch.distributed.all_gather(parts, padded, group=group)
-    return torch.cat([p[:n] for p, n in zip(parts, sizes, strict=True)])
-
-
-def _check_tensor(name: str, tensor: Any) -> None:
-    if not isinstance(tensor, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor; got {type(tensor).__name__}")
-
-
-def all_gather_with_grad(tensor: Tensor, group: Any = None) -> Tensor:
-    """Concatenate ``tensor`` ``(n_r, ...)`` of every process along dim 0, keeping the autograd graph.
-
-    The backward pass gives each process's slice the *sum* of the gradients computed by all processes (as
-    ``torch.distributed.nn.functional.all_gather``). The number of rows may differ between processes.
-
-    Args:
-        tensor: ``(n_r, ...)`` on this process.
-        group: process group (default: the world).
-
-    Returns:
-        ``(Σ_r n_r, ...)`` in rank order; ``tensor`` itself when not distributed.
-    """
-    _check_tensor("tensor", tensor)
-    if not is_distributed(group):
-        return tensor
-    return _gather_with_grad(tensor, _sizes(tensor.shape[0], tensor.device, group), group)
-
-
-def all_gather(tensor: Tensor, group: Any = None) -> Tensor:
-    """Concatenate ``tensor`` ``(n_r, ...)`` of every process along dim 0, *without* gradient (labels, indices,
-    memory entries). The number of rows may differ between processes; ``tensor`` itself when not distributed."""
-    _check_tensor("tensor", tensor)
-    if not is_distributed(group):
-        return tensor.detach()
-    return _gather(tensor, _sizes(tensor.shape[0], tensor.device, group), group)
 
 
 def is_multilabel_loss(loss: Any) -> bool:
@@ -193,7 +90,8 @@ class GlobalBatch:
     """The batch of all processes, as :func:`gather_batch` returns it.
 
     Attributes:
-        embeddings: ``(B_global, D)``, connected to every process's graph (:func:`all_gather_with_grad`).
+        embeddings: ``(B_global, D)``, connected to every process's graph
+            (:func:`~pml_suprank.collectives.all_gather_with_grad`).
         labels: ``(B_global,)`` or ``(B_global, L)`` (multi-label: ``(B_global, max_r M_r)``), no gradient.
         indices: ``(B_global,)`` dataset indices, or ``None`` when none were given.
         local: ``(B_local,)`` long, the rows of this process's batch in the global one (on the embeddings' device).
@@ -227,20 +125,20 @@ def gather_batch(
             ``M_r`` may differ between processes: every set is padded to the largest ``M`` first (under a process
             group; 1-D labels count as ``M_r = 1``).
     """
-    _check_tensor("embeddings", embeddings)
-    _check_tensor("labels", labels)
+    check_tensor("embeddings", embeddings)
+    check_tensor("labels", labels)
     device = embeddings.device
     if not is_distributed(group):
         local = torch.arange(embeddings.shape[0], device=device)
         return GlobalBatch(embeddings, labels, indices, local)
     if multilabel:
         labels = pad_label_sets(labels, _max_width(labels, group))
-    sizes = _sizes(embeddings.shape[0], device, group)
+    sizes = gather_sizes(embeddings.shape[0], device, group)
     offset = sum(sizes[: torch.distributed.get_rank(group)])
     return GlobalBatch(
-        embeddings=_gather_with_grad(embeddings, sizes, group),
-        labels=_gather(labels, sizes, group),
-        indices=None if indices is None else _gather(indices, sizes, group),
+        embeddings=gather_rows(embeddings, sizes, group, with_grad=True),
+        labels=gather_rows(labels, sizes, group),
+        indices=None if indices is None else gather_rows(indices, sizes, group),
         local=offset + torch.arange(embeddings.shape[0], device=device),
     )
 
@@ -359,7 +257,7 @@ def _local_terms(loss: nn.Module, queries, labels, indices_tuple, ref_emb, ref_l
     loss.add_embedding_regularization_to_loss_dict(loss_dict, queries)
     terms = [_sum_and_count(loss, name, entry, queries) for name, entry in loss_dict.items()]
     if sub is not None:
-        args = decomposability_arguments(sub, queries, labels, indices_tuple, ref_emb, ref_labels)
+        args = loss.decomposability_arguments(queries, labels, indices_tuple, ref_emb, ref_labels)
         parts = _local_terms(sub, *args, *(None,) * (5 - len(args)))
         terms.extend((float(loss.decomposability_weight) * s, c) for s, c in parts)
     return terms
@@ -377,13 +275,14 @@ def reference_loss(
 ) -> Tensor:
     """Loss of this process's queries against a reference set, normalised over all processes.
 
-    ``ref_emb`` is either the gathered global batch (:func:`all_gather_with_grad`) or a set shared by all processes
-    (a memory). Each sub-loss ``k`` of the loss dict is reduced as ``Σ_r S_k^r / Σ_r C_k^r`` where ``S``/``C`` are
+    ``ref_emb`` is either the gathered global batch (:func:`~pml_suprank.collectives.all_gather_with_grad`) or a
+    set shared by all processes (a memory). Each sub-loss ``k`` of the loss dict is reduced as
+    ``Σ_r S_k^r / Σ_r C_k^r`` where ``S``/``C`` are
     the per-process numerator and count of its PML reducer (kept queries for rank losses, non-zero pairs for
     ``AvgNonZeroReducer``), which is the single-process value on the union of the queries. The returned tensor has
     that global value on every process and the gradient of ``world_size · Σ_k S_k^r / Σ_r C_k^r``, so that DDP's
-    averaging yields the single-process gradient (the reference path of ``all_gather_with_grad`` sums the other
-    processes' contributions).
+    averaging yields the single-process gradient (the reference path of
+    :func:`~pml_suprank.collectives.all_gather_with_grad` sums the other processes' contributions).
 
     Args:
         loss: a PML ``BaseMetricLossFunction`` (every pml_suprank loss) with a Mean / AvgNonZero / Threshold / Sum
@@ -432,9 +331,9 @@ class DistributedRankLoss(nn.Module):
 
     Modes:
         * ``"local_queries"`` (default): the local queries are ranked against the gathered global batch
-          (:func:`all_gather_with_grad`), with the query's own copy removed by index unless the loss keeps it
-          (``include_self=True``), normalised with global counts (:func:`reference_loss`). Cost per process
-          ``O(B_local · B_global)``.
+          (:func:`~pml_suprank.collectives.all_gather_with_grad`), with the query's own copy removed by index unless
+          the loss keeps it (``include_self=True``), normalised with global counts (:func:`reference_loss`). Cost per
+          process ``O(B_local · B_global)``.
         * ``"all"``: every process computes the full loss on the gathered batch (``O(B_global²)``; works with any
           loss and reducer). The ``all_gather`` backward sums the gradients of identical losses, which DDP's
           averaging cancels.
@@ -481,7 +380,7 @@ class DistributedRankLoss(nn.Module):
             if ref_labels is None:
                 raise ValueError("ref_labels must be given with ref_emb; got None")
             if multilabel:
-                _check_tensor("ref_labels", ref_labels)
+                check_tensor("ref_labels", ref_labels)
                 width = max(_max_width(labels, self.group), 1 if ref_labels.dim() == 1 else ref_labels.shape[1])
                 labels, ref_labels = pad_label_sets(labels, width), pad_label_sets(ref_labels, width)
             return reference_loss(self.loss, embeddings, labels, ref_emb, ref_labels, group=self.group)

@@ -14,16 +14,12 @@ from pytorch_metric_learning.losses import ContrastiveLoss, TripletMarginLoss
 from pytorch_metric_learning.reducers import DoNothingReducer
 
 from pml_suprank import losses
+from pml_suprank.collectives import all_gather, all_gather_with_grad, get_rank, get_world_size, is_distributed
 from pml_suprank.distributed import (
     DistributedRankLoss,
     GlobalBatch,
     _local_terms,
-    all_gather,
-    all_gather_with_grad,
     gather_batch,
-    get_rank,
-    get_world_size,
-    is_distributed,
     pairs_without_self,
     reference_loss,
 )

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from pml_suprank import ood
+from pml_suprank._scaling import overflow_safe_scales, times_power_of_two
 from pml_suprank.metrics import RetrievalEvaluator
-from pml_suprank.metrics._scaling import overflow_safe_scales, times_power_of_two
 
 
 def _unit(n, d, seed):

@@ -14,6 +14,7 @@ per-query results are brought back in one transfer at the end, so no chunk waits
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterable, Sequence
 from contextlib import nullcontext
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .._scaling import overflow_safe_scales
 from .._validation import (
     check_device,
     check_embeddings,
@@ -30,8 +32,8 @@ from .._validation import (
     check_positive,
     check_positive_int,
 )
+from ..collectives import all_gather, comm_device, is_distributed, shard_range
 from ..relevance import Hierarchy, as_hierarchy, hierarchical_label_pair
-from ._scaling import overflow_safe_scales
 from .eval_blocks import block_counts, chunk_ranks, chunk_rows, label_blocks
 from .multilabel_eval import evaluate_multilabel, multilabel_groups
 from .ranks import COUNTING_METHODS, RetrievalRanks
@@ -241,6 +243,9 @@ class RetrievalEvaluator:
         *,
         ref_includes_query: bool = False,
         multilabel: bool | None = None,
+        device: torch.device | str | None = None,
+        distributed: bool = False,
+        process_group: Any = None,
     ) -> dict[str, Any]:
         """Evaluate ``query`` against ``reference`` (default: the query set itself, each query removed by index).
 
@@ -255,6 +260,16 @@ class RetrievalEvaluator:
             multilabel: labels are ``(Q, M)`` / ``(N, M)`` sets of fine labels padded with ``-1`` (a ``(N,)``
                 tensor: one label each) and the constructor's ``hierarchy`` is their ``(num_fine, L)`` table;
                 default: the constructor's ``multilabel``.
+            device: where to compute this call (e.g. ``accelerator.device``); default: the constructor's
+                ``device``, else the device of ``query``. The gallery is moved there once, the queries chunk by
+                chunk; the metrics are those of the CPU (counts identical, floats to rounding).
+            distributed: split the queries across the processes of ``process_group``: every process must call
+                this with the same arguments (the whole gallery); each ranks its contiguous share of the queries
+                (:func:`pml_suprank.collectives.shard_range`) and the per-query results are gathered once, so every
+                process returns what one process would (same per-query values, in query order). A collective: keep
+                the default ``False`` when only some processes evaluate (e.g. on rank 0 alone). Without an
+                initialised process group (or with one process) it changes nothing.
+            process_group: the ``torch.distributed`` group of ``distributed`` (default: the world).
 
         Returns:
             dict of float means (and int counts), plus ``"per_query"`` when asked.
@@ -263,17 +278,50 @@ class RetrievalEvaluator:
             multilabel = self.multilabel
         if not isinstance(multilabel, bool):
             raise TypeError(f"multilabel must be a bool or None; got {type(multilabel).__name__}")
-        if multilabel:
-            _check_multilabel_backend(self.backend)
-            per_query, Q, L = evaluate_multilabel(
-                self, query, query_labels, reference, reference_labels, ref_includes_query
+        if not isinstance(distributed, bool):
+            raise TypeError(f"distributed must be a bool; got {type(distributed).__name__}")
+        device = check_device("device", device)
+        evaluator = self
+        if device is not None and device != self.device:  # this call only: a copy with that device
+            evaluator = copy.copy(self)
+            evaluator.device = device
+        if not (distributed and is_distributed(process_group)):
+            per_query, Q, L = evaluator._per_query(
+                query, query_labels, reference, reference_labels, ref_includes_query, multilabel
             )
             return self._summarise(per_query, Q, L, return_per_query)
+        query = check_embeddings("query", query)
+        total = query.shape[0]
+        start, end = shard_range(total, process_group)
+        share = _query_share(query, query_labels, reference, reference_labels, ref_includes_query, start,
+                             max(end, start + 1))  # fmt: skip
+        per_query, _, L = evaluator._per_query(*share, multilabel)
+        if end == start:  # fewer queries than processes: this one ranked a query only to learn the keys
+            per_query = {k: v[:0] for k, v in per_query.items()}
+        keys = sorted(per_query)
+        rows = torch.stack([per_query[k].double() for k in keys], 1) if keys else torch.empty(end - start, 0)
+        rows = all_gather(rows.to(comm_device(process_group)), process_group).cpu()
+        return self._summarise(dict(zip(keys, rows.unbind(1))), total, L, return_per_query)
+
+    def _per_query(
+        self,
+        query: Tensor,
+        query_labels: Tensor,
+        reference: Tensor | None,
+        reference_labels: Tensor | None,
+        ref_includes_query: bool,
+        multilabel: bool,
+    ) -> tuple[dict[str, Tensor], int, int]:
+        """``({key: (Q,) float64 on the host}, Q, L)``: the per-query metrics and the ``_``-prefixed counts that
+        :meth:`_summarise` reduces."""
+        if multilabel:
+            _check_multilabel_backend(self.backend)
+            return evaluate_multilabel(self, query, query_labels, reference, reference_labels, ref_includes_query)
         query, ql, reference, rl, self_idx = self._prepare(
             query, query_labels, reference, reference_labels, ref_includes_query
         )
         if self.backend == "faiss":
-            return self._evaluate_faiss(query, ql, reference, rl, self_idx, return_per_query)
+            return self._faiss_per_query(query, ql, reference, rl, self_idx), query.shape[0], ql.shape[1]
         device = self.device if self.device is not None else query.device
         dtype = query.dtype if query.dtype in (torch.float32, torch.float64) else torch.float32
         Q, N, L = query.shape[0], reference.shape[0], ql.shape[1]
@@ -293,16 +341,16 @@ class RetrievalEvaluator:
         block_sizes = [max(n_block[i : i + chunk]) for i in range(0, Q, chunk)]
         starts, ends = starts.to(device), ends.to(device)
         self_col = None if self_col is None else self_col.to(device)
-        queries = query.detach().to(device=device, dtype=dtype)
-        if query_scale != 1.0:
-            queries = queries * query_scale
         per_query: dict[str, list[Tensor]] = {}
         workspace: dict[str, Tensor] = {}
         score_buf = torch.empty(min(chunk, Q), N, dtype=dtype, device=device)
         with torch.no_grad():
             for i, s in enumerate(self._chunks(Q, chunk)):
                 e = min(s + chunk, Q)
-                scores = torch.mm(queries[s:e], gallery.T, out=score_buf[: e - s])
+                queries = query.detach()[s:e].to(device=device, dtype=dtype)  # the queries travel chunk by chunk
+                if query_scale != 1.0:
+                    queries = queries * query_scale
+                scores = torch.mm(queries, gallery.T, out=score_buf[: e - s])
                 ranks = chunk_ranks(
                     scores,
                     starts[s:e],
@@ -315,7 +363,7 @@ class RetrievalEvaluator:
                 )
                 for key, value in self._metrics_from_ranks(ranks).items():
                     per_query.setdefault(key, []).append(value)  # stays on the device until the end
-        return self._summarise(_to_host(per_query), Q, L, return_per_query)
+        return _to_host(per_query), Q, L
 
     def _metrics_from_ranks(self, ranks: RetrievalRanks) -> dict[str, Tensor]:
         L = ranks.num_levels
@@ -346,16 +394,16 @@ class RetrievalEvaluator:
         return result
 
     # ------------------------------------------------------------------------------------------------------------
-    def _evaluate_faiss(
-        self, query: Tensor, ql: Tensor, reference: Tensor, rl: Tensor, self_idx: Tensor | None, per_q: bool
-    ) -> dict[str, Any]:
+    def _faiss_per_query(
+        self, query: Tensor, ql: Tensor, reference: Tensor, rl: Tensor, self_idx: Tensor | None
+    ) -> dict[str, Tensor]:
         try:
             import faiss
         except ImportError as e:
             raise ImportError("backend='faiss' needs faiss: pip install 'pml-suprank[faiss]' (or '[faiss-gpu]')") from e
         import numpy as np
 
-        Q, N, L = query.shape[0], reference.shape[0], ql.shape[1]
+        Q, N = query.shape[0], reference.shape[0]
         kmax = min(max(self.k_values + (1,)), N - (1 if self_idx is not None else 0))
         extra = 1 if self_idx is not None else 0
         index = faiss.IndexFlatIP(reference.shape[1])
@@ -367,12 +415,45 @@ class RetrievalEvaluator:
             order = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices[:, :kmax]
             nn = nn.gather(1, order)
         ranks = _knn_ranks(nn, ql.cpu(), rl.cpu(), self_idx is not None)
-        return self._summarise(self._metrics_from_ranks(ranks), Q, L, per_q)
+        return {k: v.double() for k, v in self._metrics_from_ranks(ranks).items()}
 
 
 def _check_multilabel_backend(backend: str) -> None:
     if backend != "torch":
         raise ValueError(f"multilabel=True needs backend='torch' (exact full ranking); got backend={backend!r}")
+
+
+def _query_share(
+    query: Tensor,
+    query_labels: Tensor,
+    reference: Tensor | None,
+    reference_labels: Tensor | None,
+    ref_includes_query: bool,
+    start: int,
+    end: int,
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None, bool]:
+    """The arguments of an evaluation of the queries ``[start, end)`` only, against the same gallery: with the
+    queries in the gallery (``reference`` None or ``ref_includes_query``) the gallery is reordered so that those
+    queries come first (``ref_includes_query=True``); the order of a gallery never changes a metric."""
+    if not isinstance(query_labels, Tensor):
+        query_labels = torch.as_tensor(query_labels)
+    if reference is None:
+        if reference_labels is not None:
+            raise ValueError("reference_labels given without reference")
+        reference, reference_labels, ref_includes_query = query, query_labels, True
+    share_q, share_l = query[start:end], query_labels[start:end]
+    if not ref_includes_query:
+        return share_q, share_l, reference, reference_labels, False
+    if not isinstance(reference, Tensor) or not isinstance(reference_labels, Tensor):
+        return share_q, share_l, reference, reference_labels, True  # refused with the message of one process
+    order = torch.cat([torch.arange(start, end), torch.arange(start), torch.arange(end, reference.shape[0])])
+    return (
+        share_q,
+        share_l,
+        reference[order.to(reference.device)],
+        reference_labels[order.to(reference_labels.device)],
+        True,
+    )
 
 
 def _to_host(per_query: dict[str, list[Tensor]]) -> dict[str, Tensor]:

@@ -32,9 +32,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .._scaling import overflow_safe_scales
 from .._validation import check_embeddings
 from ..relevance import Hierarchy, check_multilabel, label_ancestors, level_counts, multilabel_relevance
-from ._scaling import overflow_safe_scales
 from .graded import graded_ranks, hap_block, mean_label_average_precision, ndcg_block
 from .ranks import retrieval_ranks
 from .registry import METRICS, MULTILABEL_GROUPS, check_groups, metrics_from_ranks

@@ -12,6 +12,10 @@ on the concatenated data. With ``indices`` (dataset indices) the gathered items 
 indices are kept once: this drops the copies a ``DistributedSampler`` (or Accelerate's even batches) adds to pad
 the last batch, so the result is that of the dataset itself.
 
+Under a process group each process then ranks its share of the queries against all the items and the per-query
+results are gathered once (:meth:`RetrievalEvaluator.evaluate` with ``distributed=True``): no query is ranked twice,
+and every process returns the one-process result.
+
 Memory: ``N × D`` embeddings per process before ``compute``; after it, every process holds the gathered set.
 """
 
@@ -23,29 +27,10 @@ import torch
 from torch import Tensor
 
 from .._validation import check_embeddings, check_labels
+from ..collectives import all_gather, comm_device, is_distributed
 from .evaluator import RetrievalEvaluator
 
 __all__ = ["RetrievalMetric"]
-
-
-# (pml_suprank.distributed has the same collectives, but it imports the losses, which import the metrics)
-def _is_distributed(group: Any) -> bool:
-    dist = torch.distributed
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
-
-
-def _gather_rows(tensor: Tensor, group: Any) -> Tensor:
-    """Concatenate ``tensor`` ``(n_r, ...)`` of every process in rank order (``n_r`` may differ; no gradient)."""
-    world = torch.distributed.get_world_size(group)
-    size = torch.tensor([tensor.shape[0]], device=tensor.device)
-    sizes = [torch.empty_like(size) for _ in range(world)]
-    torch.distributed.all_gather(sizes, size, group=group)
-    sizes = [int(n) for n in sizes]
-    padded = tensor.new_zeros((max(sizes), *tensor.shape[1:]))
-    padded[: tensor.shape[0]] = tensor
-    parts = [torch.empty_like(padded) for _ in range(world)]
-    torch.distributed.all_gather(parts, padded, group=group)
-    return torch.cat([p[:n] for p, n in zip(parts, sizes, strict=True)])
 
 
 def check_update(
@@ -157,8 +142,7 @@ class RetrievalMetric:
         """All processes' data in rank order (collective). Processes without data send empty tensors shaped like
         the others'; embeddings travel as float64 when any process holds float64, else float32."""
         group = self.process_group
-        backend = torch.distributed.get_backend(group)
-        device = torch.device("cpu") if backend == "gloo" else (emb.device if emb.numel() else torch.device("cuda"))
+        device = comm_device(group, emb.device if emb.numel() else None)
         has = bool(self._embeddings)
         header = torch.tensor(
             [
@@ -186,9 +170,9 @@ class RetrievalMetric:
             emb = torch.empty(0, width)
             labels = torch.empty((0,) if ndim == 1 else (0, cols), dtype=torch.long)
             indices = torch.empty(0, dtype=torch.long) if bool(full[0, 5]) else None
-        emb = _gather_rows(emb.to(device, dtype), group)
-        labels = _gather_rows(labels.to(device), group)
-        indices = None if indices is None else _gather_rows(indices.to(device), group)
+        emb = all_gather(emb.to(device, dtype), group)
+        labels = all_gather(labels.to(device), group)
+        indices = None if indices is None else all_gather(indices.to(device), group)
         return emb, labels, indices
 
     def compute(self, **evaluate_kwargs: Any) -> dict[str, Any]:
@@ -200,7 +184,8 @@ class RetrievalMetric:
             what ``RetrievalEvaluator.evaluate`` returns on the gathered, concatenated data.
         """
         emb, labels, indices = self._local()
-        if self.sync and _is_distributed(self.process_group):
+        split = self.sync and is_distributed(self.process_group)
+        if split:
             emb, labels, indices = self._gather(emb, labels, indices)
         elif not self._embeddings:
             raise ValueError("RetrievalMetric.compute() called before any update()")
@@ -211,4 +196,6 @@ class RetrievalMetric:
             first[1:] = sorted_idx[1:] != sorted_idx[:-1]
             keep = order[first].to(emb.device)
             emb, labels = emb[keep], labels[keep.to(labels.device)]
+        if split:  # every process ranks its share of the queries against all the items; results gathered once
+            evaluate_kwargs = {"distributed": True, "process_group": self.process_group, **evaluate_kwargs}
         return self.evaluator.evaluate(emb, labels, **evaluate_kwargs)

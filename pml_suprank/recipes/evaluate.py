@@ -21,7 +21,8 @@
 #   benchmark is evaluated alone (each query against the others, with the plots).
 #
 # Embeddings are computed on every process's shard and collected with `accelerator.gather_for_metrics`
-# (pml_suprank.training.embed_loader, the loop the trainer uses).
+# (pml_suprank.training.embed_loader, the loop the trainer uses); the ranking runs on the accelerator's device, each
+# process ranking its share of the queries against the whole gallery (RetrievalEvaluator.evaluate(distributed=True)).
 ########################################################################
 from __future__ import annotations
 
@@ -268,7 +269,8 @@ def evaluate_dyml(spec: EvaluateSpec, name: str, model: torch.nn.Module, acceler
     from pml_suprank.metrics import RetrievalEvaluator
 
     transform = _test_transform(model)
-    evaluator = RetrievalEvaluator(k_values=tuple(sorted({1, *spec.k_values})), alpha=spec.alpha)
+    evaluator = RetrievalEvaluator(k_values=tuple(sorted({1, *spec.k_values})), alpha=spec.alpha,
+                                   device=accelerator.device)  # fmt: skip
     keys = ("ap", "map_at_r", "asi", "recall_at_1")
     out: dict[str, float] = {}
     for g in DYML_GRANULARITIES:
@@ -276,7 +278,7 @@ def evaluate_dyml(spec: EvaluateSpec, name: str, model: torch.nn.Module, acceler
                        spec.eval_batch_size, accelerator)  # fmt: skip
         r, rl = _embed(model, data.load_benchmark(name, spec.data_root, f"gallery_{g}", transform),
                        spec.eval_batch_size, accelerator)  # fmt: skip
-        metrics = evaluator.evaluate(q, ql, r, rl)
+        metrics = evaluator.evaluate(q, ql, r, rl, distributed=accelerator.num_processes > 1)
         out.update({f"{k}_{g}": float(metrics[k]) for k in keys})
         out[f"num_queries_{g}"] = float(len(q))
     for k in keys:
@@ -297,7 +299,8 @@ def evaluate_landmark(spec: EvaluateSpec, name: str, model: torch.nn.Module, acc
                    accelerator)  # fmt: skip
     r, rl = _embed(model, data.load_benchmark(name, spec.data_root, "gallery", transform), spec.eval_batch_size,
                    accelerator)  # fmt: skip
-    out = _floats(RetrievalEvaluator(k_values=tuple(spec.k_values), alpha=spec.alpha).evaluate(q, ql, r, rl))
+    evaluator = RetrievalEvaluator(k_values=tuple(spec.k_values), alpha=spec.alpha, device=accelerator.device)
+    out = _floats(evaluator.evaluate(q, ql, r, rl, distributed=accelerator.num_processes > 1))
     per_query = landmark_map_at_k(q @ r.T, ql[:, None, 0] == rl[None, :, 0], k=100)
     out["map_at_100"] = float(torch.nanmean(per_query))
     return out
@@ -346,7 +349,8 @@ def evaluate_test_set(spec: EvaluateSpec, section: dict, model: torch.nn.Module,
         raise SystemExit(f"{spec.model} on {source.name} (--split {source.split}): {e}") from None
     loader = accelerator.prepare(make_loader(dataset, spec.eval_batch_size))
     emb, labels, idx = embed_loader(model, loader, accelerator, progress=True)
-    metrics = _floats(RetrievalEvaluator(k_values=tuple(spec.k_values), alpha=spec.alpha).evaluate(emb, labels))
+    evaluator = RetrievalEvaluator(k_values=tuple(spec.k_values), alpha=spec.alpha, device=accelerator.device)
+    metrics = _floats(evaluator.evaluate(emb, labels, distributed=accelerator.num_processes > 1))
     accelerator.print(f"{spec.model} on {source.name} ({source.split}, {len(dataset)} images):")
     accelerator.print(one_column(metrics))
     out = _write_metrics(spec, metrics, accelerator)

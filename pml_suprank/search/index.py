@@ -21,8 +21,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .._scaling import times_power_of_two
 from .._validation import check_choice, check_device, check_embeddings, check_labels, check_positive_int
-from ..metrics._scaling import times_power_of_two
+from ..collectives import all_gather, comm_device, is_distributed, shard_range
 from .faiss_backends import FaissSearcher
 from .options import BACKENDS, INT32_MAX, check_ids, check_option, resolve_options
 from .scale import check_scores_fit, max_abs, underflow_exponent
@@ -169,13 +170,20 @@ class RetrievalIndex:
         return self
 
     # ------------------------------------------------------------------ search
-    def search(self, queries: Tensor, k: int, *, progress: bool = False) -> tuple[Tensor, Tensor]:
+    def search(
+        self, queries: Tensor, k: int, *, progress: bool = False, distributed: bool = False, process_group: Any = None
+    ) -> tuple[Tensor, Tensor]:
         """The ``k`` best gallery items of each query by inner product.
 
         Args:
             queries: ``(Q, D)`` finite floating-point embeddings (``Q >= 1``), same width as the gallery.
             k: ``1 <= k <= len(index)``.
             progress: a tqdm bar over the query blocks (torch backend).
+            distributed: split the queries across the processes of ``process_group`` (every process calls this with
+                the same queries and an index of the same gallery): each searches its contiguous share and the
+                results are gathered once, so every process returns the one-process result. A collective: keep the
+                default ``False`` when only some processes search. Nothing changes without a process group.
+            process_group: the ``torch.distributed`` group of ``distributed`` (default: the world).
 
         Returns:
             ``scores (Q, k)`` (decreasing along each row) and ``indices (Q, k)`` (long gallery rows) on the index
@@ -199,12 +207,25 @@ class RetrievalIndex:
         query_abs = max_abs(queries)
         check_scores_fit("queries", queries, query_abs, self._embeddings, self._max_abs, self.dtype)
         shift = underflow_exponent(query_abs, self._max_abs, self.dtype)  # 0 unless scores would underflow
+        if not isinstance(distributed, bool):
+            raise TypeError(f"distributed must be a bool; got {type(distributed).__name__}")
+        split = distributed and is_distributed(process_group)
+        if split:
+            start, end = shard_range(queries.shape[0], process_group)
+            queries = queries[start:end]
         q = times_power_of_two(queries.detach().to(self.device, self.dtype), shift)
-        if self._faiss is not None:
+        if q.shape[0] == 0:  # a process with no share of the queries
+            scores = torch.empty(0, k, dtype=self.dtype, device=self.device)
+            indices = torch.empty(0, k, dtype=torch.long, device=self.device)
+        elif self._faiss is not None:
             scores, indices = self._faiss.search(q, k)
             scores, indices = scores.to(self.device), indices.to(self.device)
         else:
             scores, indices = exact_topk(q, self._embeddings, k, block_elements=self.block_elements, progress=progress)
+        if split:
+            wire = comm_device(process_group, self.device)
+            scores = all_gather(scores.to(wire), process_group).to(self.device)
+            indices = all_gather(indices.to(wire), process_group).to(self.device)
         return times_power_of_two(scores, -shift), indices
 
     # ------------------------------------------------------------------ persistence

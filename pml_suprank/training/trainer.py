@@ -6,16 +6,16 @@ What :class:`Trainer` does:
   the loss (whose proxies are parameters, e.g. ``ClusterLoss``) are wrapped in one :class:`LossModule` that goes
   through ``accelerator.prepare``, so DDP synchronises the proxies' gradients too;
 * **exact distributed loss**: under several processes the embeddings of the global batch are gathered *with
-  gradients* (:func:`pml_suprank.distributed.all_gather_with_grad`) and every process computes the loss of the
+  gradients* (:func:`pml_suprank.collectives.all_gather_with_grad`) and every process computes the loss of the
   global batch; after DDP's gradient averaging this equals the single-process gradient on the concatenated batch;
 * **parameter groups** ``backbone`` / ``head`` / ``proxies`` with their own learning rates, **warm-up epochs with the
   backbone frozen** (no gradient, not stepped, no scheduler step, as in the ROADMAP / HAPPIER reference code) and a
   **cosine** schedule over the remaining steps;
 * the package's **samplers** (which shard themselves: one global batch of ``num_processes * batch_size`` per step)
   and the **memory** (``RankingMemory``);
-* **evaluation** every ``eval_every`` epochs with :class:`pml_suprank.metrics.RetrievalEvaluator` on embeddings
-  gathered with ``accelerator.gather_for_metrics``; **progress bars** on the main process; **tracking** through
-  ``accelerator.log``;
+* **evaluation** every ``eval_every`` epochs with :class:`pml_suprank.metrics.RetrievalEvaluator` on the accelerator's
+  device (the evaluator's own ``device`` if it has one), the queries split across the processes; **progress bars** on
+  the main process; **tracking** through ``accelerator.log``;
 * **checkpoints** every ``checkpoint_every`` steps written *atomically* and an **exact resume**: model, optimizer,
   scheduler, memory, RNG states, sampler epoch and position are restored and the augmentation of every item is
   seeded by ``(seed, epoch, index)`` — a resumed run ends with the same weights as an uninterrupted one;
@@ -225,28 +225,27 @@ class Trainer:
     def embed(self, dataset: Dataset | None = None, description: str = "embedding") -> tuple[Tensor, Tensor, Tensor]:
         """Embeddings ``(N, D)``, labels ``(N, L)`` and indices of ``dataset`` (default: the test set), gathered
         over processes."""
-        if dataset is None:
-            if self.test_dataset is None:
-                raise ValueError("no test_dataset was given to the Trainer; pass dataset=")
-            if self._eval_loader is None:
-                self._eval_loader = self.accelerator.prepare(self._plain_loader(self.test_dataset))
-            loader = self._eval_loader
-        else:
-            loader = self.accelerator.prepare(self._plain_loader(dataset))
+        if dataset is None and self.test_dataset is None:
+            raise ValueError("no test_dataset was given to the Trainer; pass dataset=")
+        loader = self._eval_loader if dataset is None else None  # the test set's loader is prepared once
+        if loader is None:
+            loader = self.accelerator.prepare(make_loader(self.test_dataset if dataset is None else dataset,
+                                                          self.config.eval_batch_size, self.config.num_workers))
+            self._eval_loader = loader if dataset is None else self._eval_loader
         return embed_loader(self.model, loader, self.accelerator, progress=True, description=description)
-
-    def _plain_loader(self, dataset: Dataset) -> DataLoader:
-        return make_loader(dataset, self.config.eval_batch_size, self.config.num_workers)
 
     def evaluate(self, dataset: Dataset | None = None, description: str = "evaluation") -> dict[str, float]:
         """Retrieval metrics of ``dataset`` (default: the test set) against itself, every query excluded from its
-        own gallery: ``{"ap", "map_at_r", "recall_at_k", "h_ap", "ndcg", "asi", "ap_level{l}", ...}``."""
+        own gallery: ``{"ap", "map_at_r", "recall_at_k", "h_ap", "ndcg", "asi", "ap_level{l}", ...}``, ranked on the
+        accelerator's device, each process ranking its share of the queries (every process gets all the metrics)."""
         with torch.random.fork_rng(devices=[]):  # building the loader draws from the global RNG: keep it untouched
             emb, labels, idx = self.embed(dataset, description=description)
         self.last_embeddings = (emb, labels, idx)
         if self.first_embeddings is None:
             self.first_embeddings = self.last_embeddings
-        result = self._get_evaluator().evaluate(emb, labels)
+        ev = self._get_evaluator()
+        device = self.accelerator.device if ev.device is None else ev.device
+        result = ev.evaluate(emb, labels, device=device, distributed=self.accelerator.num_processes > 1)
         scalar = (int, float, np.floating, np.integer)
         return {k: float(v) for k, v in result.items()
                 if (isinstance(v, Tensor) and v.numel() == 1) or isinstance(v, scalar)}  # fmt: skip

@@ -1,7 +1,10 @@
 """Worker of tests/metrics/test_retrieval_metric.py: one gloo process of a 2-process run (started by the test).
 
 Each rank feeds its shard of a fixed global dataset to ``RetrievalMetric`` in uneven batches (rank 1 also gets
-nothing in one scenario) and rank 0 writes the gathered results as JSON to ``--out``.
+nothing in one scenario), then calls ``RetrievalEvaluator.evaluate(..., distributed=True)`` on the whole data (its
+own gallery, a separate gallery, queries in the gallery, multi-label sets, fewer queries than processes) while the
+rows given to the ranking kernel are counted (the kernel itself runs). Each rank writes its results as JSON to
+``--out`` with ``.rank{r}`` appended.
 
 Usage: ``python _retrieval_metric_worker.py --out f.json --rank r --world-size 2 --port p``
 """
@@ -14,7 +17,22 @@ import json
 import torch
 import torch.distributed as dist
 
-from pml_suprank.metrics import RetrievalMetric
+from pml_suprank.metrics import RetrievalEvaluator, RetrievalMetric
+from pml_suprank.metrics import evaluator as evaluator_module
+
+
+def split_cases(emb, labels):
+    """``{name: (evaluator kwargs, evaluate args, evaluate kwargs)}`` of the query-split checks."""
+    fine = labels[:, 0]
+    sets = torch.stack([fine, torch.where(fine % 2 == 0, (fine + 1) % 6, -1)], 1)  # multi-label, -1 padded
+    return {
+        "self": ({}, (emb, labels), {}),
+        "gallery": ({}, (emb[:15], labels[:15], emb[15:], labels[15:]), {}),
+        "queries_in_gallery": ({}, (emb[:15], labels[:15], emb, labels), {"ref_includes_query": True}),
+        "fine_only": ({}, (emb, fine), {}),
+        "multilabel": ({"multilabel": True}, (emb, sets), {}),
+        "one_query": ({}, (emb[:1], labels[:1], emb, labels), {}),
+    }
 
 
 def global_data():
@@ -64,11 +82,33 @@ def main() -> None:
     local = RetrievalMetric(k_values=(1, 4), sync=False)
     local.update(emb[s:e], labels[s:e])
     results["local"] = local.compute()
-    if args.rank == 0:
-        with open(args.out, "w") as f:
-            json.dump(
-                {k: v if isinstance(v, int) else {m: float(x) for m, x in v.items()} for k, v in results.items()}, f
-            )
+    # the query split of the evaluator: the rows this process ranks are counted around the (real) kernel
+    ranked = []
+    kernel = evaluator_module.chunk_ranks
+
+    def counted(scores, *rest):
+        ranked.append(int(scores.shape[0]))
+        return kernel(scores, *rest)
+
+    evaluator_module.chunk_ranks = counted
+    split, rows = {}, {}
+    for name, (init, call, kwargs) in split_cases(emb, labels).items():
+        ranked.clear()
+        out = RetrievalEvaluator(k_values=(1, 4), **init).evaluate(*call, distributed=True, return_per_query=True,
+                                                                   **kwargs)  # fmt: skip
+        per_query = out.pop("per_query")
+        split[name] = {"summary": {m: float(x) for m, x in out.items()},
+                       "per_query": {m: v.tolist() for m, v in per_query.items()}}  # fmt: skip
+        rows[name] = sum(ranked)
+    evaluator_module.chunk_ranks = kernel
+    # the search's query split
+    from pml_suprank.search import RetrievalIndex
+
+    scores, indices = RetrievalIndex(emb.float()).search(emb.float(), 5, distributed=True)
+    split["search"] = {"scores": scores.tolist(), "indices": indices.tolist()}
+    plain = {k: v if isinstance(v, int) else {m: float(x) for m, x in v.items()} for k, v in results.items()}
+    with open(f"{args.out}.rank{args.rank}", "w") as f:
+        json.dump({**plain, "split": split, "ranked_rows": rows}, f)
     dist.barrier()
     dist.destroy_process_group()
 

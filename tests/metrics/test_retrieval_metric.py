@@ -123,14 +123,39 @@ def test_two_gloo_processes_equal_the_one_shot_evaluator(tmp_path):
                                       text=True, cwd=ROOT, env={**_base_env(), **env}))  # fmt: skip
     logs = [p.communicate(timeout=600)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)
-    got = json.loads(out.read_text())
+    ranks = [json.loads(Path(f"{out}.rank{r}").read_text()) for r in range(2)]
+    got = ranks[0]
 
     sys.path.insert(0, str(WORKER.parent))
     try:
-        from _retrieval_metric_worker import global_data
+        from _retrieval_metric_worker import global_data, split_cases
     finally:
         sys.path.remove(str(WORKER.parent))
     emb, labels = global_data()
+    # the evaluator's query split: both processes return the one-process result (counts equal, floats to 1e-12,
+    # per query too), and the two processes ranked disjoint shares that cover every query once
+    for name, (init, call, kwargs) in split_cases(emb, labels).items():
+        one = RetrievalEvaluator(k_values=(1, 4), **init).evaluate(*call, return_per_query=True, **kwargs)
+        per_query = one.pop("per_query")
+        for r in range(2):
+            summary, rows = ranks[r]["split"][name]["summary"], ranks[r]["split"][name]["per_query"]
+            assert summary.keys() == one.keys() and rows.keys() == per_query.keys(), name
+            for key, value in one.items():
+                if isinstance(value, int):
+                    assert summary[key] == value, (name, key)
+                else:
+                    assert summary[key] == pytest.approx(value, abs=1e-12, nan_ok=True), (name, key)
+            for key, values in per_query.items():
+                torch.testing.assert_close(torch.tensor(rows[key], dtype=torch.float64), values, rtol=0, atol=1e-12,
+                                           equal_nan=True, msg=f"{name} {key}")  # fmt: skip
+        if not init.get("multilabel") and name != "one_query":
+            assert ranks[0]["ranked_rows"][name] + ranks[1]["ranked_rows"][name] == len(call[0]), name
+            assert min(ranks[0]["ranked_rows"][name], ranks[1]["ranked_rows"][name]) > 0, name
+    from pml_suprank.search import RetrievalIndex
+
+    scores, indices = RetrievalIndex(emb.float()).search(emb.float(), 5)
+    for r in range(2):
+        assert ranks[r]["split"]["search"] == {"scores": scores.tolist(), "indices": indices.tolist()}
     evaluator = RetrievalEvaluator(k_values=(1, 4))
     _assert_same(got["plain"], evaluator.evaluate(emb, labels))
     _assert_same(got["padded"], evaluator.evaluate(emb, labels))

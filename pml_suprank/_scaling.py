@@ -1,4 +1,4 @@
-"""Overflow-safe scaling of the embeddings before the evaluators' score matmul."""
+"""Overflow-safe scaling by powers of two of the embeddings before a score matmul (the evaluators, the search index)."""
 
 from __future__ import annotations
 

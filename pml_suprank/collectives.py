@@ -1,0 +1,138 @@
+"""The package's collectives over ``torch.distributed``: one gather (rows may differ between processes), with or
+without gradient, and the share of a range of items that a process handles.
+
+Used by the distributed losses and the memory (:mod:`pml_suprank.distributed`), the training loop and the metrics
+(:class:`~pml_suprank.metrics.RetrievalMetric`, :meth:`~pml_suprank.metrics.RetrievalEvaluator.evaluate` with
+``distributed=True``). Every function reduces to the local tensor without an initialised process group (or with one
+process). This module depends on torch only, so that every layer of the package may use it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["all_gather", "all_gather_with_grad", "shard_range"]
+
+
+def is_distributed(group: Any = None) -> bool:
+    """True when ``torch.distributed`` is initialised with more than one process in ``group``."""
+    return (
+        torch.distributed.is_available()
+        and torch.distributed.is_initialized()
+        and torch.distributed.get_world_size(group) > 1
+    )
+
+
+def get_world_size(group: Any = None) -> int:
+    """Number of processes in ``group`` (1 without an initialised process group)."""
+    return torch.distributed.get_world_size(group) if is_distributed(group) else 1
+
+
+def get_rank(group: Any = None) -> int:
+    """This process's rank in ``group`` (0 without an initialised process group)."""
+    return torch.distributed.get_rank(group) if is_distributed(group) else 0
+
+
+def comm_device(group: Any = None, preferred: torch.device | None = None) -> torch.device:
+    """The device tensors must be on to travel through ``group``: the CPU for gloo, else ``preferred`` when it is
+    not the CPU, else the current CUDA device (nccl)."""
+    if torch.distributed.get_backend(group) == "gloo":
+        return torch.device("cpu")
+    if preferred is not None and preferred.type != "cpu":
+        return preferred
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def gather_sizes(n: int, device: torch.device, group: Any = None) -> list[int]:
+    """``[n_0, ..., n_{W-1}]``: the number of rows of every process (one collective)."""
+    mine = torch.tensor([n], dtype=torch.long, device=device)
+    out = [torch.zeros_like(mine) for _ in range(torch.distributed.get_world_size(group))]
+    torch.distributed.all_gather(out, mine, group=group)
+    return [int(x) for x in out]
+
+
+def _pad_rows(x: Tensor, rows: int) -> Tensor:
+    if x.shape[0] == rows:
+        return x.contiguous()
+    pad = x.new_zeros((rows - x.shape[0], *x.shape[1:]))
+    return torch.cat([x, pad]).contiguous()
+
+
+class _AllGatherWithGrad(torch.autograd.Function):
+    """Forward: ``all_gather`` of equally shaped tensors. Backward: this slice's gradient summed over all processes
+    (the semantics of ``torch.distributed.nn.functional.all_gather``, implemented with one ``all_reduce`` so that it
+    works on every backend and does not depend on that deprecated module)."""
+
+    @staticmethod
+    def forward(ctx, tensor: Tensor, group: Any) -> Tensor:
+        ctx.group = group
+        ctx.rank = torch.distributed.get_rank(group)
+        ctx.rows = tensor.shape[0]
+        parts = [torch.empty_like(tensor) for _ in range(torch.distributed.get_world_size(group))]
+        torch.distributed.all_gather(parts, tensor.contiguous(), group=group)
+        return torch.cat(parts)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        grad = grad.contiguous().clone()
+        torch.distributed.all_reduce(grad, op=torch.distributed.ReduceOp.SUM, group=ctx.group)
+        return grad[ctx.rank * ctx.rows : (ctx.rank + 1) * ctx.rows], None
+
+
+def gather_rows(tensor: Tensor, sizes: list[int], group: Any = None, *, with_grad: bool = False) -> Tensor:
+    """The gather itself: ``tensor`` ``(sizes[rank], ...)`` of every process concatenated in rank order ``(Σ sizes,
+    ...)``, each padded to ``max(sizes)`` rows on the wire; ``with_grad`` keeps the autograd graph (backward: the
+    sum over processes). Collective: every process of ``group`` calls it with the same ``sizes``."""
+    rows = max(sizes)
+    if with_grad:
+        gathered = _AllGatherWithGrad.apply(_pad_rows(tensor, rows), group)
+        return torch.cat([gathered[r * rows : r * rows + n] for r, n in enumerate(sizes)])
+    padded = _pad_rows(tensor.detach(), rows)
+    parts = [torch.empty_like(padded) for _ in sizes]
+    torch.distributed.all_gather(parts, padded, group=group)
+    return torch.cat([p[:n] for p, n in zip(parts, sizes, strict=True)])
+
+
+def check_tensor(name: str, tensor: Any) -> None:
+    if not isinstance(tensor, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor; got {type(tensor).__name__}")
+
+
+def all_gather_with_grad(tensor: Tensor, group: Any = None) -> Tensor:
+    """Concatenate ``tensor`` ``(n_r, ...)`` of every process along dim 0, keeping the autograd graph.
+
+    The backward pass gives each process's slice the *sum* of the gradients computed by all processes (as
+    ``torch.distributed.nn.functional.all_gather``). The number of rows may differ between processes.
+
+    Args:
+        tensor: ``(n_r, ...)`` on this process.
+        group: process group (default: the world).
+
+    Returns:
+        ``(Σ_r n_r, ...)`` in rank order; ``tensor`` itself when not distributed.
+    """
+    check_tensor("tensor", tensor)
+    if not is_distributed(group):
+        return tensor
+    return gather_rows(tensor, gather_sizes(tensor.shape[0], tensor.device, group), group, with_grad=True)
+
+
+def all_gather(tensor: Tensor, group: Any = None) -> Tensor:
+    """Concatenate ``tensor`` ``(n_r, ...)`` of every process along dim 0, *without* gradient (labels, indices,
+    memory entries, per-query metrics). The number of rows may differ between processes; ``tensor`` itself
+    (detached) when not distributed."""
+    check_tensor("tensor", tensor)
+    if not is_distributed(group):
+        return tensor.detach()
+    return gather_rows(tensor, gather_sizes(tensor.shape[0], tensor.device, group), group)
+
+
+def shard_range(n: int, group: Any = None) -> tuple[int, int]:
+    """``(start, end)``: this process's contiguous share of ``n`` items (rank ``r`` of ``W`` gets
+    ``[⌊n·r/W⌋, ⌊n·(r+1)/W⌋)``; the shares cover ``range(n)`` once, in rank order); ``(0, n)`` when not
+    distributed."""
+    world, rank = get_world_size(group), get_rank(group)
+    return n * rank // world, n * (rank + 1) // world

@@ -1,0 +1,68 @@
+"""Where and by whom the evaluator ranks: ``evaluate(device=...)`` gives the metrics of the CPU on every device
+(counts identical, floats to 1e-9) without changing the evaluator, and ``distributed=True`` without a process group
+is the one-process evaluation. The 2-process split is checked in tests/metrics/test_retrieval_metric.py."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from pml_suprank.metrics import RetrievalEvaluator
+
+
+def _data(n=90, d=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    emb = torch.nn.functional.normalize(torch.randn(n, d, generator=g), dim=1)
+    fine = torch.randint(0, 9, (n,), generator=g)
+    return emb, torch.stack([fine, fine // 3], 1)
+
+
+def _assert_close(got: dict, want: dict, tol: float) -> None:
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        if isinstance(value, int):
+            assert got[key] == value, key
+        else:
+            assert math.isclose(got[key], value, abs_tol=tol) or (math.isnan(got[key]) and math.isnan(value)), key
+
+
+@pytest.mark.parametrize("chunk_size", [None, 7])
+def test_per_call_device_gives_the_cpu_metrics(device, chunk_size):
+    emb, labels = _data()
+    evaluator = RetrievalEvaluator(k_values=(1, 5), chunk_size=chunk_size)
+    cpu = evaluator.evaluate(emb, labels)
+    got = evaluator.evaluate(emb, labels, device=device)
+    _assert_close(got, cpu, 1e-9)
+    assert evaluator.device is None  # the call's device does not stick
+    gallery = evaluator.evaluate(emb[:30], labels[:30], emb[30:], labels[30:], device=device)
+    _assert_close(gallery, evaluator.evaluate(emb[:30], labels[:30], emb[30:], labels[30:]), 1e-9)
+
+
+def test_per_call_device_reaches_the_ranking():
+    emb, labels = _data(n=20)
+    seen = []
+
+    class Recording(RetrievalEvaluator):
+        def _per_query(self, *args):
+            seen.append(self.device)
+            return super()._per_query(*args)
+
+    Recording(device="cpu").evaluate(emb, labels)
+    Recording().evaluate(emb, labels, device=torch.device("cpu"))
+    Recording().evaluate(emb, labels)
+    assert seen == [torch.device("cpu"), torch.device("cpu"), None]
+    with pytest.raises(ValueError, match="device"):
+        RetrievalEvaluator().evaluate(emb, labels, device="no-such-device")
+
+
+def test_distributed_without_a_process_group_is_one_process():
+    emb, labels = _data()
+    evaluator = RetrievalEvaluator(k_values=(1, 5))
+    want = evaluator.evaluate(emb, labels, return_per_query=True)
+    got = evaluator.evaluate(emb, labels, return_per_query=True, distributed=True)
+    for key in want["per_query"]:
+        torch.testing.assert_close(got["per_query"][key], want["per_query"][key], rtol=0, atol=0, equal_nan=True)
+    with pytest.raises(TypeError, match="distributed must be a bool"):
+        evaluator.evaluate(emb, labels, distributed="yes")
