@@ -347,6 +347,7 @@ class MPerClassSampler(Sampler[int]):
         """Resume where a saved stream stopped (at a batch boundary)."""
         self._batches.load_state_dict(state_dict)
 
+
 class HierarchicalSampler(ShardedBatchSampler):
     """The Stanford Online Products sampler: every batch is drawn from ``super_classes_per_batch`` super-classes.
 
