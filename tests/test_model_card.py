@@ -116,12 +116,21 @@ def _run_folder(root, *, dataset, label_names, class_counts, guard=True, hub_dat
         "dataset": dataset,
         "label_names": label_names,
         "data_summary": {
-            "train": {"images": 2 * sum(class_counts.values()), "classes": len(class_counts),
-                      "class_counts": {f"train {k}": 2 * v for k, v in class_counts.items()}},
+            "train": {
+                "images": 2 * sum(class_counts.values()),
+                "classes": len(class_counts),
+                "class_counts": {f"train {k}": 2 * v for k, v in class_counts.items()},
+            },
             "test": {"images": sum(class_counts.values()), "classes": len(class_counts), "class_counts": class_counts},
         },  # fmt: skip
-        "compute": {"device": "cpu", "device_name": "2 CPU cores (x86_64)", "num_processes": 1,
-                    "mixed_precision": "no", "torch": torch.__version__, "pml_suprank": "0"},  # fmt: skip
+        "compute": {
+            "device": "cpu",
+            "device_name": "2 CPU cores (x86_64)",
+            "num_processes": 1,
+            "mixed_precision": "no",
+            "torch": torch.__version__,
+            "pml_suprank": "0",
+        },  # fmt: skip
         "schedule": {"steps_per_epoch": 9, "total_steps": 20},
         "card_hub": {"datasets": hub_datasets} if hub_datasets else {},
     }
