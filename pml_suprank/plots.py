@@ -39,6 +39,8 @@ __all__ = [
     "plot_embedding_map",
     "plot_hierarchical_precision_recall",
     "plot_precision_recall",
+    "plot_retrieval_grid",
+    "precision_recall_curve",
 ]
 
 BORDER_COLOURS = {"fine": "#2ca02c", "coarse": "#ff7f0e", "negative": "#d62728"}
