@@ -534,7 +534,7 @@ def plot_training_curves(
                 steps, values = _series(history, k)
                 peak = float(values.max()) if values.size and values.max() > 0 else 1.0
                 ax.plot(
-                    steps, values / peak, lw=1.2, marker=".", label=f"{_literal(k[len('lr_') :])} (peak {peak:.3g})"
+                    steps, values / peak, lw=1.2, marker=".", label=f"{_literal(k[len('lr_') :])} (largest {peak:.3g})"
                 )
             ax.set(
                 ylabel="lr / peak", ylim=(-0.03, 1.08), title="Learning rate per parameter group (relative to its peak)"

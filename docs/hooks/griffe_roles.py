@@ -25,7 +25,9 @@ from typing import Any
 
 import griffe
 
-ROLE = re.compile(r":(?:py:)?(?:class|func|meth|mod|attr|data|exc|obj|const|paramref):`(?P<tilde>~?)(?P<target>[^`]+?)`")
+ROLE = re.compile(
+    r":(?:py:)?(?:class|func|meth|mod|attr|data|exc|obj|const|paramref):`(?P<tilde>~?)(?P<target>[^`]+?)`"
+)
 PACKAGE = "pml_suprank"
 
 

@@ -116,33 +116,38 @@ def plot_score_histograms(
     import matplotlib.pyplot as plt
 
     names = list(id_scores)
-    cols = len(groups)
-    fig, axes = plt.subplots(len(names), cols, figsize=(4.6 * cols + 0.4, 3.1 * len(names) + 0.9), squeeze=False)
+    panels = [(name, group, sets) for name in names for group, sets in groups.items()]
+    # a row per detector with a panel per group; one group: two detectors a row (the figure keeps a page's width)
+    cols = len(groups) if len(groups) > 1 else min(2, len(names))
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols + 0.4, 3.1 * rows + 0.9), squeeze=False)
     colours = [c for c in plt.rcParams["axes.prop_cycle"].by_key()["color"] if c != "#7f7f7f"]
     colour_of = {s: colours[i % len(colours)] for i, s in enumerate(ood_scores)}
-    for row, name in enumerate(names):
-        for col, (group, sets) in enumerate(groups.items()):
-            ax = axes[row, col]
-            arrays = {"ID test": _array(id_scores[name], name, "ID test")}
-            arrays.update({s: _array(ood_scores[s][name], name, s) for s in sets})
-            edges, linthresh = _edges(list(arrays.values()), bins)
-            for label, arr in arrays.items():
-                weights = np.full(arr.size, 1.0 / arr.size)
-                clipped = np.clip(arr, edges[0], edges[-1])
-                if label == "ID test":
-                    ax.hist(clipped, bins=edges, weights=weights, color="#7f7f7f", alpha=0.45, label="ID test")
-                    continue
-                a = auroc(id_scores[name], ood_scores[label][name])
-                f = fpr_at_tpr(id_scores[name], ood_scores[label][name], convention=convention)
-                ax.hist(clipped, bins=edges, weights=weights, histtype="step", lw=1.6, color=colour_of[label],
-                        label=f"{_literal(label)}: AUROC {100 * a:.1f} · FPR95 {100 * f:.1f}")  # fmt: skip
-            if linthresh is not None:
-                ax.set_xscale("symlog", linthresh=linthresh)
-            ax.set_title(f"{_literal(name)} — {_literal(group)}", fontsize=9)
-            ax.set_xlabel("score (higher = more OOD)" + (", symlog" if linthresh is not None else ""), fontsize=8)
-            ax.set_ylabel("fraction of the set", fontsize=8)
-            ax.tick_params(labelsize=7)
-            ax.legend(fontsize=7, loc="best", frameon=False)
+    for k, (name, group, sets) in enumerate(panels):
+        row, col = divmod(k, cols)
+        ax = axes[row, col]
+        arrays = {"ID test": _array(id_scores[name], name, "ID test")}
+        arrays.update({s: _array(ood_scores[s][name], name, s) for s in sets})
+        edges, linthresh = _edges(list(arrays.values()), bins)
+        for label, arr in arrays.items():
+            weights = np.full(arr.size, 1.0 / arr.size)
+            clipped = np.clip(arr, edges[0], edges[-1])
+            if label == "ID test":
+                ax.hist(clipped, bins=edges, weights=weights, color="#7f7f7f", alpha=0.45, label="ID test")
+                continue
+            a = auroc(id_scores[name], ood_scores[label][name])
+            f = fpr_at_tpr(id_scores[name], ood_scores[label][name], convention=convention)
+            ax.hist(clipped, bins=edges, weights=weights, histtype="step", lw=1.6, color=colour_of[label],
+                    label=f"{_literal(label)}: AUROC {100 * a:.1f} · FPR95 {100 * f:.1f}")  # fmt: skip
+        if linthresh is not None:
+            ax.set_xscale("symlog", linthresh=linthresh)
+        ax.set_title(f"{_literal(name)} — {_literal(group)}", fontsize=9)
+        ax.set_xlabel("score (higher = more OOD)" + (", symlog" if linthresh is not None else ""), fontsize=8)
+        ax.set_ylabel("fraction of the set", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=7, loc="best", frameon=False)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.axis("off")
     fig.suptitle(f"{_literal(title)}\n{CONVENTION_TEXT[convention]}", fontsize=9)
     fig.tight_layout()
     path = Path(path)
