@@ -136,7 +136,10 @@ def test_training_curves_show_loss_learning_rates_and_metrics_by_their_card_name
     np.testing.assert_allclose(loss_ax.lines[0].get_ydata(), [1.4, 1.1, 0.9])
     # linear, relative to each group's peak: the cosine decay to 0 is drawn to the last step (a log axis drops it)
     assert lr_ax.get_yscale() == "linear"
-    assert [t.get_text() for t in lr_ax.get_legend().get_texts()] == ["backbone (largest 0.001)", "proxies (largest 10)"]
+    assert [t.get_text() for t in lr_ax.get_legend().get_texts()] == [
+        "backbone (largest 0.001)",
+        "proxies (largest 10)",
+    ]
     for line in lr_ax.lines:
         np.testing.assert_allclose(line.get_xdata(), [10, 20, 30])
         np.testing.assert_allclose(line.get_ydata(), [1.0, 0.5, 0.0])
