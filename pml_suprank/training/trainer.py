@@ -419,9 +419,9 @@ class Trainer:
             overwrite_output_dir: Starting from scratch, delete a previous run in ``output_dir`` first.
 
         Returns:
-            list[dict]: One record per log event, with the keys ``step``, ``epoch``, ``loss``, ``steps_per_s``,
-            ``skipped_nonfinite_steps`` and ``lr_GROUP`` (one per parameter group), and one per evaluation, with
-            ``step``, ``epoch`` and ``eval/METRIC`` (one per metric key).
+            One record per log event, with the keys ``step``, ``epoch``, ``loss``, ``steps_per_s``,
+                ``skipped_nonfinite_steps`` and ``lr_GROUP`` (one per parameter group), and one per evaluation,
+                with ``step``, ``epoch`` and ``eval/METRIC`` (one per metric key).
 
         Raises:
             NonFiniteTrainingError: more than ``config.max_nonfinite_steps`` steps in a row were non-finite.
