@@ -142,12 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=IMG, help="folder of the pictures (default docs/img)")
     parser.add_argument("--quick", action="store_true", help="a short run (the docs tests)")
-    parser.add_argument("--work", type=Path, default=None, help="work folder (default: a temporary one)")
+    parser.add_argument("--work", type=Path, default=None, help="work folder (default: tutorial/ in a temporary one)")
     parser.add_argument("--chromium", default=None, help="the Chromium executable (default: chromium on the PATH)")
     args = parser.parse_args(argv)
     chromium = args.chromium or shutil.which("chromium") or shutil.which("chromium-browser")
     with tempfile.TemporaryDirectory(prefix="pml_suprank_screenshots_") as tmp:
-        work = args.work or Path(tmp)
+        work = args.work or Path(tmp) / "tutorial"  # the folder name shows on the search page
         work.mkdir(parents=True, exist_ok=True)
         write_photos(work, per_class=5)
         run_recipes(work, args.quick)

@@ -105,6 +105,7 @@ def plot_score_histograms(
         missing = [d for d in id_scores if d not in per_detector]
         if missing:
             raise ValueError(f"ood_scores[{name!r}] lacks the detectors {missing}")
+    named_groups = groups is not None
     groups = {str(g): list(sets) for g, sets in (groups or {"OOD": list(ood_scores)}).items()}
     for g, sets in groups.items():
         unknown = [s for s in sets if s not in ood_scores]
@@ -141,7 +142,7 @@ def plot_score_histograms(
                     label=f"{_literal(label)}: AUROC {100 * a:.1f} · FPR95 {100 * f:.1f}")  # fmt: skip
         if linthresh is not None:
             ax.set_xscale("symlog", linthresh=linthresh)
-        ax.set_title(f"{_literal(name)} — {_literal(group)}", fontsize=9)
+        ax.set_title(f"{_literal(name)} — {_literal(group)}" if named_groups else _literal(name), fontsize=9)
         ax.set_xlabel("score (higher = more OOD)" + (", symlog" if linthresh is not None else ""), fontsize=8)
         ax.set_ylabel("fraction of the set", fontsize=8)
         ax.tick_params(labelsize=7)
@@ -149,7 +150,8 @@ def plot_score_histograms(
     for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     fig.suptitle(f"{_literal(title)}\n{CONVENTION_TEXT[convention]}", fontsize=9)
-    fig.tight_layout()
+    height = fig.get_size_inches()[1]
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.6 / height))  # room for the two-line title
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi)
