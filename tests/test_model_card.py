@@ -250,3 +250,22 @@ def test_one_unit_no_empty_rows_or_columns_defined_names_compute_and_citation(tm
     assert "| device | cpu (2 CPU cores (x86_64)) |" in compute and "| training time | 12 s |" in compute
     citation = text.split("## Citation", 1)[1]
     assert "@inproceedings{ramzi2022hierarchical" in citation and "@misc{ramzi2023optimization" in citation
+
+
+def test_a_relative_local_folder_stays_local_when_the_card_is_written_elsewhere(tmp_path, monkeypatch):
+    from pml_suprank.hub.card import run_card_metadata
+
+    (tmp_path / "data" / "photos").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    meta = run_card_metadata(object(), None, "data/photos")  # where the folder exists (the training run)
+    assert meta["data_summary"]["kind"] == "local"
+    monkeypatch.chdir(tmp_path.parent)  # elsewhere, "data/photos" looks like a Hub id "org/name"
+    final = _run_folder(tmp_path / "run", dataset="data/photos", label_names=["fine"], class_counts={"a": 2})
+    config = json.loads((final / "config.json").read_text())
+    config["training"]["data_summary"]["kind"] = "local"
+    from pml_suprank.hub.card import generate_model_card
+
+    text = generate_model_card(config, metrics={"ap": 0.5})
+    assert "datasets:" not in text and "huggingface.co/datasets" not in text and "photos (a local dataset)" in text
+    config["training"]["data_summary"].pop("kind")
+    assert "huggingface.co/datasets/data/photos" in generate_model_card(config, metrics={"ap": 0.5})

@@ -222,11 +222,13 @@ def _split_summary(dataset: Any) -> dict[str, Any] | None:
     return {"images": int(fine.numel()), "classes": int(ids.numel()), "class_counts": class_counts}
 
 
-def run_card_metadata(trainer: Any, hub_config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def run_card_metadata(trainer: Any, hub_config: Mapping[str, Any] | None = None, dataset: Any = None) -> dict[str, Any]:
     """What a card needs from a training run that no file of the folder holds, for ``config.json``'s ``training``
     metadata (so that a re-saved model keeps it): the data summary (images, classes, class names and counts per
-    split), the compute (device, processes, precision, versions), the schedule (steps per epoch, total steps: the
-    console's short-run warning) and the card fields of the hub_config (``hub.*``, ``name``)."""
+    split, and the kind of the run's ``dataset`` option — decided here, where a local folder exists, so that a card
+    written later elsewhere never mistakes it for a Hub id), the compute (device, processes, precision, versions),
+    the schedule (steps per epoch, total steps: the console's short-run warning) and the card fields of the
+    hub_config (``hub.*``, ``name``)."""
     import platform
 
     import torch
@@ -265,6 +267,8 @@ def run_card_metadata(trainer: Any, hub_config: Mapping[str, Any] | None = None)
             "total_steps": int(getattr(trainer, "total_steps", 0) or 0),
         },
     }
+    if dataset is not None:
+        meta["data_summary"]["kind"] = _dataset(dataset, [])[0]
     if hub_config:
         hub = dict(hub_config.get("hub") or {})
         keys = ("tags", "datasets", "license", "paper", "paper_url", "paper_results", "name")
@@ -411,7 +415,11 @@ class CardInputs:
     def dataset(self) -> tuple[str, str, str | None]:
         """``(kind, display name, Hub dataset id or None)`` of the training data."""
         ids = [str(d) for d in (self.hub.get("datasets") or []) if _HUB_DATASET_ID.match(str(d))]
-        return _dataset(self.source, ids)
+        kind, name, hub_id = _dataset(self.source, ids)
+        recorded = (self.training.get("data_summary") or {}).get("kind")
+        if recorded == "local" and kind == "hub":  # a relative folder ("data/photos") seen where it does not exist
+            return "local", Path(name).name, ids[0] if ids else None
+        return kind, name, hub_id
 
     @property
     def datasets(self) -> list[str]:

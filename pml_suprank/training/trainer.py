@@ -606,7 +606,7 @@ class Trainer:
         run = {"run_fingerprint": self.fingerprint}  # config.json and training_summary.json name the run
         from ..hub.card import run_card_metadata
 
-        card = run_card_metadata(self, hub_config)  # data summary, compute, schedule: kept in config.json
+        card = run_card_metadata(self, hub_config, (metadata or {}).get("dataset"))  # kept in config.json
         return write_final_folder(
             save_directory, self.model, config=self.config.to_dict(), history=self._history_with_evaluations(
                 (summary or {}).get("before"), metrics), metrics=metrics, summary={**(summary or {}), **run},
