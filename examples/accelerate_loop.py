@@ -30,7 +30,7 @@ from pml_suprank.losses import HAPPIERLoss  # noqa: E402
 from pml_suprank.memory import RankingMemory  # noqa: E402
 from pml_suprank.metrics import RetrievalEvaluator  # noqa: E402
 from pml_suprank.models import RetrievalModel  # noqa: E402
-from pml_suprank.samplers import MPerClassSampler  # noqa: E402
+from pml_suprank.samplers import MPerClassBatchSampler  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     test_ds = synthetic_dataset("synthetic", "test", transform=test_tf, **common)
 
     # -- the sampler draws m images of batch_size // m classes; it shards the global batch over the processes ------
-    sampler = MPerClassSampler(
+    sampler = MPerClassBatchSampler(
         train_ds.labels, m=args.samples_per_class, batch_size=args.batch_size, seed=args.seed,
         num_replicas=accelerator.num_processes, rank=accelerator.process_index,
     )  # fmt: skip

@@ -117,7 +117,7 @@ def check_labels(name: str, labels: Any, n: int, *, allow_2d: bool = True, n_nam
 
 
 _NESTED_BATCH_HINT = (
-    " (if this is a batch of batches: a pml_suprank batch sampler such as MPerClassSampler or HierarchicalSampler "
+    " (if this is a batch of batches: a pml_suprank batch sampler such as MPerClassBatchSampler or HierarchicalSampler "
     "yields whole batches, so pass it as DataLoader(batch_sampler=...), not sampler= as PML samplers are passed)"
 )
 

@@ -6,14 +6,18 @@
 * :func:`plot_hierarchical_precision_recall` — one curve per hierarchy level: at level ``l`` the positives of a
   query are the items sharing its label in column ``l`` (fine class, ..., coarse class), as in the hierarchical
   evaluation of HAPPIER (Ramzi et al., ECCV 2022, Sec. 4);
-* :func:`plot_embedding_map` — a 2-D map of the class-mean embeddings coloured by coarse class (HAPPIER Fig. 6 uses
-  t-SNE; scikit-learn's t-SNE is used when installed, else a PCA projection);
+* :func:`plot_embedding_map` — a 2-D map of the class-mean embeddings coloured by coarse class, the legend and the
+  class means named after the classes (HAPPIER Fig. 6 uses t-SNE; scikit-learn's t-SNE is used when installed, else a
+  PCA projection);
 * :func:`plot_training_curves` — the training loss, learning rates and test metrics over optimizer steps, from
-  the run's ``history.json`` (metric names as in the model card);
-* :func:`plot_retrieval_grid` — queries and their top-k results, with borders marking same fine class (green), same
-  coarse class only (orange) and negatives (red).
+  the run's ``history.json`` (metric names as in the model card; every evaluation, the one before training at step 0
+  and the final one included);
+* :func:`plot_retrieval_grid` — queries and their top-k results, with borders and a text mark per result (✓ same
+  fine class, ~ same coarse class only, ✗ other) and the class name under every picture.
 
-:func:`plot_all` writes the four PNG files and returns their names.
+:func:`plot_all` writes the PNG files and returns their names. Figures are written at :data:`DPI` dots per inch.
+Text that comes from the data (label columns, class names) is drawn literally: a ``$`` never starts matplotlib's
+mathtext.
 """
 
 from __future__ import annotations
@@ -35,9 +39,51 @@ __all__ = [
     "plot_embedding_map",
     "plot_hierarchical_precision_recall",
     "plot_precision_recall",
+    "plot_retrieval_grid",
+    "precision_recall_curve",
 ]
 
 BORDER_COLOURS = {"fine": "#2ca02c", "coarse": "#ff7f0e", "negative": "#d62728"}
+#: the text mark of each relation in the retrieval grid (colour is never the only cue)
+RELATION_MARKS = {"fine": "✓", "coarse": "~", "negative": "✗"}
+#: resolution of every figure
+DPI = 150
+
+
+def _literal(text: Any) -> str:
+    """``text`` drawn as it is by matplotlib: ``$`` escaped (no mathtext), control characters as spaces."""
+    return "".join(ch if ch.isprintable() else " " for ch in str(text)).replace("$", r"\$")
+
+
+def _class_name(names: Mapping[int, Any] | None, label: int, max_chars: int = 28, drop_head: bool = False) -> str:
+    """The display name of fine label ``label`` (the id itself without a name): without its first path component
+    with ``drop_head`` (the coarse class, named elsewhere), and cut from the left to ``max_chars`` (the end of a
+    name is its most specific part)."""
+    name = str(names.get(int(label), int(label))) if names else str(int(label))
+    if drop_head and "/" in name:
+        name = name.split("/", 1)[1]
+    return _literal(name if len(name) <= max_chars else "…" + name[-(max_chars - 1) :])
+
+
+def _group_names(
+    fine: np.ndarray, coarse: np.ndarray, class_names: Mapping[int, Any] | None, column: str
+) -> dict[int, str]:
+    """A name per coarse label: the common first path component of its fine classes' names (``"circle"`` for
+    ``"circle/small/red"``, ``"latin"`` for ``"latin/a"``) when there is one, else ``"<column> <id>"``."""
+    out: dict[int, str] = {}
+    for c in np.unique(coarse):
+        heads = (
+            {str(class_names.get(int(f), "")).split("/")[0] for f in np.unique(fine[coarse == c])}
+            if class_names
+            else set()
+        )
+        named = (
+            len(heads) == 1
+            and all(heads)
+            and all("/" in str(class_names.get(int(f), "")) for f in np.unique(fine[coarse == c]))
+        )
+        out[int(c)] = _literal(heads.pop()) if named else f"{_literal(column)} {int(c)}"
+    return out
 
 
 def _plt() -> Any:
@@ -71,7 +117,7 @@ def _save(plt: Any, fig: Any, path: str | Path) -> Path:
     """Lay out ``fig``, write it to ``path`` and close it."""
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path)
+    fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
 
@@ -170,14 +216,14 @@ def plot_precision_recall(
     query plotted, the model card's mAP).
     """
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(5, 4), dpi=110)
+    fig, ax = plt.subplots(figsize=(5, 4))
     curves = {"trained": embeddings, **(compare or {})}
     n = int(embeddings.shape[0])
     for name, emb in curves.items():
         r, p, ap = _pr_curve_and_ap(emb, labels, level, 101, max_queries, seed, 256)
-        ax.plot(r, p, label=f"{name}: mAP {100 * ap:.2f}")
+        ax.plot(r, p, label=f"{_literal(name)}: mAP {100 * ap:.2f}")
     queries = n if max_queries is None else min(n, max_queries)
-    _finish_pr_axes(ax, f"{title}\ninterpolated precision, {queries} of {n} queries", legend_fontsize=8)
+    _finish_pr_axes(ax, f"{_literal(title)}\ninterpolated precision, {queries} of {n} queries", legend_fontsize=8)
     return _save(plt, fig, path)
 
 
@@ -191,19 +237,21 @@ def plot_hierarchical_precision_recall(
     seed: int = 0,
 ) -> Path:
     """One precision–recall curve per hierarchy level (positives share the label of column ``l``), solid for
-    ``embeddings`` and dashed for each entry of ``compare``; saved to ``path``."""
+    ``embeddings`` and dashed for each entry of ``compare``, each with its mAP (mean exact AP of the plotted queries,
+    in percent) in the legend; saved to ``path``."""
     labels = _as_2d_labels(check_labels("labels", labels, embeddings.shape[0]))
     names = list(label_names) if label_names is not None else [f"level {l}" for l in range(labels.shape[1])]
     if len(names) != labels.shape[1]:
         raise ValueError(f"label_names must have {labels.shape[1]} entries (one per column); got {len(names)}")
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(5, 4), dpi=110)
+    fig, ax = plt.subplots(figsize=(5.5, 4.2))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     styles = ["-", "--", ":", "-."]
     for j, (cname, emb) in enumerate({"trained": embeddings, **(compare or {})}.items()):
         for l in range(labels.shape[1]):
-            r, p = precision_recall_curve(emb, labels, level=l, max_queries=max_queries, seed=seed)
-            ax.plot(r, p, color=colours[l % len(colours)], ls=styles[j % len(styles)], label=f"{names[l]} ({cname})")
+            r, p, ap = _pr_curve_and_ap(emb, labels, l, 101, max_queries, seed, 256)
+            label = f"{_literal(names[l])} ({_literal(cname)}): mAP {100 * ap:.2f}"
+            ax.plot(r, p, color=colours[l % len(colours)], ls=styles[j % len(styles)], label=label)
     _finish_pr_axes(ax, "Hierarchical precision-recall (per level)", legend_fontsize=7)
     return _save(plt, fig, path)
 
@@ -239,13 +287,21 @@ def plot_embedding_map(
     method: str = "auto",
     seed: int = 0,
     max_points: int = 1000,
+    class_names: Mapping[int, Any] | None = None,
+    max_named: int = 40,
 ) -> Path:
     """2-D map of sample embeddings (dots) and fine-class mean embeddings (re-normalised, outlined circles),
     projected together and coloured by coarse class (last label column).
 
+    The legend names the coarse classes (the common first path component of their fine classes' names, e.g.
+    ``circle`` for ``circle/small/red``; else ``<column> <id>``); with at most ``max_named`` fine classes every class
+    mean is labelled with its name (the last path component).
+
     Args:
         method: ``"auto"`` (t-SNE if scikit-learn is installed, else PCA), ``"tsne"`` or ``"pca"``.
         max_points: Samples drawn (a random subset of at most this many; every class mean is drawn).
+        class_names: ``{fine label: name}`` (e.g. a dataset's ``class_names``).
+        max_named: Label the class means when there are at most this many.
     """
     check_embeddings("embeddings", embeddings)
     labels = _as_2d_labels(check_labels("labels", labels, embeddings.shape[0]))
@@ -264,24 +320,31 @@ def plot_embedding_map(
     xy_samples, xy_means = xy[: len(sample)], xy[len(sample) :]
     sample_coarse = coarse[sample].numpy()
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(5.5, 4.5), dpi=110)
+    fig, ax = plt.subplots(figsize=(7, 5.5))
     coarse_ids = np.unique(class_coarse)
     cmap = plt.get_cmap("tab10" if len(coarse_ids) <= 10 else "tab20")
-    coarse_name = label_names[-1] if label_names else "coarse class"
+    column = label_names[-1] if label_names else "coarse class"
+    group = _group_names(classes.numpy(), class_coarse, class_names, column)
+    named = len(classes) <= max_named
     for j, c in enumerate(coarse_ids):
         colour = cmap(j % cmap.N)
         pts = sample_coarse == c
         ax.scatter(xy_samples[pts, 0], xy_samples[pts, 1], s=6, color=colour, alpha=0.45, linewidth=0)
         sel = class_coarse == c
-        label = f"{coarse_name} {int(c)}" if j < 12 else None  # a legend of at most 12 entries
+        label = group[int(c)] if j < 12 else None  # a legend of at most 12 entries
         ax.scatter(xy_means[sel, 0], xy_means[sel, 1], s=42, color=colour, label=label, edgecolor="k", linewidth=0.6)
+    if named:
+        for (x, y), f in zip(xy_means, classes.tolist()):
+            name = _class_name(class_names, f, max_chars=20, drop_head=True)
+            ax.annotate(name, (x, y), xytext=(3, 3), textcoords="offset points", fontsize=6, alpha=0.85)
+    more = f"; legend: first 12 of {len(coarse_ids)}" if len(coarse_ids) > 12 else ""
     ax.set(
-        title=f"Embeddings ({used}): {len(sample)} samples (dots), {len(classes)} class means (circles)",
+        title=f"Embeddings ({used}): {len(sample)} samples (dots), {len(classes)} class means (circles){more}",
         xticks=[],
         yticks=[],
     )
     ax.title.set_fontsize(9)
-    ax.legend(fontsize=7, loc="best", markerscale=0.8, title=f"coloured by {coarse_name}", title_fontsize=7)
+    ax.legend(fontsize=7, loc="best", markerscale=0.8, title=f"coloured by {_literal(column)}", title_fontsize=7)
     return _save(plt, fig, path)
 
 
@@ -306,14 +369,17 @@ def plot_retrieval_grid(
     seed: int = 0,
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
+    class_names: Mapping[int, Any] | None = None,
 ) -> Path:
-    """Grid of ``num_queries`` random queries (first column) and their ``top_k`` nearest items, with a border per
-    result: green = same fine class, orange = same coarse class only, red = negative.
+    """Grid of ``num_queries`` random queries (first column) and their ``top_k`` nearest items. Every result has a
+    border and a text mark — ✓ (green) same fine class, ~ (orange) same coarse class only, ✗ (red) other — and
+    every picture its fine class name (``class_names``, default ``dataset.class_names``; the label id without).
 
     Args:
         dataset: Gives the pictures: ``dataset.get_image(i)`` (PIL) or ``dataset[i]["image"]`` (denormalised with
             ``mean`` / ``std`` when given).
         indices: Dataset index of every embedding row (default: row ``i`` is item ``i``).
+        class_names: ``{fine label: name}``.
     """
     check_embeddings("embeddings", embeddings)
     labels = _as_2d_labels(check_labels("labels", labels, embeddings.shape[0]))
@@ -321,6 +387,7 @@ def plot_retrieval_grid(
     if n < 2:
         raise ValueError(f"embeddings must have at least 2 rows for a retrieval grid; got {n}")
     top_k = min(int(top_k), n - 1)
+    names = class_names if class_names is not None else getattr(dataset, "class_names", None)
     idx = indices.cpu() if indices is not None else torch.arange(n)
     emb = embeddings.detach().float().cpu()
     queries = _query_subset(n, num_queries, seed)
@@ -329,7 +396,7 @@ def plot_retrieval_grid(
     top = scores.topk(top_k, dim=1).indices
     plt = _plt()
     fig, axes = plt.subplots(
-        len(queries), top_k + 1, figsize=(1.3 * (top_k + 1), 1.35 * len(queries)), dpi=100, squeeze=False
+        len(queries), top_k + 1, figsize=(1.45 * (top_k + 1), 1.7 * len(queries) + 0.4), squeeze=False
     )
     for row, q in enumerate(queries.tolist()):
         cells = [(q, None)] + [(j, _relation(labels[q], labels[j])) for j in top[row].tolist()]
@@ -342,9 +409,12 @@ def plot_retrieval_grid(
             for spine in ax.spines.values():
                 spine.set_edgecolor(colour)
                 spine.set_linewidth(3 if rel is not None else 1.5)
+            name = _class_name(names, int(labels[j, 0]), max_chars=18)
+            mark = "query" if rel is None else RELATION_MARKS[rel]
+            ax.set_xlabel(f"{mark} {name}", fontsize=6, color=colour if rel is not None else "black")
             if row == 0:
                 ax.set_title("query" if col == 0 else f"#{col}", fontsize=8)
-    fig.suptitle("Retrieval: green = same fine, orange = same coarse, red = negative", fontsize=9)
+    fig.suptitle("Retrieval: ✓ green = same fine class, ~ orange = same coarse class only, ✗ red = other", fontsize=9)
     return _save(plt, fig, path)
 
 
@@ -366,9 +436,14 @@ def plot_all(
     compare: dict[str, Tensor] | None = None,
     seed: int = 0,
     max_queries: int | None = 1000,
+    class_names: Mapping[int, Any] | None = None,
 ) -> list[str]:
     """Write ``precision_recall.png``, ``hierarchical_precision_recall.png``, ``embedding_map.png`` and (when
-    ``image_dataset`` is given) ``retrieval_grid.png`` into ``directory``; return the file names."""
+    ``image_dataset`` is given) ``retrieval_grid.png`` into ``directory``; return the file names.
+
+    ``class_names`` (``{fine label: name}``) default to ``image_dataset.class_names``."""
+    if class_names is None:
+        class_names = getattr(image_dataset, "class_names", None)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     labels = _as_2d_labels(labels)
@@ -385,13 +460,26 @@ def plot_all(
             max_queries=max_queries,
             seed=seed,
         ),
-        plot_embedding_map(embeddings, labels, directory / "embedding_map.png", label_names=label_names, seed=seed),
+        plot_embedding_map(
+            embeddings,
+            labels,
+            directory / "embedding_map.png",
+            label_names=label_names,
+            seed=seed,
+            class_names=class_names,
+        ),  # fmt: skip
     ]
     if image_dataset is not None:
         files.append(
             plot_retrieval_grid(
-                embeddings, labels, image_dataset, directory / "retrieval_grid.png", indices=indices, seed=seed
-            )
+                embeddings,
+                labels,
+                image_dataset,
+                directory / "retrieval_grid.png",
+                indices=indices,
+                seed=seed,
+                class_names=class_names,
+            )  # fmt: skip
         )
     return [f.name for f in files]
 
@@ -435,29 +523,33 @@ def plot_training_curves(
     if not panels:
         raise ValueError("history holds no loss, learning rate or evaluation to draw")
     plt = _plt()
-    fig, axes = plt.subplots(len(panels), 1, figsize=(6, 2.3 * len(panels)), dpi=110, sharex=True, squeeze=False)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(7, 2.5 * len(panels)), sharex=True, squeeze=False)
     for ax, panel in zip(axes[:, 0], panels):
         if panel == "loss":
             ax.plot(*_series(history, "loss"), marker=".", lw=1.2, color="#1f77b4")
             ax.set(ylabel="training loss", title="Training loss (mean over each logging interval)")
         elif panel == "lr":
-            positive = False
+            # each group relative to its peak, on a linear axis: a rate that decays to 0 is drawn to the end
             for k in lrs:
                 steps, values = _series(history, k)
-                ax.plot(steps, values, lw=1.2, label=k[len("lr_") :])
-                positive = positive or bool((values > 0).any())
-            if positive:  # groups differ by orders of magnitude; a zero rate is not drawn on the log axis
-                ax.set_yscale("log", nonpositive="mask")
-            ax.set(ylabel="learning rate" + (" (log)" if positive else ""), title="Learning rate per parameter group")
+                peak = float(values.max()) if values.size and values.max() > 0 else 1.0
+                ax.plot(
+                    steps, values / peak, lw=1.2, marker=".", label=f"{_literal(k[len('lr_') :])} (largest {peak:.3g})"
+                )
+            ax.set(
+                ylabel="lr / peak", ylim=(-0.03, 1.08), title="Learning rate per parameter group (relative to its peak)"
+            )
             ax.legend(fontsize=7, loc="best")
         else:
             for k in shown:
                 steps, values = _series(history, f"eval/{k}")
-                ax.plot(steps, 100.0 * values, marker="o", lw=1.2, label=metric_label(k, label_names))
-            ax.set(ylabel="percent", title="Test metrics at each evaluation")
+                ax.plot(steps, 100.0 * values, marker="o", lw=1.2, label=_literal(metric_label(k, label_names)))
+            evals = len(_series(history, f"eval/{shown[0]}")[0])
+            ax.set(
+                ylabel="percent", title=f"Test metrics at each of the {evals} evaluations (step 0 = before training)"
+            )
             ax.legend(fontsize=7, loc="best")
         ax.grid(alpha=0.3)
         ax.title.set_fontsize(9)
     axes[-1, 0].set_xlabel("optimizer step")
-    fig.tight_layout()
     return _save(plt, fig, path)

@@ -2,8 +2,6 @@
 the network; the README stays a short guide; the docs build with ``mkdocs build --strict`` where mkdocs is installed."""
 
 import re
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -118,25 +116,6 @@ def test_losses_page_lists_every_flat_loss():
         "RODRecallLoss",
     ):
         assert f"`{name}(" in section
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(
-    shutil.which("mkdocs") is None and not (Path(sys.executable).parent / "mkdocs").exists(),
-    reason="mkdocs is not installed (pip install -e '.[dev]')",
-)
-def test_mkdocs_build_strict(tmp_path, monkeypatch):
-    monkeypatch.setenv("NO_MKDOCS_2_WARNING", "1")
-    mkdocs = shutil.which("mkdocs") or str(Path(sys.executable).parent / "mkdocs")
-    result = subprocess.run(
-        [mkdocs, "build", "--strict", "--site-dir", str(tmp_path / "site")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert (tmp_path / "site" / "index.html").exists()
 
 
 # ---------------------------------------------------------------------------------------------------------------------

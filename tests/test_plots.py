@@ -134,10 +134,15 @@ def test_training_curves_show_loss_learning_rates_and_metrics_by_their_card_name
     assert path.is_file() and path.stat().st_size > 0
     loss_ax, lr_ax, metric_ax = figures[0].axes
     np.testing.assert_allclose(loss_ax.lines[0].get_ydata(), [1.4, 1.1, 0.9])
-    assert lr_ax.get_yscale() == "log" and [t.get_text() for t in lr_ax.get_legend().get_texts()] == [
-        "backbone",
-        "proxies",
+    # linear, relative to each group's peak: the cosine decay to 0 is drawn to the last step (a log axis drops it)
+    assert lr_ax.get_yscale() == "linear"
+    assert [t.get_text() for t in lr_ax.get_legend().get_texts()] == [
+        "backbone (largest 0.001)",
+        "proxies (largest 10)",
     ]
+    for line in lr_ax.lines:
+        np.testing.assert_allclose(line.get_xdata(), [10, 20, 30])
+        np.testing.assert_allclose(line.get_ydata(), [1.0, 0.5, 0.0])
     assert [t.get_text() for t in metric_ax.get_legend().get_texts()] == ["H-AP", "R@1"]
     np.testing.assert_allclose(metric_ax.lines[0].get_ydata(), [30.0, 40.0])
     assert metric_ax.get_xlabel() == "optimizer step"
@@ -157,3 +162,53 @@ def test_embedding_map_draws_samples_and_class_means(figures, tmp_path):
     assert sum(sizes) == 60 + 6  # every sample and every class mean
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["group 0", "group 1"]
     assert "60 samples" in ax.get_title() and "6 class means" in ax.get_title()
+    assert [t.get_text() for t in ax.texts] == ["0", "1", "2", "3", "4", "5"]  # no names: the ids label the means
+
+
+def test_embedding_map_and_grid_name_the_classes(figures, tmp_path):
+    g = torch.Generator().manual_seed(0)
+    emb = torch.nn.functional.normalize(torch.randn(24, 8, generator=g), dim=1)
+    labels = torch.stack([torch.arange(24) % 4, torch.arange(24) % 4 // 2], 1)
+    names = {0: "circle/disc/red", 1: "circle/ring/blue", 2: "star/star5/cyan", 3: "star/star4/cyan"}
+    plots.plot_embedding_map(emb, labels, tmp_path / "map.png", label_names=["fine", "shape"], method="pca",
+                             class_names=names)  # fmt: skip
+    (ax,) = figures[0].axes
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["circle", "star"]  # coarse names from the fine
+    assert sorted(t.get_text() for t in ax.texts) == ["disc/red", "ring/blue", "star4/cyan", "star5/cyan"]
+    figures.clear()
+    plots.plot_retrieval_grid(emb, labels, _Images(24), tmp_path / "grid.png", num_queries=2, top_k=3,
+                              class_names=names)  # fmt: skip
+    texts = [a.get_xlabel() for a in figures[0].axes]
+    assert len(texts) == 2 * 4 and all(t.split(" ", 1)[1] in {n[-18:] for n in names.values()} for t in texts)
+    marks = {t.split(" ", 1)[0] for t in texts}
+    assert "query" in marks and marks <= {"query", "✓", "~", "✗"}
+
+
+def test_user_names_never_reach_mathtext_and_figures_are_150_dpi(tmp_path):
+    g = torch.Generator().manual_seed(1)
+    emb = torch.nn.functional.normalize(torch.randn(30, 8, generator=g), dim=1)
+    labels = torch.stack([torch.arange(30) % 5, torch.arange(30) % 5 // 3], 1)
+    columns = [r"$\undefinedmacro$", "$x^2$ & <b>"]
+    names = {i: f"$\\bad{i}$/x" for i in range(5)}
+    files = plots.plot_all(emb, labels, tmp_path, label_names=columns, image_dataset=_Images(30), class_names=names)
+    history = [{"step": 0, "epoch": 0, "eval/h_ap": 0.2}, {"step": 5, "epoch": 0, "loss": 1.0, "eval/h_ap": 0.3}]
+    plots.plot_training_curves(history, tmp_path / "curves.png", label_names=columns)
+    from PIL import Image
+
+    for name in [*files, "curves.png"]:
+        with Image.open(tmp_path / name) as im:
+            assert round(im.info["dpi"][0]) == 150
+
+
+def test_every_precision_recall_legend_gives_the_map(figures, tmp_path):
+    g = torch.Generator().manual_seed(2)
+    emb = torch.nn.functional.normalize(torch.randn(40, 8, generator=g), dim=1)
+    labels = torch.stack([torch.arange(40) % 8, torch.arange(40) % 8 // 4], 1)
+    plots.plot_hierarchical_precision_recall(emb, labels, tmp_path / "h.png", label_names=["fine", "coarse"],
+                                             compare={"before": emb.flip(0)}, max_queries=None)  # fmt: skip
+    from pml_suprank.metrics import RetrievalEvaluator
+
+    texts = [t.get_text() for t in figures[0].axes[0].get_legend().get_texts()]
+    assert len(texts) == 4 and all(": mAP " in t for t in texts)
+    exact = RetrievalEvaluator(metrics=["ap"]).evaluate(emb, labels[:, 1])["ap"]
+    assert texts[1] == f"coarse (trained): mAP {100 * exact:.2f}"

@@ -8,7 +8,13 @@ renders them with mkdocstrings, which knows no roles; this extension rewrites ev
   where it is not (an internal helper), never a broken link or a build warning;
 * any other target (``torch.Tensor``, PML's classes) becomes inline code.
 
-``~`` keeps the last component only, as in Sphinx. Loaded by ``mkdocs.yml`` (``extensions: [docs/griffe_roles.py]``).
+``~`` keeps the last component only, as in Sphinx. Two more reST habits are turned into markdown code blocks (so
+they render as code, with the theme's copy button, instead of nested blockquotes or a literal ``::``):
+
+* doctest examples (``>>>`` lines with their continuation and output lines) become fenced ``pycon`` blocks;
+* a paragraph ending in ``::`` followed by an indented block ends in ``:`` and the block becomes a fenced block.
+
+Loaded by ``mkdocs.yml`` (``extensions: [docs/hooks/griffe_roles.py:RoleLinks]``).
 """
 
 from __future__ import annotations
@@ -19,7 +25,9 @@ from typing import Any
 
 import griffe
 
-ROLE = re.compile(r":(?:py:)?(?:class|func|meth|mod|attr|data|exc|obj|const|paramref):`(?P<tilde>~?)(?P<target>[^`]+?)`")
+ROLE = re.compile(
+    r":(?:py:)?(?:class|func|meth|mod|attr|data|exc|obj|const|paramref):`(?P<tilde>~?)(?P<target>[^`]+?)`"
+)
 PACKAGE = "pml_suprank"
 
 
@@ -64,6 +72,58 @@ def rewrite(text: str, pkg: griffe.Module, obj: Any) -> str:
     return ROLE.sub(one, text)
 
 
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" "))
+
+
+def fence_code(text: str) -> str:
+    """``text`` with doctest runs and reST literal blocks (``::`` + indented block) as fenced code blocks, at the
+    indentation they had (so they stay inside their docstring section); existing fences are left alone."""
+    lines = text.split("\n")
+    out: list[str] = []
+    i, in_fence = 0, False
+    while i < len(lines):
+        line = lines[i]
+        stripped = line.strip()
+        if stripped.startswith("```"):
+            in_fence = not in_fence
+        if in_fence:
+            out.append(line)
+            i += 1
+            continue
+        if stripped.startswith(">>>"):
+            indent = _indent(line)
+            j = i
+            while j < len(lines) and lines[j].strip() and _indent(lines[j]) >= indent:
+                j += 1
+            pad = " " * indent
+            out += [pad + "```pycon", *(row[indent:] and pad + row[indent:] for row in lines[i:j]), pad + "```"]
+            i = j
+            continue
+        if stripped.endswith("::") and not stripped.startswith(("..", ":")):
+            indent = _indent(line)
+            j = i + 1
+            while j < len(lines) and not lines[j].strip():
+                j += 1
+            k = j
+            while k < len(lines) and (not lines[k].strip() or _indent(lines[k]) > indent):
+                k += 1
+            while k > j and not lines[k - 1].strip():
+                k -= 1
+            if k > j:  # an indented block follows: a literal block
+                head = line.rstrip()[:-1]
+                out.append(head if head.strip() else "")
+                inner = min(_indent(row) for row in lines[j:k] if row.strip())
+                pad = " " * indent
+                out += ["", pad + "```text", *(pad + row[inner:] if row.strip() else "" for row in lines[j:k]),
+                        pad + "```"]  # fmt: skip
+                i = k
+                continue
+        out.append(line)
+        i += 1
+    return "\n".join(out)
+
+
 class RoleLinks(griffe.Extension):
     """Rewrite the roles of every docstring of the package once it is loaded."""
 
@@ -75,7 +135,7 @@ class RoleLinks(griffe.Extension):
             return
         seen.add(obj.path)
         if obj.docstring is not None:
-            obj.docstring.value = rewrite(obj.docstring.value, pkg, obj)
+            obj.docstring.value = fence_code(rewrite(obj.docstring.value, pkg, obj))
         for member in obj.members.values():
             if not member.is_alias:
                 self._walk(pkg, member, seen)

@@ -4,6 +4,8 @@ files, ``save_to_disk`` folders and in-memory ``datasets`` objects, loaded as ``
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +55,34 @@ def image_column_name(ds: Any, image_column: str | None, source: Any) -> str:
     raise ValueError(f"no image column found in {describe(source)} (columns {ds.column_names}); pass image_column=")
 
 
+@contextmanager
+def _quiet_local_load() -> Iterator[None]:
+    """No ``datasets`` progress bars ("Downloading data: N files", "Generating train split") while local files are
+    read: nothing is downloaded, and a bar saying so looks like network use."""
+    import datasets
+
+    was_enabled = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            datasets.enable_progress_bars()
+
+
 def load_splits(source: Any, *, data_files: Any, cache_dir: Any, revision: Any, token: Any) -> dict[str, Any]:
-    """Load every split of ``source`` as a dict ``{split name: datasets.Dataset}`` (memory-mapped, lazy images)."""
+    """Load every split of ``source`` as a dict ``{split name: datasets.Dataset}`` (memory-mapped, lazy images); a
+    local folder or file is read without progress bars."""
+
+    path = Path(str(source)) if isinstance(source, (str, Path)) else None
+    local = path is not None and (path.exists() or str(source) in ("", "parquet") or str(source).endswith(".parquet"))
+    if local:
+        with _quiet_local_load():
+            return _load_splits(source, data_files=data_files, cache_dir=cache_dir, revision=revision, token=token)
+    return _load_splits(source, data_files=data_files, cache_dir=cache_dir, revision=revision, token=token)
+
+
+def _load_splits(source: Any, *, data_files: Any, cache_dir: Any, revision: Any, token: Any) -> dict[str, Any]:
     import datasets
 
     if isinstance(source, datasets.DatasetDict):

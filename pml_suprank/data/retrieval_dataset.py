@@ -211,9 +211,9 @@ class RetrievalDatasetBase(Dataset):
             hint = ""
             if isinstance(index, (list, tuple, torch.Tensor, np.ndarray)):
                 hint = (
-                    "; a list of indices usually means a batch sampler (pml_suprank.samplers.*, which yield whole "
-                    "batches) was passed as DataLoader(sampler=...): pass it as DataLoader(batch_sampler=...) "
-                    "without batch_size"
+                    "; a list of indices usually means a batch sampler (pml_suprank.samplers.MPerClassBatchSampler, "
+                    "HierarchicalSampler, which yield whole batches) was passed as DataLoader(sampler=...): pass it "
+                    "as DataLoader(batch_sampler=...) without batch_size"
                 )
             raise TypeError(f"index must be an int; got {type(index).__name__}{hint}")
         n = len(self)

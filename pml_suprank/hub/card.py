@@ -1,30 +1,126 @@
-"""Model cards (``README.md``) of saved retrieval models and OOD detectors.
+"""Model cards (``README.md``) of saved retrieval models and OOD detectors: the one card writer.
 
-A card is YAML metadata (``library_name``, tags, datasets, metrics — read by the Hub) followed by markdown: what
-the model is, its configuration, a results table (our numbers beside the paper's, from the hub_config), the training
-plots, a usage snippet and the citation. :func:`generate_model_card` picks the retrieval or the detector layout from
-``config["task"]``.
+A card is YAML metadata (``library_name``, tags, datasets, metrics — read by the Hub) followed by markdown: what the
+model is, its training data (described by name, class names and counts — never by a local path), the results (our
+numbers beside the paper's when the hub_config gives them), the metric definitions, the hyper-parameters, the compute,
+the OOD guard when the folder has one, the plots, a usage snippet and the citations (BibTeX).
+:func:`generate_model_card` picks the retrieval or the detector layout from ``config["task"]``.
 
-Metric labels and the headline metrics come from the metric registry (:mod:`pml_suprank.metrics.report`).
+Everything a card shows comes from the model folder's own files — ``config.json`` (its ``training`` metadata),
+``metrics.json``, ``training_summary.json``, ``history.json``, ``ood/guard.json`` and the PNG plots — so a folder
+saved again (``RetrievalModel.from_pretrained(final).save_pretrained(x)`` or ``.push_to_hub(id)``) gets the same card
+as the training recipe wrote: :func:`carried_files` names what a re-save copies, :func:`read_card_files` reads it and
+:func:`write_card` (re)writes the card of a folder.
+
+Units: every metric on a card is a percentage (0-100), in the tables and in the ``model-index`` alike;
+``metrics.json`` and the console keep fractions in [0, 1]. Names that come from user data (label columns, class names,
+dataset names) are escaped for markdown and HTML.
 """
 
 from __future__ import annotations
 
+import html
 import json
+import logging
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..losses.registry import SUPRANK_PAPER, loss_entry
-from ..metrics.report import headline_keys, metric_label, same_as
-from .serialization import DETECTOR_TASK, LIBRARY_NAME, check_metrics
+from ..metrics.report import headline_keys, metric_label, metric_legend, same_as
+from .serialization import CONFIG_NAME, DETECTOR_TASK, LIBRARY_NAME, METRICS_NAME, MODEL_CARD_NAME, check_metrics
 
-__all__ = ["REPO_URL", "CardInputs", "generate_model_card"]
+__all__ = [
+    "CARD_FILES",
+    "MAX_CLASSES_LISTED",
+    "REPO_URL",
+    "CardInputs",
+    "carried_files",
+    "generate_model_card",
+    "read_card_files",
+    "run_card_metadata",
+    "write_card",
+]
+
+logger = logging.getLogger(__name__)
 
 REPO_URL = "https://github.com/pml-suprank/pml-suprank"
+#: the JSON files of a model folder a card reads besides ``config.json`` (relative paths)
+CARD_FILES = (METRICS_NAME, "training_summary.json", "history.json", "ood/guard.json")
+#: class names listed per split before the rest is only counted
+MAX_CLASSES_LISTED = 50
+#: class names recorded per split in ``config.json`` (the card lists at most :data:`MAX_CLASSES_LISTED`)
+_MAX_CLASSES_RECORDED = 200
+_HUB_DATASET_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+# BibTeX of the papers the registered losses and the detectors cite, keyed by their arXiv URL
+_BIBTEX = {
+    "https://arxiv.org/abs/2309.08250": """@misc{ramzi2023optimization,
+  title = {Optimization of Rank Losses for Image Retrieval},
+  author = {Ramzi, Elias and Audebert, Nicolas and Rambour, Cl{\\'e}ment and Araujo, Andr{\\'e} and Bitot, Xavier
+            and Thome, Nicolas},
+  year = {2023},
+  eprint = {2309.08250},
+  archivePrefix = {arXiv},
+  note = {SupRank, ROADMAP, HAPPIER, ROD-NDCG}
+}""",
+    "https://arxiv.org/abs/2207.04873": """@inproceedings{ramzi2022hierarchical,
+  title = {Hierarchical Average Precision Training for Pertinent Image Retrieval},
+  author = {Ramzi, Elias and Audebert, Nicolas and Thome, Nicolas and Rambour, Cl{\\'e}ment and Bitot, Xavier},
+  booktitle = {European Conference on Computer Vision (ECCV)},
+  year = {2022}
+}""",
+    "https://arxiv.org/abs/2007.12163": """@inproceedings{brown2020smooth,
+  title = {Smooth-{AP}: Smoothing the Path Towards Large-Scale Image Retrieval},
+  author = {Brown, Andrew and Xie, Weidi and Kalogeiton, Vicky and Zisserman, Andrew},
+  booktitle = {European Conference on Computer Vision (ECCV)},
+  year = {2020}
+}""",
+}
+
+
+# ---------------------------------------------------------------------------------------------------- text helpers
+_MD_SPECIAL = re.compile(r"([\\`*\[\]|])")
+_MD_EDGE_UNDERSCORE = re.compile(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")  # intraword "_" never emphasises
+
+
+def _md(value: Any) -> str:
+    """``value`` as text safe in markdown and HTML: ``<``, ``>``, ``&`` and quotes as entities, markdown syntax
+    characters backslash-escaped (``_`` where it could start or end an emphasis), control characters and line
+    breaks replaced by spaces."""
+    text = "".join(ch if ch.isprintable() else " " for ch in str(value))
+    text = _MD_SPECIAL.sub(r"\\\1", html.escape(text, quote=True))
+    return _MD_EDGE_UNDERSCORE.sub(r"\\_", text)
+
+
+def _pct(value: Any) -> str:
+    """A fraction in [0, 1] as a percentage with two decimals; ``–`` when absent or not finite."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(float(value)):
+        return f"{100.0 * float(value):.2f}"
+    return "–"
+
+
+def _num(value: Any) -> str:
+    """A published number (already in percent) with two decimals; ``–`` when absent."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(float(value)):
+        return f"{float(value):.2f}"
+    return "–"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """A markdown table, or nothing without rows."""
+    if not rows:
+        return []
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(r) + " |" for r in rows),
+        "",
+    ]
 
 
 def _paper(loss: Any) -> tuple[str, str]:
@@ -36,29 +132,244 @@ def _paper(loss: Any) -> tuple[str, str]:
     return paper or SUPRANK_PAPER
 
 
-def _fmt(value: Any) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, (int, float)) and math.isfinite(float(value)):
-        return f"{float(value):.2f}"
-    return str(value)
+# ---------------------------------------------------------------------------------------------------- the folder
+def read_card_files(folder: str | Path) -> dict[str, Any]:
+    """The parsed JSON of the :data:`CARD_FILES` present in ``folder`` (``{relative name: value}``); a file that is
+    unreadable or not JSON is left out (a card never fails on an optional file)."""
+    from .._safe_json import load_json
+
+    out: dict[str, Any] = {}
+    for name in CARD_FILES:
+        path = Path(folder) / name
+        if path.is_file():
+            try:
+                out[name] = load_json(path, what=name)
+            except (OSError, ValueError):
+                continue
+    return out
+
+
+def carried_files(source: str | Path, target: str | Path, weights: Any = None) -> list[tuple[str, Path]]:
+    """What a re-save of the model folder ``source`` into ``target`` copies so that its card stays whole:
+    ``(path relative to the folder, file in source)`` of the :data:`CARD_FILES`, the PNG plots (at the top level and
+    in ``plots/``) and the files of the OOD guard folder ``ood/`` — those ``target`` lacks. Nothing when both are the
+    same folder, and nothing (with a logged warning) when ``weights`` (the module or ``{name: Tensor}`` being saved)
+    differ from ``source/model.safetensors``: metrics, plots and a guard describe the weights they were made with.
+    Only plain files inside ``source`` are named (no symlinks)."""
+    source, target = Path(source), Path(target)
+    if not source.is_dir() or (target.exists() and source.resolve() == target.resolve()):
+        return []
+    if weights is not None and not _same_weights(source, weights):
+        logger.warning(
+            "the weights saved differ from those loaded from %s: its metrics, plots and OOD guard are not carried "
+            "into %s (the card shows what save_pretrained was given)",
+            source,
+            target,
+        )
+        return []
+    candidates = [source / n for n in CARD_FILES if n != "ood/guard.json"]
+    candidates += sorted(source.glob("*.png")) + sorted((source / "plots").glob("*.png"))
+    if (source / "ood").is_dir():
+        candidates += sorted(p for p in (source / "ood").rglob("*") if p.is_file())
+    out = []
+    for path in candidates:
+        if path.is_symlink() or not path.is_file():
+            continue
+        rel = path.relative_to(source).as_posix()
+        if not (target / rel).exists():
+            out.append((rel, path))
+    return out
+
+
+def _same_weights(source: Path, weights: Any) -> bool:
+    """``weights`` (a module or ``{name: Tensor}``) hold exactly the tensors of ``source/model.safetensors``."""
+    import torch
+
+    from .serialization import WEIGHTS_NAME, read_weights
+
+    path = source / WEIGHTS_NAME
+    if not path.is_file():
+        return False
+    state = weights.state_dict() if hasattr(weights, "state_dict") else dict(weights)
+    try:
+        saved = read_weights(path)
+    except (OSError, ValueError):
+        return False
+    for name, tensor in state.items():
+        if name in saved and not torch.equal(saved[name], tensor.detach().cpu()):
+            return False
+    return all(name in saved for name in state) or set(saved) <= set(state)
+
+
+def _split_summary(dataset: Any) -> dict[str, Any] | None:
+    """``{"images", "classes", "class_counts": {name: images}}`` of a dataset with ``labels`` ``(N,)`` / ``(N, L)``
+    (fine = column 0) and optionally ``class_names`` ``{id: name}``; names of at most ``_MAX_CLASSES_RECORDED``
+    classes, the most frequent first."""
+    labels = getattr(dataset, "labels", None)
+    if labels is None:
+        return None
+    try:
+        import torch
+
+        fine = torch.as_tensor(labels)
+        fine = fine[:, 0] if fine.dim() == 2 else fine
+        ids, counts = torch.unique(fine, return_counts=True)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    names = getattr(dataset, "class_names", None) or {}
+    order = sorted(zip(ids.tolist(), counts.tolist()), key=lambda t: (-t[1], t[0]))
+    class_counts = {str(names.get(int(i), int(i))): int(n) for i, n in order[:_MAX_CLASSES_RECORDED]}
+    return {"images": int(fine.numel()), "classes": int(ids.numel()), "class_counts": class_counts}
+
+
+def run_card_metadata(trainer: Any, hub_config: Mapping[str, Any] | None = None, dataset: Any = None) -> dict[str, Any]:
+    """What a card needs from a training run that no file of the folder holds, for ``config.json``'s ``training``
+    metadata (so that a re-saved model keeps it): the data summary (images, classes, class names and counts per
+    split, and the kind of the run's ``dataset`` option — decided here, where a local folder exists, so that a card
+    written later elsewhere never mistakes it for a Hub id), the compute (device, processes, precision, versions),
+    the schedule (steps per epoch, total steps: the console's short-run warning) and the card fields of the
+    hub_config (``hub.*``, ``name``)."""
+    import platform
+
+    import torch
+
+    from ..version import __version__
+
+    acc = getattr(trainer, "accelerator", None)
+    device = getattr(acc, "device", None)
+    device_type = getattr(device, "type", "cpu")
+    name = None
+    if device_type == "cuda" and torch.cuda.is_available():
+        name = torch.cuda.get_device_name(device)
+    elif device_type == "cpu":
+        name = f"{os.cpu_count()} CPU cores ({platform.machine()})"
+    train = getattr(trainer, "train_dataset", None)
+    train = getattr(train, "dataset", train)  # the training set inside its seeded-augmentation wrapper
+    meta: dict[str, Any] = {
+        "data_summary": {
+            part: s
+            for part, s in (
+                ("train", _split_summary(train)),
+                ("test", _split_summary(getattr(trainer, "test_dataset", None))),
+            )  # fmt: skip
+            if s is not None
+        },
+        "compute": {
+            "device": device_type,
+            "device_name": name,
+            "num_processes": int(getattr(acc, "num_processes", 1)),
+            "mixed_precision": str(getattr(acc, "mixed_precision", "no")),
+            "torch": torch.__version__,
+            "pml_suprank": __version__,
+        },
+        "schedule": {
+            "steps_per_epoch": int(getattr(trainer, "steps_per_epoch", 0) or 0),
+            "total_steps": int(getattr(trainer, "total_steps", 0) or 0),
+        },
+    }
+    if dataset is not None:
+        meta["data_summary"]["kind"] = _dataset(dataset, [])[0]
+    if hub_config:
+        hub = dict(hub_config.get("hub") or {})
+        keys = ("tags", "datasets", "license", "paper", "paper_url", "paper_results", "name")
+        card = {k: hub[k] for k in keys if hub.get(k) is not None}
+        if hub_config.get("name") is not None and "name" not in card:
+            card["name"] = hub_config["name"]
+        source = (hub_config.get("data") or {}).get("dataset") or (hub_config.get("data") or {}).get("source")
+        if source is not None:
+            card["source"] = source
+        meta["card_hub"] = card
+    return meta
+
+
+def write_card(
+    folder: str | Path,
+    *,
+    repo_id: str | None = None,
+    hub_config: Mapping[str, Any] | None = None,
+    description: str | None = None,
+) -> Path:
+    """(Re)write ``folder/README.md`` from the folder's own files (``config.json``, :data:`CARD_FILES`, the PNG
+    plots at its top level and in ``plots/``). Returns the card's path.
+
+    Raises:
+        FileNotFoundError: ``folder`` has no ``config.json``.
+    """
+    from .serialization import read_config
+
+    folder = Path(folder)
+    config = read_config(folder / CONFIG_NAME)
+    plots = [
+        p.relative_to(folder).as_posix() for p in [*sorted(folder.glob("*.png")), *sorted(folder.glob("plots/*.png"))]
+    ]
+    files = read_card_files(folder)
+    text = generate_model_card(
+        config,
+        metrics=files.get(METRICS_NAME) if isinstance(files.get(METRICS_NAME), dict) else None,
+        hub_config=hub_config,
+        plots=plots,
+        repo_id=repo_id,
+        description=description,
+        folder=folder.resolve().name,
+        files=files,
+    )
+    path = folder / MODEL_CARD_NAME
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------- inputs
+def _dataset(source: Any, hub_datasets: Sequence[str]) -> tuple[str, str, str | None]:
+    """``(kind, short name, Hub dataset id or None)`` of a run's ``dataset`` option: ``"synthetic"`` (built in),
+    ``"benchmark"`` (a paper benchmark read from a local archive), ``"hub"`` (a Hub dataset id) or ``"local"`` (a
+    folder or file on the training machine: only its last path component is named)."""
+    from ..data.benchmarks.registry import BENCHMARKS
+
+    if source is None:
+        return "unknown", "its training data", hub_datasets[0] if hub_datasets else None
+    text = str(source)
+    if text.startswith("synthetic"):
+        return "synthetic", text, None
+    if text in BENCHMARKS:
+        return "benchmark", text, hub_datasets[0] if hub_datasets else None
+    looks_local = (
+        os.path.isabs(text) or text.startswith((".", "~")) or "\\" in text or ".." in Path(text).parts
+        or not _HUB_DATASET_ID.match(text) or os.path.exists(text)
+    )  # fmt: skip
+    if looks_local:
+        name = Path(text.rstrip("/\\")).name or "local data"
+        return "local", name, hub_datasets[0] if hub_datasets else None
+    return "hub", text, text
+
+
+def _data_phrase(kind: str, name: str) -> str:
+    """How the card's text names the training data."""
+    return {
+        "synthetic": f"SyntheticShapes ({name}, built into pml-suprank)",
+        "benchmark": f"the {name} benchmark",
+        "local": f"{name} (a local dataset)",
+        "hub": name,
+    }.get(kind, name)
 
 
 @dataclass(frozen=True)
 class CardInputs:
-    """What a card is built from: the saved config and the optional metrics, hub_config, plots and repo id.
+    """What a card is built from: the saved config, the folder's files and the optional metrics, hub_config, plots
+    and repo id.
 
     Attributes:
         config: The ``config.json`` dict.
         metrics: Our metrics, values in [0, 1] (shown in percent).
-        hub_config: Loaded hub_config; uses ``hub.tags``, ``hub.datasets``, ``hub.license``, ``hub.paper``,
-            ``hub.paper_url`` and ``hub.paper_results`` (percent, keyed like the metrics), and ``data.source``.
+        hub_config: Loaded hub_config; uses ``hub.tags``, ``hub.datasets`` (Hub dataset ids), ``hub.license``,
+            ``hub.paper``, ``hub.paper_url`` and ``hub.paper_results`` (percent, keyed like the metrics). Without
+            it the card fields recorded in ``config["training"]["card_hub"]`` are used.
         plots: Image paths relative to the card's folder.
         repo_id: Hub repo id (``"org/name"``) shown in the title and the usage snippet, when the folder is (or
             will be) pushed there.
         description: One paragraph on what the saved object computes (e.g. its class docstring summary).
         folder: Name of the folder the card is written into; without ``repo_id`` the usage snippet loads it as
             ``"./<folder>"`` (a local path, relative to the folder's parent).
+        files: The folder's parsed :data:`CARD_FILES` (:func:`read_card_files`).
     """
 
     config: Mapping[str, Any]
@@ -68,6 +379,7 @@ class CardInputs:
     repo_id: str | None
     description: str | None
     folder: str | None = None
+    files: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def load_target(self) -> str:
@@ -81,12 +393,14 @@ class CardInputs:
         return "" if self.repo_id else "  # path of this folder"
 
     @property
-    def hub(self) -> dict[str, Any]:
-        return dict(self.hub_config.get("hub") or {})
-
-    @property
     def training(self) -> dict[str, Any]:
         return dict(self.config.get("training") or {})
+
+    @property
+    def hub(self) -> dict[str, Any]:
+        if self.hub_config:
+            return dict(self.hub_config.get("hub") or {})
+        return dict(self.training.get("card_hub") or {})
 
     @property
     def paper_results(self) -> dict[str, Any]:
@@ -94,20 +408,47 @@ class CardInputs:
 
     @property
     def source(self) -> Any:
-        return (self.hub_config.get("data") or {}).get("source") or self.training.get("dataset")
+        data = dict(self.hub_config.get("data") or {}) if self.hub_config else {}
+        return data.get("dataset") or data.get("source") or self.training.get("dataset") or self.hub.get("source")
+
+    @property
+    def dataset(self) -> tuple[str, str, str | None]:
+        """``(kind, display name, Hub dataset id or None)`` of the training data."""
+        ids = [str(d) for d in (self.hub.get("datasets") or []) if _HUB_DATASET_ID.match(str(d))]
+        kind, name, hub_id = _dataset(self.source, ids)
+        recorded = (self.training.get("data_summary") or {}).get("kind")
+        if recorded == "local" and kind == "hub":  # a relative folder ("data/photos") seen where it does not exist
+            return "local", Path(name).name, ids[0] if ids else None
+        return kind, name, hub_id
 
     @property
     def datasets(self) -> list[str]:
-        datasets = list(self.hub.get("datasets") or [])
-        source = self.source
-        if not datasets and isinstance(source, str) and "/" in source and not os.path.isabs(source):
-            datasets = [source]
-        return datasets
+        """The front matter's ``datasets``: real Hub dataset ids only (``hub.datasets``, or a Hub id as source)."""
+        ids = [str(d) for d in (self.hub.get("datasets") or []) if _HUB_DATASET_ID.match(str(d))]
+        kind, _, hub_id = self.dataset
+        if not ids and kind == "hub" and hub_id:
+            ids = [hub_id]
+        return ids
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        value = self.files.get("training_summary.json")
+        return dict(value) if isinstance(value, Mapping) else {}
+
+    @property
+    def history(self) -> list[Mapping[str, Any]]:
+        value = self.files.get("history.json")
+        return [r for r in value if isinstance(r, Mapping)] if isinstance(value, list) else []
+
+    @property
+    def guard(self) -> dict[str, Any] | None:
+        value = self.files.get("ood/guard.json")
+        return dict(value) if isinstance(value, Mapping) else None
 
     def title(self, default: str) -> str:
         """The repo id, else the hub_config's name, else ``default`` (never the folder's name: "final" says
         nothing)."""
-        return self.repo_id or str(self.hub.get("name") or self.hub_config.get("name") or default)
+        return self.repo_id or str(self.hub.get("name") or (self.hub_config or {}).get("name") or default)
 
     def yaml(
         self,
@@ -139,25 +480,28 @@ class CardInputs:
             metrics=list(metrics) or None,
             pipeline_tag=pipeline_tag,
             base_model=base_model,
-            model_name=model_name or self.repo_id,
+            model_name=html.escape(model_name) if model_name else self.repo_id,
             eval_results=self.eval_results(metrics, task_type) if model_name and task_type else None,
         )
         return card_data.to_yaml()
 
     def eval_results(self, keys: Sequence[str], task_type: str) -> list[Any] | None:
-        """``huggingface_hub.EvalResult`` of each measured metric in ``keys`` (percent), or None when none is."""
+        """``huggingface_hub.EvalResult`` of each measured metric in ``keys`` (percent), or None when none is.
+
+        The dataset ``type`` is the Hub dataset id when there is one; otherwise the description of the data, which
+        holds a space and so can never name (and link) an unrelated Hub dataset."""
         from huggingface_hub import EvalResult
 
-        source = str(self.source or "custom")
-        dataset = self.datasets[0] if self.datasets else source
+        kind, short, hub_id = self.dataset
+        name = _data_phrase(kind, short)
         results = [
             EvalResult(
                 task_type=task_type,
-                dataset_type=dataset,
-                dataset_name=source,
+                dataset_type=hub_id or html.escape(name),
+                dataset_name=html.escape(name),
                 dataset_split="test",
                 metric_type=k,
-                metric_name=metric_label(k, self.training.get("label_names")),
+                metric_name=html.escape(metric_label(k, self.training.get("label_names"))),
                 metric_value=round(100.0 * float(self.metrics[k]), 2),
             )
             for k in keys
@@ -170,7 +514,7 @@ class CardInputs:
         if self.plots:
             lines += ["## Plots", ""]
             for p in self.plots:
-                lines += [f"![{Path(p).stem}]({p})", ""]
+                lines += [f"![{_md(Path(p).stem)}]({p})", ""]
         return lines
 
 
@@ -183,12 +527,18 @@ def generate_model_card(
     repo_id: str | None = None,
     description: str | None = None,
     folder: str | None = None,
+    files: Mapping[str, Any] | None = None,
 ) -> str:
-    """Model card text (``README.md``) with YAML metadata, a results table and embedded plots.
+    """Model card text (``README.md``): YAML metadata, the training data, results, hyper-parameters, compute, the
+    OOD guard, plots, usage and citations.
 
     Detector configs (``config["task"] == "ood-detection"``) get the detector layout, the others (also configs
-    written before ``task`` existed) the retrieval-model layout. Arguments as the attributes of :class:`CardInputs`.
+    written before ``task`` existed) the retrieval-model layout. Arguments as the attributes of :class:`CardInputs`;
+    without ``metrics`` those of ``files["metrics.json"]`` are shown.
     """
+    files = dict(files or {})
+    if not metrics and isinstance(files.get(METRICS_NAME), Mapping):
+        metrics = {k: v for k, v in files[METRICS_NAME].items() if isinstance(v, (int, float))}
     inputs = CardInputs(
         config=config,
         metrics=check_metrics(metrics),
@@ -197,27 +547,66 @@ def generate_model_card(
         repo_id=repo_id,
         description=description,
         folder=folder,
+        files=files,
     )
     return _detector_card(inputs) if config.get("task") == DETECTOR_TASK else _retrieval_card(inputs)
 
 
+# ---------------------------------------------------------------------------------------------------- sections
 def _retrieval_overview(config: Mapping[str, Any], training: Mapping[str, Any]) -> list[str]:
     args = dict(config.get("model_args") or {})
     pcfg = dict(config.get("pretrained_cfg") or {})
-    lines = [
-        "| | |",
-        "|---|---|",
-        f"| backbone | `{args.get('backbone')}` (timm) |",
-        f"| pooling | {args.get('pooling')}{' + LayerNorm (no affine)' if args.get('layer_norm') else ''} |",
-        f"| embedding size | {config.get('embedding_size')} (L2-normalised) |",
-        f"| input size | {pcfg.get('input_size')} |",
-        f"| mean / std | {pcfg.get('mean')} / {pcfg.get('std')} |",
+    rows = [
+        ("backbone", f"`{args.get('backbone')}` (timm)"),
+        ("pooling", f"{args.get('pooling')}{' + LayerNorm (no affine)' if args.get('layer_norm') else ''}"),
+        ("embedding size", f"{config.get('embedding_size')} (L2-normalised)"),
+        ("input size", str(pcfg.get("input_size"))),
+        ("mean / std", f"{pcfg.get('mean')} / {pcfg.get('std')}"),
     ]
     if training.get("label_names"):
-        lines.append(f"| label hierarchy (fine → coarse) | {', '.join(map(str, training['label_names']))} |")
+        rows.append(("label hierarchy (fine → coarse)", ", ".join(_md(n) for n in training["label_names"])))
     if training.get("hub_config"):
-        lines.append(f"| hub_config | `{training['hub_config']}` |")
-    return [*lines, ""]
+        rows.append(("hub_config", _md(training["hub_config"])))
+    return ["## Model", "", *_table(("property", "value"), rows)]
+
+
+def _class_list(counts: Mapping[str, Any], total: int) -> str:
+    shown = list(counts.items())[:MAX_CLASSES_LISTED]
+    text = ", ".join(f"{_md(name)} ({int(n)})" for name, n in shown)
+    rest = total - len(shown)
+    return text + (f", … and {rest} more classes" if rest > 0 else "")
+
+
+def _training_data(inputs: CardInputs) -> list[str]:
+    kind, short, hub_id = inputs.dataset
+    name = _data_phrase(kind, short)
+    data = dict(inputs.training.get("data_summary") or {})
+    label_names = inputs.training.get("label_names")
+    lines = ["## Training data", ""]
+    if kind == "hub":
+        lines.append(f"[{_md(name)}](https://huggingface.co/datasets/{hub_id}) from the Hugging Face Hub.")
+    elif kind == "synthetic":
+        lines.append(
+            f"{_md(name)}: procedurally rendered shapes (coarse class = shape family, fine class = variant × colour);"
+            " training and test classes are disjoint (open-set retrieval)."
+        )
+    elif kind == "benchmark":
+        lines.append(f"{_md(name)}, read from its archive with `pml_suprank.data.load_benchmark`.")
+    elif kind == "local":
+        lines.append(f"{_md(name)}: images of the trainer's own, not published with this model.")
+    else:
+        lines.append("Not recorded.")
+    if label_names:
+        lines[-1] += f" Label columns (finest first): {', '.join(_md(n) for n in label_names)}."
+    lines.append("")
+    rows = []
+    for part in ("train", "test"):
+        s = data.get(part)
+        if isinstance(s, Mapping):
+            classes = _class_list(dict(s.get("class_counts") or {}), int(s.get("classes", 0)))
+            rows.append((part, str(s.get("images", "–")), str(s.get("classes", "–")), classes or "–"))
+    lines += _table(("split", "images", "fine classes", "classes (images)"), rows)
+    return lines
 
 
 def _split_metrics(metrics: Mapping[str, float], paper_results: Mapping[str, Any]) -> tuple[dict, dict, list, list]:
@@ -226,6 +615,7 @@ def _split_metrics(metrics: Mapping[str, float], paper_results: Mapping[str, Any
     rates = {k: v for k, v in metrics.items() if k not in counts}
     main_keys = headline_keys(rates, paper_results)
     other_keys = [k for k in rates if k not in main_keys and not _shown_as_another(rates, k)]
+    other_keys.sort(key=lambda k: (int(k.rpartition("_level")[2]) if k.rpartition("_level")[2].isdigit() else -1, k))
     return counts, rates, main_keys, other_keys
 
 
@@ -234,6 +624,60 @@ def _shown_as_another(rates: Mapping[str, float], key: str) -> bool:
     ``precision_at_1`` = ``recall_at_1``, ...): each number is listed once."""
     kept = same_as(key)
     return kept is not None and kept in rates and math.isclose(float(rates[key]), float(rates[kept]), rel_tol=1e-9)
+
+
+def _definitions(keys: Sequence[str], label_names: Any) -> list[str]:
+    """One bullet per displayed metric label: its definition from the metric registry, with its ``k`` and its label
+    column filled in."""
+    seen: dict[str, str] = {}
+    for k in keys:
+        label = metric_label(k, label_names)
+        legend = metric_legend([k])
+        if not legend or label in seen:
+            continue
+        text = legend.split(" = ", 1)[1]
+        top = re.search(r"_at_(\d+)", k)
+        if top:
+            text = re.sub(r"\bk\b", top.group(1), text)
+        level = re.search(r"_level(\d+)$", k)
+        if level:
+            h = int(level.group(1))
+            column = label_names[h] if label_names and h < len(label_names) else f"{h}"
+            text = text.replace("label column h (0 = finest)", f"label column {column}")
+            text = text.replace("label column h", f"label column {column}")
+        seen[label] = text
+    if not seen:
+        return []
+    lines = ["Definitions (positives: items of the query's fine class unless a label column is named; ties ranked "
+             "pessimistically; the query is removed from the gallery):", ""]  # fmt: skip
+    lines += [f"- **{_md(label)}**: {_md(text)}" for label, text in seen.items()]
+    return [*lines, ""]
+
+
+def _retrieval_results(inputs: CardInputs, title: str) -> list[str]:
+    paper_results, label_names = inputs.paper_results, inputs.training.get("label_names")
+    counts, rates, main_keys, other_keys = _split_metrics(inputs.metrics, paper_results)
+    if not main_keys and not other_keys:
+        return []
+    with_paper = any(math.isfinite(float(v)) for v in paper_results.values() if isinstance(v, (int, float)))
+    lines = ["## Results", "", "Exact metrics over the whole test gallery, in percent."]
+    if with_paper:
+        lines[-1] += f" The paper column reports the published numbers of the corresponding setting ({_md(title)})."
+    lines.append("")
+    rows = []
+    for k in main_keys:
+        row = [_md(metric_label(k, label_names)), _pct(rates.get(k))]
+        rows.append([*row, _num(paper_results.get(k))] if with_paper else row)
+    lines += _table(("metric", "this model", "paper") if with_paper else ("metric", "this model"), rows)
+    if "num_queries" in counts:
+        lines += [f"Evaluated with {int(counts['num_queries'])} queries.", ""]
+    if other_keys:
+        lines += ["<details><summary>All metrics</summary>", ""]
+        lines += _table(
+            ("metric", "this model"), [(_md(metric_label(k, label_names)), _pct(rates[k])) for k in other_keys]
+        )
+        lines += ["</details>", ""]
+    return lines + _definitions([*main_keys, *other_keys], label_names)
 
 
 def _base_model(config: Mapping[str, Any]) -> str | None:
@@ -255,94 +699,179 @@ def _base_model(config: Mapping[str, Any]) -> str | None:
     return str(hub_id) if hub_id else None
 
 
-def _hyper_parameters(training: Mapping[str, Any]) -> list[str]:
-    """The loss, its options and the optimisation settings of the run, as a two-column table."""
+def _has_proxies(inputs: CardInputs) -> bool:
+    if any("lr_proxies" in r for r in inputs.history):
+        return True
+    kwargs = dict(inputs.training.get("loss_kwargs") or {})
+    return kwargs.get("decomposability") == "proxy" or str(inputs.training.get("loss")) in (
+        "HAPPIER", "HAPPIER_F", "ROD-NDCG", "CSL", "HAPPIERLoss", "RODNDCGLoss", "CSLLoss",
+    )  # fmt: skip
+
+
+def _hyper_parameters(inputs: CardInputs) -> list[str]:
+    """The loss, its options and the optimisation settings of the run (learning rates, steps)."""
+    training = inputs.training
     tc = dict(training.get("training_config") or {})
-    rows: list[tuple[str, Any]] = []
+    rows: list[tuple[str, str]] = []
     if training.get("loss"):
-        rows.append(("loss", f"`{training['loss']}`"))
+        rows.append(("loss", _md(training["loss"])))
     for k, v in sorted(dict(training.get("loss_kwargs") or {}).items()):
         if v is not None:
-            rows.append((f"loss: {k}", f"`{json.dumps(v)}`"))
-    for k in (
-        "optimizer", "lr_backbone", "lr_head", "weight_decay", "scheduler", "warmup_epochs", "batch_size",
-        "virtual_batch_size", "sampler", "samples_per_class", "epochs", "max_train_steps", "memory_size", "seed",
-    ):  # fmt: skip
+            rows.append((f"loss: {_md(k)}", f"`{json.dumps(v)}`"))
+    keys = ["optimizer", "lr_backbone", "lr_head", "lr_proxies", "weight_decay", "scheduler", "min_lr_ratio",
+            "warmup_epochs", "batch_size", "virtual_batch_size", "sampler", "samples_per_class", "epochs",
+            "max_train_steps", "memory_size", "seed"]  # fmt: skip
+    if not _has_proxies(inputs):
+        keys.remove("lr_proxies")
+    for k in keys:
         if tc.get(k) is not None:
             rows.append((k, f"`{json.dumps(tc[k])}`"))
-    if not rows:
-        return []
-    return [
-        "## Training hyper-parameters",
-        "",
-        "| setting | value |",
-        "|---|---|",
-        *(f"| {k} | {v} |" for k, v in rows),
-        "",
-    ]
+    steps = inputs.summary.get("steps")
+    if isinstance(steps, int):
+        rows.append(("optimizer steps done", str(steps)))
+    return ["## Training hyper-parameters", "", *_table(("setting", "value"), rows)] if rows else []
 
 
-def _use_and_limits(training: Mapping[str, Any], source: Any, base_model: str | None) -> list[str]:
-    tc = dict(training.get("training_config") or {})
-    steps = tc.get("max_train_steps")
-    where = f"`{source}`" if source else "its training data"
+def _compute(inputs: CardInputs) -> list[str]:
+    compute = dict(inputs.training.get("compute") or {})
+    summary = inputs.summary
+    rows: list[tuple[str, str]] = []
+    if compute.get("device"):
+        device = str(compute["device"])
+        if compute.get("device_name"):
+            device += f" ({_md(compute['device_name'])})"
+        rows.append(("device", device))
+    processes = compute.get("num_processes", summary.get("num_processes"))
+    if processes is not None:
+        rows.append(("processes", str(processes)))
+    precision = compute.get("mixed_precision", summary.get("mixed_precision"))
+    if precision is not None:
+        rows.append(("mixed precision", _md(precision)))
+    seconds = summary.get("train_time_s")
+    if isinstance(seconds, (int, float)) and math.isfinite(seconds):
+        rows.append(("training time", f"{seconds:.0f} s" if seconds < 3600 else f"{seconds / 3600:.1f} h"))
+    for k in ("torch", "pml_suprank"):
+        if compute.get(k):
+            rows.append((k, _md(compute[k])))
+    return ["## Compute", "", *_table(("item", "value"), rows)] if rows else []
+
+
+def _short_run(inputs: CardInputs) -> str | None:
+    """The console's short-run warning of the run, when it warned (the same rule and text)."""
+    from ..data.batch_fit import short_run_warning
+
+    schedule = dict(inputs.training.get("schedule") or {})
+    tc = dict(inputs.training.get("training_config") or {})
+    total = schedule.get("total_steps")
+    if not isinstance(total, int) or total <= 0:
+        total = tc.get("max_train_steps")
+        if not isinstance(total, int):
+            return None
+    per_epoch = schedule.get("steps_per_epoch") or total
+    epochs = tc.get("epochs") if isinstance(tc.get("epochs"), int) else 1
+    return short_run_warning(int(per_epoch), int(total), epochs=epochs, max_train_steps=tc.get("max_train_steps"))
+
+
+def _use_and_limits(inputs: CardInputs, base_model: str | None) -> list[str]:
+    kind, short, _ = inputs.dataset
+    name = _data_phrase(kind, short)
     lines = [
         "## Intended use and limitations",
         "",
-        f"- **Use:** embed images of the domain of {where} and rank a gallery by cosine similarity (nearest-neighbour"
-        " search, e.g. `pml_suprank.search.RetrievalIndex`); with a label hierarchy, nearer items share finer labels.",
+        f"- **Use:** embed images of the domain of {_md(name)} and rank a gallery by cosine similarity (nearest-"
+        "neighbour search, e.g. `pml_suprank.search.RetrievalIndex`); with a label hierarchy, nearer items share "
+        "finer labels.",
         "- Compare embeddings of this model only with embeddings of the same model and preprocessing.",
         "- The results above are measured on the held-out test split of the training data; quality on other image"
         " domains is not measured. Not for decisions about people (identification, surveillance).",
     ]
     if base_model:
         lines.append(f"- Fine-tuned from [`{base_model}`](https://huggingface.co/{base_model}): its license applies.")
-    if isinstance(steps, int) and steps < 200:
-        lines.append(
-            f"- **Trained for {steps} optimizer steps only**: a demonstration or smoke test, not a usable model."
-        )
     return [*lines, ""]
 
 
-def _retrieval_results(inputs: CardInputs, title: str) -> list[str]:
-    paper_results, label_names = inputs.paper_results, inputs.training.get("label_names")
-    counts, rates, main_keys, other_keys = _split_metrics(inputs.metrics, paper_results)
-    if not main_keys and not other_keys:
+def _short_run_banner(inputs: CardInputs) -> list[str]:
+    warning = _short_run(inputs)
+    if not warning:
         return []
+    text = warning.removeprefix("warning: ")
+    return [f"> **Warning — short run:** {_md(text)}. A demonstration or smoke test, not a usable model.", ""]
+
+
+def _guard(inputs: CardInputs) -> list[str]:
+    """The OOD guard stored with the model (``ood/guard.json``): its detector, threshold and what was measured."""
+    guard = inputs.guard
+    if not guard:
+        return []
+    higher = guard.get("higher_is_ood", True)
+    rule = "score ≥ threshold" if higher else "score ≤ threshold"
     lines = [
-        "## Results",
+        "## Out-of-distribution guard",
         "",
-        "Exact metrics over the whole test gallery, in percent (ties ranked pessimistically). The paper column "
-        f"reports the published numbers of the corresponding setting ({title}).",
+        f"This model ships with an OOD guard (`ood/`): a {_md(guard.get('detector'))} detector on "
+        f"{_md(guard.get('feature_kind'))} features of these weights (SHA-256 "
+        f"`{_md(str(guard.get('model_sha256', ''))[:16])}…`). An image is rejected as unknown when its {rule} "
+        f"(higher = more out-of-distribution: {'yes' if higher else 'no'}). Rates in percent.",
         "",
-        "| metric | this model | paper |",
-        "|---|---|---|",
     ]
-    for k in main_keys:
-        ours = 100.0 * rates[k] if k in rates else None
-        lines.append(f"| {metric_label(k, label_names)} | {_fmt(ours)} | {_fmt(paper_results.get(k))} |")
-    lines.append("")
-    if "num_queries" in counts:
-        lines += [f"Evaluated with {int(counts['num_queries'])} queries.", ""]
-    if other_keys:
-        lines += ["<details><summary>All metrics</summary>", "", "| metric | this model |", "|---|---|"]
-        lines += [f"| {metric_label(k, label_names)} | {_fmt(100.0 * rates[k])} |" for k in other_keys]
-        lines += ["", "</details>", ""]
+    rows = [("threshold", _md(guard.get("threshold")))]
+    if isinstance(guard.get("tpr_target"), (int, float)):
+        rows.append(("target ID true-positive rate (images kept)", _pct(guard["tpr_target"])))
+    if isinstance(guard.get("id_tpr"), (int, float)):
+        rows.append(("measured ID true-positive rate (held-out ID images)", _pct(guard["id_tpr"])))
+    lines += _table(("setting", "value"), rows)
+    sets = guard.get("ood_sets") or {}
+    if isinstance(sets, Mapping) and sets:
+        lines += _table(
+            ("OOD set", "FPR at the threshold (OOD accepted)", "AUROC"),
+            [(_md(n), _pct((m or {}).get("fpr")), _pct((m or {}).get("auroc"))) for n, m in sets.items()
+             if isinstance(m, Mapping)],
+        )  # fmt: skip
+    lines += [
+        "```python",
+        "from pml_suprank.models import RetrievalModel",
+        "",
+        f'model = RetrievalModel.from_pretrained("{inputs.load_target}")',
+        "guard = model.ood_guard  # the stored detector, its threshold and its feature kind",
+        "```",
+        "",
+    ]
+    return lines
+
+
+def _citation(papers: Sequence[tuple[str, str]]) -> list[str]:
+    lines = ["## Citation", ""]
+    seen: list[str] = []
+    for title, url in papers:
+        if url in seen:
+            continue
+        seen.append(url)
+        lines += [f"{_md(title)}: {url}", ""]
+        if url in _BIBTEX:
+            lines += ["```bibtex", _BIBTEX[url], "```", ""]
     return lines
 
 
 def _retrieval_card(inputs: CardInputs) -> str:
     hub, training = inputs.hub, inputs.training
-    loss, source = training.get("loss"), inputs.source
+    loss = training.get("loss")
     _, _, main_keys, _ = _split_metrics(inputs.metrics, inputs.paper_results)
     tags = ["pml-suprank", "image-retrieval", "metric-learning", "pytorch-metric-learning", "timm"]
     title, url = _paper(loss)
     if hub.get("paper"):
         title, url = str(hub["paper"]), str(hub.get("paper_url") or url)
     backbone = (inputs.config.get("model_args") or {}).get("backbone")
+    kind, short_data, _ = inputs.dataset
+    data_name = _data_phrase(kind, short_data)
+    short_data = short_data if kind != "unknown" else None
     name = inputs.title(
-        " ".join(str(x) for x in (loss, "retrieval model", f"({backbone}" + (f", {source})" if source else ")")) if x)
+        " ".join(
+            str(x) for x in (loss, "retrieval model", f"({backbone}" + (f", {short_data})" if short_data else ")")) if x
+        )  # fmt: skip
     )
+    papers = [(title, url)]
+    if url != SUPRANK_PAPER[1] and str(loss) not in ("Smooth-AP", "SmoothAPLoss", "CSL", "CSLLoss"):
+        papers.append(SUPRANK_PAPER)
     lines = [
         "---",
         inputs.yaml(
@@ -356,17 +885,21 @@ def _retrieval_card(inputs: CardInputs) -> str:
         ),  # fmt: skip
         "---",
         "",
-        f"# {name}",
+        f"# {_md(name)}",
         "",
         f"An image-retrieval embedding model trained with [pml-suprank]({REPO_URL})"
-        + (f" using `{loss}`" if loss else "")
-        + (f" on `{source}`" if source else "")
-        + ".",
+        + (f" using {_md(loss)}" if loss else "")
+        + (f" on {_md(data_name)}" if kind != "unknown" else "")
+        + ". All metrics on this card are percentages (`metrics.json` holds the same numbers as fractions).",
         "",
+        *_short_run_banner(inputs),
         *_retrieval_overview(inputs.config, training),
+        *_training_data(inputs),
         *_retrieval_results(inputs, title),
-        *_hyper_parameters(training),
-        *_use_and_limits(training, source, _base_model(inputs.config)),
+        *_hyper_parameters(inputs),
+        *_compute(inputs),
+        *_guard(inputs),
+        *_use_and_limits(inputs, _base_model(inputs.config)),
         *inputs.plot_lines(),
         "## Usage",
         "",
@@ -385,10 +918,7 @@ def _retrieval_card(inputs: CardInputs) -> str:
         "    embedding = model(transform(image)[None])  # (1, D), L2-normalised",
         "```",
         "",
-        "## Citation",
-        "",
-        f"{title}: {url}",
-        "",
+        *_citation(papers),
     ]
     return "\n".join(lines)
 
@@ -398,42 +928,41 @@ def _detector_results(inputs: CardInputs) -> list[str]:
     keys = [*metrics, *(k for k in paper_results if k not in metrics)]
     if not keys:
         return []
-    lines = [
-        "## Results",
-        "",
-        "Detection metrics in percent (scores: higher = more out-of-distribution).",
-        "",
-        "| metric | this detector | paper |",
-        "|---|---|---|",
-    ]
+    with_paper = bool(paper_results)
+    rows = []
     for k in keys:
-        ours = 100.0 * metrics[k] if k in metrics and not k.startswith("num_") else metrics.get(k)
-        lines.append(f"| {k} | {_fmt(ours)} | {_fmt(paper_results.get(k))} |")
-    return [*lines, ""]
+        ours = metrics.get(k)
+        cell = str(int(ours)) if k.startswith("num_") and ours is not None else _pct(ours)
+        rows.append([_md(k), cell, _num(paper_results.get(k))] if with_paper else [_md(k), cell])
+    header = ("metric", "this detector", "paper") if with_paper else ("metric", "this detector")
+    return ["## Results", "", "Detection metrics in percent (scores: higher = more out-of-distribution).", "",
+            *_table(header, rows)]  # fmt: skip
 
 
 def _detector_card(inputs: CardInputs) -> str:
-    config, hub, source = inputs.config, inputs.hub, inputs.source
+    config, hub = inputs.config, inputs.hub
     arch = str(config.get("architecture"))
     args = dict(config.get("model_args") or {})
+    kind, short, _ = inputs.dataset
+    data_name = _data_phrase(kind, short)
+    rows = [
+        ("detector", f"`{_md(arch)}`"),
+        *((_md(k), f"`{json.dumps(v, sort_keys=True)}`") for k, v in sorted(args.items())),
+    ]
+    rows.append(("fitted", str(bool(config.get("fitted")))))
     lines = [
         "---",
         inputs.yaml(["pml-suprank", "out-of-distribution-detection", arch], list(inputs.metrics), None),
         "---",
         "",
-        f"# {inputs.title(f'pml-suprank {arch} detector')}",
+        f"# {_md(inputs.title(f'pml-suprank {arch} detector'))}",
         "",
-        f"A post-hoc out-of-distribution detector (`{arch}`) fitted with [pml-suprank]({REPO_URL})"
-        + (f" on `{source}`" if source else "")
+        f"A post-hoc out-of-distribution detector (`{_md(arch)}`) fitted with [pml-suprank]({REPO_URL})"
+        + (f" on {_md(data_name)}" if kind != "unknown" else "")
         + ". It scores feature vectors (and / or logits) of a frozen network: higher = more out-of-distribution.",
         "",
-        *([inputs.description.strip(), ""] if inputs.description else []),
-        "| argument | value |",
-        "|---|---|",
-        f"| detector | `{arch}` |",
-        *(f"| {k} | `{json.dumps(v, sort_keys=True)}` |" for k, v in sorted(args.items())),
-        f"| fitted | {bool(config.get('fitted'))} |",
-        "",
+        *([_md(inputs.description.strip()), ""] if inputs.description else []),
+        *_table(("argument", "value"), rows),
         *_detector_results(inputs),
         *inputs.plot_lines(),
         "## Usage",
@@ -447,6 +976,5 @@ def _detector_card(inputs: CardInputs) -> str:
         "",
     ]
     if hub.get("paper"):
-        url = f": {hub['paper_url']}" if hub.get("paper_url") else ""
-        lines += ["## Citation", "", f"{hub['paper']}{url}", ""]
+        lines += _citation([(str(hub["paper"]), str(hub.get("paper_url") or ""))])
     return "\n".join(lines)

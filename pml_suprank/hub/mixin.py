@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
-from .card import generate_model_card
+from .card import carried_files, generate_model_card, read_card_files
 from .serialization import (
     CONFIG_NAME,
     LIBRARY_NAME,
@@ -114,6 +114,7 @@ def save_folder(
     hub_config: Mapping[str, Any] | None = None,
     plots: Sequence[str | Path] | None = None,
     repo_id: str | None = None,
+    source: str | Path | None = None,
 ) -> Path:
     """Write ``config.json``, ``model.safetensors``, ``metrics.json``, plots and the card, all or nothing.
 
@@ -129,9 +130,15 @@ def save_folder(
             ``*.png`` files already in ``save_directory`` or ``save_directory/plots`` are embedded too.
         repo_id: Hub repo id (``"org/name"``) used in the card's title and usage snippet. Without one (or with a
             name that is not a repo id) the snippet loads the folder by its local path ``./<folder name>``.
+        source: The folder the object was loaded from: its metrics, plots, training files and OOD guard are carried
+            into ``save_directory`` when the weights are unchanged (:func:`~pml_suprank.hub.card.carried_files`).
     """
     save_directory = Path(save_directory)
     folder = save_directory.resolve().name
+    carried = carried_files(source, save_directory, weights) if source is not None else []
+    files = {**(read_card_files(source) if carried else {}), **read_card_files(save_directory)}
+    if not metrics and any(rel == METRICS_NAME for rel, _ in carried):
+        metrics = files.get(METRICS_NAME)
     metrics = check_metrics(metrics)
     if hub_config is not None:
         name = hub_config.get("name") if isinstance(hub_config, Mapping) else None
@@ -142,13 +149,17 @@ def save_folder(
         writer.write_json(CONFIG_NAME, config)
         if metrics:
             writer.write_json(METRICS_NAME, metrics)
-        for rel, source in planned:
-            if source is not None:
-                writer.copy_file(source, rel)
+        for rel, path in planned:
+            if path is not None:
+                writer.copy_file(path, rel)
+        for rel, path in carried:
+            if rel != METRICS_NAME:
+                writer.copy_file(path, rel)
         if card is not None:
-            rels = [rel for rel, _ in planned]
+            rels = [rel for rel, _ in planned] + [rel for rel, _ in carried if rel.endswith(".png")]
             card_repo = repo_id if _is_repo_id(repo_id) else None
-            text = card(config, metrics=metrics, hub_config=hub_config, plots=rels, repo_id=card_repo, folder=folder)
+            text = card(config, metrics=metrics, hub_config=hub_config, plots=list(dict.fromkeys(rels)),
+                        repo_id=card_repo, folder=folder, files=files)  # fmt: skip
             writer.write_text(MODEL_CARD_NAME, text)
     return save_directory
 
@@ -364,6 +375,7 @@ class HubMixin:
             hub_config=hub_config,
             plots=plots,
             repo_id=repo_id,
+            source=getattr(self, "_hub_source", None),
         )
 
     @classmethod
@@ -423,6 +435,7 @@ class HubMixin:
         weights = folder / WEIGHTS_NAME
         state = read_weights(weights, map_location) if weights.is_file() else {}
         obj._hub_load_state(state, config, source=weights, strict=strict, map_location=map_location)
+        obj._hub_source = folder  # a later save_pretrained / push_to_hub carries this folder's card files
         return obj
 
     def push_to_hub(

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from .._validation import check_choice, check_probability
@@ -156,17 +155,16 @@ class BenchmarkResult:
             writer.writerows(self.rows)
         return path
 
-    def plot(self, path: str | Path, bins: int = 40, dpi: int = 80) -> Path:
-        """Score histograms, one panel per detector: ID test vs each OOD group, with every group's AUROC and FPR95
-        (:func:`pml_suprank.ood.score_plots.plot_score_histograms`, the style of ``fit_heat``). Returns the path."""
+    def plot(self, path: str | Path, bins: int = 40, dpi: int = 150) -> Path:
+        """Score histograms, one row per detector and one panel per OOD group, every set in its own colour with its
+        AUROC and FPR95 (:func:`pml_suprank.ood.score_plots.plot_score_histograms`, the style of ``fit_heat``).
+        Returns the path."""
         from .score_plots import plot_score_histograms
 
         id_scores = {name: per_set["ID"] for name, per_set in self.scores.items()}
-        ood_scores = {
-            group: {name: torch.cat([per_set[s] for s in sets]) for name, per_set in self.scores.items()}
-            for group, sets in self.groups.items()
-        }
-        return plot_score_histograms(id_scores, ood_scores, path, bins=bins, dpi=dpi)
+        sets = [s for group in self.groups.values() for s in group]
+        ood_scores = {s: {name: per_set[s] for name, per_set in self.scores.items()} for s in sets}
+        return plot_score_histograms(id_scores, ood_scores, path, groups=self.groups, bins=bins, dpi=dpi)
 
     def save(self, output_dir: str | Path, plot: bool = True) -> dict[str, Path]:
         """Write ``results.csv``, ``results.md`` (markdown table) and ``score_histograms.png`` into ``output_dir``."""

@@ -1,18 +1,19 @@
-"""Histograms of outlier scores, one panel per detector, shared by ``fit_heat`` and ``ood_benchmark``.
+"""Histograms of outlier scores, shared by ``fit_heat`` and ``ood_benchmark``: one row per detector, one panel per
+OOD group (e.g. near and far sets apart), legible at page width.
 
-Each panel shows the in-distribution test scores against every OOD group (the fraction of each set per bin; scores
-beyond the drawn range count in the outer bins), with the x axis labelled
-(higher = more out-of-distribution), the group's AUROC and FPR95 (:func:`pml_suprank.ood.metrics.auroc`,
-:func:`~pml_suprank.ood.metrics.fpr_at_tpr`, FPR95 in the convention of the result tables) in the
-panel's title, and one legend for the figure. Scores whose range spans orders of magnitude (energies, Mahalanobis
-distances, KNN, RMDS, ...) are drawn on a symmetric-log x axis with bins even on that axis, so that neither set is
-squeezed into one bin; the x range is the 0.5 %–99.5 % quantile range of all scores of the panel.
+Each panel shows the in-distribution test scores (grey) against every OOD set of its group, each set in its own
+colour (the fraction of each set per bin; scores beyond the drawn range count in the outer bins), with the x axis
+labelled (higher = more out-of-distribution) and, in the panel's legend, every set's AUROC and FPR95
+(:func:`pml_suprank.ood.metrics.auroc`, :func:`~pml_suprank.ood.metrics.fpr_at_tpr`); the figure's title states the
+FPR95 convention. Scores whose range spans orders of magnitude (energies, Mahalanobis distances, KNN, RMDS, ...) are
+drawn on a symmetric-log x axis with bins even on that axis, so that neither set is squeezed into one bin; the x range
+is the 0.5 %–99.5 % quantile range of all scores of the panel. Names (detectors, sets) are drawn literally (no
+mathtext).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -51,80 +52,115 @@ def _edges(sets: list[np.ndarray], bins: int) -> tuple[np.ndarray, float | None]
     return inverse(np.linspace(forward(np.array(lo)), forward(np.array(hi)), bins + 1)), c
 
 
+#: what FPR95 means under each convention of :func:`pml_suprank.ood.metrics.fpr_at_tpr` (stated on the figure)
+CONVENTION_TEXT = {
+    "id_positive": "FPR95 = share of OOD accepted at the threshold keeping 95 % of ID (ID positive)",
+    "ood_positive": "FPR95 = share of ID flagged at the threshold catching 95 % of OOD (OOD positive, OpenOOD v1.5)",
+    "id_positive_roc": "FPR95 = share of OOD accepted at the ROC threshold keeping 95 % of ID (OpenOOD legacy)",
+}
+#: resolution of the figure
+DPI = 150
+
+
+def _literal(text: object) -> str:
+    return "".join(ch if ch.isprintable() else " " for ch in str(text)).replace("$", r"\$")
+
+
 def plot_score_histograms(
     id_scores: Mapping[str, Tensor],
     ood_scores: Mapping[str, Mapping[str, Tensor]],
     path: str | Path,
     *,
+    groups: Mapping[str, Sequence[str]] | None = None,
     bins: int = 40,
-    dpi: int = 110,
+    dpi: int = DPI,
     title: str = "Outlier scores: ID test vs OOD",
     convention: str = "id_positive",
 ) -> Path:
-    """Save the score histograms of every detector to ``path``.
+    """Save the score histograms of every detector to ``path``: one row per detector, one panel per group.
 
     Args:
         id_scores: detector name → ``(N_id,)`` scores of the ID test set.
-        ood_scores: OOD group name (e.g. ``"near"``, ``"far"`` or a set name) → detector name → ``(N,)`` scores.
+        ood_scores: OOD set name → detector name → ``(N,)`` scores.
         path: The PNG file written.
+        groups: ``{group name: [set names]}`` (e.g. ``{"near": [...], "far": [...]}``), one panel per group;
+            default: one panel holding every set.
         bins: Bins per panel.
         dpi: Resolution.
         title: The figure's title.
-        convention: FPR95 convention (:func:`pml_suprank.ood.metrics.fpr_at_tpr`), that of the result tables.
+        convention: FPR95 convention (:func:`pml_suprank.ood.metrics.fpr_at_tpr`), that of the result tables;
+            stated on the figure.
 
     Raises:
-        ValueError: no detector, a detector missing from a group, or an empty / non-finite score set.
+        ValueError: no detector, a detector missing from a set, a group naming an unknown set, or an empty /
+            non-finite score set.
     """
     if not id_scores:
         raise ValueError("id_scores must name at least one detector; got none")
     if isinstance(bins, bool) or not isinstance(bins, int) or not 2 <= bins <= 1000:
         raise ValueError(f"bins must be an int in [2, 1000]; got {bins!r}")
-    for group, per_detector in ood_scores.items():
+    if convention not in CONVENTION_TEXT:
+        raise ValueError(f"convention must be one of {tuple(CONVENTION_TEXT)}; got {convention!r}")
+    for name, per_detector in ood_scores.items():
         missing = [d for d in id_scores if d not in per_detector]
         if missing:
-            raise ValueError(f"ood_scores[{group!r}] lacks the detectors {missing}")
+            raise ValueError(f"ood_scores[{name!r}] lacks the detectors {missing}")
+    named_groups = groups is not None
+    groups = {str(g): list(sets) for g, sets in (groups or {"OOD": list(ood_scores)}).items()}
+    for g, sets in groups.items():
+        unknown = [s for s in sets if s not in ood_scores]
+        if unknown or not sets:
+            raise ValueError(f"groups[{g!r}] must name sets of ood_scores {list(ood_scores)}; got {sets}")
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     names = list(id_scores)
-    cols = min(4, len(names))
-    rows = math.ceil(len(names) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.8 * cols, 3.0 * rows + 0.6), squeeze=False)
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for ax, name in zip(axes.flat, names):
-        sets = {"ID test": id_scores[name], **{f"OOD {g}": s[name] for g, s in ood_scores.items()}}
-        arrays = {}
-        for label, scores in sets.items():
-            arr = torch.as_tensor(scores).detach().double().cpu().reshape(-1).numpy()
-            if arr.size == 0 or not np.isfinite(arr).all():
-                raise ValueError(f"scores of {name!r} on {label!r} must be non-empty and finite")
-            arrays[label] = arr
+    panels = [(name, group, sets) for name in names for group, sets in groups.items()]
+    # a row per detector with a panel per group; one group: two detectors a row (the figure keeps a page's width)
+    cols = len(groups) if len(groups) > 1 else min(2, len(names))
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols + 0.4, 3.1 * rows + 0.9), squeeze=False)
+    colours = [c for c in plt.rcParams["axes.prop_cycle"].by_key()["color"] if c != "#7f7f7f"]
+    colour_of = {s: colours[i % len(colours)] for i, s in enumerate(ood_scores)}
+    for k, (name, group, sets) in enumerate(panels):
+        row, col = divmod(k, cols)
+        ax = axes[row, col]
+        arrays = {"ID test": _array(id_scores[name], name, "ID test")}
+        arrays.update({s: _array(ood_scores[s][name], name, s) for s in sets})
         edges, linthresh = _edges(list(arrays.values()), bins)
-        for j, (label, arr) in enumerate(arrays.items()):
-            ax.hist(np.clip(arr, edges[0], edges[-1]), bins=edges, weights=np.full(arr.size, 1.0 / arr.size),
-                    alpha=0.5 if j == 0 else 0.45, color=colours[j % len(colours)], label=label)  # fmt: skip
+        for label, arr in arrays.items():
+            weights = np.full(arr.size, 1.0 / arr.size)
+            clipped = np.clip(arr, edges[0], edges[-1])
+            if label == "ID test":
+                ax.hist(clipped, bins=edges, weights=weights, color="#7f7f7f", alpha=0.45, label="ID test")
+                continue
+            a = auroc(id_scores[name], ood_scores[label][name])
+            f = fpr_at_tpr(id_scores[name], ood_scores[label][name], convention=convention)
+            ax.hist(clipped, bins=edges, weights=weights, histtype="step", lw=1.6, color=colour_of[label],
+                    label=f"{_literal(label)}: AUROC {100 * a:.1f} · FPR95 {100 * f:.1f}")  # fmt: skip
         if linthresh is not None:
             ax.set_xscale("symlog", linthresh=linthresh)
-        lines = [name]
-        for g, s in ood_scores.items():
-            lines.append(
-                f"{g}: AUROC {100 * auroc(id_scores[name], s[name]):.1f} · FPR95 "
-                f"{100 * fpr_at_tpr(id_scores[name], s[name], convention=convention):.1f}"
-            )
-        ax.set_title("\n".join(lines), fontsize=8)
+        ax.set_title(f"{_literal(name)} — {_literal(group)}" if named_groups else _literal(name), fontsize=9)
         ax.set_xlabel("score (higher = more OOD)" + (", symlog" if linthresh is not None else ""), fontsize=8)
         ax.set_ylabel("fraction of the set", fontsize=8)
         ax.tick_params(labelsize=7)
-    for ax in list(axes.flat)[len(names) :]:
+        ax.legend(fontsize=7, loc="best", frameon=False)
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 5), fontsize=8, frameon=False)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.suptitle(f"{_literal(title)}\n{CONVENTION_TEXT[convention]}", fontsize=9)
+    height = fig.get_size_inches()[1]
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.6 / height))  # room for the two-line title
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return path
+
+
+def _array(scores: Tensor, detector: str, label: str) -> np.ndarray:
+    arr = torch.as_tensor(scores).detach().double().cpu().reshape(-1).numpy()
+    if arr.size == 0 or not np.isfinite(arr).all():
+        raise ValueError(f"scores of {detector!r} on {label!r} must be non-empty and finite")
+    return arr

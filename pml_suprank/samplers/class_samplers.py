@@ -1,6 +1,8 @@
-"""Miner-free batch samplers for rank losses: ``MPerClassSampler`` and ``HierarchicalSampler``.
+"""Miner-free samplers for rank losses: ``MPerClassSampler``, ``MPerClassBatchSampler`` and ``HierarchicalSampler``.
 
-Both are *batch* samplers (they yield lists of dataset indices, use them as ``DataLoader(batch_sampler=...)``) with:
+``MPerClassSampler`` is PML's flat index stream (``DataLoader(sampler=..., batch_size=B)``); ``MPerClassBatchSampler``
+(the same plan) and ``HierarchicalSampler`` (as PML's) are *batch* samplers: they yield lists of dataset indices, use
+them as ``DataLoader(batch_sampler=...)``. All of them have:
 
 * **no global RNG**: every epoch is drawn from ``np.random.default_rng((seed, epoch))``, so the stream depends only on
   ``seed``, ``epoch`` and the labels — every process builds the same plan without any seeding;
@@ -38,16 +40,30 @@ from typing import Any, get_args
 
 import numpy as np
 import torch
+from torch.utils.data import Sampler
 
 from .._validation import check_choice, check_positive_int
 from ..relevance import check_tree
 from .base import ShardedBatchSampler, SmallClassPolicy, as_int_array, check_group_size, draw
 
-__all__ = ["HierarchicalSampler", "MPerClassSampler"]
+__all__ = ["HierarchicalSampler", "MPerClassBatchSampler", "MPerClassSampler"]
 
 
-class MPerClassSampler(ShardedBatchSampler):
-    """Batches of ``batch_size / m`` distinct classes with ``m`` images each (m-per-class sampling).
+def _flat_labels(labels: Any) -> np.ndarray:
+    """``(N,)`` int labels from ``(N,)`` or ``(N, L)`` (column 0) labels."""
+    arr = as_int_array(labels)
+    if arr.ndim == 2:
+        arr = arr[:, 0]
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"labels must have shape (N,) or (N, L) with N >= 1; got shape {np.shape(labels)}")
+    return arr
+
+
+class MPerClassBatchSampler(ShardedBatchSampler):
+    """Batches of ``batch_size / m`` distinct classes with ``m`` images each, as a *batch sampler*: pass it as
+    ``DataLoader(dataset, batch_sampler=sampler)`` (no ``batch_size``, no ``shuffle``); it yields one list of indices
+    per step. :class:`MPerClassSampler` is the same plan as PML's flat index stream (``DataLoader(sampler=...,
+    batch_size=B)``); its ``batch_sampler`` attribute is one of these.
 
     One epoch covers the dataset: every class is cut into ``ceil(n_c / m)`` groups of ``m`` images (the last group
     is completed with other images of the same class), the groups are spread over the batches so that no class
@@ -55,26 +71,15 @@ class MPerClassSampler(ShardedBatchSampler):
     not yet in the batch (``drop_last=False``) — or the few groups that do not fill a last batch are left out
     (``drop_last=True``). A class holding more than ``1/num_batches`` of all groups contributes at most one group per
     batch (its extra images are subsampled). The number of batches per epoch depends only on the class sizes.
-
-    **Two modes.** With ``batch_size`` it is a *batch sampler*: pass it as ``DataLoader(dataset,
-    batch_sampler=sampler)`` (no ``batch_size``, no ``shuffle``); it yields whole batches (a list per step). With
-    ``batch_size=None`` (PML's default) it is PML's index stream for ``DataLoader(dataset, sampler=sampler,
-    batch_size=B)``: every pass visits each class once in random order with ``m`` consecutive indices, ``len`` is
-    ``m * C * (length_before_new_iter // (m * C))`` indices as PML's (``C`` classes), so a ``B`` that is a multiple of
-    ``m`` and divides ``m * C`` gives batches of ``B / m`` classes × ``m`` images. PML's arguments keep PML's meaning:
-    ``MPerClassSampler(labels, m, batch_size, length_before_new_iter)`` gives
-    ``length_before_new_iter // batch_size`` batches per epoch of ``batch_size / m`` classes × ``m`` images, as PML's
-    gives that many batches of that structure to a ``DataLoader(batch_size=batch_size)``. Without
-    ``length_before_new_iter`` a batch-sampler epoch is one pass over the dataset (above); the index stream takes
-    PML's default of 100000 indices. What this one adds is keyword-only. See
-    ``docs/samplers-memory.md`` (PML compatibility).
+    With ``length_before_new_iter`` (PML's epoch length in indices) the epoch is
+    ``length_before_new_iter // batch_size`` batches, drawn as consecutive passes of that plan.
 
     Args:
         labels: Class labels ``(N,)`` (tensor, array or list of ints). 2-D labels ``(N, L)`` use column 0.
         m: Images per class in a batch.
-        batch_size: Indices per batch *per process*; a multiple of ``m``. None: the index stream for ``sampler=``.
-        length_before_new_iter: PML's epoch length in indices: ``length_before_new_iter // batch_size`` batches per
-            epoch (per process), drawn as consecutive passes of the plan above; ``None`` (default): one pass.
+        batch_size: Indices per batch *per process*; a multiple of ``m``.
+        length_before_new_iter: Indices per epoch (per process): ``length_before_new_iter // batch_size`` batches;
+            ``None`` (default): one pass over the dataset.
         seed: Seed of the per-epoch ``np.random.default_rng((seed, epoch))``.
         num_replicas: Number of processes sharing one global batch of ``num_replicas * batch_size`` indices
             (default: the ``torch.distributed`` world size, 1 when not initialised).
@@ -84,14 +89,13 @@ class MPerClassSampler(ShardedBatchSampler):
         drop_last: Leave out the leftover groups instead of completing the last batches with extra groups.
 
     Raises:
-        ValueError: if ``batch_size`` is ``None``, ``m > batch_size``, ``batch_size % m != 0``,
-            ``length_before_new_iter < batch_size``, or there are fewer usable classes than
-            ``num_replicas * batch_size / m`` (e.g. a single class).
+        ValueError: if ``m > batch_size``, ``batch_size % m != 0``, ``length_before_new_iter < batch_size``, or
+            there are fewer usable classes than ``num_replicas * batch_size / m``.
 
     Example:
         >>> from torch.utils.data import DataLoader
         >>> labels = [0, 0, 1, 1, 2, 2, 3, 3]
-        >>> sampler = MPerClassSampler(labels, 2, 4, 12)  # PML's positional order: 12 // 4 = 3 batches per epoch
+        >>> sampler = MPerClassBatchSampler(labels, 2, 4, 12)  # 12 // 4 = 3 batches per epoch
         >>> loader = DataLoader(list(range(8)), batch_sampler=sampler)  # batch_sampler=, not sampler=
         >>> len(loader), sum(len(batch) for batch in loader)
         (3, 12)
@@ -101,7 +105,7 @@ class MPerClassSampler(ShardedBatchSampler):
         self,
         labels: Any,
         m: int,
-        batch_size: int | None = None,
+        batch_size: int,
         length_before_new_iter: int | None = None,
         *,
         seed: int = 0,
@@ -110,38 +114,14 @@ class MPerClassSampler(ShardedBatchSampler):
         small_classes: SmallClassPolicy = "replace",
         drop_last: bool = False,
     ) -> None:
-        arr = as_int_array(labels)
-        if arr.ndim == 2:
-            arr = arr[:, 0]
-        if arr.ndim != 1 or arr.size == 0:
-            raise ValueError(f"labels must have shape (N,) or (N, L) with N >= 1; got shape {np.shape(labels)}")
-        self.index_stream = batch_size is None
-        if self.index_stream:  # PML's sampler= mode: one pass = every class once, m indices each
-            if num_replicas not in (None, 1):
-                raise ValueError(
-                    f"num_replicas must be 1 with batch_size=None (an index stream; the DataLoader or Accelerate "
-                    f"shards its batches); got num_replicas={num_replicas}"
-                )
-            num_replicas, rank = 1, 0
-            check_positive_int("m", m)
-            classes, counts = np.unique(arr, return_counts=True)
-            usable = int((counts >= m).sum()) if small_classes == "skip" else len(classes)
-            batch_size = max(int(m), 1) * max(usable, 1)
-            if length_before_new_iter is None:
-                length_before_new_iter = 100_000  # PML's default
+        arr = _flat_labels(labels)
         super().__init__(batch_size, seed, num_replicas, rank)
         if length_before_new_iter is not None:
             length_before_new_iter = check_positive_int("length_before_new_iter", length_before_new_iter)
             if length_before_new_iter < self.batch_size:
                 raise ValueError(
-                    (
-                        f"length_before_new_iter (indices per epoch, as PML) must be >= m * number of classes = "
-                        f"{self.batch_size} with batch_size=None (one pass over the classes)"
-                        if self.index_stream
-                        else f"length_before_new_iter (indices per epoch, as PML) must be >= batch_size = "
-                        f"{self.batch_size}"
-                    )
-                    + f"; got {length_before_new_iter}"
+                    f"length_before_new_iter (indices per epoch, as PML) must be >= batch_size = {self.batch_size}; "
+                    f"got {length_before_new_iter}"
                 )
         self.length_before_new_iter = length_before_new_iter
         self.m = check_group_size(m, self.batch_size, 1)
@@ -155,13 +135,13 @@ class MPerClassSampler(ShardedBatchSampler):
         self.classes = classes[keep]
         self._members = [members[i] for i in np.flatnonzero(keep)]
         self.groups_per_batch = self.num_replicas * self.batch_size // self.m
-        if len(self.classes) < max(self.groups_per_batch, 2):
-            need = max(self.groups_per_batch, 2)
+        if len(self.classes) < self.groups_per_batch:
             raise ValueError(
-                f"labels must contain at least {need} classes"
+                f"labels must contain at least {self.groups_per_batch} classes"
                 + (f" with >= m={self.m} images (small_classes='skip')" if self.small_classes == "skip" else "")
-                + f" to fill a batch of num_replicas * batch_size / m = {self.groups_per_batch} distinct classes; "
-                f"got {len(self.classes)} usable classes (of {len(classes)})"
+                + f" to fill a batch of num_replicas * batch_size / m = {self.groups_per_batch} distinct classes "
+                f"(PML: m * number of classes must be >= batch_size); got {len(self.classes)} usable classes "
+                f"(of {len(classes)})"
             )
         self._chunks = self._chunks_per_class()
 
@@ -194,19 +174,6 @@ class MPerClassSampler(ShardedBatchSampler):
 
     def _fingerprint(self) -> dict[str, Any]:
         return {**super()._fingerprint(), "m": self.m, "length_before_new_iter": self.length_before_new_iter}
-
-    def __len__(self) -> int:
-        """Batches per epoch; with ``batch_size=None`` indices per epoch (PML's ``len``)."""
-        n = self._num_global_batches()
-        return n * self.batch_size if self.index_stream else n
-
-    def __iter__(self) -> Iterator[Any]:
-        """Batches (lists of indices); with ``batch_size=None`` single indices, ``m`` consecutive ones per class."""
-        if not self.index_stream:
-            yield from super().__iter__()
-            return
-        for batch in super().__iter__():
-            yield from batch
 
     def _class_groups(self, rng: np.random.Generator, c: int, k: int) -> np.ndarray:
         """``k`` groups of ``m`` images of class ``c``; no image repeated inside a group when ``n_c >= m``."""
@@ -253,6 +220,132 @@ class MPerClassSampler(ShardedBatchSampler):
                 bg = np.concatenate([bg] + [draw(rng, self._members[int(c)], m)[None] for c in extra])
             plan.append([bg[rng.permutation(G)]])
         return [plan[i] for i in rng.permutation(nb)]
+
+
+class MPerClassSampler(Sampler[int]):
+    """PML's ``MPerClassSampler``: a flat stream of dataset indices whose consecutive groups of ``batch_size`` are
+    batches of ``batch_size / m`` distinct classes with ``m`` images each — use it exactly as PML's,
+    ``DataLoader(dataset, sampler=sampler, batch_size=batch_size)``.
+
+    PML's arguments, positional order, defaults and meaning: ``len(sampler)`` is the number of indices per epoch,
+    ``length_before_new_iter`` rounded down to a multiple of ``batch_size``; with ``batch_size=None`` the stream
+    visits every class once per pass with ``m`` consecutive indices (``m * C`` indices a pass, ``C`` classes) and the
+    length is rounded down to whole passes when it holds at least one. Calls PML refuses with an ``AssertionError``
+    raise a ``ValueError`` naming the argument here.
+
+    The stream is the plan of :class:`MPerClassBatchSampler` (available as :attr:`batch_sampler`, for
+    ``DataLoader(batch_sampler=...)``), flattened; what this adds to PML is keyword-only: a seed (no global RNG;
+    ``set_epoch`` changes the order), ``state_dict`` / ``load_state_dict`` (the position counts batches), sharding
+    over processes, the small-class policy and ``drop_last`` (see :class:`MPerClassBatchSampler`). Differences from
+    PML that change which indices come out are documented in ``docs/coming-from-pml.md``: within a pass no class is
+    drawn twice in a batch and every image is used before one repeats.
+
+    Args:
+        labels: Class labels ``(N,)`` (tensor, array or list of ints). 2-D labels ``(N, L)`` use column 0.
+        m: Images per class in a batch (``m`` consecutive indices of one class).
+        batch_size: The ``DataLoader``'s ``batch_size``: a multiple of ``m``, at most ``m`` times the number of
+            classes. ``None``: one pass over the classes is the unit.
+        length_before_new_iter: Indices per epoch (PML's default 100000).
+        seed, num_replicas, rank, small_classes, drop_last: As :class:`MPerClassBatchSampler`; ``num_replicas``
+            must be 1 with ``batch_size=None``.
+
+    Raises:
+        ValueError: where PML asserts (``length_before_new_iter < batch_size``, ``m * C < batch_size``,
+            ``batch_size % m != 0``) and for a bad type or size (naming the argument).
+
+    Example:
+        >>> from torch.utils.data import DataLoader
+        >>> labels = [0, 0, 1, 1, 2, 2, 3, 3]
+        >>> sampler = MPerClassSampler(labels, 2, batch_size=4, length_before_new_iter=12)
+        >>> len(sampler)  # indices per epoch, as PML's
+        12
+        >>> batches = [b.tolist() for b in DataLoader(list(range(8)), sampler=sampler, batch_size=4)]
+        >>> len(batches), all(len({labels[i] for i in b}) == 2 for b in batches)
+        (3, True)
+    """
+
+    def __init__(
+        self,
+        labels: Any,
+        m: int,
+        batch_size: int | None = None,
+        length_before_new_iter: int = 100000,
+        *,
+        seed: int = 0,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        small_classes: SmallClassPolicy = "replace",
+        drop_last: bool = False,
+    ) -> None:
+        arr = _flat_labels(labels)
+        m = check_positive_int("m", m)
+        length = check_positive_int("length_before_new_iter", length_before_new_iter)
+        if batch_size is None:
+            if num_replicas not in (None, 1) or rank not in (None, 0):
+                raise ValueError(
+                    "num_replicas must be 1 with batch_size=None (one pass over the classes is the unit; give "
+                    f"batch_size to shard); got num_replicas={num_replicas}, rank={rank}"
+                )
+            num_replicas, rank = 1, 0
+            check_choice("small_classes", small_classes, get_args(SmallClassPolicy))
+            classes, counts = np.unique(arr, return_counts=True)
+            usable = int((counts >= m).sum()) if small_classes == "skip" else len(classes)
+            if usable < 1:
+                raise ValueError(f"labels must contain a class with >= m={m} images (small_classes='skip'); got none")
+            per_pass = m * usable
+            # PML: whole passes when the length holds one, else a part of one pass
+            self._length = length - length % per_pass if length >= per_pass else length
+            inner_batch, inner_length = per_pass, max(self._length, per_pass)
+        else:
+            batch_size = check_positive_int("batch_size", batch_size)
+            if length < batch_size:
+                raise ValueError(
+                    f"length_before_new_iter (indices per epoch) must be >= batch_size = {batch_size}; got {length}"
+                )
+            self._length = length - length % batch_size
+            inner_batch, inner_length = batch_size, self._length
+        self.batch_size = batch_size
+        self.m = m
+        self.length_before_new_iter = length
+        self._batches = MPerClassBatchSampler(
+            arr, m, inner_batch, inner_length, seed=seed, num_replicas=num_replicas, rank=rank,
+            small_classes=small_classes, drop_last=drop_last,
+        )  # fmt: skip
+
+    @property
+    def batch_sampler(self) -> MPerClassBatchSampler:
+        """The same plan as whole batches (a list of indices per step), for ``DataLoader(batch_sampler=...)``;
+        it shares this sampler's epoch and position."""
+        return self._batches
+
+    @property
+    def epoch(self) -> int:
+        return self._batches.epoch
+
+    def __len__(self) -> int:
+        """Indices per epoch (per process), as PML's."""
+        return self._length
+
+    def __iter__(self) -> Iterator[int]:
+        """``len(self)`` indices: batch after batch of the plan, ``m`` consecutive indices per class."""
+        left = self._length
+        for batch in self._batches:
+            if left <= 0:
+                break
+            yield from batch[:left]
+            left -= len(batch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose stream the next iteration yields (as ``DistributedSampler``)."""
+        self._batches.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"epoch", "position", ...}`` of :attr:`batch_sampler` (``position`` counts whole batches)."""
+        return self._batches.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume where a saved stream stopped (at a batch boundary)."""
+        self._batches.load_state_dict(state_dict)
 
 
 class HierarchicalSampler(ShardedBatchSampler):

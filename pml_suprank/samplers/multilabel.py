@@ -6,7 +6,7 @@ group of every label it carries. :class:`MultiLabelSampler` draws, for each batc
 and ``m`` items carrying each of them, so every item of the batch shares a label with the ``m − 1`` other items of
 its group (the positives rank losses need; with a hierarchy, further items of the batch may be relevant too). It
 shares the epoch plan, ``set_epoch``, ``state_dict`` and distributed sharding of
-:class:`pml_suprank.samplers.MPerClassSampler` (see :mod:`pml_suprank.samplers`).
+:class:`pml_suprank.samplers.MPerClassBatchSampler` (see :mod:`pml_suprank.samplers`).
 
 References:
     E. Ramzi, PhD thesis "Robust image retrieval with deep learning", Sec. 6.2.1 (multi-label HAPPIER / ROADMAP on

@@ -128,7 +128,7 @@ def build_sampler(config: Any, labels: np.ndarray, num_replicas: int, rank: int)
             num_replicas=num_replicas,
             rank=rank,
         )
-    return samplers.MPerClassSampler(
+    return samplers.MPerClassBatchSampler(
         labels[:, 0],
         m=c.samples_per_class,
         batch_size=c.batch_size,

@@ -418,8 +418,9 @@ class Trainer:
             overwrite_output_dir: Starting from scratch, delete a previous run in ``output_dir`` first.
 
         Returns:
-            One dict per log event (``{"step", "epoch", "loss", "steps_per_s", "skipped_nonfinite_steps",
-            "lr_<group>"}``) and per evaluation (``{"step", "epoch", "eval/<metric>"}``).
+            One record per log event, with the keys ``step``, ``epoch``, ``loss``, ``steps_per_s``,
+                ``skipped_nonfinite_steps`` and ``lr_GROUP`` (one per parameter group), and one per evaluation,
+                with ``step``, ``epoch`` and ``eval/METRIC`` (one per metric key).
 
         Raises:
             NonFiniteTrainingError: more than ``config.max_nonfinite_steps`` steps in a row were non-finite.
@@ -554,6 +555,19 @@ class Trainer:
         return metrics
 
     # -- export -------------------------------------------------------------------------------------------------
+    def _history_with_evaluations(self, before: Any, after: Any) -> list[dict[str, Any]]:
+        """The history with the recipe's evaluations before training (step 0: the weights it starts from) and
+        after it (the last step) as ``eval/`` records, so that ``history.json`` and its plot hold every
+        evaluation."""
+        history = list(self.progress.history)
+        has_eval = {r.get("step") for r in history if any(str(k).startswith("eval/") for k in r)}
+        if isinstance(before, dict) and 0 not in has_eval:
+            history.insert(0, {"step": 0, "epoch": 0, **{f"eval/{k}": v for k, v in before.items()}})
+        step = self.progress.global_step
+        if isinstance(after, dict) and step not in has_eval:
+            history.append({"step": step, "epoch": self.progress.epoch, **{f"eval/{k}": v for k, v in after.items()}})
+        return history
+
     def save_final(
         self,
         save_directory: str | Path | None = None,
@@ -592,9 +606,13 @@ class Trainer:
         if plots and self.last_embeddings is not None:
             embeddings = (self.last_embeddings, self.first_embeddings)
         run = {"run_fingerprint": self.fingerprint}  # config.json and training_summary.json name the run
+        from ..hub.card import run_card_metadata
+
+        card = run_card_metadata(self, hub_config, (metadata or {}).get("dataset"))  # kept in config.json
         return write_final_folder(
-            save_directory, self.model, config=self.config.to_dict(), history=self.progress.history,
-            metrics=metrics, summary={**(summary or {}), **run}, metadata={**(metadata or {}), **run},
+            save_directory, self.model, config=self.config.to_dict(), history=self._history_with_evaluations(
+                (summary or {}).get("before"), metrics), metrics=metrics, summary={**(summary or {}), **run},
+            metadata={**(metadata or {}), **run, **card},
             hub_config=hub_config, embeddings=embeddings,
             image_dataset=image_dataset if image_dataset is not None else self.test_dataset,
             label_names=list(getattr(self.test_dataset, "label_names", [])) or None, seed=self.config.seed,

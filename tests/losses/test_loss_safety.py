@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from pml_suprank import losses
 from pml_suprank.relevance import Hierarchy
-from pml_suprank.samplers import MPerClassSampler
+from pml_suprank.samplers import MPerClassBatchSampler
 
 D = 8
 C = 4
@@ -154,7 +154,7 @@ def test_batch_of_batches_names_batch_sampler(loss):
     # batch_size=2 yields (2, 8, ...) batches; the first loss call says what to do
     labels = torch.arange(32) % C
     dataset = TensorDataset(torch.randn(32, D), labels)
-    sampler = MPerClassSampler(labels, m=2, batch_size=8)
+    sampler = MPerClassBatchSampler(labels, m=2, batch_size=8)
     inputs, batch_labels = next(iter(DataLoader(dataset, sampler=sampler, batch_size=2)))
     assert inputs.shape == (2, 8, D)
     with pytest.raises(ValueError, match=r"embeddings must have shape \(N, D\).*batch_sampler=") as info:

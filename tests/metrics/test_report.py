@@ -173,10 +173,10 @@ def test_model_card_results_use_the_registry_labels():
     results = card[card.index("## Results") :]
     rows = [line for line in results.splitlines() if line.startswith("| ") and not line.startswith("| metric")]
     assert rows == [
-        "| H-AP | 71.28 | – |",
-        "| mAP | 56.81 | – |",
-        "| mAP@R | 45.03 | – |",
-        "| R@1 | 77.30 | – |",
+        "| H-AP | 71.28 |",
+        "| mAP | 56.81 |",
+        "| mAP@R | 45.03 |",
+        "| R@1 | 77.30 |",
         "| AP (coarse) | 83.00 |",
     ]
 

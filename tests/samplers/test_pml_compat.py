@@ -56,36 +56,35 @@ def test_pml_parameters_are_ours_in_the_same_order_and_the_extras_keyword_only(n
     positional = [p for p in ours if p.kind is p.POSITIONAL_OR_KEYWORD]
     assert [p.name for p in positional] == [p.name for p in theirs]
     assert all(p.kind is p.KEYWORD_ONLY for p in ours[len(theirs) :])
-    differing = {p.name for p, q in zip(theirs, positional) if p.default != q.default}
-    # the one documented default difference: an epoch is one pass over the dataset unless PML's length is given
-    assert differing == ({"length_before_new_iter"} if name == "MPerClassSampler" else set())
+    assert [p.default for p in positional] == [p.default for p in theirs]  # PML's defaults too
 
 
 # ------------------------------------------------------------------------------------------------ MPerClassSampler
 
 
 @pytest.mark.parametrize(("batch_size", "length"), [(16, 64), (16, 70), (8, 8), (12, 1000)])
-def test_m_per_class_length_before_new_iter_gives_pml_epoch_and_structure(batch_size, length):
+def test_m_per_class_is_pmls_flat_stream_in_a_dataloader(batch_size, length):
+    """PML's usual call, ``DataLoader(ds, sampler=MPerClassSampler(labels, m, batch_size=B), batch_size=B)``, with
+    ours and theirs: the same length in indices, the same number of batches, every batch B / m classes x m images."""
     labels = _flat_labels()
     theirs = pml_samplers.MPerClassSampler(labels, 4, batch_size, length)
     ours = samplers.MPerClassSampler(labels, 4, batch_size, length)  # PML's positional order
-    pml_batches = _pml_batches(theirs, batch_size)
-    our_batches = list(ours)
-    assert len(ours) == len(our_batches) == len(pml_batches) == len(theirs) // batch_size == length // batch_size
-    structures = {_m_per_class_structure(b, labels, 4, batch_size) for b in pml_batches + our_batches}
-    assert structures == {(batch_size // 4, frozenset({4}))}
-    # through a DataLoader, the way each is meant to be used: the same number of batches of the same size
+    assert len(ours) == len(theirs) == length - length % batch_size
+    stream = list(ours)
+    assert len(stream) == len(ours) and all(isinstance(i, int) for i in stream)
     ds = TensorDataset(torch.as_tensor(labels))
     pml_loader = DataLoader(ds, sampler=theirs, batch_size=batch_size)
-    our_loader = DataLoader(ds, batch_sampler=ours)
-    assert [len(y) for (y,) in pml_loader] == [len(y) for (y,) in our_loader]
+    our_loader = DataLoader(ds, sampler=ours, batch_size=batch_size)
+    assert [len(y) for (y,) in pml_loader] == [len(y) for (y,) in our_loader] == [batch_size] * (length // batch_size)
     for (y,) in our_loader:
-        assert set(Counter(y.tolist()).values()) == {4}
+        assert sorted(Counter(y.tolist()).values()) == [4] * (batch_size // 4)
+    # the batch form of the same plan, for DataLoader(batch_sampler=...)
+    assert list(ours.batch_sampler) == [stream[i : i + batch_size] for i in range(0, len(stream), batch_size)]
 
 
 def test_m_per_class_fourth_positional_is_length_before_new_iter_not_seed():
     labels = _flat_labels()
-    assert len(samplers.MPerClassSampler(labels, 2, 8, 40)) == 5
+    assert len(samplers.MPerClassSampler(labels, 2, 8, 40)) == 40
     with pytest.raises(TypeError, match="positional"):
         samplers.MPerClassSampler(labels, 2, 8, 40, 3)  # seed, num_replicas ... are keyword-only
     a = samplers.MPerClassSampler(labels, 2, 8, 40, seed=3)
@@ -95,15 +94,16 @@ def test_m_per_class_fourth_positional_is_length_before_new_iter_not_seed():
 
 def test_m_per_class_long_epoch_is_passes_over_the_data_and_shards():
     labels = _flat_labels(num_classes=6, per_class=4)
-    ours = samplers.MPerClassSampler(labels, 2, 4, 400, seed=1)
-    batches = list(ours)
+    batches = list(samplers.MPerClassBatchSampler(labels, 2, 4, 400, seed=1))
     assert len(batches) == 100
-    one_pass = len(samplers.MPerClassSampler(labels, 2, 4, seed=1))
+    one_pass = len(samplers.MPerClassBatchSampler(labels, 2, 4, seed=1))
     covered = set(itertools.chain.from_iterable(batches[:one_pass]))
     assert covered == set(range(labels.size)), "the first pass covers the dataset"
     shards = [samplers.MPerClassSampler(labels, 2, 4, 40, num_replicas=2, rank=r) for r in range(2)]
-    assert [len(s) for s in shards] == [10, 10]
-    for a, b in zip(*map(list, shards)):
+    assert [len(s) for s in shards] == [40, 40]
+    streams = [list(s) for s in shards]
+    for i in range(0, 40, 4):
+        a, b = streams[0][i : i + 4], streams[1][i : i + 4]
         assert not set(a) & set(b) and len(set(labels[a + b].tolist())) == 4
     state = shards[0].state_dict()
     assert state["length_before_new_iter"] == 40
@@ -111,26 +111,31 @@ def test_m_per_class_long_epoch_is_passes_over_the_data_and_shards():
         samplers.MPerClassSampler(labels, 2, 4, 80, num_replicas=2, rank=0).load_state_dict(state)
 
 
-def test_m_per_class_documented_differences():
+def test_m_per_class_refuses_with_value_errors_where_pml_asserts():
     labels = _flat_labels()
-    # default epoch: PML 100000 indices, ours one pass over the dataset
-    assert len(pml_samplers.MPerClassSampler(labels, 4, 16)) == 100000 - 100000 % 16
-    assert len(samplers.MPerClassSampler(labels, 4, 16)) == len(samplers.MPerClassSampler(labels, 4, 16, seed=9)) < 20
-    # batch_size=None: both are index streams of PML's length
-    assert (
-        len(samplers.MPerClassSampler(labels, 4))
-        == len(pml_samplers.MPerClassSampler(labels, 4))
-        == 100000 - 100000 % 40
-    )
-    # sizes PML asserts on are ValueErrors naming the argument
-    with pytest.raises(AssertionError):
-        pml_samplers.MPerClassSampler(labels, 4, 16, 8)
-    with pytest.raises(ValueError, match=r"length_before_new_iter .* must be >= batch_size = 16; got 8"):
-        samplers.MPerClassSampler(labels, 4, 16, 8)
-    with pytest.raises(AssertionError):
-        pml_samplers.MPerClassSampler(labels, 4, 18)
-    with pytest.raises(ValueError, match="batch_size must be a multiple of m"):
-        samplers.MPerClassSampler(labels, 4, 18)
+    assert len(pml_samplers.MPerClassSampler(labels, 4, 16)) == len(samplers.MPerClassSampler(labels, 4, 16))
+    for args, message in [
+        ((4, 16, 8), r"length_before_new_iter .* must be >= batch_size = 16; got 8"),
+        ((4, 18), "batch_size must be a multiple of m"),
+        ((2, 24), r"at least 12 classes .*m \* number of classes must be >= batch_size"),
+    ]:
+        with pytest.raises(AssertionError):
+            pml_samplers.MPerClassSampler(labels, *args)
+        with pytest.raises(ValueError, match=message):
+            samplers.MPerClassSampler(labels, *args)
+
+
+def test_m_per_class_accepts_what_pml_accepts():
+    """Without batch_size, a length shorter than one pass (a part of it, as PML); with batch_size, a single class."""
+    labels = torch.as_tensor(_flat_labels(num_classes=10, per_class=7))
+    part = samplers.MPerClassSampler(labels, 4, length_before_new_iter=39)
+    assert len(part) == len(pml_samplers.MPerClassSampler(labels, 4, length_before_new_iter=39)) == 39
+    stream = list(part)
+    assert len(stream) == 39 and len(set(labels[stream[:36]].tolist())) == 9
+    one_class = [7] * 5
+    ours = samplers.MPerClassSampler(one_class, 5, 5, 10)
+    assert len(pml_samplers.MPerClassSampler(one_class, 5, 5, 10)) == len(ours) == 10
+    assert sorted(ours) == sorted(list(range(5)) * 2)
 
 
 class _TinyImages(RetrievalDatasetBase):
@@ -140,13 +145,15 @@ class _TinyImages(RetrievalDatasetBase):
         return Image.new("RGB", (2, 2), color=(int(index), 0, 0))
 
 
-def test_ours_passed_as_sampler_fails_at_the_first_item_with_the_fix():
+def test_batch_form_passed_as_sampler_fails_at_the_first_item_with_the_fix():
     labels = _flat_labels(num_classes=4, per_class=4)
     ds = _TinyImages(torch.as_tensor(labels), ["label"])
-    ours = samplers.MPerClassSampler(labels, 2, 4)
-    assert [b["labels"].shape[0] for b in DataLoader(ds, batch_sampler=ours)] == [4] * len(ours)
+    ours = samplers.MPerClassSampler(labels, 2, 4, 16)
+    assert [b["labels"].shape[0] for b in DataLoader(ds, sampler=ours, batch_size=4)] == [4] * 4
+    batches = ours.batch_sampler
+    assert [b["labels"].shape[0] for b in DataLoader(ds, batch_sampler=batches)] == [4] * len(batches)
     with pytest.raises(TypeError, match=r"batch sampler .* DataLoader\(sampler=\.\.\.\): pass it as DataLoader\("):
-        next(iter(DataLoader(ds, sampler=ours, batch_size=4)))
+        next(iter(DataLoader(ds, sampler=batches, batch_size=4)))
 
 
 # ------------------------------------------------------------------------------------------------ HierarchicalSampler
@@ -242,9 +249,7 @@ def test_m_per_class_without_batch_size_is_pmls_index_stream(length_before_new_i
     assert list(ours) != stream
 
 
-def test_m_per_class_index_stream_refuses_what_it_cannot_do():
+def test_m_per_class_without_batch_size_refuses_sharding():
     labels = _flat_labels(num_classes=10, per_class=7)
-    with pytest.raises(ValueError, match=r"length_before_new_iter .* >= m \* number of classes = 40 .* got 39"):
-        samplers.MPerClassSampler(labels, 4, length_before_new_iter=39)
     with pytest.raises(ValueError, match="num_replicas must be 1 with batch_size=None"):
         samplers.MPerClassSampler(labels, 4, num_replicas=2, rank=0)

@@ -1,4 +1,4 @@
-"""Tests of pml_suprank.samplers (MPerClassSampler, HierarchicalSampler): class structure, coverage, determinism,
+"""Tests of pml_suprank.samplers (MPerClassBatchSampler, HierarchicalSampler): class structure, coverage, determinism,
 resume, sharding, accelerate."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from pml_suprank.samplers import HierarchicalSampler, MPerClassSampler
+from pml_suprank.samplers import HierarchicalSampler, MPerClassBatchSampler
 
 
 def _labels(sizes, seed=0):
@@ -37,10 +37,10 @@ def _check_m_per_class(batch, labels, m, batch_size):
     assert all(len(set(labels[batch[i : i + m]].tolist())) == 1 for i in range(0, batch_size, m))
 
 
-# ------------------------------------------------------------------------------------------------ MPerClassSampler
+# ------------------------------------------------------------------------------------------------ MPerClassBatchSampler
 def test_m_per_class_structure_no_duplicates_and_coverage():
     labels = _labels([8, 5, 4, 7, 9, 4, 6, 12, 4, 5])  # every class has >= m images
-    s = MPerClassSampler(labels, m=4, batch_size=16, seed=3)
+    s = MPerClassBatchSampler(labels, m=4, batch_size=16, seed=3)
     batches = list(s)
     assert len(batches) == len(s) > 0
     for b in batches:
@@ -53,7 +53,7 @@ def test_m_per_class_structure_no_duplicates_and_coverage():
 def test_m_per_class_usable_as_dataloader_batch_sampler():
     labels = _labels([6] * 6)
     ds = TensorDataset(torch.arange(labels.size), torch.as_tensor(labels))
-    s = MPerClassSampler(torch.as_tensor(labels), m=3, batch_size=6, seed=0)
+    s = MPerClassBatchSampler(torch.as_tensor(labels), m=3, batch_size=6, seed=0)
     out = [(x.tolist(), y.tolist()) for x, y in DataLoader(ds, batch_sampler=s)]
     assert len(out) == len(s)
     assert [x for x, _ in out] == list(s)
@@ -63,15 +63,15 @@ def test_m_per_class_usable_as_dataloader_batch_sampler():
 
 def test_m_per_class_deterministic_and_epochs_differ():
     labels = _labels([7, 9, 5, 8, 6, 10, 4, 5])
-    a = MPerClassSampler(labels, m=2, batch_size=8, seed=5)
-    b = MPerClassSampler(labels.tolist(), m=2, batch_size=8, seed=5)
+    a = MPerClassBatchSampler(labels, m=2, batch_size=8, seed=5)
+    b = MPerClassBatchSampler(labels.tolist(), m=2, batch_size=8, seed=5)
     assert list(a) == list(b)
     assert list(a) == list(a), "same epoch, same stream (no hidden RNG state)"
     first = list(a)
     a.set_epoch(1)
     assert list(a) != first
     assert len(list(a)) == len(first), "epoch length is deterministic"
-    c = MPerClassSampler(labels, m=2, batch_size=8, seed=6)
+    c = MPerClassBatchSampler(labels, m=2, batch_size=8, seed=6)
     assert list(c) != first
 
 
@@ -81,21 +81,21 @@ def test_m_per_class_does_not_touch_global_rng():
     ref_np, ref_t = np.random.rand(), torch.rand(1)
     np.random.seed(0)
     torch.manual_seed(0)
-    list(MPerClassSampler(_labels([5] * 8), m=2, batch_size=8))
+    list(MPerClassBatchSampler(_labels([5] * 8), m=2, batch_size=8))
     assert np.random.rand() == ref_np and torch.equal(torch.rand(1), ref_t)
 
 
 @pytest.mark.parametrize("position", [0, 3, 7])
 def test_m_per_class_exact_resume(position):
     labels = _labels([9, 7, 8, 6, 10, 5, 7, 9, 8])
-    s = MPerClassSampler(labels, m=3, batch_size=9, seed=11)
+    s = MPerClassBatchSampler(labels, m=3, batch_size=9, seed=11)
     s.set_epoch(2)
     it = iter(s)
     head = [next(it) for _ in range(position)]
     state = s.state_dict()
     tail = list(it)
     assert state["epoch"] == 2 and state["position"] == position
-    r = MPerClassSampler(labels, m=3, batch_size=9, seed=11)
+    r = MPerClassBatchSampler(labels, m=3, batch_size=9, seed=11)
     r.load_state_dict(state)
     r.set_epoch(2)  # the usual loop call keeps the restored position
     assert list(r) == tail
@@ -107,19 +107,19 @@ def test_m_per_class_exact_resume(position):
 
 def test_state_dict_rejects_other_configuration():
     labels = _labels([6] * 6)
-    state = MPerClassSampler(labels, m=3, batch_size=6, seed=1).state_dict()
+    state = MPerClassBatchSampler(labels, m=3, batch_size=6, seed=1).state_dict()
     with pytest.raises(ValueError, match="seed"):
-        MPerClassSampler(labels, m=3, batch_size=6, seed=2).load_state_dict(state)
+        MPerClassBatchSampler(labels, m=3, batch_size=6, seed=2).load_state_dict(state)
     with pytest.raises(ValueError, match="epoch"):
-        MPerClassSampler(labels, m=3, batch_size=6, seed=1).load_state_dict({"position": 0})
+        MPerClassBatchSampler(labels, m=3, batch_size=6, seed=1).load_state_dict({"position": 0})
     with pytest.raises(ValueError, match="position"):
-        MPerClassSampler(labels, m=3, batch_size=6, seed=1).load_state_dict({**state, "position": 10**6})
+        MPerClassBatchSampler(labels, m=3, batch_size=6, seed=1).load_state_dict({**state, "position": 10**6})
 
 
 def test_small_class_policies():
     sizes = [6, 6, 6, 6, 2, 1]  # classes 4 and 5 have fewer than m = 3 images
     labels = _labels(sizes)
-    rep = MPerClassSampler(labels, m=3, batch_size=6, seed=0, small_classes="replace")
+    rep = MPerClassBatchSampler(labels, m=3, batch_size=6, seed=0, small_classes="replace")
     seen = set()
     for b in rep:
         _check_m_per_class(b, labels, 3, 6)
@@ -129,28 +129,28 @@ def test_small_class_policies():
                 assert labels[g[0]] in (4, 5)
         seen.update(b)
     assert seen == set(range(labels.size))
-    skip = MPerClassSampler(labels, m=3, batch_size=6, seed=0, small_classes="skip")
+    skip = MPerClassBatchSampler(labels, m=3, batch_size=6, seed=0, small_classes="skip")
     for b in skip:
         _check_m_per_class(b, labels, 3, 6)
         assert len(set(b)) == 6
         assert not set(labels[b].tolist()) & {4, 5}
     with pytest.raises(ValueError, match="small_classes"):
-        MPerClassSampler(labels, m=3, batch_size=6, small_classes="pad")
+        MPerClassBatchSampler(labels, m=3, batch_size=6, small_classes="pad")
 
 
 def test_m_per_class_imbalanced_classes_stay_distinct_in_a_batch():
     labels = _labels([60, 3, 3, 4, 3, 5, 3, 3])  # one class holds most groups: it is capped to one group per batch
-    s = MPerClassSampler(labels, m=3, batch_size=12, seed=0)
+    s = MPerClassBatchSampler(labels, m=3, batch_size=12, seed=0)
     for epoch in range(3):
         s.set_epoch(epoch)
         for b in s:
             _check_m_per_class(b, labels, 3, 12)
-    assert len(s) == len(MPerClassSampler(labels, m=3, batch_size=12, seed=9))
+    assert len(s) == len(MPerClassBatchSampler(labels, m=3, batch_size=12, seed=9))
 
 
 def test_m_per_class_drop_last_partitions_the_dataset():
     labels = _labels([4] * 10)  # 10 groups, 3 per batch -> 3 batches, one group left out
-    s = MPerClassSampler(labels, m=4, batch_size=12, drop_last=True)
+    s = MPerClassBatchSampler(labels, m=4, batch_size=12, drop_last=True)
     assert len(s) == 3
     flat = list(itertools.chain.from_iterable(s))
     assert len(flat) == len(set(flat)) == 36
@@ -160,7 +160,7 @@ def test_m_per_class_drop_last_partitions_the_dataset():
 def test_m_per_class_disjoint_equal_shards(replicas):
     labels = _labels([4] * 24, seed=1)  # 24 classes of 4: an exact partition with drop_last
     shards = [
-        MPerClassSampler(labels, m=4, batch_size=8, seed=7, num_replicas=replicas, rank=r, drop_last=True)
+        MPerClassBatchSampler(labels, m=4, batch_size=8, seed=7, num_replicas=replicas, rank=r, drop_last=True)
         for r in range(replicas)
     ]
     streams = [list(s) for s in shards]
@@ -174,7 +174,7 @@ def test_m_per_class_disjoint_equal_shards(replicas):
     flat = list(itertools.chain.from_iterable(itertools.chain.from_iterable(streams)))
     assert len(flat) == len(set(flat)) == 24 * 4 // (8 * replicas) * 8 * replicas
     # without drop_last every image is seen once the shards are put together
-    padded = [MPerClassSampler(labels, m=4, batch_size=8, num_replicas=replicas, rank=r) for r in range(replicas)]
+    padded = [MPerClassBatchSampler(labels, m=4, batch_size=8, num_replicas=replicas, rank=r) for r in range(replicas)]
     cover = set(itertools.chain.from_iterable(itertools.chain.from_iterable(list(s) for s in padded)))
     assert cover == set(range(labels.size))
 
@@ -182,21 +182,21 @@ def test_m_per_class_disjoint_equal_shards(replicas):
 def test_m_per_class_bad_input():
     labels = _labels([5] * 6)
     with pytest.raises(ValueError, match="m must be <= batch_size"):
-        MPerClassSampler(labels, m=8, batch_size=4)
+        MPerClassBatchSampler(labels, m=8, batch_size=4)
     with pytest.raises(ValueError, match="multiple of m"):
-        MPerClassSampler(labels, m=3, batch_size=8)
+        MPerClassBatchSampler(labels, m=3, batch_size=8)
     with pytest.raises(ValueError, match="at least 2 classes"):
-        MPerClassSampler(np.zeros(20, dtype=int), m=2, batch_size=2)
+        MPerClassBatchSampler(np.zeros(20, dtype=int), m=2, batch_size=4)  # PML: m * classes >= batch_size
     with pytest.raises(ValueError, match="at least 4 classes"):
-        MPerClassSampler(labels[labels < 3], m=2, batch_size=8)
+        MPerClassBatchSampler(labels[labels < 3], m=2, batch_size=8)
     with pytest.raises(TypeError, match="labels"):
-        MPerClassSampler(np.linspace(0, 1, 10), m=2, batch_size=4)
+        MPerClassBatchSampler(np.linspace(0, 1, 10), m=2, batch_size=4)
     with pytest.raises(TypeError, match="m must be an int"):
-        MPerClassSampler(labels, m=2.0, batch_size=4)
+        MPerClassBatchSampler(labels, m=2.0, batch_size=4)
     with pytest.raises(ValueError, match="rank"):
-        MPerClassSampler(labels, m=2, batch_size=4, num_replicas=2, rank=2)
+        MPerClassBatchSampler(labels, m=2, batch_size=4, num_replicas=2, rank=2)
     with pytest.raises(ValueError, match="seed"):
-        MPerClassSampler(labels, m=2, batch_size=4, seed=-1)
+        MPerClassBatchSampler(labels, m=2, batch_size=4, seed=-1)
 
 
 # ----------------------------------------------------------------------------------------------- HierarchicalSampler
@@ -288,7 +288,7 @@ def test_under_accelerate_prepare_data_loader(split_batches):
     bs = per_rank * R if split_batches else per_rank
     per_rank_batches = []
     for r in range(R):
-        sampler = MPerClassSampler(labels, m=4, batch_size=bs, seed=0, num_replicas=1)
+        sampler = MPerClassBatchSampler(labels, m=4, batch_size=bs, seed=0, num_replicas=1)
         dl = accel.prepare_data_loader(
             DataLoader(ds, batch_sampler=sampler), num_processes=R, process_index=r, split_batches=split_batches
         )

@@ -38,5 +38,5 @@ def test_the_example_stays_readable():
     lines = EXAMPLE.read_text().splitlines()
     assert len(lines) <= 180  # about 150 lines: one file to read top to bottom
     text = "\n".join(lines)
-    for name in ("HAPPIERLoss", "MPerClassSampler", "RankingMemory", "RetrievalEvaluator", "Accelerator"):
+    for name in ("HAPPIERLoss", "MPerClassBatchSampler", "RankingMemory", "RetrievalEvaluator", "Accelerator"):
         assert name in text
