@@ -263,6 +263,7 @@ def parse_run_spec(parser: argparse.ArgumentParser, argv: list[str] | None = Non
     layers += [(f"--config {path}", recipe_options(cfg)) for path, cfg in zip(paths, files, strict=True)]
     layers.append(("flags", flags))
     try:
-        return RunSpec.from_layers(layers, merge_hub_configs(*files)).validate()
+        spec = RunSpec.from_layers(layers, merge_hub_configs(*files), files=range(1, len(files) + 1), search_cwd=True)
+        return spec.validate()
     except ValueError as e:
         parser.error(str(e))

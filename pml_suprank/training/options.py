@@ -9,14 +9,16 @@ these classes, and a loss is built in one place, :func:`build_loss`, from the lo
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import Field, dataclass, fields
 from typing import Any
 
 from torch import nn
 
-from ..losses.registry import entry_options, registered_losses, resolve_loss
+from ..losses.registry import check_loss_name, entry_options, registered_losses, resolve_loss
 from .config import (
+    MAX_SCALE,
     OptionCheck,
     OptionError,
     TrainingConfig,
@@ -48,39 +50,52 @@ __all__ = [
 ]
 
 
-def _resolves(name: Any) -> bool:
-    try:
-        resolve_loss(name)
-    except ValueError:
-        return False
-    return True
-
-
 class LossName(OptionCheck):
     """The check of ``--loss`` / ``loss.name``: a registered loss, ``pml:ClassName``, ``package.module:ClassName`` or
-    an installed plugin (:func:`pml_suprank.losses.resolve_loss`; read when checked, so a loss registered after
-    import is accepted)."""
+    an installed plugin (:func:`pml_suprank.losses.registry.check_loss_name`: nothing is imported; read when
+    checked, so a loss registered after import is accepted). ``from_file``: the check of a file's ``loss.name``,
+    which refuses a ``package.module:ClassName`` (files are data: only a typed name is imported)."""
 
-    def __init__(self) -> None:
-        super().__init__(_resolves, "a loss name")
+    def __init__(self, *, from_file: bool = False) -> None:
+        super().__init__(lambda v: check_loss_name(v, from_file=from_file) is None, "a loss name")
+        object.__setattr__(self, "from_file", from_file)
 
     @property  # type: ignore[override]
     def expected(self) -> str:
-        return f"one of {', '.join(registered_losses())}, pml:ClassName or package.module:ClassName"
+        typed = "" if getattr(self, "from_file", False) else " or package.module:ClassName (typed, never from a file)"
+        return f"one of {', '.join(registered_losses())}, an installed plugin, pml:ClassName{typed}"
 
     @expected.setter
     def expected(self, value: str) -> None:  # the dataclass __init__ assigns it
         pass
 
 
-#: the former name of :class:`LossName`
-RegisteredLoss = LossName
+#: bounds of a ``loss_kwargs`` mapping: keys, magnitude of a number, length of a string or a list
+MAX_LOSS_KWARGS, MAX_KWARG_NUMBER, MAX_KWARG_LEN = 32, 1e6, 256
+
+
+def _kwarg_value(v: Any, depth: int = 0) -> bool:
+    if v is None or isinstance(v, bool):
+        return True
+    if isinstance(v, (int, float)):
+        return math.isfinite(v) and abs(v) <= MAX_KWARG_NUMBER
+    if isinstance(v, str):
+        return len(v) <= MAX_KWARG_LEN
+    if isinstance(v, (list, tuple)) and depth == 0:
+        return len(v) <= MAX_KWARG_LEN and all(_kwarg_value(x, 1) for x in v)
+    return False
 
 
 def _json_kwargs() -> OptionCheck:
     return OptionCheck(
-        lambda v: v is None or (isinstance(v, dict) and all(isinstance(k, str) and k.isidentifier() for k in v)),
-        "null or a mapping of keyword arguments of the loss class",
+        lambda v: v is None
+        or (
+            isinstance(v, dict)
+            and len(v) <= MAX_LOSS_KWARGS
+            and all(isinstance(k, str) and k.isidentifier() and _kwarg_value(x) for k, x in v.items())
+        ),
+        f"null or a mapping (at most {MAX_LOSS_KWARGS} keys) of keyword arguments of the loss class, each a finite "
+        f"number of magnitude <= {MAX_KWARG_NUMBER:g}, a bool, null, a string or a list of those",
     )
 
 
@@ -211,15 +226,16 @@ class LossOptions(_Checked):
     )  # fmt: skip
     decomposability_weight: float = option(0.1, "weight λ of the decomposability term", section="loss",
                                            check=is_number(0, high=1))  # fmt: skip
-    tau: float = option(0.01, "SupRank sigmoid temperature τ", section="loss", check=is_number(0, strict=True))
-    rho: float = option(100.0, "SupRank slope ρ of the linear branch", section="loss", check=is_number(0))
+    tau: float = option(0.01, "SupRank sigmoid temperature τ", section="loss", check=is_number(0, strict=True, high=100))
+    rho: float = option(100.0, "SupRank slope ρ of the linear branch", section="loss",
+                        check=is_number(0, high=MAX_SCALE))  # fmt: skip
     delta: float | None = option(None, "SupRank δ (unset: the loss default 0.05)", section="loss",
-                                 check=is_number(0))  # fmt: skip
+                                 check=is_number(0, high=100))  # fmt: skip
     start: float | None = option(None, "SupRank start of the linear branch (unset: the loss default 0.5)",
                                  section="loss", check=is_number(0, high=1))  # fmt: skip
     offset: float | None = option(
         None, "SupRank offset (unset: the continuous σ(δ/τ) + start; the SOP reference uses 1.44)", section="loss",
-        check=optional(is_number(0)),
+        check=optional(is_number(0, high=100)),
     )  # fmt: skip
     kernel: str = option(
         "auto", "rank-loss kernel: 'dense' (blocked B×N×N, no host sync), 'sorted' (sorted thresholds), 'auto' (by "

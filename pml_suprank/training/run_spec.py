@@ -25,13 +25,13 @@ written from it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from torch import nn
 
-from ..losses.registry import LossEntry, resolve_loss
+from ..losses.registry import LossEntry, check_loss_name, resolve_loss
 from .config import TrainingConfig
 from .data_source import resolved_split
 from .options import (
@@ -98,10 +98,15 @@ class RunSpec:
         hub_config: Mapping[str, Any] | None = None,
         *,
         explicit_from: int = 1,
+        files: Collection[int] = (),
+        search_cwd: bool = False,
     ) -> RunSpec:
         """The spec of option layers ``(source, {option name: value})`` laid over each other in order
         (:func:`~pml_suprank.training.rules.merge_option_layers`: ``virtual_batch_size`` sets ``batch_size``); the
-        layers from ``explicit_from`` on are the user's (``given``).
+        layers from ``explicit_from`` on are the user's (``given``). The layers at the indices ``files`` were read
+        from files: a ``package.module:ClassName`` loss there is refused (files are data). The loss is resolved
+        once, here (:func:`pml_suprank.losses.resolve_loss`; ``search_cwd``: a name typed on the command line is
+        imported from the working directory too, as ``python -m`` does).
 
         Raises:
             ValueError: An unknown option name, or a part refusing its values (message prefixed with the part,
@@ -111,6 +116,7 @@ class RunSpec:
         if unknown:
             raise ValueError(f"unknown option(s) {unknown}; valid options: {sorted(FIELD_PARTS)}")
         values = merge_option_layers(layers, explicit_from)
+        entry = _resolve_once(layers, values, files, search_cwd)
         given = frozenset(n for _, layer in layers[explicit_from:] for n in layer)
         by_part: dict[str, dict[str, Any]] = {part: {} for part in PARTS}
         for name, value in values.items():
@@ -121,7 +127,9 @@ class RunSpec:
                 parts[part] = PARTS[part](**kwargs)
             except (ValueError, TypeError) as e:
                 raise ValueError(f"{'training' if part == 'train' else part} options: {e}") from e
-        return cls(**parts, hub_config=dict(hub_config or {}), given=given)
+        spec = cls(**parts, hub_config=dict(hub_config or {}), given=given)
+        spec._entry = entry
+        return spec
 
     @classmethod
     def from_values(cls, values: Mapping[str, Any], hub_config: Mapping[str, Any] | None = None) -> RunSpec:
@@ -132,7 +140,8 @@ class RunSpec:
     @classmethod
     def from_hub_config(cls, config: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> RunSpec:
         """The spec of a (schema-checked) hub_config dict laid over ``defaults`` (option name → value)."""
-        return cls.from_layers([("defaults", defaults or {}), ("the hub_config", recipe_options(config))], config)
+        layers = [("defaults", defaults or {}), ("the hub_config", recipe_options(config))]
+        return cls.from_layers(layers, config, files=(1,))
 
     # ------------------------------------------------------------------------------------------------------ reading
     def values(self) -> dict[str, Any]:
@@ -145,8 +154,11 @@ class RunSpec:
 
     @property
     def loss_entry(self) -> LossEntry:
-        """The registry entry of ``loss.loss`` (:func:`pml_suprank.losses.resolve_loss`)."""
-        return resolve_loss(self.loss.loss)
+        """The registry entry of ``loss.loss`` (resolved once when the spec was built)."""
+        entry = getattr(self, "_entry", None)
+        if entry is None or entry.name != self.loss.loss and entry.cls.__name__ != self.loss.loss:
+            entry = self._entry = resolve_loss(self.loss.loss)  # a spec changed by replace()
+        return entry
 
     def loss_kwargs(self) -> dict[str, Any]:
         """The options of the loss (those it takes, and ``loss_kwargs`` when set), as given: ``None`` = the loss's
@@ -198,6 +210,20 @@ class RunSpec:
         if errors:
             raise ValueError("; ".join(errors))
         return self
+
+
+def _resolve_once(
+    layers: Sequence[tuple[str, Mapping[str, Any]]], values: Mapping[str, Any], files: Collection[int], search_cwd: bool
+) -> LossEntry:
+    """The entry of the loss the layers choose; a ``module:Class`` name from a file layer is refused unimported."""
+    name = values.get("loss", LossOptions.__dataclass_fields__["loss"].default)
+    for i in files:
+        if layers[i][1].get("loss") == name and (problem := check_loss_name(name, from_file=True)) is not None:
+            raise ValueError(f"{layers[i][0]}: loss.name must be {problem}")
+    try:
+        return resolve_loss(name, search_cwd=search_cwd)
+    except ValueError as e:
+        raise ValueError(f"loss options: {e}") from None
 
 
 def _asdict(options: Any) -> dict[str, Any]:
