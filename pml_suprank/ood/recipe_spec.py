@@ -346,7 +346,26 @@ def read_heat_config(path: str) -> dict[str, tuple[str, Any]]:
     recipe_fields |= {d: d for d in detector_fields}
     values = section_values(cfg.get("recipe"), str(file), "recipe", recipe_fields)
     values |= section_values(cfg.get("heat"), str(file), "heat", HEAT_KEYS)
+    for name, (where, value) in values.items():
+        if name in FLAG_ONLY:
+            raise OptionError(f"{where}: {FLAG_ONLY[name]}; give --{name} on the command line if you mean it")
+    if "backbone" in values:
+        from ..hub.loaded_config import untrusted_model_problems
+
+        problems = untrusted_model_problems({"backbone": values["backbone"][1]}, "")
+        if problems:
+            raise OptionError(f"{values['backbone'][0]}: {problems[0]} — a config file names a plain timm model only")
     return values
+
+
+#: options a ``--config`` file may not set (files are data): they send data out or fetch / read weights
+FLAG_ONLY = {
+    "push_to_hub": "a config file cannot upload anything (push_to_hub)",
+    "hub_model_id": "a config file cannot choose where an upload goes (hub_model_id)",
+    "hub_private": "a config file cannot set the visibility of an upload (hub_private)",
+    "model": "a config file cannot choose a model to download or read (model)",
+    "checkpoint": "a config file cannot choose a weights file to read (checkpoint)",
+}
 
 
 @dataclass

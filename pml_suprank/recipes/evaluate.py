@@ -167,7 +167,8 @@ def main(argv: list[str] | None = None) -> dict:
     from pml_suprank.training.data_spec import read_data_spec
 
     try:
-        recorded = read_data_spec(spec.model)
+        recorded = read_data_spec(spec.model, typed={"dataset": spec.benchmark or spec.dataset,
+                                                     "data_root": spec.data_root})  # fmt: skip
     except ValueError as e:
         parser.error(f"--model: {e}")
     kept = recorded or {}
