@@ -67,14 +67,16 @@ PATH_KEYS = ("dataset", "data_root")
 MAX_CLASSES = 1_000_000
 
 
-def _is_path(value: Any) -> bool:
+def _is_path(value: Any, folder: Path) -> bool:
     """A recorded data value naming a local path (a Hub id is ``org/name``: never absolute, no leading ``.``/``~``)."""
     from ..data.benchmarks.registry import BENCHMARKS
     from .data_source import SYNTHETIC_NAMES
 
     if not isinstance(value, str) or value in SYNTHETIC_NAMES or value in BENCHMARKS:
         return False
-    return Path(value).is_absolute() or value.startswith((".", "~")) or "\\" in value or Path(value).exists()
+    if Path(value).is_absolute() or value.startswith((".", "~")) or "\\" in value:
+        return True
+    return Path(value).exists() or (folder / value).exists()
 
 
 def _value_problems(spec: Mapping[str, Any]) -> list[str]:
@@ -137,7 +139,7 @@ def read_data_spec(model: str | Path, *, typed: Mapping[str, Any] | None = None)
     data = dict(spec["data"])
     for key in PATH_KEYS:
         value = data.get(key)
-        if not _is_path(value):
+        if not _is_path(value, folder):
             continue
         where = (folder / Path(value).expanduser()).resolve()
         if where.is_relative_to(folder):

@@ -246,7 +246,8 @@ def read_hub_config(path: str | Path, *, partial: bool = False) -> dict[str, Any
     errors = _structure_errors(config, str(p), partial)
     if errors:
         shown = [shorten(e) for e in errors[:20]] + ([f"... {len(errors) - 20} more"] if len(errors) > 20 else [])
-        raise ValueError(f"{p}: invalid hub_config:\n  - " + "\n  - ".join(shown))
+        raise ValueError(f"{p}: invalid hub_config: {shown[0]}" if len(shown) == 1 else
+                         f"{p}: invalid hub_config:\n  - " + "\n  - ".join(shown))  # fmt: skip
     if (not partial or "name" in config) and config["name"] != p.stem:
         raise ValueError(f"{p}: 'name' must equal the file name without .yaml ({p.stem!r}); got {config['name']!r}")
     return config

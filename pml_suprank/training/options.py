@@ -62,8 +62,11 @@ class LossName(OptionCheck):
 
     @property  # type: ignore[override]
     def expected(self) -> str:
-        typed = "" if getattr(self, "from_file", False) else " or package.module:ClassName (typed, never from a file)"
-        return f"one of {', '.join(registered_losses())}, an installed plugin, pml:ClassName{typed}"
+        names = f"one of {', '.join(registered_losses())}, an installed plugin, pml:ClassName"
+        if getattr(self, "from_file", False):
+            return f"{names} (a package.module:ClassName loss is imported only when typed on the command line or " \
+                "passed in Python, never from a file)"
+        return f"{names} or package.module:ClassName"
 
     @expected.setter
     def expected(self, value: str) -> None:  # the dataclass __init__ assigns it

@@ -67,8 +67,10 @@ def _loss_kwargs(v: Mapping[str, Any]) -> list[str]:
     clash = sorted(k for k in v["loss_kwargs"] if k in flagged and k not in ("loss", "loss_kwargs"))
     if clash:
         return [
-            f"--loss_kwargs {clash} set what " + ", ".join(f"--{k}" if k in v["@loss_options"] else f"the {k} of the "
-            "data / model" for k in clash) + f" sets for loss {v['loss']}: give each value once, by its flag"
+            f"--loss_kwargs {clash} set what "
+            + ", ".join(f"the {k} of the data / model" if k in ("num_classes", "embedding_size") else f"--{k}"
+                        for k in clash)
+            + f" sets for loss {v['loss']}: give each value once (by its flag)"
         ]
     return []
 
