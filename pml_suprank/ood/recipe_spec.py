@@ -327,7 +327,7 @@ def read_heat_config(path: str) -> dict[str, tuple[str, Any]]:
         FileNotFoundError: no such file or bundled name.
     """
     from .._safe_yaml import load_yaml
-    from ..hub_config import hub_config_path
+    from ..training.hub_config import hub_config_path
 
     file = hub_config_path(path)
     try:
@@ -346,7 +346,7 @@ def read_heat_config(path: str) -> dict[str, tuple[str, Any]]:
     recipe_fields |= {d: d for d in detector_fields}
     values = section_values(cfg.get("recipe"), str(file), "recipe", recipe_fields)
     values |= section_values(cfg.get("heat"), str(file), "heat", HEAT_KEYS)
-    for name, (where, value) in values.items():
+    for name, (where, _) in values.items():
         if name in FLAG_ONLY:
             raise OptionError(f"{where}: {FLAG_ONLY[name]}; give --{name} on the command line if you mean it")
     if "backbone" in values:

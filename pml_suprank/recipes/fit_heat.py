@@ -296,7 +296,7 @@ def prepare_data(spec: FitHeatSpec):
             raise SystemExit(f"--model: {e}") from e
         if id_data is None and spec.id_dataset is None:
             raise SystemExit(f"--model {spec.model} records no training data (data_spec.json): give --id_dataset")
-        if spec.id_dataset is not None:  # the typed folder confirms the recorded one (its class split), else replaces it
+        if spec.id_dataset is not None:  # a typed folder confirms the recorded one (its class split) or replaces it
             same = id_data is not None and _same_path(spec.id_dataset, id_data["data"].get("dataset"))
             id_data = {**id_data, "data": {**id_data["data"], "dataset": spec.id_dataset}} if same else None
         spec = spec.resolved(model_image_size=int(config["input_size"][-1]))

@@ -145,7 +145,7 @@ def read_data_spec(model: str | Path, *, typed: Mapping[str, Any] | None = None)
         if where.is_relative_to(folder):
             data[key] = str(where)
         elif (typed or {}).get(key) is None:
-            flag = "--data_root" if key == "data_root" else "--dataset (--gallery for search, --id_dataset for fit_heat)"
+            flag = "--data_root" if key == "data_root" else "--dataset (search: --gallery, fit_heat: --id_dataset)"
             raise ValueError(
                 f"{path}: data.{key} is {value!r}, a path outside the model folder: a model folder's recorded paths "
                 f"are followed only when you name them; give {flag} {value} to use it (or another dataset)"

@@ -229,7 +229,8 @@ class LossOptions(_Checked):
     )  # fmt: skip
     decomposability_weight: float = option(0.1, "weight λ of the decomposability term", section="loss",
                                            check=is_number(0, high=1))  # fmt: skip
-    tau: float = option(0.01, "SupRank sigmoid temperature τ", section="loss", check=is_number(0, strict=True, high=100))
+    tau: float = option(0.01, "SupRank sigmoid temperature τ", section="loss",
+                        check=is_number(0, strict=True, high=100))  # fmt: skip
     rho: float = option(100.0, "SupRank slope ρ of the linear branch", section="loss",
                         check=is_number(0, high=MAX_SCALE))  # fmt: skip
     delta: float | None = option(None, "SupRank δ (unset: the loss default 0.05)", section="loss",

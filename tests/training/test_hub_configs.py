@@ -11,15 +11,15 @@ import torch
 import yaml
 from _hub_helpers import build_dataset, flat_options, model_kwargs, nest_options
 
-from pml_suprank.hub_config import (
+from pml_suprank.models import RetrievalModel
+from pml_suprank.training.data_source import DatasetSource, dataset_source
+from pml_suprank.training.hub_config import (
     HUB_CONFIG_SCHEMA,
     build_loss,
     load_hub_config,
     merge_hub_configs,
     validate_hub_config,
 )
-from pml_suprank.models import RetrievalModel
-from pml_suprank.training.data_source import DatasetSource, dataset_source
 from pml_suprank.training.options import recipe_options
 
 ROOT = Path(__file__).resolve().parents[2] / "pml_suprank" / "hub_configs"

@@ -720,7 +720,7 @@ def test_kernel_option_reaches_every_recipe_loss(kernel):
 
 
 def test_kernel_option_is_validated():
-    from pml_suprank.hub_config import validate_hub_config
+    from pml_suprank.training.hub_config import validate_hub_config
 
     base = {"name": "t", "model": {"backbone": "test_resnet"}, "data": {"dataset": "synthetic"}}
     validate_hub_config({**base, "loss": {"name": "ROADMAP", "kernel": "sorted"}})
