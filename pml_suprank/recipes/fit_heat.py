@@ -56,7 +56,7 @@ import torch  # noqa: E402
 
 from pml_suprank import ood  # noqa: E402
 from pml_suprank.ood import metrics as ood_metrics  # noqa: E402
-from pml_suprank.ood.recipe_data import (  # noqa: E402
+from pml_suprank.recipes.ood_data import (  # noqa: E402
     build_datasets,
     build_model,
     class_targets,
@@ -66,7 +66,7 @@ from pml_suprank.ood.recipe_data import (  # noqa: E402
     save_histograms,
     train_classifier,
 )
-from pml_suprank.ood.recipe_spec import (  # noqa: E402
+from pml_suprank.recipes.ood_spec import (  # noqa: E402
     BUILTIN_OOD,
     CONTEXT_ARGUMENTS,
     RECIPE_DEFAULTS,

@@ -57,7 +57,7 @@ MAX_IMAGES = 100_000
 
 def methods() -> tuple[str, ...]:
     """Table rows: every registered detector but HEAT (registration order), each followed by its variants; HEAT."""
-    from . import list_detectors
+    from ..ood import list_detectors
 
     names: list[str] = []
     for name in list_detectors():
@@ -73,7 +73,7 @@ def flag_prefix(name: str) -> str:
 
 def detector_options(name: str) -> dict[str, inspect.Parameter]:
     """Constructor arguments of a registered detector that get a flag: plain (bool / int / float / str) defaults."""
-    from . import get_detector
+    from ..ood import get_detector
 
     params = inspect.signature(get_detector(name)).parameters.values()
     return {
@@ -112,7 +112,7 @@ def _check_of(default: Any) -> OptionCheck:
 def detector_option_class() -> type:
     """A dataclass with one field ``<detector>_<argument>`` per plain constructor argument of every registered
     baseline (read from the registry when called, so a detector registered later gets its options too)."""
-    from . import get_detector, list_detectors
+    from ..ood import get_detector, list_detectors
 
     specs = []
     for name in list_detectors():
@@ -145,7 +145,7 @@ def _names(expected: str) -> OptionCheck:
 
 
 def _presets() -> tuple[str, ...]:
-    from .presets import PRESETS
+    from ..ood.presets import PRESETS
 
     return tuple(sorted(PRESETS))
 
@@ -241,7 +241,7 @@ class FitHeatSpec:
 
     def validate(self) -> FitHeatSpec:
         """The rules between options (each field was checked alone)."""
-        from . import HEAT, list_priors
+        from ..ood import HEAT, list_priors
 
         if self.push_to_hub and not self.hub_model_id:
             raise OptionError("--push_to_hub true needs --hub_model_id (the Hub repo id)")
