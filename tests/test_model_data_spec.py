@@ -102,3 +102,17 @@ def test_fit_heat_on_the_users_retrieval_model(trained, tmp_path):
 
     saved = ood.load_features(tmp_path / "heat" / "features.safetensors")
     assert len(saved.sets["id_train"]) == 9 and saved.weight.shape == (3, 96)  # 3 training classes, pooled width
+
+
+@pytest.mark.slow
+def test_a_class_folder_added_after_training_is_refused_not_silently_split(trained, tmp_path):
+    """The recorded class split is checked: a class folder added later would change which classes are test classes
+    (the seeded split of 7 classes is not that of 6), so ``evaluate`` refuses with the reason instead of scoring
+    another test set."""
+    final, folder, _ = trained
+    recorded = json.loads((final / "data_spec.json").read_text())["class_split"]
+    assert len(recorded["train_classes"]) + len(recorded["test_classes"]) == 6
+    _class_folders(tmp_path / "extra")
+    (tmp_path / "extra" / "class0").rename(folder / "class_new")
+    with pytest.raises(SystemExit, match="changed since the model was trained"):
+        import_recipe("evaluate").main(["--model", str(final), "--dataset", str(folder), "--cpu"])

@@ -65,6 +65,7 @@ def build_datasets(spec: FitHeatSpec, transform, id_data: dict[str, Any] | None 
 
         section, seed = id_data["data"], int(id_data.get("seed", 0))
         kw = {"cache_dir": spec.cache_dir} if dataset_source(section, "train").kind == "retrieval" else {}
+        kw["recorded_split"] = id_data.get("class_split")
         train = dataset_source(section, "train").load(transform, seed=seed, **kw)
         test = dataset_source(section, "test").load(transform, seed=seed, **kw)
         label_col = spec.label_column or train.label_names[0]

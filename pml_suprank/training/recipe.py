@@ -367,12 +367,12 @@ def run(spec: RunSpec, *, given: Collection[str] = ()) -> dict[str, Any] | None:
             f"{len(split['test_classes'])} test classes (open set), written to {path}"
         )
     try:
-        return _job(spec, accelerator, trainer, test_ds)
+        return _job(spec, accelerator, trainer, test_ds, split)
     finally:
         trainer.end_run()
 
 
-def _job(spec: RunSpec, accelerator: Any, trainer: Any, test_ds: Any) -> Any:
+def _job(spec: RunSpec, accelerator: Any, trainer: Any, test_ds: Any, split: dict[str, Any] | None = None) -> Any:
     t_start = time.perf_counter()
     before = _initial_eval(spec, trainer)
     t_train = time.perf_counter()
@@ -407,6 +407,8 @@ def _job(spec: RunSpec, accelerator: Any, trainer: Any, test_ds: Any) -> Any:
         "label_names": list(getattr(test_ds, "label_names", [])),
         "training_config": trainer.config.to_dict(),
     }
+    if split is not None:  # data_spec.json records it: a class folder added later is refused, not silently split
+        metadata["class_split"] = {k: split[k] for k in ("train_classes", "test_classes")}
     final = Path(spec.train.output_dir) / "final"
     plots = not spec.run.no_plots
     if plots and getattr(test_ds, "multilabel", False):  # the plots colour and match items by one label per level
