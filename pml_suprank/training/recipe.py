@@ -28,7 +28,7 @@ import importlib.util
 import json
 import sys
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -74,6 +74,26 @@ PRESETS: dict[str, dict[str, Any]] = {
     "train_happier": {**NO_ARGUMENT_RUN, "loss": "HAPPIER", "output_dir": "outputs/happier_synthetic"},
     "train_roadmap": {**NO_ARGUMENT_RUN, "loss": "ROADMAP", "output_dir": "outputs/roadmap_synthetic"},
 }
+#: the one-line description of each preset (``--help``)
+DESCRIPTIONS: dict[str, str] = {
+    "train": "Train a retrieval model with any rank loss, a pytorch-metric-learning loss or your own (--list_losses).",
+    "train_happier": "Train a retrieval model with HAPPIER (hierarchical AP; Ramzi et al., ECCV 2022) or ROD-NDCG.",
+    "train_roadmap": "Train a retrieval model with ROADMAP (SupAP + L_DG; Ramzi et al., NeurIPS 2021).",
+}
+
+
+def preset_command(name: str) -> tuple[Callable[..., Any], Callable[[], None]]:
+    """``(main, run)`` of the preset ``name`` of :data:`PRESETS`: ``main(argv=None)`` runs the training command with
+    the preset's defaults and returns its summary; ``run()`` is the console script (the process's arguments)."""
+    defaults, description = PRESETS[name], DESCRIPTIONS[name]
+
+    def preset_main(argv: list[str] | None = None) -> dict | None:
+        return main(argv, description, defaults)
+
+    def preset_run() -> None:
+        preset_main()
+
+    return preset_main, preset_run
 
 
 # ---------------------------------------------------------------------------------------------------------------------
