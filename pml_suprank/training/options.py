@@ -16,7 +16,7 @@ from typing import Any
 
 from torch import nn
 
-from ..losses.registry import check_loss_name, entry_options, registered_losses, resolve_loss
+from ..losses.registry import LossEntry, check_loss_name, entry_options, registered_losses, resolve_loss
 from .config import (
     MAX_SCALE,
     OptionCheck,
@@ -328,14 +328,22 @@ def loss_option_names() -> tuple[str, ...]:
     return tuple(f.name for _, f in option_fields(LossOptions, TrainingConfig) if f.metadata["section"] == "loss")
 
 
-def loss_keys(name: str) -> tuple[str, ...]:
+def loss_keys(name: str, entry: LossEntry | None = None) -> tuple[str, ...]:
     """The loss options (hub_config ``loss.*`` keys, recipe flags) that the loss ``name`` takes: its registry
     entry's ``options``, or the loss options that are named parameters of its constructor (``loss_kwargs`` is taken
     by every loss)."""
-    return entry_options(resolve_loss(name), loss_option_names())
+    return entry_options(entry or resolve_loss(name), loss_option_names())
 
 
-def build_loss(name: str, values: Mapping[str, Any], num_classes: int, embedding_size: int, **extra: Any) -> nn.Module:
+def build_loss(
+    name: str,
+    values: Mapping[str, Any],
+    num_classes: int,
+    embedding_size: int,
+    *,
+    entry: LossEntry | None = None,
+    **extra: Any,
+) -> nn.Module:
     """The one loss builder: instantiate the loss ``name`` (:func:`pml_suprank.losses.resolve_loss`: a registered
     name, ``pml:ClassName``, ``package.module:ClassName`` or a plugin) from option ``values`` (unset ``None`` values
     keep the loss defaults; options the loss does not take are ignored; ``values["loss_kwargs"]``, a mapping, is
@@ -346,6 +354,7 @@ def build_loss(name: str, values: Mapping[str, Any], num_classes: int, embedding
         values: Option values, e.g. ``{"tau": 0.01, "decomposability_weight": 0.1}``.
         num_classes: Number of fine training classes (one proxy each: ClusterLoss, ArcFace, ProxyAnchor...).
         embedding_size: Embedding dimension ``D``.
+        entry: The loss's registry entry when already resolved (a :class:`~pml_suprank.training.RunSpec` holds it).
         **extra: Further keyword arguments of the loss class, not recipe options (e.g. ``relevance="multilabel"``
             and ``hierarchy=`` the ``(num_fine, L)`` table for multi-label data).
 
@@ -356,8 +365,8 @@ def build_loss(name: str, values: Mapping[str, Any], num_classes: int, embedding
         ValueError: an unknown loss; :class:`~pml_suprank.training.config.OptionError` (a ``ValueError`` and a
             ``TypeError``): a constructor refusing the arguments (the message names the loss and them).
     """
-    entry = resolve_loss(name)
-    kwargs = {k: values[k] for k in loss_keys(name) if values.get(k) is not None}
+    entry = entry or resolve_loss(name)
+    kwargs = {k: values[k] for k in loss_keys(name, entry) if values.get(k) is not None}
     params = inspect.signature(entry.cls.__init__).parameters
     for key, value in (("num_classes", num_classes), ("embedding_size", embedding_size)):
         required = key in params and params[key].default is inspect.Parameter.empty

@@ -55,7 +55,7 @@ def _loss_kwargs(v: Mapping[str, Any]) -> list[str]:
     if not v["loss_kwargs"]:
         return []
     try:
-        entry = resolve_loss(v["loss"])
+        entry = v.get("@entry") or resolve_loss(v["loss"])
         valid = loss_keywords(entry.cls)
     except ValueError:  # an unknown loss: refused by the loss option's own check
         return []
@@ -88,7 +88,7 @@ def _given_loss_options(v: Mapping[str, Any]) -> list[str]:
     from ..losses.registry import entry_options, resolve_loss
 
     try:
-        accepted = entry_options(resolve_loss(v["loss"]), v["@loss_options"])
+        accepted = entry_options(v.get("@entry") or resolve_loss(v["loss"]), v["@loss_options"])
     except ValueError:  # an unknown loss: refused by the loss option's own check
         return []
     shared = ("loss", "loss_kwargs", "alpha")  # alpha is also the evaluator's H-AP exponent

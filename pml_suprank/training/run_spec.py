@@ -25,8 +25,9 @@ written from it.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from torch import nn
@@ -164,19 +165,22 @@ class RunSpec:
         """The options of the loss (those it takes, and ``loss_kwargs`` when set), as given: ``None`` = the loss's
         default. What ``config.json`` records and the fingerprint identifies."""
         values = {**_asdict(self.loss), "alpha": self.train.alpha}
-        out = {k: values[k] for k in loss_keys(self.loss.loss) if k in values}
+        out = {k: values[k] for k in loss_keys(self.loss.loss, self.loss_entry) if k in values}
         if self.loss.loss_kwargs:
             out["loss_kwargs"] = dict(self.loss.loss_kwargs)
         return out
 
     def build_loss(self, num_classes: int, embedding_size: int, **extra: Any) -> nn.Module:
         """The loss of the spec, by the one loss builder :func:`~pml_suprank.training.build_loss`."""
-        return build_loss(self.loss.loss, self.loss_kwargs(), num_classes, embedding_size, **extra)
+        return build_loss(self.loss.loss, self.loss_kwargs(), num_classes, embedding_size, entry=self.loss_entry,
+                          **extra)  # fmt: skip
 
     def training_config(self, *, multilabel: bool = False) -> TrainingConfig:
         """The :class:`TrainingConfig` of the run, with ``hierarchical_labels`` resolved: the loss is hierarchical,
         or the dataset is multi-label (its ``(B, M)`` label sets go to the loss whole)."""
-        return replace(self.train, hierarchical_labels=multilabel or self.loss_entry.hierarchical)
+        train = copy.copy(self.train)  # each value was checked when the spec was built: not again
+        train.hierarchical_labels = bool(multilabel or self.loss_entry.hierarchical)
+        return train
 
     def run_options(self, mixed_precision: str) -> dict[str, Any]:
         """The resolved model / data / loss options of the run (with the ``TrainingConfig``: its fingerprint). The
@@ -200,8 +204,9 @@ class RunSpec:
         ``require_data_root``: a benchmark dataset needs ``data_root`` (a complete run; a shipped hub_config leaves
         it to the command line)."""
         errors = cross_field_problems(
-            self.values(), given=self.given, loss_options=loss_option_names(), require_data_root=require_data_root
-        )
+            {**self.values(), "@entry": self.loss_entry}, given=self.given, loss_options=loss_option_names(),
+            require_data_root=require_data_root,
+        )  # fmt: skip
         return errors + _hub_config_model_problems(self.hub_config)
 
     def validate(self, *, require_data_root: bool = True) -> RunSpec:
