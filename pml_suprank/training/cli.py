@@ -167,7 +167,8 @@ def losses_listing() -> str:
     for name, entry in registered_losses().items():
         labels = "hierarchical labels (N, L)" if entry.hierarchical else "fine labels (N,)"
         extra = ", multi-label" if entry.multilabel else ""
-        lines.append(f"  {name:<10} {entry.cls.__name__:<15} {labels}{extra}; options: {', '.join(loss_keys(name, entry))}")
+        options = ", ".join(loss_keys(name, entry))
+        lines.append(f"  {name:<10} {entry.cls.__name__:<15} {labels}{extra}; options: {options}")
     plugins = [name for name in installed_plugins() if name not in registered_losses()]
     if plugins:
         lines.append(f"installed plugins (entry-point group {ENTRY_POINT_GROUP}): {', '.join(plugins)}")
