@@ -239,3 +239,20 @@ def test_a_recorded_path_outside_the_model_folder_is_not_followed_unasked(tmp_pa
     spec["data"] = {"dataset": "gallery", "label_columns": ["label"]}
     (folder / "data_spec.json").write_text(json.dumps(spec))
     assert read_data_spec(folder)["data"]["dataset"] == str((folder / "gallery").resolve())
+
+
+@pytest.mark.parametrize(
+    ("section", "values", "match"),
+    [
+        ("model", {"backbone": "hf-hub:someone/weights"}, "plain timm model name"),
+        ("model", {"backbone": "local-dir:/tmp/weights"}, "plain timm model name"),
+        ("training", {"push_to_hub": True}, "unknown key 'training.push_to_hub'"),
+        ("training", {"hub_model_id": "someone/else"}, "unknown key 'training.hub_model_id'"),
+    ],
+)
+def test_a_training_config_file_cannot_upload_or_fetch(section, values, match, tmp_path, capsys):
+    path = tmp_path / "override.yaml"
+    path.write_text(yaml.safe_dump({section: values}))
+    with pytest.raises(SystemExit) as e:
+        common.main(["--config", str(path), "--cpu"], "test", common.PRESETS["train"])
+    assert e.value.code == 2 and match in capsys.readouterr().err
