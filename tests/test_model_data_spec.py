@@ -74,12 +74,16 @@ def test_evaluate_with_only_the_model_reproduces_the_training_runs_final_metrics
 
 
 @pytest.mark.slow
-def test_search_does_not_follow_the_models_recorded_folder_unasked(trained, tmp_path):
+def test_search_with_the_model_and_its_folder_searches_its_test_set(trained, tmp_path):
     final, folder, _ = trained
     with pytest.raises(SystemExit, match=r"a path outside the model folder.*search: --gallery"):
         import_recipe("search").main(["--model", str(final), "--output_dir", str(tmp_path / "s"), "--k", "2",
                                       "--num_queries", "3"])  # fmt: skip
     assert not (tmp_path / "s").exists()
+    result = import_recipe("search").main(["--model", str(final), "--gallery", str(folder), "--output_dir",
+                                           str(tmp_path / "s"), "--k", "2", "--num_queries", "3"])  # fmt: skip
+    assert result["gallery"]["size"] == 9  # the 3 test classes of the seeded class split, 3 images each
+    assert result["label_names"] == ["label"]
 
 
 @pytest.mark.slow
