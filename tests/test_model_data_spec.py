@@ -55,7 +55,7 @@ def trained(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_evaluate_with_only_the_model_reproduces_the_training_runs_final_metrics(trained, tmp_path):
+def test_evaluate_with_the_model_and_its_folder_reproduces_the_training_runs_final_metrics(trained, tmp_path):
     final, folder, summary = trained
     spec = json.loads((final / "data_spec.json").read_text())
     assert spec["seed"] == 5 and spec["k_values"] == [1, 2] and spec["data"]["label_columns"] == ["label"]
