@@ -7,7 +7,8 @@ need neither: :func:`load_yaml` refuses aliases and nesting deeper than ``max_de
 larger than ``max_bytes`` before reading them. While the values are built it also refuses a key given twice in one
 mapping (YAML's "last one wins" would silently drop the first value) and an integer of more than
 :data:`MAX_YAML_INT_DIGITS` digits (Python refuses to parse 4,300 or more with an error naming neither the file nor
-the key), each with the file, the key and the line.
+the key), and a value that is no JSON value (a date, bytes, a set: ``2026-12-01`` unquoted is a date in YAML),
+each with the file, the key and the line.
 """
 
 from __future__ import annotations
@@ -94,6 +95,24 @@ def _check_int(node: Any, what: str) -> None:
 
 
 _BoundedLoader.add_constructor(_INT_TAG, _BoundedLoader.construct_yaml_int)
+
+#: YAML types that are no JSON value (a date, bytes, a set, ordered pairs): refused with their line, so a file's
+#: values are the plain data every reader (the run fingerprint, ``config.json``) can write back
+_NOT_JSON = {"timestamp": "a date or time (quote it to keep it as text)", "binary": "binary data", "set": "a set",
+             "omap": "an ordered map", "pairs": "a list of pairs"}  # fmt: skip
+
+
+def _refuse(kind: str) -> Any:
+    def construct(loader: Any, node: Any) -> Any:
+        raise _Refused(f"{_line(node)}: {shorten(repr(node.value), 80) if isinstance(node.value, str) else kind} is "
+                       f"{_NOT_JSON[kind]}; a configuration value is a string, a number, a bool, null, a list or a "
+                       "mapping")  # fmt: skip
+
+    return construct
+
+
+for _kind in _NOT_JSON:
+    _BoundedLoader.add_constructor(f"tag:yaml.org,2002:{_kind}", _refuse(_kind))
 
 
 def load_yaml(path: str | Path, *, max_bytes: int = MAX_YAML_BYTES, max_depth: int = MAX_YAML_DEPTH) -> Any:

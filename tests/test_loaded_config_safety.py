@@ -94,7 +94,7 @@ def test_errors_show_loaded_values_truncated(folder):
     ],
 )
 def test_hub_config_is_held_to_the_loaded_config_rule(tmp_path, model, match):
-    from pml_suprank import hub_config
+    from pml_suprank.training import hub_config
 
     config = hub_config.read_hub_config("synthetic_shapes_happier")
     config["model"].update(model)
@@ -111,7 +111,7 @@ def test_hub_config_is_held_to_the_loaded_config_rule(tmp_path, model, match):
 
 
 def test_hub_config_with_allowed_backbone_kwargs_is_valid():
-    from pml_suprank import hub_config
+    from pml_suprank.training import hub_config
 
     config = hub_config.read_hub_config("synthetic_shapes_happier")
     config["model"]["backbone_kwargs"] = {"drop_rate": 0.1}

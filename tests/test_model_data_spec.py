@@ -1,6 +1,7 @@
-"""A model folder records its data spec (``data_spec.json``): ``evaluate`` / ``search`` / ``fit_heat`` given only
-``--model RUN/final`` reuse the training run's data (source, label columns, class split, seed, evaluator options) and
-``evaluate`` reproduces the run's final metrics."""
+"""A model folder records its data spec (``data_spec.json``): ``evaluate`` / ``fit_heat`` given ``--model RUN/final``
+and the training folder reuse the training run's data (label columns, class split, seed, evaluator options) and
+``evaluate`` reproduces the run's final metrics. The recorded folder is a suggestion: a path outside the model folder
+is followed only when the user names it (``--dataset`` / ``--gallery`` / ``--id_dataset``)."""
 
 from __future__ import annotations
 
@@ -54,26 +55,33 @@ def trained(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_evaluate_with_only_the_model_reproduces_the_training_runs_final_metrics(trained, tmp_path):
+def test_evaluate_with_the_model_and_its_folder_reproduces_the_training_runs_final_metrics(trained, tmp_path):
     final, folder, summary = trained
     spec = json.loads((final / "data_spec.json").read_text())
     assert spec["seed"] == 5 and spec["k_values"] == [1, 2] and spec["data"]["label_columns"] == ["label"]
     assert Path(spec["data"]["dataset"]) == folder.resolve()
-    metrics = import_recipe("evaluate").main(["--model", str(final), "--cpu"])
+    with pytest.raises(SystemExit) as e:  # the recorded folder is not read until the user names it
+        import_recipe("evaluate").main(["--model", str(final), "--cpu"])
+    assert e.value.code == 2
+    metrics = import_recipe("evaluate").main(["--model", str(final), "--dataset", str(folder), "--cpu"])
     after = summary["after"]
     assert metrics.keys() == after.keys() and "recall_at_2" in metrics
     for key, value in after.items():
         assert metrics[key] == pytest.approx(value, abs=1e-6), key
-    # the same folder given again (--dataset DIR) keeps the recorded class split and seed
-    again = import_recipe("evaluate").main(["--model", str(final), "--dataset", str(folder), "--cpu"])
+    # the same folder named by another spelling keeps the recorded class split and seed
+    again = import_recipe("evaluate").main(["--model", str(final), "--dataset", str(folder / "."), "--cpu"])
     assert again == pytest.approx(metrics)
 
 
 @pytest.mark.slow
-def test_search_with_only_the_model_searches_its_test_set(trained, tmp_path):
-    final, _, _ = trained
-    result = import_recipe("search").main(["--model", str(final), "--output_dir", str(tmp_path / "s"), "--k", "2",
-                                           "--num_queries", "3"])  # fmt: skip
+def test_search_with_the_model_and_its_folder_searches_its_test_set(trained, tmp_path):
+    final, folder, _ = trained
+    with pytest.raises(SystemExit, match=r"a path outside the model folder.*search: --gallery"):
+        import_recipe("search").main(["--model", str(final), "--output_dir", str(tmp_path / "s"), "--k", "2",
+                                      "--num_queries", "3"])  # fmt: skip
+    assert not (tmp_path / "s").exists()
+    result = import_recipe("search").main(["--model", str(final), "--gallery", str(folder), "--output_dir",
+                                           str(tmp_path / "s"), "--k", "2", "--num_queries", "3"])  # fmt: skip
     assert result["gallery"]["size"] == 9  # the 3 test classes of the seeded class split, 3 images each
     assert result["label_names"] == ["label"]
 
@@ -81,11 +89,12 @@ def test_search_with_only_the_model_searches_its_test_set(trained, tmp_path):
 @pytest.mark.slow
 def test_fit_heat_on_the_users_retrieval_model(trained, tmp_path):
     """``fit_heat --model RUN/final``: the package's retrieval model (frozen backbone, a classification head trained
-    on the run's own training classes), the ID sets from its data spec; the head is trained by default."""
-    final, _, _ = trained
+    on the run's own training classes), the ID sets from its data spec (the folder confirmed by --id_dataset); the
+    head is trained by default."""
+    final, folder, _ = trained
     fit_heat = import_recipe("fit_heat")
-    argv = ["--model", str(final), "--ood_datasets", "noise-uniform", "--num_noise", "8", "--heat_epochs", "1",
-            "--knn_k", "3", "--no_odin", "--no_plots", "--progress", "false", "--threads", "1",
+    argv = ["--model", str(final), "--id_dataset", str(folder), "--ood_datasets", "noise-uniform", "--num_noise", "8",
+            "--heat_epochs", "1", "--knn_k", "3", "--no_odin", "--no_plots", "--progress", "false", "--threads", "1",
             "--output_dir", str(tmp_path / "heat")]  # fmt: skip
     with pytest.warns(UserWarning, match="optimizer step"):
         results = fit_heat.main(argv)
@@ -97,3 +106,17 @@ def test_fit_heat_on_the_users_retrieval_model(trained, tmp_path):
 
     saved = ood.load_features(tmp_path / "heat" / "features.safetensors")
     assert len(saved.sets["id_train"]) == 9 and saved.weight.shape == (3, 96)  # 3 training classes, pooled width
+
+
+@pytest.mark.slow
+def test_a_class_folder_added_after_training_is_refused_not_silently_split(trained, tmp_path):
+    """The recorded class split is checked: a class folder added later would change which classes are test classes
+    (the seeded split of 7 classes is not that of 6), so ``evaluate`` refuses with the reason instead of scoring
+    another test set."""
+    final, folder, _ = trained
+    recorded = json.loads((final / "data_spec.json").read_text())["class_split"]
+    assert len(recorded["train_classes"]) + len(recorded["test_classes"]) == 6
+    _class_folders(tmp_path / "extra")
+    (tmp_path / "extra" / "class0").rename(folder / "class_new")
+    with pytest.raises(SystemExit, match="changed since the model was trained"):
+        import_recipe("evaluate").main(["--model", str(final), "--dataset", str(folder), "--cpu"])

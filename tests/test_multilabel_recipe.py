@@ -14,8 +14,8 @@ import pytest
 import torch
 from _helpers import recipe_parser
 
-from pml_suprank import hub_config
-from pml_suprank.training.data_source import DatasetSource, dataset_source, multilabel_option_errors
+from pml_suprank.training import hub_config
+from pml_suprank.training.data_source import DatasetSource, data_option_errors, dataset_source, multilabel_option_errors
 from pml_suprank.training.options import build_loss
 
 pytest.importorskip("accelerate")
@@ -29,11 +29,11 @@ TINY = ["--backbone", "test_resnet", "--pretrained", "false", "--image_size", "1
 
 
 def test_data_section_accepts_synthetic_multilabel_and_its_kwargs():
-    assert hub_config.data_option_errors({"dataset": "synthetic_multilabel"}) == []
+    assert data_option_errors({"dataset": "synthetic_multilabel"}) == []
     source = dataset_source({"dataset": "synthetic_multilabel", "image_size": 16}, "test")
     assert source == DatasetSource("synthetic", "synthetic_multilabel", "test", options={"image_size": 16})
     assert dataset_source({"dataset": "synthetic"}, "train").kind == "synthetic"
-    errors = hub_config.data_option_errors({"dataset": "synthetic_multilabel", "label_columns": ["a"]})
+    errors = data_option_errors({"dataset": "synthetic_multilabel", "label_columns": ["a"]})
     assert any("'data.label_columns'" in e and "synthetic_multilabel" in e for e in errors)
 
 

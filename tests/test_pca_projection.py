@@ -175,7 +175,7 @@ def test_from_pretrained_keeps_the_option_and_the_saved_weights(tmp_path, monkey
 def test_options_flow_from_the_gldv2_hub_configs():
     import _hub_helpers
 
-    from pml_suprank import hub_config as hc
+    from pml_suprank.training import hub_config as hc
 
     root = Path(__file__).resolve().parents[1] / "pml_suprank" / "hub_configs"
     for name in ("roadmap_gldv2.yaml", "happier_gldv2.yaml"):

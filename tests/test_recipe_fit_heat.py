@@ -183,7 +183,7 @@ def test_fit_heat_and_ood_benchmark_config_values_are_checked_before_any_work(tm
 
 def test_fit_heat_flags_python_and_files_give_one_verdict(tmp_path, capsys):
     """Each bounded option: the flag, the file value and FitHeatSpec(...) accept and refuse the same values."""
-    from pml_suprank.ood.recipe_spec import FitHeatSpec
+    from pml_suprank.recipes.ood_spec import FitHeatSpec
     from pml_suprank.training.spec_cli import OptionError
 
     fit_heat = _import_fit_heat()
@@ -212,7 +212,7 @@ def test_fit_heat_checkpoint_of_a_retrieval_model_points_to_model(tmp_path, caps
     """``--checkpoint RUN/final/model.safetensors`` of the package's own retrieval model: a one-line message
     pointing to ``--model RUN/final``, not a state-dict traceback."""
     from pml_suprank.models import RetrievalModel
-    from pml_suprank.ood.recipe_data import build_model
+    from pml_suprank.recipes.ood_data import build_model
 
     fit_heat = _import_fit_heat()
     final = tmp_path / "final"
@@ -254,7 +254,7 @@ def test_ood_folders_are_read_from_the_split_they_have(tmp_path):
     import numpy as np
     from PIL import Image
 
-    from pml_suprank.ood.recipe_data import ood_source
+    from pml_suprank.recipes.ood_data import ood_source
 
     spec = _import_fit_heat().parse_args([])
     layouts = {"whole": ["a/0.png", "a/1.png", "b/0.png", "b/1.png"],

@@ -35,11 +35,15 @@ Sup-H-AP, HAPPIER, Sup-NDCG, ROD-NDCG, CSL; HAPPIER_F is HAPPIER with ``alpha > 
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import importlib.metadata
 import inspect
+import os
+import re
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from typing import Any, TypeVar
 
 from torch import nn
@@ -47,6 +51,9 @@ from torch import nn
 __all__ = [
     "BUILTIN_LOSSES",
     "ENTRY_POINT_GROUP",
+    "check_loss_name",
+    "installed_plugins",
+    "is_import_name",
     "HAPPIER_PAPER",
     "SUPRANK_PAPER",
     "LossEntry",
@@ -99,6 +106,11 @@ class LossEntry:
 _REGISTRY: dict[str, LossEntry] = {}
 
 
+def _origin(cls: type) -> tuple[str, str]:
+    """Where a class is defined: ``(module, qualified name)``."""
+    return cls.__module__, cls.__qualname__
+
+
 def _check_paper(paper: Any) -> tuple[str, str] | None:
     if paper is None:
         return None
@@ -137,8 +149,12 @@ def register_loss(
         if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
             raise TypeError(f"register_loss({name!r}) decorates an nn.Module class; got {cls!r}")
         previous = _REGISTRY.get(name)
-        if previous is not None and previous.cls.__qualname__ != cls.__qualname__:
-            raise ValueError(f"loss name {name!r} is already registered for {previous.cls.__qualname__}")
+        if previous is not None and _origin(previous.cls) != _origin(cls):  # the same class re-imported is no change
+            raise ValueError(
+                f"loss name {name!r} is already registered for {previous.cls.__qualname__} (module "
+                f"{previous.cls.__module__}); register {cls.__qualname__} of {cls.__module__} under another name (or "
+                f"unregister_loss({name!r}) first)"
+            )
         _REGISTRY[name] = LossEntry(name, cls, hierarchical, multilabel, paper, options)
         return cls
 
@@ -209,51 +225,149 @@ def register_builtin_losses() -> None:
         register_loss(name, hierarchical=hierarchical, multilabel=multilabel, paper=paper, options=options)(cls)
 
 
-def _import_class(name: str) -> type:
-    """The class ``module:Class`` names (``pml:Class``: of ``pytorch_metric_learning.losses``)."""
+_MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
+
+
+def is_import_name(name: Any) -> bool:
+    """``name`` is spelled ``package.module:ClassName`` (not ``pml:``): a loss that :func:`resolve_loss` imports."""
+    return isinstance(name, str) and not name.startswith(PML_PREFIX) and bool(_MODULE_NAME.fullmatch(name))
+
+
+def check_loss_name(name: Any, *, from_file: bool = False) -> str | None:
+    """Why ``name`` is not a ``--loss`` value (``None``: it may be one), WITHOUT importing anything: a registered
+    name or class name, an installed plugin's name (read from the distributions' metadata, not loaded),
+    ``pml:ClassName`` or ``package.module:ClassName``. ``from_file``: the name was read from a file (a hub_config,
+    a ``--config`` YAML, a model folder), where a ``module:Class`` name is refused — files are data, only a name
+    typed on the command line or passed in Python is imported (:func:`resolve_loss`)."""
+    if not isinstance(name, str) or not name:
+        return f"a non-empty string; got {name!r}"
+    if name in _REGISTRY or any(e.cls.__name__ == name for e in _REGISTRY.values()):
+        return None
+    if name.startswith(PML_PREFIX):  # the fixed, already imported package of the host library
+        from pytorch_metric_learning import losses as pml_losses
+
+        cls = getattr(pml_losses, name[len(PML_PREFIX):], None)
+        ok = isinstance(cls, type) and issubclass(cls, pml_losses.BaseMetricLossFunction)
+        return None if ok else f"pml:ClassName of a pytorch_metric_learning loss; got {name!r}"
+    if is_import_name(name):
+        if from_file:
+            return (
+                f"a registered loss or pml:ClassName in a file; got {name!r}: a package.module:ClassName loss is "
+                "imported only when typed on the command line (--loss) or passed in Python, never from a file"
+            )
+        return None
+    if name in installed_plugins():
+        return None
+    plugins = sorted(installed_plugins())
+    return (
+        f"one of {sorted(_REGISTRY)}" + (f", an installed plugin ({', '.join(plugins)})" if plugins else "")
+        + f", pml:ClassName (pytorch-metric-learning) or package.module:ClassName; got {name!r}"
+    )
+
+
+def _trusted_paths() -> list[str]:
+    """The import paths whose distributions count as installed: ``sys.path`` without the working directory that
+    Python puts first (``''`` or the folder ``python -m`` runs from: a downloaded folder one runs in must not publish
+    plugins); a folder named on ``PYTHONPATH`` appears again later and is kept."""
+    cwd = os.path.realpath(os.getcwd())
+    return [p for i, p in enumerate(sys.path) if p and not (i == 0 and os.path.realpath(p) == cwd)]
+
+
+def _plugin_entry_points() -> dict[str, Any]:
+    """``{name: entry point}`` of the group :data:`ENTRY_POINT_GROUP` in installed distributions only."""
+    out: dict[str, Any] = {}
+    for dist in importlib.metadata.distributions(path=_trusted_paths()):
+        for ep in dist.entry_points:
+            if ep.group == ENTRY_POINT_GROUP:
+                out.setdefault(ep.name, ep)
+    return out
+
+
+def installed_plugins() -> tuple[str, ...]:
+    """The loss names installed distributions publish (entry-point group :data:`ENTRY_POINT_GROUP`), not loaded."""
+    return tuple(sorted(_plugin_entry_points()))
+
+
+def _import_class(name: str, *, search_cwd: bool) -> type:
+    """The class ``module:Class`` names (``pml:Class``: of ``pytorch_metric_learning.losses``); ``search_cwd``:
+    the working directory is searched first, as ``python -m`` does (a name typed on the command line)."""
     module, _, attr = name.partition(":")
     module = "pytorch_metric_learning.losses" if module == "pml" else module
     if not module or not attr:
         raise ValueError(f"loss {name!r}: expected a registered name, pml:ClassName or package.module:ClassName")
+    added = search_cwd and module != "pytorch_metric_learning.losses" and os.getcwd() not in sys.path
+    if added:
+        sys.path.insert(0, os.getcwd())
     try:
         mod = importlib.import_module(module)
-    except ImportError as e:
-        raise ValueError(f"loss {name!r}: cannot import module {module!r} ({e}); is it on PYTHONPATH?") from e
+    except ImportError as e:  # the real cause (a missing module, or a missing dependency inside it)
+        raise ValueError(f"loss {name!r}: cannot import module {module!r}: {type(e).__name__}: {e}") from e
+    finally:
+        if added:
+            sys.path.remove(os.getcwd())
     cls = getattr(mod, attr, None)
+    if cls is None:
+        close = difflib.get_close_matches(attr, [n for n in dir(mod) if not n.startswith("_")], n=1, cutoff=0.85)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"loss {name!r}: AttributeError: module {module!r} has no attribute {attr!r}{hint}")
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
         raise ValueError(f"loss {name!r}: {module} has no nn.Module class {attr!r}")
     return cls
 
 
+def _is_metric_loss(cls: type) -> bool:
+    """A class trainable as a metric loss: a PML ``BaseMetricLossFunction``, or an ``nn.Module`` whose ``forward``
+    takes ``(embeddings, labels, ...)`` (PML's call convention; ``torch.nn.MSELoss(input, target)`` is not one)."""
+    from pytorch_metric_learning.losses import BaseMetricLossFunction
+
+    if issubclass(cls, BaseMetricLossFunction):
+        return True
+    params = [p for p in inspect.signature(cls.forward).parameters if p != "self"]
+    return params[:2] == ["embeddings", "labels"]
+
+
 def _entry_point(name: str) -> LossEntry | None:
     """Load the loss an installed package publishes as ``name`` (entry-point group :data:`ENTRY_POINT_GROUP`)."""
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name == name:
-            cls = ep.load()
-            if name not in _REGISTRY:  # published without the decorator (or under another registered name)
-                register_loss(name, hierarchical=bool(getattr(cls, "hierarchical", False)))(cls)
-            return _REGISTRY[name]
-    return None
+    ep = _plugin_entry_points().get(name)
+    if ep is None:
+        return None
+    cls = ep.load()
+    if name not in _REGISTRY:  # published without the decorator (or under another registered name)
+        register_loss(name, hierarchical=bool(getattr(cls, "hierarchical", False)))(cls)
+    return _REGISTRY[name]
 
 
-def resolve_loss(name: str) -> LossEntry:
+def resolve_loss(name: str, *, search_cwd: bool = False) -> LossEntry:
     """The entry of the ``--loss`` value ``name``: a registered name (or registered class name), ``pml:Class``,
     ``package.module:Class`` or an installed plugin's name (see the module docstring). A class from a module that
     registers it with the decorator gets its registered entry; others get one with ``hierarchical`` read from the
-    class attribute of that name (default ``False``).
+    class attribute of that name (default ``False``). This is the one place a loss module is imported: call it for
+    a name typed on the command line or passed in Python, never for a name read from a file
+    (:func:`check_loss_name` checks those without importing).
+
+    Args:
+        name: The loss name.
+        search_cwd: Import a ``package.module:Class`` from the working directory too, as ``python -m`` does (the
+            recipes, for a name typed on the command line).
 
     Raises:
-        ValueError: ``name`` names no loss (the message lists the registered names and the other spellings).
+        ValueError: ``name`` names no loss; the message gives the real cause (the ImportError / AttributeError of a
+            ``module:Class`` name, the registered names and the other spellings).
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"loss must be a non-empty string; got {name!r}")
     if name in _REGISTRY:
         return _REGISTRY[name]
     if ":" in name:
-        cls = _import_class(name)
+        cls = _import_class(name, search_cwd=search_cwd)
         for entry in _REGISTRY.values():
             if entry.cls is cls:
                 return entry
+        if not _is_metric_loss(cls):
+            raise ValueError(
+                f"loss {name!r}: {cls.__module__}.{cls.__qualname__} is not a metric loss: expected a "
+                "pytorch_metric_learning BaseMetricLossFunction or an nn.Module with forward(embeddings, labels, ...)"
+            )
         if name.startswith(PML_PREFIX):  # a baseline: fine labels, its options only through --loss_kwargs
             return LossEntry(name, cls, False, False, None, ())
         return LossEntry(name, cls, bool(getattr(cls, "hierarchical", False)), False, None, None)
@@ -263,12 +377,7 @@ def resolve_loss(name: str) -> LossEntry:
     try:
         return loss_entry(name)
     except ValueError:
-        plugins = sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
-        raise ValueError(
-            f"loss must be one of {sorted(_REGISTRY)}" + (f", an installed plugin ({', '.join(plugins)})" if plugins
-                                                           else "")
-            + f", pml:ClassName (pytorch-metric-learning) or package.module:ClassName; got {name!r}"
-        ) from None
+        raise ValueError(f"loss must be {check_loss_name(name)}") from None
 
 
 def entry_options(entry: LossEntry, option_names: Sequence[str]) -> tuple[str, ...]:

@@ -168,7 +168,8 @@ def main(argv: list[str] | None = None) -> dict:
     from pml_suprank.training.data_spec import read_data_spec
 
     try:
-        recorded = read_data_spec(spec.model)
+        recorded = read_data_spec(spec.model, typed={"dataset": spec.benchmark or spec.dataset,
+                                                     "data_root": spec.data_root})  # fmt: skip
     except ValueError as e:
         parser.error(f"--model: {e}")
     kept = recorded or {}
@@ -207,7 +208,8 @@ def main(argv: list[str] | None = None) -> dict:
         error = _data_error(section)
         if error:
             parser.error(error)
-        return evaluate_test_set(replace(spec, seed=seed), section, model, accelerator)
+        split = (recorded or {}).get("class_split") if spec.benchmark is None else None
+        return evaluate_test_set(replace(spec, seed=seed), section, model, accelerator, split)
     protocol = {"dyml": evaluate_dyml, "landmark": evaluate_landmark, "revisited": evaluate_revisited}[mode]
     metrics = protocol(spec, name, model, accelerator)
     accelerator.print(f"{spec.model} on {name} ({mode} protocol):")
@@ -334,9 +336,12 @@ def evaluate_revisited(spec: EvaluateSpec, name: str, model: torch.nn.Module, ac
     return _floats(revisited_map(q @ g.T, query.gnd))
 
 
-def evaluate_test_set(spec: EvaluateSpec, section: dict, model: torch.nn.Module, accelerator) -> dict:
+def evaluate_test_set(
+    spec: EvaluateSpec, section: dict, model: torch.nn.Module, accelerator, recorded_split: dict | None = None
+) -> dict:
     """One test set (the ``"test"`` part of the data ``section``: SyntheticShapes, a benchmark split, a Hub / local
-    dataset, or a folder's seeded class split), each query against the others, with the plots."""
+    dataset, or a folder's seeded class split, which must still be ``recorded_split``, the model's), each query
+    against the others, with the plots."""
     from pml_suprank import plots
     from pml_suprank.metrics import RetrievalEvaluator
     from pml_suprank.training import embed_loader, make_loader
@@ -344,7 +349,7 @@ def evaluate_test_set(spec: EvaluateSpec, section: dict, model: torch.nn.Module,
 
     source = dataset_source(section, "test")
     try:  # a missing split, unusable images: the message, not a traceback
-        dataset = source.load(_test_transform(model), seed=spec.seed)
+        dataset = source.load(_test_transform(model), seed=spec.seed, recorded_split=recorded_split)
     except ValueError as e:
         raise SystemExit(f"{spec.model} on {source.name} (--split {source.split}): {e}") from None
     loader = accelerator.prepare(make_loader(dataset, spec.eval_batch_size))

@@ -58,7 +58,7 @@ from pml_suprank import ood  # noqa: E402
 from pml_suprank.ood import metrics as ood_metrics  # noqa: E402
 from pml_suprank.ood.features import feature_map_positions  # noqa: E402
 from pml_suprank.ood.model_api import read_state_dict  # noqa: E402
-from pml_suprank.ood.recipe_data import (  # noqa: E402
+from pml_suprank.recipes.ood_data import (  # noqa: E402
     build_datasets,
     build_model,
     class_targets,
@@ -68,7 +68,7 @@ from pml_suprank.ood.recipe_data import (  # noqa: E402
     save_histograms,
     train_classifier,
 )
-from pml_suprank.ood.recipe_spec import (  # noqa: E402
+from pml_suprank.recipes.ood_spec import (  # noqa: E402
     BUILTIN_OOD,
     CONTEXT_ARGUMENTS,
     RECIPE_DEFAULTS,
@@ -292,10 +292,15 @@ def prepare_data(spec: FitHeatSpec):
         from pml_suprank.models import RetrievalModel
 
         config = RetrievalModel.from_pretrained(spec.model).data_config
-        if spec.id_dataset is None:
-            id_data = read_data_spec(spec.model)
-            if id_data is None:
-                raise SystemExit(f"--model {spec.model} records no training data (data_spec.json): give --id_dataset")
+        try:
+            id_data = read_data_spec(spec.model, typed={"dataset": spec.id_dataset})
+        except ValueError as e:
+            raise SystemExit(f"--model: {e}") from e
+        if id_data is None and spec.id_dataset is None:
+            raise SystemExit(f"--model {spec.model} records no training data (data_spec.json): give --id_dataset")
+        if spec.id_dataset is not None:  # a typed folder confirms the recorded one (its class split) or replaces it
+            same = id_data is not None and _same_path(spec.id_dataset, id_data["data"].get("dataset"))
+            id_data = {**id_data, "data": {**id_data["data"], "dataset": spec.id_dataset}} if same else None
         spec = spec.resolved(model_image_size=int(config["input_size"][-1]))
         transform = data.build_transforms(config, train=False)
     else:
@@ -316,6 +321,10 @@ def prepare_data(spec: FitHeatSpec):
         flush=True,
     )
     return spec, train_ds, test_ds, ood_sets, level, classes, train_labels
+
+
+def _same_path(a: str, b: Any) -> bool:
+    return isinstance(b, str) and Path(a).exists() and Path(a).resolve() == Path(b).resolve()
 
 
 def check_trained_head(spec: FitHeatSpec) -> None:

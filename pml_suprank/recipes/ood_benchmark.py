@@ -38,7 +38,7 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 
 from pml_suprank import ood  # noqa: E402
-from pml_suprank.ood.recipe_spec import VARIANTS, OODBenchmarkSpec  # noqa: E402
+from pml_suprank.recipes.ood_spec import VARIANTS, OODBenchmarkSpec  # noqa: E402
 from pml_suprank.training.cli import add_option_arguments  # noqa: E402
 from pml_suprank.training.spec_cli import parse_options  # noqa: E402
 
@@ -56,7 +56,7 @@ def available_detectors() -> tuple[str, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """One flag per :class:`~pml_suprank.ood.recipe_spec.OODBenchmarkSpec` field (the other flags go to
+    """One flag per :class:`~pml_suprank.recipes.ood_spec.OODBenchmarkSpec` field (the other flags go to
     ``fit_heat``'s data / classifier steps when ``--features`` is not given)."""
     p = argparse.ArgumentParser(
         description="Near/far OOD benchmark on saved features (see the module docstring); unknown flags go to "
@@ -95,7 +95,7 @@ def _import_fit_heat():
 
 
 def fit_heat_spec(spec: OODBenchmarkSpec, rest: list[str]):
-    """The :class:`~pml_suprank.ood.recipe_spec.FitHeatSpec` of the data / classifier steps: ``rest`` (fit_heat's
+    """The :class:`~pml_suprank.recipes.ood_spec.FitHeatSpec` of the data / classifier steps: ``rest`` (fit_heat's
     flags, ``--config`` included) with the benchmark's seed and progress."""
     from dataclasses import replace
 

@@ -152,21 +152,33 @@ def load_dataset(args: SearchSpec, source: str, split: str, transform: Any, imag
     return data.load_retrieval_dataset(source, args.label_columns, split=split, transform=transform)
 
 
-def model_gallery(args: SearchSpec, transform: Any) -> tuple[Any, SearchSpec]:
-    """The test set the model was trained with (its ``data_spec.json``), and the spec naming it."""
-    from pml_suprank.training.data_source import dataset_source
+def recorded_data(args: SearchSpec) -> dict[str, Any] | None:
+    """The model's ``data_spec.json`` when it applies: no ``--gallery``, or ``--gallery`` naming the recorded folder
+    (the user confirms it: a recorded path is never followed unasked); ``None`` otherwise."""
     from pml_suprank.training.data_spec import read_data_spec
 
     try:
-        recorded = read_data_spec(args.model)
+        recorded = read_data_spec(args.model, typed={"dataset": args.gallery})
     except ValueError as e:
         raise SystemExit(f"--model: {e}") from e
+    if args.gallery is None or recorded is None:
+        return recorded
+    same = Path(args.gallery).exists() and Path(args.gallery).resolve() == Path(recorded["data"]["dataset"]).resolve()
+    if not same or args.gallery_split is not None:
+        return None
+    return {**recorded, "data": {**recorded["data"], "dataset": args.gallery}}
+
+
+def model_gallery(args: SearchSpec, transform: Any, recorded: dict[str, Any] | None) -> tuple[Any, SearchSpec]:
+    """The test set the model was trained with (its ``data_spec.json``), and the spec naming it."""
+    from pml_suprank.training.data_source import dataset_source
+
     if recorded is None:
         raise SystemExit(f"--gallery is required: the model {args.model} records no data spec (data_spec.json)")
     source = dataset_source(recorded["data"], "test")
     seed = args.seed if args.seed is not None else int(recorded["seed"])
     args = replace(args, gallery=source.name, gallery_split=source.split, seed=seed)
-    return source.load(transform, seed=seed), args
+    return source.load(transform, seed=seed, recorded_split=recorded.get("class_split")), args
 
 
 def embed(model: torch.nn.Module, dataset: Any, batch_size: int, description: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -251,8 +263,9 @@ def main(argv: list[str] | None = None) -> dict:
         refuse(f"--model {args.model}: {e}")
     transform = data.build_transforms(model.data_config, train=False)
     image_size = int(model.data_config["input_size"][-1])
-    if args.gallery is None:
-        gallery, args = model_gallery(args, transform)
+    recorded = recorded_data(args)
+    if args.gallery is None or recorded is not None:
+        gallery, args = model_gallery(args, transform, recorded)
     else:
         args = replace(args, gallery_split=args.gallery_split or "test", seed=args.seed or 0)
         try:  # a missing split, an unusable image (named), a label column not there

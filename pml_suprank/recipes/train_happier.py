@@ -1,18 +1,11 @@
-########################################################################
-# Train an image-retrieval model with HAPPIER (Ramzi et al., "Hierarchical Average Precision Training for
-# Pertinent Image Retrieval", ECCV 2022): (1 - λ)·Sup-H-AP + λ·ClusterLoss on hierarchical labels (fine → coarse),
-# or with ROD-NDCG (Sup-NDCG + ClusterLoss, `--loss ROD-NDCG`).
-#
-# With no argument it trains a tiny timm backbone on SyntheticShapes (coarse = shape family, fine = variant ×
-# colour; train and test fine classes disjoint) on the CPU, without network, in a few minutes, and prints the
-# test metrics before and after training (H-AP, NDCG, ASI, AP per level, R@1).
-#
-# The same script runs in any of these settings (`accelerate launch [--multi_gpu --num_processes N
-# --mixed_precision bf16] -m pml_suprank.recipes.train_happier ...`, or `torchrun --nproc_per_node N -m ...`):
-#   - single CPU or GPU, multi-process CPU (gloo), multi-GPU / multi-node (DDP), fp16 / bf16
-# and at the paper settings with a hub_config (`--help` lists every option with its default):
-#   accelerate launch -m pml_suprank.recipes.train_happier --config happier_sop
-########################################################################
+"""``pml-suprank-train-happier``: the training command with the HAPPIER preset (``--loss HAPPIER``; ROD-NDCG with
+``--loss ROD-NDCG``), its defaults the preset ``PRESETS["train_happier"]`` of :mod:`pml_suprank.training.recipe`
+(data, one code path for every preset). Without arguments it trains a tiny timm backbone on SyntheticShapes on the
+CPU, offline; ``--help`` lists every option with its default, ``--config happier_sop`` the paper setting. It runs
+under ``accelerate launch -m pml_suprank.recipes.train_happier`` (multi-process, multi-GPU, fp16 / bf16) and
+``torchrun -m``.
+"""
+
 from __future__ import annotations
 
 import os
@@ -23,20 +16,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # noqa: TID251 - recipes ma
 
 from pml_suprank.training import recipe  # noqa: E402  (the command line, the RunSpec and the whole job)
 
-# the run without arguments: a preset of the training command (pml_suprank.recipes.train: every loss, --list_losses)
-DEFAULTS = recipe.PRESETS["train_happier"]
-HIERARCHICAL = None  # every loss is a --loss value; the preset only sets the default
-DESCRIPTION = "Train a retrieval model with HAPPIER (hierarchical AP) or ROD-NDCG."
-
-
-def main(argv: list[str] | None = None) -> dict | None:
-    return recipe.main(argv, DESCRIPTION, DEFAULTS)
-
-
-def run() -> None:
-    """The console script ``pml-suprank-train-happier``: :func:`main` on the process's arguments."""
-    main()
-
+DEFAULTS, DESCRIPTION, HIERARCHICAL = recipe.PRESETS["train_happier"], recipe.DESCRIPTIONS["train_happier"], None
+main, run = recipe.preset_command("train_happier")
 
 if __name__ == "__main__":
     run()

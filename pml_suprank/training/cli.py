@@ -25,12 +25,10 @@ from .run_spec import FIELD_PARTS, PARTS, RunSpec
 __all__ = [
     "add_option_arguments",
     "build_recipe_parser",
-    "given_options",
     "int_list",
     "json_dict",
     "losses_listing",
     "parse_run_spec",
-    "recipe_losses",
     "str2bool",
     "str_list",
 ]
@@ -160,30 +158,25 @@ _PART_TITLES = {"run": "run", "data": "data", "model": "model", "loss": "loss (S
                 "train": "training"}  # fmt: skip
 
 
-def recipe_losses(*, hierarchical: bool | None = None) -> list[str]:
-    """The registered losses (optionally only the (non-)hierarchical ones), in registration order."""
-    return list(registered_losses(hierarchical=hierarchical))
-
-
 def losses_listing() -> str:
     """Every loss the training command trains: the registered ones (with their labels and options), the installed
     plugins and the other spellings of ``--loss``."""
-    from importlib.metadata import entry_points
-
-    from ..losses.registry import ENTRY_POINT_GROUP
+    from ..losses.registry import ENTRY_POINT_GROUP, installed_plugins
 
     lines = ["registered losses (--loss NAME):"]
     for name, entry in registered_losses().items():
         labels = "hierarchical labels (N, L)" if entry.hierarchical else "fine labels (N,)"
         extra = ", multi-label" if entry.multilabel else ""
-        lines.append(f"  {name:<10} {entry.cls.__name__:<15} {labels}{extra}; options: {', '.join(loss_keys(name))}")
-    plugins = sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name not in registered_losses())
+        options = ", ".join(loss_keys(name, entry))
+        lines.append(f"  {name:<10} {entry.cls.__name__:<15} {labels}{extra}; options: {options}")
+    plugins = [name for name in installed_plugins() if name not in registered_losses()]
     if plugins:
         lines.append(f"installed plugins (entry-point group {ENTRY_POINT_GROUP}): {', '.join(plugins)}")
     lines += [
         "pytorch-metric-learning baselines: --loss pml:ClassName (e.g. pml:MultiSimilarityLoss, pml:ArcFaceLoss), "
         "arguments by --loss_kwargs",
-        "your own loss class: --loss package.module:ClassName (importable, e.g. on PYTHONPATH)",
+        "your own loss class: --loss package.module:ClassName (imported from the working directory or PYTHONPATH; "
+        "typed on the command line only, never read from a --config file)",
     ]
     return "\n".join(lines)
 
@@ -222,8 +215,8 @@ def build_recipe_parser(
         "--config",
         action="append",
         default=None,
-        help="hub_config: a bundled name (e.g. happier_sop; pml_suprank.hub_config.bundled_hub_configs()) or a YAML "
-        "file; repeat it to lay partial override files over a base; command-line flags override the files",
+        help="hub_config: a bundled name (e.g. happier_sop; pml_suprank.training.hub_config.bundled_hub_configs()) "
+        "or a YAML file; repeat it to lay partial override files over a base; command-line flags override the files",
     )
     parser.add_argument("--list_losses", action=_ListLosses, help="list every loss --loss takes, and exit")
     for part, cls in PARTS.items():
@@ -236,11 +229,6 @@ def build_recipe_parser(
             if action.choices is not None:  # the field's check decides (the same message as a file's value)
                 action.metavar, action.choices = "{" + ",".join(map(str, action.choices)) + "}", None
     return parser
-
-
-def given_options(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> set[str]:
-    """The options the user set (flags and ``--config`` keys): :attr:`RunSpec.given` of :func:`parse_run_spec`."""
-    return set(parse_run_spec(parser, argv).given)
 
 
 def parse_run_spec(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> RunSpec:
@@ -263,6 +251,7 @@ def parse_run_spec(parser: argparse.ArgumentParser, argv: list[str] | None = Non
     layers += [(f"--config {path}", recipe_options(cfg)) for path, cfg in zip(paths, files, strict=True)]
     layers.append(("flags", flags))
     try:
-        return RunSpec.from_layers(layers, merge_hub_configs(*files)).validate()
+        spec = RunSpec.from_layers(layers, merge_hub_configs(*files), files=range(1, len(files) + 1), search_cwd=True)
+        return spec.validate()
     except ValueError as e:
         parser.error(str(e))

@@ -151,6 +151,21 @@ def field_default(f: Field) -> Any:
     return None
 
 
+#: the largest learning rate an option accepts: larger ones overflow the weights at the first step (float32 holds
+#: 3.4e38; the reference recipes use <= 10, the ClusterLoss proxies' rate)
+MAX_LR = 100.0
+#: the largest weight decay (a multiple of the weights subtracted per step: more diverges)
+MAX_WEIGHT_DECAY = 10.0
+#: the largest H-AP relevance exponent (HAPPIER_F uses a few units; 2**alpha stays finite in float32 far beyond)
+MAX_ALPHA = 100.0
+#: the largest scale of a scalar hyper-parameter (gradient clip, SupRank rho): finite in float32 after products
+MAX_SCALE = 1e6
+
+
+def _rate() -> OptionCheck:
+    return is_number(0, high=MAX_LR)
+
+
 def _pos(low: int) -> OptionCheck:
     return is_int(low)
 
@@ -264,15 +279,15 @@ class TrainingConfig:
                                           section="sampler_options", check=_pos(1))  # fmt: skip
     optimizer: OptimizerType = option("adam", "optimizer (sgd: Nesterov with --momentum)", section="optimizer",
                                       check=is_choice(*get_args(OptimizerType)))  # fmt: skip
-    lr_backbone: float = option(1e-4, "learning rate of the timm trunk", section="optimizer", check=is_number(0))
+    lr_backbone: float = option(1e-4, "learning rate of the timm trunk", section="optimizer", check=_rate())
     lr_head: float = option(2e-4, "learning rate of pooling (GeM p), projection and classifier", section="optimizer",
-                            check=is_number(0))  # fmt: skip
+                            check=_rate())  # fmt: skip
     lr_proxies: float = option(10.0, "learning rate of the loss proxies (ClusterLoss)", section="optimizer",
-                               check=is_number(0))  # fmt: skip
+                               check=_rate())  # fmt: skip
     weight_decay: float = option(1e-4, "weight decay of the backbone and head groups", section="optimizer",
-                                 check=is_number(0))  # fmt: skip
+                                 check=is_number(0, high=MAX_WEIGHT_DECAY))  # fmt: skip
     proxies_weight_decay: float = option(0.0, "weight decay of the loss proxies", section="optimizer",
-                                         check=is_number(0))  # fmt: skip
+                                         check=is_number(0, high=MAX_WEIGHT_DECAY))  # fmt: skip
     momentum: float = option(0.9, "SGD momentum (Nesterov)", section="optimizer", check=is_number(0, high=1))
     scheduler: SchedulerType = option("cosine", "learning-rate schedule", section="scheduler",
                                       check=is_choice(*get_args(SchedulerType)))  # fmt: skip
@@ -285,7 +300,7 @@ class TrainingConfig:
     pca_samples: int = option(10000, "projection_init=pca: training images whose features give the PCA",
                               section="model", check=_pos(2))  # fmt: skip
     grad_clip: float | None = option(None, "clip the gradient norm to this value", section="training",
-                                     check=optional(is_number(0, strict=True)))  # fmt: skip
+                                     check=optional(is_number(0, strict=True, high=MAX_SCALE)))  # fmt: skip
     max_nonfinite_steps: int = option(
         10, "steps in a row with a non-finite loss or gradient that are skipped (no update, as fp16's GradScaler "
         "does) before the run stops with an error and a checkpoint of the last good state (0: stop at the first)",
@@ -301,7 +316,7 @@ class TrainingConfig:
     k_values: Sequence[int] = option((1, 10), "Recall@k values, e.g. 1,10,100", section="evaluation",
                                      check=list_of(_pos(1), "a non-empty list of ints >= 1"))  # fmt: skip
     alpha: float = option(1.0, "H-AP relevance exponent of the evaluator and of HAPPIER (alpha > 1: HAPPIER_F)",
-                          section="loss", check=is_number(0, strict=True))  # fmt: skip
+                          section="loss", check=is_number(0, strict=True, high=MAX_ALPHA))  # fmt: skip
     checkpoint_every: int = option(0, "checkpoint every N steps (0: at the end of every epoch)", section="training",
                                    check=_pos(0))  # fmt: skip
     keep_checkpoints: int = option(2, "most recent checkpoints kept (0: all)", section="training", check=_pos(0))

@@ -53,16 +53,26 @@ class DatasetSource:
     root: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
 
-    def load(self, transform: Any = None, *, seed: int = 0, **kwargs: Any) -> Any:
+    def load(
+        self, transform: Any = None, *, seed: int = 0, recorded_split: Mapping[str, Any] | None = None, **kwargs: Any
+    ) -> Any:
         """The dataset (``transform``: callable on a PIL image; ``seed``: the synthetic sets' seed and the seed of a
-        class split; ``kwargs``: extra or overriding loader arguments such as ``cache_dir``; a benchmark takes
-        none)."""
+        class split; ``recorded_split``: the ``class_split`` a model folder recorded (``{"train_classes": [...],
+        "test_classes": [...]}``), which a folder split by class must still give; ``kwargs``: extra or overriding
+        loader arguments such as ``cache_dir``; a benchmark takes none).
+
+        Raises:
+            ValueError: the folder's class split differs from ``recorded_split`` (a class folder added or removed
+                since training: the test classes would silently change).
+        """
         from .. import data
 
         options = {**self.options, **kwargs}
         side = options.pop("class_split", None)
         if side is not None:
             whole = data.load_retrieval_dataset(self.name, split=self.split, transform=transform, **options)
+            if recorded_split:
+                _check_recorded_split(whole, recorded_split, seed, self.name)
             return data.class_split_side(whole, side, seed=seed)
         if self.kind == "synthetic":
             return data.synthetic_dataset(self.name, self.split, seed=seed, transform=transform, **options)
@@ -104,6 +114,23 @@ def dataset_source(data: Mapping[str, Any], part: str, *, data_root: str | Path 
         options["open_set"] = part
         options.update(rules)
     return DatasetSource("retrieval", dataset, split, options=options)
+
+
+def _check_recorded_split(whole: Any, recorded: Mapping[str, Any], seed: int, name: str) -> None:
+    """Refuse a folder whose seeded class split is no longer the one a model recorded."""
+    from ..data.folders import class_names_of, class_split
+
+    train, test = class_split(whole.labels, seed=seed)
+    now = {"train_classes": class_names_of(whole, train), "test_classes": class_names_of(whole, test)}
+    for key, names in now.items():
+        if key in recorded and sorted(map(str, recorded[key])) != sorted(names):
+            before, after = set(map(str, recorded[key])), set(names)
+            raise ValueError(
+                f"the classes of {name} changed since the model was trained: its seeded class split no longer gives "
+                f"the recorded {key.split('_')[0]} classes (now also: {sorted(after - before)[:10]}, now missing: "
+                f"{sorted(before - after)[:10]}); the test set would silently change — evaluate on the folder as it "
+                "was, or give it a test/ split"
+            )
 
 
 def folder_layout(dataset: Any) -> FolderLayout | None:

@@ -59,12 +59,72 @@ def data_spec(
     return out
 
 
-def read_data_spec(model: str | Path) -> dict[str, Any] | None:
+#: the keys of a data spec
+_KEYS = ("version", "data", "seed", "k_values", "alpha", "class_split")
+#: the data keys that name a local path
+PATH_KEYS = ("dataset", "data_root")
+#: most class names a recorded class split may list
+MAX_CLASSES = 1_000_000
+
+
+def _is_path(value: Any, folder: Path) -> bool:
+    """A recorded data value naming a local path (a Hub id is ``org/name``: never absolute, no leading ``.``/``~``)."""
+    from ..data.benchmarks.registry import BENCHMARKS
+    from .data_source import SYNTHETIC_NAMES
+
+    if not isinstance(value, str) or value in SYNTHETIC_NAMES or value in BENCHMARKS:
+        return False
+    if Path(value).is_absolute() or value.startswith((".", "~")) or "\\" in value:
+        return True
+    return Path(value).exists() or (folder / value).exists()
+
+
+def _value_problems(spec: Mapping[str, Any]) -> list[str]:
+    """The recorded values against the field checks of the flags that set them."""
+    from dataclasses import fields
+
+    from .config import TrainingConfig, field_problem
+    from .options import DataOptions
+
+    problems = [f"unknown key {k!r} (valid: {list(_KEYS)})" for k in spec if k not in _KEYS]
+    version = spec.get("version", VERSION)
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= VERSION:
+        problems.append(f"'version' must be an int in [1, {VERSION}] (a newer file needs a newer pml-suprank); got "
+                        f"{version!r}")  # fmt: skip
+    data_fields = {f.name: f for f in fields(DataOptions)}
+    for key, value in spec["data"].items():
+        if key not in data_fields:
+            problems.append(f"unknown key 'data.{key}' (valid: {sorted(data_fields)})")
+        elif (p := field_problem(data_fields[key], value, f"data.{key}")) is not None:
+            problems.append(p)
+    train_fields = {f.name: f for f in fields(TrainingConfig)}
+    for key in ("seed", "k_values", "alpha"):
+        if key in spec and (p := field_problem(train_fields[key], spec[key])) is not None:
+            problems.append(p)
+    split = spec.get("class_split")
+    if split is not None and not (
+        isinstance(split, dict)
+        and set(split) <= {"train_classes", "test_classes"}
+        and all(isinstance(v, list) and len(v) <= MAX_CLASSES and all(isinstance(c, str) for c in v)
+                for v in split.values())  # fmt: skip
+    ):
+        problems.append("'class_split' must map train_classes / test_classes to lists of class names")
+    return problems
+
+
+def read_data_spec(model: str | Path, *, typed: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
     """The data spec of the model folder ``model`` (``None``: not a local folder, or written before data specs).
 
+    A model folder's data spec is a suggestion, held to the checks of the flags: unknown keys and a newer
+    ``version`` are refused, every value passes the check of the option that sets it (``--k_values``,
+    ``--alpha``, ``--num_per_class``, ``--image_size``...), and a recorded local path (``dataset``, ``data_root``)
+    outside the model folder is not followed unless the user names that option (``typed``: the options given on the
+    command line, e.g. ``{"dataset": args.dataset, "data_root": args.data_root}``; a typed value replaces the
+    recorded one). A recorded path inside the model folder is returned absolute.
+
     Raises:
-        ValueError: the file is not a JSON object with a ``data`` mapping and an int ``seed`` (the message names
-            the file).
+        ValueError: the file is not a JSON object with a ``data`` mapping, a value is refused, or a recorded path
+            outside the folder is not confirmed (the message names the file, the key and the flag to give).
     """
     path = Path(model) / DATA_SPEC_FILE
     if not path.is_file():
@@ -72,12 +132,29 @@ def read_data_spec(model: str | Path) -> dict[str, Any] | None:
     spec = load_json(path, what="data spec", expected=dict)
     if not isinstance(spec.get("data"), dict):
         raise ValueError(f"{path}: expected a JSON object with a 'data' mapping")
-    seed = spec.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
-        raise ValueError(f"{path}: 'seed' must be an int >= 0; got {seed!r}")
+    problems = _value_problems(spec)
+    if problems:
+        raise ValueError(f"{path}: " + "; ".join(problems))
+    folder = Path(model).resolve()
+    data = dict(spec["data"])
+    for key in PATH_KEYS:
+        value = data.get(key)
+        if not _is_path(value, folder):
+            continue
+        where = (folder / Path(value).expanduser()).resolve()
+        if where.is_relative_to(folder):
+            data[key] = str(where)
+        elif (typed or {}).get(key) is None:
+            flag = "--data_root" if key == "data_root" else "--dataset (search: --gallery, fit_heat: --id_dataset)"
+            raise ValueError(
+                f"{path}: data.{key} is {value!r}, a path outside the model folder: a model folder's recorded paths "
+                f"are followed only when you name them; give {flag} {value} to use it (or another dataset)"
+            )
+    spec["data"] = data
+    spec.setdefault("seed", 0)
     from .data_source import data_option_errors
 
-    errors = data_option_errors(spec["data"])
+    errors = data_option_errors({k: v for k, v in data.items() if (typed or {}).get(k) is None})
     if errors:
         raise ValueError(f"{path}: data: {'; '.join(errors)}")
     return spec

@@ -109,11 +109,13 @@ def write_final_folder(
     (save_directory / "training_config.json").write_text(json.dumps(jsonable(config), indent=1))
     metadata = dict(metadata or {})
     section = metadata.pop("data", None)
+    class_split = metadata.pop("class_split", None)
     if section is not None:
         from .data_spec import DATA_SPEC_FILE, data_spec
 
         spec = data_spec(section, seed=config.get("seed", 0), k_values=config.get("k_values", (1, 10)),
-                         alpha=config.get("alpha", 1.0), label_names=metadata.get("label_names"))  # fmt: skip
+                         alpha=config.get("alpha", 1.0), label_names=metadata.get("label_names"),
+                         class_split=class_split)  # fmt: skip
         (save_directory / DATA_SPEC_FILE).write_text(json.dumps(jsonable(spec), indent=1))
     flat = {k: float(v) for k, v in (metrics or {}).items()}
     if hasattr(model, "save_pretrained"):

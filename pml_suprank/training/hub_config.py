@@ -76,8 +76,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .._safe_yaml import shorten
 from .config import OptionCheck, is_number, is_str, list_of
-from .options import LOCATIONS, OPTION_CLASSES, SECTIONS, option_fields
+from .options import LOCATIONS, OPTION_CLASSES, SECTIONS, LossName, option_fields
 from .run_spec import RunSpec
 
 __all__ = [
@@ -111,6 +112,8 @@ def _derive_schema() -> dict[str, dict[str, tuple[Any, str]]]:
     checks = {f.name: f.metadata["check"] for _, f in option_fields(*OPTION_CLASSES)}
     for (section, key), (_, name) in LOCATIONS.items():
         schema[section][key] = (checks[name], checks[name].expected)
+    file_loss = LossName(from_file=True)  # files are data: a module:Class name in a file is refused, not imported
+    schema["loss"]["name"] = (file_loss, file_loss.expected)
     schema["hub"] = {k: (c, c.expected) for k, c in _HUB_SECTION.items()}
     return schema
 
@@ -178,7 +181,7 @@ def _schema_errors(config: dict[str, Any]) -> list[str]:
                 if sub not in allowed:
                     errors.append(f"unknown key '{key}.{sub}' (valid keys of '{key}': {sorted(allowed)})")
                 elif not allowed[sub][0](v):
-                    errors.append(f"'{key}.{sub}' must be {allowed[sub][0].expected}; got {v!r}")
+                    errors.append(f"'{key}.{sub}' must be {allowed[sub][0].expected}; got {shorten(repr(v), 200)}")
         else:
             errors.append(f"unknown top-level key '{key}' (valid: {sorted([*_TOP_LEVEL, *HUB_CONFIG_SCHEMA])})")
     return errors
@@ -236,14 +239,15 @@ def read_hub_config(path: str | Path, *, partial: bool = False) -> dict[str, Any
         partial: Accept an override file with only the keys it changes (no required key; ``name``, when given,
             must still equal the file name).
     """
-    from .._safe_yaml import load_yaml, shorten
+    from .._safe_yaml import load_yaml
 
     p = hub_config_path(path)
     config = load_yaml(p)  # aliases, deep nesting and oversized files refused before any value is built
     errors = _structure_errors(config, str(p), partial)
     if errors:
         shown = [shorten(e) for e in errors[:20]] + ([f"... {len(errors) - 20} more"] if len(errors) > 20 else [])
-        raise ValueError(f"{p}: invalid hub_config:\n  - " + "\n  - ".join(shown))
+        raise ValueError(f"{p}: invalid hub_config: {shown[0]}" if len(shown) == 1 else
+                         f"{p}: invalid hub_config:\n  - " + "\n  - ".join(shown))  # fmt: skip
     if (not partial or "name" in config) and config["name"] != p.stem:
         raise ValueError(f"{p}: 'name' must equal the file name without .yaml ({p.stem!r}); got {config['name']!r}")
     return config

@@ -9,14 +9,16 @@ these classes, and a loss is built in one place, :func:`build_loss`, from the lo
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import Field, dataclass, fields
 from typing import Any
 
 from torch import nn
 
-from ..losses.registry import entry_options, registered_losses, resolve_loss
+from ..losses.registry import LossEntry, check_loss_name, entry_options, registered_losses, resolve_loss
 from .config import (
+    MAX_SCALE,
     OptionCheck,
     OptionError,
     TrainingConfig,
@@ -48,39 +50,55 @@ __all__ = [
 ]
 
 
-def _resolves(name: Any) -> bool:
-    try:
-        resolve_loss(name)
-    except ValueError:
-        return False
-    return True
-
-
 class LossName(OptionCheck):
     """The check of ``--loss`` / ``loss.name``: a registered loss, ``pml:ClassName``, ``package.module:ClassName`` or
-    an installed plugin (:func:`pml_suprank.losses.resolve_loss`; read when checked, so a loss registered after
-    import is accepted)."""
+    an installed plugin (:func:`pml_suprank.losses.registry.check_loss_name`: nothing is imported; read when
+    checked, so a loss registered after import is accepted). ``from_file``: the check of a file's ``loss.name``,
+    which refuses a ``package.module:ClassName`` (files are data: only a typed name is imported)."""
 
-    def __init__(self) -> None:
-        super().__init__(_resolves, "a loss name")
+    def __init__(self, *, from_file: bool = False) -> None:
+        super().__init__(lambda v: check_loss_name(v, from_file=from_file) is None, "a loss name")
+        object.__setattr__(self, "from_file", from_file)
 
     @property  # type: ignore[override]
     def expected(self) -> str:
-        return f"one of {', '.join(registered_losses())}, pml:ClassName or package.module:ClassName"
+        names = f"one of {', '.join(registered_losses())}, an installed plugin, pml:ClassName"
+        if getattr(self, "from_file", False):
+            return f"{names} (a package.module:ClassName loss is imported only when typed on the command line or " \
+                "passed in Python, never from a file)"
+        return f"{names} or package.module:ClassName"
 
     @expected.setter
     def expected(self, value: str) -> None:  # the dataclass __init__ assigns it
         pass
 
 
-#: the former name of :class:`LossName`
-RegisteredLoss = LossName
+#: bounds of a ``loss_kwargs`` mapping: keys, magnitude of a number, length of a string or a list
+MAX_LOSS_KWARGS, MAX_KWARG_NUMBER, MAX_KWARG_LEN = 32, 1e6, 256
+
+
+def _kwarg_value(v: Any, depth: int = 0) -> bool:
+    if v is None or isinstance(v, bool):
+        return True
+    if isinstance(v, (int, float)):
+        return math.isfinite(v) and abs(v) <= MAX_KWARG_NUMBER
+    if isinstance(v, str):
+        return len(v) <= MAX_KWARG_LEN
+    if isinstance(v, (list, tuple)) and depth == 0:
+        return len(v) <= MAX_KWARG_LEN and all(_kwarg_value(x, 1) for x in v)
+    return False
 
 
 def _json_kwargs() -> OptionCheck:
     return OptionCheck(
-        lambda v: v is None or (isinstance(v, dict) and all(isinstance(k, str) and k.isidentifier() for k in v)),
-        "null or a mapping of keyword arguments of the loss class",
+        lambda v: v is None
+        or (
+            isinstance(v, dict)
+            and len(v) <= MAX_LOSS_KWARGS
+            and all(isinstance(k, str) and k.isidentifier() and _kwarg_value(x) for k, x in v.items())
+        ),
+        f"null or a mapping (at most {MAX_LOSS_KWARGS} keys) of keyword arguments of the loss class, each a finite "
+        f"number of magnitude <= {MAX_KWARG_NUMBER:g}, a bool, null, a string or a list of those",
     )
 
 
@@ -211,15 +229,17 @@ class LossOptions(_Checked):
     )  # fmt: skip
     decomposability_weight: float = option(0.1, "weight λ of the decomposability term", section="loss",
                                            check=is_number(0, high=1))  # fmt: skip
-    tau: float = option(0.01, "SupRank sigmoid temperature τ", section="loss", check=is_number(0, strict=True))
-    rho: float = option(100.0, "SupRank slope ρ of the linear branch", section="loss", check=is_number(0))
+    tau: float = option(0.01, "SupRank sigmoid temperature τ", section="loss",
+                        check=is_number(0, strict=True, high=100))  # fmt: skip
+    rho: float = option(100.0, "SupRank slope ρ of the linear branch", section="loss",
+                        check=is_number(0, high=MAX_SCALE))  # fmt: skip
     delta: float | None = option(None, "SupRank δ (unset: the loss default 0.05)", section="loss",
-                                 check=is_number(0))  # fmt: skip
+                                 check=is_number(0, high=100))  # fmt: skip
     start: float | None = option(None, "SupRank start of the linear branch (unset: the loss default 0.5)",
                                  section="loss", check=is_number(0, high=1))  # fmt: skip
     offset: float | None = option(
         None, "SupRank offset (unset: the continuous σ(δ/τ) + start; the SOP reference uses 1.44)", section="loss",
-        check=optional(is_number(0)),
+        check=optional(is_number(0, high=100)),
     )  # fmt: skip
     kernel: str = option(
         "auto", "rank-loss kernel: 'dense' (blocked B×N×N, no host sync), 'sorted' (sorted thresholds), 'auto' (by "
@@ -308,14 +328,22 @@ def loss_option_names() -> tuple[str, ...]:
     return tuple(f.name for _, f in option_fields(LossOptions, TrainingConfig) if f.metadata["section"] == "loss")
 
 
-def loss_keys(name: str) -> tuple[str, ...]:
+def loss_keys(name: str, entry: LossEntry | None = None) -> tuple[str, ...]:
     """The loss options (hub_config ``loss.*`` keys, recipe flags) that the loss ``name`` takes: its registry
     entry's ``options``, or the loss options that are named parameters of its constructor (``loss_kwargs`` is taken
     by every loss)."""
-    return entry_options(resolve_loss(name), loss_option_names())
+    return entry_options(entry or resolve_loss(name), loss_option_names())
 
 
-def build_loss(name: str, values: Mapping[str, Any], num_classes: int, embedding_size: int, **extra: Any) -> nn.Module:
+def build_loss(
+    name: str,
+    values: Mapping[str, Any],
+    num_classes: int,
+    embedding_size: int,
+    *,
+    entry: LossEntry | None = None,
+    **extra: Any,
+) -> nn.Module:
     """The one loss builder: instantiate the loss ``name`` (:func:`pml_suprank.losses.resolve_loss`: a registered
     name, ``pml:ClassName``, ``package.module:ClassName`` or a plugin) from option ``values`` (unset ``None`` values
     keep the loss defaults; options the loss does not take are ignored; ``values["loss_kwargs"]``, a mapping, is
@@ -326,6 +354,7 @@ def build_loss(name: str, values: Mapping[str, Any], num_classes: int, embedding
         values: Option values, e.g. ``{"tau": 0.01, "decomposability_weight": 0.1}``.
         num_classes: Number of fine training classes (one proxy each: ClusterLoss, ArcFace, ProxyAnchor...).
         embedding_size: Embedding dimension ``D``.
+        entry: The loss's registry entry when already resolved (a :class:`~pml_suprank.training.RunSpec` holds it).
         **extra: Further keyword arguments of the loss class, not recipe options (e.g. ``relevance="multilabel"``
             and ``hierarchy=`` the ``(num_fine, L)`` table for multi-label data).
 
@@ -336,8 +365,8 @@ def build_loss(name: str, values: Mapping[str, Any], num_classes: int, embedding
         ValueError: an unknown loss; :class:`~pml_suprank.training.config.OptionError` (a ``ValueError`` and a
             ``TypeError``): a constructor refusing the arguments (the message names the loss and them).
     """
-    entry = resolve_loss(name)
-    kwargs = {k: values[k] for k in loss_keys(name) if values.get(k) is not None}
+    entry = entry or resolve_loss(name)
+    kwargs = {k: values[k] for k in loss_keys(name, entry) if values.get(k) is not None}
     params = inspect.signature(entry.cls.__init__).parameters
     for key, value in (("num_classes", num_classes), ("embedding_size", embedding_size)):
         required = key in params and params[key].default is inspect.Parameter.empty

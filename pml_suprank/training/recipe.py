@@ -28,7 +28,7 @@ import importlib.util
 import json
 import sys
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -80,6 +80,26 @@ PRESETS: dict[str, dict[str, Any]] = {
     "train_happier": {**NO_ARGUMENT_RUN, "loss": "HAPPIER", "output_dir": "outputs/happier_synthetic"},
     "train_roadmap": {**NO_ARGUMENT_RUN, "loss": "ROADMAP", "output_dir": "outputs/roadmap_synthetic"},
 }
+#: the one-line description of each preset (``--help``)
+DESCRIPTIONS: dict[str, str] = {
+    "train": "Train a retrieval model with any rank loss, a pytorch-metric-learning loss or your own (--list_losses).",
+    "train_happier": "Train a retrieval model with HAPPIER (hierarchical AP; Ramzi et al., ECCV 2022) or ROD-NDCG.",
+    "train_roadmap": "Train a retrieval model with ROADMAP (SupAP + L_DG; Ramzi et al., NeurIPS 2021).",
+}
+
+
+def preset_command(name: str) -> tuple[Callable[..., Any], Callable[[], None]]:
+    """``(main, run)`` of the preset ``name`` of :data:`PRESETS`: ``main(argv=None)`` runs the training command with
+    the preset's defaults and returns its summary; ``run()`` is the console script (the process's arguments)."""
+    defaults, description = PRESETS[name], DESCRIPTIONS[name]
+
+    def preset_main(argv: list[str] | None = None) -> dict | None:
+        return main(argv, description, defaults)
+
+    def preset_run() -> None:
+        preset_main()
+
+    return preset_main, preset_run
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -377,12 +397,12 @@ def run(spec: RunSpec, *, given: Collection[str] = ()) -> dict[str, Any] | None:
             f"{len(split['test_classes'])} test classes (open set), written to {path}"
         )
     try:
-        return _job(spec, accelerator, trainer, test_ds)
+        return _job(spec, accelerator, trainer, test_ds, split)
     finally:
         trainer.end_run()
 
 
-def _job(spec: RunSpec, accelerator: Any, trainer: Any, test_ds: Any) -> Any:
+def _job(spec: RunSpec, accelerator: Any, trainer: Any, test_ds: Any, split: dict[str, Any] | None = None) -> Any:
     t_start = time.perf_counter()
     before = _initial_eval(spec, trainer)
     t_train = time.perf_counter()
@@ -417,6 +437,8 @@ def _job(spec: RunSpec, accelerator: Any, trainer: Any, test_ds: Any) -> Any:
         "label_names": list(getattr(test_ds, "label_names", [])),
         "training_config": trainer.config.to_dict(),
     }
+    if split is not None:  # data_spec.json records it: a class folder added later is refused, not silently split
+        metadata["class_split"] = {k: split[k] for k in ("train_classes", "test_classes")}
     final = Path(spec.train.output_dir) / "final"
     plots = not spec.run.no_plots
     if plots and getattr(test_ds, "multilabel", False):  # the plots colour and match items by one label per level

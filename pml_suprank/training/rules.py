@@ -50,17 +50,28 @@ def _batch_groups(v: Mapping[str, Any]) -> list[str]:
 
 
 def _loss_kwargs(v: Mapping[str, Any]) -> list[str]:
-    from ..losses.registry import loss_keywords, resolve_loss
+    from ..losses.registry import entry_options, loss_keywords, resolve_loss
 
     if not v["loss_kwargs"]:
         return []
     try:
-        valid = loss_keywords(resolve_loss(v["loss"]).cls)
+        entry = v.get("@entry") or resolve_loss(v["loss"])
+        valid = loss_keywords(entry.cls)
     except ValueError:  # an unknown loss: refused by the loss option's own check
         return []
     unknown = sorted(k for k in v["loss_kwargs"] if valid is not None and k not in valid)
     if unknown:
         return [f"--loss_kwargs {unknown} are not arguments of loss {v['loss']} (valid: {sorted(valid)})"]
+    # an argument a flag sets (the loss's own options) or the data and model set: two values, one silently lost
+    flagged = set(entry_options(entry, v["@loss_options"])) | {"num_classes", "embedding_size"}
+    clash = sorted(k for k in v["loss_kwargs"] if k in flagged and k not in ("loss", "loss_kwargs"))
+    if clash:
+        return [
+            f"--loss_kwargs {clash} set what "
+            + ", ".join(f"the {k} of the data / model" if k in ("num_classes", "embedding_size") else f"--{k}"
+                        for k in clash)
+            + f" sets for loss {v['loss']}: give each value once (by its flag)"
+        ]
     return []
 
 
@@ -77,7 +88,7 @@ def _given_loss_options(v: Mapping[str, Any]) -> list[str]:
     from ..losses.registry import entry_options, resolve_loss
 
     try:
-        accepted = entry_options(resolve_loss(v["loss"]), v["@loss_options"])
+        accepted = entry_options(v.get("@entry") or resolve_loss(v["loss"]), v["@loss_options"])
     except ValueError:  # an unknown loss: refused by the loss option's own check
         return []
     shared = ("loss", "loss_kwargs", "alpha")  # alpha is also the evaluator's H-AP exponent

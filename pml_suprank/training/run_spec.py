@@ -25,13 +25,14 @@ written from it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+import copy
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from torch import nn
 
-from ..losses.registry import LossEntry, resolve_loss
+from ..losses.registry import LossEntry, check_loss_name, resolve_loss
 from .config import TrainingConfig
 from .data_source import resolved_split
 from .options import (
@@ -98,10 +99,15 @@ class RunSpec:
         hub_config: Mapping[str, Any] | None = None,
         *,
         explicit_from: int = 1,
+        files: Collection[int] = (),
+        search_cwd: bool = False,
     ) -> RunSpec:
         """The spec of option layers ``(source, {option name: value})`` laid over each other in order
         (:func:`~pml_suprank.training.rules.merge_option_layers`: ``virtual_batch_size`` sets ``batch_size``); the
-        layers from ``explicit_from`` on are the user's (``given``).
+        layers from ``explicit_from`` on are the user's (``given``). The layers at the indices ``files`` were read
+        from files: a ``package.module:ClassName`` loss there is refused (files are data). The loss is resolved
+        once, here (:func:`pml_suprank.losses.resolve_loss`; ``search_cwd``: a name typed on the command line is
+        imported from the working directory too, as ``python -m`` does).
 
         Raises:
             ValueError: An unknown option name, or a part refusing its values (message prefixed with the part,
@@ -111,6 +117,7 @@ class RunSpec:
         if unknown:
             raise ValueError(f"unknown option(s) {unknown}; valid options: {sorted(FIELD_PARTS)}")
         values = merge_option_layers(layers, explicit_from)
+        entry = _resolve_once(layers, values, files, search_cwd)
         given = frozenset(n for _, layer in layers[explicit_from:] for n in layer)
         by_part: dict[str, dict[str, Any]] = {part: {} for part in PARTS}
         for name, value in values.items():
@@ -121,7 +128,9 @@ class RunSpec:
                 parts[part] = PARTS[part](**kwargs)
             except (ValueError, TypeError) as e:
                 raise ValueError(f"{'training' if part == 'train' else part} options: {e}") from e
-        return cls(**parts, hub_config=dict(hub_config or {}), given=given)
+        spec = cls(**parts, hub_config=dict(hub_config or {}), given=given)
+        spec._entry = entry
+        return spec
 
     @classmethod
     def from_values(cls, values: Mapping[str, Any], hub_config: Mapping[str, Any] | None = None) -> RunSpec:
@@ -132,7 +141,8 @@ class RunSpec:
     @classmethod
     def from_hub_config(cls, config: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> RunSpec:
         """The spec of a (schema-checked) hub_config dict laid over ``defaults`` (option name → value)."""
-        return cls.from_layers([("defaults", defaults or {}), ("the hub_config", recipe_options(config))], config)
+        layers = [("defaults", defaults or {}), ("the hub_config", recipe_options(config))]
+        return cls.from_layers(layers, config, files=(1,))
 
     # ------------------------------------------------------------------------------------------------------ reading
     def values(self) -> dict[str, Any]:
@@ -145,26 +155,32 @@ class RunSpec:
 
     @property
     def loss_entry(self) -> LossEntry:
-        """The registry entry of ``loss.loss`` (:func:`pml_suprank.losses.resolve_loss`)."""
-        return resolve_loss(self.loss.loss)
+        """The registry entry of ``loss.loss`` (resolved once when the spec was built)."""
+        entry = getattr(self, "_entry", None)
+        if entry is None or entry.name != self.loss.loss and entry.cls.__name__ != self.loss.loss:
+            entry = self._entry = resolve_loss(self.loss.loss)  # a spec changed by replace()
+        return entry
 
     def loss_kwargs(self) -> dict[str, Any]:
         """The options of the loss (those it takes, and ``loss_kwargs`` when set), as given: ``None`` = the loss's
         default. What ``config.json`` records and the fingerprint identifies."""
         values = {**_asdict(self.loss), "alpha": self.train.alpha}
-        out = {k: values[k] for k in loss_keys(self.loss.loss) if k in values}
+        out = {k: values[k] for k in loss_keys(self.loss.loss, self.loss_entry) if k in values}
         if self.loss.loss_kwargs:
             out["loss_kwargs"] = dict(self.loss.loss_kwargs)
         return out
 
     def build_loss(self, num_classes: int, embedding_size: int, **extra: Any) -> nn.Module:
         """The loss of the spec, by the one loss builder :func:`~pml_suprank.training.build_loss`."""
-        return build_loss(self.loss.loss, self.loss_kwargs(), num_classes, embedding_size, **extra)
+        return build_loss(self.loss.loss, self.loss_kwargs(), num_classes, embedding_size, entry=self.loss_entry,
+                          **extra)  # fmt: skip
 
     def training_config(self, *, multilabel: bool = False) -> TrainingConfig:
         """The :class:`TrainingConfig` of the run, with ``hierarchical_labels`` resolved: the loss is hierarchical,
         or the dataset is multi-label (its ``(B, M)`` label sets go to the loss whole)."""
-        return replace(self.train, hierarchical_labels=multilabel or self.loss_entry.hierarchical)
+        train = copy.copy(self.train)  # each value was checked when the spec was built: not again
+        train.hierarchical_labels = bool(multilabel or self.loss_entry.hierarchical)
+        return train
 
     def run_options(self, mixed_precision: str) -> dict[str, Any]:
         """The resolved model / data / loss options of the run (with the ``TrainingConfig``: its fingerprint). The
@@ -188,8 +204,9 @@ class RunSpec:
         ``require_data_root``: a benchmark dataset needs ``data_root`` (a complete run; a shipped hub_config leaves
         it to the command line)."""
         errors = cross_field_problems(
-            self.values(), given=self.given, loss_options=loss_option_names(), require_data_root=require_data_root
-        )
+            {**self.values(), "@entry": self.loss_entry}, given=self.given, loss_options=loss_option_names(),
+            require_data_root=require_data_root,
+        )  # fmt: skip
         return errors + _hub_config_model_problems(self.hub_config)
 
     def validate(self, *, require_data_root: bool = True) -> RunSpec:
@@ -198,6 +215,20 @@ class RunSpec:
         if errors:
             raise ValueError("; ".join(errors))
         return self
+
+
+def _resolve_once(
+    layers: Sequence[tuple[str, Mapping[str, Any]]], values: Mapping[str, Any], files: Collection[int], search_cwd: bool
+) -> LossEntry:
+    """The entry of the loss the layers choose; a ``module:Class`` name from a file layer is refused unimported."""
+    name = values.get("loss", LossOptions.__dataclass_fields__["loss"].default)
+    for i in files:
+        if layers[i][1].get("loss") == name and (problem := check_loss_name(name, from_file=True)) is not None:
+            raise ValueError(f"{layers[i][0]}: loss.name must be {problem}")
+    try:
+        return resolve_loss(name, search_cwd=search_cwd)
+    except ValueError as e:
+        raise ValueError(f"loss options: {e}") from None
 
 
 def _asdict(options: Any) -> dict[str, Any]:

@@ -23,12 +23,12 @@ from _benchmark_fixtures import (
 )
 from PIL import Image
 
-from pml_suprank import hub_config
 from pml_suprank.data.benchmarks import BENCHMARKS, load_benchmark
 from pml_suprank.data.benchmarks.cifar100 import load_restricted_pickle
 from pml_suprank.data.benchmarks.roxford import RevisitedQueryDataset, read_revisited_gnd
 from pml_suprank.metrics.landmark import landmark_map_at_k, revisited_map
 from pml_suprank.relevance import check_tree
+from pml_suprank.training import hub_config
 
 
 def _rewrite(path, old: str, new: str) -> None:

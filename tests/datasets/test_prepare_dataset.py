@@ -100,7 +100,7 @@ def test_shipped_hub_configs_read_a_prepared_copy(name, config, tmp_path):
     """The label columns and open-set rules of the shipped configs fit the copy: only ``dataset`` changes."""
     import _hub_helpers
 
-    from pml_suprank import hub_config
+    from pml_suprank.training import hub_config
 
     root = MAKERS[name](tmp_path / "native")
     _import_prepare().prepare(name, root, tmp_path / "copy")

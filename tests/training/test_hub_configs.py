@@ -11,15 +11,15 @@ import torch
 import yaml
 from _hub_helpers import build_dataset, flat_options, model_kwargs, nest_options
 
-from pml_suprank.hub_config import (
+from pml_suprank.models import RetrievalModel
+from pml_suprank.training.data_source import DatasetSource, dataset_source
+from pml_suprank.training.hub_config import (
     HUB_CONFIG_SCHEMA,
     build_loss,
     load_hub_config,
     merge_hub_configs,
     validate_hub_config,
 )
-from pml_suprank.models import RetrievalModel
-from pml_suprank.training.data_source import DatasetSource, dataset_source
 from pml_suprank.training.options import recipe_options
 
 ROOT = Path(__file__).resolve().parents[2] / "pml_suprank" / "hub_configs"
@@ -168,13 +168,13 @@ def _base():
         (lambda c: c.update(trainer={}), "unknown top-level key 'trainer'"),
         (lambda c: c["loss"].update(name="TripletLoss"), "'loss.name' must be one of"),
         (lambda c: c["loss"].update(decomposability="proxy"), "'loss.decomposability' does not apply to loss HAPPIER"),
-        (lambda c: c["optimizer"].update(lr_backbone=-1.0), "'optimizer.lr_backbone' must be a number >= 0"),
+        (lambda c: c["optimizer"].update(lr_backbone=-1.0), r"'optimizer.lr_backbone' must be a number in \[0, 100\]"),
         (lambda c: c["data"].update(dataset="data/sop") or c["data"].pop("label_columns"), "columns' is required"),
         (lambda c: c["data"].update(train_classes_per_coarse=3, train_class_fraction=0.5), "give one open-set rule"),
         (lambda c: c["data"].update(open_set=False, train_class_fraction=0.5), "needs 'data.open_set: true'"),
         (lambda c: c["sampler_options"].update(batch_size=255), "must be a multiple"),
         (lambda c: c["training"].update(warmup_epochs=100), "warmup_epochs must be < epochs"),  # TrainingConfig's
-        (lambda c: c["loss"].update(tau=0.0), "'loss.tau' must be a number > 0"),
+        (lambda c: c["loss"].update(tau=0.0), r"'loss.tau' must be a number in \(0, 100\]"),
         (lambda c: c["evaluation"].update(eval_batch_size=0), "'evaluation.eval_batch_size' must be an int >= 1"),
         (lambda c: c["hub"].update(paper_results={"h_ap": 0.594 * 1000}), "paper_results"),
         (lambda c: c.update(model=[1, 2]), "section 'model' must be a mapping"),

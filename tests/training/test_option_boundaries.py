@@ -11,10 +11,10 @@ from dataclasses import fields
 import pytest
 import yaml
 
-from pml_suprank.hub_config import validate_hub_config
 from pml_suprank.training import RunSpec, TrainingConfig
 from pml_suprank.training import recipe as common
 from pml_suprank.training.config import OptionError, field_problem
+from pml_suprank.training.hub_config import validate_hub_config
 from pml_suprank.training.options import OPTION_CLASSES
 from pml_suprank.training.run_spec import FIELD_PARTS, PARTS
 

@@ -93,7 +93,8 @@ def _weights(module):
         ({"batch_size": 30, "samples_per_class": 4}, "multiple of samples_per_class"),
         ({"epochs": 0}, "epochs must be an int >= 1; got 0"),
         ({"warmup_epochs": 3, "epochs": 3}, "warmup_epochs must be < epochs"),
-        ({"lr_head": -1.0}, "lr_head must be a number >= 0; got -1.0"),
+        ({"lr_head": -1.0}, r"lr_head must be a number in \[0, 100\]; got -1.0"),
+        ({"lr_backbone": 1e38}, r"lr_backbone must be a number in \[0, 100\]; got 1e\+38"),  # overflows a step
         ({"min_lr_ratio": 2.0}, r"min_lr_ratio must be a number in \[0, 1\]; got 2.0"),
         ({"max_train_steps": 0}, "max_train_steps must be null or an int >= 1; got 0"),
     ],
@@ -720,7 +721,7 @@ def test_kernel_option_reaches_every_recipe_loss(kernel):
 
 
 def test_kernel_option_is_validated():
-    from pml_suprank.hub_config import validate_hub_config
+    from pml_suprank.training.hub_config import validate_hub_config
 
     base = {"name": "t", "model": {"backbone": "test_resnet"}, "data": {"dataset": "synthetic"}}
     validate_hub_config({**base, "loss": {"name": "ROADMAP", "kernel": "sorted"}})

@@ -57,7 +57,7 @@ MAX_IMAGES = 100_000
 
 def methods() -> tuple[str, ...]:
     """Table rows: every registered detector but HEAT (registration order), each followed by its variants; HEAT."""
-    from . import list_detectors
+    from ..ood import list_detectors
 
     names: list[str] = []
     for name in list_detectors():
@@ -73,7 +73,7 @@ def flag_prefix(name: str) -> str:
 
 def detector_options(name: str) -> dict[str, inspect.Parameter]:
     """Constructor arguments of a registered detector that get a flag: plain (bool / int / float / str) defaults."""
-    from . import get_detector
+    from ..ood import get_detector
 
     params = inspect.signature(get_detector(name)).parameters.values()
     return {
@@ -112,7 +112,7 @@ def _check_of(default: Any) -> OptionCheck:
 def detector_option_class() -> type:
     """A dataclass with one field ``<detector>_<argument>`` per plain constructor argument of every registered
     baseline (read from the registry when called, so a detector registered later gets its options too)."""
-    from . import get_detector, list_detectors
+    from ..ood import get_detector, list_detectors
 
     specs = []
     for name in list_detectors():
@@ -145,7 +145,7 @@ def _names(expected: str) -> OptionCheck:
 
 
 def _presets() -> tuple[str, ...]:
-    from .presets import PRESETS
+    from ..ood.presets import PRESETS
 
     return tuple(sorted(PRESETS))
 
@@ -243,7 +243,7 @@ class FitHeatSpec:
 
     def validate(self) -> FitHeatSpec:
         """The rules between options (each field was checked alone)."""
-        from . import HEAT, list_priors
+        from ..ood import HEAT, list_priors
 
         if self.push_to_hub and not self.hub_model_id:
             raise OptionError("--push_to_hub true needs --hub_model_id (the Hub repo id)")
@@ -329,7 +329,7 @@ def read_heat_config(path: str) -> dict[str, tuple[str, Any]]:
         FileNotFoundError: no such file or bundled name.
     """
     from .._safe_yaml import load_yaml
-    from ..hub_config import hub_config_path
+    from ..training.hub_config import hub_config_path
 
     file = hub_config_path(path)
     try:
@@ -348,7 +348,26 @@ def read_heat_config(path: str) -> dict[str, tuple[str, Any]]:
     recipe_fields |= {d: d for d in detector_fields}
     values = section_values(cfg.get("recipe"), str(file), "recipe", recipe_fields)
     values |= section_values(cfg.get("heat"), str(file), "heat", HEAT_KEYS)
+    for name, (where, _) in values.items():
+        if name in FLAG_ONLY:
+            raise OptionError(f"{where}: {FLAG_ONLY[name]}; give --{name} on the command line if you mean it")
+    if "backbone" in values:
+        from ..hub.loaded_config import untrusted_model_problems
+
+        problems = untrusted_model_problems({"backbone": values["backbone"][1]}, "")
+        if problems:
+            raise OptionError(f"{values['backbone'][0]}: {problems[0]} — a config file names a plain timm model only")
     return values
+
+
+#: options a ``--config`` file may not set (files are data): they send data out or fetch / read weights
+FLAG_ONLY = {
+    "push_to_hub": "a config file cannot upload anything (push_to_hub)",
+    "hub_model_id": "a config file cannot choose where an upload goes (hub_model_id)",
+    "hub_private": "a config file cannot set the visibility of an upload (hub_private)",
+    "model": "a config file cannot choose a model to download or read (model)",
+    "checkpoint": "a config file cannot choose a weights file to read (checkpoint)",
+}
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """Data, classifier and plotting helpers of the HEAT recipe ``recipes/fit_heat.py`` (datasets, timm model,
-histograms), driven by its typed :class:`~pml_suprank.ood.recipe_spec.FitHeatSpec` (``spec``).
+histograms), driven by its typed :class:`~pml_suprank.recipes.ood_spec.FitHeatSpec` (``spec``).
 
 Kept apart from the command-line script so that ``recipes/`` holds only runnable scripts; nothing here is specific to
 one detector.
@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from .recipe_spec import FitHeatSpec
+from .ood_spec import FitHeatSpec
 
 ID_FAMILIES = ("circle", "triangle", "square", "star")
 HELDOUT_FAMILIES = ("cross", "arrow")
@@ -65,6 +65,7 @@ def build_datasets(spec: FitHeatSpec, transform, id_data: dict[str, Any] | None 
 
         section, seed = id_data["data"], int(id_data.get("seed", 0))
         kw = {"cache_dir": spec.cache_dir} if dataset_source(section, "train").kind == "retrieval" else {}
+        kw["recorded_split"] = id_data.get("class_split")
         train = dataset_source(section, "train").load(transform, seed=seed, **kw)
         test = dataset_source(section, "test").load(transform, seed=seed, **kw)
         label_col = spec.label_column or train.label_names[0]
@@ -238,6 +239,6 @@ def train_classifier(model, ds, level, classes, spec: FitHeatSpec, device):
 def save_histograms(id_scores, ood_scores, out_dir: Path, convention: str = "id_positive") -> Path:
     """``score_histograms.png`` in ``out_dir``: :func:`pml_suprank.ood.score_plots.plot_score_histograms` of the
     ``{detector: (N,)}`` ID scores against every OOD set's ``{detector: (M,)}`` scores."""
-    from .score_plots import plot_score_histograms
+    from ..ood.score_plots import plot_score_histograms
 
     return plot_score_histograms(id_scores, ood_scores, Path(out_dir) / "score_histograms.png", convention=convention)
