@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Literal, get_args
 
 import torch
@@ -406,6 +407,10 @@ class RetrievalModel(HubMixin, nn.Module):
         self.projection = nn.Linear(num_features, embedding_size) if embedding_size is not None else nn.Identity()
         self.num_classes = num_classes
         self.classifier = nn.Linear(num_features, num_classes) if num_classes > 0 else None
+        #: the OOD guard saved with the model (``final/ood/``, :mod:`pml_suprank.ood.guard`), set by from_pretrained
+        self.ood_guard = None
+        #: SHA-256 of the ``model.safetensors`` the model was loaded from (``None`` for a model built in memory)
+        self.weights_sha256 = None
 
     # ------------------------------------------------------------------ forward passes
     def forward_features(self, x: Tensor) -> Tensor:
@@ -538,6 +543,16 @@ class RetrievalModel(HubMixin, nn.Module):
         return f"backbone={self.config['backbone']!r}, embedding_size={self.embedding_size}"
 
     # ------------------------------------------------------------------ loading (pml_suprank.hub.HubMixin hooks)
+    @classmethod
+    def from_pretrained(cls, path_or_repo_id: str | Path, **kwargs: Any) -> RetrievalModel:
+        """:meth:`HubMixin.from_pretrained <pml_suprank.hub.HubMixin.from_pretrained>` (same arguments), plus the
+        model's OOD guard: ``model.ood_guard`` is the :class:`~pml_suprank.ood.guard.OODGuard` of the folder's or
+        repo's ``ood/`` (``None`` when it has none; a guard fitted on other weights is refused, naming both hashes)
+        and ``model.weights_sha256`` the SHA-256 of the loaded ``model.safetensors``."""
+        from .ood.guard import attach_guard
+
+        return attach_guard(super().from_pretrained(path_or_repo_id, **kwargs), path_or_repo_id, kwargs)
+
     @classmethod
     def _hub_check_config(cls, config, source, *, overrides, trust_config: bool) -> None:
         if not trust_config:
