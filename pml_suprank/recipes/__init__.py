@@ -6,6 +6,7 @@ strings, returns the run's results) and ``run()`` (the console script).
 * ``evaluate`` (``pml-suprank-evaluate``): exact retrieval metrics and plots of a trained model
 * ``search`` (``pml-suprank-search``): search a gallery with a trained model
 * ``fit_heat`` (``pml-suprank-fit-heat``): fit HEAT and the OOD baselines
+* ``ood_score`` (``pml-suprank-ood-score``): per-image verdicts of a model's OOD guard (scores.csv)
 * ``ood_benchmark`` (``pml-suprank-ood-benchmark``): the OOD benchmark harness
 * ``prepare_dataset`` (``pml-suprank-prepare-dataset``): a paper benchmark's archive → a ``datasets`` copy
 

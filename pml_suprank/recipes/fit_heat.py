@@ -83,7 +83,7 @@ from pml_suprank.training.spec_cli import OptionError, parse_options  # noqa: E4
 __all__ = [
     "BUILTIN_OOD", "CONTEXT_ARGUMENTS", "METHODS", "RECIPE_DEFAULTS", "VARIANTS", "FitHeatSpec", "build_detector",
     "build_heat", "build_parser", "detector_options", "extract_all", "fit_detectors", "main", "methods",
-    "parse_args", "prepare_data", "save_features", "score_all", "selected_methods",
+    "parse_args", "prepare_data", "save_features", "score_all", "selected_methods", "store_guard",
 ]  # fmt: skip
 
 METHODS = methods()
@@ -364,6 +364,38 @@ def save_features(out_dir: Path, model, train_feats, test_feats, ood_feats, spec
     )
 
 
+def _set_name(entry: str) -> str:
+    """An OOD set as the guard records it: a local folder by its name (a model folder holds no local path)."""
+    source, sep, rest = entry.partition(":")
+    return Path(source).name + sep + rest if Path(source).exists() else entry
+
+
+def store_guard(spec: FitHeatSpec, detectors, id_scores, ood_scores) -> Path | None:
+    """With ``--model`` a local folder: the ``--guard`` detector, its threshold calibrated on the held-out ID scores
+    at ``--ood_tpr`` and its FPR / AUROC per OOD set, saved in the model folder as its OOD guard (``ood/``,
+    :class:`~pml_suprank.ood.guard.OODGuard`). Returns that folder, or ``None`` (no ``--model``, ``--guard none``,
+    or a Hub id: the guard lives in the model folder, so download it and run again on the folder)."""
+    from pml_suprank.ood.guard import OODGuard, weights_sha256
+
+    if spec.model is None or spec.guard == "none":
+        return None
+    folder = Path(spec.model)
+    if not folder.is_dir():
+        print(f"--model {spec.model} is not a local folder: no OOD guard stored (it is saved inside the model folder)")
+        return None
+    guard = OODGuard.calibrate(
+        detectors[spec.guard], id_scores[spec.guard], model_sha256=weights_sha256(folder), feature_kind="pooled",
+        tpr_target=spec.ood_tpr, ood_scores={_set_name(k): v[spec.guard] for k, v in ood_scores.items()},
+        seed=spec.seed,
+    )  # fmt: skip
+    path = guard.save(folder)
+    fprs = ", ".join(f"{k} {100 * v['fpr']:.1f}%" for k, v in guard.ood_sets.items())
+    kept = f"{100 * guard.id_tpr:.1f}% (target {100 * spec.ood_tpr:.0f}%)"
+    print(f"OOD guard {spec.guard} in {path}: OOD when score > {guard.threshold:.6g}; held-out ID kept {kept}; "
+          f"OOD accepted (FPR): {fprs or '-'}")  # fmt: skip
+    return path
+
+
 def main(argv=None) -> dict:
     spec = parse_args(argv)
     if spec.threads:
@@ -395,6 +427,7 @@ def main(argv=None) -> dict:
 
     heat = detectors.get("HEAT")
     heat_dir = None if heat is None else heat.save_pretrained(out_dir / "heat_detector")
+    guard_dir = store_guard(spec, detectors, id_scores, ood_scores)
     plot = None if spec.no_plots else save_histograms(id_scores, ood_scores, out_dir, spec.convention)
     results = {
         "args": spec.to_dict(),
@@ -406,6 +439,7 @@ def main(argv=None) -> dict:
         "heat_history": None if heat is None else heat.history,
         "total_seconds": time.perf_counter() - t0,
         "heat_detector": None if heat_dir is None else str(heat_dir),
+        "ood_guard": None if guard_dir is None else str(guard_dir),
         "histograms": None if plot is None else str(plot),
         "features": str(features_file),
     }
