@@ -22,7 +22,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # noqa: TID251 - recipes ma
 import argparse  # noqa: E402
 import csv  # noqa: E402
 import math  # noqa: E402
-import sys  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -87,14 +86,6 @@ def parse_args(argv: list[str] | None = None) -> OODScoreSpec:
         parser.error(str(e))
 
 
-def _refuse(message: str) -> None:
-    from pml_suprank.search.safe_text import terminal_safe
-
-    line = "; ".join(part.strip() for part in str(message).splitlines() if part.strip())  # one line
-    print(f"{Path(sys.argv[0]).name}: error: {terminal_safe(line)}", file=sys.stderr)  # noqa: T201
-    sys.exit(2)
-
-
 def write_scores(path: Path, names: list[str], scores: torch.Tensor, is_ood: torch.Tensor) -> Path:
     """``scores.csv``: a header ``file,score,is_ood`` and one row per image (``is_ood`` = ``true`` / ``false``)."""
     with open(path, "w", newline="", encoding="utf-8") as f:
@@ -128,17 +119,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from pml_suprank import data
     from pml_suprank.models import RetrievalModel
     from pml_suprank.search.image_files import ImageFiles
-    from pml_suprank.search.safe_text import terminal_safe
+    from pml_suprank.search.safe_text import refuse, terminal_safe
 
     out = Path(args.output_dir)
     if out.exists() and not out.is_dir():
-        _refuse(f"--output_dir {out} is a file, not a folder")
+        refuse(f"--output_dir {out} is a file, not a folder")
     try:
         model = RetrievalModel.from_pretrained(args.model)
     except (OSError, ValueError, TypeError) as e:
-        _refuse(f"--model {args.model}: {e}")
+        refuse(f"--model {args.model}: {e}")
     if model.ood_guard is None:
-        _refuse(f"--model {args.model} has no OOD guard (ood/guard.json): fit one with "
+        refuse(f"--model {args.model} has no OOD guard (ood/guard.json): fit one with "
                 f"`pml-suprank-fit-heat --model {args.model}`")  # fmt: skip
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model = model.to(device).eval()
@@ -146,7 +137,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         images = ImageFiles(args.images, data.build_transforms(model.data_config, train=False),
                             what=f"--images {args.images}")  # fmt: skip
     except ValueError as e:
-        _refuse(str(e))
+        refuse(str(e))
     loader = torch.utils.data.DataLoader(images, batch_size=args.batch_size, collate_fn=data.collate)
     verdict = model.ood_guard.predict(model, loader, threshold=args.ood_threshold, device=device)
     out.mkdir(parents=True, exist_ok=True)

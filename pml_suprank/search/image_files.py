@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["IMAGE_SUFFIXES", "ImageFiles", "image_paths", "is_flat_image_folder"]
+__all__ = ["IMAGE_SUFFIXES", "ImageFiles", "has_dataset_files", "image_paths", "is_flat_image_folder"]
 
 #: the file suffixes read as images (case-insensitive)
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
 
 def image_paths(root: str | Path) -> list[Path]:
@@ -35,14 +35,18 @@ def image_paths(root: str | Path) -> list[Path]:
     return paths
 
 
+def has_dataset_files(root: str | Path) -> bool:
+    """The folder ``root`` holds the metadata / parquet / saved-dataset files of a dataset source."""
+    root = Path(root)
+    markers = ("metadata.csv", "metadata.jsonl", "dataset_dict.json", "dataset_info.json", "state.json")
+    return any(root.glob("*.parquet")) or any((root / m).exists() for m in markers)
+
+
 def is_flat_image_folder(root: str | Path) -> bool:
     """``root`` is a folder holding image files directly and no sub-folder of images (no class folders), and none of
-    the metadata / parquet files of a dataset source."""
+    the files of a dataset source (:func:`has_dataset_files`)."""
     root = Path(root)
-    if not root.is_dir():
-        return False
-    markers = ("metadata.csv", "metadata.jsonl", "dataset_dict.json", "dataset_info.json")
-    if any(root.glob("*.parquet")) or any((root / m).exists() for m in markers):
+    if not root.is_dir() or has_dataset_files(root):
         return False
     paths = image_paths(root)
     return bool(paths) and all(p.parent == root for p in paths)

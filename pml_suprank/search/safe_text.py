@@ -9,8 +9,11 @@ that reorder what a reader sees) by ``?``. Names written into HTML go through :f
 from __future__ import annotations
 
 import re
+import sys
+from pathlib import Path
+from typing import NoReturn
 
-__all__ = ["terminal_safe"]
+__all__ = ["refuse", "terminal_safe"]
 
 # CSI (ESC [ ... final byte), OSC / DCS / SOS / PM / APC strings (ESC ] ... BEL or ESC \), and two-byte escapes
 _ESCAPES = re.compile(
@@ -31,3 +34,11 @@ def terminal_safe(text: object) -> str:
     'ab.png'
     """
     return _CONTROLS.sub("?", _ESCAPES.sub("", str(text)))
+
+
+def refuse(message: object) -> NoReturn:
+    """End a command as argparse does on a bad option: ``<prog>: error: <message>`` on one line of stderr (terminal-
+    safe), exit status 2."""
+    line = "; ".join(part.strip() for part in str(message).splitlines() if part.strip())
+    print(f"{Path(sys.argv[0]).name}: error: {terminal_safe(line)}", file=sys.stderr)  # noqa: T201 - the report
+    sys.exit(2)
