@@ -170,8 +170,8 @@ def push_folder(
 ) -> Any:
     """Call ``save(folder)`` and upload the folder with :func:`~pml_suprank.hub.transport.upload_folder`
     (``upload_options``: ``commit_message``, ``private``, ``token``, ``revision``, ``create_pr``). Without
-    ``save_directory`` a temporary folder is used, removed after a successful upload and kept (its path is in the
-    ``RuntimeError``) when the upload fails."""
+    ``save_directory`` a temporary folder is used and removed whatever happens (a failed upload raises a
+    ``RuntimeError``; pass ``save_directory`` to keep the files)."""
     check_repo_id(repo_id)
     keep = save_directory is not None
     folder = Path(save_directory) if keep else Path(tempfile.mkdtemp(prefix="pml_suprank_push_"))
@@ -181,10 +181,17 @@ def push_folder(
         if not keep:
             shutil.rmtree(folder, ignore_errors=True)
         raise
-    result = upload_folder(folder, repo_id, **upload_options)
-    if not keep:
-        shutil.rmtree(folder, ignore_errors=True)
-    return result
+    try:
+        return upload_folder(folder, repo_id, **upload_options)
+    except RuntimeError as e:
+        if keep:
+            raise
+        cause = e.__cause__ or e
+        raise RuntimeError(f"pushing to the Hub repo {repo_id!r} failed ({type(cause).__name__}: {cause}); nothing "
+                           "was kept (pass save_directory= to keep the files)") from cause  # fmt: skip
+    finally:
+        if not keep:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def instantiate(cls: type, kwargs: dict[str, Any], source: Any) -> Any:
@@ -442,8 +449,7 @@ class HubMixin:
         Args:
             repo_id: ``"org/name"``.
             save_directory: Where to write the files before uploading; they stay there whatever happens. Without it
-                a temporary folder is used, removed after a successful upload and kept (its path is in the error)
-                when the upload fails.
+                a temporary folder is used and removed whatever happens.
             commit_message, private, token, revision, create_pr: Passed to ``HfApi.create_repo`` / ``upload_folder``.
             **save_kwargs: ``metadata``, ``metrics``, ``hub_config``, ``plots`` for :meth:`save_pretrained`.
 

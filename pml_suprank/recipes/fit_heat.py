@@ -398,6 +398,10 @@ def store_guard(spec: FitHeatSpec, detectors, id_scores, ood_scores) -> Path | N
 
 def main(argv=None) -> dict:
     spec = parse_args(argv)
+    if spec.push_to_hub:  # token, network and write access: before any work
+        from pml_suprank.hub.preflight import require_push_access
+
+        require_push_access(spec.hub_model_id)
     if spec.threads:
         torch.set_num_threads(spec.threads)
     torch.manual_seed(spec.seed)  # recipe-level seeding (classifier init and flips); the package never does this

@@ -352,6 +352,10 @@ def _initial_eval(spec: RunSpec, trainer: Any) -> dict[str, float] | None:
 def run(spec: RunSpec, *, given: Collection[str] = ()) -> dict[str, Any] | None:
     """The whole job: data, model, loss, evaluation before, training, evaluation after, final folder, push.
     ``given``: the options the user set (a batch the data cannot fill is then refused, not shrunk)."""
+    if spec.run.push_to_hub and spec.run.hub_model_id:  # token, network and write access: before any work
+        from ..hub.preflight import require_push_access
+
+        require_push_access(spec.run.hub_model_id)
     spec, accelerator, trainer, test_ds, split = _setup(spec, given)
     # lock the output folder, refuse another run's folder or checkpoint, record run.json: before any work
     run_opts = spec.run
