@@ -58,8 +58,11 @@ def test_evaluate_with_only_the_model_reproduces_the_training_runs_final_metrics
     final, folder, summary = trained
     spec = json.loads((final / "data_spec.json").read_text())
     assert spec["seed"] == 5 and spec["k_values"] == [1, 2] and spec["data"]["label_columns"] == ["label"]
-    assert Path(spec["data"]["dataset"]) == folder.resolve()
-    metrics = import_recipe("evaluate").main(["--model", str(final), "--cpu"])
+    assert spec["data"]["dataset"] == folder.name  # a name: a model folder holds no local path
+    for file in final.rglob("*"):
+        if file.is_file() and file.suffix in (".json", ".md"):
+            assert str(folder.parent) not in file.read_text(), file
+    metrics = import_recipe("evaluate").main(["--model", str(final), "--dataset", str(folder), "--cpu"])
     after = summary["after"]
     assert metrics.keys() == after.keys() and "recall_at_2" in metrics
     for key, value in after.items():
@@ -71,9 +74,9 @@ def test_evaluate_with_only_the_model_reproduces_the_training_runs_final_metrics
 
 @pytest.mark.slow
 def test_search_with_only_the_model_searches_its_test_set(trained, tmp_path):
-    final, _, _ = trained
-    result = import_recipe("search").main(["--model", str(final), "--output_dir", str(tmp_path / "s"), "--k", "2",
-                                           "--num_queries", "3"])  # fmt: skip
+    final, folder, _ = trained
+    result = import_recipe("search").main(["--model", str(final), "--gallery", str(folder), "--output_dir",
+                                           str(tmp_path / "s"), "--k", "2", "--num_queries", "3"])  # fmt: skip
     assert result["gallery"]["size"] == 9  # the 3 test classes of the seeded class split, 3 images each
     assert result["label_names"] == ["label"]
 
@@ -82,10 +85,10 @@ def test_search_with_only_the_model_searches_its_test_set(trained, tmp_path):
 def test_fit_heat_on_the_users_retrieval_model(trained, tmp_path):
     """``fit_heat --model RUN/final``: the package's retrieval model (frozen backbone, a classification head trained
     on the run's own training classes), the ID sets from its data spec; the head is trained by default."""
-    final, _, _ = trained
+    final, folder, _ = trained
     fit_heat = import_recipe("fit_heat")
-    argv = ["--model", str(final), "--ood_datasets", "noise-uniform", "--num_noise", "8", "--heat_epochs", "1",
-            "--knn_k", "3", "--no_odin", "--no_plots", "--progress", "false", "--threads", "1",
+    argv = ["--model", str(final), "--id_dataset", str(folder), "--ood_datasets", "noise-uniform", "--num_noise", "8",
+            "--heat_epochs", "1", "--knn_k", "3", "--no_odin", "--no_plots", "--progress", "false", "--threads", "1",
             "--output_dir", str(tmp_path / "heat")]  # fmt: skip
     with pytest.warns(UserWarning, match="optimizer step"):
         results = fit_heat.main(argv)

@@ -294,6 +294,8 @@ def prepare_data(spec: FitHeatSpec):
             id_data = read_data_spec(spec.model)
             if id_data is None:
                 raise SystemExit(f"--model {spec.model} records no training data (data_spec.json): give --id_dataset")
+        else:
+            id_data = recorded_folder_spec(spec)
         spec = spec.resolved(model_image_size=int(config["input_size"][-1]))
         transform = data.build_transforms(config, train=False)
     else:
@@ -314,6 +316,19 @@ def prepare_data(spec: FitHeatSpec):
         flush=True,
     )
     return spec, train_ds, test_ds, ood_sets, level, classes, train_labels
+
+
+def recorded_folder_spec(spec: FitHeatSpec) -> dict | None:
+    """The model's data spec with ``--id_dataset`` as its dataset, when ``--id_dataset`` is a local folder named as
+    the model's recorded training folder (a model folder records a local folder by its name only): the recorded
+    label columns, class split and seed then apply."""
+    from pml_suprank.hub.local_names import public_name
+    from pml_suprank.training.data_spec import read_data_spec
+
+    recorded = read_data_spec(spec.model) if Path(spec.id_dataset).is_dir() and not spec.label_column else None
+    if recorded is None or recorded["data"].get("dataset") != public_name(spec.id_dataset):
+        return None
+    return {**recorded, "data": {**recorded["data"], "dataset": spec.id_dataset}}
 
 
 def check_trained_head(spec: FitHeatSpec) -> None:

@@ -163,8 +163,10 @@ def folder_split(source: str, given: str | None, flag: str) -> str:
     refuse(f"{flag}: {source} has the splits {list(layout.splits)} and none is named 'test': give one of them")
 
 
-def model_gallery(args: SearchSpec, transform: Any) -> tuple[Any, SearchSpec]:
-    """The test set the model was trained with (its ``data_spec.json``), and the spec naming it."""
+def model_gallery(args: SearchSpec, transform: Any, folder: str | None = None) -> tuple[Any, SearchSpec]:
+    """The test set the model was trained with (its ``data_spec.json``), and the spec naming it. A local training
+    folder is recorded by its name only: ``folder`` (the ``--gallery`` the user typed, of that name) says where it is,
+    and the recorded class split and seed still apply."""
     from pml_suprank.training.data_source import dataset_source
     from pml_suprank.training.data_spec import read_data_spec
 
@@ -174,10 +176,31 @@ def model_gallery(args: SearchSpec, transform: Any) -> tuple[Any, SearchSpec]:
         refuse(f"--model: {e}")
     if recorded is None:
         refuse(f"--gallery is required: the model {args.model} records no data spec (data_spec.json)")
-    source = dataset_source(recorded["data"], "test")
+    section = dict(recorded["data"])
+    if folder is not None:
+        section["dataset"] = folder
+    source = dataset_source(section, "test")
     seed = args.seed if args.seed is not None else int(recorded["seed"])
     args = replace(args, gallery=source.name, gallery_split=source.split, seed=seed)
-    return source.load(transform, seed=seed), args
+    try:
+        return source.load(transform, seed=seed), args
+    except (OSError, ValueError) as e:
+        refuse(f"the training data recorded by {args.model} ({section.get('dataset')!r}) cannot be read: {e}; a local "
+               "folder is recorded by its name only: give its path with --gallery")  # fmt: skip
+
+
+def recorded_folder(args: SearchSpec) -> bool:
+    """``--gallery`` is a local folder with the name of the model's recorded training folder (``data_spec.json``)."""
+    from pml_suprank.hub.local_names import public_name
+    from pml_suprank.training.data_spec import read_data_spec
+
+    if args.gallery is None or not Path(args.gallery).is_dir() or args.label_columns or args.gallery_split:
+        return False
+    try:
+        recorded = read_data_spec(args.model)
+    except ValueError:
+        return False
+    return recorded is not None and recorded["data"].get("dataset") == public_name(args.gallery)
 
 
 def embed(model: torch.nn.Module, dataset: Any, batch_size: int, description: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -262,6 +285,8 @@ def load_gallery(args: SearchSpec, transform: Any, image_size: int) -> tuple[Any
     from pml_suprank.search.image_files import ImageFiles
     if args.gallery is None:
         return model_gallery(args, transform)
+    if recorded_folder(args):  # the model's own training folder, recorded by name: its recorded test split
+        return model_gallery(args, transform, folder=args.gallery)
     if args.gallery not in ("synthetic",) and is_plain_image_source(args.gallery) and not args.label_columns:
         try:
             return ImageFiles(args.gallery, transform, what=f"--gallery {args.gallery}"), replace(

@@ -48,10 +48,12 @@ def data_spec(
     from .data_source import dataset_source, folder_layout
 
     data = dict(section)
-    if folder_layout(data.get("dataset")) is not None:  # a local folder: found again from any working directory
-        data["dataset"] = str(Path(data["dataset"]).resolve())
     if label_names and dataset_source(data, "test").kind == "retrieval" and not data.get("label_columns"):
         data["label_columns"] = list(label_names)
+    if folder_layout(data.get("dataset")) is not None:  # a local folder: recorded by its name, never its path
+        from ..hub.local_names import public_name
+
+        data["dataset"] = public_name(data["dataset"])
     out: dict[str, Any] = {"version": VERSION, "data": data, "seed": int(seed), "k_values": [int(k) for k in k_values],
                            "alpha": float(alpha)}  # fmt: skip
     if class_split:

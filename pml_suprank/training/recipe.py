@@ -403,13 +403,15 @@ def _job(spec: RunSpec, accelerator: Any, trainer: Any, test_ds: Any) -> Any:
         "num_processes": accelerator.num_processes,
         "mixed_precision": accelerator.mixed_precision,
     }
+    from ..hub.local_names import public_name, without_local_paths
+
     metadata = {
         "loss": spec.loss.loss,
         "loss_kwargs": spec.loss_kwargs(),
-        "dataset": spec.data.dataset,
+        "dataset": public_name(spec.data.dataset),  # a local folder by its name: a model folder holds no local path
         "data": spec.data_section(),  # the final folder's data_spec.json (reused by evaluate / search / fit_heat)
         "label_names": list(getattr(test_ds, "label_names", [])),
-        "training_config": trainer.config.to_dict(),
+        "training_config": without_local_paths(trainer.config.to_dict()),
     }
     final = Path(spec.train.output_dir) / "final"
     plots = not spec.run.no_plots
