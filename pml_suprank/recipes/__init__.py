@@ -8,6 +8,7 @@ strings, returns the run's results) and ``run()`` (the console script).
 * ``fit_heat`` (``pml-suprank-fit-heat``): fit HEAT and the OOD baselines
 * ``ood_score`` (``pml-suprank-ood-score``): per-image verdicts of a model's OOD guard (scores.csv)
 * ``ood_benchmark`` (``pml-suprank-ood-benchmark``): the OOD benchmark harness
+* ``demo`` (``pml-suprank-demo``): a Gradio page: a query image, its neighbours and the OOD guard's verdict
 * ``push`` (``pml-suprank-push``): upload an existing model folder (RUN/final) to the Hub, after checking access
 * ``prepare_dataset`` (``pml-suprank-prepare-dataset``): a paper benchmark's archive → a ``datasets`` copy
 
