@@ -543,6 +543,9 @@ class RetrievalModel(HubMixin, nn.Module):
         return f"backbone={self.config['backbone']!r}, embedding_size={self.embedding_size}"
 
     # ------------------------------------------------------------------ loading (pml_suprank.hub.HubMixin hooks)
+    #: the OOD guard's files (pml_suprank.ood.guard.GUARD_FILES), fetched with the model from one Hub snapshot
+    _hub_companion_files = ("ood/guard.json", "ood/config.json", "ood/model.safetensors")
+
     @classmethod
     def from_pretrained(cls, path_or_repo_id: str | Path, **kwargs: Any) -> RetrievalModel:
         """:meth:`HubMixin.from_pretrained <pml_suprank.hub.HubMixin.from_pretrained>` (same arguments), plus the
@@ -551,7 +554,8 @@ class RetrievalModel(HubMixin, nn.Module):
         and ``model.weights_sha256`` the SHA-256 of the loaded ``model.safetensors``."""
         from .ood.guard import attach_guard
 
-        return attach_guard(super().from_pretrained(path_or_repo_id, **kwargs), path_or_repo_id, kwargs)
+        model = super().from_pretrained(path_or_repo_id, **kwargs)
+        return attach_guard(model, model.__dict__.pop("_hub_folder"))
 
     @classmethod
     def _hub_check_config(cls, config, source, *, overrides, trust_config: bool) -> None:

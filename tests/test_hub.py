@@ -519,7 +519,8 @@ def test_cache_dir_and_hub_options_are_passed_through(model, images, tmp_path, m
     repo_id, kwargs = calls[-1]
     assert repo_id == "org/m"
     assert kwargs == {
-        "allow_patterns": ["config.json", "model.safetensors"],
+        "allow_patterns": ["config.json", "model.safetensors", "ood/guard.json", "ood/config.json",
+                           "ood/model.safetensors"],  # the model's OOD guard, when it has one: the same snapshot
         "revision": "v1",
         "cache_dir": custom,
         "local_files_only": False,

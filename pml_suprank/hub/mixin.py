@@ -276,6 +276,9 @@ class HubMixin:
 
     #: Files that may be absent from a saved folder.
     _hub_optional_files: ClassVar[tuple[str, ...]] = ()
+    #: files saved next to the object by others (e.g. a model's OOD guard, ``ood/guard.json``): fetched with it from
+    #: the same snapshot when present; ``from_pretrained`` sets ``_hub_folder`` to the resolved local folder
+    _hub_companion_files: ClassVar[tuple[str, ...]] = ()
 
     # --- hooks ----------------------------------------------------------------------------------------------------
     @classmethod
@@ -415,8 +418,8 @@ class HubMixin:
             raise TypeError(f"trust_config must be a bool; got {type(trust_config).__name__} {trust_config!r}")
         folder = resolve_folder(
             path_or_repo_id,
-            (CONFIG_NAME, WEIGHTS_NAME),
-            optional=cls._hub_optional_files,
+            (CONFIG_NAME, WEIGHTS_NAME, *cls._hub_companion_files),
+            optional=(*cls._hub_optional_files, *cls._hub_companion_files),
             revision=revision,
             cache_dir=cache_dir,
             local_files_only=local_files_only,
@@ -430,6 +433,8 @@ class HubMixin:
         weights = folder / WEIGHTS_NAME
         state = read_weights(weights, map_location) if weights.is_file() else {}
         obj._hub_load_state(state, config, source=weights, strict=strict, map_location=map_location)
+        if cls._hub_companion_files:
+            obj._hub_folder = folder
         return obj
 
     def push_to_hub(

@@ -52,6 +52,7 @@ from . import metrics as ood_metrics
 __all__ = [
     "GUARD_DIR",
     "GUARD_FILE",
+    "GUARD_FILES",
     "GUARD_KEYS",
     "GuardMismatchError",
     "GuardVerdict",
@@ -382,16 +383,18 @@ def _check_guard_json(data: dict[str, Any], path: Path) -> None:
     _check_ood_sets(data["ood_sets"], f"{path}: ood_sets")
 
 
-def attach_guard(model: Any, path_or_repo_id: str | Path, hub_options: Mapping[str, Any]) -> Any:
-    """Set ``model.weights_sha256`` and ``model.ood_guard`` (``None`` when the folder or repo has no guard) for a
-    model just loaded from ``path_or_repo_id`` (``hub_options``: the ``from_pretrained`` keywords of
-    :func:`~pml_suprank.hub.transport.resolve_folder`). Returns ``model``."""
-    from ..hub.transport import resolve_folder
+#: the guard's files inside a model folder (fetched with the model from one Hub snapshot)
+GUARD_FILES = tuple(f"{GUARD_DIR}/{name}" for name in (GUARD_FILE, "config.json", _WEIGHTS))
 
-    guard_files = tuple(f"{GUARD_DIR}/{name}" for name in (GUARD_FILE, "config.json", _WEIGHTS))
-    keys = ("revision", "cache_dir", "local_files_only", "token", "force_download")
-    folder = resolve_folder(path_or_repo_id, (_WEIGHTS, *guard_files), optional=guard_files,
-                            **{k: hub_options[k] for k in keys if k in hub_options})  # fmt: skip
+
+def attach_guard(model: Any, folder: str | Path) -> Any:
+    """Set ``model.weights_sha256`` and ``model.ood_guard`` (``None`` when ``folder`` has no guard) for a model just
+    loaded from the local ``folder`` (a model folder, or the Hub snapshot its files came from). Returns ``model``.
+
+    Raises:
+        GuardMismatchError: the folder's guard was fitted on other weights or another feature kind.
+    """
+    folder = Path(folder)
     model.weights_sha256 = weights_sha256(folder)
     has_guard = (folder / GUARD_DIR / GUARD_FILE).is_file()
     model.ood_guard = OODGuard.load(folder, model_sha256=model.weights_sha256) if has_guard else None

@@ -99,6 +99,12 @@ def test_from_pretrained_exposes_the_guard_and_one_rule(saved, guard, data):
     assert bool(lower.is_ood.all())  # an explicit threshold overrides the stored one
 
 
+def test_the_model_fetches_the_guard_files_with_its_weights():
+    from pml_suprank.ood.guard import GUARD_FILES
+
+    assert RetrievalModel._hub_companion_files == GUARD_FILES
+
+
 def test_model_without_guard_says_none(tmp_path):
     RetrievalModel(TINY, embedding_size=8, image_size=32).save_pretrained(tmp_path)
     model = RetrievalModel.from_pretrained(tmp_path)
