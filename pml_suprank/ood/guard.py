@@ -59,6 +59,7 @@ __all__ = [
     "OODGuard",
     "attach_guard",
     "calibrate_threshold",
+    "state_digest",
     "weights_sha256",
 ]
 
@@ -102,6 +103,18 @@ def weights_sha256(path: str | Path) -> str:
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
+    return digest.hexdigest()
+
+
+def state_digest(module: Any) -> str:
+    """SHA-256 (hex) of a module's tensors (names, dtypes, shapes, values): what its weights *are*, independent of
+    how a file lays them out (safetensors writes its metadata in no fixed order, so two saves of the same weights can
+    differ byte for byte)."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        t = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return digest.hexdigest()
 
 
@@ -345,6 +358,12 @@ class OODGuard:
             )
         return cls(detector, **{k: data[k] for k in GUARD_KEYS if k not in ("detector", "higher_is_ood")})
 
+    def for_weights(self, model_sha256: str) -> OODGuard:
+        """The same guard bound to another file of the *same* weights (a re-save: :func:`state_digest` unchanged)."""
+        return OODGuard(self.detector, threshold=self.threshold, feature_kind=self.feature_kind,
+                        model_sha256=model_sha256, tpr_target=self.tpr_target, id_tpr=self.id_tpr,
+                        ood_sets=self.ood_sets)  # fmt: skip
+
     def __repr__(self) -> str:
         return (f"OODGuard(detector={self.detector_name}, feature_kind={self.feature_kind!r}, threshold="
                 f"{self.threshold:.6g}, tpr_target={self.tpr_target}, id_tpr={self.id_tpr:.3f})")  # fmt: skip
@@ -396,6 +415,7 @@ def attach_guard(model: Any, folder: str | Path) -> Any:
     """
     folder = Path(folder)
     model.weights_sha256 = weights_sha256(folder)
+    model._weights_digest = state_digest(model)  # to tell, when saving, whether the weights changed since
     has_guard = (folder / GUARD_DIR / GUARD_FILE).is_file()
     model.ood_guard = OODGuard.load(folder, model_sha256=model.weights_sha256) if has_guard else None
     return model

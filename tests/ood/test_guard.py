@@ -158,3 +158,28 @@ def test_image_detectors_and_unfitted_detectors_are_refused(saved):
         OODGuard(ood.MSP(), threshold=0.0, feature_kind="logits", model_sha256=sha, tpr_target=0.95, id_tpr=1)
     with pytest.raises(ValueError, match="model_sha256"):
         OODGuard(ood.MSP(), threshold=0.0, feature_kind="pooled", model_sha256="abc", tpr_target=0.95, id_tpr=1)
+
+
+def test_save_and_push_of_a_loaded_model_keep_its_guard(saved, guard, tmp_path, monkeypatch, caplog):
+    model = RetrievalModel.from_pretrained(saved)
+    model.save_pretrained(tmp_path / "copy")
+    assert RetrievalModel.from_pretrained(tmp_path / "copy").ood_guard.threshold == guard.threshold
+    import huggingface_hub
+
+    uploaded = {}
+
+    def upload_folder(self, *, repo_id, folder_path, **kw):
+        from pathlib import Path
+
+        uploaded[repo_id] = sorted(p.relative_to(folder_path).as_posix() for p in Path(folder_path).rglob("*"))
+        return "ok"
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", lambda self, repo_id, **kw: repo_id)
+    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", upload_folder)
+    model.push_to_hub("me/guarded")
+    assert {"ood/guard.json", "ood/config.json", "ood/model.safetensors"} <= set(uploaded["me/guarded"])
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)  # changed since loading: the guard no longer belongs to the weights
+    with caplog.at_level("WARNING"):
+        model.save_pretrained(tmp_path / "changed")
+    assert not (tmp_path / "changed" / "ood").exists() and "not saved" in caplog.text
