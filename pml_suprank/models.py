@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Literal, get_args
 
 import torch
@@ -406,6 +407,10 @@ class RetrievalModel(HubMixin, nn.Module):
         self.projection = nn.Linear(num_features, embedding_size) if embedding_size is not None else nn.Identity()
         self.num_classes = num_classes
         self.classifier = nn.Linear(num_features, num_classes) if num_classes > 0 else None
+        #: the OOD guard saved with the model (``final/ood/``, :mod:`pml_suprank.ood.guard`), set by from_pretrained
+        self.ood_guard = None
+        #: SHA-256 of the ``model.safetensors`` the model was loaded from (``None`` for a model built in memory)
+        self.weights_sha256 = None
 
     # ------------------------------------------------------------------ forward passes
     def forward_features(self, x: Tensor) -> Tensor:
@@ -537,7 +542,40 @@ class RetrievalModel(HubMixin, nn.Module):
     def extra_repr(self) -> str:
         return f"backbone={self.config['backbone']!r}, embedding_size={self.embedding_size}"
 
+    # ------------------------------------------------------------------ saving: the guard travels with the model
+    def save_pretrained(self, save_directory: str | Path, **kwargs: Any) -> Path:
+        """:meth:`HubMixin.save_pretrained <pml_suprank.hub.HubMixin.save_pretrained>` (same arguments), plus the
+        model's OOD guard (``ood/``, bound to the new file) when the weights are those it was loaded with; otherwise
+        (the model was changed since) the guard is left out with a warning: it would not belong to these weights."""
+        folder = super().save_pretrained(save_directory, **kwargs)
+        guard = self.ood_guard
+        if guard is not None:
+            from .ood.guard import state_digest, weights_sha256
+
+            if guard.model_sha256 == self.weights_sha256 and state_digest(self) == self.__dict__.get("_weights_digest"):
+                guard.for_weights(weights_sha256(folder)).save(folder)
+            else:
+                logger.warning(
+                    "the OOD guard was fitted on weights with sha256 %s, not on the weights saved in %s: it is not "
+                    "saved with them (refit it with fit_heat --model)", guard.model_sha256, folder,
+                )
+        return folder
+
     # ------------------------------------------------------------------ loading (pml_suprank.hub.HubMixin hooks)
+    #: the OOD guard's files (pml_suprank.ood.guard.GUARD_FILES), fetched with the model from one Hub snapshot
+    _hub_companion_files = ("ood/guard.json", "ood/config.json", "ood/model.safetensors")
+
+    @classmethod
+    def from_pretrained(cls, path_or_repo_id: str | Path, **kwargs: Any) -> RetrievalModel:
+        """:meth:`HubMixin.from_pretrained <pml_suprank.hub.HubMixin.from_pretrained>` (same arguments), plus the
+        model's OOD guard: ``model.ood_guard`` is the :class:`~pml_suprank.ood.guard.OODGuard` of the folder's or
+        repo's ``ood/`` (``None`` when it has none; a guard fitted on other weights is refused, naming both hashes)
+        and ``model.weights_sha256`` the SHA-256 of the loaded ``model.safetensors``."""
+        from .ood.guard import attach_guard
+
+        model = super().from_pretrained(path_or_repo_id, **kwargs)
+        return attach_guard(model, model.__dict__.pop("_hub_folder"))
+
     @classmethod
     def _hub_check_config(cls, config, source, *, overrides, trust_config: bool) -> None:
         if not trust_config:

@@ -37,7 +37,7 @@ def _runnable() -> list[tuple[str, int, str]]:
 
 #: pages whose python blocks prepare the data of their shell commands: they run with them, in page order, in
 #: tests/test_docs_shell.py
-SHELL_RUN_PAGES = ("docs/tutorial.md",)
+SHELL_RUN_PAGES = ("docs/tutorial.md", "docs/reject-unknown.md")
 
 
 def test_few_blocks_are_not_runnable_and_they_say_why():

@@ -40,6 +40,8 @@ NOT_RUN: tuple[tuple[str, str], ...] = (
     (r"--data_root (DIR|/data/)", "needs a paper benchmark's archive (a dataset download)"),
     (r"^python recipes/prepare_dataset\.py", "needs a paper benchmark's archive (a dataset download)"),
     (r"--push_to_hub true", "uploads to the Hugging Face Hub (network, an account)"),
+    (r"^pml-suprank-push ", "uploads to the Hugging Face Hub (network, an account; tests/test_push_preflight.py)"),
+    (r"^pml-suprank-demo ", "serves a web page until stopped (tests/test_demo.py runs it, in a browser too)"),
     (r"--report_to wandb", "logs to Weights & Biases (network, an account, pip install wandb)"),
     (r"path/to/", "a placeholder for the reader's folder (the tutorial runs the same commands on a generated one)"),
     (r"--model DIR\b", "a placeholder for the reader's model folder"),
@@ -52,6 +54,7 @@ KNOWN_BROKEN: dict[tuple[str, str], str] = {}
 
 RECIPES = (
     "train", "train_happier", "train_roadmap", "evaluate", "search", "fit_heat", "ood_benchmark", "prepare_dataset",
+    "ood_score", "push", "demo",
 )  # fmt: skip
 TRAINING = ("train", "train_happier", "train_roadmap")
 _FIT_HEAT_DATA = ["--num_per_class", "3", "--num_test_per_class", "2", "--num_noise", "12", "--train_epochs", "1",
@@ -65,6 +68,9 @@ SMALL_FLAGS: dict[str, list[str]] = {
     "search": [],
     "fit_heat": [*_FIT_HEAT_DATA, "--heat_epochs", "1", "--knn_k", "3", "--threads", "1", "--progress", "false"],
     "ood_benchmark": ["--heat_epochs", "1", "--threads", "1", "--progress", "false"],
+    "ood_score": [],
+    "push": [],
+    "demo": [],
 }
 #: appended when ood_benchmark extracts its own features (no --features)
 OOD_EXTRACT_FLAGS = _FIT_HEAT_DATA
@@ -172,7 +178,7 @@ def test_docs_have_bash_commands_and_every_recipe_is_run_somewhere():
     assert len(commands) >= 30
     assert {"README.md", "docs/tutorial.md", "docs/ood.md", "docs/search.md"} <= {c.page for c in commands}
     run = {c.recipe for c in commands if c.recipe and c.not_run_reason is None}
-    assert set(RECIPES) - {"prepare_dataset"} <= run, run
+    assert set(RECIPES) - {"prepare_dataset", "push", "demo"} <= run, run  # network / a server: their own tests
 
 
 def test_every_command_is_a_recipe_or_on_the_allow_list():

@@ -971,7 +971,10 @@ def _detector_card(inputs: CardInputs) -> str:
         "from pml_suprank import ood",
         "",
         f'detector = ood.Detector.from_pretrained("{inputs.load_target}"){inputs.load_comment}',
-        "scores = detector.score(features=z, logits=logits)  # (N,), higher = more OOD",
+        "# the features of the network the detector was fitted on (a timm classifier), images (B, 3, H, W)",
+        "features = ood.extract_features(classifier, [images])",
+        "scores = detector.score(features=features.features, std_features=features.std_features,",
+        "                        logits=features.logits)  # (B,), higher = more OOD",
         "```",
         "",
     ]

@@ -181,8 +181,8 @@ def push_folder(
 ) -> Any:
     """Call ``save(folder)`` and upload the folder with :func:`~pml_suprank.hub.transport.upload_folder`
     (``upload_options``: ``commit_message``, ``private``, ``token``, ``revision``, ``create_pr``). Without
-    ``save_directory`` a temporary folder is used, removed after a successful upload and kept (its path is in the
-    ``RuntimeError``) when the upload fails."""
+    ``save_directory`` a temporary folder is used and removed whatever happens (a failed upload raises a
+    ``RuntimeError``; pass ``save_directory`` to keep the files)."""
     check_repo_id(repo_id)
     keep = save_directory is not None
     folder = Path(save_directory) if keep else Path(tempfile.mkdtemp(prefix="pml_suprank_push_"))
@@ -192,10 +192,17 @@ def push_folder(
         if not keep:
             shutil.rmtree(folder, ignore_errors=True)
         raise
-    result = upload_folder(folder, repo_id, **upload_options)
-    if not keep:
-        shutil.rmtree(folder, ignore_errors=True)
-    return result
+    try:
+        return upload_folder(folder, repo_id, **upload_options)
+    except RuntimeError as e:
+        if keep:
+            raise
+        cause = e.__cause__ or e
+        raise RuntimeError(f"pushing to the Hub repo {repo_id!r} failed ({type(cause).__name__}: {cause}); nothing "
+                           "was kept (pass save_directory= to keep the files)") from cause  # fmt: skip
+    finally:
+        if not keep:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def instantiate(cls: type, kwargs: dict[str, Any], source: Any) -> Any:
@@ -280,6 +287,9 @@ class HubMixin:
 
     #: Files that may be absent from a saved folder.
     _hub_optional_files: ClassVar[tuple[str, ...]] = ()
+    #: files saved next to the object by others (e.g. a model's OOD guard, ``ood/guard.json``): fetched with it from
+    #: the same snapshot when present; ``from_pretrained`` sets ``_hub_folder`` to the resolved local folder
+    _hub_companion_files: ClassVar[tuple[str, ...]] = ()
 
     # --- hooks ----------------------------------------------------------------------------------------------------
     @classmethod
@@ -420,8 +430,8 @@ class HubMixin:
             raise TypeError(f"trust_config must be a bool; got {type(trust_config).__name__} {trust_config!r}")
         folder = resolve_folder(
             path_or_repo_id,
-            (CONFIG_NAME, WEIGHTS_NAME),
-            optional=cls._hub_optional_files,
+            (CONFIG_NAME, WEIGHTS_NAME, *cls._hub_companion_files),
+            optional=(*cls._hub_optional_files, *cls._hub_companion_files),
             revision=revision,
             cache_dir=cache_dir,
             local_files_only=local_files_only,
@@ -436,6 +446,8 @@ class HubMixin:
         state = read_weights(weights, map_location) if weights.is_file() else {}
         obj._hub_load_state(state, config, source=weights, strict=strict, map_location=map_location)
         obj._hub_source = folder  # a later save_pretrained / push_to_hub carries this folder's card files
+        if cls._hub_companion_files:
+            obj._hub_folder = folder
         return obj
 
     def push_to_hub(
@@ -455,8 +467,7 @@ class HubMixin:
         Args:
             repo_id: ``"org/name"``.
             save_directory: Where to write the files before uploading; they stay there whatever happens. Without it
-                a temporary folder is used, removed after a successful upload and kept (its path is in the error)
-                when the upload fails.
+                a temporary folder is used and removed whatever happens.
             commit_message, private, token, revision, create_pr: Passed to ``HfApi.create_repo`` / ``upload_folder``.
             **save_kwargs: ``metadata``, ``metrics``, ``hub_config``, ``plots`` for :meth:`save_pretrained`.
 

@@ -201,6 +201,12 @@ class HEAT(Detector):
         self.standardization_mean: Tensor | None = None
         self.standardization_std: Tensor | None = None
 
+    def _adopt_head(self, model: nn.Module) -> None:
+        """``fit_model`` / ``predict``: take the model's classifier only when a prior reads the head (``el``); a
+        HEAT of feature priors (``gmm``, ``gmm_std``) guards a retrieval model without a classification head."""
+        if any(c.needs_head for c in self.prior_classes.values()):
+            super()._adopt_head(model)
+
     # --- configuration --------------------------------------------------------------------------------------------
     def _resolve_settings(self, overrides: dict[str, Any]) -> dict[str, dict[str, Any]]:
         defaults = {name: cls.default_settings(self.preset) for name, cls in self.prior_classes.items()}

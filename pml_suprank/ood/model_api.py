@@ -60,9 +60,12 @@ def read_state_dict(path: str | Path) -> dict[str, Tensor]:
 
 
 def _is_retrieval_model(model: Any) -> bool:
-    from ..models import RetrievalModel
-
-    return isinstance(model, RetrievalModel)
+    """A :class:`~pml_suprank.models.RetrievalModel` (or a model with its interface: ``forward_features``, ``pool``,
+    ``embed_pooled``, ``classifier``), told by what it offers so that this package does not import ``models``
+    (which loads a model's OOD guard from this package)."""
+    return all(callable(getattr(model, name, None)) for name in ("forward_features", "pool", "embed_pooled")) and (
+        hasattr(model, "classifier")
+    )
 
 
 def _retrieval_features(model, batches: Iterable, device, max_batches: int | None, features: FeatureKind):

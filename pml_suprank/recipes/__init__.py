@@ -6,7 +6,10 @@ strings, returns the run's results) and ``run()`` (the console script).
 * ``evaluate`` (``pml-suprank-evaluate``): exact retrieval metrics and plots of a trained model
 * ``search`` (``pml-suprank-search``): search a gallery with a trained model
 * ``fit_heat`` (``pml-suprank-fit-heat``): fit HEAT and the OOD baselines
+* ``ood_score`` (``pml-suprank-ood-score``): per-image verdicts of a model's OOD guard (scores.csv)
 * ``ood_benchmark`` (``pml-suprank-ood-benchmark``): the OOD benchmark harness
+* ``demo`` (``pml-suprank-demo``): a Gradio page: a query image, its neighbours and the OOD guard's verdict
+* ``push`` (``pml-suprank-push``): upload an existing model folder (RUN/final) to the Hub, after checking access
 * ``prepare_dataset`` (``pml-suprank-prepare-dataset``): a paper benchmark's archive → a ``datasets`` copy
 
 Multi-process and mixed-precision runs go through Accelerate:

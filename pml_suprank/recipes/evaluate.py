@@ -143,8 +143,8 @@ def test_data(spec: EvaluateSpec, recorded: dict[str, Any] | None, image_size: i
     user set laid over it, or the options alone (SyntheticShapes at the model's ``image_size`` by default)."""
     section = dict(recorded["data"]) if recorded is not None else {"dataset": "synthetic", "image_size": image_size}
     if spec.dataset is not None and spec.dataset != section.get("dataset"):
-        section = {"dataset": spec.dataset} if recorded is None or not _same_kind(spec.dataset, section) else {
-            **section, "dataset": spec.dataset}  # fmt: skip
+        kept = recorded is not None and _same_kind(spec.dataset, section, recorded)
+        section = {**section, "dataset": spec.dataset} if kept else {"dataset": spec.dataset}
         if section["dataset"] == "synthetic":
             section["image_size"] = image_size
     for name in ("data_root", "label_columns", "test_split", "num_per_class"):
@@ -154,12 +154,18 @@ def test_data(spec: EvaluateSpec, recorded: dict[str, Any] | None, image_size: i
     return section, seed
 
 
-def _same_kind(dataset: str, section: dict) -> bool:
+def _same_kind(dataset: str, section: dict, recorded: dict) -> bool:
     """``--dataset DIR`` replacing the recorded one keeps the recorded options when both are local folders (the
-    same data moved), else the options start afresh."""
+    same data moved, or the folder of the recorded name: a model folder records a local folder by its name), else
+    the options start afresh."""
+    from pml_suprank.hub.local_names import public_name
     from pml_suprank.training.data_source import folder_layout
 
-    return folder_layout(dataset) is not None and folder_layout(section.get("dataset")) is not None
+    if folder_layout(dataset) is None:
+        return False
+    if recorded.get("local_dataset"):
+        return public_name(dataset) == section.get("dataset")
+    return folder_layout(section.get("dataset")) is not None
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -85,7 +85,7 @@ from pml_suprank.training.spec_cli import OptionError, parse_options  # noqa: E4
 __all__ = [
     "BUILTIN_OOD", "CONTEXT_ARGUMENTS", "METHODS", "RECIPE_DEFAULTS", "VARIANTS", "FitHeatSpec", "build_detector",
     "build_heat", "build_parser", "detector_options", "extract_all", "fit_detectors", "main", "methods",
-    "parse_args", "prepare_data", "save_features", "score_all", "selected_methods",
+    "parse_args", "prepare_data", "save_features", "score_all", "selected_methods", "store_guard",
 ]  # fmt: skip
 
 METHODS = methods()
@@ -292,15 +292,15 @@ def prepare_data(spec: FitHeatSpec):
         from pml_suprank.models import RetrievalModel
 
         config = RetrievalModel.from_pretrained(spec.model).data_config
-        try:
-            id_data = read_data_spec(spec.model, typed={"dataset": spec.id_dataset})
-        except ValueError as e:
-            raise SystemExit(f"--model: {e}") from e
-        if id_data is None and spec.id_dataset is None:
-            raise SystemExit(f"--model {spec.model} records no training data (data_spec.json): give --id_dataset")
-        if spec.id_dataset is not None:  # a typed folder confirms the recorded one (its class split) or replaces it
-            same = id_data is not None and _same_path(spec.id_dataset, id_data["data"].get("dataset"))
-            id_data = {**id_data, "data": {**id_data["data"], "dataset": spec.id_dataset}} if same else None
+        if spec.id_dataset is None:
+            try:
+                id_data = read_data_spec(spec.model)
+            except ValueError as e:
+                raise SystemExit(f"--model: {e}") from e
+            if id_data is None:
+                raise SystemExit(f"--model {spec.model} records no training data (data_spec.json): give --id_dataset")
+        else:  # a typed folder of the recorded name confirms the recorded one (its class split), else replaces it
+            id_data = recorded_folder_spec(spec)
         spec = spec.resolved(model_image_size=int(config["input_size"][-1]))
         transform = data.build_transforms(config, train=False)
     else:
@@ -323,8 +323,22 @@ def prepare_data(spec: FitHeatSpec):
     return spec, train_ds, test_ds, ood_sets, level, classes, train_labels
 
 
-def _same_path(a: str, b: Any) -> bool:
-    return isinstance(b, str) and Path(a).exists() and Path(a).resolve() == Path(b).resolve()
+def recorded_folder_spec(spec: FitHeatSpec) -> dict | None:
+    """The model's data spec with ``--id_dataset`` as its dataset, when ``--id_dataset`` is a local folder named as
+    the model's recorded training folder (a model folder records a local folder by its name only): the recorded
+    label columns, class split and seed then apply."""
+    from pml_suprank.hub.local_names import public_name
+    from pml_suprank.training.data_spec import read_data_spec
+
+    if not Path(spec.id_dataset).is_dir() or spec.label_column:
+        return None
+    try:
+        recorded = read_data_spec(spec.model, typed={"dataset": spec.id_dataset})
+    except ValueError as e:
+        raise SystemExit(f"--model: {e}") from e
+    if recorded is None or recorded["data"].get("dataset") != public_name(spec.id_dataset):
+        return None
+    return {**recorded, "data": {**recorded["data"], "dataset": spec.id_dataset}}
 
 
 def check_trained_head(spec: FitHeatSpec) -> None:
@@ -397,8 +411,44 @@ def check_files(spec: FitHeatSpec) -> Path:
         refuse(str(e))
 
 
+def _set_name(entry: str) -> str:
+    """An OOD set as the guard records it: a local folder by its name (a model folder holds no local path)."""
+    source, sep, rest = entry.partition(":")
+    return Path(source).name + sep + rest if Path(source).exists() else entry
+
+
+def store_guard(spec: FitHeatSpec, detectors, id_scores, ood_scores) -> Path | None:
+    """With ``--model`` a local folder: the ``--guard`` detector, its threshold calibrated on the held-out ID scores
+    at ``--ood_tpr`` and its FPR / AUROC per OOD set, saved in the model folder as its OOD guard (``ood/``,
+    :class:`~pml_suprank.ood.guard.OODGuard`). Returns that folder, or ``None`` (no ``--model``, ``--guard none``,
+    or a Hub id: the guard lives in the model folder, so download it and run again on the folder)."""
+    from pml_suprank.ood.guard import OODGuard, weights_sha256
+
+    if spec.model is None or spec.guard == "none":
+        return None
+    folder = Path(spec.model)
+    if not folder.is_dir():
+        print(f"--model {spec.model} is not a local folder: no OOD guard stored (it is saved inside the model folder)")
+        return None
+    guard = OODGuard.calibrate(
+        detectors[spec.guard], id_scores[spec.guard], model_sha256=weights_sha256(folder), feature_kind="pooled",
+        tpr_target=spec.ood_tpr, ood_scores={_set_name(k): v[spec.guard] for k, v in ood_scores.items()},
+        seed=spec.seed,
+    )  # fmt: skip
+    path = guard.save(folder)
+    fprs = ", ".join(f"{k} {100 * v['fpr']:.1f}%" for k, v in guard.ood_sets.items())
+    kept = f"{100 * guard.id_tpr:.1f}% (target {100 * spec.ood_tpr:.0f}%)"
+    print(f"OOD guard {spec.guard} in {path}: OOD when score > {guard.threshold:.6g}; held-out ID kept {kept}; "
+          f"OOD accepted (FPR): {fprs or '-'}")  # fmt: skip
+    return path
+
+
 def main(argv=None) -> dict:
     spec = parse_args(argv)
+    if spec.push_to_hub:  # token, network and write access: before any work
+        from pml_suprank.hub.preflight import require_push_access
+
+        require_push_access(spec.hub_model_id)
     if spec.threads:
         torch.set_num_threads(spec.threads)
     torch.manual_seed(spec.seed)  # recipe-level seeding (classifier init and flips); the package never does this
@@ -434,6 +484,7 @@ def main(argv=None) -> dict:
 
     heat = detectors.get("HEAT")
     heat_dir = None if heat is None else heat.save_pretrained(out_dir / "heat_detector")
+    guard_dir = store_guard(spec, detectors, id_scores, ood_scores)
     plot = None if spec.no_plots else save_histograms(id_scores, ood_scores, out_dir, spec.convention)
     results = {
         "args": spec.to_dict(),
@@ -445,6 +496,7 @@ def main(argv=None) -> dict:
         "heat_history": None if heat is None else heat.history,
         "total_seconds": time.perf_counter() - t0,
         "heat_detector": None if heat_dir is None else str(heat_dir),
+        "ood_guard": None if guard_dir is None else str(guard_dir),
         "histograms": None if plot is None else str(plot),
         "features": str(features_file),
     }

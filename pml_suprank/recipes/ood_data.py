@@ -59,6 +59,7 @@ def build_datasets(spec: FitHeatSpec, transform, id_data: dict[str, Any] | None 
     ``id_data``: the data spec recorded in a retrieval model folder (``data_spec.json``): the ID sets are then the
     training run's own training / test sets (same source, label columns and class split)."""
     from .. import data
+    from ..search.image_files import ImageFiles, is_flat_image_folder
 
     if id_data is not None:
         from ..training.data_source import dataset_source
@@ -88,6 +89,8 @@ def build_datasets(spec: FitHeatSpec, transform, id_data: dict[str, Any] | None 
                                                families=HELDOUT_FAMILIES, open_set=False, **common)  # fmt: skip
         elif entry.startswith("noise-"):
             oods[entry] = data.SyntheticNoise(spec.num_noise, kind=entry.split("-", 1)[1], **common)
+        elif is_flat_image_folder(entry):  # "things that are not my classes": a folder of images, no class folders
+            oods[entry] = ImageFiles(entry, transform, what=f"--ood_datasets {entry}")
         else:
             source, split, label = ood_source(entry, spec)
             oods[entry] = data.load_retrieval_dataset(source, [label], split=split, transform=transform,

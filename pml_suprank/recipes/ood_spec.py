@@ -175,6 +175,10 @@ class FitHeatSpec:
         "data spec, with a classifier head trained on the ID set (replaces --backbone / --checkpoint)",
         check=optional(is_str()),
     )  # fmt: skip
+    guard: str = option("HEAT", "with --model: the detector stored in the model folder as its OOD guard (final/ood/, "
+                        "a table row scoring features), or 'none'", check=is_str())  # fmt: skip
+    ood_tpr: float = option(0.95, "with --model: share of held-out ID images the guard's threshold keeps",
+                            check=is_number(0, strict=True, high=1))  # fmt: skip
     backbone: str = option("test_resnet", "timm model name (test_resnet: a tiny timm ResNet)", check=is_str())
     pretrained: bool = option(False, "load timm's pretrained weights (downloads)", check=is_bool())
     checkpoint: str | None = option(None, "state dict (.pt / .safetensors) of the timm classifier",
@@ -253,6 +257,9 @@ class FitHeatSpec:
         bad = sorted(set(self.priors) - set(list_priors()))
         if bad:
             raise OptionError(f"--priors: unknown {bad}; choose among {list(list_priors())}")
+        if self.guard != "none" and (self.guard == "ODIN" or self.guard not in (self.detectors or methods())):
+            raise OptionError(f"--guard: {self.guard!r} is not a computed table row that scores features; choose among "
+                              f"{[m for m in (self.detectors or methods()) if m != 'ODIN']} or 'none'")  # fmt: skip
         if self.model is not None and self.checkpoint is not None:
             raise OptionError("--model and --checkpoint exclude each other: --model loads a retrieval model folder "
                               "(RUN/final), --checkpoint a timm classifier's state dict")  # fmt: skip

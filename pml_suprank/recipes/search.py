@@ -10,13 +10,17 @@
 # --gallery: "synthetic" (SyntheticShapes at the model's image size), a paper benchmark name (with --data_root), or
 #   any source of pml_suprank.data.load_retrieval_dataset (Hub id, image folder, parquet; with --label_columns,
 #   space-separated, finest first). Without it: the test set the model was trained with (its data_spec.json).
-# --queries: a folder of image files (no labels; searched recursively), or a dataset given like --gallery. Without it,
-#   --num_queries gallery items are drawn (seeded) and each one is removed from its own results.
+#   A folder of plain image files (no metadata, flat or nested) is an unlabelled gallery.
+# --queries: a folder of image files (no labels; searched recursively), one image file, or a dataset given like
+#   --gallery. Without it, --num_queries gallery items are drawn (seeded) and each one is removed from its own results.
+# OOD guard: when the model folder holds one (ood/, written by `fit_heat --model`), every query gets a verdict
+#   (score > threshold = OOD; --ood_threshold overrides the stored threshold); without one the output says so once.
 #
 # Writes to --output_dir: results.json (every query with its top-k: rank, gallery index, name, score, labels,
-# relevance), results.html (one offline page: thumbnails inlined, borders coloured by relevance — green same fine
-# class, orange same coarse class, red other, grey no labels), results_grid.png, and with --save_index the index
-# folder (pml_suprank.search.RetrievalIndex.save). Progress bars (tqdm) on embedding and search.
+# relevance, and its "ood" verdict), results.html (one offline page: thumbnails inlined, relevance as a text mark —
+# ✓ same fine class, ~ same coarse class, ✗ other — and a coloured border, the guard's verdict as a text badge),
+# results_grid.png, and with --save_index the index folder (pml_suprank.search.RetrievalIndex.save). Progress bars
+# (tqdm) on embedding and search. Names printed to the terminal are stripped of control characters.
 ########################################################################
 from __future__ import annotations
 
@@ -28,18 +32,27 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # noqa: TID251 - recipes ma
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import math  # noqa: E402
 from dataclasses import dataclass, replace  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 
+from pml_suprank.search.safe_text import refuse  # noqa: E402
 from pml_suprank.training.cli import add_option_arguments  # noqa: E402
-from pml_suprank.training.config import is_bool, is_choice, is_int, is_str, option, optional  # noqa: E402
+from pml_suprank.training.config import OptionCheck, is_bool, is_choice, is_int, is_str, option, optional  # noqa: E402
 from pml_suprank.training.options import DataOptions  # noqa: E402
 from pml_suprank.training.spec_cli import OptionError, check_options, parse_options, same_option  # noqa: E402
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
+
+def _finite_number() -> OptionCheck:
+    """Any finite real number (an OOD threshold may be negative)."""
+
+    def check(v: Any) -> bool:
+        return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(float(v))
+
+    return OptionCheck(check, "a finite number", kind="number", bounds=(-math.inf, math.inf, False, False))
 
 
 @dataclass
@@ -75,6 +88,9 @@ class SearchSpec:
                               "model's, else 0)", check=optional(is_int(0)))  # fmt: skip
     thumbnail_size: int = option(96, "longer side of the HTML thumbnails", check=is_int(16, 1024))
     save_index: bool = option(False, "also save the index to OUTPUT_DIR/index", check=is_bool())
+    ood_threshold: float | None = option(None, "OOD when the guard's score > this (unset: the guard's calibrated "
+                                         "threshold; needs a model with an OOD guard)",
+                                         check=optional(_finite_number()))  # fmt: skip
     device: str | None = option(None, "default: cuda when available, else cpu", check=optional(is_str()))
 
     def __post_init__(self) -> None:
@@ -103,37 +119,13 @@ def parse_args(argv: list[str] | None = None) -> SearchSpec:
         parser.error(str(e))
 
 
-class ImageFolderQueries(torch.utils.data.Dataset):
-    """Every image file under ``root`` (sorted paths), transformed, with placeholder labels (``-1``)."""
+def is_plain_image_source(source: str) -> bool:
+    """An image file, or a folder of image files without the metadata / parquet / saved-dataset files of a dataset
+    source (read by :class:`~pml_suprank.search.image_files.ImageFiles`, no labels)."""
+    from pml_suprank.search.image_files import has_dataset_files
 
-    def __init__(self, root: Path, transform: Any) -> None:
-        from pml_suprank.data.image_check import bad_image_files
-
-        self.root = root
-        self.paths = sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
-        if not self.paths:
-            raise SystemExit(f"--queries {root}: no image files ({', '.join(IMAGE_SUFFIXES)}) found")
-        if (bad := bad_image_files(self.paths, what=f"--queries {root}")) is not None:  # before a query is embedded
-            raise SystemExit(bad)
-        self.transform = transform
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def get_image(self, i: int) -> Any:
-        from PIL import Image
-
-        with Image.open(self.paths[i]) as img:
-            return img.convert("RGB")
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        return {"image": self.transform(self.get_image(i)), "labels": torch.tensor([-1]), "index": i}
-
-
-def is_plain_image_folder(root: Path) -> bool:
-    """A folder of image files without the metadata / parquet / saved-dataset files of a dataset source."""
-    markers = ("metadata.csv", "metadata.jsonl", "dataset_dict.json", "dataset_info.json")
-    return root.is_dir() and not any(root.glob("*.parquet")) and not any((root / m).exists() for m in markers)
+    root = Path(source)
+    return root.is_file() or (root.is_dir() and not has_dataset_files(root))
 
 
 def load_dataset(args: SearchSpec, source: str, split: str, transform: Any, image_size: int) -> Any:
@@ -145,40 +137,70 @@ def load_dataset(args: SearchSpec, source: str, split: str, transform: Any, imag
                                     transform=transform)  # fmt: skip
     if source in BENCHMARKS:
         if not args.data_root:
-            raise SystemExit(f"--data_root is required for benchmark {source!r}")
+            refuse(f"--data_root is required for benchmark {source!r}")
         return data.load_benchmark(source, args.data_root, split, transform)
     if not args.label_columns:
-        raise SystemExit(f"--label_columns is required with dataset {source!r}")
+        refuse(f"--label_columns is required with dataset {source!r}")
     return data.load_retrieval_dataset(source, args.label_columns, split=split, transform=transform)
 
 
-def recorded_data(args: SearchSpec) -> dict[str, Any] | None:
-    """The model's ``data_spec.json`` when it applies: no ``--gallery``, or ``--gallery`` naming the recorded folder
-    (the user confirms it: a recorded path is never followed unasked); ``None`` otherwise."""
+def folder_split(source: str, given: str | None, flag: str) -> str:
+    """The split of a dataset source: ``given``, else ``test`` — for a local folder of class folders, ``test`` when it
+    has one, else its only split; a folder with several splits and none named ``test`` must be told which
+    (:func:`~pml_suprank.search.safe_text.refuse` naming ``flag``)."""
+    if given is not None or not Path(source).is_dir():
+        return given or "test"
+    from pml_suprank.data.folders import image_folder_layout
+
+    try:
+        layout = image_folder_layout(source)
+    except ValueError:
+        return "test"
+    if layout is None or "test" in layout.splits:
+        return "test"
+    if len(layout.splits) == 1:
+        return layout.splits[0]
+    refuse(f"{flag}: {source} has the splits {list(layout.splits)} and none is named 'test': give one of them")
+
+
+def model_gallery(args: SearchSpec, transform: Any, folder: str | None = None) -> tuple[Any, SearchSpec]:
+    """The test set the model was trained with (its ``data_spec.json``), and the spec naming it. A local training
+    folder is recorded by its name only: ``folder`` (the ``--gallery`` the user typed, of that name) says where it is,
+    and the recorded class split and seed still apply."""
+    from pml_suprank.training.data_source import dataset_source
     from pml_suprank.training.data_spec import read_data_spec
 
     try:
-        recorded = read_data_spec(args.model, typed={"dataset": args.gallery})
+        recorded = read_data_spec(args.model, typed={"dataset": folder})
     except ValueError as e:
-        raise SystemExit(f"--model: {e}") from e
-    if args.gallery is None or recorded is None:
-        return recorded
-    same = Path(args.gallery).exists() and Path(args.gallery).resolve() == Path(recorded["data"]["dataset"]).resolve()
-    if not same or args.gallery_split is not None:
-        return None
-    return {**recorded, "data": {**recorded["data"], "dataset": args.gallery}}
-
-
-def model_gallery(args: SearchSpec, transform: Any, recorded: dict[str, Any] | None) -> tuple[Any, SearchSpec]:
-    """The test set the model was trained with (its ``data_spec.json``), and the spec naming it."""
-    from pml_suprank.training.data_source import dataset_source
-
+        refuse(f"--model: {e}")
     if recorded is None:
-        raise SystemExit(f"--gallery is required: the model {args.model} records no data spec (data_spec.json)")
-    source = dataset_source(recorded["data"], "test")
+        refuse(f"--gallery is required: the model {args.model} records no data spec (data_spec.json)")
+    section = dict(recorded["data"])
+    if folder is not None:
+        section["dataset"] = folder
+    source = dataset_source(section, "test")
     seed = args.seed if args.seed is not None else int(recorded["seed"])
     args = replace(args, gallery=source.name, gallery_split=source.split, seed=seed)
-    return source.load(transform, seed=seed, recorded_split=recorded.get("class_split")), args
+    try:
+        return source.load(transform, seed=seed, recorded_split=recorded.get("class_split")), args
+    except (OSError, ValueError) as e:
+        refuse(f"the training data recorded by {args.model} ({section.get('dataset')!r}) cannot be read: {e}; a local "
+               "folder is recorded by its name only: give its path with --gallery")  # fmt: skip
+
+
+def recorded_folder(args: SearchSpec) -> bool:
+    """``--gallery`` is a local folder with the name of the model's recorded training folder (``data_spec.json``)."""
+    from pml_suprank.hub.local_names import public_name
+    from pml_suprank.training.data_spec import read_data_spec
+
+    if args.gallery is None or not Path(args.gallery).is_dir() or args.label_columns or args.gallery_split:
+        return False
+    try:
+        recorded = read_data_spec(args.model, typed={"dataset": args.gallery})
+    except ValueError:
+        return False
+    return recorded is not None and recorded["data"].get("dataset") == public_name(args.gallery)
 
 
 def embed(model: torch.nn.Module, dataset: Any, batch_size: int, description: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -244,38 +266,90 @@ def describe_results(
     return records
 
 
+def load_model(args: SearchSpec, device: torch.device) -> Any:
+    """The model (with its OOD guard, if any) — or one ``error:`` line naming ``--model`` / ``--ood_threshold``."""
+    from pml_suprank.models import RetrievalModel
+    try:
+        model = RetrievalModel.from_pretrained(args.model)
+    except (OSError, ValueError, TypeError) as e:
+        refuse(f"--model {args.model}: {e}")
+    if args.ood_threshold is not None and model.ood_guard is None:
+        refuse(f"--ood_threshold: the model {args.model} has no OOD guard (ood/guard.json; fit one with "
+               f"`pml-suprank-fit-heat --model {args.model}`)")  # fmt: skip
+    return model.to(device).eval()
+
+
+def load_gallery(args: SearchSpec, transform: Any, image_size: int) -> tuple[Any, SearchSpec]:
+    """The gallery dataset and the spec naming it (its split and seed resolved); a gallery that cannot be read is
+    one ``error:`` line naming ``--gallery``."""
+    from pml_suprank.search.image_files import ImageFiles
+    if args.gallery is None:
+        return model_gallery(args, transform)
+    if recorded_folder(args):  # the model's own training folder, recorded by name: its recorded test split
+        return model_gallery(args, transform, folder=args.gallery)
+    if args.gallery not in ("synthetic",) and is_plain_image_source(args.gallery) and not args.label_columns:
+        try:
+            return ImageFiles(args.gallery, transform, what=f"--gallery {args.gallery}"), replace(
+                args, gallery_split=args.gallery_split or "all", seed=args.seed or 0)
+        except ValueError as e:
+            refuse(e)
+    split = folder_split(args.gallery, args.gallery_split, "--gallery_split")
+    args = replace(args, gallery_split=split, seed=args.seed or 0)
+    try:
+        return load_dataset(args, args.gallery, args.gallery_split, transform, image_size), args
+    except (OSError, ValueError, KeyError) as e:
+        refuse(f"--gallery {args.gallery} (split {args.gallery_split!r}): {e}")
+
+
+def load_queries(args: SearchSpec, transform: Any, image_size: int) -> tuple[Any, list[str]]:
+    """The ``--queries`` dataset and the name of each query, or one ``error:`` line naming ``--queries``."""
+    from pml_suprank.search.image_files import ImageFiles
+
+    if is_plain_image_source(args.queries):
+        try:
+            source = ImageFiles(args.queries, transform, what=f"--queries {args.queries}")
+        except ValueError as e:
+            refuse(e)
+        return source, list(source.names)
+    split = folder_split(args.queries, args.query_split or args.gallery_split, "--query_split")
+    try:
+        source = load_dataset(args, args.queries, split, transform, image_size)
+    except (OSError, ValueError, KeyError) as e:
+        refuse(f"--queries {args.queries} (split {split!r}): {e}")
+    return source, [f"{args.queries}:{split}[{i}]" for i in range(len(source))]
+
+
+def ood_verdicts(model: Any, dataset: Any, indices: list[int], args: SearchSpec, device: torch.device) -> list | None:
+    """``[{"score", "is_ood"}, ...]`` of the queries ``dataset[indices]`` by the model's OOD guard (``None``: the
+    model has none)."""
+    if model.ood_guard is None:
+        return None
+    loader = torch.utils.data.DataLoader(torch.utils.data.Subset(dataset, indices), batch_size=args.batch_size)
+    return model.ood_guard.predict(model, loader, threshold=args.ood_threshold, device=device).records()
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     from pml_suprank import data
-    from pml_suprank.models import RetrievalModel
+    from pml_suprank.search.image_files import ImageFiles
     from pml_suprank.search.report import write_html_report, write_result_grid
-    from pml_suprank.training.recipe import refuse
-    from pml_suprank.training.run_folder import OutputDirError, prepare_output_dir
+    from pml_suprank.search.safe_text import terminal_safe
 
-    try:  # before any work: a file, a read-only folder
-        prepare_output_dir(args.output_dir)
-    except OutputDirError as e:
-        refuse(str(e))
+    out = Path(args.output_dir)
+    if out.exists() and not out.is_dir():
+        refuse(f"--output_dir {out} is a file, not a folder")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    try:  # a missing folder, a Hub id not in the cache while offline, an unusable model folder
-        model = RetrievalModel.from_pretrained(args.model).to(device).eval()
-    except (OSError, ValueError) as e:
-        refuse(f"--model {args.model}: {e}")
+    model = load_model(args, device)
     transform = data.build_transforms(model.data_config, train=False)
     image_size = int(model.data_config["input_size"][-1])
-    recorded = recorded_data(args)
-    if args.gallery is None or recorded is not None:
-        gallery, args = model_gallery(args, transform, recorded)
-    else:
-        args = replace(args, gallery_split=args.gallery_split or "test", seed=args.seed or 0)
-        try:  # a missing split, an unusable image (named), a label column not there
-            gallery = load_dataset(args, args.gallery, args.gallery_split, transform, image_size)
-        except ValueError as e:
-            refuse(f"--gallery {args.gallery}: {e}")
+    gallery, args = load_gallery(args, transform, image_size)
+    if args.queries is not None:  # read and checked before the gallery is embedded
+        source, names = load_queries(args, transform, image_size)
     ids = gallery_ids(gallery, args)
     index = model.build_index(torch.utils.data.DataLoader(gallery, batch_size=args.batch_size), backend=args.backend,
                               ids=ids, progress=True)  # fmt: skip
-    labels = index.labels if index.labels is not None and index.labels.dim() == 2 else None
+    unlabelled_gallery = isinstance(gallery, ImageFiles)
+    labels = index.labels if index.labels is not None and index.labels.dim() == 2 and not unlabelled_gallery else None
     exclude_self = args.queries is None
     if args.queries is None:
         g = torch.Generator().manual_seed(args.seed)
@@ -285,21 +359,16 @@ def main(argv: list[str] | None = None) -> dict:
         names = [item_name(gallery, i, f"{args.gallery}:{args.gallery_split}[{i}]", root) for i in picked.tolist()]
         q_labels = [labels[i].tolist() if labels is not None else None for i in picked.tolist()]
         q_images = [(gallery, i) for i in picked.tolist()]
+        verdicts = ood_verdicts(model, gallery, picked.tolist(), args, device)
     else:
-        root = Path(args.queries)
-        if is_plain_image_folder(root):
-            source = ImageFolderQueries(root, transform)
-            names = [str(p.relative_to(root)) for p in source.paths]
-        else:
-            source = load_dataset(args, args.queries, args.query_split or args.gallery_split, transform, image_size)
-            names = [f"{args.queries}:{args.query_split or args.gallery_split}[{i}]" for i in range(len(source))]
         q_emb, q_lab = embed(model, source, args.batch_size, "queries")
-        unlabelled = isinstance(source, ImageFolderQueries) or labels is None or q_lab.dim() != 2
+        unlabelled = isinstance(source, ImageFiles) or labels is None or q_lab.dim() != 2
         q_labels = [None if unlabelled else row.tolist() for row in q_lab]
         q_images = [(source, i) for i in range(len(source))]
+        verdicts = ood_verdicts(model, source, list(range(len(source))), args, device)
     num_results = min(args.k, len(index) - int(exclude_self))
     if num_results < 1:
-        raise SystemExit(f"the gallery has {len(index)} item(s): nothing to return once a query is left out")
+        refuse(f"--gallery: it has {len(index)} item(s): nothing to return once a query is left out")
     scores, indices = index.search(q_emb, min(args.k + int(exclude_self), len(index)), progress=True)
     scores, indices = scores.cpu(), indices.cpu()
     if exclude_self:  # drop each query from its own results (it is a gallery item)
@@ -307,15 +376,19 @@ def main(argv: list[str] | None = None) -> dict:
         scores = torch.stack([s[m][:num_results] for s, m in zip(scores, keep, strict=True)])
         indices = torch.stack([i[m][:num_results] for i, m in zip(indices, keep, strict=True)])
     records = describe_results(args, gallery, labels, names, q_images, q_labels, scores, indices)
+    guard = model.ood_guard
+    for record, verdict in zip(records, verdicts or [None] * len(records), strict=True):
+        record["ood"] = verdict
 
-    out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     pages = [{**r, "image": r["image_ref"][0].get_image(r["image_ref"][1]),
               "results": [{**x, "image": gallery.get_image(x["index"])} for x in r["results"]]}
              for r in records]  # fmt: skip
     title = (f"{_short(args.model)}: {len(records)} queries against {_short(args.gallery)} {args.gallery_split} "
              f"({len(index)} images), top {args.k}")  # fmt: skip
-    write_html_report(out / "results.html", pages, title=title, thumbnail_size=args.thumbnail_size)
+    threshold = None if guard is None else (guard.threshold if args.ood_threshold is None else args.ood_threshold)
+    write_html_report(out / "results.html", pages, title=title, thumbnail_size=args.thumbnail_size,
+                      ood_guard=None if guard is None else {"detector": guard.detector_name, "threshold": threshold})
     write_result_grid(out / "results_grid.png", pages)
     levels = [x["relevance"] for r in records for x in r["results"]]
     summary = {level: levels.count(level) for level in ("fine", "coarse", "other", "unknown")}
@@ -323,13 +396,24 @@ def main(argv: list[str] | None = None) -> dict:
         "model": args.model, "gallery": {"source": args.gallery, "split": args.gallery_split, "size": len(index)},
         "queries_source": args.queries, "k": args.k, "backend": args.backend, "index_options": index.options,
         "label_names": list(getattr(gallery, "label_names", []) or []), "relevance_counts": summary,
+        "ood_guard": None if guard is None else {
+            "detector": guard.detector_name, "threshold": threshold, "higher_is_ood": True,
+            "threshold_source": "--ood_threshold" if args.ood_threshold is not None else "guard",
+        },
         "queries": [{key: v for key, v in r.items() if key != "image_ref"} for r in records],
     }  # fmt: skip
     (out / "results.json").write_text(json.dumps(result, indent=1))
     if args.save_index:
         index.save(out / "index")
     print(summary_table(records, args.k))  # noqa: T201 - the recipe's console output
-    print(f"{len(records)} queries, top {args.k}: {summary}; results.json, results.html, results_grid.png in {out}")
+    if guard is None:
+        print("no OOD guard in this model: queries are not checked for unknown kinds (fit one with "  # noqa: T201
+              "`pml-suprank-fit-heat --model MODEL`)")
+    else:
+        n_ood = sum(bool(r["ood"]["is_ood"]) for r in records)
+        print(f"OOD guard {guard.detector_name}: {n_ood} of {len(records)} queries OOD (score > {threshold:.6g})")  # noqa: T201
+    print(f"{len(records)} queries, top {args.k}: {summary}; results.json, results.html, results_grid.png in "  # noqa: T201
+          f"{terminal_safe(out)}")
     return result
 
 
@@ -343,15 +427,19 @@ def _short(source: str | None) -> str:
 
 def summary_table(records: list[dict], k: int) -> str:
     """The console table of the search: one row per query (name, class, same-class / same-group hits in the top
-    ``k``, the first result)."""
+    ``k``, the first result, the OOD guard's verdict), every cell stripped of control characters."""
     from pml_suprank.search.report import query_hits
+    from pml_suprank.search.safe_text import terminal_safe
 
-    rows = [("query", "class", f"same class / {k}", f"same group / {k}", "first result")]
+    rows = [("query", "class", f"same class / {k}", f"same group / {k}", "first result", "OOD guard")]
     for r in records:
         hits = query_hits(r)
         first = r["results"][0]["name"] if r["results"] else "-"
-        rows.append((str(r["name"]), str(r.get("class_name") or (r["labels"] or ["-"])[0]),
-                     str(hits.get("fine", "-")), str(hits.get("coarse", "-")), str(first)))  # fmt: skip
+        ood = r.get("ood")
+        verdict = "-" if ood is None else ("OOD" if ood["is_ood"] else "known") + f" {ood['score']:.4g}"
+        rows.append(tuple(terminal_safe(c) for c in (
+            r["name"], r.get("class_name") or (r["labels"] or ["-"])[0], hits.get("fine", "-"),
+            hits.get("coarse", "-"), first, verdict)))  # fmt: skip
     widths = [min(40, max(len(row[i]) for row in rows)) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell[:40].ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows)
 

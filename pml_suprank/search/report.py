@@ -6,7 +6,8 @@ Both take the same description of the results, a list of queries::
      "class_name": str | None, "ap": float | None,          # optional: the query's class name, its AP in the gallery
      "results": [{"rank": int, "index": int, "name": str, "score": float, "image": PIL image,
                   "labels": list[int] | None, "class_name": str | None,
-                  "relevance": "fine" | "coarse" | "other" | "unknown"}, ...]}
+                  "relevance": "fine" | "coarse" | "other" | "unknown"}, ...],
+     "ood": {"score": float, "is_ood": bool} | None}          # optional: the OOD guard's verdict on the query
 
 ``name`` is what identifies an item to a person (a file path relative to its folder, or a dataset id), ``class_name``
 its class as the data names it (e.g. ``"Greek/character03"``). Each query's row also shows its hits — results of the
@@ -15,8 +16,11 @@ whole gallery.
 
 The relevance of a result to its query (:func:`relevance_level`) is read from their label rows (column 0 finest, last
 coarsest): ``"fine"`` = same fine class, ``"coarse"`` = same coarsest class only, ``"other"``; ``"unknown"`` when
-either side has no labels. The HTML page inlines every thumbnail as a ``data:image/png;base64`` URI, so it is one file
-that works offline and can be moved anywhere.
+either side has no labels. On the page it is a text mark (``✓`` same fine class, ``~`` same coarse class, ``✗``
+other) and the image's alt text, with a coloured border for those who see colours; the OOD guard's verdict is a text
+badge ("OOD: unknown kind" / "known kind") beside the query. The HTML page inlines every thumbnail as a
+``data:image/png;base64`` URI, so it is one file that works offline and can be moved anywhere; every name is
+HTML-escaped, and long names wrap at ``/ _ - .`` (never inside a word).
 """
 
 from __future__ import annotations
@@ -24,12 +28,14 @@ from __future__ import annotations
 import base64
 import html
 import io
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 __all__ = [
     "RELEVANCE_COLOURS",
+    "RELEVANCE_MARKS",
     "query_hits",
     "relevance_level",
     "thumbnail_data_uri",
@@ -39,7 +45,9 @@ __all__ = [
 
 #: border colour of each relevance level (the colours of :func:`pml_suprank.plots.plot_retrieval_grid`)
 RELEVANCE_COLOURS = {"fine": "#2ca02c", "coarse": "#ff7f0e", "other": "#d62728", "unknown": "#7f7f7f"}
-_LABELS = {"fine": "same fine class", "coarse": "same coarse class", "other": "other", "unknown": "no labels"}
+_LABELS = {"fine": "same fine class", "coarse": "same coarse class", "other": "other class", "unknown": "no labels"}
+#: the text mark of each relevance level (the page never tells relevance by colour alone)
+RELEVANCE_MARKS = {"fine": "✓", "coarse": "~", "other": "✗", "unknown": "?"}
 
 
 def relevance_level(query_labels: Sequence[int] | None, item_labels: Sequence[int] | None) -> str:
@@ -74,36 +82,73 @@ figure { margin: 0; text-align: center; font-size: 0.75em; }
 figure img { display: block; border: 4px solid #1f77b4; }
 ol.results { display: flex; flex-wrap: wrap; gap: 0.5em; list-style: none; padding: 0; margin: 0; }
 ol.results img { display: block; border: 4px solid; }
-figcaption .name { display: block; max-width: 9em; overflow-wrap: anywhere; color: #555; }
+figcaption .name { display: block; max-width: 10em; overflow-wrap: normal; word-break: normal; hyphens: none;
+  color: #555; }
+.mark { font-weight: bold; margin-right: 0.2em; }
+.verdict { display: inline-block; margin: 0.3em 0 0 0; padding: 0.1em 0.5em; border-radius: 3px; font-size: 0.85em;
+  font-weight: bold; border: 2px solid; }
+.verdict.ood { color: #8b0000; border-color: #8b0000; background: #fde8e8; }
+.verdict.known { color: #1b5e20; border-color: #1b5e20; background: #e8f5e9; }
+p.guard { font-size: 0.9em; }
 p.summary { margin: 0.3em 0 0 0; font-size: 0.8em; }
 """ + "".join(f"li.{level} img {{ border-color: {colour}; }}\n" for level, colour in RELEVANCE_COLOURS.items())
 
 
+def _name(text: Any) -> str:
+    """HTML-escaped ``text`` with a line-break opportunity (``<wbr>``) after each ``/ _ - .``: a long name wraps at
+    its separators, never inside a word."""
+    return re.sub(r"([/_\-.])", r"\1<wbr>", html.escape(str(text)))
+
+
+def _verdict_badge(ood: dict[str, Any] | None, threshold: float | None) -> str:
+    if ood is None:
+        return ""
+    if ood["is_ood"]:
+        text = f"OOD: unknown kind (score {float(ood['score']):.4g} &gt; {threshold:.4g})"
+        return f'<p class="verdict ood" data-ood="true">{text}</p>'
+    text = f"known kind (score {float(ood['score']):.4g} &le; {threshold:.4g})"
+    return f'<p class="verdict known" data-ood="false">{text}</p>'
+
+
 def write_html_report(path: str | Path, queries: Sequence[dict[str, Any]], *, title: str = "Retrieval results",
-                      thumbnail_size: int = 96) -> Path:  # fmt: skip
+                      thumbnail_size: int = 96, ood_guard: dict[str, Any] | None = None) -> Path:  # fmt: skip
     """Write the HTML page of ``queries`` (see the module docstring) to ``path``; returns the path.
 
     Each query is a ``<section class="query">`` with its image and an ``<ol class="results">`` of ``<li>`` items
-    (class = relevance level; ``data-rank``, ``data-score``, ``data-index`` attributes; rank and score as text).
+    (class = relevance level; ``data-rank``, ``data-score``, ``data-index`` attributes; relevance mark, rank and
+    score as text). ``ood_guard`` (``{"detector": str, "threshold": float}``) describes the model's OOD guard: each
+    query's ``"ood"`` verdict is then a badge (``<p class="verdict ood|known">``); without it the page says once that
+    the queries were not checked.
     """
     esc = html.escape
+    threshold = None if ood_guard is None else float(ood_guard["threshold"])
+    guard_line = (
+        '<p class="guard">No OOD guard in this model: queries are not checked for unknown kinds of images.</p>'
+        if ood_guard is None
+        else f'<p class="guard">OOD guard {esc(str(ood_guard["detector"]))}: a query is OOD (an unknown kind of '
+        f"image) when its score &gt; {threshold:.4g}; higher score = more out-of-distribution.</p>"
+    )
     parts = [
         "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
+        '<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{esc(title)}</title><style>{_STYLE}"
         f"figure img {{ width: {int(thumbnail_size)}px; height: auto; image-rendering: pixelated; }}</style>"
         "</head><body>",
         f"<h1>{esc(title)}</h1>",
         '<p class="legend">'
-        + "".join(f'<span style="background:{c}">{esc(_LABELS[k])}</span>' for k, c in RELEVANCE_COLOURS.items())
+        + "".join(f'<span style="background:{c}">{RELEVANCE_MARKS[k]} {esc(_LABELS[k])}</span>'
+                  for k, c in RELEVANCE_COLOURS.items())
         + "</p>",
+        guard_line,
     ]
     for q, query in enumerate(queries):
         parts.append(f'<section class="query" id="query-{q}">')
         parts.append(
             f'<figure class="query-image"><img src="{thumbnail_data_uri(query["image"], thumbnail_size)}" '
-            f'alt="query {q}"><figcaption>query {q}: <span class="name">{esc(str(query["name"]))}</span>'
-            f"{_class_caption(query)}</figcaption>{_summary(query)}</figure>"
+            f'alt="query {q}: {esc(str(query["name"]))}"><figcaption>query {q}: <span class="name">'
+            f"{_name(query['name'])}</span>{_class_caption(query)}</figcaption>{_summary(query)}"
+            f"{_verdict_badge(query.get('ood') if ood_guard is not None else None, threshold)}</figure>"
         )
         parts.append('<ol class="results">')
         for r in query["results"]:
@@ -113,9 +158,10 @@ def write_html_report(path: str | Path, queries: Sequence[dict[str, Any]], *, ti
             parts.append(
                 f'<li class="result {level}" data-rank="{int(r["rank"])}" data-score="{float(r["score"]):.6f}" '
                 f'data-index="{int(r["index"])}"><figure><img src="{thumbnail_data_uri(r["image"], thumbnail_size)}" '
-                f'alt="rank {int(r["rank"])}" title="{esc(str(r["name"]))}"><figcaption>'
+                f'alt="rank {int(r["rank"])}: {_LABELS[level]}" title="{esc(str(r["name"]))}"><figcaption>'
+                f'<span class="mark" title="{_LABELS[level]}">{RELEVANCE_MARKS[level]}</span>'
                 f'<span class="rank">#{int(r["rank"])}</span> <span class="score">{float(r["score"]):.3f}</span>'
-                f'<span class="name">{esc(str(r["name"]))}</span>{_class_caption(r)}</figcaption></figure></li>'
+                f'<span class="name">{_name(r["name"])}</span>{_class_caption(r)}</figcaption></figure></li>'
             )
         parts.append("</ol></section>")
     parts.append("</body></html>")
@@ -127,7 +173,7 @@ def write_html_report(path: str | Path, queries: Sequence[dict[str, Any]], *, ti
 def _class_caption(item: dict[str, Any]) -> str:
     """The item's class name (else its label row) as a caption line, or nothing."""
     if item.get("class_name"):
-        return f'<span class="name class">{html.escape(str(item["class_name"]))}</span>'
+        return f'<span class="name class">{_name(item["class_name"])}</span>'
     if item.get("labels") is not None:
         return f'<span class="name class">labels {html.escape(str(list(item["labels"])))}</span>'
     return ""
@@ -168,7 +214,9 @@ def write_result_grid(path: str | Path, queries: Sequence[dict[str, Any]], *, dp
     for row, query in enumerate(queries):
         cells = [(query["image"], "query", "#1f77b4")]
         for r in query["results"]:
-            cells.append((r["image"], f"#{r['rank']} {r['score']:.3f}", RELEVANCE_COLOURS[r["relevance"]]))
+            level = r["relevance"]
+            cells.append((r["image"], f"{RELEVANCE_MARKS[level]} #{r['rank']} {r['score']:.3f}",
+                          RELEVANCE_COLOURS[level]))
         for col in range(cols):
             ax = axes[row, col]
             ax.set_xticks([])
@@ -182,7 +230,8 @@ def write_result_grid(path: str | Path, queries: Sequence[dict[str, Any]], *, dp
             for spine in ax.spines.values():
                 spine.set_edgecolor(colour)
                 spine.set_linewidth(3)
-    fig.suptitle("green = same fine class, orange = same coarse class, red = other, grey = no labels", fontsize=8)
+    fig.suptitle("✓ green = same fine class, ~ orange = same coarse class, ✗ red = other, ? grey = no labels",
+                 fontsize=8)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path)

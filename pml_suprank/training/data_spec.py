@@ -48,19 +48,24 @@ def data_spec(
     from .data_source import dataset_source, folder_layout
 
     data = dict(section)
-    if folder_layout(data.get("dataset")) is not None:  # a local folder: found again from any working directory
-        data["dataset"] = str(Path(data["dataset"]).resolve())
     if label_names and dataset_source(data, "test").kind == "retrieval" and not data.get("label_columns"):
         data["label_columns"] = list(label_names)
+    local = folder_layout(data.get("dataset")) is not None
+    if local:  # a local folder: recorded by its name, never its path
+        from ..hub.local_names import public_name
+
+        data["dataset"] = public_name(data["dataset"])
     out: dict[str, Any] = {"version": VERSION, "data": data, "seed": int(seed), "k_values": [int(k) for k in k_values],
                            "alpha": float(alpha)}  # fmt: skip
+    if local:
+        out["local_dataset"] = True
     if class_split:
         out["class_split"] = {k: list(v) for k, v in class_split.items() if k in ("train_classes", "test_classes")}
     return out
 
 
 #: the keys of a data spec
-_KEYS = ("version", "data", "seed", "k_values", "alpha", "class_split")
+_KEYS = ("version", "data", "seed", "k_values", "alpha", "class_split", "local_dataset")
 #: the data keys that name a local path
 PATH_KEYS = ("dataset", "data_root")
 #: most class names a recorded class split may list
@@ -101,6 +106,8 @@ def _value_problems(spec: Mapping[str, Any]) -> list[str]:
     for key in ("seed", "k_values", "alpha"):
         if key in spec and (p := field_problem(train_fields[key], spec[key])) is not None:
             problems.append(p)
+    if not isinstance(spec.get("local_dataset", False), bool):
+        problems.append(f"'local_dataset' must be true or false; got {spec['local_dataset']!r}")
     split = spec.get("class_split")
     if split is not None and not (
         isinstance(split, dict)
@@ -120,7 +127,8 @@ def read_data_spec(model: str | Path, *, typed: Mapping[str, Any] | None = None)
     ``--alpha``, ``--num_per_class``, ``--image_size``...), and a recorded local path (``dataset``, ``data_root``)
     outside the model folder is not followed unless the user names that option (``typed``: the options given on the
     command line, e.g. ``{"dataset": args.dataset, "data_root": args.data_root}``; a typed value replaces the
-    recorded one). A recorded path inside the model folder is returned absolute.
+    recorded one). A recorded path inside the model folder is returned absolute. A local training folder is recorded
+    by its name alone (``"local_dataset": true``): the user must name the folder (``typed["dataset"]``).
 
     Raises:
         ValueError: the file is not a JSON object with a ``data`` mapping, a value is refused, or a recorded path
@@ -137,8 +145,15 @@ def read_data_spec(model: str | Path, *, typed: Mapping[str, Any] | None = None)
         raise ValueError(f"{path}: " + "; ".join(problems))
     folder = Path(model).resolve()
     data = dict(spec["data"])
+    if spec.get("local_dataset") and (typed or {}).get("dataset") is None:
+        raise ValueError(
+            f"{path}: the model was trained on a local folder named {data.get('dataset')!r} (a model folder records "
+            "its name, never its path): give that folder with --dataset (search: --gallery, fit_heat: --id_dataset)"
+        )
     for key in PATH_KEYS:
         value = data.get(key)
+        if key == "dataset" and spec.get("local_dataset"):
+            continue
         if not _is_path(value, folder):
             continue
         where = (folder / Path(value).expanduser()).resolve()

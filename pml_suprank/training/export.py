@@ -106,7 +106,10 @@ def write_final_folder(
                 plot_files.insert(0, curves)
     (save_directory / "training_summary.json").write_text(json.dumps(jsonable(summary or {}), indent=1))
     (save_directory / "history.json").write_text(json.dumps(jsonable(history), indent=1))
-    (save_directory / "training_config.json").write_text(json.dumps(jsonable(config), indent=1))
+    from ..hub.local_names import without_local_paths
+
+    config_file = without_local_paths(config) if isinstance(config, dict) else config  # no local path in the folder
+    (save_directory / "training_config.json").write_text(json.dumps(jsonable(config_file), indent=1))
     metadata = dict(metadata or {})
     section = metadata.pop("data", None)
     class_split = metadata.pop("class_split", None)

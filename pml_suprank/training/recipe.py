@@ -382,6 +382,10 @@ def _initial_eval(spec: RunSpec, trainer: Any) -> dict[str, float] | None:
 def run(spec: RunSpec, *, given: Collection[str] = ()) -> dict[str, Any] | None:
     """The whole job: data, model, loss, evaluation before, training, evaluation after, final folder, push.
     ``given``: the options the user set (a batch the data cannot fill is then refused, not shrunk)."""
+    if spec.run.push_to_hub and spec.run.hub_model_id:  # token, network and write access: before any work
+        from ..hub.preflight import require_push_access
+
+        require_push_access(spec.run.hub_model_id)
     spec, accelerator, trainer, test_ds, split = _setup(spec, given)
     # lock the output folder, refuse another run's folder or checkpoint, record run.json: before any work
     run_opts = spec.run
@@ -429,13 +433,15 @@ def _job(spec: RunSpec, accelerator: Any, trainer: Any, test_ds: Any, split: dic
         "num_processes": accelerator.num_processes,
         "mixed_precision": accelerator.mixed_precision,
     }
+    from ..hub.local_names import public_name, without_local_paths
+
     metadata = {
         "loss": spec.loss.loss,
         "loss_kwargs": spec.loss_kwargs(),
-        "dataset": spec.data.dataset,
+        "dataset": public_name(spec.data.dataset),  # a local folder by its name: a model folder holds no local path
         "data": spec.data_section(),  # the final folder's data_spec.json (reused by evaluate / search / fit_heat)
         "label_names": list(getattr(test_ds, "label_names", [])),
-        "training_config": trainer.config.to_dict(),
+        "training_config": without_local_paths(trainer.config.to_dict()),
     }
     if split is not None:  # data_spec.json records it: a class folder added later is refused, not silently split
         metadata["class_split"] = {k: split[k] for k in ("train_classes", "test_classes")}

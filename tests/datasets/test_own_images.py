@@ -211,15 +211,15 @@ def test_the_error_lists_the_first_bad_files_and_counts_the_others(tmp_path):
 
 
 def test_search_queries_with_a_bad_file_are_refused_before_the_search(tmp_path):
-    from pml_suprank.recipes.search import ImageFolderQueries
+    from pml_suprank.search.image_files import ImageFiles
 
     _png(tmp_path / "q" / "a.png", 0)
     (tmp_path / "q" / "sub").mkdir()
     (tmp_path / "q" / "sub" / "fake.jpg").write_text("text")
-    with pytest.raises(SystemExit) as info:
-        ImageFolderQueries(tmp_path / "q", transform=None)
-    assert f"--queries {tmp_path / 'q'}: 1 of 2 images cannot be used" in str(info.value.code)
-    assert f"{tmp_path / 'q' / 'sub' / 'fake.jpg'}: not an image" in str(info.value.code)
+    with pytest.raises(ValueError) as info:
+        ImageFiles(tmp_path / "q", what=f"--queries {tmp_path / 'q'}")
+    assert f"--queries {tmp_path / 'q'}: 1 of 2 images cannot be used" in str(info.value)
+    assert f"{tmp_path / 'q' / 'sub' / 'fake.jpg'}: not an image" in str(info.value)
 
 
 # ------------------------------------------------------------------------------------------------------------------

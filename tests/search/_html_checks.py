@@ -5,6 +5,8 @@ from __future__ import annotations
 from html.parser import HTMLParser
 from typing import Any
 
+_VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
+
 
 class _ReportParser(HTMLParser):
     def __init__(self) -> None:
@@ -18,7 +20,8 @@ class _ReportParser(HTMLParser):
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         a = dict(attrs)
-        self._stack.append(tag)
+        if tag not in _VOID:  # void elements (img, wbr, meta, ...) have no end tag
+            self._stack.append(tag)
         classes = (a.get("class") or "").split()
         for key in ("src", "href"):
             value = a.get(key)

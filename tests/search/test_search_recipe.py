@@ -139,7 +139,7 @@ def test_page_renders_in_headless_chromium(trained_search, tmp_path):
     assert pixels.std() > 10  # not a blank page
 
 
-def test_recipe_in_process_with_folder_queries(untrained_model, tmp_path):
+def test_recipe_in_process_with_folder_queries(untrained_model, tmp_path, capsys):
     recipe = importlib.import_module("pml_suprank.recipes.search")
     folder = tmp_path / "queries" / "nested"
     folder.mkdir(parents=True)
@@ -162,8 +162,9 @@ def test_recipe_in_process_with_folder_queries(untrained_model, tmp_path):
         own = int(record["name"].rsplit("[", 1)[1].rstrip("]"))
         _, indices = index.search(index.embeddings[own : own + 1], 5)
         assert [r["index"] for r in record["results"]] == [j for j in indices[0].tolist() if j != own][:4]
-    with pytest.raises(SystemExit, match="--label_columns is required"):
+    with pytest.raises(SystemExit) as raised:
         recipe.main(argv[:2] + ["--gallery", "some/dataset", "--output_dir", str(out)])
+    assert raised.value.code == 2 and "error: --label_columns is required" in capsys.readouterr().err
 
 
 def test_label_columns_are_spelled_as_in_every_recipe(capsys):

@@ -101,3 +101,27 @@ def test_page_names_files_and_classes_and_summarises_each_query(tmp_path):
     assert first["summary"] == "hits 1/3 same class, 2/3 same group · AP 62.5"
     unknown = parse_report(write_html_report(tmp_path / "u.html", _queries()[1:]).read_text())["queries"][0]
     assert unknown["summary"] == ""  # a result of unknown relevance: no hit count, no AP given
+
+
+def test_relevance_is_text_not_only_colour_and_names_wrap_between_words(tmp_path):
+    """Issue 40: a ✓ / ~ / ✗ mark and alt text per result, a viewport meta, names that wrap at separators only;
+    issue 38: the guard's verdict as a text badge, or one line saying there is no guard."""
+    from pml_suprank.search.report import RELEVANCE_MARKS
+
+    queries = _queries()
+    queries[0]["name"] = "Greek/character03/very_long-file.name.png"
+    queries[0]["ood"], queries[1]["ood"] = {"score": 3.0, "is_ood": True}, {"score": 0.5, "is_ood": False}
+    text = write_html_report(tmp_path / "g.html", queries, ood_guard={"detector": "HEAT", "threshold": 1.0}).read_text()
+    assert '<meta name="viewport" content="width=device-width, initial-scale=1">' in text
+    assert "anywhere" not in text and "break-all" not in text  # no mid-word breaks
+    assert "Greek/<wbr>character03/<wbr>very_<wbr>long-<wbr>file.<wbr>name.<wbr>png" in text
+    page = parse_report(text)
+    for q, parsed in zip(queries, page["queries"], strict=True):
+        for r, p in zip(q["results"], parsed["results"], strict=True):
+            assert p["caption"].startswith(RELEVANCE_MARKS[r["relevance"]])  # the mark is text, read first
+    for level, label in (("fine", "same fine class"), ("coarse", "same coarse class"), ("other", "other class")):
+        assert 'alt="rank' in text and f": {label}\"" in text, level
+    assert text.count('class="verdict ood"') == 1 and text.count('class="verdict known"') == 1
+    assert "OOD: unknown kind (score 3 &gt; 1)" in text and "known kind (score 0.5 &le; 1)" in text
+    plain = write_html_report(tmp_path / "p.html", queries).read_text()
+    assert plain.count("No OOD guard") == 1 and 'class="verdict' not in plain

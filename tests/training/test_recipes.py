@@ -486,7 +486,11 @@ def test_push_to_hub_upload_replaced(tmp_path, monkeypatch, capsys):
         "--hub_model_id",
         "me/happier-test",
     ]
-    train_happier.main(argv)
+    from _hub_http import fake_hub_http, whoami_answer
+
+    monkeypatch.setenv("HF_TOKEN", "hf_test_token")  # the pre-flight check: huggingface_hub's whoami, answered here
+    with fake_hub_http(whoami_answer("me")):
+        train_happier.main(argv)
     assert calls["create"] == "me/happier-test" and calls["upload"]["repo_id"] == "me/happier-test"
     card = (tmp_path / "final" / "README.md").read_text()
     assert 'from_pretrained("me/happier-test")' in card  # the usage line names the repo pushed to
@@ -498,7 +502,7 @@ def test_push_to_hub_upload_replaced(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", failing_upload)
     out2 = tmp_path / "fail"
     argv = [str(out2) if a == str(tmp_path) else a for a in argv]  # the same run into another folder
-    with pytest.raises(SystemExit) as exc:
+    with fake_hub_http(whoami_answer("me")), pytest.raises(SystemExit) as exc:
         train_happier.main(argv)
     assert exc.value.code == 1
     assert "network unreachable" in capsys.readouterr().err

@@ -1,0 +1,421 @@
+"""The OOD guard of a retrieval model: a fitted detector, a calibrated threshold and the model it belongs to.
+
+A guard answers, per image, "is this query of a kind the model knows?". It is stored **inside the model folder**,
+``final/ood/``, and travels with the model (``save_pretrained`` folder, Hub repo)::
+
+    final/ood/config.json         the detector's config (written by Detector.save_pretrained)
+    final/ood/model.safetensors   the detector's fitted tensors
+    final/ood/guard.json          {"version", "detector", "feature_kind", "model_sha256", "threshold",
+                                   "higher_is_ood", "tpr_target", "id_tpr", "ood_sets": {name: {"fpr", "auroc"}}}
+
+**The rule** (one for every detector): the score is the detector's outlier score, higher = more OOD, and an image
+is OOD when ``score > threshold``. The threshold is chosen on held-out in-distribution (ID) images so that a share
+``tpr_target`` (default 0.95) of them is kept (``score <= threshold``): the held-out scores are split in two seeded
+halves, the threshold is the ``ceil(tpr_target · n)``-th smallest score of the first half, and ``id_tpr`` is the share
+of the *second* half kept — an estimate on images the threshold never saw. ``ood_sets`` records, for each OOD set
+scored at fit time, the FPR (share of its images accepted as ID at the threshold) and the AUROC (all held-out ID
+images against the set).
+
+A guard belongs to one model: ``model_sha256`` is the SHA-256 of the model folder's ``model.safetensors`` and
+``feature_kind`` the features the detector reads (``"pooled"`` backbone features or the ``"embedding"``, see
+:func:`~pml_suprank.ood.extract_model_features`). Loading refuses (:class:`GuardMismatchError`, naming both values)
+a guard whose hash is not that of the folder's weights, whose ``feature_kind`` is not the detector's, and
+:meth:`OODGuard.predict` refuses a model loaded from other weights. Nothing in the folder is unpickled.
+
+Python API::
+
+    guard = OODGuard.fit(model, train_loader, heldout_loader, ood_loaders={"noise": noise_loader},
+                         detector=ood.HEAT(priors=("gmm", "gmm_std"), preset="fast"))
+    guard.save("run/final")                       # writes run/final/ood/
+    model = RetrievalModel.from_pretrained("run/final")
+    verdict = model.ood_guard.predict(model, images)   # verdict.scores (N,), verdict.is_ood (N,) bool
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .._safe_json import load_json
+from . import metrics as ood_metrics
+
+__all__ = [
+    "GUARD_DIR",
+    "GUARD_FILE",
+    "GUARD_FILES",
+    "GUARD_KEYS",
+    "GuardMismatchError",
+    "GuardVerdict",
+    "OODGuard",
+    "attach_guard",
+    "calibrate_threshold",
+    "state_digest",
+    "weights_sha256",
+]
+
+#: the guard's folder inside a model folder
+GUARD_DIR = "ood"
+#: the guard's own file in :data:`GUARD_DIR`
+GUARD_FILE = "guard.json"
+#: the format version written
+VERSION = 1
+#: the keys of ``guard.json`` (besides ``version``), read by the model card
+GUARD_KEYS = ("detector", "feature_kind", "model_sha256", "threshold", "higher_is_ood", "tpr_target", "id_tpr",
+              "ood_sets")  # fmt: skip
+FEATURE_KINDS = ("pooled", "embedding")
+_WEIGHTS = "model.safetensors"
+
+
+class GuardMismatchError(ValueError):
+    """A guard used with a model (or a detector) it was not fitted for; the message names both sides."""
+
+
+@dataclass(frozen=True)
+class GuardVerdict:
+    """Per-image answer of a guard: ``scores`` ``(N,)`` (higher = more OOD), ``is_ood`` ``(N,)`` bool
+    (``scores > threshold``) and the ``threshold`` used."""
+
+    scores: Tensor
+    is_ood: Tensor
+    threshold: float
+
+    def records(self) -> list[dict[str, Any]]:
+        """``[{"score": float, "is_ood": bool}, ...]``, one per image (the ``"ood"`` entry of ``search``)."""
+        return [{"score": float(s), "is_ood": bool(o)} for s, o in zip(self.scores.tolist(), self.is_ood.tolist())]
+
+
+def weights_sha256(path: str | Path) -> str:
+    """SHA-256 (hex) of a weights file, or of ``model.safetensors`` in the folder ``path``."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / _WEIGHTS
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def state_digest(module: Any) -> str:
+    """SHA-256 (hex) of a module's tensors (names, dtypes, shapes, values): what its weights *are*, independent of
+    how a file lays them out (safetensors writes its metadata in no fixed order, so two saves of the same weights can
+    differ byte for byte)."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        t = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()
+
+
+def _scores(name: str, x: Any) -> Tensor:
+    if not isinstance(x, Tensor) or x.dim() != 1 or x.numel() == 0 or not x.is_floating_point():
+        got = f"shape {tuple(x.shape)} {x.dtype}" if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"{name} must be a non-empty 1-D floating tensor of scores; got {got}")
+    x = x.detach().to("cpu", torch.float64)
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name} must be finite; got {int((~torch.isfinite(x)).sum())} non-finite score(s)")
+    return x
+
+
+def _check_rate(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < float(value) <= 1.0:
+        raise ValueError(f"{name} must be a number in (0, 1]; got {value!r}")
+    return float(value)
+
+
+def calibrate_threshold(id_scores: Tensor, tpr_target: float = 0.95, *, seed: int = 0) -> tuple[float, float]:
+    """``(threshold, id_tpr)`` from held-out ID scores ``(N,)``, ``N >= 2`` (see the module docstring: the threshold
+    keeps ``tpr_target`` of a seeded half, ``id_tpr`` is measured on the other half)."""
+    tpr_target = _check_rate("tpr_target", tpr_target)
+    scores = _scores("id_scores", id_scores)
+    if scores.numel() < 2:
+        raise ValueError(f"id_scores must hold at least 2 held-out ID scores (calibrate + check); got {scores.numel()}")
+    order = torch.randperm(scores.numel(), generator=torch.Generator().manual_seed(seed))
+    half = (scores.numel() + 1) // 2
+    calibration, check = scores[order[:half]].sort().values, scores[order[half:]]
+    k = max(1, math.ceil(tpr_target * calibration.numel() - 1e-9))
+    threshold = float(calibration[k - 1])
+    return threshold, float((check <= threshold).to(torch.float64).mean())
+
+
+class OODGuard:
+    """A fitted detector with its calibrated threshold, bound to one model's weights (see the module docstring).
+
+    Args:
+        detector: A fitted :class:`~pml_suprank.ood.Detector` that scores features (not images).
+        threshold: Scores above it are OOD.
+        feature_kind: ``"pooled"`` or ``"embedding"``: what the detector reads from the model.
+        model_sha256: SHA-256 of the model's ``model.safetensors`` (:func:`weights_sha256`).
+        tpr_target: The share of held-out ID images the threshold was chosen to keep.
+        id_tpr: The share kept on held-out ID images not used for the threshold.
+        ood_sets: ``{name: {"fpr": float, "auroc": float}}`` measured at fit time.
+    """
+
+    def __init__(
+        self,
+        detector: Any,
+        *,
+        threshold: float,
+        feature_kind: str,
+        model_sha256: str,
+        tpr_target: float,
+        id_tpr: float,
+        ood_sets: Mapping[str, Mapping[str, float]] | None = None,
+    ) -> None:
+        from .base import Detector
+
+        if not isinstance(detector, Detector):
+            raise TypeError(f"detector must be a pml_suprank.ood.Detector; got {type(detector).__name__}")
+        if detector._scores_images():
+            raise ValueError(f"{type(detector).__name__} scores images through the network: a guard needs a detector "
+                             "of features (HEAT, Mahalanobis, KNN, ...)")  # fmt: skip
+        if not detector.is_fitted:
+            raise ValueError(f"detector {type(detector).__name__} is not fitted")
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
+            raise ValueError(f"threshold must be a finite number; got {threshold!r}")
+        if feature_kind not in FEATURE_KINDS:
+            raise ValueError(f"feature_kind must be one of {FEATURE_KINDS}; got {feature_kind!r}")
+        if not isinstance(model_sha256, str) or len(model_sha256) != 64 or not all(
+            c in "0123456789abcdef" for c in model_sha256
+        ):
+            raise ValueError(f"model_sha256 must be 64 lowercase hex digits; got {model_sha256!r}")
+        self.detector = detector
+        self.threshold = float(threshold)
+        self.feature_kind = feature_kind
+        self.model_sha256 = model_sha256
+        self.tpr_target = _check_rate("tpr_target", tpr_target)
+        self.id_tpr = float(id_tpr)
+        if not 0.0 <= self.id_tpr <= 1.0:
+            raise ValueError(f"id_tpr must lie in [0, 1]; got {id_tpr!r}")
+        self.ood_sets = _check_ood_sets(ood_sets or {}, "ood_sets")
+        detector.feature_kind = feature_kind
+
+    @property
+    def detector_name(self) -> str:
+        return type(self.detector).detector_name or type(self.detector).__name__
+
+    # --- building -------------------------------------------------------------------------------------------------
+    @classmethod
+    def calibrate(
+        cls,
+        detector: Any,
+        id_scores: Tensor,
+        *,
+        model_sha256: str,
+        feature_kind: str = "pooled",
+        tpr_target: float = 0.95,
+        ood_scores: Mapping[str, Tensor] | None = None,
+        seed: int = 0,
+    ) -> OODGuard:
+        """A guard from a fitted ``detector`` and its scores ``(N,)`` on held-out ID images (and ``{name: (M,)}``
+        scores of OOD sets, for the recorded FPR / AUROC)."""
+        threshold, id_tpr = calibrate_threshold(id_scores, tpr_target, seed=seed)
+        measured = {}
+        for name, scores in (ood_scores or {}).items():
+            s = _scores(f"ood_scores[{name!r}]", scores)
+            measured[str(name)] = {"fpr": float((s <= threshold).to(torch.float64).mean()),
+                                   "auroc": ood_metrics.auroc(id_scores.float(), s.float())}  # fmt: skip
+        return cls(detector, threshold=threshold, feature_kind=feature_kind, model_sha256=model_sha256,
+                   tpr_target=tpr_target, id_tpr=id_tpr, ood_sets=measured)  # fmt: skip
+
+    @classmethod
+    def fit(
+        cls,
+        model: Any,
+        train: Iterable,
+        heldout: Iterable,
+        *,
+        detector: Any,
+        ood_loaders: Mapping[str, Iterable] | None = None,
+        tpr_target: float = 0.95,
+        feature_kind: str = "pooled",
+        model_sha256: str | None = None,
+        device: torch.device | str | None = None,
+        seed: int = 0,
+    ) -> OODGuard:
+        """Fit ``detector`` on ``model``'s features of the ID loader ``train`` (batches with labels for class-
+        conditional detectors), calibrate on the held-out ID loader ``heldout`` and measure each OOD loader.
+
+        ``model_sha256`` defaults to the ``weights_sha256`` of a model loaded by ``RetrievalModel.from_pretrained``
+        (a model built in memory has none: save it first, or pass the hash of the file it will be saved as).
+        """
+        sha = model_sha256 or getattr(model, "weights_sha256", None)
+        if sha is None:
+            raise ValueError("model_sha256 is required for a model not loaded with from_pretrained (it has no "
+                             "weights_sha256): the guard must name the weights it belongs to")  # fmt: skip
+        detector.fit_model(model, train, device=device, features=feature_kind)
+        id_scores = detector.predict(model, heldout, device=device, features=feature_kind)
+        ood_scores = {k: detector.predict(model, v, device=device, features=feature_kind)
+                      for k, v in (ood_loaders or {}).items()}  # fmt: skip
+        return cls.calibrate(detector, id_scores, model_sha256=sha, feature_kind=feature_kind, tpr_target=tpr_target,
+                             ood_scores=ood_scores, seed=seed)  # fmt: skip
+
+    # --- answering ------------------------------------------------------------------------------------------------
+    def verdict(self, scores: Tensor, threshold: float | None = None) -> GuardVerdict:
+        """The verdict of scores ``(N,)``: ``is_ood = scores > threshold`` (default: the stored one)."""
+        threshold = self.threshold if threshold is None else float(threshold)
+        if not math.isfinite(threshold):
+            raise ValueError(f"threshold must be a finite number; got {threshold!r}")
+        scores = scores.detach().float().cpu()
+        return GuardVerdict(scores, scores > threshold, threshold)
+
+    def check_model(self, model: Any) -> None:
+        """Refuse a model loaded from other weights than the guard's (models built in memory are not checked)."""
+        sha = getattr(model, "weights_sha256", None)
+        if sha is not None and sha != self.model_sha256:
+            raise GuardMismatchError(
+                f"this guard was fitted on the model with weights sha256 {self.model_sha256}, not on the given model "
+                f"(weights sha256 {sha}): refit it (fit_heat --model) for these weights"
+            )
+
+    def predict(
+        self, model: Any, images: Tensor | Iterable, *, threshold: float | None = None,
+        device: torch.device | str | None = None,
+    ) -> GuardVerdict:  # fmt: skip
+        """Scores and verdicts of images ``(B, C, H, W)`` (or a loader's batches), features extracted by ``model``.
+
+        Raises:
+            GuardMismatchError: ``model`` was loaded from other weights than the guard's.
+        """
+        self.check_model(model)
+        scores = self.detector.predict(model, images, device=device, features=self.feature_kind)
+        return self.verdict(scores, threshold)
+
+    # --- persistence ----------------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """The content of ``guard.json``."""
+        return {"version": VERSION, "detector": self.detector_name, "feature_kind": self.feature_kind,
+                "model_sha256": self.model_sha256, "threshold": self.threshold, "higher_is_ood": True,
+                "tpr_target": self.tpr_target, "id_tpr": self.id_tpr,
+                "ood_sets": {k: dict(v) for k, v in self.ood_sets.items()}}  # fmt: skip
+
+    def save(self, model_folder: str | Path) -> Path:
+        """Write the guard into ``model_folder/ood/`` (the folder must hold the ``model.safetensors`` the guard was
+        fitted on: refused otherwise). Returns the ``ood`` folder."""
+        model_folder = Path(model_folder)
+        if not (model_folder / _WEIGHTS).is_file():
+            raise FileNotFoundError(f"{model_folder} has no {_WEIGHTS}: a guard is saved inside its model's folder")
+        actual = weights_sha256(model_folder)
+        if actual != self.model_sha256:
+            raise GuardMismatchError(
+                f"{model_folder / _WEIGHTS} has sha256 {actual}, but this guard was fitted on weights with sha256 "
+                f"{self.model_sha256}: save it with the model it was fitted on"
+            )
+        folder = model_folder / GUARD_DIR
+        self.detector.save_pretrained(folder, model_card=False)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".guard.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(self.to_dict(), f, indent=1)
+        os.replace(tmp, folder / GUARD_FILE)
+        return folder
+
+    @classmethod
+    def load(cls, model_folder: str | Path, *, model_sha256: str | None = None) -> OODGuard:
+        """The guard stored in ``model_folder/ood/``, checked against the folder's ``model.safetensors`` (or against
+        ``model_sha256`` when given).
+
+        Raises:
+            FileNotFoundError: no ``ood/guard.json``.
+            GuardMismatchError: the guard names other weights, or another feature kind than its detector's.
+            ValueError: a malformed ``guard.json`` (naming the file and key).
+        """
+        model_folder = Path(model_folder)
+        path = model_folder / GUARD_DIR / GUARD_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"{model_folder} has no {GUARD_DIR}/{GUARD_FILE} (no OOD guard was saved with it)")
+        data = load_json(path, what="OOD guard", expected=dict)
+        _check_guard_json(data, path)
+        sha = model_sha256 or weights_sha256(model_folder)
+        if data["model_sha256"] != sha:
+            raise GuardMismatchError(
+                f"{path} was fitted on the model with weights sha256 {data['model_sha256']}, but "
+                f"{model_folder / _WEIGHTS} has sha256 {sha}: the guard belongs to other weights (refit it with "
+                "fit_heat --model on this folder)"
+            )
+        from .base import Detector
+
+        detector = Detector.from_pretrained(model_folder / GUARD_DIR)
+        name = type(detector).detector_name or type(detector).__name__
+        if name != data["detector"]:
+            raise GuardMismatchError(f"{path} names the detector {data['detector']!r}, but {GUARD_DIR}/config.json "
+                                     f"holds a {name!r}")  # fmt: skip
+        kind = getattr(detector, "feature_kind", None)
+        if kind is not None and kind != data["feature_kind"]:
+            raise GuardMismatchError(
+                f"{path} has feature_kind {data['feature_kind']!r}, but its detector ({GUARD_DIR}/config.json) was "
+                f"fitted on {kind!r} features"
+            )
+        return cls(detector, **{k: data[k] for k in GUARD_KEYS if k not in ("detector", "higher_is_ood")})
+
+    def for_weights(self, model_sha256: str) -> OODGuard:
+        """The same guard bound to another file of the *same* weights (a re-save: :func:`state_digest` unchanged)."""
+        return OODGuard(self.detector, threshold=self.threshold, feature_kind=self.feature_kind,
+                        model_sha256=model_sha256, tpr_target=self.tpr_target, id_tpr=self.id_tpr,
+                        ood_sets=self.ood_sets)  # fmt: skip
+
+    def __repr__(self) -> str:
+        return (f"OODGuard(detector={self.detector_name}, feature_kind={self.feature_kind!r}, threshold="
+                f"{self.threshold:.6g}, tpr_target={self.tpr_target}, id_tpr={self.id_tpr:.3f})")  # fmt: skip
+
+
+def _check_ood_sets(value: Any, where: str) -> dict[str, dict[str, float]]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{where} must map OOD set names to {{'fpr', 'auroc'}}; got {type(value).__name__}")
+    out = {}
+    for name, row in value.items():
+        if not isinstance(row, Mapping) or set(row) != {"fpr", "auroc"}:
+            raise ValueError(f"{where}[{name!r}] must be {{'fpr': float, 'auroc': float}}; got {row!r}")
+        for key in ("fpr", "auroc"):
+            v = row[key]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= float(v) <= 1.0:
+                raise ValueError(f"{where}[{name!r}][{key!r}] must be a number in [0, 1]; got {v!r}")
+        out[str(name)] = {"fpr": float(row["fpr"]), "auroc": float(row["auroc"])}
+    return out
+
+
+def _check_guard_json(data: dict[str, Any], path: Path) -> None:
+    expected = {"version", *GUARD_KEYS}
+    if set(data) != expected:
+        raise ValueError(f"{path}: expected exactly the keys {sorted(expected)}; got {sorted(data)}")
+    if data["version"] != VERSION:
+        raise ValueError(f"{path}: key 'version' must be {VERSION}; got {data['version']!r}")
+    if data["higher_is_ood"] is not True:
+        raise ValueError(f"{path}: key 'higher_is_ood' must be true (the one rule: score > threshold is OOD); got "
+                         f"{data['higher_is_ood']!r}")  # fmt: skip
+    if not isinstance(data["detector"], str):
+        raise ValueError(f"{path}: key 'detector' must be a string; got {data['detector']!r}")
+    for key in ("threshold", "tpr_target", "id_tpr"):
+        v = data[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ValueError(f"{path}: key {key!r} must be a finite number; got {v!r}")
+    _check_ood_sets(data["ood_sets"], f"{path}: ood_sets")
+
+
+#: the guard's files inside a model folder (fetched with the model from one Hub snapshot)
+GUARD_FILES = tuple(f"{GUARD_DIR}/{name}" for name in (GUARD_FILE, "config.json", _WEIGHTS))
+
+
+def attach_guard(model: Any, folder: str | Path) -> Any:
+    """Set ``model.weights_sha256`` and ``model.ood_guard`` (``None`` when ``folder`` has no guard) for a model just
+    loaded from the local ``folder`` (a model folder, or the Hub snapshot its files came from). Returns ``model``.
+
+    Raises:
+        GuardMismatchError: the folder's guard was fitted on other weights or another feature kind.
+    """
+    folder = Path(folder)
+    model.weights_sha256 = weights_sha256(folder)
+    model._weights_digest = state_digest(model)  # to tell, when saving, whether the weights changed since
+    has_guard = (folder / GUARD_DIR / GUARD_FILE).is_file()
+    model.ood_guard = OODGuard.load(folder, model_sha256=model.weights_sha256) if has_guard else None
+    return model

@@ -1,0 +1,101 @@
+"""Unlabelled images read from disk: every image file under a folder (flat or nested) or one image file.
+
+:class:`ImageFiles` is the dataset of the queries of ``search``, the images of ``ood_score``, a flat folder of OOD
+images in ``fit_heat`` and the gallery / queries of the demo: items are ``{"image": transform(PIL image), "labels":
+tensor([-1]), "index": i}`` (the :func:`pml_suprank.data.collate` contract, ``-1`` = no label), ``names[i]`` is the
+file relative to the folder (POSIX separators; the file name for a single file) and ``get_image(i)`` the RGB image.
+Every file is checked once when the dataset is built (:func:`pml_suprank.data.image_check.bad_image_files`), so a
+corrupt file is named before any image is embedded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["IMAGE_SUFFIXES", "ImageFiles", "has_dataset_files", "image_paths", "is_flat_image_folder"]
+
+#: the file suffixes read as images (case-insensitive)
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+
+
+def image_paths(root: str | Path) -> list[Path]:
+    """The image files of ``root``: itself when it is an image file, else every image file below it (sorted, hidden
+    files and folders skipped)."""
+    root = Path(root)
+    if root.is_file():
+        return [root] if root.suffix.lower() in IMAGE_SUFFIXES else []
+    paths = []
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root).parts
+        if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES and not any(part.startswith(".") for part in rel):
+            paths.append(p)
+    return paths
+
+
+def has_dataset_files(root: str | Path) -> bool:
+    """The folder ``root`` holds the metadata / parquet / saved-dataset files of a dataset source."""
+    root = Path(root)
+    markers = ("metadata.csv", "metadata.jsonl", "dataset_dict.json", "dataset_info.json", "state.json")
+    return any(root.glob("*.parquet")) or any((root / m).exists() for m in markers)
+
+
+def is_flat_image_folder(root: str | Path) -> bool:
+    """``root`` is a folder holding image files directly and no sub-folder of images (no class folders), and none of
+    the files of a dataset source (:func:`has_dataset_files`)."""
+    root = Path(root)
+    if not root.is_dir() or has_dataset_files(root):
+        return False
+    paths = image_paths(root)
+    return bool(paths) and all(p.parent == root for p in paths)
+
+
+class ImageFiles(torch.utils.data.Dataset):
+    """Every image file under ``root`` (or the image file ``root``), transformed, with the label ``-1``.
+
+    Args:
+        root: A folder (searched recursively) or one image file.
+        transform: Applied to each RGB PIL image (``None``: the PIL image itself).
+        what: How messages name ``root`` (e.g. ``"--images out/photos"``).
+
+    Raises:
+        ValueError: ``root`` does not exist, holds no image file (the suffixes are listed), or some files are not
+            readable images (named, up to a limit).
+    """
+
+    def __init__(self, root: str | Path, transform: Any = None, *, what: str | None = None) -> None:
+        from pml_suprank.data.image_check import bad_image_files
+
+        self.root = Path(root)
+        what = what or str(root)
+        if not self.root.exists():
+            raise ValueError(f"{what}: no such file or folder")
+        self.paths = image_paths(self.root)
+        if not self.paths:
+            kind = "is not an image file" if self.root.is_file() else "holds no image file"
+            raise ValueError(f"{what} {kind} ({', '.join(IMAGE_SUFFIXES)})")
+        bad = bad_image_files(self.paths, what=what)
+        if bad is not None:
+            raise ValueError(bad)
+        base = self.root.parent if self.root.is_file() else self.root
+        self.names = [p.relative_to(base).as_posix() for p in self.paths]
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def item_path(self, i: int) -> str:
+        return str(self.paths[i])
+
+    def get_image(self, i: int) -> Any:
+        from PIL import Image
+
+        with Image.open(self.paths[i]) as img:
+            return img.convert("RGB")
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        image = self.get_image(i)
+        return {"image": image if self.transform is None else self.transform(image), "labels": torch.tensor([-1]),
+                "index": i}  # fmt: skip

@@ -1,0 +1,16 @@
+"""Score images with the OOD guard of a retrieval model (scores.csv: file,score,is_ood).
+
+The repository's entry point of :mod:`pml_suprank.recipes.ood_score` (``--help`` lists every option); the same recipe
+runs from any pip install as ``pml-suprank-ood-score`` or ``python -m pml_suprank.recipes.ood_score``.
+"""
+
+import os
+
+# Spinning OpenMP threads make small ops 10-20x slower on a shared or busy CPU: set before torch is imported; an
+# explicit setting by the user wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # noqa: TID251 - recipes may configure the process
+
+from pml_suprank.recipes.ood_score import run  # noqa: E402
+
+if __name__ == "__main__":
+    run()
