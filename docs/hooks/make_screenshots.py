@@ -7,13 +7,14 @@ Run from a checkout's root::
     python docs/hooks/make_screenshots.py --quick --out DIR     # a short run into DIR (what the docs tests run)
 
 Steps, as docs/tutorial.md: write the toy ``photos/`` folder and the ``queries/``, train HAPPIER on it, search the
-queries, fit HEAT and the baselines against two noise sets (which stores the HEAT guard in ``runs/photos/final/ood/``).
-Then, as docs/reject-unknown.md: search again with the guarded model (the queries and a noise picture, so each
-query gets a verdict), and serve the Gradio demo and upload a query in the browser. The figures the recipes wrote are
-copied as they are (training curves, precision-recall, embedding map, OOD histograms); the pages (the model card,
-rendered from its markdown, the two search pages and the demo) are screenshotted with headless Chromium
-(``chromium`` on the PATH, or ``--chromium``; the demo also needs ``chromedriver``, Selenium and Gradio). What cannot
-be screenshotted is skipped with a message and the command exits 3.
+queries, fit HEAT and the baselines against two noise sets. Then, as docs/reject-unknown.md: store the guard of
+fit_heat's table that rejects uniform noise on this toy model (``--guard Mahalanobis``; HEAT accepts most of it
+here) in ``runs/photos/final/ood/``, search again with the guarded model (three queries and a noise picture, so
+each query gets a verdict), serve the Gradio demo and upload the noise picture in the browser. The figures the
+recipes wrote are copied as they are (training curves, precision-recall, embedding map, OOD histograms); the pages
+(the model card, rendered from its markdown, the two search pages and the demo) are screenshotted with headless
+Chromium (``chromium`` on the PATH, or ``--chromium``; the demo also needs ``chromedriver``, Selenium and Gradio).
+What cannot be screenshotted is skipped with a message and the command exits 3.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import argparse
 import html
 import importlib.util
-import json
 import re
 import shutil
 import socket
@@ -72,19 +72,26 @@ def write_photos(work: Path, per_class: int) -> None:
 
 
 def run_recipes(work: Path, quick: bool) -> None:
-    """The tutorial's steps 2, 5 and 6 (the commands as written; ``quick`` shortens them), then the guarded search of
-    docs/reject-unknown.md (``mixed/``: the queries and a noise picture)."""
+    """The tutorial's steps 2, 5 and 6 (the commands as written; ``quick`` shortens them), then, as
+    docs/reject-unknown.md: the model's guard fitted with ``--guard Mahalanobis`` and the guarded search of ``mixed/``
+    (three queries and a noise picture)."""
     train = ["--dataset", "photos", "--output_dir", "runs/photos", "--epochs", "4" if quick else "50"]
     search = ["--model", "runs/photos/final", "--gallery", "photos", "--queries", "queries", "--k", "8",
               "--output_dir", "runs/search"]  # fmt: skip
     heat = ["--model", "runs/photos/final", "--id_dataset", "photos", "--ood_datasets", "noise-uniform",
             "noise-blobs", "--heat_epochs", "2" if quick else "30", "--heat_batch_size", "32", "--output_dir",
             "runs/heat"]  # fmt: skip
+    # the guard of the pictures: the detector of fit_heat's table that accepts no uniform noise on this toy model
+    guard = ["--model", "runs/photos/final", "--id_dataset", "photos", "--ood_datasets", "noise-uniform",
+             "noise-blobs", "--guard", "Mahalanobis", "--detectors", "Mahalanobis",
+             "--output_dir", "runs/guard"]  # fmt: skip
     if quick:
         heat += ["--train_epochs", "1"]
+        guard += ["--train_epochs", "1"]
     guarded = ["--model", "runs/photos/final", "--gallery", "photos", "--queries", "mixed", "--k", "6",
                "--output_dir", "runs/search_guarded"]  # fmt: skip
-    for recipe, args in (("train_happier", train), ("search", search), ("fit_heat", heat), ("search", guarded)):
+    steps = (("train_happier", train), ("search", search), ("fit_heat", heat), ("fit_heat", guard), ("search", guarded))
+    for recipe, args in steps:
         cmd = [sys.executable, "-m", f"pml_suprank.recipes.{recipe}", *args]
         proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
         if proc.returncode != 0:
@@ -177,14 +184,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _demo_query(work: Path) -> Path:
-    """The picture to upload: the first query the guarded search rejected (else its first query)."""
-    queries = json.loads((work / "runs/search_guarded/results.json").read_text())["queries"]
-    rejected = [q for q in queries if (q.get("ood") or {}).get("is_ood")]
-    chosen = (rejected or queries)[0]
-    return work / "mixed" / chosen["name"]
 
 
 def screenshot_demo(chromium: str, work: Path, png: Path, query: Path, width: int = 1280) -> None:
@@ -283,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         if missing is not None:
             print(f"{missing} not found: the demo screenshot was not regenerated")  # noqa: T201
             return 3
-        screenshot_demo(chromium, work, args.out / REJECT[1], _demo_query(work))
+        screenshot_demo(chromium, work, args.out / REJECT[1], work / "mixed" / "noise.png")
     print(f"wrote {len(FIGURES) + 2 + len(REJECT)} pictures into {args.out}")  # noqa: T201
     return 0
 
