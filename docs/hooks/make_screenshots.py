@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         card = work / "runs/photos/final/card.html"
         card.write_text(card_html((work / PAGES["model_card"]).read_text()), encoding="utf-8")
         screenshot(chromium, card, args.out / "tutorial_model_card.png", height=1500)
-        screenshot(chromium, work / PAGES["search"], args.out / "tutorial_search.png", height=1000)
+        screenshot(chromium, work / PAGES["search"], args.out / "tutorial_search.png", width=1300, height=1000)
         screenshot(chromium, work / "runs/search_guarded/results.html", args.out / REJECT[0], height=1000)
         missing = demo_tools()
         if missing is not None:
