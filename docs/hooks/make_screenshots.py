@@ -1,4 +1,5 @@
-"""Regenerate the tutorial's pictures (``docs/img/tutorial_*.png``) from a real run of the tutorial's commands.
+"""Regenerate the tutorial's pictures (``docs/img/tutorial_*.png``) and those of "Reject unknown queries"
+(``docs/img/reject_*.png``) from a real run of the tutorial's commands.
 
 Run from a checkout's root::
 
@@ -6,21 +7,29 @@ Run from a checkout's root::
     python docs/hooks/make_screenshots.py --quick --out DIR     # a short run into DIR (what the docs tests run)
 
 Steps, as docs/tutorial.md: write the toy ``photos/`` folder and the ``queries/``, train HAPPIER on it, search the
-queries, fit HEAT and the baselines against two noise sets. The figures the recipes wrote are copied as they are
-(training curves, precision-recall, embedding map, OOD histograms); the two pages (the model card, rendered from its
-markdown, and the search page) are screenshotted with headless Chromium (``chromium`` on the PATH, or
-``--chromium``). Without Chromium the page screenshots are skipped with a message and the command exits 3.
+queries, fit HEAT and the baselines against two noise sets. Then, as docs/reject-unknown.md: store the guard of
+fit_heat's table that rejects uniform noise on this toy model (``--guard Mahalanobis``; HEAT accepts most of it
+here) in ``runs/photos/final/ood/``, search again with the guarded model (three queries and a noise picture, so
+each query gets a verdict), serve the Gradio demo and upload the noise picture in the browser. The figures the
+recipes wrote are copied as they are (training curves, precision-recall, embedding map, OOD histograms); the pages
+(the model card, rendered from its markdown, the two search pages and the demo) are screenshotted with headless
+Chromium (``chromium`` on the PATH, or ``--chromium``; the demo also needs ``chromedriver``, Selenium and Gradio).
+What cannot be screenshotted is skipped with a message and the command exits 3.
 """
 
 from __future__ import annotations
 
 import argparse
 import html
+import importlib.util
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,10 +42,15 @@ FIGURES = {
     "ood_histograms": "runs/heat/score_histograms.png",
 }
 PAGES = {"model_card": "runs/photos/final/README.md", "search": "runs/search/results.html"}
+#: the pages of docs/reject-unknown.md (names in docs/img)
+REJECT = ("reject_search_verdicts.png", "reject_demo.png")
 
 
 def write_photos(work: Path, per_class: int) -> None:
     """The tutorial's step 1: ``photos/<shape>/<variant>-<colour>/*.jpg`` and six ``queries/*.jpg``."""
+    import numpy as np
+    from PIL import Image
+
     from pml_suprank.data import SyntheticShapes
 
     shapes = SyntheticShapes("all", num_per_class=per_class, image_size=64)
@@ -49,21 +63,41 @@ def write_photos(work: Path, per_class: int) -> None:
     (work / "queries").mkdir(exist_ok=True)
     for i in range(0, len(new), 9):
         new.get_image(i).save(work / "queries" / f"new_{i:02d}.jpg")
+    # docs/reject-unknown.md: three of the queries and a picture of noise, none of the photos' kind
+    (work / "mixed").mkdir(exist_ok=True)
+    for query in sorted((work / "queries").glob("*.jpg"))[:3]:
+        shutil.copyfile(query, work / "mixed" / query.name)
+    noise = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    Image.fromarray(noise).save(work / "mixed" / "noise.png")
 
 
 def run_recipes(work: Path, quick: bool) -> None:
-    """The tutorial's steps 2, 5 and 6 (the commands as written; ``quick`` shortens them)."""
+    """The tutorial's steps 2, 5 and 6 (the commands as written; ``quick`` shortens them), then, as
+    docs/reject-unknown.md: the model's guard fitted with ``--guard Mahalanobis`` and the guarded search of ``mixed/``
+    (three queries and a noise picture)."""
     train = ["--dataset", "photos", "--output_dir", "runs/photos", "--epochs", "4" if quick else "50"]
-    search = ["--model", "runs/photos/final", "--queries", "queries", "--k", "8", "--output_dir", "runs/search"]
-    heat = ["--model", "runs/photos/final", "--ood_datasets", "noise-uniform", "noise-blobs", "--heat_epochs",
-            "2" if quick else "30", "--heat_batch_size", "32", "--output_dir", "runs/heat"]  # fmt: skip
+    search = ["--model", "runs/photos/final", "--gallery", "photos", "--queries", "queries", "--k", "8",
+              "--output_dir", "runs/search"]  # fmt: skip
+    heat = ["--model", "runs/photos/final", "--id_dataset", "photos", "--ood_datasets", "noise-uniform",
+            "noise-blobs", "--heat_epochs", "2" if quick else "30", "--heat_batch_size", "32", "--output_dir",
+            "runs/heat"]  # fmt: skip
+    # the guard of the pictures: the detector of fit_heat's table that accepts no uniform noise on this toy model
+    guard = ["--model", "runs/photos/final", "--id_dataset", "photos", "--ood_datasets", "noise-uniform",
+             "noise-blobs", "--guard", "Mahalanobis", "--detectors", "Mahalanobis",
+             "--output_dir", "runs/guard"]  # fmt: skip
     if quick:
         heat += ["--train_epochs", "1"]
-    for recipe, args in (("train_happier", train), ("search", search), ("fit_heat", heat)):
+        guard += ["--train_epochs", "1"]
+    guarded = ["--model", "runs/photos/final", "--gallery", "photos", "--queries", "mixed", "--k", "6",
+               "--output_dir", "runs/search_guarded"]  # fmt: skip
+    steps = (("train_happier", train), ("search", search), ("fit_heat", heat), ("fit_heat", guard), ("search", guarded))
+    for recipe, args in steps:
         cmd = [sys.executable, "-m", f"pml_suprank.recipes.{recipe}", *args]
         proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
         if proc.returncode != 0:
             raise SystemExit(f"error: {' '.join(cmd[2:])} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    if not (work / "runs/photos/final/ood/guard.json").is_file():
+        raise SystemExit("error: fit_heat --model runs/photos/final stored no guard in runs/photos/final/ood/")
 
 
 _CSS = """body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:900px;margin:24px auto;
@@ -138,6 +172,88 @@ def screenshot(chromium: str, page: Path, png: Path, width: int = 1100, height: 
         raise SystemExit(f"error: chromium could not screenshot {page}: {proc.stderr[-2000:]}")
 
 
+def demo_tools() -> str | None:
+    """``None`` when the demo can be screenshotted (chromedriver, Selenium, Gradio), else what is missing."""
+    missing = [name for name in ("selenium", "gradio") if importlib.util.find_spec(name) is None]
+    if shutil.which("chromedriver") is None:
+        missing.append("chromedriver")
+    return ", ".join(missing) or None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def screenshot_demo(chromium: str, work: Path, png: Path, query: Path, width: int = 1280) -> None:
+    """Serve the demo (``python -m pml_suprank.recipes.demo --model runs/photos/final --gallery photos``), upload
+    ``query`` in headless Chromium (Selenium), wait for the verdict and the neighbours, and save the whole page as
+    ``png``. Every wait is bounded; the server is stopped afterwards."""
+    from selenium import webdriver
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/"
+    cmd = [sys.executable, "-m", "pml_suprank.recipes.demo", "--model", "runs/photos/final", "--gallery", "photos",
+           "--k", "8", "--port", str(port)]  # fmt: skip
+    server = subprocess.Popen(cmd, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    driver = None
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if server.poll() is not None:
+                raise SystemExit(f"error: the demo exited ({server.returncode}):\n{server.stdout.read()[-3000:]}")
+            try:
+                with urllib.request.urlopen(url, timeout=5) as reply:  # noqa: S310 - the local demo
+                    if reply.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit(f"error: the demo did not answer on {url} within 300 s")
+            time.sleep(1)
+        options = webdriver.ChromeOptions()
+        options.binary_location = chromium
+        for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     "--hide-scrollbars", f"--window-size={width},1000"):  # fmt: skip
+            options.add_argument(flag)
+        driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(shutil.which("chromedriver")))
+        driver.set_page_load_timeout(120)
+        driver.get(url)
+        wait = WebDriverWait(driver, 120)
+        upload = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "#query input[type=file]")))
+        upload.send_keys(str(query.resolve()))
+        wait.until(lambda d: "kind" in (d.find_element(By.CSS_SELECTOR, "#verdict textarea").get_attribute("value")
+                                         or ""))  # fmt: skip
+        wait.until(lambda d: ".jpg" in d.find_element(By.ID, "table").text)
+        wait.until(lambda d: d.execute_script(
+            "const im = [...document.querySelectorAll('#neighbours img')];"
+            "return im.length > 0 && im.every(i => i.complete && i.naturalWidth > 0);"))  # fmt: skip
+        height = 0
+        for _ in range(4):  # the whole page in one picture: grow the viewport until the page's height is stable
+            now = int(driver.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]["height"])
+            if now == height:
+                break
+            height = min(now, 4000)
+            size = {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False}
+            driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", size)
+            time.sleep(1)  # the page re-lays out at the new size
+        if not driver.save_screenshot(str(png)):
+            raise SystemExit(f"error: could not screenshot the demo into {png}")
+    finally:
+        if driver is not None:
+            driver.quit()
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(timeout=30)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=IMG, help="folder of the pictures (default docs/img)")
@@ -155,13 +271,19 @@ def main(argv: list[str] | None = None) -> int:
         for name, rel in FIGURES.items():
             shutil.copyfile(work / rel, args.out / f"tutorial_{name}.png")
         if chromium is None:
-            print("chromium not found: the model card and search page screenshots were not regenerated")  # noqa: T201
+            print("chromium not found: the model card, search pages and demo screenshots were not regenerated")  # noqa: T201
             return 3
         card = work / "runs/photos/final/card.html"
         card.write_text(card_html((work / PAGES["model_card"]).read_text()), encoding="utf-8")
         screenshot(chromium, card, args.out / "tutorial_model_card.png", height=1500)
-        screenshot(chromium, work / PAGES["search"], args.out / "tutorial_search.png", height=1000)
-    print(f"wrote {len(FIGURES) + 2} pictures into {args.out}")  # noqa: T201
+        screenshot(chromium, work / PAGES["search"], args.out / "tutorial_search.png", width=1300, height=1000)
+        screenshot(chromium, work / "runs/search_guarded/results.html", args.out / REJECT[0], height=1000)
+        missing = demo_tools()
+        if missing is not None:
+            print(f"{missing} not found: the demo screenshot was not regenerated")  # noqa: T201
+            return 3
+        screenshot_demo(chromium, work, args.out / REJECT[1], work / "mixed" / "noise.png")
+    print(f"wrote {len(FIGURES) + 2 + len(REJECT)} pictures into {args.out}")  # noqa: T201
     return 0
 
 
