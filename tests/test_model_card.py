@@ -95,15 +95,25 @@ def test_card_names_the_pretrained_base_model():
 
 # ------------------------------------------------------------------------------------------------ the whole card
 GUARD = {
-    "detector": "HEAT",
-    "feature_kind": "backbone",
-    "model_sha256": "ab" * 32,
     "threshold": 1.25,
-    "higher_is_ood": True,
     "tpr_target": 0.95,
     "id_tpr": 0.9412,
     "ood_sets": {"noise": {"fpr": 0.031, "auroc": 0.987}, "<b>held-out</b>": {"fpr": 0.25, "auroc": 0.8}},
 }
+
+
+def _store_guard(folder):
+    """A real OOD guard of the folder's weights (a Mahalanobis detector on random features, the values of ``GUARD``),
+    stored as ``fit_heat --model`` stores it, then the card rewritten from the folder's files."""
+    from pml_suprank import ood
+    from pml_suprank.hub.card import write_card
+    from pml_suprank.ood.guard import OODGuard, weights_sha256
+
+    gen = torch.Generator().manual_seed(0)
+    detector = ood.Mahalanobis().fit(features=torch.randn(40, 8, generator=gen), labels=torch.arange(40) % 2)
+    OODGuard(detector, feature_kind="pooled", model_sha256=weights_sha256(folder), **GUARD).save(folder)
+    write_card(folder)
+    return folder
 
 
 def _run_folder(root, *, dataset, label_names, class_counts, guard=True, hub_datasets=None):
@@ -139,10 +149,8 @@ def _run_folder(root, *, dataset, label_names, class_counts, guard=True, hub_dat
     (folder / "training_summary.json").write_text(json.dumps({"train_time_s": 12.5, "steps": 20}))
     (folder / "history.json").write_text(json.dumps([{"step": 20, "epoch": 2, "loss": 1.0, "lr_backbone": 0.0}]))
     Image.new("RGB", (20, 10), (0, 0, 255)).save(folder / "training_curves.png")
-    if guard:
-        (folder / "ood").mkdir()
-        (folder / "ood" / "guard.json").write_text(json.dumps(GUARD))
-    return model.save_pretrained(folder, metrics={**METRICS, "sum_w_ap": 0.33, "true_recall_at_10": 0.2})
+    saved = model.save_pretrained(folder, metrics={**METRICS, "sum_w_ap": 0.33, "true_recall_at_10": 0.2})
+    return _store_guard(saved) if guard else saved
 
 
 def _sections(text):
@@ -223,8 +231,9 @@ def test_classes_are_listed_up_to_the_limit_then_counted(tmp_path):
 def test_guard_section_renders_the_stored_guard(tmp_path):
     final = _run_folder(tmp_path / "run", dataset="synthetic", label_names=["fine"], class_counts={"a": 2})
     guard = (final / "README.md").read_text().split("## Out-of-distribution guard", 1)[1].split("\n## ", 1)[0]
-    assert "HEAT detector on backbone features" in guard and "`abababababababab…`" in guard
-    assert "| threshold | 1.25 |" in guard and "score ≥ threshold" in guard
+    sha = json.loads((final / "ood" / "guard.json").read_text())["model_sha256"]
+    assert "Mahalanobis detector on pooled features" in guard and f"`{sha[:16]}…`" in guard
+    assert "| threshold | 1.25 |" in guard and "score > threshold" in guard
     assert "| target ID true-positive rate (images kept) | 95.00 |" in guard
     assert "| measured ID true-positive rate (held-out ID images) | 94.12 |" in guard
     assert "| noise | 3.10 | 98.70 |" in guard and "&lt;b&gt;held-out&lt;/b&gt;" in guard

@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -351,9 +352,11 @@ def test_output_dir_inside_an_input_folder_is_refused(tmp_path):
     check_outside_inputs(tmp_path / "run", {"--dataset": str(data), "--other": "user/hub-id", "--none": None})
 
 
-def test_a_figure_that_fails_is_skipped_and_the_final_folder_keeps_the_weights(tmp_path):
-    """A label name matplotlib's mathtext cannot typeset (``$\\undefinedmacro$``) used to end the final folder's
-    write before ``model.safetensors``: the trained model was lost."""
+def test_a_figure_that_fails_is_skipped_and_the_final_folder_keeps_the_weights(tmp_path, monkeypatch):
+    """A figure that raises (here: the embedding map) used to end the final folder's write before
+    ``model.safetensors``: the trained model was lost. A label name that looks like mathtext
+    (``$\\undefinedmacro$``, which once crashed matplotlib) is drawn literally."""
+    from pml_suprank import plots
     from pml_suprank.models import RetrievalModel
     from pml_suprank.training.export import write_final_folder
 
@@ -362,9 +365,20 @@ def test_a_figure_that_fails_is_skipped_and_the_final_folder_keeps_the_weights(t
     labels = torch.stack([torch.arange(12) % 3, torch.arange(12) % 3 // 2], 1)
     last = (emb, labels, torch.arange(12))
     history = [{"step": 1, "loss": 0.5}, {"step": 2, "loss": 0.4}]
+    names = ["$\\undefinedmacro$", "group"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # the mathtext-like name plots: no figure skipped
+        final = write_final_folder(tmp_path / "ok", model, config={"seed": 0}, history=history, metrics={"ap": 0.5},
+                                   embeddings=(last, last), label_names=names, replace=True)  # fmt: skip
+    assert (final / "embedding_map.png").is_file() and (final / "training_curves.png").is_file()
+
+    def broken(*args, **kwargs):
+        raise ValueError("a figure that cannot be drawn")
+
+    monkeypatch.setattr(plots, "plot_all", broken)
     with pytest.warns(RuntimeWarning, match="skipped"):
         final = write_final_folder(tmp_path / "final", model, config={"seed": 0}, history=history,
                                    metrics={"ap": 0.5}, embeddings=(last, last),
-                                   label_names=["$\\undefinedmacro$", "group"], replace=True)  # fmt: skip
+                                   label_names=names, replace=True)  # fmt: skip
     assert (final / "model.safetensors").is_file() and (final / "metrics.json").is_file()
     assert (final / "config.json").is_file() and (final / "README.md").is_file()

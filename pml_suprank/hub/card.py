@@ -804,7 +804,7 @@ def _guard(inputs: CardInputs) -> list[str]:
     if not guard:
         return []
     higher = guard.get("higher_is_ood", True)
-    rule = "score ≥ threshold" if higher else "score ≤ threshold"
+    rule = "score > threshold" if higher else "score < threshold"
     lines = [
         "## Out-of-distribution guard",
         "",

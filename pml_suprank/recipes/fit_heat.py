@@ -436,6 +436,10 @@ def store_guard(spec: FitHeatSpec, detectors, id_scores, ood_scores) -> Path | N
         seed=spec.seed,
     )  # fmt: skip
     path = guard.save(folder)
+    if (folder / "config.json").is_file():  # the model card gains its guard section
+        from pml_suprank.hub.card import write_card
+
+        write_card(folder)
     fprs = ", ".join(f"{k} {100 * v['fpr']:.1f}%" for k, v in guard.ood_sets.items())
     kept = f"{100 * guard.id_tpr:.1f}% (target {100 * spec.ood_tpr:.0f}%)"
     print(f"OOD guard {spec.guard} in {path}: OOD when score > {guard.threshold:.6g}; held-out ID kept {kept}; "

@@ -257,7 +257,9 @@ class FitHeatSpec:
         bad = sorted(set(self.priors) - set(list_priors()))
         if bad:
             raise OptionError(f"--priors: unknown {bad}; choose among {list(list_priors())}")
-        if self.guard != "none" and (self.guard == "ODIN" or self.guard not in (self.detectors or methods())):
+        if self.model is not None and self.guard != "none" and (
+            self.guard == "ODIN" or self.guard not in (self.detectors or methods())
+        ):
             raise OptionError(f"--guard: {self.guard!r} is not a computed table row that scores features; choose among "
                               f"{[m for m in (self.detectors or methods()) if m != 'ODIN']} or 'none'")  # fmt: skip
         if self.model is not None and self.checkpoint is not None:

@@ -8,8 +8,7 @@ Layout:
   (:func:`build_loss`: a registered loss, ``pml:ClassName``, ``module:ClassName`` or a plugin,
   :func:`pml_suprank.losses.resolve_loss`);
 * :mod:`.rules` — the rules between options (:func:`~.rules.cross_field_problems`), run by every entry point;
-* :mod:`.hub_config` — the hub_config schema (derived from the options), reader and validator
-  (``pml_suprank.hub_config`` re-exports it);
+* :mod:`.hub_config` — the hub_config schema (derived from the options), reader and validator;
 * :mod:`.run_spec` — :class:`RunSpec`, the whole configuration of a recipe run (model / data / loss / train / run),
   built once from a hub_config YAML plus command-line overrides and validated once;
 * :mod:`.cli` — the recipes' argparse flags generated from those dataclasses, and :func:`parse_run_spec`;

@@ -2,7 +2,7 @@
 
 Every field carries its help text, its hub_config section and a value check in its ``metadata`` (see
 :func:`option`); the recipes' command line (:mod:`pml_suprank.training.cli`) and the hub_config schema
-(:mod:`pml_suprank.hub_config`) are generated from these fields, so an option is written exactly once.
+(:mod:`pml_suprank.training.hub_config`) are generated from these fields, so an option is written exactly once.
 """
 
 from __future__ import annotations

@@ -85,7 +85,8 @@ class DatasetSource:
 
 def dataset_source(data: Mapping[str, Any], part: str, *, data_root: str | Path | None = None) -> DatasetSource:
     """The :class:`DatasetSource` of the ``part`` (``"train"`` / ``"test"``) of a consistent data section (checked by
-    :func:`pml_suprank.hub_config.data_option_errors`, e.g. as part of a :class:`~pml_suprank.training.RunSpec`).
+    :func:`pml_suprank.training.hub_config.data_option_errors`, e.g. as part of a
+    :class:`~pml_suprank.training.RunSpec`).
 
     Args:
         data: The data options that are set (a hub_config ``data`` section, or ``RunSpec.data_section()``).

@@ -41,6 +41,20 @@ def _draw_plots(
     return [save_directory / n for n in names]
 
 
+def history_with_evaluations(progress: Any, before: Any, after: Any) -> list[dict[str, Any]]:
+    """The training history (``progress.history``) with the recipe's evaluations before training (step 0: the weights
+    it starts from) and after it (``progress.global_step``) as ``eval/`` records, so that ``history.json`` and its
+    plot hold every evaluation."""
+    history = list(progress.history)
+    has_eval = {r.get("step") for r in history if any(str(k).startswith("eval/") for k in r)}
+    if isinstance(before, dict) and 0 not in has_eval:
+        history.insert(0, {"step": 0, "epoch": 0, **{f"eval/{k}": v for k, v in before.items()}})
+    step = progress.global_step
+    if isinstance(after, dict) and step not in has_eval:
+        history.append({"step": step, "epoch": progress.epoch, **{f"eval/{k}": v for k, v in after.items()}})
+    return history
+
+
 def _try_plot(what: str, draw: Any) -> Any:
     """``draw()``, or ``None`` with a warning when it raises (a label name matplotlib cannot typeset, a full disk):
     the weights and metrics of the final folder never depend on a figure."""

@@ -58,7 +58,7 @@ from .checkpoint import (
     validate_checkpoint,
 )
 from .config import TrainingConfig
-from .export import write_final_folder
+from .export import history_with_evaluations, write_final_folder
 from .loaders import (
     SeededAugmentation,
     build_memory,
@@ -379,16 +379,10 @@ class Trainer:
         backbone = getattr(self.model, "backbone", None)
         if backbone is None:
             return
-        for name, p in backbone.named_parameters():
-            if self.config.freeze_batch_norm and self._is_bn_param(backbone, name):
-                p.requires_grad_(False)
-            else:
-                p.requires_grad_(trainable)
-
-    @staticmethod
-    def _is_bn_param(backbone: nn.Module, name: str) -> bool:
-        module = backbone.get_submodule(name.rsplit(".", 1)[0]) if "." in name else backbone
-        return isinstance(module, nn.modules.batchnorm._BatchNorm)
+        for name, p in backbone.named_parameters():  # frozen batch norm stays frozen
+            owner = backbone.get_submodule(name.rsplit(".", 1)[0]) if "." in name else backbone
+            bn = self.config.freeze_batch_norm and isinstance(owner, nn.modules.batchnorm._BatchNorm)
+            p.requires_grad_(trainable and not bn)
 
     def _train_mode(self) -> None:
         self.loss_module.train()
@@ -555,19 +549,6 @@ class Trainer:
         return metrics
 
     # -- export -------------------------------------------------------------------------------------------------
-    def _history_with_evaluations(self, before: Any, after: Any) -> list[dict[str, Any]]:
-        """The history with the recipe's evaluations before training (step 0: the weights it starts from) and
-        after it (the last step) as ``eval/`` records, so that ``history.json`` and its plot hold every
-        evaluation."""
-        history = list(self.progress.history)
-        has_eval = {r.get("step") for r in history if any(str(k).startswith("eval/") for k in r)}
-        if isinstance(before, dict) and 0 not in has_eval:
-            history.insert(0, {"step": 0, "epoch": 0, **{f"eval/{k}": v for k, v in before.items()}})
-        step = self.progress.global_step
-        if isinstance(after, dict) and step not in has_eval:
-            history.append({"step": step, "epoch": self.progress.epoch, **{f"eval/{k}": v for k, v in after.items()}})
-        return history
-
     def save_final(
         self,
         save_directory: str | Path | None = None,
@@ -581,10 +562,8 @@ class Trainer:
     ) -> Path | None:
         """Write the Hub-ready folder (on the main process; returns ``None`` elsewhere).
 
-        Contents: see :func:`pml_suprank.training.export.write_final_folder`; the plots are drawn from the last
-        evaluation's embeddings, with the first evaluation's (before training) for comparison.
-
-        Args:
+        Contents: see :func:`pml_suprank.training.export.write_final_folder` (plots from the last evaluation's
+        embeddings, the first evaluation's for comparison). Args:
             save_directory: Default ``output_dir/final``.
             metrics: Final test metrics ``{name: number}`` (``RetrievalEvaluator`` keys) for the card.
             summary: Any JSON-able dict, written to ``training_summary.json``.
@@ -594,8 +573,8 @@ class Trainer:
             image_dataset: Dataset with ``get_image(i)`` for the retrieval grid (default: the test set).
             repo_id: Repo id (or folder path) shown in the card's usage snippet.
 
-        The folder is written aside and renamed into place (a previous ``final/`` is replaced whole), so it always
-        holds one run's weights, ``config.json`` and summary; both JSON files carry the run fingerprint.
+        Written aside and renamed into place (a previous ``final/`` replaced whole): one run's weights, ``config.json``
+        and summary, both JSON files carrying the run fingerprint.
         """
         acc = self.accelerator
         save_directory = Path(save_directory) if save_directory is not None else self.output_dir / "final"
@@ -610,8 +589,8 @@ class Trainer:
 
         card = run_card_metadata(self, hub_config, (metadata or {}).get("dataset"))  # kept in config.json
         return write_final_folder(
-            save_directory, self.model, config=self.config.to_dict(), history=self._history_with_evaluations(
-                (summary or {}).get("before"), metrics), metrics=metrics, summary={**(summary or {}), **run},
+            save_directory, self.model, config=self.config.to_dict(), history=history_with_evaluations(
+                self.progress, (summary or {}).get("before"), metrics), metrics=metrics, summary={**(summary or {}), **run},
             metadata={**(metadata or {}), **run, **card},
             hub_config=hub_config, embeddings=embeddings,
             image_dataset=image_dataset if image_dataset is not None else self.test_dataset,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import re
 import zipfile
 from pathlib import Path
 
@@ -298,14 +299,17 @@ def _import_prepare():
 
 
 @pytest.mark.parametrize("content", [SECRET, b"", image_bytes(5)[:100]], ids=["text", "empty", "truncated"])
-def test_prepare_dataset_refuses_a_non_image(tmp_path, content):
+def test_prepare_dataset_refuses_a_non_image(tmp_path, content, capsys):
     prepare = _import_prepare()
     root = make_sop(tmp_path / "native")
     bad = root / "chair_final" / "3_4.JPG"
     bad.write_bytes(content)
     out = tmp_path / "copy"
-    with pytest.raises(ValueError, match=r"sop train item 4 \(.*chair_final/3_4\.JPG\): not a decodable image"):
+    with pytest.raises(SystemExit) as e:  # one error line, exit 2
         prepare.main(["sop", "--root", str(root), "--output_dir", str(out)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert re.search(r"error: sop train item 4 \(.*chair_final/3_4\.JPG\): not a decodable image", err)
     assert not (out / "dataset_dict.json").exists() and not (out / "benchmark.json").exists()
 
 
