@@ -589,7 +589,7 @@ class Trainer:
 
         card = run_card_metadata(self, hub_config, (metadata or {}).get("dataset"))  # kept in config.json
         return write_final_folder(
-            save_directory, self.model, config=self.config.to_dict(), metrics=metrics, summary={**(summary or {}), **run},
+            save_directory, self.model, config=self.config.to_dict(), metrics=metrics, summary={**(summary or {}),**run},
             history=history_with_evaluations(self.progress, (summary or {}).get("before"), metrics),
             metadata={**(metadata or {}), **run, **card},
             hub_config=hub_config, embeddings=embeddings,
