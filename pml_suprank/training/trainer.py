@@ -585,12 +585,13 @@ class Trainer:
         if plots and self.last_embeddings is not None:
             embeddings = (self.last_embeddings, self.first_embeddings)
         run = {"run_fingerprint": self.fingerprint}  # config.json and training_summary.json name the run
+        summary = summary or {}
         from ..hub.card import run_card_metadata
 
         card = run_card_metadata(self, hub_config, (metadata or {}).get("dataset"))  # kept in config.json
         return write_final_folder(
-            save_directory, self.model, config=self.config.to_dict(), metrics=metrics, summary={**(summary or {}),**run},
-            history=history_with_evaluations(self.progress, (summary or {}).get("before"), metrics),
+            save_directory, self.model, config=self.config.to_dict(), metrics=metrics, summary={**summary, **run},
+            history=history_with_evaluations(self.progress, summary.get("before"), metrics),
             metadata={**(metadata or {}), **run, **card},
             hub_config=hub_config, embeddings=embeddings,
             image_dataset=image_dataset if image_dataset is not None else self.test_dataset,
