@@ -16,6 +16,7 @@ from huggingface_hub import ModelCard
 from PIL import Image
 
 from pml_suprank.models import RetrievalModel
+from pml_suprank.ood.guard import weights_sha256
 
 pytestmark = pytest.mark.hub
 
@@ -86,7 +87,7 @@ def test_card_usage_snippet_runs_as_written(folder, monkeypatch):
 
 
 def test_card_names_the_pretrained_base_model():
-    from pml_suprank.hub.card import _base_model
+    from pml_suprank.hub._card_sections import _base_model
 
     assert _base_model({"model_args": {"backbone": "resnet50", "pretrained": True}}) == "timm/resnet50.a1_in1k"
     assert _base_model({"model_args": {"backbone": "hf-hub:org/net", "pretrained": True}}) == "org/net"
@@ -165,8 +166,12 @@ def test_a_loaded_folder_saved_or_pushed_again_keeps_the_whole_card(tmp_path, mo
     again = RetrievalModel.from_pretrained(final).save_pretrained(tmp_path / "again")
     card = (again / "README.md").read_text()
     assert card == original.replace("./final", "./again")  # one writer: the same card from the same files
-    for name in ("metrics.json", "training_summary.json", "history.json", "training_curves.png", "ood/guard.json"):
+    for name in ("metrics.json", "training_summary.json", "history.json", "training_curves.png"):
         assert (again / name).read_bytes() == (final / name).read_bytes()
+    kept, old = (json.loads((f / "ood" / "guard.json").read_text()) for f in (again, final))
+    assert kept.pop("model_sha256") == weights_sha256(again)  # the guard re-bound to the file it was saved with
+    old.pop("model_sha256")
+    assert kept == old
     assert ModelCard.load(again / "README.md").data.to_dict()["model-index"]
     # push_to_hub of the loaded folder uploads the same card (the upload itself is replaced by a copy)
     uploaded = {}
@@ -231,8 +236,7 @@ def test_classes_are_listed_up_to_the_limit_then_counted(tmp_path):
 def test_guard_section_renders_the_stored_guard(tmp_path):
     final = _run_folder(tmp_path / "run", dataset="synthetic", label_names=["fine"], class_counts={"a": 2})
     guard = (final / "README.md").read_text().split("## Out-of-distribution guard", 1)[1].split("\n## ", 1)[0]
-    sha = json.loads((final / "ood" / "guard.json").read_text())["model_sha256"]
-    assert "Mahalanobis detector on pooled features" in guard and f"`{sha[:16]}…`" in guard
+    assert "Mahalanobis detector on pooled features" in guard and "SHA-256 is in `ood/guard.json`" in guard
     assert "| threshold | 1.25 |" in guard and "score > threshold" in guard
     assert "| target ID true-positive rate (images kept) | 95.00 |" in guard
     assert "| measured ID true-positive rate (held-out ID images) | 94.12 |" in guard

@@ -80,7 +80,7 @@ def test_fit_heat_stores_the_guard_in_the_model_folder(world):
 def test_fit_heat_guard_option_is_checked(capsys):
     fit_heat = importlib.import_module("pml_suprank.recipes.fit_heat")
     with pytest.raises(SystemExit):
-        fit_heat.parse_args(["--guard", "ODIN"])
+        fit_heat.parse_args(["--model", "run/final", "--guard", "ODIN"])  # the guard is stored with --model only
     assert "--guard: 'ODIN'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         fit_heat.parse_args(["--ood_tpr", "1.5"])
