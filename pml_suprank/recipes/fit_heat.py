@@ -505,7 +505,8 @@ def main(argv=None) -> dict:
         "features": str(features_file),
     }
     (out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
-    print(f"\nwrote {out_dir / 'results.json'}, {plot or 'no plots'}, detector in {heat_dir}")
+    saved = f"HEAT detector in {heat_dir}" if heat_dir is not None else "no HEAT detector (not in --detectors)"
+    print(f"\nwrote {out_dir / 'results.json'}, {plot or 'no plots'}, {saved}")
     if spec.push_to_hub and heat is not None:
         print(f"pushed to {heat.push_to_hub(spec.hub_model_id, private=spec.hub_private or None)}")
     print(f"total {results['total_seconds']:.1f} s")
