@@ -17,6 +17,12 @@ from pml_suprank.relevance import Hierarchy
 
 FLAT = ("SupAPLoss", "SmoothAPLoss", "ROADMAPLoss", "SupRecallLoss", "RODRecallLoss")
 HIERARCHICAL = ("SupHAPLoss", "HAPPIERLoss", "SupNDCGLoss", "RODNDCGLoss")
+#: compiled in the quick tier (one flat loss with a head, one hierarchical); every loss in the full suite
+QUICK = ("RODRecallLoss", "SupHAPLoss")
+
+
+def _tiered(names):
+    return [n if n in QUICK else pytest.param(n, marks=pytest.mark.slow) for n in names]
 WITH_HEAD = ("HAPPIERLoss", "RODNDCGLoss", "RODRecallLoss")  # a proxy classifier: num_classes / embedding_size
 
 
@@ -37,7 +43,7 @@ def _batch(name: str, batch: int = 32, dim: int = 16):
 
 # the memory variants compile a second graph per loss (~3 s each): in the full suite only
 @pytest.mark.parametrize("memory", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["in-batch", "memory"])
-@pytest.mark.parametrize("name", FLAT + HIERARCHICAL)
+@pytest.mark.parametrize("name", _tiered(FLAT + HIERARCHICAL))
 def test_dense_loss_compiles_as_one_graph_and_matches_eager(name, memory):
     torch._dynamo.reset()
     emb, labels = _batch(name)
@@ -74,7 +80,7 @@ def _compiled_and_eager(loss_fn, emb, *args, **kwargs):
     return out
 
 
-@pytest.mark.parametrize("name", HIERARCHICAL)
+@pytest.mark.parametrize("name", _tiered(HIERARCHICAL))
 def test_hierarchical_loss_with_hierarchy_table_compiles_as_one_graph(name):
     """1-D fine labels with ``hierarchy=`` (the path of PML's trainers and memories): the check that every label is
     in the table is an in-graph assert while compiling, not a host read that breaks the graph."""
