@@ -22,6 +22,9 @@ SCRIPTS = {
     "pml-suprank-fit-heat": "fit_heat",
     "pml-suprank-prepare-dataset": "prepare_dataset",
     "pml-suprank-ood-benchmark": "ood_benchmark",
+    "pml-suprank-ood-score": "ood_score",
+    "pml-suprank-push": "push",
+    "pml-suprank-demo": "demo",
 }
 
 
