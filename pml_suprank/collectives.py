@@ -18,7 +18,15 @@ __all__ = ["all_gather", "all_gather_with_grad", "shard_range"]
 
 
 def is_distributed(group: Any = None) -> bool:
-    """True when ``torch.distributed`` is initialised with more than one process in ``group``."""
+    """True when ``torch.distributed`` is initialised with more than one process in ``group``.
+
+    Raises:
+        TypeError: ``group`` is neither ``None`` nor a ``torch.distributed`` process group.
+    """
+    if group is not None and not (
+        torch.distributed.is_available() and isinstance(group, torch.distributed.ProcessGroup)
+    ):
+        raise TypeError(f"process_group must be None or a torch.distributed process group; got {type(group).__name__}")
     return (
         torch.distributed.is_available()
         and torch.distributed.is_initialized()

@@ -285,7 +285,7 @@ class RetrievalEvaluator:
         if device is not None and device != self.device:  # this call only: a copy with that device
             evaluator = copy.copy(self)
             evaluator.device = device
-        if not (distributed and is_distributed(process_group)):
+        if not (is_distributed(process_group) and distributed):  # the group checked whatever `distributed` says
             per_query, Q, L = evaluator._per_query(
                 query, query_labels, reference, reference_labels, ref_includes_query, multilabel
             )

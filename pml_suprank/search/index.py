@@ -209,7 +209,7 @@ class RetrievalIndex:
         shift = underflow_exponent(query_abs, self._max_abs, self.dtype)  # 0 unless scores would underflow
         if not isinstance(distributed, bool):
             raise TypeError(f"distributed must be a bool; got {type(distributed).__name__}")
-        split = distributed and is_distributed(process_group)
+        split = is_distributed(process_group) and distributed  # the group checked whatever `distributed` says
         if split:
             start, end = shard_range(queries.shape[0], process_group)
             queries = queries[start:end]

@@ -66,3 +66,13 @@ def test_distributed_without_a_process_group_is_one_process():
         torch.testing.assert_close(got["per_query"][key], want["per_query"][key], rtol=0, atol=0, equal_nan=True)
     with pytest.raises(TypeError, match="distributed must be a bool"):
         evaluator.evaluate(emb, labels, distributed="yes")
+
+
+def test_a_process_group_that_is_not_one_is_refused_by_name():
+    from pml_suprank.search import RetrievalIndex
+
+    x, y = torch.randn(12, 4, generator=torch.Generator().manual_seed(0)), torch.arange(12) % 3
+    with pytest.raises(TypeError, match="process_group must be None or a torch.distributed process group; got int"):
+        RetrievalEvaluator().evaluate(x, y, process_group=3)
+    with pytest.raises(TypeError, match="process_group .* got str"):
+        RetrievalIndex(x).search(x, 2, distributed=True, process_group="world")
