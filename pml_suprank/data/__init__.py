@@ -10,6 +10,7 @@ Modules:
     folders: your own image folders (:func:`image_folder_layout`, the seeded :func:`class_split`).
     label_columns: multi-label (list-valued) label columns.
     retrieval_dataset: :class:`RetrievalDatasetBase` and the label-set helpers.
+    embedding_cache: :func:`cached_embeddings`, a model's outputs on a dataset embedded once (``--embedding_cache``).
     paths: :func:`confined_path`, the check that keeps paths read from a dataset's files inside its folder.
     synthetic_shapes / synthetic_multishapes: the built-in offline datasets.
     benchmarks: the papers' benchmarks read from their archives (:func:`load_benchmark`).
@@ -23,6 +24,7 @@ Example:
 
 from . import benchmarks
 from .benchmarks import BENCHMARKS, benchmark_label_names, load_benchmark
+from .embedding_cache import cached_embeddings, cached_features
 from .folders import FolderLayout, class_split, class_split_side, image_folder_layout
 from .hf_sources import check_image_paths
 from .loading import (
@@ -49,6 +51,8 @@ __all__ = [
     "benchmark_label_names",
     "benchmarks",
     "build_transforms",
+    "cached_embeddings",
+    "cached_features",
     "collate",
     "load_benchmark",
     "load_retrieval_dataset",

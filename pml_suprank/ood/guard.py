@@ -47,6 +47,7 @@ import torch
 from torch import Tensor
 
 from .._safe_json import load_json
+from ..data.embedding_cache import state_digest
 from . import metrics as ood_metrics
 
 __all__ = [
@@ -103,18 +104,6 @@ def weights_sha256(path: str | Path) -> str:
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
-    return digest.hexdigest()
-
-
-def state_digest(module: Any) -> str:
-    """SHA-256 (hex) of a module's tensors (names, dtypes, shapes, values): what its weights *are*, independent of
-    how a file lays them out (safetensors writes its metadata in no fixed order, so two saves of the same weights can
-    differ byte for byte)."""
-    digest = hashlib.sha256()
-    for name, tensor in sorted(module.state_dict().items()):
-        t = tensor.detach().cpu().contiguous()
-        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return digest.hexdigest()
 
 

@@ -112,6 +112,8 @@ class EvaluateSpec:
     no_plots: bool = same_option(RunOptions, "no_plots")
     mixed_precision: str | None = same_option(RunOptions, "mixed_precision")
     cpu: bool = same_option(RunOptions, "cpu")
+    embedding_cache: str | None = option(None, "a folder caching the embeddings (reused for the same model, data and "
+                                         "transform; off when unset)", check=optional(is_str()))  # fmt: skip
 
     def __post_init__(self) -> None:
         check_options(self)
@@ -241,13 +243,13 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(model, "module", model)
 
 
-def _embed(model: torch.nn.Module, dataset, batch_size: int, accelerator) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(embeddings (N, D), labels (N, L))`` of ``dataset`` in dataset order (every process gets all of them)."""
+def _embed(model: torch.nn.Module, dataset, batch_size: int, accelerator, cache: str | None):
+    """``(embeddings (N, D), labels (N, L), indices (N,))`` of ``dataset`` in dataset order (every process gets all
+    of them), through the embedding cache ``cache`` when given."""
     from pml_suprank.training import embed_loader, make_loader
 
     loader = accelerator.prepare(make_loader(dataset, batch_size))
-    emb, labels, _ = embed_loader(model, loader, accelerator, progress=True)
-    return emb, labels
+    return embed_loader(model, loader, accelerator, progress=True, embedding_cache=cache)
 
 
 def _test_transform(model: torch.nn.Module):
@@ -283,9 +285,9 @@ def evaluate_dyml(spec: EvaluateSpec, name: str, model: torch.nn.Module, acceler
     out: dict[str, float] = {}
     for g in DYML_GRANULARITIES:
         q, ql = _embed(model, data.load_benchmark(name, spec.data_root, f"query_{g}", transform),
-                       spec.eval_batch_size, accelerator)  # fmt: skip
+                       spec.eval_batch_size, accelerator, spec.embedding_cache)[:2]  # fmt: skip
         r, rl = _embed(model, data.load_benchmark(name, spec.data_root, f"gallery_{g}", transform),
-                       spec.eval_batch_size, accelerator)  # fmt: skip
+                       spec.eval_batch_size, accelerator, spec.embedding_cache)[:2]  # fmt: skip
         metrics = evaluator.evaluate(q, ql, r, rl, distributed=accelerator.num_processes > 1)
         out.update({f"{k}_{g}": float(metrics[k]) for k in keys})
         out[f"num_queries_{g}"] = float(len(q))
@@ -304,9 +306,9 @@ def evaluate_landmark(spec: EvaluateSpec, name: str, model: torch.nn.Module, acc
 
     transform = _test_transform(model)
     q, ql = _embed(model, data.load_benchmark(name, spec.data_root, "query", transform), spec.eval_batch_size,
-                   accelerator)  # fmt: skip
+                   accelerator, spec.embedding_cache)[:2]  # fmt: skip
     r, rl = _embed(model, data.load_benchmark(name, spec.data_root, "gallery", transform), spec.eval_batch_size,
-                   accelerator)  # fmt: skip
+                   accelerator, spec.embedding_cache)[:2]  # fmt: skip
     evaluator = RetrievalEvaluator(k_values=tuple(spec.k_values), alpha=spec.alpha, device=accelerator.device)
     out = _floats(evaluator.evaluate(q, ql, r, rl, distributed=accelerator.num_processes > 1))
     per_query = landmark_map_at_k(q @ r.T, ql[:, None, 0] == rl[None, :, 0], k=100)
@@ -337,8 +339,9 @@ def evaluate_revisited(spec: EvaluateSpec, name: str, model: torch.nn.Module, ac
     max_side = spec.max_side or int(max(config["input_size"][1:]))
     transform = resize_only_transform(config, max_side)
     query = data.load_benchmark(name, spec.data_root, "query", transform)
-    q, _ = _embed(model, query, 1, accelerator)
-    g, _ = _embed(model, data.load_benchmark(name, spec.data_root, "gallery", transform), 1, accelerator)
+    q = _embed(model, query, 1, accelerator, spec.embedding_cache)[0]
+    g = _embed(model, data.load_benchmark(name, spec.data_root, "gallery", transform), 1, accelerator,
+               spec.embedding_cache)[0]  # fmt: skip
     return _floats(revisited_map(q @ g.T, query.gnd))
 
 
@@ -350,7 +353,6 @@ def evaluate_test_set(
     against the others, with the plots."""
     from pml_suprank import plots
     from pml_suprank.metrics import RetrievalEvaluator
-    from pml_suprank.training import embed_loader, make_loader
     from pml_suprank.training.data_source import dataset_source
 
     source = dataset_source(section, "test")
@@ -358,8 +360,7 @@ def evaluate_test_set(
         dataset = source.load(_test_transform(model), seed=spec.seed, recorded_split=recorded_split)
     except ValueError as e:
         raise SystemExit(f"{spec.model} on {source.name} (--split {source.split}): {e}") from None
-    loader = accelerator.prepare(make_loader(dataset, spec.eval_batch_size))
-    emb, labels, idx = embed_loader(model, loader, accelerator, progress=True)
+    emb, labels, idx = _embed(model, dataset, spec.eval_batch_size, accelerator, spec.embedding_cache)
     evaluator = RetrievalEvaluator(k_values=tuple(spec.k_values), alpha=spec.alpha, device=accelerator.device)
     metrics = _floats(evaluator.evaluate(emb, labels, distributed=accelerator.num_processes > 1))
     accelerator.print(f"{spec.model} on {source.name} ({source.split}, {len(dataset)} images):")

@@ -55,6 +55,7 @@ from typing import Any  # noqa: E402
 import torch  # noqa: E402
 
 from pml_suprank import ood  # noqa: E402
+from pml_suprank.data.embedding_cache import cached_features  # noqa: E402
 from pml_suprank.ood import metrics as ood_metrics  # noqa: E402
 from pml_suprank.ood.features import feature_map_positions  # noqa: E402
 from pml_suprank.ood.model_api import read_state_dict  # noqa: E402
@@ -356,8 +357,15 @@ def extract_all(model, train_ds, test_ds, ood_sets, level, classes, train_labels
     """Features of the ID train / test sets and of every OOD set (with progress bars), and the ID test accuracy."""
 
     def extract(ds, name):
-        batches = progress(loader(ds, spec.batch_size), spec, desc=f"features {name}", unit="batch")
-        return ood.extract_features(model, batches, device=device)
+        def run(batches):
+            bar = progress(batches, spec, desc=f"features {name}", unit="batch")
+            return ood.extract_features(model, bar, device=device)
+
+        if spec.embedding_cache is None:
+            return run(loader(ds, spec.batch_size))
+        found = cached_features(model, loader(ds, spec.batch_size), spec.embedding_cache, feature_kind="ood_timm",
+                                extract=lambda b: {k: v for k, v in vars(run(b)).items() if v is not None})  # fmt: skip
+        return ood.OODFeatures(**{"std_features": None, "logits": None, **found})
 
     train_feats = extract(train_ds, "ID train")
     train_feats.labels = class_targets(train_labels, level, classes)

@@ -32,7 +32,16 @@ from pml_suprank.training.cli import add_option_arguments  # noqa: E402
 from pml_suprank.training.config import OptionCheck, is_bool, is_int, is_str, option, optional  # noqa: E402
 from pml_suprank.training.spec_cli import OptionError, check_options, parse_options  # noqa: E402
 
-__all__ = ["OODScoreSpec", "build_parser", "main", "parse_args", "run", "write_histogram", "write_scores"]
+__all__ = [
+    "OODScoreSpec",
+    "build_parser",
+    "guard_verdict",
+    "main",
+    "parse_args",
+    "run",
+    "write_histogram",
+    "write_scores",
+]
 
 
 def _finite_number() -> OptionCheck:
@@ -59,6 +68,8 @@ class OODScoreSpec:
     batch_size: int = option(64, "images per batch", check=is_int(1, 65_536))
     no_plots: bool = option(False, "do not write the histogram", check=is_bool())
     device: str | None = option(None, "default: cuda when available, else cpu", check=optional(is_str()))
+    embedding_cache: str | None = option(None, "a folder caching the extracted features (reused for the same model, "
+                                         "images and transform; off when unset)", check=optional(is_str()))  # fmt: skip
 
     def __post_init__(self) -> None:
         check_options(self)
@@ -114,6 +125,30 @@ def write_histogram(path: Path, scores: torch.Tensor, threshold: float, title: s
     return path
 
 
+def guard_verdict(model: Any, loader: Any, args: OODScoreSpec, device: torch.device) -> Any:
+    """The guard's verdict on the loader's images; with ``--embedding_cache``, the features the guard's detector
+    reads come from the cache (extracted and stored when missing)."""
+    import inspect
+
+    from pml_suprank.data import cached_features
+    from pml_suprank.ood import OODFeatures
+    from pml_suprank.ood.model_api import extract_model_features
+
+    guard = model.ood_guard
+    if args.embedding_cache is None or "model" in inspect.signature(type(guard.detector)).parameters:  # ODIN: images
+        return guard.predict(model, loader, threshold=args.ood_threshold, device=device)
+    guard.check_model(model)
+
+    def extract(batches: Any) -> dict[str, torch.Tensor]:
+        feats = extract_model_features(model, batches, device=device, features=guard.feature_kind)
+        return {k: v for k, v in vars(feats).items() if v is not None and k != "labels"}
+
+    found = cached_features(model, loader, args.embedding_cache, feature_kind=f"ood_{guard.feature_kind}",
+                            extract=extract)  # fmt: skip
+    feats = OODFeatures(**{"std_features": None, "logits": None, **found})
+    return guard.verdict(guard.detector.score(**feats.as_kwargs()), args.ood_threshold)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     from pml_suprank import data
@@ -139,7 +174,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     except ValueError as e:
         refuse(str(e))
     loader = torch.utils.data.DataLoader(images, batch_size=args.batch_size, collate_fn=data.collate)
-    verdict = model.ood_guard.predict(model, loader, threshold=args.ood_threshold, device=device)
+    verdict = guard_verdict(model, loader, args, device)
     out.mkdir(parents=True, exist_ok=True)
     csv_path = write_scores(out / "scores.csv", images.names, verdict.scores, verdict.is_ood)
     n_ood = int(verdict.is_ood.sum())

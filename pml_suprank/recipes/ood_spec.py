@@ -208,6 +208,8 @@ class FitHeatSpec:
     )  # fmt: skip
     ood_label_column: str = option("label", "default label column of Hub / folder OOD sets (unused)", check=is_str())
     cache_dir: str | None = option(None, "datasets cache folder for Hub / folder datasets", check=optional(is_str()))
+    embedding_cache: str | None = option(None, "a folder caching the extracted features (reused for the same model, "
+                                         "data and transform; off when unset)", check=optional(is_str()))  # fmt: skip
     image_size: int | None = option(None, "image side (unset: 32 on synthetic, else the model's)",
                                     check=optional(is_int(8, 4096)))  # fmt: skip
     num_per_class: int = option(40, "synthetic: training images per fine class", check=is_int(1, MAX_IMAGES))

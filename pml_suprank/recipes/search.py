@@ -92,6 +92,8 @@ class SearchSpec:
                                          "threshold; needs a model with an OOD guard)",
                                          check=optional(_finite_number()))  # fmt: skip
     device: str | None = option(None, "default: cuda when available, else cpu", check=optional(is_str()))
+    embedding_cache: str | None = option(None, "a folder caching the embeddings (reused for the same model, data and "
+                                         "transform; off when unset)", check=optional(is_str()))  # fmt: skip
 
     def __post_init__(self) -> None:
         check_options(self)
@@ -203,12 +205,15 @@ def recorded_folder(args: SearchSpec) -> bool:
     return recorded is not None and recorded["data"].get("dataset") == public_name(args.gallery)
 
 
-def embed(model: torch.nn.Module, dataset: Any, batch_size: int, description: str) -> tuple[torch.Tensor, torch.Tensor]:
-    from pml_suprank.metrics import compute_embeddings
+def embed(
+    model: torch.nn.Module, dataset: Any, args: SearchSpec, description: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """L2-normalised ``(embeddings (N, D), labels)`` of ``dataset``, through ``--embedding_cache`` when given."""
+    from pml_suprank.data import cached_embeddings
 
-    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=False)
-    return compute_embeddings(model, loader, input_key="image", label_key="labels", progress=True,
-                              description=description)  # fmt: skip
+    loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch_size, shuffle=False)
+    return cached_embeddings(model, loader, args.embedding_cache, normalize=True, progress=True,
+                             description=description)[:2]  # fmt: skip
 
 
 def item_name(dataset: Any, index: int, fallback: str, root: str | None) -> str:
@@ -347,7 +352,7 @@ def main(argv: list[str] | None = None) -> dict:
         source, names = load_queries(args, transform, image_size)
     ids = gallery_ids(gallery, args)
     index = model.build_index(torch.utils.data.DataLoader(gallery, batch_size=args.batch_size), backend=args.backend,
-                              ids=ids, progress=True)  # fmt: skip
+                              ids=ids, progress=True, embedding_cache=args.embedding_cache)  # fmt: skip
     unlabelled_gallery = isinstance(gallery, ImageFiles)
     labels = index.labels if index.labels is not None and index.labels.dim() == 2 and not unlabelled_gallery else None
     exclude_self = args.queries is None
@@ -361,7 +366,7 @@ def main(argv: list[str] | None = None) -> dict:
         q_images = [(gallery, i) for i in picked.tolist()]
         verdicts = ood_verdicts(model, gallery, picked.tolist(), args, device)
     else:
-        q_emb, q_lab = embed(model, source, args.batch_size, "queries")
+        q_emb, q_lab = embed(model, source, args, "queries")
         unlabelled = isinstance(source, ImageFiles) or labels is None or q_lab.dim() != 2
         q_labels = [None if unlabelled else row.tolist() for row in q_lab]
         q_images = [(source, i) for i in range(len(source))]

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..data.embedding_cache import cached_embeddings
 from ..metrics import compute_embeddings
 from .index import RetrievalIndex
 
@@ -35,6 +36,7 @@ def build_index(
     ids: Sequence[str | int] | None = None,
     progress: bool = False,
     device: torch.device | str | None = None,
+    embedding_cache: str | Path | None = None,
     **index_kwargs: Any,
 ) -> RetrievalIndex:
     """Embed every item of ``data`` with ``model`` (eval mode, no gradient, L2-normalised) and index it.
@@ -48,14 +50,21 @@ def build_index(
         backend, device, **index_kwargs: passed to :class:`RetrievalIndex` (e.g. ``nlist=...``).
         ids: optional item identifiers.
         progress: a tqdm bar over the batches.
+        embedding_cache: a folder: the gallery's embeddings are read from this cache where it holds them for this
+            model, data and transform, and written there otherwise (:func:`pml_suprank.data.cached_embeddings`;
+            ``data`` must then be a dataset or a ``DataLoader`` over one whose items carry ``"index"``).
 
     Returns:
         a :class:`RetrievalIndex` whose row ``i`` is the ``i``-th item of ``data``, with its labels.
     """
     if isinstance(data, torch.utils.data.Dataset) and not isinstance(data, torch.utils.data.IterableDataset):
         data = torch.utils.data.DataLoader(data, batch_size=batch_size, shuffle=False)
-    keys = {"input_key": "image", "label_key": "labels"} if _is_contract_loader(data) else {}
-    emb, labels = compute_embeddings(model, data, normalize=True, progress=progress, description="gallery", **keys)
+    if embedding_cache is not None:
+        emb, labels, _ = cached_embeddings(model, data, embedding_cache, normalize=True, progress=progress,
+                                           description="gallery")  # fmt: skip
+    else:
+        keys = {"input_key": "image", "label_key": "labels"} if _is_contract_loader(data) else {}
+        emb, labels = compute_embeddings(model, data, normalize=True, progress=progress, description="gallery", **keys)
     return RetrievalIndex(emb, labels=labels, ids=ids, backend=backend, device=device, **index_kwargs)
 
 

@@ -1,5 +1,5 @@
 """Data side of the training loop: seeded per-item augmentation, the data loaders and the one embedding loop
-(:func:`embed_loader`, a view of :func:`pml_suprank.metrics.compute_embeddings`) used by the trainer, the evaluation
+(:func:`embed_loader`, a view of :func:`pml_suprank.data.cached_embeddings`) used by the trainer, the evaluation
 recipe and the plots."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
-from ..metrics.evaluator import compute_embeddings
+from ..data.embedding_cache import cached_embeddings
 
 __all__ = ["SeededAugmentation", "build_memory", "build_sampler", "embed_loader", "make_loader"]
 
@@ -76,7 +76,6 @@ def dataset_labels(dataset: Any) -> Tensor:
     return labels[:, None] if labels.dim() == 1 else labels
 
 
-@torch.no_grad()
 def embed_loader(
     model: nn.Module,
     dataloader: DataLoader,
@@ -84,23 +83,20 @@ def embed_loader(
     *,
     progress: bool = False,
     description: str = "embedding",
+    embedding_cache: str | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Embeddings, labels and indices of every item of ``dataloader``, in dataset order.
+    """Embeddings, labels and indices of every item of ``dataloader``, in dataset order:
+    :func:`pml_suprank.data.cached_embeddings` (not normalised).
 
     Under Accelerate, ``dataloader`` should have gone through ``accelerator.prepare`` (it is sharded across
-    processes) and the results are collected with ``accelerator.gather_for_metrics`` (the duplicates that pad the
-    last batch are dropped). Every process receives the full result. The loop is
-    :func:`pml_suprank.metrics.compute_embeddings` (not normalised, with the dataset indices).
+    processes); every process receives the full result. With ``embedding_cache`` (a folder), the embeddings are read
+    from that cache where it holds them for this model, data and transform, and written there otherwise.
 
     Returns:
         ``(embeddings (N, D) float32 on CPU, labels (N, L) long, indices (N,) long)``.
     """
-    emb, lab, idx = compute_embeddings(
-        model, dataloader, accelerator=accelerator, normalize=False, input_key="image", label_key="labels",
-        return_indices=True, progress=progress, description=description,
-    )
-    order = torch.argsort(idx)
-    return emb[order], lab[order], idx[order]
+    return cached_embeddings(model, dataloader, embedding_cache, accelerator=accelerator, progress=progress,
+                             description=description)  # fmt: skip
 
 
 def progress_bar(iterable: Any, **kwargs: Any) -> Any:
