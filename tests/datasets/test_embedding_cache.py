@@ -292,3 +292,49 @@ def test_evaluate_twice_embeds_once_with_identical_metrics(tmp_path, monkeypatch
     second = evaluate.main([*argv, *cache])
     assert sum(calls) == 72  # nothing embedded
     assert first == second == plain
+
+
+@pytest.mark.slow
+def test_fit_heat_and_ood_score_reuse_their_features(tmp_path, monkeypatch):
+    pytest.importorskip("timm")
+    from PIL import Image
+
+    from pml_suprank.models import RetrievalModel
+    from pml_suprank.recipes import fit_heat, ood_score
+
+    torch.manual_seed(0)
+    RetrievalModel("test_resnet", embedding_size=8, image_size=64).save_pretrained(tmp_path / "model")
+    for i in range(6):
+        Image.new("RGB", (64, 64), (40 * i, 200 - 30 * i, 90)).save(_mk(tmp_path / "images") / f"{i}.png")
+    calls = []
+    features = RetrievalModel.forward_features
+
+    def counted(self, x):
+        calls.append(len(x))
+        return features(self, x)
+
+    monkeypatch.setattr(RetrievalModel, "forward_features", counted)
+    cache = ["--embedding_cache", str(tmp_path / "cache")]
+    fit = ["--model", str(tmp_path / "model"), "--id_dataset", "synthetic", "--num_per_class", "1",
+           "--num_test_per_class", "1", "--ood_datasets", "noise-uniform", "--num_noise", "8", "--detectors",
+           "Mahalanobis", "KNN", "--guard", "Mahalanobis", "--train_epochs", "1", "--no_plots", "true", "--progress",
+           "false", "--overwrite_output_dir", "true", "--output_dir", str(tmp_path / "fit")]  # fmt: skip
+    runs = []
+    for argv in (fit, [*fit, *cache], [*fit, *cache]):
+        calls.clear()
+        with torch.random.fork_rng():
+            runs.append((fit_heat.main(argv)["table"], sum(calls)))
+    (plain, n_plain), (first, n_first), (second, n_second) = runs
+    assert plain == first == second and n_plain == n_first > n_second  # the second pass only trains the head
+    score = ["--model", str(tmp_path / "model"), "--images", str(tmp_path / "images"), "--no_plots", "true"]
+    texts = []
+    for i, extra in enumerate(([], cache, cache)):
+        calls.clear()
+        ood_score.main([*score, "--output_dir", str(tmp_path / f"score{i}"), *extra])
+        texts.append(((tmp_path / f"score{i}" / "scores.csv").read_text(), sum(calls)))
+    assert texts[0] == texts[1] and texts[2] == (texts[0][0], 0)
+
+
+def _mk(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
