@@ -49,7 +49,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable, Mapping
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from pathlib import Path
 from typing import Any
 
@@ -82,23 +82,27 @@ _TENSOR_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
 _RANDOM_STEPS = re.compile(r"Random|RandAugment|AugMix|TrivialAugment|ColorJitter|Lambda| at 0x")
 
 
+def _feed(digest: Any, x: Any) -> None:
+    t = torch.as_tensor(x).detach().cpu().contiguous()
+    digest.update(f"{t.dtype}|{tuple(t.shape)}|".encode())
+    digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+
+
 def state_digest(module: Any) -> str:
     """SHA-256 (hex) of a module's tensors (names, dtypes, shapes, values): what its weights *are*, independent of
     how a file lays them out (safetensors writes its metadata in no fixed order, so two saves of the same weights can
     differ byte for byte)."""
     digest = hashlib.sha256()
     for name, tensor in sorted(module.state_dict().items()):
-        t = tensor.detach().cpu().contiguous()
-        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        digest.update(f"{name}|".encode())
+        _feed(digest, tensor)
     return digest.hexdigest()
 
 
 def _tensor_sha256(x: Any) -> str:
-    t = torch.as_tensor(x).detach().cpu().contiguous()
-    return hashlib.sha256(
-        f"{t.dtype}|{tuple(t.shape)}|".encode() + t.reshape(-1).view(torch.uint8).numpy().tobytes()
-    ).hexdigest()
+    digest = hashlib.sha256()
+    _feed(digest, x)
+    return digest.hexdigest()
 
 
 def _files_sha256(paths: Any) -> str:
@@ -255,8 +259,9 @@ def _read_manifest(folder: Path, key: dict, num_items: int) -> tuple[int, list[s
 
 def _write_manifest(folder: Path, key: dict, num_items: int, shard_size: int) -> tuple[int, list[str]]:
     for stale in folder.glob(".*.tmp"):  # left by a killed pass
-        if not stale.is_symlink() and time.time() - stale.stat().st_mtime > _STALE_TMP_SECONDS:
-            stale.unlink(missing_ok=True)
+        with suppress(OSError):
+            if not stale.is_symlink() and time.time() - stale.stat().st_mtime > _STALE_TMP_SECONDS:
+                stale.unlink()
     shards = _shard_names(num_items, shard_size)
     text = json.dumps({"format": FORMAT, "key": key, "num_items": num_items, "shard_size": shard_size,
                        "shards": shards}, indent=1)  # fmt: skip

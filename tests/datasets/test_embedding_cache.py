@@ -130,6 +130,28 @@ def test_image_files_are_keyed_by_size_and_mtime(tmp_path):
     assert data_identity(ImageFiles(folder)) != key
 
 
+def test_a_hub_style_dataset_is_keyed_by_fingerprint_and_the_files_it_points_to(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    from PIL import Image
+
+    from pml_suprank.data import HFRetrievalDataset
+
+    files = [tmp_path / f"{i}.png" for i in range(3)]
+    for i, f in enumerate(files):
+        Image.new("RGB", (8, 8), (40 * i, 0, 0)).save(f)
+
+    def dataset(labels=(0, 1, 1)):
+        hf = datasets.Dataset.from_dict({"image": [str(f) for f in files], "label": list(labels)})
+        hf = hf.cast_column("image", datasets.Image())
+        return HFRetrievalDataset(hf, ["label"], "image", torch.tensor(labels)[:, None])
+
+    key = data_identity(dataset())
+    assert key["hf"]["fingerprint"] and data_identity(dataset()) == key
+    assert data_identity(dataset((0, 0, 1))) != key
+    os.utime(files[2], ns=(1, 1))  # same path, other file
+    assert data_identity(dataset()) != key
+
+
 def test_interrupted_pass_resumes_to_the_identical_result(tmp_path):
     ds = _data()
     reference = _embed(Net(), ds, tmp_path / "whole")
