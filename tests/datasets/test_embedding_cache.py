@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 from contextlib import nullcontext
 from pathlib import Path
@@ -314,6 +316,33 @@ def test_evaluate_twice_embeds_once_with_identical_metrics(tmp_path, monkeypatch
     second = evaluate.main([*argv, *cache])
     assert sum(calls) == 72  # nothing embedded
     assert first == second == plain
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_evaluate_under_torchrun_fills_the_cache_one_process_reads(tmp_path, monkeypatch):
+    pytest.importorskip("timm")
+    pytest.importorskip("accelerate")
+    from pml_suprank.models import RetrievalModel
+    from pml_suprank.recipes import evaluate
+
+    torch.manual_seed(0)
+    RetrievalModel("test_resnet", embedding_size=8, image_size=32).save_pretrained(tmp_path / "model")
+    argv = ["--model", str(tmp_path / "model"), "--num_per_class", "2", "--cpu", "--no_plots", "true",
+            "--embedding_cache", str(tmp_path / "cache")]  # fmt: skip
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ)  # noqa: TID251 - subprocess environment of the test
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(root), env.get("PYTHONPATH", "")])})
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+               "pml_suprank.recipes.evaluate", *argv, "--output_dir", str(tmp_path / "two")]  # fmt: skip
+    proc = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    calls = []
+    forward = RetrievalModel.forward
+    monkeypatch.setattr(RetrievalModel, "forward", lambda self, x: calls.append(len(x)) or forward(self, x))
+    metrics = evaluate.main(argv)
+    assert calls == []  # every embedding read from the cache the two processes wrote
+    assert metrics == pytest.approx(json.loads((tmp_path / "two" / "metrics.json").read_text()), abs=1e-12)
 
 
 @pytest.mark.slow
