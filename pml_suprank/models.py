@@ -557,7 +557,9 @@ class RetrievalModel(HubMixin, nn.Module):
             else:
                 logger.warning(
                     "the OOD guard was fitted on weights with sha256 %s, not on the weights saved in %s: it is not "
-                    "saved with them (refit it with fit_heat --model)", guard.model_sha256, folder,
+                    "saved with them (refit it with fit_heat --model)",
+                    guard.model_sha256,
+                    folder,
                 )
         return folder
 
@@ -574,7 +576,7 @@ class RetrievalModel(HubMixin, nn.Module):
         from .ood.guard import attach_guard
 
         model = super().from_pretrained(path_or_repo_id, **kwargs)
-        return attach_guard(model, model.__dict__.pop("_hub_folder"))
+        return attach_guard(model, model._hub_source)
 
     @classmethod
     def _hub_check_config(cls, config, source, *, overrides, trust_config: bool) -> None:

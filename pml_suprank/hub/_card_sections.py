@@ -49,7 +49,6 @@ _BIBTEX = {
 }
 
 
-
 # ---------------------------------------------------------------------------------------------------- text helpers
 _MD_SPECIAL = re.compile(r"([\\`*\[\]|])")
 _MD_EDGE_UNDERSCORE = re.compile(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")  # intraword "_" never emphasises
@@ -99,7 +98,6 @@ def _paper(loss: Any) -> tuple[str, str]:
     return paper or SUPRANK_PAPER
 
 
-
 def _data_phrase(kind: str, name: str) -> str:
     """How the card's text names the training data."""
     return {
@@ -108,7 +106,6 @@ def _data_phrase(kind: str, name: str) -> str:
         "local": f"{name} (a local dataset)",
         "hub": name,
     }.get(kind, name)
-
 
 
 # ---------------------------------------------------------------------------------------------------- sections

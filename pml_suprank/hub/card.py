@@ -57,6 +57,7 @@ CARD_FILES = (METRICS_NAME, "training_summary.json", "history.json", "ood/guard.
 _MAX_CLASSES_RECORDED = 200
 _HUB_DATASET_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
+
 # ---------------------------------------------------------------------------------------------------- the folder
 def read_card_files(folder: str | Path) -> dict[str, Any]:
     """The parsed JSON of the :data:`CARD_FILES` present in ``folder`` (``{relative name: value}``); a file that is

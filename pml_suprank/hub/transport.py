@@ -17,7 +17,7 @@ from typing import Any
 
 from .serialization import CONFIG_NAME, PICKLE_SUFFIXES, WEIGHTS_NAME
 
-__all__ = ["check_repo_id", "resolve_file", "resolve_folder", "upload_folder"]
+__all__ = ["check_repo_id", "resolve_folder", "upload_folder"]
 
 
 def check_repo_id(repo_id: Any) -> str:
@@ -118,11 +118,6 @@ def _download(repo_id: str, filenames: list[str], **options: Any) -> Path:
             f"{repo_id!r} is neither an existing local folder nor a Hub repo you can access "
             f"(missing, private or gated): {e}"
         ) from e
-
-
-def resolve_file(path_or_repo_id: str | Path, filename: str, **options: Any) -> Path:
-    """Local path of ``filename`` in a folder or a Hub repo; ``options`` as in :func:`resolve_folder`."""
-    return resolve_folder(path_or_repo_id, (filename,), **options) / filename
 
 
 def upload_folder(
