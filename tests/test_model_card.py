@@ -88,7 +88,7 @@ def test_card_usage_snippet_runs_as_written(folder, monkeypatch):
 
 
 def test_card_names_the_pretrained_base_model():
-    from pml_suprank.hub._card_sections import _base_model
+    from pml_suprank.hub.card import _base_model
 
     assert _base_model({"model_args": {"backbone": "resnet50", "pretrained": True}}) == "timm/resnet50.a1_in1k"
     assert _base_model({"model_args": {"backbone": "hf-hub:org/net", "pretrained": True}}) == "org/net"
