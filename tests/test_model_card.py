@@ -88,7 +88,7 @@ def test_card_usage_snippet_runs_as_written(folder, monkeypatch):
 
 
 def test_card_names_the_pretrained_base_model():
-    from pml_suprank.hub.card import _base_model
+    from pml_suprank.hub._card_sections import _base_model
 
     assert _base_model({"model_args": {"backbone": "resnet50", "pretrained": True}}) == "timm/resnet50.a1_in1k"
     assert _base_model({"model_args": {"backbone": "hf-hub:org/net", "pretrained": True}}) == "org/net"
@@ -220,7 +220,7 @@ def test_synthetic_data_links_no_hub_dataset_and_a_hub_id_does(tmp_path):
 
 
 def test_classes_are_listed_up_to_the_limit_then_counted(tmp_path):
-    from pml_suprank.hub.card import MAX_CLASSES_LISTED
+    from pml_suprank.hub._card_sections import MAX_CLASSES_LISTED
 
     counts = {f"class{i:03d}": 3 for i in range(MAX_CLASSES_LISTED + 7)}
     final = _run_folder(tmp_path / "run", dataset="synthetic", label_names=["fine"], class_counts=counts)
