@@ -262,25 +262,29 @@ class HubMixin(ModelHubMixin):
         return ModelCard(self._hub_card(**kwargs))
 
     @classmethod
-    def _from_pretrained(cls, *, model_id: str, hub_load: dict[str, Any], **unused: Any) -> Any:
-        """Build the object from the local folder ``model_id`` that :meth:`from_pretrained` resolved; ``hub_load``
-        holds what it read and was asked. ``unused``: ModelHubMixin's download options (the folder is local) and
-        the config's top-level keys it passes on as constructor kwargs (only ``model_args`` build the object)."""
-        folder, config, source, overrides = (
-            Path(model_id),
-            hub_load["config"],
-            hub_load["source"],
-            hub_load["overrides"],
-        )
-        target = cls._hub_class(config, source)
-        target._hub_check_config(config, folder / CONFIG_NAME, overrides=overrides, trust_config=hub_load["trust"])
-        obj = target._hub_instantiate(config, overrides, source)
-        weights = folder / WEIGHTS_NAME
-        state = read_weights(weights, hub_load["map_location"]) if weights.is_file() else {}
-        obj._hub_load_state(
-            state, config, source=weights, strict=hub_load["strict"], map_location=hub_load["map_location"]
-        )
-        obj._hub_source = folder  # a later save_pretrained / push_to_hub carries this folder's card files
+    def _from_pretrained(
+        cls,
+        *,
+        model_id: str,
+        loaded_config: dict[str, Any],
+        source: str | Path,
+        overrides: dict[str, Any],
+        trust_config: bool,
+        strict: bool,
+        map_location: str,
+        **unused: Any,
+    ) -> Any:
+        """Build the object from the local folder ``model_id`` and its ``config.json`` that :meth:`from_pretrained`
+        resolved and read (``source``: what the caller named); the other arguments as there. ``unused``:
+        ModelHubMixin's download options (the folder is local) and the config's top-level keys it passes on as
+        constructor kwargs (only ``model_args`` build the object)."""
+        target = cls._hub_class(loaded_config, source)
+        config_path, weights = Path(model_id) / CONFIG_NAME, Path(model_id) / WEIGHTS_NAME
+        target._hub_check_config(loaded_config, config_path, overrides=overrides, trust_config=trust_config)
+        obj = target._hub_instantiate(loaded_config, overrides, source)
+        state = read_weights(weights, map_location) if weights.is_file() else {}
+        obj._hub_load_state(state, loaded_config, source=weights, strict=strict, map_location=map_location)
+        obj._hub_source = Path(model_id)  # a later save_pretrained / push_to_hub carries this folder's card files
         return obj
 
     # --- public API -----------------------------------------------------------------------------------------------
@@ -403,9 +407,15 @@ class HubMixin(ModelHubMixin):
             token=token,
             force_download=force_download,
         )
-        hub_load = dict(config=read_config(folder / CONFIG_NAME), source=pretrained_model_name_or_path,
-                        overrides=overrides, trust=trust_config, strict=strict, map_location=map_location)  # fmt: skip
-        return super().from_pretrained(folder, hub_load=hub_load)
+        return super().from_pretrained(
+            folder,
+            loaded_config=read_config(folder / CONFIG_NAME),  # bounded, before ModelHubMixin's own json.load
+            source=pretrained_model_name_or_path,
+            overrides=overrides,
+            trust_config=trust_config,
+            strict=strict,
+            map_location=map_location,
+        )
 
     def push_to_hub(
         self,
