@@ -118,7 +118,7 @@ def test_register_loss_validates_its_arguments():
 
 
 def test_a_registered_loss_is_a_recipe_choice_a_hub_config_name_and_a_card_paper(temporary_loss):
-    from pml_suprank.hub.card import _paper
+    from pml_suprank.hub._card_sections import _paper
     from pml_suprank.training.hub_config import validate_hub_config
     from pml_suprank.training.options import build_loss, loss_keys
 
