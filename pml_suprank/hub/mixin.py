@@ -1,26 +1,20 @@
 """``HubMixin``: ``save_pretrained`` / ``from_pretrained`` / ``push_to_hub`` of every saved object of pml-suprank, on
 ``huggingface_hub.ModelHubMixin``.
 
-ModelHubMixin supplies the protocol: ``save_pretrained`` calls the ``_save_pretrained`` hook, then writes
-``config.json`` and the model card (:meth:`HubMixin.generate_model_card`); ``from_pretrained`` calls the
-``_from_pretrained`` hook; ``push_to_hub`` is ``HfApi.create_repo``, ``save_pretrained`` into a temporary folder and
-``HfApi.upload_folder``. This class fills the hooks with our files and keeps what a shared model folder needs:
+ModelHubMixin supplies the protocol — ``save_pretrained`` calls ``_save_pretrained`` (here: ``model.safetensors``),
+then writes ``config.json`` and the card of ``generate_model_card``; ``from_pretrained`` calls ``_from_pretrained``;
+``push_to_hub`` saves into a temporary folder and calls ``HfApi.create_repo`` / ``upload_folder``. Three overrides keep
+what a shared model folder needs:
 
-* **atomic saves** — ModelHubMixin's ``save_pretrained`` runs on a hidden folder beside the target, renamed into
-  place once everything was written (:func:`~pml_suprank.hub.serialization.staged_folder`): a failed save leaves the
-  old folder as it was. The metrics, plots and card files of the folder an object was loaded from travel with it while
-  its weights are unchanged;
-* **strict loading** — before ModelHubMixin's ``from_pretrained`` (whose own ``hf_hub_download`` of ``config.json``
-  and ``json.load`` give raw errors and may read another commit than the weights), the folder or Hub snapshot is
-  resolved (config, weights and companion files from one commit, through the local cache, so ``HF_HUB_OFFLINE=1``
-  works; clear ``FileNotFoundError`` / ``ValueError`` otherwise) and ``config.json`` is read with bounded size and
-  depth. In ``_from_pretrained`` the config is checked (:meth:`HubMixin._hub_check_config`) before any constructor
-  runs; only ``model_args`` (with ``pretrained=False``) and the caller's overrides reach the constructor — the
-  top-level config keys that ModelHubMixin passes along as constructor kwargs are dropped; tensors come from
-  ``model.safetensors`` only (pickles are never read) and are checked before use.
-
-A class customises the ``_hub_*`` hooks below; the defaults fit an ``nn.Module`` with a ``get_config()`` method
-returning its constructor kwargs (``RetrievalModel``); OOD detectors override them.
+* ``save_pretrained`` runs ModelHubMixin's on a hidden folder beside the target and renames it into place (its own
+  deletes ``config.json`` first and writes in place): a failed save leaves the old folder as it was;
+* ``from_pretrained`` first resolves the folder or Hub snapshot (every file from one commit, through the local cache;
+  clear ``FileNotFoundError`` / ``ValueError``) and reads ``config.json`` with bounded size and depth — ModelHubMixin's
+  own ``hf_hub_download`` of the config alone and unbounded ``json.load`` give raw errors and may read another commit.
+  ``_from_pretrained`` then checks the config before any constructor runs and builds the object from ``model_args``
+  and the caller's overrides only (the config keys ModelHubMixin passes on as constructor kwargs are dropped); tensors
+  come from safetensors only and are checked before use;
+* ``push_to_hub`` adds ``save_directory`` (files kept) and says where the files are when the upload fails.
 """
 
 from __future__ import annotations
@@ -146,11 +140,11 @@ def load_module_state(
     """Validate ``state`` against ``model.state_dict()`` and load it; the model ends on ``map_location`` in eval
     mode, with ``hub_metadata`` set to the saved training metadata when it has that attribute."""
     expected = model.state_dict()
-    report = check_state(state, source, expected=expected)
-    if report:
+    problems = check_state(state, source, expected=expected)
+    if problems:
         backbone = config["model_args"].get("backbone")
         msg = f"weights in {source} do not match {type(model).__name__}"
-        msg += (f"({backbone!r}): " if backbone is not None else ": ") + report.describe()
+        msg += (f"({backbone!r}): " if backbone is not None else ": ") + problems
         if strict:
             raise ValueError(msg)
         logger.warning(msg)

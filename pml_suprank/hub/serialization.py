@@ -41,7 +41,6 @@ __all__ = [
     "PICKLE_SUFFIXES",
     "RETRIEVAL_TASK",
     "WEIGHTS_NAME",
-    "StateReport",
     "check_metrics",
     "check_state",
     "jsonable",
@@ -199,38 +198,19 @@ def read_weights(path: str | Path, device: str | torch.device = "cpu") -> dict[s
         raise ValueError(f"{path} is not a readable safetensors file (corrupt or truncated checkpoint): {e}") from e
 
 
-class StateReport:
-    """What :func:`check_state` found: ``missing`` / ``unexpected`` names and ``mismatched`` shapes or dtypes."""
-
-    def __init__(self, missing: list[str], unexpected: list[str], mismatched: list[str]) -> None:
-        self.missing, self.unexpected, self.mismatched = missing, unexpected, mismatched
-
-    def __bool__(self) -> bool:
-        return bool(self.missing or self.unexpected or self.mismatched)
-
-    def describe(self) -> str:
-        def cut(names: list[str], n: int) -> str:
-            return f"{names[:n]}{' ...' if len(names) > n else ''} ({len(names)})"
-
-        return (
-            f"missing {cut(self.missing, 20)}, unexpected {cut(self.unexpected, 20)}, "
-            f"shape mismatches {cut(self.mismatched, 10)}"
-        )
-
-
 def check_state(
     state: Mapping[str, Tensor],
     source: str | Path,
     *,
     expected: Mapping[str, Tensor] | None = None,
     allowed: Collection[str] | None = None,
-) -> StateReport:
-    """Validate loaded tensors before they are used.
+) -> str:
+    """Validate loaded tensors before they are used; return what does not match ``expected`` (``""`` if nothing).
 
     Always raises ``ValueError`` for a non-tensor value, a complex tensor, or non-finite values where the expected
     tensor is finite (every floating tensor when ``expected`` is not given). With ``allowed``, names outside it are
-    an error. With ``expected`` (e.g. a freshly built module's ``state_dict()``), the returned report lists missing
-    and unexpected names and shape / dtype-kind mismatches; the caller decides whether they are fatal.
+    an error. With ``expected`` (e.g. a freshly built module's ``state_dict()``), the returned text lists missing and
+    unexpected names and shape / dtype-kind mismatches; the caller decides whether they are fatal.
 
     Args:
         state: The loaded ``{name: Tensor}``.
@@ -251,7 +231,7 @@ def check_state(
         if value.is_floating_point() and must_be_finite and not bool(torch.isfinite(value).all()):
             raise ValueError(f"{source}: tensor {name!r} holds NaN or infinite values (corrupt checkpoint?)")
     if expected is None:
-        return StateReport([], [], [])
+        return ""
     missing = sorted(set(expected) - set(state) - _tied_aliases(expected, set(state)))
     unexpected = sorted(set(state) - set(expected))
     mismatched = []
@@ -261,7 +241,13 @@ def check_state(
             mismatched.append(f"{k}: checkpoint {tuple(got.shape)} vs model {tuple(want.shape)}")
         elif kind_of(got) != kind_of(want):
             mismatched.append(f"{k}: checkpoint {got.dtype} vs model {want.dtype}")
-    return StateReport(missing, unexpected, mismatched)
+    if not (missing or unexpected or mismatched):
+        return ""
+
+    def cut(names: list[str], n: int) -> str:
+        return f"{names[:n]}{' ...' if len(names) > n else ''} ({len(names)})"
+
+    return f"missing {cut(missing, 20)}, unexpected {cut(unexpected, 20)}, shape mismatches {cut(mismatched, 10)}"
 
 
 def _tied_aliases(expected: Mapping[str, Any], present: set[str]) -> set[str]:
