@@ -543,23 +543,24 @@ class RetrievalModel(HubMixin, nn.Module):
         return f"backbone={self.config['backbone']!r}, embedding_size={self.embedding_size}"
 
     # ------------------------------------------------------------------ saving: the guard travels with the model
-    def save_pretrained(self, save_directory: str | Path, **kwargs: Any) -> Path:
-        """:meth:`HubMixin.save_pretrained <pml_suprank.hub.HubMixin.save_pretrained>` (same arguments), plus the
+    def _save_pretrained(self, save_directory: Path) -> None:
+        """The weights (:meth:`HubMixin._save_pretrained <pml_suprank.hub.HubMixin._save_pretrained>`), plus the
         model's OOD guard (``ood/``, bound to the new file) when the weights are those it was loaded with; otherwise
         (the model was changed since) the guard is left out with a warning: it would not belong to these weights."""
-        folder = super().save_pretrained(save_directory, **kwargs)
+        super()._save_pretrained(save_directory)
         guard = self.ood_guard
-        if guard is not None:
-            from .ood.guard import state_digest, weights_sha256
+        if guard is None:
+            return
+        from .ood.guard import state_digest, weights_sha256
 
-            if guard.model_sha256 == self.weights_sha256 and state_digest(self) == self.__dict__.get("_weights_digest"):
-                guard.for_weights(weights_sha256(folder)).save(folder)
-            else:
-                logger.warning(
-                    "the OOD guard was fitted on weights with sha256 %s, not on the weights saved in %s: it is not "
-                    "saved with them (refit it with fit_heat --model)", guard.model_sha256, folder,
-                )
-        return folder
+        if guard.model_sha256 == self.weights_sha256 and state_digest(self) == self.__dict__.get("_weights_digest"):
+            guard.for_weights(weights_sha256(save_directory)).save(save_directory)
+        else:
+            logger.warning(
+                "the OOD guard was fitted on weights with sha256 %s, not on the weights being saved: it is not saved "
+                "with them (refit it with fit_heat --model)",
+                guard.model_sha256,
+            )
 
     # ------------------------------------------------------------------ loading (pml_suprank.hub.HubMixin hooks)
     #: the OOD guard's files (pml_suprank.ood.guard.GUARD_FILES), fetched with the model from one Hub snapshot
@@ -574,7 +575,7 @@ class RetrievalModel(HubMixin, nn.Module):
         from .ood.guard import attach_guard
 
         model = super().from_pretrained(path_or_repo_id, **kwargs)
-        return attach_guard(model, model.__dict__.pop("_hub_folder"))
+        return attach_guard(model, model._hub_source)
 
     @classmethod
     def _hub_check_config(cls, config, source, *, overrides, trust_config: bool) -> None:

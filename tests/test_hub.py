@@ -1,15 +1,18 @@
 """Tests for pml_suprank.hub: save/load round trips (folder and Hub cache, offline), strict loading, pickle
-refusal, corrupt files, model cards, and push_to_hub with only the network calls replaced."""
+refusal, corrupt files, model cards, and push_to_hub through huggingface_hub with only the HTTP exchange answered
+locally (tests/_hub_http.py)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
+from _hub_http import fake_hub_http
 
 from pml_suprank import hub
 from pml_suprank.hub import serialization
@@ -232,52 +235,26 @@ def test_model_card_metadata_results_and_plots(model, tmp_path):
     assert json.loads((out / "config.json").read_text())["training"]["hub_config"] == "happier_cifar100"
 
 
-def _fake_hub(monkeypatch, remote: Path, fail: bool = False):
-    from huggingface_hub import HfApi
-    from huggingface_hub.hf_api import RepoUrl
-
-    calls = {}
-
-    def create_repo(self, repo_id, **kwargs):
-        calls["create_repo"] = repo_id
-        return RepoUrl(f"https://huggingface.co/{repo_id}")
-
-    def upload_folder(self, *, repo_id, folder_path, ignore_patterns=None, **kwargs):
-        calls["upload_folder"] = repo_id
-        if fail:
-            raise ConnectionError("network down")
-        # the same path filtering as the real upload_folder
-        from huggingface_hub.utils import filter_repo_objects
-
-        folder = Path(folder_path)
-        files = [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()]
-        for rel in filter_repo_objects(files, ignore_patterns=ignore_patterns):
-            (remote / repo_id / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(folder / rel, remote / repo_id / rel)
-        return f"https://huggingface.co/{repo_id}/commit/0"
-
-    monkeypatch.setattr(HfApi, "create_repo", create_repo)
-    monkeypatch.setattr(HfApi, "upload_folder", upload_folder)
-    return calls
+COMMIT = "/commit/" + "0" * 40
 
 
-def test_push_to_hub_up_to_the_upload_call(model, images, tmp_path, monkeypatch):
-    calls = _fake_hub(monkeypatch, tmp_path / "remote")
-    result = model.push_to_hub("org/pushed", metrics={"h_ap": 0.3})
-    assert calls == {"create_repo": "org/pushed", "upload_folder": "org/pushed"}
-    assert result.endswith("/commit/0")
+def test_push_to_hub_through_the_real_upload_path(model, images, tmp_path):
+    with fake_hub_http(remote=tmp_path / "remote") as seen:
+        result = model.push_to_hub("org/pushed", metrics={"h_ap": 0.3})
+    assert {"/api/repos/create", "/api/models/org/pushed/commit/main"} <= set(seen)
+    assert result.endswith(COMMIT)
     remote = tmp_path / "remote" / "org" / "pushed"
     assert sorted(p.name for p in remote.iterdir()) == ["README.md", "config.json", "metrics.json", "model.safetensors"]
     _assert_same(model, RetrievalModel.from_pretrained(remote), images)
 
 
-def test_push_folder_skips_pickles_and_checkpoints(model, tmp_path, monkeypatch):
-    _fake_hub(monkeypatch, tmp_path / "remote")
+def test_push_folder_skips_pickles_and_checkpoints(model, tmp_path):
     out = model.save_pretrained(tmp_path / "run")
     torch.save({}, out / "optimizer.pt")
     (out / "checkpoints").mkdir()
     (out / "checkpoints" / "state.bin").write_bytes(b"x")
-    hub.push_folder_to_hub(out, "org/run")
+    with fake_hub_http(remote=tmp_path / "remote"):
+        hub.push_folder_to_hub(out, "org/run")
     remote = tmp_path / "remote" / "org" / "run"
     uploaded = {p.relative_to(remote).as_posix() for p in remote.rglob("*") if p.is_file()}
     assert "optimizer.pt" not in uploaded and not any(u.startswith("checkpoints/") for u in uploaded)
@@ -285,19 +262,20 @@ def test_push_folder_skips_pickles_and_checkpoints(model, tmp_path, monkeypatch)
 
 
 def test_failed_push_keeps_local_results(model, tmp_path, monkeypatch):
-    calls = _fake_hub(monkeypatch, tmp_path / "remote", fail=True)
     out = tmp_path / "results"
-    with pytest.raises(RuntimeError, match="local files are kept"):
-        model.push_to_hub("org/failed", save_directory=out)
-    assert calls["upload_folder"] == "org/failed"
-    assert {p.name for p in out.iterdir()} >= {"config.json", "model.safetensors", "README.md"}
-    RetrievalModel.from_pretrained(out)  # still loadable
-    import tempfile
-
-    before = set(Path(tempfile.gettempdir()).glob("pml_suprank_push_*"))
-    with pytest.raises(RuntimeError, match="nothing was kept"):
-        model.push_to_hub("org/failed")  # temporary folder: removed on failure too
-    assert set(Path(tempfile.gettempdir()).glob("pml_suprank_push_*")) == before
+    with fake_hub_http(remote=tmp_path / "remote", fail_commit=True) as seen:
+        with pytest.raises(RuntimeError, match="local files are kept"):
+            model.push_to_hub("org/failed", save_directory=out)
+        assert "/api/models/org/failed/commit/main" in seen
+        assert {p.name for p in out.iterdir()} >= {"config.json", "model.safetensors", "README.md"}
+        RetrievalModel.from_pretrained(out)  # still loadable
+        temp = tmp_path / "temp"
+        temp.mkdir()
+        monkeypatch.setattr(tempfile, "tempdir", str(temp))
+        with pytest.raises(RuntimeError, match="(?s)commit refused by the test.*nothing was kept"):
+            model.push_to_hub("org/failed")  # temporary folder: removed on failure too
+    assert not any(temp.iterdir())
+    assert not (tmp_path / "remote").exists()
 
 
 def test_bad_repo_ids_and_missing_files(model, tmp_path):
@@ -306,8 +284,13 @@ def test_bad_repo_ids_and_missing_files(model, tmp_path):
             hub.push_folder_to_hub(tmp_path, bad)
     with pytest.raises(FileNotFoundError, match="no config.json"):
         hub.push_folder_to_hub(tmp_path, "org/empty")
+
+    class Plain(hub.HubMixin, torch.nn.Linear):  # no get_config(): nothing to rebuild it from
+        pass
+
     with pytest.raises(TypeError, match="get_config"):
-        hub.build_config(torch.nn.Linear(2, 2))
+        Plain(2, 2).save_pretrained(tmp_path / "plain")
+    assert not (tmp_path / "plain").exists()
     with pytest.raises(TypeError, match="metrics"):
         model.save_pretrained(tmp_path / "x", metrics={"h_ap": "high"})
 
@@ -520,8 +503,13 @@ def test_cache_dir_and_hub_options_are_passed_through(model, images, tmp_path, m
     repo_id, kwargs = calls[-1]
     assert repo_id == "org/m"
     assert kwargs == {
-        "allow_patterns": ["config.json", "model.safetensors", "ood/guard.json", "ood/config.json",
-                           "ood/model.safetensors"],  # the model's OOD guard, when it has one: the same snapshot
+        "allow_patterns": [
+            "config.json",
+            "model.safetensors",
+            "ood/guard.json",
+            "ood/config.json",
+            "ood/model.safetensors",
+        ],  # the model's OOD guard, when it has one: the same snapshot
         "revision": "v1",
         "cache_dir": custom,
         "local_files_only": False,
@@ -557,11 +545,11 @@ def test_non_finite_or_unknown_tensors_are_refused(tmp_path):
         ood.Detector.from_pretrained(tmp_path)
 
 
-def test_detector_push_to_hub_uploads_the_card(tmp_path, monkeypatch):
-    calls = _fake_hub(monkeypatch, tmp_path / "remote")
+def test_detector_push_to_hub_uploads_the_card(tmp_path):
     det = _knn()
-    assert det.push_to_hub("org/knn").endswith("/commit/0")
-    assert calls == {"create_repo": "org/knn", "upload_folder": "org/knn"}
+    with fake_hub_http(remote=tmp_path / "remote") as seen:
+        assert det.push_to_hub("org/knn").endswith(COMMIT)
+    assert {"/api/repos/create", "/api/models/org/knn/commit/main"} <= set(seen)
     remote = tmp_path / "remote" / "org" / "knn"
     assert sorted(p.name for p in remote.iterdir()) == ["README.md", "config.json", "model.safetensors"]
     x = torch.rand(3, 5)

@@ -11,7 +11,7 @@ import re
 import pytest
 import torch
 
-from pml_suprank import hub, ood
+from pml_suprank import ood
 from pml_suprank.models import RetrievalModel
 
 pytestmark = pytest.mark.hub
@@ -209,7 +209,7 @@ def test_saved_files_follow_the_umask(tmp_path, umask):
             tmp_path / "m", metrics={"map": 0.5}, plots=[plot]
         )
         det_dir = ood.KNN(k=2).fit(features=torch.rand(6, 3)).save_pretrained(tmp_path / "d")
-        hub.save_pretrained(ood.MSP(), tmp_path / "s")
+        ood.MSP().save_pretrained(tmp_path / "s")
     finally:
         os.umask(previous)
     files = [p for d in (model_dir, det_dir, tmp_path / "s") for p in d.rglob("*") if p.is_file()]

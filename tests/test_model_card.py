@@ -12,6 +12,7 @@ import re
 
 import pytest
 import torch
+from _hub_http import fake_hub_http
 from huggingface_hub import ModelCard
 from PIL import Image
 
@@ -158,7 +159,7 @@ def _sections(text):
     return re.findall(r"^## (.+)$", text, flags=re.M)
 
 
-def test_a_loaded_folder_saved_or_pushed_again_keeps_the_whole_card(tmp_path, monkeypatch):
+def test_a_loaded_folder_saved_or_pushed_again_keeps_the_whole_card(tmp_path):
     final = _run_folder(tmp_path / "run", dataset="synthetic", label_names=["fine_label", "coarse_label"],
                         class_counts={"circle/disc/red": 8, "star/star5/cyan": 8})  # fmt: skip
     original = (final / "README.md").read_text()
@@ -173,17 +174,12 @@ def test_a_loaded_folder_saved_or_pushed_again_keeps_the_whole_card(tmp_path, mo
     old.pop("model_sha256")
     assert kept == old
     assert ModelCard.load(again / "README.md").data.to_dict()["model-index"]
-    # push_to_hub of the loaded folder uploads the same card (the upload itself is replaced by a copy)
-    uploaded = {}
-
-    def fake_upload(folder, repo_id, **kwargs):
-        uploaded.update({p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()})
-        return "https://huggingface.co/org/name/commit/0"
-
-    monkeypatch.setattr("pml_suprank.hub.mixin.upload_folder", fake_upload)
-    RetrievalModel.from_pretrained(final).push_to_hub("org/name")
-    pushed = uploaded["README.md"].decode()
-    assert _sections(pushed) == _sections(original) and "org/name" in pushed and "ood/guard.json" in uploaded
+    # push_to_hub of the loaded folder uploads the same card (huggingface_hub's upload, the HTTP answered locally)
+    with fake_hub_http(remote=tmp_path / "remote"):
+        RetrievalModel.from_pretrained(final).push_to_hub("org/name")
+    pushed = (tmp_path / "remote" / "org" / "name" / "README.md").read_text()
+    assert _sections(pushed) == _sections(original) and "org/name" in pushed
+    assert (tmp_path / "remote" / "org" / "name" / "ood" / "guard.json").is_file()
     # changed weights: the old metrics, plots and guard describe other weights, so they are not carried
     changed = RetrievalModel.from_pretrained(final)
     with torch.no_grad():
@@ -224,7 +220,7 @@ def test_synthetic_data_links_no_hub_dataset_and_a_hub_id_does(tmp_path):
 
 
 def test_classes_are_listed_up_to_the_limit_then_counted(tmp_path):
-    from pml_suprank.hub.card import MAX_CLASSES_LISTED
+    from pml_suprank.hub._card_sections import MAX_CLASSES_LISTED
 
     counts = {f"class{i:03d}": 3 for i in range(MAX_CLASSES_LISTED + 7)}
     final = _run_folder(tmp_path / "run", dataset="synthetic", label_names=["fine"], class_counts=counts)

@@ -1,7 +1,7 @@
-"""The sections of a model card (:mod:`pml_suprank.hub.card` assembles them): the retrieval layout — overview, training
+"""The text of a model card (:mod:`pml_suprank.hub.card` writes it): :class:`CardInputs` (what a card is built
+from), markdown / HTML escaping and number formats, and the sections of the retrieval layout — overview, training
 data, results with the paper's numbers, metric definitions, hyper-parameters, compute, the OOD guard, uses and
-limits, citations — and the detector layout. Each section is a list of markdown lines built from a
-:class:`~pml_suprank.hub.card.CardInputs`.
+limits, citations — and of the detector layout.
 """
 
 from __future__ import annotations
@@ -9,19 +9,26 @@ from __future__ import annotations
 import html
 import json
 import math
+import os
 import re
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 from ..losses.registry import SUPRANK_PAPER, loss_entry
 from ..metrics.report import headline_keys, metric_label, metric_legend, same_as
+from .serialization import LIBRARY_NAME, METRICS_NAME, check_metrics
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .card import CardInputs
+__all__ = ["MAX_CLASSES_LISTED", "CardInputs", "describe_dataset", "detector_card", "retrieval_card"]
 
 #: class names listed per split before the rest is only counted
 MAX_CLASSES_LISTED = 50
+_HUB_DATASET_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 REPO_URL = "https://github.com/pml-suprank/pml-suprank"
+_PROXY_LOSSES = ("HAPPIER", "HAPPIER_F", "ROD-NDCG", "CSL", "HAPPIERLoss", "RODNDCGLoss", "CSLLoss")
+_HYPER_PARAMETERS = ("optimizer", "lr_backbone", "lr_head", "lr_proxies", "weight_decay", "scheduler", "min_lr_ratio",
+                     "warmup_epochs", "batch_size", "virtual_batch_size", "sampler", "samples_per_class", "epochs",
+                     "max_train_steps", "memory_size", "seed")  # fmt: skip
 
 # BibTeX of the papers the registered losses and the detectors cite, keyed by their arXiv URL
 _BIBTEX = {
@@ -49,7 +56,6 @@ _BIBTEX = {
 }
 
 
-
 # ---------------------------------------------------------------------------------------------------- text helpers
 _MD_SPECIAL = re.compile(r"([\\`*\[\]|])")
 _MD_EDGE_UNDERSCORE = re.compile(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")  # intraword "_" never emphasises
@@ -60,22 +66,19 @@ def _md(value: Any) -> str:
     characters backslash-escaped (``_`` where it could start or end an emphasis), control characters and line
     breaks replaced by spaces."""
     text = "".join(ch if ch.isprintable() else " " for ch in str(value))
-    text = _MD_SPECIAL.sub(r"\\\1", html.escape(text, quote=True))
-    return _MD_EDGE_UNDERSCORE.sub(r"\\_", text)
+    return _MD_EDGE_UNDERSCORE.sub(r"\\_", _MD_SPECIAL.sub(r"\\\1", html.escape(text, quote=True)))
+
+
+def _num(value: Any, scale: float = 1.0) -> str:
+    """``scale * value`` with two decimals (a fraction in [0, 1] as a percentage with ``scale=100``); ``–`` when
+    absent or not finite."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(float(value)):
+        return f"{scale * float(value):.2f}"
+    return "–"
 
 
 def _pct(value: Any) -> str:
-    """A fraction in [0, 1] as a percentage with two decimals; ``–`` when absent or not finite."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(float(value)):
-        return f"{100.0 * float(value):.2f}"
-    return "–"
-
-
-def _num(value: Any) -> str:
-    """A published number (already in percent) with two decimals; ``–`` when absent."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(float(value)):
-        return f"{float(value):.2f}"
-    return "–"
+    return _num(value, 100.0)
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -99,6 +102,25 @@ def _paper(loss: Any) -> tuple[str, str]:
     return paper or SUPRANK_PAPER
 
 
+def describe_dataset(source: Any, hub_datasets: Sequence[str]) -> tuple[str, str, str | None]:
+    """``(kind, short name, Hub dataset id or None)`` of a run's ``dataset`` option: ``"synthetic"`` (built in),
+    ``"benchmark"`` (a paper benchmark read from a local archive), ``"hub"`` (a Hub dataset id) or ``"local"`` (a
+    folder or file on the training machine: only its last path component is named)."""
+    from ..data.benchmarks.registry import BENCHMARKS
+
+    listed = hub_datasets[0] if hub_datasets else None
+    if source is None:
+        return "unknown", "its training data", listed
+    text = str(source)
+    if text.startswith("synthetic"):
+        return "synthetic", text, None
+    if text in BENCHMARKS:
+        return "benchmark", text, listed
+    if (os.path.isabs(text) or text.startswith((".", "~")) or "\\" in text or ".." in Path(text).parts
+            or not _HUB_DATASET_ID.match(text) or os.path.exists(text)):  # fmt: skip
+        return "local", Path(text.rstrip("/\\")).name or "local data", listed
+    return "hub", text, text
+
 
 def _data_phrase(kind: str, name: str) -> str:
     """How the card's text names the training data."""
@@ -106,15 +128,118 @@ def _data_phrase(kind: str, name: str) -> str:
         "synthetic": f"SyntheticShapes ({name}, built into pml-suprank)",
         "benchmark": f"the {name} benchmark",
         "local": f"{name} (a local dataset)",
-        "hub": name,
     }.get(kind, name)
 
 
+# ---------------------------------------------------------------------------------------------------- inputs
+class CardInputs:
+    """What a card is built from (arguments of :func:`generate_model_card`) and what it derives from them once.
+
+    Args:
+        config: The ``config.json`` dict.
+        metrics: Our metrics, values in [0, 1] (shown in percent); default: those of ``files["metrics.json"]``.
+        hub_config: Loaded hub_config; uses ``hub.tags``, ``hub.datasets`` (Hub dataset ids), ``hub.license``,
+            ``hub.paper``, ``hub.paper_url`` and ``hub.paper_results`` (percent, keyed like the metrics). Without
+            it the card fields recorded in ``config["training"]["card_hub"]`` are used.
+        plots: Image paths relative to the card's folder.
+        repo_id: Hub repo id (``"org/name"``) shown in the title and the usage snippet, when the folder is (or
+            will be) pushed there.
+        description: One paragraph on what the saved object computes (e.g. its class docstring summary).
+        folder: Name of the folder the card is written into; without ``repo_id`` the usage snippet loads it as
+            ``"./<folder>"`` (a local path, relative to the folder's parent).
+        files: The folder's parsed card files (:func:`~pml_suprank.hub.card.read_card_files`).
+    """
+
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        *,
+        metrics: Mapping[str, float] | None = None,
+        hub_config: Mapping[str, Any] | None = None,
+        plots: Sequence[str] | None = None,
+        repo_id: str | None = None,
+        description: str | None = None,
+        folder: str | None = None,
+        files: Mapping[str, Any] | None = None,
+    ) -> None:
+        files = dict(files or {})
+        if not metrics and isinstance(files.get(METRICS_NAME), Mapping):
+            metrics = {k: v for k, v in files[METRICS_NAME].items() if isinstance(v, (int, float))}
+        self.config, self.metrics, self.hub_config = config, check_metrics(metrics), dict(hub_config or {})
+        self.plots, self.repo_id, self.description = list(plots or []), repo_id, description
+        self.load_target = repo_id or (f"./{folder}" if folder else "path/to/folder")
+        self.load_comment = "" if repo_id else "  # path of this folder"
+        self.training = dict(config.get("training") or {})
+        self.hub = dict((self.hub_config.get("hub") if self.hub_config else self.training.get("card_hub")) or {})
+        self.paper_results = {str(k): v for k, v in (self.hub.get("paper_results") or {}).items()}
+        data = dict(self.hub_config.get("data") or {})
+        source = data.get("dataset") or data.get("source") or self.training.get("dataset") or self.hub.get("source")
+        ids = [str(d) for d in (self.hub.get("datasets") or []) if _HUB_DATASET_ID.match(str(d))]
+        kind, name, hub_id = describe_dataset(source, ids)
+        if (self.training.get("data_summary") or {}).get("kind") == "local" and kind == "hub":
+            kind, name, hub_id = "local", Path(name).name, ids[0] if ids else None  # "data/photos", seen elsewhere
+        self.dataset = (kind, name, hub_id)
+        #: the front matter's ``datasets``: real Hub dataset ids only (``hub.datasets``, or a Hub id as source)
+        self.datasets = ids or ([hub_id] if kind == "hub" and hub_id else [])
+        summary, history, guard = (files.get(n) for n in ("training_summary.json", "history.json", "ood/guard.json"))
+        self.summary = dict(summary) if isinstance(summary, Mapping) else {}
+        self.history = [r for r in history if isinstance(r, Mapping)] if isinstance(history, list) else []
+        self.guard = dict(guard) if isinstance(guard, Mapping) else None
+
+    def title(self, default: str) -> str:
+        """The repo id, else the hub_config's name, else ``default`` (never the folder's name: "final" says
+        nothing)."""
+        return self.repo_id or str(self.hub.get("name") or self.hub_config.get("name") or default)
+
+    def front_matter(self, tags: Sequence[Any], metrics: Sequence[str], pipeline_tag: str | None, *,
+                     last_tags: Sequence[Any] = (), model_name: str | None = None,
+                     base_model: str | None = None) -> list[str]:  # fmt: skip
+        """The card's YAML metadata between ``---`` lines; tags are ``tags``, then ``hub.tags``, then ``last_tags``
+        (duplicates dropped). With ``model_name`` the measured ``metrics`` (percent) also go into
+        ``model-index`` (the Hub's evaluation results), on the test split of the card's dataset; its ``type`` is the
+        Hub dataset id when there is one, else the description of the data (it holds a space, so it never names an
+        unrelated Hub dataset)."""
+        from huggingface_hub import EvalResult, ModelCardData
+
+        all_tags = list(dict.fromkeys(str(t) for t in [*tags, *(self.hub.get("tags") or []), *last_tags] if t))
+        kind, short, hub_id = self.dataset
+        name = _data_phrase(kind, short)
+        results = [
+            EvalResult(
+                task_type=pipeline_tag,
+                dataset_type=hub_id or html.escape(name),
+                dataset_name=html.escape(name),
+                dataset_split="test",
+                metric_type=k,
+                metric_value=round(100.0 * float(self.metrics[k]), 2),
+                metric_name=html.escape(metric_label(k, self.training.get("label_names"))),
+            )  # fmt: skip
+            for k in metrics
+            if model_name and k in self.metrics and math.isfinite(float(self.metrics[k]))
+        ]
+        card_data = ModelCardData(
+            library_name=LIBRARY_NAME,
+            license=self.hub.get("license") or "mit",
+            tags=all_tags,
+            datasets=self.datasets or None,
+            metrics=list(metrics) or None,
+            pipeline_tag=pipeline_tag,
+            base_model=base_model,
+            model_name=html.escape(model_name) if model_name else self.repo_id,
+            eval_results=results or None,
+        )
+        return ["---", card_data.to_yaml(), "---", ""]
+
+    def plot_lines(self) -> list[str]:
+        lines = ["## Plots", ""] if self.plots else []
+        for p in self.plots:
+            lines += [f"![{_md(Path(p).stem)}]({p})", ""]
+        return lines
+
 
 # ---------------------------------------------------------------------------------------------------- sections
-def _retrieval_overview(config: Mapping[str, Any], training: Mapping[str, Any]) -> list[str]:
-    args = dict(config.get("model_args") or {})
-    pcfg = dict(config.get("pretrained_cfg") or {})
+def _overview(config: Mapping[str, Any], training: Mapping[str, Any]) -> list[str]:
+    args, pcfg = dict(config.get("model_args") or {}), dict(config.get("pretrained_cfg") or {})
     rows = [
         ("backbone", f"`{args.get('backbone')}` (timm)"),
         ("pooling", f"{args.get('pooling')}{' + LayerNorm (no affine)' if args.get('layer_norm') else ''}"),
@@ -129,60 +254,44 @@ def _retrieval_overview(config: Mapping[str, Any], training: Mapping[str, Any]) 
     return ["## Model", "", *_table(("property", "value"), rows)]
 
 
-def _class_list(counts: Mapping[str, Any], total: int) -> str:
-    shown = list(counts.items())[:MAX_CLASSES_LISTED]
-    text = ", ".join(f"{_md(name)} ({int(n)})" for name, n in shown)
-    rest = total - len(shown)
-    return text + (f", … and {rest} more classes" if rest > 0 else "")
-
-
-def _training_data(inputs: CardInputs) -> list[str]:
-    kind, short, hub_id = inputs.dataset
-    name = _data_phrase(kind, short)
-    data = dict(inputs.training.get("data_summary") or {})
-    label_names = inputs.training.get("label_names")
-    lines = ["## Training data", ""]
-    if kind == "hub":
-        lines.append(f"[{_md(name)}](https://huggingface.co/datasets/{hub_id}) from the Hugging Face Hub.")
-    elif kind == "synthetic":
-        lines.append(
-            f"{_md(name)}: procedurally rendered shapes (coarse class = shape family, fine class = variant × colour);"
-            " training and test classes are disjoint (open-set retrieval)."
-        )
-    elif kind == "benchmark":
-        lines.append(f"{_md(name)}, read from its archive with `pml_suprank.data.load_benchmark`.")
-    elif kind == "local":
-        lines.append(f"{_md(name)}: images of the trainer's own, not published with this model.")
-    else:
-        lines.append("Not recorded.")
-    if label_names:
-        lines[-1] += f" Label columns (finest first): {', '.join(_md(n) for n in label_names)}."
-    lines.append("")
+def _training_data(card: CardInputs) -> list[str]:
+    kind, short, hub_id = card.dataset
+    name = _md(_data_phrase(kind, short))
+    text = {
+        "hub": f"[{name}](https://huggingface.co/datasets/{hub_id}) from the Hugging Face Hub.",
+        "synthetic": f"{name}: procedurally rendered shapes (coarse class = shape family, fine class = variant × "
+        "colour); training and test classes are disjoint (open-set retrieval).",
+        "benchmark": f"{name}, read from its archive with `pml_suprank.data.load_benchmark`.",
+        "local": f"{name}: images of the trainer's own, not published with this model.",
+    }.get(kind, "Not recorded.")
+    if card.training.get("label_names"):
+        text += f" Label columns (finest first): {', '.join(_md(n) for n in card.training['label_names'])}."
     rows = []
     for part in ("train", "test"):
-        s = data.get(part)
+        s = dict(card.training.get("data_summary") or {}).get(part)
         if isinstance(s, Mapping):
-            classes = _class_list(dict(s.get("class_counts") or {}), int(s.get("classes", 0)))
+            shown = list(dict(s.get("class_counts") or {}).items())[:MAX_CLASSES_LISTED]
+            classes = ", ".join(f"{_md(c)} ({int(n)})" for c, n in shown)
+            rest = int(s.get("classes", 0)) - len(shown)
+            classes += f", … and {rest} more classes" if rest > 0 else ""
             rows.append((part, str(s.get("images", "–")), str(s.get("classes", "–")), classes or "–"))
-    lines += _table(("split", "images", "fine classes", "classes (images)"), rows)
-    return lines
+    return ["## Training data", "", text, "", *_table(("split", "images", "fine classes", "classes (images)"), rows)]
 
 
 def _split_metrics(metrics: Mapping[str, float], paper_results: Mapping[str, Any]) -> tuple[dict, dict, list, list]:
-    """``(counts, rates, headline keys, other keys)``: ``num_*`` counts apart, headline metrics first."""
+    """``(counts, rates, headline keys, other keys)``: ``num_*`` counts apart, headline metrics first, a key that
+    holds by definition the number of another shown key (``ap_level0`` = ``ap``, ...) left out."""
     counts = {k: v for k, v in metrics.items() if k.startswith("num_")}
     rates = {k: v for k, v in metrics.items() if k not in counts}
     main_keys = headline_keys(rates, paper_results)
-    other_keys = [k for k in rates if k not in main_keys and not _shown_as_another(rates, k)]
+
+    def shown_as_another(key: str) -> bool:
+        kept = same_as(key)
+        return kept is not None and kept in rates and math.isclose(float(rates[key]), float(rates[kept]), rel_tol=1e-9)
+
+    other_keys = [k for k in rates if k not in main_keys and not shown_as_another(k)]
     other_keys.sort(key=lambda k: (int(k.rpartition("_level")[2]) if k.rpartition("_level")[2].isdigit() else -1, k))
     return counts, rates, main_keys, other_keys
-
-
-def _shown_as_another(rates: Mapping[str, float], key: str) -> bool:
-    """``key`` holds, by definition, the number of a key that is also in ``rates`` (``ap_level0`` = ``ap``,
-    ``precision_at_1`` = ``recall_at_1``, ...): each number is listed once."""
-    kept = same_as(key)
-    return kept is not None and kept in rates and math.isclose(float(rates[key]), float(rates[kept]), rel_tol=1e-9)
 
 
 def _definitions(keys: Sequence[str], label_names: Any) -> list[str]:
@@ -190,15 +299,13 @@ def _definitions(keys: Sequence[str], label_names: Any) -> list[str]:
     column filled in."""
     seen: dict[str, str] = {}
     for k in keys:
-        label = metric_label(k, label_names)
-        legend = metric_legend([k])
+        label, legend = metric_label(k, label_names), metric_legend([k])
         if not legend or label in seen:
             continue
         text = legend.split(" = ", 1)[1]
-        top = re.search(r"_at_(\d+)", k)
+        top, level = re.search(r"_at_(\d+)", k), re.search(r"_level(\d+)$", k)
         if top:
             text = re.sub(r"\bk\b", top.group(1), text)
-        level = re.search(r"_level(\d+)$", k)
         if level:
             h = int(level.group(1))
             column = label_names[h] if label_names and h < len(label_names) else f"{h}"
@@ -207,35 +314,34 @@ def _definitions(keys: Sequence[str], label_names: Any) -> list[str]:
         seen[label] = text
     if not seen:
         return []
-    lines = ["Definitions (positives: items of the query's fine class unless a label column is named; ties ranked "
-             "pessimistically; the query is removed from the gallery):", ""]  # fmt: skip
-    lines += [f"- **{_md(label)}**: {_md(text)}" for label, text in seen.items()]
-    return [*lines, ""]
+    return ["Definitions (positives: items of the query's fine class unless a label column is named; ties ranked "
+            "pessimistically; the query is removed from the gallery):", "",
+            *(f"- **{_md(label)}**: {_md(text)}" for label, text in seen.items()), ""]  # fmt: skip
 
 
-def _retrieval_results(inputs: CardInputs, title: str) -> list[str]:
-    paper_results, label_names = inputs.paper_results, inputs.training.get("label_names")
-    counts, rates, main_keys, other_keys = _split_metrics(inputs.metrics, paper_results)
+def _results(card: CardInputs, title: str) -> list[str]:
+    paper, label_names = card.paper_results, card.training.get("label_names")
+    counts, rates, main_keys, other_keys = _split_metrics(card.metrics, paper)
     if not main_keys and not other_keys:
         return []
-    with_paper = any(math.isfinite(float(v)) for v in paper_results.values() if isinstance(v, (int, float)))
-    lines = ["## Results", "", "Exact metrics over the whole test gallery, in percent."]
+    with_paper = any(math.isfinite(float(v)) for v in paper.values() if isinstance(v, (int, float)))
+    intro = "Exact metrics over the whole test gallery, in percent."
     if with_paper:
-        lines[-1] += f" The paper column reports the published numbers of the corresponding setting ({_md(title)})."
-    lines.append("")
-    rows = []
-    for k in main_keys:
-        row = [_md(metric_label(k, label_names)), _pct(rates.get(k))]
-        rows.append([*row, _num(paper_results.get(k))] if with_paper else row)
-    lines += _table(("metric", "this model", "paper") if with_paper else ("metric", "this model"), rows)
+        intro += f" The paper column reports the published numbers of the corresponding setting ({_md(title)})."
+    rows = [[_md(metric_label(k, label_names)), _pct(rates.get(k)), *([_num(paper.get(k))] if with_paper else [])]
+            for k in main_keys]  # fmt: skip
+    lines = ["## Results", "", intro, "", *_table(("metric", "this model", *(["paper"] if with_paper else [])), rows)]
     if "num_queries" in counts:
         lines += [f"Evaluated with {int(counts['num_queries'])} queries.", ""]
     if other_keys:
-        lines += ["<details><summary>All metrics</summary>", ""]
-        lines += _table(
-            ("metric", "this model"), [(_md(metric_label(k, label_names)), _pct(rates[k])) for k in other_keys]
-        )
-        lines += ["</details>", ""]
+        rows = [(_md(metric_label(k, label_names)), _pct(rates[k])) for k in other_keys]
+        lines += [
+            "<details><summary>All metrics</summary>",
+            "",
+            *_table(("metric", "this model"), rows),
+            "</details>",
+            "",
+        ]
     return lines + _definitions([*main_keys, *other_keys], label_names)
 
 
@@ -251,55 +357,33 @@ def _base_model(config: Mapping[str, Any]) -> str | None:
     try:
         import timm
 
-        cfg = timm.models.get_pretrained_cfg(backbone)
+        hub_id = getattr(timm.models.get_pretrained_cfg(backbone), "hf_hub_id", None)
     except Exception:  # an unknown name or an old timm: no base model to name
         return None
-    hub_id = getattr(cfg, "hf_hub_id", None) if cfg is not None else None
     return str(hub_id) if hub_id else None
 
 
-def _has_proxies(inputs: CardInputs) -> bool:
-    if any("lr_proxies" in r for r in inputs.history):
-        return True
-    kwargs = dict(inputs.training.get("loss_kwargs") or {})
-    return kwargs.get("decomposability") == "proxy" or str(inputs.training.get("loss")) in (
-        "HAPPIER", "HAPPIER_F", "ROD-NDCG", "CSL", "HAPPIERLoss", "RODNDCGLoss", "CSLLoss",
-    )  # fmt: skip
-
-
-def _hyper_parameters(inputs: CardInputs) -> list[str]:
+def _hyper_parameters(card: CardInputs) -> list[str]:
     """The loss, its options and the optimisation settings of the run (learning rates, steps)."""
-    training = inputs.training
-    tc = dict(training.get("training_config") or {})
-    rows: list[tuple[str, str]] = []
-    if training.get("loss"):
-        rows.append(("loss", _md(training["loss"])))
-    for k, v in sorted(dict(training.get("loss_kwargs") or {}).items()):
-        if v is not None:
-            rows.append((f"loss: {_md(k)}", f"`{json.dumps(v)}`"))
-    keys = ["optimizer", "lr_backbone", "lr_head", "lr_proxies", "weight_decay", "scheduler", "min_lr_ratio",
-            "warmup_epochs", "batch_size", "virtual_batch_size", "sampler", "samples_per_class", "epochs",
-            "max_train_steps", "memory_size", "seed"]  # fmt: skip
-    if not _has_proxies(inputs):
-        keys.remove("lr_proxies")
-    for k in keys:
-        if tc.get(k) is not None:
-            rows.append((k, f"`{json.dumps(tc[k])}`"))
-    steps = inputs.summary.get("steps")
-    if isinstance(steps, int):
-        rows.append(("optimizer steps done", str(steps)))
+    training, tc = card.training, dict(card.training.get("training_config") or {})
+    rows = [("loss", _md(training["loss"]))] if training.get("loss") else []
+    loss_kwargs = dict(training.get("loss_kwargs") or {})
+    rows += [(f"loss: {_md(k)}", f"`{json.dumps(v)}`") for k, v in sorted(loss_kwargs.items()) if v is not None]
+    has_proxies = any("lr_proxies" in r for r in card.history) or str(training.get("loss")) in _PROXY_LOSSES
+    has_proxies = has_proxies or loss_kwargs.get("decomposability") == "proxy"
+    rows += [(k, f"`{json.dumps(tc[k])}`") for k in _HYPER_PARAMETERS
+             if tc.get(k) is not None and (k != "lr_proxies" or has_proxies)]  # fmt: skip
+    if isinstance(card.summary.get("steps"), int):
+        rows.append(("optimizer steps done", str(card.summary["steps"])))
     return ["## Training hyper-parameters", "", *_table(("setting", "value"), rows)] if rows else []
 
 
-def _compute(inputs: CardInputs) -> list[str]:
-    compute = dict(inputs.training.get("compute") or {})
-    summary = inputs.summary
+def _compute(card: CardInputs) -> list[str]:
+    compute, summary = dict(card.training.get("compute") or {}), card.summary
     rows: list[tuple[str, str]] = []
     if compute.get("device"):
-        device = str(compute["device"])
-        if compute.get("device_name"):
-            device += f" ({_md(compute['device_name'])})"
-        rows.append(("device", device))
+        name = compute.get("device_name")
+        rows.append(("device", str(compute["device"]) + (f" ({_md(name)})" if name else "")))
     processes = compute.get("num_processes", summary.get("num_processes"))
     if processes is not None:
         rows.append(("processes", str(processes)))
@@ -309,37 +393,36 @@ def _compute(inputs: CardInputs) -> list[str]:
     seconds = summary.get("train_time_s")
     if isinstance(seconds, (int, float)) and math.isfinite(seconds):
         rows.append(("training time", f"{seconds:.0f} s" if seconds < 3600 else f"{seconds / 3600:.1f} h"))
-    for k in ("torch", "pml_suprank"):
-        if compute.get(k):
-            rows.append((k, _md(compute[k])))
+    rows += [(k, _md(compute[k])) for k in ("torch", "pml_suprank") if compute.get(k)]
     return ["## Compute", "", *_table(("item", "value"), rows)] if rows else []
 
 
-def _short_run(inputs: CardInputs) -> str | None:
+def _short_run_banner(card: CardInputs) -> list[str]:
     """The console's short-run warning of the run, when it warned (the same rule and text)."""
     from ..data.batch_fit import short_run_warning
 
-    schedule = dict(inputs.training.get("schedule") or {})
-    tc = dict(inputs.training.get("training_config") or {})
+    schedule, tc = dict(card.training.get("schedule") or {}), dict(card.training.get("training_config") or {})
     total = schedule.get("total_steps")
     if not isinstance(total, int) or total <= 0:
         total = tc.get("max_train_steps")
         if not isinstance(total, int):
-            return None
-    per_epoch = schedule.get("steps_per_epoch") or total
+            return []
     epochs = tc.get("epochs") if isinstance(tc.get("epochs"), int) else 1
-    return short_run_warning(int(per_epoch), int(total), epochs=epochs, max_train_steps=tc.get("max_train_steps"))
+    warning = short_run_warning(int(schedule.get("steps_per_epoch") or total), int(total), epochs=epochs,
+                                max_train_steps=tc.get("max_train_steps"))  # fmt: skip
+    if not warning:
+        return []
+    text = _md(warning.removeprefix("warning: "))
+    return [f"> **Warning — short run:** {text}. A demonstration or smoke test, not a usable model.", ""]
 
 
-def _use_and_limits(inputs: CardInputs, base_model: str | None) -> list[str]:
-    kind, short, _ = inputs.dataset
-    name = _data_phrase(kind, short)
+def _use_and_limits(card: CardInputs, base_model: str | None) -> list[str]:
     lines = [
         "## Intended use and limitations",
         "",
-        f"- **Use:** embed images of the domain of {_md(name)} and rank a gallery by cosine similarity (nearest-"
-        "neighbour search, e.g. `pml_suprank.search.RetrievalIndex`); with a label hierarchy, nearer items share "
-        "finer labels.",
+        f"- **Use:** embed images of the domain of {_md(_data_phrase(*card.dataset[:2]))} and rank a gallery by "
+        "cosine similarity (nearest-neighbour search, e.g. `pml_suprank.search.RetrievalIndex`); with a label "
+        "hierarchy, nearer items share finer labels.",
         "- Compare embeddings of this model only with embeddings of the same model and preprocessing.",
         "- The results above are measured on the held-out test split of the training data; quality on other image"
         " domains is not measured. Not for decisions about people (identification, surveillance).",
@@ -349,22 +432,21 @@ def _use_and_limits(inputs: CardInputs, base_model: str | None) -> list[str]:
     return [*lines, ""]
 
 
-def _short_run_banner(inputs: CardInputs) -> list[str]:
-    warning = _short_run(inputs)
-    if not warning:
-        return []
-    text = warning.removeprefix("warning: ")
-    return [f"> **Warning — short run:** {_md(text)}. A demonstration or smoke test, not a usable model.", ""]
-
-
-def _guard(inputs: CardInputs) -> list[str]:
+def _guard(card: CardInputs) -> list[str]:
     """The OOD guard stored with the model (``ood/guard.json``): its detector, threshold and what was measured."""
-    guard = inputs.guard
+    guard = card.guard
     if not guard:
         return []
     higher = guard.get("higher_is_ood", True)
     rule = "score > threshold" if higher else "score < threshold"
-    lines = [
+    rows = [("threshold", _md(guard.get("threshold")))]
+    if isinstance(guard.get("tpr_target"), (int, float)):
+        rows.append(("target ID true-positive rate (images kept)", _pct(guard["tpr_target"])))
+    if isinstance(guard.get("id_tpr"), (int, float)):
+        rows.append(("measured ID true-positive rate (held-out ID images)", _pct(guard["id_tpr"])))
+    sets = guard.get("ood_sets") if isinstance(guard.get("ood_sets"), Mapping) else {}
+    set_rows = [(_md(n), _pct(m.get("fpr")), _pct(m.get("auroc"))) for n, m in sets.items() if isinstance(m, Mapping)]
+    return [
         "## Out-of-distribution guard",
         "",
         f"This model ships with an OOD guard (`ood/`): a {_md(guard.get('detector'))} detector on "
@@ -372,94 +454,61 @@ def _guard(inputs: CardInputs) -> list[str]:
         f"another model's guard is refused). An image is rejected as unknown when its {rule} "
         f"(higher = more out-of-distribution: {'yes' if higher else 'no'}). Rates in percent.",
         "",
-    ]
-    rows = [("threshold", _md(guard.get("threshold")))]
-    if isinstance(guard.get("tpr_target"), (int, float)):
-        rows.append(("target ID true-positive rate (images kept)", _pct(guard["tpr_target"])))
-    if isinstance(guard.get("id_tpr"), (int, float)):
-        rows.append(("measured ID true-positive rate (held-out ID images)", _pct(guard["id_tpr"])))
-    lines += _table(("setting", "value"), rows)
-    sets = guard.get("ood_sets") or {}
-    if isinstance(sets, Mapping) and sets:
-        lines += _table(
-            ("OOD set", "FPR at the threshold (OOD accepted)", "AUROC"),
-            [(_md(n), _pct((m or {}).get("fpr")), _pct((m or {}).get("auroc"))) for n, m in sets.items()
-             if isinstance(m, Mapping)],
-        )  # fmt: skip
-    lines += [
+        *_table(("setting", "value"), rows),
+        *_table(("OOD set", "FPR at the threshold (OOD accepted)", "AUROC"), set_rows),
         "```python",
         "from pml_suprank.models import RetrievalModel",
         "",
-        f'model = RetrievalModel.from_pretrained("{inputs.load_target}")',
+        f'model = RetrievalModel.from_pretrained("{card.load_target}")',
         "guard = model.ood_guard  # the stored detector, its threshold and its feature kind",
         "```",
         "",
     ]
-    return lines
 
 
 def _citation(papers: Sequence[tuple[str, str]]) -> list[str]:
-    lines = ["## Citation", ""]
-    seen: list[str] = []
+    lines, seen = ["## Citation", ""], set()
     for title, url in papers:
-        if url in seen:
-            continue
-        seen.append(url)
-        lines += [f"{_md(title)}: {url}", ""]
-        if url in _BIBTEX:
-            lines += ["```bibtex", _BIBTEX[url], "```", ""]
+        if url not in seen:  # one entry per paper
+            seen.add(url)
+            lines += [f"{_md(title)}: {url}", "", *(["```bibtex", _BIBTEX[url], "```", ""] if url in _BIBTEX else [])]
     return lines
 
 
-def retrieval_card(inputs: CardInputs) -> str:
-    hub, training = inputs.hub, inputs.training
-    loss = training.get("loss")
-    _, _, main_keys, _ = _split_metrics(inputs.metrics, inputs.paper_results)
-    tags = ["pml-suprank", "image-retrieval", "metric-learning", "pytorch-metric-learning", "timm"]
+def retrieval_card(card: CardInputs) -> str:
+    loss = card.training.get("loss")
     title, url = _paper(loss)
-    if hub.get("paper"):
-        title, url = str(hub["paper"]), str(hub.get("paper_url") or url)
-    backbone = (inputs.config.get("model_args") or {}).get("backbone")
-    kind, short_data, _ = inputs.dataset
-    data_name = _data_phrase(kind, short_data)
-    short_data = short_data if kind != "unknown" else None
-    name = inputs.title(
-        " ".join(
-            str(x) for x in (loss, "retrieval model", f"({backbone}" + (f", {short_data})" if short_data else ")")) if x
-        )  # fmt: skip
-    )
+    if card.hub.get("paper"):
+        title, url = str(card.hub["paper"]), str(card.hub.get("paper_url") or url)
+    backbone = (card.config.get("model_args") or {}).get("backbone")
+    kind, short_data, _ = card.dataset
+    data = f", {short_data}" if kind != "unknown" else ""
+    name = card.title(" ".join(str(x) for x in (loss, "retrieval model", f"({backbone}{data})") if x))
     papers = [(title, url)]
     if url != SUPRANK_PAPER[1] and str(loss) not in ("Smooth-AP", "SmoothAPLoss", "CSL", "CSLLoss"):
         papers.append(SUPRANK_PAPER)
+    base_model = _base_model(card.config)
+    main_keys = _split_metrics(card.metrics, card.paper_results)[2]
+    tags = ["pml-suprank", "image-retrieval", "metric-learning", "pytorch-metric-learning", "timm"]
+    intro = f"An image-retrieval embedding model trained with [pml-suprank]({REPO_URL})"
+    intro += (f" using {_md(loss)}" if loss else "") + (f" on {_md(_data_phrase(kind, short_data))}" if data else "")
     lines = [
-        "---",
-        inputs.yaml(
-            tags,
-            main_keys,
-            "image-feature-extraction",
-            last_tags=[loss],
-            model_name=name,
-            base_model=_base_model(inputs.config),
-            task_type="image-feature-extraction",
-        ),  # fmt: skip
-        "---",
-        "",
+        *card.front_matter(
+            tags, main_keys, "image-feature-extraction", last_tags=[loss], model_name=name, base_model=base_model
+        ),
         f"# {_md(name)}",
         "",
-        f"An image-retrieval embedding model trained with [pml-suprank]({REPO_URL})"
-        + (f" using {_md(loss)}" if loss else "")
-        + (f" on {_md(data_name)}" if kind != "unknown" else "")
-        + ". All metrics on this card are percentages (`metrics.json` holds the same numbers as fractions).",
+        intro + ". All metrics on this card are percentages (`metrics.json` holds the same numbers as fractions).",
         "",
-        *_short_run_banner(inputs),
-        *_retrieval_overview(inputs.config, training),
-        *_training_data(inputs),
-        *_retrieval_results(inputs, title),
-        *_hyper_parameters(inputs),
-        *_compute(inputs),
-        *_guard(inputs),
-        *_use_and_limits(inputs, _base_model(inputs.config)),
-        *inputs.plot_lines(),
+        *_short_run_banner(card),
+        *_overview(card.config, card.training),
+        *_training_data(card),
+        *_results(card, title),
+        *_hyper_parameters(card),
+        *_compute(card),
+        *_guard(card),
+        *_use_and_limits(card, base_model),
+        *card.plot_lines(),
         "## Usage",
         "",
         "```python",
@@ -468,8 +517,8 @@ def retrieval_card(inputs: CardInputs) -> str:
         "from pml_suprank.models import RetrievalModel",
         "from pml_suprank.data import build_transforms",
         "",
-        f'model = RetrievalModel.from_pretrained("{inputs.load_target}").eval()'
-        + (inputs.load_comment + ";" if inputs.load_comment else "  #")
+        f'model = RetrievalModel.from_pretrained("{card.load_target}").eval()'
+        + (card.load_comment + ";" if card.load_comment else "  #")
         + " never downloads backbone weights",
         "transform = build_transforms(model.data_config, train=False)",
         'image = Image.open("query.jpg").convert("RGB")  # any image file',
@@ -482,54 +531,41 @@ def retrieval_card(inputs: CardInputs) -> str:
     return "\n".join(lines)
 
 
-def _detector_results(inputs: CardInputs) -> list[str]:
-    metrics, paper_results = inputs.metrics, inputs.paper_results
-    keys = [*metrics, *(k for k in paper_results if k not in metrics)]
-    if not keys:
-        return []
-    with_paper = bool(paper_results)
-    rows = []
-    for k in keys:
+def detector_card(card: CardInputs) -> str:
+    config, metrics, paper = card.config, card.metrics, card.paper_results
+    arch = str(config.get("architecture"))
+    kind, short, _ = card.dataset
+    args = sorted(dict(config.get("model_args") or {}).items())
+    rows = [("detector", f"`{_md(arch)}`"), *((_md(k), f"`{json.dumps(v, sort_keys=True)}`") for k, v in args),
+            ("fitted", str(bool(config.get("fitted"))))]  # fmt: skip
+    results = []
+    for k in [*metrics, *(k for k in paper if k not in metrics)]:
         ours = metrics.get(k)
         cell = str(int(ours)) if k.startswith("num_") and ours is not None else _pct(ours)
-        rows.append([_md(k), cell, _num(paper_results.get(k))] if with_paper else [_md(k), cell])
-    header = ("metric", "this detector", "paper") if with_paper else ("metric", "this detector")
-    return ["## Results", "", "Detection metrics in percent (scores: higher = more out-of-distribution).", "",
-            *_table(header, rows)]  # fmt: skip
-
-
-def detector_card(inputs: CardInputs) -> str:
-    config, hub = inputs.config, inputs.hub
-    arch = str(config.get("architecture"))
-    args = dict(config.get("model_args") or {})
-    kind, short, _ = inputs.dataset
-    data_name = _data_phrase(kind, short)
-    rows = [
-        ("detector", f"`{_md(arch)}`"),
-        *((_md(k), f"`{json.dumps(v, sort_keys=True)}`") for k, v in sorted(args.items())),
-    ]
-    rows.append(("fitted", str(bool(config.get("fitted")))))
+        results.append([_md(k), cell, *([_num(paper.get(k))] if paper else [])])
     lines = [
-        "---",
-        inputs.yaml(["pml-suprank", "out-of-distribution-detection", arch], list(inputs.metrics), None),
-        "---",
-        "",
-        f"# {_md(inputs.title(f'pml-suprank {arch} detector'))}",
+        *card.front_matter(["pml-suprank", "out-of-distribution-detection", arch], list(metrics), None),
+        f"# {_md(card.title(f'pml-suprank {arch} detector'))}",
         "",
         f"A post-hoc out-of-distribution detector (`{_md(arch)}`) fitted with [pml-suprank]({REPO_URL})"
-        + (f" on {_md(data_name)}" if kind != "unknown" else "")
+        + (f" on {_md(_data_phrase(kind, short))}" if kind != "unknown" else "")
         + ". It scores feature vectors (and / or logits) of a frozen network: higher = more out-of-distribution.",
         "",
-        *([_md(inputs.description.strip()), ""] if inputs.description else []),
+        *([_md(card.description.strip()), ""] if card.description else []),
         *_table(("argument", "value"), rows),
-        *_detector_results(inputs),
-        *inputs.plot_lines(),
+        *(
+            ["## Results", "", "Detection metrics in percent (scores: higher = more out-of-distribution).", ""]
+            if results
+            else []
+        ),  # fmt: skip
+        *_table(("metric", "this detector", *(["paper"] if paper else [])), results),
+        *card.plot_lines(),
         "## Usage",
         "",
         "```python",
         "from pml_suprank import ood",
         "",
-        f'detector = ood.Detector.from_pretrained("{inputs.load_target}"){inputs.load_comment}',
+        f'detector = ood.Detector.from_pretrained("{card.load_target}"){card.load_comment}',
         "# the features of the network the detector was fitted on (a timm classifier), images (B, 3, H, W)",
         "features = ood.extract_features(classifier, [images])",
         "scores = detector.score(features=features.features, std_features=features.std_features,",
@@ -537,6 +573,6 @@ def detector_card(inputs: CardInputs) -> str:
         "```",
         "",
     ]
-    if hub.get("paper"):
-        lines += _citation([(str(hub["paper"]), str(hub.get("paper_url") or ""))])
+    if card.hub.get("paper"):
+        lines += _citation([(str(card.hub["paper"]), str(card.hub.get("paper_url") or ""))])
     return "\n".join(lines)

@@ -1,26 +1,32 @@
-"""``HubMixin``: ``save_pretrained`` / ``from_pretrained`` / ``push_to_hub`` for every saved object of pml-suprank.
+"""``HubMixin``: ``save_pretrained`` / ``from_pretrained`` / ``push_to_hub`` of every saved object of pml-suprank, on
+``huggingface_hub.ModelHubMixin``.
 
-The contract is the one of huggingface_hub's ``PyTorchModelHubMixin`` (a folder or a Hub repo with ``config.json``,
-``model.safetensors`` and a model card; loading through the local Hub cache, so ``HF_HUB_OFFLINE=1`` works; pushing
-is ``HfApi.create_repo`` + ``HfApi.upload_folder``) with three deliberate differences: loading is strict (missing,
-unexpected, mis-shaped or non-finite tensors raise a ``ValueError`` naming them), pickles are never read, and
-``pretrained=False`` is forced when rebuilding, so restoring never downloads backbone weights.
+ModelHubMixin supplies the protocol — ``save_pretrained`` calls ``_save_pretrained`` (here: ``model.safetensors``),
+then writes ``config.json`` and the card of ``generate_model_card``; ``from_pretrained`` calls ``_from_pretrained``;
+``push_to_hub`` saves into a temporary folder and calls ``HfApi.create_repo`` / ``upload_folder``. Three overrides keep
+what a shared model folder needs:
 
-A class gets the three methods by inheriting :class:`HubMixin` and supplying, through the ``_hub_*`` hooks, its config
-(the constructor kwargs), its tensors and how to rebuild itself. The defaults fit an ``nn.Module`` with a
-``get_config()`` method returning its constructor kwargs (``RetrievalModel``); OOD detectors override the hooks.
+* ``save_pretrained`` runs ModelHubMixin's on a hidden folder beside the target and renames it into place (its own
+  deletes ``config.json`` first and writes in place): a failed save leaves the old folder as it was;
+* ``from_pretrained`` first resolves the folder or Hub snapshot (every file from one commit, through the local cache;
+  clear ``FileNotFoundError`` / ``ValueError``) and reads ``config.json`` with bounded size and depth — ModelHubMixin's
+  own ``hf_hub_download`` of the config alone and unbounded ``json.load`` give raw errors and may read another commit.
+  ``_from_pretrained`` then checks the config before any constructor runs and builds the object from ``model_args``
+  and the caller's overrides only (the config keys ModelHubMixin passes on as constructor kwargs are dropped); tensors
+  come from safetensors only and are checked before use;
+* ``push_to_hub`` adds ``save_directory`` (files kept) and says where the files are when the upload fails.
 """
 
 from __future__ import annotations
 
 import inspect
+import json
 import logging
-import shutil
-import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from huggingface_hub import ModelCard, ModelHubMixin
 from torch import Tensor, nn
 
 from .card import carried_files, generate_model_card, read_card_files
@@ -31,24 +37,22 @@ from .serialization import (
     MODEL_CARD_NAME,
     RETRIEVAL_TASK,
     WEIGHTS_NAME,
-    AtomicFolderWriter,
     check_metrics,
     check_state,
     jsonable,
     make_config,
     read_config,
     read_weights,
+    staged_folder,
+    write_weights,
 )
 from .transport import check_repo_id, resolve_folder, upload_folder
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["HubMixin", "build_config", "instantiate", "load_module_state", "push_folder", "save_folder"]
-
-CardBuilder = Callable[..., str]
+__all__ = ["HubMixin", "build_config", "instantiate", "load_module_state"]
 
 
-# ---------------------------------------------------------------------------------------------------------- engine
 def build_config(model: Any, metadata: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The ``config.json`` content of a module exposing ``get_config()`` (e.g. ``RetrievalModel``).
 
@@ -62,16 +66,12 @@ def build_config(model: Any, metadata: Mapping[str, Any] | None = None) -> dict[
         ``{"architecture", "library_name", "library_version", "task", "model_args", "training", "backbone",
         "embedding_size", "num_features", "num_classes", "pretrained_cfg"}``.
     """
-    if not hasattr(model, "get_config"):
-        raise TypeError(f"model must provide get_config() (e.g. a RetrievalModel); got {type(model).__name__}")
     model_args = jsonable(model.get_config(), "model.get_config()")
-    training = dict(getattr(model, "hub_metadata", None) or {})
-    training.update(metadata or {})
     config = make_config(
         type(model).__name__,
         model_args,
         task=RETRIEVAL_TASK,
-        metadata=training,
+        metadata={**(getattr(model, "hub_metadata", None) or {}), **(metadata or {})},
         backbone=model_args.get("backbone"),
         embedding_size=getattr(model, "embedding_size", None),
         num_features=getattr(model, "num_features", None),
@@ -85,7 +85,8 @@ def build_config(model: Any, metadata: Mapping[str, Any] | None = None) -> dict[
 
 
 def _plan_plots(save_directory: Path, plots: Sequence[str | Path] | None) -> list[tuple[str, Path | None]]:
-    """``(path relative to the folder, file to copy there or None)`` of every plot the card embeds."""
+    """``(path relative to the folder, file to copy there or None)`` of every plot the card embeds: ``plots``
+    (files outside the folder go to ``plots/``) and the ``*.png`` already in the folder or its ``plots/``."""
     planned: list[tuple[str, Path | None]] = []
     for p in plots or []:
         p = Path(p)
@@ -95,73 +96,11 @@ def _plan_plots(save_directory: Path, plots: Sequence[str | Path] | None) -> lis
             planned.append((p.resolve().relative_to(save_directory.resolve()).as_posix(), None))
         except ValueError:
             planned.append((f"plots/{p.name}", p))
-    for folder in (save_directory, save_directory / "plots"):
-        if folder.is_dir():
-            for f in sorted(folder.glob("*.png")):
-                rel = f.relative_to(save_directory).as_posix()
-                if rel not in [r for r, _ in planned]:
-                    planned.append((rel, None))
+    for f in [*sorted(save_directory.glob("*.png")), *sorted(save_directory.glob("plots/*.png"))]:
+        rel = f.relative_to(save_directory).as_posix()
+        if rel not in [r for r, _ in planned]:
+            planned.append((rel, None))
     return planned
-
-
-def save_folder(
-    save_directory: str | Path,
-    config: dict[str, Any],
-    weights: nn.Module | Mapping[str, Tensor],
-    *,
-    card: CardBuilder | None = generate_model_card,
-    metrics: Mapping[str, float] | None = None,
-    hub_config: Mapping[str, Any] | None = None,
-    plots: Sequence[str | Path] | None = None,
-    repo_id: str | None = None,
-    source: str | Path | None = None,
-) -> Path:
-    """Write ``config.json``, ``model.safetensors``, ``metrics.json``, plots and the card, all or nothing.
-
-    Args:
-        save_directory: Output folder, created if needed; existing files other than ours are left alone.
-        config: The ``config.json`` dict (its ``training.hub_config`` is set from ``hub_config["name"]``).
-        weights: A module (tied tensors are stored once) or a ``{name: Tensor}`` dict.
-        card: Builds the ``README.md`` text from ``config`` (keyword arguments as :func:`generate_model_card`);
-            ``None`` writes no card.
-        metrics: Final metrics, values in [0, 1]; written to ``metrics.json`` and shown in the card.
-        hub_config: The loaded hub_config dict; its ``hub`` section gives the card's tags, datasets and paper numbers.
-        plots: Image files to embed in the card; files outside ``save_directory`` are copied to ``plots/``.
-            ``*.png`` files already in ``save_directory`` or ``save_directory/plots`` are embedded too.
-        repo_id: Hub repo id (``"org/name"``) used in the card's title and usage snippet. Without one (or with a
-            name that is not a repo id) the snippet loads the folder by its local path ``./<folder name>``.
-        source: The folder the object was loaded from: its metrics, plots, training files and OOD guard are carried
-            into ``save_directory`` when the weights are unchanged (:func:`~pml_suprank.hub.card.carried_files`).
-    """
-    save_directory = Path(save_directory)
-    folder = save_directory.resolve().name
-    carried = carried_files(source, save_directory, weights) if source is not None else []
-    files = {**(read_card_files(source) if carried else {}), **read_card_files(save_directory)}
-    if not metrics and any(rel == METRICS_NAME for rel, _ in carried):
-        metrics = files.get(METRICS_NAME)
-    metrics = check_metrics(metrics)
-    if hub_config is not None:
-        name = hub_config.get("name") if isinstance(hub_config, Mapping) else None
-        config.setdefault("training", {}).setdefault("hub_config", str(name) if name is not None else None)
-    planned = _plan_plots(save_directory, plots)
-    with AtomicFolderWriter(save_directory) as writer:
-        writer.write_weights(WEIGHTS_NAME, weights, {"format": "pt", "library": LIBRARY_NAME})
-        writer.write_json(CONFIG_NAME, config)
-        if metrics:
-            writer.write_json(METRICS_NAME, metrics)
-        for rel, path in planned:
-            if path is not None:
-                writer.copy_file(path, rel)
-        for rel, path in carried:
-            if rel != METRICS_NAME:
-                writer.copy_file(path, rel)
-        if card is not None:
-            rels = [rel for rel, _ in planned] + [rel for rel, _ in carried if rel.endswith(".png")]
-            card_repo = repo_id if _is_repo_id(repo_id) else None
-            text = card(config, metrics=metrics, hub_config=hub_config, plots=list(dict.fromkeys(rels)),
-                        repo_id=card_repo, folder=folder, files=files)  # fmt: skip
-            writer.write_text(MODEL_CARD_NAME, text)
-    return save_directory
 
 
 def _is_repo_id(repo_id: Any) -> bool:
@@ -170,39 +109,6 @@ def _is_repo_id(repo_id: Any) -> bool:
     except ValueError:
         return False
     return True
-
-
-def push_folder(
-    save: Callable[[Path], Any],
-    repo_id: str,
-    *,
-    save_directory: str | Path | None = None,
-    **upload_options: Any,
-) -> Any:
-    """Call ``save(folder)`` and upload the folder with :func:`~pml_suprank.hub.transport.upload_folder`
-    (``upload_options``: ``commit_message``, ``private``, ``token``, ``revision``, ``create_pr``). Without
-    ``save_directory`` a temporary folder is used and removed whatever happens (a failed upload raises a
-    ``RuntimeError``; pass ``save_directory`` to keep the files)."""
-    check_repo_id(repo_id)
-    keep = save_directory is not None
-    folder = Path(save_directory) if keep else Path(tempfile.mkdtemp(prefix="pml_suprank_push_"))
-    try:
-        save(folder)
-    except BaseException:
-        if not keep:
-            shutil.rmtree(folder, ignore_errors=True)
-        raise
-    try:
-        return upload_folder(folder, repo_id, **upload_options)
-    except RuntimeError as e:
-        if keep:
-            raise
-        cause = e.__cause__ or e
-        raise RuntimeError(f"pushing to the Hub repo {repo_id!r} failed ({type(cause).__name__}: {cause}); nothing "
-                           "was kept (pass save_directory= to keep the files)") from cause  # fmt: skip
-    finally:
-        if not keep:
-            shutil.rmtree(folder, ignore_errors=True)
 
 
 def instantiate(cls: type, kwargs: dict[str, Any], source: Any) -> Any:
@@ -234,12 +140,11 @@ def load_module_state(
     """Validate ``state`` against ``model.state_dict()`` and load it; the model ends on ``map_location`` in eval
     mode, with ``hub_metadata`` set to the saved training metadata when it has that attribute."""
     expected = model.state_dict()
-    report = check_state(state, source, expected=expected)
-    if report:
-        msg = f"weights in {source} do not match {type(model).__name__}"
+    problems = check_state(state, source, expected=expected)
+    if problems:
         backbone = config["model_args"].get("backbone")
-        msg += f"({backbone!r}): " if backbone is not None else ": "
-        msg += report.describe()
+        msg = f"weights in {source} do not match {type(model).__name__}"
+        msg += (f"({backbone!r}): " if backbone is not None else ": ") + problems
         if strict:
             raise ValueError(msg)
         logger.warning(msg)
@@ -252,43 +157,33 @@ def load_module_state(
     model.eval()
 
 
-def _summary(doc: str | None) -> str | None:
-    return doc.strip().split("\n\n")[0].replace("\n", " ") if doc else None
-
-
 def _subclasses(cls: type) -> list[type]:
-    out = []
-    for sub in cls.__subclasses__():
-        out += [sub, *_subclasses(sub)]
-    return out
+    return [c for sub in cls.__subclasses__() for c in (sub, *_subclasses(sub))]
 
 
-# ---------------------------------------------------------------------------------------------------------- mixin
-class HubMixin:
-    """Adds ``save_pretrained`` / ``from_pretrained`` / ``push_to_hub`` to a class.
+class HubMixin(ModelHubMixin):
+    """``huggingface_hub.ModelHubMixin`` with pml-suprank's files, atomic saves and strict loading.
 
-    Subclasses supply what is specific to them through the ``_hub_*`` hooks; the defaults fit an ``nn.Module`` with a
+    Subclasses supply what is specific to them through hooks; the defaults fit an ``nn.Module`` with a
     ``get_config()`` method (its constructor kwargs):
 
     * :meth:`_hub_config` — the ``config.json`` dict (default :func:`build_config`);
     * :meth:`_hub_weights` — the module itself or a ``{name: Tensor}`` dict to store in ``model.safetensors``;
-    * :meth:`_hub_check_config` — refuse a loaded config that is unsafe or implausible before anything is built
-      (default: nothing; ``RetrievalModel`` restricts ``backbone_kwargs`` and bounds sizes unless
-      ``trust_config=True``);
-    * :meth:`_hub_instantiate` — rebuild the object from a loaded config (default: the class called with
-      ``model_args``, ``pretrained=False`` forced);
-    * :meth:`_hub_load_state` — validate and load the tensors (default :func:`load_module_state`);
-    * :meth:`_hub_class` — the class a config designates (default: this class, checked against ``architecture``);
     * :meth:`_hub_check_savable` — raise when the object cannot be saved yet (default: never);
     * :meth:`_hub_card` — the ``README.md`` text (default :func:`~pml_suprank.hub.card.generate_model_card`, with the
       class docstring's first paragraph as the description);
-    * :attr:`_hub_optional_files` — saved files that may be absent when loading (default: none).
+    * :meth:`_hub_class` — the class a loaded config designates (default: this class, checked against
+      ``architecture``; on ``HubMixin`` itself the loaded subclass of that name);
+    * :meth:`_hub_check_config` — refuse a loaded config that is unsafe or implausible before anything is built;
+    * :meth:`_hub_instantiate` — rebuild the object from a loaded config (default: the class called with
+      ``model_args``, ``pretrained=False`` forced);
+    * :meth:`_hub_load_state` — validate and load the tensors (default :func:`load_module_state`);
+    * :attr:`_hub_optional_files` — saved files that may be absent when loading;
+    * :attr:`_hub_companion_files` — files saved beside the object by others (a model's OOD guard), fetched with it
+      from the same snapshot when present.
     """
 
-    #: Files that may be absent from a saved folder.
     _hub_optional_files: ClassVar[tuple[str, ...]] = ()
-    #: files saved next to the object by others (e.g. a model's OOD guard, ``ood/guard.json``): fetched with it from
-    #: the same snapshot when present; ``from_pretrained`` sets ``_hub_folder`` to the resolved local folder
     _hub_companion_files: ClassVar[tuple[str, ...]] = ()
 
     # --- hooks ----------------------------------------------------------------------------------------------------
@@ -298,6 +193,8 @@ class HubMixin:
         return cls.__name__
 
     def _hub_config(self, metadata: Mapping[str, Any] | None) -> dict[str, Any]:
+        if not hasattr(self, "get_config"):
+            raise TypeError(f"{type(self).__name__} must provide get_config() (its constructor kwargs) to be saved")
         return build_config(self, metadata)
 
     def _hub_weights(self) -> nn.Module | Mapping[str, Tensor]:
@@ -307,7 +204,9 @@ class HubMixin:
         """Raise when the object cannot be saved in its current state."""
 
     def _hub_card(self, config: Mapping[str, Any], **kwargs: Any) -> str:
-        return generate_model_card(config, description=_summary(type(self).__doc__), **kwargs)
+        doc = type(self).__doc__
+        summary = doc.strip().split("\n\n")[0].replace("\n", " ") if doc else None
+        return generate_model_card(config, description=summary, **kwargs)
 
     @classmethod
     def _hub_class(cls, config: Mapping[str, Any], source: Any) -> type:
@@ -346,6 +245,42 @@ class HubMixin:
     ) -> None:
         load_module_state(self, state, config, source=source, strict=strict, map_location=map_location)  # type: ignore[arg-type]
 
+    # --- ModelHubMixin hooks --------------------------------------------------------------------------------------
+    def _save_pretrained(self, save_directory: Path) -> None:
+        """Write ``model.safetensors`` (ModelHubMixin's ``save_pretrained`` then writes the config and the card)."""
+        write_weights(save_directory / WEIGHTS_NAME, self._hub_weights(), {"format": "pt", "library": LIBRARY_NAME})
+
+    def generate_model_card(self, *args: Any, **kwargs: Any) -> ModelCard:
+        """The card ModelHubMixin's ``save_pretrained`` writes: :meth:`_hub_card` of ``kwargs`` (which
+        :meth:`save_pretrained` passes as ``model_card_kwargs``)."""
+        return ModelCard(self._hub_card(**kwargs))
+
+    @classmethod
+    def _from_pretrained(
+        cls,
+        *,
+        model_id: str,
+        loaded_config: dict[str, Any],
+        source: str | Path,
+        overrides: dict[str, Any],
+        trust_config: bool,
+        strict: bool,
+        map_location: str,
+        **unused: Any,
+    ) -> Any:
+        """Build the object from the local folder ``model_id`` and its ``config.json`` that :meth:`from_pretrained`
+        resolved and read (``source``: what the caller named); the other arguments as there. ``unused``:
+        ModelHubMixin's download options (the folder is local) and the config's top-level keys it passes on as
+        constructor kwargs (only ``model_args`` build the object)."""
+        target = cls._hub_class(loaded_config, source)
+        config_path, weights = Path(model_id) / CONFIG_NAME, Path(model_id) / WEIGHTS_NAME
+        target._hub_check_config(loaded_config, config_path, overrides=overrides, trust_config=trust_config)
+        obj = target._hub_instantiate(loaded_config, overrides, source)
+        state = read_weights(weights, map_location) if weights.is_file() else {}
+        obj._hub_load_state(state, loaded_config, source=weights, strict=strict, map_location=map_location)
+        obj._hub_source = Path(model_id)  # a later save_pretrained / push_to_hub carries this folder's card files
+        return obj
+
     # --- public API -----------------------------------------------------------------------------------------------
     def save_pretrained(
         self,
@@ -357,47 +292,75 @@ class HubMixin:
         plots: Sequence[str | Path] | None = None,
         model_card: bool = True,
         repo_id: str | None = None,
+        config: None = None,
+        model_card_kwargs: Mapping[str, Any] | None = None,
     ) -> Path:
-        """Write ``config.json``, ``model.safetensors`` and (by default) a ``README.md`` model card into a folder.
-
-        All files are staged under temporary names and renamed together, so a failed save leaves the folder as it
-        was. See :func:`save_folder` for ``metrics``, ``hub_config``, ``plots`` and ``repo_id``.
+        """Write ``config.json``, ``model.safetensors``, ``metrics.json``, plots and (by default) a ``README.md``
+        model card into a folder, all or nothing.
 
         Args:
-            save_directory: Output folder, created if needed.
+            save_directory: Output folder, created if needed; existing files other than those written are kept.
             metadata: Free-form metadata stored under ``config["training"]`` (loss, label names, dataset, ...).
             metrics: Final metrics (values in [0, 1]) for ``metrics.json`` and the card.
-            hub_config: The loaded hub_config dict (card tags, datasets, paper numbers).
-            plots: Image files to embed in the card.
+            hub_config: The loaded hub_config dict; its ``hub`` section gives the card's tags, datasets and paper
+                numbers, its ``name`` goes to ``config["training"]["hub_config"]``.
+            plots: Image files to embed in the card; files outside ``save_directory`` are copied to ``plots/``.
+                ``*.png`` files already in ``save_directory`` or ``save_directory/plots`` are embedded too.
             model_card: Write the generated ``README.md``.
-            repo_id: Repo id shown in the card's usage snippet.
+            repo_id: Hub repo id (``"org/name"``) used in the card's title and usage snippet. Without one (or with a
+                name that is not a repo id) the snippet loads the folder by its local path ``./<folder name>``.
+            config: ModelHubMixin's argument; must be ``None`` (``config.json`` is built from the object).
+            model_card_kwargs: The keyword arguments above as a dict (how ModelHubMixin's ``push_to_hub`` passes
+                them on).
 
         Returns:
             The folder path.
         """
+        if config is not None:
+            raise TypeError("config must be None: config.json is built from the object (give metadata= instead)")
+        if model_card_kwargs:
+            options = dict(metadata=metadata, metrics=metrics, hub_config=hub_config, plots=plots,
+                           model_card=model_card, repo_id=repo_id)  # fmt: skip
+            return self.save_pretrained(save_directory, **{**options, **model_card_kwargs})
         self._hub_check_savable()
-        return save_folder(
-            save_directory,
-            self._hub_config(metadata),
-            self._hub_weights(),
-            card=self._hub_card if model_card else None,
-            metrics=metrics,
-            hub_config=hub_config,
-            plots=plots,
-            repo_id=repo_id,
-            source=getattr(self, "_hub_source", None),
-        )
+        target = Path(save_directory)
+        saved = self._hub_config(metadata)
+        source = getattr(self, "_hub_source", None)
+        carried = carried_files(source, target, self._hub_weights()) if source is not None else []
+        files = {**(read_card_files(source) if carried else {}), **read_card_files(target)}
+        if not metrics and any(rel == METRICS_NAME for rel, _ in carried):
+            metrics = files.get(METRICS_NAME)
+        metrics = check_metrics(metrics)
+        if hub_config is not None:
+            name = hub_config.get("name") if isinstance(hub_config, Mapping) else None
+            saved.setdefault("training", {}).setdefault("hub_config", str(name) if name is not None else None)
+        planned = _plan_plots(target, plots)
+        card_plots = [rel for rel, _ in planned] + [rel for rel, _ in carried if rel.endswith(".png")]
+        repo = repo_id if _is_repo_id(repo_id) else None
+        card_kwargs = dict(config=saved, metrics=metrics, hub_config=hub_config, plots=list(dict.fromkeys(card_plots)),
+                           repo_id=repo, folder=target.resolve().name, files=files)  # fmt: skip
+        with staged_folder(target) as stage:
+            for rel, path in [*planned, *carried]:
+                if path is not None and rel != METRICS_NAME:
+                    (stage / rel).parent.mkdir(parents=True, exist_ok=True)
+                    (stage / rel).write_bytes(path.read_bytes())
+            if metrics:
+                (stage / METRICS_NAME).write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+            super().save_pretrained(stage, config=saved, model_card_kwargs=card_kwargs)
+            if not model_card:
+                (stage / MODEL_CARD_NAME).unlink()
+        return target
 
     @classmethod
     def from_pretrained(
         cls,
-        path_or_repo_id: str | Path,
+        pretrained_model_name_or_path: str | Path,
         *,
-        revision: str | None = None,
+        force_download: bool = False,
+        token: str | bool | None = None,
         cache_dir: str | Path | None = None,
         local_files_only: bool = False,
-        token: str | bool | None = None,
-        force_download: bool = False,
+        revision: str | None = None,
         map_location: str = "cpu",
         strict: bool = True,
         trust_config: bool = False,
@@ -405,12 +368,12 @@ class HubMixin:
     ) -> Any:
         """Restore an object saved by :meth:`save_pretrained` from a folder or a Hub repo id (``"org/name"``).
 
-        Repo ids go through ``huggingface_hub.snapshot_download`` (both files from one commit, through the local Hub
+        Repo ids go through ``huggingface_hub.snapshot_download`` (every file from one commit, through the local Hub
         cache: with ``HF_HUB_OFFLINE=1`` or ``local_files_only=True`` nothing is downloaded).
 
         Args:
-            path_or_repo_id: Folder path or ``"org/name"``.
-            revision, cache_dir, local_files_only, token, force_download: As in ``huggingface_hub``.
+            pretrained_model_name_or_path: Folder path or ``"org/name"``.
+            force_download, token, cache_dir, local_files_only, revision: As in ``huggingface_hub``.
             map_location: Device of the loaded tensors.
             strict: Raise on missing, unexpected or mis-shaped tensors (default); otherwise log and skip them.
                 Non-finite tensors are refused either way.
@@ -423,13 +386,13 @@ class HubMixin:
 
         Raises:
             FileNotFoundError: The folder, repo or a file is missing (naming it), or not cached when offline.
-            ValueError: Invalid repo id, corrupt files, a config of another class, a refused config value, or
-                tensors that do not match (naming the file and the key).
+            ValueError: Invalid repo id, corrupt files, pickle weights, a config of another class, a refused config
+                value, or tensors that do not match (naming the file and the key).
         """
         if not isinstance(trust_config, bool):
             raise TypeError(f"trust_config must be a bool; got {type(trust_config).__name__} {trust_config!r}")
         folder = resolve_folder(
-            path_or_repo_id,
+            pretrained_model_name_or_path,
             (CONFIG_NAME, WEIGHTS_NAME, *cls._hub_companion_files),
             optional=(*cls._hub_optional_files, *cls._hub_companion_files),
             revision=revision,
@@ -438,17 +401,15 @@ class HubMixin:
             token=token,
             force_download=force_download,
         )
-        config = read_config(folder / CONFIG_NAME)
-        target = cls._hub_class(config, path_or_repo_id)
-        target._hub_check_config(config, folder / CONFIG_NAME, overrides=overrides, trust_config=trust_config)
-        obj = target._hub_instantiate(config, overrides, path_or_repo_id)
-        weights = folder / WEIGHTS_NAME
-        state = read_weights(weights, map_location) if weights.is_file() else {}
-        obj._hub_load_state(state, config, source=weights, strict=strict, map_location=map_location)
-        obj._hub_source = folder  # a later save_pretrained / push_to_hub carries this folder's card files
-        if cls._hub_companion_files:
-            obj._hub_folder = folder
-        return obj
+        return super().from_pretrained(
+            folder,
+            loaded_config=read_config(folder / CONFIG_NAME),  # bounded, before ModelHubMixin's own json.load
+            source=pretrained_model_name_or_path,
+            overrides=overrides,
+            trust_config=trust_config,
+            strict=strict,
+            map_location=map_location,
+        )
 
     def push_to_hub(
         self,
@@ -464,23 +425,33 @@ class HubMixin:
     ) -> Any:
         """Save (see :meth:`save_pretrained`) and upload the folder to the Hub repo ``repo_id``.
 
+        Without ``save_directory`` this is ModelHubMixin's ``push_to_hub`` (a temporary folder, removed whatever
+        happens); with it the files are written there and stay whatever happens.
+
         Args:
             repo_id: ``"org/name"``.
-            save_directory: Where to write the files before uploading; they stay there whatever happens. Without it
-                a temporary folder is used and removed whatever happens.
-            commit_message, private, token, revision, create_pr: Passed to ``HfApi.create_repo`` / ``upload_folder``.
+            save_directory: Where to write the files before uploading.
+            commit_message, private, token, revision, create_pr: Passed to ``HfApi.create_repo`` / ``upload_folder``
+                (``revision``: the branch).
             **save_kwargs: ``metadata``, ``metrics``, ``hub_config``, ``plots`` for :meth:`save_pretrained`.
 
         Returns:
             The ``CommitInfo`` of ``HfApi.upload_folder`` (a ``str``: the commit URL).
+
+        Raises:
+            RuntimeError: The upload failed (naming the cause and where the files are, if anywhere).
         """
-        return push_folder(
-            lambda folder: self.save_pretrained(folder, repo_id=repo_id, **save_kwargs),
-            repo_id,
-            save_directory=save_directory,
-            commit_message=commit_message,
-            private=private,
-            token=token,
-            revision=revision,
-            create_pr=create_pr,
-        )
+        check_repo_id(repo_id)
+        upload = dict(commit_message=commit_message, private=private, token=token, create_pr=create_pr)
+        if save_directory is not None:
+            folder = self.save_pretrained(save_directory, repo_id=repo_id, **save_kwargs)
+            return upload_folder(folder, repo_id, revision=revision, **upload)
+        self._hub_check_savable()
+        try:
+            return super().push_to_hub(repo_id, branch=revision, model_card_kwargs={"repo_id": repo_id, **save_kwargs},
+                                       **upload)  # fmt: skip
+        except (TypeError, ValueError):  # the arguments: raised as they are
+            raise
+        except Exception as e:
+            raise RuntimeError(f"pushing to the Hub repo {repo_id!r} failed ({type(e).__name__}: {e}); nothing "
+                               "was kept (pass save_directory= to keep the files)") from e  # fmt: skip

@@ -1,4 +1,4 @@
-"""On-disk format of a saved model or detector: ``config.json`` + ``model.safetensors``, written atomically.
+"""On-disk format of a saved model or detector: ``config.json`` + ``model.safetensors``, staged then renamed.
 
 A saved folder holds
 
@@ -9,28 +9,28 @@ A saved folder holds
 * ``model.safetensors`` — the tensors. Only safetensors and JSON are ever read: nothing is unpickled;
 * optionally ``metrics.json``, ``README.md`` (the model card) and ``plots/*.png``.
 
-Every file is written to a hidden temporary name in the target folder and renamed into place only once all of them
-were written (:class:`AtomicFolderWriter`), so a failed save never leaves a truncated or half-updated folder.
-Loaded tensors are validated against what the object expects (names, shapes, dtype kinds, finite values) before any
-of them is used.
+A save is written into a hidden folder beside the target and renamed into place (:func:`staged_folder`), so a failed
+save never leaves a truncated or half-updated folder. Loaded tensors are validated against what the object expects
+(names, shapes, dtype kinds, finite values) before any of them is used.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
 import shutil
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from .._safe_json import MAX_JSON_BYTES, MAX_JSON_DEPTH, json_depth
-from .._safe_json import loads_json as loads_bounded
+from .._safe_json import load_json
 from ..version import __version__
+from .schema import kind_of
 
 __all__ = [
     "CONFIG_NAME",
@@ -40,20 +40,15 @@ __all__ = [
     "MODEL_CARD_NAME",
     "PICKLE_SUFFIXES",
     "RETRIEVAL_TASK",
-    "MAX_JSON_BYTES",
-    "MAX_JSON_DEPTH",
     "WEIGHTS_NAME",
-    "AtomicFolderWriter",
-    "StateReport",
     "check_metrics",
     "check_state",
-    "json_depth",
     "jsonable",
-    "loads_bounded",
     "make_config",
     "read_config",
     "read_weights",
-    "tied_aliases",
+    "staged_folder",
+    "write_weights",
 ]
 
 CONFIG_NAME = "config.json"
@@ -115,12 +110,7 @@ def _upgrade_config(config: dict[str, Any]) -> dict[str, Any]:
 def read_config(path: str | Path) -> dict[str, Any]:
     """Parse and validate a ``config.json`` (``ValueError`` naming the file when corrupt, too deeply nested or too
     large, or not ours)."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON (corrupt config.json): {str(e)[:200]}") from e
-    config = loads_bounded(text, path, what="config.json")
+    config = load_json(path, what="config.json")
     if isinstance(config, dict):
         config = _upgrade_config(config)
     if not isinstance(config, dict) or not isinstance(config.get("model_args"), dict):
@@ -148,81 +138,52 @@ def check_metrics(metrics: Mapping[str, float] | None) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------------------------------------------- writing
-class AtomicFolderWriter:
-    """Stage files as hidden temporaries inside ``directory`` and rename them into place together on success.
+@contextlib.contextmanager
+def staged_folder(target: str | Path) -> Iterator[Path]:
+    """Yield a new hidden folder beside ``target`` to write a save into.
 
-    Use as a context manager; on an exception every staged temporary is deleted, and folders the writer created are
-    removed again when they are left empty, so the folder is either fully updated or untouched::
-
-        with AtomicFolderWriter(folder) as w:
-            w.write_text("config.json", text)
-            w.write_weights("model.safetensors", module_or_state)
+    On success the staged folder is renamed to ``target`` when that does not exist yet; otherwise each staged file
+    replaces its namesake in ``target`` (files of ``target`` that the save does not write are left alone). On an
+    exception the staged folder is deleted, with the parent folders created for it, so ``target`` is as it was.
     """
-
-    def __init__(self, directory: str | Path) -> None:
-        self.directory = Path(directory)
-        self._staged: list[tuple[Path, Path]] = []
-        self._created: list[Path] = []
-
-    def __enter__(self) -> AtomicFolderWriter:
-        if self.directory.exists() and not self.directory.is_dir():
-            raise ValueError(f"save_directory must be a folder; got the file {self.directory}")
-        self._mkdir(self.directory)
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is None:
-            for tmp, final in self._staged:
-                os.replace(tmp, final)
-            return
-        for tmp, _ in self._staged:
-            tmp.unlink(missing_ok=True)
-        for folder in reversed(self._created):
+    target = Path(target)
+    if target.exists() and not target.is_dir():
+        raise ValueError(f"save_directory must be a folder; got the file {target}")
+    created = [p for p in (target.parent, *target.parent.parents) if not p.exists()]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    stage = target.parent / f".{target.name}.{secrets.token_hex(6)}.tmp"
+    stage.mkdir()  # with the umask's permissions (tempfile.mkdtemp makes 0700 folders)
+    try:
+        yield stage
+        if not target.exists():
+            os.replace(stage, target)
+        for path in sorted(stage.rglob("*")):
+            if path.is_file():
+                final = target / path.relative_to(stage)
+                final.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(path, final)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        for folder in created:
             if folder.is_dir() and not any(folder.iterdir()):
                 folder.rmdir()
+        raise
+    shutil.rmtree(stage, ignore_errors=True)
 
-    def _mkdir(self, folder: Path) -> None:
-        missing = [p for p in (folder, *folder.parents) if not p.exists()]
-        folder.mkdir(parents=True, exist_ok=True)
-        self._created.extend(reversed(missing))
 
-    def _stage(self, name: str) -> Path:
-        final = self.directory / name
-        self._mkdir(final.parent)
-        while True:  # like tempfile.mkstemp, but with the umask's permissions (mkstemp makes 0600 files)
-            tmp = final.parent / f".{final.name}.{secrets.token_hex(6)}.tmp"
-            try:
-                os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-                break
-            except FileExistsError:
-                continue
-        self._staged.append((tmp, final))
-        return tmp
+def write_weights(path: Path, source: nn.Module | Mapping[str, Tensor], metadata: dict[str, str]) -> None:
+    """Write a safetensors file of a module (tied tensors stored once) or of a ``{name: Tensor}`` dict, with the
+    umask's permissions (safetensors makes 0600 files)."""
+    import safetensors.torch
 
-    def write_text(self, name: str, text: str) -> None:
-        """Stage ``text`` (UTF-8) as ``directory/name``."""
-        self._stage(name).write_text(text, encoding="utf-8")
-
-    def write_json(self, name: str, value: Any) -> None:
-        """Stage ``value`` as indented, key-sorted JSON."""
-        self.write_text(name, json.dumps(value, indent=2, sort_keys=True) + "\n")
-
-    def copy_file(self, source: str | Path, name: str) -> None:
-        """Stage a copy of the file ``source`` as ``directory/name``."""
-        shutil.copyfile(source, self._stage(name))
-
-    def write_weights(self, name: str, source: nn.Module | Mapping[str, Tensor], metadata: dict[str, str]) -> None:
-        """Stage a safetensors file of a module (tied tensors stored once) or of a ``{name: Tensor}`` dict."""
-        import safetensors.torch
-
-        tmp = self._stage(name)
-        mode = tmp.stat().st_mode & 0o777  # safetensors re-creates the file as 0600: keep the umask's permissions
-        if isinstance(source, nn.Module):
-            safetensors.torch.save_model(source, str(tmp), metadata=metadata)
-        else:
-            state = {k: v.detach().cpu().contiguous() for k, v in source.items()}
-            safetensors.torch.save_file(state, str(tmp), metadata=metadata)
-        tmp.chmod(mode)
+    path.touch()
+    mode = path.stat().st_mode & 0o777
+    if isinstance(source, nn.Module):
+        safetensors.torch.save_model(source, str(path), metadata=metadata)
+    else:
+        state = {k: v.detach().cpu().contiguous() for k, v in source.items()}
+        safetensors.torch.save_file(state, str(path), metadata=metadata)
+    path.chmod(mode)
 
 
 # ---------------------------------------------------------------------------------------------------------- reading
@@ -237,44 +198,19 @@ def read_weights(path: str | Path, device: str | torch.device = "cpu") -> dict[s
         raise ValueError(f"{path} is not a readable safetensors file (corrupt or truncated checkpoint): {e}") from e
 
 
-class StateReport:
-    """What :func:`check_state` found: ``missing`` / ``unexpected`` names and ``mismatched`` shapes or dtypes."""
-
-    def __init__(self, missing: list[str], unexpected: list[str], mismatched: list[str]) -> None:
-        self.missing, self.unexpected, self.mismatched = missing, unexpected, mismatched
-
-    def __bool__(self) -> bool:
-        return bool(self.missing or self.unexpected or self.mismatched)
-
-    def describe(self) -> str:
-        def cut(names: list[str], n: int) -> str:
-            return f"{names[:n]}{' ...' if len(names) > n else ''} ({len(names)})"
-
-        return (
-            f"missing {cut(self.missing, 20)}, unexpected {cut(self.unexpected, 20)}, "
-            f"shape mismatches {cut(self.mismatched, 10)}"
-        )
-
-
-def _kind(t: Tensor) -> str:
-    if t.is_floating_point() or t.is_complex():
-        return "floating"
-    return "bool" if t.dtype == torch.bool else "integer"
-
-
 def check_state(
     state: Mapping[str, Tensor],
     source: str | Path,
     *,
     expected: Mapping[str, Tensor] | None = None,
     allowed: Collection[str] | None = None,
-) -> StateReport:
-    """Validate loaded tensors before they are used.
+) -> str:
+    """Validate loaded tensors before they are used; return what does not match ``expected`` (``""`` if nothing).
 
     Always raises ``ValueError`` for a non-tensor value, a complex tensor, or non-finite values where the expected
     tensor is finite (every floating tensor when ``expected`` is not given). With ``allowed``, names outside it are
-    an error. With ``expected`` (e.g. a freshly built module's ``state_dict()``), the returned report lists missing
-    and unexpected names and shape / dtype-kind mismatches; the caller decides whether they are fatal.
+    an error. With ``expected`` (e.g. a freshly built module's ``state_dict()``), the returned text lists missing and
+    unexpected names and shape / dtype-kind mismatches; the caller decides whether they are fatal.
 
     Args:
         state: The loaded ``{name: Tensor}``.
@@ -295,20 +231,26 @@ def check_state(
         if value.is_floating_point() and must_be_finite and not bool(torch.isfinite(value).all()):
             raise ValueError(f"{source}: tensor {name!r} holds NaN or infinite values (corrupt checkpoint?)")
     if expected is None:
-        return StateReport([], [], [])
-    missing = sorted(set(expected) - set(state) - tied_aliases(expected, set(state)))
+        return ""
+    missing = sorted(set(expected) - set(state) - _tied_aliases(expected, set(state)))
     unexpected = sorted(set(state) - set(expected))
     mismatched = []
     for k in sorted(set(state) & set(expected)):
         got, want = state[k], expected[k]
         if got.shape != want.shape:
             mismatched.append(f"{k}: checkpoint {tuple(got.shape)} vs model {tuple(want.shape)}")
-        elif _kind(got) != _kind(want):
+        elif kind_of(got) != kind_of(want):
             mismatched.append(f"{k}: checkpoint {got.dtype} vs model {want.dtype}")
-    return StateReport(missing, unexpected, mismatched)
+    if not (missing or unexpected or mismatched):
+        return ""
+
+    def cut(names: list[str], n: int) -> str:
+        return f"{names[:n]}{' ...' if len(names) > n else ''} ({len(names)})"
+
+    return f"missing {cut(missing, 20)}, unexpected {cut(unexpected, 20)}, shape mismatches {cut(mismatched, 10)}"
 
 
-def tied_aliases(expected: Mapping[str, Any], present: set[str]) -> set[str]:
+def _tied_aliases(expected: Mapping[str, Any], present: set[str]) -> set[str]:
     """Names of tensors sharing storage with a saved tensor (``safetensors.torch.save_model`` keeps one name)."""
     by_storage: dict[tuple[Any, int], list[str]] = {}
     for name, t in expected.items():

@@ -17,7 +17,7 @@ from typing import Any
 
 from .serialization import CONFIG_NAME, PICKLE_SUFFIXES, WEIGHTS_NAME
 
-__all__ = ["check_repo_id", "resolve_file", "resolve_folder", "upload_folder"]
+__all__ = ["check_repo_id", "resolve_folder", "upload_folder"]
 
 
 def check_repo_id(repo_id: Any) -> str:
@@ -46,11 +46,7 @@ def resolve_folder(
     filenames: Sequence[str] = (CONFIG_NAME, WEIGHTS_NAME),
     *,
     optional: Sequence[str] = (),
-    revision: str | None = None,
-    cache_dir: str | Path | None = None,
-    local_files_only: bool = False,
-    token: str | bool | None = None,
-    force_download: bool = False,
+    **hub_options: Any,
 ) -> Path:
     """A local folder holding ``filenames`` (those in ``optional`` may be absent) of a folder or a Hub repo.
 
@@ -58,7 +54,8 @@ def resolve_folder(
         path_or_repo_id: An existing folder, or a Hub repo id ``"org/name"``.
         filenames: Files that must be present.
         optional: Files of ``filenames`` that may be absent.
-        revision, cache_dir, local_files_only, token, force_download: Passed to ``snapshot_download``.
+        hub_options: ``revision``, ``cache_dir``, ``local_files_only``, ``token``, ``force_download`` for
+            ``snapshot_download``.
 
     Raises:
         TypeError: ``path_or_repo_id`` is neither a path nor a string.
@@ -75,15 +72,7 @@ def resolve_folder(
         raise FileNotFoundError(f"{repo_id} is neither an existing folder nor a Hub repo id of the form 'org/name'")
     if local.exists():
         raise FileNotFoundError(f"{repo_id} is a file, neither a folder written by save_pretrained nor a Hub repo id")
-    folder = _download(
-        repo_id,
-        list(filenames),
-        revision=revision,
-        cache_dir=cache_dir,
-        local_files_only=local_files_only,
-        token=token,
-        force_download=force_download,
-    )
+    folder = _download(repo_id, list(filenames), **hub_options)
     for filename in filenames:
         if filename not in optional and not (folder / filename).is_file():
             extra = " (pickle checkpoints are not supported: only safetensors)" if filename == WEIGHTS_NAME else ""
@@ -118,11 +107,6 @@ def _download(repo_id: str, filenames: list[str], **options: Any) -> Path:
             f"{repo_id!r} is neither an existing local folder nor a Hub repo you can access "
             f"(missing, private or gated): {e}"
         ) from e
-
-
-def resolve_file(path_or_repo_id: str | Path, filename: str, **options: Any) -> Path:
-    """Local path of ``filename`` in a folder or a Hub repo; ``options`` as in :func:`resolve_folder`."""
-    return resolve_folder(path_or_repo_id, (filename,), **options) / filename
 
 
 def upload_folder(

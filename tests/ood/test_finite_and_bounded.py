@@ -94,7 +94,8 @@ def test_deeply_nested_config_json_is_a_value_error(tmp_path):
 
 
 def test_brackets_inside_strings_do_not_count_as_nesting():
-    from pml_suprank.hub.serialization import json_depth, loads_bounded
+    from pml_suprank._safe_json import json_depth
+    from pml_suprank._safe_json import loads_json as loads_bounded
 
     text = json.dumps({"a": "[[[{{{\\\"[[[", "b": [[1, {"c": []}]]})
     assert json_depth(text) == 5  # {, [[, {, [

@@ -160,23 +160,16 @@ def test_image_detectors_and_unfitted_detectors_are_refused(saved):
         OODGuard(ood.MSP(), threshold=0.0, feature_kind="pooled", model_sha256="abc", tpr_target=0.95, id_tpr=1)
 
 
-def test_save_and_push_of_a_loaded_model_keep_its_guard(saved, guard, tmp_path, monkeypatch, caplog):
+def test_save_and_push_of_a_loaded_model_keep_its_guard(saved, guard, tmp_path, caplog):
     model = RetrievalModel.from_pretrained(saved)
     model.save_pretrained(tmp_path / "copy")
     assert RetrievalModel.from_pretrained(tmp_path / "copy").ood_guard.threshold == guard.threshold
-    import huggingface_hub
+    from _hub_http import fake_hub_http
 
-    uploaded = {}
-
-    def upload_folder(self, *, repo_id, folder_path, **kw):
-        from pathlib import Path
-
-        uploaded[repo_id] = sorted(p.relative_to(folder_path).as_posix() for p in Path(folder_path).rglob("*"))
-        return "ok"
-
-    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", lambda self, repo_id, **kw: repo_id)
-    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", upload_folder)
-    model.push_to_hub("me/guarded")
+    with fake_hub_http(remote=tmp_path / "remote"):  # huggingface_hub's upload, the HTTP answered locally
+        model.push_to_hub("me/guarded")
+    uploaded = {"me/guarded": [p.relative_to(tmp_path / "remote" / "me" / "guarded").as_posix()
+                               for p in (tmp_path / "remote" / "me" / "guarded").rglob("*")]}  # fmt: skip
     assert {"ood/guard.json", "ood/config.json", "ood/model.safetensors"} <= set(uploaded["me/guarded"])
     with torch.no_grad():
         next(model.parameters()).add_(1.0)  # changed since loading: the guard no longer belongs to the weights
