@@ -576,3 +576,35 @@ def test_saved_files_get_the_umask_permissions_and_no_temporaries(model, tmp_pat
     for f in out.iterdir():
         assert not f.name.startswith("."), f"temporary file {f.name} left behind"
         assert f.stat().st_mode & 0o777 == reference.stat().st_mode & 0o777, f.name
+
+
+_WITHOUT_HUB = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] == "huggingface_hub":
+            raise ImportError(f"No module named {name!r}")
+sys.meta_path.insert(0, Block())
+import torch
+from pml_suprank import data, hub, losses, metrics, models, ood, search
+det = ood.KNN(k=2).fit(features=torch.randn(20, 4))
+assert det.score(features=torch.randn(3, 4)).shape == (3,)
+try:
+    det.save_pretrained(sys.argv[1])
+except ImportError as e:
+    print(e)
+"""
+
+
+def test_the_package_imports_without_huggingface_hub_and_its_hub_methods_say_what_to_install(tmp_path):
+    """huggingface_hub is in the ``recipes`` extra: a core install imports every subpackage and runs the detectors;
+    ``save_pretrained`` raises ``ImportError`` naming the extra, and writes nothing."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_HUB, str(tmp_path / "det")], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "pip install 'pml-suprank[recipes]'" in out.stdout
+    assert not (tmp_path / "det").exists()

@@ -26,8 +26,35 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from huggingface_hub import ModelCard, ModelHubMixin
 from torch import Tensor, nn
+
+try:
+    from huggingface_hub import ModelHubMixin
+except ImportError:  # the `recipes` extra: the detectors and the model work without it, their Hub methods do not
+
+    class ModelHubMixin:  # type: ignore[no-redef]
+        """Stand-in for ``huggingface_hub.ModelHubMixin`` when it is not installed: its methods say what to install."""
+
+        def __init_subclass__(cls, **kwargs: Any) -> None:
+            super().__init_subclass__()
+
+        @staticmethod
+        def _missing() -> ImportError:
+            return ImportError(
+                "saving, loading and pushing need huggingface_hub: pip install 'pml-suprank[recipes]' "
+                "(or pip install huggingface_hub)"
+            )
+
+        def save_pretrained(self, *args: Any, **kwargs: Any) -> Any:
+            raise self._missing()
+
+        @classmethod
+        def from_pretrained(cls, *args: Any, **kwargs: Any) -> Any:
+            raise cls._missing()
+
+        def push_to_hub(self, *args: Any, **kwargs: Any) -> Any:
+            raise self._missing()
+
 
 from .card import carried_files, generate_model_card, read_card_files
 from .serialization import (
@@ -250,9 +277,11 @@ class HubMixin(ModelHubMixin):
         """Write ``model.safetensors`` (ModelHubMixin's ``save_pretrained`` then writes the config and the card)."""
         write_weights(save_directory / WEIGHTS_NAME, self._hub_weights(), {"format": "pt", "library": LIBRARY_NAME})
 
-    def generate_model_card(self, *args: Any, **kwargs: Any) -> ModelCard:
+    def generate_model_card(self, *args: Any, **kwargs: Any) -> Any:
         """The card ModelHubMixin's ``save_pretrained`` writes: :meth:`_hub_card` of ``kwargs`` (which
         :meth:`save_pretrained` passes as ``model_card_kwargs``)."""
+        from huggingface_hub import ModelCard
+
         return ModelCard(self._hub_card(**kwargs))
 
     @classmethod
