@@ -23,7 +23,7 @@ from .combined_rank_loss import CombinedRankLoss
 from .compile_guard import CompiledLossMismatchError, check_compiled_loss, compile_loss
 from .csl_loss import CSLLoss
 from .happier_loss import HAPPIERLoss
-from .registry import loss_entry, register_builtin_losses, register_loss, registered_losses, resolve_loss
+from .registry import loss_entry, register_loss, registered_losses, resolve_loss
 from .roadmap_loss import ROADMAPLoss
 from .rod_ndcg_loss import RODNDCGLoss
 from .rod_recall_loss import RODRecallLoss
@@ -56,5 +56,3 @@ __all__ = [
     "registered_losses",
     "resolve_loss",
 ]
-
-register_builtin_losses()

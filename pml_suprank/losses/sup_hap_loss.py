@@ -14,12 +14,17 @@ from ..relevance import Hierarchy, level_counts, pop_relevance, property1_releva
 from ._hierarchical import HierarchicalRankLoss
 from ._inputs import RankInputs
 from ._multilabel import multilabel_levels
+from ._suprank_step import STEP_OPTIONS
+from .registry import HAPPIER_PAPER, register_loss
 
 __all__ = ["RELEVANCES", "SupHAPLoss"]
 
 RELEVANCES = ("levels", "multilabel")  # the relevance= choices of SupHAPLoss / HAPPIERLoss
 
 
+@register_loss(
+    "Sup-H-AP", hierarchical=True, multilabel=True, paper=HAPPIER_PAPER, options=(*STEP_OPTIONS, "kernel", "alpha")
+)
 class SupHAPLoss(HierarchicalRankLoss):
     """Sup-H-AP loss (Ramzi et al., SupRank TPAMI 2025, Eqs. 18-21; HAPPIER ECCV 2022, Eq. 5).
 
