@@ -22,6 +22,7 @@ from .cluster_loss import ClusterLoss
 from .combined_rank_loss import CombinedRankLoss
 from .compile_guard import CompiledLossMismatchError, check_compiled_loss, compile_loss
 from .csl_loss import CSLLoss
+from .distributed_rank_loss import DistributedRankLoss, reference_loss
 from .happier_loss import HAPPIERLoss
 from .registry import loss_entry, register_loss, registered_losses, resolve_loss
 from .roadmap_loss import ROADMAPLoss
@@ -40,6 +41,7 @@ __all__ = [
     "ClusterLoss",
     "CombinedRankLoss",
     "CompiledLossMismatchError",
+    "DistributedRankLoss",
     "HAPPIERLoss",
     "ROADMAPLoss",
     "RODNDCGLoss",
@@ -53,6 +55,7 @@ __all__ = [
     "compile_loss",
     "loss_entry",
     "register_loss",
+    "reference_loss",
     "registered_losses",
     "resolve_loss",
 ]
