@@ -1,5 +1,6 @@
-"""Tests of pml_suprank/losses/distributed_rank_loss.py and collectives.gather_batch: single-process behaviour, the global normalisation emulated in one process,
-and a real 2-process gloo run (tests/_distributed_worker.py) compared with the single-process run."""
+"""Tests of losses/distributed_rank_loss.py and collectives.gather_batch: single-process behaviour, the global
+normalisation emulated in one process, and a real 2-process gloo run (tests/_distributed_worker.py) compared with
+the single-process run."""
 
 from __future__ import annotations
 

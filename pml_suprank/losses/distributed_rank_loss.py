@@ -15,17 +15,12 @@ from typing import Any, Literal, get_args
 
 import torch
 from pytorch_metric_learning.losses import BaseMetricLossFunction
-from pytorch_metric_learning.reducers import (
-    DoNothingReducer,
-    MeanReducer,
-    MultipleReducers,
-    SumReducer,
-    ThresholdReducer,
-)
+from pytorch_metric_learning.reducers import DoNothingReducer, MeanReducer, SumReducer, ThresholdReducer
 from torch import Tensor, nn
 
 from .._validation import check_choice, check_embeddings, check_labels
 from ..collectives import gather_batch, is_distributed, max_label_width, pad_label_sets
+from ._inputs import entry_reducer, fine_labels
 
 __all__ = ["DistributedRankLoss", "is_multilabel_loss", "pairs_without_self", "reference_loss"]
 
@@ -77,8 +72,7 @@ def pairs_without_self(labels: Tensor, ref_labels: Tensor, self_index: Tensor) -
         ``(a1, p, a2, n)``: positive pairs (same finest label) and negative pairs, every pair ``(b, self_index[b])``
         removed. Rank losses use the union as the set of counted pairs; pair losses use the split.
     """
-    fine = labels[:, 0] if labels.dim() == 2 else labels
-    ref_fine = ref_labels[:, 0] if ref_labels.dim() == 2 else ref_labels
+    fine, ref_fine = fine_labels(labels), fine_labels(ref_labels)
     self_index = check_self_index(self_index, fine.shape[0], ref_fine.shape[0]).to(fine.device)
     same = fine.unsqueeze(1) == ref_fine.unsqueeze(0)
     rows = torch.arange(fine.shape[0], device=fine.device)
@@ -90,20 +84,12 @@ def pairs_without_self(labels: Tensor, ref_labels: Tensor, self_index: Tensor) -
     return a1, p, a2, n
 
 
-# ------------------------------------------------------------------------------------------------ global reduction
-def _reducer_for(loss: nn.Module, name: str):
-    reducer = getattr(loss, "reducer", None)
-    if isinstance(reducer, MultipleReducers):
-        return reducer.reducers[name] if name in reducer.reducers else reducer.default_reducer
-    return reducer
-
-
 def _sum_and_count(loss: nn.Module, name: str, entry: dict, like: Tensor) -> tuple[Tensor, int | None]:
     """Local numerator and denominator of one loss-dict entry under the loss's reducer (``None``: no division)."""
     losses, rtype = entry["losses"], entry["reduction_type"]
     if not isinstance(losses, Tensor) and losses == 0:  # PML's zero_loss(): nothing to count on this process
         return like.sum() * 0, 0
-    reducer = _reducer_for(loss, name)
+    reducer = entry_reducer(getattr(loss, "reducer", None), name)
     if rtype == "already_reduced":
         raise ValueError(
             f"{type(loss).__name__} returns its sub-loss {name!r} already reduced on each process, which cannot be "
@@ -170,14 +156,11 @@ def reference_loss(
 ) -> Tensor:
     """Loss of this process's queries against a reference set, normalised over all processes.
 
-    ``ref_emb`` is either the gathered global batch (:func:`~pml_suprank.collectives.all_gather_with_grad`) or a
-    set shared by all processes (a memory). Each sub-loss ``k`` of the loss dict is reduced as
-    ``Σ_r S_k^r / Σ_r C_k^r`` where ``S``/``C`` are
-    the per-process numerator and count of its PML reducer (kept queries for rank losses, non-zero pairs for
-    ``AvgNonZeroReducer``), which is the single-process value on the union of the queries. The returned tensor has
-    that global value on every process and the gradient of ``world_size · Σ_k S_k^r / Σ_r C_k^r``, so that DDP's
-    averaging yields the single-process gradient (the reference path of
-    :func:`~pml_suprank.collectives.all_gather_with_grad` sums the other processes' contributions).
+    ``ref_emb`` is the gathered global batch (:func:`~pml_suprank.collectives.gather_batch`) or a set shared by all
+    processes (a memory). Each sub-loss ``k`` is reduced as ``Σ_r S_k^r / Σ_r C_k^r`` with ``S``/``C`` the
+    per-process numerator and count of its PML reducer (kept queries, non-zero pairs for ``AvgNonZeroReducer``): the
+    single-process value on the union of the queries, on every process. The gradient is that of
+    ``world_size · Σ_k S_k^r / Σ_r C_k^r``, so that DDP's averaging yields the single-process gradient.
 
     Args:
         loss: a PML ``BaseMetricLossFunction`` (every pml_suprank loss) with a Mean / AvgNonZero / Threshold / Sum
@@ -220,30 +203,21 @@ def reference_loss(
 class DistributedRankLoss(nn.Module):
     """Wrap a loss so that, under ``torch.distributed``, it equals the single-process loss on the global batch.
 
-    ``loss_fn = DistributedRankLoss(losses.SupAPLoss())``; call it like the wrapped loss on the local batch. The
-    returned value is the global-batch loss on every process, and after DDP averages the gradients the parameters
-    receive the single-process gradient of the concatenated batch (tested with 2 gloo processes to 1e-6).
-
-    Modes:
-        * ``"local_queries"`` (default): the local queries are ranked against the gathered global batch
-          (:func:`~pml_suprank.collectives.all_gather_with_grad`), with the query's own copy removed by index unless
-          the loss keeps it (``include_self=True``), normalised with global counts (:func:`reference_loss`). Cost per
-          process ``O(B_local · B_global)``.
-        * ``"all"``: every process computes the full loss on the gathered batch (``O(B_global²)``; works with any
-          loss and reducer). The ``all_gather`` backward sums the gradients of identical losses, which DDP's
-          averaging cancels.
+    ``DistributedRankLoss(losses.SupAPLoss())`` is called like the wrapped loss on the local batch; it returns the
+    global-batch loss on every process, and after DDP averages the gradients the parameters receive the
+    single-process gradient of the concatenated batch.
 
     Args:
         loss: the loss to wrap (a PML ``BaseMetricLossFunction``).
-        mode: ``"local_queries"`` or ``"all"``.
+        mode: ``"local_queries"`` (default): the local queries ranked against the gathered global batch, their own
+            copies removed by index unless ``include_self=True``, normalised with global counts
+            (:func:`reference_loss`; ``O(B_local · B_global)`` per process). ``"all"``: the full loss on the
+            gathered batch on every process (``O(B_global²)``; any loss and reducer).
         group: process group (default: the world).
 
-    A ``ref_emb`` given to ``forward`` is used as a shared reference set (it must be identical on every process,
-    e.g. a memory); ``indices_tuple`` is only supported without a process group.
-
-    Multi-label losses (``relevance="multilabel"``, :func:`is_multilabel_loss`) take ``(B_r, M_r)`` label sets
-    padded with ``-1``; the widths may differ between processes (and from ``ref_labels``): every set is padded with
-    ``-1`` to the largest width, which leaves the loss unchanged.
+    A ``ref_emb`` given to ``forward`` is a shared reference set (identical on every process, e.g. a memory);
+    ``indices_tuple`` is only supported without a process group. Multi-label label sets (:func:`is_multilabel_loss`)
+    are padded with ``-1`` to the widest of all processes (and of ``ref_labels``), which leaves the loss unchanged.
     """
 
     def __init__(self, loss: nn.Module, mode: DistributedMode = "local_queries", group: Any = None) -> None:
