@@ -35,6 +35,7 @@ from pytorch_metric_learning.losses import CrossBatchMemory as _PMLCrossBatchMem
 from torch import Tensor, nn
 
 from ._validation import (
+    check_bool,
     check_choice,
     check_device,
     check_embeddings,
@@ -108,9 +109,7 @@ class RankingMemory(nn.Module):
             check_positive_int("label_levels", label_levels, minimum=1)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"dtype must be a floating torch.dtype; got {dtype!r}")
-        if not isinstance(get_first, bool):
-            raise TypeError(f"get_first must be a bool; got {type(get_first).__name__} {get_first!r}")
-        self.get_first = get_first
+        self.get_first = check_bool("get_first", get_first)
         device = check_device("device", device)
         self.distributed = distributed
         self.group = group
