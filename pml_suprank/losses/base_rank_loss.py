@@ -15,7 +15,6 @@ from pytorch_metric_learning.losses import BaseMetricLossFunction
 from pytorch_metric_learning.reducers import MeanReducer
 from torch import Tensor
 
-from .._validation import check_bool
 from ..ranking.dense import KERNELS, choose_kernel
 from ..ranking.flat import PairGroups
 from ._inputs import (
@@ -100,7 +99,8 @@ class BaseRankLoss(GuardedCompileMixin, PreparedForwardMixin, BaseMetricLossFunc
                 f"{type(self).__name__} got {', '.join(removed)}: a rank loss has no decomposability term of its own; "
                 f"combine it with CombinedRankLoss({type(self).__name__}(), 'calibration', weight=0.1)"
             )
-        check_bool("include_self", include_self)
+        if not isinstance(include_self, bool):
+            raise TypeError(f"include_self must be a bool; got {type(include_self).__name__} {include_self!r}")
         super().__init__(**kwargs)
         self.kernel = kernel  # before include_self: vars(loss) keeps ending with the former hyper-parameters
         self.include_self = include_self

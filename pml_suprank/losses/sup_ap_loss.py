@@ -104,8 +104,8 @@ class SupAPLoss(SupRankStepMixin, BaseRankLoss):
             Ramzi PhD thesis Sec. 6.2.1). Each (query, label) pair is a pseudo-query row of the same kernels, so the
             cost is that of ``Σ_q n_q`` queries (``n_q`` = distinct labels of query ``q``) plus an ``(Σ_q n_q, N, M)``
             bool comparison. Upper bound of ``1 −`` :func:`pml_suprank.metrics.graded.mean_label_average_precision`.
-            With one label per item it equals the default loss. Not supported yet: ``CrossBatchMemory`` /
-            ``RankingMemory`` / ``DistributedRankLoss`` (they pass 1-D labels).
+            With one label per item it equals the default loss. ``RankingMemory`` and ``DistributedRankLoss`` pad
+            the label sets (``is_multilabel_loss``); ``memory.CrossBatchMemory`` does not support it.
 
     Shapes: ``embeddings (B, D)``, ``labels (B,)`` (``(B, M)`` with ``multilabel="per_label"``), optional
     ``ref_emb (N, D)``, ``ref_labels`` like ``labels``; returns a scalar.
