@@ -18,7 +18,6 @@ from .version import __version__
 __all__ = [
     "__version__",
     "data",
-    "distributed",
     "hub",
     "losses",
     "memory",
@@ -38,7 +37,6 @@ _SUBMODULES = frozenset(__all__) - {"__version__"}
 if TYPE_CHECKING:  # pragma: no cover - for static analysers only
     from . import (
         data,
-        distributed,
         hub,
         losses,
         memory,

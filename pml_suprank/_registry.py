@@ -19,14 +19,14 @@ for a class redefined under the same ``module.qualname``, which warns); never si
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 __all__ = ["Registry", "RegistryNames"]
 
 
 def _where(obj: Any) -> str:
-    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', type(obj).__qualname__)}"
+    return f"{getattr(obj, '__qualname__', type(obj).__qualname__)} (module {getattr(obj, '__module__', '?')})"
 
 
 class Registry(Mapping[str, Any]):
@@ -36,12 +36,15 @@ class Registry(Mapping[str, Any]):
         kind: What is registered, used in messages (``"detector"``, ``"HEAT prior"``, ``"metric"``).
         on_conflict: ``"warn"`` (replace with a ``UserWarning``) or ``"refuse"`` (``ValueError``) when a name or
             alias is registered again for another object.
+        origin: What an entry stands for, compared on a conflict and named in messages (default: the entry itself;
+            the losses register ``LossEntry`` records and compare their ``cls``).
     """
 
-    def __init__(self, kind: str, *, on_conflict: str = "warn") -> None:
+    def __init__(self, kind: str, *, on_conflict: str = "warn", origin: Callable[[Any], Any] | None = None) -> None:
         if on_conflict not in ("warn", "refuse"):
             raise ValueError(f"on_conflict must be 'warn' or 'refuse'; got {on_conflict!r}")
         self.kind, self.on_conflict = kind, on_conflict
+        self._origin = origin or (lambda obj: obj)
         self._entries: dict[str, Any] = {}
         self._aliases: dict[str, str] = {}  # alias -> name
 
@@ -49,18 +52,19 @@ class Registry(Mapping[str, Any]):
         """Add ``obj`` under ``name`` (and ``aliases``) and return it; without ``obj``, a decorator doing so."""
         if obj is None:
             return lambda o: self.register(name, o, aliases=aliases)
+        new = self._origin(obj)
         for key in (name, *aliases):
             if not isinstance(key, str) or not key:
                 raise TypeError(f"a {self.kind} name must be a non-empty string; got {key!r}")
-            if key != name and self._entries.get(key, obj) is not obj:
-                raise ValueError(f"{self.kind} alias {key!r} is the name of {_where(self._entries[key])}")
+            if key != name and key in self._entries and self._origin(self._entries[key]) is not new:
+                raise ValueError(f"{self.kind} alias {key!r} is the name of {_where(self._origin(self._entries[key]))}")
             old = self._entries.get(self._aliases.get(key, key))
-            if old is not None and old is not obj:
-                message = f"{self.kind} {key!r} is already registered by {_where(old)}"
-                redefined = isinstance(old, type) and isinstance(obj, type) and _where(old) == _where(obj)
+            if old is not None and (old := self._origin(old)) is not new:
+                message = f"{self.kind} {key!r} is already registered for {_where(old)}"
+                redefined = isinstance(old, type) and isinstance(new, type) and _where(old) == _where(new)
                 if self.on_conflict == "refuse" and not redefined:
                     raise ValueError(message)
-                warnings.warn(f"{message}; replacing it with {_where(obj)}", UserWarning, stacklevel=3)
+                warnings.warn(f"{message}; replacing it with {_where(new)}", UserWarning, stacklevel=3)
         self._entries[name] = obj
         self._aliases.pop(name, None)
         self._aliases.update(dict.fromkeys(aliases, name))
@@ -126,4 +130,3 @@ class RegistryNames(Sequence[str]):
 
     def __repr__(self) -> str:
         return repr(self._registry.names())
-

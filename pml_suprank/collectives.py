@@ -1,20 +1,21 @@
 """The package's collectives over ``torch.distributed``: one gather (rows may differ between processes), with or
-without gradient, and the share of a range of items that a process handles.
+without gradient, the gather of a whole training batch, and the share of a range of items that a process handles.
 
-Used by the distributed losses and the memory (:mod:`pml_suprank.distributed`), the training loop and the metrics
-(:class:`~pml_suprank.metrics.RetrievalMetric`, :meth:`~pml_suprank.metrics.RetrievalEvaluator.evaluate` with
-``distributed=True``). Every function reduces to the local tensor without an initialised process group (or with one
-process). This module depends on torch only, so that every layer of the package may use it.
+Used by :class:`~pml_suprank.losses.DistributedRankLoss`, :class:`~pml_suprank.memory.RankingMemory`, the training
+loop and the metrics (:class:`~pml_suprank.metrics.RetrievalMetric`, ``RetrievalEvaluator.evaluate(distributed=True)``).
+Every function reduces to the local tensor without an initialised process group (or with one process). This module
+depends on torch only, so that every layer of the package may use it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["all_gather", "all_gather_with_grad", "shard_range"]
+__all__ = ["GlobalBatch", "all_gather", "all_gather_with_grad", "gather_batch", "shard_range"]
 
 
 def is_distributed(group: Any = None) -> bool:
@@ -144,3 +145,74 @@ def shard_range(n: int, group: Any = None) -> tuple[int, int]:
     distributed."""
     world, rank = get_world_size(group), get_rank(group)
     return n * rank // world, n * (rank + 1) // world
+
+
+def pad_label_sets(labels: Tensor, width: int) -> Tensor:
+    """Multi-label sets ``(N,)`` or ``(N, M)`` as ``(N, width)``, the new columns filled with ``-1`` (padding).
+
+    Raises:
+        ValueError: ``labels`` has more than ``width`` columns (the message names both sizes).
+    """
+    labels = labels.unsqueeze(1) if labels.dim() == 1 else labels
+    if labels.shape[1] > width:
+        raise ValueError(
+            f"labels has {labels.shape[1]} label columns, more than the {width} columns they must be padded to"
+        )
+    if labels.shape[1] == width:
+        return labels
+    return torch.cat([labels, labels.new_full((labels.shape[0], width - labels.shape[1]), -1)], dim=1)
+
+
+def max_label_width(labels: Tensor, group: Any = None) -> int:
+    """The largest number of label columns over the processes of ``group`` (1-D labels count as 1; collective)."""
+    width = torch.tensor([1 if labels.dim() == 1 else labels.shape[1]], dtype=torch.long, device=labels.device)
+    torch.distributed.all_reduce(width, op=torch.distributed.ReduceOp.MAX, group=group)
+    return int(width)
+
+
+@dataclass
+class GlobalBatch:
+    """The batch of all processes, as :func:`gather_batch` returns it.
+
+    Attributes:
+        embeddings: ``(B_global, D)``, connected to every process's graph (:func:`all_gather_with_grad`).
+        labels: ``(B_global,)`` or ``(B_global, L)`` (multi-label: ``(B_global, max_r M_r)``), no gradient.
+        indices: ``(B_global,)`` dataset indices, or ``None`` when none were given.
+        local: ``(B_local,)`` long, the rows of this process's batch in the global one (on the embeddings' device).
+    """
+
+    embeddings: Tensor
+    labels: Tensor
+    indices: Tensor | None
+    local: Tensor
+
+
+def gather_batch(
+    embeddings: Tensor, labels: Tensor, indices: Tensor | None = None, group: Any = None, *, multilabel: bool = False
+) -> GlobalBatch:
+    """Gather this process's batch from every process: embeddings with gradient, labels and indices without (one
+    exchange of the per-process sizes serves all the gathers); the batch as is without a process group.
+
+    Args:
+        embeddings: ``(B_r, D)``.
+        labels: ``(B_r,)`` or ``(B_r, L)``.
+        indices: optional ``(B_r,)`` dataset indices.
+        group: process group (default: the world).
+        multilabel: ``labels`` are ``(B_r, M_r)`` label sets padded with ``-1`` whose width may differ between
+            processes: every set is padded to the largest width first.
+    """
+    check_tensor("embeddings", embeddings)
+    check_tensor("labels", labels)
+    device = embeddings.device
+    if not is_distributed(group):
+        return GlobalBatch(embeddings, labels, indices, torch.arange(embeddings.shape[0], device=device))
+    if multilabel:
+        labels = pad_label_sets(labels, max_label_width(labels, group))
+    sizes = gather_sizes(embeddings.shape[0], device, group)
+    offset = sum(sizes[: torch.distributed.get_rank(group)])
+    return GlobalBatch(
+        embeddings=gather_rows(embeddings, sizes, group, with_grad=True),
+        labels=gather_rows(labels, sizes, group),
+        indices=None if indices is None else gather_rows(indices, sizes, group),
+        local=offset + torch.arange(embeddings.shape[0], device=device),
+    )

@@ -1,46 +1,29 @@
-"""Cross-batch memories (XBM) for rank losses: ``RankingMemory`` (resumable, distributed-aware) and
-``CrossBatchMemory`` (PML's class extended to this package's rank losses, a drop-in for PML users).
+"""Cross-batch memories (XBM, Wang et al., CVPR 2020) for rank losses: ``RankingMemory`` (resumable,
+distributed-aware) and ``CrossBatchMemory`` (PML's class extended to this package's rank losses).
 
 Rank losses are non-decomposable: the AP of a query within a batch underestimates its AP on the dataset. A memory of
-past (detached) embeddings enlarges the reference set at almost no cost: the batch's queries are ranked against the
-batch *and* against the memory (Wang et al., "Cross-Batch Memory for Embedding Learning", CVPR 2020; used with
-ROADMAP in Ramzi et al., SupRank TPAMI 2025, Sec. 5 / Tab. III, with a memory of the whole training set).
+past (detached) embeddings enlarges the reference set at almost no cost (ROADMAP with a memory of the whole training
+set: SupRank TPAMI 2025, Sec. 5 / Tab. III). ``RankingMemory`` follows the SupRank reference XBM:
 
-Semantics (those of the SupRank reference code's XBM, with the differences stated below):
-
-* **enqueue, then get**: the (detached) batch is written first, so the memory also holds a copy of every query.
-  When the loss does not keep the query as its own positive (``include_self=False``, the default of every
-  pml_suprank loss), the query's own copy is removed from its reference set by index (through an
-  ``indices_tuple`` of pairs, as PML's ``CrossBatchMemory`` does); with ``include_self=True`` it is kept, as in
-  the reference code. ``get_first=True`` (the reference XBM's option) computes the memory
-  term before the batch is written instead (cheaper with a large memory: no ``(B, M)`` pair list).
+* **enqueue, then get**: the batch is written first, so the memory holds a copy of every query, removed from its
+  reference set by index unless the loss keeps the query as its own positive (``include_self=True``);
+  ``get_first=True`` computes the memory term before the batch is written instead.
 * **loss** ``= (batch_weight · L(batch, ref = batch) + memory_weight · L(batch, ref = memory)) /
-  (batch_weight + memory_weight)``; the defaults ``1, 1`` give the reference's plain mean of both terms.
-* **warm-up**: during the first ``warmup_steps`` training calls the loss is the in-batch loss and nothing is
-  enqueued (the reference activates the memory after a number of epochs).
-* ``mode="fifo"``: a ring buffer of ``memory_size`` slots of any size (it may exceed the dataset; then it holds
-  several embeddings of the same image from different steps). A batch larger than the memory keeps its last rows.
-  (The reference writes an overflowing batch into the *last* slots and restarts at 0; here the queue wraps.)
-* ``mode="index"`` ("full memory"): one slot per dataset index, always holding the latest embedding of that image
-  (``forward`` then needs ``indices``); ``memory_size`` must exceed every index.
+  (batch_weight + memory_weight)``; during the first ``warmup_steps`` training calls only the in-batch term, and
+  nothing is enqueued.
+* ``mode="fifo"``: a ring buffer of ``memory_size`` slots (a batch larger than the memory keeps its last rows; the
+  queue wraps). ``mode="index"``: one slot per dataset index holding its latest embedding (``forward`` needs
+  ``indices``).
 * **state**: embeddings, labels, fill mask, queue pointer and step counter are buffers, so ``state_dict`` /
-  ``accelerator.save_state`` restore a memory that continues bit-identically (PML's ``CrossBatchMemory`` keeps its
-  queue position in plain attributes and loses it on resume).
-* **distributed**: every process enqueues the global batch gathered by
-  :func:`pml_suprank.distributed.gather_batch` (so the memories stay identical), the in-batch term ranks the local
-  queries against the gathered global batch with gradients, and both terms are normalised over all processes
-  (:mod:`pml_suprank.distributed`): loss and DDP-averaged gradients equal the single-process run on the
-  concatenated batch.
-* ``eval()`` mode reads the memory without writing to it.
+  ``accelerator.save_state`` restore a memory that continues bit-identically; ``eval()`` reads without writing.
+* **distributed**: every process enqueues the global batch (:func:`pml_suprank.collectives.gather_batch`), and
+  both terms rank the local queries and are normalised over all processes
+  (:func:`pml_suprank.losses.reference_loss`): loss and DDP-averaged gradients equal the single-process run.
 
-Labels may be 1-D ``(B,)`` or hierarchical 2-D ``(B, L)``; the label buffer takes the shape of the first batch
-(or ``label_levels``) and is stored as ``(M,)`` / ``(M, L)``.
-
-**Multi-label** losses (``relevance="multilabel"``: ``SupHAPLoss`` / ``HAPPIERLoss``; decided by the loss's
-attribute, :func:`pml_suprank.distributed.is_multilabel_loss`, never by the labels' shape) take ``(B, W)`` label
-sets padded with ``-1``, stored as ``(M, W)``. A batch with fewer columns than the memory is padded with ``-1``; a
-batch with more columns *grows* the memory (new columns of ``-1``, which leave the stored sets unchanged), unless
-``label_levels`` fixed the width: then it is refused with a ``ValueError`` naming both widths.
+Labels are ``(B,)`` or hierarchical ``(B, L)``. A multi-label loss (decided by the loss,
+:func:`~pml_suprank.losses.distributed_rank_loss.is_multilabel_loss`, never by the labels' shape) takes ``(B, W)``
+sets padded with ``-1``: a narrower batch is padded, a wider one grows the memory with ``-1`` columns unless
+``label_levels`` fixed the width (then ``ValueError``).
 """
 
 from __future__ import annotations
@@ -51,8 +34,8 @@ import torch
 from pytorch_metric_learning.losses import CrossBatchMemory as _PMLCrossBatchMemory
 from torch import Tensor, nn
 
-from . import distributed as dist_utils
 from ._validation import (
+    check_bool,
     check_choice,
     check_device,
     check_embeddings,
@@ -60,6 +43,8 @@ from ._validation import (
     check_positive,
     check_positive_int,
 )
+from .collectives import GlobalBatch, gather_batch, is_distributed, pad_label_sets
+from .losses.distributed_rank_loss import is_multilabel_loss, pairs_without_self, reference_loss
 
 __all__ = ["CrossBatchMemory", "RankingMemory"]
 
@@ -124,9 +109,7 @@ class RankingMemory(nn.Module):
             check_positive_int("label_levels", label_levels, minimum=1)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"dtype must be a floating torch.dtype; got {dtype!r}")
-        if not isinstance(get_first, bool):
-            raise TypeError(f"get_first must be a bool; got {type(get_first).__name__} {get_first!r}")
-        self.get_first = get_first
+        self.get_first = check_bool("get_first", get_first)
         device = check_device("device", device)
         self.distributed = distributed
         self.group = group
@@ -223,7 +206,7 @@ class RankingMemory(nn.Module):
     @property
     def multilabel(self) -> bool:
         """True when the wrapped loss takes multi-label label sets (its ``relevance == "multilabel"``)."""
-        return dist_utils.is_multilabel_loss(self.loss)
+        return is_multilabel_loss(self.loss)
 
     def _fit_label_width(self, labels: Tensor) -> Tensor:
         """Multi-label mode: pad ``labels`` ``(B, W_b)`` or grow the ``(M, W)`` buffer so both have one width."""
@@ -242,9 +225,9 @@ class RankingMemory(nn.Module):
                     f"label_levels >= {incoming}"
                 )
             else:
-                self.labels = dist_utils.pad_label_sets(self.labels, incoming)
+                self.labels = pad_label_sets(self.labels, incoming)
             return labels
-        return dist_utils.pad_label_sets(labels, width)
+        return pad_label_sets(labels, width)
 
     @torch.no_grad()
     def enqueue(self, embeddings: Tensor, labels: Tensor, indices: Tensor | None = None) -> Tensor:
@@ -303,10 +286,8 @@ class RankingMemory(nn.Module):
     # ------------------------------------------------------------------------------------------------ loss
     def _reference_loss(self, queries, labels, ref, ref_labels, self_index, use_dist: bool) -> Tensor:
         if use_dist:
-            return dist_utils.reference_loss(
-                self.loss, queries, labels, ref, ref_labels, self_index=self_index, group=self.group
-            )
-        pairs = None if self_index is None else dist_utils.pairs_without_self(labels, ref_labels, self_index)
+            return reference_loss(self.loss, queries, labels, ref, ref_labels, self_index=self_index, group=self.group)
+        pairs = None if self_index is None else pairs_without_self(labels, ref_labels, self_index)
         return self.loss(queries, labels, pairs, ref, ref_labels)
 
     def forward(self, embeddings: Tensor, labels: Tensor, indices: Tensor | None = None) -> Tensor:
@@ -323,18 +304,18 @@ class RankingMemory(nn.Module):
         """
         labels, indices = self._check_batch(embeddings, labels, indices)
         labels = labels.to(embeddings.device)
-        use_dist = self.distributed is not False and dist_utils.is_distributed(self.group)
+        use_dist = self.distributed is not False and is_distributed(self.group)
         exclude_self = not getattr(self.loss, "include_self", False)
 
         if use_dist:
-            batch = dist_utils.gather_batch(embeddings, labels, indices, group=self.group, multilabel=self.multilabel)
+            batch = gather_batch(embeddings, labels, indices, group=self.group, multilabel=self.multilabel)
         else:
             local = torch.arange(embeddings.shape[0], device=embeddings.device)
-            batch = dist_utils.GlobalBatch(embeddings, labels, indices, local)
+            batch = GlobalBatch(embeddings, labels, indices, local)
         all_emb, all_labels, all_indices, local = batch.embeddings, batch.labels, batch.indices, batch.local
         if self.multilabel:  # one width for the batch, the gathered batch and the memory
             all_labels = self._fit_label_width(all_labels)
-            labels = dist_utils.pad_label_sets(labels, all_labels.shape[1])
+            labels = pad_label_sets(labels, all_labels.shape[1])
 
         def in_batch_loss() -> Tensor:
             if not use_dist:
@@ -435,8 +416,8 @@ class CrossBatchMemory(_PMLCrossBatchMemory):
         if memory.dim() == 1:
             memory = memory.unsqueeze(1)
         width = max(memory.shape[1], labels.shape[1])
-        self.label_memory = dist_utils.pad_label_sets(memory, width)
-        return dist_utils.pad_label_sets(labels, width)
+        self.label_memory = pad_label_sets(memory, width)
+        return pad_label_sets(labels, width)
 
     def forward(self, embeddings, labels, indices_tuple=None, enqueue_mask=None):
         """PML's ``forward``; multi-label sets ``(B, W)`` are reconciled with the memory's width first."""

@@ -21,8 +21,8 @@ from pytorch_metric_learning.losses import ContrastiveLoss
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from pml_suprank import losses
-from pml_suprank.collectives import all_gather, all_gather_with_grad
-from pml_suprank.distributed import DistributedRankLoss, gather_batch
+from pml_suprank.collectives import all_gather, all_gather_with_grad, gather_batch
+from pml_suprank.losses import DistributedRankLoss
 from pml_suprank.memory import RankingMemory
 
 D_IN, D, STEPS = 6, 8, 3

@@ -1,5 +1,6 @@
-"""Tests of pml_suprank/distributed.py: single-process behaviour, the global normalisation emulated in one process,
-and a real 2-process gloo run (tests/_distributed_worker.py) compared with the single-process run."""
+"""Tests of losses/distributed_rank_loss.py and collectives.gather_batch: single-process behaviour, the global
+normalisation emulated in one process, and a real 2-process gloo run (tests/_distributed_worker.py) compared with
+the single-process run."""
 
 from __future__ import annotations
 
@@ -14,15 +15,17 @@ from pytorch_metric_learning.losses import ContrastiveLoss, TripletMarginLoss
 from pytorch_metric_learning.reducers import DoNothingReducer
 
 from pml_suprank import losses
-from pml_suprank.collectives import all_gather, all_gather_with_grad, get_rank, get_world_size, is_distributed
-from pml_suprank.distributed import (
-    DistributedRankLoss,
+from pml_suprank.collectives import (
     GlobalBatch,
-    _local_terms,
+    all_gather,
+    all_gather_with_grad,
     gather_batch,
-    pairs_without_self,
-    reference_loss,
+    get_rank,
+    get_world_size,
+    is_distributed,
 )
+from pml_suprank.losses import DistributedRankLoss, reference_loss
+from pml_suprank.losses.distributed_rank_loss import _local_terms, pairs_without_self
 
 WORKER = Path(__file__).parent / "_distributed_worker.py"
 

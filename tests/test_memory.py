@@ -298,7 +298,7 @@ def test_works_with_every_rank_loss(name):
     slots = (torch.arange(8) + 8) % 24  # ptr was 8 after 4 steps of 8 in 24 slots
     ref, ref_labels = old_emb.clone(), old_labels.clone()
     ref[slots], ref_labels[slots] = emb, labels
-    from pml_suprank.distributed import pairs_without_self
+    from pml_suprank.losses.distributed_rank_loss import pairs_without_self
 
     pairs = None if getattr(loss_fn, "include_self", False) else pairs_without_self(labels, ref_labels, slots)
     torch.testing.assert_close(got, loss_fn(emb, labels, pairs, ref, ref_labels), rtol=0, atol=1e-12)

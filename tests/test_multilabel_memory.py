@@ -13,13 +13,9 @@ import torch.nn.functional as F
 from _helpers import launch_workers
 
 from pml_suprank import losses
-from pml_suprank.distributed import (
-    DistributedRankLoss,
-    gather_batch,
-    is_multilabel_loss,
-    pad_label_sets,
-    pairs_without_self,
-)
+from pml_suprank.collectives import gather_batch, pad_label_sets
+from pml_suprank.losses import DistributedRankLoss
+from pml_suprank.losses.distributed_rank_loss import is_multilabel_loss, pairs_without_self
 from pml_suprank.memory import CrossBatchMemory, RankingMemory
 
 WORKER = Path(__file__).parent / "_distributed_worker.py"
@@ -182,7 +178,6 @@ def test_two_process_gloo_multilabel_equals_single_process(tmp_path):
 
 def test_every_multilabel_loss_is_recognised_and_runs_in_the_memory():
     from pml_suprank import losses
-    from pml_suprank.distributed import is_multilabel_loss
     from pml_suprank.memory import RankingMemory
 
     hierarchy = torch.tensor([[0, 0], [1, 0], [2, 1], [3, 1]])

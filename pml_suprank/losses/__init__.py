@@ -3,9 +3,9 @@
 Layout: one loss per module; :class:`BaseRankLoss` is the base of the rank surrogates (Smooth-AP, SupAP, Sup-R@k,
 Sup-H-AP, Sup-NDCG), :class:`CombinedRankLoss` adds a decomposability term to any of them (SupRank Eq. 12:
 ROADMAP, ROD-R@k, HAPPIER and ROD-NDCG are its subclasses), ``_inputs`` holds the input validation shared by all;
-:func:`register_loss` (``registry``) makes a loss trainable by the recipes by name; every loss above is
-registered, and :func:`resolve_loss` also reads ``pml:ClassName`` (a pytorch-metric-learning baseline),
-``package.module:ClassName`` and installed plugins (entry-point group ``pml_suprank.losses``).
+:class:`DistributedRankLoss` makes any of them exact across processes. The :func:`register_loss` decorator
+(``registry``) makes a loss trainable by the recipes by name; every loss above is registered, and
+:func:`resolve_loss` also reads ``pml:ClassName``, ``package.module:ClassName`` and installed plugins.
 A new rank loss is a :class:`BaseRankLoss` subclass implementing ``compute_query_losses``; its combined variant is
 ``CombinedRankLoss(MyLoss(), "calibration" | "proxy" | module, weight)``.
 
@@ -22,8 +22,9 @@ from .cluster_loss import ClusterLoss
 from .combined_rank_loss import CombinedRankLoss
 from .compile_guard import CompiledLossMismatchError, check_compiled_loss, compile_loss
 from .csl_loss import CSLLoss
+from .distributed_rank_loss import DistributedRankLoss, reference_loss
 from .happier_loss import HAPPIERLoss
-from .registry import loss_entry, register_builtin_losses, register_loss, registered_losses, resolve_loss
+from .registry import loss_entry, register_loss, registered_losses, resolve_loss
 from .roadmap_loss import ROADMAPLoss
 from .rod_ndcg_loss import RODNDCGLoss
 from .rod_recall_loss import RODRecallLoss
@@ -40,6 +41,7 @@ __all__ = [
     "ClusterLoss",
     "CombinedRankLoss",
     "CompiledLossMismatchError",
+    "DistributedRankLoss",
     "HAPPIERLoss",
     "ROADMAPLoss",
     "RODNDCGLoss",
@@ -53,8 +55,7 @@ __all__ = [
     "compile_loss",
     "loss_entry",
     "register_loss",
+    "reference_loss",
     "registered_losses",
     "resolve_loss",
 ]
-
-register_builtin_losses()

@@ -155,9 +155,9 @@ class BaseRankLoss(GuardedCompileMixin, PreparedForwardMixin, BaseMetricLossFunc
         ``MeanReducer``, statistics are off and :meth:`compute_query_losses` returned a bool ``kept`` mask, the mean
         over the kept queries is formed here, without a host synchronisation, and returned already reduced;
         otherwise the entry is ``{"losses": (Q,), "indices": (Q,) kept query rows, "reduction_type": "element"}``
-        (any reducer, :mod:`pml_suprank.distributed`'s exact normalisation), or PML's zero loss when no query has a
-        positive. Records ``num_kept_queries`` when stats are collected. ``inputs``: the :meth:`rank_inputs` of these
-        arguments when the caller has already built them (a combined loss sharing its score matrix).
+        (any reducer, :func:`~pml_suprank.losses.reference_loss`), or PML's zero loss when no query has a positive.
+        Records ``num_kept_queries`` when stats are collected. ``inputs``: the :meth:`rank_inputs` of these arguments
+        when the caller has already built them (a combined loss sharing its score matrix).
         """
         if scale is None:
             scale = 1.0

@@ -8,7 +8,7 @@ from pytorch_metric_learning.losses import BaseMetricLossFunction
 from pytorch_metric_learning.reducers import AvgNonZeroReducer, MeanReducer
 
 from .._precision import float32_backward, float32_forward
-from .._validation import check_choice
+from .._validation import check_bool, check_choice
 from ._inputs import (
     check_similarity,
     entry_reducer,
@@ -72,11 +72,9 @@ class CalibrationLoss(GuardedCompileMixin, BaseMetricLossFunction):
         multilabel: bool = False,
         **kwargs,
     ):
-        if not isinstance(multilabel, bool):
-            raise TypeError(f"multilabel must be a bool; got {type(multilabel).__name__} {multilabel!r}")
+        check_bool("multilabel", multilabel)
+        check_bool("include_self", include_self)
         average = check_choice("average", average, ("active", "all"))
-        if not isinstance(include_self, bool):
-            raise TypeError(f"include_self must be a bool; got {type(include_self).__name__} {include_self!r}")
         # with the default "active" reduction, pairs with a zero loss cannot change the value: they are never built,
         # which keeps a memory of N items at O(B·N) bools instead of O(B·N) index pairs
         self._prune_inactive = kwargs.get("reducer") is None and average == "active"

@@ -20,7 +20,6 @@ from .compile_guard import GuardedCompileMixin
 __all__ = ["ClusterLoss"]
 
 
-
 class ClusterLoss(GuardedCompileMixin, BaseMetricLossFunction):
     """Cluster (proxy) loss L_DG* (SupRank paper Eq. 8): ``CE(E · normalize(W)ᵀ / η, y)``.
 

@@ -6,9 +6,10 @@ from pytorch_metric_learning.losses import BaseMetricLossFunction
 from torch import Tensor, nn
 
 from .._validation import check_probability
-from ._combination import combined_loss_dict, decomposability_arguments, make_decomposability
-from ._inputs import PreparedForwardMixin, prepare_inputs
+from ._inputs import PreparedForwardMixin, entry_reducer, fine_labels, prepare_inputs
 from .base_rank_loss import BaseRankLoss
+from .calibration_loss import CalibrationLoss
+from .cluster_loss import ClusterLoss
 from .compile_guard import GuardedCompileMixin
 
 __all__ = ["COMBINATION_OPTIONS", "CombinedRankLoss", "combination_options", "split_combination_options"]
@@ -54,6 +55,25 @@ def combination_options(
         raise ValueError(f"{owner} needs decomposability='calibration', 'proxy' or a module; got None")
     weight = check_probability("decomposability_weight", decomposability_weight)
     return (weight, *split_combination_options(kwargs))
+
+
+def _make_decomposability(
+    kind, *, include_self: bool, num_classes: int | None, embedding_size: int | None
+) -> nn.Module:
+    """``"calibration"`` → ``CalibrationLoss(include_self=...)`` (L_DG, Eq. 7), ``"proxy"`` →
+    ``ClusterLoss(num_classes, embedding_size)`` (L_DG*, Eq. 8), an ``nn.Module`` as is; ``ValueError`` otherwise."""
+    if isinstance(kind, nn.Module):
+        return kind
+    if kind == "calibration":
+        return CalibrationLoss(include_self=include_self)
+    if kind == "proxy":
+        if num_classes is None or embedding_size is None:
+            raise ValueError(
+                "decomposability='proxy' (ClusterLoss, L_DG*) needs num_classes and embedding_size; got "
+                f"num_classes={num_classes!r}, embedding_size={embedding_size!r}"
+            )
+        return ClusterLoss(num_classes=num_classes, embedding_size=embedding_size)
+    raise ValueError(f"decomposability must be one of (None, 'calibration', 'proxy') or an nn.Module; got {kind!r}")
 
 
 class CombinedRankLoss(GuardedCompileMixin, PreparedForwardMixin, BaseMetricLossFunction):
@@ -115,7 +135,7 @@ class CombinedRankLoss(GuardedCompileMixin, PreparedForwardMixin, BaseMetricLoss
         weight = check_probability("weight", weight)
         super().__init__(distance=rank_loss.distance, **kwargs)
         self.rank_loss = rank_loss
-        self.decomposability_loss = make_decomposability(
+        self.decomposability_loss = _make_decomposability(
             decomposability_loss,
             include_self=rank_loss.include_self,
             num_classes=num_classes,
@@ -163,25 +183,45 @@ class CombinedRankLoss(GuardedCompileMixin, PreparedForwardMixin, BaseMetricLoss
         return entry
 
     def decomposability_arguments(self, embeddings, labels, indices_tuple, ref_emb, ref_labels) -> tuple:
-        """The positional arguments of ``self.decomposability_loss(...)`` for prepared inputs (finest labels)."""
-        return decomposability_arguments(
-            self.decomposability_loss, embeddings, labels, indices_tuple, ref_emb, ref_labels
-        )
+        """The positional arguments of ``self.decomposability_loss(...)`` for prepared inputs, on the finest labels:
+        ``(embeddings, fine)`` for a proxy loss (``uses_reference_set = False``), ``(embeddings, fine,
+        indices_tuple)`` when the reference set is the batch, else ``(..., ref_emb, ref_fine)``."""
+        fine = fine_labels(labels)
+        if not getattr(self.decomposability_loss, "uses_reference_set", True):
+            return embeddings, fine
+        if ref_emb is embeddings:
+            return embeddings, fine, indices_tuple
+        return embeddings, fine, indices_tuple, ref_emb, fine_labels(ref_labels)
 
     def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
-        loss_dict = combined_loss_dict(
-            self.rank_loss,
-            self.decomposability_loss,
-            self.weight,
-            embeddings,
-            labels,
-            indices_tuple,
-            ref_emb,
-            ref_labels,
-            reducer=self.reducer,
-        )
-        self.num_kept_queries = self.rank_loss.num_kept_queries
-        return loss_dict
+        """``{"rank_loss": (1 − λ)·per-query losses, "decomposability_loss": already-reduced λ·L_dec}``.
+
+        A decomposability module with ``prepared_forward`` (CalibrationLoss / ClusterLoss) is called through it,
+        skipping a second validation; a CalibrationLoss whose similarity and ``include_self`` match the rank loss's
+        (``shares_scores``) reuses the rank term's score matrix and mask.
+        """
+        rank, dec, weight = self.rank_loss, self.decomposability_loss, self.weight
+        shared = getattr(dec, "shares_scores", None)
+        inputs = None
+        if shared is not None and shared(rank.distance, rank.include_self):  # one score matrix for both terms
+            inputs = rank.rank_inputs(embeddings, labels, indices_tuple, ref_emb, ref_labels)
+        rank_entry = rank.rank_entry(
+            embeddings, labels, indices_tuple, ref_emb, ref_labels, scale=1.0 - weight,
+            reducer=entry_reducer(self.reducer, "rank_loss"), inputs=inputs,
+        )  # fmt: skip
+        self.num_kept_queries = rank.num_kept_queries
+        args = self.decomposability_arguments(embeddings, labels, indices_tuple, ref_emb, ref_labels)
+        prepared = getattr(dec, "prepared_forward", None)
+        if prepared is None:
+            value: Tensor = dec(*args)
+        elif inputs is not None:
+            value = prepared(*args, scores=inputs.scores, valid=inputs.valid)
+        else:
+            value = prepared(*args)
+        return {
+            "rank_loss": rank_entry,
+            "decomposability_loss": {"losses": weight * value, "indices": None, "reduction_type": "already_reduced"},
+        }
 
     def compute_terms(self, embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None) -> dict[str, Tensor]:
         """The loss's terms, each reduced as in :meth:`forward`: ``{"rank_loss": (1 − λ)·L_rank,

@@ -1,25 +1,15 @@
 """Compiled = eager, or refused: each new graph of a compiled loss is checked against the eager loss on its batch.
 
 ``torch.compile`` of a loss can be silently wrong on some torch release (torch 2.11's dynamo once returned a zero
-gradient for the hierarchical dense kernel while the loss value was right: a model trained with it ended 30 % worse,
-reported as a normal result). The guard makes that impossible to miss:
-
-* :meth:`GuardedCompileMixin.compile` (``loss.compile(...)``, the base classes of the package's losses) and
-  :func:`compile_loss` (any ``nn.Module`` loss; the recipes' ``--compile_loss``) compile the loss in place as
-  ``nn.Module.compile`` does and wrap the compiled call in a :class:`GuardedCall`;
-* the first call of every call signature (the shapes / dtypes of the tensors, the grad mode: what makes torch trace a
-  new graph, e.g. the last, smaller batch) is compared with the eager call on the same batch — every output tensor
-  (``value`` or ``(value, extras)``), the gradient with respect to the embeddings (the first argument) and those of
-  the loss's own parameters (proxies) — one extra eager forward + backward per signature; a batch whose eager loss is
-  not finite is not judged (the trainer's non-finite step handling takes it) and its signature is checked later;
-* a relative difference above :data:`COMPILE_RTOL` raises :class:`CompiledLossMismatchError` naming the torch
-  version and the way out (call the loss uncompiled; ``--compile_loss false`` in the recipes).
-
-``torch.compile(loss)`` returns torch's own wrapper module, whose call this package cannot intercept without breaking
-the graph of a function that calls the loss: after it, call :func:`check_compiled_loss` once on a batch.
-
-Relative difference of two tensors: ``‖a − b‖₂ / max(‖a‖₂, ‖b‖₂)`` (0 when both are 0; ``inf`` when one is not
-finite and the other is, or when their shapes differ).
+gradient for the hierarchical dense kernel while the loss value was right: the model ended 30 % worse).
+``loss.compile(...)`` (:class:`GuardedCompileMixin`) and :func:`compile_loss` (any ``nn.Module`` loss; the recipes'
+``--compile_loss``) compile in place as ``nn.Module.compile`` does and wrap the compiled call in a
+:class:`GuardedCall`: the first call of every call signature (what makes torch trace a new graph) is compared with
+the eager call on the same batch (every output tensor, the embedding gradient and the gradients of the loss's own
+parameters: one extra eager forward + backward per signature). A relative difference
+``‖a − b‖₂ / max(‖a‖₂, ‖b‖₂)`` above :data:`COMPILE_RTOL` raises :class:`CompiledLossMismatchError`, naming the
+torch version and the way out. A batch whose eager loss is not finite is not judged (its signature is checked later).
+After ``torch.compile(loss)`` (torch's own wrapper, which cannot be intercepted), call :func:`check_compiled_loss`.
 """
 
 from __future__ import annotations
@@ -135,30 +125,27 @@ def compare_with_eager(
     args: tuple,
     kwargs: dict,
     *,
-    compiled: Callable[..., Any] | None = None,
+    compiled: Callable[..., Any],
     parameters: list[tuple[str, Tensor]] | None = None,
     rtol: float = COMPILE_RTOL,
 ) -> bool:
-    """Compare the output of a compiled call of ``(args, kwargs)`` with ``eager(*args, **kwargs)``.
+    """Compare the output of ``compiled(*args, **kwargs)`` with ``eager(*args, **kwargs)``.
 
-    Every floating tensor of the output (a value, or ``(value, extras...)``); with gradients enabled and the first
-    output tensor requiring grad, the gradients of that first tensor with respect to the embeddings (``args[0]``,
-    when they require grad) and to every ``parameters`` entry ``(name, tensor)`` that requires grad (the loss's own
-    parameters: proxies): those of one more call of ``compiled`` on a detached copy of the embeddings (the caller's
-    graph is never run backward here: a compiled backward may reuse its saved buffers, so a second backward through
-    the caller's graph would read overwritten values; without ``compiled``, ``torch.autograd.grad(compiled_out, ...,
-    retain_graph=True)``), against the eager ones on another detached copy. Nothing is accumulated into ``.grad``.
+    Every floating output tensor; with gradients enabled, the gradients of the first one with respect to the
+    embeddings (``args[0]``, when they require grad) and to the ``parameters`` ``(name, tensor)`` that require grad
+    (proxies), each side computed by one more call on its own detached copy of the embeddings (the caller's graph is
+    never run backward here: a compiled backward may reuse its saved buffers). Nothing is accumulated into ``.grad``.
 
     Returns:
-        Whether the call was judged: ``False`` when the eager output or gradient is not finite (nothing to compare
-        against: the non-finite step handling of the caller decides), or when the output has no floating tensor.
+        Whether the call was judged: ``False`` when the eager output or gradient is not finite (the caller's
+        non-finite step handling decides), or when the output has no floating tensor.
 
     Raises:
         CompiledLossMismatchError: a relative difference above ``rtol`` (the message names each quantity).
     """
     got_out = _tensors(compiled_out)
     if got_out is None:
-        return False  # nothing this guard can compare
+        return False
     emb = _embeddings(args, kwargs)
     params = [(n, p) for n, p in (parameters or []) if p.requires_grad]
     grad_mode = torch.is_grad_enabled()
@@ -177,16 +164,10 @@ def compare_with_eager(
     with_grad = grad_mode and (got_out[0].requires_grad or want_out[0].requires_grad)  # one without: a mismatch
     if with_grad and (emb_grad or params):
         names = (["embedding gradient"] if emb_grad else []) + [f"gradient of {n}" for n, _ in params]
-        if compiled is not None:
-            probe = emb.detach().requires_grad_(True) if emb_grad else None
-            probe_args, probe_kwargs = _swap(args, kwargs, emb, probe) if emb_grad else (args, kwargs)
-            probe_out = _tensors(compiled(*probe_args, **probe_kwargs)) or [torch.zeros(())]
-            got = _gradients(probe_out[0], ([probe] if emb_grad else []) + [p for _, p in params])
-        elif got_out[0].requires_grad:
-            inputs = ([emb] if emb_grad else []) + [p for _, p in params]
-            got = list(torch.autograd.grad(got_out[0].sum(), inputs, retain_graph=True, allow_unused=True))
-        else:
-            got = [None] * len(names)
+        probe = emb.detach().requires_grad_(True) if emb_grad else None
+        probe_args, probe_kwargs = _swap(args, kwargs, emb, probe) if emb_grad else (args, kwargs)
+        probe_out = _tensors(compiled(*probe_args, **probe_kwargs)) or [torch.zeros(())]
+        got = _gradients(probe_out[0], ([probe] if emb_grad else []) + [p for _, p in params])
         want = _gradients(want_out[0], ([leaf] if emb_grad else []) + [p for _, p in params])
         if not _finite(want):
             return False
@@ -198,11 +179,8 @@ def compare_with_eager(
 
 
 class GuardedCall:
-    """The compiled call of a loss, checked against the loss's eager call once for every new call signature
-    (:func:`call_signature`: the shapes, dtypes and ``requires_grad`` of the tensor arguments and the grad mode —
-    what makes ``torch.compile`` trace, or reuse, a graph), :func:`compare_with_eager`: the output value(s), the
-    embedding gradient and the gradients of the loss's own parameters. A call whose eager output is not finite is
-    not judged (its signature is checked again at the next call).
+    """The compiled call of a loss, checked against its eager call (:func:`compare_with_eager`) once for every new
+    :func:`call_signature`; a call whose eager output is not finite is checked again at the next call.
 
     Args:
         compiled: the compiled callable (``torch.compile(module._call_impl, ...)``).

@@ -17,10 +17,16 @@ from .._validation import check_embeddings, check_labels, check_positive
 from ..relevance import Hierarchy, as_hierarchical_labels, as_hierarchy, check_tree
 from ._inputs import require_hierarchy
 from .compile_guard import GuardedCompileMixin
+from .registry import register_loss
 
 __all__ = ["CSLLoss"]
 
 
+@register_loss(
+    "CSL", hierarchical=True, options=(),
+    paper=("Dynamic Metric Learning: Towards a Scalable Metric Space to Accommodate Multiple Semantic Scales "
+           "(Sun et al., CVPR 2021)", "https://arxiv.org/abs/2103.11781"),
+)  # fmt: skip
 class CSLLoss(GuardedCompileMixin, WeightRegularizerMixin, BaseMetricLossFunction):
     """Hierarchical proxy loss "CSL" (Sun et al., "Dynamic metric learning", CVPR 2021), as coded in the
     reference code of SupRank, used as a baseline in HAPPIER (ECCV 2022, Tab. 1-2).

@@ -5,7 +5,7 @@ from __future__ import annotations
 from .calibration_loss import CalibrationLoss
 from .combined_rank_loss import CombinedRankLoss, combination_options
 from .registry import SUPRANK_PAPER, register_loss
-from .sup_ap_loss import MULTILABEL_MODES, SupAPLoss
+from .sup_ap_loss import SupAPLoss
 
 __all__ = ["ROADMAPLoss"]
 
@@ -52,8 +52,6 @@ class ROADMAPLoss(CombinedRankLoss):
         weight, rank_kwargs, combination_kwargs = combination_options(
             "ROADMAPLoss", decomposability, decomposability_weight, suprank_kwargs
         )
-        if multilabel not in MULTILABEL_MODES:
-            raise ValueError(f"multilabel must be one of {MULTILABEL_MODES}; got {multilabel!r}")
         if multilabel == "per_label" and isinstance(decomposability, str) and decomposability == "calibration":
             decomposability = CalibrationLoss(include_self=rank_kwargs.get("include_self", False), multilabel=True)
         super().__init__(

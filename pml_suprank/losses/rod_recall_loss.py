@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from ._suprank_step import STEP_OPTIONS
 from .combined_rank_loss import CombinedRankLoss, combination_options
+from .registry import SUPRANK_PAPER, register_loss
 from .sup_recall_loss import SupRecallLoss
 
 __all__ = ["RODRecallLoss"]
 
 
+@register_loss(
+    "ROD-R@k", hierarchical=False, paper=SUPRANK_PAPER,
+    options=("decomposability", "decomposability_weight", *STEP_OPTIONS, "kernel"),
+)  # fmt: skip
 class RODRecallLoss(CombinedRankLoss):
     """ROD-R@k loss (SupRank paper Eq. 17): Sup-R@k plus a decomposability term.
 

@@ -9,10 +9,16 @@ from ..ranking.dense import dense_query_ap
 from ..ranking.flat import positive_pair_groups, sigmoid_rank_sums
 from ._inputs import RankInputs
 from .base_rank_loss import BaseRankLoss
+from .registry import register_loss
 
 __all__ = ["SmoothAPLoss"]
 
 
+@register_loss(
+    "Smooth-AP", hierarchical=False, options=("kernel",),
+    paper=("Smooth-AP: Smoothing the Path Towards Large-Scale Image Retrieval (Brown et al., ECCV 2020)",
+           "https://arxiv.org/abs/2007.12163"),
+)  # fmt: skip
 class SmoothAPLoss(BaseRankLoss):
     """Smooth-AP loss: ``L = mean_q [1 − (1/|P_q|) Σ_{i∈P_q} (1 + Σ_{j∈P_q, j≠i} σ_τ(s_j − s_i))
     / (1 + Σ_{j∈V_q, j≠i} σ_τ(s_j − s_i))]`` (Smooth-AP paper Eq. 5; SupRank paper §3.1).
@@ -52,9 +58,7 @@ class SmoothAPLoss(BaseRankLoss):
             valid = inputs.valid.to(inputs.scores.dtype)
             return self.kept_queries(*dense_query_ap("smooth_ap", inputs.scores, pos, valid, self.temperature))
         q, i, groups = positive_pair_groups(positives)
-        pos_sum, all_sum = sigmoid_rank_sums(
-            inputs.scores, q, i, inputs.valid, self.temperature, groups=groups
-        )
+        pos_sum, all_sum = sigmoid_rank_sums(inputs.scores, q, i, inputs.valid, self.temperature, groups=groups)
         rank_plus, rank = 1.0 + pos_sum, 1.0 + all_sum
         return self.segment_mean(rank_plus / rank, q, inputs.scores.shape[0], groups=groups)
 

@@ -12,8 +12,9 @@ from ..ranking.dense import dense_query_ap, dense_query_ranks
 from ..ranking.flat import heaviside_positive_count, positive_pair_groups, suprank_negative_sum
 from ._inputs import RankInputs
 from ._multilabel import per_label_rows
-from ._suprank_step import SupRankStepMixin, resolve_tau
+from ._suprank_step import STEP_OPTIONS, SupRankStepMixin, resolve_tau
 from .base_rank_loss import BaseRankLoss
+from .registry import SUPRANK_PAPER, register_loss
 
 __all__ = [
     "MULTILABEL_MODES",
@@ -72,6 +73,7 @@ def dense_suprank_query_ranks(inputs: RankInputs, step: SupRankStep) -> tuple[Te
     return pos, rank_plus, rank
 
 
+@register_loss("SupAP", hierarchical=False, paper=SUPRANK_PAPER, options=(*STEP_OPTIONS, "kernel"))
 class SupAPLoss(SupRankStepMixin, BaseRankLoss):
     """SupAP loss (Ramzi et al., SupRank, TPAMI 2025, Eq. 11; ROADMAP, NeurIPS 2021).
 
@@ -102,8 +104,8 @@ class SupAPLoss(SupRankStepMixin, BaseRankLoss):
             Ramzi PhD thesis Sec. 6.2.1). Each (query, label) pair is a pseudo-query row of the same kernels, so the
             cost is that of ``Σ_q n_q`` queries (``n_q`` = distinct labels of query ``q``) plus an ``(Σ_q n_q, N, M)``
             bool comparison. Upper bound of ``1 −`` :func:`pml_suprank.metrics.graded.mean_label_average_precision`.
-            With one label per item it equals the default loss. Not supported yet: ``CrossBatchMemory`` /
-            ``RankingMemory`` / ``DistributedRankLoss`` (they pass 1-D labels).
+            With one label per item it equals the default loss. ``RankingMemory`` and ``DistributedRankLoss`` pad
+            the label sets (``is_multilabel_loss``); ``memory.CrossBatchMemory`` does not support it.
 
     Shapes: ``embeddings (B, D)``, ``labels (B,)`` (``(B, M)`` with ``multilabel="per_label"``), optional
     ``ref_emb (N, D)``, ``ref_labels`` like ``labels``; returns a scalar.

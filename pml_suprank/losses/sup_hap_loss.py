@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from torch import Tensor
 
-from .._validation import check_level_weights, check_positive
+from .._validation import check_bool, check_level_weights, check_positive
 from ..ranking.dense_hierarchical import dense_sup_hap_scores
 from ..ranking.hierarchical import sup_hap_scores
 from ..ranking.steps import HRankParams
@@ -14,12 +14,17 @@ from ..relevance import Hierarchy, level_counts, pop_relevance, property1_releva
 from ._hierarchical import HierarchicalRankLoss
 from ._inputs import RankInputs
 from ._multilabel import multilabel_levels
+from ._suprank_step import STEP_OPTIONS
+from .registry import HAPPIER_PAPER, register_loss
 
 __all__ = ["RELEVANCES", "SupHAPLoss"]
 
 RELEVANCES = ("levels", "multilabel")  # the relevance= choices of SupHAPLoss / HAPPIERLoss
 
 
+@register_loss(
+    "Sup-H-AP", hierarchical=True, multilabel=True, paper=HAPPIER_PAPER, options=(*STEP_OPTIONS, "kernel", "alpha")
+)
 class SupHAPLoss(HierarchicalRankLoss):
     """Sup-H-AP loss (Ramzi et al., SupRank TPAMI 2025, Eqs. 18-21; HAPPIER ECCV 2022, Eq. 5).
 
@@ -89,9 +94,7 @@ class SupHAPLoss(HierarchicalRankLoss):
     ):
         super().__init__(hierarchy=hierarchy, **suprank_kwargs)
         self.alpha = check_positive("alpha", alpha, strict=False)
-        if not isinstance(with_hrank, bool):
-            raise TypeError(f"with_hrank must be a bool; got {type(with_hrank).__name__} {with_hrank!r}")
-        self.with_hrank = with_hrank
+        self.with_hrank = check_bool("with_hrank", with_hrank)
         self.hrank = HRankParams(nu=hrank_nu, mu=hrank_mu, gamma=hrank_gamma)
         num_levels = None if self.hierarchy is None else self.hierarchy.num_levels
         self.level_weights = check_level_weights("level_weights", level_weights, num_levels)

@@ -11,12 +11,15 @@ from ..relevance import Hierarchy
 from ._hierarchical import HierarchicalRankLoss
 from ._inputs import RankInputs
 from ._multilabel import graded_dcg_scores, multilabel_levels
+from ._suprank_step import STEP_OPTIONS
+from .registry import SUPRANK_PAPER, register_loss
 
 __all__ = ["SupNDCGLoss"]
 
 NDCG_RELEVANCES = ("levels", "multilabel")  # the relevance= choices of SupNDCGLoss / RODNDCGLoss
 
 
+@register_loss("Sup-NDCG", hierarchical=True, multilabel=True, paper=SUPRANK_PAPER, options=(*STEP_OPTIONS, "kernel"))
 class SupNDCGLoss(HierarchicalRankLoss):
     """Sup-NDCG loss (Ramzi et al., SupRank TPAMI 2025, Eq. 24).
 

@@ -8,8 +8,9 @@ from torch import Tensor
 from .._validation import check_positive
 from ..ranking.steps import tau_sigmoid
 from ._inputs import RankInputs
-from ._suprank_step import SupRankStepMixin, pop_step_options
+from ._suprank_step import STEP_OPTIONS, SupRankStepMixin, pop_step_options
 from .base_rank_loss import BaseRankLoss
+from .registry import SUPRANK_PAPER, register_loss
 from .sup_ap_loss import dense_suprank_query_ranks, grouped_suprank_pair_ranks
 
 __all__ = ["SupRecallLoss"]
@@ -22,6 +23,7 @@ def _check_k(k) -> tuple[int, ...]:
     return ks
 
 
+@register_loss("Sup-R@k", hierarchical=False, paper=SUPRANK_PAPER, options=(*STEP_OPTIONS, "kernel"))
 class SupRecallLoss(SupRankStepMixin, BaseRankLoss):
     """Sup-R@k loss (SupRank paper Eq. 15-16).
 

@@ -8,7 +8,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .. import distributed as dist_utils
+from ..collectives import gather_batch
+from ..losses.distributed_rank_loss import is_multilabel_loss
 from .cached_backward import cached_backward
 from .nonfinite import finite_or_zero, nan_unless
 
@@ -20,8 +21,8 @@ class LossModule(nn.Module):
 
     Wrapping them together lets ``accelerator.prepare`` put the loss parameters (proxies) under the same DDP as the
     network. With ``num_processes > 1`` the embeddings and labels of the global batch are gathered by
-    :func:`pml_suprank.distributed.gather_batch` (the embeddings with gradients; multi-label sets padded to one width)
-    — the gather of :class:`~pml_suprank.memory.RankingMemory` and :class:`~pml_suprank.distributed.DistributedRankLoss`
+    :func:`pml_suprank.collectives.gather_batch` (the embeddings with gradients; multi-label sets padded to one width)
+    — the gather of :class:`~pml_suprank.memory.RankingMemory` and :class:`~pml_suprank.losses.DistributedRankLoss`
     too — and the loss of the global batch is computed on every process: after DDP averages the gradients this is
     exactly the single-process gradient of the loss on the concatenated batch.
 
@@ -65,9 +66,7 @@ class LossModule(nn.Module):
             if self.memory is not None:  # RankingMemory gathers the global batch itself under torch.distributed
                 return self.memory(embeddings, labels, indices)
             if self.distributed:  # the one gather of the package (also the memory's and DistributedRankLoss's)
-                batch = dist_utils.gather_batch(
-                    embeddings, labels, multilabel=dist_utils.is_multilabel_loss(self.loss)
-                )
+                batch = gather_batch(embeddings, labels, multilabel=is_multilabel_loss(self.loss))
                 embeddings, labels = batch.embeddings, batch.labels
             return self.loss(embeddings, labels)
 

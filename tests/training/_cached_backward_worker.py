@@ -23,7 +23,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from pml_suprank import losses
-from pml_suprank.distributed import DistributedRankLoss
+from pml_suprank.losses import DistributedRankLoss
 from pml_suprank.memory import RankingMemory
 from pml_suprank.training import LossModule, cached_backward
 

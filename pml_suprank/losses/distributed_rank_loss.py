@@ -1,146 +1,38 @@
-"""Exact distributed rank losses: the global batch gathered with gradients and local-queries-vs-global-references
-losses.
+"""Exact distributed rank losses: this process's queries ranked against the global batch, normalised globally.
 
-A rank loss on the *global* batch (all processes together) is not the average of per-process rank losses: every
-query must be ranked against the references of all processes. ``accelerator.gather`` and PML's
-``utils.distributed.all_gather`` drop the autograd history; PML's ``DistributedLossWrapper(efficient=True)`` loses
-the terms where a process's embeddings act as references for the other processes' queries and divides by per-process
-counts (ecosystem survey §1.6: 0.71 relative gradient error for a rank loss). Here:
-
-* :func:`gather_batch` gathers a whole batch (embeddings with gradient through
-  :func:`pml_suprank.collectives.all_gather_with_grad`, labels, dataset indices, and this process's rows) with the
-  package's one gather (:mod:`pml_suprank.collectives`); it is used by :class:`DistributedRankLoss`,
-  :class:`~pml_suprank.memory.RankingMemory` and the training loop.
-* :func:`reference_loss` computes the losses of the *local* queries against a (gathered or shared) reference set and
-  normalises them with the **global** counts of the loss's PML reducer (``all_reduce`` of the number of kept queries,
-  of the non-zero pairs for ``AvgNonZeroReducer``, ...). Its value is the single-process loss on the global batch on
-  every process, and its gradient is ``world_size`` times this process's share, so that after DDP's gradient
-  *averaging* the parameters receive exactly the single-process gradient.
-* :class:`DistributedRankLoss` wraps any PML / pml-suprank loss with that machinery (``mode="local_queries"``,
-  memory ``O(B_local · N)``) or computes the full loss on the gathered batch on every process (``mode="all"``).
-
-Without an initialised process group (or with one process) everything reduces to the plain loss call.
+A rank loss on the *global* batch is not the average of per-process rank losses: every query must be ranked against
+the references of all processes. ``accelerator.gather`` and PML's ``all_gather`` drop the autograd history; PML's
+``DistributedLossWrapper(efficient=True)`` loses the terms where a process's embeddings are references for the other
+processes' queries and divides by per-process counts (0.71 relative gradient error for a rank loss). Here
+:func:`reference_loss` computes the losses of the *local* queries against a (gathered or shared) reference set and
+normalises them with the **global** counts of the loss's PML reducer, and :class:`DistributedRankLoss` wraps any loss
+with it. Without an initialised process group (or with one process) everything reduces to the plain loss call.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 import torch
-from pytorch_metric_learning.reducers import (
-    DoNothingReducer,
-    MeanReducer,
-    MultipleReducers,
-    SumReducer,
-    ThresholdReducer,
-)
+from pytorch_metric_learning.losses import BaseMetricLossFunction
+from pytorch_metric_learning.reducers import DoNothingReducer, MeanReducer, SumReducer, ThresholdReducer
 from torch import Tensor, nn
 
-from ._validation import check_choice, check_embeddings, check_labels
-from .collectives import check_tensor, gather_rows, gather_sizes, is_distributed
+from .._validation import check_choice, check_embeddings, check_labels
+from ..collectives import gather_batch, is_distributed, max_label_width, pad_label_sets
+from ._inputs import entry_reducer, fine_labels
 
-__all__ = [
-    "DistributedRankLoss",
-    "GlobalBatch",
-    "gather_batch",
-    "reference_loss",
-]
+__all__ = ["DistributedRankLoss", "is_multilabel_loss", "pairs_without_self", "reference_loss"]
 
 DistributedMode = Literal["local_queries", "all"]
 
 
 def is_multilabel_loss(loss: Any) -> bool:
-    """True when ``loss`` takes multi-label label sets: its ``relevance`` attribute is ``"multilabel"``
-    (``SupHAPLoss`` / ``HAPPIERLoss`` / ``SupNDCGLoss`` / ``RODNDCGLoss(relevance="multilabel")``) or its
-    ``multilabel`` attribute is ``"per_label"`` (``SupAPLoss`` / ``ROADMAPLoss(multilabel="per_label")``).
-
-    The memory and distributed code never guesses the mode from the labels' shape: 2-D labels are hierarchical
-    ``(N, L)`` levels unless the loss says it is multi-label; then they are ``(N, M)`` fine-label sets padded with
-    ``-1``, which may be padded with more ``-1`` columns without changing the loss.
-    """
+    """True when ``loss`` takes ``(N, M)`` fine-label sets padded with ``-1``: its ``relevance`` is
+    ``"multilabel"`` (Sup-H-AP, HAPPIER, Sup-NDCG, ROD-NDCG) or its ``multilabel`` is ``"per_label"`` (SupAP,
+    ROADMAP). The memory and the distributed code never guess this from the labels' shape: other 2-D labels are
+    hierarchical ``(N, L)`` levels."""
     return getattr(loss, "relevance", None) == "multilabel" or getattr(loss, "multilabel", None) == "per_label"
-
-
-def pad_label_sets(labels: Tensor, width: int) -> Tensor:
-    """Multi-label sets ``(N,)`` or ``(N, M)`` as ``(N, width)``, the new columns filled with ``-1`` (padding).
-
-    Raises:
-        ValueError: ``labels`` has more than ``width`` columns (the message names both sizes).
-    """
-    labels = labels.unsqueeze(1) if labels.dim() == 1 else labels
-    if labels.shape[1] > width:
-        raise ValueError(
-            f"labels has {labels.shape[1]} label columns, more than the {width} columns they must be padded to"
-        )
-    if labels.shape[1] == width:
-        return labels
-    pad = labels.new_full((labels.shape[0], width - labels.shape[1]), -1)
-    return torch.cat([labels, pad], dim=1)
-
-
-def _max_width(labels: Tensor, group: Any) -> int:
-    width = torch.tensor([1 if labels.dim() == 1 else labels.shape[1]], dtype=torch.long, device=labels.device)
-    torch.distributed.all_reduce(width, op=torch.distributed.ReduceOp.MAX, group=group)
-    return int(width)
-
-
-@dataclass
-class GlobalBatch:
-    """The batch of all processes, as :func:`gather_batch` returns it.
-
-    Attributes:
-        embeddings: ``(B_global, D)``, connected to every process's graph
-            (:func:`~pml_suprank.collectives.all_gather_with_grad`).
-        labels: ``(B_global,)`` or ``(B_global, L)`` (multi-label: ``(B_global, max_r M_r)``), no gradient.
-        indices: ``(B_global,)`` dataset indices, or ``None`` when none were given.
-        local: ``(B_local,)`` long, the rows of this process's batch in the global one (on the embeddings' device).
-    """
-
-    embeddings: Tensor
-    labels: Tensor
-    indices: Tensor | None
-    local: Tensor
-
-
-def gather_batch(
-    embeddings: Tensor,
-    labels: Tensor,
-    indices: Tensor | None = None,
-    group: Any = None,
-    *,
-    multilabel: bool = False,
-) -> GlobalBatch:
-    """Gather this process's batch from every process: embeddings with gradient, labels and indices without.
-
-    One exchange of the per-process sizes serves all the gathers. Without an initialised process group (or with
-    one process) the batch is returned as is (``local = arange(B)``).
-
-    Args:
-        embeddings: ``(B_r, D)``.
-        labels: ``(B_r,)`` or ``(B_r, L)``.
-        indices: optional ``(B_r,)`` dataset indices.
-        group: process group (default: the world).
-        multilabel: ``labels`` are ``(B_r, M_r)`` label sets padded with ``-1`` (:func:`is_multilabel_loss`);
-            ``M_r`` may differ between processes: every set is padded to the largest ``M`` first (under a process
-            group; 1-D labels count as ``M_r = 1``).
-    """
-    check_tensor("embeddings", embeddings)
-    check_tensor("labels", labels)
-    device = embeddings.device
-    if not is_distributed(group):
-        local = torch.arange(embeddings.shape[0], device=device)
-        return GlobalBatch(embeddings, labels, indices, local)
-    if multilabel:
-        labels = pad_label_sets(labels, _max_width(labels, group))
-    sizes = gather_sizes(embeddings.shape[0], device, group)
-    offset = sum(sizes[: torch.distributed.get_rank(group)])
-    return GlobalBatch(
-        embeddings=gather_rows(embeddings, sizes, group, with_grad=True),
-        labels=gather_rows(labels, sizes, group),
-        indices=None if indices is None else gather_rows(indices, sizes, group),
-        local=offset + torch.arange(embeddings.shape[0], device=device),
-    )
 
 
 def check_self_index(self_index: Any, num_queries: int, num_refs: int) -> Tensor:
@@ -180,8 +72,7 @@ def pairs_without_self(labels: Tensor, ref_labels: Tensor, self_index: Tensor) -
         ``(a1, p, a2, n)``: positive pairs (same finest label) and negative pairs, every pair ``(b, self_index[b])``
         removed. Rank losses use the union as the set of counted pairs; pair losses use the split.
     """
-    fine = labels[:, 0] if labels.dim() == 2 else labels
-    ref_fine = ref_labels[:, 0] if ref_labels.dim() == 2 else ref_labels
+    fine, ref_fine = fine_labels(labels), fine_labels(ref_labels)
     self_index = check_self_index(self_index, fine.shape[0], ref_fine.shape[0]).to(fine.device)
     same = fine.unsqueeze(1) == ref_fine.unsqueeze(0)
     rows = torch.arange(fine.shape[0], device=fine.device)
@@ -193,20 +84,12 @@ def pairs_without_self(labels: Tensor, ref_labels: Tensor, self_index: Tensor) -
     return a1, p, a2, n
 
 
-# ------------------------------------------------------------------------------------------------ global reduction
-def _reducer_for(loss: nn.Module, name: str):
-    reducer = getattr(loss, "reducer", None)
-    if isinstance(reducer, MultipleReducers):
-        return reducer.reducers[name] if name in reducer.reducers else reducer.default_reducer
-    return reducer
-
-
 def _sum_and_count(loss: nn.Module, name: str, entry: dict, like: Tensor) -> tuple[Tensor, int | None]:
     """Local numerator and denominator of one loss-dict entry under the loss's reducer (``None``: no division)."""
     losses, rtype = entry["losses"], entry["reduction_type"]
     if not isinstance(losses, Tensor) and losses == 0:  # PML's zero_loss(): nothing to count on this process
         return like.sum() * 0, 0
-    reducer = _reducer_for(loss, name)
+    reducer = entry_reducer(getattr(loss, "reducer", None), name)
     if rtype == "already_reduced":
         raise ValueError(
             f"{type(loss).__name__} returns its sub-loss {name!r} already reduced on each process, which cannot be "
@@ -234,8 +117,6 @@ def _sum_and_count(loss: nn.Module, name: str, entry: dict, like: Tensor) -> tup
 
 def _local_terms(loss: nn.Module, queries, labels, indices_tuple, ref_emb, ref_labels) -> list[tuple[Tensor, Any]]:
     """``[(local_sum, local_count), ...]`` for every sub-loss of ``loss`` on the local queries."""
-    from pytorch_metric_learning.losses import BaseMetricLossFunction
-
     if not isinstance(loss, BaseMetricLossFunction):
         raise TypeError(
             f"loss must be a pytorch-metric-learning BaseMetricLossFunction (or a pml_suprank loss); got "
@@ -275,14 +156,11 @@ def reference_loss(
 ) -> Tensor:
     """Loss of this process's queries against a reference set, normalised over all processes.
 
-    ``ref_emb`` is either the gathered global batch (:func:`~pml_suprank.collectives.all_gather_with_grad`) or a
-    set shared by all processes (a memory). Each sub-loss ``k`` of the loss dict is reduced as
-    ``Σ_r S_k^r / Σ_r C_k^r`` where ``S``/``C`` are
-    the per-process numerator and count of its PML reducer (kept queries for rank losses, non-zero pairs for
-    ``AvgNonZeroReducer``), which is the single-process value on the union of the queries. The returned tensor has
-    that global value on every process and the gradient of ``world_size · Σ_k S_k^r / Σ_r C_k^r``, so that DDP's
-    averaging yields the single-process gradient (the reference path of
-    :func:`~pml_suprank.collectives.all_gather_with_grad` sums the other processes' contributions).
+    ``ref_emb`` is the gathered global batch (:func:`~pml_suprank.collectives.gather_batch`) or a set shared by all
+    processes (a memory). Each sub-loss ``k`` is reduced as ``Σ_r S_k^r / Σ_r C_k^r`` with ``S``/``C`` the
+    per-process numerator and count of its PML reducer (kept queries, non-zero pairs for ``AvgNonZeroReducer``): the
+    single-process value on the union of the queries, on every process. The gradient is that of
+    ``world_size · Σ_k S_k^r / Σ_r C_k^r``, so that DDP's averaging yields the single-process gradient.
 
     Args:
         loss: a PML ``BaseMetricLossFunction`` (every pml_suprank loss) with a Mean / AvgNonZero / Threshold / Sum
@@ -325,30 +203,21 @@ def reference_loss(
 class DistributedRankLoss(nn.Module):
     """Wrap a loss so that, under ``torch.distributed``, it equals the single-process loss on the global batch.
 
-    ``loss_fn = DistributedRankLoss(losses.SupAPLoss())``; call it like the wrapped loss on the local batch. The
-    returned value is the global-batch loss on every process, and after DDP averages the gradients the parameters
-    receive the single-process gradient of the concatenated batch (tested with 2 gloo processes to 1e-6).
-
-    Modes:
-        * ``"local_queries"`` (default): the local queries are ranked against the gathered global batch
-          (:func:`~pml_suprank.collectives.all_gather_with_grad`), with the query's own copy removed by index unless
-          the loss keeps it (``include_self=True``), normalised with global counts (:func:`reference_loss`). Cost per
-          process ``O(B_local · B_global)``.
-        * ``"all"``: every process computes the full loss on the gathered batch (``O(B_global²)``; works with any
-          loss and reducer). The ``all_gather`` backward sums the gradients of identical losses, which DDP's
-          averaging cancels.
+    ``DistributedRankLoss(losses.SupAPLoss())`` is called like the wrapped loss on the local batch; it returns the
+    global-batch loss on every process, and after DDP averages the gradients the parameters receive the
+    single-process gradient of the concatenated batch.
 
     Args:
         loss: the loss to wrap (a PML ``BaseMetricLossFunction``).
-        mode: ``"local_queries"`` or ``"all"``.
+        mode: ``"local_queries"`` (default): the local queries ranked against the gathered global batch, their own
+            copies removed by index unless ``include_self=True``, normalised with global counts
+            (:func:`reference_loss`; ``O(B_local · B_global)`` per process). ``"all"``: the full loss on the
+            gathered batch on every process (``O(B_global²)``; any loss and reducer).
         group: process group (default: the world).
 
-    A ``ref_emb`` given to ``forward`` is used as a shared reference set (it must be identical on every process,
-    e.g. a memory); ``indices_tuple`` is only supported without a process group.
-
-    Multi-label losses (``relevance="multilabel"``, :func:`is_multilabel_loss`) take ``(B_r, M_r)`` label sets
-    padded with ``-1``; the widths may differ between processes (and from ``ref_labels``): every set is padded with
-    ``-1`` to the largest width, which leaves the loss unchanged.
+    A ``ref_emb`` given to ``forward`` is a shared reference set (identical on every process, e.g. a memory);
+    ``indices_tuple`` is only supported without a process group. Multi-label label sets (:func:`is_multilabel_loss`)
+    are padded with ``-1`` to the widest of all processes (and of ``ref_labels``), which leaves the loss unchanged.
     """
 
     def __init__(self, loss: nn.Module, mode: DistributedMode = "local_queries", group: Any = None) -> None:
@@ -380,8 +249,8 @@ class DistributedRankLoss(nn.Module):
             if ref_labels is None:
                 raise ValueError("ref_labels must be given with ref_emb; got None")
             if multilabel:
-                check_tensor("ref_labels", ref_labels)
-                width = max(_max_width(labels, self.group), 1 if ref_labels.dim() == 1 else ref_labels.shape[1])
+                check_labels("ref_labels", ref_labels, ref_emb.shape[0], n_name="ref_emb")
+                width = max(max_label_width(labels, self.group), 1 if ref_labels.dim() == 1 else ref_labels.shape[1])
                 labels, ref_labels = pad_label_sets(labels, width), pad_label_sets(ref_labels, width)
             return reference_loss(self.loss, embeddings, labels, ref_emb, ref_labels, group=self.group)
         batch = gather_batch(embeddings, labels, group=self.group, multilabel=multilabel)
