@@ -1,13 +1,5 @@
-"""Datasets for retrieval training and evaluation: Hugging Face ``datasets`` loading with several label columns,
-open-set class splits, timm transforms, and the built-in SyntheticShapes / SyntheticMultiShapes.
-
-Every dataset returned here follows one contract (see :mod:`pml_suprank.data.retrieval_dataset`):
-``ds[i] = {"image": FloatTensor (3, H, W), "labels": LongTensor (L,), "index": i}`` with label column 0 the finest,
-``ds.labels`` a ``(N, L)`` LongTensor readable without decoding images, ``ds.label_names`` the column names
-(fine → coarse), ``ds.set_transform(fn)`` with ``fn`` a callable on a PIL image, and ``ds.get_image(i)``.
-Multi-label datasets (``ds.multilabel``: ``SyntheticMultiShapes``, a list-valued label column) give ``ds.labels``
-``(N, M)`` fine label sets padded with ``-1`` and ``ds.hierarchy`` the ``(num_fine, L)`` table instead.
-"""
+"""Hugging Face ``datasets`` loading with several label columns (:func:`load_retrieval_dataset`), open-set class
+splits and collation. Every dataset follows the contract of :mod:`pml_suprank.data.retrieval_dataset`."""
 
 from __future__ import annotations
 
@@ -65,20 +57,11 @@ def collate(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 class HFRetrievalDataset(RetrievalDatasetBase):
-    """A ``datasets.Dataset`` viewed through the retrieval contract (labels ``(N, L)``, fine → coarse).
+    """A map-style ``datasets.Dataset`` viewed through the retrieval contract, built by :func:`load_retrieval_dataset`.
 
-    Built by :func:`load_retrieval_dataset`; images are decoded lazily, labels are read once without decoding.
-
-    Args:
-        hf_dataset: A map-style ``datasets.Dataset``.
-        label_columns: Integer label columns, fine → coarse (multi-label: the names of the hierarchy levels).
-        image_column: Column holding the images (decoded to PIL by ``datasets``).
-        labels: Precomputed ``(N, L)`` labels (integer ids after mapping string labels); multi-label: ``(N, M)``
-            fine label sets padded with ``-1``.
-        transform: Callable on a PIL RGB image.
-        class_names: Optional ``{fine label id: name}``.
-        multilabel: ``labels`` are label sets (see :class:`RetrievalDatasetBase`).
-        hierarchy: Multi-label only: the ``(num_fine, L)`` table, or ``None``.
+    ``labels``: the precomputed ``(N, L)`` integer ids (multi-label: ``(N, M)`` sets padded with ``-1`` and the
+    ``hierarchy`` table); ``label_columns``: their names, fine → coarse; ``class_names``: ``{fine id: name}``. Images
+    are decoded lazily.
     """
 
     def __init__(
@@ -234,57 +217,39 @@ def load_retrieval_dataset(
 ) -> HFRetrievalDataset:
     """Load a retrieval dataset with several label columns (fine → coarse) through Hugging Face ``datasets``.
 
-    ``source`` may be
+    ``source`` may be a Hub dataset id (e.g. ``"uoft-cs/cifar100"``, downloaded into the ``datasets`` cache); a local
+    image folder (:func:`pml_suprank.data.image_folder_layout`; every image of the split is checked first,
+    :func:`pml_suprank.data.image_check.check_dataset_images`); parquet files (a path, a glob, a folder, or
+    ``data_files=``); a ``save_to_disk`` folder; or an in-memory ``datasets.Dataset`` / ``DatasetDict``.
 
-    * a Hub dataset id, e.g. ``"uoft-cs/cifar100"`` (downloaded into the ``datasets`` cache; nothing else in the
-      package touches the network);
-    * a local image folder (:func:`pml_suprank.data.image_folder_layout`: class folders, nested class folders
-      ``<group>/<class>/*`` (levels ``label`` = ``"<group>/<class>"`` and ``group``), each optionally under
-      ``train/`` and ``test/``, or images plus a ``metadata.csv`` / ``metadata.jsonl`` with ``file_name`` and the
-      label columns); every image of the split is checked before it is returned
-      (:func:`pml_suprank.data.image_check.check_dataset_images`: one ``ValueError`` listing the unusable files);
-    * parquet files: a ``.parquet`` path or glob, a folder of parquet files (split names inferred from the file
-      names, e.g. ``train-0.parquet``), or ``data_files={"train": ..., "test": ...}``;
-    * a folder written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``;
-    * an in-memory ``datasets.Dataset`` / ``DatasetDict``.
+    Label columns may hold integers or strings (mapped to ids by sorting their values over *all* splits, so ids agree
+    between splits); the hierarchy must be a tree. A list-valued fine label column is **multi-label** data:
+    ``ds.labels`` is ``(N, M)`` padded with ``-1`` and ``ds.hierarchy`` the ``(num_fine, L)`` table (from further list
+    columns aligned element by element with the fine one, or ``hierarchy=``; ``None`` for flat labels); empty or null
+    rows are refused; open-set sides keep the items *all* of whose labels are on that side.
 
-    Label columns may hold integers (e.g. ``ClassLabel``) or strings; strings are mapped to ids by sorting their
-    values over *all* splits, so ids agree between splits. The hierarchy must be a tree.
-
-    **Multi-label data**: when the fine label column holds lists (``Sequence(ClassLabel)`` / ``Sequence(int)`` /
-    ``Sequence(string)`` features, list columns of parquet or JSON-lines metadata), ``ds.multilabel`` is True,
-    ``ds.labels`` is the ``(N, M)`` LongTensor of each item's fine labels padded with ``-1`` (``M`` = the most labels
-    of an item) and ``ds.hierarchy`` the ``(num_fine, L)`` fine → ancestors table, or ``None`` for flat labels. The
-    hierarchy comes from further list columns in ``label_columns`` aligned element by element with the fine one
-    (the ancestor of every fine label of the row, e.g. ``labels=[3, 7]``, ``families=[0, 2]``; read over all splits),
-    or from ``hierarchy=``. An empty list, a null row or a null inside a list is refused (``ValueError`` naming the
-    column, the split and the row). Open-set sides keep the items *all* of whose labels are on that side.
-
-    Open-set splits (``open_set="train"`` / ``"test"``) keep the fine classes of one side of a class partition:
-    with ``train_classes_per_coarse`` or ``train_class_fraction`` (see :func:`open_set_classes`, computed over all
-    splits so both sides agree); without a rule the dataset's own splits must already have disjoint fine classes
-    and a ``ValueError`` is raised when they overlap.
+    Open-set splits (``open_set="train"`` / ``"test"``) keep one side of a class partition by
+    ``train_classes_per_coarse`` / ``train_class_fraction`` (:func:`open_set_classes`, over all splits); without a
+    rule the dataset's own splits must already have disjoint fine classes.
 
     Args:
         source: See above.
-        label_columns: Label column names, finest first (e.g. ``["fine_label", "coarse_label"]``); ``None`` for a
-            local image folder: the levels of its layout (``FolderLayout.label_columns``).
-        split: Split to load (``"train"``, ``"test"``, ...); ``"train+test"`` concatenates splits (e.g. CUB-200,
-            whose Hub splits are classification splits of the same classes, with an open-set rule).
-        image_column: Image column; default: the first ``Image`` feature, else ``"image"`` / ``"img"``.
+        label_columns: Label column names, finest first; ``None`` for a local image folder (its levels).
+        split: Split to load; ``"train+test"`` concatenates splits.
+        image_column: Default: the first ``Image`` feature, else ``"image"`` / ``"img"``.
         open_set: ``None`` (all classes of ``split``), ``"train"`` or ``"test"``.
-        train_classes_per_coarse: Open-set rule, e.g. 3 for CIFAR-100.
-        train_class_fraction: Open-set rule, e.g. 0.5 for CUB-200 / Cars-196.
+        train_classes_per_coarse, train_class_fraction: The open-set rule (e.g. 3 for CIFAR-100, 0.5 for CUB-200).
         transform: Callable on a PIL image (e.g. :func:`build_transforms`).
-        data_files: Passed to ``datasets.load_dataset`` for parquet sources.
-        cache_dir, revision, token: Passed to ``datasets.load_dataset`` for Hub ids.
-        hierarchy: Multi-label only: the ``(num_fine, L)`` table (tensor, array or nested list; row ``f`` =
-            ``[f, parent(f), ..., coarsest]``) when ``label_columns`` names only the fine list column.
+        data_files, cache_dir, revision, token: Passed to ``datasets.load_dataset``.
+        hierarchy: Multi-label only: the ``(num_fine, L)`` table when ``label_columns`` names only the fine column.
 
     Returns:
         An :class:`HFRetrievalDataset`.
+
+    Raises:
+        ValueError: Missing or negative labels, a non-tree hierarchy, unknown columns or splits, unusable images,
+            overlapping open-set classes, an empty open-set side (naming the column, split and row).
     """
-    import datasets
 
     if open_set is not None:
         check_choice("open_set", open_set, get_args(OpenSetPart))
@@ -328,13 +293,17 @@ def load_retrieval_dataset(
             ds, labels, splits, parts, label_columns, mappings, open_set=open_set, split=split, source=source, **rules
         )
 
-    class_names = {}
-    fine_feature = ds.features[label_columns[0]]
-    if isinstance(fine_feature, datasets.ClassLabel):
-        class_names = {i: n for i, n in enumerate(fine_feature.names)}
-    elif label_columns[0] in mappings:
-        class_names = {i: v for v, i in mappings[label_columns[0]].items()}
+    class_names = _class_names(ds.features[label_columns[0]], mappings.get(label_columns[0]))
     return HFRetrievalDataset(ds, label_columns, image_column, labels, transform=transform, class_names=class_names)
+
+
+def _class_names(feature: Any, mapping: dict[str, int] | None) -> dict[int, str]:
+    """``{fine id: name}`` from a ``ClassLabel`` feature or the string-label mapping, else ``{}``."""
+    import datasets
+
+    if isinstance(feature, datasets.ClassLabel):
+        return dict(enumerate(feature.names))
+    return {i: v for v, i in (mapping or {}).items()}
 
 
 def _check_classes_have_pairs(labels: Tensor, where: str) -> None:
@@ -370,8 +339,6 @@ def _multilabel_dataset(
     transform: Callable | None,
 ) -> HFRetrievalDataset:
     """:func:`load_retrieval_dataset` for a list-valued fine label column (see there)."""
-    import datasets
-
     where = describe(source)
     labels, table, names, mappings = multilabel_labels(ds, split, splits, label_columns, hierarchy, where)
     if open_set is not None:
@@ -394,12 +361,7 @@ def _multilabel_dataset(
                 raise ValueError(f"the open-set {open_set!r} side of split {split!r} is empty")
             ds, labels = ds.select(keep.tolist()), labels[keep]
             labels = labels[:, : int((labels >= 0).sum(1).max())]
-    feature = getattr(ds.features[label_columns[0]], "feature", None)
-    class_names = {}
-    if isinstance(feature, datasets.ClassLabel):
-        class_names = dict(enumerate(feature.names))
-    elif label_columns[0] in mappings:
-        class_names = {i: v for v, i in mappings[label_columns[0]].items()}
+    class_names = _class_names(getattr(ds.features[label_columns[0]], "feature", None), mappings.get(label_columns[0]))
     return HFRetrievalDataset(
         ds, names, image_column, labels, transform=transform, class_names=class_names, multilabel=True, hierarchy=table
     )
