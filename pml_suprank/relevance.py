@@ -399,7 +399,10 @@ def check_multilabel(name: str, labels: object) -> Tensor:
         raise ValueError(f"{name} must have shape (N,) or (N, M) with M >= 1; got shape {tuple(labels.shape)}")
     labels = labels.long()
     if labels.numel() and bool((labels < -1).any()):
-        raise ValueError(f"{name} must hold labels >= 0 and -1 for padding; got the value {int(labels.min())}")
+        row = int((labels < -1).any(1).nonzero()[0, 0])
+        raise ValueError(
+            f"{name} row {row} holds {labels[row].tolist()}: {name} must hold labels >= 0 and -1 for padding"
+        )
     empty = (labels < 0).all(1)
     if bool(empty.any()):
         row = int(empty.nonzero()[0, 0])

@@ -299,7 +299,7 @@ class SyntheticShapes(RetrievalDatasetBase):
     def class_names(self) -> dict[int, str]:
         """Names of the fine classes present in this dataset, keyed by fine label."""
         fine = self.labels[self.labels >= 0] if self.multilabel else self.labels[:, 0]
-        return {int(k): self.fine_class_name(int(k)) for k in torch.unique(fine)}
+        return {int(k): SyntheticShapes.fine_class_name(int(k)) for k in torch.unique(fine)}
 
     def get_image(self, index: int) -> Any:
         """The untransformed PIL RGB image of item ``index``."""
