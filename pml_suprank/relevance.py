@@ -401,7 +401,8 @@ def check_multilabel(name: str, labels: object) -> Tensor:
     if labels.numel() and bool((labels < -1).any()):
         row = int((labels < -1).any(1).nonzero()[0, 0])
         raise ValueError(
-            f"{name} row {row} holds {labels[row].tolist()}: {name} must hold labels >= 0 and -1 for padding; got the value {int(labels.min())}"
+            f"{name} row {row} holds {labels[row].tolist()}: {name} must hold labels >= 0 and -1 for padding; "
+            f"got the value {int(labels.min())}"
         )
     empty = (labels < 0).all(1)
     if bool(empty.any()):
