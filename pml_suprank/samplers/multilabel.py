@@ -1,17 +1,8 @@
 """Batch sampler for multi-label data: ``m`` items per sampled label, so every item of a batch has positives.
 
-Multi-label items (an ``(N, M)`` label tensor, ``-1`` = padding, as taken by
-:func:`pml_suprank.relevance.multilabel_relevance`) cannot be grouped by "their" class: an item belongs to the
-group of every label it carries. :class:`MultiLabelSampler` draws, for each batch, ``batch_size / m`` distinct labels
-and ``m`` items carrying each of them, so every item of the batch shares a label with the ``m − 1`` other items of
-its group (the positives rank losses need; with a hierarchy, further items of the batch may be relevant too). It
-shares the epoch plan, ``set_epoch``, ``state_dict`` and distributed sharding of
-:class:`pml_suprank.samplers.MPerClassBatchSampler` (see :mod:`pml_suprank.samplers`).
-
-References:
-    E. Ramzi, PhD thesis "Robust image retrieval with deep learning", Sec. 6.2.1 (multi-label HAPPIER / ROADMAP on
-    trademark logos) and Sec. 4.2.2.2, Algorithm 1 (the multi-label relevance); m-per-class sampling of the SupRank
-    reference code.
+An item of ``(N, M)`` labels (``-1`` = padding) belongs to the group of every label it carries; each batch takes
+``batch_size / m`` distinct labels and ``m`` items carrying each (E. Ramzi's thesis, Sec. 6.2.1). The epoch plan,
+``set_epoch``, ``state_dict`` and sharding are those of :class:`pml_suprank.samplers.MPerClassBatchSampler`.
 """
 
 from __future__ import annotations
@@ -50,12 +41,9 @@ class MultiLabelSampler(ShardedBatchSampler):
             one label per item; every item needs at least one label.
         m: Items per label in a batch (``>= 2``: each item needs another item sharing its label).
         batch_size: Indices per batch *per process*; a multiple of ``m``.
-        seed: Seed of the per-epoch ``np.random.default_rng((seed, epoch))``.
-        num_replicas: Processes sharing one global batch of ``num_replicas * batch_size`` indices (default: the
-            ``torch.distributed`` world size, 1 when not initialised).
-        rank: This process's slice (default: the ``torch.distributed`` rank).
-        small_classes: Labels carried by fewer than ``m`` items: ``"replace"`` samples their group with replacement
-            (duplicate indices inside that group), ``"skip"`` never samples them.
+        seed, num_replicas, rank: As :class:`~pml_suprank.samplers.MPerClassBatchSampler`.
+        small_classes: Labels carried by fewer than ``m`` items: ``"replace"`` (duplicates inside the group) or
+            ``"skip"``.
 
     Raises:
         TypeError: non-integer labels or non-int sizes.
