@@ -1,23 +1,9 @@
-"""Figures of a trained retrieval model (matplotlib, ``Agg`` backend; no display needed).
+"""Figures of a trained retrieval model (matplotlib, ``Agg`` backend), written by :func:`plot_all` at :data:`DPI`.
 
-* :func:`precision_recall_curve` / :func:`plot_precision_recall` — the mean interpolated precision–recall curve of
-  the test set searched against itself (the query removed from its gallery), optionally beside a second set of
-  embeddings (e.g. before training);
-* :func:`plot_hierarchical_precision_recall` — one curve per hierarchy level: at level ``l`` the positives of a
-  query are the items sharing its label in column ``l`` (fine class, ..., coarse class), as in the hierarchical
-  evaluation of HAPPIER (Ramzi et al., ECCV 2022, Sec. 4);
-* :func:`plot_embedding_map` — a 2-D map of the class-mean embeddings coloured by coarse class, the legend and the
-  class means named after the classes (HAPPIER Fig. 6 uses t-SNE; scikit-learn's t-SNE is used when installed, else a
-  PCA projection);
-* :func:`plot_training_curves` — the training loss, learning rates and test metrics over optimizer steps, from
-  the run's ``history.json`` (metric names as in the model card; every evaluation, the one before training at step 0
-  and the final one included);
-* :func:`plot_retrieval_grid` — queries and their top-k results, with borders and a text mark per result (✓ same
-  fine class, ~ same coarse class only, ✗ other) and the class name under every picture.
-
-:func:`plot_all` writes the PNG files and returns their names. Figures are written at :data:`DPI` dots per inch.
-Text that comes from the data (label columns, class names) is drawn literally: a ``$`` never starts matplotlib's
-mathtext.
+Precision–recall curves (the test set searched against itself; per hierarchy level as in HAPPIER, Ramzi et al., ECCV
+2022, Sec. 4), a 2-D map of the class-mean embeddings (t-SNE when scikit-learn is installed, else PCA; HAPPIER
+Fig. 6), the training curves of ``history.json`` and a grid of queries with their top-k results (✓ same fine class,
+~ same coarse class only, ✗ other). Text from the data is drawn literally (a ``$`` never starts mathtext).
 """
 
 from __future__ import annotations
@@ -131,23 +117,12 @@ def precision_recall_curve(
     seed: int = 0,
     chunk_size: int = 256,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Mean interpolated precision at ``num_points`` recall values in ``[0, 1]``.
+    """Mean interpolated precision (the best precision at any recall ``>= r``) at ``num_points`` recalls in ``[0, 1]``.
 
-    Every query ranks all other items by cosine similarity (ties: less relevant first, the evaluator's pessimistic
-    convention); positives are the items with the same label in column ``level``. The interpolated precision at
-    recall ``r`` is the best precision at any recall ``>= r``; queries without positives are skipped.
-
-    Args:
-        embeddings: ``(N, D)`` L2-normalised embeddings.
-        labels: ``(N,)`` or ``(N, L)`` integer labels, column 0 finest.
-        level: Label column defining the positives.
-        num_points: Number of recall values.
-        max_queries: Use a random subset of at most this many queries (all items stay in the gallery).
-        seed: Seed of the query subset.
-        chunk_size: Queries scored at once.
-
-    Returns:
-        ``(recall (num_points,), precision (num_points,))`` as numpy arrays.
+    Every query (a seeded subset of at most ``max_queries``) ranks all other items of ``embeddings`` ``(N, D)`` by
+    cosine similarity (ties: less relevant first); positives share the label of column ``level`` of ``labels``
+    ``(N,)`` / ``(N, L)``; queries without positives are skipped. Returns ``(recall, precision)``, ``(num_points,)``
+    numpy arrays.
     """
     grid, precision, _ = _pr_curve_and_ap(embeddings, labels, level, num_points, max_queries, seed, chunk_size)
     return grid, precision
@@ -208,13 +183,9 @@ def plot_precision_recall(
     seed: int = 0,
     title: str = "Precision-recall (fine classes)",
 ) -> Path:
-    """Draw the mean precision–recall curve of ``embeddings`` (label ``"trained"``) and of every entry of ``compare``
-    (``{"before training": embeddings_before}``) and save it to ``path``.
-
-    The curves show the interpolated precision (the best precision at any higher recall), which lies above the exact
-    precision; the legend gives each curve's mAP, the mean exact AP of the plotted queries in percent (with every
-    query plotted, the model card's mAP).
-    """
+    """Save the interpolated precision–recall curve of ``embeddings`` (``"trained"``) and of every entry of
+    ``compare`` (e.g. ``{"before training": ...}``) to ``path``; the legend gives each curve's mAP (mean exact AP of
+    the plotted queries, in percent: with every query plotted, the model card's mAP)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5, 4))
     curves = {"trained": embeddings, **(compare or {})}
@@ -290,12 +261,9 @@ def plot_embedding_map(
     class_names: Mapping[int, Any] | None = None,
     max_named: int = 40,
 ) -> Path:
-    """2-D map of sample embeddings (dots) and fine-class mean embeddings (re-normalised, outlined circles),
-    projected together and coloured by coarse class (last label column).
-
-    The legend names the coarse classes (the common first path component of their fine classes' names, e.g.
-    ``circle`` for ``circle/small/red``; else ``<column> <id>``); with at most ``max_named`` fine classes every class
-    mean is labelled with its name (the last path component).
+    """2-D map of sample embeddings (dots) and fine-class mean embeddings (circles), coloured by coarse class (last
+    label column, named by the common first path component of its classes' names); with at most ``max_named`` fine
+    classes every class mean is labelled with its name.
 
     Args:
         method: ``"auto"`` (t-SNE if scikit-learn is installed, else PCA), ``"tsne"`` or ``"pca"``.
@@ -371,9 +339,8 @@ def plot_retrieval_grid(
     std: Sequence[float] | None = None,
     class_names: Mapping[int, Any] | None = None,
 ) -> Path:
-    """Grid of ``num_queries`` random queries (first column) and their ``top_k`` nearest items. Every result has a
-    border and a text mark — ✓ (green) same fine class, ~ (orange) same coarse class only, ✗ (red) other — and
-    every picture its fine class name (``class_names``, default ``dataset.class_names``; the label id without).
+    """Grid of ``num_queries`` random queries and their ``top_k`` nearest items, each with a border, a text mark (✓
+    same fine class, ~ same coarse class only, ✗ other) and its fine class name (default ``dataset.class_names``).
 
     Args:
         dataset: Gives the pictures: ``dataset.get_image(i)`` (PIL) or ``dataset[i]["image"]`` (denormalised with
@@ -501,14 +468,9 @@ def plot_training_curves(
     label_names: Sequence[str] | None = None,
     max_metrics: int = 6,
 ) -> Path:
-    """Save a figure with up to three panels, sharing the step axis: the training loss, the learning rate of every
-    parameter group, and the headline test metrics (percent) of every evaluation in ``history``.
-
-    Args:
-        history: The run's logged records (each a mapping with an int ``"step"``).
-        path: The PNG file written.
-        label_names: Label column names, for per-level metric names.
-        max_metrics: At most this many metrics (the card's headline metrics first).
+    """Save up to three panels over the optimizer steps of ``history`` (the run's records, each with a ``"step"``):
+    the training loss, every parameter group's learning rate, and at most ``max_metrics`` headline test metrics
+    (percent; ``label_names`` names the per-level ones).
 
     Raises:
         ValueError: ``history`` holds no logged loss, learning rate or metric.
