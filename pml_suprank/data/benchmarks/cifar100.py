@@ -65,17 +65,9 @@ class RestrictedUnpickler(pickle.Unpickler):
 
 
 def load_restricted_pickle(path: Path, what: str, *, encoding: str = "ASCII") -> Any:
-    """The content of a pickle file read with :class:`RestrictedUnpickler`.
-
-    Args:
-        path: The pickle file.
-        what: What the file should hold (for the error messages), e.g. ``"a CIFAR-100 pickle"``.
-        encoding: How Python 2 ``str`` objects are decoded (``"bytes"`` keeps them as bytes, as for CIFAR).
-
-    Raises:
-        ValueError: The file is missing (``"<path>: missing file (<what>)"``) or is not a readable pickle of
-            builtins and numpy arrays (``"<path>: not a readable <what> (<reason>)"``, e.g. a refused global).
-    """
+    """The content of the pickle file ``path`` read with :class:`RestrictedUnpickler` (``encoding`` of Python 2
+    ``str``; ``"bytes"`` for CIFAR). ``ValueError`` naming ``what`` the file should hold: missing, or not a readable
+    pickle of builtins and numpy arrays (e.g. a refused global)."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: missing file ({what})")
@@ -186,16 +178,9 @@ def _from_hub(repo_id: str, split: str, transform: Callable | None) -> HubImageD
 
 
 def load_cifar100(root: str | Path, split: str, transform: Callable | None = None) -> NativeImageDataset:
-    """CIFAR-100 ``split`` (see the module docstring) with labels ``(N, 2)`` = (fine, coarse) as distributed.
-
-    Args:
-        root: ``cifar-100-python/`` (or its parent folder), or a Hub dataset id such as ``"uoft-cs/cifar100"``.
-        split: ``"train"``, ``"test"``, ``"open_train"`` or ``"open_test"``.
-        transform: Callable on a PIL RGB image.
-
-    Raises:
-        ValueError: A missing or malformed pickle, or a fine label under two coarse labels.
-    """
+    """CIFAR-100 ``split`` (``"train"``, ``"test"``, ``"open_train"``, ``"open_test"``) of ``cifar-100-python/`` (or
+    its parent) or a Hub id such as ``"uoft-cs/cifar100"``: labels ``(N, 2)`` = (fine, coarse) as distributed.
+    ``ValueError``: a missing or malformed pickle, a fine label under two coarse labels."""
     if split not in CIFAR100_SPLITS:
         raise ValueError(f"split must be one of {list(CIFAR100_SPLITS)} for cifar100; got {split!r}")
     path = Path(root)

@@ -66,18 +66,9 @@ def _benchmark_set(root: Path, kind: str, granularity: str) -> list[Record]:
 def load_dyml(
     root: str | Path, split: str, *, name: str = "dyml", transform: Callable | None = None
 ) -> FileImageDataset:
-    """A DyML split: ``train`` (3 levels), ``query_<g>`` / ``gallery_<g>`` (1 level), ``test`` (DyML-Product).
-
-    Args:
-        root: The release folder of one DyML dataset (holding ``train/`` and ``bmk_*``).
-        split: See :func:`dyml_splits`.
-        name: The benchmark name (``dyml_vehicle`` / ``dyml_animal`` / ``dyml_product``).
-        transform: Callable on a PIL RGB image.
-
-    Raises:
-        ValueError: A missing or malformed csv (wrong header, non-integer label), an image that does not exist, or
-            a class with two parents.
-    """
+    """A split of the DyML release folder ``root`` of benchmark ``name``: ``train`` (3 levels), ``query_<g>`` /
+    ``gallery_<g>`` (1 level) or ``test`` (DyML-Product). ``ValueError``: a missing or malformed csv (wrong header,
+    non-integer label), a missing image, a class with two parents."""
     root = Path(root)
     allowed = dyml_splits(product=name == "dyml_product")
     if split not in allowed:

@@ -19,9 +19,7 @@ landmark has no cluster (absent from the H-GLDv2 file or with an empty cell) are
 the 203k train landmarks and 67.9k of the 101k index landmarks. ``query`` and ``gallery`` share one label space (ids
 encoded over both); ``train`` has its own. Cluster names are kept as strings (sorted for the ids).
 
-Evaluation (TPAMI Table VII): mAP@100 with :func:`pml_suprank.metrics.landmark.landmark_map_at_k` (positives = the
-gallery images of the query's landmark) and the hierarchical metrics (H-AP, ASI, NDCG) of the standard evaluator
-on the query / gallery pair.
+Evaluation (TPAMI Table VII): :func:`pml_suprank.metrics.landmark.landmark_map_at_k` and the hierarchical metrics.
 """
 
 from __future__ import annotations
@@ -175,13 +173,8 @@ def _query_gallery_records(root: Path) -> dict[str, list[Record]]:
 
 
 def load_gldv2(root: str | Path, split: str, transform: Callable | None = None) -> FileImageDataset:
-    """H-GLDv2 ``split`` (``"train"``, ``"query"``, ``"gallery"``): labels ``(N, 3)`` = (landmark, cluster,
-    overall_cluster), 0-based and contiguous (query and gallery share their ids).
-
-    Args:
-        root: The GLDv2 folder holding the csv files and the ``train/``, ``index/``, ``test/`` image folders.
-        split: ``"train"``, ``"query"`` or ``"gallery"``.
-        transform: Callable on a PIL RGB image.
+    """H-GLDv2 ``split`` (``"train"``, ``"query"``, ``"gallery"``) of the GLDv2 folder ``root``: labels ``(N, 3)`` =
+    (landmark, cluster, overall_cluster), 0-based and contiguous (query and gallery share their ids).
 
     Raises:
         ValueError: A csv file is missing or malformed (wrong header, non-integer id, a query whose solution images

@@ -1,13 +1,9 @@
 """iNaturalist 2018 (Van Horn et al., CVPR 2018) with the open-set retrieval splits of Smooth-AP (Brown et al.,
 ECCV 2020), read from the official archives.
 
-Layout under ``root``:
-
-* ``Inat_dataset_splits/Inaturalist_train_set1.txt`` and ``Inaturalist_test_set1.txt``: one image path per line,
-  ``train_val2018/<supercategory>/<category id>/<file>.jpg`` (train and test species are disjoint);
-* ``train_val2018/``: the images, at those paths;
-* ``train2018.json`` (``inat_full`` only): its ``categories`` give, per category ``id``, the ``name`` (species) and
-  ``genus``, ``family``, ``order``, ``class``, ``phylum``, ``kingdom``.
+Layout under ``root``: ``Inat_dataset_splits/Inaturalist_{train,test}_set1.txt`` (one image path per line,
+``train_val2018/<supercategory>/<category id>/<file>.jpg``; disjoint species), the images under ``train_val2018/``
+and, for ``inat_full``, ``train2018.json`` (its ``categories``: ``name`` and the ``genus`` … ``kingdom`` of each id).
 
 ``inat_base``: species (category id) → super-category taken from the path (2 levels, HAPPIER / ROADMAP).
 ``inat_full``: species, genus, family, order, class, phylum, kingdom (7 levels, HAPPIER). A taxon is identified by
@@ -68,16 +64,8 @@ def _taxonomy(root: Path) -> dict[int, tuple[str, ...]]:
 
 
 def load_inat(root: str | Path, split: str, *, full: bool, transform: Callable | None = None) -> FileImageDataset:
-    """iNaturalist-2018 open-set ``split`` (``"train"`` / ``"test"``).
-
-    Args:
-        root: The folder holding ``Inat_dataset_splits/``, ``train_val2018/`` and (for ``full``) ``train2018.json``.
-        split: ``"train"`` or ``"test"``.
-        full: 7 taxonomy levels (``inat_full``) instead of species → super-category (``inat_base``).
-        transform: Callable on a PIL RGB image.
-
-    Returns:
-        Labels ``(N, 2)`` or ``(N, 7)``, fine → coarse, ids contiguous over both splits.
+    """iNaturalist-2018 open-set ``split`` (``"train"`` / ``"test"``): labels ``(N, 2)``, or ``(N, 7)`` with ``full``
+    (``inat_full``), fine → coarse, ids contiguous over both splits.
 
     Raises:
         ValueError: A missing or malformed file, a category absent from ``train2018.json``, an image that does not

@@ -69,16 +69,9 @@ def _entry(source: str, rel: str, container: Path, where: str) -> tuple[str, str
 
 
 def load_omniglot(root: str | Path, split: str, transform: Callable | None = None) -> NativeImageDataset:
-    """Omniglot open-set ``split`` (``"train"`` / ``"test"``): labels ``(N, 2)`` = (character, alphabet).
-
-    Args:
-        root: The folder holding the ``images_background*.zip`` archives (or their extracted folders).
-        split: ``"train"`` or ``"test"``.
-        transform: Callable on a PIL RGB image.
-
-    Raises:
-        ValueError: No archive, or an entry outside the ``<archive>/<alphabet>/<character>/<image>`` layout.
-    """
+    """Omniglot open-set ``split`` (``"train"`` / ``"test"``) of the archives (or extracted folders) in ``root``:
+    labels ``(N, 2)`` = (character, alphabet). ``ValueError``: no archive, or an entry outside the
+    ``<archive>/<alphabet>/<character>/<image>`` layout."""
     root = Path(root)
     if split not in OMNIGLOT_SPLITS:
         raise ValueError(f"split must be one of {list(OMNIGLOT_SPLITS)} for omniglot; got {split!r}")

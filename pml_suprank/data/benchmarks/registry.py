@@ -143,20 +143,12 @@ def benchmark_label_names(name: str, split: str) -> tuple[str, ...]:
 
 
 def load_benchmark(name: str, root: str | Path, split: str, transform: Callable | None = None) -> NativeImageDataset:
-    """A paper benchmark read from its archive as the owners distribute it.
-
-    Args:
-        name: One of :data:`BENCHMARKS` (``sop``, ``cub``, ``inat_base``, ``inat_full``, ``dyml_vehicle``,
-            ``dyml_animal``, ``dyml_product``, ``cifar100``, ``omniglot``, ``gldv2_hier``, ``roxford5k``,
-            ``rparis6k``).
-        root: The folder the archive was extracted to (see each spec's ``layout``); for ``cifar100`` also a Hub id.
-        split: One of ``BENCHMARKS[name].splits``.
-        transform: Callable on a PIL RGB image returning a ``(3, H, W)`` tensor (``None``: ``[0, 1]`` tensor).
+    """Benchmark ``name`` (one of :data:`BENCHMARKS`) read from ``root``, the folder its archive was extracted to
+    (each spec's ``layout``; for ``cifar100`` also a Hub id), split ``split`` (one of ``BENCHMARKS[name].splits``).
 
     Returns:
-        A retrieval dataset: ``ds.labels`` ``(N, L)`` LongTensor (column 0 finest, contiguous ids per level over
-        the benchmark's splits that share a label space, a tree), ``ds.label_names``, and
-        ``ds[i] = {"image": (3, H, W), "labels": (L,), "index": i}`` with images decoded lazily.
+        A retrieval dataset: ``ds.labels`` ``(N, L)`` (column 0 finest, ids contiguous over the splits that share a
+        label space, a tree), ``ds[i] = {"image": (3, H, W), "labels": (L,), "index": i}``, images decoded lazily.
 
     Raises:
         ValueError: Unknown name or split, or a malformed archive (the message names the file and line).

@@ -112,13 +112,8 @@ def read_revisited_gnd(path: str | Path) -> dict[str, Any]:
 
 
 class RevisitedQueryDataset(FileImageDataset):
-    """The query images of a revisited dataset, cropped to their ``bbx``; ``gnd[i]`` is the ground truth of item ``i``.
-
-    Args:
-        labels, label_names, paths, root: As :class:`FileImageDataset`.
-        gnd: One dict per query (``easy``, ``hard``, ``junk`` gallery indices, ``bbx``).
-        **kwargs: ``transform``, ``benchmark``, ``split``.
-    """
+    """The query images of a revisited dataset, cropped to their ``bbx``; ``gnd[i]`` (``easy``, ``hard``, ``junk``
+    gallery indices, ``bbx``) is the ground truth of item ``i``; other arguments as :class:`FileImageDataset`."""
 
     def __init__(
         self, labels: Any, label_names: Sequence[str], paths: Sequence[str], root: Path, *, gnd: list, **kwargs
@@ -154,13 +149,8 @@ def _records(names: list[str], root: Path, path: Path, key: str) -> list[Record]
 def load_revisited(
     root: str | Path, split: str, *, name: str = "roxford5k", transform: Callable | None = None
 ) -> FileImageDataset:
-    """Revisited Oxford / Paris ``split``: ``"query"`` (cropped, with ``.gnd``) or ``"gallery"`` (``imlist`` order).
-
-    Args:
-        root: The dataset folder holding ``gnd_<name>.pkl`` and ``jpg/``.
-        split: ``"query"`` or ``"gallery"``.
-        name: ``"roxford5k"`` or ``"rparis6k"`` (selects the ground-truth file).
-        transform: Callable on a PIL RGB image.
+    """Revisited Oxford / Paris (``name``) ``split`` of ``root`` (holding ``gnd_<name>.pkl`` and ``jpg/``):
+    ``"query"`` (cropped, with ``.gnd``) or ``"gallery"`` (``imlist`` order).
 
     Raises:
         ValueError: A missing or malformed ground-truth pickle (see :func:`read_revisited_gnd`), an image name without

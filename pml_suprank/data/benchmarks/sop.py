@@ -35,16 +35,9 @@ def _records(root: Path, split: str) -> list[Record]:
 
 
 def load_sop(root: str | Path, split: str, transform: Callable | None = None) -> FileImageDataset:
-    """SOP ``split`` (``"train"`` / ``"test"``): labels ``(N, 2)`` = (product, category), 0-based.
-
-    Args:
-        root: The ``Stanford_Online_Products`` folder (holding ``Ebay_train.txt``).
-        split: ``"train"`` or ``"test"``.
-        transform: Callable on a PIL RGB image.
-
-    Raises:
-        ValueError: A list file is missing or malformed, an image does not exist, or a product has two categories.
-    """
+    """SOP ``split`` (``"train"`` / ``"test"``) of the ``Stanford_Online_Products`` folder ``root``: labels ``(N, 2)``
+    = (product, category), 0-based (``ValueError``: a missing or malformed list file or image, a product with two
+    categories)."""
     root = Path(root)
     if split not in SOP_SPLITS:
         raise ValueError(f"split must be one of {list(SOP_SPLITS)} for sop; got {split!r}")
