@@ -1,26 +1,16 @@
 """Your own images as a retrieval dataset: recognise the layout of a local image folder and split it by class.
 
-Three layouts are read by :func:`pml_suprank.data.load_retrieval_dataset` (the ``imagefolder`` builder of Hugging
-Face ``datasets``) without naming a label column:
+Layouts read by :func:`pml_suprank.data.load_retrieval_dataset` without naming a label column:
 
-* ``"split_folders"``: ``root/train/<class>/*`` and ``root/test/<class>/*``: one label level, ``label`` (the class
-  folder names);
-* ``"metadata"``: images anywhere under ``root`` with a ``metadata.csv`` (or ``metadata.jsonl``) whose ``file_name``
-  column names each image; every other column is a label level, in file order, **finest first** (string or integer
-  values). ``train/`` and ``test/`` folders, when present, are the splits;
-* ``"class_folders"``: ``root/<class>/*`` with no split: the classes are split in two
-  (:func:`class_split`, seeded, open set: no class on both sides).
+* ``"split_folders"``: ``root/train/<class>/*`` and ``root/test/<class>/*``, one label level ``label``;
+* ``"metadata"``: images with a ``metadata.csv`` / ``metadata.jsonl`` whose ``file_name`` names each image; every
+  other column is a label level, finest first; ``train/`` and ``test/`` folders, when present, are the splits;
+* ``"class_folders"``: ``root/<class>/*`` with no split: the classes are split in two (:func:`class_split`).
 
-Class folders may be nested, every image at the same depth: ``root/<group>/<class>/*`` (Omniglot's
-``alphabet/character01/*.png``; also below ``train/`` and ``test/``) gives two label levels, ``label`` = the relative
-path ``<group>/<class>`` (so ``character01`` of two alphabets are two classes) and ``group``; deeper folders give one
-more level each (``label``, ``group_1`` = the parent path, ..., ``group_<d-1>`` = the top folder). Images at
-different depths are refused, naming these layouts. Nested folders are read by :func:`folder_splits` (the
-``imagefolder`` builder would label each image by its innermost folder name alone).
-
-:func:`image_folder_layout` tells which (by reading the folder names and the metadata header only; no image is
-opened; the ``file_name`` of every metadata row is checked to name an image inside the folder),
-:func:`class_split` draws the seeded class split and :func:`class_split_side` keeps one side of it.
+Class folders may be nested, every image at the same depth: ``root/<group>/<class>/*`` gives the levels ``label`` =
+``"<group>/<class>"`` and ``group`` (deeper: ``group_1`` … ``group_<d-1>``), read by :func:`folder_splits`.
+:func:`image_folder_layout` tells which from folder names and metadata headers only (each metadata ``file_name``
+must name an image inside the folder).
 """
 
 from __future__ import annotations
@@ -39,6 +29,7 @@ from .paths import PathConfiner
 
 __all__ = [
     "CLASS_SPLIT_FRACTION",
+    "IMAGE_SUFFIXES",
     "FolderLayout",
     "class_split",
     "class_names_of",
@@ -51,7 +42,8 @@ __all__ = [
 #: the share of the classes that train when a folder without a split is split by class
 CLASS_SPLIT_FRACTION = 0.5
 
-_IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
+#: the file suffixes read as images (lower case)
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 _METADATA = ("metadata.csv", "metadata.jsonl")
 _SPLITS = ("train", "test")
 
@@ -96,7 +88,7 @@ class FolderLayout:
 
 
 def _images(folder: Path) -> list[Path]:
-    return [p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in _IMAGE_SUFFIXES]
+    return [p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES]
 
 
 def _metadata_rows(path: Path) -> tuple[list[str], list[Any]]:
@@ -131,11 +123,11 @@ def _check_metadata_files(path: Path, names: list[Any]) -> None:
         if not isinstance(name, str) or not name.strip():
             raise ValueError(f"{where}: expected the relative path of an image; got {name!r}")
         file = Path(confine(name, where=where))
-        if file.suffix.lower() not in _IMAGE_SUFFIXES or not file.is_file():
+        if file.suffix.lower() not in IMAGE_SUFFIXES or not file.is_file():
             state = "is not an image file" if file.is_file() else "does not exist"
             raise ValueError(
                 f"{where}: {name!r} {state} ({file}); file_name must be the path of an image "
-                f"({', '.join(sorted(_IMAGE_SUFFIXES))}) relative to the folder of {path.name}"
+                f"({', '.join(sorted(IMAGE_SUFFIXES))}) relative to the folder of {path.name}"
             )
 
 

@@ -9,11 +9,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from .folders import IMAGE_SUFFIXES
 from .paths import PathConfiner
 
 __all__ = ["check_image_paths", "describe", "image_column_name", "load_splits", "select_split"]
-
-_IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
 
 def select_split(splits: dict[str, Any], split: str, source: Any) -> tuple[list[str], Any]:
@@ -110,7 +109,7 @@ def _load_splits(source: Any, *, data_files: Any, cache_dir: Any, revision: Any,
             loaded = datasets.load_from_disk(src)
             return dict(loaded) if isinstance(loaded, datasets.DatasetDict) else _single(loaded)
         files = [p for p in path.rglob("*") if p.is_file()]
-        if any(p.suffix.lower() in _IMAGE_SUFFIXES for p in files):
+        if any(p.suffix.lower() in IMAGE_SUFFIXES for p in files):
             return dict(datasets.load_dataset("imagefolder", data_dir=src, cache_dir=cache_dir))
         if any(p.suffix == ".parquet" for p in files):
             return dict(datasets.load_dataset("parquet", data_dir=src, cache_dir=cache_dir))

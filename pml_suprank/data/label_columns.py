@@ -1,13 +1,6 @@
-"""List-valued label columns of Hugging Face datasets: multi-label fine labels and their hierarchy.
-
-Used by :func:`pml_suprank.data.load_retrieval_dataset` when the fine label column holds lists (``Sequence(ClassLabel)``
-/ ``Sequence(int)`` / ``Sequence(string)`` features, list columns of parquet files). The hierarchy of a multi-label
-dataset is a ``(num_fine, L)`` table (row ``f`` = ``[f, parent(f), ..., coarsest]``), taken from
-
-* further list-valued label columns aligned element by element with the fine column (``labels = [3, 7]``,
-  ``families = [0, 2]``: label 3 belongs to family 0 and 7 to family 2), read over all splits; or
-* a given table (``hierarchy=``); or neither: flat multi-label data (``L = 1``).
-"""
+"""List-valued label columns of Hugging Face datasets: multi-label fine labels and their ``(num_fine, L)`` hierarchy
+table, from further list columns aligned element by element with the fine one (``labels = [3, 7]``, ``families =
+[0, 2]``), from ``hierarchy=``, or neither (flat, ``L = 1``)."""
 
 from __future__ import annotations
 
@@ -129,15 +122,8 @@ def _pad(fine: np.ndarray, lengths: np.ndarray) -> Tensor:
 def multilabel_labels(
     ds: Any, split: str, splits: dict[str, Any], label_columns: list[str], hierarchy: Any, where: str
 ) -> tuple[Tensor, Tensor | None, list[str], dict[str, dict[str, int]]]:
-    """Multi-label labels of ``ds`` and the hierarchy of the dataset.
-
-    Args:
-        ds: The selected ``datasets.Dataset``.
-        split: Its name (for messages).
-        splits: Every split ``{name: datasets.Dataset}`` (string ids and the hierarchy are read over all of them).
-        label_columns: The fine list column first, then aligned coarser list columns.
-        hierarchy: A given ``(num_fine, L)`` table (tensor, array, nested list or :class:`Hierarchy`), or ``None``.
-        where: The source, for messages.
+    """Multi-label labels of ``ds`` (split ``split``; string ids and the hierarchy read over all ``splits``) and the
+    hierarchy from the aligned coarser ``label_columns`` or the given ``hierarchy`` table; ``where`` names the source.
 
     Returns:
         ``(labels (N, M) padded with -1, table (num_fine, L) or None, level names, string-id mappings)``.

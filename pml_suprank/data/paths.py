@@ -16,27 +16,23 @@ __all__ = ["PathConfiner", "confined_path", "is_inside"]
 
 def is_inside(root: str | Path, path: str | Path) -> bool:
     """Whether ``path``, symbolic links resolved, lies inside ``root`` (also resolved)."""
-    real_root = os.path.realpath(root)
-    real = os.path.realpath(path)
-    return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
+    return _under(os.path.realpath(path), os.path.realpath(root))
+
+
+def _under(path: str, base: str) -> bool:
+    return path == base or path.startswith(base.rstrip(os.sep) + os.sep)
 
 
 def _named_inside(root: str | Path, path: str) -> bool:
     """Whether the absolute ``path``, as written (``..`` collapsed, links not followed), names a file below ``root``
     (as given or resolved)."""
     name = os.path.normpath(path)
-    for base in {os.path.normpath(os.path.abspath(root)), os.path.realpath(root)}:
-        if name == base or name.startswith(base.rstrip(os.sep) + os.sep):
-            return True
-    return False
+    return any(_under(name, base) for base in {os.path.normpath(os.path.abspath(root)), os.path.realpath(root)})
 
 
 class PathConfiner:
-    """:func:`confined_path` for many paths under one ``root``: the resolved root and the resolved folders are
-    computed once (per instance; a folder is resolved on first use), so each further path costs one ``lstat``.
-
-    Args:
-        root: The dataset folder every listed path must stay in.
+    """:func:`confined_path` for many paths under one ``root`` (the dataset folder): the root and each folder are
+    resolved once per instance, so each further path costs one ``lstat``.
 
     Example:
         >>> import tempfile
@@ -67,7 +63,7 @@ class PathConfiner:
                 raise ValueError(f"{where}: path {text!r} has a '..' component; it must stay inside {self.root}")
             joined = joined / pure
         real = self._resolve(str(joined))
-        if not (real == self._real_root or real.startswith(self._real_root.rstrip(os.sep) + os.sep)):
+        if not _under(real, self._real_root):
             raise ValueError(
                 f"{where}: path {os.fspath(joined)!r} leads outside {self.root} (a symbolic link to {real!r}); "
                 "dataset files must lie inside the dataset folder"
@@ -85,22 +81,14 @@ class PathConfiner:
 
 
 def confined_path(root: str | Path, *parts: str | Path, where: str, allow_absolute: bool = False) -> str:
-    """``root / parts[0] / parts[1] / ...`` after checking that it stays inside ``root``.
+    """``root / parts[0] / ...`` (as a string, not resolved) after checking that it stays inside ``root``.
 
-    Args:
-        root: The dataset folder every listed path must stay in.
-        *parts: Path components taken from the dataset's files (e.g. ``"bicycle_final/1_0.JPG"``), joined in order.
-        where: Where the path was read, e.g. ``"Ebay_train.txt, line 7"``, for the error message.
-        allow_absolute: Accept an absolute path (the first part) when it lies inside ``root`` (e.g. the absolute
-            paths ``datasets`` stores for an image folder); relative paths are the rule for list files.
-
-    Returns:
-        The joined path as a string (not resolved: the name below ``root`` is kept).
+    ``parts`` come from the dataset's files (e.g. ``"bicycle_final/1_0.JPG"``), read at ``where`` (e.g.
+    ``"Ebay_train.txt, line 7"``). ``allow_absolute``: an absolute first part is accepted when it lies inside ``root``
+    (the paths ``datasets`` stores for an image folder). :class:`PathConfiner` checks many paths under one root.
 
     Raises:
         ValueError: ``"<where>: ..."`` when a part is absolute (unless ``allow_absolute``), has a ``..`` component,
             or when the joined path, symbolic links resolved, lies outside ``root``.
-
-    Use :class:`PathConfiner` to check many paths under one root (it resolves each folder once).
     """
     return PathConfiner(root)(*parts, where=where, allow_absolute=allow_absolute)

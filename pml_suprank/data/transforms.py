@@ -1,17 +1,8 @@
 """Training and evaluation image transforms: timm's :func:`timm.data.create_transform` driven by a backbone's
-resolved data config (``model.data_config``, i.e. :func:`timm.data.resolve_model_data_config` with the model's
-overrides).
-
-The data config decides the resolution, interpolation, normalisation and the evaluation crop (``crop_pct`` and
-``crop_mode``: ``"center"`` resizes the short side to ``size / crop_pct`` then center-crops, ``"squash"`` resizes
-both sides to ``size / crop_pct`` — the aspect ratio is not kept — then center-crops, ``"border"`` resizes the long
-side then pads); the keyword arguments of :func:`build_transforms` decide the training augmentation (random resized
-crop, flip, optional colour jitter, RandAugment / AugMix / AutoAugment policy strings and random erasing).
-
-Randomness: timm's training transforms draw from the global ``random`` and ``torch`` generators. The training loop
-wraps its dataset in :class:`~pml_suprank.training.SeededAugmentation`, which seeds both per ``(seed, epoch, item)``,
-so the augmented images do not depend on workers, processes or on resuming.
-"""
+resolved data config (``model.data_config``), which decides resolution, interpolation, normalisation and the
+evaluation crop; :func:`build_transforms`' keyword arguments decide the training augmentation. timm draws from the
+global ``random`` / ``torch`` generators: the training loop seeds them per ``(seed, epoch, item)``
+(:class:`~pml_suprank.training.SeededAugmentation`)."""
 
 from __future__ import annotations
 
@@ -67,28 +58,22 @@ def build_transforms(
 ) -> Callable:
     """Image transforms from a timm data config, built by :func:`timm.data.create_transform`.
 
-    Training: ``RandomResizedCropAndInterpolation(size, scale, ratio)`` + horizontal flip (+ colour jitter, + the
-    ``auto_augment`` policy) + ``ToTensor`` + ``Normalize`` (+ ``RandomErasing``); the reference recipes use scale
-    (0.16, 1) (ranking_reference.md §5). Evaluation: timm's eval pipeline for ``crop_pct`` / ``crop_mode`` (module
-    docstring) + ``ToTensor`` + ``Normalize``: ``Resize(floor(size / crop_pct))`` + ``CenterCrop(size)`` for the
-    default ``"center"`` (Resize 256 + CenterCrop 224 for ``crop_pct = 0.875``).
+    Training: random resized crop (``scale``, ``ratio``; the reference recipes use scale (0.16, 1)) + flip (+ colour
+    jitter, + the ``auto_augment`` policy) + ``ToTensor`` + ``Normalize`` (+ random erasing). Evaluation: timm's
+    crop for ``crop_pct`` / ``crop_mode`` (``"center"``: resize the short side to ``size / crop_pct``, center-crop;
+    ``"squash"``: resize both sides, center-crop; ``"border"``: resize the long side, pad) + ``ToTensor`` +
+    ``Normalize``.
 
     Args:
-        data_config: Dict with ``input_size`` ``(3, H, W)``, ``mean``, ``std`` and optionally ``interpolation``
-            (default bilinear), ``crop_pct`` (default 0.875) and ``crop_mode`` (one of :data:`CROP_MODES`, default
-            ``"center"``), e.g. ``model.data_config``.
+        data_config: ``input_size`` ``(3, H, W)``, ``mean``, ``std`` and optionally ``interpolation`` (bilinear),
+            ``crop_pct`` (0.875) and ``crop_mode`` (one of :data:`CROP_MODES`), e.g. ``model.data_config``.
         train: Training (random) or evaluation (deterministic) pipeline.
-        scale: Area range of the random crop (training only).
-        ratio: Aspect-ratio range of the random crop (training only).
-        hflip: Probability of a horizontal flip (training only).
-        color_jitter: Brightness / contrast / saturation jitter strength, or None for none (training only; timm
-            leaves it out when an ``auto_augment`` policy is given).
-        auto_augment: timm policy string (training only), e.g. ``"rand-m9-mstd0.5"`` (RandAugment, magnitude 9,
-            magnitude std 0.5), ``"rand-m9-n3-mstd0.5-inc1"``, ``"augmix-m5-w4-d2"``, ``"original"``; None: none.
-        re_prob: Probability of random erasing, applied to the normalised tensor (training only; 0: none).
-        re_mode: Random-erasing fill: ``"pixel"`` (per-pixel normal noise), ``"rand"`` (per-channel) or ``"const"``
-            (zeros).
-        re_count: Maximum number of erased rectangles per image.
+        scale, ratio, hflip: Area and aspect-ratio ranges of the random crop, flip probability (training only).
+        color_jitter: Brightness / contrast / saturation jitter strength or None (training only; timm leaves it out
+            with an ``auto_augment`` policy).
+        auto_augment: timm policy string, e.g. ``"rand-m9-mstd0.5"``, ``"augmix-m5-w4-d2"``, ``"original"``; or None.
+        re_prob, re_mode, re_count: Random erasing on the normalised tensor: probability, fill (``"pixel"``,
+            ``"rand"``, ``"const"``) and most rectangles per image.
 
     Returns:
         A callable mapping a PIL RGB image to a normalised ``(3, H, W)`` float tensor.
