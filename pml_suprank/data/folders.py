@@ -91,16 +91,14 @@ def _images(folder: Path) -> list[Path]:
     return [p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES]
 
 
-def _metadata_rows(path: Path) -> tuple[list[str], list[Any]]:
-    """The columns of a ``metadata.csv`` header (or of the first record of a ``metadata.jsonl``) and the
-    ``file_name`` value of every row (``None`` where a row has none)."""
+def _metadata_records(path: Path) -> tuple[list[str], list[dict[str, Any]]]:
+    """The columns of a ``metadata.csv`` header (or of the first record of a ``metadata.jsonl``) and the records (CSV
+    cells as text, ``None`` where a row is short)."""
     with path.open(newline="", encoding="utf-8") as f:
         if path.suffix == ".csv":
-            reader = csv.reader(f)
-            columns = [c.strip() for c in next(reader, [])]
-            at = columns.index("file_name") if "file_name" in columns else None
-            names = [None if at is None or len(row) <= at else row[at] for row in reader if row]
-            return columns, names
+            reader = csv.DictReader(f)
+            records = [{k.strip(): v for k, v in r.items() if k is not None} for r in reader]
+            return [c.strip() for c in reader.fieldnames or []], records
         lines = [line for line in f if line.strip()]
     records = []
     for number, line in enumerate(lines, start=1):
@@ -111,7 +109,7 @@ def _metadata_rows(path: Path) -> tuple[list[str], list[Any]]:
         if not isinstance(record, dict):
             raise ValueError(f"{path}, line {number}: not a JSON object (got {type(record).__name__})")
         records.append(record)
-    return (list(records[0]) if records else []), [r.get("file_name") for r in records]
+    return (list(records[0]) if records else []), records
 
 
 def _check_metadata_files(path: Path, names: list[Any]) -> None:
@@ -195,7 +193,7 @@ def image_folder_layout(root: str | Path) -> FolderLayout | None:
     splits = tuple(s for s in _SPLITS if (root / s).is_dir()) if (root / "test").is_dir() else ("train",)
     metadata = sorted(p for name in _METADATA for p in root.rglob(name))
     if metadata:
-        headers = {p: _metadata_rows(p) for p in metadata}
+        headers = {p: _metadata_records(p) for p in metadata}
         first = headers[metadata[0]][0]
         for path, (columns, _) in headers.items():
             if columns != first:
@@ -207,8 +205,8 @@ def image_folder_layout(root: str | Path) -> FolderLayout | None:
         levels = tuple(c for c in first if c != "file_name")
         if not levels:
             raise ValueError(f"{metadata[0]}: no label column besides 'file_name'; add one column per label level")
-        for path, (_, names) in headers.items():
-            _check_metadata_files(path, names)
+        for path, (_, records) in headers.items():
+            _check_metadata_files(path, [r.get("file_name") for r in records])
         return FolderLayout(root, "metadata", levels, splits)
     depth = _class_folder_depth(root, _split_folders(root, splits, images), images)
     kind = "split_folders" if "test" in splits else "class_folders"
@@ -260,21 +258,15 @@ def metadata_splits(layout: FolderLayout) -> dict[str, Any] | None:
     rows: dict[str, dict[str, list[Any]]] = {s: {"image": [], **{c: [] for c in layout.label_columns}}
                                               for s in layout.splits}  # fmt: skip
     for path in files:
-        if path.suffix == ".csv":
-            with path.open(newline="", encoding="utf-8") as f:
-                reader = csv.DictReader(f)
-                records = [{k.strip(): _cell(v or "") for k, v in r.items() if k is not None} for r in reader]
-        else:
-            records = [loads_json(line, str(path), what="metadata.jsonl record")
-                       for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]  # fmt: skip
-        for number, record in enumerate(records, start=1):
+        for number, record in enumerate(_metadata_records(path)[1], start=1):
             name = str(record["file_name"])
             split = Path(name).parts[0] if Path(name).parts else ""
             if split not in rows:
                 raise ValueError(f"{path}, row {number}: {name!r} lies in no split folder ({', '.join(layout.splits)})")
             rows[split]["image"].append(str(root / name))
             for column in layout.label_columns:
-                rows[split][column].append(record.get(column))
+                value = record.get(column)
+                rows[split][column].append(_cell(value or "") if path.suffix == ".csv" else value)
     empty = [s for s, r in rows.items() if not r["image"]]
     if empty:
         raise ValueError(f"{files[0]}: no row names an image of the split folder(s) {empty}")
