@@ -1,16 +1,11 @@
-"""faiss backends of :class:`~pml_suprank.search.RetrievalIndex`: exact ``IndexFlatIP``, ``IndexIVFFlat`` and
-``IndexHNSWFlat``, all by inner product.
+"""faiss backends of :class:`~pml_suprank.search.RetrievalIndex`, all by inner product (faiss imported only here,
+when used: ``pip install pml-suprank[faiss]``).
 
-* ``"faiss"``: ``IndexFlatIP`` — exact (brute force); on a GPU (``StandardGpuResources`` + ``index_cpu_to_gpu``)
-  when faiss was built with GPU support and the index device is a CUDA device, where faiss limits ``k`` to 2048.
-  faiss orders tied scores by its own rule, so results equal the torch backend's only where there are no ties.
-* ``"faiss-ivf"``: an inverted file of ``nlist`` k-means cells (coarse quantizer ``IndexFlatIP``); a query scans the
-  ``nprobe`` closest cells. Trained once, on the first ``train_size`` embeddings given (faiss k-means, fixed seed);
-  later ``add`` calls only assign.
-* ``"faiss-hnsw"``: a hierarchical navigable small-world graph with ``hnsw_m`` links per node (faiss ``M``), built with
-  ``ef_construction`` and searched with ``ef_search`` candidates (faiss ``efConstruction`` / ``efSearch``).
-
-faiss is imported only here and only when such a backend is used (``pip install pml-suprank[faiss]``).
+* ``"faiss"``: ``IndexFlatIP``, exact; on a GPU when faiss has GPU support and the index device is CUDA (``k <=
+  2048``). Tied scores follow faiss' own order.
+* ``"faiss-ivf"``: ``nlist`` k-means cells, ``nprobe`` scanned per query; trained once on the first ``train_size``
+  embeddings (fixed seed), later ``add`` calls only assign.
+* ``"faiss-hnsw"``: an HNSW graph with ``hnsw_m`` links per node, ``ef_construction`` / ``ef_search`` candidates.
 """
 
 from __future__ import annotations

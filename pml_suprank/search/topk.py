@@ -1,19 +1,11 @@
 """Exact top-k inner-product search in torch, chunked over queries and gallery, with a deterministic tie rule.
 
-For a query ``q`` (row of ``(Q, D)``) and a gallery ``G`` ``(N, D)``, the result is the ``k`` gallery rows of largest
-score ``s_j = <q, g_j>``, ordered by decreasing score and, **among equal scores, by increasing gallery index**
-(the order of a stable sort of ``-s``). ``torch.topk`` alone leaves the choice among tied items unspecified, so the
-boundary ties are resolved explicitly:
-
-* within one gallery block, ``t`` = the k-th largest score; when the (k+1)-th score also equals ``t`` (``topk`` of
-  ``k + 1`` shows it), the items with ``s > t`` are all kept and the ``k - #{s > t}`` items with ``s == t`` of lowest
-  index complete the set (a cumulative count over the tied mask, only for those rows); otherwise ``topk``'s set is
-  already the unique answer;
-* the per-block results are merged by a lexicographic sort on ``(-score, index)`` (two stable sorts), which is exact
-  because every item of the global top-k is in the top-k of its own block under the same order.
-
-Cost: one ``(C, B)`` score block per step (``C`` queries, ``B`` gallery rows, about ``block_elements`` entries),
-``O(Q·N·D)`` multiply-adds and ``O(Q·N)`` comparisons — no full-row sort.
+The result for a query ``q`` ``(D,)`` and a gallery ``G`` ``(N, D)`` is the ``k`` rows of largest ``s_j = <q, g_j>``,
+by decreasing score and, **among equal scores, increasing gallery index** (a stable sort of ``-s``). Within a
+gallery block, when the (k+1)-th score equals the k-th score ``t``, the items with ``s > t`` are kept and the lowest
+indices with ``s == t`` complete the set; blocks are merged by a lexicographic sort on ``(-score, index)`` (exact:
+every item of the global top-k is in its block's top-k). Cost: one ``(C, B)`` score block per step, ``O(Q·N·D)``
+multiply-adds, no full-row sort.
 """
 
 from __future__ import annotations
