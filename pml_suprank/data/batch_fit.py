@@ -1,10 +1,5 @@
-"""What a training set allows: the batch an m-per-class sampler can fill (:func:`fit_batch`) and whether a run is
-long enough to train (:func:`short_run_warning`).
-
-A batch of :class:`pml_suprank.samplers.MPerClassSampler` holds ``batch_size / samples_per_class`` classes per
-process with ``samples_per_class`` (m) images each; all processes together need ``num_processes * batch_size / m``
-distinct classes (and at least 2). A small folder of your own images often has fewer: :func:`fit_batch` gives the
-largest batch with the same m that the classes fill (and a smaller m when most classes have fewer than m images).
+"""What a training set allows: the batch an m-per-class sampler can fill (:func:`fit_batch`; all processes together
+need ``num_processes * batch_size / m`` distinct classes) and whether a run is long enough (:func:`short_run_warning`).
 """
 
 from __future__ import annotations
@@ -23,16 +18,9 @@ MIN_STEPS = 200
 
 @dataclass(frozen=True)
 class BatchFit:
-    """The batch a training set allows.
-
-    Attributes:
-        batch_size: Images per step per process (a multiple of ``samples_per_class``).
-        samples_per_class: Images per class in a batch (m).
-        num_classes: Fine classes of the training set.
-        images_per_class: ``(fewest, median, most)`` images of a class.
-        changed: The values differ from the requested ones.
-        fits: The requested batch can be filled (the sampler has enough classes).
-    """
+    """The batch a training set allows: ``batch_size`` per process (a multiple of ``samples_per_class``, m), the
+    ``num_classes`` fine classes and ``images_per_class`` ``(fewest, median, most)``; ``changed``: differs from the
+    request; ``fits``: the requested batch can be filled."""
 
     batch_size: int
     samples_per_class: int
