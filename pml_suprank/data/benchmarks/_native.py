@@ -166,7 +166,8 @@ def file_split(
 
 class NativeImageDataset(RetrievalDatasetBase):
     """A benchmark split read from its native archive: ``labels`` ``(N, L)``, ``names`` a file name per item (kept in
-    prepared copies); subclasses implement :meth:`image_record`, which :meth:`get_image` decodes lazily."""
+    prepared copies); subclasses implement :meth:`image_record` (the encoded file, which :meth:`get_image` decodes
+    lazily) or :meth:`get_image` (then encoded as PNG by :meth:`image_record`)."""
 
     def __init__(
         self,
@@ -185,9 +186,12 @@ class NativeImageDataset(RetrievalDatasetBase):
         self.benchmark = benchmark
         self.split = split
 
-    def image_record(self, index: int) -> dict[str, Any]:  # pragma: no cover - abstract
+    def image_record(self, index: int) -> dict[str, Any]:
         """``{"bytes": encoded image, "path": file name}`` of item ``index`` (the ``datasets.Image`` storage)."""
-        raise NotImplementedError
+        index = self._check_index(index)
+        buffer = io.BytesIO()
+        self.get_image(index).save(buffer, format="PNG")
+        return {"bytes": buffer.getvalue(), "path": self.names[index]}
 
     def get_image(self, index: int) -> Any:
         """The untransformed PIL RGB image of item ``index`` (``ValueError`` naming the file if it does not decode)."""
@@ -280,10 +284,3 @@ class ArrayImageDataset(NativeImageDataset):
         from PIL import Image
 
         return Image.fromarray(self.pixels[self._check_index(index)])
-
-    def image_record(self, index: int) -> dict[str, Any]:
-        """The image encoded as PNG and its original file name."""
-        index = self._check_index(index)
-        buffer = io.BytesIO()
-        self.get_image(index).save(buffer, format="PNG")
-        return {"bytes": buffer.getvalue(), "path": self.names[index]}

@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
+from ..loading import open_set_classes
 from ._native import ArrayImageDataset, NativeImageDataset, encode_levels, layout_error
 
 __all__ = [
@@ -126,13 +128,11 @@ def _label(value: Any, path: Path, item: int, key: str) -> int:
 
 
 def _open_set_keep(keys: list[tuple[int, int]], part: str, everything: list[tuple[int, int]]) -> list[int]:
-    """Indices of ``keys`` on the open-set side ``part``: the 3 smallest fine ids per coarse class (over
-    ``everything``, both splits) are training classes, the others test classes."""
-    children: dict[int, set[int]] = {}
-    for fine, coarse in everything:
-        children.setdefault(coarse, set()).add(fine)
-    train = {f for fines in children.values() for f in sorted(fines)[:CIFAR100_TRAIN_CLASSES_PER_COARSE]}
-    return [i for i, (fine, _) in enumerate(keys) if (fine in train) == (part == "train")]
+    """Indices of ``keys`` on the open-set side ``part`` (:func:`~pml_suprank.data.loading.open_set_classes` with 3
+    training classes per coarse class, over ``everything``, both splits)."""
+    train, _ = open_set_classes(torch.tensor(everything), train_classes_per_coarse=CIFAR100_TRAIN_CLASSES_PER_COARSE)
+    inside = torch.isin(torch.tensor([fine for fine, _ in keys]), train)
+    return torch.nonzero(inside == (part == "train")).flatten().tolist()
 
 
 class HubImageDataset(NativeImageDataset):
@@ -152,14 +152,6 @@ class HubImageDataset(NativeImageDataset):
             raise ValueError(
                 f"{self.describe_item(index)}: cannot decode the image ({type(err).__name__}: {err})"
             ) from None
-
-    def image_record(self, index: int) -> dict[str, Any]:
-        """The image encoded as PNG."""
-        import io
-
-        buffer = io.BytesIO()
-        self.get_image(index).save(buffer, format="PNG")
-        return {"bytes": buffer.getvalue(), "path": self.names[self._check_index(index)]}
 
 
 def _from_hub(repo_id: str, split: str, transform: Callable | None) -> HubImageDataset:
