@@ -150,18 +150,9 @@ SYNTHETIC_DATASETS: Mapping[str, type[RetrievalDatasetBase]] = MappingProxyType(
 
 
 def synthetic_dataset(name: str, split: Split = "train", **kwargs: Any) -> RetrievalDatasetBase:
-    """Build a built-in synthetic dataset by name.
-
-    Args:
-        name: ``"synthetic"`` (:class:`~pml_suprank.data.synthetic_shapes.SyntheticShapes`, one shape per image, labels
-            ``(N, L)``) or ``"synthetic_multilabel"`` (:class:`SyntheticMultiShapes`, labels ``(N, max_labels)``
-            padded with ``-1`` and ``ds.hierarchy``).
-        split: ``"train"``, ``"test"`` or ``"all"``.
-        **kwargs: Keyword arguments of that class (``num_per_class``, ``image_size``, ``seed``, ``transform``, ...).
-
-    Raises:
-        ValueError: an unknown ``name`` (listing the known ones) or ``split``.
-    """
+    """The built-in synthetic dataset ``name`` (``"synthetic"``: :class:`~pml_suprank.data.synthetic_shapes.
+    SyntheticShapes`; ``"synthetic_multilabel"``: :class:`SyntheticMultiShapes`) of ``split`` built with ``kwargs``
+    (``ValueError`` for an unknown name or split)."""
     cls = SYNTHETIC_DATASETS[check_choice("name", name, tuple(SYNTHETIC_DATASETS))]
     check_choice("split", split, get_args(Split))
     return cls(split, **kwargs)

@@ -51,17 +51,9 @@ def is_flat_image_folder(root: str | Path) -> bool:
 
 
 class ImageFiles(torch.utils.data.Dataset):
-    """Every image file under ``root`` (or the image file ``root``), transformed, with the label ``-1``.
-
-    Args:
-        root: A folder (searched recursively) or one image file.
-        transform: Applied to each RGB PIL image (``None``: the PIL image itself).
-        what: How messages name ``root`` (e.g. ``"--images out/photos"``).
-
-    Raises:
-        ValueError: ``root`` does not exist, holds no image file (the suffixes are listed), or some files are not
-            readable images (named, up to a limit).
-    """
+    """Every image file under the folder ``root`` (or the image file ``root``), ``transform`` applied to each RGB PIL
+    image, with the label ``-1``; ``what`` names ``root`` in messages (``ValueError``: no such path, no image file,
+    or unreadable images, named)."""
 
     def __init__(self, root: str | Path, transform: Any = None, *, what: str | None = None) -> None:
         from pml_suprank.data.image_check import check_image_files
