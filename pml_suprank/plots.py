@@ -27,13 +27,39 @@ __all__ = [
     "plot_precision_recall",
     "plot_retrieval_grid",
     "precision_recall_curve",
+    "relevance_level",
 ]
 
-BORDER_COLOURS = {"fine": "#2ca02c", "coarse": "#ff7f0e", "negative": "#d62728"}
-#: the text mark of each relation in the retrieval grid (colour is never the only cue)
-RELATION_MARKS = {"fine": "✓", "coarse": "~", "negative": "✗"}
+#: border colour of each relevance level of a result to its query (:func:`relevance_level`)
+RELEVANCE_COLOURS = {"fine": "#2ca02c", "coarse": "#ff7f0e", "other": "#d62728", "unknown": "#7f7f7f"}
+#: the text mark of each relevance level (colour is never the only cue)
+RELEVANCE_MARKS = {"fine": "✓", "coarse": "~", "other": "✗", "unknown": "?"}
+QUERY_COLOUR = "#1f77b4"
 #: resolution of every figure
 DPI = 150
+
+
+def relevance_level(query_labels: Sequence[int] | None, item_labels: Sequence[int] | None) -> str:
+    """``"fine"``, ``"coarse"``, ``"other"`` or ``"unknown"`` for two label rows (column 0 finest, last coarsest)."""
+    if query_labels is None or item_labels is None:
+        return "unknown"
+    if len(query_labels) != len(item_labels):
+        raise ValueError(f"label rows must have the same length; got {list(query_labels)} and {list(item_labels)}")
+    if query_labels[0] == item_labels[0]:
+        return "fine"
+    if len(query_labels) > 1 and query_labels[-1] == item_labels[-1]:
+        return "coarse"
+    return "other"
+
+
+def framed_image(ax: Any, image: Any, colour: str, width: float = 3) -> None:
+    """Show ``image`` on the axes ``ax`` without ticks, framed in ``colour``."""
+    ax.imshow(image)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    for spine in ax.spines.values():
+        spine.set_edgecolor(colour)
+        spine.set_linewidth(width)
 
 
 def _literal(text: Any) -> str:
@@ -365,32 +391,20 @@ def plot_retrieval_grid(
     fig, axes = plt.subplots(
         len(queries), top_k + 1, figsize=(1.45 * (top_k + 1), 1.7 * len(queries) + 0.4), squeeze=False
     )
+    rows = labels.tolist()
     for row, q in enumerate(queries.tolist()):
-        cells = [(q, None)] + [(j, _relation(labels[q], labels[j])) for j in top[row].tolist()]
+        cells = [(q, None)] + [(j, relevance_level(rows[q], rows[j])) for j in top[row].tolist()]
         for col, (j, rel) in enumerate(cells):
             ax = axes[row, col]
-            ax.imshow(_image_array(dataset, int(idx[j]), mean, std))
-            ax.set_xticks([])
-            ax.set_yticks([])
-            colour = "#1f77b4" if rel is None else BORDER_COLOURS[rel]
-            for spine in ax.spines.values():
-                spine.set_edgecolor(colour)
-                spine.set_linewidth(3 if rel is not None else 1.5)
+            colour = QUERY_COLOUR if rel is None else RELEVANCE_COLOURS[rel]
+            framed_image(ax, _image_array(dataset, int(idx[j]), mean, std), colour, 3 if rel is not None else 1.5)
             name = _class_name(names, int(labels[j, 0]), max_chars=18)
-            mark = "query" if rel is None else RELATION_MARKS[rel]
+            mark = "query" if rel is None else RELEVANCE_MARKS[rel]
             ax.set_xlabel(f"{mark} {name}", fontsize=6, color=colour if rel is not None else "black")
             if row == 0:
                 ax.set_title("query" if col == 0 else f"#{col}", fontsize=8)
     fig.suptitle("Retrieval: ✓ green = same fine class, ~ orange = same coarse class only, ✗ red = other", fontsize=9)
     return _save(plt, fig, path)
-
-
-def _relation(a: Tensor, b: Tensor) -> str:
-    if bool(a[0] == b[0]):
-        return "fine"
-    if a.numel() > 1 and bool(a[-1] == b[-1]):
-        return "coarse"
-    return "negative"
 
 
 def plot_all(
@@ -411,42 +425,18 @@ def plot_all(
     ``class_names`` (``{fine label: name}``) default to ``image_dataset.class_names``."""
     if class_names is None:
         class_names = getattr(image_dataset, "class_names", None)
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    labels = _as_2d_labels(labels)
+    out, emb, labels = Path(directory), embeddings, _as_2d_labels(labels)
+    out.mkdir(parents=True, exist_ok=True)
+    pr = {"compare": compare, "max_queries": max_queries, "seed": seed}
     files = [
-        plot_precision_recall(
-            embeddings, labels, directory / "precision_recall.png", compare=compare, max_queries=max_queries, seed=seed
-        ),
-        plot_hierarchical_precision_recall(
-            embeddings,
-            labels,
-            directory / "hierarchical_precision_recall.png",
-            label_names=label_names,
-            compare=compare,
-            max_queries=max_queries,
-            seed=seed,
-        ),
-        plot_embedding_map(
-            embeddings,
-            labels,
-            directory / "embedding_map.png",
-            label_names=label_names,
-            seed=seed,
-            class_names=class_names,
-        ),  # fmt: skip
+        plot_precision_recall(emb, labels, out / "precision_recall.png", **pr),
+        plot_hierarchical_precision_recall(emb, labels, out / "hierarchical_precision_recall.png", label_names, **pr),
+        plot_embedding_map(emb, labels, out / "embedding_map.png", label_names, seed=seed, class_names=class_names),
     ]
     if image_dataset is not None:
+        grid = out / "retrieval_grid.png"
         files.append(
-            plot_retrieval_grid(
-                embeddings,
-                labels,
-                image_dataset,
-                directory / "retrieval_grid.png",
-                indices=indices,
-                seed=seed,
-                class_names=class_names,
-            )  # fmt: skip
+            plot_retrieval_grid(emb, labels, image_dataset, grid, indices=indices, seed=seed, class_names=class_names)
         )
     return [f.name for f in files]
 

@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..plots import QUERY_COLOUR, RELEVANCE_COLOURS, RELEVANCE_MARKS, framed_image, relevance_level
+
 __all__ = [
     "RELEVANCE_COLOURS",
     "RELEVANCE_MARKS",
@@ -33,24 +35,7 @@ __all__ = [
     "write_result_grid",
 ]
 
-#: border colour of each relevance level (the colours of :func:`pml_suprank.plots.plot_retrieval_grid`)
-RELEVANCE_COLOURS = {"fine": "#2ca02c", "coarse": "#ff7f0e", "other": "#d62728", "unknown": "#7f7f7f"}
 _LABELS = {"fine": "same fine class", "coarse": "same coarse class", "other": "other class", "unknown": "no labels"}
-#: the text mark of each relevance level (the page never tells relevance by colour alone)
-RELEVANCE_MARKS = {"fine": "✓", "coarse": "~", "other": "✗", "unknown": "?"}
-
-
-def relevance_level(query_labels: Sequence[int] | None, item_labels: Sequence[int] | None) -> str:
-    """``"fine"``, ``"coarse"``, ``"other"`` or ``"unknown"`` for two label rows (column 0 finest, last coarsest)."""
-    if query_labels is None or item_labels is None:
-        return "unknown"
-    if len(query_labels) != len(item_labels):
-        raise ValueError(f"label rows must have the same length; got {list(query_labels)} and {list(item_labels)}")
-    if query_labels[0] == item_labels[0]:
-        return "fine"
-    if len(query_labels) > 1 and query_labels[-1] == item_labels[-1]:
-        return "coarse"
-    return "other"
 
 
 def thumbnail_data_uri(image: Any, size: int = 96) -> str:
@@ -202,25 +187,19 @@ def write_result_grid(path: str | Path, queries: Sequence[dict[str, Any]], *, dp
     fig = Figure(figsize=(1.3 * cols, 1.45 * len(queries)), dpi=dpi)
     axes = fig.subplots(len(queries), cols, squeeze=False)
     for row, query in enumerate(queries):
-        cells = [(query["image"], "query", "#1f77b4")]
+        cells = [(query["image"], "query", QUERY_COLOUR)]
         for r in query["results"]:
             level = r["relevance"]
             cells.append(
                 (r["image"], f"{RELEVANCE_MARKS[level]} #{r['rank']} {r['score']:.3f}", RELEVANCE_COLOURS[level])
             )
         for col in range(cols):
-            ax = axes[row, col]
-            ax.set_xticks([])
-            ax.set_yticks([])
             if col >= len(cells):
-                ax.axis("off")
+                axes[row, col].axis("off")
                 continue
             image, caption, colour = cells[col]
-            ax.imshow(image.convert("RGB"))
-            ax.set_title(caption, fontsize=7)
-            for spine in ax.spines.values():
-                spine.set_edgecolor(colour)
-                spine.set_linewidth(3)
+            framed_image(axes[row, col], image.convert("RGB"), colour)
+            axes[row, col].set_title(caption, fontsize=7)
     fig.suptitle(
         "✓ green = same fine class, ~ orange = same coarse class, ✗ red = other, ? grey = no labels", fontsize=8
     )
