@@ -289,9 +289,12 @@ def load_retrieval_dataset(
         _check_classes_have_pairs(labels, f"{describe(source)}, split {split!r}")
 
     if open_set is not None:
-        ds, labels = _open_set_side(
-            ds, labels, splits, parts, label_columns, mappings, open_set=open_set, split=split, source=source, **rules
-        )
+        others = {
+            k: _read_labels(v, label_columns, mappings)
+            for k, v in splits.items()
+            if k not in parts and all(c in v.column_names for c in label_columns)
+        }
+        ds, labels = _open_set_side(ds, labels, others, open_set, rules, split, describe(source))
 
     class_names = _class_names(ds.features[label_columns[0]], mappings.get(label_columns[0]))
     return HFRetrievalDataset(ds, label_columns, image_column, labels, transform=transform, class_names=class_names)
@@ -342,25 +345,12 @@ def _multilabel_dataset(
     where = describe(source)
     labels, table, names, mappings = multilabel_labels(ds, split, splits, label_columns, hierarchy, where)
     if open_set is not None:
-        fine_col = label_columns[:1]
-        others = {k: v for k, v in splits.items() if k not in parts and label_columns[0] in v.column_names}
-        if all(r is None for r in rules.values()):
-            for name, other in others.items():
-                other_labels = multilabel_labels(other, name, splits, fine_col, None, where)[0]
-                check_disjoint_classes(
-                    fine_label_rows(labels), fine_label_rows(other_labels), name=f"{where} ({split!r} vs {name!r})"
-                )
-        else:
-            every = [multilabel_labels(d, k, splits, fine_col, None, where)[0] for k, d in others.items()]
-            fine = torch.unique(torch.cat([fine_label_rows(x) for x in (labels, *every)]))
-            if table is not None:  # a given table must cover the other splits' labels too
-                RetrievalDatasetBase._check_hierarchy(fine[:, None], table)
-            train_cls, test_cls = open_set_classes(fine[:, None] if table is None else table[fine], **rules)
-            keep = torch.nonzero(open_set_keep(labels, train_cls if open_set == "train" else test_cls)).flatten()
-            if len(keep) == 0:
-                raise ValueError(f"the open-set {open_set!r} side of split {split!r} is empty")
-            ds, labels = ds.select(keep.tolist()), labels[keep]
-            labels = labels[:, : int((labels >= 0).sum(1).max())]
+        others = {
+            k: multilabel_labels(v, k, splits, label_columns[:1], None, where)[0]
+            for k, v in splits.items()
+            if k not in parts and label_columns[0] in v.column_names
+        }
+        ds, labels = _open_set_side(ds, labels, others, open_set, rules, split, where, table, multilabel=True)
     class_names = _class_names(getattr(ds.features[label_columns[0]], "feature", None), mappings.get(label_columns[0]))
     return HFRetrievalDataset(
         ds, names, image_column, labels, transform=transform, class_names=class_names, multilabel=True, hierarchy=table
@@ -456,39 +446,34 @@ def _read_labels(d: Any, label_columns: list[str], mappings: dict[str, dict[str,
 def _open_set_side(
     ds: Any,
     labels: Tensor,
-    splits: dict[str, Any],
-    parts: list[str],
-    label_columns: list[str],
-    mappings: dict[str, dict[str, int]],
-    *,
+    others: dict[str, Tensor],
     open_set: str,
+    rules: dict[str, Any],
     split: str,
-    source: Any,
-    train_classes_per_coarse: int | None,
-    train_class_fraction: float | None,
+    where: str,
+    table: Tensor | None = None,
+    *,
+    multilabel: bool = False,
 ) -> tuple[Any, Tensor]:
-    """Keep the fine classes of the ``open_set`` side: by the class-partition rule when one is given (computed over
-    all splits), else check the dataset's own splits are already class-disjoint."""
-
-    def has_columns(d: Any) -> bool:
-        return all(c in d.column_names for c in label_columns)
-
-    if train_classes_per_coarse is None and train_class_fraction is None:
-        others = {k: v for k, v in splits.items() if k not in parts and has_columns(v)}
+    """Keep the fine classes of the ``open_set`` side by the class-partition ``rules`` (over ``labels`` and the other
+    splits' labels ``others``), or without a rule check that the dataset's own splits are already class-disjoint."""
+    rows = fine_label_rows if multilabel else (lambda x: x)
+    if all(r is None for r in rules.values()):
         for name, other in others.items():
-            other_labels = _read_labels(other, label_columns, mappings)
-            check_disjoint_classes(labels, other_labels, name=f"{describe(source)} ({split!r} vs {name!r})")
+            check_disjoint_classes(rows(labels), rows(other), name=f"{where} ({split!r} vs {name!r})")
+        keep = torch.arange(len(labels))
     else:
-        everything = torch.cat([_read_labels(d, label_columns, mappings) for d in splits.values() if has_columns(d)])
-        train_cls, test_cls = open_set_classes(
-            everything,
-            train_classes_per_coarse=train_classes_per_coarse,
-            train_class_fraction=train_class_fraction,
-        )
-        keep = torch.isin(labels[:, 0], train_cls if open_set == "train" else test_cls)
-        indices = torch.nonzero(keep).flatten()
-        ds = ds.select(indices.tolist())
-        labels = labels[indices]
-    if len(ds) == 0:
+        if multilabel:
+            fine = torch.unique(torch.cat([fine_label_rows(x) for x in (labels, *others.values())]))
+            if table is not None:  # a given table must cover the other splits' labels too
+                RetrievalDatasetBase._check_hierarchy(fine[:, None], table)
+            train_cls, test_cls = open_set_classes(fine[:, None] if table is None else table[fine], **rules)
+            inside = open_set_keep(labels, train_cls if open_set == "train" else test_cls)
+        else:
+            train_cls, test_cls = open_set_classes(torch.cat([labels, *others.values()]), **rules)
+            inside = torch.isin(labels[:, 0], train_cls if open_set == "train" else test_cls)
+        keep = torch.nonzero(inside).flatten()
+        ds, labels = ds.select(keep.tolist()), labels[keep]
+    if len(keep) == 0:
         raise ValueError(f"the open-set {open_set!r} side of split {split!r} is empty")
-    return ds, labels
+    return ds, labels[:, : int((labels >= 0).sum(1).max())] if multilabel else labels
