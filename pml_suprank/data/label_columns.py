@@ -148,9 +148,7 @@ def multilabel_labels(
         pairs += [np.stack(_read(d, label_columns, mappings, k, where)[0], axis=1) for k, d in present.items()]
         pairs = torch.from_numpy(np.concatenate(pairs))
         check_tree(pairs, name=f"label columns {label_columns} of {where}")
-        rows = torch.unique(pairs, dim=0)
-        table = torch.full((int(rows[:, 0].max()) + 1, len(label_columns)), -1, dtype=torch.long)
-        table[rows[:, 0]] = rows
+        table = Hierarchy.from_labels(pairs).table
     elif hierarchy is not None:
         table = hierarchy.table if isinstance(hierarchy, Hierarchy) else torch.as_tensor(np.asarray(hierarchy))
         if table.dim() != 2 or table.is_floating_point() or table.dtype == torch.bool:
