@@ -1,6 +1,5 @@
-"""Epoch plan, sharding, resumable state and drawing helpers shared by the batch samplers of
-:mod:`pml_suprank.samplers.class_samplers` and :mod:`pml_suprank.samplers.multilabel` (see the former's docstring for
-the contract)."""
+"""Epoch plan, sharding, resumable state and drawing helpers shared by the batch samplers (contract:
+:mod:`pml_suprank.samplers.class_samplers`)."""
 
 from __future__ import annotations
 
@@ -33,9 +32,9 @@ def as_int_array(labels: Any, name: str = "labels") -> np.ndarray:
     else:
         try:
             arr = np.asarray(labels)
-        except Exception as err:  # pragma: no cover - exotic inputs
+        except ValueError as err:  # ragged rows
             raise TypeError(f"{name} must be array-like of integers; got {type(labels).__name__}") from err
-        if arr.dtype == object or not (np.issubdtype(arr.dtype, np.integer)):
+        if not np.issubdtype(arr.dtype, np.integer):
             raise TypeError(f"{name} must contain integers; got dtype {arr.dtype}")
     return arr.astype(np.int64, copy=False)
 
