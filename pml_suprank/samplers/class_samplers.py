@@ -375,27 +375,21 @@ class HierarchicalSampler(ShardedBatchSampler):
         arr = as_int_array(labels)
         if arr.ndim != 2 or arr.shape[0] == 0:
             raise ValueError(f"labels must have shape (N, L) with N >= 1 and L >= 2; got shape {arr.shape}")
+        width = arr.shape[1]
         for name, col in (("inner_label", inner_label), ("outer_label", outer_label)):
-            if (
-                isinstance(col, bool)
-                or not isinstance(col, (int, np.integer))
-                or not -arr.shape[1] <= col < arr.shape[1]
-            ):
-                raise ValueError(f"{name} must be a column index of labels (L = {arr.shape[1]}); got {col!r}")
+            if isinstance(col, bool) or not isinstance(col, (int, np.integer)) or not -width <= col < width:
+                raise ValueError(f"{name} must be a column index of labels (L = {width}); got {col!r}")
         self.inner_label, self.outer_label = int(inner_label), int(outer_label)
         self.num_samples = arr.shape[0]
         inner, outer = arr[:, self.inner_label], arr[:, self.outer_label]
         check_tree(torch.from_numpy(np.stack([inner, outer], 1)), name=f"labels[:, [{inner_label}, {outer_label}]]")
         supers = self._super_classes(inner, outer)
         if len(supers) < k:
+            skip = self.small_classes == "skip" and not self.whole_classes
+            usable = f" with classes of >= {self.samples_per_class} images" if skip else ""
             raise ValueError(
                 f"labels must contain at least super_classes_per_batch = {k} super-classes (column {outer_label})"
-                + (
-                    f" with classes of >= {self.samples_per_class} images"
-                    if self.small_classes == "skip" and not self.whole_classes
-                    else ""
-                )
-                + f"; got {len(supers)}"
+                f"{usable}; got {len(supers)}"
             )
         if sum(len(v) for v in supers.values()) < 2:
             raise ValueError("labels must contain at least 2 classes; got a single class")
