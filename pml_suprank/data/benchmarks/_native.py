@@ -1,11 +1,7 @@
 """Shared machinery of the benchmark readers: layout errors naming file and line, label encoding with the tree check,
-and the lazily decoded image datasets (files on disk, zip members, in-memory pixel arrays).
-
-Every reader turns the archive's own lists into *records*: one ``(image source, raw label keys fine → coarse,
-where)`` per image, ``where`` being the ``file:line`` the record came from, so that a malformed archive is reported
-where it is malformed. :func:`encode_levels` maps the raw keys of each level to contiguous ids (sorted raw keys →
-``0..C-1``) over all the records it is given (all splits of a benchmark, so ids agree between splits) and rejects
-a child with two parents.
+and the lazily decoded image datasets (files, zip members, pixel arrays). Every reader turns the archive's lists into
+*records* ``(image source, raw label keys fine → coarse, "file, line N")``; :func:`encode_levels` maps the raw keys
+of each level to contiguous ids over all splits and rejects a child with two parents.
 """
 
 from __future__ import annotations

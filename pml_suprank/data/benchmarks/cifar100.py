@@ -1,16 +1,11 @@
-"""CIFAR-100 (Krizhevsky, 2009), 2 levels fine label (100) → coarse label (20), from the Toronto release
-``cifar-100-python/`` or from a Hub dataset with ``img`` / ``fine_label`` / ``coarse_label`` columns (e.g.
-``uoft-cs/cifar100``, downloaded by ``datasets`` on first use: the only benchmark that may touch the network).
+"""CIFAR-100 (Krizhevsky, 2009), fine label (100) → coarse label (20), from the Toronto release
+``cifar-100-python/`` or a Hub dataset with ``img`` / ``fine_label`` / ``coarse_label`` columns (e.g.
+``uoft-cs/cifar100``, downloaded by ``datasets``: the only benchmark that may touch the network).
 
-Local layout: ``cifar-100-python/{train,test}`` are pickles of a dict with the byte-string keys ``data``
-(``(N, 3072)`` uint8, the R, G then B planes of 32×32 images), ``fine_labels``, ``coarse_labels`` and
-``filenames``. They are read with :func:`load_restricted_pickle`, a restricted unpickler that only builds builtin
-containers and numpy arrays (also used for the revisited Oxford / Paris ground truth).
-
-Splits: ``train`` / ``test`` as distributed (closed set: the same 100 classes) and the open-set protocol of this
-project's HAPPIER CIFAR-100 config: inside every coarse class the 3 smallest fine ids are training classes and the
-other 2 test classes; ``open_train`` = training images of the training classes, ``open_test`` = test images of the
-test classes.
+The release's ``{train,test}`` pickles (``data`` ``(N, 3072)`` uint8 planes, ``fine_labels``, ``coarse_labels``,
+``filenames``) are read with :func:`load_restricted_pickle` (builtin containers and numpy arrays only). Splits:
+``train`` / ``test`` as distributed and the open-set ``open_train`` / ``open_test``: the 3 smallest fine ids of every
+coarse class train, the other 2 test.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
-"""DyML-Vehicle / DyML-Animal / DyML-Product (Sun et al., "Dynamic Metric Learning", CVPR 2021), read from the
-release folders ``dyml_vehicle/``, ``dyml_animal/``, ``dyml_product/``.
+"""DyML-Vehicle / DyML-Animal / DyML-Product (Sun et al., "Dynamic Metric Learning", CVPR 2021) from the release
+folders (comma-separated csv files whose headers keep the release's leading spaces and ``0.jpg`` typos):
 
-Layout under ``root`` (cells separated by commas, the header cells keep the release's leading spaces and its
-``0.jpg`` typos):
+* ``train/label.csv`` (``fname, fine_id0.jpg, middle_id, coarse_id``), images in ``train/imgs/``: 3 levels;
+* ``bmk_<fine|middle|coarse>/{query,gallery}.csv`` (``fname, labels0.jpg``), images in
+  ``bmk_<g>/<query|gallery>/``: the per-granularity test sets, one level each;
+* DyML-Product also ships ``mini-bmk_all_in_one/label.csv`` (split ``test``).
 
-* ``train/label.csv`` with the header ``fname, fine_id0.jpg, middle_id, coarse_id`` and the images in
-  ``train/imgs/<fname>``: 3 levels fine → middle → coarse;
-* ``bmk_<fine|middle|coarse>/{query,gallery}.csv`` with the header ``fname, labels0.jpg`` and the images in
-  ``bmk_<granularity>/<query|gallery>/<fname>``: the per-granularity test sets of the DyML protocol (mAP / R@1 of
-  each granularity on its own query / gallery sets), one label column named after the granularity;
-* DyML-Product also ships ``mini-bmk_all_in_one/label.csv`` (training header, images in ``imgs/``): split ``test``.
-
-Ids are contiguous per group of files that share a label space: ``train``; ``query_<g>`` with ``gallery_<g>``
-(so query and gallery ids agree); ``test``.
+Ids are contiguous per group of files sharing a label space (``train``; ``query_<g>`` with ``gallery_<g>``; ``test``).
 """
 
 from __future__ import annotations

@@ -1,25 +1,16 @@
 """H-GLDv2: Google Landmarks v2 (Weyand et al., CVPR 2020) with the hierarchical labels of SupRank (TPAMI Sec. VI),
 3 levels landmark → cluster (78 supercategories) → overall_cluster (human-made / natural).
 
-Layout under ``root`` (comma-separated csv files with a header, as distributed):
+Layout under ``root`` (csv files with a header, as distributed): ``train_clean.csv`` (``landmark_id,images``),
+``index_image_to_landmark.csv`` (``id,landmark_id``: the index set), ``retrieval_solution_v2.1.csv``
+(``id,images,Usage``: the index ids depicting each test image's landmark, ``None`` without ground truth), the H-GLDv2
+``{train,index}_label_to_subcategory_with_clusters.csv`` (``landmark_id``, ``cluster``, ``overall_cluster``; an
+empty cluster: no supercategory), and the images at ``{train,index,test}/a/b/c/<id>.jpg``.
 
-* ``train_clean.csv`` — ``landmark_id,images``: one row per landmark, ``images`` = space-separated image ids;
-* ``index_image_to_landmark.csv`` — ``id,landmark_id``: the retrieval database (index set);
-* ``retrieval_solution_v2.1.csv`` — ``id,images,Usage``: one row per test image, ``images`` = the space-separated
-  index ids that depict its landmark, or ``None`` for test images without ground truth (``Usage`` ``Ignored``);
-* ``train_label_to_subcategory_with_clusters.csv`` and ``index_label_to_subcategory_with_clusters.csv`` — the
-  H-GLDv2 files: a header holding (at least) ``landmark_id``, ``cluster`` and ``overall_cluster``, one row per
-  landmark; an empty cluster means the landmark got no supercategory;
-* the images at ``train/a/b/c/<id>.jpg``, ``index/a/b/c/<id>.jpg`` and ``test/a/b/c/<id>.jpg`` (``a``, ``b``, ``c``
-  the first three characters of the id, as the GLDv2 tar files extract).
-
-Splits: ``train`` (train_clean), ``query`` (the test images with ground truth; their landmark is the landmark of
-their solution images, which must agree) and ``gallery`` (the index set). As in the SupRank reference, images whose
-landmark has no cluster (absent from the H-GLDv2 file or with an empty cell) are left out: H-GLDv2 covers 128.8k of
-the 203k train landmarks and 67.9k of the 101k index landmarks. ``query`` and ``gallery`` share one label space (ids
-encoded over both); ``train`` has its own. Cluster names are kept as strings (sorted for the ids).
-
-Evaluation (TPAMI Table VII): :func:`pml_suprank.metrics.landmark.landmark_map_at_k` and the hierarchical metrics.
+Splits: ``train``, ``query`` (test images with ground truth, labelled by their solution images' landmark, which
+must agree) and ``gallery`` (the index set); ``query`` and ``gallery`` share one label space. As in the SupRank
+reference, images whose landmark has no cluster are left out. Evaluation (TPAMI Table VII):
+:func:`pml_suprank.metrics.landmark.landmark_map_at_k` and the hierarchical metrics.
 """
 
 from __future__ import annotations

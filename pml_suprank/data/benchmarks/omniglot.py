@@ -1,14 +1,9 @@
 """Omniglot (Lake, Salakhutdinov & Tenenbaum, Science 2015) background archives, 2 levels character → alphabet.
 
-``root`` holds the archives as distributed, ``images_background*.zip`` (e.g. ``images_background_small1.zip`` and
-``images_background_small2.zip``), or the folders they extract to; inside each, images are at
-``<archive name>/<alphabet>/<characterNN>/<id>_<drawer>.png``. Archives are merged by (alphabet, character) name:
-the small archives share Greek and Latin, and an image present in several archives (same alphabet, character and
-file name) is kept once, from the first archive in sorted order.
-
-Open-set protocol: inside every alphabet the characters in sorted order, the first half (rounded up) for training,
-the others for testing, so test characters are unseen but their alphabets are known. Ids: characters by sorted
-(alphabet, character), alphabets by sorted name, over both splits.
+``root`` holds the ``images_background*.zip`` archives (or their extracted folders), images at
+``<archive>/<alphabet>/<characterNN>/<id>_<drawer>.png``; archives are merged by (alphabet, character), an image in
+several archives kept once. Open set: in every alphabet the first half of the sorted characters (rounded up) train,
+the others test. Ids by sorted (alphabet, character) and sorted alphabet, over both splits.
 """
 
 from __future__ import annotations

@@ -22,19 +22,9 @@ __all__ = ["BENCHMARKS", "BenchmarkSpec", "benchmark_label_names", "load_benchma
 
 @dataclass(frozen=True)
 class BenchmarkSpec:
-    """How to read one benchmark.
-
-    Attributes:
-        name: The registry name (``"sop"``, ``"cub"``, ...).
-        splits: The split names :func:`load_benchmark` accepts.
-        label_names: ``split → label column names`` (fine → coarse).
-        loader: ``(root, split, transform) → dataset``.
-        layout: One line describing the expected ``root``.
-        train_split: The split a training recipe uses by default.
-        test_split: The split a single-test-set evaluation uses by default (``None``: the benchmark is evaluated
-            per query / gallery pair, as DyML-Vehicle, DyML-Animal, H-GLDv2 and the revisited Oxford / Paris).
-            The revisited datasets are test sets only: their ``train_split`` names the database (``gallery``).
-    """
+    """How to read one benchmark: its ``splits``, ``label_names(split)`` (fine → coarse), ``loader(root, split,
+    transform)``, a one-line ``layout`` of ``root``, and the default ``train_split`` / ``test_split`` (``None``:
+    evaluated per query / gallery pair, as DyML-Vehicle/-Animal, H-GLDv2 and the revisited Oxford / Paris)."""
 
     name: str
     splits: tuple[str, ...]

@@ -1,21 +1,12 @@
-"""Revisited Oxford and Paris (Radenović et al., "Revisiting Oxford and Paris", CVPR 2018): ``roxford5k`` and
-``rparis6k``, the landmark test sets evaluated with the Easy / Medium / Hard protocol.
+"""Revisited Oxford and Paris (Radenović et al., CVPR 2018): ``roxford5k`` and ``rparis6k``, the landmark test sets
+of the Easy / Medium / Hard protocol.
 
-Layout under ``root`` (the dataset folder as the protocol's download script leaves it, e.g. ``.../roxford5k``):
-
-* ``gnd_roxford5k.pkl`` / ``gnd_rparis6k.pkl`` — a pickle of a dict with ``imlist`` (the database image names,
-  without extension), ``qimlist`` (the query image names) and ``gnd``: one dict per query with ``easy``, ``hard``,
-  ``junk`` (database indices into ``imlist``) and ``bbx`` (the query region ``[x1, y1, x2, y2]`` in pixels). It is
-  read with :func:`~pml_suprank.data.benchmarks.cifar100.load_restricted_pickle` (builtin containers and numpy arrays
-  only; any other global is refused);
-* ``jpg/<name>.jpg`` — the images.
-
-Splits: ``query`` (the ``qimlist`` images cropped to their ``bbx``, as the protocol prescribes; the dataset's
-``gnd`` attribute holds the ground truth) and ``gallery`` (the ``imlist`` images in ``imlist`` order, so the ``gnd``
-indices are gallery indices). One label level, ``landmark``: the image name without its trailing ``_<number>``
-(``all_souls_000013`` → ``all_souls``), ids shared by query and gallery. Evaluate with
-:func:`pml_suprank.metrics.landmark.revisited_map` (the labels are only the dataset contract; the protocol uses
-``gnd``).
+Layout under ``root``: ``gnd_<name>.pkl`` (``imlist`` database names, ``qimlist`` query names, and per query
+``easy`` / ``hard`` / ``junk`` database indices and its ``bbx`` region; read with
+:func:`~pml_suprank.data.benchmarks.cifar100.load_restricted_pickle`) and ``jpg/<name>.jpg``. Splits: ``query`` (the
+``qimlist`` images cropped to their ``bbx``; ``ds.gnd`` holds the ground truth) and ``gallery`` (``imlist`` order).
+One label level, ``landmark`` (the name without its trailing ``_<number>``). Evaluate with
+:func:`pml_suprank.metrics.landmark.revisited_map`.
 """
 
 from __future__ import annotations

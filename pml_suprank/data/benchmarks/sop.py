@@ -1,10 +1,6 @@
-"""Stanford Online Products (Oh Song et al., CVPR 2016) read from its release ``Stanford_Online_Products/``.
-
-Layout: ``Ebay_train.txt`` and ``Ebay_test.txt`` with the header ``image_id class_id super_class_id path`` (cells
-separated by spaces, ids 1-based) and the images at ``<root>/<path>`` (e.g. ``bicycle_final/111085122871_0.JPG``).
-Two levels: product (``class_id``, 22,634 classes) → category (``super_class_id``, 12). The train and test files
-hold disjoint products (11,318 / 11,316 classes): ``class_id - 1`` is the fine id, ``super_class_id - 1`` the
-coarse one, so ids agree between the splits.
+"""Stanford Online Products (Oh Song et al., CVPR 2016) from its release ``Stanford_Online_Products/``:
+``Ebay_{train,test}.txt`` (``image_id class_id super_class_id path``, 1-based ids) and the images at ``<root>/<path>``.
+Two levels, product (22,634) → category (12), ids ``class_id - 1`` / ``super_class_id - 1``; disjoint products.
 """
 
 from __future__ import annotations
