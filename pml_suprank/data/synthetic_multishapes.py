@@ -29,6 +29,7 @@ from .synthetic_shapes import (
     SyntheticShapes,
     fine_id,
     hierarchy_table,
+    level_names,
     render_shapes,
     shape_of,
 )
@@ -102,9 +103,8 @@ class SyntheticMultiShapes(RetrievalDatasetBase):
             fine = sorted(fine_id(f, v, c) for f, v, c, k in ref._classes if k == code)
             for j, group in enumerate(self._label_sets(fine, code)):
                 self._items.append((code, j, group))
-        names = ["fine_label"] + (["variant_label"] if levels == 3 else []) + ["coarse_label"]
         labels = pad_label_sets([g for *_, g in self._items], width=max_labels)
-        super().__init__(labels, names, transform, multilabel=True, hierarchy=hierarchy_table(levels))
+        super().__init__(labels, level_names(levels), transform, multilabel=True, hierarchy=hierarchy_table(levels))
 
     def _label_sets(self, fine: list[int], split_code: int) -> list[list[int]]:
         """Balanced label sets: ``num_per_class`` rounds, each a shuffle of ``fine`` cut into groups of

@@ -15,6 +15,7 @@ rendered from ``numpy.random.default_rng((seed, split, fine, instance))``: same 
 from __future__ import annotations
 
 import colorsys
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, get_args
@@ -153,6 +154,11 @@ def hierarchy_table(levels: int = 2) -> torch.Tensor:
     return torch.stack(cols, dim=1)
 
 
+def level_names(levels: int) -> list[str]:
+    """The label column names of ``levels`` (2 or 3) levels, fine → coarse."""
+    return ["fine_label"] + ["variant_label"] * (levels == 3) + ["coarse_label"]
+
+
 def _is_test_class(family: int, variant: int, colour: int) -> bool:
     # variants 0 and 1 in shade (family % 3), variant 2 in the next shade: every (variant, shade) keeps train classes
     return colour == (family + variant // 2) % NUM_COLOURS
@@ -235,26 +241,14 @@ class SyntheticShapes(RetrievalDatasetBase):
         self.cache = bool(cache)
         self._cache: dict[int, np.ndarray] = {}
 
-        classes = []  # (family, variant, colour, split_code)
-        for f in self.family_ids:
-            for v in range(NUM_VARIANTS):
-                for c in range(NUM_COLOURS):
-                    is_test = _is_test_class(f, v, c)
-                    if self.split == "all":
-                        if open_set:
-                            classes.append((f, v, c, _SPLIT_CODE["test" if is_test else "train"]))
-                        else:
-                            classes.append((f, v, c, _SPLIT_CODE["train"]))
-                            classes.append((f, v, c, _SPLIT_CODE["test"]))
-                    elif not open_set or is_test == (self.split == "test"):
-                        classes.append((f, v, c, _SPLIT_CODE[self.split]))
-        self._classes = classes
-        rows = []
-        for f, v, c, _ in classes:
-            row = [fine_id(f, v, c)] + ([f * NUM_VARIANTS + v] if levels == 3 else []) + [f]
-            rows.extend([row] * num_per_class)
-        names = ["fine_label"] + (["variant_label"] if levels == 3 else []) + ["coarse_label"]
-        super().__init__(torch.tensor(rows, dtype=torch.long).reshape(-1, levels), names, transform)
+        splits = ("train", "test") if self.split == "all" else (self.split,)
+        self._classes = []  # (family, variant, colour, split_code)
+        for f, v, c in itertools.product(self.family_ids, range(NUM_VARIANTS), range(NUM_COLOURS)):
+            own = "test" if _is_test_class(f, v, c) else "train"
+            self._classes += [(f, v, c, _SPLIT_CODE[s]) for s in splits if not open_set or s == own]
+        fine = torch.tensor([fine_id(f, v, c) for f, v, c, _ in self._classes])
+        labels = hierarchy_table(levels)[fine].repeat_interleave(num_per_class, dim=0)
+        super().__init__(labels, level_names(levels), transform)
 
     @staticmethod
     def _resolve_families(families: Sequence[str | int] | None) -> list[int]:
@@ -444,8 +438,7 @@ class SyntheticNoise(RetrievalDatasetBase):
         self.kind = check_choice("kind", kind, get_args(NoiseKind))
         self.image_size = image_size
         self.seed = int(seed)
-        names = ["fine_label"] + ["variant_label"] * (levels == 3) + ["coarse_label"] if levels in (2, 3) else None
-        names = names or [f"level{i}" for i in range(levels)]
+        names = level_names(levels) if levels in (2, 3) else [f"level{i}" for i in range(levels)]
         super().__init__(torch.full((num_images, levels), -1, dtype=torch.long), names, transform)
 
     def get_image(self, index: int) -> Any:

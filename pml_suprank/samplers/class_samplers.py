@@ -221,16 +221,6 @@ class MPerClassSampler(Sampler[int]):
     Raises:
         ValueError: where PML asserts (``length_before_new_iter < batch_size``, ``m * C < batch_size``,
             ``batch_size % m != 0``) and for a bad type or size (naming the argument).
-
-    Example:
-        >>> from torch.utils.data import DataLoader
-        >>> labels = [0, 0, 1, 1, 2, 2, 3, 3]
-        >>> sampler = MPerClassSampler(labels, 2, batch_size=4, length_before_new_iter=12)
-        >>> len(sampler)  # indices per epoch, as PML's
-        12
-        >>> batches = [b.tolist() for b in DataLoader(list(range(8)), sampler=sampler, batch_size=4)]
-        >>> len(batches), all(len({labels[i] for i in b}) == 2 for b in batches)
-        (3, True)
     """
 
     def __init__(

@@ -29,12 +29,9 @@ def _label_members(arr: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
 class MultiLabelSampler(ShardedBatchSampler):
     """Batches of ``batch_size / m`` distinct labels with ``m`` items carrying each label.
 
-    One epoch visits every label in proportion to its size: label ``c`` (carried by ``n_c`` items) gets
-    ``ceil(n_c / m)`` groups (at most one per batch), the groups are spread over the batches so that no label appears
-    twice in one global batch, and batches that are not full are completed with groups of random labels not yet in
-    the batch. The number of batches per epoch depends only on the label sizes. A group draws ``m`` items of its label
-    without replacement, preferring items not already in the batch (an item carrying several labels of the batch is
-    repeated only when a label has too few other items).
+    The epoch plan is :class:`~pml_suprank.samplers.MPerClassBatchSampler`'s with labels for classes (label ``c``,
+    carried by ``n_c`` items, gets ``ceil(n_c / m)`` groups, at most one per batch); a group draws ``m`` items of its
+    label, preferring items not already in the batch.
 
     Args:
         labels: ``(N, M)`` integer labels per item with ``-1`` padding (tensor, array or nested list), or ``(N,)``
@@ -47,9 +44,8 @@ class MultiLabelSampler(ShardedBatchSampler):
 
     Raises:
         TypeError: non-integer labels or non-int sizes.
-        ValueError: labels of the wrong shape, a label below ``-1``, an item without labels, ``m < 2``,
-            ``m > batch_size``, ``batch_size % m != 0``, or fewer usable labels than
-            ``num_replicas * batch_size / m``.
+        ValueError: bad label shapes or values, an item without labels, ``m < 2``, ``m`` not dividing ``batch_size``,
+            fewer usable labels than ``num_replicas * batch_size / m``.
     """
 
     def __init__(
