@@ -64,9 +64,6 @@ def load_dyml(
     ``gallery_<g>`` (1 level) or ``test`` (DyML-Product). ``ValueError``: a missing or malformed csv (wrong header,
     non-integer label), a missing image, a class with two parents."""
     root = Path(root)
-    allowed = dyml_splits(product=name == "dyml_product")
-    if split not in allowed:
-        raise ValueError(f"split must be one of {list(allowed)} for {name}; got {split!r}")
     if split == "train":
         records = {"train": _three_levels(root, "train")}
     elif split == "test":

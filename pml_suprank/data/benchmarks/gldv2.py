@@ -173,7 +173,5 @@ def load_gldv2(root: str | Path, split: str, transform: Callable | None = None) 
             two parents (the message names the file and line).
     """
     root = Path(root)
-    if split not in GLDV2_SPLITS:
-        raise ValueError(f"split must be one of {list(GLDV2_SPLITS)} for gldv2_hier; got {split!r}")
     records = {"train": _train_records(root)} if split == "train" else _query_gallery_records(root)
     return file_split(records, split, GLDV2_LABEL_NAMES, root, benchmark="gldv2_hier", transform=transform)

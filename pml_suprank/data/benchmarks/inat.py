@@ -72,8 +72,6 @@ def load_inat(root: str | Path, split: str, *, full: bool, transform: Callable |
             exist, or a species under two super-categories.
     """
     root = Path(root)
-    if split not in INAT_SPLITS:
-        raise ValueError(f"split must be one of {list(INAT_SPLITS)} for inat; got {split!r}")
     rows = {s: _split_records(root, s) for s in INAT_SPLITS}
     records: dict[str, list[Record]] = {}
     if not full:

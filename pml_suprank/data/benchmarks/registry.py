@@ -118,18 +118,17 @@ BENCHMARKS["roxford5k"] = _revisited("roxford5k")
 BENCHMARKS["rparis6k"] = _revisited("rparis6k")
 
 
-def _spec(name: str) -> BenchmarkSpec:
+def _spec(name: str, split: str) -> BenchmarkSpec:
     if not isinstance(name, str) or name not in BENCHMARKS:
         raise ValueError(f"name must be one of {sorted(BENCHMARKS)}; got {name!r}")
+    if split not in BENCHMARKS[name].splits:
+        raise ValueError(f"split must be one of {list(BENCHMARKS[name].splits)} for {name}; got {split!r}")
     return BENCHMARKS[name]
 
 
 def benchmark_label_names(name: str, split: str) -> tuple[str, ...]:
     """The label column names (fine → coarse) of ``split`` of benchmark ``name``."""
-    spec = _spec(name)
-    if split not in spec.splits:
-        raise ValueError(f"split must be one of {list(spec.splits)} for {name}; got {split!r}")
-    return spec.label_names(split)
+    return _spec(name, split).label_names(split)
 
 
 def load_benchmark(name: str, root: str | Path, split: str, transform: Callable | None = None) -> NativeImageDataset:
@@ -143,9 +142,7 @@ def load_benchmark(name: str, root: str | Path, split: str, transform: Callable 
     Raises:
         ValueError: Unknown name or split, or a malformed archive (the message names the file and line).
     """
-    spec = _spec(name)
-    if split not in spec.splits:
-        raise ValueError(f"split must be one of {list(spec.splits)} for {name}; got {split!r}")
+    spec = _spec(name, split)
     if not isinstance(root, (str, Path)):
         raise TypeError(f"root must be a path (str or Path); got {type(root).__name__}")
     if name != "cifar100" and not Path(root).is_dir():

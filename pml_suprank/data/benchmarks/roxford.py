@@ -149,8 +149,6 @@ def load_revisited(
     """
     if name not in REVISITED_DATASETS:
         raise ValueError(f"name must be one of {list(REVISITED_DATASETS)}; got {name!r}")
-    if split not in REVISITED_SPLITS:
-        raise ValueError(f"split must be one of {list(REVISITED_SPLITS)} for {name}; got {split!r}")
     root = Path(root)
     path = root / f"gnd_{name}.pkl"
     content = read_revisited_gnd(path)

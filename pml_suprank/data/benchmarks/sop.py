@@ -35,7 +35,5 @@ def load_sop(root: str | Path, split: str, transform: Callable | None = None) ->
     = (product, category), 0-based (``ValueError``: a missing or malformed list file or image, a product with two
     categories)."""
     root = Path(root)
-    if split not in SOP_SPLITS:
-        raise ValueError(f"split must be one of {list(SOP_SPLITS)} for sop; got {split!r}")
     records = {s: _records(root, s) for s in SOP_SPLITS}
     return file_split(records, split, SOP_LABEL_NAMES, root, benchmark="sop", transform=transform)
