@@ -149,14 +149,9 @@ def multilabel_labels(
         pairs = torch.from_numpy(np.concatenate(pairs))
         check_tree(pairs, name=f"label columns {label_columns} of {where}")
         table = Hierarchy.from_labels(pairs).table
-    elif hierarchy is not None:
-        table = hierarchy.table if isinstance(hierarchy, Hierarchy) else torch.as_tensor(np.asarray(hierarchy))
-        if table.dim() != 2 or table.is_floating_point() or table.dtype == torch.bool:
-            raise ValueError(
-                f"hierarchy must be an integer (num_fine, L) table; got dtype {table.dtype}, shape {tuple(table.shape)}"
-            )
+    table = RetrievalDatasetBase._check_hierarchy(labels, hierarchy if table is None else table)
+    if hierarchy is not None:
         names += [f"level_{i}" for i in range(1, table.shape[1])]
-    table = RetrievalDatasetBase._check_hierarchy(labels, table)
     return labels, table, names, mappings
 
 
