@@ -18,6 +18,7 @@ __all__ = [
     "as_int_array",
     "check_group_size",
     "draw",
+    "groups_per_class",
     "resolve_replicas",
 ]
 
@@ -64,6 +65,23 @@ def draw(rng: np.random.Generator, pool: np.ndarray, size: int, exclude: np.ndar
     if pool.size >= size:
         return rng.choice(pool, size, replace=False)
     return np.concatenate([rng.permutation(pool), rng.choice(pool, size - pool.size, replace=True)])
+
+
+def groups_per_class(sizes: np.ndarray, m: int, groups_per_batch: int, *, pad: bool = True) -> np.ndarray:
+    """``ceil(n_c / m)`` groups of ``m`` per class of ``sizes`` (at least one), capped at the number of batches of
+    ``groups_per_batch`` groups they make (rounded up with ``pad``, else down): a class gives one group per batch."""
+    k = np.maximum(1, -(-sizes // m))
+    while True:
+        total = int(k.sum())
+        nb = -(-total // groups_per_batch) if pad else total // groups_per_batch
+        if nb < 1:
+            raise ValueError(
+                f"labels provide {total} groups of m={m}, fewer than one global batch of {groups_per_batch} groups; "
+                "use drop_last=False"
+            )
+        if k.max() <= nb:
+            return k
+        k = np.minimum(k, nb)
 
 
 class ShardedBatchSampler(Sampler[list[int]]):

@@ -27,7 +27,7 @@ from torch.utils.data import Sampler
 
 from .._validation import check_choice, check_positive_int
 from ..relevance import check_tree
-from .base import ShardedBatchSampler, SmallClassPolicy, as_int_array, check_group_size, draw
+from .base import ShardedBatchSampler, SmallClassPolicy, as_int_array, check_group_size, draw, groups_per_class
 
 __all__ = ["HierarchicalSampler", "MPerClassBatchSampler", "MPerClassSampler"]
 
@@ -119,23 +119,8 @@ class MPerClassBatchSampler(ShardedBatchSampler):
                 f"(PML: m * number of classes must be >= batch_size); got {len(self.classes)} usable classes "
                 f"(of {len(classes)})"
             )
-        self._chunks = self._chunks_per_class()
-
-    def _chunks_per_class(self) -> np.ndarray:
         sizes = np.array([len(x) for x in self._members])
-        k = np.maximum(1, -(-sizes // self.m))  # ceil, at least one group (replacement policy)
-        G = self.groups_per_batch
-        while True:
-            total = int(k.sum())
-            nb = -(-total // G) if self.pad else total // G
-            if nb < 1:
-                raise ValueError(
-                    f"labels provide {total} groups of m={self.m}, fewer than one global batch of {G} groups; "
-                    "use drop_last=False"
-                )
-            if k.max() <= nb:
-                return k
-            k = np.minimum(k, nb)
+        self._chunks = groups_per_class(sizes, self.m, self.groups_per_batch, pad=self.pad)
 
     def _pass_batches(self) -> int:
         """Batches of one pass over the dataset (the epoch without ``length_before_new_iter``)."""

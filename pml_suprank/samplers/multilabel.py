@@ -10,9 +10,11 @@ from __future__ import annotations
 from typing import Any, get_args
 
 import numpy as np
+import torch
 
 from .._validation import check_choice
-from .base import ShardedBatchSampler, SmallClassPolicy, as_int_array, check_group_size, draw
+from ..relevance import check_multilabel
+from .base import ShardedBatchSampler, SmallClassPolicy, as_int_array, check_group_size, draw, groups_per_class
 
 __all__ = ["MultiLabelSampler"]
 
@@ -62,19 +64,7 @@ class MultiLabelSampler(ShardedBatchSampler):
         super().__init__(batch_size, seed, num_replicas, rank)
         self.m = check_group_size(m, self.batch_size, 2)
         self.small_classes = check_choice("small_classes", small_classes, get_args(SmallClassPolicy))
-        arr = as_int_array(labels)
-        if arr.ndim == 1:
-            arr = arr[:, None]
-        if arr.ndim != 2 or arr.shape[0] == 0 or arr.shape[1] == 0:
-            raise ValueError(f"labels must have shape (N,) or (N, M) with N, M >= 1; got shape {np.shape(labels)}")
-        if (arr < -1).any():
-            raise ValueError(f"labels must hold labels >= 0 and -1 for padding; got the value {int(arr.min())}")
-        empty = (arr < 0).all(axis=1)
-        if empty.any():
-            raise ValueError(
-                f"labels row {int(np.flatnonzero(empty)[0])} has no label (only -1 padding); "
-                "every item needs at least one label"
-            )
+        arr = check_multilabel("labels", torch.from_numpy(as_int_array(labels))).numpy()
         self.num_samples = arr.shape[0]
         all_labels, members = _label_members(arr)
         sizes = np.array([len(x) for x in members])
@@ -90,17 +80,7 @@ class MultiLabelSampler(ShardedBatchSampler):
                 + f" to fill a batch of num_replicas * batch_size / m = {self.groups_per_batch} distinct labels; "
                 f"got {len(self.classes)} usable labels (of {len(all_labels)})"
             )
-        self._groups = self._groups_per_label(sizes[keep])
-
-    def _groups_per_label(self, sizes: np.ndarray) -> np.ndarray:
-        """``ceil(n_c / m)`` groups per label, capped at the number of batches (one group per batch at most)."""
-        k = np.maximum(1, -(-sizes // self.m))
-        G = self.groups_per_batch
-        while True:
-            nb = -(-int(k.sum()) // G)
-            if k.max() <= nb:
-                return k
-            k = np.minimum(k, nb)
+        self._groups = groups_per_class(sizes[keep], self.m, self.groups_per_batch)
 
     def _num_global_batches(self) -> int:
         return -(-int(self._groups.sum()) // self.groups_per_batch)
