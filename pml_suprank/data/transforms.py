@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from .._validation import check_choice, check_positive, check_positive_int, check_probability
+
 __all__ = ["CROP_MODES", "build_transforms"]
 
 #: evaluation crop modes of timm (``data_config["crop_mode"]``)
@@ -26,20 +28,13 @@ def _check_pair(name: str, value: Sequence[float], high: float | None) -> tuple[
     return float(value[0]), float(value[1])
 
 
-def _check_probability(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-        raise ValueError(f"{name} must be a probability in [0, 1]; got {value!r}")
-    return float(value)
-
-
 def _eval_crop(data_config: Mapping[str, Any]) -> tuple[float, str]:
     crop_pct = data_config.get("crop_pct")
     crop_pct = _DEFAULT_CROP_PCT if crop_pct is None else crop_pct
     if isinstance(crop_pct, bool) or not isinstance(crop_pct, (int, float)) or not 0 < crop_pct <= 1:
         raise ValueError(f"data_config['crop_pct'] must lie in (0, 1]; got {crop_pct!r}")
     crop_mode = data_config.get("crop_mode") or "center"
-    if crop_mode not in CROP_MODES:
-        raise ValueError(f"data_config['crop_mode'] must be one of {CROP_MODES}; got {crop_mode!r}")
+    check_choice("data_config['crop_mode']", crop_mode, CROP_MODES)
     return float(crop_pct), str(crop_mode)
 
 
@@ -97,21 +92,18 @@ def build_transforms(
         raise ValueError(f"data_config['input_size'] must be (3, H, W); got {input_size}")
     size = (int(input_size[1]), int(input_size[2]))
     interpolation = str(data_config.get("interpolation") or "bilinear")
-    if interpolation not in _INTERPOLATIONS:
-        raise ValueError(f"data_config['interpolation'] must be one of {_INTERPOLATIONS}; got {interpolation!r}")
+    check_choice("data_config['interpolation']", interpolation, _INTERPOLATIONS)
     common = {"mean": tuple(data_config["mean"]), "std": tuple(data_config["std"]), "interpolation": interpolation}
     scale, ratio = _check_pair("scale", scale, 1.0), _check_pair("ratio", ratio, None)
-    hflip = _check_probability("hflip", hflip)
-    if color_jitter is not None and (not isinstance(color_jitter, (int, float)) or color_jitter < 0):
-        raise ValueError(f"color_jitter must be None or a number >= 0; got {color_jitter!r}")
+    hflip = check_probability("hflip", hflip)
+    if color_jitter is not None:
+        check_positive("color_jitter", color_jitter, strict=False)
     if auto_augment is not None and (not isinstance(auto_augment, str) or not auto_augment):
         raise ValueError(f"auto_augment must be None or a timm policy string such as 'rand-m9-mstd0.5'; got "
                          f"{auto_augment!r}")  # fmt: skip
-    re_prob = _check_probability("re_prob", re_prob)
-    if re_mode not in ("pixel", "rand", "const"):
-        raise ValueError(f"re_mode must be one of ('pixel', 'rand', 'const'); got {re_mode!r}")
-    if isinstance(re_count, bool) or not isinstance(re_count, int) or re_count < 1:
-        raise ValueError(f"re_count must be an int >= 1; got {re_count!r}")
+    re_prob = check_probability("re_prob", re_prob)
+    check_choice("re_mode", re_mode, ("pixel", "rand", "const"))
+    check_positive_int("re_count", re_count)
     crop_pct, crop_mode = _eval_crop(data_config)
     if not train:
         return create_transform(size, is_training=False, crop_pct=crop_pct, crop_mode=crop_mode, **common)
