@@ -84,16 +84,9 @@ def _group_names(
     ``"circle/small/red"``, ``"latin"`` for ``"latin/a"``) when there is one, else ``"<column> <id>"``."""
     out: dict[int, str] = {}
     for c in np.unique(coarse):
-        heads = (
-            {str(class_names.get(int(f), "")).split("/")[0] for f in np.unique(fine[coarse == c])}
-            if class_names
-            else set()
-        )
-        named = (
-            len(heads) == 1
-            and all(heads)
-            and all("/" in str(class_names.get(int(f), "")) for f in np.unique(fine[coarse == c]))
-        )
+        names = [str(class_names.get(int(f), "")) for f in np.unique(fine[coarse == c])] if class_names else []
+        heads = {n.split("/")[0] for n in names}
+        named = len(heads) == 1 and all(heads) and all("/" in n for n in names)
         out[int(c)] = _literal(heads.pop()) if named else f"{_literal(column)} {int(c)}"
     return out
 
