@@ -1,16 +1,10 @@
-"""Label hierarchies and the level matrix.
+"""Label hierarchies, the level matrix and the relevances built on it.
 
-Conventions:
-    * Hierarchical labels have shape ``(N, L)``: column 0 is the finest level, column ``L - 1`` the coarsest
-      (the order of PML's ``HierarchicalSampler``).
-    * A hierarchy may also be given as a fine -> ancestors table of shape ``(num_fine, L)`` whose row ``f``
-      is ``[f, parent(f), ..., root-level ancestor(f)]``; 1-D fine labels are expanded through it.
-    * The hierarchy must be a tree: a fine label has exactly one ancestor per level.
-    * The level of a reference item ``j`` for a query ``q`` (HAPPIER, Sec. 3 / SupRank Eq. 18) is the number of
-      levels at which they agree, counted from the coarsest: ``L`` = same fine class, ``0`` = negative.
-
-Relevance functions built on the level matrix (H-AP "pop" relevance, Property-1 weights, NDCG gains) live
-further down in this module, followed by the hierarchical multi-label relevance (:func:`multilabel_relevance`).
+Hierarchical labels are ``(N, L)``, column 0 finest (PML's ``HierarchicalSampler`` order), or 1-D fine labels
+expanded through a ``(num_fine, L)`` fine → ancestors table (row ``f`` = ``[f, parent(f), ..., coarsest]``); the
+hierarchy must be a tree. The level of a reference for a query (HAPPIER Sec. 3 / SupRank Eq. 18) is the number of
+levels at which they agree, from the coarsest (``L`` = same fine class, ``0`` = negative). Built on it: the H-AP
+"pop" relevance, Property-1 weights, NDCG gains, and the multi-label relevance (:func:`multilabel_relevance`).
 """
 
 from __future__ import annotations

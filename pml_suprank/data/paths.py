@@ -1,10 +1,6 @@
-"""Paths read from a dataset's own files, kept inside the dataset's folder.
-
-A list file (SOP's ``Ebay_train.txt``, a DyML ``label.csv``, a ``metadata.csv`` ...) names images by path. Such a
-path is data, not a trusted argument: an absolute path, a ``..`` component or a symbolic link could make a loader
-read (and ``recipes/prepare_dataset.py`` write, and ``--push_to_hub`` upload) any file the user can read.
-:func:`confined_path` is the one check every loader of the package applies to such paths.
-"""
+"""Paths read from a dataset's own files (list files, ``metadata.csv`` ...) kept inside the dataset's folder: an
+absolute path, a ``..`` component or a symbolic link could otherwise make a loader read (and ``prepare_dataset``
+write, ``--push_to_hub`` upload) any file. :func:`confined_path` is the one check every loader applies."""
 
 from __future__ import annotations
 

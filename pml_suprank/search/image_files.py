@@ -1,10 +1,7 @@
-"""Unlabelled images read from disk: every image file under a folder (flat or nested) or one image file.
-
-:class:`ImageFiles` is the dataset of the queries of ``search``, the images of ``ood_score``, a flat folder of OOD
-images in ``fit_heat`` and the gallery / queries of the demo: items are ``{"image": transform(PIL image), "labels":
-tensor([-1]), "index": i}`` (the :func:`pml_suprank.data.collate` contract, ``-1`` = no label), ``names[i]`` is the
-file relative to the folder (POSIX separators; the file name for a single file) and ``get_image(i)`` the RGB image.
-Every file is checked once when the dataset is built (:func:`pml_suprank.data.image_check.check_image_files`).
+"""Unlabelled images read from disk (every image file under a folder, or one file): :class:`ImageFiles`, the
+queries of ``search``, the images of ``ood_score`` and ``fit_heat``'s OOD folder, the demo's gallery. Items follow
+:func:`pml_suprank.data.collate` (label ``-1``); ``names[i]`` is the file relative to the folder (POSIX); every file
+is checked once when the dataset is built (:func:`pml_suprank.data.image_check.check_image_files`).
 """
 
 from __future__ import annotations
