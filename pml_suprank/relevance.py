@@ -389,10 +389,8 @@ def multilabel_relevance(
         ref_labels: ``(R, M_r)`` integer fine labels per reference item, same conventions.
         hierarchy: :class:`Hierarchy` or ``(num_fine, L)`` table (row ``f`` = ``[f, parent(f), ..., coarsest]``),
             the table the hierarchical losses take; ``None`` = flat labels (``L = 1``, any non-negative ints).
-        dtype: floating dtype of the result. The value is the float64 quotient of two integers cast to ``dtype``,
-            so equal fractions give bit-identical relevances (ties are exact).
-        block_elements: memory bound: the queries and references are processed in blocks whose ``(C, R_c, M_q,
-            M_r)`` label-pair tensor holds at most this many elements (at least one query by one reference).
+        dtype: floating dtype of the result (a float64 quotient of integers cast to it: equal fractions tie exactly).
+        block_elements: most elements of the ``(C, R_c, M_q, M_r)`` label-pair tensor of one block (memory bound).
 
     Returns:
         ``(Q, R)`` tensor of relevances in ``[0, 1]`` on ``query_labels``' device.

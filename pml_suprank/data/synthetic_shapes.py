@@ -170,19 +170,15 @@ class SyntheticShapes(RetrievalDatasetBase):
     Args:
         split: ``"train"`` (36 fine classes), ``"test"`` (the 18 others) or ``"all"``; with ``open_set=False`` every
             split holds all 54 classes (different images per split).
-        num_per_class: Images per fine class.
-        image_size: Side of the square RGB images, in pixels.
+        num_per_class, image_size: Images per fine class; side of the square RGB images in pixels.
         seed: Base seed; train and test images come from different streams of the same seed.
         families: Subset of :data:`FAMILIES` (names or indices), e.g. to hold some out as OOD.
         levels: 2 → labels ``(fine, coarse)``; 3 → ``(fine, variant, coarse)``.
         open_set: Disjoint train/test fine classes (default) or all classes in every split.
-        rotation: Maximum absolute rotation in degrees.
-        scale: Range of the shape radius as a fraction of ``image_size``.
-        noise: Standard deviation of the Gaussian pixel noise (0–255 scale).
-        clutter: Maximum number of distractor lines.
-        colour_jitter: Maximum per-channel jitter of the shape colour (0–255 scale).
-        illumination: Maximum relative brightness change (``1 ± illumination``).
-        colour_cast: Maximum relative per-channel gain of the whole image (``1 ± colour_cast``).
+        rotation, scale: Maximum absolute rotation in degrees; range of the shape radius (fraction of the side).
+        noise, clutter: Standard deviation of the pixel noise (0–255); most distractor lines.
+        colour_jitter: Maximum per-channel jitter of the shape colour (0–255).
+        illumination, colour_cast: Maximum relative brightness change and per-channel gain (``1 ± x``).
         transform: Callable on a PIL image returning a ``(3, H, W)`` tensor.
         cache: Keep rendered images in memory after their first access.
 

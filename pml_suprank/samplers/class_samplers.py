@@ -54,8 +54,7 @@ class MPerClassBatchSampler(ShardedBatchSampler):
 
     Args:
         labels: Class labels ``(N,)`` (tensor, array or list of ints); ``(N, L)`` labels use column 0.
-        m: Images per class in a batch.
-        batch_size: Indices per batch *per process*; a multiple of ``m``.
+        m, batch_size: Images per class in a batch; indices per batch *per process* (a multiple of ``m``).
         length_before_new_iter: Indices per epoch (per process); ``None``: one pass over the dataset.
         seed: Seed of the per-epoch ``np.random.default_rng((seed, epoch))``.
         num_replicas: Processes sharing one global batch (default: the ``torch.distributed`` world size, else 1).
@@ -306,13 +305,11 @@ class HierarchicalSampler(ShardedBatchSampler):
 
     Args:
         labels: ``(N, L)`` integer labels, column 0 = finest (the order of PML's HierarchicalSampler).
-        batch_size: Indices per batch *per process*; a multiple of ``super_classes_per_batch * samples_per_class``
-            (of ``super_classes_per_batch`` for ``"all"``).
+        batch_size: Indices per batch *per process*; a multiple of ``k * samples_per_class`` (of ``k`` for ``"all"``).
         samples_per_class: Images per class in a batch, or ``"all"``.
         batches_per_super_tuple: Batches per combination of super-classes and epoch.
         super_classes_per_batch: Super-classes per batch (``k``).
-        inner_label: Column of the class label.
-        outer_label: Column of the super-class label.
+        inner_label, outer_label: Columns of the class and of the super-class labels.
         seed, num_replicas, rank: As :class:`MPerClassBatchSampler`.
         small_classes: Classes with fewer than ``samples_per_class`` images: ``"replace"`` or ``"skip"``.
 

@@ -38,8 +38,7 @@ class MultiLabelSampler(ShardedBatchSampler):
     Args:
         labels: ``(N, M)`` integer labels per item with ``-1`` padding (tensor, array or nested list), or ``(N,)``
             one label per item; every item needs at least one label.
-        m: Items per label in a batch (``>= 2``: each item needs another item sharing its label).
-        batch_size: Indices per batch *per process*; a multiple of ``m``.
+        m, batch_size: Items per label in a batch (``>= 2``); indices per batch *per process* (a multiple of ``m``).
         seed, num_replicas, rank: As :class:`~pml_suprank.samplers.MPerClassBatchSampler`.
         small_classes: Labels carried by fewer than ``m`` items: ``"replace"`` (duplicates inside the group) or
             ``"skip"``.
