@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..loading import open_set_classes
+from ..loading import HFRetrievalDataset, open_set_classes
 from ._native import ArrayImageDataset, NativeImageDataset, encode_levels, layout_error
 
 __all__ = [
@@ -138,15 +138,7 @@ class HubImageDataset(NativeImageDataset):
         self.image_column = image_column
         super().__init__(labels, label_names, [f"{i:06d}.png" for i in range(len(hf_dataset))], **kwargs)
 
-    def get_image(self, index: int) -> Any:
-        """The untransformed PIL RGB image of item ``index`` (``ValueError`` naming the row if it does not decode)."""
-        index = self._check_index(index)
-        try:
-            return self._images[index][self.image_column].convert("RGB")
-        except (OSError, SyntaxError, ValueError) as err:
-            raise ValueError(
-                f"{self.describe_item(index)}: cannot decode the image ({type(err).__name__}: {err})"
-            ) from None
+    get_image = HFRetrievalDataset.get_image
 
 
 def _from_hub(repo_id: str, split: str, transform: Callable | None) -> HubImageDataset:
