@@ -359,14 +359,9 @@ def plot_retrieval_grid(
     class_names: Mapping[int, Any] | None = None,
 ) -> Path:
     """Grid of ``num_queries`` random queries and their ``top_k`` nearest items, each with a border, a text mark (✓
-    same fine class, ~ same coarse class only, ✗ other) and its fine class name (default ``dataset.class_names``).
-
-    Args:
-        dataset: Gives the pictures: ``dataset.get_image(i)`` (PIL) or ``dataset[i]["image"]`` (denormalised with
-            ``mean`` / ``std`` when given).
-        indices: Dataset index of every embedding row (default: row ``i`` is item ``i``).
-        class_names: ``{fine label: name}``.
-    """
+    same fine class, ~ same coarse class only, ✗ other) and its fine class name (``class_names``, default
+    ``dataset.class_names``). Pictures: ``dataset.get_image(i)`` or ``dataset[i]["image"]`` (denormalised by ``mean`` /
+    ``std``); ``indices``: the dataset index of every embedding row."""
     check_embeddings("embeddings", embeddings)
     labels = _as_2d_labels(check_labels("labels", labels, embeddings.shape[0]))
     n = embeddings.shape[0]

@@ -37,15 +37,10 @@ class BatchFit:
 
 
 def fit_batch(labels: Any, *, batch_size: int, samples_per_class: int, num_processes: int = 1) -> BatchFit:
-    """The batch that the fine classes (column 0) of ``labels`` ``(N, L)`` / ``(N,)`` can fill.
-
-    Keeps the requested batch when the classes fill it (``num_processes * batch_size / m`` classes, at least 2) and
-    most classes have ``m`` images; else ``m`` drops to the median images per class (at least 2) and the classes per
-    batch to what the data has: ``batch_size = m * min(batch_size // m_requested, num_classes // num_processes)``.
-
-    Raises:
-        ValueError: Fewer than 2 classes, or fewer classes than processes: no batch can be filled.
-    """
+    """The batch that the fine classes (column 0) of ``labels`` ``(N, L)`` / ``(N,)`` can fill: the requested one
+    when ``num_processes * batch_size / m`` classes (at least 2) fill it and most classes have ``m`` images, else ``m``
+    = the median images per class (at least 2) and ``batch_size = m * min(batch_size // m_requested, num_classes //
+    num_processes)``. ``ValueError``: fewer than 2 classes, or fewer classes than processes."""
     labels = torch.as_tensor(labels)
     fine = labels if labels.dim() == 1 else labels[:, 0]
     for name, value in (("batch_size", batch_size), ("samples_per_class", samples_per_class),

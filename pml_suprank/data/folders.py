@@ -50,16 +50,9 @@ _SPLITS = ("train", "test")
 
 @dataclass(frozen=True)
 class FolderLayout:
-    """What a local image folder holds.
-
-    Attributes:
-        root: The folder.
-        kind: ``"split_folders"``, ``"metadata"`` or ``"class_folders"`` (see the module docstring).
-        label_columns: The label levels, finest first (``("label",)`` for class folders).
-        splits: The splits found (``("train", "test")``), or ``("train",)`` when there is none.
-        depth: Class folders: the folders between a split (or ``root``) and each image (1: ``<class>/*``, 2:
-            ``<group>/<class>/*``); 1 for a metadata layout.
-    """
+    """What a local image folder holds: its ``root``, ``kind`` (``"split_folders"``, ``"metadata"``,
+    ``"class_folders"``), ``label_columns`` (finest first), ``splits`` (``("train", "test")`` or ``("train",)``) and the
+    class folders' ``depth`` (1: ``<class>/*``, 2: ``<group>/<class>/*``; 1 for metadata)."""
 
     root: Path
     kind: Literal["split_folders", "metadata", "class_folders"]
@@ -240,15 +233,10 @@ def _cell(value: str) -> int | str:
 
 
 def metadata_splits(layout: FolderLayout) -> dict[str, Any] | None:
-    """``{split: datasets.Dataset}`` of a metadata layout whose metadata file lies at the root above ``train/`` and
-    ``test/`` (``file_name`` values ``train/...`` / ``test/...``), which the ``imagefolder`` builder does not pair
-    with the split folders; ``None`` for any other layout (read by ``imagefolder``). Columns: ``image`` (the files,
-    by path) and the label levels (integers where every value of a CSV column is one, else strings); each row goes
-    to the split its file lies in.
-
-    Raises:
-        ValueError: a row whose file lies in no split folder, or a split without any row.
-    """
+    """``{split: datasets.Dataset}`` (``image`` by path and the label levels, integer CSV cells as ints) of a metadata
+    file at the root above ``train/`` and ``test/`` (which ``imagefolder`` does not pair with the split folders), each
+    row in the split its file lies in; ``None`` for any other layout. ``ValueError``: a row in no split folder, an empty
+    split."""
     import datasets
 
     root = layout.root

@@ -127,12 +127,8 @@ def check_image_files(paths: Sequence[str | Path], *, what: str, decode: bool | 
 
 
 def check_dataset_images(ds: Any, image_column: str, *, what: str, decode: bool | None = None) -> None:
-    """:func:`check_image_files` for the ``datasets.Image`` column ``image_column`` of the ``datasets.Dataset`` ``ds``
-    (cells stored by path or as encoded bytes; other columns, such as arrays of pixels, are not checked).
-
-    Raises:
-        ValueError: Naming each bad image by its path (or ``row <i>`` when it is stored as bytes without one).
-    """
+    """:func:`check_image_files` for the ``datasets.Image`` column ``image_column`` of ``ds`` (cells by path or bytes;
+    other columns are not checked); ``ValueError`` naming each bad image by its path (or ``row <i>``)."""
     import datasets
 
     if not isinstance(ds.features.get(image_column), datasets.Image):

@@ -123,15 +123,10 @@ def multilabel_labels(
     ds: Any, split: str, splits: dict[str, Any], label_columns: list[str], hierarchy: Any, where: str
 ) -> tuple[Tensor, Tensor | None, list[str], dict[str, dict[str, int]]]:
     """Multi-label labels of ``ds`` (split ``split``; string ids and the hierarchy read over all ``splits``) and the
-    hierarchy from the aligned coarser ``label_columns`` or the given ``hierarchy`` table; ``where`` names the source.
-
-    Returns:
-        ``(labels (N, M) padded with -1, table (num_fine, L) or None, level names, string-id mappings)``.
-
-    Raises:
-        ValueError: a non-list label column, an empty or null row, a null element, a negative id, misaligned columns,
-            a hierarchy that is not a tree, both coarser columns and ``hierarchy=``, a label missing from the table.
-    """
+    hierarchy from the aligned coarser ``label_columns`` or the given ``hierarchy``; ``where`` names the source.
+    Returns ``(labels (N, M) padded with -1, table (num_fine, L) or None, level names, string-id mappings)``; a
+    ``ValueError`` for a non-list column, an empty or null row or element, a negative id, misaligned columns, a
+    non-tree hierarchy, both coarser columns and ``hierarchy=``, a label missing from the table."""
     if hierarchy is not None and len(label_columns) > 1:
         raise ValueError(
             f"give the hierarchy of a multi-label dataset either as coarser label columns {label_columns[1:]} or as "

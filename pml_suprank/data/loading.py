@@ -37,11 +37,8 @@ OpenSetPart = Literal["train", "test"]
 
 
 def collate(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Collate dataset items into ``{"image": (B, 3, H, W), "labels": (B, L) or (B, M), "index": (B,)}``.
-
-    Labels may be ints, lists or tensors of any integer dtype, one row per item. Rows of one length are stacked
-    (the ``(B, L)`` levels of single-label data, the ``(B, M)`` padded label sets of a multi-label dataset); rows of
-    different lengths are multi-label sets (e.g. lists of a custom dataset), padded with ``-1`` to the longest.
+    """Collate dataset items into ``{"image": (B, 3, H, W), "labels": (B, L) or (B, M), "index": (B,)}``: label rows
+    (ints, lists or tensors) of one length are stacked, rows of different lengths (multi-label sets) padded with ``-1``.
     """
     rows = [torch.as_tensor(it["labels"]).long().reshape(-1) for it in items]
     ragged = len({len(r) for r in rows}) > 1
@@ -125,14 +122,9 @@ def open_set_classes(
     train_classes_per_coarse: int | None = None,
     train_class_fraction: float | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Split the fine classes of ``labels`` ``(N, L)`` into disjoint train / test class sets.
-
-    Exactly one rule must be given:
-
-    * ``train_classes_per_coarse=k``: inside every coarse class (last column), the ``k`` smallest fine ids go to
-      training and the others to test (CIFAR-100 open-set protocol: k = 3 of the 5 fine classes per superclass);
-    * ``train_class_fraction=f``: the first ``round(f * C)`` fine ids (sorted) go to training (CUB-200: 0.5 →
-      classes 1–100 train, 101–200 test).
+    """Split the fine classes of ``labels`` ``(N, L)`` into disjoint train / test class sets by exactly one rule:
+    ``train_classes_per_coarse=k`` (in every coarse class, the ``k`` smallest fine ids train: CIFAR-100, k = 3) or
+    ``train_class_fraction=f`` (the first ``round(f * C)`` sorted fine ids train: CUB-200, 0.5).
 
     Returns:
         ``(train_classes, test_classes)``: sorted 1-D LongTensors of fine label ids.

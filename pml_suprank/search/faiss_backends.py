@@ -56,14 +56,8 @@ def _float32(x: Tensor) -> np.ndarray:
 
 
 class FaissSearcher:
-    """A faiss index over the rows of a gallery, with ``add`` and ``search`` on torch tensors.
-
-    Args:
-        backend: one of :data:`FAISS_BACKENDS`.
-        dim: embedding width ``D``.
-        options: resolved backend parameters (see :func:`default_options`).
-        device: a CUDA device puts the flat index on that GPU when faiss has GPU support; otherwise CPU.
-    """
+    """A faiss index (``backend`` of :data:`FAISS_BACKENDS`, width ``dim``, resolved ``options``) with ``add`` and
+    ``search`` on torch tensors; a CUDA ``device`` puts the flat index on that GPU when faiss has GPU support."""
 
     def __init__(self, backend: str, dim: int, options: dict[str, int], device: torch.device) -> None:
         faiss = import_faiss()

@@ -141,15 +141,9 @@ def _read_meta(path: Path) -> dict[str, Any]:
 
 
 def read_index_files(folder: str | Path) -> tuple[Tensor, Tensor | None, dict[str, Any]]:
-    """Read and validate a folder written by :func:`write_index_files` (see the module docstring).
-
-    Returns:
-        ``(embeddings (N, D), labels (N, ...) or None, meta)`` with ``meta`` the validated JSON record.
-
-    Raises:
-        FileNotFoundError: the folder or one of its two files is missing.
-        ValueError: any field or tensor disagrees with the format, the JSON file or the checksum.
-    """
+    """``(embeddings (N, D), labels (N, ...) or None, meta)`` of a folder written by :func:`write_index_files`, every
+    field validated (``FileNotFoundError``: the folder or a file is missing; ``ValueError``: a field or tensor disagrees
+    with the format, the JSON file or the checksum)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 

@@ -75,17 +75,9 @@ def exact_topk(
     block_elements: int = DEFAULT_BLOCK_ELEMENTS,
     progress: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """Exact top-``k`` gallery rows of each query by inner product, ties by lower gallery index.
-
-    Args:
-        queries: ``(Q, D)`` on the device and in the dtype of ``gallery``.
-        gallery: ``(N, D)``.
-        k: ``1 <= k <= N`` (checked by the caller).
-        block_elements: score entries computed at once (``query block × gallery block``).
-        progress: a tqdm bar over the query blocks.
-
-    Returns:
-        ``scores (Q, k)`` (dtype of ``gallery``) and ``indices (Q, k)`` long, on ``gallery``'s device.
+    """Exact top-``k`` gallery rows of each query by inner product, ties by lower gallery index: ``queries`` ``(Q, D)``
+    (on the device and in the dtype of ``gallery`` ``(N, D)``), ``1 <= k <= N``, ``block_elements`` score entries at a
+    time, ``progress``: a tqdm bar. Returns ``scores (Q, k)`` and ``indices (Q, k)`` long, on ``gallery``'s device.
     """
     Q, N = queries.shape[0], gallery.shape[0]
     # up to 1024 queries per block, so that each gallery block is read from memory a few times only (the matmul

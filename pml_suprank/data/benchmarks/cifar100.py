@@ -48,12 +48,8 @@ _ALLOWED_GLOBALS = frozenset(
 
 
 class RestrictedUnpickler(pickle.Unpickler):
-    """Builds builtin containers and numpy arrays / scalars only; any other global is refused.
-
-    ``pickle.load`` runs whatever callable a file names, so archives distributed as pickles (the CIFAR batches, the
-    revisited Oxford / Paris ground truth) are read with this class: a file naming any other global (``os.system``,
-    ``builtins.eval``, a class of some package) raises ``pickle.UnpicklingError`` before anything is called.
-    """
+    """Builds builtin containers and numpy arrays / scalars only: a pickle naming any other global (``os.system``,
+    ``builtins.eval`` ...) raises ``pickle.UnpicklingError`` before anything is called."""
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in _ALLOWED_GLOBALS:

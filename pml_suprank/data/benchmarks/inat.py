@@ -1,13 +1,9 @@
 """iNaturalist 2018 (Van Horn et al., CVPR 2018) with the open-set retrieval splits of Smooth-AP (Brown et al.,
-ECCV 2020), read from the official archives.
+ECCV 2020), read from the official archives (layout: :data:`~pml_suprank.data.benchmarks.BENCHMARKS` ``layout``).
 
-Layout under ``root``: ``Inat_dataset_splits/Inaturalist_{train,test}_set1.txt`` (one image path per line,
-``train_val2018/<supercategory>/<category id>/<file>.jpg``; disjoint species), the images under ``train_val2018/``
-and, for ``inat_full``, ``train2018.json`` (its ``categories``: ``name`` and the ``genus`` … ``kingdom`` of each id).
-
-``inat_base``: species (category id) → super-category taken from the path (2 levels, HAPPIER / ROADMAP).
-``inat_full``: species, genus, family, order, class, phylum, kingdom (7 levels, HAPPIER). A taxon is identified by
-its whole lineage (e.g. a genus by kingdom … family + genus), so homonyms in different families stay distinct.
+``inat_base``: species → super-category from the image path (2 levels, HAPPIER / ROADMAP); ``inat_full``: species,
+genus, family, order, class, phylum, kingdom from ``train2018.json`` (7 levels, HAPPIER), a taxon identified by its
+whole lineage (homonyms in different families stay distinct).
 """
 
 from __future__ import annotations

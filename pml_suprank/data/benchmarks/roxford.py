@@ -70,15 +70,9 @@ def _bbx(value: Any, path: Path, where: str) -> tuple[float, float, float, float
 
 
 def read_revisited_gnd(path: str | Path) -> dict[str, Any]:
-    """The checked content of a ``gnd_<dataset>.pkl`` ground-truth file.
-
-    Returns:
-        ``{"imlist": [str], "qimlist": [str], "gnd": [{"easy", "hard", "junk": int64 arrays, "bbx": 4 floats}]}``.
-
-    Raises:
-        ValueError: Missing or unreadable file (including a pickle naming a global other than numpy arrays and
-            builtins), missing keys, ``len(gnd) != len(qimlist)``, an index outside ``imlist``, a bad ``bbx`` (the
-            message names the file and the entry, e.g. ``gnd[3]['junk']``).
+    """The checked content of a ``gnd_<dataset>.pkl``: ``{"imlist": [str], "qimlist": [str], "gnd": [{"easy",
+    "hard", "junk": int64 arrays, "bbx": 4 floats}]}``. ``ValueError`` naming the file and entry: missing or unreadable
+    (a global other than numpy arrays and builtins), missing keys, an index outside ``imlist``, a bad ``bbx``.
     """
     path = Path(path)
     content = load_restricted_pickle(path, "revisited ground-truth pickle", encoding="latin1")
