@@ -280,16 +280,10 @@ def plot_embedding_map(
     class_names: Mapping[int, Any] | None = None,
     max_named: int = 40,
 ) -> Path:
-    """2-D map of sample embeddings (dots) and fine-class mean embeddings (circles), coloured by coarse class (last
-    label column, named by the common first path component of its classes' names); with at most ``max_named`` fine
-    classes every class mean is labelled with its name.
-
-    Args:
-        method: ``"auto"`` (t-SNE if scikit-learn is installed, else PCA), ``"tsne"`` or ``"pca"``.
-        max_points: Samples drawn (a random subset of at most this many; every class mean is drawn).
-        class_names: ``{fine label: name}`` (e.g. a dataset's ``class_names``).
-        max_named: Label the class means when there are at most this many.
-    """
+    """2-D map (``method``: ``"auto"`` = t-SNE when scikit-learn is installed, else PCA; ``"tsne"``; ``"pca"``) of at
+    most ``max_points`` sample embeddings (dots) and every fine-class mean (circles), coloured by coarse class (last
+    column, named by the common first path component of its classes' ``class_names``); with at most ``max_named`` fine
+    classes every class mean is labelled with its name."""
     check_embeddings("embeddings", embeddings)
     labels = _as_2d_labels(check_labels("labels", labels, embeddings.shape[0]))
     if method not in ("auto", "tsne", "pca"):

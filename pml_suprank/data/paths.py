@@ -77,14 +77,9 @@ class PathConfiner:
 
 
 def confined_path(root: str | Path, *parts: str | Path, where: str, allow_absolute: bool = False) -> str:
-    """``root / parts[0] / ...`` (as a string, not resolved) after checking that it stays inside ``root``.
-
-    ``parts`` come from the dataset's files (e.g. ``"bicycle_final/1_0.JPG"``), read at ``where`` (e.g.
-    ``"Ebay_train.txt, line 7"``). ``allow_absolute``: an absolute first part is accepted when it lies inside ``root``
-    (the paths ``datasets`` stores for an image folder). :class:`PathConfiner` checks many paths under one root.
-
-    Raises:
-        ValueError: ``"<where>: ..."`` when a part is absolute (unless ``allow_absolute``), has a ``..`` component,
-            or when the joined path, symbolic links resolved, lies outside ``root``.
+    """``root / parts[0] / ...`` (a string, not resolved) after checking it stays inside ``root``; ``parts`` come from
+    the dataset's files, read at ``where`` (e.g. ``"Ebay_train.txt, line 7"``); ``allow_absolute`` accepts an absolute
+    first part inside ``root``. ``ValueError`` (``"<where>: ..."``): an absolute part, a ``..`` component, or a joined
+    path whose symbolic links lead outside ``root``. :class:`PathConfiner` checks many paths under one root.
     """
     return PathConfiner(root)(*parts, where=where, allow_absolute=allow_absolute)

@@ -1,17 +1,11 @@
-"""Miner-free samplers for rank losses: ``MPerClassSampler``, ``MPerClassBatchSampler`` and ``HierarchicalSampler``.
-
-``MPerClassSampler`` is PML's flat index stream (``DataLoader(sampler=..., batch_size=B)``); the two others are batch
-samplers (``DataLoader(batch_sampler=...)``). All of them draw every epoch from ``np.random.default_rng((seed,
-epoch))`` (no global RNG: every process builds the same plan), have ``set_epoch`` and ``state_dict`` /
-``load_state_dict`` (exact mid-epoch resume), and shard: with ``num_replicas = R`` one *global* batch of
-``R * batch_size`` indices has the class structure and rank ``r`` takes its own slice of whole class groups.
-
-Under ``accelerate``, ``accelerator.prepare(dataloader)`` already shards whole batches (or, with
-``split_batches=True``, contiguous slices): build the sampler with ``num_replicas=1`` then, or keep the loader out of
-``prepare`` and let the sampler shard. Call ``sampler.set_epoch(epoch)`` yourself every epoch (Accelerate's
-``set_epoch`` does not reach a wrapped batch sampler).
-
-References: SupRank ``datasets/samplers/m_per_class_sampler.py``; PML ``samplers.HierarchicalSampler`` (SOP).
+"""Miner-free samplers for rank losses: ``MPerClassSampler`` (PML's flat index stream, ``DataLoader(sampler=...,
+batch_size=B)``), ``MPerClassBatchSampler`` and ``HierarchicalSampler`` (batch samplers, ``DataLoader(batch_sampler=
+...)``). Every epoch is drawn from ``np.random.default_rng((seed, epoch))`` (the same plan in every process, no global
+RNG), with ``set_epoch``, ``state_dict`` / ``load_state_dict`` (exact mid-epoch resume) and sharding: with
+``num_replicas = R`` a global batch of ``R * batch_size`` indices has the class structure and rank ``r`` takes its
+slice of whole class groups. Under ``accelerator.prepare`` (which already shards) use ``num_replicas=1``, and call
+``sampler.set_epoch(epoch)`` yourself every epoch. References: SupRank's ``m_per_class_sampler.py``; PML's
+``HierarchicalSampler`` (SOP).
 """
 
 from __future__ import annotations

@@ -132,15 +132,10 @@ def benchmark_label_names(name: str, split: str) -> tuple[str, ...]:
 
 
 def load_benchmark(name: str, root: str | Path, split: str, transform: Callable | None = None) -> NativeImageDataset:
-    """Benchmark ``name`` (one of :data:`BENCHMARKS`) read from ``root``, the folder its archive was extracted to
-    (each spec's ``layout``; for ``cifar100`` also a Hub id), split ``split`` (one of ``BENCHMARKS[name].splits``).
-
-    Returns:
-        A retrieval dataset: ``ds.labels`` ``(N, L)`` (column 0 finest, ids contiguous over the splits that share a
-        label space, a tree), ``ds[i] = {"image": (3, H, W), "labels": (L,), "index": i}``, images decoded lazily.
-
-    Raises:
-        ValueError: Unknown name or split, or a malformed archive (the message names the file and line).
+    """Benchmark ``name`` (one of :data:`BENCHMARKS`), split ``split``, read from ``root``, the folder its archive
+    was extracted to (each spec's ``layout``; for ``cifar100`` also a Hub id): ``ds.labels`` ``(N, L)`` (column 0
+    finest, ids contiguous over the splits sharing a label space, a tree), ``ds[i] = {"image": (3, H, W), "labels":
+    (L,), "index": i}``, images decoded lazily. ``ValueError``: unknown name or split, a malformed archive.
     """
     spec = _spec(name, split)
     if not isinstance(root, (str, Path)):
