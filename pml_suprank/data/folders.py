@@ -1,16 +1,10 @@
-"""Your own images as a retrieval dataset: recognise the layout of a local image folder and split it by class.
-
-Layouts read by :func:`pml_suprank.data.load_retrieval_dataset` without naming a label column:
-
-* ``"split_folders"``: ``root/train/<class>/*`` and ``root/test/<class>/*``, one label level ``label``;
-* ``"metadata"``: images with a ``metadata.csv`` / ``metadata.jsonl`` whose ``file_name`` names each image; every
-  other column is a label level, finest first; ``train/`` and ``test/`` folders, when present, are the splits;
-* ``"class_folders"``: ``root/<class>/*`` with no split: the classes are split in two (:func:`class_split`).
-
-Class folders may be nested, every image at the same depth: ``root/<group>/<class>/*`` gives the levels ``label`` =
-``"<group>/<class>"`` and ``group`` (deeper: ``group_1`` … ``group_<d-1>``), read by :func:`folder_splits`.
-:func:`image_folder_layout` tells which from folder names and metadata headers only (each metadata ``file_name``
-must name an image inside the folder).
+"""Your own images as a retrieval dataset: the layout of a local image folder (:func:`image_folder_layout`, from
+folder names and metadata headers only) and its seeded split by class (:func:`class_split`). Layouts:
+``"split_folders"`` (``train/<class>/*`` and ``test/<class>/*``, one level ``label``), ``"metadata"`` (a
+``metadata.csv`` / ``.jsonl`` whose ``file_name`` names each image inside the folder and whose other columns are
+the levels, finest first; optional ``train/`` / ``test/``) and ``"class_folders"`` (``<class>/*``, split by class).
+Nested class folders ``<group>/<class>/*`` (every image at one depth) give the levels ``label`` = ``"<group>/<class>"``
+and ``group`` (deeper: ``group_1`` ...), read by :func:`folder_splits`.
 """
 
 from __future__ import annotations

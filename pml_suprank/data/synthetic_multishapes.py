@@ -1,14 +1,8 @@
-"""SyntheticMultiShapes: the multi-label, hierarchical counterpart of SyntheticShapes (no download).
-
-Every image shows 1 to ``max_labels`` shapes (in distinct cells of a grid) on the background of
-:class:`~pml_suprank.data.synthetic_shapes.SyntheticShapes`, with its 54 fine classes, family hierarchy and open-set
-protocol. An item's labels are the *set* of its shapes' fine classes, sorted and padded with ``-1``; ``ds.hierarchy``
-is the ``(54, L)`` fine → ancestors table: the data of the thesis' multi-label relevance (Algorithm 1,
-:func:`pml_suprank.relevance.multilabel_relevance`).
-
-Label sets are balanced: every class of the split appears in exactly ``num_per_class`` images (``num_per_class``
-rounds, each a shuffle of the classes cut into groups of 1..``max_labels``). Images are rendered from
-``default_rng((seed, split, 1000, j))`` and the label sets from ``default_rng((seed, split, max_labels))``.
+"""SyntheticMultiShapes: the multi-label counterpart of SyntheticShapes (same 54 fine classes, families and open set,
+no download). Every image shows 1 to ``max_labels`` shapes in distinct grid cells; its labels are the sorted set of
+their fine classes padded with ``-1`` and ``ds.hierarchy`` the ``(54, L)`` table (the data of the thesis' Algorithm
+1, :func:`pml_suprank.relevance.multilabel_relevance`). Every class of the split appears in exactly
+``num_per_class`` images; pixels and label sets come from seeded ``default_rng`` streams (same arguments, same data).
 """
 
 from __future__ import annotations

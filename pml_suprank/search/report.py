@@ -1,16 +1,9 @@
-"""Results a person can look at: a self-contained HTML page and a PNG grid of queries and their top-k items.
-
-Both take a list of queries::
-
-    {"name": str, "image": PIL image, "labels": list[int] | None, "class_name": str | None, "ap": float | None,
-     "results": [{"rank": int, "index": int, "name": str, "score": float, "image": PIL image,
-                  "labels": list[int] | None, "class_name": str | None,
-                  "relevance": "fine" | "coarse" | "other" | "unknown"}, ...],
-     "ood": {"score": float, "is_ood": bool} | None}          # optional: the OOD guard's verdict on the query
-
-Relevance (:func:`relevance_level`) is shown as a text mark (✓ same fine class, ~ same coarse class, ✗ other) and alt
-text, with a coloured border. The page inlines every thumbnail as a ``data:`` URI (one file, works offline),
-HTML-escapes every name and wraps long names at ``/ _ - .``.
+"""Results a person can look at: a self-contained HTML page and a PNG grid of queries and their top-k items, from a
+list of queries ``{"name", "image" (PIL), "labels", "class_name", "ap", "ood": {"score", "is_ood"} | None,
+"results": [{"rank", "index", "name", "score", "image", "labels", "class_name", "relevance"}, ...]}`` (relevance:
+:func:`~pml_suprank.plots.relevance_level`). Relevance is a text mark (✓ / ~ / ✗ / ?), alt text and a coloured
+border; the page inlines every thumbnail as a ``data:`` URI (one file, offline), HTML-escapes every name and wraps
+long names at ``/ _ - .``.
 """
 
 from __future__ import annotations
