@@ -225,7 +225,6 @@ def load_retrieval_dataset(
     rule the dataset's own splits must already have disjoint fine classes.
 
     Args:
-        source: See above.
         label_columns: Label column names, finest first; ``None`` for a local image folder (its levels).
         split: Split to load; ``"train+test"`` concatenates splits.
         image_column: Default: the first ``Image`` feature, else ``"image"`` / ``"img"``.
@@ -235,8 +234,7 @@ def load_retrieval_dataset(
         data_files, cache_dir, revision, token: Passed to ``datasets.load_dataset``.
         hierarchy: Multi-label only: the ``(num_fine, L)`` table when ``label_columns`` names only the fine column.
 
-    Returns:
-        An :class:`HFRetrievalDataset`.
+    Returns an :class:`HFRetrievalDataset`.
 
     Raises:
         ValueError: Missing or negative labels, a non-tree hierarchy, unknown columns or splits, unusable images,

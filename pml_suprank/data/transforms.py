@@ -62,10 +62,9 @@ def build_transforms(
     Args:
         data_config: ``input_size`` ``(3, H, W)``, ``mean``, ``std`` and optionally ``interpolation`` (bilinear),
             ``crop_pct`` (0.875) and ``crop_mode`` (one of :data:`CROP_MODES`), e.g. ``model.data_config``.
-        train: Training (random) or evaluation (deterministic) pipeline.
-        scale, ratio, hflip: Area and aspect-ratio ranges of the random crop, flip probability (training only).
-        color_jitter: Brightness / contrast / saturation jitter strength or None (training only; timm leaves it out
-            with an ``auto_augment`` policy).
+        train: Training (random) or evaluation (deterministic) pipeline; the other arguments are training only.
+        scale, ratio, hflip: Area and aspect-ratio ranges of the random crop, flip probability.
+        color_jitter: Brightness / contrast / saturation jitter strength or None (left out with ``auto_augment``).
         auto_augment: timm policy string, e.g. ``"rand-m9-mstd0.5"``, ``"augmix-m5-w4-d2"``, ``"original"``; or None.
         re_prob, re_mode, re_count: Random erasing on the normalised tensor: probability, fill (``"pixel"``,
             ``"rand"``, ``"const"``) and most rectangles per image.

@@ -51,15 +51,14 @@ class MPerClassBatchSampler(ShardedBatchSampler):
         m, batch_size: Images per class in a batch; indices per batch *per process* (a multiple of ``m``).
         length_before_new_iter: Indices per epoch (per process); ``None``: one pass over the dataset.
         seed: Seed of the per-epoch ``np.random.default_rng((seed, epoch))``.
-        num_replicas: Processes sharing one global batch (default: the ``torch.distributed`` world size, else 1).
-        rank: This process's slice (default: the ``torch.distributed`` rank).
-        small_classes: Classes with fewer than ``m`` images: ``"replace"`` (duplicates inside their group) or
-            ``"skip"``.
+        num_replicas, rank: Processes sharing one global batch and this one's slice (default: ``torch.distributed``'s
+            world size and rank, else 1 and 0).
+        small_classes: Classes with fewer than ``m`` images: ``"replace"`` (duplicates in their group) or ``"skip"``.
         drop_last: Leave out the leftover groups instead of completing the last batches.
 
     Raises:
-        ValueError: if ``m > batch_size``, ``batch_size % m != 0``, ``length_before_new_iter < batch_size``, or
-            there are fewer usable classes than ``num_replicas * batch_size / m``.
+        ValueError: ``m`` not dividing ``batch_size``, ``length_before_new_iter < batch_size``, fewer usable classes
+            than ``num_replicas * batch_size / m``.
 
     Example:
         >>> from torch.utils.data import DataLoader
