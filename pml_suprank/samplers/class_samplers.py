@@ -189,8 +189,8 @@ class MPerClassSampler(Sampler[int]):
 
     Args:
         labels: Class labels ``(N,)``; ``(N, L)`` labels use column 0.
-        m: Images per class in a batch (``m`` consecutive indices of one class).
-        batch_size: The ``DataLoader``'s ``batch_size``, a multiple of ``m``; ``None``: a pass over the classes.
+        m, batch_size: Images per class (``m`` consecutive indices) and the ``DataLoader``'s ``batch_size`` (a
+            multiple of ``m``; ``None``: a pass over the classes).
         length_before_new_iter: Indices per epoch (PML's default 100000).
         seed, num_replicas, rank, small_classes, drop_last: As :class:`MPerClassBatchSampler` (``num_replicas`` must
             be 1 with ``batch_size=None``).
@@ -299,9 +299,8 @@ class HierarchicalSampler(ShardedBatchSampler):
     Args:
         labels: ``(N, L)`` integer labels, column 0 = finest (the order of PML's HierarchicalSampler).
         batch_size: Indices per batch *per process*; a multiple of ``k * samples_per_class`` (of ``k`` for ``"all"``).
-        samples_per_class: Images per class in a batch, or ``"all"``.
+        samples_per_class, super_classes_per_batch: Images per class (or ``"all"``) and super-classes (``k``) per batch.
         batches_per_super_tuple: Batches per combination of super-classes and epoch.
-        super_classes_per_batch: Super-classes per batch (``k``).
         inner_label, outer_label: Columns of the class and of the super-class labels.
         seed, num_replicas, rank: As :class:`MPerClassBatchSampler`.
         small_classes: Classes with fewer than ``samples_per_class`` images: ``"replace"`` or ``"skip"``.

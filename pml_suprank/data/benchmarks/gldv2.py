@@ -1,16 +1,12 @@
 """H-GLDv2: Google Landmarks v2 (Weyand et al., CVPR 2020) with the hierarchical labels of SupRank (TPAMI Sec. VI),
-3 levels landmark → cluster (78 supercategories) → overall_cluster (human-made / natural).
+landmark → cluster (78 supercategories) → overall_cluster (human-made / natural).
 
-Layout under ``root`` (csv files with a header, as distributed): ``train_clean.csv`` (``landmark_id,images``),
-``index_image_to_landmark.csv`` (``id,landmark_id``: the index set), ``retrieval_solution_v2.1.csv``
-(``id,images,Usage``: the index ids depicting each test image's landmark, ``None`` without ground truth), the H-GLDv2
-``{train,index}_label_to_subcategory_with_clusters.csv`` (``landmark_id``, ``cluster``, ``overall_cluster``; an
-empty cluster: no supercategory), and the images at ``{train,index,test}/a/b/c/<id>.jpg``.
-
-Splits: ``train``, ``query`` (test images with ground truth, labelled by their solution images' landmark, which
-must agree) and ``gallery`` (the index set); ``query`` and ``gallery`` share one label space. As in the SupRank
-reference, images whose landmark has no cluster are left out. Evaluation (TPAMI Table VII):
-:func:`pml_suprank.metrics.landmark.landmark_map_at_k` and the hierarchical metrics.
+Layout under ``root`` (csv files with a header, as distributed): ``train_clean.csv``, ``index_image_to_landmark.csv``
+(the index set), ``retrieval_solution_v2.1.csv`` (each test image's index ids, ``None`` without ground truth), the
+H-GLDv2 ``{train,index}_label_to_subcategory_with_clusters.csv`` and images at ``{train,index,test}/a/b/c/<id>.jpg``.
+Splits: ``train``, ``query`` (test images with ground truth, labelled by their solution images' one landmark) and
+``gallery`` (the index set; one label space with ``query``); images whose landmark has no cluster are left out.
+Evaluation (TPAMI Table VII): :func:`pml_suprank.metrics.landmark.landmark_map_at_k` and the hierarchical metrics.
 """
 
 from __future__ import annotations
