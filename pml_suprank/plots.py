@@ -473,7 +473,6 @@ def plot_training_curves(
             ax.set(
                 ylabel="lr / peak", ylim=(-0.03, 1.08), title="Learning rate per parameter group (relative to its peak)"
             )
-            ax.legend(fontsize=7, loc="best")
         else:
             for k in shown:
                 steps, values = _series(history, f"eval/{k}")
@@ -482,6 +481,7 @@ def plot_training_curves(
             ax.set(
                 ylabel="percent", title=f"Test metrics at each of the {evals} evaluations (step 0 = before training)"
             )
+        if panel != "loss":
             ax.legend(fontsize=7, loc="best")
         ax.grid(alpha=0.3)
         ax.title.set_fontsize(9)

@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._validation import check_positive_int
+
 __all__ = ["MIN_STEPS", "BatchFit", "fit_batch", "short_run_warning"]
 
 #: a run with fewer optimizer steps than this gets a warning (a model hardly moves from its initialisation)
@@ -45,8 +47,7 @@ def fit_batch(labels: Any, *, batch_size: int, samples_per_class: int, num_proce
     fine = labels if labels.dim() == 1 else labels[:, 0]
     for name, value in (("batch_size", batch_size), ("samples_per_class", samples_per_class),
                         ("num_processes", num_processes)):  # fmt: skip
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int; got {value!r}")
+        check_positive_int(name, value)
     _, counts = torch.unique(fine, return_counts=True)
     counts = np.sort(counts.numpy())
     num_classes = len(counts)

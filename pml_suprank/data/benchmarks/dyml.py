@@ -19,8 +19,7 @@ from ._native import FileImageDataset, Record, file_split, parse_int, read_table
 
 __all__ = ["DYML_GRANULARITIES", "DYML_LABEL_NAMES", "dyml_label_names", "dyml_splits", "load_dyml"]
 
-DYML_LABEL_NAMES = ("fine", "middle", "coarse")
-DYML_GRANULARITIES = ("fine", "middle", "coarse")
+DYML_LABEL_NAMES = DYML_GRANULARITIES = ("fine", "middle", "coarse")
 _TRAIN_COLUMNS = ("fname", " fine_id0.jpg", " middle_id", " coarse_id")
 _BMK_COLUMNS = ("fname", " labels0.jpg")
 
