@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._validation import check_embeddings, check_labels
+from ._validation import check_embeddings, check_labels, check_positive_int
 from .metrics.report import headline_keys, metric_label
 
 __all__ = [
@@ -288,8 +288,7 @@ def plot_embedding_map(
     labels = _as_2d_labels(check_labels("labels", labels, embeddings.shape[0]))
     if method not in ("auto", "tsne", "pca"):
         raise ValueError(f"method must be one of ('auto', 'tsne', 'pca'); got {method!r}")
-    if isinstance(max_points, bool) or not isinstance(max_points, int) or max_points < 0:
-        raise ValueError(f"max_points must be an int >= 0; got {max_points!r}")
+    check_positive_int("max_points", max_points, minimum=0)
     emb = embeddings.detach().float().cpu()
     fine, coarse = labels[:, 0].cpu(), labels[:, -1].cpu()
     classes, inverse = torch.unique(fine, return_inverse=True)

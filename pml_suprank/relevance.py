@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from ._async_check import check_async, check_value
-from ._validation import check_labels
+from ._validation import check_labels, check_positive_int
 
 __all__ = [
     "Hierarchy",
@@ -405,8 +405,7 @@ def multilabel_relevance(
     hierarchy = as_hierarchy(hierarchy)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype; got {dtype!r}")
-    if isinstance(block_elements, bool) or not isinstance(block_elements, int) or block_elements < 1:
-        raise ValueError(f"block_elements must be a positive int; got {block_elements!r}")
+    check_positive_int("block_elements", block_elements)
     table = None if hierarchy is None else hierarchy.table.to(q.device)
     L = 1 if table is None else int(table.shape[1])
     qa = label_ancestors(q, table, "query_labels")  # (Q, M_q, L)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._validation import check_choice
+from .._validation import check_choice, check_positive_int
 from ..relevance import check_tree
 from .folders import folder_splits, image_folder_layout, metadata_splits
 from .hf_sources import check_image_paths, describe, image_column_name, load_splits, select_split
@@ -138,8 +138,7 @@ def open_set_classes(
     fine = torch.unique(labels[:, 0])
     if train_classes_per_coarse is not None:
         k = train_classes_per_coarse
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"train_classes_per_coarse must be an int >= 1; got {k!r}")
+        check_positive_int("train_classes_per_coarse", k)
         if labels.shape[1] < 2:
             raise ValueError("train_classes_per_coarse needs at least two label columns (fine and coarse)")
         check_tree(labels)

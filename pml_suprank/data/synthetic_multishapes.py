@@ -15,7 +15,7 @@ from typing import Any, get_args
 import numpy as np
 import torch
 
-from .._validation import check_choice
+from .._validation import check_choice, check_positive_int
 from .retrieval_dataset import RetrievalDatasetBase, pad_label_sets
 from .synthetic_shapes import (
     FAMILIES,
@@ -81,8 +81,7 @@ class SyntheticMultiShapes(RetrievalDatasetBase):
             split, 1, image_size, seed, families, levels, open_set, rotation, scale, noise, clutter, colour_jitter,
             illumination, colour_cast, None, False,
         )  # fmt: skip
-        if isinstance(num_per_class, bool) or not isinstance(num_per_class, int) or num_per_class < 1:
-            raise ValueError(f"num_per_class must be an int >= 1; got {num_per_class!r}")
+        check_positive_int("num_per_class", num_per_class)
         for name in ("split", "image_size", "seed", "family_ids", "levels", "open_set", "rotation", "scale", "noise",
                      "clutter", "colour_jitter", "illumination", "colour_cast"):  # fmt: skip
             setattr(self, name, getattr(ref, name))

@@ -429,8 +429,7 @@ class SyntheticNoise(RetrievalDatasetBase):
         transform: Callable | None = None,
     ) -> None:
         for name, value, low in (("num_images", num_images, 1), ("image_size", image_size, 8), ("levels", levels, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an int >= {low}; got {value!r}")
+            check_positive_int(name, value, minimum=low)
         self.kind = check_choice("kind", kind, get_args(NoiseKind))
         self.image_size = image_size
         self.seed = int(seed)
