@@ -37,12 +37,9 @@ def import_faiss() -> Any:
 
 
 def default_options(backend: str, num_items: int) -> dict[str, int]:
-    """Default parameters of ``backend`` for a gallery of ``num_items`` (``{}`` for the exact backends).
-
-    IVF: ``nlist = clamp(round(4·sqrt(N)), 1, N)`` cells (the usual rule of thumb), ``nprobe = min(16, nlist)``,
-    ``train_size = N`` (rows the quantizer is trained on); HNSW: ``hnsw_m = 32`` links, ``ef_construction = 64``,
-    ``ef_search = 64``.
-    """
+    """Default parameters of ``backend`` for ``num_items`` rows (``{}`` for the exact backends). IVF: ``nlist =
+    clamp(round(4·sqrt(N)), 1, N)``, ``nprobe = min(16, nlist)``, ``train_size = N``; HNSW: ``hnsw_m = 32``,
+    ``ef_construction = ef_search = 64``."""
     if backend == "faiss-ivf":
         nlist = int(min(max(1, round(4 * math.sqrt(max(num_items, 1)))), max(num_items, 1)))
         return {"nlist": nlist, "nprobe": min(16, nlist), "train_size": num_items}

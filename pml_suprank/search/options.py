@@ -38,12 +38,8 @@ OPTION_MAXIMA = {
 
 
 def check_option(name: str, value: Any, backend: str) -> int:
-    """Check one backend option: it belongs to ``backend`` and is an int in ``[1, OPTION_MAXIMA[name]]``.
-
-    Raises:
-        ValueError: ``name`` is not an option of ``backend``, or ``value`` is out of range.
-        TypeError: ``value`` is not an int (bools refused).
-    """
+    """Check one backend option: it belongs to ``backend`` (else ``ValueError``) and is an int (else ``TypeError``,
+    bools refused) in ``[1, OPTION_MAXIMA[name]]`` (else ``ValueError``)."""
     if name not in OPTION_BACKENDS:
         raise ValueError(f"unknown option {name!r}; options are {sorted(OPTION_BACKENDS)}")
     if OPTION_BACKENDS[name] != backend:

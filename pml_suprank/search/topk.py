@@ -23,12 +23,8 @@ DEFAULT_BLOCK_ELEMENTS = 2**24
 
 
 def topk_lowest_index(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """Top-``k`` of each row of ``scores`` ``(C, B)``, ties broken by the lower column index.
-
-    Returns:
-        ``values (C, k)`` in decreasing order and ``columns (C, k)`` (long); equal values appear in increasing column
-        order. ``k`` must satisfy ``1 <= k <= B``.
-    """
+    """Top-``k`` (``1 <= k <= B``) of each row of ``scores`` ``(C, B)``, ties broken by the lower column index:
+    ``values (C, k)`` in decreasing order and ``columns (C, k)`` long (equal values in increasing column order)."""
     extra = int(k < scores.shape[1])  # one more item shows whether the k-th score is tied beyond the cut
     top_values, top_columns = torch.topk(scores, k + extra, dim=1, largest=True, sorted=True)
     values, columns = top_values[:, :k], top_columns[:, :k]
