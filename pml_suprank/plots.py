@@ -27,7 +27,6 @@ __all__ = [
     "plot_precision_recall",
     "plot_retrieval_grid",
     "precision_recall_curve",
-    "relevance_level",
 ]
 
 #: border colour of each relevance level of a result to its query (:func:`relevance_level`)
