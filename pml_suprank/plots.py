@@ -1,23 +1,9 @@
-"""Figures of a trained retrieval model (matplotlib, ``Agg`` backend; no display needed).
+"""Figures of a trained retrieval model (matplotlib, ``Agg`` backend), written by :func:`plot_all` at :data:`DPI`.
 
-* :func:`precision_recall_curve` / :func:`plot_precision_recall` — the mean interpolated precision–recall curve of
-  the test set searched against itself (the query removed from its gallery), optionally beside a second set of
-  embeddings (e.g. before training);
-* :func:`plot_hierarchical_precision_recall` — one curve per hierarchy level: at level ``l`` the positives of a
-  query are the items sharing its label in column ``l`` (fine class, ..., coarse class), as in the hierarchical
-  evaluation of HAPPIER (Ramzi et al., ECCV 2022, Sec. 4);
-* :func:`plot_embedding_map` — a 2-D map of the class-mean embeddings coloured by coarse class, the legend and the
-  class means named after the classes (HAPPIER Fig. 6 uses t-SNE; scikit-learn's t-SNE is used when installed, else a
-  PCA projection);
-* :func:`plot_training_curves` — the training loss, learning rates and test metrics over optimizer steps, from
-  the run's ``history.json`` (metric names as in the model card; every evaluation, the one before training at step 0
-  and the final one included);
-* :func:`plot_retrieval_grid` — queries and their top-k results, with borders and a text mark per result (✓ same
-  fine class, ~ same coarse class only, ✗ other) and the class name under every picture.
-
-:func:`plot_all` writes the PNG files and returns their names. Figures are written at :data:`DPI` dots per inch.
-Text that comes from the data (label columns, class names) is drawn literally: a ``$`` never starts matplotlib's
-mathtext.
+Precision–recall curves (the test set searched against itself; per hierarchy level as in HAPPIER, Ramzi et al., ECCV
+2022, Sec. 4), a 2-D map of the class-mean embeddings (t-SNE when scikit-learn is installed, else PCA; HAPPIER
+Fig. 6), the training curves of ``history.json`` and a grid of queries with their top-k results (✓ same fine class,
+~ same coarse class only, ✗ other). Text from the data is drawn literally (a ``$`` never starts mathtext).
 """
 
 from __future__ import annotations
@@ -30,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._validation import check_embeddings, check_labels
+from ._validation import check_embeddings, check_labels, check_positive_int
 from .metrics.report import headline_keys, metric_label
 
 __all__ = [
@@ -43,11 +29,36 @@ __all__ = [
     "precision_recall_curve",
 ]
 
-BORDER_COLOURS = {"fine": "#2ca02c", "coarse": "#ff7f0e", "negative": "#d62728"}
-#: the text mark of each relation in the retrieval grid (colour is never the only cue)
-RELATION_MARKS = {"fine": "✓", "coarse": "~", "negative": "✗"}
+#: border colour of each relevance level of a result to its query (:func:`relevance_level`)
+RELEVANCE_COLOURS = {"fine": "#2ca02c", "coarse": "#ff7f0e", "other": "#d62728", "unknown": "#7f7f7f"}
+#: the text mark of each relevance level (colour is never the only cue)
+RELEVANCE_MARKS = {"fine": "✓", "coarse": "~", "other": "✗", "unknown": "?"}
+QUERY_COLOUR = "#1f77b4"
 #: resolution of every figure
 DPI = 150
+
+
+def relevance_level(query_labels: Sequence[int] | None, item_labels: Sequence[int] | None) -> str:
+    """``"fine"``, ``"coarse"``, ``"other"`` or ``"unknown"`` for two label rows (column 0 finest, last coarsest)."""
+    if query_labels is None or item_labels is None:
+        return "unknown"
+    if len(query_labels) != len(item_labels):
+        raise ValueError(f"label rows must have the same length; got {list(query_labels)} and {list(item_labels)}")
+    if query_labels[0] == item_labels[0]:
+        return "fine"
+    if len(query_labels) > 1 and query_labels[-1] == item_labels[-1]:
+        return "coarse"
+    return "other"
+
+
+def framed_image(ax: Any, image: Any, colour: str, width: float = 3) -> None:
+    """Show ``image`` on the axes ``ax`` without ticks, framed in ``colour``."""
+    ax.imshow(image)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    for spine in ax.spines.values():
+        spine.set_edgecolor(colour)
+        spine.set_linewidth(width)
 
 
 def _literal(text: Any) -> str:
@@ -72,16 +83,9 @@ def _group_names(
     ``"circle/small/red"``, ``"latin"`` for ``"latin/a"``) when there is one, else ``"<column> <id>"``."""
     out: dict[int, str] = {}
     for c in np.unique(coarse):
-        heads = (
-            {str(class_names.get(int(f), "")).split("/")[0] for f in np.unique(fine[coarse == c])}
-            if class_names
-            else set()
-        )
-        named = (
-            len(heads) == 1
-            and all(heads)
-            and all("/" in str(class_names.get(int(f), "")) for f in np.unique(fine[coarse == c]))
-        )
+        names = [str(class_names.get(int(f), "")) for f in np.unique(fine[coarse == c])] if class_names else []
+        heads = {n.split("/")[0] for n in names}
+        named = len(heads) == 1 and all(heads) and all("/" in n for n in names)
         out[int(c)] = _literal(heads.pop()) if named else f"{_literal(column)} {int(c)}"
     return out
 
@@ -131,23 +135,12 @@ def precision_recall_curve(
     seed: int = 0,
     chunk_size: int = 256,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Mean interpolated precision at ``num_points`` recall values in ``[0, 1]``.
+    """Mean interpolated precision (the best precision at any recall ``>= r``) at ``num_points`` recalls in ``[0, 1]``.
 
-    Every query ranks all other items by cosine similarity (ties: less relevant first, the evaluator's pessimistic
-    convention); positives are the items with the same label in column ``level``. The interpolated precision at
-    recall ``r`` is the best precision at any recall ``>= r``; queries without positives are skipped.
-
-    Args:
-        embeddings: ``(N, D)`` L2-normalised embeddings.
-        labels: ``(N,)`` or ``(N, L)`` integer labels, column 0 finest.
-        level: Label column defining the positives.
-        num_points: Number of recall values.
-        max_queries: Use a random subset of at most this many queries (all items stay in the gallery).
-        seed: Seed of the query subset.
-        chunk_size: Queries scored at once.
-
-    Returns:
-        ``(recall (num_points,), precision (num_points,))`` as numpy arrays.
+    Every query (a seeded subset of at most ``max_queries``) ranks all other items of ``embeddings`` ``(N, D)`` by
+    cosine similarity (ties: less relevant first); positives share the label of column ``level`` of ``labels``
+    ``(N,)`` / ``(N, L)``; queries without positives are skipped. Returns ``(recall, precision)``, ``(num_points,)``
+    numpy arrays.
     """
     grid, precision, _ = _pr_curve_and_ap(embeddings, labels, level, num_points, max_queries, seed, chunk_size)
     return grid, precision
@@ -208,13 +201,9 @@ def plot_precision_recall(
     seed: int = 0,
     title: str = "Precision-recall (fine classes)",
 ) -> Path:
-    """Draw the mean precision–recall curve of ``embeddings`` (label ``"trained"``) and of every entry of ``compare``
-    (``{"before training": embeddings_before}``) and save it to ``path``.
-
-    The curves show the interpolated precision (the best precision at any higher recall), which lies above the exact
-    precision; the legend gives each curve's mAP, the mean exact AP of the plotted queries in percent (with every
-    query plotted, the model card's mAP).
-    """
+    """Save the interpolated precision–recall curve of ``embeddings`` (``"trained"``) and of every entry of
+    ``compare`` (e.g. ``{"before training": ...}``) to ``path``; the legend gives each curve's mAP (mean exact AP of
+    the plotted queries, in percent: with every query plotted, the model card's mAP)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5, 4))
     curves = {"trained": embeddings, **(compare or {})}
@@ -290,25 +279,15 @@ def plot_embedding_map(
     class_names: Mapping[int, Any] | None = None,
     max_named: int = 40,
 ) -> Path:
-    """2-D map of sample embeddings (dots) and fine-class mean embeddings (re-normalised, outlined circles),
-    projected together and coloured by coarse class (last label column).
-
-    The legend names the coarse classes (the common first path component of their fine classes' names, e.g.
-    ``circle`` for ``circle/small/red``; else ``<column> <id>``); with at most ``max_named`` fine classes every class
-    mean is labelled with its name (the last path component).
-
-    Args:
-        method: ``"auto"`` (t-SNE if scikit-learn is installed, else PCA), ``"tsne"`` or ``"pca"``.
-        max_points: Samples drawn (a random subset of at most this many; every class mean is drawn).
-        class_names: ``{fine label: name}`` (e.g. a dataset's ``class_names``).
-        max_named: Label the class means when there are at most this many.
-    """
+    """2-D map (``method``: ``"auto"`` = t-SNE when scikit-learn is installed, else PCA; ``"tsne"``; ``"pca"``) of at
+    most ``max_points`` sample embeddings (dots) and every fine-class mean (circles), coloured by coarse class (last
+    column, named by the common first path component of its classes' ``class_names``); with at most ``max_named`` fine
+    classes every class mean is labelled with its name."""
     check_embeddings("embeddings", embeddings)
     labels = _as_2d_labels(check_labels("labels", labels, embeddings.shape[0]))
     if method not in ("auto", "tsne", "pca"):
         raise ValueError(f"method must be one of ('auto', 'tsne', 'pca'); got {method!r}")
-    if isinstance(max_points, bool) or not isinstance(max_points, int) or max_points < 0:
-        raise ValueError(f"max_points must be an int >= 0; got {max_points!r}")
+    check_positive_int("max_points", max_points, minimum=0)
     emb = embeddings.detach().float().cpu()
     fine, coarse = labels[:, 0].cpu(), labels[:, -1].cpu()
     classes, inverse = torch.unique(fine, return_inverse=True)
@@ -371,16 +350,10 @@ def plot_retrieval_grid(
     std: Sequence[float] | None = None,
     class_names: Mapping[int, Any] | None = None,
 ) -> Path:
-    """Grid of ``num_queries`` random queries (first column) and their ``top_k`` nearest items. Every result has a
-    border and a text mark — ✓ (green) same fine class, ~ (orange) same coarse class only, ✗ (red) other — and
-    every picture its fine class name (``class_names``, default ``dataset.class_names``; the label id without).
-
-    Args:
-        dataset: Gives the pictures: ``dataset.get_image(i)`` (PIL) or ``dataset[i]["image"]`` (denormalised with
-            ``mean`` / ``std`` when given).
-        indices: Dataset index of every embedding row (default: row ``i`` is item ``i``).
-        class_names: ``{fine label: name}``.
-    """
+    """Grid of ``num_queries`` random queries and their ``top_k`` nearest items, each with a border, a text mark (✓
+    same fine class, ~ same coarse class only, ✗ other) and its fine class name (``class_names``, default
+    ``dataset.class_names``). Pictures: ``dataset.get_image(i)`` or ``dataset[i]["image"]`` (denormalised by ``mean`` /
+    ``std``); ``indices``: the dataset index of every embedding row."""
     check_embeddings("embeddings", embeddings)
     labels = _as_2d_labels(check_labels("labels", labels, embeddings.shape[0]))
     n = embeddings.shape[0]
@@ -398,32 +371,20 @@ def plot_retrieval_grid(
     fig, axes = plt.subplots(
         len(queries), top_k + 1, figsize=(1.45 * (top_k + 1), 1.7 * len(queries) + 0.4), squeeze=False
     )
+    rows = labels.tolist()
     for row, q in enumerate(queries.tolist()):
-        cells = [(q, None)] + [(j, _relation(labels[q], labels[j])) for j in top[row].tolist()]
+        cells = [(q, None)] + [(j, relevance_level(rows[q], rows[j])) for j in top[row].tolist()]
         for col, (j, rel) in enumerate(cells):
             ax = axes[row, col]
-            ax.imshow(_image_array(dataset, int(idx[j]), mean, std))
-            ax.set_xticks([])
-            ax.set_yticks([])
-            colour = "#1f77b4" if rel is None else BORDER_COLOURS[rel]
-            for spine in ax.spines.values():
-                spine.set_edgecolor(colour)
-                spine.set_linewidth(3 if rel is not None else 1.5)
+            colour = QUERY_COLOUR if rel is None else RELEVANCE_COLOURS[rel]
+            framed_image(ax, _image_array(dataset, int(idx[j]), mean, std), colour, 3 if rel is not None else 1.5)
             name = _class_name(names, int(labels[j, 0]), max_chars=18)
-            mark = "query" if rel is None else RELATION_MARKS[rel]
+            mark = "query" if rel is None else RELEVANCE_MARKS[rel]
             ax.set_xlabel(f"{mark} {name}", fontsize=6, color=colour if rel is not None else "black")
             if row == 0:
                 ax.set_title("query" if col == 0 else f"#{col}", fontsize=8)
     fig.suptitle("Retrieval: ✓ green = same fine class, ~ orange = same coarse class only, ✗ red = other", fontsize=9)
     return _save(plt, fig, path)
-
-
-def _relation(a: Tensor, b: Tensor) -> str:
-    if bool(a[0] == b[0]):
-        return "fine"
-    if a.numel() > 1 and bool(a[-1] == b[-1]):
-        return "coarse"
-    return "negative"
 
 
 def plot_all(
@@ -444,42 +405,18 @@ def plot_all(
     ``class_names`` (``{fine label: name}``) default to ``image_dataset.class_names``."""
     if class_names is None:
         class_names = getattr(image_dataset, "class_names", None)
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    labels = _as_2d_labels(labels)
+    out, emb, labels = Path(directory), embeddings, _as_2d_labels(labels)
+    out.mkdir(parents=True, exist_ok=True)
+    pr = {"compare": compare, "max_queries": max_queries, "seed": seed}
     files = [
-        plot_precision_recall(
-            embeddings, labels, directory / "precision_recall.png", compare=compare, max_queries=max_queries, seed=seed
-        ),
-        plot_hierarchical_precision_recall(
-            embeddings,
-            labels,
-            directory / "hierarchical_precision_recall.png",
-            label_names=label_names,
-            compare=compare,
-            max_queries=max_queries,
-            seed=seed,
-        ),
-        plot_embedding_map(
-            embeddings,
-            labels,
-            directory / "embedding_map.png",
-            label_names=label_names,
-            seed=seed,
-            class_names=class_names,
-        ),  # fmt: skip
+        plot_precision_recall(emb, labels, out / "precision_recall.png", **pr),
+        plot_hierarchical_precision_recall(emb, labels, out / "hierarchical_precision_recall.png", label_names, **pr),
+        plot_embedding_map(emb, labels, out / "embedding_map.png", label_names, seed=seed, class_names=class_names),
     ]
     if image_dataset is not None:
+        grid = out / "retrieval_grid.png"
         files.append(
-            plot_retrieval_grid(
-                embeddings,
-                labels,
-                image_dataset,
-                directory / "retrieval_grid.png",
-                indices=indices,
-                seed=seed,
-                class_names=class_names,
-            )  # fmt: skip
+            plot_retrieval_grid(emb, labels, image_dataset, grid, indices=indices, seed=seed, class_names=class_names)
         )
     return [f.name for f in files]
 
@@ -501,14 +438,9 @@ def plot_training_curves(
     label_names: Sequence[str] | None = None,
     max_metrics: int = 6,
 ) -> Path:
-    """Save a figure with up to three panels, sharing the step axis: the training loss, the learning rate of every
-    parameter group, and the headline test metrics (percent) of every evaluation in ``history``.
-
-    Args:
-        history: The run's logged records (each a mapping with an int ``"step"``).
-        path: The PNG file written.
-        label_names: Label column names, for per-level metric names.
-        max_metrics: At most this many metrics (the card's headline metrics first).
+    """Save up to three panels over the optimizer steps of ``history`` (the run's records, each with a ``"step"``):
+    the training loss, every parameter group's learning rate, and at most ``max_metrics`` headline test metrics
+    (percent; ``label_names`` names the per-level ones).
 
     Raises:
         ValueError: ``history`` holds no logged loss, learning rate or metric.
@@ -539,7 +471,6 @@ def plot_training_curves(
             ax.set(
                 ylabel="lr / peak", ylim=(-0.03, 1.08), title="Learning rate per parameter group (relative to its peak)"
             )
-            ax.legend(fontsize=7, loc="best")
         else:
             for k in shown:
                 steps, values = _series(history, f"eval/{k}")
@@ -548,6 +479,7 @@ def plot_training_curves(
             ax.set(
                 ylabel="percent", title=f"Test metrics at each of the {evals} evaluations (step 0 = before training)"
             )
+        if panel != "loss":
             ax.legend(fontsize=7, loc="best")
         ax.grid(alpha=0.3)
         ax.title.set_fontsize(9)

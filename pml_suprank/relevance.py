@@ -1,16 +1,10 @@
-"""Label hierarchies and the level matrix.
+"""Label hierarchies, the level matrix and the relevances built on it.
 
-Conventions:
-    * Hierarchical labels have shape ``(N, L)``: column 0 is the finest level, column ``L - 1`` the coarsest
-      (the order of PML's ``HierarchicalSampler``).
-    * A hierarchy may also be given as a fine -> ancestors table of shape ``(num_fine, L)`` whose row ``f``
-      is ``[f, parent(f), ..., root-level ancestor(f)]``; 1-D fine labels are expanded through it.
-    * The hierarchy must be a tree: a fine label has exactly one ancestor per level.
-    * The level of a reference item ``j`` for a query ``q`` (HAPPIER, Sec. 3 / SupRank Eq. 18) is the number of
-      levels at which they agree, counted from the coarsest: ``L`` = same fine class, ``0`` = negative.
-
-Relevance functions built on the level matrix (H-AP "pop" relevance, Property-1 weights, NDCG gains) live
-further down in this module, followed by the hierarchical multi-label relevance (:func:`multilabel_relevance`).
+Hierarchical labels are ``(N, L)``, column 0 finest (PML's ``HierarchicalSampler`` order), or 1-D fine labels
+expanded through a ``(num_fine, L)`` fine → ancestors table (row ``f`` = ``[f, parent(f), ..., coarsest]``); the
+hierarchy must be a tree. The level of a reference for a query (HAPPIER Sec. 3 / SupRank Eq. 18) is the number of
+levels at which they agree, from the coarsest (``L`` = same fine class, ``0`` = negative). Built on it: the H-AP
+"pop" relevance, Property-1 weights, NDCG gains, and the multi-label relevance (:func:`multilabel_relevance`).
 """
 
 from __future__ import annotations
@@ -19,7 +13,7 @@ import torch
 from torch import Tensor
 
 from ._async_check import check_async, check_value
-from ._validation import check_labels
+from ._validation import check_labels, check_positive_int
 
 __all__ = [
     "Hierarchy",
@@ -39,14 +33,9 @@ PAIRWISE_TREE_CHECK = 2**24  # N² · L up to which check_tree compares all pair
 
 
 def tree_consistent(labels: Tensor, name: str = "labels") -> Tensor:
-    """0-d bool tensor, True iff 2-D ``labels`` ``(N, L)`` are tree-consistent; no host synchronisation.
-
-    Tree-consistent: any two rows that agree in column ``c`` agree in column ``c + 1`` (every value of column ``c``
-    has one parent). Small inputs (``N² · L <= PAIRWISE_TREE_CHECK``) compare all pairs at once; larger ones sort
-    each column pair lexicographically (two stable sorts) and compare neighbours: fixed shapes either way.
-
-    Raises:
-        TypeError / ValueError: ``labels`` (called ``name`` in the message) is not a 2-D integer tensor.
+    """0-d bool tensor, True iff ``labels`` ``(N, L)`` are tree-consistent (rows agreeing in column ``c`` agree in
+    column ``c + 1``); no host synchronisation. Small inputs (``N² · L <= PAIRWISE_TREE_CHECK``) compare all pairs,
+    larger ones sort each column pair and compare neighbours. ``TypeError`` / ``ValueError``: not a 2-D integer tensor.
     """
     if (
         not isinstance(labels, Tensor)
@@ -76,12 +65,9 @@ def tree_consistent(labels: Tensor, name: str = "labels") -> Tensor:
 
 
 def check_tree(labels: Tensor, name: str = "labels") -> None:
-    """Raise ``ValueError`` if 2-D ``labels`` ``(N, L)`` are not tree-consistent.
-
-    Every value of column ``c`` (``c < L - 1``) must map to exactly one value of column ``c + 1``;
-    by induction every fine label then has exactly one ancestor per level. The condition is
-    :func:`tree_consistent`, asserted by :func:`pml_suprank._async_check.check_async`: an immediate ``ValueError``
-    on the CPU, a device-side assertion without host synchronisation on accelerators.
+    """Raise ``ValueError`` (naming the label with several parents) if ``labels`` ``(N, L)`` are not a tree: every
+    value of column ``c`` must map to one value of column ``c + 1``. Asserted by
+    :func:`pml_suprank._async_check.check_async` (a device-side assertion, no host synchronisation, on accelerators).
     """
     check_async(
         tree_consistent(labels, name),
@@ -194,12 +180,8 @@ def as_hierarchy(hierarchy: Hierarchy | Tensor | None, name: str = "hierarchy") 
 def as_hierarchical_labels(
     labels: Tensor, hierarchy: Hierarchy | Tensor | None = None, name: str = "labels", check: bool = True
 ) -> Tensor:
-    """Return labels as a ``(N, L)`` long tensor.
-
-    ``labels`` is either ``(N, L)`` (then ``hierarchy`` must be None or agree with it) or ``(N,)`` fine labels,
-    expanded through ``hierarchy`` (a :class:`Hierarchy` or a ``(num_fine, L)`` table). Without a hierarchy,
-    1-D labels are a one-level hierarchy ``(N, 1)``.
-    """
+    """``labels`` as ``(N, L)`` long: ``(N, L)`` as given (agreeing with ``hierarchy`` if one is given), ``(N,)`` fine
+    labels expanded through ``hierarchy`` (a :class:`Hierarchy` or ``(num_fine, L)`` table), else ``(N, 1)``."""
     labels = check_labels(name, labels, labels.shape[0] if isinstance(labels, Tensor) and labels.dim() else -1)
     hierarchy = as_hierarchy(hierarchy)
     if labels.dim() == 1:
@@ -223,21 +205,11 @@ def hierarchical_label_pair(
     same_source: bool = False,
     check_jointly: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """Query and reference labels as levels, ``(Q, L)`` and ``(N, L)`` (column 0 finest), with the same ``L``.
+    """Query and reference labels as levels ``(Q, L)`` and ``(N, L)`` (each through :func:`as_hierarchical_labels`).
 
-    Each side goes through :func:`as_hierarchical_labels` (1-D fine labels expanded through ``hierarchy``).
-
-    Args:
-        query_labels: ``(Q,)`` fine labels (with ``hierarchy``) or ``(Q, L)`` labels.
-        ref_labels: ``(N,)`` or ``(N, L)``, in the same form.
-        hierarchy: fine → ancestors table (:class:`Hierarchy` or ``(num_fine, L)`` tensor), or ``None``.
-        names: the two arguments' names, for error messages.
-        same_source: the references are the queries (their levels are reused, checked once).
-        check_jointly: without ``hierarchy``, check that both sets form *one* tree together (:func:`check_tree` on
-            their concatenation, what a loss ranking queries against references needs) instead of each set alone.
-
-    Raises:
-        ValueError: the two sets have different numbers of levels, or are not tree-consistent (see above).
+    ``names``: the two arguments' names for messages; ``same_source``: the references are the queries (checked once);
+    ``check_jointly``: without ``hierarchy``, both sets must form *one* tree together (what a loss ranking queries
+    against references needs). ``ValueError``: different numbers of levels, or not tree-consistent.
     """
     q_name, r_name = names
     levels = as_hierarchical_labels(query_labels, hierarchy, name=q_name, check=not check_jointly)
@@ -257,18 +229,9 @@ def hierarchical_label_pair(
 
 
 def level_matrix(query_labels: Tensor, ref_labels: Tensor, *, tree: bool = False) -> Tensor:
-    """Level of every reference item for every query.
-
-    Args:
-        query_labels: ``(Q, L)`` hierarchical labels (column 0 finest).
-        ref_labels: ``(N, L)`` hierarchical labels.
-        tree: the labels are known to be tree-consistent together (:func:`check_tree`): the level is then the number
-            of equal columns, counted without the running "agreeing so far" (two fewer ops, same values).
-
-    Returns:
-        ``(Q, N)`` int64 tensor with values in ``{0, ..., L}``: the number of consecutive agreeing levels counted
-        from the coarsest. For tree-consistent labels this equals the number of equal columns.
-    """
+    """``(Q, N)`` int64 level in ``{0, ..., L}`` of every reference for every query: the number of consecutive
+    agreeing columns of ``query_labels`` ``(Q, L)`` and ``ref_labels`` ``(N, L)`` from the coarsest (HAPPIER Sec. 3).
+    ``tree=True``: the labels are known to be one tree, so the level is the number of equal columns (fewer ops)."""
     if query_labels.dim() != 2 or ref_labels.dim() != 2 or query_labels.shape[1] != ref_labels.shape[1]:
         raise ValueError(
             "query_labels and ref_labels must have shapes (Q, L) and (N, L) with the same L; "
@@ -281,31 +244,16 @@ def level_matrix(query_labels: Tensor, ref_labels: Tensor, *, tree: bool = False
 
 
 def level_counts(levels: Tensor, num_levels: int, mask: Tensor | None = None) -> Tensor:
-    """Number of reference items at each level for every query.
-
-    Args:
-        levels: ``(Q, N)`` level matrix (values in ``{0..L}``).
-        num_levels: ``L``.
-        mask: optional ``(Q, N)`` bool, True for the reference items that count (e.g. the query itself excluded).
-
-    Returns:
-        ``(Q, L + 1)`` int64 counts ``|Ω^(l)|``.
-    """
+    """``(Q, L + 1)`` int64 counts ``|Ω^(l)|`` of the ``(Q, N)`` ``levels`` (values in ``{0..L}``, ``L =
+    num_levels``), counting only where the optional ``(Q, N)`` bool ``mask`` is True."""
     one = torch.ones_like(levels) if mask is None else mask.long()
     out = torch.zeros(levels.shape[0], num_levels + 1, dtype=torch.long, device=levels.device)
     return out.scatter_add(1, levels, one)
 
 
 def pop_relevance(counts: Tensor, alpha: float = 1.0, dtype: torch.dtype = torch.float32) -> Tensor:
-    """H-AP relevance table of SupRank Eq. 20: ``rel(l) = (l / L)^alpha / |Ω^(l)|``, ``rel(0) = 0``.
-
-    Args:
-        counts: ``(Q, L + 1)`` level counts over the reference set actually used (see :func:`level_counts`).
-        alpha: ``α >= 0``; 1 for HAPPIER / H-AP, > 1 for HAPPIER_F.
-        dtype: floating dtype of the result.
-
-    Returns:
-        ``(Q, L + 1)`` table; entries of empty levels are 0.
+    """``(Q, L + 1)`` H-AP relevance table of SupRank Eq. 20, ``rel(l) = (l / L)^alpha / |Ω^(l)|`` (``rel(0) = 0``,
+    empty levels 0), from ``counts`` ``(Q, L + 1)`` (:func:`level_counts`); ``alpha >= 0`` (1: H-AP, > 1: HAPPIER_F).
     """
     if alpha < 0:
         raise ValueError(f"alpha must be >= 0; got {alpha}")
@@ -320,18 +268,9 @@ def pop_relevance(counts: Tensor, alpha: float = 1.0, dtype: torch.dtype = torch
 
 
 def property1_relevance(counts: Tensor, weights: Tensor | list[float], dtype: torch.dtype = torch.float32) -> Tensor:
-    """Relevance of SupRank Property 1 (supplementary Eq. 44) for which H-AP equals ΣwAP = Σ_l w_l·AP^(l).
-
-    ``rel(l) = Σ_{p=1..l} w_p / |Ω^{+,p}|`` where ``Ω^{+,p}`` are the items at level ``>= p``.
-
-    Args:
-        counts: ``(Q, L + 1)`` level counts over the reference set.
-        weights: ``L`` non-negative level weights ``w_1..w_L`` (``w_L`` = finest level).
-        dtype: floating dtype of the result.
-
-    Returns:
-        ``(Q, L + 1)`` table (``rel(0) = 0``).
-    """
+    """``(Q, L + 1)`` relevance of SupRank Property 1 (supplementary Eq. 44), for which H-AP equals ΣwAP =
+    Σ_l w_l·AP^(l): ``rel(l) = Σ_{p=1..l} w_p / |Ω^{+,p}|`` (``Ω^{+,p}``: items at level ``>= p``; ``rel(0) = 0``),
+    from ``counts`` ``(Q, L + 1)`` and ``L`` non-negative ``weights`` ``w_1..w_L`` (``w_L`` = finest level)."""
     num_levels = counts.shape[1] - 1
     w = torch.as_tensor(weights, dtype=dtype, device=counts.device)
     if w.shape != (num_levels,):
@@ -348,18 +287,9 @@ def property1_relevance(counts: Tensor, weights: Tensor | list[float], dtype: to
 
 
 def ideal_dcg(counts: Tensor, gains: Tensor, num_items: int | None = None) -> Tensor:
-    """Ideal DCG of SupRank Eq. 23 from per-level counts.
-
-    Args:
-        counts: ``(B, L + 1)`` number of reference items per level.
-        gains: ``(L + 1,)`` or ``(B, L + 1)`` gain of each level (``2^l − 1``).
-        num_items: an upper bound of ``counts.sum(1)`` (e.g. the number of reference items): the discount table
-            then has a fixed length and nothing is read back from the device; ``None`` takes the largest row total
-            (one host synchronisation).
-
-    Returns:
-        ``(B,)`` ``Σ_p gain(p-th best item) / log2(1 + p)`` with the items ordered by decreasing level.
-    """
+    """``(B,)`` ideal DCG of SupRank Eq. 23, ``Σ_p gain(p-th best item) / log2(1 + p)`` (items by decreasing level),
+    from ``counts`` ``(B, L + 1)`` and ``gains`` ``(L + 1,)`` / ``(B, L + 1)`` (``2^l − 1``). ``num_items``: an upper
+    bound of ``counts.sum(1)`` (a fixed-length discount table, no host read); ``None``: the largest row total."""
     bsz, lp1 = counts.shape
     if num_items is not None:
         n = num_items
@@ -399,7 +329,11 @@ def check_multilabel(name: str, labels: object) -> Tensor:
         raise ValueError(f"{name} must have shape (N,) or (N, M) with M >= 1; got shape {tuple(labels.shape)}")
     labels = labels.long()
     if labels.numel() and bool((labels < -1).any()):
-        raise ValueError(f"{name} must hold labels >= 0 and -1 for padding; got the value {int(labels.min())}")
+        row = int((labels < -1).any(1).nonzero()[0, 0])
+        raise ValueError(
+            f"{name} row {row} holds {labels[row].tolist()}: {name} must hold labels >= 0 and -1 for padding; "
+            f"got the value {int(labels.min())}"
+        )
     empty = (labels < 0).all(1)
     if bool(empty.any()):
         row = int(empty.nonzero()[0, 0])
@@ -438,20 +372,16 @@ def multilabel_relevance(
     dtype: torch.dtype = torch.float32,
     block_elements: int = MULTILABEL_BLOCK,
 ) -> Tensor:
-    """Hierarchical multi-label relevance of every reference item for every query.
-
-    Algorithm 1 of E. Ramzi's PhD thesis "Robust image retrieval with deep learning" (Sec. 4.2.2.2, "Application to
-    trademark logo retrieval"; the multi-label adaptation of HAPPIER is discussed in Sec. 6.2.1).
+    """Hierarchical multi-label relevance of every reference item for every query: Algorithm 1 of E. Ramzi's PhD
+    thesis "Robust image retrieval with deep learning" (Sec. 4.2.2.2; multi-label HAPPIER: Sec. 6.2.1).
 
     For a query ``q`` with the label set ``{y_q^1..y_q^n}`` and an item ``k`` with ``{y_k^1..y_k^m}``::
 
         l*_i = L − min_j LCA(y_q^i, y_k^j)          rel(q, k) = Σ_i l*_i / (n · L)
 
-    where ``LCA(a, b)`` is the first level (hierarchy column, 0 = finest) at which the ancestors of ``a`` and ``b``
-    agree (``0`` for the same fine label, ``L`` when they share no ancestor). So ``rel = 1`` when every query label is
-    among the item's labels, ``0`` when no query label shares an ancestor with any item label, and with ``L = 1``
-    (no hierarchy) ``rel`` is the fraction of the query's labels the item has. The H-AP of HAPPIER (Ramzi et al.,
-    ECCV 2022, Eqs. 2-3) with this relevance is :func:`pml_suprank.metrics.functional.graded_average_precision`.
+    where ``LCA(a, b)`` is the first level (column, 0 = finest) at which the ancestors of ``a`` and ``b`` agree (``L``
+    when none). ``rel = 1`` when every query label is among the item's; with ``L = 1`` it is the fraction of the
+    query's labels the item has. H-AP with it: :func:`pml_suprank.metrics.functional.graded_average_precision`.
 
     Args:
         query_labels: ``(Q, M_q)`` integer fine labels per query (``(Q,)`` = one label each); ``-1`` pads a row.
@@ -459,10 +389,8 @@ def multilabel_relevance(
         ref_labels: ``(R, M_r)`` integer fine labels per reference item, same conventions.
         hierarchy: :class:`Hierarchy` or ``(num_fine, L)`` table (row ``f`` = ``[f, parent(f), ..., coarsest]``),
             the table the hierarchical losses take; ``None`` = flat labels (``L = 1``, any non-negative ints).
-        dtype: floating dtype of the result. The value is the float64 quotient of two integers cast to ``dtype``,
-            so equal fractions give bit-identical relevances (ties are exact).
-        block_elements: memory bound: the queries and references are processed in blocks whose ``(C, R_c, M_q,
-            M_r)`` label-pair tensor holds at most this many elements (at least one query by one reference).
+        dtype: floating dtype of the result (a float64 quotient of integers cast to it: equal fractions tie exactly).
+        block_elements: most elements of the ``(C, R_c, M_q, M_r)`` label-pair tensor of one block (memory bound).
 
     Returns:
         ``(Q, R)`` tensor of relevances in ``[0, 1]`` on ``query_labels``' device.
@@ -477,8 +405,7 @@ def multilabel_relevance(
     hierarchy = as_hierarchy(hierarchy)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype; got {dtype!r}")
-    if isinstance(block_elements, bool) or not isinstance(block_elements, int) or block_elements < 1:
-        raise ValueError(f"block_elements must be a positive int; got {block_elements!r}")
+    check_positive_int("block_elements", block_elements)
     table = None if hierarchy is None else hierarchy.table.to(q.device)
     L = 1 if table is None else int(table.shape[1])
     qa = label_ancestors(q, table, "query_labels")  # (Q, M_q, L)

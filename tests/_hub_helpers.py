@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pml_suprank.training.data_source import data_option_errors, dataset_source
+from pml_suprank.data.source import data_option_errors, dataset_source
 from pml_suprank.training.options import LOCATIONS, recipe_options
 
 

@@ -14,9 +14,10 @@ import pytest
 import torch
 from _helpers import recipe_parser
 
+from pml_suprank.data.source import DatasetSource, data_option_errors, dataset_source
 from pml_suprank.training import hub_config
-from pml_suprank.training.data_source import DatasetSource, data_option_errors, dataset_source, multilabel_option_errors
 from pml_suprank.training.options import build_loss
+from pml_suprank.training.rules import multilabel_option_errors
 
 pytest.importorskip("accelerate")
 pytest.importorskip("timm")

@@ -137,7 +137,7 @@ def test_a_short_run_is_named_with_the_epochs_or_steps_that_reach_200():
 
 
 def test_nested_folders_take_the_open_set_rule_per_group(tmp_path, hf_cache):
-    from pml_suprank.training.data_source import data_option_errors, dataset_source
+    from pml_suprank.data.source import data_option_errors, dataset_source
 
     folder = tmp_path / "scripts"
     for g, group in enumerate(["latin", "greek"]):

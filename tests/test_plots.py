@@ -85,9 +85,9 @@ def test_plot_all_writes_the_files(tmp_path, method):
         assert (tmp_path / f).stat().st_size > 1000
     path = plots.plot_embedding_map(emb, labels, tmp_path / "map.png", method=method)
     assert path.is_file()
-    assert plots._relation(labels[0], labels[1]) == "fine"
-    assert plots._relation(labels[0], labels[5]) == "coarse"
-    assert plots._relation(labels[0], labels[25]) == "negative"
+    assert plots.relevance_level(labels[0].tolist(), labels[1].tolist()) == "fine"
+    assert plots.relevance_level(labels[0].tolist(), labels[5].tolist()) == "coarse"
+    assert plots.relevance_level(labels[0].tolist(), labels[25].tolist()) == "other"
 
 
 @pytest.fixture

@@ -1,19 +1,8 @@
-"""Datasets for retrieval training and evaluation (the ``recipes`` extra).
-
-One contract for every dataset (:mod:`pml_suprank.data.retrieval_dataset`): ``ds[i] = {"image": FloatTensor
-(3, H, W), "labels": LongTensor (L,), "index": i}``, ``ds.labels`` ``(N, L)`` with column 0 the finest.
-
-Modules:
-    loading: :func:`load_retrieval_dataset` (Hugging Face ids, folders, parquet), open-set splits.
-    transforms: :func:`build_transforms`, timm's training / evaluation transforms from a backbone's data config.
-    hf_sources: where the ``datasets`` splits come from.
-    folders: your own image folders (:func:`image_folder_layout`, the seeded :func:`class_split`).
-    label_columns: multi-label (list-valued) label columns.
-    retrieval_dataset: :class:`RetrievalDatasetBase` and the label-set helpers.
-    embedding_cache: :func:`cached_embeddings`, a model's outputs on a dataset embedded once (``--embedding_cache``).
-    paths: :func:`confined_path`, the check that keeps paths read from a dataset's files inside its folder.
-    synthetic_shapes / synthetic_multishapes: the built-in offline datasets.
-    benchmarks: the papers' benchmarks read from their archives (:func:`load_benchmark`).
+"""Datasets for retrieval training and evaluation (the ``recipes`` extra), all with one contract
+(:mod:`pml_suprank.data.retrieval_dataset`): :func:`load_retrieval_dataset` (Hub ids, folders, parquet),
+:func:`build_transforms`, your own image folders (:mod:`.folders`), the built-in synthetic sets and the papers'
+benchmarks (:func:`load_benchmark`); where a run's data comes from (:mod:`.source`);
+embeddings computed once and reused (:func:`cached_embeddings`, ``--embedding_cache``).
 
 Example:
     >>> from pml_suprank import data

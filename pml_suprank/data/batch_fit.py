@@ -1,10 +1,5 @@
-"""What a training set allows: the batch an m-per-class sampler can fill (:func:`fit_batch`) and whether a run is
-long enough to train (:func:`short_run_warning`).
-
-A batch of :class:`pml_suprank.samplers.MPerClassSampler` holds ``batch_size / samples_per_class`` classes per
-process with ``samples_per_class`` (m) images each; all processes together need ``num_processes * batch_size / m``
-distinct classes (and at least 2). A small folder of your own images often has fewer: :func:`fit_batch` gives the
-largest batch with the same m that the classes fill (and a smaller m when most classes have fewer than m images).
+"""What a training set allows: the batch an m-per-class sampler can fill (:func:`fit_batch`; all processes together
+need ``num_processes * batch_size / m`` distinct classes) and whether a run is long enough (:func:`short_run_warning`).
 """
 
 from __future__ import annotations
@@ -15,6 +10,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._validation import check_positive_int
+
 __all__ = ["MIN_STEPS", "BatchFit", "fit_batch", "short_run_warning"]
 
 #: a run with fewer optimizer steps than this gets a warning (a model hardly moves from its initialisation)
@@ -23,16 +20,9 @@ MIN_STEPS = 200
 
 @dataclass(frozen=True)
 class BatchFit:
-    """The batch a training set allows.
-
-    Attributes:
-        batch_size: Images per step per process (a multiple of ``samples_per_class``).
-        samples_per_class: Images per class in a batch (m).
-        num_classes: Fine classes of the training set.
-        images_per_class: ``(fewest, median, most)`` images of a class.
-        changed: The values differ from the requested ones.
-        fits: The requested batch can be filled (the sampler has enough classes).
-    """
+    """The batch a training set allows: ``batch_size`` per process (a multiple of ``samples_per_class``, m), the
+    ``num_classes`` fine classes and ``images_per_class`` ``(fewest, median, most)``; ``changed``: differs from the
+    request; ``fits``: the requested batch can be filled."""
 
     batch_size: int
     samples_per_class: int
@@ -49,21 +39,15 @@ class BatchFit:
 
 
 def fit_batch(labels: Any, *, batch_size: int, samples_per_class: int, num_processes: int = 1) -> BatchFit:
-    """The batch that the fine classes (column 0) of ``labels`` ``(N, L)`` / ``(N,)`` can fill.
-
-    Keeps the requested batch when the classes fill it (``num_processes * batch_size / m`` classes, at least 2) and
-    most classes have ``m`` images; else ``m`` drops to the median images per class (at least 2) and the classes per
-    batch to what the data has: ``batch_size = m * min(batch_size // m_requested, num_classes // num_processes)``.
-
-    Raises:
-        ValueError: Fewer than 2 classes, or fewer classes than processes: no batch can be filled.
-    """
+    """The batch that the fine classes (column 0) of ``labels`` ``(N, L)`` / ``(N,)`` can fill: the requested one
+    when ``num_processes * batch_size / m`` classes (at least 2) fill it and most classes have ``m`` images, else ``m``
+    = the median images per class (at least 2) and ``batch_size = m * min(batch_size // m_requested, num_classes //
+    num_processes)``. ``ValueError``: fewer than 2 classes, or fewer classes than processes."""
     labels = torch.as_tensor(labels)
     fine = labels if labels.dim() == 1 else labels[:, 0]
     for name, value in (("batch_size", batch_size), ("samples_per_class", samples_per_class),
                         ("num_processes", num_processes)):  # fmt: skip
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int; got {value!r}")
+        check_positive_int(name, value)
     _, counts = torch.unique(fine, return_counts=True)
     counts = np.sort(counts.numpy())
     num_classes = len(counts)

@@ -1,26 +1,10 @@
-"""Your own images as a retrieval dataset: recognise the layout of a local image folder and split it by class.
-
-Three layouts are read by :func:`pml_suprank.data.load_retrieval_dataset` (the ``imagefolder`` builder of Hugging
-Face ``datasets``) without naming a label column:
-
-* ``"split_folders"``: ``root/train/<class>/*`` and ``root/test/<class>/*``: one label level, ``label`` (the class
-  folder names);
-* ``"metadata"``: images anywhere under ``root`` with a ``metadata.csv`` (or ``metadata.jsonl``) whose ``file_name``
-  column names each image; every other column is a label level, in file order, **finest first** (string or integer
-  values). ``train/`` and ``test/`` folders, when present, are the splits;
-* ``"class_folders"``: ``root/<class>/*`` with no split: the classes are split in two
-  (:func:`class_split`, seeded, open set: no class on both sides).
-
-Class folders may be nested, every image at the same depth: ``root/<group>/<class>/*`` (Omniglot's
-``alphabet/character01/*.png``; also below ``train/`` and ``test/``) gives two label levels, ``label`` = the relative
-path ``<group>/<class>`` (so ``character01`` of two alphabets are two classes) and ``group``; deeper folders give one
-more level each (``label``, ``group_1`` = the parent path, ..., ``group_<d-1>`` = the top folder). Images at
-different depths are refused, naming these layouts. Nested folders are read by :func:`folder_splits` (the
-``imagefolder`` builder would label each image by its innermost folder name alone).
-
-:func:`image_folder_layout` tells which (by reading the folder names and the metadata header only; no image is
-opened; the ``file_name`` of every metadata row is checked to name an image inside the folder),
-:func:`class_split` draws the seeded class split and :func:`class_split_side` keeps one side of it.
+"""Your own images as a retrieval dataset: the layout of a local image folder (:func:`image_folder_layout`, from
+folder names and metadata headers only) and its seeded split by class (:func:`class_split`). Layouts:
+``"split_folders"`` (``train/<class>/*`` and ``test/<class>/*``, one level ``label``), ``"metadata"`` (a
+``metadata.csv`` / ``.jsonl`` whose ``file_name`` names each image inside the folder and whose other columns are
+the levels, finest first; optional ``train/`` / ``test/``) and ``"class_folders"`` (``<class>/*``, split by class).
+Nested class folders ``<group>/<class>/*`` (every image at one depth) give the levels ``label`` = ``"<group>/<class>"``
+and ``group`` (deeper: ``group_1`` ...), read by :func:`folder_splits`.
 """
 
 from __future__ import annotations
@@ -39,6 +23,7 @@ from .paths import PathConfiner
 
 __all__ = [
     "CLASS_SPLIT_FRACTION",
+    "IMAGE_SUFFIXES",
     "FolderLayout",
     "class_split",
     "class_names_of",
@@ -51,23 +36,17 @@ __all__ = [
 #: the share of the classes that train when a folder without a split is split by class
 CLASS_SPLIT_FRACTION = 0.5
 
-_IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
+#: the file suffixes read as images (lower case)
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 _METADATA = ("metadata.csv", "metadata.jsonl")
 _SPLITS = ("train", "test")
 
 
 @dataclass(frozen=True)
 class FolderLayout:
-    """What a local image folder holds.
-
-    Attributes:
-        root: The folder.
-        kind: ``"split_folders"``, ``"metadata"`` or ``"class_folders"`` (see the module docstring).
-        label_columns: The label levels, finest first (``("label",)`` for class folders).
-        splits: The splits found (``("train", "test")``), or ``("train",)`` when there is none.
-        depth: Class folders: the folders between a split (or ``root``) and each image (1: ``<class>/*``, 2:
-            ``<group>/<class>/*``); 1 for a metadata layout.
-    """
+    """What a local image folder holds: its ``root``, ``kind`` (``"split_folders"``, ``"metadata"``,
+    ``"class_folders"``), ``label_columns`` (finest first), ``splits`` (``("train", "test")`` or ``("train",)``) and the
+    class folders' ``depth`` (1: ``<class>/*``, 2: ``<group>/<class>/*``; 1 for metadata)."""
 
     root: Path
     kind: Literal["split_folders", "metadata", "class_folders"]
@@ -96,19 +75,17 @@ class FolderLayout:
 
 
 def _images(folder: Path) -> list[Path]:
-    return [p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in _IMAGE_SUFFIXES]
+    return [p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES]
 
 
-def _metadata_rows(path: Path) -> tuple[list[str], list[Any]]:
-    """The columns of a ``metadata.csv`` header (or of the first record of a ``metadata.jsonl``) and the
-    ``file_name`` value of every row (``None`` where a row has none)."""
+def _metadata_records(path: Path) -> tuple[list[str], list[dict[str, Any]]]:
+    """The columns of a ``metadata.csv`` header (or of the first record of a ``metadata.jsonl``) and the records (CSV
+    cells as text, ``None`` where a row is short)."""
     with path.open(newline="", encoding="utf-8") as f:
         if path.suffix == ".csv":
-            reader = csv.reader(f)
-            columns = [c.strip() for c in next(reader, [])]
-            at = columns.index("file_name") if "file_name" in columns else None
-            names = [None if at is None or len(row) <= at else row[at] for row in reader if row]
-            return columns, names
+            reader = csv.DictReader(f)
+            records = [{k.strip(): v for k, v in r.items() if k is not None} for r in reader]
+            return [c.strip() for c in reader.fieldnames or []], records
         lines = [line for line in f if line.strip()]
     records = []
     for number, line in enumerate(lines, start=1):
@@ -119,7 +96,7 @@ def _metadata_rows(path: Path) -> tuple[list[str], list[Any]]:
         if not isinstance(record, dict):
             raise ValueError(f"{path}, line {number}: not a JSON object (got {type(record).__name__})")
         records.append(record)
-    return (list(records[0]) if records else []), [r.get("file_name") for r in records]
+    return (list(records[0]) if records else []), records
 
 
 def _check_metadata_files(path: Path, names: list[Any]) -> None:
@@ -131,11 +108,11 @@ def _check_metadata_files(path: Path, names: list[Any]) -> None:
         if not isinstance(name, str) or not name.strip():
             raise ValueError(f"{where}: expected the relative path of an image; got {name!r}")
         file = Path(confine(name, where=where))
-        if file.suffix.lower() not in _IMAGE_SUFFIXES or not file.is_file():
+        if file.suffix.lower() not in IMAGE_SUFFIXES or not file.is_file():
             state = "is not an image file" if file.is_file() else "does not exist"
             raise ValueError(
                 f"{where}: {name!r} {state} ({file}); file_name must be the path of an image "
-                f"({', '.join(sorted(_IMAGE_SUFFIXES))}) relative to the folder of {path.name}"
+                f"({', '.join(sorted(IMAGE_SUFFIXES))}) relative to the folder of {path.name}"
             )
 
 
@@ -203,7 +180,7 @@ def image_folder_layout(root: str | Path) -> FolderLayout | None:
     splits = tuple(s for s in _SPLITS if (root / s).is_dir()) if (root / "test").is_dir() else ("train",)
     metadata = sorted(p for name in _METADATA for p in root.rglob(name))
     if metadata:
-        headers = {p: _metadata_rows(p) for p in metadata}
+        headers = {p: _metadata_records(p) for p in metadata}
         first = headers[metadata[0]][0]
         for path, (columns, _) in headers.items():
             if columns != first:
@@ -215,8 +192,8 @@ def image_folder_layout(root: str | Path) -> FolderLayout | None:
         levels = tuple(c for c in first if c != "file_name")
         if not levels:
             raise ValueError(f"{metadata[0]}: no label column besides 'file_name'; add one column per label level")
-        for path, (_, names) in headers.items():
-            _check_metadata_files(path, names)
+        for path, (_, records) in headers.items():
+            _check_metadata_files(path, [r.get("file_name") for r in records])
         return FolderLayout(root, "metadata", levels, splits)
     depth = _class_folder_depth(root, _split_folders(root, splits, images), images)
     kind = "split_folders" if "test" in splits else "class_folders"
@@ -250,15 +227,10 @@ def _cell(value: str) -> int | str:
 
 
 def metadata_splits(layout: FolderLayout) -> dict[str, Any] | None:
-    """``{split: datasets.Dataset}`` of a metadata layout whose metadata file lies at the root above ``train/`` and
-    ``test/`` (``file_name`` values ``train/...`` / ``test/...``), which the ``imagefolder`` builder does not pair
-    with the split folders; ``None`` for any other layout (read by ``imagefolder``). Columns: ``image`` (the files,
-    by path) and the label levels (integers where every value of a CSV column is one, else strings); each row goes
-    to the split its file lies in.
-
-    Raises:
-        ValueError: a row whose file lies in no split folder, or a split without any row.
-    """
+    """``{split: datasets.Dataset}`` (``image`` by path and the label levels, integer CSV cells as ints) of a metadata
+    file at the root above ``train/`` and ``test/`` (which ``imagefolder`` does not pair with the split folders), each
+    row in the split its file lies in; ``None`` for any other layout. ``ValueError``: a row in no split folder, an empty
+    split."""
     import datasets
 
     root = layout.root
@@ -268,21 +240,15 @@ def metadata_splits(layout: FolderLayout) -> dict[str, Any] | None:
     rows: dict[str, dict[str, list[Any]]] = {s: {"image": [], **{c: [] for c in layout.label_columns}}
                                               for s in layout.splits}  # fmt: skip
     for path in files:
-        if path.suffix == ".csv":
-            with path.open(newline="", encoding="utf-8") as f:
-                reader = csv.DictReader(f)
-                records = [{k.strip(): _cell(v or "") for k, v in r.items() if k is not None} for r in reader]
-        else:
-            records = [loads_json(line, str(path), what="metadata.jsonl record")
-                       for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]  # fmt: skip
-        for number, record in enumerate(records, start=1):
+        for number, record in enumerate(_metadata_records(path)[1], start=1):
             name = str(record["file_name"])
             split = Path(name).parts[0] if Path(name).parts else ""
             if split not in rows:
                 raise ValueError(f"{path}, row {number}: {name!r} lies in no split folder ({', '.join(layout.splits)})")
             rows[split]["image"].append(str(root / name))
             for column in layout.label_columns:
-                rows[split][column].append(record.get(column))
+                value = record.get(column)
+                rows[split][column].append(_cell(value or "") if path.suffix == ".csv" else value)
     empty = [s for s, r in rows.items() if not r["image"]]
     if empty:
         raise ValueError(f"{files[0]}: no row names an image of the split folder(s) {empty}")

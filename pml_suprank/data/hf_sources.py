@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
+from .folders import IMAGE_SUFFIXES
 from .paths import PathConfiner
 
 __all__ = ["check_image_paths", "describe", "image_column_name", "load_splits", "select_split"]
-
-_IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
 
 def select_split(splits: dict[str, Any], split: str, source: Any) -> tuple[list[str], Any]:
@@ -73,13 +72,10 @@ def _quiet_local_load() -> Iterator[None]:
 def load_splits(source: Any, *, data_files: Any, cache_dir: Any, revision: Any, token: Any) -> dict[str, Any]:
     """Load every split of ``source`` as a dict ``{split name: datasets.Dataset}`` (memory-mapped, lazy images); a
     local folder or file is read without progress bars."""
-
     path = Path(str(source)) if isinstance(source, (str, Path)) else None
     local = path is not None and (path.exists() or str(source) in ("", "parquet") or str(source).endswith(".parquet"))
-    if local:
-        with _quiet_local_load():
-            return _load_splits(source, data_files=data_files, cache_dir=cache_dir, revision=revision, token=token)
-    return _load_splits(source, data_files=data_files, cache_dir=cache_dir, revision=revision, token=token)
+    with _quiet_local_load() if local else nullcontext():
+        return _load_splits(source, data_files=data_files, cache_dir=cache_dir, revision=revision, token=token)
 
 
 def _load_splits(source: Any, *, data_files: Any, cache_dir: Any, revision: Any, token: Any) -> dict[str, Any]:
@@ -88,7 +84,7 @@ def _load_splits(source: Any, *, data_files: Any, cache_dir: Any, revision: Any,
     if isinstance(source, datasets.DatasetDict):
         return dict(source)
     if isinstance(source, datasets.Dataset):
-        return {str(source.split) if source.split is not None else "train": source}
+        return _single(source)
     if not isinstance(source, (str, Path)):
         raise TypeError(
             "source must be a Hub dataset id, a local folder / parquet path, or a datasets.Dataset; "
@@ -110,7 +106,7 @@ def _load_splits(source: Any, *, data_files: Any, cache_dir: Any, revision: Any,
             loaded = datasets.load_from_disk(src)
             return dict(loaded) if isinstance(loaded, datasets.DatasetDict) else _single(loaded)
         files = [p for p in path.rglob("*") if p.is_file()]
-        if any(p.suffix.lower() in _IMAGE_SUFFIXES for p in files):
+        if any(p.suffix.lower() in IMAGE_SUFFIXES for p in files):
             return dict(datasets.load_dataset("imagefolder", data_dir=src, cache_dir=cache_dir))
         if any(p.suffix == ".parquet" for p in files):
             return dict(datasets.load_dataset("parquet", data_dir=src, cache_dir=cache_dir))
@@ -145,12 +141,9 @@ def _local_root(source: Any) -> Path | None:
 
 
 def check_image_paths(ds: Any, image_column: str, source: Any, split: str) -> None:
-    """Refuse image files stored by path (``datasets.Image`` cells without bytes) that lie outside a local source.
-
-    An image folder, a parquet file or a ``save_to_disk`` folder may store an image as a path instead of its bytes;
-    ``datasets`` opens it as written (an absolute path, ``..`` or a symbolic link can name any readable file). For a
-    local ``source`` every such path must lie inside its folder (:class:`pml_suprank.data.paths.PathConfiner`; the
-    folder of a parquet file). Hub ids and in-memory datasets are not checked (their paths are the user's own).
+    """Refuse image files stored by path (``datasets.Image`` cells without bytes) outside a local ``source``'s folder
+    (an absolute path, ``..`` or a symbolic link could name any readable file); Hub ids and in-memory datasets are
+    the user's own and not checked.
 
     Raises:
         ValueError: Naming the source, the split, the row and the path.

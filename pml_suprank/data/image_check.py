@@ -1,18 +1,9 @@
 """Every image of a user's data checked before the first training step (or the first query of a search).
 
-A file that is not an image (a text file named ``fake.jpg``), a corrupt or truncated one, or one whose header
-announces more pixels than PIL's decompression-bomb limit (``PIL.Image.MAX_IMAGE_PIXELS``, e.g. a 30000 x 30000 PNG)
-would otherwise be found only when a batch or the evaluation reaches it, after the training time is spent.
-:func:`check_image_files` reads each file once up front and raises one error listing the bad files:
-
-* the header (PIL identifies the format and the size) and the size against ``PIL.Image.MAX_IMAGE_PIXELS``;
-* ``Image.verify()`` (PNG: every chunk's CRC and the end of the file; a cost of the order of reading the header);
-* a full decode of every image when the headers add up to at most :data:`FULL_DECODE_PIXELS` pixels (cheap
-  enough: a few seconds); above it a decode would cost about as much as an epoch of data loading, so a JPEG whose
-  compressed data is truncated or corrupt is found only when a batch decodes it (``ValueError`` naming the file).
-
-:func:`check_dataset_images` applies it to the image column of a ``datasets.Dataset`` (images stored by path or as
-bytes).
+:func:`check_image_files` reads each file once and raises one error listing the bad files: the header (format and
+size, against PIL's decompression-bomb limit ``PIL.Image.MAX_IMAGE_PIXELS``), ``Image.verify()``, and a full decode
+when the headers add up to at most :data:`FULL_DECODE_PIXELS` pixels (above it a truncated JPEG is found when a batch
+decodes it). :func:`check_dataset_images` applies it to the image column of a ``datasets.Dataset``.
 """
 
 from __future__ import annotations
@@ -27,7 +18,6 @@ from typing import Any
 __all__ = [
     "FULL_DECODE_PIXELS",
     "MAX_LISTED",
-    "bad_image_files",
     "bad_images_message",
     "check_dataset_images",
     "check_image_files",
@@ -121,42 +111,24 @@ def _message(bad: list[tuple[str, str]], count: int, what: str) -> str | None:
 
 
 def bad_images_message(sources: Iterable[Source], *, what: str, decode: bool | None = None) -> str | None:
-    """The error message naming the unusable images among ``sources``, or ``None`` when every image is usable.
-
-    Args:
-        sources: ``(name, image)`` pairs: the name used in the message (the file's path) and the image as a path or
-            its encoded bytes.
-        what: The data, for the message (e.g. ``"--queries photos/"`` or ``"'DIR', split 'train'"``).
-        decode: Decode every image fully (``True``), never (``False``: header and ``verify()`` only) or when the
-            headers add up to at most :data:`FULL_DECODE_PIXELS` pixels (``None``).
-
-    Returns:
-        ``"<what>: <n> of <total> images cannot be used ..."``, one line per bad file (the first
-        :data:`MAX_LISTED`, then a count), or ``None``.
+    """``"<what>: <n> of <total> images cannot be used ..."`` with one line per bad image (the first
+    :data:`MAX_LISTED`) among ``sources`` (``(name, path or encoded bytes)`` pairs), or ``None`` when all are usable.
+    ``decode``: decode every image fully (``True``), never (``False``) or below :data:`FULL_DECODE_PIXELS` (``None``).
     """
     sources = list(sources)
     return _message(*_problems(lambda: sources, decode), what)
 
 
-def bad_image_files(paths: Sequence[str | Path], *, what: str, decode: bool | None = None) -> str | None:
-    """:func:`bad_images_message` for image files named by their paths."""
-    return bad_images_message(((str(p), p) for p in paths), what=what, decode=decode)
-
-
 def check_image_files(paths: Sequence[str | Path], *, what: str, decode: bool | None = None) -> None:
     """Raise ``ValueError`` (:func:`bad_images_message`) when an image file of ``paths`` cannot be used."""
-    message = bad_image_files(paths, what=what, decode=decode)
+    message = bad_images_message(((str(p), p) for p in paths), what=what, decode=decode)
     if message is not None:
         raise ValueError(message)
 
 
 def check_dataset_images(ds: Any, image_column: str, *, what: str, decode: bool | None = None) -> None:
-    """:func:`check_image_files` for the ``datasets.Image`` column ``image_column`` of the ``datasets.Dataset`` ``ds``
-    (cells stored by path or as encoded bytes; other columns, such as arrays of pixels, are not checked).
-
-    Raises:
-        ValueError: Naming each bad image by its path (or ``row <i>`` when it is stored as bytes without one).
-    """
+    """:func:`check_image_files` for the ``datasets.Image`` column ``image_column`` of ``ds`` (cells by path or bytes;
+    other columns are not checked); ``ValueError`` naming each bad image by its path (or ``row <i>``)."""
     import datasets
 
     if not isinstance(ds.features.get(image_column), datasets.Image):

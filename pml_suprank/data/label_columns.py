@@ -1,13 +1,6 @@
-"""List-valued label columns of Hugging Face datasets: multi-label fine labels and their hierarchy.
-
-Used by :func:`pml_suprank.data.load_retrieval_dataset` when the fine label column holds lists (``Sequence(ClassLabel)``
-/ ``Sequence(int)`` / ``Sequence(string)`` features, list columns of parquet files). The hierarchy of a multi-label
-dataset is a ``(num_fine, L)`` table (row ``f`` = ``[f, parent(f), ..., coarsest]``), taken from
-
-* further list-valued label columns aligned element by element with the fine column (``labels = [3, 7]``,
-  ``families = [0, 2]``: label 3 belongs to family 0 and 7 to family 2), read over all splits; or
-* a given table (``hierarchy=``); or neither: flat multi-label data (``L = 1``).
-"""
+"""List-valued label columns of Hugging Face datasets: multi-label fine labels and their ``(num_fine, L)`` hierarchy
+table, from further list columns aligned element by element with the fine one (``labels = [3, 7]``, ``families =
+[0, 2]``), from ``hierarchy=``, or neither (flat, ``L = 1``)."""
 
 from __future__ import annotations
 
@@ -129,23 +122,11 @@ def _pad(fine: np.ndarray, lengths: np.ndarray) -> Tensor:
 def multilabel_labels(
     ds: Any, split: str, splits: dict[str, Any], label_columns: list[str], hierarchy: Any, where: str
 ) -> tuple[Tensor, Tensor | None, list[str], dict[str, dict[str, int]]]:
-    """Multi-label labels of ``ds`` and the hierarchy of the dataset.
-
-    Args:
-        ds: The selected ``datasets.Dataset``.
-        split: Its name (for messages).
-        splits: Every split ``{name: datasets.Dataset}`` (string ids and the hierarchy are read over all of them).
-        label_columns: The fine list column first, then aligned coarser list columns.
-        hierarchy: A given ``(num_fine, L)`` table (tensor, array, nested list or :class:`Hierarchy`), or ``None``.
-        where: The source, for messages.
-
-    Returns:
-        ``(labels (N, M) padded with -1, table (num_fine, L) or None, level names, string-id mappings)``.
-
-    Raises:
-        ValueError: a non-list label column, an empty or null row, a null element, a negative id, misaligned columns,
-            a hierarchy that is not a tree, both coarser columns and ``hierarchy=``, a label missing from the table.
-    """
+    """Multi-label labels of ``ds`` (split ``split``; string ids and the hierarchy read over all ``splits``) and the
+    hierarchy from the aligned coarser ``label_columns`` or the given ``hierarchy``; ``where`` names the source.
+    Returns ``(labels (N, M) padded with -1, table (num_fine, L) or None, level names, string-id mappings)``; a
+    ``ValueError`` for a non-list column, an empty or null row or element, a negative id, misaligned columns, a
+    non-tree hierarchy, both coarser columns and ``hierarchy=``, a label missing from the table."""
     if hierarchy is not None and len(label_columns) > 1:
         raise ValueError(
             f"give the hierarchy of a multi-label dataset either as coarser label columns {label_columns[1:]} or as "
@@ -162,17 +143,10 @@ def multilabel_labels(
         pairs += [np.stack(_read(d, label_columns, mappings, k, where)[0], axis=1) for k, d in present.items()]
         pairs = torch.from_numpy(np.concatenate(pairs))
         check_tree(pairs, name=f"label columns {label_columns} of {where}")
-        rows = torch.unique(pairs, dim=0)
-        table = torch.full((int(rows[:, 0].max()) + 1, len(label_columns)), -1, dtype=torch.long)
-        table[rows[:, 0]] = rows
-    elif hierarchy is not None:
-        table = hierarchy.table if isinstance(hierarchy, Hierarchy) else torch.as_tensor(np.asarray(hierarchy))
-        if table.dim() != 2 or table.is_floating_point() or table.dtype == torch.bool:
-            raise ValueError(
-                f"hierarchy must be an integer (num_fine, L) table; got dtype {table.dtype}, shape {tuple(table.shape)}"
-            )
+        table = Hierarchy.from_labels(pairs).table
+    table = RetrievalDatasetBase._check_hierarchy(labels, hierarchy if table is None else table)
+    if hierarchy is not None:
         names += [f"level_{i}" for i in range(1, table.shape[1])]
-    table = RetrievalDatasetBase._check_hierarchy(labels, table)
     return labels, table, names, mappings
 
 

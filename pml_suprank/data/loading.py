@@ -1,13 +1,5 @@
-"""Datasets for retrieval training and evaluation: Hugging Face ``datasets`` loading with several label columns,
-open-set class splits, timm transforms, and the built-in SyntheticShapes / SyntheticMultiShapes.
-
-Every dataset returned here follows one contract (see :mod:`pml_suprank.data.retrieval_dataset`):
-``ds[i] = {"image": FloatTensor (3, H, W), "labels": LongTensor (L,), "index": i}`` with label column 0 the finest,
-``ds.labels`` a ``(N, L)`` LongTensor readable without decoding images, ``ds.label_names`` the column names
-(fine → coarse), ``ds.set_transform(fn)`` with ``fn`` a callable on a PIL image, and ``ds.get_image(i)``.
-Multi-label datasets (``ds.multilabel``: ``SyntheticMultiShapes``, a list-valued label column) give ``ds.labels``
-``(N, M)`` fine label sets padded with ``-1`` and ``ds.hierarchy`` the ``(num_fine, L)`` table instead.
-"""
+"""Hugging Face ``datasets`` loading with several label columns (:func:`load_retrieval_dataset`), open-set class
+splits and collation. Every dataset follows the contract of :mod:`pml_suprank.data.retrieval_dataset`."""
 
 from __future__ import annotations
 
@@ -21,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._validation import check_choice
+from .._validation import check_choice, check_positive_int
 from ..relevance import check_tree
 from .folders import folder_splits, image_folder_layout, metadata_splits
 from .hf_sources import check_image_paths, describe, image_column_name, load_splits, select_split
@@ -45,11 +37,8 @@ OpenSetPart = Literal["train", "test"]
 
 
 def collate(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Collate dataset items into ``{"image": (B, 3, H, W), "labels": (B, L) or (B, M), "index": (B,)}``.
-
-    Labels may be ints, lists or tensors of any integer dtype, one row per item. Rows of one length are stacked
-    (the ``(B, L)`` levels of single-label data, the ``(B, M)`` padded label sets of a multi-label dataset); rows of
-    different lengths are multi-label sets (e.g. lists of a custom dataset), padded with ``-1`` to the longest.
+    """Collate dataset items into ``{"image": (B, 3, H, W), "labels": (B, L) or (B, M), "index": (B,)}``: label rows
+    (ints, lists or tensors) of one length are stacked, rows of different lengths (multi-label sets) padded with ``-1``.
     """
     rows = [torch.as_tensor(it["labels"]).long().reshape(-1) for it in items]
     ragged = len({len(r) for r in rows}) > 1
@@ -65,20 +54,11 @@ def collate(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 class HFRetrievalDataset(RetrievalDatasetBase):
-    """A ``datasets.Dataset`` viewed through the retrieval contract (labels ``(N, L)``, fine → coarse).
+    """A map-style ``datasets.Dataset`` viewed through the retrieval contract, built by :func:`load_retrieval_dataset`.
 
-    Built by :func:`load_retrieval_dataset`; images are decoded lazily, labels are read once without decoding.
-
-    Args:
-        hf_dataset: A map-style ``datasets.Dataset``.
-        label_columns: Integer label columns, fine → coarse (multi-label: the names of the hierarchy levels).
-        image_column: Column holding the images (decoded to PIL by ``datasets``).
-        labels: Precomputed ``(N, L)`` labels (integer ids after mapping string labels); multi-label: ``(N, M)``
-            fine label sets padded with ``-1``.
-        transform: Callable on a PIL RGB image.
-        class_names: Optional ``{fine label id: name}``.
-        multilabel: ``labels`` are label sets (see :class:`RetrievalDatasetBase`).
-        hierarchy: Multi-label only: the ``(num_fine, L)`` table, or ``None``.
+    ``labels``: the precomputed ``(N, L)`` integer ids (multi-label: ``(N, M)`` sets padded with ``-1`` and the
+    ``hierarchy`` table); ``label_columns``: their names, fine → coarse; ``class_names``: ``{fine id: name}``. Images
+    are decoded lazily.
     """
 
     def __init__(
@@ -142,14 +122,9 @@ def open_set_classes(
     train_classes_per_coarse: int | None = None,
     train_class_fraction: float | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Split the fine classes of ``labels`` ``(N, L)`` into disjoint train / test class sets.
-
-    Exactly one rule must be given:
-
-    * ``train_classes_per_coarse=k``: inside every coarse class (last column), the ``k`` smallest fine ids go to
-      training and the others to test (CIFAR-100 open-set protocol: k = 3 of the 5 fine classes per superclass);
-    * ``train_class_fraction=f``: the first ``round(f * C)`` fine ids (sorted) go to training (CUB-200: 0.5 →
-      classes 1–100 train, 101–200 test).
+    """Split the fine classes of ``labels`` ``(N, L)`` into disjoint train / test class sets by exactly one rule:
+    ``train_classes_per_coarse=k`` (in every coarse class, the ``k`` smallest fine ids train: CIFAR-100, k = 3) or
+    ``train_class_fraction=f`` (the first ``round(f * C)`` sorted fine ids train: CUB-200, 0.5).
 
     Returns:
         ``(train_classes, test_classes)``: sorted 1-D LongTensors of fine label ids.
@@ -163,8 +138,7 @@ def open_set_classes(
     fine = torch.unique(labels[:, 0])
     if train_classes_per_coarse is not None:
         k = train_classes_per_coarse
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"train_classes_per_coarse must be an int >= 1; got {k!r}")
+        check_positive_int("train_classes_per_coarse", k)
         if labels.shape[1] < 2:
             raise ValueError("train_classes_per_coarse needs at least two label columns (fine and coarse)")
         check_tree(labels)
@@ -234,57 +208,37 @@ def load_retrieval_dataset(
 ) -> HFRetrievalDataset:
     """Load a retrieval dataset with several label columns (fine → coarse) through Hugging Face ``datasets``.
 
-    ``source`` may be
+    ``source`` may be a Hub dataset id (e.g. ``"uoft-cs/cifar100"``, downloaded into the ``datasets`` cache); a local
+    image folder (:func:`pml_suprank.data.image_folder_layout`; every image of the split is checked first,
+    :func:`pml_suprank.data.image_check.check_dataset_images`); parquet files (a path, a glob, a folder, or
+    ``data_files=``); a ``save_to_disk`` folder; or an in-memory ``datasets.Dataset`` / ``DatasetDict``.
 
-    * a Hub dataset id, e.g. ``"uoft-cs/cifar100"`` (downloaded into the ``datasets`` cache; nothing else in the
-      package touches the network);
-    * a local image folder (:func:`pml_suprank.data.image_folder_layout`: class folders, nested class folders
-      ``<group>/<class>/*`` (levels ``label`` = ``"<group>/<class>"`` and ``group``), each optionally under
-      ``train/`` and ``test/``, or images plus a ``metadata.csv`` / ``metadata.jsonl`` with ``file_name`` and the
-      label columns); every image of the split is checked before it is returned
-      (:func:`pml_suprank.data.image_check.check_dataset_images`: one ``ValueError`` listing the unusable files);
-    * parquet files: a ``.parquet`` path or glob, a folder of parquet files (split names inferred from the file
-      names, e.g. ``train-0.parquet``), or ``data_files={"train": ..., "test": ...}``;
-    * a folder written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``;
-    * an in-memory ``datasets.Dataset`` / ``DatasetDict``.
+    Label columns may hold integers or strings (mapped to ids by sorting their values over *all* splits, so ids agree
+    between splits); the hierarchy must be a tree. A list-valued fine label column is **multi-label** data:
+    ``ds.labels`` is ``(N, M)`` padded with ``-1`` and ``ds.hierarchy`` the ``(num_fine, L)`` table (from further list
+    columns aligned element by element with the fine one, or ``hierarchy=``; ``None`` for flat labels); empty or null
+    rows are refused; open-set sides keep the items *all* of whose labels are on that side.
 
-    Label columns may hold integers (e.g. ``ClassLabel``) or strings; strings are mapped to ids by sorting their
-    values over *all* splits, so ids agree between splits. The hierarchy must be a tree.
-
-    **Multi-label data**: when the fine label column holds lists (``Sequence(ClassLabel)`` / ``Sequence(int)`` /
-    ``Sequence(string)`` features, list columns of parquet or JSON-lines metadata), ``ds.multilabel`` is True,
-    ``ds.labels`` is the ``(N, M)`` LongTensor of each item's fine labels padded with ``-1`` (``M`` = the most labels
-    of an item) and ``ds.hierarchy`` the ``(num_fine, L)`` fine → ancestors table, or ``None`` for flat labels. The
-    hierarchy comes from further list columns in ``label_columns`` aligned element by element with the fine one
-    (the ancestor of every fine label of the row, e.g. ``labels=[3, 7]``, ``families=[0, 2]``; read over all splits),
-    or from ``hierarchy=``. An empty list, a null row or a null inside a list is refused (``ValueError`` naming the
-    column, the split and the row). Open-set sides keep the items *all* of whose labels are on that side.
-
-    Open-set splits (``open_set="train"`` / ``"test"``) keep the fine classes of one side of a class partition:
-    with ``train_classes_per_coarse`` or ``train_class_fraction`` (see :func:`open_set_classes`, computed over all
-    splits so both sides agree); without a rule the dataset's own splits must already have disjoint fine classes
-    and a ``ValueError`` is raised when they overlap.
+    Open-set splits (``open_set="train"`` / ``"test"``) keep one side of a class partition by
+    ``train_classes_per_coarse`` / ``train_class_fraction`` (:func:`open_set_classes`, over all splits); without a
+    rule the dataset's own splits must already have disjoint fine classes.
 
     Args:
-        source: See above.
-        label_columns: Label column names, finest first (e.g. ``["fine_label", "coarse_label"]``); ``None`` for a
-            local image folder: the levels of its layout (``FolderLayout.label_columns``).
-        split: Split to load (``"train"``, ``"test"``, ...); ``"train+test"`` concatenates splits (e.g. CUB-200,
-            whose Hub splits are classification splits of the same classes, with an open-set rule).
-        image_column: Image column; default: the first ``Image`` feature, else ``"image"`` / ``"img"``.
+        label_columns: Label column names, finest first; ``None`` for a local image folder (its levels).
+        split: Split to load; ``"train+test"`` concatenates splits.
+        image_column: Default: the first ``Image`` feature, else ``"image"`` / ``"img"``.
         open_set: ``None`` (all classes of ``split``), ``"train"`` or ``"test"``.
-        train_classes_per_coarse: Open-set rule, e.g. 3 for CIFAR-100.
-        train_class_fraction: Open-set rule, e.g. 0.5 for CUB-200 / Cars-196.
+        train_classes_per_coarse, train_class_fraction: The open-set rule (e.g. 3 for CIFAR-100, 0.5 for CUB-200).
         transform: Callable on a PIL image (e.g. :func:`build_transforms`).
-        data_files: Passed to ``datasets.load_dataset`` for parquet sources.
-        cache_dir, revision, token: Passed to ``datasets.load_dataset`` for Hub ids.
-        hierarchy: Multi-label only: the ``(num_fine, L)`` table (tensor, array or nested list; row ``f`` =
-            ``[f, parent(f), ..., coarsest]``) when ``label_columns`` names only the fine list column.
+        data_files, cache_dir, revision, token: Passed to ``datasets.load_dataset``.
+        hierarchy: Multi-label only: the ``(num_fine, L)`` table when ``label_columns`` names only the fine column.
 
-    Returns:
-        An :class:`HFRetrievalDataset`.
+    Returns an :class:`HFRetrievalDataset`.
+
+    Raises:
+        ValueError: Missing or negative labels, a non-tree hierarchy, unknown columns or splits, unusable images,
+            overlapping open-set classes, an empty open-set side (naming the column, split and row).
     """
-    import datasets
 
     if open_set is not None:
         check_choice("open_set", open_set, get_args(OpenSetPart))
@@ -324,17 +278,24 @@ def load_retrieval_dataset(
         _check_classes_have_pairs(labels, f"{describe(source)}, split {split!r}")
 
     if open_set is not None:
-        ds, labels = _open_set_side(
-            ds, labels, splits, parts, label_columns, mappings, open_set=open_set, split=split, source=source, **rules
-        )
+        others = {
+            k: _read_labels(v, label_columns, mappings)
+            for k, v in splits.items()
+            if k not in parts and all(c in v.column_names for c in label_columns)
+        }
+        ds, labels = _open_set_side(ds, labels, others, open_set, rules, split, describe(source))
 
-    class_names = {}
-    fine_feature = ds.features[label_columns[0]]
-    if isinstance(fine_feature, datasets.ClassLabel):
-        class_names = {i: n for i, n in enumerate(fine_feature.names)}
-    elif label_columns[0] in mappings:
-        class_names = {i: v for v, i in mappings[label_columns[0]].items()}
+    class_names = _class_names(ds.features[label_columns[0]], mappings.get(label_columns[0]))
     return HFRetrievalDataset(ds, label_columns, image_column, labels, transform=transform, class_names=class_names)
+
+
+def _class_names(feature: Any, mapping: dict[str, int] | None) -> dict[int, str]:
+    """``{fine id: name}`` from a ``ClassLabel`` feature or the string-label mapping, else ``{}``."""
+    import datasets
+
+    if isinstance(feature, datasets.ClassLabel):
+        return dict(enumerate(feature.names))
+    return {i: v for v, i in (mapping or {}).items()}
 
 
 def _check_classes_have_pairs(labels: Tensor, where: str) -> None:
@@ -370,36 +331,16 @@ def _multilabel_dataset(
     transform: Callable | None,
 ) -> HFRetrievalDataset:
     """:func:`load_retrieval_dataset` for a list-valued fine label column (see there)."""
-    import datasets
-
     where = describe(source)
     labels, table, names, mappings = multilabel_labels(ds, split, splits, label_columns, hierarchy, where)
     if open_set is not None:
-        fine_col = label_columns[:1]
-        others = {k: v for k, v in splits.items() if k not in parts and label_columns[0] in v.column_names}
-        if all(r is None for r in rules.values()):
-            for name, other in others.items():
-                other_labels = multilabel_labels(other, name, splits, fine_col, None, where)[0]
-                check_disjoint_classes(
-                    fine_label_rows(labels), fine_label_rows(other_labels), name=f"{where} ({split!r} vs {name!r})"
-                )
-        else:
-            every = [multilabel_labels(d, k, splits, fine_col, None, where)[0] for k, d in others.items()]
-            fine = torch.unique(torch.cat([fine_label_rows(x) for x in (labels, *every)]))
-            if table is not None:  # a given table must cover the other splits' labels too
-                RetrievalDatasetBase._check_hierarchy(fine[:, None], table)
-            train_cls, test_cls = open_set_classes(fine[:, None] if table is None else table[fine], **rules)
-            keep = torch.nonzero(open_set_keep(labels, train_cls if open_set == "train" else test_cls)).flatten()
-            if len(keep) == 0:
-                raise ValueError(f"the open-set {open_set!r} side of split {split!r} is empty")
-            ds, labels = ds.select(keep.tolist()), labels[keep]
-            labels = labels[:, : int((labels >= 0).sum(1).max())]
-    feature = getattr(ds.features[label_columns[0]], "feature", None)
-    class_names = {}
-    if isinstance(feature, datasets.ClassLabel):
-        class_names = dict(enumerate(feature.names))
-    elif label_columns[0] in mappings:
-        class_names = {i: v for v, i in mappings[label_columns[0]].items()}
+        others = {
+            k: multilabel_labels(v, k, splits, label_columns[:1], None, where)[0]
+            for k, v in splits.items()
+            if k not in parts and label_columns[0] in v.column_names
+        }
+        ds, labels = _open_set_side(ds, labels, others, open_set, rules, split, where, table, multilabel=True)
+    class_names = _class_names(getattr(ds.features[label_columns[0]], "feature", None), mappings.get(label_columns[0]))
     return HFRetrievalDataset(
         ds, names, image_column, labels, transform=transform, class_names=class_names, multilabel=True, hierarchy=table
     )
@@ -494,39 +435,34 @@ def _read_labels(d: Any, label_columns: list[str], mappings: dict[str, dict[str,
 def _open_set_side(
     ds: Any,
     labels: Tensor,
-    splits: dict[str, Any],
-    parts: list[str],
-    label_columns: list[str],
-    mappings: dict[str, dict[str, int]],
-    *,
+    others: dict[str, Tensor],
     open_set: str,
+    rules: dict[str, Any],
     split: str,
-    source: Any,
-    train_classes_per_coarse: int | None,
-    train_class_fraction: float | None,
+    where: str,
+    table: Tensor | None = None,
+    *,
+    multilabel: bool = False,
 ) -> tuple[Any, Tensor]:
-    """Keep the fine classes of the ``open_set`` side: by the class-partition rule when one is given (computed over
-    all splits), else check the dataset's own splits are already class-disjoint."""
-
-    def has_columns(d: Any) -> bool:
-        return all(c in d.column_names for c in label_columns)
-
-    if train_classes_per_coarse is None and train_class_fraction is None:
-        others = {k: v for k, v in splits.items() if k not in parts and has_columns(v)}
+    """Keep the fine classes of the ``open_set`` side by the class-partition ``rules`` (over ``labels`` and the other
+    splits' labels ``others``), or without a rule check that the dataset's own splits are already class-disjoint."""
+    rows = fine_label_rows if multilabel else (lambda x: x)
+    if all(r is None for r in rules.values()):
         for name, other in others.items():
-            other_labels = _read_labels(other, label_columns, mappings)
-            check_disjoint_classes(labels, other_labels, name=f"{describe(source)} ({split!r} vs {name!r})")
+            check_disjoint_classes(rows(labels), rows(other), name=f"{where} ({split!r} vs {name!r})")
+        keep = torch.arange(len(labels))
     else:
-        everything = torch.cat([_read_labels(d, label_columns, mappings) for d in splits.values() if has_columns(d)])
-        train_cls, test_cls = open_set_classes(
-            everything,
-            train_classes_per_coarse=train_classes_per_coarse,
-            train_class_fraction=train_class_fraction,
-        )
-        keep = torch.isin(labels[:, 0], train_cls if open_set == "train" else test_cls)
-        indices = torch.nonzero(keep).flatten()
-        ds = ds.select(indices.tolist())
-        labels = labels[indices]
-    if len(ds) == 0:
+        if multilabel:
+            fine = torch.unique(torch.cat([fine_label_rows(x) for x in (labels, *others.values())]))
+            if table is not None:  # a given table must cover the other splits' labels too
+                RetrievalDatasetBase._check_hierarchy(fine[:, None], table)
+            train_cls, test_cls = open_set_classes(fine[:, None] if table is None else table[fine], **rules)
+            inside = open_set_keep(labels, train_cls if open_set == "train" else test_cls)
+        else:
+            train_cls, test_cls = open_set_classes(torch.cat([labels, *others.values()]), **rules)
+            inside = torch.isin(labels[:, 0], train_cls if open_set == "train" else test_cls)
+        keep = torch.nonzero(inside).flatten()
+        ds, labels = ds.select(keep.tolist()), labels[keep]
+    if len(keep) == 0:
         raise ValueError(f"the open-set {open_set!r} side of split {split!r} is empty")
-    return ds, labels
+    return ds, labels[:, : int((labels >= 0).sum(1).max())] if multilabel else labels

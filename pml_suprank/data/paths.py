@@ -1,10 +1,6 @@
-"""Paths read from a dataset's own files, kept inside the dataset's folder.
-
-A list file (SOP's ``Ebay_train.txt``, a DyML ``label.csv``, a ``metadata.csv`` ...) names images by path. Such a
-path is data, not a trusted argument: an absolute path, a ``..`` component or a symbolic link could make a loader
-read (and ``recipes/prepare_dataset.py`` write, and ``--push_to_hub`` upload) any file the user can read.
-:func:`confined_path` is the one check every loader of the package applies to such paths.
-"""
+"""Paths read from a dataset's own files (list files, ``metadata.csv`` ...) kept inside the dataset's folder: an
+absolute path, a ``..`` component or a symbolic link could otherwise make a loader read (and ``prepare_dataset``
+write, ``--push_to_hub`` upload) any file. :func:`confined_path` is the one check every loader applies."""
 
 from __future__ import annotations
 
@@ -16,27 +12,23 @@ __all__ = ["PathConfiner", "confined_path", "is_inside"]
 
 def is_inside(root: str | Path, path: str | Path) -> bool:
     """Whether ``path``, symbolic links resolved, lies inside ``root`` (also resolved)."""
-    real_root = os.path.realpath(root)
-    real = os.path.realpath(path)
-    return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
+    return _under(os.path.realpath(path), os.path.realpath(root))
+
+
+def _under(path: str, base: str) -> bool:
+    return path == base or path.startswith(base.rstrip(os.sep) + os.sep)
 
 
 def _named_inside(root: str | Path, path: str) -> bool:
     """Whether the absolute ``path``, as written (``..`` collapsed, links not followed), names a file below ``root``
     (as given or resolved)."""
     name = os.path.normpath(path)
-    for base in {os.path.normpath(os.path.abspath(root)), os.path.realpath(root)}:
-        if name == base or name.startswith(base.rstrip(os.sep) + os.sep):
-            return True
-    return False
+    return any(_under(name, base) for base in {os.path.normpath(os.path.abspath(root)), os.path.realpath(root)})
 
 
 class PathConfiner:
-    """:func:`confined_path` for many paths under one ``root``: the resolved root and the resolved folders are
-    computed once (per instance; a folder is resolved on first use), so each further path costs one ``lstat``.
-
-    Args:
-        root: The dataset folder every listed path must stay in.
+    """:func:`confined_path` for many paths under one ``root`` (the dataset folder): the root and each folder are
+    resolved once per instance, so each further path costs one ``lstat``.
 
     Example:
         >>> import tempfile
@@ -67,7 +59,7 @@ class PathConfiner:
                 raise ValueError(f"{where}: path {text!r} has a '..' component; it must stay inside {self.root}")
             joined = joined / pure
         real = self._resolve(str(joined))
-        if not (real == self._real_root or real.startswith(self._real_root.rstrip(os.sep) + os.sep)):
+        if not _under(real, self._real_root):
             raise ValueError(
                 f"{where}: path {os.fspath(joined)!r} leads outside {self.root} (a symbolic link to {real!r}); "
                 "dataset files must lie inside the dataset folder"
@@ -85,22 +77,9 @@ class PathConfiner:
 
 
 def confined_path(root: str | Path, *parts: str | Path, where: str, allow_absolute: bool = False) -> str:
-    """``root / parts[0] / parts[1] / ...`` after checking that it stays inside ``root``.
-
-    Args:
-        root: The dataset folder every listed path must stay in.
-        *parts: Path components taken from the dataset's files (e.g. ``"bicycle_final/1_0.JPG"``), joined in order.
-        where: Where the path was read, e.g. ``"Ebay_train.txt, line 7"``, for the error message.
-        allow_absolute: Accept an absolute path (the first part) when it lies inside ``root`` (e.g. the absolute
-            paths ``datasets`` stores for an image folder); relative paths are the rule for list files.
-
-    Returns:
-        The joined path as a string (not resolved: the name below ``root`` is kept).
-
-    Raises:
-        ValueError: ``"<where>: ..."`` when a part is absolute (unless ``allow_absolute``), has a ``..`` component,
-            or when the joined path, symbolic links resolved, lies outside ``root``.
-
-    Use :class:`PathConfiner` to check many paths under one root (it resolves each folder once).
+    """``root / parts[0] / ...`` (a string, not resolved) after checking it stays inside ``root``; ``parts`` come from
+    the dataset's files, read at ``where`` (e.g. ``"Ebay_train.txt, line 7"``); ``allow_absolute`` accepts an absolute
+    first part inside ``root``. ``ValueError`` (``"<where>: ..."``): an absolute part, a ``..`` component, or a joined
+    path whose symbolic links lead outside ``root``. :class:`PathConfiner` checks many paths under one root.
     """
     return PathConfiner(root)(*parts, where=where, allow_absolute=allow_absolute)

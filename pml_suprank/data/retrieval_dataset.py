@@ -1,27 +1,10 @@
 """The item/label contract shared by every retrieval dataset the package returns.
 
-Every dataset (``SyntheticShapes``, ``SyntheticNoise``, ``load_retrieval_dataset(...)``) is a map-style
-``torch.utils.data.Dataset`` with:
-
-* ``len(ds)`` and ``ds[i] -> {"image": FloatTensor (3, H, W), "labels": LongTensor (L,), "index": int}``;
-  column 0 of ``labels`` is the finest level and the last column the coarsest (the PML / HAPPIER order);
-* ``ds.labels``: ``LongTensor (N, L)`` available without decoding any image (for samplers and evaluation);
-* ``ds.label_names``: the L column names, fine → coarse;
-* ``ds.transform`` / ``ds.set_transform(fn)``: ``fn`` maps a PIL RGB image to a ``(3, H, W)`` tensor; without a
-  transform the image is returned as a float tensor in ``[0, 1]``;
-* ``ds.get_image(i)``: the untransformed PIL RGB image (for plots such as retrieval grids);
-* ``ds.multilabel``: ``False`` for the labels above.
-
-Multi-label datasets (``ds.multilabel is True``: :class:`pml_suprank.data.synthetic_multishapes.SyntheticMultiShapes`,
-``load_retrieval_dataset`` on a list-valued label column) expose their hierarchy as a separate table instead:
-
-* ``ds.labels``: ``LongTensor (N, M)``, the *set* of fine labels of every item padded with ``-1`` (every item has at
-  least one label), as taken by :func:`pml_suprank.relevance.multilabel_relevance` and
-  :class:`pml_suprank.samplers.MultiLabelSampler`; ``ds[i]["labels"]`` is the ``(M,)`` row;
-* ``ds.hierarchy``: the ``(num_fine, L)`` LongTensor fine → ancestors table (row ``f`` = ``[f, parent(f), ...,
-  coarsest]``, ``-1`` rows for unused ids; the ``hierarchy=`` the hierarchical losses and metrics take), or ``None``
-  for flat labels (``L = 1``);
-* ``ds.label_names``: the L level names of the table, fine → coarse; ``ds.num_levels`` is L.
+A map-style ``Dataset``: ``ds[i] -> {"image": FloatTensor (3, H, W), "labels": LongTensor (L,), "index": i}`` with
+label column 0 the finest; ``ds.labels`` ``(N, L)`` readable without decoding images; ``ds.label_names`` (fine →
+coarse); ``ds.set_transform(fn)`` (``fn`` on a PIL RGB image; none: a ``[0, 1]`` tensor); ``ds.get_image(i)`` (the
+untransformed PIL image). Multi-label datasets (``ds.multilabel``) give ``ds.labels`` ``(N, M)``, each item's set of
+fine labels padded with ``-1``, and ``ds.hierarchy`` the ``(num_fine, L)`` fine → ancestors table (``None``: flat).
 """
 
 from __future__ import annotations
@@ -33,6 +16,8 @@ import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import Dataset
+
+from ..relevance import Hierarchy, check_multilabel
 
 __all__ = ["RetrievalDatasetBase", "check_label_sets", "decode_image", "pad_label_sets", "pil_to_tensor"]
 
@@ -46,19 +31,8 @@ def pil_to_tensor(image: Any) -> Tensor:
 
 
 def decode_image(source: Any, where: str) -> Any:
-    """Decode an encoded image fully into a PIL RGB image, or raise a ``ValueError`` naming ``where``.
-
-    PIL reads lazily: a truncated or corrupt file can open and fail only when its pixels are read, with a message
-    naming an anonymous buffer (``<_io.BytesIO ...>``). This loads the pixels here, so every such failure names the
-    item and the file it comes from.
-
-    Args:
-        source: A path or a binary file object (e.g. ``io.BytesIO`` of the encoded bytes).
-        where: The item and its file, e.g. ``"sop train item 3 (/data/sop/bicycle_final/1_0.JPG)"``.
-
-    Raises:
-        ValueError: ``"<where>: cannot decode the image (<PIL error>)"``.
-    """
+    """Decode ``source`` (a path or a binary file object) fully into a PIL RGB image: a corrupt file fails here,
+    with a ``ValueError`` naming ``where`` (the item and its file), not later with an anonymous buffer."""
     from PIL import Image
 
     try:
@@ -70,16 +44,8 @@ def decode_image(source: Any, where: str) -> Any:
 
 
 def pad_label_sets(rows: Sequence[Any], width: int | None = None) -> Tensor:
-    """Stack label rows of different lengths into an ``(N, M)`` LongTensor padded with ``-1`` (``M`` = the longest
-    row, or ``width``).
-
-    Args:
-        rows: ``N`` sequences / 1-D tensors of integer labels (ints or 0-d tensors count as one label).
-        width: Number of columns ``M >= max row length``; default the longest row.
-
-    Raises:
-        ValueError: ``width`` shorter than a row.
-    """
+    """Stack ``N`` integer label rows of different lengths into an ``(N, M)`` LongTensor padded with ``-1`` (``M`` =
+    ``width``, default the longest row; ``ValueError`` if ``width`` is shorter)."""
     flat = [torch.as_tensor(r).long().reshape(-1) for r in rows]
     longest = max((len(r) for r in flat), default=0)
     width = longest if width is None else width
@@ -92,39 +58,17 @@ def pad_label_sets(rows: Sequence[Any], width: int | None = None) -> Tensor:
 
 
 def check_label_sets(labels: Any, name: str = "labels") -> Tensor:
-    """Return multi-label ``labels`` as an ``(N, M)`` LongTensor of fine labels padded with ``-1``.
-
-    ``(N,)`` labels are one label per item. Raises ``TypeError`` for non-integer labels and ``ValueError`` naming
-    ``name`` and the row for a label below ``-1`` or a row without any label (only padding).
-    """
-    labels = torch.as_tensor(labels)
-    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
-        raise TypeError(f"{name} must hold integer labels; got dtype {labels.dtype}")
-    labels = labels.long()
-    if labels.dim() == 1:
-        labels = labels[:, None]
-    if labels.dim() != 2 or labels.shape[1] == 0:
-        raise ValueError(f"{name} must have shape (N, M) with M >= 1 (-1 = padding); got shape {tuple(labels.shape)}")
-    if labels.numel() and bool((labels < -1).any()):
-        row = int((labels < -1).any(1).nonzero()[0, 0])
-        raise ValueError(f"{name} row {row} holds {labels[row].tolist()}: labels must be >= 0 and -1 for padding")
-    empty = (labels < 0).all(1)
-    if bool(empty.any()):
-        row = int(empty.nonzero()[0, 0])
-        raise ValueError(f"{name} row {row} has no label (only -1 padding); every item needs at least one label")
-    return labels
+    """Multi-label ``labels`` (``(N,)`` or ``(N, M)``, ``-1`` = padding) as an ``(N, M)`` LongTensor
+    (:func:`pml_suprank.relevance.check_multilabel`: ``TypeError`` / ``ValueError`` naming ``name`` and the row)."""
+    return check_multilabel(name, torch.as_tensor(labels))
 
 
 class RetrievalDatasetBase(Dataset):
-    """Base class implementing the common contract; subclasses implement ``get_image(i)``.
+    """Base class implementing the contract; subclasses implement ``get_image(i)``.
 
-    Args:
-        labels: ``(N, L)`` integer labels, column 0 finest.
-        label_names: L names, fine → coarse.
-        transform: Callable on a PIL RGB image returning a ``(3, H, W)`` tensor (or a PIL image, then converted).
-        multilabel: ``labels`` are ``(N, M)`` label sets padded with ``-1`` (see the module docstring).
-        hierarchy: Multi-label only: the ``(num_fine, L)`` fine → ancestors table, or ``None`` (flat, ``L = 1``);
-            ``label_names`` then names its L levels.
+    ``labels`` ``(N, L)`` with ``label_names`` (L names, fine → coarse); with ``multilabel``, ``(N, M)`` label sets and
+    ``hierarchy`` the ``(num_fine, L)`` table (or ``None``) whose levels ``label_names`` names. ``transform`` maps a
+    PIL RGB image to a ``(3, H, W)`` tensor (or a PIL image, then converted).
     """
 
     multilabel: bool = False
@@ -166,8 +110,6 @@ class RetrievalDatasetBase(Dataset):
     @staticmethod
     def _check_hierarchy(labels: Tensor, hierarchy: Any) -> Tensor | None:
         """The validated ``(num_fine, L)`` table (every label of ``labels`` must have a row), or ``None``."""
-        from ..relevance import Hierarchy
-
         if hierarchy is None:
             return None
         if isinstance(hierarchy, Hierarchy):

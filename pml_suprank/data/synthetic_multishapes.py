@@ -1,23 +1,8 @@
-"""SyntheticMultiShapes: the multi-label, hierarchical counterpart of SyntheticShapes (no download).
-
-Every image shows **several** coloured shapes (1 to ``max_labels``, in distinct cells of a grid) on the cluttered,
-noisy background of :class:`pml_suprank.data.synthetic_shapes.SyntheticShapes`. The fine classes, the family hierarchy
-and the open-set protocol are those of SyntheticShapes: 54 global fine classes ``(family * 3 + variant) * 3 + shade``
-(family = shape family with its own hue, variant = shape variant, shade = light / medium / dark), 36 training and 18
-disjoint test classes.
-
-An item's labels are the *set* of the fine classes of its shapes, as an ``(M,)`` row of sorted fine ids padded with
-``-1`` (``M = max_labels``); ``ds.labels`` is ``(N, M)`` and ``ds.hierarchy`` the ``(54, L)`` fine → ancestors table
-(``L = 2``: ``[fine, family]``; ``levels=3``: ``[fine, variant, family]``). This is the data of the hierarchical
-multi-label relevance of Ramzi's thesis (Algorithm 1, :func:`pml_suprank.relevance.multilabel_relevance`): two
-images showing the same shapes are fully relevant, images sharing some shapes or only shape families partially.
-
-Label sets are balanced: every class of the split appears in exactly ``num_per_class`` images. They are drawn in
-``num_per_class`` rounds; each round shuffles the split's classes and cuts them into groups of 1..``max_labels``
-classes (one image per group), so an image never shows a class twice. Images are rendered from
-``numpy.random.default_rng((seed, split, 1000, j))`` (``j`` = the image's index within its split) and the label sets
-from ``default_rng((seed, split, max_labels))``: the same arguments always give the same pixels, independently of the
-process, worker or access order.
+"""SyntheticMultiShapes: the multi-label counterpart of SyntheticShapes (same 54 fine classes, families and open set,
+no download). Every image shows 1 to ``max_labels`` shapes in distinct grid cells; its labels are the sorted set of
+their fine classes padded with ``-1`` and ``ds.hierarchy`` the ``(54, L)`` table (the data of the thesis' Algorithm
+1, :func:`pml_suprank.relevance.multilabel_relevance`). Every class of the split appears in exactly
+``num_per_class`` images; pixels and label sets come from seeded ``default_rng`` streams (same arguments, same data).
 """
 
 from __future__ import annotations
@@ -30,15 +15,15 @@ from typing import Any, get_args
 import numpy as np
 import torch
 
-from .._validation import check_choice
+from .._validation import check_choice, check_positive_int
 from .retrieval_dataset import RetrievalDatasetBase, pad_label_sets
 from .synthetic_shapes import (
     FAMILIES,
-    NUM_COLOURS,
-    NUM_VARIANTS,
     Split,
     SyntheticShapes,
     fine_id,
+    hierarchy_table,
+    level_names,
     render_shapes,
     shape_of,
 )
@@ -49,36 +34,19 @@ _MAX_LABELS = 9  # at most a 3 x 3 grid of shapes
 _IMAGE_STREAM = 1000  # above every fine id, so no image stream is shared with SyntheticShapes
 
 
-def hierarchy_table(levels: int = 2) -> torch.Tensor:
-    """The ``(54, levels)`` fine → ancestors table of the SyntheticShapes classes: ``[fine, (variant,) family]``."""
-    check_choice("levels", levels, (2, 3))
-    fine = torch.arange(SyntheticShapes.num_fine_classes())
-    cols = [fine] + ([fine // NUM_COLOURS] if levels == 3 else []) + [fine // (NUM_VARIANTS * NUM_COLOURS)]
-    return torch.stack(cols, dim=1)
-
-
 class SyntheticMultiShapes(RetrievalDatasetBase):
     """Procedurally rendered images of several hierarchical shapes: multi-label retrieval data.
 
     Args:
-        split: ``"train"`` (images of the 36 training classes), ``"test"`` (the 18 other classes) or ``"all"`` (both
-            sets of images). With ``open_set=False`` every split draws from all 54 classes (different images).
         num_per_class: Number of images in which every fine class of the split appears.
-        image_size: Side of the square RGB images, in pixels (64 leaves room for a 2 x 2 grid of shapes).
-        seed: Base seed; train and test images come from different streams of the same seed.
-        families: Subset of :data:`pml_suprank.data.synthetic_shapes.FAMILIES` (names or indices).
-        levels: 2 → hierarchy ``[fine, family]``; 3 → ``[fine, variant, family]``.
-        open_set: Disjoint train/test fine classes (default) or all classes in every split.
-        max_labels: Most shapes (labels) per image, 1..9; each image shows 1..``max_labels`` shapes placed in distinct
-            cells of a ``ceil(sqrt(max_labels))``-sided grid. ``labels`` has ``max_labels`` columns.
+        max_labels: Most shapes per image, 1..9, placed in distinct cells of a ``ceil(sqrt(max_labels))``-sided grid;
+            ``labels`` has ``max_labels`` columns.
         scale: Range of a shape's radius as a fraction of its grid cell's side.
-        rotation, noise, clutter, colour_jitter, illumination, colour_cast, transform, cache: As in
-            :class:`~pml_suprank.data.synthetic_shapes.SyntheticShapes` (per shape for ``rotation`` and
-            ``colour_jitter``).
+        split, image_size, seed, families, levels, open_set, rotation, noise, clutter, colour_jitter, illumination,
+            colour_cast, transform, cache: As in :class:`~pml_suprank.data.synthetic_shapes.SyntheticShapes`.
 
     Items: ``ds[i] = {"image": (3, H, W) float, "labels": (max_labels,) long (-1 padded), "index": i}``;
-    ``ds.multilabel`` is True, ``ds.labels`` is ``(N, max_labels)``, ``ds.hierarchy`` the ``(54, levels)`` table and
-    ``ds.label_names`` names its levels (``["fine_label", ("variant_label",) "coarse_label"]``).
+    ``ds.labels`` is ``(N, max_labels)``, ``ds.hierarchy`` the ``(54, levels)`` table.
 
     Example:
         >>> ds = SyntheticMultiShapes("train", num_per_class=4, image_size=32, max_labels=3)
@@ -113,8 +81,7 @@ class SyntheticMultiShapes(RetrievalDatasetBase):
             split, 1, image_size, seed, families, levels, open_set, rotation, scale, noise, clutter, colour_jitter,
             illumination, colour_cast, None, False,
         )  # fmt: skip
-        if isinstance(num_per_class, bool) or not isinstance(num_per_class, int) or num_per_class < 1:
-            raise ValueError(f"num_per_class must be an int >= 1; got {num_per_class!r}")
+        check_positive_int("num_per_class", num_per_class)
         for name in ("split", "image_size", "seed", "family_ids", "levels", "open_set", "rotation", "scale", "noise",
                      "clutter", "colour_jitter", "illumination", "colour_cast"):  # fmt: skip
             setattr(self, name, getattr(ref, name))
@@ -129,9 +96,8 @@ class SyntheticMultiShapes(RetrievalDatasetBase):
             fine = sorted(fine_id(f, v, c) for f, v, c, k in ref._classes if k == code)
             for j, group in enumerate(self._label_sets(fine, code)):
                 self._items.append((code, j, group))
-        names = ["fine_label"] + (["variant_label"] if levels == 3 else []) + ["coarse_label"]
         labels = pad_label_sets([g for *_, g in self._items], width=max_labels)
-        super().__init__(labels, names, transform, multilabel=True, hierarchy=hierarchy_table(levels))
+        super().__init__(labels, level_names(levels), transform, multilabel=True, hierarchy=hierarchy_table(levels))
 
     def _label_sets(self, fine: list[int], split_code: int) -> list[list[int]]:
         """Balanced label sets: ``num_per_class`` rounds, each a shuffle of ``fine`` cut into groups of
@@ -148,18 +114,12 @@ class SyntheticMultiShapes(RetrievalDatasetBase):
                 start += k
         return groups
 
-    # ------------------------------------------------------------------ metadata
-    @property
-    def class_names(self) -> dict[int, str]:
-        """Names of the fine classes present in this dataset, keyed by fine label."""
-        present = torch.unique(self.labels[self.labels >= 0])
-        return {int(k): SyntheticShapes.fine_class_name(int(k)) for k in present}
+    class_names = SyntheticShapes.class_names
 
     def num_labels(self) -> torch.Tensor:
         """``(N,)`` number of labels (shapes) of every image."""
         return (self.labels >= 0).sum(1)
 
-    # ------------------------------------------------------------------ rendering
     get_image = SyntheticShapes.get_image  # the cached PIL image of self.render(index)
 
     def render(self, index: int) -> np.ndarray:
@@ -183,18 +143,9 @@ SYNTHETIC_DATASETS: Mapping[str, type[RetrievalDatasetBase]] = MappingProxyType(
 
 
 def synthetic_dataset(name: str, split: Split = "train", **kwargs: Any) -> RetrievalDatasetBase:
-    """Build a built-in synthetic dataset by name.
-
-    Args:
-        name: ``"synthetic"`` (:class:`~pml_suprank.data.synthetic_shapes.SyntheticShapes`, one shape per image, labels
-            ``(N, L)``) or ``"synthetic_multilabel"`` (:class:`SyntheticMultiShapes`, labels ``(N, max_labels)``
-            padded with ``-1`` and ``ds.hierarchy``).
-        split: ``"train"``, ``"test"`` or ``"all"``.
-        **kwargs: Keyword arguments of that class (``num_per_class``, ``image_size``, ``seed``, ``transform``, ...).
-
-    Raises:
-        ValueError: an unknown ``name`` (listing the known ones) or ``split``.
-    """
+    """The built-in synthetic dataset ``name`` (``"synthetic"``: :class:`~pml_suprank.data.synthetic_shapes.
+    SyntheticShapes`; ``"synthetic_multilabel"``: :class:`SyntheticMultiShapes`) of ``split`` built with ``kwargs``
+    (``ValueError`` for an unknown name or split)."""
     cls = SYNTHETIC_DATASETS[check_choice("name", name, tuple(SYNTHETIC_DATASETS))]
     check_choice("split", split, get_args(Split))
     return cls(split, **kwargs)

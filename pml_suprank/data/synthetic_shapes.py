@@ -1,39 +1,21 @@
 """SyntheticShapes: a deterministic, procedurally rendered hierarchical image dataset (no download).
 
-The built-in dataset of the main job (``accelerate launch recipes/train_happier.py`` with no arguments). Every image
-shows one coloured shape on a cluttered, noisy background:
+Every image shows one coloured shape on a cluttered, noisy background. Coarse label = shape family (circle, triangle,
+square, star, cross, arrow, each with its own hue); fine label = shape variant (three per family) × shade (light,
+medium, dark of the family's hue); optional middle level (``levels=3``) = the variant regardless of shade. Nuisances:
+position, scale, rotation, colour jitter, illumination, colour cast, background gradient, clutter lines, pixel noise.
+A family is visually coherent (its shapes share a hue), so the hierarchy is learnable.
 
-* **coarse label** = shape family (``circle``, ``triangle``, ``square``, ``star``, ``cross``, ``arrow``);
-* **fine label** = shape variant (three per family, e.g. disc / ring / ellipse) × colour (three shades — light,
-  medium, dark — of the family's own hue: circles are red, triangles yellow, squares green, stars cyan, crosses
-  blue, arrows magenta);
-* optional middle level (``levels=3``): the shape variant regardless of colour;
-* nuisances: position, scale, rotation, colour jitter, illumination, colour cast (white balance), background colour
-  and gradient, clutter lines, pixel noise.
-
-A family is visually coherent (its shapes are alike and share a hue), as the super-classes of the papers' datasets
-are (species of a genus, products of a category): the hierarchy is learnable and a model trained with a
-hierarchical loss (HAPPIER) can rank same-family items above other families. Fine classes of a family differ by
-shape variant and shade, so the fine level needs the shape *and* the shade. (An earlier version used the same three
-colours in every family: colour, the easiest cue, then grouped classes *across* families, contradicting the label
-hierarchy — trained embeddings clustered by colour and the flat ROADMAP beat HAPPIER on H-AP.)
-
-With the default open-set protocol the train and test fine classes are disjoint, like the CUB/SOP/CIFAR-100
-retrieval splits: in every family, variants 0 and 1 in shade ``family % 3`` and variant 2 in the next shade form the
-test classes (18 of 54), the others the training classes (36). Two test classes of a family thus share their colour
-(only the shape separates them), and every variant and every shade of every family is seen in training, so a model
-that learns shape and colour generalises to the new combinations, while an untrained network, dominated by
-background, illumination, colour cast and clutter, retrieves poorly.
-
-Labels are global ids over all 54 fine classes (``fine = (family * 3 + variant) * 3 + shade``, ``coarse = family``)
-whatever the split or family subset, so subsets (e.g. held-out families as OOD for HEAT) keep consistent ids.
-Images are rendered from ``numpy.random.default_rng((seed, split, fine, instance))``: the same arguments always give
-the same pixels, independently of the process, worker or access order.
+Open-set protocol (default): in every family, variants 0 and 1 in shade ``family % 3`` and variant 2 in the next shade
+are the 18 test classes, the other 36 train; every variant and shade is seen in training. Labels are global ids
+(``fine = (family * 3 + variant) * 3 + shade``, ``coarse = family``) whatever the split or family subset. Images are
+rendered from ``numpy.random.default_rng((seed, split, fine, instance))``: same arguments, same pixels.
 """
 
 from __future__ import annotations
 
 import colorsys
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, get_args
@@ -151,17 +133,34 @@ def fine_id(family: int, variant: int, colour: int) -> int:
     return (family * NUM_VARIANTS + variant) * NUM_COLOURS + colour
 
 
-def shape_of(fine: int) -> tuple[list[tuple[_Poly, int]], tuple[int, int, int]]:
-    """The polygons and the RGB colour of global fine class ``fine``."""
+def _parts(fine: int) -> tuple[str, str, int]:
+    """``(family name, variant name, shade index)`` of global fine class ``fine``."""
     f, rest = divmod(int(fine), NUM_VARIANTS * NUM_COLOURS)
     v, c = divmod(rest, NUM_COLOURS)
-    return SHAPES[FAMILIES[f]][VARIANTS[FAMILIES[f]][v]], list(COLOURS[FAMILIES[f]].values())[c]
+    return FAMILIES[f], VARIANTS[FAMILIES[f]][v], c
+
+
+def shape_of(fine: int) -> tuple[list[tuple[_Poly, int]], tuple[int, int, int]]:
+    """The polygons and the RGB colour of global fine class ``fine``."""
+    family, variant, c = _parts(fine)
+    return SHAPES[family][variant], list(COLOURS[family].values())[c]
+
+
+def hierarchy_table(levels: int = 2) -> torch.Tensor:
+    """The ``(54, levels)`` fine → ancestors table of the SyntheticShapes classes: ``[fine, (variant,) family]``."""
+    check_choice("levels", levels, (2, 3))
+    fine = torch.arange(len(FAMILIES) * NUM_VARIANTS * NUM_COLOURS)
+    cols = [fine] + ([fine // NUM_COLOURS] if levels == 3 else []) + [fine // (NUM_VARIANTS * NUM_COLOURS)]
+    return torch.stack(cols, dim=1)
+
+
+def level_names(levels: int) -> list[str]:
+    """The label column names of ``levels`` (2 or 3) levels, fine → coarse."""
+    return ["fine_label"] + ["variant_label"] * (levels == 3) + ["coarse_label"]
 
 
 def _is_test_class(family: int, variant: int, colour: int) -> bool:
-    # per family: variants 0 and 1 in shade (family % 3), variant 2 in the next shade. Two test classes of every
-    # family share their colour (only the shape tells them apart) and every (variant, shade) row and column keeps
-    # training classes.
+    # variants 0 and 1 in shade (family % 3), variant 2 in the next shade: every (variant, shade) keeps train classes
     return colour == (family + variant // 2) % NUM_COLOURS
 
 
@@ -169,26 +168,21 @@ class SyntheticShapes(RetrievalDatasetBase):
     """Procedurally rendered hierarchical shapes (coarse = family, fine = variant × shade of the family's hue).
 
     Args:
-        split: ``"train"`` (36 fine classes), ``"test"`` (the 18 other fine classes) or ``"all"``. With
-            ``open_set=False`` every split holds all 54 classes (different images per split).
-        num_per_class: Images per fine class.
-        image_size: Side of the square RGB images, in pixels (32–64 is comfortable on a CPU).
+        split: ``"train"`` (36 fine classes), ``"test"`` (the 18 others) or ``"all"``; with ``open_set=False`` every
+            split holds all 54 classes (different images per split).
+        num_per_class, image_size: Images per fine class; side of the square RGB images in pixels.
         seed: Base seed; train and test images come from different streams of the same seed.
-        families: Subset of :data:`FAMILIES` (names or indices) to include, e.g. to hold some out as OOD.
+        families: Subset of :data:`FAMILIES` (names or indices), e.g. to hold some out as OOD.
         levels: 2 → labels ``(fine, coarse)``; 3 → ``(fine, variant, coarse)``.
         open_set: Disjoint train/test fine classes (default) or all classes in every split.
-        rotation: Maximum absolute rotation in degrees (uniform in ``[-rotation, rotation]``).
-        scale: Range of the shape radius as a fraction of ``image_size``.
-        noise: Standard deviation of the Gaussian pixel noise (0–255 scale).
-        clutter: Maximum number of random distractor lines.
-        colour_jitter: Maximum per-channel jitter of the shape colour (0–255 scale).
-        illumination: Maximum relative change of the global brightness (uniform in ``1 ± illumination``).
-        colour_cast: Maximum relative per-channel gain of the whole image (white balance, ``1 ± colour_cast``).
-        transform: Callable on a PIL image returning a ``(3, H, W)`` tensor (e.g. from ``build_transforms``).
+        rotation, scale: Maximum absolute rotation in degrees; range of the shape radius (fraction of the side).
+        noise, clutter: Standard deviation of the pixel noise (0–255); most distractor lines.
+        colour_jitter: Maximum per-channel jitter of the shape colour (0–255).
+        illumination, colour_cast: Maximum relative brightness change and per-channel gain (``1 ± x``).
+        transform: Callable on a PIL image returning a ``(3, H, W)`` tensor.
         cache: Keep rendered images in memory after their first access.
 
-    Items follow the package contract: ``ds[i] = {"image": (3, H, W) float, "labels": (L,) long, "index": i}``,
-    ``ds.labels`` is ``(N, L)``, ``ds.label_names`` is ``["fine_label", ("variant_label",) "coarse_label"]``.
+    Items: ``ds[i] = {"image": (3, H, W) float, "labels": (L,) long, "index": i}``; ``ds.labels`` is ``(N, L)``.
 
     Example:
         >>> ds = SyntheticShapes("train", num_per_class=4, image_size=32)
@@ -243,26 +237,14 @@ class SyntheticShapes(RetrievalDatasetBase):
         self.cache = bool(cache)
         self._cache: dict[int, np.ndarray] = {}
 
-        classes = []  # (family, variant, colour, split_code)
-        for f in self.family_ids:
-            for v in range(NUM_VARIANTS):
-                for c in range(NUM_COLOURS):
-                    is_test = _is_test_class(f, v, c)
-                    if self.split == "all":
-                        if open_set:
-                            classes.append((f, v, c, _SPLIT_CODE["test" if is_test else "train"]))
-                        else:
-                            classes.append((f, v, c, _SPLIT_CODE["train"]))
-                            classes.append((f, v, c, _SPLIT_CODE["test"]))
-                    elif not open_set or is_test == (self.split == "test"):
-                        classes.append((f, v, c, _SPLIT_CODE[self.split]))
-        self._classes = classes
-        rows = []
-        for f, v, c, _ in classes:
-            row = [fine_id(f, v, c)] + ([f * NUM_VARIANTS + v] if levels == 3 else []) + [f]
-            rows.extend([row] * num_per_class)
-        names = ["fine_label"] + (["variant_label"] if levels == 3 else []) + ["coarse_label"]
-        super().__init__(torch.tensor(rows, dtype=torch.long).reshape(-1, levels), names, transform)
+        splits = ("train", "test") if self.split == "all" else (self.split,)
+        self._classes = []  # (family, variant, colour, split_code)
+        for f, v, c in itertools.product(self.family_ids, range(NUM_VARIANTS), range(NUM_COLOURS)):
+            own = "test" if _is_test_class(f, v, c) else "train"
+            self._classes += [(f, v, c, _SPLIT_CODE[s]) for s in splits if not open_set or s == own]
+        fine = torch.tensor([fine_id(f, v, c) for f, v, c, _ in self._classes])
+        labels = hierarchy_table(levels)[fine].repeat_interleave(num_per_class, dim=0)
+        super().__init__(labels, level_names(levels), transform)
 
     @staticmethod
     def _resolve_families(families: Sequence[str | int] | None) -> list[int]:
@@ -287,7 +269,6 @@ class SyntheticShapes(RetrievalDatasetBase):
             raise ValueError(f"families must not repeat a family; got {list(families)}")
         return sorted(ids)
 
-    # ------------------------------------------------------------------ metadata
     @staticmethod
     def num_fine_classes() -> int:
         """Number of fine classes over all splits and families (54)."""
@@ -296,22 +277,20 @@ class SyntheticShapes(RetrievalDatasetBase):
     @staticmethod
     def fine_class_name(fine_label: int) -> str:
         """Human-readable name of a global fine label, e.g. ``"circle/ring/red"`` or ``"star/star8/dark_cyan"``."""
-        f, rest = divmod(int(fine_label), NUM_VARIANTS * NUM_COLOURS)
-        v, c = divmod(rest, NUM_COLOURS)
-        return f"{FAMILIES[f]}/{VARIANTS[FAMILIES[f]][v]}/{list(COLOURS[FAMILIES[f]])[c]}"
+        family, variant, c = _parts(fine_label)
+        return f"{family}/{variant}/{list(COLOURS[family])[c]}"
 
     @staticmethod
     def hierarchy() -> torch.Tensor:
         """The ``(54, 2)`` fine → (fine, coarse) table over all fine classes."""
-        fine = torch.arange(SyntheticShapes.num_fine_classes())
-        return torch.stack([fine, fine // (NUM_VARIANTS * NUM_COLOURS)], dim=1)
+        return hierarchy_table(2)
 
     @property
     def class_names(self) -> dict[int, str]:
         """Names of the fine classes present in this dataset, keyed by fine label."""
-        return {int(k): self.fine_class_name(int(k)) for k in torch.unique(self.labels[:, 0])}
+        fine = self.labels[self.labels >= 0] if self.multilabel else self.labels[:, 0]
+        return {int(k): SyntheticShapes.fine_class_name(int(k)) for k in torch.unique(fine)}
 
-    # ------------------------------------------------------------------ rendering
     def get_image(self, index: int) -> Any:
         """The untransformed PIL RGB image of item ``index``."""
         from PIL import Image
@@ -434,16 +413,10 @@ NoiseKind = Literal["uniform", "gaussian", "blobs"]
 
 
 class SyntheticNoise(RetrievalDatasetBase):
-    """Pure-noise images in the SyntheticShapes format, as far-OOD data for HEAT and the OOD baselines.
+    """Pure-noise images in the SyntheticShapes format (every label ``-1``), as far-OOD data.
 
-    Args:
-        num_images: Number of images.
-        image_size: Image side in pixels.
-        seed: Seed of the deterministic per-image generators.
-        kind: ``"uniform"`` (i.i.d. uniform pixels), ``"gaussian"`` (smoothed Gaussian noise around grey) or
-            ``"blobs"`` (a SyntheticShapes-like background with random blobs and no shape).
-        levels: Number of label columns; every label is ``-1`` (OOD).
-        transform: As for :class:`SyntheticShapes`.
+    ``kind``: ``"uniform"`` (i.i.d. pixels), ``"gaussian"`` (smoothed noise around grey) or ``"blobs"`` (a
+    SyntheticShapes background with random blobs); ``levels``: label columns; the rest as :class:`SyntheticShapes`.
     """
 
     def __init__(
@@ -456,13 +429,11 @@ class SyntheticNoise(RetrievalDatasetBase):
         transform: Callable | None = None,
     ) -> None:
         for name, value, low in (("num_images", num_images, 1), ("image_size", image_size, 8), ("levels", levels, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an int >= {low}; got {value!r}")
+            check_positive_int(name, value, minimum=low)
         self.kind = check_choice("kind", kind, get_args(NoiseKind))
         self.image_size = image_size
         self.seed = int(seed)
-        names = ["fine_label"] + ["variant_label"] * (levels == 3) + ["coarse_label"] if levels in (2, 3) else None
-        names = names or [f"level{i}" for i in range(levels)]
+        names = level_names(levels) if levels in (2, 3) else [f"level{i}" for i in range(levels)]
         super().__init__(torch.full((num_images, levels), -1, dtype=torch.long), names, transform)
 
     def get_image(self, index: int) -> Any:

@@ -1,22 +1,15 @@
 """Training and evaluation image transforms: timm's :func:`timm.data.create_transform` driven by a backbone's
-resolved data config (``model.data_config``, i.e. :func:`timm.data.resolve_model_data_config` with the model's
-overrides).
-
-The data config decides the resolution, interpolation, normalisation and the evaluation crop (``crop_pct`` and
-``crop_mode``: ``"center"`` resizes the short side to ``size / crop_pct`` then center-crops, ``"squash"`` resizes
-both sides to ``size / crop_pct`` — the aspect ratio is not kept — then center-crops, ``"border"`` resizes the long
-side then pads); the keyword arguments of :func:`build_transforms` decide the training augmentation (random resized
-crop, flip, optional colour jitter, RandAugment / AugMix / AutoAugment policy strings and random erasing).
-
-Randomness: timm's training transforms draw from the global ``random`` and ``torch`` generators. The training loop
-wraps its dataset in :class:`~pml_suprank.training.SeededAugmentation`, which seeds both per ``(seed, epoch, item)``,
-so the augmented images do not depend on workers, processes or on resuming.
-"""
+resolved data config (``model.data_config``), which decides resolution, interpolation, normalisation and the
+evaluation crop; :func:`build_transforms`' keyword arguments decide the training augmentation. timm draws from the
+global ``random`` / ``torch`` generators: the training loop seeds them per ``(seed, epoch, item)``
+(:class:`~pml_suprank.training.SeededAugmentation`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from .._validation import check_choice, check_positive, check_positive_int, check_probability
 
 __all__ = ["CROP_MODES", "build_transforms"]
 
@@ -35,20 +28,13 @@ def _check_pair(name: str, value: Sequence[float], high: float | None) -> tuple[
     return float(value[0]), float(value[1])
 
 
-def _check_probability(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-        raise ValueError(f"{name} must be a probability in [0, 1]; got {value!r}")
-    return float(value)
-
-
 def _eval_crop(data_config: Mapping[str, Any]) -> tuple[float, str]:
     crop_pct = data_config.get("crop_pct")
     crop_pct = _DEFAULT_CROP_PCT if crop_pct is None else crop_pct
     if isinstance(crop_pct, bool) or not isinstance(crop_pct, (int, float)) or not 0 < crop_pct <= 1:
         raise ValueError(f"data_config['crop_pct'] must lie in (0, 1]; got {crop_pct!r}")
     crop_mode = data_config.get("crop_mode") or "center"
-    if crop_mode not in CROP_MODES:
-        raise ValueError(f"data_config['crop_mode'] must be one of {CROP_MODES}; got {crop_mode!r}")
+    check_choice("data_config['crop_mode']", crop_mode, CROP_MODES)
     return float(crop_pct), str(crop_mode)
 
 
@@ -67,28 +53,21 @@ def build_transforms(
 ) -> Callable:
     """Image transforms from a timm data config, built by :func:`timm.data.create_transform`.
 
-    Training: ``RandomResizedCropAndInterpolation(size, scale, ratio)`` + horizontal flip (+ colour jitter, + the
-    ``auto_augment`` policy) + ``ToTensor`` + ``Normalize`` (+ ``RandomErasing``); the reference recipes use scale
-    (0.16, 1) (ranking_reference.md §5). Evaluation: timm's eval pipeline for ``crop_pct`` / ``crop_mode`` (module
-    docstring) + ``ToTensor`` + ``Normalize``: ``Resize(floor(size / crop_pct))`` + ``CenterCrop(size)`` for the
-    default ``"center"`` (Resize 256 + CenterCrop 224 for ``crop_pct = 0.875``).
+    Training: random resized crop (``scale``, ``ratio``; the reference recipes use scale (0.16, 1)) + flip (+ colour
+    jitter, + the ``auto_augment`` policy) + ``ToTensor`` + ``Normalize`` (+ random erasing). Evaluation: timm's
+    crop for ``crop_pct`` / ``crop_mode`` (``"center"``: resize the short side to ``size / crop_pct``, center-crop;
+    ``"squash"``: resize both sides, center-crop; ``"border"``: resize the long side, pad) + ``ToTensor`` +
+    ``Normalize``.
 
     Args:
-        data_config: Dict with ``input_size`` ``(3, H, W)``, ``mean``, ``std`` and optionally ``interpolation``
-            (default bilinear), ``crop_pct`` (default 0.875) and ``crop_mode`` (one of :data:`CROP_MODES`, default
-            ``"center"``), e.g. ``model.data_config``.
-        train: Training (random) or evaluation (deterministic) pipeline.
-        scale: Area range of the random crop (training only).
-        ratio: Aspect-ratio range of the random crop (training only).
-        hflip: Probability of a horizontal flip (training only).
-        color_jitter: Brightness / contrast / saturation jitter strength, or None for none (training only; timm
-            leaves it out when an ``auto_augment`` policy is given).
-        auto_augment: timm policy string (training only), e.g. ``"rand-m9-mstd0.5"`` (RandAugment, magnitude 9,
-            magnitude std 0.5), ``"rand-m9-n3-mstd0.5-inc1"``, ``"augmix-m5-w4-d2"``, ``"original"``; None: none.
-        re_prob: Probability of random erasing, applied to the normalised tensor (training only; 0: none).
-        re_mode: Random-erasing fill: ``"pixel"`` (per-pixel normal noise), ``"rand"`` (per-channel) or ``"const"``
-            (zeros).
-        re_count: Maximum number of erased rectangles per image.
+        data_config: ``input_size`` ``(3, H, W)``, ``mean``, ``std`` and optionally ``interpolation`` (bilinear),
+            ``crop_pct`` (0.875) and ``crop_mode`` (one of :data:`CROP_MODES`), e.g. ``model.data_config``.
+        train: Training (random) or evaluation (deterministic) pipeline; the other arguments are training only.
+        scale, ratio, hflip: Area and aspect-ratio ranges of the random crop, flip probability.
+        color_jitter: Brightness / contrast / saturation jitter strength or None (left out with ``auto_augment``).
+        auto_augment: timm policy string, e.g. ``"rand-m9-mstd0.5"``, ``"augmix-m5-w4-d2"``, ``"original"``; or None.
+        re_prob, re_mode, re_count: Random erasing on the normalised tensor: probability, fill (``"pixel"``,
+            ``"rand"``, ``"const"``) and most rectangles per image.
 
     Returns:
         A callable mapping a PIL RGB image to a normalised ``(3, H, W)`` float tensor.
@@ -112,21 +91,18 @@ def build_transforms(
         raise ValueError(f"data_config['input_size'] must be (3, H, W); got {input_size}")
     size = (int(input_size[1]), int(input_size[2]))
     interpolation = str(data_config.get("interpolation") or "bilinear")
-    if interpolation not in _INTERPOLATIONS:
-        raise ValueError(f"data_config['interpolation'] must be one of {_INTERPOLATIONS}; got {interpolation!r}")
+    check_choice("data_config['interpolation']", interpolation, _INTERPOLATIONS)
     common = {"mean": tuple(data_config["mean"]), "std": tuple(data_config["std"]), "interpolation": interpolation}
     scale, ratio = _check_pair("scale", scale, 1.0), _check_pair("ratio", ratio, None)
-    hflip = _check_probability("hflip", hflip)
-    if color_jitter is not None and (not isinstance(color_jitter, (int, float)) or color_jitter < 0):
-        raise ValueError(f"color_jitter must be None or a number >= 0; got {color_jitter!r}")
+    hflip = check_probability("hflip", hflip)
+    if color_jitter is not None:
+        check_positive("color_jitter", color_jitter, strict=False)
     if auto_augment is not None and (not isinstance(auto_augment, str) or not auto_augment):
         raise ValueError(f"auto_augment must be None or a timm policy string such as 'rand-m9-mstd0.5'; got "
                          f"{auto_augment!r}")  # fmt: skip
-    re_prob = _check_probability("re_prob", re_prob)
-    if re_mode not in ("pixel", "rand", "const"):
-        raise ValueError(f"re_mode must be one of ('pixel', 'rand', 'const'); got {re_mode!r}")
-    if isinstance(re_count, bool) or not isinstance(re_count, int) or re_count < 1:
-        raise ValueError(f"re_count must be an int >= 1; got {re_count!r}")
+    re_prob = check_probability("re_prob", re_prob)
+    check_choice("re_mode", re_mode, ("pixel", "rand", "const"))
+    check_positive_int("re_count", re_count)
     crop_pct, crop_mode = _eval_crop(data_config)
     if not train:
         return create_transform(size, is_training=False, crop_pct=crop_pct, crop_mode=crop_mode, **common)

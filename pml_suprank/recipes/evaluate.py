@@ -160,8 +160,8 @@ def _same_kind(dataset: str, section: dict, recorded: dict) -> bool:
     """``--dataset DIR`` replacing the recorded one keeps the recorded options when both are local folders (the
     same data moved, or the folder of the recorded name: a model folder records a local folder by its name), else
     the options start afresh."""
+    from pml_suprank.data.source import folder_layout
     from pml_suprank.hub.local_names import public_name
-    from pml_suprank.training.data_source import folder_layout
 
     if folder_layout(dataset) is None:
         return False
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 def _data_error(section: dict) -> str | None:
     """Why the data section cannot be read (a Hub id without ``--label_columns``, a bad option), else ``None``."""
-    from pml_suprank.training.data_source import SYNTHETIC_NAMES, data_option_errors, folder_layout
+    from pml_suprank.data.source import SYNTHETIC_NAMES, data_option_errors, folder_layout
 
     dataset = section.get("dataset")
     if dataset not in SYNTHETIC_NAMES and dataset not in BENCHMARKS and not section.get("label_columns"):
@@ -352,8 +352,8 @@ def evaluate_test_set(
     dataset, or a folder's seeded class split, which must still be ``recorded_split``, the model's), each query
     against the others, with the plots."""
     from pml_suprank import plots
+    from pml_suprank.data.source import dataset_source
     from pml_suprank.metrics import RetrievalEvaluator
-    from pml_suprank.training.data_source import dataset_source
 
     source = dataset_source(section, "test")
     try:  # a missing split, unusable images: the message, not a traceback

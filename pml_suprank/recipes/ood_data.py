@@ -62,7 +62,7 @@ def build_datasets(spec: FitHeatSpec, transform, id_data: dict[str, Any] | None 
     from ..search.image_files import ImageFiles, is_flat_image_folder
 
     if id_data is not None:
-        from ..training.data_source import dataset_source
+        from ..data.source import dataset_source
 
         section, seed = id_data["data"], int(id_data.get("seed", 0))
         kw = {"cache_dir": spec.cache_dir} if dataset_source(section, "train").kind == "retrieval" else {}

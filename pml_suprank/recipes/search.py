@@ -169,7 +169,7 @@ def model_gallery(args: SearchSpec, transform: Any, folder: str | None = None) -
     """The test set the model was trained with (its ``data_spec.json``), and the spec naming it. A local training
     folder is recorded by its name only: ``folder`` (the ``--gallery`` the user typed, of that name) says where it is,
     and the recorded class split and seed still apply."""
-    from pml_suprank.training.data_source import dataset_source
+    from pml_suprank.data.source import dataset_source
     from pml_suprank.training.data_spec import read_data_spec
 
     try:

@@ -1,6 +1,5 @@
-"""Epoch plan, sharding, resumable state and drawing helpers shared by the batch samplers of
-:mod:`pml_suprank.samplers.class_samplers` and :mod:`pml_suprank.samplers.multilabel` (see the former's docstring for
-the contract)."""
+"""Epoch plan, sharding, resumable state and drawing helpers shared by the batch samplers (contract:
+:mod:`pml_suprank.samplers.class_samplers`)."""
 
 from __future__ import annotations
 
@@ -19,6 +18,7 @@ __all__ = [
     "as_int_array",
     "check_group_size",
     "draw",
+    "groups_per_class",
     "resolve_replicas",
 ]
 
@@ -33,9 +33,9 @@ def as_int_array(labels: Any, name: str = "labels") -> np.ndarray:
     else:
         try:
             arr = np.asarray(labels)
-        except Exception as err:  # pragma: no cover - exotic inputs
+        except ValueError as err:  # ragged rows
             raise TypeError(f"{name} must be array-like of integers; got {type(labels).__name__}") from err
-        if arr.dtype == object or not (np.issubdtype(arr.dtype, np.integer)):
+        if not np.issubdtype(arr.dtype, np.integer):
             raise TypeError(f"{name} must contain integers; got dtype {arr.dtype}")
     return arr.astype(np.int64, copy=False)
 
@@ -65,6 +65,23 @@ def draw(rng: np.random.Generator, pool: np.ndarray, size: int, exclude: np.ndar
     if pool.size >= size:
         return rng.choice(pool, size, replace=False)
     return np.concatenate([rng.permutation(pool), rng.choice(pool, size - pool.size, replace=True)])
+
+
+def groups_per_class(sizes: np.ndarray, m: int, groups_per_batch: int, *, pad: bool = True) -> np.ndarray:
+    """``ceil(n_c / m)`` groups of ``m`` per class of ``sizes`` (at least one), capped at the number of batches of
+    ``groups_per_batch`` groups they make (rounded up with ``pad``, else down): a class gives one group per batch."""
+    k = np.maximum(1, -(-sizes // m))
+    while True:
+        total = int(k.sum())
+        nb = -(-total // groups_per_batch) if pad else total // groups_per_batch
+        if nb < 1:
+            raise ValueError(
+                f"labels provide {total} groups of m={m}, fewer than one global batch of {groups_per_batch} groups; "
+                "use drop_last=False"
+            )
+        if k.max() <= nb:
+            return k
+        k = np.minimum(k, nb)
 
 
 class ShardedBatchSampler(Sampler[list[int]]):

@@ -1,34 +1,11 @@
-"""Miner-free samplers for rank losses: ``MPerClassSampler``, ``MPerClassBatchSampler`` and ``HierarchicalSampler``.
-
-``MPerClassSampler`` is PML's flat index stream (``DataLoader(sampler=..., batch_size=B)``); ``MPerClassBatchSampler``
-(the same plan) and ``HierarchicalSampler`` (as PML's) are *batch* samplers: they yield lists of dataset indices, use
-them as ``DataLoader(batch_sampler=...)``. All of them have:
-
-* **no global RNG**: every epoch is drawn from ``np.random.default_rng((seed, epoch))``, so the stream depends only on
-  ``seed``, ``epoch`` and the labels — every process builds the same plan without any seeding;
-* ``set_epoch(epoch)`` (as ``torch.utils.data.DistributedSampler``: the order changes only when the epoch changes);
-* ``state_dict()`` / ``load_state_dict()`` for an exact mid-epoch resume;
-* **distributed sharding**: with ``num_replicas = R`` (default: ``torch.distributed`` world size when it is
-  initialised, else 1), the sampler draws one *global* batch of ``R * batch_size`` indices that has the class
-  structure (distinct classes, ``m`` images each; or the super-class structure), and rank ``r`` receives its own
-  ``batch_size`` slice made of whole class groups. Every rank gets the same number of batches, the slices of one
-  step are disjoint, and every local batch has the class structure too.
-
-Under ``accelerate``: ``accelerator.prepare(dataloader)`` wraps any batch sampler in ``BatchSamplerShard``, which deals
-*whole batches* to the processes (rank ``r`` takes batches ``r, r + R, ...``) or, with
-``DataLoaderConfiguration(split_batches=True)``, splits every batch into ``R`` contiguous slices. Sharding twice
-would drop data, so build the sampler with ``num_replicas=1`` when the ``DataLoader`` goes through
-``accelerator.prepare`` (every process then computes the same stream; Accelerate shards it), or keep the
-``DataLoader`` out of ``prepare`` and let the sampler shard itself (then the global batch has distinct classes across
-ranks). Batches are laid out group by group (``HierarchicalSampler`` alternates the super-classes), so the
-contiguous slices of ``split_batches=True`` keep the structure whenever ``batch_size / R`` is a multiple of the group
-size. Accelerate's ``DataLoaderShard.set_epoch`` does not reach a batch sampler wrapped in ``BatchSamplerShard``;
-call ``sampler.set_epoch(epoch)`` yourself at the start of every epoch.
-
-References:
-    * SupRank reference code, ``datasets/samplers/m_per_class_sampler.py`` (m images of B/m classes per batch);
-    * PML ``samplers.HierarchicalSampler`` (the Stanford Online Products sampler: batches drawn from pairs of
-      super-classes), used by Ramzi et al. (ROADMAP, NeurIPS 2021; SupRank, TPAMI) on SOP.
+"""Miner-free samplers for rank losses: ``MPerClassSampler`` (PML's flat index stream, ``DataLoader(sampler=...,
+batch_size=B)``), ``MPerClassBatchSampler`` and ``HierarchicalSampler`` (batch samplers, ``DataLoader(batch_sampler=
+...)``). Every epoch is drawn from ``np.random.default_rng((seed, epoch))`` (the same plan in every process, no global
+RNG), with ``set_epoch``, ``state_dict`` / ``load_state_dict`` (exact mid-epoch resume) and sharding: with
+``num_replicas = R`` a global batch of ``R * batch_size`` indices has the class structure and rank ``r`` takes its
+slice of whole class groups. Under ``accelerator.prepare`` (which already shards) use ``num_replicas=1``, and call
+``sampler.set_epoch(epoch)`` yourself every epoch. References: SupRank's ``m_per_class_sampler.py``; PML's
+``HierarchicalSampler`` (SOP).
 """
 
 from __future__ import annotations
@@ -44,7 +21,7 @@ from torch.utils.data import Sampler
 
 from .._validation import check_choice, check_positive_int
 from ..relevance import check_tree
-from .base import ShardedBatchSampler, SmallClassPolicy, as_int_array, check_group_size, draw
+from .base import ShardedBatchSampler, SmallClassPolicy, as_int_array, check_group_size, draw, groups_per_class
 
 __all__ = ["HierarchicalSampler", "MPerClassBatchSampler", "MPerClassSampler"]
 
@@ -60,37 +37,28 @@ def _flat_labels(labels: Any) -> np.ndarray:
 
 
 class MPerClassBatchSampler(ShardedBatchSampler):
-    """Batches of ``batch_size / m`` distinct classes with ``m`` images each, as a *batch sampler*: pass it as
-    ``DataLoader(dataset, batch_sampler=sampler)`` (no ``batch_size``, no ``shuffle``); it yields one list of indices
-    per step. :class:`MPerClassSampler` is the same plan as PML's flat index stream (``DataLoader(sampler=...,
-    batch_size=B)``); its ``batch_sampler`` attribute is one of these.
+    """Batches of ``batch_size / m`` distinct classes with ``m`` images each, as a *batch sampler*
+    (``DataLoader(dataset, batch_sampler=sampler)``, one list of indices per step).
 
-    One epoch covers the dataset: every class is cut into ``ceil(n_c / m)`` groups of ``m`` images (the last group
-    is completed with other images of the same class), the groups are spread over the batches so that no class
-    appears twice in one global batch, and batches that are not full are completed with groups of random classes
-    not yet in the batch (``drop_last=False``) — or the few groups that do not fill a last batch are left out
-    (``drop_last=True``). A class holding more than ``1/num_batches`` of all groups contributes at most one group per
-    batch (its extra images are subsampled). The number of batches per epoch depends only on the class sizes.
-    With ``length_before_new_iter`` (PML's epoch length in indices) the epoch is
-    ``length_before_new_iter // batch_size`` batches, drawn as consecutive passes of that plan.
+    One pass cuts every class into ``ceil(n_c / m)`` groups of ``m`` images (the last completed with other images of
+    the class) and spreads them so that no class appears twice in a global batch; a batch that is not full is
+    completed with groups of classes not yet in it (or, with ``drop_last``, the leftover groups are left out). A class
+    holding more than ``1/num_batches`` of all groups gives at most one group per batch. With
+    ``length_before_new_iter`` the epoch is ``length_before_new_iter // batch_size`` batches of consecutive passes.
 
     Args:
-        labels: Class labels ``(N,)`` (tensor, array or list of ints). 2-D labels ``(N, L)`` use column 0.
-        m: Images per class in a batch.
-        batch_size: Indices per batch *per process*; a multiple of ``m``.
-        length_before_new_iter: Indices per epoch (per process): ``length_before_new_iter // batch_size`` batches;
-            ``None`` (default): one pass over the dataset.
+        labels: Class labels ``(N,)`` (tensor, array or list of ints); ``(N, L)`` labels use column 0.
+        m, batch_size: Images per class in a batch; indices per batch *per process* (a multiple of ``m``).
+        length_before_new_iter: Indices per epoch (per process); ``None``: one pass over the dataset.
         seed: Seed of the per-epoch ``np.random.default_rng((seed, epoch))``.
-        num_replicas: Number of processes sharing one global batch of ``num_replicas * batch_size`` indices
-            (default: the ``torch.distributed`` world size, 1 when not initialised).
-        rank: This process's slice (default: the ``torch.distributed`` rank).
-        small_classes: Classes with fewer than ``m`` images: ``"replace"`` samples their group with replacement
-            (duplicate indices inside that group), ``"skip"`` never samples them.
-        drop_last: Leave out the leftover groups instead of completing the last batches with extra groups.
+        num_replicas, rank: Processes sharing one global batch and this one's slice (default: ``torch.distributed``'s
+            world size and rank, else 1 and 0).
+        small_classes: Classes with fewer than ``m`` images: ``"replace"`` (duplicates in their group) or ``"skip"``.
+        drop_last: Leave out the leftover groups instead of completing the last batches.
 
     Raises:
-        ValueError: if ``m > batch_size``, ``batch_size % m != 0``, ``length_before_new_iter < batch_size``, or
-            there are fewer usable classes than ``num_replicas * batch_size / m``.
+        ValueError: ``m`` not dividing ``batch_size``, ``length_before_new_iter < batch_size``, fewer usable classes
+            than ``num_replicas * batch_size / m``.
 
     Example:
         >>> from torch.utils.data import DataLoader
@@ -143,23 +111,8 @@ class MPerClassBatchSampler(ShardedBatchSampler):
                 f"(PML: m * number of classes must be >= batch_size); got {len(self.classes)} usable classes "
                 f"(of {len(classes)})"
             )
-        self._chunks = self._chunks_per_class()
-
-    def _chunks_per_class(self) -> np.ndarray:
         sizes = np.array([len(x) for x in self._members])
-        k = np.maximum(1, -(-sizes // self.m))  # ceil, at least one group (replacement policy)
-        G = self.groups_per_batch
-        while True:
-            total = int(k.sum())
-            nb = -(-total // G) if self.pad else total // G
-            if nb < 1:
-                raise ValueError(
-                    f"labels provide {total} groups of m={self.m}, fewer than one global batch of {G} groups; "
-                    "use drop_last=False"
-                )
-            if k.max() <= nb:
-                return k
-            k = np.minimum(k, nb)
+        self._chunks = groups_per_class(sizes, self.m, self.groups_per_batch, pad=self.pad)
 
     def _pass_batches(self) -> int:
         """Batches of one pass over the dataset (the epoch without ``length_before_new_iter``)."""
@@ -223,45 +176,28 @@ class MPerClassBatchSampler(ShardedBatchSampler):
 
 
 class MPerClassSampler(Sampler[int]):
-    """PML's ``MPerClassSampler``: a flat stream of dataset indices whose consecutive groups of ``batch_size`` are
-    batches of ``batch_size / m`` distinct classes with ``m`` images each — use it exactly as PML's,
-    ``DataLoader(dataset, sampler=sampler, batch_size=batch_size)``.
+    """PML's ``MPerClassSampler``: a flat index stream whose consecutive ``batch_size`` indices are batches of
+    ``batch_size / m`` distinct classes with ``m`` images each (``DataLoader(dataset, sampler=sampler,
+    batch_size=batch_size)``).
 
-    PML's arguments, positional order, defaults and meaning: ``len(sampler)`` is the number of indices per epoch,
-    ``length_before_new_iter`` rounded down to a multiple of ``batch_size``; with ``batch_size=None`` the stream
-    visits every class once per pass with ``m`` consecutive indices (``m * C`` indices a pass, ``C`` classes) and the
-    length is rounded down to whole passes when it holds at least one. Calls PML refuses with an ``AssertionError``
-    raise a ``ValueError`` naming the argument here.
-
-    The stream is the plan of :class:`MPerClassBatchSampler` (available as :attr:`batch_sampler`, for
-    ``DataLoader(batch_sampler=...)``), flattened; what this adds to PML is keyword-only: a seed (no global RNG;
-    ``set_epoch`` changes the order), ``state_dict`` / ``load_state_dict`` (the position counts batches), sharding
-    over processes, the small-class policy and ``drop_last`` (see :class:`MPerClassBatchSampler`). Differences from
-    PML that change which indices come out are documented in ``docs/coming-from-pml.md``: within a pass no class is
-    drawn twice in a batch and every image is used before one repeats.
+    PML's arguments, order, defaults and meaning: ``len(sampler)`` is ``length_before_new_iter`` rounded down to a
+    multiple of ``batch_size``; with ``batch_size=None`` a pass visits every class once (``m * C`` indices) and the
+    length is rounded down to whole passes. The stream is the flattened plan of :class:`MPerClassBatchSampler`
+    (:attr:`batch_sampler`); the keyword-only additions (seed, resumable state, sharding, ``small_classes``,
+    ``drop_last``) are as there. Within a pass no class repeats in a batch and every image is used before one
+    repeats (``docs/coming-from-pml.md``).
 
     Args:
-        labels: Class labels ``(N,)`` (tensor, array or list of ints). 2-D labels ``(N, L)`` use column 0.
-        m: Images per class in a batch (``m`` consecutive indices of one class).
-        batch_size: The ``DataLoader``'s ``batch_size``: a multiple of ``m``, at most ``m`` times the number of
-            classes. ``None``: one pass over the classes is the unit.
+        labels: Class labels ``(N,)``; ``(N, L)`` labels use column 0.
+        m, batch_size: Images per class (``m`` consecutive indices) and the ``DataLoader``'s ``batch_size`` (a
+            multiple of ``m``; ``None``: a pass over the classes).
         length_before_new_iter: Indices per epoch (PML's default 100000).
-        seed, num_replicas, rank, small_classes, drop_last: As :class:`MPerClassBatchSampler`; ``num_replicas``
-            must be 1 with ``batch_size=None``.
+        seed, num_replicas, rank, small_classes, drop_last: As :class:`MPerClassBatchSampler` (``num_replicas`` must
+            be 1 with ``batch_size=None``).
 
     Raises:
         ValueError: where PML asserts (``length_before_new_iter < batch_size``, ``m * C < batch_size``,
             ``batch_size % m != 0``) and for a bad type or size (naming the argument).
-
-    Example:
-        >>> from torch.utils.data import DataLoader
-        >>> labels = [0, 0, 1, 1, 2, 2, 3, 3]
-        >>> sampler = MPerClassSampler(labels, 2, batch_size=4, length_before_new_iter=12)
-        >>> len(sampler)  # indices per epoch, as PML's
-        12
-        >>> batches = [b.tolist() for b in DataLoader(list(range(8)), sampler=sampler, batch_size=4)]
-        >>> len(batches), all(len({labels[i] for i in b}) == 2 for b in batches)
-        (3, True)
     """
 
     def __init__(
@@ -351,44 +287,27 @@ class MPerClassSampler(Sampler[int]):
 class HierarchicalSampler(ShardedBatchSampler):
     """The Stanford Online Products sampler: every batch is drawn from ``super_classes_per_batch`` super-classes.
 
-    For every combination of ``super_classes_per_batch`` super-classes (``C(S, k)`` of them), the epoch has
-    ``batches_per_super_tuple`` batches; in each, every super-class fills ``batch_size / k`` slots with
-    ``samples_per_class`` images of distinct classes drawn at random (PML ``samplers.HierarchicalSampler`` semantics,
-    used by ROADMAP/HAPPIER on SOP). PML's arguments, positional order and meaning are kept (``samples_per_class="all"``
-    included); what this one adds is keyword-only. Differences from PML (see ``docs/samplers-memory.md``): seeded and
-    shardable; the labels must form a tree on ``(inner_label, outer_label)`` (a class under two super-classes is a
-    ``ValueError``; PML puts it in both); with an integer ``samples_per_class`` batches always have exactly
-    ``batch_size`` indices (a super-class with too few classes contributes further groups of its classes, with other
-    images while there are any; PML leaves the batch short); the super-classes alternate group by group instead of a
-    full in-batch shuffle (rank losses do not depend on the order; the layout keeps contiguous slices balanced).
-
-    ``samples_per_class="all"`` (PML's meaning): every sampled class contributes all its images; each super-class
-    takes whole classes in random order while they fit in its ``batch_size / k`` slots (a larger class is passed
-    over, as PML), so batches hold up to ``batch_size`` indices and their size varies. Classes larger than
-    ``batch_size / k`` are never sampled (as PML); a super-class none of whose classes fits is a ``ValueError`` (PML
-    would give it empty halves). Not shardable (``num_replicas`` must be 1).
+    For each of the ``C(S, k)`` combinations of ``k`` super-classes the epoch has ``batches_per_super_tuple`` batches;
+    in each, every super-class fills ``batch_size / k`` slots with ``samples_per_class`` images of distinct classes
+    (PML's semantics, arguments and order; additions are keyword-only). Differences from PML
+    (``docs/samplers-memory.md``): seeded and shardable; the labels must be a tree on ``(inner_label, outer_label)``;
+    batches always hold ``batch_size`` indices (a super-class with too few classes gives more groups of its classes);
+    the super-classes alternate group by group. ``samples_per_class="all"``: every sampled class gives all its images,
+    whole classes taken while they fit in ``batch_size / k`` slots (batch sizes vary; not shardable; a super-class none
+    of whose classes fits is a ``ValueError``).
 
     Args:
         labels: ``(N, L)`` integer labels, column 0 = finest (the order of PML's HierarchicalSampler).
-        batch_size: Indices per batch *per process*; a multiple of ``super_classes_per_batch * samples_per_class``
-            (of ``super_classes_per_batch`` for ``"all"``).
-        samples_per_class: Images per class in a batch, or ``"all"``.
+        batch_size: Indices per batch *per process*; a multiple of ``k * samples_per_class`` (of ``k`` for ``"all"``).
+        samples_per_class, super_classes_per_batch: Images per class (or ``"all"``) and super-classes (``k``) per batch.
         batches_per_super_tuple: Batches per combination of super-classes and epoch.
-        super_classes_per_batch: Super-classes per batch (``k``).
-        inner_label: Column of the class label.
-        outer_label: Column of the super-class label.
-        seed: Seed of the per-epoch ``np.random.default_rng((seed, epoch))``.
-        num_replicas: Processes sharing one global batch (default: ``torch.distributed`` world size or 1).
-        rank: This process's slice (default: ``torch.distributed`` rank).
-        small_classes: Classes with fewer than ``samples_per_class`` images: ``"replace"`` (duplicates inside their
-            group) or ``"skip"``.
+        inner_label, outer_label: Columns of the class and of the super-class labels.
+        seed, num_replicas, rank: As :class:`MPerClassBatchSampler`.
+        small_classes: Classes with fewer than ``samples_per_class`` images: ``"replace"`` or ``"skip"``.
 
     Raises:
         ValueError: A bad size, a column that is not a column of ``labels``, labels that are not a tree on
             ``(inner_label, outer_label)`` (naming the class and its super-classes), fewer than ``k`` super-classes.
-
-    The epoch has ``C(S, k) * batches_per_super_tuple`` batches for every process (the global batch grows with
-    ``num_replicas``), as PML's.
     """
 
     def __init__(
@@ -420,27 +339,21 @@ class HierarchicalSampler(ShardedBatchSampler):
         arr = as_int_array(labels)
         if arr.ndim != 2 or arr.shape[0] == 0:
             raise ValueError(f"labels must have shape (N, L) with N >= 1 and L >= 2; got shape {arr.shape}")
+        width = arr.shape[1]
         for name, col in (("inner_label", inner_label), ("outer_label", outer_label)):
-            if (
-                isinstance(col, bool)
-                or not isinstance(col, (int, np.integer))
-                or not -arr.shape[1] <= col < arr.shape[1]
-            ):
-                raise ValueError(f"{name} must be a column index of labels (L = {arr.shape[1]}); got {col!r}")
+            if isinstance(col, bool) or not isinstance(col, (int, np.integer)) or not -width <= col < width:
+                raise ValueError(f"{name} must be a column index of labels (L = {width}); got {col!r}")
         self.inner_label, self.outer_label = int(inner_label), int(outer_label)
         self.num_samples = arr.shape[0]
         inner, outer = arr[:, self.inner_label], arr[:, self.outer_label]
         check_tree(torch.from_numpy(np.stack([inner, outer], 1)), name=f"labels[:, [{inner_label}, {outer_label}]]")
         supers = self._super_classes(inner, outer)
         if len(supers) < k:
+            skip = self.small_classes == "skip" and not self.whole_classes
+            usable = f" with classes of >= {self.samples_per_class} images" if skip else ""
             raise ValueError(
                 f"labels must contain at least super_classes_per_batch = {k} super-classes (column {outer_label})"
-                + (
-                    f" with classes of >= {self.samples_per_class} images"
-                    if self.small_classes == "skip" and not self.whole_classes
-                    else ""
-                )
-                + f"; got {len(supers)}"
+                f"{usable}; got {len(supers)}"
             )
         if sum(len(v) for v in supers.values()) < 2:
             raise ValueError("labels must contain at least 2 classes; got a single class")

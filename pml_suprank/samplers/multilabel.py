@@ -1,17 +1,8 @@
 """Batch sampler for multi-label data: ``m`` items per sampled label, so every item of a batch has positives.
 
-Multi-label items (an ``(N, M)`` label tensor, ``-1`` = padding, as taken by
-:func:`pml_suprank.relevance.multilabel_relevance`) cannot be grouped by "their" class: an item belongs to the
-group of every label it carries. :class:`MultiLabelSampler` draws, for each batch, ``batch_size / m`` distinct labels
-and ``m`` items carrying each of them, so every item of the batch shares a label with the ``m − 1`` other items of
-its group (the positives rank losses need; with a hierarchy, further items of the batch may be relevant too). It
-shares the epoch plan, ``set_epoch``, ``state_dict`` and distributed sharding of
-:class:`pml_suprank.samplers.MPerClassBatchSampler` (see :mod:`pml_suprank.samplers`).
-
-References:
-    E. Ramzi, PhD thesis "Robust image retrieval with deep learning", Sec. 6.2.1 (multi-label HAPPIER / ROADMAP on
-    trademark logos) and Sec. 4.2.2.2, Algorithm 1 (the multi-label relevance); m-per-class sampling of the SupRank
-    reference code.
+An item of ``(N, M)`` labels (``-1`` = padding) belongs to the group of every label it carries; each batch takes
+``batch_size / m`` distinct labels and ``m`` items carrying each (E. Ramzi's thesis, Sec. 6.2.1). The epoch plan,
+``set_epoch``, ``state_dict`` and sharding are those of :class:`pml_suprank.samplers.MPerClassBatchSampler`.
 """
 
 from __future__ import annotations
@@ -19,9 +10,11 @@ from __future__ import annotations
 from typing import Any, get_args
 
 import numpy as np
+import torch
 
 from .._validation import check_choice
-from .base import ShardedBatchSampler, SmallClassPolicy, as_int_array, check_group_size, draw
+from ..relevance import check_multilabel
+from .base import ShardedBatchSampler, SmallClassPolicy, as_int_array, check_group_size, draw, groups_per_class
 
 __all__ = ["MultiLabelSampler"]
 
@@ -38,30 +31,22 @@ def _label_members(arr: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
 class MultiLabelSampler(ShardedBatchSampler):
     """Batches of ``batch_size / m`` distinct labels with ``m`` items carrying each label.
 
-    One epoch visits every label in proportion to its size: label ``c`` (carried by ``n_c`` items) gets
-    ``ceil(n_c / m)`` groups (at most one per batch), the groups are spread over the batches so that no label appears
-    twice in one global batch, and batches that are not full are completed with groups of random labels not yet in
-    the batch. The number of batches per epoch depends only on the label sizes. A group draws ``m`` items of its label
-    without replacement, preferring items not already in the batch (an item carrying several labels of the batch is
-    repeated only when a label has too few other items).
+    The epoch plan is :class:`~pml_suprank.samplers.MPerClassBatchSampler`'s with labels for classes (label ``c``,
+    carried by ``n_c`` items, gets ``ceil(n_c / m)`` groups, at most one per batch); a group draws ``m`` items of its
+    label, preferring items not already in the batch.
 
     Args:
         labels: ``(N, M)`` integer labels per item with ``-1`` padding (tensor, array or nested list), or ``(N,)``
             one label per item; every item needs at least one label.
-        m: Items per label in a batch (``>= 2``: each item needs another item sharing its label).
-        batch_size: Indices per batch *per process*; a multiple of ``m``.
-        seed: Seed of the per-epoch ``np.random.default_rng((seed, epoch))``.
-        num_replicas: Processes sharing one global batch of ``num_replicas * batch_size`` indices (default: the
-            ``torch.distributed`` world size, 1 when not initialised).
-        rank: This process's slice (default: the ``torch.distributed`` rank).
-        small_classes: Labels carried by fewer than ``m`` items: ``"replace"`` samples their group with replacement
-            (duplicate indices inside that group), ``"skip"`` never samples them.
+        m, batch_size: Items per label in a batch (``>= 2``); indices per batch *per process* (a multiple of ``m``).
+        seed, num_replicas, rank: As :class:`~pml_suprank.samplers.MPerClassBatchSampler`.
+        small_classes: Labels carried by fewer than ``m`` items: ``"replace"`` (duplicates inside the group) or
+            ``"skip"``.
 
     Raises:
         TypeError: non-integer labels or non-int sizes.
-        ValueError: labels of the wrong shape, a label below ``-1``, an item without labels, ``m < 2``,
-            ``m > batch_size``, ``batch_size % m != 0``, or fewer usable labels than
-            ``num_replicas * batch_size / m``.
+        ValueError: bad label shapes or values, an item without labels, ``m < 2``, ``m`` not dividing ``batch_size``,
+            fewer usable labels than ``num_replicas * batch_size / m``.
     """
 
     def __init__(
@@ -78,19 +63,7 @@ class MultiLabelSampler(ShardedBatchSampler):
         super().__init__(batch_size, seed, num_replicas, rank)
         self.m = check_group_size(m, self.batch_size, 2)
         self.small_classes = check_choice("small_classes", small_classes, get_args(SmallClassPolicy))
-        arr = as_int_array(labels)
-        if arr.ndim == 1:
-            arr = arr[:, None]
-        if arr.ndim != 2 or arr.shape[0] == 0 or arr.shape[1] == 0:
-            raise ValueError(f"labels must have shape (N,) or (N, M) with N, M >= 1; got shape {np.shape(labels)}")
-        if (arr < -1).any():
-            raise ValueError(f"labels must hold labels >= 0 and -1 for padding; got the value {int(arr.min())}")
-        empty = (arr < 0).all(axis=1)
-        if empty.any():
-            raise ValueError(
-                f"labels row {int(np.flatnonzero(empty)[0])} has no label (only -1 padding); "
-                "every item needs at least one label"
-            )
+        arr = check_multilabel("labels", torch.from_numpy(as_int_array(labels))).numpy()
         self.num_samples = arr.shape[0]
         all_labels, members = _label_members(arr)
         sizes = np.array([len(x) for x in members])
@@ -106,17 +79,7 @@ class MultiLabelSampler(ShardedBatchSampler):
                 + f" to fill a batch of num_replicas * batch_size / m = {self.groups_per_batch} distinct labels; "
                 f"got {len(self.classes)} usable labels (of {len(all_labels)})"
             )
-        self._groups = self._groups_per_label(sizes[keep])
-
-    def _groups_per_label(self, sizes: np.ndarray) -> np.ndarray:
-        """``ceil(n_c / m)`` groups per label, capped at the number of batches (one group per batch at most)."""
-        k = np.maximum(1, -(-sizes // self.m))
-        G = self.groups_per_batch
-        while True:
-            nb = -(-int(k.sum()) // G)
-            if k.max() <= nb:
-                return k
-            k = np.minimum(k, nb)
+        self._groups = groups_per_class(sizes[keep], self.m, self.groups_per_batch)
 
     def _num_global_batches(self) -> int:
         return -(-int(self._groups.sum()) // self.groups_per_batch)

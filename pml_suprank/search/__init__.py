@@ -1,13 +1,6 @@
-"""Search a gallery with new queries and look at the results.
-
-* :mod:`.index`: :class:`RetrievalIndex` — embeddings (+ labels, ids) searched by inner product, exact ``"torch"``
-  (default) or faiss backends (``"faiss"``, ``"faiss-ivf"``, ``"faiss-hnsw"``), ``add``, ``save`` / ``load``;
-* :mod:`.topk`: the exact chunked top-k with the lower-index tie rule;
-* :mod:`.faiss_backends`: the faiss indexes (faiss imported only when used);
-* :mod:`.options`: the backend names and which backend each option configures;
-* :mod:`.storage`: the validated safetensors + JSON folder format;
-* :mod:`.from_model`: embed a dataset / images with a model (``RetrievalModel.build_index`` / ``.search``);
-* :mod:`.report`: an offline HTML page and a PNG grid of the results (``recipes/search.py``).
+"""Search a gallery with new queries and look at the results: :class:`RetrievalIndex` (exact ``"torch"`` or faiss
+backends, ``add``, ``save`` / ``load``), the exact chunked top-k (:mod:`.topk`), the validated file format
+(:mod:`.storage`), embedding with a model (:mod:`.from_model`) and the HTML / PNG report (:mod:`.report`).
 
 Example:
     >>> from pml_suprank.search import RetrievalIndex

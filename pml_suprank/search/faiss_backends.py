@@ -1,16 +1,11 @@
-"""faiss backends of :class:`~pml_suprank.search.RetrievalIndex`: exact ``IndexFlatIP``, ``IndexIVFFlat`` and
-``IndexHNSWFlat``, all by inner product.
+"""faiss backends of :class:`~pml_suprank.search.RetrievalIndex`, all by inner product (faiss imported only here,
+when used: ``pip install pml-suprank[faiss]``).
 
-* ``"faiss"``: ``IndexFlatIP`` — exact (brute force); on a GPU (``StandardGpuResources`` + ``index_cpu_to_gpu``)
-  when faiss was built with GPU support and the index device is a CUDA device, where faiss limits ``k`` to 2048.
-  faiss orders tied scores by its own rule, so results equal the torch backend's only where there are no ties.
-* ``"faiss-ivf"``: an inverted file of ``nlist`` k-means cells (coarse quantizer ``IndexFlatIP``); a query scans the
-  ``nprobe`` closest cells. Trained once, on the first ``train_size`` embeddings given (faiss k-means, fixed seed);
-  later ``add`` calls only assign.
-* ``"faiss-hnsw"``: a hierarchical navigable small-world graph with ``hnsw_m`` links per node (faiss ``M``), built with
-  ``ef_construction`` and searched with ``ef_search`` candidates (faiss ``efConstruction`` / ``efSearch``).
-
-faiss is imported only here and only when such a backend is used (``pip install pml-suprank[faiss]``).
+* ``"faiss"``: ``IndexFlatIP``, exact; on a GPU when faiss has GPU support and the index device is CUDA (``k <=
+  2048``). Tied scores follow faiss' own order.
+* ``"faiss-ivf"``: ``nlist`` k-means cells, ``nprobe`` scanned per query; trained once on the first ``train_size``
+  embeddings (fixed seed), later ``add`` calls only assign.
+* ``"faiss-hnsw"``: an HNSW graph with ``hnsw_m`` links per node, ``ef_construction`` / ``ef_search`` candidates.
 """
 
 from __future__ import annotations
@@ -42,12 +37,9 @@ def import_faiss() -> Any:
 
 
 def default_options(backend: str, num_items: int) -> dict[str, int]:
-    """Default parameters of ``backend`` for a gallery of ``num_items`` (``{}`` for the exact backends).
-
-    IVF: ``nlist = clamp(round(4·sqrt(N)), 1, N)`` cells (the usual rule of thumb), ``nprobe = min(16, nlist)``,
-    ``train_size = N`` (rows the quantizer is trained on); HNSW: ``hnsw_m = 32`` links, ``ef_construction = 64``,
-    ``ef_search = 64``.
-    """
+    """Default parameters of ``backend`` for ``num_items`` rows (``{}`` for the exact backends). IVF: ``nlist =
+    clamp(round(4·sqrt(N)), 1, N)``, ``nprobe = min(16, nlist)``, ``train_size = N``; HNSW: ``hnsw_m = 32``,
+    ``ef_construction = ef_search = 64``."""
     if backend == "faiss-ivf":
         nlist = int(min(max(1, round(4 * math.sqrt(max(num_items, 1)))), max(num_items, 1)))
         return {"nlist": nlist, "nprobe": min(16, nlist), "train_size": num_items}
@@ -61,14 +53,8 @@ def _float32(x: Tensor) -> np.ndarray:
 
 
 class FaissSearcher:
-    """A faiss index over the rows of a gallery, with ``add`` and ``search`` on torch tensors.
-
-    Args:
-        backend: one of :data:`FAISS_BACKENDS`.
-        dim: embedding width ``D``.
-        options: resolved backend parameters (see :func:`default_options`).
-        device: a CUDA device puts the flat index on that GPU when faiss has GPU support; otherwise CPU.
-    """
+    """A faiss index (``backend`` of :data:`FAISS_BACKENDS`, width ``dim``, resolved ``options``) with ``add`` and
+    ``search`` on torch tensors; a CUDA ``device`` puts the flat index on that GPU when faiss has GPU support."""
 
     def __init__(self, backend: str, dim: int, options: dict[str, int], device: torch.device) -> None:
         faiss = import_faiss()

@@ -1,11 +1,7 @@
-"""Unlabelled images read from disk: every image file under a folder (flat or nested) or one image file.
-
-:class:`ImageFiles` is the dataset of the queries of ``search``, the images of ``ood_score``, a flat folder of OOD
-images in ``fit_heat`` and the gallery / queries of the demo: items are ``{"image": transform(PIL image), "labels":
-tensor([-1]), "index": i}`` (the :func:`pml_suprank.data.collate` contract, ``-1`` = no label), ``names[i]`` is the
-file relative to the folder (POSIX separators; the file name for a single file) and ``get_image(i)`` the RGB image.
-Every file is checked once when the dataset is built (:func:`pml_suprank.data.image_check.bad_image_files`), so a
-corrupt file is named before any image is embedded.
+"""Unlabelled images read from disk (every image file under a folder, or one file): :class:`ImageFiles`, the
+queries of ``search``, the images of ``ood_score`` and ``fit_heat``'s OOD folder, the demo's gallery. Items follow
+:func:`pml_suprank.data.collate` (label ``-1``); ``names[i]`` is the file relative to the folder (POSIX); every file
+is checked once when the dataset is built (:func:`pml_suprank.data.image_check.check_image_files`).
 """
 
 from __future__ import annotations
@@ -15,10 +11,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["IMAGE_SUFFIXES", "ImageFiles", "has_dataset_files", "image_paths", "is_flat_image_folder"]
+from ..data.folders import IMAGE_SUFFIXES
 
-#: the file suffixes read as images (case-insensitive)
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+__all__ = ["ImageFiles", "has_dataset_files", "image_paths", "is_flat_image_folder"]
 
 
 def image_paths(root: str | Path) -> list[Path]:
@@ -53,20 +48,12 @@ def is_flat_image_folder(root: str | Path) -> bool:
 
 
 class ImageFiles(torch.utils.data.Dataset):
-    """Every image file under ``root`` (or the image file ``root``), transformed, with the label ``-1``.
-
-    Args:
-        root: A folder (searched recursively) or one image file.
-        transform: Applied to each RGB PIL image (``None``: the PIL image itself).
-        what: How messages name ``root`` (e.g. ``"--images out/photos"``).
-
-    Raises:
-        ValueError: ``root`` does not exist, holds no image file (the suffixes are listed), or some files are not
-            readable images (named, up to a limit).
-    """
+    """Every image file under the folder ``root`` (or the image file ``root``), ``transform`` applied to each RGB PIL
+    image, with the label ``-1``; ``what`` names ``root`` in messages (``ValueError``: no such path, no image file,
+    or unreadable images, named)."""
 
     def __init__(self, root: str | Path, transform: Any = None, *, what: str | None = None) -> None:
-        from pml_suprank.data.image_check import bad_image_files
+        from pml_suprank.data.image_check import check_image_files
 
         self.root = Path(root)
         what = what or str(root)
@@ -76,9 +63,7 @@ class ImageFiles(torch.utils.data.Dataset):
         if not self.paths:
             kind = "is not an image file" if self.root.is_file() else "holds no image file"
             raise ValueError(f"{what} {kind} ({', '.join(IMAGE_SUFFIXES)})")
-        bad = bad_image_files(self.paths, what=what)
-        if bad is not None:
-            raise ValueError(bad)
+        check_image_files(self.paths, what=what)
         base = self.root.parent if self.root.is_file() else self.root
         self.names = [p.relative_to(base).as_posix() for p in self.paths]
         self.transform = transform

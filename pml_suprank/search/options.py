@@ -38,12 +38,8 @@ OPTION_MAXIMA = {
 
 
 def check_option(name: str, value: Any, backend: str) -> int:
-    """Check one backend option: it belongs to ``backend`` and is an int in ``[1, OPTION_MAXIMA[name]]``.
-
-    Raises:
-        ValueError: ``name`` is not an option of ``backend``, or ``value`` is out of range.
-        TypeError: ``value`` is not an int (bools refused).
-    """
+    """Check one backend option: it belongs to ``backend`` (else ``ValueError``) and is an int (else ``TypeError``,
+    bools refused) in ``[1, OPTION_MAXIMA[name]]`` (else ``ValueError``)."""
     if name not in OPTION_BACKENDS:
         raise ValueError(f"unknown option {name!r}; options are {sorted(OPTION_BACKENDS)}")
     if OPTION_BACKENDS[name] != backend:
@@ -55,14 +51,9 @@ def check_option(name: str, value: Any, backend: str) -> int:
 
 
 def resolve_options(backend: str, given: dict[str, Any], num_items: int) -> dict[str, int]:
-    """The options of an index of ``num_items`` rows: the defaults of ``backend``
-    (:func:`~pml_suprank.search.faiss_backends.default_options`) overridden by the non-``None`` entries of ``given``,
-    each checked by :func:`check_option`, then ``nlist <= min(train_size, num_items)`` (k-means needs a row per cell)
-    and ``nprobe <= nlist``. Nothing is allocated before this passes.
-
-    Raises:
-        ValueError / TypeError: naming the option, its bound and the value received.
-    """
+    """The options of an index of ``num_items`` rows: ``backend``'s defaults overridden by the non-``None`` entries
+    of ``given``, each checked by :func:`check_option`, then ``nlist <= min(train_size, num_items)`` and ``nprobe <=
+    nlist`` (before anything is allocated). ``ValueError`` / ``TypeError`` naming the option, bound and value."""
     options = default_options(backend, num_items)
     for name, value in given.items():
         if value is not None:

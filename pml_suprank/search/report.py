@@ -1,26 +1,9 @@
-"""Results a person can look at: a self-contained HTML page and a PNG grid of queries and their top-k items.
-
-Both take the same description of the results, a list of queries::
-
-    {"name": str, "image": PIL image, "labels": list[int] | None,
-     "class_name": str | None, "ap": float | None,          # optional: the query's class name, its AP in the gallery
-     "results": [{"rank": int, "index": int, "name": str, "score": float, "image": PIL image,
-                  "labels": list[int] | None, "class_name": str | None,
-                  "relevance": "fine" | "coarse" | "other" | "unknown"}, ...],
-     "ood": {"score": float, "is_ood": bool} | None}          # optional: the OOD guard's verdict on the query
-
-``name`` is what identifies an item to a person (a file path relative to its folder, or a dataset id), ``class_name``
-its class as the data names it (e.g. ``"Greek/character03"``). Each query's row also shows its hits — results of the
-same fine class, and of the same coarse class, among those shown — and, when given, its average precision over the
-whole gallery.
-
-The relevance of a result to its query (:func:`relevance_level`) is read from their label rows (column 0 finest, last
-coarsest): ``"fine"`` = same fine class, ``"coarse"`` = same coarsest class only, ``"other"``; ``"unknown"`` when
-either side has no labels. On the page it is a text mark (``✓`` same fine class, ``~`` same coarse class, ``✗``
-other) and the image's alt text, with a coloured border for those who see colours; the OOD guard's verdict is a text
-badge ("OOD: unknown kind" / "known kind") beside the query. The HTML page inlines every thumbnail as a
-``data:image/png;base64`` URI, so it is one file that works offline and can be moved anywhere; every name is
-HTML-escaped, and long names wrap at ``/ _ - .`` (never inside a word).
+"""Results a person can look at: a self-contained HTML page and a PNG grid of queries and their top-k items, from a
+list of queries ``{"name", "image" (PIL), "labels", "class_name", "ap", "ood": {"score", "is_ood"} | None,
+"results": [{"rank", "index", "name", "score", "image", "labels", "class_name", "relevance"}, ...]}`` (relevance:
+:func:`~pml_suprank.plots.relevance_level`). Relevance is a text mark (✓ / ~ / ✗ / ?), alt text and a coloured
+border; the page inlines every thumbnail as a ``data:`` URI (one file, offline), HTML-escapes every name and wraps
+long names at ``/ _ - .``.
 """
 
 from __future__ import annotations
@@ -33,6 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..plots import QUERY_COLOUR, RELEVANCE_COLOURS, RELEVANCE_MARKS, framed_image, relevance_level
+
 __all__ = [
     "RELEVANCE_COLOURS",
     "RELEVANCE_MARKS",
@@ -43,24 +28,7 @@ __all__ = [
     "write_result_grid",
 ]
 
-#: border colour of each relevance level (the colours of :func:`pml_suprank.plots.plot_retrieval_grid`)
-RELEVANCE_COLOURS = {"fine": "#2ca02c", "coarse": "#ff7f0e", "other": "#d62728", "unknown": "#7f7f7f"}
 _LABELS = {"fine": "same fine class", "coarse": "same coarse class", "other": "other class", "unknown": "no labels"}
-#: the text mark of each relevance level (the page never tells relevance by colour alone)
-RELEVANCE_MARKS = {"fine": "✓", "coarse": "~", "other": "✗", "unknown": "?"}
-
-
-def relevance_level(query_labels: Sequence[int] | None, item_labels: Sequence[int] | None) -> str:
-    """``"fine"``, ``"coarse"``, ``"other"`` or ``"unknown"`` for two label rows (column 0 finest, last coarsest)."""
-    if query_labels is None or item_labels is None:
-        return "unknown"
-    if len(query_labels) != len(item_labels):
-        raise ValueError(f"label rows must have the same length; got {list(query_labels)} and {list(item_labels)}")
-    if query_labels[0] == item_labels[0]:
-        return "fine"
-    if len(query_labels) > 1 and query_labels[-1] == item_labels[-1]:
-        return "coarse"
-    return "other"
 
 
 def thumbnail_data_uri(image: Any, size: int = 96) -> str:
@@ -114,11 +82,9 @@ def write_html_report(path: str | Path, queries: Sequence[dict[str, Any]], *, ti
                       thumbnail_size: int = 96, ood_guard: dict[str, Any] | None = None) -> Path:  # fmt: skip
     """Write the HTML page of ``queries`` (see the module docstring) to ``path``; returns the path.
 
-    Each query is a ``<section class="query">`` with its image and an ``<ol class="results">`` of ``<li>`` items
-    (class = relevance level; ``data-rank``, ``data-score``, ``data-index`` attributes; relevance mark, rank and
-    score as text). ``ood_guard`` (``{"detector": str, "threshold": float}``) describes the model's OOD guard: each
-    query's ``"ood"`` verdict is then a badge (``<p class="verdict ood|known">``); without it the page says once that
-    the queries were not checked.
+    Each query is a ``<section class="query">`` with an ``<ol class="results">`` of ``<li class="result LEVEL">``
+    (``data-rank``, ``data-score``, ``data-index``). With ``ood_guard`` (``{"detector", "threshold"}``) each query's
+    ``"ood"`` verdict is a badge (``<p class="verdict ood|known">``); without it the page says queries are unchecked.
     """
     esc = html.escape
     threshold = None if ood_guard is None else float(ood_guard["threshold"])
@@ -137,8 +103,10 @@ def write_html_report(path: str | Path, queries: Sequence[dict[str, Any]], *, ti
         "</head><body>",
         f"<h1>{esc(title)}</h1>",
         '<p class="legend">'
-        + "".join(f'<span style="background:{c}">{RELEVANCE_MARKS[k]} {esc(_LABELS[k])}</span>'
-                  for k, c in RELEVANCE_COLOURS.items())
+        + "".join(
+            f'<span style="background:{c}">{RELEVANCE_MARKS[k]} {esc(_LABELS[k])}</span>'
+            for k, c in RELEVANCE_COLOURS.items()
+        )
         + "</p>",
         guard_line,
     ]
@@ -212,26 +180,22 @@ def write_result_grid(path: str | Path, queries: Sequence[dict[str, Any]], *, dp
     fig = Figure(figsize=(1.3 * cols, 1.45 * len(queries)), dpi=dpi)
     axes = fig.subplots(len(queries), cols, squeeze=False)
     for row, query in enumerate(queries):
-        cells = [(query["image"], "query", "#1f77b4")]
+        cells = [(query["image"], "query", QUERY_COLOUR)]
         for r in query["results"]:
             level = r["relevance"]
-            cells.append((r["image"], f"{RELEVANCE_MARKS[level]} #{r['rank']} {r['score']:.3f}",
-                          RELEVANCE_COLOURS[level]))
+            cells.append(
+                (r["image"], f"{RELEVANCE_MARKS[level]} #{r['rank']} {r['score']:.3f}", RELEVANCE_COLOURS[level])
+            )
         for col in range(cols):
-            ax = axes[row, col]
-            ax.set_xticks([])
-            ax.set_yticks([])
             if col >= len(cells):
-                ax.axis("off")
+                axes[row, col].axis("off")
                 continue
             image, caption, colour = cells[col]
-            ax.imshow(image.convert("RGB"))
-            ax.set_title(caption, fontsize=7)
-            for spine in ax.spines.values():
-                spine.set_edgecolor(colour)
-                spine.set_linewidth(3)
-    fig.suptitle("✓ green = same fine class, ~ orange = same coarse class, ✗ red = other, ? grey = no labels",
-                 fontsize=8)
+            framed_image(axes[row, col], image.convert("RGB"), colour)
+            axes[row, col].set_title(caption, fontsize=7)
+    fig.suptitle(
+        "✓ green = same fine class, ~ orange = same coarse class, ✗ red = other, ? grey = no labels", fontsize=8
+    )
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path)

@@ -1,17 +1,11 @@
 """Whether inner-product scores fit the index dtype, decided before searching, and an exact rescaling of the
 queries when they would underflow.
 
-Cauchy-Schwarz bounds every score and every partial sum of the matmul that computes it:
-``|<q, g>| <= sum_d |q_d|·|g_d| <= ||q||·||g||``. Search therefore refuses queries whose largest row norm times the
-gallery's largest row norm exceeds half the largest finite value of the dtype (the half absorbs rounding): below that
-no score can become ``inf``, above it scores near ``3.4e38`` (float32) would come back as ``inf`` and their order
-would be lost.
-
-At the other end, scores of tiny embeddings (float32 entries of ``1e-25`` on both sides: products ``1e-50``)
-underflow to ``0`` and every item ties. Ranking by ``<q·2**k, g>`` is the same ranking (``k`` is an integer: the
-multiplication is exact), so :func:`underflow_exponent` gives the ``k`` that brings the largest product of entries
-to about 1, the search runs on ``q·2**k`` and the scores are multiplied back by ``2**-k``: the order is exact and
-each score is the true one to the dtype's rounding (``0`` or subnormal where it does not fit).
+By Cauchy-Schwarz every score and partial sum is at most ``||q||·||g||``: search refuses queries whose largest row
+norm times the gallery's exceeds half the dtype's largest finite value (no score can become ``inf`` below it). Tiny
+embeddings (products of ``1e-50`` in float32) underflow to ``0``; ranking by ``<q·2**k, g>`` is the same ranking
+(exact multiplication), so :func:`underflow_exponent` gives ``k`` bringing the largest product to about 1 and the
+scores are multiplied back by ``2**-k``.
 """
 
 from __future__ import annotations

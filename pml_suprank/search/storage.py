@@ -1,22 +1,11 @@
 """The file format of a saved :class:`~pml_suprank.search.RetrievalIndex`: safetensors + JSON, validated, no pickle.
 
-A saved index is a folder with
-
-* ``index.safetensors``: ``"embeddings"`` ``(N, D)`` float32/float64 and, when the index has labels, ``"labels"``
-  ``(N,)`` / ``(N, L)`` int64;
-* ``index.json``: ``{"format": "pml_suprank.RetrievalIndex", "format_version": 1, "backend", "options", "num_items",
-  "dim", "dtype", "label_shape" (null or the shape after N), "ids" (null or N str/int), "sha256" (of the tensor
-  file), "pml_suprank_version"}``.
-
-Approximate faiss structures are **not** stored: ``RetrievalIndex.load`` rebuilds them from the stored
-embeddings with the stored options (IVF: trained on the same leading ``train_size`` rows, so the same cells; HNSW:
-the same parameters, though a multi-threaded faiss build may link the graph differently). Nothing is unpickled and no
-faiss binary is parsed. Every field is checked on load — unknown or missing keys, types, a checksum mismatch (a
-tampered or swapped tensor file), tensor names, shapes, dtypes, non-finite values, options — and a ``ValueError``
-names the file and the field. Options are checked by the constructor's own validator
-(:func:`~pml_suprank.search.options.resolve_options`: bounded ints, ``nlist <=`` the training rows), so a tampered
-``index.json`` cannot ask faiss for an impossible allocation; a file of the folder that is a symbolic link to a path
-outside it is refused.
+A folder with ``index.safetensors`` (``"embeddings"`` ``(N, D)`` float32/float64, optional ``"labels"`` ``(N,)`` /
+``(N, L)`` int64) and ``index.json`` (format, version, backend, options, shapes, ids, the tensor file's sha256).
+Approximate faiss structures are rebuilt on load from the embeddings and options (nothing unpickled, no faiss binary
+parsed). Every field is checked on load (keys, types, checksum, tensor names, shapes, dtypes, finiteness, options
+through :func:`~pml_suprank.search.options.resolve_options`) with a ``ValueError`` naming the file and field; a file
+that is a symbolic link leading outside the folder is refused.
 """
 
 from __future__ import annotations
@@ -152,15 +141,9 @@ def _read_meta(path: Path) -> dict[str, Any]:
 
 
 def read_index_files(folder: str | Path) -> tuple[Tensor, Tensor | None, dict[str, Any]]:
-    """Read and validate a folder written by :func:`write_index_files` (see the module docstring).
-
-    Returns:
-        ``(embeddings (N, D), labels (N, ...) or None, meta)`` with ``meta`` the validated JSON record.
-
-    Raises:
-        FileNotFoundError: the folder or one of its two files is missing.
-        ValueError: any field or tensor disagrees with the format, the JSON file or the checksum.
-    """
+    """``(embeddings (N, D), labels (N, ...) or None, meta)`` of a folder written by :func:`write_index_files`, every
+    field validated (``FileNotFoundError``: the folder or a file is missing; ``ValueError``: a field or tensor disagrees
+    with the format, the JSON file or the checksum)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 

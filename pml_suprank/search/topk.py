@@ -1,19 +1,11 @@
 """Exact top-k inner-product search in torch, chunked over queries and gallery, with a deterministic tie rule.
 
-For a query ``q`` (row of ``(Q, D)``) and a gallery ``G`` ``(N, D)``, the result is the ``k`` gallery rows of largest
-score ``s_j = <q, g_j>``, ordered by decreasing score and, **among equal scores, by increasing gallery index**
-(the order of a stable sort of ``-s``). ``torch.topk`` alone leaves the choice among tied items unspecified, so the
-boundary ties are resolved explicitly:
-
-* within one gallery block, ``t`` = the k-th largest score; when the (k+1)-th score also equals ``t`` (``topk`` of
-  ``k + 1`` shows it), the items with ``s > t`` are all kept and the ``k - #{s > t}`` items with ``s == t`` of lowest
-  index complete the set (a cumulative count over the tied mask, only for those rows); otherwise ``topk``'s set is
-  already the unique answer;
-* the per-block results are merged by a lexicographic sort on ``(-score, index)`` (two stable sorts), which is exact
-  because every item of the global top-k is in the top-k of its own block under the same order.
-
-Cost: one ``(C, B)`` score block per step (``C`` queries, ``B`` gallery rows, about ``block_elements`` entries),
-``O(Q·N·D)`` multiply-adds and ``O(Q·N)`` comparisons — no full-row sort.
+The result for a query ``q`` ``(D,)`` and a gallery ``G`` ``(N, D)`` is the ``k`` rows of largest ``s_j = <q, g_j>``,
+by decreasing score and, **among equal scores, increasing gallery index** (a stable sort of ``-s``). Within a
+gallery block, when the (k+1)-th score equals the k-th score ``t``, the items with ``s > t`` are kept and the lowest
+indices with ``s == t`` complete the set; blocks are merged by a lexicographic sort on ``(-score, index)`` (exact:
+every item of the global top-k is in its block's top-k). Cost: one ``(C, B)`` score block per step, ``O(Q·N·D)``
+multiply-adds, no full-row sort.
 """
 
 from __future__ import annotations
@@ -31,12 +23,8 @@ DEFAULT_BLOCK_ELEMENTS = 2**24
 
 
 def topk_lowest_index(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """Top-``k`` of each row of ``scores`` ``(C, B)``, ties broken by the lower column index.
-
-    Returns:
-        ``values (C, k)`` in decreasing order and ``columns (C, k)`` (long); equal values appear in increasing column
-        order. ``k`` must satisfy ``1 <= k <= B``.
-    """
+    """Top-``k`` (``1 <= k <= B``) of each row of ``scores`` ``(C, B)``, ties broken by the lower column index:
+    ``values (C, k)`` in decreasing order and ``columns (C, k)`` long (equal values in increasing column order)."""
     extra = int(k < scores.shape[1])  # one more item shows whether the k-th score is tied beyond the cut
     top_values, top_columns = torch.topk(scores, k + extra, dim=1, largest=True, sorted=True)
     values, columns = top_values[:, :k], top_columns[:, :k]
@@ -83,17 +71,9 @@ def exact_topk(
     block_elements: int = DEFAULT_BLOCK_ELEMENTS,
     progress: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """Exact top-``k`` gallery rows of each query by inner product, ties by lower gallery index.
-
-    Args:
-        queries: ``(Q, D)`` on the device and in the dtype of ``gallery``.
-        gallery: ``(N, D)``.
-        k: ``1 <= k <= N`` (checked by the caller).
-        block_elements: score entries computed at once (``query block × gallery block``).
-        progress: a tqdm bar over the query blocks.
-
-    Returns:
-        ``scores (Q, k)`` (dtype of ``gallery``) and ``indices (Q, k)`` long, on ``gallery``'s device.
+    """Exact top-``k`` gallery rows of each query by inner product, ties by lower gallery index: ``queries`` ``(Q, D)``
+    (on the device and in the dtype of ``gallery`` ``(N, D)``), ``1 <= k <= N``, ``block_elements`` score entries at a
+    time, ``progress``: a tqdm bar. Returns ``scores (Q, k)`` and ``indices (Q, k)`` long, on ``gallery``'s device.
     """
     Q, N = queries.shape[0], gallery.shape[0]
     # up to 1024 queries per block, so that each gallery block is read from memory a few times only (the matmul

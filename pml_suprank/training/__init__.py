@@ -22,8 +22,6 @@ Layout:
 * :mod:`.nonfinite` — steps with a non-finite loss or gradient: skipped, counted, and a run that keeps producing
   them stopped (:class:`NonFiniteTrainingError`);
 * :mod:`.export` — the final Hub-ready folder;
-* :mod:`.data_source` — :class:`~pml_suprank.training.data_source.DatasetSource`, where a run's training / test set
-  comes from (synthetic, a benchmark archive, a Hub / local retrieval dataset);
 * :mod:`.recipe` — the training command's whole job (``recipes/train.py``) and its presets (``train_happier``,
   ``train_roadmap``: defaults only).
 

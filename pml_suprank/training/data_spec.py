@@ -5,7 +5,7 @@ evaluates on the training run's own test set.
 The file holds the run's data options as a hub_config ``data`` section (dataset, data root, label columns — resolved
 when training inferred them from a folder —, splits, synthetic sizes, the open-set rule), the seed of its class split
 and synthetic sets, the evaluator's options (``k_values``, ``alpha``), and, for a folder split by class, the class
-names on each side. :func:`~pml_suprank.training.data_source.dataset_source` turns the section back into the run's
+names on each side. :func:`~pml_suprank.data.source.dataset_source` turns the section back into the run's
 training / test sets.
 """
 
@@ -45,7 +45,7 @@ def data_spec(
             dataset when the options left them to be inferred).
         class_split: ``{"train_classes": [...], "test_classes": [...]}`` of a folder split by class, for reference.
     """
-    from .data_source import dataset_source, folder_layout
+    from ..data.source import dataset_source, folder_layout
 
     data = dict(section)
     if label_names and dataset_source(data, "test").kind == "retrieval" and not data.get("label_columns"):
@@ -75,7 +75,7 @@ MAX_CLASSES = 1_000_000
 def _is_path(value: Any, folder: Path) -> bool:
     """A recorded data value naming a local path (a Hub id is ``org/name``: never absolute, no leading ``.``/``~``)."""
     from ..data.benchmarks.registry import BENCHMARKS
-    from .data_source import SYNTHETIC_NAMES
+    from ..data.source import SYNTHETIC_NAMES
 
     if not isinstance(value, str) or value in SYNTHETIC_NAMES or value in BENCHMARKS:
         return False
@@ -167,7 +167,7 @@ def read_data_spec(model: str | Path, *, typed: Mapping[str, Any] | None = None)
             )
     spec["data"] = data
     spec.setdefault("seed", 0)
-    from .data_source import data_option_errors
+    from ..data.source import data_option_errors
 
     errors = data_option_errors({k: v for k, v in data.items() if (typed or {}).get(k) is None})
     if errors:

@@ -39,11 +39,11 @@ from .._safe_json import load_json
 from ..data.batch_fit import fit_batch, short_run_warning
 from ..data.benchmarks.registry import BENCHMARKS
 from ..data.folders import class_names_of, class_split
+from ..data.source import dataset_source, folder_layout
 from ..losses.compile_guard import compile_loss
 from ..metrics.report import format_metrics_table, one_column
 from .checkpoint import CheckpointSaveError
 from .cli import build_recipe_parser, parse_run_spec
-from .data_source import dataset_source, folder_layout
 from .nonfinite import NonFiniteTrainingError
 from .options import build_loss
 from .run_folder import (
@@ -157,7 +157,7 @@ def build_model(spec: RunSpec) -> Any:
 
 
 def build_datasets(spec: RunSpec, model: Any) -> tuple[Any, Any]:
-    """Training and test sets (:class:`~pml_suprank.training.data_source.DatasetSource`: SyntheticShapes, a benchmark
+    """Training and test sets (:class:`~pml_suprank.data.source.DatasetSource`: SyntheticShapes, a benchmark
     read from its archive under ``--data_root``, or a Hub / local dataset) with timm-config transforms
     (RandomResizedCrop + flip / resize + center crop). A benchmark with ``--open_set true`` is checked for disjoint
     training / test fine classes. The data options were checked with the spec."""

@@ -76,7 +76,7 @@ def _loss_kwargs(v: Mapping[str, Any]) -> list[str]:
 
 
 def _data(v: Mapping[str, Any]) -> list[str]:
-    from .data_source import data_option_errors
+    from ..data.source import data_option_errors
 
     section = {k: v[k] for k in _DATA_KEYS if v[k] is not None}
     problems = data_option_errors(section, require_root=bool(v.get("@require_data_root")))
@@ -101,10 +101,36 @@ def _given_loss_options(v: Mapping[str, Any]) -> list[str]:
 
 
 def _multilabel(v: Mapping[str, Any]) -> list[str]:
-    from .data_source import multilabel_option_errors
-
     problems = multilabel_option_errors(v["dataset"], v["loss"], v["memory_size"], v["sampler"])
     return [f"--dataset {v['dataset']}: " + "; ".join(problems)] if problems else []
+
+
+def multilabel_option_errors(dataset: Any, loss: Any, memory_size: Any, sampler: Any = None) -> list[str]:
+    """The problems of training the multi-label ``synthetic_multilabel`` dataset with ``loss`` and the batch
+    ``sampler`` option, as messages naming the options; ``[]`` for any other dataset or a supported setting.
+
+    Only the losses registered with ``multilabel=True`` have a multi-label variant (HAPPIER, Sup-H-AP, Sup-NDCG:
+    ``relevance="multilabel"``, the thesis' Algorithm 1 relevance), and the batches are drawn by
+    :class:`pml_suprank.samplers.MultiLabelSampler` (``sampler`` must keep its default ``m_per_class``). A memory
+    (``memory_size``, accepted for the signature) stores the label sets (:class:`pml_suprank.memory.RankingMemory`).
+    """
+    if dataset != "synthetic_multilabel":
+        return []
+    from ..losses.registry import registered_losses
+
+    errors = []
+    multilabel_losses = list(registered_losses(multilabel=True))
+    if loss is not None and loss not in multilabel_losses:
+        errors.append(
+            f"'loss' {loss} has no multi-label variant: dataset synthetic_multilabel (several labels per image) "
+            f"trains with {' or '.join(multilabel_losses)} only"
+        )
+    if sampler not in (None, "m_per_class"):
+        errors.append(
+            f"'sampler' {sampler}: dataset synthetic_multilabel is sampled by MultiLabelSampler (m items per label); "
+            "keep sampler m_per_class"
+        )
+    return errors
 
 
 def _run_flags(v: Mapping[str, Any]) -> list[str]:

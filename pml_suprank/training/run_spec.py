@@ -32,9 +32,9 @@ from typing import Any
 
 from torch import nn
 
+from ..data.source import resolved_split
 from ..losses.registry import LossEntry, check_loss_name, resolve_loss
 from .config import TrainingConfig
-from .data_source import resolved_split
 from .options import (
     DataOptions,
     LossOptions,

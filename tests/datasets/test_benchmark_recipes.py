@@ -15,8 +15,8 @@ from _benchmark_fixtures import MAKERS
 from _helpers import import_recipe, recipe_parser
 
 from pml_suprank.data.benchmarks import BENCHMARKS, load_benchmark
+from pml_suprank.data.source import DatasetSource, data_option_errors, dataset_source, resolved_split
 from pml_suprank.training import hub_config
-from pml_suprank.training.data_source import DatasetSource, data_option_errors, dataset_source, resolved_split
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "recipes"

@@ -11,8 +11,8 @@ import torch
 import yaml
 from _hub_helpers import build_dataset, flat_options, model_kwargs, nest_options
 
+from pml_suprank.data.source import DatasetSource, dataset_source
 from pml_suprank.models import RetrievalModel
-from pml_suprank.training.data_source import DatasetSource, dataset_source
 from pml_suprank.training.hub_config import (
     HUB_CONFIG_SCHEMA,
     build_loss,

@@ -1,11 +1,7 @@
 """Shared machinery of the benchmark readers: layout errors naming file and line, label encoding with the tree check,
-and the lazily decoded image datasets (files on disk, zip members, in-memory pixel arrays).
-
-Every reader turns the archive's own lists into *records*: one ``(image source, raw label keys fine → coarse,
-where)`` per image, ``where`` being the ``file:line`` the record came from, so that a malformed archive is reported
-where it is malformed. :func:`encode_levels` maps the raw keys of each level to contiguous ids (sorted raw keys →
-``0..C-1``) over all the records it is given (all splits of a benchmark, so ids agree between splits) and rejects
-a child with two parents.
+and the lazily decoded image datasets (files, zip members, pixel arrays). Every reader turns the archive's lists into
+*records* ``(image source, raw label keys fine → coarse, "file, line N")``; :func:`encode_levels` maps the raw keys
+of each level to contiguous ids over all splits and rejects a child with two parents.
 """
 
 from __future__ import annotations
@@ -70,20 +66,9 @@ def read_text(path: Path) -> str:
 def read_table(
     path: Path, columns: Sequence[str], *, delimiter: str | None, header: bool = True
 ) -> list[tuple[int, list[str]]]:
-    """Rows of a delimited text file whose header must be exactly ``columns`` (spaces included).
-
-    Args:
-        path: The text file.
-        columns: The expected header cells, in order (e.g. ``["fname", " fine_id0.jpg", " middle_id", " coarse_id"]``).
-        delimiter: Cell separator (``","``) or ``None`` for runs of whitespace.
-        header: Whether the first line is a header to check (``columns`` then only gives the cell count otherwise).
-
-    Returns:
-        ``[(line number, cells)]`` for every non-empty data line (1-based line numbers).
-
-    Raises:
-        ValueError: The file is missing, the header differs, or a line has the wrong number of cells.
-    """
+    """``[(1-based line number, cells)]`` of the non-empty data lines of a text file split at ``delimiter`` (``None``:
+    whitespace) whose header must be exactly ``columns`` (spaces included; without ``header`` only their count).
+    ``ValueError``: a missing file, another header, a line with another number of cells."""
     require_file(path, f"columns {list(columns)}")
     rows = []
     for number, raw in enumerate(read_text(path).split("\n"), start=1):
@@ -117,19 +102,9 @@ def check_paths_exist(paths: Sequence[str], wheres: Sequence[str]) -> None:
 
 
 def encode_levels(keys: Sequence[Sequence[Hashable]], wheres: Sequence[str], level_names: Sequence[str]) -> Tensor:
-    """Contiguous ids per level from raw label keys, checking that they form a tree.
-
-    Args:
-        keys: One row of L raw keys per image, fine → coarse (ints or strings; one type per level).
-        wheres: ``"file, line N"`` of each row, for the error messages.
-        level_names: The L level names.
-
-    Returns:
-        ``(N, L)`` LongTensor: level ``c`` holds the rank of the raw key among the sorted distinct keys of that level.
-
-    Raises:
-        ValueError: A key of level ``c`` has two different parents (naming both rows' file and line).
-    """
+    """``(N, L)`` LongTensor of contiguous ids per level (the rank of each raw key among the sorted distinct keys of
+    its level) from ``keys``, one row of L raw keys per image (fine → coarse); ``ValueError`` naming both rows'
+    ``wheres`` (``"file, line N"``) when a key of level ``c`` has two parents (not a tree)."""
     num_levels = len(level_names)
     if any(len(k) != num_levels for k in keys):
         raise ValueError(f"every row must give {num_levels} keys {list(level_names)}")
@@ -186,18 +161,9 @@ def file_split(
 
 
 class NativeImageDataset(RetrievalDatasetBase):
-    """A benchmark split read from its native archive (images decoded lazily with PIL).
-
-    Subclasses implement :meth:`image_record`; :meth:`get_image` decodes it.
-
-    Args:
-        labels: ``(N, L)`` integer labels, column 0 finest.
-        label_names: The L level names, fine → coarse.
-        names: A file name per item (kept in prepared copies).
-        transform: Callable on a PIL RGB image.
-        benchmark: The benchmark name (for ``repr``).
-        split: The split name.
-    """
+    """A benchmark split read from its native archive: ``labels`` ``(N, L)``, ``names`` a file name per item (kept in
+    prepared copies); subclasses implement :meth:`image_record` (the encoded file, which :meth:`get_image` decodes
+    lazily) or :meth:`get_image` (then encoded as PNG by :meth:`image_record`)."""
 
     def __init__(
         self,
@@ -216,9 +182,12 @@ class NativeImageDataset(RetrievalDatasetBase):
         self.benchmark = benchmark
         self.split = split
 
-    def image_record(self, index: int) -> dict[str, Any]:  # pragma: no cover - abstract
+    def image_record(self, index: int) -> dict[str, Any]:
         """``{"bytes": encoded image, "path": file name}`` of item ``index`` (the ``datasets.Image`` storage)."""
-        raise NotImplementedError
+        index = self._check_index(index)
+        buffer = io.BytesIO()
+        self.get_image(index).save(buffer, format="PNG")
+        return {"bytes": buffer.getvalue(), "path": self.names[index]}
 
     def get_image(self, index: int) -> Any:
         """The untransformed PIL RGB image of item ``index`` (``ValueError`` naming the file if it does not decode)."""
@@ -311,10 +280,3 @@ class ArrayImageDataset(NativeImageDataset):
         from PIL import Image
 
         return Image.fromarray(self.pixels[self._check_index(index)])
-
-    def image_record(self, index: int) -> dict[str, Any]:
-        """The image encoded as PNG and its original file name."""
-        index = self._check_index(index)
-        buffer = io.BytesIO()
-        self.get_image(index).save(buffer, format="PNG")
-        return {"bytes": buffer.getvalue(), "path": self.names[index]}

@@ -1,16 +1,11 @@
-"""CIFAR-100 (Krizhevsky, 2009), 2 levels fine label (100) → coarse label (20), from the Toronto release
-``cifar-100-python/`` or from a Hub dataset with ``img`` / ``fine_label`` / ``coarse_label`` columns (e.g.
-``uoft-cs/cifar100``, downloaded by ``datasets`` on first use: the only benchmark that may touch the network).
+"""CIFAR-100 (Krizhevsky, 2009), fine label (100) → coarse label (20), from the Toronto release
+``cifar-100-python/`` or a Hub dataset with ``img`` / ``fine_label`` / ``coarse_label`` columns (e.g.
+``uoft-cs/cifar100``, downloaded by ``datasets``: the only benchmark that may touch the network).
 
-Local layout: ``cifar-100-python/{train,test}`` are pickles of a dict with the byte-string keys ``data``
-(``(N, 3072)`` uint8, the R, G then B planes of 32×32 images), ``fine_labels``, ``coarse_labels`` and
-``filenames``. They are read with :func:`load_restricted_pickle`, a restricted unpickler that only builds builtin
-containers and numpy arrays (also used for the revisited Oxford / Paris ground truth).
-
-Splits: ``train`` / ``test`` as distributed (closed set: the same 100 classes) and the open-set protocol of this
-project's HAPPIER CIFAR-100 config: inside every coarse class the 3 smallest fine ids are training classes and the
-other 2 test classes; ``open_train`` = training images of the training classes, ``open_test`` = test images of the
-test classes.
+The release's ``{train,test}`` pickles (``data`` ``(N, 3072)`` uint8 planes, ``fine_labels``, ``coarse_labels``,
+``filenames``) are read with :func:`load_restricted_pickle` (builtin containers and numpy arrays only). Splits:
+``train`` / ``test`` as distributed and the open-set ``open_train`` / ``open_test``: the 3 smallest fine ids of every
+coarse class train, the other 2 test.
 """
 
 from __future__ import annotations
@@ -21,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
+from ..loading import HFRetrievalDataset, open_set_classes
 from ._native import ArrayImageDataset, NativeImageDataset, encode_levels, layout_error
 
 __all__ = [
@@ -51,12 +48,8 @@ _ALLOWED_GLOBALS = frozenset(
 
 
 class RestrictedUnpickler(pickle.Unpickler):
-    """Builds builtin containers and numpy arrays / scalars only; any other global is refused.
-
-    ``pickle.load`` runs whatever callable a file names, so archives distributed as pickles (the CIFAR batches, the
-    revisited Oxford / Paris ground truth) are read with this class: a file naming any other global (``os.system``,
-    ``builtins.eval``, a class of some package) raises ``pickle.UnpicklingError`` before anything is called.
-    """
+    """Builds builtin containers and numpy arrays / scalars only: a pickle naming any other global (``os.system``,
+    ``builtins.eval`` ...) raises ``pickle.UnpicklingError`` before anything is called."""
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in _ALLOWED_GLOBALS:
@@ -65,17 +58,9 @@ class RestrictedUnpickler(pickle.Unpickler):
 
 
 def load_restricted_pickle(path: Path, what: str, *, encoding: str = "ASCII") -> Any:
-    """The content of a pickle file read with :class:`RestrictedUnpickler`.
-
-    Args:
-        path: The pickle file.
-        what: What the file should hold (for the error messages), e.g. ``"a CIFAR-100 pickle"``.
-        encoding: How Python 2 ``str`` objects are decoded (``"bytes"`` keeps them as bytes, as for CIFAR).
-
-    Raises:
-        ValueError: The file is missing (``"<path>: missing file (<what>)"``) or is not a readable pickle of
-            builtins and numpy arrays (``"<path>: not a readable <what> (<reason>)"``, e.g. a refused global).
-    """
+    """The content of the pickle file ``path`` read with :class:`RestrictedUnpickler` (``encoding`` of Python 2
+    ``str``; ``"bytes"`` for CIFAR). ``ValueError`` naming ``what`` the file should hold: missing, or not a readable
+    pickle of builtins and numpy arrays (e.g. a refused global)."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: missing file ({what})")
@@ -134,13 +119,11 @@ def _label(value: Any, path: Path, item: int, key: str) -> int:
 
 
 def _open_set_keep(keys: list[tuple[int, int]], part: str, everything: list[tuple[int, int]]) -> list[int]:
-    """Indices of ``keys`` on the open-set side ``part``: the 3 smallest fine ids per coarse class (over
-    ``everything``, both splits) are training classes, the others test classes."""
-    children: dict[int, set[int]] = {}
-    for fine, coarse in everything:
-        children.setdefault(coarse, set()).add(fine)
-    train = {f for fines in children.values() for f in sorted(fines)[:CIFAR100_TRAIN_CLASSES_PER_COARSE]}
-    return [i for i, (fine, _) in enumerate(keys) if (fine in train) == (part == "train")]
+    """Indices of ``keys`` on the open-set side ``part`` (:func:`~pml_suprank.data.loading.open_set_classes` with 3
+    training classes per coarse class, over ``everything``, both splits)."""
+    train, _ = open_set_classes(torch.tensor(everything), train_classes_per_coarse=CIFAR100_TRAIN_CLASSES_PER_COARSE)
+    inside = torch.isin(torch.tensor([fine for fine, _ in keys]), train)
+    return torch.nonzero(inside == (part == "train")).flatten().tolist()
 
 
 class HubImageDataset(NativeImageDataset):
@@ -151,23 +134,7 @@ class HubImageDataset(NativeImageDataset):
         self.image_column = image_column
         super().__init__(labels, label_names, [f"{i:06d}.png" for i in range(len(hf_dataset))], **kwargs)
 
-    def get_image(self, index: int) -> Any:
-        """The untransformed PIL RGB image of item ``index`` (``ValueError`` naming the row if it does not decode)."""
-        index = self._check_index(index)
-        try:
-            return self._images[index][self.image_column].convert("RGB")
-        except (OSError, SyntaxError, ValueError) as err:
-            raise ValueError(
-                f"{self.describe_item(index)}: cannot decode the image ({type(err).__name__}: {err})"
-            ) from None
-
-    def image_record(self, index: int) -> dict[str, Any]:
-        """The image encoded as PNG."""
-        import io
-
-        buffer = io.BytesIO()
-        self.get_image(index).save(buffer, format="PNG")
-        return {"bytes": buffer.getvalue(), "path": self.names[self._check_index(index)]}
+    get_image = HFRetrievalDataset.get_image
 
 
 def _from_hub(repo_id: str, split: str, transform: Callable | None) -> HubImageDataset:
@@ -186,18 +153,9 @@ def _from_hub(repo_id: str, split: str, transform: Callable | None) -> HubImageD
 
 
 def load_cifar100(root: str | Path, split: str, transform: Callable | None = None) -> NativeImageDataset:
-    """CIFAR-100 ``split`` (see the module docstring) with labels ``(N, 2)`` = (fine, coarse) as distributed.
-
-    Args:
-        root: ``cifar-100-python/`` (or its parent folder), or a Hub dataset id such as ``"uoft-cs/cifar100"``.
-        split: ``"train"``, ``"test"``, ``"open_train"`` or ``"open_test"``.
-        transform: Callable on a PIL RGB image.
-
-    Raises:
-        ValueError: A missing or malformed pickle, or a fine label under two coarse labels.
-    """
-    if split not in CIFAR100_SPLITS:
-        raise ValueError(f"split must be one of {list(CIFAR100_SPLITS)} for cifar100; got {split!r}")
+    """CIFAR-100 ``split`` (``"train"``, ``"test"``, ``"open_train"``, ``"open_test"``) of ``cifar-100-python/`` (or
+    its parent) or a Hub id such as ``"uoft-cs/cifar100"``: labels ``(N, 2)`` = (fine, coarse) as distributed.
+    ``ValueError``: a missing or malformed pickle, a fine label under two coarse labels."""
     path = Path(root)
     folder = path / "cifar-100-python" if (path / "cifar-100-python").is_dir() else path
     if not path.exists() and str(root).count("/") == 1 and not str(root).startswith((".", "/", "~")):

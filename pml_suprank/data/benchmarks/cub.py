@@ -28,22 +28,10 @@ def _images_folder(root: Path) -> Path:
 
 
 def load_cub(root: str | Path, split: str, transform: Callable | None = None) -> FileImageDataset:
-    """CUB-200-2011 ``split`` (``"train"``: first half of the sorted classes, ``"test"``: second half).
-
-    Args:
-        root: The folder holding ``CUB_200_2011/`` (or the ``CUB_200_2011`` folder itself).
-        split: ``"train"`` or ``"test"``.
-        transform: Callable on a PIL RGB image.
-
-    Returns:
-        Labels ``(N, 1)``: the rank of the class folder in sorted order (0–99 train, 100–199 test).
-
-    Raises:
-        ValueError: No images folder, fewer than two classes, or an empty class folder.
-    """
+    """CUB-200-2011 ``split`` (``"train"``: first half of the sorted classes, ``"test"``: second half) of ``root``
+    (holding ``CUB_200_2011/``, or that folder): labels ``(N, 1)``, the rank of the class folder (0–99 train, 100–199
+    test). ``ValueError``: no images folder, fewer than two classes, an empty class folder."""
     root = Path(root)
-    if split not in CUB_SPLITS:
-        raise ValueError(f"split must be one of {list(CUB_SPLITS)} for cub; got {split!r}")
     images = _images_folder(root)
     classes = sorted(p.name for p in images.iterdir() if p.is_dir())
     if len(classes) < 2:

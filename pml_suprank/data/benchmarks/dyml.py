@@ -1,18 +1,12 @@
-"""DyML-Vehicle / DyML-Animal / DyML-Product (Sun et al., "Dynamic Metric Learning", CVPR 2021), read from the
-release folders ``dyml_vehicle/``, ``dyml_animal/``, ``dyml_product/``.
+"""DyML-Vehicle / DyML-Animal / DyML-Product (Sun et al., "Dynamic Metric Learning", CVPR 2021) from the release
+folders (comma-separated csv files whose headers keep the release's leading spaces and ``0.jpg`` typos):
 
-Layout under ``root`` (cells separated by commas, the header cells keep the release's leading spaces and its
-``0.jpg`` typos):
+* ``train/label.csv`` (``fname, fine_id0.jpg, middle_id, coarse_id``), images in ``train/imgs/``: 3 levels;
+* ``bmk_<fine|middle|coarse>/{query,gallery}.csv`` (``fname, labels0.jpg``), images in
+  ``bmk_<g>/<query|gallery>/``: the per-granularity test sets, one level each;
+* DyML-Product also ships ``mini-bmk_all_in_one/label.csv`` (split ``test``).
 
-* ``train/label.csv`` with the header ``fname, fine_id0.jpg, middle_id, coarse_id`` and the images in
-  ``train/imgs/<fname>``: 3 levels fine → middle → coarse;
-* ``bmk_<fine|middle|coarse>/{query,gallery}.csv`` with the header ``fname, labels0.jpg`` and the images in
-  ``bmk_<granularity>/<query|gallery>/<fname>``: the per-granularity test sets of the DyML protocol (mAP / R@1 of
-  each granularity on its own query / gallery sets), one label column named after the granularity;
-* DyML-Product also ships ``mini-bmk_all_in_one/label.csv`` (training header, images in ``imgs/``): split ``test``.
-
-Ids are contiguous per group of files that share a label space: ``train``; ``query_<g>`` with ``gallery_<g>``
-(so query and gallery ids agree); ``test``.
+Ids are contiguous per group of files sharing a label space (``train``; ``query_<g>`` with ``gallery_<g>``; ``test``).
 """
 
 from __future__ import annotations
@@ -25,8 +19,7 @@ from ._native import FileImageDataset, Record, file_split, parse_int, read_table
 
 __all__ = ["DYML_GRANULARITIES", "DYML_LABEL_NAMES", "dyml_label_names", "dyml_splits", "load_dyml"]
 
-DYML_LABEL_NAMES = ("fine", "middle", "coarse")
-DYML_GRANULARITIES = ("fine", "middle", "coarse")
+DYML_LABEL_NAMES = DYML_GRANULARITIES = ("fine", "middle", "coarse")
 _TRAIN_COLUMNS = ("fname", " fine_id0.jpg", " middle_id", " coarse_id")
 _BMK_COLUMNS = ("fname", " labels0.jpg")
 
@@ -66,22 +59,10 @@ def _benchmark_set(root: Path, kind: str, granularity: str) -> list[Record]:
 def load_dyml(
     root: str | Path, split: str, *, name: str = "dyml", transform: Callable | None = None
 ) -> FileImageDataset:
-    """A DyML split: ``train`` (3 levels), ``query_<g>`` / ``gallery_<g>`` (1 level), ``test`` (DyML-Product).
-
-    Args:
-        root: The release folder of one DyML dataset (holding ``train/`` and ``bmk_*``).
-        split: See :func:`dyml_splits`.
-        name: The benchmark name (``dyml_vehicle`` / ``dyml_animal`` / ``dyml_product``).
-        transform: Callable on a PIL RGB image.
-
-    Raises:
-        ValueError: A missing or malformed csv (wrong header, non-integer label), an image that does not exist, or
-            a class with two parents.
-    """
+    """A split of the DyML release folder ``root`` of benchmark ``name``: ``train`` (3 levels), ``query_<g>`` /
+    ``gallery_<g>`` (1 level) or ``test`` (DyML-Product). ``ValueError``: a missing or malformed csv (wrong header,
+    non-integer label), a missing image, a class with two parents."""
     root = Path(root)
-    allowed = dyml_splits(product=name == "dyml_product")
-    if split not in allowed:
-        raise ValueError(f"split must be one of {list(allowed)} for {name}; got {split!r}")
     if split == "train":
         records = {"train": _three_levels(root, "train")}
     elif split == "test":

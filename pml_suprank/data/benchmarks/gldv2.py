@@ -1,27 +1,12 @@
 """H-GLDv2: Google Landmarks v2 (Weyand et al., CVPR 2020) with the hierarchical labels of SupRank (TPAMI Sec. VI),
-3 levels landmark → cluster (78 supercategories) → overall_cluster (human-made / natural).
+landmark → cluster (78 supercategories) → overall_cluster (human-made / natural).
 
-Layout under ``root`` (comma-separated csv files with a header, as distributed):
-
-* ``train_clean.csv`` — ``landmark_id,images``: one row per landmark, ``images`` = space-separated image ids;
-* ``index_image_to_landmark.csv`` — ``id,landmark_id``: the retrieval database (index set);
-* ``retrieval_solution_v2.1.csv`` — ``id,images,Usage``: one row per test image, ``images`` = the space-separated
-  index ids that depict its landmark, or ``None`` for test images without ground truth (``Usage`` ``Ignored``);
-* ``train_label_to_subcategory_with_clusters.csv`` and ``index_label_to_subcategory_with_clusters.csv`` — the
-  H-GLDv2 files: a header holding (at least) ``landmark_id``, ``cluster`` and ``overall_cluster``, one row per
-  landmark; an empty cluster means the landmark got no supercategory;
-* the images at ``train/a/b/c/<id>.jpg``, ``index/a/b/c/<id>.jpg`` and ``test/a/b/c/<id>.jpg`` (``a``, ``b``, ``c``
-  the first three characters of the id, as the GLDv2 tar files extract).
-
-Splits: ``train`` (train_clean), ``query`` (the test images with ground truth; their landmark is the landmark of
-their solution images, which must agree) and ``gallery`` (the index set). As in the SupRank reference, images whose
-landmark has no cluster (absent from the H-GLDv2 file or with an empty cell) are left out: H-GLDv2 covers 128.8k of
-the 203k train landmarks and 67.9k of the 101k index landmarks. ``query`` and ``gallery`` share one label space (ids
-encoded over both); ``train`` has its own. Cluster names are kept as strings (sorted for the ids).
-
-Evaluation (TPAMI Table VII): mAP@100 with :func:`pml_suprank.metrics.landmark.landmark_map_at_k` (positives = the
-gallery images of the query's landmark) and the hierarchical metrics (H-AP, ASI, NDCG) of the standard evaluator
-on the query / gallery pair.
+Layout under ``root`` (csv files with a header, as distributed): ``train_clean.csv``, ``index_image_to_landmark.csv``
+(the index set), ``retrieval_solution_v2.1.csv`` (each test image's index ids, ``None`` without ground truth), the
+H-GLDv2 ``{train,index}_label_to_subcategory_with_clusters.csv`` and images at ``{train,index,test}/a/b/c/<id>.jpg``.
+Splits: ``train``, ``query`` (test images with ground truth, labelled by their solution images' one landmark) and
+``gallery`` (the index set; one label space with ``query``); images whose landmark has no cluster are left out.
+Evaluation (TPAMI Table VII): :func:`pml_suprank.metrics.landmark.landmark_map_at_k` and the hierarchical metrics.
 """
 
 from __future__ import annotations
@@ -175,13 +160,8 @@ def _query_gallery_records(root: Path) -> dict[str, list[Record]]:
 
 
 def load_gldv2(root: str | Path, split: str, transform: Callable | None = None) -> FileImageDataset:
-    """H-GLDv2 ``split`` (``"train"``, ``"query"``, ``"gallery"``): labels ``(N, 3)`` = (landmark, cluster,
-    overall_cluster), 0-based and contiguous (query and gallery share their ids).
-
-    Args:
-        root: The GLDv2 folder holding the csv files and the ``train/``, ``index/``, ``test/`` image folders.
-        split: ``"train"``, ``"query"`` or ``"gallery"``.
-        transform: Callable on a PIL RGB image.
+    """H-GLDv2 ``split`` (``"train"``, ``"query"``, ``"gallery"``) of the GLDv2 folder ``root``: labels ``(N, 3)`` =
+    (landmark, cluster, overall_cluster), 0-based and contiguous (query and gallery share their ids).
 
     Raises:
         ValueError: A csv file is missing or malformed (wrong header, non-integer id, a query whose solution images
@@ -189,7 +169,5 @@ def load_gldv2(root: str | Path, split: str, transform: Callable | None = None) 
             two parents (the message names the file and line).
     """
     root = Path(root)
-    if split not in GLDV2_SPLITS:
-        raise ValueError(f"split must be one of {list(GLDV2_SPLITS)} for gldv2_hier; got {split!r}")
     records = {"train": _train_records(root)} if split == "train" else _query_gallery_records(root)
     return file_split(records, split, GLDV2_LABEL_NAMES, root, benchmark="gldv2_hier", transform=transform)

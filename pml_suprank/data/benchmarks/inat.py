@@ -1,17 +1,9 @@
 """iNaturalist 2018 (Van Horn et al., CVPR 2018) with the open-set retrieval splits of Smooth-AP (Brown et al.,
-ECCV 2020), read from the official archives.
+ECCV 2020), read from the official archives (layout: :data:`~pml_suprank.data.benchmarks.BENCHMARKS` ``layout``).
 
-Layout under ``root``:
-
-* ``Inat_dataset_splits/Inaturalist_train_set1.txt`` and ``Inaturalist_test_set1.txt``: one image path per line,
-  ``train_val2018/<supercategory>/<category id>/<file>.jpg`` (train and test species are disjoint);
-* ``train_val2018/``: the images, at those paths;
-* ``train2018.json`` (``inat_full`` only): its ``categories`` give, per category ``id``, the ``name`` (species) and
-  ``genus``, ``family``, ``order``, ``class``, ``phylum``, ``kingdom``.
-
-``inat_base``: species (category id) → super-category taken from the path (2 levels, HAPPIER / ROADMAP).
-``inat_full``: species, genus, family, order, class, phylum, kingdom (7 levels, HAPPIER). A taxon is identified by
-its whole lineage (e.g. a genus by kingdom … family + genus), so homonyms in different families stay distinct.
+``inat_base``: species → super-category from the image path (2 levels, HAPPIER / ROADMAP); ``inat_full``: species,
+genus, family, order, class, phylum, kingdom from ``train2018.json`` (7 levels, HAPPIER), a taxon identified by its
+whole lineage (homonyms in different families stay distinct).
 """
 
 from __future__ import annotations
@@ -68,24 +60,14 @@ def _taxonomy(root: Path) -> dict[int, tuple[str, ...]]:
 
 
 def load_inat(root: str | Path, split: str, *, full: bool, transform: Callable | None = None) -> FileImageDataset:
-    """iNaturalist-2018 open-set ``split`` (``"train"`` / ``"test"``).
-
-    Args:
-        root: The folder holding ``Inat_dataset_splits/``, ``train_val2018/`` and (for ``full``) ``train2018.json``.
-        split: ``"train"`` or ``"test"``.
-        full: 7 taxonomy levels (``inat_full``) instead of species → super-category (``inat_base``).
-        transform: Callable on a PIL RGB image.
-
-    Returns:
-        Labels ``(N, 2)`` or ``(N, 7)``, fine → coarse, ids contiguous over both splits.
+    """iNaturalist-2018 open-set ``split`` (``"train"`` / ``"test"``): labels ``(N, 2)``, or ``(N, 7)`` with ``full``
+    (``inat_full``), fine → coarse, ids contiguous over both splits.
 
     Raises:
         ValueError: A missing or malformed file, a category absent from ``train2018.json``, an image that does not
             exist, or a species under two super-categories.
     """
     root = Path(root)
-    if split not in INAT_SPLITS:
-        raise ValueError(f"split must be one of {list(INAT_SPLITS)} for inat; got {split!r}")
     rows = {s: _split_records(root, s) for s in INAT_SPLITS}
     records: dict[str, list[Record]] = {}
     if not full:

@@ -22,19 +22,9 @@ __all__ = ["BENCHMARKS", "BenchmarkSpec", "benchmark_label_names", "load_benchma
 
 @dataclass(frozen=True)
 class BenchmarkSpec:
-    """How to read one benchmark.
-
-    Attributes:
-        name: The registry name (``"sop"``, ``"cub"``, ...).
-        splits: The split names :func:`load_benchmark` accepts.
-        label_names: ``split → label column names`` (fine → coarse).
-        loader: ``(root, split, transform) → dataset``.
-        layout: One line describing the expected ``root``.
-        train_split: The split a training recipe uses by default.
-        test_split: The split a single-test-set evaluation uses by default (``None``: the benchmark is evaluated
-            per query / gallery pair, as DyML-Vehicle, DyML-Animal, H-GLDv2 and the revisited Oxford / Paris).
-            The revisited datasets are test sets only: their ``train_split`` names the database (``gallery``).
-    """
+    """How to read one benchmark: its ``splits``, ``label_names(split)`` (fine → coarse), ``loader(root, split,
+    transform)``, a one-line ``layout`` of ``root``, and the default ``train_split`` / ``test_split`` (``None``:
+    evaluated per query / gallery pair, as DyML-Vehicle/-Animal, H-GLDv2 and the revisited Oxford / Paris)."""
 
     name: str
     splits: tuple[str, ...]
@@ -128,42 +118,26 @@ BENCHMARKS["roxford5k"] = _revisited("roxford5k")
 BENCHMARKS["rparis6k"] = _revisited("rparis6k")
 
 
-def _spec(name: str) -> BenchmarkSpec:
+def _spec(name: str, split: str) -> BenchmarkSpec:
     if not isinstance(name, str) or name not in BENCHMARKS:
         raise ValueError(f"name must be one of {sorted(BENCHMARKS)}; got {name!r}")
+    if split not in BENCHMARKS[name].splits:
+        raise ValueError(f"split must be one of {list(BENCHMARKS[name].splits)} for {name}; got {split!r}")
     return BENCHMARKS[name]
 
 
 def benchmark_label_names(name: str, split: str) -> tuple[str, ...]:
     """The label column names (fine → coarse) of ``split`` of benchmark ``name``."""
-    spec = _spec(name)
-    if split not in spec.splits:
-        raise ValueError(f"split must be one of {list(spec.splits)} for {name}; got {split!r}")
-    return spec.label_names(split)
+    return _spec(name, split).label_names(split)
 
 
 def load_benchmark(name: str, root: str | Path, split: str, transform: Callable | None = None) -> NativeImageDataset:
-    """A paper benchmark read from its archive as the owners distribute it.
-
-    Args:
-        name: One of :data:`BENCHMARKS` (``sop``, ``cub``, ``inat_base``, ``inat_full``, ``dyml_vehicle``,
-            ``dyml_animal``, ``dyml_product``, ``cifar100``, ``omniglot``, ``gldv2_hier``, ``roxford5k``,
-            ``rparis6k``).
-        root: The folder the archive was extracted to (see each spec's ``layout``); for ``cifar100`` also a Hub id.
-        split: One of ``BENCHMARKS[name].splits``.
-        transform: Callable on a PIL RGB image returning a ``(3, H, W)`` tensor (``None``: ``[0, 1]`` tensor).
-
-    Returns:
-        A retrieval dataset: ``ds.labels`` ``(N, L)`` LongTensor (column 0 finest, contiguous ids per level over
-        the benchmark's splits that share a label space, a tree), ``ds.label_names``, and
-        ``ds[i] = {"image": (3, H, W), "labels": (L,), "index": i}`` with images decoded lazily.
-
-    Raises:
-        ValueError: Unknown name or split, or a malformed archive (the message names the file and line).
+    """Benchmark ``name`` (one of :data:`BENCHMARKS`), split ``split``, read from ``root``, the folder its archive
+    was extracted to (each spec's ``layout``; for ``cifar100`` also a Hub id): ``ds.labels`` ``(N, L)`` (column 0
+    finest, ids contiguous over the splits sharing a label space, a tree), ``ds[i] = {"image": (3, H, W), "labels":
+    (L,), "index": i}``, images decoded lazily. ``ValueError``: unknown name or split, a malformed archive.
     """
-    spec = _spec(name)
-    if split not in spec.splits:
-        raise ValueError(f"split must be one of {list(spec.splits)} for {name}; got {split!r}")
+    spec = _spec(name, split)
     if not isinstance(root, (str, Path)):
         raise TypeError(f"root must be a path (str or Path); got {type(root).__name__}")
     if name != "cifar100" and not Path(root).is_dir():

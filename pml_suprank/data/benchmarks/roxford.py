@@ -1,21 +1,12 @@
-"""Revisited Oxford and Paris (Radenović et al., "Revisiting Oxford and Paris", CVPR 2018): ``roxford5k`` and
-``rparis6k``, the landmark test sets evaluated with the Easy / Medium / Hard protocol.
+"""Revisited Oxford and Paris (Radenović et al., CVPR 2018): ``roxford5k`` and ``rparis6k``, the landmark test sets
+of the Easy / Medium / Hard protocol.
 
-Layout under ``root`` (the dataset folder as the protocol's download script leaves it, e.g. ``.../roxford5k``):
-
-* ``gnd_roxford5k.pkl`` / ``gnd_rparis6k.pkl`` — a pickle of a dict with ``imlist`` (the database image names,
-  without extension), ``qimlist`` (the query image names) and ``gnd``: one dict per query with ``easy``, ``hard``,
-  ``junk`` (database indices into ``imlist``) and ``bbx`` (the query region ``[x1, y1, x2, y2]`` in pixels). It is
-  read with :func:`~pml_suprank.data.benchmarks.cifar100.load_restricted_pickle` (builtin containers and numpy arrays
-  only; any other global is refused);
-* ``jpg/<name>.jpg`` — the images.
-
-Splits: ``query`` (the ``qimlist`` images cropped to their ``bbx``, as the protocol prescribes; the dataset's
-``gnd`` attribute holds the ground truth) and ``gallery`` (the ``imlist`` images in ``imlist`` order, so the ``gnd``
-indices are gallery indices). One label level, ``landmark``: the image name without its trailing ``_<number>``
-(``all_souls_000013`` → ``all_souls``), ids shared by query and gallery. Evaluate with
-:func:`pml_suprank.metrics.landmark.revisited_map` (the labels are only the dataset contract; the protocol uses
-``gnd``).
+Layout under ``root``: ``gnd_<name>.pkl`` (``imlist`` database names, ``qimlist`` query names, and per query
+``easy`` / ``hard`` / ``junk`` database indices and its ``bbx`` region; read with
+:func:`~pml_suprank.data.benchmarks.cifar100.load_restricted_pickle`) and ``jpg/<name>.jpg``. Splits: ``query`` (the
+``qimlist`` images cropped to their ``bbx``; ``ds.gnd`` holds the ground truth) and ``gallery`` (``imlist`` order).
+One label level, ``landmark`` (the name without its trailing ``_<number>``). Evaluate with
+:func:`pml_suprank.metrics.landmark.revisited_map`.
 """
 
 from __future__ import annotations
@@ -79,15 +70,9 @@ def _bbx(value: Any, path: Path, where: str) -> tuple[float, float, float, float
 
 
 def read_revisited_gnd(path: str | Path) -> dict[str, Any]:
-    """The checked content of a ``gnd_<dataset>.pkl`` ground-truth file.
-
-    Returns:
-        ``{"imlist": [str], "qimlist": [str], "gnd": [{"easy", "hard", "junk": int64 arrays, "bbx": 4 floats}]}``.
-
-    Raises:
-        ValueError: Missing or unreadable file (including a pickle naming a global other than numpy arrays and
-            builtins), missing keys, ``len(gnd) != len(qimlist)``, an index outside ``imlist``, a bad ``bbx`` (the
-            message names the file and the entry, e.g. ``gnd[3]['junk']``).
+    """The checked content of a ``gnd_<dataset>.pkl``: ``{"imlist": [str], "qimlist": [str], "gnd": [{"easy",
+    "hard", "junk": int64 arrays, "bbx": 4 floats}]}``. ``ValueError`` naming the file and entry: missing or unreadable
+    (a global other than numpy arrays and builtins), missing keys, an index outside ``imlist``, a bad ``bbx``.
     """
     path = Path(path)
     content = load_restricted_pickle(path, "revisited ground-truth pickle", encoding="latin1")
@@ -112,13 +97,8 @@ def read_revisited_gnd(path: str | Path) -> dict[str, Any]:
 
 
 class RevisitedQueryDataset(FileImageDataset):
-    """The query images of a revisited dataset, cropped to their ``bbx``; ``gnd[i]`` is the ground truth of item ``i``.
-
-    Args:
-        labels, label_names, paths, root: As :class:`FileImageDataset`.
-        gnd: One dict per query (``easy``, ``hard``, ``junk`` gallery indices, ``bbx``).
-        **kwargs: ``transform``, ``benchmark``, ``split``.
-    """
+    """The query images of a revisited dataset, cropped to their ``bbx``; ``gnd[i]`` (``easy``, ``hard``, ``junk``
+    gallery indices, ``bbx``) is the ground truth of item ``i``; other arguments as :class:`FileImageDataset`."""
 
     def __init__(
         self, labels: Any, label_names: Sequence[str], paths: Sequence[str], root: Path, *, gnd: list, **kwargs
@@ -154,13 +134,8 @@ def _records(names: list[str], root: Path, path: Path, key: str) -> list[Record]
 def load_revisited(
     root: str | Path, split: str, *, name: str = "roxford5k", transform: Callable | None = None
 ) -> FileImageDataset:
-    """Revisited Oxford / Paris ``split``: ``"query"`` (cropped, with ``.gnd``) or ``"gallery"`` (``imlist`` order).
-
-    Args:
-        root: The dataset folder holding ``gnd_<name>.pkl`` and ``jpg/``.
-        split: ``"query"`` or ``"gallery"``.
-        name: ``"roxford5k"`` or ``"rparis6k"`` (selects the ground-truth file).
-        transform: Callable on a PIL RGB image.
+    """Revisited Oxford / Paris (``name``) ``split`` of ``root`` (holding ``gnd_<name>.pkl`` and ``jpg/``):
+    ``"query"`` (cropped, with ``.gnd``) or ``"gallery"`` (``imlist`` order).
 
     Raises:
         ValueError: A missing or malformed ground-truth pickle (see :func:`read_revisited_gnd`), an image name without
@@ -168,8 +143,6 @@ def load_revisited(
     """
     if name not in REVISITED_DATASETS:
         raise ValueError(f"name must be one of {list(REVISITED_DATASETS)}; got {name!r}")
-    if split not in REVISITED_SPLITS:
-        raise ValueError(f"split must be one of {list(REVISITED_SPLITS)} for {name}; got {split!r}")
     root = Path(root)
     path = root / f"gnd_{name}.pkl"
     content = read_revisited_gnd(path)

@@ -1,10 +1,6 @@
-"""Stanford Online Products (Oh Song et al., CVPR 2016) read from its release ``Stanford_Online_Products/``.
-
-Layout: ``Ebay_train.txt`` and ``Ebay_test.txt`` with the header ``image_id class_id super_class_id path`` (cells
-separated by spaces, ids 1-based) and the images at ``<root>/<path>`` (e.g. ``bicycle_final/111085122871_0.JPG``).
-Two levels: product (``class_id``, 22,634 classes) → category (``super_class_id``, 12). The train and test files
-hold disjoint products (11,318 / 11,316 classes): ``class_id - 1`` is the fine id, ``super_class_id - 1`` the
-coarse one, so ids agree between the splits.
+"""Stanford Online Products (Oh Song et al., CVPR 2016) from its release ``Stanford_Online_Products/``:
+``Ebay_{train,test}.txt`` (``image_id class_id super_class_id path``, 1-based ids) and the images at ``<root>/<path>``.
+Two levels, product (22,634) → category (12), ids ``class_id - 1`` / ``super_class_id - 1``; disjoint products.
 """
 
 from __future__ import annotations
@@ -35,18 +31,9 @@ def _records(root: Path, split: str) -> list[Record]:
 
 
 def load_sop(root: str | Path, split: str, transform: Callable | None = None) -> FileImageDataset:
-    """SOP ``split`` (``"train"`` / ``"test"``): labels ``(N, 2)`` = (product, category), 0-based.
-
-    Args:
-        root: The ``Stanford_Online_Products`` folder (holding ``Ebay_train.txt``).
-        split: ``"train"`` or ``"test"``.
-        transform: Callable on a PIL RGB image.
-
-    Raises:
-        ValueError: A list file is missing or malformed, an image does not exist, or a product has two categories.
-    """
+    """SOP ``split`` (``"train"`` / ``"test"``) of the ``Stanford_Online_Products`` folder ``root``: labels ``(N, 2)``
+    = (product, category), 0-based (``ValueError``: a missing or malformed list file or image, a product with two
+    categories)."""
     root = Path(root)
-    if split not in SOP_SPLITS:
-        raise ValueError(f"split must be one of {list(SOP_SPLITS)} for sop; got {split!r}")
     records = {s: _records(root, s) for s in SOP_SPLITS}
     return file_split(records, split, SOP_LABEL_NAMES, root, benchmark="sop", transform=transform)

@@ -1,11 +1,7 @@
-"""Where the training / test set of a run comes from: :class:`DatasetSource`, a typed description read from a data
-section (a :class:`~pml_suprank.training.DataOptions` or a hub_config ``data`` mapping).
-
-Three kinds: the built-in synthetic sets (``"synthetic"``, ``"synthetic_multilabel"``), a paper benchmark read from
-its archive by name (:data:`pml_suprank.data.BENCHMARKS`, under ``data_root``) and a retrieval dataset (a Hub
-id or a local folder / parquet path, with its label columns and the optional open-set rule). A local image folder
-needs no label column (:func:`pml_suprank.data.image_folder_layout`: class folders or a ``metadata.csv``), and one
-without a test split is split by class (:func:`pml_suprank.data.class_split`, seeded by the run's seed).
+"""Where the training / test set of a run comes from: :class:`DatasetSource`, read from a data section (a
+``DataOptions`` or a hub_config ``data`` mapping): a built-in synthetic set, a paper benchmark (:data:`BENCHMARKS`,
+under ``data_root``) or a retrieval dataset (Hub id, local folder or parquet, with label columns and an optional
+open-set rule). A local image folder without a test split is split by class, seeded by the run (:func:`class_split`).
 """
 
 from __future__ import annotations
@@ -15,9 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..data.benchmarks.registry import BENCHMARKS, BenchmarkSpec, benchmark_label_names
-from ..data.folders import FolderLayout, image_folder_layout
-from ..losses.registry import registered_losses
+from .benchmarks.registry import BENCHMARKS, BenchmarkSpec, benchmark_label_names, load_benchmark
+from .folders import FolderLayout, class_names_of, class_split, class_split_side, image_folder_layout
 
 __all__ = [
     "SYNTHETIC_NAMES",
@@ -25,7 +20,6 @@ __all__ = [
     "data_option_errors",
     "dataset_source",
     "folder_layout",
-    "multilabel_option_errors",
     "resolved_split",
 ]
 
@@ -35,16 +29,9 @@ SYNTHETIC_NAMES = ("synthetic", "synthetic_multilabel")
 
 @dataclass(frozen=True)
 class DatasetSource:
-    """One split of a dataset, ready to load.
-
-    Attributes:
-        kind: ``"synthetic"``, ``"benchmark"`` or ``"retrieval"``.
-        name: The synthetic set's name, the benchmark name, or the Hub id / local path.
-        split: The split read (``"a+b"`` concatenates for a retrieval dataset).
-        root: The benchmark's folder (benchmarks only).
-        options: Further loader arguments: ``num_per_class`` / ``image_size`` (synthetic); ``label_columns``,
-            ``open_set`` and the open-set rule (retrieval); ``class_split``: the side (``"train"`` / ``"test"``) of
-            the seeded class split of a local folder without a test split (:func:`pml_suprank.data.class_split`).
+    """One split of a dataset, ready to load: ``kind`` (``"synthetic"``, ``"benchmark"``, ``"retrieval"``), ``name``
+    (the set, the benchmark, or the Hub id / path), ``split`` (``"a+b"`` concatenates), the benchmark's ``root``, and
+    further loader ``options`` (``class_split``: the side of the seeded class split of a folder without a test split).
     """
 
     kind: Literal["synthetic", "benchmark", "retrieval"]
@@ -56,43 +43,35 @@ class DatasetSource:
     def load(
         self, transform: Any = None, *, seed: int = 0, recorded_split: Mapping[str, Any] | None = None, **kwargs: Any
     ) -> Any:
-        """The dataset (``transform``: callable on a PIL image; ``seed``: the synthetic sets' seed and the seed of a
-        class split; ``recorded_split``: the ``class_split`` a model folder recorded (``{"train_classes": [...],
-        "test_classes": [...]}``), which a folder split by class must still give; ``kwargs``: extra or overriding
-        loader arguments such as ``cache_dir``; a benchmark takes none).
+        """The dataset (``seed``: of the synthetic sets and of a class split; ``kwargs``: extra loader arguments such
+        as ``cache_dir``, none for a benchmark).
 
         Raises:
-            ValueError: the folder's class split differs from ``recorded_split`` (a class folder added or removed
-                since training: the test classes would silently change).
+            ValueError: the folder's seeded class split no longer gives ``recorded_split`` (the ``{"train_classes",
+                "test_classes"}`` a model folder recorded: a class folder was added or removed since training).
         """
-        from .. import data
+        from .loading import load_retrieval_dataset
+        from .synthetic_multishapes import synthetic_dataset
 
         options = {**self.options, **kwargs}
         side = options.pop("class_split", None)
         if side is not None:
-            whole = data.load_retrieval_dataset(self.name, split=self.split, transform=transform, **options)
+            whole = load_retrieval_dataset(self.name, split=self.split, transform=transform, **options)
             if recorded_split:
                 _check_recorded_split(whole, recorded_split, seed, self.name)
-            return data.class_split_side(whole, side, seed=seed)
+            return class_split_side(whole, side, seed=seed)
         if self.kind == "synthetic":
-            return data.synthetic_dataset(self.name, self.split, seed=seed, transform=transform, **options)
+            return synthetic_dataset(self.name, self.split, seed=seed, transform=transform, **options)
         if self.kind == "benchmark":
             if options:
                 raise TypeError(f"benchmark {self.name} takes no loader arguments; got {sorted(options)}")
-            return data.load_benchmark(self.name, self.root, self.split, transform)
-        return data.load_retrieval_dataset(self.name, split=self.split, transform=transform, **options)
+            return load_benchmark(self.name, self.root, self.split, transform)
+        return load_retrieval_dataset(self.name, split=self.split, transform=transform, **options)
 
 
 def dataset_source(data: Mapping[str, Any], part: str, *, data_root: str | Path | None = None) -> DatasetSource:
-    """The :class:`DatasetSource` of the ``part`` (``"train"`` / ``"test"``) of a consistent data section (checked by
-    :func:`pml_suprank.training.hub_config.data_option_errors`, e.g. as part of a
-    :class:`~pml_suprank.training.RunSpec`).
-
-    Args:
-        data: The data options that are set (a hub_config ``data`` section, or ``RunSpec.data_section()``).
-        part: ``"train"`` or ``"test"``.
-        data_root: The benchmark's folder; replaces ``data_root``.
-    """
+    """The :class:`DatasetSource` of the ``part`` (``"train"`` / ``"test"``) of a data section that
+    :func:`data_option_errors` accepts (the options that are set); ``data_root`` replaces the section's."""
     if part not in ("train", "test"):
         raise ValueError(f"part must be 'train' or 'test'; got {part!r}")
     dataset = data.get("dataset", "synthetic")
@@ -119,8 +98,6 @@ def dataset_source(data: Mapping[str, Any], part: str, *, data_root: str | Path 
 
 def _check_recorded_split(whole: Any, recorded: Mapping[str, Any], seed: int, name: str) -> None:
     """Refuse a folder whose seeded class split is no longer the one a model recorded."""
-    from ..data.folders import class_names_of, class_split
-
     train, test = class_split(whole.labels, seed=seed)
     now = {"train_classes": class_names_of(whole, train), "test_classes": class_names_of(whole, test)}
     for key, names in now.items():
@@ -135,9 +112,8 @@ def _check_recorded_split(whole: Any, recorded: Mapping[str, Any], seed: int, na
 
 
 def folder_layout(dataset: Any) -> FolderLayout | None:
-    """The :class:`~pml_suprank.data.FolderLayout` of ``dataset`` when it names a local folder of images, else
-    ``None`` (a built-in set, a benchmark name, a Hub id, parquet files; ``ValueError`` for an image folder whose
-    labels cannot be read)."""
+    """The :class:`FolderLayout` of ``dataset`` when it names a local folder of images, else ``None`` (``ValueError``
+    for an image folder whose labels cannot be read)."""
     if not isinstance(dataset, str) or dataset in SYNTHETIC_NAMES or dataset in BENCHMARKS:
         return None
     return image_folder_layout(dataset)
@@ -148,15 +124,9 @@ def _benchmark(dataset: Any) -> BenchmarkSpec | None:
 
 
 def data_option_errors(data: Mapping[str, Any], *, require_root: bool = False) -> list[str]:
-    """The problems of a ``data`` section (a hub_config's, or ``RunSpec.data_section()``), as messages naming the
-    keys; ``[]`` when it is consistent.
-
-    Checks the label columns (required for a Hub / local dataset, forbidden for the synthetic one, equal to the
-    benchmark's label names when given for a benchmark), the splits of a benchmark, the open-set rules, and refuses
-    ``synthetic_multilabel`` under a loss without a multi-label variant (:func:`multilabel_option_errors`).
-    ``require_root=True`` also requires ``data_root`` for a benchmark (a complete run; a shipped file leaves it to
-    the command line).
-    """
+    """The problems of a ``data`` section as messages naming the keys (``[]``: consistent): the label columns
+    (required for a Hub / local dataset, forbidden for the synthetic one, the benchmark's own for a benchmark), a
+    benchmark's splits, the open-set rules, and with ``require_root`` a benchmark's ``data_root``."""
     errors = []
     dataset = data.get("dataset")
     spec = _benchmark(dataset)
@@ -190,32 +160,6 @@ def data_option_errors(data: Mapping[str, Any], *, require_root: bool = False) -
         errors.append(f"benchmark {dataset} has its own train / test splits; drop 'data.{rules[0]}'")
     if "train_classes_per_coarse" in data and len(levels) < 2:  # given, or the levels of a local image folder
         errors.append("'data.train_classes_per_coarse' needs at least two label_columns (fine and coarse)")
-    return errors
-
-
-def multilabel_option_errors(dataset: Any, loss: Any, memory_size: Any, sampler: Any = None) -> list[str]:
-    """The problems of training the multi-label ``synthetic_multilabel`` dataset with ``loss`` and the batch
-    ``sampler`` option, as messages naming the options; ``[]`` for any other dataset or a supported setting.
-
-    Only the losses registered with ``multilabel=True`` have a multi-label variant (HAPPIER, Sup-H-AP, Sup-NDCG:
-    ``relevance="multilabel"``, the thesis' Algorithm 1 relevance), and the batches are drawn by
-    :class:`pml_suprank.samplers.MultiLabelSampler` (``sampler`` must keep its default ``m_per_class``). A memory
-    (``memory_size``, accepted for the signature) stores the label sets (:class:`pml_suprank.memory.RankingMemory`).
-    """
-    if dataset != "synthetic_multilabel":
-        return []
-    errors = []
-    multilabel_losses = list(registered_losses(multilabel=True))
-    if loss is not None and loss not in multilabel_losses:
-        errors.append(
-            f"'loss' {loss} has no multi-label variant: dataset synthetic_multilabel (several labels per image) "
-            f"trains with {' or '.join(multilabel_losses)} only"
-        )
-    if sampler not in (None, "m_per_class"):
-        errors.append(
-            f"'sampler' {sampler}: dataset synthetic_multilabel is sampled by MultiLabelSampler (m items per label); "
-            "keep sampler m_per_class"
-        )
     return errors
 
 
