@@ -28,7 +28,7 @@ from .feature_store import SavedFeatures, load_features, save_features
 from .features import OODFeatures, extract_features, pool_feature_map
 
 # detectors, in the order of ``list_detectors()``: importing a module defines (registers) its detector
-from .heat import HEAT, PRESETS, compose_energies, standardize  # isort: skip
+from .heat import HEAT, compose_energies, standardize  # isort: skip
 from .logit_scores import MSP, MaxLogit, Energy  # isort: skip
 from .odin import ODIN  # isort: skip
 from .mahalanobis import Mahalanobis  # isort: skip
@@ -41,9 +41,9 @@ from .rmds import RMDS  # isort: skip
 from .shaping import ASH, SCALE  # isort: skip
 from .nnguide import NNGuide  # isort: skip
 from .._registry import RegistryNames
-from .heat_priors import ELPrior, GMMPrior, GMMStdPrior
-from .prior import Prior
-from .priors import ClassConditionalGaussian, EnergyLogitsPrior, energy_logits
+from .presets import PRESETS
+from .prior import ELPrior, GMMPrior, GMMStdPrior, Prior
+from .priors import ClassConditionalGaussian, energy_logits
 from .registry import DETECTOR_REGISTRY, get_detector, get_prior, list_detectors, list_priors
 from .shaping import ShapedEnergyDetector
 

@@ -34,7 +34,7 @@ class DICE(HeadDetector):
     _state_names = ("weight", "bias", "mask")
 
     def __init__(self, p: float = 0.9, weight=None, bias=None, head=None) -> None:
-        super().__init__(weight, bias, head, _allow_missing=True)
+        super().__init__(weight, bias, head)
         self.p = check_probability("p", p)
         if self.p >= 1.0:
             raise ValueError(f"p must lie in [0, 1) (fraction of weights dropped); got {p}")

@@ -26,6 +26,7 @@ __all__ = [
     "collect_features",
     "extract_features",
     "feature_map_positions",
+    "model_device",
     "pool_feature_map",
 ]
 
@@ -109,6 +110,12 @@ def batch_images(batch: Any) -> tuple[Tensor, Tensor | None]:
     return images, labels if isinstance(labels, Tensor) else None
 
 
+def model_device(model: Any) -> torch.device:
+    """The device of ``model``'s first parameter (CPU for a model without parameters)."""
+    first = next(model.parameters(), None) if isinstance(model, nn.Module) else None
+    return first.device if first is not None else torch.device("cpu")
+
+
 @torch.no_grad()
 def extract_features(
     model: nn.Module, batches: Iterable, device: torch.device | str | None = None, max_batches: int | None = None
@@ -128,9 +135,7 @@ def extract_features(
     """
     if not (hasattr(model, "forward_features") and hasattr(model, "forward_head")):
         raise TypeError(f"model must be a timm model with forward_features/forward_head; got {type(model).__name__}")
-    if device is None:
-        first = next(model.parameters(), None)
-        device = first.device if first is not None else torch.device("cpu")
+    device = device or model_device(model)
 
     def timm_parts(images: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
         fmap = model.forward_features(images)

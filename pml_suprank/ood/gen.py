@@ -12,8 +12,7 @@ import torch
 from torch import Tensor
 
 from .._validation import check_positive, check_positive_int
-from .base import Detector
-from .head import check_logits
+from .base import Detector, check_features
 
 __all__ = ["GEN", "check_gamma", "generalized_entropy"]
 
@@ -40,7 +39,7 @@ def generalized_entropy(logits: Tensor, gamma: float = 0.1, m: int = 100) -> Ten
         ``(N,)`` scores, higher = more uncertain = more OOD.
     """
     gamma, m = check_gamma(gamma), check_positive_int("M", m)
-    probs = torch.softmax(check_logits(logits), dim=-1)
+    probs = torch.softmax(check_features("logits", logits), dim=-1)
     top = probs.topk(min(m, probs.shape[-1]), dim=-1).values
     return (top.pow(gamma) * (1.0 - top).pow(gamma)).sum(dim=-1)
 

@@ -1,8 +1,8 @@
-"""Shared input helpers of the detectors that read logits or the classifier head ``(W, b)``.
+"""The classifier head ``(W, b)`` of the detectors that compute ``logits = z Wᵀ + b`` themselves.
 
-``check_logits`` validates ``(N, C)`` logits; ``head_params`` turns ``weight=`` / ``bias=`` or an ``nn.Linear``
-``head=`` into detached copies of ``W`` ``(C, D)`` and ``b`` ``(C,)``; :class:`HeadDetector` is the base of the
-detectors that keep the head in their state (ViM, DICE, ReAct) and compute ``logits = z Wᵀ + b`` themselves.
+``head_params`` turns ``weight=`` / ``bias=`` or an ``nn.Linear`` ``head=`` into detached copies of ``W`` ``(C, D)``
+and ``b`` ``(C,)``; :class:`HeadDetector` is the base of the detectors keeping them in their state (ViM, DICE, ReAct,
+ASH, SCALE).
 """
 
 from __future__ import annotations
@@ -14,19 +14,13 @@ from torch import Tensor, nn
 
 from ..hub.schema import TensorSpec
 from .base import Detector, check_features
+from .model_api import model_head
 
-__all__ = ["HeadDetector", "check_logits", "head_params"]
-
-
-def check_logits(logits: Any) -> Tensor:
-    """Check ``logits`` is a finite floating ``(N, C)`` tensor (required, unlike ``features``, by logit scores)."""
-    if logits is None:
-        raise ValueError("logits are required by this detector (an (N, C) tensor); got None")
-    return check_features("logits", logits)
+__all__ = ["HeadDetector", "head_params"]
 
 
 def head_params(weight: Tensor | None, bias: Tensor | None, head: nn.Module | None) -> tuple[Tensor, Tensor | None]:
-    """Detached copies ``(W, b)`` of the classifier head, from ``weight`` / ``bias`` or a linear ``head``."""
+    """Detached copies ``(W (C, D), b (C,) or None)`` of the classifier head, from ``weight`` / ``bias`` or ``head``."""
     if head is not None:
         if weight is not None or bias is not None:
             raise ValueError("pass either head= or weight=/bias=, not both")
@@ -44,20 +38,26 @@ def head_params(weight: Tensor | None, bias: Tensor | None, head: nn.Module | No
     return weight, bias
 
 
-class HeadDetector(Detector, register=False):
-    """Base of the detectors holding the fc ``weight`` / ``bias`` as state (saved with the fitted tensors)."""
+def linear_logits(z: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``z Wᵀ + b`` ``(N, C)`` in ``z``'s dtype and device."""
+    b = None if bias is None else bias.to(device=z.device, dtype=z.dtype)
+    return F.linear(z, weight.to(device=z.device, dtype=z.dtype), b)
 
-    def __init__(self, weight=None, bias=None, head=None, *, _allow_missing: bool = False) -> None:
+
+class HeadDetector(Detector, register=False):
+    """Base of the detectors holding the fc ``weight`` / ``bias`` as state (saved with the fitted tensors); built
+    without a head, they take it from ``load_state_dict`` or from the model given to ``fit_model``."""
+
+    def __init__(self, weight=None, bias=None, head=None) -> None:
         super().__init__()
-        if weight is None and head is None and _allow_missing:
-            self.weight, self.bias = None, None  # restored by load_state_dict
-        else:
-            self.weight, self.bias = head_params(weight, bias, head)
+        self.weight, self.bias = (None, None) if weight is None and head is None else head_params(weight, bias, head)
+
+    def _adopt_head(self, model: nn.Module) -> None:
+        if self.weight is None:
+            self.weight, self.bias = head_params(None, None, model_head(model, type(self).__name__))
 
     def _logits(self, z: Tensor, weight: Tensor | None = None) -> Tensor:
-        w = (self.weight if weight is None else weight).to(device=z.device, dtype=z.dtype)
-        b = None if self.bias is None else self.bias.to(device=z.device, dtype=z.dtype)
-        return F.linear(z, w, b)
+        return linear_logits(z, self.weight if weight is None else weight, self.bias)
 
     def _check_z(self, features: Any) -> Tensor:
         if self.weight is None:
@@ -71,7 +71,3 @@ class HeadDetector(Detector, register=False):
     def _restore(self, state, meta) -> None:
         self.load_state_dict(state)
         self._fitted = bool(meta.get("fitted", True))
-
-
-# the names used before this module existed
-_check_logits, _head_params, _HeadDetector = check_logits, head_params, HeadDetector

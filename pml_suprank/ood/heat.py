@@ -34,14 +34,14 @@ from .._validation import check_bool, check_choice, check_positive
 from .base import Detector, NotFittedError, check_class_labels, check_features
 from .ebm import ResidualEnergyMLP, train_residual
 from .head import head_params
-from .heat_priors import ELPrior, GMMPrior, GMMStdPrior  # noqa: F401 - defines (registers) the built-in priors
 from .heat_state import MAX_SEED, check_heat_config, check_heat_settings, check_heat_state, check_mlp_sizes
-from .presets import PRESETS, SETTING_KEYS, resolve_settings  # noqa: F401 - PRESETS, SETTING_KEYS kept here
-from .prior import Prior
-from .priors import ClassConditionalGaussian, EnergyLogitsPrior, degenerate_variance, unit_rows  # noqa: F401
+from .model_api import model_head
+from .presets import resolve_settings
+from .prior import Prior  # defines (registers) the built-in priors
+from .priors import degenerate_variance, unit_rows
 from .registry import PRIOR_REGISTRY
 
-__all__ = ["HEAT", "PriorName", "PRESETS", "compose_energies", "standardize"]
+__all__ = ["HEAT", "PriorName", "compose_energies", "standardize"]
 
 #: The built-in priors (any registered :class:`Prior` name is accepted too, see ``ood.list_priors()``).
 PriorName = Literal["gmm", "gmm_std", "el"]
@@ -202,10 +202,10 @@ class HEAT(Detector):
         self.standardization_std: Tensor | None = None
 
     def _adopt_head(self, model: nn.Module) -> None:
-        """``fit_model`` / ``predict``: take the model's classifier only when a prior reads the head (``el``); a
-        HEAT of feature priors (``gmm``, ``gmm_std``) guards a retrieval model without a classification head."""
-        if any(c.needs_head for c in self.prior_classes.values()):
-            super()._adopt_head(model)
+        """Only a prior reading the head (``el``) takes the model's: a HEAT of feature priors (``gmm``, ``gmm_std``)
+        guards a retrieval model without a classification head."""
+        if self.weight is None and any(c.needs_head for c in self.prior_classes.values()):
+            self.weight, self.bias = head_params(None, None, model_head(model, "HEAT"))
 
     # --- configuration --------------------------------------------------------------------------------------------
     def _resolve_settings(self, overrides: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -232,7 +232,8 @@ class HEAT(Detector):
     def _make_prior(self, name: str) -> Prior:
         return self.prior_classes[name].create(weight=self.weight, bias=self.bias, reg=self.reg)
 
-    def _make_mlp(self, name: str, dim: int, generator: torch.Generator, device) -> ResidualEnergyMLP:
+    def _make_mlp(self, name: str, dim: int, generator: torch.Generator | None, device) -> ResidualEnergyMLP:
+        """The residual MLP of prior ``name`` on ``dim`` inputs (``device="meta"``: shapes only, for checks)."""
         s = self.component_settings[name]
         mlp = ResidualEnergyMLP(
             dim,
@@ -241,7 +242,8 @@ class HEAT(Detector):
             tie_hidden_weights=self.tie_hidden_weights and not s["reduce_width"],
             reduce_width=s["reduce_width"],
             generator=generator,
-        ).to(device)
+            device=device,
+        )
         if self.zero_init_residual:
             mlp.zero_output_()
         return mlp
@@ -401,7 +403,7 @@ class HEAT(Detector):
         self.components = {}
         for name in self.priors:
             prior = self._make_prior(name).load_state_dict(take(f"{name}.prior."))
-            mlp = self._make_mlp(name, prior.dim, torch.Generator().manual_seed(0), "cpu")
+            mlp = self._make_mlp(name, prior.dim, None, "cpu")
             mlp.load_state_dict(take(f"{name}.mlp."))
             for p in mlp.parameters():
                 p.requires_grad_(False)

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from ..hub.schema import TensorSpec, check_schema, kind_of
 from ..hub.serialization import check_state
-from .ebm import MAX_HIDDEN_DIM, MAX_HIDDEN_LAYERS, MAX_MLP_PARAMETERS, ResidualEnergyMLP, mlp_parameter_count
+from .ebm import MAX_HIDDEN_DIM, MAX_HIDDEN_LAYERS, MAX_MLP_PARAMETERS, mlp_parameter_count
 from .priors import degenerate_variance
 
 __all__ = [
@@ -147,15 +147,7 @@ def check_heat_config(model_args: Mapping[str, Any], source: Path, skip: Mapping
 
 def _mlp_spec(heat: Any, name: str, dim: int, symbol: str) -> dict[str, TensorSpec]:
     """The tensors of the residual MLP the config builds on ``dim`` inputs (input width as the size ``symbol``)."""
-    s = heat.component_settings[name]
-    mlp = ResidualEnergyMLP(
-        dim,
-        hidden_dim=s["hidden_dim"],
-        n_hidden_layers=s["n_hidden_layers"],
-        tie_hidden_weights=heat.tie_hidden_weights and not s["reduce_width"],
-        reduce_width=s["reduce_width"],
-        device="meta",
-    )
+    mlp = heat._make_mlp(name, dim, None, "meta")
     spec = {f"{name}.mlp.{k}": TensorSpec(tuple(v.shape), kind=kind_of(v)) for k, v in mlp.state_dict().items()}
     first = f"{name}.mlp.input_layer.weight"
     spec[first] = TensorSpec((spec[first].shape[0], symbol))

@@ -12,8 +12,7 @@ import torch
 from torch import Tensor
 
 from .._validation import check_positive
-from .base import Detector
-from .head import check_logits
+from .base import Detector, check_features
 from .priors import energy_logits
 
 __all__ = ["MSP", "Energy", "MaxLogit"]
@@ -26,7 +25,7 @@ class MSP(Detector):
     requires_fit = False
 
     def _score(self, features=None, logits=None, **kwargs) -> Tensor:
-        return -torch.softmax(check_logits(logits), dim=-1).max(dim=-1).values
+        return -torch.softmax(check_features("logits", logits), dim=-1).max(dim=-1).values
 
 
 class MaxLogit(Detector):
@@ -35,7 +34,7 @@ class MaxLogit(Detector):
     requires_fit = False
 
     def _score(self, features=None, logits=None, **kwargs) -> Tensor:
-        return -check_logits(logits).max(dim=-1).values
+        return -check_features("logits", logits).max(dim=-1).values
 
 
 class Energy(Detector):
@@ -56,4 +55,4 @@ class Energy(Detector):
         return {"temperature": self.temperature}
 
     def _score(self, features=None, logits=None, **kwargs) -> Tensor:
-        return energy_logits(check_logits(logits), self.temperature)
+        return energy_logits(check_features("logits", logits), self.temperature)

@@ -19,16 +19,17 @@ from __future__ import annotations
 import inspect
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 from torch import Tensor, nn
 
-from .features import OODFeatures, batch_images, collect_features, extract_features, pool_feature_map
+from .features import OODFeatures, batch_images, collect_features, extract_features, model_device, pool_feature_map
 
-__all__ = ["ModelDetectorMixin", "extract_model_features", "read_state_dict"]
+__all__ = ["FEATURE_KINDS", "ModelDetectorMixin", "extract_model_features", "model_head", "read_state_dict"]
 
 FeatureKind = Literal["pooled", "embedding"]
+FEATURE_KINDS = get_args(FeatureKind)
 
 
 def read_state_dict(path: str | Path) -> dict[str, Tensor]:
@@ -101,12 +102,12 @@ def extract_model_features(
     Returns:
         :class:`~pml_suprank.ood.OODFeatures` with float32 CPU tensors.
     """
-    if features not in ("pooled", "embedding"):
+    if features not in FEATURE_KINDS:
         raise ValueError(f"features must be 'pooled' or 'embedding'; got {features!r}")
     if isinstance(batches, Tensor):
         batch_images(batches)  # validates the shape
         batches = [batches]
-    device = device or _model_device(model)
+    device = device or model_device(model)
     if _is_retrieval_model(model):
         return _retrieval_features(model, batches, device, max_batches, features)
     if features != "pooled":
@@ -114,34 +115,24 @@ def extract_model_features(
     return extract_features(model, batches, device=device, max_batches=max_batches)
 
 
-def _model_device(model: Any) -> torch.device:
-    first = next(model.parameters(), None) if isinstance(model, nn.Module) else None
-    return first.device if first is not None else torch.device("cpu")
-
-
-def _classifier(model: nn.Module) -> nn.Module | None:
+def model_head(model: nn.Module, who: str) -> nn.Module:
+    """The classifier head of a ``RetrievalModel`` or a timm model (``get_classifier``); ``ValueError`` naming
+    ``who`` when it has none."""
     if _is_retrieval_model(model):
-        return model.classifier
-    get = getattr(model, "get_classifier", None)
-    head = get() if callable(get) else None
-    return head if isinstance(getattr(head, "weight", None), Tensor) else None
+        head = model.classifier
+    else:
+        get = getattr(model, "get_classifier", None)
+        head = get() if callable(get) else None
+    if not isinstance(getattr(head, "weight", None), Tensor):
+        raise ValueError(f"{who} needs a classifier head and the model has none")
+    return head
 
 
 class ModelDetectorMixin:
     """``fit_model`` / ``predict`` for every :class:`~pml_suprank.ood.Detector` (mixed into the base class)."""
 
     def _adopt_head(self, model: nn.Module) -> None:
-        """Detectors keeping a classifier head (ASH, SCALE, DICE, ReAct, ViM, HEAT) built without one take the
-        model's (detected by a ``head=`` constructor argument and a ``weight`` attribute that is ``None``)."""
-        if "head" not in inspect.signature(type(self)).parameters or getattr(self, "weight", 0) is not None:
-            return
-        head = _classifier(model)
-        if head is None:
-            raise ValueError(f"{type(self).__name__} needs a classifier head and the model has none")
-        weight, bias = head.weight.detach(), getattr(head, "bias", None)
-        if weight.dim() != 2 or not weight.is_floating_point():
-            raise ValueError(f"the model's classifier weight must be a floating (C, D) matrix; got {weight.shape}")
-        self.weight, self.bias = weight.clone(), None if bias is None else bias.detach().clone()
+        """Take ``model``'s classifier head when the detector needs one and has none (head detectors, HEAT)."""
 
     def _scores_images(self) -> bool:
         """Detectors built around the network (ODIN: a ``model=`` argument) score images, not features."""
@@ -199,7 +190,7 @@ class ModelDetectorMixin:
         if self._scores_images():
             if self.model is None:
                 self.model = model.forward_logits if _is_retrieval_model(model) else model
-            device = device or _model_device(model)
+            device = device or model_device(model)
             batches = [x] if isinstance(x, Tensor) else x
             return torch.cat([self.score(inputs=batch_images(b)[0].to(device)).cpu() for b in batches])
         feats = extract_model_features(model, x, device=device, features=features)

@@ -17,7 +17,6 @@ from torch import Tensor
 from .._validation import check_positive, check_positive_int, check_probability
 from ..hub.schema import TensorSpec
 from .base import Detector, check_features
-from .head import check_logits
 
 __all__ = ["NNGuide"]
 
@@ -62,7 +61,7 @@ class NNGuide(Detector):
 
     def _fit(self, features=None, logits=None, labels=None, **kwargs) -> None:
         z = check_features("features", features).detach()
-        logits = check_features("logits", check_logits(logits), n=z.shape[0]).detach()
+        logits = check_features("logits", logits, n=z.shape[0]).detach()
         n = z.shape[0]
         if n < self.k:
             raise ValueError(f"NNGuide needs at least k={self.k} training features; got {n}")
@@ -84,8 +83,5 @@ class NNGuide(Detector):
         return torch.cat(outs)
 
     def _score(self, features=None, logits=None, **kwargs) -> Tensor:
-        logits = check_logits(logits)
         guide = self.guidance(features)
-        if logits.shape[0] != guide.shape[0]:
-            raise ValueError(f"logits must have {guide.shape[0]} rows (one per feature row); got {logits.shape[0]}")
-        return -torch.logsumexp(logits, dim=-1) * guide
+        return -torch.logsumexp(check_features("logits", logits, n=guide.shape[0]), dim=-1) * guide

@@ -28,7 +28,6 @@ from .base import check_class_labels, check_features
 
 __all__ = [
     "energy_logits",
-    "EnergyLogitsPrior",
     "ClassConditionalGaussian",
     "degenerate_variance",
     "finite_scores",
@@ -118,48 +117,6 @@ def energy_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
         ``(N,)`` energies, higher = more OOD.
     """
     return -temperature * torch.logsumexp(logits / temperature, dim=-1)
-
-
-class EnergyLogitsPrior:
-    """EL prior ``E(z) = −logsumexp(W z + b)`` on raw (not normalised) pooled features; HEAT's class prior.
-
-    Its SGLD proposal is ``N(0, I)`` (EL is not a normalised density one can sample; reference ``random_normal``).
-
-    Args:
-        weight: ``(C, D)`` classifier weight.
-        bias: ``(C,)`` classifier bias or ``None``.
-    """
-
-    normalize = False
-
-    def __init__(self, weight: Tensor, bias: Tensor | None = None) -> None:
-        weight = check_features("weight", weight)
-        if bias is not None:
-            bias = check_features("bias", bias.reshape(1, -1), dim=weight.shape[0]).reshape(-1)
-        self.weight, self.bias = weight.detach(), None if bias is None else bias.detach()
-
-    @property
-    def dim(self) -> int:
-        return self.weight.shape[1]
-
-    def logits(self, z: Tensor) -> Tensor:
-        w = self.weight.to(device=z.device, dtype=z.dtype)
-        b = None if self.bias is None else self.bias.to(device=z.device, dtype=z.dtype)
-        return torch.nn.functional.linear(z, w, b)
-
-    def energy(self, z: Tensor) -> Tensor:
-        """``(N, D) -> (N,)`` energy ``−logsumexp(Wz + b)``."""
-        return energy_logits(self.logits(z))
-
-    def sample(self, n: int, generator: torch.Generator, device=None, dtype=torch.float32) -> Tensor:
-        """``(n, D)`` standard normal proposals (reference ``proposal_type: random_normal``)."""
-        return torch.randn(n, self.dim, generator=generator, device=device, dtype=dtype)
-
-    def state_dict(self) -> dict[str, Tensor]:
-        out = {"weight": self.weight}
-        if self.bias is not None:
-            out["bias"] = self.bias
-        return out
 
 
 class ClassConditionalGaussian:

@@ -33,7 +33,7 @@ class ReAct(HeadDetector):
     _state_names = ("weight", "bias", "threshold")
 
     def __init__(self, percentile: float = 90.0, weight=None, bias=None, head=None) -> None:
-        super().__init__(weight, bias, head, _allow_missing=True)
+        super().__init__(weight, bias, head)
         percentile = check_positive("percentile", percentile)
         if percentile > 100.0:
             raise ValueError(f"percentile must lie in (0, 100]; got {percentile}")

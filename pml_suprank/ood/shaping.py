@@ -15,14 +15,12 @@ are *pruned*: ``k = D − round(D · percentile / 100)`` largest entries are kep
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
 from .._validation import check_choice
-from ..hub.serialization import CONFIG_NAME, WEIGHTS_NAME
 from .base import check_features
 from .head import HeadDetector
 from .priors import energy_logits
@@ -57,10 +55,6 @@ def kept_count(dim: int, percentile: float) -> int:
     return k
 
 
-def _check_z(z: Any) -> Tensor:
-    return check_features("z", z)
-
-
 def _top_mask(z: Tensor, k: int) -> Tensor:
     idx = z.topk(k, dim=-1).indices
     return torch.zeros_like(z, dtype=torch.bool).scatter(-1, idx, True)
@@ -74,13 +68,13 @@ def _sharpening(total: Tensor, kept: Tensor) -> Tensor:
 
 def ash_prune(z: Tensor, percentile: float) -> Tensor:
     """ASH-P (Djurisic et al. 2023, Sec. 3): keep the ``k`` largest entries of each row, zero the others. ``(N, D)``."""
-    z = _check_z(z)
+    z = check_features("z", z)
     return torch.where(_top_mask(z, kept_count(z.shape[-1], percentile)), z, torch.zeros_like(z))
 
 
 def ash_binarize(z: Tensor, percentile: float) -> Tensor:
     """ASH-B: the ``k`` largest entries of each row set to ``s1 / k`` (``s1`` = the row's sum), the others 0."""
-    z = _check_z(z)
+    z = check_features("z", z)
     k = kept_count(z.shape[-1], percentile)
     fill = (z.sum(dim=-1, keepdim=True) / k).expand_as(z)
     return torch.where(_top_mask(z, k), fill, torch.zeros_like(z))
@@ -94,7 +88,7 @@ def ash_scale(z: Tensor, percentile: float) -> Tensor:
 
 def scale_activations(z: Tensor, percentile: float) -> Tensor:
     """SCALE (Xu et al. 2024, Eq. 3): the **unpruned** row times ``exp(s1 / s2)``, ``s2`` = sum of its top-``k``."""
-    z = _check_z(z)
+    z = check_features("z", z)
     k = kept_count(z.shape[-1], percentile)
     kept = z.topk(k, dim=-1).values.sum(dim=-1, keepdim=True)
     return z * _sharpening(z.sum(dim=-1, keepdim=True), kept)
@@ -115,7 +109,7 @@ class ShapedEnergyDetector(HeadDetector, register=False):
     _state_names = ("weight", "bias")
 
     def __init__(self, percentile: float, weight=None, bias=None, head=None) -> None:
-        super().__init__(weight, bias, head, _allow_missing=True)
+        super().__init__(weight, bias, head)
         self.percentile = check_percentile(percentile)
         if self.weight is not None:
             kept_count(self.weight.shape[1], self.percentile)
@@ -126,15 +120,6 @@ class ShapedEnergyDetector(HeadDetector, register=False):
     def _score(self, features=None, logits=None, **kwargs) -> Tensor:
         z = self._check_z(features)
         return energy_logits(self._logits(self.shape(z)))
-
-    def _hub_load_state(self, state, config, *, source: Any, strict: bool, map_location: str) -> None:
-        """Refuse a folder without ``model.safetensors`` (the head lives there), then validate as every detector."""
-        if not Path(source).is_file():
-            raise FileNotFoundError(
-                f"{source} is missing: a {type(self).__name__} keeps the classifier head in it (the folder must hold "
-                f"{CONFIG_NAME} and {WEIGHTS_NAME} as written by save_pretrained)"
-            )
-        super()._hub_load_state(state, config, source=source, strict=strict, map_location=map_location)
 
 
 _VARIANTS = {"p": ash_prune, "b": ash_binarize, "s": ash_scale}

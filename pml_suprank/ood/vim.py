@@ -36,7 +36,7 @@ class ViM(HeadDetector):
     _state_names = ("weight", "bias", "u", "null_space", "alpha")
 
     def __init__(self, dim: int = 256, weight=None, bias=None, head=None) -> None:
-        super().__init__(weight, bias, head, _allow_missing=True)
+        super().__init__(weight, bias, head)
         if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
             raise ValueError(f"dim must be a positive integer; got {dim!r}")
         if self.weight is not None and dim >= self.weight.shape[1]:
