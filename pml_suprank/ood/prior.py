@@ -82,6 +82,7 @@ class Prior(ABC):
 
     def check(self, features: Tensor) -> None:
         """Validate the ``(N, D)`` source features before any prior is fitted; default: nothing."""
+        return None
 
     def fit(self, features: Tensor, labels: Tensor | None = None) -> Prior:
         """Fit on ``(N, D)`` source features (and ``(N,)`` labels when ``needs_labels``). Default: nothing to fit."""
