@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import skip_init
 
-from .._validation import check_positive
+from .._validation import check_positive, check_positive_int
 
 __all__ = [
     "MAX_HIDDEN_DIM",
@@ -105,11 +105,8 @@ class ResidualEnergyMLP(nn.Module):
         dtype=None,
     ) -> None:
         super().__init__()
-        for name, value in (("input_dim", input_dim), ("hidden_dim", hidden_dim)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer; got {value!r}")
-        if isinstance(n_hidden_layers, bool) or not isinstance(n_hidden_layers, int) or n_hidden_layers < 0:
-            raise ValueError(f"n_hidden_layers must be a non-negative integer; got {n_hidden_layers!r}")
+        check_positive_int("input_dim", input_dim), check_positive_int("hidden_dim", hidden_dim)
+        check_positive_int("n_hidden_layers", n_hidden_layers, minimum=0)
         if hidden_dim > MAX_HIDDEN_DIM or n_hidden_layers > MAX_HIDDEN_LAYERS:
             raise ValueError(
                 f"hidden_dim must be <= {MAX_HIDDEN_DIM} and n_hidden_layers <= {MAX_HIDDEN_LAYERS}; got "
@@ -296,8 +293,7 @@ def train_residual(
     if epochs == 0:
         mlp.eval()
         return []
-    if isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int) or accumulation_steps < 1:
-        raise ValueError(f"accumulation_steps must be a positive integer; got {accumulation_steps!r}")
+    check_positive_int("accumulation_steps", accumulation_steps)
     n = features.shape[0]
     batch_size = min(batch_size, n)
     optimizer = torch.optim.Adam(mlp.parameters(), lr=lr, betas=betas)

@@ -46,11 +46,10 @@ MAX_SEED = 2**53
 _MAX_STEPS = 100_000  # SGLD steps, epochs, accumulation steps, milestones
 _MAX_BATCH = 2**24
 
-#: The one schema of a HEAT setting, ``(kind, low, high)``: checked on the resolved settings of every
-#: ``HEAT(...)`` (:func:`check_heat_settings`) and, before that, on a loaded ``config.json`` at the top level of
-#: ``settings`` (applied to every prior) and in a prior's own dict (:func:`check_heat_config`); ints bound what sizes
-#: work (MLP width and depth, SGLD steps, epochs, batch), booleans are strictly typed (``"false"`` is refused),
-#: numbers are finite.
+#: The one schema of a HEAT setting, ``(kind, low, high)``, checked on the ``settings=`` of every ``HEAT(...)``
+#: (:func:`check_heat_settings`) and, before that, on a loaded ``config.json`` (:func:`check_heat_config`): ints
+#: bound what sizes work (MLP width and depth, SGLD steps, epochs, batch), booleans are strict (``"false"`` is
+#: refused), numbers finite and ``> low`` (``"positive"``) or ``>= low``.
 LOADED_SETTINGS: dict[str, tuple[str, float, float]] = {
     "hidden_dim": ("int", 1, MAX_HIDDEN_DIM),
     "n_hidden_layers": ("int", 0, MAX_HIDDEN_LAYERS),
@@ -60,10 +59,10 @@ LOADED_SETTINGS: dict[str, tuple[str, float, float]] = {
     "batch_size": ("int", 1, _MAX_BATCH),
     "reduce_width": ("bool", 0, 1),
     "milestones": ("ints", 0, _MAX_STEPS),
-    **dict.fromkeys(
-        ("prior_temperature", "lr", "step_size", "noise_std", "l2_coef", "eps_data", "end_factor", "gamma"),
-        ("number", -math.inf, math.inf),
-    ),  # fmt: skip
+    "prior_temperature": ("positive", 0.0, math.inf),
+    "lr": ("positive", 0.0, math.inf),
+    **dict.fromkeys(("step_size", "noise_std", "l2_coef", "eps_data", "end_factor"), ("number", 0.0, math.inf)),
+    "gamma": ("number", -math.inf, math.inf),
 }
 _TOP_LEVEL_BOOLS = ("tie_hidden_weights", "zero_init_residual")
 
@@ -81,7 +80,9 @@ def _setting_ok(kind: str, low: float, high: float, value: Any) -> bool:
     if kind == "ints":
         listed = isinstance(value, (list, tuple)) and len(value) <= 1000
         return listed and all(_setting_ok("int", low, high, v) for v in value)
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return False
+    return value > low if kind == "positive" else value >= low
 
 
 _LOADED_HINT = " in a loaded config; got {} (pass trust_config=True for a trusted file)"
@@ -90,8 +91,13 @@ _LOADED_HINT = " in a loaded config; got {} (pass trust_config=True for a truste
 def _check_setting(key: str, value: Any, where: str, hint: str = _LOADED_HINT) -> None:
     kind, low, high = LOADED_SETTINGS[key]
     if not _setting_ok(kind, low, high, value):
-        expected = {"bool": "true or false", "number": "a finite number", "int": f"an int in [{low}, {high}]",
-                    "ints": f"a list of at most 1000 ints in [{low}, {high}]"}[kind]  # fmt: skip
+        finite = _setting_ok("number", -math.inf, math.inf, value)  # then the lower bound is what it missed
+        bound = {"positive": " > 0", "number": f" >= {low:g}"}.get(kind, "") if finite else ""
+        expected = {
+            "bool": "true or false",
+            "int": f"an int in [{low}, {high}]",
+            "ints": f"a list of at most 1000 ints in [{low}, {high}]",
+        }.get(kind, f"a finite number{bound}")
         raise ValueError(f"{where} must be {expected}" + (hint or "; got {}").format(_shown(value)))
 
 

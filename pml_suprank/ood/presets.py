@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .._validation import check_positive
-
 __all__ = ["PRESETS", "SETTING_KEYS", "resolve_settings"]
 
 # fmt: off
@@ -64,21 +62,6 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 SETTING_KEYS = frozenset(PRESETS["cifar10"]["gmm"])
 
 
-def _check_resolved(prior: str, s: dict[str, Any]) -> None:
-    s["reduce_width"] = bool(s["reduce_width"])
-    for key in ("epochs", "sgld_steps"):
-        if isinstance(s[key], bool) or not isinstance(s[key], int) or s[key] < 0:
-            raise ValueError(f"{prior}.{key} must be a non-negative integer; got {s[key]!r}")
-    for key in ("batch_size", "hidden_dim", "accumulation_steps"):
-        if isinstance(s[key], bool) or not isinstance(s[key], int) or s[key] < 1:
-            raise ValueError(f"{prior}.{key} must be a positive integer; got {s[key]!r}")
-    for key in ("prior_temperature", "lr"):
-        check_positive(f"{prior}.{key}", s[key])
-    for key in ("step_size", "noise_std", "l2_coef", "eps_data", "end_factor"):
-        check_positive(f"{prior}.{key}", s[key], strict=False)
-    s["milestones"] = tuple(int(m) for m in s["milestones"])
-
-
 def resolve_settings(
     defaults: Mapping[str, Mapping[str, Any]], overrides: Mapping[str, Any], prior_names: tuple[str, ...]
 ) -> dict[str, dict[str, Any]]:
@@ -114,5 +97,5 @@ def resolve_settings(
         missing = sorted(SETTING_KEYS - set(s))
         if missing:
             raise ValueError(f"settings of prior {p!r} miss {missing}; give them in settings={{{p!r}: {{...}}}}")
-        _check_resolved(p, s)
+        s["milestones"] = tuple(s["milestones"])
     return resolved
