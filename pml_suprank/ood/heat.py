@@ -1,23 +1,18 @@
 """HEAT: Hybrid Energy-based model in the feATure space for post-hoc OOD detection.
 
-Lafon, Ramzi, Rambour, Thome, "Hybrid Energy Based Model in the Feature Space for Out-of-Distribution Detection",
-ICML 2023 (thesis ch. 5, Eqs. 5.1-5.7, Algorithm 2). Each prior ``k`` (a :class:`~pml_suprank.ood.prior.Prior`:
-EL on logits, GMM on avg-pooled and GMM_std on std-pooled features, or any registered user prior) is refined by a
-residual EBM ``E_θk`` (:mod:`.ebm`); the hybrid energies are standardised and composed by
-``E_β = (1/β)·log Σ_k exp(β·s̃_k)`` (Eq. 5.7), ``β = 0`` meaning the sum.
+Lafon, Ramzi, Rambour, Thome, ICML 2023 (thesis ch. 5, Eqs. 5.1-5.7, Algorithm 2). Each prior ``k`` (a
+:class:`~pml_suprank.ood.prior.Prior`) is refined by a residual EBM ``E_θk`` (:mod:`.ebm`); the hybrid energies are
+standardised and composed by ``E_β = (1/β)·log Σ_k exp(β·s̃_k)`` (Eq. 5.7), ``β = 0`` meaning the sum.
 
 Deliberate differences from the authors' released code:
 
-* **Standardisation** uses the mean and unbiased std of each hybrid energy over the **whole** training set; the
-  released code uses one shuffled batch of 256. Identical when the training set is one batch.
-* **Untied hidden layers** by default (``tie_hidden_weights=True`` reproduces the released MLP, whose hidden
-  layers share one ``nn.Linear``).
-* **GMM covariance** in float64 with a relative ridge (see :mod:`.priors`); GMM energies are scored in float64 but
-  evaluated in the feature dtype inside training (SGLD and the loss), where only ``∇(E/T_G)`` matters.
+* **Standardisation** uses the mean and unbiased std of each hybrid energy over the **whole** training set (the
+  released code: one shuffled batch of 256).
+* **Untied hidden layers** by default (``tie_hidden_weights=True`` reproduces the released MLP).
+* **GMM covariance** in float64 with a relative ridge (:mod:`.priors`).
 * **Randomness** comes from ``seed`` through explicit generators (the released code uses the global RNG).
-* ImageNet-specific options: the 20-layer pyramid MLP (``reduce_width``) is available (and set by the
-  ``"imagenet"`` preset, as gradient accumulation); not implemented are the tempered batch-statistics proposal
-  (``base_dist_temp``) and the per-sample "simplified Mahalanobis" SGLD energy.
+* ImageNet: the pyramid MLP (``reduce_width``) and gradient accumulation are set by the ``"imagenet"`` preset; the
+  tempered batch-statistics proposal and the "simplified Mahalanobis" SGLD energy are not implemented.
 """
 
 from __future__ import annotations
@@ -36,7 +31,7 @@ from .ebm import ResidualEnergyMLP, train_residual
 from .head import head_params
 from .heat_state import MAX_SEED, check_heat_config, check_heat_settings, check_heat_state, check_mlp_sizes
 from .model_api import model_head
-from .presets import resolve_settings
+from .presets import SETTING_KEYS, resolve_settings
 from .prior import Prior  # defines (registers) the built-in priors
 from .priors import degenerate_variance, unit_rows
 from .registry import PRIOR_REGISTRY
@@ -47,6 +42,14 @@ __all__ = ["HEAT", "PriorName", "compose_energies", "standardize"]
 PriorName = Literal["gmm", "gmm_std", "el"]
 Preset = Literal["cifar10", "cifar100", "imagenet", "fast"]
 _FIRST_SOURCE = "features"  # checked first: it fixes N for the other inputs
+_MLP_KEYS = {"prior_temperature", "hidden_dim", "n_hidden_layers", "reduce_width"}  # the others: train_residual's
+
+
+def _check_beta(beta: float) -> float:
+    beta = float(beta)
+    if math.isnan(beta):
+        raise ValueError("beta must be a real number or ±inf; got nan")
+    return beta
 
 
 def standardize(energies: Tensor, mean: Tensor, std: Tensor) -> Tensor:
@@ -55,23 +58,14 @@ def standardize(energies: Tensor, mean: Tensor, std: Tensor) -> Tensor:
 
 
 def compose_energies(energies: Tensor, beta: float) -> Tensor:
-    """Energy composition, thesis Eq. 5.7: ``(1/β)·logsumexp_k(β·E_k)``.
+    """Energy composition, thesis Eq. 5.7: ``(N, K)`` energies → ``(N,)`` ``(1/β)·logsumexp_k(β·E_k)``.
 
-    ``β = 0`` gives the **sum** (the reference code's choice, rank-equivalent to the mean; the formula itself
-    diverges as ``log K / β``), ``β = +inf`` the max and ``β = −inf`` the min (the limits of the formula).
-
-    Args:
-        energies: ``(N, K)`` (usually standardised) energies.
-        beta: Real or ``±inf``.
-
-    Returns:
-        ``(N,)`` composed energies.
+    ``β = 0`` gives the **sum** (the reference code's choice; the formula diverges as ``log K / β``), ``β = ±inf``
+    the max / min (the limits of the formula).
     """
     if not isinstance(energies, Tensor) or energies.dim() != 2:
         raise ValueError(f"energies must be a (N, K) tensor; got {getattr(energies, 'shape', type(energies))}")
-    beta = float(beta)
-    if math.isnan(beta):
-        raise ValueError("beta must be a real number or ±inf; got nan")
+    beta = _check_beta(beta)
     if beta == 0.0:
         return energies.sum(dim=-1)
     if math.isinf(beta):
@@ -86,15 +80,8 @@ class _Component(nn.Module):
         super().__init__()
         self.name, self.prior, self.mlp, self.prior_temperature = name, prior, mlp, prior_temperature
 
-    @property
-    def normalize(self) -> bool:
-        return bool(self.prior.normalize)
-
     def prep(self, z: Tensor) -> Tensor:
-        return unit_rows(z) if self.normalize else z
-
-    def prior_energy(self, z: Tensor) -> Tensor:
-        return self.prior.energy(z) / self.prior_temperature
+        return unit_rows(z) if self.prior.normalize else z
 
     def sgld_prior_energy(self, z: Tensor) -> Tensor:
         """Prior term used during training (``Prior.training_energy``, e.g. GMM energies in the feature dtype)."""
@@ -104,7 +91,7 @@ class _Component(nn.Module):
         """``(N, D)`` raw features → ``(total, residual, prior)`` energies, each ``(N,)``."""
         z = self.prep(z)
         residual = self.mlp(z.to(self.mlp.input_layer.weight.dtype)).to(z.dtype)
-        prior = self.prior_energy(z)
+        prior = self.prior.energy(z) / self.prior_temperature
         return residual + prior, residual, prior
 
 
@@ -129,32 +116,26 @@ class HEAT(Detector):
     """HEAT detector: refined priors + energy composition. ``score`` → ``(N,)`` energies, higher = more OOD.
 
     Args:
-        priors: Which hybrid energies to use, as registered :class:`~pml_suprank.ood.prior.Prior` names (or
-            classes): ``"gmm"`` (avg-pooled features), ``"gmm_std"`` (std-pooled; ``std_features`` must then be
-            given to ``fit`` / ``score``), ``"el"`` (needs the classifier head) and any user-defined prior.
+        priors: Registered :class:`~pml_suprank.ood.prior.Prior` names (or classes): ``"gmm"`` (avg-pooled
+            features), ``"gmm_std"`` (std-pooled: ``std_features=`` needed), ``"el"`` (needs the classifier head).
         beta: Composition parameter of Eq. 5.7; 0 (sum, the published tables), −1 (the thesis's best), ±inf.
-        preset: Base hyper-parameters per prior: ``"cifar10"``, ``"cifar100"``, ``"imagenet"`` (the authors'
-            released settings) or ``"fast"`` (a CPU preset: width 256, ≤ 5 SGLD steps, one epoch).
-        settings: Overrides on the preset: a dict whose keys are setting names (applied to every prior) and/or
-            prior names mapping to their own dict. Keys: ``prior_temperature, hidden_dim, n_hidden_layers,
-            sgld_steps, step_size, noise_std, end_factor, l2_coef, eps_data, lr, epochs, batch_size, milestones,
-            gamma, reduce_width, accumulation_steps``. ``epochs=0`` keeps the initial residual. Every value is
-            bounded when HEAT is constructed, before anything is allocated, by the schema a loaded ``config.json``
-            is held to (:data:`~pml_suprank.ood.heat_state.LOADED_SETTINGS`: e.g. ``hidden_dim <= 65536``,
-            ``n_hidden_layers <= 64``, ``batch_size <= 2**24``, SGLD steps and epochs ``<= 100000``, finite numbers,
-            strict booleans) and the residual MLP to ``MAX_MLP_PARAMETERS`` (2**30) parameters.
+        preset: Hyper-parameters per prior: ``"cifar10"``, ``"cifar100"``, ``"imagenet"`` (the authors' released
+            settings) or ``"fast"`` (CPU: width 256, ≤ 5 SGLD steps, one epoch); see ``ood.PRESETS``.
+        settings: Overrides on the preset: setting names (for every prior) and/or prior names mapping to their own
+            dict. ``epochs=0`` keeps the initial residual. Values are bounded here, before anything is allocated,
+            by :data:`~pml_suprank.ood.heat_state.LOADED_SETTINGS` (the schema of a loaded ``config.json``), the
+            residual MLP to ``MAX_MLP_PARAMETERS`` (2**30) parameters.
         weight, bias, head: Classifier head ``(C, D)``, ``(C,)`` (or an ``nn.Linear``) for the EL prior.
-        tie_hidden_weights: Share the hidden ``h × h`` layer as the released code (default False, see module doc).
+        tie_hidden_weights: Share the hidden ``h × h`` layer as the released code.
         zero_init_residual: Zero the MLP's last layer at init, so an untrained HEAT equals its priors.
         reg: Relative covariance ridge of the GMM priors.
         seed: Seed of the generators for initialisation, shuffling and SGLD (``|seed| <= 2**53``).
 
     ``fit(features, labels, std_features=None, callback=None)``: ``features`` ``(N, D)`` avg-pooled, ``std_features``
-    ``(N, D')`` std-pooled (for ``gmm_std``), ``labels`` ``(N,)`` (for the GMM priors); ``callback(prior, epoch,
-    step, loss)`` is called after every optimiser step. ``score(features, std_features=None)`` → ``(N,)``.
-    ``logits`` are accepted and ignored by the built-in priors: the EL prior is computed from ``features`` and the
-    head, so that SGLD can follow its gradient in feature space. ``score_components`` returns the per-prior
-    energies; ``history`` and ``fit_seconds`` hold the training loss per epoch and the fit time per prior.
+    ``(N, D')`` std-pooled, ``labels`` ``(N,)``; ``callback(prior, epoch, step, loss)`` after every optimiser step.
+    ``logits`` are ignored: EL is computed from ``features`` and the head, so that SGLD follows its gradient in
+    feature space. ``score_components`` gives the per-prior energies; ``history`` / ``fit_seconds`` the training loss
+    per epoch and the fit time per prior.
     """
 
     _state_names = ()
@@ -176,9 +157,7 @@ class HEAT(Detector):
         super().__init__()
         self.prior_classes = _prior_classes(priors)
         self.priors = tuple(self.prior_classes)
-        self.beta = float(beta)
-        if math.isnan(self.beta):
-            raise ValueError("beta must be a real number or ±inf; got nan")
+        self.beta = _check_beta(beta)
         self.preset = check_choice("preset", preset, get_args(Preset))
         check_heat_settings(settings or {})  # bounded before anything is copied or allocated
         self.settings_overrides = copy.deepcopy(settings or {})
@@ -292,16 +271,13 @@ class HEAT(Detector):
             def proposal(m: int, prior=prior, generator=generator, z_train=z_train) -> Tensor:
                 return prior.sample(m, generator, device=z_train.device, dtype=z_train.dtype)
 
-            training = {k: s[k] for k in ("epochs", "batch_size", "lr", "l2_coef", "sgld_steps", "step_size")}
-            training.update({k: s[k] for k in ("noise_std", "end_factor", "eps_data", "milestones", "gamma")})
             self.history[name] = train_residual(
                 mlp,
                 comp.sgld_prior_energy,
                 proposal,
                 z_train,
-                **training,
-                normalize=comp.normalize,
-                accumulation_steps=s["accumulation_steps"],
+                **{k: s[k] for k in SETTING_KEYS - _MLP_KEYS},
+                normalize=prior.normalize,
                 generator=generator,
                 callback=None if callback is None else (lambda e, st, loss, name=name: callback(name, e, st, loss)),
             )

@@ -1,8 +1,5 @@
-"""The detectors that read only the logits, without a fit: MSP, maximum logit and energy.
-
-Scores are outlier scores (higher = more OOD), the negative of OpenOOD v1.5's ``conf``; the definitions match
-OpenOOD v1.5 and pytorch-ood 0.4.0 once their hyper-parameters are aligned (checked against both in the tests).
-"""
+"""MSP, maximum logit and energy: the detectors reading only the logits, without a fit (as OpenOOD v1.5 and
+pytorch-ood 0.4.0, checked in the tests; scores are ``−conf``, higher = more OOD)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""Mahalanobis (Lee et al., NeurIPS 2018) and SSD+ (Sehwag et al., ICLR 2021) distance scores.
-
-Scores are outlier scores (higher = more OOD), the negative of OpenOOD v1.5's ``conf``; the definition matches
-OpenOOD v1.5 and pytorch-ood 0.4.0 once their hyper-parameters are aligned (checked against both in the tests).
-"""
+"""Mahalanobis (Lee et al., NeurIPS 2018) and SSD+ (Sehwag et al., ICLR 2021) distance scores; higher = more OOD."""
 
 from __future__ import annotations
 
@@ -22,9 +18,8 @@ __all__ = ["Mahalanobis"]
 
 
 def warn_degenerate_scale(name: str, cholesky: Tensor, dtype: torch.dtype) -> None:
-    """Warn when a fitted Gaussian (``cholesky`` ``(D, D)``, lower triangular) is so narrow that an input one unit
-    from its mean scores beyond ``dtype``: features of another scale (``1e-30``) than those later scored (``1``)
-    would all get saturated scores (:func:`~pml_suprank.ood.priors.finite_scores`)."""
+    """Warn when a fitted Gaussian (``cholesky`` ``(D, D)``) is so narrow that an input one unit from its mean scores
+    beyond ``dtype`` (fitted and scored features of different scales: saturated scores)."""
     smallest = float(torch.diagonal(cholesky).abs().min())
     limit = torch.finfo(dtype).max if dtype.is_floating_point else torch.finfo(torch.float32).max
     if smallest < 1.0 / math.sqrt(limit):
@@ -41,12 +36,9 @@ def warn_degenerate_scale(name: str, cholesky: Tensor, dtype: torch.dtype) -> No
 
 
 class Mahalanobis(Detector):
-    """Mahalanobis distance with class means and one shared covariance (Lee et al. 2018); SSD+ when ``normalize``.
-
-    Score ``min_c (z−μ_c)ᵀΣ⁻¹(z−μ_c)`` with the MLE covariance of class-centred features. With ``normalize=False``
-    this is OpenOOD's MDS (``−conf``) and HEAT's ``maha`` scorer; with ``normalize=True`` (features L2-normalised)
-    it is SSD+ (Sehwag et al. 2021), the "GMM" row of thesis Table 5.1 / "SSD+" of Table 5.5. pytorch-ood's
-    ``Mahalanobis`` gives ``0.5·score/N`` (its covariance is not divided by N): the same ranking.
+    """Mahalanobis distance (Lee et al. 2018): score ``(N,)`` ``min_c (z−μ_c)ᵀΣ⁻¹(z−μ_c)``, class means and the MLE
+    covariance of class-centred features (OpenOOD's MDS, HEAT's ``maha``; pytorch-ood's ``0.5·score/N`` ranks the
+    same). With ``normalize=True`` it is SSD+ (Sehwag et al. 2021; thesis Table 5.1 "GMM", Table 5.5 "SSD+").
 
     Args:
         normalize: L2-normalise features (SSD+).

@@ -1,18 +1,12 @@
-"""Prior density estimators of HEAT, as energies (higher = more OOD): EL and the class-conditional Gaussian mixture.
+"""Densities shared by HEAT's priors and the Mahalanobis baselines, as energies (higher = more OOD).
 
-Lafon et al., "Hybrid Energy Based Model in the Feature Space for Out-of-Distribution Detection" (ICML 2023;
-thesis ch. 5, Sec. 5.2.2): the *class prior* EL (energy of the logits, Liu et al. 2020) and the *feature prior*
-GMM (class-conditional Gaussians with one shared covariance, SSD+ / Lee et al. 2018), also used on std-pooled
-"style" features (GMM_std). Both are differentiable in ``z`` so SGLD can follow their gradient.
-
-Semantics follow the HEAT authors' released code, with these documented choices:
-
-* the shared covariance is the MLE (divided by N) of class-centred features, computed in **float64**; a ridge
-  ``reg · mean(diag Σ)`` (relative, default 1e-6) is added before the Cholesky factorisation. The reference adds an
-  absolute 1e-12 and factorises in float32, which fails on rank-deficient features (d > N_c, dead ReLU channels).
-* Mahalanobis distances and log-densities are computed in float64 through the whitened space
-  (``y = L⁻¹z``), then returned in the input dtype (a distance that overflows it saturates, :func:`finite_scores`);
-  L2 normalisation is exact at any feature scale (:func:`unit_rows`).
+The energy of the logits (EL, Liu et al. 2020) and the class-conditional Gaussian mixture with one shared covariance
+(SSD+ / Lee et al. 2018; HEAT's GMM prior, thesis Sec. 5.2.2), differentiable in ``z`` so that SGLD can follow their
+gradient. Choices differing from the HEAT authors' code: the covariance is the MLE (divided by N) of class-centred
+features in **float64** with a relative ridge ``reg · mean(diag Σ)`` before the Cholesky factorisation (the reference
+adds 1e-12 in float32, which fails on rank-deficient features); distances are computed in float64 in the whitened
+space ``y = L⁻¹z`` and returned in the input dtype (saturating, :func:`finite_scores`); L2 normalisation is exact at
+any scale (:func:`unit_rows`).
 """
 
 from __future__ import annotations
@@ -38,9 +32,8 @@ __all__ = [
 
 
 def gaussian_state_spec() -> dict[str, TensorSpec]:
-    """Layout of a fitted :class:`ClassConditionalGaussian`'s ``state_dict``: ``means`` ``(C, D)``,
-    ``class_weights`` ``(C,)`` (>= 0, not all zero), ``cholesky`` ``(D, D)`` (lower triangular, positive diagonal)
-    and ``classes`` ``(C,)`` (integer ids >= 0), with ``C >= 2`` classes (a class-conditional fit needs two)."""
+    """Layout of a fitted :class:`ClassConditionalGaussian`: ``means`` ``(C, D)``, ``class_weights`` ``(C,)``,
+    ``cholesky`` ``(D, D)`` (lower triangular) and integer ``classes`` ``(C,)``, ``C >= 2``."""
     return {
         "means": TensorSpec(("C", "D")),
         "class_weights": TensorSpec(("C",), nonzero=True, min_value=0.0, min_sizes=(("C", 2),)),
@@ -50,8 +43,8 @@ def gaussian_state_spec() -> dict[str, TensorSpec]:
 
 
 def degenerate_variance(second_moment: Tensor | float, dtype: torch.dtype, factor: float = 16.0) -> Tensor | float:
-    """The largest variance that is only rounding noise for values whose mean square is ``second_moment``, stored
-    in ``dtype``: ``(factor · eps(dtype))² · second_moment``. A fitted variance at or below it is degenerate."""
+    """``(factor · eps(dtype))² · second_moment``: a variance at or below it is rounding noise of values whose mean
+    square is ``second_moment`` (degenerate)."""
     eps = torch.finfo(dtype).eps if dtype.is_floating_point else torch.finfo(torch.float32).eps
     return (factor * eps) ** 2 * second_moment
 
@@ -59,19 +52,16 @@ def degenerate_variance(second_moment: Tensor | float, dtype: torch.dtype, facto
 def unit_rows(z: Tensor) -> Tensor:
     """``(N, D)`` rows scaled to unit L2 norm at any magnitude (zero rows stay zero).
 
-    ``F.normalize(z, eps=1e-12)`` divides by ``max(‖z‖, 1e-12)``: rows of norm below ``1e-12`` (features of scale
-    ``1e-30``) come out at norm ``‖z‖/1e-12`` instead of 1, and in float32 ``‖z‖²`` itself underflows below
-    ``~1e-19``. Each row is first divided by its largest absolute entry ``a`` (held constant for autograd: the unit
-    vector does not depend on the scale, so the gradient is that of ``z/‖z‖``), which brings ``‖z/a‖`` into
-    ``[1, √D]``, then normalised.
+    ``F.normalize`` fails below norm ``1e-12`` (and ``‖z‖²`` underflows in float32): each row is first divided by its
+    largest absolute entry (held constant for autograd; the gradient stays that of ``z/‖z‖``).
     """
     peak = z.detach().abs().amax(dim=-1, keepdim=True)
     return torch.nn.functional.normalize(z / torch.where(peak > 0, peak, torch.ones_like(peak)), dim=-1, eps=1e-12)
 
 
 def power_of_two_exponent(z: Tensor) -> int:
-    """``k`` with ``max|z| · 2**-k`` in ``[1, 2)`` (``0`` for an all-zero or non-finite ``z``), clamped to
-    ``[-1000, 1000]`` so that ``2.0**k`` is a float64. Dividing by ``2**k`` is exact: it moves exponents only."""
+    """``k`` with ``max|z| · 2**-k`` in ``[1, 2)`` (0 for an all-zero or non-finite ``z``; within ``±1000``): dividing
+    by ``2**k`` is exact."""
     peak = float(z.abs().amax()) if z.numel() else 0.0
     if peak == 0.0 or not math.isfinite(peak):
         return 0
@@ -79,15 +69,8 @@ def power_of_two_exponent(z: Tensor) -> int:
 
 
 def finite_scores(scores: Tensor, dtype: torch.dtype, name: str) -> Tensor:
-    """``scores`` (computed in float64) in ``dtype``, those beyond its range saturated at ``±finfo(dtype).max`` (NaN:
-    ``+max``, the most OOD) with one warning.
-
-    A squared Mahalanobis distance above ``finfo(dtype).max`` (float32: ``3.4e38``) would come back as ``+inf``: the
-    input lies ~``√score`` fitted standard deviations from every class mean, at a scale far from the training
-    features' (features of scale ``1e-30`` fitted, features of scale 1 scored). Such inputs are the most unusual ones
-    a guard sees: they are answered, ranked as most OOD (ties among them); float64 features get their exact float64
-    scores.
-    """
+    """``scores`` (float64) in ``dtype``, those beyond its range saturated at ``±finfo(dtype).max`` (NaN: ``+max``,
+    the most OOD) with one warning: inputs at a scale far from the fitted features' are answered, ranked most OOD."""
     info = torch.finfo(dtype)
     wide = torch.nan_to_num(scores.to(torch.float64), nan=math.inf)
     over = wide.abs() > info.max
@@ -107,24 +90,16 @@ def finite_scores(scores: Tensor, dtype: torch.dtype, name: str) -> Tensor:
 
 
 def energy_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
-    """Energy score ``−T·logsumexp(logits / T)`` (Liu et al. 2020, Eq. 7; thesis Sec. 5.2.2 "class prior").
-
-    Args:
-        logits: ``(N, C)`` classifier logits.
-        temperature: ``T > 0``.
-
-    Returns:
-        ``(N,)`` energies, higher = more OOD.
-    """
+    """Energy score ``(N, C)`` logits → ``(N,)`` ``−T·logsumexp(logits / T)`` (Liu et al. 2020, Eq. 7; HEAT's class
+    prior), higher = more OOD."""
     return -temperature * torch.logsumexp(logits / temperature, dim=-1)
 
 
 class ClassConditionalGaussian:
     """Class-conditional Gaussian mixture with one shared covariance (HEAT's GMM prior, SSD+, Mahalanobis).
 
-    ``q(z) = Σ_c π_c N(z; μ_c, Σ)`` with ``π_c = n_c / N``; energy ``−log q(ẑ)`` where ``ẑ = z/‖z‖`` when
-    ``normalize`` (the GMM prior of HEAT). ``min_mahalanobis`` is the SSD+ / Mahalanobis baseline score
-    ``min_c (z−μ_c)ᵀΣ⁻¹(z−μ_c)`` (no ½, no logsumexp).
+    ``q(z) = Σ_c π_c N(z; μ_c, Σ)``, ``π_c = n_c / N``; energy ``−log q(ẑ)`` (``ẑ = z/‖z‖`` when ``normalize``);
+    ``min_mahalanobis`` is the SSD+ / Mahalanobis score ``min_c (z−μ_c)ᵀΣ⁻¹(z−μ_c)``.
 
     Args:
         normalize: L2-normalise features before fitting and scoring (HEAT GMM / SSD+: True; Mahalanobis: False).
@@ -200,11 +175,8 @@ class ClassConditionalGaussian:
         return cache[key]
 
     def mahalanobis(self, z: Tensor, compute_dtype: torch.dtype = torch.float64) -> Tensor:
-        """``(N, D) -> (N, C)`` squared Mahalanobis distances to each class mean (differentiable).
-
-        ``compute_dtype`` defaults to float64: ``‖L⁻¹z − L⁻¹μ_c‖²`` is expanded as a matrix product, whose float32
-        cancellation error (~1e-7·‖L⁻¹z‖²) is visible in scores but negligible for SGLD gradients of ``E/T_G``.
-        """
+        """``(N, D) -> (N, C)`` squared Mahalanobis distances to each class mean (differentiable), expanded as a
+        matrix product in ``compute_dtype`` (float32 cancellation is visible in scores, not in SGLD gradients)."""
         inv_l, nu, nu_sq = self._whitening(z.device, compute_dtype)
         outs = []
         for part in z.split(self.chunk_size):
@@ -224,8 +196,7 @@ class ClassConditionalGaussian:
     energy = neg_log_likelihood
 
     def min_mahalanobis(self, z: Tensor) -> Tensor:
-        """``(N, D) -> (N,)`` ``min_c`` squared Mahalanobis distance (SSD+ / Mahalanobis score), in ``z``'s dtype;
-        a distance that overflows it saturates at its largest value, with a warning (:func:`finite_scores`)."""
+        """``(N, D) -> (N,)`` ``min_c`` squared Mahalanobis distance in ``z``'s dtype (:func:`finite_scores`)."""
         return finite_scores(self.mahalanobis(z).min(dim=-1).values, z.dtype, "Mahalanobis")
 
     def sample(

@@ -1,8 +1,4 @@
-"""ReAct: rectified activations (Sun et al., NeurIPS 2021).
-
-Scores are outlier scores (higher = more OOD), the negative of OpenOOD v1.5's ``conf``; the definition matches
-OpenOOD v1.5 and pytorch-ood 0.4.0 once their hyper-parameters are aligned (checked against both in the tests).
-"""
+"""ReAct: rectified activations (Sun et al., NeurIPS 2021); higher = more OOD."""
 
 from __future__ import annotations
 
@@ -20,10 +16,8 @@ __all__ = ["ReAct"]
 
 
 class ReAct(HeadDetector):
-    """ReAct (Sun et al. 2021): clip activations at the ``percentile`` of ID activations, then the energy score.
-
-    Threshold = linear-interpolated percentile of **all** training feature values (OpenOOD computes it on the ID
-    validation split; fit on whichever set you want as ID reference). Score ``−logsumexp(fc(min(z, thr)))``.
+    """ReAct (Sun et al. 2021): score ``(N,)`` ``−logsumexp(fc(min(z, thr)))``, ``thr`` the ``percentile`` of **all**
+    training feature values (OpenOOD fits it on the ID validation split: fit on the ID reference you want).
 
     Args:
         percentile: In (0, 100]; 90 in OpenOOD, 95 in HEAT's code (``react_p = 0.95``).

@@ -1,9 +1,5 @@
 """RMDS: relative Mahalanobis distance (Ren et al., "A Simple Fix to Mahalanobis Distance for Improving Near-OOD
-Detection", 2021).
-
-Scores are outlier scores (higher = more OOD), the negative of OpenOOD v1.5's ``conf``; the definition matches
-OpenOOD v1.5's ``RMDSPostprocessor`` once its hyper-parameters are aligned (see :class:`RMDS`).
-"""
+Detection", 2021); higher = more OOD."""
 
 from __future__ import annotations
 
@@ -22,17 +18,11 @@ __all__ = ["RMDS"]
 
 
 class RMDS(Detector):
-    """Relative Mahalanobis distance (Ren et al. 2021, Eq. 4): ``min_k (MD_k(z) − MD_0(z))``.
+    """Relative Mahalanobis distance (Ren et al. 2021, Eq. 4): score ``(N,)`` ``min_k (MD_k(z) − MD_0(z))``.
 
-    ``MD_k(z) = (z − μ_k)ᵀ Σ⁻¹ (z − μ_k)`` with class means ``μ_k`` and one shared covariance ``Σ`` (MLE of the
-    class-centred features, as :class:`~pml_suprank.ood.Mahalanobis`); ``MD_0(z) = (z − μ_0)ᵀ Σ_0⁻¹ (z − μ_0)``
-    is the distance under the *background* Gaussian fitted to all training features (mean ``μ_0``, MLE covariance
-    ``Σ_0``). Raw (not normalised) features, squared distances without ½, as the paper and OpenOOD v1.5
-    (``conf = max_k −(MD_k − MD_0)``).
-
-    Difference from OpenOOD: it inverts each covariance with sklearn's pseudo-inverse; here a relative ridge
-    ``reg · mean(diag Σ)`` is added before a float64 Cholesky factorisation (equal to ~1e-6 relative on full-rank
-    features, and defined on rank-deficient ones).
+    ``MD_k`` is the squared distance of :class:`~pml_suprank.ood.Mahalanobis` to class ``k``, ``MD_0`` the one under
+    the *background* Gaussian of all training features (raw features, as the paper and OpenOOD v1.5). OpenOOD inverts
+    the covariances with a pseudo-inverse; here a relative ridge ``reg · mean(diag Σ)`` precedes a float64 Cholesky.
 
     Args:
         reg: Relative ridge added to both covariances (``>= 0``).
