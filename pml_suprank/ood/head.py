@@ -52,7 +52,7 @@ class HeadDetector(Detector, register=False):
         super().__init__()
         self.weight, self.bias = (None, None) if weight is None and head is None else head_params(weight, bias, head)
 
-    def _adopt_head(self, model: nn.Module) -> None:
+    def _adopt(self, model: nn.Module) -> None:
         if self.weight is None:
             self.weight, self.bias = head_params(None, None, model_head(model, type(self).__name__))
 

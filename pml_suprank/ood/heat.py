@@ -180,7 +180,7 @@ class HEAT(Detector):
         self.standardization_mean: Tensor | None = None
         self.standardization_std: Tensor | None = None
 
-    def _adopt_head(self, model: nn.Module) -> None:
+    def _adopt(self, model: nn.Module) -> None:
         """Only a prior reading the head (``el``) takes the model's: a HEAT of feature priors (``gmm``, ``gmm_std``)
         guards a retrieval model without a classification head."""
         if self.weight is None and any(c.needs_head for c in self.prior_classes.values()):

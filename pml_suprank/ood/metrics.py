@@ -1,8 +1,7 @@
 """OOD detection metrics: AUROC, FPR at a given TPR (both published conventions), AUPR-in/out, detection accuracy.
 
-Every function takes two 1-D score vectors, ``id_scores`` (in-distribution test samples) and ``ood_scores``
-(out-of-distribution samples), where **higher = more OOD** (the convention of every detector in
-:mod:`pml_suprank.ood`). Computations are exact (ties are grouped, never broken by input order) and run in float64.
+Every function takes two 1-D score vectors, ``id_scores`` ``(N_id,)`` and ``ood_scores`` ``(N_ood,)``, where
+**higher = more OOD**, and returns a Python float; exact (ties grouped, never broken by input order), in float64.
 
 Conventions (Lafon, thesis Sec. 5.3, Eqs. 5.8-5.9; OpenOOD v1.5; pytorch-ood 0.4.0):
 
@@ -16,7 +15,7 @@ Conventions (Lafon, thesis Sec. 5.3, Eqs. 5.8-5.9; OpenOOD v1.5; pytorch-ood 0.4
 * ``convention="id_positive_roc"``: OpenOOD's legacy ``fpr_recall``: ID positive, discrete ROC threshold instead of
   the interpolated quantile (differs from ``id_positive`` on small sets with ties).
 
-Published numbers use different conventions; they are not comparable across papers without saying which.
+Published numbers use different conventions: not comparable across papers without saying which.
 """
 
 from __future__ import annotations
@@ -75,15 +74,7 @@ def _roc_counts(pos: Tensor, neg: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def auroc(id_scores, ood_scores) -> float:
-    """Area under the ROC curve for separating OOD (positive, higher score) from ID, ties counted ½.
-
-    Args:
-        id_scores: ``(N_id,)`` scores of in-distribution samples (higher = more OOD).
-        ood_scores: ``(N_ood,)`` scores of OOD samples.
-
-    Returns:
-        AUROC in [0, 1] as a Python float (thesis Eq. 5.8 with ties counted ½, as sklearn's ``roc_auc_score``).
-    """
+    """Area under the ROC curve, OOD positive (thesis Eq. 5.8 with ties counted ½, as sklearn's ``roc_auc_score``)."""
     id_s, ood_s = _as_scores("id_scores", id_scores), _as_scores("ood_scores", ood_scores)
     scores = torch.cat([id_s, ood_s])
     sorted_s, order = torch.sort(scores, stable=True)
@@ -97,22 +88,9 @@ def auroc(id_scores, ood_scores) -> float:
 
 
 def fpr_at_tpr(id_scores, ood_scores, tpr: float = 0.95, convention: FPRConvention = "id_positive") -> float:
-    """False-positive rate at a given true-positive rate (FPR95 for ``tpr=0.95``).
-
-    Args:
-        id_scores: ``(N_id,)`` scores of in-distribution samples (higher = more OOD).
-        ood_scores: ``(N_ood,)`` scores of OOD samples.
-        tpr: Target true-positive rate in (0, 1].
-        convention: ``"id_positive"`` (thesis Eq. 5.9, HEAT code: OOD share below the interpolated ``tpr``-quantile
-            of ID), ``"ood_positive"`` (OpenOOD v1.5 / pytorch-ood: ID share flagged when ``tpr`` of OOD is caught,
-            exact ROC) or ``"id_positive_roc"`` (OpenOOD legacy ``fpr_recall``). See the module docstring.
-
-    Returns:
-        The FPR as a Python float in [0, 1].
-    """
-    check_probability("tpr", tpr)
-    if tpr == 0.0:
-        raise ValueError(f"tpr must lie in (0, 1]; got {tpr}")
+    """False-positive rate at the true-positive rate ``tpr`` in (0, 1] (FPR95 for 0.95), under ``convention``
+    (``"id_positive"``: thesis Eq. 5.9; ``"ood_positive"``: OpenOOD v1.5; ``"id_positive_roc"``: see the module)."""
+    check_tpr(tpr)
     check_choice("convention", convention, get_args(FPRConvention))
     id_s, ood_s = _as_scores("id_scores", id_scores), _as_scores("ood_scores", ood_scores)
     if convention == "id_positive":
@@ -128,18 +106,17 @@ def fpr_at_tpr(id_scores, ood_scores, tpr: float = 0.95, convention: FPRConventi
     return float(fps[first] / neg.numel())
 
 
+def check_tpr(tpr: float) -> float:
+    """``tpr`` in (0, 1], else ``ValueError`` naming it."""
+    check_probability("tpr", tpr)
+    if tpr == 0.0:
+        raise ValueError(f"tpr must lie in (0, 1]; got {tpr}")
+    return float(tpr)
+
+
 def quantile_linear(x: Tensor, q: float) -> Tensor:
-    """``q``-quantile of all entries of ``x`` with linear interpolation (``numpy.percentile``'s default).
-
-    Unlike ``torch.quantile`` it has no input-size limit (two ``kthvalue`` calls, O(N)).
-
-    Args:
-        x: Tensor of any shape (flattened).
-        q: Quantile level in [0, 1].
-
-    Returns:
-        0-dim tensor with ``x``'s dtype and device.
-    """
+    """0-dim ``q``-quantile (``q`` in [0, 1]) of all entries of ``x``, linearly interpolated (``numpy.percentile``'s
+    default); unlike ``torch.quantile`` without a size limit (two ``kthvalue`` calls)."""
     flat = x.reshape(-1)
     n = flat.numel()
     pos = q * (n - 1)
@@ -164,21 +141,15 @@ def _average_precision(pos: Tensor, neg: Tensor, method: APMethod) -> float:
 
 
 def aupr_in(id_scores, ood_scores, method: APMethod = "step") -> float:
-    """Area under the precision-recall curve with ID as the positive class (score ``-s``).
-
-    Args:
-        id_scores: ``(N_id,)`` scores (higher = more OOD).
-        ood_scores: ``(N_ood,)`` scores.
-        method: ``"step"`` (average precision, sklearn ``average_precision_score``; HEAT's code) or
-            ``"trapezoid"`` (``auc(recall, precision)``; OpenOOD v1.5 and pytorch-ood).
-    """
+    """Area under the precision-recall curve, ID positive (score ``-s``): ``method="step"`` (average precision as
+    sklearn and HEAT's code) or ``"trapezoid"`` (``auc(recall, precision)`` as OpenOOD v1.5 and pytorch-ood)."""
     check_choice("method", method, get_args(APMethod))
     id_s, ood_s = _as_scores("id_scores", id_scores), _as_scores("ood_scores", ood_scores)
     return _average_precision(-id_s, -ood_s, method)
 
 
 def aupr_out(id_scores, ood_scores, method: APMethod = "step") -> float:
-    """Area under the precision-recall curve with OOD as the positive class. Arguments as :func:`aupr_in`."""
+    """Area under the precision-recall curve, OOD positive; ``method`` as :func:`aupr_in`."""
     check_choice("method", method, get_args(APMethod))
     id_s, ood_s = _as_scores("id_scores", id_scores), _as_scores("ood_scores", ood_scores)
     return _average_precision(ood_s, id_s, method)

@@ -11,6 +11,7 @@ from torch import Tensor
 
 from .._validation import check_positive
 from .base import Detector
+from .model_api import is_retrieval_model
 
 __all__ = ["ODIN"]
 
@@ -45,6 +46,10 @@ class ODIN(Detector):
         if norm_std is not None:
             norm_std = tuple(check_positive("norm_std", float(s)) for s in norm_std)
         self.norm_std = norm_std
+
+    def _adopt(self, model) -> None:
+        if self.model is None:
+            self.model = model.forward_logits if is_retrieval_model(model) else model
 
     def config(self) -> dict[str, Any]:
         return {"temperature": self.temperature, "eps": self.eps, "norm_std": self.norm_std}

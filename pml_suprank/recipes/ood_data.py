@@ -1,9 +1,5 @@
-"""Data, classifier and plotting helpers of the HEAT recipe ``recipes/fit_heat.py`` (datasets, timm model,
-histograms), driven by its typed :class:`~pml_suprank.recipes.ood_spec.FitHeatSpec` (``spec``).
-
-Kept apart from the command-line script so that ``recipes/`` holds only runnable scripts; nothing here is specific to
-one detector.
-"""
+"""Data, classifier and plotting helpers of ``recipes/fit_heat.py``, driven by its
+:class:`~pml_suprank.recipes.ood_spec.FitHeatSpec` (``spec``)."""
 
 from __future__ import annotations
 
@@ -15,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from ..ood.model_api import read_state_dict
+from ..ood.score_plots import plot_score_histograms
 from .ood_spec import FitHeatSpec
 
 ID_FAMILIES = ("circle", "triangle", "square", "star")
@@ -146,17 +144,10 @@ def load_checkpoint(model: torch.nn.Module, path: Path, backbone: str) -> None:
     """Load the state dict file ``path`` (.safetensors or a ``torch.save`` file) into the timm classifier ``model``.
 
     Raises:
-        ValueError: the file is a retrieval model of this package (use ``--model`` with its folder), or its keys /
-            shapes do not match ``backbone`` (the first few differences are named, never the whole state dict).
+        ValueError: an unreadable file (:func:`~pml_suprank.ood.model_api.read_state_dict`), a retrieval model of
+            this package (use ``--model`` with its folder), or keys / shapes that do not match ``backbone``.
     """
-    if not path.is_file():
-        raise ValueError(f"--checkpoint {path}: no such file")
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        state = load_file(str(path))
-    else:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+    state = read_state_dict(path)
     if any(k.startswith("backbone.") for k in state) and (path.parent / "config.json").is_file():
         raise ValueError(
             f"--checkpoint {path} holds a retrieval model of this package (backbone + embedding head), not a timm "
@@ -242,6 +233,4 @@ def train_classifier(model, ds, level, classes, spec: FitHeatSpec, device):
 def save_histograms(id_scores, ood_scores, out_dir: Path, convention: str = "id_positive") -> Path:
     """``score_histograms.png`` in ``out_dir``: :func:`pml_suprank.ood.score_plots.plot_score_histograms` of the
     ``{detector: (N,)}`` ID scores against every OOD set's ``{detector: (M,)}`` scores."""
-    from ..ood.score_plots import plot_score_histograms
-
     return plot_score_histograms(id_scores, ood_scores, Path(out_dir) / "score_histograms.png", convention=convention)
