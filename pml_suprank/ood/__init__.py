@@ -6,19 +6,13 @@ Every detector is fitted on in-distribution features (and labels / logits where 
     from pml_suprank import ood
     feats = ood.extract_features(timm_model, train_loader)          # z, σ (std-pooled), logits, labels
     heat = ood.HEAT(head=timm_model.get_classifier()).fit(**feats.as_kwargs())
-    test = ood.extract_features(timm_model, test_loader)
-    scores = heat.score(**test.as_kwargs())
+    scores = heat.score(**ood.extract_features(timm_model, test_loader).as_kwargs())
     ood.metrics.auroc(scores_id, scores_ood); ood.metrics.fpr_at_tpr(scores_id, scores_ood, tpr=0.95)
 
-Layout: one module per detector (``logit_scores`` holds the three logit-only ones: MSP, MaxLogit, Energy; ``odin``,
-``mahalanobis``, ``knn``, ``vim``, ``dice``, ``react``, ``gen``, ``rmds``, ``shaping`` (ASH and SCALE), ``nnguide``,
-``heat``), the :class:`Detector` contract in ``base``, the name registries in ``registry``, HEAT's
-:class:`Prior` contract in ``prior`` with the built-in priors in ``heat_priors``, the densities in ``priors``,
-presets in ``presets``, the residual EBM in ``ebm``.
-
-* **Add a detector**: subclass :class:`Detector` in a new module and import it below; defining the class registers
-  it (``ood.list_detectors()``, ``ood.get_detector(name)``, ``Detector.from_pretrained``, ``recipes/fit_heat.py``).
-* **Add a HEAT prior**: subclass :class:`Prior` with ``name="..."``; ``ood.HEAT(priors=(..., "name"))`` uses it.
+One module per detector (``logit_scores``: MSP, MaxLogit, Energy; ``shaping``: ASH, SCALE), the :class:`Detector`
+contract in ``base``, HEAT's :class:`Prior` contract and built-in priors in ``prior``, the densities in ``priors``,
+the residual EBM in ``ebm``. Subclassing :class:`Detector` (or :class:`Prior` with ``name="..."``) registers the
+class: ``ood.list_detectors()``, ``ood.get_detector(name)``, ``Detector.from_pretrained``, ``recipes/fit_heat.py``.
 """
 
 from . import metrics

@@ -1,18 +1,10 @@
-"""Checks of a saved HEAT before anything is built from it: bounded MLP sizes in ``config.json``, and every tensor of
-``model.safetensors`` against what the config implies.
+"""Checks of HEAT's settings and of a saved HEAT before anything is built from it (``ValueError`` naming the file
+and the key). A fitted HEAT with priors ``p_1..p_K`` holds:
 
-A fitted HEAT with priors ``p_1..p_K`` holds (see :meth:`~pml_suprank.ood.heat.HEAT.state_dict`):
-
-* ``head.weight`` ``(C, D)`` (not all zero) and optionally ``head.bias`` ``(C,)`` — required when a prior needs the
-  classifier head (``"el"``);
-* ``<p>.prior.<name>`` — each prior's tensors, laid out as its :meth:`~pml_suprank.ood.prior.Prior.state_spec`
-  (the GMM priors: means ``(C_p, D_p)``, class weights, a Cholesky factor ``(D_p, D_p)``, class ids);
-* ``<p>.mlp.<name>`` — the residual MLP, whose every tensor must have the shape of the MLP the config's settings
-  (``hidden_dim``, ``n_hidden_layers``, ``reduce_width``, ``tie_hidden_weights``) build on ``D_p`` inputs (checked
-  against a shape-only ``meta`` copy, so nothing is allocated before the check);
+* ``head.weight`` ``(C, D)`` and optionally ``head.bias`` ``(C,)``, required when a prior needs the head (``"el"``);
+* ``<p>.prior.<name>``: each prior's tensors, laid out as its :meth:`~pml_suprank.ood.prior.Prior.state_spec`;
+* ``<p>.mlp.<name>``: the residual MLP, shaped as the one the config builds on ``D_p`` inputs (a ``meta`` copy);
 * ``standardization_mean`` ``(K,)`` and ``standardization_std`` ``(K,)`` (> 0).
-
-Every error is a ``ValueError`` naming the file and the key.
 """
 
 from __future__ import annotations
@@ -32,8 +24,6 @@ from .priors import degenerate_variance
 
 __all__ = [
     "LOADED_SETTINGS",
-    "MAX_HIDDEN_DIM",
-    "MAX_HIDDEN_LAYERS",
     "MAX_SEED",
     "check_heat_config",
     "check_heat_settings",
@@ -101,8 +91,9 @@ def _check_setting(key: str, value: Any, where: str, hint: str = _LOADED_HINT) -
         raise ValueError(f"{where} must be {expected}" + (hint or "; got {}").format(_shown(value)))
 
 
-def _check_overrides(settings: Any, where: str, hint: str) -> None:
-    """Every setting of :data:`LOADED_SETTINGS` in ``settings``, at its top level and in each prior's dict alike."""
+def check_heat_settings(settings: Any, where: str = "settings", hint: str = "") -> None:
+    """Bound the ``settings=`` of ``HEAT(...)`` (or of a loaded config) by :data:`LOADED_SETTINGS`, at the top level and
+    in each prior's dict, before anything is allocated (``ValueError`` naming ``settings[prior][key]``)."""
     if not isinstance(settings, dict):
         raise ValueError(f"{where} must be a dict; got {type(settings).__name__}")
     for name, values in settings.items():
@@ -116,16 +107,8 @@ def _check_overrides(settings: Any, where: str, hint: str) -> None:
         # anything else (unknown keys, a prior given a non-dict): resolve_settings refuses it with its own message
 
 
-def check_heat_settings(settings: Any) -> None:
-    """Bound the ``settings=`` overrides of ``HEAT(...)`` when it is constructed, before anything is allocated: the
-    schema of :data:`LOADED_SETTINGS` (the one a loaded ``config.json`` is held to), at the top level and in each
-    prior's dict. ``ValueError`` naming ``settings[key]`` / ``settings[prior][key]``, the bound and the value."""
-    _check_overrides(settings, "settings", "")
-
-
 def check_mlp_sizes(component_settings: Mapping[str, Mapping[str, Any]], tie_hidden_weights: bool) -> None:
-    """The residual MLP of every prior, without its input layer (its width is known at fit time), holds at most
-    :data:`~pml_suprank.ood.ebm.MAX_MLP_PARAMETERS` parameters (:func:`~pml_suprank.ood.ebm.mlp_parameter_count`)."""
+    """The residual MLP of every prior, without its input layer, holds at most ``MAX_MLP_PARAMETERS`` parameters."""
     for name, values in component_settings.items():
         h, n, reduce = values["hidden_dim"], values["n_hidden_layers"], values["reduce_width"]
         if reduce and h % (2**n):
@@ -140,15 +123,13 @@ def check_mlp_sizes(component_settings: Mapping[str, Mapping[str, Any]], tie_hid
 
 
 def check_heat_config(model_args: Mapping[str, Any], source: Path, skip: Mapping[str, Any]) -> None:
-    """Bound a loaded HEAT ``config.json`` before anything is built: every setting of :data:`LOADED_SETTINGS`, at
-    the top level of ``settings`` and in each prior's dict alike; ``tie_hidden_weights`` / ``zero_init_residual``
-    strictly bool (``ValueError`` naming the file and the key; values shown truncated)."""
+    """Bound a loaded HEAT ``config.json`` (but the ``skip`` keys the caller overrides) before anything is built."""
     for key in _TOP_LEVEL_BOOLS:
         if key in model_args and key not in skip and not isinstance(model_args[key], bool):
             raise ValueError(f"{source}: model_args.{key} must be true or false; got {_shown(model_args[key])}")
     if "settings" in skip:
         return
-    _check_overrides(model_args.get("settings") or {}, f"{source}: model_args.settings", _LOADED_HINT)
+    check_heat_settings(model_args.get("settings") or {}, f"{source}: model_args.settings", _LOADED_HINT)
 
 
 def _mlp_spec(heat: Any, name: str, dim: int, symbol: str) -> dict[str, TensorSpec]:
@@ -160,15 +141,12 @@ def _mlp_spec(heat: Any, name: str, dim: int, symbol: str) -> dict[str, TensorSp
     return spec
 
 
-#: the smallest standardization_std a loaded HEAT may hold: below it (E - mean) / std overflows float32 for energies
-#: that differ by more than ~1e8 (1e-45, a float32 subnormal, turned every score into inf / NaN)
+#: the smallest standardization_std a loaded HEAT may hold (below, (E - mean) / std overflows float32)
 MIN_STANDARDIZATION_STD = 1e-30
 
 
 def _check_standardization(state: Mapping[str, Tensor], source: Path) -> None:
-    """``standardization_std`` must exceed both :data:`MIN_STANDARDIZATION_STD` and the rounding level of
-    ``standardization_mean`` (:func:`~pml_suprank.ood.priors.degenerate_variance`): a smaller one makes the scores
-    infinite or pure rounding noise."""
+    """``standardization_std`` above :data:`MIN_STANDARDIZATION_STD` and the rounding level of the mean."""
     mean = state["standardization_mean"].to(torch.float64)
     std = state["standardization_std"].to(torch.float64)
     floor = torch.maximum(degenerate_variance(mean.pow(2), torch.float32).sqrt(),
@@ -182,7 +160,7 @@ def _check_standardization(state: Mapping[str, Tensor], source: Path) -> None:
 
 
 def check_heat_state(heat: Any, state: Mapping[str, Tensor], source: Path) -> None:
-    """Check a loaded HEAT state against ``heat`` (built from the same config); see the module docstring."""
+    """Check a loaded HEAT state against ``heat`` (built from the same config)."""
     spec: dict[str, TensorSpec] = {}
     needs_head = any(cls.needs_head for cls in heat.prior_classes.values())
     if needs_head or "head.weight" in state:
