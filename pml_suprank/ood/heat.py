@@ -304,13 +304,18 @@ class HEAT(Detector):
         return mean, std
 
     @torch.no_grad()
-    def _hybrid_matrix(self, inputs: dict[str, Tensor], chunk_size: int = 8192) -> Tensor:
-        cols = []
-        for comp in self.components.values():
+    def _energies(self, inputs: dict[str, Tensor], chunk_size: int = 8192) -> dict[str, dict[str, Tensor]]:
+        """Per prior: ``{"total", "residual", "prior"}`` hybrid energies ``(N,)``, computed in chunks of rows."""
+        out = {}
+        for name, comp in self.components.items():
             z = inputs[comp.prior.source]
             comp.to(z.device)
-            cols.append(torch.cat([comp(part)[0] for part in z.split(chunk_size)]))
-        return torch.stack(cols, dim=1)
+            parts = zip(*(comp(part) for part in z.split(chunk_size)))
+            out[name] = dict(zip(("total", "residual", "prior"), map(torch.cat, parts)))
+        return out
+
+    def _hybrid_matrix(self, inputs: dict[str, Tensor]) -> Tensor:
+        return torch.stack([e["total"] for e in self._energies(inputs).values()], dim=1)
 
     def _score(self, features=None, logits=None, std_features=None, **kwargs) -> Tensor:
         inputs = self._inputs({"features": features, "logits": logits, "std_features": std_features, **kwargs})
@@ -334,14 +339,7 @@ class HEAT(Detector):
         """Per prior: ``{"total", "residual", "prior"}`` hybrid energies ``(N,)`` (before standardisation)."""
         if not self._fitted:
             raise NotFittedError("HEAT")
-        inputs = self._inputs({"features": features, "std_features": std_features, **kwargs})
-        out = {}
-        for name, comp in self.components.items():
-            z = inputs[comp.prior.source]
-            comp.to(z.device)
-            total, residual, prior = comp(z)
-            out[name] = {"total": total, "residual": residual, "prior": prior}
-        return out
+        return self._energies(self._inputs({"features": features, "std_features": std_features, **kwargs}))
 
     # --- state ----------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Tensor]:

@@ -14,7 +14,8 @@ from ..hub.schema import TensorSpec
 from .base import Detector, check_features
 from .priors import ClassConditionalGaussian, gaussian_state_spec
 
-__all__ = ["Mahalanobis"]
+__all__ = ["GaussianDetector", "Mahalanobis"]
+_GAUSSIAN = ("means", "class_weights", "cholesky", "classes")
 
 
 def warn_degenerate_scale(name: str, cholesky: Tensor, dtype: torch.dtype) -> None:
@@ -35,7 +36,34 @@ def warn_degenerate_scale(name: str, cholesky: Tensor, dtype: torch.dtype) -> No
         )
 
 
-class Mahalanobis(Detector):
+class GaussianDetector(Detector, register=False):
+    """Base of the detectors fitting a :class:`~pml_suprank.ood.priors.ClassConditionalGaussian` (``self.gaussian``);
+    ``_state_names`` beyond the Gaussian's are their own float64 tensors, declared in ``_state_spec``."""
+
+    _state_names = _GAUSSIAN
+
+    def state_dict(self) -> dict[str, Tensor]:
+        own = {k: getattr(self, k, None) for k in self._state_names[len(_GAUSSIAN) :]}
+        return {**self.gaussian.state_dict(), **{k: v.contiguous() for k, v in own.items() if v is not None}}
+
+    def _state_spec(self) -> dict[str, TensorSpec]:
+        return gaussian_state_spec()
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> GaussianDetector:
+        unknown = sorted(set(state) - set(self._state_names))
+        if unknown:
+            raise ValueError(f"state has keys unknown to {type(self).__name__}: {unknown}")
+        self.gaussian.load_state_dict({k: state[k] for k in _GAUSSIAN})
+        for k in self._state_names[len(_GAUSSIAN) :]:
+            setattr(self, k, state[k].to(torch.float64))
+        self._fitted = True
+        return self
+
+    def to(self, device=None, dtype=None) -> GaussianDetector:
+        return self.load_state_dict({k: v.to(device) for k, v in self.state_dict().items()})
+
+
+class Mahalanobis(GaussianDetector):
     """Mahalanobis distance (Lee et al. 2018): score ``(N,)`` ``min_c (z−μ_c)ᵀΣ⁻¹(z−μ_c)``, class means and the MLE
     covariance of class-centred features (OpenOOD's MDS, HEAT's ``maha``; pytorch-ood's ``0.5·score/N`` ranks the
     same). With ``normalize=True`` it is SSD+ (Sehwag et al. 2021; thesis Table 5.1 "GMM", Table 5.5 "SSD+").
@@ -44,8 +72,6 @@ class Mahalanobis(Detector):
         normalize: L2-normalise features (SSD+).
         reg: Relative ridge on the covariance (see :class:`~pml_suprank.ood.priors.ClassConditionalGaussian`).
     """
-
-    _state_names = ("means", "class_weights", "cholesky", "classes")
 
     def __init__(self, normalize: bool = False, reg: float = 1e-6) -> None:
         super().__init__()
@@ -64,18 +90,3 @@ class Mahalanobis(Detector):
     def _score(self, features=None, logits=None, **kwargs) -> Tensor:
         z = check_features("features", features, dim=self.gaussian.dim)
         return self.gaussian.min_mahalanobis(z)
-
-    def state_dict(self) -> dict[str, Tensor]:
-        return self.gaussian.state_dict()
-
-    def _state_spec(self) -> dict[str, TensorSpec]:
-        return gaussian_state_spec()
-
-    def load_state_dict(self, state: dict[str, Tensor]) -> Mahalanobis:
-        self.gaussian.load_state_dict(state)
-        self._fitted = True
-        return self
-
-    def to(self, device=None, dtype=None) -> Mahalanobis:
-        self.gaussian.load_state_dict({k: v.to(device) for k, v in self.gaussian.state_dict().items()})
-        return self
