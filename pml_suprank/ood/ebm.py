@@ -28,18 +28,7 @@ from torch.nn.utils import skip_init
 
 from .._validation import check_positive, check_positive_int
 
-__all__ = [
-    "MAX_HIDDEN_DIM",
-    "MAX_HIDDEN_LAYERS",
-    "MAX_MLP_PARAMETERS",
-    "ResidualEnergyMLP",
-    "mlp_parameter_count",
-    "polynomial_schedule",
-    "project",
-    "sgld_sample",
-    "contrastive_divergence_loss",
-    "train_residual",
-]
+__all__ = ["ResidualEnergyMLP", "contrastive_divergence_loss", "polynomial_schedule", "sgld_sample", "train_residual"]
 
 #: bounds of the residual MLP checked before any weight is allocated: width, hidden layers, parameters (2**30 = 4 GiB)
 MAX_HIDDEN_DIM = 65_536

@@ -15,15 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = [
-    "OODFeatures",
-    "batch_images",
-    "collect_features",
-    "extract_features",
-    "feature_map_positions",
-    "model_device",
-    "pool_feature_map",
-]
+__all__ = ["OODFeatures", "extract_features", "feature_map_positions", "pool_feature_map"]
 
 
 @dataclass

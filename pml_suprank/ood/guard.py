@@ -113,16 +113,6 @@ def state_digest(module: Any) -> str:
     return digest.hexdigest()
 
 
-def _scores(name: str, x: Any) -> Tensor:
-    if not isinstance(x, Tensor) or x.dim() != 1 or x.numel() == 0 or not x.is_floating_point():
-        got = f"shape {tuple(x.shape)} {x.dtype}" if isinstance(x, Tensor) else type(x).__name__
-        raise ValueError(f"{name} must be a non-empty 1-D floating tensor of scores; got {got}")
-    x = x.detach().to("cpu", torch.float64)
-    if not bool(torch.isfinite(x).all()):
-        raise ValueError(f"{name} must be finite; got {int((~torch.isfinite(x)).sum())} non-finite score(s)")
-    return x
-
-
 def _number(where: str, value: Any, text: str = "a finite number", low: float = -math.inf, high: float = math.inf,
             *, open_low: bool = False) -> float:  # fmt: skip
     """``value`` as a finite float in ``[low, high]`` (``(low, high]`` when ``open_low``), else ``ValueError``."""
@@ -164,7 +154,7 @@ def calibrate_threshold(id_scores: Tensor, tpr_target: float = 0.95, *, seed: in
     """``(threshold, id_tpr)`` from held-out ID scores ``(N,)``, ``N >= 2`` (see the module docstring: the threshold
     keeps ``tpr_target`` of a seeded half, ``id_tpr`` is measured on the other half)."""
     tpr_target = _number("tpr_target", tpr_target, *_RATE, open_low=True)
-    scores = _scores("id_scores", id_scores)
+    scores = ood_metrics.as_scores("id_scores", id_scores).cpu()
     if scores.numel() < 2:
         raise ValueError(f"id_scores must hold at least 2 held-out ID scores (calibrate + check); got {scores.numel()}")
     order = torch.randperm(scores.numel(), generator=torch.Generator().manual_seed(seed))
@@ -233,7 +223,7 @@ class OODGuard:
         threshold, id_tpr = calibrate_threshold(id_scores, tpr_target, seed=seed)
         measured = {}
         for name, scores in (ood_scores or {}).items():
-            s = _scores(f"ood_scores[{name!r}]", scores)
+            s = ood_metrics.as_scores(f"ood_scores[{name!r}]", scores)
             measured[str(name)] = {"fpr": float((s <= threshold).to(torch.float64).mean()),
                                    "auroc": ood_metrics.auroc(id_scores.float(), s.float())}  # fmt: skip
         return cls(detector, threshold=threshold, feature_kind=feature_kind, model_sha256=model_sha256,

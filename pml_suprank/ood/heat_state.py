@@ -22,14 +22,7 @@ from ..hub.serialization import check_state
 from .ebm import MAX_HIDDEN_DIM, MAX_HIDDEN_LAYERS, MAX_MLP_PARAMETERS, mlp_parameter_count
 from .priors import degenerate_variance
 
-__all__ = [
-    "LOADED_SETTINGS",
-    "MAX_SEED",
-    "check_heat_config",
-    "check_heat_settings",
-    "check_heat_state",
-    "check_mlp_sizes",
-]
+__all__ = ["LOADED_SETTINGS", "check_heat_config", "check_heat_settings", "check_heat_state", "check_mlp_sizes"]
 
 #: ``|seed|`` bound: HEAT seeds its generators with ``seed·1000 + k``, which must fit a 64-bit int
 MAX_SEED = 2**53

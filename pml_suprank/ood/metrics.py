@@ -42,7 +42,8 @@ FPRConvention = Literal["id_positive", "ood_positive", "id_positive_roc"]
 APMethod = Literal["step", "trapezoid"]
 
 
-def _as_scores(name: str, x) -> Tensor:
+def as_scores(name: str, x) -> Tensor:
+    """``x`` as a finite, non-empty float64 vector of scores (``TypeError`` / ``ValueError`` naming ``name``)."""
     if not isinstance(x, Tensor):
         try:
             x = torch.as_tensor(x)
@@ -75,7 +76,7 @@ def _roc_counts(pos: Tensor, neg: Tensor) -> tuple[Tensor, Tensor]:
 
 def auroc(id_scores, ood_scores) -> float:
     """Area under the ROC curve, OOD positive (thesis Eq. 5.8 with ties counted ½, as sklearn's ``roc_auc_score``)."""
-    id_s, ood_s = _as_scores("id_scores", id_scores), _as_scores("ood_scores", ood_scores)
+    id_s, ood_s = as_scores("id_scores", id_scores), as_scores("ood_scores", ood_scores)
     scores = torch.cat([id_s, ood_s])
     sorted_s, order = torch.sort(scores, stable=True)
     _, inverse, counts = torch.unique_consecutive(sorted_s, return_inverse=True, return_counts=True)
@@ -92,7 +93,7 @@ def fpr_at_tpr(id_scores, ood_scores, tpr: float = 0.95, convention: FPRConventi
     (``"id_positive"``: thesis Eq. 5.9; ``"ood_positive"``: OpenOOD v1.5; ``"id_positive_roc"``: see the module)."""
     check_tpr(tpr)
     check_choice("convention", convention, get_args(FPRConvention))
-    id_s, ood_s = _as_scores("id_scores", id_scores), _as_scores("ood_scores", ood_scores)
+    id_s, ood_s = as_scores("id_scores", id_scores), as_scores("ood_scores", ood_scores)
     if convention == "id_positive":
         threshold = quantile_linear(id_s, tpr)
         return float((ood_s < threshold).to(torch.float64).mean())
@@ -144,20 +145,20 @@ def aupr_in(id_scores, ood_scores, method: APMethod = "step") -> float:
     """Area under the precision-recall curve, ID positive (score ``-s``): ``method="step"`` (average precision as
     sklearn and HEAT's code) or ``"trapezoid"`` (``auc(recall, precision)`` as OpenOOD v1.5 and pytorch-ood)."""
     check_choice("method", method, get_args(APMethod))
-    id_s, ood_s = _as_scores("id_scores", id_scores), _as_scores("ood_scores", ood_scores)
+    id_s, ood_s = as_scores("id_scores", id_scores), as_scores("ood_scores", ood_scores)
     return _average_precision(-id_s, -ood_s, method)
 
 
 def aupr_out(id_scores, ood_scores, method: APMethod = "step") -> float:
     """Area under the precision-recall curve, OOD positive; ``method`` as :func:`aupr_in`."""
     check_choice("method", method, get_args(APMethod))
-    id_s, ood_s = _as_scores("id_scores", id_scores), _as_scores("ood_scores", ood_scores)
+    id_s, ood_s = as_scores("id_scores", id_scores), as_scores("ood_scores", ood_scores)
     return _average_precision(ood_s, id_s, method)
 
 
 def detection_accuracy(id_scores, ood_scores) -> float:
     """Best balanced detection accuracy ``0.5·max_t(TPR_ood(t) + 1 − FPR_id(t))`` over all thresholds (HEAT DetAcc)."""
-    id_s, ood_s = _as_scores("id_scores", id_scores), _as_scores("ood_scores", ood_scores)
+    id_s, ood_s = as_scores("id_scores", id_scores), as_scores("ood_scores", ood_scores)
     tps, fps = _roc_counts(ood_s, id_s)
     best = torch.clamp((tps / ood_s.numel() + 1.0 - fps / id_s.numel()).max(), min=1.0)  # t = +inf gives 1
     return float(0.5 * best)

@@ -22,14 +22,7 @@ from torch import Tensor, nn
 
 from .features import OODFeatures, batch_images, collect_features, extract_features, model_device, pool_feature_map
 
-__all__ = [
-    "FEATURE_KINDS",
-    "ModelDetectorMixin",
-    "extract_model_features",
-    "is_retrieval_model",
-    "model_head",
-    "read_state_dict",
-]
+__all__ = ["ModelDetectorMixin", "extract_model_features", "read_state_dict"]
 
 FeatureKind = Literal["pooled", "embedding"]
 FEATURE_KINDS = get_args(FeatureKind)

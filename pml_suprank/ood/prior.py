@@ -185,9 +185,7 @@ class ELPrior(Prior, name="el"):
 
     def check(self, features: Tensor) -> None:
         if features.shape[1] != self.dim:
-            raise ValueError(
-                f"features have {features.shape[1]} columns but the classifier weight expects {self.dim}"
-            )
+            raise ValueError(f"features have {features.shape[1]} columns but the classifier weight expects {self.dim}")
 
     def energy(self, z: Tensor) -> Tensor:
         return energy_logits(linear_logits(z, self.weight, self.bias))

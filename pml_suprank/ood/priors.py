@@ -20,15 +20,7 @@ from .._validation import check_bool, check_positive
 from ..hub.schema import TensorSpec
 from .base import check_class_labels, check_features
 
-__all__ = [
-    "energy_logits",
-    "ClassConditionalGaussian",
-    "degenerate_variance",
-    "finite_scores",
-    "gaussian_state_spec",
-    "power_of_two_exponent",
-    "unit_rows",
-]
+__all__ = ["ClassConditionalGaussian", "energy_logits", "finite_scores", "unit_rows"]
 
 
 def gaussian_state_spec() -> dict[str, TensorSpec]:

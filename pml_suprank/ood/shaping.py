@@ -18,17 +18,7 @@ from .base import check_features
 from .head import HeadDetector
 from .priors import energy_logits
 
-__all__ = [
-    "ASH",
-    "SCALE",
-    "ShapedEnergyDetector",
-    "ash_binarize",
-    "ash_prune",
-    "ash_scale",
-    "check_percentile",
-    "kept_count",
-    "scale_activations",
-]
+__all__ = ["ASH", "SCALE", "ShapedEnergyDetector", "ash_binarize", "ash_prune", "ash_scale", "scale_activations"]
 
 
 def check_percentile(percentile: Any) -> float:
