@@ -10,8 +10,8 @@ Every detector is fitted on in-distribution features (and labels / logits where 
     ood.metrics.auroc(scores_id, scores_ood); ood.metrics.fpr_at_tpr(scores_id, scores_ood, tpr=0.95)
 
 One module per detector (``logit_scores``: MSP, MaxLogit, Energy; ``shaping``: ASH, SCALE), the :class:`Detector`
-contract in ``base``, HEAT's :class:`Prior` contract and built-in priors in ``prior``, the densities in ``priors``,
-the residual EBM in ``ebm``. Subclassing :class:`Detector` (or :class:`Prior` with ``name="..."``) registers the
+contract in ``base``, HEAT's :class:`Prior` contract, built-in priors and densities in ``priors``, the residual EBM
+in ``ebm``. Subclassing :class:`Detector` (or :class:`Prior` with ``name="..."``) registers the
 class: ``ood.list_detectors()``, ``ood.get_detector(name)``, ``Detector.from_pretrained``, ``recipes/fit_heat.py``.
 """
 
@@ -36,8 +36,7 @@ from .shaping import ASH, SCALE  # isort: skip
 from .nnguide import NNGuide  # isort: skip
 from .._registry import RegistryNames
 from .presets import PRESETS
-from .prior import ELPrior, GMMPrior, GMMStdPrior, Prior
-from .priors import ClassConditionalGaussian, energy_logits
+from .priors import ClassConditionalGaussian, ELPrior, GMMPrior, GMMStdPrior, Prior, energy_logits
 from .registry import DETECTOR_REGISTRY, get_detector, get_prior, list_detectors, list_priors
 from .shaping import ShapedEnergyDetector
 

@@ -1,7 +1,7 @@
 """HEAT: Hybrid Energy-based model in the feATure space for post-hoc OOD detection.
 
 Lafon, Ramzi, Rambour, Thome, ICML 2023 (thesis ch. 5, Eqs. 5.1-5.7, Algorithm 2). Each prior ``k`` (a
-:class:`~pml_suprank.ood.prior.Prior`) is refined by a residual EBM ``E_θk`` (:mod:`.ebm`); the hybrid energies are
+:class:`~pml_suprank.ood.priors.Prior`) is refined by a residual EBM ``E_θk`` (:mod:`.ebm`); the hybrid energies are
 standardised and composed by ``E_β = (1/β)·log Σ_k exp(β·s̃_k)`` (Eq. 5.7), ``β = 0`` meaning the sum.
 
 Deliberate differences from the authors' released code:
@@ -32,8 +32,7 @@ from .head import head_params
 from .heat_state import MAX_SEED, check_heat_config, check_heat_settings, check_heat_state, check_mlp_sizes
 from .model_api import model_head
 from .presets import SETTING_KEYS, resolve_settings
-from .prior import Prior  # defines (registers) the built-in priors
-from .priors import degenerate_variance, unit_rows
+from .priors import Prior, degenerate_variance, unit_rows
 from .registry import PRIOR_REGISTRY
 
 __all__ = ["HEAT", "PriorName", "compose_energies", "standardize"]
@@ -116,7 +115,7 @@ class HEAT(Detector):
     """HEAT detector: refined priors + energy composition. ``score`` → ``(N,)`` energies, higher = more OOD.
 
     Args:
-        priors: Registered :class:`~pml_suprank.ood.prior.Prior` names (or classes): ``"gmm"`` (avg-pooled
+        priors: Registered :class:`~pml_suprank.ood.priors.Prior` names (or classes): ``"gmm"`` (avg-pooled
             features), ``"gmm_std"`` (std-pooled: ``std_features=`` needed), ``"el"`` (needs the classifier head).
         beta: Composition parameter of Eq. 5.7; 0 (sum, the published tables), −1 (the thesis's best), ±inf.
         preset: Hyper-parameters per prior: ``"cifar10"``, ``"cifar100"``, ``"imagenet"`` (the authors' released

@@ -2,7 +2,7 @@
 and the key). A fitted HEAT with priors ``p_1..p_K`` holds:
 
 * ``head.weight`` ``(C, D)`` and optionally ``head.bias`` ``(C,)``, required when a prior needs the head (``"el"``);
-* ``<p>.prior.<name>``: each prior's tensors, laid out as its :meth:`~pml_suprank.ood.prior.Prior.state_spec`;
+* ``<p>.prior.<name>``: each prior's tensors, laid out as its :meth:`~pml_suprank.ood.priors.Prior.state_spec`;
 * ``<p>.mlp.<name>``: the residual MLP, shaped as the one the config builds on ``D_p`` inputs (a ``meta`` copy);
 * ``standardization_mean`` ``(K,)`` and ``standardization_std`` ``(K,)`` (> 0).
 """

@@ -30,5 +30,5 @@ def list_priors() -> tuple[str, ...]:
 
 
 def get_prior(name: str) -> type:
-    """The :class:`~pml_suprank.ood.prior.Prior` subclass registered under ``name``; ``ValueError`` listing them."""
+    """The :class:`~pml_suprank.ood.priors.Prior` subclass registered under ``name``; ``ValueError`` listing them."""
     return PRIOR_REGISTRY.get_class(name)
