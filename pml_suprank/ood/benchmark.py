@@ -38,13 +38,7 @@ __all__ = ["METRICS", "BenchmarkResult", "benchmark"]
 #: Metric columns of a benchmark row, in table order.
 METRICS = ("auroc", "fpr_id_positive", "fpr_ood_positive", "aupr_in", "aupr_out")
 #: Markdown column titles.
-_TITLES = {
-    "auroc": "AUROC ↑",
-    "fpr_id_positive": "FPR{tpr} (ID+) ↓",
-    "fpr_ood_positive": "FPR{tpr} (OOD+) ↓",
-    "aupr_in": "AUPR-In ↑",
-    "aupr_out": "AUPR-Out ↑",
-}
+_TITLES = dict(zip(METRICS, ("AUROC ↑", "FPR{tpr} (ID+) ↓", "FPR{tpr} (OOD+) ↓", "AUPR-In ↑", "AUPR-Out ↑")))
 
 
 def _as_inputs(where: str, value: Any) -> dict[str, Tensor]:
@@ -56,12 +50,6 @@ def _as_inputs(where: str, value: Any) -> dict[str, Tensor]:
     return {k: v for k, v in value.items() if v is not None}
 
 
-def _is_feature_set(value: Any) -> bool:
-    return isinstance(value, OODFeatures) or (
-        isinstance(value, Mapping) and bool(value) and all(isinstance(v, Tensor) or v is None for v in value.values())
-    )
-
-
 def _groups(ood_sets: Any) -> dict[str, dict[str, dict[str, Tensor]]]:
     """``{group: {set: inputs}}``; a feature set given directly under a name forms its own one-set group."""
     if not isinstance(ood_sets, Mapping) or not ood_sets:
@@ -69,7 +57,8 @@ def _groups(ood_sets: Any) -> dict[str, dict[str, dict[str, Tensor]]]:
     out: dict[str, dict[str, dict[str, Tensor]]] = {}
     seen: set[str] = set()
     for group, sets in ood_sets.items():
-        if _is_feature_set(sets):
+        tensors = isinstance(sets, Mapping) and all(isinstance(v, Tensor) or v is None for v in sets.values())
+        if isinstance(sets, OODFeatures) or (tensors and sets):
             sets = {group: sets}
         if not isinstance(sets, Mapping) or not sets:
             raise ValueError(f"ood_sets[{group!r}] must be a non-empty mapping name -> features; got {type(sets)}")

@@ -160,7 +160,8 @@ class HEAT(Detector):
         self.preset = check_choice("preset", preset, get_args(Preset))
         check_heat_settings(settings or {})  # bounded before anything is copied or allocated
         self.settings_overrides = copy.deepcopy(settings or {})
-        self.component_settings = self._resolve_settings(self.settings_overrides)
+        defaults = {name: cls.default_settings(self.preset) for name, cls in self.prior_classes.items()}
+        self.component_settings = resolve_settings(defaults, self.settings_overrides, PRIOR_REGISTRY.names())
         self.tie_hidden_weights = check_bool("tie_hidden_weights", tie_hidden_weights)
         check_mlp_sizes(self.component_settings, self.tie_hidden_weights)
         self.zero_init_residual = check_bool("zero_init_residual", zero_init_residual)
@@ -184,11 +185,6 @@ class HEAT(Detector):
         guards a retrieval model without a classification head."""
         if self.weight is None and any(c.needs_head for c in self.prior_classes.values()):
             self.weight, self.bias = head_params(None, None, model_head(model, "HEAT"))
-
-    # --- configuration --------------------------------------------------------------------------------------------
-    def _resolve_settings(self, overrides: dict[str, Any]) -> dict[str, dict[str, Any]]:
-        defaults = {name: cls.default_settings(self.preset) for name, cls in self.prior_classes.items()}
-        return resolve_settings(defaults, overrides, PRIOR_REGISTRY.names())
 
     def config(self) -> dict[str, Any]:
         return {

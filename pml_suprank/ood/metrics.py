@@ -130,7 +130,10 @@ def quantile_linear(x: Tensor, q: float) -> Tensor:
     return v_lo + (v_hi - v_lo) * (pos - lo)
 
 
-def _average_precision(pos: Tensor, neg: Tensor, method: APMethod) -> float:
+def _average_precision(id_scores, ood_scores, method: APMethod, id_positive: bool) -> float:
+    check_choice("method", method, get_args(APMethod))
+    id_s, ood_s = as_scores("id_scores", id_scores), as_scores("ood_scores", ood_scores)
+    pos, neg = (-id_s, -ood_s) if id_positive else (ood_s, id_s)
     tps, fps = _roc_counts(pos, neg)
     precision = tps / (tps + fps)
     recall = tps / pos.numel()
@@ -144,16 +147,12 @@ def _average_precision(pos: Tensor, neg: Tensor, method: APMethod) -> float:
 def aupr_in(id_scores, ood_scores, method: APMethod = "step") -> float:
     """Area under the precision-recall curve, ID positive (score ``-s``): ``method="step"`` (average precision as
     sklearn and HEAT's code) or ``"trapezoid"`` (``auc(recall, precision)`` as OpenOOD v1.5 and pytorch-ood)."""
-    check_choice("method", method, get_args(APMethod))
-    id_s, ood_s = as_scores("id_scores", id_scores), as_scores("ood_scores", ood_scores)
-    return _average_precision(-id_s, -ood_s, method)
+    return _average_precision(id_scores, ood_scores, method, id_positive=True)
 
 
 def aupr_out(id_scores, ood_scores, method: APMethod = "step") -> float:
     """Area under the precision-recall curve, OOD positive; ``method`` as :func:`aupr_in`."""
-    check_choice("method", method, get_args(APMethod))
-    id_s, ood_s = as_scores("id_scores", id_scores), as_scores("ood_scores", ood_scores)
-    return _average_precision(ood_s, id_s, method)
+    return _average_precision(id_scores, ood_scores, method, id_positive=False)
 
 
 def detection_accuracy(id_scores, ood_scores) -> float:
