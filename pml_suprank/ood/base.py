@@ -7,7 +7,8 @@ more OOD (pytorch-ood's ``fit_features`` / ``predict_features`` with keyword ten
     scores = det.score(features=z_test)          # (N,) higher = more OOD
 
 Fitted state is a flat ``dict[str, Tensor]`` (``model.safetensors``) plus the constructor kwargs (``config.json``):
-``save_pretrained`` / ``Detector.from_pretrained`` / ``push_to_hub`` work for every detector.
+``save_pretrained`` / ``Detector.from_pretrained`` / ``push_to_hub`` work for every detector. :class:`HeadDetector`
+is the base of the detectors keeping the classifier head ``(W, b)`` (ViM, DICE, ReAct, ASH, SCALE).
 """
 
 from __future__ import annotations
@@ -18,16 +19,17 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 from .._validation import check_embeddings, check_labels
 from ..hub.mixin import HubMixin
 from ..hub.schema import TensorSpec, check_schema
 from ..hub.serialization import CONFIG_NAME, DETECTOR_TASK, WEIGHTS_NAME, check_state, make_config
-from .model_api import FEATURE_KINDS, ModelDetectorMixin
+from .model_api import FEATURE_KINDS, ModelDetectorMixin, model_head
 from .registry import DETECTOR_REGISTRY
 
-__all__ = ["Detector", "NotFittedError", "check_features", "check_class_labels"]
+__all__ = ["Detector", "HeadDetector", "NotFittedError", "check_class_labels", "check_features", "head_params"]
 
 
 class NotFittedError(RuntimeError):
@@ -248,3 +250,57 @@ class Detector(ModelDetectorMixin, HubMixin):
     def __repr__(self) -> str:
         kwargs = ", ".join(f"{k}={v!r}" for k, v in self.config().items())
         return f"{type(self).__name__}({kwargs})"
+
+
+def head_params(weight: Tensor | None, bias: Tensor | None, head: nn.Module | None) -> tuple[Tensor, Tensor | None]:
+    """Detached copies ``(W (C, D), b (C,) or None)`` of the classifier head, from ``weight`` / ``bias`` or ``head``."""
+    if head is not None:
+        if weight is not None or bias is not None:
+            raise ValueError("pass either head= or weight=/bias=, not both")
+        if not isinstance(getattr(head, "weight", None), Tensor):
+            raise TypeError(f"head must be a linear layer with a .weight of shape (C, D); got {type(head).__name__}")
+        weight, bias = head.weight, getattr(head, "bias", None)
+    if weight is None:
+        raise ValueError("this detector needs the classifier head: pass weight= (C, D) and bias= (C,), or head=")
+    weight = check_features("weight", weight.detach()).clone()
+    if bias is not None:
+        if not isinstance(bias, Tensor) or bias.dim() != 1 or bias.shape[0] != weight.shape[0]:
+            shape = tuple(bias.shape) if isinstance(bias, Tensor) else type(bias).__name__
+            raise ValueError(f"bias must have shape ({weight.shape[0]},) to match weight; got {shape}")
+        bias = bias.detach().clone()
+    return weight, bias
+
+
+def linear_logits(z: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``z Wᵀ + b`` ``(N, C)`` in ``z``'s dtype and device."""
+    b = None if bias is None else bias.to(device=z.device, dtype=z.dtype)
+    return F.linear(z, weight.to(device=z.device, dtype=z.dtype), b)
+
+
+class HeadDetector(Detector, register=False):
+    """Base of the detectors holding the fc ``weight`` / ``bias`` as state (saved with the fitted tensors); built
+    without a head, they take it from ``load_state_dict`` or from the model given to ``fit_model``."""
+
+    def __init__(self, weight=None, bias=None, head=None) -> None:
+        super().__init__()
+        self.weight, self.bias = (None, None) if weight is None and head is None else head_params(weight, bias, head)
+
+    def _adopt(self, model: nn.Module) -> None:
+        if self.weight is None:
+            self.weight, self.bias = head_params(None, None, model_head(model, type(self).__name__))
+
+    def _logits(self, z: Tensor, weight: Tensor | None = None) -> Tensor:
+        return linear_logits(z, self.weight if weight is None else weight, self.bias)
+
+    def _check_z(self, features: Any) -> Tensor:
+        if self.weight is None:
+            raise ValueError(f"{type(self).__name__} has no classifier weight: pass weight=/bias= or head=")
+        return check_features("features", features, dim=self.weight.shape[1])
+
+    def _state_spec(self) -> dict[str, TensorSpec]:
+        """The head: ``weight`` ``(C, D)`` (not all zero), optional ``bias`` ``(C,)``; subclasses add their own."""
+        return {"weight": TensorSpec(("C", "D"), nonzero=True), "bias": TensorSpec(("C",), optional=True)}
+
+    def _restore(self, state, meta) -> None:
+        self.load_state_dict(state)
+        self._fitted = bool(meta.get("fitted", True))

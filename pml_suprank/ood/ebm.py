@@ -87,8 +87,12 @@ class ResidualEnergyMLP(nn.Module):
         dtype=None,
     ) -> None:
         super().__init__()
-        check_positive_int("input_dim", input_dim), check_positive_int("hidden_dim", hidden_dim)
-        check_positive_int("n_hidden_layers", n_hidden_layers, minimum=0)
+        for name, value, low in (
+            ("input_dim", input_dim, 1),
+            ("hidden_dim", hidden_dim, 1),
+            ("n_hidden_layers", n_hidden_layers, 0),
+        ):
+            check_positive_int(name, value, minimum=low)
         if hidden_dim > MAX_HIDDEN_DIM or n_hidden_layers > MAX_HIDDEN_LAYERS:
             raise ValueError(
                 f"hidden_dim must be <= {MAX_HIDDEN_DIM} and n_hidden_layers <= {MAX_HIDDEN_LAYERS}; got "

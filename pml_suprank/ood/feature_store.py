@@ -22,8 +22,8 @@ import torch
 from torch import Tensor, nn
 
 from .._safe_json import loads_json
+from .base import head_params
 from .features import OODFeatures
-from .head import head_params
 
 __all__ = ["FEATURES_FORMAT", "SavedFeatures", "save_features", "load_features"]
 

@@ -26,9 +26,8 @@ import torch
 from torch import Tensor, nn
 
 from .._validation import check_bool, check_choice, check_positive
-from .base import Detector, NotFittedError, check_class_labels, check_features
+from .base import Detector, NotFittedError, check_class_labels, check_features, head_params
 from .ebm import ResidualEnergyMLP, train_residual
-from .head import head_params
 from .heat_state import MAX_SEED, check_heat_config, check_heat_settings, check_heat_state, check_mlp_sizes
 from .model_api import model_head
 from .presets import SETTING_KEYS, resolve_settings

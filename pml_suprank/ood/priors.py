@@ -42,8 +42,7 @@ from torch import Tensor
 
 from .._validation import check_bool, check_positive
 from ..hub.schema import TensorSpec
-from .base import check_class_labels, check_features
-from .head import head_params, linear_logits
+from .base import check_class_labels, check_features, head_params, linear_logits
 from .presets import PRESETS
 from .registry import PRIOR_REGISTRY
 

@@ -8,7 +8,7 @@ from torch import Tensor
 
 from .._validation import check_positive
 from ..hub.schema import TensorSpec
-from .head import HeadDetector
+from .base import HeadDetector
 from .metrics import quantile_linear
 from .priors import energy_logits
 

@@ -14,8 +14,7 @@ import torch
 from torch import Tensor
 
 from .._validation import check_choice
-from .base import check_features
-from .head import HeadDetector
+from .base import HeadDetector, check_features
 from .priors import energy_logits
 
 __all__ = ["ASH", "SCALE", "ShapedEnergyDetector", "ash_binarize", "ash_prune", "ash_scale", "scale_activations"]

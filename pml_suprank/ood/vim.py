@@ -9,7 +9,7 @@ from torch import Tensor
 
 from .._validation import check_positive_int
 from ..hub.schema import TensorSpec, check_schema
-from .head import HeadDetector
+from .base import HeadDetector
 from .priors import degenerate_variance
 
 __all__ = ["ViM"]
