@@ -10,9 +10,9 @@ Every detector is fitted on in-distribution features (and labels / logits where 
     ood.metrics.auroc(scores_id, scores_ood); ood.metrics.fpr_at_tpr(scores_id, scores_ood, tpr=0.95)
 
 One module per detector (``logit_scores``: MSP, MaxLogit, Energy; ``shaping``: ASH, SCALE), the :class:`Detector`
-and ``HeadDetector`` contracts in ``base``, HEAT's :class:`Prior` contract, built-in priors and densities in ``priors``, the residual EBM
-in ``ebm``. Subclassing :class:`Detector` (or :class:`Prior` with ``name="..."``) registers the
-class: ``ood.list_detectors()``, ``ood.get_detector(name)``, ``Detector.from_pretrained``, ``recipes/fit_heat.py``.
+and ``HeadDetector`` contracts in ``base``, HEAT's :class:`Prior` contract, built-in priors and densities in
+``priors``, the residual EBM in ``ebm``. Subclassing :class:`Detector` (or :class:`Prior` with ``name="..."``)
+registers the class: ``ood.list_detectors()``, ``ood.get_detector(name)``, ``Detector.from_pretrained``.
 """
 
 from . import metrics
