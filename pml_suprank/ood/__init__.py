@@ -34,7 +34,6 @@ from .gen import GEN  # isort: skip
 from .rmds import RMDS  # isort: skip
 from .shaping import ASH, SCALE  # isort: skip
 from .nnguide import NNGuide  # isort: skip
-from .._registry import RegistryNames
 from .presets import PRESETS
 from .priors import ClassConditionalGaussian, ELPrior, GMMPrior, GMMStdPrior, Prior, energy_logits
 from .registry import DETECTOR_REGISTRY, get_detector, get_prior, list_detectors, list_priors
@@ -42,8 +41,6 @@ from .shaping import ShapedEnergyDetector
 
 from .benchmark import BenchmarkResult, benchmark  # isort: skip
 
-#: Names of the registered detectors: a live, tuple-like view of the registry (``ood.list_detectors()``).
-DETECTORS = RegistryNames(DETECTOR_REGISTRY)
 
 __all__ = [
     "ASH",

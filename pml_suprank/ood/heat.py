@@ -170,8 +170,9 @@ class HEAT(Detector):
         if abs(seed) > MAX_SEED:
             raise ValueError(f"seed must be an int in [-2**53, 2**53]; got {seed}")
         self.seed = seed
+        self.needs_head = any(c.needs_head for c in self.prior_classes.values())
         self.weight = self.bias = None
-        if any(c.needs_head for c in self.prior_classes.values()) and (weight is not None or head is not None):
+        if self.needs_head and (weight is not None or head is not None):
             self.weight, self.bias = head_params(weight, bias, head)  # else: restored by load_state_dict
         self.components: dict[str, _Component] = {}
         self.history: dict[str, list[float]] = {}  # mean training loss per epoch, per prior
@@ -182,7 +183,7 @@ class HEAT(Detector):
     def _adopt(self, model: nn.Module) -> None:
         """Only a prior reading the head (``el``) takes the model's: a HEAT of feature priors (``gmm``, ``gmm_std``)
         guards a retrieval model without a classification head."""
-        if self.weight is None and any(c.needs_head for c in self.prior_classes.values()):
+        if self.weight is None and self.needs_head:
             self.weight, self.bias = head_params(None, None, model_head(model, "HEAT"))
 
     def config(self) -> dict[str, Any]:
@@ -275,9 +276,7 @@ class HEAT(Detector):
                 generator=generator,
                 callback=None if callback is None else (lambda e, st, loss, name=name: callback(name, e, st, loss)),
             )
-            for p in mlp.parameters():
-                p.requires_grad_(False)
-            self.components[name] = comp
+            self.components[name] = comp.requires_grad_(False)
             self.fit_seconds[name] = time.perf_counter() - start_time
         energies = self._hybrid_matrix(inputs)
         self.standardization_mean, self.standardization_std = self._standardization(energies)
@@ -337,18 +336,12 @@ class HEAT(Detector):
 
     # --- state ----------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Tensor]:
-        out: dict[str, Tensor] = {}
-        if self.weight is not None:
-            out["head.weight"] = self.weight
-            if self.bias is not None:
-                out["head.bias"] = self.bias
+        out = {"head.weight": self.weight, "head.bias": self.bias if self.weight is not None else None}
         for name, comp in self.components.items():
             out.update({f"{name}.prior.{k}": v for k, v in comp.prior.state_dict().items()})
             out.update({f"{name}.mlp.{k}": v for k, v in comp.mlp.state_dict().items()})
-        if self.standardization_mean is not None:
-            out["standardization_mean"] = self.standardization_mean
-            out["standardization_std"] = self.standardization_std
-        return {k: v.detach().contiguous() for k, v in out.items()}
+        out.update(standardization_mean=self.standardization_mean, standardization_std=self.standardization_std)
+        return {k: v.detach().contiguous() for k, v in out.items() if v is not None}
 
     @classmethod
     def _hub_check_config(cls, config, source, *, overrides, trust_config: bool) -> None:
@@ -373,8 +366,7 @@ class HEAT(Detector):
             prior = self._make_prior(name).load_state_dict(take(f"{name}.prior."))
             mlp = self._make_mlp(name, prior.dim, None, "cpu")
             mlp.load_state_dict(take(f"{name}.mlp."))
-            for p in mlp.parameters():
-                p.requires_grad_(False)
+            mlp.requires_grad_(False)
             self.components[name] = _Component(name, prior, mlp, self.component_settings[name]["prior_temperature"])
         if state:
             raise ValueError(f"state has keys unknown to HEAT: {sorted(state)}")

@@ -155,8 +155,7 @@ def _check_standardization(state: Mapping[str, Tensor], source: Path) -> None:
 def check_heat_state(heat: Any, state: Mapping[str, Tensor], source: Path) -> None:
     """Check a loaded HEAT state against ``heat`` (built from the same config)."""
     spec: dict[str, TensorSpec] = {}
-    needs_head = any(cls.needs_head for cls in heat.prior_classes.values())
-    if needs_head or "head.weight" in state:
+    if heat.needs_head or "head.weight" in state:
         spec["head.weight"] = TensorSpec(("C", "D"), nonzero=True)
         spec["head.bias"] = TensorSpec(("C",), optional=True)
     opaque = []  # priors without a declared layout: only finiteness here, their load_state_dict checks the rest
