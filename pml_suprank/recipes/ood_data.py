@@ -11,8 +11,14 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from .. import data
+from ..data import collate
+from ..data.folders import image_folder_layout
+from ..models import RetrievalModel
 from ..ood.model_api import read_state_dict
 from ..ood.score_plots import plot_score_histograms
+from ..search.image_files import ImageFiles, is_flat_image_folder
+from ..training.data_source import dataset_source
 from .ood_spec import FitHeatSpec
 
 ID_FAMILIES = ("circle", "triangle", "square", "star")
@@ -40,8 +46,6 @@ def _cap(ds, max_samples, seed):
 def ood_source(entry: str, spec: FitHeatSpec) -> tuple[str, str, str]:
     """``SOURCE[:SPLIT[:LABEL]]`` → ``(source, split, label column)``; without a split, ``"test"``, or the only split
     of a local image folder that has no test split (a folder of OOD images is used whole)."""
-    from ..data.folders import image_folder_layout
-
     source, _, rest = entry.partition(":")
     split, _, label = rest.partition(":")
     layout = image_folder_layout(source) if not split else None
@@ -56,12 +60,7 @@ def build_datasets(spec: FitHeatSpec, transform, id_data: dict[str, Any] | None 
 
     ``id_data``: the data spec recorded in a retrieval model folder (``data_spec.json``): the ID sets are then the
     training run's own training / test sets (same source, label columns and class split)."""
-    from .. import data
-    from ..search.image_files import ImageFiles, is_flat_image_folder
-
     if id_data is not None:
-        from ..training.data_source import dataset_source
-
         section, seed = id_data["data"], int(id_data.get("seed", 0))
         kw = {"cache_dir": spec.cache_dir} if dataset_source(section, "train").kind == "retrieval" else {}
         kw["recorded_split"] = id_data.get("class_split")
@@ -98,8 +97,6 @@ def build_datasets(spec: FitHeatSpec, transform, id_data: dict[str, Any] | None 
 
 
 def loader(ds, batch_size, shuffle=False, seed=0):
-    from ..data import collate
-
     g = torch.Generator().manual_seed(seed)
     return torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=shuffle, collate_fn=collate, generator=g)
 
@@ -119,8 +116,6 @@ def build_model(spec: FitHeatSpec, num_classes: int):
     import timm
 
     if spec.model is not None:
-        from ..models import RetrievalModel
-
         return RetrievalClassifier(RetrievalModel.from_pretrained(spec.model), num_classes)
     kwargs = {"num_classes": num_classes, "pretrained": spec.pretrained}
     if spec.output_stride not in (None, 32):
