@@ -27,11 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from .._validation import check_choice
 from . import metrics as ood_metrics
 from .base import Detector, NotFittedError
 from .features import OODFeatures
+from .score_plots import plot_score_histograms
 
 __all__ = ["METRICS", "BenchmarkResult", "benchmark"]
 
@@ -145,8 +147,6 @@ class BenchmarkResult:
     def plot(self, path: str | Path, bins: int = 40, dpi: int = 150) -> Path:
         """Score histograms, one row per detector, one panel per OOD group
         (:func:`~pml_suprank.ood.score_plots.plot_score_histograms`). Returns the path."""
-        from .score_plots import plot_score_histograms
-
         id_scores = {name: per_set["ID"] for name, per_set in self.scores.items()}
         sets = [s for group in self.groups.values() for s in group]
         ood_scores = {s: {name: per_set[s] for name, per_set in self.scores.items()} for s in sets}
@@ -215,8 +215,6 @@ def benchmark(
         plot: Write the histogram figure with ``output_dir`` (needs matplotlib).
         progress: Show a tqdm bar (stderr).
     """
-    from tqdm.auto import tqdm
-
     ood_metrics.check_tpr(tpr)
     check_choice("ap_method", ap_method, ("step", "trapezoid"))
     named = _named(detectors)

@@ -12,6 +12,7 @@ computed in float64 in the whitened space ``y = L⁻¹z`` (saturating in the inp
 A prior says which input it reads (``source``), whether it needs labels or the classifier head, and gives its
 energy, SGLD starting points, state and preset settings. A new prior is one subclass with a ``name=`` class keyword;
 ``ood.HEAT(priors=("gmm", "mean_distance"))`` then uses it (define it before ``Detector.from_pretrained``)::
+
     class MeanDistancePrior(ood.Prior, name="mean_distance"):
         def fit(self, features, labels=None):
             self.mean = features.mean(0)
@@ -33,6 +34,7 @@ energy, SGLD starting points, state and preset settings. A new prior is one subc
 from __future__ import annotations
 
 import math
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -93,8 +95,6 @@ def finite_scores(scores: Tensor, dtype: torch.dtype, name: str) -> Tensor:
     wide = torch.nan_to_num(scores.to(torch.float64), nan=math.inf)
     over = wide.abs() > info.max
     if bool(over.any()):
-        import warnings
-
         peak = float(wide.abs().max())
         warnings.warn(
             f"{name} scores of {int(over.sum())} of {wide.shape[0]} inputs exceed "
