@@ -6,19 +6,13 @@ Every detector is fitted on in-distribution features (and labels / logits where 
     from pml_suprank import ood
     feats = ood.extract_features(timm_model, train_loader)          # z, σ (std-pooled), logits, labels
     heat = ood.HEAT(head=timm_model.get_classifier()).fit(**feats.as_kwargs())
-    test = ood.extract_features(timm_model, test_loader)
-    scores = heat.score(**test.as_kwargs())
+    scores = heat.score(**ood.extract_features(timm_model, test_loader).as_kwargs())
     ood.metrics.auroc(scores_id, scores_ood); ood.metrics.fpr_at_tpr(scores_id, scores_ood, tpr=0.95)
 
-Layout: one module per detector (``logit_scores`` holds the three logit-only ones: MSP, MaxLogit, Energy; ``odin``,
-``mahalanobis``, ``knn``, ``vim``, ``dice``, ``react``, ``gen``, ``rmds``, ``shaping`` (ASH and SCALE), ``nnguide``,
-``heat``), the :class:`Detector` contract in ``base``, the name registries in ``registry``, HEAT's
-:class:`Prior` contract in ``prior`` with the built-in priors in ``heat_priors``, the densities in ``priors``,
-presets in ``presets``, the residual EBM in ``ebm``.
-
-* **Add a detector**: subclass :class:`Detector` in a new module and import it below; defining the class registers
-  it (``ood.list_detectors()``, ``ood.get_detector(name)``, ``Detector.from_pretrained``, ``recipes/fit_heat.py``).
-* **Add a HEAT prior**: subclass :class:`Prior` with ``name="..."``; ``ood.HEAT(priors=(..., "name"))`` uses it.
+One module per detector (``logit_scores``: MSP, MaxLogit, Energy; ``shaping``: ASH, SCALE), the :class:`Detector`
+and ``HeadDetector`` contracts in ``base``, HEAT's :class:`Prior` contract, built-in priors and densities in
+``priors``, the residual EBM in ``ebm``. Subclassing :class:`Detector` (or :class:`Prior` with ``name="..."``)
+registers the class: ``ood.list_detectors()``, ``ood.get_detector(name)``, ``Detector.from_pretrained``.
 """
 
 from . import metrics
@@ -28,7 +22,7 @@ from .feature_store import SavedFeatures, load_features, save_features
 from .features import OODFeatures, extract_features, pool_feature_map
 
 # detectors, in the order of ``list_detectors()``: importing a module defines (registers) its detector
-from .heat import HEAT, PRESETS, compose_energies, standardize  # isort: skip
+from .heat import HEAT, compose_energies, standardize  # isort: skip
 from .logit_scores import MSP, MaxLogit, Energy  # isort: skip
 from .odin import ODIN  # isort: skip
 from .mahalanobis import Mahalanobis  # isort: skip
@@ -40,17 +34,13 @@ from .gen import GEN  # isort: skip
 from .rmds import RMDS  # isort: skip
 from .shaping import ASH, SCALE  # isort: skip
 from .nnguide import NNGuide  # isort: skip
-from .._registry import RegistryNames
-from .heat_priors import ELPrior, GMMPrior, GMMStdPrior
-from .prior import Prior
-from .priors import ClassConditionalGaussian, EnergyLogitsPrior, energy_logits
+from .presets import PRESETS
+from .priors import ClassConditionalGaussian, ELPrior, GMMPrior, GMMStdPrior, Prior, energy_logits
 from .registry import DETECTOR_REGISTRY, get_detector, get_prior, list_detectors, list_priors
 from .shaping import ShapedEnergyDetector
 
 from .benchmark import BenchmarkResult, benchmark  # isort: skip
 
-#: Names of the registered detectors: a live, tuple-like view of the registry (``ood.list_detectors()``).
-DETECTORS = RegistryNames(DETECTOR_REGISTRY)
 
 __all__ = [
     "ASH",

@@ -1,16 +1,14 @@
 """The ``Detector`` contract shared by HEAT and the baselines, with input checks and save / load / push.
 
-A detector is fitted post hoc on in-distribution (ID) training features and returns an **outlier score** per sample:
-higher = more OOD (an energy). The API follows pytorch-ood's ``fit_features`` / ``predict_features`` with keyword
-tensors so that every detector takes the same call::
+A detector is fitted post hoc on in-distribution (ID) features and returns an **outlier score** per sample, higher =
+more OOD (pytorch-ood's ``fit_features`` / ``predict_features`` with keyword tensors, one call for every detector)::
 
     det = ood.KNN(k=50).fit(features=z_train, labels=y_train)
     scores = det.score(features=z_test)          # (N,) higher = more OOD
 
-Fitted state is a flat ``dict[str, Tensor]`` (saved as ``model.safetensors``) plus a JSON config of the constructor
-keyword arguments (``config.json``), as timm / huggingface_hub do for models; ``save_pretrained`` /
-``Detector.from_pretrained`` / ``push_to_hub`` work for every detector. ``safetensors`` and ``huggingface_hub`` are
-imported lazily (the ``recipes`` extra), so the detectors themselves only need torch.
+Fitted state is a flat ``dict[str, Tensor]`` (``model.safetensors``) plus the constructor kwargs (``config.json``):
+``save_pretrained`` / ``Detector.from_pretrained`` / ``push_to_hub`` work for every detector. :class:`HeadDetector`
+is the base of the detectors keeping the classifier head ``(W, b)`` (ViM, DICE, ReAct, ASH, SCALE).
 """
 
 from __future__ import annotations
@@ -21,17 +19,17 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 from .._validation import check_embeddings, check_labels
-from ..hub.mixin import HubMixin, instantiate
+from ..hub.mixin import HubMixin
 from ..hub.schema import TensorSpec, check_schema
-from ..hub.serialization import CONFIG_NAME as CONFIG_NAME  # kept importable from here
-from ..hub.serialization import DETECTOR_TASK, WEIGHTS_NAME, check_state, make_config
-from .model_api import ModelDetectorMixin
+from ..hub.serialization import CONFIG_NAME, DETECTOR_TASK, WEIGHTS_NAME, check_state, make_config
+from .model_api import FEATURE_KINDS, ModelDetectorMixin, model_head
 from .registry import DETECTOR_REGISTRY
 
-__all__ = ["Detector", "NotFittedError", "check_features", "check_class_labels"]
+__all__ = ["Detector", "HeadDetector", "NotFittedError", "check_class_labels", "check_features", "head_params"]
 
 
 class NotFittedError(RuntimeError):
@@ -44,7 +42,7 @@ class NotFittedError(RuntimeError):
 def check_features(name: str, x: Any, dim: int | None = None, n: int | None = None) -> Tensor:
     """Check ``x`` is a finite floating ``(N, D)`` tensor, with ``D == dim`` and ``N == n`` when given."""
     if x is None:
-        raise ValueError(f"{name} is required by this detector; got None")
+        raise ValueError(f"{name} are required by this detector (an (N, D) tensor); got None")
     x = check_embeddings(name, x)
     if dim is not None and x.shape[1] != dim:
         raise ValueError(
@@ -56,7 +54,7 @@ def check_features(name: str, x: Any, dim: int | None = None, n: int | None = No
 
 
 def check_class_labels(labels: Any, n: int, min_classes: int = 2) -> Tensor:
-    """Check 1-D (or 2-D, column 0 = finest) integer class labels with at least ``min_classes`` distinct values."""
+    """Check 1-D (or 2-D, column 0 = finest) integer class labels ``>= 0`` with at least ``min_classes`` classes."""
     if labels is None:
         raise ValueError("labels are required by this detector (class-conditional fit); got None")
     labels = check_labels("labels", labels, n, n_name="features")
@@ -74,11 +72,7 @@ def check_class_labels(labels: Any, n: int, min_classes: int = 2) -> Tensor:
 
 
 def _detector_class(name: Any, source: Any = None) -> type:
-    """The registered detector class named in a saved ``config.json`` (``ValueError`` listing the valid names).
-
-    Only registered, concrete detectors qualify: the base classes (``Detector``, ``HeadDetector``) and private or
-    unregistered classes are refused by name.
-    """
+    """The registered, concrete detector class named in a saved ``config.json`` (``ValueError`` listing the names)."""
     try:
         return DETECTOR_REGISTRY.get_class(name)
     except ValueError:
@@ -92,17 +86,14 @@ def _detector_class(name: Any, source: Any = None) -> type:
 class Detector(ModelDetectorMixin, HubMixin):
     """Base class of the OOD detectors: ``fit(...) -> self``, ``score(...) -> Tensor`` (higher = more OOD).
 
-    Subclasses implement ``_fit`` and ``_score``, declare the fitted tensors in ``_state_names``, and return their
-    JSON-serialisable constructor kwargs from ``config()``. Detectors that need no fitting (MSP, MaxLogit, Energy,
-    ODIN) set ``requires_fit = False``; the others raise :class:`NotFittedError` from ``score`` before ``fit``.
+    Subclasses implement ``_fit`` and ``_score``, list their fitted tensors in ``_state_names`` and return their
+    JSON-serialisable constructor kwargs from ``config()``. Detectors that need no fitting set ``requires_fit =
+    False``; the others raise :class:`NotFittedError` from ``score`` before ``fit``.
 
-    Defining a subclass registers it (:mod:`.registry`) under its class name, or under ``name=`` given as a class
-    keyword (``class SSDPlus(Mahalanobis, name="SSD+")``), so that ``ood.get_detector(name)`` and
-    ``Detector.from_pretrained`` find it. Private (``_``-prefixed) and abstract classes, and classes defined with
-    ``register=False``, are not registered.
-
-    ``fit_model(model, loader)`` / ``predict(model, x)`` (:mod:`.model_api`) extract the features of a timm
-    classifier or a ``RetrievalModel`` and call ``fit`` / ``score``.
+    Defining a subclass registers it under its class name, or under the class keyword ``name=`` (``class
+    SSDPlus(Mahalanobis, name="SSD+")``), for ``ood.get_detector`` and ``Detector.from_pretrained``; private
+    (``_``-prefixed) and abstract classes, and ``register=False``, are not registered. ``fit_model`` / ``predict``
+    (:mod:`.model_api`) extract the features of a timm classifier or a ``RetrievalModel`` first.
     """
 
     requires_fit: ClassVar[bool] = True
@@ -120,9 +111,8 @@ class Detector(ModelDetectorMixin, HubMixin):
     def __init__(self) -> None:
         self._fitted = False
 
-    # --- contract -------------------------------------------------------------------------------------------------
     def fit(self, features: Tensor | None = None, logits: Tensor | None = None, labels: Tensor | None = None, **kwargs):
-        """Fit on ID training data. Returns ``self``. Unused inputs are ignored (uniform call for all detectors)."""
+        """Fit on ID training data. Returns ``self``. Unused inputs are ignored (one call for all detectors)."""
         self._fitted = False  # a failed re-fit must not leave a half-updated detector usable
         self._fit(features=features, logits=logits, labels=labels, **kwargs)
         self._fitted = True
@@ -151,15 +141,10 @@ class Detector(ModelDetectorMixin, HubMixin):
         """JSON-serialisable constructor kwargs (tensors such as fc weights live in the state dict)."""
         return {}
 
-    # --- state ----------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Tensor]:
         """Fitted tensors (and fc weights given to the constructor), detached and contiguous."""
-        out = {}
-        for name in self._state_names:
-            value = getattr(self, name, None)
-            if isinstance(value, Tensor):
-                out[name] = value.detach().contiguous()
-        return out
+        values = {name: getattr(self, name, None) for name in self._state_names}
+        return {name: v.detach().contiguous() for name, v in values.items() if isinstance(v, Tensor)}
 
     def load_state_dict(self, state: dict[str, Tensor]) -> Detector:
         """Restore tensors saved by :meth:`state_dict` and mark the detector fitted. Returns ``self``."""
@@ -180,11 +165,9 @@ class Detector(ModelDetectorMixin, HubMixin):
                 setattr(self, name, value.to(device=device, dtype=cast))
         return self
 
-    # --- persistence (pml_suprank.hub.HubMixin hooks) -------------------------------------------------------------
-    # save_pretrained / from_pretrained / push_to_hub come from HubMixin: config.json in the common layout
-    # (architecture = the detector's name, model_args = config(), fitted), model.safetensors = state_dict(), a model
-    # card, atomic writes. Called on ``Detector``, from_pretrained instantiates the class named in config.json;
-    # ``overrides`` replace constructor kwargs (e.g. ``model=`` for ODIN, which saves no network).
+    # --- persistence: the pml_suprank.hub.HubMixin hooks (config.json: architecture = the detector's name,
+    # model_args = config(), fitted; model.safetensors = state_dict()); ``overrides`` of from_pretrained replace
+    # constructor kwargs (e.g. ``model=`` for ODIN, which saves no network)
     _hub_optional_files: ClassVar[tuple[str, ...]] = (WEIGHTS_NAME,)  # folders of stateless detectors may omit it
 
     @classmethod
@@ -203,9 +186,6 @@ class Detector(ModelDetectorMixin, HubMixin):
             **extra,
         )  # fmt: skip
 
-    def _hub_weights(self) -> dict[str, Tensor]:
-        return self.state_dict()
-
     @classmethod
     def _hub_class(cls, config: Mapping[str, Any], source: Any) -> type:
         name = config.get("architecture")
@@ -214,46 +194,35 @@ class Detector(ModelDetectorMixin, HubMixin):
             raise ValueError(f"{source} holds a {name} detector, not a {cls.__name__}")
         return target
 
-    @classmethod
-    def _hub_instantiate(cls, config: Mapping[str, Any], overrides: dict[str, Any], source: Any) -> Detector:
-        return instantiate(cls, {**config["model_args"], **overrides}, source)
-
     def _hub_load_state(
         self, state: dict[str, Tensor], config: Mapping[str, Any], *, source: Any, strict: bool, map_location: str
     ) -> None:
-        """Validate ``config["fitted"]``, the presence of the weights file and every loaded tensor, then restore them
-        through :meth:`_restore`.
-
-        The tensors are checked against :meth:`_state_spec` (names, shapes agreeing with the config and with each
-        other, dtype kinds, finite values, no all-zero tensor where a fitted detector cannot hold one); detectors
-        without a spec (user-defined ones) get the generic check: finite values, names among ``_state_names`` unless
-        ``state_dict`` is overridden (``load_state_dict`` then checks them).
+        """Check ``config["fitted"]``, ``feature_kind``, the weights file (required when the detector holds tensors)
+        and every loaded tensor (:meth:`_hub_check_state`), then restore them through :meth:`_restore`.
 
         Raises:
-            FileNotFoundError: ``model.safetensors`` is missing although the detector needs fitted tensors.
-            ValueError: A bad ``fitted`` flag, or tensors that do not match (naming the file and the key).
+            FileNotFoundError: ``model.safetensors`` is missing although the detector keeps tensors in it.
+            ValueError: A bad ``fitted`` flag or ``feature_kind``, or tensors that do not match (naming file and key).
         """
-        weights = Path(source)
+        weights, name = Path(source), type(self).__name__
+        config_path = weights.parent / CONFIG_NAME
         fitted = config.get("fitted", bool(state))
         if not isinstance(fitted, bool):
-            raise ValueError(f"{weights.parent / CONFIG_NAME}: key 'fitted' must be true or false; got {fitted!r}")
-        if self.requires_fit:
-            if not fitted:
-                raise ValueError(
-                    f"{weights.parent / CONFIG_NAME}: key 'fitted' is false, but a {type(self).__name__} must be "
-                    "fitted to be saved (save_pretrained refuses unfitted detectors); corrupt or foreign config?"
-                )
-            if not weights.is_file():
-                raise FileNotFoundError(
-                    f"{weights} is missing: a fitted {type(self).__name__} keeps its fitted tensors in it "
-                    f"(the folder must hold {CONFIG_NAME} and {WEIGHTS_NAME} as written by save_pretrained)"
-                )
+            raise ValueError(f"{config_path}: key 'fitted' must be true or false; got {fitted!r}")
+        if self.requires_fit and not fitted:
+            raise ValueError(
+                f"{config_path}: key 'fitted' is false, but a {name} must be fitted to be saved (save_pretrained "
+                "refuses unfitted detectors); corrupt or foreign config?"
+            )
+        if (self.requires_fit or self._state_names) and not weights.is_file():
+            raise FileNotFoundError(
+                f"{weights} is missing: a {name} keeps its fitted tensors (or classifier head) in it (the folder must "
+                f"hold {CONFIG_NAME} and {WEIGHTS_NAME} as written by save_pretrained)"
+            )
         self._hub_check_state(state, weights, dict(config))
         kind = config.get("feature_kind")
-        if kind is not None and kind not in ("pooled", "embedding"):
-            raise ValueError(
-                f"{weights.parent / CONFIG_NAME}: key 'feature_kind' must be 'pooled' or 'embedding'; got {kind!r}"
-            )
+        if kind is not None and kind not in FEATURE_KINDS:
+            raise ValueError(f"{config_path}: key 'feature_kind' must be 'pooled' or 'embedding'; got {kind!r}")
         self._restore(state, dict(config))
         if kind is not None:
             self.feature_kind = kind
@@ -263,7 +232,9 @@ class Detector(ModelDetectorMixin, HubMixin):
         return None
 
     def _hub_check_state(self, state: dict[str, Tensor], source: Path, config: dict[str, Any]) -> None:
-        """Check loaded tensors before use (see :meth:`_hub_load_state`); ``ValueError`` naming file and key."""
+        """Check loaded tensors against :meth:`_state_spec` (names, shapes agreeing with the config and each other,
+        dtype kinds, finite values, no all-zero tensor where a fitted one cannot be); without a spec (user-defined
+        detectors): finite values, names among ``_state_names`` unless ``state_dict`` is overridden."""
         spec = self._state_spec()
         if spec is None:
             default_state = type(self).state_dict is Detector.state_dict
@@ -279,3 +250,57 @@ class Detector(ModelDetectorMixin, HubMixin):
     def __repr__(self) -> str:
         kwargs = ", ".join(f"{k}={v!r}" for k, v in self.config().items())
         return f"{type(self).__name__}({kwargs})"
+
+
+def head_params(weight: Tensor | None, bias: Tensor | None, head: nn.Module | None) -> tuple[Tensor, Tensor | None]:
+    """Detached copies ``(W (C, D), b (C,) or None)`` of the classifier head, from ``weight`` / ``bias`` or ``head``."""
+    if head is not None:
+        if weight is not None or bias is not None:
+            raise ValueError("pass either head= or weight=/bias=, not both")
+        if not isinstance(getattr(head, "weight", None), Tensor):
+            raise TypeError(f"head must be a linear layer with a .weight of shape (C, D); got {type(head).__name__}")
+        weight, bias = head.weight, getattr(head, "bias", None)
+    if weight is None:
+        raise ValueError("this detector needs the classifier head: pass weight= (C, D) and bias= (C,), or head=")
+    weight = check_features("weight", weight.detach()).clone()
+    if bias is not None:
+        if not isinstance(bias, Tensor) or bias.dim() != 1 or bias.shape[0] != weight.shape[0]:
+            shape = tuple(bias.shape) if isinstance(bias, Tensor) else type(bias).__name__
+            raise ValueError(f"bias must have shape ({weight.shape[0]},) to match weight; got {shape}")
+        bias = bias.detach().clone()
+    return weight, bias
+
+
+def linear_logits(z: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``z Wᵀ + b`` ``(N, C)`` in ``z``'s dtype and device."""
+    b = None if bias is None else bias.to(device=z.device, dtype=z.dtype)
+    return F.linear(z, weight.to(device=z.device, dtype=z.dtype), b)
+
+
+class HeadDetector(Detector, register=False):
+    """Base of the detectors holding the fc ``weight`` / ``bias`` as state (saved with the fitted tensors); built
+    without a head, they take it from ``load_state_dict`` or from the model given to ``fit_model``."""
+
+    def __init__(self, weight=None, bias=None, head=None) -> None:
+        super().__init__()
+        self.weight, self.bias = (None, None) if weight is None and head is None else head_params(weight, bias, head)
+
+    def _adopt(self, model: nn.Module) -> None:
+        if self.weight is None:
+            self.weight, self.bias = head_params(None, None, model_head(model, type(self).__name__))
+
+    def _logits(self, z: Tensor, weight: Tensor | None = None) -> Tensor:
+        return linear_logits(z, self.weight if weight is None else weight, self.bias)
+
+    def _check_z(self, features: Any) -> Tensor:
+        if self.weight is None:
+            raise ValueError(f"{type(self).__name__} has no classifier weight: pass weight=/bias= or head=")
+        return check_features("features", features, dim=self.weight.shape[1])
+
+    def _state_spec(self) -> dict[str, TensorSpec]:
+        """The head: ``weight`` ``(C, D)`` (not all zero), optional ``bias`` ``(C,)``; subclasses add their own."""
+        return {"weight": TensorSpec(("C", "D"), nonzero=True), "bias": TensorSpec(("C",), optional=True)}
+
+    def _restore(self, state, meta) -> None:
+        self.load_state_dict(state)
+        self._fitted = bool(meta.get("fitted", True))

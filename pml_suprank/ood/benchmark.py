@@ -1,5 +1,5 @@
 """Near / far OOD benchmark harness: fit each detector once, score ID test and every OOD set, report per-set and
-per-group metrics, write a CSV, a markdown table and a score-histogram figure.
+per-group metrics (CSV, markdown table, score histograms).
 
 ::
 
@@ -12,10 +12,9 @@ per-group metrics, write a CSV, a markdown table and a score-histogram figure.
     print(result.to_markdown())
     result.save("outputs/ood_benchmark")        # results.csv, results.md, score_histograms.png
 
-Metrics per (detector, set) — :mod:`pml_suprank.ood.metrics`, OOD = positive, higher score = more OOD:
-``auroc``; ``fpr_id_positive`` (FPR at 95 % TPR, thesis Eq. 5.9 / HEAT) and ``fpr_ood_positive`` (OpenOOD v1.5 /
-pytorch-ood), both at ``tpr``; ``aupr_in``, ``aupr_out`` (``ap_method``: step = HEAT / sklearn AP, trapezoid =
-OpenOOD). A group's row (``set = "mean"``) is the unweighted mean over its sets, as OpenOOD's near / far columns.
+Metrics per (detector, set), :mod:`pml_suprank.ood.metrics`: ``auroc``; ``fpr_id_positive`` (thesis Eq. 5.9 /
+HEAT) and ``fpr_ood_positive`` (OpenOOD v1.5), both at ``tpr``; ``aupr_in``, ``aupr_out``. A group's row (``set =
+"mean"``) is the unweighted mean over its sets, as OpenOOD's near / far columns.
 """
 
 from __future__ import annotations
@@ -28,40 +27,29 @@ from pathlib import Path
 from typing import Any
 
 from torch import Tensor
+from tqdm.auto import tqdm
 
-from .._validation import check_choice, check_probability
+from .._validation import check_choice
 from . import metrics as ood_metrics
 from .base import Detector, NotFittedError
 from .features import OODFeatures
+from .score_plots import plot_score_histograms
 
 __all__ = ["METRICS", "BenchmarkResult", "benchmark"]
 
 #: Metric columns of a benchmark row, in table order.
 METRICS = ("auroc", "fpr_id_positive", "fpr_ood_positive", "aupr_in", "aupr_out")
-#: Markdown column titles (FPR shown at 95 % TPR unless ``tpr`` differs).
-_TITLES = {
-    "auroc": "AUROC ↑",
-    "fpr_id_positive": "FPR{tpr} (ID+) ↓",
-    "fpr_ood_positive": "FPR{tpr} (OOD+) ↓",
-    "aupr_in": "AUPR-In ↑",
-    "aupr_out": "AUPR-Out ↑",
-}
+#: Markdown column titles.
+_TITLES = dict(zip(METRICS, ("AUROC ↑", "FPR{tpr} (ID+) ↓", "FPR{tpr} (OOD+) ↓", "AUPR-In ↑", "AUPR-Out ↑")))
 
 
 def _as_inputs(where: str, value: Any) -> dict[str, Tensor]:
-    """Keyword tensors of a feature set (``OODFeatures`` or a dict with at least ``features`` or ``logits``)."""
     if isinstance(value, OODFeatures):
         value = value.as_kwargs()
     if not isinstance(value, Mapping) or not any(isinstance(v, Tensor) for v in value.values()):
         raise TypeError(f"{where} must be an OODFeatures or a dict of tensors (features=..., logits=...); "
                         f"got {type(value).__name__}")  # fmt: skip
     return {k: v for k, v in value.items() if v is not None}
-
-
-def _is_feature_set(value: Any) -> bool:
-    return isinstance(value, OODFeatures) or (
-        isinstance(value, Mapping) and bool(value) and all(isinstance(v, Tensor) or v is None for v in value.values())
-    )
 
 
 def _groups(ood_sets: Any) -> dict[str, dict[str, dict[str, Tensor]]]:
@@ -71,7 +59,8 @@ def _groups(ood_sets: Any) -> dict[str, dict[str, dict[str, Tensor]]]:
     out: dict[str, dict[str, dict[str, Tensor]]] = {}
     seen: set[str] = set()
     for group, sets in ood_sets.items():
-        if _is_feature_set(sets):
+        tensors = isinstance(sets, Mapping) and all(isinstance(v, Tensor) or v is None for v in sets.values())
+        if isinstance(sets, OODFeatures) or (tensors and sets):
             sets = {group: sets}
         if not isinstance(sets, Mapping) or not sets:
             raise ValueError(f"ood_sets[{group!r}] must be a non-empty mapping name -> features; got {type(sets)}")
@@ -110,11 +99,11 @@ class BenchmarkResult:
     """Scores and metrics of :func:`benchmark`.
 
     Attributes:
-        rows: One dict per (detector, group, set) and per (detector, group) mean (``set == "mean"``) with keys
-            ``detector``, ``group``, ``set``, ``n_id``, ``n_ood`` and :data:`METRICS`.
+        rows: One dict per (detector, group, set) and per (detector, group) mean (``set == "mean"``): ``detector``,
+            ``group``, ``set``, ``n_id``, ``n_ood`` and :data:`METRICS`.
         scores: ``{detector: {"ID": (N_id,), set: (N_set,)}}`` outlier scores on CPU.
         groups: ``{group: (set names)}``.
-        fit_seconds: ``{detector: seconds}`` spent in ``fit`` (empty when ``id_train`` was not given).
+        fit_seconds: ``{detector: seconds}`` spent in ``fit`` (empty without ``id_train``).
         tpr: The TPR of the FPR columns.
     """
 
@@ -156,11 +145,8 @@ class BenchmarkResult:
         return path
 
     def plot(self, path: str | Path, bins: int = 40, dpi: int = 150) -> Path:
-        """Score histograms, one row per detector and one panel per OOD group, every set in its own colour with its
-        AUROC and FPR95 (:func:`pml_suprank.ood.score_plots.plot_score_histograms`, the style of ``fit_heat``).
-        Returns the path."""
-        from .score_plots import plot_score_histograms
-
+        """Score histograms, one row per detector, one panel per OOD group
+        (:func:`~pml_suprank.ood.score_plots.plot_score_histograms`). Returns the path."""
         id_scores = {name: per_set["ID"] for name, per_set in self.scores.items()}
         sets = [s for group in self.groups.values() for s in group]
         ood_scores = {s: {name: per_set[s] for name, per_set in self.scores.items()} for s in sets}
@@ -221,22 +207,15 @@ def benchmark(
         id_test: ID test features (:class:`OODFeatures` or a dict of keyword tensors for ``score``).
         ood_sets: ``{group: {set name: features}}``, e.g. ``{"near": {...}, "far": {...}}``; a feature set given
             directly (``{"svhn": feats}``) is a group of its own.
-        id_train: ID training features (with labels for class-conditional detectors). When given, every detector is
-            fitted on it once; otherwise the detectors must already be fitted.
+        id_train: ID training features (with labels for class-conditional detectors): every detector is fitted on
+            it once; without it the detectors must be fitted.
         tpr: TPR of the two FPR columns (0.95: FPR95).
         ap_method: ``"step"`` (HEAT / sklearn AP) or ``"trapezoid"`` (OpenOOD) AUPR.
-        output_dir: When given, :meth:`BenchmarkResult.save` writes CSV, markdown and (``plot``) the figure there.
+        output_dir: Where :meth:`BenchmarkResult.save` writes CSV, markdown and (``plot``) the figure.
         plot: Write the histogram figure with ``output_dir`` (needs matplotlib).
-        progress: Show a tqdm bar over the fit and score steps (stderr).
-
-    Returns:
-        A :class:`BenchmarkResult`.
+        progress: Show a tqdm bar (stderr).
     """
-    from tqdm.auto import tqdm
-
-    check_probability("tpr", tpr)
-    if tpr == 0.0:
-        raise ValueError("tpr must lie in (0, 1]; got 0.0")
+    ood_metrics.check_tpr(tpr)
     check_choice("ap_method", ap_method, ("step", "trapezoid"))
     named = _named(detectors)
     test_inputs = _as_inputs("id_test", id_test)

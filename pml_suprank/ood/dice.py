@@ -1,8 +1,4 @@
-"""DICE: directed sparsification of the classifier head (Sun & Li, ECCV 2022).
-
-Scores are outlier scores (higher = more OOD), the negative of OpenOOD v1.5's ``conf``; the definition matches
-OpenOOD v1.5 and pytorch-ood 0.4.0 once their hyper-parameters are aligned (checked against both in the tests).
-"""
+"""DICE: directed sparsification of the classifier head (Sun & Li, ECCV 2022); higher = more OOD."""
 
 from __future__ import annotations
 
@@ -12,7 +8,7 @@ from torch import Tensor
 
 from .._validation import check_probability
 from ..hub.schema import TensorSpec
-from .head import HeadDetector
+from .base import HeadDetector
 from .metrics import quantile_linear
 from .priors import energy_logits
 
@@ -20,11 +16,8 @@ __all__ = ["DICE"]
 
 
 class DICE(HeadDetector):
-    """DICE (Sun & Li 2022): sparsify the head by weight contribution, then the energy score.
-
-    ``m`` = mean training feature; contribution ``m ⊙ W`` (C × D); weights whose contribution is not above the
-    ``p``-quantile (linear interpolation over all C·D entries) are zeroed; score ``−logsumexp(z W̃ᵀ + b)``. Matches
-    OpenOOD (``p`` in percent there) and pytorch-ood (fraction) exactly.
+    """DICE (Sun & Li 2022): weights of the head whose contribution ``m ⊙ W`` (``m`` the mean training feature) is not
+    above its ``p``-quantile are zeroed; score ``(N,)`` ``−logsumexp(z W̃ᵀ + b)``. Matches OpenOOD and pytorch-ood.
 
     Args:
         p: Sparsity, the **fraction** of weights dropped, in [0, 1) (HEAT: 0.9 on CIFAR-10, 0.7 on ImageNet).
@@ -34,7 +27,7 @@ class DICE(HeadDetector):
     _state_names = ("weight", "bias", "mask")
 
     def __init__(self, p: float = 0.9, weight=None, bias=None, head=None) -> None:
-        super().__init__(weight, bias, head, _allow_missing=True)
+        super().__init__(weight, bias, head)
         self.p = check_probability("p", p)
         if self.p >= 1.0:
             raise ValueError(f"p must lie in [0, 1) (fraction of weights dropped); got {p}")

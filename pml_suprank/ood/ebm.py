@@ -1,24 +1,20 @@
 """Residual energy-based model of HEAT: the MLP ``E_θ``, SGLD sampling from the hybrid model, contrastive divergence.
 
 Lafon et al., HEAT (thesis ch. 5, Sec. 5.2.1, Eqs. 5.1-5.6, Algorithm 2). The hybrid energy of prior ``k`` is
-``E_h(z) = E_θ(z)/T_nn + E_prior(z)/T_k`` (Eq. 5.2 with the prior temperature of the reference code). Only ``E_θ``
-is trained, by contrastive divergence (Eq. 5.3) on real features against SGLD samples of the hybrid model (Eq. 5.4)
-started from the prior, plus the control term ``λ·(E[E_θ(real)²] + E[E_θ(neg)²])`` (Eq. 5.5).
+``E_h(z) = E_θ(z)/T_nn + E_prior(z)/T_k`` (Eq. 5.2). Only ``E_θ`` is trained, by contrastive divergence (Eq. 5.3) on
+real features against SGLD samples of the hybrid model (Eq. 5.4) started from the prior, plus the control term
+``λ·(E[E_θ(real)²] + E[E_θ(neg)²])`` (Eq. 5.5). Where the thesis text and the released code differ, the code is
+followed:
 
-What the code does, following the authors' released implementation where the thesis text differs (each is a
-documented choice):
-
-* SGLD: ``z ← z − η_t ∇E_h(z) − σ_t ξ`` with **decoupled** step size and noise (not Eq. 5.4's
-  ``η/2`` / ``√η``), both on the quadratic schedule ``(a − b)(1 − t/T)² + b`` with ``b = 0.1·a`` (not "linear
-  decay"), and a projection after every step: ReLU, then L2 normalisation for priors on normalised features.
+* SGLD: ``z ← z − η_t ∇E_h(z) − σ_t ξ`` with **decoupled** step size and noise (not Eq. 5.4's ``η/2`` / ``√η``), both
+  on the quadratic schedule ``(a − b)(1 − t/T)² + b``, ``b = 0.1·a``, and after every step a projection: ReLU, then
+  L2 normalisation for priors on normalised features.
 * Negatives are ``[z_T; z_0]``: the chain ends **and** their (projected) starting points.
-* The control term is evaluated separately on real and negative sets and summed; input noise
-  ``eps_data`` is added to real and negative samples inside the loss only.
-* Hidden layers are **untied** by default (``tie_hidden_weights=False``, 4,724,737 parameters for d = 512): the
-  reference repeats one shared ``nn.Linear`` (1,575,937 parameters for d = 512); ``tie_hidden_weights=True``
-  reproduces it.
-* Parameters are initialised like ``nn.Linear`` (uniform ±1/√fan_in) but from an explicit ``torch.Generator``, so
-  fitting is reproducible without touching the global RNG.
+* The control term is evaluated on real and negative sets separately and summed; input noise ``eps_data`` is added
+  to both inside the loss only.
+* Hidden layers are **untied** by default (4,724,737 parameters for d = 512; the reference's one shared
+  ``nn.Linear``, 1,575,937 parameters, with ``tie_hidden_weights=True``), initialised like ``nn.Linear`` from an
+  explicit ``torch.Generator``.
 """
 
 from __future__ import annotations
@@ -30,23 +26,11 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import skip_init
 
-from .._validation import check_positive
+from .._validation import check_positive, check_positive_int
 
-__all__ = [
-    "MAX_HIDDEN_DIM",
-    "MAX_HIDDEN_LAYERS",
-    "MAX_MLP_PARAMETERS",
-    "ResidualEnergyMLP",
-    "mlp_parameter_count",
-    "polynomial_schedule",
-    "project",
-    "sgld_sample",
-    "contrastive_divergence_loss",
-    "train_residual",
-]
+__all__ = ["ResidualEnergyMLP", "contrastive_divergence_loss", "polynomial_schedule", "sgld_sample", "train_residual"]
 
-#: bounds of the residual MLP, checked before any weight is allocated: width ``h``, number ``n`` of hidden layers and
-#: total parameters (2**30 = 4 GiB in float32, before Adam's two moments; the paper's MLP has 4.7 million)
+#: bounds of the residual MLP checked before any weight is allocated: width, hidden layers, parameters (2**30 = 4 GiB)
 MAX_HIDDEN_DIM = 65_536
 MAX_HIDDEN_LAYERS = 64
 MAX_MLP_PARAMETERS = 2**30
@@ -67,8 +51,7 @@ def _hidden_shapes(hidden_dim: int, n_hidden_layers: int, tie: bool, reduce_widt
 def mlp_parameter_count(
     input_dim: int, hidden_dim: int, n_hidden_layers: int, tie_hidden_weights: bool = False, reduce_width: bool = False
 ) -> int:
-    """Parameters (weights and biases) of :class:`ResidualEnergyMLP` with these sizes, computed without building it:
-    ``(d + 1)·h`` in, ``Σ (a + 1)·b`` over the hidden ``a × b`` layers (one when tied), ``h_last + 1`` out."""
+    """Parameters (weights and biases) of :class:`ResidualEnergyMLP` with these sizes, without building it."""
     shapes, last = _hidden_shapes(hidden_dim, n_hidden_layers, tie_hidden_weights, reduce_width)
     return (input_dim + 1) * hidden_dim + sum((a + 1) * b for a, b in shapes) + last + 1
 
@@ -79,16 +62,15 @@ class ResidualEnergyMLP(nn.Module):
     Args:
         input_dim: Feature dimension ``d``.
         hidden_dim: Width ``h`` (1024 in the paper), at most :data:`MAX_HIDDEN_DIM`.
-        n_hidden_layers: Number ``n`` of hidden ``h × h`` layers (4, i.e. 6 linear maps in total), at most
-            :data:`MAX_HIDDEN_LAYERS`; the MLP holds at most :data:`MAX_MLP_PARAMETERS` parameters (checked before
-            anything is allocated, :func:`mlp_parameter_count`).
+        n_hidden_layers: Number ``n`` of hidden ``h × h`` layers (4), at most :data:`MAX_HIDDEN_LAYERS`; at most
+            :data:`MAX_MLP_PARAMETERS` parameters in all.
         negative_slope: LeakyReLU slope (0.2).
         tie_hidden_weights: Reuse one ``h × h`` layer ``n`` times, as the reference code does.
-        reduce_width: The reference's ImageNet pyramid instead (``reduce_width: True``): ``Linear(d, h)``,
-            then ``n`` blocks ``[Linear(h/2^i, h/2^i), Linear(h/2^i, h/2^i), Linear(h/2^i, h/2^(i+1))]``, then
-            ``Linear(h/2^n, 1)``, every layer but the last followed by LeakyReLU (20 linear maps for ``n = 6``).
+        reduce_width: The reference's ImageNet pyramid instead: ``Linear(d, h)``, ``n`` blocks ``[Linear(h/2^i,
+            h/2^i), Linear(h/2^i, h/2^i), Linear(h/2^i, h/2^(i+1))]``, ``Linear(h/2^n, 1)``.
         temperature: ``T_nn`` (1 in every reference config).
-        generator: Optional generator for the initialisation (default: a fresh one seeded with 0).
+        generator: Generator of the initialisation (default: a fresh one seeded with 0); ``device="meta"`` builds
+            the shapes only.
     """
 
     def __init__(
@@ -105,11 +87,12 @@ class ResidualEnergyMLP(nn.Module):
         dtype=None,
     ) -> None:
         super().__init__()
-        for name, value in (("input_dim", input_dim), ("hidden_dim", hidden_dim)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer; got {value!r}")
-        if isinstance(n_hidden_layers, bool) or not isinstance(n_hidden_layers, int) or n_hidden_layers < 0:
-            raise ValueError(f"n_hidden_layers must be a non-negative integer; got {n_hidden_layers!r}")
+        for name, value, low in (
+            ("input_dim", input_dim, 1),
+            ("hidden_dim", hidden_dim, 1),
+            ("n_hidden_layers", n_hidden_layers, 0),
+        ):
+            check_positive_int(name, value, minimum=low)
         if hidden_dim > MAX_HIDDEN_DIM or n_hidden_layers > MAX_HIDDEN_LAYERS:
             raise ValueError(
                 f"hidden_dim must be <= {MAX_HIDDEN_DIM} and n_hidden_layers <= {MAX_HIDDEN_LAYERS}; got "
@@ -180,8 +163,7 @@ def polynomial_schedule(t: int, total: int, start: float, end: float) -> float:
 
 
 def project(z: Tensor, relu: bool = True, normalize: bool = False) -> Tensor:
-    """Projection of SGLD states: ReLU (features of a ReLU network are ≥ 0), then L2 normalisation if the prior
-    works on normalised features."""
+    """Projection of SGLD states: ReLU (features of a ReLU network are ≥ 0), then L2 normalisation (``normalize``)."""
     if relu:
         z = torch.relu(z)
     if normalize:
@@ -203,18 +185,9 @@ def sgld_sample(
 ) -> Tensor:
     """Short-run SGLD on the hybrid energy from ``z0`` (thesis Eq. 5.4 with the reference's decoupling).
 
-    Args:
-        energy_fn: ``(B, D) -> (B,)`` hybrid energy; its gradient w.r.t. the input drives the chain (parameters'
-            ``.grad`` are not touched).
-        z0: ``(B, D)`` starting points (projected before the first step).
-        steps: Number of SGLD steps ``T`` (0 returns the projected start twice).
-        step_size, noise_std: Schedule start values ``η_0``, ``σ_0``.
-        step_size_end, noise_std_end: Schedule end values (default ``0.1 ×`` start, as the reference).
-        relu, normalize: Projection after every step (see :func:`project`).
-        generator: Source of the Gaussian noise.
-
-    Returns:
-        ``(2B, D)`` detached negatives ``[z_T; z_0]``.
+    ``energy_fn`` ``(B, D) -> (B,)`` drives the chain by its input gradient; ``z0`` ``(B, D)`` are the starting
+    points; ``steps = 0`` returns the projected start twice; the schedules go from ``step_size`` / ``noise_std`` to
+    ``step_size_end`` / ``noise_std_end`` (default ``0.1 ×`` start). Returns ``(2B, D)`` detached ``[z_T; z_0]``.
     """
     step_size_end = 0.1 * step_size if step_size_end is None else step_size_end
     noise_std_end = 0.1 * noise_std if noise_std_end is None else noise_std_end
@@ -236,13 +209,7 @@ def contrastive_divergence_loss(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """HEAT loss (Eqs. 5.3, 5.5, 5.6): ``mean E_θ(real) − mean E_θ(neg) + λ(mean E_θ(real)² + mean E_θ(neg)²)``.
 
-    Args:
-        energy_real: ``(B,)`` residual energies of real features.
-        energy_negative: ``(M,)`` residual energies of negatives.
-        l2_coef: ``λ ≥ 0``.
-
-    Returns:
-        ``(loss, cd_term, control_term)``, 0-dim tensors; ``control_term`` already includes ``λ``.
+    ``energy_real`` ``(B,)``, ``energy_negative`` ``(M,)``; returns 0-dim ``(loss, cd_term, λ·control_term)``.
     """
     cd = energy_real.mean() - energy_negative.mean()
     control = l2_coef * (energy_real.pow(2).mean() + energy_negative.pow(2).mean())
@@ -278,26 +245,15 @@ def train_residual(
     smaller than a batch) or per ``accumulation_steps`` batches (gradients of the mean loss, the reference's
     ``accum_iter``: 1 on CIFAR, 20 / 10 on ImageNet), ``MultiStepLR(milestones, gamma)`` stepped per epoch.
 
-    Args:
-        mlp: The residual network (trained in place).
-        prior_energy: ``(B, D) -> (B,)`` tempered prior energy ``E_prior/T_k`` (differentiable in the input).
-        proposal: ``n -> (n, D)`` SGLD starting points (prior samples, or ``N(0, I)`` for EL).
-        features: ``(N, D)`` real training features, already L2-normalised when ``normalize``.
-        **hyper_parameters: ``epochs``, ``batch_size``, ``lr``, ``l2_coef``, ``sgld_steps``, ``step_size``,
-            ``noise_std``, ``end_factor``, ``eps_data``, ``betas``, ``milestones``, ``gamma`` (see ``ood.PRESETS``).
-        normalize: Project SGLD states onto the unit sphere.
-        accumulation_steps: Batches per optimiser step (a last incomplete group still steps).
-        generator: Randomness for shuffling, SGLD noise and input noise.
-        callback: Called as ``callback(epoch, batch, loss)`` after every batch.
-
-    Returns:
-        Mean training loss per epoch.
+    ``mlp`` is trained in place; ``prior_energy`` ``(B, D) -> (B,)`` is ``E_prior/T_k``; ``proposal`` ``n -> (n, D)``
+    gives SGLD starting points; ``features`` ``(N, D)`` are already L2-normalised when ``normalize`` (SGLD then stays
+    on the sphere); the hyper-parameters are those of ``ood.PRESETS``; ``generator`` drives shuffling, SGLD and input
+    noise; ``callback(epoch, batch, loss)`` runs after every batch. Returns the mean training loss per epoch.
     """
     if epochs == 0:
         mlp.eval()
         return []
-    if isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int) or accumulation_steps < 1:
-        raise ValueError(f"accumulation_steps must be a positive integer; got {accumulation_steps!r}")
+    check_positive_int("accumulation_steps", accumulation_steps)
     n = features.shape[0]
     batch_size = min(batch_size, n)
     optimizer = torch.optim.Adam(mlp.parameters(), lr=lr, betas=betas)

@@ -1,17 +1,13 @@
-"""Save and load extracted OOD feature sets (``z``, ``σ``, logits, labels per split) and the classifier head.
-
-``recipes/fit_heat.py`` writes ``features.safetensors`` with its ID train / ID test / OOD features, and
-``recipes/ood_benchmark.py`` (or :func:`~pml_suprank.ood.benchmark`) reads it back, so that nothing is embedded
-twice::
+"""Save and load extracted OOD feature sets and the classifier head (``fit_heat`` writes them, ``ood_benchmark``
+reads them back, so that nothing is embedded twice)::
 
     ood.save_features("features.safetensors", {"id_train": train, "id_test": test, "svhn": svhn}, head=fc)
     saved = ood.load_features("features.safetensors")
     saved.sets["id_train"].features, saved.weight, saved.metadata
 
-One safetensors file (nothing is unpickled): tensors ``"<i>.features"``, ``"<i>.std_features"``, ``"<i>.logits"``,
-``"<i>.labels"`` for the ``i``-th set and ``"head.weight"`` / ``"head.bias"``; the set names and user metadata are
-JSON in the file's header. Loading checks every tensor (shapes agreeing within a set and with the head, floating and
-finite values, integer labels) and names the file and the key in its errors.
+One safetensors file: tensors ``"<i>.features"``, ``"<i>.std_features"``, ``"<i>.logits"``, ``"<i>.labels"`` of the
+``i``-th set and ``"head.weight"`` / ``"head.bias"``; set names and metadata are JSON in the header. Loading checks
+every tensor and names the file and the key in its errors.
 """
 
 from __future__ import annotations
@@ -26,8 +22,8 @@ import torch
 from torch import Tensor, nn
 
 from .._safe_json import loads_json
+from .base import head_params
 from .features import OODFeatures
-from .head import head_params
 
 __all__ = ["FEATURES_FORMAT", "SavedFeatures", "save_features", "load_features"]
 
@@ -38,14 +34,8 @@ _FIELDS = ("features", "std_features", "logits", "labels")
 
 @dataclass
 class SavedFeatures:
-    """Feature sets read by :func:`load_features`.
-
-    Attributes:
-        sets: ``{name: OODFeatures}`` in the saved order.
-        weight: ``(C, D)`` classifier weight, or ``None`` when no head was saved.
-        bias: ``(C,)`` classifier bias, or ``None``.
-        metadata: The JSON-serialisable ``metadata`` given to :func:`save_features`.
-    """
+    """Feature sets read by :func:`load_features`: ``sets`` ``{name: OODFeatures}`` in the saved order, the head
+    ``weight`` ``(C, D)`` / ``bias`` ``(C,)`` (or ``None``) and the ``metadata`` given to :func:`save_features`."""
 
     sets: dict[str, OODFeatures]
     weight: Tensor | None = None
@@ -70,15 +60,8 @@ def save_features(
     bias: Tensor | None = None,
     metadata: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write feature sets (and optionally the classifier head) to one safetensors file. Returns the path.
-
-    Args:
-        path: Destination file (parent folders are created).
-        sets: ``{name: OODFeatures}`` (or dicts with ``features`` and optional ``std_features``, ``logits``,
-            ``labels``), e.g. ``{"id_train": ..., "id_test": ..., "<ood set>": ...}``.
-        head, weight, bias: The classifier head (an ``nn.Linear`` or ``(C, D)`` / ``(C,)`` tensors), optional.
-        metadata: JSON-serialisable information stored in the header (dataset names, backbone, ...).
-    """
+    """Write ``sets`` ``{name: OODFeatures or dict with "features"}``, the optional head (``head`` or ``weight``
+    ``(C, D)`` / ``bias`` ``(C,)``) and JSON ``metadata`` to the safetensors file ``path``. Returns the path."""
     from safetensors.torch import save_file
 
     if not isinstance(sets, Mapping) or not sets:

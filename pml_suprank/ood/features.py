@@ -1,14 +1,9 @@
-"""Feature extraction for post-hoc OOD detection: avg- and std-pooled last feature map plus logits of a timm model.
+"""Feature extraction for post-hoc OOD detection from a timm model's last feature map (HEAT, thesis Sec. 5.2.2).
 
-HEAT (thesis Sec. 5.2.2) reads the last residual stage before global pooling (``layer4`` of a ResNet, i.e.
-timm's ``forward_features``): ``z`` is the spatial mean and ``σ`` the spatial **unbiased** std (ddof = 1, as
-``torch.std``; numpy's default ddof = 0 would be wrong). Logits come from ``forward_head`` on the same map.
-
-``extract_features`` takes ``z = forward_head(fmap, pre_logits=True)``, the input of the classifier's last linear
-layer, so that detectors using the head (EL, ViM, DICE, ReAct) see ``logits = W z + b``. For ResNets this is exactly
-the spatial mean; for heads with a norm after pooling (ConvNeXt) it is the normalised mean, and for token models
-(ViT; ``forward_features`` returns ``(B, N, C)``) timm's own pooling (e.g. the class token). ``σ`` is always the
-unbiased std of the raw map over its positions (all tokens for ViTs).
+``z = forward_head(fmap, pre_logits=True)`` is the input of the classifier's last linear layer, so that detectors
+using the head see ``logits = W z + b`` (for ResNets exactly the spatial mean of ``layer4``; for ViTs timm's own
+pooling); ``σ`` is the **unbiased** std (ddof = 1) of the raw map over its positions or tokens; logits come from
+``forward_head`` on the same map.
 """
 
 from __future__ import annotations
@@ -20,26 +15,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = [
-    "OODFeatures",
-    "batch_images",
-    "collect_features",
-    "extract_features",
-    "feature_map_positions",
-    "pool_feature_map",
-]
+__all__ = ["OODFeatures", "extract_features", "feature_map_positions", "pool_feature_map"]
 
 
 @dataclass
 class OODFeatures:
-    """Per-sample features for OOD detectors.
-
-    Attributes:
-        features: ``(N, C)`` average-pooled features ``z``.
-        std_features: ``(N, C)`` std-pooled features ``σ`` (unbiased).
-        logits: ``(N, K)`` classifier logits.
-        labels: ``(N,)`` labels (column 0 of the dataset's labels) or ``None``.
-    """
+    """Per-sample features: ``features`` ``(N, C)`` (``z``), ``std_features`` ``(N, C)`` (``σ``), ``logits``
+    ``(N, K)`` and ``labels`` ``(N,)`` (column 0 of the dataset's labels) or ``None``."""
 
     features: Tensor
     std_features: Tensor
@@ -58,15 +40,8 @@ class OODFeatures:
 
 
 def pool_feature_map(feature_map: Tensor) -> tuple[Tensor, Tensor]:
-    """Average and unbiased-std pooling of a feature map.
-
-    Args:
-        feature_map: ``(B, C, H, W)`` (pooled over ``H·W``, needs ``H·W ≥ 2``) or ``(B, N, C)`` tokens (pooled
-            over ``N``).
-
-    Returns:
-        ``(z, σ)``, each ``(B, C)``.
-    """
+    """``(z, σ)``, each ``(B, C)``: mean and unbiased std of a ``(B, C, H, W)`` map over ``H·W ≥ 2`` positions, or of
+    ``(B, N, C)`` tokens over ``N``."""
     if not isinstance(feature_map, Tensor) or feature_map.dim() not in (3, 4):
         shape = tuple(feature_map.shape) if isinstance(feature_map, Tensor) else type(feature_map).__name__
         raise ValueError(f"feature_map must have shape (B, C, H, W) or (B, N, C); got {shape}")
@@ -79,9 +54,8 @@ def pool_feature_map(feature_map: Tensor) -> tuple[Tensor, Tensor]:
 
 @torch.no_grad()
 def feature_map_positions(model: nn.Module, image_size: int, device: torch.device | str = "cpu") -> int:
-    """The spatial positions ``H·W`` (or tokens ``N``) of ``model.forward_features`` on one ``(1, 3, image_size,
-    image_size)`` image: std pooling (:func:`pool_feature_map`) needs at least 2. One forward pass in eval mode
-    (restored afterwards)."""
+    """The positions ``H·W`` (or tokens ``N``) of ``model.forward_features`` on one ``image_size`` image (std pooling
+    needs 2); one forward pass in eval mode."""
     was_training = model.training
     model.eval()
     try:
@@ -109,28 +83,22 @@ def batch_images(batch: Any) -> tuple[Tensor, Tensor | None]:
     return images, labels if isinstance(labels, Tensor) else None
 
 
+def model_device(model: Any) -> torch.device:
+    """The device of ``model``'s first parameter (CPU for a model without parameters)."""
+    first = next(model.parameters(), None) if isinstance(model, nn.Module) else None
+    return first.device if first is not None else torch.device("cpu")
+
+
 @torch.no_grad()
 def extract_features(
     model: nn.Module, batches: Iterable, device: torch.device | str | None = None, max_batches: int | None = None
 ) -> OODFeatures:
-    """Run a timm classifier over batches and collect ``z``, ``σ``, logits and labels (on CPU).
-
-    Args:
-        model: A timm model with ``forward_features`` and ``forward_head`` (any ``num_classes > 0``). It is put in
-            eval mode for the extraction and restored afterwards.
-        batches: Iterable of batches: dicts with ``"image"`` (and ``"labels"``, 1-D or ``(B, L)`` with column 0
-            finest, the :mod:`pml_suprank.data` contract), ``(images, labels)`` tuples, or image tensors.
-        device: Where to run the model (default: the device of its first parameter).
-        max_batches: Stop after this many batches.
-
-    Returns:
-        :class:`OODFeatures` with float32 CPU tensors.
-    """
+    """Run a timm classifier (``forward_features`` / ``forward_head``, in eval mode) over ``batches`` (as
+    :func:`batch_images`; at most ``max_batches``) on ``device`` (default: the model's) and collect ``z``, ``σ``,
+    logits and labels as :class:`OODFeatures` (float32, CPU)."""
     if not (hasattr(model, "forward_features") and hasattr(model, "forward_head")):
         raise TypeError(f"model must be a timm model with forward_features/forward_head; got {type(model).__name__}")
-    if device is None:
-        first = next(model.parameters(), None)
-        device = first.device if first is not None else torch.device("cpu")
+    device = device or model_device(model)
 
     def timm_parts(images: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
         fmap = model.forward_features(images)
@@ -148,9 +116,8 @@ def collect_features(
     max_batches: int | None,
     parts: Callable[[Tensor], tuple[Tensor, Tensor | None, Tensor | None]],
 ) -> OODFeatures:
-    """The loop shared by the feature extractors: ``parts(images) -> (z (B, D), σ (B, D) or None, logits (B, C) or
-    None)`` on every batch (:func:`batch_images`) with ``model`` in eval mode (restored afterwards), gathered as
-    float32 CPU tensors; σ / logits / labels are ``None`` in the result when a batch has none."""
+    """The loop of the feature extractors: ``parts(images) -> (z (B, D), σ or None, logits or None)`` per batch, in
+    eval mode, gathered as float32 CPU tensors (``None`` when a batch has none)."""
     was_training = model.training
     model.eval()
     zs, sigmas, logits, labels = [], [], [], []

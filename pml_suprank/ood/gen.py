@@ -1,8 +1,4 @@
-"""GEN: generalized entropy of the softmax (Liu, Lochman & Zach, CVPR 2023).
-
-Scores are outlier scores (higher = more OOD), the negative of OpenOOD v1.5's ``conf``; the definition matches
-OpenOOD v1.5's ``GENPostprocessor`` once its hyper-parameters are aligned (checked on stored inputs in the tests).
-"""
+"""GEN: generalized entropy of the softmax (Liu, Lochman & Zach, CVPR 2023); higher = more OOD."""
 
 from __future__ import annotations
 
@@ -12,8 +8,7 @@ import torch
 from torch import Tensor
 
 from .._validation import check_positive, check_positive_int
-from .base import Detector
-from .head import check_logits
+from .base import Detector, check_features
 
 __all__ = ["GEN", "check_gamma", "generalized_entropy"]
 
@@ -27,29 +22,17 @@ def check_gamma(gamma: float) -> float:
 
 
 def generalized_entropy(logits: Tensor, gamma: float = 0.1, m: int = 100) -> Tensor:
-    """Generalized entropy of the ``m`` largest softmax probabilities (GEN paper, Eq. 8).
-
-    ``G_γ(p) = Σ_{j ∈ top-M} p_j^γ (1 − p_j)^γ``, with ``M`` capped at the number of classes ``C``.
-
-    Args:
-        logits: ``(N, C)`` classifier logits.
-        gamma: Exponent ``γ`` in (0, 1) (0.1 in the paper and OpenOOD).
-        m: Number ``M`` of largest probabilities kept (100 in the paper; ``min(M, C)`` are used).
-
-    Returns:
-        ``(N,)`` scores, higher = more uncertain = more OOD.
-    """
+    """GEN paper, Eq. 8: ``(N, C)`` logits → ``(N,)`` ``Σ_{top-m} p^γ (1 − p)^γ`` over the ``min(m, C)`` largest softmax
+    probabilities, ``γ`` in (0, 1); higher = more uncertain = more OOD."""
     gamma, m = check_gamma(gamma), check_positive_int("M", m)
-    probs = torch.softmax(check_logits(logits), dim=-1)
+    probs = torch.softmax(check_features("logits", logits), dim=-1)
     top = probs.topk(min(m, probs.shape[-1]), dim=-1).values
     return (top.pow(gamma) * (1.0 - top).pow(gamma)).sum(dim=-1)
 
 
 class GEN(Detector):
-    """Generalized ENtropy score (Liu et al. 2023, Eq. 8): ``Σ_{top-M} p^γ (1 − p)^γ`` over the softmax of the logits.
-
-    Needs ``logits`` only (no fit). OpenOOD v1.5 returns ``conf = −score`` with the same ``γ`` and ``M``; it keeps the
-    last ``M`` sorted probabilities, i.e. all of them when ``M > C``, as the cap here.
+    """Generalized ENtropy score (Liu et al. 2023, Eq. 8) of the logits, :func:`generalized_entropy`; no fit. OpenOOD
+    v1.5 returns ``conf = −score`` with the same ``γ`` and ``M`` (capped at ``C`` alike).
 
     Args:
         gamma: ``γ`` in (0, 1) (0.1: paper, OpenOOD ``gen.yml``).

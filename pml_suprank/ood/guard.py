@@ -1,28 +1,23 @@
 """The OOD guard of a retrieval model: a fitted detector, a calibrated threshold and the model it belongs to.
 
-A guard answers, per image, "is this query of a kind the model knows?". It is stored **inside the model folder**,
-``final/ood/``, and travels with the model (``save_pretrained`` folder, Hub repo)::
+A guard answers, per image, "is this query of a kind the model knows?". It lives **inside the model folder** and
+travels with the model (``save_pretrained`` folder, Hub repo)::
 
     final/ood/config.json         the detector's config (written by Detector.save_pretrained)
     final/ood/model.safetensors   the detector's fitted tensors
     final/ood/guard.json          {"version", "detector", "feature_kind", "model_sha256", "threshold",
                                    "higher_is_ood", "tpr_target", "id_tpr", "ood_sets": {name: {"fpr", "auroc"}}}
 
-**The rule** (one for every detector): the score is the detector's outlier score, higher = more OOD, and an image
-is OOD when ``score > threshold``. The threshold is chosen on held-out in-distribution (ID) images so that a share
-``tpr_target`` (default 0.95) of them is kept (``score <= threshold``): the held-out scores are split in two seeded
-halves, the threshold is the ``ceil(tpr_target · n)``-th smallest score of the first half, and ``id_tpr`` is the share
-of the *second* half kept — an estimate on images the threshold never saw. ``ood_sets`` records, for each OOD set
-scored at fit time, the FPR (share of its images accepted as ID at the threshold) and the AUROC (all held-out ID
-images against the set).
+**The rule**, for every detector: an image is OOD when its outlier score ``> threshold``. The threshold keeps a
+share ``tpr_target`` (0.95) of held-out in-distribution (ID) images: their scores are split in two seeded halves, the
+threshold is the ``ceil(tpr_target · n)``-th smallest score of the first, and ``id_tpr`` the share of the *second*
+half kept (an estimate on images the threshold never saw). ``ood_sets`` records, per OOD set scored at fit time, the
+FPR (share accepted as ID) and the AUROC against all held-out ID images.
 
-A guard belongs to one model: ``model_sha256`` is the SHA-256 of the model folder's ``model.safetensors`` and
-``feature_kind`` the features the detector reads (``"pooled"`` backbone features or the ``"embedding"``, see
-:func:`~pml_suprank.ood.extract_model_features`). Loading refuses (:class:`GuardMismatchError`, naming both values)
-a guard whose hash is not that of the folder's weights, whose ``feature_kind`` is not the detector's, and
-:meth:`OODGuard.predict` refuses a model loaded from other weights. Nothing in the folder is unpickled.
-
-Python API::
+A guard belongs to one model: ``model_sha256`` is the SHA-256 of the folder's ``model.safetensors`` and
+``feature_kind`` the features the detector reads (``"pooled"`` or ``"embedding"``). Loading refuses
+(:class:`GuardMismatchError`, naming both values) a guard of other weights or of another feature kind than its
+detector's, and :meth:`OODGuard.predict` refuses a model loaded from other weights. Nothing is unpickled::
 
     guard = OODGuard.fit(model, train_loader, heldout_loader, ood_loaders={"noise": noise_loader},
                          detector=ood.HEAT(priors=("gmm", "gmm_std"), preset="fast"))
@@ -33,13 +28,14 @@ Python API::
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
 import os
 import tempfile
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +45,8 @@ from torch import Tensor
 from .._safe_json import load_json
 from ..data.embedding_cache import state_digest
 from . import metrics as ood_metrics
+from .base import Detector
+from .model_api import FEATURE_KINDS
 
 __all__ = [
     "GUARD_DIR",
@@ -64,17 +62,16 @@ __all__ = [
     "weights_sha256",
 ]
 
-#: the guard's folder inside a model folder
-GUARD_DIR = "ood"
-#: the guard's own file in :data:`GUARD_DIR`
-GUARD_FILE = "guard.json"
+#: the guard's folder inside a model folder, and its own file there
+GUARD_DIR, GUARD_FILE = "ood", "guard.json"
 #: the format version written
 VERSION = 1
 #: the keys of ``guard.json`` (besides ``version``), read by the model card
 GUARD_KEYS = ("detector", "feature_kind", "model_sha256", "threshold", "higher_is_ood", "tpr_target", "id_tpr",
               "ood_sets")  # fmt: skip
-FEATURE_KINDS = ("pooled", "embedding")
 _WEIGHTS = "model.safetensors"
+#: the guard's files inside a model folder (fetched with the model from one Hub snapshot)
+GUARD_FILES = tuple(f"{GUARD_DIR}/{name}" for name in (GUARD_FILE, "config.json", _WEIGHTS))
 
 
 class GuardMismatchError(ValueError):
@@ -83,8 +80,7 @@ class GuardMismatchError(ValueError):
 
 @dataclass(frozen=True)
 class GuardVerdict:
-    """Per-image answer of a guard: ``scores`` ``(N,)`` (higher = more OOD), ``is_ood`` ``(N,)`` bool
-    (``scores > threshold``) and the ``threshold`` used."""
+    """Per-image answer: ``scores`` ``(N,)`` (higher = more OOD), ``is_ood`` ``(N,)`` bool (``scores > threshold``)."""
 
     scores: Tensor
     is_ood: Tensor
@@ -107,27 +103,48 @@ def weights_sha256(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def _scores(name: str, x: Any) -> Tensor:
-    if not isinstance(x, Tensor) or x.dim() != 1 or x.numel() == 0 or not x.is_floating_point():
-        got = f"shape {tuple(x.shape)} {x.dtype}" if isinstance(x, Tensor) else type(x).__name__
-        raise ValueError(f"{name} must be a non-empty 1-D floating tensor of scores; got {got}")
-    x = x.detach().to("cpu", torch.float64)
-    if not bool(torch.isfinite(x).all()):
-        raise ValueError(f"{name} must be finite; got {int((~torch.isfinite(x)).sum())} non-finite score(s)")
-    return x
-
-
-def _check_rate(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < float(value) <= 1.0:
-        raise ValueError(f"{name} must be a number in (0, 1]; got {value!r}")
+def _number(where: str, value: Any, text: str = "a finite number", low: float = -math.inf, high: float = math.inf,
+            *, open_low: bool = False) -> float:  # fmt: skip
+    """``value`` as a finite float in ``[low, high]`` (``(low, high]`` when ``open_low``), else ``ValueError``."""
+    number = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    if not (number and low <= value <= high and not (open_low and value == low)):
+        raise ValueError(f"{where} must be {text}; got {value!r}")
     return float(value)
+
+
+_RATE = ("a number in (0, 1]", 0.0, 1.0)
+
+
+def _checked_values(values: Mapping[str, Any], at: str = "") -> dict[str, Any]:
+    """The guard's scalars and ``ood_sets`` checked and normalised (errors name ``at`` + the key)."""
+    kind, sha = values["feature_kind"], values["model_sha256"]
+    if kind not in FEATURE_KINDS:
+        raise ValueError(f"{at}feature_kind must be one of {FEATURE_KINDS}; got {kind!r}")
+    if not isinstance(sha, str) or len(sha) != 64 or not all(c in "0123456789abcdef" for c in sha):
+        raise ValueError(f"{at}model_sha256 must be 64 lowercase hex digits; got {sha!r}")
+    sets = values["ood_sets"] or {}
+    if not isinstance(sets, Mapping):
+        raise ValueError(f"{at}ood_sets must map OOD set names to {{'fpr', 'auroc'}}; got {type(sets).__name__}")
+    for name, row in sets.items():
+        if not isinstance(row, Mapping) or set(row) != {"fpr", "auroc"}:
+            raise ValueError(f"{at}ood_sets[{name!r}] must be {{'fpr': float, 'auroc': float}}; got {row!r}")
+        for key in ("fpr", "auroc"):
+            _number(f"{at}ood_sets[{name!r}][{key!r}]", row[key], "a number in [0, 1]", 0.0, 1.0)
+    return {
+        "threshold": _number(f"{at}threshold", values["threshold"]),
+        "feature_kind": kind,
+        "model_sha256": sha,
+        "tpr_target": _number(f"{at}tpr_target", values["tpr_target"], *_RATE, open_low=True),
+        "id_tpr": _number(f"{at}id_tpr", values["id_tpr"], "a number in [0, 1]", 0.0, 1.0),
+        "ood_sets": {str(k): {"fpr": float(v["fpr"]), "auroc": float(v["auroc"])} for k, v in sets.items()},
+    }
 
 
 def calibrate_threshold(id_scores: Tensor, tpr_target: float = 0.95, *, seed: int = 0) -> tuple[float, float]:
     """``(threshold, id_tpr)`` from held-out ID scores ``(N,)``, ``N >= 2`` (see the module docstring: the threshold
     keeps ``tpr_target`` of a seeded half, ``id_tpr`` is measured on the other half)."""
-    tpr_target = _check_rate("tpr_target", tpr_target)
-    scores = _scores("id_scores", id_scores)
+    tpr_target = _number("tpr_target", tpr_target, *_RATE, open_low=True)
+    scores = ood_metrics.as_scores("id_scores", id_scores).cpu()
     if scores.numel() < 2:
         raise ValueError(f"id_scores must hold at least 2 held-out ID scores (calibrate + check); got {scores.numel()}")
     order = torch.randperm(scores.numel(), generator=torch.Generator().manual_seed(seed))
@@ -138,6 +155,7 @@ def calibrate_threshold(id_scores: Tensor, tpr_target: float = 0.95, *, seed: in
     return threshold, float((check <= threshold).to(torch.float64).mean())
 
 
+@dataclass(eq=False, repr=False)
 class OODGuard:
     """A fitted detector with its calibrated threshold, bound to one model's weights (see the module docstring).
 
@@ -151,19 +169,17 @@ class OODGuard:
         ood_sets: ``{name: {"fpr": float, "auroc": float}}`` measured at fit time.
     """
 
-    def __init__(
-        self,
-        detector: Any,
-        *,
-        threshold: float,
-        feature_kind: str,
-        model_sha256: str,
-        tpr_target: float,
-        id_tpr: float,
-        ood_sets: Mapping[str, Mapping[str, float]] | None = None,
-    ) -> None:
-        from .base import Detector
+    detector: Any
+    _: KW_ONLY
+    threshold: float
+    feature_kind: str
+    model_sha256: str
+    tpr_target: float
+    id_tpr: float
+    ood_sets: Mapping[str, Mapping[str, float]] | None = None
 
+    def __post_init__(self) -> None:
+        detector = self.detector
         if not isinstance(detector, Detector):
             raise TypeError(f"detector must be a pml_suprank.ood.Detector; got {type(detector).__name__}")
         if detector._scores_images():
@@ -171,30 +187,15 @@ class OODGuard:
                              "of features (HEAT, Mahalanobis, KNN, ...)")  # fmt: skip
         if not detector.is_fitted:
             raise ValueError(f"detector {type(detector).__name__} is not fitted")
-        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
-            raise ValueError(f"threshold must be a finite number; got {threshold!r}")
-        if feature_kind not in FEATURE_KINDS:
-            raise ValueError(f"feature_kind must be one of {FEATURE_KINDS}; got {feature_kind!r}")
-        if not isinstance(model_sha256, str) or len(model_sha256) != 64 or not all(
-            c in "0123456789abcdef" for c in model_sha256
-        ):
-            raise ValueError(f"model_sha256 must be 64 lowercase hex digits; got {model_sha256!r}")
-        self.detector = detector
-        self.threshold = float(threshold)
-        self.feature_kind = feature_kind
-        self.model_sha256 = model_sha256
-        self.tpr_target = _check_rate("tpr_target", tpr_target)
-        self.id_tpr = float(id_tpr)
-        if not 0.0 <= self.id_tpr <= 1.0:
-            raise ValueError(f"id_tpr must lie in [0, 1]; got {id_tpr!r}")
-        self.ood_sets = _check_ood_sets(ood_sets or {}, "ood_sets")
-        detector.feature_kind = feature_kind
+        fields = ("threshold", "feature_kind", "model_sha256", "tpr_target", "id_tpr", "ood_sets")
+        for key, value in _checked_values({k: getattr(self, k) for k in fields}).items():
+            setattr(self, key, value)
+        detector.feature_kind = self.feature_kind
 
     @property
     def detector_name(self) -> str:
         return type(self.detector).detector_name or type(self.detector).__name__
 
-    # --- building -------------------------------------------------------------------------------------------------
     @classmethod
     def calibrate(
         cls,
@@ -212,7 +213,7 @@ class OODGuard:
         threshold, id_tpr = calibrate_threshold(id_scores, tpr_target, seed=seed)
         measured = {}
         for name, scores in (ood_scores or {}).items():
-            s = _scores(f"ood_scores[{name!r}]", scores)
+            s = ood_metrics.as_scores(f"ood_scores[{name!r}]", scores)
             measured[str(name)] = {"fpr": float((s <= threshold).to(torch.float64).mean()),
                                    "auroc": ood_metrics.auroc(id_scores.float(), s.float())}  # fmt: skip
         return cls(detector, threshold=threshold, feature_kind=feature_kind, model_sha256=model_sha256,
@@ -233,8 +234,8 @@ class OODGuard:
         device: torch.device | str | None = None,
         seed: int = 0,
     ) -> OODGuard:
-        """Fit ``detector`` on ``model``'s features of the ID loader ``train`` (batches with labels for class-
-        conditional detectors), calibrate on the held-out ID loader ``heldout`` and measure each OOD loader.
+        """Fit ``detector`` on ``model``'s features of the ID loader ``train`` (with labels for class-conditional
+        detectors), calibrate on the held-out ID loader ``heldout`` and measure each OOD loader.
 
         ``model_sha256`` defaults to the ``weights_sha256`` of a model loaded by ``RetrievalModel.from_pretrained``
         (a model built in memory has none: save it first, or pass the hash of the file it will be saved as).
@@ -250,12 +251,9 @@ class OODGuard:
         return cls.calibrate(detector, id_scores, model_sha256=sha, feature_kind=feature_kind, tpr_target=tpr_target,
                              ood_scores=ood_scores, seed=seed)  # fmt: skip
 
-    # --- answering ------------------------------------------------------------------------------------------------
     def verdict(self, scores: Tensor, threshold: float | None = None) -> GuardVerdict:
         """The verdict of scores ``(N,)``: ``is_ood = scores > threshold`` (default: the stored one)."""
-        threshold = self.threshold if threshold is None else float(threshold)
-        if not math.isfinite(threshold):
-            raise ValueError(f"threshold must be a finite number; got {threshold!r}")
+        threshold = self.threshold if threshold is None else _number("threshold", threshold)
         scores = scores.detach().float().cpu()
         return GuardVerdict(scores, scores > threshold, threshold)
 
@@ -281,7 +279,6 @@ class OODGuard:
         scores = self.detector.predict(model, images, device=device, features=self.feature_kind)
         return self.verdict(scores, threshold)
 
-    # --- persistence ----------------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """The content of ``guard.json``."""
         return {"version": VERSION, "detector": self.detector_name, "feature_kind": self.feature_kind,
@@ -324,7 +321,17 @@ class OODGuard:
         if not path.is_file():
             raise FileNotFoundError(f"{model_folder} has no {GUARD_DIR}/{GUARD_FILE} (no OOD guard was saved with it)")
         data = load_json(path, what="OOD guard", expected=dict)
-        _check_guard_json(data, path)
+        if set(data) != {"version", *GUARD_KEYS}:
+            expected = sorted({"version", *GUARD_KEYS})
+            raise ValueError(f"{path}: expected exactly the keys {expected}; got {sorted(data)}")
+        if data["version"] != VERSION:
+            raise ValueError(f"{path}: key 'version' must be {VERSION}; got {data['version']!r}")
+        if data["higher_is_ood"] is not True:
+            raise ValueError(f"{path}: key 'higher_is_ood' must be true (the one rule: score > threshold is OOD); got "
+                             f"{data['higher_is_ood']!r}")  # fmt: skip
+        if not isinstance(data["detector"], str):
+            raise ValueError(f"{path}: key 'detector' must be a string; got {data['detector']!r}")
+        values = _checked_values(data, at=f"{path}: key ")
         sha = model_sha256 or weights_sha256(model_folder)
         if data["model_sha256"] != sha:
             raise GuardMismatchError(
@@ -332,8 +339,6 @@ class OODGuard:
                 f"{model_folder / _WEIGHTS} has sha256 {sha}: the guard belongs to other weights (refit it with "
                 "fit_heat --model on this folder)"
             )
-        from .base import Detector
-
         detector = Detector.from_pretrained(model_folder / GUARD_DIR)
         name = type(detector).detector_name or type(detector).__name__
         if name != data["detector"]:
@@ -345,54 +350,15 @@ class OODGuard:
                 f"{path} has feature_kind {data['feature_kind']!r}, but its detector ({GUARD_DIR}/config.json) was "
                 f"fitted on {kind!r} features"
             )
-        return cls(detector, **{k: data[k] for k in GUARD_KEYS if k not in ("detector", "higher_is_ood")})
+        return cls(detector, **values)
 
     def for_weights(self, model_sha256: str) -> OODGuard:
         """The same guard bound to another file of the *same* weights (a re-save: :func:`state_digest` unchanged)."""
-        return OODGuard(self.detector, threshold=self.threshold, feature_kind=self.feature_kind,
-                        model_sha256=model_sha256, tpr_target=self.tpr_target, id_tpr=self.id_tpr,
-                        ood_sets=self.ood_sets)  # fmt: skip
+        return dataclasses.replace(self, model_sha256=model_sha256)
 
     def __repr__(self) -> str:
         return (f"OODGuard(detector={self.detector_name}, feature_kind={self.feature_kind!r}, threshold="
                 f"{self.threshold:.6g}, tpr_target={self.tpr_target}, id_tpr={self.id_tpr:.3f})")  # fmt: skip
-
-
-def _check_ood_sets(value: Any, where: str) -> dict[str, dict[str, float]]:
-    if not isinstance(value, Mapping):
-        raise ValueError(f"{where} must map OOD set names to {{'fpr', 'auroc'}}; got {type(value).__name__}")
-    out = {}
-    for name, row in value.items():
-        if not isinstance(row, Mapping) or set(row) != {"fpr", "auroc"}:
-            raise ValueError(f"{where}[{name!r}] must be {{'fpr': float, 'auroc': float}}; got {row!r}")
-        for key in ("fpr", "auroc"):
-            v = row[key]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= float(v) <= 1.0:
-                raise ValueError(f"{where}[{name!r}][{key!r}] must be a number in [0, 1]; got {v!r}")
-        out[str(name)] = {"fpr": float(row["fpr"]), "auroc": float(row["auroc"])}
-    return out
-
-
-def _check_guard_json(data: dict[str, Any], path: Path) -> None:
-    expected = {"version", *GUARD_KEYS}
-    if set(data) != expected:
-        raise ValueError(f"{path}: expected exactly the keys {sorted(expected)}; got {sorted(data)}")
-    if data["version"] != VERSION:
-        raise ValueError(f"{path}: key 'version' must be {VERSION}; got {data['version']!r}")
-    if data["higher_is_ood"] is not True:
-        raise ValueError(f"{path}: key 'higher_is_ood' must be true (the one rule: score > threshold is OOD); got "
-                         f"{data['higher_is_ood']!r}")  # fmt: skip
-    if not isinstance(data["detector"], str):
-        raise ValueError(f"{path}: key 'detector' must be a string; got {data['detector']!r}")
-    for key in ("threshold", "tpr_target", "id_tpr"):
-        v = data[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise ValueError(f"{path}: key {key!r} must be a finite number; got {v!r}")
-    _check_ood_sets(data["ood_sets"], f"{path}: ood_sets")
-
-
-#: the guard's files inside a model folder (fetched with the model from one Hub snapshot)
-GUARD_FILES = tuple(f"{GUARD_DIR}/{name}" for name in (GUARD_FILE, "config.json", _WEIGHTS))
 
 
 def attach_guard(model: Any, folder: str | Path) -> Any:

@@ -1,23 +1,18 @@
 """HEAT: Hybrid Energy-based model in the feATure space for post-hoc OOD detection.
 
-Lafon, Ramzi, Rambour, Thome, "Hybrid Energy Based Model in the Feature Space for Out-of-Distribution Detection",
-ICML 2023 (thesis ch. 5, Eqs. 5.1-5.7, Algorithm 2). Each prior ``k`` (a :class:`~pml_suprank.ood.prior.Prior`:
-EL on logits, GMM on avg-pooled and GMM_std on std-pooled features, or any registered user prior) is refined by a
-residual EBM ``E_θk`` (:mod:`.ebm`); the hybrid energies are standardised and composed by
-``E_β = (1/β)·log Σ_k exp(β·s̃_k)`` (Eq. 5.7), ``β = 0`` meaning the sum.
+Lafon, Ramzi, Rambour, Thome, ICML 2023 (thesis ch. 5, Eqs. 5.1-5.7, Algorithm 2). Each prior ``k`` (a
+:class:`~pml_suprank.ood.priors.Prior`) is refined by a residual EBM ``E_θk`` (:mod:`.ebm`); the hybrid energies are
+standardised and composed by ``E_β = (1/β)·log Σ_k exp(β·s̃_k)`` (Eq. 5.7), ``β = 0`` meaning the sum.
 
 Deliberate differences from the authors' released code:
 
-* **Standardisation** uses the mean and unbiased std of each hybrid energy over the **whole** training set; the
-  released code uses one shuffled batch of 256. Identical when the training set is one batch.
-* **Untied hidden layers** by default (``tie_hidden_weights=True`` reproduces the released MLP, whose hidden
-  layers share one ``nn.Linear``).
-* **GMM covariance** in float64 with a relative ridge (see :mod:`.priors`); GMM energies are scored in float64 but
-  evaluated in the feature dtype inside training (SGLD and the loss), where only ``∇(E/T_G)`` matters.
+* **Standardisation** uses the mean and unbiased std of each hybrid energy over the **whole** training set (the
+  released code: one shuffled batch of 256).
+* **Untied hidden layers** by default (``tie_hidden_weights=True`` reproduces the released MLP).
+* **GMM covariance** in float64 with a relative ridge (:mod:`.priors`).
 * **Randomness** comes from ``seed`` through explicit generators (the released code uses the global RNG).
-* ImageNet-specific options: the 20-layer pyramid MLP (``reduce_width``) is available (and set by the
-  ``"imagenet"`` preset, as gradient accumulation); not implemented are the tempered batch-statistics proposal
-  (``base_dist_temp``) and the per-sample "simplified Mahalanobis" SGLD energy.
+* ImageNet: the pyramid MLP (``reduce_width``) and gradient accumulation are set by the ``"imagenet"`` preset; the
+  tempered batch-statistics proposal and the "simplified Mahalanobis" SGLD energy are not implemented.
 """
 
 from __future__ import annotations
@@ -31,22 +26,28 @@ import torch
 from torch import Tensor, nn
 
 from .._validation import check_bool, check_choice, check_positive
-from .base import Detector, NotFittedError, check_class_labels, check_features
+from .base import Detector, NotFittedError, check_class_labels, check_features, head_params
 from .ebm import ResidualEnergyMLP, train_residual
-from .head import head_params
-from .heat_priors import ELPrior, GMMPrior, GMMStdPrior  # noqa: F401 - defines (registers) the built-in priors
 from .heat_state import MAX_SEED, check_heat_config, check_heat_settings, check_heat_state, check_mlp_sizes
-from .presets import PRESETS, SETTING_KEYS, resolve_settings  # noqa: F401 - PRESETS, SETTING_KEYS kept here
-from .prior import Prior
-from .priors import ClassConditionalGaussian, EnergyLogitsPrior, degenerate_variance, unit_rows  # noqa: F401
+from .model_api import model_head
+from .presets import SETTING_KEYS, resolve_settings
+from .priors import Prior, degenerate_variance, unit_rows
 from .registry import PRIOR_REGISTRY
 
-__all__ = ["HEAT", "PriorName", "PRESETS", "compose_energies", "standardize"]
+__all__ = ["HEAT", "PriorName", "compose_energies", "standardize"]
 
 #: The built-in priors (any registered :class:`Prior` name is accepted too, see ``ood.list_priors()``).
 PriorName = Literal["gmm", "gmm_std", "el"]
 Preset = Literal["cifar10", "cifar100", "imagenet", "fast"]
 _FIRST_SOURCE = "features"  # checked first: it fixes N for the other inputs
+_MLP_KEYS = {"prior_temperature", "hidden_dim", "n_hidden_layers", "reduce_width"}  # the others: train_residual's
+
+
+def _check_beta(beta: float) -> float:
+    beta = float(beta)
+    if math.isnan(beta):
+        raise ValueError("beta must be a real number or ±inf; got nan")
+    return beta
 
 
 def standardize(energies: Tensor, mean: Tensor, std: Tensor) -> Tensor:
@@ -55,23 +56,14 @@ def standardize(energies: Tensor, mean: Tensor, std: Tensor) -> Tensor:
 
 
 def compose_energies(energies: Tensor, beta: float) -> Tensor:
-    """Energy composition, thesis Eq. 5.7: ``(1/β)·logsumexp_k(β·E_k)``.
+    """Energy composition, thesis Eq. 5.7: ``(N, K)`` energies → ``(N,)`` ``(1/β)·logsumexp_k(β·E_k)``.
 
-    ``β = 0`` gives the **sum** (the reference code's choice, rank-equivalent to the mean; the formula itself
-    diverges as ``log K / β``), ``β = +inf`` the max and ``β = −inf`` the min (the limits of the formula).
-
-    Args:
-        energies: ``(N, K)`` (usually standardised) energies.
-        beta: Real or ``±inf``.
-
-    Returns:
-        ``(N,)`` composed energies.
+    ``β = 0`` gives the **sum** (the reference code's choice; the formula diverges as ``log K / β``), ``β = ±inf``
+    the max / min (the limits of the formula).
     """
     if not isinstance(energies, Tensor) or energies.dim() != 2:
         raise ValueError(f"energies must be a (N, K) tensor; got {getattr(energies, 'shape', type(energies))}")
-    beta = float(beta)
-    if math.isnan(beta):
-        raise ValueError("beta must be a real number or ±inf; got nan")
+    beta = _check_beta(beta)
     if beta == 0.0:
         return energies.sum(dim=-1)
     if math.isinf(beta):
@@ -86,15 +78,8 @@ class _Component(nn.Module):
         super().__init__()
         self.name, self.prior, self.mlp, self.prior_temperature = name, prior, mlp, prior_temperature
 
-    @property
-    def normalize(self) -> bool:
-        return bool(self.prior.normalize)
-
     def prep(self, z: Tensor) -> Tensor:
-        return unit_rows(z) if self.normalize else z
-
-    def prior_energy(self, z: Tensor) -> Tensor:
-        return self.prior.energy(z) / self.prior_temperature
+        return unit_rows(z) if self.prior.normalize else z
 
     def sgld_prior_energy(self, z: Tensor) -> Tensor:
         """Prior term used during training (``Prior.training_energy``, e.g. GMM energies in the feature dtype)."""
@@ -104,7 +89,7 @@ class _Component(nn.Module):
         """``(N, D)`` raw features → ``(total, residual, prior)`` energies, each ``(N,)``."""
         z = self.prep(z)
         residual = self.mlp(z.to(self.mlp.input_layer.weight.dtype)).to(z.dtype)
-        prior = self.prior_energy(z)
+        prior = self.prior.energy(z) / self.prior_temperature
         return residual + prior, residual, prior
 
 
@@ -129,32 +114,26 @@ class HEAT(Detector):
     """HEAT detector: refined priors + energy composition. ``score`` → ``(N,)`` energies, higher = more OOD.
 
     Args:
-        priors: Which hybrid energies to use, as registered :class:`~pml_suprank.ood.prior.Prior` names (or
-            classes): ``"gmm"`` (avg-pooled features), ``"gmm_std"`` (std-pooled; ``std_features`` must then be
-            given to ``fit`` / ``score``), ``"el"`` (needs the classifier head) and any user-defined prior.
+        priors: Registered :class:`~pml_suprank.ood.priors.Prior` names (or classes): ``"gmm"`` (avg-pooled
+            features), ``"gmm_std"`` (std-pooled: ``std_features=`` needed), ``"el"`` (needs the classifier head).
         beta: Composition parameter of Eq. 5.7; 0 (sum, the published tables), −1 (the thesis's best), ±inf.
-        preset: Base hyper-parameters per prior: ``"cifar10"``, ``"cifar100"``, ``"imagenet"`` (the authors'
-            released settings) or ``"fast"`` (a CPU preset: width 256, ≤ 5 SGLD steps, one epoch).
-        settings: Overrides on the preset: a dict whose keys are setting names (applied to every prior) and/or
-            prior names mapping to their own dict. Keys: ``prior_temperature, hidden_dim, n_hidden_layers,
-            sgld_steps, step_size, noise_std, end_factor, l2_coef, eps_data, lr, epochs, batch_size, milestones,
-            gamma, reduce_width, accumulation_steps``. ``epochs=0`` keeps the initial residual. Every value is
-            bounded when HEAT is constructed, before anything is allocated, by the schema a loaded ``config.json``
-            is held to (:data:`~pml_suprank.ood.heat_state.LOADED_SETTINGS`: e.g. ``hidden_dim <= 65536``,
-            ``n_hidden_layers <= 64``, ``batch_size <= 2**24``, SGLD steps and epochs ``<= 100000``, finite numbers,
-            strict booleans) and the residual MLP to ``MAX_MLP_PARAMETERS`` (2**30) parameters.
+        preset: Hyper-parameters per prior: ``"cifar10"``, ``"cifar100"``, ``"imagenet"`` (the authors' released
+            settings) or ``"fast"`` (CPU: width 256, ≤ 5 SGLD steps, one epoch); see ``ood.PRESETS``.
+        settings: Overrides on the preset: setting names (for every prior) and/or prior names mapping to their own
+            dict. ``epochs=0`` keeps the initial residual. Values are bounded here, before anything is allocated,
+            by :data:`~pml_suprank.ood.heat_state.LOADED_SETTINGS` (the schema of a loaded ``config.json``), the
+            residual MLP to ``MAX_MLP_PARAMETERS`` (2**30) parameters.
         weight, bias, head: Classifier head ``(C, D)``, ``(C,)`` (or an ``nn.Linear``) for the EL prior.
-        tie_hidden_weights: Share the hidden ``h × h`` layer as the released code (default False, see module doc).
+        tie_hidden_weights: Share the hidden ``h × h`` layer as the released code.
         zero_init_residual: Zero the MLP's last layer at init, so an untrained HEAT equals its priors.
         reg: Relative covariance ridge of the GMM priors.
         seed: Seed of the generators for initialisation, shuffling and SGLD (``|seed| <= 2**53``).
 
     ``fit(features, labels, std_features=None, callback=None)``: ``features`` ``(N, D)`` avg-pooled, ``std_features``
-    ``(N, D')`` std-pooled (for ``gmm_std``), ``labels`` ``(N,)`` (for the GMM priors); ``callback(prior, epoch,
-    step, loss)`` is called after every optimiser step. ``score(features, std_features=None)`` → ``(N,)``.
-    ``logits`` are accepted and ignored by the built-in priors: the EL prior is computed from ``features`` and the
-    head, so that SGLD can follow its gradient in feature space. ``score_components`` returns the per-prior
-    energies; ``history`` and ``fit_seconds`` hold the training loss per epoch and the fit time per prior.
+    ``(N, D')`` std-pooled, ``labels`` ``(N,)``; ``callback(prior, epoch, step, loss)`` after every optimiser step.
+    ``logits`` are ignored: EL is computed from ``features`` and the head, so that SGLD follows its gradient in
+    feature space. ``score_components`` gives the per-prior energies; ``history`` / ``fit_seconds`` the training loss
+    per epoch and the fit time per prior.
     """
 
     _state_names = ()
@@ -176,13 +155,12 @@ class HEAT(Detector):
         super().__init__()
         self.prior_classes = _prior_classes(priors)
         self.priors = tuple(self.prior_classes)
-        self.beta = float(beta)
-        if math.isnan(self.beta):
-            raise ValueError("beta must be a real number or ±inf; got nan")
+        self.beta = _check_beta(beta)
         self.preset = check_choice("preset", preset, get_args(Preset))
         check_heat_settings(settings or {})  # bounded before anything is copied or allocated
         self.settings_overrides = copy.deepcopy(settings or {})
-        self.component_settings = self._resolve_settings(self.settings_overrides)
+        defaults = {name: cls.default_settings(self.preset) for name, cls in self.prior_classes.items()}
+        self.component_settings = resolve_settings(defaults, self.settings_overrides, PRIOR_REGISTRY.names())
         self.tie_hidden_weights = check_bool("tie_hidden_weights", tie_hidden_weights)
         check_mlp_sizes(self.component_settings, self.tie_hidden_weights)
         self.zero_init_residual = check_bool("zero_init_residual", zero_init_residual)
@@ -192,8 +170,9 @@ class HEAT(Detector):
         if abs(seed) > MAX_SEED:
             raise ValueError(f"seed must be an int in [-2**53, 2**53]; got {seed}")
         self.seed = seed
+        self.needs_head = any(c.needs_head for c in self.prior_classes.values())
         self.weight = self.bias = None
-        if any(c.needs_head for c in self.prior_classes.values()) and (weight is not None or head is not None):
+        if self.needs_head and (weight is not None or head is not None):
             self.weight, self.bias = head_params(weight, bias, head)  # else: restored by load_state_dict
         self.components: dict[str, _Component] = {}
         self.history: dict[str, list[float]] = {}  # mean training loss per epoch, per prior
@@ -201,16 +180,11 @@ class HEAT(Detector):
         self.standardization_mean: Tensor | None = None
         self.standardization_std: Tensor | None = None
 
-    def _adopt_head(self, model: nn.Module) -> None:
-        """``fit_model`` / ``predict``: take the model's classifier only when a prior reads the head (``el``); a
-        HEAT of feature priors (``gmm``, ``gmm_std``) guards a retrieval model without a classification head."""
-        if any(c.needs_head for c in self.prior_classes.values()):
-            super()._adopt_head(model)
-
-    # --- configuration --------------------------------------------------------------------------------------------
-    def _resolve_settings(self, overrides: dict[str, Any]) -> dict[str, dict[str, Any]]:
-        defaults = {name: cls.default_settings(self.preset) for name, cls in self.prior_classes.items()}
-        return resolve_settings(defaults, overrides, PRIOR_REGISTRY.names())
+    def _adopt(self, model: nn.Module) -> None:
+        """Only a prior reading the head (``el``) takes the model's: a HEAT of feature priors (``gmm``, ``gmm_std``)
+        guards a retrieval model without a classification head."""
+        if self.weight is None and self.needs_head:
+            self.weight, self.bias = head_params(None, None, model_head(model, "HEAT"))
 
     def config(self) -> dict[str, Any]:
         return {
@@ -232,7 +206,8 @@ class HEAT(Detector):
     def _make_prior(self, name: str) -> Prior:
         return self.prior_classes[name].create(weight=self.weight, bias=self.bias, reg=self.reg)
 
-    def _make_mlp(self, name: str, dim: int, generator: torch.Generator, device) -> ResidualEnergyMLP:
+    def _make_mlp(self, name: str, dim: int, generator: torch.Generator | None, device) -> ResidualEnergyMLP:
+        """The residual MLP of prior ``name`` on ``dim`` inputs (``device="meta"``: shapes only, for checks)."""
         s = self.component_settings[name]
         mlp = ResidualEnergyMLP(
             dim,
@@ -241,7 +216,8 @@ class HEAT(Detector):
             tie_hidden_weights=self.tie_hidden_weights and not s["reduce_width"],
             reduce_width=s["reduce_width"],
             generator=generator,
-        ).to(device)
+            device=device,
+        )
         if self.zero_init_residual:
             mlp.zero_output_()
         return mlp
@@ -290,22 +266,17 @@ class HEAT(Detector):
             def proposal(m: int, prior=prior, generator=generator, z_train=z_train) -> Tensor:
                 return prior.sample(m, generator, device=z_train.device, dtype=z_train.dtype)
 
-            training = {k: s[k] for k in ("epochs", "batch_size", "lr", "l2_coef", "sgld_steps", "step_size")}
-            training.update({k: s[k] for k in ("noise_std", "end_factor", "eps_data", "milestones", "gamma")})
             self.history[name] = train_residual(
                 mlp,
                 comp.sgld_prior_energy,
                 proposal,
                 z_train,
-                **training,
-                normalize=comp.normalize,
-                accumulation_steps=s["accumulation_steps"],
+                **{k: s[k] for k in SETTING_KEYS - _MLP_KEYS},
+                normalize=prior.normalize,
                 generator=generator,
                 callback=None if callback is None else (lambda e, st, loss, name=name: callback(name, e, st, loss)),
             )
-            for p in mlp.parameters():
-                p.requires_grad_(False)
-            self.components[name] = comp
+            self.components[name] = comp.requires_grad_(False)
             self.fit_seconds[name] = time.perf_counter() - start_time
         energies = self._hybrid_matrix(inputs)
         self.standardization_mean, self.standardization_std = self._standardization(energies)
@@ -326,13 +297,18 @@ class HEAT(Detector):
         return mean, std
 
     @torch.no_grad()
-    def _hybrid_matrix(self, inputs: dict[str, Tensor], chunk_size: int = 8192) -> Tensor:
-        cols = []
-        for comp in self.components.values():
+    def _energies(self, inputs: dict[str, Tensor], chunk_size: int = 8192) -> dict[str, dict[str, Tensor]]:
+        """Per prior: ``{"total", "residual", "prior"}`` hybrid energies ``(N,)``, computed in chunks of rows."""
+        out = {}
+        for name, comp in self.components.items():
             z = inputs[comp.prior.source]
             comp.to(z.device)
-            cols.append(torch.cat([comp(part)[0] for part in z.split(chunk_size)]))
-        return torch.stack(cols, dim=1)
+            parts = zip(*(comp(part) for part in z.split(chunk_size)))
+            out[name] = dict(zip(("total", "residual", "prior"), map(torch.cat, parts)))
+        return out
+
+    def _hybrid_matrix(self, inputs: dict[str, Tensor]) -> Tensor:
+        return torch.stack([e["total"] for e in self._energies(inputs).values()], dim=1)
 
     def _score(self, features=None, logits=None, std_features=None, **kwargs) -> Tensor:
         inputs = self._inputs({"features": features, "logits": logits, "std_features": std_features, **kwargs})
@@ -356,29 +332,16 @@ class HEAT(Detector):
         """Per prior: ``{"total", "residual", "prior"}`` hybrid energies ``(N,)`` (before standardisation)."""
         if not self._fitted:
             raise NotFittedError("HEAT")
-        inputs = self._inputs({"features": features, "std_features": std_features, **kwargs})
-        out = {}
-        for name, comp in self.components.items():
-            z = inputs[comp.prior.source]
-            comp.to(z.device)
-            total, residual, prior = comp(z)
-            out[name] = {"total": total, "residual": residual, "prior": prior}
-        return out
+        return self._energies(self._inputs({"features": features, "std_features": std_features, **kwargs}))
 
     # --- state ----------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Tensor]:
-        out: dict[str, Tensor] = {}
-        if self.weight is not None:
-            out["head.weight"] = self.weight
-            if self.bias is not None:
-                out["head.bias"] = self.bias
+        out = {"head.weight": self.weight, "head.bias": self.bias if self.weight is not None else None}
         for name, comp in self.components.items():
             out.update({f"{name}.prior.{k}": v for k, v in comp.prior.state_dict().items()})
             out.update({f"{name}.mlp.{k}": v for k, v in comp.mlp.state_dict().items()})
-        if self.standardization_mean is not None:
-            out["standardization_mean"] = self.standardization_mean
-            out["standardization_std"] = self.standardization_std
-        return {k: v.detach().contiguous() for k, v in out.items()}
+        out.update(standardization_mean=self.standardization_mean, standardization_std=self.standardization_std)
+        return {k: v.detach().contiguous() for k, v in out.items() if v is not None}
 
     @classmethod
     def _hub_check_config(cls, config, source, *, overrides, trust_config: bool) -> None:
@@ -401,10 +364,9 @@ class HEAT(Detector):
         self.components = {}
         for name in self.priors:
             prior = self._make_prior(name).load_state_dict(take(f"{name}.prior."))
-            mlp = self._make_mlp(name, prior.dim, torch.Generator().manual_seed(0), "cpu")
+            mlp = self._make_mlp(name, prior.dim, None, "cpu")
             mlp.load_state_dict(take(f"{name}.mlp."))
-            for p in mlp.parameters():
-                p.requires_grad_(False)
+            mlp.requires_grad_(False)
             self.components[name] = _Component(name, prior, mlp, self.component_settings[name]["prior_temperature"])
         if state:
             raise ValueError(f"state has keys unknown to HEAT: {sorted(state)}")

@@ -1,18 +1,10 @@
-"""Checks of a saved HEAT before anything is built from it: bounded MLP sizes in ``config.json``, and every tensor of
-``model.safetensors`` against what the config implies.
+"""Checks of HEAT's settings and of a saved HEAT before anything is built from it (``ValueError`` naming the file
+and the key). A fitted HEAT with priors ``p_1..p_K`` holds:
 
-A fitted HEAT with priors ``p_1..p_K`` holds (see :meth:`~pml_suprank.ood.heat.HEAT.state_dict`):
-
-* ``head.weight`` ``(C, D)`` (not all zero) and optionally ``head.bias`` ``(C,)`` — required when a prior needs the
-  classifier head (``"el"``);
-* ``<p>.prior.<name>`` — each prior's tensors, laid out as its :meth:`~pml_suprank.ood.prior.Prior.state_spec`
-  (the GMM priors: means ``(C_p, D_p)``, class weights, a Cholesky factor ``(D_p, D_p)``, class ids);
-* ``<p>.mlp.<name>`` — the residual MLP, whose every tensor must have the shape of the MLP the config's settings
-  (``hidden_dim``, ``n_hidden_layers``, ``reduce_width``, ``tie_hidden_weights``) build on ``D_p`` inputs (checked
-  against a shape-only ``meta`` copy, so nothing is allocated before the check);
+* ``head.weight`` ``(C, D)`` and optionally ``head.bias`` ``(C,)``, required when a prior needs the head (``"el"``);
+* ``<p>.prior.<name>``: each prior's tensors, laid out as its :meth:`~pml_suprank.ood.priors.Prior.state_spec`;
+* ``<p>.mlp.<name>``: the residual MLP, shaped as the one the config builds on ``D_p`` inputs (a ``meta`` copy);
 * ``standardization_mean`` ``(K,)`` and ``standardization_std`` ``(K,)`` (> 0).
-
-Every error is a ``ValueError`` naming the file and the key.
 """
 
 from __future__ import annotations
@@ -27,30 +19,20 @@ from torch import Tensor
 
 from ..hub.schema import TensorSpec, check_schema, kind_of
 from ..hub.serialization import check_state
-from .ebm import MAX_HIDDEN_DIM, MAX_HIDDEN_LAYERS, MAX_MLP_PARAMETERS, ResidualEnergyMLP, mlp_parameter_count
+from .ebm import MAX_HIDDEN_DIM, MAX_HIDDEN_LAYERS, MAX_MLP_PARAMETERS, mlp_parameter_count
 from .priors import degenerate_variance
 
-__all__ = [
-    "LOADED_SETTINGS",
-    "MAX_HIDDEN_DIM",
-    "MAX_HIDDEN_LAYERS",
-    "MAX_SEED",
-    "check_heat_config",
-    "check_heat_settings",
-    "check_heat_state",
-    "check_mlp_sizes",
-]
+__all__ = ["LOADED_SETTINGS", "check_heat_config", "check_heat_settings", "check_heat_state", "check_mlp_sizes"]
 
 #: ``|seed|`` bound: HEAT seeds its generators with ``seed·1000 + k``, which must fit a 64-bit int
 MAX_SEED = 2**53
 _MAX_STEPS = 100_000  # SGLD steps, epochs, accumulation steps, milestones
 _MAX_BATCH = 2**24
 
-#: The one schema of a HEAT setting, ``(kind, low, high)``: checked on the resolved settings of every
-#: ``HEAT(...)`` (:func:`check_heat_settings`) and, before that, on a loaded ``config.json`` at the top level of
-#: ``settings`` (applied to every prior) and in a prior's own dict (:func:`check_heat_config`); ints bound what sizes
-#: work (MLP width and depth, SGLD steps, epochs, batch), booleans are strictly typed (``"false"`` is refused),
-#: numbers are finite.
+#: The one schema of a HEAT setting, ``(kind, low, high)``, checked on the ``settings=`` of every ``HEAT(...)``
+#: (:func:`check_heat_settings`) and, before that, on a loaded ``config.json`` (:func:`check_heat_config`): ints
+#: bound what sizes work (MLP width and depth, SGLD steps, epochs, batch), booleans are strict (``"false"`` is
+#: refused), numbers finite and ``> low`` (``"positive"``) or ``>= low``.
 LOADED_SETTINGS: dict[str, tuple[str, float, float]] = {
     "hidden_dim": ("int", 1, MAX_HIDDEN_DIM),
     "n_hidden_layers": ("int", 0, MAX_HIDDEN_LAYERS),
@@ -60,10 +42,10 @@ LOADED_SETTINGS: dict[str, tuple[str, float, float]] = {
     "batch_size": ("int", 1, _MAX_BATCH),
     "reduce_width": ("bool", 0, 1),
     "milestones": ("ints", 0, _MAX_STEPS),
-    **dict.fromkeys(
-        ("prior_temperature", "lr", "step_size", "noise_std", "l2_coef", "eps_data", "end_factor", "gamma"),
-        ("number", -math.inf, math.inf),
-    ),  # fmt: skip
+    "prior_temperature": ("positive", 0.0, math.inf),
+    "lr": ("positive", 0.0, math.inf),
+    **dict.fromkeys(("step_size", "noise_std", "l2_coef", "eps_data", "end_factor"), ("number", 0.0, math.inf)),
+    "gamma": ("number", -math.inf, math.inf),
 }
 _TOP_LEVEL_BOOLS = ("tie_hidden_weights", "zero_init_residual")
 
@@ -81,7 +63,9 @@ def _setting_ok(kind: str, low: float, high: float, value: Any) -> bool:
     if kind == "ints":
         listed = isinstance(value, (list, tuple)) and len(value) <= 1000
         return listed and all(_setting_ok("int", low, high, v) for v in value)
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return False
+    return value > low if kind == "positive" else value >= low
 
 
 _LOADED_HINT = " in a loaded config; got {} (pass trust_config=True for a trusted file)"
@@ -90,13 +74,19 @@ _LOADED_HINT = " in a loaded config; got {} (pass trust_config=True for a truste
 def _check_setting(key: str, value: Any, where: str, hint: str = _LOADED_HINT) -> None:
     kind, low, high = LOADED_SETTINGS[key]
     if not _setting_ok(kind, low, high, value):
-        expected = {"bool": "true or false", "number": "a finite number", "int": f"an int in [{low}, {high}]",
-                    "ints": f"a list of at most 1000 ints in [{low}, {high}]"}[kind]  # fmt: skip
+        finite = _setting_ok("number", -math.inf, math.inf, value)  # then the lower bound is what it missed
+        bound = {"positive": " > 0", "number": f" >= {low:g}"}.get(kind, "") if finite else ""
+        expected = {
+            "bool": "true or false",
+            "int": f"an int in [{low}, {high}]",
+            "ints": f"a list of at most 1000 ints in [{low}, {high}]",
+        }.get(kind, f"a finite number{bound}")
         raise ValueError(f"{where} must be {expected}" + (hint or "; got {}").format(_shown(value)))
 
 
-def _check_overrides(settings: Any, where: str, hint: str) -> None:
-    """Every setting of :data:`LOADED_SETTINGS` in ``settings``, at its top level and in each prior's dict alike."""
+def check_heat_settings(settings: Any, where: str = "settings", hint: str = "") -> None:
+    """Bound the ``settings=`` of ``HEAT(...)`` (or of a loaded config) by :data:`LOADED_SETTINGS`, at the top level and
+    in each prior's dict, before anything is allocated (``ValueError`` naming ``settings[prior][key]``)."""
     if not isinstance(settings, dict):
         raise ValueError(f"{where} must be a dict; got {type(settings).__name__}")
     for name, values in settings.items():
@@ -110,16 +100,8 @@ def _check_overrides(settings: Any, where: str, hint: str) -> None:
         # anything else (unknown keys, a prior given a non-dict): resolve_settings refuses it with its own message
 
 
-def check_heat_settings(settings: Any) -> None:
-    """Bound the ``settings=`` overrides of ``HEAT(...)`` when it is constructed, before anything is allocated: the
-    schema of :data:`LOADED_SETTINGS` (the one a loaded ``config.json`` is held to), at the top level and in each
-    prior's dict. ``ValueError`` naming ``settings[key]`` / ``settings[prior][key]``, the bound and the value."""
-    _check_overrides(settings, "settings", "")
-
-
 def check_mlp_sizes(component_settings: Mapping[str, Mapping[str, Any]], tie_hidden_weights: bool) -> None:
-    """The residual MLP of every prior, without its input layer (its width is known at fit time), holds at most
-    :data:`~pml_suprank.ood.ebm.MAX_MLP_PARAMETERS` parameters (:func:`~pml_suprank.ood.ebm.mlp_parameter_count`)."""
+    """The residual MLP of every prior, without its input layer, holds at most ``MAX_MLP_PARAMETERS`` parameters."""
     for name, values in component_settings.items():
         h, n, reduce = values["hidden_dim"], values["n_hidden_layers"], values["reduce_width"]
         if reduce and h % (2**n):
@@ -134,43 +116,30 @@ def check_mlp_sizes(component_settings: Mapping[str, Mapping[str, Any]], tie_hid
 
 
 def check_heat_config(model_args: Mapping[str, Any], source: Path, skip: Mapping[str, Any]) -> None:
-    """Bound a loaded HEAT ``config.json`` before anything is built: every setting of :data:`LOADED_SETTINGS`, at
-    the top level of ``settings`` and in each prior's dict alike; ``tie_hidden_weights`` / ``zero_init_residual``
-    strictly bool (``ValueError`` naming the file and the key; values shown truncated)."""
+    """Bound a loaded HEAT ``config.json`` (but the ``skip`` keys the caller overrides) before anything is built."""
     for key in _TOP_LEVEL_BOOLS:
         if key in model_args and key not in skip and not isinstance(model_args[key], bool):
             raise ValueError(f"{source}: model_args.{key} must be true or false; got {_shown(model_args[key])}")
     if "settings" in skip:
         return
-    _check_overrides(model_args.get("settings") or {}, f"{source}: model_args.settings", _LOADED_HINT)
+    check_heat_settings(model_args.get("settings") or {}, f"{source}: model_args.settings", _LOADED_HINT)
 
 
 def _mlp_spec(heat: Any, name: str, dim: int, symbol: str) -> dict[str, TensorSpec]:
     """The tensors of the residual MLP the config builds on ``dim`` inputs (input width as the size ``symbol``)."""
-    s = heat.component_settings[name]
-    mlp = ResidualEnergyMLP(
-        dim,
-        hidden_dim=s["hidden_dim"],
-        n_hidden_layers=s["n_hidden_layers"],
-        tie_hidden_weights=heat.tie_hidden_weights and not s["reduce_width"],
-        reduce_width=s["reduce_width"],
-        device="meta",
-    )
+    mlp = heat._make_mlp(name, dim, None, "meta")
     spec = {f"{name}.mlp.{k}": TensorSpec(tuple(v.shape), kind=kind_of(v)) for k, v in mlp.state_dict().items()}
     first = f"{name}.mlp.input_layer.weight"
     spec[first] = TensorSpec((spec[first].shape[0], symbol))
     return spec
 
 
-#: the smallest standardization_std a loaded HEAT may hold: below it (E - mean) / std overflows float32 for energies
-#: that differ by more than ~1e8 (1e-45, a float32 subnormal, turned every score into inf / NaN)
+#: the smallest standardization_std a loaded HEAT may hold (below, (E - mean) / std overflows float32)
 MIN_STANDARDIZATION_STD = 1e-30
 
 
 def _check_standardization(state: Mapping[str, Tensor], source: Path) -> None:
-    """``standardization_std`` must exceed both :data:`MIN_STANDARDIZATION_STD` and the rounding level of
-    ``standardization_mean`` (:func:`~pml_suprank.ood.priors.degenerate_variance`): a smaller one makes the scores
-    infinite or pure rounding noise."""
+    """``standardization_std`` above :data:`MIN_STANDARDIZATION_STD` and the rounding level of the mean."""
     mean = state["standardization_mean"].to(torch.float64)
     std = state["standardization_std"].to(torch.float64)
     floor = torch.maximum(degenerate_variance(mean.pow(2), torch.float32).sqrt(),
@@ -184,10 +153,9 @@ def _check_standardization(state: Mapping[str, Tensor], source: Path) -> None:
 
 
 def check_heat_state(heat: Any, state: Mapping[str, Tensor], source: Path) -> None:
-    """Check a loaded HEAT state against ``heat`` (built from the same config); see the module docstring."""
+    """Check a loaded HEAT state against ``heat`` (built from the same config)."""
     spec: dict[str, TensorSpec] = {}
-    needs_head = any(cls.needs_head for cls in heat.prior_classes.values())
-    if needs_head or "head.weight" in state:
+    if heat.needs_head or "head.weight" in state:
         spec["head.weight"] = TensorSpec(("C", "D"), nonzero=True)
         spec["head.bias"] = TensorSpec(("C",), optional=True)
     opaque = []  # priors without a declared layout: only finiteness here, their load_state_dict checks the rest

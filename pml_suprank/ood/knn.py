@@ -1,8 +1,4 @@
-"""Deep nearest-neighbour distance (Sun et al., ICML 2022).
-
-Scores are outlier scores (higher = more OOD), the negative of OpenOOD v1.5's ``conf``; the definition matches
-OpenOOD v1.5 and pytorch-ood 0.4.0 once their hyper-parameters are aligned (checked against both in the tests).
-"""
+"""Deep nearest-neighbour distance (Sun et al., ICML 2022); higher = more OOD."""
 
 from __future__ import annotations
 
@@ -20,15 +16,13 @@ __all__ = ["KNN"]
 
 
 class KNN(Detector):
-    """Deep nearest neighbours (Sun et al. 2022): squared L2 distance to the ``k``-th nearest training feature.
-
-    Features are L2-normalised (``normalize=True``, as the paper, OpenOOD and HEAT). The score equals HEAT's
-    ``KNNScorer`` and ``−`` OpenOOD's ``conf`` (squared distance); pytorch-ood returns the unsquared distance (same
-    ranking). Exact search by chunked matrix products (no faiss needed).
+    """Deep nearest neighbours (Sun et al. 2022): ``(N,)`` squared L2 distance to the ``k``-th nearest training
+    feature, exact (chunked matrix products). Equals HEAT's ``KNNScorer`` and OpenOOD's ``−conf``; pytorch-ood
+    returns the unsquared distance (same ranking).
 
     Args:
         k: Neighbour rank (50 for CIFAR-10, 200 for CIFAR-100, 1000 for ImageNet in HEAT's evaluation).
-        normalize: L2-normalise train and test features.
+        normalize: L2-normalise train and test features (the paper, OpenOOD and HEAT).
         chunk_size: Test rows per chunk (memory ``chunk_size × N_train``).
     """
 
@@ -46,7 +40,6 @@ class KNN(Detector):
         return {"k": self.k, "normalize": self.normalize, "chunk_size": self.chunk_size}
 
     def _state_spec(self) -> dict[str, TensorSpec]:
-        """``bank`` ``(N, D)`` with ``N >= k`` rows (unit rows when ``normalize``, checked on load)."""
         return {"bank": TensorSpec(("N", "D"), nonzero=True, min_sizes=(("N", self.k),))}
 
     def _hub_check_state(self, state, source, config) -> None:

@@ -1,8 +1,5 @@
-"""The detectors that read only the logits, without a fit: MSP, maximum logit and energy.
-
-Scores are outlier scores (higher = more OOD), the negative of OpenOOD v1.5's ``conf``; the definitions match
-OpenOOD v1.5 and pytorch-ood 0.4.0 once their hyper-parameters are aligned (checked against both in the tests).
-"""
+"""MSP, maximum logit and energy: the detectors reading only the logits, without a fit (as OpenOOD v1.5 and
+pytorch-ood 0.4.0, checked in the tests; scores are ``−conf``, higher = more OOD)."""
 
 from __future__ import annotations
 
@@ -12,8 +9,7 @@ import torch
 from torch import Tensor
 
 from .._validation import check_positive
-from .base import Detector
-from .head import check_logits
+from .base import Detector, check_features
 from .priors import energy_logits
 
 __all__ = ["MSP", "Energy", "MaxLogit"]
@@ -26,7 +22,7 @@ class MSP(Detector):
     requires_fit = False
 
     def _score(self, features=None, logits=None, **kwargs) -> Tensor:
-        return -torch.softmax(check_logits(logits), dim=-1).max(dim=-1).values
+        return -torch.softmax(check_features("logits", logits), dim=-1).max(dim=-1).values
 
 
 class MaxLogit(Detector):
@@ -35,7 +31,7 @@ class MaxLogit(Detector):
     requires_fit = False
 
     def _score(self, features=None, logits=None, **kwargs) -> Tensor:
-        return -check_logits(logits).max(dim=-1).values
+        return -check_features("logits", logits).max(dim=-1).values
 
 
 class Energy(Detector):
@@ -56,4 +52,4 @@ class Energy(Detector):
         return {"temperature": self.temperature}
 
     def _score(self, features=None, logits=None, **kwargs) -> Tensor:
-        return energy_logits(check_logits(logits), self.temperature)
+        return energy_logits(check_features("logits", logits), self.temperature)

@@ -1,8 +1,4 @@
-"""Mahalanobis (Lee et al., NeurIPS 2018) and SSD+ (Sehwag et al., ICLR 2021) distance scores.
-
-Scores are outlier scores (higher = more OOD), the negative of OpenOOD v1.5's ``conf``; the definition matches
-OpenOOD v1.5 and pytorch-ood 0.4.0 once their hyper-parameters are aligned (checked against both in the tests).
-"""
+"""Mahalanobis (Lee et al., NeurIPS 2018) and SSD+ (Sehwag et al., ICLR 2021) distance scores; higher = more OOD."""
 
 from __future__ import annotations
 
@@ -18,13 +14,13 @@ from ..hub.schema import TensorSpec
 from .base import Detector, check_features
 from .priors import ClassConditionalGaussian, gaussian_state_spec
 
-__all__ = ["Mahalanobis"]
+__all__ = ["GaussianDetector", "Mahalanobis"]
+_GAUSSIAN = ("means", "class_weights", "cholesky", "classes")
 
 
 def warn_degenerate_scale(name: str, cholesky: Tensor, dtype: torch.dtype) -> None:
-    """Warn when a fitted Gaussian (``cholesky`` ``(D, D)``, lower triangular) is so narrow that an input one unit
-    from its mean scores beyond ``dtype``: features of another scale (``1e-30``) than those later scored (``1``)
-    would all get saturated scores (:func:`~pml_suprank.ood.priors.finite_scores`)."""
+    """Warn when a fitted Gaussian (``cholesky`` ``(D, D)``) is so narrow that an input one unit from its mean scores
+    beyond ``dtype`` (fitted and scored features of different scales: saturated scores)."""
     smallest = float(torch.diagonal(cholesky).abs().min())
     limit = torch.finfo(dtype).max if dtype.is_floating_point else torch.finfo(torch.float32).max
     if smallest < 1.0 / math.sqrt(limit):
@@ -40,20 +36,42 @@ def warn_degenerate_scale(name: str, cholesky: Tensor, dtype: torch.dtype) -> No
         )
 
 
-class Mahalanobis(Detector):
-    """Mahalanobis distance with class means and one shared covariance (Lee et al. 2018); SSD+ when ``normalize``.
+class GaussianDetector(Detector, register=False):
+    """Base of the detectors fitting a :class:`~pml_suprank.ood.priors.ClassConditionalGaussian` (``self.gaussian``);
+    ``_state_names`` beyond the Gaussian's are their own float64 tensors, declared in ``_state_spec``."""
 
-    Score ``min_c (z−μ_c)ᵀΣ⁻¹(z−μ_c)`` with the MLE covariance of class-centred features. With ``normalize=False``
-    this is OpenOOD's MDS (``−conf``) and HEAT's ``maha`` scorer; with ``normalize=True`` (features L2-normalised)
-    it is SSD+ (Sehwag et al. 2021), the "GMM" row of thesis Table 5.1 / "SSD+" of Table 5.5. pytorch-ood's
-    ``Mahalanobis`` gives ``0.5·score/N`` (its covariance is not divided by N): the same ranking.
+    _state_names = _GAUSSIAN
+
+    def state_dict(self) -> dict[str, Tensor]:
+        own = {k: getattr(self, k, None) for k in self._state_names[len(_GAUSSIAN) :]}
+        return {**self.gaussian.state_dict(), **{k: v.contiguous() for k, v in own.items() if v is not None}}
+
+    def _state_spec(self) -> dict[str, TensorSpec]:
+        return gaussian_state_spec()
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> GaussianDetector:
+        unknown = sorted(set(state) - set(self._state_names))
+        if unknown:
+            raise ValueError(f"state has keys unknown to {type(self).__name__}: {unknown}")
+        self.gaussian.load_state_dict({k: state[k] for k in _GAUSSIAN})
+        for k in self._state_names[len(_GAUSSIAN) :]:
+            setattr(self, k, state[k].to(torch.float64))
+        self._fitted = True
+        return self
+
+    def to(self, device=None, dtype=None) -> GaussianDetector:
+        return self.load_state_dict({k: v.to(device) for k, v in self.state_dict().items()})
+
+
+class Mahalanobis(GaussianDetector):
+    """Mahalanobis distance (Lee et al. 2018): score ``(N,)`` ``min_c (z−μ_c)ᵀΣ⁻¹(z−μ_c)``, class means and the MLE
+    covariance of class-centred features (OpenOOD's MDS, HEAT's ``maha``; pytorch-ood's ``0.5·score/N`` ranks the
+    same). With ``normalize=True`` it is SSD+ (Sehwag et al. 2021; thesis Table 5.1 "GMM", Table 5.5 "SSD+").
 
     Args:
         normalize: L2-normalise features (SSD+).
         reg: Relative ridge on the covariance (see :class:`~pml_suprank.ood.priors.ClassConditionalGaussian`).
     """
-
-    _state_names = ("means", "class_weights", "cholesky", "classes")
 
     def __init__(self, normalize: bool = False, reg: float = 1e-6) -> None:
         super().__init__()
@@ -72,18 +90,3 @@ class Mahalanobis(Detector):
     def _score(self, features=None, logits=None, **kwargs) -> Tensor:
         z = check_features("features", features, dim=self.gaussian.dim)
         return self.gaussian.min_mahalanobis(z)
-
-    def state_dict(self) -> dict[str, Tensor]:
-        return self.gaussian.state_dict()
-
-    def _state_spec(self) -> dict[str, TensorSpec]:
-        return gaussian_state_spec()
-
-    def load_state_dict(self, state: dict[str, Tensor]) -> Mahalanobis:
-        self.gaussian.load_state_dict(state)
-        self._fitted = True
-        return self
-
-    def to(self, device=None, dtype=None) -> Mahalanobis:
-        self.gaussian.load_state_dict({k: v.to(device) for k, v in self.gaussian.state_dict().items()})
-        return self

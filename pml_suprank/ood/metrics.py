@@ -1,8 +1,7 @@
 """OOD detection metrics: AUROC, FPR at a given TPR (both published conventions), AUPR-in/out, detection accuracy.
 
-Every function takes two 1-D score vectors, ``id_scores`` (in-distribution test samples) and ``ood_scores``
-(out-of-distribution samples), where **higher = more OOD** (the convention of every detector in
-:mod:`pml_suprank.ood`). Computations are exact (ties are grouped, never broken by input order) and run in float64.
+Every function takes two 1-D score vectors, ``id_scores`` ``(N_id,)`` and ``ood_scores`` ``(N_ood,)``, where
+**higher = more OOD**, and returns a Python float; exact (ties grouped, never broken by input order), in float64.
 
 Conventions (Lafon, thesis Sec. 5.3, Eqs. 5.8-5.9; OpenOOD v1.5; pytorch-ood 0.4.0):
 
@@ -16,7 +15,7 @@ Conventions (Lafon, thesis Sec. 5.3, Eqs. 5.8-5.9; OpenOOD v1.5; pytorch-ood 0.4
 * ``convention="id_positive_roc"``: OpenOOD's legacy ``fpr_recall``: ID positive, discrete ROC threshold instead of
   the interpolated quantile (differs from ``id_positive`` on small sets with ties).
 
-Published numbers use different conventions; they are not comparable across papers without saying which.
+Published numbers use different conventions: not comparable across papers without saying which.
 """
 
 from __future__ import annotations
@@ -43,7 +42,8 @@ FPRConvention = Literal["id_positive", "ood_positive", "id_positive_roc"]
 APMethod = Literal["step", "trapezoid"]
 
 
-def _as_scores(name: str, x) -> Tensor:
+def as_scores(name: str, x) -> Tensor:
+    """``x`` as a finite, non-empty float64 vector of scores (``TypeError`` / ``ValueError`` naming ``name``)."""
     if not isinstance(x, Tensor):
         try:
             x = torch.as_tensor(x)
@@ -75,16 +75,8 @@ def _roc_counts(pos: Tensor, neg: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def auroc(id_scores, ood_scores) -> float:
-    """Area under the ROC curve for separating OOD (positive, higher score) from ID, ties counted ½.
-
-    Args:
-        id_scores: ``(N_id,)`` scores of in-distribution samples (higher = more OOD).
-        ood_scores: ``(N_ood,)`` scores of OOD samples.
-
-    Returns:
-        AUROC in [0, 1] as a Python float (thesis Eq. 5.8 with ties counted ½, as sklearn's ``roc_auc_score``).
-    """
-    id_s, ood_s = _as_scores("id_scores", id_scores), _as_scores("ood_scores", ood_scores)
+    """Area under the ROC curve, OOD positive (thesis Eq. 5.8 with ties counted ½, as sklearn's ``roc_auc_score``)."""
+    id_s, ood_s = as_scores("id_scores", id_scores), as_scores("ood_scores", ood_scores)
     scores = torch.cat([id_s, ood_s])
     sorted_s, order = torch.sort(scores, stable=True)
     _, inverse, counts = torch.unique_consecutive(sorted_s, return_inverse=True, return_counts=True)
@@ -97,24 +89,11 @@ def auroc(id_scores, ood_scores) -> float:
 
 
 def fpr_at_tpr(id_scores, ood_scores, tpr: float = 0.95, convention: FPRConvention = "id_positive") -> float:
-    """False-positive rate at a given true-positive rate (FPR95 for ``tpr=0.95``).
-
-    Args:
-        id_scores: ``(N_id,)`` scores of in-distribution samples (higher = more OOD).
-        ood_scores: ``(N_ood,)`` scores of OOD samples.
-        tpr: Target true-positive rate in (0, 1].
-        convention: ``"id_positive"`` (thesis Eq. 5.9, HEAT code: OOD share below the interpolated ``tpr``-quantile
-            of ID), ``"ood_positive"`` (OpenOOD v1.5 / pytorch-ood: ID share flagged when ``tpr`` of OOD is caught,
-            exact ROC) or ``"id_positive_roc"`` (OpenOOD legacy ``fpr_recall``). See the module docstring.
-
-    Returns:
-        The FPR as a Python float in [0, 1].
-    """
-    check_probability("tpr", tpr)
-    if tpr == 0.0:
-        raise ValueError(f"tpr must lie in (0, 1]; got {tpr}")
+    """False-positive rate at the true-positive rate ``tpr`` in (0, 1] (FPR95 for 0.95), under ``convention``
+    (``"id_positive"``: thesis Eq. 5.9; ``"ood_positive"``: OpenOOD v1.5; ``"id_positive_roc"``: see the module)."""
+    check_tpr(tpr)
     check_choice("convention", convention, get_args(FPRConvention))
-    id_s, ood_s = _as_scores("id_scores", id_scores), _as_scores("ood_scores", ood_scores)
+    id_s, ood_s = as_scores("id_scores", id_scores), as_scores("ood_scores", ood_scores)
     if convention == "id_positive":
         threshold = quantile_linear(id_s, tpr)
         return float((ood_s < threshold).to(torch.float64).mean())
@@ -128,18 +107,17 @@ def fpr_at_tpr(id_scores, ood_scores, tpr: float = 0.95, convention: FPRConventi
     return float(fps[first] / neg.numel())
 
 
+def check_tpr(tpr: float) -> float:
+    """``tpr`` in (0, 1], else ``ValueError`` naming it."""
+    check_probability("tpr", tpr)
+    if tpr == 0.0:
+        raise ValueError(f"tpr must lie in (0, 1]; got {tpr}")
+    return float(tpr)
+
+
 def quantile_linear(x: Tensor, q: float) -> Tensor:
-    """``q``-quantile of all entries of ``x`` with linear interpolation (``numpy.percentile``'s default).
-
-    Unlike ``torch.quantile`` it has no input-size limit (two ``kthvalue`` calls, O(N)).
-
-    Args:
-        x: Tensor of any shape (flattened).
-        q: Quantile level in [0, 1].
-
-    Returns:
-        0-dim tensor with ``x``'s dtype and device.
-    """
+    """0-dim ``q``-quantile (``q`` in [0, 1]) of all entries of ``x``, linearly interpolated (``numpy.percentile``'s
+    default); unlike ``torch.quantile`` without a size limit (two ``kthvalue`` calls)."""
     flat = x.reshape(-1)
     n = flat.numel()
     pos = q * (n - 1)
@@ -152,7 +130,10 @@ def quantile_linear(x: Tensor, q: float) -> Tensor:
     return v_lo + (v_hi - v_lo) * (pos - lo)
 
 
-def _average_precision(pos: Tensor, neg: Tensor, method: APMethod) -> float:
+def _average_precision(id_scores, ood_scores, method: APMethod, id_positive: bool) -> float:
+    check_choice("method", method, get_args(APMethod))
+    id_s, ood_s = as_scores("id_scores", id_scores), as_scores("ood_scores", ood_scores)
+    pos, neg = (-id_s, -ood_s) if id_positive else (ood_s, id_s)
     tps, fps = _roc_counts(pos, neg)
     precision = tps / (tps + fps)
     recall = tps / pos.numel()
@@ -164,29 +145,19 @@ def _average_precision(pos: Tensor, neg: Tensor, method: APMethod) -> float:
 
 
 def aupr_in(id_scores, ood_scores, method: APMethod = "step") -> float:
-    """Area under the precision-recall curve with ID as the positive class (score ``-s``).
-
-    Args:
-        id_scores: ``(N_id,)`` scores (higher = more OOD).
-        ood_scores: ``(N_ood,)`` scores.
-        method: ``"step"`` (average precision, sklearn ``average_precision_score``; HEAT's code) or
-            ``"trapezoid"`` (``auc(recall, precision)``; OpenOOD v1.5 and pytorch-ood).
-    """
-    check_choice("method", method, get_args(APMethod))
-    id_s, ood_s = _as_scores("id_scores", id_scores), _as_scores("ood_scores", ood_scores)
-    return _average_precision(-id_s, -ood_s, method)
+    """Area under the precision-recall curve, ID positive (score ``-s``): ``method="step"`` (average precision as
+    sklearn and HEAT's code) or ``"trapezoid"`` (``auc(recall, precision)`` as OpenOOD v1.5 and pytorch-ood)."""
+    return _average_precision(id_scores, ood_scores, method, id_positive=True)
 
 
 def aupr_out(id_scores, ood_scores, method: APMethod = "step") -> float:
-    """Area under the precision-recall curve with OOD as the positive class. Arguments as :func:`aupr_in`."""
-    check_choice("method", method, get_args(APMethod))
-    id_s, ood_s = _as_scores("id_scores", id_scores), _as_scores("ood_scores", ood_scores)
-    return _average_precision(ood_s, id_s, method)
+    """Area under the precision-recall curve, OOD positive; ``method`` as :func:`aupr_in`."""
+    return _average_precision(id_scores, ood_scores, method, id_positive=False)
 
 
 def detection_accuracy(id_scores, ood_scores) -> float:
     """Best balanced detection accuracy ``0.5·max_t(TPR_ood(t) + 1 − FPR_id(t))`` over all thresholds (HEAT DetAcc)."""
-    id_s, ood_s = _as_scores("id_scores", id_scores), _as_scores("ood_scores", ood_scores)
+    id_s, ood_s = as_scores("id_scores", id_scores), as_scores("ood_scores", ood_scores)
     tps, fps = _roc_counts(ood_s, id_s)
     best = torch.clamp((tps / ood_s.numel() + 1.0 - fps / id_s.numel()).max(), min=1.0)  # t = +inf gives 1
     return float(0.5 * best)

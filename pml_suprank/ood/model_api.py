@@ -1,17 +1,13 @@
-"""Model-level convenience (pytorch-ood style): ``detector.fit_model(model, loader)`` / ``detector.predict(model, x)``
-on top of the feature API, for timm classifiers and :class:`~pml_suprank.models.RetrievalModel`.
-
-::
+"""``detector.fit_model(model, loader)`` / ``detector.predict(model, x)`` (pytorch-ood style) for timm classifiers
+and :class:`~pml_suprank.models.RetrievalModel`::
 
     det = ood.ASH().fit_model(timm_model, train_loader)      # the head is taken from the model when not given
     scores = det.predict(timm_model, images)                  # (B,) outlier scores, higher = more OOD
 
-Features are those of :func:`~pml_suprank.ood.extract_features`: for a timm classifier ``z`` is the classifier's
-input (``forward_head(..., pre_logits=True)``), ``σ`` the std-pooled last feature map and the logits come from the
-model. For a ``RetrievalModel``, ``z`` is the pooled backbone feature (the input of its optional classification
-head, so that ``logits = classifier(z)``), or the L2-normalised embedding with ``features="embedding"``; the logits
-are ``None`` when the model has no classification head (logit detectors then raise). Extraction runs once per call;
-for several detectors on the same data, extract once and use ``fit`` / ``score`` (or :func:`ood.benchmark`).
+For a timm classifier the features are those of :func:`~pml_suprank.ood.extract_features`. For a ``RetrievalModel``,
+``z`` is the pooled backbone feature (``logits = classifier(z)``, ``None`` without a classification head) or, with
+``features="embedding"``, the embedding. Extraction runs once per call: for several detectors, extract once and use
+``fit`` / ``score`` (or :func:`ood.benchmark`).
 """
 
 from __future__ import annotations
@@ -19,25 +15,24 @@ from __future__ import annotations
 import inspect
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 from torch import Tensor, nn
 
-from .features import OODFeatures, batch_images, collect_features, extract_features, pool_feature_map
+from .features import OODFeatures, batch_images, collect_features, extract_features, model_device, pool_feature_map
 
 __all__ = ["ModelDetectorMixin", "extract_model_features", "read_state_dict"]
 
 FeatureKind = Literal["pooled", "embedding"]
+FEATURE_KINDS = get_args(FeatureKind)
 
 
 def read_state_dict(path: str | Path) -> dict[str, Tensor]:
-    """The state dict in the file ``path``: ``.safetensors``, or a ``torch.save`` file read with
-    ``weights_only=True`` (nothing is unpickled beyond tensors and containers).
+    """The state dict in ``path``: ``.safetensors``, or a ``torch.save`` file read with ``weights_only=True``.
 
     Raises:
-        ValueError: naming the file: missing, unreadable (not safetensors, a pickled object), or holding something
-            else than a mapping of parameter names to tensors (e.g. a training checkpoint that nests the state dict).
+        ValueError: naming the file: missing, unreadable, or not a flat mapping of parameter names to tensors.
     """
     path = Path(path)
     if not path.is_file():
@@ -59,10 +54,8 @@ def read_state_dict(path: str | Path) -> dict[str, Tensor]:
     return state
 
 
-def _is_retrieval_model(model: Any) -> bool:
-    """A :class:`~pml_suprank.models.RetrievalModel` (or a model with its interface: ``forward_features``, ``pool``,
-    ``embed_pooled``, ``classifier``), told by what it offers so that this package does not import ``models``
-    (which loads a model's OOD guard from this package)."""
+def is_retrieval_model(model: Any) -> bool:
+    """A ``RetrievalModel`` (or a model with its interface), told by what it offers: ``models`` imports this package."""
     return all(callable(getattr(model, name, None)) for name in ("forward_features", "pool", "embed_pooled")) and (
         hasattr(model, "classifier")
     )
@@ -91,57 +84,42 @@ def extract_model_features(
 ) -> OODFeatures:
     """Features of a timm classifier or a ``RetrievalModel`` on a loader (or one image batch ``(B, C, H, W)``).
 
-    Args:
-        model: A timm model (``forward_features`` / ``forward_head``) or a :class:`~pml_suprank.models.RetrievalModel`.
-        batches: Iterable of batches (see :func:`batch_images`) or a single image tensor.
-        device: Where to run the model (default: the device of its first parameter).
-        max_batches: Stop after this many batches.
-        features: ``RetrievalModel`` only: ``"pooled"`` backbone features (default) or the ``"embedding"``.
-
-    Returns:
-        :class:`~pml_suprank.ood.OODFeatures` with float32 CPU tensors.
+    ``batches`` as :func:`batch_images`; ``device`` defaults to the model's; ``features`` (``RetrievalModel`` only):
+    ``"pooled"`` backbone features or the ``"embedding"``. Returns :class:`~pml_suprank.ood.OODFeatures` (float32,
+    CPU).
     """
-    if features not in ("pooled", "embedding"):
+    if features not in FEATURE_KINDS:
         raise ValueError(f"features must be 'pooled' or 'embedding'; got {features!r}")
     if isinstance(batches, Tensor):
         batch_images(batches)  # validates the shape
         batches = [batches]
-    device = device or _model_device(model)
-    if _is_retrieval_model(model):
+    device = device or model_device(model)
+    if is_retrieval_model(model):
         return _retrieval_features(model, batches, device, max_batches, features)
     if features != "pooled":
         raise ValueError("features='embedding' needs a RetrievalModel; timm classifiers give pooled features")
     return extract_features(model, batches, device=device, max_batches=max_batches)
 
 
-def _model_device(model: Any) -> torch.device:
-    first = next(model.parameters(), None) if isinstance(model, nn.Module) else None
-    return first.device if first is not None else torch.device("cpu")
-
-
-def _classifier(model: nn.Module) -> nn.Module | None:
-    if _is_retrieval_model(model):
-        return model.classifier
-    get = getattr(model, "get_classifier", None)
-    head = get() if callable(get) else None
-    return head if isinstance(getattr(head, "weight", None), Tensor) else None
+def model_head(model: nn.Module, who: str) -> nn.Module:
+    """The classifier head of a ``RetrievalModel`` or a timm model (``get_classifier``); ``ValueError`` naming
+    ``who`` when it has none."""
+    if is_retrieval_model(model):
+        head = model.classifier
+    else:
+        get = getattr(model, "get_classifier", None)
+        head = get() if callable(get) else None
+    if not isinstance(getattr(head, "weight", None), Tensor):
+        raise ValueError(f"{who} needs a classifier head and the model has none")
+    return head
 
 
 class ModelDetectorMixin:
     """``fit_model`` / ``predict`` for every :class:`~pml_suprank.ood.Detector` (mixed into the base class)."""
 
-    def _adopt_head(self, model: nn.Module) -> None:
-        """Detectors keeping a classifier head (ASH, SCALE, DICE, ReAct, ViM, HEAT) built without one take the
-        model's (detected by a ``head=`` constructor argument and a ``weight`` attribute that is ``None``)."""
-        if "head" not in inspect.signature(type(self)).parameters or getattr(self, "weight", 0) is not None:
-            return
-        head = _classifier(model)
-        if head is None:
-            raise ValueError(f"{type(self).__name__} needs a classifier head and the model has none")
-        weight, bias = head.weight.detach(), getattr(head, "bias", None)
-        if weight.dim() != 2 or not weight.is_floating_point():
-            raise ValueError(f"the model's classifier weight must be a floating (C, D) matrix; got {weight.shape}")
-        self.weight, self.bias = weight.clone(), None if bias is None else bias.detach().clone()
+    def _adopt(self, model: nn.Module) -> None:
+        """Take from ``model`` what the detector was built without: the classifier head (head detectors, HEAT with
+        ``el``) or the network (ODIN). Default: nothing."""
 
     def _scores_images(self) -> bool:
         """Detectors built around the network (ODIN: a ``model=`` argument) score images, not features."""
@@ -159,13 +137,11 @@ class ModelDetectorMixin:
     ):
         """Extract features of ``model`` on ``loader`` (ID training data) and :meth:`fit` on them. Returns ``self``.
 
-        ``fit_kwargs`` go to ``fit`` (e.g. ``callback=`` for HEAT). A head detector built without a head takes the
-        model's classifier; ODIN-like detectors built without a network take ``model``. The detector remembers
-        ``features`` (``feature_kind``): :meth:`predict` extracts the same kind by default.
+        ``fit_kwargs`` go to ``fit`` (e.g. ``callback=`` for HEAT). The detector remembers ``features``
+        (``feature_kind``): :meth:`predict` extracts the same kind by default.
         """
-        self._adopt_head(model)
-        if self._scores_images() and self.model is None:
-            self.model = model.forward_logits if _is_retrieval_model(model) else model
+        self._adopt(model)
+        if self._scores_images():
             return self.fit(**fit_kwargs)
         feats = extract_model_features(model, loader, device=device, max_batches=max_batches, features=features)
         fitted = self.fit(**feats.as_kwargs(), **fit_kwargs)
@@ -180,10 +156,8 @@ class ModelDetectorMixin:
         device: torch.device | str | None = None,
         features: FeatureKind | None = None,
     ) -> Tensor:
-        """Outlier scores ``(N,)`` (higher = more OOD) of images ``x`` ``(B, C, H, W)`` or of a loader's batches.
-
-        The features are extracted by ``model`` as in :meth:`fit_model` (use the same model); ``features`` defaults
-        to the kind the detector was fitted on by :meth:`fit_model` (else ``"pooled"``), and another kind is refused.
+        """Outlier scores ``(N,)`` (higher = more OOD) of images ``x`` ``(B, C, H, W)`` or of a loader's batches,
+        features extracted by ``model`` as in :meth:`fit_model`; ``features`` defaults to the fitted kind.
 
         Raises:
             ValueError: ``features`` differs from the kind the detector was fitted on.
@@ -195,11 +169,9 @@ class ModelDetectorMixin:
                 f"features={features!r}: scores of another feature space mean nothing"
             )
         features = features or fitted or "pooled"
-        self._adopt_head(model)
+        self._adopt(model)
         if self._scores_images():
-            if self.model is None:
-                self.model = model.forward_logits if _is_retrieval_model(model) else model
-            device = device or _model_device(model)
+            device = device or model_device(model)
             batches = [x] if isinstance(x, Tensor) else x
             return torch.cat([self.score(inputs=batch_images(b)[0].to(device)).cpu() for b in batches])
         feats = extract_model_features(model, x, device=device, features=features)

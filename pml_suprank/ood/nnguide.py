@@ -1,9 +1,4 @@
-"""NNGuide: nearest-neighbour guidance of a classifier score (Park et al., "Nearest Neighbor Guidance for
-Out-of-Distribution Detection", ICCV 2023).
-
-Scores are outlier scores (higher = more OOD), the negative of OpenOOD v1.5's ``conf``; the definition matches
-OpenOOD v1.5's ``NNGuidePostprocessor`` once its hyper-parameters are aligned (see :class:`NNGuide`).
-"""
+"""NNGuide: nearest-neighbour guidance of a classifier score (Park et al., ICCV 2023); higher = more OOD."""
 
 from __future__ import annotations
 
@@ -17,7 +12,6 @@ from torch import Tensor
 from .._validation import check_positive, check_positive_int, check_probability
 from ..hub.schema import TensorSpec
 from .base import Detector, check_features
-from .head import check_logits
 
 __all__ = ["NNGuide"]
 
@@ -25,14 +19,9 @@ __all__ = ["NNGuide"]
 class NNGuide(Detector):
     """Energy guided by the k-NN similarity to a bank of confidence-scaled training features (Park et al. 2023).
 
-    Bank (fit): ``g_i = ẑ_i · E_i`` for a random subset of ``n = max(k, ⌈α·N⌉)`` training samples, with
-    ``ẑ = z/‖z‖`` and ``E = logsumexp(logits)`` (the energy confidence). Score (Eq. 6-7):
-    ``−E(x) · (1/k) Σ_{j ∈ top-k} ⟨ẑ(x), g_j⟩``, the k largest inner products of the normalised test feature with the
-    bank (exact search by chunked matrix products).
-
-    Alignment with OpenOOD v1.5 (``nnguide.yml``: ``K = 100``, ``alpha = 0.01``): it fills the bank from the first
-    shuffled training batches until more than ``int(α·N)`` samples are in (a few more than ``⌈α·N⌉``), and its
-    normaliser adds 1e-10 to every entry of ``ẑ``; with the same bank the scores agree to ~1e-9 relative.
+    Bank: ``g_i = ẑ_i · E_i`` for a random subset of ``n = max(k, ⌈α·N⌉)`` training samples, ``ẑ = z/‖z‖``,
+    ``E = logsumexp(logits)``. Score (Eqs. 6-7) ``(N,)``: ``−E(x) · (1/k) Σ_{top-k} ⟨ẑ(x), g_j⟩`` (exact search). With
+    the same bank it agrees with OpenOOD v1.5 (``K = 100``, ``alpha = 0.01``, a slightly larger bank) to ~1e-9.
 
     Args:
         k: Number of neighbours (100).
@@ -57,12 +46,11 @@ class NNGuide(Detector):
         return {"k": self.k, "alpha": self.alpha, "seed": self.seed, "chunk_size": self.chunk_size}
 
     def _state_spec(self) -> dict[str, TensorSpec]:
-        """``bank`` ``(n, D)`` with ``n >= k`` rows, not all zero."""
         return {"bank": TensorSpec(("N", "D"), nonzero=True, min_sizes=(("N", self.k),))}
 
     def _fit(self, features=None, logits=None, labels=None, **kwargs) -> None:
         z = check_features("features", features).detach()
-        logits = check_features("logits", check_logits(logits), n=z.shape[0]).detach()
+        logits = check_features("logits", logits, n=z.shape[0]).detach()
         n = z.shape[0]
         if n < self.k:
             raise ValueError(f"NNGuide needs at least k={self.k} training features; got {n}")
@@ -84,8 +72,5 @@ class NNGuide(Detector):
         return torch.cat(outs)
 
     def _score(self, features=None, logits=None, **kwargs) -> Tensor:
-        logits = check_logits(logits)
         guide = self.guidance(features)
-        if logits.shape[0] != guide.shape[0]:
-            raise ValueError(f"logits must have {guide.shape[0]} rows (one per feature row); got {logits.shape[0]}")
-        return -torch.logsumexp(logits, dim=-1) * guide
+        return -torch.logsumexp(check_features("logits", logits, n=guide.shape[0]), dim=-1) * guide

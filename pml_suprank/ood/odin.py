@@ -1,8 +1,4 @@
-"""ODIN: temperature scaling and input perturbation (Liang et al., ICLR 2018).
-
-Scores are outlier scores (higher = more OOD), the negative of OpenOOD v1.5's ``conf``; the definition matches
-OpenOOD v1.5 and pytorch-ood 0.4.0 once their hyper-parameters are aligned (checked against both in the tests).
-"""
+"""ODIN: temperature scaling and input perturbation (Liang et al., ICLR 2018); higher = more OOD."""
 
 from __future__ import annotations
 
@@ -15,17 +11,15 @@ from torch import Tensor
 
 from .._validation import check_positive
 from .base import Detector
+from .model_api import is_retrieval_model
 
 __all__ = ["ODIN"]
 
 
 class ODIN(Detector):
-    """ODIN (Liang et al. 2018): temperature scaling plus input perturbation, score ``−max softmax(f(x̃)/T)``.
-
-    ``x̃ = x − ε·sign(∇ₓ CE(f(x)/T, argmax f(x)))`` with the sign gradient divided per channel by ``norm_std`` when
-    given (OpenOOD divides by the dataset std; pytorch-ood 0.4.0 and HEAT do not by default). Matches pytorch-ood
-    0.4.0 and HEAT exactly (checked in the tests). The network is not saved by ``save_pretrained``: pass ``model=`` to
-    ``from_pretrained``.
+    """ODIN (Liang et al. 2018): score ``(N,)`` ``−max softmax(f(x̃)/T)``, ``x̃ = x − ε·sign(∇ₓ CE(f(x)/T, argmax
+    f(x)))``, the sign divided per channel by ``norm_std`` when given (as OpenOOD; pytorch-ood 0.4.0 and HEAT, which
+    it matches, do not). The network is not saved: pass ``model=`` to ``from_pretrained``.
 
     Args:
         model: Callable mapping a batch of inputs ``(N, ...)`` to logits ``(N, C)`` (e.g. a timm model in eval mode).
@@ -33,7 +27,7 @@ class ODIN(Detector):
         eps: Perturbation magnitude ``ε`` (0.0014).
         norm_std: Optional per-channel input std used to rescale the sign gradient.
 
-    ``score(inputs=x)`` needs the raw inputs (gradients flow through ``model``); ``features`` / ``logits`` are unused.
+    ``score(inputs=x)`` takes the raw inputs ``(N, ...)`` (gradients flow through ``model``).
     """
 
     requires_fit = False
@@ -52,6 +46,10 @@ class ODIN(Detector):
         if norm_std is not None:
             norm_std = tuple(check_positive("norm_std", float(s)) for s in norm_std)
         self.norm_std = norm_std
+
+    def _adopt(self, model) -> None:
+        if self.model is None:
+            self.model = model.forward_logits if is_retrieval_model(model) else model
 
     def config(self) -> dict[str, Any]:
         return {"temperature": self.temperature, "eps": self.eps, "norm_std": self.norm_std}

@@ -1,17 +1,10 @@
-"""HEAT's hyper-parameter presets and the resolution of per-prior settings (Lafon et al., ICML 2023, Sec. 4).
-
-Every prior ``k`` of HEAT trains its own residual EBM with its own hyper-parameters: prior temperature ``T_k``
-(Eq. 5.2 of the thesis), SGLD steps / step size / noise (Eq. 5.4), control weight ``λ`` (Eq. 5.5), optimiser and
-MLP shape. :data:`PRESETS` holds them per preset and per built-in prior; :func:`resolve_settings` applies a user's
-overrides and validates the result.
-"""
+"""HEAT's hyper-parameters per preset and prior (Lafon et al., ICML 2023, Sec. 4): prior temperature ``T_k``
+(Eq. 5.2), SGLD steps / step size / noise (Eq. 5.4), control weight ``λ`` (Eq. 5.5), optimiser and MLP shape."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
-
-from .._validation import check_positive
 
 __all__ = ["PRESETS", "SETTING_KEYS", "resolve_settings"]
 
@@ -64,35 +57,12 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 SETTING_KEYS = frozenset(PRESETS["cifar10"]["gmm"])
 
 
-def _check_resolved(prior: str, s: dict[str, Any]) -> None:
-    s["reduce_width"] = bool(s["reduce_width"])
-    for key in ("epochs", "sgld_steps"):
-        if isinstance(s[key], bool) or not isinstance(s[key], int) or s[key] < 0:
-            raise ValueError(f"{prior}.{key} must be a non-negative integer; got {s[key]!r}")
-    for key in ("batch_size", "hidden_dim", "accumulation_steps"):
-        if isinstance(s[key], bool) or not isinstance(s[key], int) or s[key] < 1:
-            raise ValueError(f"{prior}.{key} must be a positive integer; got {s[key]!r}")
-    for key in ("prior_temperature", "lr"):
-        check_positive(f"{prior}.{key}", s[key])
-    for key in ("step_size", "noise_std", "l2_coef", "eps_data", "end_factor"):
-        check_positive(f"{prior}.{key}", s[key], strict=False)
-    s["milestones"] = tuple(int(m) for m in s["milestones"])
-
-
 def resolve_settings(
     defaults: Mapping[str, Mapping[str, Any]], overrides: Mapping[str, Any], prior_names: tuple[str, ...]
 ) -> dict[str, dict[str, Any]]:
-    """Per-prior settings: ``defaults`` (one dict per used prior) updated by ``overrides``, then validated.
-
-    Args:
-        defaults: ``{prior: {setting: value}}`` for the priors in use (their preset values).
-        overrides: Keys are setting names (applied to every prior) and/or prior names mapping to their own dict of
-            settings (a prior name that is not in use is accepted and ignored).
-        prior_names: Every valid prior name (the registered priors).
-
-    Returns:
-        ``{prior: settings}`` with every key of :data:`SETTING_KEYS`, milestones as a tuple.
-    """
+    """``{prior: settings}``: ``defaults`` (per prior in use) updated by ``overrides`` (setting names for every prior
+    and/or prior names among ``prior_names`` mapping to their own dict; values checked by
+    :func:`~pml_suprank.ood.heat_state.check_heat_settings`), every key of :data:`SETTING_KEYS`."""
     resolved = {p: dict(s) for p, s in defaults.items()}
     for key, value in overrides.items():
         if key in SETTING_KEYS:
@@ -114,5 +84,5 @@ def resolve_settings(
         missing = sorted(SETTING_KEYS - set(s))
         if missing:
             raise ValueError(f"settings of prior {p!r} miss {missing}; give them in settings={{{p!r}: {{...}}}}")
-        _check_resolved(p, s)
+        s["milestones"] = tuple(s["milestones"])
     return resolved

@@ -1,47 +1,59 @@
-"""Prior density estimators of HEAT, as energies (higher = more OOD): EL and the class-conditional Gaussian mixture.
+"""HEAT's priors (Lafon et al., ICML 2023; thesis ch. 5): the densities, the :class:`Prior` contract and the built-in
+``"gmm"``, ``"gmm_std"`` and ``"el"`` priors, as energies (higher = more OOD).
 
-Lafon et al., "Hybrid Energy Based Model in the Feature Space for Out-of-Distribution Detection" (ICML 2023;
-thesis ch. 5, Sec. 5.2.2): the *class prior* EL (energy of the logits, Liu et al. 2020) and the *feature prior*
-GMM (class-conditional Gaussians with one shared covariance, SSD+ / Lee et al. 2018), also used on std-pooled
-"style" features (GMM_std). Both are differentiable in ``z`` so SGLD can follow their gradient.
+HEAT refines each prior energy ``E_k`` with a residual EBM, ``E_h,k(z) = E_θk(z) + E_k(z)/T_k`` (Eq. 5.2), trained by
+contrastive divergence against SGLD samples started from the prior (Eqs. 5.3-5.5). The densities, shared with the
+Mahalanobis baselines, are the energy of the logits (EL, Liu et al. 2020) and the class-conditional Gaussian mixture
+with one shared covariance (SSD+ / Lee et al. 2018), differentiable in ``z``. Unlike the HEAT authors' code, the
+covariance is the MLE of class-centred features in **float64** with a relative ridge ``reg · mean(diag Σ)`` before
+the Cholesky factorisation (the reference's 1e-12 in float32 fails on rank-deficient features); distances are
+computed in float64 in the whitened space ``y = L⁻¹z`` (saturating in the input dtype, :func:`finite_scores`).
 
-Semantics follow the HEAT authors' released code, with these documented choices:
+A prior says which input it reads (``source``), whether it needs labels or the classifier head, and gives its
+energy, SGLD starting points, state and preset settings. A new prior is one subclass with a ``name=`` class keyword;
+``ood.HEAT(priors=("gmm", "mean_distance"))`` then uses it (define it before ``Detector.from_pretrained``)::
 
-* the shared covariance is the MLE (divided by N) of class-centred features, computed in **float64**; a ridge
-  ``reg · mean(diag Σ)`` (relative, default 1e-6) is added before the Cholesky factorisation. The reference adds an
-  absolute 1e-12 and factorises in float32, which fails on rank-deficient features (d > N_c, dead ReLU channels).
-* Mahalanobis distances and log-densities are computed in float64 through the whitened space
-  (``y = L⁻¹z``), then returned in the input dtype (a distance that overflows it saturates, :func:`finite_scores`);
-  L2 normalisation is exact at any feature scale (:func:`unit_rows`).
+    class MeanDistancePrior(ood.Prior, name="mean_distance"):
+        def fit(self, features, labels=None):
+            self.mean = features.mean(0)
+            return self
+        def energy(self, z):                       # (N, D) -> (N,), higher = more OOD
+            return (z - self.mean.to(z)).pow(2).sum(-1)
+        def sample(self, n, generator, device=None, dtype=torch.float32):
+            return self.mean.to(device, dtype) + torch.randn(n, self.dim, generator=generator).to(device, dtype)
+        @property
+        def dim(self):
+            return self.mean.shape[0]
+        def state_dict(self):
+            return {"mean": self.mean}
+        def load_state_dict(self, state):
+            self.mean = state["mean"]
+            return self
 """
 
 from __future__ import annotations
 
 import math
+import warnings
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
 from .._validation import check_bool, check_positive
 from ..hub.schema import TensorSpec
-from .base import check_class_labels, check_features
+from .base import check_class_labels, check_features, head_params, linear_logits
+from .presets import PRESETS
+from .registry import PRIOR_REGISTRY
 
-__all__ = [
-    "energy_logits",
-    "EnergyLogitsPrior",
-    "ClassConditionalGaussian",
-    "degenerate_variance",
-    "finite_scores",
-    "gaussian_state_spec",
-    "power_of_two_exponent",
-    "unit_rows",
-]
+__all__ = ["ClassConditionalGaussian", "ELPrior", "GMMPrior", "GMMStdPrior", "Prior", "energy_logits", "unit_rows"]
 
 
 def gaussian_state_spec() -> dict[str, TensorSpec]:
-    """Layout of a fitted :class:`ClassConditionalGaussian`'s ``state_dict``: ``means`` ``(C, D)``,
-    ``class_weights`` ``(C,)`` (>= 0, not all zero), ``cholesky`` ``(D, D)`` (lower triangular, positive diagonal)
-    and ``classes`` ``(C,)`` (integer ids >= 0), with ``C >= 2`` classes (a class-conditional fit needs two)."""
+    """Layout of a fitted :class:`ClassConditionalGaussian`: ``means`` ``(C, D)``, ``class_weights`` ``(C,)``,
+    ``cholesky`` ``(D, D)`` (lower triangular) and integer ``classes`` ``(C,)``, ``C >= 2``."""
     return {
         "means": TensorSpec(("C", "D")),
         "class_weights": TensorSpec(("C",), nonzero=True, min_value=0.0, min_sizes=(("C", 2),)),
@@ -51,8 +63,8 @@ def gaussian_state_spec() -> dict[str, TensorSpec]:
 
 
 def degenerate_variance(second_moment: Tensor | float, dtype: torch.dtype, factor: float = 16.0) -> Tensor | float:
-    """The largest variance that is only rounding noise for values whose mean square is ``second_moment``, stored
-    in ``dtype``: ``(factor · eps(dtype))² · second_moment``. A fitted variance at or below it is degenerate."""
+    """``(factor · eps(dtype))² · second_moment``: a variance at or below it is rounding noise of values whose mean
+    square is ``second_moment`` (degenerate)."""
     eps = torch.finfo(dtype).eps if dtype.is_floating_point else torch.finfo(torch.float32).eps
     return (factor * eps) ** 2 * second_moment
 
@@ -60,19 +72,16 @@ def degenerate_variance(second_moment: Tensor | float, dtype: torch.dtype, facto
 def unit_rows(z: Tensor) -> Tensor:
     """``(N, D)`` rows scaled to unit L2 norm at any magnitude (zero rows stay zero).
 
-    ``F.normalize(z, eps=1e-12)`` divides by ``max(‖z‖, 1e-12)``: rows of norm below ``1e-12`` (features of scale
-    ``1e-30``) come out at norm ``‖z‖/1e-12`` instead of 1, and in float32 ``‖z‖²`` itself underflows below
-    ``~1e-19``. Each row is first divided by its largest absolute entry ``a`` (held constant for autograd: the unit
-    vector does not depend on the scale, so the gradient is that of ``z/‖z‖``), which brings ``‖z/a‖`` into
-    ``[1, √D]``, then normalised.
+    ``F.normalize`` fails below norm ``1e-12`` (and ``‖z‖²`` underflows in float32): each row is first divided by its
+    largest absolute entry (held constant for autograd; the gradient stays that of ``z/‖z‖``).
     """
     peak = z.detach().abs().amax(dim=-1, keepdim=True)
     return torch.nn.functional.normalize(z / torch.where(peak > 0, peak, torch.ones_like(peak)), dim=-1, eps=1e-12)
 
 
 def power_of_two_exponent(z: Tensor) -> int:
-    """``k`` with ``max|z| · 2**-k`` in ``[1, 2)`` (``0`` for an all-zero or non-finite ``z``), clamped to
-    ``[-1000, 1000]`` so that ``2.0**k`` is a float64. Dividing by ``2**k`` is exact: it moves exponents only."""
+    """``k`` with ``max|z| · 2**-k`` in ``[1, 2)`` (0 for an all-zero or non-finite ``z``; within ``±1000``): dividing
+    by ``2**k`` is exact."""
     peak = float(z.abs().amax()) if z.numel() else 0.0
     if peak == 0.0 or not math.isfinite(peak):
         return 0
@@ -80,21 +89,12 @@ def power_of_two_exponent(z: Tensor) -> int:
 
 
 def finite_scores(scores: Tensor, dtype: torch.dtype, name: str) -> Tensor:
-    """``scores`` (computed in float64) in ``dtype``, those beyond its range saturated at ``±finfo(dtype).max`` (NaN:
-    ``+max``, the most OOD) with one warning.
-
-    A squared Mahalanobis distance above ``finfo(dtype).max`` (float32: ``3.4e38``) would come back as ``+inf``: the
-    input lies ~``√score`` fitted standard deviations from every class mean, at a scale far from the training
-    features' (features of scale ``1e-30`` fitted, features of scale 1 scored). Such inputs are the most unusual ones
-    a guard sees: they are answered, ranked as most OOD (ties among them); float64 features get their exact float64
-    scores.
-    """
+    """``scores`` (float64) in ``dtype``, those beyond its range saturated at ``±finfo(dtype).max`` (NaN: ``+max``,
+    the most OOD) with one warning: inputs at a scale far from the fitted features' are answered, ranked most OOD."""
     info = torch.finfo(dtype)
     wide = torch.nan_to_num(scores.to(torch.float64), nan=math.inf)
     over = wide.abs() > info.max
     if bool(over.any()):
-        import warnings
-
         peak = float(wide.abs().max())
         warnings.warn(
             f"{name} scores of {int(over.sum())} of {wide.shape[0]} inputs exceed "
@@ -108,66 +108,16 @@ def finite_scores(scores: Tensor, dtype: torch.dtype, name: str) -> Tensor:
 
 
 def energy_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
-    """Energy score ``−T·logsumexp(logits / T)`` (Liu et al. 2020, Eq. 7; thesis Sec. 5.2.2 "class prior").
-
-    Args:
-        logits: ``(N, C)`` classifier logits.
-        temperature: ``T > 0``.
-
-    Returns:
-        ``(N,)`` energies, higher = more OOD.
-    """
+    """Energy score ``(N, C)`` logits → ``(N,)`` ``−T·logsumexp(logits / T)`` (Liu et al. 2020, Eq. 7; HEAT's class
+    prior), higher = more OOD."""
     return -temperature * torch.logsumexp(logits / temperature, dim=-1)
-
-
-class EnergyLogitsPrior:
-    """EL prior ``E(z) = −logsumexp(W z + b)`` on raw (not normalised) pooled features; HEAT's class prior.
-
-    Its SGLD proposal is ``N(0, I)`` (EL is not a normalised density one can sample; reference ``random_normal``).
-
-    Args:
-        weight: ``(C, D)`` classifier weight.
-        bias: ``(C,)`` classifier bias or ``None``.
-    """
-
-    normalize = False
-
-    def __init__(self, weight: Tensor, bias: Tensor | None = None) -> None:
-        weight = check_features("weight", weight)
-        if bias is not None:
-            bias = check_features("bias", bias.reshape(1, -1), dim=weight.shape[0]).reshape(-1)
-        self.weight, self.bias = weight.detach(), None if bias is None else bias.detach()
-
-    @property
-    def dim(self) -> int:
-        return self.weight.shape[1]
-
-    def logits(self, z: Tensor) -> Tensor:
-        w = self.weight.to(device=z.device, dtype=z.dtype)
-        b = None if self.bias is None else self.bias.to(device=z.device, dtype=z.dtype)
-        return torch.nn.functional.linear(z, w, b)
-
-    def energy(self, z: Tensor) -> Tensor:
-        """``(N, D) -> (N,)`` energy ``−logsumexp(Wz + b)``."""
-        return energy_logits(self.logits(z))
-
-    def sample(self, n: int, generator: torch.Generator, device=None, dtype=torch.float32) -> Tensor:
-        """``(n, D)`` standard normal proposals (reference ``proposal_type: random_normal``)."""
-        return torch.randn(n, self.dim, generator=generator, device=device, dtype=dtype)
-
-    def state_dict(self) -> dict[str, Tensor]:
-        out = {"weight": self.weight}
-        if self.bias is not None:
-            out["bias"] = self.bias
-        return out
 
 
 class ClassConditionalGaussian:
     """Class-conditional Gaussian mixture with one shared covariance (HEAT's GMM prior, SSD+, Mahalanobis).
 
-    ``q(z) = Σ_c π_c N(z; μ_c, Σ)`` with ``π_c = n_c / N``; energy ``−log q(ẑ)`` where ``ẑ = z/‖z‖`` when
-    ``normalize`` (the GMM prior of HEAT). ``min_mahalanobis`` is the SSD+ / Mahalanobis baseline score
-    ``min_c (z−μ_c)ᵀΣ⁻¹(z−μ_c)`` (no ½, no logsumexp).
+    ``q(z) = Σ_c π_c N(z; μ_c, Σ)``, ``π_c = n_c / N``; energy ``−log q(ẑ)`` (``ẑ = z/‖z‖`` when ``normalize``);
+    ``min_mahalanobis`` is the SSD+ / Mahalanobis score ``min_c (z−μ_c)ᵀΣ⁻¹(z−μ_c)``.
 
     Args:
         normalize: L2-normalise features before fitting and scoring (HEAT GMM / SSD+: True; Mahalanobis: False).
@@ -243,11 +193,8 @@ class ClassConditionalGaussian:
         return cache[key]
 
     def mahalanobis(self, z: Tensor, compute_dtype: torch.dtype = torch.float64) -> Tensor:
-        """``(N, D) -> (N, C)`` squared Mahalanobis distances to each class mean (differentiable).
-
-        ``compute_dtype`` defaults to float64: ``‖L⁻¹z − L⁻¹μ_c‖²`` is expanded as a matrix product, whose float32
-        cancellation error (~1e-7·‖L⁻¹z‖²) is visible in scores but negligible for SGLD gradients of ``E/T_G``.
-        """
+        """``(N, D) -> (N, C)`` squared Mahalanobis distances to each class mean (differentiable), expanded as a
+        matrix product in ``compute_dtype`` (float32 cancellation is visible in scores, not in SGLD gradients)."""
         inv_l, nu, nu_sq = self._whitening(z.device, compute_dtype)
         outs = []
         for part in z.split(self.chunk_size):
@@ -267,8 +214,7 @@ class ClassConditionalGaussian:
     energy = neg_log_likelihood
 
     def min_mahalanobis(self, z: Tensor) -> Tensor:
-        """``(N, D) -> (N,)`` ``min_c`` squared Mahalanobis distance (SSD+ / Mahalanobis score), in ``z``'s dtype;
-        a distance that overflows it saturates at its largest value, with a warning (:func:`finite_scores`)."""
+        """``(N, D) -> (N,)`` ``min_c`` squared Mahalanobis distance in ``z``'s dtype (:func:`finite_scores`)."""
         return finite_scores(self.mahalanobis(z).min(dim=-1).values, z.dtype, "Mahalanobis")
 
     def sample(
@@ -294,3 +240,158 @@ class ClassConditionalGaussian:
         self.cholesky, self.classes = state["cholesky"].to(torch.float64), state["classes"]
         self._cache = None
         return self
+
+
+class Prior(ABC):
+    """Base class of HEAT's priors: an energy ``E(z)`` ``(N, D) -> (N,)`` (higher = more OOD) one can sample from.
+
+    Subclasses defined with ``name="..."`` are registered (``ood.list_priors()``); :meth:`energy` and :meth:`sample`
+    have no default.
+    """
+
+    #: Registered name (``"gmm"``, ``"gmm_std"``, ``"el"``, ...); ``None`` for unregistered base classes.
+    name: ClassVar[str | None] = None
+    #: The ``fit`` / ``score`` keyword whose ``(N, D)`` tensor this prior reads.
+    source: ClassVar[str] = "features"
+    #: Whether :meth:`fit` needs class labels (HEAT then requires ``labels=``).
+    needs_labels: ClassVar[bool] = False
+    #: Whether :meth:`create` needs the classifier head (HEAT then requires ``weight=`` / ``head=``).
+    needs_head: ClassVar[bool] = False
+    #: L2-normalise features before the prior, the residual MLP and SGLD (which then stays on the sphere).
+    normalize: bool = False
+    #: Built-in prior whose preset hyper-parameters a prior without its own entry in ``PRESETS`` uses.
+    settings_like: ClassVar[str] = "gmm"
+
+    def __init_subclass__(cls, *, name: str | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if name is not None:
+            cls.name = name
+            PRIOR_REGISTRY.register(name, cls)
+
+    @classmethod
+    def create(cls, *, weight: Tensor | None = None, bias: Tensor | None = None, reg: float = 1e-6) -> Prior:
+        """An unfitted prior from HEAT's head ``(C, D)`` / ``(C,)`` and covariance ridge (default: ``cls()``)."""
+        return cls()
+
+    @classmethod
+    def default_settings(cls, preset: str) -> Mapping[str, Any]:
+        """HEAT hyper-parameters of this prior for ``preset`` (its ``PRESETS`` entry, else ``settings_like``'s)."""
+        table = PRESETS[preset]
+        return table[cls.name] if cls.name in table else table[cls.settings_like]
+
+    def check(self, features: Tensor) -> None:
+        """Validate the ``(N, D)`` source features before any prior is fitted; default: nothing."""
+        return None
+
+    def fit(self, features: Tensor, labels: Tensor | None = None) -> Prior:
+        """Fit on ``(N, D)`` source features (and ``(N,)`` labels when ``needs_labels``). Default: nothing to fit."""
+        return self
+
+    @abstractmethod
+    def energy(self, z: Tensor) -> Tensor:
+        """``(N, D) -> (N,)`` prior energy used for scoring, differentiable in ``z`` (SGLD follows its gradient)."""
+
+    def training_energy(self, z: Tensor) -> Tensor:
+        """The energy used inside training (SGLD and the loss); default :meth:`energy`."""
+        return self.energy(z)
+
+    @abstractmethod
+    def sample(
+        self, n: int, generator: torch.Generator, device: torch.device | str | None = None, dtype=torch.float32
+    ) -> Tensor:
+        """``(n, D)`` SGLD starting points drawn with ``generator`` (in the normalised space when ``normalize``)."""
+
+    @property
+    def dim(self) -> int:
+        """Feature dimension ``D`` (read after :meth:`load_state_dict` to rebuild the residual MLP)."""
+        raise NotImplementedError(f"{type(self).__name__} does not define dim; HEAT needs it to load a saved model")
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """Fitted tensors (saved by HEAT under ``"<name>.prior."``); default: none."""
+        return {}
+
+    @classmethod
+    def state_spec(cls) -> Mapping[str, Any] | None:
+        """Layout of :meth:`state_dict` as ``{name: TensorSpec}`` (``"D"`` = the feature dimension), checked when a
+        saved HEAT is loaded; ``None`` (default): only finiteness is checked, :meth:`load_state_dict` does the rest."""
+        return None
+
+    def load_state_dict(self, state: Mapping[str, Tensor]) -> Prior:
+        """Restore :meth:`state_dict`; the default accepts only an empty state."""
+        if state:
+            raise ValueError(f"state has keys unknown to the {self.name!r} prior: {sorted(state)}")
+        return self
+
+
+class GMMPrior(ClassConditionalGaussian, Prior, name="gmm"):
+    """Feature prior ``E(ẑ) = −log Σ_c π_c N(ẑ; μ_c, Σ)`` on ``ẑ = z/‖z‖``, ``z`` the avg-pooled features (SSD+).
+
+    Scored in float64; during training (SGLD and the loss) evaluated in the feature dtype, where only the gradient
+    of ``E/T_k`` matters. Its SGLD proposal samples the mixture.
+
+    Args:
+        reg: Relative ridge added to the shared covariance (times its mean variance).
+    """
+
+    needs_labels = True
+
+    def __init__(self, reg: float = 1e-6) -> None:
+        super().__init__(normalize=True, reg=reg)
+
+    @classmethod
+    def create(cls, *, weight: Tensor | None = None, bias: Tensor | None = None, reg: float = 1e-6) -> GMMPrior:
+        return cls(reg=reg)
+
+    @classmethod
+    def state_spec(cls) -> dict[str, TensorSpec]:
+        return gaussian_state_spec()
+
+    def training_energy(self, z: Tensor) -> Tensor:
+        return self.neg_log_likelihood(z, compute_dtype=z.dtype)
+
+
+class GMMStdPrior(GMMPrior, name="gmm_std"):
+    """:class:`GMMPrior` on the std-pooled "style" features ``σ`` (``std_features=`` of ``fit`` / ``score``)."""
+
+    source = "std_features"
+
+
+class ELPrior(Prior, name="el"):
+    """Class prior ``E(z) = −logsumexp(Wz + b)`` on raw features (Liu et al. 2020, Eq. 7 with ``T = 1``).
+
+    Nothing to fit; its SGLD proposal is ``N(0, I)`` (EL is not a normalised density one can sample). The head is
+    saved once, as HEAT's ``head.weight`` / ``head.bias``.
+
+    Args:
+        weight: ``(C, D)`` classifier weight.
+        bias: ``(C,)`` classifier bias or ``None``.
+    """
+
+    needs_head = True
+
+    def __init__(self, weight: Tensor, bias: Tensor | None = None) -> None:
+        self.weight, self.bias = head_params(weight, bias, None)
+
+    @classmethod
+    def create(cls, *, weight: Tensor | None = None, bias: Tensor | None = None, reg: float = 1e-6) -> ELPrior:
+        if weight is None:
+            raise ValueError("the 'el' prior needs the classifier head: pass weight=/bias= or head= to HEAT")
+        return cls(weight, bias)
+
+    @property
+    def dim(self) -> int:
+        return self.weight.shape[1]
+
+    def check(self, features: Tensor) -> None:
+        if features.shape[1] != self.dim:
+            raise ValueError(f"features have {features.shape[1]} columns but the classifier weight expects {self.dim}")
+
+    def energy(self, z: Tensor) -> Tensor:
+        return energy_logits(linear_logits(z, self.weight, self.bias))
+
+    def sample(self, n: int, generator: torch.Generator, device=None, dtype=torch.float32) -> Tensor:
+        return torch.randn(n, self.dim, generator=generator, device=device, dtype=dtype)
+
+    @classmethod
+    def state_spec(cls) -> dict[str, TensorSpec]:
+        return {}

@@ -1,8 +1,4 @@
-"""ReAct: rectified activations (Sun et al., NeurIPS 2021).
-
-Scores are outlier scores (higher = more OOD), the negative of OpenOOD v1.5's ``conf``; the definition matches
-OpenOOD v1.5 and pytorch-ood 0.4.0 once their hyper-parameters are aligned (checked against both in the tests).
-"""
+"""ReAct: rectified activations (Sun et al., NeurIPS 2021); higher = more OOD."""
 
 from __future__ import annotations
 
@@ -12,7 +8,7 @@ from torch import Tensor
 
 from .._validation import check_positive
 from ..hub.schema import TensorSpec
-from .head import HeadDetector
+from .base import HeadDetector
 from .metrics import quantile_linear
 from .priors import energy_logits
 
@@ -20,10 +16,8 @@ __all__ = ["ReAct"]
 
 
 class ReAct(HeadDetector):
-    """ReAct (Sun et al. 2021): clip activations at the ``percentile`` of ID activations, then the energy score.
-
-    Threshold = linear-interpolated percentile of **all** training feature values (OpenOOD computes it on the ID
-    validation split; fit on whichever set you want as ID reference). Score ``−logsumexp(fc(min(z, thr)))``.
+    """ReAct (Sun et al. 2021): score ``(N,)`` ``−logsumexp(fc(min(z, thr)))``, ``thr`` the ``percentile`` of **all**
+    training feature values (OpenOOD fits it on the ID validation split: fit on the ID reference you want).
 
     Args:
         percentile: In (0, 100]; 90 in OpenOOD, 95 in HEAT's code (``react_p = 0.95``).
@@ -33,7 +27,7 @@ class ReAct(HeadDetector):
     _state_names = ("weight", "bias", "threshold")
 
     def __init__(self, percentile: float = 90.0, weight=None, bias=None, head=None) -> None:
-        super().__init__(weight, bias, head, _allow_missing=True)
+        super().__init__(weight, bias, head)
         percentile = check_positive("percentile", percentile)
         if percentile > 100.0:
             raise ValueError(f"percentile must lie in (0, 100]; got {percentile}")

@@ -1,9 +1,5 @@
 """RMDS: relative Mahalanobis distance (Ren et al., "A Simple Fix to Mahalanobis Distance for Improving Near-OOD
-Detection", 2021).
-
-Scores are outlier scores (higher = more OOD), the negative of OpenOOD v1.5's ``conf``; the definition matches
-OpenOOD v1.5's ``RMDSPostprocessor`` once its hyper-parameters are aligned (see :class:`RMDS`).
-"""
+Detection", 2021); higher = more OOD."""
 
 from __future__ import annotations
 
@@ -14,31 +10,25 @@ from torch import Tensor
 
 from .._validation import check_positive
 from ..hub.schema import TensorSpec
-from .base import Detector, check_features
-from .mahalanobis import warn_degenerate_scale
-from .priors import ClassConditionalGaussian, finite_scores, gaussian_state_spec, power_of_two_exponent
+from .base import check_features
+from .mahalanobis import GaussianDetector, warn_degenerate_scale
+from .priors import ClassConditionalGaussian, finite_scores, power_of_two_exponent
 
 __all__ = ["RMDS"]
 
 
-class RMDS(Detector):
-    """Relative Mahalanobis distance (Ren et al. 2021, Eq. 4): ``min_k (MD_k(z) − MD_0(z))``.
+class RMDS(GaussianDetector):
+    """Relative Mahalanobis distance (Ren et al. 2021, Eq. 4): score ``(N,)`` ``min_k (MD_k(z) − MD_0(z))``.
 
-    ``MD_k(z) = (z − μ_k)ᵀ Σ⁻¹ (z − μ_k)`` with class means ``μ_k`` and one shared covariance ``Σ`` (MLE of the
-    class-centred features, as :class:`~pml_suprank.ood.Mahalanobis`); ``MD_0(z) = (z − μ_0)ᵀ Σ_0⁻¹ (z − μ_0)``
-    is the distance under the *background* Gaussian fitted to all training features (mean ``μ_0``, MLE covariance
-    ``Σ_0``). Raw (not normalised) features, squared distances without ½, as the paper and OpenOOD v1.5
-    (``conf = max_k −(MD_k − MD_0)``).
-
-    Difference from OpenOOD: it inverts each covariance with sklearn's pseudo-inverse; here a relative ridge
-    ``reg · mean(diag Σ)`` is added before a float64 Cholesky factorisation (equal to ~1e-6 relative on full-rank
-    features, and defined on rank-deficient ones).
+    ``MD_k`` is the squared distance of :class:`~pml_suprank.ood.Mahalanobis` to class ``k``, ``MD_0`` the one under
+    the *background* Gaussian of all training features (raw features, as the paper and OpenOOD v1.5). OpenOOD inverts
+    the covariances with a pseudo-inverse; here a relative ridge ``reg · mean(diag Σ)`` precedes a float64 Cholesky.
 
     Args:
         reg: Relative ridge added to both covariances (``>= 0``).
     """
 
-    _state_names = ("means", "class_weights", "cholesky", "classes", "background_mean", "background_cholesky")
+    _state_names = (*GaussianDetector._state_names, "background_mean", "background_cholesky")
 
     def __init__(self, reg: float = 1e-6) -> None:
         super().__init__()
@@ -80,31 +70,10 @@ class RMDS(Detector):
         relative = self.gaussian.mahalanobis(z) - self.background_distance(z).unsqueeze(-1)
         return finite_scores(relative.min(dim=-1).values, z.dtype, "RMDS")
 
-    def state_dict(self) -> dict[str, Tensor]:
-        state = self.gaussian.state_dict()
-        if self.background_mean is not None:
-            state["background_mean"] = self.background_mean.contiguous()
-            state["background_cholesky"] = self.background_cholesky.contiguous()
-        return state
-
     def _state_spec(self) -> dict[str, TensorSpec]:
         """The class-conditional Gaussian plus ``background_mean`` ``(D,)`` and its Cholesky factor ``(D, D)``."""
         return {
-            **gaussian_state_spec(),
+            **super()._state_spec(),
             "background_mean": TensorSpec(("D",)),
             "background_cholesky": TensorSpec(("D", "D"), lower_triangular=True),
         }
-
-    def load_state_dict(self, state: dict[str, Tensor]) -> RMDS:
-        unknown = sorted(set(state) - set(self._state_names))
-        if unknown:
-            raise ValueError(f"state has keys unknown to RMDS: {unknown}")
-        self.gaussian.load_state_dict({k: state[k] for k in ("means", "class_weights", "cholesky", "classes")})
-        self.background_mean = state["background_mean"].to(torch.float64)
-        self.background_cholesky = state["background_cholesky"].to(torch.float64)
-        self._fitted = True
-        return self
-
-    def to(self, device=None, dtype=None) -> RMDS:
-        self.load_state_dict({k: v.to(device) for k, v in self.state_dict().items()})
-        return self

@@ -1,14 +1,8 @@
-"""Histograms of outlier scores, shared by ``fit_heat`` and ``ood_benchmark``: one row per detector, one panel per
-OOD group (e.g. near and far sets apart), legible at page width.
+"""Histograms of outlier scores (``fit_heat``, ``ood_benchmark``): one row per detector, one panel per OOD group.
 
-Each panel shows the in-distribution test scores (grey) against every OOD set of its group, each set in its own
-colour (the fraction of each set per bin; scores beyond the drawn range count in the outer bins), with the x axis
-labelled (higher = more out-of-distribution) and, in the panel's legend, every set's AUROC and FPR95
-(:func:`pml_suprank.ood.metrics.auroc`, :func:`~pml_suprank.ood.metrics.fpr_at_tpr`); the figure's title states the
-FPR95 convention. Scores whose range spans orders of magnitude (energies, Mahalanobis distances, KNN, RMDS, ...) are
-drawn on a symmetric-log x axis with bins even on that axis, so that neither set is squeezed into one bin; the x range
-is the 0.5 %–99.5 % quantile range of all scores of the panel. Names (detectors, sets) are drawn literally (no
-mathtext).
+Each panel shows the ID test scores (grey) against each OOD set of its group (fraction per bin, outliers in the outer
+bins, x range the 0.5 %–99.5 % quantiles), every set's AUROC and FPR95 in the legend; heavy-tailed scores are drawn
+on a symmetric-log axis. Names are drawn literally (no mathtext).
 """
 
 from __future__ import annotations
@@ -24,14 +18,12 @@ from .metrics import auroc, fpr_at_tpr
 
 __all__ = ["plot_score_histograms"]
 
-#: a panel is drawn on a symmetric-log axis when its 0.5-99.5 % range exceeds this many times the smallest
-#: interquartile range of its sets
+#: symmetric-log axis when the 0.5-99.5 % range exceeds this many times the smallest interquartile range of a set
 HEAVY_TAIL_RATIO = 25.0
 
 
 def _edges(sets: list[np.ndarray], bins: int) -> tuple[np.ndarray, float | None]:
-    """``(bin edges, symlog linear threshold or None)`` for the score sets of one panel (the linear part of the
-    symlog axis is the smallest interquartile range of a set, so the tightest set still spans several bins)."""
+    """``(bin edges, symlog linear threshold or None)`` of one panel (the linear part: the smallest set's IQR)."""
     values = np.concatenate(sets)
     lo, hi = np.quantile(values, [0.005, 0.995])
     q1, q3 = np.quantile(values, [0.25, 0.75])
@@ -77,19 +69,9 @@ def plot_score_histograms(
     title: str = "Outlier scores: ID test vs OOD",
     convention: str = "id_positive",
 ) -> Path:
-    """Save the score histograms of every detector to ``path``: one row per detector, one panel per group.
-
-    Args:
-        id_scores: detector name → ``(N_id,)`` scores of the ID test set.
-        ood_scores: OOD set name → detector name → ``(N,)`` scores.
-        path: The PNG file written.
-        groups: ``{group name: [set names]}`` (e.g. ``{"near": [...], "far": [...]}``), one panel per group;
-            default: one panel holding every set.
-        bins: Bins per panel.
-        dpi: Resolution.
-        title: The figure's title.
-        convention: FPR95 convention (:func:`pml_suprank.ood.metrics.fpr_at_tpr`), that of the result tables;
-            stated on the figure.
+    """Save the score histograms to the PNG ``path``: ``id_scores`` ``{detector: (N_id,)}`` against ``ood_scores``
+    ``{set: {detector: (N,)}}``, one panel per group of ``groups`` ``{group: [sets]}`` (default: one panel of every
+    set); ``convention`` is the FPR95 convention (:func:`~pml_suprank.ood.metrics.fpr_at_tpr`) stated on the figure.
 
     Raises:
         ValueError: no detector, a detector missing from a set, a group naming an unknown set, or an empty /

@@ -1,43 +1,23 @@
-"""Activation shaping of penultimate features before the classifier head and the detectors scoring the energy of the
-shaped logits: ASH (Djurisic et al., "Extremely Simple Activation Shaping for Out-of-Distribution Detection", ICLR
-2023) and SCALE (Xu et al., "Scaling for Training Time and Post-hoc Out-of-distribution Detection Enhancement", ICLR
-2024), on their base :class:`ShapedEnergyDetector`.
+"""Activation shaping of the penultimate features and the energy of the shaped logits: ASH (Djurisic et al., ICLR
+2023) and SCALE (Xu et al., ICLR 2024); higher = more OOD, as OpenOOD v1.5's ``ASHPostprocessor`` and
+``ScalePostprocessor`` (``−conf``).
 
-Scores are outlier scores (higher = more OOD), the negative of OpenOOD v1.5's ``conf``; the definitions match
-OpenOOD v1.5's ``ASHPostprocessor`` (``ash_p`` / ``ash_b`` / ``ash_s``) and ``ScalePostprocessor`` on the pooled
-features at equal percentile.
-
-Every function acts per sample on a ``(N, D)`` feature matrix and is pure (out of place). As in the papers' code
-(and OpenOOD v1.5, which reshapes the pooled features to ``(N, D, 1, 1)``), the ``percentile`` sets how many entries
-are *pruned*: ``k = D − round(D · percentile / 100)`` largest entries are kept (``round`` halves to even, as
-``numpy.round``); ties at the threshold are broken by ``torch.topk``.
+The functions are pure and act per row of ``(N, D)`` features; ``percentile`` sets how many entries are *pruned*:
+the ``k = D − round(D · percentile / 100)`` largest are kept (``round`` halves to even; ties broken by ``topk``).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
 from .._validation import check_choice
-from ..hub.serialization import CONFIG_NAME, WEIGHTS_NAME
-from .base import check_features
-from .head import HeadDetector
+from .base import HeadDetector, check_features
 from .priors import energy_logits
 
-__all__ = [
-    "ASH",
-    "SCALE",
-    "ShapedEnergyDetector",
-    "ash_binarize",
-    "ash_prune",
-    "ash_scale",
-    "check_percentile",
-    "kept_count",
-    "scale_activations",
-]
+__all__ = ["ASH", "SCALE", "ShapedEnergyDetector", "ash_binarize", "ash_prune", "ash_scale", "scale_activations"]
 
 
 def check_percentile(percentile: Any) -> float:
@@ -57,10 +37,6 @@ def kept_count(dim: int, percentile: float) -> int:
     return k
 
 
-def _check_z(z: Any) -> Tensor:
-    return check_features("z", z)
-
-
 def _top_mask(z: Tensor, k: int) -> Tensor:
     idx = z.topk(k, dim=-1).indices
     return torch.zeros_like(z, dtype=torch.bool).scatter(-1, idx, True)
@@ -74,13 +50,13 @@ def _sharpening(total: Tensor, kept: Tensor) -> Tensor:
 
 def ash_prune(z: Tensor, percentile: float) -> Tensor:
     """ASH-P (Djurisic et al. 2023, Sec. 3): keep the ``k`` largest entries of each row, zero the others. ``(N, D)``."""
-    z = _check_z(z)
+    z = check_features("z", z)
     return torch.where(_top_mask(z, kept_count(z.shape[-1], percentile)), z, torch.zeros_like(z))
 
 
 def ash_binarize(z: Tensor, percentile: float) -> Tensor:
     """ASH-B: the ``k`` largest entries of each row set to ``s1 / k`` (``s1`` = the row's sum), the others 0."""
-    z = _check_z(z)
+    z = check_features("z", z)
     k = kept_count(z.shape[-1], percentile)
     fill = (z.sum(dim=-1, keepdim=True) / k).expand_as(z)
     return torch.where(_top_mask(z, k), fill, torch.zeros_like(z))
@@ -94,31 +70,27 @@ def ash_scale(z: Tensor, percentile: float) -> Tensor:
 
 def scale_activations(z: Tensor, percentile: float) -> Tensor:
     """SCALE (Xu et al. 2024, Eq. 3): the **unpruned** row times ``exp(s1 / s2)``, ``s2`` = sum of its top-``k``."""
-    z = _check_z(z)
+    z = check_features("z", z)
     k = kept_count(z.shape[-1], percentile)
     kept = z.topk(k, dim=-1).values.sum(dim=-1, keepdim=True)
     return z * _sharpening(z.sum(dim=-1, keepdim=True), kept)
 
 
 class ShapedEnergyDetector(HeadDetector, register=False):
-    """Base of ASH and SCALE: score ``−logsumexp(W·shape(z) + b)`` (energy of the shaped logits); nothing to fit.
-
-    Subclasses implement :meth:`shape` ``(N, D) -> (N, D)``. The classifier head (``weight``/``bias`` or ``head``)
-    is the only state, saved by ``save_pretrained``.
-
-    Args:
-        percentile: Pruning percentile in [0, 100).
-        weight, bias, head: The classifier head.
-    """
+    """Base of ASH and SCALE: score ``(N,)`` ``−logsumexp(W·shape(z) + b)``, :meth:`shape` ``(N, D) -> (N, D)``;
+    nothing to fit, the classifier head is the state."""
 
     requires_fit = False
     _state_names = ("weight", "bias")
 
     def __init__(self, percentile: float, weight=None, bias=None, head=None) -> None:
-        super().__init__(weight, bias, head, _allow_missing=True)
+        super().__init__(weight, bias, head)
         self.percentile = check_percentile(percentile)
         if self.weight is not None:
             kept_count(self.weight.shape[1], self.percentile)
+
+    def config(self) -> dict[str, Any]:
+        return {"percentile": self.percentile}
 
     def shape(self, z: Tensor) -> Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -127,31 +99,14 @@ class ShapedEnergyDetector(HeadDetector, register=False):
         z = self._check_z(features)
         return energy_logits(self._logits(self.shape(z)))
 
-    def _hub_load_state(self, state, config, *, source: Any, strict: bool, map_location: str) -> None:
-        """Refuse a folder without ``model.safetensors`` (the head lives there), then validate as every detector."""
-        if not Path(source).is_file():
-            raise FileNotFoundError(
-                f"{source} is missing: a {type(self).__name__} keeps the classifier head in it (the folder must hold "
-                f"{CONFIG_NAME} and {WEIGHTS_NAME} as written by save_pretrained)"
-            )
-        super()._hub_load_state(state, config, source=source, strict=strict, map_location=map_location)
-
 
 _VARIANTS = {"p": ash_prune, "b": ash_binarize, "s": ash_scale}
 
 
 class ASH(ShapedEnergyDetector):
-    """ASH (Djurisic et al. 2023, Sec. 3): shape the penultimate features ``z``, then the energy score.
-
-    With ``k = D − round(D·p/100)`` kept entries per sample and ``s1 = Σ_j z_j``:
-
-    * ``"p"`` (prune): keep the top-``k`` entries, zero the rest;
-    * ``"b"`` (binarize): the top-``k`` entries set to ``s1 / k``, the rest 0;
-    * ``"s"`` (scale): prune, then multiply by ``exp(s1 / s2)`` where ``s2`` is the sum after pruning.
-
-    Score ``−logsumexp(W·ash(z) + b)`` (Liu et al. energy of the shaped logits). Defaults: ASH-S at ``p = 90``
-    (the paper's ImageNet ResNet-50 setting; OpenOOD v1.5 ``ash.yml``). ASH assumes non-negative (post-ReLU)
-    features; ``exp(s1/s2)`` can overflow when they are not.
+    """ASH (Djurisic et al. 2023, Sec. 3): score ``−logsumexp(W·ash(z) + b)`` with ``ash`` :func:`ash_prune` (``"p"``),
+    :func:`ash_binarize` (``"b"``) or :func:`ash_scale` (``"s"``; default at ``p = 90``, the paper's ImageNet setting
+    and OpenOOD's ``ash.yml``). For non-negative (post-ReLU) features: ``exp(s1/s2)`` can overflow otherwise.
 
     Args:
         variant: ``"p"``, ``"b"`` or ``"s"``.
@@ -166,7 +121,7 @@ class ASH(ShapedEnergyDetector):
         super().__init__(percentile, weight, bias, head)
 
     def config(self) -> dict[str, Any]:
-        return {"variant": self.variant, "percentile": self.percentile}
+        return {"variant": self.variant, **super().config()}
 
     def shape(self, z: Tensor) -> Tensor:
         """``(N, D) -> (N, D)`` shaped features (ASH-P, -B or -S)."""
@@ -174,11 +129,8 @@ class ASH(ShapedEnergyDetector):
 
 
 class SCALE(ShapedEnergyDetector):
-    """SCALE (Xu et al. 2024, Eq. 3): ``z · exp(s1 / s2)``, then the energy score; no entry is pruned.
-
-    ``s1 = Σ_j z_j`` and ``s2`` = the sum of the ``k = D − round(D·p/100)`` largest entries of ``z``. Score
-    ``−logsumexp(W·z·exp(s1/s2) + b)``. Default ``p = 85`` (OpenOOD v1.5 ``scale.yml``; the paper's ImageNet
-    setting).
+    """SCALE (Xu et al. 2024, Eq. 3): score ``−logsumexp(W·z·exp(s1/s2) + b)`` (:func:`scale_activations`). Default
+    ``p = 85`` (OpenOOD v1.5 ``scale.yml``; the paper's ImageNet setting).
 
     Args:
         percentile: Percentile ``p`` in [0, 100) defining ``s2``.
@@ -187,9 +139,6 @@ class SCALE(ShapedEnergyDetector):
 
     def __init__(self, percentile: float = 85.0, weight=None, bias=None, head=None) -> None:
         super().__init__(percentile, weight, bias, head)
-
-    def config(self) -> dict[str, Any]:
-        return {"percentile": self.percentile}
 
     def shape(self, z: Tensor) -> Tensor:
         """``(N, D) -> (N, D)`` scaled features."""

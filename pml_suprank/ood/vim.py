@@ -1,8 +1,4 @@
-"""Virtual-logit matching, ViM (Wang et al., CVPR 2022).
-
-Scores are outlier scores (higher = more OOD), the negative of OpenOOD v1.5's ``conf``; the definition matches
-OpenOOD v1.5 and pytorch-ood 0.4.0 once their hyper-parameters are aligned (checked against both in the tests).
-"""
+"""Virtual-logit matching, ViM (Wang et al., CVPR 2022); higher = more OOD."""
 
 from __future__ import annotations
 
@@ -11,8 +7,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .._validation import check_positive_int
 from ..hub.schema import TensorSpec, check_schema
-from .head import HeadDetector
+from .base import HeadDetector
 from .priors import degenerate_variance
 
 __all__ = ["ViM"]
@@ -21,12 +18,9 @@ __all__ = ["ViM"]
 class ViM(HeadDetector):
     """Virtual-logit matching (Wang et al. 2022, Eqs. 5-8), as OpenOOD v1.5 and pytorch-ood 0.4.0.
 
-    ``u = −W⁺b``; ``P`` = uncentred covariance of ``z − u`` (divided by N); ``NS`` = its eigenvectors beyond the
-    ``dim`` largest eigenvalues; ``α = mean_train max-logit / mean_train ‖(z−u)NS‖``. Score
-    ``α‖(z−u)NS‖ − logsumexp(Wz + b)`` (= ``−conf``).
-
-    Deviation from HEAT's reference: HEAT's ``VIMScorer`` uses a centred covariance and logits ``fc(z − u)`` (its
-    α is 1.59 where the official method gives 6.51 on the same features); the official definition is used here.
+    ``u = −W⁺b``; ``NS`` = eigenvectors of the uncentred covariance of ``z − u`` beyond its ``dim`` largest
+    eigenvalues; ``α = mean_train max-logit / mean_train ‖(z−u)NS‖``. Score ``α‖(z−u)NS‖ − logsumexp(Wz + b)``
+    ``(N,)``. (HEAT's ``VIMScorer`` uses a centred covariance and ``fc(z − u)``; the official definition is used.)
 
     Args:
         dim: Dimension of the principal subspace (``D − dim`` residual directions); 256 for CIFAR-10 in HEAT.
@@ -36,9 +30,8 @@ class ViM(HeadDetector):
     _state_names = ("weight", "bias", "u", "null_space", "alpha")
 
     def __init__(self, dim: int = 256, weight=None, bias=None, head=None) -> None:
-        super().__init__(weight, bias, head, _allow_missing=True)
-        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
-            raise ValueError(f"dim must be a positive integer; got {dim!r}")
+        super().__init__(weight, bias, head)
+        check_positive_int("dim", dim)
         if self.weight is not None and dim >= self.weight.shape[1]:
             raise ValueError(f"dim must be smaller than the feature dimension {self.weight.shape[1]}; got {dim}")
         self.dim = dim

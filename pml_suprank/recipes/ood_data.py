@@ -1,9 +1,5 @@
-"""Data, classifier and plotting helpers of the HEAT recipe ``recipes/fit_heat.py`` (datasets, timm model,
-histograms), driven by its typed :class:`~pml_suprank.recipes.ood_spec.FitHeatSpec` (``spec``).
-
-Kept apart from the command-line script so that ``recipes/`` holds only runnable scripts; nothing here is specific to
-one detector.
-"""
+"""Data, classifier and plotting helpers of ``recipes/fit_heat.py``, driven by its
+:class:`~pml_suprank.recipes.ood_spec.FitHeatSpec` (``spec``)."""
 
 from __future__ import annotations
 
@@ -15,6 +11,14 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from .. import data
+from ..data import collate
+from ..data.folders import image_folder_layout
+from ..data.source import dataset_source
+from ..models import RetrievalModel
+from ..ood.model_api import read_state_dict
+from ..ood.score_plots import plot_score_histograms
+from ..search.image_files import ImageFiles, is_flat_image_folder
 from .ood_spec import FitHeatSpec
 
 ID_FAMILIES = ("circle", "triangle", "square", "star")
@@ -42,8 +46,6 @@ def _cap(ds, max_samples, seed):
 def ood_source(entry: str, spec: FitHeatSpec) -> tuple[str, str, str]:
     """``SOURCE[:SPLIT[:LABEL]]`` → ``(source, split, label column)``; without a split, ``"test"``, or the only split
     of a local image folder that has no test split (a folder of OOD images is used whole)."""
-    from ..data.folders import image_folder_layout
-
     source, _, rest = entry.partition(":")
     split, _, label = rest.partition(":")
     layout = image_folder_layout(source) if not split else None
@@ -58,12 +60,7 @@ def build_datasets(spec: FitHeatSpec, transform, id_data: dict[str, Any] | None 
 
     ``id_data``: the data spec recorded in a retrieval model folder (``data_spec.json``): the ID sets are then the
     training run's own training / test sets (same source, label columns and class split)."""
-    from .. import data
-    from ..search.image_files import ImageFiles, is_flat_image_folder
-
     if id_data is not None:
-        from ..data.source import dataset_source
-
         section, seed = id_data["data"], int(id_data.get("seed", 0))
         kw = {"cache_dir": spec.cache_dir} if dataset_source(section, "train").kind == "retrieval" else {}
         kw["recorded_split"] = id_data.get("class_split")
@@ -100,8 +97,6 @@ def build_datasets(spec: FitHeatSpec, transform, id_data: dict[str, Any] | None 
 
 
 def loader(ds, batch_size, shuffle=False, seed=0):
-    from ..data import collate
-
     g = torch.Generator().manual_seed(seed)
     return torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=shuffle, collate_fn=collate, generator=g)
 
@@ -121,8 +116,6 @@ def build_model(spec: FitHeatSpec, num_classes: int):
     import timm
 
     if spec.model is not None:
-        from ..models import RetrievalModel
-
         return RetrievalClassifier(RetrievalModel.from_pretrained(spec.model), num_classes)
     kwargs = {"num_classes": num_classes, "pretrained": spec.pretrained}
     if spec.output_stride not in (None, 32):
@@ -146,17 +139,10 @@ def load_checkpoint(model: torch.nn.Module, path: Path, backbone: str) -> None:
     """Load the state dict file ``path`` (.safetensors or a ``torch.save`` file) into the timm classifier ``model``.
 
     Raises:
-        ValueError: the file is a retrieval model of this package (use ``--model`` with its folder), or its keys /
-            shapes do not match ``backbone`` (the first few differences are named, never the whole state dict).
+        ValueError: an unreadable file (:func:`~pml_suprank.ood.model_api.read_state_dict`), a retrieval model of
+            this package (use ``--model`` with its folder), or keys / shapes that do not match ``backbone``.
     """
-    if not path.is_file():
-        raise ValueError(f"--checkpoint {path}: no such file")
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        state = load_file(str(path))
-    else:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+    state = read_state_dict(path)
     if any(k.startswith("backbone.") for k in state) and (path.parent / "config.json").is_file():
         raise ValueError(
             f"--checkpoint {path} holds a retrieval model of this package (backbone + embedding head), not a timm "
@@ -242,6 +228,4 @@ def train_classifier(model, ds, level, classes, spec: FitHeatSpec, device):
 def save_histograms(id_scores, ood_scores, out_dir: Path, convention: str = "id_positive") -> Path:
     """``score_histograms.png`` in ``out_dir``: :func:`pml_suprank.ood.score_plots.plot_score_histograms` of the
     ``{detector: (N,)}`` ID scores against every OOD set's ``{detector: (M,)}`` scores."""
-    from ..ood.score_plots import plot_score_histograms
-
     return plot_score_histograms(id_scores, ood_scores, Path(out_dir) / "score_histograms.png", convention=convention)

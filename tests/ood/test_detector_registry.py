@@ -1,4 +1,4 @@
-"""Tests for the detector / prior registries: filled by subclassing, lookups, overwrite warning, DETECTORS view."""
+"""Tests for the detector / prior registries: filled by subclassing, lookups, overwrite warning."""
 
 from __future__ import annotations
 
@@ -32,11 +32,8 @@ def test_built_in_detectors_are_registered_in_order():
         cls = ood.get_detector(name)
         assert cls is getattr(ood, name) and cls.detector_name == name
         assert _detector_class(name) is cls
-    # the old public tuple stays importable and behaves like one
-    assert ood.DETECTORS == BUILT_IN and tuple(ood.DETECTORS) == BUILT_IN
-    assert "KNN" in ood.DETECTORS and ood.DETECTORS[0] == "HEAT" and len(ood.DETECTORS) == len(BUILT_IN)
     # bases and helpers are not entries
-    assert "Detector" not in ood.DETECTORS and "HeadDetector" not in ood.DETECTORS
+    assert "Detector" not in ood.list_detectors() and "HeadDetector" not in ood.list_detectors()
     assert ood.Detector.detector_name is None
 
 
@@ -74,7 +71,7 @@ def test_subclass_registers_and_round_trips(clean_registries, tmp_path):
             return features.norm(dim=-1)
 
     assert ood.list_detectors() == (*BUILT_IN, "NormScore") and ood.get_detector("NormScore") is NormScore
-    assert "NormScore" in ood.DETECTORS  # the view is live
+    assert "NormScore" in ood.list_detectors()  # registered when defined
     NormScore().save_pretrained(tmp_path)
     loaded = ood.Detector.from_pretrained(tmp_path)
     assert type(loaded) is NormScore
@@ -92,7 +89,7 @@ def test_name_keyword_private_and_unregistered_classes(clean_registries):
         pass
 
     assert ood.get_detector("SSD+") is SSDPlus and SSDPlus.detector_name == "SSD+"
-    assert "_Private" not in ood.DETECTORS and "Intermediate" not in ood.DETECTORS
+    assert "_Private" not in ood.list_detectors() and "Intermediate" not in ood.list_detectors()
     assert _Private.detector_name is None and Intermediate.detector_name is None
 
 
@@ -107,7 +104,7 @@ def test_overwrite_warns_and_replaces(clean_registries):
             pass
 
     assert ood.get_detector("Twice") is Twice and Twice is not first
-    assert DETECTOR_REGISTRY.unregister("Twice") is Twice and "Twice" not in ood.DETECTORS
+    assert DETECTOR_REGISTRY.unregister("Twice") is Twice and "Twice" not in ood.list_detectors()
     with pytest.raises(ValueError, match="unknown detector 'Twice'"):
         DETECTOR_REGISTRY.unregister("Twice")
 

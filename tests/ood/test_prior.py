@@ -63,7 +63,7 @@ def test_built_in_priors_declare_their_inputs():
     assert gmm.create().normalize and not el.create(weight=torch.rand(2, 3)).normalize
     # the densities are the shared ones (Mahalanobis uses the same Gaussian)
     assert isinstance(gmm.create(), ood.ClassConditionalGaussian)
-    assert isinstance(el.create(weight=torch.rand(2, 3)), ood.EnergyLogitsPrior)
+    assert isinstance(el.create(weight=torch.rand(2, 3)), ood.ELPrior)
     assert dict(gmm_std.default_settings("cifar10")) == ood.PRESETS["cifar10"]["gmm_std"]
     with pytest.raises(ValueError, match="classifier head"):
         el.create()

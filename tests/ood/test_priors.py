@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from pml_suprank.ood import ClassConditionalGaussian, EnergyLogitsPrior, energy_logits, pool_feature_map
+from pml_suprank.ood import ClassConditionalGaussian, ELPrior, energy_logits, pool_feature_map
 
 
 def _golden_features(g, dtype=torch.float32):
@@ -46,7 +46,7 @@ def test_gmm_parameters_match_golden(heat_golden):
 def test_el_matches_golden(heat_golden, dtype):
     _, (te_avg, _), _ = _golden_features(heat_golden, dtype)
     inp = heat_golden["inputs"]
-    prior = EnergyLogitsPrior(torch.tensor(inp["fc_weight"], dtype=dtype), torch.tensor(inp["fc_bias"], dtype=dtype))
+    prior = ELPrior(torch.tensor(inp["fc_weight"], dtype=dtype), torch.tensor(inp["fc_bias"], dtype=dtype))
     ref = torch.tensor(heat_golden["heat_reference"]["EL_energy"], dtype=dtype)
     torch.testing.assert_close(prior.energy(te_avg), ref, rtol=1e-4, atol=1e-5)
 
@@ -90,7 +90,7 @@ def test_prior_energies_gradcheck():
     gmm = ClassConditionalGaussian().fit(z, labels)
     x = (torch.rand(5, 4, generator=g, dtype=torch.float64) + 0.1).requires_grad_(True)
     assert torch.autograd.gradcheck(gmm.neg_log_likelihood, (x,))
-    el = EnergyLogitsPrior(torch.randn(3, 4, generator=g, dtype=torch.float64), torch.randn(3, dtype=torch.float64))
+    el = ELPrior(torch.randn(3, 4, generator=g, dtype=torch.float64), torch.randn(3, dtype=torch.float64))
     assert torch.autograd.gradcheck(el.energy, (x,))
 
 
