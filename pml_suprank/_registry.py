@@ -22,7 +22,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-__all__ = ["Registry", "RegistryNames"]
+__all__ = ["Registry"]
 
 
 def _where(obj: Any) -> str:
@@ -103,30 +103,3 @@ class Registry(Mapping[str, Any]):
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}, {list(self._entries)})"
-
-
-class RegistryNames(Sequence[str]):
-    """Live, read-only tuple-like view of a registry's names (``ood.DETECTORS``: it used to be a tuple)."""
-
-    def __init__(self, registry: Registry) -> None:
-        self._registry = registry
-
-    def __getitem__(self, index):
-        return self._registry.names()[index]
-
-    def __len__(self) -> int:
-        return len(self._registry)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._registry
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, (RegistryNames, tuple, list)):
-            return tuple(self) == tuple(other)
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(self._registry.names())
-
-    def __repr__(self) -> str:
-        return repr(self._registry.names())

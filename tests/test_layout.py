@@ -136,6 +136,12 @@ REMOVED_MODULES = (  # moved or re-export-only modules removed before 0.1.0 (CHA
     "pml_suprank._multilabel_columns",
     "pml_suprank._sampler_base",
     "pml_suprank.multilabel_sampler",
+    "pml_suprank.distributed",
+    "pml_suprank.training.data_source",
+    "pml_suprank.ood.heat_priors",
+    "pml_suprank.ood.prior",
+    "pml_suprank.ood.head",
+    "pml_suprank.losses._combination",
 )
 
 
