@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SUBPACKAGES = ("losses", "samplers", "memory", "distributed", "metrics", "relevance", "ranking", "models", "data",
+SUBPACKAGES = ("losses", "samplers", "memory", "collectives", "metrics", "relevance", "ranking", "models", "data",
                "training", "hub", "search", "ood")  # fmt: skip
 
 

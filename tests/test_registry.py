@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pml_suprank._registry import Registry, RegistryNames
+from pml_suprank._registry import Registry
 from pml_suprank.metrics import METRICS, MetricSpec
 
 
@@ -41,14 +41,6 @@ def test_a_taken_name_is_never_replaced_silently():
     refuse.register("a", int)  # the same object again: nothing to say
     with pytest.raises(ValueError, match="on_conflict"):
         Registry("thing", on_conflict="ignore")
-
-
-def test_names_view_is_live():
-    reg = Registry("thing")
-    view = RegistryNames(reg)
-    assert view == () and "x" not in view
-    reg.register("x", 1)
-    assert view == ("x",) and view[0] == "x" and "x" in view and len(view) == 1
 
 
 def test_the_metric_registry_refuses_a_second_ap():
