@@ -574,10 +574,11 @@ def test_lock_file_refuses_a_live_holder_and_takes_over_a_stale_one(tmp_path):
     (tmp_path / LOCK_FILE).write_text("{garbage")
     with pytest.raises(RunLockError, match="delete the file only if that run is gone"):
         RunLock(tmp_path).acquire()
-    # a stale lock replaced by another run's fresh one between the check and the removal is put back, not removed
+    # a refused run leaves the holder's record as it was (only the OS lock's holder writes it)
     fresh = {"pid": os.getpid(), "host": socket.gethostname(), "token": "fresh"}
     (tmp_path / LOCK_FILE).write_text(json.dumps(fresh))
-    assert RunLock(tmp_path)._remove_stale({"pid": dead, "host": socket.gethostname(), "token": "x"}) is False
+    with pytest.raises(RunLockError, match=rf"pid {os.getpid()} on host"):
+        RunLock(tmp_path).acquire()
     assert json.loads((tmp_path / LOCK_FILE).read_text()) == fresh
     assert sorted(p.name for p in tmp_path.iterdir()) == [OS_LOCK_FILE, LOCK_FILE]  # nothing left aside
 
