@@ -4,17 +4,16 @@ A checkpoint is the folder ``output_dir/checkpoints/step_XXXXXXXX``. ``accelerat
 ``model.safetensors`` (the :class:`~pml_suprank.training.LossModule`: network, loss proxies, memory buffers),
 ``optimizer.bin`` and one ``random_states_<process>.pkl`` per process (``torch.save`` files); the trainer adds
 ``trainer_state.json`` (counters, sampler position, the LR scheduler as JSON, history, the run fingerprint and the
-configuration it hashes). :func:`save_checkpoint` writes it into ``.tmp-step_X`` and renames it once complete, so an
-interrupted save never leaves a folder that looks complete.
+configuration it hashes). :func:`save_checkpoint` writes it aside and renames it once complete.
 
-``accelerator.load_state`` restores it, but only after :func:`validate_checkpoint` and :func:`check_fits` read every
-file here: the ``torch.save`` files with ``torch.load(weights_only=True)`` (tensors, numbers, strings and NumPy
-arrays: nothing else is unpickled) and each checked by loading it into a fresh object of its kind (RNG states into
-fresh generators, the optimizer state against the optimizer's groups, shapes and dtypes). Accelerate alone would not
-do: it skips an unreadable RNG file with an INFO line (the resume is then silently not exact), loads any optimizer
-state torch accepts, unpickles ``custom_checkpoint_<i>.pkl`` with ``weights_only=False`` (so no object is registered
-for checkpointing — the scheduler stays in JSON — and a folder holding one is refused), and versions before 0.33
-(``accelerate>=0.30`` is allowed) load with ``torch.load``'s default, which unpickles anything under torch < 2.6.
+``accelerator.load_state`` restores it, only after :func:`validate_checkpoint` and :func:`check_fits` read every file:
+the ``torch.save`` files with ``torch.load(weights_only=True)`` (tensors, numbers, strings, NumPy arrays: nothing else
+is unpickled), each checked by loading it into a fresh object of its kind (RNG states into fresh generators, the
+optimizer state against the optimizer's groups, keys, dtypes and shapes). Accelerate alone would not do: it skips an
+unreadable RNG file with an INFO line (the resume silently not exact), loads any optimizer state torch accepts,
+unpickles ``custom_checkpoint_<i>.pkl`` with ``weights_only=False`` (so nothing is registered for checkpointing — the
+scheduler stays in JSON — and a folder holding one is refused), and older versions (``accelerate>=0.30`` is allowed)
+call ``torch.load`` without ``weights_only``, which unpickles anything under torch < 2.6.
 """
 
 from __future__ import annotations
@@ -127,19 +126,17 @@ def latest_valid_checkpoint(
 
 
 # -- writing -------------------------------------------------------------------------------------------------------
-def save_checkpoint(
-    accelerator: Any, output_dir: Path, step: int, trainer_state: dict[str, Any], keep: int, fingerprint: str
-) -> Path:
-    """Write ``output_dir/checkpoints/step_<step>`` (``save_state`` into a temporary folder, then one rename) and
-    delete the oldest checkpoints of this run (whose ``trainer_state.json`` has ``fingerprint``) beyond ``keep`` (0
-    keeps all). A checkpoint of another run at the same step is renamed ``step_<step>-run-<its fingerprint>`` (kept,
-    no longer a resume candidate). Every process must call it.
+def save_checkpoint(accelerator: Any, output_dir: Path, trainer_state: dict[str, Any], keep: int) -> Path:
+    """Write ``output_dir/checkpoints/step_<global_step>`` (``save_state`` into a temporary folder, then one rename)
+    and delete the oldest checkpoints of this run (those with the ``fingerprint`` of ``trainer_state``) beyond
+    ``keep`` (0 keeps all). A checkpoint of another run at the same step is renamed ``step_<step>-run-<its
+    fingerprint>`` (kept, no longer a resume candidate). Every process must call it.
 
     Raises:
         CheckpointSaveError: the write failed (the partial folder is removed; the message says what was kept).
     """
-    acc, root = accelerator, Path(output_dir) / "checkpoints"
-    name = f"{CHECKPOINT_PREFIX}{step:08d}"
+    acc, root, fingerprint = accelerator, Path(output_dir) / "checkpoints", trainer_state["fingerprint"]
+    name = f"{CHECKPOINT_PREFIX}{trainer_state['global_step']:08d}"
     final, tmp = root / name, root / f".tmp-{name}"
     if acc.is_main_process:
         root.mkdir(parents=True, exist_ok=True)
@@ -160,11 +157,9 @@ def save_checkpoint(
     except (OSError, RuntimeError, SafetensorError) as e:  # a full disk: "RuntimeError: ... unexpected pos"
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointSaveError(_save_failure(root, name, tmp, e)) from e
-    if acc.is_main_process and keep > 0:
-        for old in [c for c in find_checkpoints(output_dir) if recorded_fingerprint(c / TRAINER_STATE) == fingerprint][
-            :-keep
-        ]:
-            shutil.rmtree(old, ignore_errors=True)
+    ours = [c for c in find_checkpoints(output_dir) if recorded_fingerprint(c / TRAINER_STATE) == fingerprint]
+    for old in ours[:-keep] if acc.is_main_process and keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
     acc.wait_for_everyone()
     return final
 
@@ -404,17 +399,11 @@ def _check_rng_states(path: Path, name: str) -> None:
             trial(states[key])
         except Exception as e:
             raise _refuse(path, bad + f"'{key}' is not a state of that generator ({_short(e, 120)})") from e
-    cuda = states.get("torch_cuda_manual_seed")
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if (cuda is not None or count) and not (
-        isinstance(cuda, (list, tuple))
-        and len(cuda) == count
-        and all(isinstance(t, Tensor) and t.dtype == torch.uint8 and t.dim() == 1 for t in cuda)
-    ):
+    cuda, count = states.get("torch_cuda_manual_seed"), torch.cuda.device_count() if torch.cuda.is_available() else 0
+    tensors = isinstance(cuda, (list, tuple)) and all(isinstance(t, Tensor) and t.dtype == torch.uint8 for t in cuda)
+    if (cuda is not None or count) and not (tensors and len(cuda) == count):
         raise _refuse(
-            path,
-            bad + f"'torch_cuda_manual_seed' must be {count} uint8 tensors (one per visible CUDA "
-            "device; none without CUDA): the resume would not be exact",
+            path, bad + f"'torch_cuda_manual_seed' must be {count} uint8 tensors (one per visible CUDA device)"
         )
 
 
@@ -516,10 +505,8 @@ def check_fits(path: Path, state: dict[str, Any], module: Any, optimizer: Any, s
             raise _refuse(
                 path,
                 f"is inside an epoch (step_in_epoch={state['step_in_epoch']}) but this run's sampler "
-                f"({type(sampler).__name__}) has no state_dict() / load_state_dict(): its position cannot be "
-                "restored and the resumed run would train on other batches; resume from a checkpoint at "
-                "the end of an epoch (checkpoint_every=0 writes one per epoch) or give the sampler "
-                "state_dict() / load_state_dict()",
+                f"({type(sampler).__name__}) has no state_dict() / load_state_dict(): the resumed run would train "
+                "on other batches; resume from the end of an epoch (checkpoint_every=0 writes one per epoch)",
             )
         return state
     if not state["sampler"]:

@@ -28,7 +28,6 @@ from .._safe_json import load_json
 from .checkpoint import (
     CheckpointError,
     CheckpointSaveError,
-    _refuse,
     find_checkpoints,
     jsonable,
     recorded_fingerprint,
@@ -158,19 +157,21 @@ def check_compatible(
     :func:`~.checkpoint.validate_checkpoint`) cannot continue this run: a position beyond this run's end, another
     run (another fingerprint: the message lists the settings that differ; let through by ``ignore_config_change``),
     another number of steps per epoch."""
+
+    def refuse(what: str) -> CheckpointError:
+        return CheckpointError(f"checkpoint {str(path)!r} {what}")
+
     if state["global_step"] > total_steps:
-        raise _refuse(path, f"is at step {state['global_step']}, beyond this run's {total_steps} steps")
+        raise refuse(f"is at step {state['global_step']}, beyond this run's {total_steps} steps")
     if not ignore_config_change and state["fingerprint"] != fingerprint:
         differ = config_differences(state["run_config"], run_config) or "settings not recorded"
-        raise _refuse(
-            path,
+        raise refuse(
             f"was written by another run, with other hyper-parameters ({differ}); resume with the same settings, "
             "start a new run in another output_dir, or continue anyway with --resume_ignore_config true "
             "(Trainer.train(..., ignore_config_change=True))",
         )
     if state["steps_per_epoch"] != steps_per_epoch:
-        raise _refuse(
-            path,
+        raise refuse(
             f"has {state['steps_per_epoch']} steps per epoch; this run has {steps_per_epoch} (different data, batch "
             "size or sampler)",
         )

@@ -16,15 +16,13 @@ What :class:`Trainer` does:
 * **evaluation** every ``eval_every`` epochs with :class:`pml_suprank.metrics.RetrievalEvaluator` on the accelerator's
   device (the evaluator's own ``device`` if it has one), the queries split across the processes; **progress bars** on
   the main process; **tracking** through ``accelerator.log``;
-* **checkpoints** every ``checkpoint_every`` steps written *atomically* and an **exact resume**: model, optimizer,
-  scheduler, memory, RNG states, sampler epoch and position are restored and the augmentation of every item is
-  seeded by ``(seed, epoch, index)`` — a resumed run ends with the same weights as an uninterrupted one;
+* **checkpoints** (:mod:`.checkpoint`) every ``checkpoint_every`` steps, written *atomically*, and an **exact
+  resume**: model, optimizer, scheduler, memory, RNG states, sampler epoch and position are restored and the
+  augmentation of every item is seeded by ``(seed, epoch, index)`` — the weights of an uninterrupted run;
 * a step whose loss or gradient is NaN / inf is **skipped** (no update) and counted; more than ``max_nonfinite_steps``
   in a row raise :class:`.NonFiniteTrainingError` after a checkpoint of the last good state (:mod:`.nonfinite`);
-* **run identity**: a fingerprint of the resolved configuration (:mod:`pml_suprank.training.run_folder`) in
-  ``output_dir/run.json`` and in every checkpoint; a resume from another run's checkpoint is refused (naming the
-  settings that differ) unless ``ignore_config_change=True``; a new run into a folder holding a previous run is
-  refused unless ``overwrite_output_dir=True``; the lock file ``output_dir/run.lock`` stops a concurrent run;
+* **run identity** (:mod:`.run_folder`): the fingerprint of the configuration in ``run.json`` and every checkpoint
+  (another run's checkpoint, a new run into a previous run's folder and a concurrent run are refused);
 * a final **Hub-ready folder** (:func:`pml_suprank.training.export.write_final_folder`), written atomically.
 
 The module never reads the environment; recipes pass everything explicitly.
@@ -36,6 +34,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -270,24 +269,18 @@ class Trainer:
     def save_checkpoint(self) -> Path:
         """Write ``output_dir/checkpoints/step_XXXXXXXX`` atomically (:func:`.checkpoint.save_checkpoint`) and delete
         this run's oldest checkpoints beyond ``keep_checkpoints``."""
-        state = self._trainer_state() if self.accelerator.is_main_process else {}
         return checkpoint.save_checkpoint(
-            self.accelerator,
-            self.output_dir,
-            self.progress.global_step,
-            state,
-            self.config.keep_checkpoints,
-            self.fingerprint,
+            self.accelerator, self.output_dir, self._trainer_state(), self.config.keep_checkpoints
         )
 
     def load_checkpoint(self, path: str | Path, ignore_config_change: bool = False) -> dict[str, Any]:
-        """Restore model, loss, memory, optimizer, scheduler, RNG states and the sampler position from ``path``: every
-        file is validated and checked against this run first, then ``accelerator.load_state`` loads them.
+        """Restore model, loss, memory, optimizer, scheduler, RNG states and the sampler position from ``path`` (every
+        file checked first, then loaded by ``accelerator.load_state``).
 
         Raises:
-            CheckpointError: the folder is incomplete or corrupt, does not fit this model / optimizer / sampler, was
-                written with a different number of processes or steps per epoch, or by another run (other
-                fingerprint; the message lists the settings that differ) unless ``ignore_config_change``.
+            CheckpointError: the folder is incomplete or corrupt, does not fit this run's model, optimizer, sampler,
+                processes or steps per epoch, or is another run's (the message lists the settings that differ)
+                unless ``ignore_config_change``.
         """
         state = self._check_checkpoint(path := Path(path), ignore_config_change)
         checkpoint.load_scheduler_state(self.scheduler, state["scheduler"])
@@ -343,35 +336,28 @@ class Trainer:
             OutputDirError: starting from scratch in a folder holding a previous run (no ``overwrite_output_dir``).
             CheckpointError: the checkpoint is invalid or of another run (the message lists the settings that differ).
         """
-        acc = self.accelerator
+        acc, out = self.accelerator, self.output_dir
+        main = partial(run_folder.on_main_process, acc)  # runs on the main process; its error is raised on all
         if not self._begun:
-            self._lock = run_folder.on_main_process(
-                acc, lambda: run_folder.RunLock(self.output_dir, note=acc.print).acquire()
-            )
+            self._lock = main(lambda: run_folder.RunLock(out, note=acc.print).acquire())
             self._begun = True
         try:
             ckpt = resume_from if str(resume_from) != "latest" else checkpoint.latest_valid_checkpoint(
-                self.output_dir, acc.print, self._check_files)  # fmt: skip
+                out, acc.print, self._check_files)  # fmt: skip
             ckpt = Path(ckpt) if ckpt is not None else None
             state = self._check_checkpoint(ckpt, ignore_config_change) if ckpt is not None else {}
             if ckpt is None and not self._claimed:  # a new run here (also when --resume latest found no checkpoint)
-                run_folder.on_main_process(
-                    acc,
-                    lambda: run_folder.claim_output_dir(
-                        self.output_dir,
-                        overwrite_output_dir,
-                        acc.print,
-                        resumed=resume_from,
-                        run_config=self.run_config,
-                    ),
+                claim = run_folder.claim_output_dir
+                main(
+                    partial(
+                        claim, out, overwrite_output_dir, acc.print, resumed=resume_from, run_config=self.run_config
+                    )
                 )
             extra = {"resumed_from": str(ckpt)} if ckpt is not None else {}
             if state.get("fingerprint") not in (None, self.fingerprint):
                 extra["previous_fingerprint"] = state["fingerprint"]
                 acc.print(f"resuming {ckpt} although its configuration differs (ignore_config_change)")
-            run_folder.on_main_process(
-                acc, lambda: run_folder.write_run_file(self.output_dir, self.run_config, self.fingerprint, **extra)
-            )
+            main(partial(run_folder.write_run_file, out, self.run_config, self.fingerprint, **extra))
             init_projection_if_requested(self, fresh=ckpt is None and self.progress.global_step == 0)  # PCA, once
         except BaseException:
             self.end_run()
