@@ -157,9 +157,10 @@ def save_checkpoint(accelerator: Any, output_dir: Path, trainer_state: dict[str,
     except (OSError, RuntimeError, SafetensorError) as e:  # a full disk: "RuntimeError: ... unexpected pos"
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointSaveError(_save_failure(root, name, tmp, e)) from e
-    ours = [c for c in find_checkpoints(output_dir) if recorded_fingerprint(c / TRAINER_STATE) == fingerprint]
-    for old in ours[:-keep] if acc.is_main_process and keep > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
+    if acc.is_main_process and keep > 0:
+        ours = [c for c in find_checkpoints(output_dir) if recorded_fingerprint(c / TRAINER_STATE) == fingerprint]
+        for old in ours[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
     acc.wait_for_everyone()
     return final
 
