@@ -149,30 +149,35 @@ def test_explicit_resume_of_a_damaged_checkpoint_is_refused(runs, tmp_path, name
 
 
 @pytest.mark.slow
-def test_rng_file_schema_and_restore(runs, tmp_path):
-    root, _ = runs
-    from pml_suprank.training.checkpoint_files import read_rng_states, restore_rng_states
+def test_rng_states_are_validated_then_restored(runs, tmp_path):
+    from pml_suprank.training.checkpoint import _load_tensors  # the weights_only reader of the trainer
 
-    ckpt = tmp_path / "step_00000003"
-    shutil.copytree(root / "part" / "checkpoints" / "step_00000003", ckpt)
-    states = read_rng_states(ckpt, 0)
+    root, _ = runs
+    run = tmp_path / "run"
+    shutil.copytree(root / "part", run)
+    ckpt = run / "checkpoints" / "step_00000003"
+    good = _load_tensors(ckpt, "random_states_0.pkl")
     # the states restored are the saved ones: the next draws equal those after the save
-    restore_rng_states(states)
+    _trainer(run, seed=1, max_train_steps=4).load_checkpoint(ckpt)
     draws = (random.random(), float(np.random.rand()), float(torch.rand(1)))
-    restore_rng_states(states)
+    random.setstate(good["random_state"])
+    np.random.set_state(good["numpy_random_seed"])
+    torch.set_rng_state(good["torch_manual_seed"])
     assert draws == (random.random(), float(np.random.rand()), float(torch.rand(1)))
     file = ckpt / "random_states_0.pkl"
-    good = dict(states)
     for key, bad, match in (
-        ("torch_manual_seed", torch.zeros(7, dtype=torch.uint8), "'torch_manual_seed' must be a uint8 tensor"),
-        ("random_state", (3, (1, 2, 3), None), "'random_state' must be Python's"),
-        ("numpy_random_seed", ("MT19937", np.zeros(5, np.uint32), 0, 0, 0.0), "'numpy_random_seed' must be"),
+        ("torch_manual_seed", torch.zeros(7, dtype=torch.uint8), "'torch_manual_seed' is not a state of that"),
+        ("torch_manual_seed", good["torch_manual_seed"].float(), "'torch_manual_seed' is not a state of that"),
+        ("random_state", (3, (1, 2, 3), None), "'random_state' is not a state of that generator"),
+        ("numpy_random_seed", ("MT19937", np.zeros(5, np.uint32), 0, 0, 0.0), "'numpy_random_seed' is not a state"),
         ("step", -1, "'step' must be an int >= 0"),
         ("extra", 1, "must be a dict with keys in"),
+        ("torch_cuda_manual_seed", [torch.zeros(3, dtype=torch.uint8)] * 9, "'torch_cuda_manual_seed' must be"),
     ):
         torch.save({**good, key: bad}, file)
-        with pytest.raises(CheckpointError, match=match):
+        with pytest.raises(CheckpointError, match=match) as info:
             validate_checkpoint(ckpt)
+        assert "random_states_0.pkl" in str(info.value)
     torch.save({k: v for k, v in good.items() if k != "torch_manual_seed"}, file)
     with pytest.raises(CheckpointError, match="lacks 'torch_manual_seed'"):
         validate_checkpoint(ckpt)

@@ -1,62 +1,101 @@
-"""Checkpoints of the training loop: find, validate, write atomically, restore.
+"""Checkpoints of the training loop: one writer, one reader, one refusal path.
 
-A checkpoint is the folder ``output_dir/checkpoints/step_XXXXXXXX`` written by ``accelerator.save_state`` (model,
-optimizer, scheduler, RNG states per process) plus ``trainer_state.json`` (step, epoch, sampler position, history,
-configuration, the run fingerprint and the resolved configuration it hashes). It is written into a temporary folder
-renamed once complete, so an interrupted save never leaves a folder that looks complete.
+A checkpoint is the folder ``output_dir/checkpoints/step_XXXXXXXX``. ``accelerator.save_state`` writes
+``model.safetensors`` (the :class:`~pml_suprank.training.LossModule`: network, loss proxies, memory buffers),
+``optimizer.bin`` and one ``random_states_<process>.pkl`` per process (``torch.save`` files); the trainer adds
+``trainer_state.json`` (counters, sampler position, the LR scheduler as JSON, history, the run fingerprint and the
+configuration it hashes). :func:`save_checkpoint` writes it aside and renames it once complete.
 
-Nothing here unpickles: weights are safetensors, the scheduler / sampler / counters are JSON (Accelerate loads the
-optimizer and RNG files with ``weights_only=True``). A checkpoint continues a run only if it validates (types,
-ranges, the sampler state where the counters say) and belongs to the same run (:func:`check_compatible`).
+``accelerator.load_state`` restores it, only after :func:`validate_checkpoint` and :func:`check_fits` read every file:
+the ``torch.save`` files with ``torch.load(weights_only=True)`` (tensors, numbers, strings, NumPy arrays: nothing else
+is unpickled), each checked by loading it into a fresh object of its kind (RNG states into fresh generators, the
+optimizer state against the optimizer's groups, keys, dtypes and shapes). Accelerate alone would not do: it skips an
+unreadable RNG file with an INFO line (the resume silently not exact), loads any optimizer state torch accepts,
+unpickles ``custom_checkpoint_<i>.pkl`` with ``weights_only=False`` (so nothing is registered for checkpointing — the
+scheduler stays in JSON — and a folder holding one is refused), and older versions (``accelerate>=0.30`` is allowed)
+call ``torch.load`` without ``weights_only``, which unpickles anything under torch < 2.6.
 """
 
 from __future__ import annotations
 
+import codecs
+import copy
 import errno
 import json
 import math
+import random
 import re
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from torch import Tensor
 
 from .._safe_json import load_json
-from .checkpoint_files import CheckpointError, check_optimizer_file, check_weights_files, read_rng_states
+
+try:
+    from safetensors import SafetensorError
+except ImportError:  # the core install: no safetensors, and no accelerate to write checkpoints with
+    SafetensorError = OSError
 
 __all__ = [
     "CHECKPOINT_PREFIX",
-    "CheckpointSaveError",
     "TRAINER_STATE",
     "CheckpointError",
-    "RESUMABLE_CHANGES",
-    "check_compatible",
-    "config_differences",
+    "CheckpointSaveError",
+    "check_fits",
     "find_checkpoints",
+    "jsonable",
     "latest_checkpoint",
     "latest_valid_checkpoint",
-    "save_checkpoint_atomically",
+    "load_scheduler_state",
+    "optimizer_state_indices",
+    "recorded_fingerprint",
+    "save_checkpoint",
+    "scheduler_state",
     "validate_checkpoint",
 ]
 
 CHECKPOINT_PREFIX = "step_"
 TRAINER_STATE = "trainer_state.json"
+OPTIMIZER_FILE = "optimizer.bin"
 
 
+class CheckpointError(ValueError):
+    """A checkpoint folder is missing, incomplete, corrupt or was written by an incompatible run."""
+
+
+class CheckpointSaveError(OSError):
+    """A checkpoint could not be written (full disk, read-only or unwritable folder); the message names the folder,
+    the cause and what was kept."""
+
+
+def _refuse(path: Path, what: str) -> CheckpointError:
+    """The one refusal: ``checkpoint '<path>' <what>``."""
+    return CheckpointError(f"checkpoint {str(path)!r} {what}")
+
+
+def _short(e: BaseException, limit: int = 300) -> str:
+    text = f"{type(e).__name__}: {e}".replace("\n", " ")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _is_int(x: Any, low: int = 0) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= low
+
+
+# -- finding -------------------------------------------------------------------------------------------------------
 def find_checkpoints(output_dir: str | Path) -> list[Path]:
     """Complete checkpoint folders ``output_dir/checkpoints/step_XXXXXXXX`` sorted by step (temporary folders of an
-    interrupted save are ignored)."""
+    interrupted save, and another run's folders kept aside as ``step_X-run-<fingerprint>``, are not listed)."""
     root = Path(output_dir) / "checkpoints"
     if not root.is_dir():
         return []
-    found = []
-    for p in root.iterdir():
-        if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX) and p.name[len(CHECKPOINT_PREFIX) :].isdigit():
-            found.append((int(p.name[len(CHECKPOINT_PREFIX) :]), p))
-    return [p for _, p in sorted(found)]
+    steps = {p: p.name[len(CHECKPOINT_PREFIX) :] for p in root.iterdir() if p.name.startswith(CHECKPOINT_PREFIX)}
+    return sorted((p for p, digits in steps.items() if digits.isdigit() and p.is_dir()), key=lambda p: int(steps[p]))
 
 
 def latest_checkpoint(output_dir: str | Path) -> Path | None:
@@ -66,22 +105,17 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
 
 
 def latest_valid_checkpoint(
-    output_dir: str | Path,
-    note: Callable[[str], None] = print,
-    validate: Callable[[Path], Any] | None = None,
+    output_dir: str | Path, note: Callable[[str], None] = print, validate: Callable[[Path], Any] | None = None
 ) -> Path | None:
     """The newest checkpoint of ``output_dir`` that validates (:func:`validate_checkpoint`, or ``validate``, which
     raises :class:`CheckpointError`). When newer ones are skipped (a missing, truncated or corrupt file, e.g. after a
     crash or a full disk), one line goes to ``note`` naming them, why, and the checkpoint chosen."""
-    check = validate if validate is not None else validate_checkpoint
-    skipped: list[str] = []
-    chosen = None
+    skipped, chosen = [], None
     for ckpt in reversed(find_checkpoints(output_dir)):
         try:
-            check(ckpt)
+            (validate or validate_checkpoint)(ckpt)
         except CheckpointError as e:
-            reason = str(e).replace(f"checkpoint {str(ckpt)!r} ", "").replace(f"checkpoint {str(ckpt)!r}: ", "")
-            skipped.append(f"{ckpt.name} ({reason[:300]})")
+            skipped.append(f"{ckpt.name} ({str(e).removeprefix(f'checkpoint {str(ckpt)!r} ')[:300]})")
             continue
         chosen = ckpt
         break
@@ -91,365 +125,62 @@ def latest_valid_checkpoint(
     return chosen
 
 
-def validate_checkpoint(path: str | Path, num_processes: int | None = None) -> dict[str, Any]:
-    """Check that ``path`` is a complete checkpoint written by :class:`Trainer` and return its trainer state: every
-    file it needs is there and readable, pickled ones with ``weights_only=True`` and checked against a schema
-    (``trainer_state.json`` with its scheduler and sampler state, ``model*.safetensors``, ``optimizer.bin``, one
-    ``random_states_<i>.pkl`` per process; see :mod:`.checkpoint_files`). With ``num_processes``, a checkpoint of
-    another number of processes is refused first.
+# -- writing -------------------------------------------------------------------------------------------------------
+def save_checkpoint(accelerator: Any, output_dir: Path, trainer_state: dict[str, Any], keep: int) -> Path:
+    """Write ``output_dir/checkpoints/step_<global_step>`` (``save_state`` into a temporary folder, then one rename)
+    and delete the oldest checkpoints of this run (those with the ``fingerprint`` of ``trainer_state``) beyond
+    ``keep`` (0 keeps all). A checkpoint of another run at the same step is renamed ``step_<step>-run-<its
+    fingerprint>`` (kept, no longer a resume candidate). Every process must call it.
 
     Raises:
-        CheckpointError: naming the folder and what is missing or unreadable (corrupt JSON, truncated weights).
+        CheckpointSaveError: the write failed (the partial folder is removed; the message says what was kept).
     """
-    path = Path(path)
-    if not path.is_dir():
-        raise CheckpointError(f"checkpoint {str(path)!r} does not exist or is not a folder")
-    state_file = path / TRAINER_STATE
-    if not state_file.is_file():
-        raise CheckpointError(f"checkpoint {str(path)!r} is incomplete: {TRAINER_STATE} is missing")
-    try:
-        state = load_json(state_file, expected=dict, what="checkpoint state")
-    except (OSError, ValueError) as e:
-        raise CheckpointError(
-            f"checkpoint {str(path)!r} is corrupt: {TRAINER_STATE} cannot be read ({type(e).__name__}: {str(e)[:300]})"
-        ) from e
-    required = ("global_step", "epoch", "step_in_epoch", "sampler", "num_processes")
-    if any(k not in state for k in required):
-        raise CheckpointError(f"checkpoint {str(path)!r} is corrupt: {TRAINER_STATE} lacks one of {required}")
-    _check_state_values(path, state)
-    if num_processes is not None:
-        _check_world_size(path, state, num_processes)
-    check_scheduler_state(path, state.get("scheduler"))
-    check_weights_files(path)
-    check_optimizer_file(path, state.get("optimizer_state"), state["global_step"])
-    for index in range(state["num_processes"]):
-        read_rng_states(path, index)
-    return state
-
-
-_STATE_TYPES = {"global_step": (int, 0), "epoch": (int, 0), "step_in_epoch": (int, 0), "num_processes": (int, 1)}
-
-#: TrainingConfig fields that may change between a run and its resumption (they do not change the trained weights).
-RESUMABLE_CHANGES = frozenset(
-    {"output_dir", "stop_after_steps", "num_workers", "log_every", "keep_checkpoints", "checkpoint_every",
-     "eval_every", "eval_batch_size", "k_values", "alpha", "pca_samples", "max_nonfinite_steps"}
-)
-
-
-def _check_state_values(path: Path, state: dict[str, Any]) -> None:
-    where = f"checkpoint {str(path)!r} is corrupt: {TRAINER_STATE} "
-    for key, (kind, low) in _STATE_TYPES.items():
-        value = state[key]
-        if isinstance(value, bool) or not isinstance(value, kind) or value < low:
-            raise CheckpointError(where + f"'{key}' must be an int >= {low}; got {value!r}")
-    if not isinstance(state["sampler"], dict):  # {} where the sampler keeps no state (never null)
-        raise CheckpointError(where + f"'sampler' must be a dict (the sampler state); got {state['sampler']!r}")
-    for key, kind in (("history", list), ("config", dict), ("scheduler", dict), ("fingerprint", str),
-                      ("run_config", dict), ("optimizer_state", list)):  # fmt: skip
-        if key in state and state[key] is not None and not isinstance(state[key], kind):
-            raise CheckpointError(where + f"'{key}' must be a {kind.__name__}; got {type(state[key]).__name__}")
-    indices = state.get("optimizer_state")
-    if indices is not None and (len(set(indices)) != len(indices) or not all(
-            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in indices)):  # fmt: skip
-        raise CheckpointError(where + "'optimizer_state' must list distinct parameter indices (ints >= 0)")
-    _check_sampler_position(where, state)
-    _check_counters(path, where, state)
-    _check_skipped_steps(where, state)
-
-
-def _check_counters(path: Path, where: str, state: dict[str, Any]) -> None:
-    """The counters must agree: ``global_step = epoch · steps_per_epoch + step_in_epoch`` with ``step_in_epoch <
-    steps_per_epoch``, and a ``step_<N>`` folder holds step ``N`` (otherwise later checkpoints would overwrite earlier
-    steps)."""
-    spe = state.get("steps_per_epoch")
-    if spe is not None:
-        if isinstance(spe, bool) or not isinstance(spe, int) or spe < 1:
-            raise CheckpointError(where + f"'steps_per_epoch' must be an int >= 1; got {spe!r}")
-        expected = state["epoch"] * spe + state["step_in_epoch"]
-        if state["step_in_epoch"] >= spe or state["global_step"] != expected:
-            raise CheckpointError(
-                where + f"is inconsistent: 'global_step' is {state['global_step']} but epoch {state['epoch']} x "
-                f"{spe} steps per epoch + step_in_epoch {state['step_in_epoch']} = {expected}"
-            )
-    digits = path.name[len(CHECKPOINT_PREFIX) :]
-    if path.name.startswith(CHECKPOINT_PREFIX) and digits.isdigit() and int(digits) != state["global_step"]:
-        raise CheckpointError(
-            where + f"is inconsistent: the folder {path.name} is step {int(digits)} but 'global_step' is "
-            f"{state['global_step']}"
-        )
-
-
-def _check_skipped_steps(where: str, state: dict[str, Any]) -> None:
-    """The non-finite step counters (:mod:`.nonfinite`): ints with ``0 <= consecutive <= skipped <= global_step``.
-    A checkpoint written before they existed lacks both: its run applied every step, so they are 0."""
-    skipped, consecutive = (state.get(k, 0) for k in ("skipped_nonfinite_steps", "consecutive_nonfinite_steps"))
-    for key, value in (("skipped_nonfinite_steps", skipped), ("consecutive_nonfinite_steps", consecutive)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise CheckpointError(where + f"'{key}' must be an int >= 0; got {value!r}")
-    if not consecutive <= skipped <= state["global_step"]:
-        raise CheckpointError(
-            where + f"is inconsistent: 'consecutive_nonfinite_steps' {consecutive} <= 'skipped_nonfinite_steps' "
-            f"{skipped} <= 'global_step' {state['global_step']} does not hold"
-        )
-
-
-def _check_sampler_position(where: str, state: dict[str, Any]) -> None:
-    """The sampler state must sit where the counters say: its epoch is ``epoch``, its position ``step_in_epoch``."""
-    sampler = state["sampler"]
-    if not sampler:
-        return
-    for key, counter in (("epoch", "epoch"), ("position", "step_in_epoch")):
-        value = sampler.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value != state[counter]:
-            raise CheckpointError(
-                where + f"is inconsistent: 'sampler.{key}' is {value!r} but '{counter}' is {state[counter]!r}"
-            )
-
-
-def check_compatible(
-    path: Path,
-    state: dict[str, Any],
-    num_processes: int,
-    steps_per_epoch: int,
-    total_steps: int | None = None,
-    config: dict[str, Any] | None = None,
-    *,
-    fingerprint: str | None = None,
-    run_config: Mapping[str, Any] | None = None,
-    ignore_config_change: bool = False,
-) -> None:
-    """Raise :class:`CheckpointError` if the checkpoint ``state`` cannot continue this run: other number of processes,
-    other number of steps per epoch, a position beyond this run's end, or another run (other fingerprint; without
-    one, a checkpoint of an older version: every ``TrainingConfig`` field outside :data:`RESUMABLE_CHANGES` must be
-    equal). ``ignore_config_change=True`` lets another configuration through (the structural checks remain)."""
-    if total_steps is not None and state["global_step"] > total_steps:
-        raise CheckpointError(
-            f"checkpoint {str(path)!r} is at step {state['global_step']}, beyond this run's {total_steps} steps"
-        )
-    if state["step_in_epoch"] >= max(steps_per_epoch, 1):
-        raise CheckpointError(
-            f"checkpoint {str(path)!r} has step_in_epoch={state['step_in_epoch']} but an epoch has "
-            f"{steps_per_epoch} steps"
-        )
-    if not ignore_config_change:
-        _check_same_run(path, state, config, fingerprint, run_config)
-    _check_world_size(path, state, num_processes)
-    if state.get("steps_per_epoch", steps_per_epoch) != steps_per_epoch:
-        raise CheckpointError(
-            f"checkpoint {str(path)!r} has {state['steps_per_epoch']} steps per epoch; this run has "
-            f"{steps_per_epoch} (different data, batch size or sampler)"
-        )
-
-
-def _check_world_size(path: Path, state: dict[str, Any], num_processes: int) -> None:
-    if state["num_processes"] != num_processes:
-        raise CheckpointError(
-            f"checkpoint {str(path)!r} was written by {state['num_processes']} processes; this run has "
-            f"{num_processes} (the sampler streams and RNG states are per process)"
-        )
-
-
-def _check_same_run(
-    path: Path,
-    state: dict[str, Any],
-    config: dict[str, Any] | None,
-    fingerprint: str | None,
-    run_config: Mapping[str, Any] | None,
-) -> None:
-    listing = ""
-    if fingerprint is not None and state.get("fingerprint") is not None:
-        if state["fingerprint"] == fingerprint:
-            return
-        listing = config_differences(state.get("run_config") or {}, run_config or {}) or "settings not recorded"
-    elif config is not None and isinstance(state.get("config"), dict):
-        saved = state["config"]
-        fixed = (k for k in config if k not in RESUMABLE_CHANGES and k in saved)
-        listing = ", ".join(f"{k}: {saved[k]!r} -> {config[k]!r}" for k in sorted(fixed) if saved[k] != config[k])
-    if listing:
-        raise CheckpointError(
-            f"checkpoint {str(path)!r} was written by another run, with other hyper-parameters ({listing}); resume "
-            "with the same settings, start a new run in another output_dir, or continue anyway with "
-            "--resume_ignore_config true (Trainer.train(..., ignore_config_change=True))"
-        )
-
-
-def _flatten(config: Mapping[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for section, values in config.items():
-        if isinstance(values, Mapping):
-            prefix = "" if section == "training" else f"{section}."
-            out.update({f"{prefix}{k}": v for k, v in values.items()})
-        else:
-            out[section] = values
-    return out
-
-
-def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> str:
-    """``"lr_head: 0.001 -> 0.005, model.backbone: 'a' -> 'b'"``: the settings that differ between two
-    :func:`~pml_suprank.training.run_folder.run_config` dicts (``TrainingConfig`` fields unprefixed, the other
-    sections as ``section.key``)."""
-    a, b = _flatten(saved), _flatten(current)
-    missing = object()
-    changed = [(k, a.get(k, missing), b.get(k, missing)) for k in sorted(set(a) | set(b))]
-    changed = [(k, x, y) for k, x, y in changed if x != y]
-    return ", ".join(
-        f"{k}: {'(unset)' if x is missing else repr(x)} -> {'(unset)' if y is missing else repr(y)}"
-        for k, x, y in changed
-    )
-
-
-
-_SCHEDULER_KEYS = frozenset({"base_lrs", "last_epoch", "_step_count", "_last_lr", "lr_lambdas", "verbose",
-                             "_get_lr_called_within_step", "_is_initial"})
-
-
-def scheduler_state(scheduler: Any) -> dict[str, Any]:
-    """The JSON form of a ``LambdaLR`` state (stored in ``trainer_state.json``: a scheduler is never pickled).
-
-    Accelerate would store a registered scheduler as ``custom_checkpoint_0.pkl`` and unpickle it without restriction
-    on resume (arbitrary code); a ``LambdaLR`` built by :func:`build_scheduler` holds only numbers (its
-    ``lr_lambdas`` entries are ``None`` for plain functions).
-    """
-    state = scheduler.state_dict()
-    unknown = sorted(set(state) - _SCHEDULER_KEYS)
-    if unknown or any(x is not None for x in state.get("lr_lambdas", [])):
-        raise TypeError(f"only a LambdaLR of plain functions can be checkpointed as JSON; got keys {unknown}")
-    return jsonable(state)
-
-
-def load_scheduler_state(path: Path, scheduler: Any, state: Any) -> None:
-    """Validate the JSON scheduler ``state`` of checkpoint ``path`` and load it into ``scheduler``.
-
-    Raises:
-        CheckpointError: the state is missing (a checkpoint of an older version, which pickled it), has unknown
-            keys, or its values are not finite numbers matching the optimizer's parameter groups.
-    """
-    groups = len(scheduler.base_lrs)
-    check_scheduler_state(path, state, groups)
-    restored = dict(state)
-    restored["lr_lambdas"] = [None] * groups
-    scheduler.load_state_dict(restored)
-
-
-def check_scheduler_state(path: Path, state: Any, groups: int | None = None) -> None:
-    """Validate the JSON scheduler ``state`` of checkpoint ``path`` (``groups``: the optimizer's parameter groups, when
-    known; otherwise the lists must only agree with each other).
-
-    Raises:
-        CheckpointError: the state is missing (a checkpoint of an older version, which pickled it), has unknown
-            keys, or its values are not finite numbers matching the parameter groups.
-    """
-    where = f"checkpoint {str(path)!r}: {TRAINER_STATE} "
-    if state is None:
-        raise CheckpointError(
-            where + "has no 'scheduler' entry (written by an older pml-suprank that pickled the scheduler into "
-            "custom_checkpoint_0.pkl; pickles are never loaded): start a new run or resume with that version"
-        )
-    if not isinstance(state, dict) or set(state) - _SCHEDULER_KEYS:
-        raise CheckpointError(where + f"'scheduler' must be a LambdaLR state with keys in {sorted(_SCHEDULER_KEYS)}")
-    if groups is None:
-        base = state.get("base_lrs")
-        groups = len(base) if isinstance(base, list) and base else -1
-    for key in ("base_lrs", "_last_lr"):
-        values = state.get(key)
-        if not (isinstance(values, list) and len(values) == groups and all(_finite(v) for v in values)):
-            shown = values if not isinstance(values, list) or len(values) <= 8 else f"{len(values)} values"
-            raise CheckpointError(where + f"'scheduler.{key}' must be {groups} finite numbers; got {shown!r}")
-    for key in ("last_epoch", "_step_count"):
-        value = state.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < -1:
-            raise CheckpointError(where + f"'scheduler.{key}' must be an int >= -1; got {value!r}")
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def save_checkpoint_atomically(
-    accelerator: Any,
-    output_dir: Path,
-    step: int,
-    trainer_state: dict[str, Any],
-    keep: int,
-    fingerprint: str | None = None,
-) -> Path:
-    """Write ``output_dir/checkpoints/step_<step>`` (``save_state`` into a temporary folder, then one rename) and
-    delete the oldest checkpoints of this run (those whose ``trainer_state.json`` has ``fingerprint``; all when it
-    is ``None``) beyond ``keep`` (0 keeps all). A checkpoint of another run at the same step is renamed
-    ``step_<step>-run-<its fingerprint>`` (kept, no longer a resume candidate). Every process must call it."""
-    acc = accelerator
-    root = Path(output_dir) / "checkpoints"
-    name = f"{CHECKPOINT_PREFIX}{step:08d}"
+    acc, root, fingerprint = accelerator, Path(output_dir) / "checkpoints", trainer_state["fingerprint"]
+    name = f"{CHECKPOINT_PREFIX}{trainer_state['global_step']:08d}"
     final, tmp = root / name, root / f".tmp-{name}"
     if acc.is_main_process:
         root.mkdir(parents=True, exist_ok=True)
-        if tmp.exists():
-            shutil.rmtree(tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
     acc.wait_for_everyone()
     try:
         acc.save_state(str(tmp), safe_serialization=True)
+        acc.wait_for_everyone()
         if acc.is_main_process:
             (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=1))
-    except _WRITE_ERRORS as e:
+            if final.exists():
+                owner = recorded_fingerprint(final / TRAINER_STATE)
+                if owner not in (None, fingerprint):  # another run's: kept aside
+                    final.rename(root / f"{name}-run-{owner[:12]}")
+                else:
+                    shutil.rmtree(final)
+            tmp.rename(final)
+    except (OSError, RuntimeError, SafetensorError) as e:  # a full disk: "RuntimeError: ... unexpected pos"
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointSaveError(_save_failure(root, name, tmp, e)) from e
-    acc.wait_for_everyone()
-    if acc.is_main_process:
-        try:
-            _put_in_place(root, name, fingerprint)
-        except OSError as e:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise CheckpointSaveError(_save_failure(root, name, tmp, e)) from e
-        if keep > 0:
-            for old in _run_checkpoints(output_dir, fingerprint)[:-keep]:
-                shutil.rmtree(old, ignore_errors=True)
+    if acc.is_main_process and keep > 0:
+        ours = [c for c in find_checkpoints(output_dir) if recorded_fingerprint(c / TRAINER_STATE) == fingerprint]
+        for old in ours[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
     acc.wait_for_everyone()
     return final
 
 
-def _put_in_place(root: Path, name: str, fingerprint: str | None) -> None:
-    """Rename the written ``root/.tmp-<name>`` to ``root/<name>``. A checkpoint already there is replaced, unless it
-    belongs to another run (other fingerprint): that one is renamed ``<name>-run-<its fingerprint>`` and kept (one
-    whose ``trainer_state.json`` cannot be read is replaced: it can never be resumed)."""
-    final, tmp = root / name, root / f".tmp-{name}"
-    if final.exists():
-        owner = _owner(final)
-        if fingerprint is not None and owner is not None and owner != fingerprint:  # another run's: kept aside
-            final.rename(root / f"{name}-run-{owner[:12]}")
-        else:
-            shutil.rmtree(final)
-    tmp.rename(final)
-
-
-def _write_errors() -> tuple[type[BaseException], ...]:
-    """What a failed checkpoint write raises: ``OSError``; ``RuntimeError`` (a full disk surfaces from
-    ``torch.save`` as "RuntimeError: ... unexpected pos"); safetensors' ``SafetensorError`` (its writer's I/O
-    errors, e.g. "IoError(Os { code: 28, kind: StorageFull ... })")."""
+def recorded_fingerprint(file: Path, key: str = "fingerprint") -> str | None:
+    """The string ``key`` of the JSON file ``file`` (``None`` if unreadable or absent): the run fingerprint a run of
+    ours records in ``trainer_state.json``, ``run.json`` and ``final/training_summary.json`` (``run_fingerprint``)."""
     try:
-        from safetensors import SafetensorError
-    except ImportError:
-        try:  # an older safetensors: its error is exported from the Rust extension only
-            from safetensors.safetensors_rust import SafetensorError
-        except ImportError:  # no safetensors (the core install): nothing of it can fail
-            return (OSError, RuntimeError)
-    return (OSError, RuntimeError, SafetensorError)
-
-
-_WRITE_ERRORS = _write_errors()
-
-
-class CheckpointSaveError(OSError):
-    """A checkpoint could not be written (full disk, read-only or unwritable folder); the message names the folder,
-    the cause and what was kept."""
+        value = load_json(file, expected=dict).get(key)
+    except (OSError, ValueError):  # missing, corrupt, too deep: a bad file must not stop a save
+        return None
+    return value if isinstance(value, str) else None
 
 
 def _save_failure(root: Path, name: str, tmp: Path, error: BaseException) -> str:
-    """The message of a failed checkpoint save: path, cause (disk full / read-only when the error or the free space
-    says so), and what was kept."""
+    """The message of a failed save: the path, the cause (the error's errno — safetensors writes it into its
+    message as ``Os { code: 28, ...`` — or the free space), and what was kept."""
     code = getattr(error, "errno", None)
-    if code is None:  # safetensors reports the OS error in its message: "Os { code: 28, kind: StorageFull, ..."
-        found = re.search(r"\bcode: (\d+)", str(error))
-        code = int(found.group(1)) if found else None
+    if code is None and (found := re.search(r"\bcode: (\d+)", str(error))):
+        code = int(found.group(1))
     try:
         free = shutil.disk_usage(root).free
     except OSError:
@@ -461,48 +192,404 @@ def _save_failure(root: Path, name: str, tmp: Path, error: BaseException) -> str
     else:
         cause = "the write failed" + (f" ({free / 2**30:.1f} GiB free on that disk)" if free is not None else "")
     kept = [p.name for p in find_checkpoints(root.parent)]
+    kept_text = "no earlier checkpoint exists"
     if kept:
         older = f" and {len(kept) - 3} older" if len(kept) > 3 else ""
-        kept_text = (f"the previous checkpoints are kept unchanged ({', '.join(kept[-3:])}{older}; --resume latest "
-                     f"continues from {kept[-1]})")  # fmt: skip
-    else:
-        kept_text = "no earlier checkpoint exists"
-    detail = f"{type(error).__name__}: {error}".replace("\n", " ")[:300]
+        kept_text = (
+            f"the previous checkpoints are kept unchanged ({', '.join(kept[-3:])}{older}; --resume latest "
+            f"continues from {kept[-1]})"
+        )
     return (
-        f"cannot write checkpoint {name} into {str(tmp)!r}: {cause} ({detail}); the partial folder was removed and "
-        f"{kept_text}; free space or choose another --output_dir"
+        f"cannot write checkpoint {name} into {str(tmp)!r}: {cause} ({_short(error)}); the partial folder was "
+        f"removed and {kept_text}; free space or choose another --output_dir"
     )
 
 
-def _run_checkpoints(output_dir: Path, fingerprint: str | None) -> list[Path]:
-    """The checkpoints of ``output_dir`` written by the run ``fingerprint`` (all of them when ``None``)."""
-    if fingerprint is None:
-        return find_checkpoints(output_dir)
-    return [ckpt for ckpt in find_checkpoints(output_dir) if _owner(ckpt) == fingerprint]
-
-
-def _owner(ckpt: Path) -> str | None:
-    """The run fingerprint in ``ckpt/trainer_state.json`` (``None`` if unreadable or absent)."""
-    try:
-        state = load_json(ckpt / TRAINER_STATE, what="checkpoint state")
-    except (OSError, ValueError):  # missing, unreadable, corrupt, too deep (a bad checkpoint must not stop a save)
-        return None
-    owner = state.get("fingerprint") if isinstance(state, dict) else None
-    return owner if isinstance(owner, str) else None
-
-
 def jsonable(x: Any) -> Any:
-    """``x`` with tensors, numpy values and paths turned into JSON values (recursively)."""
+    """``x`` with tensors, NumPy values and paths turned into JSON values (recursively)."""
     if isinstance(x, dict):
         return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
         return [jsonable(v) for v in x]
     if isinstance(x, Tensor):
         return x.item() if x.numel() == 1 else x.tolist()
-    if isinstance(x, np.generic):
-        return x.item()
-    if isinstance(x, np.ndarray):
+    if isinstance(x, (np.ndarray, np.generic)):
         return x.tolist()
-    if isinstance(x, Path):
-        return str(x)
-    return x
+    return str(x) if isinstance(x, Path) else x
+
+
+# -- the scheduler, as JSON ----------------------------------------------------------------------------------------
+_SCHEDULER_KEYS = frozenset(
+    {
+        "base_lrs",
+        "last_epoch",
+        "_step_count",
+        "_last_lr",
+        "lr_lambdas",
+        "verbose",
+        "_get_lr_called_within_step",
+        "_is_initial",
+    }
+)
+
+
+def scheduler_state(scheduler: Any) -> dict[str, Any]:
+    """The JSON form of the state of a ``LambdaLR`` of plain functions (its ``lr_lambdas`` entries are ``None``)."""
+    state = scheduler.state_dict()
+    if set(state) - _SCHEDULER_KEYS or any(x is not None for x in state.get("lr_lambdas", [])):
+        raise TypeError(f"only a LambdaLR of plain functions can be checkpointed as JSON; got keys {sorted(state)}")
+    return jsonable(state)
+
+
+def load_scheduler_state(scheduler: Any, state: dict[str, Any]) -> None:
+    """Load a validated JSON ``state`` (:func:`validate_checkpoint`, :func:`check_fits`) into ``scheduler``."""
+    scheduler.load_state_dict({**state, "lr_lambdas": [None] * len(scheduler.base_lrs)})
+
+
+def _check_scheduler(path: Path, state: Any) -> None:
+    where = f"{TRAINER_STATE} 'scheduler"
+    if state is None:
+        raise _refuse(
+            path,
+            f"{TRAINER_STATE} has no 'scheduler' entry (written by an older pml-suprank that pickled "
+            "the scheduler; pickles are never loaded): start a new run or resume with that version",
+        )
+    if not isinstance(state, dict) or set(state) - _SCHEDULER_KEYS:
+        raise _refuse(path, f"{where}' must be a LambdaLR state with keys in {sorted(_SCHEDULER_KEYS)}")
+    base = state.get("base_lrs")
+    for key in ("base_lrs", "_last_lr"):
+        values = state.get(key)
+        ok = isinstance(values, list) and isinstance(base, list) and len(values) == len(base) > 0
+        if not (
+            ok and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)
+        ):
+            raise _refuse(path, f"{where}.{key}' must be one finite number per parameter group; got {str(values)[:80]}")
+    for key in ("last_epoch", "_step_count"):
+        if not _is_int(state.get(key), -1):
+            raise _refuse(path, f"{where}.{key}' must be an int >= -1; got {state.get(key)!r}")
+
+
+# -- reading -------------------------------------------------------------------------------------------------------
+_COUNTERS = {
+    "global_step": 0,
+    "epoch": 0,
+    "step_in_epoch": 0,
+    "num_processes": 1,
+    "steps_per_epoch": 1,
+    "total_steps": 0,
+    "skipped_nonfinite_steps": 0,
+    "consecutive_nonfinite_steps": 0,
+}
+_TYPES = {"sampler": dict, "fingerprint": str, "run_config": dict, "history": list, "optimizer_state": list}
+_RNG_KEYS = frozenset(
+    {"step", "random_state", "numpy_random_seed", "torch_manual_seed", "xm_seed"}
+    | {f"torch_{d}_manual_seed" for d in ("cuda", "xpu", "mlu", "sdaa", "musa", "hpu", "neuron")}
+)
+
+
+def validate_checkpoint(path: str | Path, num_processes: int | None = None) -> dict[str, Any]:
+    """Check that ``path`` is a complete checkpoint written by :class:`~pml_suprank.training.Trainer` and return its
+    trainer state: ``trainer_state.json`` type- and range-checked, its counters consistent (``global_step = epoch ·
+    steps_per_epoch + step_in_epoch``, the folder's step, the sampler position, the skipped-step counters), its
+    scheduler state; ``model*.safetensors`` readable; ``optimizer.bin`` an optimizer state with per-parameter state for
+    exactly the parameters ``trainer_state.json`` lists; one ``random_states_<i>.pkl`` per process whose states load
+    into fresh generators. With ``num_processes``, a checkpoint of another number of processes is refused first.
+
+    Raises:
+        CheckpointError: naming the folder, the file and what is missing, unreadable or inconsistent.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise _refuse(path, "does not exist or is not a folder")
+    if not (path / TRAINER_STATE).is_file():
+        raise _refuse(path, f"is incomplete: {TRAINER_STATE} is missing")
+    if planted := sorted(p.name for p in path.glob("custom_checkpoint_*")):
+        raise _refuse(path, f"holds {planted} (Accelerate would unpickle them with code execution): not loaded")
+    try:
+        state = load_json(path / TRAINER_STATE, expected=dict, what="checkpoint state")
+    except (OSError, ValueError) as e:
+        raise _refuse(path, f"is corrupt: {TRAINER_STATE} cannot be read ({_short(e)})") from e
+    _check_trainer_state(path, state)
+    if num_processes is not None and state["num_processes"] != num_processes:
+        raise _refuse(
+            path,
+            f"was written by {state['num_processes']} processes; this run has {num_processes} (the "
+            "sampler streams and RNG states are per process)",
+        )
+    _check_scheduler(path, state.get("scheduler"))
+    _weights_layout(path)
+    _check_optimizer_file(path, _load_tensors(path, OPTIMIZER_FILE), state.get("optimizer_state"), state["global_step"])
+    for index in range(state["num_processes"]):
+        _check_rng_states(path, f"random_states_{index}.pkl")
+    return state
+
+
+def _check_trainer_state(path: Path, state: dict[str, Any]) -> None:
+    bad = f"is corrupt: {TRAINER_STATE} "
+    required = ("global_step", "epoch", "step_in_epoch", "steps_per_epoch", "num_processes", "sampler", "fingerprint")
+    required += ("run_config",)
+    if missing := [k for k in required if k not in state]:
+        raise _refuse(path, bad + f"lacks {missing} (a checkpoint of an older version, or damaged)")
+    for key, low in _COUNTERS.items():
+        if key in state and not _is_int(state[key], low):
+            raise _refuse(path, bad + f"'{key}' must be an int >= {low}; got {state[key]!r}")
+    for key, kind in _TYPES.items():
+        if key in state and not isinstance(state[key], kind) and (key in required or state[key] is not None):
+            raise _refuse(path, bad + f"'{key}' must be a {kind.__name__}; got {type(state[key]).__name__}")
+    step, epoch, pos, spe = (state.get(k) for k in ("global_step", "epoch", "step_in_epoch", "steps_per_epoch"))
+    bad += "is inconsistent: "
+    for key, counter in (("epoch", "epoch"), ("position", "step_in_epoch")) if state["sampler"] else ():
+        value = state["sampler"].get(key)
+        if not _is_int(value) or value != state[counter]:
+            raise _refuse(path, bad + f"'sampler.{key}' is {value!r} but '{counter}' is {state[counter]!r}")
+    if pos >= spe or step != epoch * spe + pos:
+        raise _refuse(
+            path,
+            bad + f"'global_step' is {step} but epoch {epoch} x {spe} steps per epoch + step_in_epoch "
+            f"{pos} = {epoch * spe + pos}",
+        )
+    digits = path.name.removeprefix(CHECKPOINT_PREFIX)
+    if digits.isdigit() and int(digits) != step:
+        raise _refuse(path, bad + f"the folder {path.name} is step {int(digits)} but 'global_step' is {step}")
+    skipped, row = state.get("skipped_nonfinite_steps", 0), state.get("consecutive_nonfinite_steps", 0)
+    if not row <= skipped <= step:
+        raise _refuse(
+            path,
+            bad + f"'consecutive_nonfinite_steps' {row} <= 'skipped_nonfinite_steps' {skipped} <= "
+            f"'global_step' {step} does not hold",
+        )
+    indices = state.get("optimizer_state")
+    if indices is not None and (len(set(indices)) != len(indices) or not all(_is_int(i) for i in indices)):
+        raise _refuse(path, bad + "'optimizer_state' must list distinct parameter indices (ints >= 0)")
+
+
+def _load_tensors(path: Path, name: str) -> Any:
+    """``torch.load(path/name, weights_only=True)`` with NumPy arrays allowed (the RNG states): nothing else is
+    unpickled; a missing, truncated or foreign file is refused."""
+    if not (path / name).is_file():
+        raise _refuse(path, f"is incomplete: {name} is missing")
+    core = np._core if hasattr(np, "_core") else np.core  # numpy >= 2 renamed its core package
+    allowed = [core.multiarray._reconstruct, np.ndarray, np.dtype, codecs.encode]
+    allowed += [np.dtypes.UInt32DType] if hasattr(np, "dtypes") else []
+    try:
+        with torch.serialization.safe_globals(allowed):
+            return torch.load(path / name, map_location="cpu", weights_only=True)
+    except Exception as e:  # truncated zip, garbage, a pickle of anything but tensors: all refused
+        raise _refuse(path, f"is corrupt: cannot read {name} ({_short(e)})") from e
+
+
+def _check_rng_states(path: Path, name: str) -> None:
+    """Each RNG state of ``name`` loads into a fresh generator of its kind (so ``load_state`` restores them all); CUDA
+    states are present exactly when CUDA is, one per visible device."""
+    states = _load_tensors(path, name)
+    bad = f"is corrupt: {name} "
+    if not isinstance(states, dict) or set(states) - _RNG_KEYS:
+        keys = sorted(map(str, states)) if isinstance(states, dict) else type(states).__name__
+        raise _refuse(path, bad + f"must be a dict with keys in {sorted(_RNG_KEYS)}; got {keys}")
+    trials = {
+        "random_state": random.Random().setstate,
+        "numpy_random_seed": np.random.RandomState().set_state,
+        "torch_manual_seed": torch.Generator().set_state,
+    }
+    if missing := [k for k in ("step", *trials) if k not in states]:
+        raise _refuse(path, bad + f"lacks {missing[0]!r}")
+    if not _is_int(states["step"]):
+        raise _refuse(path, bad + f"'step' must be an int >= 0; got {states['step']!r}")
+    for key, trial in trials.items():
+        try:
+            trial(states[key])
+        except Exception as e:
+            raise _refuse(path, bad + f"'{key}' is not a state of that generator ({_short(e, 120)})") from e
+    cuda, count = states.get("torch_cuda_manual_seed"), torch.cuda.device_count() if torch.cuda.is_available() else 0
+    tensors = isinstance(cuda, (list, tuple)) and all(isinstance(t, Tensor) and t.dtype == torch.uint8 for t in cuda)
+    if (cuda is not None or count) and not (tensors and len(cuda) == count):
+        raise _refuse(
+            path, bad + f"'torch_cuda_manual_seed' must be {count} uint8 tensors (one per visible CUDA device)"
+        )
+
+
+def _weights_layout(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """``{name: (shape, safetensors dtype)}`` of the ``model*.safetensors`` files of ``path`` (opening each checks its
+    header and that it holds every tensor's bytes)."""
+    from safetensors import safe_open
+
+    files = sorted(path.glob("model*.safetensors"))
+    if not files:
+        raise _refuse(path, "is incomplete: no model weights (model.safetensors)")
+    out = {}
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for key in f.keys():  # noqa: SIM118 - safe_open has no __iter__
+                    view = f.get_slice(key)
+                    out[key] = (tuple(view.get_shape()), view.get_dtype())
+        except Exception as e:
+            raise _refuse(path, f"is corrupt: cannot read {file.name} ({_short(e)})") from e
+    return out
+
+
+def _check_optimizer_file(path: Path, state: Any, with_state: list[int] | None, step: int) -> None:
+    """``optimizer.bin`` is an optimizer ``state_dict`` whose per-parameter state covers exactly ``with_state`` (the
+    indices ``trainer_state.json`` recorded) or, where not recorded, some parameter after a step: otherwise Adam's
+    moments (SGD's momentum) would silently restart at zero."""
+    bad = f"is corrupt: {OPTIMIZER_FILE} "
+    if not isinstance(state, dict) or set(state) != {"state", "param_groups"}:
+        raise _refuse(path, bad + "must be an optimizer state_dict with keys 'state' and 'param_groups'")
+    groups = state["param_groups"]
+    ids = (
+        [i for g in groups for i in g["params"]]
+        if isinstance(groups, list) and all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups)
+        else None
+    )
+    if ids is None or not all(_is_int(i) for i in ids) or len(set(ids)) != len(ids):
+        raise _refuse(path, bad + "'param_groups' must be dicts listing distinct parameter indices (ints >= 0)")
+    per_param = state["state"]
+    if (
+        not isinstance(per_param, dict)
+        or not set(per_param) <= set(ids)
+        or not all(isinstance(e, dict) and e and all(isinstance(k, str) for k in e) for e in per_param.values())
+    ):
+        raise _refuse(path, bad + "'state' must map parameter indices listed in 'param_groups' to their state")
+    if with_state is not None and set(per_param) != set(with_state):
+        lost, extra = sorted(set(with_state) - set(per_param)), sorted(set(per_param) - set(with_state))
+        raise _refuse(
+            path,
+            bad + f"holds state for {len(per_param)} parameters but {TRAINER_STATE} 'optimizer_state' "
+            f"lists {len(with_state)} (missing {lost[:8]}, unexpected {extra[:8]}): the optimizer would "
+            "restart their moments at zero",
+        )
+    if with_state is None and step > 0 and not per_param:
+        raise _refuse(
+            path, bad + f"holds no per-parameter state at step {step}: the optimizer would restart its moments at zero"
+        )
+
+
+def optimizer_state_indices(optimizer: Any) -> list[int]:
+    """The indices (as in ``optimizer.state_dict()``) of the parameters that have optimizer state (e.g. Adam's
+    moments): recorded in ``trainer_state.json`` so that a resume requires exactly these in ``optimizer.bin``."""
+    params = (p for g in optimizer.param_groups for p in g["params"])
+    return [i for i, p in enumerate(params) if optimizer.state.get(p)]
+
+
+# -- fitting what is resumed ---------------------------------------------------------------------------------------
+def check_fits(path: Path, state: dict[str, Any], module: Any, optimizer: Any, sampler: Any) -> dict[str, Any]:
+    """Check, before anything is loaded, that the validated checkpoint ``path`` (trainer ``state``) fits what is
+    resumed: the weights' names, shapes and dtypes those of ``module`` (the LossModule), the optimizer state the
+    groups of ``optimizer`` with the keys, dtypes and shapes its class keeps per parameter, the scheduler state one
+    entry per group, and the sampler state loads into a copy of ``sampler`` (a sampler without state resumes only at
+    the end of an epoch). Returns ``state``.
+
+    Raises:
+        CheckpointError: naming the checkpoint, the file and the first mismatch.
+    """
+    saved = _weights_layout(path)
+    current = {
+        k: (tuple(v.shape), _SAFETENSORS_DTYPES.get(v.dtype, str(v.dtype))) for k, v in module.state_dict().items()
+    }
+    if saved.keys() != current.keys():
+        extra, missing = sorted(saved.keys() - current.keys()), sorted(current.keys() - saved.keys())
+        raise _refuse(
+            path, f"model.safetensors does not fit this model (unexpected {extra[:5]}, missing {missing[:5]})"
+        )
+    for k, v in current.items():
+        if saved[k] != v:
+            raise _refuse(path, f"model.safetensors has {k!r} of shape/dtype {saved[k]}; this model {v}")
+    _check_optimizer_fits(path, _load_tensors(path, OPTIMIZER_FILE), getattr(optimizer, "optimizer", optimizer))
+    if len(state["scheduler"]["base_lrs"]) != len(optimizer.param_groups):
+        raise _refuse(
+            path,
+            f"{TRAINER_STATE} 'scheduler.base_lrs' has {len(state['scheduler']['base_lrs'])} entries; "
+            f"this optimizer has {len(optimizer.param_groups)} parameter groups",
+        )
+    if not hasattr(sampler, "load_state_dict"):
+        if state["step_in_epoch"] > 0:
+            raise _refuse(
+                path,
+                f"is inside an epoch (step_in_epoch={state['step_in_epoch']}) but this run's sampler "
+                f"({type(sampler).__name__}) has no state_dict() / load_state_dict(): the resumed run would train "
+                "on other batches; resume from the end of an epoch (checkpoint_every=0 writes one per epoch)",
+            )
+        return state
+    if not state["sampler"]:
+        raise _refuse(
+            path,
+            f"{TRAINER_STATE} has no sampler state ('sampler' is {state['sampler']!r}) but this run's "
+            f"sampler ({type(sampler).__name__}) keeps one: it would restart at epoch 0 and the resumed run "
+            "would train on other batches",
+        )
+    try:
+        copy.deepcopy(sampler).load_state_dict(state["sampler"])
+    except ValueError as e:
+        raise _refuse(path, f"{TRAINER_STATE} 'sampler': {e}") from e
+    return state
+
+
+_SAFETENSORS_DTYPES = dict(
+    zip(
+        (
+            torch.float32,
+            torch.float16,
+            torch.bfloat16,
+            torch.float64,
+            torch.int64,
+            torch.int32,
+            torch.int16,
+            torch.int8,
+        ),
+        ("F32", "F16", "BF16", "F64", "I64", "I32", "I16", "I8"),
+        strict=True,
+    )
+) | {torch.uint8: "U8", torch.bool: "BOOL"}
+
+
+def _check_optimizer_fits(path: Path, saved: dict[str, Any], optimizer: Any) -> None:
+    """The groups of ``saved`` (validated by :func:`_check_optimizer_file`) have the sizes of ``optimizer``'s, and each
+    parameter's state the keys and tensor dtypes its class keeps (found by one step of a fresh optimizer of that class
+    on a 2-element parameter of the group's dtype and hyper-parameters) and the parameter's shape."""
+    sizes, mine = [len(g["params"]) for g in saved["param_groups"]], [len(g["params"]) for g in optimizer.param_groups]
+    if sizes != mine:
+        raise _refuse(path, f"{OPTIMIZER_FILE} has parameter groups of sizes {sizes}; this optimizer {mine}")
+    where = {
+        i: (g, p)
+        for sg, g in zip(saved["param_groups"], optimizer.param_groups, strict=True)
+        for i, p in zip(sg["params"], g["params"], strict=True)
+    }
+    layouts: dict[int, dict[str, Any] | None] = {}
+    for i, entry in saved["state"].items():
+        group, param = where[i]
+        if id(group) not in layouts:
+            layouts[id(group)] = _state_layout(optimizer, group)
+        layout = layouts[id(group)]
+        if layout is not None and set(entry) != set(layout):
+            raise _refuse(
+                path,
+                f"{OPTIMIZER_FILE} 'state[{i}]' has keys {sorted(entry)}; this optimizer "
+                f"({type(optimizer).__name__}) keeps {sorted(layout)} for every parameter it updates",
+            )
+        for name, value in entry.items():
+            dtype = (layout or {}).get(name)
+            if dtype is not None and not (isinstance(value, Tensor) and value.dtype == dtype):
+                got = f"Tensor of dtype {value.dtype}" if isinstance(value, Tensor) else type(value).__name__
+                raise _refuse(
+                    path, f"{OPTIMIZER_FILE} 'state[{i}][{name!r}]' must be a tensor of dtype {dtype}; got {got}"
+                )
+            if isinstance(value, Tensor) and value.dim() > 0 and value.shape != param.shape:
+                raise _refuse(
+                    path,
+                    f"{OPTIMIZER_FILE} 'state[{i}][{name!r}]' has shape {tuple(value.shape)}; the "
+                    f"parameter has {tuple(param.shape)}",
+                )
+
+
+def _state_layout(optimizer: Any, group: dict[str, Any]) -> dict[str, torch.dtype | None] | None:
+    """``{state key: tensor dtype, or None for a number}`` that ``optimizer``'s class keeps per parameter of
+    ``group``; ``None`` when a fresh optimizer of that class cannot be stepped this way (then not checked)."""
+    ref = group["params"][0]
+    try:
+        probe = torch.zeros(2, dtype=ref.dtype, device=ref.device, requires_grad=True)
+        fresh = type(optimizer)([{**{k: v for k, v in group.items() if k != "params"}, "params": [probe]}])
+        probe.grad = torch.zeros_like(probe)
+        fresh.step()
+    except Exception:  # noqa: BLE001 - an optimizer class that cannot be probed: its keys are not checked
+        return None
+    return {k: (v.dtype if isinstance(v, Tensor) else None) for k, v in fresh.state[probe].items()}

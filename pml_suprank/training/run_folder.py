@@ -1,17 +1,14 @@
-"""Run identity and ownership of an output folder: the run fingerprint, ``run.json`` and the lock file.
+"""Run identity and ownership of an output folder: the run fingerprint, ``run.json``, the lock, the claim.
 
-* **Fingerprint** — a SHA-256 of the resolved configuration of a run: every :class:`TrainingConfig` field except
-  those that may change on resume (:data:`~pml_suprank.training.checkpoint.RESUMABLE_CHANGES`; the seed is a
-  ``TrainingConfig`` field, so it is included) plus the model / data / loss options the caller resolved
-  (``run_options``). Two runs with the same fingerprint train the same weights.
-* **run.json** — ``output_dir/run.json``, written atomically when a run starts: fingerprint, seed, the resolved
-  configuration (to list what differs), pid, host and time. Checkpoints carry the same fingerprint.
-* **Lock** — an OS file lock (:class:`filelock.FileLock` on ``output_dir/.run.lock.flock``: released by the operating
-  system when its process dies, even by SIGKILL) plus ``output_dir/run.lock``, which holds the pid and host of the run
-  that owns the folder (named when a second run is refused). A record left by a dead process of this host (or by a
-  process whose pid was reused since) is taken over with a note; one of another host cannot be checked and is refused.
-* **Stale temporaries** — once the lock is held, what interrupted runs of *this* folder left behind (a partial
-  ``checkpoints/.tmp-step_*`` or ``.tmp-final-<pid>`` folder, a ``.run.json.<pid>.tmp`` file) is removed, with a note.
+* **Fingerprint** — a SHA-256 of the resolved configuration of a run (:func:`run_config`): every
+  :class:`TrainingConfig` field except :data:`RESUMABLE_CHANGES` (the seed is included) plus the model / data / loss
+  options the caller resolved. Two runs with the same fingerprint train the same weights; a checkpoint continues only
+  its own run (:func:`check_compatible`, which names the settings that differ).
+* **run.json** — written atomically when a run starts: fingerprint, seed, the resolved configuration, pid, host, time.
+* **Lock** — an OS file lock (:class:`filelock.FileLock` on ``.run.lock.flock``, released by the operating system when
+  its process dies, even by SIGKILL) plus the record ``run.lock`` naming the holder (pid, host, start time).
+* **Claim** — a new run into a folder holding a previous run is refused, or with ``--overwrite_output_dir`` the
+  previous run is deleted: only what a run of ours wrote, never a user's file.
 """
 
 from __future__ import annotations
@@ -29,41 +26,57 @@ from typing import Any
 
 from .._safe_json import load_json
 from .checkpoint import (
-    RESUMABLE_CHANGES,
     CheckpointError,
     CheckpointSaveError,
-    config_differences,
     find_checkpoints,
     jsonable,
+    recorded_fingerprint,
 )
 
 __all__ = [
     "LOCK_FILE",
+    "OS_LOCK_FILE",
+    "RESUMABLE_CHANGES",
     "RUN_FILE",
     "RUN_FOLDER_ERRORS",
     "OutputDirError",
     "RunLock",
     "RunLockError",
+    "check_compatible",
     "check_outside_inputs",
     "claim_output_dir",
-    "leave_process_group",
     "config_differences",
-    "OS_LOCK_FILE",
+    "leave_process_group",
     "on_main_process",
     "prepare_output_dir",
-    "previous_run_artifacts",
     "refusal_message",
-    "remove_previous_run",
     "remove_stale_temporaries",
     "run_config",
     "run_fingerprint",
-    "write_json_atomically",
     "write_run_file",
 ]
 
 RUN_FILE = "run.json"
 LOCK_FILE = "run.lock"
 OS_LOCK_FILE = ".run.lock.flock"  #: the file :class:`filelock.FileLock` locks (kept: deleting it would race)
+
+#: TrainingConfig fields that may change between a run and its resumption (they do not change the trained weights).
+RESUMABLE_CHANGES = frozenset(
+    {
+        "output_dir",
+        "stop_after_steps",
+        "num_workers",
+        "log_every",
+        "keep_checkpoints",
+        "checkpoint_every",
+        "eval_every",
+        "eval_batch_size",
+        "k_values",
+        "alpha",
+        "pca_samples",
+        "max_nonfinite_steps",
+    }
+)
 
 
 class OutputDirError(ValueError):
@@ -80,14 +93,15 @@ RUN_FOLDER_ERRORS = (CheckpointError, CheckpointSaveError, OutputDirError, RunLo
 
 
 def refusal_message(error: BaseException, resume: Any = None) -> str:
-    """The line a command line prints for one of :data:`RUN_FOLDER_ERRORS`: its message, led by the flag to change
-    (``--resume <value>: ...`` for a checkpoint refused while resuming) where it does not name one first."""
+    """The line a command line prints for one of :data:`RUN_FOLDER_ERRORS`: its message, led by ``--resume <value>:``
+    for a checkpoint refused while resuming (unless it names a flag first)."""
     text = str(error)
     if isinstance(error, CheckpointError) and resume is not None and not text.startswith("--"):
         text = f"--resume {resume}: {text}"
     return text
 
 
+# -- identity ------------------------------------------------------------------------------------------------------
 def run_config(training: Mapping[str, Any], run_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The resolved configuration that identifies a run: ``{"training": {...}, **run_options}``.
 
@@ -99,14 +113,68 @@ def run_config(training: Mapping[str, Any], run_options: Mapping[str, Any] | Non
     extra = dict(run_options or {})
     if "training" in extra:
         raise ValueError("run_options must not have a 'training' key (the TrainingConfig fields go there)")
-    kept = {k: v for k, v in training.items() if k not in RESUMABLE_CHANGES}
-    return jsonable({"training": kept, **extra})
+    return jsonable({"training": {k: v for k, v in training.items() if k not in RESUMABLE_CHANGES}, **extra})
 
 
 def run_fingerprint(config: Mapping[str, Any]) -> str:
     """SHA-256 (hex) of the canonical JSON of a :func:`run_config` dict."""
     text = json.dumps(jsonable(dict(config)), sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> str:
+    """``"lr_head: 0.001 -> 0.005, model.backbone: 'a' -> 'b'"``: the settings that differ between two
+    :func:`run_config` dicts (``TrainingConfig`` fields unprefixed, the other sections as ``section.key``)."""
+
+    def flat(config: Mapping[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for section, values in config.items():
+            prefix = "" if section == "training" else f"{section}."
+            out.update(
+                {f"{prefix}{k}": v for k, v in values.items()} if isinstance(values, Mapping) else {section: values}
+            )
+        return out
+
+    a, b, unset = flat(saved), flat(current), object()
+    shown = [
+        (k, a.get(k, unset), b.get(k, unset)) for k in sorted(set(a) | set(b)) if a.get(k, unset) != b.get(k, unset)
+    ]
+    return ", ".join(
+        f"{k}: {'(unset)' if x is unset else repr(x)} -> {'(unset)' if y is unset else repr(y)}" for k, x, y in shown
+    )
+
+
+def check_compatible(
+    path: Path,
+    state: dict[str, Any],
+    steps_per_epoch: int,
+    total_steps: int,
+    run_config: Mapping[str, Any],
+    fingerprint: str,
+    ignore_config_change: bool = False,
+) -> None:
+    """Raise :class:`CheckpointError` if the checkpoint ``state`` (validated for this number of processes by
+    :func:`~.checkpoint.validate_checkpoint`) cannot continue this run: a position beyond this run's end, another
+    run (another fingerprint: the message lists the settings that differ; let through by ``ignore_config_change``),
+    another number of steps per epoch."""
+
+    def refuse(what: str) -> CheckpointError:
+        return CheckpointError(f"checkpoint {str(path)!r} {what}")
+
+    if state["global_step"] > total_steps:
+        raise refuse(f"is at step {state['global_step']}, beyond this run's {total_steps} steps")
+    if not ignore_config_change and state["fingerprint"] != fingerprint:
+        differ = config_differences(state["run_config"], run_config) or "settings not recorded"
+        raise refuse(
+            f"was written by another run, with other hyper-parameters ({differ}); resume with the same settings, "
+            "start a new run in another output_dir, or continue anyway with --resume_ignore_config true "
+            "(Trainer.train(..., ignore_config_change=True))",
+        )
+    if state["steps_per_epoch"] != steps_per_epoch:
+        raise refuse(
+            f"has {state['steps_per_epoch']} steps per epoch; this run has {steps_per_epoch} (different data, batch "
+            "size or sampler)",
+        )
 
 
 def write_json_atomically(path: Path, data: Any) -> None:
@@ -124,38 +192,22 @@ def write_run_file(output_dir: Path, config: Mapping[str, Any], fingerprint: str
     path = Path(output_dir) / RUN_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     seed = dict(config.get("training") or {}).get("seed")
-    data = {"fingerprint": fingerprint, "seed": seed, "config": dict(config), "pid": os.getpid(),
-            "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra}  # fmt: skip
-    write_json_atomically(path, data)
+    write_json_atomically(
+        path,
+        {
+            "fingerprint": fingerprint,
+            "seed": seed,
+            "config": dict(config),
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            **extra,
+        },
+    )
     return path
 
 
-def _ours(path: Path, key: str) -> bool:
-    """Whether the JSON file ``path`` is a dict with a string ``key``: the mark a run of ours leaves (``run.json``:
-    ``fingerprint``; ``final/training_summary.json``: ``run_fingerprint``)."""
-    try:
-        data = load_json(path, expected=dict)
-    except (OSError, ValueError):
-        return False
-    return isinstance(data.get(key), str)
-
-
-def _final_is_ours(output_dir: Path) -> bool:
-    """Whether ``output_dir/final`` was written by a run of ours (its ``training_summary.json`` names the run
-    fingerprint)."""
-    return _ours(Path(output_dir) / "final" / "training_summary.json", "run_fingerprint")
-
-
-def previous_run_artifacts(output_dir: Path) -> list[str]:
-    """What a previous run left in ``output_dir`` that a new run would mix with: its checkpoints (any ``step_*``
-    folder, valid or not) and its ``final/`` folder (also one no run of ours wrote: a new run would replace it)."""
-    output_dir = Path(output_dir)
-    found = [f"checkpoints/{p.name}" for p in find_checkpoints(output_dir)]
-    if (output_dir / "final").exists():
-        found.append("final/")
-    return found
-
-
+# -- the folder ----------------------------------------------------------------------------------------------------
 def prepare_output_dir(output_dir: str | Path) -> Path:
     """Create ``output_dir`` (with its parents) and check that files can be written into it.
 
@@ -165,28 +217,31 @@ def prepare_output_dir(output_dir: str | Path) -> Path:
     """
     path = Path(output_dir)
     if path.exists() and not path.is_dir():
-        raise OutputDirError(f"--output_dir {str(path)!r} is a file, not a folder: choose a folder path (it is "
-                             "created if missing)")  # fmt: skip
+        raise OutputDirError(
+            f"--output_dir {str(path)!r} is a file, not a folder: choose a folder path (it is created if missing)"
+        )
     probe = path / f".write-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
-        doing = "written" if path.is_dir() else "created"
-        reason = e.strerror or type(e).__name__
-        if isinstance(e, (FileExistsError, NotADirectoryError)):
-            reason = "a part of the path is a file"
-        raise OutputDirError(f"--output_dir {str(path)!r} cannot be {doing} ({reason}): choose a folder you can "
-                             "write to") from None  # fmt: skip
+        reason = (
+            "a part of the path is a file"
+            if isinstance(e, (FileExistsError, NotADirectoryError))
+            else (e.strerror or type(e).__name__)
+        )
+        raise OutputDirError(
+            f"--output_dir {str(path)!r} cannot be {'written' if path.is_dir() else 'created'} "
+            f"({reason}): choose a folder you can write to"
+        ) from None
     return path
 
 
 def check_outside_inputs(output_dir: str | Path, inputs: Mapping[str, Any]) -> None:
-    """Refuse an output folder that lies inside (or is) one of the input folders a run reads: its checkpoints,
-    plots and ``final/`` would be read back as data on the next pass (images of an image folder), and the dataset's
-    folder is the user's. ``inputs`` maps the flag to its value (``{"--dataset": "my_images"}``); values that are
-    not local folders (a Hub id, a built-in name, ``None``) are skipped.
+    """Refuse an output folder inside (or equal to) one of the input folders a run reads (``{"--dataset": path}``;
+    values that are not local folders are skipped): its files would be read back as data, and the folder is the
+    user's.
 
     Raises:
         OutputDirError: naming ``--output_dir`` and the input flag.
@@ -194,82 +249,130 @@ def check_outside_inputs(output_dir: str | Path, inputs: Mapping[str, Any]) -> N
     from ..data.paths import is_inside
 
     for flag, value in inputs.items():
-        if not isinstance(value, (str, Path)) or not Path(value).is_dir():
-            continue
-        if is_inside(value, output_dir):
+        if isinstance(value, (str, Path)) and Path(value).is_dir() and is_inside(value, output_dir):
             raise OutputDirError(
                 f"--output_dir {str(output_dir)!r} lies inside the input folder {flag} {str(value)!r}: the run's "
                 "files would be read back as data (and the folder is yours); choose an --output_dir outside it"
             )
 
 
-def remove_previous_run(output_dir: Path) -> list[str]:
-    """Delete what a previous run of ours left in ``output_dir`` and nothing else: the ``checkpoints/step_*`` folders
-    (``checkpoints/`` itself only when that leaves it empty), ``final/`` when its ``training_summary.json`` names a
-    run fingerprint, ``run.json`` when it holds one, and ``metrics_before.json`` beside such a ``run.json``. Returns
-    the names deleted.
+def claim_output_dir(
+    output_dir: Path,
+    overwrite: bool,
+    note: Callable[[str], None] = print,
+    *,
+    resumed: str | Path | None = None,
+    run_config: Mapping[str, Any] | None = None,
+) -> None:
+    """Check that a new run may start in ``output_dir`` (on the main process, holding the lock); with ``overwrite``,
+    delete what a previous run of ours left there first: its ``checkpoints/step_*`` folders, a ``final/`` whose
+    ``training_summary.json`` names a run, ``run.json`` (and ``metrics_before.json``) when it holds a fingerprint —
+    nothing else, never through a symbolic link.
+
+    Args:
+        output_dir: The run's output folder.
+        overwrite: Delete the previous run first.
+        note: Where the notes go (what was deleted; a ``--resume`` that found nothing to continue).
+        resumed: The ``--resume`` value that found no checkpoint to continue, if any.
+        run_config: This run's :func:`run_config`, to name the settings of another run found in the folder.
 
     Raises:
-        OutputDirError: ``final/`` is not one of ours (a user's folder, which this run would replace), or one of the
-            paths is a symbolic link; nothing is deleted then (a link is neither followed nor removed).
+        OutputDirError: the folder holds checkpoints or a ``final/`` of a previous run and ``overwrite`` is false;
+            or ``overwrite`` meets a ``final/`` that is not ours or a symbolic link (nothing is deleted then).
     """
-    output_dir = Path(output_dir)
-    final = output_dir / "final"
-    if final.exists() and not final.is_symlink() and not _final_is_ours(output_dir):
+    out = Path(output_dir)
+    final, run_file = out / "final", out / RUN_FILE
+    found = [f"checkpoints/{p.name}" for p in find_checkpoints(out)] + (["final/"] if final.exists() else [])
+    shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
+    if resumed is not None:
+        if found and not overwrite:
+            raise OutputDirError(_nothing_to_resume(out, shown, resumed, run_config, found))
+        what = "nothing there can continue this run" if found else "no checkpoint there"
+        note(f"--resume {resumed}: {what} ({out / 'checkpoints'}); starting from scratch")
+    if not found:
+        return
+    if not overwrite:
+        raise OutputDirError(
+            f"output_dir {str(out)!r} already holds a previous run ({shown}); continue it with --resume latest "
+            "(Trainer.train(resume_from='latest')), choose another --output_dir, or pass --overwrite_output_dir true "
+            "(overwrite_output_dir=True) to delete the previous run first"
+        )
+    if (
+        final.exists()
+        and not final.is_symlink()
+        and recorded_fingerprint(final / "training_summary.json", "run_fingerprint") is None
+    ):
         raise OutputDirError(
             f"--overwrite_output_dir: {str(final)!r} was not written by a run of this package (no "
-            "training_summary.json naming a run fingerprint), so it is not deleted; move it away or choose another "
+            "training_summary.json naming a run fingerprint), so it is not deleted; move it away or "
+            "choose another --output_dir"
+        )
+    ours = run_file.is_file() and recorded_fingerprint(run_file) is not None
+    own_files = [run_file, out / "metrics_before.json"] if ours else []
+    named = [final, out / "checkpoints", run_file, *own_files]
+    targets = [*find_checkpoints(out), final, *own_files]
+    if links := [p for p in named + targets if p.is_symlink()]:
+        shown = ", ".join(f"{p.relative_to(out)} -> {os.readlink(p)}" for p in dict.fromkeys(links))
+        raise OutputDirError(
+            f"--overwrite_output_dir: {str(out)!r} holds symbolic links ({shown}); the previous run "
+            "is not deleted through a link: remove the link yourself, or choose another "
             "--output_dir"
         )
-    ckpts = output_dir / "checkpoints"
-    targets = [p for p in find_checkpoints(output_dir)] if ckpts.is_dir() and not ckpts.is_symlink() else []
-    run_file = output_dir / RUN_FILE
-    ours = run_file.is_file() and _ours(run_file, "fingerprint")
-    named = [final, ckpts, run_file] + ([output_dir / "metrics_before.json"] if ours else [])
-    links = [p for p in named + targets if p.is_symlink()]
-    if links:
-        shown = ", ".join(f"{p.relative_to(output_dir)} -> {os.readlink(p)}" for p in links)
-        raise OutputDirError(
-            f"--overwrite_output_dir: {str(output_dir)!r} holds symbolic links ({shown}); the previous run is "
-            "not deleted through a link: remove the link yourself, or choose another --output_dir"
-        )
-    if final.exists():
-        targets.append(final)
-    if ours:
-        targets += [run_file] + [p for p in named[3:] if p.is_file()]
     removed = []
-    for target in targets:
+    for target in (t for t in targets if t.exists()):
         if target.is_dir():
             shutil.rmtree(target)
         else:
             target.unlink()
-        removed.append(str(target.relative_to(output_dir)))
-    if ckpts.is_dir() and not ckpts.is_symlink() and not any(ckpts.iterdir()):
-        ckpts.rmdir()
-    return removed
+        removed.append(str(target.relative_to(out)))
+    if (out / "checkpoints").is_dir() and not any((out / "checkpoints").iterdir()):
+        (out / "checkpoints").rmdir()
+    note(f"--overwrite_output_dir: deleted the previous run in {out} ({', '.join(removed)})")
+
+
+def _nothing_to_resume(out: Path, shown: str, resumed: Any, config: Mapping[str, Any] | None, found: list) -> str:
+    """The refusal of ``--resume latest`` in a folder whose previous run has nothing this run can continue: another
+    run's (named by its ``run.json``, with the settings that differ) or this run's unusable checkpoints."""
+    try:
+        previous = load_json(out / RUN_FILE, expected=dict)
+    except (OSError, ValueError):
+        previous = {}
+    theirs, ours = previous.get("fingerprint"), run_fingerprint(config) if config is not None else None
+    if isinstance(theirs, str) and ours is not None and theirs != ours:
+        saved = previous.get("config") if isinstance(previous.get("config"), dict) else {}
+        differ = config_differences(saved, config or {}) or "settings not recorded"
+        return (
+            f"--resume {resumed}: output_dir {str(out)!r} holds another run (its run.json: fingerprint {theirs[:12]}, "
+            f"this run {ours[:12]}; settings that differ: {differ[:600]}) and nothing there can continue this run "
+            f"({shown}): choose another --output_dir for this run, resume that run with its own settings, or pass "
+            "--overwrite_output_dir true to delete it and start anew"
+        )
+    why = "; why is said above" if any(f.startswith("checkpoints/") for f in found) else ""
+    return (
+        f"--resume {resumed}: nothing in {str(out)!r} can continue this run ({shown}{why}): pass "
+        "--overwrite_output_dir true to delete it and start anew, or choose another --output_dir"
+    )
 
 
 def remove_stale_temporaries(output_dir: Path, note: Callable[[str], None] = print) -> list[str]:
-    """Delete what interrupted runs left in ``output_dir`` (call it holding the folder's lock, so that no live run
-    of this folder is writing them): ``checkpoints/.tmp-step_*`` and ``.tmp-final-*`` folders, ``.run.json.*.tmp``
-    and ``.run.lock.*`` aside files. Only this folder is looked at. Returns the names removed (one note lists them)."""
-    output_dir = Path(output_dir)
-    found = [p for p in (output_dir / "checkpoints").glob(".tmp-*") if p.name.startswith(".tmp-step_")]
-    found += list(output_dir.glob(".tmp-final-*"))
-    found += [p for p in output_dir.glob(f".{RUN_FILE}.*.tmp")]
-    found += [p for p in output_dir.glob(f".{LOCK_FILE}.*") if p.name != OS_LOCK_FILE]
-    removed = []
-    for path in sorted(found):
+    """Delete what interrupted runs left in ``output_dir`` (holding its lock, so that no live run of this folder is
+    writing them): ``checkpoints/.tmp-step_*`` and ``.tmp-final-*`` folders, ``.run.json.*.tmp`` and ``.run.lock.*``
+    files. Only this folder is looked at. Returns the names removed (one note lists them)."""
+    out = Path(output_dir)
+    found = [*(out / "checkpoints").glob(".tmp-step_*"), *out.glob(".tmp-final-*"), *out.glob(f".{RUN_FILE}.*.tmp")]
+    found += [p for p in out.glob(f".{LOCK_FILE}.*") if p.name != OS_LOCK_FILE]
+    for path in found:
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
         else:
             path.unlink(missing_ok=True)
-        removed.append(str(path.relative_to(output_dir)))
+    removed = sorted(str(p.relative_to(out)) for p in found)
     if removed:
-        note(f"removed what an interrupted run left in {output_dir}: {', '.join(removed)}")
+        note(f"removed what an interrupted run left in {out}: {', '.join(removed)}")
     return removed
 
 
+# -- the lock ------------------------------------------------------------------------------------------------------
 def _process_start(pid: int) -> str | None:
     """The start time of process ``pid`` (Linux ``/proc/<pid>/stat`` field 22), or ``None`` where unknown: a pid
     reused by another process has another start time."""
@@ -281,26 +384,30 @@ def _process_start(pid: int) -> str | None:
     return fields[19] if len(fields) > 19 else None
 
 
-def _pid_alive(pid: int) -> bool:
+def _stale(holder: dict[str, Any]) -> bool:
+    """A record of this host whose process is gone, or whose pid now belongs to a process started later."""
+    pid = holder.get("pid")
+    if holder.get("host") != socket.gethostname() or isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by another user
         return True
-    return True
+    except PermissionError:  # alive, owned by another user
+        pass
+    saved, now = holder.get("start"), _process_start(pid)
+    return saved is not None and now is not None and saved != now
 
 
 class RunLock:
-    """The lock of one run's output folder (take it on one process only: the main one).
+    """The lock of one run's output folder (take it on the main process only).
 
-    Two parts: an OS lock (:class:`filelock.FileLock` on ``output_dir/.run.lock.flock``; the operating system releases
-    it when the holder dies, however it dies) and the record ``output_dir/run.lock`` naming the holder (pid, host,
-    process start time), created complete and atomically (written aside, then hard-linked into place). With the OS
-    lock held, a record of a dead process of this host, or of a pid since reused by another process, is stale and
-    taken over with a note; a record of a live process of this host (a run of an older version, which took no OS lock)
-    or of another host (which cannot be checked) is refused. Taking the lock also removes the temporaries interrupted
-    runs of this folder left behind (:func:`remove_stale_temporaries`).
+    The OS lock (:class:`filelock.FileLock` on ``output_dir/.run.lock.flock``) makes one process at a time the holder;
+    the holder then writes the record ``output_dir/run.lock`` (pid, host, process start time; written aside and
+    renamed into place) that names it to a refused run. A record found there by the OS lock's new holder was left by a
+    run that died (its process is gone, or its pid was reused since: taken over with a note) or belongs to a run that
+    took no OS lock (a live process of this host, or one of another host, which cannot be checked: refused). Taking
+    the lock also removes the temporaries interrupted runs of this folder left (:func:`remove_stale_temporaries`).
 
     Args:
         output_dir: The run's output folder (created if needed).
@@ -311,7 +418,6 @@ class RunLock:
         self.path = Path(output_dir) / LOCK_FILE
         self.note = note
         self.token = uuid.uuid4().hex
-        self.held = False
         self._os_lock: Any = None
 
     def acquire(self) -> RunLock:
@@ -328,102 +434,60 @@ class RunLock:
         try:
             os_lock.acquire()
         except Timeout:
-            holder = self._holder() or {}
-            raise self._refusal(holder.get("pid"), holder.get("host")) from None
+            raise self._refusal(self._holder() or {}) from None
         try:
-            self._take_record()
+            holder = self._holder()
+            if holder is not None and not _stale(holder):
+                raise self._refusal(holder)
+            write_json_atomically(
+                self.path,
+                {
+                    "pid": os.getpid(),
+                    "host": socket.gethostname(),
+                    "token": self.token,
+                    "start": _process_start(os.getpid()),
+                    "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                },
+            )
         except BaseException:
             os_lock.release()
             raise
-        self._os_lock, self.held = os_lock, True
+        if holder is not None:
+            self.note(
+                f"taking over the stale lock {self.path} of pid {holder.get('pid')} on {holder.get('host')} "
+                "(no such process)"
+            )
+        self._os_lock = os_lock
         remove_stale_temporaries(self.path.parent, self.note)
         return self
 
-    def _refusal(self, pid: Any, host: Any) -> RunLockError:
+    def _refusal(self, holder: dict[str, Any]) -> RunLockError:
         return RunLockError(
-            f"another run holds the lock file {str(self.path)!r} (pid {pid!r} on host {host!r}): wait for it to "
-            "finish or use another --output_dir / output_dir; delete the file only if that run is gone"
+            f"another run holds the lock file {str(self.path)!r} (pid {holder.get('pid')!r} on host "
+            f"{holder.get('host')!r}): wait for it to finish or use another --output_dir / output_dir; delete the "
+            "file only if that run is gone"
         )
 
-    def _take_record(self) -> None:
-        host = socket.gethostname()
-        record = {"pid": os.getpid(), "host": host, "token": self.token, "start": _process_start(os.getpid()),
-                  "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}  # fmt: skip
-        tmp = self.path.with_name(f".{LOCK_FILE}.{self.token}")
-        tmp.write_text(json.dumps(record))
-        try:
-            for _ in range(3):
-                try:
-                    os.link(tmp, self.path)
-                    return
-                except FileExistsError:
-                    holder = self._holder()
-                if holder is None:
-                    continue  # released between the two calls: try again
-                pid, holder_host = holder.get("pid"), holder.get("host")
-                if not self._stale(holder, host):
-                    raise self._refusal(pid, holder_host)
-                if self._remove_stale(holder):
-                    self.note(f"taking over the stale lock {self.path} of pid {pid} on {host} (no such process)")
-            raise RunLockError(f"cannot take the lock file {str(self.path)!r}: it keeps changing")
-        finally:
-            tmp.unlink(missing_ok=True)
-
-    @staticmethod
-    def _stale(holder: dict[str, Any], host: str) -> bool:
-        """A record of this host whose process is gone, or whose pid now belongs to a process started later."""
-        pid = holder.get("pid")
-        if holder.get("host") != host or isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
-            return False
-        if not _pid_alive(pid):
-            return True
-        saved, now = holder.get("start"), _process_start(pid)
-        return saved is not None and now is not None and saved != now
-
-    def _remove_stale(self, stale: dict[str, Any]) -> bool:
-        """Move the lock file aside; if it is no longer the ``stale`` record (another run took the lock over in the
-        meantime), put it back. Returns whether the stale lock was removed."""
-        aside = self.path.with_name(f".{LOCK_FILE}.stale-{self.token}")
-        try:
-            os.rename(self.path, aside)
-        except FileNotFoundError:
-            return False
-        try:
-            moved = load_json(aside)
-        except (OSError, ValueError):
-            moved = None
-        if moved == stale:
-            aside.unlink(missing_ok=True)
-            return True
-        try:  # a fresh lock of another run: restore it (the next attempt reports its holder)
-            os.link(aside, self.path)
-        except FileExistsError:
-            pass
-        aside.unlink(missing_ok=True)
-        return False
-
     def _holder(self) -> dict[str, Any] | None:
+        """The record in ``run.lock`` (``{}`` when unreadable), or ``None`` without one."""
         try:
             holder = load_json(self.path)
         except FileNotFoundError:
             return None
         except (OSError, ValueError):
-            holder = {}
+            return {}
         return holder if isinstance(holder, dict) else {}
 
     def release(self) -> None:
         """Remove the record if this lock holds it and release the OS lock (idempotent)."""
-        if not self.held:
+        if self._os_lock is None:
             return
-        self.held = False
         try:
-            holder = self._holder()
-            if holder is not None and holder.get("token") == self.token:
+            if (self._holder() or {}).get("token") == self.token:
                 self.path.unlink(missing_ok=True)
         finally:
-            if self._os_lock is not None:
-                self._os_lock.release()
-                self._os_lock = None
+            self._os_lock.release()
+            self._os_lock = None
 
     def __enter__(self) -> RunLock:
         return self.acquire()
@@ -432,57 +496,32 @@ class RunLock:
         self.release()
 
 
-def claim_output_dir(
-    output_dir: Path,
-    overwrite: bool,
-    note: Callable[[str], None] = print,
-    *,
-    resumed: str | Path | None = None,
-    run_config: Mapping[str, Any] | None = None,
-) -> None:
-    """Check that a new run may start in ``output_dir`` (call it on the main process, holding the lock).
+# -- several processes ---------------------------------------------------------------------------------------------
+def on_main_process(accelerator: Any, fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` on the main process only; an exception it raises is raised on every process (so that no process
+    waits forever at the next barrier). Returns ``fn()`` on the main process, ``None`` elsewhere."""
+    result, error = None, None
+    if accelerator.is_main_process:
+        try:
+            result = fn()
+        except Exception as e:  # re-raised below on every process
+            error = e
+    if accelerator.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
 
-    Args:
-        output_dir: The run's output folder.
-        overwrite: Delete what a previous run of ours left first (:func:`remove_previous_run`: only what it wrote).
-        note: Where the note about the deletion goes.
-        resumed: The ``--resume`` value that found no checkpoint to continue (``"latest"``), if any: the run starts
-            from scratch only in a folder without a previous run (or with ``overwrite``), said in one note.
-        run_config: This run's :func:`run_config`, to name the settings of another run found in the folder.
-
-    Raises:
-        OutputDirError: the folder holds checkpoints or a ``final/`` folder of a previous run and ``overwrite`` is
-            false; the message names the folder, what is there (another run, and the settings that differ, when
-            ``resumed``), and the ways out.
-    """
-    found = previous_run_artifacts(output_dir)
-    if resumed is not None:
-        if found and not overwrite:
-            raise OutputDirError(_nothing_to_resume(Path(output_dir), found, resumed, run_config))
-        what = "nothing there can continue this run" if found else "no checkpoint there"
-        note(f"--resume {resumed}: {what} ({Path(output_dir) / 'checkpoints'}); starting from scratch")
-    if not found:
-        return
-    if not overwrite:
-        shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
-        raise OutputDirError(
-            f"output_dir {str(output_dir)!r} already holds a previous run ({shown}); continue it with --resume "
-            "latest (Trainer.train(resume_from='latest')), choose another --output_dir, or pass "
-            "--overwrite_output_dir true (overwrite_output_dir=True) to delete the previous run first"
-        )
-    removed = remove_previous_run(output_dir)
-    note(f"--overwrite_output_dir: deleted the previous run in {output_dir} ({', '.join(removed)})")
+        error = broadcast_object_list([error], from_process=0)[0]
+    if error is not None:
+        raise error
+    return result
 
 
 def leave_process_group(status: int = 2, timeout_s: float = 60.0) -> None:
     """End a multi-process run that every process refuses alike (its one error line printed) with ``status`` on every
-    process: wait for the other processes, destroy the process group, then leave at once (``os._exit`` after
-    flushing the output). A process never exits while a peer still holds a connection to it (a gloo process torn down
-    at interpreter exit after its peer closed the connection can abort with SIGABRT), and no process is caught in the
-    interpreter's slow teardown when ``torchrun`` sends SIGTERM to the remaining workers as soon as the first one
-    exits (it would die of the signal instead of reporting ``status``; a SIGTERM during the wait ends the process with
-    ``status`` too). Returns (doing nothing) without an initialised process group: the caller then exits as usual.
-    The wait gives up after ``timeout_s``."""
+    process: wait for the other processes (at most ``timeout_s``), destroy the process group, then leave at once
+    (``os._exit`` after flushing). No process exits while a peer still holds a connection to it (a gloo process torn
+    down after its peer closed the connection can abort with SIGABRT), and none is caught in the interpreter's slow
+    teardown when ``torchrun`` sends SIGTERM to the remaining workers as soon as the first one exits (a SIGTERM during
+    the wait also ends the process with ``status``). Without an initialised process group it does nothing."""
     import datetime
     import signal
     import sys
@@ -510,47 +549,3 @@ def leave_process_group(status: int = 2, timeout_s: float = 60.0) -> None:
     finally:
         dist.destroy_process_group()
     leave()
-
-
-def on_main_process(accelerator: Any, fn: Callable[[], Any]) -> Any:
-    """Run ``fn`` on the main process only; an exception it raises is raised on every process (so that no process
-    waits forever at the next barrier). Returns ``fn()`` on the main process, ``None`` elsewhere."""
-    result, error = None, None
-    if accelerator.is_main_process:
-        try:
-            result = fn()
-        except Exception as e:  # re-raised below on every process
-            error = e
-    if accelerator.num_processes > 1:
-        from accelerate.utils import broadcast_object_list
-
-        error = broadcast_object_list([error], from_process=0)[0]
-    if error is not None:
-        raise error
-    return result
-
-
-def _nothing_to_resume(output_dir: Path, found: list[str], resumed: Any, config: Mapping[str, Any] | None) -> str:
-    """The refusal of ``--resume latest`` in a folder whose previous run has nothing this run can continue: another
-    run's (named by ``run.json``, with the settings that differ) or this run's unusable checkpoints."""
-    shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
-    try:
-        previous = load_json(output_dir / RUN_FILE, expected=dict)
-    except (OSError, ValueError):
-        previous = {}
-    theirs = previous.get("fingerprint")
-    ours = run_fingerprint(config) if config is not None else None
-    if isinstance(theirs, str) and ours is not None and theirs != ours:
-        saved = previous.get("config") if isinstance(previous.get("config"), dict) else {}
-        differ = config_differences(saved, config or {}) or "settings not recorded"
-        return (
-            f"--resume {resumed}: output_dir {str(output_dir)!r} holds another run (its run.json: fingerprint "
-            f"{theirs[:12]}, this run {ours[:12]}; settings that differ: {differ[:600]}) and nothing there can "
-            f"continue this run ({shown}): choose another --output_dir for this run, resume that run with its own "
-            "settings, or pass --overwrite_output_dir true to delete it and start anew"
-        )
-    why = "; why is said above" if any(f.startswith("checkpoints/") for f in found) else ""
-    return (
-        f"--resume {resumed}: nothing in {str(output_dir)!r} can continue this run ({shown}{why}): pass "
-        "--overwrite_output_dir true to delete it and start anew, or choose another --output_dir"
-    )

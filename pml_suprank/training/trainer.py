@@ -16,15 +16,13 @@ What :class:`Trainer` does:
 * **evaluation** every ``eval_every`` epochs with :class:`pml_suprank.metrics.RetrievalEvaluator` on the accelerator's
   device (the evaluator's own ``device`` if it has one), the queries split across the processes; **progress bars** on
   the main process; **tracking** through ``accelerator.log``;
-* **checkpoints** every ``checkpoint_every`` steps written *atomically* and an **exact resume**: model, optimizer,
-  scheduler, memory, RNG states, sampler epoch and position are restored and the augmentation of every item is
-  seeded by ``(seed, epoch, index)`` — a resumed run ends with the same weights as an uninterrupted one;
+* **checkpoints** (:mod:`.checkpoint`) every ``checkpoint_every`` steps, written *atomically*, and an **exact
+  resume**: model, optimizer, scheduler, memory, RNG states, sampler epoch and position are restored and the
+  augmentation of every item is seeded by ``(seed, epoch, index)`` — the weights of an uninterrupted run;
 * a step whose loss or gradient is NaN / inf is **skipped** (no update) and counted; more than ``max_nonfinite_steps``
   in a row raise :class:`.NonFiniteTrainingError` after a checkpoint of the last good state (:mod:`.nonfinite`);
-* **run identity**: a fingerprint of the resolved configuration (:mod:`pml_suprank.training.run_folder`) in
-  ``output_dir/run.json`` and in every checkpoint; a resume from another run's checkpoint is refused (naming the
-  settings that differ) unless ``ignore_config_change=True``; a new run into a folder holding a previous run is
-  refused unless ``overwrite_output_dir=True``; the lock file ``output_dir/run.lock`` stops a concurrent run;
+* **run identity** (:mod:`.run_folder`): the fingerprint of the configuration in ``run.json`` and every checkpoint
+  (another run's checkpoint, a new run into a previous run's folder and a concurrent run are refused);
 * a final **Hub-ready folder** (:func:`pml_suprank.training.export.write_final_folder`), written atomically.
 
 The module never reads the environment; recipes pass everything explicitly.
@@ -36,6 +34,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -45,18 +44,8 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
 from ..metrics.report import format_metrics
-from . import checkpoint_files as files
+from . import checkpoint, run_folder
 from .cached_backward import step_chunk_size
-from .checkpoint import (
-    CheckpointError,
-    check_compatible,
-    jsonable,
-    latest_valid_checkpoint,
-    load_scheduler_state,
-    save_checkpoint_atomically,
-    scheduler_state,
-    validate_checkpoint,
-)
 from .config import TrainingConfig
 from .export import history_with_evaluations, write_final_folder
 from .loaders import (
@@ -72,7 +61,6 @@ from .loss_module import LossModule, backward_step
 from .nonfinite import NonFiniteSteps, step_if_finite, stop_error
 from .optim import build_optimizer, build_scheduler
 from .pca_init import init_projection_if_requested
-from .run_folder import RunLock, claim_output_dir, on_main_process, run_config, run_fingerprint, write_run_file
 
 __all__ = ["Trainer"]
 
@@ -190,9 +178,11 @@ class Trainer:
         self.last_embeddings: tuple[Tensor, Tensor, Tensor] | None = None
         self.first_embeddings: tuple[Tensor, Tensor, Tensor] | None = None  # e.g. before training, for the plots
         self.finished = False
-        self.run_config = run_config(config.to_dict(), run_options)
-        self.fingerprint = run_fingerprint(self.run_config)  # identifies this run in run.json and its checkpoints
-        self._lock: RunLock | None = None  # on the main process, between begin_run and end_run
+        self.run_config = run_folder.run_config(config.to_dict(), run_options)
+        self.fingerprint = run_folder.run_fingerprint(
+            self.run_config
+        )  # identifies this run in run.json and its checkpoints
+        self._lock: run_folder.RunLock | None = None  # on the main process, between begin_run and end_run
         self._begun = False
         self._claimed = False  # the output folder was checked and claimed by this trainer once
         self._pending: tuple[Path, bool] | None = None  # (checkpoint, ignore_config_change) begin_run resolved
@@ -229,8 +219,13 @@ class Trainer:
             raise ValueError("no test_dataset was given to the Trainer; pass dataset=")
         loader = self._eval_loader if dataset is None else None  # the test set's loader is prepared once
         if loader is None:
-            loader = self.accelerator.prepare(make_loader(self.test_dataset if dataset is None else dataset,
-                                                          self.config.eval_batch_size, self.config.num_workers))
+            loader = self.accelerator.prepare(
+                make_loader(
+                    self.test_dataset if dataset is None else dataset,
+                    self.config.eval_batch_size,
+                    self.config.num_workers,
+                )
+            )
             self._eval_loader = loader if dataset is None else self._eval_loader
         return embed_loader(self.model, loader, self.accelerator, progress=True, description=description)
 
@@ -262,40 +257,40 @@ class Trainer:
             "steps_per_epoch": self.steps_per_epoch,
             "total_steps": self.total_steps,
             "num_processes": self.accelerator.num_processes,
-            "sampler": jsonable(sampler_state),
-            "scheduler": scheduler_state(self.scheduler),
-            "optimizer_state": files.optimizer_state_indices(self.optimizer),  # the parameters with moments
+            "sampler": checkpoint.jsonable(sampler_state),
+            "scheduler": checkpoint.scheduler_state(self.scheduler),
+            "optimizer_state": checkpoint.optimizer_state_indices(self.optimizer),  # the parameters with moments
             "history": self.progress.history,
             **self.nonfinite.state(),
-            "config": jsonable(self.config.to_dict()),
             "fingerprint": self.fingerprint,
             "run_config": self.run_config,
         }
 
     def save_checkpoint(self) -> Path:
-        """Write ``output_dir/checkpoints/step_XXXXXXXX`` atomically (``save_state`` into a temporary folder, then
-        one rename) and delete the oldest checkpoints beyond ``keep_checkpoints``."""
-        state = self._trainer_state() if self.accelerator.is_main_process else {}
-        return save_checkpoint_atomically(self.accelerator, self.output_dir, self.progress.global_step, state,
-                                          self.config.keep_checkpoints, fingerprint=self.fingerprint)  # fmt: skip
+        """Write ``output_dir/checkpoints/step_XXXXXXXX`` atomically (:func:`.checkpoint.save_checkpoint`) and delete
+        this run's oldest checkpoints beyond ``keep_checkpoints``."""
+        return checkpoint.save_checkpoint(
+            self.accelerator, self.output_dir, self._trainer_state(), self.config.keep_checkpoints
+        )
 
     def load_checkpoint(self, path: str | Path, ignore_config_change: bool = False) -> dict[str, Any]:
-        """Restore model, loss, memory, optimizer, scheduler, RNG states and the sampler position from ``path``.
+        """Restore model, loss, memory, optimizer, scheduler, RNG states and the sampler position from ``path`` (every
+        file checked first, then loaded by ``accelerator.load_state``).
 
         Raises:
-            CheckpointError: the folder is incomplete or corrupt, or was written with a different number of
-                processes or a different sampler configuration, or by another run (other fingerprint; the message
-                lists the settings that differ) unless ``ignore_config_change``.
+            CheckpointError: the folder is incomplete or corrupt, does not fit this run's model, optimizer, sampler,
+                processes or steps per epoch, or is another run's (the message lists the settings that differ)
+                unless ``ignore_config_change``.
         """
-        state = self._check_checkpoint(path := Path(path), ignore_config_change)  # every file, before any loads
-        rng = files.read_rng_states(path, self.accelerator.process_index)
-        load_scheduler_state(path, self.scheduler, state.get("scheduler"))
+        state = self._check_checkpoint(path := Path(path), ignore_config_change)
+        checkpoint.load_scheduler_state(self.scheduler, state["scheduler"])
         try:
-            self.accelerator.load_state(str(path))  # safetensors weights; optimizer / RNG files with weights_only=True
+            self.accelerator.load_state(str(path))  # model, optimizer, RNG states (and accelerator.step)
         except Exception as e:
-            raise CheckpointError(f"checkpoint {str(path)!r} cannot be loaded: {type(e).__name__}: {e}") from e
-        files.restore_rng_states(rng, self.accelerator)  # ourselves: Accelerate skips bad RNG files (an INFO line)
-        if hasattr(self.sampler, "load_state_dict"):  # validated (present, loads into a copy) by check_against_trainer
+            raise checkpoint.CheckpointError(
+                f"checkpoint {str(path)!r} cannot be loaded: {type(e).__name__}: {e}"
+            ) from e
+        if hasattr(self.sampler, "load_state_dict"):  # checked by check_fits
             self.sampler.load_state_dict(state["sampler"])
         self.progress = _Progress(state["epoch"], state["step_in_epoch"], state["global_step"],
                                   list(state.get("history") or []))  # fmt: skip
@@ -303,17 +298,15 @@ class Trainer:
         return state
 
     def _check_files(self, path: Path) -> dict[str, Any]:  # every file, and that it fits this model / optimizer
-        state = validate_checkpoint(path, self.accelerator.num_processes)
+        state = checkpoint.validate_checkpoint(path, self.accelerator.num_processes)
         module = self.accelerator.unwrap_model(self.loss_module)
-        return files.check_against_trainer(path, module.state_dict(), self.optimizer, self.sampler, state)
+        return checkpoint.check_fits(path, state, module, self.optimizer, self.sampler)
 
     def _check_checkpoint(self, path: Path, ignore_config_change: bool) -> dict[str, Any]:
         state = self._check_files(path)
-        check_compatible(
-            path, state, self.accelerator.num_processes, self.steps_per_epoch, self.total_steps,
-            jsonable(self.config.to_dict()), fingerprint=self.fingerprint, run_config=self.run_config,
-            ignore_config_change=ignore_config_change,
-        )  # fmt: skip
+        run_folder.check_compatible(
+            path, state, self.steps_per_epoch, self.total_steps, self.run_config, self.fingerprint, ignore_config_change
+        )
         return state
 
     # -- run identity -------------------------------------------------------------------------------------------
@@ -343,23 +336,28 @@ class Trainer:
             OutputDirError: starting from scratch in a folder holding a previous run (no ``overwrite_output_dir``).
             CheckpointError: the checkpoint is invalid or of another run (the message lists the settings that differ).
         """
-        acc = self.accelerator
+        acc, out = self.accelerator, self.output_dir
+        main = partial(run_folder.on_main_process, acc)  # runs on the main process; its error is raised on all
         if not self._begun:
-            self._lock = on_main_process(acc, lambda: RunLock(self.output_dir, note=acc.print).acquire())
+            self._lock = main(lambda: run_folder.RunLock(out, note=acc.print).acquire())
             self._begun = True
         try:
-            ckpt = resume_from if str(resume_from) != "latest" else latest_valid_checkpoint(
-                self.output_dir, acc.print, self._check_files)  # fmt: skip
+            ckpt = resume_from if str(resume_from) != "latest" else checkpoint.latest_valid_checkpoint(
+                out, acc.print, self._check_files)  # fmt: skip
             ckpt = Path(ckpt) if ckpt is not None else None
             state = self._check_checkpoint(ckpt, ignore_config_change) if ckpt is not None else {}
             if ckpt is None and not self._claimed:  # a new run here (also when --resume latest found no checkpoint)
-                on_main_process(acc, lambda: claim_output_dir(self.output_dir, overwrite_output_dir, acc.print,
-                                                              resumed=resume_from, run_config=self.run_config))
+                claim = run_folder.claim_output_dir
+                main(
+                    partial(
+                        claim, out, overwrite_output_dir, acc.print, resumed=resume_from, run_config=self.run_config
+                    )
+                )
             extra = {"resumed_from": str(ckpt)} if ckpt is not None else {}
             if state.get("fingerprint") not in (None, self.fingerprint):
                 extra["previous_fingerprint"] = state["fingerprint"]
                 acc.print(f"resuming {ckpt} although its configuration differs (ignore_config_change)")
-            on_main_process(acc, lambda: write_run_file(self.output_dir, self.run_config, self.fingerprint, **extra))
+            main(partial(run_folder.write_run_file, out, self.run_config, self.fingerprint, **extra))
             init_projection_if_requested(self, fresh=ckpt is None and self.progress.global_step == 0)  # PCA, once
         except BaseException:
             self.end_run()

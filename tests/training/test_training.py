@@ -438,10 +438,9 @@ def test_resume_runs_no_code_planted_in_any_pickle_file(tmp_path):
         marker = tmp_path / f"pwned_{target.name}"
         torch.save({"state": _Payload(marker)}, target)
         fresh = _trainer(tmp_path / "run", max_train_steps=2, checkpoint_every=1)
-        try:
+        with pytest.raises(CheckpointError) as info:  # refused before Accelerate reads anything
             fresh.load_checkpoint(ckpt)
-        except CheckpointError as e:
-            assert str(ckpt) in str(e)  # refusing is fine; it names the checkpoint
+        assert str(ckpt) in str(info.value) and target.name in str(info.value)
         assert not marker.exists(), f"code planted in {target.name} ran on resume"
         if backup is None:
             target.unlink()
@@ -495,6 +494,7 @@ def test_resume_refuses_changed_hyper_parameters_and_bad_state_values(tmp_path):
         ({"step_in_epoch": 10**6, "sampler": {**sampler, "position": 10**6}}, "step_in_epoch 1000000"),
         ({"history": "x"}, "'history' must be a list"),
         ({"fingerprint": 7}, "'fingerprint' must be a str"),
+        ({"fingerprint": None}, "'fingerprint' must be a str"),
         # the sampler state must sit where the counters say
         ({"step_in_epoch": 1}, r"inconsistent: 'sampler.position' is 2 but 'step_in_epoch' is 1"),
         ({"sampler": {**sampler, "epoch": 3}}, r"inconsistent: 'sampler.epoch' is 3 but 'epoch' is 0"),
@@ -504,6 +504,11 @@ def test_resume_refuses_changed_hyper_parameters_and_bad_state_values(tmp_path):
         with pytest.raises(CheckpointError, match=match) as info:
             _trainer(tmp_path, max_train_steps=2).load_checkpoint(ckpt)
         assert str(ckpt) in str(info.value)
+    # a checkpoint of a version without the run fingerprint cannot be matched to this run: refused
+    old = {k: v for k, v in state.items() if k not in ("fingerprint", "run_config")}
+    (ckpt / "trainer_state.json").write_text(json.dumps(old))
+    with pytest.raises(CheckpointError, match=r"lacks \['fingerprint', 'run_config'\]"):
+        _trainer(tmp_path, max_train_steps=2).load_checkpoint(ckpt)
 
 
 @pytest.mark.slow
@@ -574,10 +579,11 @@ def test_lock_file_refuses_a_live_holder_and_takes_over_a_stale_one(tmp_path):
     (tmp_path / LOCK_FILE).write_text("{garbage")
     with pytest.raises(RunLockError, match="delete the file only if that run is gone"):
         RunLock(tmp_path).acquire()
-    # a stale lock replaced by another run's fresh one between the check and the removal is put back, not removed
+    # a refused run leaves the holder's record as it was (only the OS lock's holder writes it)
     fresh = {"pid": os.getpid(), "host": socket.gethostname(), "token": "fresh"}
     (tmp_path / LOCK_FILE).write_text(json.dumps(fresh))
-    assert RunLock(tmp_path)._remove_stale({"pid": dead, "host": socket.gethostname(), "token": "x"}) is False
+    with pytest.raises(RunLockError, match=rf"pid {os.getpid()} on host"):
+        RunLock(tmp_path).acquire()
     assert json.loads((tmp_path / LOCK_FILE).read_text()) == fresh
     assert sorted(p.name for p in tmp_path.iterdir()) == [OS_LOCK_FILE, LOCK_FILE]  # nothing left aside
 
