@@ -169,7 +169,7 @@ def test_record_of_a_reused_pid_is_stale(tmp_path):
     ids=["safetensors-error", "enospc"],
 )
 def test_failed_weights_write_is_a_checkpoint_save_error(tmp_path, monkeypatch, error):
-    # a full disk during the model.safetensors write raised SafetensorError past save_checkpoint_atomically (raw
+    # a full disk during the model.safetensors write raised SafetensorError past the checkpoint writer (raw
     # traceback, partial .tmp- folder left)
     import accelerate.utils.other as accelerate_io
     from safetensors import SafetensorError

@@ -15,7 +15,8 @@ Layout:
 * :mod:`.optim` — :func:`build_optimizer` (parameter groups) and :func:`build_scheduler`;
 * :mod:`.loaders` — :class:`SeededAugmentation`, the data loaders and the one embedding loop :func:`embed_loader`;
 * :mod:`.loss_module` — :class:`LossModule` (model + loss [+ memory], what goes through ``accelerator.prepare``);
-* :mod:`.checkpoint` — find / validate / atomically write checkpoints, check that one continues this run;
+* :mod:`.checkpoint` — find / validate / atomically write checkpoints (:mod:`.run_folder` checks that one continues
+  this run);
 * :mod:`.run_folder` — run identity and ownership of ``output_dir``: the run fingerprint, ``run.json``, the lock file
   ``run.lock`` and the refusal of a new run into a previous run's folder;
 * :mod:`.trainer` — :class:`Trainer`;

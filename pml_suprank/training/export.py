@@ -85,7 +85,7 @@ def write_final_folder(
     """Write the Hub-ready folder ``save_directory`` (call it on one process).
 
     Contents: ``config.json``, ``model.safetensors``, ``README.md`` (the model card of
-    :func:`pml_suprank.hub.save_pretrained`), ``metrics.json``, ``training_summary.json`` (``summary``),
+    :meth:`~pml_suprank.hub.HubMixin.save_pretrained`), ``metrics.json``, ``training_summary.json`` (``summary``),
     ``history.json``, ``training_config.json``, ``data_spec.json`` when ``metadata["data"]`` holds the run's data
     section (:mod:`pml_suprank.training.data_spec`: what ``evaluate --model`` reuses) and, when ``embeddings =
     (last, first)`` is given, ``training_curves.png`` (:func:`pml_suprank.plots.plot_training_curves`) and the PNG
