@@ -227,31 +227,20 @@ def test_from_pretrained_checks_class(tmp_path):
 @pytest.mark.hub
 def test_push_to_hub_and_load_by_repo_id(tmp_path, monkeypatch):
     huggingface_hub = pytest.importorskip("huggingface_hub")
-    uploaded = {}
+    from _hub_http import fake_hub_http
 
-    class FakeApi:
-        def __init__(self, token=None):
-            pass
-
-        def create_repo(self, repo_id, private=None, exist_ok=False):
-            uploaded["repo"] = repo_id
-
-        def upload_folder(self, repo_id, folder_path, **kwargs):
-            import shutil
-
-            shutil.copytree(folder_path, tmp_path / "remote")
-            return f"https://huggingface.co/{repo_id}"
+    remote = tmp_path / "remote" / "user" / "knn-detector"
 
     def fake_snapshot_download(repo_id, revision=None, **kwargs):
         assert repo_id == "user/knn-detector"
-        return str(tmp_path / "remote")
+        return str(remote)
 
-    monkeypatch.setattr(huggingface_hub, "HfApi", FakeApi)
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
     det = ood.KNN(k=2).fit(features=torch.rand(6, 3, generator=torch.Generator().manual_seed(0)))
-    assert det.push_to_hub("user/knn-detector").endswith("user/knn-detector")
-    assert uploaded["repo"] == "user/knn-detector"
-    assert sorted(p.name for p in (tmp_path / "remote").iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    with fake_hub_http(remote=tmp_path / "remote") as seen:  # huggingface_hub's upload, the HTTP answered locally
+        det.push_to_hub("user/knn-detector")
+    assert {"/api/repos/create", "/api/models/user/knn-detector/commit/main"} <= set(seen)
+    assert sorted(p.name for p in remote.iterdir()) == ["README.md", "config.json", "model.safetensors"]
     loaded = ood.Detector.from_pretrained("user/knn-detector")
     x = torch.rand(4, 3)
     torch.testing.assert_close(loaded.score(features=x), det.score(features=x))
