@@ -34,7 +34,7 @@ from .._validation import (
 )
 from ..collectives import all_gather, comm_device, is_distributed, shard_range
 from ..relevance import Hierarchy, as_hierarchy, hierarchical_label_pair
-from .eval_blocks import block_counts, chunk_ranks, chunk_rows, label_blocks
+from .eval_blocks import GalleryBlocks, block_counts, block_shape, chunk_ranks, label_blocks
 from .multilabel_eval import evaluate_multilabel, multilabel_groups
 from .ranks import COUNTING_METHODS, RetrievalRanks
 from .registry import METRIC_GROUPS, SINGLE_LABEL_GROUPS, TOP_K_GROUPS, check_groups, metrics_from_ranks
@@ -215,13 +215,6 @@ class RetrievalEvaluator:
             self_idx = torch.arange(Q)
         return query, ql, reference, rl, self_idx
 
-    def _default_chunk(self, n_ref: int, n_slots: int = 0, device: torch.device | str = "cpu", levels: int = 2) -> int:
-        """Queries per chunk: ``chunk_size``, else a byte budget for ``device`` divided by the bytes of one query's
-        row (see :func:`chunk_rows`; ``n_slots``: the largest first-level label block, ``levels``: ``L``)."""
-        if self.chunk_size is not None:
-            return self.chunk_size
-        return chunk_rows(n_ref, n_slots, torch.device(device), levels)
-
     def _chunks(self, num_queries: int, chunk: int) -> Iterable[int]:
         starts = range(0, num_queries, chunk)
         if not self.progress_bar:
@@ -332,25 +325,32 @@ class RetrievalEvaluator:
             inv[perm] = torch.arange(N)
             self_col = torch.full((Q,), -1, dtype=torch.long)
             self_col[self_idx] = inv[self_idx]
-        gallery = reference.detach()[perm.to(reference.device)].to(device=device, dtype=dtype)
+        gallery = reference.detach()[perm.to(reference.device)].to(dtype=dtype)
         query_scale, gallery = overflow_safe_scales(query, gallery)
         # relevant slots of every query (its first-level label block), read once per call from host tensors: they
         # size the chunks and each chunk's slot width, so that no chunk reads anything back from the device
         n_block = (ends[:, 0] - starts[:, 0]).tolist()
-        chunk = self._default_chunk(N, max(n_block, default=0), device, L)
+        device = torch.device(device)
+        moved = 0 if gallery.device == device else gallery.numel() * gallery.element_size()
+        chunk, width = block_shape(N, max(n_block, default=0), device, L, self.chunk_size, moved)
+        if width == N:  # whole rows: the gallery on the device once
+            gallery = gallery.to(device)
+            score_buf = torch.empty(min(chunk, Q), N, dtype=dtype, device=device)
         block_sizes = [max(n_block[i : i + chunk]) for i in range(0, Q, chunk)]
         starts, ends = starts.to(device), ends.to(device)
         self_col = None if self_col is None else self_col.to(device)
         per_query: dict[str, list[Tensor]] = {}
         workspace: dict[str, Tensor] = {}
-        score_buf = torch.empty(min(chunk, Q), N, dtype=dtype, device=device)
         with torch.no_grad():
             for i, s in enumerate(self._chunks(Q, chunk)):
                 e = min(s + chunk, Q)
                 queries = query.detach()[s:e].to(device=device, dtype=dtype)  # the queries travel chunk by chunk
                 if query_scale != 1.0:
                     queries = queries * query_scale
-                scores = torch.mm(queries, gallery.T, out=score_buf[: e - s])
+                if width == N:
+                    scores = torch.mm(queries, gallery.T, out=score_buf[: e - s])
+                else:  # the gallery stays where it is and travels block by block
+                    scores = GalleryBlocks(queries, gallery, width)
                 ranks = chunk_ranks(
                     scores,
                     starts[s:e],

@@ -29,7 +29,7 @@ synchronisation). All are exact. Every metric is then computed from the ``(Q, P)
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 import torch
@@ -222,7 +222,7 @@ def _workspace(ws: dict | None, name: str, shape: tuple[int, ...], dtype: torch.
 
 
 def rank_relevant_items(
-    neg_scores: Tensor,
+    neg_scores: Tensor | Iterable[Tensor],
     rel_scores: Tensor,
     rel_levels: Tensor,
     num_bins: int | None = None,
@@ -236,7 +236,8 @@ def rank_relevant_items(
 
     Args:
         neg_scores: ``(C, N)`` scores of the negatives (level 0) of each query; every other entry (relevant items,
-            removed items) must be ``-inf``. Not modified.
+            removed items) must be ``-inf``. Not modified. Or an iterable of ``(C, N_b)`` column blocks of it (same
+            dtype as ``rel_scores``; the counts of the blocks are summed, so a gallery is ranked block by block).
         rel_scores: ``(C, P)`` scores of the relevant items (finite); padding slots arbitrary.
         rel_levels: ``(C, P)`` int64 levels ``>= 1`` of the relevant items; ``0`` marks a padding slot.
         num_bins: histogram resolution (default ``min(N, 64 P)``); affects speed only, never the result.
@@ -258,16 +259,16 @@ def rank_relevant_items(
         ``(levels, positions)``, both ``(C, P)`` int64, in ranked order: the levels of the relevant items (``0`` =
         padding, always last) and their 1-based positions among the negatives and relevant items (``0`` for padding).
     """
-    C, N = neg_scores.shape
-    P = rel_scores.shape[1]
-    device = neg_scores.device
+    blocks = (neg_scores,) if isinstance(neg_scores, Tensor) else neg_scores
+    C, P = rel_scores.shape
+    device = rel_scores.device
     if P == 0:
         empty = torch.zeros(C, 0, dtype=torch.long, device=device)
         return empty, empty.clone()
     if counting not in COUNTING_METHODS:
         raise ValueError(f"counting must be one of {COUNTING_METHODS}; got {counting!r}")
     arange_p = torch.arange(P, device=device)
-    same_dtype = neg_scores.dtype == rel_scores.dtype
+    same_dtype = not isinstance(neg_scores, Tensor) or neg_scores.dtype == rel_scores.dtype
     keys, order, rl = _sort_relevant(rel_scores, rel_levels, same_dtype, max_level)
     vs = rl > 0
     n_rel = vs.sum(1)
@@ -275,27 +276,30 @@ def rank_relevant_items(
     last = (n_rel - 1).clamp_min(0)[:, None]
     lo = (_decode_key(keys.gather(1, last)) if order is None else rel_scores.gather(1, order.gather(1, last)))[:, 0]
     lo = torch.where(n_rel > 0, lo, torch.full_like(lo, float("inf")))
-    if counting == "auto":
-        counting = _auto_counting(neg_scores, rel_scores, lo)
-    elif counting == "compiled":
-        _check_compiled(neg_scores, rel_scores)
+    neg_ge = torch.zeros(C, P, dtype=torch.long, device=device)
+    for block in blocks:
+        method = _auto_counting(block, rel_scores, lo) if counting == "auto" else counting
+        neg_ge += _count_block(block, method, keys, order, rel_scores, vs, n_rel, lo, num_bins, workspace)
+    return rl, neg_ge.add_(arange_p + 1).masked_fill_(~vs, 0)
+
+
+def _count_block(neg_scores, counting, keys, order, rel_scores, vs, n_rel, lo, num_bins, workspace) -> Tensor:
+    """``(C, P)`` ``#{j : neg_scores[c, j] >= r_k}`` of one block by the method ``counting`` (not ``"auto"``)."""
     if counting == "compiled":  # the kernel decodes the sorted keys itself
+        _check_compiled(neg_scores, rel_scores)
         from ._compiled_counts import count_negatives_compiled
 
         rs = keys if keys is not None else rel_scores.gather(1, order).masked_fill_(~vs, float("-inf"))
-        neg_ge = count_negatives_compiled(neg_scores, rs, n_rel, num_bins)
-    elif counting == "histogram":
+        return count_negatives_compiled(neg_scores, rs, n_rel, num_bins)
+    if counting == "histogram":
         # descending relevant scores, padding (-inf) last
         rs = (_decode_key(keys) if order is None else rel_scores.gather(1, order)).masked_fill_(~vs, float("-inf"))
-        neg_ge = _count_negatives_histogram(neg_scores, rs, vs, num_bins, workspace)
-    else:
-        seq, to_seq = _search_sequence(keys, order, rel_scores, vs, neg_scores.dtype)
-        if counting == "dense":
-            neg_ge = _count_negatives_dense(neg_scores, seq, to_seq, workspace)
-        else:
-            pad = _KEY_PAD if keys is not None else float("inf")
-            neg_ge = _count_negatives_search(neg_scores, lo, seq, pad, to_seq, workspace)
-    return rl, neg_ge.add_(arange_p + 1).masked_fill_(~vs, 0)
+        return _count_negatives_histogram(neg_scores, rs, vs, num_bins, workspace)
+    seq, to_seq = _search_sequence(keys, order, rel_scores, vs, neg_scores.dtype)
+    if counting == "dense":
+        return _count_negatives_dense(neg_scores, seq, to_seq, workspace)
+    pad = _KEY_PAD if keys is not None else float("inf")
+    return _count_negatives_search(neg_scores, lo, seq, pad, to_seq, workspace)
 
 
 def _sort_relevant(
