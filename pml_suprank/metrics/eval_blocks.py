@@ -1,12 +1,12 @@
-"""Row blocks of the exact evaluator: the gallery grouped by label path, each query block ranked, chunks sized in
-bytes for the device.
+"""Blocks of the exact evaluator: the gallery grouped by label path, chunks of queries ranked, blocks sized in bytes.
 
-The gallery is permuted once so that items are grouped by their label path (coarsest level first); the items sharing
-the ``m`` coarsest labels of a query then form a contiguous, nested slice ``[a_m, b_m)`` of every score row
-(:func:`label_blocks`), so the level of an item follows from its column. :func:`chunk_ranks` turns one ``(C, N)``
-score block into the positions of every relevant item (:class:`~pml_suprank.metrics.ranks.RetrievalRanks`): on the
-CPU with numba by one fused compiled pass over each row (keys of the relevant slice, a bucket sort, one counting pass
-over the other columns), elsewhere with the torch kernels of :mod:`pml_suprank.metrics.ranks`.
+The gallery is permuted once by label path (coarsest level first, :func:`label_blocks`): the items sharing the ``m``
+coarsest labels of a query form a nested column slice ``[a_m, b_m)`` of its score row, so an item's level follows
+from its column and no ``(Q, N)`` level matrix is built. :func:`chunk_ranks` turns a ``(C, N)`` score block, or the
+column blocks of a gallery too large for the device (:class:`GalleryBlocks`), into
+:class:`~pml_suprank.metrics.ranks.RetrievalRanks`: on the CPU with numba one fused compiled pass per row
+(:func:`~pml_suprank.metrics._compiled_rank_counts.block_ranks_compiled`), elsewhere the torch kernels of
+:mod:`pml_suprank.metrics.ranks`. :func:`block_shape` sizes the chunks and blocks for the device.
 """
 
 from __future__ import annotations
@@ -71,8 +71,10 @@ class GalleryBlocks:
 
     def gather(self, dim: int, col: Tensor) -> Tensor:
         """``scores.gather(1, col)`` (``dim`` must be 1) for a ``(C, P)`` ``col``, from the distinct columns only."""
-        cols, inv = torch.unique(col, return_inverse=True)
-        cols = cols.to(self.gallery.device)
+        used = torch.zeros(self.shape[1], dtype=torch.bool, device=col.device)
+        used[col] = True
+        inv = used.cumsum(0).sub_(1)[col]  # index of each entry among the distinct columns
+        cols = used.nonzero().squeeze(1).to(self.gallery.device)
         out = torch.empty(col.shape, dtype=self.queries.dtype, device=col.device)
         for u0 in range(0, cols.numel(), self.width):
             sub = self._scores(cols[u0 : u0 + self.width])
@@ -110,8 +112,14 @@ def chunk_ranks(
     n_block = b1 - a1
     if P is None:
         P = int(n_block.max()) if C else 0
-    if isinstance(scores, Tensor) and _fused_applies(scores, L, counting):
-        return _chunk_ranks_compiled(scores, starts, ends, self_col, num_bins, P)
+    if isinstance(scores, Tensor) and _fused_applies(scores, L, counting):  # reads the block, never writes it
+        from ._compiled_rank_counts import block_ranks_compiled
+
+        starts, ends = starts.contiguous(), ends.contiguous()
+        sc = torch.full((C,), -1, dtype=torch.long) if self_col is None else self_col.contiguous()
+        levels, positions = block_ranks_compiled(scores, starts, ends, sc, num_bins, P)
+        return RetrievalRanks(levels, positions, block_counts(starts, ends, (sc >= 0).long(), N), L)
+
     t = torch.arange(P, device=device)
     in_block = t[None, :] < n_block[:, None]
     raw = a1[:, None] + t[None, :]  # past the block (possibly past N) on padding slots
@@ -145,23 +153,6 @@ def _fused_applies(scores: Tensor, L: int, counting: str) -> bool:
     if scores.device.type != "cpu" or scores.dtype != torch.float32 or L >= 63 or counting not in ("auto", "compiled"):
         return False
     return _compiled_available()
-
-
-def _chunk_ranks_compiled(
-    scores: Tensor, starts: Tensor, ends: Tensor, self_col: Tensor | None, num_bins: int | None, P: int
-) -> RetrievalRanks:
-    """:func:`chunk_ranks` on the CPU in one fused compiled pass per row (numba): the keys of the relevant slice
-    (score and level in one int64), a bucket sort of them, then the counting of the negatives at or above each
-    relevant item (:func:`~pml_suprank.metrics._compiled_rank_counts.block_ranks_compiled`). The score block is
-    read, never modified."""
-    from ._compiled_rank_counts import block_ranks_compiled
-
-    C, N = scores.shape
-    starts, ends = starts.contiguous(), ends.contiguous()
-    sc = torch.full((C,), -1, dtype=torch.long) if self_col is None else self_col.contiguous()
-    levels, positions = block_ranks_compiled(scores, starts, ends, sc, num_bins, P)
-    has_self = (sc >= 0).long()
-    return RetrievalRanks(levels, positions, block_counts(starts, ends, has_self, N), starts.shape[1])
 
 
 def block_counts(starts: Tensor, ends: Tensor, has_self: Tensor, N: int) -> Tensor:

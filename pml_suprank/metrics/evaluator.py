@@ -1,15 +1,10 @@
-"""Chunked, exact full-ranking retrieval evaluation.
+"""Chunked, exact full-ranking retrieval evaluation (:class:`RetrievalEvaluator`).
 
-The gallery is permuted once so that items are grouped by their label path (coarsest level first): the items sharing
-the ``m`` coarsest labels of a query then form a contiguous, nested slice ``[a_m, b_m)`` of every score row, so the
-level of an item follows from its column and no ``(Q, N)`` level matrix is built (:mod:`.eval_blocks`). For each
-chunk of queries the score block is one matmul; the relevant slice is ranked and negatives are only *counted*
-(:func:`~pml_suprank.metrics.eval_blocks.chunk_ranks`: on the CPU one fused compiled pass per row when numba is
-installed, elsewhere the torch kernels of :mod:`~pml_suprank.metrics.ranks`, a fixed-shape search off the CPU).
-Cost: ``O(Q·N·D)`` for the matmul plus one or two ``O(Q·N)`` streaming passes and ``O(Σ_q P_q log P_q)`` for the
-relevant items; memory: a byte budget per chunk for the device (:func:`~pml_suprank.metrics.eval_blocks.chunk_rows`).
-Every chunk stays on the evaluation device: the per-chunk sizes are read on the host once per call and the
-per-query results are brought back in one transfer at the end, so no chunk waits for the host.
+The gallery is permuted once by label path (:mod:`.eval_blocks`); each chunk of queries is one matmul against it
+(or against its column blocks when it does not fit the device, :func:`~.eval_blocks.block_shape`), its relevant
+items are ranked and the negatives only counted (:func:`~.eval_blocks.chunk_ranks`). Cost ``O(Q·N·D)`` for the
+matmul plus one ``O(Q·N)`` counting pass and ``O(Σ_q P_q log P_q)`` for the relevant items. The chunk sizes are read
+on the host once per call and the per-query results brought back in one transfer at the end.
 """
 
 from __future__ import annotations

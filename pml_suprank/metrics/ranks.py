@@ -190,21 +190,11 @@ def _sort_rows(keys: Tensor) -> Tensor:
 
 
 def _pessimistic_order(scores: Tensor, levels: Tensor, valid: Tensor) -> Tensor:
-    """Argsort ``(C, P)`` by score descending, then level ascending (padding last)."""
-    if scores.dtype == torch.float32 and (levels.numel() == 0 or int(levels.max()) < 64):
-        # one int64 sort: order-preserving int32 image of the float, negated, then the level in the low bits
-        s = scores + 0.0  # turns -0.0 into +0.0 so that equal floats get equal keys
-        bits = s.view(torch.int32).long()
-        mapped = torch.where(bits >= 0, bits, -(bits & 0x7FFFFFFF) - 1)
-        key = (-mapped) * 64 + levels
-        key = key.masked_fill(~valid, torch.iinfo(torch.int64).max)
-        return torch.sort(key, dim=1).indices
-    # generic: stable sort by level, then stable sort by score descending
-    lev = levels.masked_fill(~valid, 0)
-    first = torch.sort(lev, dim=1, stable=True).indices
+    """Argsort ``(C, P)`` by score descending, then level ascending (padding last): a stable sort by level, then a
+    stable sort by score (the route of the inputs :func:`_pessimistic_keys` cannot encode)."""
+    first = torch.sort(levels.masked_fill(~valid, 0), dim=1, stable=True).indices
     s = scores.masked_fill(~valid, float("-inf")).gather(1, first)
-    second = torch.sort(s, dim=1, descending=True, stable=True).indices
-    return first.gather(1, second)
+    return first.gather(1, torch.sort(s, dim=1, descending=True, stable=True).indices)
 
 
 def _workspace(ws: dict | None, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
@@ -287,7 +277,7 @@ def _count_block(neg_scores, counting, keys, order, rel_scores, vs, n_rel, lo, n
     """``(C, P)`` ``#{j : neg_scores[c, j] >= r_k}`` of one block by the method ``counting`` (not ``"auto"``)."""
     if counting == "compiled":  # the kernel decodes the sorted keys itself
         _check_compiled(neg_scores, rel_scores)
-        from ._compiled_counts import count_negatives_compiled
+        from ._compiled_rank_counts import count_negatives_compiled
 
         rs = keys if keys is not None else rel_scores.gather(1, order).masked_fill_(~vs, float("-inf"))
         return count_negatives_compiled(neg_scores, rs, n_rel, num_bins)
@@ -380,7 +370,7 @@ def _compiled_dtypes(neg_scores: Tensor, rel_scores: Tensor) -> bool:
 def _compiled_available() -> bool:
     """Whether the numba kernel can be imported (numba is the optional ``fast`` extra)."""
     try:
-        from . import _compiled_counts  # noqa: F401
+        from . import _compiled_rank_counts  # noqa: F401
     except ImportError:
         return False
     return True
