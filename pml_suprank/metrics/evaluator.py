@@ -71,8 +71,9 @@ class RetrievalEvaluator:
     Args:
         k_values: the ``k`` of the top-k metrics.
         alpha: ``α`` of the H-AP relevance (1 = HAPPIER).
-        chunk_size: queries per chunk; default: a byte budget for the device (:func:`chunk_rows`: 128 MiB on the
-            CPU, a quarter of the free memory on a GPU) divided by the work memory of one query.
+        chunk_size: queries per chunk; default: a byte budget for the device (128 MiB on the CPU, a quarter of the
+            free memory on a GPU) divided by the work memory of one query; a chunk whose whole score rows exceed
+            the budget ranks the gallery in column blocks (:func:`~pml_suprank.metrics.eval_blocks.block_shape`).
         device: where to compute (default: the device of ``query``); a device whose backend is unavailable here
             (e.g. ``"cuda"`` without CUDA) raises ``ValueError`` at construction.
         metrics: metric groups to compute (keys of :data:`METRIC_GROUPS`, one per entry of the metric registry
@@ -249,8 +250,10 @@ class RetrievalEvaluator:
                 tensor: one label each) and the constructor's ``hierarchy`` is their ``(num_fine, L)`` table;
                 default: the constructor's ``multilabel``.
             device: where to compute this call (e.g. ``accelerator.device``); default: the constructor's
-                ``device``, else the device of ``query``. The gallery is moved there once, the queries chunk by
-                chunk; the metrics are those of the CPU (counts identical, floats to rounding).
+                ``device``, else the device of ``query``. The queries travel chunk by chunk; the gallery is moved
+                there once when it fits the budget (:func:`~.eval_blocks.block_shape`), else it stays where it is
+                and travels in column blocks (peak device memory bounded by the blocks, not by its size). The
+                metrics are those of the CPU (counts identical, floats to rounding).
             distributed: split the queries across the processes of ``process_group``: every process must call
                 this with the same arguments (the whole gallery); each ranks its contiguous share of the queries
                 (:func:`pml_suprank.collectives.shard_range`) and the per-query results are gathered once, so every

@@ -1,29 +1,15 @@
 """Positions of the relevant items in the pessimistic full ranking, without sorting whole rows.
 
-Conventions:
-    * ``scores`` ``(Q, N)``: similarity of every gallery item to every query (higher = closer).
-    * ``levels`` ``(Q, N)``: level of every gallery item for every query, in ``{0, ..., L}``; ``L`` = same fine
-      class, ``0`` = negative (see :func:`pml_suprank.relevance.level_matrix`). A bool tensor is a binary
-      (one-level) relevance.
-    * ``mask`` ``(Q, N)`` bool, optional: ``False`` removes an item from the gallery of that query (e.g. the query
-      itself when the gallery is the query set; PML convention).
-    * **Ties are resolved pessimistically**: among items with exactly equal scores the less relevant ones (lower
-      level) are ranked first, then by index. Every metric is the value of this worst-case order, so no result
-      depends on the input order and tied items of equal relevance never penalise each other.
-    * ``scores`` may hold ``±inf`` (``−inf`` ranks last, ``+inf`` first, equal infinities tie pessimistically as any
-      other tie); NaN raises ``ValueError`` naming ``scores``.
+Conventions: ``scores`` ``(Q, N)`` (higher = closer); ``levels`` ``(Q, N)`` in ``{0..L}`` (``L`` = same fine class,
+``0`` = negative; bool = binary relevance); ``mask`` ``(Q, N)`` bool, ``False`` removes an item from that query's
+gallery (e.g. the query itself). **Ties are pessimistic**: among exactly equal scores the less relevant items rank
+first, so no result depends on the input order and tied items of equal relevance never penalise each other.
+``±inf`` scores rank first/last (equal infinities tie like any other tie); NaN raises ``ValueError``.
 
-Algorithm. Only the *relevant* items of a query (level ``>= 1``, ``P`` of them) are sorted, with one int64 key per
-item (order-preserving integer image of the score, level in the low bits). Negatives are only *counted*
-(:func:`rank_relevant_items`, ``counting=``): negatives scoring below the lowest relevant item of their query rank
-after every relevant item and never change a metric, so one comparison pass prunes them and each remaining negative
-is binary-searched among the sorted keys (``"search"``, ``O(N + M log P)`` for ``M`` kept negatives); when most
-negatives overlap the relevant range, a uniform histogram of the row (bins spanning the relevant scores' range,
-``O(N)``) plus an exact correction for the negatives that share a bin with a relevant item is used instead
-(``"histogram"``); on the CPU the same is fused per row into one compiled pass when numba is installed
-(``"compiled"``), and off the CPU every entry is binary-searched with fixed shapes (``"dense"``, no host
-synchronisation). All are exact. Every metric is then computed from the ``(Q, P)`` positions of the relevant items
-(:mod:`pml_suprank.metrics.from_ranks`).
+Algorithm: only the ``P`` relevant items of a query are sorted (one int64 key per item: the order-preserving
+integer image of the score, the level in the low bits); negatives are only *counted* above each relevant item
+(:func:`rank_relevant_items`, ``counting=`` one of :data:`COUNTING_METHODS`, all exact, speed only). Every metric is
+then computed from the ``(Q, P)`` positions (:mod:`pml_suprank.metrics.from_ranks`).
 """
 
 from __future__ import annotations
@@ -232,17 +218,12 @@ def rank_relevant_items(
         rel_levels: ``(C, P)`` int64 levels ``>= 1`` of the relevant items; ``0`` marks a padding slot.
         num_bins: histogram resolution (default ``min(N, 64 P)``); affects speed only, never the result.
         workspace: optional dict in which ``(C, N)`` buffers are kept between calls.
-        counting: how negatives are counted (speed only, never the result; see :data:`COUNTING_METHODS`):
-            ``"search"`` keeps only the negatives scoring at least the lowest relevant score of their row (the others
-            rank after every relevant item and never change a metric) and binary-searches each of them among the
-            sorted relevant scores, ``O(N + M log P)`` for ``M`` such negatives; ``"histogram"`` bins whole rows,
-            ``O(N)`` plus an exact comparison for the negatives sharing a bin with a relevant item; ``"compiled"``
-            is the histogram fused per row into one compiled pass (numba, CPU, float32/float64; the ``fast`` extra);
-            ``"dense"`` binary-searches every entry without pruning, ``O(N log P)`` with fixed shapes and no host
-            synchronisation (the accelerator path); ``"auto"`` picks ``"dense"`` off the CPU, ``"compiled"`` on the
-            CPU when numba is installed, else ``"search"`` when a strided sample of the row block puts fewer than
-            5 % of the negatives in range (the measured break-even on a 2-core CPU lies between 1 % and 11 %) and
-            ``"histogram"`` otherwise.
+        counting: how negatives are counted (speed only, never the result): ``"search"`` binary-searches the
+            negatives scoring at least the row's lowest relevant score (``O(N + M log P)``); ``"histogram"`` bins
+            whole rows and compares exactly within a relevant item's bin (``O(N)``); ``"compiled"``: the histogram
+            in one numba pass per row (CPU); ``"dense"`` binary-searches every entry with fixed shapes and no host
+            synchronisation (accelerators); ``"auto"``: ``"dense"`` off the CPU, ``"compiled"`` with numba, else
+            ``"search"`` when a strided sample puts fewer than 5 % of the negatives in range, else ``"histogram"``.
         max_level: a known upper bound of ``rel_levels`` (the evaluator's ``L``); saves one read-back to the host.
 
     Returns:
