@@ -329,7 +329,8 @@ class RetrievalEvaluator:
         # size the chunks and each chunk's slot width, so that no chunk reads anything back from the device
         n_block = (ends[:, 0] - starts[:, 0]).tolist()
         device = torch.device(device)
-        moved = 0 if gallery.device == device else gallery.numel() * gallery.element_size()
+        # bytes the gallery would take on an accelerator it is not on yet (host memory is never the limit)
+        moved = 0 if device.type in ("cpu", gallery.device.type) else gallery.numel() * gallery.element_size()
         chunk, width = block_shape(N, max(n_block, default=0), device, L, self.chunk_size, moved)
         if width == N:  # whole rows: the gallery on the device once
             gallery = gallery.to(device)
