@@ -85,11 +85,16 @@ class GalleryBlocks:
 
     def negatives(self, a1: Tensor, b1: Tensor) -> Iterator[Tensor]:
         """The ``(C, width)`` score blocks with the columns ``[a1[c], b1[c])`` of row ``c`` (its relevant items and
-        the query itself) set to ``-inf``."""
+        the query itself) set to ``-inf``; only the band ``[min a1, max b1)`` of the chunk is compared."""
+        lo, hi = (int(a1.min()), int(b1.max())) if a1.numel() else (0, 0)
         for r0 in range(0, self.shape[1], self.width):
             block = self._scores(slice(r0, r0 + self.width))
-            cols = torch.arange(r0, r0 + block.shape[1], device=block.device)
-            yield block.masked_fill_((cols >= a1[:, None]) & (cols < b1[:, None]), float("-inf"))
+            c0, c1 = max(lo, r0), min(hi, r0 + block.shape[1])
+            if c0 < c1:
+                cols = torch.arange(c0, c1, device=block.device)
+                inside = (cols >= a1[:, None]) & (cols < b1[:, None])
+                block[:, c0 - r0 : c1 - r0].masked_fill_(inside, float("-inf"))
+            yield block
 
 
 def chunk_ranks(

@@ -332,9 +332,15 @@ class RetrievalEvaluator:
         # bytes the gallery would take on an accelerator it is not on yet (host memory is never the limit)
         moved = 0 if device.type in ("cpu", gallery.device.type) else gallery.numel() * gallery.element_size()
         chunk, width = block_shape(N, max(n_block, default=0), device, L, self.chunk_size, moved)
+        order = None
         if width == N:  # whole rows: the gallery on the device once
             gallery = gallery.to(device)
             score_buf = torch.empty(min(chunk, Q), N, dtype=dtype, device=device)
+        else:  # queries in gallery order: the relevant columns of a chunk are a narrow band (GalleryBlocks.gather)
+            order = torch.sort(starts[:, 0], stable=True).indices
+            starts, ends = starts[order], ends[order]
+            self_col = None if self_col is None else self_col[order]
+            n_block = [n_block[i] for i in order.tolist()]
         block_sizes = [max(n_block[i : i + chunk]) for i in range(0, Q, chunk)]
         starts, ends = starts.to(device), ends.to(device)
         self_col = None if self_col is None else self_col.to(device)
@@ -343,7 +349,8 @@ class RetrievalEvaluator:
         with torch.no_grad():
             for i, s in enumerate(self._chunks(Q, chunk)):
                 e = min(s + chunk, Q)
-                queries = query.detach()[s:e].to(device=device, dtype=dtype)  # the queries travel chunk by chunk
+                rows = slice(s, e) if order is None else order[s:e].to(query.device)
+                queries = query.detach()[rows].to(device=device, dtype=dtype)  # the queries travel chunk by chunk
                 if query_scale != 1.0:
                     queries = queries * query_scale
                 if width == N:
@@ -362,7 +369,12 @@ class RetrievalEvaluator:
                 )
                 for key, value in self._metrics_from_ranks(ranks).items():
                     per_query.setdefault(key, []).append(value)  # stays on the device until the end
-        return _to_host(per_query), Q, L
+        per_query = _to_host(per_query)
+        if order is not None:  # back to query order
+            inverse = torch.empty_like(order)
+            inverse[order] = torch.arange(Q)
+            per_query = {key: value[inverse] for key, value in per_query.items()}
+        return per_query, Q, L
 
     def _metrics_from_ranks(self, ranks: RetrievalRanks) -> dict[str, Tensor]:
         L = ranks.num_levels
