@@ -25,8 +25,7 @@ import numba
 import torch
 from bench_eval import floor_data
 
-from pml_suprank.metrics._compiled_counts import count_negatives_compiled
-from pml_suprank.metrics._compiled_rank_counts import block_ranks_compiled
+from pml_suprank.metrics._compiled_rank_counts import block_ranks_compiled, count_negatives_compiled
 from pml_suprank.metrics.eval_blocks import chunk_rows, label_blocks
 from pml_suprank.metrics.ranks import _pessimistic_keys, _sort_rows
 

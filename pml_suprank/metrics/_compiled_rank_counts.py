@@ -1,37 +1,24 @@
-"""Fused compiled (numba) ranking of a score block whose relevant items are one contiguous column slice per row.
+"""Compiled (numba, CPU) counting of the negatives ranked at or above each relevant item; numba is the optional
+``fast`` extra: import this module lazily and treat ``ImportError`` as "not available".
 
-:func:`block_ranks_compiled` is the evaluator's CPU path (:func:`pml_suprank.metrics.eval_blocks.chunk_ranks`): one
-pass per row builds the pessimistic keys of the relevant slice, sorts them, and counts, for every relevant item, the
-negatives scoring at least as high (every column outside the slice but the query's own). Its results are exactly
-those of the torch counters and of the two-pass route of ``counting="compiled"`` (keys, a sort,
-:func:`~pml_suprank.metrics._compiled_counts.count_negatives_compiled`): same integer positions, same tie rule.
+* :func:`block_ranks_compiled`, the evaluator's CPU path (:func:`pml_suprank.metrics.eval_blocks.chunk_ranks`): per
+  row whose relevant items are one contiguous column slice, (1) the keys ``-m(s)·64 + level`` of the slice (``m``:
+  the order-preserving int32 image of the float32 bits, ``-0.0`` as ``+0.0``), the query's own column left out;
+  (2) a grid of about ``8n`` bins (``num_bins``) in three uniform segments (``mean ± 3·std`` of the relevant scores
+  and the two tails); (3) a bucket sort of the keys on it, finished by an insertion sort inside the bins (a full sort
+  past 16 moves per item), whose bucket starts are the table ``ge[b] = #{k : bin(r_k) > b}``; (4) one counting pass
+  over the negatives in tiles of :data:`_TILE` columns: ``a = ge[bin(s)]``, then an exact comparison with the
+  relevant items of that bin, ``hist[a] += 1``; ``neg_ge = cumsum(hist)``. Tiles holding only entries below every
+  relevant item are skipped in rows where a sample says most are.
+* :func:`count_negatives_compiled`, ``counting="compiled"`` of :func:`pml_suprank.metrics.ranks.rank_relevant_items`
+  (any block of negatives, relevant items already sorted): the same count on one uniform grid per row.
 
-Per row (``n`` relevant items, ``N`` columns):
-
-1. keys ``-m(s)·64 + level`` of the slice (``m``: the order-preserving int32 image of the float32 bits, ``-0.0``
-   as ``+0.0``), the query's own column left out; their extremes give the score range and whether it is finite;
-2. a grid of about ``8n`` bins (``num_bins``) in three uniform segments: ``mean ± 3·std`` of the relevant scores,
-   and below and above it the tails (far outliers such as near-duplicates of the query), with as many bins per item
-   in each segment;
-3. a bucket sort of the keys on that grid (descending bins), finished by an insertion sort inside the bins (a row
-   needing more than 16 moves per item is sorted in full instead); the bucket starts are the lookup table
-   ``ge[b] = #{k : bin(r_k) > b}``;
-4. the counting pass over the negatives in tiles of :data:`_TILE` columns: a branch-free, vectorised loop computes
-   the bin of every entry, then a scalar loop takes ``a = ge[bin(s)]``, steps over the relevant items of the bin
-   scoring higher than ``s`` (one branch-free step, more only in crowded bins: linear scan, or a binary search past
-   8 items) and adds one to ``hist[a] = #{negatives s : #{k : r_k > s} = a}``; ``neg_ge = cumsum(hist)``.
-   In rows where a sample of the negatives mostly scores below every relevant item, tiles holding only such
-   entries are skipped.
-
-Exactness: in each segment ``bin(s) = trunc(clamp((s - start) · scale, 0, top))`` in float32 is a chain of
-correctly rounded, monotone operations and the segment follows from two comparisons, so the bin is non-decreasing
-in ``s``: an entry in a higher bin than a relevant item scores strictly higher, one in a lower bin strictly lower,
-and only the relevant items of its own bin are compared exactly. No arithmetic decides an order; the grid (its
-range, the number of bins) only affects the speed. Rows whose relevant scores are not all finite take the two-pass
-kernel's code (same results).
-
-Negatives scoring below the lowest relevant item (also ``-inf``) never count; ``NaN`` negatives count above every
-relevant item, as in the two-pass kernel. The score block is read, never written.
+Exactness: ``bin(s)`` is a chain of correctly rounded monotone operations (a segment chosen by two comparisons, then
+``trunc(clamp((s - start) · scale, 0, top))``), so it is non-decreasing in ``s``: only the relevant items of an
+entry's own bin are compared, and the grid affects the speed only. Both kernels give the positions and tie rule of
+the torch counters. Negatives below the lowest relevant item (also ``-inf``) never count; ``NaN`` negatives count
+above every relevant item. Rows whose relevant scores are not all finite take the uniform-grid route. The score
+block is read, never written.
 """
 
 from __future__ import annotations
@@ -43,7 +30,7 @@ from torch import Tensor
 
 from ._numba_jit import _threads, njit
 
-__all__ = ["block_ranks_compiled"]
+__all__ = ["block_ranks_compiled", "count_negatives_compiled"]
 
 _KEY_PAD = (2**63 - 1) & ~63  # larger than every key; level bits 0 (== ranks._KEY_PAD)
 _DEFAULT_BINS = 8  # counting bins per relevant item
@@ -57,8 +44,8 @@ _ONE = np.uint32(1)
 _INF_IMAGE = 0x7F800000  # image of +inf (that of -inf is -_INF_IMAGE - 1); NaN images lie beyond
 
 
-# the uniform-grid counter of one row: rows whose relevant scores are not all finite, and the counting of
-# :func:`pml_suprank.metrics._compiled_counts.count_negatives_compiled`
+# the uniform-grid counter of one row: rows whose relevant scores are not all finite, and
+# :func:`count_negatives_compiled`
 
 
 @njit(inline="always")
@@ -456,3 +443,66 @@ def block_ranks_compiled(
                 positions.numpy(),
             )
     return levels, positions
+
+
+@njit(parallel=True, nogil=True)
+def _count_rows(neg, rs, n_rel, num_bins, out):  # pragma: no cover - compiled
+    """``out[c, k] = #{j : neg[c, j] >= rs[c, k]}`` for ``k < n_rel[c]`` (0 elsewhere).
+
+    ``neg`` ``(C, N)``; ``rs`` ``(C, P)`` relevant scores in descending order (the first ``n_rel[c]`` of a row are
+    valid); ``num_bins`` ``<= 0`` means ``_DEFAULT_BINS · n_rel[c]`` bins.
+    """
+    for c in numba.prange(neg.shape[0]):
+        out[c, :] = 0
+        n = n_rel[c]
+        if n > 0:
+            r = np.empty(n + 1, rs.dtype)
+            r[:n] = rs[c, :n]
+            r[n] = -np.inf
+            _count_row(neg[c], r, n, num_bins, out[c])
+
+
+@njit(parallel=True, nogil=True)
+def _count_rows_keys(neg, keys, n_rel, num_bins, out):  # pragma: no cover - compiled
+    """:func:`_count_rows` for float32 ``neg`` with the relevant items given by their sorted int64 pessimistic keys
+    ``-m(r)·64 + level`` (:func:`pml_suprank.metrics.ranks._pessimistic_keys`), decoded here row by row."""
+    for c in numba.prange(neg.shape[0]):
+        out[c, :] = 0
+        n = n_rel[c]
+        if n > 0:
+            _count_row(neg[c], _decode_keys(keys[c], n), n, num_bins, out[c])
+
+
+def count_negatives_compiled(neg_scores: Tensor, rs: Tensor, n_rel: Tensor, num_bins: int | None = None) -> Tensor:
+    """``neg_ge[c, k] = #{j : neg_scores[c, j] >= rs[c, k]}`` for the valid relevant items, with the compiled kernel.
+
+    Args:
+        neg_scores: ``(C, N)`` float32/float64 CPU scores of the negatives, ``-inf`` (or anything below the row's
+            lowest relevant score) elsewhere. Not modified.
+        rs: ``(C, P)`` float32/float64 relevant scores in descending order per row, valid slots first; or, with
+            float32 ``neg_scores``, their sorted int64 pessimistic keys (``-m(r)·64 + level``, decoded in the kernel).
+        n_rel: ``(C,)`` int64 number of valid slots of each row of ``rs``.
+        num_bins: bins per row (default ``8 · n_rel``, at most ``64 · n_rel``); speed only.
+
+    Returns:
+        ``(C, P)`` int64 counts, ``0`` on padding slots.
+
+    Raises:
+        ValueError: a tensor not on the CPU or of an unsupported dtype (naming the argument).
+    """
+    keys = rs.dtype == torch.int64
+    for name, t in (("neg_scores", neg_scores), ("rs", rs)):
+        if t.device.type != "cpu" or t.dtype not in (torch.float32, torch.float64) and not (name == "rs" and keys):
+            raise ValueError(f"{name} must be a float32/float64 CPU tensor; got {t.dtype} on {t.device}")
+    if keys and neg_scores.dtype != torch.float32:
+        raise ValueError(f"int64 keys rs need float32 neg_scores; got {neg_scores.dtype}")
+    C, P = rs.shape
+    out = torch.empty(C, P, dtype=torch.int64)
+    if C == 0 or P == 0:
+        return out.zero_()
+    neg = neg_scores.detach().contiguous().numpy()
+    rel = rs.detach().contiguous().numpy()
+    counts = n_rel.detach().to(torch.int64).contiguous().numpy()
+    with _threads():
+        (_count_rows_keys if keys else _count_rows)(neg, rel, counts, int(num_bins or 0), out.numpy())
+    return out

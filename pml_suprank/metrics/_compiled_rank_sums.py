@@ -18,8 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._compiled_counts import _threads
-from ._numba_jit import njit
+from ._numba_jit import _threads, njit
 
 __all__ = ["rank_sums_compiled"]
 

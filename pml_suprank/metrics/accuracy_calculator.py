@@ -142,19 +142,11 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
             ours = [m for m in self._multilabel_groups(include) if m in self.get_function_dict(include, exclude)]
             result: dict[str, Any] = {}
             if ours:
-                evaluator = RetrievalEvaluator(
-                    metrics=ours, device=self.device, hierarchy=self.hierarchy, multilabel=True,
-                    **self._evaluator_kwargs,
-                )  # fmt: skip
-                self._run(evaluator, query, query_labels, reference, reference_labels, ref_includes_query)
-                self._num_levels = 1 if self.hierarchy is None else self.hierarchy.num_levels
+                self._cache, self._num_levels = self._run(ours, query, query_labels, reference, reference_labels,
+                                                          ref_includes_query)  # fmt: skip
                 self._collect(ours, named, result)
             return result
-        query_labels = check_labels("query_labels", query_labels, len(query), n_name="query")
-        reference_labels = check_labels("reference_labels", reference_labels, len(reference), n_name="reference")
-        ql, rl = hierarchical_label_pair(
-            query_labels, reference_labels, self.hierarchy, names=("query_labels", "reference_labels")
-        )
+        ql, rl = self._label_pair(query, query_labels, reference, reference_labels)
         wanted = list(self.get_function_dict(include, exclude))
         # a multi-label group (mean_label_ap) is computed on single-label data only when named: it repeats "ap"
         ours = [m for m in wanted if m in _ADDED and (METRICS[m].single_label or m in named)]
@@ -174,9 +166,7 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
                 )
             )
         if ours:
-            evaluator = RetrievalEvaluator(metrics=ours, device=self.device, **self._evaluator_kwargs)
-            self._run(evaluator, query, ql, reference, rl, ref_includes_query)
-            self._num_levels = ql.shape[1]
+            self._cache, self._num_levels = self._run(ours, query, ql, reference, rl, ref_includes_query)
             self._collect(ours, named, result)
         return result
 
@@ -227,8 +217,8 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
             query, query_labels, reference, reference_labels, ref_includes_query, include=tuple(theirs)
         )
 
-    def _evaluate_group(self, spec: MetricSpec, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """Evaluate the group ``spec`` on the inputs PML passes to a metric function (``fn(**kwargs)``)."""
+    def _evaluate_group(self, spec: MetricSpec, kwargs: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        """``(values, L)`` of the group ``spec`` on the inputs PML passes to a metric function (``fn(**kwargs)``)."""
         missing = [k for k in ("query", "query_labels") if k not in kwargs]
         if missing:
             raise ValueError(
@@ -244,29 +234,17 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
             reference = c_f.numpy_to_torch(reference)
             reference_labels = integer_labels("reference_labels", kwargs.get("reference_labels"))
             riq = bool(kwargs.get("ref_includes_query", False))
-        if self.multilabel:
-            evaluator = RetrievalEvaluator(
-                metrics=[spec.name], device=self.device, hierarchy=self.hierarchy, multilabel=True,
-                **self._evaluator_kwargs,
-            )  # fmt: skip
-            num_levels = 1 if self.hierarchy is None else self.hierarchy.num_levels
-        else:
-            query_labels = check_labels("query_labels", query_labels, len(query), n_name="query")
-            reference_labels = check_labels("reference_labels", reference_labels, len(reference), n_name="reference")
-            query_labels, reference_labels = hierarchical_label_pair(
-                query_labels, reference_labels, self.hierarchy, names=("query_labels", "reference_labels")
-            )
-            evaluator = RetrievalEvaluator(metrics=[spec.name], device=self.device, **self._evaluator_kwargs)
-            num_levels = query_labels.shape[1]
-        same = reference is query
-        values = evaluator.evaluate(
-            query.float(),
-            query_labels,
-            None if same else reference.float(),
-            None if same else reference_labels,
-            ref_includes_query=riq and not same,
+        if not self.multilabel:
+            query_labels, reference_labels = self._label_pair(query, query_labels, reference, reference_labels)
+        return self._run([spec.name], query, query_labels, reference, reference_labels, riq)
+
+    def _label_pair(self, query: Any, query_labels: Any, reference: Any, reference_labels: Any) -> tuple[Any, Any]:
+        """Checked ``(Q, L)`` and ``(N, L)`` single-label label tensors (1-D labels expanded through ``hierarchy``)."""
+        query_labels = check_labels("query_labels", query_labels, len(query), n_name="query")
+        reference_labels = check_labels("reference_labels", reference_labels, len(reference), n_name="reference")
+        return hierarchical_label_pair(
+            query_labels, reference_labels, self.hierarchy, names=("query_labels", "reference_labels")
         )
-        return {"values": values, "num_levels": num_levels}
 
     def _multilabel_groups(self, include: Sequence[str]) -> list[str]:
         """The added groups of a multi-label call: those named in ``include`` (of this call, else of the
@@ -282,16 +260,21 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
             return list(multilabel_groups(named))
         return [m for m in MULTILABEL_GROUPS if m in _ADDED]
 
-    def _run(self, evaluator: RetrievalEvaluator, query: Any, ql: Any, reference: Any, rl: Any, riq: bool) -> None:
-        """Evaluate once into the cache read by the ``calculate_<group>`` methods."""
+    def _run(
+        self, groups: Sequence[str], query: Any, ql: Any, reference: Any, rl: Any, riq: bool
+    ) -> tuple[dict[str, Any], int]:
+        """``(evaluate's result, L)`` of the added ``groups`` (multi-label when the calculator is)."""
+        if self.multilabel:
+            evaluator = RetrievalEvaluator(metrics=groups, device=self.device, hierarchy=self.hierarchy,
+                                           multilabel=True, **self._evaluator_kwargs)  # fmt: skip
+            num_levels = 1 if self.hierarchy is None else self.hierarchy.num_levels
+        else:
+            evaluator = RetrievalEvaluator(metrics=groups, device=self.device, **self._evaluator_kwargs)
+            num_levels = ql.shape[1]
         same = reference is query
-        self._cache = evaluator.evaluate(
-            query.float(),
-            ql,
-            None if same else reference.float(),
-            None if same else rl,
-            ref_includes_query=riq and not same,
-        )
+        values = evaluator.evaluate(query.float(), ql, None if same else reference.float(), None if same else rl,
+                                    ref_includes_query=riq and not same)  # fmt: skip
+        return values, num_levels
 
     def _collect(self, ours: Sequence[str], named: set[str], result: dict[str, Any]) -> None:
         """Add the cached values of the groups ``ours`` (and the query counts) to ``result``."""
@@ -329,8 +312,7 @@ def _calculate(spec: MetricSpec) -> Any:
 
     def calculate(self: HierarchicalAccuracyCalculator, **kwargs: Any) -> float | dict[str, float]:
         if kwargs:  # called the way PML calls metric functions: evaluate on the inputs given
-            run = self._evaluate_group(spec, kwargs)
-            cache, num_levels = run["values"], run["num_levels"]
+            cache, num_levels = self._evaluate_group(spec, kwargs)
         else:  # inside get_accuracy: the evaluation ran once for every group
             cache, num_levels = self._cache, self._num_levels
         if spec.key == spec.name:

@@ -1,22 +1,33 @@
-"""Row blocks of the exact evaluator: the gallery grouped by label path, each query block ranked, chunks sized in
-bytes for the device.
+"""Blocks of the exact evaluator: the gallery grouped by label path, chunks of queries ranked, blocks sized in bytes.
 
-The gallery is permuted once so that items are grouped by their label path (coarsest level first); the items sharing
-the ``m`` coarsest labels of a query then form a contiguous, nested slice ``[a_m, b_m)`` of every score row
-(:func:`label_blocks`), so the level of an item follows from its column. :func:`chunk_ranks` turns one ``(C, N)``
-score block into the positions of every relevant item (:class:`~pml_suprank.metrics.ranks.RetrievalRanks`): on the
-CPU with numba by one fused compiled pass over each row (keys of the relevant slice, a bucket sort, one counting pass
-over the other columns), elsewhere with the torch kernels of :mod:`pml_suprank.metrics.ranks`.
+The gallery is permuted once by label path (coarsest level first, :func:`label_blocks`): the items sharing the ``m``
+coarsest labels of a query form a nested column slice ``[a_m, b_m)`` of its score row, so an item's level follows
+from its column and no ``(Q, N)`` level matrix is built. :func:`chunk_ranks` turns a ``(C, N)`` score block, or the
+column blocks of a gallery too large for the device (:class:`GalleryBlocks`), into
+:class:`~pml_suprank.metrics.ranks.RetrievalRanks`: on the CPU with numba one fused compiled pass per row
+(:func:`~pml_suprank.metrics._compiled_rank_counts.block_ranks_compiled`), elsewhere the torch kernels of
+:mod:`pml_suprank.metrics.ranks`. :func:`block_shape` sizes the chunks and blocks for the device.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
 
 from .ranks import RetrievalRanks, _compiled_available, rank_relevant_items
 
-__all__ = ["CPU_CHUNK_BYTES", "block_counts", "chunk_ranks", "chunk_rows", "label_blocks"]
+__all__ = [
+    "CPU_CHUNK_BYTES",
+    "GalleryBlocks",
+    "block_counts",
+    "block_shape",
+    "chunk_ranks",
+    "chunk_rows",
+    "device_budget",
+    "label_blocks",
+]
 
 
 def label_blocks(query_labels: Tensor, ref_labels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -45,8 +56,49 @@ def label_blocks(query_labels: Tensor, ref_labels: Tensor) -> tuple[Tensor, Tens
     return perm, torch.stack(starts, 1), torch.stack(ends, 1)
 
 
+class GalleryBlocks:
+    """The scores of a chunk of queries against a gallery that stays where it is (e.g. host memory), computed
+    block by block on the queries' device: ``(C, D)`` ``queries``, ``(N, D)`` ``gallery``, ``width`` gallery items
+    per block. Every block is ``queries @ gallery[cols].T`` of a set of whole columns, so the scores are those of
+    one ``(C, N)`` matmul."""
+
+    def __init__(self, queries: Tensor, gallery: Tensor, width: int) -> None:
+        self.queries, self.gallery, self.width = queries, gallery, width
+        self.shape = (queries.shape[0], gallery.shape[0])
+
+    def _scores(self, rows: Tensor | slice) -> Tensor:
+        return torch.mm(self.queries, self.gallery[rows].to(self.queries.device, non_blocking=True).T)
+
+    def gather(self, dim: int, col: Tensor) -> Tensor:
+        """``scores.gather(1, col)`` (``dim`` must be 1) for a ``(C, P)`` ``col``, from the distinct columns only."""
+        used = torch.zeros(self.shape[1], dtype=torch.bool, device=col.device)
+        used[col] = True
+        inv = used.cumsum(0).sub_(1)[col]  # index of each entry among the distinct columns
+        cols = used.nonzero().squeeze(1).to(self.gallery.device)
+        out = torch.empty(col.shape, dtype=self.queries.dtype, device=col.device)
+        for u0 in range(0, cols.numel(), self.width):
+            sub = self._scores(cols[u0 : u0 + self.width])
+            local = inv - u0
+            inside = (local >= 0) & (local < sub.shape[1])
+            out = torch.where(inside, sub.gather(1, local.clamp(0, sub.shape[1] - 1)), out)
+        return out
+
+    def negatives(self, a1: Tensor, b1: Tensor) -> Iterator[Tensor]:
+        """The ``(C, width)`` score blocks with the columns ``[a1[c], b1[c])`` of row ``c`` (its relevant items and
+        the query itself) set to ``-inf``; only the band ``[min a1, max b1)`` of the chunk is compared."""
+        lo, hi = (int(a1.min()), int(b1.max())) if a1.numel() else (0, 0)
+        for r0 in range(0, self.shape[1], self.width):
+            block = self._scores(slice(r0, r0 + self.width))
+            c0, c1 = max(lo, r0), min(hi, r0 + block.shape[1])
+            if c0 < c1:
+                cols = torch.arange(c0, c1, device=block.device)
+                inside = (cols >= a1[:, None]) & (cols < b1[:, None])
+                block[:, c0 - r0 : c1 - r0].masked_fill_(inside, float("-inf"))
+            yield block
+
+
 def chunk_ranks(
-    scores: Tensor,
+    scores: Tensor | GalleryBlocks,
     starts: Tensor,
     ends: Tensor,
     self_col: Tensor | None,
@@ -55,17 +107,24 @@ def chunk_ranks(
     counting: str = "auto",
     P: int | None = None,
 ) -> RetrievalRanks:
-    """Ranks of one chunk from its ``(C, N)`` score block (overwritten) and the label slices ``(C, L)``; ``P``: the
-    largest first-level block ``max(ends[:, 0] - starts[:, 0])`` if known on the host (else read back)."""
+    """Ranks of one chunk from its ``(C, N)`` score block (overwritten) or its :class:`GalleryBlocks`, and the label
+    slices ``(C, L)``; ``P``: the largest first-level block ``max(ends[:, 0] - starts[:, 0])`` if known on the host
+    (else read back)."""
     C, N = scores.shape
     L = starts.shape[1]
-    device = scores.device
+    device = starts.device
     a1, b1 = starts[:, 0], ends[:, 0]
     n_block = b1 - a1
     if P is None:
         P = int(n_block.max()) if C else 0
-    if _fused_applies(scores, L, counting):
-        return _chunk_ranks_compiled(scores, starts, ends, self_col, num_bins, P)
+    if isinstance(scores, Tensor) and _fused_applies(scores, L, counting):  # reads the block, never writes it
+        from ._compiled_rank_counts import block_ranks_compiled
+
+        starts, ends = starts.contiguous(), ends.contiguous()
+        sc = torch.full((C,), -1, dtype=torch.long) if self_col is None else self_col.contiguous()
+        levels, positions = block_ranks_compiled(scores, starts, ends, sc, num_bins, P)
+        return RetrievalRanks(levels, positions, block_counts(starts, ends, (sc >= 0).long(), N), L)
+
     t = torch.arange(P, device=device)
     in_block = t[None, :] < n_block[:, None]
     raw = a1[:, None] + t[None, :]  # past the block (possibly past N) on padding slots
@@ -81,10 +140,14 @@ def chunk_ranks(
     # empty), so one scatter keeps only the negatives in the score block (the query itself lies in its own block)
     col = torch.where(in_block, raw, a1.clamp_max(max(N - 1, 0))[:, None])
     rel_scores = scores.gather(1, col)
-    if P:
-        scores.scatter_(1, col, rel_scores.masked_fill((n_block > 0)[:, None], float("-inf")))
+    if isinstance(scores, GalleryBlocks):
+        negatives = scores.negatives(a1, b1)
+    else:
+        negatives = scores
+        if P:
+            scores.scatter_(1, col, rel_scores.masked_fill((n_block > 0)[:, None], float("-inf")))
     levels, positions = rank_relevant_items(
-        scores, rel_scores, lev, num_bins=num_bins, workspace=workspace, counting=counting, max_level=L
+        negatives, rel_scores, lev, num_bins=num_bins, workspace=workspace, counting=counting, max_level=L
     )
     return RetrievalRanks(levels, positions, block_counts(starts, ends, has_self, N), L)
 
@@ -95,23 +158,6 @@ def _fused_applies(scores: Tensor, L: int, counting: str) -> bool:
     if scores.device.type != "cpu" or scores.dtype != torch.float32 or L >= 63 or counting not in ("auto", "compiled"):
         return False
     return _compiled_available()
-
-
-def _chunk_ranks_compiled(
-    scores: Tensor, starts: Tensor, ends: Tensor, self_col: Tensor | None, num_bins: int | None, P: int
-) -> RetrievalRanks:
-    """:func:`chunk_ranks` on the CPU in one fused compiled pass per row (numba): the keys of the relevant slice
-    (score and level in one int64), a bucket sort of them, then the counting of the negatives at or above each
-    relevant item (:func:`~pml_suprank.metrics._compiled_rank_counts.block_ranks_compiled`). The score block is
-    read, never modified."""
-    from ._compiled_rank_counts import block_ranks_compiled
-
-    C, N = scores.shape
-    starts, ends = starts.contiguous(), ends.contiguous()
-    sc = torch.full((C,), -1, dtype=torch.long) if self_col is None else self_col.contiguous()
-    levels, positions = block_ranks_compiled(scores, starts, ends, sc, num_bins, P)
-    has_self = (sc >= 0).long()
-    return RetrievalRanks(levels, positions, block_counts(starts, ends, has_self, N), starts.shape[1])
 
 
 def block_counts(starts: Tensor, ends: Tensor, has_self: Tensor, N: int) -> Tensor:
@@ -141,24 +187,61 @@ _SLOT_BYTES = {"cpu": 48, "accelerator": 96}
 _COMPILED_SLOT_BYTES = 24
 
 
-def chunk_rows(n_ref: int, n_slots: int, device: torch.device, levels: int = 2) -> int:
-    """Queries per chunk from a byte budget for ``device``.
+#: queries per chunk aimed at when the gallery is streamed in column blocks (few passes over a gallery that is
+#: moved block by block, blocks wide enough for an efficient matmul)
+_STREAM_ROWS = 4096
 
-    On the CPU the budget is :data:`CPU_CHUNK_BYTES` (128 MiB: a few hundred queries at SOP scale). On an
-    accelerator it is a quarter of the free memory
-    (``torch.cuda.mem_get_info``), between 256 MiB and 16 GiB: few large chunks, hence few kernel launches.
-    Each query costs ``n_ref`` score entries plus ``n_slots`` relevant slots (times the number of levels, except
-    with the compiled CPU kernels).
-    """
+
+def device_budget(device: torch.device) -> int:
+    """Bytes of work memory of one chunk on ``device``: :data:`CPU_CHUNK_BYTES` on the CPU (128 MiB: a few hundred
+    queries at SOP scale); on a CUDA device a quarter of the free memory (``torch.cuda.mem_get_info``), between
+    256 MiB and 16 GiB (few large chunks, hence few kernel launches); 1 GiB on other accelerators."""
+    if device.type == "cuda" and torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info(device)
+        return min(max(free // 4, 2**28), 2**34)
+    return CPU_CHUNK_BYTES if device.type == "cpu" else 2**30
+
+
+def _row_bytes(n_ref: int, n_slots: int, device: torch.device, levels: int) -> tuple[int, int]:
+    """``(bytes per score entry, bytes of the relevant slots)`` of one query: ``n_slots`` slots times the number of
+    levels, except with the compiled CPU kernels (a fixed cost per slot)."""
     kind = "cpu" if device.type == "cpu" else "accelerator"
     slot_bytes = _SLOT_BYTES[kind] * max(levels, 1)
     if kind == "cpu" and _compiled_available():
         slot_bytes = _COMPILED_SLOT_BYTES
-    per_row = n_ref * _ENTRY_BYTES[kind] + n_slots * slot_bytes + 1
-    budget = CPU_CHUNK_BYTES
-    if device.type == "cuda" and torch.cuda.is_available():
-        free, _ = torch.cuda.mem_get_info(device)
-        budget = min(max(free // 4, 2**28), 2**34)
-    elif kind == "accelerator":
-        budget = 2**30
-    return max(16, budget // per_row)
+    return _ENTRY_BYTES[kind], n_slots * slot_bytes + 1
+
+
+def chunk_rows(n_ref: int, n_slots: int, device: torch.device, levels: int = 2) -> int:
+    """Queries per chunk of whole score rows: :func:`device_budget` divided by the bytes of one query (``n_ref``
+    score entries plus ``n_slots`` relevant slots), at least 16."""
+    entry, slots = _row_bytes(n_ref, n_slots, device, levels)
+    return max(16, device_budget(device) // (n_ref * entry + slots))
+
+
+def block_shape(
+    n_ref: int,
+    n_slots: int,
+    device: torch.device,
+    levels: int = 2,
+    chunk_size: int | None = None,
+    gallery_bytes: int = 0,
+) -> tuple[int, int]:
+    """``(queries per chunk, gallery items per block)`` of the evaluation on ``device``.
+
+    Whole rows (``n_ref`` items per block, the gallery moved to ``device`` once) while ``chunk_size`` queries
+    (default :func:`chunk_rows`, at least 16) fit in :func:`device_budget` and the gallery in twice that
+    (``gallery_bytes``: its size where it is now; ``0`` when it already is on ``device``). Otherwise the gallery
+    stays where it is and is streamed in column blocks (:class:`GalleryBlocks`) sized so that a chunk of
+    ``chunk_size`` (default about :data:`_STREAM_ROWS`) queries fits the budget: peak device memory is then bounded
+    by the blocks, whatever ``n_ref``.
+    """
+    budget = device_budget(device)
+    entry, slots = _row_bytes(n_ref, n_slots, device, levels)
+    rows = chunk_size or budget // (n_ref * entry + slots)
+    if gallery_bytes <= 2 * budget and rows >= (1 if chunk_size else 16) and rows * (n_ref * entry + slots) <= budget:
+        return rows, n_ref
+    if chunk_size is None:
+        cols = min(n_ref, max(16, budget // (_STREAM_ROWS * entry)))
+        return max(16, budget // (cols * entry + slots)), cols
+    return chunk_size, min(n_ref, max(16, (budget - chunk_size * slots) // (chunk_size * entry)))

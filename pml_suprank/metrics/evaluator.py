@@ -1,15 +1,10 @@
-"""Chunked, exact full-ranking retrieval evaluation.
+"""Chunked, exact full-ranking retrieval evaluation (:class:`RetrievalEvaluator`).
 
-The gallery is permuted once so that items are grouped by their label path (coarsest level first): the items sharing
-the ``m`` coarsest labels of a query then form a contiguous, nested slice ``[a_m, b_m)`` of every score row, so the
-level of an item follows from its column and no ``(Q, N)`` level matrix is built (:mod:`.eval_blocks`). For each
-chunk of queries the score block is one matmul; the relevant slice is ranked and negatives are only *counted*
-(:func:`~pml_suprank.metrics.eval_blocks.chunk_ranks`: on the CPU one fused compiled pass per row when numba is
-installed, elsewhere the torch kernels of :mod:`~pml_suprank.metrics.ranks`, a fixed-shape search off the CPU).
-Cost: ``O(Q·N·D)`` for the matmul plus one or two ``O(Q·N)`` streaming passes and ``O(Σ_q P_q log P_q)`` for the
-relevant items; memory: a byte budget per chunk for the device (:func:`~pml_suprank.metrics.eval_blocks.chunk_rows`).
-Every chunk stays on the evaluation device: the per-chunk sizes are read on the host once per call and the
-per-query results are brought back in one transfer at the end, so no chunk waits for the host.
+The gallery is permuted once by label path (:mod:`.eval_blocks`); each chunk of queries is one matmul against it
+(or against its column blocks when it does not fit the device, :func:`~.eval_blocks.block_shape`), its relevant
+items are ranked and the negatives only counted (:func:`~.eval_blocks.chunk_ranks`). Cost ``O(Q·N·D)`` for the
+matmul plus one ``O(Q·N)`` counting pass and ``O(Σ_q P_q log P_q)`` for the relevant items. The chunk sizes are read
+on the host once per call and the per-query results brought back in one transfer at the end.
 """
 
 from __future__ import annotations
@@ -34,7 +29,7 @@ from .._validation import (
 )
 from ..collectives import all_gather, comm_device, is_distributed, shard_range
 from ..relevance import Hierarchy, as_hierarchy, hierarchical_label_pair
-from .eval_blocks import block_counts, chunk_ranks, chunk_rows, label_blocks
+from .eval_blocks import GalleryBlocks, block_counts, block_shape, chunk_ranks, label_blocks
 from .multilabel_eval import evaluate_multilabel, multilabel_groups
 from .ranks import COUNTING_METHODS, RetrievalRanks
 from .registry import METRIC_GROUPS, SINGLE_LABEL_GROUPS, TOP_K_GROUPS, check_groups, metrics_from_ranks
@@ -76,8 +71,9 @@ class RetrievalEvaluator:
     Args:
         k_values: the ``k`` of the top-k metrics.
         alpha: ``α`` of the H-AP relevance (1 = HAPPIER).
-        chunk_size: queries per chunk; default: a byte budget for the device (:func:`chunk_rows`: 128 MiB on the
-            CPU, a quarter of the free memory on a GPU) divided by the work memory of one query.
+        chunk_size: queries per chunk; default: a byte budget for the device (128 MiB on the CPU, a quarter of the
+            free memory on a GPU) divided by the work memory of one query; a chunk whose whole score rows exceed
+            the budget ranks the gallery in column blocks (:func:`~pml_suprank.metrics.eval_blocks.block_shape`).
         device: where to compute (default: the device of ``query``); a device whose backend is unavailable here
             (e.g. ``"cuda"`` without CUDA) raises ``ValueError`` at construction.
         metrics: metric groups to compute (keys of :data:`METRIC_GROUPS`, one per entry of the metric registry
@@ -215,13 +211,6 @@ class RetrievalEvaluator:
             self_idx = torch.arange(Q)
         return query, ql, reference, rl, self_idx
 
-    def _default_chunk(self, n_ref: int, n_slots: int = 0, device: torch.device | str = "cpu", levels: int = 2) -> int:
-        """Queries per chunk: ``chunk_size``, else a byte budget for ``device`` divided by the bytes of one query's
-        row (see :func:`chunk_rows`; ``n_slots``: the largest first-level label block, ``levels``: ``L``)."""
-        if self.chunk_size is not None:
-            return self.chunk_size
-        return chunk_rows(n_ref, n_slots, torch.device(device), levels)
-
     def _chunks(self, num_queries: int, chunk: int) -> Iterable[int]:
         starts = range(0, num_queries, chunk)
         if not self.progress_bar:
@@ -261,8 +250,10 @@ class RetrievalEvaluator:
                 tensor: one label each) and the constructor's ``hierarchy`` is their ``(num_fine, L)`` table;
                 default: the constructor's ``multilabel``.
             device: where to compute this call (e.g. ``accelerator.device``); default: the constructor's
-                ``device``, else the device of ``query``. The gallery is moved there once, the queries chunk by
-                chunk; the metrics are those of the CPU (counts identical, floats to rounding).
+                ``device``, else the device of ``query``. The queries travel chunk by chunk; the gallery is moved
+                there once when it fits the budget (:func:`~.eval_blocks.block_shape`), else it stays where it is
+                and travels in column blocks (peak device memory bounded by the blocks, not by its size). The
+                metrics are those of the CPU (counts identical, floats to rounding).
             distributed: split the queries across the processes of ``process_group``: every process must call
                 this with the same arguments (the whole gallery); each ranks its contiguous share of the queries
                 (:func:`pml_suprank.collectives.shard_range`) and the per-query results are gathered once, so every
@@ -332,25 +323,40 @@ class RetrievalEvaluator:
             inv[perm] = torch.arange(N)
             self_col = torch.full((Q,), -1, dtype=torch.long)
             self_col[self_idx] = inv[self_idx]
-        gallery = reference.detach()[perm.to(reference.device)].to(device=device, dtype=dtype)
+        gallery = reference.detach()[perm.to(reference.device)].to(dtype=dtype)
         query_scale, gallery = overflow_safe_scales(query, gallery)
         # relevant slots of every query (its first-level label block), read once per call from host tensors: they
         # size the chunks and each chunk's slot width, so that no chunk reads anything back from the device
         n_block = (ends[:, 0] - starts[:, 0]).tolist()
-        chunk = self._default_chunk(N, max(n_block, default=0), device, L)
+        device = torch.device(device)
+        # bytes the gallery would take on an accelerator it is not on yet (host memory is never the limit)
+        moved = 0 if device.type in ("cpu", gallery.device.type) else gallery.numel() * gallery.element_size()
+        chunk, width = block_shape(N, max(n_block, default=0), device, L, self.chunk_size, moved)
+        order = None
+        if width == N:  # whole rows: the gallery on the device once
+            gallery = gallery.to(device)
+            score_buf = torch.empty(min(chunk, Q), N, dtype=dtype, device=device)
+        else:  # queries in gallery order: the relevant columns of a chunk are a narrow band (GalleryBlocks.gather)
+            order = torch.sort(starts[:, 0], stable=True).indices
+            starts, ends = starts[order], ends[order]
+            self_col = None if self_col is None else self_col[order]
+            n_block = [n_block[i] for i in order.tolist()]
         block_sizes = [max(n_block[i : i + chunk]) for i in range(0, Q, chunk)]
         starts, ends = starts.to(device), ends.to(device)
         self_col = None if self_col is None else self_col.to(device)
         per_query: dict[str, list[Tensor]] = {}
         workspace: dict[str, Tensor] = {}
-        score_buf = torch.empty(min(chunk, Q), N, dtype=dtype, device=device)
         with torch.no_grad():
             for i, s in enumerate(self._chunks(Q, chunk)):
                 e = min(s + chunk, Q)
-                queries = query.detach()[s:e].to(device=device, dtype=dtype)  # the queries travel chunk by chunk
+                rows = slice(s, e) if order is None else order[s:e].to(query.device)
+                queries = query.detach()[rows].to(device=device, dtype=dtype)  # the queries travel chunk by chunk
                 if query_scale != 1.0:
                     queries = queries * query_scale
-                scores = torch.mm(queries, gallery.T, out=score_buf[: e - s])
+                if width == N:
+                    scores = torch.mm(queries, gallery.T, out=score_buf[: e - s])
+                else:  # the gallery stays where it is and travels block by block
+                    scores = GalleryBlocks(queries, gallery, width)
                 ranks = chunk_ranks(
                     scores,
                     starts[s:e],
@@ -363,7 +369,12 @@ class RetrievalEvaluator:
                 )
                 for key, value in self._metrics_from_ranks(ranks).items():
                     per_query.setdefault(key, []).append(value)  # stays on the device until the end
-        return _to_host(per_query), Q, L
+        per_query = _to_host(per_query)
+        if order is not None:  # back to query order
+            inverse = torch.empty_like(order)
+            inverse[order] = torch.arange(Q)
+            per_query = {key: value[inverse] for key, value in per_query.items()}
+        return per_query, Q, L
 
     def _metrics_from_ranks(self, ranks: RetrievalRanks) -> dict[str, Tensor]:
         L = ranks.num_levels

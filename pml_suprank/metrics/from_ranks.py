@@ -1,22 +1,16 @@
 """Every retrieval metric computed from the positions of the relevant items, each implemented exactly once.
 
-The per-metric functions take a :class:`RankStats`: the prefix sums shared by all metrics of one
-:class:`~pml_suprank.metrics.ranks.RetrievalRanks` (one chunk of queries in the evaluator), computed lazily and
-cached, so that asking for many metrics costs one pass per shared array. The public ``*_from_ranks`` functions are
-thin views (validate the arguments, build the :class:`RankStats`, call the one implementation); the evaluator calls
-the same implementations through the metric registry (:func:`pml_suprank.metrics.registry.metrics_from_ranks`), so
-both give identical numbers.
+The metric functions (``average_precision_``, ...) read the prefix sums of a :class:`RankStats`, shared by every
+metric of one :class:`~pml_suprank.metrics.ranks.RetrievalRanks`; the public ``*_from_ranks`` views validate, build
+a :class:`RankStats` and call them, as the evaluator does through the registry
+(:func:`pml_suprank.metrics.registry.metrics_from_ranks`), so both give identical numbers.
 
 Conventions: positives of the binary metrics are the items at level ``>= min_level`` (default ``L``, the same fine
 class); "AP at hierarchy level ``h``" (label column ``h``, 0 = finest) is ``min_level = L - h``. Queries without a
-positive (or, for the hierarchical metrics, without any relevant item) get ``NaN``: they are excluded from means,
-never scored 0. All values are float64.
+positive (hierarchical metrics: without any relevant item) get ``NaN`` and are excluded from means. float64 values.
 
-References:
-    Ramzi et al., "Optimization of Rank Losses for Image Retrieval" (SupRank, TPAMI 2025): H-AP Eqs. 18-20, NDCG
-    Eq. 23, ASI App. C-A1, ΣwAP Sec. V-A1 and supplementary B-B3 (Property 1). H-AP is the metric HAPPIER optimises
-    (Ramzi et al., "Hierarchical Average Precision Training for Pertinent Image Retrieval", ECCV 2022). mAP@R and
-    R-precision: Musgrave et al., "A Metric Learning Reality Check" (ECCV 2020).
+References: Ramzi et al., SupRank (TPAMI 2025): H-AP Eqs. 18-20, NDCG Eq. 23, ASI App. C-A1, ΣwAP Sec. V-A1 and
+supp. B-B3 (Property 1); HAPPIER (ECCV 2022); mAP@R and R-precision: Musgrave et al. (ECCV 2020).
 """
 
 from __future__ import annotations
@@ -76,27 +70,21 @@ def _compiled_prefix_sums(levels: Tensor, positions: Tensor) -> bool:
 class RankStats:
     """Prefix sums of one :class:`RetrievalRanks` shared by every metric (computed on first use, then cached).
 
-    Because the positions increase along the ranked slots, every "within the first ``t`` positions" quantity is a
-    prefix sum read at the last slot of position ``<= t``. With ``A_m(k)`` the number of items of level ``>= m``
-    ranked at or before slot ``k`` (:meth:`cum_ge`) and ``rank⁺/rank`` the precision at a positive, the binary
-    metrics at threshold ``m`` read :meth:`count_at` (``A_m``) and :meth:`precision_sum_at` (``Σ rank⁺/rank``) at
-    one threshold: :data:`ALL` (the whole ranking), ``("k", k)`` (the top ``k``) or ``("r", m')`` (the first ``R``
-    positions, ``R`` = the number of items of level ``>= m'``); H-AP and NDCG read the per-level sums
-    :meth:`level_sums` and :meth:`level_discounts`.
-
-    On the CPU with numba (int64 levels and positions) one compiled walk per row computes those values at every
-    threshold named in ``k_values`` plus :data:`ALL` and every ``R`` at once, without writing a ``(Q, P)`` array
-    (:func:`~pml_suprank.metrics._compiled_rank_sums.rank_sums_compiled`; a threshold not named beforehand costs
-    one more walk); elsewhere the ``(Q, P)`` prefix sums are built with torch and gathered. Both perform the same
-    float64 operations in the same order (bitwise equal values). The cached arrays are never modified in place.
+    Positions increase along the ranked slots, so "within the first ``t`` positions" is a prefix sum read at the last
+    slot of position ``<= t``. With ``A_m(k)`` the items of level ``>= m`` ranked at or before slot ``k``
+    (:meth:`cum_ge`), the binary metrics at ``m`` read :meth:`count_at` (``A_m``) and :meth:`precision_sum_at`
+    (``Σ rank⁺/rank``) at one threshold: :data:`ALL`, ``("k", k)`` (top ``k``) or ``("r", m')`` (first ``R``
+    positions, ``R`` = items of level ``>= m'``); H-AP and NDCG read :meth:`level_sums` and
+    :meth:`level_discounts`. On the CPU with numba one compiled walk per row computes the values at every threshold
+    named at construction (:func:`~pml_suprank.metrics._compiled_rank_sums.rank_sums_compiled`, no ``(Q, P)``
+    array); elsewhere torch prefix sums are gathered. Both do the same float64 operations in the same order.
 
     Args:
         ranks: the ranked relevant items of a chunk of queries.
         k_values: the cutoffs the top-k metrics will ask for (speed only).
 
     Attributes:
-        levels: ``(C, P)`` int64 levels in ranked order, ``0`` on padding (one padding slot when ``P == 0``).
-        positions: ``(C, P)`` int64 1-based positions, ``0`` on padding.
+        levels, positions: ``(C, P)`` int64 levels / 1-based positions in ranked order, ``0`` on padding.
         counts: ``(C, L + 1)`` int64 items per level in the gallery.
         num_levels: ``L``.
     """

@@ -1,35 +1,21 @@
 """Positions of the relevant items in the pessimistic full ranking, without sorting whole rows.
 
-Conventions:
-    * ``scores`` ``(Q, N)``: similarity of every gallery item to every query (higher = closer).
-    * ``levels`` ``(Q, N)``: level of every gallery item for every query, in ``{0, ..., L}``; ``L`` = same fine
-      class, ``0`` = negative (see :func:`pml_suprank.relevance.level_matrix`). A bool tensor is a binary
-      (one-level) relevance.
-    * ``mask`` ``(Q, N)`` bool, optional: ``False`` removes an item from the gallery of that query (e.g. the query
-      itself when the gallery is the query set; PML convention).
-    * **Ties are resolved pessimistically**: among items with exactly equal scores the less relevant ones (lower
-      level) are ranked first, then by index. Every metric is the value of this worst-case order, so no result
-      depends on the input order and tied items of equal relevance never penalise each other.
-    * ``scores`` may hold ``±inf`` (``−inf`` ranks last, ``+inf`` first, equal infinities tie pessimistically as any
-      other tie); NaN raises ``ValueError`` naming ``scores``.
+Conventions: ``scores`` ``(Q, N)`` (higher = closer); ``levels`` ``(Q, N)`` in ``{0..L}`` (``L`` = same fine class,
+``0`` = negative; bool = binary relevance); ``mask`` ``(Q, N)`` bool, ``False`` removes an item from that query's
+gallery (e.g. the query itself). **Ties are pessimistic**: among exactly equal scores the less relevant items rank
+first, so no result depends on the input order and tied items of equal relevance never penalise each other.
+``±inf`` scores rank first/last (equal infinities tie like any other tie); NaN raises ``ValueError``.
 
-Algorithm. Only the *relevant* items of a query (level ``>= 1``, ``P`` of them) are sorted, with one int64 key per
-item (order-preserving integer image of the score, level in the low bits). Negatives are only *counted*
-(:func:`rank_relevant_items`, ``counting=``): negatives scoring below the lowest relevant item of their query rank
-after every relevant item and never change a metric, so one comparison pass prunes them and each remaining negative
-is binary-searched among the sorted keys (``"search"``, ``O(N + M log P)`` for ``M`` kept negatives); when most
-negatives overlap the relevant range, a uniform histogram of the row (bins spanning the relevant scores' range,
-``O(N)``) plus an exact correction for the negatives that share a bin with a relevant item is used instead
-(``"histogram"``); on the CPU the same is fused per row into one compiled pass when numba is installed
-(``"compiled"``), and off the CPU every entry is binary-searched with fixed shapes (``"dense"``, no host
-synchronisation). All are exact. Every metric is then computed from the ``(Q, P)`` positions of the relevant items
-(:mod:`pml_suprank.metrics.from_ranks`).
+Algorithm: only the ``P`` relevant items of a query are sorted (one int64 key per item: the order-preserving
+integer image of the score, the level in the low bits); negatives are only *counted* above each relevant item
+(:func:`rank_relevant_items`, ``counting=`` one of :data:`COUNTING_METHODS`, all exact, speed only). Every metric is
+then computed from the ``(Q, P)`` positions (:mod:`pml_suprank.metrics.from_ranks`).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 import torch
@@ -190,21 +176,11 @@ def _sort_rows(keys: Tensor) -> Tensor:
 
 
 def _pessimistic_order(scores: Tensor, levels: Tensor, valid: Tensor) -> Tensor:
-    """Argsort ``(C, P)`` by score descending, then level ascending (padding last)."""
-    if scores.dtype == torch.float32 and (levels.numel() == 0 or int(levels.max()) < 64):
-        # one int64 sort: order-preserving int32 image of the float, negated, then the level in the low bits
-        s = scores + 0.0  # turns -0.0 into +0.0 so that equal floats get equal keys
-        bits = s.view(torch.int32).long()
-        mapped = torch.where(bits >= 0, bits, -(bits & 0x7FFFFFFF) - 1)
-        key = (-mapped) * 64 + levels
-        key = key.masked_fill(~valid, torch.iinfo(torch.int64).max)
-        return torch.sort(key, dim=1).indices
-    # generic: stable sort by level, then stable sort by score descending
-    lev = levels.masked_fill(~valid, 0)
-    first = torch.sort(lev, dim=1, stable=True).indices
+    """Argsort ``(C, P)`` by score descending, then level ascending (padding last): a stable sort by level, then a
+    stable sort by score (the route of the inputs :func:`_pessimistic_keys` cannot encode)."""
+    first = torch.sort(levels.masked_fill(~valid, 0), dim=1, stable=True).indices
     s = scores.masked_fill(~valid, float("-inf")).gather(1, first)
-    second = torch.sort(s, dim=1, descending=True, stable=True).indices
-    return first.gather(1, second)
+    return first.gather(1, torch.sort(s, dim=1, descending=True, stable=True).indices)
 
 
 def _workspace(ws: dict | None, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
@@ -222,7 +198,7 @@ def _workspace(ws: dict | None, name: str, shape: tuple[int, ...], dtype: torch.
 
 
 def rank_relevant_items(
-    neg_scores: Tensor,
+    neg_scores: Tensor | Iterable[Tensor],
     rel_scores: Tensor,
     rel_levels: Tensor,
     num_bins: int | None = None,
@@ -236,38 +212,34 @@ def rank_relevant_items(
 
     Args:
         neg_scores: ``(C, N)`` scores of the negatives (level 0) of each query; every other entry (relevant items,
-            removed items) must be ``-inf``. Not modified.
+            removed items) must be ``-inf``. Not modified. Or an iterable of ``(C, N_b)`` column blocks of it (same
+            dtype as ``rel_scores``; the counts of the blocks are summed, so a gallery is ranked block by block).
         rel_scores: ``(C, P)`` scores of the relevant items (finite); padding slots arbitrary.
         rel_levels: ``(C, P)`` int64 levels ``>= 1`` of the relevant items; ``0`` marks a padding slot.
         num_bins: histogram resolution (default ``min(N, 64 P)``); affects speed only, never the result.
         workspace: optional dict in which ``(C, N)`` buffers are kept between calls.
-        counting: how negatives are counted (speed only, never the result; see :data:`COUNTING_METHODS`):
-            ``"search"`` keeps only the negatives scoring at least the lowest relevant score of their row (the others
-            rank after every relevant item and never change a metric) and binary-searches each of them among the
-            sorted relevant scores, ``O(N + M log P)`` for ``M`` such negatives; ``"histogram"`` bins whole rows,
-            ``O(N)`` plus an exact comparison for the negatives sharing a bin with a relevant item; ``"compiled"``
-            is the histogram fused per row into one compiled pass (numba, CPU, float32/float64; the ``fast`` extra);
-            ``"dense"`` binary-searches every entry without pruning, ``O(N log P)`` with fixed shapes and no host
-            synchronisation (the accelerator path); ``"auto"`` picks ``"dense"`` off the CPU, ``"compiled"`` on the
-            CPU when numba is installed, else ``"search"`` when a strided sample of the row block puts fewer than
-            5 % of the negatives in range (the measured break-even on a 2-core CPU lies between 1 % and 11 %) and
-            ``"histogram"`` otherwise.
+        counting: how negatives are counted (speed only, never the result): ``"search"`` binary-searches the
+            negatives scoring at least the row's lowest relevant score (``O(N + M log P)``); ``"histogram"`` bins
+            whole rows and compares exactly within a relevant item's bin (``O(N)``); ``"compiled"``: the histogram
+            in one numba pass per row (CPU); ``"dense"`` binary-searches every entry with fixed shapes and no host
+            synchronisation (accelerators); ``"auto"``: ``"dense"`` off the CPU, ``"compiled"`` with numba, else
+            ``"search"`` when a strided sample puts fewer than 5 % of the negatives in range, else ``"histogram"``.
         max_level: a known upper bound of ``rel_levels`` (the evaluator's ``L``); saves one read-back to the host.
 
     Returns:
         ``(levels, positions)``, both ``(C, P)`` int64, in ranked order: the levels of the relevant items (``0`` =
         padding, always last) and their 1-based positions among the negatives and relevant items (``0`` for padding).
     """
-    C, N = neg_scores.shape
-    P = rel_scores.shape[1]
-    device = neg_scores.device
+    blocks = (neg_scores,) if isinstance(neg_scores, Tensor) else neg_scores
+    C, P = rel_scores.shape
+    device = rel_scores.device
     if P == 0:
         empty = torch.zeros(C, 0, dtype=torch.long, device=device)
         return empty, empty.clone()
     if counting not in COUNTING_METHODS:
         raise ValueError(f"counting must be one of {COUNTING_METHODS}; got {counting!r}")
     arange_p = torch.arange(P, device=device)
-    same_dtype = neg_scores.dtype == rel_scores.dtype
+    same_dtype = not isinstance(neg_scores, Tensor) or neg_scores.dtype == rel_scores.dtype
     keys, order, rl = _sort_relevant(rel_scores, rel_levels, same_dtype, max_level)
     vs = rl > 0
     n_rel = vs.sum(1)
@@ -275,27 +247,30 @@ def rank_relevant_items(
     last = (n_rel - 1).clamp_min(0)[:, None]
     lo = (_decode_key(keys.gather(1, last)) if order is None else rel_scores.gather(1, order.gather(1, last)))[:, 0]
     lo = torch.where(n_rel > 0, lo, torch.full_like(lo, float("inf")))
-    if counting == "auto":
-        counting = _auto_counting(neg_scores, rel_scores, lo)
-    elif counting == "compiled":
-        _check_compiled(neg_scores, rel_scores)
+    neg_ge = torch.zeros(C, P, dtype=torch.long, device=device)
+    for block in blocks:
+        method = _auto_counting(block, rel_scores, lo) if counting == "auto" else counting
+        neg_ge += _count_block(block, method, keys, order, rel_scores, vs, n_rel, lo, num_bins, workspace)
+    return rl, neg_ge.add_(arange_p + 1).masked_fill_(~vs, 0)
+
+
+def _count_block(neg_scores, counting, keys, order, rel_scores, vs, n_rel, lo, num_bins, workspace) -> Tensor:
+    """``(C, P)`` ``#{j : neg_scores[c, j] >= r_k}`` of one block by the method ``counting`` (not ``"auto"``)."""
     if counting == "compiled":  # the kernel decodes the sorted keys itself
-        from ._compiled_counts import count_negatives_compiled
+        _check_compiled(neg_scores, rel_scores)
+        from ._compiled_rank_counts import count_negatives_compiled
 
         rs = keys if keys is not None else rel_scores.gather(1, order).masked_fill_(~vs, float("-inf"))
-        neg_ge = count_negatives_compiled(neg_scores, rs, n_rel, num_bins)
-    elif counting == "histogram":
+        return count_negatives_compiled(neg_scores, rs, n_rel, num_bins)
+    if counting == "histogram":
         # descending relevant scores, padding (-inf) last
         rs = (_decode_key(keys) if order is None else rel_scores.gather(1, order)).masked_fill_(~vs, float("-inf"))
-        neg_ge = _count_negatives_histogram(neg_scores, rs, vs, num_bins, workspace)
-    else:
-        seq, to_seq = _search_sequence(keys, order, rel_scores, vs, neg_scores.dtype)
-        if counting == "dense":
-            neg_ge = _count_negatives_dense(neg_scores, seq, to_seq, workspace)
-        else:
-            pad = _KEY_PAD if keys is not None else float("inf")
-            neg_ge = _count_negatives_search(neg_scores, lo, seq, pad, to_seq, workspace)
-    return rl, neg_ge.add_(arange_p + 1).masked_fill_(~vs, 0)
+        return _count_negatives_histogram(neg_scores, rs, vs, num_bins, workspace)
+    seq, to_seq = _search_sequence(keys, order, rel_scores, vs, neg_scores.dtype)
+    if counting == "dense":
+        return _count_negatives_dense(neg_scores, seq, to_seq, workspace)
+    pad = _KEY_PAD if keys is not None else float("inf")
+    return _count_negatives_search(neg_scores, lo, seq, pad, to_seq, workspace)
 
 
 def _sort_relevant(
@@ -376,7 +351,7 @@ def _compiled_dtypes(neg_scores: Tensor, rel_scores: Tensor) -> bool:
 def _compiled_available() -> bool:
     """Whether the numba kernel can be imported (numba is the optional ``fast`` extra)."""
     try:
-        from . import _compiled_counts  # noqa: F401
+        from . import _compiled_rank_counts  # noqa: F401
     except ImportError:
         return False
     return True

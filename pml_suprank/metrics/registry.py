@@ -59,34 +59,24 @@ class MetricSpec:
     """One retrieval metric.
 
     Attributes:
-        name: the group name accepted by ``RetrievalEvaluator(metrics=...)`` and ``HierarchicalAccuracyCalculator
-            (include=...)``.
-        key: result key, or key pattern with ``{k}`` (top-k cutoff) and/or ``{h}`` (hierarchy level, label column,
-            0 = finest), e.g. ``"recall_at_{k}_level{h}"``.
-        label: display label for tables and model cards, with ``{k}`` filled in (per-level keys get
-            `` (<level name>)`` appended by :func:`~pml_suprank.metrics.report.metric_label`).
+        name: the group name of ``RetrievalEvaluator(metrics=...)`` and ``HierarchicalAccuracyCalculator(include=...)``.
+        key: result key or pattern with ``{k}`` (top-k cutoff) and/or ``{h}`` (label column, 0 = finest).
+        label: display label, ``{k}`` filled in (per-level keys get `` (<level name>)`` appended by
+            :func:`~pml_suprank.metrics.report.metric_label`).
         compute: ``compute(stats, args) -> (Q,) float64`` (NaN where undefined).
         description: one line for documentation.
-        hierarchical: uses every level at once (H-AP, NDCG, ASI, ΣwAP); otherwise a binary metric evaluated at
-            ``args.min_level``.
-        per_level: one key per hierarchy level ``h`` (binary metric with positives at level ``>= L - h``).
-        top_k: computable from a k-nearest-neighbour search of the ``max(k)`` first items (the faiss backend).
-        headline: shown first in model cards and listed in their metadata (the ``k = 1`` key for top-k metrics).
-        progress: shown in the one-line progress report during training (the ``k = 1`` key for top-k metrics).
-        report: position in the printed tables and in the model card's headline table (None: only in the table of
-            all metrics).
-        pml_names: ``(our key, PML AccuracyCalculator metric name)`` pairs of keys PML computes under its own name.
-        multilabel: how the multi-label evaluator (``RetrievalEvaluator.evaluate(..., multilabel=True)``) computes
-            the metric, one of :data:`MULTILABEL_KINDS`: ``"levels"``: ``compute`` on the ranking by the best
-            agreement level ``λ(q, k) = L − min_{i,j} LCA(y_q^i, y_k^j)`` (so the fine positives are the items
-            sharing a fine label with the query, the level-``h`` positives those sharing a level-``h`` ancestor);
-            ``"graded"``: from the graded relevance of Algorithm 1 (:func:`pml_suprank.relevance.multilabel_relevance`)
-            through :mod:`pml_suprank.metrics.graded`; ``"labels"``: one binary problem per query label
-            (:func:`~pml_suprank.metrics.graded.mean_label_average_precision`); ``None``: not defined for
-            multi-label data.
-        single_label: among the default groups of single-label evaluation. ``False`` for a multi-label metric
-            whose single-label reduction is another metric (``mean_label_ap`` is ``ap`` with one label per item:
-            ``compute`` gives that reduction when the group is asked for explicitly).
+        hierarchical: uses every level at once (H-AP, NDCG, ASI, ΣwAP); otherwise binary at ``args.min_level``.
+        per_level: one key per hierarchy level ``h`` (positives at level ``>= L - h``).
+        top_k: computable from a k-NN search of the ``max(k)`` first items (the faiss backend).
+        headline, progress: shown first in model cards / in the training progress line (``k = 1`` for top-k).
+        report: position in the printed tables and the model card's headline table (None: full table only).
+        pml_names: ``(our key, PML AccuracyCalculator name)`` pairs of the keys PML computes under its own name.
+        multilabel: how ``evaluate(..., multilabel=True)`` computes it (:data:`MULTILABEL_KINDS`): ``"levels"`` on
+            the ranking by best agreement level ``λ(q, k) = L − min_{i,j} LCA(y_q^i, y_k^j)``, ``"graded"`` from the
+            graded relevance of Algorithm 1 (:mod:`pml_suprank.metrics.graded`), ``"labels"`` one binary problem
+            per query label; ``None``: not defined for multi-label data.
+        single_label: among the default single-label groups (``False`` for ``mean_label_ap``, which is ``ap`` with
+            one label per item and is computed only when asked for).
     """
 
     name: str

@@ -50,7 +50,7 @@ def test_counters_give_identical_positions(counting, dtype, seed):
 @pytest.mark.parametrize("num_bins", [None, 1, 2, 5, 10_000])
 def test_compiled_kernel_is_exact_for_any_bin_count(num_bins):
     pytest.importorskip("numba")
-    from pml_suprank.metrics._compiled_counts import count_negatives_compiled
+    from pml_suprank.metrics._compiled_rank_counts import count_negatives_compiled
 
     g = torch.Generator().manual_seed(3)
     C, N, P = 9, 400, 30
@@ -70,7 +70,7 @@ def test_compiled_kernel_is_exact_for_any_bin_count(num_bins):
 
 def test_compiled_kernel_on_huge_float64_range():
     pytest.importorskip("numba")
-    from pml_suprank.metrics._compiled_counts import count_negatives_compiled
+    from pml_suprank.metrics._compiled_rank_counts import count_negatives_compiled
 
     big = torch.finfo(torch.float64).max
     rs = torch.tensor([[big, 1.0, 0.0, -big]], dtype=torch.float64)  # width overflows to inf
@@ -81,7 +81,7 @@ def test_compiled_kernel_on_huge_float64_range():
 
 def test_compiled_kernel_refuses_other_devices_and_dtypes():
     pytest.importorskip("numba")
-    from pml_suprank.metrics._compiled_counts import count_negatives_compiled
+    from pml_suprank.metrics._compiled_rank_counts import count_negatives_compiled
 
     with pytest.raises(ValueError, match="neg_scores"):
         count_negatives_compiled(torch.zeros(2, 3, dtype=torch.float16), torch.zeros(2, 1), torch.ones(2).long())

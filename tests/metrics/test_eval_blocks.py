@@ -166,8 +166,8 @@ def test_chunks_are_sized_in_bytes_for_the_device(monkeypatch):
     assert rows * per_row <= EV.CPU_CHUNK_BYTES + per_row and rows >= 16
     assert EV.chunk_rows(10, 2, cpu) == EV.CPU_CHUNK_BYTES // (10 * 4 + 2 * 48 * 2 + 1)
     assert EV.chunk_rows(10**9, 10**6, cpu) == 16  # never fewer than 16 queries
-    assert RetrievalEvaluator()._default_chunk(60502, 5042, "cpu", 2) == rows  # the evaluator uses it
-    assert RetrievalEvaluator(chunk_size=5)._default_chunk(60502, 5042, "cpu", 2) == 5
+    assert EV.block_shape(60502, 5042, cpu, 2) == (rows, 60502)  # whole rows while they fit
+    assert EV.block_shape(60502, 5042, cpu, 2, chunk_size=5) == (5, 60502)
     # the compiled kernels keep three int64 per slot at any number of levels
     monkeypatch.setattr(EV, "_compiled_available", lambda: True)
     assert EV.chunk_rows(10, 2, cpu) == EV.CPU_CHUNK_BYTES // (10 * 4 + 2 * 24 + 1)
