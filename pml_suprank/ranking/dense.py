@@ -40,7 +40,7 @@ __all__ = [
     "CPU_FLAT_COSTS",
     "CPU_HIERARCHICAL_COSTS",
     "CPU_HIERARCHICAL_DENSE_MAX_WORK",
-        "CUDA_FLAT_COSTS",
+    "CUDA_FLAT_COSTS",
     "CUDA_HIERARCHICAL_COSTS",
     "DENSE_MEMORY_BUDGET",
     "DENSE_TEMPORARIES",
@@ -150,9 +150,7 @@ def predicted_costs(device: torch.device | str, num_queries: int, num_refs: int,
     return dense, sorted_
 
 
-def choose_kernel(
-    kernel: str, device: torch.device | str, num_queries: int, num_refs: int, levels: int = 1
-) -> str:
+def choose_kernel(kernel: str, device: torch.device | str, num_queries: int, num_refs: int, levels: int = 1) -> str:
     """Resolve a loss's ``kernel=`` option to ``"dense"`` or ``"sorted"``.
 
     ``"dense"``/``"sorted"`` are returned as given. ``"auto"`` returns the kernel of the lower predicted cost

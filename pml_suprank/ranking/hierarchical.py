@@ -36,7 +36,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .flat import PairGroups, _count_above_padded, _nonzero, _padded, sigmoid_window_sum
+from .flat import _count_above_padded, _padded, positive_pair_groups, sigmoid_window_sum
 from .levels import SortedLevels, sort_levels
 from .query_blocks import by_blocks, query_block_rows
 from .steps import HRankParams, SupRankStep
@@ -48,6 +48,7 @@ __all__ = [
     "sup_hap_scores",
     "sup_ndcg_scores",
 ]
+
 
 class _Query(NamedTuple):
     """Inputs of the closed-form terms, all ``(b, P)`` over the padded positives of a block."""
@@ -77,17 +78,6 @@ def _positive_counts(levels: Tensor, valid: Tensor, num_levels: int) -> list[lis
     pos = (valid & (levels > 0)).long()
     counts = torch.zeros(levels.shape[0], num_levels + 1, dtype=torch.long, device=levels.device)
     return counts.scatter_add_(1, levels.clamp(0, num_levels), pos)[:, 1:].tolist()
-
-
-def _groups(rows_mask: Tensor, host_counts: list[int]) -> tuple[Tensor, Tensor, PairGroups]:
-    """Pairs ``(row, column)`` of the True entries of ``rows_mask`` ``(R, N)`` (row-major) and their
-    :class:`~pml_suprank.ranking.flat.PairGroups`, with the per-row counts already on the host: no host read."""
-    total = sum(host_counts)
-    rows, cols = _nonzero(rows_mask, total).unbind(1)
-    counts = rows_mask.sum(1)
-    order = torch.argsort(counts, descending=True, stable=True)
-    pos = torch.arange(total, device=rows_mask.device) - (torch.cumsum(counts, 0) - counts)[rows]
-    return rows, cols, PairGroups(counts, pos, order, tuple(sorted(host_counts, reverse=True)))
 
 
 def _last_within(s: Tensor, delta: float) -> Tensor:
@@ -120,7 +110,7 @@ def _negative_terms(
     lvl = torch.arange(1, num_levels + 1, device=levels.device)[:, None, None]
     members = (valid & (levels < lvl)).reshape(num_levels * bsz, n)
     at_level = (valid & (levels == lvl)).reshape(num_levels * bsz, n)
-    rows, cols, groups = _groups(at_level, [counts[q][l] for l in range(num_levels) for q in range(bsz)])
+    rows, cols, groups = positive_pair_groups(at_level, [counts[q][l] for l in range(num_levels) for q in range(bsz)])
     if not rows.numel():
         return rows, cols, scores.new_zeros(0, dtype=torch.float64)
     s_neg = scores.repeat(num_levels, 1).masked_fill(~members, float("-inf"))
@@ -157,7 +147,7 @@ def _block_ranks(
     num_levels = len(counts[0]) if counts else 0
     per_query = [sum(c) for c in counts]
     width = max(max(per_query, default=0), 1)
-    q, i, groups = _groups(valid & (levels > 0), per_query)
+    q, i, groups = positive_pair_groups(valid & (levels > 0), per_query)
     col = groups.pos
     s_pos, lv_pos = scores[q, i], levels[q, i]
     padded = scores.new_zeros(bsz, width).index_put((q, col), s_pos)
