@@ -38,15 +38,12 @@ __all__ = [
 
 
 ACCELERATOR_CHUNK_SIZE = 1 << 23
-"""Elements of one window block of the fast flat kernels on an accelerator (CUDA, MPS, ...): 4× :data:`CHUNK_SIZE`,
-i.e. 32 MB per float32 temporary, so that e.g. B = 256 queries × 5 positives against 60,000 items take 10 blocks
-(about 20 launches each, forward and backward) instead of 37. On the CPU the blocks stay at :data:`CHUNK_SIZE`
-(cache-sized; launches cost nothing there). Changes speed and memory, not values: a block holds whole queries."""
+"""Elements of one window block of the flat kernels on an accelerator: 4× :data:`CHUNK_SIZE` (32 MB per float32
+temporary; B = 256 × 5 positives against 60,000 items: 10 blocks instead of 37). Changes speed, not values."""
 
 
 def default_chunk_elements(device: torch.device | str) -> int:
-    """The window block size of the fast flat kernels on ``device``: :data:`CHUNK_SIZE` on the CPU,
-    :data:`ACCELERATOR_CHUNK_SIZE` elsewhere (fewer, larger blocks where each launch costs microseconds)."""
+    """:data:`CHUNK_SIZE` on the CPU, :data:`ACCELERATOR_CHUNK_SIZE` elsewhere (fewer launches)."""
     return CHUNK_SIZE if torch.device(device).type == "cpu" else ACCELERATOR_CHUNK_SIZE
 
 
@@ -78,10 +75,8 @@ class PairGroups(NamedTuple):
 
 
 def group_pairs(query_idx: Tensor, num_queries: int) -> PairGroups:
-    """Group pairs by query: the :class:`PairGroups` of ``query_idx`` ``(K,)`` (non-decreasing) over ``B`` queries.
-
-    The one host synchronisation of the fast kernels: a single ``.tolist()`` brings the sorted pair counts (every
-    later shape and chunk) and the grouping check to the host. ``O(B log B + K)``.
+    """The :class:`PairGroups` of ``query_idx`` ``(K,)`` (non-decreasing) over ``B`` queries: one ``.tolist()``
+    brings the sorted pair counts and the grouping check to the host. ``O(B log B + K)``.
 
     Raises:
         ValueError: ``query_idx`` is not grouped by query (non-decreasing).
@@ -138,15 +133,10 @@ def count_above(
     """Per pair ``k``: how many items of row ``q_k`` score above ``thresholds[k]`` (and the sum of their scores).
 
     ``count_k = #{j : scores[q_k, j] > thresholds[k]}`` (``>=`` when ``inclusive``) and, with ``with_sum``,
-    ``sum_k = Σ_j scores[q_k, j]`` over the same items — differentiable w.r.t. ``scores`` and accumulated in
-    float64 (float32 on MPS) so that ``sum_k − count_k·x`` does not cancel catastrophically in float32.
-    Excluded items must be ``-inf`` in ``scores`` (they count for no threshold and get no gradient). Pairs must be
-    grouped by query (``query_idx`` non-decreasing); ``groups`` (from :func:`group_pairs`) saves the one host
-    synchronisation. Cost: ``O(B·N log P + K log P)`` via sorted thresholds + ``searchsorted`` + a histogram with
-    suffix sums; no ``K × N`` tensor.
-
-    Returns:
-        ``(count (K,) in the dtype of scores, sum (K,) float64 or None)``.
+    ``sum_k = Σ_j scores[q_k, j]`` over the same items, differentiable and accumulated in float64 (float32 on MPS)
+    so that ``sum_k − count_k·x`` does not cancel. Excluded items are ``-inf`` in ``scores``. Sorted thresholds +
+    ``searchsorted`` + a histogram with suffix sums: ``O(B·N log P + K log P)``, no ``K × N`` tensor. Returns
+    ``(count (K,) in the dtype of scores, sum (K,) float64 or None)``.
     """
     groups = group_pairs(query_idx, scores.shape[0]) if groups is None else groups
     padded = _padded(thresholds.detach(), query_idx, groups.pos, scores.shape[0], groups.width, float("inf"))
@@ -190,18 +180,11 @@ def sigmoid_window_sum(
 ) -> Tensor:
     """``out[k] = Σ_j σ(scale·(Z[q_k, j] − z_item[k]))`` over the ``j`` with ``Z[q_k, j] − z_item[k] <= upper``.
 
-    ``Z`` is a ``(B, M)`` matrix of scores divided by the temperature (or the scores themselves with
-    ``scale = 1/τ``: the window bound is then tested on the score differences, exactly as an elementwise
-    ``s_j − s_i <= upper``), with ``-inf`` at excluded entries (they contribute 0 and get no gradient);
-    ``query_idx`` ``(K,)`` must be grouped by query, ``z_item`` is ``(K,)``.
-    The shared window kernel (:class:`~pml_suprank.ranking.window.QueryBlockLayout`): the pairs are laid out as a
-    ``(B, P_max)`` matrix and whole queries are processed in chunks by broadcasting, recomputed in backward, so the
-    extra memory is ``O(B·M + chunk_elements)`` and nothing of size ``K × M`` is saved (``chunk_elements=None``:
-    :func:`default_chunk_elements` of the device). The chunk shapes come from ``groups`` (:func:`group_pairs`;
-    computed here, one host synchronisation, when not given).
-
-    Returns:
-        ``(K,)`` in the dtype of ``Z``, differentiable w.r.t. ``Z`` and ``z_item``.
+    ``Z`` ``(B, M)``: scores divided by the temperature, or the scores with ``scale = 1/τ`` (the bound is then
+    tested on the score differences exactly as an elementwise ``s_j − s_i <= upper``), ``-inf`` at excluded
+    entries. The pairs, laid out as ``(B, P_max)``, go through :func:`pml_suprank.ranking.window.window_sum`: extra
+    memory ``O(B·M + chunk_elements)`` (``None``: :func:`default_chunk_elements`). Returns ``(K,)`` in the dtype of
+    ``Z``, differentiable w.r.t. ``Z`` and ``z_item``.
     """
     num_queries = Z.shape[0]
     groups = group_pairs(query_idx, num_queries) if groups is None else groups
@@ -225,10 +208,8 @@ def suprank_negative_sum(
 
     Split by branch: ``t <= δ`` → ``σ_τ(t)`` evaluated in a chunked window kernel (:func:`sigmoid_window_sum`);
     ``0 < t <= δ`` → ``start`` times a count; ``t > δ`` → ``ρ (Σ s_j − C (s_i + δ)) + offset·C`` from sorted
-    thresholds and suffix sums (:func:`count_above`). Same value as ``pairwise_step_sum(..., SupRankStep)`` (up to
-    rounding and the ``±50`` sigmoid clamp, < 1e-20 per term) at a fraction of the passes over ``K × N``.
-    Pairs must be grouped by query; one host synchronisation (:func:`group_pairs`), none when ``groups`` is given.
-    Returns ``(K,)`` in the dtype of ``scores``.
+    thresholds and suffix sums (:func:`count_above`): the elementwise ``SupRankStep().value`` sum up to rounding and
+    the ``±50`` sigmoid clamp (< 1e-20 per term). Returns ``(K,)`` in the dtype of ``scores``.
     """
     num_queries = scores.shape[0]
     groups = group_pairs(query_idx, num_queries) if groups is None else groups
@@ -291,9 +272,8 @@ def sigmoid_rank_sums(
 ) -> tuple[Tensor, Tensor]:
     """Smooth-AP sums per pair: ``(Σ_{j∈P_q, j≠i} σ_τ(s_j − s_i), Σ_{j∈V_q, j≠i} σ_τ(s_j − s_i))``.
 
-    The positive sum runs over a ``(B, P_max)`` padded matrix of positive scores, the full sum over ``(B, N)``;
-    ``j = i`` contributes exactly ``σ(0) = 1/2`` and is subtracted. Pairs must be grouped by query and ``i`` must be
-    a positive; one host synchronisation (:func:`group_pairs`), none when ``groups`` is given.
+    The positive sum runs over the ``(B, P_max)`` padded positive scores, the full sum over ``(B, N)``; ``j = i``
+    contributes exactly ``σ(0) = 1/2`` and is subtracted (``i`` must be a positive).
     """
     num_queries = scores.shape[0]
     groups = group_pairs(query_idx, num_queries) if groups is None else groups
