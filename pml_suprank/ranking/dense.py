@@ -317,10 +317,23 @@ class _DenseAP(torch.autograd.Function):
 
 
 def _blocked_apply(function, kernel: str, scores: Tensor, positives: Tensor, others: Tensor, parameter, budget: int):
+    """Check a dense call (shapes and dtypes only: nothing is read from the device) and run ``function``."""
     if kernel not in ("suprank", "smooth_ap"):
         raise ValueError(f"kernel must be 'suprank' or 'smooth_ap'; got {kernel!r}")
+    if not isinstance(scores, Tensor) or scores.dim() != 2 or not scores.is_floating_point():
+        raise ValueError(f"scores must be a (B, N) floating tensor; got {_describe(scores)}")
+    for name, mask in (("positives", positives), ("others", others)):
+        if not isinstance(mask, Tensor) or mask.shape != scores.shape or mask.dtype != scores.dtype:
+            raise ValueError(
+                f"{name} must be a float mask of the shape and dtype of scores {tuple(scores.shape)} {scores.dtype}; "
+                f"got {_describe(mask)}"
+            )
     block = dense_block_size(*scores.shape, scores.element_size(), budget)
     return function.apply(kernel, block, parameter, scores, positives, others)
+
+
+def _describe(x) -> str:
+    return f"shape {tuple(x.shape)}, dtype {x.dtype}" if isinstance(x, Tensor) else type(x).__name__
 
 
 def dense_query_ranks(
@@ -351,7 +364,7 @@ def dense_query_ranks(
         ``(rank_plus (B, N), rank (B, N))``; for ``"suprank"`` ``rank_plus`` carries no gradient.
 
     Raises:
-        ValueError: unknown ``kernel``.
+        ValueError: unknown ``kernel``, or masks whose shape / dtype differ from those of ``scores``.
     """
     return _blocked_apply(_DenseRanks, kernel, scores, positives, others, parameter, memory_budget)
 

@@ -84,6 +84,10 @@ def _rows(t: Tensor | None, b0: int, b1: int) -> Tensor | None:
     return None if t is None else t[b0:b1]
 
 
+def _leaf(t: Tensor | None, b0: int, b1: int, need: bool) -> Tensor | None:
+    return None if t is None else t[b0:b1].detach().requires_grad_(need)
+
+
 class _JacobianBlocks(torch.autograd.Function):
     """``fn`` over blocks of ``rows`` queries for ONE ``(B,)`` output: as ``out_b`` depends on row ``b`` only, its
     Jacobian is the gradient of ``out.sum()``, taken per block in forward and saved (``(B, N)``, ``(B, L + 1)`` for
@@ -99,9 +103,7 @@ class _JacobianBlocks(torch.autograd.Function):
         for b0 in range(0, scores.shape[0], rows):
             b1 = min(b0 + rows, scores.shape[0])
             with torch.enable_grad():
-                s = scores[b0:b1].detach().requires_grad_(need_s)
-                rel = _rows(level_relevance, b0, b1)
-                rel = None if rel is None else rel.detach().requires_grad_(need_r)
+                s, rel = _leaf(scores, b0, b1, need_s), _leaf(level_relevance, b0, b1, need_r)
                 (value,) = fn(s, rel, levels[b0:b1], valid[b0:b1], b0, b1)
                 targets = [t for t, need in ((s, need_s), (rel, need_r)) if need]
                 if targets and value.requires_grad:
@@ -149,9 +151,7 @@ class _BlockedRows(torch.autograd.Function):
         for b0 in range(0, scores.shape[0], rows):
             b1 = min(b0 + rows, scores.shape[0])
             with torch.enable_grad():
-                s = scores[b0:b1].detach().requires_grad_(grad_s is not None)
-                rel = _rows(level_relevance, b0, b1)
-                rel = None if rel is None else rel.detach().requires_grad_(need_rel)
+                s, rel = _leaf(scores, b0, b1, grad_s is not None), _leaf(level_relevance, b0, b1, need_rel)
                 got_outs = fn(s, rel, levels[b0:b1], valid[b0:b1], b0, b1)
                 outs = [(o, g[b0:b1]) for o, g in zip(got_outs, grad_outs) if o.requires_grad]
                 targets = [(t, acc) for t, acc in ((s, grad_s), (rel, grad_r)) if acc is not None]
