@@ -23,8 +23,6 @@ QUICK = ("RODRecallLoss", "SupHAPLoss")
 
 def _tiered(names):
     return [n if n in QUICK else pytest.param(n, marks=pytest.mark.slow) for n in names]
-
-
 WITH_HEAD = ("HAPPIERLoss", "RODNDCGLoss", "RODRecallLoss")  # a proxy classifier: num_classes / embedding_size
 
 
