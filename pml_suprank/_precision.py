@@ -1,11 +1,7 @@
-"""Full precision for the rank losses under mixed precision (``torch.autocast``).
-
-A rank loss compares similarities through sigmoids of differences divided by a small temperature (SupRank Eq. 4,
-``τ = 0.01``): in bfloat16 a cosine near 0.9 has a spacing of ``2⁻⁸ ≈ 0.004`` and most differences between close
-items round to exactly zero (ties), so the surrogate ranks and their gradients are wrong. :func:`float32_forward`
-runs a loss's ``forward`` with autocast disabled and every fp16/bf16 tensor argument up-cast to float32: the scores,
-the rank math and every sub-term (proxy / calibration terms) are then float32 under any autocast context, eager or
-``torch.compile``\\ d (the context is part of the traced graph).
+"""Full precision for the rank losses under ``torch.autocast``: in bfloat16 a cosine near 0.9 has a spacing of
+``2⁻⁸``, so most differences between close items become ties at ``τ = 0.01`` (SupRank Eq. 4) and the surrogate ranks
+and gradients are wrong. :func:`float32_forward` / :func:`float32_backward` run a loss's forward / a custom
+backward with autocast disabled (fp16/bf16 arguments up-cast), eager or ``torch.compile``\\ d.
 """
 
 from __future__ import annotations
@@ -23,15 +19,11 @@ LOW_PRECISION = (torch.float16, torch.bfloat16)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _autocast_device_types() -> frozenset[str]:
-    """The device types this torch build can autocast, read once at import (``torch.amp.is_autocast_available``
-    cannot be traced by ``torch.compile`` on older torch releases)."""
-    candidates = ("cpu", "cuda", "xpu", "hpu", "mps", "xla", "privateuseone")
-    return frozenset(d for d in candidates if torch.amp.is_autocast_available(d))
-
-
-#: device types with autocast support in this torch build (a constant of the installed torch)
-AUTOCAST_DEVICE_TYPES = _autocast_device_types()
+#: device types this torch build can autocast, read once at import (``torch.amp.is_autocast_available`` cannot be
+#: traced by ``torch.compile`` on older torch releases)
+AUTOCAST_DEVICE_TYPES = frozenset(
+    d for d in ("cpu", "cuda", "xpu", "hpu", "mps", "xla", "privateuseone") if torch.amp.is_autocast_available(d)
+)
 
 
 def upcast(x: Any) -> Any:
@@ -42,10 +34,7 @@ def upcast(x: Any) -> Any:
 
 
 def _device_type(args: tuple, kwargs: dict) -> str | None:
-    for x in (*args, *kwargs.values()):
-        if isinstance(x, Tensor):
-            return x.device.type
-    return None
+    return next((x.device.type for x in (*args, *kwargs.values()) if isinstance(x, Tensor)), None)
 
 
 def float32_forward(forward: F) -> F:
@@ -66,12 +55,9 @@ def float32_forward(forward: F) -> F:
 
 
 def float32_backward(backward: F) -> F:
-    """Decorate a :class:`torch.autograd.Function` ``backward(ctx, *grads)`` so that it runs with autocast disabled.
-
-    Eager autograd runs a custom backward under the autocast state of the ``.backward()`` call; ``torch.compile``
-    traces it together with the forward, under the autocast state of the compiled call: a backward traced inside
-    ``torch.autocast(dtype=torch.bfloat16)`` would compute its matrix products in bfloat16 although the forward ran
-    in float32. Disabled autocast keeps the gradient float32 in both cases."""
+    """Decorate a :class:`torch.autograd.Function` ``backward(ctx, *grads)`` to run with autocast disabled: eager
+    autograd runs it under the autocast state of ``.backward()``, ``torch.compile`` under that of the compiled call
+    (bfloat16 matrix products although the forward ran in float32)."""
 
     @functools.wraps(backward)
     def wrapper(ctx, *grads):

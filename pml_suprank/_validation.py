@@ -68,11 +68,9 @@ def check_probability(name: str, value: float, *, closed: bool = True) -> float:
 def check_embeddings(name: str, x: Any, *, allow_empty: bool = False, asynchronous: bool = False) -> Tensor:
     """Check ``x`` is a 2-D floating tensor ``(N, D)`` without NaN/inf.
 
-    ``asynchronous=True`` (the losses' hot path) checks finiteness with ``torch._assert_async``, which never blocks
-    the host on an accelerator: on the CPU a non-finite value still raises the ``ValueError`` below at once; on CUDA
-    it fails the device-side assertion when the stream reaches it (a ``RuntimeError`` at the next synchronisation,
-    which ends the process's CUDA context — checkpoints written so far are intact). ``False`` reads the flag on the
-    host (one synchronisation) and always raises ``ValueError``.
+    ``asynchronous=True`` (the losses' hot path) checks finiteness by :func:`~pml_suprank._async_check.check_async`:
+    a ``ValueError`` on the CPU, a device-side assertion on CUDA (a ``RuntimeError`` at the next synchronisation that
+    ends the CUDA context). ``False`` reads the flag on the host and always raises ``ValueError``.
     """
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of shape (N, D); got {type(x).__name__}")
@@ -116,27 +114,21 @@ def check_labels(name: str, labels: Any, n: int, *, allow_2d: bool = True, n_nam
     return labels
 
 
-_NESTED_BATCH_HINT = (
-    " (if this is a batch of batches: a pml_suprank batch sampler such as MPerClassBatchSampler or HierarchicalSampler "
-    "yields whole batches, so pass it as DataLoader(batch_sampler=...), not sampler= as PML samplers are passed)"
-)
-
-
 def nested_batch_hint(shape: tuple[int, ...], expected_dim: int) -> str:
     """The hint appended to a shape error when ``shape`` has one dimension more than expected (a batch of batches,
     what ``DataLoader(sampler=<batch sampler>)`` produces), else ``""``."""
-    return _NESTED_BATCH_HINT if len(shape) == expected_dim + 1 else ""
+    if len(shape) != expected_dim + 1:
+        return ""
+    return (
+        " (if this is a batch of batches: a pml_suprank batch sampler such as MPerClassBatchSampler or "
+        "HierarchicalSampler yields whole batches, so pass it as DataLoader(batch_sampler=...), not sampler= as PML "
+        "samplers are passed)"
+    )
 
 
 def check_positive_int(name: str, value: Any, *, minimum: int = 1, allow_none: bool = False) -> int | None:
-    """Return ``int(value)`` if it is an int ``>= minimum`` (or ``None`` with ``allow_none``), else raise.
-
-    Python and numpy integers are accepted (``numbers.Integral``); bools are refused.
-
-    Raises:
-        TypeError: not an int (bools are refused).
-        ValueError: ``value < minimum``.
-    """
+    """Return ``int(value)`` if it is an int (``numbers.Integral``, not a bool) ``>= minimum`` (or ``None`` with
+    ``allow_none``); else ``TypeError`` (not an int) or ``ValueError`` (too small)."""
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -148,14 +140,12 @@ def check_positive_int(name: str, value: Any, *, minimum: int = 1, allow_none: b
 
 
 def check_level_weights(name: str, weights: Any, num_levels: int | None = None) -> list[float] | None:
-    """Check per-level weights ``w_1..w_L``: finite, ``>= 0``, not all zero, ``L`` of them when ``num_levels`` is given.
-
-    ``None`` is returned unchanged (the caller's default). Used by the evaluator (ΣwAP) and the hierarchical losses
-    (Property-1 relevance), so both accept and refuse the same values.
+    """Check per-level weights ``w_1..w_L`` (the evaluator's ΣwAP and the hierarchical losses' relevance): finite,
+    ``>= 0``, not all zero, ``num_levels`` of them when given; ``None`` is returned unchanged.
 
     Raises:
         TypeError: not a sequence / 1-D tensor of real numbers.
-        ValueError: empty, wrong length, NaN/inf, negative, or all zero; the message names ``name``.
+        ValueError: empty, wrong length, NaN/inf, negative, or all zero.
     """
     if weights is None:
         return None
@@ -188,13 +178,9 @@ def check_level_weights(name: str, weights: Any, num_levels: int | None = None) 
 
 
 def check_device(name: str, device: Any) -> torch.device | None:
-    """Parse ``device`` (``None``, a string or a ``torch.device``) and check that its backend is available here.
-
-    Raises:
-        TypeError: not a string / ``torch.device``.
-        ValueError: an unparsable string, a CUDA/MPS/XPU device when that backend is unavailable, or a device index
-            past the number of devices; the message names ``name``.
-    """
+    """Parse ``device`` (``None``, a string or a ``torch.device``) and check that its backend is available here:
+    ``TypeError`` for another type, ``ValueError`` for an unparsable string, an unavailable CUDA/MPS/XPU backend or
+    a device index past the number of devices."""
     if device is None:
         return None
     if not isinstance(device, (str, torch.device)):

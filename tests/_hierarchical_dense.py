@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from pml_suprank.ranking.steps import suprank_step
+from pml_suprank.ranking.steps import SupRankStep
 
 
 def h_s_greater(t: Tensor, nu: float = 25.0, mu: float = 0.5, gamma: float = 10.0) -> Tensor:
@@ -24,7 +24,7 @@ def dense_ranks(scores, levels, rel_table, valid=None, step=None, hrank=None, ex
     vj = valid[:, None, :] & not_i
     lv_i, lv_j = levels[:, :, None], levels[:, None, :]
     heav = (t >= 0).to(scores.dtype)
-    h_minus = heav if exact else suprank_step(t, **step)
+    h_minus = heav if exact else SupRankStep(**step).value(t)
     zero = torch.zeros((), dtype=scores.dtype)
     rank = (
         1

@@ -1,28 +1,18 @@
 """Rank surrogates and memory-efficient rank kernels (SupRank, Ramzi et al., TPAMI 2025; Smooth-AP, Brown et al.,
 ECCV 2020; HAPPIER, Ramzi et al., ECCV 2022).
 
-* :mod:`~pml_suprank.ranking.steps` — the step functions ``H``, ``σ_τ``, SupRank's ``H⁻`` (Eq. 4) and HAPPIER's
-  ``H_s^>``, each with value and explicit derivative;
-* :mod:`~pml_suprank.ranking.window` — the one chunked window kernel (a custom autograd function that recomputes its
-  blocks in backward) and the layouts of the flat and hierarchical paths; :data:`CHUNK_SIZE`, the one chunk size;
-* :mod:`~pml_suprank.ranking.flat` — the flat kernels (SupAP / ROADMAP, Smooth-AP, Sup-R@k): sorted thresholds
-  for the Heaviside and linear branches, sigmoid windows for the rest;
-* :mod:`~pml_suprank.ranking.levels` and :mod:`~pml_suprank.ranking.hierarchical` — the hierarchical kernels
-  (Sup-H-AP / HAPPIER, Sup-NDCG): closed forms over the score-sorted level sets of each query's positives, the H⁻
-  sums by the flat kernel over one masked row per level, one host read per call;
-* :mod:`~pml_suprank.ranking.query_blocks` — blocks of queries under a byte budget per device (per-query scores
-  keep each block's Jacobian; per-item outputs recompute blocks in backward);
-* :mod:`~pml_suprank.ranking.dense` — the dense kernels of the flat losses (``(b, N, N)`` differences blocked over
-  queries under a memory budget, no host synchronisation) and the ``kernel="auto"`` cost model;
-* :mod:`~pml_suprank.ranking.dense_hierarchical` — the dense kernels of the hierarchical losses.
+* :mod:`~pml_suprank.ranking.steps` — ``H``, ``σ_τ``, SupRank's ``H⁻`` (Eq. 4), HAPPIER's ``H_s^>``;
+* :mod:`~pml_suprank.ranking.window` — the one chunked sigmoid window kernel; :data:`CHUNK_SIZE`;
+* :mod:`~pml_suprank.ranking.flat` — the sorted flat kernels (SupAP / ROADMAP, Smooth-AP, Sup-R@k);
+* :mod:`~pml_suprank.ranking.levels`, :mod:`~pml_suprank.ranking.hierarchical` — the sorted hierarchical kernels
+  (Sup-H-AP / HAPPIER, Sup-NDCG), one host read per call; :mod:`~pml_suprank.ranking.query_blocks` — their blocks;
+* :mod:`~pml_suprank.ranking.dense`, :mod:`~pml_suprank.ranking.dense_hierarchical` — the dense ``(b, N, N)``
+  kernels (no host synchronisation) and the ``kernel="auto"`` cost model.
 
-All functions are pure and take the device and dtype from their inputs.
-
-The package lists what a user of the losses calls: the kernel choice (:func:`choose_kernel`, its cost model
-:func:`kernel_costs` / :func:`predicted_costs`), the chunk sizes and the step functions. The kernels themselves
-(``dense_query_ranks``, ``sigmoid_rank_sums``, ``hierarchical_ranks``, ...) are the **expert API**: import them from
-their modules above (``from pml_suprank.ranking.flat import sigmoid_rank_sums``); they are documented there and
-may change with the losses that use them.
+The package lists what a user of the losses calls: the kernel choice (:func:`choose_kernel`, :func:`kernel_costs`,
+:func:`predicted_costs`), the chunk sizes and the step objects. The kernels themselves are the **expert API**:
+import them from their modules (``from pml_suprank.ranking.flat import sigmoid_rank_sums``); they may change with
+the losses that use them. All functions are pure and take the device and dtype from their inputs.
 """
 
 from __future__ import annotations

@@ -1,28 +1,21 @@
 """Dense rank kernels of the flat losses: every (query, item, reference) difference, blocked over queries.
 
-The sorted kernels of :mod:`pml_suprank.ranking.flat` touch only the (query, positive) pairs, but they pay for it
-with sorts, ``searchsorted``, data-dependent shapes and host synchronisations (``nonzero``, ``.item()``). On an
-accelerator — or for small batches on the CPU — it is cheaper to evaluate the surrogate on the full
-``(b, N, N)`` difference tensor ``t[q, i, j] = s_{q j} − s_{q i}`` of a block of ``b`` queries with a handful of
-fused elementwise ops and reductions, with every mask applied arithmetically (multiplication by a float mask),
-so that nothing depends on the data's values but the values themselves:
+The sorted kernels (:mod:`pml_suprank.ranking.flat`) touch only the (query, positive) pairs but pay with sorts,
+data-dependent shapes and host reads. On an accelerator, or for small CPU batches, it is cheaper to evaluate the
+surrogate on the ``(b, N, N)`` differences ``t[q, i, j] = s_{q j} − s_{q i}`` of a block of ``b`` queries, every mask
+applied arithmetically:
 
-* :func:`dense_query_ranks` — ``rank⁺`` and ``rank`` of every reference item of every query: SupRank's (Ramzi et
-  al., TPAMI 2025, Eq. 9-10, with ``H⁻`` of Eq. 4) or Smooth-AP's (Brown et al., ECCV 2020, Eq. 5-6), in blocks of
-  :func:`dense_block_size` queries so that a block's ``(b, N, N)`` temporaries fit a memory budget (default
-  :data:`DENSE_MEMORY_BUDGET`, 256 MB); a custom autograd function with explicit derivatives: with one block it
-  keeps that block's derivative from forward, with several it saves only ``(B, N)`` tensors and recomputes each
-  block's derivative in backward, so the extra memory stays one block's, forward and backward;
-* :func:`dense_query_ap` — the per-query AP ``Σ_i P_i rank⁺_i / rank_i / max(|P|, 1)`` (Eq. 5 / Eq. 11) of the
-  same blocks, with its backward in closed form;
-* :func:`choose_kernel` — the losses' ``kernel=`` option (:data:`KERNELS`) resolved by a per-device cost model
-  (:func:`kernel_costs`, constants fitted to measured grids).
+* :func:`dense_query_ranks` — ``rank⁺`` and ``rank`` of every item of every query, SupRank's (Ramzi et al., TPAMI
+  2025, Eqs. 9-10, ``H⁻`` of Eq. 4) or Smooth-AP's (Brown et al., ECCV 2020, Eqs. 5-6);
+* :func:`dense_query_ap` — the per-query AP ``Σ_i P_i rank⁺_i / rank_i / max(|P|, 1)`` (Eq. 5 / Eq. 11), backward in
+  closed form;
+* :func:`choose_kernel` — the losses' ``kernel=`` option (:data:`KERNELS`) resolved by a per-device cost model.
 
-None of these functions synchronises with the host (no ``.item()``, ``nonzero``, boolean indexing or ``unique``;
-the block size depends on shapes only), so they are ``torch.compile(fullgraph=True)``-friendly. Values equal the
-sorted kernels' up to rounding (tested to 1e-9 in float64). Rows ``i`` that are not positives of ``q`` get finite
-ranks (``rank >= rank⁺ >= 1``) that callers multiply by a zero weight. All functions take the device and dtype
-from their inputs.
+Blocks of :func:`dense_block_size` queries keep the ``(b, N, N)`` temporaries within a memory budget
+(:data:`DENSE_MEMORY_BUDGET`); a custom autograd function with explicit derivatives keeps one block's derivative
+from forward, or, with several blocks, saves ``(B, N)`` tensors only and recomputes each block in backward. No host
+synchronisation (``torch.compile(fullgraph=True)``-friendly); values equal the sorted kernels' up to rounding (1e-9
+in float64). Non-positive rows get finite ranks (``rank >= rank⁺ >= 1``) that callers weigh by zero.
 """
 
 from __future__ import annotations
@@ -40,7 +33,7 @@ __all__ = [
     "CPU_FLAT_COSTS",
     "CPU_HIERARCHICAL_COSTS",
     "CPU_HIERARCHICAL_DENSE_MAX_WORK",
-        "CUDA_FLAT_COSTS",
+    "CUDA_FLAT_COSTS",
     "CUDA_HIERARCHICAL_COSTS",
     "DENSE_MEMORY_BUDGET",
     "DENSE_TEMPORARIES",
@@ -71,42 +64,20 @@ class KernelCosts(NamedTuple):
     sorted_per_ref: float
 
 
-# CUDA, fitted (least squares on relative error) to the NVIDIA H200 grids of 2026-11-26 and 2026-11-28 (torch
-# 2.11.0+cu130, float32, 512-d, fwd+bwd median, B ∈ {32, 64, 128, 256, 512} × N ∈ {B, 512, 1024, 2048, 4096};
-# tests/data/h200_2026-11-26_grid.jsonl and h200_2026-11-28_grid.jsonl, table in docs/performance.md). Flat: SupAP's
-# dense (the costlier flat dense kernel; Smooth-AP's is ~0.5×) and SupAP + Smooth-AP sorted; hierarchical: Sup-H-AP
-# with 2 levels, both grids (48 points). Excerpt (ms, dense / sorted, 2026-11-26):
-#
-#   B    N     B·N²    SupAP        Smooth-AP    Sup-H-AP (2 levels)
-#   32   1024  3.4e7   3.3 / 4.8    2.7 / 4.0    5.3 / 24.8
-#   64   1024  6.7e7   5.8 / 6.0    4.3 / 3.9    9.5 / 22.8
-#   128  1024  1.3e8   10.9 / 6.7   8.5 / 5.8    17.9 / 27.6
-#   512  512   1.3e8   10.8 / 5.0   5.9 / 3.6    17.6 / 13.3
-#   256  4096  4.3e9   313.6 / 9.0  158.6 / 6.8  518.2 / 26.7
-#
-# and 2026-11-28, Sup-H-AP: B = 32 vs 2,048 18.4 / 30.8, B = 64 vs 1,024 9.9 / 30.0, B = 256 vs 512 9.8 / 16.9 ms
-# (dense: the fit predicts 17.2 / 21.3, 9.4 / 17.7 and 9.4 / 16.3).
-# With these constants the flat crossover is near B·N² ≈ 4e7 (SupAP, in-batch B = 256 up to B = 32 vs 1,024 dense)
-# and the 2-level one near 1.3e8 with a dependence on N: every point of both grids where one kernel is ≥ 1.3× faster
-# is decided for it, and N = 60,000 is sorted for every B. The sorted hierarchical constants describe the kernel
-# measured then (before the one-read kernel of pml_suprank.ranking.hierarchical; not re-measured on a GPU).
+# CUDA: least squares (relative error) on the H200 grids of 2026-11-26 and 2026-11-28 (torch 2.11, float32, 512-d,
+# fwd+bwd median, B ∈ {32..512} × N ∈ {B, 512..4096}; tests/data/h200_2026-11-2{6,8}_grid.jsonl, docs/performance.md).
+# Flat: SupAP's dense (Smooth-AP's is ~0.5×) vs SupAP + Smooth-AP sorted; hierarchical: Sup-H-AP, 2 levels. The flat
+# crossover is near B·N² ≈ 4e7, the 2-level one near 1.3e8; every grid point where one kernel is ≥ 1.3× faster is
+# decided for it, N = 60,000 is sorted for every B. The sorted hierarchical constants predate the one-read kernel.
 CUDA_FLAT_COSTS = KernelCosts(1.56, 6.90e-8, 4.31, 2.22e-6, 0.0)
 CUDA_HIERARCHICAL_COSTS = KernelCosts(1.71, 1.151e-7, 13.8, 5.04e-6, 3.53e-3)
-# CPU: dense iff B·N² <= this. Measured with benchmarks/bench_losses.py --crossover --repeats 5 (2 shared CPU cores,
-# float32, 512-d, torch 2.14, SupAP / Smooth-AP / ROADMAP / Sup-R@k): dense is faster for all four at in-batch
-# B = 16 (B·N² = 4.1e3, 1.3-1.8×) and B = 32 (3.3e4, 1.15-1.45×), slower from B = 64 (2.6e5, 0.6-0.9×) and at
-# B = 64 vs N = 128 (1.0e6, 0.14-0.32×); the rule takes the largest measured B·N² where dense won, 2^15. Re-measured
-# on 2026-11-26 (--repeats 3, the same grid, a loaded machine; docs/performance.md): the same picture
+# CPU: dense iff B·N² <= this; benchmarks/bench_losses.py --crossover (2 shared cores, float32, 512-d): dense wins
+# for SupAP / Smooth-AP / ROADMAP / Sup-R@k up to B = 32 in-batch (3.3e4), loses from B = 64 (2.6e5).
 CPU_DENSE_MAX_WORK = 1 << 15
 # the CPU rule in the form of the cost model: dense = B·N² against sorted = the threshold (unitless)
 CPU_FLAT_COSTS = KernelCosts(0.0, 1.0, float(CPU_DENSE_MAX_WORK), 0.0, 0.0)
-# CPU, hierarchical (Sup-H-AP and Sup-NDCG, sorted kernel with one host read): dense iff B·N² <= the threshold of
-# the number of levels. Measured in-batch on 2 shared cores (torch 2.14, float32, 512-d, labels fine = i // 4 and
-# fine // 4^c above it; dense / sorted time, median of 9 interleaved, 2026-11-28):
-#   2 levels: 0.31-0.61 at B·N² = 6.4e4, ~1 at 1.1e5, 1.27-1.43 at 2.6e5, 2.1 at 5.1e5        → 2^17
-#   3 levels: 0.43-0.73 up to 2.6e5, ~1 at 5.1e5, 1.17-1.34 at 8.8e5                          → 2^19
-#   4 levels: 0.45-0.54 up to 5.1e5, 0.72-0.92 at 8.8e5, 1.67-2.76 at 2.1e6                   → 2^20
-# more levels keep the 4-level threshold (not measured beyond 4)
+# CPU, hierarchical: measured crossovers (in-batch, 2 shared cores, median of 9) for 2, 3 and 4 levels; more levels
+# keep the 4-level threshold
 CPU_HIERARCHICAL_DENSE_MAX_WORK = {2: 1 << 17, 3: 1 << 19, 4: 1 << 20}
 CPU_HIERARCHICAL_COSTS = KernelCosts(0.0, 1.0, float(CPU_HIERARCHICAL_DENSE_MAX_WORK[2]), 0.0, 0.0)
 
@@ -114,12 +85,9 @@ CPU_HIERARCHICAL_COSTS = KernelCosts(0.0, 1.0, float(CPU_HIERARCHICAL_DENSE_MAX_
 def kernel_costs(device: torch.device | str, levels: int = 1) -> KernelCosts:
     """The :class:`KernelCosts` of ``auto`` on ``device``'s type for a loss with ``levels`` hierarchy levels.
 
-    ``levels = 1``: the flat constants. ``levels >= 2``: the hierarchical ones. On the CPU the threshold of
-    :data:`CPU_HIERARCHICAL_DENSE_MAX_WORK` for 2, 3 and 4 levels (measured; more levels keep the 4-level one). On
-    an accelerator, measured with 2 levels; for more levels the size-dependent terms (dense per element, sorted per
-    pair and per reference) are scaled by ``levels − 1`` on both sides (each level adds one pass of each kernel; NOT
-    measured on a GPU: an extrapolation). The CUDA constants serve every non-CPU device type (CUDA, MPS, ...:
-    launch-bound devices).
+    ``levels = 1``: the flat constants; CPU: the threshold of :data:`CPU_HIERARCHICAL_DENSE_MAX_WORK`; accelerators
+    (every non-CPU type): the 2-level constants with the size-dependent terms scaled by ``levels − 1`` (one pass of
+    each kernel per level: an extrapolation, not measured).
 
     Raises:
         ValueError: ``levels`` not a positive int.
@@ -150,36 +118,23 @@ def predicted_costs(device: torch.device | str, num_queries: int, num_refs: int,
     return dense, sorted_
 
 
-def choose_kernel(
-    kernel: str, device: torch.device | str, num_queries: int, num_refs: int, levels: int = 1
-) -> str:
+def choose_kernel(kernel: str, device: torch.device | str, num_queries: int, num_refs: int, levels: int = 1) -> str:
     """Resolve a loss's ``kernel=`` option to ``"dense"`` or ``"sorted"``.
 
-    ``"dense"``/``"sorted"`` are returned as given. ``"auto"`` returns the kernel of the lower predicted cost
-    (:func:`predicted_costs`, ties to dense) for ``B = num_queries`` queries against ``N = num_refs`` reference
-    items and ``levels`` hierarchy levels:
+    ``"dense"``/``"sorted"`` are returned as given; ``"auto"`` returns the kernel of the lower
+    :func:`predicted_costs` (ties to dense) for ``B = num_queries`` queries against ``N = num_refs`` items and
+    ``levels`` hierarchy levels (1 for a flat loss):
 
-    * CUDA (and other accelerators): ``dense = 1.56 + 6.9e-8·B·N²`` vs ``sorted = 4.31 + 2.2e-6·B·N`` ms (flat),
-      ``dense = 1.71 + 1.15e-7·B·N²`` vs ``sorted = 13.8 + 5.0e-6·B·N + 3.5e-3·N`` ms (2 levels): the constants
-      :data:`CUDA_FLAT_COSTS` / :data:`CUDA_HIERARCHICAL_COSTS`, fitted to the H200 grids quoted with them. E.g.
-      in-batch B = 256 → dense, B = 256 vs 1,024 → sorted, B = 32 vs 1,024 → dense, anything vs 60,000 → sorted.
-    * CPU: ``"dense"`` iff ``B·N² <= CPU_DENSE_MAX_WORK`` (2^15) for a flat loss, ``<= 2^17 / 2^19 / 2^20`` for 2 / 3
-      / 4+ levels (:data:`CPU_HIERARCHICAL_DENSE_MAX_WORK`; measured crossovers on a 2-core CPU).
-
-    Args:
-        kernel: one of :data:`KERNELS`.
-        device: where the scores live.
-        num_queries: ``B``.
-        num_refs: ``N``.
-        levels: 1 for a flat loss, the number of hierarchy levels ``L`` for a hierarchical one.
+    * accelerators: ``dense = 1.56 + 6.9e-8·B·N²`` vs ``sorted = 4.31 + 2.2e-6·B·N`` ms (flat),
+      ``dense = 1.71 + 1.15e-7·B·N²`` vs ``sorted = 13.8 + 5.0e-6·B·N + 3.5e-3·N`` ms (2 levels); e.g. in-batch
+      B = 256 → dense, B = 256 vs 1,024 → sorted, B = 32 vs 1,024 → dense, anything vs 60,000 → sorted;
+    * CPU: dense iff ``B·N² <= 2^15`` (flat), ``2^17 / 2^19 / 2^20`` for 2 / 3 / 4+ levels.
 
     Raises:
         ValueError: ``kernel`` not in :data:`KERNELS`, or ``levels`` not a positive int.
     """
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}; got {kernel!r}")
-    if isinstance(levels, bool) or not isinstance(levels, int) or levels < 1:
-        raise ValueError(f"levels must be a positive int (1 for a flat loss); got {levels!r}")
     if kernel != "auto":
         return kernel
     dense, sorted_ = predicted_costs(device, num_queries, num_refs, levels)
@@ -193,16 +148,8 @@ def dense_block_size(
     memory_budget: int = DENSE_MEMORY_BUDGET,
     temporaries: int = DENSE_TEMPORARIES,
 ) -> int:
-    """The number ``b`` of queries per block so that ``temporaries`` tensors of shape ``(b, N, N)`` fit the budget.
-
-    ``b = clamp(⌊budget / (temporaries · N² · element_size)⌋, 1, num_queries)``: shapes only, no data.
-
-    Args:
-        num_queries: ``B``.
-        num_refs: ``N``, the number of reference items.
-        element_size: bytes per element of the score dtype (4 for float32, 8 for float64).
-        memory_budget: bytes allowed for one block's temporaries.
-        temporaries: how many ``(b, N, N)`` tensors a block keeps alive at once.
+    """Queries per block ``b = clamp(⌊memory_budget / (temporaries · N² · element_size)⌋, 1, num_queries)`` so that
+    ``temporaries`` tensors ``(b, N, N)`` of ``element_size`` bytes fit the budget: shapes only, no data.
 
     Raises:
         ValueError: a non-positive ``memory_budget`` or ``temporaries``.
@@ -370,8 +317,7 @@ class _DenseAP(torch.autograd.Function):
 
 
 def _blocked_apply(function, kernel: str, scores: Tensor, positives: Tensor, others: Tensor, parameter, budget: int):
-    """Validate a dense call (shapes and dtypes only: nothing is read from the device) and run ``function`` over
-    query blocks of :func:`dense_block_size` queries."""
+    """Check a dense call (shapes and dtypes only: nothing is read from the device) and run ``function``."""
     if kernel not in ("suprank", "smooth_ap"):
         raise ValueError(f"kernel must be 'suprank' or 'smooth_ap'; got {kernel!r}")
     if not isinstance(scores, Tensor) or scores.dim() != 2 or not scores.is_floating_point():
@@ -382,8 +328,7 @@ def _blocked_apply(function, kernel: str, scores: Tensor, positives: Tensor, oth
                 f"{name} must be a float mask of the shape and dtype of scores {tuple(scores.shape)} {scores.dtype}; "
                 f"got {_describe(mask)}"
             )
-    num_queries, num_refs = scores.shape
-    block = dense_block_size(num_queries, num_refs, scores.element_size(), budget)
+    block = dense_block_size(*scores.shape, scores.element_size(), budget)
     return function.apply(kernel, block, parameter, scores, positives, others)
 
 
@@ -403,12 +348,9 @@ def dense_query_ranks(
     """``(rank⁺, rank)`` ``(B, N)`` of every query, in blocks of :func:`dense_block_size` queries.
 
     SupRank: ``rank⁺_i = 1 + Σ_{j≠i} P_j H(s_j − s_i)`` (``H(0) = 1``, no gradient) and ``rank_i = rank⁺_i + Σ_j N_j
-    H⁻(s_j − s_i)``; Smooth-AP: ``1 + Σ_{j≠i} P_j σ_τ(s_j − s_i)`` and ``1 + Σ_{j≠i} V_j σ_τ(s_j − s_i)``.
-    A custom autograd function: forward evaluates each block's values without a graph. With a single block (all
-    ``B`` queries fit the budget) it keeps that block's ``(B, N, N)`` derivative for backward; with several blocks it
-    saves only ``(B, N)`` tensors and backward recomputes each block's derivative (``H⁻'`` or ``σ_τ'``; then
-    ``∂/∂s_j = Σ_i w_ij − Σ_k w_jk`` by two batched mat-vec products), so the extra memory is one block's
-    temporaries in forward and in backward. No host synchronisation.
+    H⁻(s_j − s_i)``; Smooth-AP: ``1 + Σ_{j≠i} P_j σ_τ(s_j − s_i)`` and ``1 + Σ_{j≠i} V_j σ_τ(s_j − s_i)``. Backward:
+    ``∂/∂s_j = Σ_i w_ij − Σ_k w_jk`` with ``w`` the derivative (``H⁻'`` or ``σ_τ'``) times the incoming gradient, two
+    batched mat-vec products per block; the extra memory is one block's temporaries, forward and backward.
 
     Args:
         kernel: ``"suprank"`` (``others`` = negatives mask, ``parameter`` = the :class:`SupRankStep`, with a
@@ -439,15 +381,8 @@ def dense_query_ap(
     """Per-query surrogate AP ``(B,)`` and positive count ``(B,)``: SupAP (SupRank Eq. 11) or Smooth-AP (Eq. 5),
     ``AP_q = Σ_i P[q, i] · rank⁺[q, i] / rank[q, i] / max(|P_q|, 1)`` (0 for a query without positives).
 
-    The mean of ``rank⁺ / rank`` over the positives of :func:`dense_query_ranks`, in one custom
-    autograd function whose backward goes straight from ``∂L/∂AP`` to ``∂L/∂scores`` (no autograd graph of the
-    ranks, the ratio or the mean). Same blocking, memory and arguments as :func:`dense_query_ranks`; no host
-    synchronisation.
-
-    Returns:
-        ``(ap (B,), count (B,))``; ``count`` (float) carries no gradient.
-
-    Raises:
-        ValueError: unknown ``kernel``, or masks whose shape / dtype differ from those of ``scores``.
+    The mean of ``rank⁺ / rank`` of :func:`dense_query_ranks` over the positives, its backward straight from
+    ``∂L/∂AP`` to ``∂L/∂scores``; same blocking, memory, arguments and ``ValueError`` as :func:`dense_query_ranks`.
+    Returns ``(ap (B,), count (B,))``; ``count`` (float) carries no gradient.
     """
     return _blocked_apply(_DenseAP, kernel, scores, positives, others, parameter, memory_budget)

@@ -1,17 +1,12 @@
 """Dense kernels of the hierarchical losses (Sup-H-AP / HAPPIER, Sup-NDCG): every (query, item, reference)
-difference of a block of queries, with level masks applied arithmetically.
+difference of a block of queries, level masks applied arithmetically, no host synchronisation.
 
-* :func:`dense_hierarchical_ranks` — SupRank's hierarchical ``rank`` and ``H-rank⁺`` (SupRank Eqs. 18 and 21,
-  HAPPIER's ``H_s^>`` of Eq. 43 optional) for a ``(b, N)`` block;
-* :func:`dense_hierarchical_query_ranks` — the same over all queries in blocks under a memory budget;
-* :func:`dense_sup_hap_scores` / :func:`dense_sup_ndcg_scores` — the per-query surrogate H-AP (Eq. 21) and NDCG
-  (Eq. 24), equal to :func:`pml_suprank.ranking.sup_hap_scores` / :func:`~pml_suprank.ranking.sup_ndcg_scores`, by
-  one fused autograd function (:class:`_HierarchicalScores`): forward evaluates rank, H-rank⁺ and the per-query
-  score with in-place masked arithmetic (a few ``(b, N, N)`` buffers, :data:`FUSED_TEMPORARIES`), backward applies
-  the explicit derivative of ``H⁻`` (and of ``H_s^>``) through two batched mat-vec products.
-
-No host synchronisation inside the kernels (every mask is arithmetic, every shape known in advance); device and
-dtype come from the inputs.
+* :func:`dense_hierarchical_ranks` — ``rank`` and ``H-rank⁺`` (SupRank Eqs. 18 and 21, HAPPIER's ``H_s^>`` of Eq. 43
+  optional) of a ``(b, N)`` block; :func:`dense_hierarchical_query_ranks` — the same over all queries in blocks;
+* :func:`dense_sup_hap_scores` / :func:`dense_sup_ndcg_scores` — per-query H-AP (Eq. 21) and NDCG (Eq. 24), the
+  values of :mod:`pml_suprank.ranking.hierarchical`'s kernels, by one fused autograd function (in-place masked
+  arithmetic on :data:`FUSED_TEMPORARIES` ``(b, N, N)`` buffers; backward: the explicit derivatives of ``H⁻`` and
+  ``H_s^>`` through two batched mat-vec products).
 """
 
 from __future__ import annotations
@@ -53,18 +48,11 @@ def dense_hierarchical_ranks(
     """Dense SupRank ranks and H-rank⁺ of every positive item of a block of queries (SupRank Eqs. 18 and 21).
 
     ``rank(i) = 1 + Σ_{j≠i, T_j ≥ T_i} H(t_ij) + Σ_{j: T_j < T_i} H⁻(t_ij)`` and
-    ``H-rank⁺(i) = Σ_{j: T_j ≥ 1} min(rel_i, rel_j) · H⁺(t_ij)`` (``j = i`` included: the ``rel_i`` term), with
-    ``H⁺ = H`` or, with ``hrank``, HAPPIER's ``H_s^>`` (Eq. 43) for ``T_j > T_i``; sums over valid ``j``.
-    Same convention as :func:`pml_suprank.ranking.hierarchical_ranks`: ``rank = 1`` and ``H-rank⁺ = 0`` at
-    non-positive or invalid items. Plain autograd; masks are arithmetic (no host synchronisation).
-
-    Args:
-        scores: ``(b, N)`` scores; ``levels``: ``(b, N)`` int levels ``T`` in ``{0..L}``; ``valid``: ``(b, N)`` bool.
-        level_relevance: ``(b, L + 1)`` relevance of each level, or ``None`` (ranks only, for Sup-NDCG).
-        step: SupRank's ``H⁻`` (numeric ``offset`` for a sync-free call); hrank: optional ``H_s^>``.
-
-    Returns:
-        ``(rank (b, N), rank_plus (b, N) or None)`` in the dtype of ``scores``.
+    ``H-rank⁺(i) = Σ_{j: T_j ≥ 1} min(rel_i, rel_j) · H⁺(t_ij)`` (``j = i`` included), ``H⁺ = H`` or, with ``hrank``,
+    ``H_s^>`` for ``T_j > T_i``; sums over valid ``j``. ``scores``, ``levels`` (int, ``{0..L}``), ``valid`` (bool):
+    ``(b, N)``; ``level_relevance``: ``(b, L + 1)`` or ``None`` (ranks only). Returns ``(rank, rank_plus or None)``
+    ``(b, N)`` in the dtype of ``scores``, 1 and 0 at non-positive or invalid items (as
+    :func:`pml_suprank.ranking.hierarchical.hierarchical_ranks`). Plain autograd.
     """
     dtype = scores.dtype
     levels = levels.long()
@@ -203,11 +191,8 @@ def _grad_from(deriv, extra, v, coef, coef_plus) -> Tensor:
 
 
 class _HierarchicalScores(torch.autograd.Function):
-    """Fused dense Sup-H-AP / Sup-NDCG per-query scores with an explicit backward.
-
-    One block (everything fits the budget): the block's ``(B, N, N)`` derivative terms are kept from forward and
-    backward is two batched mat-vec products. Several blocks: only ``(B, N)`` tensors are saved and each block's
-    derivative terms are recomputed in backward, one block alive at a time.
+    """Fused dense Sup-H-AP / Sup-NDCG per-query scores with an explicit backward: one block keeps its derivative
+    terms from forward; several save ``(B, N)`` tensors only and recompute each block in backward.
 
     The returned score is never the result of an in-place operation (its version counter is 0): dynamo of torch
     2.11 drops the gradient of a custom Function's output that an in-place op produced (``x.sum(1).div_(n)``), so
@@ -270,17 +255,12 @@ def dense_sup_hap_scores(
     *,
     memory_budget: int = DENSE_MEMORY_BUDGET,
 ) -> tuple[Tensor, Tensor]:
-    """Per-query surrogate H-AP (SupRank Eq. 21) by the fused dense kernel: the values of
-    :func:`pml_suprank.ranking.sup_hap_scores`, ``Σ_{i∈Ω⁺} H-rank⁺(i) / rank(i) / Σ_j rel_j``.
+    """Per-query surrogate H-AP (SupRank Eq. 21), ``Σ_{i∈Ω⁺} H-rank⁺(i) / rank(i) / Σ_j rel_j``: the values of
+    :func:`pml_suprank.ranking.hierarchical.sup_hap_scores` by the fused dense kernel.
 
-    Args:
-        scores: ``(B, N)``; levels: ``(B, N)`` int levels ``T``; valid: ``(B, N)`` bool.
-        level_relevance: ``(B, L + 1)`` relevance of each level (``rel(0) = 0``).
-        step: SupRank's ``H⁻`` with a numeric ``offset``; hrank: optional ``H_s^>`` (HAPPIER Eq. 43).
-        memory_budget: bytes of one query block's ``(b, N, N)`` buffers (:data:`FUSED_TEMPORARIES` of them).
-
-    Returns:
-        ``(score (B,), has_pos (B,) bool)`` (score 0 where the query has no positive). No host synchronisation.
+    ``scores``, ``levels``, ``valid``: ``(B, N)``; ``level_relevance``: ``(B, L + 1)`` (``rel(0) = 0``); ``step``
+    with a numeric ``offset``; ``memory_budget``: bytes of one block's :data:`FUSED_TEMPORARIES` buffers. Returns
+    ``(score (B,), has_pos (B,) bool)``, score 0 where the query has no positive.
     """
     levels = levels if levels.dtype == torch.long else levels.long()
     if level_relevance.dtype != scores.dtype:
@@ -301,14 +281,10 @@ def dense_sup_ndcg_scores(
     *,
     memory_budget: int = DENSE_MEMORY_BUDGET,
 ) -> tuple[Tensor, Tensor]:
-    """Per-query surrogate NDCG (SupRank Eq. 24) by the fused dense kernel: the values of
-    :func:`pml_suprank.ranking.sup_ndcg_scores`, ``DCG_s / iDCG`` with gains ``2^l − 1``.
-
-    The ideal DCG (Eq. 23) sorts each query's valid gains in decreasing order (the order of decreasing level) and
-    weighs them by ``1 / log2(1 + p)``, ``p = 1..N``: fixed shapes, no host synchronisation.
-
-    Returns:
-        ``(score (B,), has_pos (B,) bool)`` (score 0 where the query has no positive).
+    """Per-query surrogate NDCG (SupRank Eq. 24), ``DCG_s / iDCG`` with gains ``2^l − 1`` (iDCG, Eq. 23: the valid
+    gains sorted decreasingly, weighed by ``1 / log2(1 + p)``): the values of
+    :func:`pml_suprank.ranking.hierarchical.sup_ndcg_scores` by the fused dense kernel. Returns
+    ``(score (B,), has_pos (B,) bool)``.
     """
     del num_levels  # the gains 2^T − 1 need no table
     levels = levels if levels.dtype == torch.long else levels.long()

@@ -1,27 +1,16 @@
 """Rank kernels of the flat losses (SupAP / ROADMAP, Smooth-AP, Sup-R@k): sorted thresholds plus sigmoid windows.
 
-For a query ``q`` and a positive item ``i`` with scores ``s_{q j}`` (a ``(B, N)`` matrix), the flat surrogates need
-``Σ_j m[q, j] · step(s_{q j} − s_{q i})`` over a set of reference items (SupRank, Ramzi et al., TPAMI 2025,
-Eqs. 9-11; Smooth-AP, Brown et al., ECCV 2020, Eq. 6):
+For a query ``q`` and a positive item ``i`` of a ``(B, N)`` score matrix the flat surrogates need
+``Σ_j m[q, j] · step(s_{q j} − s_{q i})`` over a set of reference items (SupRank, Ramzi et al., TPAMI 2025, Eqs. 9-11;
+Smooth-AP, Brown et al., ECCV 2020, Eq. 6). :func:`suprank_negative_sum`, :func:`heaviside_positive_count` and
+:func:`sigmoid_rank_sums` take the Heaviside and linear branches from sorted per-query thresholds + ``searchsorted`` +
+suffix sums (:func:`count_above`, ``O(B·N log P)``); only the sigmoid window is evaluated per (pair, reference)
+element, in chunks of whole queries (:func:`sigmoid_window_sum`, recomputed in backward).
 
-* :func:`pairwise_step_sum` — the general kernel: any step object and any (possibly pair-dependent) mask, time
-  ``O(K · N)`` for ``K`` pairs, extra memory ``O(B · N + chunk)`` (the window kernel of
-  :mod:`pml_suprank.ranking.window` over whole rows, recomputed in backward);
-* :func:`suprank_negative_sum`, :func:`heaviside_positive_count`, :func:`sigmoid_rank_sums` — the fast kernels: the
-  Heaviside and linear branches come from sorted per-query thresholds + ``searchsorted`` + suffix sums
-  (:func:`count_above`, ``O(B·N log P)``); only the sigmoid window is evaluated per (pair, reference) element, in
-  chunks of whole queries (:func:`sigmoid_window_sum`).
-
-Pairs are given as ``query_idx`` / ``item_idx`` ``(K,)`` long tensors; the fast kernels need them grouped by query
-(non-decreasing ``query_idx``, e.g. from ``torch.nonzero(mask, as_tuple=True)``). All functions take the device and
-dtype from their inputs.
-
-Host synchronisation: every size the fast kernels need is read from the device once per call, by
-:func:`group_pairs` (one ``.tolist()`` of the sorted per-query pair counts, which also carries the "grouped by query"
-check); from then on every tensor shape and every chunk of the window kernel, forward and backward, is known on the
-host, so no other operation waits for the device. A caller that runs several kernels on the same pairs computes the
-:class:`PairGroups` once and passes them as ``groups=``. :func:`heaviside_positive_count` needs no sizes at all (one
-sort of the pairs) and :func:`pairwise_step_sum` none either (chunks of pairs).
+Pairs are ``query_idx`` / ``item_idx`` ``(K,)`` long tensors grouped by query (non-decreasing ``query_idx``, as from
+``torch.nonzero``). Host synchronisation: one per call, in :func:`group_pairs` (a ``.tolist()`` of the sorted
+per-query pair counts, which also carries the grouping check); every later shape and chunk, forward and backward, is
+known on the host. Pass the :class:`PairGroups` as ``groups=`` to share that read between kernels.
 """
 
 from __future__ import annotations
@@ -31,8 +20,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .steps import PairMask, Step, SupRankStep
-from .window import CHUNK_SIZE, PairRowsLayout, QueryBlockLayout, SigmoidTerm, StepTerm, window_sum
+from .steps import SupRankStep
+from .window import CHUNK_SIZE, window_sum
 
 __all__ = [
     "ACCELERATOR_CHUNK_SIZE",
@@ -40,8 +29,7 @@ __all__ = [
     "count_above",
     "default_chunk_elements",
     "group_pairs",
-        "heaviside_positive_count",
-    "pairwise_step_sum",
+    "heaviside_positive_count",
     "positive_pair_groups",
     "sigmoid_rank_sums",
     "sigmoid_window_sum",
@@ -50,69 +38,13 @@ __all__ = [
 
 
 ACCELERATOR_CHUNK_SIZE = 1 << 23
-"""Elements of one window block of the fast flat kernels on an accelerator (CUDA, MPS, ...): 4× :data:`CHUNK_SIZE`,
-i.e. 32 MB per float32 temporary, so that e.g. B = 256 queries × 5 positives against 60,000 items take 10 blocks
-(about 20 launches each, forward and backward) instead of 37. On the CPU the blocks stay at :data:`CHUNK_SIZE`
-(cache-sized; launches cost nothing there). Changes speed and memory, not values: a block holds whole queries."""
+"""Elements of one window block of the flat kernels on an accelerator: 4× :data:`CHUNK_SIZE` (32 MB per float32
+temporary; B = 256 × 5 positives against 60,000 items: 10 blocks instead of 37). Changes speed, not values."""
 
 
 def default_chunk_elements(device: torch.device | str) -> int:
-    """The window block size of the fast flat kernels on ``device``: :data:`CHUNK_SIZE` on the CPU,
-    :data:`ACCELERATOR_CHUNK_SIZE` elsewhere (fewer, larger blocks where each launch costs microseconds)."""
+    """:data:`CHUNK_SIZE` on the CPU, :data:`ACCELERATOR_CHUNK_SIZE` elsewhere (fewer launches)."""
     return CHUNK_SIZE if torch.device(device).type == "cpu" else ACCELERATOR_CHUNK_SIZE
-
-
-def pairwise_step_sum(
-    scores: Tensor,
-    query_idx: Tensor,
-    item_idx: Tensor,
-    mask: PairMask,
-    step: Step,
-    *,
-    exclude_item: bool = True,
-    chunk_elements: int = CHUNK_SIZE,
-) -> Tensor:
-    """Sum a step function of score differences over the reference set, for a list of (query, item) pairs.
-
-    ``out[k] = Σ_j m_k[j] · step(scores[q_k, j] − scores[q_k, i_k])`` over ``j ≠ i_k`` (when ``exclude_item``).
-    This is the building block of every rank surrogate: e.g. SupAP's ``rank(i) − rank⁺(i) = Σ_{j∈N_q} H⁻(s_j − s_i)``
-    (SupRank Eq. 9-11) with ``m = negatives of q`` and ``step = SupRankStep()``.
-
-    Args:
-        scores: ``(B, N)`` score matrix (query ``b`` vs reference ``j``), floating, may require grad.
-        query_idx: ``(K,)`` long, the query row ``q_k`` of each pair.
-        item_idx: ``(K,)`` long, the reference column ``i_k`` whose rank is computed.
-        mask: either a ``(B, N)`` bool/float tensor (row ``q_k`` is used for pair ``k``; float values are weights,
-            no gradient flows into them) or a callable ``mask(q, i) -> (k, N)`` for pair-dependent masks (e.g. the
-            level rule of hierarchical losses: ``j`` counts iff ``level[q, j] < level[q, i]``). The callable is
-            called again, chunk by chunk, in backward.
-        step: a step object (:class:`HeavisideStep`, :class:`SigmoidStep`, :class:`SupRankStep`) or any object with
-            ``value(t)``, ``derivative(t)`` and a ``differentiable`` attribute.
-        exclude_item: drop ``j = i_k`` (by index) from the sum.
-        chunk_elements: number of ``(pair, reference)`` elements processed at once; bounds the extra memory.
-
-    Returns:
-        ``(K,)`` tensor in the dtype of ``scores``; differentiable w.r.t. ``scores`` when ``step`` is. Time
-        ``O(K · N)``, extra memory ``O(B · N + chunk_elements)`` in forward and backward.
-    """
-    if not isinstance(scores, Tensor) or scores.dim() != 2 or not scores.is_floating_point():
-        raise ValueError(f"scores must be a floating tensor of shape (B, N); got {getattr(scores, 'shape', scores)}")
-    for name, idx in (("query_idx", query_idx), ("item_idx", item_idx)):
-        if not isinstance(idx, Tensor) or idx.dim() != 1 or idx.dtype != torch.long:
-            raise ValueError(f"{name} must be a 1-D long tensor; got {getattr(idx, 'dtype', type(idx).__name__)}")
-    if len(query_idx) != len(item_idx):
-        raise ValueError(f"query_idx and item_idx must have the same length; got {len(query_idx)} and {len(item_idx)}")
-    if isinstance(mask, Tensor) and mask.shape != scores.shape:
-        raise ValueError(f"mask must have the shape of scores {tuple(scores.shape)}; got {tuple(mask.shape)}")
-    if not isinstance(mask, Tensor) and not callable(mask):
-        raise TypeError(f"mask must be a (B, N) tensor or a callable; got {type(mask).__name__}")
-    if len(query_idx) == 0:
-        return scores.sum() * 0 + scores.new_zeros(0)
-    layout = PairRowsLayout(query_idx, item_idx, mask, exclude_item, chunk_elements)
-    if not step.differentiable:
-        with torch.no_grad():
-            return window_sum(layout, StepTerm(step), scores.detach())
-    return window_sum(layout, StepTerm(step), scores)
 
 
 class PairGroups(NamedTuple):
@@ -143,10 +75,8 @@ class PairGroups(NamedTuple):
 
 
 def group_pairs(query_idx: Tensor, num_queries: int) -> PairGroups:
-    """Group pairs by query: the :class:`PairGroups` of ``query_idx`` ``(K,)`` (non-decreasing) over ``B`` queries.
-
-    The one host synchronisation of the fast kernels: a single ``.tolist()`` brings the sorted pair counts (every
-    later shape and chunk) and the grouping check to the host. ``O(B log B + K)``.
+    """The :class:`PairGroups` of ``query_idx`` ``(K,)`` (non-decreasing) over ``B`` queries: one ``.tolist()``
+    brings the sorted pair counts and the grouping check to the host. ``O(B log B + K)``.
 
     Raises:
         ValueError: ``query_idx`` is not grouped by query (non-decreasing).
@@ -164,18 +94,14 @@ def group_pairs(query_idx: Tensor, num_queries: int) -> PairGroups:
     return PairGroups(counts, pos, order, tuple(host[1:]))
 
 
-def positive_pair_groups(mask: Tensor) -> tuple[Tensor, Tensor, PairGroups]:
-    """``(query_idx (K,), item_idx (K,), groups)`` of the True entries of a ``(B, N)`` bool ``mask``, row-major.
-
-    The pairs of ``torch.nonzero(mask, as_tuple=True)`` (grouped by query) and their :class:`PairGroups`, for one
-    host synchronisation in all: the sorted per-row counts are read first, and the pair list, whose length they
-    give, comes from ``torch.nonzero_static`` (``nonzero`` itself waits for the device to learn its size).
-    """
-    if not isinstance(mask, Tensor) or mask.dim() != 2 or mask.dtype != torch.bool:
-        raise ValueError(f"mask must be a (B, N) bool tensor; got {getattr(mask, 'dtype', type(mask).__name__)}")
+def positive_pair_groups(mask: Tensor, host_counts: list[int] | None = None) -> tuple[Tensor, Tensor, PairGroups]:
+    """``(query_idx (K,), item_idx (K,), groups)`` of the True entries of a ``(B, N)`` bool ``mask``, row-major: the
+    pairs of ``torch.nonzero(mask, as_tuple=True)`` and their :class:`PairGroups`, with one host read in all (the
+    sorted per-row counts; the pairs come from ``nonzero_static``), none when the caller has the per-row
+    ``host_counts``."""
     counts = mask.sum(1)
     order = torch.argsort(counts, descending=True, stable=True)
-    widths = tuple(counts[order].tolist())
+    widths = tuple(counts[order].tolist()) if host_counts is None else tuple(sorted(host_counts, reverse=True))
     query_idx, item_idx = _nonzero(mask, sum(widths)).unbind(1)
     starts = torch.cumsum(counts, 0) - counts
     pos = torch.arange(len(query_idx), device=mask.device) - starts[query_idx]
@@ -207,15 +133,10 @@ def count_above(
     """Per pair ``k``: how many items of row ``q_k`` score above ``thresholds[k]`` (and the sum of their scores).
 
     ``count_k = #{j : scores[q_k, j] > thresholds[k]}`` (``>=`` when ``inclusive``) and, with ``with_sum``,
-    ``sum_k = Σ_j scores[q_k, j]`` over the same items — differentiable w.r.t. ``scores`` and accumulated in
-    float64 (float32 on MPS) so that ``sum_k − count_k·x`` does not cancel catastrophically in float32.
-    Excluded items must be ``-inf`` in ``scores`` (they count for no threshold and get no gradient). Pairs must be
-    grouped by query (``query_idx`` non-decreasing); ``groups`` (from :func:`group_pairs`) saves the one host
-    synchronisation. Cost: ``O(B·N log P + K log P)`` via sorted thresholds + ``searchsorted`` + a histogram with
-    suffix sums; no ``K × N`` tensor.
-
-    Returns:
-        ``(count (K,) in the dtype of scores, sum (K,) float64 or None)``.
+    ``sum_k = Σ_j scores[q_k, j]`` over the same items, differentiable and accumulated in float64 (float32 on MPS)
+    so that ``sum_k − count_k·x`` does not cancel. Excluded items are ``-inf`` in ``scores``. Sorted thresholds +
+    ``searchsorted`` + a histogram with suffix sums: ``O(B·N log P + K log P)``, no ``K × N`` tensor. Returns
+    ``(count (K,) in the dtype of scores, sum (K,) float64 or None)``.
     """
     groups = group_pairs(query_idx, scores.shape[0]) if groups is None else groups
     padded = _padded(thresholds.detach(), query_idx, groups.pos, scores.shape[0], groups.width, float("inf"))
@@ -259,25 +180,17 @@ def sigmoid_window_sum(
 ) -> Tensor:
     """``out[k] = Σ_j σ(scale·(Z[q_k, j] − z_item[k]))`` over the ``j`` with ``Z[q_k, j] − z_item[k] <= upper``.
 
-    ``Z`` is a ``(B, M)`` matrix of scores divided by the temperature (or the scores themselves with
-    ``scale = 1/τ``: the window bound is then tested on the score differences, exactly as an elementwise
-    ``s_j − s_i <= upper``), with ``-inf`` at excluded entries (they contribute 0 and get no gradient);
-    ``query_idx`` ``(K,)`` must be grouped by query, ``z_item`` is ``(K,)``.
-    The shared window kernel (:class:`~pml_suprank.ranking.window.QueryBlockLayout`): the pairs are laid out as a
-    ``(B, P_max)`` matrix and whole queries are processed in chunks by broadcasting, recomputed in backward, so the
-    extra memory is ``O(B·M + chunk_elements)`` and nothing of size ``K × M`` is saved (``chunk_elements=None``:
-    :func:`default_chunk_elements` of the device). The chunk shapes come from ``groups`` (:func:`group_pairs`;
-    computed here, one host synchronisation, when not given).
-
-    Returns:
-        ``(K,)`` in the dtype of ``Z``, differentiable w.r.t. ``Z`` and ``z_item``.
+    ``Z`` ``(B, M)``: scores divided by the temperature, or the scores with ``scale = 1/τ`` (the bound is then
+    tested on the score differences exactly as an elementwise ``s_j − s_i <= upper``), ``-inf`` at excluded
+    entries. The pairs, laid out as ``(B, P_max)``, go through :func:`pml_suprank.ranking.window.window_sum`: extra
+    memory ``O(B·M + chunk_elements)`` (``None``: :func:`default_chunk_elements`). Returns ``(K,)`` in the dtype of
+    ``Z``, differentiable w.r.t. ``Z`` and ``z_item``.
     """
     num_queries = Z.shape[0]
     groups = group_pairs(query_idx, num_queries) if groups is None else groups
     z = _padded(z_item, query_idx, groups.pos, num_queries, groups.width, float("inf"))
     chunk = default_chunk_elements(Z.device) if chunk_elements is None else chunk_elements
-    layout = QueryBlockLayout(groups.order, groups.widths, float(upper), chunk)
-    out = window_sum(layout, SigmoidTerm(scale), Z, z)
+    out = window_sum(Z, z, groups.order, groups.widths, upper, chunk, scale)
     return out[query_idx, groups.pos]
 
 
@@ -295,10 +208,8 @@ def suprank_negative_sum(
 
     Split by branch: ``t <= δ`` → ``σ_τ(t)`` evaluated in a chunked window kernel (:func:`sigmoid_window_sum`);
     ``0 < t <= δ`` → ``start`` times a count; ``t > δ`` → ``ρ (Σ s_j − C (s_i + δ)) + offset·C`` from sorted
-    thresholds and suffix sums (:func:`count_above`). Same value as ``pairwise_step_sum(..., SupRankStep)`` (up to
-    rounding and the ``±50`` sigmoid clamp, < 1e-20 per term) at a fraction of the passes over ``K × N``.
-    Pairs must be grouped by query; one host synchronisation (:func:`group_pairs`), none when ``groups`` is given.
-    Returns ``(K,)`` in the dtype of ``scores``.
+    thresholds and suffix sums (:func:`count_above`): the elementwise ``SupRankStep().value`` sum up to rounding and
+    the ``±50`` sigmoid clamp (< 1e-20 per term). Returns ``(K,)`` in the dtype of ``scores``.
     """
     num_queries = scores.shape[0]
     groups = group_pairs(query_idx, num_queries) if groups is None else groups
@@ -361,9 +272,8 @@ def sigmoid_rank_sums(
 ) -> tuple[Tensor, Tensor]:
     """Smooth-AP sums per pair: ``(Σ_{j∈P_q, j≠i} σ_τ(s_j − s_i), Σ_{j∈V_q, j≠i} σ_τ(s_j − s_i))``.
 
-    The positive sum runs over a ``(B, P_max)`` padded matrix of positive scores, the full sum over ``(B, N)``;
-    ``j = i`` contributes exactly ``σ(0) = 1/2`` and is subtracted. Pairs must be grouped by query and ``i`` must be
-    a positive; one host synchronisation (:func:`group_pairs`), none when ``groups`` is given.
+    The positive sum runs over the ``(B, P_max)`` padded positive scores, the full sum over ``(B, N)``; ``j = i``
+    contributes exactly ``σ(0) = 1/2`` and is subtracted (``i`` must be a positive).
     """
     num_queries = scores.shape[0]
     groups = group_pairs(query_idx, num_queries) if groups is None else groups

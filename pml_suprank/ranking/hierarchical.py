@@ -1,32 +1,20 @@
 """Sorted-score rank kernels of the hierarchical rank losses (Sup-H-AP / HAPPIER, Sup-NDCG / ROD-NDCG).
 
-For a query ``b`` with reference scores ``s_j``, levels ``T_j ∈ {0..L}`` (``L`` = same fine class, ``0`` = negative)
-and per-level relevances, SupRank (Ramzi et al., "Optimization of Rank Losses for Image Retrieval", TPAMI 2025)
-defines for every positive item ``i`` (``T_i > 0``):
+For a query with reference scores ``s_j`` and levels ``T_j ∈ {0..L}`` (``L`` = same fine class, ``0`` = negative),
+SupRank (Ramzi et al., TPAMI 2025) defines for every positive item ``i`` (``T_i > 0``):
 
-* ``rank(i) = 1 + Σ_{j≠i, T_j ≥ T_i} H(s_j − s_i) + Σ_{j: T_j < T_i} H⁻(s_j − s_i)``
-  (Eq. 21: the SupRank surrogate H⁻ of Eq. 4 only towards strictly less relevant items, the Heaviside ``H``
-  (``H(0) = 1``, no gradient) otherwise);
-* ``H-rank⁺(i) = rel_i + Σ_{j≠i} min(rel_i, rel_j) · H⁺(s_j − s_i)`` (Eq. 18) with ``H⁺ = H``, or, with the
-  HAPPIER lower bound (Ramzi et al., ECCV 2022, App. A.3, Eq. 43 with ``min`` instead of the paper's ``max``
-  typo), ``H⁺ = H_s^>`` for the strictly more relevant items ``T_j > T_i``:
-  ``H_s^>(t) = γ·t`` for ``t ≤ 0`` and ``min(ν·t + μ, 1)`` for ``t > 0``.
+* ``rank(i) = 1 + Σ_{j≠i, T_j ≥ T_i} H(s_j − s_i) + Σ_{j: T_j < T_i} H⁻(s_j − s_i)`` (Eq. 21; ``H⁻`` of Eq. 4 only
+  towards strictly less relevant items, the Heaviside ``H``, ``H(0) = 1``, otherwise);
+* ``H-rank⁺(i) = rel_i + Σ_{j≠i} min(rel_i, rel_j) · H⁺(s_j − s_i)`` (Eq. 18), ``H⁺ = H`` or HAPPIER's lower bound
+  ``H_s^>(t) = γ·t`` (``t ≤ 0``), ``min(ν·t + μ, 1)`` (``t > 0``) towards ``T_j > T_i`` (Ramzi et al., ECCV 2022,
+  App. A.3, Eq. 43 with ``min`` for the paper's ``max`` typo).
 
-A dense implementation materialises ``B × N × N`` tensors. Here, per block of queries:
-
-* the terms between positives (the Heaviside count over ``T_j ≥ T_i`` and the whole ``H-rank⁺``: ``rel_j = 0`` for
-  negatives) only involve the ``P`` positives of each query: a ``(B, P)`` matrix whose level sets are sorted once
-  (:mod:`pml_suprank.ranking.levels`) — counts with ``searchsorted``, the piecewise-linear ``H_s^>`` from float64
-  prefix sums;
-* the H⁻ term of a positive at level ``l`` runs over ``A_l = {valid j : T_j < l}``. The ``L`` sets are ``L`` masked
-  copies of the query's row (row ``(l − 1)·B + b``), and every positive is a pair of the row of its level: the
-  flat kernel :func:`pml_suprank.ranking.flat.suprank_negative_sum` sums H⁻ over them (sigmoid branch by the
-  chunked window kernel, the jump and the linear branch by sorted thresholds and suffix sums), ``P·N`` elements per
-  query in all, with every chunk shape known on the host.
-
-Host reads: ONE per call — the ``(B, L)`` positives per query and level (every shape of every block follows from
-them; the pairs come from ``nonzero_static``). Blocks: :mod:`pml_suprank.ranking.query_blocks` (a byte budget per
-device; the per-query scores keep each block's Jacobian, so forward and backward run once per block).
+Per block of queries, without ``B × N × N`` tensors: the terms between positives (the Heaviside counts and all of
+``H-rank⁺``, as ``rel_j = 0`` for negatives) come from the positives' level sets sorted once
+(:mod:`pml_suprank.ranking.levels`: ``searchsorted`` counts, float64 prefix sums); the ``H⁻`` term of a positive at
+level ``l`` runs over ``A_l = {valid j : T_j < l}``, one masked copy of the query's row per level, by the sigmoid
+window kernel plus sorted thresholds (``P·N`` elements per query). ONE host read per call, the ``(B, L)`` positives
+per query and level; blocks of queries: :mod:`pml_suprank.ranking.query_blocks`.
 """
 
 from __future__ import annotations
@@ -36,7 +24,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .flat import PairGroups, _count_above_padded, _nonzero, _padded, sigmoid_window_sum
+from .flat import _count_above_padded, _padded, positive_pair_groups, sigmoid_window_sum
 from .levels import SortedLevels, sort_levels
 from .query_blocks import by_blocks, query_block_rows
 from .steps import HRankParams, SupRankStep
@@ -48,6 +36,7 @@ __all__ = [
     "sup_hap_scores",
     "sup_ndcg_scores",
 ]
+
 
 class _Query(NamedTuple):
     """Inputs of the closed-form terms, all ``(b, P)`` over the padded positives of a block."""
@@ -79,17 +68,6 @@ def _positive_counts(levels: Tensor, valid: Tensor, num_levels: int) -> list[lis
     return counts.scatter_add_(1, levels.clamp(0, num_levels), pos)[:, 1:].tolist()
 
 
-def _groups(rows_mask: Tensor, host_counts: list[int]) -> tuple[Tensor, Tensor, PairGroups]:
-    """Pairs ``(row, column)`` of the True entries of ``rows_mask`` ``(R, N)`` (row-major) and their
-    :class:`~pml_suprank.ranking.flat.PairGroups`, with the per-row counts already on the host: no host read."""
-    total = sum(host_counts)
-    rows, cols = _nonzero(rows_mask, total).unbind(1)
-    counts = rows_mask.sum(1)
-    order = torch.argsort(counts, descending=True, stable=True)
-    pos = torch.arange(total, device=rows_mask.device) - (torch.cumsum(counts, 0) - counts)[rows]
-    return rows, cols, PairGroups(counts, pos, order, tuple(sorted(host_counts, reverse=True)))
-
-
 def _last_within(s: Tensor, delta: float) -> Tensor:
     """Largest ``u`` (elementwise) with ``fl(u − s) <= δ``, so that ``key > u`` ⇔ ``fl(key − s) > δ``: the linear
     branch of H⁻ is then chosen exactly as an elementwise evaluation of ``t = s_j − s_i`` would."""
@@ -108,19 +86,16 @@ def _negative_terms(
     scores: Tensor, levels: Tensor, valid: Tensor, counts: list[list[int]], step: SupRankStep, chunk: int
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``Σ_{j ∈ A_l} H⁻(s_j − s_i)`` (SupRank Eq. 4) for every positive ``i`` (level ``l``) of a block:
-    ``(query (K,), column (K,), sum (K,) float64)``. Row ``(l − 1)·b + q`` of the stacked ``(L·b, N)`` problem is
-    query ``q`` restricted to ``A_l``.
-
-    Branches as an elementwise evaluation of ``t = s_j − s_i`` chooses them: ``σ_τ(t)`` on ``t <= δ`` (the window
-    kernel on score differences, scale ``1/τ``), ``start`` on ``0 < t <= δ`` (``s_j > s_i``) and
-    ``ρ(t − δ) + offset`` on ``t > δ`` (``s_j > u_i``, :func:`_last_within`), the last two from sorted thresholds and
-    float64 suffix sums (:func:`pml_suprank.ranking.flat.count_above`)."""
+    ``(query (K,), column (K,), sum (K,) float64)``; row ``(l − 1)·b + q`` of the stacked ``(L·b, N)`` problem is
+    query ``q`` restricted to ``A_l``. Branches as an elementwise ``t = s_j − s_i`` chooses them: ``σ_τ(t)`` on
+    ``t <= δ`` (window kernel, scale ``1/τ``), ``start`` on ``0 < t <= δ`` and ``ρ(t − δ) + offset`` on ``t > δ``
+    (``s_j > u_i``, :func:`_last_within`), the last two from sorted thresholds and float64 suffix sums."""
     bsz, n = scores.shape
     num_levels = len(counts[0]) if counts else 0
     lvl = torch.arange(1, num_levels + 1, device=levels.device)[:, None, None]
     members = (valid & (levels < lvl)).reshape(num_levels * bsz, n)
     at_level = (valid & (levels == lvl)).reshape(num_levels * bsz, n)
-    rows, cols, groups = _groups(at_level, [counts[q][l] for l in range(num_levels) for q in range(bsz)])
+    rows, cols, groups = positive_pair_groups(at_level, [counts[q][l] for l in range(num_levels) for q in range(bsz)])
     if not rows.numel():
         return rows, cols, scores.new_zeros(0, dtype=torch.float64)
     s_neg = scores.repeat(num_levels, 1).masked_fill(~members, float("-inf"))
@@ -157,7 +132,7 @@ def _block_ranks(
     num_levels = len(counts[0]) if counts else 0
     per_query = [sum(c) for c in counts]
     width = max(max(per_query, default=0), 1)
-    q, i, groups = _groups(valid & (levels > 0), per_query)
+    q, i, groups = positive_pair_groups(valid & (levels > 0), per_query)
     col = groups.pos
     s_pos, lv_pos = scores[q, i], levels[q, i]
     padded = scores.new_zeros(bsz, width).index_put((q, col), s_pos)
@@ -226,26 +201,22 @@ def _rank_plus(
 
 
 WINDOW_CHUNK_ELEMENTS = 1 << 24
-"""Elements of one window block of the hierarchical kernel on the CPU (64 MB per float32 temporary); on an
-accelerator :data:`ACCELERATOR_WINDOW_CHUNK_ELEMENTS`. Larger than the flat kernels' blocks: a query's ``L`` rows
-hold all its positives (``P·N`` elements per query), and every block is a handful of launches."""
+"""Elements of one window block of the hierarchical kernel on the CPU (64 MB per float32 temporary), larger than the
+flat kernels' (a query's ``L`` rows hold all its positives); :data:`ACCELERATOR_WINDOW_CHUNK_ELEMENTS` elsewhere."""
 
 ACCELERATOR_WINDOW_CHUNK_ELEMENTS = 1 << 25
 
 
-def _chunk(chunk_size: int | None, device: torch.device) -> int:
-    if chunk_size is not None:
-        return int(chunk_size)
-    return WINDOW_CHUNK_ELEMENTS if device.type == "cpu" else ACCELERATOR_WINDOW_CHUNK_ELEMENTS
-
-
-def _prepare(scores: Tensor, levels: Tensor, valid: Tensor | None, num_levels: int, block_elements: int | None):
-    """Long levels, bool valid, the ``(B, L)`` host positive counts and the queries per block."""
+def _prepare(scores, levels, valid, num_levels, step, chunk_size, block_elements):
+    """Long levels, bool valid, the ``(B, L)`` host positive counts, the queries per block, the step, the chunk."""
     levels = levels.long()
     valid = torch.ones_like(levels, dtype=torch.bool) if valid is None else valid.bool()
     counts = _positive_counts(levels, valid, int(num_levels))
     rows = query_block_rows(scores.shape[1], int(num_levels), block_elements, scores.shape[0], scores.device)
-    return levels, valid, counts, rows
+    step = step if step is not None else SupRankStep()
+    if chunk_size is None:
+        chunk_size = WINDOW_CHUNK_ELEMENTS if scores.device.type == "cpu" else ACCELERATOR_WINDOW_CHUNK_ELEMENTS
+    return levels, valid, counts, rows, step, int(chunk_size)
 
 
 def _ideal_dcg(levels: Tensor, present: Tensor, gains_l: Tensor) -> Tensor:
@@ -289,9 +260,9 @@ def hierarchical_ranks(
         ``rank`` ``(B, N)`` (1 at non-positive or invalid items) and ``rank_plus`` ``(B, N)`` (0 there, ``None`` if
         ``level_relevance`` is None), both in ``scores.dtype``.
     """
-    step = step if step is not None else SupRankStep()
-    levels, valid, counts, rows = _prepare(scores, levels, valid, num_levels, block_elements)
-    chunk = _chunk(chunk_size, scores.device)
+    levels, valid, counts, rows, step, chunk = _prepare(
+        scores, levels, valid, num_levels, step, chunk_size, block_elements
+    )
 
     def ranks(s: Tensor, rel: Tensor | None, lv: Tensor, va: Tensor, b0: int, b1: int) -> tuple[Tensor, Tensor]:
         r = _block_ranks(s, lv, rel, va, counts[b0:b1], step, hrank, chunk)
@@ -316,22 +287,14 @@ def sup_hap_scores(
     chunk_size: int | None = None,
     block_elements: int | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Per-query surrogate H-AP of SupRank Eq. 21 (the score inside ``1 − mean``).
+    """Per-query surrogate H-AP of SupRank Eq. 21, ``Σ_{i ∈ Ω⁺} H-rank⁺(i) / rank(i) / Σ_j rel_j``; arguments as
+    :func:`hierarchical_ranks` (several blocks keep each block's Jacobian from forward: one pass each way).
 
-    ``H-AP_b = Σ_{i ∈ Ω⁺} H-rank⁺(i) / rank(i) / Σ_{j} rel_j`` with the relevances of ``level_relevance``.
-
-    Args:
-        scores, levels, level_relevance, num_levels, valid, step, hrank, chunk_size, block_elements: see
-            :func:`hierarchical_ranks` (with several blocks, each block's Jacobian is kept from forward: one
-            forward and one backward pass per block).
-
-    Returns:
-        ``(B,)`` per-query scores (0 where the query has no positive) and the ``(B,)`` bool mask of queries with at
-        least one positive (relevance sum > 0).
+    Returns ``(B,)`` scores (0 without a positive) and the ``(B,)`` bool mask of queries with relevance sum > 0.
     """
-    step = step if step is not None else SupRankStep()
-    levels, valid_b, counts, rows = _prepare(scores, levels, valid, num_levels, block_elements)
-    chunk = _chunk(chunk_size, scores.device)
+    levels, valid_b, counts, rows, step, chunk = _prepare(
+        scores, levels, valid, num_levels, step, chunk_size, block_elements
+    )
 
     def hap(s: Tensor, rel_tab: Tensor, lv: Tensor, va: Tensor, b0: int, b1: int) -> tuple[Tensor]:
         r = _block_ranks(s, lv, rel_tab, va, counts[b0:b1], step, hrank, chunk)
@@ -357,18 +320,14 @@ def sup_ndcg_scores(
     chunk_size: int | None = None,
     block_elements: int | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Per-query surrogate NDCG of SupRank Eq. 24: ``DCG_s / iDCG`` with gains ``2^l − 1``.
-
-    ``DCG_s = Σ_{i ∈ Ω⁺} (2^{T_i} − 1) / log2(1 + rank(i))`` with the SupRank ranks of :func:`hierarchical_ranks`;
-    the ideal DCG is that of the same reference set (the valid items) sorted by level. Arguments: see
-    :func:`hierarchical_ranks` (several blocks: as :func:`sup_hap_scores`).
-
-    Returns:
-        ``(B,)`` per-query scores (0 where the query has no positive) and the ``(B,)`` mask of queries with one.
+    """Per-query surrogate NDCG of SupRank Eq. 24, ``DCG_s / iDCG``: ``DCG_s = Σ_{i ∈ Ω⁺} (2^{T_i} − 1) /
+    log2(1 + rank(i))``, iDCG of the valid items sorted by level; arguments as :func:`hierarchical_ranks` (blocks as
+    :func:`sup_hap_scores`). Returns ``(B,)`` scores (0 without a positive) and the ``(B,)`` mask of queries with one.
     """
-    step = step if step is not None else SupRankStep()
-    levels, valid_b, counts, rows = _prepare(scores, levels, valid, num_levels, block_elements)
-    num_levels, chunk = int(num_levels), _chunk(chunk_size, scores.device)
+    levels, valid_b, counts, rows, step, chunk = _prepare(
+        scores, levels, valid, num_levels, step, chunk_size, block_elements
+    )
+    num_levels = int(num_levels)
     gains_l = torch.pow(2.0, torch.arange(num_levels + 1, dtype=scores.dtype, device=scores.device)) - 1.0
 
     def ndcg(s: Tensor, _rel: None, lv: Tensor, va: Tensor, b0: int, b1: int) -> tuple[Tensor]:

@@ -1,11 +1,8 @@
-"""Score-sorted level sets of the hierarchical rank kernel: one sort per level, then counts and prefix sums.
+"""Score-sorted level sets of the hierarchical rank kernel (SupRank, Ramzi et al., TPAMI 2025, Eq. 21).
 
-For a query with reference scores ``s_j`` ``(N,)`` and levels ``T_j ∈ {0..L}`` (``L`` = same fine class, ``0`` =
-negative), SupRank's hierarchical rank (Ramzi et al., TPAMI 2025, Eq. 21) compares each positive item ``i`` with the
-items strictly less relevant than it, ``A_{T_i}``, where ``A_l = {valid j : T_j < l}`` (``l = 1..L+1``;
-``A_{L+1}`` = all valid items). :class:`SortedLevels` holds every ``A_l`` of every query sorted by score, with
-per-level counts and float64 prefix sums of the sorted scores, so that "how many items of ``A_l`` score above ``x``"
-and "the sum of their scores" are one ``searchsorted`` and one ``gather`` away.
+:class:`SortedLevels` holds, for every query, each ``A_l = {valid j : T_j < l}`` (``l = 1..L+1``; ``A_{L+1}`` = all
+valid items) sorted by score with counts and float64 prefix sums, so that "how many items of ``A_l`` score above
+``x``" and "the sum of their scores" are one ``searchsorted`` and one ``gather`` away.
 """
 
 from __future__ import annotations
@@ -19,9 +16,7 @@ __all__ = ["SortedLevels", "sort_levels"]
 
 
 class SortedLevels(NamedTuple):
-    """The sets ``A_l = {valid j : T_j < l}``, ``l = 1..L+1``, of every query, sorted by score.
-
-    Lists are indexed by ``l − 1``. Shapes: ``B`` queries, ``N`` reference items.
+    """The sets ``A_l``, ``l = 1..L+1``, of every query sorted by score; lists indexed by ``l − 1``.
 
     Attributes:
         keys: ``L + 1`` tensors ``(B, N)``: member scores sorted ascending (detached, dtype of the scores), ``+inf``
@@ -69,18 +64,9 @@ class SortedLevels(NamedTuple):
 def sort_levels(
     scores: Tensor, levels: Tensor, valid: Tensor, num_levels: int, s64: Tensor | None = None
 ) -> SortedLevels:
-    """Sort ``A_l = {valid j : T_j < l}`` (``l = 1..L+1``) of every query by score.
-
-    Args:
-        scores: ``(B, N)`` query-reference similarities (differentiable; the prefix sums keep the gradient).
-        levels: ``(B, N)`` long levels in ``{0..L}``.
-        valid: ``(B, N)`` bool, the reference items that take part for each query.
-        num_levels: ``L``.
-        s64: ``scores`` in float64 when the caller already has it (the prefix sums are taken from it).
-
-    Returns:
-        A :class:`SortedLevels`; cost ``O(L · B · N log N)``, memory ``O(L · B · N)``.
-    """
+    """Sort ``A_l = {valid j : T_j < l}`` (``l = 1..L+1``) of every query by score: ``scores`` (differentiable
+    through the prefix sums), ``levels`` (long, ``{0..L}``) and ``valid`` (bool) ``(B, N)``; ``s64``: the scores in
+    float64 if the caller has them. Cost ``O(L · B · N log N)``, memory ``O(L · B · N)``."""
     bsz = scores.shape[0]
     acc = torch.float64
     s_det = scores.detach()

@@ -1,18 +1,10 @@
-"""Blocks of queries for the per-query rank kernels: a memory budget in bytes and two ways to differentiate blocks.
+"""Blocks of queries for the per-query rank kernels under a byte budget, and two ways to differentiate them.
 
-A per-query kernel maps rows ``(scores[b], levels[b], valid[b], level_relevance[b])`` to outputs that depend on that
-row only. Large problems (e.g. 256 queries against a 60,000-item memory) are evaluated in blocks of queries whose
-temporaries fit a byte budget (:func:`block_budget_bytes`: a fixed budget on the CPU, a fraction of the free memory
-on an accelerator), and are differentiated block by block:
-
-* :class:`_JacobianBlocks` — outputs of shape ``(B,)`` (one scalar per query, e.g. the per-query H-AP): the
-  Jacobian of query ``b``'s scalar w.r.t. its row is a ``(N,)`` vector, so forward evaluates each block with
-  autograd, back-propagates a vector of ones through it at once and keeps only the ``(B, N)`` Jacobian; backward
-  is ``grad_out[:, None] · J``. One forward and one backward pass per block, no recomputation;
-* :class:`_BlockedRows` — outputs of shape ``(B, N)`` (per-item ranks): forward keeps no graph, backward recomputes
-  one block at a time (a second forward pass).
-
-With one block both are plain autograd.
+A per-query kernel maps rows ``(scores[b], levels[b], valid[b], level_relevance[b])`` to outputs of that row only.
+Large problems (e.g. 256 queries against 60,000 items) run in blocks of queries within :func:`block_budget_bytes`
+(fixed on the CPU, a fraction of the free memory on CUDA): :class:`_JacobianBlocks` for one ``(B,)`` output (forward
+keeps each block's ``(B, N)`` Jacobian; no recomputation), :class:`_BlockedRows` for ``(B, N)`` outputs (backward
+recomputes one block at a time). With one block both are plain autograd.
 """
 
 from __future__ import annotations
@@ -92,14 +84,14 @@ def _rows(t: Tensor | None, b0: int, b1: int) -> Tensor | None:
     return None if t is None else t[b0:b1]
 
 
-class _JacobianBlocks(torch.autograd.Function):
-    """``fn`` over blocks of ``rows`` queries, for ONE output of shape ``(B,)``; forward keeps each block's Jacobian.
+def _leaf(t: Tensor | None, b0: int, b1: int, need: bool) -> Tensor | None:
+    return None if t is None else t[b0:b1].detach().requires_grad_(need)
 
-    Row ``b`` of the output depends on row ``b`` of the inputs only, so ``∂ out_b / ∂ scores[b]`` is a row of the
-    gradient of ``out.sum()``: forward runs each block with autograd and one ``autograd.grad`` (a vector of ones),
-    and saves the ``(B, N)`` Jacobian (and ``(B, L + 1)`` for ``level_relevance``). Backward multiplies it by the
-    incoming gradient. No second forward pass; not twice differentiable.
-    """
+
+class _JacobianBlocks(torch.autograd.Function):
+    """``fn`` over blocks of ``rows`` queries for ONE ``(B,)`` output: as ``out_b`` depends on row ``b`` only, its
+    Jacobian is the gradient of ``out.sum()``, taken per block in forward and saved (``(B, N)``, ``(B, L + 1)`` for
+    ``level_relevance``); backward multiplies it by the incoming gradient. Not twice differentiable."""
 
     @staticmethod
     def forward(ctx, fn, rows, scores, level_relevance, levels, valid):
@@ -111,9 +103,7 @@ class _JacobianBlocks(torch.autograd.Function):
         for b0 in range(0, scores.shape[0], rows):
             b1 = min(b0 + rows, scores.shape[0])
             with torch.enable_grad():
-                s = scores[b0:b1].detach().requires_grad_(need_s)
-                rel = _rows(level_relevance, b0, b1)
-                rel = None if rel is None else rel.detach().requires_grad_(need_r)
+                s, rel = _leaf(scores, b0, b1, need_s), _leaf(level_relevance, b0, b1, need_r)
                 (value,) = fn(s, rel, levels[b0:b1], valid[b0:b1], b0, b1)
                 targets = [t for t, need in ((s, need_s), (rel, need_r)) if need]
                 if targets and value.requires_grad:
@@ -134,12 +124,8 @@ class _JacobianBlocks(torch.autograd.Function):
 
 
 class _BlockedRows(torch.autograd.Function):
-    """``fn`` over blocks of ``rows`` queries, outputs ``(B, ...)``; backward recomputes one block at a time.
-
-    Forward runs every block without autograd and keeps only the inputs and the outputs; backward re-evaluates each
-    block with autograd and back-propagates through it before the next one. The extra memory is one block's graph;
-    values and gradients are those of the blocks evaluated separately.
-    """
+    """``fn`` over blocks of ``rows`` queries, outputs ``(B, ...)``: forward without autograd, backward re-evaluates
+    and back-propagates one block at a time (the extra memory is one block's graph)."""
 
     @staticmethod
     def forward(ctx, fn, rows, scores, level_relevance, levels, valid):
@@ -165,9 +151,7 @@ class _BlockedRows(torch.autograd.Function):
         for b0 in range(0, scores.shape[0], rows):
             b1 = min(b0 + rows, scores.shape[0])
             with torch.enable_grad():
-                s = scores[b0:b1].detach().requires_grad_(grad_s is not None)
-                rel = _rows(level_relevance, b0, b1)
-                rel = None if rel is None else rel.detach().requires_grad_(need_rel)
+                s, rel = _leaf(scores, b0, b1, grad_s is not None), _leaf(level_relevance, b0, b1, need_rel)
                 got_outs = fn(s, rel, levels[b0:b1], valid[b0:b1], b0, b1)
                 outs = [(o, g[b0:b1]) for o, g in zip(got_outs, grad_outs) if o.requires_grad]
                 targets = [(t, acc) for t, acc in ((s, grad_s), (rel, grad_r)) if acc is not None]

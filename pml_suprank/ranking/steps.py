@@ -1,25 +1,21 @@
 """Step functions of the rank surrogates, each with its value and its explicit derivative.
 
-* :func:`heaviside` — the true step ``H(t) = 1[t >= 0]`` (no gradient), used for ``rank⁺`` in SupRank (Ramzi et al.,
-  "Optimization of Rank Losses for Image Retrieval", TPAMI 2025, Eq. 3).
-* :func:`tau_sigmoid` — Smooth-AP's ``σ_τ(t) = 1 / (1 + exp(-t/τ))`` with the exponent clamped to ±50 like the
-  reference code (Brown et al., Smooth-AP, ECCV 2020, Eq. 5).
-* :func:`suprank_step` — SupRank's ``H⁻`` (SupRank Eq. 4): ``σ_τ(t)`` for ``t <= 0``, ``start + σ_τ(t)`` for
-  ``0 < t <= δ`` and ``ρ (t − δ) + offset`` for ``t > δ``; with the default ``offset = σ_τ(δ) + start`` it is
-  continuous and an upper bound of ``H`` on ``t > 0``.
-* :class:`HRankParams` — HAPPIER's lower bound ``H_s^>`` of the Heaviside used in H-rank⁺ (Ramzi et al., HAPPIER,
-  ECCV 2022, App. A.3, Eq. 43).
+* :func:`heaviside` — ``H(t) = 1[t >= 0]`` (no gradient), ``rank⁺`` of SupRank (Ramzi et al., TPAMI 2025, Eq. 3);
+* :func:`tau_sigmoid` — Smooth-AP's ``σ_τ(t) = 1 / (1 + exp(-t/τ))``, exponent clamped to ±50 like the reference code
+  (Brown et al., ECCV 2020, Eq. 5);
+* :class:`SupRankStep` — SupRank's ``H⁻`` (Eq. 4): ``σ_τ(t)`` for ``t <= 0``, ``start + σ_τ(t)`` for ``0 < t <= δ``,
+  ``ρ (t − δ) + offset`` for ``t > δ``; the default ``offset = σ_τ(δ) + start`` makes it continuous and an upper
+  bound of ``H`` on ``t > 0``;
+* :class:`HRankParams` — HAPPIER's lower bound ``H_s^>`` of the Heaviside in H-rank⁺ (Ramzi et al., ECCV 2022,
+  App. A.3, Eq. 43).
 
-Each step also exists as a small object (:class:`HeavisideStep`, :class:`SigmoidStep`, :class:`SupRankStep`)
-exposing ``value(t)``, ``derivative(t)`` and ``differentiable``: the kernels of :mod:`pml_suprank.ranking.window`
-use the explicit derivative, so they never keep ``(pairs × N)`` intermediates alive for backward. All functions are
-elementwise on tensors of any shape and take the device and dtype from their input.
+The step objects (:class:`HeavisideStep`, :class:`SigmoidStep`, :class:`SupRankStep`) expose ``value(t)``,
+``derivative(t)`` and ``differentiable``; all are elementwise on any shape, device and dtype of their input.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -30,13 +26,10 @@ from .._validation import check_positive, check_probability
 __all__ = [
     "HRankParams",
     "HeavisideStep",
-    "PairMask",
     "SigmoidStep",
-    "Step",
     "SupRankStep",
     "default_offset",
     "heaviside",
-    "suprank_step",
     "tau_sigmoid",
 ]
 
@@ -44,27 +37,13 @@ _CLAMP = 50.0  # the reference clamps -t/τ to [-50, 50] (σ_τ saturates, zero 
 
 
 def heaviside(t: Tensor) -> Tensor:
-    """Heaviside step ``H(t) = 1[t >= 0]`` (``H(0) = 1``, as ``torch.heaviside(t, 1)``), without gradient.
-
-    Args:
-        t: score differences ``s_j − s_i`` of any shape.
-
-    Returns:
-        A tensor of the same shape and dtype with values in {0, 1}, detached from the graph.
-    """
+    """``H(t) = 1[t >= 0]`` (``H(0) = 1``) of score differences ``s_j − s_i``: same shape and dtype, detached."""
     return (t.detach() >= 0).to(t.dtype)
 
 
 def tau_sigmoid(t: Tensor, tau: float) -> Tensor:
-    """Temperature sigmoid ``σ_τ(t) = 1 / (1 + exp(clamp(−t/τ, −50, 50)))`` (Smooth-AP Eq. 5; SupRank Eq. 4).
-
-    Args:
-        t: score differences of any shape.
-        tau: temperature ``τ > 0``.
-
-    Returns:
-        ``σ_τ(t)``, same shape and dtype; its gradient is zero where ``|t/τ| > 50``.
-    """
+    """``σ_τ(t) = 1 / (1 + exp(clamp(−t/τ, −50, 50)))`` (Smooth-AP Eq. 5; SupRank Eq. 4), same shape and dtype as
+    ``t``; zero gradient where ``|t/τ| > 50``."""
     return 1.0 / (1.0 + torch.exp(torch.clamp(-t / tau, -_CLAMP, _CLAMP)))
 
 
@@ -77,32 +56,6 @@ def default_offset(tau: float, delta: float, start: float) -> float:
     """
     d = torch.tensor([delta], dtype=torch.float32)
     return float(tau_sigmoid(d, tau)[0]) + float(start)
-
-
-def suprank_step(
-    t: Tensor,
-    tau: float = 0.01,
-    rho: float = 100.0,
-    delta: float = 0.05,
-    start: float = 0.5,
-    offset: float | None = None,
-) -> Tensor:
-    """SupRank's smooth upper bound ``H⁻`` of the Heaviside step (SupRank Eq. 4).
-
-    ``H⁻(t) = σ_τ(t)`` for ``t <= 0``; ``start + σ_τ(t)`` for ``0 < t <= δ``; ``ρ (t − δ) + offset`` for ``t > δ``.
-
-    Args:
-        t: score differences ``s_j − s_i`` (negative ``j`` vs positive ``i``), any shape.
-        tau: sigmoid temperature ``τ``.
-        rho: slope ``ρ`` of the linear branch.
-        delta: margin ``δ`` where the linear branch starts.
-        start: jump added on ``(0, δ]``.
-        offset: value at ``t = δ⁺``; ``None`` gives ``σ_τ(δ) + start`` (continuous upper bound).
-
-    Returns:
-        ``H⁻(t)``, same shape and dtype, differentiable by autograd.
-    """
-    return SupRankStep(tau=tau, rho=rho, delta=delta, start=start, offset=offset).value(t)
 
 
 class HeavisideStep:
@@ -142,10 +95,9 @@ class SigmoidStep:
 
 @dataclass(frozen=True)
 class SupRankStep:
-    """SupRank's ``H⁻`` (SupRank Eq. 4) as a step object; see :func:`suprank_step` for the arguments.
-
-    ``offset=None`` resolves to :func:`default_offset` (``σ_τ(δ) + start``) in :attr:`resolved_offset`.
-    """
+    """SupRank's ``H⁻`` (SupRank Eq. 4): temperature ``tau``, slope ``rho`` of the linear branch from ``delta``,
+    jump ``start`` on ``(0, δ]`` and value ``offset`` at ``δ⁺`` (``None``: :func:`default_offset`, resolved in
+    :attr:`resolved_offset`)."""
 
     tau: float = 0.01
     rho: float = 100.0
@@ -207,7 +159,3 @@ class HRankParams:
 
     def __repr__(self) -> str:
         return f"HRankParams(nu={self.nu}, mu={self.mu}, gamma={self.gamma})"
-
-
-Step = HeavisideStep | SigmoidStep | SupRankStep
-PairMask = Tensor | Callable[[Tensor, Tensor], Tensor]

@@ -13,7 +13,7 @@ def test_step_values_by_hand():
     sig = R.steps.tau_sigmoid(t, 0.01)
     assert sig[2].item() == 0.5 and sig[1].item() == pytest.approx(1 / (1 + math.e), abs=1e-15)
     assert sig[0].item() == pytest.approx(1 / (1 + math.exp(50)), rel=1e-12)  # clamped at -50 like the reference
-    hm = R.steps.suprank_step(t)
+    hm = R.SupRankStep().value(t)
     off = R.steps.default_offset(0.01, 0.05, 0.5)
     assert hm[2].item() == 0.5  # H⁻(0) = σ(0)
     assert hm[3].item() == pytest.approx(0.5 + 1 / (1 + math.exp(-1)), abs=1e-15)
@@ -22,10 +22,10 @@ def test_step_values_by_hand():
     assert off == pytest.approx(1.4933071, abs=1e-7)
     # continuous at δ with the default offset, upper bound of H on t > 0
     eps = torch.tensor([0.05 - 1e-9, 0.05 + 1e-9], dtype=torch.float64)
-    v = R.steps.suprank_step(eps)
+    v = R.SupRankStep().value(eps)
     assert abs(v[1] - v[0]).item() < 1e-6
     grid = torch.linspace(-0.5, 0.5, 1001, dtype=torch.float64)
-    assert (R.steps.suprank_step(grid)[grid > 0] >= 1).all()
+    assert (R.SupRankStep().value(grid)[grid > 0] >= 1).all()
 
 
 def test_heaviside_has_no_gradient():
@@ -64,45 +64,13 @@ def _problem(seed=0, b=6, n=40, ties=False):
     return scores, valid, pos, valid & ~pos, q, i
 
 
-def _brute(scores, q, i, mask, fn, exclude_item=True):
-    out = []
-    for k in range(len(q)):
-        t = scores[q[k]] - scores[q[k], i[k]]
-        m = mask[q[k]].clone()
-        if exclude_item:
-            m[i[k]] = False
-        out.append(fn(t[m]).sum())
-    return torch.stack(out)
-
-
-@pytest.mark.parametrize("ties", [False, True])
-def test_pairwise_step_sum_matches_brute_force_and_chunking(ties):
-    scores, valid, pos, neg, q, i = _problem(ties=ties)
-    step = R.SupRankStep()
-    expected = _brute(scores, q, i, neg, step.value, exclude_item=False)
-    for chunk in (1, 37, 1 << 20):
-        got = R.flat.pairwise_step_sum(scores, q, i, neg, step, exclude_item=False, chunk_elements=chunk)
-        torch.testing.assert_close(got, expected, atol=1e-12, rtol=0)
-    # callable (pair-dependent) mask and float weights
-    got = R.flat.pairwise_step_sum(scores, q, i, lambda qq, ii: pos[qq], R.HeavisideStep())
-    torch.testing.assert_close(got, _brute(scores, q, i, pos, R.steps.heaviside), atol=0, rtol=0)
-    weights = torch.rand(scores.shape, dtype=torch.float64)
-    got = R.flat.pairwise_step_sum(scores, q, i, weights, R.SigmoidStep(0.05))
-    sig = R.steps.tau_sigmoid
-    exp = torch.stack(
-        [
-            (sig(scores[q[k]] - scores[q[k], i[k]], 0.05) * weights[q[k]]).sum() - 0.5 * weights[q[k], i[k]]
-            for k in range(len(q))
-        ]
-    )
-    torch.testing.assert_close(got, exp, atol=1e-12, rtol=0)
-
-
-def test_pairwise_step_sum_gradcheck():
-    scores, _, _, neg, q, i = _problem(b=3, n=8)
-    scores.requires_grad_(True)
-    f = lambda s: R.flat.pairwise_step_sum(s, q, i, neg, R.SupRankStep(tau=0.05), chunk_elements=5)  # noqa: E731
-    assert torch.autograd.gradcheck(f, (scores,))
+def _dense_sum(scores, q, i, mask, step, exclude_item=True):
+    """``Σ_j m[q_k, j] · step(s_{q_k j} − s_{q_k i_k})`` by plain autograd on the ``(K, N)`` differences."""
+    t = scores[q] - scores[q, i].unsqueeze(1)
+    m = mask[q].to(scores.dtype)
+    if exclude_item:
+        m[torch.arange(len(q)), i] = 0
+    return (step.value(t) * m).sum(1)
 
 
 @pytest.mark.parametrize("ties", [False, True])
@@ -113,7 +81,7 @@ def test_fast_suprank_kernel_matches_general_kernel(step, ties):
     scores, _, _, neg, q, i = _problem(ties=ties)
     scores.requires_grad_(True)
     w = torch.rand(len(q), dtype=torch.float64)
-    a = R.flat.pairwise_step_sum(scores, q, i, neg, step, exclude_item=False)
+    a = _dense_sum(scores, q, i, neg, step, exclude_item=False)
     b = R.flat.suprank_negative_sum(scores, q, i, neg, step, chunk_elements=50)
     torch.testing.assert_close(b, a, atol=1e-12, rtol=0)
     (ga,) = torch.autograd.grad((a * w).sum(), scores)
@@ -125,10 +93,10 @@ def test_fast_suprank_kernel_matches_general_kernel(step, ties):
 def test_fast_heaviside_and_sigmoid_kernels(ties):
     scores, valid, pos, _, q, i = _problem(ties=ties)
     got = R.flat.heaviside_positive_count(scores, q, i)
-    torch.testing.assert_close(got, R.flat.pairwise_step_sum(scores, q, i, pos, R.HeavisideStep()), atol=0, rtol=0)
+    torch.testing.assert_close(got, _dense_sum(scores, q, i, pos, R.HeavisideStep()), atol=0, rtol=0)
     scores.requires_grad_(True)
     step = R.SigmoidStep(0.05)
-    a1, a2 = R.flat.pairwise_step_sum(scores, q, i, pos, step), R.flat.pairwise_step_sum(scores, q, i, valid, step)
+    a1, a2 = _dense_sum(scores, q, i, pos, step), _dense_sum(scores, q, i, valid, step)
     b1, b2 = R.flat.sigmoid_rank_sums(scores, q, i, valid, 0.05, chunk_elements=30)
     torch.testing.assert_close(b1, a1, atol=1e-12, rtol=0)
     torch.testing.assert_close(b2, a2, atol=1e-12, rtol=0)
@@ -157,22 +125,6 @@ def test_count_above_matches_brute_force():
         assert total[k].item() == pytest.approx(scores[q[k]][sel].sum().item(), abs=1e-12)
     total.sum().backward()
     assert torch.isfinite(masked.grad).all() and (masked.grad[~neg] == 0).all()
-
-
-def test_pairwise_step_sum_bad_input():
-    scores, _, _, neg, q, i = _problem()
-    with pytest.raises(ValueError, match="scores"):
-        R.flat.pairwise_step_sum(scores[0], q, i, neg, R.HeavisideStep())
-    with pytest.raises(ValueError, match="query_idx"):
-        R.flat.pairwise_step_sum(scores, q.float(), i, neg, R.HeavisideStep())
-    with pytest.raises(ValueError, match="same length"):
-        R.flat.pairwise_step_sum(scores, q, i[:-1], neg, R.HeavisideStep())
-    with pytest.raises(ValueError, match="mask"):
-        R.flat.pairwise_step_sum(scores, q, i, neg[:, :3], R.HeavisideStep())
-    with pytest.raises(TypeError, match="mask"):
-        R.flat.pairwise_step_sum(scores, q, i, 3, R.HeavisideStep())
-    empty = R.flat.pairwise_step_sum(scores, q[:0], i[:0], neg, R.HeavisideStep())
-    assert empty.shape == (0,)
 
 
 def test_fast_kernels_require_pairs_grouped_by_query():
@@ -205,8 +157,7 @@ def test_flat_kernels_bit_identical_across_chunk_sizes(ties):
         s = scores.clone().requires_grad_(True)
         a = R.flat.suprank_negative_sum(s, q, i, neg, R.SupRankStep(), chunk_elements=chunk)
         b1, b2 = R.flat.sigmoid_rank_sums(s, q, i, valid, 0.05, chunk_elements=chunk)
-        c = R.flat.pairwise_step_sum(s, q, i, neg, R.SupRankStep(tau=0.05), chunk_elements=chunk)
-        out = torch.stack([a, b1, b2, c])
+        out = torch.stack([a, b1, b2])
         (grad,) = torch.autograd.grad((out * w).sum(), s)
         results.append((out, grad))
     for out, grad in results[1:]:
