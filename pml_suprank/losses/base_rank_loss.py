@@ -53,7 +53,8 @@ class BaseRankLoss(GuardedCompileMixin, PreparedForwardMixin, BaseMetricLossFunc
        mask of the kept ones (:meth:`kept_queries`).
        They are reduced by the loss's PML reducer (``MeanReducer`` by default, i.e. the mean over kept queries).
        For ranks use :mod:`pml_suprank.ranking`: ``suprank_negative_sum`` / ``heaviside_positive_count`` /
-       ``sigmoid_rank_sums`` (flat) or ``window_sum`` (any sigmoid window); they are ``O(pairs × N)`` in time and never save ``pairs × N`` tensors for backward.
+       ``sigmoid_rank_sums`` (flat) or ``window_sum`` (any sigmoid window); they are ``O(pairs × N)`` in
+       time and never save ``pairs × N`` tensors for backward.
     2. Hierarchical losses set the class attribute ``allow_2d_labels = True`` to accept ``(N, L)`` labels
        (column 0 = finest); the base validates them and passes them through unchanged.
     3. Combined losses (``(1 − λ)·rank loss + λ·decomposability loss``, SupRank Eq. 12): wrap the loss in
