@@ -42,8 +42,10 @@ class SyntheticMultiShapes(RetrievalDatasetBase):
         max_labels: Most shapes per image, 1..9, placed in distinct cells of a ``ceil(sqrt(max_labels))``-sided grid;
             ``labels`` has ``max_labels`` columns.
         scale: Range of a shape's radius as a fraction of its grid cell's side.
-        split, image_size, seed, families, levels, open_set, rotation, noise, clutter, colour_jitter, illumination,
-            colour_cast, transform, cache: As in :class:`~pml_suprank.data.synthetic_shapes.SyntheticShapes`.
+
+    The other arguments (``split``, ``image_size``, ``seed``, ``families``, ``levels``, ``open_set``, ``rotation``,
+    ``noise``, ``clutter``, ``colour_jitter``, ``illumination``, ``colour_cast``, ``transform``, ``cache``) are as in
+    :class:`~pml_suprank.data.synthetic_shapes.SyntheticShapes`.
 
     Items: ``ds[i] = {"image": (3, H, W) float, "labels": (max_labels,) long (-1 padded), "index": i}``;
     ``ds.labels`` is ``(N, max_labels)``, ``ds.hierarchy`` the ``(54, levels)`` table.
