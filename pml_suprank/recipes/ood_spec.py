@@ -3,8 +3,9 @@
 ``--config`` YAML (the bundled ``heat_*`` files).
 
 Every option is a dataclass field declared with :func:`~pml_suprank.training.config.option` (help, default, value
-check), as the training options are; :mod:`pml_suprank.training.spec_cli` turns them into flags and checks flags,
-files and Python construction with the same checks, before any data is read or any network is built.
+check), as the training options are (shared ones by :func:`~pml_suprank.training.spec.shared`);
+:func:`pml_suprank.training.spec.parse` turns them into flags and checks flags, files and Python construction with
+the same checks, before any data is read or any network is built.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from typing import Any
 
 from ..training.config import (
     OptionCheck,
+    OptionError,
+    TrainingConfig,
+    field_problem,
     is_bool,
     is_choice,
     is_int,
@@ -25,8 +29,10 @@ from ..training.config import (
     list_of,
     option,
     optional,
+    validate_options,
 )
-from ..training.spec_cli import OptionError, check_options, section_values
+from ..training.options import ModelOptions, ModelUseOptions, RunOptions
+from ..training.spec import read_sections, shared
 
 __all__ = [
     "BUILTIN_OOD",
@@ -39,7 +45,6 @@ __all__ = [
     "detector_options",
     "flag_prefix",
     "methods",
-    "read_heat_config",
 ]
 
 #: built-in OOD sets of the recipes (no download)
@@ -126,7 +131,7 @@ def detector_option_class() -> type:
             if default is None:
                 kind, check = kind | None, optional(check)
             specs.append((dest, kind, option(default, _argument_help(cls, argument), check=check)))
-    return make_dataclass("DetectorOptions", specs)
+    return make_dataclass("DetectorOptions", specs, namespace={"GROUP": "baseline options"})
 
 
 def _beta() -> OptionCheck:
@@ -155,19 +160,27 @@ class FitHeatSpec:
     """Every option of the ``fit_heat`` recipe (see ``pml-suprank-fit-heat --help``); ``None`` defaults are resolved
     from the data by :meth:`resolved`. Built in Python, every field is checked like a flag or a file value."""
 
+    DESCRIPTION = "Fit HEAT + OOD baselines on a timm classifier's features (see the module docstring)."
+    #: the groups of --help, in order: (title, first field of the group)
+    GROUPS = (("run", "output_dir"), ("model", "model"), ("data", "id_dataset"),
+              ("HEAT (Lafon et al., ICML 2023)", "preset"), ("baselines (generated from ood.list_detectors())",
+              "detectors"))  # fmt: skip
+    CONFIG_HELP = "a bundled config name (e.g. heat_cifar10_resnet34) or a YAML file; flags win"
+
     # run
-    output_dir: str = option("outputs/fit_heat", "where to write results, plots and the detector", check=is_str())
-    overwrite_output_dir: bool = option(False, "replace the results.json of a previous run in --output_dir",
-                                        check=is_bool())  # fmt: skip
-    push_to_hub: bool = option(False, "upload the fitted HEAT detector to the Hub (needs --hub_model_id)",
-                               check=is_bool())  # fmt: skip
-    hub_model_id: str | None = option(None, "Hub repo id for --push_to_hub, e.g. user/heat-cifar10",
-                                      check=optional(is_str()))  # fmt: skip
-    hub_private: bool = option(False, "create the Hub repo as private", check=is_bool())
-    device: str = option("cpu", "'cpu', 'cuda', ...", check=is_str())
+    output_dir: str = shared(TrainingConfig, "output_dir", "outputs/fit_heat",
+                             "where to write results, plots and the detector")  # fmt: skip
+    overwrite_output_dir: bool = shared(RunOptions, "overwrite_output_dir", False,
+                                        "replace the results.json of a previous run in --output_dir")  # fmt: skip
+    push_to_hub: bool = shared(RunOptions, "push_to_hub", False,
+                               "upload the fitted HEAT detector to the Hub (needs --hub_model_id)")  # fmt: skip
+    hub_model_id: str | None = shared(RunOptions, "hub_model_id", None,
+                                      "Hub repo id for --push_to_hub, e.g. user/heat-cifar10")  # fmt: skip
+    hub_private: bool = shared(RunOptions, "hub_private")
+    device: str = shared(ModelUseOptions, "device", "cpu", "'cpu', 'cuda', ...")
     threads: int | None = option(None, "torch CPU threads (unset: torch's choice)", check=optional(is_int(1, 4096)))
-    seed: int = option(0, "seed for data, training and HEAT", check=is_int(0))
-    no_plots: bool = option(False, "do not write histograms", check=is_bool())
+    seed: int = shared(TrainingConfig, "seed", 0, "seed for data, training and HEAT")
+    no_plots: bool = shared(RunOptions, "no_plots", False, "do not write histograms")
     progress: bool = option(True, "show progress bars (stderr)", check=is_bool())
     # model
     model: str | None = option(
@@ -180,7 +193,7 @@ class FitHeatSpec:
     ood_tpr: float = option(0.95, "with --model: share of held-out ID images the guard's threshold keeps",
                             check=is_number(0, strict=True, high=1))  # fmt: skip
     backbone: str = option("test_resnet", "timm model name (test_resnet: a tiny timm ResNet)", check=is_str())
-    pretrained: bool = option(False, "load timm's pretrained weights (downloads)", check=is_bool())
+    pretrained: bool = shared(ModelOptions, "pretrained")
     checkpoint: str | None = option(None, "state dict (.pt / .safetensors) of the timm classifier",
                                     check=optional(is_str()))  # fmt: skip
     cifar_stem: bool = option(False, "ResNet with a 3x3 stride-1 stem and no max-pool", check=is_bool())
@@ -238,9 +251,41 @@ class FitHeatSpec:
         cli=False,
         check=optional(_mapping("a mapping of detector options")),
     )
+    embedding_cache: str | None = shared(ModelUseOptions, "embedding_cache")
+
+    @classmethod
+    def option_classes(cls) -> tuple[type, ...]:
+        """The spec and the detector options (:func:`detector_option_class`): the recipe's flags."""
+        return cls, detector_option_class()
+
+    @classmethod
+    def read_config(cls, path: str) -> tuple[dict[str, Any], dict[str, tuple[str, Any]]]:
+        """A ``--config`` file (a bundled name such as ``heat_cifar10_resnet34`` or a YAML path): its ``recipe``
+        section (options by field name, detector options such as ``knn_k`` included) and its ``heat`` section
+        (:data:`HEAT_KEYS`), read by the one configuration reader. Options that send data out or read other files
+        (:data:`FLAG_ONLY`) and a backbone that is not a plain timm name are refused (files are data)."""
+        from ..hub.loaded_config import untrusted_model_problems
+        from ..training.hub_config import hub_config_path
+
+        names = [f.name for c in cls.option_classes() for f in fields(c) if f.metadata.get("cli", True)]
+        raw, values = read_sections(hub_config_path(path), {"recipe": {n: n for n in names}, "heat": HEAT_KEYS},
+                                    metadata=dict.fromkeys(METADATA_KEYS))  # fmt: skip
+        for name, (where, value) in values.items():
+            if name in FLAG_ONLY:
+                raise OptionError(f"{where}: {FLAG_ONLY[name]}; give --{name} on the command line if you mean it")
+            if name == "backbone" and (problems := untrusted_model_problems({"backbone": value}, "")):
+                raise OptionError(f"{where}: {problems[0]} — a config file names a plain timm model only")
+        return raw, values
+
+    @classmethod
+    def from_options(cls, values: dict[str, Any], **_: Any) -> FitHeatSpec:
+        """The spec of parsed values: the detector options gathered into ``detector_options``."""
+        names = {f.name for f in fields(detector_option_class())}
+        return cls(**{k: v for k, v in values.items() if k not in names},
+                   detector_options={k: v for k, v in values.items() if k in names})  # fmt: skip
 
     def __post_init__(self) -> None:
-        check_options(self)
+        validate_options(self)
         self.heat_settings = dict(self.heat_settings or {})
         self.detector_options = dict(self.detector_options or {})
         self.validate()
@@ -269,9 +314,8 @@ class FitHeatSpec:
         for key, value in self.detector_options.items():
             if key not in known:
                 raise OptionError(f"detector option {key!r} is not an option of a registered detector")
-            _check = known[key].metadata["check"]
-            if not _check(value):
-                raise OptionError(f"--{key}: expected {_check.expected}; got {value!r}")
+            if (problem := field_problem(known[key], value)) is not None:
+                raise OptionError([(key, problem)])
         # the HEAT settings are checked by the detector's constructor (nothing is allocated before fit)
         try:
             HEAT(priors=tuple(self.priors), beta=self.beta, preset=self.preset, settings=self.heat_overrides(),
@@ -328,47 +372,6 @@ HEAT_KEYS = {"priors": "priors", "beta": "beta", "preset": "preset", "tie_hidden
 METADATA_KEYS = ("name", "kind", "description", "notes", "hub")
 
 
-def read_heat_config(path: str) -> dict[str, tuple[str, Any]]:
-    """``{field name: (where, value)}`` of a ``fit_heat`` / ``ood_benchmark`` ``--config`` file (a bundled name such
-    as ``heat_cifar10_resnet34`` or a YAML path) through the bounded YAML loader (detector options such as
-    ``knn_k`` by their field names of :func:`detector_option_class`).
-
-    Raises:
-        OptionError: not a mapping, an unknown section or key (each named with the file).
-        FileNotFoundError: no such file or bundled name.
-    """
-    from .._safe_yaml import load_yaml
-    from ..training.hub_config import hub_config_path
-
-    file = hub_config_path(path)
-    try:
-        cfg = load_yaml(file)
-    except ValueError as e:
-        raise OptionError(f"--config: {e}") from e
-    cfg = {} if cfg is None else cfg
-    if not isinstance(cfg, dict):
-        raise OptionError(f"--config {file}: must hold a mapping of sections; got {type(cfg).__name__}")
-    unknown = sorted(set(map(str, cfg)) - {"recipe", "heat", *METADATA_KEYS})
-    if unknown:
-        valid = ", ".join(("recipe", "heat", *METADATA_KEYS))
-        raise OptionError(f"--config {file}: unknown section(s) {unknown}; valid: {valid}")
-    detector_fields = {f.name for f in fields(detector_option_class())}
-    recipe_fields = {f.name: f.name for f in fields(FitHeatSpec) if f.metadata.get("cli", True)}
-    recipe_fields |= {d: d for d in detector_fields}
-    values = section_values(cfg.get("recipe"), str(file), "recipe", recipe_fields)
-    values |= section_values(cfg.get("heat"), str(file), "heat", HEAT_KEYS)
-    for name, (where, _) in values.items():
-        if name in FLAG_ONLY:
-            raise OptionError(f"{where}: {FLAG_ONLY[name]}; give --{name} on the command line if you mean it")
-    if "backbone" in values:
-        from ..hub.loaded_config import untrusted_model_problems
-
-        problems = untrusted_model_problems({"backbone": values["backbone"][1]}, "")
-        if problems:
-            raise OptionError(f"{values['backbone'][0]}: {problems[0]} — a config file names a plain timm model only")
-    return values
-
-
 #: options a ``--config`` file may not set (files are data): they send data out or fetch / read weights
 FLAG_ONLY = {
     "push_to_hub": "a config file cannot upload anything (push_to_hub)",
@@ -383,9 +386,13 @@ FLAG_ONLY = {
 class OODBenchmarkSpec:
     """Every option of the ``ood_benchmark`` recipe that is not a ``fit_heat`` data / classifier option."""
 
+    DESCRIPTION = ("Near/far OOD benchmark on saved features (see the module docstring); unknown flags go to "
+                   "fit_heat.py's data / classifier steps when --features is not given.")  # fmt: skip
+
     features: str | None = option(None, "features.safetensors written by fit_heat (unset: extract them first)",
                                   check=optional(is_str()))  # fmt: skip
-    output_dir: str = option("outputs/ood_benchmark", "where to write tables, figure, features", check=is_str())
+    output_dir: str = shared(TrainingConfig, "output_dir", "outputs/ood_benchmark",
+                             "where to write tables, figure, features")  # fmt: skip
     near: list[str] | None = option(None, "near-OOD set names (default: synthetic-heldout)", check=_names("set names"))
     far: list[str] | None = option(None, "far-OOD set names (default: the other OOD sets)", check=_names("set names"))
     detectors: list[str] | None = option(None, "rows to compute (default: all feature detectors)",
@@ -394,10 +401,10 @@ class OODBenchmarkSpec:
                                      check=optional(is_int(1, 100_000)))  # fmt: skip
     heat_batch_size: int = option(128, "HEAT batch size (fast preset)", check=is_int(1, 1 << 20))
     ap_method: str = option("step", "AUPR: HEAT step / OpenOOD trapezoid", check=is_choice("step", "trapezoid"))
-    seed: int = option(0, "seed of the classifier training and of HEAT / NNGuide", check=is_int(0))
+    seed: int = shared(TrainingConfig, "seed", 0, "seed of the classifier training and of HEAT / NNGuide")
     threads: int | None = option(None, "torch CPU threads", check=optional(is_int(1, 4096)))
-    no_plots: bool = option(False, "do not write the histogram figure", check=is_bool())
+    no_plots: bool = shared(RunOptions, "no_plots", False, "do not write the histogram figure")
     progress: bool = option(True, "progress bars", check=is_bool())
 
     def __post_init__(self) -> None:
-        check_options(self)
+        validate_options(self)

@@ -67,7 +67,7 @@ Schema (``*`` = required in a complete file; types in brackets; defaults are the
 
 Example:
     >>> cfg = load_hub_config("happier_sop")  # a bundled config by name   # doctest: +SKIP
-    >>> spec = RunSpec.from_hub_config(cfg)  # the typed options  # doctest: +SKIP
+    >>> spec = RunSpec.from_values(recipe_options(cfg), cfg)  # the typed options  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -77,14 +77,14 @@ from pathlib import Path
 from typing import Any
 
 from .._safe_yaml import shorten
-from .config import OptionCheck, is_number, is_str, list_of
-from .options import LOCATIONS, OPTION_CLASSES, SECTIONS, LossName, option_fields
-from .run_spec import RunSpec
+from .config import OptionCheck, OptionError, is_number, is_str, list_of
+from .options import LOCATIONS, OPTION_CLASSES, SECTIONS, LossName, option_fields, recipe_options
 
 __all__ = [
     "HUB_CONFIG_SCHEMA",
     "build_loss",
     "bundled_hub_configs",
+    "config_layer",
     "hub_config_path",
     "load_hub_config",
     "merge_hub_configs",
@@ -140,22 +140,40 @@ def validate_hub_config(
     keys (``name``, ``model.backbone``, ``data.dataset``, ``loss.name``). ``defaults`` (option name → value, e.g. a
     recipe's defaults) fill the options the file leaves out; default: the dataclass defaults.
     """
+    from .run_spec import RunSpec
+    from .spec import merge_layers
+
     errors = _structure_errors(config, source, partial)
     if not errors:
+        layers = [{k: (k, v) for k, v in (defaults or {}).items()}, config_layer(config)]
         try:
-            errors += RunSpec.from_hub_config(config, defaults).problems(require_data_root=False)
-        except ValueError as e:  # the TrainingConfig refuses its values
-            errors.append(str(e))
+            values, where = merge_layers(layers)
+            RunSpec.from_options(values, given=frozenset(layers[1]), where=where, files=[config],
+                                 require_data_root=False)  # fmt: skip
+        except OptionError as e:
+            errors += [text if name is None else f"'{where.get(name, name)}' {text}" for name, text in e.problems]
     if errors:
         raise ValueError(f"{source}: invalid hub_config:\n  - " + "\n  - ".join(errors))
     return config
 
 
+def config_layer(config: Mapping[str, Any], source: str | None = None) -> dict[str, tuple[str, Any]]:
+    """The options of a (schema-checked) hub_config as a layer of :func:`~pml_suprank.training.spec.parse`:
+    ``{option name: ("<source>: section.key", value)}`` (``loss.name`` is ``loss``; metadata is left out)."""
+    prefix = f"{source}: " if source else ""
+    return {LOCATIONS[(section, k)][1]: (f"{prefix}{section}.{k}", v) for section in SECTIONS
+            for k, v in (config.get(section) or {}).items() if (section, k) in LOCATIONS}  # fmt: skip
+
+
 def _structure_errors(config: Any, source: str, partial: bool) -> list[str]:
-    """The schema problems of ``config`` (sections, keys, value types, required keys)."""
+    """The schema problems of ``config`` (sections, keys, value types, required keys; the ``model`` section held to
+    the rule of a loaded ``config.json``)."""
+    from ..hub.loaded_config import hub_config_model_problems
+
     if not isinstance(config, dict):
         raise ValueError(f"{source}: a hub_config must be a YAML mapping; got {type(config).__name__}")
     errors = _schema_errors(config)
+    errors += hub_config_model_problems(config) if isinstance(config.get("model"), Mapping) else []
     if not partial:
         if "name" not in config:
             errors.append("missing required key 'name'")
@@ -275,4 +293,6 @@ def load_hub_config(
 def build_loss(config: Mapping[str, Any], num_classes: int, embedding_size: int) -> Any:
     """The setting's loss (``loss.name`` and the ``loss`` section's options) by the one loss builder
     :func:`pml_suprank.training.build_loss`."""
-    return RunSpec.from_hub_config(config).build_loss(num_classes, embedding_size)
+    from .run_spec import RunSpec
+
+    return RunSpec.from_values(recipe_options(config), config).build_loss(num_classes, embedding_size)

@@ -40,6 +40,7 @@ __all__ = [
     "SECTIONS",
     "DataOptions",
     "LossOptions",
+    "ModelUseOptions",
     "ModelOptions",
     "RunOptions",
     "build_loss",
@@ -248,7 +249,7 @@ class LossOptions(_Checked):
 
 
 @dataclass
-class RunOptions(_Checked):
+class RunOptions:
     """Options of one recipe invocation (hardware, tracking, resume, outputs, publishing)."""
 
     mixed_precision: str | None = option(
@@ -284,6 +285,23 @@ class RunOptions(_Checked):
     hub_model_id: str | None = option(None, "repo id for --push_to_hub, e.g. user/happier-sop",
                                       check=is_str("a Hub repo id such as user/happier-sop"))  # fmt: skip
     hub_private: bool = option(False, "create the Hub repo as private", check=is_bool())
+
+    def __post_init__(self) -> None:
+        from .rules import run_problems
+
+        validate_options(self, run_problems)
+
+
+@dataclass
+class ModelUseOptions:
+    """Options shared by the recipes that use a trained model (``evaluate``, ``search``, ``fit_heat``,
+    ``ood_score``), declared once (:func:`~pml_suprank.training.spec.shared`)."""
+
+    embedding_cache: str | None = option(
+        None, "folder of the embedding cache (safetensors shards keyed by the weights, the data and the transform); "
+        "off when unset", check=optional(is_str("a folder path")),
+    )  # fmt: skip
+    device: str | None = option(None, "default: cuda when available, else cpu", check=optional(is_str()))
 
 
 #: every option class, in --help order
