@@ -280,9 +280,9 @@ class FitHeatSpec:
     @classmethod
     def from_options(cls, values: dict[str, Any], **_: Any) -> FitHeatSpec:
         """The spec of parsed values: the detector options gathered into ``detector_options``."""
-        names = {f.name for f in fields(detector_option_class())}
-        return cls(**{k: v for k, v in values.items() if k not in names},
-                   detector_options={k: v for k, v in values.items() if k in names})  # fmt: skip
+        defaults = asdict(detector_option_class()())
+        return cls(**{k: v for k, v in values.items() if k not in defaults},
+                   detector_options={**defaults, **{k: v for k, v in values.items() if k in defaults}})  # fmt: skip
 
     def __post_init__(self) -> None:
         validate_options(self)

@@ -293,6 +293,7 @@ def load_hub_config(
 def build_loss(config: Mapping[str, Any], num_classes: int, embedding_size: int) -> Any:
     """The setting's loss (``loss.name`` and the ``loss`` section's options) by the one loss builder
     :func:`pml_suprank.training.build_loss`."""
-    from .run_spec import RunSpec
+    from . import options as opts
 
-    return RunSpec.from_values(recipe_options(config), config).build_loss(num_classes, embedding_size)
+    values = recipe_options(config)
+    return opts.build_loss(values["loss"], values, num_classes, embedding_size)
