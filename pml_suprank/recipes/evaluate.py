@@ -47,7 +47,6 @@ from pml_suprank.training.config import (  # noqa: E402
     OptionError,
     is_choice,
     is_int,
-    is_str,
     option,
     optional,
     validate_options,  # noqa: E402
@@ -78,8 +77,7 @@ class EvaluateSpec:
     DESCRIPTION = "Evaluate a retrieval model on a test set."
     FLAGS = {"test_split": ("--split", "--test_split"), "eval_batch_size": ("--batch_size", "--eval_batch_size")}
 
-    model: str | None = option(None, "model folder (config.json) or Hub repo id (required)",
-                               check=optional(is_str()))  # fmt: skip
+    model: str | None = shared(ModelUseOptions, "model")
     output_dir: str | None = shared(TrainingConfig, "output_dir", None, "write metrics.json and plots here")
     benchmark: str | None = option(
         None, "a paper benchmark read from its archive under --data_root, evaluated by its protocol (DyML: per "

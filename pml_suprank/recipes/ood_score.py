@@ -21,7 +21,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # noqa: TID251 - recipes ma
 
 import argparse  # noqa: E402
 import csv  # noqa: E402
-import math  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -30,29 +29,17 @@ import torch  # noqa: E402
 
 from pml_suprank.training import TrainingConfig  # noqa: E402
 from pml_suprank.training.config import (  # noqa: E402
-    OptionCheck,
     OptionError,
-    is_bool,
-    is_int,
     is_str,
     option,
     optional,
     validate_options,  # noqa: E402
 )
-from pml_suprank.training.options import ModelUseOptions  # noqa: E402
+from pml_suprank.training.options import ModelUseOptions, RunOptions  # noqa: E402
 from pml_suprank.training.spec import build_parser as spec_parser  # noqa: E402
 from pml_suprank.training.spec import parse, shared  # noqa: E402
 
 __all__ = ["OODScoreSpec", "build_parser", "main", "parse_args", "run", "write_histogram", "write_scores"]
-
-
-def _finite_number() -> OptionCheck:
-    """Any finite real number (a threshold may be negative)."""
-
-    def check(v: Any) -> bool:
-        return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(float(v))
-
-    return OptionCheck(check, "a finite number", kind="number", bounds=(-math.inf, math.inf, False, False))
 
 
 @dataclass
@@ -61,16 +48,15 @@ class OODScoreSpec:
 
     DESCRIPTION = "Score images with a model's OOD guard; write scores.csv (file,score,is_ood) and a histogram."
 
-    model: str | None = option(None, "model folder or Hub id with an OOD guard (ood/guard.json) (required)",
-                               check=optional(is_str()))  # fmt: skip
+    model: str | None = shared(ModelUseOptions, "model", None,
+                               "model folder or Hub id with an OOD guard (ood/guard.json) (required)")  # fmt: skip
     images: str | None = option(None, "a folder of images (flat or nested) or one image file (required)",
                                 check=optional(is_str()))  # fmt: skip
     output_dir: str | None = shared(TrainingConfig, "output_dir", None,
                                     "where scores.csv and score_histogram.png go (required)")  # fmt: skip
-    ood_threshold: float | None = option(None, "OOD when score > this (unset: the guard's calibrated threshold)",
-                                         check=optional(_finite_number()))  # fmt: skip
-    batch_size: int = option(64, "images per batch", check=is_int(1, 65_536))
-    no_plots: bool = option(False, "do not write the histogram", check=is_bool())
+    ood_threshold: float | None = shared(ModelUseOptions, "ood_threshold")
+    batch_size: int = shared(ModelUseOptions, "batch_size")
+    no_plots: bool = shared(RunOptions, "no_plots", False, "do not write the histogram")
     device: str | None = shared(ModelUseOptions, "device")
     embedding_cache: str | None = shared(ModelUseOptions, "embedding_cache")
 

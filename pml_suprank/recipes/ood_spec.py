@@ -23,6 +23,7 @@ from ..training.config import (
     field_problem,
     is_bool,
     is_choice,
+    is_finite,
     is_int,
     is_number,
     is_str,
@@ -97,20 +98,13 @@ def _argument_help(cls: type, argument: str) -> str:
     return f"{cls.__name__}: {text}"
 
 
-def _finite() -> OptionCheck:
-    def check(v: Any) -> bool:
-        return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
-
-    return OptionCheck(check, "a finite number")
-
-
 def _check_of(default: Any) -> OptionCheck:
     if isinstance(default, bool):
         return is_bool()
     if isinstance(default, int):
         return is_int(0)
     if isinstance(default, float):
-        return _finite()
+        return is_finite()
     return is_str()
 
 
@@ -204,7 +198,7 @@ class FitHeatSpec:
         "data and 5 on other data; 0 needs a trained head)", check=optional(is_int(0, 10_000)),
     )  # fmt: skip
     lr: float = option(5e-3, "classifier learning rate (AdamW, one-cycle)", check=is_number(0, strict=True, high=10))
-    batch_size: int = option(64, "batch size for training and feature extraction", check=is_int(1, 65_536))
+    batch_size: int = shared(ModelUseOptions, "batch_size", 64, "batch size for training and feature extraction")
     # data
     id_dataset: str | None = option(
         None, "'synthetic', a Hub dataset id or a local folder (unset: the training data of --model, else synthetic)",

@@ -32,7 +32,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # noqa: TID251 - recipes ma
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import math  # noqa: E402
 from dataclasses import dataclass, replace  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -42,7 +41,6 @@ import torch  # noqa: E402
 from pml_suprank.search.safe_text import refuse  # noqa: E402
 from pml_suprank.training import TrainingConfig  # noqa: E402
 from pml_suprank.training.config import (  # noqa: E402  # noqa: E402
-    OptionCheck,
     OptionError,
     is_bool,
     is_choice,
@@ -57,15 +55,6 @@ from pml_suprank.training.spec import build_parser as spec_parser  # noqa: E402
 from pml_suprank.training.spec import parse, shared  # noqa: E402
 
 
-def _finite_number() -> OptionCheck:
-    """Any finite real number (an OOD threshold may be negative)."""
-
-    def check(v: Any) -> bool:
-        return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(float(v))
-
-    return OptionCheck(check, "a finite number", kind="number", bounds=(-math.inf, math.inf, False, False))
-
-
 @dataclass
 class SearchSpec:
     """Every option of the ``search`` recipe (label columns, data root and synthetic size are the training recipes'
@@ -73,8 +62,7 @@ class SearchSpec:
 
     DESCRIPTION = "Search a gallery with a retrieval model; write results.json, an HTML page and a PNG grid."
 
-    model: str | None = option(None, "model folder (config.json + model.safetensors) or Hub id (required)",
-                               check=optional(is_str()))  # fmt: skip
+    model: str | None = shared(ModelUseOptions, "model")
     gallery: str | None = option(None, "'synthetic', a benchmark name, or a dataset source (unset: the test set the "
                                  "model was trained with)", check=optional(is_str()))  # fmt: skip
     queries: str | None = option(None, "a folder of images, or a dataset given like --gallery",
@@ -96,14 +84,12 @@ class SearchSpec:
     )
     data_root: str | None = shared(DataOptions, "data_root")
     num_per_class: int = shared(DataOptions, "num_per_class", 10)
-    batch_size: int = option(64, "embedding batch size", check=is_int(1, 65_536))
+    batch_size: int = shared(ModelUseOptions, "batch_size")
     seed: int | None = shared(TrainingConfig, "seed", None, "seed of the drawn queries, a synthetic gallery and a "
                               "class split (unset: the model's, else 0)")  # fmt: skip
     thumbnail_size: int = option(96, "longer side of the HTML thumbnails", check=is_int(16, 1024))
     save_index: bool = option(False, "also save the index to OUTPUT_DIR/index", check=is_bool())
-    ood_threshold: float | None = option(None, "OOD when the guard's score > this (unset: the guard's calibrated "
-                                         "threshold; needs a model with an OOD guard)",
-                                         check=optional(_finite_number()))  # fmt: skip
+    ood_threshold: float | None = shared(ModelUseOptions, "ood_threshold")
     device: str | None = shared(ModelUseOptions, "device")
     embedding_cache: str | None = shared(ModelUseOptions, "embedding_cache")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import MISSING, Field, asdict, dataclass, field, fields
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replace
 from typing import Any, Literal, get_args
 
 import numpy as np
@@ -23,6 +23,7 @@ __all__ = [
     "field_default",
     "is_bool",
     "is_choice",
+    "is_finite",
     "is_int",
     "is_number",
     "is_str",
@@ -99,6 +100,11 @@ def is_number(
     else:
         expected = f"a number in {'(' if strict else '['}{low:g}, {high:g}{')' if open_high else ']'}"
     return OptionCheck(check, expected, kind="number", bounds=(low, high, strict, open_high))
+
+
+def is_finite() -> OptionCheck:
+    """Any finite real number (not a bool; e.g. an OOD threshold, which may be negative)."""
+    return replace(is_number(-math.inf), expected="a finite number")
 
 
 def is_choice(*values: Any) -> OptionCheck:

@@ -582,3 +582,19 @@ def test_roadmap_recipe_trains_with_a_compiled_dense_loss(tmp_path):
     proc = _recipe("train_roadmap.py", tmp_path, "--max_train_steps", "2", "--kernel", "dense", "--compile_loss")
     weights = _final_weights(tmp_path)
     assert weights and all(torch.isfinite(w).all() for w in weights.values()), proc.stdout[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("name", "required"),
+    [("evaluate", ["--model", "m"]), ("search", ["--model", "m", "--output_dir", "o"]), ("fit_heat", []),
+     ("ood_score", ["--model", "m", "--images", "i", "--output_dir", "o"])],
+)  # fmt: skip
+def test_embedding_cache_is_one_shared_option(name, required, capsys):
+    """``--embedding_cache`` is declared once (ModelUseOptions) and checked alike in every recipe that embeds."""
+    recipe = import_recipe(name)
+    assert recipe.parse_args(required).embedding_cache is None
+    assert recipe.parse_args([*required, "--embedding_cache", "cache"]).embedding_cache == "cache"
+    with pytest.raises(SystemExit) as raised:
+        recipe.parse_args([*required, "--embedding_cache", ""])
+    err = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert raised.value.code == 2 and len(err) == 1 and "--embedding_cache must be null or a folder path" in err[0]
