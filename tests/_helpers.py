@@ -39,10 +39,11 @@ def recipe_parser(recipe: str = "train_happier"):
 def parse_recipe(parser, argv):
     """The :class:`~pml_suprank.training.RunSpec` of ``argv`` for the training preset of ``parser``
     (:func:`recipe_parser`), by the one spec engine (``parse(RunSpec, argv, defaults=preset)``)."""
+    from pml_suprank.training.hub_config import read_layer
     from pml_suprank.training.run_spec import RunSpec
     from pml_suprank.training.spec import parse
 
-    return parse(RunSpec, argv, defaults=parser.preset_defaults, description=parser.description)
+    return parse(RunSpec, argv, defaults=parser.preset_defaults, description=parser.description, read_config=read_layer)
 
 
 def free_port() -> int:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _helpers import recipe_parser, parse_recipe
+from _helpers import parse_recipe, recipe_parser
 
 from pml_suprank.training import hub_config
 from pml_suprank.training.data_source import DatasetSource, data_option_errors, dataset_source, multilabel_option_errors

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _helpers import recipe_parser, parse_recipe
+from _helpers import parse_recipe, recipe_parser
 
 pytest.importorskip("accelerate")
 pytest.importorskip("timm")

@@ -85,7 +85,7 @@ class EvaluateSpec:
         "benchmarks: their test split", check=optional(is_choice(*sorted(BENCHMARKS))),
     )  # fmt: skip
     max_side: int | None = option(
-        None, "roxford5k / rparis6k: resize each image so its longer side has this many pixels (default: the model's "
+        None, "roxford5k / rparis6k: resize each image so its longer side has this many pixels (unset: the model's "
         "input size; the protocol's papers use 1024)", check=optional(is_int(8, 16384)),
     )  # fmt: skip
     dataset: str | None = shared(

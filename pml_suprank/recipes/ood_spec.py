@@ -236,7 +236,7 @@ class FitHeatSpec:
     heat_settings: dict | None = option(None, "per-prior HEAT settings (the config file's heat.settings)", cli=False,
                                         check=optional(_mapping("a mapping of HEAT settings")))  # fmt: skip
     # baselines
-    detectors: list[str] | None = option(None, "table rows to compute (default: all; see --help of the recipe)",
+    detectors: list[str] | None = option(None, "table rows to compute (unset: all; see --help of the recipe)",
                                          check=_names("a list of detector names"))  # fmt: skip
     no_odin: bool = option(False, "skip ODIN (needs a backward pass per batch)", check=is_bool())
     detector_options: dict | None = option(
@@ -387,9 +387,9 @@ class OODBenchmarkSpec:
                                   check=optional(is_str()))  # fmt: skip
     output_dir: str = shared(TrainingConfig, "output_dir", "outputs/ood_benchmark",
                              "where to write tables, figure, features")  # fmt: skip
-    near: list[str] | None = option(None, "near-OOD set names (default: synthetic-heldout)", check=_names("set names"))
-    far: list[str] | None = option(None, "far-OOD set names (default: the other OOD sets)", check=_names("set names"))
-    detectors: list[str] | None = option(None, "rows to compute (default: all feature detectors)",
+    near: list[str] | None = option(None, "near-OOD set names (unset: synthetic-heldout)", check=_names("set names"))
+    far: list[str] | None = option(None, "far-OOD set names (unset: the other OOD sets)", check=_names("set names"))
+    detectors: list[str] | None = option(None, "rows to compute (unset: all feature detectors)",
                                          check=_names("detector names"))  # fmt: skip
     heat_epochs: int | None = option(None, "HEAT epochs (unset: 30 on synthetic, else the preset's)",
                                      check=optional(is_int(1, 100_000)))  # fmt: skip

@@ -73,7 +73,7 @@ class SearchSpec:
     backend: str = option("torch", "search backend", check=is_choice("torch", "faiss", "faiss-ivf", "faiss-hnsw"))
     gallery_split: str | None = option(None, "split of the gallery dataset (unset: the model's test split, else test)",
                                        check=optional(is_str()))  # fmt: skip
-    query_split: str | None = option(None, "split of a query dataset (default: --gallery_split)",
+    query_split: str | None = option(None, "split of a query dataset (unset: --gallery_split)",
                                      check=optional(is_str()))  # fmt: skip
     num_queries: int = option(8, "queries drawn from the gallery without --queries", check=is_int(1, 100_000))
     label_columns: list[str] | None = shared(

@@ -7,7 +7,8 @@ name of a recipe flag (``loss.name`` is ``--loss``): :data:`HUB_CONFIG_SCHEMA` i
 ``.yaml``), ``description``, ``notes`` and the ``hub`` section (``tags``, ``license``, ``datasets``, ``paper``,
 ``paper_url``, ``paper_table``, ``paper_results``: metric key → percent) are metadata for the model card. A complete
 file needs ``name``, ``model.backbone``, ``data.dataset`` and ``loss.name``; a partial one (``partial=True``, the
-recipes' ``--config base.yaml --config override.yaml``) only the keys it changes (:func:`merge_hub_configs`).
+recipes' ``--config base.yaml --config override.yaml``) only the keys it changes
+(:func:`~pml_suprank.training.run_spec.merge_hub_configs`).
 
 Files are data: :func:`read_hub_config` reads through the bounded safe YAML loader, refuses unknown sections and keys,
 a ``loss.name`` that would be imported (``package.module:ClassName``) and a ``model`` section a loaded ``config.json``
@@ -28,6 +29,7 @@ from .._safe_yaml import shorten
 from ..losses.registry import check_loss_name
 from .config import OptionCheck, OptionError, is_number, is_str, list_of
 from .options import LOCATIONS, SECTIONS, recipe_options
+from .run_spec import RunSpec
 
 __all__ = [
     "HUB_CONFIG_SCHEMA",
@@ -37,7 +39,7 @@ __all__ = [
     "config_layer",
     "hub_config_path",
     "load_hub_config",
-    "merge_hub_configs",
+    "read_layer",
     "validate_hub_config",
 ]
 
@@ -81,7 +83,6 @@ def validate_hub_config(
     keys (``name``, ``model.backbone``, ``data.dataset``, ``loss.name``). ``defaults`` (option name → value, e.g. a
     recipe's defaults) fill the options the file leaves out; default: the dataclass defaults.
     """
-    from .run_spec import RunSpec
     from .spec import merge_layers
 
     errors = _structure_errors(config, source, partial)
@@ -150,19 +151,6 @@ def _schema_errors(config: dict[str, Any]) -> list[str]:
     return errors
 
 
-def merge_hub_configs(*configs: Mapping[str, Any]) -> dict[str, Any]:
-    """Lay ``configs`` over each other in order: later sections' keys replace earlier ones, top-level values
-    (``name``, ``notes``...) are replaced whole. Returns a new dict; the inputs are not modified."""
-    out: dict[str, Any] = {}
-    for cfg in configs:
-        for key, value in cfg.items():
-            if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-                out[key] = {**out[key], **value}
-            else:
-                out[key] = dict(value) if isinstance(value, Mapping) else value
-    return out
-
-
 #: the hub_configs shipped with the package (package data)
 BUNDLED_HUB_CONFIGS = Path(__file__).resolve().parents[1] / "hub_configs"
 
@@ -214,6 +202,13 @@ def read_hub_config(path: str | Path, *, partial: bool = False) -> dict[str, Any
     if (not partial or "name" in config) and config["name"] != p.stem:
         raise ValueError(f"{p}: 'name' must equal the file name without .yaml ({p.stem!r}); got {config['name']!r}")
     return config
+
+
+def read_layer(path: str) -> tuple[dict[str, Any], dict[str, tuple[str, Any]]]:
+    """The training command's ``--config`` reader (:func:`~pml_suprank.training.spec.parse`): a partial hub_config
+    as read and its options ``{name: ("<file>: section.key", value)}``."""
+    config = read_hub_config(path, partial=True)
+    return config, config_layer(config, str(path))
 
 
 def load_hub_config(

@@ -43,6 +43,7 @@ from ..losses.compile_guard import compile_loss
 from ..metrics.report import format_metrics_table, one_column
 from .checkpoint import CheckpointSaveError
 from .data_source import dataset_source, folder_layout
+from .hub_config import read_layer
 from .nonfinite import NonFiniteTrainingError
 from .run_folder import (
     RUN_FOLDER_ERRORS,
@@ -110,7 +111,7 @@ def build_parser(
 ) -> argparse.ArgumentParser:
     """The training command's parser (for ``--help`` tables), ``defaults`` its preset's no-argument run
     (``hierarchical`` is unused: every loss is a ``--loss`` value)."""
-    return spec_parser(RunSpec, defaults, description)
+    return spec_parser(RunSpec, defaults, description, config=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -226,7 +227,7 @@ def main(
     then :func:`run` (told which options the user set, :attr:`RunSpec.given`). A refused output folder or checkpoint
     ends the command with its message (exit status 2; 1 for a failed save or a run stopped by non-finite steps,
     :class:`~pml_suprank.training.nonfinite.NonFiniteTrainingError`), not a traceback."""
-    spec = parse(RunSpec, argv, defaults=defaults, description=description)
+    spec = parse(RunSpec, argv, defaults=defaults, description=description, read_config=read_layer)
     try:
         return run(spec, given=spec.given)
     except (*RUN_FOLDER_ERRORS, NonFiniteTrainingError) as e:  # the folder, a checkpoint, diverging steps: one line

@@ -60,8 +60,9 @@ def _loss_kwargs(v: Mapping[str, Any]) -> list[str]:
     if clash:
         return [
             f"--loss_kwargs {clash} set what "
-            + ", ".join(f"the {k} of the data / model" if k in ("num_classes", "embedding_size") else f"--{k}"
-                        for k in clash)
+            + ", ".join(
+                f"the {k} of the data / model" if k in ("num_classes", "embedding_size") else f"--{k}" for k in clash
+            )
             + f" sets for loss {v['loss']}: give each value once (by its flag)"
         ]
     return []

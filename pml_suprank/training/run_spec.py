@@ -13,7 +13,8 @@
 plus ``hub_config``, the merged YAML file(s) as read (metadata for the model card: ``hub.*``, ``name``, ``notes``).
 
 The training command builds it with :func:`pml_suprank.training.spec.parse` (``parse(RunSpec, argv,
-defaults=preset)``: field defaults < the preset < ``--config`` hub_configs < flags), Python with
+defaults=preset, read_config=hub_config.read_layer)``: field defaults < the preset < ``--config`` hub_configs <
+flags), Python with
 :meth:`RunSpec.from_values`. Each part checks its own fields when built, the rules between parts run once
 (:func:`~pml_suprank.training.rules.spec_problems`) and the loss is resolved once. The run fingerprint
 (:meth:`RunSpec.run_options`), ``config.json`` (:meth:`RunSpec.loss_kwargs`) and the model card are written from it.
@@ -43,7 +44,7 @@ from .options import (
 )
 from .rules import spec_problems
 
-__all__ = ["PARTS", "RunSpec", "losses_listing"]
+__all__ = ["PARTS", "RunSpec", "losses_listing", "merge_hub_configs"]
 
 #: part name of a :class:`RunSpec` → its option dataclass (the order of ``--help``)
 PARTS: dict[str, type] = {
@@ -130,14 +131,6 @@ class RunSpec:
         parser.add_argument("--list_losses", action=_ListLosses, help="list every loss --loss takes, and exit")
 
     @classmethod
-    def read_config(cls, path: str) -> tuple[dict[str, Any], dict[str, tuple[str, Any]]]:
-        """A ``--config`` hub_config (partial): the file as read and its options ``{name: (file: key, value)}``."""
-        from .hub_config import config_layer, read_hub_config
-
-        config = read_hub_config(path, partial=True)
-        return config, config_layer(config, str(path))
-
-    @classmethod
     def from_options(
         cls,
         values: Mapping[str, Any],
@@ -175,8 +168,6 @@ class RunSpec:
                 problems += e.problems
         if problems:
             raise OptionError(problems)
-        from .hub_config import merge_hub_configs
-
         spec = cls(**parts, hub_config=merge_hub_configs(*files), given=frozenset(given), _entry=entry)
         problems = spec_problems(spec.values(), entry, given=spec.given, loss_options=loss_option_names(),
                                  require_data_root=require_data_root)  # fmt: skip
@@ -244,6 +235,19 @@ class RunSpec:
             "loss": {"name": self.loss.loss, **self.loss_kwargs()},
             "mixed_precision": str(mixed_precision),
         }
+
+
+def merge_hub_configs(*configs: Mapping[str, Any]) -> dict[str, Any]:
+    """Lay hub_config ``configs`` over each other in order: later sections' keys replace earlier ones, top-level
+    values (``name``, ``notes``...) are replaced whole. Returns a new dict; the inputs are not modified."""
+    out: dict[str, Any] = {}
+    for cfg in configs:
+        for key, value in cfg.items():
+            if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+                out[key] = {**out[key], **value}
+            else:
+                out[key] = dict(value) if isinstance(value, Mapping) else value
+    return out
 
 
 def _asdict(options: Any) -> dict[str, Any]:

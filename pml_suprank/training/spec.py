@@ -116,16 +116,16 @@ def _option_fields(spec_cls: type) -> list[tuple[type, Field]]:
 
 
 def build_parser(
-    spec_cls: type, defaults: Mapping[str, Any] | None = None, description: str | None = None
+    spec_cls: type, defaults: Mapping[str, Any] | None = None, description: str | None = None, *, config: bool = False
 ) -> argparse.ArgumentParser:
-    """The parser of ``spec_cls``: ``--config`` when it reads one, its own actions, one flag per option field (no
-    default of its own: an option not given is absent from the namespace; ``--help`` shows the default, ``defaults``
-    replacing the field's)."""
+    """The parser of ``spec_cls``: ``--config`` when it reads one (or ``config``), its own actions, one flag per
+    option field (no default of its own: an option not given is absent from the namespace; ``--help`` shows the
+    default, ``defaults`` replacing the field's)."""
     parser = argparse.ArgumentParser(
         description=description or getattr(spec_cls, "DESCRIPTION", None),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    if hasattr(spec_cls, "read_config"):
+    if config or hasattr(spec_cls, "read_config"):
         action = "append" if getattr(spec_cls, "CONFIG_APPEND", False) else "store"
         help = getattr(spec_cls, "CONFIG_HELP", "a bundled config name or a YAML file; flags win")
         parser.add_argument("--config", action=action, default=None, help=help)
@@ -140,7 +140,7 @@ def build_parser(
             group = parser.add_argument_group(starts.get(f.name) or cls.GROUP)
         previous = cls
         default = defaults.get(f.name, field_default(f))
-        default = list(default) if isinstance(default, tuple) else default
+        default = " ".join(map(str, default)) if isinstance(default, (list, tuple)) else default
         check = f.metadata.get("check")
         kwargs = _argparse_kwargs(get_type_hints(cls)[f.name])
         if check is not None and check.choices is not None and "metavar" not in kwargs:
@@ -186,14 +186,18 @@ def merge_layers(layers: Sequence[Layer], explicit_from: int = 1) -> tuple[dict[
 
 
 def parse(spec_cls: type[S], argv: list[str] | None = None, *, defaults: Mapping[str, Any] | None = None,
-          description: str | None = None, rest: list[str] | None = None) -> S:  # fmt: skip
+          description: str | None = None, rest: list[str] | None = None,
+          read_config: Callable[[str], tuple[Any, Layer]] | None = None) -> S:  # fmt: skip
     """The spec of one invocation: ``argv`` parsed once, each ``--config`` file read once, the spec built once.
 
     Precedence: field defaults < ``defaults`` (a preset's no-argument run) < ``--config`` file(s) < flags. Any
     refusal is a ``parser.error``: one ``error:`` line naming the flag or the file and key, exit status 2.
     ``rest``: a list that receives the tokens of ``argv`` that are no flag of the spec (default: refused).
+    ``read_config``: the ``--config`` reader (default: the class's ``read_config``; the training command passes
+    :func:`~pml_suprank.training.hub_config.read_layer`).
     """
-    parser = build_parser(spec_cls, defaults, description)
+    read_config = read_config or getattr(spec_cls, "read_config", None)
+    parser = build_parser(spec_cls, defaults, description, config=read_config is not None)
     if rest is None:
         namespace = vars(parser.parse_args(argv))
     else:
@@ -206,7 +210,7 @@ def parse(spec_cls: type[S], argv: list[str] | None = None, *, defaults: Mapping
     files = []
     try:
         for path in [paths] if isinstance(paths, str) else paths:
-            raw, layer = spec_cls.read_config(path)  # type: ignore[attr-defined]
+            raw, layer = read_config(path)  # type: ignore[misc]
             files.append(raw)
             layers.append(layer)
     except (ValueError, FileNotFoundError) as e:

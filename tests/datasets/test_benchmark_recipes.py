@@ -4,6 +4,7 @@ protocols against hand-computed values."""
 
 from __future__ import annotations
 
+import copy
 import sys
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 import torch
 import yaml
 from _benchmark_fixtures import MAKERS
-from _helpers import import_recipe, recipe_parser, parse_recipe
+from _helpers import import_recipe, parse_recipe, recipe_parser
 
 from pml_suprank.data.benchmarks import BENCHMARKS, load_benchmark
 from pml_suprank.training import hub_config
@@ -83,7 +84,7 @@ def test_benchmark_defaults_to_its_own_splits_and_label_names():
     ],
 )  # fmt: skip
 def test_data_section_errors(data, match):
-    cfg = hub_config.merge_hub_configs(hub_config.load_hub_config("happier_sop"))  # bundled, by name
+    cfg = copy.deepcopy(hub_config.load_hub_config("happier_sop"))  # bundled, by name
     cfg["data"] = data
     with pytest.raises(ValueError, match=match):
         hub_config.validate_hub_config(cfg, source="test.yaml")

@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from _helpers import recipe_parser, parse_recipe
+from _helpers import parse_recipe, recipe_parser
 from functorch.compile import make_boxed_func
 from torch import nn
 from torch._dynamo.backends.common import aot_autograd

@@ -18,10 +18,10 @@ from pml_suprank.training.hub_config import (
     HUB_SECTION,
     build_loss,
     load_hub_config,
-    merge_hub_configs,
     validate_hub_config,
 )
 from pml_suprank.training.options import recipe_options
+from pml_suprank.training.run_spec import merge_hub_configs
 
 ROOT = Path(__file__).resolve().parents[2] / "pml_suprank" / "hub_configs"
 # heat_*.yaml belong to the HEAT recipe and follow their own schema

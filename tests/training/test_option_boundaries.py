@@ -14,7 +14,7 @@ import yaml
 from pml_suprank.training import RunSpec, TrainingConfig
 from pml_suprank.training import recipe as common
 from pml_suprank.training.config import OptionError, field_problem
-from pml_suprank.training.hub_config import validate_hub_config
+from pml_suprank.training.hub_config import read_layer, validate_hub_config
 from pml_suprank.training.options import OPTION_CLASSES, recipe_options
 from pml_suprank.training.run_spec import FIELD_PARTS, PARTS
 from pml_suprank.training.spec import parse
@@ -63,7 +63,7 @@ def parser():
 
 
 def parse_recipe(parser, argv):
-    return parse(RunSpec, argv, defaults=parser.preset_defaults)
+    return parse(RunSpec, argv, defaults=parser.preset_defaults, read_config=read_layer)
 
 
 @pytest.mark.slow  # ~300 cases x 4 entry points: ~20 s on 2 CPU cores
@@ -156,6 +156,7 @@ def test_argv_is_parsed_once_and_each_config_read_once(tmp_path, monkeypatch):
     monkeypatch.setattr(hub_config, "read_hub_config", lambda *a, **k: reads.append(a) or read(*a, **k))
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args",
                         lambda self, *a, **k: parses.append(a) or parse_args(self, *a, **k))  # fmt: skip
-    spec = parse(RunSpec, ["--config", str(config), "--seed", "3"], defaults=DEFAULTS)
+    argv = ["--config", str(config), "--seed", "3"]
+    spec = parse(RunSpec, argv, defaults=DEFAULTS, read_config=hub_config.read_layer)
     assert spec.train.epochs == 3 and spec.given == {"epochs", "seed"}
     assert len(reads) == 1 and len(parses) == 1

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _helpers import import_recipe, recipe_parser, parse_recipe
+from _helpers import import_recipe, parse_recipe, recipe_parser
 
 pytest.importorskip("accelerate")
 pytest.importorskip("timm")

@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 import torch
-from _helpers import ROOT, import_recipe, recipe_parser, parse_recipe
+from _helpers import ROOT, import_recipe, parse_recipe, recipe_parser
 
 from pml_suprank import losses
 from pml_suprank.losses.registry import SUPRANK_PAPER, loss_entry, register_loss, unregister_loss
