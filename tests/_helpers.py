@@ -26,11 +26,24 @@ def import_recipe(name: str):
 
 
 def recipe_parser(recipe: str = "train_happier"):
-    """``(pml_suprank.training.recipe, the argparse parser of recipe)``."""
+    """``(pml_suprank.training.recipe, the argparse parser of recipe)``; the parser carries the preset's defaults
+    (``preset_defaults``) for :func:`parse_recipe`."""
     from pml_suprank.training import recipe as common
 
     module = import_recipe(recipe)
-    return common, common.build_parser(module.DESCRIPTION, module.DEFAULTS, module.HIERARCHICAL)
+    parser = common.build_parser(module.DESCRIPTION, module.DEFAULTS, module.HIERARCHICAL)
+    parser.preset_defaults = module.DEFAULTS
+    return common, parser
+
+
+def parse_recipe(parser, argv):
+    """The :class:`~pml_suprank.training.RunSpec` of ``argv`` for the training preset of ``parser``
+    (:func:`recipe_parser`), by the one spec engine (``parse(RunSpec, argv, defaults=preset)``)."""
+    from pml_suprank.training.hub_config import read_layer
+    from pml_suprank.training.run_spec import RunSpec
+    from pml_suprank.training.spec import parse
+
+    return parse(RunSpec, argv, defaults=parser.preset_defaults, description=parser.description, read_config=read_layer)
 
 
 def free_port() -> int:

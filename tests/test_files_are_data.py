@@ -17,7 +17,8 @@ from pml_suprank.losses import registry
 from pml_suprank.losses.registry import ENTRY_POINT_GROUP, check_loss_name, register_loss, resolve_loss
 from pml_suprank.training import RunSpec
 from pml_suprank.training import recipe as common
-from pml_suprank.training.hub_config import load_hub_config, read_hub_config
+from pml_suprank.training.hub_config import load_hub_config, read_hub_config, validate_hub_config
+from pml_suprank.training.spec import parse
 
 PAYLOAD = """
 from pathlib import Path
@@ -52,7 +53,7 @@ def test_a_module_loss_in_a_hub_config_is_refused_without_importing_it(payload):
         with pytest.raises(ValueError, match="imported only when typed on the command line"):
             read(path)
     with pytest.raises(ValueError, match="never from a file"):
-        RunSpec.from_hub_config(yaml.safe_load(path.read_text()))
+        validate_hub_config(yaml.safe_load(path.read_text()))
     assert "payload_mod_files_data" not in sys.modules and not (payload / "IMPORTED").exists()
     # the standard library's "this" is not imported (and its text not printed) by a validation either
     sys.modules.pop("this", None)
@@ -81,7 +82,7 @@ def test_a_typed_module_loss_is_imported_from_the_working_directory(tmp_path, mo
     monkeypatch.chdir(tmp_path)
     assert str(tmp_path) not in sys.path and "" not in sys.path[:1]
     try:
-        spec = RunSpec.from_layers([("flags", {"loss": "cwd_loss_files_data:CwdLoss"})], search_cwd=True)
+        spec = parse(RunSpec, ["--loss", "cwd_loss_files_data:CwdLoss"])  # typed: imported from the working dir
         assert spec.loss_entry.cls.__name__ == "CwdLoss" and str(tmp_path) not in sys.path
     finally:
         sys.modules.pop("cwd_loss_files_data", None)
@@ -151,7 +152,7 @@ def test_a_registered_name_is_not_replaced_by_another_modules_class():
 )
 def test_loss_arguments_and_rates_are_bounded_where_declared(values, match):
     with pytest.raises(ValueError, match=match):
-        RunSpec.from_values(values).validate()
+        RunSpec.from_values(values)
 
 
 def test_yaml_dates_and_other_non_json_values_are_refused_when_read(tmp_path):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _helpers import recipe_parser
+from _helpers import parse_recipe, recipe_parser
 
 from pml_suprank.data.source import DatasetSource, data_option_errors, dataset_source
 from pml_suprank.training import hub_config
@@ -65,7 +65,7 @@ def test_multilabel_option_errors_name_the_option(loss, memory_size, sampler, ma
 def test_recipe_refuses_unsupported_multilabel_settings_before_building(recipe, extra, match, capsys):
     common, parser = recipe_parser(recipe)
     with pytest.raises(SystemExit) as exit_info:
-        common.parse_run_spec(parser, ["--dataset", "synthetic_multilabel", *TINY, *extra])
+        parse_recipe(parser, ["--dataset", "synthetic_multilabel", *TINY, *extra])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "--dataset synthetic_multilabel" in err and match in err
@@ -95,7 +95,7 @@ def test_recipe_builds_the_multilabel_parts():
     from pml_suprank.samplers import MultiLabelSampler
 
     common, parser = recipe_parser()
-    spec = common.parse_run_spec(parser, ["--dataset", "synthetic_multilabel", *TINY])
+    spec = parse_recipe(parser, ["--dataset", "synthetic_multilabel", *TINY])
     model = common.build_model(spec)
     train, test = common.build_datasets(spec, model)
     assert train.multilabel and test.multilabel and train.labels.dim() == 2
@@ -108,7 +108,7 @@ def test_recipe_builds_the_multilabel_parts():
     parts = common.multilabel_parts(spec, _Acc(), train, test)
     assert isinstance(parts["sampler"], MultiLabelSampler) and parts["sampler"].m == spec.train.samples_per_class
     assert isinstance(parts["evaluator"], RetrievalEvaluator) and parts["evaluator"].multilabel
-    single = common.parse_run_spec(recipe_parser()[1], ["--dataset", "synthetic", *TINY])
+    single = parse_recipe(recipe_parser()[1], ["--dataset", "synthetic", *TINY])
     train1, test1 = common.build_datasets(single, model)
     assert common.multilabel_parts(single, _Acc(), train1, test1) == {}
 

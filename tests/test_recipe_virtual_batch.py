@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _helpers import recipe_parser
+from _helpers import parse_recipe, recipe_parser
 
 pytest.importorskip("accelerate")
 pytest.importorskip("timm")
@@ -29,7 +29,7 @@ VIRTUAL = ["--virtual_batch_size", "32", "--chunk_size", "8", "--freeze_batch_no
 
 def _spec(argv, recipe="train_happier"):
     common, parser = recipe_parser(recipe)
-    return common.parse_run_spec(parser, argv)
+    return parse_recipe(parser, argv)
 
 
 def _refused(argv, capsys, recipe="train_happier") -> str:

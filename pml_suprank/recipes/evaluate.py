@@ -43,11 +43,18 @@ import torch  # noqa: E402
 from pml_suprank.data.benchmarks import BENCHMARKS  # noqa: E402
 from pml_suprank.metrics.report import one_column  # noqa: E402
 from pml_suprank.training import TrainingConfig  # noqa: E402
-from pml_suprank.training.cli import add_option_arguments  # noqa: E402
-from pml_suprank.training.config import is_choice, is_int, is_str, option, optional  # noqa: E402
-from pml_suprank.training.options import DataOptions, RunOptions  # noqa: E402
+from pml_suprank.training.config import (  # noqa: E402
+    OptionError,
+    is_choice,
+    is_int,
+    option,
+    optional,
+    validate_options,  # noqa: E402
+)
+from pml_suprank.training.options import DataOptions, ModelUseOptions, RunOptions  # noqa: E402
 from pml_suprank.training.recipe import make_accelerator  # noqa: E402
-from pml_suprank.training.spec_cli import OptionError, check_options, parse_options, same_option  # noqa: E402
+from pml_suprank.training.spec import build_parser as spec_parser  # noqa: E402
+from pml_suprank.training.spec import parse, shared  # noqa: E402
 
 #: benchmarks with their own protocol (not a single test set): name → mode
 PROTOCOLS = {
@@ -67,77 +74,69 @@ class EvaluateSpec:
     declarations). Unset data / evaluation options are the model folder's (its ``data_spec.json``: the training
     run's test set, class split, seed, ``k_values`` and ``alpha``), else the defaults shown by ``--help``."""
 
-    model: str | None = option(None, "model folder (config.json) or Hub repo id (required)",
-                               check=optional(is_str()))  # fmt: skip
-    output_dir: str | None = option(None, "write metrics.json and plots here", check=optional(is_str()))
+    DESCRIPTION = "Evaluate a retrieval model on a test set."
+    FLAGS = {"test_split": ("--split", "--test_split"), "eval_batch_size": ("--batch_size", "--eval_batch_size")}
+
+    model: str | None = shared(ModelUseOptions, "model")
+    output_dir: str | None = shared(TrainingConfig, "output_dir", None, "write metrics.json and plots here")
     benchmark: str | None = option(
         None, "a paper benchmark read from its archive under --data_root, evaluated by its protocol (DyML: per "
         "granularity; gldv2_hier: query vs gallery, mAP@100; roxford5k / rparis6k: revisited E/M/H mAP); other "
         "benchmarks: their test split", check=optional(is_choice(*sorted(BENCHMARKS))),
     )  # fmt: skip
     max_side: int | None = option(
-        None, "roxford5k / rparis6k: resize each image so its longer side has this many pixels (default: the model's "
+        None, "roxford5k / rparis6k: resize each image so its longer side has this many pixels (unset: the model's "
         "input size; the protocol's papers use 1024)", check=optional(is_int(8, 16384)),
     )  # fmt: skip
-    dataset: str | None = same_option(
+    dataset: str | None = shared(
         DataOptions,
         "dataset",
         None,
         "the test data: 'synthetic', a benchmark name, a "
         "Hub id or a local folder (unset: the model's training data, else synthetic)",
     )
-    data_root: str | None = same_option(DataOptions, "data_root")
-    label_columns: list[str] | None = same_option(
+    data_root: str | None = shared(DataOptions, "data_root")
+    label_columns: list[str] | None = shared(
         DataOptions,
         "label_columns",
         None,
         "label columns, finest first, space-separated (unset: the model's, or the folder's)",
     )
-    test_split: str | None = same_option(DataOptions, "test_split")
-    num_per_class: int | None = same_option(
+    test_split: str | None = shared(DataOptions, "test_split")
+    num_per_class: int | None = shared(
         DataOptions, "num_per_class", None, "SyntheticShapes: images per fine class (unset: the model's, else 32)"
     )
-    seed: int | None = same_option(
+    seed: int | None = shared(
         TrainingConfig,
         "seed",
         None,
         "seed of a synthetic test set, a class split and the plots (unset: the model's, else 0)",
     )
-    eval_batch_size: int = same_option(TrainingConfig, "eval_batch_size")
-    k_values: list[int] | None = same_option(
+    eval_batch_size: int = shared(TrainingConfig, "eval_batch_size")
+    k_values: list[int] | None = shared(
         TrainingConfig, "k_values", None, "Recall@k values, space-separated (unset: the model's, else 1 10)"
     )
-    alpha: float | None = same_option(TrainingConfig, "alpha", None, "H-AP relevance exponent (unset: the model's, "
+    alpha: float | None = shared(TrainingConfig, "alpha", None, "H-AP relevance exponent (unset: the model's, "
                                       "else 1)")  # fmt: skip
-    no_plots: bool = same_option(RunOptions, "no_plots")
-    mixed_precision: str | None = same_option(RunOptions, "mixed_precision")
-    cpu: bool = same_option(RunOptions, "cpu")
-    embedding_cache: str | None = option(None, "a folder caching the embeddings (reused for the same model, data and "
-                                         "transform; off when unset)", check=optional(is_str()))  # fmt: skip
+    no_plots: bool = shared(RunOptions, "no_plots")
+    mixed_precision: str | None = shared(RunOptions, "mixed_precision")
+    cpu: bool = shared(RunOptions, "cpu")
+    embedding_cache: str | None = shared(ModelUseOptions, "embedding_cache")
 
     def __post_init__(self) -> None:
-        check_options(self)
+        validate_options(self)
         if self.model is None:
             raise OptionError("--model is required (a model folder such as RUN/final, or a Hub repo id)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """One flag per :class:`EvaluateSpec` field (``--split`` / ``--batch_size`` as the short names)."""
-    parser = argparse.ArgumentParser(
-        description="Evaluate a retrieval model on a test set.", formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
-    flags = {"test_split": ("--split", "--test_split"), "eval_batch_size": ("--batch_size", "--eval_batch_size")}
-    add_option_arguments(parser, EvaluateSpec, flags=flags)
-    return parser
+    return spec_parser(EvaluateSpec)
 
 
 def parse_args(argv: list[str] | None = None) -> EvaluateSpec:
     """The invocation's :class:`EvaluateSpec` (each flag checked by its option; exit 2 with the flag named)."""
-    parser = build_parser()
-    try:
-        return EvaluateSpec(**parse_options(parser, argv, (EvaluateSpec,)))
-    except OptionError as e:
-        parser.error(str(e))
+    return parse(EvaluateSpec, argv)
 
 
 def test_data(spec: EvaluateSpec, recorded: dict[str, Any] | None, image_size: int) -> tuple[dict, int]:

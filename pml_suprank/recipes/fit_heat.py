@@ -48,7 +48,6 @@ import inspect  # noqa: E402
 import json  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
-from dataclasses import fields  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -75,13 +74,11 @@ from pml_suprank.recipes.ood_spec import (  # noqa: E402
     RECIPE_DEFAULTS,
     VARIANTS,
     FitHeatSpec,
-    detector_option_class,
     detector_options,
     methods,
-    read_heat_config,
 )
-from pml_suprank.training.cli import add_option_arguments  # noqa: E402
-from pml_suprank.training.spec_cli import OptionError, parse_options  # noqa: E402
+from pml_suprank.training.spec import build_parser as spec_parser  # noqa: E402
+from pml_suprank.training.spec import parse  # noqa: E402
 
 __all__ = [
     "BUILTIN_OOD", "CONTEXT_ARGUMENTS", "METHODS", "RECIPE_DEFAULTS", "VARIANTS", "FitHeatSpec", "build_detector",
@@ -90,43 +87,19 @@ __all__ = [
 ]  # fmt: skip
 
 METHODS = methods()
-#: the groups of --help, in order: (title, first field of the group)
-GROUPS = (("run", "output_dir"), ("model", "model"), ("data", "id_dataset"), ("HEAT (Lafon et al., ICML 2023)",
-          "preset"), ("baselines (generated from ood.list_detectors())", "detectors"))  # fmt: skip
 #: a run of an energy network with fewer optimizer steps than this gets a warning (the synthetic default has 330)
 MIN_HEAT_STEPS = 100
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The recipe's flags: ``--config`` and one flag per :class:`FitHeatSpec` field and per detector option."""
-    p = argparse.ArgumentParser(
-        description="Fit HEAT + OOD baselines on a timm classifier's features (see the module docstring).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    names = [f.name for f in fields(FitHeatSpec)]
-    starts = [names.index(first) for _, first in GROUPS] + [len(names)]
-    for i, (title, _) in enumerate(GROUPS):
-        g = p.add_argument_group(title)
-        if i == 0:
-            help = "a bundled config name (e.g. heat_cifar10_resnet34) or a YAML file; flags win"
-            g.add_argument("--config", default=None, help=help)
-        add_option_arguments(g, FitHeatSpec, only=names[starts[i] : starts[i + 1]])
-    add_option_arguments(p.add_argument_group("baseline options"), detector_option_class())
-    return p
+    return spec_parser(FitHeatSpec)
 
 
 def parse_args(argv: list[str] | None = None) -> FitHeatSpec:
     """The run's :class:`FitHeatSpec`: defaults < ``--config`` (its ``recipe`` / ``heat`` sections) < flags, each
     value checked where it came from, the whole spec validated before anything is read or built (exit 2)."""
-    parser = build_parser()
-    detector_class = detector_option_class()
-    values = parse_options(parser, argv, (FitHeatSpec, detector_class), read_config=read_heat_config)
-    names = {f.name for f in fields(detector_class)}
-    values["detector_options"] = {k: values.pop(k) for k in list(values) if k in names}
-    try:
-        return FitHeatSpec(**values)
-    except (OptionError, TypeError) as e:
-        parser.error(str(e))
+    return parse(FitHeatSpec, argv)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -30,7 +30,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # noqa: TID251 - recipes ma
 import argparse  # noqa: E402
 import inspect  # noqa: E402
 import json  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 from dataclasses import asdict, replace  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -39,8 +38,8 @@ import torch  # noqa: E402
 
 from pml_suprank import ood  # noqa: E402
 from pml_suprank.recipes.ood_spec import VARIANTS, OODBenchmarkSpec  # noqa: E402
-from pml_suprank.training.cli import add_option_arguments  # noqa: E402
-from pml_suprank.training.spec_cli import parse_options  # noqa: E402
+from pml_suprank.training.spec import build_parser as spec_parser  # noqa: E402
+from pml_suprank.training.spec import parse  # noqa: E402
 
 #: Detectors that score images through the network, not features: not run here.
 NEEDS_IMAGES = ("ODIN",)
@@ -58,33 +57,13 @@ def available_detectors() -> tuple[str, ...]:
 def build_parser() -> argparse.ArgumentParser:
     """One flag per :class:`~pml_suprank.recipes.ood_spec.OODBenchmarkSpec` field (the other flags go to
     ``fit_heat``'s data / classifier steps when ``--features`` is not given)."""
-    p = argparse.ArgumentParser(
-        description="Near/far OOD benchmark on saved features (see the module docstring); unknown flags go to "
-        "fit_heat.py's data / classifier steps when --features is not given.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    add_option_arguments(p, OODBenchmarkSpec)
-    return p
+    return spec_parser(OODBenchmarkSpec)
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[OODBenchmarkSpec, list[str]]:
     """The benchmark's spec (each flag checked by its field) and the flags left for ``fit_heat``."""
-    parser = build_parser()
-    _, rest = parser.parse_known_args(argv)
-    own = list(argv if argv is not None else sys.argv[1:])
-    values = parse_options(parser, _without(own, rest), (OODBenchmarkSpec,))
-    return OODBenchmarkSpec(**values), rest
-
-
-def _without(argv: list[str], rest: list[str]) -> list[str]:
-    """``argv`` without the tokens argparse left over (``rest``, in order)."""
-    out, i = [], 0
-    for token in argv:
-        if i < len(rest) and token == rest[i]:
-            i += 1
-            continue
-        out.append(token)
-    return out
+    rest: list[str] = []
+    return parse(OODBenchmarkSpec, argv, rest=rest), rest
 
 
 def _import_fit_heat():

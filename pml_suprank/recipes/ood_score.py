@@ -21,16 +21,23 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # noqa: TID251 - recipes ma
 
 import argparse  # noqa: E402
 import csv  # noqa: E402
-import math  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 
-from pml_suprank.training.cli import add_option_arguments  # noqa: E402
-from pml_suprank.training.config import OptionCheck, is_bool, is_int, is_str, option, optional  # noqa: E402
-from pml_suprank.training.spec_cli import OptionError, check_options, parse_options  # noqa: E402
+from pml_suprank.training import TrainingConfig  # noqa: E402
+from pml_suprank.training.config import (  # noqa: E402
+    OptionError,
+    is_str,
+    option,
+    optional,
+    validate_options,  # noqa: E402
+)
+from pml_suprank.training.options import ModelUseOptions, RunOptions  # noqa: E402
+from pml_suprank.training.spec import build_parser as spec_parser  # noqa: E402
+from pml_suprank.training.spec import parse, shared  # noqa: E402
 
 __all__ = [
     "OODScoreSpec",
@@ -44,35 +51,26 @@ __all__ = [
 ]
 
 
-def _finite_number() -> OptionCheck:
-    """Any finite real number (a threshold may be negative)."""
-
-    def check(v: Any) -> bool:
-        return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(float(v))
-
-    return OptionCheck(check, "a finite number", kind="number", bounds=(-math.inf, math.inf, False, False))
-
-
 @dataclass
 class OODScoreSpec:
     """Every option of the ``ood_score`` recipe."""
 
-    model: str | None = option(None, "model folder or Hub id with an OOD guard (ood/guard.json) (required)",
-                               check=optional(is_str()))  # fmt: skip
+    DESCRIPTION = "Score images with a model's OOD guard; write scores.csv (file,score,is_ood) and a histogram."
+
+    model: str | None = shared(ModelUseOptions, "model", None,
+                               "model folder or Hub id with an OOD guard (ood/guard.json) (required)")  # fmt: skip
     images: str | None = option(None, "a folder of images (flat or nested) or one image file (required)",
                                 check=optional(is_str()))  # fmt: skip
-    output_dir: str | None = option(None, "where scores.csv and score_histogram.png go (required)",
-                                    check=optional(is_str()))  # fmt: skip
-    ood_threshold: float | None = option(None, "OOD when score > this (unset: the guard's calibrated threshold)",
-                                         check=optional(_finite_number()))  # fmt: skip
-    batch_size: int = option(64, "images per batch", check=is_int(1, 65_536))
-    no_plots: bool = option(False, "do not write the histogram", check=is_bool())
-    device: str | None = option(None, "default: cuda when available, else cpu", check=optional(is_str()))
-    embedding_cache: str | None = option(None, "a folder caching the extracted features (reused for the same model, "
-                                         "images and transform; off when unset)", check=optional(is_str()))  # fmt: skip
+    output_dir: str | None = shared(TrainingConfig, "output_dir", None,
+                                    "where scores.csv and score_histogram.png go (required)")  # fmt: skip
+    ood_threshold: float | None = shared(ModelUseOptions, "ood_threshold")
+    batch_size: int = shared(ModelUseOptions, "batch_size")
+    no_plots: bool = shared(RunOptions, "no_plots", False, "do not write the histogram")
+    device: str | None = shared(ModelUseOptions, "device")
+    embedding_cache: str | None = shared(ModelUseOptions, "embedding_cache")
 
     def __post_init__(self) -> None:
-        check_options(self)
+        validate_options(self)
         for name in ("model", "images", "output_dir"):
             if getattr(self, name) is None:
                 raise OptionError(f"--{name} is required")
@@ -80,21 +78,12 @@ class OODScoreSpec:
 
 def build_parser() -> argparse.ArgumentParser:
     """One flag per :class:`OODScoreSpec` field."""
-    parser = argparse.ArgumentParser(
-        description="Score images with a model's OOD guard; write scores.csv (file,score,is_ood) and a histogram.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    add_option_arguments(parser, OODScoreSpec)
-    return parser
+    return spec_parser(OODScoreSpec)
 
 
 def parse_args(argv: list[str] | None = None) -> OODScoreSpec:
     """The invocation's :class:`OODScoreSpec` (each flag checked by its option; exit 2 with the flag named)."""
-    parser = build_parser()
-    try:
-        return OODScoreSpec(**parse_options(parser, argv, (OODScoreSpec,)))
-    except OptionError as e:
-        parser.error(str(e))
+    return parse(OODScoreSpec, argv)
 
 
 def write_scores(path: Path, names: list[str], scores: torch.Tensor, is_ood: torch.Tensor) -> Path:

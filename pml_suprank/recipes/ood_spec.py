@@ -3,8 +3,9 @@
 ``--config`` YAML (the bundled ``heat_*`` files).
 
 Every option is a dataclass field declared with :func:`~pml_suprank.training.config.option` (help, default, value
-check), as the training options are; :mod:`pml_suprank.training.spec_cli` turns them into flags and checks flags,
-files and Python construction with the same checks, before any data is read or any network is built.
+check), as the training options are (shared ones by :func:`~pml_suprank.training.spec.shared`);
+:func:`pml_suprank.training.spec.parse` turns them into flags and checks flags, files and Python construction with
+the same checks, before any data is read or any network is built.
 """
 
 from __future__ import annotations
@@ -17,16 +18,22 @@ from typing import Any
 
 from ..training.config import (
     OptionCheck,
+    OptionError,
+    TrainingConfig,
+    field_problem,
     is_bool,
     is_choice,
+    is_finite,
     is_int,
     is_number,
     is_str,
     list_of,
     option,
     optional,
+    validate_options,
 )
-from ..training.spec_cli import OptionError, check_options, section_values
+from ..training.options import ModelOptions, ModelUseOptions, RunOptions
+from ..training.spec import read_sections, shared
 
 __all__ = [
     "BUILTIN_OOD",
@@ -39,7 +46,6 @@ __all__ = [
     "detector_options",
     "flag_prefix",
     "methods",
-    "read_heat_config",
 ]
 
 #: built-in OOD sets of the recipes (no download)
@@ -92,20 +98,13 @@ def _argument_help(cls: type, argument: str) -> str:
     return f"{cls.__name__}: {text}"
 
 
-def _finite() -> OptionCheck:
-    def check(v: Any) -> bool:
-        return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
-
-    return OptionCheck(check, "a finite number")
-
-
 def _check_of(default: Any) -> OptionCheck:
     if isinstance(default, bool):
         return is_bool()
     if isinstance(default, int):
         return is_int(0)
     if isinstance(default, float):
-        return _finite()
+        return is_finite()
     return is_str()
 
 
@@ -126,7 +125,7 @@ def detector_option_class() -> type:
             if default is None:
                 kind, check = kind | None, optional(check)
             specs.append((dest, kind, option(default, _argument_help(cls, argument), check=check)))
-    return make_dataclass("DetectorOptions", specs)
+    return make_dataclass("DetectorOptions", specs, namespace={"GROUP": "baseline options"})
 
 
 def _beta() -> OptionCheck:
@@ -155,19 +154,27 @@ class FitHeatSpec:
     """Every option of the ``fit_heat`` recipe (see ``pml-suprank-fit-heat --help``); ``None`` defaults are resolved
     from the data by :meth:`resolved`. Built in Python, every field is checked like a flag or a file value."""
 
+    DESCRIPTION = "Fit HEAT + OOD baselines on a timm classifier's features (see the module docstring)."
+    #: the groups of --help, in order: (title, first field of the group)
+    GROUPS = (("run", "output_dir"), ("model", "model"), ("data", "id_dataset"),
+              ("HEAT (Lafon et al., ICML 2023)", "preset"), ("baselines (generated from ood.list_detectors())",
+              "detectors"))  # fmt: skip
+    CONFIG_HELP = "a bundled config name (e.g. heat_cifar10_resnet34) or a YAML file; flags win"
+
     # run
-    output_dir: str = option("outputs/fit_heat", "where to write results, plots and the detector", check=is_str())
-    overwrite_output_dir: bool = option(False, "replace the results.json of a previous run in --output_dir",
-                                        check=is_bool())  # fmt: skip
-    push_to_hub: bool = option(False, "upload the fitted HEAT detector to the Hub (needs --hub_model_id)",
-                               check=is_bool())  # fmt: skip
-    hub_model_id: str | None = option(None, "Hub repo id for --push_to_hub, e.g. user/heat-cifar10",
-                                      check=optional(is_str()))  # fmt: skip
-    hub_private: bool = option(False, "create the Hub repo as private", check=is_bool())
-    device: str = option("cpu", "'cpu', 'cuda', ...", check=is_str())
+    output_dir: str = shared(TrainingConfig, "output_dir", "outputs/fit_heat",
+                             "where to write results, plots and the detector")  # fmt: skip
+    overwrite_output_dir: bool = shared(RunOptions, "overwrite_output_dir", False,
+                                        "replace the results.json of a previous run in --output_dir")  # fmt: skip
+    push_to_hub: bool = shared(RunOptions, "push_to_hub", False,
+                               "upload the fitted HEAT detector to the Hub (needs --hub_model_id)")  # fmt: skip
+    hub_model_id: str | None = shared(RunOptions, "hub_model_id", None,
+                                      "Hub repo id for --push_to_hub, e.g. user/heat-cifar10")  # fmt: skip
+    hub_private: bool = shared(RunOptions, "hub_private")
+    device: str = shared(ModelUseOptions, "device", "cpu", "'cpu', 'cuda', ...")
     threads: int | None = option(None, "torch CPU threads (unset: torch's choice)", check=optional(is_int(1, 4096)))
-    seed: int = option(0, "seed for data, training and HEAT", check=is_int(0))
-    no_plots: bool = option(False, "do not write histograms", check=is_bool())
+    seed: int = shared(TrainingConfig, "seed", 0, "seed for data, training and HEAT")
+    no_plots: bool = shared(RunOptions, "no_plots", False, "do not write histograms")
     progress: bool = option(True, "show progress bars (stderr)", check=is_bool())
     # model
     model: str | None = option(
@@ -180,7 +187,7 @@ class FitHeatSpec:
     ood_tpr: float = option(0.95, "with --model: share of held-out ID images the guard's threshold keeps",
                             check=is_number(0, strict=True, high=1))  # fmt: skip
     backbone: str = option("test_resnet", "timm model name (test_resnet: a tiny timm ResNet)", check=is_str())
-    pretrained: bool = option(False, "load timm's pretrained weights (downloads)", check=is_bool())
+    pretrained: bool = shared(ModelOptions, "pretrained")
     checkpoint: str | None = option(None, "state dict (.pt / .safetensors) of the timm classifier",
                                     check=optional(is_str()))  # fmt: skip
     cifar_stem: bool = option(False, "ResNet with a 3x3 stride-1 stem and no max-pool", check=is_bool())
@@ -191,7 +198,7 @@ class FitHeatSpec:
         "data and 5 on other data; 0 needs a trained head)", check=optional(is_int(0, 10_000)),
     )  # fmt: skip
     lr: float = option(5e-3, "classifier learning rate (AdamW, one-cycle)", check=is_number(0, strict=True, high=10))
-    batch_size: int = option(64, "batch size for training and feature extraction", check=is_int(1, 65_536))
+    batch_size: int = shared(ModelUseOptions, "batch_size", 64, "batch size for training and feature extraction")
     # data
     id_dataset: str | None = option(
         None, "'synthetic', a Hub dataset id or a local folder (unset: the training data of --model, else synthetic)",
@@ -231,7 +238,7 @@ class FitHeatSpec:
     heat_settings: dict | None = option(None, "per-prior HEAT settings (the config file's heat.settings)", cli=False,
                                         check=optional(_mapping("a mapping of HEAT settings")))  # fmt: skip
     # baselines
-    detectors: list[str] | None = option(None, "table rows to compute (default: all; see --help of the recipe)",
+    detectors: list[str] | None = option(None, "table rows to compute (unset: all; see --help of the recipe)",
                                          check=_names("a list of detector names"))  # fmt: skip
     no_odin: bool = option(False, "skip ODIN (needs a backward pass per batch)", check=is_bool())
     detector_options: dict | None = option(
@@ -240,9 +247,41 @@ class FitHeatSpec:
         cli=False,
         check=optional(_mapping("a mapping of detector options")),
     )
+    embedding_cache: str | None = shared(ModelUseOptions, "embedding_cache")
+
+    @classmethod
+    def option_classes(cls) -> tuple[type, ...]:
+        """The spec and the detector options (:func:`detector_option_class`): the recipe's flags."""
+        return cls, detector_option_class()
+
+    @classmethod
+    def read_config(cls, path: str) -> tuple[dict[str, Any], dict[str, tuple[str, Any]]]:
+        """A ``--config`` file (a bundled name such as ``heat_cifar10_resnet34`` or a YAML path): its ``recipe``
+        section (options by field name, detector options such as ``knn_k`` included) and its ``heat`` section
+        (:data:`HEAT_KEYS`), read by the one configuration reader. Options that send data out or read other files
+        (:data:`FLAG_ONLY`) and a backbone that is not a plain timm name are refused (files are data)."""
+        from ..hub.loaded_config import untrusted_model_problems
+        from ..training.hub_config import hub_config_path
+
+        names = [f.name for c in cls.option_classes() for f in fields(c) if f.metadata.get("cli", True)]
+        raw, values = read_sections(hub_config_path(path), {"recipe": {n: n for n in names}, "heat": HEAT_KEYS},
+                                    metadata=dict.fromkeys(METADATA_KEYS))  # fmt: skip
+        for name, (where, value) in values.items():
+            if name in FLAG_ONLY:
+                raise OptionError(f"{where}: {FLAG_ONLY[name]}; give --{name} on the command line if you mean it")
+            if name == "backbone" and (problems := untrusted_model_problems({"backbone": value}, "")):
+                raise OptionError(f"{where}: {problems[0]} — a config file names a plain timm model only")
+        return raw, values
+
+    @classmethod
+    def from_options(cls, values: dict[str, Any], **_: Any) -> FitHeatSpec:
+        """The spec of parsed values: the detector options gathered into ``detector_options``."""
+        defaults = asdict(detector_option_class()())
+        return cls(**{k: v for k, v in values.items() if k not in defaults},
+                   detector_options={**defaults, **{k: v for k, v in values.items() if k in defaults}})  # fmt: skip
 
     def __post_init__(self) -> None:
-        check_options(self)
+        validate_options(self)
         self.heat_settings = dict(self.heat_settings or {})
         self.detector_options = dict(self.detector_options or {})
         self.validate()
@@ -271,9 +310,8 @@ class FitHeatSpec:
         for key, value in self.detector_options.items():
             if key not in known:
                 raise OptionError(f"detector option {key!r} is not an option of a registered detector")
-            _check = known[key].metadata["check"]
-            if not _check(value):
-                raise OptionError(f"--{key}: expected {_check.expected}; got {value!r}")
+            if (problem := field_problem(known[key], value)) is not None:
+                raise OptionError([(key, problem)])
         # the HEAT settings are checked by the detector's constructor (nothing is allocated before fit)
         try:
             HEAT(priors=tuple(self.priors), beta=self.beta, preset=self.preset, settings=self.heat_overrides(),
@@ -330,47 +368,6 @@ HEAT_KEYS = {"priors": "priors", "beta": "beta", "preset": "preset", "tie_hidden
 METADATA_KEYS = ("name", "kind", "description", "notes", "hub")
 
 
-def read_heat_config(path: str) -> dict[str, tuple[str, Any]]:
-    """``{field name: (where, value)}`` of a ``fit_heat`` / ``ood_benchmark`` ``--config`` file (a bundled name such
-    as ``heat_cifar10_resnet34`` or a YAML path) through the bounded YAML loader (detector options such as
-    ``knn_k`` by their field names of :func:`detector_option_class`).
-
-    Raises:
-        OptionError: not a mapping, an unknown section or key (each named with the file).
-        FileNotFoundError: no such file or bundled name.
-    """
-    from .._safe_yaml import load_yaml
-    from ..training.hub_config import hub_config_path
-
-    file = hub_config_path(path)
-    try:
-        cfg = load_yaml(file)
-    except ValueError as e:
-        raise OptionError(f"--config: {e}") from e
-    cfg = {} if cfg is None else cfg
-    if not isinstance(cfg, dict):
-        raise OptionError(f"--config {file}: must hold a mapping of sections; got {type(cfg).__name__}")
-    unknown = sorted(set(map(str, cfg)) - {"recipe", "heat", *METADATA_KEYS})
-    if unknown:
-        valid = ", ".join(("recipe", "heat", *METADATA_KEYS))
-        raise OptionError(f"--config {file}: unknown section(s) {unknown}; valid: {valid}")
-    detector_fields = {f.name for f in fields(detector_option_class())}
-    recipe_fields = {f.name: f.name for f in fields(FitHeatSpec) if f.metadata.get("cli", True)}
-    recipe_fields |= {d: d for d in detector_fields}
-    values = section_values(cfg.get("recipe"), str(file), "recipe", recipe_fields)
-    values |= section_values(cfg.get("heat"), str(file), "heat", HEAT_KEYS)
-    for name, (where, _) in values.items():
-        if name in FLAG_ONLY:
-            raise OptionError(f"{where}: {FLAG_ONLY[name]}; give --{name} on the command line if you mean it")
-    if "backbone" in values:
-        from ..hub.loaded_config import untrusted_model_problems
-
-        problems = untrusted_model_problems({"backbone": values["backbone"][1]}, "")
-        if problems:
-            raise OptionError(f"{values['backbone'][0]}: {problems[0]} — a config file names a plain timm model only")
-    return values
-
-
 #: options a ``--config`` file may not set (files are data): they send data out or fetch / read weights
 FLAG_ONLY = {
     "push_to_hub": "a config file cannot upload anything (push_to_hub)",
@@ -385,21 +382,25 @@ FLAG_ONLY = {
 class OODBenchmarkSpec:
     """Every option of the ``ood_benchmark`` recipe that is not a ``fit_heat`` data / classifier option."""
 
+    DESCRIPTION = ("Near/far OOD benchmark on saved features (see the module docstring); unknown flags go to "
+                   "fit_heat.py's data / classifier steps when --features is not given.")  # fmt: skip
+
     features: str | None = option(None, "features.safetensors written by fit_heat (unset: extract them first)",
                                   check=optional(is_str()))  # fmt: skip
-    output_dir: str = option("outputs/ood_benchmark", "where to write tables, figure, features", check=is_str())
-    near: list[str] | None = option(None, "near-OOD set names (default: synthetic-heldout)", check=_names("set names"))
-    far: list[str] | None = option(None, "far-OOD set names (default: the other OOD sets)", check=_names("set names"))
-    detectors: list[str] | None = option(None, "rows to compute (default: all feature detectors)",
+    output_dir: str = shared(TrainingConfig, "output_dir", "outputs/ood_benchmark",
+                             "where to write tables, figure, features")  # fmt: skip
+    near: list[str] | None = option(None, "near-OOD set names (unset: synthetic-heldout)", check=_names("set names"))
+    far: list[str] | None = option(None, "far-OOD set names (unset: the other OOD sets)", check=_names("set names"))
+    detectors: list[str] | None = option(None, "rows to compute (unset: all feature detectors)",
                                          check=_names("detector names"))  # fmt: skip
     heat_epochs: int | None = option(None, "HEAT epochs (unset: 30 on synthetic, else the preset's)",
                                      check=optional(is_int(1, 100_000)))  # fmt: skip
     heat_batch_size: int = option(128, "HEAT batch size (fast preset)", check=is_int(1, 1 << 20))
     ap_method: str = option("step", "AUPR: HEAT step / OpenOOD trapezoid", check=is_choice("step", "trapezoid"))
-    seed: int = option(0, "seed of the classifier training and of HEAT / NNGuide", check=is_int(0))
+    seed: int = shared(TrainingConfig, "seed", 0, "seed of the classifier training and of HEAT / NNGuide")
     threads: int | None = option(None, "torch CPU threads", check=optional(is_int(1, 4096)))
-    no_plots: bool = option(False, "do not write the histogram figure", check=is_bool())
+    no_plots: bool = shared(RunOptions, "no_plots", False, "do not write the histogram figure")
     progress: bool = option(True, "progress bars", check=is_bool())
 
     def __post_init__(self) -> None:
-        check_options(self)
+        validate_options(self)

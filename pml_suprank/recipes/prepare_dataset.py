@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pml_suprank.data.benchmarks import BENCHMARKS, benchmark_label_names, load_benchmark
-from pml_suprank.training.cli import str2bool
+from pml_suprank.training.spec import str2bool
 
 __all__ = ["build_parser", "check_image", "main", "prepare", "to_hf_dataset"]
 

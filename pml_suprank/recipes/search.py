@@ -32,7 +32,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # noqa: TID251 - recipes ma
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import math  # noqa: E402
 from dataclasses import dataclass, replace  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -40,19 +39,20 @@ from typing import Any  # noqa: E402
 import torch  # noqa: E402
 
 from pml_suprank.search.safe_text import refuse  # noqa: E402
-from pml_suprank.training.cli import add_option_arguments  # noqa: E402
-from pml_suprank.training.config import OptionCheck, is_bool, is_choice, is_int, is_str, option, optional  # noqa: E402
-from pml_suprank.training.options import DataOptions  # noqa: E402
-from pml_suprank.training.spec_cli import OptionError, check_options, parse_options, same_option  # noqa: E402
-
-
-def _finite_number() -> OptionCheck:
-    """Any finite real number (an OOD threshold may be negative)."""
-
-    def check(v: Any) -> bool:
-        return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(float(v))
-
-    return OptionCheck(check, "a finite number", kind="number", bounds=(-math.inf, math.inf, False, False))
+from pml_suprank.training import TrainingConfig  # noqa: E402
+from pml_suprank.training.config import (  # noqa: E402  # noqa: E402
+    OptionError,
+    is_bool,
+    is_choice,
+    is_int,
+    is_str,
+    option,
+    optional,
+    validate_options,
+)
+from pml_suprank.training.options import DataOptions, ModelUseOptions  # noqa: E402
+from pml_suprank.training.spec import build_parser as spec_parser  # noqa: E402
+from pml_suprank.training.spec import parse, shared  # noqa: E402
 
 
 @dataclass
@@ -60,43 +60,41 @@ class SearchSpec:
     """Every option of the ``search`` recipe (label columns, data root and synthetic size are the training recipes'
     declarations). Without ``--gallery`` the gallery is the model's own test set (its ``data_spec.json``)."""
 
-    model: str | None = option(None, "model folder (config.json + model.safetensors) or Hub id (required)",
-                               check=optional(is_str()))  # fmt: skip
+    DESCRIPTION = "Search a gallery with a retrieval model; write results.json, an HTML page and a PNG grid."
+
+    model: str | None = shared(ModelUseOptions, "model")
     gallery: str | None = option(None, "'synthetic', a benchmark name, or a dataset source (unset: the test set the "
                                  "model was trained with)", check=optional(is_str()))  # fmt: skip
     queries: str | None = option(None, "a folder of images, or a dataset given like --gallery",
                                  check=optional(is_str()))  # fmt: skip
-    output_dir: str | None = option(None, "where results.json / .html / _grid.png go (required)",
-                                    check=optional(is_str()))  # fmt: skip
+    output_dir: str | None = shared(TrainingConfig, "output_dir", None,
+                                    "where results.json / .html / _grid.png go (required)")  # fmt: skip
     k: int = option(10, "results per query", check=is_int(1, 100_000))
     backend: str = option("torch", "search backend", check=is_choice("torch", "faiss", "faiss-ivf", "faiss-hnsw"))
     gallery_split: str | None = option(None, "split of the gallery dataset (unset: the model's test split, else test)",
                                        check=optional(is_str()))  # fmt: skip
-    query_split: str | None = option(None, "split of a query dataset (default: --gallery_split)",
+    query_split: str | None = option(None, "split of a query dataset (unset: --gallery_split)",
                                      check=optional(is_str()))  # fmt: skip
     num_queries: int = option(8, "queries drawn from the gallery without --queries", check=is_int(1, 100_000))
-    label_columns: list[str] | None = same_option(
+    label_columns: list[str] | None = shared(
         DataOptions,
         "label_columns",
         None,
         "label columns of a dataset source, finest first, space-separated (e.g. fine coarse)",
     )
-    data_root: str | None = same_option(DataOptions, "data_root")
-    num_per_class: int = same_option(DataOptions, "num_per_class", 10)
-    batch_size: int = option(64, "embedding batch size", check=is_int(1, 65_536))
-    seed: int | None = option(None, "seed of the drawn queries, a synthetic gallery and a class split (unset: the "
-                              "model's, else 0)", check=optional(is_int(0)))  # fmt: skip
+    data_root: str | None = shared(DataOptions, "data_root")
+    num_per_class: int = shared(DataOptions, "num_per_class", 10)
+    batch_size: int = shared(ModelUseOptions, "batch_size")
+    seed: int | None = shared(TrainingConfig, "seed", None, "seed of the drawn queries, a synthetic gallery and a "
+                              "class split (unset: the model's, else 0)")  # fmt: skip
     thumbnail_size: int = option(96, "longer side of the HTML thumbnails", check=is_int(16, 1024))
     save_index: bool = option(False, "also save the index to OUTPUT_DIR/index", check=is_bool())
-    ood_threshold: float | None = option(None, "OOD when the guard's score > this (unset: the guard's calibrated "
-                                         "threshold; needs a model with an OOD guard)",
-                                         check=optional(_finite_number()))  # fmt: skip
-    device: str | None = option(None, "default: cuda when available, else cpu", check=optional(is_str()))
-    embedding_cache: str | None = option(None, "a folder caching the embeddings (reused for the same model, data and "
-                                         "transform; off when unset)", check=optional(is_str()))  # fmt: skip
+    ood_threshold: float | None = shared(ModelUseOptions, "ood_threshold")
+    device: str | None = shared(ModelUseOptions, "device")
+    embedding_cache: str | None = shared(ModelUseOptions, "embedding_cache")
 
     def __post_init__(self) -> None:
-        check_options(self)
+        validate_options(self)
         for name in ("model", "output_dir"):
             if getattr(self, name) is None:
                 raise OptionError(f"--{name} is required")
@@ -104,21 +102,12 @@ class SearchSpec:
 
 def build_parser() -> argparse.ArgumentParser:
     """One flag per :class:`SearchSpec` field."""
-    parser = argparse.ArgumentParser(
-        description="Search a gallery with a retrieval model; write results.json, an HTML page and a PNG grid.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    add_option_arguments(parser, SearchSpec)
-    return parser
+    return spec_parser(SearchSpec)
 
 
 def parse_args(argv: list[str] | None = None) -> SearchSpec:
     """The invocation's :class:`SearchSpec` (each flag checked by its option; exit 2 with the flag named)."""
-    parser = build_parser()
-    try:
-        return SearchSpec(**parse_options(parser, argv, (SearchSpec,)))
-    except OptionError as e:
-        parser.error(str(e))
+    return parse(SearchSpec, argv)
 
 
 def is_plain_image_source(source: str) -> bool:

@@ -7,11 +7,12 @@ Layout:
 * :mod:`.options` — the model / data / loss / run options of the recipes and the one loss builder
   (:func:`build_loss`: a registered loss, ``pml:ClassName``, ``module:ClassName`` or a plugin,
   :func:`pml_suprank.losses.resolve_loss`);
-* :mod:`.rules` — the rules between options (:func:`~.rules.cross_field_problems`), run by every entry point;
+* :mod:`.rules` — the rules between options, each run once per spec;
 * :mod:`.hub_config` — the hub_config schema (derived from the options), reader and validator;
 * :mod:`.run_spec` — :class:`RunSpec`, the whole configuration of a recipe run (model / data / loss / train / run),
   built once from a hub_config YAML plus command-line overrides and validated once;
-* :mod:`.cli` — the recipes' argparse flags generated from those dataclasses, and :func:`parse_run_spec`;
+* :mod:`.spec` — the one spec engine of every recipe: ``parse(SpecClass, argv)`` (flags generated from the
+  dataclasses, ``--config`` files, layers, one check per value);
 * :mod:`.optim` — :func:`build_optimizer` (parameter groups) and :func:`build_scheduler`;
 * :mod:`.loaders` — :class:`SeededAugmentation`, the data loaders and the one embedding loop :func:`embed_loader`;
 * :mod:`.loss_module` — :class:`LossModule` (model + loss [+ memory], what goes through ``accelerator.prepare``);

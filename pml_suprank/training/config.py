@@ -1,18 +1,20 @@
 """The training options: :class:`TrainingConfig`, the single source of every training hyper-parameter.
 
 Every field carries its help text, its hub_config section and a value check in its ``metadata`` (see
-:func:`option`); the recipes' command line (:mod:`pml_suprank.training.cli`) and the hub_config schema
+:func:`option`); the recipes' command line (:mod:`pml_suprank.training.spec`) and the hub_config schema
 (:mod:`pml_suprank.training.hub_config`) are generated from these fields, so an option is written exactly once.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import MISSING, Field, asdict, dataclass, field, fields
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replace
 from typing import Any, Literal, get_args
 
 import numpy as np
+
+from .._safe_yaml import shorten
 
 __all__ = [
     "OptionCheck",
@@ -21,13 +23,13 @@ __all__ = [
     "field_default",
     "is_bool",
     "is_choice",
+    "is_finite",
     "is_int",
     "is_number",
     "is_str",
     "list_of",
     "option",
     "optional",
-    "option_problems",
     "validate_options",
 ]
 
@@ -98,6 +100,11 @@ def is_number(
     else:
         expected = f"a number in {'(' if strict else '['}{low:g}, {high:g}{')' if open_high else ']'}"
     return OptionCheck(check, expected, kind="number", bounds=(low, high, strict, open_high))
+
+
+def is_finite() -> OptionCheck:
+    """Any finite real number (not a bool; e.g. an OOD threshold, which may be negative)."""
+    return replace(is_number(-math.inf), expected="a finite number")
 
 
 def is_choice(*values: Any) -> OptionCheck:
@@ -176,11 +183,17 @@ class _DefaultInt(int):
 
 class OptionError(ValueError, TypeError):
     """Option values refused by their checks (a ``ValueError`` and, for a wrong type, a ``TypeError``): the message
-    names each option, what it expects and what it got. ``problems`` lists them one by one."""
+    names each option, what it expects and what it got. ``problems`` lists them as ``(field name or None, text)``;
+    :meth:`located` names each field where its value came from (``--flag``, ``file: section.key``)."""
 
-    def __init__(self, problems: Sequence[str]) -> None:
-        self.problems = list(problems)
-        super().__init__("; ".join(self.problems))
+    def __init__(self, problems: str | Sequence[str | tuple[str | None, str]]) -> None:
+        items = [problems] if isinstance(problems, str) else list(problems)
+        self.problems = [(None, p) if isinstance(p, str) else (p[0], p[1]) for p in items]
+        super().__init__(self.located({}))
+
+    def located(self, where: Mapping[str, str]) -> str:
+        """The message with each field named by ``where`` (field name → flag or file and key)."""
+        return "; ".join(text if name is None else f"{where.get(name, name)} {text}" for name, text in self.problems)
 
 
 def _plain(value: Any) -> Any:
@@ -192,34 +205,25 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def field_problem(f: Field, value: Any, label: str | None = None) -> str | None:
-    """The message refusing ``value`` for the option field ``f`` (``None``: accepted) — the field's metadata
-    ``check`` is the only check of a single value; ``None`` is accepted where it is the field's default (unset)."""
+def field_problem(f: Field, value: Any) -> str | None:
+    """Why the option field ``f`` refuses ``value`` (``"must be ...; got ..."``; ``None``: accepted) — the field's
+    metadata ``check`` is the only check of a single value; ``None`` is accepted where it is the field's default."""
     check = f.metadata.get("check")
-    if check is None or (value is None and field_default(f) is None):
+    if check is None or (value is None and field_default(f) is None) or check(_plain(value)):
         return None
-    if check(_plain(value)):
-        return None
-    return f"{label or f.name} must be {check.expected}; got {value!r}"
+    return f"must be {check.expected}; got {shorten(repr(value), 200)}"
 
 
-def option_problems(obj: Any) -> list[str]:
-    """The messages of every field of the option dataclass instance ``obj`` that its check refuses."""
-    return [p for f in fields(obj) if (p := field_problem(f, getattr(obj, f.name))) is not None]
-
-
-def validate_options(obj: Any) -> None:
-    """Check an option dataclass instance (its ``__post_init__``): every field against its metadata check, then the
-    rules between fields (:func:`pml_suprank.training.rules.cross_field_problems`, given the instance's values).
+def validate_options(obj: Any, rules: Callable[[dict[str, Any]], list[str]] | None = None) -> None:
+    """Check an option dataclass instance (its ``__post_init__``): every field against its metadata check, then
+    ``rules`` (the rules between its own fields) on its values.
 
     Raises:
-        OptionError: listing every problem.
+        OptionError: naming every refused field (or the broken rules).
     """
-    from .rules import cross_field_problems
-
-    problems = option_problems(obj)
-    if not problems:
-        problems = cross_field_problems({f.name: getattr(obj, f.name) for f in fields(obj)})
+    problems: list[Any] = [(f.name, p) for f in fields(obj) if (p := field_problem(f, getattr(obj, f.name)))]
+    if not problems and rules is not None:
+        problems = rules({f.name: getattr(obj, f.name) for f in fields(obj)})
     if problems:
         raise OptionError(problems)
 
@@ -331,7 +335,9 @@ class TrainingConfig:
         # virtual_batch_size is another name of the batch size: it sets batch_size unless that was given too
         if isinstance(self.batch_size, _DefaultInt):
             self.batch_size = int(self.batch_size) if self.virtual_batch_size is None else self.virtual_batch_size
-        validate_options(self)
+        from .rules import training_problems
+
+        validate_options(self, training_problems)
         self.k_values = tuple(self.k_values)
 
     @classmethod

@@ -100,12 +100,12 @@ def _value_problems(spec: Mapping[str, Any]) -> list[str]:
     for key, value in spec["data"].items():
         if key not in data_fields:
             problems.append(f"unknown key 'data.{key}' (valid: {sorted(data_fields)})")
-        elif (p := field_problem(data_fields[key], value, f"data.{key}")) is not None:
-            problems.append(p)
+        elif (p := field_problem(data_fields[key], value)) is not None:
+            problems.append(f"data.{key} {p}")
     train_fields = {f.name: f for f in fields(TrainingConfig)}
     for key in ("seed", "k_values", "alpha"):
         if key in spec and (p := field_problem(train_fields[key], spec[key])) is not None:
-            problems.append(p)
+            problems.append(f"{key} {p}")
     if not isinstance(spec.get("local_dataset", False), bool):
         problems.append(f"'local_dataset' must be true or false; got {spec['local_dataset']!r}")
     split = spec.get("class_split")

@@ -1,73 +1,22 @@
 """hub_configs: one YAML file per published setting (paper hyper-parameters, dataset, Hub metadata, paper numbers).
 
-A hub_config is plain YAML with the sections below. Every key of the option sections is a field of the option
-dataclasses of :mod:`pml_suprank.training` (``TrainingConfig``, ``ModelOptions``, ``DataOptions``, ``LossOptions``,
-``RunOptions``) and the name of a recipe option (``recipes/train_happier.py --help``, ``loss.name`` is ``--loss``), so
-``--config file.yaml`` sets the options of the recipe's :class:`~pml_suprank.training.RunSpec`; ``name``,
-``description``, ``notes`` and the whole ``hub`` section are metadata (model card, bookkeeping).
-:data:`HUB_CONFIG_SCHEMA` is derived from those dataclasses, and a file is validated as a ``RunSpec`` (the
-``TrainingConfig``, the registered loss and the options it takes, the data section; the backbone name is checked
-against timm without building the network).
+Every key of the option sections (``model``, ``data``, ``loss``, ``optimizer``, ``scheduler``, ``sampler_options``,
+``memory``, ``training``, ``evaluation``) is a field of the option dataclasses of :mod:`pml_suprank.training` and the
+name of a recipe flag (``loss.name`` is ``--loss``): :data:`HUB_CONFIG_SCHEMA` is derived from their ``section`` /
+``key`` metadata, and ``pml-suprank-train --help`` documents each with its default. ``name`` (the file name without
+``.yaml``), ``description``, ``notes`` and the ``hub`` section (``tags``, ``license``, ``datasets``, ``paper``,
+``paper_url``, ``paper_table``, ``paper_results``: metric key → percent) are metadata for the model card. A complete
+file needs ``name``, ``model.backbone``, ``data.dataset`` and ``loss.name``; a partial one (``partial=True``, the
+recipes' ``--config base.yaml --config override.yaml``) only the keys it changes
+(:func:`~pml_suprank.training.run_spec.merge_hub_configs`).
 
-The published settings ship with the package (``pml_suprank/hub_configs/<name>.yaml``,
-:func:`bundled_hub_configs`): ``--config happier_sop`` / ``load_hub_config("happier_sop")`` reads one by name, and
-any other argument is a path to a YAML file (:func:`hub_config_path`).
+Files are data: :func:`read_hub_config` reads through the bounded safe YAML loader, refuses unknown sections and keys,
+a ``loss.name`` that would be imported (``package.module:ClassName``) and a ``model`` section a loaded ``config.json``
+could not hold; each value is checked by its option when the spec is built (:func:`validate_hub_config`, the
+recipes' :func:`~pml_suprank.training.spec.parse`), named ``'section.key'``.
 
-Files can be partial: ``load_hub_config(path, partial=True)`` accepts a file with only the keys it changes, and
-:func:`merge_hub_configs` lays such files over a base (the recipes' ``--config base.yaml --config override.yaml``).
-
-Schema (``*`` = required in a complete file; types in brackets; defaults are the recipes'):
-
-``name``\\* [str]
-    Identifier; must equal the file name without ``.yaml``.
-``description`` [str], ``notes`` [str | list of str]
-    Free text (deviations from the reference, where the numbers come from, ...).
-``model``\\*
-    ``backbone``\\* [timm name], ``pretrained`` [bool], ``pooling`` [avg | gem | max], ``embedding_size`` [int],
-    ``layer_norm`` [bool], ``freeze_batch_norm`` [bool], ``backbone_kwargs`` [mapping].
-``data``\\*
-    ``dataset``\\* [``"synthetic"``, ``"synthetic_multilabel"`` (several shapes per image; HAPPIER, no memory), a
-    benchmark name of :data:`pml_suprank.data.benchmarks.BENCHMARKS` (``sop``,
-    ``cub``, ``inat_base``, ``dyml_vehicle``, ``gldv2_hier``, ...: read from its archive under ``data_root``, usually
-    given on the command line as ``--data_root``), a Hub dataset id, or a local folder / parquet path (e.g. a copy
-    written by ``recipes/prepare_dataset.py``)], ``data_root`` [str, benchmarks only], ``label_columns`` [list of
-    str, fine → coarse; required unless synthetic; optional for a benchmark, where it must equal the benchmark's
-    label names], ``train_split`` / ``test_split`` [str, ``"a+b"`` concatenates; default ``train`` / ``test``, or
-    the benchmark's own training / test split],
-    ``image_size`` [int], ``crop_scale`` [two floats], ``num_per_class`` [int, SyntheticShapes],
-    ``open_set`` [bool: train/test fine classes must be disjoint], ``train_classes_per_coarse`` [int] or
-    ``train_class_fraction`` [float] (the open-set class partition, see :func:`pml_suprank.data.open_set_classes`).
-``loss``\\*
-    ``name``\\* [a loss of :func:`pml_suprank.losses.register_loss`: HAPPIER | ROADMAP | ROD-NDCG | ...],
-    ``decomposability`` [calibration | proxy, ROADMAP only],
-    ``decomposability_weight`` [λ], ``alpha`` [H-AP relevance exponent, HAPPIER only], ``tau``, ``rho``, ``delta``,
-    ``start``, ``offset`` [SupRank H⁻ parameters; ``offset: null`` = the continuous σ(δ/τ) + start].
-``optimizer``
-    ``optimizer`` [adam | adamw | sgd], ``lr_backbone``, ``lr_head``, ``lr_proxies``, ``weight_decay``,
-    ``proxies_weight_decay``, ``momentum``.
-``scheduler``
-    ``scheduler`` [cosine | constant], ``min_lr_ratio`` [final lr as a fraction of the initial one].
-``sampler_options``
-    ``sampler`` [m_per_class | hierarchical], ``batch_size``, ``virtual_batch_size`` [int or null: replaces
-    ``batch_size``, see ``docs/large-batches.md``], ``samples_per_class``, ``batches_per_super_tuple``,
-    ``super_classes_per_batch``.
-``memory``
-    ``memory_size`` [int, 0 = none], ``memory_warmup_steps`` [int].
-``training``
-    ``epochs``, ``warmup_epochs`` [backbone frozen], ``seed``, ``grad_clip``, ``mixed_precision`` [no | fp16 | bf16],
-    ``max_train_steps``, ``checkpoint_every``, ``keep_checkpoints``, ``num_workers``, ``log_every``, ``chunk_size``
-    [int or null: gradient caching].
-``evaluation``
-    ``k_values`` [list of int], ``eval_every`` [epochs, 0 = end], ``eval_batch_size``.
-``hub``
-    ``tags`` [list of str], ``license`` [str], ``datasets`` [list of Hub dataset ids for the card], ``paper`` [str],
-    ``paper_url`` [str], ``paper_table`` [str], ``paper_results`` [metric key → number in percent, keys as the
-    evaluator's: ``recall_at_1``, ``map_at_r``, ``ap``, ``h_ap``, ``asi``, ``ndcg``, ``ap_level{h}`` ...; empty when
-    no number was published for the setting].
-
-Example:
-    >>> cfg = load_hub_config("happier_sop")  # a bundled config by name   # doctest: +SKIP
-    >>> spec = RunSpec.from_hub_config(cfg)  # the typed options  # doctest: +SKIP
+The published settings ship with the package (``pml_suprank/hub_configs/<name>.yaml``, :func:`bundled_hub_configs`):
+``--config happier_sop`` / ``load_hub_config("happier_sop")`` reads one by name; any other argument is a path.
 """
 
 from __future__ import annotations
@@ -77,17 +26,20 @@ from pathlib import Path
 from typing import Any
 
 from .._safe_yaml import shorten
-from .config import OptionCheck, is_number, is_str, list_of
-from .options import LOCATIONS, OPTION_CLASSES, SECTIONS, LossName, option_fields
+from ..losses.registry import check_loss_name
+from .config import OptionCheck, OptionError, is_number, is_str, list_of
+from .options import LOCATIONS, SECTIONS, recipe_options
 from .run_spec import RunSpec
 
 __all__ = [
     "HUB_CONFIG_SCHEMA",
+    "HUB_SECTION",
     "build_loss",
     "bundled_hub_configs",
+    "config_layer",
     "hub_config_path",
     "load_hub_config",
-    "merge_hub_configs",
+    "read_layer",
     "validate_hub_config",
 ]
 
@@ -96,7 +48,8 @@ def _results(v: Any) -> bool:
     return isinstance(v, Mapping) and all(is_str()(k) and is_number(0.0, high=100.0)(x) for k, x in v.items())
 
 
-_HUB_SECTION: dict[str, OptionCheck] = {
+#: the ``hub`` section: model-card metadata, ``{key: check}``
+HUB_SECTION: dict[str, OptionCheck] = {
     "tags": list_of(is_str(), "a list of strings", min_len=0),
     "license": is_str("a license id such as mit"),
     "datasets": list_of(is_str(), "a list of Hub dataset ids", min_len=0),
@@ -105,21 +58,11 @@ _HUB_SECTION: dict[str, OptionCheck] = {
     "paper_table": is_str("where the paper numbers come from"),
     "paper_results": OptionCheck(_results, "a mapping metric key -> number in [0, 100] (percent)"),
 }
-
-
-def _derive_schema() -> dict[str, dict[str, tuple[Any, str]]]:
-    schema: dict[str, dict[str, tuple[Any, str]]] = {s: {} for s in SECTIONS}
-    checks = {f.name: f.metadata["check"] for _, f in option_fields(*OPTION_CLASSES)}
-    for (section, key), (_, name) in LOCATIONS.items():
-        schema[section][key] = (checks[name], checks[name].expected)
-    file_loss = LossName(from_file=True)  # files are data: a module:Class name in a file is refused, not imported
-    schema["loss"]["name"] = (file_loss, file_loss.expected)
-    schema["hub"] = {k: (c, c.expected) for k, c in _HUB_SECTION.items()}
-    return schema
-
-
-#: ``{section: {key: (check, expectation)}}``, derived from the option dataclasses (``hub``: model-card metadata)
-HUB_CONFIG_SCHEMA: dict[str, dict[str, tuple[Any, str]]] = _derive_schema()
+#: ``{section: {key: option name}}`` of the option sections, derived from the option dataclasses (a value is checked
+#: by its option's field check when the spec is built, named ``'section.key'``)
+HUB_CONFIG_SCHEMA: dict[str, dict[str, str]] = {
+    section: {k: name for (s, k), (_, name) in LOCATIONS.items() if s == section} for section in SECTIONS
+}
 _REQUIRED = {"model": ("backbone",), "data": ("dataset",), "loss": ("name",)}
 _TOP_LEVEL = {
     "name": is_str(),
@@ -131,7 +74,7 @@ _TOP_LEVEL = {
 def validate_hub_config(
     config: Any, source: str = "hub_config", *, partial: bool = False, defaults: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
-    """Check ``config`` against :data:`HUB_CONFIG_SCHEMA` and as a :class:`~pml_suprank.training.RunSpec` (the
+    """Check ``config`` against :data:`HUB_CONFIG_SCHEMA` and build it as a :class:`~pml_suprank.training.RunSpec` (the
     registered loss and its options, the data section, the ``TrainingConfig``, the backbone name against timm;
     nothing is built); return it unchanged (a plain dict) or raise ``ValueError``.
 
@@ -140,22 +83,39 @@ def validate_hub_config(
     keys (``name``, ``model.backbone``, ``data.dataset``, ``loss.name``). ``defaults`` (option name → value, e.g. a
     recipe's defaults) fill the options the file leaves out; default: the dataclass defaults.
     """
+    from .spec import merge_layers
+
     errors = _structure_errors(config, source, partial)
     if not errors:
+        layers = [{k: (k, v) for k, v in (defaults or {}).items()}, config_layer(config)]
         try:
-            errors += RunSpec.from_hub_config(config, defaults).problems(require_data_root=False)
-        except ValueError as e:  # the TrainingConfig refuses its values
-            errors.append(str(e))
+            values, where = merge_layers(layers)
+            RunSpec.from_options(values, given=frozenset(layers[1]), where=where, files=[config],
+                                 require_data_root=False)  # fmt: skip
+        except OptionError as e:
+            errors += [text if name is None else f"'{where.get(name, name)}' {text}" for name, text in e.problems]
     if errors:
         raise ValueError(f"{source}: invalid hub_config:\n  - " + "\n  - ".join(errors))
     return config
 
 
+def config_layer(config: Mapping[str, Any], source: str | None = None) -> dict[str, tuple[str, Any]]:
+    """The options of a (schema-checked) hub_config as a layer of :func:`~pml_suprank.training.spec.parse`:
+    ``{option name: ("<source>: section.key", value)}`` (``loss.name`` is ``loss``; metadata is left out)."""
+    prefix = f"{source}: " if source else ""
+    return {LOCATIONS[(section, k)][1]: (f"{prefix}{section}.{k}", v) for section in SECTIONS
+            for k, v in (config.get(section) or {}).items() if (section, k) in LOCATIONS}  # fmt: skip
+
+
 def _structure_errors(config: Any, source: str, partial: bool) -> list[str]:
-    """The schema problems of ``config`` (sections, keys, value types, required keys)."""
+    """The schema problems of ``config`` (sections, keys, value types, required keys; the ``model`` section held to
+    the rule of a loaded ``config.json``)."""
+    from ..hub.loaded_config import hub_config_model_problems
+
     if not isinstance(config, dict):
         raise ValueError(f"{source}: a hub_config must be a YAML mapping; got {type(config).__name__}")
     errors = _schema_errors(config)
+    errors += hub_config_model_problems(config) if isinstance(config.get("model"), Mapping) else []
     if not partial:
         if "name" not in config:
             errors.append("missing required key 'name'")
@@ -167,37 +127,28 @@ def _structure_errors(config: Any, source: str, partial: bool) -> list[str]:
 
 
 def _schema_errors(config: dict[str, Any]) -> list[str]:
+    """Unknown sections and keys, sections that are no mapping, metadata values; a ``loss.name`` that a file may not
+    give (a ``package.module:ClassName`` is refused, nothing imported)."""
     errors = []
     for key, value in config.items():
+        allowed = HUB_CONFIG_SCHEMA.get(key, HUB_SECTION if key == "hub" else None)
         if key in _TOP_LEVEL:
             if not _TOP_LEVEL[key](value):
-                errors.append(f"'{key}' has an invalid value {value!r}")
-        elif key in HUB_CONFIG_SCHEMA:
-            if not isinstance(value, dict):
-                errors.append(f"section '{key}' must be a mapping; got {type(value).__name__}")
-                continue
-            allowed = HUB_CONFIG_SCHEMA[key]
+                errors.append(f"'{key}' has an invalid value {shorten(repr(value), 200)}")
+        elif allowed is None:
+            errors.append(f"unknown top-level key '{key}' (valid: {sorted([*_TOP_LEVEL, *HUB_CONFIG_SCHEMA, 'hub'])})")
+        elif not isinstance(value, dict):
+            errors.append(f"section '{key}' must be a mapping; got {type(value).__name__}")
+        else:
             for sub, v in value.items():
                 if sub not in allowed:
                     errors.append(f"unknown key '{key}.{sub}' (valid keys of '{key}': {sorted(allowed)})")
-                elif not allowed[sub][0](v):
-                    errors.append(f"'{key}.{sub}' must be {allowed[sub][0].expected}; got {shorten(repr(v), 200)}")
-        else:
-            errors.append(f"unknown top-level key '{key}' (valid: {sorted([*_TOP_LEVEL, *HUB_CONFIG_SCHEMA])})")
+                elif key == "hub" and not HUB_SECTION[sub](v):
+                    errors.append(f"'hub.{sub}' must be {HUB_SECTION[sub].expected}; got {shorten(repr(v), 200)}")
+    loss = config.get("loss")
+    if isinstance(loss, dict) and "name" in loss and (problem := check_loss_name(loss["name"], from_file=True)):
+        errors.append(f"'loss.name' must be {problem}")
     return errors
-
-
-def merge_hub_configs(*configs: Mapping[str, Any]) -> dict[str, Any]:
-    """Lay ``configs`` over each other in order: later sections' keys replace earlier ones, top-level values
-    (``name``, ``notes``...) are replaced whole. Returns a new dict; the inputs are not modified."""
-    out: dict[str, Any] = {}
-    for cfg in configs:
-        for key, value in cfg.items():
-            if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-                out[key] = {**out[key], **value}
-            else:
-                out[key] = dict(value) if isinstance(value, Mapping) else value
-    return out
 
 
 #: the hub_configs shipped with the package (package data)
@@ -253,6 +204,13 @@ def read_hub_config(path: str | Path, *, partial: bool = False) -> dict[str, Any
     return config
 
 
+def read_layer(path: str) -> tuple[dict[str, Any], dict[str, tuple[str, Any]]]:
+    """The training command's ``--config`` reader (:func:`~pml_suprank.training.spec.parse`): a partial hub_config
+    as read and its options ``{name: ("<file>: section.key", value)}``."""
+    config = read_hub_config(path, partial=True)
+    return config, config_layer(config, str(path))
+
+
 def load_hub_config(
     path: str | Path, *, partial: bool = False, defaults: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -275,4 +233,7 @@ def load_hub_config(
 def build_loss(config: Mapping[str, Any], num_classes: int, embedding_size: int) -> Any:
     """The setting's loss (``loss.name`` and the ``loss`` section's options) by the one loss builder
     :func:`pml_suprank.training.build_loss`."""
-    return RunSpec.from_hub_config(config).build_loss(num_classes, embedding_size)
+    from . import options as opts
+
+    values = recipe_options(config)
+    return opts.build_loss(values["loss"], values, num_classes, embedding_size)

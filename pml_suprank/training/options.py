@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Iterator, Mapping
-from dataclasses import Field, dataclass, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from typing import Any
 
 from torch import nn
 
-from ..losses.registry import LossEntry, check_loss_name, entry_options, registered_losses, resolve_loss
+from ..losses.registry import LossEntry, check_loss_name, entry_options, resolve_loss
 from .config import (
     MAX_SCALE,
     OptionCheck,
@@ -24,6 +24,7 @@ from .config import (
     TrainingConfig,
     is_bool,
     is_choice,
+    is_finite,
     is_int,
     is_number,
     is_str,
@@ -40,37 +41,22 @@ __all__ = [
     "SECTIONS",
     "DataOptions",
     "LossOptions",
+    "ModelUseOptions",
     "ModelOptions",
     "RunOptions",
     "build_loss",
     "loss_keys",
     "loss_option_names",
-    "option_fields",
     "recipe_options",
 ]
 
 
-class LossName(OptionCheck):
-    """The check of ``--loss`` / ``loss.name``: a registered loss, ``pml:ClassName``, ``package.module:ClassName`` or
-    an installed plugin (:func:`pml_suprank.losses.registry.check_loss_name`: nothing is imported; read when
-    checked, so a loss registered after import is accepted). ``from_file``: the check of a file's ``loss.name``,
-    which refuses a ``package.module:ClassName`` (files are data: only a typed name is imported)."""
-
-    def __init__(self, *, from_file: bool = False) -> None:
-        super().__init__(lambda v: check_loss_name(v, from_file=from_file) is None, "a loss name")
-        object.__setattr__(self, "from_file", from_file)
-
-    @property  # type: ignore[override]
-    def expected(self) -> str:
-        names = f"one of {', '.join(registered_losses())}, an installed plugin, pml:ClassName"
-        if getattr(self, "from_file", False):
-            return f"{names} (a package.module:ClassName loss is imported only when typed on the command line or " \
-                "passed in Python, never from a file)"
-        return f"{names} or package.module:ClassName"
-
-    @expected.setter
-    def expected(self, value: str) -> None:  # the dataclass __init__ assigns it
-        pass
+def _loss_name() -> OptionCheck:
+    """The check of ``--loss``: a registered loss, ``pml:ClassName``, ``package.module:ClassName`` or an installed
+    plugin (:func:`pml_suprank.losses.registry.check_loss_name`: nothing is imported; a file's name is checked by
+    its reader, which refuses a ``package.module:ClassName``)."""
+    expected = "a registered loss (--list_losses), an installed plugin, pml:ClassName or package.module:ClassName"
+    return OptionCheck(lambda v: check_loss_name(v) is None, expected)
 
 
 #: bounds of a ``loss_kwargs`` mapping: keys, magnitude of a number, length of a string or a list
@@ -217,7 +203,7 @@ class LossOptions(_Checked):
     loss: str = option(
         "HAPPIER", "the loss: a registered name (--list_losses), pml:ClassName (a pytorch-metric-learning loss, e.g. "
         "pml:MultiSimilarityLoss), package.module:ClassName (your own class) or an installed plugin's name",
-        section="loss", key="name", check=LossName(),
+        section="loss", key="name", check=_loss_name(),
     )  # fmt: skip
     loss_kwargs: dict | None = option(
         None, 'further keyword arguments of the loss class, as JSON / a YAML mapping, e.g. \'{"margin": 0.2}\' '
@@ -248,7 +234,7 @@ class LossOptions(_Checked):
 
 
 @dataclass
-class RunOptions(_Checked):
+class RunOptions:
     """Options of one recipe invocation (hardware, tracking, resume, outputs, publishing)."""
 
     mixed_precision: str | None = option(
@@ -285,23 +271,40 @@ class RunOptions(_Checked):
                                       check=is_str("a Hub repo id such as user/happier-sop"))  # fmt: skip
     hub_private: bool = option(False, "create the Hub repo as private", check=is_bool())
 
+    def __post_init__(self) -> None:
+        from .rules import run_problems
+
+        validate_options(self, run_problems)
+
+
+@dataclass
+class ModelUseOptions:
+    """Options shared by the recipes that use a trained model (``evaluate``, ``search``, ``fit_heat``,
+    ``ood_score``), declared once (:func:`~pml_suprank.training.spec.shared`)."""
+
+    model: str | None = option(None, "a model folder (RUN/final) or its Hub id (required)",
+                               check=optional(is_str("a model folder or a Hub id")))  # fmt: skip
+    batch_size: int = option(64, "images per batch (embedding, scoring)", check=is_int(1, 65_536))
+    ood_threshold: float | None = option(
+        None, "OOD when the guard's score > this (unset: the guard's calibrated threshold; needs a model with an OOD "
+        "guard)", check=optional(is_finite()),
+    )  # fmt: skip
+    embedding_cache: str | None = option(
+        None, "folder of the embedding cache (safetensors shards keyed by the weights, the data and the transform); "
+        "off when unset", check=optional(is_str("a folder path")),
+    )  # fmt: skip
+    device: str | None = option(None, "default: cuda when available, else cpu", check=optional(is_str()))
+
 
 #: every option class, in --help order
 OPTION_CLASSES: tuple[type, ...] = (RunOptions, DataOptions, ModelOptions, LossOptions, TrainingConfig)
 
 
-def option_fields(*classes: type) -> Iterator[tuple[type, Field]]:
-    """``(class, field)`` of every option of ``classes`` (default: all of :data:`OPTION_CLASSES`)."""
-    for cls in classes or OPTION_CLASSES:
-        for f in fields(cls):
-            yield cls, f
-
-
 def _option_locations() -> dict[tuple[str, str], tuple[type, str]]:
     """``(section, key)`` of every file option → ``(option class, field name)``."""
     out = {}
-    for cls, f in option_fields(*OPTION_CLASSES):
-        if f.metadata.get("section") is not None:
+    for cls in OPTION_CLASSES:
+        for f in (f for f in fields(cls) if f.metadata.get("section") is not None):
             out[(f.metadata["section"], f.metadata["key"] or f.name)] = (cls, f.name)
     return out
 
@@ -325,7 +328,7 @@ def recipe_options(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def loss_option_names() -> tuple[str, ...]:
     """The options of the hub_config ``loss`` section (``loss``, ``loss_kwargs``, ``tau``, ..., ``alpha``)."""
-    return tuple(f.name for _, f in option_fields(LossOptions, TrainingConfig) if f.metadata["section"] == "loss")
+    return tuple(f.name for c in (LossOptions, TrainingConfig) for f in fields(c) if f.metadata["section"] == "loss")
 
 
 def loss_keys(name: str, entry: LossEntry | None = None) -> tuple[str, ...]:

@@ -6,7 +6,7 @@ The command line is generated from the parts of :class:`~pml_suprank.training.Ru
 and default shown by ``--help``; booleans are ``--flag true/false``, lists comma-separated. ``--config`` reads
 hub_configs (several files are laid over each other, so an override file may hold only the keys it changes);
 command-line flags override them. The run's ``RunSpec`` is built once from both and validated once
-(:func:`~pml_suprank.training.cli.parse_run_spec`), then passed down typed; ``--loss`` takes any loss
+(:func:`~pml_suprank.training.spec.parse`), then passed down typed; ``--loss`` takes any loss
 (:func:`pml_suprank.losses.resolve_loss`: a registered name, ``pml:ClassName``, ``package.module:ClassName`` or an
 installed plugin; ``--list_losses``). ``--dataset`` takes a paper benchmark by name (``sop``, ``cub``, ``inat_base``,
 ``dyml_*``, ``cifar100``, ``gldv2_hier``, ...), read from its archive under ``--data_root DIR``, a Hub id or a local
@@ -43,9 +43,8 @@ from ..data.source import dataset_source, folder_layout
 from ..losses.compile_guard import compile_loss
 from ..metrics.report import format_metrics_table, one_column
 from .checkpoint import CheckpointSaveError
-from .cli import build_recipe_parser, parse_run_spec
+from .hub_config import read_layer
 from .nonfinite import NonFiniteTrainingError
-from .options import build_loss
 from .run_folder import (
     RUN_FOLDER_ERRORS,
     check_outside_inputs,
@@ -54,6 +53,8 @@ from .run_folder import (
     refusal_message,
 )
 from .run_spec import RunSpec
+from .spec import build_parser as spec_parser
+from .spec import parse
 
 __all__ = [
     "NO_ARGUMENT_RUN",
@@ -108,9 +109,9 @@ def preset_command(name: str) -> tuple[Callable[..., Any], Callable[[], None]]:
 def build_parser(
     description: str, defaults: Mapping[str, Any], hierarchical: bool | None = None
 ) -> argparse.ArgumentParser:
-    """The training command's parser, ``defaults`` its preset's no-argument run (every loss is a ``--loss`` value;
-    ``hierarchical`` is unused, kept for the former per-recipe callers)."""
-    return build_recipe_parser(description, defaults)
+    """The training command's parser (for ``--help`` tables), ``defaults`` its preset's no-argument run
+    (``hierarchical`` is unused: every loss is a ``--loss`` value)."""
+    return spec_parser(RunSpec, defaults, description, config=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -186,7 +187,7 @@ def make_loss(
     and state-dict keys), its first call checked against eager (:func:`pml_suprank.losses.compile_loss`)."""
     extra = {} if hierarchy is None else {"relevance": "multilabel", "hierarchy": hierarchy}
     try:
-        loss = build_loss(spec.loss.loss, spec.loss_kwargs(), num_classes, embedding_size, **extra)
+        loss = spec.build_loss(num_classes, embedding_size, **extra)
     except ValueError as e:
         refuse(f"--loss {spec.loss.loss}: {e}")
     if spec.run.compile_loss:
@@ -226,7 +227,7 @@ def main(
     then :func:`run` (told which options the user set, :attr:`RunSpec.given`). A refused output folder or checkpoint
     ends the command with its message (exit status 2; 1 for a failed save or a run stopped by non-finite steps,
     :class:`~pml_suprank.training.nonfinite.NonFiniteTrainingError`), not a traceback."""
-    spec = parse_run_spec(build_parser(description, defaults), argv)
+    spec = parse(RunSpec, argv, defaults=defaults, description=description, read_config=read_layer)
     try:
         return run(spec, given=spec.given)
     except (*RUN_FOLDER_ERRORS, NonFiniteTrainingError) as e:  # the folder, a checkpoint, diverging steps: one line

@@ -1,23 +1,18 @@
-"""The rules between training options: the one place a value is checked against another option's value.
+"""The rules between options: the one place a value is checked against another option's value.
 
-A single value is checked by its field's metadata (:func:`~pml_suprank.training.config.option`); every rule that
-involves two options or more is written once, in :func:`cross_field_problems`, which every entry point reaches: the
-option dataclasses' ``__post_init__`` (Python), :class:`~pml_suprank.training.RunSpec` (command line, ``--config``
-files and hub_configs). A rule runs when the values it reads are present, so the same function checks a lone
-:class:`~pml_suprank.training.TrainingConfig` and a whole run.
-
-``virtual_batch_size`` is another name of ``batch_size`` (the batch the sampler draws and the loss ranks):
-:func:`merge_option_layers` lays the option sources over each other (recipe defaults < ``--config`` files < flags)
-and lets it set ``batch_size``; two values are a conflict only when given by the user at the same level (or the
-batch size at a higher one).
+A single value is checked by its field's metadata (:func:`~pml_suprank.training.config.option`). The rules among the
+fields of one option dataclass run when it is built (:func:`training_problems` for
+:class:`~pml_suprank.training.TrainingConfig`, :func:`run_problems` for
+:class:`~pml_suprank.training.RunOptions`); the rules between parts of a run (loss and data, loss and its options)
+run once per :class:`~pml_suprank.training.RunSpec` (:func:`spec_problems`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-__all__ = ["cross_field_problems", "merge_option_layers"]
+__all__ = ["run_problems", "spec_problems", "training_problems"]
 
 
 def _warmup(v: Mapping[str, Any]) -> list[str]:
@@ -50,15 +45,12 @@ def _batch_groups(v: Mapping[str, Any]) -> list[str]:
 
 
 def _loss_kwargs(v: Mapping[str, Any]) -> list[str]:
-    from ..losses.registry import entry_options, loss_keywords, resolve_loss
+    from ..losses.registry import entry_options, loss_keywords
 
     if not v["loss_kwargs"]:
         return []
-    try:
-        entry = v.get("@entry") or resolve_loss(v["loss"])
-        valid = loss_keywords(entry.cls)
-    except ValueError:  # an unknown loss: refused by the loss option's own check
-        return []
+    entry = v["@entry"]
+    valid = loss_keywords(entry.cls)
     unknown = sorted(k for k in v["loss_kwargs"] if valid is not None and k not in valid)
     if unknown:
         return [f"--loss_kwargs {unknown} are not arguments of loss {v['loss']} (valid: {sorted(valid)})"]
@@ -68,8 +60,9 @@ def _loss_kwargs(v: Mapping[str, Any]) -> list[str]:
     if clash:
         return [
             f"--loss_kwargs {clash} set what "
-            + ", ".join(f"the {k} of the data / model" if k in ("num_classes", "embedding_size") else f"--{k}"
-                        for k in clash)
+            + ", ".join(
+                f"the {k} of the data / model" if k in ("num_classes", "embedding_size") else f"--{k}" for k in clash
+            )
             + f" sets for loss {v['loss']}: give each value once (by its flag)"
         ]
     return []
@@ -85,12 +78,9 @@ def _data(v: Mapping[str, Any]) -> list[str]:
 
 def _given_loss_options(v: Mapping[str, Any]) -> list[str]:
     """A loss option the user gave (flag or file key) that the loss does not take."""
-    from ..losses.registry import entry_options, resolve_loss
+    from ..losses.registry import entry_options
 
-    try:
-        accepted = entry_options(v.get("@entry") or resolve_loss(v["loss"]), v["@loss_options"])
-    except ValueError:  # an unknown loss: refused by the loss option's own check
-        return []
+    accepted = entry_options(v["@entry"], v["@loss_options"])
     shared = ("loss", "loss_kwargs", "alpha")  # alpha is also the evaluator's H-AP exponent
     wrong = [n for n in v["@loss_options"] if n in v["@given"] and n not in shared and n not in accepted]
     return [
@@ -156,80 +146,23 @@ def _run_flags(v: Mapping[str, Any]) -> list[str]:
 _DATA_KEYS = ("dataset", "data_root", "label_columns", "train_split", "test_split", "open_set",
               "train_classes_per_coarse", "train_class_fraction")  # fmt: skip
 
-#: ``(options read, rule)``: each rule runs when all the options it reads are among the values checked
-RULES: tuple[tuple[tuple[str, ...], Callable[[Mapping[str, Any]], list[str]]], ...] = (
-    (("warmup_epochs", "epochs"), _warmup),
-    (("batch_size", "virtual_batch_size", "samples_per_class", "sampler", "super_classes_per_batch"), _batch_groups),
-    (("loss", "loss_kwargs"), _loss_kwargs),
-    (("loss", "@given", "@loss_options"), _given_loss_options),
-    (_DATA_KEYS, _data),
-    (("dataset", "loss", "memory_size", "sampler"), _multilabel),
-    (("push_to_hub", "hub_model_id", "resume", "resume_ignore_config", "overwrite_output_dir"), _run_flags),
-)
+
+def training_problems(v: Mapping[str, Any]) -> list[str]:
+    """The rules among the fields of a :class:`~pml_suprank.training.TrainingConfig`."""
+    return _warmup(v) + _batch_groups(v)
 
 
-def cross_field_problems(
-    values: Mapping[str, Any],
-    *,
-    given: Collection[str] | None = None,
-    loss_options: Sequence[str] = (),
-    require_data_root: bool = False,
-) -> list[str]:
-    """Every broken rule between the options of ``values`` (``{option name: value}``, values already checked one
-    by one), as messages naming the options; ``[]`` when consistent.
-
-    Args:
-        values: Option values; a rule runs when every option it reads is there.
-        given: The options the user set (flags, file keys): a loss option (of ``loss_options``, the hub_config
-            ``loss`` section) given for a loss that does not take it is refused (``None``: not checked).
-        loss_options: The names of the loss options.
-        require_data_root: A benchmark dataset needs ``data_root`` (a complete run; a shipped hub_config leaves it
-            to the command line).
-    """
-    context = {**values, "@require_data_root": require_data_root, "@loss_options": tuple(loss_options)}
-    if given is not None:
-        context["@given"] = frozenset(given)
-    problems: list[str] = []
-    for names, rule in RULES:
-        if all(n in context for n in names):
-            problems += rule(context)
-    return problems
+def run_problems(v: Mapping[str, Any]) -> list[str]:
+    """The rules among the fields of a :class:`~pml_suprank.training.RunOptions`."""
+    return _run_flags(v)
 
 
-def merge_option_layers(layers: Sequence[tuple[str, Mapping[str, Any]]], explicit_from: int = 1) -> dict[str, Any]:
-    """Lay ``(source, {option: value})`` layers over each other in order (a later one wins), with
-    ``virtual_batch_size`` as another name of ``batch_size``: a layer giving it sets ``batch_size`` too.
-
-    Layers from index ``explicit_from`` on were set by the user (``--config`` files, flags; before it: the recipe's
-    defaults). ``batch_size`` and ``virtual_batch_size`` given with different values in the same user layer, or the
-    batch size in a later one than the virtual batch (which it would silently undo), are refused.
-
-    Raises:
-        ValueError: naming both options and their sources.
-    """
-    out: dict[str, Any] = {}
-    level: dict[str, int] = {}
-    for i, (_, layer) in enumerate(layers):
-        for name, value in layer.items():
-            out[name], level[name] = value, i
-        vb, b = layer.get("virtual_batch_size"), layer.get("batch_size")
-        if vb is not None and b is None:
-            out["batch_size"], level["batch_size"] = vb, i
-    vb, b = out.get("virtual_batch_size"), out.get("batch_size")
-    if (
-        vb is not None
-        and b is not None
-        and vb != b
-        and level["virtual_batch_size"] >= explicit_from
-        and level["batch_size"] >= max(level["virtual_batch_size"], explicit_from)
-    ):
-        where = layers[level["virtual_batch_size"]][0], layers[level["batch_size"]][0]
-        source = where[0] if where[0] == where[1] else f"{where[0]} and {where[1]}"
-        raise ValueError(
-            f"--virtual_batch_size {vb} and --batch_size {b} differ ({source}): --virtual_batch_size is the batch "
-            "the sampler draws and the loss ranks, it replaces --batch_size; give one of them (or the same value to "
-            "both)"
-        )
-    if vb is not None and b is not None and vb != b:  # a default virtual batch follows the batch size the user gave
-        out["virtual_batch_size"] = b
-    return out
+def spec_problems(
+    values: Mapping[str, Any], entry: Any, *, given: Collection[str], loss_options: Sequence[str],
+    require_data_root: bool = True,
+) -> list[str]:  # fmt: skip
+    """The rules between the parts of a run (``values``: every option; ``entry``: the loss's registry entry;
+    ``given``: the options the user set; ``require_data_root``: a benchmark needs ``data_root``)."""
+    v = {**values, "@entry": entry, "@given": frozenset(given), "@loss_options": tuple(loss_options),
+         "@require_data_root": require_data_root}  # fmt: skip
+    return _loss_kwargs(v) + _given_loss_options(v) + _data(v) + _multilabel(v)

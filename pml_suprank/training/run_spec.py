@@ -1,4 +1,4 @@
-"""The run specification: the whole configuration of one recipe run, built once and validated once.
+"""The run specification: the whole configuration of one training run, built once and validated once.
 
 :class:`RunSpec` nests the option dataclasses, one per part of a run:
 
@@ -7,34 +7,32 @@
 * ``loss`` — :class:`~pml_suprank.training.LossOptions` (a loss of the registry,
   :func:`pml_suprank.losses.register_loss`, and its hyper-parameters);
 * ``train`` — :class:`~pml_suprank.training.TrainingConfig` (optimizer, schedule, sampler, memory, evaluation,
-  checkpoints), including gradient caching's ``virtual_batch_size`` / ``chunk_size`` (``--virtual_batch_size`` /
-  ``--chunk_size`` flags and hub_config keys), read by the :class:`~pml_suprank.training.Trainer` from its typed
-  config; ``--virtual_batch_size`` replaces ``--batch_size`` (:func:`~pml_suprank.training.cli.parse_run_spec`);
+  checkpoints, gradient caching's ``virtual_batch_size`` / ``chunk_size``);
 * ``run`` — :class:`~pml_suprank.training.RunOptions` (hardware, tracking, resume, outputs, publishing);
 
 plus ``hub_config``, the merged YAML file(s) as read (metadata for the model card: ``hub.*``, ``name``, ``notes``).
 
-The command line (:mod:`pml_suprank.training.cli`) and the hub_config schema (:mod:`pml_suprank.training.hub_config`)
-are generated from the same fields, and every entry point checks a value with its field's check and the rules between
-options with :func:`~pml_suprank.training.rules.cross_field_problems`. A recipe builds its spec once with
-:func:`pml_suprank.training.cli.parse_run_spec` (dataclass defaults < recipe defaults < ``--config`` files < explicit
-flags, :meth:`RunSpec.from_layers`) and passes it down typed. The run
-fingerprint (:meth:`RunSpec.run_options`), ``config.json`` (:meth:`RunSpec.loss_kwargs`) and the model card are
-written from it.
+The training command builds it with :func:`pml_suprank.training.spec.parse` (``parse(RunSpec, argv,
+defaults=preset, read_config=hub_config.read_layer)``: field defaults < the preset < ``--config`` hub_configs <
+flags), Python with
+:meth:`RunSpec.from_values`. Each part checks its own fields when built, the rules between parts run once
+(:func:`~pml_suprank.training.rules.spec_problems`) and the loss is resolved once. The run fingerprint
+(:meth:`RunSpec.run_options`), ``config.json`` (:meth:`RunSpec.loss_kwargs`) and the model card are written from it.
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from torch import nn
 
 from ..data.source import resolved_split
-from ..losses.registry import LossEntry, check_loss_name, resolve_loss
-from .config import TrainingConfig
+from ..losses.registry import LossEntry, registered_losses, resolve_loss
+from .config import OptionError, TrainingConfig
 from .options import (
     DataOptions,
     LossOptions,
@@ -43,11 +41,10 @@ from .options import (
     build_loss,
     loss_keys,
     loss_option_names,
-    recipe_options,
 )
-from .rules import cross_field_problems, merge_option_layers
+from .rules import spec_problems
 
-__all__ = ["PARTS", "RunSpec"]
+__all__ = ["PARTS", "RunSpec", "losses_listing", "merge_hub_configs"]
 
 #: part name of a :class:`RunSpec` → its option dataclass (the order of ``--help``)
 PARTS: dict[str, type] = {
@@ -57,27 +54,49 @@ PARTS: dict[str, type] = {
     "loss": LossOptions,
     "train": TrainingConfig,
 }
-
-
-def _field_parts() -> dict[str, str]:
-    out: dict[str, str] = {}
-    for part, cls in PARTS.items():
-        for f in fields(cls):
-            if f.name in out:  # a flag name must say which part it sets
-                raise RuntimeError(f"option {f.name!r} is a field of both {out[f.name]} and {part}")
-            out[f.name] = part
-    return out
-
-
 #: option name (= flag name) → the part of :class:`RunSpec` holding it
-FIELD_PARTS: dict[str, str] = _field_parts()
+FIELD_PARTS: dict[str, str] = {f.name: part for part, cls in PARTS.items() for f in fields(cls)}
+_TITLES = {"run": "run", "data": "data", "model": "model", "loss": "loss (SupRank H⁻ and decomposability)",
+           "train": "training"}  # fmt: skip
+
+
+def losses_listing() -> str:
+    """Every loss the training command trains: the registered ones (with their labels and options), the installed
+    plugins and the other spellings of ``--loss``."""
+    from ..losses.registry import ENTRY_POINT_GROUP, installed_plugins
+
+    lines = ["registered losses (--loss NAME):"]
+    for name, entry in registered_losses().items():
+        labels = "hierarchical labels (N, L)" if entry.hierarchical else "fine labels (N,)"
+        extra = ", multi-label" if entry.multilabel else ""
+        options = ", ".join(loss_keys(name, entry))
+        lines.append(f"  {name:<10} {entry.cls.__name__:<15} {labels}{extra}; options: {options}")
+    plugins = [name for name in installed_plugins() if name not in registered_losses()]
+    if plugins:
+        lines.append(f"installed plugins (entry-point group {ENTRY_POINT_GROUP}): {', '.join(plugins)}")
+    lines += [
+        "pytorch-metric-learning baselines: --loss pml:ClassName (e.g. pml:MultiSimilarityLoss, pml:ArcFaceLoss), "
+        "arguments by --loss_kwargs",
+        "your own loss class: --loss package.module:ClassName (imported from the working directory or PYTHONPATH; "
+        "typed on the command line only, never read from a --config file)",
+    ]
+    return "\n".join(lines)
+
+
+class _ListLosses(argparse.Action):
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=kwargs.get("help"))
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+        print(losses_listing())  # noqa: T201 - the command's answer, as --help
+        parser.exit()
 
 
 @dataclass
 class RunSpec:
-    """The configuration of one run (see the module docstring). Build it with :meth:`from_layers` /
-    :meth:`from_values` (or :func:`~pml_suprank.training.cli.parse_run_spec`): each part checks its values when built;
-    :meth:`validate` checks the rules between the parts once.
+    """The configuration of one run (see the module docstring): build it with
+    :func:`~pml_suprank.training.spec.parse` or :meth:`from_values`; each part checks its fields when built, the
+    rules between parts run once.
 
     ``given`` holds the options the user set (flags and ``--config`` keys, not the recipe's defaults): a recipe does
     not change those on its own (e.g. a batch the data cannot fill is refused rather than shrunk).
@@ -90,59 +109,80 @@ class RunSpec:
     run: RunOptions = field(default_factory=RunOptions)
     hub_config: dict[str, Any] = field(default_factory=dict)
     given: frozenset[str] = frozenset()
+    _entry: LossEntry | None = field(default=None, repr=False, compare=False)  # resolved once, kept by replace()
+
+    CONFIG_APPEND = True
+    CONFIG_HELP = (
+        "hub_config: a bundled name (e.g. happier_sop; pml_suprank.training.hub_config.bundled_hub_configs()) or a "
+        "YAML file; repeat it to lay partial override files over a base; command-line flags override the files"
+    )
+    GROUPS = tuple((_TITLES[part], fields(cls)[0].name) for part, cls in PARTS.items())
 
     # ----------------------------------------------------------------------------------------------------- building
     @classmethod
-    def from_layers(
+    def option_classes(cls) -> tuple[type, ...]:
+        """The option dataclasses whose fields are the flags (:func:`~pml_suprank.training.spec.parse`)."""
+        return tuple(PARTS.values())
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """``--list_losses`` and the listing of the losses after ``--help``."""
+        parser.epilog = losses_listing()
+        parser.add_argument("--list_losses", action=_ListLosses, help="list every loss --loss takes, and exit")
+
+    @classmethod
+    def from_options(
         cls,
-        layers: Sequence[tuple[str, Mapping[str, Any]]],
-        hub_config: Mapping[str, Any] | None = None,
+        values: Mapping[str, Any],
         *,
-        explicit_from: int = 1,
-        files: Collection[int] = (),
-        search_cwd: bool = False,
+        given: frozenset[str] = frozenset(),
+        where: Mapping[str, str] | None = None,
+        files: Sequence[Mapping[str, Any]] = (),
+        require_data_root: bool = True,
     ) -> RunSpec:
-        """The spec of option layers ``(source, {option name: value})`` laid over each other in order
-        (:func:`~pml_suprank.training.rules.merge_option_layers`: ``virtual_batch_size`` sets ``batch_size``); the
-        layers from ``explicit_from`` on are the user's (``given``). The layers at the indices ``files`` were read
-        from files: a ``package.module:ClassName`` loss there is refused (files are data). The loss is resolved
-        once, here (:func:`pml_suprank.losses.resolve_loss`; ``search_cwd``: a name typed on the command line is
-        imported from the working directory too, as ``python -m`` does).
+        """The spec of merged option ``values`` (:func:`~pml_suprank.training.spec.parse`): the loss resolved once (a
+        name typed as ``--loss`` is imported from the working directory too, as ``python -m`` does), each part built
+        (its fields checked once, named by ``where``: field → ``--flag`` or ``file: section.key``), the rules
+        between parts run once.
 
         Raises:
-            ValueError: An unknown option name, or a part refusing its values (message prefixed with the part,
-                e.g. ``training options:``), or two batch sizes given that differ.
+            OptionError: an unknown option, refused values or broken rules.
         """
-        unknown = sorted({n for _, layer in layers for n in layer} - set(FIELD_PARTS))
+        where = dict(where or {})
+        unknown = sorted(set(values) - set(FIELD_PARTS))
         if unknown:
-            raise ValueError(f"unknown option(s) {unknown}; valid options: {sorted(FIELD_PARTS)}")
-        values = merge_option_layers(layers, explicit_from)
-        entry = _resolve_once(layers, values, files, search_cwd)
-        given = frozenset(n for _, layer in layers[explicit_from:] for n in layer)
+            raise OptionError(f"unknown option(s) {unknown}; valid options: {sorted(FIELD_PARTS)}")
+        name = values.get("loss", LossOptions.__dataclass_fields__["loss"].default)
+        try:  # a file's loss name was refused by its reader unless registered or pml: (files are data)
+            entry = resolve_loss(name, search_cwd=where.get("loss", "").startswith("--"))
+        except ValueError as e:
+            raise OptionError([("loss", f"refused: {e}")]) from None
         by_part: dict[str, dict[str, Any]] = {part: {} for part in PARTS}
-        for name, value in values.items():
-            by_part[FIELD_PARTS[name]][name] = list(value) if isinstance(value, tuple) else value
-        parts: dict[str, Any] = {}
+        for key, value in values.items():
+            by_part[FIELD_PARTS[key]][key] = list(value) if isinstance(value, tuple) else value
+        parts, problems = {}, []
         for part, kwargs in by_part.items():
             try:
                 parts[part] = PARTS[part](**kwargs)
-            except (ValueError, TypeError) as e:
-                raise ValueError(f"{'training' if part == 'train' else part} options: {e}") from e
-        spec = cls(**parts, hub_config=dict(hub_config or {}), given=given)
-        spec._entry = entry
+            except OptionError as e:
+                problems += e.problems
+        if problems:
+            raise OptionError(problems)
+        spec = cls(**parts, hub_config=merge_hub_configs(*files), given=frozenset(given), _entry=entry)
+        problems = spec_problems(spec.values(), entry, given=spec.given, loss_options=loss_option_names(),
+                                 require_data_root=require_data_root)  # fmt: skip
+        if problems:
+            raise OptionError(problems)
         return spec
 
     @classmethod
     def from_values(cls, values: Mapping[str, Any], hub_config: Mapping[str, Any] | None = None) -> RunSpec:
-        """The spec of flat option ``values`` (``{option name: value}``, all given by the user; the others keep
-        their defaults); see :meth:`from_layers`."""
-        return cls.from_layers([("options", values)], hub_config, explicit_from=0)
+        """The spec of option ``values`` given in Python (``{option name: value}``, all given by the user; the others
+        keep their defaults; ``virtual_batch_size`` sets ``batch_size``)."""
+        from .spec import merge_layers
 
-    @classmethod
-    def from_hub_config(cls, config: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> RunSpec:
-        """The spec of a (schema-checked) hub_config dict laid over ``defaults`` (option name → value)."""
-        layers = [("defaults", defaults or {}), ("the hub_config", recipe_options(config))]
-        return cls.from_layers(layers, config, files=(1,))
+        merged, _ = merge_layers([{k: (k, v) for k, v in values.items()}], explicit_from=0)
+        return cls.from_options(merged, given=frozenset(values), files=[hub_config] if hub_config else ())
 
     # ------------------------------------------------------------------------------------------------------ reading
     def values(self) -> dict[str, Any]:
@@ -156,9 +196,9 @@ class RunSpec:
     @property
     def loss_entry(self) -> LossEntry:
         """The registry entry of ``loss.loss`` (resolved once when the spec was built)."""
-        entry = getattr(self, "_entry", None)
+        entry = self._entry
         if entry is None or entry.name != self.loss.loss and entry.cls.__name__ != self.loss.loss:
-            entry = self._entry = resolve_loss(self.loss.loss)  # a spec changed by replace()
+            entry = self._entry = resolve_loss(self.loss.loss)  # a spec built by hand or given another loss
         return entry
 
     def loss_kwargs(self) -> dict[str, Any]:
@@ -196,48 +236,20 @@ class RunSpec:
             "mixed_precision": str(mixed_precision),
         }
 
-    # --------------------------------------------------------------------------------------------------- validation
-    def problems(self, *, require_data_root: bool = True) -> list[str]:
-        """Every inconsistency between the options of the spec, as messages naming them (``[]``: valid): the rules
-        of :func:`~pml_suprank.training.rules.cross_field_problems` (each value was checked when its part was
-        built), and the hub_config's model section held to the rule of a loaded ``config.json``.
-        ``require_data_root``: a benchmark dataset needs ``data_root`` (a complete run; a shipped hub_config leaves
-        it to the command line)."""
-        errors = cross_field_problems(
-            {**self.values(), "@entry": self.loss_entry}, given=self.given, loss_options=loss_option_names(),
-            require_data_root=require_data_root,
-        )  # fmt: skip
-        return errors + _hub_config_model_problems(self.hub_config)
 
-    def validate(self, *, require_data_root: bool = True) -> RunSpec:
-        """Raise ``ValueError`` listing :meth:`problems`, else return the spec."""
-        errors = self.problems(require_data_root=require_data_root)
-        if errors:
-            raise ValueError("; ".join(errors))
-        return self
-
-
-def _resolve_once(
-    layers: Sequence[tuple[str, Mapping[str, Any]]], values: Mapping[str, Any], files: Collection[int], search_cwd: bool
-) -> LossEntry:
-    """The entry of the loss the layers choose; a ``module:Class`` name from a file layer is refused unimported."""
-    name = values.get("loss", LossOptions.__dataclass_fields__["loss"].default)
-    for i in files:
-        if layers[i][1].get("loss") == name and (problem := check_loss_name(name, from_file=True)) is not None:
-            raise ValueError(f"{layers[i][0]}: loss.name must be {problem}")
-    try:
-        return resolve_loss(name, search_cwd=search_cwd)
-    except ValueError as e:
-        raise ValueError(f"loss options: {e}") from None
+def merge_hub_configs(*configs: Mapping[str, Any]) -> dict[str, Any]:
+    """Lay hub_config ``configs`` over each other in order: later sections' keys replace earlier ones, top-level
+    values (``name``, ``notes``...) are replaced whole. Returns a new dict; the inputs are not modified."""
+    out: dict[str, Any] = {}
+    for cfg in configs:
+        for key, value in cfg.items():
+            if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+                out[key] = {**out[key], **value}
+            else:
+                out[key] = dict(value) if isinstance(value, Mapping) else value
+    return out
 
 
 def _asdict(options: Any) -> dict[str, Any]:
     """The fields of an option dataclass as a shallow dict (tuples as lists, for JSON)."""
     return {f.name: list(v) if isinstance(v := getattr(options, f.name), tuple) else v for f in fields(options)}
-
-
-def _hub_config_model_problems(config: Mapping[str, Any]) -> list[str]:
-    """The hub_config's ``model`` section against the loaded ``config.json`` rule (one function for both)."""
-    from ..hub.loaded_config import hub_config_model_problems
-
-    return hub_config_model_problems(config)

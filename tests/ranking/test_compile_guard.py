@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from _helpers import recipe_parser
+from _helpers import parse_recipe, recipe_parser
 from functorch.compile import make_boxed_func
 from torch import nn
 from torch._dynamo.backends.common import aot_autograd
@@ -187,11 +187,11 @@ def test_compile_loss_guards_any_module_loss():
 def test_recipe_compile_loss_installs_the_guard():
     pytest.importorskip("timm", reason="the recipes need the recipes extra")
     common, parser = recipe_parser("train_happier")
-    spec = common.parse_run_spec(parser, ["--compile_loss", "true", "--kernel", "dense"])
+    spec = parse_recipe(parser, ["--compile_loss", "true", "--kernel", "dense"])
     loss_fn = common.make_loss(spec, num_classes=8, embedding_size=16)
     assert isinstance(loss_fn._compiled_call_impl, GuardedCall)
     assert loss_fn._compiled_call_impl.module() is loss_fn
-    assert getattr(common.make_loss(common.parse_run_spec(parser, []), 8, 16), "_compiled_call_impl", None) is None
+    assert getattr(common.make_loss(parse_recipe(parser, []), 8, 16), "_compiled_call_impl", None) is None
 
 
 def test_check_compiled_loss_after_torch_compile():

@@ -179,7 +179,7 @@ def test_label_columns_are_spelled_as_in_every_recipe(capsys):
     assert spec.label_columns == ["fine", "coarse"]
     with pytest.raises(SystemExit) as raised:
         search.parse_args(["--model", "m", "--output_dir", "o", "--k", "0"])
-    assert raised.value.code == 2 and "--k: expected an int in [1, 100000]; got 0" in capsys.readouterr().err
+    assert raised.value.code == 2 and "--k must be an int in [1, 100000]; got 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         search.parse_args(["--model", "m"])
     assert "--output_dir is required" in capsys.readouterr().err

@@ -71,11 +71,11 @@ def test_pml_losses_are_baselines_with_their_options_checked():
     assert (loss_fn.alpha, loss_fn.beta) == (3.0, 40.0) and not spec.loss_entry.hierarchical
     assert not spec.training_config().hierarchical_labels  # a pair loss gets the fine labels
     with pytest.raises(ValueError, match=r"--loss_kwargs \['gamma'\] are not arguments of loss pml:Multi"):
-        RunSpec.from_values({"loss": "pml:MultiSimilarityLoss", "loss_kwargs": {"gamma": 1.0}}).validate()
+        RunSpec.from_values({"loss": "pml:MultiSimilarityLoss", "loss_kwargs": {"gamma": 1.0}})
     with pytest.raises(ValueError, match="AttributeError: module 'pytorch_metric_learning.losses' has no attribute 'N"):
         resolve_loss("pml:NoSuchLoss")
     with pytest.raises(ValueError, match="'loss.tau' does not apply to loss pml:TripletMarginLoss"):
-        RunSpec.from_values({"loss": "pml:TripletMarginLoss", "tau": 0.1}).validate()
+        RunSpec.from_values({"loss": "pml:TripletMarginLoss", "tau": 0.1})
     # a proxy loss gets num_classes / embedding_size from the data and model; its proxies join the optimizer
     arcface = build_loss("pml:ArcFaceLoss", {"loss_kwargs": {"margin": 20.0}}, num_classes=6, embedding_size=8)
     assert tuple(arcface.W.shape) == (8, 6) and arcface.margin == pytest.approx(math.radians(20.0))

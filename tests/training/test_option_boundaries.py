@@ -14,9 +14,10 @@ import yaml
 from pml_suprank.training import RunSpec, TrainingConfig
 from pml_suprank.training import recipe as common
 from pml_suprank.training.config import OptionError, field_problem
-from pml_suprank.training.hub_config import validate_hub_config
-from pml_suprank.training.options import OPTION_CLASSES
+from pml_suprank.training.hub_config import read_layer, validate_hub_config
+from pml_suprank.training.options import OPTION_CLASSES, recipe_options
 from pml_suprank.training.run_spec import FIELD_PARTS, PARTS
+from pml_suprank.training.spec import parse
 
 DEFAULTS = common.PRESETS["train"]
 #: options whose value a recipe run cannot take from the command line on its own (documented in their help)
@@ -56,7 +57,13 @@ def _cli_text(value) -> str:
 
 @pytest.fixture(scope="module")
 def parser():
-    return common.build_parser("test", DEFAULTS)
+    parser = common.build_parser("test", DEFAULTS)
+    parser.preset_defaults = DEFAULTS
+    return parser
+
+
+def parse_recipe(parser, argv):
+    return parse(RunSpec, argv, defaults=parser.preset_defaults, read_config=read_layer)
 
 
 @pytest.mark.slow  # ~300 cases x 4 entry points: ~20 s on 2 CPU cores
@@ -66,13 +73,13 @@ def test_one_verdict_through_every_entry_point(f, value, valid, parser, tmp_path
     messages: dict[str, str] = {}
     # 1. Python: the option dataclass's __post_init__ (its checks), then the spec's rules between parts
     try:
-        RunSpec.from_layers([("defaults", DEFAULTS), ("python", {f.name: value})]).validate()
+        RunSpec.from_values({**DEFAULTS, f.name: value})
         verdicts["python"] = True
     except ValueError as e:
         verdicts["python"], messages["python"] = False, str(e)
     # 2. the command line
     try:
-        common.parse_run_spec(parser, [f"--{f.name}", _cli_text(value)])
+        parse_recipe(parser, [f"--{f.name}", _cli_text(value)])
         verdicts["cli"] = True
     except SystemExit as e:
         assert e.code == 2
@@ -84,7 +91,7 @@ def test_one_verdict_through_every_entry_point(f, value, valid, parser, tmp_path
         path = tmp_path / "override.yaml"
         path.write_text(yaml.safe_dump(doc))
         try:
-            common.parse_run_spec(parser, ["--config", str(path)])
+            parse_recipe(parser, ["--config", str(path)])
             verdicts["yaml"] = True
         except SystemExit as e:
             assert e.code == 2
@@ -126,7 +133,7 @@ def test_a_batch_of_one_image_per_class_is_refused_by_python_as_by_the_run_spec(
 
 
 def test_virtual_batch_size_alone_is_the_batch_size(parser):
-    spec = common.parse_run_spec(parser, ["--virtual_batch_size", "256", "--chunk_size", "64"])
+    spec = parse_recipe(parser, ["--virtual_batch_size", "256", "--chunk_size", "64"])
     assert (spec.train.batch_size, spec.train.virtual_batch_size, spec.train.chunk_size) == (256, 256, 64)
     assert spec.given == {"virtual_batch_size", "chunk_size"}
     config = TrainingConfig(virtual_batch_size=256, chunk_size=64)
@@ -134,18 +141,22 @@ def test_virtual_batch_size_alone_is_the_batch_size(parser):
     assert RunSpec.from_values({"virtual_batch_size": 256}).train.batch_size == 256
     hub = validate_hub_config({"sampler_options": {"virtual_batch_size": 256}, "training": {"chunk_size": 64}},
                               partial=True)  # fmt: skip
-    assert RunSpec.from_hub_config(hub).train.batch_size == 256
+    assert RunSpec.from_values(recipe_options(hub), hub).train.batch_size == 256
 
 
-def test_argv_is_parsed_once_and_each_config_read_once(parser, tmp_path, monkeypatch):
-    from pml_suprank.training import cli
+def test_argv_is_parsed_once_and_each_config_read_once(tmp_path, monkeypatch):
+    import argparse
+
+    from pml_suprank.training import hub_config
 
     config = tmp_path / "c.yaml"
     config.write_text("training: {epochs: 3}\n")
     reads, parses = [], []
-    read, parse = cli.read_hub_config, type(parser).parse_args
-    monkeypatch.setattr(cli, "read_hub_config", lambda *a, **k: reads.append(a) or read(*a, **k))
-    monkeypatch.setattr(type(parser), "parse_args", lambda self, *a, **k: parses.append(a) or parse(self, *a, **k))
-    spec = common.parse_run_spec(parser, ["--config", str(config), "--seed", "3"])
+    read, parse_args = hub_config.read_hub_config, argparse.ArgumentParser.parse_args
+    monkeypatch.setattr(hub_config, "read_hub_config", lambda *a, **k: reads.append(a) or read(*a, **k))
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args",
+                        lambda self, *a, **k: parses.append(a) or parse_args(self, *a, **k))  # fmt: skip
+    argv = ["--config", str(config), "--seed", "3"]
+    spec = parse(RunSpec, argv, defaults=DEFAULTS, read_config=hub_config.read_layer)
     assert spec.train.epochs == 3 and spec.given == {"epochs", "seed"}
     assert len(reads) == 1 and len(parses) == 1

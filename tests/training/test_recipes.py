@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _helpers import import_recipe, recipe_parser
+from _helpers import import_recipe, parse_recipe, recipe_parser
 
 pytest.importorskip("accelerate")
 pytest.importorskip("timm")
@@ -322,7 +322,7 @@ def test_config_yaml_sets_defaults_and_flags_win(tmp_path):
         "loss: {name: HAPPIER, alpha: 2.0, offset: 1.44}\ntraining: {epochs: 3}\n"
         "hub: {paper_results: {h_ap: 50.0}}\n"
     )
-    spec = common.parse_run_spec(parser, ["--config", str(cfg), "--epochs", "5"])
+    spec = parse_recipe(parser, ["--config", str(cfg), "--epochs", "5"])
     assert spec.model.backbone == "resnet18" and spec.model.embedding_size == 64 and spec.train.epochs == 5
     assert spec.train.alpha == 2.0
     suprank = {k: v for k, v in spec.loss_kwargs().items() if k in ("tau", "rho", "delta", "start", "offset")}
@@ -333,9 +333,9 @@ def test_config_yaml_sets_defaults_and_flags_win(tmp_path):
         "training: {epoch: 3}\n"
     )
     with pytest.raises(SystemExit):  # a typo is an error, not a silently ignored key
-        common.parse_run_spec(recipe_parser("train_happier")[1], ["--config", str(cfg)])
+        parse_recipe(recipe_parser("train_happier")[1], ["--config", str(cfg)])
     with pytest.raises(SystemExit):
-        common.parse_run_spec(recipe_parser("train_happier")[1], ["--config", str(tmp_path / "missing.yaml")])
+        parse_recipe(recipe_parser("train_happier")[1], ["--config", str(tmp_path / "missing.yaml")])
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "pml_suprank" / "hub_configs").glob("*.yaml")), ids=lambda p: p.stem)
@@ -351,7 +351,7 @@ def test_every_training_hub_config_parses_with_its_recipe(path, tmp_path):
     recipe = "train_roadmap" if name == "ROADMAP" else "train_happier"
     common, parser = recipe_parser(recipe)
     root = ["--data_root", str(tmp_path)] if raw["data"]["dataset"] in BENCHMARKS else []
-    spec = common.parse_run_spec(parser, ["--config", str(path), *root])
+    spec = parse_recipe(parser, ["--config", str(path), *root])
     assert spec.loss.loss == name
     assert spec.model.backbone == raw["model"]["backbone"] and spec.data.dataset == raw["data"]["dataset"]
     values = spec.values()
@@ -382,7 +382,7 @@ def test_flags_are_generated_from_the_option_dataclasses(recipe):
     text = parser.format_help()
     assert "(default: 128)" in text  # eval_batch_size: TrainingConfig's default (the old argparse said 256)
     assert vars(parser.parse_args([])) == {"config": None}  # an option not given stays out: the layers decide
-    spec = common.parse_run_spec(parser, [])
+    spec = parse_recipe(parser, [])
     assert spec.train.eval_batch_size == TrainingConfig().eval_batch_size and spec.train.epochs == 12
     assert spec.train.lr_backbone == 1e-3  # the preset's no-argument run
     assert spec.loss.loss == {"train_happier": "HAPPIER", "train_roadmap": "ROADMAP"}[recipe] and not spec.given
@@ -402,7 +402,7 @@ def test_bool_list_and_dict_flags():
         parser.parse_args(["--pretrained", "maybe"])
     assert parser.parse_args(["--loss", "ROADMAP"]).loss == "ROADMAP"  # every loss: the preset sets the default
     with pytest.raises(SystemExit):
-        common.parse_run_spec(parser, ["--loss", "NoSuchLoss"])  # refused by the loss option's check
+        parse_recipe(parser, ["--loss", "NoSuchLoss"])  # refused by the loss option's check
 
 
 def test_partial_override_config_files(tmp_path):
@@ -410,7 +410,7 @@ def test_partial_override_config_files(tmp_path):
     override = tmp_path / "short.yaml"
     override.write_text("training: {epochs: 7}\noptimizer: {lr_head: 0.5}\n")
     base = ROOT / "pml_suprank" / "hub_configs" / "happier_sop.yaml"
-    spec = common.parse_run_spec(
+    spec = parse_recipe(
         parser, ["--config", str(base), "--config", str(override), "--data_root", str(tmp_path)]
     )
     train = spec.train
@@ -419,17 +419,17 @@ def test_partial_override_config_files(tmp_path):
     )
     assert spec.hub_config["name"] == "happier_sop" and spec.hub_config["training"]["warmup_epochs"] == 5
     # an override file alone is laid over the recipe's defaults
-    spec = common.parse_run_spec(recipe_parser("train_happier")[1], ["--config", str(override)])
+    spec = parse_recipe(recipe_parser("train_happier")[1], ["--config", str(override)])
     assert spec.train.epochs == 7 and spec.model.backbone == "test_resnet"
     assert spec.hub_config == {"training": {"epochs": 7}, "optimizer": {"lr_head": 0.5}}
     # the options a file leaves out are the recipe's: warmup_epochs 11 < the recipe's 12 epochs (TrainingConfig: 10)
     override.write_text("training: {warmup_epochs: 11}\n")
-    spec = common.parse_run_spec(recipe_parser("train_happier")[1], ["--config", str(override)])
+    spec = parse_recipe(recipe_parser("train_happier")[1], ["--config", str(override)])
     assert spec.train.warmup_epochs == 11 and spec.train.epochs == 12
     # every preset trains every loss: the file's loss replaces the preset's default
     roadmap = ROOT / "pml_suprank" / "hub_configs" / "roadmap_sop.yaml"
     argv = ["--config", str(roadmap), "--data_root", str(tmp_path)]
-    assert common.parse_run_spec(recipe_parser("train_happier")[1], argv).loss.loss == "ROADMAP"
+    assert parse_recipe(recipe_parser("train_happier")[1], argv).loss.loss == "ROADMAP"
 
 
 @pytest.mark.parametrize("folder", ["recipes", "pml_suprank/recipes"])
@@ -521,10 +521,10 @@ def test_run_flags_are_checked_by_the_parser(capsys):
         (["--overwrite_output_dir", "true", "--resume", "latest"], "cannot be combined with --resume"),
     ):
         with pytest.raises(SystemExit) as exc:
-            common.parse_run_spec(recipe_parser("train_happier")[1], argv)
+            parse_recipe(recipe_parser("train_happier")[1], argv)
         assert exc.value.code == 2
         assert expected in capsys.readouterr().err
-    spec = common.parse_run_spec(recipe_parser("train_happier")[1], ["--push_to_hub", "--hub_model_id", "me/x"])
+    spec = parse_recipe(recipe_parser("train_happier")[1], ["--push_to_hub", "--hub_model_id", "me/x"])
     assert spec.run.push_to_hub and spec.run.hub_model_id == "me/x"
 
 
@@ -570,8 +570,8 @@ def test_a_locked_output_folder_is_refused(tmp_path):
 
 def test_compile_loss_compiles_in_place_and_keeps_state_dict_keys():
     common, parser = recipe_parser("train_happier")
-    args = common.parse_run_spec(parser, ["--loss", "HAPPIER", "--compile_loss"])
-    plain = common.parse_run_spec(parser, ["--loss", "HAPPIER"])
+    args = parse_recipe(parser, ["--loss", "HAPPIER", "--compile_loss"])
+    plain = parse_recipe(parser, ["--loss", "HAPPIER"])
     compiled, reference = common.make_loss(args, 12, 16), common.make_loss(plain, 12, 16)
     assert compiled._compiled_call_impl is not None and reference._compiled_call_impl is None
     assert list(compiled.state_dict()) == list(reference.state_dict())
@@ -582,3 +582,19 @@ def test_roadmap_recipe_trains_with_a_compiled_dense_loss(tmp_path):
     proc = _recipe("train_roadmap.py", tmp_path, "--max_train_steps", "2", "--kernel", "dense", "--compile_loss")
     weights = _final_weights(tmp_path)
     assert weights and all(torch.isfinite(w).all() for w in weights.values()), proc.stdout[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("name", "required"),
+    [("evaluate", ["--model", "m"]), ("search", ["--model", "m", "--output_dir", "o"]), ("fit_heat", []),
+     ("ood_score", ["--model", "m", "--images", "i", "--output_dir", "o"])],
+)  # fmt: skip
+def test_embedding_cache_is_one_shared_option(name, required, capsys):
+    """``--embedding_cache`` is declared once (ModelUseOptions) and checked alike in every recipe that embeds."""
+    recipe = import_recipe(name)
+    assert recipe.parse_args(required).embedding_cache is None
+    assert recipe.parse_args([*required, "--embedding_cache", "cache"]).embedding_cache == "cache"
+    with pytest.raises(SystemExit) as raised:
+        recipe.parse_args([*required, "--embedding_cache", ""])
+    err = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert raised.value.code == 2 and len(err) == 1 and "--embedding_cache must be null or a folder path" in err[0]

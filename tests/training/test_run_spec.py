@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 import torch
-from _helpers import ROOT, import_recipe, recipe_parser
+from _helpers import ROOT, import_recipe, parse_recipe, recipe_parser
 
 from pml_suprank import losses
 from pml_suprank.losses.registry import SUPRANK_PAPER, loss_entry, register_loss, unregister_loss
@@ -52,25 +52,27 @@ def temporary_loss(tmp_path):
 
 @pytest.fixture
 def counted(monkeypatch):
-    """Count RunSpec constructions and validations."""
-    counts = {"built": 0, "validated": 0, "problems": 0}
-    init, validate, problems = RunSpec.__init__, RunSpec.validate, RunSpec.problems
+    """Count RunSpec constructions, runs of the rules between its parts and loss resolutions."""
+    from pml_suprank.training import run_spec
+
+    counts = {"built": 0, "rules": 0, "resolved": 0}
+    init, rules, resolve = RunSpec.__init__, run_spec.spec_problems, run_spec.resolve_loss
 
     def counted_init(self, *args, **kwargs):
         counts["built"] += 1
         init(self, *args, **kwargs)
 
-    def counted_validate(self, *args, **kwargs):
-        counts["validated"] += 1
-        return validate(self, *args, **kwargs)
+    def counted_rules(*args, **kwargs):
+        counts["rules"] += 1
+        return rules(*args, **kwargs)
 
-    def counted_problems(self, *args, **kwargs):
-        counts["problems"] += 1
-        return problems(self, *args, **kwargs)
+    def counted_resolve(*args, **kwargs):
+        counts["resolved"] += 1
+        return resolve(*args, **kwargs)
 
     monkeypatch.setattr(RunSpec, "__init__", counted_init)
-    monkeypatch.setattr(RunSpec, "validate", counted_validate)
-    monkeypatch.setattr(RunSpec, "problems", counted_problems)
+    monkeypatch.setattr(run_spec, "spec_problems", counted_rules)
+    monkeypatch.setattr(run_spec, "resolve_loss", counted_resolve)
     return counts
 
 
@@ -139,7 +141,7 @@ def test_a_loss_registered_in_a_temporary_module_trains_two_recipe_steps_by_name
     out = tmp_path / "run"
     summary = train_roadmap.main([*TINY, "--loss", "TMP-AP", "--tau", "0.02", "--output_dir", str(out)])
     assert summary["steps"] == 2 and all(torch.isfinite(torch.tensor(v)) for v in summary["after"].values())
-    assert counted == {"built": 1, "validated": 1, "problems": 1}  # the configuration is built and checked once
+    assert counted == {"built": 1, "rules": 1, "resolved": 1}  # the configuration is built and checked once
     config = json.loads((out / "final" / "config.json").read_text())["training"]
     assert config["loss"] == "TMP-AP" and config["loss_kwargs"] == {"tau": 0.02, "kernel": "auto"}
     run = json.loads((out / "run.json").read_text())
@@ -156,7 +158,7 @@ def test_a_hub_config_run_builds_and_validates_its_spec_once(counted, tmp_path):
     config = ROOT / "pml_suprank" / "hub_configs" / "synthetic_shapes_roadmap.yaml"
     summary = train_roadmap.main(["--config", str(config), *TINY, "--output_dir", str(out)])
     assert summary["steps"] == 2
-    assert counted == {"built": 1, "validated": 1, "problems": 1}
+    assert counted == {"built": 1, "rules": 1, "resolved": 1}
     saved = json.loads((out / "final" / "config.json").read_text())["training"]
     assert saved["loss_kwargs"] == {
         "decomposability": "calibration", "decomposability_weight": 0.1, "tau": 0.01, "rho": 100.0, "delta": None,
@@ -169,12 +171,12 @@ def test_flags_override_the_config_which_overrides_the_recipe_defaults(tmp_path)
     common, parser = recipe_parser("train_happier")
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text("training: {epochs: 7, seed: 3}\nloss: {name: ROD-NDCG, tau: 0.05}\nmodel: {embedding_size: 32}\n")
-    spec = common.parse_run_spec(parser, ["--config", str(cfg), "--seed", "4", "--rho", "50"])
+    spec = parse_recipe(parser, ["--config", str(cfg), "--seed", "4", "--rho", "50"])
     assert (spec.train.epochs, spec.train.seed, spec.train.lr_backbone) == (7, 4, 1e-3)  # file, flag, recipe
     assert (spec.loss.loss, spec.loss.tau, spec.loss.rho, spec.model.embedding_size) == ("ROD-NDCG", 0.05, 50.0, 32)
     assert spec.training_config().hierarchical_labels and not spec.hub_config.get("name")
     assert spec.loss_kwargs()["tau"] == 0.05 and "alpha" not in spec.loss_kwargs()  # ROD-NDCG takes no alpha
-    roadmap = common.parse_run_spec(recipe_parser("train_roadmap")[1], [])
+    roadmap = parse_recipe(recipe_parser("train_roadmap")[1], [])
     assert not roadmap.training_config().hierarchical_labels
     assert roadmap.training_config(multilabel=True).hierarchical_labels
 
@@ -182,21 +184,21 @@ def test_flags_override_the_config_which_overrides_the_recipe_defaults(tmp_path)
 def test_command_line_values_get_the_hub_config_checks(capsys):
     common, parser = recipe_parser("train_happier")
     with pytest.raises(SystemExit):
-        common.parse_run_spec(parser, ["--image_size", "4"])
+        parse_recipe(parser, ["--image_size", "4"])
     assert "image_size must be an int in [8, 4096]; got 4" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        common.parse_run_spec(recipe_parser("train_happier")[1], ["--backbone", "resnet5000"])
+        parse_recipe(recipe_parser("train_happier")[1], ["--backbone", "resnet5000"])
     assert "backbone must be a timm model name" in capsys.readouterr().err
 
 
 def test_from_values_names_unknown_options_and_training_errors():
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['epoch'\]"):
         RunSpec.from_values({"epoch": 3})
-    with pytest.raises(ValueError, match="training options: batch_size must be a multiple of samples_per_class"):
+    with pytest.raises(ValueError, match="batch_size must be a multiple of samples_per_class"):
         RunSpec.from_values({"batch_size": 30, "samples_per_class": 4})
-    spec = RunSpec.from_values({"dataset": "sop"})
-    assert any("--dataset sop: " in p and "--data_root" in p for p in spec.problems())
-    assert spec.problems(require_data_root=False) == []
+    with pytest.raises(ValueError, match="--dataset sop: .*--data_root"):
+        RunSpec.from_values({"dataset": "sop"})
+    spec = RunSpec.from_values({"dataset": "sop", "data_root": "/nowhere"})
     assert (
         spec.run_options("no")["data"]["train_split"] == "train" and "data_root" not in spec.run_options("no")["data"]
     )

@@ -1,0 +1,276 @@
+"""The one spec engine of the recipes: :func:`parse` turns a command line into a recipe's spec.
+
+A spec is a dataclass (or, for training, :class:`~pml_suprank.training.RunSpec`, nested option dataclasses) whose
+fields are declared once with :func:`~pml_suprank.training.config.option` (help, default, value check). ``parse``
+generates one snake_case flag per field (booleans ``--flag true/false``, a bare ``--flag`` meaning true; lists
+comma- or space-separated; dicts as JSON), parses ``argv`` once, reads each ``--config`` file once through the one
+YAML reader (:func:`read_sections`) and lays the values over each other: field defaults < the recipe's defaults <
+``--config`` files (in order) < flags. The spec is then built once: each value is checked once by its field's check
+and a refused value is named where it came from (``--flag`` or ``file: section.key``); the rules between options run
+once. ``virtual_batch_size`` is another name of ``batch_size``, resolved here (:func:`merge_layers`).
+
+A spec class may define (all optional): ``DESCRIPTION`` (``--help``), ``FLAGS`` (other flag strings of a field),
+``GROUPS`` (``(title, first field)`` of the ``--help`` groups; an option class's ``GROUP`` titles its fields),
+``option_classes()`` (the dataclasses holding its flags; default: the class itself), ``read_config(path)`` (its
+``--config`` file as ``(file as read, {field: (where, value)})``; ``CONFIG_APPEND``: the flag may repeat;
+``CONFIG_HELP``), ``add_arguments(parser)`` (further actions such as ``--list_losses``) and
+``from_options(values, given=, where=, files=)`` (how the merged values become the spec; default ``cls(**values)``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import Field, fields
+from pathlib import Path
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+
+from .._safe_json import loads_json
+from .._safe_yaml import load_yaml, shorten
+from .config import OptionError, field_default, option, optional
+
+__all__ = ["build_parser", "merge_layers", "parse", "read_sections", "shared", "str2bool"]
+
+S = TypeVar("S")
+#: a layer of option values: ``{field name: (where it came from, value)}``
+Layer = Mapping[str, tuple[str, Any]]
+_KEEP = object()
+
+
+def shared(cls: type, name: str, default: Any = _KEEP, help: str | None = None) -> Any:
+    """The option ``name`` declared on the option dataclass ``cls`` (its help and check), as a field of another
+    spec: one declaration; ``default`` / ``help`` replace the original's where the recipe means something else."""
+    f = {f.name: f for f in fields(cls)}[name]
+    check = f.metadata.get("check")
+    default = field_default(f) if default is _KEEP else default
+    if default is None and check is not None and not check(None):
+        check = optional(check)
+    return option(default, help or f.metadata["help"], check=check, section=f.metadata.get("section"),
+                  key=f.metadata.get("key"))  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# flags
+# ---------------------------------------------------------------------------------------------------------------------
+def str2bool(value: str | bool) -> bool:
+    """``true/false``, ``yes/no``, ``1/0``, ``on/off`` (any case)."""
+    if isinstance(value, bool):
+        return value
+    if value.lower() in ("1", "true", "yes", "y", "on"):
+        return True
+    if value.lower() in ("0", "false", "no", "n", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected a boolean (true/false); got {value!r}")
+
+
+def _items(kind: Callable[[str], Any], example: str) -> Callable[[str], list[Any]]:
+    def parse_items(value: str) -> list[Any]:
+        try:
+            return [kind(v) for v in str(value).replace(" ", "").split(",") if v]
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"expected comma-separated values such as {example}; got {value!r}") from e
+
+    return parse_items
+
+
+def _json_dict(value: str) -> dict[str, Any]:
+    try:
+        out = loads_json(value, "the value", what="option value")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f'expected a JSON object such as {{"img_size": 64}}; got {value!r}') from e
+    if not isinstance(out, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object; got {value!r}")
+    return out
+
+
+class _FlattenList(argparse.Action):
+    """``--k 1,10 100`` → ``[1, 10, 100]`` (comma- and space-separated items)."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+        setattr(namespace, self.dest, [x for v in values for x in v])
+
+
+def _argparse_kwargs(tp: Any) -> dict[str, Any]:
+    if get_origin(tp) in (Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        tp = args[0] if len(args) == 1 else tp
+    origin = get_origin(tp)
+    if tp is bool:
+        return {"type": str2bool, "nargs": "?", "const": True, "metavar": "{true,false}"}
+    if origin is Literal:
+        return {"type": type(get_args(tp)[0])}
+    if origin in (list, tuple, Sequence, typing.Sequence) or tp in (list, tuple):
+        item = (get_args(tp) or (str,))[0]
+        parse_items = {int: _items(int, "1,10"), float: _items(float, "0.5,1.0")}.get(item, _items(str, "a,b"))
+        return {"type": parse_items, "nargs": "+", "action": _FlattenList}
+    if tp is dict or origin is dict:
+        return {"type": _json_dict}
+    return {"type": tp if tp in (int, float, str) else str}
+
+
+def _option_fields(spec_cls: type) -> list[tuple[type, Field]]:
+    classes = spec_cls.option_classes() if hasattr(spec_cls, "option_classes") else (spec_cls,)
+    return [(cls, f) for cls in classes for f in fields(cls) if f.metadata.get("cli", True)]
+
+
+def build_parser(
+    spec_cls: type, defaults: Mapping[str, Any] | None = None, description: str | None = None, *, config: bool = False
+) -> argparse.ArgumentParser:
+    """The parser of ``spec_cls``: ``--config`` when it reads one (or ``config``), its own actions, one flag per
+    option field (no default of its own: an option not given is absent from the namespace; ``--help`` shows the
+    default, ``defaults`` replacing the field's)."""
+    parser = argparse.ArgumentParser(
+        description=description or getattr(spec_cls, "DESCRIPTION", None),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    if config or hasattr(spec_cls, "read_config"):
+        action = "append" if getattr(spec_cls, "CONFIG_APPEND", False) else "store"
+        help = getattr(spec_cls, "CONFIG_HELP", "a bundled config name or a YAML file; flags win")
+        parser.add_argument("--config", action=action, default=None, help=help)
+    if hasattr(spec_cls, "add_arguments"):
+        spec_cls.add_arguments(parser)
+    defaults, flags = dict(defaults or {}), getattr(spec_cls, "FLAGS", {})
+    starts = {first: title for title, first in getattr(spec_cls, "GROUPS", ())}
+    group: Any = parser
+    previous = None
+    for cls, f in _option_fields(spec_cls):
+        if f.name in starts or (cls is not previous and hasattr(cls, "GROUP")):
+            group = parser.add_argument_group(starts.get(f.name) or cls.GROUP)
+        previous = cls
+        default = defaults.get(f.name, field_default(f))
+        default = " ".join(map(str, default)) if isinstance(default, (list, tuple)) else default
+        check = f.metadata.get("check")
+        kwargs = _argparse_kwargs(get_type_hints(cls)[f.name])
+        if check is not None and check.choices is not None and "metavar" not in kwargs:
+            kwargs["metavar"] = "{" + ",".join(map(str, check.choices)) + "}"  # the field's check decides
+        group.add_argument(*flags.get(f.name, [f"--{f.name}"]), dest=f.name, default=argparse.SUPPRESS,
+                           help=f"{f.metadata['help']} (default: {default})", **kwargs)  # fmt: skip
+    return parser
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# layers
+# ---------------------------------------------------------------------------------------------------------------------
+def merge_layers(layers: Sequence[Layer], explicit_from: int = 1) -> tuple[dict[str, Any], dict[str, str]]:
+    """Lay ``layers`` over each other in order (a later one wins); return ``(values, where)``.
+
+    ``virtual_batch_size`` is another name of ``batch_size``: a layer giving it sets ``batch_size`` too. The layers
+    from ``explicit_from`` on are the user's; ``batch_size`` and ``virtual_batch_size`` given there with different
+    values in one layer, or the batch size in a later one (which would silently undo the virtual batch), are
+    refused naming both.
+    """
+    values: dict[str, Any] = {}
+    where: dict[str, str] = {}
+    level: dict[str, int] = {}
+    for i, layer in enumerate(layers):
+        for name, (source, value) in layer.items():
+            values[name], where[name], level[name] = value, source, i
+        if layer.get("virtual_batch_size", (None, None))[1] is not None and "batch_size" not in layer:
+            values["batch_size"], where["batch_size"], level["batch_size"] = values["virtual_batch_size"], where[
+                "virtual_batch_size"], i  # fmt: skip
+    vb, b = values.get("virtual_batch_size"), values.get("batch_size")
+    if vb is not None and b is not None and vb != b:
+        if level["virtual_batch_size"] >= explicit_from and level["batch_size"] >= max(
+            level["virtual_batch_size"], explicit_from
+        ):
+            a, c = where["virtual_batch_size"], where["batch_size"]
+            raise OptionError(
+                f"--virtual_batch_size {vb} and --batch_size {b} differ ({a if a == c else f'{a} and {c}'}): "
+                "--virtual_batch_size is the batch the sampler draws and the loss ranks, it replaces --batch_size; "
+                "give one of them (or the same value to both)"
+            )
+        values["virtual_batch_size"] = b  # a default virtual batch follows the batch size the user gave
+    return values, where
+
+
+def parse(spec_cls: type[S], argv: list[str] | None = None, *, defaults: Mapping[str, Any] | None = None,
+          description: str | None = None, rest: list[str] | None = None,
+          read_config: Callable[[str], tuple[Any, Layer]] | None = None) -> S:  # fmt: skip
+    """The spec of one invocation: ``argv`` parsed once, each ``--config`` file read once, the spec built once.
+
+    Precedence: field defaults < ``defaults`` (a preset's no-argument run) < ``--config`` file(s) < flags. Any
+    refusal is a ``parser.error``: one ``error:`` line naming the flag or the file and key, exit status 2.
+    ``rest``: a list that receives the tokens of ``argv`` that are no flag of the spec (default: refused).
+    ``read_config``: the ``--config`` reader (default: the class's ``read_config``; the training command passes
+    :func:`~pml_suprank.training.hub_config.read_layer`).
+    """
+    read_config = read_config or getattr(spec_cls, "read_config", None)
+    parser = build_parser(spec_cls, defaults, description, config=read_config is not None)
+    if rest is None:
+        namespace = vars(parser.parse_args(argv))
+    else:
+        known, unknown = parser.parse_known_args(argv)
+        namespace = vars(known)
+        rest.extend(unknown)
+    flag_of = {a.dest: a.option_strings[0] for a in parser._actions if a.option_strings}
+    layers: list[Layer] = [{k: (k, v) for k, v in (defaults or {}).items()}]
+    paths = namespace.pop("config", None) or []
+    files = []
+    try:
+        for path in [paths] if isinstance(paths, str) else paths:
+            raw, layer = read_config(path)  # type: ignore[misc]
+            files.append(raw)
+            layers.append(layer)
+    except (ValueError, FileNotFoundError) as e:
+        parser.error(f"--config: {e}")
+    layers.append({k: (flag_of.get(k, k), v) for k, v in namespace.items()})
+    where: dict[str, str] = {}
+    try:
+        values, where = merge_layers(layers)
+        given = frozenset(n for layer in layers[1:] for n in layer)
+        if hasattr(spec_cls, "from_options"):
+            return spec_cls.from_options(values, given=given, where=where, files=files)
+        return spec_cls(**values)
+    except OptionError as e:
+        parser.error(e.located(where))
+    except (ValueError, TypeError) as e:
+        parser.error(str(e))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# --config files
+# ---------------------------------------------------------------------------------------------------------------------
+def read_sections(
+    path: str | Path, keys: Mapping[str, Mapping[str, str]], *, metadata: Mapping[str, Any] = ()
+) -> tuple[dict[str, Any], dict[str, tuple[str, Any]]]:
+    """The one reader of a configuration file (a hub_config, a ``fit_heat`` / ``ood_benchmark`` ``--config``):
+    bounded safe YAML (:func:`pml_suprank._safe_yaml.load_yaml`), a mapping of sections.
+
+    Args:
+        path: The YAML file.
+        keys: ``{section: {key: field name}}`` of the option sections.
+        metadata: Top-level keys holding no option (``{key: check}``, a check may be ``None``): kept in the raw dict.
+
+    Returns:
+        ``(raw mapping, {field name: ("<file>: section.key", value)})``.
+
+    Raises:
+        OptionError: not a mapping, an unknown section or key, a metadata value its check refuses (each named with
+            the file and key).
+    """
+    cfg = load_yaml(path)
+    cfg = {} if cfg is None else cfg
+    if not isinstance(cfg, dict):
+        raise OptionError(f"{path}: must hold a mapping of sections; got {type(cfg).__name__}")
+    out: dict[str, tuple[str, Any]] = {}
+    for section, body in cfg.items():
+        if section in metadata:
+            check = metadata[section]
+            if check is not None and not check(body):
+                raise OptionError(f"{path}: {section!r} must be {check.expected}; got {shorten(repr(body), 200)}")
+            continue
+        if section not in keys:
+            raise OptionError(f"{path}: unknown section {section!r}; valid: {[*keys, *metadata]}")
+        if body is None:
+            continue
+        if not isinstance(body, dict):
+            raise OptionError(f"{path}: section {section!r} must be a mapping; got {type(body).__name__}")
+        for key, value in body.items():
+            name = keys[section].get(str(key))
+            if name is None:
+                raise OptionError(f"{path}: unknown key {section}.{key}; valid keys of {section!r}: "
+                                  f"{sorted(keys[section])}")  # fmt: skip
+            out[name] = (f"{path}: {section}.{key}", value)
+    return cfg, out
