@@ -25,17 +25,11 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import get_device_states, set_device_states
 
-__all__ = ["cached_backward", "check_virtual_batch", "step_chunk_size"]
+from .._validation import check_bool, check_positive_int
+
+__all__ = ["cached_backward"]
 
 Inputs = Tensor | Mapping[str, Tensor] | Sequence[Tensor]
-
-
-def _check_chunk_size(chunk_size: Any) -> int:
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int):
-        raise TypeError(f"chunk_size must be a positive int; got {type(chunk_size).__name__} {chunk_size!r}")
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int; got {chunk_size}")
-    return chunk_size
 
 
 def _batch_size(inputs: Any) -> int:
@@ -134,36 +128,6 @@ def _autocast_off(device_type: str) -> contextlib.ExitStack:
         if torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
             stack.enter_context(torch.autocast(kind, enabled=False))
     return stack
-
-
-def check_virtual_batch(virtual_batch_size: Any, chunk_size: Any, batch_size: int) -> int | None:
-    """Validate the ``virtual_batch_size`` / ``chunk_size`` options of a training loop; return ``chunk_size``.
-
-    ``virtual_batch_size`` is the batch of one optimizer step, the ranking the loss sees (per process; under ``R``
-    processes the loss ranks ``R`` of them): it must equal the sampler's ``batch_size`` when given. ``chunk_size``
-    (``None``: a plain forward / backward) is the number of items embedded at a time by :func:`cached_backward`.
-    """
-    if virtual_batch_size is not None:
-        if isinstance(virtual_batch_size, bool) or not isinstance(virtual_batch_size, int):
-            raise TypeError(f"virtual_batch_size must be a positive int or None; got {virtual_batch_size!r}")
-        if virtual_batch_size != batch_size:
-            raise ValueError(
-                f"virtual_batch_size must equal the sampler's batch_size (the batch of one step); got "
-                f"virtual_batch_size={virtual_batch_size} and batch_size={batch_size}"
-            )
-    if chunk_size is not None:
-        _check_chunk_size(chunk_size)
-    return chunk_size
-
-
-def step_chunk_size(config: Any, virtual_batch_size: Any = None, chunk_size: Any = None) -> int | None:
-    """The ``chunk_size`` of a training step: the (checked) ``TrainingConfig``'s, trusted as it is, unless the loop
-    is given its own ``virtual_batch_size`` / ``chunk_size`` arguments, which are checked
-    (:func:`check_virtual_batch`) against ``config.batch_size``."""
-    if virtual_batch_size is None and chunk_size is None:
-        return config.chunk_size
-    vbs = config.virtual_batch_size if virtual_batch_size is None else virtual_batch_size
-    return check_virtual_batch(vbs, config.chunk_size if chunk_size is None else chunk_size, config.batch_size)
 
 
 def _ddp_chunks_agree(model: nn.Module, num_chunks: int) -> None:
@@ -285,14 +249,13 @@ def cached_backward(
         raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
     if not callable(loss_fn):
         raise TypeError(f"loss_fn must be callable as loss_fn(embeddings, labels, **loss_kwargs); got {loss_fn!r}")
-    chunk_size = _check_chunk_size(chunk_size)
+    chunk_size = check_positive_int("chunk_size", chunk_size)
     n = _batch_size(inputs)
     if not isinstance(labels, Tensor):
         raise TypeError(f"labels must be a Tensor with one row per input; got {type(labels).__name__}")
     if labels.dim() == 0 or labels.shape[0] != n:
         raise ValueError(f"labels must have one row per input (N={n} rows); got shape {tuple(labels.shape)}")
-    if not isinstance(allow_batchnorm, bool):
-        raise TypeError(f"allow_batchnorm must be a bool; got {type(allow_batchnorm).__name__}")
+    check_bool("allow_batchnorm", allow_batchnorm)
     if backward is not None and not callable(backward):
         raise TypeError(f"backward must be callable as backward(loss) or None; got {backward!r}")
     bn = _training_batchnorms(model)

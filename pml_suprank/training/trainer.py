@@ -1,31 +1,14 @@
 """The training loop shared by the recipes: Accelerate-driven metric learning with rank losses.
 
-What :class:`Trainer` does:
-
-* **any ``accelerate launch`` configuration** — CPU, multi-process (gloo), multi-GPU, mixed precision: the model and
-  the loss (whose proxies are parameters, e.g. ``ClusterLoss``) are wrapped in one :class:`LossModule` that goes
-  through ``accelerator.prepare``, so DDP synchronises the proxies' gradients too;
-* **exact distributed loss**: under several processes the embeddings of the global batch are gathered *with
-  gradients* (:func:`pml_suprank.collectives.all_gather_with_grad`) and every process computes the loss of the
-  global batch; after DDP's gradient averaging this equals the single-process gradient on the concatenated batch;
-* **parameter groups** ``backbone`` / ``head`` / ``proxies`` with their own learning rates, **warm-up epochs with the
-  backbone frozen** (no gradient, not stepped, no scheduler step, as in the ROADMAP / HAPPIER reference code) and a
-  **cosine** schedule over the remaining steps;
-* the package's **samplers** (which shard themselves: one global batch of ``num_processes * batch_size`` per step)
-  and the **memory** (``RankingMemory``);
-* **evaluation** every ``eval_every`` epochs with :class:`pml_suprank.metrics.RetrievalEvaluator` on the accelerator's
-  device (the evaluator's own ``device`` if it has one), the queries split across the processes; **progress bars** on
-  the main process; **tracking** through ``accelerator.log``;
-* **checkpoints** (:mod:`.checkpoint`) every ``checkpoint_every`` steps, written *atomically*, and an **exact
-  resume**: model, optimizer, scheduler, memory, RNG states, sampler epoch and position are restored and the
-  augmentation of every item is seeded by ``(seed, epoch, index)`` — the weights of an uninterrupted run;
-* a step whose loss or gradient is NaN / inf is **skipped** (no update) and counted; more than ``max_nonfinite_steps``
-  in a row raise :class:`.NonFiniteTrainingError` after a checkpoint of the last good state (:mod:`.nonfinite`);
-* **run identity** (:mod:`.run_folder`): the fingerprint of the configuration in ``run.json`` and every checkpoint
-  (another run's checkpoint, a new run into a previous run's folder and a concurrent run are refused);
-* a final **Hub-ready folder** (:func:`pml_suprank.training.export.write_final_folder`), written atomically.
-
-The module never reads the environment; recipes pass everything explicitly.
+:class:`Trainer` runs under any ``accelerate launch`` configuration. The model and the loss (whose proxies are
+parameters) form one :class:`.LossModule` that goes through ``accelerator.prepare``; under several processes the
+loss of the gathered global batch is computed on every process, so after DDP's averaging the gradient equals the
+single-process one. Parameter groups ``backbone`` / ``head`` / ``proxies`` have their own learning rates; warm-up
+epochs freeze the backbone (no gradient, no scheduler step), then a cosine schedule runs. Checkpoints
+(:mod:`.checkpoint`) give an exact resume (model, optimizer, scheduler, memory, RNG states, sampler position, each
+item's augmentation seeded by ``(seed, epoch, index)``); non-finite steps are skipped and counted (:mod:`.nonfinite`);
+the run identity lives in :mod:`.run_folder`; the final Hub-ready folder is written by :mod:`.export`. The module
+never reads the environment.
 """
 
 from __future__ import annotations
@@ -45,7 +28,6 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..metrics.report import format_metrics
 from . import checkpoint, run_folder
-from .cached_backward import step_chunk_size
 from .config import TrainingConfig
 from .export import history_with_evaluations, write_final_folder
 from .loaders import (
@@ -107,8 +89,6 @@ class Trainer:
             processes and rank (the sampler shards the global batch itself).
         run_options: The model / data / loss options the caller resolved (``{"model": {...}, "data": {...},
             "loss": {...}}``, JSON-able); with the ``TrainingConfig`` they make the run fingerprint.
-        virtual_batch_size, chunk_size: Gradient-cached steps (exact): see :func:`.loss_module.backward_step`;
-            by default ``config.virtual_batch_size`` / ``config.chunk_size`` (the arguments win when given).
 
     Example: see "From Python" in the training recipes guide (``docs/recipes.md``).
     """
@@ -125,9 +105,6 @@ class Trainer:
         memory: nn.Module | None = None,
         sampler: Any = None,
         run_options: Mapping[str, Any] | None = None,
-        *,
-        virtual_batch_size: int | None = None,
-        chunk_size: int | None = None,
     ) -> None:
         if not isinstance(config, TrainingConfig):
             raise TypeError(f"config must be a TrainingConfig; got {type(config).__name__}")
@@ -144,7 +121,7 @@ class Trainer:
         self.train_dataset = SeededAugmentation(train_dataset, seed=config.seed)
         self.test_dataset = test_dataset
         self.loss = loss
-        self.chunk_size = step_chunk_size(config, virtual_batch_size, chunk_size)  # the config checked itself
+        self.chunk_size = config.chunk_size  # gradient-cached steps (exact): see .loss_module.backward_step
         if memory is None:
             memory = build_memory(config, model, loss, train_dataset, self.train_labels.shape[1])
         self.memory = memory
