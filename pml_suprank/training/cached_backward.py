@@ -29,23 +29,24 @@ from .._validation import check_bool, check_positive_int
 
 __all__ = ["cached_backward"]
 
-Inputs = Tensor | Mapping[str, Tensor] | Sequence[Tensor]
+Chunk = tuple[tuple[Tensor, ...], dict[str, Tensor]]  # model(*args, **kwargs)
 
 
-def _batch_size(inputs: Any) -> int:
-    """``N``, the common dim-0 size of ``inputs`` (a tensor, or a dict / tuple / list of tensors)."""
+def _split_inputs(inputs: Any) -> tuple[Chunk, int]:
+    """``((args, kwargs), N)``: a tensor is called as ``model(x)``, a tuple / list as ``model(*x)``, a dict as
+    ``model(**x)``; ``N`` is the common dim-0 size of the tensors."""
     if isinstance(inputs, Tensor):
-        tensors = {"inputs": inputs}
+        call, named = ((inputs,), {}), {"inputs": inputs}
     elif isinstance(inputs, Mapping):
-        tensors = {f"inputs[{k!r}]": v for k, v in inputs.items()}
+        call, named = ((), dict(inputs)), {f"inputs[{k!r}]": v for k, v in inputs.items()}
     elif isinstance(inputs, (tuple, list)):
-        tensors = {f"inputs[{i}]": v for i, v in enumerate(inputs)}
+        call, named = (tuple(inputs), {}), {f"inputs[{i}]": v for i, v in enumerate(inputs)}
     else:
         raise TypeError(f"inputs must be a Tensor or a dict / tuple / list of Tensors; got {type(inputs).__name__}")
-    if not tensors:
+    if not named:
         raise ValueError(f"inputs must hold at least one Tensor; got an empty {type(inputs).__name__}")
     sizes = {}
-    for name, value in tensors.items():
+    for name, value in named.items():
         if not isinstance(value, Tensor):
             raise TypeError(f"{name} must be a Tensor (split along dim 0); got {type(value).__name__}")
         if value.dim() == 0:
@@ -56,30 +57,12 @@ def _batch_size(inputs: Any) -> int:
     n = next(iter(sizes.values()))
     if n == 0:
         raise ValueError("inputs must hold at least one item; got a batch of size 0")
-    return n
+    return call, n
 
 
-def _slice(inputs: Inputs, rows: slice) -> Inputs:
-    if isinstance(inputs, Tensor):
-        return inputs[rows]
-    if isinstance(inputs, Mapping):
-        return {k: v[rows] for k, v in inputs.items()}
-    return tuple(v[rows] for v in inputs)
-
-
-def _call(model: nn.Module, chunk: Inputs) -> Tensor:
-    """``model(x)`` for a tensor, ``model(*x)`` for a tuple / list, ``model(**x)`` for a dict."""
-    if isinstance(chunk, Tensor):
-        return model(chunk)
-    if isinstance(chunk, Mapping):
-        return model(**chunk)
-    return model(*chunk)
-
-
-def _tensors(chunk: Inputs) -> list[Tensor]:
-    if isinstance(chunk, Tensor):
-        return [chunk]
-    return list(chunk.values()) if isinstance(chunk, Mapping) else list(chunk)
+def _slice(inputs: Chunk, rows: slice) -> Chunk:
+    args, kwargs = inputs
+    return tuple(v[rows] for v in args), {k: v[rows] for k, v in kwargs.items()}
 
 
 def _check_output(out: Any, rows: int, start: int) -> Tensor:
@@ -144,19 +127,19 @@ def _ddp_chunks_agree(model: nn.Module, num_chunks: int) -> None:
         )
 
 
-def _embed_without_graph(model: nn.Module, inputs: Inputs, bounds: list[slice]) -> tuple[list[_RNGState], list[Tensor]]:
+def _embed_without_graph(model: nn.Module, inputs: Chunk, bounds: list[slice]) -> tuple[list[_RNGState], list[Tensor]]:
     """Pass 1: the embeddings of every chunk without a graph, and the RNG state before each chunk."""
     states, outputs = [], []
     with torch.no_grad():
         for rows in bounds:
-            chunk = _slice(inputs, rows)
-            states.append(_RNGState(_tensors(chunk)))
-            outputs.append(_check_output(_call(model, chunk), rows.stop - rows.start, rows.start).detach())
+            args, kwargs = _slice(inputs, rows)
+            states.append(_RNGState([*args, *kwargs.values()]))
+            outputs.append(_check_output(model(*args, **kwargs), rows.stop - rows.start, rows.start).detach())
     return states, outputs
 
 
 def _backward_chunks(
-    model: nn.Module, inputs: Inputs, bounds: list[slice], states: list[_RNGState], grad: Tensor
+    model: nn.Module, inputs: Chunk, bounds: list[slice], states: list[_RNGState], grad: Tensor
 ) -> None:
     """Pass 2: each chunk again, with a graph and its RNG state, back-propagating its rows of ``grad`` (``dL/dE``).
 
@@ -169,7 +152,8 @@ def _backward_chunks(
     for i, (rows, state) in enumerate(zip(bounds, states, strict=True)):
         sync = model.no_sync() if isinstance(model, DistributedDataParallel) and i < last else contextlib.nullcontext()
         with sync, state.restored():
-            out = _call(model, _slice(inputs, rows))
+            args, kwargs = _slice(inputs, rows)
+            out = model(*args, **kwargs)
             with _autocast_off(out.device.type):
                 torch.autograd.backward(out, grad_tensors=grad[rows].to(out.dtype))
     with torch.no_grad():
@@ -181,7 +165,7 @@ def _backward_chunks(
 def cached_backward(
     model: nn.Module,
     loss_fn: Callable[..., Tensor],
-    inputs: Inputs,
+    inputs: Tensor | Mapping[str, Tensor] | Sequence[Tensor],
     labels: Tensor,
     *,
     chunk_size: int,
@@ -250,7 +234,7 @@ def cached_backward(
     if not callable(loss_fn):
         raise TypeError(f"loss_fn must be callable as loss_fn(embeddings, labels, **loss_kwargs); got {loss_fn!r}")
     chunk_size = check_positive_int("chunk_size", chunk_size)
-    n = _batch_size(inputs)
+    inputs, n = _split_inputs(inputs)
     if not isinstance(labels, Tensor):
         raise TypeError(f"labels must be a Tensor with one row per input; got {type(labels).__name__}")
     if labels.dim() == 0 or labels.shape[0] != n:

@@ -19,8 +19,6 @@ __all__ = ["REPORT_TO", "flat_config", "log_config_text", "log_plots", "resolve_
 #: the choices of ``--report_to``
 REPORT_TO = ("none", "tensorboard", "wandb", "mlflow", "all")
 
-_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
-
 
 def _available(name: str) -> bool:
     from accelerate.utils import is_mlflow_available, is_tensorboard_available, is_wandb_available
@@ -48,8 +46,7 @@ def resolve_report_to(report_to: str, *, required: bool = True) -> str | None:
     if not _available(report_to):
         if required:
             raise ValueError(
-                f"--report_to {report_to} needs the {_PACKAGES[report_to]} package: pip install "
-                f"{_PACKAGES[report_to]} (or --report_to none)"
+                f"--report_to {report_to} needs the {report_to} package: pip install {report_to} (or --report_to none)"
             )
         return None
     return report_to

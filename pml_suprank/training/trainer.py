@@ -144,10 +144,8 @@ class Trainer:
         optimizer = build_optimizer(model, loss, config)
         self.scheduler = build_scheduler(optimizer, self.scheduled_steps, config)
         self.loss_module, self.optimizer = accelerator.prepare(self.loss_module, optimizer)
-        # the scheduler is stepped by hand once per global step (each process sees every step: the sampler shards
-        # the global batch), so it is not prepared (a prepared one steps num_processes times); nor is it registered
-        # for checkpointing (Accelerate would pickle it and unpickle it on resume): its state goes into
-        # trainer_state.json as JSON
+        # the scheduler is stepped by hand once per global step (a prepared one steps num_processes times) and its
+        # state goes into trainer_state.json as JSON (registered with Accelerate, it would be pickled)
         self.evaluator = evaluator
         self.progress = _Progress()
         self.nonfinite = NonFiniteSteps(config.max_nonfinite_steps)  # skipped steps (trainer_state.json)
@@ -156,9 +154,7 @@ class Trainer:
         self.first_embeddings: tuple[Tensor, Tensor, Tensor] | None = None  # e.g. before training, for the plots
         self.finished = False
         self.run_config = run_folder.run_config(config.to_dict(), run_options)
-        self.fingerprint = run_folder.run_fingerprint(
-            self.run_config
-        )  # identifies this run in run.json and its checkpoints
+        self.fingerprint = run_folder.run_fingerprint(self.run_config)  # in run.json and every checkpoint
         self._lock: run_folder.RunLock | None = None  # on the main process, between begin_run and end_run
         self._begun = False
         self._claimed = False  # the output folder was checked and claimed by this trainer once
@@ -351,13 +347,10 @@ class Trainer:
 
     # -- training -----------------------------------------------------------------------------------------------
     def _set_backbone_trainable(self, trainable: bool) -> None:
-        backbone = getattr(self.model, "backbone", None)
-        if backbone is None:
-            return
-        for name, p in backbone.named_parameters():  # frozen batch norm stays frozen
-            owner = backbone.get_submodule(name.rsplit(".", 1)[0]) if "." in name else backbone
-            bn = self.config.freeze_batch_norm and isinstance(owner, nn.modules.batchnorm._BatchNorm)
-            p.requires_grad_(trainable and not bn)
+        for module in getattr(self.model, "backbone", nn.Identity()).modules():  # frozen batch norm stays frozen
+            bn = self.config.freeze_batch_norm and isinstance(module, nn.modules.batchnorm._BatchNorm)
+            for p in module.parameters(recurse=False):
+                p.requires_grad_(trainable and not bn)
 
     def _train_mode(self) -> None:
         self.loss_module.train()
@@ -535,21 +528,18 @@ class Trainer:
         image_dataset: Any = None,
         repo_id: str | None = None,
     ) -> Path | None:
-        """Write the Hub-ready folder (on the main process; returns ``None`` elsewhere).
+        """Write the Hub-ready folder atomically (:func:`.export.write_final_folder`, a previous one replaced whole) on
+        the main process; returns ``None`` elsewhere. ``config.json`` and the summary carry the run fingerprint.
 
-        Contents: see :func:`pml_suprank.training.export.write_final_folder` (plots from the last evaluation's
-        embeddings, the first evaluation's for comparison). Args:
+        Args:
             save_directory: Default ``output_dir/final``.
-            metrics: Final test metrics ``{name: number}`` (``RetrievalEvaluator`` keys) for the card.
+            metrics: Final test metrics ``{name: number}`` for the card.
             summary: Any JSON-able dict, written to ``training_summary.json``.
             metadata: ``config.json`` training metadata (``loss``, ``dataset``, ``label_names``, ``loss_kwargs``...).
             hub_config: The hub_config dict (tags, datasets, the paper's numbers for the card).
-            plots: Draw the plots.
+            plots: Draw the plots (last evaluation's embeddings, the first's for comparison).
             image_dataset: Dataset with ``get_image(i)`` for the retrieval grid (default: the test set).
             repo_id: Repo id (or folder path) shown in the card's usage snippet.
-
-        Written aside and renamed into place (a previous ``final/`` replaced whole): one run's weights, ``config.json``
-        and summary, both JSON files carrying the run fingerprint.
         """
         acc = self.accelerator
         save_directory = Path(save_directory) if save_directory is not None else self.output_dir / "final"
