@@ -1,10 +1,8 @@
 """Exact large batches on one device: gradient-cached virtual batches for any loss, rank losses first.
 
-A rank loss (Smooth-AP, SupAP, ROADMAP, HAPPIER, Sup-NDCG, ...) is not a sum over the items of the batch: the batch
-*is* the ranking the loss sees, so accumulating the gradients of small batches computes another loss (the mean of
-small-batch APs), not the large-batch one. Gradient caching (Gao et al., "Scaling Deep Contrastive Learning Batch
-Size under Memory Limited Setup", RepL4NLP 2021) gives the large-batch gradient exactly, at the activation memory of
-one chunk plus the ``(N, D)`` embeddings, for one extra forward:
+A rank loss is not a sum over the items of the batch (the batch *is* the ranking), so accumulating small-batch
+gradients computes another loss. Gradient caching (Gao et al., RepL4NLP 2021) gives the large-batch gradient exactly,
+at the activation memory of one chunk plus the ``(N, D)`` embeddings, for one extra forward:
 
 1. embed the ``N`` inputs chunk by chunk without an autograd graph, recording each chunk's RNG state;
 2. evaluate the loss on the whole ``(N, D)`` batch of embeddings, a leaf that requires grad, and back-propagate it:
@@ -175,47 +173,34 @@ def cached_backward(
 ) -> Tensor:
     """Backward of ``loss_fn(model(inputs), labels)`` on a batch of ``N`` items, embedding ``chunk_size`` at a time.
 
-    After the call every parameter of ``model`` and of ``loss_fn`` holds the ``.grad`` that
-
-    ``loss_fn(torch.cat([model(c) for c in chunks(inputs)]), labels, **loss_kwargs).backward()``
-
-    gives (the gradient of the large-batch loss: tested to 1e-9 relative in float64 for every pml_suprank rank
-    loss), while at most one chunk's activations are alive. Gradients *accumulate* into existing ``.grad`` like
-    ``backward()`` (zero them before, step and clip after). The embeddings are computed twice (one extra forward).
+    Every parameter of ``model`` and ``loss_fn`` then holds the ``.grad`` of
+    ``loss_fn(torch.cat([model(c) for c in chunks(inputs)]), labels, **loss_kwargs).backward()`` (tested to 1e-9
+    relative in float64 for every rank loss) with at most one chunk's activations alive, for one extra forward.
+    Gradients *accumulate* like ``backward()``.
 
     Contract:
 
-    * **chunks**: ``inputs`` is split along dim 0 into ``ceil(N / chunk_size)`` chunks (the last one may be smaller);
-      a tensor is called as ``model(x)``, a tuple / list as ``model(*x)``, a dict as ``model(**x)``. ``model`` must
-      return ``(rows, D)`` embeddings. ``labels`` (1-D, ``(N, L)`` levels, ``(N, W)`` multi-label sets: whatever
-      ``loss_fn`` takes) and ``loss_kwargs`` (``indices_tuple=``, a memory's ``indices=``...) go unsplit to the one
-      call ``loss_fn(embeddings (N, D), labels, **loss_kwargs)``, which sees the whole virtual batch: a
-      ``RankingMemory`` enqueues it once, a ``DistributedRankLoss`` gathers every process's virtual batch.
-    * **randomness** (dropout, stochastic depth): the CPU generator and the generators of the chunk's accelerator
-      (as ``torch.utils.checkpoint`` does) are recorded before each chunk's first forward and restored for its second,
-      so both see the same masks; the masks are those of a chunk-by-chunk forward (a single full-batch forward
-      would draw others). The global generators end as after the first pass. Randomness on a device that holds no
-      input tensor is not recorded.
-    * **BatchNorm** in training mode normalises with the statistics of its *chunk*, not of the batch: a chunked
-      forward cannot reproduce full-batch BatchNorm, so such a model is refused with a ``ValueError`` unless
-      ``allow_batchnorm=True`` (then the result is approximate: the gradient of the chunk-statistics network; the
-      running statistics are updated once per chunk by the first pass, the second pass restores them). BatchNorm in
-      eval mode (frozen statistics, the recipes' default for retrieval backbones) is exact.
-    * **mixed precision**: call it inside ``accelerator.autocast()`` (both forwards run under the same autocast) and
-      pass ``backward=accelerator.backward`` so that the loss is scaled (GradScaler) as usual: the cached embedding
-      gradient carries the scale to the model's gradients. Unscale / clip / step after the call.
-    * **DistributedDataParallel** ``model``: the gradients are synchronised once, at the last chunk
-      (``no_sync()`` for the others); every process must use the same number of chunks (checked). Parameters of
-      ``loss_fn`` are not under the model's DDP: synchronise them as usual.
+    * ``inputs`` is split along dim 0 into ``ceil(N / chunk_size)`` chunks; ``model`` returns ``(rows, D)``.
+      ``labels`` and ``loss_kwargs`` go unsplit to the one call ``loss_fn(embeddings (N, D), labels, **loss_kwargs)``
+      (a ``RankingMemory`` enqueues the virtual batch once, a ``DistributedRankLoss`` gathers every process's).
+    * **randomness**: the CPU and the chunk's accelerator generators are recorded before each chunk's first forward
+      and restored for its second (same dropout masks, those of a chunk-by-chunk forward); the global generators end
+      as after the first pass.
+    * **BatchNorm** in training mode cannot be reproduced chunk-wise: refused unless ``allow_batchnorm=True``
+      (approximate; the running statistics are updated by the first pass only). Eval-mode BatchNorm is exact.
+    * **mixed precision**: call it inside ``accelerator.autocast()`` with ``backward=accelerator.backward`` (the
+      scale reaches the model's gradients). Unscale / clip / step after the call.
+    * **DistributedDataParallel** ``model``: gradients are synchronised once, at the last chunk; every process must
+      use the same number of chunks (checked). ``loss_fn``'s parameters are not under the model's DDP.
 
     Args:
         model: Maps a chunk of ``inputs`` to its embeddings ``(rows, D)``.
-        loss_fn: ``loss_fn(embeddings (N, D), labels, **loss_kwargs) -> scalar`` (any pml_suprank / PML loss, a
-            ``RankingMemory``, a ``DistributedRankLoss``, or a closure).
-        inputs: ``(N, ...)`` tensor, or dict / tuple / list of tensors with the same size ``N`` along dim 0.
-        labels: The labels of the ``N`` items, a tensor with ``N`` rows, passed whole to ``loss_fn``.
-        chunk_size: Rows embedded at a time (``>= N``: one chunk, a plain forward and backward plus one forward).
-        allow_batchnorm: Accept BatchNorm layers in training mode (approximate, see above).
+        loss_fn: ``loss_fn(embeddings (N, D), labels, **loss_kwargs) -> scalar``.
+        inputs: ``(N, ...)`` tensor (``model(x)``), or tuple / list (``model(*x)``) or dict (``model(**x)``) of
+            tensors of the same size ``N`` along dim 0.
+        labels: The labels of the ``N`` items (a tensor with ``N`` rows), passed whole to ``loss_fn``.
+        chunk_size: Rows embedded at a time (``>= N``: one chunk).
+        allow_batchnorm: Accept BatchNorm layers in training mode (approximate).
         backward: Called as ``backward(loss)`` instead of ``loss.backward()`` (e.g. ``accelerator.backward``).
         **loss_kwargs: Extra keyword arguments of ``loss_fn``.
 
@@ -223,10 +208,7 @@ def cached_backward(
         The loss value, detached (a 0-d tensor).
 
     Example:
-        >>> loss_fn = losses.ROADMAPLoss()
-        >>> optimizer.zero_grad()
-        >>> loss = cached_backward(model, loss_fn, images, labels, chunk_size=64)  # images: (1024, 3, H, W)
-        >>> torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        >>> loss = cached_backward(model, losses.ROADMAPLoss(), images, labels, chunk_size=64)  # images: (1024, ...)
         >>> optimizer.step()
     """
     if not isinstance(model, nn.Module):

@@ -19,12 +19,9 @@ __all__ = ["LossModule", "backward_step"]
 class LossModule(nn.Module):
     """``model`` + ``loss`` (+ ``memory``) as one module: ``forward(images, labels, indices) -> loss``.
 
-    Wrapping them together lets ``accelerator.prepare`` put the loss parameters (proxies) under the same DDP as the
-    network. With ``num_processes > 1`` the embeddings and labels of the global batch are gathered by
-    :func:`pml_suprank.collectives.gather_batch` (the embeddings with gradients; multi-label sets padded to one width)
-    — the gather of :class:`~pml_suprank.memory.RankingMemory` and :class:`~pml_suprank.losses.DistributedRankLoss`
-    too — and the loss of the global batch is computed on every process: after DDP averages the gradients this is
-    exactly the single-process gradient of the loss on the concatenated batch.
+    One module, so that ``accelerator.prepare`` puts the loss parameters (proxies) under the network's DDP. With
+    ``distributed`` the global batch is gathered with gradients (:func:`pml_suprank.collectives.gather_batch`) and its
+    loss computed on every process: after DDP's averaging, the single-process gradient of the concatenated batch.
 
     Args:
         model: Maps ``(B, 3, H, W)`` images to ``(B, D)`` embeddings.

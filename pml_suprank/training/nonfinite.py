@@ -27,7 +27,6 @@ __all__ = [
     "finite_or_zero",
     "grad_norm",
     "nan_unless",
-    "step_grad_norm",
     "step_if_finite",
     "stop_error",
 ]
@@ -73,23 +72,6 @@ def grad_norm(parameters: Iterable[nn.Parameter]) -> Tensor:
     return torch.linalg.vector_norm(torch.stack(norms))
 
 
-def step_grad_norm(
-    accelerator: Any, optimizer: Any, parameters: Iterable[nn.Parameter], grad_clip: float | None
-) -> Tensor:
-    """The total gradient norm of a training step, after the gradients are reduced over processes and unscaled:
-    ``accelerator.clip_grad_norm_``'s value with ``grad_clip`` (it clips; the norm before clipping), otherwise
-    :func:`grad_norm`. Under fp16 the accelerator's ``GradScaler`` first unscales the gradients of ``optimizer`` (an
-    ``AcceleratedOptimizer`` or the optimizer it wraps), recording its overflow check, as its ``step`` would."""
-    params = list(parameters)
-    if grad_clip is not None:
-        norm = accelerator.clip_grad_norm_(params, grad_clip)  # unscales fp16 gradients first
-        if isinstance(norm, Tensor):
-            return norm
-    elif getattr(accelerator, "scaler", None) is not None:
-        accelerator.scaler.unscale_(getattr(optimizer, "optimizer", optimizer))
-    return grad_norm(params)
-
-
 def step_if_finite(
     accelerator: Any,
     optimizer: Any,
@@ -98,19 +80,19 @@ def step_if_finite(
     parameters: Iterable[nn.Parameter],
     grad_clip: float | None,
 ) -> tuple[float, float, bool]:
-    """After ``accelerator.backward``: the optimizer step (and the ``scheduler`` step unless it is ``None``) when the
-    loss and the gradient norm (:func:`step_grad_norm`, clipping with ``grad_clip``) are finite; the gradients are
-    zeroed either way.
-
-    Call it after the gradients are reduced over processes (DDP's backward): every process then reads the same norm
-    and the same global-batch loss and takes the same decision. Under fp16 the ``GradScaler`` keeps its own say (a step
-    it skips counts as skipped, and a step skipped here backs its scale off as one it skips would).
-
-    Returns:
-        ``(loss, gradient norm, stepped)``: the two values of the step's one device→host read, and whether the
-        optimizer stepped.
-    """
-    norm = step_grad_norm(accelerator, optimizer, parameters, grad_clip).detach().reshape(()).float()
+    """After ``accelerator.backward`` (gradients reduced over processes, so every process decides alike): the
+    optimizer step, and the ``scheduler`` step unless it is ``None``, when the loss and the gradient norm
+    (``accelerator.clip_grad_norm_``'s with ``grad_clip``, which unscales fp16 gradients first, else
+    :func:`grad_norm`) are finite; gradients zeroed either way. Under fp16 a step the ``GradScaler`` skips counts as
+    skipped, and one skipped here backs its scale off. Returns ``(loss, gradient norm, stepped)``, the two values read
+    in one device→host transfer."""
+    params = list(parameters)
+    norm = accelerator.clip_grad_norm_(params, grad_clip) if grad_clip is not None else None  # the norm before clipping
+    if not isinstance(norm, Tensor):
+        if grad_clip is None and getattr(accelerator, "scaler", None) is not None:  # fp16: unscale as step() would
+            accelerator.scaler.unscale_(getattr(optimizer, "optimizer", optimizer))
+        norm = grad_norm(params)
+    norm = norm.detach().reshape(()).float()
     value, norm_value = torch.stack([loss.detach().reshape(()).float(), norm.to(loss.device)]).tolist()  # one read
     stepped = math.isfinite(value) and math.isfinite(norm_value)
     if stepped:
@@ -125,11 +107,9 @@ def step_if_finite(
 
 
 def stop_error(trainer: Any, loss: float, norm: float, bar: Any = None) -> NonFiniteTrainingError:
-    """The error that ends a :class:`~pml_suprank.training.Trainer` run at its current step, after closing the
-    progress ``bar`` and checkpointing the last good state: the parameters and optimizer state of the last finite step
-    (a skipped step leaves them untouched). No checkpoint is written when a forward pass left non-finite buffers
-    (BatchNorm statistics, the memory's queue); the message then names the newest valid checkpoint. Every process
-    calls it (the decision is the same everywhere) and takes the same branch (the buffers' check is gathered)."""
+    """The error ending a :class:`~pml_suprank.training.Trainer` run at its current step, after closing ``bar`` and
+    checkpointing the last finite step's state, unless a forward pass left non-finite buffers (BatchNorm statistics,
+    the memory's queue): the message then names the newest valid checkpoint. Called on every process alike."""
     if bar is not None:
         bar.close()
     acc = trainer.accelerator

@@ -81,12 +81,9 @@ class Trainer:
             attribute ``labels (N, L)``), with its training transform set.
         config: :class:`TrainingConfig`.
         test_dataset: Dataset for evaluation (same contract, test transform).
-        evaluator: ``RetrievalEvaluator``; default ``RetrievalEvaluator(k_values=config.k_values,
-            alpha=config.alpha)``.
-        memory: Optional ``RankingMemory`` wrapping ``loss``; built from ``config.memory_size`` when ``None`` and
-            ``memory_size > 0``.
-        sampler: Optional batch sampler; default built from ``config.sampler`` with the accelerator's number of
-            processes and rank (the sampler shards the global batch itself).
+        evaluator: ``RetrievalEvaluator``; default from ``config.k_values`` and ``config.alpha``.
+        memory: ``RankingMemory`` wrapping ``loss``; default from ``config.memory_size`` (none when 0).
+        sampler: Batch sampler; default from ``config.sampler``, sharded over the accelerator's processes.
         run_options: The model / data / loss options the caller resolved (``{"model": {...}, "data": {...},
             "loss": {...}}``, JSON-able); with the ``TrainingConfig`` they make the run fingerprint.
 
@@ -369,20 +366,13 @@ class Trainer:
     ) -> list[dict]:
         """Run (or continue) the training; return the history of logged values.
 
-        Without a prior :meth:`begin_run`, it begins the run itself (same arguments) and releases the lock at the end
-        (also on an exception).
-
-        Args:
-            resume_from: A checkpoint folder, or ``"latest"`` for the newest valid one in ``output_dir`` (if there
-                is none, training starts from scratch).
-            on_epoch_end: Called as ``fn(trainer, epoch, metrics_or_None)`` after every completed epoch.
-            ignore_config_change: Resume from a checkpoint of another configuration anyway (see :meth:`begin_run`).
-            overwrite_output_dir: Starting from scratch, delete a previous run in ``output_dir`` first.
+        Without a prior :meth:`begin_run`, it begins the run itself (``resume_from``, ``ignore_config_change``,
+        ``overwrite_output_dir``: see there) and releases the lock at the end (also on an exception).
+        ``on_epoch_end`` is called as ``fn(trainer, epoch, metrics_or_None)`` after every completed epoch.
 
         Returns:
-            One record per log event, with the keys ``step``, ``epoch``, ``loss``, ``steps_per_s``,
-                ``skipped_nonfinite_steps`` and ``lr_GROUP`` (one per parameter group), and one per evaluation,
-                with ``step``, ``epoch`` and ``eval/METRIC`` (one per metric key).
+            One record per log event (``step``, ``epoch``, ``loss``, ``steps_per_s``, ``skipped_nonfinite_steps``,
+            ``lr_GROUP`` per parameter group) and one per evaluation (``step``, ``epoch``, ``eval/METRIC``).
 
         Raises:
             NonFiniteTrainingError: more than ``config.max_nonfinite_steps`` steps in a row were non-finite.
