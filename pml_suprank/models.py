@@ -335,12 +335,9 @@ class RetrievalModel(HubMixin, nn.Module):
             "mean": list(mean) if mean is not None else None,
             "std": list(std) if std is not None else None,
         }
-        if projection_init != "random":  # default left out: config.json of a default model is unchanged
-            self.config["projection_init"] = projection_init
-        if crop_pct is not None:  # left out when unset: config.json of a default model is unchanged
-            self.config["crop_pct"] = float(crop_pct)
-        if crop_mode is not None:
-            self.config["crop_mode"] = crop_mode
+        optional = {"projection_init": None if projection_init == "random" else projection_init,
+                    "crop_pct": None if crop_pct is None else float(crop_pct), "crop_mode": crop_mode}  # fmt: skip
+        self.config.update({k: v for k, v in optional.items() if v is not None})  # defaults left out of config.json
         self.projection_init: str = projection_init
         # free-form metadata saved in config.json (training loss, label names, dataset, metrics, ...)
         self.hub_metadata: dict[str, Any] = {}
@@ -360,8 +357,7 @@ class RetrievalModel(HubMixin, nn.Module):
                 "HF_HOME) and set HF_HUB_OFFLINE=1, or give a local checkpoint file "
                 "(backbone_kwargs={'pretrained_cfg_overlay': {'file': '/path/to/weights.safetensors'}})"
             ) from None
-        num_features = int(self.backbone.num_features)
-        self.num_features = num_features
+        self.num_features = num_features = int(self.backbone.num_features)
         self.pool = Pooling(
             pooling,
             gem_p=gem_p,
@@ -482,19 +478,11 @@ class RetrievalModel(HubMixin, nn.Module):
         """timm data config (``input_size``, ``interpolation``, ``mean``, ``std``, ``crop_pct``, ``crop_mode``),
         with ``image_size`` / ``mean`` / ``std`` / ``crop_pct`` / ``crop_mode`` overrides applied; the input of
         :func:`pml_suprank.data.build_transforms`."""
-        timm = _timm()
-        cfg = dict(timm.data.resolve_model_data_config(self.backbone))
-        if self.config["image_size"] is not None:
-            s = self.config["image_size"]
-            cfg["input_size"] = (3, s, s)
-        if self.config["mean"] is not None:
-            cfg["mean"] = tuple(self.config["mean"])
-        if self.config["std"] is not None:
-            cfg["std"] = tuple(self.config["std"])
-        for key in ("crop_pct", "crop_mode"):
-            if self.config.get(key) is not None:
-                cfg[key] = self.config[key]
-        return cfg
+        cfg, c = dict(_timm().data.resolve_model_data_config(self.backbone)), self.config
+        if c["image_size"] is not None:
+            cfg["input_size"] = (3, c["image_size"], c["image_size"])
+        cfg.update({k: tuple(c[k]) for k in ("mean", "std") if c[k] is not None})
+        return {**cfg, **{k: c[k] for k in ("crop_pct", "crop_mode") if c.get(k) is not None}}
 
     def get_config(self) -> dict[str, Any]:
         """The constructor kwargs (JSON-able), with ``pretrained=False`` so that restoring never downloads."""

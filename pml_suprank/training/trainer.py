@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
+from ..metrics import RetrievalEvaluator
 from ..metrics.report import format_metrics
 from . import checkpoint, run_folder
 from .config import TrainingConfig
@@ -169,13 +170,6 @@ class Trainer:
             persistent_workers=False,
         )
 
-    def _get_evaluator(self) -> Any:
-        if self.evaluator is None:
-            from ..metrics import RetrievalEvaluator
-
-            self.evaluator = RetrievalEvaluator(k_values=self.config.k_values, alpha=self.config.alpha)
-        return self.evaluator
-
     @property
     def model(self) -> nn.Module:
         """The bare model (unwrapped from DDP / compile)."""
@@ -208,7 +202,9 @@ class Trainer:
         self.last_embeddings = (emb, labels, idx)
         if self.first_embeddings is None:
             self.first_embeddings = self.last_embeddings
-        ev = self._get_evaluator()
+        if self.evaluator is None:
+            self.evaluator = RetrievalEvaluator(k_values=self.config.k_values, alpha=self.config.alpha)
+        ev = self.evaluator
         device = self.accelerator.device if ev.device is None else ev.device
         result = ev.evaluate(emb, labels, device=device, distributed=self.accelerator.num_processes > 1)
         scalar = (int, float, np.floating, np.integer)
