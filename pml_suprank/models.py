@@ -89,13 +89,8 @@ def pca_projection(features: Tensor, out_dim: int, *, whiten: bool = False) -> t
     (``rank <= min(N - 1, C)``, every row beyond ``C`` included) are zero (weight and bias), so ``N < out_dim`` and
     ``out_dim > C`` are allowed.
 
-    Args:
-        features: ``(N, C)`` real features, ``N >= 2``, all finite.
-        out_dim: Number of output dimensions D (rows of ``W``), ``>= 1``.
-        whiten: Divide each component by the square root of its variance.
-
-    Returns:
-        ``weight (D, C)`` and ``bias (D,)`` in the dtype and on the device of ``features``.
+    Args: ``features`` ``(N, C)`` finite, ``N >= 2``; ``out_dim`` D ``>= 1``; ``whiten``.
+    Returns ``weight (D, C)`` and ``bias (D,)`` in the dtype and on the device of ``features``.
 
     Raises:
         TypeError: ``features`` is not a floating-point Tensor.
@@ -189,11 +184,8 @@ class Pooling(nn.Module):
     For token sequences the first ``num_prefix_tokens`` (class / register tokens) are dropped and the patch
     tokens are pooled, so every pooling type means the same thing for CNNs and ViTs.
 
-    Args:
-        pooling: ``"avg"``, ``"gem"`` (learnable p) or ``"max"``.
-        gem_p: Initial GeM exponent.
-        output_fmt: ``"NCHW"`` or ``"NHWC"`` for 4-D inputs (timm's ``model.output_fmt``).
-        num_prefix_tokens: Number of leading non-patch tokens of a ViT-style backbone.
+    Args: ``pooling`` (``"avg"``, ``"gem"`` with learnable exponent starting at ``gem_p``, ``"max"``), ``output_fmt``
+    of 4-D inputs (timm's ``model.output_fmt``), ``num_prefix_tokens`` (leading non-patch tokens of a ViT).
     """
 
     def __init__(
@@ -413,17 +405,13 @@ class RetrievalModel(HubMixin, nn.Module):
 
     @torch.no_grad()
     def init_projection_from_pca(self, features: Tensor, *, whiten: bool = False) -> RetrievalModel:
-        """Set the projection to the PCA of ``features`` (:func:`pca_projection`), in place; returns ``self``.
-
-        Args:
-            features: ``(N, C)`` inputs of the projection (:meth:`forward_projection_input`: pooled features after
-                the LayerNorm) of training images, ``C = num_features``, ``N >= 2``. With ``N - 1 < embedding_size``
-                the rows the data do not determine are set to zero (see :func:`pca_projection`).
-            whiten: Scale each component to unit variance.
+        """Set the projection to the PCA of ``features`` (:func:`pca_projection`, ``whiten`` there), in place; returns
+        ``self``. ``features``: ``(N, C = num_features)`` projection inputs (:meth:`forward_projection_input`) of
+        training images, ``N >= 2``.
 
         Raises:
             ValueError: the model has no projection (``embedding_size=None``), or ``features`` is not ``(N, C)``
-                with ``C = num_features`` and ``N >= 2``, or is not finite.
+                with ``N >= 2``, or is not finite.
         """
         if not isinstance(self.projection, nn.Linear):
             raise ValueError("init_projection_from_pca needs a projection; this model has embedding_size=None")

@@ -1,10 +1,8 @@
 """The experiment trackers of a recipe run (``--report_to``), through Accelerate's trackers.
 
-``--report_to none|tensorboard|wandb|mlflow|all`` becomes ``Accelerator(log_with=...)``; the run then sends the
-resolved :class:`~pml_suprank.training.RunSpec` (one flat ``{option: value}`` dict, :func:`flat_config`) with
-``accelerator.init_trackers``, the training and evaluation metrics with ``accelerator.log`` (the
-:class:`~pml_suprank.training.Trainer`) and the plots of the final folder (:func:`log_plots`: TensorBoard images,
-W&B images, MLflow artifacts). TensorBoard writes under ``<output_dir>/logs``.
+``--report_to`` becomes ``Accelerator(log_with=...)``; the run sends the resolved options (:func:`flat_config`) with
+``accelerator.init_trackers``, the metrics with ``accelerator.log`` (the :class:`~pml_suprank.training.Trainer`) and
+the final folder's plots (:func:`log_plots`). TensorBoard writes under ``<output_dir>/logs``.
 """
 
 from __future__ import annotations
