@@ -86,14 +86,6 @@ def embed_loader(
                              description=description)  # fmt: skip
 
 
-def progress_bar(iterable: Any, **kwargs: Any) -> Any:
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # pragma: no cover - tqdm is in the recipes extra
-        return iterable
-    return tqdm(iterable, dynamic_ncols=True, mininterval=1.0, **kwargs)
-
-
 def build_sampler(config: Any, labels: np.ndarray, num_replicas: int, rank: int) -> Any:
     """The training batch sampler of ``config`` (``TrainingConfig``) over ``labels (N, L)`` (fine first), sharded
     over ``num_replicas`` processes (this one is ``rank``): one global batch of ``num_replicas * batch_size``."""

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
+from tqdm.auto import tqdm
 
 from ..metrics import RetrievalEvaluator
 from ..metrics.report import format_metrics
@@ -38,7 +39,6 @@ from .loaders import (
     dataset_labels,
     embed_loader,
     make_loader,
-    progress_bar,
 )
 from .loss_module import LossModule, backward_step
 from .nonfinite import NonFiniteSteps, step_if_finite, stop_error
@@ -392,16 +392,15 @@ class Trainer:
             self.accelerator.print(f"resumed from {ckpt} (step {self.progress.global_step})")
         p, c = self.progress, self.config
         run = _Run()
-        run.bar = progress_bar(None, total=self.total_steps, initial=p.global_step, desc="training",
-                               disable=not self.accelerator.is_local_main_process)  # fmt: skip
+        run.bar = tqdm(total=self.total_steps, initial=p.global_step, desc="training", dynamic_ncols=True,
+                       mininterval=1.0, disable=not self.accelerator.is_local_main_process)  # fmt: skip
         while p.global_step < self.total_steps and p.epoch < c.epochs and not run.stopped:
             epoch = p.epoch
             self._train_epoch(epoch, run)
             if run.stopped or p.epoch == epoch:  # interrupted, or max_train_steps reached inside the epoch
                 break
             self._end_epoch(epoch, on_epoch_end)
-        if run.bar is not None:
-            run.bar.close()
+        run.bar.close()
         self._set_backbone_trainable(True)
         self.finished = p.global_step >= self.total_steps or p.epoch >= c.epochs
         if self.finished:
@@ -424,9 +423,8 @@ class Trainer:
             run.steps, run.logged_steps = run.steps + 1, run.logged_steps + 1
             if math.isfinite(value):
                 run.loss_sum, run.loss_n = run.loss_sum + value, run.loss_n + 1
-            if run.bar is not None:
-                run.bar.update(1)
-                run.bar.set_postfix(epoch=epoch, loss=f"{value:.4f}", refresh=False)
+            run.bar.update(1)
+            run.bar.set_postfix(epoch=epoch, loss=f"{value:.4f}", refresh=False)
             done = p.global_step >= self.total_steps
             if p.global_step % self.config.log_every == 0 or done or stop:
                 self._log_step(epoch, run)
