@@ -230,8 +230,7 @@ class RetrievalModel(HubMixin, nn.Module):
 
     Args:
         backbone: Any timm model name, optionally with a pretrained tag (``"resnet50.a1_in1k"``).
-        pretrained: Load timm's pretrained weights when the model is *created* (may download). Restoring a saved
-            model with :meth:`from_pretrained` always uses ``pretrained=False``.
+        pretrained: Load timm's pretrained weights when the model is *created* (may download; never on restoring).
         pooling: ``"avg"``, ``"gem"`` (learnable p, initialised to ``gem_p``) or ``"max"``.
         embedding_size: Output dimension D of the projection; ``None`` keeps the backbone width without projection.
         layer_norm: Apply ``LayerNorm(C, elementwise_affine=False)`` to the pooled features before the projection.
@@ -239,10 +238,7 @@ class RetrievalModel(HubMixin, nn.Module):
         backbone_kwargs: Extra keyword arguments for ``timm.create_model`` (e.g. ``{"drop_path_rate": 0.1}``,
             ``{"img_size": 64}`` for a ViT).
         gem_p: Initial GeM exponent (only with ``pooling="gem"``).
-        image_size: Training/test resolution when it differs from the backbone default (e.g. 64 for SyntheticShapes);
-            reported in :attr:`data_config`.
-        mean: Normalisation mean overriding the backbone's pretrained config.
-        std: Normalisation std overriding the backbone's pretrained config.
+        image_size, mean, std: Resolution and normalisation overriding the backbone's (in :attr:`data_config`).
         crop_pct: Evaluation crop fraction overriding the backbone's (``Resize(size / crop_pct)``, crop ``size``).
         crop_mode: Evaluation crop mode overriding the backbone's: ``"center"`` (keep the aspect ratio), ``"squash"``
             or ``"border"`` (resize the long side, pad). ``crop_*`` are saved in ``config.json`` only when set.
@@ -250,10 +246,7 @@ class RetrievalModel(HubMixin, nn.Module):
             :class:`~pml_suprank.training.Trainer` sets the projection once at the start of a fresh run with
             :meth:`init_projection_from_pca`; :meth:`from_pretrained` loads the trained one, never recomputes it.
 
-    Shapes:
-        ``forward``: ``(B, 3, H, W)`` → ``(B, D)`` with unit L2 norm rows.
-        ``forward_logits``: ``(B, 3, H, W)`` → ``(B, num_classes)``.
-
+    Shapes: ``forward`` ``(B, 3, H, W)`` → ``(B, D)`` unit rows; ``forward_logits`` → ``(B, num_classes)``.
     Persistence (:class:`~pml_suprank.hub.HubMixin`): ``save_pretrained``, ``from_pretrained`` (eval mode,
     ``hub_metadata`` restored, the OOD guard attached) and ``push_to_hub``.
 

@@ -54,18 +54,17 @@ class LossModule(nn.Module):
         """The loss of the batch's ``(B, D)`` embeddings (``forward`` after the model); NaN when some are not finite
         (diverged weights: the step is skipped, :func:`.nonfinite.finite_or_zero`)."""
         embeddings, finite = finite_or_zero(embeddings.float(), self.distributed)
-        return nan_unless(finite, self._loss_of(embeddings, labels, indices))
-
-    def _loss_of(self, embeddings: Tensor, labels: Tensor, indices: Tensor | None) -> Tensor:
         labels = labels if self.hierarchical_labels else labels[:, 0]
         # mixed precision applies to the network; the rank loss runs in float32 (sigmoids of score differences / τ)
         with torch.autocast(device_type=embeddings.device.type, enabled=False):
             if self.memory is not None:  # RankingMemory gathers the global batch itself under torch.distributed
-                return self.memory(embeddings, labels, indices)
-            if self.distributed:  # the one gather of the package (also the memory's and DistributedRankLoss's)
-                batch = gather_batch(embeddings, labels, multilabel=is_multilabel_loss(self.loss))
-                embeddings, labels = batch.embeddings, batch.labels
-            return self.loss(embeddings, labels)
+                loss = self.memory(embeddings, labels, indices)
+            else:
+                if self.distributed:  # the one gather of the package (also the memory's and DistributedRankLoss's)
+                    batch = gather_batch(embeddings, labels, multilabel=is_multilabel_loss(self.loss))
+                    embeddings, labels = batch.embeddings, batch.labels
+                loss = self.loss(embeddings, labels)
+        return nan_unless(finite, loss)
 
     def cached_backward(
         self, images: Tensor, labels: Tensor, indices: Tensor | None, chunk_size: int, backward: Callable
