@@ -159,8 +159,7 @@ class NonFiniteSteps:
         return {"skipped_nonfinite_steps": self.skipped, "consecutive_nonfinite_steps": self.consecutive}
 
     def load(self, state: Mapping[str, Any]) -> None:
-        """Restore from a validated trainer state (:func:`~.checkpoint.validate_checkpoint`); a checkpoint written
-        before steps were ever skipped lacks the keys: its run applied every step, so both counters are 0."""
+        """Restore from a validated trainer state (a checkpoint without the keys: both counters 0)."""
         self.skipped = int(state.get("skipped_nonfinite_steps", 0))
         self.consecutive = int(state.get("consecutive_nonfinite_steps", 0))
 

@@ -288,14 +288,12 @@ class Trainer:
         :meth:`end_run`) itself; a recipe calls it first, then ``train()``, ``save_final()``, :meth:`end_run`.
 
         Args:
-            resume_from: A checkpoint folder, or ``"latest"`` for the newest valid one in ``output_dir`` (none:
-                start from scratch). The checkpoint is validated and checked against this run here and loaded by
-                :meth:`train`.
+            resume_from: A checkpoint folder, or ``"latest"`` for the newest valid one in ``output_dir`` (none: from
+                scratch); validated and checked against this run here, loaded by :meth:`train`.
             ignore_config_change: Resume from a checkpoint of another configuration (other fingerprint) anyway.
             overwrite_output_dir: Starting from scratch, delete a previous run's checkpoints and ``final/`` first.
 
-        Returns:
-            The checkpoint the run continues from, or ``None``.
+        Returns the checkpoint the run continues from, or ``None``.
 
         Raises:
             RunLockError: another live run holds ``output_dir/run.lock`` (the message names its pid and host).
