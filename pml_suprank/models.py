@@ -1,29 +1,20 @@
 """Retrieval models: a timm backbone, a pooling layer, LayerNorm, a linear projection and L2 normalisation.
 
-This is the architecture of the SupRank / ROADMAP / HAPPIER papers ("ResNet-50 + LN + 512-d projection",
-Ramzi et al., TPAMI, Sec. VII-A; HAPPIER, ECCV 2022, Sec. 4 "Implementation details"), generalised to any timm backbone:
+The architecture of the SupRank / ROADMAP / HAPPIER papers ("ResNet-50 + LN + 512-d projection", Ramzi et al.,
+TPAMI, Sec. VII-A), generalised to any timm backbone:
 
     x (B, 3, H, W) --backbone.forward_features--> map (B, C, h, w) or tokens (B, T, C)
       --pool (avg | GeM | max)--> (B, C) --LayerNorm (no affine)--> --Linear(C, D)--> --L2-normalise--> (B, D)
 
-An optional linear classification head on the pooled ``(B, C)`` features serves HEAT and classification baselines.
-
-``RetrievalModel`` inherits :class:`pml_suprank.hub.HubMixin`: ``save_pretrained`` writes ``config.json`` (the
-constructor kwargs, the data config and training metadata), ``model.safetensors`` and a model card;
-``from_pretrained`` always rebuilds the backbone with ``pretrained=False`` (the saved weights replace the ImageNet
-ones, so loading never downloads them); ``push_to_hub`` uploads the folder.
-
-A loaded ``config.json`` is untrusted unless the caller passes ``trust_config=True``
-(:mod:`pml_suprank.hub.loaded_config`): its backbone must be a plain timm name, ``backbone_kwargs`` must stay within
-an allow-list of harmless timm keyword arguments and sizes are bounded. Every loaded tensor is checked against the
-rebuilt module (names, shapes, dtype kinds, finite values) and tensors no trained model can hold (an all-zero
-projection, a GeM exponent <= 0, a negative BatchNorm variance) are refused, naming the file and the key.
+An optional linear classification head on the pooled ``(B, C)`` features serves HEAT. ``RetrievalModel`` saves and
+loads through :class:`pml_suprank.hub.HubMixin`: restoring rebuilds the backbone with ``pretrained=False`` (never
+downloads), a loaded ``config.json`` is untrusted unless ``trust_config=True`` (:mod:`pml_suprank.hub.loaded_config`)
+and every loaded tensor is checked against the rebuilt module.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -31,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._validation import check_choice, check_positive
+from ._validation import check_bool, check_choice, check_positive, check_positive_int
 from .hub.loaded_config import check_loaded_model_args, check_loaded_values
 from .hub.mixin import HubMixin, load_module_state
 
@@ -63,12 +54,9 @@ def check_backbone_name(backbone: Any) -> str:
     """Return ``backbone`` if timm knows it, else raise ``ValueError``.
 
     Accepts an architecture name (``"resnet50"``), a name with a pretrained tag (``"resnet50.a1_in1k"``) and the
-    ``hf-hub:`` / ``local-dir:`` prefixes of ``timm.create_model`` (checked by timm itself when the model is built).
-    Note that timm resolves an ``hf-hub:`` name through the Hub even with ``pretrained=False`` (it needs the remote
-    config), so a saved model with such a backbone restores offline only from a populated Hub cache; plain
-    architecture names (with or without a pretrained tag) never touch the network when restoring.
-    ``RetrievalModel.from_pretrained`` refuses a loaded config naming such a prefixed backbone unless it is called
-    with ``trust_config=True``.
+    ``hf-hub:`` / ``local-dir:`` prefixes of ``timm.create_model`` (checked by timm when the model is built; an
+    ``hf-hub:`` backbone needs the Hub or its cache even with ``pretrained=False``, and a loaded config naming one is
+    refused unless ``trust_config=True``). Plain names never touch the network when restoring.
     """
     if not isinstance(backbone, str) or not backbone:
         raise TypeError(
@@ -93,25 +81,16 @@ def pca_projection(features: Tensor, out_dim: int, *, whiten: bool = False) -> t
 
     With the mean ``mu = mean_n x_n`` and the covariance ``S = 1/(N-1) sum_n (x_n - mu)(x_n - mu)^T = V diag(l) V^T``
     (eigenvalues ``l_1 >= l_2 >= ...``), the map is ``y = W (x - mu) = W x + b`` with ``W = V[:, :out_dim]^T`` and
-    ``b = -W mu``; with ``whiten=True`` row k is divided by ``sqrt(l_k)`` so that the projected features have unit
-    variance. This is the PCA-initialised projection of the landmark-retrieval models the SupRank paper uses on
-    H-GLDv2 (ResNet-101 + GeM + PCA projection, TPAMI Sec. VII-C3). The projected training features are
-    decorrelated, with variances ``l_1 >= l_2 >= ...`` (all 1 with ``whiten``).
+    ``b = -W mu``; with ``whiten=True`` row k is divided by ``sqrt(l_k)`` (unit variance). This is the PCA-initialised
+    projection of the SupRank paper's landmark-retrieval models (H-GLDv2, TPAMI Sec. VII-C3).
 
-    Computed in float64 with ``torch.linalg.eigh`` of the covariance. Sign convention: each component is flipped so
-    that its entry of largest absolute value is positive (first such entry on ties), so the result is deterministic.
-    Rank: the data span at most ``r = min(N - 1, C)`` directions, and eigenvalues below
-    ``C * eps(float64) * l_1`` are treated as zero; rows ``k >= rank`` (including every row beyond ``C`` when
-    ``out_dim > C``) are **zero** (weight and bias), i.e. only the directions the data determine are set — so
-    ``N < out_dim`` and ``out_dim > C`` are allowed.
+    Computed in float64 (``torch.linalg.eigh``); each component is flipped so that its entry of largest absolute value
+    is positive (deterministic). Eigenvalues below ``C * eps(float64) * l_1`` count as zero; rows ``k >= rank``
+    (``rank <= min(N - 1, C)``, every row beyond ``C`` included) are zero (weight and bias), so ``N < out_dim`` and
+    ``out_dim > C`` are allowed.
 
-    Args:
-        features: ``(N, C)`` real features, ``N >= 2``, all finite.
-        out_dim: Number of output dimensions D (rows of ``W``), ``>= 1``.
-        whiten: Divide each component by the square root of its variance.
-
-    Returns:
-        ``weight (D, C)`` and ``bias (D,)`` in the dtype and on the device of ``features``.
+    Args: ``features`` ``(N, C)`` finite, ``N >= 2``; ``out_dim`` D ``>= 1``; ``whiten``.
+    Returns ``weight (D, C)`` and ``bias (D,)`` in the dtype and on the device of ``features``.
 
     Raises:
         TypeError: ``features`` is not a floating-point Tensor.
@@ -205,11 +184,8 @@ class Pooling(nn.Module):
     For token sequences the first ``num_prefix_tokens`` (class / register tokens) are dropped and the patch
     tokens are pooled, so every pooling type means the same thing for CNNs and ViTs.
 
-    Args:
-        pooling: ``"avg"``, ``"gem"`` (learnable p) or ``"max"``.
-        gem_p: Initial GeM exponent.
-        output_fmt: ``"NCHW"`` or ``"NHWC"`` for 4-D inputs (timm's ``model.output_fmt``).
-        num_prefix_tokens: Number of leading non-patch tokens of a ViT-style backbone.
+    Args: ``pooling`` (``"avg"``, ``"gem"`` with learnable exponent starting at ``gem_p``, ``"max"``), ``output_fmt``
+    of 4-D inputs (timm's ``model.output_fmt``), ``num_prefix_tokens`` (leading non-patch tokens of a ViT).
     """
 
     def __init__(
@@ -250,14 +226,11 @@ class Pooling(nn.Module):
 class RetrievalModel(HubMixin, nn.Module):
     """Embedding network for image retrieval: timm backbone + pooling + LayerNorm + projection + L2 normalisation.
 
-    The SupRank/ROADMAP/HAPPIER architecture (Ramzi et al., TPAMI, Sec. VII-A: "a ResNet-50 backbone with average
-    pooling, a normalization layer without affine parameters and a projection head that reduces the dimension from
-    2048 to 512"), followed by L2 normalisation so that dot products are cosine similarities.
+    The SupRank/ROADMAP/HAPPIER architecture (TPAMI, Sec. VII-A); dot products of the outputs are cosine similarities.
 
     Args:
         backbone: Any timm model name, optionally with a pretrained tag (``"resnet50.a1_in1k"``).
-        pretrained: Load timm's pretrained weights when the model is *created* (may download). Restoring a saved
-            model with :meth:`from_pretrained` always uses ``pretrained=False``.
+        pretrained: Load timm's pretrained weights when the model is *created* (may download; never on restoring).
         pooling: ``"avg"``, ``"gem"`` (learnable p, initialised to ``gem_p``) or ``"max"``.
         embedding_size: Output dimension D of the projection; ``None`` keeps the backbone width without projection.
         layer_norm: Apply ``LayerNorm(C, elementwise_affine=False)`` to the pooled features before the projection.
@@ -265,31 +238,17 @@ class RetrievalModel(HubMixin, nn.Module):
         backbone_kwargs: Extra keyword arguments for ``timm.create_model`` (e.g. ``{"drop_path_rate": 0.1}``,
             ``{"img_size": 64}`` for a ViT).
         gem_p: Initial GeM exponent (only with ``pooling="gem"``).
-        image_size: Training/test resolution when it differs from the backbone default (e.g. 64 for SyntheticShapes);
-            reported in :attr:`data_config`.
-        mean: Normalisation mean overriding the backbone's pretrained config.
-        std: Normalisation std overriding the backbone's pretrained config.
-        crop_pct: Evaluation crop fraction overriding the backbone's (``Resize(size / crop_pct)`` then crop to
-            ``size``; 1.0: no margin); reported in :attr:`data_config` and used by
-            :func:`pml_suprank.data.build_transforms`. Saved in ``config.json`` only when set.
-        crop_mode: Evaluation crop mode overriding the backbone's, one of ``"center"`` (keep the aspect ratio),
-            ``"squash"`` (resize both sides, aspect ratio not kept) or ``"border"`` (resize the long side, pad).
-            Saved in ``config.json`` only when set.
-        projection_init: ``"random"`` (PyTorch's default ``nn.Linear`` init) or ``"pca"``: the projection is meant
-            to be set from a PCA of the training features with :meth:`init_projection_from_pca` (the
-            :class:`~pml_suprank.training.Trainer` does it once at the start of a fresh run, on up to
-            ``TrainingConfig.pca_samples`` training images). The option is saved in ``config.json``;
-            :meth:`from_pretrained` rebuilds the model with it and loads the saved (trained) projection — it never
-            recomputes the PCA. Needs ``embedding_size`` (a projection).
+        image_size, mean, std: Resolution and normalisation overriding the backbone's (in :attr:`data_config`).
+        crop_pct: Evaluation crop fraction overriding the backbone's (``Resize(size / crop_pct)``, crop ``size``).
+        crop_mode: Evaluation crop mode overriding the backbone's: ``"center"`` (keep the aspect ratio), ``"squash"``
+            or ``"border"`` (resize the long side, pad). ``crop_*`` are saved in ``config.json`` only when set.
+        projection_init: ``"random"`` (``nn.Linear``'s init) or ``"pca"`` (needs ``embedding_size``): the
+            :class:`~pml_suprank.training.Trainer` sets the projection once at the start of a fresh run with
+            :meth:`init_projection_from_pca`; :meth:`from_pretrained` loads the trained one, never recomputes it.
 
-    Shapes:
-        ``forward``: ``(B, 3, H, W)`` → ``(B, D)`` with unit L2 norm rows.
-        ``forward_logits``: ``(B, 3, H, W)`` → ``(B, num_classes)``.
-
-    Persistence (from :class:`~pml_suprank.hub.HubMixin`):
-        ``model.save_pretrained(folder, metadata=..., metrics=..., hub_config=..., plots=...)``,
-        ``RetrievalModel.from_pretrained(folder_or_repo_id, map_location=..., strict=..., revision=..., cache_dir=...,
-        local_files_only=..., token=...)`` (in eval mode, ``hub_metadata`` restored) and ``model.push_to_hub(repo_id)``.
+    Shapes: ``forward`` ``(B, 3, H, W)`` → ``(B, D)`` unit rows; ``forward_logits`` → ``(B, num_classes)``.
+    Persistence (:class:`~pml_suprank.hub.HubMixin`): ``save_pretrained``, ``from_pretrained`` (eval mode,
+    ``hub_metadata`` restored, the OOD guard attached) and ``push_to_hub``.
 
     Example:
         >>> model = RetrievalModel("resnet18", embedding_size=128, image_size=64)
@@ -317,15 +276,10 @@ class RetrievalModel(HubMixin, nn.Module):
         super().__init__()
         timm = _timm()
         check_backbone_name(backbone)
-        if not isinstance(pretrained, bool):
-            raise TypeError(f"pretrained must be a bool; got {type(pretrained).__name__} {pretrained!r}")
+        check_bool("pretrained", pretrained)
         check_choice("pooling", pooling, get_args(PoolingType))
-        if embedding_size is not None and (
-            isinstance(embedding_size, bool) or not isinstance(embedding_size, int) or embedding_size <= 0
-        ):
-            raise ValueError(f"embedding_size must be a positive int or None; got {embedding_size!r}")
-        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0:
-            raise ValueError(f"num_classes must be an int >= 0; got {num_classes!r}")
+        embedding_size = check_positive_int("embedding_size", embedding_size, allow_none=True)
+        num_classes = check_positive_int("num_classes", num_classes, minimum=0)
         if backbone_kwargs is not None and not isinstance(backbone_kwargs, dict):
             raise TypeError(f"backbone_kwargs must be a dict or None; got {type(backbone_kwargs).__name__}")
         backbone_kwargs = dict(backbone_kwargs or {})
@@ -337,10 +291,7 @@ class RetrievalModel(HubMixin, nn.Module):
         _check_layer_names(backbone_kwargs)
         if not isinstance(layer_norm, bool):  # bool("false") is True: a string must not switch LayerNorm on
             raise TypeError(f"layer_norm must be a bool; got {type(layer_norm).__name__} {layer_norm!r}")
-        if image_size is not None and (
-            isinstance(image_size, bool) or not isinstance(image_size, int) or image_size <= 0
-        ):
-            raise ValueError(f"image_size must be a positive int or None; got {image_size!r}")
+        image_size = check_positive_int("image_size", image_size, allow_none=True)
         for name, value in (("mean", mean), ("std", std)):
             if value is not None and (len(value) != 3 or not all(isinstance(v, (int, float)) for v in value)):
                 raise ValueError(f"{name} must be None or three numbers (one per RGB channel); got {value!r}")
@@ -369,12 +320,9 @@ class RetrievalModel(HubMixin, nn.Module):
             "mean": list(mean) if mean is not None else None,
             "std": list(std) if std is not None else None,
         }
-        if projection_init != "random":  # default left out: config.json of a default model is unchanged
-            self.config["projection_init"] = projection_init
-        if crop_pct is not None:  # left out when unset: config.json of a default model is unchanged
-            self.config["crop_pct"] = float(crop_pct)
-        if crop_mode is not None:
-            self.config["crop_mode"] = crop_mode
+        optional = {"projection_init": None if projection_init == "random" else projection_init,
+                    "crop_pct": None if crop_pct is None else float(crop_pct), "crop_mode": crop_mode}  # fmt: skip
+        self.config.update({k: v for k, v in optional.items() if v is not None})  # defaults left out of config.json
         self.projection_init: str = projection_init
         # free-form metadata saved in config.json (training loss, label names, dataset, metrics, ...)
         self.hub_metadata: dict[str, Any] = {}
@@ -394,8 +342,7 @@ class RetrievalModel(HubMixin, nn.Module):
                 "HF_HOME) and set HF_HUB_OFFLINE=1, or give a local checkpoint file "
                 "(backbone_kwargs={'pretrained_cfg_overlay': {'file': '/path/to/weights.safetensors'}})"
             ) from None
-        num_features = int(self.backbone.num_features)
-        self.num_features = num_features
+        self.num_features = num_features = int(self.backbone.num_features)
         self.pool = Pooling(
             pooling,
             gem_p=gem_p,
@@ -451,17 +398,13 @@ class RetrievalModel(HubMixin, nn.Module):
 
     @torch.no_grad()
     def init_projection_from_pca(self, features: Tensor, *, whiten: bool = False) -> RetrievalModel:
-        """Set the projection to the PCA of ``features`` (:func:`pca_projection`), in place; returns ``self``.
-
-        Args:
-            features: ``(N, C)`` inputs of the projection (:meth:`forward_projection_input`: pooled features after
-                the LayerNorm) of training images, ``C = num_features``, ``N >= 2``. With ``N - 1 < embedding_size``
-                the rows the data do not determine are set to zero (see :func:`pca_projection`).
-            whiten: Scale each component to unit variance.
+        """Set the projection to the PCA of ``features`` (:func:`pca_projection`, ``whiten`` there), in place; returns
+        ``self``. ``features``: ``(N, C = num_features)`` projection inputs (:meth:`forward_projection_input`) of
+        training images, ``N >= 2``.
 
         Raises:
             ValueError: the model has no projection (``embedding_size=None``), or ``features`` is not ``(N, C)``
-                with ``C = num_features`` and ``N >= 2``, or is not finite.
+                with ``N >= 2``, or is not finite.
         """
         if not isinstance(self.projection, nn.Linear):
             raise ValueError("init_projection_from_pca needs a projection; this model has embedding_size=None")
@@ -502,11 +445,8 @@ class RetrievalModel(HubMixin, nn.Module):
         return {"backbone": backbone, "head": head}
 
     def freeze_batch_norm(self) -> RetrievalModel:
-        """Put every BatchNorm layer of the backbone in eval mode and stop its affine gradients.
-
-        The reference ResNet-50 recipes train with frozen BatchNorm statistics (``freeze_batch_norm``); call this
-        after ``model.train()``.
-        """
+        """Put every BatchNorm layer of the backbone in eval mode and stop its affine gradients (call it after
+        ``model.train()``; the reference ResNet-50 recipes train with frozen BatchNorm statistics)."""
         for module in self.backbone.modules():
             if isinstance(module, nn.modules.batchnorm._BatchNorm):
                 module.eval()
@@ -519,19 +459,11 @@ class RetrievalModel(HubMixin, nn.Module):
         """timm data config (``input_size``, ``interpolation``, ``mean``, ``std``, ``crop_pct``, ``crop_mode``),
         with ``image_size`` / ``mean`` / ``std`` / ``crop_pct`` / ``crop_mode`` overrides applied; the input of
         :func:`pml_suprank.data.build_transforms`."""
-        timm = _timm()
-        cfg = dict(timm.data.resolve_model_data_config(self.backbone))
-        if self.config["image_size"] is not None:
-            s = self.config["image_size"]
-            cfg["input_size"] = (3, s, s)
-        if self.config["mean"] is not None:
-            cfg["mean"] = tuple(self.config["mean"])
-        if self.config["std"] is not None:
-            cfg["std"] = tuple(self.config["std"])
-        for key in ("crop_pct", "crop_mode"):
-            if self.config.get(key) is not None:
-                cfg[key] = self.config[key]
-        return cfg
+        cfg, c = dict(_timm().data.resolve_model_data_config(self.backbone)), self.config
+        if c["image_size"] is not None:
+            cfg["input_size"] = (3, c["image_size"], c["image_size"])
+        cfg.update({k: tuple(c[k]) for k in ("mean", "std") if c[k] is not None})
+        return {**cfg, **{k: c[k] for k in ("crop_pct", "crop_mode") if c.get(k) is not None}}
 
     def get_config(self) -> dict[str, Any]:
         """The constructor kwargs (JSON-able), with ``pretrained=False`` so that restoring never downloads."""
@@ -585,9 +517,3 @@ class RetrievalModel(HubMixin, nn.Module):
     def _hub_load_state(self, state, config, *, source, strict: bool, map_location: str) -> None:
         check_loaded_values(state, source)
         load_module_state(self, state, config, source=source, strict=strict, map_location=map_location)
-
-    def named_head_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
-        """Named parameters outside the backbone (pooling, projection, classifier)."""
-        for name, p in self.named_parameters():
-            if not name.startswith("backbone."):
-                yield name, p

@@ -1,10 +1,8 @@
 """Exact large batches on one device: gradient-cached virtual batches for any loss, rank losses first.
 
-A rank loss (Smooth-AP, SupAP, ROADMAP, HAPPIER, Sup-NDCG, ...) is not a sum over the items of the batch: the batch
-*is* the ranking the loss sees, so accumulating the gradients of small batches computes another loss (the mean of
-small-batch APs), not the large-batch one. Gradient caching (Gao et al., "Scaling Deep Contrastive Learning Batch
-Size under Memory Limited Setup", RepL4NLP 2021) gives the large-batch gradient exactly, at the activation memory of
-one chunk plus the ``(N, D)`` embeddings, for one extra forward:
+A rank loss is not a sum over the items of the batch (the batch *is* the ranking), so accumulating small-batch
+gradients computes another loss. Gradient caching (Gao et al., RepL4NLP 2021) gives the large-batch gradient exactly,
+at the activation memory of one chunk plus the ``(N, D)`` embeddings, for one extra forward:
 
 1. embed the ``N`` inputs chunk by chunk without an autograd graph, recording each chunk's RNG state;
 2. evaluate the loss on the whole ``(N, D)`` batch of embeddings, a leaf that requires grad, and back-propagate it:
@@ -25,33 +23,28 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import get_device_states, set_device_states
 
-__all__ = ["cached_backward", "check_virtual_batch", "step_chunk_size"]
+from .._validation import check_bool, check_positive_int
 
-Inputs = Tensor | Mapping[str, Tensor] | Sequence[Tensor]
+__all__ = ["cached_backward"]
 
-
-def _check_chunk_size(chunk_size: Any) -> int:
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int):
-        raise TypeError(f"chunk_size must be a positive int; got {type(chunk_size).__name__} {chunk_size!r}")
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int; got {chunk_size}")
-    return chunk_size
+Chunk = tuple[tuple[Tensor, ...], dict[str, Tensor]]  # model(*args, **kwargs)
 
 
-def _batch_size(inputs: Any) -> int:
-    """``N``, the common dim-0 size of ``inputs`` (a tensor, or a dict / tuple / list of tensors)."""
+def _split_inputs(inputs: Any) -> tuple[Chunk, int]:
+    """``((args, kwargs), N)``: a tensor is called as ``model(x)``, a tuple / list as ``model(*x)``, a dict as
+    ``model(**x)``; ``N`` is the common dim-0 size of the tensors."""
     if isinstance(inputs, Tensor):
-        tensors = {"inputs": inputs}
+        call, named = ((inputs,), {}), {"inputs": inputs}
     elif isinstance(inputs, Mapping):
-        tensors = {f"inputs[{k!r}]": v for k, v in inputs.items()}
+        call, named = ((), dict(inputs)), {f"inputs[{k!r}]": v for k, v in inputs.items()}
     elif isinstance(inputs, (tuple, list)):
-        tensors = {f"inputs[{i}]": v for i, v in enumerate(inputs)}
+        call, named = (tuple(inputs), {}), {f"inputs[{i}]": v for i, v in enumerate(inputs)}
     else:
         raise TypeError(f"inputs must be a Tensor or a dict / tuple / list of Tensors; got {type(inputs).__name__}")
-    if not tensors:
+    if not named:
         raise ValueError(f"inputs must hold at least one Tensor; got an empty {type(inputs).__name__}")
     sizes = {}
-    for name, value in tensors.items():
+    for name, value in named.items():
         if not isinstance(value, Tensor):
             raise TypeError(f"{name} must be a Tensor (split along dim 0); got {type(value).__name__}")
         if value.dim() == 0:
@@ -62,30 +55,12 @@ def _batch_size(inputs: Any) -> int:
     n = next(iter(sizes.values()))
     if n == 0:
         raise ValueError("inputs must hold at least one item; got a batch of size 0")
-    return n
+    return call, n
 
 
-def _slice(inputs: Inputs, rows: slice) -> Inputs:
-    if isinstance(inputs, Tensor):
-        return inputs[rows]
-    if isinstance(inputs, Mapping):
-        return {k: v[rows] for k, v in inputs.items()}
-    return tuple(v[rows] for v in inputs)
-
-
-def _call(model: nn.Module, chunk: Inputs) -> Tensor:
-    """``model(x)`` for a tensor, ``model(*x)`` for a tuple / list, ``model(**x)`` for a dict."""
-    if isinstance(chunk, Tensor):
-        return model(chunk)
-    if isinstance(chunk, Mapping):
-        return model(**chunk)
-    return model(*chunk)
-
-
-def _tensors(chunk: Inputs) -> list[Tensor]:
-    if isinstance(chunk, Tensor):
-        return [chunk]
-    return list(chunk.values()) if isinstance(chunk, Mapping) else list(chunk)
+def _slice(inputs: Chunk, rows: slice) -> Chunk:
+    args, kwargs = inputs
+    return tuple(v[rows] for v in args), {k: v[rows] for k, v in kwargs.items()}
 
 
 def _check_output(out: Any, rows: int, start: int) -> Tensor:
@@ -136,36 +111,6 @@ def _autocast_off(device_type: str) -> contextlib.ExitStack:
     return stack
 
 
-def check_virtual_batch(virtual_batch_size: Any, chunk_size: Any, batch_size: int) -> int | None:
-    """Validate the ``virtual_batch_size`` / ``chunk_size`` options of a training loop; return ``chunk_size``.
-
-    ``virtual_batch_size`` is the batch of one optimizer step, the ranking the loss sees (per process; under ``R``
-    processes the loss ranks ``R`` of them): it must equal the sampler's ``batch_size`` when given. ``chunk_size``
-    (``None``: a plain forward / backward) is the number of items embedded at a time by :func:`cached_backward`.
-    """
-    if virtual_batch_size is not None:
-        if isinstance(virtual_batch_size, bool) or not isinstance(virtual_batch_size, int):
-            raise TypeError(f"virtual_batch_size must be a positive int or None; got {virtual_batch_size!r}")
-        if virtual_batch_size != batch_size:
-            raise ValueError(
-                f"virtual_batch_size must equal the sampler's batch_size (the batch of one step); got "
-                f"virtual_batch_size={virtual_batch_size} and batch_size={batch_size}"
-            )
-    if chunk_size is not None:
-        _check_chunk_size(chunk_size)
-    return chunk_size
-
-
-def step_chunk_size(config: Any, virtual_batch_size: Any = None, chunk_size: Any = None) -> int | None:
-    """The ``chunk_size`` of a training step: the (checked) ``TrainingConfig``'s, trusted as it is, unless the loop
-    is given its own ``virtual_batch_size`` / ``chunk_size`` arguments, which are checked
-    (:func:`check_virtual_batch`) against ``config.batch_size``."""
-    if virtual_batch_size is None and chunk_size is None:
-        return config.chunk_size
-    vbs = config.virtual_batch_size if virtual_batch_size is None else virtual_batch_size
-    return check_virtual_batch(vbs, config.chunk_size if chunk_size is None else chunk_size, config.batch_size)
-
-
 def _ddp_chunks_agree(model: nn.Module, num_chunks: int) -> None:
     """Under DDP every process must run the same number of chunk forwards (DDP's forward may run collectives)."""
     if not isinstance(model, DistributedDataParallel):
@@ -180,19 +125,19 @@ def _ddp_chunks_agree(model: nn.Module, num_chunks: int) -> None:
         )
 
 
-def _embed_without_graph(model: nn.Module, inputs: Inputs, bounds: list[slice]) -> tuple[list[_RNGState], list[Tensor]]:
+def _embed_without_graph(model: nn.Module, inputs: Chunk, bounds: list[slice]) -> tuple[list[_RNGState], list[Tensor]]:
     """Pass 1: the embeddings of every chunk without a graph, and the RNG state before each chunk."""
     states, outputs = [], []
     with torch.no_grad():
         for rows in bounds:
-            chunk = _slice(inputs, rows)
-            states.append(_RNGState(_tensors(chunk)))
-            outputs.append(_check_output(_call(model, chunk), rows.stop - rows.start, rows.start).detach())
+            args, kwargs = _slice(inputs, rows)
+            states.append(_RNGState([*args, *kwargs.values()]))
+            outputs.append(_check_output(model(*args, **kwargs), rows.stop - rows.start, rows.start).detach())
     return states, outputs
 
 
 def _backward_chunks(
-    model: nn.Module, inputs: Inputs, bounds: list[slice], states: list[_RNGState], grad: Tensor
+    model: nn.Module, inputs: Chunk, bounds: list[slice], states: list[_RNGState], grad: Tensor
 ) -> None:
     """Pass 2: each chunk again, with a graph and its RNG state, back-propagating its rows of ``grad`` (``dL/dE``).
 
@@ -205,7 +150,8 @@ def _backward_chunks(
     for i, (rows, state) in enumerate(zip(bounds, states, strict=True)):
         sync = model.no_sync() if isinstance(model, DistributedDataParallel) and i < last else contextlib.nullcontext()
         with sync, state.restored():
-            out = _call(model, _slice(inputs, rows))
+            args, kwargs = _slice(inputs, rows)
+            out = model(*args, **kwargs)
             with _autocast_off(out.device.type):
                 torch.autograd.backward(out, grad_tensors=grad[rows].to(out.dtype))
     with torch.no_grad():
@@ -217,7 +163,7 @@ def _backward_chunks(
 def cached_backward(
     model: nn.Module,
     loss_fn: Callable[..., Tensor],
-    inputs: Inputs,
+    inputs: Tensor | Mapping[str, Tensor] | Sequence[Tensor],
     labels: Tensor,
     *,
     chunk_size: int,
@@ -227,47 +173,34 @@ def cached_backward(
 ) -> Tensor:
     """Backward of ``loss_fn(model(inputs), labels)`` on a batch of ``N`` items, embedding ``chunk_size`` at a time.
 
-    After the call every parameter of ``model`` and of ``loss_fn`` holds the ``.grad`` that
-
-    ``loss_fn(torch.cat([model(c) for c in chunks(inputs)]), labels, **loss_kwargs).backward()``
-
-    gives (the gradient of the large-batch loss: tested to 1e-9 relative in float64 for every pml_suprank rank
-    loss), while at most one chunk's activations are alive. Gradients *accumulate* into existing ``.grad`` like
-    ``backward()`` (zero them before, step and clip after). The embeddings are computed twice (one extra forward).
+    Every parameter of ``model`` and ``loss_fn`` then holds the ``.grad`` of
+    ``loss_fn(torch.cat([model(c) for c in chunks(inputs)]), labels, **loss_kwargs).backward()`` (tested to 1e-9
+    relative in float64 for every rank loss) with at most one chunk's activations alive, for one extra forward.
+    Gradients *accumulate* like ``backward()``.
 
     Contract:
 
-    * **chunks**: ``inputs`` is split along dim 0 into ``ceil(N / chunk_size)`` chunks (the last one may be smaller);
-      a tensor is called as ``model(x)``, a tuple / list as ``model(*x)``, a dict as ``model(**x)``. ``model`` must
-      return ``(rows, D)`` embeddings. ``labels`` (1-D, ``(N, L)`` levels, ``(N, W)`` multi-label sets: whatever
-      ``loss_fn`` takes) and ``loss_kwargs`` (``indices_tuple=``, a memory's ``indices=``...) go unsplit to the one
-      call ``loss_fn(embeddings (N, D), labels, **loss_kwargs)``, which sees the whole virtual batch: a
-      ``RankingMemory`` enqueues it once, a ``DistributedRankLoss`` gathers every process's virtual batch.
-    * **randomness** (dropout, stochastic depth): the CPU generator and the generators of the chunk's accelerator
-      (as ``torch.utils.checkpoint`` does) are recorded before each chunk's first forward and restored for its second,
-      so both see the same masks; the masks are those of a chunk-by-chunk forward (a single full-batch forward
-      would draw others). The global generators end as after the first pass. Randomness on a device that holds no
-      input tensor is not recorded.
-    * **BatchNorm** in training mode normalises with the statistics of its *chunk*, not of the batch: a chunked
-      forward cannot reproduce full-batch BatchNorm, so such a model is refused with a ``ValueError`` unless
-      ``allow_batchnorm=True`` (then the result is approximate: the gradient of the chunk-statistics network; the
-      running statistics are updated once per chunk by the first pass, the second pass restores them). BatchNorm in
-      eval mode (frozen statistics, the recipes' default for retrieval backbones) is exact.
-    * **mixed precision**: call it inside ``accelerator.autocast()`` (both forwards run under the same autocast) and
-      pass ``backward=accelerator.backward`` so that the loss is scaled (GradScaler) as usual: the cached embedding
-      gradient carries the scale to the model's gradients. Unscale / clip / step after the call.
-    * **DistributedDataParallel** ``model``: the gradients are synchronised once, at the last chunk
-      (``no_sync()`` for the others); every process must use the same number of chunks (checked). Parameters of
-      ``loss_fn`` are not under the model's DDP: synchronise them as usual.
+    * ``inputs`` is split along dim 0 into ``ceil(N / chunk_size)`` chunks; ``model`` returns ``(rows, D)``.
+      ``labels`` and ``loss_kwargs`` go unsplit to the one call ``loss_fn(embeddings (N, D), labels, **loss_kwargs)``
+      (a ``RankingMemory`` enqueues the virtual batch once, a ``DistributedRankLoss`` gathers every process's).
+    * **randomness**: the CPU and the chunk's accelerator generators are recorded before each chunk's first forward
+      and restored for its second (same dropout masks, those of a chunk-by-chunk forward); the global generators end
+      as after the first pass.
+    * **BatchNorm** in training mode cannot be reproduced chunk-wise: refused unless ``allow_batchnorm=True``
+      (approximate; the running statistics are updated by the first pass only). Eval-mode BatchNorm is exact.
+    * **mixed precision**: call it inside ``accelerator.autocast()`` with ``backward=accelerator.backward`` (the
+      scale reaches the model's gradients). Unscale / clip / step after the call.
+    * **DistributedDataParallel** ``model``: gradients are synchronised once, at the last chunk; every process must
+      use the same number of chunks (checked). ``loss_fn``'s parameters are not under the model's DDP.
 
     Args:
         model: Maps a chunk of ``inputs`` to its embeddings ``(rows, D)``.
-        loss_fn: ``loss_fn(embeddings (N, D), labels, **loss_kwargs) -> scalar`` (any pml_suprank / PML loss, a
-            ``RankingMemory``, a ``DistributedRankLoss``, or a closure).
-        inputs: ``(N, ...)`` tensor, or dict / tuple / list of tensors with the same size ``N`` along dim 0.
-        labels: The labels of the ``N`` items, a tensor with ``N`` rows, passed whole to ``loss_fn``.
-        chunk_size: Rows embedded at a time (``>= N``: one chunk, a plain forward and backward plus one forward).
-        allow_batchnorm: Accept BatchNorm layers in training mode (approximate, see above).
+        loss_fn: ``loss_fn(embeddings (N, D), labels, **loss_kwargs) -> scalar``.
+        inputs: ``(N, ...)`` tensor (``model(x)``), or tuple / list (``model(*x)``) or dict (``model(**x)``) of
+            tensors of the same size ``N`` along dim 0.
+        labels: The labels of the ``N`` items (a tensor with ``N`` rows), passed whole to ``loss_fn``.
+        chunk_size: Rows embedded at a time (``>= N``: one chunk).
+        allow_batchnorm: Accept BatchNorm layers in training mode (approximate).
         backward: Called as ``backward(loss)`` instead of ``loss.backward()`` (e.g. ``accelerator.backward``).
         **loss_kwargs: Extra keyword arguments of ``loss_fn``.
 
@@ -275,24 +208,20 @@ def cached_backward(
         The loss value, detached (a 0-d tensor).
 
     Example:
-        >>> loss_fn = losses.ROADMAPLoss()
-        >>> optimizer.zero_grad()
-        >>> loss = cached_backward(model, loss_fn, images, labels, chunk_size=64)  # images: (1024, 3, H, W)
-        >>> torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        >>> loss = cached_backward(model, losses.ROADMAPLoss(), images, labels, chunk_size=64)  # images: (1024, ...)
         >>> optimizer.step()
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
     if not callable(loss_fn):
         raise TypeError(f"loss_fn must be callable as loss_fn(embeddings, labels, **loss_kwargs); got {loss_fn!r}")
-    chunk_size = _check_chunk_size(chunk_size)
-    n = _batch_size(inputs)
+    chunk_size = check_positive_int("chunk_size", chunk_size)
+    inputs, n = _split_inputs(inputs)
     if not isinstance(labels, Tensor):
         raise TypeError(f"labels must be a Tensor with one row per input; got {type(labels).__name__}")
     if labels.dim() == 0 or labels.shape[0] != n:
         raise ValueError(f"labels must have one row per input (N={n} rows); got shape {tuple(labels.shape)}")
-    if not isinstance(allow_batchnorm, bool):
-        raise TypeError(f"allow_batchnorm must be a bool; got {type(allow_batchnorm).__name__}")
+    check_bool("allow_batchnorm", allow_batchnorm)
     if backward is not None and not callable(backward):
         raise TypeError(f"backward must be callable as backward(loss) or None; got {backward!r}")
     bn = _training_batchnorms(model)

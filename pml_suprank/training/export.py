@@ -16,31 +16,6 @@ from .checkpoint import jsonable
 __all__ = ["write_final_folder"]
 
 
-def _draw_plots(
-    save_directory: Path,
-    last: tuple[Tensor, Tensor, Tensor],
-    first: tuple[Tensor, Tensor, Tensor] | None,
-    image_dataset: Any,
-    label_names: list[str] | None,
-    seed: int,
-) -> list[Path]:
-    from .. import plots
-
-    emb, labels, idx = last
-    compare = {"before training": first[0]} if first is not None and first is not last else None
-    names = plots.plot_all(
-        emb,
-        labels,
-        save_directory,
-        label_names=label_names,
-        image_dataset=image_dataset,
-        indices=idx,
-        compare=compare,
-        seed=seed,
-    )
-    return [save_directory / n for n in names]
-
-
 def history_with_evaluations(progress: Any, before: Any, after: Any) -> list[dict[str, Any]]:
     """The training history (``progress.history``) with the recipe's evaluations before training (step 0: the weights
     it starts from) and after it (``progress.global_step``) as ``eval/`` records, so that ``history.json`` and its
@@ -84,18 +59,15 @@ def write_final_folder(
 ) -> Path:
     """Write the Hub-ready folder ``save_directory`` (call it on one process).
 
-    Contents: ``config.json``, ``model.safetensors``, ``README.md`` (the model card of
-    :meth:`~pml_suprank.hub.HubMixin.save_pretrained`), ``metrics.json``, ``training_summary.json`` (``summary``),
-    ``history.json``, ``training_config.json``, ``data_spec.json`` when ``metadata["data"]`` holds the run's data
-    section (:mod:`pml_suprank.training.data_spec`: what ``evaluate --model`` reuses) and, when ``embeddings =
-    (last, first)`` is given, ``training_curves.png`` (:func:`pml_suprank.plots.plot_training_curves`) and the PNG
-    plots of :func:`pml_suprank.plots.plot_all` drawn from the last evaluation's embeddings with the first one's
-    (before training) for comparison. A model without ``save_pretrained`` gets ``model.safetensors`` and
-    ``metrics.json``.
+    Contents: what :meth:`~pml_suprank.hub.HubMixin.save_pretrained` writes (``config.json``,
+    ``model.safetensors``, ``README.md``, ``metrics.json``; a model without it gets the last two), and
+    ``training_summary.json`` (``summary``), ``history.json``, ``training_config.json``, ``data_spec.json`` when
+    ``metadata["data"]`` holds the run's data section (:mod:`.data_spec`, reused by ``evaluate --model``) and, with
+    ``embeddings = (last, first)``, ``training_curves.png`` and the plots of :func:`pml_suprank.plots.plot_all` (a
+    figure that fails is skipped with a warning).
 
-    With ``replace=True`` the folder is written aside (``.tmp-<name>-<pid>/<name>`` next to it, so that it has its
-    final name while written, e.g. for the card's usage line) and renamed into place, replacing a previous folder
-    whole: it never mixes the files of two runs, and an interrupted write leaves the previous one.
+    With ``replace=True`` the folder is written aside (``.tmp-<name>-<pid>/<name>``, its final name while written)
+    and renamed into place, replacing a previous folder whole; an interrupted write leaves the previous one.
     """
     save_directory = Path(save_directory)
     if replace:
@@ -107,14 +79,17 @@ def write_final_folder(
     save_directory.mkdir(parents=True, exist_ok=True)
     plot_files: list[Path] = []
     if embeddings is not None:  # a figure that fails is skipped with a warning: it never costs the model
-        plot_files = _try_plot("the plots", lambda: _draw_plots(
-            save_directory, embeddings[0], embeddings[1], image_dataset, label_names, seed))  # fmt: skip
+        from .. import plots
+
+        (emb, labels, idx), first = embeddings
+        compare = {"before training": first[0]} if first is not None and first is not embeddings[0] else None
+        plot_files = _try_plot("the plots", lambda: [save_directory / n for n in plots.plot_all(
+            emb, labels, save_directory, label_names=label_names, image_dataset=image_dataset, indices=idx,
+            compare=compare, seed=seed)])  # fmt: skip
         if plot_files is None:  # the figures drawn before the failure are kept
             plot_files = sorted(p for p in save_directory.glob("*.png") if p.name != "training_curves.png")
         if any("loss" in r or any(str(k).startswith("eval/") for k in r) for r in history):
-            from ..plots import plot_training_curves
-
-            curves = _try_plot("training_curves.png", lambda: plot_training_curves(
+            curves = _try_plot("training_curves.png", lambda: plots.plot_training_curves(
                 history, save_directory / "training_curves.png", label_names=label_names))  # fmt: skip
             if curves is not None:
                 plot_files.insert(0, curves)

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
+from ..data import collate
 from ..data.embedding_cache import cached_embeddings
 
 __all__ = ["SeededAugmentation", "build_memory", "build_sampler", "embed_loader", "make_loader"]
@@ -51,13 +52,6 @@ class SeededAugmentation(Dataset):
                 np.random.set_state(np_state)
 
 
-def collate(items: list[dict[str, Any]]) -> dict[str, Tensor]:
-    """Batch dataset items ``{"image", "labels", "index"}`` (:func:`pml_suprank.data.collate`)."""
-    from ..data import collate as data_collate
-
-    return data_collate(items)
-
-
 def make_loader(dataset: Dataset, batch_size: int, num_workers: int = 0, **kwargs: Any) -> DataLoader:
     """A loader of ``dataset`` in dataset order (evaluation), or with ``batch_sampler=`` (training)."""
     if "batch_sampler" in kwargs:
@@ -85,26 +79,11 @@ def embed_loader(
     description: str = "embedding",
     embedding_cache: str | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Embeddings, labels and indices of every item of ``dataloader``, in dataset order:
-    :func:`pml_suprank.data.cached_embeddings` (not normalised).
-
-    Under Accelerate, ``dataloader`` should have gone through ``accelerator.prepare`` (it is sharded across
-    processes); every process receives the full result. With ``embedding_cache`` (a folder), the embeddings are read
-    from that cache where it holds them for this model, data and transform, and written there otherwise.
-
-    Returns:
-        ``(embeddings (N, D) float32 on CPU, labels (N, L) long, indices (N,) long)``.
-    """
+    """``(embeddings (N, D) float32 on CPU, labels (N, L) long, indices (N,) long)`` of every item of ``dataloader``
+    in dataset order (:func:`pml_suprank.data.cached_embeddings`, not normalised; ``embedding_cache``: its folder).
+    A dataloader prepared by ``accelerator`` is sharded; every process receives the full result."""
     return cached_embeddings(model, dataloader, embedding_cache, accelerator=accelerator, progress=progress,
                              description=description)  # fmt: skip
-
-
-def progress_bar(iterable: Any, **kwargs: Any) -> Any:
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # pragma: no cover - tqdm is in the recipes extra
-        return iterable
-    return tqdm(iterable, dynamic_ncols=True, mininterval=1.0, **kwargs)
 
 
 def build_sampler(config: Any, labels: np.ndarray, num_replicas: int, rank: int) -> Any:

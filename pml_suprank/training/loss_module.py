@@ -19,12 +19,9 @@ __all__ = ["LossModule", "backward_step"]
 class LossModule(nn.Module):
     """``model`` + ``loss`` (+ ``memory``) as one module: ``forward(images, labels, indices) -> loss``.
 
-    Wrapping them together lets ``accelerator.prepare`` put the loss parameters (proxies) under the same DDP as the
-    network. With ``num_processes > 1`` the embeddings and labels of the global batch are gathered by
-    :func:`pml_suprank.collectives.gather_batch` (the embeddings with gradients; multi-label sets padded to one width)
-    — the gather of :class:`~pml_suprank.memory.RankingMemory` and :class:`~pml_suprank.losses.DistributedRankLoss`
-    too — and the loss of the global batch is computed on every process: after DDP averages the gradients this is
-    exactly the single-process gradient of the loss on the concatenated batch.
+    One module, so that ``accelerator.prepare`` puts the loss parameters (proxies) under the network's DDP. With
+    ``distributed`` the global batch is gathered with gradients (:func:`pml_suprank.collectives.gather_batch`) and its
+    loss computed on every process: after DDP's averaging, the single-process gradient of the concatenated batch.
 
     Args:
         model: Maps ``(B, 3, H, W)`` images to ``(B, D)`` embeddings.
@@ -57,18 +54,17 @@ class LossModule(nn.Module):
         """The loss of the batch's ``(B, D)`` embeddings (``forward`` after the model); NaN when some are not finite
         (diverged weights: the step is skipped, :func:`.nonfinite.finite_or_zero`)."""
         embeddings, finite = finite_or_zero(embeddings.float(), self.distributed)
-        return nan_unless(finite, self._loss_of(embeddings, labels, indices))
-
-    def _loss_of(self, embeddings: Tensor, labels: Tensor, indices: Tensor | None) -> Tensor:
         labels = labels if self.hierarchical_labels else labels[:, 0]
         # mixed precision applies to the network; the rank loss runs in float32 (sigmoids of score differences / τ)
         with torch.autocast(device_type=embeddings.device.type, enabled=False):
             if self.memory is not None:  # RankingMemory gathers the global batch itself under torch.distributed
-                return self.memory(embeddings, labels, indices)
-            if self.distributed:  # the one gather of the package (also the memory's and DistributedRankLoss's)
-                batch = gather_batch(embeddings, labels, multilabel=is_multilabel_loss(self.loss))
-                embeddings, labels = batch.embeddings, batch.labels
-            return self.loss(embeddings, labels)
+                loss = self.memory(embeddings, labels, indices)
+            else:
+                if self.distributed:  # the one gather of the package (also the memory's and DistributedRankLoss's)
+                    batch = gather_batch(embeddings, labels, multilabel=is_multilabel_loss(self.loss))
+                    embeddings, labels = batch.embeddings, batch.labels
+                loss = self.loss(embeddings, labels)
+        return nan_unless(finite, loss)
 
     def cached_backward(
         self, images: Tensor, labels: Tensor, indices: Tensor | None, chunk_size: int, backward: Callable

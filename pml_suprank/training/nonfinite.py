@@ -1,21 +1,12 @@
-"""Non-finite training steps: found with the loss read, skipped, counted, and a run that keeps producing them stopped.
+"""Non-finite training steps: skipped, counted, and a run that keeps producing them stopped.
 
-What AMP's ``GradScaler`` does for fp16, for every precision: a step whose loss or gradient norm is not finite
-(NaN / ±inf) is **skipped** — no optimizer step, no scheduler step, gradients zeroed — so the parameters and the
-optimizer state stay those of the last finite step. More than ``TrainingConfig.max_nonfinite_steps`` such steps in a
-row stop the run with :class:`NonFiniteTrainingError` (after a checkpoint of the last good state).
-
-The check costs no extra host synchronisation: the total gradient norm ``‖g‖₂ = sqrt(Σᵢ ‖gᵢ‖₂²)`` is computed on the
-device (:func:`grad_norm`, or the value ``accelerator.clip_grad_norm_`` returns with ``grad_clip``) and read in the
-same device→host transfer as the loss the training loop reads anyway (:func:`read_loss_and_norm`).
-
-Non-finite embeddings (weights a diverging run overflowed, an image with inf pixels) never reach the loss, whose input
-check would end the run with a traceback (and on an accelerator a device-side assertion): :func:`finite_or_zero`
-hands the loss zeros instead and :func:`nan_unless` makes that step's loss NaN, so the step is skipped and counted
-like any other — without a host read (two ``torch.where``; bitwise the same values on a finite step).
-
-What the forward pass itself updates is kept on a skipped step, as with ``GradScaler``: BatchNorm running statistics
-and the memory's queue (:class:`pml_suprank.memory.RankingMemory`).
+As AMP's ``GradScaler`` does for fp16, for every precision: a step whose loss or total gradient norm
+``‖g‖₂ = sqrt(Σᵢ ‖gᵢ‖₂²)`` is NaN / ±inf makes no optimizer nor scheduler step (gradients zeroed), so parameters and
+optimizer state stay those of the last finite step; more than ``TrainingConfig.max_nonfinite_steps`` in a row raise
+:class:`NonFiniteTrainingError` after a checkpoint of the last good state. The norm is read in the same device→host
+transfer as the loss. Non-finite embeddings never reach the loss: :func:`finite_or_zero` hands it zeros and
+:func:`nan_unless` makes the step's loss NaN (no host read). What the forward pass updates (BatchNorm statistics, the
+memory's queue) is kept on a skipped step, as with ``GradScaler``.
 """
 
 from __future__ import annotations
@@ -36,8 +27,6 @@ __all__ = [
     "finite_or_zero",
     "grad_norm",
     "nan_unless",
-    "read_loss_and_norm",
-    "step_grad_norm",
     "step_if_finite",
     "stop_error",
 ]
@@ -68,11 +57,8 @@ def nan_unless(ok: Tensor, loss: Tensor) -> Tensor:
 def grad_norm(parameters: Iterable[nn.Parameter]) -> Tensor:
     """Total 2-norm of the gradients of ``parameters``: ``‖g‖₂ = sqrt(Σᵢ ‖gᵢ‖₂²)`` over every gradient ``gᵢ``.
 
-    Returns:
-        A 0-d float32 tensor on the first gradient's device (``0`` on the CPU when no parameter has a gradient);
-        NaN / inf when any gradient entry is (or when the norm overflows float32). No host synchronisation: one
-        ``torch._foreach_norm`` per (device, dtype) group (every torch of the supported range has it;
-        ``torch.nn.utils.get_total_norm`` is newer than torch 2.4).
+    Returns a 0-d float32 tensor on the first gradient's device (``0`` on the CPU without gradients), NaN / inf when
+    a gradient entry is; no host synchronisation (``torch._foreach_norm``; ``get_total_norm`` is newer than torch 2.4).
     """
     groups: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
     for p in parameters:
@@ -86,31 +72,6 @@ def grad_norm(parameters: Iterable[nn.Parameter]) -> Tensor:
     return torch.linalg.vector_norm(torch.stack(norms))
 
 
-def step_grad_norm(
-    accelerator: Any, optimizer: Any, parameters: Iterable[nn.Parameter], grad_clip: float | None
-) -> Tensor:
-    """The total gradient norm of a training step, after the gradients are reduced over processes and unscaled:
-    ``accelerator.clip_grad_norm_``'s value with ``grad_clip`` (it clips; the norm before clipping), otherwise
-    :func:`grad_norm`. Under fp16 the accelerator's ``GradScaler`` first unscales the gradients of ``optimizer`` (an
-    ``AcceleratedOptimizer`` or the optimizer it wraps), recording its overflow check, as its ``step`` would."""
-    params = list(parameters)
-    if grad_clip is not None:
-        norm = accelerator.clip_grad_norm_(params, grad_clip)  # unscales fp16 gradients first
-        if isinstance(norm, Tensor):
-            return norm
-    elif getattr(accelerator, "scaler", None) is not None:
-        accelerator.scaler.unscale_(getattr(optimizer, "optimizer", optimizer))
-    return grad_norm(params)
-
-
-def read_loss_and_norm(loss: Tensor, norm: Tensor) -> tuple[float, float]:
-    """``(loss, gradient norm)`` as Python floats, read in ONE device→host transfer (the loss is read every step
-    anyway). ``loss``: the 0-d loss of the step (any float dtype); ``norm``: the 0-d total gradient norm."""
-    pair = torch.stack([loss.detach().reshape(()).float(), norm.detach().reshape(()).float().to(loss.device)])
-    value, norm_value = pair.tolist()
-    return value, norm_value
-
-
 def step_if_finite(
     accelerator: Any,
     optimizer: Any,
@@ -119,20 +80,20 @@ def step_if_finite(
     parameters: Iterable[nn.Parameter],
     grad_clip: float | None,
 ) -> tuple[float, float, bool]:
-    """After ``accelerator.backward``: the optimizer step (and the ``scheduler`` step unless it is ``None``) when the
-    loss and the gradient norm (:func:`step_grad_norm`, clipping with ``grad_clip``) are finite; the gradients are
-    zeroed either way.
-
-    Call it after the gradients are reduced over processes (DDP's backward): every process then reads the same norm
-    and the same global-batch loss and takes the same decision. Under fp16 the ``GradScaler`` keeps its own say (a step
-    it skips counts as skipped, and a step skipped here backs its scale off as one it skips would).
-
-    Returns:
-        ``(loss, gradient norm, stepped)``: the two values of the step's one device→host read, and whether the
-        optimizer stepped.
-    """
-    norm = step_grad_norm(accelerator, optimizer, parameters, grad_clip)
-    value, norm_value = read_loss_and_norm(loss, norm)
+    """After ``accelerator.backward`` (gradients reduced over processes, so every process decides alike): the
+    optimizer step, and the ``scheduler`` step unless it is ``None``, when the loss and the gradient norm
+    (``accelerator.clip_grad_norm_``'s with ``grad_clip``, which unscales fp16 gradients first, else
+    :func:`grad_norm`) are finite; gradients zeroed either way. Under fp16 a step the ``GradScaler`` skips counts as
+    skipped, and one skipped here backs its scale off. Returns ``(loss, gradient norm, stepped)``, the two values read
+    in one device→host transfer."""
+    params = list(parameters)
+    norm = accelerator.clip_grad_norm_(params, grad_clip) if grad_clip is not None else None  # the norm before clipping
+    if not isinstance(norm, Tensor):
+        if grad_clip is None and getattr(accelerator, "scaler", None) is not None:  # fp16: unscale as step() would
+            accelerator.scaler.unscale_(getattr(optimizer, "optimizer", optimizer))
+        norm = grad_norm(params)
+    norm = norm.detach().reshape(()).float()
+    value, norm_value = torch.stack([loss.detach().reshape(()).float(), norm.to(loss.device)]).tolist()  # one read
     stepped = math.isfinite(value) and math.isfinite(norm_value)
     if stepped:
         optimizer.step()
@@ -146,11 +107,9 @@ def step_if_finite(
 
 
 def stop_error(trainer: Any, loss: float, norm: float, bar: Any = None) -> NonFiniteTrainingError:
-    """The error that ends a :class:`~pml_suprank.training.Trainer` run at its current step, after closing the
-    progress ``bar`` and checkpointing the last good state: the parameters and optimizer state of the last finite step
-    (a skipped step leaves them untouched). No checkpoint is written when a forward pass left non-finite buffers
-    (BatchNorm statistics, the memory's queue); the message then names the newest valid checkpoint. Every process
-    calls it (the decision is the same everywhere) and takes the same branch (the buffers' check is gathered)."""
+    """The error ending a :class:`~pml_suprank.training.Trainer` run at its current step, after closing ``bar`` and
+    checkpointing the last finite step's state, unless a forward pass left non-finite buffers (BatchNorm statistics,
+    the memory's queue): the message then names the newest valid checkpoint. Called on every process alike."""
     if bar is not None:
         bar.close()
     acc = trainer.accelerator
@@ -181,14 +140,18 @@ class NonFiniteSteps:
     consecutive: int = 0
 
     def record(self, finite: bool, step: int, loss: float, norm: float, note: Callable[[str], None]) -> bool:
-        """Count step ``step`` (1-based) and ``note`` a skipped one (:meth:`skip_note`); ``True`` when it makes more
+        """Count step ``step`` (1-based) and ``note`` a skipped one; ``True`` when it makes more
         than ``limit`` non-finite steps in a row (the run must stop)."""
         if finite:
             self.consecutive = 0
             return False
         self.skipped += 1
         self.consecutive += 1
-        note(self.skip_note(step, loss, norm))
+        note(
+            f"step {step}: non-finite {_what(loss, norm)} (loss {loss:.4g}, gradient norm {norm:.4g}): step skipped, "
+            f"weights unchanged ({self.consecutive} in a row, at most {self.limit} allowed; {self.skipped} skipped in "
+            "all)"
+        )
         return self.consecutive > self.limit
 
     def state(self) -> dict[str, int]:
@@ -196,18 +159,9 @@ class NonFiniteSteps:
         return {"skipped_nonfinite_steps": self.skipped, "consecutive_nonfinite_steps": self.consecutive}
 
     def load(self, state: Mapping[str, Any]) -> None:
-        """Restore from a validated trainer state (:func:`~.checkpoint.validate_checkpoint`); a checkpoint written
-        before steps were ever skipped lacks the keys: its run applied every step, so both counters are 0."""
+        """Restore from a validated trainer state (a checkpoint without the keys: both counters 0)."""
         self.skipped = int(state.get("skipped_nonfinite_steps", 0))
         self.consecutive = int(state.get("consecutive_nonfinite_steps", 0))
-
-    def skip_note(self, step: int, loss: float, norm: float) -> str:
-        """The line printed for a skipped step (``step``: its 1-based number)."""
-        return (
-            f"step {step}: non-finite {_what(loss, norm)} (loss {loss:.4g}, gradient norm {norm:.4g}): step skipped, "
-            f"weights unchanged ({self.consecutive} in a row, at most {self.limit} allowed; {self.skipped} skipped in "
-            "all)"
-        )
 
     def error(self, step: int, loss: float, norm: float, saved: str, precision: str) -> NonFiniteTrainingError:
         """The error ending the run at ``step`` (1-based); ``saved`` says where the last good state is."""

@@ -16,11 +16,9 @@ def _model_groups(model: nn.Module) -> dict[str, list[nn.Parameter]]:
     if hasattr(model, "parameter_groups"):
         groups = model.parameter_groups()
         return {"backbone": list(groups.get("backbone", [])), "head": list(groups.get("head", []))}
-    if hasattr(model, "backbone"):
-        backbone = [p for p in model.backbone.parameters() if p.requires_grad]
-        ids = {id(p) for p in backbone}
-        return {"backbone": backbone, "head": [p for p in model.parameters() if p.requires_grad and id(p) not in ids]}
-    return {"backbone": [], "head": [p for p in model.parameters() if p.requires_grad]}
+    backbone = [p for p in getattr(model, "backbone", nn.Identity()).parameters() if p.requires_grad]
+    ids = {id(p) for p in backbone}
+    return {"backbone": backbone, "head": [p for p in model.parameters() if p.requires_grad and id(p) not in ids]}
 
 
 def build_optimizer(model: nn.Module, loss: nn.Module | None, config: TrainingConfig) -> torch.optim.Optimizer:

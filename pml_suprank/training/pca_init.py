@@ -1,19 +1,11 @@
 """PCA initialisation of a model's projection at the start of a fresh training run (``projection_init="pca"``).
 
-The landmark-retrieval setting of the SupRank paper (TPAMI Sec. VII-C3, H-GLDv2: ResNet-101 + GeM + a linear
-projection initialised by a PCA of the training features) starts from a projection onto the leading principal
-components of the projection inputs of the training images. :func:`init_projection_if_requested` computes them once,
-before the first step of a run started from scratch (a resumed run restores the projection from its checkpoint):
-
-* up to ``TrainingConfig.pca_samples`` training images, a random subset drawn with ``TrainingConfig.seed`` (the same
-  on every process);
-* with the evaluation transform (the test set's ``transform`` when both datasets have one — no augmentation;
-  otherwise the training transform, seeded per item so that every process sees the same images);
-* in eval mode, through the one embedding loop (:func:`~pml_suprank.training.embed_loader`, i.e.
-  :func:`pml_suprank.metrics.compute_embeddings`), sharded across processes and gathered, so every process holds the
-  same ``(N, C)`` features and computes (on the CPU, in float64) the same projection; the main process's weights
-  are then broadcast, so the processes agree bit for bit even across hosts with different linear-algebra libraries;
-* the global random state is left untouched, so the rest of the run draws the same numbers as without PCA.
+As for the SupRank paper's landmark-retrieval models (TPAMI Sec. VII-C3): before the first step of a run started from
+scratch (a resumed run restores the projection from its checkpoint), the projection inputs of up to
+``TrainingConfig.pca_samples`` training images (a subset drawn with ``seed``, with the test set's transform when both
+datasets have one) are embedded in eval mode by :func:`~pml_suprank.training.embed_loader` (sharded, gathered) and
+the PCA (:func:`pml_suprank.models.pca_projection`) is computed on every process; the main process's weights are then
+broadcast. The global random state is left untouched.
 """
 
 from __future__ import annotations

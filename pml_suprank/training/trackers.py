@@ -1,10 +1,8 @@
 """The experiment trackers of a recipe run (``--report_to``), through Accelerate's trackers.
 
-``--report_to none|tensorboard|wandb|mlflow|all`` becomes ``Accelerator(log_with=...)``; the run then sends the
-resolved :class:`~pml_suprank.training.RunSpec` (one flat ``{option: value}`` dict, :func:`flat_config`) with
-``accelerator.init_trackers``, the training and evaluation metrics with ``accelerator.log`` (the
-:class:`~pml_suprank.training.Trainer`) and the plots of the final folder (:func:`log_plots`: TensorBoard images,
-W&B images, MLflow artifacts). TensorBoard writes under ``<output_dir>/logs``.
+``--report_to`` becomes ``Accelerator(log_with=...)``; the run sends the resolved options (:func:`flat_config`) with
+``accelerator.init_trackers``, the metrics with ``accelerator.log`` (the :class:`~pml_suprank.training.Trainer`) and
+the final folder's plots (:func:`log_plots`). TensorBoard writes under ``<output_dir>/logs``.
 """
 
 from __future__ import annotations
@@ -18,8 +16,6 @@ __all__ = ["REPORT_TO", "flat_config", "log_config_text", "log_plots", "resolve_
 
 #: the choices of ``--report_to``
 REPORT_TO = ("none", "tensorboard", "wandb", "mlflow", "all")
-
-_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
 
 
 def _available(name: str) -> bool:
@@ -48,8 +44,7 @@ def resolve_report_to(report_to: str, *, required: bool = True) -> str | None:
     if not _available(report_to):
         if required:
             raise ValueError(
-                f"--report_to {report_to} needs the {_PACKAGES[report_to]} package: pip install "
-                f"{_PACKAGES[report_to]} (or --report_to none)"
+                f"--report_to {report_to} needs the {report_to} package: pip install {report_to} (or --report_to none)"
             )
         return None
     return report_to

@@ -1,31 +1,14 @@
 """The training loop shared by the recipes: Accelerate-driven metric learning with rank losses.
 
-What :class:`Trainer` does:
-
-* **any ``accelerate launch`` configuration** — CPU, multi-process (gloo), multi-GPU, mixed precision: the model and
-  the loss (whose proxies are parameters, e.g. ``ClusterLoss``) are wrapped in one :class:`LossModule` that goes
-  through ``accelerator.prepare``, so DDP synchronises the proxies' gradients too;
-* **exact distributed loss**: under several processes the embeddings of the global batch are gathered *with
-  gradients* (:func:`pml_suprank.collectives.all_gather_with_grad`) and every process computes the loss of the
-  global batch; after DDP's gradient averaging this equals the single-process gradient on the concatenated batch;
-* **parameter groups** ``backbone`` / ``head`` / ``proxies`` with their own learning rates, **warm-up epochs with the
-  backbone frozen** (no gradient, not stepped, no scheduler step, as in the ROADMAP / HAPPIER reference code) and a
-  **cosine** schedule over the remaining steps;
-* the package's **samplers** (which shard themselves: one global batch of ``num_processes * batch_size`` per step)
-  and the **memory** (``RankingMemory``);
-* **evaluation** every ``eval_every`` epochs with :class:`pml_suprank.metrics.RetrievalEvaluator` on the accelerator's
-  device (the evaluator's own ``device`` if it has one), the queries split across the processes; **progress bars** on
-  the main process; **tracking** through ``accelerator.log``;
-* **checkpoints** (:mod:`.checkpoint`) every ``checkpoint_every`` steps, written *atomically*, and an **exact
-  resume**: model, optimizer, scheduler, memory, RNG states, sampler epoch and position are restored and the
-  augmentation of every item is seeded by ``(seed, epoch, index)`` — the weights of an uninterrupted run;
-* a step whose loss or gradient is NaN / inf is **skipped** (no update) and counted; more than ``max_nonfinite_steps``
-  in a row raise :class:`.NonFiniteTrainingError` after a checkpoint of the last good state (:mod:`.nonfinite`);
-* **run identity** (:mod:`.run_folder`): the fingerprint of the configuration in ``run.json`` and every checkpoint
-  (another run's checkpoint, a new run into a previous run's folder and a concurrent run are refused);
-* a final **Hub-ready folder** (:func:`pml_suprank.training.export.write_final_folder`), written atomically.
-
-The module never reads the environment; recipes pass everything explicitly.
+:class:`Trainer` runs under any ``accelerate launch`` configuration. The model and the loss (whose proxies are
+parameters) form one :class:`.LossModule` that goes through ``accelerator.prepare``; under several processes the
+loss of the gathered global batch is computed on every process, so after DDP's averaging the gradient equals the
+single-process one. Parameter groups ``backbone`` / ``head`` / ``proxies`` have their own learning rates; warm-up
+epochs freeze the backbone (no gradient, no scheduler step), then a cosine schedule runs. Checkpoints
+(:mod:`.checkpoint`) give an exact resume (model, optimizer, scheduler, memory, RNG states, sampler position, each
+item's augmentation seeded by ``(seed, epoch, index)``); non-finite steps are skipped and counted (:mod:`.nonfinite`);
+the run identity lives in :mod:`.run_folder`; the final Hub-ready folder is written by :mod:`.export`. The module
+never reads the environment.
 """
 
 from __future__ import annotations
@@ -42,10 +25,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
+from tqdm.auto import tqdm
 
+from ..metrics import RetrievalEvaluator
 from ..metrics.report import format_metrics
 from . import checkpoint, run_folder
-from .cached_backward import step_chunk_size
 from .config import TrainingConfig
 from .export import history_with_evaluations, write_final_folder
 from .loaders import (
@@ -55,7 +39,6 @@ from .loaders import (
     dataset_labels,
     embed_loader,
     make_loader,
-    progress_bar,
 )
 from .loss_module import LossModule, backward_step
 from .nonfinite import NonFiniteSteps, step_if_finite, stop_error
@@ -99,16 +82,11 @@ class Trainer:
             attribute ``labels (N, L)``), with its training transform set.
         config: :class:`TrainingConfig`.
         test_dataset: Dataset for evaluation (same contract, test transform).
-        evaluator: ``RetrievalEvaluator``; default ``RetrievalEvaluator(k_values=config.k_values,
-            alpha=config.alpha)``.
-        memory: Optional ``RankingMemory`` wrapping ``loss``; built from ``config.memory_size`` when ``None`` and
-            ``memory_size > 0``.
-        sampler: Optional batch sampler; default built from ``config.sampler`` with the accelerator's number of
-            processes and rank (the sampler shards the global batch itself).
+        evaluator: ``RetrievalEvaluator``; default from ``config.k_values`` and ``config.alpha``.
+        memory: ``RankingMemory`` wrapping ``loss``; default from ``config.memory_size`` (none when 0).
+        sampler: Batch sampler; default from ``config.sampler``, sharded over the accelerator's processes.
         run_options: The model / data / loss options the caller resolved (``{"model": {...}, "data": {...},
             "loss": {...}}``, JSON-able); with the ``TrainingConfig`` they make the run fingerprint.
-        virtual_batch_size, chunk_size: Gradient-cached steps (exact): see :func:`.loss_module.backward_step`;
-            by default ``config.virtual_batch_size`` / ``config.chunk_size`` (the arguments win when given).
 
     Example: see "From Python" in the training recipes guide (``docs/recipes.md``).
     """
@@ -125,9 +103,6 @@ class Trainer:
         memory: nn.Module | None = None,
         sampler: Any = None,
         run_options: Mapping[str, Any] | None = None,
-        *,
-        virtual_batch_size: int | None = None,
-        chunk_size: int | None = None,
     ) -> None:
         if not isinstance(config, TrainingConfig):
             raise TypeError(f"config must be a TrainingConfig; got {type(config).__name__}")
@@ -144,7 +119,7 @@ class Trainer:
         self.train_dataset = SeededAugmentation(train_dataset, seed=config.seed)
         self.test_dataset = test_dataset
         self.loss = loss
-        self.chunk_size = step_chunk_size(config, virtual_batch_size, chunk_size)  # the config checked itself
+        self.chunk_size = config.chunk_size  # gradient-cached steps (exact): see .loss_module.backward_step
         if memory is None:
             memory = build_memory(config, model, loss, train_dataset, self.train_labels.shape[1])
         self.memory = memory
@@ -167,10 +142,8 @@ class Trainer:
         optimizer = build_optimizer(model, loss, config)
         self.scheduler = build_scheduler(optimizer, self.scheduled_steps, config)
         self.loss_module, self.optimizer = accelerator.prepare(self.loss_module, optimizer)
-        # the scheduler is stepped by hand once per global step (each process sees every step: the sampler shards
-        # the global batch), so it is not prepared (a prepared one steps num_processes times); nor is it registered
-        # for checkpointing (Accelerate would pickle it and unpickle it on resume): its state goes into
-        # trainer_state.json as JSON
+        # the scheduler is stepped by hand once per global step (a prepared one steps num_processes times) and its
+        # state goes into trainer_state.json as JSON (registered with Accelerate, it would be pickled)
         self.evaluator = evaluator
         self.progress = _Progress()
         self.nonfinite = NonFiniteSteps(config.max_nonfinite_steps)  # skipped steps (trainer_state.json)
@@ -179,9 +152,7 @@ class Trainer:
         self.first_embeddings: tuple[Tensor, Tensor, Tensor] | None = None  # e.g. before training, for the plots
         self.finished = False
         self.run_config = run_folder.run_config(config.to_dict(), run_options)
-        self.fingerprint = run_folder.run_fingerprint(
-            self.run_config
-        )  # identifies this run in run.json and its checkpoints
+        self.fingerprint = run_folder.run_fingerprint(self.run_config)  # in run.json and every checkpoint
         self._lock: run_folder.RunLock | None = None  # on the main process, between begin_run and end_run
         self._begun = False
         self._claimed = False  # the output folder was checked and claimed by this trainer once
@@ -198,13 +169,6 @@ class Trainer:
             generator=generator,
             persistent_workers=False,
         )
-
-    def _get_evaluator(self) -> Any:
-        if self.evaluator is None:
-            from ..metrics import RetrievalEvaluator
-
-            self.evaluator = RetrievalEvaluator(k_values=self.config.k_values, alpha=self.config.alpha)
-        return self.evaluator
 
     @property
     def model(self) -> nn.Module:
@@ -238,7 +202,9 @@ class Trainer:
         self.last_embeddings = (emb, labels, idx)
         if self.first_embeddings is None:
             self.first_embeddings = self.last_embeddings
-        ev = self._get_evaluator()
+        if self.evaluator is None:
+            self.evaluator = RetrievalEvaluator(k_values=self.config.k_values, alpha=self.config.alpha)
+        ev = self.evaluator
         device = self.accelerator.device if ev.device is None else ev.device
         result = ev.evaluate(emb, labels, device=device, distributed=self.accelerator.num_processes > 1)
         scalar = (int, float, np.floating, np.integer)
@@ -322,14 +288,12 @@ class Trainer:
         :meth:`end_run`) itself; a recipe calls it first, then ``train()``, ``save_final()``, :meth:`end_run`.
 
         Args:
-            resume_from: A checkpoint folder, or ``"latest"`` for the newest valid one in ``output_dir`` (none:
-                start from scratch). The checkpoint is validated and checked against this run here and loaded by
-                :meth:`train`.
+            resume_from: A checkpoint folder, or ``"latest"`` for the newest valid one in ``output_dir`` (none: from
+                scratch); validated and checked against this run here, loaded by :meth:`train`.
             ignore_config_change: Resume from a checkpoint of another configuration (other fingerprint) anyway.
             overwrite_output_dir: Starting from scratch, delete a previous run's checkpoints and ``final/`` first.
 
-        Returns:
-            The checkpoint the run continues from, or ``None``.
+        Returns the checkpoint the run continues from, or ``None``.
 
         Raises:
             RunLockError: another live run holds ``output_dir/run.lock`` (the message names its pid and host).
@@ -374,13 +338,10 @@ class Trainer:
 
     # -- training -----------------------------------------------------------------------------------------------
     def _set_backbone_trainable(self, trainable: bool) -> None:
-        backbone = getattr(self.model, "backbone", None)
-        if backbone is None:
-            return
-        for name, p in backbone.named_parameters():  # frozen batch norm stays frozen
-            owner = backbone.get_submodule(name.rsplit(".", 1)[0]) if "." in name else backbone
-            bn = self.config.freeze_batch_norm and isinstance(owner, nn.modules.batchnorm._BatchNorm)
-            p.requires_grad_(trainable and not bn)
+        for module in getattr(self.model, "backbone", nn.Identity()).modules():  # frozen batch norm stays frozen
+            bn = self.config.freeze_batch_norm and isinstance(module, nn.modules.batchnorm._BatchNorm)
+            for p in module.parameters(recurse=False):
+                p.requires_grad_(trainable and not bn)
 
     def _train_mode(self) -> None:
         self.loss_module.train()
@@ -399,20 +360,13 @@ class Trainer:
     ) -> list[dict]:
         """Run (or continue) the training; return the history of logged values.
 
-        Without a prior :meth:`begin_run`, it begins the run itself (same arguments) and releases the lock at the end
-        (also on an exception).
-
-        Args:
-            resume_from: A checkpoint folder, or ``"latest"`` for the newest valid one in ``output_dir`` (if there
-                is none, training starts from scratch).
-            on_epoch_end: Called as ``fn(trainer, epoch, metrics_or_None)`` after every completed epoch.
-            ignore_config_change: Resume from a checkpoint of another configuration anyway (see :meth:`begin_run`).
-            overwrite_output_dir: Starting from scratch, delete a previous run in ``output_dir`` first.
+        Without a prior :meth:`begin_run`, it begins the run itself (``resume_from``, ``ignore_config_change``,
+        ``overwrite_output_dir``: see there) and releases the lock at the end (also on an exception).
+        ``on_epoch_end`` is called as ``fn(trainer, epoch, metrics_or_None)`` after every completed epoch.
 
         Returns:
-            One record per log event, with the keys ``step``, ``epoch``, ``loss``, ``steps_per_s``,
-                ``skipped_nonfinite_steps`` and ``lr_GROUP`` (one per parameter group), and one per evaluation,
-                with ``step``, ``epoch`` and ``eval/METRIC`` (one per metric key).
+            One record per log event (``step``, ``epoch``, ``loss``, ``steps_per_s``, ``skipped_nonfinite_steps``,
+            ``lr_GROUP`` per parameter group) and one per evaluation (``step``, ``epoch``, ``eval/METRIC``).
 
         Raises:
             NonFiniteTrainingError: more than ``config.max_nonfinite_steps`` steps in a row were non-finite.
@@ -436,16 +390,15 @@ class Trainer:
             self.accelerator.print(f"resumed from {ckpt} (step {self.progress.global_step})")
         p, c = self.progress, self.config
         run = _Run()
-        run.bar = progress_bar(None, total=self.total_steps, initial=p.global_step, desc="training",
-                               disable=not self.accelerator.is_local_main_process)  # fmt: skip
+        run.bar = tqdm(total=self.total_steps, initial=p.global_step, desc="training", dynamic_ncols=True,
+                       mininterval=1.0, disable=not self.accelerator.is_local_main_process)  # fmt: skip
         while p.global_step < self.total_steps and p.epoch < c.epochs and not run.stopped:
             epoch = p.epoch
             self._train_epoch(epoch, run)
             if run.stopped or p.epoch == epoch:  # interrupted, or max_train_steps reached inside the epoch
                 break
             self._end_epoch(epoch, on_epoch_end)
-        if run.bar is not None:
-            run.bar.close()
+        run.bar.close()
         self._set_backbone_trainable(True)
         self.finished = p.global_step >= self.total_steps or p.epoch >= c.epochs
         if self.finished:
@@ -468,9 +421,8 @@ class Trainer:
             run.steps, run.logged_steps = run.steps + 1, run.logged_steps + 1
             if math.isfinite(value):
                 run.loss_sum, run.loss_n = run.loss_sum + value, run.loss_n + 1
-            if run.bar is not None:
-                run.bar.update(1)
-                run.bar.set_postfix(epoch=epoch, loss=f"{value:.4f}", refresh=False)
+            run.bar.update(1)
+            run.bar.set_postfix(epoch=epoch, loss=f"{value:.4f}", refresh=False)
             done = p.global_step >= self.total_steps
             if p.global_step % self.config.log_every == 0 or done or stop:
                 self._log_step(epoch, run)
@@ -558,21 +510,18 @@ class Trainer:
         image_dataset: Any = None,
         repo_id: str | None = None,
     ) -> Path | None:
-        """Write the Hub-ready folder (on the main process; returns ``None`` elsewhere).
+        """Write the Hub-ready folder atomically (:func:`.export.write_final_folder`, a previous one replaced whole) on
+        the main process; returns ``None`` elsewhere. ``config.json`` and the summary carry the run fingerprint.
 
-        Contents: see :func:`pml_suprank.training.export.write_final_folder` (plots from the last evaluation's
-        embeddings, the first evaluation's for comparison). Args:
+        Args:
             save_directory: Default ``output_dir/final``.
-            metrics: Final test metrics ``{name: number}`` (``RetrievalEvaluator`` keys) for the card.
+            metrics: Final test metrics ``{name: number}`` for the card.
             summary: Any JSON-able dict, written to ``training_summary.json``.
             metadata: ``config.json`` training metadata (``loss``, ``dataset``, ``label_names``, ``loss_kwargs``...).
             hub_config: The hub_config dict (tags, datasets, the paper's numbers for the card).
-            plots: Draw the plots.
+            plots: Draw the plots (last evaluation's embeddings, the first's for comparison).
             image_dataset: Dataset with ``get_image(i)`` for the retrieval grid (default: the test set).
             repo_id: Repo id (or folder path) shown in the card's usage snippet.
-
-        Written aside and renamed into place (a previous ``final/`` replaced whole): one run's weights, ``config.json``
-        and summary, both JSON files carrying the run fingerprint.
         """
         acc = self.accelerator
         save_directory = Path(save_directory) if save_directory is not None else self.output_dir / "final"

@@ -276,11 +276,11 @@ def test_batchnorm_in_training_mode_is_refused_unless_allowed():
 
 def test_argument_validation():
     model, loss_fn, x, labels = Net().double(), losses.SupAPLoss(), inputs(), flat_labels()
-    with pytest.raises(TypeError, match="chunk_size must be a positive int; got float 4.0"):
+    with pytest.raises(TypeError, match="chunk_size must be an int >= 1; got float 4.0"):
         cached_backward(model, loss_fn, x, labels, chunk_size=4.0)
-    with pytest.raises(TypeError, match="chunk_size must be a positive int; got bool"):
+    with pytest.raises(TypeError, match="chunk_size must be an int >= 1; got bool"):
         cached_backward(model, loss_fn, x, labels, chunk_size=True)
-    with pytest.raises(ValueError, match="chunk_size must be a positive int; got 0"):
+    with pytest.raises(ValueError, match="chunk_size must be an int >= 1; got 0"):
         cached_backward(model, loss_fn, x, labels, chunk_size=0)
     with pytest.raises(TypeError, match="model must be a torch.nn.Module; got function"):
         cached_backward(lambda t: t, loss_fn, x, labels, chunk_size=4)
@@ -358,7 +358,7 @@ def test_two_process_gloo_run_equals_one_process(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# Trainer(chunk_size=...)
+# Trainer with TrainingConfig(virtual_batch_size=..., chunk_size=...)
 # ------------------------------------------------------------------------------------------------------------------
 def _trainer(tmp_path, **kwargs):
     pytest.importorskip("timm")
@@ -374,18 +374,18 @@ def _trainer(tmp_path, **kwargs):
     train = data.SyntheticShapes("train", num_per_class=8, image_size=16, transform=tf)
     config = TrainingConfig(
         output_dir=str(tmp_path), epochs=1, batch_size=32, samples_per_class=4, eval_every=0, lr_backbone=1e-3,
-        lr_head=1e-3, log_every=1, max_train_steps=2, seed=3, freeze_batch_norm=True,
+        lr_head=1e-3, log_every=1, max_train_steps=2, seed=3, freeze_batch_norm=True, **kwargs,
     )  # fmt: skip
     loss = losses.HAPPIERLoss(num_classes=54, embedding_size=16)
-    return Trainer(Accelerator(cpu=True), model, loss, train, config, **kwargs)
+    return Trainer(Accelerator(cpu=True), model, loss, train, config)
 
 
 def test_trainer_validates_virtual_batch_and_chunk_size(tmp_path):
-    with pytest.raises(ValueError, match="virtual_batch_size=64 and batch_size=32"):
+    with pytest.raises(ValueError, match="got --virtual_batch_size 64 and --batch_size 32"):
         _trainer(tmp_path, virtual_batch_size=64, chunk_size=8)
-    with pytest.raises(ValueError, match="chunk_size must be a positive int; got 0"):
+    with pytest.raises(ValueError, match="chunk_size must be null or an int >= 1; got 0"):
         _trainer(tmp_path, chunk_size=0)
-    with pytest.raises(TypeError, match="virtual_batch_size must be a positive int or None"):
+    with pytest.raises(TypeError, match="virtual_batch_size must be null or an int >= 2"):
         _trainer(tmp_path, virtual_batch_size=32.0)
     assert _trainer(tmp_path, virtual_batch_size=32, chunk_size=8).chunk_size == 8
 
