@@ -156,12 +156,12 @@ def test_every_heat_hub_config_parses(path):
         ("recipe:\n  batch_size: [1, 2]\n", r"recipe\.batch_size must be an int in \[1, 65536\]; got \[1, 2\]"),
         ("recipe:\n  num_per_class: 1000000000000\n", r"recipe\.num_per_class must be an int in \[1, 100000\]"),
         ("recipe:\n  knn_k: 2.5\n", r"recipe\.knn_k must be an int >= 0; got 2\.5"),
-        ("recipe:\n  backbone_name: resnet18\n", r"unknown key recipe\.backbone_name"),
+        ("recipe:\n  backbone_name: resnet18\n", r"unknown key 'recipe\.backbone_name'"),
         ("heat:\n  beta: .nan\n", r"heat\.beta must be a number or ±inf"),
         ("heat:\n  settings: {gmm: {hidden_dimm: 5}}\n", r"unknown HEAT settings \['hidden_dimm'\]"),
         ("heat:\n  priors: [gmm, nope]\n", r"--priors: unknown \['nope'\]"),
-        ("training:\n  epochs: 3\n", r"unknown section 'training'"),
-        ("- a\n- b\n", r"must hold a mapping of sections; got list"),
+        ("training:\n  epochs: 3\n", r"unknown top-level key 'training'"),
+        ("- a\n- b\n", r"must be a YAML mapping of sections; got list"),
     ],
 )
 def test_fit_heat_and_ood_benchmark_config_values_are_checked_before_any_work(tmp_path, capsys, text, message):

@@ -25,11 +25,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .._safe_yaml import shorten
 from ..losses.registry import check_loss_name
 from .config import OptionCheck, OptionError, is_number, is_str, list_of
 from .options import LOCATIONS, SECTIONS, recipe_options
 from .run_spec import RunSpec
+from .spec import merge_layers, read_sections, section_problems
 
 __all__ = [
     "HUB_CONFIG_SCHEMA",
@@ -69,6 +69,7 @@ _TOP_LEVEL = {
     "description": is_str(),
     "notes": OptionCheck(lambda v: is_str()(v) or list_of(is_str(), "")(v), "a string or a list of strings"),
 }
+_KEYS = {**HUB_CONFIG_SCHEMA, "hub": HUB_SECTION}
 
 
 def validate_hub_config(
@@ -83,8 +84,6 @@ def validate_hub_config(
     keys (``name``, ``model.backbone``, ``data.dataset``, ``loss.name``). ``defaults`` (option name → value, e.g. a
     recipe's defaults) fill the options the file leaves out; default: the dataclass defaults.
     """
-    from .spec import merge_layers
-
     errors = _structure_errors(config, source, partial)
     if not errors:
         layers = [{k: (k, v) for k, v in (defaults or {}).items()}, config_layer(config)]
@@ -108,13 +107,22 @@ def config_layer(config: Mapping[str, Any], source: str | None = None) -> dict[s
 
 
 def _structure_errors(config: Any, source: str, partial: bool) -> list[str]:
-    """The schema problems of ``config`` (sections, keys, value types, required keys; the ``model`` section held to
-    the rule of a loaded ``config.json``)."""
-    from ..hub.loaded_config import hub_config_model_problems
-
+    """The schema problems of ``config``: its sections and keys (:func:`~pml_suprank.training.spec.section_problems`)
+    and :func:`_rules`."""
     if not isinstance(config, dict):
         raise ValueError(f"{source}: a hub_config must be a YAML mapping; got {type(config).__name__}")
-    errors = _schema_errors(config)
+    return section_problems(config, _KEYS, _TOP_LEVEL)[0] + _rules(config, partial)
+
+
+def _rules(config: dict[str, Any], partial: bool) -> list[str]:
+    """A ``loss.name`` that a file may not give (a ``package.module:ClassName`` is refused, nothing imported), the
+    ``model`` section held to the rule of a loaded ``config.json``, the required keys of a complete file."""
+    from ..hub.loaded_config import hub_config_model_problems
+
+    errors = []
+    loss = config.get("loss")
+    if isinstance(loss, dict) and "name" in loss and (problem := check_loss_name(loss["name"], from_file=True)):
+        errors.append(f"'loss.name' must be {problem}")
     errors += hub_config_model_problems(config) if isinstance(config.get("model"), Mapping) else []
     if not partial:
         if "name" not in config:
@@ -123,31 +131,6 @@ def _structure_errors(config: Any, source: str, partial: bool) -> list[str]:
             for k in keys:
                 if not isinstance(config.get(section), dict) or k not in config[section]:
                     errors.append(f"missing required key '{section}.{k}'")
-    return errors
-
-
-def _schema_errors(config: dict[str, Any]) -> list[str]:
-    """Unknown sections and keys, sections that are no mapping, metadata values; a ``loss.name`` that a file may not
-    give (a ``package.module:ClassName`` is refused, nothing imported)."""
-    errors = []
-    for key, value in config.items():
-        allowed = HUB_CONFIG_SCHEMA.get(key, HUB_SECTION if key == "hub" else None)
-        if key in _TOP_LEVEL:
-            if not _TOP_LEVEL[key](value):
-                errors.append(f"'{key}' has an invalid value {shorten(repr(value), 200)}")
-        elif allowed is None:
-            errors.append(f"unknown top-level key '{key}' (valid: {sorted([*_TOP_LEVEL, *HUB_CONFIG_SCHEMA, 'hub'])})")
-        elif not isinstance(value, dict):
-            errors.append(f"section '{key}' must be a mapping; got {type(value).__name__}")
-        else:
-            for sub, v in value.items():
-                if sub not in allowed:
-                    errors.append(f"unknown key '{key}.{sub}' (valid keys of '{key}': {sorted(allowed)})")
-                elif key == "hub" and not HUB_SECTION[sub](v):
-                    errors.append(f"'hub.{sub}' must be {HUB_SECTION[sub].expected}; got {shorten(repr(v), 200)}")
-    loss = config.get("loss")
-    if isinstance(loss, dict) and "name" in loss and (problem := check_loss_name(loss["name"], from_file=True)):
-        errors.append(f"'loss.name' must be {problem}")
     return errors
 
 
@@ -190,15 +173,8 @@ def read_hub_config(path: str | Path, *, partial: bool = False) -> dict[str, Any
         partial: Accept an override file with only the keys it changes (no required key; ``name``, when given,
             must still equal the file name).
     """
-    from .._safe_yaml import load_yaml
-
     p = hub_config_path(path)
-    config = load_yaml(p)  # aliases, deep nesting and oversized files refused before any value is built
-    errors = _structure_errors(config, str(p), partial)
-    if errors:
-        shown = [shorten(e) for e in errors[:20]] + ([f"... {len(errors) - 20} more"] if len(errors) > 20 else [])
-        raise ValueError(f"{p}: invalid hub_config: {shown[0]}" if len(shown) == 1 else
-                         f"{p}: invalid hub_config:\n  - " + "\n  - ".join(shown))  # fmt: skip
+    config, _ = read_sections(p, _KEYS, metadata=_TOP_LEVEL, checks=lambda c: _rules(c, partial), kind="hub_config")
     if (not partial or "name" in config) and config["name"] != p.stem:
         raise ValueError(f"{p}: 'name' must equal the file name without .yaml ({p.stem!r}); got {config['name']!r}")
     return config

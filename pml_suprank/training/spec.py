@@ -31,7 +31,7 @@ from .._safe_json import loads_json
 from .._safe_yaml import load_yaml, shorten
 from .config import OptionError, field_default, option, optional
 
-__all__ = ["build_parser", "merge_layers", "parse", "read_sections", "shared", "str2bool"]
+__all__ = ["build_parser", "merge_layers", "parse", "read_sections", "section_problems", "shared", "str2bool"]
 
 S = TypeVar("S")
 #: a layer of option values: ``{field name: (where it came from, value)}``
@@ -232,45 +232,58 @@ def parse(spec_cls: type[S], argv: list[str] | None = None, *, defaults: Mapping
 # ---------------------------------------------------------------------------------------------------------------------
 # --config files
 # ---------------------------------------------------------------------------------------------------------------------
-def read_sections(
-    path: str | Path, keys: Mapping[str, Mapping[str, str]], *, metadata: Mapping[str, Any] = ()
-) -> tuple[dict[str, Any], dict[str, tuple[str, Any]]]:
-    """The one reader of a configuration file (a hub_config, a ``fit_heat`` / ``ood_benchmark`` ``--config``):
-    bounded safe YAML (:func:`pml_suprank._safe_yaml.load_yaml`), a mapping of sections.
-
-    Args:
-        path: The YAML file.
-        keys: ``{section: {key: field name}}`` of the option sections.
-        metadata: Top-level keys holding no option (``{key: check}``, a check may be ``None``): kept in the raw dict.
-
-    Returns:
-        ``(raw mapping, {field name: ("<file>: section.key", value)})``.
-
-    Raises:
-        OptionError: not a mapping, an unknown section or key, a metadata value its check refuses (each named with
-            the file and key).
-    """
-    cfg = load_yaml(path)
-    cfg = {} if cfg is None else cfg
-    if not isinstance(cfg, dict):
-        raise OptionError(f"{path}: must hold a mapping of sections; got {type(cfg).__name__}")
+def section_problems(
+    cfg: Mapping[str, Any], keys: Mapping[str, Mapping[str, Any]], metadata: Mapping[str, Any] = ()
+) -> tuple[list[str], dict[str, tuple[str, Any]]]:
+    """The problems of a configuration mapping (unknown sections and keys, a section that is no mapping, a metadata
+    value its check refuses) and its options ``{field name: ("section.key", value)}``. ``keys``: ``{section: {key:
+    field name, or the check of a metadata key}}``; ``metadata``: top-level keys holding no option ``{key: check or
+    None}``."""
+    errors: list[str] = []
     out: dict[str, tuple[str, Any]] = {}
     for section, body in cfg.items():
         if section in metadata:
             check = metadata[section]
             if check is not None and not check(body):
-                raise OptionError(f"{path}: {section!r} must be {check.expected}; got {shorten(repr(body), 200)}")
-            continue
-        if section not in keys:
-            raise OptionError(f"{path}: unknown section {section!r}; valid: {[*keys, *metadata]}")
-        if body is None:
-            continue
-        if not isinstance(body, dict):
-            raise OptionError(f"{path}: section {section!r} must be a mapping; got {type(body).__name__}")
-        for key, value in body.items():
-            name = keys[section].get(str(key))
-            if name is None:
-                raise OptionError(f"{path}: unknown key {section}.{key}; valid keys of {section!r}: "
-                                  f"{sorted(keys[section])}")  # fmt: skip
-            out[name] = (f"{path}: {section}.{key}", value)
-    return cfg, out
+                errors.append(f"'{section}' must be {check.expected}; got {shorten(repr(body), 200)}")
+        elif section not in keys:
+            errors.append(f"unknown top-level key '{section}' (valid: {sorted([*metadata, *keys])})")
+        elif body is not None and not isinstance(body, dict):
+            errors.append(f"section '{section}' must be a mapping; got {type(body).__name__}")
+        else:
+            for key, value in (body or {}).items():
+                name = keys[section].get(key)
+                if name is None:
+                    errors.append(f"unknown key '{section}.{key}' (valid keys of '{section}': {sorted(keys[section])})")
+                elif not isinstance(name, str):
+                    if not name(value):
+                        errors.append(f"'{section}.{key}' must be {name.expected}; got {shorten(repr(value), 200)}")
+                else:
+                    out[name] = (f"{section}.{key}", value)
+    return errors, out
+
+
+def read_sections(
+    path: str | Path,
+    keys: Mapping[str, Mapping[str, Any]],
+    *,
+    metadata: Mapping[str, Any] = (),
+    checks: Callable[[dict[str, Any]], list[str]] | None = None,
+    kind: str = "configuration file",
+) -> tuple[dict[str, Any], dict[str, tuple[str, Any]]]:
+    """The one reader of a configuration file (a hub_config, a ``fit_heat`` / ``ood_benchmark`` ``--config``):
+    bounded safe YAML (:func:`pml_suprank._safe_yaml.load_yaml`), a mapping of sections (:func:`section_problems`;
+    ``checks``: the file kind's further rules). Returns ``(raw mapping, {field name: ("<file>: section.key", value)})``;
+    raises ``OptionError`` naming the file, the ``kind`` and the problems (the first 20).
+    """
+    cfg = load_yaml(path)  # aliases, deep nesting and oversized files refused before any value is built
+    cfg = {} if cfg is None else cfg
+    if not isinstance(cfg, dict):
+        raise OptionError(f"{path}: a {kind} must be a YAML mapping of sections; got {type(cfg).__name__}")
+    errors, values = section_problems(cfg, keys, metadata)
+    errors += checks(cfg) if checks else []
+    if errors:
+        shown = [shorten(e) for e in errors[:20]] + ([f"... {len(errors) - 20} more"] if len(errors) > 20 else [])
+        raise OptionError(f"{path}: invalid {kind}: {shown[0]}" if len(shown) == 1 else
+                          f"{path}: invalid {kind}:\n  - " + "\n  - ".join(shown))  # fmt: skip
+    return cfg, {name: (f"{path}: {where}", value) for name, (where, value) in values.items()}
