@@ -64,17 +64,9 @@ def check_scores(scores: Tensor) -> Tensor:
 
 
 def _finite_order_preserving(scores: Tensor) -> Tensor:
-    """``scores`` with ``±inf`` replaced by finite values of the same order (a no-op copy-free return without inf).
-
-    ``+inf``/``−inf`` become ``±finfo.max`` (every finite score is at most that, and equal infinities stay tied, so
-    the pessimistic order is unchanged: ``−inf`` ranks last, ``+inf`` first, ties broken by level as usual). If a
-    finite score already equals ``±finfo.max``, float16/bfloat16/float32 scores are widened exactly to float64 and
-    the infinities become ``±2·finfo.max``; float64 scores then cannot be mapped and are refused. The ranking
-    kernels use ``−inf`` internally to mark removed items, which is why real infinities are mapped first.
-
-    Raises:
-        ValueError: float64 ``scores`` holding both an infinity and a finite ``±finfo(float64).max``.
-    """
+    """``scores`` with ``±inf`` mapped to ``±finfo.max`` (same order, equal infinities stay tied); the kernels use
+    ``−inf`` to mark removed items. If a finite score already equals ``±finfo.max``, non-float64 scores are widened to
+    float64 and the infinities become ``±2·finfo.max``; float64 scores then raise ``ValueError``."""
     inf = torch.isinf(scores)
     if not bool(inf.any()):
         return scores
@@ -158,9 +150,8 @@ def _decode_key(keys: Tensor) -> Tensor:
 
 
 def _sort_rows(keys: Tensor) -> Tensor:
-    """Sort each row of an int64 tensor (values only). On the CPU, numpy's in-place sort (SIMD-accelerated where the
-    CPU allows) is several times faster than ``torch.sort``, which also builds the permutation; numpy releases the
-    GIL while sorting, so large blocks are split into row bands sorted by ``torch.get_num_threads()`` threads."""
+    """Sort each row of an int64 tensor (values only); on the CPU by numpy's in-place sort (faster than
+    ``torch.sort``), large blocks split into row bands sorted by ``torch.get_num_threads()`` threads."""
     if keys.device.type == "cpu" and keys.is_contiguous():
         arr = keys.numpy()  # shares memory with keys
         parts = max(min(torch.get_num_threads(), arr.shape[0], arr.size // _SORT_BAND_MIN), 1)
@@ -276,13 +267,9 @@ def _count_block(neg_scores, counting, keys, order, rel_scores, vs, n_rel, lo, n
 def _sort_relevant(
     rel_scores: Tensor, rel_levels: Tensor, same_dtype: bool, max_level: int | None = None
 ) -> tuple[Tensor | None, Tensor | None, Tensor]:
-    """Pessimistic order of the relevant items of each row.
-
-    Returns:
-        ``(keys, order, levels)``: the sorted int64 keys of :func:`_pessimistic_keys` (None when the one-key encoding
-        does not apply, or the dtypes of the negatives and relevant scores differ), else the ``(C, P)`` argsort
-        ``order``; and the ``(C, P)`` levels in ranked order, ``0`` on padding (always last).
-    """
+    """Pessimistic order of each row's relevant items: ``(keys, order, levels)``, the sorted int64 keys of
+    :func:`_pessimistic_keys` or None (encoding inapplicable or mixed dtypes) with then the ``(C, P)`` argsort
+    ``order``, and the ``(C, P)`` levels in ranked order, ``0`` on padding (last)."""
     keys = _pessimistic_keys(rel_scores, rel_levels, max_level) if same_dtype else None
     if keys is not None:  # one int64 key per item carries the score and the level: no permutation needed
         keys = _sort_rows(keys)
@@ -312,15 +299,11 @@ def _search_sequence(
 def _count_negatives_dense(
     neg_scores: Tensor, seq: Tensor, to_seq: Callable[[Tensor], Tensor], workspace: dict | None
 ) -> Tensor:
-    """``neg_ge[c, k] = #{j : neg_scores[c, j] >= r_k}`` by binary-searching every entry of the block, no pruning.
+    """Fresh ``(C, P)`` int64 ``neg_ge[c, k] = #{j : neg_scores[c, j] >= r_k}`` by binary-searching every entry.
 
-    Fixed shapes and no data-dependent size, hence no host synchronisation: the accelerator path. ``O(C·N log P)``
-    work; each entry's slot ``#{k : r_k > s}`` is scattered into a ``(C, P + 1)`` histogram and prefix-summed (the
-    ``-inf`` of removed and relevant items, like every negative below the row's relevant items, lands at the row's
-    number of relevant items and so only reaches padding slots).
-
-    Returns:
-        ``(C, P)`` int64 (a fresh tensor, safe to modify in place).
+    Fixed shapes, no host synchronisation (the accelerator path), ``O(C·N log P)``: each entry's slot
+    ``#{k : r_k > s}`` is scattered into a ``(C, P + 1)`` histogram and prefix-summed (``-inf`` entries land past the
+    relevant items, on padding slots only).
     """
     C, N = neg_scores.shape
     P = seq.shape[1]
@@ -333,9 +316,8 @@ def _count_negatives_dense(
 
 
 def _auto_counting(neg_scores: Tensor, rel_scores: Tensor, lo: Tensor) -> str:
-    """``counting="auto"``: ``"dense"`` off the CPU (no host synchronisation), ``"compiled"`` on the CPU when numba
-    is installed (every float32/float64 case), else ``"search"`` or ``"histogram"`` by the in-range share of a
-    strided sample of the negatives (break-even measured between 1 % and 11 % on a 2-core CPU)."""
+    """``counting="auto"`` as documented in :func:`rank_relevant_items` (the 5 % break-even was measured on a
+    2-core CPU)."""
     if neg_scores.device.type != "cpu":
         return "dense"
     if _compiled_dtypes(neg_scores, rel_scores) and _compiled_available():
@@ -371,22 +353,11 @@ def _check_compiled(neg_scores: Tensor, rel_scores: Tensor) -> None:
 def _count_negatives_histogram(
     neg_scores: Tensor, rs: Tensor, vs: Tensor, num_bins: int | None, workspace: dict | None
 ) -> Tensor:
-    """``neg_ge[c, k] = #{j : neg_scores[c, j] >= r_k}`` from a uniform histogram of each row.
+    """``(C, P)`` int64 ``neg_ge[c, k] = #{j : neg_scores[c, j] >= r_k}`` (arbitrary on padding) by histogram.
 
-    Uniform bins over each row's relevant range: bin() is monotone because it is a chain of correctly rounded
-    elementwise ops (sub, mul, clamp, trunc) applied identically to every score, so an item in a higher bin than a
-    relevant item scores strictly higher, and only the items sharing a bin need an exact comparison. ``O(C·N)`` plus
-    the candidates sharing a bin with a relevant item.
-
-    Args:
-        neg_scores: ``(C, N)`` scores of the negatives, ``-inf`` elsewhere.
-        rs: ``(C, P)`` relevant scores in ranked (descending) order, ``-inf`` on padding.
-        vs: ``(C, P)`` bool, ``False`` on padding.
-        num_bins: histogram resolution (default ``min(N, 64 P)``).
-        workspace: optional dict of reusable ``(C, N)`` buffers.
-
-    Returns:
-        ``(C, P)`` int64 counts (arbitrary on padding).
+    ``rs`` ``(C, P)``: relevant scores in ranked (descending) order, ``-inf`` on padding (``vs`` False). Uniform bins
+    over each row's relevant range; bin() is a chain of correctly rounded elementwise ops, hence monotone, so only
+    negatives sharing a bin with a relevant item need an exact comparison. ``O(C·N)`` plus those candidates.
     """
     C, N = neg_scores.shape
     P = rs.shape[1]
@@ -480,16 +451,11 @@ def _in_range_fraction(neg_scores: Tensor, lo: Tensor, samples: int = 256) -> fl
 def _count_negatives_search(
     neg_scores: Tensor, lo: Tensor, seq: Tensor, pad: float | int, to_seq, workspace: dict | None
 ) -> Tensor:
-    """``neg_ge[c, k] = #{j : neg_scores[c, j] >= r_k}`` for the relevant items ``r_k`` of row ``c``, ranked order.
+    """Fresh ``(C, P)`` int64 ``neg_ge[c, k] = #{j : neg_scores[c, j] >= r_k}`` (relevant items in ranked order).
 
-    One comparison pass keeps the ``M`` negatives scoring at least ``lo`` (the lowest relevant score of the row; the
-    others are below every relevant item). Each one is binary-searched in ``seq`` ``(C, P)``, an ascending image of
-    the ranked relevant items (``to_seq(s)`` lands after exactly the ``k`` with ``r_k > s``; padding sorts last): it
-    ranks before (pessimistic ties: at or above) the slots ``k >= #{r_k > s}``, a range whose start is scattered
-    into a difference array and prefix-summed. ``O(C·N + M log P)``; exact (no arithmetic on the scores).
-
-    Returns:
-        ``(C, P)`` int64 (a fresh tensor, safe to modify in place).
+    Only the ``M`` negatives scoring at least ``lo`` (the row's lowest relevant score) are kept; each is
+    binary-searched in ``seq`` (see :func:`_search_sequence`) and the start of its slot range ``k >= #{r_k > s}`` is
+    scattered into a difference array and prefix-summed. ``O(C·N + M log P)``; exact.
     """
     C, N = neg_scores.shape
     P = seq.shape[1]
@@ -544,7 +510,7 @@ def retrieval_ranks(
         mask: optional ``(Q, N)`` bool; ``False`` removes the item from that query's gallery.
         num_levels: ``L``; default ``max(levels)`` (pass it when some level may be absent from the data).
         num_bins: histogram resolution of the counting kernel (speed only).
-        counting: ``"auto"``, ``"search"`` or ``"histogram"`` (speed only; see :func:`rank_relevant_items`).
+        counting: one of :data:`COUNTING_METHODS` (speed only; see :func:`rank_relevant_items`).
 
     Returns:
         :class:`RetrievalRanks` from which every metric of this module is computed.
