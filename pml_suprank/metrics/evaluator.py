@@ -1,10 +1,8 @@
 """Chunked, exact full-ranking retrieval evaluation (:class:`RetrievalEvaluator`).
 
 The gallery is permuted once by label path (:mod:`.eval_blocks`); each chunk of queries is one matmul against it
-(or against its column blocks when it does not fit the device, :func:`~.eval_blocks.block_shape`), its relevant
-items are ranked and the negatives only counted (:func:`~.eval_blocks.chunk_ranks`). Cost ``O(Q·N·D)`` for the
-matmul plus one ``O(Q·N)`` counting pass and ``O(Σ_q P_q log P_q)`` for the relevant items. The chunk sizes are read
-on the host once per call and the per-query results brought back in one transfer at the end.
+(or its column blocks, :func:`~.eval_blocks.block_shape`), then its relevant items are ranked and the negatives
+counted (:func:`~.eval_blocks.chunk_ranks`): ``O(Q·N·D + Q·N + Σ_q P_q log P_q)``, one host transfer at the end.
 """
 
 from __future__ import annotations
@@ -55,29 +53,21 @@ class RetrievalEvaluator:
     * counts: ``"num_queries"``, ``"num_queries_without_positives"`` (fine level),
       ``"num_queries_without_positives_level{h}"``, ``"num_queries_without_relevant"`` (nothing at any level).
 
-    **Multi-label data** (``multilabel=True`` here or in :meth:`evaluate`; never guessed from the shape, since 2-D
-    labels otherwise are hierarchical ``(N, L)`` levels): labels are ``(N, M)`` sets of fine labels padded with
-    ``-1`` and ``hierarchy`` is the ``(num_fine, L)`` table (None = flat). ``"h_ap"`` and ``"ndcg"`` then use the
-    graded relevance of the thesis' Algorithm 1 (:func:`pml_suprank.relevance.multilabel_relevance`; NDCG gains
-    ``2^rel − 1``), ``"mean_label_ap"`` is the AP of each query label as a binary problem averaged over the query's
-    labels, and the binary metrics (``"ap"``, ``"recall_at_{k}"``, ...) count an item as a positive when it shares
-    a fine label with the query (at level ``h``: a level-``h`` ancestor); ``"asi"`` and ``"sum_w_ap"`` are not
-    defined. With one label per item the graded relevance is ``l / L``, not the pop relevance of the single-label
-    ``"h_ap"``: see :mod:`pml_suprank.metrics.multilabel_eval`.
+    **Multi-label data** (``multilabel=True``, never guessed from the shape): labels are ``(N, M)`` fine-label sets
+    padded with ``-1``, ``hierarchy`` the ``(num_fine, L)`` table (None = flat); ``"h_ap"``/``"ndcg"`` use the graded
+    relevance of the thesis' Algorithm 1, ``"mean_label_ap"`` averages the per-label AP, positives share a fine label
+    (level ``h``: an ancestor); no ``"asi"``/``"sum_w_ap"``. See :mod:`pml_suprank.metrics.multilabel_eval`.
 
-    Embeddings must be finite; huge ones are fine: when ``max|q| · max|g| · D`` could overflow the dtype, queries and
-    gallery are scaled by powers of two before the matmul (exact, so the metrics are those of the unscaled scores).
+    Embeddings must be finite; when ``max|q| · max|g| · D`` could overflow, both sides are scaled by powers of two
+    before the matmul (exact).
 
     Args:
         k_values: the ``k`` of the top-k metrics.
         alpha: ``α`` of the H-AP relevance (1 = HAPPIER).
-        chunk_size: queries per chunk; default: a byte budget for the device (128 MiB on the CPU, a quarter of the
-            free memory on a GPU) divided by the work memory of one query; a chunk whose whole score rows exceed
-            the budget ranks the gallery in column blocks (:func:`~pml_suprank.metrics.eval_blocks.block_shape`).
-        device: where to compute (default: the device of ``query``); a device whose backend is unavailable here
-            (e.g. ``"cuda"`` without CUDA) raises ``ValueError`` at construction.
-        metrics: metric groups to compute (keys of :data:`METRIC_GROUPS`, one per entry of the metric registry
-            :data:`~pml_suprank.metrics.registry.METRICS`); default: every single-label group
+        chunk_size: queries per chunk; default: a device byte budget (128 MiB on the CPU, a quarter of the free GPU
+            memory) over one query's work memory (:func:`~pml_suprank.metrics.eval_blocks.block_shape`).
+        device: where to compute (default: the device of ``query``); an unavailable backend raises ``ValueError``.
+        metrics: keys of :data:`METRIC_GROUPS`; default: every single-label group
             (:data:`~pml_suprank.metrics.registry.SINGLE_LABEL_GROUPS`), or every multi-label one
             (:data:`~pml_suprank.metrics.registry.MULTILABEL_GROUPS`) for multi-label data.
         level_weights: ``w_1..w_L`` for ΣwAP (``w_L`` = finest): finite, ``>= 0``, not all zero; default uniform.
@@ -87,8 +77,7 @@ class RetrievalEvaluator:
             :data:`~pml_suprank.metrics.registry.TOP_K_GROUPS`; ties in faiss order).
         progress_bar: show a tqdm bar over chunks.
         num_bins: histogram resolution of the counting kernel (speed only): ``None`` or an int ``>= 1``.
-        counting: ``"auto"``, ``"search"``, ``"histogram"``, ``"compiled"`` (numba, CPU) or ``"dense"`` (no host
-            synchronisation; the default off the CPU): how negatives are counted (speed only, never the result; see
+        counting: one of :data:`~pml_suprank.metrics.ranks.COUNTING_METHODS` (speed only; see
             :func:`~pml_suprank.metrics.ranks.rank_relevant_items`).
         multilabel: default of :meth:`evaluate`'s ``multilabel``: labels are ``(N, M)`` fine-label sets.
 
@@ -246,20 +235,13 @@ class RetrievalEvaluator:
             return_per_query: also return ``"per_query"``: ``{key: (Q,) float64 tensor}`` (NaN = undefined).
             ref_includes_query: the first ``Q`` rows of ``reference`` are the queries (PML convention); they are
                 removed from their own ranking by index.
-            multilabel: labels are ``(Q, M)`` / ``(N, M)`` sets of fine labels padded with ``-1`` (a ``(N,)``
-                tensor: one label each) and the constructor's ``hierarchy`` is their ``(num_fine, L)`` table;
-                default: the constructor's ``multilabel``.
-            device: where to compute this call (e.g. ``accelerator.device``); default: the constructor's
-                ``device``, else the device of ``query``. The queries travel chunk by chunk; the gallery is moved
-                there once when it fits the budget (:func:`~.eval_blocks.block_shape`), else it stays where it is
-                and travels in column blocks (peak device memory bounded by the blocks, not by its size). The
-                metrics are those of the CPU (counts identical, floats to rounding).
-            distributed: split the queries across the processes of ``process_group``: every process must call
-                this with the same arguments (the whole gallery); each ranks its contiguous share of the queries
-                (:func:`pml_suprank.collectives.shard_range`) and the per-query results are gathered once, so every
-                process returns what one process would (same per-query values, in query order). A collective: keep
-                the default ``False`` when only some processes evaluate (e.g. on rank 0 alone). Without an
-                initialised process group (or with one process) it changes nothing.
+            multilabel: labels are ``(Q, M)`` / ``(N, M)`` fine-label sets padded with ``-1``; default: the
+                constructor's ``multilabel``.
+            device: where to compute this call; default: the constructor's ``device``, else that of ``query``. A
+                gallery over the budget stays put and travels in column blocks; metrics match the CPU's.
+            distributed: a collective: every process of ``process_group`` calls with the same arguments, ranks its
+                share of the queries (:func:`pml_suprank.collectives.shard_range`) and gets the gathered result of
+                one process. No-op without an initialised group; keep ``False`` when only some processes evaluate.
             process_group: the ``torch.distributed`` group of ``distributed`` (default: the world).
 
         Returns:
@@ -443,9 +425,8 @@ def _query_share(
     start: int,
     end: int,
 ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None, bool]:
-    """The arguments of an evaluation of the queries ``[start, end)`` only, against the same gallery: with the
-    queries in the gallery (``reference`` None or ``ref_includes_query``) the gallery is reordered so that those
-    queries come first (``ref_includes_query=True``); the order of a gallery never changes a metric."""
+    """The arguments evaluating queries ``[start, end)`` against the same gallery, reordered (when it holds the
+    queries) so that they come first with ``ref_includes_query=True``."""
     if not isinstance(query_labels, Tensor):
         query_labels = torch.as_tensor(query_labels)
     if reference is None:
@@ -509,13 +490,10 @@ def compute_embeddings(
 ) -> tuple[Tensor, ...]:
     """Embed a whole dataloader with ``model`` (eval mode) and return ``(embeddings, labels)`` on the CPU.
 
-    The one embedding loop of the package (the trainer, the evaluation recipe and the plots use it through
-    :func:`pml_suprank.training.embed_loader`). Batches are ``(inputs, labels, ...)`` tuples or dicts (``input_key``
-    default: the first of ``"pixel_values"``, ``"image"``, ``"images"``, ``"input"``; ``label_key`` default:
-    ``"labels"`` or ``"label"``; indices: ``"index"`` or the third tuple element). With an
-    ``accelerate.Accelerator``, the model runs under ``accelerator.autocast()`` and each batch is gathered across
-    processes with ``accelerator.gather_for_metrics`` (which also drops the samples duplicated to even out the last
-    batch); the model and the dataloader should then be prepared.
+    Batches are ``(inputs, labels, ...)`` tuples or dicts (inputs: the first of ``"pixel_values"``, ``"image"``,
+    ``"images"``, ``"input"``; labels: ``"labels"`` or ``"label"``; indices: ``"index"`` or the third element). With an
+    ``accelerate.Accelerator`` (model and dataloader prepared), the model runs under ``accelerator.autocast()`` and
+    batches are gathered with ``accelerator.gather_for_metrics``.
 
     Args:
         model: maps a batch of inputs to ``(B, D)`` embeddings.
