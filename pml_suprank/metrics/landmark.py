@@ -65,10 +65,7 @@ def _check_bool_matrix(value: Any, name: str, shape: tuple[int, ...]) -> Tensor:
 
 
 def landmark_map_at_k(scores: Tensor, positives: Tensor, junk: Tensor | None = None, k: int = 100) -> Tensor:
-    """GLDv2 mAP@k per query: precision summed over the positives in the top ``k``, divided by ``min(m_q, k)``.
-
-    ``mAP@k(q) = (1 / min(m_q, k)) Σ_{j=1}^{k} P_q(j) rel_q(j)`` (Weyand et al., CVPR 2020, Eq. 2), in the pessimistic
-    order of the database without the query's junk items.
+    """GLDv2 mAP@k per query (Weyand et al., CVPR 2020, Eq. 2; see the module), junk items removed.
 
     Args:
         scores: ``(Q, N)`` floating similarities of the database items to each query.
