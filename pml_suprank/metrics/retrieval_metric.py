@@ -1,22 +1,14 @@
 """``RetrievalMetric``: the exact retrieval evaluator as a streaming ``update`` / ``compute`` / ``reset`` metric that
 gathers its data across processes (``torch.distributed``, hence Accelerate, Lightning, torchrun).
 
-Exact ranking metrics are not decomposable over batches (the AP of a query depends on every other item), so the
-metric keeps the embeddings and labels it is given and evaluates them once in :meth:`RetrievalMetric.compute`:
+Exact ranking metrics are not decomposable over batches, so the metric keeps what it is given and evaluates once:
 
     result = RetrievalEvaluator(**kwargs).evaluate(cat_r cat_b E_{r,b}, cat_r cat_b Y_{r,b})
 
-with ``r`` the processes in rank order and ``b`` the ``update`` calls in call order — every query against all the
-other items, removed from its own ranking by index — i.e. exactly what :meth:`RetrievalEvaluator.evaluate` returns
-on the concatenated data. With ``indices`` (dataset indices) the gathered items are put in index order and repeated
-indices are kept once: this drops the copies a ``DistributedSampler`` (or Accelerate's even batches) adds to pad
-the last batch, so the result is that of the dataset itself.
-
-Under a process group each process then ranks its share of the queries against all the items and the per-query
-results are gathered once (:meth:`RetrievalEvaluator.evaluate` with ``distributed=True``): no query is ranked twice,
-and every process returns the one-process result.
-
-Memory: ``N × D`` embeddings per process before ``compute``; after it, every process holds the gathered set.
+(``r`` processes in rank order, ``b`` ``update`` calls in order; each query against all other items). With
+``indices`` the gathered items are put in index order and repeated indices kept once, dropping the padding copies of
+a ``DistributedSampler``. Under a process group each process ranks its share of the queries
+(``evaluate(distributed=True)``) and every process returns the one-process result. Memory: ``N × D`` per process.
 """
 
 from __future__ import annotations
@@ -41,9 +33,8 @@ def check_update(
     seen_labels: list[Tensor],
     seen_indices: list[Tensor],
 ) -> tuple[Tensor, Tensor, Tensor | None]:
-    """One ``update`` batch checked against the batches kept so far (``seen_*``, possibly empty): ``(embeddings
-    (B, D), labels (B,) or (B, L), indices (B,) long or None)``, validated; width, label shape and the use of
-    ``indices`` must agree with the earlier updates (``ValueError`` / ``TypeError`` naming the argument)."""
+    """Validated ``(embeddings (B, D), labels (B,) or (B, L), indices (B,) long or None)`` of one ``update``,
+    consistent with the batches ``seen_*`` kept so far (``ValueError`` / ``TypeError`` naming the argument)."""
     embeddings = check_embeddings("embeddings", embeddings)
     labels = check_labels("labels", labels, embeddings.shape[0])
     if seen_embeddings:
@@ -120,11 +111,8 @@ class RetrievalMetric:
 
     def update(self, embeddings: Tensor, labels: Tensor, indices: Tensor | None = None) -> None:
         """Add a batch: ``embeddings (B, D)`` (finite floats; compared by dot product), ``labels (B,)`` or
-        ``(B, L)`` integers (column 0 finest), optional ``indices (B,)`` dataset indices (then in every update).
-
-        The tensors are detached and kept on their device. Width, label shape and the use of ``indices`` must agree
-        with the earlier updates.
-        """
+        ``(B, L)`` integers (column 0 finest), optional ``indices (B,)`` dataset indices (then in every update);
+        kept detached on their device."""
         embeddings, labels, indices = check_update(embeddings, labels, indices, self._embeddings, self._labels,
                                                    self._indices)  # fmt: skip
         if indices is not None:
