@@ -1,12 +1,9 @@
 """Blocks of the exact evaluator: the gallery grouped by label path, chunks of queries ranked, blocks sized in bytes.
 
-The gallery is permuted once by label path (coarsest level first, :func:`label_blocks`): the items sharing the ``m``
-coarsest labels of a query form a nested column slice ``[a_m, b_m)`` of its score row, so an item's level follows
-from its column and no ``(Q, N)`` level matrix is built. :func:`chunk_ranks` turns a ``(C, N)`` score block, or the
-column blocks of a gallery too large for the device (:class:`GalleryBlocks`), into
-:class:`~pml_suprank.metrics.ranks.RetrievalRanks`: on the CPU with numba one fused compiled pass per row
-(:func:`~pml_suprank.metrics._compiled_rank_counts.block_ranks_compiled`), elsewhere the torch kernels of
-:mod:`pml_suprank.metrics.ranks`. :func:`block_shape` sizes the chunks and blocks for the device.
+After the permutation by label path (:func:`label_blocks`) the items sharing a query's ``m`` coarsest labels are a
+nested column slice ``[a_m, b_m)``, so levels follow from columns (no ``(Q, N)`` level matrix). :func:`chunk_ranks`
+ranks a ``(C, N)`` score block or :class:`GalleryBlocks` (compiled on the CPU with numba, else the torch kernels of
+:mod:`pml_suprank.metrics.ranks`); :func:`block_shape` sizes chunks and blocks for the device.
 """
 
 from __future__ import annotations
@@ -172,10 +169,8 @@ def block_counts(starts: Tensor, ends: Tensor, has_self: Tensor, N: int) -> Tens
     return counts
 
 
-#: work memory of one chunk on the CPU: a few hundred queries at SOP scale, so that the fixed cost of a chunk (the
-#: metric reductions, the start of the parallel row kernels) stays small next to its score block. Measured on a
-#: 2-core CPU (numba, 60,502 and 20,000 items × 512-d, 2 and 3 levels): 128 MiB chunks rank 10-14 % faster than
-#: 32 MiB ones, 256 MiB ones no faster.
+#: work memory of one chunk on the CPU (a few hundred queries at SOP scale; on a 2-core CPU 128 MiB chunks ranked
+#: 10-14 % faster than 32 MiB ones, 256 MiB ones no faster)
 CPU_CHUNK_BYTES = 2**27
 #: bytes of work memory per score entry and per relevant slot (per level) of one query, on the CPU (the score block
 #: is read in place) and on accelerators (the sync-free dense search keeps int64 search keys and slots for every
@@ -193,9 +188,8 @@ _STREAM_ROWS = 4096
 
 
 def device_budget(device: torch.device) -> int:
-    """Bytes of work memory of one chunk on ``device``: :data:`CPU_CHUNK_BYTES` on the CPU (128 MiB: a few hundred
-    queries at SOP scale); on a CUDA device a quarter of the free memory (``torch.cuda.mem_get_info``), between
-    256 MiB and 16 GiB (few large chunks, hence few kernel launches); 1 GiB on other accelerators."""
+    """Bytes of work memory of one chunk: :data:`CPU_CHUNK_BYTES` on the CPU, a quarter of the free memory clamped to
+    [256 MiB, 16 GiB] on CUDA, 1 GiB on other accelerators."""
     if device.type == "cuda" and torch.cuda.is_available():
         free, _ = torch.cuda.mem_get_info(device)
         return min(max(free // 4, 2**28), 2**34)
@@ -229,12 +223,10 @@ def block_shape(
 ) -> tuple[int, int]:
     """``(queries per chunk, gallery items per block)`` of the evaluation on ``device``.
 
-    Whole rows (``n_ref`` items per block, the gallery moved to ``device`` once) while ``chunk_size`` queries
-    (default :func:`chunk_rows`, at least 16) fit in :func:`device_budget` and the gallery in twice that
-    (``gallery_bytes``: its size where it is now; ``0`` when it already is on ``device``). Otherwise the gallery
-    stays where it is and is streamed in column blocks (:class:`GalleryBlocks`) sized so that a chunk of
-    ``chunk_size`` (default about :data:`_STREAM_ROWS`) queries fits the budget: peak device memory is then bounded
-    by the blocks, whatever ``n_ref``.
+    Whole rows (gallery moved to ``device`` once) while ``chunk_size`` queries (default :func:`chunk_rows`) fit in
+    :func:`device_budget` and the gallery (``gallery_bytes``, ``0`` when already there) in twice that; otherwise the
+    gallery is streamed in column blocks (:class:`GalleryBlocks`) sized for ``chunk_size`` (default about
+    :data:`_STREAM_ROWS`) queries, bounding peak device memory whatever ``n_ref``.
     """
     budget = device_budget(device)
     entry, slots = _row_bytes(n_ref, n_slots, device, levels)
