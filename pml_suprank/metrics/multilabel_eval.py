@@ -1,11 +1,9 @@
 """Exact multi-label retrieval evaluation: ``RetrievalEvaluator.evaluate(..., multilabel=True)``.
 
-Labels are ``(N, M)`` sets of fine labels padded with ``-1`` (every item has at least one label) and the hierarchy
-is the ``(num_fine, L)`` table of the hierarchical losses (``None`` = flat labels, ``L = 1``). For each chunk of
-queries the ``(C, N)`` score block is one matmul and every relevance is computed for that chunk only (memory
-``O(chunk · N)``, never a ``(Q, N)`` matrix); the query is removed from its own gallery by index and ties are
-resolved pessimistically (less relevant first), as in the single-label evaluator. Each metric group is computed as
-its registry entry says (:attr:`~pml_suprank.metrics.registry.MetricSpec.multilabel`):
+Labels are ``(N, M)`` fine-label sets padded with ``-1`` (at least one label each), the hierarchy the
+``(num_fine, L)`` table (``None``: flat, ``L = 1``). Relevances are computed per ``(C, N)`` chunk (memory
+``O(chunk · N)``); the query is removed by index and ties are pessimistic. Each group is computed as its registry
+entry says (:attr:`~pml_suprank.metrics.registry.MetricSpec.multilabel`):
 
 * ``"graded"`` (``h_ap``, ``ndcg``): the relevance of Algorithm 1 of E. Ramzi's PhD thesis
   (:func:`pml_suprank.relevance.multilabel_relevance`, ``rel = Σ_i l*_i / (n_q · L)`` in ``[0, 1]``) taken as
@@ -17,12 +15,10 @@ its registry entry says (:attr:`~pml_suprank.metrics.registry.MetricSpec.multila
 * ``"labels"`` (``mean_label_ap``): the AP of each query label as a binary problem, averaged over the query's labels
   (:func:`~pml_suprank.metrics.graded.mean_label_average_precision`).
 
-**One label per item.** ``λ`` is then the single-label level, so the ``"levels"`` metrics equal the single-label
-evaluator's. The graded relevance is ``l / L`` (level ``l``), *not* the evaluator's default pop relevance
-``(l / L)^α / |Ω^(l)|`` (SupRank Eq. 20): ``h_ap`` equals
-``functional.hierarchical_average_precision(scores, levels, relevance=l / L)``, and equals the single-label ``h_ap``
-when ``L = 1`` (H-AP does not change when every relevance of a query is scaled by the same factor). ``ndcg`` uses
-gains ``2^(l / L) − 1`` where the single-label ``ndcg`` uses ``2^l − 1``: equal when ``L = 1``.
+**One label per item.** The ``"levels"`` metrics equal the single-label evaluator's; the graded relevance is
+``l / L``, *not* the pop relevance of SupRank Eq. 20, so ``h_ap`` equals
+``functional.hierarchical_average_precision(scores, levels, relevance=l / L)`` and ``ndcg`` uses gains
+``2^(l / L) − 1``; both equal the single-label values when ``L = 1``.
 """
 
 from __future__ import annotations
