@@ -59,6 +59,16 @@ def check_update(
     return embeddings, labels, indices
 
 
+def dedupe_by_index(emb: Tensor, labels: Tensor, indices: Tensor) -> tuple[Tensor, Tensor]:
+    """The items in dataset-index order, each repeated index kept once (a ``DistributedSampler``'s padding)."""
+    order = torch.argsort(indices.cpu(), stable=True)
+    sorted_idx = indices.cpu()[order]
+    first = torch.ones_like(sorted_idx, dtype=torch.bool)
+    first[1:] = sorted_idx[1:] != sorted_idx[:-1]
+    keep = order[first]
+    return emb[keep.to(emb.device)], labels[keep.to(labels.device)]
+
+
 class RetrievalMetric:
     """Streaming exact retrieval metrics (AP, mAP@R, R@k, H-AP, NDCG, ASI, per-level AP, ...).
 
@@ -178,12 +188,7 @@ class RetrievalMetric:
         elif not self._embeddings:
             raise ValueError("RetrievalMetric.compute() called before any update()")
         if indices is not None:
-            order = torch.argsort(indices.cpu(), stable=True)
-            sorted_idx = indices.cpu()[order]
-            first = torch.ones_like(sorted_idx, dtype=torch.bool)
-            first[1:] = sorted_idx[1:] != sorted_idx[:-1]
-            keep = order[first].to(emb.device)
-            emb, labels = emb[keep], labels[keep.to(labels.device)]
+            emb, labels = dedupe_by_index(emb, labels, indices)
         if split:  # every process ranks its share of the queries against all the items; results gathered once
             evaluate_kwargs = {"distributed": True, "process_group": self.process_group, **evaluate_kwargs}
         return self.evaluator.evaluate(emb, labels, **evaluate_kwargs)
