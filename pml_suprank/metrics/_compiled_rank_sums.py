@@ -45,11 +45,9 @@ def _rank_sums(  # pragma: no cover - compiled
       threshold);
     * ``level_sums[c, λ - 1, m - 1]`` = ``Σ_{k: level λ} A_m(k) / p_k`` and ``level_disc[c, λ - 1]`` =
       ``Σ_{k: level λ} 1 / log2(1 + p_k)``;
-    * ``asi[c]`` = ``Σ_{n=1}^{min(N⁺, P)} Σ_l min(c_l(n), c*_l(n)) / n``, ASI before the division by ``N⁺``
-      (``counts`` ``(C, L + 1)``: the gallery's items per level; see
-      :func:`pml_suprank.metrics.from_ranks.asi_`): the level counts ``c_l`` of the top ``n`` only change at a
-      relevant item, so the walk sums the ``n`` between two of them with the counts of the first; the ideal count
-      is ``c*_l(n) = clamp(n − above_l, 0, |Ω^(l)|)`` and the finest level never exceeds its own.
+    * ``asi[c]`` = ``Σ_{n=1}^{min(N⁺, P)} Σ_l min(c_l(n), c*_l(n)) / n`` (ASI before ``/ N⁺``, see
+      :func:`pml_suprank.metrics.from_ranks.asi_`; ``counts`` ``(C, L + 1)``), the ``n`` between two relevant items
+      summed at once, with ``c*_l(n) = clamp(n − above_l, 0, |Ω^(l)|)``.
 
     Per-level updates are branch-free (adding an exact ``0``); ``inv_table`` / ``disc_table``:
     :func:`_position_tables`.

@@ -40,9 +40,8 @@ LABEL_NAMES = ("query_labels", "reference_labels")
 class RetrievalEvaluator:
     """Exact retrieval metrics over the whole gallery, chunked over queries, on any device.
 
-    Metrics (means over the queries for which they are defined; ties ranked pessimistically — among equal scores the
-    less relevant item first —, the query removed from its own gallery by index, queries without positives excluded
-    and counted):
+    Metrics (means over the queries where defined; pessimistic ties; the query removed from its own gallery by
+    index; queries without positives excluded and counted):
 
     * fine level: ``"ap"``, ``"map_at_r"``, ``"r_precision"``, ``"precision_at_1"``, ``"recall_at_{k}"`` (hit rate),
       ``"precision_at_{k}"``, ``"true_recall_at_{k}"``, ``"map_at_{k}"`` for ``k`` in ``k_values``;

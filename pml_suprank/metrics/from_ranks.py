@@ -1,9 +1,8 @@
 """Every retrieval metric computed from the positions of the relevant items, each implemented exactly once.
 
-The metric functions (``average_precision_``, ...) read the prefix sums of a :class:`RankStats`, shared by every
-metric of one :class:`~pml_suprank.metrics.ranks.RetrievalRanks`; the public ``*_from_ranks`` views validate, build
-a :class:`RankStats` and call them, as the evaluator does through the registry
-(:func:`pml_suprank.metrics.registry.metrics_from_ranks`), so both give identical numbers.
+The metric functions (``average_precision_``, ...) read the prefix sums of a :class:`RankStats`; the public
+``*_from_ranks`` views validate and call them, as does the evaluator through
+:func:`pml_suprank.metrics.registry.metrics_from_ranks` (identical numbers).
 
 Conventions: positives of the binary metrics are the items at level ``>= min_level`` (default ``L``, the same fine
 class); "AP at hierarchy level ``h``" (label column ``h``, 0 = finest) is ``min_level = L - h``. Queries without a
@@ -338,10 +337,8 @@ def ndcg_(st: RankStats) -> Tensor:
 def asi_(st: RankStats) -> Tensor:
     """Average Set Intersection (SupRank App. C-A1).
 
-    With ``N⁺`` relevant items, ``ASI = (1/N⁺) Σ_{n=1}^{N⁺} Σ_l min(c_l(n), c*_l(n)) / n`` where ``c_l(n)`` counts
-    the level-``l`` items in the top ``n`` of the ranking and ``c*_l(n)`` in the ideal ranking. ``c_{>=l}(n)`` is an
-    int16/int32 prefix sum over a ``(C, P)`` map position -> level; the finest level needs no ``min`` with the ideal
-    count (``c_L(n) <= min(n, |Ω^(L)|)`` always).
+    ``ASI = (1/N⁺) Σ_{n=1}^{N⁺} Σ_l min(c_l(n), c*_l(n)) / n`` with ``c_l(n)`` the level-``l`` items in the top
+    ``n`` of the ranking and ``c*_l(n)`` in the ideal one (int16/int32 prefix sums over position -> level).
     """
     L = st.num_levels
     lv, positions, counts = st.levels, st.positions, st.counts

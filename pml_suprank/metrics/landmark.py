@@ -1,9 +1,7 @@
 """Landmark retrieval evaluation: mAP@k of GLDv2 and the revisited Oxford / Paris protocol (Easy / Medium / Hard).
 
-Both score a ``(Q, N)`` similarity matrix (query × database, higher = closer) against per-query ground truth and
-use the package's ranking engine (:func:`pml_suprank.metrics.ranks.retrieval_ranks`): **ties are resolved
-pessimistically** (among equal scores the non-positives are ranked first), and *ignored* items (junk) are removed
-from the query's ranking, so they neither count as errors nor occupy a position.
+Both rank a ``(Q, N)`` similarity matrix with :func:`pml_suprank.metrics.ranks.retrieval_ranks` (**pessimistic
+ties**: non-positives first among equal scores); *ignored* (junk) items are removed from the query's ranking.
 
 * :func:`landmark_map_at_k` — mAP@k of the Google Landmarks v2 retrieval challenge (Weyand et al., CVPR 2020,
   Eq. 2), reported with ``k = 100`` for H-GLDv2 (SupRank TPAMI Sec. VII-C3, Table VII):

@@ -6,10 +6,9 @@ gallery (e.g. the query itself). **Ties are pessimistic**: among exactly equal s
 first, so no result depends on the input order and tied items of equal relevance never penalise each other.
 ``±inf`` scores rank first/last (equal infinities tie like any other tie); NaN raises ``ValueError``.
 
-Algorithm: only the ``P`` relevant items of a query are sorted (one int64 key per item: the order-preserving
-integer image of the score, the level in the low bits); negatives are only *counted* above each relevant item
-(:func:`rank_relevant_items`, ``counting=`` one of :data:`COUNTING_METHODS`, all exact, speed only). Every metric is
-then computed from the ``(Q, P)`` positions (:mod:`pml_suprank.metrics.from_ranks`).
+Only the ``P`` relevant items of a query are sorted (int64 keys: order-preserving image of the score, level in the
+low bits); negatives are only *counted* (:func:`rank_relevant_items`). Metrics then read the ``(Q, P)`` positions
+(:mod:`pml_suprank.metrics.from_ranks`).
 """
 
 from __future__ import annotations
@@ -209,12 +208,10 @@ def rank_relevant_items(
         rel_levels: ``(C, P)`` int64 levels ``>= 1`` of the relevant items; ``0`` marks a padding slot.
         num_bins: histogram resolution (default ``min(N, 64 P)``); affects speed only, never the result.
         workspace: optional dict in which ``(C, N)`` buffers are kept between calls.
-        counting: how negatives are counted (speed only, never the result): ``"search"`` binary-searches the
-            negatives scoring at least the row's lowest relevant score (``O(N + M log P)``); ``"histogram"`` bins
-            whole rows and compares exactly within a relevant item's bin (``O(N)``); ``"compiled"``: the histogram
-            in one numba pass per row (CPU); ``"dense"`` binary-searches every entry with fixed shapes and no host
-            synchronisation (accelerators); ``"auto"``: ``"dense"`` off the CPU, ``"compiled"`` with numba, else
-            ``"search"`` when a strided sample puts fewer than 5 % of the negatives in range, else ``"histogram"``.
+        counting: how negatives are counted (speed only): ``"search"`` binary-searches the negatives above the
+            row's lowest relevant score (``O(N + M log P)``); ``"histogram"`` bins rows (``O(N)``); ``"compiled"``
+            the histogram in numba (CPU); ``"dense"`` searches every entry, no host sync (accelerators); ``"auto"``:
+            ``"dense"`` off the CPU, ``"compiled"`` with numba, else ``"search"`` below 5 % of negatives in range.
         max_level: a known upper bound of ``rel_levels`` (the evaluator's ``L``); saves one read-back to the host.
 
     Returns:
