@@ -28,7 +28,7 @@ from .._validation import (
 from ..collectives import all_gather, comm_device, is_distributed, shard_range
 from ..relevance import Hierarchy, as_hierarchy, hierarchical_label_pair
 from .eval_blocks import GalleryBlocks, block_counts, block_shape, chunk_ranks, label_blocks
-from .multilabel_eval import evaluate_multilabel, multilabel_groups
+from .multilabel_eval import check_queries_first, evaluate_multilabel, multilabel_groups, query_counts
 from .ranks import COUNTING_METHODS, RetrievalRanks
 from .registry import METRIC_GROUPS, SINGLE_LABEL_GROUPS, TOP_K_GROUPS, check_groups, metrics_from_ranks
 
@@ -183,20 +183,8 @@ class RetrievalEvaluator:
         ql, rl = hierarchical_label_pair(query_labels, reference_labels, self.hierarchy, names=LABEL_NAMES)
         self_idx = None
         if ref_includes_query:
-            Q = query.shape[0]
-            if reference.shape[0] < Q:
-                raise ValueError(
-                    f"ref_includes_query=True needs the queries as the first rows of reference; reference has "
-                    f"{reference.shape[0]} rows for {Q} queries"
-                )
-            if reference is not query and not (
-                torch.equal(ql, rl[:Q].to(ql.device)) and torch.allclose(query, reference[:Q].to(query.device))
-            ):
-                raise ValueError(
-                    "ref_includes_query=True: the first len(query) rows of reference (and reference_labels) must "
-                    "equal query (and query_labels)"
-                )
-            self_idx = torch.arange(Q)
+            check_queries_first(query, ql, reference, rl, label_sets=False)
+            self_idx = torch.arange(query.shape[0])
         return query, ql, reference, rl, self_idx
 
     def _chunks(self, num_queries: int, chunk: int) -> Iterable[int]:
@@ -358,15 +346,10 @@ class RetrievalEvaluator:
         return per_query, Q, L
 
     def _metrics_from_ranks(self, ranks: RetrievalRanks) -> dict[str, Tensor]:
-        L = ranks.num_levels
         out = metrics_from_ranks(
             ranks, k_values=self.k_values, groups=self.metrics, alpha=self.alpha, level_weights=self.level_weights
         )
-        out["_n_pos_fine"] = ranks.counts[:, L].double()
-        out["_n_rel"] = ranks.counts[:, 1:].sum(1).double()
-        for h in range(L):
-            out[f"_n_pos_level{h}"] = ranks.counts[:, L - h :].sum(1).double()
-        return out
+        return out | query_counts(ranks.counts)
 
     @staticmethod
     def _summarise(per_query: dict[str, Tensor], Q: int, L: int, return_per_query: bool) -> dict[str, Any]:

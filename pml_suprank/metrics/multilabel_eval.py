@@ -120,8 +120,14 @@ def _chunk_metrics(
             out["ndcg"] = ndcg_block(g_ranks, values, "exponential")
     if "mean_label_ap" in groups:
         out["mean_label_ap"] = mean_label_average_precision(scores, ql, rl, mask)
-    out["_n_pos_fine"] = counts[:, L].double()
-    out["_n_rel"] = counts[:, 1:].sum(1).double()
+    return out | query_counts(counts)
+
+
+def query_counts(counts: Tensor) -> dict[str, Tensor]:
+    """The ``_``-prefixed ``(C,)`` float64 counts that ``RetrievalEvaluator._summarise`` reduces, from the
+    ``(C, L + 1)`` items per level."""
+    L = counts.shape[1] - 1
+    out = {"_n_pos_fine": counts[:, L].double(), "_n_rel": counts[:, 1:].sum(1).double()}
     for h in range(L):
         out[f"_n_pos_level{h}"] = counts[:, L - h :].sum(1).double()
     return out
@@ -156,7 +162,7 @@ def evaluate_multilabel(
         )
     N = reference.shape[0]
     if ref_includes_query:
-        _check_queries_first(query, ql, reference, rl)
+        check_queries_first(query, ql, reference, rl, label_sets=True)
     groups = multilabel_groups(evaluator._multilabel_metrics)
     device = evaluator.device if evaluator.device is not None else query.device
     dtype = query.dtype if query.dtype in (torch.float32, torch.float64) else torch.float32
@@ -179,7 +185,9 @@ def evaluate_multilabel(
     return {k: torch.cat(v) for k, v in per_query.items()}, Q, L
 
 
-def _check_queries_first(query: Tensor, ql: Tensor, reference: Tensor, rl: Tensor) -> None:
+def check_queries_first(query: Tensor, ql: Tensor, reference: Tensor, rl: Tensor, label_sets: bool) -> None:
+    """``ref_includes_query=True``: the first ``Q`` rows of ``reference``/``rl`` must equal ``query``/``ql`` (labels
+    compared as sets with ``label_sets``); ``ValueError`` otherwise."""
     Q = query.shape[0]
     if reference.shape[0] < Q:
         raise ValueError(
@@ -188,10 +196,10 @@ def _check_queries_first(query: Tensor, ql: Tensor, reference: Tensor, rl: Tenso
         )
     if reference is query:
         return
-    width = max(ql.shape[1], rl.shape[1])
-    sets = [torch.nn.functional.pad(x, (0, width - x.shape[1]), value=-1).sort(1).values for x in (ql, rl[:Q])]
-    same_labels = torch.equal(sets[0], sets[1].to(sets[0].device))
-    if not (same_labels and torch.allclose(query, reference[:Q].to(query.device))):
+    if label_sets:
+        width = max(ql.shape[1], rl.shape[1])
+        ql, rl = (torch.nn.functional.pad(x, (0, width - x.shape[1]), value=-1).sort(1).values for x in (ql, rl[:Q]))
+    if not (torch.equal(ql, rl[:Q].to(ql.device)) and torch.allclose(query, reference[:Q].to(query.device))):
         raise ValueError(
             "ref_includes_query=True: the first len(query) rows of reference (and reference_labels) must equal "
             "query (and query_labels)"
