@@ -172,18 +172,15 @@ def block_counts(starts: Tensor, ends: Tensor, has_self: Tensor, N: int) -> Tens
 #: work memory of one chunk on the CPU (a few hundred queries at SOP scale; on a 2-core CPU 128 MiB chunks ranked
 #: 10-14 % faster than 32 MiB ones, 256 MiB ones no faster)
 CPU_CHUNK_BYTES = 2**27
-#: bytes of work memory per score entry and per relevant slot (per level) of one query, on the CPU (the score block
-#: is read in place) and on accelerators (the sync-free dense search keeps int64 search keys and slots for every
-#: entry); the metrics' torch prefix sums take two float64 arrays per level and slot
+#: work bytes per score entry and per relevant slot and level of one query (accelerators: the dense search keeps int64
+#: keys and slots per entry; the torch prefix sums two float64 arrays per level and slot)
 _ENTRY_BYTES = {"cpu": 4, "accelerator": 32}
 _SLOT_BYTES = {"cpu": 48, "accelerator": 96}
-#: bytes per relevant slot when the compiled CPU kernels rank the chunk (an int64 key, level and position, at any
-#: number of levels: the metrics are summed per row, without a per-slot array)
+#: bytes per relevant slot with the compiled CPU kernels (key, level and position, at any number of levels)
 _COMPILED_SLOT_BYTES = 24
 
 
-#: queries per chunk aimed at when the gallery is streamed in column blocks (few passes over a gallery that is
-#: moved block by block, blocks wide enough for an efficient matmul)
+#: queries per chunk aimed at when the gallery is streamed in column blocks
 _STREAM_ROWS = 4096
 
 
@@ -197,8 +194,7 @@ def device_budget(device: torch.device) -> int:
 
 
 def _row_bytes(n_ref: int, n_slots: int, device: torch.device, levels: int) -> tuple[int, int]:
-    """``(bytes per score entry, bytes of the relevant slots)`` of one query: ``n_slots`` slots times the number of
-    levels, except with the compiled CPU kernels (a fixed cost per slot)."""
+    """``(bytes per score entry, bytes of the relevant slots)`` of one query."""
     kind = "cpu" if device.type == "cpu" else "accelerator"
     slot_bytes = _SLOT_BYTES[kind] * max(levels, 1)
     if kind == "cpu" and _compiled_available():

@@ -272,8 +272,7 @@ class RetrievalEvaluator:
         ref_includes_query: bool,
         multilabel: bool,
     ) -> tuple[dict[str, Tensor], int, int]:
-        """``({key: (Q,) float64 on the host}, Q, L)``: the per-query metrics and the ``_``-prefixed counts that
-        :meth:`_summarise` reduces."""
+        """``({key: (Q,) float64 on the host}, Q, L)``, including the ``_``-prefixed counts."""
         if multilabel:
             _check_multilabel_backend(self.backend)
             return evaluate_multilabel(self, query, query_labels, reference, reference_labels, ref_includes_query)
@@ -294,8 +293,7 @@ class RetrievalEvaluator:
             self_col[self_idx] = inv[self_idx]
         gallery = reference.detach()[perm.to(reference.device)].to(dtype=dtype)
         query_scale, gallery = overflow_safe_scales(query, gallery)
-        # relevant slots of every query (its first-level label block), read once per call from host tensors: they
-        # size the chunks and each chunk's slot width, so that no chunk reads anything back from the device
+        # relevant slots per query, read once from host tensors: they size chunks and slot widths (no read-back)
         n_block = (ends[:, 0] - starts[:, 0]).tolist()
         device = torch.device(device)
         # bytes the gallery would take on an accelerator it is not on yet (host memory is never the limit)
@@ -441,8 +439,7 @@ def _to_host(per_query: dict[str, list[Tensor]]) -> dict[str, Tensor]:
 
 def _knn_ranks(nn: Tensor, query_labels: Tensor, ref_labels: Tensor, removes_self: bool) -> RetrievalRanks:
     """:class:`RetrievalRanks` of a k-NN search: the relevant items among the ``(Q, k)`` neighbours ``nn`` (``-1`` =
-    none) at positions ``1..k`` in search order, and the level counts of the whole gallery, so that the registry's
-    top-k metrics apply unchanged."""
+    none) at positions ``1..k``, and the level counts of the whole gallery."""
     Q, L = query_labels.shape
     nn_labels = ref_labels[nn.clamp_min(0)]  # (Q, k, L)
     # level = number of agreeing label columns, counted from the coarsest while they agree
