@@ -126,8 +126,7 @@ def _rank_sums(  # pragma: no cover - compiled
 def rank_sums_compiled(
     levels: Tensor, positions: Tensor, counts: Tensor, thresholds: Tensor, num_levels: int
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """``(ge_at, prec_at, level_sums, level_disc, asi)`` of ``(C, P)`` int64 ranked ``levels`` / ``positions``
-    (CPU).
+    """``(ge_at, prec_at, level_sums, level_disc, asi)`` of ``(C, P)`` int64 ranked ``levels`` / ``positions``.
 
     Args:
         levels: ``(C, P)`` int64 levels in ranked order, ``0`` on padding.

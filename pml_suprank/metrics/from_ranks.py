@@ -77,13 +77,8 @@ class RankStats:
     construction; elsewhere torch prefix sums are gathered (same float64 operations, same order).
 
     Args:
-        ranks: the ranked relevant items of a chunk of queries.
+        ranks: the ranked relevant items of a chunk of queries (its fields become attributes).
         k_values: the cutoffs the top-k metrics will ask for (speed only).
-
-    Attributes:
-        levels, positions: ``(C, P)`` int64 levels / 1-based positions in ranked order, ``0`` on padding.
-        counts: ``(C, L + 1)`` int64 items per level in the gallery.
-        num_levels: ``L``.
     """
 
     def __init__(self, ranks: RetrievalRanks, k_values: Iterable[int] = ()) -> None:

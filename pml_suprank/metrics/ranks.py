@@ -44,10 +44,6 @@ class RetrievalRanks(NamedTuple):
     num_levels: int
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# input checks
-
-
 def check_scores(scores: Tensor) -> Tensor:
     if not isinstance(scores, Tensor):
         raise TypeError(f"scores must be a torch.Tensor of shape (Q, N); got {type(scores).__name__}")
@@ -113,10 +109,6 @@ def check_mask(mask: Tensor | None, scores: Tensor) -> Tensor | None:
     return mask
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# ranks
-
-
 _KEY_PAD = (2**63 - 1) & ~63  # larger than every key; its level bits are 0
 _SORT_BAND_MIN = 2**18  # entries per sorting thread below which one thread is faster
 
@@ -129,9 +121,8 @@ def _descending_key(scores: Tensor) -> Tensor:
 
 
 def _pessimistic_keys(scores: Tensor, levels: Tensor, max_level: int | None = None) -> Tensor | None:
-    """int64 sort keys ``(C, P)``: score descending, then level ascending, padding (level 0) last with key bits
-    ``level = key & 63`` (0 for padding); None when the one-key encoding does not apply (float64, levels >= 64).
-    ``max_level``: a known upper bound of ``levels`` (saves reading the maximum back to the host)."""
+    """int64 sort keys ``(C, P)`` (score descending, then level ascending, padding last; ``level = key & 63``), or
+    None for non-float32 scores or levels >= 64 (``max_level``: a known bound, saves a host read-back)."""
     if scores.dtype != torch.float32:
         return None
     if max_level is None:
@@ -279,13 +270,9 @@ def _sort_relevant(
 def _search_sequence(
     keys: Tensor | None, order: Tensor | None, rel_scores: Tensor, vs: Tensor, neg_dtype: torch.dtype
 ) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
-    """Ascending ``(C, P)`` image ``seq`` of the ranked relevant items (padding last) and the map ``to_seq`` of
-    negative scores such that ``#{k : seq_k < to_seq(s)} = #{k : r_k > s}`` (padding never counts).
-
-    With the int64 keys, the sorted keys themselves (``key(s) = -m(s)·64``, level bits 0, lands after exactly the
-    keys of higher scores); otherwise ``-r`` in the promoted dtype (comparisons exact across dtypes), padding
-    ``+inf``.
-    """
+    """Ascending ``(C, P)`` image ``seq`` of the ranked relevant items (padding last) and the map ``to_seq`` with
+    ``#{k : seq_k < to_seq(s)} = #{k : r_k > s}``: the sorted int64 keys and ``-m(s)·64``, else ``-r`` in the
+    promoted dtype (padding ``+inf``)."""
     if keys is not None:
         return keys, lambda v: _descending_key(v).mul_(64)
     dt = torch.promote_types(neg_dtype, rel_scores.dtype)
