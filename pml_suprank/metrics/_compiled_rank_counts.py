@@ -435,11 +435,8 @@ def block_ranks_compiled(
 
 @njit(parallel=True, nogil=True)
 def _count_rows(neg, rs, n_rel, num_bins, out):  # pragma: no cover - compiled
-    """``out[c, k] = #{j : neg[c, j] >= rs[c, k]}`` for ``k < n_rel[c]`` (0 elsewhere).
-
-    ``neg`` ``(C, N)``; ``rs`` ``(C, P)`` relevant scores in descending order (the first ``n_rel[c]`` of a row are
-    valid); ``num_bins`` ``<= 0`` means ``_DEFAULT_BINS · n_rel[c]`` bins.
-    """
+    """``out[c, k] = #{j : neg[c, j] >= rs[c, k]}`` for ``k < n_rel[c]`` (0 elsewhere), ``rs`` descending;
+    ``num_bins <= 0``: ``_DEFAULT_BINS · n_rel[c]`` bins."""
     for c in numba.prange(neg.shape[0]):
         out[c, :] = 0
         n = n_rel[c]

@@ -40,17 +40,13 @@ def _rank_sums(  # pragma: no cover - compiled
 
     With ``A_m(k)`` the items of level ``>= m`` ranked at or before slot ``k`` and ``p_k`` its position:
 
-    * ``ge_at[m - 1, c, t]`` = ``A_m`` over the slots with ``p_k <= thresholds[c, t]`` and ``prec_at[m - 1, c, t]``
-      = ``Σ A_m(k) / p_k`` over those slots of level ``>= m`` (running sums, recorded when the walk passes the
-      threshold);
+    * ``ge_at[m - 1, c, t]`` = ``A_m`` over the slots with ``p_k <= thresholds[c, t]``, ``prec_at[m - 1, c, t]`` =
+      ``Σ A_m(k) / p_k`` over those of level ``>= m``;
     * ``level_sums[c, λ - 1, m - 1]`` = ``Σ_{k: level λ} A_m(k) / p_k`` and ``level_disc[c, λ - 1]`` =
       ``Σ_{k: level λ} 1 / log2(1 + p_k)``;
     * ``asi[c]`` = ``Σ_{n=1}^{min(N⁺, P)} Σ_l min(c_l(n), c*_l(n)) / n`` (ASI before ``/ N⁺``, see
       :func:`pml_suprank.metrics.from_ranks.asi_`; ``counts`` ``(C, L + 1)``), the ``n`` between two relevant items
       summed at once, with ``c*_l(n) = clamp(n − above_l, 0, |Ω^(l)|)``.
-
-    Per-level updates are branch-free (adding an exact ``0``); ``inv_table`` / ``disc_table``:
-    :func:`_position_tables`.
     """
     C, P = levels.shape
     L = ge_at.shape[0]

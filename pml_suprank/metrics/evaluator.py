@@ -153,7 +153,6 @@ class RetrievalEvaluator:
             f"device={self.device}, backend={self.backend!r})"
         )
 
-    # ------------------------------------------------------------------------------------------------------------
     def _prepare(
         self,
         query: Tensor,
@@ -197,7 +196,6 @@ class RetrievalEvaluator:
             raise ImportError("progress_bar=True needs tqdm: pip install tqdm") from e
         return tqdm(starts, total=math.ceil(num_queries / chunk), desc="retrieval eval", unit="chunk")
 
-    # ------------------------------------------------------------------------------------------------------------
     def evaluate(
         self,
         query: Tensor,
@@ -366,7 +364,6 @@ class RetrievalEvaluator:
             result["per_query"] = {k: v for k, v in per_query.items() if not k.startswith("_")}
         return result
 
-    # ------------------------------------------------------------------------------------------------------------
     def _faiss_per_query(
         self, query: Tensor, ql: Tensor, reference: Tensor, rl: Tensor, self_idx: Tensor | None
     ) -> dict[str, Tensor]:

@@ -108,10 +108,8 @@ def graded_ranks(scores: Tensor, rel: Tensor, mask: Tensor | None) -> tuple[Retr
 def hap_block(ranks: RetrievalRanks, values: Tensor) -> Tensor:
     """H-AP ``(C,)`` from the ranked levels and the non-decreasing value table ``(C, K + 1)``.
 
-    With values non-decreasing in the level, ``min(rel(j), rel(k)) = Σ_{l ≤ min(λ_j, λ_k)} Δ_l`` (``Δ_l = rel(l) −
-    rel(l − 1)``), so ``H-rank(k) = rel(k) + Σ_{j before k} min(rel(j), rel(k)) = Σ_{l ≤ λ_k} Δ_l · A_l(k)`` with
-    ``A_l(k)`` the items of level ``>= l`` ranked at or before ``k``: one cumulative sum per level, ``O(C·P·K)``
-    time and ``O(C·P)`` memory.
+    ``H-rank(k) = Σ_{l ≤ λ_k} Δ_l · A_l(k)`` (``Δ_l = rel(l) − rel(l − 1)``, ``A_l(k)`` the items of level ``>= l``
+    ranked at or before ``k``): one cumulative sum per level, ``O(C·P·K)`` time, ``O(C·P)`` memory.
     """
     lv = ranks.levels
     valid = lv > 0

@@ -130,10 +130,8 @@ def revisited_ground_truth(gnd: Sequence[Mapping[str, Any]], num_items: int) -> 
 
 
 def revisited_setup_masks(membership: Mapping[str, Tensor], setup: str) -> tuple[Tensor, Tensor]:
-    """``(positives, ignored)`` ``(Q, N)`` bool matrices of an Easy / Medium / Hard setup (see the module table).
-
-    An item listed both as a positive and as ignored counts as a positive.
-    """
+    """``(positives, ignored)`` ``(Q, N)`` bool matrices of an Easy / Medium / Hard setup (see the module table); an
+    item both positive and ignored is a positive."""
     if setup not in REVISITED_SETUPS:
         raise ValueError(f"setup must be one of {list(REVISITED_SETUPS)}; got {setup!r}")
     positive_keys, ignored_keys = REVISITED_SETUPS[setup]
