@@ -218,8 +218,7 @@ class RetrievalEvaluator:
             reference: ``(N, D)`` gallery embeddings, or None.
             reference_labels: labels of the gallery, same number of levels as ``query_labels``.
             return_per_query: also return ``"per_query"``: ``{key: (Q,) float64 tensor}`` (NaN = undefined).
-            ref_includes_query: the first ``Q`` rows of ``reference`` are the queries (PML convention); they are
-                removed from their own ranking by index.
+            ref_includes_query: the first ``Q`` rows of ``reference`` are the queries (PML convention).
             multilabel: labels are ``(Q, M)`` / ``(N, M)`` fine-label sets padded with ``-1``; default: the
                 constructor's ``multilabel``.
             device: where to compute this call; default: the constructor's ``device``, else that of ``query``. A

@@ -51,9 +51,8 @@ def _base_label(base: str, per_level: bool) -> str:
 
 def metric_label(key: str, level_names: Sequence[str] | None = None) -> str:
     """Display label of an evaluator key, e.g. ``"ap"`` → ``"mAP"``, ``"recall_at_10"`` → ``"R@10"``,
-    ``"recall_at_1_level1"`` → ``"R@1 (coarse_label)"`` with ``level_names = ("fine_label", "coarse_label")``.
-
-    Keys the registry does not know are returned as they are (with `` (level h)`` for a ``_level{h}`` suffix).
+    ``"recall_at_1_level1"`` → ``"R@1 (coarse_label)"`` with ``level_names = ("fine_label", "coarse_label")``;
+    unknown keys unchanged (with `` (level h)`` for a ``_level{h}`` suffix).
 
     Args:
         key: a result key of :meth:`~pml_suprank.metrics.RetrievalEvaluator.evaluate`.
@@ -137,11 +136,8 @@ def _candidate_keys(metrics: Mapping[str, float]) -> list[str]:
 
 
 def table_keys(metrics: Mapping[str, float]) -> list[str]:
-    """Keys of ``metrics`` shown in printed tables, in registry report order (per-level keys by level).
-
-    A key whose number is printed under another name (:func:`same_as`, e.g. ``ap_level0`` = ``ap``,
-    ``precision_at_1`` = ``recall_at_1``) is left out when that key is present with the same value.
-    """
+    """Keys of ``metrics`` shown in printed tables, in registry report order (per-level keys by level), less those
+    whose :func:`same_as` key is present with the same value."""
     return [k for k in _candidate_keys(metrics) if not _dropped(metrics, k)]
 
 

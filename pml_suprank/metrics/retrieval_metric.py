@@ -76,11 +76,9 @@ class RetrievalMetric:
         evaluator: a configured :class:`RetrievalEvaluator` (default: ``RetrievalEvaluator(**evaluator_kwargs)``).
         process_group: the ``torch.distributed`` group to gather over (default: the world, when initialised).
         sync: gather across processes in :meth:`compute` (``False``: this process's data only).
-        **evaluator_kwargs: passed to :class:`RetrievalEvaluator` when ``evaluator`` is None (``k_values``,
-            ``alpha``, ``metrics``, ``hierarchy``, ``device``, ...).
+        **evaluator_kwargs: passed to :class:`RetrievalEvaluator` when ``evaluator`` is None.
 
-    Every process must call :meth:`compute` (it is a collective operation when distributed); a process may have
-    received no data, as long as some process has.
+    Every process must call :meth:`compute` (a collective when distributed), with or without data of its own.
 
     Example:
         >>> metric = RetrievalMetric(k_values=(1, 10))
@@ -174,9 +172,8 @@ class RetrievalMetric:
         return emb, labels, indices
 
     def compute(self, **evaluate_kwargs: Any) -> dict[str, Any]:
-        """Evaluate everything given since the last :meth:`reset` (on every process: a collective call when
-        distributed and ``sync``). Keyword arguments go to :meth:`RetrievalEvaluator.evaluate` (e.g.
-        ``return_per_query=True``, ``multilabel=True``).
+        """Evaluate everything given since the last :meth:`reset` (a collective when distributed and ``sync``);
+        keyword arguments go to :meth:`RetrievalEvaluator.evaluate`.
 
         Returns:
             what ``RetrievalEvaluator.evaluate`` returns on the gathered, concatenated data.
