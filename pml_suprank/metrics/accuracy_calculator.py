@@ -229,8 +229,7 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
         )
 
     def _multilabel_groups(self, include: Sequence[str]) -> list[str]:
-        """The added groups of a multi-label call: those named in ``include`` (of this call, else of the
-        constructor), or every multi-label one; ValueError for PML's own metrics or single-label-only groups."""
+        """The added groups named in ``include`` (this call's, else the constructor's), or every multi-label one."""
         named = tuple(include) if include else self._include
         pml_named = [m for m in named if m not in _ADDED]
         if pml_named:
@@ -289,8 +288,7 @@ def integer_labels(name: str, labels: Any) -> Any:
 
 
 def _calculate(spec: MetricSpec) -> Any:
-    """The ``calculate_<group>`` method of ``spec``: its value(s) from the evaluation run once in ``get_accuracy``
-    (a float for a plain key, ``{key: float}`` for a pattern with ``{k}`` and/or ``{h}``)."""
+    """The ``calculate_<group>`` method of ``spec`` (a float, or ``{key: float}`` for a ``{k}``/``{h}`` pattern)."""
 
     def calculate(self: HierarchicalAccuracyCalculator, **kwargs: Any) -> float | dict[str, float]:
         if kwargs:  # called the way PML calls metric functions: evaluate on the inputs given

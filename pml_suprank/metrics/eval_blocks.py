@@ -54,10 +54,8 @@ def label_blocks(query_labels: Tensor, ref_labels: Tensor) -> tuple[Tensor, Tens
 
 
 class GalleryBlocks:
-    """The scores of a chunk of queries against a gallery that stays where it is (e.g. host memory), computed
-    block by block on the queries' device: ``(C, D)`` ``queries``, ``(N, D)`` ``gallery``, ``width`` gallery items
-    per block. Every block is ``queries @ gallery[cols].T`` of a set of whole columns, so the scores are those of
-    one ``(C, N)`` matmul."""
+    """Scores ``(C, D)`` ``queries`` × ``(N, D)`` ``gallery`` (which stays where it is), computed on the queries'
+    device in blocks of ``width`` whole columns: the scores of one ``(C, N)`` matmul."""
 
     def __init__(self, queries: Tensor, gallery: Tensor, width: int) -> None:
         self.queries, self.gallery, self.width = queries, gallery, width

@@ -473,7 +473,7 @@ def compute_embeddings(
     Args:
         model: maps a batch of inputs to ``(B, D)`` embeddings.
         dataloader: iterable of batches.
-        accelerator: optional ``accelerate.Accelerator`` (accelerate is imported by the caller, never here).
+        accelerator: optional ``accelerate.Accelerator``.
         device: where to run the model (default: ``accelerator.device`` or the model's parameters' device).
         normalize: L2-normalise the embeddings (then dot products are cosine similarities).
         input_key, label_key: dict keys of the inputs / labels.

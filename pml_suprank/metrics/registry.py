@@ -37,8 +37,7 @@ class MetricArgs(NamedTuple):
     """What a metric function receives besides the shared :class:`~pml_suprank.metrics.from_ranks.RankStats`.
 
     Attributes:
-        min_level: positives of the binary metrics are the items at level ``>= min_level`` (``L`` for the fine
-            metrics, ``L - h`` for hierarchy level ``h``).
+        min_level: binary positives are the items at level ``>= min_level`` (``L`` fine, ``L - h`` at level ``h``).
         k: the cutoff of a top-k metric (None otherwise).
         alpha: ``α`` of the H-AP pop relevance (SupRank Eq. 20).
         level_weights: ΣwAP weights ``w_1..w_L`` (None = uniform).
