@@ -28,7 +28,7 @@ from .._validation import (
 from ..collectives import all_gather, comm_device, is_distributed, shard_range
 from ..relevance import Hierarchy, as_hierarchy, hierarchical_label_pair
 from .eval_blocks import GalleryBlocks, block_counts, block_shape, chunk_ranks, label_blocks
-from .multilabel_eval import check_queries_first, evaluate_multilabel, multilabel_groups, query_counts
+from .multilabel_eval import check_inputs, check_queries_first, evaluate_multilabel, multilabel_groups, query_counts
 from .ranks import COUNTING_METHODS, RetrievalRanks
 from .registry import METRIC_GROUPS, SINGLE_LABEL_GROUPS, TOP_K_GROUPS, check_groups, metrics_from_ranks
 
@@ -161,24 +161,9 @@ class RetrievalEvaluator:
         reference_labels: Tensor | None,
         ref_includes_query: bool,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
-        query = check_embeddings("query", query)
-        query_labels = check_labels("query_labels", query_labels, query.shape[0], n_name="query")
-        if reference is None:
-            if reference_labels is not None:
-                raise ValueError("reference_labels given without reference")
-            reference, reference_labels = query, query_labels
-            ref_includes_query = True
-        else:
-            reference = check_embeddings("reference", reference)
-            if reference_labels is None:
-                raise ValueError("reference_labels must be given with reference")
-            reference_labels = check_labels(
-                "reference_labels", reference_labels, reference.shape[0], n_name="reference"
-            )
-        if reference.shape[1] != query.shape[1]:
-            raise ValueError(
-                f"query and reference must have the same embedding size; got {query.shape[1]} and {reference.shape[1]}"
-            )
+        query, query_labels, reference, reference_labels, ref_includes_query = check_inputs(
+            query, query_labels, reference, reference_labels, ref_includes_query, check_labels
+        )
         ql, rl = hierarchical_label_pair(query_labels, reference_labels, self.hierarchy, names=LABEL_NAMES)
         self_idx = None
         if ref_includes_query:

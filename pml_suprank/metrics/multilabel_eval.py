@@ -23,6 +23,8 @@ entry says (:attr:`~pml_suprank.metrics.registry.MetricSpec.multilabel`):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -144,23 +146,11 @@ def evaluate_multilabel(
     """Per-query metrics ``{key: (Q,) float64}`` (plus ``_``-prefixed counts), ``Q`` and ``L`` of a multi-label
     evaluation with the settings of ``evaluator`` (a :class:`~pml_suprank.metrics.RetrievalEvaluator`)."""
     hierarchy = evaluator.hierarchy
-    query = check_embeddings("query", query)
-    Q = query.shape[0]
-    ql = check_multilabel_labels("query_labels", query_labels, Q, "query", hierarchy)
-    if reference is None:
-        if reference_labels is not None:
-            raise ValueError("reference_labels given without reference")
-        reference, rl, ref_includes_query = query, ql, True
-    else:
-        reference = check_embeddings("reference", reference)
-        if reference_labels is None:
-            raise ValueError("reference_labels must be given with reference")
-        rl = check_multilabel_labels("reference_labels", reference_labels, reference.shape[0], "reference", hierarchy)
-    if reference.shape[1] != query.shape[1]:
-        raise ValueError(
-            f"query and reference must have the same embedding size; got {query.shape[1]} and {reference.shape[1]}"
-        )
-    N = reference.shape[0]
+    check = partial(check_multilabel_labels, hierarchy=hierarchy)
+    query, ql, reference, rl, ref_includes_query = check_inputs(
+        query, query_labels, reference, reference_labels, ref_includes_query, check
+    )
+    Q, N = query.shape[0], reference.shape[0]
     if ref_includes_query:
         check_queries_first(query, ql, reference, rl, label_sets=True)
     groups = multilabel_groups(evaluator._multilabel_metrics)
@@ -183,6 +173,26 @@ def evaluate_multilabel(
                 per_query.setdefault(key, []).append(value.cpu())
     L = 1 if hierarchy is None else hierarchy.num_levels
     return {k: torch.cat(v) for k, v in per_query.items()}, Q, L
+
+
+def check_inputs(query: Any, query_labels: Any, reference: Any, reference_labels: Any, riq: bool, check: Callable):
+    """Checked ``(query, query_labels, reference, reference_labels, ref_includes_query)`` (``reference`` None: the
+    queries themselves), labels checked by ``check(name, labels, n, n_name=...)``."""
+    query = check_embeddings("query", query)
+    query_labels = check("query_labels", query_labels, query.shape[0], n_name="query")
+    if reference is None:
+        if reference_labels is not None:
+            raise ValueError("reference_labels given without reference")
+        return query, query_labels, query, query_labels, True
+    reference = check_embeddings("reference", reference)
+    if reference_labels is None:
+        raise ValueError("reference_labels must be given with reference")
+    reference_labels = check("reference_labels", reference_labels, reference.shape[0], n_name="reference")
+    if reference.shape[1] != query.shape[1]:
+        raise ValueError(
+            f"query and reference must have the same embedding size; got {query.shape[1]} and {reference.shape[1]}"
+        )
+    return query, query_labels, reference, reference_labels, riq
 
 
 def check_queries_first(query: Tensor, ql: Tensor, reference: Tensor, rl: Tensor, label_sets: bool) -> None:
