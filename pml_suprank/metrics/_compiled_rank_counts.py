@@ -398,8 +398,7 @@ def block_ranks_compiled(
         P: width, at least ``max(ends[:, 0] - starts[:, 0])`` (read from the slices when None).
 
     Returns:
-        ``levels`` (``0`` on padding) and 1-based ``positions`` (``0`` on padding) of the relevant items sorted by
-        score descending, then level ascending.
+        ``levels`` and 1-based ``positions`` (``0`` on padding) sorted by score descending, then level ascending.
 
     Raises:
         ValueError: a tensor not on the CPU, of another dtype or with another row count (naming the argument).

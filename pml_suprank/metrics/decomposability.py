@@ -35,8 +35,7 @@ def decomposability_gap(
         batch_size: ``B`` (``2 <= B <= N``).
         metric: a key of :meth:`RetrievalEvaluator.evaluate`'s result, e.g. ``"ap"``, ``"h_ap"``, ``"recall_at_1"``.
         num_repeats: independent shuffles (``K · num_repeats`` batches in total).
-        generator: seeded ``torch.Generator`` for the shuffles (default: ``torch.Generator().manual_seed(0)``);
-            the global RNG is never used.
+        generator: ``torch.Generator`` of the shuffles (default: ``torch.Generator().manual_seed(0)``).
         evaluator: the evaluator to use (default ``RetrievalEvaluator()``).
 
     Returns:

@@ -102,9 +102,8 @@ def chunk_ranks(
     counting: str = "auto",
     P: int | None = None,
 ) -> RetrievalRanks:
-    """Ranks of one chunk from its ``(C, N)`` score block (overwritten) or its :class:`GalleryBlocks`, and the label
-    slices ``(C, L)``; ``P``: the largest first-level block ``max(ends[:, 0] - starts[:, 0])`` if known on the host
-    (else read back)."""
+    """Ranks of one chunk from its ``(C, N)`` score block (overwritten) or :class:`GalleryBlocks` and the ``(C, L)``
+    label slices; ``P``: ``max(ends[:, 0] - starts[:, 0])`` if known on the host."""
     C, N = scores.shape
     L = starts.shape[1]
     device = starts.device

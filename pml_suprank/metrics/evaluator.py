@@ -386,8 +386,7 @@ def _query_share(
     start: int,
     end: int,
 ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None, bool]:
-    """The arguments evaluating queries ``[start, end)`` against the same gallery, reordered (when it holds the
-    queries) so that they come first with ``ref_includes_query=True``."""
+    """The arguments evaluating queries ``[start, end)`` against the same gallery (reordered to put them first)."""
     if not isinstance(query_labels, Tensor):
         query_labels = torch.as_tensor(query_labels)
     if reference is None:

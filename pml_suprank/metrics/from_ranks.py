@@ -4,9 +4,8 @@ The metric functions (``average_precision_``, ...) read the prefix sums of a :cl
 ``*_from_ranks`` views validate and call them, as does the evaluator through
 :func:`pml_suprank.metrics.registry.metrics_from_ranks` (identical numbers).
 
-Conventions: positives of the binary metrics are the items at level ``>= min_level`` (default ``L``, the same fine
-class); "AP at hierarchy level ``h``" (label column ``h``, 0 = finest) is ``min_level = L - h``. Queries without a
-positive (hierarchical metrics: without any relevant item) get ``NaN`` and are excluded from means. float64 values.
+Binary positives are the items at level ``>= min_level`` (default ``L``; hierarchy level ``h`` is ``L - h``).
+Queries without a positive (hierarchical: any relevant item) get ``NaN``, excluded from means. float64 values.
 
 References: Ramzi et al., SupRank (TPAMI 2025): H-AP Eqs. 18-20, NDCG Eq. 23, ASI App. C-A1, ΣwAP Sec. V-A1 and
 supp. B-B3 (Property 1); HAPPIER (ECCV 2022); mAP@R and R-precision: Musgrave et al. (ECCV 2020).

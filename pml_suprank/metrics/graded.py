@@ -69,8 +69,8 @@ def graded_levels(relevance: Tensor, mask: Tensor | None = None) -> tuple[Tensor
 
     Returns:
         ``(levels, values)``: ``(Q, N)`` int64 levels (``0`` = not relevant or removed) and the ``(Q, K + 1)``
-        float64 table of the value of each level (``values[:, 0] = 0``; non-decreasing along each row, a query with
-        fewer than ``K`` distinct values repeats its largest one), ``K`` = most distinct values of any query.
+        float64 non-decreasing value of each level (``values[:, 0] = 0``; a query's largest value repeated past its
+        own count), ``K`` = most distinct values of any query.
     """
     rel = relevance.to(torch.float64)
     Q, N = rel.shape

@@ -175,9 +175,8 @@ def revisited_map(
             tensors, NaN for queries without a positive in the setup).
 
     Returns:
-        ``{"easy_map", "medium_map", "hard_map"}`` and ``"<setup>_mp@<κ>"`` floats in ``[0, 1]`` like every metric of
-        the package (the protocol's papers print them × 100; NaN when no query has a positive in the setup), plus
-        the per-query tensors when ``per_query``.
+        ``{"easy_map", "medium_map", "hard_map"}`` and ``"<setup>_mp@<κ>"`` floats in ``[0, 1]`` (papers print × 100;
+        NaN when no query has a positive in the setup), plus the per-query tensors when ``per_query``.
 
     Raises:
         TypeError: ``scores`` is not a floating tensor, ``gnd`` not a sequence.
