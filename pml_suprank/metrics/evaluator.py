@@ -209,8 +209,7 @@ class RetrievalEvaluator:
             device: where to compute this call; default: the constructor's ``device``, else that of ``query``. A
                 gallery over the budget stays put and travels in column blocks; metrics match the CPU's.
             distributed: a collective: every process of ``process_group`` calls with the same arguments, ranks its
-                share of the queries (:func:`pml_suprank.collectives.shard_range`) and gets the gathered result of
-                one process. No-op without an initialised group; keep ``False`` when only some processes evaluate.
+                share of the queries and gets the one-process result (keep ``False`` when only some evaluate).
             process_group: the ``torch.distributed`` group of ``distributed`` (default: the world).
 
         Returns:

@@ -5,13 +5,9 @@ pair, with few distinct values per query (at most ``n_q · L + 1`` for the thesi
 levels ``1..K`` in increasing order (:func:`graded_levels`), ranked by
 :func:`~pml_suprank.metrics.ranks.retrieval_ranks`, and the metrics are exact sums over the positions.
 
-Conventions:
-    * ``scores`` ``(Q, N)``: similarity of every gallery item to every query (higher = closer).
-    * ``relevance`` ``(Q, N)``: non-negative finite relevance taken as given; ``0`` = not relevant. Two items are
-      equally relevant iff their values are exactly equal (no tolerance).
-    * ``mask`` ``(Q, N)`` bool, optional: ``False`` removes an item from that query's gallery.
-    * **Ties are pessimistic**: among exactly equal scores the less relevant items rank first.
-    * Queries without any relevant item (``Σ_k rel(k) = 0``) get ``NaN``. Results are float64.
+Conventions: ``scores`` ``(Q, N)`` (higher = closer); ``relevance`` ``(Q, N)`` non-negative finite, ``0`` = not
+relevant, equal relevance = exactly equal values; ``mask`` ``(Q, N)`` bool, ``False`` removes an item. **Ties are
+pessimistic** (less relevant first among exactly equal scores). Queries with ``Σ_k rel(k) = 0`` get ``NaN``; float64.
 
 References:
     Ramzi et al., "Hierarchical Average Precision Training for Pertinent Image Retrieval" (HAPPIER, ECCV 2022):

@@ -2,9 +2,8 @@
 
 Conventions: ``scores`` ``(Q, N)`` (higher = closer); ``levels`` ``(Q, N)`` in ``{0..L}`` (``L`` = same fine class,
 ``0`` = negative; bool = binary relevance); ``mask`` ``(Q, N)`` bool, ``False`` removes an item from that query's
-gallery (e.g. the query itself). **Ties are pessimistic**: among exactly equal scores the less relevant items rank
-first, so no result depends on the input order and tied items of equal relevance never penalise each other.
-``±inf`` scores rank first/last (equal infinities tie like any other tie); NaN raises ``ValueError``.
+gallery. **Ties are pessimistic**: among exactly equal scores the less relevant items rank first (no result depends
+on the input order). ``±inf`` scores rank first/last; NaN raises ``ValueError``.
 
 Only the ``P`` relevant items of a query are sorted (int64 keys: order-preserving image of the score, level in the
 low bits); negatives are only *counted* (:func:`rank_relevant_items`). Metrics then read the ``(Q, P)`` positions
