@@ -154,9 +154,8 @@ def _scale(lo, hi, bins):
 
 @njit(nogil=True, fastmath={"reassoc"})  # the grid only affects speed: sums in any order
 def _make_grid(vals, keys, n, lo, hi, bins):  # pragma: no cover - compiled
-    """``(grid, number of bins)`` for the ``n`` valid relevant scores ``vals`` (``keys != _KEY_PAD``), all finite
-    in ``[lo, hi]``: the middle segment spans ``mean ± _TAIL_SIGMAS · std`` (clipped to ``[lo, hi]``), the tails
-    (far outliers, e.g. near-duplicates of the query) get their own bins, ``bins / n`` per item in every segment."""
+    """``(grid, number of bins)`` for the ``n`` valid scores ``vals`` (finite, in ``[lo, hi]``): middle segment
+    ``mean ± _TAIL_SIGMAS · std``, outlier tails their own bins, ``bins / n`` per item in every segment."""
     total = 0.0
     total2 = 0.0
     for t in range(vals.shape[0]):
@@ -196,11 +195,9 @@ def _make_grid(vals, keys, n, lo, hi, bins):  # pragma: no cover - compiled
 
 @njit(nogil=True)
 def _count_range(row, j0, j1, lo, grid, B, ge, r, bins, hist, skip_pruned):  # pragma: no cover - compiled
-    """``hist[#{k : r_k > s}] += 1`` for the negatives ``s = row[j]``, ``j0 <= j < j1``, scoring at least ``lo``
-    (the others go to the spare slots ``n .. n + 7``; with ``skip_pruned``, tiles holding only those are skipped).
-    ``ge[b + 2]``: relevant items in bins above ``b``,
-    ``ge[b + 1]``: in bins ``>= b`` (the end of bin ``b``), ``ge[B + 2 + i] = n + i``; ``r`` ``(n + 8,)``: the
-    descending relevant scores, ``-inf`` padded."""
+    """``hist[#{k : r_k > s}] += 1`` for the negatives ``s = row[j >= j0, < j1]`` scoring at least ``lo`` (others:
+    spare slots ``n .. n + 7``; ``skip_pruned`` skips tiles of only those). ``ge[b + 2]`` / ``ge[b + 1]``: relevant
+    items in bins ``> b`` / ``>= b``, ``ge[B + 2 + i] = n + i``; ``r`` ``(n + 8,)`` descending, ``-inf`` padded."""
     for t0 in range(j0, j1, _TILE):
         m = min(_TILE, j1 - t0)
         tile = row[t0 : t0 + m]
@@ -241,10 +238,8 @@ def _count_range(row, j0, j1, lo, grid, B, ge, r, bins, hist, skip_pruned):  # p
 
 @njit(nogil=True)
 def _rank_row(row, vals, keys, n, a1, b1, sc, lo, hi, num_bins):  # pragma: no cover - compiled
-    """``(sorted keys (n,), neg_ge (n,))`` of one row whose ``n`` valid relevant keys (``_KEY_PAD`` elsewhere) are
-    ``keys`` with scores ``vals`` (all finite, in ``[lo, hi]``): a bucket sort of the keys on the counting grid
-    (bins are non-increasing along the sorted keys), then the counting pass over the negatives (columns outside
-    ``[a1, b1)`` but ``sc``)."""
+    """``(sorted keys (n,), neg_ge (n,))`` of one row (``n`` valid ``keys``, scores ``vals`` finite in ``[lo, hi]``):
+    a bucket sort on the counting grid, then the counting pass over the columns outside ``[a1, b1)`` but ``sc``."""
     ns = keys.shape[0]
     B = num_bins if num_bins > 0 else _DEFAULT_BINS * n
     B = max(min(B, 64 * n), 1)

@@ -71,9 +71,8 @@ def multilabel_groups(groups: tuple[str, ...] | None) -> tuple[str, ...]:
 
 
 def best_agreement_levels(query_labels: Tensor, ref_labels: Tensor, hierarchy: Hierarchy | None) -> Tensor:
-    """``(Q, R)`` int64 best agreement level ``λ = L − min_{i,j} LCA(y_q^i, y_k^j)`` (``L`` = a shared fine label,
-    ``0`` = no shared ancestor), from :func:`~pml_suprank.relevance.multilabel_relevance` of each query label alone
-    (``l*_i / L``); memory-bounded like that function."""
+    """``(Q, R)`` int64 best agreement level ``λ = L − min_{i,j} LCA(y_q^i, y_k^j)`` (``L``: a shared fine label,
+    ``0``: no shared ancestor), from :func:`~pml_suprank.relevance.multilabel_relevance` of each query label."""
     L = 1 if hierarchy is None else hierarchy.num_levels
     q = query_labels
     fill = q.max(1, keepdim=True).values  # a real label of the row: padding slots repeat it (a set ignores repeats)

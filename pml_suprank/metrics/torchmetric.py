@@ -21,8 +21,7 @@ __all__ = ["RetrievalTorchMetric"]
 
 
 class RetrievalTorchMetric(Metric):
-    """Exact AP, mAP@R, R@k, H-AP, NDCG, ASI, per-level AP ... of everything given to ``update`` (a torchmetrics
-    ``Metric``; ``compute`` returns ``{name: 0-d float64 tensor}`` — counts such as ``num_queries`` included).
+    """Exact retrieval metrics of everything given to ``update``; ``compute`` returns ``{name: 0-d float64 tensor}``.
 
     Args:
         evaluator: a configured :class:`RetrievalEvaluator` (default: ``RetrievalEvaluator(**evaluator_kwargs)``).
