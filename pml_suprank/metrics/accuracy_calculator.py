@@ -274,8 +274,8 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
 
 
 def integer_labels(name: str, labels: Any) -> Any:
-    """``labels`` as an integer tensor when they are float values that are all integers (PML stores labels as
-    float); ValueError naming ``name`` for fractional, NaN or inf values; anything else unchanged (checked later)."""
+    """Float ``labels`` holding integers as an integer tensor (PML stores labels as float), else ValueError naming
+    ``name``; anything else unchanged."""
     labels = c_f.numpy_to_torch(labels)
     if isinstance(labels, torch.Tensor) and labels.is_floating_point():
         if not bool(torch.isfinite(labels).all()):

@@ -472,8 +472,8 @@ def hap_from_ranks(ranks: RetrievalRanks, relevance: Tensor | None = None, alpha
 
     Args:
         ranks: from :func:`~pml_suprank.metrics.ranks.retrieval_ranks`.
-        relevance: ``(Q, L + 1)`` or ``(L + 1,)`` table ``rel(l)`` (column 0 ignored). Default: the pop relevance
-            of Eq. 20, ``(l / L)^α / |Ω^(l)|``, counted on the gallery actually searched.
+        relevance: ``(Q, L + 1)`` or ``(L + 1,)`` table ``rel(l)`` (column 0 ignored); default: the pop relevance
+            ``(l / L)^α / |Ω^(l)|`` of Eq. 20 on the gallery searched.
         alpha: ``α`` of Eq. 20 (used only for the default table).
     """
     st = RankStats(ranks)

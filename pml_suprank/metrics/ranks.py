@@ -113,8 +113,7 @@ _SORT_BAND_MIN = 2**18  # entries per sorting thread below which one thread is f
 
 
 def _descending_key(scores: Tensor) -> Tensor:
-    """int64 ``-m(s)`` for float32 ``scores``, with ``m`` the order-preserving int32 image of the float: keys increase
-    as scores decrease, and equal scores (``-0.0 == 0.0``) get equal keys."""
+    """int64 ``-m(s)`` for float32 ``scores`` (``m``: order-preserving int32 image; ``-0.0`` and ``0.0`` equal)."""
     bits = (scores + 0.0).view(torch.int32)  # + 0.0 turns -0.0 into +0.0
     return (bits ^ ((bits >> 31) & 0x7FFFFFFF)).long().neg_()
 
@@ -164,7 +163,7 @@ def _pessimistic_order(scores: Tensor, levels: Tensor, valid: Tensor) -> Tensor:
 
 
 def _workspace(ws: dict | None, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
-    """A reusable buffer (avoids re-allocating and page-faulting ``(C, N)`` tensors for every chunk)."""
+    """A reusable buffer (no re-allocation of ``(C, N)`` tensors per chunk)."""
     n = 1
     for d in shape:
         n *= d

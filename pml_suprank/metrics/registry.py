@@ -56,8 +56,7 @@ class MetricSpec:
     Attributes:
         name: the group name of ``RetrievalEvaluator(metrics=...)`` and ``HierarchicalAccuracyCalculator(include=...)``.
         key: result key or pattern with ``{k}`` (top-k cutoff) and/or ``{h}`` (label column, 0 = finest).
-        label: display label, ``{k}`` filled in (per-level keys get `` (<level name>)`` appended by
-            :func:`~pml_suprank.metrics.report.metric_label`).
+        label: display label, ``{k}`` filled in (:func:`~pml_suprank.metrics.report.metric_label`).
         compute: ``compute(stats, args) -> (Q,) float64`` (NaN where undefined).
         description: one line for documentation.
         hierarchical: uses every level at once (H-AP, NDCG, ASI, ΣwAP); otherwise binary at ``args.min_level``.
