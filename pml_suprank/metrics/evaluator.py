@@ -57,8 +57,7 @@ class RetrievalEvaluator:
     relevance of the thesis' Algorithm 1, ``"mean_label_ap"`` averages the per-label AP, positives share a fine label
     (level ``h``: an ancestor); no ``"asi"``/``"sum_w_ap"``. See :mod:`pml_suprank.metrics.multilabel_eval`.
 
-    Embeddings must be finite; when ``max|q| · max|g| · D`` could overflow, both sides are scaled by powers of two
-    before the matmul (exact).
+    Embeddings must be finite; an overflowing ``max|q| · max|g| · D`` is avoided by exact power-of-two scaling.
 
     Args:
         k_values: the ``k`` of the top-k metrics.

@@ -224,8 +224,7 @@ def mean_label_average_precision(
         query_labels: ``(Q, M_q)`` (or ``(Q,)``) integer labels per query, ``-1`` padding.
         ref_labels: ``(R, M_r)`` (or ``(R,)``) integer labels per gallery item, ``-1`` padding.
         mask: optional ``(Q, R)`` bool; ``False`` removes the item from that query's gallery.
-        block_elements: memory bound: queries are processed in blocks whose ``(C, R, M_r)`` comparison holds about
-            this many elements.
+        block_elements: memory bound: about this many elements per block's ``(C, R, M_r)`` comparison.
 
     Returns:
         ``(Q,)`` float64; ``NaN`` for queries none of whose labels has a positive.
