@@ -1,16 +1,10 @@
 """Exact retrieval evaluation: one engine, one metric registry.
 
-* :mod:`.ranks`: positions of the relevant items in the pessimistic full ranking (no full-row sort).
-* :mod:`.from_ranks`: every metric computed from those positions, each implemented once.
-* :mod:`.registry`: one :class:`MetricSpec` per metric (key pattern, label, flags, function); the evaluator's
-  groups, the accuracy calculator's methods and the reports derive from it.
-* :mod:`.functional`: the same metrics from a ``(Q, N)`` score matrix; :mod:`.evaluator`: the chunked full-ranking
-  evaluator (:mod:`.multilabel_eval`: its ``multilabel=True`` mode); :mod:`.graded`: metrics of a graded pairwise
-  relevance; :mod:`.accuracy_calculator`: a PML ``AccuracyCalculator`` subclass; :mod:`.report`: labels and
-  printed tables; :mod:`.decomposability`: the decomposability gap (SupRank Eq. 6).
-
-Submodules are imported lazily so that ``import pml_suprank.metrics`` does not import scikit-learn/faiss
-(pulled in by PML's ``AccuracyCalculator``) unless :class:`HierarchicalAccuracyCalculator` is used.
+:mod:`.ranks` positions the relevant items in the pessimistic full ranking, :mod:`.from_ranks` computes every metric
+from them once, :mod:`.registry` holds one :class:`MetricSpec` per metric; :mod:`.functional` (score matrices),
+:mod:`.evaluator` (chunked, :mod:`.multilabel_eval`), :mod:`.graded`, :mod:`.accuracy_calculator` (PML),
+:mod:`.report` and :mod:`.decomposability` (SupRank Eq. 6) build on them. Submodules are imported lazily (no
+scikit-learn/faiss unless :class:`HierarchicalAccuracyCalculator` is used).
 """
 
 from __future__ import annotations

@@ -2,23 +2,17 @@
 ``fast`` extra: import this module lazily and treat ``ImportError`` as "not available".
 
 * :func:`block_ranks_compiled`, the evaluator's CPU path (:func:`pml_suprank.metrics.eval_blocks.chunk_ranks`): per
-  row whose relevant items are one contiguous column slice, (1) the keys ``-m(s)·64 + level`` of the slice (``m``:
-  the order-preserving int32 image of the float32 bits, ``-0.0`` as ``+0.0``), the query's own column left out;
-  (2) a grid of about ``8n`` bins (``num_bins``) in three uniform segments (``mean ± 3·std`` of the relevant scores
-  and the two tails); (3) a bucket sort of the keys on it, finished by an insertion sort inside the bins (a full sort
-  past 16 moves per item), whose bucket starts are the table ``ge[b] = #{k : bin(r_k) > b}``; (4) one counting pass
-  over the negatives in tiles of :data:`_TILE` columns: ``a = ge[bin(s)]``, then an exact comparison with the
-  relevant items of that bin, ``hist[a] += 1``; ``neg_ge = cumsum(hist)``. Tiles holding only entries below every
-  relevant item are skipped in rows where a sample says most are.
-* :func:`count_negatives_compiled`, ``counting="compiled"`` of :func:`pml_suprank.metrics.ranks.rank_relevant_items`
-  (any block of negatives, relevant items already sorted): the same count on one uniform grid per row.
+  row (relevant items = one column slice, the query's own column left out), the keys ``-m(s)·64 + level`` (``m``:
+  order-preserving int32 image of the float32 bits) are bucket-sorted on a grid of about ``8n`` bins in three
+  segments (``mean ± 3·std`` of the relevant scores, two tails), giving ``ge[b] = #{k : bin(r_k) > b}``; one pass
+  over the negatives in tiles of :data:`_TILE` columns does ``hist[ge[bin(s)] + exact in-bin count] += 1``, and
+  ``neg_ge = cumsum(hist)``.
+* :func:`count_negatives_compiled`, ``counting="compiled"`` of :func:`pml_suprank.metrics.ranks.rank_relevant_items`:
+  the same count on one uniform grid per row.
 
-Exactness: ``bin(s)`` is a chain of correctly rounded monotone operations (a segment chosen by two comparisons, then
-``trunc(clamp((s - start) · scale, 0, top))``), so it is non-decreasing in ``s``: only the relevant items of an
-entry's own bin are compared, and the grid affects the speed only. Both kernels give the positions and tie rule of
-the torch counters. Negatives below the lowest relevant item (also ``-inf``) never count; ``NaN`` negatives count
-above every relevant item. Rows whose relevant scores are not all finite take the uniform-grid route. The score
-block is read, never written.
+Exact: ``bin(s)`` is a chain of correctly rounded monotone operations, so only an entry's own bin needs comparisons
+and the grid affects speed only; positions and tie rule are those of the torch counters. Negatives below the lowest
+relevant item never count, ``NaN`` ones count above all; the score block is never written.
 """
 
 from __future__ import annotations
@@ -44,16 +38,13 @@ _ONE = np.uint32(1)
 _INF_IMAGE = 0x7F800000  # image of +inf (that of -inf is -_INF_IMAGE - 1); NaN images lie beyond
 
 
-# the uniform-grid counter of one row: rows whose relevant scores are not all finite, and
-# :func:`count_negatives_compiled`
+# the uniform-grid counter of one row (non-finite relevant scores, and :func:`count_negatives_compiled`)
 
 
 @njit(inline="always")
 def _uniform_bin(value, lo, scale, num_bins):
-    """Bin of ``value >= lo``: ``floor((value - lo) · scale)`` in float64, clamped to ``num_bins - 1`` (also for an
-    overflow to inf or NaN). A chain of correctly rounded monotone operations, so ``bin`` is non-decreasing in
-    ``value``: an item in a higher bin than a relevant item scores strictly higher, one in a lower bin strictly
-    lower."""
+    """Bin of ``value >= lo``: ``floor((value - lo) · scale)`` in float64, clamped to ``num_bins - 1`` (also inf or
+    NaN); non-decreasing in ``value``."""
     x = (np.float64(value) - lo) * scale
     if x < num_bins:
         return np.int64(x)
@@ -130,10 +121,8 @@ def _decode_keys(keys_row, n):  # pragma: no cover - compiled
 @njit(inline="always")
 def _bin(value, grid):
     """Bin of ``value`` on a three-segment grid ``(g_lo, g_hi, lo, scale_b, top_b, scale_m, top_m, off_m, scale_t,
-    top_t, off_t)``: below ``g_lo`` the bins ``[0, top_b]`` over ``[lo, g_lo]``, from ``g_hi`` on (and NaN) the
-    bins ``off_t + [0, top_t]`` over ``[g_hi, hi]``, in between ``off_m + [0, top_m]`` over ``[g_lo, g_hi]``; in each
-    segment ``trunc(clamp((value - start) · scale, 0, top))`` in float32. Every step is monotone (comparisons,
-    correctly rounded subtraction and product, clamps, truncation), so the bin is non-decreasing in ``value``."""
+    top_t, off_t)``: in the segment of ``value`` (``[lo, g_lo)``, ``[g_lo, g_hi)``, ``[g_hi, hi]`` or NaN) its
+    offset plus ``trunc(clamp((value - start) · scale, 0, top))`` in float32; non-decreasing in ``value``."""
     g_lo, g_hi, lo, scale_b, top_b, scale_m, top_m, off_m, scale_t, top_t, off_t = grid
     bottom = value < g_lo
     upper = not (value < g_hi)
@@ -165,9 +154,8 @@ def _scale(lo, hi, bins):
 
 @njit(nogil=True, fastmath={"reassoc"})  # the grid only affects speed: sums in any order
 def _make_grid(vals, keys, n, lo, hi, bins):  # pragma: no cover - compiled
-    """``(grid, number of bins)`` for the ``n`` valid relevant scores ``vals`` (``keys != _KEY_PAD``), all finite
-    in ``[lo, hi]``: the middle segment spans ``mean ± _TAIL_SIGMAS · std`` (clipped to ``[lo, hi]``), the tails
-    (far outliers, e.g. near-duplicates of the query) get their own bins, ``bins / n`` per item in every segment."""
+    """``(grid, number of bins)`` for the ``n`` valid scores ``vals`` (finite, in ``[lo, hi]``): middle segment
+    ``mean ± _TAIL_SIGMAS · std``, outlier tails their own bins, ``bins / n`` per item in every segment."""
     total = 0.0
     total2 = 0.0
     for t in range(vals.shape[0]):
@@ -207,11 +195,9 @@ def _make_grid(vals, keys, n, lo, hi, bins):  # pragma: no cover - compiled
 
 @njit(nogil=True)
 def _count_range(row, j0, j1, lo, grid, B, ge, r, bins, hist, skip_pruned):  # pragma: no cover - compiled
-    """``hist[#{k : r_k > s}] += 1`` for the negatives ``s = row[j]``, ``j0 <= j < j1``, scoring at least ``lo``
-    (the others go to the spare slots ``n .. n + 7``; with ``skip_pruned``, tiles holding only those are skipped).
-    ``ge[b + 2]``: relevant items in bins above ``b``,
-    ``ge[b + 1]``: in bins ``>= b`` (the end of bin ``b``), ``ge[B + 2 + i] = n + i``; ``r`` ``(n + 8,)``: the
-    descending relevant scores, ``-inf`` padded."""
+    """``hist[#{k : r_k > s}] += 1`` for the negatives ``s = row[j >= j0, < j1]`` scoring at least ``lo`` (others:
+    spare slots ``n .. n + 7``; ``skip_pruned`` skips tiles of only those). ``ge[b + 2]`` / ``ge[b + 1]``: relevant
+    items in bins ``> b`` / ``>= b``, ``ge[B + 2 + i] = n + i``; ``r`` ``(n + 8,)`` descending, ``-inf`` padded."""
     for t0 in range(j0, j1, _TILE):
         m = min(_TILE, j1 - t0)
         tile = row[t0 : t0 + m]
@@ -252,10 +238,8 @@ def _count_range(row, j0, j1, lo, grid, B, ge, r, bins, hist, skip_pruned):  # p
 
 @njit(nogil=True)
 def _rank_row(row, vals, keys, n, a1, b1, sc, lo, hi, num_bins):  # pragma: no cover - compiled
-    """``(sorted keys (n,), neg_ge (n,))`` of one row whose ``n`` valid relevant keys (``_KEY_PAD`` elsewhere) are
-    ``keys`` with scores ``vals`` (all finite, in ``[lo, hi]``): a bucket sort of the keys on the counting grid
-    (bins are non-increasing along the sorted keys), then the counting pass over the negatives (columns outside
-    ``[a1, b1)`` but ``sc``)."""
+    """``(sorted keys (n,), neg_ge (n,))`` of one row (``n`` valid ``keys``, scores ``vals`` finite in ``[lo, hi]``):
+    a bucket sort on the counting grid, then the counting pass over the columns outside ``[a1, b1)`` but ``sc``."""
     ns = keys.shape[0]
     B = num_bins if num_bins > 0 else _DEFAULT_BINS * n
     B = max(min(B, 64 * n), 1)
@@ -409,12 +393,10 @@ def block_ranks_compiled(
         P: width, at least ``max(ends[:, 0] - starts[:, 0])`` (read from the slices when None).
 
     Returns:
-        ``levels`` (``0`` on padding) and 1-based ``positions`` (``0`` on padding) of the relevant items sorted by
-        score descending, then level ascending.
+        ``levels`` and 1-based ``positions`` (``0`` on padding) sorted by score descending, then level ascending.
 
     Raises:
-        ValueError: a tensor not on the CPU, of another dtype or with a row count other than ``scores``' (naming
-            the argument).
+        ValueError: a tensor not on the CPU, of another dtype or with another row count (naming the argument).
     """
     if scores.device.type != "cpu" or scores.dtype != torch.float32 or scores.dim() != 2:
         raise ValueError(
@@ -447,11 +429,8 @@ def block_ranks_compiled(
 
 @njit(parallel=True, nogil=True)
 def _count_rows(neg, rs, n_rel, num_bins, out):  # pragma: no cover - compiled
-    """``out[c, k] = #{j : neg[c, j] >= rs[c, k]}`` for ``k < n_rel[c]`` (0 elsewhere).
-
-    ``neg`` ``(C, N)``; ``rs`` ``(C, P)`` relevant scores in descending order (the first ``n_rel[c]`` of a row are
-    valid); ``num_bins`` ``<= 0`` means ``_DEFAULT_BINS · n_rel[c]`` bins.
-    """
+    """``out[c, k] = #{j : neg[c, j] >= rs[c, k]}`` for ``k < n_rel[c]`` (0 elsewhere), ``rs`` descending;
+    ``num_bins <= 0``: ``_DEFAULT_BINS · n_rel[c]`` bins."""
     for c in numba.prange(neg.shape[0]):
         out[c, :] = 0
         n = n_rel[c]
@@ -477,10 +456,9 @@ def count_negatives_compiled(neg_scores: Tensor, rs: Tensor, n_rel: Tensor, num_
     """``neg_ge[c, k] = #{j : neg_scores[c, j] >= rs[c, k]}`` for the valid relevant items, with the compiled kernel.
 
     Args:
-        neg_scores: ``(C, N)`` float32/float64 CPU scores of the negatives, ``-inf`` (or anything below the row's
-            lowest relevant score) elsewhere. Not modified.
-        rs: ``(C, P)`` float32/float64 relevant scores in descending order per row, valid slots first; or, with
-            float32 ``neg_scores``, their sorted int64 pessimistic keys (``-m(r)·64 + level``, decoded in the kernel).
+        neg_scores: ``(C, N)`` float32/float64 CPU scores of the negatives, ``-inf`` elsewhere; not modified.
+        rs: ``(C, P)`` float32/float64 relevant scores, descending, valid slots first; or, with float32
+            ``neg_scores``, their sorted int64 pessimistic keys.
         n_rel: ``(C,)`` int64 number of valid slots of each row of ``rs``.
         num_bins: bins per row (default ``8 · n_rel``, at most ``64 · n_rel``); speed only.
 

@@ -1,14 +1,9 @@
 """Compiled (numba) sums of the ranked relevant items behind every retrieval metric, for CPU tensors.
 
-:class:`~pml_suprank.metrics.from_ranks.RankStats` asks each metric's value of the prefix sums only at a few
-thresholds (the last slot, the ``k`` of a top-k metric, ``R`` = the number of positives), so on the CPU one walk per
-row computes exactly those values and the per-level sums of H-AP and NDCG, without writing any ``(Q, P)`` array:
-:func:`rank_sums_compiled`. The torch path of :class:`RankStats` (full prefix sums, then gathers) stays the
-implementation on other devices and the reference of the tests; the walk performs the same float64 operations in the
-same order, so both give bitwise equal values.
-
-numba is an optional dependency (``pip install 'pml-suprank[fast]'``): import this module lazily and treat
-``ImportError`` as "not available".
+:class:`~pml_suprank.metrics.from_ranks.RankStats` reads the prefix sums only at a few thresholds (last slot, top
+``k``, ``R``), so on the CPU one walk per row (:func:`rank_sums_compiled`) computes those values and the per-level
+sums of H-AP and NDCG without any ``(Q, P)`` array, with the torch path's float64 operations in the same order
+(bitwise equal). numba is the optional ``fast`` extra: import lazily, ``ImportError`` = not available.
 """
 
 from __future__ import annotations
@@ -25,9 +20,8 @@ __all__ = ["rank_sums_compiled"]
 
 @njit(nogil=True)
 def _position_tables(positions):  # pragma: no cover - compiled
-    """``(n + 1,)`` float64 ``1 / p`` and ``1 / log2(1 + p)`` for the positions ``p = 1..n``, ``n`` the largest of
-    ``positions`` (index 0 unused): the walk reads them instead of dividing and taking a logarithm per slot (the
-    same scalar operations, so the same values)."""
+    """``(n + 1,)`` float64 tables ``1 / p`` and ``1 / log2(1 + p)`` for ``p = 1..max(positions)`` (index 0
+    unused)."""
     n = max(positions.max(), 0)
     inv = np.zeros(n + 1, np.float64)
     disc = np.zeros(n + 1, np.float64)
@@ -46,20 +40,13 @@ def _rank_sums(  # pragma: no cover - compiled
 
     With ``A_m(k)`` the items of level ``>= m`` ranked at or before slot ``k`` and ``p_k`` its position:
 
-    * ``ge_at[m - 1, c, t]`` = ``A_m`` over the slots with ``p_k <= thresholds[c, t]`` and ``prec_at[m - 1, c, t]``
-      = ``Σ A_m(k) / p_k`` over those slots of level ``>= m`` (running sums, recorded when the walk passes the
-      threshold);
+    * ``ge_at[m - 1, c, t]`` = ``A_m`` over the slots with ``p_k <= thresholds[c, t]``, ``prec_at[m - 1, c, t]`` =
+      ``Σ A_m(k) / p_k`` over those of level ``>= m``;
     * ``level_sums[c, λ - 1, m - 1]`` = ``Σ_{k: level λ} A_m(k) / p_k`` and ``level_disc[c, λ - 1]`` =
       ``Σ_{k: level λ} 1 / log2(1 + p_k)``;
-    * ``asi[c]`` = ``Σ_{n=1}^{min(N⁺, P)} Σ_l min(c_l(n), c*_l(n)) / n``, ASI before the division by ``N⁺``
-      (``counts`` ``(C, L + 1)``: the gallery's items per level; see
-      :func:`pml_suprank.metrics.from_ranks.asi_`): the level counts ``c_l`` of the top ``n`` only change at a
-      relevant item, so the walk sums the ``n`` between two of them with the counts of the first; the ideal count
-      is ``c*_l(n) = clamp(n − above_l, 0, |Ω^(l)|)`` and the finest level never exceeds its own.
-
-    The per-level updates are branch-free (adding an exact ``0`` where a slot's level is below ``m``: the levels
-    of a row are unpredictable); ``inv_table`` / ``disc_table``: :func:`_position_tables` of at least the largest
-    position.
+    * ``asi[c]`` = ``Σ_{n=1}^{min(N⁺, P)} Σ_l min(c_l(n), c*_l(n)) / n`` (ASI before ``/ N⁺``, see
+      :func:`pml_suprank.metrics.from_ranks.asi_`; ``counts`` ``(C, L + 1)``), the ``n`` between two relevant items
+      summed at once, with ``c*_l(n) = clamp(n − above_l, 0, |Ω^(l)|)``.
     """
     C, P = levels.shape
     L = ge_at.shape[0]
@@ -135,8 +122,7 @@ def _rank_sums(  # pragma: no cover - compiled
 def rank_sums_compiled(
     levels: Tensor, positions: Tensor, counts: Tensor, thresholds: Tensor, num_levels: int
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """``(ge_at, prec_at, level_sums, level_disc, asi)`` of ``(C, P)`` int64 ranked ``levels`` / ``positions``
-    (CPU).
+    """``(ge_at, prec_at, level_sums, level_disc, asi)`` of ``(C, P)`` int64 ranked ``levels`` / ``positions``.
 
     Args:
         levels: ``(C, P)`` int64 levels in ranked order, ``0`` on padding.

@@ -1,21 +1,15 @@
 """``njit``: :func:`numba.njit` with numba's on-disk cache wherever numba finds a writable place for it.
 
-The compiled kernels of the exact evaluation take several seconds to compile. With ``cache=True`` numba writes the
-machine code next to the module (``__pycache__``) or, for a read-only installation, in the user's cache directory
-(``NUMBA_CACHE_DIR`` overrides both), and later processes load it in a fraction of a second; the cache is keyed by
-the source file and the CPU, and rebuilt when either changes. Where numba finds no writable place at all, the kernel
-is compiled once per process instead, as without the cache. The cache is an optimisation only: any error while
-reading or writing it (a full or read-only disk, a corrupt or truncated index or data file) is said in one warning
-and the kernel is compiled in memory, as without the cache (:class:`_FallbackCache`).
+The kernels take seconds to compile; numba's cache (``__pycache__``, else the user cache dir, ``NUMBA_CACHE_DIR``
+overrides) is keyed by source file and CPU. Without a writable place, or on any cache read/write error (one warning,
+:class:`_FallbackCache`), the kernel is compiled in memory.
 
-Trust: numba's cache files are pickles holding machine code, which numba loads and runs. The cache folder therefore
-has the trust of the package's own files: a folder others can write to (a shared ``NUMBA_CACHE_DIR``) lets them run
-code in every process that evaluates.
+Trust: cache files are pickles of machine code that numba runs, so the cache folder needs the trust of the package's
+own files (a shared writable ``NUMBA_CACHE_DIR`` lets others run code here).
 
-numba rebuilds a cached kernel when its own source file changes, not when a compiled function it calls from another
-file does: use :func:`njit` only in modules whose kernels call compiled functions of the same file
-(``_compiled_rank_counts``, ``_compiled_rank_sums``; ``tests/metrics/test_numba_cache.py`` checks it).
-:class:`_threads` sets numba's thread count to torch's around a parallel kernel.
+numba does not rebuild a cached kernel when a compiled function it calls from another file changes: kernels call
+only compiled functions of their own file (``tests/metrics/test_numba_cache.py`` checks it). :class:`_threads` sets
+numba's thread count to torch's around a parallel kernel.
 """
 
 from __future__ import annotations
@@ -49,9 +43,8 @@ def njit(**options: Any) -> Callable[[Callable], Callable]:
 
 
 class _FallbackCache:
-    """numba's on-disk cache of one kernel (the dispatcher's ``_cache``), where an error while loading or saving an
-    overload turns the cache off for that kernel with one warning: the kernel is then compiled in memory. Every
-    other attribute is the wrapped cache's."""
+    """A kernel's numba cache (the dispatcher's ``_cache``) that turns itself off, with one warning, on a load or
+    save error."""
 
     def __init__(self, cache: Any, name: str) -> None:
         self._cache = cache

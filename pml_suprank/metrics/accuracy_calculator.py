@@ -29,29 +29,18 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
     ref_includes_query=False, include=(), exclude=())``, so PML testers and hooks can use it. Labels may be 1-D, 2-D
     ``(N, L)`` (column 0 finest) or 1-D fine labels expanded through ``hierarchy``.
 
-    * PML's own metrics (``precision_at_1``, ``mean_average_precision_at_r``, ``r_precision``, ``NMI``, ...) are
-      computed by PML on the **fine** labels, which are first re-indexed to ``0..K-1`` so that PML's float32 label
-      cast cannot merge large label values.
-    * Added metrics: every group of the metric registry (:data:`pml_suprank.metrics.registry.METRICS`) that PML
-      does not define itself, computed exactly over the whole gallery by :class:`RetrievalEvaluator` (pessimistic
-      ties, queries without positives excluded): ``"ap"``, ``"map_at_r"``, ``"h_ap"``, ``"ndcg"``, ``"asi"``,
-      ``"sum_w_ap"``, the top-k groups (``"recall_at_k"`` → ``"recall_at_{k}"``, ...) and the per-level groups
-      (``"ap_level"`` → ``"ap_level{h}"``, ...). The ``calculate_<group>`` methods PML discovers are generated
-      from the registry.
-    * **One name per number.** When PML computes a metric under its own name in the same call, the equal key of
-      ours (``map_at_r`` = ``mean_average_precision_at_r``, ``recall_at_1`` = ``precision_at_1``) is left out,
-      unless its group is named in ``include`` (of the constructor, or of this ``get_accuracy`` call when given).
-      A key spelled exactly like PML's (``precision_at_1`` of ``precision_at_k``) always keeps PML's value.
+    * PML's own metrics (``precision_at_1``, ``mean_average_precision_at_r``, ``NMI``, ...) are computed by PML on
+      the **fine** labels, re-indexed to ``0..K-1`` (PML's float32 label cast cannot merge large values).
+    * Added: every registry group (:data:`pml_suprank.metrics.registry.METRICS`) PML does not define, computed
+      exactly by :class:`RetrievalEvaluator` (pessimistic ties): ``"ap"``, ``"h_ap"``, ``"ndcg"``, ``"asi"``, top-k
+      groups (``"recall_at_k"`` → ``"recall_at_{k}"``), per-level groups (``"ap_level"`` → ``"ap_level{h}"``), ...
+    * **One name per number.** A key of ours equal to one PML computes in the same call (``map_at_r`` =
+      ``mean_average_precision_at_r``, ``recall_at_1`` = ``precision_at_1``) is left out unless its group is in
+      ``include``; a key spelled like PML's always keeps PML's value.
 
-    **Labels as PML takes them.** Integer labels, and float labels holding integer values (PML's own testers store
-    labels in float tensors) are converted exactly; float labels with a fractional part, NaN or inf raise
-    ``ValueError``. With a custom ``label_comparison_fn``, PML's metrics are computed by PML on the labels exactly as
-    passed (any shape the function understands); the added metrics, which rank by label levels and cannot honour an
-    arbitrary comparison, are skipped with a ``UserWarning`` naming them.
-
-    **Standalone functions.** Every function of :meth:`get_function_dict` can be called the way PML calls it
-    (``fn(**kwargs)`` with ``query``, ``reference``, ``query_labels``, ``reference_labels``, ``ref_includes_query``):
-    an added metric then evaluates itself on those inputs.
+    Float labels must hold integer values (else ``ValueError``). With a custom ``label_comparison_fn`` the added
+    metrics are skipped with a ``UserWarning``. Every function of :meth:`get_function_dict` can be called the way
+    PML calls it (``fn(**kwargs)``).
 
     Args:
         include, exclude: metric names, PML's and the added ones.
@@ -60,10 +49,8 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
         level_weights: ΣwAP weights.
         hierarchy: fine -> ancestors table for 1-D labels.
         chunk_size: queries per chunk of the exact evaluation.
-        multilabel: labels are ``(N, M)`` sets of fine labels padded with ``-1`` (``hierarchy``: their
-            ``(num_fine, L)`` table, None = flat), evaluated by ``RetrievalEvaluator(multilabel=True)``. Only the
-            registry's multi-label groups are computed (default: every one PML does not define itself; PML's own
-            metrics, defined for one label per item, raise ``ValueError`` when named in ``include``).
+        multilabel: labels are ``(N, M)`` fine-label sets padded with ``-1``; only the registry's multi-label groups
+            are computed (PML's own metrics named in ``include`` raise ``ValueError``).
         avg_of_avgs, return_per_class, k, label_comparison_fn, device, knn_func, kmeans_func: PML's arguments, in
             PML's positional order and with PML's meaning.
         **kwargs: forwarded to PML's ``AccuracyCalculator`` (arguments of later PML releases).
@@ -171,13 +158,8 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
         return result
 
     def _get_accuracy(self, function_dict: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
-        """PML's ``_get_accuracy``: every function of ``function_dict`` called with ``kwargs``.
-
-        PML's own tests and some user code call it with the kNN results only (``knn_labels``, ``query_labels``,
-        ``label_counts``, ...) and no embeddings. The added metrics rank the whole gallery and need the embeddings
-        (``query``, ``reference``), so on that path they are skipped with one ``UserWarning`` naming them and PML's
-        metrics are computed as PML computes them.
-        """
+        """PML's ``_get_accuracy``; called with the kNN results only (no ``query``/``reference``), the added metrics
+        are skipped with one ``UserWarning`` naming them."""
         if "query" in kwargs and "reference" in kwargs:
             return super()._get_accuracy(function_dict, **kwargs)
         skipped = [name for name in function_dict if name in _ADDED]
@@ -247,8 +229,7 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
         )
 
     def _multilabel_groups(self, include: Sequence[str]) -> list[str]:
-        """The added groups of a multi-label call: those named in ``include`` (of this call, else of the
-        constructor), or every multi-label one; ValueError for PML's own metrics or single-label-only groups."""
+        """The added groups named in ``include`` (this call's, else the constructor's), or every multi-label one."""
         named = tuple(include) if include else self._include
         pml_named = [m for m in named if m not in _ADDED]
         if pml_named:
@@ -293,8 +274,8 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
 
 
 def integer_labels(name: str, labels: Any) -> Any:
-    """``labels`` as an integer tensor when they are float values that are all integers (PML stores labels as
-    float); ValueError naming ``name`` for fractional, NaN or inf values; anything else unchanged (checked later)."""
+    """Float ``labels`` holding integers as an integer tensor (PML stores labels as float), else ValueError naming
+    ``name``; anything else unchanged."""
     labels = c_f.numpy_to_torch(labels)
     if isinstance(labels, torch.Tensor) and labels.is_floating_point():
         if not bool(torch.isfinite(labels).all()):
@@ -307,8 +288,7 @@ def integer_labels(name: str, labels: Any) -> Any:
 
 
 def _calculate(spec: MetricSpec) -> Any:
-    """The ``calculate_<group>`` method of ``spec``: its value(s) from the evaluation run once in ``get_accuracy``
-    (a float for a plain key, ``{key: float}`` for a pattern with ``{k}`` and/or ``{h}``)."""
+    """The ``calculate_<group>`` method of ``spec`` (a float, or ``{key: float}`` for a ``{k}``/``{h}`` pattern)."""
 
     def calculate(self: HierarchicalAccuracyCalculator, **kwargs: Any) -> float | dict[str, float]:
         if kwargs:  # called the way PML calls metric functions: evaluate on the inputs given

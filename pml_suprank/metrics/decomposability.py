@@ -25,11 +25,9 @@ def decomposability_gap(
 ) -> dict[str, Any]:
     """``DG = (1/K) Σ_b M_b − M``: mean metric over random batches minus the metric on the whole set (Eq. 6).
 
-    The set is shuffled with ``generator`` and cut into ``K = N // batch_size`` batches (the remainder is dropped,
-    as in the paper where ``N / B = K``); ``M_b`` is the evaluator's mean of ``metric`` over the queries of batch
-    ``b`` retrieving within that batch (each query removed by index), ``M`` the same on the whole set. Batches in
-    which no query has a positive are skipped (counted in ``"num_skipped_batches"``). A positive gap means the
-    batch estimate is optimistic.
+    The set is shuffled and cut into ``K = N // batch_size`` batches (remainder dropped); ``M_b`` is ``metric``
+    within batch ``b``, ``M`` on the whole set. Batches without any positive are skipped (``"num_skipped_batches"``).
+    A positive gap means the batch estimate is optimistic.
 
     Args:
         embeddings: ``(N, D)`` embeddings.
@@ -37,8 +35,7 @@ def decomposability_gap(
         batch_size: ``B`` (``2 <= B <= N``).
         metric: a key of :meth:`RetrievalEvaluator.evaluate`'s result, e.g. ``"ap"``, ``"h_ap"``, ``"recall_at_1"``.
         num_repeats: independent shuffles (``K · num_repeats`` batches in total).
-        generator: seeded ``torch.Generator`` for the shuffles (default: ``torch.Generator().manual_seed(0)``);
-            the global RNG is never used.
+        generator: ``torch.Generator`` of the shuffles (default: ``torch.Generator().manual_seed(0)``).
         evaluator: the evaluator to use (default ``RetrievalEvaluator()``).
 
     Returns:

@@ -1,12 +1,9 @@
 """Blocks of the exact evaluator: the gallery grouped by label path, chunks of queries ranked, blocks sized in bytes.
 
-The gallery is permuted once by label path (coarsest level first, :func:`label_blocks`): the items sharing the ``m``
-coarsest labels of a query form a nested column slice ``[a_m, b_m)`` of its score row, so an item's level follows
-from its column and no ``(Q, N)`` level matrix is built. :func:`chunk_ranks` turns a ``(C, N)`` score block, or the
-column blocks of a gallery too large for the device (:class:`GalleryBlocks`), into
-:class:`~pml_suprank.metrics.ranks.RetrievalRanks`: on the CPU with numba one fused compiled pass per row
-(:func:`~pml_suprank.metrics._compiled_rank_counts.block_ranks_compiled`), elsewhere the torch kernels of
-:mod:`pml_suprank.metrics.ranks`. :func:`block_shape` sizes the chunks and blocks for the device.
+After the permutation by label path (:func:`label_blocks`) the items sharing a query's ``m`` coarsest labels are a
+nested column slice ``[a_m, b_m)``, so levels follow from columns (no ``(Q, N)`` level matrix). :func:`chunk_ranks`
+ranks a ``(C, N)`` score block or :class:`GalleryBlocks` (compiled on the CPU with numba, else the torch kernels of
+:mod:`pml_suprank.metrics.ranks`); :func:`block_shape` sizes chunks and blocks for the device.
 """
 
 from __future__ import annotations
@@ -57,10 +54,8 @@ def label_blocks(query_labels: Tensor, ref_labels: Tensor) -> tuple[Tensor, Tens
 
 
 class GalleryBlocks:
-    """The scores of a chunk of queries against a gallery that stays where it is (e.g. host memory), computed
-    block by block on the queries' device: ``(C, D)`` ``queries``, ``(N, D)`` ``gallery``, ``width`` gallery items
-    per block. Every block is ``queries @ gallery[cols].T`` of a set of whole columns, so the scores are those of
-    one ``(C, N)`` matmul."""
+    """Scores ``(C, D)`` ``queries`` × ``(N, D)`` ``gallery`` (which stays where it is), computed on the queries'
+    device in blocks of ``width`` whole columns: the scores of one ``(C, N)`` matmul."""
 
     def __init__(self, queries: Tensor, gallery: Tensor, width: int) -> None:
         self.queries, self.gallery, self.width = queries, gallery, width
@@ -107,9 +102,8 @@ def chunk_ranks(
     counting: str = "auto",
     P: int | None = None,
 ) -> RetrievalRanks:
-    """Ranks of one chunk from its ``(C, N)`` score block (overwritten) or its :class:`GalleryBlocks`, and the label
-    slices ``(C, L)``; ``P``: the largest first-level block ``max(ends[:, 0] - starts[:, 0])`` if known on the host
-    (else read back)."""
+    """Ranks of one chunk from its ``(C, N)`` score block (overwritten) or :class:`GalleryBlocks` and the ``(C, L)``
+    label slices; ``P``: ``max(ends[:, 0] - starts[:, 0])`` if known on the host."""
     C, N = scores.shape
     L = starts.shape[1]
     device = starts.device
@@ -172,30 +166,24 @@ def block_counts(starts: Tensor, ends: Tensor, has_self: Tensor, N: int) -> Tens
     return counts
 
 
-#: work memory of one chunk on the CPU: a few hundred queries at SOP scale, so that the fixed cost of a chunk (the
-#: metric reductions, the start of the parallel row kernels) stays small next to its score block. Measured on a
-#: 2-core CPU (numba, 60,502 and 20,000 items × 512-d, 2 and 3 levels): 128 MiB chunks rank 10-14 % faster than
-#: 32 MiB ones, 256 MiB ones no faster.
+#: work memory of one chunk on the CPU (a few hundred queries at SOP scale; on a 2-core CPU 128 MiB chunks ranked
+#: 10-14 % faster than 32 MiB ones, 256 MiB ones no faster)
 CPU_CHUNK_BYTES = 2**27
-#: bytes of work memory per score entry and per relevant slot (per level) of one query, on the CPU (the score block
-#: is read in place) and on accelerators (the sync-free dense search keeps int64 search keys and slots for every
-#: entry); the metrics' torch prefix sums take two float64 arrays per level and slot
+#: work bytes per score entry and per relevant slot and level of one query (accelerators: the dense search keeps int64
+#: keys and slots per entry; the torch prefix sums two float64 arrays per level and slot)
 _ENTRY_BYTES = {"cpu": 4, "accelerator": 32}
 _SLOT_BYTES = {"cpu": 48, "accelerator": 96}
-#: bytes per relevant slot when the compiled CPU kernels rank the chunk (an int64 key, level and position, at any
-#: number of levels: the metrics are summed per row, without a per-slot array)
+#: bytes per relevant slot with the compiled CPU kernels (key, level and position, at any number of levels)
 _COMPILED_SLOT_BYTES = 24
 
 
-#: queries per chunk aimed at when the gallery is streamed in column blocks (few passes over a gallery that is
-#: moved block by block, blocks wide enough for an efficient matmul)
+#: queries per chunk aimed at when the gallery is streamed in column blocks
 _STREAM_ROWS = 4096
 
 
 def device_budget(device: torch.device) -> int:
-    """Bytes of work memory of one chunk on ``device``: :data:`CPU_CHUNK_BYTES` on the CPU (128 MiB: a few hundred
-    queries at SOP scale); on a CUDA device a quarter of the free memory (``torch.cuda.mem_get_info``), between
-    256 MiB and 16 GiB (few large chunks, hence few kernel launches); 1 GiB on other accelerators."""
+    """Bytes of work memory of one chunk: :data:`CPU_CHUNK_BYTES` on the CPU, a quarter of the free memory clamped to
+    [256 MiB, 16 GiB] on CUDA, 1 GiB on other accelerators."""
     if device.type == "cuda" and torch.cuda.is_available():
         free, _ = torch.cuda.mem_get_info(device)
         return min(max(free // 4, 2**28), 2**34)
@@ -203,8 +191,7 @@ def device_budget(device: torch.device) -> int:
 
 
 def _row_bytes(n_ref: int, n_slots: int, device: torch.device, levels: int) -> tuple[int, int]:
-    """``(bytes per score entry, bytes of the relevant slots)`` of one query: ``n_slots`` slots times the number of
-    levels, except with the compiled CPU kernels (a fixed cost per slot)."""
+    """``(bytes per score entry, bytes of the relevant slots)`` of one query."""
     kind = "cpu" if device.type == "cpu" else "accelerator"
     slot_bytes = _SLOT_BYTES[kind] * max(levels, 1)
     if kind == "cpu" and _compiled_available():
@@ -229,12 +216,10 @@ def block_shape(
 ) -> tuple[int, int]:
     """``(queries per chunk, gallery items per block)`` of the evaluation on ``device``.
 
-    Whole rows (``n_ref`` items per block, the gallery moved to ``device`` once) while ``chunk_size`` queries
-    (default :func:`chunk_rows`, at least 16) fit in :func:`device_budget` and the gallery in twice that
-    (``gallery_bytes``: its size where it is now; ``0`` when it already is on ``device``). Otherwise the gallery
-    stays where it is and is streamed in column blocks (:class:`GalleryBlocks`) sized so that a chunk of
-    ``chunk_size`` (default about :data:`_STREAM_ROWS`) queries fits the budget: peak device memory is then bounded
-    by the blocks, whatever ``n_ref``.
+    Whole rows (gallery moved to ``device`` once) while ``chunk_size`` queries (default :func:`chunk_rows`) fit in
+    :func:`device_budget` and the gallery (``gallery_bytes``, ``0`` when already there) in twice that; otherwise the
+    gallery is streamed in column blocks (:class:`GalleryBlocks`) sized for ``chunk_size`` (default about
+    :data:`_STREAM_ROWS`) queries, bounding peak device memory whatever ``n_ref``.
     """
     budget = device_budget(device)
     entry, slots = _row_bytes(n_ref, n_slots, device, levels)

@@ -1,10 +1,8 @@
 """Chunked, exact full-ranking retrieval evaluation (:class:`RetrievalEvaluator`).
 
 The gallery is permuted once by label path (:mod:`.eval_blocks`); each chunk of queries is one matmul against it
-(or against its column blocks when it does not fit the device, :func:`~.eval_blocks.block_shape`), its relevant
-items are ranked and the negatives only counted (:func:`~.eval_blocks.chunk_ranks`). Cost ``O(Q·N·D)`` for the
-matmul plus one ``O(Q·N)`` counting pass and ``O(Σ_q P_q log P_q)`` for the relevant items. The chunk sizes are read
-on the host once per call and the per-query results brought back in one transfer at the end.
+(or its column blocks, :func:`~.eval_blocks.block_shape`), then its relevant items are ranked and the negatives
+counted (:func:`~.eval_blocks.chunk_ranks`): ``O(Q·N·D + Q·N + Σ_q P_q log P_q)``, one host transfer at the end.
 """
 
 from __future__ import annotations
@@ -30,7 +28,7 @@ from .._validation import (
 from ..collectives import all_gather, comm_device, is_distributed, shard_range
 from ..relevance import Hierarchy, as_hierarchy, hierarchical_label_pair
 from .eval_blocks import GalleryBlocks, block_counts, block_shape, chunk_ranks, label_blocks
-from .multilabel_eval import evaluate_multilabel, multilabel_groups
+from .multilabel_eval import check_inputs, check_queries_first, evaluate_multilabel, multilabel_groups, query_counts
 from .ranks import COUNTING_METHODS, RetrievalRanks
 from .registry import METRIC_GROUPS, SINGLE_LABEL_GROUPS, TOP_K_GROUPS, check_groups, metrics_from_ranks
 
@@ -42,9 +40,8 @@ LABEL_NAMES = ("query_labels", "reference_labels")
 class RetrievalEvaluator:
     """Exact retrieval metrics over the whole gallery, chunked over queries, on any device.
 
-    Metrics (means over the queries for which they are defined; ties ranked pessimistically — among equal scores the
-    less relevant item first —, the query removed from its own gallery by index, queries without positives excluded
-    and counted):
+    Metrics (means over the queries where defined; pessimistic ties; the query removed from its own gallery by
+    index; queries without positives excluded and counted):
 
     * fine level: ``"ap"``, ``"map_at_r"``, ``"r_precision"``, ``"precision_at_1"``, ``"recall_at_{k}"`` (hit rate),
       ``"precision_at_{k}"``, ``"true_recall_at_{k}"``, ``"map_at_{k}"`` for ``k`` in ``k_values``;
@@ -55,29 +52,20 @@ class RetrievalEvaluator:
     * counts: ``"num_queries"``, ``"num_queries_without_positives"`` (fine level),
       ``"num_queries_without_positives_level{h}"``, ``"num_queries_without_relevant"`` (nothing at any level).
 
-    **Multi-label data** (``multilabel=True`` here or in :meth:`evaluate`; never guessed from the shape, since 2-D
-    labels otherwise are hierarchical ``(N, L)`` levels): labels are ``(N, M)`` sets of fine labels padded with
-    ``-1`` and ``hierarchy`` is the ``(num_fine, L)`` table (None = flat). ``"h_ap"`` and ``"ndcg"`` then use the
-    graded relevance of the thesis' Algorithm 1 (:func:`pml_suprank.relevance.multilabel_relevance`; NDCG gains
-    ``2^rel − 1``), ``"mean_label_ap"`` is the AP of each query label as a binary problem averaged over the query's
-    labels, and the binary metrics (``"ap"``, ``"recall_at_{k}"``, ...) count an item as a positive when it shares
-    a fine label with the query (at level ``h``: a level-``h`` ancestor); ``"asi"`` and ``"sum_w_ap"`` are not
-    defined. With one label per item the graded relevance is ``l / L``, not the pop relevance of the single-label
-    ``"h_ap"``: see :mod:`pml_suprank.metrics.multilabel_eval`.
+    **Multi-label data** (``multilabel=True``, never guessed from the shape): labels are ``(N, M)`` fine-label sets
+    padded with ``-1``, ``hierarchy`` the ``(num_fine, L)`` table (None = flat); ``"h_ap"``/``"ndcg"`` use the graded
+    relevance of the thesis' Algorithm 1, ``"mean_label_ap"`` averages the per-label AP, positives share a fine label
+    (level ``h``: an ancestor); no ``"asi"``/``"sum_w_ap"``. See :mod:`pml_suprank.metrics.multilabel_eval`.
 
-    Embeddings must be finite; huge ones are fine: when ``max|q| · max|g| · D`` could overflow the dtype, queries and
-    gallery are scaled by powers of two before the matmul (exact, so the metrics are those of the unscaled scores).
+    Embeddings must be finite; an overflowing ``max|q| · max|g| · D`` is avoided by exact power-of-two scaling.
 
     Args:
         k_values: the ``k`` of the top-k metrics.
         alpha: ``α`` of the H-AP relevance (1 = HAPPIER).
-        chunk_size: queries per chunk; default: a byte budget for the device (128 MiB on the CPU, a quarter of the
-            free memory on a GPU) divided by the work memory of one query; a chunk whose whole score rows exceed
-            the budget ranks the gallery in column blocks (:func:`~pml_suprank.metrics.eval_blocks.block_shape`).
-        device: where to compute (default: the device of ``query``); a device whose backend is unavailable here
-            (e.g. ``"cuda"`` without CUDA) raises ``ValueError`` at construction.
-        metrics: metric groups to compute (keys of :data:`METRIC_GROUPS`, one per entry of the metric registry
-            :data:`~pml_suprank.metrics.registry.METRICS`); default: every single-label group
+        chunk_size: queries per chunk; default: a device byte budget (128 MiB on the CPU, a quarter of the free GPU
+            memory) over one query's work memory (:func:`~pml_suprank.metrics.eval_blocks.block_shape`).
+        device: where to compute (default: the device of ``query``); an unavailable backend raises ``ValueError``.
+        metrics: keys of :data:`METRIC_GROUPS`; default: every single-label group
             (:data:`~pml_suprank.metrics.registry.SINGLE_LABEL_GROUPS`), or every multi-label one
             (:data:`~pml_suprank.metrics.registry.MULTILABEL_GROUPS`) for multi-label data.
         level_weights: ``w_1..w_L`` for ΣwAP (``w_L`` = finest): finite, ``>= 0``, not all zero; default uniform.
@@ -87,8 +75,7 @@ class RetrievalEvaluator:
             :data:`~pml_suprank.metrics.registry.TOP_K_GROUPS`; ties in faiss order).
         progress_bar: show a tqdm bar over chunks.
         num_bins: histogram resolution of the counting kernel (speed only): ``None`` or an int ``>= 1``.
-        counting: ``"auto"``, ``"search"``, ``"histogram"``, ``"compiled"`` (numba, CPU) or ``"dense"`` (no host
-            synchronisation; the default off the CPU): how negatives are counted (speed only, never the result; see
+        counting: one of :data:`~pml_suprank.metrics.ranks.COUNTING_METHODS` (speed only; see
             :func:`~pml_suprank.metrics.ranks.rank_relevant_items`).
         multilabel: default of :meth:`evaluate`'s ``multilabel``: labels are ``(N, M)`` fine-label sets.
 
@@ -165,7 +152,6 @@ class RetrievalEvaluator:
             f"device={self.device}, backend={self.backend!r})"
         )
 
-    # ------------------------------------------------------------------------------------------------------------
     def _prepare(
         self,
         query: Tensor,
@@ -174,41 +160,14 @@ class RetrievalEvaluator:
         reference_labels: Tensor | None,
         ref_includes_query: bool,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
-        query = check_embeddings("query", query)
-        query_labels = check_labels("query_labels", query_labels, query.shape[0], n_name="query")
-        if reference is None:
-            if reference_labels is not None:
-                raise ValueError("reference_labels given without reference")
-            reference, reference_labels = query, query_labels
-            ref_includes_query = True
-        else:
-            reference = check_embeddings("reference", reference)
-            if reference_labels is None:
-                raise ValueError("reference_labels must be given with reference")
-            reference_labels = check_labels(
-                "reference_labels", reference_labels, reference.shape[0], n_name="reference"
-            )
-        if reference.shape[1] != query.shape[1]:
-            raise ValueError(
-                f"query and reference must have the same embedding size; got {query.shape[1]} and {reference.shape[1]}"
-            )
+        query, query_labels, reference, reference_labels, ref_includes_query = check_inputs(
+            query, query_labels, reference, reference_labels, ref_includes_query, check_labels
+        )
         ql, rl = hierarchical_label_pair(query_labels, reference_labels, self.hierarchy, names=LABEL_NAMES)
         self_idx = None
         if ref_includes_query:
-            Q = query.shape[0]
-            if reference.shape[0] < Q:
-                raise ValueError(
-                    f"ref_includes_query=True needs the queries as the first rows of reference; reference has "
-                    f"{reference.shape[0]} rows for {Q} queries"
-                )
-            if reference is not query and not (
-                torch.equal(ql, rl[:Q].to(ql.device)) and torch.allclose(query, reference[:Q].to(query.device))
-            ):
-                raise ValueError(
-                    "ref_includes_query=True: the first len(query) rows of reference (and reference_labels) must "
-                    "equal query (and query_labels)"
-                )
-            self_idx = torch.arange(Q)
+            check_queries_first(query, ql, reference, rl, label_sets=False)
+            self_idx = torch.arange(query.shape[0])
         return query, ql, reference, rl, self_idx
 
     def _chunks(self, num_queries: int, chunk: int) -> Iterable[int]:
@@ -221,7 +180,6 @@ class RetrievalEvaluator:
             raise ImportError("progress_bar=True needs tqdm: pip install tqdm") from e
         return tqdm(starts, total=math.ceil(num_queries / chunk), desc="retrieval eval", unit="chunk")
 
-    # ------------------------------------------------------------------------------------------------------------
     def evaluate(
         self,
         query: Tensor,
@@ -244,22 +202,13 @@ class RetrievalEvaluator:
             reference: ``(N, D)`` gallery embeddings, or None.
             reference_labels: labels of the gallery, same number of levels as ``query_labels``.
             return_per_query: also return ``"per_query"``: ``{key: (Q,) float64 tensor}`` (NaN = undefined).
-            ref_includes_query: the first ``Q`` rows of ``reference`` are the queries (PML convention); they are
-                removed from their own ranking by index.
-            multilabel: labels are ``(Q, M)`` / ``(N, M)`` sets of fine labels padded with ``-1`` (a ``(N,)``
-                tensor: one label each) and the constructor's ``hierarchy`` is their ``(num_fine, L)`` table;
-                default: the constructor's ``multilabel``.
-            device: where to compute this call (e.g. ``accelerator.device``); default: the constructor's
-                ``device``, else the device of ``query``. The queries travel chunk by chunk; the gallery is moved
-                there once when it fits the budget (:func:`~.eval_blocks.block_shape`), else it stays where it is
-                and travels in column blocks (peak device memory bounded by the blocks, not by its size). The
-                metrics are those of the CPU (counts identical, floats to rounding).
-            distributed: split the queries across the processes of ``process_group``: every process must call
-                this with the same arguments (the whole gallery); each ranks its contiguous share of the queries
-                (:func:`pml_suprank.collectives.shard_range`) and the per-query results are gathered once, so every
-                process returns what one process would (same per-query values, in query order). A collective: keep
-                the default ``False`` when only some processes evaluate (e.g. on rank 0 alone). Without an
-                initialised process group (or with one process) it changes nothing.
+            ref_includes_query: the first ``Q`` rows of ``reference`` are the queries (PML convention).
+            multilabel: labels are ``(Q, M)`` / ``(N, M)`` fine-label sets padded with ``-1``; default: the
+                constructor's ``multilabel``.
+            device: where to compute this call; default: the constructor's ``device``, else that of ``query``. A
+                gallery over the budget stays put and travels in column blocks; metrics match the CPU's.
+            distributed: a collective: every process of ``process_group`` calls with the same arguments, ranks its
+                share of the queries and gets the one-process result (keep ``False`` when only some evaluate).
             process_group: the ``torch.distributed`` group of ``distributed`` (default: the world).
 
         Returns:
@@ -303,8 +252,7 @@ class RetrievalEvaluator:
         ref_includes_query: bool,
         multilabel: bool,
     ) -> tuple[dict[str, Tensor], int, int]:
-        """``({key: (Q,) float64 on the host}, Q, L)``: the per-query metrics and the ``_``-prefixed counts that
-        :meth:`_summarise` reduces."""
+        """``({key: (Q,) float64 on the host}, Q, L)``, including the ``_``-prefixed counts."""
         if multilabel:
             _check_multilabel_backend(self.backend)
             return evaluate_multilabel(self, query, query_labels, reference, reference_labels, ref_includes_query)
@@ -325,8 +273,7 @@ class RetrievalEvaluator:
             self_col[self_idx] = inv[self_idx]
         gallery = reference.detach()[perm.to(reference.device)].to(dtype=dtype)
         query_scale, gallery = overflow_safe_scales(query, gallery)
-        # relevant slots of every query (its first-level label block), read once per call from host tensors: they
-        # size the chunks and each chunk's slot width, so that no chunk reads anything back from the device
+        # relevant slots per query, read once from host tensors: they size chunks and slot widths (no read-back)
         n_block = (ends[:, 0] - starts[:, 0]).tolist()
         device = torch.device(device)
         # bytes the gallery would take on an accelerator it is not on yet (host memory is never the limit)
@@ -377,15 +324,10 @@ class RetrievalEvaluator:
         return per_query, Q, L
 
     def _metrics_from_ranks(self, ranks: RetrievalRanks) -> dict[str, Tensor]:
-        L = ranks.num_levels
         out = metrics_from_ranks(
             ranks, k_values=self.k_values, groups=self.metrics, alpha=self.alpha, level_weights=self.level_weights
         )
-        out["_n_pos_fine"] = ranks.counts[:, L].double()
-        out["_n_rel"] = ranks.counts[:, 1:].sum(1).double()
-        for h in range(L):
-            out[f"_n_pos_level{h}"] = ranks.counts[:, L - h :].sum(1).double()
-        return out
+        return out | query_counts(ranks.counts)
 
     @staticmethod
     def _summarise(per_query: dict[str, Tensor], Q: int, L: int, return_per_query: bool) -> dict[str, Any]:
@@ -404,7 +346,6 @@ class RetrievalEvaluator:
             result["per_query"] = {k: v for k, v in per_query.items() if not k.startswith("_")}
         return result
 
-    # ------------------------------------------------------------------------------------------------------------
     def _faiss_per_query(
         self, query: Tensor, ql: Tensor, reference: Tensor, rl: Tensor, self_idx: Tensor | None
     ) -> dict[str, Tensor]:
@@ -443,9 +384,7 @@ def _query_share(
     start: int,
     end: int,
 ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None, bool]:
-    """The arguments of an evaluation of the queries ``[start, end)`` only, against the same gallery: with the
-    queries in the gallery (``reference`` None or ``ref_includes_query``) the gallery is reordered so that those
-    queries come first (``ref_includes_query=True``); the order of a gallery never changes a metric."""
+    """The arguments evaluating queries ``[start, end)`` against the same gallery (reordered to put them first)."""
     if not isinstance(query_labels, Tensor):
         query_labels = torch.as_tensor(query_labels)
     if reference is None:
@@ -478,8 +417,7 @@ def _to_host(per_query: dict[str, list[Tensor]]) -> dict[str, Tensor]:
 
 def _knn_ranks(nn: Tensor, query_labels: Tensor, ref_labels: Tensor, removes_self: bool) -> RetrievalRanks:
     """:class:`RetrievalRanks` of a k-NN search: the relevant items among the ``(Q, k)`` neighbours ``nn`` (``-1`` =
-    none) at positions ``1..k`` in search order, and the level counts of the whole gallery, so that the registry's
-    top-k metrics apply unchanged."""
+    none) at positions ``1..k``, and the level counts of the whole gallery."""
     Q, L = query_labels.shape
     nn_labels = ref_labels[nn.clamp_min(0)]  # (Q, k, L)
     # level = number of agreeing label columns, counted from the coarsest while they agree
@@ -509,18 +447,15 @@ def compute_embeddings(
 ) -> tuple[Tensor, ...]:
     """Embed a whole dataloader with ``model`` (eval mode) and return ``(embeddings, labels)`` on the CPU.
 
-    The one embedding loop of the package (the trainer, the evaluation recipe and the plots use it through
-    :func:`pml_suprank.training.embed_loader`). Batches are ``(inputs, labels, ...)`` tuples or dicts (``input_key``
-    default: the first of ``"pixel_values"``, ``"image"``, ``"images"``, ``"input"``; ``label_key`` default:
-    ``"labels"`` or ``"label"``; indices: ``"index"`` or the third tuple element). With an
-    ``accelerate.Accelerator``, the model runs under ``accelerator.autocast()`` and each batch is gathered across
-    processes with ``accelerator.gather_for_metrics`` (which also drops the samples duplicated to even out the last
-    batch); the model and the dataloader should then be prepared.
+    Batches are ``(inputs, labels, ...)`` tuples or dicts (inputs: the first of ``"pixel_values"``, ``"image"``,
+    ``"images"``, ``"input"``; labels: ``"labels"`` or ``"label"``; indices: ``"index"`` or the third element). With an
+    ``accelerate.Accelerator`` (model and dataloader prepared), the model runs under ``accelerator.autocast()`` and
+    batches are gathered with ``accelerator.gather_for_metrics``.
 
     Args:
         model: maps a batch of inputs to ``(B, D)`` embeddings.
         dataloader: iterable of batches.
-        accelerator: optional ``accelerate.Accelerator`` (accelerate is imported by the caller, never here).
+        accelerator: optional ``accelerate.Accelerator``.
         device: where to run the model (default: ``accelerator.device`` or the model's parameters' device).
         normalize: L2-normalise the embeddings (then dot products are cosine similarities).
         input_key, label_key: dict keys of the inputs / labels.

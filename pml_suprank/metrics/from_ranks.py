@@ -1,13 +1,11 @@
 """Every retrieval metric computed from the positions of the relevant items, each implemented exactly once.
 
-The metric functions (``average_precision_``, ...) read the prefix sums of a :class:`RankStats`, shared by every
-metric of one :class:`~pml_suprank.metrics.ranks.RetrievalRanks`; the public ``*_from_ranks`` views validate, build
-a :class:`RankStats` and call them, as the evaluator does through the registry
-(:func:`pml_suprank.metrics.registry.metrics_from_ranks`), so both give identical numbers.
+The metric functions (``average_precision_``, ...) read the prefix sums of a :class:`RankStats`; the public
+``*_from_ranks`` views validate and call them, as does the evaluator through
+:func:`pml_suprank.metrics.registry.metrics_from_ranks` (identical numbers).
 
-Conventions: positives of the binary metrics are the items at level ``>= min_level`` (default ``L``, the same fine
-class); "AP at hierarchy level ``h``" (label column ``h``, 0 = finest) is ``min_level = L - h``. Queries without a
-positive (hierarchical metrics: without any relevant item) get ``NaN`` and are excluded from means. float64 values.
+Binary positives are the items at level ``>= min_level`` (default ``L``; hierarchy level ``h`` is ``L - h``).
+Queries without a positive (hierarchical: any relevant item) get ``NaN``, excluded from means. float64 values.
 
 References: Ramzi et al., SupRank (TPAMI 2025): H-AP Eqs. 18-20, NDCG Eq. 23, ASI App. C-A1, ΣwAP Sec. V-A1 and
 supp. B-B3 (Property 1); HAPPIER (ECCV 2022); mAP@R and R-precision: Musgrave et al. (ECCV 2020).
@@ -70,23 +68,16 @@ def _compiled_prefix_sums(levels: Tensor, positions: Tensor) -> bool:
 class RankStats:
     """Prefix sums of one :class:`RetrievalRanks` shared by every metric (computed on first use, then cached).
 
-    Positions increase along the ranked slots, so "within the first ``t`` positions" is a prefix sum read at the last
-    slot of position ``<= t``. With ``A_m(k)`` the items of level ``>= m`` ranked at or before slot ``k``
-    (:meth:`cum_ge`), the binary metrics at ``m`` read :meth:`count_at` (``A_m``) and :meth:`precision_sum_at`
-    (``Σ rank⁺/rank``) at one threshold: :data:`ALL`, ``("k", k)`` (top ``k``) or ``("r", m')`` (first ``R``
-    positions, ``R`` = items of level ``>= m'``); H-AP and NDCG read :meth:`level_sums` and
-    :meth:`level_discounts`. On the CPU with numba one compiled walk per row computes the values at every threshold
-    named at construction (:func:`~pml_suprank.metrics._compiled_rank_sums.rank_sums_compiled`, no ``(Q, P)``
-    array); elsewhere torch prefix sums are gathered. Both do the same float64 operations in the same order.
+    With ``A_m(k)`` the items of level ``>= m`` ranked at or before slot ``k`` (:meth:`cum_ge`), the binary metrics
+    read :meth:`count_at` (``A_m``) and :meth:`precision_sum_at` (``Σ rank⁺/rank``) at a threshold :data:`ALL`,
+    ``("k", k)`` (top ``k``) or ``("r", m')`` (first ``R`` = #items of level ``>= m'`` positions); H-AP and NDCG read
+    :meth:`level_sums` and :meth:`level_discounts`. On the CPU with numba one compiled walk per row
+    (:func:`~pml_suprank.metrics._compiled_rank_sums.rank_sums_compiled`) computes every threshold named at
+    construction; elsewhere torch prefix sums are gathered (same float64 operations, same order).
 
     Args:
-        ranks: the ranked relevant items of a chunk of queries.
+        ranks: the ranked relevant items of a chunk of queries (its fields become attributes).
         k_values: the cutoffs the top-k metrics will ask for (speed only).
-
-    Attributes:
-        levels, positions: ``(C, P)`` int64 levels / 1-based positions in ranked order, ``0`` on padding.
-        counts: ``(C, L + 1)`` int64 items per level in the gallery.
-        num_levels: ``L``.
     """
 
     def __init__(self, ranks: RetrievalRanks, k_values: Iterable[int] = ()) -> None:
@@ -262,10 +253,6 @@ class RankStats:
         return torch.searchsorted(self.position, _f64(t).reshape(-1, 1).expand(C, 1).contiguous(), right=True)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# the metrics (one implementation each; arguments already validated)
-
-
 def average_precision_(st: RankStats, m: int) -> Tensor:
     """AP ``= (1/|Ω⁺|) Σ_{k∈Ω⁺} rank⁺(k) / rank(k)``, positives at level ``>= m``."""
     n = st.n_pos(m)
@@ -284,26 +271,22 @@ def r_precision_(st: RankStats, m: int) -> Tensor:
     return _nan_where_empty(st.count_at(m, ("r", m)) / _f64(n).clamp_min(1), n)
 
 
-def _hits(st: RankStats, m: int, k: int) -> Tensor:
-    return st.count_at(m, ("k", k))
-
-
 def recall_at_k_(st: RankStats, m: int, k: int) -> Tensor:
     """R@k as used in image retrieval: 1 if a positive is among the top ``k`` (hit rate)."""
     n = st.n_pos(m)
-    return _nan_where_empty((_hits(st, m, k) > 0).double(), n)
+    return _nan_where_empty((st.count_at(m, ("k", k)) > 0).double(), n)
 
 
 def precision_at_k_(st: RankStats, m: int, k: int) -> Tensor:
     """P@k: positives in the top ``k`` divided by ``k``."""
     n = st.n_pos(m)
-    return _nan_where_empty(_hits(st, m, k) / k, n)
+    return _nan_where_empty(st.count_at(m, ("k", k)) / k, n)
 
 
 def true_recall_at_k_(st: RankStats, m: int, k: int) -> Tensor:
     """True recall@k: positives in the top ``k`` divided by ``min(|Ω⁺|, k)``."""
     n = st.n_pos(m)
-    return _nan_where_empty(_hits(st, m, k) / _f64(n).clamp(1, k), n)
+    return _nan_where_empty(st.count_at(m, ("k", k)) / _f64(n).clamp(1, k), n)
 
 
 def map_at_k_(st: RankStats, m: int, k: int) -> Tensor:
@@ -348,10 +331,8 @@ def ndcg_(st: RankStats) -> Tensor:
 def asi_(st: RankStats) -> Tensor:
     """Average Set Intersection (SupRank App. C-A1).
 
-    With ``N⁺`` relevant items, ``ASI = (1/N⁺) Σ_{n=1}^{N⁺} Σ_l min(c_l(n), c*_l(n)) / n`` where ``c_l(n)`` counts
-    the level-``l`` items in the top ``n`` of the ranking and ``c*_l(n)`` in the ideal ranking. ``c_{>=l}(n)`` is an
-    int16/int32 prefix sum over a ``(C, P)`` map position -> level; the finest level needs no ``min`` with the ideal
-    count (``c_L(n) <= min(n, |Ω^(L)|)`` always).
+    ``ASI = (1/N⁺) Σ_{n=1}^{N⁺} Σ_l min(c_l(n), c*_l(n)) / n`` with ``c_l(n)`` the level-``l`` items in the top
+    ``n`` of the ranking and ``c*_l(n)`` in the ideal one (int16/int32 prefix sums over position -> level).
     """
     L = st.num_levels
     lv, positions, counts = st.levels, st.positions, st.counts
@@ -406,10 +387,6 @@ def weighted_sum_ap_(st: RankStats, weights: Tensor) -> Tensor:
     return _nan_where_empty(num / torch.where(den > 0, den, torch.ones_like(den)), den)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# argument checks
-
-
 def _check_min_level(min_level: int | None, num_levels: int) -> int:
     if min_level is None:
         return num_levels
@@ -425,8 +402,7 @@ def _check_k(k: int) -> int:
 
 
 def _check_weights(weights: Tensor | list[float] | None, L: int, device: torch.device, name: str = "weights") -> Tensor:
-    """``(L,)`` float64 ΣwAP weights: uniform for ``None``, else checked by the shared level-weight checker (finite,
-    non-negative, not all zero, one per level)."""
+    """``(L,)`` float64 ΣwAP weights: uniform for ``None``, else checked by :func:`check_level_weights`."""
     if weights is None:
         return torch.full((L,), 1.0 / L, dtype=torch.float64, device=device)
     values = check_level_weights(name, weights, L)
@@ -452,18 +428,13 @@ def pop_relevance_table(st: RankStats, alpha: float) -> Tensor:
     return pop_relevance(st.counts, alpha=alpha, dtype=torch.float64)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# public views: validate, then call the one implementation
-
-
 def ap_from_ranks(ranks: RetrievalRanks, min_level: int | None = None) -> Tensor:
     """Average precision ``(Q,)`` (positives: level ``>= min_level``, default ``L``); NaN without positives."""
     return average_precision_(RankStats(ranks), _check_min_level(min_level, ranks.num_levels))
 
 
 def map_at_r_from_ranks(ranks: RetrievalRanks, min_level: int | None = None) -> Tensor:
-    """mAP@R ``(Q,)`` (Musgrave et al.): precision summed over positives within the first ``R = #positives``
-    positions, divided by ``R``."""
+    """mAP@R ``(Q,)`` (Musgrave et al.); see :func:`map_at_r_`."""
     return map_at_r_(RankStats(ranks), _check_min_level(min_level, ranks.num_levels))
 
 
@@ -501,8 +472,8 @@ def hap_from_ranks(ranks: RetrievalRanks, relevance: Tensor | None = None, alpha
 
     Args:
         ranks: from :func:`~pml_suprank.metrics.ranks.retrieval_ranks`.
-        relevance: ``(Q, L + 1)`` or ``(L + 1,)`` table ``rel(l)`` (column 0 ignored). Default: the pop relevance
-            of Eq. 20, ``(l / L)^α / |Ω^(l)|``, counted on the gallery actually searched.
+        relevance: ``(Q, L + 1)`` or ``(L + 1,)`` table ``rel(l)`` (column 0 ignored); default: the pop relevance
+            ``(l / L)^α / |Ω^(l)|`` of Eq. 20 on the gallery searched.
         alpha: ``α`` of Eq. 20 (used only for the default table).
     """
     st = RankStats(ranks)
@@ -513,8 +484,7 @@ def hap_from_ranks(ranks: RetrievalRanks, relevance: Tensor | None = None, alpha
 
 
 def ndcg_from_ranks(ranks: RetrievalRanks) -> Tensor:
-    """NDCG (SupRank Eq. 23) ``(Q,)`` with gains ``2^l − 1`` and the ideal DCG of the same gallery; NaN without
-    relevant items."""
+    """NDCG ``(Q,)``, NaN without relevant items; see :func:`ndcg_` (SupRank Eq. 23)."""
     return ndcg_(RankStats(ranks))
 
 
@@ -524,11 +494,9 @@ def asi_from_ranks(ranks: RetrievalRanks) -> Tensor:
 
 
 def weighted_sum_ap_from_ranks(ranks: RetrievalRanks, weights: Tensor | list[float] | None = None) -> Tensor:
-    """ΣwAP ``(Q,)`` = ``Σ_l w_l·AP^(l) / Σ_l w_l`` over the levels ``l`` that have positives for the query, where
-    ``AP^(l)`` takes the items at level ``>= l`` as positives (SupRank Sec. V-A1 and supplementary B-B3).
+    """ΣwAP ``(Q,)`` (SupRank Sec. V-A1, supp. B-B3; default uniform weights): see :func:`weighted_sum_ap_`.
 
-    With weights summing to 1 and every level populated this is the paper's ``Σ_l w_l·AP^(l)``; it equals H-AP
-    with the Property-1 relevance (:func:`pml_suprank.relevance.property1_relevance`). Default: uniform weights.
+    Equals H-AP with the Property-1 relevance (:func:`pml_suprank.relevance.property1_relevance`).
     """
     return weighted_sum_ap_(RankStats(ranks), _check_weights(weights, ranks.num_levels, ranks.levels.device))
 

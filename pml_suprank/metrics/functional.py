@@ -1,20 +1,13 @@
 """Exact per-query retrieval metrics from a ``(Q, N)`` score matrix and the engine's public names.
 
-Each score-matrix function here is generated from its ``*_from_ranks`` view: it computes
-:func:`~pml_suprank.metrics.ranks.retrieval_ranks` (positions of the relevant items in the pessimistic full ranking,
-without sorting whole rows) and then the one implementation of the metric in :mod:`pml_suprank.metrics.from_ranks`;
-the evaluator calls the same implementations through the metric registry (:mod:`pml_suprank.metrics.registry`).
+Each score-matrix function is ``*_from_ranks(retrieval_ranks(scores, levels, mask))``: the one implementation in
+:mod:`pml_suprank.metrics.from_ranks`, which the evaluator calls through :mod:`pml_suprank.metrics.registry`.
 
-Conventions:
-    * ``scores`` ``(Q, N)``: similarity of every gallery item to every query (higher = closer).
-    * ``levels`` ``(Q, N)``: level of every gallery item for every query, in ``{0, ..., L}``; ``L`` = same fine
-      class, ``0`` = negative (see :func:`pml_suprank.relevance.level_matrix`). A bool tensor is a binary
-      (one-level) relevance.
-    * ``mask`` ``(Q, N)`` bool, optional: ``False`` removes an item from the gallery of that query.
-    * **Ties are resolved pessimistically**: among items with exactly equal scores the less relevant ones are ranked
-      first, so no result depends on the input order and tied items of equal relevance never penalise each other.
-    * Binary metrics take ``min_level``: positives are the items at level ``>= min_level`` (default ``L``).
-    * Queries without any positive get ``NaN`` (they are excluded from means, never scored 0).
+Conventions (those of :mod:`pml_suprank.metrics.ranks`): ``scores`` ``(Q, N)`` (higher = closer); ``levels``
+``(Q, N)`` in ``{0..L}`` (``L`` = same fine class, :func:`pml_suprank.relevance.level_matrix`; bool = binary);
+``mask`` ``(Q, N)`` bool, ``False`` removes an item; **ties are pessimistic** (less relevant first among equal
+scores); binary metrics' positives are the items at level ``>= min_level`` (default ``L``); queries without a
+positive get ``NaN`` (excluded from means).
 
 References:
     Ramzi et al., "Optimization of Rank Losses for Image Retrieval" (SupRank, TPAMI 2025): H-AP Eqs. 18-20, NDCG
@@ -88,8 +81,7 @@ _BINARY = "\n\nPositives are the items at level ``>= min_level`` (default ``L``)
 
 def _on_scores(name: str, from_ranks: Callable[..., Tensor], doc: str, k: bool = False, **options: object):
     """Generate ``name(scores, levels[, k], mask=None, *, num_levels=None, **options) -> (Q,)`` =
-    ``from_ranks(retrieval_ranks(scores, levels, mask, num_levels=num_levels)[, k], **options)``; a binary metric
-    (``options`` has ``min_level``) gets the paragraph on positives appended to its docstring."""
+    ``from_ranks(retrieval_ranks(...)[, k], **options)``, with :data:`_BINARY` appended for binary metrics."""
     tensor = [_P(n, _P.POSITIONAL_OR_KEYWORD, annotation=Tensor) for n in ("scores", "levels")]
     cutoff = [_P("k", _P.POSITIONAL_OR_KEYWORD, annotation=int)] * k
     mask = [_P("mask", _P.POSITIONAL_OR_KEYWORD, default=None, annotation="Tensor | None")]

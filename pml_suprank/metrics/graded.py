@@ -1,20 +1,13 @@
 """Exact retrieval metrics for an arbitrary graded (real-valued) pairwise relevance matrix.
 
-The hierarchical metrics of :mod:`pml_suprank.metrics.functional` take integer *levels* and a per-level relevance
-table; multi-label data (:func:`pml_suprank.relevance.multilabel_relevance`) gives instead one relevance value per
-(query, item) pair. The number of distinct values per query is small (at most ``n_q · L + 1`` for Algorithm 1 of
-the thesis), so each query's distinct positive values are mapped to levels ``1..K`` in increasing order
-(:func:`graded_levels`) and the ranking engine (:func:`~pml_suprank.metrics.ranks.retrieval_ranks`, no full-row sort)
-positions the relevant items; the metrics are then exact sums over those positions.
+Multi-label data (:func:`pml_suprank.relevance.multilabel_relevance`) gives one relevance value per (query, item)
+pair, with few distinct values per query (at most ``n_q · L + 1`` for the thesis' Algorithm 1): they are mapped to
+levels ``1..K`` in increasing order (:func:`graded_levels`), ranked by
+:func:`~pml_suprank.metrics.ranks.retrieval_ranks`, and the metrics are exact sums over the positions.
 
-Conventions:
-    * ``scores`` ``(Q, N)``: similarity of every gallery item to every query (higher = closer).
-    * ``relevance`` ``(Q, N)``: non-negative finite relevance taken as given; ``0`` = not relevant. Two items are
-      equally relevant iff their values are exactly equal (no tolerance).
-    * ``mask`` ``(Q, N)`` bool, optional: ``False`` removes an item from that query's gallery.
-    * **Ties are resolved pessimistically**: among items with exactly equal scores the less relevant ones are ranked
-      first.
-    * Queries without any relevant item (``Σ_k rel(k) = 0``) get ``NaN``. Results are float64.
+Conventions: ``scores`` ``(Q, N)`` (higher = closer); ``relevance`` ``(Q, N)`` non-negative finite, ``0`` = not
+relevant, equal relevance = exactly equal values; ``mask`` ``(Q, N)`` bool, ``False`` removes an item. **Ties are
+pessimistic** (less relevant first among exactly equal scores). Queries with ``Σ_k rel(k) = 0`` get ``NaN``; float64.
 
 References:
     Ramzi et al., "Hierarchical Average Precision Training for Pertinent Image Retrieval" (HAPPIER, ECCV 2022):
@@ -63,10 +56,8 @@ def _check_inputs(scores: Tensor, relevance: Tensor, mask: Tensor | None, block_
 
 
 def graded_levels(relevance: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """Map each query's distinct positive relevance values to levels ``1..K`` (increasing value).
-
-    Only the relevant entries (``rel > 0``, kept by ``mask``) are sorted, ``O(N + P log P)`` per query for ``P``
-    relevant items; equal values (exact float equality) share a level.
+    """Map each query's distinct positive relevance values to levels ``1..K`` (increasing value; exactly equal values
+    share a level), sorting only the relevant entries: ``O(N + P log P)`` per query.
 
     Args:
         relevance: ``(Q, N)`` non-negative float relevance.
@@ -74,8 +65,8 @@ def graded_levels(relevance: Tensor, mask: Tensor | None = None) -> tuple[Tensor
 
     Returns:
         ``(levels, values)``: ``(Q, N)`` int64 levels (``0`` = not relevant or removed) and the ``(Q, K + 1)``
-        float64 table of the value of each level (``values[:, 0] = 0``; non-decreasing along each row, a query with
-        fewer than ``K`` distinct values repeats its largest one), ``K`` = most distinct values of any query.
+        float64 non-decreasing value of each level (``values[:, 0] = 0``; a query's largest value repeated past its
+        own count), ``K`` = most distinct values of any query.
     """
     rel = relevance.to(torch.float64)
     Q, N = rel.shape
@@ -113,10 +104,8 @@ def graded_ranks(scores: Tensor, rel: Tensor, mask: Tensor | None) -> tuple[Retr
 def hap_block(ranks: RetrievalRanks, values: Tensor) -> Tensor:
     """H-AP ``(C,)`` from the ranked levels and the non-decreasing value table ``(C, K + 1)``.
 
-    With values non-decreasing in the level, ``min(rel(j), rel(k)) = Σ_{l ≤ min(λ_j, λ_k)} Δ_l`` (``Δ_l = rel(l) −
-    rel(l − 1)``), so ``H-rank(k) = rel(k) + Σ_{j before k} min(rel(j), rel(k)) = Σ_{l ≤ λ_k} Δ_l · A_l(k)`` with
-    ``A_l(k)`` the items of level ``>= l`` ranked at or before ``k``: one cumulative sum per level, ``O(C·P·K)``
-    time and ``O(C·P)`` memory.
+    ``H-rank(k) = Σ_{l ≤ λ_k} Δ_l · A_l(k)`` (``Δ_l = rel(l) − rel(l − 1)``, ``A_l(k)`` the items of level ``>= l``
+    ranked at or before ``k``): one cumulative sum per level, ``O(C·P·K)`` time, ``O(C·P)`` memory.
     """
     lv = ranks.levels
     valid = lv > 0
@@ -162,11 +151,9 @@ def graded_average_precision(
     """H-AP per query ``(Q,)`` for a graded pairwise relevance matrix (HAPPIER Eqs. 2-3, SupRank Eqs. 18-19).
 
     ``H-AP(q) = Σ_{k: rel(k) > 0} H-rank(k) / rank(k) / Σ_k rel(k)`` with ``H-rank(k) = rel(k) + Σ_{j ranked before
-    k, rel(j) > 0} min(rel(j), rel(k))`` in the pessimistic order (less relevant first among equal scores). With
-    binary relevance this is AP; with one label per item and ``relevance = table[level]`` it is
-    :func:`~pml_suprank.metrics.functional.hierarchical_average_precision` (exactly when tied scores are ordered
-    the same way, e.g. a table increasing in the level). Exact; ``O(N + P log P + P·K)`` per query for ``P``
-    relevant items with ``K`` distinct relevance values.
+    k, rel(j) > 0} min(rel(j), rel(k))`` in the pessimistic order. Binary relevance gives AP; ``relevance =
+    table[level]`` (table increasing in the level) gives
+    :func:`~pml_suprank.metrics.functional.hierarchical_average_precision`. ``O(N + P log P + P·K)`` per query.
 
     Args:
         scores: ``(Q, N)`` floating similarities (NaN not allowed).
@@ -196,10 +183,9 @@ def graded_ndcg(
 ) -> Tensor:
     """NDCG per query ``(Q,)`` for a graded pairwise relevance matrix (SupRank Eq. 23).
 
-    ``NDCG(q) = Σ_k g(rel(k)) / log2(1 + rank(k)) / iDCG(q)`` in the pessimistic order, with the ideal DCG of the
-    same gallery (the items sorted by decreasing relevance). ``gain="exponential"`` is ``g(r) = 2^r − 1`` (Eq. 23;
-    feeding integer levels as ``relevance`` gives :func:`~pml_suprank.metrics.functional.ndcg`), ``"linear"`` is
-    ``g(r) = r``.
+    ``NDCG(q) = Σ_k g(rel(k)) / log2(1 + rank(k)) / iDCG(q)`` in the pessimistic order, iDCG of the same gallery;
+    ``g(r) = 2^r − 1`` (``"exponential"``, Eq. 23; integer levels give :func:`~pml_suprank.metrics.functional.ndcg`)
+    or ``g(r) = r`` (``"linear"``).
 
     Args:
         scores: ``(Q, N)`` floating similarities.
@@ -230,18 +216,15 @@ def mean_label_average_precision(
 ) -> Tensor:
     """Per-label AP of multi-label retrieval, averaged over each query's labels ``(Q,)``.
 
-    Each label ``y`` of the query is a binary problem whose positives are the items carrying ``y``; its AP is taken
-    in the pessimistic order and the query's value is the mean over its labels that have a positive (the per-label
-    adaptation of ROADMAP described in Ramzi, PhD thesis, Sec. 6.2.1). Labels are sets (``-1`` = padding, a repeated
-    label counts once); the hierarchy plays no role.
+    Each query label ``y`` is a binary problem (positives: items carrying ``y``, pessimistic ties); the value is the
+    mean over the labels with a positive (Ramzi, PhD thesis, Sec. 6.2.1). Labels are sets (``-1`` = padding).
 
     Args:
         scores: ``(Q, R)`` floating similarities.
         query_labels: ``(Q, M_q)`` (or ``(Q,)``) integer labels per query, ``-1`` padding.
         ref_labels: ``(R, M_r)`` (or ``(R,)``) integer labels per gallery item, ``-1`` padding.
         mask: optional ``(Q, R)`` bool; ``False`` removes the item from that query's gallery.
-        block_elements: memory bound: queries are processed in blocks whose ``(C, R, M_r)`` comparison holds about
-            this many elements.
+        block_elements: memory bound: about this many elements per block's ``(C, R, M_r)`` comparison.
 
     Returns:
         ``(Q,)`` float64; ``NaN`` for queries none of whose labels has a positive.

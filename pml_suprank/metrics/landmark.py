@@ -1,9 +1,7 @@
 """Landmark retrieval evaluation: mAP@k of GLDv2 and the revisited Oxford / Paris protocol (Easy / Medium / Hard).
 
-Both score a ``(Q, N)`` similarity matrix (query × database, higher = closer) against per-query ground truth and
-use the package's ranking engine (:func:`pml_suprank.metrics.ranks.retrieval_ranks`): **ties are resolved
-pessimistically** (among equal scores the non-positives are ranked first), and *ignored* items (junk) are removed
-from the query's ranking, so they neither count as errors nor occupy a position.
+Both rank a ``(Q, N)`` similarity matrix with :func:`pml_suprank.metrics.ranks.retrieval_ranks` (**pessimistic
+ties**: non-positives first among equal scores); *ignored* (junk) items are removed from the query's ranking.
 
 * :func:`landmark_map_at_k` — mAP@k of the Google Landmarks v2 retrieval challenge (Weyand et al., CVPR 2020,
   Eq. 2), reported with ``k = 100`` for H-GLDv2 (SupRank TPAMI Sec. VII-C3, Table VII):
@@ -65,10 +63,7 @@ def _check_bool_matrix(value: Any, name: str, shape: tuple[int, ...]) -> Tensor:
 
 
 def landmark_map_at_k(scores: Tensor, positives: Tensor, junk: Tensor | None = None, k: int = 100) -> Tensor:
-    """GLDv2 mAP@k per query: precision summed over the positives in the top ``k``, divided by ``min(m_q, k)``.
-
-    ``mAP@k(q) = (1 / min(m_q, k)) Σ_{j=1}^{k} P_q(j) rel_q(j)`` (Weyand et al., CVPR 2020, Eq. 2), in the pessimistic
-    order of the database without the query's junk items.
+    """GLDv2 mAP@k per query (Weyand et al., CVPR 2020, Eq. 2; see the module), junk items removed.
 
     Args:
         scores: ``(Q, N)`` floating similarities of the database items to each query.
@@ -135,10 +130,8 @@ def revisited_ground_truth(gnd: Sequence[Mapping[str, Any]], num_items: int) -> 
 
 
 def revisited_setup_masks(membership: Mapping[str, Tensor], setup: str) -> tuple[Tensor, Tensor]:
-    """``(positives, ignored)`` ``(Q, N)`` bool matrices of an Easy / Medium / Hard setup (see the module table).
-
-    An item listed both as a positive and as ignored counts as a positive.
-    """
+    """``(positives, ignored)`` ``(Q, N)`` bool matrices of an Easy / Medium / Hard setup (see the module table); an
+    item both positive and ignored is a positive."""
     if setup not in REVISITED_SETUPS:
         raise ValueError(f"setup must be one of {list(REVISITED_SETUPS)}; got {setup!r}")
     positive_keys, ignored_keys = REVISITED_SETUPS[setup]
@@ -182,9 +175,8 @@ def revisited_map(
             tensors, NaN for queries without a positive in the setup).
 
     Returns:
-        ``{"easy_map", "medium_map", "hard_map"}`` and ``"<setup>_mp@<κ>"`` floats in ``[0, 1]`` like every metric of
-        the package (the protocol's papers print them × 100; NaN when no query has a positive in the setup), plus
-        the per-query tensors when ``per_query``.
+        ``{"easy_map", "medium_map", "hard_map"}`` and ``"<setup>_mp@<κ>"`` floats in ``[0, 1]`` (papers print × 100;
+        NaN when no query has a positive in the setup), plus the per-query tensors when ``per_query``.
 
     Raises:
         TypeError: ``scores`` is not a floating tensor, ``gnd`` not a sequence.

@@ -1,11 +1,9 @@
 """Exact multi-label retrieval evaluation: ``RetrievalEvaluator.evaluate(..., multilabel=True)``.
 
-Labels are ``(N, M)`` sets of fine labels padded with ``-1`` (every item has at least one label) and the hierarchy
-is the ``(num_fine, L)`` table of the hierarchical losses (``None`` = flat labels, ``L = 1``). For each chunk of
-queries the ``(C, N)`` score block is one matmul and every relevance is computed for that chunk only (memory
-``O(chunk · N)``, never a ``(Q, N)`` matrix); the query is removed from its own gallery by index and ties are
-resolved pessimistically (less relevant first), as in the single-label evaluator. Each metric group is computed as
-its registry entry says (:attr:`~pml_suprank.metrics.registry.MetricSpec.multilabel`):
+Labels are ``(N, M)`` fine-label sets padded with ``-1`` (at least one label each), the hierarchy the
+``(num_fine, L)`` table (``None``: flat, ``L = 1``). Relevances are computed per ``(C, N)`` chunk (memory
+``O(chunk · N)``); the query is removed by index and ties are pessimistic. Each group is computed as its registry
+entry says (:attr:`~pml_suprank.metrics.registry.MetricSpec.multilabel`):
 
 * ``"graded"`` (``h_ap``, ``ndcg``): the relevance of Algorithm 1 of E. Ramzi's PhD thesis
   (:func:`pml_suprank.relevance.multilabel_relevance`, ``rel = Σ_i l*_i / (n_q · L)`` in ``[0, 1]``) taken as
@@ -17,16 +15,16 @@ its registry entry says (:attr:`~pml_suprank.metrics.registry.MetricSpec.multila
 * ``"labels"`` (``mean_label_ap``): the AP of each query label as a binary problem, averaged over the query's labels
   (:func:`~pml_suprank.metrics.graded.mean_label_average_precision`).
 
-**One label per item.** ``λ`` is then the single-label level, so the ``"levels"`` metrics equal the single-label
-evaluator's. The graded relevance is ``l / L`` (level ``l``), *not* the evaluator's default pop relevance
-``(l / L)^α / |Ω^(l)|`` (SupRank Eq. 20): ``h_ap`` equals
-``functional.hierarchical_average_precision(scores, levels, relevance=l / L)``, and equals the single-label ``h_ap``
-when ``L = 1`` (H-AP does not change when every relevance of a query is scaled by the same factor). ``ndcg`` uses
-gains ``2^(l / L) − 1`` where the single-label ``ndcg`` uses ``2^l − 1``: equal when ``L = 1``.
+**One label per item.** The ``"levels"`` metrics equal the single-label evaluator's; the graded relevance is
+``l / L``, *not* the pop relevance of SupRank Eq. 20, so ``h_ap`` equals
+``functional.hierarchical_average_precision(scores, levels, relevance=l / L)`` and ``ndcg`` uses gains
+``2^(l / L) − 1``; both equal the single-label values when ``L = 1``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -73,9 +71,8 @@ def multilabel_groups(groups: tuple[str, ...] | None) -> tuple[str, ...]:
 
 
 def best_agreement_levels(query_labels: Tensor, ref_labels: Tensor, hierarchy: Hierarchy | None) -> Tensor:
-    """``(Q, R)`` int64 best agreement level ``λ = L − min_{i,j} LCA(y_q^i, y_k^j)`` (``L`` = a shared fine label,
-    ``0`` = no shared ancestor), from :func:`~pml_suprank.relevance.multilabel_relevance` of each query label alone
-    (``l*_i / L``); memory-bounded like that function."""
+    """``(Q, R)`` int64 best agreement level ``λ = L − min_{i,j} LCA(y_q^i, y_k^j)`` (``L``: a shared fine label,
+    ``0``: no shared ancestor), from :func:`~pml_suprank.relevance.multilabel_relevance` of each query label."""
     L = 1 if hierarchy is None else hierarchy.num_levels
     q = query_labels
     fill = q.max(1, keepdim=True).values  # a real label of the row: padding slots repeat it (a set ignores repeats)
@@ -124,8 +121,14 @@ def _chunk_metrics(
             out["ndcg"] = ndcg_block(g_ranks, values, "exponential")
     if "mean_label_ap" in groups:
         out["mean_label_ap"] = mean_label_average_precision(scores, ql, rl, mask)
-    out["_n_pos_fine"] = counts[:, L].double()
-    out["_n_rel"] = counts[:, 1:].sum(1).double()
+    return out | query_counts(counts)
+
+
+def query_counts(counts: Tensor) -> dict[str, Tensor]:
+    """The ``_``-prefixed ``(C,)`` float64 counts that ``RetrievalEvaluator._summarise`` reduces, from the
+    ``(C, L + 1)`` items per level."""
+    L = counts.shape[1] - 1
+    out = {"_n_pos_fine": counts[:, L].double(), "_n_rel": counts[:, 1:].sum(1).double()}
     for h in range(L):
         out[f"_n_pos_level{h}"] = counts[:, L - h :].sum(1).double()
     return out
@@ -142,25 +145,13 @@ def evaluate_multilabel(
     """Per-query metrics ``{key: (Q,) float64}`` (plus ``_``-prefixed counts), ``Q`` and ``L`` of a multi-label
     evaluation with the settings of ``evaluator`` (a :class:`~pml_suprank.metrics.RetrievalEvaluator`)."""
     hierarchy = evaluator.hierarchy
-    query = check_embeddings("query", query)
-    Q = query.shape[0]
-    ql = check_multilabel_labels("query_labels", query_labels, Q, "query", hierarchy)
-    if reference is None:
-        if reference_labels is not None:
-            raise ValueError("reference_labels given without reference")
-        reference, rl, ref_includes_query = query, ql, True
-    else:
-        reference = check_embeddings("reference", reference)
-        if reference_labels is None:
-            raise ValueError("reference_labels must be given with reference")
-        rl = check_multilabel_labels("reference_labels", reference_labels, reference.shape[0], "reference", hierarchy)
-    if reference.shape[1] != query.shape[1]:
-        raise ValueError(
-            f"query and reference must have the same embedding size; got {query.shape[1]} and {reference.shape[1]}"
-        )
-    N = reference.shape[0]
+    check = partial(check_multilabel_labels, hierarchy=hierarchy)
+    query, ql, reference, rl, ref_includes_query = check_inputs(
+        query, query_labels, reference, reference_labels, ref_includes_query, check
+    )
+    Q, N = query.shape[0], reference.shape[0]
     if ref_includes_query:
-        _check_queries_first(query, ql, reference, rl)
+        check_queries_first(query, ql, reference, rl, label_sets=True)
     groups = multilabel_groups(evaluator._multilabel_metrics)
     device = evaluator.device if evaluator.device is not None else query.device
     dtype = query.dtype if query.dtype in (torch.float32, torch.float64) else torch.float32
@@ -183,7 +174,29 @@ def evaluate_multilabel(
     return {k: torch.cat(v) for k, v in per_query.items()}, Q, L
 
 
-def _check_queries_first(query: Tensor, ql: Tensor, reference: Tensor, rl: Tensor) -> None:
+def check_inputs(query: Any, query_labels: Any, reference: Any, reference_labels: Any, riq: bool, check: Callable):
+    """Checked ``(query, query_labels, reference, reference_labels, ref_includes_query)`` (``reference`` None: the
+    queries themselves), labels checked by ``check(name, labels, n, n_name=...)``."""
+    query = check_embeddings("query", query)
+    query_labels = check("query_labels", query_labels, query.shape[0], n_name="query")
+    if reference is None:
+        if reference_labels is not None:
+            raise ValueError("reference_labels given without reference")
+        return query, query_labels, query, query_labels, True
+    reference = check_embeddings("reference", reference)
+    if reference_labels is None:
+        raise ValueError("reference_labels must be given with reference")
+    reference_labels = check("reference_labels", reference_labels, reference.shape[0], n_name="reference")
+    if reference.shape[1] != query.shape[1]:
+        raise ValueError(
+            f"query and reference must have the same embedding size; got {query.shape[1]} and {reference.shape[1]}"
+        )
+    return query, query_labels, reference, reference_labels, riq
+
+
+def check_queries_first(query: Tensor, ql: Tensor, reference: Tensor, rl: Tensor, label_sets: bool) -> None:
+    """``ref_includes_query=True``: the first ``Q`` rows of ``reference``/``rl`` must equal ``query``/``ql`` (labels
+    compared as sets with ``label_sets``); ``ValueError`` otherwise."""
     Q = query.shape[0]
     if reference.shape[0] < Q:
         raise ValueError(
@@ -192,10 +205,10 @@ def _check_queries_first(query: Tensor, ql: Tensor, reference: Tensor, rl: Tenso
         )
     if reference is query:
         return
-    width = max(ql.shape[1], rl.shape[1])
-    sets = [torch.nn.functional.pad(x, (0, width - x.shape[1]), value=-1).sort(1).values for x in (ql, rl[:Q])]
-    same_labels = torch.equal(sets[0], sets[1].to(sets[0].device))
-    if not (same_labels and torch.allclose(query, reference[:Q].to(query.device))):
+    if label_sets:
+        width = max(ql.shape[1], rl.shape[1])
+        ql, rl = (torch.nn.functional.pad(x, (0, width - x.shape[1]), value=-1).sort(1).values for x in (ql, rl[:Q]))
+    if not (torch.equal(ql, rl[:Q].to(ql.device)) and torch.allclose(query, reference[:Q].to(query.device))):
         raise ValueError(
             "ref_includes_query=True: the first len(query) rows of reference (and reference_labels) must equal "
             "query (and query_labels)"

@@ -2,14 +2,12 @@
 
 Conventions: ``scores`` ``(Q, N)`` (higher = closer); ``levels`` ``(Q, N)`` in ``{0..L}`` (``L`` = same fine class,
 ``0`` = negative; bool = binary relevance); ``mask`` ``(Q, N)`` bool, ``False`` removes an item from that query's
-gallery (e.g. the query itself). **Ties are pessimistic**: among exactly equal scores the less relevant items rank
-first, so no result depends on the input order and tied items of equal relevance never penalise each other.
-``±inf`` scores rank first/last (equal infinities tie like any other tie); NaN raises ``ValueError``.
+gallery. **Ties are pessimistic**: among exactly equal scores the less relevant items rank first (no result depends
+on the input order). ``±inf`` scores rank first/last; NaN raises ``ValueError``.
 
-Algorithm: only the ``P`` relevant items of a query are sorted (one int64 key per item: the order-preserving
-integer image of the score, the level in the low bits); negatives are only *counted* above each relevant item
-(:func:`rank_relevant_items`, ``counting=`` one of :data:`COUNTING_METHODS`, all exact, speed only). Every metric is
-then computed from the ``(Q, P)`` positions (:mod:`pml_suprank.metrics.from_ranks`).
+Only the ``P`` relevant items of a query are sorted (int64 keys: order-preserving image of the score, level in the
+low bits); negatives are only *counted* (:func:`rank_relevant_items`). Metrics then read the ``(Q, P)`` positions
+(:mod:`pml_suprank.metrics.from_ranks`).
 """
 
 from __future__ import annotations
@@ -45,10 +43,6 @@ class RetrievalRanks(NamedTuple):
     num_levels: int
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# input checks
-
-
 def check_scores(scores: Tensor) -> Tensor:
     if not isinstance(scores, Tensor):
         raise TypeError(f"scores must be a torch.Tensor of shape (Q, N); got {type(scores).__name__}")
@@ -64,17 +58,9 @@ def check_scores(scores: Tensor) -> Tensor:
 
 
 def _finite_order_preserving(scores: Tensor) -> Tensor:
-    """``scores`` with ``±inf`` replaced by finite values of the same order (a no-op copy-free return without inf).
-
-    ``+inf``/``−inf`` become ``±finfo.max`` (every finite score is at most that, and equal infinities stay tied, so
-    the pessimistic order is unchanged: ``−inf`` ranks last, ``+inf`` first, ties broken by level as usual). If a
-    finite score already equals ``±finfo.max``, float16/bfloat16/float32 scores are widened exactly to float64 and
-    the infinities become ``±2·finfo.max``; float64 scores then cannot be mapped and are refused. The ranking
-    kernels use ``−inf`` internally to mark removed items, which is why real infinities are mapped first.
-
-    Raises:
-        ValueError: float64 ``scores`` holding both an infinity and a finite ``±finfo(float64).max``.
-    """
+    """``scores`` with ``±inf`` mapped to ``±finfo.max`` (same order, equal infinities stay tied); the kernels use
+    ``−inf`` to mark removed items. If a finite score already equals ``±finfo.max``, non-float64 scores are widened to
+    float64 and the infinities become ``±2·finfo.max``; float64 scores then raise ``ValueError``."""
     inf = torch.isinf(scores)
     if not bool(inf.any()):
         return scores
@@ -122,25 +108,19 @@ def check_mask(mask: Tensor | None, scores: Tensor) -> Tensor | None:
     return mask
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# ranks
-
-
 _KEY_PAD = (2**63 - 1) & ~63  # larger than every key; its level bits are 0
 _SORT_BAND_MIN = 2**18  # entries per sorting thread below which one thread is faster
 
 
 def _descending_key(scores: Tensor) -> Tensor:
-    """int64 ``-m(s)`` for float32 ``scores``, with ``m`` the order-preserving int32 image of the float: keys increase
-    as scores decrease, and equal scores (``-0.0 == 0.0``) get equal keys."""
+    """int64 ``-m(s)`` for float32 ``scores`` (``m``: order-preserving int32 image; ``-0.0`` and ``0.0`` equal)."""
     bits = (scores + 0.0).view(torch.int32)  # + 0.0 turns -0.0 into +0.0
     return (bits ^ ((bits >> 31) & 0x7FFFFFFF)).long().neg_()
 
 
 def _pessimistic_keys(scores: Tensor, levels: Tensor, max_level: int | None = None) -> Tensor | None:
-    """int64 sort keys ``(C, P)``: score descending, then level ascending, padding (level 0) last with key bits
-    ``level = key & 63`` (0 for padding); None when the one-key encoding does not apply (float64, levels >= 64).
-    ``max_level``: a known upper bound of ``levels`` (saves reading the maximum back to the host)."""
+    """int64 sort keys ``(C, P)`` (score descending, then level ascending, padding last; ``level = key & 63``), or
+    None for non-float32 scores or levels >= 64 (``max_level``: a known bound, saves a host read-back)."""
     if scores.dtype != torch.float32:
         return None
     if max_level is None:
@@ -158,9 +138,8 @@ def _decode_key(keys: Tensor) -> Tensor:
 
 
 def _sort_rows(keys: Tensor) -> Tensor:
-    """Sort each row of an int64 tensor (values only). On the CPU, numpy's in-place sort (SIMD-accelerated where the
-    CPU allows) is several times faster than ``torch.sort``, which also builds the permutation; numpy releases the
-    GIL while sorting, so large blocks are split into row bands sorted by ``torch.get_num_threads()`` threads."""
+    """Sort each row of an int64 tensor (values only); on the CPU by numpy's in-place sort (faster than
+    ``torch.sort``), large blocks split into row bands sorted by ``torch.get_num_threads()`` threads."""
     if keys.device.type == "cpu" and keys.is_contiguous():
         arr = keys.numpy()  # shares memory with keys
         parts = max(min(torch.get_num_threads(), arr.shape[0], arr.size // _SORT_BAND_MIN), 1)
@@ -184,7 +163,7 @@ def _pessimistic_order(scores: Tensor, levels: Tensor, valid: Tensor) -> Tensor:
 
 
 def _workspace(ws: dict | None, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
-    """A reusable buffer (avoids re-allocating and page-faulting ``(C, N)`` tensors for every chunk)."""
+    """A reusable buffer (no re-allocation of ``(C, N)`` tensors per chunk)."""
     n = 1
     for d in shape:
         n *= d
@@ -218,12 +197,10 @@ def rank_relevant_items(
         rel_levels: ``(C, P)`` int64 levels ``>= 1`` of the relevant items; ``0`` marks a padding slot.
         num_bins: histogram resolution (default ``min(N, 64 P)``); affects speed only, never the result.
         workspace: optional dict in which ``(C, N)`` buffers are kept between calls.
-        counting: how negatives are counted (speed only, never the result): ``"search"`` binary-searches the
-            negatives scoring at least the row's lowest relevant score (``O(N + M log P)``); ``"histogram"`` bins
-            whole rows and compares exactly within a relevant item's bin (``O(N)``); ``"compiled"``: the histogram
-            in one numba pass per row (CPU); ``"dense"`` binary-searches every entry with fixed shapes and no host
-            synchronisation (accelerators); ``"auto"``: ``"dense"`` off the CPU, ``"compiled"`` with numba, else
-            ``"search"`` when a strided sample puts fewer than 5 % of the negatives in range, else ``"histogram"``.
+        counting: how negatives are counted (speed only): ``"search"`` binary-searches the negatives above the
+            row's lowest relevant score (``O(N + M log P)``); ``"histogram"`` bins rows (``O(N)``); ``"compiled"``
+            the histogram in numba (CPU); ``"dense"`` searches every entry, no host sync (accelerators); ``"auto"``:
+            ``"dense"`` off the CPU, ``"compiled"`` with numba, else ``"search"`` below 5 % of negatives in range.
         max_level: a known upper bound of ``rel_levels`` (the evaluator's ``L``); saves one read-back to the host.
 
     Returns:
@@ -276,13 +253,9 @@ def _count_block(neg_scores, counting, keys, order, rel_scores, vs, n_rel, lo, n
 def _sort_relevant(
     rel_scores: Tensor, rel_levels: Tensor, same_dtype: bool, max_level: int | None = None
 ) -> tuple[Tensor | None, Tensor | None, Tensor]:
-    """Pessimistic order of the relevant items of each row.
-
-    Returns:
-        ``(keys, order, levels)``: the sorted int64 keys of :func:`_pessimistic_keys` (None when the one-key encoding
-        does not apply, or the dtypes of the negatives and relevant scores differ), else the ``(C, P)`` argsort
-        ``order``; and the ``(C, P)`` levels in ranked order, ``0`` on padding (always last).
-    """
+    """Pessimistic order of each row's relevant items: ``(keys, order, levels)``, the sorted int64 keys of
+    :func:`_pessimistic_keys` or None (encoding inapplicable or mixed dtypes) with then the ``(C, P)`` argsort
+    ``order``, and the ``(C, P)`` levels in ranked order, ``0`` on padding (last)."""
     keys = _pessimistic_keys(rel_scores, rel_levels, max_level) if same_dtype else None
     if keys is not None:  # one int64 key per item carries the score and the level: no permutation needed
         keys = _sort_rows(keys)
@@ -295,13 +268,9 @@ def _sort_relevant(
 def _search_sequence(
     keys: Tensor | None, order: Tensor | None, rel_scores: Tensor, vs: Tensor, neg_dtype: torch.dtype
 ) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
-    """Ascending ``(C, P)`` image ``seq`` of the ranked relevant items (padding last) and the map ``to_seq`` of
-    negative scores such that ``#{k : seq_k < to_seq(s)} = #{k : r_k > s}`` (padding never counts).
-
-    With the int64 keys, the sorted keys themselves (``key(s) = -m(s)·64``, level bits 0, lands after exactly the
-    keys of higher scores); otherwise ``-r`` in the promoted dtype (comparisons exact across dtypes), padding
-    ``+inf``.
-    """
+    """Ascending ``(C, P)`` image ``seq`` of the ranked relevant items (padding last) and the map ``to_seq`` with
+    ``#{k : seq_k < to_seq(s)} = #{k : r_k > s}``: the sorted int64 keys and ``-m(s)·64``, else ``-r`` in the
+    promoted dtype (padding ``+inf``)."""
     if keys is not None:
         return keys, lambda v: _descending_key(v).mul_(64)
     dt = torch.promote_types(neg_dtype, rel_scores.dtype)
@@ -312,15 +281,11 @@ def _search_sequence(
 def _count_negatives_dense(
     neg_scores: Tensor, seq: Tensor, to_seq: Callable[[Tensor], Tensor], workspace: dict | None
 ) -> Tensor:
-    """``neg_ge[c, k] = #{j : neg_scores[c, j] >= r_k}`` by binary-searching every entry of the block, no pruning.
+    """Fresh ``(C, P)`` int64 ``neg_ge[c, k] = #{j : neg_scores[c, j] >= r_k}`` by binary-searching every entry.
 
-    Fixed shapes and no data-dependent size, hence no host synchronisation: the accelerator path. ``O(C·N log P)``
-    work; each entry's slot ``#{k : r_k > s}`` is scattered into a ``(C, P + 1)`` histogram and prefix-summed (the
-    ``-inf`` of removed and relevant items, like every negative below the row's relevant items, lands at the row's
-    number of relevant items and so only reaches padding slots).
-
-    Returns:
-        ``(C, P)`` int64 (a fresh tensor, safe to modify in place).
+    Fixed shapes, no host synchronisation (the accelerator path), ``O(C·N log P)``: each entry's slot
+    ``#{k : r_k > s}`` is scattered into a ``(C, P + 1)`` histogram and prefix-summed (``-inf`` entries land past the
+    relevant items, on padding slots only).
     """
     C, N = neg_scores.shape
     P = seq.shape[1]
@@ -333,9 +298,8 @@ def _count_negatives_dense(
 
 
 def _auto_counting(neg_scores: Tensor, rel_scores: Tensor, lo: Tensor) -> str:
-    """``counting="auto"``: ``"dense"`` off the CPU (no host synchronisation), ``"compiled"`` on the CPU when numba
-    is installed (every float32/float64 case), else ``"search"`` or ``"histogram"`` by the in-range share of a
-    strided sample of the negatives (break-even measured between 1 % and 11 % on a 2-core CPU)."""
+    """``counting="auto"`` as documented in :func:`rank_relevant_items` (the 5 % break-even was measured on a
+    2-core CPU)."""
     if neg_scores.device.type != "cpu":
         return "dense"
     if _compiled_dtypes(neg_scores, rel_scores) and _compiled_available():
@@ -371,22 +335,11 @@ def _check_compiled(neg_scores: Tensor, rel_scores: Tensor) -> None:
 def _count_negatives_histogram(
     neg_scores: Tensor, rs: Tensor, vs: Tensor, num_bins: int | None, workspace: dict | None
 ) -> Tensor:
-    """``neg_ge[c, k] = #{j : neg_scores[c, j] >= r_k}`` from a uniform histogram of each row.
+    """``(C, P)`` int64 ``neg_ge[c, k] = #{j : neg_scores[c, j] >= r_k}`` (arbitrary on padding) by histogram.
 
-    Uniform bins over each row's relevant range: bin() is monotone because it is a chain of correctly rounded
-    elementwise ops (sub, mul, clamp, trunc) applied identically to every score, so an item in a higher bin than a
-    relevant item scores strictly higher, and only the items sharing a bin need an exact comparison. ``O(C·N)`` plus
-    the candidates sharing a bin with a relevant item.
-
-    Args:
-        neg_scores: ``(C, N)`` scores of the negatives, ``-inf`` elsewhere.
-        rs: ``(C, P)`` relevant scores in ranked (descending) order, ``-inf`` on padding.
-        vs: ``(C, P)`` bool, ``False`` on padding.
-        num_bins: histogram resolution (default ``min(N, 64 P)``).
-        workspace: optional dict of reusable ``(C, N)`` buffers.
-
-    Returns:
-        ``(C, P)`` int64 counts (arbitrary on padding).
+    ``rs`` ``(C, P)``: relevant scores in ranked (descending) order, ``-inf`` on padding (``vs`` False). Uniform bins
+    over each row's relevant range; bin() is a chain of correctly rounded elementwise ops, hence monotone, so only
+    negatives sharing a bin with a relevant item need an exact comparison. ``O(C·N)`` plus those candidates.
     """
     C, N = neg_scores.shape
     P = rs.shape[1]
@@ -480,16 +433,11 @@ def _in_range_fraction(neg_scores: Tensor, lo: Tensor, samples: int = 256) -> fl
 def _count_negatives_search(
     neg_scores: Tensor, lo: Tensor, seq: Tensor, pad: float | int, to_seq, workspace: dict | None
 ) -> Tensor:
-    """``neg_ge[c, k] = #{j : neg_scores[c, j] >= r_k}`` for the relevant items ``r_k`` of row ``c``, ranked order.
+    """Fresh ``(C, P)`` int64 ``neg_ge[c, k] = #{j : neg_scores[c, j] >= r_k}`` (relevant items in ranked order).
 
-    One comparison pass keeps the ``M`` negatives scoring at least ``lo`` (the lowest relevant score of the row; the
-    others are below every relevant item). Each one is binary-searched in ``seq`` ``(C, P)``, an ascending image of
-    the ranked relevant items (``to_seq(s)`` lands after exactly the ``k`` with ``r_k > s``; padding sorts last): it
-    ranks before (pessimistic ties: at or above) the slots ``k >= #{r_k > s}``, a range whose start is scattered
-    into a difference array and prefix-summed. ``O(C·N + M log P)``; exact (no arithmetic on the scores).
-
-    Returns:
-        ``(C, P)`` int64 (a fresh tensor, safe to modify in place).
+    Only the ``M`` negatives scoring at least ``lo`` (the row's lowest relevant score) are kept; each is
+    binary-searched in ``seq`` (see :func:`_search_sequence`) and the start of its slot range ``k >= #{r_k > s}`` is
+    scattered into a difference array and prefix-summed. ``O(C·N + M log P)``; exact.
     """
     C, N = neg_scores.shape
     P = seq.shape[1]
@@ -544,7 +492,7 @@ def retrieval_ranks(
         mask: optional ``(Q, N)`` bool; ``False`` removes the item from that query's gallery.
         num_levels: ``L``; default ``max(levels)`` (pass it when some level may be absent from the data).
         num_bins: histogram resolution of the counting kernel (speed only).
-        counting: ``"auto"``, ``"search"`` or ``"histogram"`` (speed only; see :func:`rank_relevant_items`).
+        counting: one of :data:`COUNTING_METHODS` (speed only; see :func:`rank_relevant_items`).
 
     Returns:
         :class:`RetrievalRanks` from which every metric of this module is computed.

@@ -1,13 +1,9 @@
 """The metric registry: everything the package knows about one retrieval metric, in one :class:`MetricSpec`.
 
-From :data:`METRICS` derive the evaluator's metric groups (:data:`METRIC_GROUPS`), the metrics the faiss k-NN
-backend can compute (:data:`TOP_K_GROUPS`), the ``calculate_*`` methods of
-:class:`~pml_suprank.metrics.HierarchicalAccuracyCalculator`, the display labels of model cards and the printed
-tables (:mod:`pml_suprank.metrics.report`), and :func:`metrics_from_ranks`, the engine of the evaluator.
-
-Adding a metric = one function ``f(stats, args) -> (Q,) float64`` in :mod:`pml_suprank.metrics.from_ranks` (or
-anywhere) and one :class:`MetricSpec` entry in :data:`METRICS` (``METRICS.register(spec.name, spec)``; the group
-tuples below list the built-in metrics).
+:data:`METRICS` drives the evaluator's groups (:data:`METRIC_GROUPS`, :data:`TOP_K_GROUPS` for faiss), the
+``calculate_*`` methods of :class:`~pml_suprank.metrics.HierarchicalAccuracyCalculator`, the display labels
+(:mod:`pml_suprank.metrics.report`) and :func:`metrics_from_ranks`. Adding a metric = one function
+``f(stats, args) -> (Q,) float64`` and ``METRICS.register(spec.name, spec)``.
 """
 
 from __future__ import annotations
@@ -41,8 +37,7 @@ class MetricArgs(NamedTuple):
     """What a metric function receives besides the shared :class:`~pml_suprank.metrics.from_ranks.RankStats`.
 
     Attributes:
-        min_level: positives of the binary metrics are the items at level ``>= min_level`` (``L`` for the fine
-            metrics, ``L - h`` for hierarchy level ``h``).
+        min_level: binary positives are the items at level ``>= min_level`` (``L`` fine, ``L - h`` at level ``h``).
         k: the cutoff of a top-k metric (None otherwise).
         alpha: ``α`` of the H-AP pop relevance (SupRank Eq. 20).
         level_weights: ΣwAP weights ``w_1..w_L`` (None = uniform).
@@ -61,8 +56,7 @@ class MetricSpec:
     Attributes:
         name: the group name of ``RetrievalEvaluator(metrics=...)`` and ``HierarchicalAccuracyCalculator(include=...)``.
         key: result key or pattern with ``{k}`` (top-k cutoff) and/or ``{h}`` (label column, 0 = finest).
-        label: display label, ``{k}`` filled in (per-level keys get `` (<level name>)`` appended by
-            :func:`~pml_suprank.metrics.report.metric_label`).
+        label: display label, ``{k}`` filled in (:func:`~pml_suprank.metrics.report.metric_label`).
         compute: ``compute(stats, args) -> (Q,) float64`` (NaN where undefined).
         description: one line for documentation.
         hierarchical: uses every level at once (H-AP, NDCG, ASI, ΣwAP); otherwise binary at ``args.min_level``.
@@ -71,12 +65,10 @@ class MetricSpec:
         headline, progress: shown first in model cards / in the training progress line (``k = 1`` for top-k).
         report: position in the printed tables and the model card's headline table (None: full table only).
         pml_names: ``(our key, PML AccuracyCalculator name)`` pairs of the keys PML computes under its own name.
-        multilabel: how ``evaluate(..., multilabel=True)`` computes it (:data:`MULTILABEL_KINDS`): ``"levels"`` on
-            the ranking by best agreement level ``λ(q, k) = L − min_{i,j} LCA(y_q^i, y_k^j)``, ``"graded"`` from the
-            graded relevance of Algorithm 1 (:mod:`pml_suprank.metrics.graded`), ``"labels"`` one binary problem
-            per query label; ``None``: not defined for multi-label data.
-        single_label: among the default single-label groups (``False`` for ``mean_label_ap``, which is ``ap`` with
-            one label per item and is computed only when asked for).
+        multilabel: one of :data:`MULTILABEL_KINDS` for ``evaluate(..., multilabel=True)``: ``"levels"`` (best
+            agreement level ``λ(q, k) = L − min_{i,j} LCA(y_q^i, y_k^j)``), ``"graded"`` (Algorithm 1,
+            :mod:`pml_suprank.metrics.graded`), ``"labels"`` (one binary problem per query label); None: undefined.
+        single_label: among the default single-label groups (``False`` for ``mean_label_ap``).
     """
 
     name: str
@@ -177,8 +169,7 @@ _SPECS = (
                "the fine AP)", report=8, multilabel="labels", single_label=False),
 )  # fmt: skip
 
-#: every metric, by group name: a read-only mapping (:class:`pml_suprank._registry.Registry`; a new metric is added
-#: with ``METRICS.register(spec.name, spec)``, a taken name is refused)
+#: every metric, by group name (:class:`pml_suprank._registry.Registry`; a taken name is refused)
 METRICS = Registry("metric", on_conflict="refuse")
 for _spec in _SPECS:
     METRICS.register(_spec.name, _spec)
@@ -226,10 +217,8 @@ def metrics_from_ranks(
 ) -> dict[str, Tensor]:
     """Every requested metric from one :class:`RetrievalRanks` (the evaluator's engine).
 
-    One :class:`~pml_suprank.metrics.from_ranks.RankStats` holds the prefix sums shared by all metrics (e.g. the
-    cumulative counts of each level, used by the binary metrics of every threshold and by H-AP), so each shared
-    ``(Q, P)`` array is computed once; each key is then computed by its registry function, the same one the public
-    ``*_from_ranks`` views call.
+    One :class:`~pml_suprank.metrics.from_ranks.RankStats` shares the prefix sums between all metrics; each key is
+    computed by the function the public ``*_from_ranks`` views call.
 
     Args:
         ranks: from :func:`~pml_suprank.metrics.ranks.retrieval_ranks` or the evaluator.

@@ -1,8 +1,7 @@
 """Labels, headline keys and printed tables of the evaluator's metrics, all derived from the metric registry.
 
-Used by model cards (display labels, headline metrics), the training progress line and the recipes' before/after
-tables, so that a metric added to :data:`~pml_suprank.metrics.registry.METRICS` is labelled and reported without
-touching these layers.
+Used by model cards, the training progress line and the recipes' tables: a metric added to
+:data:`~pml_suprank.metrics.registry.METRICS` is labelled and reported without touching them.
 """
 
 from __future__ import annotations
@@ -52,9 +51,8 @@ def _base_label(base: str, per_level: bool) -> str:
 
 def metric_label(key: str, level_names: Sequence[str] | None = None) -> str:
     """Display label of an evaluator key, e.g. ``"ap"`` → ``"mAP"``, ``"recall_at_10"`` → ``"R@10"``,
-    ``"recall_at_1_level1"`` → ``"R@1 (coarse_label)"`` with ``level_names = ("fine_label", "coarse_label")``.
-
-    Keys the registry does not know are returned as they are (with `` (level h)`` for a ``_level{h}`` suffix).
+    ``"recall_at_1_level1"`` → ``"R@1 (coarse_label)"`` with ``level_names = ("fine_label", "coarse_label")``;
+    unknown keys unchanged (with `` (level h)`` for a ``_level{h}`` suffix).
 
     Args:
         key: a result key of :meth:`~pml_suprank.metrics.RetrievalEvaluator.evaluate`.
@@ -80,8 +78,7 @@ def headline_keys(metrics: Mapping[str, float], paper_results: Mapping[str, floa
     return keys + [k for k in paper if k not in keys]
 
 
-# keys of the same number by definition (alias -> the key kept in printed tables): the level-0 key of a per-level
-# metric is its fine metric (level 0 = the finest label column), and a hit in the top 1 is the precision at 1
+# keys of the same number by definition (alias -> the key kept in printed tables; see same_as)
 _LEVEL0 = re.compile(r"^(?P<base>.+)_level0$")
 # at k = 1 a hit is a precision of 1, a true recall of 1 (min(#positives, 1) = 1) and an mAP@1 of 1
 _SAME_EXACT = {"precision_at_1": "recall_at_1", "true_recall_at_1": "recall_at_1", "map_at_1": "recall_at_1"}
@@ -100,12 +97,9 @@ def _spec_of(key: str) -> MetricSpec | None:
 
 
 def same_as(key: str) -> str | None:
-    """The key that holds the same number as ``key`` by definition and is printed instead of it, or None.
-
-    ``"ap_level0"`` → ``"ap"``, ``"map_at_r_level0"`` → ``"map_at_r"``, ``"recall_at_5_level0"`` →
-    ``"recall_at_5"`` (level 0 is the finest label column) and ``"precision_at_1"``, ``"true_recall_at_1"``,
-    ``"map_at_1"`` → ``"recall_at_1"`` (one item: a hit is a precision, a true recall and an mAP@1 of 1).
-    """
+    """The key printed instead of ``key`` because it holds the same number by definition, or None: ``"<m>_level0"``
+    → ``"<m>"`` (level 0 is the finest column); ``"precision_at_1"``, ``"true_recall_at_1"``, ``"map_at_1"`` →
+    ``"recall_at_1"``."""
     if key in _SAME_EXACT:
         return _SAME_EXACT[key]
     match = _LEVEL0.match(key)
@@ -142,23 +136,15 @@ def _candidate_keys(metrics: Mapping[str, float]) -> list[str]:
 
 
 def table_keys(metrics: Mapping[str, float]) -> list[str]:
-    """Keys of ``metrics`` shown in printed tables, in registry report order (per-level keys by level).
-
-    A key whose number is printed under another name (:func:`same_as`, e.g. ``ap_level0`` = ``ap``,
-    ``precision_at_1`` = ``recall_at_1``) is left out when that key is present with the same value.
-    """
+    """Keys of ``metrics`` shown in printed tables, in registry report order (per-level keys by level), less those
+    whose :func:`same_as` key is present with the same value."""
     return [k for k in _candidate_keys(metrics) if not _dropped(metrics, k)]
 
 
 def metric_legend(keys: Sequence[str], metrics: Mapping[str, float] | None = None) -> str:
-    """One line defining the printed ``keys`` from the registry descriptions, e.g. ``"h_ap = hierarchical AP
-    (SupRank Eq. 19, pop relevance Eq. 20) · ap_level{h} = AP with positives sharing label column h (0 = finest)
-    · ..."``.
-
-    Per-level and top-k keys are described once by their pattern (``ap_level{h}``, ``recall_at_{k}``). With
-    ``metrics``, the table keys of ``metrics`` left out as the same number as a printed key (:func:`same_as`) are
-    named after the key that was kept. Unknown keys are not described; empty string when nothing is described.
-    """
+    """One line defining the printed ``keys`` from the registry descriptions (``"h_ap = hierarchical AP ... ·
+    ap_level{h} = ..."``; patterned keys once, unknown keys not at all, ``""`` if none). With ``metrics``, the keys
+    left out as the same number (:func:`same_as`) are named after the key kept."""
     left_out = [k for k in _candidate_keys(metrics or {}) if _dropped(metrics or {}, k)]
     parts: dict[str, str] = {}
     for key in keys:

@@ -1,22 +1,14 @@
 """``RetrievalMetric``: the exact retrieval evaluator as a streaming ``update`` / ``compute`` / ``reset`` metric that
 gathers its data across processes (``torch.distributed``, hence Accelerate, Lightning, torchrun).
 
-Exact ranking metrics are not decomposable over batches (the AP of a query depends on every other item), so the
-metric keeps the embeddings and labels it is given and evaluates them once in :meth:`RetrievalMetric.compute`:
+Exact ranking metrics are not decomposable over batches, so the metric keeps what it is given and evaluates once:
 
     result = RetrievalEvaluator(**kwargs).evaluate(cat_r cat_b E_{r,b}, cat_r cat_b Y_{r,b})
 
-with ``r`` the processes in rank order and ``b`` the ``update`` calls in call order — every query against all the
-other items, removed from its own ranking by index — i.e. exactly what :meth:`RetrievalEvaluator.evaluate` returns
-on the concatenated data. With ``indices`` (dataset indices) the gathered items are put in index order and repeated
-indices are kept once: this drops the copies a ``DistributedSampler`` (or Accelerate's even batches) adds to pad
-the last batch, so the result is that of the dataset itself.
-
-Under a process group each process then ranks its share of the queries against all the items and the per-query
-results are gathered once (:meth:`RetrievalEvaluator.evaluate` with ``distributed=True``): no query is ranked twice,
-and every process returns the one-process result.
-
-Memory: ``N × D`` embeddings per process before ``compute``; after it, every process holds the gathered set.
+(``r`` processes in rank order, ``b`` ``update`` calls in order; each query against all other items). With
+``indices`` the gathered items are put in index order and repeated indices kept once, dropping the padding copies of
+a ``DistributedSampler``. Under a process group each process ranks its share of the queries
+(``evaluate(distributed=True)``) and every process returns the one-process result. Memory: ``N × D`` per process.
 """
 
 from __future__ import annotations
@@ -41,9 +33,8 @@ def check_update(
     seen_labels: list[Tensor],
     seen_indices: list[Tensor],
 ) -> tuple[Tensor, Tensor, Tensor | None]:
-    """One ``update`` batch checked against the batches kept so far (``seen_*``, possibly empty): ``(embeddings
-    (B, D), labels (B,) or (B, L), indices (B,) long or None)``, validated; width, label shape and the use of
-    ``indices`` must agree with the earlier updates (``ValueError`` / ``TypeError`` naming the argument)."""
+    """Validated ``(embeddings (B, D), labels (B,) or (B, L), indices (B,) long or None)`` of one ``update``,
+    consistent with the batches ``seen_*`` kept so far (``ValueError`` / ``TypeError`` naming the argument)."""
     embeddings = check_embeddings("embeddings", embeddings)
     labels = check_labels("labels", labels, embeddings.shape[0])
     if seen_embeddings:
@@ -68,6 +59,16 @@ def check_update(
     return embeddings, labels, indices
 
 
+def dedupe_by_index(emb: Tensor, labels: Tensor, indices: Tensor) -> tuple[Tensor, Tensor]:
+    """The items in dataset-index order, each repeated index kept once (a ``DistributedSampler``'s padding)."""
+    order = torch.argsort(indices.cpu(), stable=True)
+    sorted_idx = indices.cpu()[order]
+    first = torch.ones_like(sorted_idx, dtype=torch.bool)
+    first[1:] = sorted_idx[1:] != sorted_idx[:-1]
+    keep = order[first]
+    return emb[keep.to(emb.device)], labels[keep.to(labels.device)]
+
+
 class RetrievalMetric:
     """Streaming exact retrieval metrics (AP, mAP@R, R@k, H-AP, NDCG, ASI, per-level AP, ...).
 
@@ -75,11 +76,9 @@ class RetrievalMetric:
         evaluator: a configured :class:`RetrievalEvaluator` (default: ``RetrievalEvaluator(**evaluator_kwargs)``).
         process_group: the ``torch.distributed`` group to gather over (default: the world, when initialised).
         sync: gather across processes in :meth:`compute` (``False``: this process's data only).
-        **evaluator_kwargs: passed to :class:`RetrievalEvaluator` when ``evaluator`` is None (``k_values``,
-            ``alpha``, ``metrics``, ``hierarchy``, ``device``, ...).
+        **evaluator_kwargs: passed to :class:`RetrievalEvaluator` when ``evaluator`` is None.
 
-    Every process must call :meth:`compute` (it is a collective operation when distributed); a process may have
-    received no data, as long as some process has.
+    Every process must call :meth:`compute` (a collective when distributed), with or without data of its own.
 
     Example:
         >>> metric = RetrievalMetric(k_values=(1, 10))
@@ -120,11 +119,8 @@ class RetrievalMetric:
 
     def update(self, embeddings: Tensor, labels: Tensor, indices: Tensor | None = None) -> None:
         """Add a batch: ``embeddings (B, D)`` (finite floats; compared by dot product), ``labels (B,)`` or
-        ``(B, L)`` integers (column 0 finest), optional ``indices (B,)`` dataset indices (then in every update).
-
-        The tensors are detached and kept on their device. Width, label shape and the use of ``indices`` must agree
-        with the earlier updates.
-        """
+        ``(B, L)`` integers (column 0 finest), optional ``indices (B,)`` dataset indices (then in every update);
+        kept detached on their device."""
         embeddings, labels, indices = check_update(embeddings, labels, indices, self._embeddings, self._labels,
                                                    self._indices)  # fmt: skip
         if indices is not None:
@@ -176,9 +172,8 @@ class RetrievalMetric:
         return emb, labels, indices
 
     def compute(self, **evaluate_kwargs: Any) -> dict[str, Any]:
-        """Evaluate everything given since the last :meth:`reset` (on every process: a collective call when
-        distributed and ``sync``). Keyword arguments go to :meth:`RetrievalEvaluator.evaluate` (e.g.
-        ``return_per_query=True``, ``multilabel=True``).
+        """Evaluate everything given since the last :meth:`reset` (a collective when distributed and ``sync``);
+        keyword arguments go to :meth:`RetrievalEvaluator.evaluate`.
 
         Returns:
             what ``RetrievalEvaluator.evaluate`` returns on the gathered, concatenated data.
@@ -190,12 +185,7 @@ class RetrievalMetric:
         elif not self._embeddings:
             raise ValueError("RetrievalMetric.compute() called before any update()")
         if indices is not None:
-            order = torch.argsort(indices.cpu(), stable=True)
-            sorted_idx = indices.cpu()[order]
-            first = torch.ones_like(sorted_idx, dtype=torch.bool)
-            first[1:] = sorted_idx[1:] != sorted_idx[:-1]
-            keep = order[first].to(emb.device)
-            emb, labels = emb[keep], labels[keep.to(labels.device)]
+            emb, labels = dedupe_by_index(emb, labels, indices)
         if split:  # every process ranks its share of the queries against all the items; results gathered once
             evaluate_kwargs = {"distributed": True, "process_group": self.process_group, **evaluate_kwargs}
         return self.evaluator.evaluate(emb, labels, **evaluate_kwargs)

@@ -1,12 +1,8 @@
 """``RetrievalTorchMetric``: the exact retrieval evaluator as a ``torchmetrics.Metric`` (needs ``torchmetrics``).
 
-For Lightning (``self.log_dict(metric.compute())``, ``MetricCollection``) and any torchmetrics user. Same contract as
-:class:`~pml_suprank.metrics.RetrievalMetric`: the embeddings and labels of every ``update`` are kept (states reduced
-by concatenation, so torchmetrics gathers them across processes), and :meth:`compute` evaluates them once, exactly,
-with :class:`~pml_suprank.metrics.RetrievalEvaluator` — the AP of a query depends on every other item, so nothing is
-averaged over batches. With ``indices``, repeated dataset indices (a ``DistributedSampler``'s padding) are kept once.
-
-Memory: ``N × D`` embeddings per process before ``compute``; after the gather, every process holds all of them.
+For Lightning and any torchmetrics user; the contract of :class:`~pml_suprank.metrics.RetrievalMetric`: every
+``update`` is kept (states reduced by concatenation) and :meth:`compute` evaluates once, exactly, with
+:class:`~pml_suprank.metrics.RetrievalEvaluator`; with ``indices``, repeated dataset indices are kept once.
 """
 
 from __future__ import annotations
@@ -19,14 +15,13 @@ from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
 from .evaluator import RetrievalEvaluator
-from .retrieval_metric import check_update
+from .retrieval_metric import check_update, dedupe_by_index
 
 __all__ = ["RetrievalTorchMetric"]
 
 
 class RetrievalTorchMetric(Metric):
-    """Exact AP, mAP@R, R@k, H-AP, NDCG, ASI, per-level AP ... of everything given to ``update`` (a torchmetrics
-    ``Metric``; ``compute`` returns ``{name: 0-d float64 tensor}`` — counts such as ``num_queries`` included).
+    """Exact retrieval metrics of everything given to ``update``; ``compute`` returns ``{name: 0-d float64 tensor}``.
 
     Args:
         evaluator: a configured :class:`RetrievalEvaluator` (default: ``RetrievalEvaluator(**evaluator_kwargs)``).
@@ -76,11 +71,6 @@ class RetrievalTorchMetric(Metric):
             raise ValueError("RetrievalTorchMetric.compute() called before any update()")
         emb, labels = dim_zero_cat(self.embeddings), dim_zero_cat(self.labels)
         if self.indices:
-            indices = dim_zero_cat(self.indices).cpu()
-            order = torch.argsort(indices, stable=True)
-            first = torch.ones_like(indices, dtype=torch.bool)
-            first[1:] = indices[order][1:] != indices[order][:-1]
-            keep = order[first]
-            emb, labels = emb[keep.to(emb.device)], labels[keep.to(labels.device)]
+            emb, labels = dedupe_by_index(emb, labels, dim_zero_cat(self.indices))
         result = self.evaluator.evaluate(emb, labels)
         return {k: torch.tensor(float(v), dtype=torch.float64) for k, v in result.items()}
