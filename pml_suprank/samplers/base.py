@@ -104,7 +104,6 @@ class ShardedBatchSampler(Sampler[list[int]]):
         self._resume_from = 0  # first batch of the next pass (set by load_state_dict)
         self._cache: tuple[int, list[list[int]]] | None = None
 
-    # -- to implement -------------------------------------------------------------------------------------------
     def _global_plan(self, rng: np.random.Generator) -> list[list[np.ndarray]]:
         raise NotImplementedError
 
@@ -121,7 +120,6 @@ class ShardedBatchSampler(Sampler[list[int]]):
             "num_batches": self._num_global_batches(),
         }
 
-    # -- epoch plan ----------------------------------------------------------------------------------------------
     def _local_batches(self, epoch: int) -> list[list[int]]:
         if self._cache is not None and self._cache[0] == epoch:
             return self._cache[1]
@@ -154,12 +152,9 @@ class ShardedBatchSampler(Sampler[list[int]]):
             self._position = i + 1
             yield list(batches[i])
 
-    # -- state ---------------------------------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch whose plan the next iteration yields.
-
-        Calling it with the epoch restored by ``load_state_dict`` keeps the resume position.
-        """
+        """Select the epoch whose plan the next iteration yields (the epoch restored by ``load_state_dict`` keeps the
+        resume position)."""
         epoch = check_positive_int("epoch", epoch, minimum=0)
         if epoch != self.epoch:
             self._resume_from = 0
@@ -167,11 +162,8 @@ class ShardedBatchSampler(Sampler[list[int]]):
         self.epoch = epoch
 
     def state_dict(self) -> dict[str, Any]:
-        """``{"epoch", "position", ...}``; ``position`` = batches already handed out in this epoch.
-
-        With ``DataLoader(num_workers > 0)`` the loader fetches a few batches ahead: overwrite ``position`` with the
-        number of batches your loop actually consumed before saving.
-        """
+        """``{"epoch", "position", ...}``; ``position`` = batches already handed out in this epoch (with
+        ``num_workers > 0`` the loader reads ahead: overwrite it with the batches your loop consumed)."""
         return {"epoch": self.epoch, "position": self._position, **self._fingerprint()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
