@@ -44,20 +44,13 @@ class SupHAPLoss(HierarchicalRankLoss):
     ``ΣwAP = Σ_l w_l AP^(l)``. Since ``H⁻ ≥ H`` (default offset) and ``H_s^> ≤ H``, the loss is ``≥ 1 − H-AP``.
     With one level it equals :class:`~pml_suprank.losses.SupAPLoss`.
 
-    Multi-label (``relevance="multilabel"``): labels are ``(B, M)`` sets of fine labels padded with ``-1`` (column 0
-    must hold a label; ``ref_labels`` ``(N, M)`` likewise, padded to the same ``M``) and ``rel(q, j)`` is the
-    hierarchical multi-label relevance of the PhD thesis' Algorithm 1
-    (:func:`pml_suprank.relevance.multilabel_relevance` through ``hierarchy``; ``hierarchy=None`` = flat labels,
-    ``rel`` = fraction of the query's labels the item has). The loss is Sup-H-AP with this pairwise relevance:
-    ``H⁻`` towards strictly less relevant items and H-rank⁺ with ``min(rel_i, rel_j)`` (HAPPIER Eqs. 2-3), exactly,
-    through the same kernels (both): each query's distinct relevance values are its levels
-    (:func:`pml_suprank.losses._multilabel.multilabel_levels`). The bound ``loss ≥ 1 − H-AP`` holds with H-AP =
-    :func:`pml_suprank.metrics.functional.graded_average_precision`. ``alpha`` must stay 1 and ``level_weights``
-    unset. Not supported yet: ``CrossBatchMemory`` / ``RankingMemory`` / ``DistributedRankLoss`` (they pass 1-D
-    labels).
+    Multi-label (``relevance="multilabel"``): labels are ``(B, M)`` fine-label sets padded with ``-1`` (column 0 a
+    label; ``ref_labels`` ``(N, M)`` likewise) and ``rel(q, j)`` is the thesis' Algorithm 1
+    (:func:`pml_suprank.relevance.multilabel_relevance` through ``hierarchy``), used exactly by the same kernels
+    (HAPPIER Eqs. 2-3; :func:`pml_suprank.losses._multilabel.multilabel_levels`); ``loss ≥ 1 − H-AP`` of
+    :func:`pml_suprank.metrics.functional.graded_average_precision`. ``alpha`` must stay 1, ``level_weights`` unset.
 
-    Cost: ``O(L · B · N log N)`` plus the sigmoid-window pairs, ``O(L · B · N)`` extra memory
-    (:func:`pml_suprank.ranking.hierarchical_ranks`); never ``B × N × N``.
+    Cost: ``O(L · B · N log N)`` plus the sigmoid-window pairs, ``O(L · B · N)`` extra memory; never ``B × N × N``.
 
     Args:
         hierarchy: fine → ancestors table (needed with 1-D fine labels), see
@@ -68,8 +61,7 @@ class SupHAPLoss(HierarchicalRankLoss):
         relevance: ``"levels"`` (default: Eq. 20 or Property 1 on ``(B, L)`` / 1-D hierarchical labels) or
             ``"multilabel"`` (``(B, M)`` padded label sets, thesis Algorithm 1).
         level_weights: optional ``L`` finite, non-negative, not all zero weights ``w_1..w_L`` (``w_L`` = finest)
-            selecting the Property-1 relevance (ΣwAP) instead of Eq. 20; ``alpha`` is then unused. Checked as the
-            evaluator checks them (``ValueError`` naming ``level_weights`` otherwise).
+            selecting the Property-1 relevance (ΣwAP) instead of Eq. 20 (``alpha`` unused); ``ValueError`` otherwise.
         **suprank_kwargs: ``tau`` (alias ``temperature``), ``rho``, ``delta``, ``start``, ``offset``,
             ``include_self``, ``chunk_size`` and the BaseRankLoss / PML options (``distance``, ``reducer``,
             ``decomposability``, ...).
