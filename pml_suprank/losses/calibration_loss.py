@@ -43,12 +43,9 @@ class CalibrationLoss(GuardedCompileMixin, BaseMetricLossFunction):
 
     ``L_DG = mean_{(q,j)∈Pos} [α − cos(q, j)]₊ + mean_{(q,j)∈Neg} [cos(q, j) − β]₊`` over (query, reference) pairs:
     positives are pushed above ``α`` and negatives below ``β`` so that scores are comparable across batches.
-
-    ``average="active"`` (default) averages each term over its *active* (non-zero) pairs, pooled over the batch — this
-    is what the reference code does (PML ``ContrastiveLoss`` + ``AvgNonZeroReducer``); ``average="all"`` averages over
-    all positive / negative pairs as written in the paper. Pairs follow the rank losses' conventions (``ref_emb``,
-    ``indices_tuple``, ``include_self``). Scores are cosine similarities (embeddings are L2-normalised by the default
-    ``CosineSimilarity``, gradient included).
+    ``average="active"`` (default, the reference code: PML ``ContrastiveLoss`` + ``AvgNonZeroReducer``) averages each
+    term over its non-zero pairs; ``average="all"`` over all pairs (the paper). Pairs follow the rank losses'
+    conventions (``ref_emb``, ``indices_tuple``, ``include_self``); scores are cosine similarities.
 
     Args:
         pos_margin: ``α`` (0.9).
@@ -136,14 +133,9 @@ class CalibrationLoss(GuardedCompileMixin, BaseMetricLossFunction):
     def pair_losses(
         self, embeddings, labels, indices_tuple, ref_emb, ref_labels, *, reducer=None, scores=None, valid=None
     ) -> dict:
-        """``{"pos_loss": ..., "neg_loss": ...}`` on prepared inputs.
-
-        ``reducer`` is the reducer that will reduce the dict (``None``: unknown). An entry whose reducer is PML's
-        plain ``AvgNonZeroReducer`` (``average="active"``) or ``MeanReducer`` (``"all"``), with statistics off, is
-        reduced here from the ``(B, N)`` pair-loss matrix — ``Σ losses / max(#pairs counted, 1)`` — without a host
-        synchronisation; otherwise each pair is an element (``torch.nonzero``), as PML's reducers expect.
-        ``scores`` / ``valid``: the ``(B, N)`` score matrix and reference mask when the caller has them.
-        """
+        """``{"pos_loss": ..., "neg_loss": ...}`` on prepared inputs; under PML's plain ``AvgNonZeroReducer`` /
+        ``MeanReducer`` (``reducer``, stats off) reduced here without host synchronisation, otherwise one element per
+        pair. ``scores`` / ``valid``: the caller's ``(B, N)`` score matrix and reference mask."""
         if scores is None:
             scores = similarity_matrix(self.distance, embeddings, ref_emb)
         if valid is None:
@@ -191,9 +183,8 @@ def _arithmetic_average(reducer) -> str | None:
 
 
 class _MaskedHingeSum(torch.autograd.Function):
-    """``(Σ relu(x) · m, #{relu(x) · m > 0})`` of a ``(B, N)`` margin matrix ``x`` and bool mask ``m``; backward
-    keeps only the bool mask of the active pairs (``∂/∂x = [x > 0] · m``), so a memory of ``N`` items costs one
-    byte per (query, reference) pair, and nothing synchronises with the host."""
+    """``(Σ relu(x) · m, #{relu(x) · m > 0})`` of a ``(B, N)`` margin matrix ``x`` and bool mask ``m``; backward saves
+    only the bool mask of the active pairs (``∂/∂x = [x > 0] · m``), without host synchronisation."""
 
     @staticmethod
     def forward(ctx, margin, mask):

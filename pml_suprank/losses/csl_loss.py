@@ -36,13 +36,11 @@ class CSLLoss(GuardedCompileMixin, WeightRegularizerMixin, BaseMetricLossFunctio
 
     ``ℓ_c(b) = softplus( logsumexp_{p: lab_p[c] ≠ lab_b[c]} S[b, p] − S[b, own proxy] + scale · m_c )``
 
-    and the loss is ``Σ_c mean_b ℓ_c(b)`` (the per-element losses ``Σ_c ℓ_c(b)`` are reduced by the PML reducer,
-    ``MeanReducer`` by default, which gives exactly that).
+    and the loss is ``Σ_c mean_b ℓ_c(b)`` (per-element ``Σ_c ℓ_c(b)`` under the PML reducer, ``MeanReducer``).
 
-    Proxy ancestors: row ``p`` of :attr:`proxy_labels` (``(num_classes, L)``) holds the labels of fine class ``p`` at
-    every level. They come from ``hierarchy=`` when given; otherwise they are registered from every 2-D label batch
-    seen (or explicitly with :meth:`register_labels`, like the reference registers the training labels). A proxy
-    whose ancestors are still unknown counts as different from every query at every level.
+    Row ``p`` of :attr:`proxy_labels` ``(num_classes, L)`` holds fine class ``p``'s labels at every level: from
+    ``hierarchy=``, else registered from every 2-D label batch (or :meth:`register_labels`); a proxy with unknown
+    ancestors differs from every query at every level.
 
     Args:
         num_classes: number of fine classes (proxies); fine labels must lie in ``[0, num_classes)``.
