@@ -48,12 +48,13 @@ class RankingMemory(nn.Module):
     """Cross-batch memory of detached embeddings and labels for any rank (or PML pair) loss.
 
     Args:
-        loss: the loss, called as ``loss(embeddings, labels, indices_tuple, ref_emb, ref_labels)`` (every
-            pml_suprank loss, flat or hierarchical, and PML losses that accept ``ref_emb``).
+        loss: called as ``loss(embeddings, labels, indices_tuple, ref_emb, ref_labels)`` (any pml_suprank loss, or a
+            PML loss accepting ``ref_emb``).
         embedding_size: ``D``.
         memory_size: number of slots ``M`` (``mode="index"``: the dataset size, or more).
         warmup_steps: training calls during which only the in-batch loss is used and nothing is enqueued.
-        mode: ``"fifo"`` (queue) or ``"index"`` (one slot per dataset index, "full memory").
+        mode: ``"fifo"`` (ring buffer; a batch larger than the memory keeps its last rows) or ``"index"`` (one
+            slot per dataset index holding its latest embedding; ``forward`` needs ``indices``).
         batch_weight: weight of the in-batch loss (``0`` → memory term only once the memory is active).
         memory_weight: weight of the loss against the memory.
         label_levels: ``None`` (from the first batch) or ``L`` for ``(M, L)`` labels (``1`` → 1-D); with a
@@ -227,8 +228,7 @@ class RankingMemory(nn.Module):
             indices: ``(B,)`` dataset indices (required by ``mode="index"``).
 
         Returns:
-            ``(B,)`` long: the slot of every row (``-1`` for rows of a FIFO batch larger than the memory that were not
-            kept).
+            ``(B,)`` long: the slot of every row (``-1``: not kept, a FIFO batch larger than the memory).
         """
         labels, indices = self._check_batch(embeddings, labels, indices)
         return self._write(embeddings.detach(), self._fit_label_width(labels), indices)
@@ -286,8 +286,7 @@ class RankingMemory(nn.Module):
             indices: ``(B,)`` dataset indices (needed by ``mode="index"``, ignored by ``"fifo"``).
 
         Returns:
-            A scalar tensor; ``last_losses`` holds the detached terms ``"batch"`` and ``"memory"`` (the in-batch
-            term is not computed when ``batch_weight == 0`` and the memory is active).
+            A scalar tensor; ``last_losses`` holds the detached terms ``"batch"`` and ``"memory"``.
         """
         labels, indices = self._check_batch(embeddings, labels, indices)
         labels = labels.to(embeddings.device)

@@ -240,9 +240,8 @@ def prepare_inputs(owner: str, embeddings, labels, ref_emb, ref_labels, *, allow
         allow_2d_labels: accept ``(B, L)`` labels.
 
     Returns:
-        ``(embeddings, labels, ref_emb, ref_labels, same_source)`` where fp16/bf16 embeddings are up-cast to
-        float32, ``ref_emb is embeddings`` when the reference set is the batch, and labels are on the embeddings'
-        device.
+        ``(embeddings, labels, ref_emb, ref_labels, same_source)``: fp16/bf16 up-cast to float32, ``ref_emb is
+        embeddings`` for the batch, labels on the embeddings' device.
     """
     same_source = ref_emb is None or ref_emb is embeddings
     embeddings = check_embeddings("embeddings", embeddings, asynchronous=True)
@@ -309,18 +308,12 @@ def hierarchical_label_pair(
     same_source: bool,
     owner: str = "this hierarchical loss",
 ) -> tuple[Tensor, Tensor, int]:
-    """Coerce query and reference labels to levels: ``(B, L)``, ``(N, L)`` and ``L``, checked to form one tree.
-
-    Args:
-        labels: ``(B,)`` fine labels (with ``hierarchy``) or ``(B, L)`` labels, column 0 finest.
-        ref_labels: the reference labels, in the same form.
-        hierarchy: fine → ancestors table, or ``None``.
-        same_source: the reference set is the batch (its labels are ``labels``).
-        owner: the loss's name, for error messages.
+    """Query and reference labels (``(B,)`` fine labels with ``hierarchy``, or ``(B, L)``; ``ref_labels`` alike) as
+    levels ``(B, L)``, ``(N, L)`` and ``L``, checked to form one tree (``same_source``: the references are the batch).
 
     Raises:
-        ValueError: 1-D labels without ``hierarchy`` (:func:`require_hierarchy`), when the two sets have different
-            numbers of levels, or (without ``hierarchy``) do not form a tree.
+        ValueError: 1-D labels without ``hierarchy`` (:func:`require_hierarchy`), different numbers of levels, or
+            (without ``hierarchy``) not one tree; the message names ``owner``.
     """
     require_hierarchy(owner, labels, hierarchy)  # ref_labels have the shape of labels (prepare_inputs)
     levels, ref_levels = relevance_label_pair(

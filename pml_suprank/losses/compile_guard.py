@@ -1,15 +1,11 @@
 """Compiled = eager, or refused: each new graph of a compiled loss is checked against the eager loss on its batch.
 
-``torch.compile`` of a loss can be silently wrong on some torch release (torch 2.11's dynamo once returned a zero
-gradient for the hierarchical dense kernel while the loss value was right: the model ended 30 % worse).
-``loss.compile(...)`` (:class:`GuardedCompileMixin`) and :func:`compile_loss` (any ``nn.Module`` loss; the recipes'
-``--compile_loss``) compile in place as ``nn.Module.compile`` does and wrap the compiled call in a
-:class:`GuardedCall`: the first call of every call signature (what makes torch trace a new graph) is compared with
-the eager call on the same batch (every output tensor, the embedding gradient and the gradients of the loss's own
-parameters: one extra eager forward + backward per signature). A relative difference
-``‖a − b‖₂ / max(‖a‖₂, ‖b‖₂)`` above :data:`COMPILE_RTOL` raises :class:`CompiledLossMismatchError`, naming the
-torch version and the way out. A batch whose eager loss is not finite is not judged (its signature is checked later).
-After ``torch.compile(loss)`` (torch's own wrapper, which cannot be intercepted), call :func:`check_compiled_loss`.
+``torch.compile`` of a loss can be silently wrong (torch 2.11's dynamo once returned a zero gradient for the
+hierarchical dense kernel). ``loss.compile(...)`` (:class:`GuardedCompileMixin`) and :func:`compile_loss` (the
+recipes' ``--compile_loss``) compile in place and compare the first call of every call signature with the eager call
+on the same batch (outputs, embedding gradient, the loss's parameter gradients). A relative difference
+``‖a − b‖₂ / max(‖a‖₂, ‖b‖₂)`` above :data:`COMPILE_RTOL` raises :class:`CompiledLossMismatchError`; a batch whose
+eager loss is not finite is judged later. After ``torch.compile(loss)``, call :func:`check_compiled_loss`.
 """
 
 from __future__ import annotations
@@ -129,12 +125,9 @@ def compare_with_eager(
     parameters: list[tuple[str, Tensor]] | None = None,
     rtol: float = COMPILE_RTOL,
 ) -> bool:
-    """Compare the output of ``compiled(*args, **kwargs)`` with ``eager(*args, **kwargs)``.
-
-    Every floating output tensor; with gradients enabled, the gradients of the first one with respect to the
-    embeddings (``args[0]``, when they require grad) and to the ``parameters`` ``(name, tensor)`` that require grad
-    (proxies), each side computed by one more call on its own detached copy of the embeddings (the caller's graph is
-    never run backward here: a compiled backward may reuse its saved buffers). Nothing is accumulated into ``.grad``.
+    """Compare the output of ``compiled(*args, **kwargs)`` with ``eager(*args, **kwargs)``: every floating output
+    tensor and, with gradients enabled, the gradients of the first one for the embeddings (``args[0]``) and the
+    ``parameters`` ``(name, tensor)`` that require grad, each side on its own detached copy (nothing into ``.grad``).
 
     Returns:
         Whether the call was judged: ``False`` when the eager output or gradient is not finite (the caller's

@@ -7,16 +7,11 @@ fingerprint and cited by the model card::
     class MyAPLoss(BaseRankLoss):
         def __init__(self, tau: float = 0.01, kernel: str = "auto"): ...
 
-The table is a :class:`pml_suprank._registry.Registry` that refuses a taken name: each loss has one name and one
-alias, its class name (``"HAPPIERLoss"``, as ``save_pretrained`` records it). :func:`resolve_loss` reads three more
-spellings of ``--loss``:
-
-* ``pml:ClassName``: a loss of ``pytorch_metric_learning.losses`` (a baseline, trained on the fine labels, its
-  arguments given by ``--loss_kwargs``);
-* ``package.module:ClassName``: a loss class of an importable module, imported only when the name was typed on the
-  command line or passed in Python, never when it was read from a file (:func:`check_loss_name`);
-* a name published by an installed distribution under the entry-point group ``pml_suprank.losses``
-  (``[project.entry-points."pml_suprank.losses"] MyAP = "my_package.losses:MyAPLoss"``), loaded when first asked for.
+Each loss has one name and one alias, its class name (as ``save_pretrained`` records it); a taken name is refused.
+:func:`resolve_loss` also reads ``pml:ClassName`` (a PML loss, on the fine labels, ``--loss_kwargs``),
+``package.module:ClassName`` (imported only when typed or passed in Python, never read from a file:
+:func:`check_loss_name`) and names published under the entry-point group ``pml_suprank.losses``
+(``[project.entry-points."pml_suprank.losses"] MyAP = "my_package.losses:MyAPLoss"``).
 """
 
 from __future__ import annotations
