@@ -303,7 +303,6 @@ def ideal_dcg(counts: Tensor, gains: Tensor, num_items: int | None = None) -> Te
     return (per_level * gains.flip(1)).sum(1)
 
 
-# ----------------------------------------------------------------------------------------------------------------
 # hierarchical multi-label relevance (Ramzi, PhD thesis, Sec. 4.2.2.2 "trademark logo retrieval", Algorithm 1)
 
 MULTILABEL_BLOCK = 2**22  # elements of the (C, R, M_q, M_r) work tensor of one block of multilabel_relevance
@@ -364,10 +363,9 @@ def multilabel_relevance(
     dtype: torch.dtype = torch.float32,
     block_elements: int = MULTILABEL_BLOCK,
 ) -> Tensor:
-    """Hierarchical multi-label relevance of every reference item for every query: Algorithm 1 of E. Ramzi's PhD
-    thesis "Robust image retrieval with deep learning" (Sec. 4.2.2.2; multi-label HAPPIER: Sec. 6.2.1).
-
-    For a query ``q`` with the label set ``{y_q^1..y_q^n}`` and an item ``k`` with ``{y_k^1..y_k^m}``::
+    """Hierarchical multi-label relevance of every reference item for every query (E. Ramzi's PhD thesis, Algorithm 1,
+    Sec. 4.2.2.2; multi-label HAPPIER: Sec. 6.2.1). For a query ``q`` with the label set ``{y_q^1..y_q^n}`` and an
+    item ``k`` with ``{y_k^1..y_k^m}``::
 
         l*_i = L − min_j LCA(y_q^i, y_k^j)          rel(q, k) = Σ_i l*_i / (n · L)
 
@@ -386,7 +384,7 @@ def multilabel_relevance(
         ``(Q, R)`` tensor of relevances in ``[0, 1]`` on ``query_labels``' device.
 
     Raises:
-        TypeError: non-tensor or non-integer labels, a hierarchy of another type, a non-floating ``dtype``.
+        TypeError: non-integer labels, a hierarchy of another type, a non-floating ``dtype``.
         ValueError: a label below ``-1``, a row without labels, a label missing from the hierarchy, a hierarchy that
             is not a tree, a non-positive ``block_elements``.
     """

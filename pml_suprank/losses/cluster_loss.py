@@ -33,8 +33,7 @@ class ClusterLoss(GuardedCompileMixin, BaseMetricLossFunction):
         temperature: ``η`` (0.05).
         **kwargs: PML options (``reducer``, ``embedding_regularizer``, ...).
 
-    Shapes: ``embeddings (B, d)``, ``labels (B,)``; returns a scalar. ``ref_emb`` is not supported (proxies are the
-    reference set). Proxies are initialised ``U(−1/√d, 1/√d)`` as in the reference code.
+    Shapes: ``embeddings (B, d)``, ``labels (B,)``; returns a scalar; no ``ref_emb``. Proxies start ``U(−1/√d, 1/√d)``.
     """
 
     uses_reference_set = False

@@ -28,11 +28,9 @@ __all__ = ["CSLLoss"]
            "(Sun et al., CVPR 2021)", "https://arxiv.org/abs/2103.11781"),
 )  # fmt: skip
 class CSLLoss(GuardedCompileMixin, WeightRegularizerMixin, BaseMetricLossFunction):
-    """Hierarchical proxy loss "CSL" (Sun et al., "Dynamic metric learning", CVPR 2021), as coded in the
-    reference code of SupRank, used as a baseline in HAPPIER (ECCV 2022, Tab. 1-2).
-
-    One proxy per fine class, ``P = normalize(W)``, scores ``S = scale · E Pᵀ`` (embeddings are used as given:
-    L2-normalise them upstream, as the reference network does). For each level ``c`` (column of the labels):
+    """Hierarchical proxy loss "CSL" (Sun et al., CVPR 2021) as in the SupRank reference code (HAPPIER baseline,
+    ECCV 2022, Tab. 1-2). One proxy per fine class, ``P = normalize(W)``, scores ``S = scale · E Pᵀ`` (embeddings as
+    given). For each level ``c`` (column of the labels):
 
     ``ℓ_c(b) = softplus( logsumexp_{p: lab_p[c] ≠ lab_b[c]} S[b, p] − S[b, own proxy] + scale · m_c )``
 
@@ -48,8 +46,7 @@ class CSLLoss(GuardedCompileMixin, WeightRegularizerMixin, BaseMetricLossFunctio
         margins: one margin per level, finest first (reference default ``(0.25, 0.35, 0.45)``; SOP/iNat-base
             ``(0.25, 0.45)``). Its length fixes the number of levels ``L``.
         scale: the scale ``s`` (32).
-        hierarchy: optional fine → ancestors table ``(num_fine, L)`` / :class:`~pml_suprank.relevance.Hierarchy`;
-            needed to pass 1-D fine labels (1-D labels without it raise ``ValueError``).
+        hierarchy: optional ``(num_fine, L)`` table / :class:`~pml_suprank.relevance.Hierarchy` for 1-D fine labels.
         **kwargs: PML options (``reducer``, ``weight_regularizer``, ``weight_init_func``, ...).
 
     Shapes: ``embeddings (B, D)`` with ``D == embedding_size`` (else ``ValueError``), ``labels (B, L)`` or ``(B,)``
@@ -104,10 +101,8 @@ class CSLLoss(GuardedCompileMixin, WeightRegularizerMixin, BaseMetricLossFunctio
 
     @torch.no_grad()
     def register_labels(self, labels: Tensor) -> None:
-        """Record the ancestors of the fine classes present in ``labels`` (``(N, L)``, or ``(N,)`` with a hierarchy).
-
-        Raises ``ValueError`` if a class is seen with ancestors different from those already registered.
-        """
+        """Record the ancestors of the fine classes in ``labels`` (``(N, L)``, or ``(N,)`` with a hierarchy);
+        ``ValueError`` for a class seen with other ancestors than those registered."""
         labels = self._levels_of(labels, "labels")
         fine = labels[:, 0]
         if bool((fine >= self.num_classes).any()):

@@ -65,8 +65,7 @@ def pairs_without_self(labels: Tensor, ref_labels: Tensor, self_index: Tensor) -
         self_index: ``(B,)`` long, the reference row holding query ``b``'s own copy (``-1``: none).
 
     Returns:
-        ``(a1, p, a2, n)``: positive pairs (same finest label) and negative pairs, every pair ``(b, self_index[b])``
-        removed. Rank losses use the union as the set of counted pairs; pair losses use the split.
+        ``(a1, p, a2, n)``: positive (same finest label) and negative pairs, without ``(b, self_index[b])``.
     """
     fine, ref_fine = fine_labels(labels), fine_labels(ref_labels)
     self_index = check_self_index(self_index, fine.shape[0], ref_fine.shape[0]).to(fine.device)
@@ -201,15 +200,13 @@ class DistributedRankLoss(nn.Module):
 
     Args:
         loss: the loss to wrap (a PML ``BaseMetricLossFunction``).
-        mode: ``"local_queries"`` (default): the local queries ranked against the gathered global batch, their own
-            copies removed by index unless ``include_self=True``, normalised with global counts
-            (:func:`reference_loss`; ``O(B_local · B_global)`` per process). ``"all"``: the full loss on the
-            gathered batch on every process (``O(B_global²)``; any loss and reducer).
+        mode: ``"local_queries"`` (default, :func:`reference_loss` against the gathered batch, own copies removed
+            unless ``include_self``; ``O(B_local · B_global)``) or ``"all"`` (the full loss on the gathered batch on
+            every process, ``O(B_global²)``; any loss and reducer).
         group: process group (default: the world).
 
-    A ``ref_emb`` given to ``forward`` is a shared reference set (identical on every process, e.g. a memory);
-    ``indices_tuple`` is only supported without a process group. Multi-label label sets (:func:`is_multilabel_loss`)
-    are padded with ``-1`` to the widest of all processes (and of ``ref_labels``), which leaves the loss unchanged.
+    A ``ref_emb`` given to ``forward`` is a shared reference set (e.g. a memory); ``indices_tuple`` only without a
+    process group. Multi-label sets (:func:`is_multilabel_loss`) are padded with ``-1`` to the widest of all processes.
     """
 
     def __init__(self, loss: nn.Module, mode: DistributedMode = "local_queries", group: Any = None) -> None:

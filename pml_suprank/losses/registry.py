@@ -249,17 +249,14 @@ def resolve_loss(name: str, *, search_cwd: bool = False) -> LossEntry:
     """The entry of the ``--loss`` value ``name``: a registered name or class name, ``pml:Class``,
     ``package.module:Class`` or an installed plugin's name (module docstring). The one place a loss module is
     imported: call it for a name typed on the command line or passed in Python, never for a name read from a file.
-
-    A class registered by its module's decorator gets its entry; another class gets one with ``hierarchical`` read
-    from its class attribute of that name (default ``False``).
+    An unregistered class gets an entry with ``hierarchical`` read from its class attribute (default ``False``).
 
     Args:
         name: The loss name.
         search_cwd: Import a ``package.module:Class`` from the working directory too, as ``python -m`` does.
 
     Raises:
-        ValueError: ``name`` names no loss; the message gives the real cause (the ImportError / AttributeError of a
-            ``module:Class`` name, the registered names and the other spellings).
+        ValueError: ``name`` names no loss (the message gives the import error or the accepted spellings).
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"loss must be a non-empty string; got {name!r}")

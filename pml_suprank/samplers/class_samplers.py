@@ -37,8 +37,7 @@ def _flat_labels(labels: Any) -> np.ndarray:
 
 
 class MPerClassBatchSampler(ShardedBatchSampler):
-    """Batches of ``batch_size / m`` distinct classes with ``m`` images each, as a *batch sampler*
-    (``DataLoader(dataset, batch_sampler=sampler)``, one list of indices per step).
+    """Batches of ``batch_size / m`` distinct classes with ``m`` images each (``DataLoader(batch_sampler=...)``).
 
     One pass cuts every class into ``ceil(n_c / m)`` groups of ``m`` images (at most one per batch) so that no class
     appears twice in a global batch; a batch that is not full is completed with groups of other classes (with
@@ -50,8 +49,7 @@ class MPerClassBatchSampler(ShardedBatchSampler):
         m, batch_size: Images per class in a batch; indices per batch *per process* (a multiple of ``m``).
         length_before_new_iter: Indices per epoch (per process); ``None``: one pass over the dataset.
         seed: Seed of the per-epoch ``np.random.default_rng((seed, epoch))``.
-        num_replicas, rank: Processes sharing one global batch and this one's slice (default: ``torch.distributed``'s
-            world size and rank, else 1 and 0).
+        num_replicas, rank: Processes sharing one global batch and this one's slice (default: the world, else 1, 0).
         small_classes: Classes with fewer than ``m`` images: ``"replace"`` (duplicates in their group) or ``"skip"``.
         drop_last: Leave out the leftover groups instead of completing the last batches.
 
@@ -175,9 +173,8 @@ class MPerClassBatchSampler(ShardedBatchSampler):
 
 
 class MPerClassSampler(Sampler[int]):
-    """PML's ``MPerClassSampler``: a flat index stream whose consecutive ``batch_size`` indices are batches of
-    ``batch_size / m`` distinct classes with ``m`` images each (``DataLoader(dataset, sampler=sampler,
-    batch_size=batch_size)``).
+    """PML's ``MPerClassSampler``: a flat index stream of batches of ``batch_size / m`` distinct classes with ``m``
+    images each (``DataLoader(dataset, sampler=sampler, batch_size=batch_size)``).
 
     PML's arguments, order, defaults and meaning: ``len(sampler)`` is ``length_before_new_iter`` rounded down to a
     multiple of ``batch_size`` (``batch_size=None``: to whole passes of ``m * C`` indices). The stream is the
@@ -301,8 +298,8 @@ class HierarchicalSampler(ShardedBatchSampler):
         small_classes: Classes with fewer than ``samples_per_class`` images: ``"replace"`` or ``"skip"``.
 
     Raises:
-        ValueError: A bad size, a column that is not a column of ``labels``, labels that are not a tree on
-            ``(inner_label, outer_label)`` (naming the class and its super-classes), fewer than ``k`` super-classes.
+        ValueError: A bad size or column, labels that are not a tree on ``(inner_label, outer_label)``, fewer than
+            ``k`` super-classes.
     """
 
     def __init__(
