@@ -8,9 +8,7 @@ A memory of past (detached) embeddings enlarges the reference set of a non-decom
   the loss has ``include_self=True``.
 * **loss** ``= (batch_weight · L(batch, ref = batch) + memory_weight · L(batch, ref = memory)) /
   (batch_weight + memory_weight)``; only the in-batch term, and no enqueue, for the first ``warmup_steps`` calls.
-* ``mode="fifo"``: a ring buffer of ``memory_size`` slots; ``mode="index"``: one slot per dataset index.
-* **state**: every field is a buffer, so ``state_dict`` / ``accelerator.save_state`` resume bit-identically;
-  ``eval()`` reads without writing.
+* **state**: buffers only (``state_dict`` resumes bit-identically); ``eval()`` reads without writing.
 * **distributed**: the global batch is enqueued (:func:`pml_suprank.collectives.gather_batch`) and both terms are
   normalised over all processes (:func:`pml_suprank.losses.reference_loss`), equal to the single-process run.
 
@@ -61,10 +59,10 @@ class RankingMemory(nn.Module):
             multi-label loss, the fixed width ``W`` of the label sets (``None``: grows to the widest batch).
         get_first: compute the memory term *before* the batch is written (the reference XBM's ``get_first``): no
             ``(B, M)`` pair list in ``"fifo"`` mode; in ``"index"`` mode the query's own older slot is excluded.
-        distributed: gather across processes (``None``: whenever ``torch.distributed`` runs with > 1 process).
+        distributed: gather across processes (``None``: with > 1 ``torch.distributed`` process).
         group: process group.
-        device: device of the buffers (move the module with ``.to()`` as usual).
-        dtype: dtype of the stored embeddings (default float32, as the reference's XBM).
+        device: device of the buffers.
+        dtype: dtype of the stored embeddings (float32, as the reference's XBM).
 
     Shapes: ``forward(embeddings (B, D), labels (B,) or (B, L), indices (B,) long)`` → scalar loss.
     """
@@ -384,7 +382,7 @@ class CrossBatchMemory(_PMLCrossBatchMemory):
 
     @classmethod
     def check_loss_support(cls, loss_name: str) -> None:
-        """Checked on the loss itself in ``__init__`` (a rank loss is recognised by its bases, not by its name)."""
+        """Checked in ``__init__`` on the loss's bases, not its name."""
 
     @property
     def multilabel(self) -> bool:

@@ -286,7 +286,7 @@ def fine_labels(labels: Tensor) -> Tensor:
 
 
 def require_hierarchy(owner: str, labels: Tensor, hierarchy: Hierarchy | None, name: str = "labels") -> None:
-    """Refuse 1-D ``labels`` without a ``hierarchy``: a hierarchical loss would silently train flat on them.
+    """Refuse 1-D ``labels`` without a ``hierarchy`` (a hierarchical loss would silently train flat on them).
 
     Raises:
         ValueError: naming ``owner``, ``name`` and both ways out (2-D labels or ``hierarchy=``).

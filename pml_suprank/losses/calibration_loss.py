@@ -52,12 +52,11 @@ class CalibrationLoss(GuardedCompileMixin, BaseMetricLossFunction):
         neg_margin: ``β`` (0.6).
         average: ``"active"`` or ``"all"``; ignored when an explicit ``reducer`` is passed.
         include_self: keep the (query, query) pair when the reference set is the batch (reference code).
-        multilabel: take ``(B, M)`` label sets padded with ``-1`` (``ref_labels`` ``(N, M)``); a pair is positive
-            when the two items share any label (the calibration term of ``ROADMAPLoss(multilabel="per_label")``).
+        multilabel: ``(B, M)`` label sets padded with ``-1``; a pair sharing any label is positive.
         **kwargs: PML options (``distance``, ``reducer``, ...).
 
-    Shapes: ``embeddings (B, D)``, ``labels (B,)``, optional ``ref_emb (N, D)``, ``ref_labels (N,)``; returns a scalar.
-    Loss dict: ``"pos_loss"`` (``pos_pair``) and ``"neg_loss"`` (``neg_pair``).
+    Shapes: ``embeddings (B, D)``, ``labels (B,)``, optional ``ref_emb (N, D)``, ``ref_labels (N,)``; returns a scalar
+    (loss dict: ``"pos_loss"``, ``"neg_loss"``).
     """
 
     def __init__(
@@ -72,8 +71,7 @@ class CalibrationLoss(GuardedCompileMixin, BaseMetricLossFunction):
         check_bool("multilabel", multilabel)
         check_bool("include_self", include_self)
         average = check_choice("average", average, ("active", "all"))
-        # with the default "active" reduction, pairs with a zero loss cannot change the value: they are never built,
-        # which keeps a memory of N items at O(B·N) bools instead of O(B·N) index pairs
+        # "active" reduction: zero-loss pairs cannot change the value, so they are never built (O(B·N) bools)
         self._prune_inactive = kwargs.get("reducer") is None and average == "active"
         if kwargs.get("reducer") is None:
             kwargs["reducer"] = AvgNonZeroReducer() if average == "active" else MeanReducer()

@@ -36,8 +36,8 @@ def combination_options(
         decomposability: the requested decomposability term (must not be ``None``).
         decomposability_weight: ``λ``.
         kwargs: the remaining keyword arguments (split by :func:`split_combination_options`).
-        proxy_only: the loss always uses the proxy term (HAPPIER, ROD-NDCG): ``kwargs`` may not set
-            ``decomposability``, ``num_classes`` or ``embedding_size``.
+        proxy_only: always the proxy term (HAPPIER, ROD-NDCG): ``kwargs`` may not set ``decomposability``,
+            ``num_classes`` or ``embedding_size``.
 
     Raises:
         TypeError: a fixed argument given in ``kwargs``.
@@ -86,16 +86,13 @@ class CombinedRankLoss(GuardedCompileMixin, PreparedForwardMixin, BaseMetricLoss
     (``include_self``, ``tau``, ``hierarchy``, ...) are readable on the combined loss.
 
     Args:
-        rank_loss: the rank loss (without a decomposability term of its own). It owns the scores (``distance``)
-            and ``include_self``.
+        rank_loss: the rank loss; it owns the scores (``distance``) and ``include_self``.
         decomposability_loss: ``"calibration"``, ``"proxy"`` or an ``nn.Module`` loss, called as
             ``module(embeddings, fine, indices_tuple[, ref_emb, ref_fine])`` (or ``module(embeddings, fine)`` when
             it has ``uses_reference_set = False``).
         weight: ``λ`` in ``[0, 1]``.
-        num_classes, embedding_size: needed by ``"proxy"`` (the ``ClusterLoss`` proxies become this loss's
-            parameters, ``decomposability_loss.proxies``).
-        **kwargs: PML options of the combined loss (``reducer``, ``embedding_regularizer``, ...). The distance is
-            the rank loss's.
+        num_classes, embedding_size: needed by ``"proxy"`` (``decomposability_loss.proxies``).
+        **kwargs: PML options of the combined loss (``reducer``, ``embedding_regularizer``, ...).
 
     Shapes: ``embeddings (B, D)``, ``labels`` as the rank loss takes them (``(B,)`` or ``(B, L)``), optional
     ``ref_emb (N, D)``, ``ref_labels``; returns a scalar.

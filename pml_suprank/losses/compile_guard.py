@@ -57,8 +57,8 @@ def relative_difference(got: Tensor | None, expected: Tensor | None) -> float:
 
 
 def _swap(args: tuple, kwargs: dict, old: Tensor, new: Tensor) -> tuple[tuple, dict]:
-    """``args`` / ``kwargs`` with every occurrence of the object ``old`` replaced by ``new`` (identity: a reference
-    set that *is* the batch, ``ref_emb=embeddings``, stays the batch)."""
+    """``args`` / ``kwargs`` with every occurrence of the object ``old`` replaced by ``new`` (``ref_emb=embeddings``
+    stays the batch)."""
     return (
         tuple(new if a is old else a for a in args),
         {k: (new if v is old else v) for k, v in kwargs.items()},
@@ -172,8 +172,8 @@ def compare_with_eager(
 
 
 class GuardedCall:
-    """The compiled call of a loss, checked against its eager call (:func:`compare_with_eager`) once for every new
-    :func:`call_signature`; a call whose eager output is not finite is checked again at the next call.
+    """The compiled call of a loss, checked against eager (:func:`compare_with_eager`) once per new
+    :func:`call_signature` (again at the next call when the eager output is not finite).
 
     Args:
         compiled: the compiled callable (``torch.compile(module._call_impl, ...)``).
@@ -240,10 +240,8 @@ class GuardedCompileMixin:
 def check_compiled_loss(compiled: Callable[..., Any], *args, eager: Callable[..., Any] | None = None, **kwargs):
     """Call ``compiled(*args, **kwargs)`` once, checked against the eager loss, and return its output.
 
-    For ``compiled = torch.compile(loss)`` (``eager`` defaults to the module it wraps, ``compiled._orig_mod``) or
-    any compiled callable with an explicit ``eager``. ``args[0]`` are the ``(B, D)`` embeddings: the output, and
-    when it requires grad the gradients of the embeddings and of an ``nn.Module`` eager's parameters, are compared
-    (relative difference ≤ :data:`COMPILE_RTOL`; see :func:`compare_with_eager`).
+    ``eager`` defaults to ``compiled._orig_mod`` (``compiled = torch.compile(loss)``). ``args[0]`` are the ``(B, D)``
+    embeddings; outputs and gradients are compared by :func:`compare_with_eager` (≤ :data:`COMPILE_RTOL`).
 
     Raises:
         TypeError: no ``eager`` given and ``compiled`` wraps no module.

@@ -49,9 +49,8 @@ class CSLLoss(GuardedCompileMixin, WeightRegularizerMixin, BaseMetricLossFunctio
         hierarchy: optional ``(num_fine, L)`` table / :class:`~pml_suprank.relevance.Hierarchy` for 1-D fine labels.
         **kwargs: PML options (``reducer``, ``weight_regularizer``, ``weight_init_func``, ...).
 
-    Shapes: ``embeddings (B, D)`` with ``D == embedding_size`` (else ``ValueError``), ``labels (B, L)`` or ``(B,)``
-    fine labels with ``hierarchy``; returns a scalar. ``ref_emb`` is not supported (proxy loss); an
-    ``indices_tuple`` weights the queries like PML's proxy losses.
+    Shapes: ``embeddings (B, embedding_size)``, ``labels (B, L)`` (or ``(B,)`` with ``hierarchy``); returns a scalar.
+    No ``ref_emb`` (proxy loss); an ``indices_tuple`` weights the queries like PML's proxy losses.
     """
 
     def __init__(

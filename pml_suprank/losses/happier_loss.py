@@ -28,7 +28,7 @@ class HAPPIERLoss(CombinedRankLoss):
         embedding_size: embedding dimension ``D``.
         alpha: ``α`` of the H-AP relevance (Eq. 20).
         decomposability_weight: ``λ`` (0.1 in the paper and every reference config).
-        hierarchy: fine → ancestors table for 1-D fine labels (and for multi-label sets; ``None`` = flat).
+        hierarchy: fine → ancestors table for 1-D fine labels and multi-label sets.
         relevance: ``"levels"`` (default) or ``"multilabel"`` (``(B, M)`` sets padded with ``-1``, see
             :class:`~pml_suprank.losses.SupHAPLoss`; the proxy term sees column 0, so ``num_classes`` must exceed
             every fine label).

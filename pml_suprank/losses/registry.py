@@ -72,12 +72,10 @@ class LossEntry:
     Attributes:
         name: The recipe name (``--loss`` / hub_config ``loss.name``), e.g. ``"HAPPIER"``.
         cls: The ``nn.Module`` loss class.
-        hierarchical: Trained on the ``(N, L)`` label columns (fine → coarse; ClusterLoss proxies then need
-            ``num_classes`` / ``embedding_size``); otherwise on the fine labels ``(N,)``.
+        hierarchical: Trained on the ``(N, L)`` label columns (fine → coarse); otherwise on the fine labels ``(N,)``.
         multilabel: Has a multi-label variant (``relevance="multilabel"`` with a ``hierarchy=`` table).
         paper: ``(title, url)`` for the model card, or ``None`` (the SupRank paper).
-        options: Recipe loss options (``tau``, ``rho``...) the constructor takes, or ``None`` (its named ``__init__``
-            parameters).
+        options: Recipe loss options (``tau``, ``rho``...) the constructor takes (``None``: its named parameters).
     """
 
     name: str

@@ -28,7 +28,7 @@ MULTILABEL_MODES = (None, "per_label")  # the multilabel= choices of SupAPLoss /
 
 @dataclass
 class _PseudoQueryInputs(RankInputs):
-    """:class:`RankInputs` of binary pseudo-queries whose positives are given (per-label AP)."""
+    """:class:`RankInputs` of binary pseudo-queries with given positives (per-label AP)."""
 
     positive_mask: Tensor | None = None
 
@@ -85,8 +85,7 @@ class SupAPLoss(SupRankStepMixin, BaseRankLoss):
         rho: slope ``ρ`` of the linear branch (``t > δ``).
         delta: margin ``δ``.
         start: jump on ``(0, δ]``.
-        offset: value at ``t = δ⁺``; ``None`` → ``σ_τ(δ) + start`` (continuous; reference SOP configs use 1.44,
-            iNat configs ``start=0, offset=1``).
+        offset: value at ``t = δ⁺``; ``None`` → ``σ_τ(δ) + start`` (reference: 1.44 on SOP, ``start=0, offset=1`` iNat).
         include_self: keep the query as its own positive when the reference set is the batch (reference code).
         kernel: ``"auto"`` (default), ``"dense"`` or ``"sorted"`` (see :class:`BaseRankLoss`).
         temperature: alias of ``tau``; giving both with different values raises ``ValueError``.
@@ -98,8 +97,7 @@ class SupAPLoss(SupRankStepMixin, BaseRankLoss):
             ``DistributedRankLoss`` pad the sets; ``memory.CrossBatchMemory`` does not support it.
         **kwargs: ``BaseRankLoss`` / PML options (``distance``, ``reducer``, ...).
 
-    Shapes: ``embeddings (B, D)``, ``labels (B,)`` (``(B, M)`` with ``multilabel="per_label"``), optional
-    ``ref_emb (N, D)``, ``ref_labels`` like ``labels``; returns a scalar.
+    Shapes: ``embeddings (B, D)``, ``labels (B,)`` (or ``(B, M)``), optional ``ref_emb (N, D)``, ``ref_labels``.
     """
 
     kernels = ("auto", "dense", "sorted")

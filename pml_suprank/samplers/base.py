@@ -85,12 +85,9 @@ def groups_per_class(sizes: np.ndarray, m: int, groups_per_batch: int, *, pad: b
 
 
 class ShardedBatchSampler(Sampler[list[int]]):
-    """Epoch plan, sharding and resumable state shared by the two samplers.
-
-    Subclasses implement ``_global_plan(rng)`` returning a list of global batches, each a list of *parts*
-    (``np.ndarray`` of shape ``(groups, group_size)``); rank ``r`` takes the ``r``-th ``1/R`` of the groups of every
-    part, and the local batch interleaves the parts group by group.
-    """
+    """Epoch plan, sharding and resumable state of the batch samplers: ``_global_plan(rng)`` returns global batches,
+    each a list of *parts* ``(groups, group_size)``; rank ``r`` takes the ``r``-th ``1/R`` of every part's groups,
+    interleaved part by part."""
 
     def __init__(self, batch_size: int, seed: int, num_replicas: int | None, rank: int | None) -> None:
         self.batch_size = check_positive_int("batch_size", batch_size)
