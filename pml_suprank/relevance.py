@@ -236,8 +236,7 @@ def level_matrix(query_labels: Tensor, ref_labels: Tensor, *, tree: bool = False
 
 
 def level_counts(levels: Tensor, num_levels: int, mask: Tensor | None = None) -> Tensor:
-    """``(Q, L + 1)`` int64 counts ``|Ω^(l)|`` of the ``(Q, N)`` ``levels`` (values in ``{0..L}``, ``L =
-    num_levels``), counting only where the optional ``(Q, N)`` bool ``mask`` is True."""
+    """``(Q, L + 1)`` int64 counts ``|Ω^(l)|`` of the ``(Q, N)`` ``levels`` in ``{0..num_levels}`` where ``mask``."""
     one = torch.ones_like(levels) if mask is None else mask.long()
     out = torch.zeros(levels.shape[0], num_levels + 1, dtype=torch.long, device=levels.device)
     return out.scatter_add(1, levels, one)
@@ -245,8 +244,7 @@ def level_counts(levels: Tensor, num_levels: int, mask: Tensor | None = None) ->
 
 def pop_relevance(counts: Tensor, alpha: float = 1.0, dtype: torch.dtype = torch.float32) -> Tensor:
     """``(Q, L + 1)`` H-AP relevance table of SupRank Eq. 20, ``rel(l) = (l / L)^alpha / |Ω^(l)|`` (``rel(0) = 0``,
-    empty levels 0), from ``counts`` ``(Q, L + 1)`` (:func:`level_counts`); ``alpha >= 0`` (1: H-AP, > 1: HAPPIER_F).
-    """
+    empty levels 0), from ``counts`` ``(Q, L + 1)``; ``alpha >= 0`` (1: H-AP, > 1: HAPPIER_F)."""
     if alpha < 0:
         raise ValueError(f"alpha must be >= 0; got {alpha}")
     num_levels = counts.shape[1] - 1

@@ -72,8 +72,7 @@ class RankInputs:
 
 
 def entry_reducer(reducer, name: str):
-    """The reducer that reduces the loss-dict entry ``name`` under ``reducer`` (a ``MultipleReducers`` picks
-    ``reducers[name]`` or its default; any other reducer reduces every entry; ``None`` stays ``None``)."""
+    """The reducer of the loss-dict entry ``name`` under ``reducer`` (``MultipleReducers``: its own or the default)."""
     if isinstance(reducer, MultipleReducers):
         return reducer.reducers[name] if name in reducer.reducers else reducer.default_reducer
     return reducer
@@ -274,8 +273,7 @@ def prepare_inputs(owner: str, embeddings, labels, ref_emb, ref_labels, *, allow
 
 
 def similarity_matrix(distance, embeddings: Tensor, ref_emb: Tensor) -> Tensor:
-    """``(B, N)`` similarity matrix computed in full precision (autocast disabled); the batch as its own reference
-    set (``ref_emb is embeddings``) is normalised once (:func:`~pml_suprank._similarity.similarity_scores`)."""
+    """``(B, N)`` similarity matrix in full precision (:func:`~pml_suprank._similarity.similarity_scores`)."""
     with torch.autocast(device_type=embeddings.device.type, enabled=False):
         return similarity_scores(distance, embeddings, ref_emb)
 

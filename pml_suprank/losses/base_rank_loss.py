@@ -156,9 +156,8 @@ class BaseRankLoss(GuardedCompileMixin, PreparedForwardMixin, BaseMetricLossFunc
         raise NotImplementedError
 
     def resolved_kernel(self, inputs: RankInputs, levels: int = 1) -> str:
-        """``"dense"`` or ``"sorted"``: :attr:`kernel` resolved for these inputs (``"auto"``: the cost model of
-        :func:`~pml_suprank.ranking.choose_kernel` by device type; ``levels``: 1 for a flat loss, the number of
-        hierarchy levels for a hierarchical one)."""
+        """``"dense"`` or ``"sorted"``: :attr:`kernel` resolved for these inputs by
+        :func:`~pml_suprank.ranking.choose_kernel` (``levels``: 1 for a flat loss, else the hierarchy's)."""
         num_queries, num_refs = inputs.scores.shape
         return choose_kernel(self.kernel, inputs.scores.device, num_queries, num_refs, levels=levels)
 

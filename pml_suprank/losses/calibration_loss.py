@@ -100,8 +100,7 @@ class CalibrationLoss(GuardedCompileMixin, BaseMetricLossFunction):
     def prepared_forward(
         self, embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None, *, scores=None, valid=None
     ):
-        """:meth:`forward` on inputs a combined loss has already validated (``prepare_inputs``), optionally with the
-        ``(B, N)`` ``scores`` / ``valid`` mask of its rank term when they are the same (:func:`shares_scores`)."""
+        """:meth:`forward` on prepared inputs, optionally with the rank term's ``(B, N)`` ``scores`` / ``valid``."""
         self.reset_stats()
         if ref_emb is None:
             ref_emb, ref_labels = embeddings, labels
@@ -112,8 +111,7 @@ class CalibrationLoss(GuardedCompileMixin, BaseMetricLossFunction):
         return reduce_loss_dict(self.reducer, loss_dict, embeddings, labels)
 
     def shares_scores(self, distance, include_self: bool) -> bool:
-        """Whether this loss's score matrix and reference mask equal those of a rank loss with ``distance`` and
-        ``include_self`` (same PML similarity class and settings): the combined loss then computes them once."""
+        """Whether this loss's scores and reference mask equal a rank loss's with ``distance`` and ``include_self``."""
         mine = self.distance
         return (
             type(mine) is type(distance)

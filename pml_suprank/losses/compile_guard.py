@@ -71,8 +71,7 @@ def _embeddings(args: tuple, kwargs: dict) -> Tensor | None:
 
 
 def _tensors(out: Any) -> list[Tensor] | None:
-    """The floating tensors of a loss output: ``value`` or ``(value, extras...)`` (tuples, lists and dicts walked in
-    order); ``None`` for an output with none."""
+    """The floating tensors of a loss output (tuples, lists and dicts walked in order), or ``None``."""
     if isinstance(out, Tensor):
         return [out] if out.is_floating_point() else None
     found: list[Tensor] = []
@@ -210,8 +209,7 @@ class GuardedCall:
 
 
 def guard_compiled_call(module: nn.Module, rtol: float = COMPILE_RTOL) -> nn.Module:
-    """Wrap the compiled call that ``module.compile(...)`` installed in a :class:`GuardedCall` (no-op when the module
-    is not compiled or already guarded). Returns ``module``."""
+    """Wrap the compiled call of ``module.compile(...)`` in a :class:`GuardedCall` (once); returns ``module``."""
     compiled = getattr(module, "_compiled_call_impl", None)
     if compiled is not None and not isinstance(compiled, GuardedCall):
         module._compiled_call_impl = GuardedCall(compiled, module, rtol)
@@ -228,12 +226,10 @@ def compile_loss(loss: nn.Module, *args, **kwargs) -> nn.Module:
 
 
 class GuardedCompileMixin:
-    """``compile(*args, **kwargs)`` of an ``nn.Module`` loss: ``nn.Module.compile`` (in place) plus the check of
-    every new call signature against eager (:class:`GuardedCall`)."""
+    """``compile(*args, **kwargs)``: in place, each new call signature checked (:class:`GuardedCall`)."""
 
     def compile(self, *args, **kwargs) -> None:
-        """``nn.Module.compile(*args, **kwargs)``; each new call signature is then checked against the eager loss
-        and a mismatch raises :class:`CompiledLossMismatchError`."""
+        """``nn.Module.compile(*args, **kwargs)``; a mismatch with eager raises :class:`CompiledLossMismatchError`."""
         compile_loss(self, *args, **kwargs)
 
 
