@@ -63,8 +63,6 @@ class RankingMemory(nn.Module):
         group: process group.
         device: device of the buffers.
         dtype: dtype of the stored embeddings (float32, as the reference's XBM).
-
-    Shapes: ``forward(embeddings (B, D), labels (B,) or (B, L), indices (B,) long)`` → scalar loss.
     """
 
     def __init__(
@@ -218,7 +216,7 @@ class RankingMemory(nn.Module):
 
     @torch.no_grad()
     def enqueue(self, embeddings: Tensor, labels: Tensor, indices: Tensor | None = None) -> Tensor:
-        """Write a (detached) batch into the memory, without computing any loss and without gathering.
+        """Write a (detached) batch into the memory (no loss, no gathering).
 
         Args:
             embeddings: ``(B, D)``.

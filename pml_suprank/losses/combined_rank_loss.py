@@ -173,9 +173,8 @@ class CombinedRankLoss(GuardedCompileMixin, PreparedForwardMixin, BaseMetricLoss
         return entry
 
     def decomposability_arguments(self, embeddings, labels, indices_tuple, ref_emb, ref_labels) -> tuple:
-        """The positional arguments of ``self.decomposability_loss(...)`` for prepared inputs, on the finest labels:
-        ``(embeddings, fine)`` for a proxy loss (``uses_reference_set = False``), ``(embeddings, fine,
-        indices_tuple)`` when the reference set is the batch, else ``(..., ref_emb, ref_fine)``."""
+        """The positional arguments of ``self.decomposability_loss(...)`` on the finest labels: ``(embeddings, fine)``
+        (proxy loss), ``(embeddings, fine, indices_tuple)`` (batch references), else ``(..., ref_emb, ref_fine)``."""
         fine = fine_labels(labels)
         if not getattr(self.decomposability_loss, "uses_reference_set", True):
             return embeddings, fine

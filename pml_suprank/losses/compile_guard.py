@@ -86,8 +86,8 @@ def _finite(tensors: list[Tensor | None]) -> bool:
 
 
 def call_signature(args: tuple, kwargs: dict) -> tuple:
-    """What makes ``torch.compile`` trace another graph, as far as a loss call shows it: the shape, dtype, device
-    and ``requires_grad`` of every tensor argument, the type of the others, and whether gradients are enabled."""
+    """What makes ``torch.compile`` trace another graph: every tensor argument's shape, dtype, device and
+    ``requires_grad``, the others' types, and the grad mode."""
 
     def one(v: Any) -> Any:
         if isinstance(v, Tensor):
@@ -217,8 +217,7 @@ def guard_compiled_call(module: nn.Module, rtol: float = COMPILE_RTOL) -> nn.Mod
 
 
 def compile_loss(loss: nn.Module, *args, **kwargs) -> nn.Module:
-    """Compile ``loss`` in place (``nn.Module.compile(*args, **kwargs)``: same parameters and state-dict keys), every
-    new call signature checked against eager (:class:`GuardedCall`). Returns ``loss``."""
+    """Compile ``loss`` in place (``nn.Module.compile``), every new call signature checked (:class:`GuardedCall`)."""
     if not isinstance(loss, nn.Module):
         raise TypeError(f"compile_loss needs an nn.Module loss; got {type(loss).__name__}")
     nn.Module.compile(loss, *args, **kwargs)

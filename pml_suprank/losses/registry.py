@@ -158,11 +158,8 @@ def loss_entry(name: str) -> LossEntry:
 
 
 def check_loss_name(name: Any, *, from_file: bool = False) -> str | None:
-    """Why ``name`` is not a ``--loss`` value (``None``: it may be one), WITHOUT importing anything.
-
-    ``from_file``: the name was read from a file (a hub_config, a ``--config`` YAML, a model folder), where a
-    ``module:Class`` name is refused: only a name typed on the command line or passed in Python is imported.
-    """
+    """Why ``name`` is not a ``--loss`` value (``None``: it may be one), WITHOUT importing anything; ``from_file``:
+    read from a file (hub_config, ``--config`` YAML, model folder), where a ``module:Class`` name is refused."""
     if not isinstance(name, str) or not name:
         return f"a non-empty string; got {name!r}"
     if name in LOSSES or name in LOSSES.aliases():
@@ -190,9 +187,8 @@ def check_loss_name(name: Any, *, from_file: bool = False) -> str | None:
 
 
 def _plugin_entry_points() -> dict[str, Any]:
-    """``{name: entry point}`` of :data:`ENTRY_POINT_GROUP` in installed distributions only: ``sys.path`` without the
-    working directory Python puts first (a downloaded folder one runs in must not publish plugins); a folder named
-    on ``PYTHONPATH`` appears again later and is kept."""
+    """``{name: entry point}`` of :data:`ENTRY_POINT_GROUP` in installed distributions only (``sys.path`` without the
+    working directory Python puts first: a downloaded folder one runs in must not publish plugins)."""
     cwd = os.path.realpath(os.getcwd())
     paths = [p for i, p in enumerate(sys.path) if p and not (i == 0 and os.path.realpath(p) == cwd)]
     out: dict[str, Any] = {}
@@ -295,8 +291,7 @@ def entry_options(entry: LossEntry, option_names: Sequence[str]) -> tuple[str, .
 
 def loss_keywords(cls: type) -> frozenset[str] | None:
     """The keyword arguments the loss class ``cls`` accepts, read from the ``__init__`` signatures along its MRO
-    (an ``__init__`` with ``**kwargs`` passes them on to its base); ``None`` for the package's own losses (the
-    combined ones hand their ``**kwargs`` to an inner loss)."""
+    while they pass on ``**kwargs``; ``None`` for the package's own losses."""
     if cls.__module__.startswith(f"{__package__}."):
         return None
     names: set[str] = set()

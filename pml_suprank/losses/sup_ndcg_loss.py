@@ -37,8 +37,7 @@ class SupNDCGLoss(HierarchicalRankLoss):
 
     Args:
         hierarchy: fine → ancestors table for 1-D fine labels (and for the multi-label relevance).
-        relevance: ``"levels"`` (default: ``(B, L)`` / 1-D hierarchical labels) or ``"multilabel"`` (``(B, M)``
-            padded label sets, thesis Algorithm 1).
+        relevance: ``"levels"`` (default) or ``"multilabel"`` (``(B, M)`` padded label sets, thesis Algorithm 1).
         **suprank_kwargs: ``tau`` (alias ``temperature``), ``rho``, ``delta``, ``start``, ``offset``,
             ``include_self``, ``chunk_size`` and BaseRankLoss / PML options.
 

@@ -34,9 +34,8 @@ class SupRecallLoss(SupRankStepMixin, BaseRankLoss):
     Args:
         k: the cut-offs ``K`` ((1, 2, 4, 8, 16)).
         temperature: ``τ*`` of the outer sigmoid (1.0).
-        **suprank_kwargs: ``tau`` (0.01), ``rho``, ``delta``, ``start``, ``offset`` of ``H⁻`` (see
-            :class:`SupAPLoss`), ``include_self``, ``kernel`` (``"auto"``, ``"dense"``, ``"sorted"``) and
-            ``BaseRankLoss``/PML options.
+        **suprank_kwargs: ``tau`` (0.01), ``rho``, ``delta``, ``start``, ``offset`` of ``H⁻`` (:class:`SupAPLoss`),
+            ``include_self``, ``kernel`` and ``BaseRankLoss``/PML options.
 
     Shapes: ``embeddings (B, D)``, ``labels (B,)``, optional ``ref_emb (N, D)``, ``ref_labels (N,)``; returns a scalar.
     """
