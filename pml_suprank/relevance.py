@@ -221,9 +221,9 @@ def hierarchical_label_pair(
 
 
 def level_matrix(query_labels: Tensor, ref_labels: Tensor, *, tree: bool = False) -> Tensor:
-    """``(Q, N)`` int64 level in ``{0, ..., L}`` of every reference for every query: the number of consecutive
-    agreeing columns of ``query_labels`` ``(Q, L)`` and ``ref_labels`` ``(N, L)`` from the coarsest (HAPPIER Sec. 3).
-    ``tree=True``: the labels are known to be one tree, so the level is the number of equal columns (fewer ops)."""
+    """``(Q, N)`` int64 level in ``{0, ..., L}`` of every reference for every query: the consecutive agreeing columns
+    of ``query_labels`` ``(Q, L)`` and ``ref_labels`` ``(N, L)`` from the coarsest (HAPPIER Sec. 3; ``tree=True``:
+    known to be one tree, so the equal columns)."""
     if query_labels.dim() != 2 or ref_labels.dim() != 2 or query_labels.shape[1] != ref_labels.shape[1]:
         raise ValueError(
             "query_labels and ref_labels must have shapes (Q, L) and (N, L) with the same L; "
@@ -307,7 +307,7 @@ MULTILABEL_BLOCK = 2**22  # elements of the (C, R, M_q, M_r) work tensor of one 
 
 
 def check_multilabel(name: str, labels: object) -> Tensor:
-    """Return ``labels`` as an ``(N, M)`` long tensor of label sets (``-1`` = padding; every row has a label)."""
+    """``labels`` as an ``(N, M)`` long tensor of label sets (``-1`` = padding; every row has a label)."""
     if not isinstance(labels, Tensor):
         raise TypeError(f"{name} must be an integer torch.Tensor of shape (N, M); got {type(labels).__name__}")
     if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:

@@ -20,7 +20,6 @@ __all__ = ["HierarchicalRankLoss"]
 
 class HierarchicalRankLoss(SupRankStepMixin, BaseRankLoss):
     """Base class of the hierarchical SupRank losses: resolves the labels into levels and calls a per-query score.
-
     Subclasses implement :meth:`query_scores` ``(scores, levels, valid, num_levels) -> (score (B,), has_pos (B,))``;
     the per-query loss is ``1 − score`` over the queries with at least one relevant item.
 

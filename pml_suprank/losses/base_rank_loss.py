@@ -88,8 +88,7 @@ class BaseRankLoss(GuardedCompileMixin, PreparedForwardMixin, BaseMetricLossFunc
         return CosineSimilarity()
 
     def prepare_inputs(self, embeddings, labels, ref_emb=None, ref_labels=None):
-        """Validate a call and resolve the reference set (:func:`~pml_suprank.losses._inputs.prepare_inputs`):
-        ``(embeddings, labels, ref_emb, ref_labels)``, as ``compute_loss``/``rank_entry`` expect them."""
+        """Validated ``(embeddings, labels, ref_emb, ref_labels)`` (``_inputs.prepare_inputs``)."""
         emb, labels, ref, ref_labels, _ = prepare_inputs(
             type(self).__name__, embeddings, labels, ref_emb, ref_labels, allow_2d_labels=self.allow_2d_labels
         )

@@ -152,8 +152,7 @@ class CombinedRankLoss(GuardedCompileMixin, PreparedForwardMixin, BaseMetricLoss
         return ["rank_loss", "decomposability_loss"]
 
     def prepare_inputs(self, embeddings, labels, ref_emb=None, ref_labels=None):
-        """Validate a call as the rank loss does: ``(embeddings, labels, ref_emb, ref_labels)`` (see
-        :meth:`BaseRankLoss.prepare_inputs`)."""
+        """Validate a call as the rank loss does (:meth:`BaseRankLoss.prepare_inputs`)."""
         emb, labels, ref, ref_labels, _ = prepare_inputs(
             type(self).__name__,
             embeddings,

@@ -33,9 +33,7 @@ class HAPPIERLoss(CombinedRankLoss):
             :class:`~pml_suprank.losses.SupHAPLoss`; the proxy term sees column 0, so ``num_classes`` must exceed
             every fine label).
         **suprank_kwargs: :class:`~pml_suprank.losses.SupHAPLoss` options (``tau``/``temperature``, ``rho``,
-            ``with_hrank``, ``include_self``, ``distance``, ...) and the combined loss's PML options (``reducer``).
-
-    Shapes: as :class:`~pml_suprank.losses.SupHAPLoss`.
+            ``with_hrank``, ``include_self``, ``distance``, ...; shapes as there) and PML options (``reducer``).
     """
 
     def __init__(

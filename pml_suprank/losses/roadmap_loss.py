@@ -31,8 +31,7 @@ class ROADMAPLoss(CombinedRankLoss):
         **suprank_kwargs: :class:`SupAPLoss` arguments (``tau``/``temperature``, ``rho``, ``delta``, ``start``,
             ``offset``, ``include_self``, ``distance``) and the combined loss's PML options (``reducer``, ...).
 
-    Shapes: ``embeddings (B, D)``, ``labels (B,)``, optional ``ref_emb (N, D)``, ``ref_labels (N,)``; returns a scalar.
-    With ``ref_emb`` the calibration term also uses the reference set (as the reference code); L_DG* uses the queries.
+    Shapes: as :class:`SupAPLoss`. With ``ref_emb`` the calibration term also uses the reference set; L_DG* the queries.
     """
 
     def __init__(

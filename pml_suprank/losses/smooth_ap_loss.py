@@ -45,8 +45,7 @@ class SmoothAPLoss(BaseRankLoss):
         self.temperature = self.step.tau
 
     def query_ap(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:
-        """Smooth AP of the queries with a positive: ``(ap (Q,), rows (Q,) long)`` (sorted kernel) or
-        ``(ap (B,), kept (B,) bool)`` (dense kernel, no host synchronisation; ``ap = 0`` where not kept)."""
+        """Smooth AP: ``(ap (Q,), rows (Q,) long)`` (sorted kernel) or ``(ap (B,), kept (B,) bool)`` (dense)."""
         positives = inputs.positives()
         if self.resolved_kernel(inputs) == "dense":
             pos = positives.to(inputs.scores.dtype)

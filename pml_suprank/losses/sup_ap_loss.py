@@ -128,8 +128,7 @@ class SupAPLoss(SupRankStepMixin, BaseRankLoss):
         return self.multilabel == "per_label"
 
     def query_ap(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:
-        """Surrogate AP of the queries with a positive: ``(ap (Q,), rows (Q,) long)`` (sorted kernel) or
-        ``(ap (B,), kept (B,) bool)`` (dense kernel, no host synchronisation; ``ap = 0`` where not kept)."""
+        """Surrogate AP: ``(ap (Q,), rows (Q,) long)`` (sorted kernel) or ``(ap (B,), kept (B,) bool)`` (dense)."""
         if self.resolved_kernel(inputs) == "dense":
             positives = inputs.positives()
             negatives = (inputs.valid & ~positives).to(inputs.scores.dtype)

@@ -46,7 +46,6 @@ class SupHAPLoss(HierarchicalRankLoss):
     (:func:`pml_suprank.relevance.multilabel_relevance` through ``hierarchy``), used exactly by the same kernels
     (HAPPIER Eqs. 2-3; :func:`pml_suprank.losses._multilabel.multilabel_levels`); ``loss ≥ 1 − H-AP`` of
     :func:`pml_suprank.metrics.functional.graded_average_precision`. ``alpha`` must stay 1, ``level_weights`` unset.
-
     Cost: ``O(L · B · N log N)`` plus the sigmoid-window pairs, ``O(L · B · N)`` extra memory; never ``B × N × N``.
 
     Args:

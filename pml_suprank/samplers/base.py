@@ -54,8 +54,7 @@ def resolve_replicas(num_replicas: int | None, rank: int | None) -> tuple[int, i
 
 
 def draw(rng: np.random.Generator, pool: np.ndarray, size: int, exclude: np.ndarray | None = None) -> np.ndarray:
-    """``size`` items of ``pool``: without replacement while possible (preferring items not in ``exclude``),
-    the remainder with replacement."""
+    """``size`` items of ``pool``, without replacement while possible (items not in ``exclude`` first)."""
     if exclude is not None and exclude.size:
         fresh = pool[~np.isin(pool, exclude)]
         if fresh.size >= size:
@@ -186,8 +185,7 @@ class ShardedBatchSampler(Sampler[list[int]]):
 
 
 def check_group_size(m: Any, batch_size: int, minimum: int = 1) -> int:
-    """Validate the per-group size ``m`` of a batch of ``batch_size``: an int >= ``minimum``, <= ``batch_size`` and
-    dividing it; return it."""
+    """``m`` checked as a group size of ``batch_size``: an int >= ``minimum`` dividing ``batch_size``."""
     m = check_positive_int("m", m, minimum=minimum)
     if m > batch_size:
         raise ValueError(f"m must be <= batch_size = {batch_size}; got m={m}")

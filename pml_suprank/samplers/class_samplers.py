@@ -244,8 +244,7 @@ class MPerClassSampler(Sampler[int]):
 
     @property
     def batch_sampler(self) -> MPerClassBatchSampler:
-        """The same plan as whole batches (a list of indices per step), for ``DataLoader(batch_sampler=...)``;
-        it shares this sampler's epoch and position."""
+        """The same plan as whole batches, for ``DataLoader(batch_sampler=...)`` (sharing epoch and position)."""
         return self._batches
 
     @property
