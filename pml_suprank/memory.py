@@ -1,29 +1,20 @@
 """Cross-batch memories (XBM, Wang et al., CVPR 2020) for rank losses: ``RankingMemory`` (resumable,
 distributed-aware) and ``CrossBatchMemory`` (PML's class extended to this package's rank losses).
 
-Rank losses are non-decomposable: the AP of a query within a batch underestimates its AP on the dataset. A memory of
-past (detached) embeddings enlarges the reference set at almost no cost (ROADMAP with a memory of the whole training
-set: SupRank TPAMI 2025, Sec. 5 / Tab. III). ``RankingMemory`` follows the SupRank reference XBM:
+A memory of past (detached) embeddings enlarges the reference set of a non-decomposable rank loss at almost no cost
+(SupRank TPAMI 2025, Sec. 5 / Tab. III). ``RankingMemory`` follows the SupRank reference XBM:
 
-* **enqueue, then get**: the batch is written first, so the memory holds a copy of every query, removed from its
-  reference set by index unless the loss keeps the query as its own positive (``include_self=True``);
-  ``get_first=True`` computes the memory term before the batch is written instead.
+* **enqueue, then get** (or ``get_first=True``): each query's copy is removed from its reference set by index unless
+  the loss has ``include_self=True``.
 * **loss** ``= (batch_weight · L(batch, ref = batch) + memory_weight · L(batch, ref = memory)) /
-  (batch_weight + memory_weight)``; during the first ``warmup_steps`` training calls only the in-batch term, and
-  nothing is enqueued.
-* ``mode="fifo"``: a ring buffer of ``memory_size`` slots (a batch larger than the memory keeps its last rows; the
-  queue wraps). ``mode="index"``: one slot per dataset index holding its latest embedding (``forward`` needs
-  ``indices``).
-* **state**: embeddings, labels, fill mask, queue pointer and step counter are buffers, so ``state_dict`` /
-  ``accelerator.save_state`` restore a memory that continues bit-identically; ``eval()`` reads without writing.
-* **distributed**: every process enqueues the global batch (:func:`pml_suprank.collectives.gather_batch`), and
-  both terms rank the local queries and are normalised over all processes
-  (:func:`pml_suprank.losses.reference_loss`): loss and DDP-averaged gradients equal the single-process run.
+  (batch_weight + memory_weight)``; only the in-batch term, and no enqueue, for the first ``warmup_steps`` calls.
+* **state**: buffers only (``state_dict`` resumes bit-identically); ``eval()`` reads without writing.
+* **distributed**: the global batch is enqueued (:func:`pml_suprank.collectives.gather_batch`) and both terms are
+  normalised over all processes (:func:`pml_suprank.losses.reference_loss`), equal to the single-process run.
 
-Labels are ``(B,)`` or hierarchical ``(B, L)``. A multi-label loss (decided by the loss,
-:func:`~pml_suprank.losses.distributed_rank_loss.is_multilabel_loss`, never by the labels' shape) takes ``(B, W)``
-sets padded with ``-1``: a narrower batch is padded, a wider one grows the memory with ``-1`` columns unless
-``label_levels`` fixed the width (then ``ValueError``).
+Labels are ``(B,)`` or hierarchical ``(B, L)``; a multi-label loss
+(:func:`~pml_suprank.losses.distributed_rank_loss.is_multilabel_loss`, never the labels' shape) takes ``(B, W)``
+sets padded with ``-1``, the memory growing to the widest batch unless ``label_levels`` fixed ``W``.
 """
 
 from __future__ import annotations
@@ -55,27 +46,23 @@ class RankingMemory(nn.Module):
     """Cross-batch memory of detached embeddings and labels for any rank (or PML pair) loss.
 
     Args:
-        loss: the loss, called as ``loss(embeddings, labels, indices_tuple, ref_emb, ref_labels)`` (every
-            pml_suprank loss, flat or hierarchical, and PML losses that accept ``ref_emb``).
+        loss: called as ``loss(embeddings, labels, indices_tuple, ref_emb, ref_labels)`` (any pml_suprank loss, or a
+            PML loss accepting ``ref_emb``).
         embedding_size: ``D``.
         memory_size: number of slots ``M`` (``mode="index"``: the dataset size, or more).
         warmup_steps: training calls during which only the in-batch loss is used and nothing is enqueued.
-        mode: ``"fifo"`` (queue) or ``"index"`` (one slot per dataset index, "full memory").
+        mode: ``"fifo"`` (ring buffer; a batch larger than the memory keeps its last rows) or ``"index"`` (one
+            slot per dataset index holding its latest embedding; ``forward`` needs ``indices``).
         batch_weight: weight of the in-batch loss (``0`` → memory term only once the memory is active).
         memory_weight: weight of the loss against the memory.
-        label_levels: ``None`` (taken from the first batch: 1-D or 2-D labels) or ``L`` for ``(M, L)`` labels
-            (``1`` → 1-D). With a multi-label loss: the fixed maximal width ``W`` of the label sets (``None``: the
-            memory grows to the widest batch seen).
-        get_first: compute the memory term against the memory *before* the batch is written (the reference XBM's
-            ``get_first=True``): the memory then holds no copy of the current queries, nothing has to be removed
-            in ``"fifo"`` mode and the step skips the ``(B, M)`` pair list (faster with a large memory); in
-            ``"index"`` mode the query's own older slot is still excluded. Default ``False`` (enqueue, then get).
-        distributed: gather across processes (``None``: whenever ``torch.distributed`` runs with > 1 process).
+        label_levels: ``None`` (from the first batch) or ``L`` for ``(M, L)`` labels (``1`` → 1-D); with a
+            multi-label loss, the fixed width ``W`` of the label sets (``None``: grows to the widest batch).
+        get_first: compute the memory term *before* the batch is written (the reference XBM's ``get_first``): no
+            ``(B, M)`` pair list in ``"fifo"`` mode; in ``"index"`` mode the query's own older slot is excluded.
+        distributed: gather across processes (``None``: with > 1 ``torch.distributed`` process).
         group: process group.
-        device: device of the buffers (move the module with ``.to()`` as usual).
-        dtype: dtype of the stored embeddings (default float32, as the reference's XBM).
-
-    Shapes: ``forward(embeddings (B, D), labels (B,) or (B, L), indices (B,) long)`` → scalar loss.
+        device: device of the buffers.
+        dtype: dtype of the stored embeddings (float32, as the reference's XBM).
     """
 
     def __init__(
@@ -124,7 +111,6 @@ class RankingMemory(nn.Module):
         self.register_buffer("step", torch.zeros((), dtype=torch.long, device=device))
         self.last_losses: dict[str, Tensor] = {}
 
-    # ------------------------------------------------------------------------------------------------ state
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         key = prefix + "labels"
         if key in state_dict and state_dict[key].shape != self.labels.shape:
@@ -159,7 +145,6 @@ class RankingMemory(nn.Module):
             f"warmup_steps={self.warmup_steps}, batch_weight={self.batch_weight}, memory_weight={self.memory_weight}"
         )
 
-    # ------------------------------------------------------------------------------------------------ queue
     def _check_batch(self, embeddings: Tensor, labels: Tensor, indices: Tensor | None) -> tuple[Tensor, Tensor | None]:
         check_embeddings("embeddings", embeddings)
         if embeddings.shape[1] != self.embedding_size:
@@ -231,7 +216,7 @@ class RankingMemory(nn.Module):
 
     @torch.no_grad()
     def enqueue(self, embeddings: Tensor, labels: Tensor, indices: Tensor | None = None) -> Tensor:
-        """Write a (detached) batch into the memory, without computing any loss and without gathering.
+        """Write a (detached) batch into the memory (no loss, no gathering).
 
         Args:
             embeddings: ``(B, D)``.
@@ -239,8 +224,7 @@ class RankingMemory(nn.Module):
             indices: ``(B,)`` dataset indices (required by ``mode="index"``).
 
         Returns:
-            ``(B,)`` long: the slot of every row (``-1`` for rows of a FIFO batch larger than the memory that were not
-            kept).
+            ``(B,)`` long: the slot of every row (``-1``: not kept, a FIFO batch larger than the memory).
         """
         labels, indices = self._check_batch(embeddings, labels, indices)
         return self._write(embeddings.detach(), self._fit_label_width(labels), indices)
@@ -283,7 +267,6 @@ class RankingMemory(nn.Module):
         row_of_slot = torch.cumsum(self.filled.long(), 0) - 1
         return self.embeddings[self.filled], self.labels[self.filled], row_of_slot
 
-    # ------------------------------------------------------------------------------------------------ loss
     def _reference_loss(self, queries, labels, ref, ref_labels, self_index, use_dist: bool) -> Tensor:
         if use_dist:
             return reference_loss(self.loss, queries, labels, ref, ref_labels, self_index=self_index, group=self.group)
@@ -299,8 +282,7 @@ class RankingMemory(nn.Module):
             indices: ``(B,)`` dataset indices (needed by ``mode="index"``, ignored by ``"fifo"``).
 
         Returns:
-            A scalar tensor; ``last_losses`` holds the detached terms ``"batch"`` and ``"memory"`` (the in-batch
-            term is not computed when ``batch_weight == 0`` and the memory is active).
+            A scalar tensor; ``last_losses`` holds the detached terms ``"batch"`` and ``"memory"``.
         """
         labels, indices = self._check_batch(embeddings, labels, indices)
         labels = labels.to(embeddings.device)
@@ -375,18 +357,14 @@ _RANK_LOSS_BASES = ("BaseRankLoss", "CombinedRankLoss", "CalibrationLoss")
 class CrossBatchMemory(_PMLCrossBatchMemory):
     """Drop-in for ``pytorch_metric_learning.losses.CrossBatchMemory`` (XBM, Wang et al. CVPR 2020).
 
-    PML checks the wrapped loss by class name against a fixed list; this subclass also accepts every loss whose class
-    derives from a class named ``BaseRankLoss`` (flat and hierarchical rank losses), ``CombinedRankLoss`` (ROADMAP,
-    ROD-R@k, HAPPIER, ROD-NDCG) or ``CalibrationLoss``.
-    Behaviour is PML's: the batch is enqueued (detached) first, then the loss is called as
-    ``loss(embeddings, labels, pairs, memory_embeddings, memory_labels)`` where ``pairs`` omits each query's own copy
-    — the rank losses rank only over those pairs, so the query is not its own positive. Memory rows carry no gradient.
+    Besides PML's fixed list of losses, it accepts every loss deriving from a class named ``BaseRankLoss``,
+    ``CombinedRankLoss`` or ``CalibrationLoss``. Behaviour is PML's: the batch is enqueued (detached), then the loss
+    is called as ``loss(embeddings, labels, pairs, memory_embeddings, memory_labels)`` with ``pairs`` omitting each
+    query's own copy.
 
-    Multi-label losses (``relevance="multilabel"``: ``SupHAPLoss`` / ``HAPPIERLoss``; decided by that attribute of
-    the wrapped loss, never by the labels' shape) take ``(B, W)`` fine-label sets padded with ``-1``: the label memory
-    becomes ``(memory_size, W)``; a narrower batch is padded with ``-1``, a wider one grows the memory with ``-1``
-    columns (the stored sets are unchanged). The pairs (and a miner) see column 0 of the sets; the rank losses only
-    use their union, i.e. every memory row except the query's own copy.
+    Multi-label losses (``relevance="multilabel"``, never decided by the labels' shape) take ``(B, W)`` sets padded
+    with ``-1``: the label memory becomes ``(memory_size, W)`` and grows to a wider batch. The pairs (and a miner)
+    see column 0 of the sets; the rank losses use their union.
 
     Args:
         loss: the loss to wrap.
@@ -402,7 +380,7 @@ class CrossBatchMemory(_PMLCrossBatchMemory):
 
     @classmethod
     def check_loss_support(cls, loss_name: str) -> None:
-        """Checked on the loss itself in ``__init__`` (a rank loss is recognised by its bases, not by its name)."""
+        """Checked in ``__init__`` on the loss's bases, not its name."""
 
     @property
     def multilabel(self) -> bool:

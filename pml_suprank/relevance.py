@@ -34,9 +34,7 @@ PAIRWISE_TREE_CHECK = 2**24  # N² · L up to which check_tree compares all pair
 
 def tree_consistent(labels: Tensor, name: str = "labels") -> Tensor:
     """0-d bool tensor, True iff ``labels`` ``(N, L)`` are tree-consistent (rows agreeing in column ``c`` agree in
-    column ``c + 1``); no host synchronisation. Small inputs (``N² · L <= PAIRWISE_TREE_CHECK``) compare all pairs,
-    larger ones sort each column pair and compare neighbours. ``TypeError`` / ``ValueError``: not a 2-D integer tensor.
-    """
+    column ``c + 1``), without host synchronisation. ``TypeError`` / ``ValueError``: not a 2-D integer tensor."""
     if (
         not isinstance(labels, Tensor)
         or labels.dtype.is_floating_point
@@ -65,10 +63,8 @@ def tree_consistent(labels: Tensor, name: str = "labels") -> Tensor:
 
 
 def check_tree(labels: Tensor, name: str = "labels") -> None:
-    """Raise ``ValueError`` (naming the label with several parents) if ``labels`` ``(N, L)`` are not a tree: every
-    value of column ``c`` must map to one value of column ``c + 1``. Asserted by
-    :func:`pml_suprank._async_check.check_async` (a device-side assertion, no host synchronisation, on accelerators).
-    """
+    """Raise ``ValueError`` (naming the label with several parents) if ``labels`` ``(N, L)`` are not a tree
+    (:func:`pml_suprank._async_check.check_async`: a device-side assertion on accelerators)."""
     check_async(
         tree_consistent(labels, name),
         lambda: _tree_error(labels, name),
@@ -139,11 +135,8 @@ class Hierarchy:
         return cls(table)
 
     def expand(self, fine: Tensor, name: str = "labels") -> Tensor:
-        """Map 1-D fine labels ``(N,)`` to hierarchical labels ``(N, L)``.
-
-        A label outside the table raises ``ValueError`` naming it (:func:`~pml_suprank._async_check.check_value`: an
-        in-graph assertion while ``torch.compile`` traces, where a host read would break the graph).
-        """
+        """Map 1-D fine labels ``(N,)`` to ``(N, L)``; ``ValueError`` naming a label outside the table
+        (:func:`~pml_suprank._async_check.check_value`: in-graph while ``torch.compile`` traces)."""
         table = self.table.to(fine.device)
         idx = fine.long()
         num_fine = table.shape[0]
@@ -205,11 +198,10 @@ def hierarchical_label_pair(
     same_source: bool = False,
     check_jointly: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """Query and reference labels as levels ``(Q, L)`` and ``(N, L)`` (each through :func:`as_hierarchical_labels`).
+    """Query and reference labels as levels ``(Q, L)`` and ``(N, L)`` (:func:`as_hierarchical_labels`).
 
-    ``names``: the two arguments' names for messages; ``same_source``: the references are the queries (checked once);
-    ``check_jointly``: without ``hierarchy``, both sets must form *one* tree together (what a loss ranking queries
-    against references needs). ``ValueError``: different numbers of levels, or not tree-consistent.
+    ``names``: the arguments' names for messages; ``same_source``: the references are the queries; ``check_jointly``:
+    without ``hierarchy``, both sets must form *one* tree. ``ValueError``: different level counts, or not a tree.
     """
     q_name, r_name = names
     levels = as_hierarchical_labels(query_labels, hierarchy, name=q_name, check=not check_jointly)
@@ -229,9 +221,9 @@ def hierarchical_label_pair(
 
 
 def level_matrix(query_labels: Tensor, ref_labels: Tensor, *, tree: bool = False) -> Tensor:
-    """``(Q, N)`` int64 level in ``{0, ..., L}`` of every reference for every query: the number of consecutive
-    agreeing columns of ``query_labels`` ``(Q, L)`` and ``ref_labels`` ``(N, L)`` from the coarsest (HAPPIER Sec. 3).
-    ``tree=True``: the labels are known to be one tree, so the level is the number of equal columns (fewer ops)."""
+    """``(Q, N)`` int64 level in ``{0, ..., L}`` of every reference for every query: the consecutive agreeing columns
+    of ``query_labels`` ``(Q, L)`` and ``ref_labels`` ``(N, L)`` from the coarsest (HAPPIER Sec. 3; ``tree=True``:
+    known to be one tree, so the equal columns)."""
     if query_labels.dim() != 2 or ref_labels.dim() != 2 or query_labels.shape[1] != ref_labels.shape[1]:
         raise ValueError(
             "query_labels and ref_labels must have shapes (Q, L) and (N, L) with the same L; "
@@ -244,8 +236,7 @@ def level_matrix(query_labels: Tensor, ref_labels: Tensor, *, tree: bool = False
 
 
 def level_counts(levels: Tensor, num_levels: int, mask: Tensor | None = None) -> Tensor:
-    """``(Q, L + 1)`` int64 counts ``|Ω^(l)|`` of the ``(Q, N)`` ``levels`` (values in ``{0..L}``, ``L =
-    num_levels``), counting only where the optional ``(Q, N)`` bool ``mask`` is True."""
+    """``(Q, L + 1)`` int64 counts ``|Ω^(l)|`` of the ``(Q, N)`` ``levels`` in ``{0..num_levels}`` where ``mask``."""
     one = torch.ones_like(levels) if mask is None else mask.long()
     out = torch.zeros(levels.shape[0], num_levels + 1, dtype=torch.long, device=levels.device)
     return out.scatter_add(1, levels, one)
@@ -253,8 +244,7 @@ def level_counts(levels: Tensor, num_levels: int, mask: Tensor | None = None) ->
 
 def pop_relevance(counts: Tensor, alpha: float = 1.0, dtype: torch.dtype = torch.float32) -> Tensor:
     """``(Q, L + 1)`` H-AP relevance table of SupRank Eq. 20, ``rel(l) = (l / L)^alpha / |Ω^(l)|`` (``rel(0) = 0``,
-    empty levels 0), from ``counts`` ``(Q, L + 1)`` (:func:`level_counts`); ``alpha >= 0`` (1: H-AP, > 1: HAPPIER_F).
-    """
+    empty levels 0), from ``counts`` ``(Q, L + 1)``; ``alpha >= 0`` (1: H-AP, > 1: HAPPIER_F)."""
     if alpha < 0:
         raise ValueError(f"alpha must be >= 0; got {alpha}")
     num_levels = counts.shape[1] - 1
@@ -303,7 +293,7 @@ def ideal_dcg(counts: Tensor, gains: Tensor, num_items: int | None = None) -> Te
         ]
     )
     gains = gains.expand(bsz, lp1)
-    # decreasing level: positions [start_l, start_l + c_l) with start_L = 0
+    # decreasing level: positions [begin_l, end_l)
     c_desc = counts.flip(1)
     end = torch.cumsum(c_desc, 1)
     begin = end - c_desc
@@ -311,14 +301,13 @@ def ideal_dcg(counts: Tensor, gains: Tensor, num_items: int | None = None) -> Te
     return (per_level * gains.flip(1)).sum(1)
 
 
-# ----------------------------------------------------------------------------------------------------------------
 # hierarchical multi-label relevance (Ramzi, PhD thesis, Sec. 4.2.2.2 "trademark logo retrieval", Algorithm 1)
 
 MULTILABEL_BLOCK = 2**22  # elements of the (C, R, M_q, M_r) work tensor of one block of multilabel_relevance
 
 
 def check_multilabel(name: str, labels: object) -> Tensor:
-    """Return ``labels`` as an ``(N, M)`` long tensor of label sets (``-1`` = padding; every row has a label)."""
+    """``labels`` as an ``(N, M)`` long tensor of label sets (``-1`` = padding; every row has a label)."""
     if not isinstance(labels, Tensor):
         raise TypeError(f"{name} must be an integer torch.Tensor of shape (N, M); got {type(labels).__name__}")
     if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
@@ -372,31 +361,28 @@ def multilabel_relevance(
     dtype: torch.dtype = torch.float32,
     block_elements: int = MULTILABEL_BLOCK,
 ) -> Tensor:
-    """Hierarchical multi-label relevance of every reference item for every query: Algorithm 1 of E. Ramzi's PhD
-    thesis "Robust image retrieval with deep learning" (Sec. 4.2.2.2; multi-label HAPPIER: Sec. 6.2.1).
-
-    For a query ``q`` with the label set ``{y_q^1..y_q^n}`` and an item ``k`` with ``{y_k^1..y_k^m}``::
+    """Hierarchical multi-label relevance of every reference item for every query (E. Ramzi's PhD thesis, Algorithm 1,
+    Sec. 4.2.2.2; multi-label HAPPIER: Sec. 6.2.1). For a query ``q`` with the label set ``{y_q^1..y_q^n}`` and an
+    item ``k`` with ``{y_k^1..y_k^m}``::
 
         l*_i = L − min_j LCA(y_q^i, y_k^j)          rel(q, k) = Σ_i l*_i / (n · L)
 
     where ``LCA(a, b)`` is the first level (column, 0 = finest) at which the ancestors of ``a`` and ``b`` agree (``L``
-    when none). ``rel = 1`` when every query label is among the item's; with ``L = 1`` it is the fraction of the
-    query's labels the item has. H-AP with it: :func:`pml_suprank.metrics.functional.graded_average_precision`.
+    when none). With ``L = 1`` it is the fraction of the query's labels the item has. H-AP with it:
+    :func:`pml_suprank.metrics.functional.graded_average_precision`.
 
     Args:
-        query_labels: ``(Q, M_q)`` integer fine labels per query (``(Q,)`` = one label each); ``-1`` pads a row.
-            A row is a set: a repeated label counts once. Every row needs at least one label.
+        query_labels: ``(Q, M_q)`` (or ``(Q,)``) sets of integer fine labels, ``-1`` = padding, at least one each.
         ref_labels: ``(R, M_r)`` integer fine labels per reference item, same conventions.
-        hierarchy: :class:`Hierarchy` or ``(num_fine, L)`` table (row ``f`` = ``[f, parent(f), ..., coarsest]``),
-            the table the hierarchical losses take; ``None`` = flat labels (``L = 1``, any non-negative ints).
-        dtype: floating dtype of the result (a float64 quotient of integers cast to it: equal fractions tie exactly).
-        block_elements: most elements of the ``(C, R_c, M_q, M_r)`` label-pair tensor of one block (memory bound).
+        hierarchy: :class:`Hierarchy` or ``(num_fine, L)`` table; ``None`` = flat labels (``L = 1``).
+        dtype: floating dtype of the result (computed in float64: equal fractions tie exactly).
+        block_elements: most elements of the ``(C, R_c, M_q, M_r)`` label-pair tensor of one block.
 
     Returns:
         ``(Q, R)`` tensor of relevances in ``[0, 1]`` on ``query_labels``' device.
 
     Raises:
-        TypeError: non-tensor or non-integer labels, a hierarchy of another type, a non-floating ``dtype``.
+        TypeError: non-integer labels, a hierarchy of another type, a non-floating ``dtype``.
         ValueError: a label below ``-1``, a row without labels, a label missing from the hierarchy, a hierarchy that
             is not a tree, a non-positive ``block_elements``.
     """
@@ -428,8 +414,7 @@ def multilabel_relevance(
 
 def _lca_block_sum(qa: Tensor, q_used: Tensor, ra: Tensor, r_used: Tensor) -> Tensor:
     """``Σ_i (L − min_j LCA(y_q^i, y_k^j))`` ``(C, R_c)`` float64 for ancestors ``qa`` ``(C, M_q, L)``, ``ra``
-    ``(R_c, M_r, L)``. ``L − LCA`` counts the agreeing columns from the coarsest down to the LCA (tree labels
-    agree at every level above their first agreement); pairs with a padding label count 0."""
+    ``(R_c, M_r, L)``: ``L − LCA`` = agreeing columns from the coarsest; padding pairs count 0."""
     L = qa.shape[2]
     small = torch.uint8 if L < 256 else torch.long
     agree = None

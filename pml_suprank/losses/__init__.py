@@ -1,18 +1,13 @@
 """Rank losses as pytorch-metric-learning losses: ``loss(embeddings, labels, indices_tuple, ref_emb, ref_labels)``.
 
-Layout: one loss per module; :class:`BaseRankLoss` is the base of the rank surrogates (Smooth-AP, SupAP, Sup-R@k,
-Sup-H-AP, Sup-NDCG), :class:`CombinedRankLoss` adds a decomposability term to any of them (SupRank Eq. 12:
-ROADMAP, ROD-R@k, HAPPIER and ROD-NDCG are its subclasses), ``_inputs`` holds the input validation shared by all;
-:class:`DistributedRankLoss` makes any of them exact across processes. The :func:`register_loss` decorator
-(``registry``) makes a loss trainable by the recipes by name; every loss above is registered, and
-:func:`resolve_loss` also reads ``pml:ClassName``, ``package.module:ClassName`` and installed plugins.
-A new rank loss is a :class:`BaseRankLoss` subclass implementing ``compute_query_losses``; its combined variant is
-``CombinedRankLoss(MyLoss(), "calibration" | "proxy" | module, weight)``.
+One loss per module: :class:`BaseRankLoss` is the base of the rank surrogates (Smooth-AP, SupAP, Sup-R@k, Sup-H-AP,
+Sup-NDCG; a new one implements ``compute_query_losses``), :class:`CombinedRankLoss` adds a decomposability term
+(SupRank Eq. 12; ROADMAP, ROD-R@k, HAPPIER, ROD-NDCG), :class:`DistributedRankLoss` makes any of them exact across
+processes, and :func:`register_loss` / :func:`resolve_loss` name them for the recipes (also ``pml:ClassName``,
+``package.module:ClassName`` and installed plugins).
 
-Temperatures: ``temperature=`` names a loss's sigmoid temperature everywhere (Smooth-AP's τ, ClusterLoss's η);
-in the losses built on SupRank's ``H⁻`` (SupAP, ROADMAP, Sup-H-AP, HAPPIER, Sup-NDCG, ROD-NDCG) ``temperature=``
-and ``tau=`` are aliases for its τ (Eq. 4). Sup-R@k and ROD-R@k have two: ``temperature=`` is the outer τ*
-(Eq. 16) and ``tau=`` the τ of ``H⁻``.
+Temperatures: ``temperature=`` is a loss's sigmoid temperature (Smooth-AP's τ, ClusterLoss's η) and, in the losses
+built on ``H⁻``, an alias of ``tau=`` (Eq. 4); in Sup-R@k and ROD-R@k it is the outer τ* (Eq. 16).
 """
 
 from ._inputs import RankInputs

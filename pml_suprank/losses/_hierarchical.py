@@ -1,10 +1,8 @@
 """Shared plumbing of the hierarchical rank losses (Sup-H-AP / HAPPIER, Sup-NDCG / ROD-NDCG).
 
-Labels: ``(N, L)`` integer labels with column 0 the finest and column ``L − 1`` the coarsest, or
-``(N,)`` fine labels together with ``hierarchy=`` (a :class:`pml_suprank.relevance.Hierarchy` or a
-``(num_fine, L)`` fine → ancestors table). Both give identical results; the 1-D path is the one that works inside
-PML's ``CrossBatchMemory``, ``DistributedLossWrapper`` and trainers (PML only passes 1-D labels around). 1-D labels
-without a hierarchy raise ``ValueError`` (they would silently train the flat loss); a deliberate single level is
+Labels: ``(N, L)`` integers (column 0 finest), or ``(N,)`` fine labels with ``hierarchy=`` (a
+:class:`pml_suprank.relevance.Hierarchy` or ``(num_fine, L)`` table; identical results, and the path through PML's
+1-D-label tools). 1-D labels without a hierarchy raise ``ValueError``; a deliberate single level is
 ``labels[:, None]``.
 """
 
@@ -22,7 +20,6 @@ __all__ = ["HierarchicalRankLoss"]
 
 class HierarchicalRankLoss(SupRankStepMixin, BaseRankLoss):
     """Base class of the hierarchical SupRank losses: resolves the labels into levels and calls a per-query score.
-
     Subclasses implement :meth:`query_scores` ``(scores, levels, valid, num_levels) -> (score (B,), has_pos (B,))``;
     the per-query loss is ``1 − score`` over the queries with at least one relevant item.
 
@@ -30,15 +27,11 @@ class HierarchicalRankLoss(SupRankStepMixin, BaseRankLoss):
         hierarchy: ``None``, a :class:`~pml_suprank.relevance.Hierarchy` or a ``(num_fine, L)`` integer table
             (row ``f`` = ``[f, parent, ..., root]``); required to use 1-D fine labels with ``L > 1`` levels.
         include_self: keep the query as its own (finest-level) item when the reference set is the batch.
-        chunk_size: window elements enumerated at once by the sorted rank kernel (memory/speed only; ``None``: the
+        chunk_size: window elements enumerated at once by the sorted kernel (memory/speed only; ``None``: the
             device's default, :data:`~pml_suprank.ranking.hierarchical.WINDOW_CHUNK_ELEMENTS` on the CPU).
-        kernel: ``"auto"``, ``"dense"`` (:func:`~pml_suprank.ranking.dense_hierarchical_ranks`, ``(b, N, N)``
-            blocks) or ``"sorted"`` (:func:`~pml_suprank.ranking.hierarchical_ranks`); see
-            :class:`~pml_suprank.losses.BaseRankLoss`. Subclasses with a dense path implement
-            :meth:`dense_query_scores` and list ``"dense"`` in ``kernels``.
         **kwargs: the SupRank step ``H⁻`` (SupRank Eq. 4, :class:`~pml_suprank.ranking.SupRankStep`): ``tau``
-            (0.01; alias ``temperature``, giving both with different values raises ``ValueError``), ``rho``,
-            ``delta``, ``start``, ``offset``; and :class:`~pml_suprank.losses.BaseRankLoss` / PML options.
+            (0.01; alias ``temperature``), ``rho``, ``delta``, ``start``, ``offset``; ``kernel`` (``"dense"``:
+            :meth:`dense_query_scores`) and the :class:`~pml_suprank.losses.BaseRankLoss` / PML options.
     """
 
     allow_2d_labels = True
@@ -71,8 +64,7 @@ class HierarchicalRankLoss(SupRankStepMixin, BaseRankLoss):
     def dense_query_scores(
         self, scores: Tensor, levels: Tensor, valid: Tensor, num_levels: int
     ) -> tuple[Tensor, Tensor]:
-        """:meth:`query_scores` by the dense kernel (``kernel="dense"``); subclasses that list ``"dense"`` in
-        ``kernels`` implement it."""
+        """:meth:`query_scores` by the dense kernel (subclasses listing ``"dense"`` in ``kernels``)."""
         raise NotImplementedError
 
     def compute_query_losses(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:

@@ -1,13 +1,11 @@
 """Input preparation shared by every loss of :mod:`pml_suprank.losses`; this module imports no loss.
 
 Conventions (PML's call ``loss(embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None)``): the
-reference set is the batch unless ``ref_emb``/``ref_labels`` are given, and it *is* the batch when
-``ref_emb is None or ref_emb is embeddings``; then the query is removed from its own reference set by index unless
-``include_self=True`` (the convention of the SupRank reference code). An ``indices_tuple`` of pairs
-``(anchors1, positives, anchors2, negatives)`` or triplets ``(anchors, positives, negatives)`` restricts the
-(query, reference) pairs that count. Scores are cosine / dot-product similarities computed in full precision.
-Hierarchical labels are ``(N, L)`` integers with column 0 the finest level, or ``(N,)`` fine labels together with
-a fine → ancestors :class:`~pml_suprank.relevance.Hierarchy`.
+reference set *is* the batch when ``ref_emb is None or ref_emb is embeddings``, and the query is then removed from
+it by index unless ``include_self=True`` (SupRank reference code). An ``indices_tuple`` of pairs ``(a1, p, a2, n)``
+or triplets ``(a, p, n)`` restricts the counted (query, reference) pairs. Scores are cosine / dot-product
+similarities in full precision. Hierarchical labels are ``(N, L)`` (column 0 finest), or ``(N,)`` fine labels with a
+:class:`~pml_suprank.relevance.Hierarchy`.
 """
 
 from __future__ import annotations
@@ -55,11 +53,8 @@ class RankInputs:
     """What :meth:`pml_suprank.losses.BaseRankLoss.compute_query_losses` receives.
 
     Attributes:
-        scores: ``(B, N)`` similarities ``S[b, j] = sim(embeddings[b], ref_emb[j])`` in float32 or float64
-            (fp16/bf16 inputs are up-cast), connected to the graph of ``embeddings`` (and of ``ref_emb``).
-        valid: ``(B, N)`` bool, the reference items that count for each query: all of them, restricted to the pairs
-            of ``indices_tuple`` when one is given, minus the query itself (by index) when the reference set is the
-            batch and ``include_self=False``.
+        scores: ``(B, N)`` similarities ``sim(embeddings[b], ref_emb[j])`` in float32/float64, with gradient.
+        valid: ``(B, N)`` bool, the counted pairs (:func:`reference_mask`).
         labels: ``(B,)`` (or ``(B, L)`` for hierarchical subclasses) integer labels of the queries.
         ref_labels: ``(N,)`` (or ``(N, L)``) labels of the reference items.
         same_source: True when the reference set is the batch itself (``ref_emb is None or ref_emb is embeddings``).
@@ -77,8 +72,7 @@ class RankInputs:
 
 
 def entry_reducer(reducer, name: str):
-    """The reducer that reduces the loss-dict entry ``name`` under ``reducer`` (a ``MultipleReducers`` picks
-    ``reducers[name]`` or its default; any other reducer reduces every entry; ``None`` stays ``None``)."""
+    """The reducer of the loss-dict entry ``name`` under ``reducer`` (``MultipleReducers``: its own or the default)."""
     if isinstance(reducer, MultipleReducers):
         return reducer.reducers[name] if name in reducer.reducers else reducer.default_reducer
     return reducer
@@ -89,13 +83,8 @@ _PASS_THROUGH_REDUCERS = (MeanReducer, AvgNonZeroReducer, SumReducer, ThresholdR
 
 
 def reduce_loss_dict(reducer, loss_dict: dict, embeddings: Tensor, labels: Tensor | None):
-    """``reducer(loss_dict, embeddings, labels)`` — without PML's ``MultipleReducers`` bookkeeping when it is a no-op.
-
-    When ``reducer`` is PML's own ``MultipleReducers`` (statistics off) and every entry is an already-reduced 0-d
-    tensor whose entry reducer is a standard PML reducer (they return such a value unchanged), the result is the
-    sum of the entries, which is what ``MultipleReducers`` computes — through a zero tensor, one indexed copy per
-    entry and their backward. Anything else goes to ``reducer`` as is.
-    """
+    """``reducer(loss_dict, embeddings, labels)``; a plain ``MultipleReducers`` (stats off) over already-reduced 0-d
+    entries of standard PML reducers is summed directly (the same value, without its indexed copies)."""
     # len() > 0, not bool(dict): dynamo of torch 2.11 cannot trace bool() of a dict (fullgraph=True fails)
     direct = type(reducer) is MultipleReducers and not reducer.collect_stats and len(loss_dict) > 0
     for name, entry in loss_dict.items() if direct else ():
@@ -144,8 +133,7 @@ def check_indices_tuple(indices_tuple, num_queries: int, num_refs: int) -> tuple
     """Validate a PML ``indices_tuple`` and return it as pairs ``(a1, p, a2, n)`` (``None`` stays ``None``).
 
     Args:
-        indices_tuple: ``None``, pairs ``(a1, p, a2, n)`` or triplets ``(a, p, n)`` of 1-D integer tensors; anchors
-            index the queries, positives/negatives the reference set.
+        indices_tuple: ``None``, pairs ``(a1, p, a2, n)`` or triplets ``(a, p, n)`` of 1-D integer tensors.
         num_queries: ``B``.
         num_refs: ``N``.
 
@@ -199,13 +187,9 @@ def reference_mask(
     include_self: bool,
     indices_tuple=None,
 ) -> Tensor:
-    """``(B, N)`` bool mask of the (query, reference) pairs that count.
-
-    All pairs by default; only the pairs listed in ``indices_tuple`` when one is given (pairs ``(a1, p)`` and
-    ``(a2, n)``, or ``(a, p)`` and ``(a, n)`` for triplets — this is how PML's ``CrossBatchMemory`` removes the
-    queries' own copies from the memory); the query itself is removed by index when the reference set is the batch
-    (``same_source``) unless ``include_self`` (the reference code's convention).
-    """
+    """``(B, N)`` bool mask of the counted (query, reference) pairs: all, or those of ``indices_tuple`` (how PML's
+    ``CrossBatchMemory`` removes the queries' own copies), minus the query itself when ``same_source`` unless
+    ``include_self``."""
     pairs = check_indices_tuple(indices_tuple, num_queries, num_refs)
     if pairs is None:
         if same_source and not include_self:  # every pair but the diagonal, in two operators
@@ -255,9 +239,8 @@ def prepare_inputs(owner: str, embeddings, labels, ref_emb, ref_labels, *, allow
         allow_2d_labels: accept ``(B, L)`` labels.
 
     Returns:
-        ``(embeddings, labels, ref_emb, ref_labels, same_source)`` where fp16/bf16 embeddings are up-cast to
-        float32, ``ref_emb is embeddings`` when the reference set is the batch, and labels are on the embeddings'
-        device.
+        ``(embeddings, labels, ref_emb, ref_labels, same_source)``: fp16/bf16 up-cast to float32, ``ref_emb is
+        embeddings`` for the batch, labels on the embeddings' device.
     """
     same_source = ref_emb is None or ref_emb is embeddings
     embeddings = check_embeddings("embeddings", embeddings, asynchronous=True)
@@ -290,8 +273,7 @@ def prepare_inputs(owner: str, embeddings, labels, ref_emb, ref_labels, *, allow
 
 
 def similarity_matrix(distance, embeddings: Tensor, ref_emb: Tensor) -> Tensor:
-    """``(B, N)`` similarity matrix computed in full precision (autocast disabled); the batch as its own reference
-    set (``ref_emb is embeddings``) is normalised once (:func:`~pml_suprank._similarity.similarity_scores`)."""
+    """``(B, N)`` similarity matrix in full precision (:func:`~pml_suprank._similarity.similarity_scores`)."""
     with torch.autocast(device_type=embeddings.device.type, enabled=False):
         return similarity_scores(distance, embeddings, ref_emb)
 
@@ -302,7 +284,7 @@ def fine_labels(labels: Tensor) -> Tensor:
 
 
 def require_hierarchy(owner: str, labels: Tensor, hierarchy: Hierarchy | None, name: str = "labels") -> None:
-    """Refuse 1-D ``labels`` without a ``hierarchy``: a hierarchical loss would silently train flat on them.
+    """Refuse 1-D ``labels`` without a ``hierarchy`` (a hierarchical loss would silently train flat on them).
 
     Raises:
         ValueError: naming ``owner``, ``name`` and both ways out (2-D labels or ``hierarchy=``).
@@ -324,19 +306,12 @@ def hierarchical_label_pair(
     same_source: bool,
     owner: str = "this hierarchical loss",
 ) -> tuple[Tensor, Tensor, int]:
-    """Coerce query and reference labels to levels: ``(B, L)``, ``(N, L)`` and ``L``, checked to form one tree.
-
-    Args:
-        labels: ``(B,)`` fine labels (with ``hierarchy``) or ``(B, L)`` labels, column 0 finest.
-        ref_labels: the reference labels, in the same form.
-        hierarchy: fine → ancestors table, or ``None``.
-        same_source: the reference set is the batch (its labels are ``labels``).
-
-        owner: the loss's name, for error messages.
+    """Query and reference labels (``(B,)`` fine labels with ``hierarchy``, or ``(B, L)``; ``ref_labels`` alike) as
+    levels ``(B, L)``, ``(N, L)`` and ``L``, checked to form one tree (``same_source``: the references are the batch).
 
     Raises:
-        ValueError: 1-D labels without ``hierarchy`` (:func:`require_hierarchy`), when the two sets have different
-            numbers of levels, or (without ``hierarchy``) do not form a tree.
+        ValueError: 1-D labels without ``hierarchy`` (:func:`require_hierarchy`), different numbers of levels, or
+            (without ``hierarchy``) not one tree; the message names ``owner``.
     """
     require_hierarchy(owner, labels, hierarchy)  # ref_labels have the shape of labels (prepare_inputs)
     levels, ref_levels = relevance_label_pair(
@@ -351,16 +326,11 @@ def hierarchical_label_pair(
 
 
 class PreparedForwardMixin:
-    """PML ``forward`` for losses that validate their inputs with a ``prepare_inputs`` method.
-
-    The host (a PML ``BaseMetricLossFunction``) defines ``prepare_inputs(embeddings, labels, ref_emb, ref_labels)
-    -> (embeddings, labels, ref_emb, ref_labels)`` and ``compute_loss``; ``forward`` is PML's, with that validation
-    in place of PML's ``set_ref_emb``.
-    """
+    """PML ``forward`` with the host's ``prepare_inputs(embeddings, labels, ref_emb, ref_labels)`` in place of PML's
+    ``set_ref_emb`` (the host is a PML ``BaseMetricLossFunction``)."""
 
     def prepared_loss_dict(self, embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None):
-        """``(loss_dict, embeddings, labels)``: the loss dict (embedding regularization included) of a call, with the
-        prepared embeddings and labels the reducer needs."""
+        """``(loss_dict, embeddings, labels)`` of a call (embedding regularization included), as the reducer needs."""
         self.reset_stats()
         embeddings, labels, ref_emb, ref_labels = self.prepare_inputs(embeddings, labels, ref_emb, ref_labels)
         loss_dict = self.compute_loss(embeddings, labels, indices_tuple, ref_emb, ref_labels)

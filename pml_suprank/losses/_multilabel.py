@@ -1,11 +1,8 @@
 """Multi-label relevance of the Sup-H-AP loss (Ramzi, PhD thesis, Algorithm 1) mapped to per-query levels.
 
-The hierarchical rank kernels (:func:`pml_suprank.ranking.sup_hap_scores`,
-:func:`pml_suprank.ranking.dense_sup_hap_scores`) only need, per query, an integer level of every item that orders
-the items by relevance and a ``(B, K + 1)`` table of the relevance of each level. Any pairwise relevance gives
-both: the distinct positive relevance values of a query, sorted, are its levels ``1..K``
-(:func:`pml_suprank.metrics.graded.graded_levels`). ``T_j < T_i`` then means "strictly less relevant" and
-``min(rel_i, rel_j)`` is read from the table, so the kernels compute Sup-H-AP with that relevance exactly.
+The hierarchical rank kernels (:func:`pml_suprank.ranking.sup_hap_scores`, its dense twin) need per query an
+integer level of every item and a ``(B, K + 1)`` relevance table: a query's sorted distinct positive relevances are
+its levels ``1..K`` (:func:`pml_suprank.metrics.graded.graded_levels`), so the kernels compute Sup-H-AP exactly.
 """
 
 from __future__ import annotations
@@ -41,9 +38,8 @@ def multilabel_levels(
         valid: ``(B, N)`` bool mask of the counted reference items (invalid items get level 0).
 
     Returns:
-        ``(levels (B, N) int64, level_relevance (B, K + 1) float64, K)``: ``levels[q, j]`` is the rank of
-        ``rel(q, j)`` among the query's distinct positive relevances (0 = not relevant or invalid) and
-        ``level_relevance[q, l]`` the relevance of level ``l``.
+        ``(levels (B, N) int64, level_relevance (B, K + 1) float64, K)``: the rank of ``rel(q, j)`` among the
+        query's distinct positive relevances (0 = not relevant or invalid) and the relevance of each level.
 
     Raises:
         TypeError / ValueError: bad labels (see :func:`pml_suprank.relevance.multilabel_relevance`), or a row
@@ -59,10 +55,9 @@ def multilabel_levels(
 
 
 def graded_dcg_scores(rank: Tensor, levels: Tensor, level_gains: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
-    """Per-query ``DCG / iDCG`` (SupRank Eqs. 23-24) with per-query level gains (multi-label Sup-NDCG).
-
-    ``DCG(q) = Σ_{i: T_i > 0} g_q(T_i) / log2(1 + rank(i))``; ``iDCG(q)`` is the DCG of the same valid items sorted by
-    decreasing level (:func:`pml_suprank.relevance.ideal_dcg`), so ``level_gains`` must be non-decreasing per row.
+    """Per-query ``DCG / iDCG`` (SupRank Eqs. 23-24) with per-query level gains (multi-label Sup-NDCG):
+    ``DCG(q) = Σ_{i: T_i > 0} g_q(T_i) / log2(1 + rank(i))``, ``iDCG`` by :func:`pml_suprank.relevance.ideal_dcg`
+    (``level_gains`` non-decreasing per row).
 
     Args:
         rank: ``(B, N)`` ranks of the items (only the valid positive entries are read).
@@ -93,8 +88,8 @@ def per_label_rows(labels: Tensor, ref_labels: Tensor, valid: Tensor) -> tuple[T
         valid: ``(B, N)`` bool mask of the counted reference items.
 
     Returns:
-        ``(owner (R,) long, positives (R, N) bool)``: ``owner[r]`` is the query row of pseudo-query ``r`` and
-        ``positives[r, j]`` says that valid item ``j`` carries its label; ``R = Σ_q n_q`` (distinct labels).
+        ``(owner (R,) long, positives (R, N) bool)``: the query row of each pseudo-query and the valid items carrying
+        its label; ``R = Σ_q n_q`` (distinct labels).
     """
     labels = _check_first_column("labels", labels)
     ref_labels = check_multilabel("ref_labels", ref_labels)

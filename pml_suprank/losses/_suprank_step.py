@@ -1,11 +1,8 @@
 """The SupRank step ``H⁻`` (SupRank paper Eq. 4) as held by the losses built on it, and the name of its ``τ``.
 
-Naming convention: ``τ`` of ``H⁻`` (the temperature of its sigmoid branch) is ``tau=`` and, as in every other loss
-of the package whose only temperature is a sigmoid's (``SmoothAPLoss(temperature=)``, ``ClusterLoss(temperature=)``),
-also ``temperature=``. The two names are aliases; giving both with different values raises ``ValueError``.
-The exception is Sup-R@k (:class:`~pml_suprank.losses.SupRecallLoss`, :class:`~pml_suprank.losses.RODRecallLoss`),
-which has a second, outer sigmoid: there ``temperature=`` is that outer ``τ*`` (SupRank Eq. 16) and ``H⁻``'s ``τ``
-is only ``tau=``.
+``τ`` of ``H⁻`` is ``tau=`` or its alias ``temperature=`` (as ``SmoothAPLoss`` / ``ClusterLoss``); both with
+different values raise ``ValueError``. In Sup-R@k (:class:`~pml_suprank.losses.SupRecallLoss`,
+:class:`~pml_suprank.losses.RODRecallLoss`) ``temperature=`` is the outer ``τ*`` (SupRank Eq. 16), ``H⁻``'s ``tau=``.
 """
 
 from __future__ import annotations
@@ -73,12 +70,8 @@ class SupRankStepMixin:
         self.constant_step()  # resolved now, eagerly: a later call (perhaps under torch.compile) only reads it
 
     def constant_step(self) -> SupRankStep:
-        """``self.step`` with its offset resolved to a number (cached per step object).
-
-        ``offset=None`` resolves through a small tensor computation (:func:`~pml_suprank.ranking.default_offset`);
-        the dense kernel takes this copy so that its hot path has no such host round trip and compiles without a
-        graph break.
-        """
+        """``self.step`` with its offset resolved to a number (cached per step object): the dense kernel's hot path
+        then has no host round trip (:func:`~pml_suprank.ranking.default_offset`) and no graph break."""
         cached = self.__dict__.get("_constant_step")
         if cached is None or cached[0] is not self.step:
             step = self.step if self.step.offset is not None else replace(self.step, offset=self.step.resolved_offset)

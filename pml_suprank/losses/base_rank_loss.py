@@ -1,11 +1,6 @@
-"""``BaseRankLoss``: the PML ``BaseMetricLossFunction`` subclass shared by every rank loss of the package.
-
-It owns everything that is not the rank surrogate itself: the score matrix, which reference items count for each
-query (``include_self``, ``indices_tuple``), mixed precision, dropping queries without a positive and PML reducers
-(input validation lives in :mod:`pml_suprank.losses._inputs`). Subclasses implement one hook,
-:meth:`BaseRankLoss.compute_query_losses`. Combining a rank loss with a decomposability term (SupRank paper
-Eq. 12) is :class:`~pml_suprank.losses.CombinedRankLoss`'s job (the one way to combine losses).
-"""
+"""``BaseRankLoss``: the PML ``BaseMetricLossFunction`` subclass shared by every rank loss of the package (scores,
+counted pairs, mixed precision, kept queries, reducers); subclasses implement
+:meth:`BaseRankLoss.compute_query_losses`."""
 
 from __future__ import annotations
 
@@ -35,46 +30,28 @@ class BaseRankLoss(GuardedCompileMixin, PreparedForwardMixin, BaseMetricLossFunc
 
     Call: ``loss(embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None)`` like any PML loss.
 
-    Semantics: scores are cosine / dot-product similarities (``distance`` must be a
-    ``DotProductSimilarity``/``CosineSimilarity``; anything else raises ``ValueError``); the reference set is the
-    batch unless ``ref_emb``/``ref_labels`` are given; when it is the batch (``ref_emb is None or ref_emb is
-    embeddings``) the query is removed from its own reference set *by index* unless ``include_self=True`` (the
-    reference code's convention, used by the golden vectors); an ``indices_tuple`` of pairs/triplets restricts the
-    (query, reference) pairs that count; queries without a positive are dropped; if no query has one the loss is
-    a zero connected to the graph. fp16/bf16 embeddings are up-cast and the loss is computed in float32.
+    Semantics (:mod:`pml_suprank.losses._inputs`): cosine / dot-product scores (another ``distance`` raises
+    ``ValueError``); the reference set is the batch unless ``ref_emb``/``ref_labels`` are given, and then the query
+    is removed from it *by index* unless ``include_self=True``; an ``indices_tuple`` restricts the counted pairs;
+    queries without a positive are dropped (none: a zero connected to the graph); computed in float32.
 
-    Extension contract (how to write a rank loss on top of this class):
+    Extension contract:
 
-    1. Implement ``compute_query_losses(self, inputs: RankInputs) -> (losses, query_idx)``. ``inputs.scores`` is
-       the ``(B, N)`` differentiable score matrix, ``inputs.valid`` the ``(B, N)`` bool mask of counted pairs,
-       ``inputs.labels``/``inputs.ref_labels`` the labels as given. Return the per-query losses ``(Q,)`` of the
-       queries you keep (those with at least one positive / relevant item) and their row indices ``(Q,)`` long —
-       or, without a host synchronisation, the losses of all ``B`` queries (finite everywhere) and a ``(B,)`` bool
-       mask of the kept ones (:meth:`kept_queries`).
-       They are reduced by the loss's PML reducer (``MeanReducer`` by default, i.e. the mean over kept queries).
-       For ranks use :mod:`pml_suprank.ranking`: ``suprank_negative_sum`` / ``heaviside_positive_count`` /
-       ``sigmoid_rank_sums`` (flat) or ``window_sum`` (any sigmoid window); they are ``O(pairs × N)`` in
-       time and never save ``pairs × N`` tensors for backward.
-    2. Hierarchical losses set the class attribute ``allow_2d_labels = True`` to accept ``(N, L)`` labels
-       (column 0 = finest); the base validates them and passes them through unchanged.
-    3. Combined losses (``(1 − λ)·rank loss + λ·decomposability loss``, SupRank Eq. 12): wrap the loss in
-       :class:`~pml_suprank.losses.CombinedRankLoss` (``CombinedRankLoss(MyRankLoss(), "calibration", 0.1)``), the
-       one way to combine losses. A rank loss alone returns a single ``"loss"`` entry.
-
-    4. Kernels: the class attribute ``kernels`` lists the ``kernel=`` values a loss accepts. Every loss of the
-       package has ``("auto", "dense", "sorted")`` and branches on :meth:`resolved_kernel`; a new subclass
-       inherits ``("auto", "sorted")`` until it implements a dense path (``kernel="dense"`` then raises
-       ``ValueError`` naming what is supported).
-    5. ``loss.compile(...)`` compiles in place and checks the first call against eager (value and embedding
-       gradient, :mod:`pml_suprank.losses.compile_guard`): a mismatch raises ``CompiledLossMismatchError``.
+    1. Implement ``compute_query_losses(self, inputs: RankInputs) -> (losses, query_idx)``: the per-query losses
+       ``(Q,)`` of the kept queries (with a positive) and their rows ``(Q,)`` long, or, without host
+       synchronisation, all ``B`` (finite) losses and a ``(B,)`` bool kept mask (:meth:`kept_queries`); the PML
+       reducer reduces them. Ranks: :mod:`pml_suprank.ranking` (``O(pairs × N)`` time, no ``pairs × N`` saved).
+    2. Hierarchical losses set ``allow_2d_labels = True`` to accept ``(N, L)`` labels (column 0 = finest).
+    3. Combine with a decomposability term (SupRank Eq. 12) through :class:`~pml_suprank.losses.CombinedRankLoss`.
+    4. ``kernels`` lists the accepted ``kernel=`` values; a subclass without a dense path keeps
+       ``("auto", "sorted")`` and branches on :meth:`resolved_kernel`.
+    5. ``loss.compile(...)`` checks the compiled call against eager (:mod:`pml_suprank.losses.compile_guard`).
 
     Args:
         include_self: keep the query as its own positive when the reference set is the batch (reference code).
-        kernel: ``"auto"`` (default: the per-device cost model of :func:`pml_suprank.ranking.choose_kernel`),
-            ``"dense"`` (every ``(query, item, reference)`` difference in query blocks under a memory budget, no
-            host synchronisation; :mod:`pml_suprank.ranking.dense`) or ``"sorted"`` (sorted thresholds and
-            chunked windows over the (query, positive) pairs; :mod:`pml_suprank.ranking.flat`). Same values and
-            gradients up to rounding.
+        kernel: ``"auto"`` (the cost model of :func:`pml_suprank.ranking.choose_kernel`), ``"dense"``
+            (:mod:`pml_suprank.ranking.dense`, no host synchronisation) or ``"sorted"``
+            (:mod:`pml_suprank.ranking.flat`); same values and gradients up to rounding.
         **kwargs: passed to ``BaseMetricLossFunction`` (``distance``, ``reducer``, ``embedding_regularizer``, ...).
     """
 
@@ -110,13 +87,8 @@ class BaseRankLoss(GuardedCompileMixin, PreparedForwardMixin, BaseMetricLossFunc
     def get_default_distance(self):
         return CosineSimilarity()
 
-    # ------------------------------------------------------------------ PML entry points
     def prepare_inputs(self, embeddings, labels, ref_emb=None, ref_labels=None):
-        """Validate a call and resolve the reference set: ``(embeddings, labels, ref_emb, ref_labels)``.
-
-        fp16/bf16 embeddings are up-cast to float32; ``ref_emb is embeddings`` when the reference set is the batch;
-        labels are moved to the embeddings' device. ``compute_loss``/``rank_entry`` expect inputs prepared this way.
-        """
+        """Validated ``(embeddings, labels, ref_emb, ref_labels)`` (``_inputs.prepare_inputs``)."""
         emb, labels, ref, ref_labels, _ = prepare_inputs(
             type(self).__name__, embeddings, labels, ref_emb, ref_labels, allow_2d_labels=self.allow_2d_labels
         )
@@ -148,16 +120,13 @@ class BaseRankLoss(GuardedCompileMixin, PreparedForwardMixin, BaseMetricLossFunc
         reducer=None,
         inputs: RankInputs | None = None,
     ) -> dict:
-        """The PML loss-dict entry of the rank term on prepared inputs: ``scale`` × the per-query losses.
+        """The PML loss-dict entry of the rank term on prepared inputs: ``scale`` (``None``: 1; ``1 − λ`` in
+        :class:`CombinedRankLoss`) × the per-query losses.
 
-        ``scale=None`` is 1 (the rank loss alone); :class:`CombinedRankLoss` passes ``1 − λ``.
-        ``reducer`` is the PML reducer that will reduce the entry (``None``: unknown). When it is PML's plain
-        ``MeanReducer``, statistics are off and :meth:`compute_query_losses` returned a bool ``kept`` mask, the mean
-        over the kept queries is formed here, without a host synchronisation, and returned already reduced;
-        otherwise the entry is ``{"losses": (Q,), "indices": (Q,) kept query rows, "reduction_type": "element"}``
-        (any reducer, :func:`~pml_suprank.losses.reference_loss`), or PML's zero loss when no query has a positive.
-        Records ``num_kept_queries`` when stats are collected. ``inputs``: the :meth:`rank_inputs` of these arguments
-        when the caller has already built them (a combined loss sharing its score matrix).
+        With PML's plain ``MeanReducer`` as ``reducer``, stats off and a bool kept mask, the mean is formed here
+        (no host synchronisation) and returned already reduced; otherwise ``{"losses": (Q,), "indices": (Q,),
+        "reduction_type": "element"}``, or PML's zero loss when no query has a positive. ``inputs``: prebuilt
+        :meth:`rank_inputs` (a combined loss sharing its score matrix).
         """
         if scale is None:
             scale = 1.0
@@ -186,22 +155,17 @@ class BaseRankLoss(GuardedCompileMixin, PreparedForwardMixin, BaseMetricLossFunc
         raise NotImplementedError
 
     def resolved_kernel(self, inputs: RankInputs, levels: int = 1) -> str:
-        """``"dense"`` or ``"sorted"``: :attr:`kernel` resolved for these inputs (``"auto"``: the cost model of
-        :func:`~pml_suprank.ranking.choose_kernel` by device type; ``levels``: 1 for a flat loss, the number of
-        hierarchy levels for a hierarchical one)."""
+        """``"dense"`` or ``"sorted"``: :attr:`kernel` resolved for these inputs by
+        :func:`~pml_suprank.ranking.choose_kernel` (``levels``: 1 for a flat loss, else the hierarchy's)."""
         num_queries, num_refs = inputs.scores.shape
         return choose_kernel(self.kernel, inputs.scores.device, num_queries, num_refs, levels=levels)
 
-    # ------------------------------------------------------------------ helpers for flat AP-like losses
     @staticmethod
     def segment_mean(
         values: Tensor, query_idx: Tensor, num_queries: int, groups: PairGroups | None = None
     ) -> tuple[Tensor, Tensor]:
-        """Mean of ``values`` per query (pairs grouped by ``query_idx``) → ``(per_query (Q,), kept rows (Q,))``.
-
-        With the pairs' ``groups`` (:func:`~pml_suprank.ranking.positive_pair_groups`) the kept rows come without a
-        host synchronisation; without, from ``torch.nonzero``.
-        """
+        """Mean of ``values`` per query (pairs grouped by ``query_idx``) → ``(per_query (Q,), kept rows (Q,))``;
+        ``groups`` (:func:`~pml_suprank.ranking.positive_pair_groups`) give the kept rows without host sync."""
         sums = values.new_zeros(num_queries).index_add(0, query_idx, values)
         if groups is None:
             counts = torch.zeros(num_queries, dtype=torch.long, device=values.device)
@@ -213,9 +177,6 @@ class BaseRankLoss(GuardedCompileMixin, PreparedForwardMixin, BaseMetricLossFunc
 
     @staticmethod
     def kept_queries(per_query: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:
-        """``(per_query (B,), kept (B,) bool)`` with ``kept`` the rows whose positive count is > 0 (dense path).
-
-        No host synchronisation: :meth:`rank_entry` reduces over ``kept`` arithmetically (plain ``MeanReducer``) or
-        selects the rows for any other reducer. ``per_query`` must be finite on every row.
-        """
+        """``(per_query (B,), kept (B,) bool)`` with ``kept`` the rows whose positive count is > 0 (dense path, no
+        host synchronisation; ``per_query`` must be finite on every row)."""
         return per_query, counts > 0

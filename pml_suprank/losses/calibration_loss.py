@@ -43,24 +43,20 @@ class CalibrationLoss(GuardedCompileMixin, BaseMetricLossFunction):
 
     ``L_DG = mean_{(q,j)∈Pos} [α − cos(q, j)]₊ + mean_{(q,j)∈Neg} [cos(q, j) − β]₊`` over (query, reference) pairs:
     positives are pushed above ``α`` and negatives below ``β`` so that scores are comparable across batches.
-
-    ``average="active"`` (default) averages each term over its *active* (non-zero) pairs, pooled over the batch — this
-    is what the reference code does (PML ``ContrastiveLoss`` + ``AvgNonZeroReducer``); ``average="all"`` averages over
-    all positive / negative pairs as written in the paper. Pairs follow the rank losses' conventions (``ref_emb``,
-    ``indices_tuple``, ``include_self``). Scores are cosine similarities (embeddings are L2-normalised by the default
-    ``CosineSimilarity``, gradient included).
+    ``average="active"`` (default, the reference code: PML ``ContrastiveLoss`` + ``AvgNonZeroReducer``) averages each
+    term over its non-zero pairs; ``average="all"`` over all pairs (the paper). Pairs follow the rank losses'
+    conventions (``ref_emb``, ``indices_tuple``, ``include_self``); scores are cosine similarities.
 
     Args:
         pos_margin: ``α`` (0.9).
         neg_margin: ``β`` (0.6).
         average: ``"active"`` or ``"all"``; ignored when an explicit ``reducer`` is passed.
         include_self: keep the (query, query) pair when the reference set is the batch (reference code).
-        multilabel: take ``(B, M)`` label sets padded with ``-1`` (``ref_labels`` ``(N, M)``); a pair is positive
-            when the two items share any label (the calibration term of ``ROADMAPLoss(multilabel="per_label")``).
+        multilabel: ``(B, M)`` label sets padded with ``-1``; a pair sharing any label is positive.
         **kwargs: PML options (``distance``, ``reducer``, ...).
 
-    Shapes: ``embeddings (B, D)``, ``labels (B,)``, optional ``ref_emb (N, D)``, ``ref_labels (N,)``; returns a scalar.
-    Loss dict: ``"pos_loss"`` (``pos_pair``) and ``"neg_loss"`` (``neg_pair``).
+    Shapes: ``embeddings (B, D)``, ``labels (B,)``, optional ``ref_emb (N, D)``, ``ref_labels (N,)``; returns a scalar
+    (loss dict: ``"pos_loss"``, ``"neg_loss"``).
     """
 
     def __init__(
@@ -75,8 +71,7 @@ class CalibrationLoss(GuardedCompileMixin, BaseMetricLossFunction):
         check_bool("multilabel", multilabel)
         check_bool("include_self", include_self)
         average = check_choice("average", average, ("active", "all"))
-        # with the default "active" reduction, pairs with a zero loss cannot change the value: they are never built,
-        # which keeps a memory of N items at O(B·N) bools instead of O(B·N) index pairs
+        # "active" reduction: zero-loss pairs cannot change the value, so they are never built (O(B·N) bools)
         self._prune_inactive = kwargs.get("reducer") is None and average == "active"
         if kwargs.get("reducer") is None:
             kwargs["reducer"] = AvgNonZeroReducer() if average == "active" else MeanReducer()
@@ -105,8 +100,7 @@ class CalibrationLoss(GuardedCompileMixin, BaseMetricLossFunction):
     def prepared_forward(
         self, embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None, *, scores=None, valid=None
     ):
-        """:meth:`forward` on inputs a combined loss has already validated (``prepare_inputs``), optionally with the
-        ``(B, N)`` ``scores`` / ``valid`` mask of its rank term when they are the same (:func:`shares_scores`)."""
+        """:meth:`forward` on prepared inputs, optionally with the rank term's ``(B, N)`` ``scores`` / ``valid``."""
         self.reset_stats()
         if ref_emb is None:
             ref_emb, ref_labels = embeddings, labels
@@ -117,8 +111,7 @@ class CalibrationLoss(GuardedCompileMixin, BaseMetricLossFunction):
         return reduce_loss_dict(self.reducer, loss_dict, embeddings, labels)
 
     def shares_scores(self, distance, include_self: bool) -> bool:
-        """Whether this loss's score matrix and reference mask equal those of a rank loss with ``distance`` and
-        ``include_self`` (same PML similarity class and settings): the combined loss then computes them once."""
+        """Whether this loss's scores and reference mask equal a rank loss's with ``distance`` and ``include_self``."""
         mine = self.distance
         return (
             type(mine) is type(distance)
@@ -136,14 +129,9 @@ class CalibrationLoss(GuardedCompileMixin, BaseMetricLossFunction):
     def pair_losses(
         self, embeddings, labels, indices_tuple, ref_emb, ref_labels, *, reducer=None, scores=None, valid=None
     ) -> dict:
-        """``{"pos_loss": ..., "neg_loss": ...}`` on prepared inputs.
-
-        ``reducer`` is the reducer that will reduce the dict (``None``: unknown). An entry whose reducer is PML's
-        plain ``AvgNonZeroReducer`` (``average="active"``) or ``MeanReducer`` (``"all"``), with statistics off, is
-        reduced here from the ``(B, N)`` pair-loss matrix — ``Σ losses / max(#pairs counted, 1)`` — without a host
-        synchronisation; otherwise each pair is an element (``torch.nonzero``), as PML's reducers expect.
-        ``scores`` / ``valid``: the ``(B, N)`` score matrix and reference mask when the caller has them.
-        """
+        """``{"pos_loss": ..., "neg_loss": ...}`` on prepared inputs; under PML's plain ``AvgNonZeroReducer`` /
+        ``MeanReducer`` (``reducer``, stats off) reduced here without host synchronisation, otherwise one element per
+        pair. ``scores`` / ``valid``: the caller's ``(B, N)`` score matrix and reference mask."""
         if scores is None:
             scores = similarity_matrix(self.distance, embeddings, ref_emb)
         if valid is None:
@@ -191,9 +179,8 @@ def _arithmetic_average(reducer) -> str | None:
 
 
 class _MaskedHingeSum(torch.autograd.Function):
-    """``(Σ relu(x) · m, #{relu(x) · m > 0})`` of a ``(B, N)`` margin matrix ``x`` and bool mask ``m``; backward
-    keeps only the bool mask of the active pairs (``∂/∂x = [x > 0] · m``), so a memory of ``N`` items costs one
-    byte per (query, reference) pair, and nothing synchronises with the host."""
+    """``(Σ relu(x) · m, #{relu(x) · m > 0})`` of a ``(B, N)`` margin matrix ``x`` and bool mask ``m``; backward saves
+    only the bool mask of the active pairs (``∂/∂x = [x > 0] · m``), without host synchronisation."""
 
     @staticmethod
     def forward(ctx, margin, mask):

@@ -23,10 +23,9 @@ __all__ = ["ClusterLoss"]
 class ClusterLoss(GuardedCompileMixin, BaseMetricLossFunction):
     """Cluster (proxy) loss L_DG* (SupRank paper Eq. 8): ``CE(E · normalize(W)ᵀ / η, y)``.
 
-    One learnable proxy per (fine) class, L2-normalised in the forward pass; the embeddings are used as given (the
-    retrieval model already normalises them). The proxies ``W`` are this module's only ``nn.Parameter``: give them
-    an optimizer of their own as for any PML loss with parameters (e.g. ``optimizers={"metric_loss_optimizer": ...}``
-    in PML trainers; the reference uses Adam with lr 10). No optimizer lives inside the loss.
+    One learnable proxy per (fine) class, L2-normalised in the forward pass; the embeddings are used as given. The
+    proxies ``W`` are the module's only ``nn.Parameter``: give them an optimizer, as for any PML loss with parameters
+    (the reference uses Adam with lr 10).
 
     Args:
         num_classes: number of classes ``C`` (labels must lie in ``[0, C)``).
@@ -34,8 +33,7 @@ class ClusterLoss(GuardedCompileMixin, BaseMetricLossFunction):
         temperature: ``η`` (0.05).
         **kwargs: PML options (``reducer``, ``embedding_regularizer``, ...).
 
-    Shapes: ``embeddings (B, d)``, ``labels (B,)``; returns a scalar. ``ref_emb`` is not supported (proxies are the
-    reference set). Proxies are initialised ``U(−1/√d, 1/√d)`` as in the reference code.
+    Shapes: ``embeddings (B, d)``, ``labels (B,)``; returns a scalar; no ``ref_emb``. Proxies start ``U(−1/√d, 1/√d)``.
     """
 
     uses_reference_set = False

@@ -19,12 +19,8 @@ COMBINATION_OPTIONS = ("reducer", "embedding_regularizer", "embedding_reg_weight
 
 
 def split_combination_options(kwargs: dict) -> tuple[dict, dict]:
-    """Split keyword arguments into ``(rank-loss options, combination options)``.
-
-    ``reducer``, ``embedding_regularizer`` and ``embedding_reg_weight`` act on the combined loss dict;
-    ``collect_stats`` goes to both; everything else (``distance``, SupRank step, ``include_self``, ...) to the
-    rank loss.
-    """
+    """Split keyword arguments into ``(rank-loss options, combination options)``: :data:`COMBINATION_OPTIONS` act on
+    the combined loss dict, ``collect_stats`` goes to both, everything else to the rank loss."""
     rank_kwargs = {k: v for k, v in kwargs.items() if k not in COMBINATION_OPTIONS}
     combination_kwargs = {k: v for k, v in kwargs.items() if k in COMBINATION_OPTIONS or k == "collect_stats"}
     return rank_kwargs, combination_kwargs
@@ -40,8 +36,8 @@ def combination_options(
         decomposability: the requested decomposability term (must not be ``None``).
         decomposability_weight: ``λ``.
         kwargs: the remaining keyword arguments (split by :func:`split_combination_options`).
-        proxy_only: the loss always uses the proxy term (HAPPIER, ROD-NDCG): ``kwargs`` may not set
-            ``decomposability``, ``num_classes`` or ``embedding_size``.
+        proxy_only: always the proxy term (HAPPIER, ROD-NDCG): ``kwargs`` may not set ``decomposability``,
+            ``num_classes`` or ``embedding_size``.
 
     Raises:
         TypeError: a fixed argument given in ``kwargs``.
@@ -81,28 +77,22 @@ class CombinedRankLoss(GuardedCompileMixin, PreparedForwardMixin, BaseMetricLoss
 
     ``L = (1 − λ)·L_rank + λ·L_dec`` where ``L_rank`` is any :class:`~pml_suprank.losses.BaseRankLoss` and
     ``L_dec`` the pair calibration loss L_DG (Eq. 7, ``"calibration"``), the proxy loss L_DG* (Eq. 8,
-    ``"proxy"``) or any PML loss module. ``L_dec`` sees the finest labels (column 0 of 2-D labels), the same
-    reference set as the rank loss (``ref_emb``, ``indices_tuple``), unless it is a proxy loss
-    (``uses_reference_set = False``), which sees the queries only. ROADMAP, ROD-R@k, HAPPIER and ROD-NDCG are
-    subclasses.
+    ``"proxy"``) or any PML loss module, on the finest labels and the rank loss's reference set (``ref_emb``,
+    ``indices_tuple``; a proxy loss, ``uses_reference_set = False``, sees the queries only). ROADMAP, ROD-R@k,
+    HAPPIER and ROD-NDCG are subclasses.
 
-    The PML loss dict keeps both weighted terms: ``"rank_loss"`` (the per-query losses times ``1 − λ``, reduced by
-    this loss's reducer) and ``"decomposability_loss"`` (``λ·L_dec``, already reduced by ``L_dec``'s own reducer).
-    :meth:`compute_terms` returns them reduced; they sum to the loss. The rank loss's public attributes
-    (``include_self``, ``tau``, ``step``, ``hierarchy``, ``alpha``, ...) can be read on the combined loss: an
-    attribute it does not have is :attr:`rank_loss`'s (no copy; config files are written from the run's options).
+    Loss dict: ``"rank_loss"`` (per-query losses × ``1 − λ``, this loss's reducer) and ``"decomposability_loss"``
+    (``λ·L_dec``, already reduced); :meth:`compute_terms` returns them reduced. The rank loss's public attributes
+    (``include_self``, ``tau``, ``hierarchy``, ...) are readable on the combined loss.
 
     Args:
-        rank_loss: the rank loss (without a decomposability term of its own). It owns the scores (``distance``)
-            and ``include_self``.
+        rank_loss: the rank loss; it owns the scores (``distance``) and ``include_self``.
         decomposability_loss: ``"calibration"``, ``"proxy"`` or an ``nn.Module`` loss, called as
             ``module(embeddings, fine, indices_tuple[, ref_emb, ref_fine])`` (or ``module(embeddings, fine)`` when
             it has ``uses_reference_set = False``).
         weight: ``λ`` in ``[0, 1]``.
-        num_classes, embedding_size: needed by ``"proxy"`` (the ``ClusterLoss`` proxies become this loss's
-            parameters, ``decomposability_loss.proxies``).
-        **kwargs: PML options of the combined loss (``reducer``, ``embedding_regularizer``, ...). The distance is
-            the rank loss's.
+        num_classes, embedding_size: needed by ``"proxy"`` (``decomposability_loss.proxies``).
+        **kwargs: PML options of the combined loss (``reducer``, ``embedding_regularizer``, ...).
 
     Shapes: ``embeddings (B, D)``, ``labels`` as the rank loss takes them (``(B,)`` or ``(B, L)``), optional
     ``ref_emb (N, D)``, ``ref_labels``; returns a scalar.
@@ -162,8 +152,7 @@ class CombinedRankLoss(GuardedCompileMixin, PreparedForwardMixin, BaseMetricLoss
         return ["rank_loss", "decomposability_loss"]
 
     def prepare_inputs(self, embeddings, labels, ref_emb=None, ref_labels=None):
-        """Validate a call as the rank loss does: ``(embeddings, labels, ref_emb, ref_labels)`` (see
-        :meth:`BaseRankLoss.prepare_inputs`)."""
+        """Validate a call as the rank loss does (:meth:`BaseRankLoss.prepare_inputs`)."""
         emb, labels, ref, ref_labels, _ = prepare_inputs(
             type(self).__name__,
             embeddings,
@@ -183,9 +172,8 @@ class CombinedRankLoss(GuardedCompileMixin, PreparedForwardMixin, BaseMetricLoss
         return entry
 
     def decomposability_arguments(self, embeddings, labels, indices_tuple, ref_emb, ref_labels) -> tuple:
-        """The positional arguments of ``self.decomposability_loss(...)`` for prepared inputs, on the finest labels:
-        ``(embeddings, fine)`` for a proxy loss (``uses_reference_set = False``), ``(embeddings, fine,
-        indices_tuple)`` when the reference set is the batch, else ``(..., ref_emb, ref_fine)``."""
+        """The positional arguments of ``self.decomposability_loss(...)`` on the finest labels: ``(embeddings, fine)``
+        (proxy loss), ``(embeddings, fine, indices_tuple)`` (batch references), else ``(..., ref_emb, ref_fine)``."""
         fine = fine_labels(labels)
         if not getattr(self.decomposability_loss, "uses_reference_set", True):
             return embeddings, fine
@@ -194,12 +182,8 @@ class CombinedRankLoss(GuardedCompileMixin, PreparedForwardMixin, BaseMetricLoss
         return embeddings, fine, indices_tuple, ref_emb, fine_labels(ref_labels)
 
     def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
-        """``{"rank_loss": (1 − λ)·per-query losses, "decomposability_loss": already-reduced λ·L_dec}``.
-
-        A decomposability module with ``prepared_forward`` (CalibrationLoss / ClusterLoss) is called through it,
-        skipping a second validation; a CalibrationLoss whose similarity and ``include_self`` match the rank loss's
-        (``shares_scores``) reuses the rank term's score matrix and mask.
-        """
+        """``{"rank_loss": (1 − λ)·per-query losses, "decomposability_loss": already-reduced λ·L_dec}``; a
+        CalibrationLoss whose ``shares_scores`` agrees reuses the rank term's score matrix and mask."""
         rank, dec, weight = self.rank_loss, self.decomposability_loss, self.weight
         shared = getattr(dec, "shares_scores", None)
         inputs = None
@@ -224,18 +208,14 @@ class CombinedRankLoss(GuardedCompileMixin, PreparedForwardMixin, BaseMetricLoss
         }
 
     def compute_terms(self, embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None) -> dict[str, Tensor]:
-        """The loss's terms, each reduced as in :meth:`forward`: ``{"rank_loss": (1 − λ)·L_rank,
-        "decomposability_loss": λ·L_dec}`` (plus ``"embedding_reg_loss"`` with an embedding regularizer).
-
-        They sum to ``forward(...)`` (same arguments); divide by :attr:`term_weights` for the unweighted values.
-        """
+        """The loss's terms, each reduced as in :meth:`forward` (they sum to it): ``{"rank_loss": (1 − λ)·L_rank,
+        "decomposability_loss": λ·L_dec}`` (plus ``"embedding_reg_loss"``); :attr:`term_weights` unweights them."""
         loss_dict, embeddings, labels = self.prepared_loss_dict(embeddings, labels, indices_tuple, ref_emb, ref_labels)
         return {name: self.reducer({name: entry}, embeddings, labels) for name, entry in loss_dict.items()}
 
 
-#: the rank loss's public hyper-parameters, readable on the combined loss (``roadmap.tau`` is
-#: ``roadmap.rank_loss.tau``; no copies): read-only properties, which ``torch.compile`` traces on every supported
-#: torch (a custom ``__getattr__`` on a module is not traceable by dynamo before torch 2.5)
+#: the rank loss's public hyper-parameters, read-only properties of the combined loss (``roadmap.tau`` is
+#: ``roadmap.rank_loss.tau``; properties, not ``__getattr__``, so that dynamo traces them)
 RANK_LOSS_ATTRIBUTES = (
     "allow_2d_labels", "alpha", "chunk_size", "delta", "hierarchy", "hrank", "include_self", "k", "kernel",
     "level_weights", "multilabel", "offset", "relevance", "rho", "start", "step", "tau", "temperature", "with_hrank",

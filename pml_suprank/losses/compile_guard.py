@@ -1,15 +1,11 @@
 """Compiled = eager, or refused: each new graph of a compiled loss is checked against the eager loss on its batch.
 
-``torch.compile`` of a loss can be silently wrong on some torch release (torch 2.11's dynamo once returned a zero
-gradient for the hierarchical dense kernel while the loss value was right: the model ended 30 % worse).
-``loss.compile(...)`` (:class:`GuardedCompileMixin`) and :func:`compile_loss` (any ``nn.Module`` loss; the recipes'
-``--compile_loss``) compile in place as ``nn.Module.compile`` does and wrap the compiled call in a
-:class:`GuardedCall`: the first call of every call signature (what makes torch trace a new graph) is compared with
-the eager call on the same batch (every output tensor, the embedding gradient and the gradients of the loss's own
-parameters: one extra eager forward + backward per signature). A relative difference
-``‖a − b‖₂ / max(‖a‖₂, ‖b‖₂)`` above :data:`COMPILE_RTOL` raises :class:`CompiledLossMismatchError`, naming the
-torch version and the way out. A batch whose eager loss is not finite is not judged (its signature is checked later).
-After ``torch.compile(loss)`` (torch's own wrapper, which cannot be intercepted), call :func:`check_compiled_loss`.
+``torch.compile`` of a loss can be silently wrong (torch 2.11's dynamo once returned a zero gradient for the
+hierarchical dense kernel). ``loss.compile(...)`` (:class:`GuardedCompileMixin`) and :func:`compile_loss` (the
+recipes' ``--compile_loss``) compile in place and compare the first call of every call signature with the eager call
+on the same batch (outputs, embedding gradient, the loss's parameter gradients). A relative difference
+``‖a − b‖₂ / max(‖a‖₂, ‖b‖₂)`` above :data:`COMPILE_RTOL` raises :class:`CompiledLossMismatchError`; a batch whose
+eager loss is not finite is judged later. After ``torch.compile(loss)``, call :func:`check_compiled_loss`.
 """
 
 from __future__ import annotations
@@ -61,8 +57,8 @@ def relative_difference(got: Tensor | None, expected: Tensor | None) -> float:
 
 
 def _swap(args: tuple, kwargs: dict, old: Tensor, new: Tensor) -> tuple[tuple, dict]:
-    """``args`` / ``kwargs`` with every occurrence of the object ``old`` replaced by ``new`` (identity: a reference
-    set that *is* the batch, ``ref_emb=embeddings``, stays the batch)."""
+    """``args`` / ``kwargs`` with every occurrence of the object ``old`` replaced by ``new`` (``ref_emb=embeddings``
+    stays the batch)."""
     return (
         tuple(new if a is old else a for a in args),
         {k: (new if v is old else v) for k, v in kwargs.items()},
@@ -75,8 +71,7 @@ def _embeddings(args: tuple, kwargs: dict) -> Tensor | None:
 
 
 def _tensors(out: Any) -> list[Tensor] | None:
-    """The floating tensors of a loss output: ``value`` or ``(value, extras...)`` (tuples, lists and dicts walked in
-    order); ``None`` for an output with none."""
+    """The floating tensors of a loss output (tuples, lists and dicts walked in order), or ``None``."""
     if isinstance(out, Tensor):
         return [out] if out.is_floating_point() else None
     found: list[Tensor] = []
@@ -91,8 +86,8 @@ def _finite(tensors: list[Tensor | None]) -> bool:
 
 
 def call_signature(args: tuple, kwargs: dict) -> tuple:
-    """What makes ``torch.compile`` trace another graph, as far as a loss call shows it: the shape, dtype, device
-    and ``requires_grad`` of every tensor argument, the type of the others, and whether gradients are enabled."""
+    """What makes ``torch.compile`` trace another graph: every tensor argument's shape, dtype, device and
+    ``requires_grad``, the others' types, and the grad mode."""
 
     def one(v: Any) -> Any:
         if isinstance(v, Tensor):
@@ -129,12 +124,9 @@ def compare_with_eager(
     parameters: list[tuple[str, Tensor]] | None = None,
     rtol: float = COMPILE_RTOL,
 ) -> bool:
-    """Compare the output of ``compiled(*args, **kwargs)`` with ``eager(*args, **kwargs)``.
-
-    Every floating output tensor; with gradients enabled, the gradients of the first one with respect to the
-    embeddings (``args[0]``, when they require grad) and to the ``parameters`` ``(name, tensor)`` that require grad
-    (proxies), each side computed by one more call on its own detached copy of the embeddings (the caller's graph is
-    never run backward here: a compiled backward may reuse its saved buffers). Nothing is accumulated into ``.grad``.
+    """Compare the output of ``compiled(*args, **kwargs)`` with ``eager(*args, **kwargs)``: every floating output
+    tensor and, with gradients enabled, the gradients of the first one for the embeddings (``args[0]``) and the
+    ``parameters`` ``(name, tensor)`` that require grad, each side on its own detached copy (nothing into ``.grad``).
 
     Returns:
         Whether the call was judged: ``False`` when the eager output or gradient is not finite (the caller's
@@ -179,8 +171,8 @@ def compare_with_eager(
 
 
 class GuardedCall:
-    """The compiled call of a loss, checked against its eager call (:func:`compare_with_eager`) once for every new
-    :func:`call_signature`; a call whose eager output is not finite is checked again at the next call.
+    """The compiled call of a loss, checked against eager (:func:`compare_with_eager`) once per new
+    :func:`call_signature` (again at the next call when the eager output is not finite).
 
     Args:
         compiled: the compiled callable (``torch.compile(module._call_impl, ...)``).
@@ -217,8 +209,7 @@ class GuardedCall:
 
 
 def guard_compiled_call(module: nn.Module, rtol: float = COMPILE_RTOL) -> nn.Module:
-    """Wrap the compiled call that ``module.compile(...)`` installed in a :class:`GuardedCall` (no-op when the module
-    is not compiled or already guarded). Returns ``module``."""
+    """Wrap the compiled call of ``module.compile(...)`` in a :class:`GuardedCall` (once); returns ``module``."""
     compiled = getattr(module, "_compiled_call_impl", None)
     if compiled is not None and not isinstance(compiled, GuardedCall):
         module._compiled_call_impl = GuardedCall(compiled, module, rtol)
@@ -226,8 +217,7 @@ def guard_compiled_call(module: nn.Module, rtol: float = COMPILE_RTOL) -> nn.Mod
 
 
 def compile_loss(loss: nn.Module, *args, **kwargs) -> nn.Module:
-    """Compile ``loss`` in place (``nn.Module.compile(*args, **kwargs)``: same parameters and state-dict keys), every
-    new call signature checked against eager (:class:`GuardedCall`). Returns ``loss``."""
+    """Compile ``loss`` in place (``nn.Module.compile``), every new call signature checked (:class:`GuardedCall`)."""
     if not isinstance(loss, nn.Module):
         raise TypeError(f"compile_loss needs an nn.Module loss; got {type(loss).__name__}")
     nn.Module.compile(loss, *args, **kwargs)
@@ -235,22 +225,18 @@ def compile_loss(loss: nn.Module, *args, **kwargs) -> nn.Module:
 
 
 class GuardedCompileMixin:
-    """``compile(*args, **kwargs)`` of an ``nn.Module`` loss: ``nn.Module.compile`` (in place) plus the check of
-    every new call signature against eager (:class:`GuardedCall`)."""
+    """``compile(*args, **kwargs)``: in place, each new call signature checked (:class:`GuardedCall`)."""
 
     def compile(self, *args, **kwargs) -> None:
-        """``nn.Module.compile(*args, **kwargs)``; each new call signature is then checked against the eager loss
-        and a mismatch raises :class:`CompiledLossMismatchError`."""
+        """``nn.Module.compile(*args, **kwargs)``; a mismatch with eager raises :class:`CompiledLossMismatchError`."""
         compile_loss(self, *args, **kwargs)
 
 
 def check_compiled_loss(compiled: Callable[..., Any], *args, eager: Callable[..., Any] | None = None, **kwargs):
     """Call ``compiled(*args, **kwargs)`` once, checked against the eager loss, and return its output.
 
-    For ``compiled = torch.compile(loss)`` (``eager`` defaults to the module it wraps, ``compiled._orig_mod``) or
-    any compiled callable with an explicit ``eager``. ``args[0]`` are the ``(B, D)`` embeddings: the output, and
-    when it requires grad the gradients of the embeddings and of an ``nn.Module`` eager's parameters, are compared
-    (relative difference ≤ :data:`COMPILE_RTOL`; see :func:`compare_with_eager`).
+    ``eager`` defaults to ``compiled._orig_mod`` (``compiled = torch.compile(loss)``). ``args[0]`` are the ``(B, D)``
+    embeddings; outputs and gradients are compared by :func:`compare_with_eager` (≤ :data:`COMPILE_RTOL`).
 
     Raises:
         TypeError: no ``eager`` given and ``compiled`` wraps no module.

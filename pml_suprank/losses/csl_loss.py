@@ -28,21 +28,17 @@ __all__ = ["CSLLoss"]
            "(Sun et al., CVPR 2021)", "https://arxiv.org/abs/2103.11781"),
 )  # fmt: skip
 class CSLLoss(GuardedCompileMixin, WeightRegularizerMixin, BaseMetricLossFunction):
-    """Hierarchical proxy loss "CSL" (Sun et al., "Dynamic metric learning", CVPR 2021), as coded in the
-    reference code of SupRank, used as a baseline in HAPPIER (ECCV 2022, Tab. 1-2).
-
-    One proxy per fine class, ``P = normalize(W)``, scores ``S = scale · E Pᵀ`` (embeddings are used as given:
-    L2-normalise them upstream, as the reference network does). For each level ``c`` (column of the labels):
+    """Hierarchical proxy loss "CSL" (Sun et al., CVPR 2021) as in the SupRank reference code (HAPPIER baseline,
+    ECCV 2022, Tab. 1-2). One proxy per fine class, ``P = normalize(W)``, scores ``S = scale · E Pᵀ`` (embeddings as
+    given). For each level ``c`` (column of the labels):
 
     ``ℓ_c(b) = softplus( logsumexp_{p: lab_p[c] ≠ lab_b[c]} S[b, p] − S[b, own proxy] + scale · m_c )``
 
-    and the loss is ``Σ_c mean_b ℓ_c(b)`` (the per-element losses ``Σ_c ℓ_c(b)`` are reduced by the PML reducer,
-    ``MeanReducer`` by default, which gives exactly that).
+    and the loss is ``Σ_c mean_b ℓ_c(b)`` (per-element ``Σ_c ℓ_c(b)`` under the PML reducer, ``MeanReducer``).
 
-    Proxy ancestors: row ``p`` of :attr:`proxy_labels` (``(num_classes, L)``) holds the labels of fine class ``p`` at
-    every level. They come from ``hierarchy=`` when given; otherwise they are registered from every 2-D label batch
-    seen (or explicitly with :meth:`register_labels`, like the reference registers the training labels). A proxy
-    whose ancestors are still unknown counts as different from every query at every level.
+    Row ``p`` of :attr:`proxy_labels` ``(num_classes, L)`` holds fine class ``p``'s labels at every level: from
+    ``hierarchy=``, else registered from every 2-D label batch (or :meth:`register_labels`); a proxy with unknown
+    ancestors differs from every query at every level.
 
     Args:
         num_classes: number of fine classes (proxies); fine labels must lie in ``[0, num_classes)``.
@@ -50,13 +46,11 @@ class CSLLoss(GuardedCompileMixin, WeightRegularizerMixin, BaseMetricLossFunctio
         margins: one margin per level, finest first (reference default ``(0.25, 0.35, 0.45)``; SOP/iNat-base
             ``(0.25, 0.45)``). Its length fixes the number of levels ``L``.
         scale: the scale ``s`` (32).
-        hierarchy: optional fine → ancestors table ``(num_fine, L)`` / :class:`~pml_suprank.relevance.Hierarchy`;
-            needed to pass 1-D fine labels (1-D labels without it raise ``ValueError``).
+        hierarchy: optional ``(num_fine, L)`` table / :class:`~pml_suprank.relevance.Hierarchy` for 1-D fine labels.
         **kwargs: PML options (``reducer``, ``weight_regularizer``, ``weight_init_func``, ...).
 
-    Shapes: ``embeddings (B, D)`` with ``D == embedding_size`` (else ``ValueError``), ``labels (B, L)`` or ``(B,)``
-    fine labels with ``hierarchy``; returns a scalar. ``ref_emb`` is not supported (proxy loss); an
-    ``indices_tuple`` weights the queries like PML's proxy losses.
+    Shapes: ``embeddings (B, embedding_size)``, ``labels (B, L)`` (or ``(B,)`` with ``hierarchy``); returns a scalar.
+    No ``ref_emb`` (proxy loss); an ``indices_tuple`` weights the queries like PML's proxy losses.
     """
 
     def __init__(
@@ -106,10 +100,8 @@ class CSLLoss(GuardedCompileMixin, WeightRegularizerMixin, BaseMetricLossFunctio
 
     @torch.no_grad()
     def register_labels(self, labels: Tensor) -> None:
-        """Record the ancestors of the fine classes present in ``labels`` (``(N, L)``, or ``(N,)`` with a hierarchy).
-
-        Raises ``ValueError`` if a class is seen with ancestors different from those already registered.
-        """
+        """Record the ancestors of the fine classes in ``labels`` (``(N, L)``, or ``(N,)`` with a hierarchy);
+        ``ValueError`` for a class seen with other ancestors than those registered."""
         labels = self._levels_of(labels, "labels")
         fine = labels[:, 0]
         if bool((fine >= self.num_classes).any()):

@@ -1,12 +1,9 @@
 """Exact distributed rank losses: this process's queries ranked against the global batch, normalised globally.
 
-A rank loss on the *global* batch is not the average of per-process rank losses: every query must be ranked against
-the references of all processes. ``accelerator.gather`` and PML's ``all_gather`` drop the autograd history; PML's
-``DistributedLossWrapper(efficient=True)`` loses the terms where a process's embeddings are references for the other
-processes' queries and divides by per-process counts (0.71 relative gradient error for a rank loss). Here
-:func:`reference_loss` computes the losses of the *local* queries against a (gathered or shared) reference set and
-normalises them with the **global** counts of the loss's PML reducer, and :class:`DistributedRankLoss` wraps any loss
-with it. Without an initialised process group (or with one process) everything reduces to the plain loss call.
+A rank loss on the *global* batch is not the average of per-process rank losses (PML's
+``DistributedLossWrapper(efficient=True)``: 0.71 relative gradient error). :func:`reference_loss` ranks the *local*
+queries against a gathered or shared reference set and normalises with the **global** counts of the loss's PML
+reducer; :class:`DistributedRankLoss` wraps any loss with it. Without a process group it is the plain loss call.
 """
 
 from __future__ import annotations
@@ -28,10 +25,9 @@ DistributedMode = Literal["local_queries", "all"]
 
 
 def is_multilabel_loss(loss: Any) -> bool:
-    """True when ``loss`` takes ``(N, M)`` fine-label sets padded with ``-1``: its ``relevance`` is
-    ``"multilabel"`` (Sup-H-AP, HAPPIER, Sup-NDCG, ROD-NDCG) or its ``multilabel`` is ``"per_label"`` (SupAP,
-    ROADMAP). The memory and the distributed code never guess this from the labels' shape: other 2-D labels are
-    hierarchical ``(N, L)`` levels."""
+    """True when ``loss`` takes ``(N, M)`` fine-label sets padded with ``-1``: ``relevance == "multilabel"``
+    (Sup-H-AP, HAPPIER, Sup-NDCG, ROD-NDCG) or ``multilabel == "per_label"`` (SupAP, ROADMAP); never guessed from
+    the labels' shape (other 2-D labels are ``(N, L)`` levels)."""
     return getattr(loss, "relevance", None) == "multilabel" or getattr(loss, "multilabel", None) == "per_label"
 
 
@@ -69,8 +65,7 @@ def pairs_without_self(labels: Tensor, ref_labels: Tensor, self_index: Tensor) -
         self_index: ``(B,)`` long, the reference row holding query ``b``'s own copy (``-1``: none).
 
     Returns:
-        ``(a1, p, a2, n)``: positive pairs (same finest label) and negative pairs, every pair ``(b, self_index[b])``
-        removed. Rank losses use the union as the set of counted pairs; pair losses use the split.
+        ``(a1, p, a2, n)``: positive (same finest label) and negative pairs, without ``(b, self_index[b])``.
     """
     fine, ref_fine = fine_labels(labels), fine_labels(ref_labels)
     self_index = check_self_index(self_index, fine.shape[0], ref_fine.shape[0]).to(fine.device)
@@ -156,11 +151,9 @@ def reference_loss(
 ) -> Tensor:
     """Loss of this process's queries against a reference set, normalised over all processes.
 
-    ``ref_emb`` is the gathered global batch (:func:`~pml_suprank.collectives.gather_batch`) or a set shared by all
-    processes (a memory). Each sub-loss ``k`` is reduced as ``Σ_r S_k^r / Σ_r C_k^r`` with ``S``/``C`` the
-    per-process numerator and count of its PML reducer (kept queries, non-zero pairs for ``AvgNonZeroReducer``): the
-    single-process value on the union of the queries, on every process. The gradient is that of
-    ``world_size · Σ_k S_k^r / Σ_r C_k^r``, so that DDP's averaging yields the single-process gradient.
+    ``ref_emb`` is the gathered global batch (:func:`~pml_suprank.collectives.gather_batch`) or a shared set (a
+    memory). Each sub-loss ``k`` is ``Σ_r S_k^r / Σ_r C_k^r`` (per-process numerator and count of its PML reducer),
+    with the gradient of ``world_size · Σ_k S_k^r / Σ_r C_k^r``: DDP's average is the single-process gradient.
 
     Args:
         loss: a PML ``BaseMetricLossFunction`` (every pml_suprank loss) with a Mean / AvgNonZero / Threshold / Sum
@@ -170,8 +163,7 @@ def reference_loss(
         ref_emb: ``(N, D)`` reference embeddings (the same on every process).
         ref_labels: ``(N,)`` or ``(N, L)``.
         self_index: ``(B_r,)`` long, the row of ``ref_emb`` holding each query's own copy, removed from the counted
-            pairs (``-1`` or ``None``: nothing removed). Pass it when the loss does not keep the query as its own
-            positive (``include_self=False``, the default of every pml_suprank loss).
+            pairs (``-1`` or ``None``: nothing removed; pass it with ``include_self=False``).
         group: process group.
 
     Returns:
@@ -203,21 +195,18 @@ def reference_loss(
 class DistributedRankLoss(nn.Module):
     """Wrap a loss so that, under ``torch.distributed``, it equals the single-process loss on the global batch.
 
-    ``DistributedRankLoss(losses.SupAPLoss())`` is called like the wrapped loss on the local batch; it returns the
-    global-batch loss on every process, and after DDP averages the gradients the parameters receive the
-    single-process gradient of the concatenated batch.
+    ``DistributedRankLoss(losses.SupAPLoss())`` is called like the wrapped loss on the local batch and returns the
+    global-batch loss on every process (with DDP, the single-process gradient).
 
     Args:
         loss: the loss to wrap (a PML ``BaseMetricLossFunction``).
-        mode: ``"local_queries"`` (default): the local queries ranked against the gathered global batch, their own
-            copies removed by index unless ``include_self=True``, normalised with global counts
-            (:func:`reference_loss`; ``O(B_local · B_global)`` per process). ``"all"``: the full loss on the
-            gathered batch on every process (``O(B_global²)``; any loss and reducer).
+        mode: ``"local_queries"`` (default, :func:`reference_loss` against the gathered batch, own copies removed
+            unless ``include_self``; ``O(B_local · B_global)``) or ``"all"`` (the full loss on the gathered batch on
+            every process, ``O(B_global²)``; any loss and reducer).
         group: process group (default: the world).
 
-    A ``ref_emb`` given to ``forward`` is a shared reference set (identical on every process, e.g. a memory);
-    ``indices_tuple`` is only supported without a process group. Multi-label label sets (:func:`is_multilabel_loss`)
-    are padded with ``-1`` to the widest of all processes (and of ``ref_labels``), which leaves the loss unchanged.
+    A ``ref_emb`` given to ``forward`` is a shared reference set (e.g. a memory); ``indices_tuple`` only without a
+    process group. Multi-label sets (:func:`is_multilabel_loss`) are padded with ``-1`` to the widest of all processes.
     """
 
     def __init__(self, loss: nn.Module, mode: DistributedMode = "local_queries", group: Any = None) -> None:

@@ -19,27 +19,21 @@ __all__ = ["HAPPIERLoss"]
 class HAPPIERLoss(CombinedRankLoss):
     """HAPPIER loss ``(1 − λ) · L_Sup-H-AP + λ · L_DG*`` (SupRank paper Eq. 22).
 
-    ``L_DG*`` is :class:`~pml_suprank.losses.ClusterLoss` (Eq. 8: normalised proxies, one per fine class,
-    temperature 0.05) on the finest labels; its proxies are this loss's parameters (give them an optimizer, e.g. PML
-    ``loss_optimizers``; the reference uses Adam with lr 10). ``alpha > 1`` gives HAPPIER_F (paper: α = 5 on SOP,
-    3 on iNat). The loss dict has ``"rank_loss"`` and ``"decomposability_loss"``; the inner modules are
-    ``self.rank_loss`` (a :class:`~pml_suprank.losses.SupHAPLoss`) and ``self.decomposability_loss``.
+    ``L_DG*`` is :class:`~pml_suprank.losses.ClusterLoss` (Eq. 8) on the finest labels; its proxies are this loss's
+    parameters (give them an optimizer; the reference uses Adam with lr 10). ``alpha > 1`` gives HAPPIER_F (paper:
+    α = 5 on SOP, 3 on iNat). Loss dict: ``"rank_loss"``, ``"decomposability_loss"``.
 
     Args:
         num_classes: number of fine classes (proxies).
         embedding_size: embedding dimension ``D``.
         alpha: ``α`` of the H-AP relevance (Eq. 20).
         decomposability_weight: ``λ`` (0.1 in the paper and every reference config).
-        hierarchy: fine → ancestors table for 1-D fine labels (and for multi-label sets; ``None`` = flat).
-        relevance: ``"levels"`` (default) or ``"multilabel"``: ``(B, M)`` fine-label sets padded with ``-1`` and the
-            relevance of the PhD thesis' Algorithm 1 (see :class:`~pml_suprank.losses.SupHAPLoss`). The proxy term
-            then sees column 0 of the labels, each item's first label (a row must start with a label, padding
-            after), so ``num_classes`` must exceed every fine label.
-        **suprank_kwargs: :class:`~pml_suprank.losses.SupHAPLoss` options (``tau`` or its alias ``temperature``,
-            ``rho``, ``delta``, ``start``, ``offset``, ``with_hrank``, ``include_self``, ``distance``, ...) and the
-            PML options of the combined loss (``reducer``, ...).
-
-    Shapes: as :class:`~pml_suprank.losses.SupHAPLoss`.
+        hierarchy: fine → ancestors table for 1-D fine labels and multi-label sets.
+        relevance: ``"levels"`` (default) or ``"multilabel"`` (``(B, M)`` sets padded with ``-1``, see
+            :class:`~pml_suprank.losses.SupHAPLoss`; the proxy term sees column 0, so ``num_classes`` must exceed
+            every fine label).
+        **suprank_kwargs: :class:`~pml_suprank.losses.SupHAPLoss` options (``tau``/``temperature``, ``rho``,
+            ``with_hrank``, ``include_self``, ``distance``, ...; shapes as there) and PML options (``reducer``).
     """
 
     def __init__(

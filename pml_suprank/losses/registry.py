@@ -7,16 +7,11 @@ fingerprint and cited by the model card::
     class MyAPLoss(BaseRankLoss):
         def __init__(self, tau: float = 0.01, kernel: str = "auto"): ...
 
-The table is a :class:`pml_suprank._registry.Registry` that refuses a taken name: each loss has one name and one
-alias, its class name (``"HAPPIERLoss"``, as ``save_pretrained`` records it). :func:`resolve_loss` reads three more
-spellings of ``--loss``:
-
-* ``pml:ClassName``: a loss of ``pytorch_metric_learning.losses`` (a baseline, trained on the fine labels, its
-  arguments given by ``--loss_kwargs``);
-* ``package.module:ClassName``: a loss class of an importable module, imported only when the name was typed on the
-  command line or passed in Python, never when it was read from a file (:func:`check_loss_name`);
-* a name published by an installed distribution under the entry-point group ``pml_suprank.losses``
-  (``[project.entry-points."pml_suprank.losses"] MyAP = "my_package.losses:MyAPLoss"``), loaded when first asked for.
+Each loss has one name and one alias, its class name (as ``save_pretrained`` records it); a taken name is refused.
+:func:`resolve_loss` also reads ``pml:ClassName`` (a PML loss, on the fine labels, ``--loss_kwargs``),
+``package.module:ClassName`` (imported only when typed or passed in Python, never read from a file:
+:func:`check_loss_name`) and names published under the entry-point group ``pml_suprank.losses``
+(``[project.entry-points."pml_suprank.losses"] MyAP = "my_package.losses:MyAPLoss"``).
 """
 
 from __future__ import annotations
@@ -77,12 +72,10 @@ class LossEntry:
     Attributes:
         name: The recipe name (``--loss`` / hub_config ``loss.name``), e.g. ``"HAPPIER"``.
         cls: The ``nn.Module`` loss class.
-        hierarchical: Trained on the ``(N, L)`` label columns (fine → coarse; ClusterLoss proxies then need
-            ``num_classes`` / ``embedding_size``); otherwise on the fine labels ``(N,)``.
+        hierarchical: Trained on the ``(N, L)`` label columns (fine → coarse); otherwise on the fine labels ``(N,)``.
         multilabel: Has a multi-label variant (``relevance="multilabel"`` with a ``hierarchy=`` table).
         paper: ``(title, url)`` for the model card, or ``None`` (the SupRank paper).
-        options: Recipe loss options (``tau``, ``rho``...) the constructor takes, or ``None`` (its named ``__init__``
-            parameters).
+        options: Recipe loss options (``tau``, ``rho``...) the constructor takes (``None``: its named parameters).
     """
 
     name: str
@@ -165,11 +158,8 @@ def loss_entry(name: str) -> LossEntry:
 
 
 def check_loss_name(name: Any, *, from_file: bool = False) -> str | None:
-    """Why ``name`` is not a ``--loss`` value (``None``: it may be one), WITHOUT importing anything.
-
-    ``from_file``: the name was read from a file (a hub_config, a ``--config`` YAML, a model folder), where a
-    ``module:Class`` name is refused: only a name typed on the command line or passed in Python is imported.
-    """
+    """Why ``name`` is not a ``--loss`` value (``None``: it may be one), WITHOUT importing anything; ``from_file``:
+    read from a file (hub_config, ``--config`` YAML, model folder), where a ``module:Class`` name is refused."""
     if not isinstance(name, str) or not name:
         return f"a non-empty string; got {name!r}"
     if name in LOSSES or name in LOSSES.aliases():
@@ -197,9 +187,8 @@ def check_loss_name(name: Any, *, from_file: bool = False) -> str | None:
 
 
 def _plugin_entry_points() -> dict[str, Any]:
-    """``{name: entry point}`` of :data:`ENTRY_POINT_GROUP` in installed distributions only: ``sys.path`` without the
-    working directory Python puts first (a downloaded folder one runs in must not publish plugins); a folder named
-    on ``PYTHONPATH`` appears again later and is kept."""
+    """``{name: entry point}`` of :data:`ENTRY_POINT_GROUP` in installed distributions only (``sys.path`` without the
+    working directory Python puts first: a downloaded folder one runs in must not publish plugins)."""
     cwd = os.path.realpath(os.getcwd())
     paths = [p for i, p in enumerate(sys.path) if p and not (i == 0 and os.path.realpath(p) == cwd)]
     out: dict[str, Any] = {}
@@ -254,17 +243,14 @@ def resolve_loss(name: str, *, search_cwd: bool = False) -> LossEntry:
     """The entry of the ``--loss`` value ``name``: a registered name or class name, ``pml:Class``,
     ``package.module:Class`` or an installed plugin's name (module docstring). The one place a loss module is
     imported: call it for a name typed on the command line or passed in Python, never for a name read from a file.
-
-    A class registered by its module's decorator gets its entry; another class gets one with ``hierarchical`` read
-    from its class attribute of that name (default ``False``).
+    An unregistered class gets an entry with ``hierarchical`` read from its class attribute (default ``False``).
 
     Args:
         name: The loss name.
         search_cwd: Import a ``package.module:Class`` from the working directory too, as ``python -m`` does.
 
     Raises:
-        ValueError: ``name`` names no loss; the message gives the real cause (the ImportError / AttributeError of a
-            ``module:Class`` name, the registered names and the other spellings).
+        ValueError: ``name`` names no loss (the message gives the import error or the accepted spellings).
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"loss must be a non-empty string; got {name!r}")
@@ -305,8 +291,7 @@ def entry_options(entry: LossEntry, option_names: Sequence[str]) -> tuple[str, .
 
 def loss_keywords(cls: type) -> frozenset[str] | None:
     """The keyword arguments the loss class ``cls`` accepts, read from the ``__init__`` signatures along its MRO
-    (an ``__init__`` with ``**kwargs`` passes them on to its base); ``None`` for the package's own losses (the
-    combined ones hand their ``**kwargs`` to an inner loss)."""
+    while they pass on ``**kwargs``; ``None`` for the package's own losses."""
     if cls.__module__.startswith(f"{__package__}."):
         return None
     names: set[str] = set()

@@ -18,26 +18,20 @@ class ROADMAPLoss(CombinedRankLoss):
     """ROADMAP loss (Ramzi et al., NeurIPS 2021; SupRank TPAMI 2025 Eq. 12).
 
     ``L = (1 − λ)·L_SupAP + λ·L_dec`` with ``L_dec`` = :class:`CalibrationLoss` (L_DG, Eq. 7,
-    ``decomposability="calibration"``) or :class:`ClusterLoss` (L_DG*, Eq. 8, ``decomposability="proxy"``, which
-    needs ``num_classes`` and ``embedding_size`` and owns the proxies as parameters). The loss dict holds the two
-    weighted terms ``"rank_loss"`` and ``"decomposability_loss"``; the inner modules are ``self.rank_loss`` (a
-    :class:`SupAPLoss`) and ``self.decomposability_loss``.
+    ``decomposability="calibration"``) or :class:`ClusterLoss` (L_DG*, Eq. 8, ``"proxy"``, owning the proxies).
+    Loss dict: ``"rank_loss"``, ``"decomposability_loss"``.
 
     Args:
         decomposability: ``"calibration"`` (default), ``"proxy"``, or an ``nn.Module`` loss.
         decomposability_weight: ``λ`` (0.1).
         num_classes, embedding_size: for ``"proxy"``.
-        multilabel: ``None`` or ``"per_label"``: ``(B, M)`` label sets padded with ``-1``, the rank term is the
-            per-label SupAP of :class:`SupAPLoss` (AP of each query label as a binary problem, averaged over the
-            query's labels; cost ``Σ_q n_q`` pseudo-query rows) and the calibration term counts a pair as positive
-            when the two items share any label (``CalibrationLoss(multilabel=True)``). ``"proxy"`` and custom modules
-            get column 0 of the label sets (each item's first label).
-        **suprank_kwargs: :class:`SupAPLoss` arguments (``tau`` or its alias ``temperature``, ``rho``, ``delta``,
-            ``start``, ``offset``, ``include_self``, ``distance``) and the PML options of the combined loss
-            (``reducer``, ``embedding_regularizer``, ...).
+        multilabel: ``None`` or ``"per_label"``: ``(B, M)`` label sets padded with ``-1``; per-label SupAP
+            (:class:`SupAPLoss`) and a calibration term whose positives share any label; ``"proxy"`` and custom
+            modules get column 0.
+        **suprank_kwargs: :class:`SupAPLoss` arguments (``tau``/``temperature``, ``rho``, ``delta``, ``start``,
+            ``offset``, ``include_self``, ``distance``) and the combined loss's PML options (``reducer``, ...).
 
-    Shapes: ``embeddings (B, D)``, ``labels (B,)``, optional ``ref_emb (N, D)``, ``ref_labels (N,)``; returns a scalar.
-    With ``ref_emb`` the calibration term also uses the reference set (as the reference code); L_DG* uses the queries.
+    Shapes: as :class:`SupAPLoss`. With ``ref_emb`` the calibration term also uses the reference set; L_DG* the queries.
     """
 
     def __init__(

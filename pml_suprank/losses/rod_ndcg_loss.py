@@ -20,17 +20,15 @@ class RODNDCGLoss(CombinedRankLoss):
     """ROD-NDCG loss ``(1 − λ) · L_Sup-NDCG + λ · L_DG*`` (SupRank paper Eq. 25; reference configs ``roadndcg_*``).
 
     ``L_DG*`` is :class:`~pml_suprank.losses.ClusterLoss` on the finest labels (its proxies are this loss's
-    parameters). The loss dict has ``"rank_loss"`` and ``"decomposability_loss"``; the inner modules are
-    ``self.rank_loss`` (a :class:`~pml_suprank.losses.SupNDCGLoss`) and ``self.decomposability_loss``.
+    parameters). Loss dict: ``"rank_loss"``, ``"decomposability_loss"``.
 
     Args:
         num_classes: number of fine classes (proxies).
         embedding_size: embedding dimension ``D``.
         decomposability_weight: ``λ`` (0.1).
         hierarchy: fine → ancestors table for 1-D fine labels.
-        relevance: ``"levels"`` (default) or ``"multilabel"``: ``(B, M)`` fine-label sets padded with ``-1`` and the
-            gains ``2^rel − 1`` of the PhD thesis' Algorithm 1 relevance (see :class:`~pml_suprank.losses.SupNDCGLoss`).
-            The proxy term then uses column 0 of the label sets (each item's first label).
+        relevance: ``"levels"`` (default) or ``"multilabel"`` (``(B, M)`` sets, see
+            :class:`~pml_suprank.losses.SupNDCGLoss`; the proxy term uses column 0).
         **suprank_kwargs: :class:`~pml_suprank.losses.SupNDCGLoss` options (``tau`` or its alias ``temperature``,
             ...) and the PML options of the combined loss.
     """

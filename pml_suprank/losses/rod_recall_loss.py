@@ -18,12 +18,8 @@ class RODRecallLoss(CombinedRankLoss):
     """ROD-R@k loss (SupRank paper Eq. 17): Sup-R@k plus a decomposability term.
 
     ``L = (1 − λ)·L_Sup-R@k + λ·L_dec`` with ``L_dec`` = :class:`CalibrationLoss` (``"calibration"``) or
-    :class:`ClusterLoss` (``"proxy"``, needs ``num_classes``/``embedding_size``). λ defaults to 0.1 as for every
-    combined loss of this package; the reference ROD-R@k configs use 0.5 (``decomposability_weight=0.5``). The
-    inner modules are ``self.rank_loss`` (a :class:`SupRecallLoss`) and ``self.decomposability_loss``.
-
-    Naming: as in :class:`SupRecallLoss`, ``temperature`` is the outer ``τ*`` of Sup-R@k (Eq. 16) and ``tau`` the
-    ``τ`` of ``H⁻`` (Eq. 4).
+    :class:`ClusterLoss` (``"proxy"``, needs ``num_classes``/``embedding_size``); the reference ROD-R@k configs use
+    ``decomposability_weight=0.5``. ``temperature`` is the outer ``τ*`` (Eq. 16), ``tau`` the ``τ`` of ``H⁻``.
 
     Args:
         k, temperature: see :class:`SupRecallLoss`.

@@ -23,20 +23,15 @@ class SmoothAPLoss(BaseRankLoss):
     """Smooth-AP loss: ``L = mean_q [1 − (1/|P_q|) Σ_{i∈P_q} (1 + Σ_{j∈P_q, j≠i} σ_τ(s_j − s_i))
     / (1 + Σ_{j∈V_q, j≠i} σ_τ(s_j − s_i))]`` (Smooth-AP paper Eq. 5; SupRank paper §3.1).
 
-    The sigmoid replaces the Heaviside step on every pair, so both ``rank⁺`` and ``rank`` are differentiable.
-    Unlike PML 2.9's ``SmoothAPLoss`` it makes no assumption on the batch layout: any number of classes, any number
-    of samples per class, any order, a separate reference set (``ref_emb``) and ``indices_tuple`` all work.
-
-    Cost: ``O(Σ_q |P_q| · N)`` time, ``O(B · N)`` extra memory (``kernel="sorted"``); ``O(B · N²)`` time in
-    query blocks under a 256 MB budget (``kernel="dense"``); ``kernel="auto"`` picks one per device and size.
+    The sigmoid replaces the Heaviside step on every pair. Unlike PML 2.9's ``SmoothAPLoss`` any batch layout,
+    ``ref_emb`` and ``indices_tuple`` work. Cost: ``O(Σ_q |P_q| · N)`` time, ``O(B · N)`` memory (``"sorted"``);
+    ``O(B · N²)`` time in blocks under a 256 MB budget (``"dense"``).
 
     Args:
         temperature: sigmoid temperature ``τ`` (0.01 in the paper).
-        include_self: keep the query as its own positive when the reference set is the batch. **This default
-            differs from PML's** ``SmoothAPLoss`` **and the authors' code**, which both count the query as its own
-            (top-ranked) positive: ours, ``False``, is the retrieval convention (a query is never its own result), so
-            the same embeddings give a lower AP and a different loss value. Pass ``include_self=True`` for PML's /
-            the authors' convention (it matches the authors' code on the golden vectors).
+        include_self: keep the query as its own positive when the reference set is the batch. **The default,
+            ``False``, differs from PML's** ``SmoothAPLoss`` **and the authors' code** (a lower AP, another loss
+            value); ``include_self=True`` matches them (and the authors' golden vectors).
         **kwargs: ``BaseRankLoss`` / PML options (``kernel="auto" | "dense" | "sorted"``, ``distance``, ...).
 
     Shapes: ``embeddings (B, D)``, ``labels (B,)``, optional ``ref_emb (N, D)``, ``ref_labels (N,)``; returns a scalar.
@@ -50,8 +45,7 @@ class SmoothAPLoss(BaseRankLoss):
         self.temperature = self.step.tau
 
     def query_ap(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:
-        """Smooth AP of the queries with a positive: ``(ap (Q,), rows (Q,) long)`` (sorted kernel) or
-        ``(ap (B,), kept (B,) bool)`` (dense kernel, no host synchronisation; ``ap = 0`` where not kept)."""
+        """Smooth AP: ``(ap (Q,), rows (Q,) long)`` (sorted kernel) or ``(ap (B,), kept (B,) bool)`` (dense)."""
         positives = inputs.positives()
         if self.resolved_kernel(inputs) == "dense":
             pos = positives.to(inputs.scores.dtype)

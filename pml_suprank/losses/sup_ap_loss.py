@@ -28,7 +28,7 @@ MULTILABEL_MODES = (None, "per_label")  # the multilabel= choices of SupAPLoss /
 
 @dataclass
 class _PseudoQueryInputs(RankInputs):
-    """:class:`RankInputs` of binary pseudo-queries whose positives are given (per-label AP)."""
+    """:class:`RankInputs` of binary pseudo-queries with given positives (per-label AP)."""
 
     positive_mask: Tensor | None = None
 
@@ -37,10 +37,9 @@ class _PseudoQueryInputs(RankInputs):
 
 
 def grouped_suprank_pair_ranks(inputs: RankInputs, step: SupRankStep):
-    """SupRank ranks of every (query, positive) pair.
-
-    ``rank⁺(i) = 1 + Σ_{j∈P_q, j≠i} H(s_j − s_i)`` (no gradient) and ``rank(i) = rank⁺(i) + Σ_{j∈N_q} H⁻(s_j − s_i)``
-    (SupRank Eq. 9-10), where ``P_q``/``N_q`` are the valid positives/negatives of query ``q``.
+    """SupRank ranks of every (query, positive) pair: ``rank⁺(i) = 1 + Σ_{j∈P_q, j≠i} H(s_j − s_i)`` (no gradient)
+    and ``rank(i) = rank⁺(i) + Σ_{j∈N_q} H⁻(s_j − s_i)`` (SupRank Eq. 9-10), ``P_q``/``N_q`` the valid positives /
+    negatives of query ``q``.
 
     Args:
         inputs: the loss inputs (``(B, N)`` scores, validity mask, 1-D labels).
@@ -48,8 +47,7 @@ def grouped_suprank_pair_ranks(inputs: RankInputs, step: SupRankStep):
 
     Returns:
         ``(query_idx, item_idx, rank_plus, rank, groups)``: the first four ``(K,)`` with ``K = Σ_q |P_q|``, pairs
-        grouped by query; ``groups`` their :class:`~pml_suprank.ranking.flat.PairGroups` (one host read for the pair
-        list, the kernel's shapes and the kept rows).
+        grouped by query; ``groups`` their :class:`~pml_suprank.ranking.flat.PairGroups`.
     """
     positives = inputs.positives()
     negatives = inputs.valid & ~positives
@@ -78,37 +76,28 @@ class SupAPLoss(SupRankStepMixin, BaseRankLoss):
     """SupAP loss (Ramzi et al., SupRank, TPAMI 2025, Eq. 11; ROADMAP, NeurIPS 2021).
 
     ``L = mean_q [1 − (1/|P_q|) Σ_{i∈P_q} rank⁺(i) / rank(i)]`` with ``rank⁺`` counted with the Heaviside step among
-    positives and the negatives' contribution to ``rank`` smoothed by SupRank's ``H⁻`` (Eq. 4), so only
-    (positive, negative) pairs carry gradient: positives' scores are pushed up and violating negatives down.
-    Because ``H⁻ >= H`` (defaults), SupAP ``>= 1 − AP``.
-
-    Cost: ``O(Σ_q |P_q| · N)`` time and ``O(B · N)`` extra memory per call (chunked custom autograd kernel).
+    positives and the negatives' contribution to ``rank`` smoothed by SupRank's ``H⁻`` (Eq. 4): only (positive,
+    negative) pairs carry gradient. Because ``H⁻ >= H`` (defaults), SupAP ``>= 1 − AP``. Cost: ``O(Σ_q |P_q| · N)``
+    time, ``O(B · N)`` extra memory.
 
     Args:
         tau: sigmoid temperature ``τ`` of ``H⁻`` (``None``: 0.01, or ``temperature`` when that is given).
         rho: slope ``ρ`` of the linear branch (``t > δ``).
         delta: margin ``δ``.
         start: jump on ``(0, δ]``.
-        offset: value at ``t = δ⁺``; ``None`` → ``σ_τ(δ) + start`` (continuous; reference SOP configs use 1.44,
-            iNat configs ``start=0, offset=1``).
+        offset: value at ``t = δ⁺``; ``None`` → ``σ_τ(δ) + start`` (reference: 1.44 on SOP, ``start=0, offset=1`` iNat).
         include_self: keep the query as its own positive when the reference set is the batch (reference code).
         kernel: ``"auto"`` (default), ``"dense"`` or ``"sorted"`` (see :class:`BaseRankLoss`).
-        temperature: alias of ``tau`` (the name the package's other sigmoid losses use); giving both with different
-            values raises ``ValueError``.
+        temperature: alias of ``tau``; giving both with different values raises ``ValueError``.
+        multilabel: ``None`` (default) or ``"per_label"``: ``(B, M)`` label sets padded with ``-1`` (column 0 a
+            label; ``ref_labels`` ``(N, M)`` likewise); the per-query score is the mean, over the query's distinct
+            labels with a positive, of the SupAP of that label as a binary problem (Ramzi PhD thesis Sec. 6.2.1),
+            one pseudo-query per (query, label). Upper bound of ``1 −``
+            :func:`pml_suprank.metrics.graded.mean_label_average_precision`. ``RankingMemory`` and
+            ``DistributedRankLoss`` pad the sets; ``memory.CrossBatchMemory`` does not support it.
         **kwargs: ``BaseRankLoss`` / PML options (``distance``, ``reducer``, ...).
 
-        multilabel: ``None`` (default: one label per item) or ``"per_label"``: labels are ``(B, M)`` label sets
-            padded with ``-1`` (column 0 must hold a label; ``ref_labels`` ``(N, M)`` likewise) and the per-query
-            score is the mean, over the query's distinct labels that have a positive, of the SupAP of that label as a
-            binary problem (positives = the valid items carrying the label; the per-label adaptation of ROADMAP,
-            Ramzi PhD thesis Sec. 6.2.1). Each (query, label) pair is a pseudo-query row of the same kernels, so the
-            cost is that of ``Σ_q n_q`` queries (``n_q`` = distinct labels of query ``q``) plus an ``(Σ_q n_q, N, M)``
-            bool comparison. Upper bound of ``1 −`` :func:`pml_suprank.metrics.graded.mean_label_average_precision`.
-            With one label per item it equals the default loss. ``RankingMemory`` and ``DistributedRankLoss`` pad
-            the label sets (``is_multilabel_loss``); ``memory.CrossBatchMemory`` does not support it.
-
-    Shapes: ``embeddings (B, D)``, ``labels (B,)`` (``(B, M)`` with ``multilabel="per_label"``), optional
-    ``ref_emb (N, D)``, ``ref_labels`` like ``labels``; returns a scalar.
+    Shapes: ``embeddings (B, D)``, ``labels (B,)`` (or ``(B, M)``), optional ``ref_emb (N, D)``, ``ref_labels``.
     """
 
     kernels = ("auto", "dense", "sorted")
@@ -139,8 +128,7 @@ class SupAPLoss(SupRankStepMixin, BaseRankLoss):
         return self.multilabel == "per_label"
 
     def query_ap(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:
-        """Surrogate AP of the queries with a positive: ``(ap (Q,), rows (Q,) long)`` (sorted kernel) or
-        ``(ap (B,), kept (B,) bool)`` (dense kernel, no host synchronisation; ``ap = 0`` where not kept)."""
+        """Surrogate AP: ``(ap (Q,), rows (Q,) long)`` (sorted kernel) or ``(ap (B,), kept (B,) bool)`` (dense)."""
         if self.resolved_kernel(inputs) == "dense":
             positives = inputs.positives()
             negatives = (inputs.valid & ~positives).to(inputs.scores.dtype)

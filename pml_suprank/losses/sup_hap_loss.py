@@ -28,8 +28,7 @@ RELEVANCES = ("levels", "multilabel")  # the relevance= choices of SupHAPLoss / 
 class SupHAPLoss(HierarchicalRankLoss):
     """Sup-H-AP loss (Ramzi et al., SupRank TPAMI 2025, Eqs. 18-21; HAPPIER ECCV 2022, Eq. 5).
 
-    For every query ``q`` and its relevant reference items ``i`` (level ``T_i > 0``: the number of
-    levels, from the coarsest, that ``i`` shares with ``q``):
+    For every query ``q`` and its relevant items ``i`` (level ``T_i > 0``: levels shared with ``q`` from the top):
 
     * ``H-rank⁺(i) = rel_i + Σ_{j≠i} min(rel_i, rel_j) · H(s_j − s_i)`` (Eq. 18, no gradient), or with
       ``with_hrank=True`` the HAPPIER lower bound ``H_s^>`` (App. A.3, Eq. 43, ``min(ν t + μ, 1)`` for ``t > 0`` and
@@ -38,41 +37,27 @@ class SupHAPLoss(HierarchicalRankLoss):
       (Eq. 4) only towards strictly less relevant items;
     * ``L = mean_q [1 − Σ_i H-rank⁺(i) / rank(i) / Σ_j rel_j]`` (Eq. 21), over queries with a relevant item.
 
-    Relevance (Eq. 20): ``rel(l) = (l / L)^α / |Ω^(l)|`` with ``|Ω^(l)|`` counted over the reference set actually
-    used (after ``include_self`` / ``indices_tuple``); ``α = 1`` is HAPPIER, ``α > 1`` HAPPIER_F. With
-    ``level_weights`` the Property-1 relevance (supplementary Eq. 44) is used instead and H-AP equals
-    ``ΣwAP = Σ_l w_l AP^(l)``. Since ``H⁻ ≥ H`` (default offset) and ``H_s^> ≤ H``, the loss is ``≥ 1 − H-AP``.
-    With one level it equals :class:`~pml_suprank.losses.SupAPLoss`.
+    Relevance (Eq. 20): ``rel(l) = (l / L)^α / |Ω^(l)|`` over the counted reference set; ``α = 1`` is HAPPIER,
+    ``α > 1`` HAPPIER_F; ``level_weights``: Property-1 relevance (supplementary Eq. 44, H-AP = ``Σ_l w_l AP^(l)``).
+    Since ``H⁻ ≥ H`` and ``H_s^> ≤ H``, the loss is ``≥ 1 − H-AP``; with one level it equals SupAP.
 
-    Multi-label (``relevance="multilabel"``): labels are ``(B, M)`` sets of fine labels padded with ``-1`` (column 0
-    must hold a label; ``ref_labels`` ``(N, M)`` likewise, padded to the same ``M``) and ``rel(q, j)`` is the
-    hierarchical multi-label relevance of the PhD thesis' Algorithm 1
-    (:func:`pml_suprank.relevance.multilabel_relevance` through ``hierarchy``; ``hierarchy=None`` = flat labels,
-    ``rel`` = fraction of the query's labels the item has). The loss is Sup-H-AP with this pairwise relevance:
-    ``H⁻`` towards strictly less relevant items and H-rank⁺ with ``min(rel_i, rel_j)`` (HAPPIER Eqs. 2-3), exactly,
-    through the same kernels (both): each query's distinct relevance values are its levels
-    (:func:`pml_suprank.losses._multilabel.multilabel_levels`). The bound ``loss ≥ 1 − H-AP`` holds with H-AP =
-    :func:`pml_suprank.metrics.functional.graded_average_precision`. ``alpha`` must stay 1 and ``level_weights``
-    unset. Not supported yet: ``CrossBatchMemory`` / ``RankingMemory`` / ``DistributedRankLoss`` (they pass 1-D
-    labels).
-
-    Cost: ``O(L · B · N log N)`` plus the sigmoid-window pairs, ``O(L · B · N)`` extra memory
-    (:func:`pml_suprank.ranking.hierarchical_ranks`); never ``B × N × N``.
+    Multi-label (``relevance="multilabel"``): labels are ``(B, M)`` fine-label sets padded with ``-1`` (column 0 a
+    label; ``ref_labels`` ``(N, M)`` likewise) and ``rel(q, j)`` is the thesis' Algorithm 1
+    (:func:`pml_suprank.relevance.multilabel_relevance` through ``hierarchy``), used exactly by the same kernels
+    (HAPPIER Eqs. 2-3; :func:`pml_suprank.losses._multilabel.multilabel_levels`); ``loss ≥ 1 − H-AP`` of
+    :func:`pml_suprank.metrics.functional.graded_average_precision`. ``alpha`` must stay 1, ``level_weights`` unset.
+    Cost: ``O(L · B · N log N)`` plus the sigmoid-window pairs, ``O(L · B · N)`` extra memory; never ``B × N × N``.
 
     Args:
-        hierarchy: fine → ancestors table (needed with 1-D fine labels), see
-            :class:`~pml_suprank.losses._hierarchical.HierarchicalRankLoss`.
+        hierarchy: fine → ancestors table (needed with 1-D fine labels).
         alpha: ``α ≥ 0`` of Eq. 20.
         with_hrank: use ``H_s^>`` in H-rank⁺ (off in every reference config).
         hrank_nu, hrank_mu, hrank_gamma: ``ν > 0``, ``μ ∈ [0, 1]``, ``γ ≥ 0`` of ``H_s^>`` (paper: 25, 0.5, 10).
-        relevance: ``"levels"`` (default: Eq. 20 or Property 1 on ``(B, L)`` / 1-D hierarchical labels) or
-            ``"multilabel"`` (``(B, M)`` padded label sets, thesis Algorithm 1).
+        relevance: ``"levels"`` (default: Eq. 20 or Property 1) or ``"multilabel"`` (thesis Algorithm 1).
         level_weights: optional ``L`` finite, non-negative, not all zero weights ``w_1..w_L`` (``w_L`` = finest)
-            selecting the Property-1 relevance (ΣwAP) instead of Eq. 20; ``alpha`` is then unused. Checked as the
-            evaluator checks them (``ValueError`` naming ``level_weights`` otherwise).
+            selecting the Property-1 relevance (ΣwAP) instead of Eq. 20 (``alpha`` unused); ``ValueError`` otherwise.
         **suprank_kwargs: ``tau`` (alias ``temperature``), ``rho``, ``delta``, ``start``, ``offset``,
-            ``include_self``, ``chunk_size`` and the BaseRankLoss / PML options (``distance``, ``reducer``,
-            ``decomposability``, ...).
+            ``include_self``, ``chunk_size``, ``kernel`` and PML options (``distance``, ``reducer``, ...).
 
     Shapes: ``embeddings (B, D)``; ``labels (B, L)`` or ``(B,)`` fine labels with ``hierarchy``; optional
     ``ref_emb (N, D)``, ``ref_labels`` like ``labels``; returns a scalar.

@@ -28,21 +28,16 @@ class SupNDCGLoss(HierarchicalRankLoss):
     :class:`~pml_suprank.losses.SupHAPLoss`) and ``iDCG`` is the DCG of the same reference set (the valid items)
     ordered by decreasing level (Eq. 23, gains ``2^l − 1``). Upper bound of ``1 − NDCG`` for the default offset.
 
-    Multi-label (``relevance="multilabel"``): labels are ``(B, M)`` sets of fine labels padded with ``-1`` (column 0
-    must hold a label; ``ref_labels`` ``(N, M)`` likewise) and the gain of item ``j`` for query ``q`` is
-    ``2^{rel(q, j)} − 1`` with ``rel`` the hierarchical multi-label relevance of the PhD thesis' Algorithm 1
-    (:func:`pml_suprank.relevance.multilabel_relevance`, ``rel ∈ [0, 1]``; ``hierarchy=None`` = flat label sets) —
-    the default ``gain="exponential"`` of :func:`pml_suprank.metrics.graded.graded_ndcg`, so the loss is an upper
-    bound of ``1 −`` that NDCG. Each query's distinct relevance values are its levels
-    (:func:`pml_suprank.losses._multilabel.multilabel_levels`): the rank kernels (both) order items by them and the
-    gains are per query. With one label per item and ``L`` levels, the gains are ``2^{T/L} − 1`` (not ``2^T − 1``);
-    flat single labels give exactly the level loss. Not supported yet: ``CrossBatchMemory`` / ``RankingMemory`` /
-    ``DistributedRankLoss`` (they pass 1-D labels).
+    Multi-label (``relevance="multilabel"``): ``(B, M)`` fine-label sets padded with ``-1`` (column 0 a label;
+    ``ref_labels`` ``(N, M)`` likewise); the gain of item ``j`` for query ``q`` is ``2^{rel(q, j)} − 1`` with ``rel``
+    of the thesis' Algorithm 1 (:func:`pml_suprank.relevance.multilabel_relevance`), the exponential gain of
+    :func:`pml_suprank.metrics.graded.graded_ndcg` (upper bound of ``1 −`` that NDCG); the query's distinct relevances
+    are its levels (:func:`pml_suprank.losses._multilabel.multilabel_levels`). With one label per item and ``L``
+    levels the gains are ``2^{T/L} − 1``.
 
     Args:
         hierarchy: fine → ancestors table for 1-D fine labels (and for the multi-label relevance).
-        relevance: ``"levels"`` (default: ``(B, L)`` / 1-D hierarchical labels) or ``"multilabel"`` (``(B, M)``
-            padded label sets, thesis Algorithm 1).
+        relevance: ``"levels"`` (default) or ``"multilabel"`` (``(B, M)`` padded label sets, thesis Algorithm 1).
         **suprank_kwargs: ``tau`` (alias ``temperature``), ``rho``, ``delta``, ``start``, ``offset``,
             ``include_self``, ``chunk_size`` and BaseRankLoss / PML options.
 

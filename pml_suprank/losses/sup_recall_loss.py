@@ -28,18 +28,14 @@ class SupRecallLoss(SupRankStepMixin, BaseRankLoss):
     """Sup-R@k loss (SupRank paper Eq. 15-16).
 
     ``R@k_q = Σ_{i∈P_q} σ_{τ*}(k − rank(i)) / min(|P_q|, k)`` with SupRank's ``rank`` (Eq. 10, ``H⁻`` on negatives),
-    ``L = mean_q [1 − (1/|K|) Σ_{k∈K} R@k_q]``. Queries may have different numbers of positives (the reference code
-    requires the same number for every query).
-
-    Naming: this loss has two temperatures. ``temperature=`` is the outer ``τ*`` of Eq. 16 and ``tau=`` the ``τ``
-    of SupRank's ``H⁻`` (Eq. 4); unlike :class:`SupAPLoss`, ``temperature`` is *not* an alias of ``tau`` here.
+    ``L = mean_q [1 − (1/|K|) Σ_{k∈K} R@k_q]``; queries may have different numbers of positives. ``temperature=``
+    is the outer ``τ*`` of Eq. 16, *not* an alias of ``tau=`` (the ``τ`` of ``H⁻``, Eq. 4).
 
     Args:
         k: the cut-offs ``K`` ((1, 2, 4, 8, 16)).
         temperature: ``τ*`` of the outer sigmoid (1.0).
-        **suprank_kwargs: ``tau`` (0.01), ``rho``, ``delta``, ``start``, ``offset`` of ``H⁻`` (see
-            :class:`SupAPLoss`), ``include_self``, ``kernel`` (``"auto"``, ``"dense"``, ``"sorted"``) and
-            ``BaseRankLoss``/PML options.
+        **suprank_kwargs: ``tau`` (0.01), ``rho``, ``delta``, ``start``, ``offset`` of ``H⁻`` (:class:`SupAPLoss`),
+            ``include_self``, ``kernel`` and ``BaseRankLoss``/PML options.
 
     Shapes: ``embeddings (B, D)``, ``labels (B,)``, optional ``ref_emb (N, D)``, ``ref_labels (N,)``; returns a scalar.
     """

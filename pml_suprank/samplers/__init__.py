@@ -1,7 +1,5 @@
-"""Miner-free samplers for rank losses, seeded per epoch, resumable and sharded over processes:
-:class:`MPerClassSampler` (PML's flat index stream), :class:`MPerClassBatchSampler` (the same batches for
-``DataLoader(batch_sampler=...)``), :class:`HierarchicalSampler` (batches from pairs of super-classes, as PML's) and
-:class:`MultiLabelSampler` (m items per sampled label).
+"""Miner-free samplers for rank losses, seeded per epoch, resumable and sharded: :class:`MPerClassSampler`,
+:class:`MPerClassBatchSampler`, :class:`HierarchicalSampler` (super-classes, as PML's), :class:`MultiLabelSampler`.
 
 Example:
     >>> from pml_suprank import samplers

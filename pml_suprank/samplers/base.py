@@ -54,8 +54,7 @@ def resolve_replicas(num_replicas: int | None, rank: int | None) -> tuple[int, i
 
 
 def draw(rng: np.random.Generator, pool: np.ndarray, size: int, exclude: np.ndarray | None = None) -> np.ndarray:
-    """``size`` items of ``pool``: without replacement while possible (preferring items not in ``exclude``),
-    the remainder with replacement."""
+    """``size`` items of ``pool``, without replacement while possible (items not in ``exclude`` first)."""
     if exclude is not None and exclude.size:
         fresh = pool[~np.isin(pool, exclude)]
         if fresh.size >= size:
@@ -85,12 +84,9 @@ def groups_per_class(sizes: np.ndarray, m: int, groups_per_batch: int, *, pad: b
 
 
 class ShardedBatchSampler(Sampler[list[int]]):
-    """Epoch plan, sharding and resumable state shared by the two samplers.
-
-    Subclasses implement ``_global_plan(rng)`` returning a list of global batches, each a list of *parts*
-    (``np.ndarray`` of shape ``(groups, group_size)``); rank ``r`` takes the ``r``-th ``1/R`` of the groups of every
-    part, and the local batch interleaves the parts group by group.
-    """
+    """Epoch plan, sharding and resumable state of the batch samplers: ``_global_plan(rng)`` returns global batches,
+    each a list of *parts* ``(groups, group_size)``; rank ``r`` takes the ``r``-th ``1/R`` of every part's groups,
+    interleaved part by part."""
 
     def __init__(self, batch_size: int, seed: int, num_replicas: int | None, rank: int | None) -> None:
         self.batch_size = check_positive_int("batch_size", batch_size)
@@ -104,7 +100,6 @@ class ShardedBatchSampler(Sampler[list[int]]):
         self._resume_from = 0  # first batch of the next pass (set by load_state_dict)
         self._cache: tuple[int, list[list[int]]] | None = None
 
-    # -- to implement -------------------------------------------------------------------------------------------
     def _global_plan(self, rng: np.random.Generator) -> list[list[np.ndarray]]:
         raise NotImplementedError
 
@@ -121,7 +116,6 @@ class ShardedBatchSampler(Sampler[list[int]]):
             "num_batches": self._num_global_batches(),
         }
 
-    # -- epoch plan ----------------------------------------------------------------------------------------------
     def _local_batches(self, epoch: int) -> list[list[int]]:
         if self._cache is not None and self._cache[0] == epoch:
             return self._cache[1]
@@ -154,12 +148,9 @@ class ShardedBatchSampler(Sampler[list[int]]):
             self._position = i + 1
             yield list(batches[i])
 
-    # -- state ---------------------------------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch whose plan the next iteration yields.
-
-        Calling it with the epoch restored by ``load_state_dict`` keeps the resume position.
-        """
+        """Select the epoch whose plan the next iteration yields (the epoch restored by ``load_state_dict`` keeps the
+        resume position)."""
         epoch = check_positive_int("epoch", epoch, minimum=0)
         if epoch != self.epoch:
             self._resume_from = 0
@@ -167,11 +158,8 @@ class ShardedBatchSampler(Sampler[list[int]]):
         self.epoch = epoch
 
     def state_dict(self) -> dict[str, Any]:
-        """``{"epoch", "position", ...}``; ``position`` = batches already handed out in this epoch.
-
-        With ``DataLoader(num_workers > 0)`` the loader fetches a few batches ahead: overwrite ``position`` with the
-        number of batches your loop actually consumed before saving.
-        """
+        """``{"epoch", "position", ...}``; ``position`` = batches already handed out in this epoch (with
+        ``num_workers > 0`` the loader reads ahead: overwrite it with the batches your loop consumed)."""
         return {"epoch": self.epoch, "position": self._position, **self._fingerprint()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -197,8 +185,7 @@ class ShardedBatchSampler(Sampler[list[int]]):
 
 
 def check_group_size(m: Any, batch_size: int, minimum: int = 1) -> int:
-    """Validate the per-group size ``m`` of a batch of ``batch_size``: an int >= ``minimum``, <= ``batch_size`` and
-    dividing it; return it."""
+    """``m`` checked as a group size of ``batch_size``: an int >= ``minimum`` dividing ``batch_size``."""
     m = check_positive_int("m", m, minimum=minimum)
     if m > batch_size:
         raise ValueError(f"m must be <= batch_size = {batch_size}; got m={m}")

@@ -1,10 +1,10 @@
 """Miner-free samplers for rank losses: ``MPerClassSampler`` (PML's flat index stream, ``DataLoader(sampler=...,
-batch_size=B)``), ``MPerClassBatchSampler`` and ``HierarchicalSampler`` (batch samplers, ``DataLoader(batch_sampler=
-...)``). Every epoch is drawn from ``np.random.default_rng((seed, epoch))`` (the same plan in every process, no global
-RNG), with ``set_epoch``, ``state_dict`` / ``load_state_dict`` (exact mid-epoch resume) and sharding: with
-``num_replicas = R`` a global batch of ``R * batch_size`` indices has the class structure and rank ``r`` takes its
-slice of whole class groups. Under ``accelerator.prepare`` (which already shards) use ``num_replicas=1``, and call
-``sampler.set_epoch(epoch)`` yourself every epoch. References: SupRank's ``m_per_class_sampler.py``; PML's
+batch_size=B)``), ``MPerClassBatchSampler`` and ``HierarchicalSampler`` (``DataLoader(batch_sampler=...)``).
+
+Every epoch is drawn from ``np.random.default_rng((seed, epoch))`` (no global RNG), with ``set_epoch``,
+``state_dict`` / ``load_state_dict`` (exact mid-epoch resume) and sharding: with ``num_replicas = R`` rank ``r``
+takes its slice of whole class groups of a global batch of ``R * batch_size``. Under ``accelerator.prepare`` (which
+shards) use ``num_replicas=1`` and call ``set_epoch``. References: SupRank's ``m_per_class_sampler.py``; PML's
 ``HierarchicalSampler`` (SOP).
 """
 
@@ -37,22 +37,19 @@ def _flat_labels(labels: Any) -> np.ndarray:
 
 
 class MPerClassBatchSampler(ShardedBatchSampler):
-    """Batches of ``batch_size / m`` distinct classes with ``m`` images each, as a *batch sampler*
-    (``DataLoader(dataset, batch_sampler=sampler)``, one list of indices per step).
+    """Batches of ``batch_size / m`` distinct classes with ``m`` images each (``DataLoader(batch_sampler=...)``).
 
-    One pass cuts every class into ``ceil(n_c / m)`` groups of ``m`` images (the last completed with other images of
-    the class) and spreads them so that no class appears twice in a global batch; a batch that is not full is
-    completed with groups of classes not yet in it (or, with ``drop_last``, the leftover groups are left out). A class
-    holding more than ``1/num_batches`` of all groups gives at most one group per batch. With
-    ``length_before_new_iter`` the epoch is ``length_before_new_iter // batch_size`` batches of consecutive passes.
+    One pass cuts every class into ``ceil(n_c / m)`` groups of ``m`` images (at most one per batch) so that no class
+    appears twice in a global batch; a batch that is not full is completed with groups of other classes (with
+    ``drop_last``, leftover groups are left out). With ``length_before_new_iter`` the epoch is
+    ``length_before_new_iter // batch_size`` batches of consecutive passes.
 
     Args:
         labels: Class labels ``(N,)`` (tensor, array or list of ints); ``(N, L)`` labels use column 0.
         m, batch_size: Images per class in a batch; indices per batch *per process* (a multiple of ``m``).
         length_before_new_iter: Indices per epoch (per process); ``None``: one pass over the dataset.
         seed: Seed of the per-epoch ``np.random.default_rng((seed, epoch))``.
-        num_replicas, rank: Processes sharing one global batch and this one's slice (default: ``torch.distributed``'s
-            world size and rank, else 1 and 0).
+        num_replicas, rank: Processes sharing one global batch and this one's slice (default: the world, else 1, 0).
         small_classes: Classes with fewer than ``m`` images: ``"replace"`` (duplicates in their group) or ``"skip"``.
         drop_last: Leave out the leftover groups instead of completing the last batches.
 
@@ -176,16 +173,13 @@ class MPerClassBatchSampler(ShardedBatchSampler):
 
 
 class MPerClassSampler(Sampler[int]):
-    """PML's ``MPerClassSampler``: a flat index stream whose consecutive ``batch_size`` indices are batches of
-    ``batch_size / m`` distinct classes with ``m`` images each (``DataLoader(dataset, sampler=sampler,
-    batch_size=batch_size)``).
+    """PML's ``MPerClassSampler``: a flat index stream of batches of ``batch_size / m`` distinct classes with ``m``
+    images each (``DataLoader(dataset, sampler=sampler, batch_size=batch_size)``).
 
     PML's arguments, order, defaults and meaning: ``len(sampler)`` is ``length_before_new_iter`` rounded down to a
-    multiple of ``batch_size``; with ``batch_size=None`` a pass visits every class once (``m * C`` indices) and the
-    length is rounded down to whole passes. The stream is the flattened plan of :class:`MPerClassBatchSampler`
-    (:attr:`batch_sampler`); the keyword-only additions (seed, resumable state, sharding, ``small_classes``,
-    ``drop_last``) are as there. Within a pass no class repeats in a batch and every image is used before one
-    repeats (``docs/coming-from-pml.md``).
+    multiple of ``batch_size`` (``batch_size=None``: to whole passes of ``m * C`` indices). The stream is the
+    flattened plan of :class:`MPerClassBatchSampler` (:attr:`batch_sampler`), with its keyword-only additions
+    (``docs/coming-from-pml.md``).
 
     Args:
         labels: Class labels ``(N,)``; ``(N, L)`` labels use column 0.
@@ -250,8 +244,7 @@ class MPerClassSampler(Sampler[int]):
 
     @property
     def batch_sampler(self) -> MPerClassBatchSampler:
-        """The same plan as whole batches (a list of indices per step), for ``DataLoader(batch_sampler=...)``;
-        it shares this sampler's epoch and position."""
+        """The same plan as whole batches, for ``DataLoader(batch_sampler=...)`` (sharing epoch and position)."""
         return self._batches
 
     @property
@@ -289,12 +282,10 @@ class HierarchicalSampler(ShardedBatchSampler):
 
     For each of the ``C(S, k)`` combinations of ``k`` super-classes the epoch has ``batches_per_super_tuple`` batches;
     in each, every super-class fills ``batch_size / k`` slots with ``samples_per_class`` images of distinct classes
-    (PML's semantics, arguments and order; additions are keyword-only). Differences from PML
-    (``docs/samplers-memory.md``): seeded and shardable; the labels must be a tree on ``(inner_label, outer_label)``;
-    batches always hold ``batch_size`` indices (a super-class with too few classes gives more groups of its classes);
-    the super-classes alternate group by group. ``samples_per_class="all"``: every sampled class gives all its images,
-    whole classes taken while they fit in ``batch_size / k`` slots (batch sizes vary; not shardable; a super-class none
-    of whose classes fits is a ``ValueError``).
+    (PML's semantics; additions are keyword-only). Differences from PML (``docs/samplers-memory.md``): seeded and
+    shardable, tree labels on ``(inner_label, outer_label)``, always ``batch_size`` indices, super-classes alternating
+    group by group. ``samples_per_class="all"``: whole classes while they fit in ``batch_size / k`` slots (batch
+    sizes vary; not shardable).
 
     Args:
         labels: ``(N, L)`` integer labels, column 0 = finest (the order of PML's HierarchicalSampler).
@@ -306,8 +297,8 @@ class HierarchicalSampler(ShardedBatchSampler):
         small_classes: Classes with fewer than ``samples_per_class`` images: ``"replace"`` or ``"skip"``.
 
     Raises:
-        ValueError: A bad size, a column that is not a column of ``labels``, labels that are not a tree on
-            ``(inner_label, outer_label)`` (naming the class and its super-classes), fewer than ``k`` super-classes.
+        ValueError: A bad size or column, labels that are not a tree on ``(inner_label, outer_label)``, fewer than
+            ``k`` super-classes.
     """
 
     def __init__(

@@ -31,17 +31,15 @@ def _label_members(arr: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
 class MultiLabelSampler(ShardedBatchSampler):
     """Batches of ``batch_size / m`` distinct labels with ``m`` items carrying each label.
 
-    The epoch plan is :class:`~pml_suprank.samplers.MPerClassBatchSampler`'s with labels for classes (label ``c``,
-    carried by ``n_c`` items, gets ``ceil(n_c / m)`` groups, at most one per batch); a group draws ``m`` items of its
-    label, preferring items not already in the batch.
+    The epoch plan is :class:`~pml_suprank.samplers.MPerClassBatchSampler`'s with labels for classes; a group draws
+    ``m`` items of its label, preferring items not already in the batch.
 
     Args:
         labels: ``(N, M)`` integer labels per item with ``-1`` padding (tensor, array or nested list), or ``(N,)``
             one label per item; every item needs at least one label.
         m, batch_size: Items per label in a batch (``>= 2``); indices per batch *per process* (a multiple of ``m``).
         seed, num_replicas, rank: As :class:`~pml_suprank.samplers.MPerClassBatchSampler`.
-        small_classes: Labels carried by fewer than ``m`` items: ``"replace"`` (duplicates inside the group) or
-            ``"skip"``.
+        small_classes: Labels carried by fewer than ``m`` items: ``"replace"`` (duplicates) or ``"skip"``.
 
     Raises:
         TypeError: non-integer labels or non-int sizes.
