@@ -18,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from ._validation import shorten
+
 __all__ = ["MAX_YAML_BYTES", "MAX_YAML_DEPTH", "MAX_YAML_INT_DIGITS", "load_yaml", "shorten"]
 
 #: largest configuration file read (bytes)
@@ -141,10 +143,3 @@ def load_yaml(path: str | Path, *, max_bytes: int = MAX_YAML_BYTES, max_depth: i
         raise ValueError(f"{p}: not valid YAML: {shorten(str(e), 500)}") from e
     finally:
         loader.dispose()
-
-
-def shorten(text: str, limit: int = 300) -> str:
-    """``text`` cut to at most ``limit`` characters, with the number of characters left out."""
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}... ({len(text) - limit} more characters)"

@@ -23,6 +23,7 @@ __all__ = [
     "check_positive_int",
     "check_probability",
     "nested_batch_hint",
+    "shorten",
 ]
 
 
@@ -199,3 +200,10 @@ def check_device(name: str, device: Any) -> torch.device | None:
         if backend is None or not backend.is_available():
             raise ValueError(f"{name}={device!r} but the {parsed.type} backend is not available; use {name}='cpu'")
     return parsed
+
+
+def shorten(text: str, limit: int = 300) -> str:
+    """``text`` cut to at most ``limit`` characters, with the number of characters left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"

@@ -14,7 +14,7 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
-from .._safe_yaml import shorten
+from .._validation import shorten
 
 __all__ = [
     "OptionCheck",

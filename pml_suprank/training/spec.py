@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from .._safe_json import loads_json
-from .._safe_yaml import load_yaml, shorten
+from .._validation import shorten
 from .config import OptionError, field_default, option, optional
 
 __all__ = ["build_parser", "merge_layers", "parse", "read_sections", "section_problems", "shared", "str2bool"]
@@ -276,6 +276,8 @@ def read_sections(
     ``checks``: the file kind's further rules). Returns ``(raw mapping, {field name: ("<file>: section.key", value)})``;
     raises ``OptionError`` naming the file, the ``kind`` and the problems (the first 20).
     """
+    from .._safe_yaml import load_yaml  # PyYAML: the recipes extra
+
     cfg = load_yaml(path)  # aliases, deep nesting and oversized files refused before any value is built
     cfg = {} if cfg is None else cfg
     if not isinstance(cfg, dict):
