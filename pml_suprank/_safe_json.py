@@ -11,10 +11,14 @@ reading it), text that is not UTF-8 or not JSON, nesting deeper than ``max_depth
 from __future__ import annotations
 
 import json
+import os
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "atomic_write",
     "MAX_JSON_BYTES",
     "MAX_JSON_DEPTH",
     "MAX_JSON_INT_DIGITS",
@@ -150,3 +154,17 @@ def load_json(
         raise ValueError(f"{p} is {size} bytes long; a JSON {what} read here may have {max_bytes}")
     return loads_json(p.read_bytes(), p, max_depth, what, expected=expected, max_bytes=max_bytes,
                       max_int_digits=max_int_digits)  # fmt: skip
+
+
+def atomic_write(path: str | Path, write: Callable[[str], Any]) -> None:
+    """Write ``path`` all at once: ``write(tmp)`` fills ``.<name>.<random>.tmp`` beside it, which is then renamed into
+    place (``os.replace``); on any error the temporary file is removed and ``path`` is left as it was."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

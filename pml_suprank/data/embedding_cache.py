@@ -45,7 +45,6 @@ import json
 import math
 import os
 import re
-import tempfile
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -57,7 +56,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, IterableDataset, Subset
 
-from .._safe_json import load_json
+from .._safe_json import atomic_write, load_json
 from .._validation import check_choice, check_positive_int
 
 __all__ = [
@@ -218,17 +217,6 @@ def _shard_names(num_items: int, shard_size: int) -> list[str]:
     return [f"shard-{j:05d}.safetensors" for j in range(math.ceil(num_items / shard_size))]
 
 
-def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _refuse(path: Path, why: str) -> None:
     warnings.warn(f"embedding cache: {path} is refused ({why}); recomputing it", stacklevel=3)
 
@@ -265,7 +253,7 @@ def _write_manifest(folder: Path, key: dict, num_items: int, shard_size: int) ->
     shards = _shard_names(num_items, shard_size)
     text = json.dumps({"format": FORMAT, "key": key, "num_items": num_items, "shard_size": shard_size,
                        "shards": shards}, indent=1)  # fmt: skip
-    _atomic_write(folder / MANIFEST, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    atomic_write(folder / MANIFEST, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
     return shard_size, shards
 
 
@@ -398,7 +386,7 @@ def cached_features(
         if parts[j] is None:
             parts[j] = _store(extract(_range_loader(loader, start, stop)), stop - start, storage)
             meta = {"key": digest, "start": str(start), "stop": str(stop)}
-            _atomic_write(folder / names[j], lambda tmp, t=parts[j], m=meta: _save(t, tmp, m))
+            atomic_write(folder / names[j], lambda tmp, t=parts[j], m=meta: _save(t, tmp, m))
     _barrier(accelerator)
     for j in range(len(names)):  # the other processes' shards
         if j not in parts:

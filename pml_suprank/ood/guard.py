@@ -32,8 +32,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
@@ -42,7 +40,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .._safe_json import load_json
+from .._safe_json import atomic_write, load_json
 from ..data.embedding_cache import state_digest
 from . import metrics as ood_metrics
 from .base import Detector
@@ -300,10 +298,8 @@ class OODGuard:
             )
         folder = model_folder / GUARD_DIR
         self.detector.save_pretrained(folder, model_card=False)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".guard.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(self.to_dict(), f, indent=1)
-        os.replace(tmp, folder / GUARD_FILE)
+        text = json.dumps(self.to_dict(), indent=1)
+        atomic_write(folder / GUARD_FILE, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
         return folder
 
     @classmethod

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .._safe_json import load_json
+from .._safe_json import atomic_write, load_json
 from .checkpoint import (
     CheckpointError,
     CheckpointSaveError,
@@ -179,12 +179,8 @@ def check_compatible(
 
 def write_json_atomically(path: Path, data: Any) -> None:
     """Write ``data`` as JSON to ``path`` through a temporary file renamed into place."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(jsonable(data), indent=1))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    text = json.dumps(jsonable(data), indent=1)
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
 
 
 def write_run_file(output_dir: Path, config: Mapping[str, Any], fingerprint: str, **extra: Any) -> Path:
