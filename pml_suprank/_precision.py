@@ -34,7 +34,11 @@ def upcast(x: Any) -> Any:
 
 
 def _device_type(args: tuple, kwargs: dict) -> str | None:
-    return next((x.device.type for x in (*args, *kwargs.values()) if isinstance(x, Tensor)), None)
+    # a plain loop: dynamo before torch 2.5 cannot trace ``next()`` over a generator
+    for x in (*args, *kwargs.values()):
+        if isinstance(x, Tensor):
+            return x.device.type
+    return None
 
 
 def float32_forward(forward: F) -> F:
