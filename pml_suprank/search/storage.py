@@ -21,33 +21,16 @@ from .._safe_json import load_json
 from ..version import __version__
 from .faiss_backends import BACKENDS, resolve_options
 
-__all__ = [
-    "INDEX_FORMAT",
-    "JSON_NAME",
-    "TENSORS_NAME",
-    "check_ids",
-    "read_index_files",
-    "sha256_file",
-    "write_index_files",
-]
+__all__ = ["JSON_NAME", "TENSORS_NAME", "check_ids", "read_index_files", "sha256_file", "write_index_files"]
 
 INDEX_FORMAT = "pml_suprank.RetrievalIndex"
 FORMAT_VERSION = 1
 TENSORS_NAME = "index.safetensors"
 JSON_NAME = "index.json"
-_KEYS = {
-    "format",
-    "format_version",
-    "backend",
-    "options",
-    "num_items",
-    "dim",
-    "dtype",
-    "label_shape",
-    "ids",
-    "sha256",
-    "pml_suprank_version",
-}
+#: the keys of index.json, all required
+_KEYS = frozenset(
+    "format format_version backend options num_items dim dtype label_shape ids sha256 pml_suprank_version".split()
+)
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
