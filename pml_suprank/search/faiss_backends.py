@@ -43,10 +43,10 @@ OPTIONS = {
 
 
 def check_option(name: str, value: Any, backend: str) -> int:
-    """Check one option: it belongs to ``backend`` (else ``ValueError``) and is an int (else ``TypeError``, bools
-    refused) in ``[1, maximum]`` of :data:`OPTIONS` (else ``ValueError``)."""
+    """Check one option: a name of :data:`OPTIONS` (else ``TypeError``) that belongs to ``backend`` (else
+    ``ValueError``) and an int (else ``TypeError``, bools refused) in ``[1, maximum]`` (else ``ValueError``)."""
     if name not in OPTIONS:
-        raise ValueError(f"unknown option {name!r}; options are {sorted(OPTIONS)}")
+        raise TypeError(f"unknown option {name!r}; options are {sorted(OPTIONS)}")
     owner, maximum = OPTIONS[name]
     if owner != backend:
         raise ValueError(f"{name} applies to backend={owner!r}; got backend={backend!r}")

@@ -37,13 +37,12 @@ class RetrievalIndex:
             order), ``"faiss-ivf"`` or ``"faiss-hnsw"`` (approximate).
         device: where the embeddings live and the torch backend computes (default: the device of ``embeddings``);
             ``"faiss"`` runs on that GPU when it is a CUDA device and faiss has GPU support.
-        nlist, nprobe, train_size: ``"faiss-ivf"`` only — k-means cells, cells scanned per query, leading rows the
-            quantizer is trained on (defaults: :func:`~pml_suprank.search.faiss_backends.resolve_options`).
-        hnsw_m, ef_construction, ef_search: ``"faiss-hnsw"`` only — links per node and candidate-list sizes.
         block_elements: torch backend: score entries computed at once (memory, not results), at most ``2**31 - 1``.
-
-    Every option is checked before anything is allocated: ints in ``[1, maximum]`` of
-    :data:`~pml_suprank.search.faiss_backends.OPTIONS`, ``nlist <=`` the training rows, ``nprobe <= nlist``.
+        **options: ``"faiss-ivf"``: ``nlist``, ``nprobe``, ``train_size`` (k-means cells, cells scanned per query,
+            leading rows the quantizer is trained on); ``"faiss-hnsw"``: ``hnsw_m``, ``ef_construction``,
+            ``ef_search`` (links per node, candidate-list sizes). Defaults and checks (before anything is allocated:
+            ints in ``[1, maximum]`` of :data:`~pml_suprank.search.faiss_backends.OPTIONS`, ``nlist <=`` the
+            training rows, ``nprobe <= nlist``): :func:`~pml_suprank.search.faiss_backends.resolve_options`.
 
     Example:
         >>> index = RetrievalIndex(gallery, labels=gallery_labels)
@@ -59,13 +58,8 @@ class RetrievalIndex:
         backend: str = "torch",
         device: torch.device | str | None = None,
         *,
-        nlist: int | None = None,
-        nprobe: int | None = None,
-        train_size: int | None = None,
-        hnsw_m: int | None = None,
-        ef_construction: int | None = None,
-        ef_search: int | None = None,
         block_elements: int = DEFAULT_BLOCK_ELEMENTS,
+        **options: int,
     ) -> None:
         self.backend = check_choice("backend", backend, BACKENDS)
         embeddings = check_embeddings("embeddings", embeddings)
@@ -74,15 +68,7 @@ class RetrievalIndex:
         self.block_elements = check_positive_int("block_elements", block_elements)
         if self.block_elements > INT32_MAX:
             raise ValueError(f"block_elements must be <= {INT32_MAX}; got {self.block_elements}")
-        given = {
-            "nlist": nlist,
-            "nprobe": nprobe,
-            "train_size": train_size,
-            "hnsw_m": hnsw_m,
-            "ef_construction": ef_construction,
-            "ef_search": ef_search,
-        }
-        self.options = resolve_options(self.backend, given, int(embeddings.shape[0]))
+        self.options = resolve_options(self.backend, options, int(embeddings.shape[0]))
         keep64 = embeddings.dtype == torch.float64 and self.backend == "torch"
         self.dtype = torch.float64 if keep64 else torch.float32
         self.dim = int(embeddings.shape[1])
