@@ -150,25 +150,21 @@ class RetrievalIndex:
         """The ``k`` best gallery items of each query by inner product.
 
         Args:
-            queries: ``(Q, D)`` finite floating-point embeddings (``Q >= 1``), same width as the gallery.
+            queries: ``(Q, D)`` finite floating-point embeddings (``Q >= 1``), the gallery's width.
             k: ``1 <= k <= len(index)``.
             progress: a tqdm bar over the query blocks (torch backend).
-            distributed: split the queries across the processes of ``process_group`` (every process calls this with
-                the same queries and an index of the same gallery): each searches its contiguous share and the
-                results are gathered once, so every process returns the one-process result. A collective: keep the
-                default ``False`` when only some processes search. Nothing changes without a process group.
-            process_group: the ``torch.distributed`` group of ``distributed`` (default: the world).
+            distributed: a collective over ``process_group`` (default: the world), every process calling with the same
+                queries and gallery: each searches its contiguous share of the queries, gathered once, so every
+                process returns the one-process result. Nothing changes without a process group.
 
         Returns:
             ``scores (Q, k)`` (decreasing along each row) and ``indices (Q, k)`` (long gallery rows) on the index
-            device. Torch backend: ties ordered by increasing gallery index. Approximate backends may return fewer
-            than ``k`` items: index ``-1``, score ``-inf``.
+            device; ties by increasing gallery index (torch backend); approximate backends pad with index ``-1``,
+            score ``-inf``.
 
         Raises:
-            TypeError / ValueError: ``queries`` is not a 2-D finite float tensor of width ``D``; ``k`` is not an int
-                in ``[1, len(index)]``; the scores could overflow the index dtype (largest query norm × largest
-                gallery norm above half its largest finite value, :mod:`pml_suprank.search.scale`). Tiny embeddings
-                whose scores would underflow are ranked exactly (the queries are scaled by a power of two).
+            TypeError / ValueError: bad ``queries`` or ``k``; scores that could overflow the index dtype
+                (:mod:`pml_suprank.search.scale`; tiny ones that would underflow are ranked exactly).
         """
         queries = check_embeddings("queries", queries)
         if queries.shape[1] != self.dim:
