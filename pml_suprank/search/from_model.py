@@ -6,7 +6,6 @@ path, or a list of these (PIL images and paths go through the model's evaluation
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +24,7 @@ def build_index(
     data: Any,
     *,
     batch_size: int = 64,
-    backend: str = "torch",
-    ids: Sequence[str | int] | None = None,
     progress: bool = False,
-    device: torch.device | str | None = None,
     embedding_cache: str | Path | None = None,
     **index_kwargs: Any,
 ) -> RetrievalIndex:
@@ -39,7 +35,7 @@ def build_index(
         model: maps ``(B, 3, H, W)`` images to ``(B, D)`` embeddings.
         data: a dataset of the package contract (``ds[i] = {"image", "labels", "index"}``, its evaluation transform
             set; batches of ``batch_size``) or an iterable of ``(images, labels, ...)`` / dict batches, in order.
-        backend, ids, device, **index_kwargs: passed to :class:`RetrievalIndex` (e.g. ``nlist=...``).
+        **index_kwargs: passed to :class:`RetrievalIndex` (``ids``, ``backend``, ``device``, ``nlist``, ...).
         progress: a tqdm bar over the batches.
         embedding_cache: a folder where the gallery's embeddings for this model, data and transform are read from,
             or written to (:func:`pml_suprank.data.cached_embeddings`; items must carry ``"index"``).
@@ -53,7 +49,7 @@ def build_index(
         contract = hasattr(getattr(data, "dataset", None), "labels") and hasattr(data.dataset, "get_image")
         keys = {"input_key": "image", "label_key": "labels"} if contract else {}
         emb, labels = compute_embeddings(model, data, normalize=True, progress=progress, description="gallery", **keys)
-    return RetrievalIndex(emb, labels=labels, ids=ids, backend=backend, device=device, **index_kwargs)
+    return RetrievalIndex(emb, labels=labels, **index_kwargs)
 
 
 def _as_image_tensors(inputs: Any, transform: Any) -> Tensor:
