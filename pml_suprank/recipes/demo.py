@@ -1,19 +1,14 @@
-########################################################################
-# A retrieval demo a person can use: drop a query image, see its nearest gallery images and the OOD guard's verdict.
-#
-#   pml-suprank-demo --model outputs/run/final --gallery my_photos/ [--k 8] [--port 7860]
-#   python -m pml_suprank.recipes.demo --model org/name --gallery my_photos/
-#
-# Needs the optional `demo` extra (pip install "pml-suprank[demo]": Gradio). Runs offline (no share link, no
-# analytics). --gallery: a folder of images, flat or with one sub-folder per class (the class shown is the first
-# folder of each file's path). With a guarded model (ood/ in the model folder, from `fit_heat --model`) the page says
-# "OOD: unknown kind" or "known kind" for each query (score > threshold = OOD); without one it says the query is not
-# checked.
-#
-# As a Hugging Face Space: copy this file as app.py next to a requirements.txt holding `pml-suprank[demo]` and the
-# gallery folder; the Space runs `python app.py`, which reads PML_SUPRANK_MODEL / PML_SUPRANK_GALLERY (a Hub id and
-# a folder of the Space) when no flags are given, and listens on 0.0.0.0 there (SPACE_ID is set by the Hub).
-########################################################################
+"""``pml-suprank-demo --model RUN/final|org/name --gallery my_photos/ [--k 8] [--port 7860]``: a Gradio page where a
+person drops a query image and sees its nearest gallery images and the OOD guard's verdict.
+
+Needs the ``demo`` extra (``pip install "pml-suprank[demo]"``); offline (no share link, no analytics). ``--gallery``: a
+folder of images, flat or one sub-folder per class (the class shown is a file's first folder). A guarded model (ood/
+from ``fit_heat --model``) says "OOD: unknown kind" or "known kind" (score > threshold = OOD); without a guard the
+page says the query is not checked. As a Hugging Face Space: this file as ``app.py`` beside a requirements.txt holding
+``pml-suprank[demo]`` and the gallery; without flags it reads PML_SUPRANK_MODEL / PML_SUPRANK_GALLERY and listens on
+0.0.0.0 when SPACE_ID is set.
+"""
+
 from __future__ import annotations
 
 import os
@@ -113,10 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
         "guard's verdict (offline).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--model", default=os.environ.get("PML_SUPRANK_MODEL"),  # noqa: TID251 - a Space's settings
-                        help="model folder or Hub id (env PML_SUPRANK_MODEL)")  # fmt: skip
-    parser.add_argument("--gallery", default=os.environ.get("PML_SUPRANK_GALLERY"),  # noqa: TID251 - as above
-                        help="folder of gallery images, flat or a sub-folder per class (env PML_SUPRANK_GALLERY)")
+    env = os.environ  # noqa: TID251 - a Space's settings
+    for flag, variable, what in (
+        ("--model", "PML_SUPRANK_MODEL", "model folder or Hub id"),
+        ("--gallery", "PML_SUPRANK_GALLERY", "folder of gallery images, flat or a sub-folder per class"),
+    ):
+        parser.add_argument(flag, default=env.get(variable), help=f"{what} (env {variable})")
     parser.add_argument("--k", type=int, default=8, help="neighbours shown")
     parser.add_argument("--host", default=None, help="address to listen on (default 127.0.0.1; 0.0.0.0 on a Space)")
     parser.add_argument("--port", type=int, default=7860, help="port to listen on")

@@ -1,24 +1,21 @@
-"""Near / far OOD benchmark of every registered detector on saved features (``ood.benchmark``).
+"""``pml-suprank-ood-benchmark``: the near / far OOD benchmark of every registered detector on saved features
+(:func:`pml_suprank.ood.benchmark`).
 
-Two ways to run it:
+* From the ``features.safetensors`` of ``fit_heat`` (ID train / test, OOD sets, classifier head; nothing embedded
+  twice)::
 
-* **from features saved by** ``fit_heat`` (``<output_dir>/features.safetensors``: ID train / ID test /
-  OOD sets and the classifier head), so that nothing is embedded twice::
-
-      python -m pml_suprank.recipes.fit_heat --output_dir outputs/fit_heat
       python -m pml_suprank.recipes.ood_benchmark --features outputs/fit_heat/features.safetensors \\
           --near synthetic-heldout --far noise-uniform noise-blobs
 
-* **with no ``--features``**: it runs ``fit_heat.py``'s data and classifier steps first (the same flags, e.g.
-  ``--num_per_class``, ``--backbone``, ``--id_dataset``, ``--ood_datasets``; offline SyntheticShapes by default),
-  writes ``features.safetensors`` into ``--output_dir`` and benchmarks on it.
+* Without ``--features``: ``fit_heat``'s data and classifier steps first (its flags: ``--num_per_class``,
+  ``--backbone``, ``--id_dataset``, ``--ood_datasets``, ...; offline SyntheticShapes by default), the features written
+  to ``--output_dir``.
 
-Every registered detector is fitted once on the ID training features (ODIN is left out: it needs the images and the
-network, see ``fit_heat.py``), plus the SSD+ variant of Mahalanobis. The recipe adapts sizes to small sets (``k`` of
-KNN / NNGuide at most the training size, ViM's ``dim = min(256, D // 2)``) and runs HEAT with the ``fast`` preset.
-OOD sets are grouped: ``--near`` names (default: ``synthetic-heldout`` when present), ``--far`` names (default: the
-others). It prints the per-group and per-set tables (AUROC, FPR95 in both conventions, AUPR-In / -Out) and writes
-``results.csv``, ``results.md``, ``results.json`` and ``score_histograms.png`` into ``--output_dir``.
+Every registered detector that scores features (not ODIN: it needs the images) and the variants (SSD+), sizes adapted
+to small sets (``k`` of KNN / NNGuide at most the training size, ViM's ``dim = min(256, D // 2)``), HEAT with the
+``fast`` preset. ``--near`` (default: ``synthetic-heldout`` when present) and ``--far`` (default: the others) group
+the OOD sets. It prints the per-group and per-set tables and writes ``results.csv``, ``results.md``, ``results.json``
+and ``score_histograms.png`` into ``--output_dir``.
 """
 
 from __future__ import annotations
@@ -37,7 +34,10 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 
 from pml_suprank import ood  # noqa: E402
+from pml_suprank.recipes import fit_heat  # noqa: E402
 from pml_suprank.recipes.ood_spec import VARIANTS, OODBenchmarkSpec  # noqa: E402
+from pml_suprank.search.safe_text import refuse  # noqa: E402
+from pml_suprank.training.run_folder import OutputDirError, prepare_output_dir  # noqa: E402
 from pml_suprank.training.spec import build_parser as spec_parser  # noqa: E402
 from pml_suprank.training.spec import parse  # noqa: E402
 
@@ -55,37 +55,14 @@ def available_detectors() -> tuple[str, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """One flag per :class:`~pml_suprank.recipes.ood_spec.OODBenchmarkSpec` field (the other flags go to
-    ``fit_heat``'s data / classifier steps when ``--features`` is not given)."""
+    """One flag per :class:`~pml_suprank.recipes.ood_spec.OODBenchmarkSpec` field (``--help``; the other flags go to
+    ``fit_heat``)."""
     return spec_parser(OODBenchmarkSpec)
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[OODBenchmarkSpec, list[str]]:
-    """The benchmark's spec (each flag checked by its field) and the flags left for ``fit_heat``."""
-    rest: list[str] = []
-    return parse(OODBenchmarkSpec, argv, rest=rest), rest
-
-
-def _import_fit_heat():
-    """:mod:`pml_suprank.recipes.fit_heat`, imported when a run needs it."""
-    from . import fit_heat
-
-    return fit_heat
-
-
-def fit_heat_spec(spec: OODBenchmarkSpec, rest: list[str]):
-    """The :class:`~pml_suprank.recipes.ood_spec.FitHeatSpec` of the data / classifier steps: ``rest`` (fit_heat's
-    flags, ``--config`` included) with the benchmark's seed and progress."""
-    from dataclasses import replace
-
-    fh = _import_fit_heat().parse_args(rest)
-    return replace(fh, seed=spec.seed, progress=spec.progress)
-
-
-def extract(spec: OODBenchmarkSpec, fh, out_dir: Path) -> tuple[Path, int | None]:
-    """Run fit_heat's data / classifier / extraction steps with the spec ``fh`` and save ``features.safetensors``;
-    returns its path and fit_heat's HEAT epochs (the synthetic default)."""
-    fit_heat = _import_fit_heat()
+def extract(fh, out_dir: Path) -> tuple[Path, int | None]:
+    """``features.safetensors`` in ``out_dir`` from fit_heat's data / classifier / extraction steps with its spec
+    ``fh``, and the HEAT epochs of the resolved spec (the synthetic default)."""
     device = torch.device(fh.device)
     fh, train_ds, test_ds, ood_sets, level, classes, train_labels = fit_heat.prepare_data(fh)
     fit_heat.check_trained_head(fh)
@@ -140,45 +117,28 @@ def build_detectors(names, saved: ood.SavedFeatures, spec: OODBenchmarkSpec) -> 
     return out
 
 
-def _output_dir(path: str) -> Path:
-    """``--output_dir``, created and writable, or the command ends with one ``error:`` line (exit 2)."""
-    from pml_suprank.training.recipe import refuse
-    from pml_suprank.training.run_folder import OutputDirError, prepare_output_dir
-
-    try:
-        return prepare_output_dir(path)
-    except OutputDirError as e:
-        refuse(str(e))
-
-
-def _read_features(path: Path) -> ood.SavedFeatures:
-    """The ``--features`` file, or one ``error:`` line naming it (exit 2): missing, not safetensors, foreign."""
-    from pml_suprank.training.recipe import refuse
-
-    try:
-        return ood.load_features(path)
-    except (OSError, ValueError) as e:
-        refuse(f"--features {path}: {e}")
-
-
 def main(argv=None) -> dict:
-    args, rest = parse_args(argv)
+    rest: list[str] = []  # the flags of fit_heat's data / classifier steps
+    args = parse(OODBenchmarkSpec, argv, rest=rest)
     if args.features is not None and rest:
         raise SystemExit(f"unknown flags {rest} (data / classifier flags only apply without --features)")
-    fh = fit_heat_spec(args, rest) if args.features is None else None  # every option checked before any work
+    # every option checked before any work
+    fh = None if args.features else replace(fit_heat.parse_args(rest), seed=args.seed, progress=args.progress)
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)  # recipe-level seeding of the classifier training (the package never seeds)
-    out_dir = _output_dir(args.output_dir)
+    try:
+        out_dir = prepare_output_dir(args.output_dir)
+    except OutputDirError as e:
+        refuse(e)
     t0 = time.perf_counter()
-    saved = None if args.features is None else _read_features(Path(args.features))  # before any work
-    if fh is not None:
-        features_path, heat_epochs = extract(args, fh, out_dir)
-        if args.heat_epochs is None and heat_epochs is not None:
-            args = replace(args, heat_epochs=heat_epochs)
+    features_path, heat_epochs = extract(fh, out_dir) if fh is not None else (Path(args.features), None)
+    if args.heat_epochs is None and heat_epochs is not None:
+        args = replace(args, heat_epochs=heat_epochs)
+    try:
         saved = ood.load_features(features_path)
-    else:
-        features_path = Path(args.features)
+    except (OSError, ValueError) as e:
+        refuse(f"--features {features_path}: {e}")
     missing = {"id_train", "id_test"} - set(saved.sets)
     if missing:
         raise SystemExit(f"{features_path} lacks the set(s) {sorted(missing)} (write it with fit_heat)")

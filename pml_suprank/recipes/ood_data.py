@@ -106,10 +106,6 @@ def class_targets(labels: torch.Tensor, level: int, classes: torch.Tensor) -> to
     return torch.searchsorted(classes, labels[:, level].contiguous())
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# model
-
-
 def build_model(spec: FitHeatSpec, num_classes: int):
     """The classifier whose features are scored: a timm model (``--backbone``, ``--checkpoint``) or, with ``--model``,
     the package's retrieval model with a new classification head (:class:`RetrievalClassifier`)."""
@@ -136,12 +132,9 @@ def build_model(spec: FitHeatSpec, num_classes: int):
 
 
 def load_checkpoint(model: torch.nn.Module, path: Path, backbone: str) -> None:
-    """Load the state dict file ``path`` (.safetensors or a ``torch.save`` file) into the timm classifier ``model``.
-
-    Raises:
-        ValueError: an unreadable file (:func:`~pml_suprank.ood.model_api.read_state_dict`), a retrieval model of
-            this package (use ``--model`` with its folder), or keys / shapes that do not match ``backbone``.
-    """
+    """Load the state dict file ``path`` (.safetensors or a ``torch.save`` file) into the timm classifier ``model``;
+    ``ValueError``: an unreadable file, a retrieval model of this package (use ``--model``), or keys / shapes that do
+    not match ``backbone``."""
     state = read_state_dict(path)
     if any(k.startswith("backbone.") for k in state) and (path.parent / "config.json").is_file():
         raise ValueError(
@@ -226,6 +219,5 @@ def train_classifier(model, ds, level, classes, spec: FitHeatSpec, device):
 
 
 def save_histograms(id_scores, ood_scores, out_dir: Path, convention: str = "id_positive") -> Path:
-    """``score_histograms.png`` in ``out_dir``: :func:`pml_suprank.ood.score_plots.plot_score_histograms` of the
-    ``{detector: (N,)}`` ID scores against every OOD set's ``{detector: (M,)}`` scores."""
+    """``out_dir/score_histograms.png``: the ``{detector: (N,)}`` ID scores against each OOD set's (``(M,)``)."""
     return plot_score_histograms(id_scores, ood_scores, Path(out_dir) / "score_histograms.png", convention=convention)

@@ -1,15 +1,11 @@
-"""Convert a paper benchmark, read from its native archive, into a Hugging Face ``datasets`` copy.
+"""``pml-suprank-prepare-dataset NAME --root DIR --output_dir OUT [--push_to_hub true --hub_model_id ORG/NAME]``:
+a paper benchmark read from its native archive, written as a Hugging Face ``datasets`` copy.
 
-    python -m pml_suprank.recipes.prepare_dataset sop --root /data/Stanford_Online_Products --output_dir data/sop
-    python -m pml_suprank.recipes.prepare_dataset sop --root /data/Stanford_Online_Products --output_dir data/sop \\
-        --push_to_hub true --hub_model_id your-name/sop-hierarchical
-
-The copy is a ``DatasetDict`` written with ``save_to_disk`` (one split per benchmark split) with an ``image`` column
-(the original encoded bytes, so no pixel changes), a ``file_name`` column (path inside the archive) and one int64
-column per label level named as :func:`pml_suprank.data.benchmarks.benchmark_label_names` gives them (e.g. ``class_id``,
-``super_class_id`` for SOP). It loads with
-``pml_suprank.data.load_retrieval_dataset(OUTPUT_DIR, label_columns, split)`` with the same labels as
-``pml_suprank.data.load_benchmark(name, root, split)``; ``benchmark.json`` records the label columns per split.
+The copy is a ``DatasetDict`` (``save_to_disk``, one split per benchmark split) with an ``image`` column (the original
+encoded bytes: no pixel changes), ``file_name`` (the path inside the archive) and one int64 column per label level
+named by :func:`pml_suprank.data.benchmarks.benchmark_label_names` (e.g. ``class_id``, ``super_class_id`` for SOP);
+``benchmark.json`` records the label columns per split. ``load_retrieval_dataset(OUT, label_columns, split)`` gives
+the labels of ``load_benchmark(NAME, DIR, split)``.
 """
 
 from __future__ import annotations
@@ -23,18 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from pml_suprank.data.benchmarks import BENCHMARKS, benchmark_label_names, load_benchmark
+from pml_suprank.training.run_folder import OutputDirError, prepare_output_dir
 from pml_suprank.training.spec import str2bool
 
 __all__ = ["build_parser", "check_image", "main", "prepare", "to_hf_dataset"]
 
 
 def check_image(data: bytes, where: str) -> None:
-    """Refuse bytes that are not an image PIL decodes completely: ``Image.verify`` (the file's structure and
-    checksums) and then a full ``load`` of the pixels (truncated data), so that only images reach the copy.
-
-    Raises:
-        ValueError: ``"<where>: not a decodable image (...); nothing was written"``.
-    """
+    """``ValueError`` ``"<where>: not a decodable image (...); nothing was written"`` unless ``data`` passes PIL's
+    ``verify`` (structure, checksums) and a full ``load`` (truncated pixels)."""
     from io import BytesIO
 
     from PIL import Image
@@ -48,25 +41,10 @@ def check_image(data: bytes, where: str) -> None:
         raise ValueError(f"{where}: not a decodable image ({type(err).__name__}: {err}); nothing was written") from None
 
 
-def _item_source(ds: Any, index: int, record: dict[str, Any]) -> str:
-    """The file an item comes from, for the error messages (absolute path when the dataset has one)."""
-    describe = getattr(ds, "describe_item", None)
-    return describe(index) if callable(describe) else f"item {index} ({record.get('path')})"
-
-
 def to_hf_dataset(ds: Any, cache_dir: str | Path) -> Any:
-    """A ``datasets.Dataset`` copy of a benchmark split (images as encoded bytes, one int64 column per level).
-
-    Every image is decoded (:func:`check_image`) before it is written: a file that is not an image is refused with
-    its name.
-
-    Args:
-        ds: A dataset from :func:`pml_suprank.data.load_benchmark` (with ``image_record`` and ``label_names``).
-        cache_dir: Folder for the Arrow files written while generating.
-
-    Raises:
-        ValueError: An item is not a decodable image (naming the item and its file).
-    """
+    """A ``datasets.Dataset`` copy of the benchmark split ``ds`` (:func:`pml_suprank.data.load_benchmark`), its
+    Arrow files generated in ``cache_dir``; every image decoded first (:func:`check_image`: ``ValueError`` naming the
+    item and its file)."""
     import datasets
 
     features = datasets.Features(
@@ -82,7 +60,8 @@ def to_hf_dataset(ds: Any, cache_dir: str | Path) -> Any:
         for i in range(len(ds)):
             try:
                 record = ds.image_record(i)
-                check_image(record["bytes"], _item_source(ds, i, record))
+                describe = getattr(ds, "describe_item", None)  # the absolute path, when the dataset has one
+                check_image(record["bytes"], describe(i) if callable(describe) else f"item {i} ({record.get('path')})")
             except ValueError as err:
                 refused.append(err)
                 raise
@@ -97,17 +76,9 @@ def to_hf_dataset(ds: Any, cache_dir: str | Path) -> Any:
 
 
 def prepare(name: str, root: str | Path, output_dir: str | Path, splits: Sequence[str] | None = None) -> Any:
-    """Read benchmark ``name`` from ``root`` and write its ``DatasetDict`` copy to ``output_dir``.
-
-    Args:
-        name: A name of :data:`pml_suprank.data.benchmarks.BENCHMARKS`.
-        root: The benchmark's archive folder (see ``BENCHMARKS[name].layout``).
-        output_dir: Destination folder (``save_to_disk`` layout + ``benchmark.json``).
-        splits: Splits to convert (default: all of the benchmark's splits).
-
-    Returns:
-        The written ``datasets.DatasetDict``.
-    """
+    """The ``datasets.DatasetDict`` copy of the ``splits`` (default: all) of benchmark ``name`` of
+    :data:`~pml_suprank.data.benchmarks.BENCHMARKS`, read from its archive folder ``root``, written to ``output_dir``
+    (``save_to_disk`` layout + ``benchmark.json``; ``ValueError`` / ``OutputDirError`` before anything is written)."""
     import datasets
 
     if name not in BENCHMARKS:
@@ -116,8 +87,7 @@ def prepare(name: str, root: str | Path, output_dir: str | Path, splits: Sequenc
     unknown = [s for s in splits if s not in BENCHMARKS[name].splits]
     if unknown:
         raise ValueError(f"splits {unknown} are not splits of {name}; available: {list(BENCHMARKS[name].splits)}")
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
+    output_dir = prepare_output_dir(output_dir)  # created, and writable
     with tempfile.TemporaryDirectory(prefix=".prepare_cache_", dir=output_dir, ignore_cleanup_errors=True) as cache:
         parts = {s: to_hf_dataset(load_benchmark(name, root, s), Path(cache) / s) for s in splits}
         copy = datasets.DatasetDict(parts)
@@ -146,8 +116,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> Any:
     """The command: every argument checked before anything is read or written (one ``error:`` line, exit 2)."""
-    from pml_suprank.training.run_folder import OutputDirError, prepare_output_dir
-
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.push_to_hub and not args.hub_model_id:
@@ -156,14 +124,9 @@ def main(argv: Sequence[str] | None = None) -> Any:
         parser.error(f"--root {args.root!r} is not a folder; expected the folder {args.name} was extracted to "
                      f"({BENCHMARKS[args.name].layout})")  # fmt: skip
     splits = [s.strip() for s in args.splits.split(",")] if args.splits else None
-    available = list(BENCHMARKS[args.name].splits)
-    unknown = [s for s in splits or () if s not in available]
-    if unknown:
-        parser.error(f"--splits {unknown} are not splits of {args.name}; available: {available}")
     try:
-        prepare_output_dir(args.output_dir)
         copy = prepare(args.name, args.root, args.output_dir, splits)
-    except (OutputDirError, ValueError) as e:  # a folder refused, a benchmark file missing or unusable
+    except (OutputDirError, ValueError) as e:  # --splits or the folder refused, a benchmark file missing or unusable
         parser.error(str(e))
     print(f"{args.name}: wrote {', '.join(f'{k} ({len(v)} images)' for k, v in copy.items())} to {args.output_dir}")
     if args.push_to_hub:

@@ -1,20 +1,11 @@
-"""``pml-suprank-train-happier``: the training command with the HAPPIER preset (``--loss HAPPIER``; ROD-NDCG with
-``--loss ROD-NDCG``), its defaults the preset ``PRESETS["train_happier"]`` of :mod:`pml_suprank.training.recipe`
-(data, one code path for every preset). Without arguments it trains a tiny timm backbone on SyntheticShapes on the
-CPU, offline; ``--help`` lists every option with its default, ``--config happier_sop`` the paper setting. It runs
-under ``accelerate launch -m pml_suprank.recipes.train_happier`` (multi-process, multi-GPU, fp16 / bf16) and
-``torchrun -m``.
-"""
-
-from __future__ import annotations
+"""``pml-suprank-train-happier``: the training command with HAPPIER (or ``--loss ROD-NDCG``), its defaults the preset
+``train_happier`` of :data:`pml_suprank.training.recipe.PRESETS` (``--help`` lists every option)."""
 
 import os
 
-# Spinning OpenMP threads make small ops 10-20x slower on a shared or busy CPU; sleeping waits cost nothing on an
-# idle one. Set here, before torch is imported; an explicit setting by the user wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # noqa: TID251 - recipes may configure the process
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # noqa: TID251 - before torch: spinning threads slow a busy CPU
 
-from pml_suprank.training import recipe  # noqa: E402  (the command line, the RunSpec and the whole job)
+from pml_suprank.training import recipe  # noqa: E402
 
 DEFAULTS, DESCRIPTION, HIERARCHICAL = recipe.PRESETS["train_happier"], recipe.DESCRIPTIONS["train_happier"], None
 main, run = recipe.preset_command("train_happier")

@@ -1,6 +1,6 @@
 """Search a gallery with new queries and look at the results: :class:`RetrievalIndex` (exact ``"torch"`` or faiss
-backends, ``add``, ``save`` / ``load``), the exact chunked top-k (:mod:`.topk`), the validated file format
-(:mod:`.storage`), embedding with a model (:mod:`.from_model`) and the HTML / PNG report (:mod:`.report`).
+backends, ``add``, ``save`` / ``load``), embedding with a model (:mod:`.from_model`) and the HTML / PNG report
+(:mod:`.report`).
 
 Example:
     >>> from pml_suprank.search import RetrievalIndex
@@ -10,7 +10,7 @@ Example:
 
 from __future__ import annotations
 
+from .faiss_backends import BACKENDS
 from .index import RetrievalIndex
-from .options import BACKENDS
 
 __all__ = ["BACKENDS", "RetrievalIndex"]

@@ -1,14 +1,11 @@
-"""Index a dataset with a model and search it with new images: what ``RetrievalModel.build_index`` and
-``RetrievalModel.search`` call.
+"""Index a dataset with a model and search it with new images (``RetrievalModel.build_index`` / ``.search``).
 
-Inputs accepted as queries (:func:`embed_inputs`): an image batch ``(B, 3, H, W)``, one image ``(3, H, W)``, a PIL
-image, an image file path, or a list of any of these (PIL images and paths go through the model's evaluation
-transform, :func:`pml_suprank.data.build_transforms` with ``train=False``).
+Queries (:func:`embed_inputs`): an image batch ``(B, 3, H, W)``, one image ``(3, H, W)``, a PIL image, an image file
+path, or a list of these (PIL images and paths go through the model's evaluation transform).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,40 +19,26 @@ from .index import RetrievalIndex
 __all__ = ["build_index", "embed_inputs", "search_images"]
 
 
-def _device(model: nn.Module) -> torch.device:
-    p = next(iter(model.parameters()), None)
-    return p.device if p is not None else torch.device("cpu")
-
-
 def build_index(
     model: nn.Module,
     data: Any,
     *,
     batch_size: int = 64,
-    backend: str = "torch",
-    ids: Sequence[str | int] | None = None,
     progress: bool = False,
-    device: torch.device | str | None = None,
     embedding_cache: str | Path | None = None,
     **index_kwargs: Any,
 ) -> RetrievalIndex:
-    """Embed every item of ``data`` with ``model`` (eval mode, no gradient, L2-normalised) and index it.
+    """A :class:`RetrievalIndex` whose row ``i`` is the L2-normalised embedding by ``model`` (eval mode, no gradient)
+    of the ``i``-th item of ``data``, with its labels.
 
     Args:
         model: maps ``(B, 3, H, W)`` images to ``(B, D)`` embeddings.
-        data: a dataset following the package contract (``ds[i] = {"image", "labels", "index"}``, e.g.
-            :class:`~pml_suprank.data.SyntheticShapes`; with its evaluation transform set) or an iterable of
-            ``(images, labels, ...)`` / dict batches (a ``DataLoader``), in gallery order.
-        batch_size: batch size when ``data`` is a dataset.
-        backend, device, **index_kwargs: passed to :class:`RetrievalIndex` (e.g. ``nlist=...``).
-        ids: optional item identifiers.
+        data: a dataset of the package contract (``ds[i] = {"image", "labels", "index"}``, its evaluation transform
+            set; batches of ``batch_size``) or an iterable of ``(images, labels, ...)`` / dict batches, in order.
+        **index_kwargs: passed to :class:`RetrievalIndex` (``ids``, ``backend``, ``device``, ``nlist``, ...).
         progress: a tqdm bar over the batches.
-        embedding_cache: a folder: the gallery's embeddings are read from this cache where it holds them for this
-            model, data and transform, and written there otherwise (:func:`pml_suprank.data.cached_embeddings`;
-            ``data`` must then be a dataset or a ``DataLoader`` over one whose items carry ``"index"``).
-
-    Returns:
-        a :class:`RetrievalIndex` whose row ``i`` is the ``i``-th item of ``data``, with its labels.
+        embedding_cache: a folder where the gallery's embeddings for this model, data and transform are read from,
+            or written to (:func:`pml_suprank.data.cached_embeddings`; items must carry ``"index"``).
     """
     if isinstance(data, torch.utils.data.Dataset) and not isinstance(data, torch.utils.data.IterableDataset):
         data = torch.utils.data.DataLoader(data, batch_size=batch_size, shuffle=False)
@@ -63,14 +46,10 @@ def build_index(
         emb, labels, _ = cached_embeddings(model, data, embedding_cache, normalize=True, progress=progress,
                                            description="gallery")  # fmt: skip
     else:
-        keys = {"input_key": "image", "label_key": "labels"} if _is_contract_loader(data) else {}
+        contract = hasattr(getattr(data, "dataset", None), "labels") and hasattr(data.dataset, "get_image")
+        keys = {"input_key": "image", "label_key": "labels"} if contract else {}
         emb, labels = compute_embeddings(model, data, normalize=True, progress=progress, description="gallery", **keys)
-    return RetrievalIndex(emb, labels=labels, ids=ids, backend=backend, device=device, **index_kwargs)
-
-
-def _is_contract_loader(data: Any) -> bool:
-    dataset = getattr(data, "dataset", None)
-    return dataset is not None and hasattr(dataset, "labels") and hasattr(dataset, "get_image")
+    return RetrievalIndex(emb, labels=labels, **index_kwargs)
 
 
 def _as_image_tensors(inputs: Any, transform: Any) -> Tensor:
@@ -108,7 +87,7 @@ def embed_inputs(model: nn.Module, images: Any, *, batch_size: int = 64, transfo
 
         transform = build_transforms(model.data_config, train=False)
     x = _as_image_tensors(images, transform)
-    device = _device(model)
+    device = next(iter(model.parameters()), torch.empty(0)).device
     was_training = model.training
     model.eval()
     try:

@@ -1,8 +1,5 @@
 """Unlabelled images read from disk (every image file under a folder, or one file): :class:`ImageFiles`, the
-queries of ``search``, the images of ``ood_score`` and ``fit_heat``'s OOD folder, the demo's gallery. Items follow
-:func:`pml_suprank.data.collate` (label ``-1``); ``names[i]`` is the file relative to the folder (POSIX); every file
-is checked once when the dataset is built (:func:`pml_suprank.data.image_check.check_image_files`).
-"""
+queries of ``search``, the images of ``ood_score`` and ``fit_heat``'s OOD folder, the demo's gallery."""
 
 from __future__ import annotations
 
@@ -13,44 +10,40 @@ import torch
 
 from ..data.folders import IMAGE_SUFFIXES
 
-__all__ = ["ImageFiles", "has_dataset_files", "image_paths", "is_flat_image_folder"]
+__all__ = ["ImageFiles", "has_dataset_files", "is_flat_image_folder"]
 
 
-def image_paths(root: str | Path) -> list[Path]:
-    """The image files of ``root``: itself when it is an image file, else every image file below it (sorted, hidden
-    files and folders skipped)."""
-    root = Path(root)
+def _image_paths(root: Path) -> list[Path]:
+    """``root`` when it is an image file, else every image file below it (sorted, hidden files and folders skipped)."""
     if root.is_file():
         return [root] if root.suffix.lower() in IMAGE_SUFFIXES else []
-    paths = []
-    for p in sorted(root.rglob("*")):
-        rel = p.relative_to(root).parts
-        if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES and not any(part.startswith(".") for part in rel):
-            paths.append(p)
-    return paths
+    visible = (
+        p for p in sorted(root.rglob("*")) if not any(part.startswith(".") for part in p.relative_to(root).parts)
+    )
+    return [p for p in visible if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES]
 
 
 def has_dataset_files(root: str | Path) -> bool:
     """The folder ``root`` holds the metadata / parquet / saved-dataset files of a dataset source."""
-    root = Path(root)
     markers = ("metadata.csv", "metadata.jsonl", "dataset_dict.json", "dataset_info.json", "state.json")
-    return any(root.glob("*.parquet")) or any((root / m).exists() for m in markers)
+    return any(Path(root).glob("*.parquet")) or any((Path(root) / m).exists() for m in markers)
 
 
 def is_flat_image_folder(root: str | Path) -> bool:
-    """``root`` is a folder holding image files directly and no sub-folder of images (no class folders), and none of
-    the files of a dataset source (:func:`has_dataset_files`)."""
+    """``root`` is a folder holding image files directly, no sub-folder of images and no dataset source files."""
     root = Path(root)
     if not root.is_dir() or has_dataset_files(root):
         return False
-    paths = image_paths(root)
+    paths = _image_paths(root)
     return bool(paths) and all(p.parent == root for p in paths)
 
 
 class ImageFiles(torch.utils.data.Dataset):
-    """Every image file under the folder ``root`` (or the image file ``root``), ``transform`` applied to each RGB PIL
-    image, with the label ``-1``; ``what`` names ``root`` in messages (``ValueError``: no such path, no image file,
-    or unreadable images, named)."""
+    """Every image file under the folder ``root`` (or the image file ``root``) as items of
+    :func:`pml_suprank.data.collate`: ``transform`` applied to each RGB PIL image, label ``-1``; ``names[i]`` is the
+    file relative to the folder (POSIX). Every file is checked once here
+    (:func:`pml_suprank.data.image_check.check_image_files`); ``what`` names ``root`` in the ``ValueError`` (no such
+    path, no image file, unreadable images)."""
 
     def __init__(self, root: str | Path, transform: Any = None, *, what: str | None = None) -> None:
         from pml_suprank.data.image_check import check_image_files
@@ -59,7 +52,7 @@ class ImageFiles(torch.utils.data.Dataset):
         what = what or str(root)
         if not self.root.exists():
             raise ValueError(f"{what}: no such file or folder")
-        self.paths = image_paths(self.root)
+        self.paths = _image_paths(self.root)
         if not self.paths:
             kind = "is not an image file" if self.root.is_file() else "holds no image file"
             raise ValueError(f"{what} {kind} ({', '.join(IMAGE_SUFFIXES)})")

@@ -1,16 +1,5 @@
-"""``RetrievalIndex``: a gallery of embeddings (with optional labels and ids) searched by inner product.
-
-``index.search(queries, k)`` returns, for each query row ``q``, the ``k`` gallery rows ``j`` of largest score
-``s_j = <q, g_j>`` (cosine similarity when both sides are L2-normalised, as :class:`~pml_suprank.models.RetrievalModel`
-outputs), ordered by decreasing score and, for the exact ``"torch"`` backend, among equal scores by increasing gallery
-index (:mod:`pml_suprank.search.topk`). Backends:
-
-* ``"torch"`` (default): exact, chunked (no ``Q × N`` matrix), on any device, any ``k <= N``;
-* ``"faiss"``: exact ``IndexFlatIP`` (CPU, or GPU with a faiss GPU build and ``device="cuda"``; ties in faiss order);
-* ``"faiss-ivf"`` (``nlist``, ``nprobe``, ``train_size``) and ``"faiss-hnsw"`` (``hnsw_m``, ``ef_construction``,
-  ``ef_search``): approximate (:mod:`pml_suprank.search.faiss_backends`).
-
-Persistence: :meth:`RetrievalIndex.save` / :meth:`RetrievalIndex.load` (:mod:`pml_suprank.search.storage`).
+"""``RetrievalIndex``: a gallery of embeddings (with optional labels and ids) searched by inner product, exactly in
+chunks (``"torch"``, :mod:`.topk`) or with faiss (:mod:`.faiss_backends`), saved as validated files (:mod:`.storage`).
 """
 
 from __future__ import annotations
@@ -24,10 +13,9 @@ from torch import Tensor
 from .._scaling import times_power_of_two
 from .._validation import check_choice, check_device, check_embeddings, check_labels, check_positive_int
 from ..collectives import all_gather, comm_device, is_distributed, shard_range
-from .faiss_backends import FaissSearcher
-from .options import BACKENDS, INT32_MAX, check_ids, check_option, resolve_options
+from .faiss_backends import BACKENDS, INT32_MAX, FaissSearcher, check_option, resolve_options
 from .scale import check_scores_fit, max_abs, underflow_exponent
-from .storage import read_index_files, write_index_files
+from .storage import check_ids, read_index_files, write_index_files
 from .topk import DEFAULT_BLOCK_ELEMENTS, exact_topk
 
 __all__ = ["RetrievalIndex"]
@@ -36,21 +24,25 @@ __all__ = ["RetrievalIndex"]
 class RetrievalIndex:
     """A searchable gallery: ``(N, D)`` embeddings, optional ``(N,)`` / ``(N, L)`` labels and ``N`` ids.
 
+    ``search(queries, k)`` returns, for each query ``q``, the ``k`` gallery rows ``j`` of largest score ``s_j = <q,
+    g_j>`` (cosine similarity for L2-normalised embeddings, as :class:`~pml_suprank.models.RetrievalModel` outputs) by
+    decreasing score; the ``"torch"`` backend orders equal scores by increasing gallery index.
+
     Args:
         embeddings: ``(N, D)`` finite floating-point gallery embeddings, ``N >= 1``; stored in float32 (float64 kept
             as float64 for the torch backend) on ``device``.
         labels: optional ``(N,)`` or ``(N, L)`` integer labels (column 0 finest), kept on the CPU.
         ids: optional list of ``N`` str / int identifiers (e.g. file names), saved in the JSON file.
-        backend: ``"torch"`` (exact, default), ``"faiss"`` (exact), ``"faiss-ivf"`` or ``"faiss-hnsw"``.
+        backend: ``"torch"`` (exact, chunked: no ``Q × N`` matrix; default), ``"faiss"`` (exact, ties in faiss
+            order), ``"faiss-ivf"`` or ``"faiss-hnsw"`` (approximate).
         device: where the embeddings live and the torch backend computes (default: the device of ``embeddings``);
             ``"faiss"`` runs on that GPU when it is a CUDA device and faiss has GPU support.
-        nlist, nprobe, train_size: ``"faiss-ivf"`` only — k-means cells, cells scanned per query, leading rows the
-            quantizer is trained on (defaults: :func:`~pml_suprank.search.faiss_backends.default_options`).
-        hnsw_m, ef_construction, ef_search: ``"faiss-hnsw"`` only — links per node and candidate-list sizes.
         block_elements: torch backend: score entries computed at once (memory, not results), at most ``2**31 - 1``.
-
-    Every option is checked before anything is allocated (:func:`~pml_suprank.search.options.resolve_options`):
-    ints in ``[1, OPTION_MAXIMA[name]]``, ``nlist <=`` the training rows, ``nprobe <= nlist``.
+        **options: ``"faiss-ivf"``: ``nlist``, ``nprobe``, ``train_size`` (k-means cells, cells scanned per query,
+            leading rows the quantizer is trained on); ``"faiss-hnsw"``: ``hnsw_m``, ``ef_construction``,
+            ``ef_search`` (links per node, candidate-list sizes). Defaults and checks (before anything is allocated:
+            ints in ``[1, maximum]`` of :data:`~pml_suprank.search.faiss_backends.OPTIONS`, ``nlist <=`` the
+            training rows, ``nprobe <= nlist``): :func:`~pml_suprank.search.faiss_backends.resolve_options`.
 
     Example:
         >>> index = RetrievalIndex(gallery, labels=gallery_labels)
@@ -66,13 +58,8 @@ class RetrievalIndex:
         backend: str = "torch",
         device: torch.device | str | None = None,
         *,
-        nlist: int | None = None,
-        nprobe: int | None = None,
-        train_size: int | None = None,
-        hnsw_m: int | None = None,
-        ef_construction: int | None = None,
-        ef_search: int | None = None,
         block_elements: int = DEFAULT_BLOCK_ELEMENTS,
+        **options: int,
     ) -> None:
         self.backend = check_choice("backend", backend, BACKENDS)
         embeddings = check_embeddings("embeddings", embeddings)
@@ -81,15 +68,7 @@ class RetrievalIndex:
         self.block_elements = check_positive_int("block_elements", block_elements)
         if self.block_elements > INT32_MAX:
             raise ValueError(f"block_elements must be <= {INT32_MAX}; got {self.block_elements}")
-        given = {
-            "nlist": nlist,
-            "nprobe": nprobe,
-            "train_size": train_size,
-            "hnsw_m": hnsw_m,
-            "ef_construction": ef_construction,
-            "ef_search": ef_search,
-        }
-        self.options = resolve_options(self.backend, given, int(embeddings.shape[0]))
+        self.options = resolve_options(self.backend, options, int(embeddings.shape[0]))
         keep64 = embeddings.dtype == torch.float64 and self.backend == "torch"
         self.dtype = torch.float64 if keep64 else torch.float32
         self.dim = int(embeddings.shape[1])
@@ -101,11 +80,8 @@ class RetrievalIndex:
         self._faiss = None
         if self.backend != "torch":
             self._faiss = FaissSearcher(self.backend, self.dim, self.options, self.device)
-            self._faiss.add(self._embeddings)
-            if self.backend == "faiss-ivf":
-                self.options["train_size"] = self._faiss.trained_rows
+            self._faiss.add(self._embeddings)  # an IVF index records the rows it was trained on in options
 
-    # ------------------------------------------------------------------ contents
     def __len__(self) -> int:
         return int(self._embeddings.shape[0])
 
@@ -165,36 +141,30 @@ class RetrievalIndex:
             value = check_option(name, value, self.backend)
             if name == "nprobe" and value > self.options["nlist"]:
                 raise ValueError(f"nprobe must be <= nlist={self.options['nlist']}; got {value}")
-            self.options[name] = value
-            self._faiss.set_search_option(name, value)
+            self._faiss.set_search_option(name, value)  # and in self.options
         return self
 
-    # ------------------------------------------------------------------ search
     def search(
         self, queries: Tensor, k: int, *, progress: bool = False, distributed: bool = False, process_group: Any = None
     ) -> tuple[Tensor, Tensor]:
         """The ``k`` best gallery items of each query by inner product.
 
         Args:
-            queries: ``(Q, D)`` finite floating-point embeddings (``Q >= 1``), same width as the gallery.
+            queries: ``(Q, D)`` finite floating-point embeddings (``Q >= 1``), the gallery's width.
             k: ``1 <= k <= len(index)``.
             progress: a tqdm bar over the query blocks (torch backend).
-            distributed: split the queries across the processes of ``process_group`` (every process calls this with
-                the same queries and an index of the same gallery): each searches its contiguous share and the
-                results are gathered once, so every process returns the one-process result. A collective: keep the
-                default ``False`` when only some processes search. Nothing changes without a process group.
-            process_group: the ``torch.distributed`` group of ``distributed`` (default: the world).
+            distributed: a collective over ``process_group`` (default: the world), every process calling with the same
+                queries and gallery: each searches its contiguous share of the queries, gathered once, so every
+                process returns the one-process result. Nothing changes without a process group.
 
         Returns:
             ``scores (Q, k)`` (decreasing along each row) and ``indices (Q, k)`` (long gallery rows) on the index
-            device. Torch backend: ties ordered by increasing gallery index. Approximate backends may return fewer
-            than ``k`` items: index ``-1``, score ``-inf``.
+            device; ties by increasing gallery index (torch backend); approximate backends pad with index ``-1``,
+            score ``-inf``.
 
         Raises:
-            TypeError / ValueError: ``queries`` is not a 2-D finite float tensor of width ``D``; ``k`` is not an int
-                in ``[1, len(index)]``; the scores could overflow the index dtype (largest query norm × largest
-                gallery norm above half its largest finite value, :mod:`pml_suprank.search.scale`). Tiny embeddings
-                whose scores would underflow are ranked exactly (the queries are scaled by a power of two).
+            TypeError / ValueError: bad ``queries`` or ``k``; scores that could overflow the index dtype
+                (:mod:`pml_suprank.search.scale`; tiny ones that would underflow are ranked exactly).
         """
         queries = check_embeddings("queries", queries)
         if queries.shape[1] != self.dim:
@@ -228,7 +198,6 @@ class RetrievalIndex:
             indices = all_gather(indices.to(wire), process_group).to(self.device)
         return times_power_of_two(scores, -shift), indices
 
-    # ------------------------------------------------------------------ persistence
     def save(self, folder: str | Path) -> Path:
         """Write ``index.safetensors`` (embeddings, labels) and ``index.json`` (backend, options, ids, shapes, a
         SHA-256 of the tensor file) to ``folder`` (:mod:`pml_suprank.search.storage`); approximate faiss structures

@@ -18,15 +18,7 @@ from typing import Any
 
 from ..plots import QUERY_COLOUR, RELEVANCE_COLOURS, RELEVANCE_MARKS, framed_image, relevance_level
 
-__all__ = [
-    "RELEVANCE_COLOURS",
-    "RELEVANCE_MARKS",
-    "query_hits",
-    "relevance_level",
-    "thumbnail_data_uri",
-    "write_html_report",
-    "write_result_grid",
-]
+__all__ = ["query_hits", "relevance_level", "thumbnail_data_uri", "write_html_report", "write_result_grid"]
 
 _LABELS = {"fine": "same fine class", "coarse": "same coarse class", "other": "other class", "unknown": "no labels"}
 
@@ -68,14 +60,24 @@ def _name(text: Any) -> str:
     return re.sub(r"([/_\-.])", r"\1<wbr>", html.escape(str(text)))
 
 
-def _verdict_badge(ood: dict[str, Any] | None, threshold: float | None) -> str:
-    if ood is None:
-        return ""
-    if ood["is_ood"]:
-        text = f"OOD: unknown kind (score {float(ood['score']):.4g} &gt; {threshold:.4g})"
-        return f'<p class="verdict ood" data-ood="true">{text}</p>'
-    text = f"known kind (score {float(ood['score']):.4g} &le; {threshold:.4g})"
-    return f'<p class="verdict known" data-ood="false">{text}</p>'
+def query_hits(query: dict[str, Any]) -> dict[str, int]:
+    """``{"shown", "fine", "coarse"}``: results shown, and those of the query's fine class / of its coarse class
+    (fine included) among them; ``fine`` and ``coarse`` are absent when the relevance is unknown."""
+    levels = [r.get("relevance", "unknown") for r in query["results"]]
+    if not levels or "unknown" in levels:
+        return {"shown": len(levels)}
+    return {"shown": len(levels), "fine": levels.count("fine"), "coarse": len(levels) - levels.count("other")}
+
+
+def _captions(item: dict[str, Any], thumbnail_size: int) -> tuple[str, str]:
+    """``(thumbnail data URI, the class line: its class name, else its label row, else nothing)`` of an item."""
+    if item.get("class_name"):
+        caption = f'<span class="name class">{_name(item["class_name"])}</span>'
+    elif item.get("labels") is not None:
+        caption = f'<span class="name class">labels {html.escape(str(list(item["labels"])))}</span>'
+    else:
+        caption = ""
+    return thumbnail_data_uri(item["image"], thumbnail_size), caption
 
 
 def write_html_report(path: str | Path, queries: Sequence[dict[str, Any]], *, title: str = "Retrieval results",
@@ -87,12 +89,17 @@ def write_html_report(path: str | Path, queries: Sequence[dict[str, Any]], *, ti
     ``"ood"`` verdict is a badge (``<p class="verdict ood|known">``); without it the page says queries are unchecked.
     """
     esc = html.escape
-    threshold = None if ood_guard is None else float(ood_guard["threshold"])
-    guard_line = (
-        '<p class="guard">No OOD guard in this model: queries are not checked for unknown kinds of images.</p>'
-        if ood_guard is None
-        else f'<p class="guard">OOD guard {esc(str(ood_guard["detector"]))}: a query is OOD (an unknown kind of '
-        f"image) when its score &gt; {threshold:.4g}; higher score = more out-of-distribution.</p>"
+    if ood_guard is None:
+        guard_line = "No OOD guard in this model: queries are not checked for unknown kinds of images."
+    else:
+        threshold = float(ood_guard["threshold"])
+        guard_line = (
+            f"OOD guard {esc(str(ood_guard['detector']))}: a query is OOD (an unknown kind of image) when its score "
+            f"&gt; {threshold:.4g}; higher score = more out-of-distribution."
+        )
+    legend = "".join(
+        f'<span style="background:{c}">{RELEVANCE_MARKS[k]} {esc(_LABELS[k])}</span>'
+        for k, c in RELEVANCE_COLOURS.items()
     )
     parts = [
         "<!DOCTYPE html>",
@@ -102,71 +109,51 @@ def write_html_report(path: str | Path, queries: Sequence[dict[str, Any]], *, ti
         f"figure img {{ width: {int(thumbnail_size)}px; height: auto; image-rendering: pixelated; }}</style>"
         "</head><body>",
         f"<h1>{esc(title)}</h1>",
-        '<p class="legend">'
-        + "".join(
-            f'<span style="background:{c}">{RELEVANCE_MARKS[k]} {esc(_LABELS[k])}</span>'
-            for k, c in RELEVANCE_COLOURS.items()
-        )
-        + "</p>",
-        guard_line,
+        f'<p class="legend">{legend}</p>',
+        f'<p class="guard">{guard_line}</p>',
     ]
     for q, query in enumerate(queries):
-        parts.append(f'<section class="query" id="query-{q}">')
+        hits, summary, badge = query_hits(query), [], ""
+        if "fine" in hits:
+            summary.append(
+                f"hits {hits['fine']}/{hits['shown']} same class, {hits['coarse']}/{hits['shown']} same group"
+            )
+        if query.get("ap") is not None:
+            summary.append(f"AP {100 * float(query['ap']):.1f}")
+        ood = query.get("ood") if ood_guard is not None else None
+        if ood is not None:
+            kind, text, sign = (
+                ("ood", "OOD: unknown kind", "&gt;") if ood["is_ood"] else ("known", "known kind", "&le;")
+            )
+            badge = (
+                f'<p class="verdict {kind}" data-ood="{str(kind == "ood").lower()}">{text} (score '
+                f"{float(ood['score']):.4g} {sign} {threshold:.4g})</p>"
+            )
+        src, caption = _captions(query, thumbnail_size)
         parts.append(
-            f'<figure class="query-image"><img src="{thumbnail_data_uri(query["image"], thumbnail_size)}" '
+            f'<section class="query" id="query-{q}"><figure class="query-image"><img src="{src}" '
             f'alt="query {q}: {esc(str(query["name"]))}"><figcaption>query {q}: <span class="name">'
-            f"{_name(query['name'])}</span>{_class_caption(query)}</figcaption>{_summary(query)}"
-            f"{_verdict_badge(query.get('ood') if ood_guard is not None else None, threshold)}</figure>"
+            f"{_name(query['name'])}</span>{caption}</figcaption>"
+            + (f'<p class="summary">{esc(" · ".join(summary))}</p>' if summary else "")
+            + f'{badge}</figure><ol class="results">'
         )
-        parts.append('<ol class="results">')
         for r in query["results"]:
-            level = r.get("relevance", "unknown")
+            level, rank, score = r.get("relevance", "unknown"), int(r["rank"]), float(r["score"])
             if level not in RELEVANCE_COLOURS:
                 raise ValueError(f"relevance must be one of {tuple(RELEVANCE_COLOURS)}; got {level!r}")
+            src, caption = _captions(r, thumbnail_size)
             parts.append(
-                f'<li class="result {level}" data-rank="{int(r["rank"])}" data-score="{float(r["score"]):.6f}" '
-                f'data-index="{int(r["index"])}"><figure><img src="{thumbnail_data_uri(r["image"], thumbnail_size)}" '
-                f'alt="rank {int(r["rank"])}: {_LABELS[level]}" title="{esc(str(r["name"]))}"><figcaption>'
-                f'<span class="mark" title="{_LABELS[level]}">{RELEVANCE_MARKS[level]}</span>'
-                f'<span class="rank">#{int(r["rank"])}</span> <span class="score">{float(r["score"]):.3f}</span>'
-                f'<span class="name">{_name(r["name"])}</span>{_class_caption(r)}</figcaption></figure></li>'
+                f'<li class="result {level}" data-rank="{rank}" data-score="{score:.6f}" data-index="{int(r["index"])}"'
+                f'><figure><img src="{src}" alt="rank {rank}: {_LABELS[level]}" title="{esc(str(r["name"]))}">'
+                f'<figcaption><span class="mark" title="{_LABELS[level]}">{RELEVANCE_MARKS[level]}</span>'
+                f'<span class="rank">#{rank}</span> <span class="score">{score:.3f}</span>'
+                f'<span class="name">{_name(r["name"])}</span>{caption}</figcaption></figure></li>'
             )
         parts.append("</ol></section>")
     parts.append("</body></html>")
     path = Path(path)
     path.write_text("\n".join(parts), encoding="utf-8")
     return path
-
-
-def _class_caption(item: dict[str, Any]) -> str:
-    """The item's class name (else its label row) as a caption line, or nothing."""
-    if item.get("class_name"):
-        return f'<span class="name class">{_name(item["class_name"])}</span>'
-    if item.get("labels") is not None:
-        return f'<span class="name class">labels {html.escape(str(list(item["labels"])))}</span>'
-    return ""
-
-
-def query_hits(query: dict[str, Any]) -> dict[str, int]:
-    """``{"shown", "fine", "coarse"}``: results shown, and those of the query's fine class / of its coarse class
-    (fine included) among them; ``fine`` and ``coarse`` are absent when the relevance is unknown."""
-    results = query["results"]
-    levels = [r.get("relevance", "unknown") for r in results]
-    out = {"shown": len(results)}
-    if results and "unknown" not in levels:
-        out["fine"] = levels.count("fine")
-        out["coarse"] = levels.count("fine") + levels.count("coarse")
-    return out
-
-
-def _summary(query: dict[str, Any]) -> str:
-    hits = query_hits(query)
-    parts = []
-    if "fine" in hits:
-        parts.append(f"hits {hits['fine']}/{hits['shown']} same class, {hits['coarse']}/{hits['shown']} same group")
-    if query.get("ap") is not None:
-        parts.append(f"AP {100 * float(query['ap']):.1f}")
-    return f'<p class="summary">{html.escape(" · ".join(parts))}</p>' if parts else ""
 
 
 def write_result_grid(path: str | Path, queries: Sequence[dict[str, Any]], *, dpi: int = 100) -> Path:
@@ -180,19 +167,19 @@ def write_result_grid(path: str | Path, queries: Sequence[dict[str, Any]], *, dp
     fig = Figure(figsize=(1.3 * cols, 1.45 * len(queries)), dpi=dpi)
     axes = fig.subplots(len(queries), cols, squeeze=False)
     for row, query in enumerate(queries):
-        cells = [(query["image"], "query", QUERY_COLOUR)]
-        for r in query["results"]:
-            level = r["relevance"]
-            cells.append(
-                (r["image"], f"{RELEVANCE_MARKS[level]} #{r['rank']} {r['score']:.3f}", RELEVANCE_COLOURS[level])
+        cells = [(query["image"], "query", QUERY_COLOUR)] + [
+            (
+                r["image"],
+                f"{RELEVANCE_MARKS[r['relevance']]} #{r['rank']} {r['score']:.3f}",
+                RELEVANCE_COLOURS[r["relevance"]],
             )
-        for col in range(cols):
-            if col >= len(cells):
-                axes[row, col].axis("off")
-                continue
-            image, caption, colour = cells[col]
-            framed_image(axes[row, col], image.convert("RGB"), colour)
-            axes[row, col].set_title(caption, fontsize=7)
+            for r in query["results"]
+        ]
+        for ax, (image, caption, colour) in zip(axes[row], cells):
+            framed_image(ax, image.convert("RGB"), colour)
+            ax.set_title(caption, fontsize=7)
+        for ax in axes[row][len(cells) :]:
+            ax.axis("off")
     fig.suptitle(
         "✓ green = same fine class, ~ orange = same coarse class, ✗ red = other, ? grey = no labels", fontsize=8
     )

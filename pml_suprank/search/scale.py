@@ -2,10 +2,9 @@
 queries when they would underflow.
 
 By Cauchy-Schwarz every score and partial sum is at most ``||q||·||g||``: search refuses queries whose largest row
-norm times the gallery's exceeds half the dtype's largest finite value (no score can become ``inf`` below it). Tiny
-embeddings (products of ``1e-50`` in float32) underflow to ``0``; ranking by ``<q·2**k, g>`` is the same ranking
-(exact multiplication), so :func:`underflow_exponent` gives ``k`` bringing the largest product to about 1 and the
-scores are multiplied back by ``2**-k``.
+norm times the gallery's exceeds half the dtype's largest finite value. Tiny embeddings (products of ``1e-50`` in
+float32) underflow to ``0``; ``<q·2**k, g>`` ranks the same (exact multiplication), so :func:`underflow_exponent`
+gives the ``k`` bringing the largest product to about 1 and the scores are multiplied back by ``2**-k``.
 """
 
 from __future__ import annotations
@@ -15,22 +14,17 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["check_scores_fit", "max_abs", "max_row_norm", "underflow_exponent"]
-
-_ROWS = 1 << 16
+__all__ = ["check_scores_fit", "max_abs", "underflow_exponent"]
 
 
-def max_row_norm(x: Tensor) -> float:
-    """The largest Euclidean row norm of ``x`` ``(N, D)`` as a Python float (``inf`` past float64's range), without
-    overflow in ``x``'s own dtype: each row is divided by its largest absolute entry ``a_i`` before the sum of squares
-    (``||x_i|| = a_i·||x_i / a_i||``), in blocks of 65,536 rows (no float64 copy: works on every device)."""
+def _max_row_norm(x: Tensor, rows: int = 1 << 16) -> float:
+    """The largest row norm of ``x`` ``(N, D)`` as a Python float, without overflow in ``x``'s dtype (each row divided
+    by its largest entry ``a_i``: ``||x_i|| = a_i·||x_i / a_i||``), in blocks of ``rows`` (no float64 copy)."""
     best = 0.0
     with torch.no_grad():
-        for start in range(0, x.shape[0], _ROWS):
-            block = x[start : start + _ROWS]
-            peak = block.abs().amax(dim=1, keepdim=True)
-            safe = torch.where(peak > 0, peak, torch.ones_like(peak))
-            norms = torch.linalg.vector_norm(block / safe, dim=1)
+        for start in range(0, x.shape[0], rows):
+            peak = x[start : start + rows].abs().amax(dim=1, keepdim=True)
+            norms = torch.linalg.vector_norm(x[start : start + rows] / torch.where(peak > 0, peak, 1), dim=1)
             best = max(best, float((peak.squeeze(1).cpu().double() * norms.cpu().double()).max()))
     return best
 
@@ -44,14 +38,13 @@ def max_abs(x: Tensor) -> float:
 def check_scores_fit(
     name: str, queries: Tensor, query_max_abs: float, gallery: Tensor, gallery_max_abs: float, dtype: torch.dtype
 ) -> None:
-    """Raise ``ValueError`` naming ``name`` when the largest row norm of ``queries`` ``(Q, D)`` times the largest row
-    norm of ``gallery`` ``(N, D)`` exceeds half the largest finite value of ``dtype``, i.e. when a score could
-    overflow to ``inf``. Usually decided from the largest entries alone (``||x|| <= sqrt(D)·max|x_j|``, with the
-    gallery's ``gallery_max_abs`` kept by the index); the row norms are computed only when that bound is too loose."""
+    """``ValueError`` naming ``name`` when the largest row norm of ``queries`` ``(Q, D)`` times that of ``gallery``
+    ``(N, D)`` exceeds half the largest finite value of ``dtype`` (a score could overflow to ``inf``); the row norms
+    are computed only when the bound from the largest entries (``||x|| <= sqrt(D)·max|x_j|``) is too loose."""
     limit = torch.finfo(dtype).max / 2
     if query_max_abs * gallery_max_abs * queries.shape[1] <= limit:
         return
-    query_norm, gallery_norm = max_row_norm(queries), max_row_norm(gallery)
+    query_norm, gallery_norm = _max_row_norm(queries), _max_row_norm(gallery)
     if query_norm * gallery_norm > limit:
         raise ValueError(
             f"{name} and the gallery are too large for {str(dtype).removeprefix('torch.')} scores: the largest "
@@ -63,9 +56,9 @@ def check_scores_fit(
 
 def underflow_exponent(query_abs: float, gallery_abs: float, dtype: torch.dtype) -> int:
     """``k >= 0`` such that scores computed from ``queries·2**k`` keep their order: ``0`` unless the largest product
-    of entries ``query_abs · gallery_abs`` is so small that score differences (``eps`` times the scores) would leave
-    the normal range (float32: below ``2**-63``); then the ``k`` bringing that product to about 1, capped so that
-    the scaled queries stay below ``2**(E - 8)`` (``E``: the dtype's largest exponent)."""
+    ``query_abs · gallery_abs`` is so small that score differences would leave the normal range (float32: below
+    ``2**-63``); then the ``k`` bringing it to about 1, capped so that the scaled queries stay below ``2**(E - 8)``
+    (``E``: the dtype's largest exponent)."""
     if query_abs == 0.0 or gallery_abs == 0.0:
         return 0
     info = torch.finfo(dtype)

@@ -2,10 +2,9 @@
 
 A folder with ``index.safetensors`` (``"embeddings"`` ``(N, D)`` float32/float64, optional ``"labels"`` ``(N,)`` /
 ``(N, L)`` int64) and ``index.json`` (format, version, backend, options, shapes, ids, the tensor file's sha256).
-Approximate faiss structures are rebuilt on load from the embeddings and options (nothing unpickled, no faiss binary
-parsed). Every field is checked on load (keys, types, checksum, tensor names, shapes, dtypes, finiteness, options
-through :func:`~pml_suprank.search.options.resolve_options`) with a ``ValueError`` naming the file and field; a file
-that is a symbolic link leading outside the folder is refused.
+Approximate faiss structures are rebuilt on load (no faiss binary parsed). Every field is checked on load (options by
+the constructor's validator) with a ``ValueError`` naming the file and field; a symbolic link leading outside the
+folder is refused.
 """
 
 from __future__ import annotations
@@ -20,27 +19,18 @@ from torch import Tensor
 
 from .._safe_json import load_json
 from ..version import __version__
-from .options import BACKENDS, check_ids, resolve_options
+from .faiss_backends import BACKENDS, resolve_options
 
-__all__ = ["INDEX_FORMAT", "JSON_NAME", "TENSORS_NAME", "read_index_files", "sha256_file", "write_index_files"]
+__all__ = ["JSON_NAME", "TENSORS_NAME", "check_ids", "read_index_files", "sha256_file", "write_index_files"]
 
 INDEX_FORMAT = "pml_suprank.RetrievalIndex"
 FORMAT_VERSION = 1
 TENSORS_NAME = "index.safetensors"
 JSON_NAME = "index.json"
-_KEYS = {
-    "format",
-    "format_version",
-    "backend",
-    "options",
-    "num_items",
-    "dim",
-    "dtype",
-    "label_shape",
-    "ids",
-    "sha256",
-    "pml_suprank_version",
-}
+#: the keys of index.json, all required
+_KEYS = frozenset(
+    "format format_version backend options num_items dim dtype label_shape ids sha256 pml_suprank_version".split()
+)
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
@@ -93,51 +83,57 @@ def write_index_files(folder: str | Path, embeddings: Tensor, labels: Tensor | N
     return folder
 
 
+def check_ids(name: str, ids: Any, n: int) -> list[str | int]:
+    """``ids`` as a list, checked to be ``n`` str / int item identifiers (JSON-able)."""
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__") or not hasattr(ids, "__iter__"):
+        raise TypeError(f"{name} must be a list of str or int ids, one per embedding; got {type(ids).__name__}")
+    ids = list(ids)
+    if len(ids) != n:
+        raise ValueError(f"{name} must have one id per embedding ({n}); got {len(ids)}")
+    bad = next((i for i in ids if isinstance(i, bool) or not isinstance(i, (str, int))), None)
+    if bad is not None:
+        raise TypeError(f"{name} must contain str or int ids; got {type(bad).__name__} {bad!r}")
+    return ids
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _read_meta(path: Path) -> dict[str, Any]:
-    try:
-        meta = load_json(path)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{path}: not a readable JSON file ({e})") from e
+def _check_meta(meta: Any) -> None:
     if not isinstance(meta, dict):
-        raise ValueError(f"{path}: expected a JSON object; got {type(meta).__name__}")
+        raise ValueError(f"expected a JSON object; got {type(meta).__name__}")
     if meta.get("format") != INDEX_FORMAT:
-        raise ValueError(f"{path}: 'format' must be {INDEX_FORMAT!r}; got {meta.get('format')!r}")
+        raise ValueError(f"'format' must be {INDEX_FORMAT!r}; got {meta.get('format')!r}")
     if meta.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{path}: unsupported format_version {meta.get('format_version')!r} (expected 1)")
+        raise ValueError(f"unsupported format_version {meta.get('format_version')!r} (expected 1)")
     missing, unknown = sorted(_KEYS - set(meta)), sorted(set(meta) - _KEYS)
     if missing or unknown:
-        raise ValueError(f"{path}: missing keys {missing}, unknown keys {unknown}")
+        raise ValueError(f"missing keys {missing}, unknown keys {unknown}")
     if meta["backend"] not in BACKENDS:
-        raise ValueError(f"{path}: 'backend' must be one of {BACKENDS}; got {meta['backend']!r}")
+        raise ValueError(f"'backend' must be one of {BACKENDS}; got {meta['backend']!r}")
     for key in ("num_items", "dim"):
         if not _is_int(meta[key]) or meta[key] < 1:
-            raise ValueError(f"{path}: {key!r} must be a positive int; got {meta[key]!r}")
+            raise ValueError(f"{key!r} must be a positive int; got {meta[key]!r}")
     if meta["dtype"] not in _DTYPES:
-        raise ValueError(f"{path}: 'dtype' must be one of {sorted(_DTYPES)}; got {meta['dtype']!r}")
+        raise ValueError(f"'dtype' must be one of {sorted(_DTYPES)}; got {meta['dtype']!r}")
     shape = meta["label_shape"]
-    if shape is not None and not (
-        isinstance(shape, list) and (shape == [] or (len(shape) == 1 and _is_int(shape[0]) and shape[0] >= 1))
+    if not (
+        shape is None or (isinstance(shape, list) and len(shape) <= 1 and all(_is_int(v) and v >= 1 for v in shape))
     ):
-        raise ValueError(f"{path}: 'label_shape' must be null, [] or [L] with L >= 1; got {shape!r}")
-    options = meta["options"]
-    if not isinstance(options, dict):
-        raise ValueError(f"{path}: 'options' must be an object; got {type(options).__name__}")
+        raise ValueError(f"'label_shape' must be null, [] or [L] with L >= 1; got {shape!r}")
+    if not isinstance(meta["options"], dict):
+        raise ValueError(f"'options' must be an object; got {type(meta['options']).__name__}")
     try:  # the constructor's own validator: types, bounds, nlist <= training rows, nprobe <= nlist
-        resolve_options(meta["backend"], options, meta["num_items"])
+        resolve_options(meta["backend"], meta["options"], meta["num_items"])
     except (TypeError, ValueError) as e:
-        raise ValueError(f"{path}: 'options': {e}") from e
+        raise ValueError(f"'options': {e}") from e
+    if meta["options"].get("train_size", 0) > meta["num_items"]:
+        raise ValueError(f"option train_size={meta['options']['train_size']} exceeds num_items={meta['num_items']}")
     if not isinstance(meta["sha256"], str) or len(meta["sha256"]) != 64:
-        raise ValueError(f"{path}: 'sha256' must be a 64-character hex digest; got {meta['sha256']!r}")
+        raise ValueError(f"'sha256' must be a 64-character hex digest; got {meta['sha256']!r}")
     if meta["ids"] is not None:
-        try:
-            check_ids("ids", meta["ids"], meta["num_items"])
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"{path}: {e}") from e
-    return meta
+        check_ids("ids", meta["ids"], meta["num_items"])
 
 
 def read_index_files(folder: str | Path) -> tuple[Tensor, Tensor | None, dict[str, Any]]:
@@ -155,7 +151,14 @@ def read_index_files(folder: str | Path) -> tuple[Tensor, Tensor | None, dict[st
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing (a RetrievalIndex folder holds {JSON_NAME} and {TENSORS_NAME})")
         _inside(folder, path)
-    meta = _read_meta(json_path)
+    try:
+        meta = load_json(json_path)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{json_path}: not a readable JSON file ({e})") from e
+    try:
+        _check_meta(meta)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{json_path}: {e}") from e
     if sha256_file(tensor_path) != meta["sha256"]:
         raise ValueError(
             f"{tensor_path} does not match the sha256 recorded in {json_path}: the file was modified or replaced"
@@ -182,7 +185,4 @@ def read_index_files(folder: str | Path) -> tuple[Tensor, Tensor | None, dict[st
             f"{tensor_path}: 'labels' must be int64 of shape {tuple([n, *meta['label_shape']])}; got "
             f"{labels.dtype} {tuple(labels.shape)}"
         )
-    train_size = meta["options"].get("train_size")
-    if train_size is not None and train_size > n:
-        raise ValueError(f"{json_path}: option train_size={train_size} exceeds num_items={n}")
     return emb, labels, meta

@@ -10,9 +10,6 @@ multiply-adds, no full-row sort.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable
-
 import torch
 from torch import Tensor
 
@@ -48,19 +45,12 @@ def topk_lowest_index(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
 
 
 def merge_topk(values: Tensor, indices: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """Keep the ``k`` best of candidate lists ``values`` / ``indices`` ``(C, M)`` by ``(-value, index)``.
-
-    Indices must be distinct within a row. Returns ``(values (C, k), indices (C, k))``.
-    """
+    """The ``k`` best ``(values (C, k), indices (C, k))`` of candidate lists ``values`` / ``indices`` ``(C, M)``
+    (indices distinct within a row) by ``(-value, index)``."""
     indices, order = indices.sort(dim=1)
     values = values.gather(1, order)
     values, order = values.sort(dim=1, descending=True, stable=True)
     return values[:, :k], indices.gather(1, order)[:, :k]
-
-
-def _blocks(total: int, size: int) -> Iterable[tuple[int, int]]:
-    for s in range(0, total, size):
-        yield s, min(s + size, total)
 
 
 def exact_topk(
@@ -82,24 +72,24 @@ def exact_topk(
     g_block = max(k + 1, block_elements // q_block)
     # one score buffer reused by every block (allocating ~64 MiB per block costs as much as the matmul on a CPU)
     buffer = torch.empty(q_block * min(g_block, N), dtype=gallery.dtype, device=gallery.device)
-    steps: Iterable[tuple[int, int]] = _blocks(Q, q_block)
+    steps = range(0, Q, q_block)
     if progress:
         from tqdm.auto import tqdm
 
-        steps = tqdm(list(steps), desc="search", unit="block", total=math.ceil(Q / q_block), leave=False)
+        steps = tqdm(steps, desc="search", unit="block", leave=False)
     out_scores, out_indices = [], []
     with torch.no_grad():
-        for qs, qe in steps:
-            q = queries[qs:qe]
+        for qs in steps:
+            q = queries[qs : qs + q_block]
             best_v = best_i = None
-            for gs, ge in _blocks(N, g_block):
-                scores = torch.mm(q, gallery[gs:ge].T, out=buffer[: q.shape[0] * (ge - gs)].view(q.shape[0], ge - gs))
-                v, i = topk_lowest_index(scores, min(k, ge - gs))
+            for gs in range(0, N, g_block):
+                g = gallery[gs : gs + g_block]
+                scores = torch.mm(q, g.T, out=buffer[: q.shape[0] * g.shape[0]].view(q.shape[0], g.shape[0]))
+                v, i = topk_lowest_index(scores, min(k, g.shape[0]))
                 i = i + gs
-                if best_v is None:
-                    best_v, best_i = v, i
-                else:
-                    best_v, best_i = merge_topk(torch.cat([best_v, v], 1), torch.cat([best_i, i], 1), k)
+                if best_v is not None:
+                    v, i = merge_topk(torch.cat([best_v, v], 1), torch.cat([best_i, i], 1), k)
+                best_v, best_i = v, i
             out_scores.append(best_v)
             out_indices.append(best_i)
     return torch.cat(out_scores), torch.cat(out_indices)

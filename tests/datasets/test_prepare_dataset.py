@@ -64,7 +64,7 @@ def test_prepare_dataset_selected_splits_and_errors(tmp_path, capsys):
                                                "--push_to_hub", "true"],
         "--root '.*missing' is not a folder": ["--root", str(tmp_path / "missing"),
                                                "--output_dir", str(tmp_path / "x")],
-        r"--splits \['val'\] are not splits of sop": ["--root", str(root), "--output_dir", str(tmp_path / "x"),
+        r"splits \['val'\] are not splits of sop": ["--root", str(root), "--output_dir", str(tmp_path / "x"),
                                                   "--splits", "val"],
         "--output_dir '.*file' is a file": ["--root", str(root), "--output_dir", str(tmp_path / "file")],
     }  # fmt: skip

@@ -137,6 +137,8 @@ def test_search_and_construction_errors():
         RetrievalIndex(gallery, backend="annoy")
     with pytest.raises(ValueError, match="nlist applies to backend='faiss-ivf'"):
         RetrievalIndex(gallery, nlist=4)
+    with pytest.raises(TypeError, match=r"unknown option 'nlists'; options are \['ef_construction'"):
+        RetrievalIndex(gallery, nlists=4)
     with pytest.raises(ValueError, match="embeddings contains NaN or inf"):
         RetrievalIndex(gallery.masked_fill(gallery > 0.5, float("inf")))
     with pytest.raises(ValueError, match="labels must be given exactly when the index has them"):
