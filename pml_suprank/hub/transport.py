@@ -17,12 +17,17 @@ from typing import Any
 
 from .serialization import CONFIG_NAME, PICKLE_SUFFIXES, WEIGHTS_NAME
 
-__all__ = ["check_repo_id", "resolve_folder", "upload_folder"]
+__all__ = ["check_repo_id", "is_repo_id", "resolve_folder", "upload_folder"]
+
+
+def is_repo_id(repo_id: Any) -> bool:
+    """``repo_id`` looks like ``"org/name"``."""
+    return isinstance(repo_id, str) and repo_id.count("/") == 1 and all(repo_id.split("/"))
 
 
 def check_repo_id(repo_id: Any) -> str:
     """Return ``repo_id`` if it looks like ``"org/name"``, else raise ``ValueError``."""
-    if not isinstance(repo_id, str) or repo_id.count("/") != 1 or not all(repo_id.split("/")):
+    if not is_repo_id(repo_id):
         raise ValueError(f"repo_id must look like 'org/name'; got {repo_id!r}")
     return repo_id
 
