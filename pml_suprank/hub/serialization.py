@@ -1,17 +1,11 @@
 """On-disk format of a saved model or detector: ``config.json`` + ``model.safetensors``, staged then renamed.
 
-A saved folder holds
-
-* ``config.json`` — one layout for every saved object: ``architecture`` (the class name), ``library_name``,
-  ``library_version``, ``task``, ``model_args`` (the JSON-able constructor kwargs, so the object is rebuilt by calling
-  its class with them) and ``training`` (free-form metadata: loss, label names, dataset, ...), plus keys specific to
-  the object (e.g. ``embedding_size`` and ``pretrained_cfg`` of a retrieval model, ``fitted`` of a detector);
-* ``model.safetensors`` — the tensors. Only safetensors and JSON are ever read: nothing is unpickled;
-* optionally ``metrics.json``, ``README.md`` (the model card) and ``plots/*.png``.
-
-A save is written into a hidden folder beside the target and renamed into place (:func:`staged_folder`), so a failed
-save never leaves a truncated or half-updated folder. Loaded tensors are validated against what the object expects
-(names, shapes, dtype kinds, finite values) before any of them is used.
+``config.json`` has one layout for every saved object: ``architecture`` (the class name), ``library_name``,
+``library_version``, ``task``, ``model_args`` (the JSON-able constructor kwargs: the object is rebuilt by calling its
+class with them), ``training`` (free-form metadata) and object-specific keys (``embedding_size``, ``pretrained_cfg``,
+``fitted``...). Tensors are in ``model.safetensors``: only safetensors and JSON are read, nothing is unpickled. A save
+is written into a hidden folder beside the target and renamed into place (:func:`staged_folder`); loaded tensors are
+validated (names, shapes, dtype kinds, finite values) before any of them is used.
 """
 
 from __future__ import annotations
