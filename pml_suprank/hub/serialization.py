@@ -199,18 +199,13 @@ def check_state(
     expected: Mapping[str, Tensor] | None = None,
     allowed: Collection[str] | None = None,
 ) -> str:
-    """Validate loaded tensors before they are used; return what does not match ``expected`` (``""`` if nothing).
+    """Validate the loaded ``{name: Tensor}`` of the file ``source`` before use; return what does not match
+    ``expected`` (the tensors the object holds now, e.g. a fresh module's ``state_dict()``): missing and unexpected
+    names, shape / dtype-kind mismatches (``""``: nothing; the caller decides whether they are fatal).
 
-    Always raises ``ValueError`` for a non-tensor value, a complex tensor, or non-finite values where the expected
-    tensor is finite (every floating tensor when ``expected`` is not given). With ``allowed``, names outside it are
-    an error. With ``expected`` (e.g. a freshly built module's ``state_dict()``), the returned text lists missing and
-    unexpected names and shape / dtype-kind mismatches; the caller decides whether they are fatal.
-
-    Args:
-        state: The loaded ``{name: Tensor}``.
-        source: The file the state came from (named in the errors).
-        expected: The tensors the object holds now, by name.
-        allowed: The only names the object accepts.
+    Always raises ``ValueError`` (naming ``source`` and the key) for a non-tensor value, a complex tensor, non-finite
+    values where the expected tensor is finite (every floating tensor without ``expected``) and, with ``allowed``, a
+    name outside it.
     """
     for name, value in state.items():
         if not isinstance(value, Tensor) or value.is_complex():
