@@ -30,7 +30,7 @@ from ..training.config import (
     optional,
     validate_options,
 )
-from ..training.options import ModelOptions, ModelUseOptions, RunOptions
+from ..training.options import DataOptions, ModelOptions, ModelUseOptions, RunOptions
 from ..training.spec import read_sections, shared
 
 __all__ = [
@@ -55,7 +55,7 @@ CONTEXT_ARGUMENTS = ("weight", "bias", "head", "model")
 #: Recipe defaults that differ from the class defaults: HEAT's evaluation code clips ReAct at the 95th percentile;
 #: ViM's principal dimension None means min(256, D // 2, (N - 1) // 2), known only after extraction.
 RECIPE_DEFAULTS: dict[str, Any] = {"react_percentile": 95.0, "vim_dim": None}
-#: the largest count of images a synthetic or noise set may hold (a few GB of pixels at 224 px)
+#: the largest count of images a synthetic or noise set may hold (a few GB of pixels at 224 px; as --num_per_class)
 MAX_IMAGES = 100_000
 
 
@@ -190,9 +190,9 @@ class FitHeatSpec:
     ood_label_column: str = option("label", "default label column of Hub / folder OOD sets (unused)", check=is_str())
     cache_dir: str | None = option(None, "datasets cache folder for Hub / folder datasets", check=optional(is_str()))
     embedding_cache: str | None = shared(ModelUseOptions, "embedding_cache")
-    image_size: int | None = option(None, "image side (unset: 32 on synthetic, else the model's)",
-                                    check=optional(is_int(8, 4096)))  # fmt: skip
-    num_per_class: int = option(40, "synthetic: training images per fine class", check=is_int(1, MAX_IMAGES))
+    image_size: int | None = shared(DataOptions, "image_size", None, "image side (unset: 32 on synthetic, else the "
+                                    "model's)")  # fmt: skip
+    num_per_class: int = shared(DataOptions, "num_per_class", 40, "synthetic: training images per fine class")
     num_test_per_class: int = option(12, "synthetic: test images per fine class", check=is_int(1, MAX_IMAGES))
     num_noise: int = option(200, "images per built-in noise OOD set", check=is_int(1, MAX_IMAGES))
     max_samples: int | None = option(None, "cap every split at this many images", check=optional(is_int(1)))
