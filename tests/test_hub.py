@@ -569,15 +569,6 @@ def test_loading_a_folder_of_the_other_kind_is_a_clear_error(model, tmp_path):
         hub.from_pretrained(tmp_path / "model", model_class=torch.nn.Linear)
 
 
-def test_saved_files_get_the_umask_permissions_and_no_temporaries(model, tmp_path):
-    reference = tmp_path / "reference.txt"
-    reference.write_text("x")
-    out = model.save_pretrained(tmp_path / "m", metrics={"h_ap": 0.5})
-    for f in out.iterdir():
-        assert not f.name.startswith("."), f"temporary file {f.name} left behind"
-        assert f.stat().st_mode & 0o777 == reference.stat().st_mode & 0o777, f.name
-
-
 _WITHOUT_HUB = """
 import importlib.abc, sys
 class Block(importlib.abc.MetaPathFinder):

@@ -198,7 +198,7 @@ def test_card_usage_line_loads_the_folder_it_is_written_in(tmp_path, monkeypatch
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
-def test_saved_files_follow_the_umask(tmp_path, umask):
+def test_saved_files_follow_the_umask_and_leave_no_temporaries(tmp_path, umask):
     from PIL import Image
 
     plot = tmp_path / "curve.png"
@@ -214,6 +214,7 @@ def test_saved_files_follow_the_umask(tmp_path, umask):
         os.umask(previous)
     files = [p for d in (model_dir, det_dir, tmp_path / "s") for p in d.rglob("*") if p.is_file()]
     assert {p.name for p in files} >= {"config.json", "model.safetensors", "README.md", "metrics.json", "curve.png"}
+    assert not [p for p in tmp_path.rglob(".*")], "a temporary file or folder was left behind"
     for f in files:
         assert f.stat().st_mode & 0o777 == 0o666 & ~umask, (f, oct(f.stat().st_mode & 0o777))
 

@@ -1,19 +1,11 @@
 """Hugging Face Hub integration: ``save_pretrained`` / ``from_pretrained`` / ``push_to_hub`` and model cards.
 
-A saved model (``RetrievalModel``) or OOD detector (``ood.Detector``) is a folder or Hub repo with ``config.json``
-(one layout: ``architecture``, ``library_name``, ``library_version``, ``task``, ``model_args`` = the constructor
-kwargs, ``training`` metadata, plus object-specific keys), ``model.safetensors`` (pickles are never loaded), a
-generated ``README.md`` model card and optionally ``metrics.json`` and ``plots/*.png``.
-
-Layout of this package:
-
-* :mod:`.mixin` — :class:`HubMixin`, ``huggingface_hub.ModelHubMixin`` with our files, atomic saves and strict
-  loading, inherited by ``RetrievalModel`` and every ``Detector``;
-* :mod:`.serialization` — the file format: config layout, staged folder writes, reading and validating tensors;
-* :mod:`.schema` — declared tensor layouts of saved detectors;
-* :mod:`.transport` — resolving a folder or a Hub repo id (one snapshot, the local cache, clear errors) and uploading
-  a folder written before (``push_folder_to_hub``);
-* :mod:`.card` — the model card.
+A saved model (``RetrievalModel``) or OOD detector (``ood.Detector``) is a folder or Hub repo with ``config.json``,
+``model.safetensors`` (pickles are never loaded), a generated ``README.md`` model card and optionally
+``metrics.json`` and ``plots/*.png``. Modules: :mod:`.mixin` (:class:`HubMixin`), :mod:`.serialization` (the file
+format), :mod:`.schema` (tensor layouts of saved detectors), :mod:`.loaded_config` (what a loaded config may ask
+for), :mod:`.transport` (a folder or a Hub repo id, uploads), :mod:`.card` (the model card), :mod:`.preflight` (push
+access) and :mod:`.local_names` (no local path in a shared folder).
 """
 
 from __future__ import annotations

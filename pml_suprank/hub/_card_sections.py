@@ -77,20 +77,16 @@ def _num(value: Any, scale: float = 1.0) -> str:
     return "–"
 
 
-def _pct(value: Any) -> str:
+def _pct(value: Any) -> str:  # a fraction in [0, 1] as a percentage
     return _num(value, 100.0)
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    """A markdown table, or nothing without rows."""
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], title: str = "", intro: str = "") -> list[str]:
+    """A markdown table under the heading ``## title`` and the paragraph ``intro`` when given; nothing without rows."""
     if not rows:
         return []
-    return [
-        "| " + " | ".join(header) + " |",
-        "|" + "---|" * len(header),
-        *("| " + " | ".join(r) + " |" for r in rows),
-        "",
-    ]
+    head = [*([f"## {title}", ""] if title else []), *([intro, ""] if intro else [])]
+    return [*head, f"| {' | '.join(header)} |", "|" + "---|" * len(header), *(f"| {' | '.join(r)} |" for r in rows), ""]
 
 
 def _paper(loss: Any) -> tuple[str, str]:
@@ -133,21 +129,14 @@ def _data_phrase(kind: str, name: str) -> str:
 
 # ---------------------------------------------------------------------------------------------------- inputs
 class CardInputs:
-    """What a card is built from (arguments of :func:`generate_model_card`) and what it derives from them once.
+    """What a card is built from (the arguments of :func:`generate_model_card`) and what it derives from them once.
 
-    Args:
-        config: The ``config.json`` dict.
-        metrics: Our metrics, values in [0, 1] (shown in percent); default: those of ``files["metrics.json"]``.
-        hub_config: Loaded hub_config; uses ``hub.tags``, ``hub.datasets`` (Hub dataset ids), ``hub.license``,
-            ``hub.paper``, ``hub.paper_url`` and ``hub.paper_results`` (percent, keyed like the metrics). Without
-            it the card fields recorded in ``config["training"]["card_hub"]`` are used.
-        plots: Image paths relative to the card's folder.
-        repo_id: Hub repo id (``"org/name"``) shown in the title and the usage snippet, when the folder is (or
-            will be) pushed there.
-        description: One paragraph on what the saved object computes (e.g. its class docstring summary).
-        folder: Name of the folder the card is written into; without ``repo_id`` the usage snippet loads it as
-            ``"./<folder>"`` (a local path, relative to the folder's parent).
-        files: The folder's parsed card files (:func:`~pml_suprank.hub.card.read_card_files`).
+    ``config``: the ``config.json`` dict; ``metrics``: values in [0, 1] (shown in percent; default: those of
+    ``files["metrics.json"]``); ``hub_config``: the loaded hub_config (its ``hub`` section: ``tags``, ``datasets``,
+    ``license``, ``paper``, ``paper_url``, ``paper_results`` in percent; without it ``config["training"]["card_hub"]``);
+    ``plots``: image paths relative to the folder; ``repo_id``: the Hub repo the folder is (or will be) pushed to, shown
+    in the title and the usage snippet (without it the snippet loads ``"./<folder>"``); ``description``: one paragraph
+    on what the object computes; ``files``: the folder's parsed card files (:func:`~.card.read_card_files`).
     """
 
     def __init__(
@@ -194,11 +183,9 @@ class CardInputs:
     def front_matter(self, tags: Sequence[Any], metrics: Sequence[str], pipeline_tag: str | None, *,
                      last_tags: Sequence[Any] = (), model_name: str | None = None,
                      base_model: str | None = None) -> list[str]:  # fmt: skip
-        """The card's YAML metadata between ``---`` lines; tags are ``tags``, then ``hub.tags``, then ``last_tags``
-        (duplicates dropped). With ``model_name`` the measured ``metrics`` (percent) also go into
-        ``model-index`` (the Hub's evaluation results), on the test split of the card's dataset; its ``type`` is the
-        Hub dataset id when there is one, else the description of the data (it holds a space, so it never names an
-        unrelated Hub dataset)."""
+        """The card's YAML metadata between ``---`` lines: ``tags``, ``hub.tags`` and ``last_tags`` (once each); with
+        ``model_name`` the measured ``metrics`` (percent) also go into ``model-index`` on the test split of the card's
+        dataset (its ``type``: the Hub dataset id, else the description of the data, which never names a Hub id)."""
         from huggingface_hub import EvalResult, ModelCardData
 
         all_tags = list(dict.fromkeys(str(t) for t in [*tags, *(self.hub.get("tags") or []), *last_tags] if t))
@@ -251,7 +238,7 @@ def _overview(config: Mapping[str, Any], training: Mapping[str, Any]) -> list[st
         rows.append(("label hierarchy (fine → coarse)", ", ".join(_md(n) for n in training["label_names"])))
     if training.get("hub_config"):
         rows.append(("hub_config", _md(training["hub_config"])))
-    return ["## Model", "", *_table(("property", "value"), rows)]
+    return _table(("property", "value"), rows, "Model")
 
 
 def _training_data(card: CardInputs) -> list[str]:
@@ -375,7 +362,7 @@ def _hyper_parameters(card: CardInputs) -> list[str]:
              if tc.get(k) is not None and (k != "lr_proxies" or has_proxies)]  # fmt: skip
     if isinstance(card.summary.get("steps"), int):
         rows.append(("optimizer steps done", str(card.summary["steps"])))
-    return ["## Training hyper-parameters", "", *_table(("setting", "value"), rows)] if rows else []
+    return _table(("setting", "value"), rows, "Training hyper-parameters")
 
 
 def _compute(card: CardInputs) -> list[str]:
@@ -394,7 +381,7 @@ def _compute(card: CardInputs) -> list[str]:
     if isinstance(seconds, (int, float)) and math.isfinite(seconds):
         rows.append(("training time", f"{seconds:.0f} s" if seconds < 3600 else f"{seconds / 3600:.1f} h"))
     rows += [(k, _md(compute[k])) for k in ("torch", "pml_suprank") if compute.get(k)]
-    return ["## Compute", "", *_table(("item", "value"), rows)] if rows else []
+    return _table(("item", "value"), rows, "Compute")
 
 
 def _short_run_banner(card: CardInputs) -> list[str]:
@@ -553,12 +540,12 @@ def detector_card(card: CardInputs) -> str:
         "",
         *([_md(card.description.strip()), ""] if card.description else []),
         *_table(("argument", "value"), rows),
-        *(
-            ["## Results", "", "Detection metrics in percent (scores: higher = more out-of-distribution).", ""]
-            if results
-            else []
+        *_table(
+            ("metric", "this detector", *(["paper"] if paper else [])),
+            results,
+            "Results",
+            "Detection metrics in percent (scores: higher = more out-of-distribution).",
         ),  # fmt: skip
-        *_table(("metric", "this detector", *(["paper"] if paper else [])), results),
         *card.plot_lines(),
         "## Usage",
         "",

@@ -1,21 +1,12 @@
 """Model cards (``README.md``) of saved retrieval models and OOD detectors: the one card writer.
 
-A card is YAML metadata (``library_name``, tags, datasets, metrics and the ``model-index`` — read by the Hub) followed
-by markdown: what the model is, its training data (described by name, class names and counts — never by a local
-path), the results (our numbers beside the paper's when the hub_config gives them), the metric definitions, the
-hyper-parameters, the compute, the OOD guard when the folder has one, intended use and limits, the plots, a usage
-snippet and the citations (BibTeX). :func:`generate_model_card` picks the retrieval or the detector layout from
-``config["task"]``.
-
-Everything a card shows comes from the model folder's own files — ``config.json`` (its ``training`` metadata),
-``metrics.json``, ``training_summary.json``, ``history.json``, ``ood/guard.json`` and the PNG plots — so a folder
-saved again (``RetrievalModel.from_pretrained(final).save_pretrained(x)`` or ``.push_to_hub(id)``) gets the same card
-as the training recipe wrote: :func:`carried_files` names what a re-save copies, :func:`read_card_files` reads it and
-:func:`write_card` (re)writes the card of a folder.
-
-Units: every metric on a card is a percentage (0-100), in the tables and in the ``model-index`` alike;
-``metrics.json`` and the console keep fractions in [0, 1]. Names that come from user data (label columns, class names,
-dataset names) are escaped for markdown and HTML.
+A card is YAML metadata (``library_name``, tags, datasets, metrics, ``model-index``) and markdown: the model, its
+training data (by name, class names and counts — never a local path), the results beside the paper's, the metric
+definitions, hyper-parameters, compute, the OOD guard, uses and limits, plots, usage and citations. Everything comes
+from the folder's own files (``config.json`` and its ``training`` metadata, :data:`CARD_FILES`, the PNG plots), so a
+folder saved again (``from_pretrained(final).save_pretrained(x)``, ``.push_to_hub(id)``) gets the same card as the
+training recipe wrote. Every metric on a card is a percentage (``metrics.json`` keeps fractions in [0, 1]); names
+from user data are escaped for markdown and HTML.
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
 """``HubMixin``: ``save_pretrained`` / ``from_pretrained`` / ``push_to_hub`` of every saved object of pml-suprank, on
-``huggingface_hub.ModelHubMixin``.
+``huggingface_hub.ModelHubMixin`` (which writes ``config.json`` and the card around our ``_save_pretrained``, calls
+our ``_from_pretrained`` and uploads through ``HfApi``). What a shared model folder needs on top:
 
-ModelHubMixin supplies the protocol — ``save_pretrained`` calls ``_save_pretrained`` (here: ``model.safetensors``),
-then writes ``config.json`` and the card of ``generate_model_card``; ``from_pretrained`` calls ``_from_pretrained``;
-``push_to_hub`` saves into a temporary folder and calls ``HfApi.create_repo`` / ``upload_folder``. Three overrides keep
-what a shared model folder needs:
-
-* ``save_pretrained`` runs ModelHubMixin's on a hidden folder beside the target and renames it into place (its own
-  deletes ``config.json`` first and writes in place): a failed save leaves the old folder as it was;
-* ``from_pretrained`` first resolves the folder or Hub snapshot (every file from one commit, through the local cache;
-  clear ``FileNotFoundError`` / ``ValueError``) and reads ``config.json`` with bounded size and depth — ModelHubMixin's
-  own ``hf_hub_download`` of the config alone and unbounded ``json.load`` give raw errors and may read another commit.
-  ``_from_pretrained`` then checks the config before any constructor runs and builds the object from ``model_args``
-  and the caller's overrides only (the config keys ModelHubMixin passes on as constructor kwargs are dropped); tensors
-  come from safetensors only and are checked before use;
+* ``save_pretrained`` runs ModelHubMixin's on a hidden folder beside the target and renames it into place: a failed
+  save leaves the old folder as it was;
+* ``from_pretrained`` resolves the folder or Hub snapshot first (every file from one commit, through the local cache,
+  clear errors) and reads ``config.json`` bounded in size and depth; the config is checked before any constructor
+  runs, the object is built from ``model_args`` and the caller's overrides only, tensors come from safetensors only
+  and are checked before use;
 * ``push_to_hub`` adds ``save_directory`` (files kept) and says where the files are when the upload fails.
 """
 
@@ -38,22 +32,12 @@ except ImportError:  # the `recipes` extra: the detectors and the model work wit
         def __init_subclass__(cls, **kwargs: Any) -> None:
             super().__init_subclass__()
 
-        @staticmethod
-        def _missing() -> ImportError:
-            return ImportError(
-                "saving, loading and pushing need huggingface_hub: pip install 'pml-suprank[recipes]' "
-                "(or pip install huggingface_hub)"
-            )
+        def _missing(*args: Any, **kwargs: Any) -> Any:
+            raise ImportError("saving, loading and pushing need huggingface_hub: pip install 'pml-suprank[recipes]' "
+                              "(or pip install huggingface_hub)")  # fmt: skip
 
-        def save_pretrained(self, *args: Any, **kwargs: Any) -> Any:
-            raise self._missing()
-
-        @classmethod
-        def from_pretrained(cls, *args: Any, **kwargs: Any) -> Any:
-            raise cls._missing()
-
-        def push_to_hub(self, *args: Any, **kwargs: Any) -> Any:
-            raise self._missing()
+        save_pretrained = push_to_hub = _missing
+        from_pretrained = classmethod(_missing)
 
 
 from .card import carried_files, generate_model_card, read_card_files
@@ -73,42 +57,11 @@ from .serialization import (
     staged_folder,
     write_weights,
 )
-from .transport import check_repo_id, resolve_folder, upload_folder
+from .transport import check_repo_id, is_repo_id, resolve_folder, upload_folder
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["HubMixin", "build_config", "instantiate", "load_module_state"]
-
-
-def build_config(model: Any, metadata: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The ``config.json`` content of a module exposing ``get_config()`` (e.g. ``RetrievalModel``).
-
-    Args:
-        model: A module with ``get_config()`` returning its JSON-able constructor kwargs, and optionally
-            ``data_config``, ``embedding_size``, ``num_features`` and a ``hub_metadata`` dict.
-        metadata: Training metadata merged over ``model.hub_metadata``; conventional keys are ``loss`` (e.g.
-            ``"HAPPIERLoss"``), ``label_names`` (fine → coarse), ``dataset``, ``hub_config`` and ``loss_kwargs``.
-
-    Returns:
-        ``{"architecture", "library_name", "library_version", "task", "model_args", "training", "backbone",
-        "embedding_size", "num_features", "num_classes", "pretrained_cfg"}``.
-    """
-    model_args = jsonable(model.get_config(), "model.get_config()")
-    config = make_config(
-        type(model).__name__,
-        model_args,
-        task=RETRIEVAL_TASK,
-        metadata={**(getattr(model, "hub_metadata", None) or {}), **(metadata or {})},
-        backbone=model_args.get("backbone"),
-        embedding_size=getattr(model, "embedding_size", None),
-        num_features=getattr(model, "num_features", None),
-        num_classes=model_args.get("num_classes", 0),
-    )
-    data_config = getattr(model, "data_config", None)
-    if data_config:
-        keys = ("input_size", "interpolation", "mean", "std", "crop_pct", "crop_mode")
-        config["pretrained_cfg"] = jsonable({k: data_config[k] for k in keys if k in data_config}, "data_config")
-    return config
+__all__ = ["HubMixin", "instantiate", "load_module_state"]
 
 
 def _plan_plots(save_directory: Path, plots: Sequence[str | Path] | None) -> list[tuple[str, Path | None]]:
@@ -128,14 +81,6 @@ def _plan_plots(save_directory: Path, plots: Sequence[str | Path] | None) -> lis
         if rel not in [r for r, _ in planned]:
             planned.append((rel, None))
     return planned
-
-
-def _is_repo_id(repo_id: Any) -> bool:
-    try:
-        check_repo_id(repo_id)
-    except ValueError:
-        return False
-    return True
 
 
 def instantiate(cls: type, kwargs: dict[str, Any], source: Any) -> Any:
@@ -191,23 +136,14 @@ def _subclasses(cls: type) -> list[type]:
 class HubMixin(ModelHubMixin):
     """``huggingface_hub.ModelHubMixin`` with pml-suprank's files, atomic saves and strict loading.
 
-    Subclasses supply what is specific to them through hooks; the defaults fit an ``nn.Module`` with a
-    ``get_config()`` method (its constructor kwargs):
-
-    * :meth:`_hub_config` — the ``config.json`` dict (default :func:`build_config`);
-    * :meth:`_hub_weights` — the module itself or a ``{name: Tensor}`` dict to store in ``model.safetensors``;
-    * :meth:`_hub_check_savable` — raise when the object cannot be saved yet (default: never);
-    * :meth:`_hub_card` — the ``README.md`` text (default :func:`~pml_suprank.hub.card.generate_model_card`, with the
-      class docstring's first paragraph as the description);
-    * :meth:`_hub_class` — the class a loaded config designates (default: this class, checked against
-      ``architecture``; on ``HubMixin`` itself the loaded subclass of that name);
-    * :meth:`_hub_check_config` — refuse a loaded config that is unsafe or implausible before anything is built;
-    * :meth:`_hub_instantiate` — rebuild the object from a loaded config (default: the class called with
-      ``model_args``, ``pretrained=False`` forced);
-    * :meth:`_hub_load_state` — validate and load the tensors (default :func:`load_module_state`);
-    * :attr:`_hub_optional_files` — saved files that may be absent when loading;
-    * :attr:`_hub_companion_files` — files saved beside the object by others (a model's OOD guard), fetched with it
-      from the same snapshot when present.
+    The defaults fit an ``nn.Module`` with ``get_config()`` (its JSON-able constructor kwargs) and optionally
+    ``data_config``, ``embedding_size``, ``num_features`` and ``hub_metadata``; subclasses override the hooks
+    ``_hub_architecture`` (the saved ``architecture``), ``_hub_config`` (the ``config.json`` dict), ``_hub_weights``
+    (a module or ``{name: Tensor}``), ``_hub_check_savable``, ``_hub_class`` (the class a loaded config designates;
+    on ``HubMixin`` itself the loaded subclass of that name), ``_hub_check_config`` (refuse an unsafe loaded config
+    before anything is built), ``_hub_load_state`` (validate and load the tensors) and the class attributes
+    ``_hub_optional_files`` (saved files that may be absent) and ``_hub_companion_files`` (files saved beside the
+    object by others, e.g. a model's OOD guard, fetched from the same snapshot when present).
     """
 
     _hub_optional_files: ClassVar[tuple[str, ...]] = ()
@@ -216,24 +152,36 @@ class HubMixin(ModelHubMixin):
     # --- hooks ----------------------------------------------------------------------------------------------------
     @classmethod
     def _hub_architecture(cls) -> str:
-        """The name saved as ``config["architecture"]``."""
         return cls.__name__
 
     def _hub_config(self, metadata: Mapping[str, Any] | None) -> dict[str, Any]:
+        """``{"architecture", "library_name", "library_version", "task", "model_args", "training", "backbone",
+        "embedding_size", "num_features", "num_classes", "pretrained_cfg"}``; ``metadata`` (conventional keys:
+        ``loss``, ``label_names`` fine → coarse, ``dataset``, ``hub_config``, ``loss_kwargs``) is merged over
+        ``hub_metadata`` into ``training``."""
         if not hasattr(self, "get_config"):
             raise TypeError(f"{type(self).__name__} must provide get_config() (its constructor kwargs) to be saved")
-        return build_config(self, metadata)
+        model_args = jsonable(self.get_config(), "model.get_config()")
+        config = make_config(
+            type(self).__name__,
+            model_args,
+            task=RETRIEVAL_TASK,
+            metadata={**(getattr(self, "hub_metadata", None) or {}), **(metadata or {})},
+            backbone=model_args.get("backbone"),
+            embedding_size=getattr(self, "embedding_size", None),
+            num_features=getattr(self, "num_features", None),
+            num_classes=model_args.get("num_classes", 0),
+        )
+        if data_config := getattr(self, "data_config", None):
+            keys = ("input_size", "interpolation", "mean", "std", "crop_pct", "crop_mode")
+            config["pretrained_cfg"] = jsonable({k: data_config[k] for k in keys if k in data_config}, "data_config")
+        return config
 
     def _hub_weights(self) -> nn.Module | Mapping[str, Tensor]:
         return self if isinstance(self, nn.Module) else self.state_dict()  # type: ignore[attr-defined]
 
     def _hub_check_savable(self) -> None:
         """Raise when the object cannot be saved in its current state."""
-
-    def _hub_card(self, config: Mapping[str, Any], **kwargs: Any) -> str:
-        doc = type(self).__doc__
-        summary = doc.strip().split("\n\n")[0].replace("\n", " ") if doc else None
-        return generate_model_card(config, description=summary, **kwargs)
 
     @classmethod
     def _hub_class(cls, config: Mapping[str, Any], source: Any) -> type:
@@ -255,17 +203,9 @@ class HubMixin(ModelHubMixin):
     def _hub_check_config(
         cls, config: Mapping[str, Any], source: Path, *, overrides: Mapping[str, Any], trust_config: bool
     ) -> None:
-        """Raise ``ValueError`` (naming ``source``, the ``config.json`` path, and the key) when the loaded config
-        asks for something unsafe or implausible; ``overrides`` are the caller's own arguments and are not checked;
-        ``trust_config=True`` is the caller's statement that the file is trusted. Default: nothing to check."""
-
-    @classmethod
-    def _hub_instantiate(cls, config: Mapping[str, Any], overrides: dict[str, Any], source: Any) -> Any:
-        kwargs = {**config["model_args"], **overrides}
-        params = inspect.signature(cls.__init__).parameters
-        if "pretrained" in params or any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values()):
-            kwargs["pretrained"] = False
-        return instantiate(cls, kwargs, source)
+        """Raise ``ValueError`` naming ``source`` (the ``config.json``) and the key when the loaded config asks for
+        something unsafe; ``overrides`` (the caller's own arguments) are not checked; ``trust_config=True``: the
+        caller trusts the file. Default: nothing to check."""
 
     def _hub_load_state(
         self, state: dict[str, Tensor], config: Mapping[str, Any], *, source: Any, strict: bool, map_location: str
@@ -274,37 +214,33 @@ class HubMixin(ModelHubMixin):
 
     # --- ModelHubMixin hooks --------------------------------------------------------------------------------------
     def _save_pretrained(self, save_directory: Path) -> None:
-        """Write ``model.safetensors`` (ModelHubMixin's ``save_pretrained`` then writes the config and the card)."""
         write_weights(save_directory / WEIGHTS_NAME, self._hub_weights(), {"format": "pt", "library": LIBRARY_NAME})
 
     def generate_model_card(self, *args: Any, **kwargs: Any) -> Any:
-        """The card ModelHubMixin's ``save_pretrained`` writes: :meth:`_hub_card` of ``kwargs`` (which
-        :meth:`save_pretrained` passes as ``model_card_kwargs``)."""
+        """The card ModelHubMixin's ``save_pretrained`` writes, of the ``model_card_kwargs`` of
+        :meth:`save_pretrained`, with the class docstring's first paragraph as the description."""
         from huggingface_hub import ModelCard
 
-        return ModelCard(self._hub_card(**kwargs))
+        doc = type(self).__doc__
+        summary = doc.strip().split("\n\n")[0].replace("\n", " ") if doc else None
+        return ModelCard(generate_model_card(description=summary, **kwargs))
 
     @classmethod
-    def _from_pretrained(
-        cls,
-        *,
-        model_id: str,
-        loaded_config: dict[str, Any],
-        source: str | Path,
-        overrides: dict[str, Any],
-        trust_config: bool,
-        strict: bool,
-        map_location: str,
-        **unused: Any,
-    ) -> Any:
-        """Build the object from the local folder ``model_id`` and its ``config.json`` that :meth:`from_pretrained`
-        resolved and read (``source``: what the caller named); the other arguments as there. ``unused``:
-        ModelHubMixin's download options (the folder is local) and the config's top-level keys it passes on as
-        constructor kwargs (only ``model_args`` build the object)."""
+    def _from_pretrained(cls, *, model_id: str, loaded_config: dict[str, Any], source: str | Path,
+                         overrides: dict[str, Any], trust_config: bool, strict: bool, map_location: str,
+                         **unused: Any) -> Any:  # fmt: skip
+        """Build the object from the local folder ``model_id`` and the ``config.json`` :meth:`from_pretrained` read
+        (``source``: what the caller named). ``unused``: ModelHubMixin's download options and the config keys it
+        passes on as constructor kwargs (only ``model_args`` and the overrides build the object; ``pretrained=False``
+        is forced: nothing is downloaded)."""
         target = cls._hub_class(loaded_config, source)
         config_path, weights = Path(model_id) / CONFIG_NAME, Path(model_id) / WEIGHTS_NAME
         target._hub_check_config(loaded_config, config_path, overrides=overrides, trust_config=trust_config)
-        obj = target._hub_instantiate(loaded_config, overrides, source)
+        kwargs = {**loaded_config["model_args"], **overrides}
+        params = inspect.signature(target.__init__).parameters
+        if "pretrained" in params or any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            kwargs["pretrained"] = False
+        obj = instantiate(target, kwargs, source)
         state = read_weights(weights, map_location) if weights.is_file() else {}
         obj._hub_load_state(state, loaded_config, source=weights, strict=strict, map_location=map_location)
         obj._hub_source = Path(model_id)  # a later save_pretrained / push_to_hub carries this folder's card files
@@ -325,25 +261,21 @@ class HubMixin(ModelHubMixin):
         model_card_kwargs: Mapping[str, Any] | None = None,
     ) -> Path:
         """Write ``config.json``, ``model.safetensors``, ``metrics.json``, plots and (by default) a ``README.md``
-        model card into a folder, all or nothing.
+        model card into a folder, all or nothing; return the folder.
 
         Args:
             save_directory: Output folder, created if needed; existing files other than those written are kept.
             metadata: Free-form metadata stored under ``config["training"]`` (loss, label names, dataset, ...).
             metrics: Final metrics (values in [0, 1]) for ``metrics.json`` and the card.
-            hub_config: The loaded hub_config dict; its ``hub`` section gives the card's tags, datasets and paper
-                numbers, its ``name`` goes to ``config["training"]["hub_config"]``.
-            plots: Image files to embed in the card; files outside ``save_directory`` are copied to ``plots/``.
-                ``*.png`` files already in ``save_directory`` or ``save_directory/plots`` are embedded too.
+            hub_config: The loaded hub_config; its ``hub`` section gives the card's tags, datasets and paper numbers,
+                its ``name`` goes to ``config["training"]["hub_config"]``.
+            plots: Image files to embed in the card (files outside ``save_directory`` are copied to ``plots/``), besides
+                the ``*.png`` already in ``save_directory`` or its ``plots/``.
             model_card: Write the generated ``README.md``.
-            repo_id: Hub repo id (``"org/name"``) used in the card's title and usage snippet. Without one (or with a
-                name that is not a repo id) the snippet loads the folder by its local path ``./<folder name>``.
+            repo_id: Hub repo id (``"org/name"``) of the card's title and usage snippet (otherwise the snippet loads
+                ``./<folder name>``).
             config: ModelHubMixin's argument; must be ``None`` (``config.json`` is built from the object).
-            model_card_kwargs: The keyword arguments above as a dict (how ModelHubMixin's ``push_to_hub`` passes
-                them on).
-
-        Returns:
-            The folder path.
+            model_card_kwargs: The keyword arguments above as a dict (how ModelHubMixin's ``push_to_hub`` passes them).
         """
         if config is not None:
             raise TypeError("config must be None: config.json is built from the object (give metadata= instead)")
@@ -365,9 +297,9 @@ class HubMixin(ModelHubMixin):
             saved.setdefault("training", {}).setdefault("hub_config", str(name) if name is not None else None)
         planned = _plan_plots(target, plots)
         card_plots = [rel for rel, _ in planned] + [rel for rel, _ in carried if rel.endswith(".png")]
-        repo = repo_id if _is_repo_id(repo_id) else None
         card_kwargs = dict(config=saved, metrics=metrics, hub_config=hub_config, plots=list(dict.fromkeys(card_plots)),
-                           repo_id=repo, folder=target.resolve().name, files=files)  # fmt: skip
+                           repo_id=repo_id if is_repo_id(repo_id) else None, folder=target.resolve().name,
+                           files=files)  # fmt: skip
         with staged_folder(target) as stage:
             for rel, path in [*planned, *carried]:
                 if path is not None and rel != METRICS_NAME:
@@ -395,10 +327,9 @@ class HubMixin(ModelHubMixin):
         trust_config: bool = False,
         **overrides: Any,
     ) -> Any:
-        """Restore an object saved by :meth:`save_pretrained` from a folder or a Hub repo id (``"org/name"``).
-
-        Repo ids go through ``huggingface_hub.snapshot_download`` (every file from one commit, through the local Hub
-        cache: with ``HF_HUB_OFFLINE=1`` or ``local_files_only=True`` nothing is downloaded).
+        """Restore an object saved by :meth:`save_pretrained` from a folder or a Hub repo id (``"org/name"``: one
+        ``snapshot_download`` through the local cache; with ``HF_HUB_OFFLINE=1`` or ``local_files_only=True``
+        nothing is downloaded).
 
         Args:
             pretrained_model_name_or_path: Folder path or ``"org/name"``.
@@ -408,10 +339,8 @@ class HubMixin(ModelHubMixin):
                 Non-finite tensors are refused either way.
             trust_config: Use the saved config as it is. By default a loaded config may only name a plain timm
                 backbone, pass an allow-list of harmless ``backbone_kwargs`` and ask for bounded sizes (see
-                ``RetrievalModel``); set it only for files you trust (it lets the config make timm read local files
-                or fetch other Hub repos).
-            **overrides: Constructor kwargs replacing the saved ones (yours, so never checked against the
-                allow-list).
+                :mod:`~pml_suprank.hub.loaded_config`); set it only for files you trust.
+            **overrides: Constructor kwargs replacing the saved ones (yours, so never checked).
 
         Raises:
             FileNotFoundError: The folder, repo or a file is missing (naming it), or not cached when offline.
@@ -452,24 +381,12 @@ class HubMixin(ModelHubMixin):
         create_pr: bool = False,
         **save_kwargs: Any,
     ) -> Any:
-        """Save (see :meth:`save_pretrained`) and upload the folder to the Hub repo ``repo_id``.
-
-        Without ``save_directory`` this is ModelHubMixin's ``push_to_hub`` (a temporary folder, removed whatever
-        happens); with it the files are written there and stay whatever happens.
-
-        Args:
-            repo_id: ``"org/name"``.
-            save_directory: Where to write the files before uploading.
-            commit_message, private, token, revision, create_pr: Passed to ``HfApi.create_repo`` / ``upload_folder``
-                (``revision``: the branch).
-            **save_kwargs: ``metadata``, ``metrics``, ``hub_config``, ``plots`` for :meth:`save_pretrained`.
-
-        Returns:
-            The ``CommitInfo`` of ``HfApi.upload_folder`` (a ``str``: the commit URL).
-
-        Raises:
-            RuntimeError: The upload failed (naming the cause and where the files are, if anywhere).
-        """
+        """Save (:meth:`save_pretrained`; ``save_kwargs``: ``metadata``, ``metrics``, ``hub_config``, ``plots``) and
+        upload the folder to the Hub repo ``repo_id``: into ``save_directory`` (kept whatever happens), else
+        ModelHubMixin's ``push_to_hub`` (a temporary folder, removed whatever happens). ``commit_message``,
+        ``private``, ``token``, ``revision`` (the branch), ``create_pr``: as in ``HfApi``. Returns the ``CommitInfo``
+        (a ``str``: the commit URL); a failed upload raises ``RuntimeError`` naming the cause and where the files
+        are, if anywhere."""
         check_repo_id(repo_id)
         upload = dict(commit_message=commit_message, private=private, token=token, create_pr=create_pr)
         if save_directory is not None:

@@ -1,19 +1,12 @@
 """Before any work that ends in an upload: can this user write to that Hub repo?
 
-:func:`check_push_access` is called by ``--push_to_hub true`` (training recipes, ``fit_heat``) before the first step
-and by ``pml-suprank-push`` before the upload, so that a missing login, an unreachable Hub or a read-only token is
-said in one line at the start instead of after an hour of training. It makes one request (``HfApi.whoami``: who the
-token belongs to, its role and scopes, the user's organisations) and decides locally:
-
-* a token must exist (``HF_TOKEN``, ``hf auth login``, or the ``token=`` given);
-* the Hub must answer (a network error or ``HF_HUB_OFFLINE=1`` is refused, naming the cause);
-* the token must be valid (401) and allowed to write: a ``"read"`` token is refused; a fine-grained token needs
-  ``repo.write`` on the repo, on its namespace, or globally;
-* the repo's namespace (``org`` of ``org/name``) must be the user or one of their organisations where their role is
-  not ``"read"``.
-
-The upload itself can still fail later (the repo may belong to someone else under a shared organisation); the check
-catches the causes that are known before any work.
+:func:`check_push_access` runs before the first training step of ``--push_to_hub true`` (training recipes,
+``fit_heat``) and before ``pml-suprank-push`` uploads, so that a missing login, an unreachable Hub or a read-only token
+is one line at the start, not an error after an hour of training. One request (``HfApi.whoami``), then local rules: a
+token must exist and be valid; the Hub must answer (``HF_HUB_OFFLINE=1`` is refused); a ``"read"`` token is refused, a
+fine-grained one needs ``repo.write`` on the repo, its namespace or globally; the namespace (``org`` of ``org/name``)
+must be the user or one of their organisations where their role is not ``"read"``. The upload can still fail later
+(e.g. a repo of someone else in a shared organisation).
 """
 
 from __future__ import annotations

@@ -1,18 +1,15 @@
 """What a loaded object must hold: tensor layouts declared from its config and checked before any tensor is used.
 
-A saved object (a detector, a HEAT prior) declares the tensors its config implies as a ``{name: TensorSpec}`` dict.
-A :class:`TensorSpec` gives the shape, with symbolic sizes shared between tensors (``("C", "D")`` for a classifier
-weight, ``("C",)`` for its bias: both ``C`` must agree), the dtype kind and the value constraints that no fitted
-object can violate (finite values, not all zero, strictly positive, lower-triangular with a positive diagonal).
-:func:`check_schema` validates a loaded ``{name: Tensor}`` against it and raises a ``ValueError`` naming the file and
-the key at the first violation; it returns the bound sizes so that callers can build further expectations from them
-(e.g. a HEAT residual MLP of width ``D``).
+A saved object (a detector, a HEAT prior) declares its tensors as ``{name: TensorSpec}``: the shape, with symbolic
+sizes shared between tensors (``("C", "D")`` for a classifier weight, ``("C",)`` for its bias), the dtype kind and
+the value constraints no fitted object can violate. :func:`check_schema` raises a ``ValueError`` naming the file and
+the key at the first violation and returns the bound sizes (e.g. the width ``D`` of a HEAT residual MLP).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -59,10 +56,7 @@ class TensorSpec:
     def renamed(self, prefix: str) -> TensorSpec:
         """The same spec with every size symbol prefixed (to keep per-component symbols apart)."""
         shape = tuple(f"{prefix}{s}" if isinstance(s, str) else s for s in self.shape)
-        mins = tuple((f"{prefix}{s}", m) for s, m in self.min_sizes)
-        return TensorSpec(
-            shape, self.kind, self.optional, self.nonzero, self.positive, self.min_value, self.lower_triangular, mins
-        )
+        return replace(self, shape=shape, min_sizes=tuple((f"{prefix}{s}", m) for s, m in self.min_sizes))
 
 
 class Sizes(dict):

@@ -1,17 +1,11 @@
 """On-disk format of a saved model or detector: ``config.json`` + ``model.safetensors``, staged then renamed.
 
-A saved folder holds
-
-* ``config.json`` — one layout for every saved object: ``architecture`` (the class name), ``library_name``,
-  ``library_version``, ``task``, ``model_args`` (the JSON-able constructor kwargs, so the object is rebuilt by calling
-  its class with them) and ``training`` (free-form metadata: loss, label names, dataset, ...), plus keys specific to
-  the object (e.g. ``embedding_size`` and ``pretrained_cfg`` of a retrieval model, ``fitted`` of a detector);
-* ``model.safetensors`` — the tensors. Only safetensors and JSON are ever read: nothing is unpickled;
-* optionally ``metrics.json``, ``README.md`` (the model card) and ``plots/*.png``.
-
-A save is written into a hidden folder beside the target and renamed into place (:func:`staged_folder`), so a failed
-save never leaves a truncated or half-updated folder. Loaded tensors are validated against what the object expects
-(names, shapes, dtype kinds, finite values) before any of them is used.
+``config.json`` has one layout for every saved object: ``architecture`` (the class name), ``library_name``,
+``library_version``, ``task``, ``model_args`` (the JSON-able constructor kwargs: the object is rebuilt by calling its
+class with them), ``training`` (free-form metadata) and object-specific keys (``embedding_size``, ``pretrained_cfg``,
+``fitted``...). Tensors are in ``model.safetensors``: only safetensors and JSON are read, nothing is unpickled. A save
+is written into a hidden folder beside the target and renamed into place (:func:`staged_folder`); loaded tensors are
+validated (names, shapes, dtype kinds, finite values) before any of them is used.
 """
 
 from __future__ import annotations
@@ -205,18 +199,13 @@ def check_state(
     expected: Mapping[str, Tensor] | None = None,
     allowed: Collection[str] | None = None,
 ) -> str:
-    """Validate loaded tensors before they are used; return what does not match ``expected`` (``""`` if nothing).
+    """Validate the loaded ``{name: Tensor}`` of the file ``source`` before use; return what does not match
+    ``expected`` (the tensors the object holds now, e.g. a fresh module's ``state_dict()``): missing and unexpected
+    names, shape / dtype-kind mismatches (``""``: nothing; the caller decides whether they are fatal).
 
-    Always raises ``ValueError`` for a non-tensor value, a complex tensor, or non-finite values where the expected
-    tensor is finite (every floating tensor when ``expected`` is not given). With ``allowed``, names outside it are
-    an error. With ``expected`` (e.g. a freshly built module's ``state_dict()``), the returned text lists missing and
-    unexpected names and shape / dtype-kind mismatches; the caller decides whether they are fatal.
-
-    Args:
-        state: The loaded ``{name: Tensor}``.
-        source: The file the state came from (named in the errors).
-        expected: The tensors the object holds now, by name.
-        allowed: The only names the object accepts.
+    Always raises ``ValueError`` (naming ``source`` and the key) for a non-tensor value, a complex tensor, non-finite
+    values where the expected tensor is finite (every floating tensor without ``expected``) and, with ``allowed``, a
+    name outside it.
     """
     for name, value in state.items():
         if not isinstance(value, Tensor) or value.is_complex():

@@ -1,12 +1,11 @@
 """Moving saved folders between the local disk and the Hugging Face Hub.
 
-Reading resolves a local folder or a Hub repo id (``"org/name"``) to a local folder holding the requested files.
-Repo ids go through ``huggingface_hub.snapshot_download`` restricted to those files, so all of them come from one
-commit, the local Hub cache is used (``HF_HUB_OFFLINE=1`` / ``local_files_only=True`` read it without network) and
-``revision`` / ``cache_dir`` / ``token`` / ``force_download`` mean what they mean in huggingface_hub. Every failure is
-a ``FileNotFoundError`` naming the missing path or repo, or a ``ValueError`` for a malformed repo id — never a raw
-huggingface_hub exception. Writing is ``HfApi.create_repo`` + ``HfApi.upload_folder`` of a folder written by
-``save_pretrained``; pickles, checkpoints and hidden files are never uploaded.
+Reading resolves a local folder or a Hub repo id (``"org/name"``) to a local folder holding the requested files: one
+``huggingface_hub.snapshot_download`` restricted to them (all from one commit, through the local cache;
+``revision`` / ``cache_dir`` / ``token`` / ``force_download`` / ``local_files_only`` as in huggingface_hub). Every
+failure is a ``FileNotFoundError`` naming the missing path or repo, or a ``ValueError`` for a malformed repo id, never
+a raw huggingface_hub exception. Writing uploads a folder written by ``save_pretrained``, without pickles,
+checkpoints and hidden files.
 """
 
 from __future__ import annotations
@@ -17,12 +16,17 @@ from typing import Any
 
 from .serialization import CONFIG_NAME, PICKLE_SUFFIXES, WEIGHTS_NAME
 
-__all__ = ["check_repo_id", "resolve_folder", "upload_folder"]
+__all__ = ["check_repo_id", "is_repo_id", "resolve_folder", "upload_folder"]
+
+
+def is_repo_id(repo_id: Any) -> bool:
+    """``repo_id`` looks like ``"org/name"``."""
+    return isinstance(repo_id, str) and repo_id.count("/") == 1 and all(repo_id.split("/"))
 
 
 def check_repo_id(repo_id: Any) -> str:
     """Return ``repo_id`` if it looks like ``"org/name"``, else raise ``ValueError``."""
-    if not isinstance(repo_id, str) or repo_id.count("/") != 1 or not all(repo_id.split("/")):
+    if not is_repo_id(repo_id):
         raise ValueError(f"repo_id must look like 'org/name'; got {repo_id!r}")
     return repo_id
 
@@ -48,14 +52,9 @@ def resolve_folder(
     optional: Sequence[str] = (),
     **hub_options: Any,
 ) -> Path:
-    """A local folder holding ``filenames`` (those in ``optional`` may be absent) of a folder or a Hub repo.
-
-    Args:
-        path_or_repo_id: An existing folder, or a Hub repo id ``"org/name"``.
-        filenames: Files that must be present.
-        optional: Files of ``filenames`` that may be absent.
-        hub_options: ``revision``, ``cache_dir``, ``local_files_only``, ``token``, ``force_download`` for
-            ``snapshot_download``.
+    """A local folder holding ``filenames`` (those in ``optional`` may be absent) of an existing folder or a Hub repo
+    id ``"org/name"`` (``hub_options``: ``revision``, ``cache_dir``, ``local_files_only``, ``token``,
+    ``force_download``).
 
     Raises:
         TypeError: ``path_or_repo_id`` is neither a path nor a string.
@@ -120,14 +119,9 @@ def upload_folder(
     create_pr: bool = False,
     ignore_patterns: Sequence[str] | None = None,
 ) -> Any:
-    """Upload an already written folder (config, weights, card, metrics, plots) to the Hub repo ``repo_id``.
-
-    The folder must hold ``config.json`` and ``model.safetensors``; pickles, checkpoints and hidden files are not
-    uploaded. The folder is never modified: if the upload fails, a ``RuntimeError`` says where the files are.
-
-    Returns:
-        The ``CommitInfo`` of ``HfApi.upload_folder`` (a ``str``: the commit URL).
-    """
+    """Upload a folder written by ``save_pretrained`` (``config.json`` and ``model.safetensors`` required; pickles,
+    checkpoints and hidden files left out) to the Hub repo ``repo_id``; return the ``CommitInfo`` (a ``str``: the
+    commit URL). The folder is never modified: a failed upload raises ``RuntimeError`` saying where the files are."""
     import huggingface_hub
 
     check_repo_id(repo_id)

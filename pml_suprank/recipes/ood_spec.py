@@ -1,11 +1,8 @@
 """The typed specs of the OOD recipes: :class:`FitHeatSpec` (``fit_heat``) and :class:`OODBenchmarkSpec`
-(``ood_benchmark``), their detector options (generated from the detector registry) and the reader of their
-``--config`` YAML (the bundled ``heat_*`` files).
-
-Every option is a dataclass field declared with :func:`~pml_suprank.training.config.option` (help, default, value
-check), as the training options are (shared ones by :func:`~pml_suprank.training.spec.shared`);
-:func:`pml_suprank.training.spec.parse` turns them into flags and checks flags, files and Python construction with
-the same checks, before any data is read or any network is built.
+(``ood_benchmark``), their detector options (generated from the detector registry and the constructors' signatures)
+and the reader of their ``--config`` YAML (the bundled ``heat_*`` files). Every option is declared once with
+:func:`~pml_suprank.training.config.option` or :func:`~pml_suprank.training.spec.shared`, and
+:func:`~pml_suprank.training.spec.parse` checks flags, files and Python construction with the same checks.
 """
 
 from __future__ import annotations
@@ -16,6 +13,7 @@ import re
 from dataclasses import asdict, dataclass, fields, make_dataclass, replace
 from typing import Any
 
+from ..ood.presets import PRESETS
 from ..training.config import (
     OptionCheck,
     OptionError,
@@ -32,7 +30,7 @@ from ..training.config import (
     optional,
     validate_options,
 )
-from ..training.options import ModelOptions, ModelUseOptions, RunOptions
+from ..training.options import DataOptions, ModelOptions, ModelUseOptions, RunOptions
 from ..training.spec import read_sections, shared
 
 __all__ = [
@@ -57,7 +55,7 @@ CONTEXT_ARGUMENTS = ("weight", "bias", "head", "model")
 #: Recipe defaults that differ from the class defaults: HEAT's evaluation code clips ReAct at the 95th percentile;
 #: ViM's principal dimension None means min(256, D // 2, (N - 1) // 2), known only after extraction.
 RECIPE_DEFAULTS: dict[str, Any] = {"react_percentile": 95.0, "vim_dim": None}
-#: the largest count of images a synthetic or noise set may hold (a few GB of pixels at 224 px)
+#: the largest count of images a synthetic or noise set may hold (a few GB of pixels at 224 px; as --num_per_class)
 MAX_IMAGES = 100_000
 
 
@@ -98,16 +96,6 @@ def _argument_help(cls: type, argument: str) -> str:
     return f"{cls.__name__}: {text}"
 
 
-def _check_of(default: Any) -> OptionCheck:
-    if isinstance(default, bool):
-        return is_bool()
-    if isinstance(default, int):
-        return is_int(0)
-    if isinstance(default, float):
-        return is_finite()
-    return is_str()
-
-
 def detector_option_class() -> type:
     """A dataclass with one field ``<detector>_<argument>`` per plain constructor argument of every registered
     baseline (read from the registry when called, so a detector registered later gets its options too)."""
@@ -121,32 +109,18 @@ def detector_option_class() -> type:
         for argument, param in detector_options(name).items():
             dest = f"{flag_prefix(name)}_{argument}"
             default = RECIPE_DEFAULTS.get(dest, param.default)
-            kind, check = type(param.default), _check_of(param.default)
+            kind = type(param.default)
+            check = {bool: is_bool(), int: is_int(0), float: is_finite()}.get(kind, is_str())
             if default is None:
                 kind, check = kind | None, optional(check)
             specs.append((dest, kind, option(default, _argument_help(cls, argument), check=check)))
     return make_dataclass("DetectorOptions", specs, namespace={"GROUP": "baseline options"})
 
 
-def _beta() -> OptionCheck:
-    def check(v: Any) -> bool:
-        return not isinstance(v, bool) and isinstance(v, (int, float)) and not math.isnan(v)
-
-    return OptionCheck(check, "a number or ±inf (0 = sum, -1, 1, inf, -inf)")
-
-
-def _mapping(expected: str) -> OptionCheck:
-    return OptionCheck(lambda v: isinstance(v, dict), expected)
-
-
-def _names(expected: str) -> OptionCheck:
-    return optional(list_of(is_str(), expected))
-
-
-def _presets() -> tuple[str, ...]:
-    from ..ood.presets import PRESETS
-
-    return tuple(sorted(PRESETS))
+_BETA = OptionCheck(lambda v: not isinstance(v, bool) and isinstance(v, (int, float)) and not math.isnan(v),
+                    "a number or ±inf (0 = sum, -1, 1, inf, -inf)")  # fmt: skip
+_MAPPING = OptionCheck(lambda v: isinstance(v, dict), "a mapping")
+_NAMES = optional(list_of(is_str(), "a list of names"))
 
 
 @dataclass
@@ -215,39 +189,37 @@ class FitHeatSpec:
     )  # fmt: skip
     ood_label_column: str = option("label", "default label column of Hub / folder OOD sets (unused)", check=is_str())
     cache_dir: str | None = option(None, "datasets cache folder for Hub / folder datasets", check=optional(is_str()))
-    embedding_cache: str | None = option(None, "a folder caching the extracted features (reused for the same model, "
-                                         "data and transform; off when unset)", check=optional(is_str()))  # fmt: skip
-    image_size: int | None = option(None, "image side (unset: 32 on synthetic, else the model's)",
-                                    check=optional(is_int(8, 4096)))  # fmt: skip
-    num_per_class: int = option(40, "synthetic: training images per fine class", check=is_int(1, MAX_IMAGES))
+    embedding_cache: str | None = shared(ModelUseOptions, "embedding_cache")
+    image_size: int | None = shared(DataOptions, "image_size", None, "image side (unset: 32 on synthetic, else the "
+                                    "model's)")  # fmt: skip
+    num_per_class: int = shared(DataOptions, "num_per_class", 40, "synthetic: training images per fine class")
     num_test_per_class: int = option(12, "synthetic: test images per fine class", check=is_int(1, MAX_IMAGES))
     num_noise: int = option(200, "images per built-in noise OOD set", check=is_int(1, MAX_IMAGES))
     max_samples: int | None = option(None, "cap every split at this many images", check=optional(is_int(1)))
     # HEAT
-    preset: str = option("fast", "HEAT hyper-parameter preset", check=is_choice(*_presets()))
+    preset: str = option("fast", "HEAT hyper-parameter preset", check=is_choice(*sorted(PRESETS)))
     heat_epochs: int | None = option(None, "override the preset's epochs (unset: 30 on synthetic)",
                                      check=optional(is_int(1, 100_000)))  # fmt: skip
     heat_batch_size: int | None = option(None, "override the preset's batch (unset: 128 on synthetic)",
                                          check=optional(is_int(1, 1 << 20)))  # fmt: skip
-    beta: float = option(0.0, "HEAT composition β (0 = sum, -1, 1, inf, -inf)", check=_beta())
+    beta: float = option(0.0, "HEAT composition β (0 = sum, -1, 1, inf, -inf)", check=_BETA)
     priors: list[str] = option(["gmm", "gmm_std", "el"], "HEAT priors (registered names, ood.list_priors())",
                                check=list_of(is_str(), "a non-empty list of prior names"))  # fmt: skip
     tie_hidden_weights: bool = option(False, "share HEAT's hidden layer (the authors' released MLP)", check=is_bool())
     convention: str = option("id_positive", "FPR95 convention: id_positive (thesis / HEAT) or ood_positive (OpenOOD "
                              "v1.5)", check=is_choice("id_positive", "ood_positive", "id_positive_roc"))  # fmt: skip
     heat_settings: dict | None = option(None, "per-prior HEAT settings (the config file's heat.settings)", cli=False,
-                                        check=optional(_mapping("a mapping of HEAT settings")))  # fmt: skip
+                                        check=optional(_MAPPING))  # fmt: skip
     # baselines
     detectors: list[str] | None = option(None, "table rows to compute (unset: all; see --help of the recipe)",
-                                         check=_names("a list of detector names"))  # fmt: skip
+                                         check=_NAMES)  # fmt: skip
     no_odin: bool = option(False, "skip ODIN (needs a backward pass per batch)", check=is_bool())
     detector_options: dict | None = option(
         None,
         "constructor arguments of the baselines, {'knn_k': 50, ...}",
         cli=False,
-        check=optional(_mapping("a mapping of detector options")),
+        check=optional(_MAPPING),
     )
-    embedding_cache: str | None = shared(ModelUseOptions, "embedding_cache")
 
     @classmethod
     def option_classes(cls) -> tuple[type, ...]:
@@ -276,14 +248,14 @@ class FitHeatSpec:
     @classmethod
     def from_options(cls, values: dict[str, Any], **_: Any) -> FitHeatSpec:
         """The spec of parsed values: the detector options gathered into ``detector_options``."""
-        defaults = asdict(detector_option_class()())
-        return cls(**{k: v for k, v in values.items() if k not in defaults},
-                   detector_options={**defaults, **{k: v for k, v in values.items() if k in defaults}})  # fmt: skip
+        known = {f.name for f in fields(detector_option_class())}
+        return cls(**{k: v for k, v in values.items() if k not in known},
+                   detector_options={k: v for k, v in values.items() if k in known})  # fmt: skip
 
     def __post_init__(self) -> None:
         validate_options(self)
         self.heat_settings = dict(self.heat_settings or {})
-        self.detector_options = dict(self.detector_options or {})
+        self.detector_options = {**asdict(detector_option_class()()), **(self.detector_options or {})}
         self.validate()
 
     def validate(self) -> FitHeatSpec:
@@ -298,11 +270,10 @@ class FitHeatSpec:
         bad = sorted(set(self.priors) - set(list_priors()))
         if bad:
             raise OptionError(f"--priors: unknown {bad}; choose among {list(list_priors())}")
-        if self.model is not None and self.guard != "none" and (
-            self.guard == "ODIN" or self.guard not in (self.detectors or methods())
-        ):
+        rows = [m for m in (self.detectors or methods()) if m != "ODIN"]
+        if self.model is not None and self.guard != "none" and self.guard not in rows:
             raise OptionError(f"--guard: {self.guard!r} is not a computed table row that scores features; choose among "
-                              f"{[m for m in (self.detectors or methods()) if m != 'ODIN']} or 'none'")  # fmt: skip
+                              f"{rows} or 'none'")  # fmt: skip
         if self.model is not None and self.checkpoint is not None:
             raise OptionError("--model and --checkpoint exclude each other: --model loads a retrieval model folder "
                               "(RUN/final), --checkpoint a timm classifier's state dict")  # fmt: skip
@@ -324,18 +295,13 @@ class FitHeatSpec:
     def heat_overrides(self) -> dict[str, Any]:
         """The HEAT ``settings=`` of the run: the file's ``heat.settings`` and the ``--heat_epochs`` /
         ``--heat_batch_size`` overrides."""
-        settings = dict(self.heat_settings)
-        if self.heat_epochs is not None:
-            settings["epochs"] = self.heat_epochs
-        if self.heat_batch_size is not None:
-            settings["batch_size"] = self.heat_batch_size
-        return settings
+        given = {"epochs": self.heat_epochs, "batch_size": self.heat_batch_size}
+        return {**self.heat_settings, **{k: v for k, v in given.items() if v is not None}}
 
     def detector_kwargs(self, name: str) -> dict[str, Any]:
         """The option values of detector ``name``'s constructor (recipe defaults, then the given ones)."""
-        defaults = {f.name: getattr(detector_option_class()(), f.name) for f in fields(detector_option_class())}
-        values = {**defaults, **self.detector_options}
-        return {a: values[f"{flag_prefix(name)}_{a}"] for a in detector_options(name)}
+        options = self.detector_options
+        return {a: options.get(f"{flag_prefix(name)}_{a}", p.default) for a, p in detector_options(name).items()}
 
     @property
     def synthetic(self) -> bool:
@@ -389,10 +355,10 @@ class OODBenchmarkSpec:
                                   check=optional(is_str()))  # fmt: skip
     output_dir: str = shared(TrainingConfig, "output_dir", "outputs/ood_benchmark",
                              "where to write tables, figure, features")  # fmt: skip
-    near: list[str] | None = option(None, "near-OOD set names (unset: synthetic-heldout)", check=_names("set names"))
-    far: list[str] | None = option(None, "far-OOD set names (unset: the other OOD sets)", check=_names("set names"))
+    near: list[str] | None = option(None, "near-OOD set names (unset: synthetic-heldout)", check=_NAMES)
+    far: list[str] | None = option(None, "far-OOD set names (unset: the other OOD sets)", check=_NAMES)
     detectors: list[str] | None = option(None, "rows to compute (unset: all feature detectors)",
-                                         check=_names("detector names"))  # fmt: skip
+                                         check=_NAMES)  # fmt: skip
     heat_epochs: int | None = option(None, "HEAT epochs (unset: 30 on synthetic, else the preset's)",
                                      check=optional(is_int(1, 100_000)))  # fmt: skip
     heat_batch_size: int = option(128, "HEAT batch size (fast preset)", check=is_int(1, 1 << 20))
