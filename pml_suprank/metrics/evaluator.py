@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import nullcontext
+from functools import partial
 from typing import Any
 
 import torch
@@ -18,6 +19,8 @@ from torch import Tensor
 
 from .._scaling import overflow_safe_scales
 from .._validation import (
+    check_bool,
+    check_choice,
     check_device,
     check_embeddings,
     check_labels,
@@ -28,13 +31,11 @@ from .._validation import (
 from ..collectives import all_gather, comm_device, is_distributed, shard_range
 from ..relevance import Hierarchy, as_hierarchy, hierarchical_label_pair
 from .eval_blocks import GalleryBlocks, block_counts, block_shape, chunk_ranks, label_blocks
-from .multilabel_eval import check_inputs, check_queries_first, evaluate_multilabel, multilabel_groups, query_counts
+from .multilabel_eval import check_multilabel_labels, evaluate_multilabel, multilabel_groups, query_counts
 from .ranks import COUNTING_METHODS, RetrievalRanks
 from .registry import METRIC_GROUPS, SINGLE_LABEL_GROUPS, TOP_K_GROUPS, check_groups, metrics_from_ranks
 
 __all__ = ["RetrievalEvaluator", "compute_embeddings", "METRIC_GROUPS"]
-
-LABEL_NAMES = ("query_labels", "reference_labels")
 
 
 class RetrievalEvaluator:
@@ -103,26 +104,15 @@ class RetrievalEvaluator:
         counting: str = "auto",
         multilabel: bool = False,
     ) -> None:
-        if isinstance(k_values, int):
-            k_values = (k_values,)
-        k_values = tuple(k_values)
-        for k in k_values:
-            if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-                raise ValueError(f"k_values must be positive ints; got {k_values!r}")
+        k_values = (k_values,) if isinstance(k_values, int) else tuple(k_values)
+        if any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in k_values):
+            raise ValueError(f"k_values must be positive ints; got {k_values!r}")
         self.k_values = k_values
         self.alpha = check_positive("alpha", alpha, strict=False)
-        if chunk_size is not None and (
-            isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
-        ):
-            raise ValueError(f"chunk_size must be a positive int or None; got {chunk_size!r}")
-        self.chunk_size = chunk_size
+        self.chunk_size = check_positive_int("chunk_size", chunk_size, allow_none=True)
         self.device = check_device("device", device)
-        if backend not in ("torch", "faiss"):
-            raise ValueError(f"backend must be one of ('torch', 'faiss'); got {backend!r}")
-        self.backend = backend
-        if not isinstance(multilabel, bool):
-            raise TypeError(f"multilabel must be a bool; got {type(multilabel).__name__}")
-        self.multilabel = multilabel
+        self.backend = check_choice("backend", backend, ("torch", "faiss"))
+        self.multilabel = check_bool("multilabel", multilabel)
         self._multilabel_metrics = None if metrics is None else check_groups(metrics)
         if multilabel:
             multilabel_groups(self._multilabel_metrics)  # validate now
@@ -130,45 +120,24 @@ class RetrievalEvaluator:
         if metrics is None:
             metrics = TOP_K_GROUPS if backend == "faiss" else SINGLE_LABEL_GROUPS
         metrics = check_groups(metrics)
-        if backend == "faiss":
-            exact_only = [m for m in metrics if m not in TOP_K_GROUPS]
-            if exact_only:
-                raise ValueError(
-                    f"backend='faiss' only computes the top-k metrics {TOP_K_GROUPS}; got {exact_only} "
-                    "(use backend='torch' for exact full-ranking metrics)"
-                )
+        exact_only = [m for m in metrics if m not in TOP_K_GROUPS]
+        if backend == "faiss" and exact_only:
+            raise ValueError(
+                f"backend='faiss' only computes the top-k metrics {TOP_K_GROUPS}; got {exact_only} "
+                "(use backend='torch' for exact full-ranking metrics)"
+            )
         self.metrics = metrics
         self.level_weights = check_level_weights("level_weights", level_weights)
         self.hierarchy = as_hierarchy(hierarchy)
         self.progress_bar = bool(progress_bar)
         self.num_bins = check_positive_int("num_bins", num_bins, allow_none=True)
-        if counting not in COUNTING_METHODS:
-            raise ValueError(f"counting must be one of {COUNTING_METHODS}; got {counting!r}")
-        self.counting = counting
+        self.counting = check_choice("counting", counting, COUNTING_METHODS)
 
     def __repr__(self) -> str:
         return (
             f"RetrievalEvaluator(k_values={self.k_values}, alpha={self.alpha}, chunk_size={self.chunk_size}, "
             f"device={self.device}, backend={self.backend!r})"
         )
-
-    def _prepare(
-        self,
-        query: Tensor,
-        query_labels: Tensor,
-        reference: Tensor | None,
-        reference_labels: Tensor | None,
-        ref_includes_query: bool,
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
-        query, query_labels, reference, reference_labels, ref_includes_query = check_inputs(
-            query, query_labels, reference, reference_labels, ref_includes_query, check_labels
-        )
-        ql, rl = hierarchical_label_pair(query_labels, reference_labels, self.hierarchy, names=LABEL_NAMES)
-        self_idx = None
-        if ref_includes_query:
-            check_queries_first(query, ql, reference, rl, label_sets=False)
-            self_idx = torch.arange(query.shape[0])
-        return query, ql, reference, rl, self_idx
 
     def _chunks(self, num_queries: int, chunk: int) -> Iterable[int]:
         starts = range(0, num_queries, chunk)
@@ -255,10 +224,17 @@ class RetrievalEvaluator:
         """``({key: (Q,) float64 on the host}, Q, L)``, including the ``_``-prefixed counts."""
         if multilabel:
             _check_multilabel_backend(self.backend)
-            return evaluate_multilabel(self, query, query_labels, reference, reference_labels, ref_includes_query)
-        query, ql, reference, rl, self_idx = self._prepare(
-            query, query_labels, reference, reference_labels, ref_includes_query
+        check = partial(check_multilabel_labels, hierarchy=self.hierarchy) if multilabel else check_labels
+        query, ql, reference, rl, riq = _check_inputs(
+            query, query_labels, reference, reference_labels, ref_includes_query, check
         )
+        if not multilabel:
+            ql, rl = hierarchical_label_pair(ql, rl, self.hierarchy, names=("query_labels", "reference_labels"))
+        if riq:
+            _check_queries_first(query, ql, reference, rl, label_sets=multilabel)
+        if multilabel:
+            return evaluate_multilabel(self, query, ql, reference, rl, riq)
+        self_idx = torch.arange(query.shape[0]) if riq else None
         if self.backend == "faiss":
             return self._faiss_per_query(query, ql, reference, rl, self_idx), query.shape[0], ql.shape[1]
         device = self.device if self.device is not None else query.device
@@ -404,6 +380,47 @@ def _query_share(
         reference_labels[order.to(reference_labels.device)],
         True,
     )
+
+
+def _check_inputs(query: Any, query_labels: Any, reference: Any, reference_labels: Any, riq: bool, check: Callable):
+    """Checked ``(query, query_labels, reference, reference_labels, ref_includes_query)`` (``reference`` None: the
+    queries themselves), labels checked by ``check(name, labels, n, n_name=...)``."""
+    query = check_embeddings("query", query)
+    query_labels = check("query_labels", query_labels, query.shape[0], n_name="query")
+    if reference is None:
+        if reference_labels is not None:
+            raise ValueError("reference_labels given without reference")
+        return query, query_labels, query, query_labels, True
+    reference = check_embeddings("reference", reference)
+    if reference_labels is None:
+        raise ValueError("reference_labels must be given with reference")
+    reference_labels = check("reference_labels", reference_labels, reference.shape[0], n_name="reference")
+    if reference.shape[1] != query.shape[1]:
+        raise ValueError(
+            f"query and reference must have the same embedding size; got {query.shape[1]} and {reference.shape[1]}"
+        )
+    return query, query_labels, reference, reference_labels, riq
+
+
+def _check_queries_first(query: Tensor, ql: Tensor, reference: Tensor, rl: Tensor, label_sets: bool) -> None:
+    """``ref_includes_query=True``: the first ``Q`` rows of ``reference``/``rl`` must equal ``query``/``ql`` (labels
+    compared as sets with ``label_sets``); ``ValueError`` otherwise."""
+    Q = query.shape[0]
+    if reference.shape[0] < Q:
+        raise ValueError(
+            f"ref_includes_query=True needs the queries as the first rows of reference; reference has "
+            f"{reference.shape[0]} rows for {Q} queries"
+        )
+    if reference is query:
+        return
+    if label_sets:
+        width = max(ql.shape[1], rl.shape[1])
+        ql, rl = (torch.nn.functional.pad(x, (0, width - x.shape[1]), value=-1).sort(1).values for x in (ql, rl[:Q]))
+    if not (torch.equal(ql, rl[:Q].to(ql.device)) and torch.allclose(query, reference[:Q].to(query.device))):
+        raise ValueError(
+            "ref_includes_query=True: the first len(query) rows of reference (and reference_labels) must equal "
+            "query (and query_labels)"
+        )
 
 
 def _to_host(per_query: dict[str, list[Tensor]]) -> dict[str, Tensor]:
