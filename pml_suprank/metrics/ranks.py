@@ -98,13 +98,14 @@ def _check_levels(levels: Tensor, scores: Tensor, num_levels: int | None) -> tup
     return levels, num_levels
 
 
-def check_mask(mask: Tensor | None, scores: Tensor) -> Tensor | None:
+def check_mask(mask: Tensor | None, scores: Tensor, name: str = "mask") -> Tensor | None:
+    """``mask`` (None, or a bool tensor of the shape of ``scores``), else TypeError / ValueError naming ``name``."""
     if mask is None:
         return None
     if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-        raise TypeError(f"mask must be a bool torch.Tensor; got {getattr(mask, 'dtype', type(mask).__name__)}")
+        raise TypeError(f"{name} must be a bool torch.Tensor; got {getattr(mask, 'dtype', type(mask).__name__)}")
     if mask.shape != scores.shape:
-        raise ValueError(f"mask must have the shape of scores {tuple(scores.shape)}; got shape {tuple(mask.shape)}")
+        raise ValueError(f"{name} must have the shape of scores {tuple(scores.shape)}; got shape {tuple(mask.shape)}")
     return mask
 
 
