@@ -234,19 +234,15 @@ class RetrievalEvaluator:
             _check_queries_first(query, ql, reference, rl, label_sets=multilabel)
         if multilabel:
             return evaluate_multilabel(self, query, ql, reference, rl, riq)
-        self_idx = torch.arange(query.shape[0]) if riq else None
         if self.backend == "faiss":
-            return self._faiss_per_query(query, ql, reference, rl, self_idx), query.shape[0], ql.shape[1]
+            return self._faiss_per_query(query, ql, reference, rl, riq), query.shape[0], ql.shape[1]
         device = self.device if self.device is not None else query.device
         dtype = query.dtype if query.dtype in (torch.float32, torch.float64) else torch.float32
         Q, N, L = query.shape[0], reference.shape[0], ql.shape[1]
         perm, starts, ends = label_blocks(ql.cpu(), rl.cpu())
         self_col = None
-        if self_idx is not None:
-            inv = torch.empty_like(perm)
-            inv[perm] = torch.arange(N)
-            self_col = torch.full((Q,), -1, dtype=torch.long)
-            self_col[self_idx] = inv[self_idx]
+        if riq:  # the column of each query in the permuted gallery
+            self_col = torch.empty_like(perm).scatter_(0, perm, torch.arange(N))[:Q]
         gallery = reference.detach()[perm.to(reference.device)].to(dtype=dtype)
         query_scale, gallery = overflow_safe_scales(query, gallery)
         # relevant slots per query, read once from host tensors: they size chunks and slot widths (no read-back)
@@ -323,7 +319,7 @@ class RetrievalEvaluator:
         return result
 
     def _faiss_per_query(
-        self, query: Tensor, ql: Tensor, reference: Tensor, rl: Tensor, self_idx: Tensor | None
+        self, query: Tensor, ql: Tensor, reference: Tensor, rl: Tensor, riq: bool
     ) -> dict[str, Tensor]:
         try:
             import faiss
@@ -332,17 +328,17 @@ class RetrievalEvaluator:
         import numpy as np
 
         Q, N = query.shape[0], reference.shape[0]
-        kmax = min(max(self.k_values + (1,)), N - (1 if self_idx is not None else 0))
-        extra = 1 if self_idx is not None else 0
+        extra = int(riq)
+        kmax = min(max(self.k_values + (1,)), N - extra)
         index = faiss.IndexFlatIP(reference.shape[1])
         index.add(np.ascontiguousarray(reference.detach().cpu().float().numpy()))
         _, nn = index.search(np.ascontiguousarray(query.detach().cpu().float().numpy()), kmax + extra)
         nn = torch.from_numpy(nn).long()
-        if self_idx is not None:  # drop the query itself by index (keep the first kmax others)
+        if riq:  # drop the query itself by index (keep the first kmax others)
             keep = nn != torch.arange(Q)[:, None]
             order = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices[:, :kmax]
             nn = nn.gather(1, order)
-        ranks = _knn_ranks(nn, ql.cpu(), rl.cpu(), self_idx is not None)
+        ranks = _knn_ranks(nn, ql.cpu(), rl.cpu(), riq)
         return {k: v.double() for k, v in self._metrics_from_ranks(ranks).items()}
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .._validation import check_positive_int
 from ..relevance import check_multilabel, dedupe_label_sets, ideal_dcg
 from .from_ranks import ap_from_ranks
 from .ranks import RetrievalRanks, check_mask, check_scores, retrieval_ranks
@@ -31,16 +32,13 @@ GAINS = ("exponential", "linear")
 GRADED_BLOCK = 2**22  # elements of the (C, N) score block processed at once
 
 
-def _check_scores_mask(scores: Tensor, mask: Tensor | None, block_elements: int) -> None:
+def _check_inputs(scores: Tensor, mask: Tensor | None, block_elements: int, relevance: Tensor | None = None) -> Tensor:
+    """Validate the arguments; return ``relevance`` (if given) as float64 on the device of ``scores``."""
     check_scores(scores)  # the engine's checks: (Q, N) floating point, no NaN
     check_mask(mask, scores)
-    if isinstance(block_elements, bool) or not isinstance(block_elements, int) or block_elements < 1:
-        raise ValueError(f"block_elements must be a positive int; got {block_elements!r}")
-
-
-def _check_inputs(scores: Tensor, relevance: Tensor, mask: Tensor | None, block_elements: int) -> Tensor:
-    """Validate the arguments; return ``relevance`` as float64 on the device of ``scores``."""
-    _check_scores_mask(scores, mask, block_elements)
+    check_positive_int("block_elements", block_elements)
+    if relevance is None:
+        return None
     if not isinstance(relevance, Tensor):
         raise TypeError(f"relevance must be a torch.Tensor of shape (Q, N); got {type(relevance).__name__}")
     if relevance.is_complex():
@@ -169,7 +167,7 @@ def graded_average_precision(
         TypeError: non-tensor or non-floating ``scores``, complex ``relevance``, a non-bool ``mask``.
         ValueError: shape mismatches, NaN scores, negative or non-finite relevance, bad ``block_elements``.
     """
-    rel = _check_inputs(scores, relevance, mask, block_elements)
+    rel = _check_inputs(scores, mask, block_elements, relevance)
     return _per_block(scores, rel, mask, block_elements, hap_block)
 
 
@@ -200,7 +198,7 @@ def graded_ndcg(
     Raises:
         TypeError / ValueError: as :func:`graded_average_precision`; ``ValueError`` for an unknown ``gain``.
     """
-    rel = _check_inputs(scores, relevance, mask, block_elements)
+    rel = _check_inputs(scores, mask, block_elements, relevance)
     if gain not in GAINS:
         raise ValueError(f"gain must be one of {GAINS}; got {gain!r}")
     return _per_block(scores, rel, mask, block_elements, lambda r, v: ndcg_block(r, v, gain))
@@ -234,7 +232,7 @@ def mean_label_average_precision(
         :func:`pml_suprank.relevance.multilabel_relevance` for the labels; ``ValueError`` when the label counts do
         not match ``scores``.
     """
-    _check_scores_mask(scores, mask, block_elements)
+    _check_inputs(scores, mask, block_elements)
     q = dedupe_label_sets(check_multilabel("query_labels", query_labels))
     r = check_multilabel("ref_labels", ref_labels)
     if scores.shape != (q.shape[0], r.shape[0]):

@@ -411,7 +411,8 @@ def _count_negatives_histogram(
                     r_t = rs_flat[row_base + (first + t).clamp_max(P - 1)]
                     above += ((t < count) & (r_t > cs)).long()
             else:  # many exactly tied relevant scores: one batched binary search instead
-                above = _count_greater(rs, vs, ci, cs) - first
+                seq = (-rs).masked_fill(~vs, float("inf")).contiguous()  # #{k : -r_k < -s} = #{k : r_k > s}
+                above = _search_rows(seq, ci, -cs, float("inf")) - first
             # +1 to the relevant items of the bin with r <= s: sorted slots [first + above, first + count)
             diff = torch.zeros(C * (P + 1), dtype=torch.int64, device=device)
             base = ci * (P + 1)
@@ -449,31 +450,21 @@ def _count_negatives_search(
     neg_ge = torch.zeros(C, P, dtype=torch.long, device=device)
     if flat.numel():
         rows = torch.div(flat, N, rounding_mode="floor")
-        queries_flat = to_seq(neg_scores.reshape(-1)[flat])
-        per_row = torch.bincount(rows, minlength=C)
-        width = int(per_row.max())
-        first = torch.cumsum(per_row, 0) - per_row
-        slot = rows * width + (torch.arange(flat.numel(), device=device) - first[rows])
-        queries = torch.full((C * width,), pad, dtype=seq.dtype, device=device)
-        queries[slot] = queries_flat
         # #{k : seq_k < query} < #relevant of the row, because the query scores at least the lowest relevant item
-        above = torch.searchsorted(seq, queries.view(C, width)).view(-1)[slot]
+        above = _search_rows(seq, rows, to_seq(neg_scores.reshape(-1)[flat]), pad)
         neg_ge.view(-1).index_add_(0, rows * P + above, torch.ones_like(above))
     return neg_ge.cumsum_(1)
 
 
-def _count_greater(rs: Tensor, vs: Tensor, rows: Tensor, values: Tensor) -> Tensor:
-    """``#{k : rs[row, k] > value}`` for flattened (row, value) pairs; ``rs`` descending per row."""
-    C, P = rs.shape
-    counts = torch.bincount(rows, minlength=C)
-    M = int(counts.max())
-    start = torch.cumsum(counts, 0) - counts
-    slot = torch.arange(rows.numel(), device=rs.device) - start[rows]
-    padded = torch.full((C, M), float("inf"), dtype=rs.dtype, device=rs.device)
-    padded[rows, slot] = -values
-    seq = (-rs).masked_fill(~vs, float("inf")).contiguous()
-    found = torch.searchsorted(seq, padded, right=False)  # #{k : -r_k < -v} = #{k : r_k > v}
-    return found[rows, slot]
+def _search_rows(seq: Tensor, rows: Tensor, values: Tensor, pad: float | int) -> Tensor:
+    """``searchsorted(seq[row], value)`` for flattened ``(row, value)`` pairs, ``rows`` non-decreasing: the values
+    of each row padded with ``pad`` into one ``(C, M)`` batched search."""
+    C = seq.shape[0]
+    per_row = torch.bincount(rows, minlength=C)
+    slot = torch.arange(rows.numel(), device=seq.device) - (torch.cumsum(per_row, 0) - per_row)[rows]
+    padded = torch.full((C, int(per_row.max())), pad, dtype=seq.dtype, device=seq.device)
+    padded[rows, slot] = values
+    return torch.searchsorted(seq, padded)[rows, slot]
 
 
 def retrieval_ranks(
