@@ -12,7 +12,9 @@ supp. B-B3 (Property 1); HAPPIER (ECCV 2022); mAP@R and R-precision: Musgrave et
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -86,45 +88,37 @@ class RankStats:
             lv = torch.zeros(C, 1, dtype=lv.dtype, device=lv.device)
             positions = torch.zeros_like(lv)
         self.levels, self.positions, self.counts, self.num_levels = lv, positions, ranks.counts, ranks.num_levels
-        self._ge: dict[int, Tensor] = {}
-        self._cum_ge: dict[int, Tensor] = {}
-        self._cprec: dict[int, Tensor] = {}
-        self._upto: dict[tuple[str, int], Tensor] = {}
-        self._points: dict[tuple, tuple[Tensor, Tensor]] = {}
-        self._n_pos: dict[int, Tensor] = {}
-        self._level_sums: Tensor | None = None
-        self._level_disc: Tensor | None = None
-        self._asi_sums: Tensor | None = None
-        self._position: Tensor | None = None
-        self._inv_position: Tensor | None = None
+        self._cache: dict[tuple, Any] = {}  # (what, argument) -> tensor
+        self._level_sums = self._level_disc = self._asi_sums = None
         self._compiled = _compiled_prefix_sums(lv, positions)
         self._named = (ALL, *(("r", m) for m in range(1, self.num_levels + 1)), *(("k", _check_k(k)) for k in k_values))
+
+    def _memo(self, key: tuple, compute: Callable[[], Any]) -> Any:
+        if key not in self._cache:
+            self._cache[key] = compute()
+        return self._cache[key]
 
     @property
     def valid(self) -> Tensor:
         """``(C, P)`` bool: the slot holds a relevant item (level ``>= 1``)."""
         return self.ge(1)
 
-    @property
+    @functools.cached_property
     def position(self) -> Tensor:
         """``(C, P)`` float64 positions, ``inf`` on padding (non-decreasing along the slots)."""
-        if self._position is None:
-            self._position = _f64(self.positions).masked_fill_(~self.valid, float("inf"))
-        return self._position
+        return _f64(self.positions).masked_fill_(~self.valid, float("inf"))
 
-    @property
+    @functools.cached_property
     def inv_position(self) -> Tensor:
         """``(C, P)`` float64 ``1 / position``, ``0`` on padding."""
-        if self._inv_position is None:
-            self._inv_position = self.position.reciprocal()
-        return self._inv_position
+        return self.position.reciprocal()
 
     def count_at(self, m: int, at: tuple) -> Tensor:
         """``(C,)`` float64 ``A_m`` at the threshold ``at``: items of level ``>= m`` within it (see the class)."""
         self._check_point(m, at)
         if self._compiled:
             return self._walk(at)[0][m - 1]
-        return self.cum_ge(m)[:, -1] if at == ALL else _at(self.cum_ge(m), self._upto_key(at))
+        return self.cum_ge(m)[:, -1] if at == ALL else _at(self.cum_ge(m), self._upto(at))
 
     def precision_sum_at(self, m: int, at: tuple) -> Tensor:
         """``(C,)`` float64 ``Σ rank⁺(k) / rank(k)`` over the positives (level ``>= m``) within the threshold
@@ -132,7 +126,7 @@ class RankStats:
         self._check_point(m, at)
         if self._compiled:
             return self._walk(at)[1][m - 1]
-        return self.cum_precision(m)[:, -1] if at == ALL else _at(self.cum_precision(m), self._upto_key(at))
+        return self.cum_precision(m)[:, -1] if at == ALL else _at(self.cum_precision(m), self._upto(at))
 
     def _check_point(self, m: int, at: tuple) -> None:
         L = self.num_levels
@@ -148,61 +142,60 @@ class RankStats:
         if not ok:
             raise ValueError(f"at must be ALL, ('k', k) with k >= 1 or ('r', m) with 1 <= m <= {L}; got {at!r}")
 
-    def _upto_key(self, at: tuple) -> Tensor:
-        return self.upto_k(at[1]) if at[0] == "k" else self.upto_r(at[1])
+    def _upto(self, at: tuple) -> Tensor:
+        """``(C, 1)`` number of slots with position ``<=`` the threshold ``("k", k)`` or ``("r", m)``."""
+        if ("upto", at) not in self._cache:
+            t = _f64(self._threshold(at))[:, None].contiguous()
+            self._cache[("upto", at)] = torch.searchsorted(self.position, t, right=True)
+        return self._cache[("upto", at)]
 
     def _walk(self, at: tuple) -> tuple[Tensor, Tensor]:
         """``(L, C)`` counts and precision sums at ``at`` from the compiled walk, which also fills the thresholds
         named at construction and the per-level sums."""
-        if at not in self._points:
+        if ("walk", at) not in self._cache:
             from ._compiled_rank_sums import rank_sums_compiled
 
-            keys = [at, *(key for key in self._named if key not in self._points and key != at)]
+            keys = [at, *(key for key in self._named if ("walk", key) not in self._cache and key != at)]
             thresholds = torch.stack([self._threshold(key) for key in keys], 1)
             ge_at, prec_at, level_sums, level_disc, asi = rank_sums_compiled(
                 self.levels, self.positions, self.counts, thresholds, self.num_levels
             )
             for i, key in enumerate(keys):
-                self._points[key] = (ge_at[:, :, i], prec_at[:, :, i])
+                self._cache[("walk", key)] = (ge_at[:, :, i], prec_at[:, :, i])
             if self._level_sums is None:
                 self._level_sums, self._level_disc, self._asi_sums = level_sums, level_disc, asi
-        return self._points[at]
+        return self._cache[("walk", at)]
 
     def _threshold(self, at: tuple) -> Tensor:
         """``(C,)`` int64 position of the threshold ``at`` (the whole ranking: larger than every position)."""
         C = self.levels.shape[0]
         if at == ALL:
-            return torch.full((C,), 2**62, dtype=torch.int64)
+            return torch.full((C,), 2**62, dtype=torch.int64, device=self.levels.device)
         if at[0] == "k":
-            return torch.full((C,), at[1], dtype=torch.int64)
+            return torch.full((C,), at[1], dtype=torch.int64, device=self.levels.device)
         return self.n_pos(at[1]).to(torch.int64)
 
     def n_pos(self, m: int) -> Tensor:
         """``(C,)`` int64 number of gallery items at level ``>= m``."""
-        if m not in self._n_pos:
-            self._n_pos[m] = self.counts[:, m:].sum(1)
-        return self._n_pos[m]
+        return self._memo(("n_pos", m), lambda: self.counts[:, m:].sum(1))
 
     def ge(self, m: int) -> Tensor:
         """``(C, P)`` bool: the slot holds an item of level ``>= m``."""
-        if m not in self._ge:
-            self._ge[m] = self.levels >= m
-        return self._ge[m]
+        return self._memo(("ge", m), lambda: self.levels >= m)
 
     def cum_ge(self, m: int) -> Tensor:
         """``(C, P)`` float64 ``A_m``: items of level ``>= m`` ranked at or before each slot (inclusive)."""
-        if m not in self._cum_ge:  # integer counts: an int32 scan then one conversion (exact, faster)
-            self._cum_ge[m] = torch.cumsum(self.ge(m), 1, dtype=torch.int32).to(torch.float64)
-        return self._cum_ge[m]
+        # integer counts: an int32 scan then one conversion (exact, faster)
+        return self._memo(("cum_ge", m), lambda: torch.cumsum(self.ge(m), 1, dtype=torch.int32).to(torch.float64))
 
     def cum_precision(self, m: int) -> Tensor:
         """``(C, P)`` float64 inclusive prefix sums of ``rank⁺(k) / rank(k)`` over the positives (level ``>= m``)."""
-        if m not in self._cprec:
+        if ("cprec", m) not in self._cache:
             prec = self.cum_ge(m) * self.inv_position  # inv_position is 0 on padding: only levels < m need masking
             if m > 1:
                 prec.mul_(self.ge(m))  # exact: x·1 = x, and x·0 = 0 for the finite x here
-            self._cprec[m] = prec.cumsum_(1)
-        return self._cprec[m]
+            self._cache[("cprec", m)] = prec.cumsum_(1)
+        return self._cache[("cprec", m)]
 
     def level_sums(self) -> Tensor:
         """``(C, L, L)`` float64 ``[c, λ - 1, l - 1] = Σ_{k: level λ} A_l(k) / rank(k)`` over the slots of level
@@ -233,23 +226,6 @@ class RankStats:
         """``(C, L)`` float64 number of slots of level exactly ``λ = 1..L``."""
         ge = torch.stack([self.count_at(m, ALL) for m in range(1, self.num_levels + 1)], 1)
         return ge - torch.cat([ge[:, 1:], torch.zeros_like(ge[:, :1])], 1)
-
-    def upto_k(self, k: int) -> Tensor:
-        """``(C, 1)`` number of slots with position ``<= k``."""
-        if ("k", k) not in self._upto:
-            C = self.levels.shape[0]
-            self._upto[("k", k)] = self._upto_t(torch.full((C,), k, dtype=torch.float64, device=self.levels.device))
-        return self._upto[("k", k)]
-
-    def upto_r(self, m: int) -> Tensor:
-        """``(C, 1)`` number of slots with position ``<= R``, ``R`` = number of positives at threshold ``m``."""
-        if ("r", m) not in self._upto:
-            self._upto[("r", m)] = self._upto_t(self.n_pos(m))
-        return self._upto[("r", m)]
-
-    def _upto_t(self, t: Tensor) -> Tensor:
-        C = self.levels.shape[0]
-        return torch.searchsorted(self.position, _f64(t).reshape(-1, 1).expand(C, 1).contiguous(), right=True)
 
 
 def _stats(ranks: RetrievalRanks | RankStats) -> RankStats:
