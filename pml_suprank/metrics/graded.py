@@ -18,6 +18,8 @@ References:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -132,14 +134,14 @@ def ndcg_block(ranks: RetrievalRanks, values: Tensor, gain: str) -> Tensor:
     return torch.where(n_rel > 0, dcg / torch.where(idcg > 0, idcg, torch.ones_like(idcg)), float("nan"))
 
 
-def _per_block(scores, rel, mask, block_elements, metric) -> Tensor:
-    Q, N = scores.shape
-    rows = max(1, block_elements // max(N, 1))
+def _per_block(scores: Tensor, mask: Tensor | None, rows: int, block: Callable[..., Tensor]) -> Tensor:
+    """``(Q,)`` float64 ``block(score rows, mask rows or None, row slice)`` over blocks of ``rows`` queries."""
+    Q = scores.shape[0]
+    rows = max(1, rows)
     out = torch.empty(Q, dtype=torch.float64, device=scores.device)
     for i in range(0, Q, rows):
-        m = None if mask is None else mask[i : i + rows]
-        ranks, values = graded_ranks(scores[i : i + rows].detach(), rel[i : i + rows], m)
-        out[i : i + rows] = metric(ranks, values)
+        sl = slice(i, i + rows)
+        out[sl] = block(scores[sl].detach(), None if mask is None else mask[sl], sl)
     return out
 
 
@@ -168,7 +170,8 @@ def graded_average_precision(
         ValueError: shape mismatches, NaN scores, negative or non-finite relevance, bad ``block_elements``.
     """
     rel = _check_inputs(scores, mask, block_elements, relevance)
-    return _per_block(scores, rel, mask, block_elements, hap_block)
+    rows = block_elements // max(scores.shape[1], 1)
+    return _per_block(scores, mask, rows, lambda sc, m, sl: hap_block(*graded_ranks(sc, rel[sl], m)))
 
 
 def graded_ndcg(
@@ -201,7 +204,8 @@ def graded_ndcg(
     rel = _check_inputs(scores, mask, block_elements, relevance)
     if gain not in GAINS:
         raise ValueError(f"gain must be one of {GAINS}; got {gain!r}")
-    return _per_block(scores, rel, mask, block_elements, lambda r, v: ndcg_block(r, v, gain))
+    rows = block_elements // max(scores.shape[1], 1)
+    return _per_block(scores, mask, rows, lambda sc, m, sl: ndcg_block(*graded_ranks(sc, rel[sl], m), gain))
 
 
 def mean_label_average_precision(
@@ -241,12 +245,9 @@ def mean_label_average_precision(
             f"got shape {tuple(scores.shape)}"
         )
     q, r = q.to(scores.device), r.to(scores.device)
-    Q, R = scores.shape
-    rows = max(1, block_elements // max(R * r.shape[1], 1))
-    out = torch.empty(Q, dtype=torch.float64, device=scores.device)
-    for i in range(0, Q, rows):
-        qs, sc = q[i : i + rows], scores[i : i + rows].detach()
-        m = None if mask is None else mask[i : i + rows]
+
+    def block(sc: Tensor, m: Tensor | None, sl: slice) -> Tensor:
+        qs = q[sl]
         total = torch.zeros(qs.shape[0], dtype=torch.float64, device=scores.device)
         count = torch.zeros_like(total)
         for col in range(qs.shape[1]):
@@ -256,5 +257,6 @@ def mean_label_average_precision(
             ok = ~torch.isnan(ap)
             total += torch.where(ok, ap, 0.0)
             count += ok
-        out[i : i + rows] = torch.where(count > 0, total / count.clamp_min(1), float("nan"))
-    return out
+        return torch.where(count > 0, total / count.clamp_min(1), float("nan"))
+
+    return _per_block(scores, mask, block_elements // max(r.shape[0] * r.shape[1], 1), block)

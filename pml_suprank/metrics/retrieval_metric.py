@@ -138,17 +138,9 @@ class RetrievalMetric:
         group = self.process_group
         device = comm_device(group, emb.device if emb.numel() else None)
         has = bool(self._embeddings)
-        header = torch.tensor(
-            [
-                emb.shape[0],
-                emb.shape[1] if has else -1,
-                labels.dim() if has else -1,
-                labels.shape[1] if has and labels.dim() == 2 else 0,
-                int(emb.dtype == torch.float64),
-                int(indices is not None) if has else -1,
-            ],
-            device=device,
-        )
+        shape = [emb.shape[0], emb.shape[1], labels.dim(), labels.shape[1] if labels.dim() == 2 else 0]
+        values = [*shape, int(emb.dtype == torch.float64), int(indices is not None)] if has else [0, -1, -1, 0, 0, -1]
+        header = torch.tensor(values, device=device)
         headers = [torch.empty_like(header) for _ in range(torch.distributed.get_world_size(group))]
         torch.distributed.all_gather(headers, header, group=group)
         table = torch.stack(headers).cpu()
