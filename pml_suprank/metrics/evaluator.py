@@ -187,8 +187,7 @@ class RetrievalEvaluator:
             multilabel = self.multilabel
         if not isinstance(multilabel, bool):
             raise TypeError(f"multilabel must be a bool or None; got {type(multilabel).__name__}")
-        if not isinstance(distributed, bool):
-            raise TypeError(f"distributed must be a bool; got {type(distributed).__name__}")
+        check_bool("distributed", distributed)
         device = check_device("device", device)
         evaluator = self
         if device is not None and device != self.device:  # this call only: a copy with that device
@@ -310,10 +309,10 @@ class RetrievalEvaluator:
             ok = ~torch.isnan(v)
             result[key] = float(v[ok].mean()) if bool(ok.any()) else float("nan")
         result["num_queries"] = Q
-        result["num_queries_without_positives"] = int((per_query["_n_pos_fine"] == 0).sum())
-        result["num_queries_without_relevant"] = int((per_query["_n_rel"] == 0).sum())
-        for h in range(L):
-            result[f"num_queries_without_positives_level{h}"] = int((per_query[f"_n_pos_level{h}"] == 0).sum())
+        without = [int((per_query[f"_n_pos_level{h}"] == 0).sum()) for h in range(L)]
+        result["num_queries_without_positives"] = without[0]
+        result["num_queries_without_relevant"] = without[L - 1]
+        result.update({f"num_queries_without_positives_level{h}": n for h, n in enumerate(without)})
         if return_per_query:
             result["per_query"] = {k: v for k, v in per_query.items() if not k.startswith("_")}
         return result

@@ -123,12 +123,9 @@ def _chunk_metrics(
 
 def query_counts(counts: Tensor) -> dict[str, Tensor]:
     """The ``_``-prefixed ``(C,)`` float64 counts that ``RetrievalEvaluator._summarise`` reduces, from the
-    ``(C, L + 1)`` items per level."""
+    ``(C, L + 1)`` items per level: ``_n_pos_level{h}``, the items at level ``>= L - h`` (``h = L - 1``: relevant)."""
     L = counts.shape[1] - 1
-    out = {"_n_pos_fine": counts[:, L].double(), "_n_rel": counts[:, 1:].sum(1).double()}
-    for h in range(L):
-        out[f"_n_pos_level{h}"] = counts[:, L - h :].sum(1).double()
-    return out
+    return {f"_n_pos_level{h}": counts[:, L - h :].sum(1).double() for h in range(L)}
 
 
 def evaluate_multilabel(
