@@ -136,8 +136,8 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
             # a multi-label group (mean_label_ap) is computed on single-label data only when named: it repeats "ap"
             ours = [m for m in wanted if m in _ADDED and (METRICS[m].single_label or m in named)]
             if theirs:  # PML's metrics on the fine labels, re-indexed to 0..K-1
-                fine = torch.unique(torch.cat([query_labels[:, 0], reference_labels[:, 0].to(query_labels.device)]),
-                                    return_inverse=True)[1]  # fmt: skip
+                both = torch.cat([query_labels[:, 0], reference_labels[:, 0].to(query_labels.device)])
+                fine = torch.unique(both, return_inverse=True)[1]
                 Q = len(query)
                 result.update(super().get_accuracy(query, fine[:Q], reference, fine[Q:], riq, include=tuple(theirs)))
         if ours:
@@ -168,10 +168,15 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
                 f"calculate_{spec.name} needs the inputs PML passes to metric functions ({missing} missing); "
                 "call get_accuracy(...) or pass query=, query_labels=, reference=, reference_labels="
             )
+        riq = bool(kwargs.get("ref_includes_query", False))
         query, query_labels, reference, reference_labels, riq = _inputs(
-            kwargs["query"], kwargs["query_labels"], kwargs.get("reference"), kwargs.get("reference_labels"),
-            bool(kwargs.get("ref_includes_query", False)), integer_labels,
-        )  # fmt: skip
+            kwargs["query"],
+            kwargs["query_labels"],
+            kwargs.get("reference"),
+            kwargs.get("reference_labels"),
+            riq,
+            integer_labels,
+        )
         if not self.multilabel:
             query_labels, reference_labels = self._label_pair(query, query_labels, reference, reference_labels)
         return self._run([spec.name], query, query_labels, reference, reference_labels, riq)
@@ -201,13 +206,10 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
         self, groups: Sequence[str], query: Any, ql: Any, reference: Any, rl: Any, riq: bool
     ) -> tuple[dict[str, Any], int]:
         """``(evaluate's result, L)`` of the added ``groups`` (multi-label when the calculator is)."""
-        if self.multilabel:
-            evaluator = RetrievalEvaluator(metrics=groups, device=self.device, hierarchy=self.hierarchy,
-                                           multilabel=True, **self._evaluator_kwargs)  # fmt: skip
-            num_levels = 1 if self.hierarchy is None else self.hierarchy.num_levels
-        else:
-            evaluator = RetrievalEvaluator(metrics=groups, device=self.device, **self._evaluator_kwargs)
-            num_levels = ql.shape[1]
+        ml, kw = self.multilabel, self._evaluator_kwargs
+        hierarchy = self.hierarchy if ml else None
+        evaluator = RetrievalEvaluator(metrics=groups, device=self.device, hierarchy=hierarchy, multilabel=ml, **kw)
+        num_levels = (1 if self.hierarchy is None else self.hierarchy.num_levels) if ml else ql.shape[1]
         same = reference is query
         values = evaluator.evaluate(query.float(), ql, None if same else reference.float(), None if same else rl,
                                     ref_includes_query=riq and not same)  # fmt: skip

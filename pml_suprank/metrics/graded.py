@@ -26,7 +26,7 @@ from torch import Tensor
 from .._validation import check_positive_int
 from ..relevance import check_multilabel, dedupe_label_sets, ideal_dcg
 from .from_ranks import ap_from_ranks
-from .ranks import RetrievalRanks, check_mask, check_scores, retrieval_ranks
+from .ranks import RetrievalRanks, check_mask, check_scores, compact_rows, retrieval_ranks
 
 __all__ = ["GAINS", "graded_average_precision", "graded_levels", "graded_ndcg", "mean_label_average_precision"]
 
@@ -70,17 +70,10 @@ def graded_levels(relevance: Tensor, mask: Tensor | None = None) -> tuple[Tensor
     """
     rel = relevance.to(torch.float64)
     Q, N = rel.shape
-    pos = rel > 0
-    if mask is not None:
-        pos = pos & mask
-    n_pos = pos.sum(1)
-    P = int(n_pos.max()) if Q and N else 0
-    rows, cols = pos.nonzero(as_tuple=True)
-    slot = pos.long().cumsum(1)[rows, cols] - 1
-    vals = torch.full((Q, P), float("inf"), dtype=torch.float64, device=rel.device)
+    rows, cols, slot, valid = compact_rows(rel > 0 if mask is None else (rel > 0) & mask)
+    vals = torch.full(valid.shape, float("inf"), dtype=torch.float64, device=rel.device)
     vals[rows, slot] = rel[rows, cols]
     sorted_vals, perm = vals.sort(dim=1)
-    valid = torch.arange(P, device=rel.device) < n_pos[:, None]
     new = torch.ones_like(valid)
     new[:, 1:] = sorted_vals[:, 1:] != sorted_vals[:, :-1]
     dense = (new & valid).long().cumsum(1).masked_fill_(~valid, 0)  # level of each sorted slot

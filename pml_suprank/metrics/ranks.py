@@ -467,6 +467,16 @@ def _search_rows(seq: Tensor, rows: Tensor, values: Tensor, pad: float | int) ->
     return torch.searchsorted(seq, padded)[rows, slot]
 
 
+def compact_rows(selected: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The ``True`` entries of ``selected`` ``(Q, N)`` packed to the left of ``(Q, P)`` rows (``P``: most per row):
+    ``(rows, cols, slot)`` of each entry and the ``(Q, P)`` bool of the filled slots."""
+    n = selected.sum(1)
+    P = int(n.max()) if selected.numel() else 0
+    rows, cols = selected.nonzero(as_tuple=True)
+    slot = selected.long().cumsum(1)[rows, cols] - 1
+    return rows, cols, slot, torch.arange(P, device=selected.device) < n[:, None]
+
+
 def retrieval_ranks(
     scores: Tensor,
     levels: Tensor,
@@ -493,16 +503,10 @@ def retrieval_ranks(
     scores = check_scores(scores)
     levels, L = _check_levels(levels, scores, num_levels)
     mask = check_mask(mask, scores)
-    Q, N = scores.shape
     keep = torch.ones_like(levels, dtype=torch.bool) if mask is None else mask
-    relevant = (levels > 0) & keep
-    n_rel = relevant.sum(1)
-    P = int(n_rel.max()) if Q else 0
-    rows, cols = relevant.nonzero(as_tuple=True)
-    slot = relevant.long().cumsum(1)[rows, cols] - 1
-    rel_idx = torch.zeros(Q, P, dtype=torch.long, device=scores.device)
+    rows, cols, slot, slot_valid = compact_rows((levels > 0) & keep)
+    rel_idx = torch.zeros(slot_valid.shape, dtype=torch.long, device=scores.device)
     rel_idx[rows, slot] = cols
-    slot_valid = torch.arange(P, device=scores.device) < n_rel[:, None]
     rel_scores = scores.gather(1, rel_idx)
     rel_levels = torch.where(slot_valid, levels.gather(1, rel_idx), torch.zeros_like(rel_idx))
     neg_scores = scores.masked_fill(~(keep & (levels == 0)), float("-inf"))
