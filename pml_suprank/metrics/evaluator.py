@@ -235,26 +235,22 @@ class RetrievalEvaluator:
             return evaluate_multilabel(self, query, ql, reference, rl, riq)
         if self.backend == "faiss":
             return self._faiss_per_query(query, ql, reference, rl, riq), query.shape[0], ql.shape[1]
-        device = self.device if self.device is not None else query.device
-        dtype = query.dtype if query.dtype in (torch.float32, torch.float64) else torch.float32
+        device, dtype = self._device_dtype(query)
         Q, N, L = query.shape[0], reference.shape[0], ql.shape[1]
         perm, starts, ends = label_blocks(ql.cpu(), rl.cpu())
         self_col = None
         if riq:  # the column of each query in the permuted gallery
             self_col = torch.empty_like(perm).scatter_(0, perm, torch.arange(N))[:Q]
         gallery = reference.detach()[perm.to(reference.device)].to(dtype=dtype)
-        query_scale, gallery = overflow_safe_scales(query, gallery)
         # relevant slots per query, read once from host tensors: they size chunks and slot widths (no read-back)
         n_block = (ends[:, 0] - starts[:, 0]).tolist()
-        device = torch.device(device)
         # bytes the gallery would take on an accelerator it is not on yet (host memory is never the limit)
         moved = 0 if device.type in ("cpu", gallery.device.type) else gallery.numel() * gallery.element_size()
         chunk, width = block_shape(N, max(n_block, default=0), device, L, self.chunk_size, moved)
         order = None
-        if width == N:  # whole rows: the gallery on the device once
-            gallery = gallery.to(device)
-            score_buf = torch.empty(min(chunk, Q), N, dtype=dtype, device=device)
-        else:  # queries in gallery order: the relevant columns of a chunk are a narrow band (GalleryBlocks.gather)
+        if (
+            width < N
+        ):  # queries in gallery order: the relevant columns of a chunk are a narrow band (GalleryBlocks.gather)
             order = torch.sort(starts[:, 0], stable=True).indices
             starts, ends = starts[order], ends[order]
             self_col = None if self_col is None else self_col[order]
@@ -262,37 +258,59 @@ class RetrievalEvaluator:
         block_sizes = [max(n_block[i : i + chunk]) for i in range(0, Q, chunk)]
         starts, ends = starts.to(device), ends.to(device)
         self_col = None if self_col is None else self_col.to(device)
-        per_query: dict[str, list[Tensor]] = {}
         workspace: dict[str, Tensor] = {}
+
+        def per_chunk(i: int, s: int, e: int, scores: Tensor | GalleryBlocks) -> dict[str, Tensor]:
+            cols = None if self_col is None else self_col[s:e]
+            args = (self.num_bins, workspace, self.counting, block_sizes[i])
+            return self._metrics_from_ranks(chunk_ranks(scores, starts[s:e], ends[s:e], cols, *args))
+
+        return self._scan(query, gallery, device, chunk, per_chunk, width, order), Q, L
+
+    def _device_dtype(self, query: Tensor) -> tuple[torch.device, torch.dtype]:
+        """Where this evaluation computes (the evaluator's device, else the query's) and in which float dtype."""
+        dtype = query.dtype if query.dtype in (torch.float32, torch.float64) else torch.float32
+        return torch.device(self.device if self.device is not None else query.device), dtype
+
+    def _scan(
+        self,
+        query: Tensor,
+        gallery: Tensor,
+        device: torch.device,
+        chunk: int,
+        per_chunk: Callable[[int, int, int, Tensor | GalleryBlocks], dict[str, Tensor]],
+        width: int | None = None,
+        order: Tensor | None = None,
+    ) -> dict[str, Tensor]:
+        """``{key: (Q,) float64 on the host}`` in query order from ``per_chunk(i, start, end, scores)`` of the
+        ``i``-th chunk of ``chunk`` queries (taken in ``order`` when given): scores of the queries against the
+        ``(N, D)`` ``gallery`` in its dtype, ``(C, N)`` on ``device``, or :class:`GalleryBlocks` of ``width < N``
+        columns (the gallery stays where it is)."""
+        Q, N = query.shape[0], gallery.shape[0]
+        query_scale, gallery = overflow_safe_scales(query, gallery)
+        if width is None or width == N:  # whole rows: the gallery on the device once
+            width, gallery = N, gallery.to(device)
+            score_buf = torch.empty(min(chunk, Q), N, dtype=gallery.dtype, device=device)
+        per_query: dict[str, list[Tensor]] = {}
         with torch.no_grad():
             for i, s in enumerate(self._chunks(Q, chunk)):
                 e = min(s + chunk, Q)
                 rows = slice(s, e) if order is None else order[s:e].to(query.device)
-                queries = query.detach()[rows].to(device=device, dtype=dtype)  # the queries travel chunk by chunk
+                queries = query.detach()[rows].to(device=device, dtype=gallery.dtype)  # travel chunk by chunk
                 if query_scale != 1.0:
                     queries = queries * query_scale
                 if width == N:
                     scores = torch.mm(queries, gallery.T, out=score_buf[: e - s])
-                else:  # the gallery stays where it is and travels block by block
+                else:  # the gallery travels block by block
                     scores = GalleryBlocks(queries, gallery, width)
-                ranks = chunk_ranks(
-                    scores,
-                    starts[s:e],
-                    ends[s:e],
-                    None if self_col is None else self_col[s:e],
-                    self.num_bins,
-                    workspace,
-                    self.counting,
-                    block_sizes[i],
-                )
-                for key, value in self._metrics_from_ranks(ranks).items():
+                for key, value in per_chunk(i, s, e, scores).items():
                     per_query.setdefault(key, []).append(value)  # stays on the device until the end
         per_query = _to_host(per_query)
         if order is not None:  # back to query order
             inverse = torch.empty_like(order)
             inverse[order] = torch.arange(Q)
             per_query = {key: value[inverse] for key, value in per_query.items()}
-        return per_query, Q, L
+        return per_query
 
     def _metrics_from_ranks(self, ranks: RetrievalRanks) -> dict[str, Tensor]:
         out = metrics_from_ranks(

@@ -28,7 +28,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .._scaling import overflow_safe_scales
 from ..relevance import Hierarchy, check_multilabel, label_ancestors, level_counts, multilabel_relevance
 from .graded import graded_ranks, hap_block, mean_label_average_precision, ndcg_block
 from .ranks import retrieval_ranks
@@ -134,24 +133,15 @@ def evaluate_multilabel(
     """Per-query metrics ``{key: (Q,) float64}`` (plus ``_``-prefixed counts), ``Q`` and ``L`` of a multi-label
     evaluation of checked inputs with the settings of ``evaluator`` (a
     :class:`~pml_suprank.metrics.RetrievalEvaluator`)."""
-    Q, N = query.shape[0], reference.shape[0]
     groups = multilabel_groups(evaluator._multilabel_metrics)
-    device = evaluator.device if evaluator.device is not None else query.device
-    dtype = query.dtype if query.dtype in (torch.float32, torch.float64) else torch.float32
-    gallery = reference.detach().to(device=device, dtype=dtype)
-    query_scale, gallery = overflow_safe_scales(query, gallery)
+    device, dtype = evaluator._device_dtype(query)
     ql, rl = ql.to(device), rl.to(device)
+    N = reference.shape[0]
     chunk = evaluator.chunk_size if evaluator.chunk_size is not None else max(16, 2**23 // max(N, 1))
-    per_query: dict[str, list[Tensor]] = {}
-    with torch.no_grad():
-        for s in evaluator._chunks(Q, chunk):
-            e = min(s + chunk, Q)
-            qc = query.detach()[s:e].to(device=device, dtype=dtype)
-            if query_scale != 1.0:
-                qc = qc * query_scale
-            self_cols = torch.arange(s, e, device=device) if ref_includes_query else None
-            out = _chunk_metrics(evaluator, qc @ gallery.T, ql[s:e], rl, self_cols, groups)
-            for key, value in out.items():
-                per_query.setdefault(key, []).append(value.cpu())
-    L = 1 if evaluator.hierarchy is None else evaluator.hierarchy.num_levels
-    return {k: torch.cat(v) for k, v in per_query.items()}, Q, L
+
+    def per_chunk(i: int, s: int, e: int, scores: Tensor) -> dict[str, Tensor]:
+        self_cols = torch.arange(s, e, device=device) if ref_includes_query else None
+        return _chunk_metrics(evaluator, scores, ql[s:e], rl, self_cols, groups)
+
+    per_query = evaluator._scan(query, reference.detach().to(device=device, dtype=dtype), device, chunk, per_chunk)
+    return per_query, query.shape[0], 1 if evaluator.hierarchy is None else evaluator.hierarchy.num_levels
