@@ -499,22 +499,17 @@ def compute_embeddings(
     """
     device = check_device("device", device)
     if device is None:
-        if accelerator is not None:
-            device = accelerator.device
-        else:
-            p = next(iter(model.parameters()), None)
-            device = p.device if p is not None else torch.device("cpu")
+        p = next(iter(model.parameters()), None)
+        device = accelerator.device if accelerator is not None else torch.device("cpu") if p is None else p.device
     was_training = model.training
     model.eval()
     outputs: list[list[Tensor]] = [[], [], []]
     disable = not progress or not getattr(accelerator, "is_local_main_process", True)
     try:
         for batch in _progress(dataloader, disable, description):
-            x, y = _split_batch(batch, input_key, label_key)
+            x, *parts = _split_batch(batch, input_key, label_key, return_indices)
             x = x.to(device, non_blocking=True) if isinstance(x, Tensor) else x
-            parts = [torch.as_tensor(y).to(device)]
-            if return_indices:
-                parts.append(torch.as_tensor(_batch_indices(batch)).long().to(device))
+            parts = [torch.as_tensor(t).to(device) for t in parts]
             with getattr(accelerator, "autocast", nullcontext)():
                 e = model(x)
             e = (e[0] if isinstance(e, (tuple, list)) else e).float()
@@ -542,15 +537,8 @@ def _progress(iterable: Iterable[Any], disable: bool, description: str) -> Itera
     return tqdm(iterable, desc=description, dynamic_ncols=True, mininterval=1.0, leave=False)
 
 
-def _batch_indices(batch: Any) -> Any:
-    if isinstance(batch, dict) and "index" in batch:
-        return batch["index"]
-    if isinstance(batch, (tuple, list)) and len(batch) >= 3:
-        return batch[2]
-    raise ValueError("return_indices=True needs batches with an 'index' entry or (inputs, labels, indices) tuples")
-
-
-def _split_batch(batch: Any, input_key: str | None, label_key: str | None) -> tuple[Any, Any]:
+def _split_batch(batch: Any, input_key: str | None, label_key: str | None, with_indices: bool) -> list[Any]:
+    """``[inputs, labels]`` of a batch, plus its int64 dataset indices ``with_indices``."""
     if isinstance(batch, dict):
         ik = input_key or next((k for k in ("pixel_values", "image", "images", "input") if k in batch), None)
         lk = label_key or next((k for k in ("labels", "label") if k in batch), None)
@@ -558,7 +546,13 @@ def _split_batch(batch: Any, input_key: str | None, label_key: str | None) -> tu
             raise ValueError(
                 f"cannot find inputs/labels in a batch with keys {sorted(batch)}; pass input_key= and label_key="
             )
-        return batch[ik], batch[lk]
-    if isinstance(batch, (tuple, list)) and len(batch) >= 2:
-        return batch[0], batch[1]
-    raise TypeError(f"batches must be (inputs, labels, ...) tuples or dicts; got {type(batch).__name__}")
+        out, index = [batch[ik], batch[lk]], batch.get("index")
+    elif isinstance(batch, (tuple, list)) and len(batch) >= 2:
+        out, index = list(batch[:2]), batch[2] if len(batch) >= 3 else None
+    else:
+        raise TypeError(f"batches must be (inputs, labels, ...) tuples or dicts; got {type(batch).__name__}")
+    if not with_indices:
+        return out
+    if index is None:
+        raise ValueError("return_indices=True needs batches with an 'index' entry or (inputs, labels, indices) tuples")
+    return [*out, torch.as_tensor(index).long()]
