@@ -10,7 +10,7 @@ import torch
 from pytorch_metric_learning.utils import common_functions as c_f
 from pytorch_metric_learning.utils.accuracy_calculator import EQUALITY, AccuracyCalculator
 
-from .._validation import check_device, check_labels
+from .._validation import check_bool, check_device, check_labels
 from ..relevance import Hierarchy, as_hierarchy, hierarchical_label_pair
 from .evaluator import RetrievalEvaluator
 from .multilabel_eval import multilabel_groups
@@ -76,14 +76,11 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
         multilabel: bool = False,
         **kwargs: Any,
     ) -> None:
-        if not isinstance(multilabel, bool):
-            raise TypeError(f"multilabel must be a bool; got {type(multilabel).__name__}")
-        self.multilabel = multilabel
+        self.multilabel = check_bool("multilabel", multilabel)
         self._cache: dict[str, Any] = {}
         self._num_levels = 1
         self._include = tuple(include)
-        if device is not None:
-            device = check_device("device", device)
+        device = check_device("device", device)
         super().__init__(
             include, exclude, avg_of_avgs, return_per_class, k, label_comparison_fn, device, knn_func, kmeans_func,
             **kwargs,

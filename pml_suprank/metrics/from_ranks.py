@@ -298,7 +298,8 @@ def hap_from_ranks(ranks: RetrievalRanks | RankStats, relevance: Tensor | None =
     Args:
         ranks: from :func:`~pml_suprank.metrics.ranks.retrieval_ranks` (or their :class:`RankStats`).
         relevance: ``(Q, L + 1)`` or ``(L + 1,)`` table ``rel(l)`` (column 0 ignored); default: the pop relevance
-            ``(l / L)^α / |Ω^(l)|`` of Eq. 20 counted on the gallery searched.
+            ``(l / L)^α / |Ω^(l)|`` of Eq. 20 counted on the gallery searched (the items a mask keeps; pass a table
+            for another convention, e.g. the reference code's counts, which include the query itself).
         alpha: ``α`` of Eq. 20 (used only for the default table).
     """
     st = _stats(ranks)

@@ -181,18 +181,8 @@ def graded_ndcg(
     ``g(r) = 2^r − 1`` (``"exponential"``, Eq. 23; integer levels give :func:`~pml_suprank.metrics.functional.ndcg`)
     or ``g(r) = r`` (``"linear"``).
 
-    Args:
-        scores: ``(Q, N)`` floating similarities.
-        relevance: ``(Q, N)`` non-negative finite relevance.
-        mask: optional ``(Q, N)`` bool; ``False`` removes the item from that query's gallery.
-        gain: one of :data:`GAINS`.
-        block_elements: memory bound: queries are processed in blocks of about this many score entries.
-
-    Returns:
-        ``(Q,)`` float64; ``NaN`` for queries without relevant items.
-
-    Raises:
-        TypeError / ValueError: as :func:`graded_average_precision`; ``ValueError`` for an unknown ``gain``.
+    Arguments, result (``(Q,)`` float64, ``NaN`` without relevant items) and errors as
+    :func:`graded_average_precision`; ``gain`` is one of :data:`GAINS` (else ``ValueError``).
     """
     rel = _check_inputs(scores, mask, block_elements, relevance)
     if gain not in GAINS:

@@ -113,11 +113,8 @@ MULTILABEL_KINDS = ("levels", "graded", "labels")
 
 
 def _binary(fn: Callable[..., Tensor]) -> Callable[[R.RankStats, MetricArgs], Tensor]:
-    return lambda st, a: fn(st, min_level=a.min_level)
-
-
-def _binary_k(fn: Callable[..., Tensor]) -> Callable[[R.RankStats, MetricArgs], Tensor]:
-    return lambda st, a: fn(st, a.k, min_level=a.min_level)
+    """``compute`` of a binary ``*_from_ranks`` function (with the cutoff ``k`` of a top-k key)."""
+    return lambda st, a: fn(st, min_level=a.min_level) if a.k is None else fn(st, a.k, min_level=a.min_level)
 
 
 def _sum_w_ap(st: R.RankStats, a: MetricArgs) -> Tensor:
@@ -135,15 +132,15 @@ _SPECS = (
     MetricSpec("precision_at_1", "precision_at_1", "P@1", lambda st, a: R.precision_at_k_from_ranks(st, 1, a.min_level),
                "precision of the first item", top_k=True, report=7, multilabel="levels",
                pml_names=(("precision_at_1", "precision_at_1"),)),
-    MetricSpec("recall_at_k", "recall_at_{k}", "R@{k}", _binary_k(R.recall_at_k_from_ranks),
+    MetricSpec("recall_at_k", "recall_at_{k}", "R@{k}", _binary(R.recall_at_k_from_ranks),
                "hit rate: 1 if a positive is in the top k", top_k=True, headline=True, progress=True, report=6,
                pml_names=(("recall_at_1", "precision_at_1"),), multilabel="levels"),
-    MetricSpec("precision_at_k", "precision_at_{k}", "P@{k}", _binary_k(R.precision_at_k_from_ranks),
+    MetricSpec("precision_at_k", "precision_at_{k}", "P@{k}", _binary(R.precision_at_k_from_ranks),
                "positives in the top k / k", top_k=True, pml_names=(("precision_at_1", "precision_at_1"),),
                multilabel="levels"),
-    MetricSpec("true_recall_at_k", "true_recall_at_{k}", "true recall@{k}", _binary_k(R.true_recall_at_k_from_ranks),
+    MetricSpec("true_recall_at_k", "true_recall_at_{k}", "true recall@{k}", _binary(R.true_recall_at_k_from_ranks),
                "positives in the top k / min(#positives, k)", multilabel="levels"),
-    MetricSpec("map_at_k", "map_at_{k}", "mAP@{k}", _binary_k(R.map_at_k_from_ranks),
+    MetricSpec("map_at_k", "map_at_{k}", "mAP@{k}", _binary(R.map_at_k_from_ranks),
                "precisions at the positives in the top k / min(#positives, k)", multilabel="levels"),
     MetricSpec("h_ap", "h_ap", "H-AP", lambda st, a: R.hap_from_ranks(st, alpha=a.alpha),
                "hierarchical AP (SupRank Eq. 19, pop relevance Eq. 20)",
@@ -159,7 +156,7 @@ _SPECS = (
     MetricSpec("map_at_r_level", "map_at_r_level{h}", "mAP@R", _binary(R.map_at_r_from_ranks),
                "mAP@R with positives sharing label column h",
                per_level=True, multilabel="levels"),
-    MetricSpec("recall_at_k_level", "recall_at_{k}_level{h}", "R@{k}", _binary_k(R.recall_at_k_from_ranks),
+    MetricSpec("recall_at_k_level", "recall_at_{k}_level{h}", "R@{k}", _binary(R.recall_at_k_from_ranks),
                "hit rate in the top k with positives sharing label column h", per_level=True, top_k=True,
                multilabel="levels"),
     MetricSpec("mean_label_ap", "mean_label_ap", "mean label AP", _binary(R.ap_from_ranks),
