@@ -53,10 +53,8 @@ class RetrievalEvaluator:
     * counts: ``"num_queries"``, ``"num_queries_without_positives"`` (fine level),
       ``"num_queries_without_positives_level{h}"``, ``"num_queries_without_relevant"`` (nothing at any level).
 
-    **Multi-label data** (``multilabel=True``, never guessed from the shape): labels are ``(N, M)`` fine-label sets
-    padded with ``-1``, ``hierarchy`` the ``(num_fine, L)`` table (None = flat); ``"h_ap"``/``"ndcg"`` use the graded
-    relevance of the thesis' Algorithm 1, ``"mean_label_ap"`` averages the per-label AP, positives share a fine label
-    (level ``h``: an ancestor); no ``"asi"``/``"sum_w_ap"``. See :mod:`pml_suprank.metrics.multilabel_eval`.
+    **Multi-label data** (``multilabel=True``, never guessed from the shape): ``(N, M)`` fine-label sets padded with
+    ``-1``; graded ``"h_ap"``/``"ndcg"``, ``"mean_label_ap"``, no ``"asi"``/``"sum_w_ap"`` (:mod:`.multilabel_eval`).
 
     Embeddings must be finite; an overflowing ``max|q| · max|g| · D`` is avoided by exact power-of-two scaling.
 

@@ -12,6 +12,7 @@ low bits); negatives are only *counted* (:func:`rank_relevant_items`). Metrics t
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
@@ -165,9 +166,7 @@ def _pessimistic_order(scores: Tensor, levels: Tensor, valid: Tensor) -> Tensor:
 
 def _workspace(ws: dict | None, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
     """A reusable buffer (no re-allocation of ``(C, N)`` tensors per chunk)."""
-    n = 1
-    for d in shape:
-        n *= d
+    n = math.prod(shape)
     if ws is None:
         return torch.empty(shape, dtype=dtype, device=device)
     b = ws.get(name)
