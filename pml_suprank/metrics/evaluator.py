@@ -191,17 +191,21 @@ class RetrievalEvaluator:
         if device is not None and device != self.device:  # this call only: a copy with that device
             evaluator = copy.copy(self)
             evaluator.device = device
+        if multilabel:
+            _check_multilabel_backend(self.backend)
+        check = partial(check_multilabel_labels, hierarchy=self.hierarchy) if multilabel else check_labels
+        args = _check_inputs(query, query_labels, reference, reference_labels, ref_includes_query, check)
         if not (is_distributed(process_group) and distributed):  # the group checked whatever `distributed` says
-            per_query, Q, L = evaluator._per_query(
-                query, query_labels, reference, reference_labels, ref_includes_query, multilabel
-            )
+            per_query, Q, L = evaluator._per_query(*args, multilabel)
             return self._summarise(per_query, Q, L, return_per_query)
-        query = check_embeddings("query", query)
+        query, ql, reference, rl, riq = args
         total = query.shape[0]
         start, end = shard_range(total, process_group)
-        share = _query_share(query, query_labels, reference, reference_labels, ref_includes_query, start,
-                             max(end, start + 1))  # fmt: skip
-        per_query, _, L = evaluator._per_query(*share, multilabel)
+        stop = max(end, start + 1)
+        if riq:  # this process's queries first in the gallery
+            order = torch.cat([torch.arange(start, stop), torch.arange(start), torch.arange(stop, reference.shape[0])])
+            reference, rl = reference[order.to(reference.device)], rl[order.to(rl.device)]
+        per_query, _, L = evaluator._per_query(query[start:stop], ql[start:stop], reference, rl, riq, multilabel)
         if end == start:  # fewer queries than processes: this one ranked a query only to learn the keys
             per_query = {k: v[:0] for k, v in per_query.items()}
         keys = sorted(per_query)
@@ -210,21 +214,9 @@ class RetrievalEvaluator:
         return self._summarise(dict(zip(keys, rows.unbind(1))), total, L, return_per_query)
 
     def _per_query(
-        self,
-        query: Tensor,
-        query_labels: Tensor,
-        reference: Tensor | None,
-        reference_labels: Tensor | None,
-        ref_includes_query: bool,
-        multilabel: bool,
+        self, query: Tensor, ql: Tensor, reference: Tensor, rl: Tensor, riq: bool, multilabel: bool
     ) -> tuple[dict[str, Tensor], int, int]:
-        """``({key: (Q,) float64 on the host}, Q, L)``, including the ``_``-prefixed counts."""
-        if multilabel:
-            _check_multilabel_backend(self.backend)
-        check = partial(check_multilabel_labels, hierarchy=self.hierarchy) if multilabel else check_labels
-        query, ql, reference, rl, riq = _check_inputs(
-            query, query_labels, reference, reference_labels, ref_includes_query, check
-        )
+        """``({key: (Q,) float64 on the host}, Q, L)`` of checked inputs, including the ``_``-prefixed counts."""
         if not multilabel:
             ql, rl = hierarchical_label_pair(ql, rl, self.hierarchy, names=("query_labels", "reference_labels"))
         if riq:
@@ -360,37 +352,6 @@ class RetrievalEvaluator:
 def _check_multilabel_backend(backend: str) -> None:
     if backend != "torch":
         raise ValueError(f"multilabel=True needs backend='torch' (exact full ranking); got backend={backend!r}")
-
-
-def _query_share(
-    query: Tensor,
-    query_labels: Tensor,
-    reference: Tensor | None,
-    reference_labels: Tensor | None,
-    ref_includes_query: bool,
-    start: int,
-    end: int,
-) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None, bool]:
-    """The arguments evaluating queries ``[start, end)`` against the same gallery (reordered to put them first)."""
-    if not isinstance(query_labels, Tensor):
-        query_labels = torch.as_tensor(query_labels)
-    if reference is None:
-        if reference_labels is not None:
-            raise ValueError("reference_labels given without reference")
-        reference, reference_labels, ref_includes_query = query, query_labels, True
-    share_q, share_l = query[start:end], query_labels[start:end]
-    if not ref_includes_query:
-        return share_q, share_l, reference, reference_labels, False
-    if not isinstance(reference, Tensor) or not isinstance(reference_labels, Tensor):
-        return share_q, share_l, reference, reference_labels, True  # refused with the message of one process
-    order = torch.cat([torch.arange(start, end), torch.arange(start), torch.arange(end, reference.shape[0])])
-    return (
-        share_q,
-        share_l,
-        reference[order.to(reference.device)],
-        reference_labels[order.to(reference_labels.device)],
-        True,
-    )
 
 
 def _check_inputs(query: Any, query_labels: Any, reference: Any, reference_labels: Any, riq: bool, check: Callable):
