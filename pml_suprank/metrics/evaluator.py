@@ -238,9 +238,8 @@ class RetrievalEvaluator:
         moved = 0 if device.type in ("cpu", gallery.device.type) else gallery.numel() * gallery.element_size()
         chunk, width = block_shape(N, max(n_block, default=0), device, L, self.chunk_size, moved)
         order = None
-        if (
-            width < N
-        ):  # queries in gallery order: the relevant columns of a chunk are a narrow band (GalleryBlocks.gather)
+        # streamed gallery: queries in gallery order, the relevant columns of a chunk are a narrow band
+        if width < N:
             order = torch.sort(starts[:, 0], stable=True).indices
             starts, ends = starts[order], ends[order]
             self_col = None if self_col is None else self_col[order]

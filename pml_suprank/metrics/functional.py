@@ -94,9 +94,9 @@ def _on_scores(name: str, from_ranks: Callable[..., Tensor]) -> Callable[..., Te
     )
 
     def metric(*args, **kwargs) -> Tensor:
-        a = signature.bind(*args, **kwargs)
-        a.apply_defaults()
-        a = a.arguments
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        a = bound.arguments
         ranks = retrieval_ranks(a.pop("scores"), a.pop("levels"), a.pop("mask"), num_levels=a.pop("num_levels"))
         return from_ranks(ranks, **a)
 
