@@ -10,7 +10,7 @@ import torch
 from pytorch_metric_learning.utils import common_functions as c_f
 from pytorch_metric_learning.utils.accuracy_calculator import EQUALITY, AccuracyCalculator
 
-from .._validation import check_device, check_labels
+from .._validation import check_bool, check_device, check_labels
 from ..relevance import Hierarchy, as_hierarchy, hierarchical_label_pair
 from .evaluator import RetrievalEvaluator
 from .multilabel_eval import multilabel_groups
@@ -76,14 +76,11 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
         multilabel: bool = False,
         **kwargs: Any,
     ) -> None:
-        if not isinstance(multilabel, bool):
-            raise TypeError(f"multilabel must be a bool; got {type(multilabel).__name__}")
-        self.multilabel = multilabel
+        self.multilabel = check_bool("multilabel", multilabel)
         self._cache: dict[str, Any] = {}
         self._num_levels = 1
         self._include = tuple(include)
-        if device is not None:
-            device = check_device("device", device)
+        device = check_device("device", device)
         super().__init__(
             include, exclude, avg_of_avgs, return_per_class, k, label_comparison_fn, device, knn_func, kmeans_func,
             **kwargs,
@@ -108,52 +105,40 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
     ) -> dict[str, Any]:
         """PML's ``get_accuracy`` with hierarchical labels and the added exact metrics (flattened into the dict)."""
         self.check_primary_metrics(include, exclude)
-        query = c_f.numpy_to_torch(query)
-        query_labels = c_f.numpy_to_torch(query_labels)
-        if reference is None:
-            reference, reference_labels, ref_includes_query = query, query_labels, True
-        else:
-            reference = c_f.numpy_to_torch(reference)
-            reference_labels = c_f.numpy_to_torch(reference_labels)
+        custom = self.label_comparison_fn is not EQUALITY  # labels passed to PML as they are
+        query, query_labels, reference, reference_labels, riq = _inputs(
+            query, query_labels, reference, reference_labels, ref_includes_query, integer_labels if not custom else None
+        )
         if len(query) != len(query_labels) or len(reference) != len(reference_labels):
             raise ValueError("embeddings and labels must have the same length")
-        if self.label_comparison_fn is not EQUALITY:
-            return self._custom_comparison_accuracy(
-                query, query_labels, reference, reference_labels, ref_includes_query, include, exclude
-            )
-        same_labels = reference_labels is query_labels
-        query_labels = integer_labels("query_labels", query_labels)
-        reference_labels = query_labels if same_labels else integer_labels("reference_labels", reference_labels)
-        named = set(include) if include else set(self._include)
-        if self.multilabel:
-            ours = [m for m in self._multilabel_groups(include) if m in self.get_function_dict(include, exclude)]
-            result: dict[str, Any] = {}
-            if ours:
-                self._cache, self._num_levels = self._run(ours, query, query_labels, reference, reference_labels,
-                                                          ref_includes_query)  # fmt: skip
-                self._collect(ours, named, result)
-            return result
-        ql, rl = self._label_pair(query, query_labels, reference, reference_labels)
         wanted = list(self.get_function_dict(include, exclude))
-        # a multi-label group (mean_label_ap) is computed on single-label data only when named: it repeats "ap"
-        ours = [m for m in wanted if m in _ADDED and (METRICS[m].single_label or m in named)]
         theirs = [m for m in wanted if m not in _ADDED]
-        result: dict[str, Any] = {}
-        if theirs:
-            Q = len(query)
-            _, fine = torch.unique(torch.cat([ql[:, 0], rl[:, 0].to(ql.device)]), return_inverse=True)
-            result.update(
-                super().get_accuracy(
-                    query,
-                    fine[:Q],
-                    reference,
-                    fine[Q:],
-                    ref_includes_query,
-                    include=tuple(theirs),
+        named = set(include) if include else set(self._include)
+        if custom:
+            skipped = [m for m in wanted if m in _ADDED]
+            if skipped:
+                warnings.warn(
+                    f"label_comparison_fn is set: the added metrics {skipped} rank items by label levels and cannot "
+                    "honour a custom comparison, so they are skipped (PML's metrics are computed with it)",
+                    UserWarning,
+                    stacklevel=2,
                 )
-            )
+            args = (query, query_labels, reference, reference_labels, riq)
+            return super().get_accuracy(*args, include=tuple(theirs)) if theirs else {}
+        result: dict[str, Any] = {}
+        if self.multilabel:
+            ours = [m for m in self._multilabel_groups(include) if m in wanted]
+        else:
+            query_labels, reference_labels = self._label_pair(query, query_labels, reference, reference_labels)
+            # a multi-label group (mean_label_ap) is computed on single-label data only when named: it repeats "ap"
+            ours = [m for m in wanted if m in _ADDED and (METRICS[m].single_label or m in named)]
+            if theirs:  # PML's metrics on the fine labels, re-indexed to 0..K-1
+                both = torch.cat([query_labels[:, 0], reference_labels[:, 0].to(query_labels.device)])
+                fine = torch.unique(both, return_inverse=True)[1]
+                Q = len(query)
+                result.update(super().get_accuracy(query, fine[:Q], reference, fine[Q:], riq, include=tuple(theirs)))
         if ours:
-            self._cache, self._num_levels = self._run(ours, query, ql, reference, rl, ref_includes_query)
+            self._cache, self._num_levels = self._run(ours, query, query_labels, reference, reference_labels, riq)
             self._collect(ours, named, result)
         return result
 
@@ -172,33 +157,6 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
             )
         return super()._get_accuracy({k: v for k, v in function_dict.items() if k not in _ADDED}, **kwargs)
 
-    def _custom_comparison_accuracy(
-        self,
-        query: torch.Tensor,
-        query_labels: Any,
-        reference: torch.Tensor,
-        reference_labels: Any,
-        ref_includes_query: bool,
-        include: Sequence[str],
-        exclude: Sequence[str],
-    ) -> dict[str, Any]:
-        """A custom ``label_comparison_fn``: PML's metrics by PML on the labels as passed; the added ones skipped."""
-        wanted = list(self.get_function_dict(include, exclude))
-        skipped = [m for m in wanted if m in _ADDED]
-        theirs = [m for m in wanted if m not in _ADDED]
-        if skipped:
-            warnings.warn(
-                f"label_comparison_fn is set: the added metrics {skipped} rank items by label levels and cannot "
-                "honour a custom comparison, so they are skipped (PML's metrics are computed with it)",
-                UserWarning,
-                stacklevel=3,
-            )
-        if not theirs:
-            return {}
-        return super().get_accuracy(
-            query, query_labels, reference, reference_labels, ref_includes_query, include=tuple(theirs)
-        )
-
     def _evaluate_group(self, spec: MetricSpec, kwargs: dict[str, Any]) -> tuple[dict[str, Any], int]:
         """``(values, L)`` of the group ``spec`` on the inputs PML passes to a metric function (``fn(**kwargs)``)."""
         missing = [k for k in ("query", "query_labels") if k not in kwargs]
@@ -207,15 +165,15 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
                 f"calculate_{spec.name} needs the inputs PML passes to metric functions ({missing} missing); "
                 "call get_accuracy(...) or pass query=, query_labels=, reference=, reference_labels="
             )
-        query = c_f.numpy_to_torch(kwargs["query"])
-        query_labels = integer_labels("query_labels", kwargs["query_labels"])
-        reference = kwargs.get("reference")
-        if reference is None:
-            reference, reference_labels, riq = query, query_labels, True
-        else:
-            reference = c_f.numpy_to_torch(reference)
-            reference_labels = integer_labels("reference_labels", kwargs.get("reference_labels"))
-            riq = bool(kwargs.get("ref_includes_query", False))
+        riq = bool(kwargs.get("ref_includes_query", False))
+        query, query_labels, reference, reference_labels, riq = _inputs(
+            kwargs["query"],
+            kwargs["query_labels"],
+            kwargs.get("reference"),
+            kwargs.get("reference_labels"),
+            riq,
+            integer_labels,
+        )
         if not self.multilabel:
             query_labels, reference_labels = self._label_pair(query, query_labels, reference, reference_labels)
         return self._run([spec.name], query, query_labels, reference, reference_labels, riq)
@@ -245,13 +203,10 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
         self, groups: Sequence[str], query: Any, ql: Any, reference: Any, rl: Any, riq: bool
     ) -> tuple[dict[str, Any], int]:
         """``(evaluate's result, L)`` of the added ``groups`` (multi-label when the calculator is)."""
-        if self.multilabel:
-            evaluator = RetrievalEvaluator(metrics=groups, device=self.device, hierarchy=self.hierarchy,
-                                           multilabel=True, **self._evaluator_kwargs)  # fmt: skip
-            num_levels = 1 if self.hierarchy is None else self.hierarchy.num_levels
-        else:
-            evaluator = RetrievalEvaluator(metrics=groups, device=self.device, **self._evaluator_kwargs)
-            num_levels = ql.shape[1]
+        ml, kw = self.multilabel, self._evaluator_kwargs
+        hierarchy = self.hierarchy if ml else None
+        evaluator = RetrievalEvaluator(metrics=groups, device=self.device, hierarchy=hierarchy, multilabel=ml, **kw)
+        num_levels = (1 if self.hierarchy is None else self.hierarchy.num_levels) if ml else ql.shape[1]
         same = reference is query
         values = evaluator.evaluate(query.float(), ql, None if same else reference.float(), None if same else rl,
                                     ref_includes_query=riq and not same)  # fmt: skip
@@ -271,6 +226,16 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
             if key.startswith("num_queries"):
                 result[key] = value
         self._cache = {}
+
+
+def _inputs(query: Any, query_labels: Any, reference: Any, reference_labels: Any, riq: bool, labels: Any) -> tuple:
+    """PML's inputs as tensors, labels converted by ``labels(name, value)`` (None: as they are); ``reference`` None:
+    the query set itself (``ref_includes_query``)."""
+    convert = labels or (lambda name, value: c_f.numpy_to_torch(value))
+    query, query_labels = c_f.numpy_to_torch(query), convert("query_labels", query_labels)
+    if reference is None:
+        return query, query_labels, query, query_labels, True
+    return query, query_labels, c_f.numpy_to_torch(reference), convert("reference_labels", reference_labels), riq
 
 
 def integer_labels(name: str, labels: Any) -> Any:

@@ -190,19 +190,17 @@ def device_budget(device: torch.device) -> int:
     return CPU_CHUNK_BYTES if device.type == "cpu" else 2**30
 
 
-def _row_bytes(n_ref: int, n_slots: int, device: torch.device, levels: int) -> tuple[int, int]:
+def _row_bytes(n_slots: int, device: torch.device, levels: int) -> tuple[int, int]:
     """``(bytes per score entry, bytes of the relevant slots)`` of one query."""
     kind = "cpu" if device.type == "cpu" else "accelerator"
-    slot_bytes = _SLOT_BYTES[kind] * max(levels, 1)
-    if kind == "cpu" and _compiled_available():
-        slot_bytes = _COMPILED_SLOT_BYTES
-    return _ENTRY_BYTES[kind], n_slots * slot_bytes + 1
+    compiled = kind == "cpu" and _compiled_available()
+    return _ENTRY_BYTES[kind], n_slots * (_COMPILED_SLOT_BYTES if compiled else _SLOT_BYTES[kind] * max(levels, 1)) + 1
 
 
 def chunk_rows(n_ref: int, n_slots: int, device: torch.device, levels: int = 2) -> int:
     """Queries per chunk of whole score rows: :func:`device_budget` divided by the bytes of one query (``n_ref``
     score entries plus ``n_slots`` relevant slots), at least 16."""
-    entry, slots = _row_bytes(n_ref, n_slots, device, levels)
+    entry, slots = _row_bytes(n_slots, device, levels)
     return max(16, device_budget(device) // (n_ref * entry + slots))
 
 
@@ -222,7 +220,7 @@ def block_shape(
     :data:`_STREAM_ROWS`) queries, bounding peak device memory whatever ``n_ref``.
     """
     budget = device_budget(device)
-    entry, slots = _row_bytes(n_ref, n_slots, device, levels)
+    entry, slots = _row_bytes(n_slots, device, levels)
     rows = chunk_size or budget // (n_ref * entry + slots)
     if gallery_bytes <= 2 * budget and rows >= (1 if chunk_size else 16) and rows * (n_ref * entry + slots) <= budget:
         return rows, n_ref

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import nullcontext
+from functools import partial
 from typing import Any
 
 import torch
@@ -18,6 +19,8 @@ from torch import Tensor
 
 from .._scaling import overflow_safe_scales
 from .._validation import (
+    check_bool,
+    check_choice,
     check_device,
     check_embeddings,
     check_labels,
@@ -28,13 +31,11 @@ from .._validation import (
 from ..collectives import all_gather, comm_device, is_distributed, shard_range
 from ..relevance import Hierarchy, as_hierarchy, hierarchical_label_pair
 from .eval_blocks import GalleryBlocks, block_counts, block_shape, chunk_ranks, label_blocks
-from .multilabel_eval import check_inputs, check_queries_first, evaluate_multilabel, multilabel_groups, query_counts
+from .multilabel_eval import check_multilabel_labels, evaluate_multilabel, multilabel_groups, query_counts
 from .ranks import COUNTING_METHODS, RetrievalRanks
 from .registry import METRIC_GROUPS, SINGLE_LABEL_GROUPS, TOP_K_GROUPS, check_groups, metrics_from_ranks
 
 __all__ = ["RetrievalEvaluator", "compute_embeddings", "METRIC_GROUPS"]
-
-LABEL_NAMES = ("query_labels", "reference_labels")
 
 
 class RetrievalEvaluator:
@@ -52,10 +53,8 @@ class RetrievalEvaluator:
     * counts: ``"num_queries"``, ``"num_queries_without_positives"`` (fine level),
       ``"num_queries_without_positives_level{h}"``, ``"num_queries_without_relevant"`` (nothing at any level).
 
-    **Multi-label data** (``multilabel=True``, never guessed from the shape): labels are ``(N, M)`` fine-label sets
-    padded with ``-1``, ``hierarchy`` the ``(num_fine, L)`` table (None = flat); ``"h_ap"``/``"ndcg"`` use the graded
-    relevance of the thesis' Algorithm 1, ``"mean_label_ap"`` averages the per-label AP, positives share a fine label
-    (level ``h``: an ancestor); no ``"asi"``/``"sum_w_ap"``. See :mod:`pml_suprank.metrics.multilabel_eval`.
+    **Multi-label data** (``multilabel=True``, never guessed from the shape): ``(N, M)`` fine-label sets padded with
+    ``-1``; graded ``"h_ap"``/``"ndcg"``, ``"mean_label_ap"``, no ``"asi"``/``"sum_w_ap"`` (:mod:`.multilabel_eval`).
 
     Embeddings must be finite; an overflowing ``max|q| · max|g| · D`` is avoided by exact power-of-two scaling.
 
@@ -103,26 +102,15 @@ class RetrievalEvaluator:
         counting: str = "auto",
         multilabel: bool = False,
     ) -> None:
-        if isinstance(k_values, int):
-            k_values = (k_values,)
-        k_values = tuple(k_values)
-        for k in k_values:
-            if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-                raise ValueError(f"k_values must be positive ints; got {k_values!r}")
+        k_values = (k_values,) if isinstance(k_values, int) else tuple(k_values)
+        if any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in k_values):
+            raise ValueError(f"k_values must be positive ints; got {k_values!r}")
         self.k_values = k_values
         self.alpha = check_positive("alpha", alpha, strict=False)
-        if chunk_size is not None and (
-            isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
-        ):
-            raise ValueError(f"chunk_size must be a positive int or None; got {chunk_size!r}")
-        self.chunk_size = chunk_size
+        self.chunk_size = check_positive_int("chunk_size", chunk_size, allow_none=True)
         self.device = check_device("device", device)
-        if backend not in ("torch", "faiss"):
-            raise ValueError(f"backend must be one of ('torch', 'faiss'); got {backend!r}")
-        self.backend = backend
-        if not isinstance(multilabel, bool):
-            raise TypeError(f"multilabel must be a bool; got {type(multilabel).__name__}")
-        self.multilabel = multilabel
+        self.backend = check_choice("backend", backend, ("torch", "faiss"))
+        self.multilabel = check_bool("multilabel", multilabel)
         self._multilabel_metrics = None if metrics is None else check_groups(metrics)
         if multilabel:
             multilabel_groups(self._multilabel_metrics)  # validate now
@@ -130,45 +118,24 @@ class RetrievalEvaluator:
         if metrics is None:
             metrics = TOP_K_GROUPS if backend == "faiss" else SINGLE_LABEL_GROUPS
         metrics = check_groups(metrics)
-        if backend == "faiss":
-            exact_only = [m for m in metrics if m not in TOP_K_GROUPS]
-            if exact_only:
-                raise ValueError(
-                    f"backend='faiss' only computes the top-k metrics {TOP_K_GROUPS}; got {exact_only} "
-                    "(use backend='torch' for exact full-ranking metrics)"
-                )
+        exact_only = [m for m in metrics if m not in TOP_K_GROUPS]
+        if backend == "faiss" and exact_only:
+            raise ValueError(
+                f"backend='faiss' only computes the top-k metrics {TOP_K_GROUPS}; got {exact_only} "
+                "(use backend='torch' for exact full-ranking metrics)"
+            )
         self.metrics = metrics
         self.level_weights = check_level_weights("level_weights", level_weights)
         self.hierarchy = as_hierarchy(hierarchy)
         self.progress_bar = bool(progress_bar)
         self.num_bins = check_positive_int("num_bins", num_bins, allow_none=True)
-        if counting not in COUNTING_METHODS:
-            raise ValueError(f"counting must be one of {COUNTING_METHODS}; got {counting!r}")
-        self.counting = counting
+        self.counting = check_choice("counting", counting, COUNTING_METHODS)
 
     def __repr__(self) -> str:
         return (
             f"RetrievalEvaluator(k_values={self.k_values}, alpha={self.alpha}, chunk_size={self.chunk_size}, "
             f"device={self.device}, backend={self.backend!r})"
         )
-
-    def _prepare(
-        self,
-        query: Tensor,
-        query_labels: Tensor,
-        reference: Tensor | None,
-        reference_labels: Tensor | None,
-        ref_includes_query: bool,
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
-        query, query_labels, reference, reference_labels, ref_includes_query = check_inputs(
-            query, query_labels, reference, reference_labels, ref_includes_query, check_labels
-        )
-        ql, rl = hierarchical_label_pair(query_labels, reference_labels, self.hierarchy, names=LABEL_NAMES)
-        self_idx = None
-        if ref_includes_query:
-            check_queries_first(query, ql, reference, rl, label_sets=False)
-            self_idx = torch.arange(query.shape[0])
-        return query, ql, reference, rl, self_idx
 
     def _chunks(self, num_queries: int, chunk: int) -> Iterable[int]:
         starts = range(0, num_queries, chunk)
@@ -218,24 +185,27 @@ class RetrievalEvaluator:
             multilabel = self.multilabel
         if not isinstance(multilabel, bool):
             raise TypeError(f"multilabel must be a bool or None; got {type(multilabel).__name__}")
-        if not isinstance(distributed, bool):
-            raise TypeError(f"distributed must be a bool; got {type(distributed).__name__}")
+        check_bool("distributed", distributed)
         device = check_device("device", device)
         evaluator = self
         if device is not None and device != self.device:  # this call only: a copy with that device
             evaluator = copy.copy(self)
             evaluator.device = device
+        if multilabel:
+            _check_multilabel_backend(self.backend)
+        check = partial(check_multilabel_labels, hierarchy=self.hierarchy) if multilabel else check_labels
+        args = _check_inputs(query, query_labels, reference, reference_labels, ref_includes_query, check)
         if not (is_distributed(process_group) and distributed):  # the group checked whatever `distributed` says
-            per_query, Q, L = evaluator._per_query(
-                query, query_labels, reference, reference_labels, ref_includes_query, multilabel
-            )
+            per_query, Q, L = evaluator._per_query(*args, multilabel)
             return self._summarise(per_query, Q, L, return_per_query)
-        query = check_embeddings("query", query)
+        query, ql, reference, rl, riq = args
         total = query.shape[0]
         start, end = shard_range(total, process_group)
-        share = _query_share(query, query_labels, reference, reference_labels, ref_includes_query, start,
-                             max(end, start + 1))  # fmt: skip
-        per_query, _, L = evaluator._per_query(*share, multilabel)
+        stop = max(end, start + 1)
+        if riq:  # this process's queries first in the gallery
+            order = torch.cat([torch.arange(start, stop), torch.arange(start), torch.arange(stop, reference.shape[0])])
+            reference, rl = reference[order.to(reference.device)], rl[order.to(rl.device)]
+        per_query, _, L = evaluator._per_query(query[start:stop], ql[start:stop], reference, rl, riq, multilabel)
         if end == start:  # fewer queries than processes: this one ranked a query only to learn the keys
             per_query = {k: v[:0] for k, v in per_query.items()}
         keys = sorted(per_query)
@@ -244,46 +214,32 @@ class RetrievalEvaluator:
         return self._summarise(dict(zip(keys, rows.unbind(1))), total, L, return_per_query)
 
     def _per_query(
-        self,
-        query: Tensor,
-        query_labels: Tensor,
-        reference: Tensor | None,
-        reference_labels: Tensor | None,
-        ref_includes_query: bool,
-        multilabel: bool,
+        self, query: Tensor, ql: Tensor, reference: Tensor, rl: Tensor, riq: bool, multilabel: bool
     ) -> tuple[dict[str, Tensor], int, int]:
-        """``({key: (Q,) float64 on the host}, Q, L)``, including the ``_``-prefixed counts."""
+        """``({key: (Q,) float64 on the host}, Q, L)`` of checked inputs, including the ``_``-prefixed counts."""
+        if not multilabel:
+            ql, rl = hierarchical_label_pair(ql, rl, self.hierarchy, names=("query_labels", "reference_labels"))
+        if riq:
+            _check_queries_first(query, ql, reference, rl, label_sets=multilabel)
         if multilabel:
-            _check_multilabel_backend(self.backend)
-            return evaluate_multilabel(self, query, query_labels, reference, reference_labels, ref_includes_query)
-        query, ql, reference, rl, self_idx = self._prepare(
-            query, query_labels, reference, reference_labels, ref_includes_query
-        )
+            return evaluate_multilabel(self, query, ql, reference, rl, riq)
         if self.backend == "faiss":
-            return self._faiss_per_query(query, ql, reference, rl, self_idx), query.shape[0], ql.shape[1]
-        device = self.device if self.device is not None else query.device
-        dtype = query.dtype if query.dtype in (torch.float32, torch.float64) else torch.float32
+            return self._faiss_per_query(query, ql, reference, rl, riq), query.shape[0], ql.shape[1]
+        device, dtype = self._device_dtype(query)
         Q, N, L = query.shape[0], reference.shape[0], ql.shape[1]
         perm, starts, ends = label_blocks(ql.cpu(), rl.cpu())
         self_col = None
-        if self_idx is not None:
-            inv = torch.empty_like(perm)
-            inv[perm] = torch.arange(N)
-            self_col = torch.full((Q,), -1, dtype=torch.long)
-            self_col[self_idx] = inv[self_idx]
+        if riq:  # the column of each query in the permuted gallery
+            self_col = torch.empty_like(perm).scatter_(0, perm, torch.arange(N))[:Q]
         gallery = reference.detach()[perm.to(reference.device)].to(dtype=dtype)
-        query_scale, gallery = overflow_safe_scales(query, gallery)
         # relevant slots per query, read once from host tensors: they size chunks and slot widths (no read-back)
         n_block = (ends[:, 0] - starts[:, 0]).tolist()
-        device = torch.device(device)
         # bytes the gallery would take on an accelerator it is not on yet (host memory is never the limit)
         moved = 0 if device.type in ("cpu", gallery.device.type) else gallery.numel() * gallery.element_size()
         chunk, width = block_shape(N, max(n_block, default=0), device, L, self.chunk_size, moved)
         order = None
-        if width == N:  # whole rows: the gallery on the device once
-            gallery = gallery.to(device)
-            score_buf = torch.empty(min(chunk, Q), N, dtype=dtype, device=device)
-        else:  # queries in gallery order: the relevant columns of a chunk are a narrow band (GalleryBlocks.gather)
+        # streamed gallery: queries in gallery order, the relevant columns of a chunk are a narrow band
+        if width < N:
             order = torch.sort(starts[:, 0], stable=True).indices
             starts, ends = starts[order], ends[order]
             self_col = None if self_col is None else self_col[order]
@@ -291,37 +247,59 @@ class RetrievalEvaluator:
         block_sizes = [max(n_block[i : i + chunk]) for i in range(0, Q, chunk)]
         starts, ends = starts.to(device), ends.to(device)
         self_col = None if self_col is None else self_col.to(device)
-        per_query: dict[str, list[Tensor]] = {}
         workspace: dict[str, Tensor] = {}
+
+        def per_chunk(i: int, s: int, e: int, scores: Tensor | GalleryBlocks) -> dict[str, Tensor]:
+            cols = None if self_col is None else self_col[s:e]
+            args = (self.num_bins, workspace, self.counting, block_sizes[i])
+            return self._metrics_from_ranks(chunk_ranks(scores, starts[s:e], ends[s:e], cols, *args))
+
+        return self._scan(query, gallery, device, chunk, per_chunk, width, order), Q, L
+
+    def _device_dtype(self, query: Tensor) -> tuple[torch.device, torch.dtype]:
+        """Where this evaluation computes (the evaluator's device, else the query's) and in which float dtype."""
+        dtype = query.dtype if query.dtype in (torch.float32, torch.float64) else torch.float32
+        return torch.device(self.device if self.device is not None else query.device), dtype
+
+    def _scan(
+        self,
+        query: Tensor,
+        gallery: Tensor,
+        device: torch.device,
+        chunk: int,
+        per_chunk: Callable[[int, int, int, Tensor | GalleryBlocks], dict[str, Tensor]],
+        width: int | None = None,
+        order: Tensor | None = None,
+    ) -> dict[str, Tensor]:
+        """``{key: (Q,) float64 on the host}`` in query order from ``per_chunk(i, start, end, scores)`` of the
+        ``i``-th chunk of ``chunk`` queries (taken in ``order`` when given): scores of the queries against the
+        ``(N, D)`` ``gallery`` in its dtype, ``(C, N)`` on ``device``, or :class:`GalleryBlocks` of ``width < N``
+        columns (the gallery stays where it is)."""
+        Q, N = query.shape[0], gallery.shape[0]
+        query_scale, gallery = overflow_safe_scales(query, gallery)
+        if width is None or width == N:  # whole rows: the gallery on the device once
+            width, gallery = N, gallery.to(device)
+            score_buf = torch.empty(min(chunk, Q), N, dtype=gallery.dtype, device=device)
+        per_query: dict[str, list[Tensor]] = {}
         with torch.no_grad():
             for i, s in enumerate(self._chunks(Q, chunk)):
                 e = min(s + chunk, Q)
                 rows = slice(s, e) if order is None else order[s:e].to(query.device)
-                queries = query.detach()[rows].to(device=device, dtype=dtype)  # the queries travel chunk by chunk
+                queries = query.detach()[rows].to(device=device, dtype=gallery.dtype)  # travel chunk by chunk
                 if query_scale != 1.0:
                     queries = queries * query_scale
                 if width == N:
                     scores = torch.mm(queries, gallery.T, out=score_buf[: e - s])
-                else:  # the gallery stays where it is and travels block by block
+                else:  # the gallery travels block by block
                     scores = GalleryBlocks(queries, gallery, width)
-                ranks = chunk_ranks(
-                    scores,
-                    starts[s:e],
-                    ends[s:e],
-                    None if self_col is None else self_col[s:e],
-                    self.num_bins,
-                    workspace,
-                    self.counting,
-                    block_sizes[i],
-                )
-                for key, value in self._metrics_from_ranks(ranks).items():
+                for key, value in per_chunk(i, s, e, scores).items():
                     per_query.setdefault(key, []).append(value)  # stays on the device until the end
         per_query = _to_host(per_query)
         if order is not None:  # back to query order
             inverse = torch.empty_like(order)
             inverse[order] = torch.arange(Q)
             per_query = {key: value[inverse] for key, value in per_query.items()}
-        return per_query, Q, L
+        return per_query
 
     def _metrics_from_ranks(self, ranks: RetrievalRanks) -> dict[str, Tensor]:
         out = metrics_from_ranks(
@@ -338,16 +316,16 @@ class RetrievalEvaluator:
             ok = ~torch.isnan(v)
             result[key] = float(v[ok].mean()) if bool(ok.any()) else float("nan")
         result["num_queries"] = Q
-        result["num_queries_without_positives"] = int((per_query["_n_pos_fine"] == 0).sum())
-        result["num_queries_without_relevant"] = int((per_query["_n_rel"] == 0).sum())
-        for h in range(L):
-            result[f"num_queries_without_positives_level{h}"] = int((per_query[f"_n_pos_level{h}"] == 0).sum())
+        without = [int((per_query[f"_n_pos_level{h}"] == 0).sum()) for h in range(L)]
+        result["num_queries_without_positives"] = without[0]
+        result["num_queries_without_relevant"] = without[L - 1]
+        result.update({f"num_queries_without_positives_level{h}": n for h, n in enumerate(without)})
         if return_per_query:
             result["per_query"] = {k: v for k, v in per_query.items() if not k.startswith("_")}
         return result
 
     def _faiss_per_query(
-        self, query: Tensor, ql: Tensor, reference: Tensor, rl: Tensor, self_idx: Tensor | None
+        self, query: Tensor, ql: Tensor, reference: Tensor, rl: Tensor, riq: bool
     ) -> dict[str, Tensor]:
         try:
             import faiss
@@ -356,17 +334,17 @@ class RetrievalEvaluator:
         import numpy as np
 
         Q, N = query.shape[0], reference.shape[0]
-        kmax = min(max(self.k_values + (1,)), N - (1 if self_idx is not None else 0))
-        extra = 1 if self_idx is not None else 0
+        extra = int(riq)
+        kmax = min(max(self.k_values + (1,)), N - extra)
         index = faiss.IndexFlatIP(reference.shape[1])
         index.add(np.ascontiguousarray(reference.detach().cpu().float().numpy()))
         _, nn = index.search(np.ascontiguousarray(query.detach().cpu().float().numpy()), kmax + extra)
         nn = torch.from_numpy(nn).long()
-        if self_idx is not None:  # drop the query itself by index (keep the first kmax others)
+        if riq:  # drop the query itself by index (keep the first kmax others)
             keep = nn != torch.arange(Q)[:, None]
             order = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices[:, :kmax]
             nn = nn.gather(1, order)
-        ranks = _knn_ranks(nn, ql.cpu(), rl.cpu(), self_idx is not None)
+        ranks = _knn_ranks(nn, ql.cpu(), rl.cpu(), riq)
         return {k: v.double() for k, v in self._metrics_from_ranks(ranks).items()}
 
 
@@ -375,35 +353,45 @@ def _check_multilabel_backend(backend: str) -> None:
         raise ValueError(f"multilabel=True needs backend='torch' (exact full ranking); got backend={backend!r}")
 
 
-def _query_share(
-    query: Tensor,
-    query_labels: Tensor,
-    reference: Tensor | None,
-    reference_labels: Tensor | None,
-    ref_includes_query: bool,
-    start: int,
-    end: int,
-) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None, bool]:
-    """The arguments evaluating queries ``[start, end)`` against the same gallery (reordered to put them first)."""
-    if not isinstance(query_labels, Tensor):
-        query_labels = torch.as_tensor(query_labels)
+def _check_inputs(query: Any, query_labels: Any, reference: Any, reference_labels: Any, riq: bool, check: Callable):
+    """Checked ``(query, query_labels, reference, reference_labels, ref_includes_query)`` (``reference`` None: the
+    queries themselves), labels checked by ``check(name, labels, n, n_name=...)``."""
+    query = check_embeddings("query", query)
+    query_labels = check("query_labels", query_labels, query.shape[0], n_name="query")
     if reference is None:
         if reference_labels is not None:
             raise ValueError("reference_labels given without reference")
-        reference, reference_labels, ref_includes_query = query, query_labels, True
-    share_q, share_l = query[start:end], query_labels[start:end]
-    if not ref_includes_query:
-        return share_q, share_l, reference, reference_labels, False
-    if not isinstance(reference, Tensor) or not isinstance(reference_labels, Tensor):
-        return share_q, share_l, reference, reference_labels, True  # refused with the message of one process
-    order = torch.cat([torch.arange(start, end), torch.arange(start), torch.arange(end, reference.shape[0])])
-    return (
-        share_q,
-        share_l,
-        reference[order.to(reference.device)],
-        reference_labels[order.to(reference_labels.device)],
-        True,
-    )
+        return query, query_labels, query, query_labels, True
+    reference = check_embeddings("reference", reference)
+    if reference_labels is None:
+        raise ValueError("reference_labels must be given with reference")
+    reference_labels = check("reference_labels", reference_labels, reference.shape[0], n_name="reference")
+    if reference.shape[1] != query.shape[1]:
+        raise ValueError(
+            f"query and reference must have the same embedding size; got {query.shape[1]} and {reference.shape[1]}"
+        )
+    return query, query_labels, reference, reference_labels, riq
+
+
+def _check_queries_first(query: Tensor, ql: Tensor, reference: Tensor, rl: Tensor, label_sets: bool) -> None:
+    """``ref_includes_query=True``: the first ``Q`` rows of ``reference``/``rl`` must equal ``query``/``ql`` (labels
+    compared as sets with ``label_sets``); ``ValueError`` otherwise."""
+    Q = query.shape[0]
+    if reference.shape[0] < Q:
+        raise ValueError(
+            f"ref_includes_query=True needs the queries as the first rows of reference; reference has "
+            f"{reference.shape[0]} rows for {Q} queries"
+        )
+    if reference is query:
+        return
+    if label_sets:
+        width = max(ql.shape[1], rl.shape[1])
+        ql, rl = (torch.nn.functional.pad(x, (0, width - x.shape[1]), value=-1).sort(1).values for x in (ql, rl[:Q]))
+    if not (torch.equal(ql, rl[:Q].to(ql.device)) and torch.allclose(query, reference[:Q].to(query.device))):
+        raise ValueError(
+            "ref_includes_query=True: the first len(query) rows of reference (and reference_labels) must equal "
+            "query (and query_labels)"
+        )
 
 
 def _to_host(per_query: dict[str, list[Tensor]]) -> dict[str, Tensor]:
@@ -469,22 +457,17 @@ def compute_embeddings(
     """
     device = check_device("device", device)
     if device is None:
-        if accelerator is not None:
-            device = accelerator.device
-        else:
-            p = next(iter(model.parameters()), None)
-            device = p.device if p is not None else torch.device("cpu")
+        p = next(iter(model.parameters()), None)
+        device = accelerator.device if accelerator is not None else torch.device("cpu") if p is None else p.device
     was_training = model.training
     model.eval()
     outputs: list[list[Tensor]] = [[], [], []]
     disable = not progress or not getattr(accelerator, "is_local_main_process", True)
     try:
         for batch in _progress(dataloader, disable, description):
-            x, y = _split_batch(batch, input_key, label_key)
+            x, *parts = _split_batch(batch, input_key, label_key, return_indices)
             x = x.to(device, non_blocking=True) if isinstance(x, Tensor) else x
-            parts = [torch.as_tensor(y).to(device)]
-            if return_indices:
-                parts.append(torch.as_tensor(_batch_indices(batch)).long().to(device))
+            parts = [torch.as_tensor(t).to(device) for t in parts]
             with getattr(accelerator, "autocast", nullcontext)():
                 e = model(x)
             e = (e[0] if isinstance(e, (tuple, list)) else e).float()
@@ -512,15 +495,8 @@ def _progress(iterable: Iterable[Any], disable: bool, description: str) -> Itera
     return tqdm(iterable, desc=description, dynamic_ncols=True, mininterval=1.0, leave=False)
 
 
-def _batch_indices(batch: Any) -> Any:
-    if isinstance(batch, dict) and "index" in batch:
-        return batch["index"]
-    if isinstance(batch, (tuple, list)) and len(batch) >= 3:
-        return batch[2]
-    raise ValueError("return_indices=True needs batches with an 'index' entry or (inputs, labels, indices) tuples")
-
-
-def _split_batch(batch: Any, input_key: str | None, label_key: str | None) -> tuple[Any, Any]:
+def _split_batch(batch: Any, input_key: str | None, label_key: str | None, with_indices: bool) -> list[Any]:
+    """``[inputs, labels]`` of a batch, plus its int64 dataset indices ``with_indices``."""
     if isinstance(batch, dict):
         ik = input_key or next((k for k in ("pixel_values", "image", "images", "input") if k in batch), None)
         lk = label_key or next((k for k in ("labels", "label") if k in batch), None)
@@ -528,7 +504,13 @@ def _split_batch(batch: Any, input_key: str | None, label_key: str | None) -> tu
             raise ValueError(
                 f"cannot find inputs/labels in a batch with keys {sorted(batch)}; pass input_key= and label_key="
             )
-        return batch[ik], batch[lk]
-    if isinstance(batch, (tuple, list)) and len(batch) >= 2:
-        return batch[0], batch[1]
-    raise TypeError(f"batches must be (inputs, labels, ...) tuples or dicts; got {type(batch).__name__}")
+        out, index = [batch[ik], batch[lk]], batch.get("index")
+    elif isinstance(batch, (tuple, list)) and len(batch) >= 2:
+        out, index = list(batch[:2]), batch[2] if len(batch) >= 3 else None
+    else:
+        raise TypeError(f"batches must be (inputs, labels, ...) tuples or dicts; got {type(batch).__name__}")
+    if not with_indices:
+        return out
+    if index is None:
+        raise ValueError("return_indices=True needs batches with an 'index' entry or (inputs, labels, indices) tuples")
+    return [*out, torch.as_tensor(index).long()]

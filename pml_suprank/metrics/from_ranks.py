@@ -1,8 +1,7 @@
 """Every retrieval metric computed from the positions of the relevant items, each implemented exactly once.
 
-The metric functions (``average_precision_``, ...) read the prefix sums of a :class:`RankStats`; the public
-``*_from_ranks`` views validate and call them, as does the evaluator through
-:func:`pml_suprank.metrics.registry.metrics_from_ranks` (identical numbers).
+Each ``*_from_ranks`` function reads the prefix sums of a :class:`RankStats`; given :class:`RetrievalRanks` it builds
+one, given a :class:`RankStats` (as :func:`pml_suprank.metrics.registry.metrics_from_ranks` does) it shares its sums.
 
 Binary positives are the items at level ``>= min_level`` (default ``L``; hierarchy level ``h`` is ``L - h``).
 Queries without a positive (hierarchical: any relevant item) get ``NaN``, excluded from means. float64 values.
@@ -13,7 +12,9 @@ supp. B-B3 (Property 1); HAPPIER (ECCV 2022); mAP@R and R-precision: Musgrave et
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -87,45 +88,37 @@ class RankStats:
             lv = torch.zeros(C, 1, dtype=lv.dtype, device=lv.device)
             positions = torch.zeros_like(lv)
         self.levels, self.positions, self.counts, self.num_levels = lv, positions, ranks.counts, ranks.num_levels
-        self._ge: dict[int, Tensor] = {}
-        self._cum_ge: dict[int, Tensor] = {}
-        self._cprec: dict[int, Tensor] = {}
-        self._upto: dict[tuple[str, int], Tensor] = {}
-        self._points: dict[tuple, tuple[Tensor, Tensor]] = {}
-        self._n_pos: dict[int, Tensor] = {}
-        self._level_sums: Tensor | None = None
-        self._level_disc: Tensor | None = None
-        self._asi_sums: Tensor | None = None
-        self._position: Tensor | None = None
-        self._inv_position: Tensor | None = None
+        self._cache: dict[tuple, Any] = {}  # (what, argument) -> tensor
+        self._level_sums = self._level_disc = self._asi_sums = None
         self._compiled = _compiled_prefix_sums(lv, positions)
         self._named = (ALL, *(("r", m) for m in range(1, self.num_levels + 1)), *(("k", _check_k(k)) for k in k_values))
+
+    def _memo(self, key: tuple, compute: Callable[[], Any]) -> Any:
+        if key not in self._cache:
+            self._cache[key] = compute()
+        return self._cache[key]
 
     @property
     def valid(self) -> Tensor:
         """``(C, P)`` bool: the slot holds a relevant item (level ``>= 1``)."""
         return self.ge(1)
 
-    @property
+    @functools.cached_property
     def position(self) -> Tensor:
         """``(C, P)`` float64 positions, ``inf`` on padding (non-decreasing along the slots)."""
-        if self._position is None:
-            self._position = _f64(self.positions).masked_fill_(~self.valid, float("inf"))
-        return self._position
+        return _f64(self.positions).masked_fill_(~self.valid, float("inf"))
 
-    @property
+    @functools.cached_property
     def inv_position(self) -> Tensor:
         """``(C, P)`` float64 ``1 / position``, ``0`` on padding."""
-        if self._inv_position is None:
-            self._inv_position = self.position.reciprocal()
-        return self._inv_position
+        return self.position.reciprocal()
 
     def count_at(self, m: int, at: tuple) -> Tensor:
         """``(C,)`` float64 ``A_m`` at the threshold ``at``: items of level ``>= m`` within it (see the class)."""
         self._check_point(m, at)
         if self._compiled:
             return self._walk(at)[0][m - 1]
-        return self.cum_ge(m)[:, -1] if at == ALL else _at(self.cum_ge(m), self._upto_key(at))
+        return self.cum_ge(m)[:, -1] if at == ALL else _at(self.cum_ge(m), self._upto(at))
 
     def precision_sum_at(self, m: int, at: tuple) -> Tensor:
         """``(C,)`` float64 ``Σ rank⁺(k) / rank(k)`` over the positives (level ``>= m``) within the threshold
@@ -133,7 +126,7 @@ class RankStats:
         self._check_point(m, at)
         if self._compiled:
             return self._walk(at)[1][m - 1]
-        return self.cum_precision(m)[:, -1] if at == ALL else _at(self.cum_precision(m), self._upto_key(at))
+        return self.cum_precision(m)[:, -1] if at == ALL else _at(self.cum_precision(m), self._upto(at))
 
     def _check_point(self, m: int, at: tuple) -> None:
         L = self.num_levels
@@ -149,61 +142,60 @@ class RankStats:
         if not ok:
             raise ValueError(f"at must be ALL, ('k', k) with k >= 1 or ('r', m) with 1 <= m <= {L}; got {at!r}")
 
-    def _upto_key(self, at: tuple) -> Tensor:
-        return self.upto_k(at[1]) if at[0] == "k" else self.upto_r(at[1])
+    def _upto(self, at: tuple) -> Tensor:
+        """``(C, 1)`` number of slots with position ``<=`` the threshold ``("k", k)`` or ``("r", m)``."""
+        if ("upto", at) not in self._cache:
+            t = _f64(self._threshold(at))[:, None].contiguous()
+            self._cache[("upto", at)] = torch.searchsorted(self.position, t, right=True)
+        return self._cache[("upto", at)]
 
     def _walk(self, at: tuple) -> tuple[Tensor, Tensor]:
         """``(L, C)`` counts and precision sums at ``at`` from the compiled walk, which also fills the thresholds
         named at construction and the per-level sums."""
-        if at not in self._points:
+        if ("walk", at) not in self._cache:
             from ._compiled_rank_sums import rank_sums_compiled
 
-            keys = [at, *(key for key in self._named if key not in self._points and key != at)]
+            keys = [at, *(key for key in self._named if ("walk", key) not in self._cache and key != at)]
             thresholds = torch.stack([self._threshold(key) for key in keys], 1)
             ge_at, prec_at, level_sums, level_disc, asi = rank_sums_compiled(
                 self.levels, self.positions, self.counts, thresholds, self.num_levels
             )
             for i, key in enumerate(keys):
-                self._points[key] = (ge_at[:, :, i], prec_at[:, :, i])
+                self._cache[("walk", key)] = (ge_at[:, :, i], prec_at[:, :, i])
             if self._level_sums is None:
                 self._level_sums, self._level_disc, self._asi_sums = level_sums, level_disc, asi
-        return self._points[at]
+        return self._cache[("walk", at)]
 
     def _threshold(self, at: tuple) -> Tensor:
         """``(C,)`` int64 position of the threshold ``at`` (the whole ranking: larger than every position)."""
         C = self.levels.shape[0]
         if at == ALL:
-            return torch.full((C,), 2**62, dtype=torch.int64)
+            return torch.full((C,), 2**62, dtype=torch.int64, device=self.levels.device)
         if at[0] == "k":
-            return torch.full((C,), at[1], dtype=torch.int64)
+            return torch.full((C,), at[1], dtype=torch.int64, device=self.levels.device)
         return self.n_pos(at[1]).to(torch.int64)
 
     def n_pos(self, m: int) -> Tensor:
         """``(C,)`` int64 number of gallery items at level ``>= m``."""
-        if m not in self._n_pos:
-            self._n_pos[m] = self.counts[:, m:].sum(1)
-        return self._n_pos[m]
+        return self._memo(("n_pos", m), lambda: self.counts[:, m:].sum(1))
 
     def ge(self, m: int) -> Tensor:
         """``(C, P)`` bool: the slot holds an item of level ``>= m``."""
-        if m not in self._ge:
-            self._ge[m] = self.levels >= m
-        return self._ge[m]
+        return self._memo(("ge", m), lambda: self.levels >= m)
 
     def cum_ge(self, m: int) -> Tensor:
         """``(C, P)`` float64 ``A_m``: items of level ``>= m`` ranked at or before each slot (inclusive)."""
-        if m not in self._cum_ge:  # integer counts: an int32 scan then one conversion (exact, faster)
-            self._cum_ge[m] = torch.cumsum(self.ge(m), 1, dtype=torch.int32).to(torch.float64)
-        return self._cum_ge[m]
+        # integer counts: an int32 scan then one conversion (exact, faster)
+        return self._memo(("cum_ge", m), lambda: torch.cumsum(self.ge(m), 1, dtype=torch.int32).to(torch.float64))
 
     def cum_precision(self, m: int) -> Tensor:
         """``(C, P)`` float64 inclusive prefix sums of ``rank⁺(k) / rank(k)`` over the positives (level ``>= m``)."""
-        if m not in self._cprec:
+        if ("cprec", m) not in self._cache:
             prec = self.cum_ge(m) * self.inv_position  # inv_position is 0 on padding: only levels < m need masking
             if m > 1:
                 prec.mul_(self.ge(m))  # exact: x·1 = x, and x·0 = 0 for the finite x here
-            self._cprec[m] = prec.cumsum_(1)
-        return self._cprec[m]
+            self._cache[("cprec", m)] = prec.cumsum_(1)
+        return self._cache[("cprec", m)]
 
     def level_sums(self) -> Tensor:
         """``(C, L, L)`` float64 ``[c, λ - 1, l - 1] = Σ_{k: level λ} A_l(k) / rank(k)`` over the slots of level
@@ -235,68 +227,64 @@ class RankStats:
         ge = torch.stack([self.count_at(m, ALL) for m in range(1, self.num_levels + 1)], 1)
         return ge - torch.cat([ge[:, 1:], torch.zeros_like(ge[:, :1])], 1)
 
-    def upto_k(self, k: int) -> Tensor:
-        """``(C, 1)`` number of slots with position ``<= k``."""
-        if ("k", k) not in self._upto:
-            C = self.levels.shape[0]
-            self._upto[("k", k)] = self._upto_t(torch.full((C,), k, dtype=torch.float64, device=self.levels.device))
-        return self._upto[("k", k)]
 
-    def upto_r(self, m: int) -> Tensor:
-        """``(C, 1)`` number of slots with position ``<= R``, ``R`` = number of positives at threshold ``m``."""
-        if ("r", m) not in self._upto:
-            self._upto[("r", m)] = self._upto_t(self.n_pos(m))
-        return self._upto[("r", m)]
-
-    def _upto_t(self, t: Tensor) -> Tensor:
-        C = self.levels.shape[0]
-        return torch.searchsorted(self.position, _f64(t).reshape(-1, 1).expand(C, 1).contiguous(), right=True)
+def _stats(ranks: RetrievalRanks | RankStats) -> RankStats:
+    """``ranks`` itself if it is a :class:`RankStats` (shared prefix sums), else a new one."""
+    return ranks if isinstance(ranks, RankStats) else RankStats(ranks)
 
 
-def average_precision_(st: RankStats, m: int) -> Tensor:
-    """AP ``= (1/|Ω⁺|) Σ_{k∈Ω⁺} rank⁺(k) / rank(k)``, positives at level ``>= m``."""
-    n = st.n_pos(m)
+def _binary(ranks: RetrievalRanks | RankStats, min_level: int | None) -> tuple[RankStats, int, Tensor]:
+    """``(stats, m, #positives (C,))`` of a binary metric with positives at level ``>= min_level`` (default ``L``)."""
+    st = _stats(ranks)
+    m = _check_min_level(min_level, st.num_levels)
+    return st, m, st.n_pos(m)
+
+
+def ap_from_ranks(ranks: RetrievalRanks | RankStats, min_level: int | None = None) -> Tensor:
+    """AP ``(Q,)`` ``= (1/|Ω⁺|) Σ_{k∈Ω⁺} rank⁺(k) / rank(k)``, positives at level ``>= min_level`` (default ``L``)."""
+    st, m, n = _binary(ranks, min_level)
     return _nan_where_empty(st.precision_sum_at(m, ALL) / _f64(n).clamp_min(1), n)
 
 
-def map_at_r_(st: RankStats, m: int) -> Tensor:
-    """mAP@R: precisions at the positives within the first ``R = |Ω⁺|`` positions, divided by ``R``."""
-    n = st.n_pos(m)
+def map_at_r_from_ranks(ranks: RetrievalRanks | RankStats, min_level: int | None = None) -> Tensor:
+    """mAP@R ``(Q,)`` (Musgrave et al.): precisions at the positives within the first ``R = |Ω⁺|`` positions, over
+    ``R``."""
+    st, m, n = _binary(ranks, min_level)
     return _nan_where_empty(st.precision_sum_at(m, ("r", m)) / _f64(n).clamp_min(1), n)
 
 
-def r_precision_(st: RankStats, m: int) -> Tensor:
-    """R-precision: positives within the first ``R = |Ω⁺|`` positions, divided by ``R``."""
-    n = st.n_pos(m)
+def r_precision_from_ranks(ranks: RetrievalRanks | RankStats, min_level: int | None = None) -> Tensor:
+    """R-precision ``(Q,)``: positives within the first ``R = |Ω⁺|`` positions, divided by ``R``."""
+    st, m, n = _binary(ranks, min_level)
     return _nan_where_empty(st.count_at(m, ("r", m)) / _f64(n).clamp_min(1), n)
 
 
-def recall_at_k_(st: RankStats, m: int, k: int) -> Tensor:
-    """R@k as used in image retrieval: 1 if a positive is among the top ``k`` (hit rate)."""
-    n = st.n_pos(m)
-    return _nan_where_empty((st.count_at(m, ("k", k)) > 0).double(), n)
+def recall_at_k_from_ranks(ranks: RetrievalRanks | RankStats, k: int, min_level: int | None = None) -> Tensor:
+    """R@k as used in image retrieval ``(Q,)``: 1 if a positive is among the top ``k`` (hit rate)."""
+    st, m, n = _binary(ranks, min_level)
+    return _nan_where_empty((st.count_at(m, ("k", _check_k(k))) > 0).double(), n)
 
 
-def precision_at_k_(st: RankStats, m: int, k: int) -> Tensor:
-    """P@k: positives in the top ``k`` divided by ``k``."""
-    n = st.n_pos(m)
-    return _nan_where_empty(st.count_at(m, ("k", k)) / k, n)
+def precision_at_k_from_ranks(ranks: RetrievalRanks | RankStats, k: int, min_level: int | None = None) -> Tensor:
+    """P@k ``(Q,)``: positives in the top ``k`` divided by ``k``."""
+    st, m, n = _binary(ranks, min_level)
+    return _nan_where_empty(st.count_at(m, ("k", _check_k(k))) / k, n)
 
 
-def true_recall_at_k_(st: RankStats, m: int, k: int) -> Tensor:
-    """True recall@k: positives in the top ``k`` divided by ``min(|Ω⁺|, k)``."""
-    n = st.n_pos(m)
-    return _nan_where_empty(st.count_at(m, ("k", k)) / _f64(n).clamp(1, k), n)
+def true_recall_at_k_from_ranks(ranks: RetrievalRanks | RankStats, k: int, min_level: int | None = None) -> Tensor:
+    """True recall@k ``(Q,)``: positives in the top ``k`` divided by ``min(|Ω⁺|, k)``."""
+    st, m, n = _binary(ranks, min_level)
+    return _nan_where_empty(st.count_at(m, ("k", _check_k(k))) / _f64(n).clamp(1, k), n)
 
 
-def map_at_k_(st: RankStats, m: int, k: int) -> Tensor:
-    """mAP@k: precisions at the positives within the top ``k``, divided by ``min(|Ω⁺|, k)``."""
-    n = st.n_pos(m)
-    return _nan_where_empty(st.precision_sum_at(m, ("k", k)) / _f64(n).clamp(1, k), n)
+def map_at_k_from_ranks(ranks: RetrievalRanks | RankStats, k: int, min_level: int | None = None) -> Tensor:
+    """mAP@k ``(Q,)``: precisions at the positives within the top ``k``, divided by ``min(|Ω⁺|, k)``."""
+    st, m, n = _binary(ranks, min_level)
+    return _nan_where_empty(st.precision_sum_at(m, ("k", _check_k(k))) / _f64(n).clamp(1, k), n)
 
 
-def hierarchical_ap_(st: RankStats, table: Tensor) -> Tensor:
-    """H-AP (SupRank Eqs. 18-19) from a ``(C, L + 1)`` float64 relevance table (column 0 ignored).
+def hap_from_ranks(ranks: RetrievalRanks | RankStats, relevance: Tensor | None = None, alpha: float = 1.0) -> Tensor:
+    """H-AP ``(Q,)`` (SupRank Eqs. 18-19) from a relevance table ``rel(l)``.
 
     ``H-rank⁺(k) = Σ_l c_l(k)·min(rel(k), rel(l))`` with ``c_l(k)`` the items of level exactly ``l`` ranked at or
     before ``k`` (the pessimistic order replaces the Heaviside of Eq. 18), ``H-AP = Σ_k H-rank⁺(k) / rank(k) /
@@ -306,7 +294,19 @@ def hierarchical_ap_(st: RankStats, table: Tensor) -> Tensor:
     ``Σ_k H-rank⁺(k) / rank(k) = Σ_{λ, l} step[λ, l]·S[λ, l]`` with ``S[λ, l] = Σ_{k: level λ} A_l(k) / rank(k)``
     (:meth:`RankStats.level_sums`) and ``Σ_k rel(k) = Σ_λ rel(λ)·#{k: level λ}``: ``(C, L, L)`` tables, no per-slot
     gather. Levels are identified by their integer level, never by float equality of relevances.
+
+    Args:
+        ranks: from :func:`~pml_suprank.metrics.ranks.retrieval_ranks` (or their :class:`RankStats`).
+        relevance: ``(Q, L + 1)`` or ``(L + 1,)`` table ``rel(l)`` (column 0 ignored); default: the pop relevance
+            ``(l / L)^α / |Ω^(l)|`` of Eq. 20 counted on the gallery searched (the items a mask keeps; pass a table
+            for another convention, e.g. the reference code's counts, which include the query itself).
+        alpha: ``α`` of Eq. 20 (used only for the default table).
     """
+    st = _stats(ranks)
+    if relevance is None:
+        table = pop_relevance(st.counts, alpha=check_positive("alpha", alpha, strict=False), dtype=torch.float64)
+    else:
+        table = _check_relevance_table(relevance, st)
     table = torch.cat([torch.zeros_like(table[:, :1]), table[:, 1:]], 1)  # rel(0) = 0
     pair_min = torch.minimum(table[:, :, None], table[:, None, :])  # [c, λ, l] = min(rel(λ), rel(l))
     steps = pair_min[:, 1:, 1:] - torch.cat([torch.zeros_like(pair_min[:, 1:, :1]), pair_min[:, 1:, 1:-1]], 2)
@@ -315,10 +315,11 @@ def hierarchical_ap_(st: RankStats, table: Tensor) -> Tensor:
     return _nan_where_empty(num / torch.where(den > 0, den, torch.ones_like(den)), den)
 
 
-def ndcg_(st: RankStats) -> Tensor:
-    """NDCG (SupRank Eq. 23): gains ``2^l − 1``, discounts ``1 / log2(1 + p)``, ideal DCG of the same gallery.
-
-    ``DCG = Σ_λ (2^λ − 1)·Σ_{k: level λ} 1 / log2(1 + rank(k))`` (:meth:`RankStats.level_discounts`)."""
+def ndcg_from_ranks(ranks: RetrievalRanks | RankStats) -> Tensor:
+    """NDCG ``(Q,)`` (SupRank Eq. 23): gains ``2^l − 1``, discounts ``1 / log2(1 + p)``, ideal DCG of the same
+    gallery; NaN without relevant items. ``DCG = Σ_λ (2^λ − 1)·Σ_{k: level λ} 1 / log2(1 + rank(k))``
+    (:meth:`RankStats.level_discounts`)."""
+    st = _stats(ranks)
     L = st.num_levels
     device = st.levels.device
     gains = 2.0 ** torch.arange(L + 1, device=device, dtype=torch.float64) - 1.0
@@ -328,12 +329,13 @@ def ndcg_(st: RankStats) -> Tensor:
     return _nan_where_empty(dcg / torch.where(idcg > 0, idcg, torch.ones_like(idcg)), st.n_pos(1))
 
 
-def asi_(st: RankStats) -> Tensor:
-    """Average Set Intersection (SupRank App. C-A1).
+def asi_from_ranks(ranks: RetrievalRanks | RankStats) -> Tensor:
+    """Average Set Intersection ``(Q,)`` (SupRank App. C-A1); NaN without relevant items.
 
     ``ASI = (1/N⁺) Σ_{n=1}^{N⁺} Σ_l min(c_l(n), c*_l(n)) / n`` with ``c_l(n)`` the level-``l`` items in the top
     ``n`` of the ranking and ``c*_l(n)`` in the ideal one (int16/int32 prefix sums over position -> level).
     """
+    st = _stats(ranks)
     L = st.num_levels
     lv, positions, counts = st.levels, st.positions, st.counts
     C, P = lv.shape
@@ -370,11 +372,20 @@ def asi_(st: RankStats) -> Tensor:
     return _nan_where_empty(ratio.sum(1) / n_plus.clamp_min(1), n_plus)
 
 
-def weighted_sum_ap_(st: RankStats, weights: Tensor) -> Tensor:
-    """ΣwAP ``= Σ_l w_l·AP^(l) / Σ_l w_l`` over the levels ``l`` with positives for the query (SupRank Sec. V-A1);
-    ``AP^(l)`` takes the items at level ``>= l`` as positives and ``weights`` is ``(L,)`` float64 ``w_1..w_L``."""
+def weighted_sum_ap_from_ranks(
+    ranks: RetrievalRanks | RankStats, weights: Tensor | list[float] | None = None
+) -> Tensor:
+    """ΣwAP ``(Q,)`` ``= Σ_l w_l·AP^(l) / Σ_l w_l`` over the levels ``l`` with positives for the query (SupRank
+    Sec. V-A1, supp. B-B3); ``AP^(l)`` takes the items at level ``>= l`` as positives, ``weights`` ``w_1..w_L``
+    (default uniform). Equals H-AP with the Property-1 relevance
+    (:func:`pml_suprank.relevance.property1_relevance`)."""
+    st = _stats(ranks)
     L = st.num_levels
     C = st.levels.shape[0]
+    if weights is None:
+        weights = torch.full((L,), 1.0 / L, dtype=torch.float64, device=st.levels.device)
+    else:
+        weights = torch.tensor(check_level_weights("weights", weights, L), dtype=torch.float64, device=st.levels.device)
     num = torch.zeros(C, dtype=torch.float64, device=st.levels.device)
     den = torch.zeros_like(num)
     for m in range(1, L + 1):
@@ -401,15 +412,7 @@ def _check_k(k: int) -> int:
     return k
 
 
-def _check_weights(weights: Tensor | list[float] | None, L: int, device: torch.device, name: str = "weights") -> Tensor:
-    """``(L,)`` float64 ΣwAP weights: uniform for ``None``, else checked by :func:`check_level_weights`."""
-    if weights is None:
-        return torch.full((L,), 1.0 / L, dtype=torch.float64, device=device)
-    values = check_level_weights(name, weights, L)
-    return torch.tensor(values, dtype=torch.float64, device=device)
-
-
-def _check_relevance_table(relevance: Tensor, ranks: RetrievalRanks) -> Tensor:
+def _check_relevance_table(relevance: Tensor, ranks: RetrievalRanks | RankStats) -> Tensor:
     Q = ranks.counts.shape[0]
     L = ranks.num_levels
     if not isinstance(relevance, Tensor) or not relevance.is_floating_point():
@@ -423,84 +426,6 @@ def _check_relevance_table(relevance: Tensor, ranks: RetrievalRanks) -> Tensor:
     return _f64(relevance).to(ranks.levels.device)
 
 
-def pop_relevance_table(st: RankStats, alpha: float) -> Tensor:
-    """The default H-AP relevance (SupRank Eq. 20, ``(l / L)^α / |Ω^(l)|``) counted on the gallery searched."""
-    return pop_relevance(st.counts, alpha=alpha, dtype=torch.float64)
-
-
-def ap_from_ranks(ranks: RetrievalRanks, min_level: int | None = None) -> Tensor:
-    """Average precision ``(Q,)`` (positives: level ``>= min_level``, default ``L``); NaN without positives."""
-    return average_precision_(RankStats(ranks), _check_min_level(min_level, ranks.num_levels))
-
-
-def map_at_r_from_ranks(ranks: RetrievalRanks, min_level: int | None = None) -> Tensor:
-    """mAP@R ``(Q,)`` (Musgrave et al.); see :func:`map_at_r_`."""
-    return map_at_r_(RankStats(ranks), _check_min_level(min_level, ranks.num_levels))
-
-
-def map_at_k_from_ranks(ranks: RetrievalRanks, k: int, min_level: int | None = None) -> Tensor:
-    """mAP@k ``(Q,)``: precision summed over positives in the top ``k``, divided by ``min(#positives, k)``."""
-    k = _check_k(k)
-    return map_at_k_(RankStats(ranks), _check_min_level(min_level, ranks.num_levels), k)
-
-
-def recall_at_k_from_ranks(ranks: RetrievalRanks, k: int, min_level: int | None = None) -> Tensor:
-    """R@k as used in image retrieval ``(Q,)``: 1 if a positive is among the top ``k`` (hit rate)."""
-    k, m = _check_k(k), _check_min_level(min_level, ranks.num_levels)
-    return recall_at_k_(RankStats(ranks), m, k)
-
-
-def true_recall_at_k_from_ranks(ranks: RetrievalRanks, k: int, min_level: int | None = None) -> Tensor:
-    """True recall@k ``(Q,)``: positives in the top ``k`` divided by ``min(#positives, k)``."""
-    k, m = _check_k(k), _check_min_level(min_level, ranks.num_levels)
-    return true_recall_at_k_(RankStats(ranks), m, k)
-
-
-def precision_at_k_from_ranks(ranks: RetrievalRanks, k: int, min_level: int | None = None) -> Tensor:
-    """P@k ``(Q,)``: positives in the top ``k`` divided by ``k``."""
-    k, m = _check_k(k), _check_min_level(min_level, ranks.num_levels)
-    return precision_at_k_(RankStats(ranks), m, k)
-
-
-def r_precision_from_ranks(ranks: RetrievalRanks, min_level: int | None = None) -> Tensor:
-    """R-precision ``(Q,)``: positives within the first ``R = #positives`` positions, divided by ``R``."""
-    return r_precision_(RankStats(ranks), _check_min_level(min_level, ranks.num_levels))
-
-
-def hap_from_ranks(ranks: RetrievalRanks, relevance: Tensor | None = None, alpha: float = 1.0) -> Tensor:
-    """Hierarchical AP (SupRank Eqs. 18-19) ``(Q,)``; see :func:`hierarchical_ap_`.
-
-    Args:
-        ranks: from :func:`~pml_suprank.metrics.ranks.retrieval_ranks`.
-        relevance: ``(Q, L + 1)`` or ``(L + 1,)`` table ``rel(l)`` (column 0 ignored); default: the pop relevance
-            ``(l / L)^α / |Ω^(l)|`` of Eq. 20 on the gallery searched.
-        alpha: ``α`` of Eq. 20 (used only for the default table).
-    """
-    st = RankStats(ranks)
-    if relevance is None:
-        check_positive("alpha", alpha, strict=False)
-        return hierarchical_ap_(st, pop_relevance_table(st, alpha))
-    return hierarchical_ap_(st, _check_relevance_table(relevance, ranks))
-
-
-def ndcg_from_ranks(ranks: RetrievalRanks) -> Tensor:
-    """NDCG ``(Q,)``, NaN without relevant items; see :func:`ndcg_` (SupRank Eq. 23)."""
-    return ndcg_(RankStats(ranks))
-
-
-def asi_from_ranks(ranks: RetrievalRanks) -> Tensor:
-    """Average Set Intersection (SupRank App. C-A1) ``(Q,)``; NaN without relevant items (see :func:`asi_`)."""
-    return asi_(RankStats(ranks))
-
-
-def weighted_sum_ap_from_ranks(ranks: RetrievalRanks, weights: Tensor | list[float] | None = None) -> Tensor:
-    """ΣwAP ``(Q,)`` (SupRank Sec. V-A1, supp. B-B3; default uniform weights): see :func:`weighted_sum_ap_`.
-
-    Equals H-AP with the Property-1 relevance (:func:`pml_suprank.relevance.property1_relevance`).
-    """
-    return weighted_sum_ap_(RankStats(ranks), _check_weights(weights, ranks.num_levels, ranks.levels.device))
-
-
-def property1_hap(ranks: RetrievalRanks, weights: Tensor | list[float]) -> Tensor:
+def property1_hap(ranks: RetrievalRanks | RankStats, weights: Tensor | list[float]) -> Tensor:
     """H-AP with the Property-1 relevance of ``weights`` (equals :func:`weighted_sum_ap_from_ranks`)."""
     return hap_from_ranks(ranks, relevance=property1_relevance(ranks.counts, weights, dtype=torch.float64))

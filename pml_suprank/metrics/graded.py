@@ -18,12 +18,15 @@ References:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
+from .._validation import check_positive_int
 from ..relevance import check_multilabel, dedupe_label_sets, ideal_dcg
 from .from_ranks import ap_from_ranks
-from .ranks import RetrievalRanks, check_mask, check_scores, retrieval_ranks
+from .ranks import RetrievalRanks, check_mask, check_scores, compact_rows, retrieval_ranks
 
 __all__ = ["GAINS", "graded_average_precision", "graded_levels", "graded_ndcg", "mean_label_average_precision"]
 
@@ -31,16 +34,13 @@ GAINS = ("exponential", "linear")
 GRADED_BLOCK = 2**22  # elements of the (C, N) score block processed at once
 
 
-def _check_scores_mask(scores: Tensor, mask: Tensor | None, block_elements: int) -> None:
+def _check_inputs(scores: Tensor, mask: Tensor | None, block_elements: int, relevance: Tensor | None = None) -> Tensor:
+    """Validate the arguments; return ``relevance`` (if given) as float64 on the device of ``scores``."""
     check_scores(scores)  # the engine's checks: (Q, N) floating point, no NaN
     check_mask(mask, scores)
-    if isinstance(block_elements, bool) or not isinstance(block_elements, int) or block_elements < 1:
-        raise ValueError(f"block_elements must be a positive int; got {block_elements!r}")
-
-
-def _check_inputs(scores: Tensor, relevance: Tensor, mask: Tensor | None, block_elements: int) -> Tensor:
-    """Validate the arguments; return ``relevance`` as float64 on the device of ``scores``."""
-    _check_scores_mask(scores, mask, block_elements)
+    check_positive_int("block_elements", block_elements)
+    if relevance is None:
+        return None
     if not isinstance(relevance, Tensor):
         raise TypeError(f"relevance must be a torch.Tensor of shape (Q, N); got {type(relevance).__name__}")
     if relevance.is_complex():
@@ -70,17 +70,10 @@ def graded_levels(relevance: Tensor, mask: Tensor | None = None) -> tuple[Tensor
     """
     rel = relevance.to(torch.float64)
     Q, N = rel.shape
-    pos = rel > 0
-    if mask is not None:
-        pos = pos & mask
-    n_pos = pos.sum(1)
-    P = int(n_pos.max()) if Q and N else 0
-    rows, cols = pos.nonzero(as_tuple=True)
-    slot = pos.long().cumsum(1)[rows, cols] - 1
-    vals = torch.full((Q, P), float("inf"), dtype=torch.float64, device=rel.device)
+    rows, cols, slot, valid = compact_rows(rel > 0 if mask is None else (rel > 0) & mask)
+    vals = torch.full(valid.shape, float("inf"), dtype=torch.float64, device=rel.device)
     vals[rows, slot] = rel[rows, cols]
     sorted_vals, perm = vals.sort(dim=1)
-    valid = torch.arange(P, device=rel.device) < n_pos[:, None]
     new = torch.ones_like(valid)
     new[:, 1:] = sorted_vals[:, 1:] != sorted_vals[:, :-1]
     dense = (new & valid).long().cumsum(1).masked_fill_(~valid, 0)  # level of each sorted slot
@@ -134,14 +127,14 @@ def ndcg_block(ranks: RetrievalRanks, values: Tensor, gain: str) -> Tensor:
     return torch.where(n_rel > 0, dcg / torch.where(idcg > 0, idcg, torch.ones_like(idcg)), float("nan"))
 
 
-def _per_block(scores, rel, mask, block_elements, metric) -> Tensor:
-    Q, N = scores.shape
-    rows = max(1, block_elements // max(N, 1))
+def _per_block(scores: Tensor, mask: Tensor | None, rows: int, block: Callable[..., Tensor]) -> Tensor:
+    """``(Q,)`` float64 ``block(score rows, mask rows or None, row slice)`` over blocks of ``rows`` queries."""
+    Q = scores.shape[0]
+    rows = max(1, rows)
     out = torch.empty(Q, dtype=torch.float64, device=scores.device)
     for i in range(0, Q, rows):
-        m = None if mask is None else mask[i : i + rows]
-        ranks, values = graded_ranks(scores[i : i + rows].detach(), rel[i : i + rows], m)
-        out[i : i + rows] = metric(ranks, values)
+        sl = slice(i, i + rows)
+        out[sl] = block(scores[sl].detach(), None if mask is None else mask[sl], sl)
     return out
 
 
@@ -169,8 +162,9 @@ def graded_average_precision(
         TypeError: non-tensor or non-floating ``scores``, complex ``relevance``, a non-bool ``mask``.
         ValueError: shape mismatches, NaN scores, negative or non-finite relevance, bad ``block_elements``.
     """
-    rel = _check_inputs(scores, relevance, mask, block_elements)
-    return _per_block(scores, rel, mask, block_elements, hap_block)
+    rel = _check_inputs(scores, mask, block_elements, relevance)
+    rows = block_elements // max(scores.shape[1], 1)
+    return _per_block(scores, mask, rows, lambda sc, m, sl: hap_block(*graded_ranks(sc, rel[sl], m)))
 
 
 def graded_ndcg(
@@ -187,23 +181,14 @@ def graded_ndcg(
     ``g(r) = 2^r − 1`` (``"exponential"``, Eq. 23; integer levels give :func:`~pml_suprank.metrics.functional.ndcg`)
     or ``g(r) = r`` (``"linear"``).
 
-    Args:
-        scores: ``(Q, N)`` floating similarities.
-        relevance: ``(Q, N)`` non-negative finite relevance.
-        mask: optional ``(Q, N)`` bool; ``False`` removes the item from that query's gallery.
-        gain: one of :data:`GAINS`.
-        block_elements: memory bound: queries are processed in blocks of about this many score entries.
-
-    Returns:
-        ``(Q,)`` float64; ``NaN`` for queries without relevant items.
-
-    Raises:
-        TypeError / ValueError: as :func:`graded_average_precision`; ``ValueError`` for an unknown ``gain``.
+    Arguments, result (``(Q,)`` float64, ``NaN`` without relevant items) and errors as
+    :func:`graded_average_precision`; ``gain`` is one of :data:`GAINS` (else ``ValueError``).
     """
-    rel = _check_inputs(scores, relevance, mask, block_elements)
+    rel = _check_inputs(scores, mask, block_elements, relevance)
     if gain not in GAINS:
         raise ValueError(f"gain must be one of {GAINS}; got {gain!r}")
-    return _per_block(scores, rel, mask, block_elements, lambda r, v: ndcg_block(r, v, gain))
+    rows = block_elements // max(scores.shape[1], 1)
+    return _per_block(scores, mask, rows, lambda sc, m, sl: ndcg_block(*graded_ranks(sc, rel[sl], m), gain))
 
 
 def mean_label_average_precision(
@@ -234,7 +219,7 @@ def mean_label_average_precision(
         :func:`pml_suprank.relevance.multilabel_relevance` for the labels; ``ValueError`` when the label counts do
         not match ``scores``.
     """
-    _check_scores_mask(scores, mask, block_elements)
+    _check_inputs(scores, mask, block_elements)
     q = dedupe_label_sets(check_multilabel("query_labels", query_labels))
     r = check_multilabel("ref_labels", ref_labels)
     if scores.shape != (q.shape[0], r.shape[0]):
@@ -243,12 +228,9 @@ def mean_label_average_precision(
             f"got shape {tuple(scores.shape)}"
         )
     q, r = q.to(scores.device), r.to(scores.device)
-    Q, R = scores.shape
-    rows = max(1, block_elements // max(R * r.shape[1], 1))
-    out = torch.empty(Q, dtype=torch.float64, device=scores.device)
-    for i in range(0, Q, rows):
-        qs, sc = q[i : i + rows], scores[i : i + rows].detach()
-        m = None if mask is None else mask[i : i + rows]
+
+    def block(sc: Tensor, m: Tensor | None, sl: slice) -> Tensor:
+        qs = q[sl]
         total = torch.zeros(qs.shape[0], dtype=torch.float64, device=scores.device)
         count = torch.zeros_like(total)
         for col in range(qs.shape[1]):
@@ -258,5 +240,6 @@ def mean_label_average_precision(
             ok = ~torch.isnan(ap)
             total += torch.where(ok, ap, 0.0)
             count += ok
-        out[i : i + rows] = torch.where(count > 0, total / count.clamp_min(1), float("nan"))
-    return out
+        return torch.where(count > 0, total / count.clamp_min(1), float("nan"))
+
+    return _per_block(scores, mask, block_elements // max(r.shape[0] * r.shape[1], 1), block)

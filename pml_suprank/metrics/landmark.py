@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from .from_ranks import map_at_k_from_ranks
-from .ranks import retrieval_ranks
+from .ranks import check_mask, retrieval_ranks
 
 __all__ = [
     "REVISITED_SETUPS",
@@ -52,14 +52,6 @@ REVISITED_SETUPS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "medium": (("easy", "hard"), ("junk",)),
     "hard": (("hard",), ("junk", "easy")),
 }
-
-
-def _check_bool_matrix(value: Any, name: str, shape: tuple[int, ...]) -> Tensor:
-    if not isinstance(value, Tensor) or value.dtype != torch.bool:
-        raise TypeError(f"{name} must be a bool torch.Tensor of shape {shape}; got {getattr(value, 'dtype', value)!r}")
-    if tuple(value.shape) != shape:
-        raise ValueError(f"{name} must have the shape of scores {shape}; got shape {tuple(value.shape)}")
-    return value
 
 
 def landmark_map_at_k(scores: Tensor, positives: Tensor, junk: Tensor | None = None, k: int = 100) -> Tensor:
@@ -79,13 +71,11 @@ def landmark_map_at_k(scores: Tensor, positives: Tensor, junk: Tensor | None = N
         TypeError: ``positives`` / ``junk`` are not bool tensors, ``scores`` is not a floating tensor.
         ValueError: Shapes differ, ``k`` is not a positive int, ``scores`` holds NaN.
     """
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k must be a positive int; got {k!r}")
     if not isinstance(scores, Tensor):
         raise TypeError(f"scores must be a torch.Tensor of shape (Q, N); got {type(scores).__name__}")
-    shape = tuple(scores.shape)
-    positives = _check_bool_matrix(positives, "positives", shape)
-    mask = None if junk is None else ~_check_bool_matrix(junk, "junk", shape) | positives
+    if check_mask(positives, scores, "positives") is None:
+        raise TypeError("positives must be a bool torch.Tensor of the shape of scores; got None")
+    mask = None if junk is None else ~check_mask(junk, scores, "junk") | positives
     return map_at_k_from_ranks(retrieval_ranks(scores, positives, mask), k)
 
 

@@ -23,15 +23,11 @@ entry says (:attr:`~pml_suprank.metrics.registry.MetricSpec.multilabel`):
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from .._scaling import overflow_safe_scales
-from .._validation import check_embeddings
 from ..relevance import Hierarchy, check_multilabel, label_ancestors, level_counts, multilabel_relevance
 from .graded import graded_ranks, hap_block, mean_label_average_precision, ndcg_block
 from .ranks import retrieval_ranks
@@ -126,90 +122,26 @@ def _chunk_metrics(
 
 def query_counts(counts: Tensor) -> dict[str, Tensor]:
     """The ``_``-prefixed ``(C,)`` float64 counts that ``RetrievalEvaluator._summarise`` reduces, from the
-    ``(C, L + 1)`` items per level."""
+    ``(C, L + 1)`` items per level: ``_n_pos_level{h}``, the items at level ``>= L - h`` (``h = L - 1``: relevant)."""
     L = counts.shape[1] - 1
-    out = {"_n_pos_fine": counts[:, L].double(), "_n_rel": counts[:, 1:].sum(1).double()}
-    for h in range(L):
-        out[f"_n_pos_level{h}"] = counts[:, L - h :].sum(1).double()
-    return out
+    return {f"_n_pos_level{h}": counts[:, L - h :].sum(1).double() for h in range(L)}
 
 
 def evaluate_multilabel(
-    evaluator: Any,
-    query: Tensor,
-    query_labels: Tensor,
-    reference: Tensor | None,
-    reference_labels: Tensor | None,
-    ref_includes_query: bool,
+    evaluator: Any, query: Tensor, ql: Tensor, reference: Tensor, rl: Tensor, ref_includes_query: bool
 ) -> tuple[dict[str, Tensor], int, int]:
     """Per-query metrics ``{key: (Q,) float64}`` (plus ``_``-prefixed counts), ``Q`` and ``L`` of a multi-label
-    evaluation with the settings of ``evaluator`` (a :class:`~pml_suprank.metrics.RetrievalEvaluator`)."""
-    hierarchy = evaluator.hierarchy
-    check = partial(check_multilabel_labels, hierarchy=hierarchy)
-    query, ql, reference, rl, ref_includes_query = check_inputs(
-        query, query_labels, reference, reference_labels, ref_includes_query, check
-    )
-    Q, N = query.shape[0], reference.shape[0]
-    if ref_includes_query:
-        check_queries_first(query, ql, reference, rl, label_sets=True)
+    evaluation of checked inputs with the settings of ``evaluator`` (a
+    :class:`~pml_suprank.metrics.RetrievalEvaluator`)."""
     groups = multilabel_groups(evaluator._multilabel_metrics)
-    device = evaluator.device if evaluator.device is not None else query.device
-    dtype = query.dtype if query.dtype in (torch.float32, torch.float64) else torch.float32
-    gallery = reference.detach().to(device=device, dtype=dtype)
-    query_scale, gallery = overflow_safe_scales(query, gallery)
+    device, dtype = evaluator._device_dtype(query)
     ql, rl = ql.to(device), rl.to(device)
+    N = reference.shape[0]
     chunk = evaluator.chunk_size if evaluator.chunk_size is not None else max(16, 2**23 // max(N, 1))
-    per_query: dict[str, list[Tensor]] = {}
-    with torch.no_grad():
-        for s in evaluator._chunks(Q, chunk):
-            e = min(s + chunk, Q)
-            qc = query.detach()[s:e].to(device=device, dtype=dtype)
-            if query_scale != 1.0:
-                qc = qc * query_scale
-            self_cols = torch.arange(s, e, device=device) if ref_includes_query else None
-            out = _chunk_metrics(evaluator, qc @ gallery.T, ql[s:e], rl, self_cols, groups)
-            for key, value in out.items():
-                per_query.setdefault(key, []).append(value.cpu())
-    L = 1 if hierarchy is None else hierarchy.num_levels
-    return {k: torch.cat(v) for k, v in per_query.items()}, Q, L
 
+    def per_chunk(i: int, s: int, e: int, scores: Tensor) -> dict[str, Tensor]:
+        self_cols = torch.arange(s, e, device=device) if ref_includes_query else None
+        return _chunk_metrics(evaluator, scores, ql[s:e], rl, self_cols, groups)
 
-def check_inputs(query: Any, query_labels: Any, reference: Any, reference_labels: Any, riq: bool, check: Callable):
-    """Checked ``(query, query_labels, reference, reference_labels, ref_includes_query)`` (``reference`` None: the
-    queries themselves), labels checked by ``check(name, labels, n, n_name=...)``."""
-    query = check_embeddings("query", query)
-    query_labels = check("query_labels", query_labels, query.shape[0], n_name="query")
-    if reference is None:
-        if reference_labels is not None:
-            raise ValueError("reference_labels given without reference")
-        return query, query_labels, query, query_labels, True
-    reference = check_embeddings("reference", reference)
-    if reference_labels is None:
-        raise ValueError("reference_labels must be given with reference")
-    reference_labels = check("reference_labels", reference_labels, reference.shape[0], n_name="reference")
-    if reference.shape[1] != query.shape[1]:
-        raise ValueError(
-            f"query and reference must have the same embedding size; got {query.shape[1]} and {reference.shape[1]}"
-        )
-    return query, query_labels, reference, reference_labels, riq
-
-
-def check_queries_first(query: Tensor, ql: Tensor, reference: Tensor, rl: Tensor, label_sets: bool) -> None:
-    """``ref_includes_query=True``: the first ``Q`` rows of ``reference``/``rl`` must equal ``query``/``ql`` (labels
-    compared as sets with ``label_sets``); ``ValueError`` otherwise."""
-    Q = query.shape[0]
-    if reference.shape[0] < Q:
-        raise ValueError(
-            f"ref_includes_query=True needs the queries as the first rows of reference; reference has "
-            f"{reference.shape[0]} rows for {Q} queries"
-        )
-    if reference is query:
-        return
-    if label_sets:
-        width = max(ql.shape[1], rl.shape[1])
-        ql, rl = (torch.nn.functional.pad(x, (0, width - x.shape[1]), value=-1).sort(1).values for x in (ql, rl[:Q]))
-    if not (torch.equal(ql, rl[:Q].to(ql.device)) and torch.allclose(query, reference[:Q].to(query.device))):
-        raise ValueError(
-            "ref_includes_query=True: the first len(query) rows of reference (and reference_labels) must equal "
-            "query (and query_labels)"
-        )
+    per_query = evaluator._scan(query, reference.detach().to(device=device, dtype=dtype), device, chunk, per_chunk)
+    return per_query, query.shape[0], 1 if evaluator.hierarchy is None else evaluator.hierarchy.num_levels

@@ -12,6 +12,7 @@ low bits); negatives are only *counted* (:func:`rank_relevant_items`). Metrics t
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
@@ -98,13 +99,14 @@ def _check_levels(levels: Tensor, scores: Tensor, num_levels: int | None) -> tup
     return levels, num_levels
 
 
-def check_mask(mask: Tensor | None, scores: Tensor) -> Tensor | None:
+def check_mask(mask: Tensor | None, scores: Tensor, name: str = "mask") -> Tensor | None:
+    """``mask`` (None, or a bool tensor of the shape of ``scores``), else TypeError / ValueError naming ``name``."""
     if mask is None:
         return None
     if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-        raise TypeError(f"mask must be a bool torch.Tensor; got {getattr(mask, 'dtype', type(mask).__name__)}")
+        raise TypeError(f"{name} must be a bool torch.Tensor; got {getattr(mask, 'dtype', type(mask).__name__)}")
     if mask.shape != scores.shape:
-        raise ValueError(f"mask must have the shape of scores {tuple(scores.shape)}; got shape {tuple(mask.shape)}")
+        raise ValueError(f"{name} must have the shape of scores {tuple(scores.shape)}; got shape {tuple(mask.shape)}")
     return mask
 
 
@@ -164,9 +166,7 @@ def _pessimistic_order(scores: Tensor, levels: Tensor, valid: Tensor) -> Tensor:
 
 def _workspace(ws: dict | None, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
     """A reusable buffer (no re-allocation of ``(C, N)`` tensors per chunk)."""
-    n = 1
-    for d in shape:
-        n *= d
+    n = math.prod(shape)
     if ws is None:
         return torch.empty(shape, dtype=dtype, device=device)
     b = ws.get(name)
@@ -410,7 +410,8 @@ def _count_negatives_histogram(
                     r_t = rs_flat[row_base + (first + t).clamp_max(P - 1)]
                     above += ((t < count) & (r_t > cs)).long()
             else:  # many exactly tied relevant scores: one batched binary search instead
-                above = _count_greater(rs, vs, ci, cs) - first
+                seq = (-rs).masked_fill(~vs, float("inf")).contiguous()  # #{k : -r_k < -s} = #{k : r_k > s}
+                above = _search_rows(seq, ci, -cs, float("inf")) - first
             # +1 to the relevant items of the bin with r <= s: sorted slots [first + above, first + count)
             diff = torch.zeros(C * (P + 1), dtype=torch.int64, device=device)
             base = ci * (P + 1)
@@ -448,31 +449,31 @@ def _count_negatives_search(
     neg_ge = torch.zeros(C, P, dtype=torch.long, device=device)
     if flat.numel():
         rows = torch.div(flat, N, rounding_mode="floor")
-        queries_flat = to_seq(neg_scores.reshape(-1)[flat])
-        per_row = torch.bincount(rows, minlength=C)
-        width = int(per_row.max())
-        first = torch.cumsum(per_row, 0) - per_row
-        slot = rows * width + (torch.arange(flat.numel(), device=device) - first[rows])
-        queries = torch.full((C * width,), pad, dtype=seq.dtype, device=device)
-        queries[slot] = queries_flat
         # #{k : seq_k < query} < #relevant of the row, because the query scores at least the lowest relevant item
-        above = torch.searchsorted(seq, queries.view(C, width)).view(-1)[slot]
+        above = _search_rows(seq, rows, to_seq(neg_scores.reshape(-1)[flat]), pad)
         neg_ge.view(-1).index_add_(0, rows * P + above, torch.ones_like(above))
     return neg_ge.cumsum_(1)
 
 
-def _count_greater(rs: Tensor, vs: Tensor, rows: Tensor, values: Tensor) -> Tensor:
-    """``#{k : rs[row, k] > value}`` for flattened (row, value) pairs; ``rs`` descending per row."""
-    C, P = rs.shape
-    counts = torch.bincount(rows, minlength=C)
-    M = int(counts.max())
-    start = torch.cumsum(counts, 0) - counts
-    slot = torch.arange(rows.numel(), device=rs.device) - start[rows]
-    padded = torch.full((C, M), float("inf"), dtype=rs.dtype, device=rs.device)
-    padded[rows, slot] = -values
-    seq = (-rs).masked_fill(~vs, float("inf")).contiguous()
-    found = torch.searchsorted(seq, padded, right=False)  # #{k : -r_k < -v} = #{k : r_k > v}
-    return found[rows, slot]
+def _search_rows(seq: Tensor, rows: Tensor, values: Tensor, pad: float | int) -> Tensor:
+    """``searchsorted(seq[row], value)`` for flattened ``(row, value)`` pairs, ``rows`` non-decreasing: the values
+    of each row padded with ``pad`` into one ``(C, M)`` batched search."""
+    C = seq.shape[0]
+    per_row = torch.bincount(rows, minlength=C)
+    slot = torch.arange(rows.numel(), device=seq.device) - (torch.cumsum(per_row, 0) - per_row)[rows]
+    padded = torch.full((C, int(per_row.max())), pad, dtype=seq.dtype, device=seq.device)
+    padded[rows, slot] = values
+    return torch.searchsorted(seq, padded)[rows, slot]
+
+
+def compact_rows(selected: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The ``True`` entries of ``selected`` ``(Q, N)`` packed to the left of ``(Q, P)`` rows (``P``: most per row):
+    ``(rows, cols, slot)`` of each entry and the ``(Q, P)`` bool of the filled slots."""
+    n = selected.sum(1)
+    P = int(n.max()) if selected.numel() else 0
+    rows, cols = selected.nonzero(as_tuple=True)
+    slot = selected.long().cumsum(1)[rows, cols] - 1
+    return rows, cols, slot, torch.arange(P, device=selected.device) < n[:, None]
 
 
 def retrieval_ranks(
@@ -501,16 +502,10 @@ def retrieval_ranks(
     scores = check_scores(scores)
     levels, L = _check_levels(levels, scores, num_levels)
     mask = check_mask(mask, scores)
-    Q, N = scores.shape
     keep = torch.ones_like(levels, dtype=torch.bool) if mask is None else mask
-    relevant = (levels > 0) & keep
-    n_rel = relevant.sum(1)
-    P = int(n_rel.max()) if Q else 0
-    rows, cols = relevant.nonzero(as_tuple=True)
-    slot = relevant.long().cumsum(1)[rows, cols] - 1
-    rel_idx = torch.zeros(Q, P, dtype=torch.long, device=scores.device)
+    rows, cols, slot, slot_valid = compact_rows((levels > 0) & keep)
+    rel_idx = torch.zeros(slot_valid.shape, dtype=torch.long, device=scores.device)
     rel_idx[rows, slot] = cols
-    slot_valid = torch.arange(P, device=scores.device) < n_rel[:, None]
     rel_scores = scores.gather(1, rel_idx)
     rel_levels = torch.where(slot_valid, levels.gather(1, rel_idx), torch.zeros_like(rel_idx))
     neg_scores = scores.masked_fill(~(keep & (levels == 0)), float("-inf"))

@@ -16,6 +16,7 @@ from typing import NamedTuple
 from torch import Tensor
 
 from .._registry import Registry
+from .._validation import check_level_weights
 from . import from_ranks as R
 from .ranks import RetrievalRanks
 
@@ -111,60 +112,54 @@ class MetricSpec:
 MULTILABEL_KINDS = ("levels", "graded", "labels")
 
 
-def _binary(fn: Callable[[R.RankStats, int], Tensor]) -> Callable[[R.RankStats, MetricArgs], Tensor]:
-    return lambda st, a: fn(st, a.min_level)
-
-
-def _binary_k(fn: Callable[[R.RankStats, int, int], Tensor]) -> Callable[[R.RankStats, MetricArgs], Tensor]:
-    return lambda st, a: fn(st, a.min_level, a.k)
-
-
-def _hap(st: R.RankStats, a: MetricArgs) -> Tensor:
-    return R.hierarchical_ap_(st, R.pop_relevance_table(st, a.alpha))
+def _binary(fn: Callable[..., Tensor]) -> Callable[[R.RankStats, MetricArgs], Tensor]:
+    """``compute`` of a binary ``*_from_ranks`` function (with the cutoff ``k`` of a top-k key)."""
+    return lambda st, a: fn(st, min_level=a.min_level) if a.k is None else fn(st, a.k, min_level=a.min_level)
 
 
 def _sum_w_ap(st: R.RankStats, a: MetricArgs) -> Tensor:
-    return R.weighted_sum_ap_(st, R._check_weights(a.level_weights, st.num_levels, st.levels.device, "level_weights"))
+    return R.weighted_sum_ap_from_ranks(st, check_level_weights("level_weights", a.level_weights, st.num_levels))
 
 
 _SPECS = (
-    MetricSpec("ap", "ap", "mAP", _binary(R.average_precision_),
+    MetricSpec("ap", "ap", "mAP", _binary(R.ap_from_ranks),
                "average precision of the fine label over the whole gallery",
                headline=True, progress=True, report=4, multilabel="levels"),
-    MetricSpec("map_at_r", "map_at_r", "mAP@R", _binary(R.map_at_r_), "mAP@R (Musgrave et al.)",
+    MetricSpec("map_at_r", "map_at_r", "mAP@R", _binary(R.map_at_r_from_ranks), "mAP@R (Musgrave et al.)",
                headline=True, report=5, pml_names=(("map_at_r", "mean_average_precision_at_r"),), multilabel="levels"),
-    MetricSpec("r_precision", "r_precision", "R-precision", _binary(R.r_precision_), "R-precision",
+    MetricSpec("r_precision", "r_precision", "R-precision", _binary(R.r_precision_from_ranks), "R-precision",
                pml_names=(("r_precision", "r_precision"),), multilabel="levels"),
-    MetricSpec("precision_at_1", "precision_at_1", "P@1", lambda st, a: R.precision_at_k_(st, a.min_level, 1),
+    MetricSpec("precision_at_1", "precision_at_1", "P@1", lambda st, a: R.precision_at_k_from_ranks(st, 1, a.min_level),
                "precision of the first item", top_k=True, report=7, multilabel="levels",
                pml_names=(("precision_at_1", "precision_at_1"),)),
-    MetricSpec("recall_at_k", "recall_at_{k}", "R@{k}", _binary_k(R.recall_at_k_),
+    MetricSpec("recall_at_k", "recall_at_{k}", "R@{k}", _binary(R.recall_at_k_from_ranks),
                "hit rate: 1 if a positive is in the top k", top_k=True, headline=True, progress=True, report=6,
                pml_names=(("recall_at_1", "precision_at_1"),), multilabel="levels"),
-    MetricSpec("precision_at_k", "precision_at_{k}", "P@{k}", _binary_k(R.precision_at_k_),
+    MetricSpec("precision_at_k", "precision_at_{k}", "P@{k}", _binary(R.precision_at_k_from_ranks),
                "positives in the top k / k", top_k=True, pml_names=(("precision_at_1", "precision_at_1"),),
                multilabel="levels"),
-    MetricSpec("true_recall_at_k", "true_recall_at_{k}", "true recall@{k}", _binary_k(R.true_recall_at_k_),
+    MetricSpec("true_recall_at_k", "true_recall_at_{k}", "true recall@{k}", _binary(R.true_recall_at_k_from_ranks),
                "positives in the top k / min(#positives, k)", multilabel="levels"),
-    MetricSpec("map_at_k", "map_at_{k}", "mAP@{k}", _binary_k(R.map_at_k_),
+    MetricSpec("map_at_k", "map_at_{k}", "mAP@{k}", _binary(R.map_at_k_from_ranks),
                "precisions at the positives in the top k / min(#positives, k)", multilabel="levels"),
-    MetricSpec("h_ap", "h_ap", "H-AP", _hap, "hierarchical AP (SupRank Eq. 19, pop relevance Eq. 20)",
+    MetricSpec("h_ap", "h_ap", "H-AP", lambda st, a: R.hap_from_ranks(st, alpha=a.alpha),
+               "hierarchical AP (SupRank Eq. 19, pop relevance Eq. 20)",
                hierarchical=True, headline=True, progress=True, report=0, multilabel="graded"),
-    MetricSpec("ndcg", "ndcg", "NDCG", lambda st, a: R.ndcg_(st), "NDCG (SupRank Eq. 23)",
+    MetricSpec("ndcg", "ndcg", "NDCG", lambda st, a: R.ndcg_from_ranks(st), "NDCG (SupRank Eq. 23)",
                hierarchical=True, headline=True, progress=True, report=1, multilabel="graded"),
-    MetricSpec("asi", "asi", "ASI", lambda st, a: R.asi_(st), "average set intersection (SupRank App. C-A1)",
+    MetricSpec("asi", "asi", "ASI", lambda st, a: R.asi_from_ranks(st), "average set intersection (SupRank App. C-A1)",
                hierarchical=True, headline=True, progress=True, report=2),
     MetricSpec("sum_w_ap", "sum_w_ap", "ΣwAP", _sum_w_ap, "weighted sum of the per-level APs", hierarchical=True),
-    MetricSpec("ap_level", "ap_level{h}", "AP", _binary(R.average_precision_),
+    MetricSpec("ap_level", "ap_level{h}", "AP", _binary(R.ap_from_ranks),
                "AP with positives sharing label column h (0 = finest)",
                per_level=True, report=3, multilabel="levels"),
-    MetricSpec("map_at_r_level", "map_at_r_level{h}", "mAP@R", _binary(R.map_at_r_),
+    MetricSpec("map_at_r_level", "map_at_r_level{h}", "mAP@R", _binary(R.map_at_r_from_ranks),
                "mAP@R with positives sharing label column h",
                per_level=True, multilabel="levels"),
-    MetricSpec("recall_at_k_level", "recall_at_{k}_level{h}", "R@{k}", _binary_k(R.recall_at_k_),
+    MetricSpec("recall_at_k_level", "recall_at_{k}_level{h}", "R@{k}", _binary(R.recall_at_k_from_ranks),
                "hit rate in the top k with positives sharing label column h", per_level=True, top_k=True,
                multilabel="levels"),
-    MetricSpec("mean_label_ap", "mean_label_ap", "mean label AP", _binary(R.average_precision_),
+    MetricSpec("mean_label_ap", "mean_label_ap", "mean label AP", _binary(R.ap_from_ranks),
                "AP of each query label as a binary problem, averaged over the query's labels (one label per item: "
                "the fine AP)", report=8, multilabel="labels", single_label=False),
 )  # fmt: skip

@@ -31,22 +31,22 @@ HEADLINE_KEYS: tuple[str, ...] = tuple(s.report_key for s in _REPORTED if s.head
 #: keys of the one-line training progress report, in order
 PROGRESS_KEYS: tuple[str, ...] = tuple(s.report_key for s in _REPORTED if s.progress and not s.per_level)
 
-# display labels: exact keys, then key prefixes of the top-k patterns ("recall_at_" -> "R@{k}"); per-level specs
-# override the label of their base key (e.g. "ap_level{h}" is "AP", where the fine "ap" is "mAP")
-_EXACT = {s.key: s.label for s in METRICS.values() if not s.per_level and not s.takes_k}
-_PREFIX = tuple((s.key.split("{k}")[0], s.label) for s in METRICS.values() if not s.per_level and s.takes_k)
-_LEVEL_EXACT = {s.key.split("_level{h}")[0]: s.label for s in METRICS.values() if s.per_level and not s.takes_k}
+# every key pattern as a regular expression (groups ``k`` and ``h``), exact keys before the ``{k}``/``{h}`` patterns
+_PATTERNS = tuple(
+    (re.compile("^" + re.escape(s.key).replace(r"\{k\}", r"(?P<k>\d+)").replace(r"\{h\}", r"(?P<h>\d+)") + "$"), s)
+    for s in sorted(METRICS.values(), key=lambda s: s.takes_k or s.per_level)
+)
 
 
-def _base_label(base: str, per_level: bool) -> str:
-    if per_level and base in _LEVEL_EXACT:
-        return _LEVEL_EXACT[base]
-    if base in _EXACT:
-        return _EXACT[base]
-    for prefix, label in _PREFIX:
-        if base.startswith(prefix):
-            return label.format(k=base[len(prefix) :]) or base
-    return base
+def _match(key: str) -> tuple[re.Match | None, MetricSpec | None]:
+    for pattern, spec in _PATTERNS:
+        if match := pattern.match(key):
+            return match, spec
+    return None, None
+
+
+def _spec_of(key: str) -> MetricSpec | None:
+    return _match(key)[1]
 
 
 def metric_label(key: str, level_names: Sequence[str] | None = None) -> str:
@@ -59,11 +59,13 @@ def metric_label(key: str, level_names: Sequence[str] | None = None) -> str:
         level_names: names of the label columns (0 = finest); default ``"level {h}"``.
     """
     base, level = key, None
-    if "_level" in key:
-        head, _, tail = key.rpartition("_level")
-        if tail.isdigit():
-            base, level = head, int(tail)
-    name = _base_label(base, level is not None)
+    head, _, tail = key.rpartition("_level")
+    if head and tail.isdigit():
+        base, level = head, int(tail)
+    match, spec = _match(key)
+    if spec is None or not spec.per_level:  # a per-level key of a metric without per-level spec: its base label
+        match, spec = _match(base)
+    name = base if spec is None else spec.label.format(k=match.groupdict().get("k"))
     if level is not None:
         where = level_names[level] if level_names and level < len(level_names) else f"level {level}"
         name = f"{name} ({where})"
@@ -82,18 +84,6 @@ def headline_keys(metrics: Mapping[str, float], paper_results: Mapping[str, floa
 _LEVEL0 = re.compile(r"^(?P<base>.+)_level0$")
 # at k = 1 a hit is a precision of 1, a true recall of 1 (min(#positives, 1) = 1) and an mAP@1 of 1
 _SAME_EXACT = {"precision_at_1": "recall_at_1", "true_recall_at_1": "recall_at_1", "map_at_1": "recall_at_1"}
-# every key pattern as a regular expression, exact keys before the ``{k}``/``{h}`` patterns
-_PATTERNS = tuple(
-    (re.compile("^" + re.escape(s.key).replace(r"\{k\}", r"\d+").replace(r"\{h\}", r"\d+") + "$"), s)
-    for s in sorted(METRICS.values(), key=lambda s: s.takes_k or s.per_level)
-)
-
-
-def _spec_of(key: str) -> MetricSpec | None:
-    for pattern, spec in _PATTERNS:
-        if pattern.match(key):
-            return spec
-    return None
 
 
 def same_as(key: str) -> str | None:

@@ -18,23 +18,31 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .._validation import check_embeddings, check_labels
+from .._validation import check_bool, check_embeddings, check_labels
 from ..collectives import all_gather, comm_device, is_distributed
 from .evaluator import RetrievalEvaluator
 
 __all__ = ["RetrievalMetric"]
 
 
-def check_update(
-    embeddings: Tensor,
-    labels: Tensor,
-    indices: Tensor | None,
-    seen_embeddings: list[Tensor],
-    seen_labels: list[Tensor],
-    seen_indices: list[Tensor],
-) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Validated ``(embeddings (B, D), labels (B,) or (B, L), indices (B,) long or None)`` of one ``update``,
-    consistent with the batches ``seen_*`` kept so far (``ValueError`` / ``TypeError`` naming the argument)."""
+def make_evaluator(evaluator: RetrievalEvaluator | None, evaluator_kwargs: dict[str, Any]) -> RetrievalEvaluator:
+    """``evaluator``, or ``RetrievalEvaluator(**evaluator_kwargs)`` when it is None (never both)."""
+    if evaluator is None:
+        return RetrievalEvaluator(**evaluator_kwargs)
+    if evaluator_kwargs:
+        raise ValueError(f"give either evaluator or evaluator kwargs, not both; got {sorted(evaluator_kwargs)}")
+    if not isinstance(evaluator, RetrievalEvaluator):
+        raise TypeError(f"evaluator must be a RetrievalEvaluator; got {type(evaluator).__name__}")
+    return evaluator
+
+
+def append_update(
+    embeddings: Tensor, labels: Tensor, indices: Tensor | None, kept: tuple[list[Tensor], list[Tensor], list[Tensor]]
+) -> None:
+    """Validate one ``update`` (``embeddings (B, D)``, ``labels (B,)`` or ``(B, L)``, ``indices (B,)`` or None),
+    consistent with the batches ``kept = (embeddings, labels, indices)`` so far, and append it to them detached
+    (``ValueError`` / ``TypeError`` naming the argument)."""
+    seen_embeddings, seen_labels, seen_indices = kept
     embeddings = check_embeddings("embeddings", embeddings)
     labels = check_labels("labels", labels, embeddings.shape[0])
     if seen_embeddings:
@@ -55,8 +63,9 @@ def check_update(
             raise TypeError(f"indices must be an integer Tensor of shape (B,); got {indices!r:.80}")
         if tuple(indices.shape) != (embeddings.shape[0],):
             raise ValueError(f"indices must have shape ({embeddings.shape[0]},); got {tuple(indices.shape)}")
-        indices = indices.detach().long()
-    return embeddings, labels, indices
+        seen_indices.append(indices.detach().long())
+    seen_embeddings.append(embeddings.detach())
+    seen_labels.append(labels.detach().long())
 
 
 def dedupe_by_index(emb: Tensor, labels: Tensor, indices: Tensor) -> tuple[Tensor, Tensor]:
@@ -96,15 +105,9 @@ class RetrievalMetric:
         sync: bool = True,
         **evaluator_kwargs: Any,
     ) -> None:
-        if evaluator is not None and evaluator_kwargs:
-            raise ValueError(f"give either evaluator or evaluator kwargs, not both; got {sorted(evaluator_kwargs)}")
-        if evaluator is not None and not isinstance(evaluator, RetrievalEvaluator):
-            raise TypeError(f"evaluator must be a RetrievalEvaluator; got {type(evaluator).__name__}")
-        if not isinstance(sync, bool):
-            raise TypeError(f"sync must be a bool; got {type(sync).__name__}")
-        self.evaluator = evaluator if evaluator is not None else RetrievalEvaluator(**evaluator_kwargs)
+        self.evaluator = make_evaluator(evaluator, evaluator_kwargs)
         self.process_group = process_group
-        self.sync = sync
+        self.sync = check_bool("sync", sync)
         self.reset()
 
     def reset(self) -> None:
@@ -121,12 +124,7 @@ class RetrievalMetric:
         """Add a batch: ``embeddings (B, D)`` (finite floats; compared by dot product), ``labels (B,)`` or
         ``(B, L)`` integers (column 0 finest), optional ``indices (B,)`` dataset indices (then in every update);
         kept detached on their device."""
-        embeddings, labels, indices = check_update(embeddings, labels, indices, self._embeddings, self._labels,
-                                                   self._indices)  # fmt: skip
-        if indices is not None:
-            self._indices.append(indices)
-        self._embeddings.append(embeddings.detach())
-        self._labels.append(labels.detach().long())
+        append_update(embeddings, labels, indices, (self._embeddings, self._labels, self._indices))
 
     def _local(self) -> tuple[Tensor, Tensor, Tensor | None]:
         if not self._embeddings:
@@ -140,17 +138,9 @@ class RetrievalMetric:
         group = self.process_group
         device = comm_device(group, emb.device if emb.numel() else None)
         has = bool(self._embeddings)
-        header = torch.tensor(
-            [
-                emb.shape[0],
-                emb.shape[1] if has else -1,
-                labels.dim() if has else -1,
-                labels.shape[1] if has and labels.dim() == 2 else 0,
-                int(emb.dtype == torch.float64),
-                int(indices is not None) if has else -1,
-            ],
-            device=device,
-        )
+        shape = [emb.shape[0], emb.shape[1], labels.dim(), labels.shape[1] if labels.dim() == 2 else 0]
+        values = [*shape, int(emb.dtype == torch.float64), int(indices is not None)] if has else [0, -1, -1, 0, 0, -1]
+        header = torch.tensor(values, device=device)
         headers = [torch.empty_like(header) for _ in range(torch.distributed.get_world_size(group))]
         torch.distributed.all_gather(headers, header, group=group)
         table = torch.stack(headers).cpu()

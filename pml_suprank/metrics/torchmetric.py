@@ -15,7 +15,7 @@ from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
 from .evaluator import RetrievalEvaluator
-from .retrieval_metric import check_update, dedupe_by_index
+from .retrieval_metric import append_update, dedupe_by_index, make_evaluator
 
 __all__ = ["RetrievalTorchMetric"]
 
@@ -45,12 +45,9 @@ class RetrievalTorchMetric(Metric):
         metric_kwargs: dict[str, Any] | None = None,
         **evaluator_kwargs: Any,
     ) -> None:
-        if evaluator is not None and evaluator_kwargs:
-            raise ValueError(f"give evaluator or evaluator keyword arguments, not both; got {sorted(evaluator_kwargs)}")
-        if evaluator is not None and not isinstance(evaluator, RetrievalEvaluator):
-            raise TypeError(f"evaluator must be a RetrievalEvaluator; got {type(evaluator).__name__}")
+        evaluator = make_evaluator(evaluator, evaluator_kwargs)
         super().__init__(**(metric_kwargs or {}))
-        self.evaluator = evaluator if evaluator is not None else RetrievalEvaluator(**evaluator_kwargs)
+        self.evaluator = evaluator
         self.add_state("embeddings", default=[], dist_reduce_fx="cat")
         self.add_state("labels", default=[], dist_reduce_fx="cat")
         self.add_state("indices", default=[], dist_reduce_fx="cat")
@@ -58,12 +55,7 @@ class RetrievalTorchMetric(Metric):
     def update(self, embeddings: Tensor, labels: Tensor, indices: Tensor | None = None) -> None:
         """Add ``embeddings (B, D)``, ``labels (B,)`` or ``(B, L)`` and optional dataset ``indices (B,)`` (then in
         every update)."""
-        embeddings, labels, indices = check_update(embeddings, labels, indices, self.embeddings, self.labels,
-                                                   self.indices)  # fmt: skip
-        if indices is not None:
-            self.indices.append(indices)
-        self.embeddings.append(embeddings.detach())
-        self.labels.append(labels.detach().long())
+        append_update(embeddings, labels, indices, (self.embeddings, self.labels, self.indices))
 
     def compute(self) -> dict[str, Tensor]:
         """Evaluate everything given since the last ``reset`` (gathered across processes by torchmetrics)."""
