@@ -202,7 +202,8 @@ class RetrievalEvaluator:
         total = query.shape[0]
         start, end = shard_range(total, process_group)
         stop = max(end, start + 1)
-        if riq:  # this process's queries first in the gallery
+        if riq:  # this process's queries first in the gallery (all queries checked first, as in one process)
+            _check_queries_first(query, ql, reference, rl, label_sets=multilabel)
             order = torch.cat([torch.arange(start, stop), torch.arange(start), torch.arange(stop, reference.shape[0])])
             reference, rl = reference[order.to(reference.device)], rl[order.to(rl.device)]
         per_query, _, L = evaluator._per_query(query[start:stop], ql[start:stop], reference, rl, riq, multilabel)

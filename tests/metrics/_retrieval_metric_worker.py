@@ -101,6 +101,12 @@ def main() -> None:
                        "per_query": {m: v.tolist() for m, v in per_query.items()}}  # fmt: skip
         rows[name] = sum(ranked)
     evaluator_module.chunk_ranks = kernel
+    # bad input under the split: the one-process error on every rank (not an IndexError while reordering)
+    try:
+        RetrievalEvaluator().evaluate(emb, labels, emb[:10], labels[:10], ref_includes_query=True, distributed=True)
+        refused = ""
+    except ValueError as err:
+        refused = str(err)
     # the search's query split
     from pml_suprank.search import RetrievalIndex
 
@@ -108,7 +114,7 @@ def main() -> None:
     split["search"] = {"scores": scores.tolist(), "indices": indices.tolist()}
     plain = {k: v if isinstance(v, int) else {m: float(x) for m, x in v.items()} for k, v in results.items()}
     with open(f"{args.out}.rank{args.rank}", "w") as f:
-        json.dump({**plain, "split": split, "ranked_rows": rows}, f)
+        json.dump({**plain, "split": split, "ranked_rows": rows, "refused": refused}, f)
     dist.barrier()
     dist.destroy_process_group()
 

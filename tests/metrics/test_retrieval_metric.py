@@ -151,6 +151,8 @@ def test_two_gloo_processes_equal_the_one_shot_evaluator(tmp_path):
         if not init.get("multilabel") and name != "one_query":
             assert ranks[0]["ranked_rows"][name] + ranks[1]["ranked_rows"][name] == len(call[0]), name
             assert min(ranks[0]["ranked_rows"][name], ranks[1]["ranked_rows"][name]) > 0, name
+    for r in range(2):
+        assert "reference has 10 rows for 40 queries" in ranks[r]["refused"], ranks[r]["refused"]
     from pml_suprank.search import RetrievalIndex
 
     scores, indices = RetrievalIndex(emb.float()).search(emb.float(), 5)
