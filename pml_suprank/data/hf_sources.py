@@ -1,5 +1,5 @@
-"""Where the splits of :func:`pml_suprank.data.load_retrieval_dataset` come from: Hub ids, image folders, parquet
-files, ``save_to_disk`` folders and in-memory ``datasets`` objects, loaded as ``{split name: datasets.Dataset}``."""
+"""The splits of :func:`pml_suprank.data.load_retrieval_dataset` as ``{split name: datasets.Dataset}``, from Hub
+ids, image folders, parquet files, ``save_to_disk`` folders or in-memory ``datasets`` objects."""
 
 from __future__ import annotations
 
@@ -56,8 +56,8 @@ def image_column_name(ds: Any, image_column: str | None, source: Any) -> str:
 
 @contextmanager
 def _quiet_local_load() -> Iterator[None]:
-    """No ``datasets`` progress bars ("Downloading data: N files", "Generating train split") while local files are
-    read: nothing is downloaded, and a bar saying so looks like network use."""
+    """No ``datasets`` progress bars ("Downloading data") while local files are read: it would look like network
+    use."""
     import datasets
 
     was_enabled = datasets.is_progress_bar_enabled()
@@ -70,8 +70,7 @@ def _quiet_local_load() -> Iterator[None]:
 
 
 def load_splits(source: Any, *, data_files: Any, cache_dir: Any, revision: Any, token: Any) -> dict[str, Any]:
-    """Load every split of ``source`` as a dict ``{split name: datasets.Dataset}`` (memory-mapped, lazy images); a
-    local folder or file is read without progress bars."""
+    """Every split of ``source`` (memory-mapped, lazy images); local files are read without progress bars."""
     path = Path(str(source)) if isinstance(source, (str, Path)) else None
     local = path is not None and (path.exists() or str(source) in ("", "parquet") or str(source).endswith(".parquet"))
     with _quiet_local_load() if local else nullcontext():
@@ -141,13 +140,8 @@ def _local_root(source: Any) -> Path | None:
 
 
 def check_image_paths(ds: Any, image_column: str, source: Any, split: str) -> None:
-    """Refuse image files stored by path (``datasets.Image`` cells without bytes) outside a local ``source``'s folder
-    (an absolute path, ``..`` or a symbolic link could name any readable file); Hub ids and in-memory datasets are
-    the user's own and not checked.
-
-    Raises:
-        ValueError: Naming the source, the split, the row and the path.
-    """
+    """Refuse image files stored by path (cells without bytes) outside a local ``source``'s folder (``ValueError``
+    naming the source, split, row and path); Hub ids and in-memory datasets are the user's own."""
     import datasets
     import pyarrow.compute as pc
 

@@ -1,15 +1,12 @@
 """SyntheticShapes: a deterministic, procedurally rendered hierarchical image dataset (no download).
 
-Every image shows one coloured shape on a cluttered, noisy background. Coarse label = shape family (circle, triangle,
-square, star, cross, arrow, each with its own hue); fine label = shape variant (three per family) × shade (light,
-medium, dark of the family's hue); optional middle level (``levels=3``) = the variant regardless of shade. Nuisances:
+One coloured shape per image on a cluttered, noisy background. Coarse label = shape family (6, each with its own hue);
+fine label = variant (3 per family) × shade (light, medium, dark of the hue); ``levels=3`` adds the variant. Nuisances:
 position, scale, rotation, colour jitter, illumination, colour cast, background gradient, clutter lines, pixel noise.
-A family is visually coherent (its shapes share a hue), so the hierarchy is learnable.
 
-Open-set protocol (default): in every family, variants 0 and 1 in shade ``family % 3`` and variant 2 in the next shade
-are the 18 test classes, the other 36 train; every variant and shade is seen in training. Labels are global ids
-(``fine = (family * 3 + variant) * 3 + shade``, ``coarse = family``) whatever the split or family subset. Images are
-rendered from ``numpy.random.default_rng((seed, split, fine, instance))``: same arguments, same pixels.
+Open set (default): in every family, variants 0 and 1 in shade ``family % 3`` and variant 2 in the next shade are the
+18 test classes, the other 36 train. Labels are global ids (``fine = (family * 3 + variant) * 3 + shade``, ``coarse =
+family``); images come from ``numpy.random.default_rng((seed, split, fine, instance))``: same arguments, same pixels.
 """
 
 from __future__ import annotations
@@ -54,10 +51,6 @@ def _star(points: int, inner: float) -> _Poly:
 
 def _rect(x0: float, y0: float, x1: float, y1: float) -> _Poly:
     return [(x0, y0), (x1, y0), (x1, y1), (x0, y1)]
-
-
-def _scaled(poly: _Poly, s: float) -> _Poly:
-    return [(s * x, s * y) for x, y in poly]
 
 
 SHAPES: dict[str, dict[str, list[tuple[_Poly, int]]]] = {
@@ -168,19 +161,16 @@ class SyntheticShapes(RetrievalDatasetBase):
     """Procedurally rendered hierarchical shapes (coarse = family, fine = variant × shade of the family's hue).
 
     Args:
-        split: ``"train"`` (36 fine classes), ``"test"`` (the 18 others) or ``"all"``; with ``open_set=False`` every
-            split holds all 54 classes (different images per split).
+        split: ``"train"`` (36 fine classes), ``"test"`` (the 18 others) or ``"all"``; ``open_set=False``: all 54
+            classes in every split (different images per split).
         num_per_class, image_size: Images per fine class; side of the square RGB images in pixels.
-        seed: Base seed; train and test images come from different streams of the same seed.
+        seed: Base seed; train and test images come from different streams of it.
         families: Subset of :data:`FAMILIES` (names or indices), e.g. to hold some out as OOD.
         levels: 2 → labels ``(fine, coarse)``; 3 → ``(fine, variant, coarse)``.
-        open_set: Disjoint train/test fine classes (default) or all classes in every split.
-        rotation, scale: Maximum absolute rotation in degrees; range of the shape radius (fraction of the side).
-        noise, clutter: Standard deviation of the pixel noise (0–255); most distractor lines.
-        colour_jitter: Maximum per-channel jitter of the shape colour (0–255).
-        illumination, colour_cast: Maximum relative brightness change and per-channel gain (``1 ± x``).
-        transform: Callable on a PIL image returning a ``(3, H, W)`` tensor.
-        cache: Keep rendered images in memory after their first access.
+        rotation, scale: Largest rotation in degrees; range of the shape radius (fraction of the side).
+        noise, clutter, colour_jitter: Pixel noise std (0–255); most distractor lines; per-channel colour jitter.
+        illumination, colour_cast: Largest relative brightness change and per-channel gain (``1 ± x``).
+        transform: Callable on a PIL image; cache: keep rendered images in memory.
 
     Items: ``ds[i] = {"image": (3, H, W) float, "labels": (L,) long, "index": i}``; ``ds.labels`` is ``(N, L)``.
 
@@ -276,7 +266,7 @@ class SyntheticShapes(RetrievalDatasetBase):
 
     @staticmethod
     def fine_class_name(fine_label: int) -> str:
-        """Human-readable name of a global fine label, e.g. ``"circle/ring/red"`` or ``"star/star8/dark_cyan"``."""
+        """The name of a global fine label, e.g. ``"circle/ring/red"``."""
         family, variant, c = _parts(fine_label)
         return f"{family}/{variant}/{list(COLOURS[family])[c]}"
 
@@ -358,14 +348,10 @@ def render_shapes(
     ds: Any,
     grid: int | None = None,
 ) -> np.ndarray:
-    """The one renderer of the synthetic datasets: a ``(H, W, 3)`` uint8 image of ``shapes`` (``(shape, RGB)`` pairs).
-
-    Background, distractor lines, the shapes, then illumination, colour cast and noise, with the parameters of ``ds``
-    (``image_size``, ``rotation``, ``scale``, ``noise``, ``clutter``, ``colour_jitter``, ``illumination``,
-    ``colour_cast``). ``grid=None``: one shape anywhere in the image, its radius a fraction of the image side, and a
-    later distractor line hides the earlier ones where they cross; ``grid=g``: every shape in its own random cell of a
-    ``g x g`` grid, its radius a fraction of the cell side, and the lines are blended one over the other.
-    """
+    """The one renderer of the synthetic datasets: a ``(H, W, 3)`` uint8 image of ``shapes`` (``(shape, RGB)`` pairs)
+    with the nuisance parameters of ``ds``: background, distractor lines, shapes, illumination, colour cast, noise.
+    ``grid=None``: one shape anywhere (radius a fraction of the side; a later line hides earlier ones); ``grid=g``:
+    each shape in its own random cell of a ``g x g`` grid (radius a fraction of the cell; lines blended)."""
     from PIL import Image, ImageDraw
 
     size, ss = ds.image_size, 3  # ss: supersampling factor for anti-aliased edges
@@ -413,11 +399,8 @@ NoiseKind = Literal["uniform", "gaussian", "blobs"]
 
 
 class SyntheticNoise(RetrievalDatasetBase):
-    """Pure-noise images in the SyntheticShapes format (every label ``-1``), as far-OOD data.
-
-    ``kind``: ``"uniform"`` (i.i.d. pixels), ``"gaussian"`` (smoothed noise around grey) or ``"blobs"`` (a
-    SyntheticShapes background with random blobs); ``levels``: label columns; the rest as :class:`SyntheticShapes`.
-    """
+    """Pure-noise images in the SyntheticShapes format (every label ``-1``) as far-OOD data: ``kind`` ``"uniform"``
+    (i.i.d. pixels), ``"gaussian"`` (smoothed, around grey) or ``"blobs"`` (a shapes background with blobs)."""
 
     def __init__(
         self,

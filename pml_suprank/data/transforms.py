@@ -1,8 +1,6 @@
-"""Training and evaluation image transforms: timm's :func:`timm.data.create_transform` driven by a backbone's
-resolved data config (``model.data_config``), which decides resolution, interpolation, normalisation and the
-evaluation crop; :func:`build_transforms`' keyword arguments decide the training augmentation. timm draws from the
-global ``random`` / ``torch`` generators: the training loop seeds them per ``(seed, epoch, item)``
-(:class:`~pml_suprank.training.SeededAugmentation`)."""
+"""Training and evaluation image transforms: timm's :func:`timm.data.create_transform` driven by a backbone's data
+config (resolution, interpolation, normalisation, evaluation crop) and the training augmentation's arguments. timm
+draws from the global generators: the training loop seeds them per ``(seed, epoch, item)``."""
 
 from __future__ import annotations
 
@@ -51,23 +49,19 @@ def build_transforms(
     re_mode: str = "pixel",
     re_count: int = 1,
 ) -> Callable:
-    """Image transforms from a timm data config, built by :func:`timm.data.create_transform`.
-
-    Training: random resized crop (``scale``, ``ratio``; the reference recipes use scale (0.16, 1)) + flip (+ colour
-    jitter, + the ``auto_augment`` policy) + ``ToTensor`` + ``Normalize`` (+ random erasing). Evaluation: timm's
-    crop for ``crop_pct`` / ``crop_mode`` (``"center"``: resize the short side to ``size / crop_pct``, center-crop;
-    ``"squash"``: resize both sides, center-crop; ``"border"``: resize the long side, pad) + ``ToTensor`` +
-    ``Normalize``.
+    """Image transforms from a timm data config (:func:`timm.data.create_transform`): training = random resized crop
+    + flip (+ colour jitter or ``auto_augment``) + normalise (+ random erasing); evaluation = timm's ``crop_pct`` /
+    ``crop_mode`` crop (``"center"``, ``"squash"``, ``"border"``) + normalise.
 
     Args:
         data_config: ``input_size`` ``(3, H, W)``, ``mean``, ``std`` and optionally ``interpolation`` (bilinear),
-            ``crop_pct`` (0.875) and ``crop_mode`` (one of :data:`CROP_MODES`), e.g. ``model.data_config``.
-        train: Training (random) or evaluation (deterministic) pipeline; the other arguments are training only.
+            ``crop_pct`` (0.875) and ``crop_mode`` (:data:`CROP_MODES`), e.g. ``model.data_config``.
+        train: Training (random) or evaluation pipeline; the other arguments are training only.
         scale, ratio, hflip: Area and aspect-ratio ranges of the random crop, flip probability.
-        color_jitter: Brightness / contrast / saturation jitter strength or None (left out with ``auto_augment``).
-        auto_augment: timm policy string, e.g. ``"rand-m9-mstd0.5"``, ``"augmix-m5-w4-d2"``, ``"original"``; or None.
-        re_prob, re_mode, re_count: Random erasing on the normalised tensor: probability, fill (``"pixel"``,
-            ``"rand"``, ``"const"``) and most rectangles per image.
+        color_jitter: Jitter strength or None (left out with ``auto_augment``).
+        auto_augment: timm policy string, e.g. ``"rand-m9-mstd0.5"``, ``"augmix-m5-w4-d2"``; or None.
+        re_prob, re_mode, re_count: Random erasing: probability, fill (``"pixel"``, ``"rand"``, ``"const"``), most
+            rectangles per image.
 
     Returns:
         A callable mapping a PIL RGB image to a normalised ``(3, H, W)`` float tensor.

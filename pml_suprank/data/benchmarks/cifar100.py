@@ -1,11 +1,8 @@
 """CIFAR-100 (Krizhevsky, 2009), fine label (100) → coarse label (20), from the Toronto release
-``cifar-100-python/`` or a Hub dataset with ``img`` / ``fine_label`` / ``coarse_label`` columns (e.g.
-``uoft-cs/cifar100``, downloaded by ``datasets``: the only benchmark that may touch the network).
-
-The release's ``{train,test}`` pickles (``data`` ``(N, 3072)`` uint8 planes, ``fine_labels``, ``coarse_labels``,
-``filenames``) are read with :func:`load_restricted_pickle` (builtin containers and numpy arrays only). Splits:
-``train`` / ``test`` as distributed and the open-set ``open_train`` / ``open_test``: the 3 smallest fine ids of every
-coarse class train, the other 2 test.
+``cifar-100-python/`` (its ``{train,test}`` pickles read by :func:`load_restricted_pickle`: builtin containers and
+numpy arrays only) or a Hub dataset with ``img`` / ``fine_label`` / ``coarse_label`` columns (e.g.
+``uoft-cs/cifar100``: the only benchmark that may touch the network). Splits: ``train`` / ``test`` as distributed and
+the open-set ``open_train`` / ``open_test`` (the 3 smallest fine ids of every coarse class train, the other 2 test).
 """
 
 from __future__ import annotations
@@ -59,8 +56,8 @@ class RestrictedUnpickler(pickle.Unpickler):
 
 def load_restricted_pickle(path: Path, what: str, *, encoding: str = "ASCII") -> Any:
     """The content of the pickle file ``path`` read with :class:`RestrictedUnpickler` (``encoding`` of Python 2
-    ``str``; ``"bytes"`` for CIFAR). ``ValueError`` naming ``what`` the file should hold: missing, or not a readable
-    pickle of builtins and numpy arrays (e.g. a refused global)."""
+    ``str``). ``ValueError`` naming ``what`` the file should hold: missing, or not a pickle of builtins and numpy
+    arrays."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: missing file ({what})")
@@ -72,8 +69,6 @@ def load_restricted_pickle(path: Path, what: str, *, encoding: str = "ASCII") ->
 
 
 def _read_pickle(path: Path) -> dict[bytes, Any]:
-    if not path.is_file():
-        raise ValueError(f"{path}: missing file (a CIFAR-100 pickle with data, fine_labels, coarse_labels)")
     content = load_restricted_pickle(path, "CIFAR-100 pickle", encoding="bytes")
     if not isinstance(content, dict):
         raise layout_error(path, None, f"expected a dict; got {type(content).__name__}")
@@ -119,8 +114,7 @@ def _label(value: Any, path: Path, item: int, key: str) -> int:
 
 
 def _open_set_keep(keys: list[tuple[int, int]], part: str, everything: list[tuple[int, int]]) -> list[int]:
-    """Indices of ``keys`` on the open-set side ``part`` (:func:`~pml_suprank.data.loading.open_set_classes` with 3
-    training classes per coarse class, over ``everything``, both splits)."""
+    """Indices of ``keys`` on the open-set side ``part`` (3 training classes per coarse class over ``everything``)."""
     train, _ = open_set_classes(torch.tensor(everything), train_classes_per_coarse=CIFAR100_TRAIN_CLASSES_PER_COARSE)
     inside = torch.isin(torch.tensor([fine for fine, _ in keys]), train)
     return torch.nonzero(inside == (part == "train")).flatten().tolist()
@@ -153,8 +147,7 @@ def _from_hub(repo_id: str, split: str, transform: Callable | None) -> HubImageD
 
 
 def load_cifar100(root: str | Path, split: str, transform: Callable | None = None) -> NativeImageDataset:
-    """CIFAR-100 ``split`` (``"train"``, ``"test"``, ``"open_train"``, ``"open_test"``) of ``cifar-100-python/`` (or
-    its parent) or a Hub id such as ``"uoft-cs/cifar100"``: labels ``(N, 2)`` = (fine, coarse) as distributed.
+    """CIFAR-100 ``split`` of ``cifar-100-python/`` (or its parent) or a Hub id: labels ``(N, 2)`` = (fine, coarse).
     ``ValueError``: a missing or malformed pickle, a fine label under two coarse labels."""
     path = Path(root)
     folder = path / "cifar-100-python" if (path / "cifar-100-python").is_dir() else path

@@ -1,12 +1,11 @@
 """H-GLDv2: Google Landmarks v2 (Weyand et al., CVPR 2020) with the hierarchical labels of SupRank (TPAMI Sec. VI),
-landmark → cluster (78 supercategories) → overall_cluster (human-made / natural).
+landmark → cluster (78 supercategories) → overall_cluster (human-made / natural); evaluated (TPAMI Table VII) with
+:func:`pml_suprank.metrics.landmark.landmark_map_at_k` and the hierarchical metrics.
 
-Layout under ``root`` (csv files with a header, as distributed): ``train_clean.csv``, ``index_image_to_landmark.csv``
-(the index set), ``retrieval_solution_v2.1.csv`` (each test image's index ids, ``None`` without ground truth), the
-H-GLDv2 ``{train,index}_label_to_subcategory_with_clusters.csv`` and images at ``{train,index,test}/a/b/c/<id>.jpg``.
-Splits: ``train``, ``query`` (test images with ground truth, labelled by their solution images' one landmark) and
-``gallery`` (the index set; one label space with ``query``); images whose landmark has no cluster are left out.
-Evaluation (TPAMI Table VII): :func:`pml_suprank.metrics.landmark.landmark_map_at_k` and the hierarchical metrics.
+Layout under ``root`` (csv files as distributed): ``train_clean.csv``, ``index_image_to_landmark.csv``,
+``retrieval_solution_v2.1.csv``, ``{train,index}_label_to_subcategory_with_clusters.csv`` and images at
+``{train,index,test}/a/b/c/<id>.jpg``. Splits: ``train``, ``query`` (test images with ground truth, labelled by their
+solution images' one landmark) and ``gallery`` (the index set); images whose landmark has no cluster are left out.
 """
 
 from __future__ import annotations
@@ -30,14 +29,9 @@ _HIERARCHY_COLUMNS = ("landmark_id", "cluster", "overall_cluster")
 _NO_GROUND_TRUTH = "None"
 
 
-def gldv2_image_path(folder: Path, image_id: str) -> Path:
+def gldv2_image_path(folder: str | Path, image_id: str) -> Path:
     """``folder/a/b/c/<id>.jpg`` with ``a``, ``b``, ``c`` the first three characters of ``image_id``."""
-    return folder / image_id[0] / image_id[1] / image_id[2] / f"{image_id}.jpg"
-
-
-def _confined_image(confine: PathConfiner, folder: str, image_id: str, where: str) -> str:
-    """The image path of ``image_id`` under ``root / folder``, refused if a symbolic link leads outside ``root``."""
-    return confine(gldv2_image_path(Path(folder), image_id), where=where)
+    return Path(folder) / image_id[0] / image_id[1] / image_id[2] / f"{image_id}.jpg"
 
 
 def _rows(path: Path, columns: tuple[str, ...], *, exact: bool = True) -> Iterator[tuple[int, dict[str, str]]]:
@@ -66,14 +60,9 @@ def _image_id(value: str, path: Path, line: int) -> str:
 
 
 def read_subcategories(path: Path) -> dict[int, tuple[str, str]]:
-    """``landmark_id → (cluster, overall_cluster)`` of an H-GLDv2 ``*_label_to_subcategory_with_clusters.csv``.
-
-    Landmarks with an empty ``cluster`` or ``overall_cluster`` cell are left out (no supercategory).
-
-    Raises:
-        ValueError: Missing file or columns, a non-integer landmark id, a landmark listed with two clusters or a
-            cluster under two overall clusters (naming the file and both lines).
-    """
+    """``landmark_id → (cluster, overall_cluster)`` of an H-GLDv2 ``*_label_to_subcategory_with_clusters.csv``
+    (landmarks without both cells left out). ``ValueError``: missing file or columns, a non-integer landmark id, a
+    landmark with two clusters or a cluster under two overall clusters (naming the file and both lines)."""
     mapping: dict[int, tuple[str, str]] = {}
     seen_landmark: dict[int, int] = {}
     parent: dict[str, tuple[str, int]] = {}
@@ -113,7 +102,7 @@ def _train_records(root: Path) -> list[Record]:
             continue
         key, where = (landmark, *hierarchy[landmark]), f"{path}, line {line}"
         for image in row["images"].split():
-            out.append((_confined_image(confine, "train", _image_id(image, path, line), where), key, where))
+            out.append((confine(gldv2_image_path("train", _image_id(image, path, line)), where=where), key, where))
     return out
 
 
@@ -132,7 +121,7 @@ def _query_gallery_records(root: Path) -> dict[str, list[Record]]:
     landmark_of = {image: landmark for _, image, landmark in index_rows}
     gallery = [
         (
-            _confined_image(confine, "index", image, f"{index_path}, line {line}"),
+            confine(gldv2_image_path("index", image), where=f"{index_path}, line {line}"),
             (landmark, *hierarchy[landmark]),
             f"{index_path}, line {line}",
         )
@@ -155,19 +144,15 @@ def _query_gallery_records(root: Path) -> dict[str, list[Record]]:
             image = _image_id(row["id"], path, line)
             key = (landmarks[0], *hierarchy[landmarks[0]])
             where = f"{path}, line {line}"
-            query.append((_confined_image(confine, "test", image, where), key, where))
+            query.append((confine(gldv2_image_path("test", image), where=where), key, where))
     return {"query": query, "gallery": gallery}
 
 
 def load_gldv2(root: str | Path, split: str, transform: Callable | None = None) -> FileImageDataset:
     """H-GLDv2 ``split`` (``"train"``, ``"query"``, ``"gallery"``) of the GLDv2 folder ``root``: labels ``(N, 3)`` =
-    (landmark, cluster, overall_cluster), 0-based and contiguous (query and gallery share their ids).
-
-    Raises:
-        ValueError: A csv file is missing or malformed (wrong header, non-integer id, a query whose solution images
-            are not in the index or depict several landmarks), an image does not exist, or a landmark / cluster with
-            two parents (the message names the file and line).
-    """
+    (landmark, cluster, overall_cluster), contiguous (query and gallery share their ids). ``ValueError`` naming the
+    file and line: a missing or malformed csv (a query whose solution images are not in the index or depict several
+    landmarks), a missing image, a landmark / cluster with two parents."""
     root = Path(root)
     records = {"train": _train_records(root)} if split == "train" else _query_gallery_records(root)
     return file_split(records, split, GLDV2_LABEL_NAMES, root, benchmark="gldv2_hier", transform=transform)

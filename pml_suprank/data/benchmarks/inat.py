@@ -60,13 +60,9 @@ def _taxonomy(root: Path) -> dict[int, tuple[str, ...]]:
 
 
 def load_inat(root: str | Path, split: str, *, full: bool, transform: Callable | None = None) -> FileImageDataset:
-    """iNaturalist-2018 open-set ``split`` (``"train"`` / ``"test"``): labels ``(N, 2)``, or ``(N, 7)`` with ``full``
-    (``inat_full``), fine → coarse, ids contiguous over both splits.
-
-    Raises:
-        ValueError: A missing or malformed file, a category absent from ``train2018.json``, an image that does not
-            exist, or a species under two super-categories.
-    """
+    """iNaturalist-2018 open-set ``split`` (``"train"`` / ``"test"``): labels ``(N, 2)``, or ``(N, 7)`` with ``full``,
+    fine → coarse, contiguous over both splits. ``ValueError``: a missing or malformed file, a category absent from
+    ``train2018.json``, a missing image, a species under two super-categories."""
     root = Path(root)
     rows = {s: _split_records(root, s) for s in INAT_SPLITS}
     records: dict[str, list[Record]] = {}

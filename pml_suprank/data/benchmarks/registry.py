@@ -22,9 +22,8 @@ __all__ = ["BENCHMARKS", "BenchmarkSpec", "benchmark_label_names", "load_benchma
 
 @dataclass(frozen=True)
 class BenchmarkSpec:
-    """How to read one benchmark: its ``splits``, ``label_names(split)`` (fine → coarse), ``loader(root, split,
-    transform)``, a one-line ``layout`` of ``root``, and the default ``train_split`` / ``test_split`` (``None``:
-    evaluated per query / gallery pair, as DyML-Vehicle/-Animal, H-GLDv2 and the revisited Oxford / Paris)."""
+    """One benchmark: ``splits``, ``label_names(split)`` (fine → coarse), ``loader(root, split, transform)``, a
+    one-line ``layout`` of ``root``, default ``train_split`` / ``test_split`` (``None``: per query / gallery pair)."""
 
     name: str
     splits: tuple[str, ...]
@@ -132,10 +131,9 @@ def benchmark_label_names(name: str, split: str) -> tuple[str, ...]:
 
 
 def load_benchmark(name: str, root: str | Path, split: str, transform: Callable | None = None) -> NativeImageDataset:
-    """Benchmark ``name`` (one of :data:`BENCHMARKS`), split ``split``, read from ``root``, the folder its archive
-    was extracted to (each spec's ``layout``; for ``cifar100`` also a Hub id): ``ds.labels`` ``(N, L)`` (column 0
-    finest, ids contiguous over the splits sharing a label space, a tree), ``ds[i] = {"image": (3, H, W), "labels":
-    (L,), "index": i}``, images decoded lazily. ``ValueError``: unknown name or split, a malformed archive.
+    """Benchmark ``name`` (:data:`BENCHMARKS`), split ``split``, read from ``root``, its extracted archive (each
+    spec's ``layout``; ``cifar100`` also a Hub id): ``ds.labels`` ``(N, L)`` (column 0 finest, contiguous ids, a
+    tree), images decoded lazily. ``ValueError``: unknown name or split, a malformed archive (naming file and line).
     """
     spec = _spec(name, split)
     if not isinstance(root, (str, Path)):
