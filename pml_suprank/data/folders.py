@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from .._safe_json import loads_json
-from .._validation import check_choice
+from .._validation import check_choice, check_probability
 from .paths import PathConfiner
 
 __all__ = [
@@ -255,8 +255,7 @@ def class_split(labels: Tensor, *, seed: int, fraction: float = CLASS_SPLIT_FRAC
     fine classes (column 0 of ``labels`` ``(N, L)`` / ``(N,)``) train, the others test (at least one each side)."""
     labels = torch.as_tensor(labels)
     fine = torch.unique(labels if labels.dim() == 1 else labels[:, 0])
-    if not 0.0 < fraction < 1.0:
-        raise ValueError(f"fraction must lie in (0, 1); got {fraction!r}")
+    check_probability("fraction", fraction, closed=False)
     if len(fine) < 2:
         raise ValueError(f"a split by class needs at least 2 classes; got {len(fine)}")
     n_train = min(max(int(round(fraction * len(fine))), 1), len(fine) - 1)

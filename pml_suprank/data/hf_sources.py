@@ -4,8 +4,6 @@ ids, image folders, parquet files, ``save_to_disk`` folders or in-memory ``datas
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -54,27 +52,21 @@ def image_column_name(ds: Any, image_column: str | None, source: Any) -> str:
     raise ValueError(f"no image column found in {describe(source)} (columns {ds.column_names}); pass image_column=")
 
 
-@contextmanager
-def _quiet_local_load() -> Iterator[None]:
-    """No ``datasets`` progress bars ("Downloading data") while local files are read: it would look like network
-    use."""
+def load_splits(source: Any, *, data_files: Any, cache_dir: Any, revision: Any, token: Any) -> dict[str, Any]:
+    """Every split of ``source`` (memory-mapped, lazy images); local files are read without ``datasets`` progress bars
+    (a "Downloading data" bar would look like network use)."""
     import datasets
 
-    was_enabled = datasets.is_progress_bar_enabled()
-    datasets.disable_progress_bars()
+    text = str(source) if isinstance(source, (str, Path)) else None
+    local = text is not None and (Path(text).exists() or text in ("", "parquet") or text.endswith(".parquet"))
+    quiet = local and datasets.is_progress_bar_enabled()
+    if quiet:
+        datasets.disable_progress_bars()
     try:
-        yield
-    finally:
-        if was_enabled:
-            datasets.enable_progress_bars()
-
-
-def load_splits(source: Any, *, data_files: Any, cache_dir: Any, revision: Any, token: Any) -> dict[str, Any]:
-    """Every split of ``source`` (memory-mapped, lazy images); local files are read without progress bars."""
-    path = Path(str(source)) if isinstance(source, (str, Path)) else None
-    local = path is not None and (path.exists() or str(source) in ("", "parquet") or str(source).endswith(".parquet"))
-    with _quiet_local_load() if local else nullcontext():
         return _load_splits(source, data_files=data_files, cache_dir=cache_dir, revision=revision, token=token)
+    finally:
+        if quiet:
+            datasets.enable_progress_bars()
 
 
 def _load_splits(source: Any, *, data_files: Any, cache_dir: Any, revision: Any, token: Any) -> dict[str, Any]:

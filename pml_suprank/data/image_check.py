@@ -69,28 +69,25 @@ def _decode(data: Any) -> str | None:
     return None
 
 
-def _problems(sources: Callable[[], Iterable[Source]], decode: bool | None) -> tuple[list[tuple[str, str]], int]:
-    """``([(name, problem), ...], number of images)``; ``sources()`` is iterated once, or twice for a full decode."""
+def bad_images_message(
+    sources: Iterable[Source] | Callable[[], Iterable[Source]], *, what: str, decode: bool | None = None
+) -> str | None:
+    """``"<what>: <n> of <total> images cannot be used ..."`` with a line per bad image (the first :data:`MAX_LISTED`)
+    of ``sources`` (``(name, path or bytes)`` pairs, or a function returning them afresh), or ``None``. ``decode``:
+    always (``True``), never (``False``) or below :data:`FULL_DECODE_PIXELS` (``None``)."""
+    from PIL import Image
+
+    pairs = sources if callable(sources) else (lambda items=list(sources): items)
     bad: list[tuple[str, str]] = []
     total_pixels = count = 0
-    for name, data in sources():
+    for name, data in pairs():
         pixels, problem = _header(data)
-        total_pixels += pixels
-        count += 1
+        total_pixels, count = total_pixels + pixels, count + 1
         if problem is not None:
             bad.append((name, problem))
     if decode or (decode is None and total_pixels <= FULL_DECODE_PIXELS):
         failed = {name for name, _ in bad}
-        for name, data in sources():
-            problem = None if name in failed else _decode(data)
-            if problem is not None:
-                bad.append((name, problem))
-    return bad, count
-
-
-def _message(bad: list[tuple[str, str]], count: int, what: str) -> str | None:
-    from PIL import Image
-
+        bad += [(name, p) for name, data in pairs() if name not in failed and (p := _decode(data)) is not None]
     if not bad:
         return None
     lines = [f"  {name}: {problem}" for name, problem in bad[:MAX_LISTED]]
@@ -103,14 +100,6 @@ def _message(bad: list[tuple[str, str]], count: int, what: str) -> str | None:
         f"limit PIL.Image.MAX_IMAGE_PIXELS = {Image.MAX_IMAGE_PIXELS} pixels must be shrunk (or that limit raised, "
         "if they are genuine)"
     )
-
-
-def bad_images_message(sources: Iterable[Source], *, what: str, decode: bool | None = None) -> str | None:
-    """``"<what>: <n> of <total> images cannot be used ..."`` with a line per bad image (the first :data:`MAX_LISTED`)
-    of ``sources`` (``(name, path or bytes)`` pairs), or ``None``. ``decode``: always (``True``), never (``False``) or
-    below :data:`FULL_DECODE_PIXELS` (``None``)."""
-    sources = list(sources)
-    return _message(*_problems(lambda: sources, decode), what)
 
 
 def check_image_files(paths: Sequence[str | Path], *, what: str, decode: bool | None = None) -> None:
@@ -138,6 +127,6 @@ def check_dataset_images(ds: Any, image_column: str, *, what: str, decode: bool 
                 name = cell.get("path") or f"row {row}"
                 yield name, data if data is not None else b""
 
-    message = _message(*_problems(cells, decode), what)
+    message = bad_images_message(cells, what=what, decode=decode)
     if message is not None:
         raise ValueError(message)

@@ -3,7 +3,6 @@ collation, under the contract of :mod:`pml_suprank.data.retrieval_dataset`."""
 
 from __future__ import annotations
 
-import logging
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -13,7 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._validation import check_choice, check_positive_int
+from .._validation import check_choice, check_positive_int, check_probability
 from ..relevance import check_tree
 from .folders import folder_splits, image_folder_layout, metadata_splits
 from .hf_sources import check_image_paths, describe, image_column_name, load_splits, select_split
@@ -21,8 +20,6 @@ from .image_check import check_dataset_images
 from .label_columns import is_list_column, multilabel_labels
 from .retrieval_dataset import RetrievalDatasetBase, decode_image, pad_label_sets
 from .transforms import build_transforms
-
-logger = logging.getLogger(__name__)
 
 __all__ = [
     "HFRetrievalDataset",
@@ -141,9 +138,7 @@ def open_set_classes(
             train.append(children[:k])
         train_set = torch.sort(torch.cat(train)).values
     else:
-        f = float(train_class_fraction)
-        if not 0.0 < f < 1.0:
-            raise ValueError(f"train_class_fraction must lie in (0, 1); got {train_class_fraction!r}")
+        f = check_probability("train_class_fraction", train_class_fraction, closed=False)
         n_train = int(round(f * len(fine)))
         if not 0 < n_train < len(fine):
             raise ValueError(f"train_class_fraction={f} leaves an empty side with {len(fine)} fine classes")
@@ -263,8 +258,8 @@ def load_retrieval_dataset(
         ds, labels = _open_set_side(ds, labels, others, open_set, rules, split, where, table, multilabel=multilabel)
     feature = ds.features[label_columns[0]]
     class_names = _class_names(getattr(feature, "feature", feature), mappings.get(label_columns[0]))
-    return HFRetrievalDataset(ds, names, image_column, labels, transform=transform, class_names=class_names,
-                              multilabel=multilabel, hierarchy=table)  # fmt: skip
+    kwargs = {"class_names": class_names, "multilabel": multilabel, "hierarchy": table}
+    return HFRetrievalDataset(ds, names, image_column, labels, transform=transform, **kwargs)
 
 
 def _class_names(feature: Any, mapping: dict[str, int] | None) -> dict[int, str]:
@@ -317,14 +312,10 @@ def _check_label_columns(label_columns: Any, source: Any) -> list[str]:
             "dataset) must be named, finest first (e.g. ['fine_label', 'coarse_label']); only a local image folder "
             "(class folders or a metadata.csv) has levels of its own"
         )
-    if isinstance(label_columns, str):
-        label_columns = [label_columns]
-    names = label_columns if isinstance(label_columns, Sequence) else None
-    if not names or not all(isinstance(c, str) for c in names):
-        raise ValueError(
-            f"label_columns must be a non-empty list of column names (fine → coarse); got {label_columns!r}"
-        )
-    label_columns = list(label_columns)
+    names = [label_columns] if isinstance(label_columns, str) else label_columns
+    if not isinstance(names, Sequence) or not names or not all(isinstance(c, str) for c in names):
+        raise ValueError(f"label_columns must be a non-empty list of column names (fine → coarse); got {names!r}")
+    label_columns = list(names)
     if len(set(label_columns)) != len(label_columns):
         raise ValueError(f"label_columns must not repeat a column; got {label_columns}")
     return label_columns

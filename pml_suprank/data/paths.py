@@ -25,15 +25,7 @@ def _named_inside(root: str | Path, path: str) -> bool:
 
 
 class PathConfiner:
-    """:func:`confined_path` for many paths under one ``root``, each folder resolved once per instance.
-
-    Example:
-        >>> import tempfile
-        >>> root = tempfile.mkdtemp()
-        >>> confine = PathConfiner(root)
-        >>> confine("imgs", "a.jpg", where="list.txt, line 2") == f"{root}/imgs/a.jpg"
-        True
-    """
+    """:func:`confined_path` for many paths under one ``root``, each folder resolved once per instance."""
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)

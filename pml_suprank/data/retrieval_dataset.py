@@ -113,15 +113,11 @@ class RetrievalDatasetBase(Dataset):
                     f"shape {tuple(table.shape)}"
                 )
             table = Hierarchy(table).table
-        used = labels[labels >= 0]
-        if table.shape[0] == 0:
-            missing = used
-        else:
-            missing = used[(used >= table.shape[0]) | (table[used.clamp_max(table.shape[0] - 1), 0] < 0)]
+        used, n = labels[labels >= 0], table.shape[0]
+        missing = used if n == 0 else used[(used >= n) | (table[used.clamp_max(n - 1), 0] < 0)]
         if len(missing):
             raise ValueError(
-                f"labels contain fine label {int(missing[0])}, which has no row in the hierarchy "
-                f"(num_fine={table.shape[0]})"
+                f"labels contain fine label {int(missing[0])}, which has no row in the hierarchy (num_fine={n})"
             )
         return table.long().cpu()
 
@@ -157,12 +153,8 @@ class RetrievalDatasetBase(Dataset):
     def __getitem__(self, index: int) -> dict[str, Any]:
         index = self._check_index(index)
         image = self.get_image(index)
-        if self.transform is not None:
-            image = self.transform(image)
-            if not isinstance(image, Tensor):
-                image = pil_to_tensor(image)
-        else:
-            image = pil_to_tensor(image)
+        image = image if self.transform is None else self.transform(image)
+        image = image if isinstance(image, Tensor) else pil_to_tensor(image)
         return {"image": image, "labels": self.labels[index].clone(), "index": index}
 
     @property

@@ -22,6 +22,7 @@ import torch
 
 from .._validation import check_choice, check_positive, check_positive_int
 from .retrieval_dataset import RetrievalDatasetBase
+from .transforms import check_pair
 
 __all__ = ["COLOURS", "FAMILIES", "SHADES", "SyntheticNoise", "SyntheticShapes"]
 
@@ -203,8 +204,7 @@ class SyntheticShapes(RetrievalDatasetBase):
         check_positive_int("num_per_class", num_per_class)
         check_positive_int("image_size", image_size, minimum=8)
         check_choice("levels", levels, (2, 3))
-        if not (isinstance(scale, (tuple, list)) and len(scale) == 2 and 0 < scale[0] <= scale[1] <= 0.5):
-            raise ValueError(f"scale must be a pair (low, high) with 0 < low <= high <= 0.5; got {scale!r}")
+        scale = check_pair("scale", scale, 0.5)
         nonnegative = {"rotation": rotation, "noise": noise, "clutter": clutter, "colour_jitter": colour_jitter}
         for name, value in nonnegative.items():
             check_positive(name, value, strict=False)
@@ -218,7 +218,7 @@ class SyntheticShapes(RetrievalDatasetBase):
         self.levels = levels
         self.open_set = bool(open_set)
         self.rotation = float(rotation)
-        self.scale = (float(scale[0]), float(scale[1]))
+        self.scale = scale
         self.noise = float(noise)
         self.clutter = int(clutter)
         self.colour_jitter = int(colour_jitter)

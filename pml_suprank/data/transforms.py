@@ -17,7 +17,7 @@ _INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "box", "hamming", "lanczos"
 _DEFAULT_CROP_PCT = 0.875
 
 
-def _check_pair(name: str, value: Sequence[float], high: float | None) -> tuple[float, float]:
+def check_pair(name: str, value: Sequence[float], high: float | None) -> tuple[float, float]:
     ok = isinstance(value, Sequence) and len(value) == 2 and all(isinstance(v, (int, float)) for v in value)
     ok = ok and 0 < value[0] <= value[1] and (high is None or value[1] <= high)
     if not ok:
@@ -87,7 +87,7 @@ def build_transforms(
     interpolation = str(data_config.get("interpolation") or "bilinear")
     check_choice("data_config['interpolation']", interpolation, _INTERPOLATIONS)
     common = {"mean": tuple(data_config["mean"]), "std": tuple(data_config["std"]), "interpolation": interpolation}
-    scale, ratio = _check_pair("scale", scale, 1.0), _check_pair("ratio", ratio, None)
+    scale, ratio = check_pair("scale", scale, 1.0), check_pair("ratio", ratio, None)
     hflip = check_probability("hflip", hflip)
     if color_jitter is not None:
         check_positive("color_jitter", color_jitter, strict=False)

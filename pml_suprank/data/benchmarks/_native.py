@@ -148,8 +148,10 @@ def file_split(
     for path, _, where in part:
         if not os.path.isfile(path):
             raise ValueError(f"{where}: image {path} does not exist")
-    return (cls or FileImageDataset)(labels, level_names, [r[0] for r in part], root, transform=transform,
-                                     benchmark=benchmark, split=split, **kwargs)  # fmt: skip
+    paths = [r[0] for r in part]
+    return (cls or FileImageDataset)(
+        labels, level_names, paths, root, transform=transform, benchmark=benchmark, split=split, **kwargs
+    )
 
 
 class NativeImageDataset(RetrievalDatasetBase):

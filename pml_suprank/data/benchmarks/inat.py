@@ -1,9 +1,6 @@
-"""iNaturalist 2018 (Van Horn et al., CVPR 2018) with the open-set retrieval splits of Smooth-AP (Brown et al.,
-ECCV 2020), read from the official archives (layout: :data:`~pml_suprank.data.benchmarks.BENCHMARKS` ``layout``).
-
-``inat_base``: species → super-category from the image path (2 levels, HAPPIER / ROADMAP); ``inat_full``: species,
-genus, family, order, class, phylum, kingdom from ``train2018.json`` (7 levels, HAPPIER), a taxon identified by its
-whole lineage (homonyms in different families stay distinct).
+"""iNaturalist 2018 (Van Horn et al., CVPR 2018) with the open-set splits of Smooth-AP (Brown et al., ECCV 2020):
+``inat_base`` species → super-category from the image path (2 levels); ``inat_full`` species → ... → kingdom from
+``train2018.json`` (7 levels, a taxon identified by its whole lineage).
 """
 
 from __future__ import annotations

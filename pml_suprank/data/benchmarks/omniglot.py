@@ -1,9 +1,6 @@
-"""Omniglot (Lake, Salakhutdinov & Tenenbaum, Science 2015) background archives, 2 levels character → alphabet.
-
-``root`` holds the ``images_background*.zip`` archives (or their extracted folders), images at
-``<archive>/<alphabet>/<characterNN>/<id>_<drawer>.png``; archives are merged by (alphabet, character), an image in
-several archives kept once. Open set: in every alphabet the first half of the sorted characters (rounded up) train,
-the others test. Ids by sorted (alphabet, character) and sorted alphabet, over both splits.
+"""Omniglot (Lake, Salakhutdinov & Tenenbaum, Science 2015) background archives, character → alphabet: the
+``images_background*.zip`` archives (or extracted folders) under ``root``, merged by (alphabet, character). Open set:
+in every alphabet the first half of the sorted characters (rounded up) train, the others test.
 """
 
 from __future__ import annotations
