@@ -180,10 +180,6 @@ def cache_key(
     return json.loads(json.dumps(key))  # the JSON form, as a manifest reads back
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# files
-
-
 def _shard_names(num_items: int, shard_size: int) -> list[str]:
     return [f"shard-{j:05d}.safetensors" for j in range(math.ceil(num_items / shard_size))]
 
@@ -270,10 +266,6 @@ def _store(tensors: Mapping[str, Tensor], rows: int, storage: torch.dtype) -> di
     if why is not None:
         raise ValueError(f"extract returned {why}")
     return out
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# the pass
 
 
 def _range_loader(loader: DataLoader, start: int, stop: int) -> DataLoader:

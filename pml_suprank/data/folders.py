@@ -115,8 +115,6 @@ def _check_metadata_files(path: Path, names: list[Any]) -> None:
 
 def _level_names(depth: int) -> tuple[str, ...]:
     """The label levels of class folders ``depth`` deep, finest first."""
-    if depth == 1:
-        return ("label",)
     return ("label", "group") if depth == 2 else ("label", *(f"group_{i}" for i in range(1, depth)))
 
 

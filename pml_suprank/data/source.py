@@ -13,6 +13,8 @@ from typing import Any, Literal
 from .._validation import check_choice
 from .benchmarks.registry import BENCHMARKS, BenchmarkSpec, benchmark_label_names, load_benchmark
 from .folders import FolderLayout, class_names_of, class_split, class_split_side, image_folder_layout
+from .loading import load_retrieval_dataset
+from .synthetic_multishapes import SYNTHETIC_DATASETS, synthetic_dataset
 
 __all__ = [
     "SYNTHETIC_NAMES",
@@ -23,8 +25,7 @@ __all__ = [
     "resolved_split",
 ]
 
-#: the built-in datasets (:func:`pml_suprank.data.synthetic_dataset`)
-SYNTHETIC_NAMES = ("synthetic", "synthetic_multilabel")
+SYNTHETIC_NAMES = tuple(SYNTHETIC_DATASETS)  #: the built-in datasets
 
 
 @dataclass(frozen=True)
@@ -45,9 +46,6 @@ class DatasetSource:
         """The dataset (``seed``: of the synthetic sets and of a class split; ``kwargs``: extra loader arguments such
         as ``cache_dir``, none for a benchmark). ``ValueError``: the folder's seeded class split no longer gives the
         ``{"train_classes", "test_classes"}`` a model recorded (``recorded_split``)."""
-        from .loading import load_retrieval_dataset
-        from .synthetic_multishapes import synthetic_dataset
-
         options = {**self.options, **kwargs}
         side = options.pop("class_split", None)
         if side is not None:
@@ -111,16 +109,12 @@ def folder_layout(dataset: Any) -> FolderLayout | None:
     return image_folder_layout(dataset)
 
 
-def _benchmark(dataset: Any) -> BenchmarkSpec | None:
-    return BENCHMARKS.get(dataset) if isinstance(dataset, str) else None
-
-
 def data_option_errors(data: Mapping[str, Any], *, require_root: bool = False) -> list[str]:
     """The problems of a ``data`` section as messages naming the keys (``[]``: consistent): label columns, a
     benchmark's splits and (``require_root``) ``data_root``, the open-set rules."""
     errors = []
     dataset = data.get("dataset")
-    spec = _benchmark(dataset)
+    spec = BENCHMARKS.get(dataset) if isinstance(dataset, str) else None
     levels = list(data.get("label_columns", []))
     if spec is not None:
         errors += _benchmark_errors(spec, data, require_root)
@@ -191,7 +185,7 @@ def resolved_split(config: Mapping[str, Any], part: str) -> str:
     split = data.get(f"{part}_split")
     if split is not None:
         return split
-    spec = _benchmark(data.get("dataset"))
+    spec = BENCHMARKS.get(data.get("dataset")) if isinstance(data.get("dataset"), str) else None
     if spec is None:
         return part
     split = spec.train_split if part == "train" else spec.test_split

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, get_args
+from typing import Any
 
 import numpy as np
 import torch
@@ -142,6 +142,4 @@ SYNTHETIC_DATASETS: Mapping[str, type[RetrievalDatasetBase]] = MappingProxyType(
 def synthetic_dataset(name: str, split: Split = "train", **kwargs: Any) -> RetrievalDatasetBase:
     """The built-in synthetic dataset ``name`` (:data:`SYNTHETIC_DATASETS`) of ``split`` built with ``kwargs``
     (``ValueError`` for an unknown name or split)."""
-    cls = SYNTHETIC_DATASETS[check_choice("name", name, tuple(SYNTHETIC_DATASETS))]
-    check_choice("split", split, get_args(Split))
-    return cls(split, **kwargs)
+    return SYNTHETIC_DATASETS[check_choice("name", name, tuple(SYNTHETIC_DATASETS))](split, **kwargs)

@@ -42,12 +42,9 @@ def _ellipse(rx: float, ry: float, n: int = 48) -> _Poly:
 
 
 def _star(points: int, inner: float) -> _Poly:
-    out = []
-    for k in range(2 * points):
-        r = 1.0 if k % 2 == 0 else inner
-        a = math.radians(-90.0 + 180.0 * k / points)
-        out.append((r * math.cos(a), r * math.sin(a)))
-    return out
+    radii = [1.0 if k % 2 == 0 else inner for k in range(2 * points)]
+    angles = [math.radians(-90.0 + 180.0 * k / points) for k in range(2 * points)]
+    return [(r * math.cos(a), r * math.sin(a)) for r, a in zip(radii, angles)]
 
 
 def _rect(x0: float, y0: float, x1: float, y1: float) -> _Poly:
@@ -240,19 +237,16 @@ class SyntheticShapes(RetrievalDatasetBase):
     def _resolve_families(families: Sequence[str | int] | None) -> list[int]:
         if families is None:
             return list(range(len(FAMILIES)))
-        if isinstance(families, (str, int)):
-            families = [families]
+        families = [families] if isinstance(families, (str, int)) else families
         ids = []
         for f in families:
             if isinstance(f, str):
-                check_choice("families", f, FAMILIES)
-                ids.append(FAMILIES.index(f))
-            elif isinstance(f, (int, np.integer)) and not isinstance(f, bool) and 0 <= f < len(FAMILIES):
-                ids.append(int(f))
-            else:
+                f = FAMILIES.index(check_choice("families", f, FAMILIES))
+            elif isinstance(f, bool) or not isinstance(f, (int, np.integer)) or not 0 <= f < len(FAMILIES):
                 raise ValueError(
                     f"families must contain names from {FAMILIES} or indices 0..{len(FAMILIES) - 1}; got {f!r}"
                 )
+            ids.append(int(f))
         if not ids:
             raise ValueError("families must select at least one family; got an empty list")
         if len(set(ids)) != len(ids):

@@ -4,7 +4,7 @@ draws from the global generators: the training loop seeds them per ``(seed, epoc
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._validation import check_choice, check_positive, check_positive_int, check_probability
@@ -24,16 +24,6 @@ def check_pair(name: str, value: Sequence[float], high: float | None) -> tuple[f
         bound = f" <= {high}" if high is not None else ""
         raise ValueError(f"{name} must be (low, high) with 0 < low <= high{bound}; got {value!r}")
     return float(value[0]), float(value[1])
-
-
-def _eval_crop(data_config: Mapping[str, Any]) -> tuple[float, str]:
-    crop_pct = data_config.get("crop_pct")
-    crop_pct = _DEFAULT_CROP_PCT if crop_pct is None else crop_pct
-    if isinstance(crop_pct, bool) or not isinstance(crop_pct, (int, float)) or not 0 < crop_pct <= 1:
-        raise ValueError(f"data_config['crop_pct'] must lie in (0, 1]; got {crop_pct!r}")
-    crop_mode = data_config.get("crop_mode") or "center"
-    check_choice("data_config['crop_mode']", crop_mode, CROP_MODES)
-    return float(crop_pct), str(crop_mode)
 
 
 def build_transforms(
@@ -97,9 +87,12 @@ def build_transforms(
     re_prob = check_probability("re_prob", re_prob)
     check_choice("re_mode", re_mode, ("pixel", "rand", "const"))
     check_positive_int("re_count", re_count)
-    crop_pct, crop_mode = _eval_crop(data_config)
+    crop_pct = _DEFAULT_CROP_PCT if data_config.get("crop_pct") is None else data_config["crop_pct"]
+    if isinstance(crop_pct, bool) or not isinstance(crop_pct, (int, float)) or not 0 < crop_pct <= 1:
+        raise ValueError(f"data_config['crop_pct'] must lie in (0, 1]; got {crop_pct!r}")
+    crop_mode = check_choice("data_config['crop_mode']", data_config.get("crop_mode") or "center", CROP_MODES)
     if not train:
-        return create_transform(size, is_training=False, crop_pct=crop_pct, crop_mode=crop_mode, **common)
+        return create_transform(size, is_training=False, crop_pct=float(crop_pct), crop_mode=crop_mode, **common)
     try:
         return create_transform(
             size, is_training=True, scale=scale, ratio=ratio, hflip=hflip, color_jitter=color_jitter,

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..loading import HFRetrievalDataset, open_set_classes
-from ._native import ArrayImageDataset, NativeImageDataset, encode_levels, layout_error
+from ._native import ArrayImageDataset, NativeImageDataset, Record, encode_levels, encode_split, layout_error
 
 __all__ = [
     "CIFAR100_LABEL_NAMES",
@@ -68,7 +68,9 @@ def load_restricted_pickle(path: Path, what: str, *, encoding: str = "ASCII") ->
         raise layout_error(path, None, f"not a readable {what} ({err})") from None
 
 
-def _read_pickle(path: Path) -> dict[bytes, Any]:
+def _local_part(folder: Path, part: str) -> tuple[np.ndarray, list[Record], list[str]]:
+    """Pixels ``(N, 32, 32, 3)``, records ``(i, (fine, coarse), where)`` and file names of one pickle."""
+    path = folder / part
     content = load_restricted_pickle(path, "CIFAR-100 pickle", encoding="bytes")
     if not isinstance(content, dict):
         raise layout_error(path, None, f"expected a dict; got {type(content).__name__}")
@@ -76,13 +78,6 @@ def _read_pickle(path: Path) -> dict[bytes, Any]:
     missing = [k.decode() for k in (b"data", b"fine_labels", b"coarse_labels") if k not in content]
     if missing:
         raise layout_error(path, None, f"missing keys {missing}; got {sorted(map(repr, content))}")
-    return content
-
-
-def _local_part(folder: Path, part: str) -> tuple[np.ndarray, list[tuple[int, int]], list[str], list[str]]:
-    """Pixels ``(N, 32, 32, 3)``, ``(fine, coarse)`` per image, file names and ``where`` strings of one pickle."""
-    path = folder / part
-    content = _read_pickle(path)
     data = np.asarray(content[b"data"])
     fine, coarse = list(content[b"fine_labels"]), list(content[b"coarse_labels"])
     if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072 or not len(data) == len(fine) == len(coarse):
@@ -92,18 +87,14 @@ def _local_part(folder: Path, part: str) -> tuple[np.ndarray, list[tuple[int, in
             f"data must be (N, 3072) uint8 with N fine/coarse labels; got {data.dtype} {data.shape}, "
             f"{len(fine)} fine and {len(coarse)} coarse labels",
         )
+    keys = [
+        (_label(a, path, i, "fine_labels"), _label(b, path, i, "coarse_labels"))
+        for i, (a, b) in enumerate(zip(fine, coarse))
+    ]
     names = content.get(b"filenames") or [f"{part}_{i:05d}.png" for i in range(len(data))]
     names = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
-    pixels = data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
-    return (
-        pixels,
-        [
-            (_label(a, path, i, "fine_labels"), _label(b, path, i, "coarse_labels"))
-            for i, (a, b) in enumerate(zip(fine, coarse))
-        ],
-        names,
-        [f"{path}, item {i}" for i in range(len(data))],
-    )
+    records = [(i, key, f"{path}, item {i}") for i, key in enumerate(keys)]
+    return data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1), records, names
 
 
 def _label(value: Any, path: Path, item: int, key: str) -> int:
@@ -155,12 +146,10 @@ def load_cifar100(root: str | Path, split: str, transform: Callable | None = Non
         return _from_hub(str(root), split, transform)
     base = split.removeprefix("open_")
     parts = {part: _local_part(folder, part) for part in ("train", "test")}
-    all_keys = parts["train"][1] + parts["test"][1]
-    all_labels = encode_levels(all_keys, parts["train"][3] + parts["test"][3], CIFAR100_LABEL_NAMES)
-    pixels, keys, names, _ = parts[base]
-    labels = all_labels[: len(keys)] if base == "train" else all_labels[len(parts["train"][1]) :]
+    pixels, records, names = parts[base]
+    _, labels = encode_split({p: r for p, (_, r, _) in parts.items()}, base, CIFAR100_LABEL_NAMES)
     if split.startswith("open_"):
-        keep = _open_set_keep(keys, base, all_keys)
+        keep = _open_set_keep([r[1] for r in records], base, [r[1] for _, rs, _ in parts.values() for r in rs])
         pixels, labels, names = pixels[keep], labels[keep], [names[i] for i in keep]
     return ArrayImageDataset(
         labels, CIFAR100_LABEL_NAMES, pixels, names, transform=transform, benchmark="cifar100", split=split
