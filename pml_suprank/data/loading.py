@@ -3,6 +3,7 @@ collation, under the contract of :mod:`pml_suprank.data.retrieval_dataset`."""
 
 from __future__ import annotations
 
+import io
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -95,9 +96,7 @@ class HFRetrievalDataset(RetrievalDatasetBase):
                 f"{self.describe_item(index)}: cannot decode the image ({type(err).__name__}: {err})"
             ) from None
         if isinstance(image, Mapping) and ("bytes" in image or "path" in image):  # undecoded Image feature
-            from io import BytesIO
-
-            source = BytesIO(image["bytes"]) if image.get("bytes") else image["path"]
+            source = io.BytesIO(image["bytes"]) if image.get("bytes") else image["path"]
             return decode_image(source, self.describe_item(index))
         if isinstance(image, (np.ndarray, list)):  # e.g. an Array3D column of (H, W, 3) uint8 pixels
             image = Image.fromarray(np.asarray(image, dtype=np.uint8))

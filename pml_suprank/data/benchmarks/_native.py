@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import csv
 import io
 import os
 import zipfile
@@ -61,24 +62,30 @@ def read_text(path: Path) -> str:
 
 
 def read_table(
-    path: Path, columns: Sequence[str], *, delimiter: str | None, header: bool = True
-) -> list[tuple[int, list[str]]]:
-    """``[(line number, cells)]`` of the non-empty data lines of a text file split at ``delimiter`` (``None``:
-    whitespace) whose header is exactly ``columns``. ``ValueError``: a missing file, another header or cell count."""
-    require_file(path, f"columns {list(columns)}")
+    path: Path, columns: Sequence[str], *, delimiter: str | None = ",", exact: bool = True
+) -> list[tuple[int, dict[str, str]]]:
+    """``[(line number, {column: cell})]`` of the non-empty data lines of a UTF-8 csv file (``delimiter=None``: split
+    at whitespace) whose header is exactly ``columns`` (spaces included; ``exact=False``: includes them).
+    ``ValueError``: a missing file, another header, a line with another number of cells."""
+    text = read_text(require_file(path, f"columns {list(columns)}"))
+    if delimiter is None:
+        lines = [(number, line.split()) for number, line in enumerate(text.split("\n"), start=1)]
+    else:
+        reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+        try:
+            lines = [(reader.line_num, cells) for cells in reader]
+        except csv.Error as err:  # e.g. a field over csv.field_size_limit()
+            raise layout_error(path, reader.line_num, f"not a readable csv line ({err})") from None
+    header = lines[0][1] if lines else []
+    if (header != list(columns)) if exact else not set(columns) <= set(header):
+        expected = f"the columns {list(columns)}" if exact else f"columns including {list(columns)}"
+        raise layout_error(path, 1, f"expected {expected}; got {header}")
     rows = []
-    for number, raw in enumerate(read_text(path).split("\n"), start=1):
-        text = raw.rstrip("\r\n")
-        cells = text.split(delimiter) if delimiter is not None else text.split()
-        if number == 1 and header:
-            if cells != list(columns):
-                raise layout_error(path, 1, f"expected the columns {list(columns)}; got {cells}")
-            continue
-        if not text.strip():
-            continue
-        if len(cells) != len(columns):
-            raise layout_error(path, number, f"expected {len(columns)} cells {list(columns)}; got {cells}")
-        rows.append((number, cells))
+    for number, cells in lines[1:]:
+        if any(c.strip() for c in cells):
+            if len(cells) != len(header):
+                raise layout_error(path, number, f"expected {len(header)} cells {header}; got {cells}")
+            rows.append((number, dict(zip(header, cells))))
     return rows
 
 

@@ -34,10 +34,10 @@ def _records(root: Path, csv: str, images: str, columns: tuple[str, ...]) -> lis
     """The records of the csv file ``root/csv`` (integer labels in ``columns[1:]``), images under ``root/images``."""
     path = root / csv
     out, confine = [], PathConfiner(root)
-    for line, cells in read_table(path, columns, delimiter=","):
-        keys = tuple(parse_int(cells[i], path, line, columns[i]) for i in range(1, len(columns)))
+    for line, cells in read_table(path, columns):
+        keys = tuple(parse_int(cells[c], path, line, c) for c in columns[1:])
         where = f"{path}, line {line}"
-        out.append((confine(images, cells[0].strip(), where=where), keys, where))
+        out.append((confine(images, cells["fname"].strip(), where=where), keys, where))
     return out
 
 

@@ -10,13 +10,11 @@ solution images' one landmark) and ``gallery`` (the index set); images whose lan
 
 from __future__ import annotations
 
-import csv
-import io
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from ..paths import PathConfiner
-from ._native import FileImageDataset, Record, file_split, layout_error, parse_int, read_text, require_file
+from ._native import FileImageDataset, Record, file_split, layout_error, parse_int, read_table
 
 __all__ = ["GLDV2_LABEL_NAMES", "GLDV2_SPLITS", "gldv2_image_path", "load_gldv2", "read_subcategories"]
 
@@ -34,24 +32,6 @@ def gldv2_image_path(folder: str | Path, image_id: str) -> Path:
     return Path(folder) / image_id[0] / image_id[1] / image_id[2] / f"{image_id}.jpg"
 
 
-def _rows(path: Path, columns: tuple[str, ...], *, exact: bool = True) -> Iterator[tuple[int, dict[str, str]]]:
-    """``(line, {column: cell})`` of a csv file whose header is ``columns`` (or contains them when not ``exact``)."""
-    require_file(path, f"csv with the columns {list(columns)}")
-    with io.StringIO(read_text(path), newline="") as f:
-        reader = csv.reader(f)
-        header = next(reader, [])
-        if (header != list(columns)) if exact else not set(columns) <= set(header):
-            expected = f"the columns {list(columns)}" if exact else f"columns including {list(columns)}"
-            raise layout_error(path, 1, f"expected {expected}; got {header}")
-        for cells in reader:
-            line = reader.line_num
-            if not any(c.strip() for c in cells):
-                continue
-            if len(cells) != len(header):
-                raise layout_error(path, line, f"expected {len(header)} cells {header}; got {cells}")
-            yield line, dict(zip(header, cells))
-
-
 def _image_id(value: str, path: Path, line: int) -> str:
     image_id = value.strip()
     if len(image_id) < 3 or not image_id.isalnum():
@@ -66,7 +46,7 @@ def read_subcategories(path: Path) -> dict[int, tuple[str, str]]:
     mapping: dict[int, tuple[str, str]] = {}
     seen_landmark: dict[int, int] = {}
     parent: dict[str, tuple[str, int]] = {}
-    for line, row in _rows(path, _HIERARCHY_COLUMNS, exact=False):
+    for line, row in read_table(path, _HIERARCHY_COLUMNS, exact=False):
         landmark = parse_int(row["landmark_id"], path, line, "landmark_id")
         cluster, overall = row["cluster"].strip(), row["overall_cluster"].strip()
         if not cluster or not overall or cluster.lower() == "nan" or overall.lower() == "nan":
@@ -96,7 +76,7 @@ def _train_records(root: Path) -> list[Record]:
     path = root / "train_clean.csv"
     hierarchy = read_subcategories(root / "train_label_to_subcategory_with_clusters.csv")
     out = []
-    for line, row in _rows(path, _TRAIN_COLUMNS):
+    for line, row in read_table(path, _TRAIN_COLUMNS):
         landmark = parse_int(row["landmark_id"], path, line, "landmark_id")
         if landmark not in hierarchy:
             continue
@@ -109,7 +89,7 @@ def _train_records(root: Path) -> list[Record]:
 def _index_landmarks(root: Path) -> tuple[Path, list[tuple[int, str, int]]]:
     path = root / "index_image_to_landmark.csv"
     rows = []
-    for line, row in _rows(path, _INDEX_COLUMNS):
+    for line, row in read_table(path, _INDEX_COLUMNS):
         rows.append((line, _image_id(row["id"], path, line), parse_int(row["landmark_id"], path, line, "landmark_id")))
     return path, rows
 
@@ -130,7 +110,7 @@ def _query_gallery_records(root: Path) -> dict[str, list[Record]]:
     ]
     path = root / "retrieval_solution_v2.1.csv"
     query = []
-    for line, row in _rows(path, _SOLUTION_COLUMNS):
+    for line, row in read_table(path, _SOLUTION_COLUMNS):
         relevant = row["images"].split()
         if relevant == [_NO_GROUND_TRUTH] or not relevant:
             continue

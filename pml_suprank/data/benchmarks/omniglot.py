@@ -26,15 +26,10 @@ def _entries(root: Path) -> tuple[list[tuple[str, str, str, str, str]], bool]:
     folders = sorted(p for p in root.glob("images_background*") if p.is_dir())
     if not zips and not folders:
         raise ValueError(f"{root}: missing images_background*.zip archives (or the folders they extract to)")
-    out = []
     if zips:
-        for archive in zips:
-            for member in _zip_members(archive):
-                if member.endswith("/"):
-                    continue
-                out.append(_entry(f"{archive}::{member}", member, archive, f"{archive}, entry {member}"))
-        return out, True
-    confine = PathConfiner(root)
+        members = [(archive, m) for archive in zips for m in _zip_members(archive) if not m.endswith("/")]
+        return [_entry(f"{a}::{m}", m, a, f"{a}, entry {m}") for a, m in members], True
+    out, confine = [], PathConfiner(root)
     for folder in folders:
         for path in sorted(p for p in folder.rglob("*") if p.is_file()):
             rel = path.relative_to(root).as_posix()

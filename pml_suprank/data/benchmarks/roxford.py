@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..._validation import check_choice
 from ..paths import PathConfiner
 from ..retrieval_dataset import decode_image
 from ._native import FileImageDataset, NativeImageDataset, Record, file_split, layout_error
@@ -128,8 +129,7 @@ def load_revisited(
 ) -> FileImageDataset:
     """Revisited Oxford / Paris (``name``) ``split`` (``"query"`` or ``"gallery"``) of ``root``. ``ValueError``: a
     missing or malformed ground-truth pickle, an image name without a trailing number, a missing image."""
-    if name not in REVISITED_DATASETS:
-        raise ValueError(f"name must be one of {list(REVISITED_DATASETS)}; got {name!r}")
+    check_choice("name", name, REVISITED_DATASETS)
     root = Path(root)
     path = root / f"gnd_{name}.pkl"
     content = read_revisited_gnd(path)
