@@ -84,10 +84,8 @@ def _load_splits(source: Any, *, data_files: Any, cache_dir: Any, revision: Any,
     src = str(source)
     path = Path(src)
     if data_files is not None:
-        loaded = datasets.load_dataset(
-            "parquet" if src in ("", "parquet") else src, data_files=data_files, cache_dir=cache_dir
-        )
-        return dict(loaded)
+        builder = "parquet" if src in ("", "parquet") else src
+        return dict(datasets.load_dataset(builder, data_files=data_files, cache_dir=cache_dir))
     if src.endswith(".parquet") or (("*" in src or "?" in src) and ".parquet" in src):
         if "*" not in src and not path.is_file():
             raise FileNotFoundError(f"parquet file {src} does not exist")
