@@ -1,8 +1,7 @@
-"""Datasets for retrieval training and evaluation (the ``recipes`` extra), all with one contract
-(:mod:`pml_suprank.data.retrieval_dataset`): :func:`load_retrieval_dataset` (Hub ids, folders, parquet),
-:func:`build_transforms`, your own image folders (:mod:`.folders`), the built-in synthetic sets and the papers'
-benchmarks (:func:`load_benchmark`); where a run's data comes from (:mod:`.source`);
-embeddings computed once and reused (:func:`cached_embeddings`, ``--embedding_cache``).
+"""Datasets for retrieval training and evaluation (the ``recipes`` extra) under one contract
+(:mod:`~pml_suprank.data.retrieval_dataset`): :func:`load_retrieval_dataset` (Hub ids, image folders, parquet), the
+synthetic sets, the papers' benchmarks (:func:`load_benchmark`), :func:`build_transforms` and
+:func:`cached_embeddings`.
 
 Example:
     >>> from pml_suprank import data

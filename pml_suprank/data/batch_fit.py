@@ -20,9 +20,8 @@ MIN_STEPS = 200
 
 @dataclass(frozen=True)
 class BatchFit:
-    """The batch a training set allows: ``batch_size`` per process (a multiple of ``samples_per_class``, m), the
-    ``num_classes`` fine classes and ``images_per_class`` ``(fewest, median, most)``; ``changed``: differs from the
-    request; ``fits``: the requested batch can be filled."""
+    """The batch a training set allows: ``batch_size`` per process (a multiple of m = ``samples_per_class``), its
+    ``num_classes`` and ``images_per_class`` ``(fewest, median, most)``; ``changed`` from / ``fits`` the request."""
 
     batch_size: int
     samples_per_class: int

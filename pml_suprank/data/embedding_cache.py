@@ -1,41 +1,22 @@
 """Embed a dataset once: an on-disk cache of a model's per-item outputs, reused across commands and resumed after an
-interruption (``evaluate``, ``search``, ``fit_heat`` and ``ood_score`` take it with ``--embedding_cache DIR``; off
-by default).
+interruption (``--embedding_cache DIR`` of ``evaluate``, ``search``, ``fit_heat`` and ``ood_score``; off by default).
 
-**Key.** An entry is valid for exactly one combination of (:func:`cache_key`):
+**Key** (:func:`cache_key`): the weights (:func:`state_digest`, SHA-256 of names, dtypes, shapes and values); the data
+(:func:`data_identity`: type, length, labels and the files in dataset order with resolved path, size and mtime, the
+pixels of an in-memory array, the ``datasets`` fingerprint, or a synthetic set's parameters); the transform
+(:func:`transform_identity`: each step's ``repr`` and exact mean / std); the feature kind, storage dtype and mixed
+precision (not the device). A dataset or transform that cannot be identified (unknown class, ``Lambda``, random
+augmentation) is embedded without the cache, with a warning.
 
-* the model's weights: :func:`state_digest`, the SHA-256 of its tensors (names, dtypes, shapes, values);
-* the data (:func:`data_identity`): the dataset's type, length and labels, plus its files in dataset order with
-  their resolved path, size and modification time (image files, zip archives), the pixels of an in-memory array, the
-  ``datasets`` fingerprint (and the files a path-only image column points to), or the parameters of a built-in
-  synthetic dataset;
-* the transform (:func:`transform_identity`): the ``repr`` of each step and the exact mean / std of a normalisation;
-* the feature kind (``"embedding"``, or the OOD features of ``fit_heat`` / ``ood_score``), the storage dtype and the
-  accelerator's mixed precision. The device is not part of the key.
+**Layout.** ``DIR/<sha256 of the key>/manifest.json`` and ``shard-00000.safetensors``, ... of ``shard_size``
+consecutive items (per-item tensors plus metadata ``{"key", "start", "stop"}``), each written to a temporary file and
+moved into place: a shard exists whole or not at all, and a re-run embeds only the missing ones.
 
-A dataset or transform that cannot be identified this way (an unknown dataset class, a ``Lambda`` or a function, a
-random augmentation) is embedded without the cache (by every process), with a warning.
-
-**Layout.** ``DIR/<sha256 of the key>/manifest.json`` (``{"format", "key", "num_items", "shard_size", "shards"}``)
-and ``shard-00000.safetensors``, ... each holding ``shard_size`` consecutive items (dataset order): the named
-per-item tensors (``embeddings``, ``labels``, ``indices`` for the embedding kind) and the metadata ``{"key", "start",
-"stop"}``. Every file is written to a temporary file in the same folder and moved into place (``os.replace``), so a
-shard exists whole or not at all: an interrupted pass keeps its finished shards and a re-run embeds only the missing
-ones (the result is identical to an uninterrupted pass: each shard is embedded from its first item).
-
-**Files are data.** Nothing is unpickled (safetensors + JSON). Everything is written inside ``DIR``. A manifest is
-read with bounded size and checked value by value (its key equal to the one computed here, the shard names exactly
-``shard-NNNNN.safetensors`` in order, the sizes in range); a shard is read only if it is a regular file (not a link)
-of bounded size whose metadata names this key and its row range and whose tensors have the expected rows and dtypes.
-Anything else is recomputed (with a warning), never followed.
-
-**Float16.** ``dtype="float16"`` stores floating tensors in half precision (half the disk; values rounded to
-float16, returned as float32 — the first pass returns the same rounded values). The recipes store float32, so that a
-cached run gives exactly the metrics of an uncached one.
-
-**Several processes** (Accelerate): process 0 writes the manifest, then each process embeds and writes only its own
-shards (shard ``j`` belongs to process ``j mod num_processes``), and after a barrier every process reads all shards:
-every process gets the whole result, and the embedding work is split across processes.
+**Files are data.** Nothing is unpickled; everything is written inside ``DIR``; the manifest is read bounded and
+checked value by value, a shard only if it is a bounded regular file (not a link) whose metadata and tensors match.
+Anything else is recomputed with a warning. ``dtype="float16"`` halves the disk (values rounded, returned as float32).
+Under Accelerate process 0 writes the manifest, shard ``j`` is embedded by process ``j mod num_processes``, and after
+a barrier every process reads all shards.
 """
 
 from __future__ import annotations
@@ -88,9 +69,7 @@ def _feed(digest: Any, x: Any) -> None:
 
 
 def state_digest(module: Any) -> str:
-    """SHA-256 (hex) of a module's tensors (names, dtypes, shapes, values): what its weights *are*, independent of
-    how a file lays them out (safetensors writes its metadata in no fixed order, so two saves of the same weights can
-    differ byte for byte)."""
+    """SHA-256 (hex) of a module's tensors (names, dtypes, shapes, values), independent of any file layout."""
     digest = hashlib.sha256()
     for name, tensor in sorted(module.state_dict().items()):
         digest.update(f"{name}|".encode())
@@ -138,8 +117,7 @@ def _hf_identity(hf: Any, column: str | None) -> dict[str, Any] | None:
 
 
 def data_identity(dataset: Any) -> dict[str, Any] | None:
-    """What identifies ``dataset``'s items (see the module docstring), as a JSON-able dict; ``None`` when the
-    dataset is of a kind whose content cannot be identified without reading every item."""
+    """What identifies ``dataset``'s items (module docstring) as a JSON-able dict; ``None``: not identifiable."""
     if isinstance(dataset, Subset):
         inner = data_identity(dataset.dataset)
         return None if inner is None else {"subset_of": inner, "indices_sha256": _tensor_sha256(list(dataset.indices))}
@@ -172,9 +150,8 @@ def data_identity(dataset: Any) -> dict[str, Any] | None:
 
 
 def transform_identity(transform: Any) -> list[str] | None:
-    """The ``repr`` of each step of ``transform`` (a ``Compose`` or one callable; ``[]`` for none) with the exact
-    mean / std of normalisation steps; ``None`` for a step whose ``repr`` does not describe it (a ``Lambda``, a
-    function) or that is random (an augmentation)."""
+    """The ``repr`` of each step of ``transform`` (``[]`` for none) with the exact mean / std of a normalisation;
+    ``None`` when a step is random or its ``repr`` does not describe it (a ``Lambda``, a function)."""
     steps = [] if transform is None else list(getattr(transform, "transforms", [transform]))
     out = []
     for step in steps:
@@ -191,15 +168,9 @@ def transform_identity(transform: Any) -> list[str] | None:
 def cache_key(
     model: nn.Module, dataset: Any, *, feature_kind: str, dtype: str = "float32", mixed_precision: str = "no"
 ) -> dict[str, Any] | None:
-    """The key of ``model``'s ``feature_kind`` outputs on ``dataset`` (``None``: not identifiable, no caching).
-
-    Args:
-        model: the (unwrapped) model whose weights the outputs depend on.
-        dataset: a map-style dataset; its ``transform`` (or its base dataset's) is part of the key.
-        feature_kind: what is stored, e.g. ``"embedding"`` or ``"ood_pooled"``.
-        dtype: the storage dtype, ``"float32"`` or ``"float16"``.
-        mixed_precision: the accelerator's setting (``"no"``, ``"fp16"``, ``"bf16"``).
-    """
+    """The key of the (unwrapped) ``model``'s ``feature_kind`` outputs (e.g. ``"embedding"``) on ``dataset`` (its
+    or its base dataset's ``transform`` included), stored as ``dtype`` under ``mixed_precision``; ``None``: not
+    identifiable, no caching."""
     base = dataset.dataset if isinstance(dataset, Subset) else dataset
     data, transform = data_identity(dataset), transform_identity(getattr(base, "transform", None))
     if data is None or transform is None:
@@ -207,10 +178,6 @@ def cache_key(
     key = {"format": FORMAT, "weights_sha256": state_digest(model), "data": data, "transform": transform,
            "feature_kind": str(feature_kind), "dtype": dtype, "mixed_precision": str(mixed_precision)}  # fmt: skip
     return json.loads(json.dumps(key))  # the JSON form, as a manifest reads back
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# files
 
 
 def _shard_names(num_items: int, shard_size: int) -> list[str]:
@@ -301,10 +268,6 @@ def _store(tensors: Mapping[str, Tensor], rows: int, storage: torch.dtype) -> di
     return out
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# the pass
-
-
 def _range_loader(loader: DataLoader, start: int, stop: int) -> DataLoader:
     """Items ``start..stop`` of ``loader.dataset``, in order, batched as ``loader`` batches them."""
     batch_size = loader.batch_size or getattr(loader.batch_sampler, "batch_size", None) or 1
@@ -328,20 +291,17 @@ def cached_features(
     dtype: str = "float32",
     shard_size: int = SHARD_SIZE,
 ) -> dict[str, Tensor]:
-    """``extract``'s per-item tensors on every item of ``loader.dataset``, read from the cache in ``cache_dir`` and
-    computed (shard by shard) only where missing.
+    """``extract``'s per-item tensors on every item of ``loader.dataset`` (map-style), read from the cache in
+    ``cache_dir`` and computed shard by shard only where missing.
 
     Args:
         model: the model ``extract`` runs (its weights are part of the key; an Accelerate wrapper is unwrapped).
-        loader: a ``DataLoader`` over a map-style dataset (its batch size, workers and collate function are used; a
-            sharded loader's sharding is not: the shards are split across processes here).
-        cache_dir: the cache folder (created if needed).
+        loader: its batch size, workers and collate function are used; the shards are split across processes here.
         feature_kind: the name of what ``extract`` returns, part of the key.
-        extract: maps a loader of consecutive items to ``{name: (n, ...) tensor}`` (lowercase names; floating
-            tensors are stored in ``dtype``, the others as int64).
+        extract: maps a loader of consecutive items to ``{lowercase name: (n, ...) tensor}`` (floating tensors
+            stored in ``dtype``, the others as int64).
         accelerator: optional ``accelerate.Accelerator`` (process split, mixed precision in the key).
-        dtype: ``"float32"`` or ``"float16"`` storage.
-        shard_size: items per shard for a new entry (an existing entry keeps its own).
+        dtype: ``"float32"`` or ``"float16"`` storage; shard_size: items per shard of a new entry.
 
     Returns:
         ``{name: (N, ...) tensor}``, floating tensors as float32, in dataset order.
@@ -425,12 +385,9 @@ def cached_embeddings(
     progress: bool = False,
     description: str = "embedding",
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Embeddings, labels and indices of every item of ``loader`` in dataset order, from the cache in ``cache_dir``
-    where it holds them (:func:`cached_features` with the ``"embedding"`` kind), else computed by
-    :func:`pml_suprank.metrics.compute_embeddings` (``cache_dir=None``: no cache; under Accelerate the prepared
-    ``loader``'s shards are gathered, every process receiving the whole result).
-
-    The cache stores the raw embeddings; ``normalize`` L2-normalises the returned ones.
+    """Embeddings, labels and indices of every item of ``loader`` in dataset order: :func:`cached_features` (kind
+    ``"embedding"``, raw embeddings stored) or, with ``cache_dir=None``, :func:`pml_suprank.metrics.compute_embeddings`
+    (gathered under Accelerate); ``normalize`` L2-normalises the returned embeddings.
 
     Returns:
         ``(embeddings (N, D) float32 on CPU, labels (N, L) or (N,) long, indices (N,) long)``.

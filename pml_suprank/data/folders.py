@@ -1,10 +1,9 @@
-"""Your own images as a retrieval dataset: the layout of a local image folder (:func:`image_folder_layout`, from
-folder names and metadata headers only) and its seeded split by class (:func:`class_split`). Layouts:
-``"split_folders"`` (``train/<class>/*`` and ``test/<class>/*``, one level ``label``), ``"metadata"`` (a
-``metadata.csv`` / ``.jsonl`` whose ``file_name`` names each image inside the folder and whose other columns are
-the levels, finest first; optional ``train/`` / ``test/``) and ``"class_folders"`` (``<class>/*``, split by class).
-Nested class folders ``<group>/<class>/*`` (every image at one depth) give the levels ``label`` = ``"<group>/<class>"``
-and ``group`` (deeper: ``group_1`` ...), read by :func:`folder_splits`.
+"""Your own images as a retrieval dataset: the layout of a local image folder (:func:`image_folder_layout`) and its
+seeded split by class (:func:`class_split`). Layouts: ``"split_folders"`` (``train/<class>/*`` and
+``test/<class>/*``), ``"metadata"`` (a ``metadata.csv`` / ``.jsonl``: ``file_name`` inside the folder, then one column
+per level, finest first; optional ``train/`` / ``test/``) and ``"class_folders"`` (``<class>/*``, split by class).
+Nested class folders ``<group>/<class>/*`` give the levels ``label`` = ``"<group>/<class>"`` and ``group``
+(deeper: ``group_1`` ...).
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ import torch
 from torch import Tensor
 
 from .._safe_json import loads_json
+from .._validation import check_choice, check_probability
 from .paths import PathConfiner
 
 __all__ = [
@@ -44,9 +44,8 @@ _SPLITS = ("train", "test")
 
 @dataclass(frozen=True)
 class FolderLayout:
-    """What a local image folder holds: its ``root``, ``kind`` (``"split_folders"``, ``"metadata"``,
-    ``"class_folders"``), ``label_columns`` (finest first), ``splits`` (``("train", "test")`` or ``("train",)``) and the
-    class folders' ``depth`` (1: ``<class>/*``, 2: ``<group>/<class>/*``; 1 for metadata)."""
+    """A local image folder: ``root``, ``kind``, ``label_columns`` (finest first), ``splits`` (``("train", "test")``
+    or ``("train",)``) and the class folders' ``depth`` (1: ``<class>/*``, 2: ``<group>/<class>/*``)."""
 
     root: Path
     kind: Literal["split_folders", "metadata", "class_folders"]
@@ -79,8 +78,7 @@ def _images(folder: Path) -> list[Path]:
 
 
 def _metadata_records(path: Path) -> tuple[list[str], list[dict[str, Any]]]:
-    """The columns of a ``metadata.csv`` header (or of the first record of a ``metadata.jsonl``) and the records (CSV
-    cells as text, ``None`` where a row is short)."""
+    """The columns (CSV header, or the first JSONL record's keys) and the records of a metadata file."""
     with path.open(newline="", encoding="utf-8") as f:
         if path.suffix == ".csv":
             reader = csv.DictReader(f)
@@ -100,8 +98,7 @@ def _metadata_records(path: Path) -> tuple[list[str], list[dict[str, Any]]]:
 
 
 def _check_metadata_files(path: Path, names: list[Any]) -> None:
-    """Every ``file_name`` of the metadata file ``path`` names an existing image inside its folder (relative, no
-    ``..``, no symbolic link leading out: :class:`~pml_suprank.data.paths.PathConfiner`)."""
+    """Every ``file_name`` of the metadata file ``path`` names an existing image inside its folder."""
     confine = PathConfiner(path.parent)
     for row, name in enumerate(names, start=1):
         where = f"{path}, row {row} (column 'file_name')"
@@ -118,8 +115,6 @@ def _check_metadata_files(path: Path, names: list[Any]) -> None:
 
 def _level_names(depth: int) -> tuple[str, ...]:
     """The label levels of class folders ``depth`` deep, finest first."""
-    if depth == 1:
-        return ("label",)
     return ("label", "group") if depth == 2 else ("label", *(f"group_{i}" for i in range(1, depth)))
 
 
@@ -131,8 +126,8 @@ _LAYOUTS = (
 
 
 def _split_folders(root: Path, splits: tuple[str, ...], images: list[Path]) -> list[Path]:
-    """The folders the class folders lie in: ``root/train`` and ``root/test``; ``root/train`` when it holds every image
-    (a training split alone, read as ``imagefolder`` reads it); else ``root``."""
+    """The folders holding the class folders: ``root/train`` and ``root/test``; ``root/train`` when it holds every
+    image; else ``root``."""
     if "test" in splits:
         return [root / s for s in splits]
     train = root / "train"
@@ -140,8 +135,8 @@ def _split_folders(root: Path, splits: tuple[str, ...], images: list[Path]) -> l
 
 
 def _class_folder_depth(root: Path, base: list[Path], images: list[Path]) -> int:
-    """The one depth (folders between a split / ``root`` and the image) of every image; ``ValueError`` naming the
-    layouts that work for loose images or images at different depths."""
+    """The one depth (folders between a split / ``root`` and the image) of every image; ``ValueError`` for loose
+    images or images at different depths."""
     first: dict[int, Path] = {}
     for image in images:
         where = next((b for b in base if b in image.parents), None)
@@ -163,13 +158,13 @@ def _class_folder_depth(root: Path, base: list[Path], images: list[Path]) -> int
 
 
 def image_folder_layout(root: str | Path) -> FolderLayout | None:
-    """The :class:`FolderLayout` of a local image folder; ``None`` when ``root`` is not a folder of images (a Hub id,
-    parquet files, a ``save_to_disk`` folder).
+    """The :class:`FolderLayout` of a local image folder, read from folder names and metadata files only; ``None``
+    when ``root`` is not a folder of images (a Hub id, parquet files, a ``save_to_disk`` folder).
 
     Raises:
-        ValueError: A folder of images whose labels cannot be read: images with no class folder and no metadata
-            file, class folders at different depths, metadata files with different columns, a metadata file with no
-            ``file_name`` or no label column, a ``file_name`` that is not an image inside the folder.
+        ValueError: Labels that cannot be read: loose images without a metadata file, class folders at different
+            depths, metadata files with different columns or without ``file_name`` / a label column, a
+            ``file_name`` that is not an image inside the folder.
     """
     root = Path(root)
     if not root.is_dir() or (root / "dataset_dict.json").is_file() or (root / "state.json").is_file():
@@ -201,9 +196,8 @@ def image_folder_layout(root: str | Path) -> FolderLayout | None:
 
 
 def folder_splits(layout: FolderLayout) -> dict[str, Any]:
-    """``{split: datasets.Dataset}`` of nested class folders (``layout.depth >= 2``): an ``image`` column (the
-    files, by path, sorted) and one string column per label level: ``label`` = the path of the image's folder
-    relative to the split (``"<group>/<class>"``), then each coarser level its parent path (``"<group>"``)."""
+    """``{split: datasets.Dataset}`` of nested class folders: ``image`` (the sorted files, by path) and one string
+    column per level: ``label`` = the image's folder relative to the split (``"<group>/<class>"``), then the parents."""
     import datasets
 
     if layout.kind == "metadata":
@@ -227,10 +221,9 @@ def _cell(value: str) -> int | str:
 
 
 def metadata_splits(layout: FolderLayout) -> dict[str, Any] | None:
-    """``{split: datasets.Dataset}`` (``image`` by path and the label levels, integer CSV cells as ints) of a metadata
-    file at the root above ``train/`` and ``test/`` (which ``imagefolder`` does not pair with the split folders), each
-    row in the split its file lies in; ``None`` for any other layout. ``ValueError``: a row in no split folder, an empty
-    split."""
+    """``{split: datasets.Dataset}`` (``image`` by path, the levels; integer CSV cells as ints) of a metadata file
+    above ``train/`` and ``test/`` (which ``imagefolder`` does not pair), each row in the split its file lies in;
+    ``None`` for any other layout. ``ValueError``: a row in no split folder, an empty split."""
     import datasets
 
     root = layout.root
@@ -256,16 +249,11 @@ def metadata_splits(layout: FolderLayout) -> dict[str, Any] | None:
 
 
 def class_split(labels: Tensor, *, seed: int, fraction: float = CLASS_SPLIT_FRACTION) -> tuple[Tensor, Tensor]:
-    """A seeded open-set split of the fine classes (column 0) of ``labels`` ``(N, L)`` / ``(N,)``: a random
-    ``round(fraction * C)`` of the ``C`` classes train, the others test (at least one class each side).
-
-    Returns:
-        ``(train_classes, test_classes)``: sorted 1-D LongTensors of fine label ids.
-    """
+    """``(train_classes, test_classes)``, sorted 1-D LongTensors: a seeded random ``round(fraction * C)`` of the ``C``
+    fine classes (column 0 of ``labels`` ``(N, L)`` / ``(N,)``) train, the others test (at least one each side)."""
     labels = torch.as_tensor(labels)
     fine = torch.unique(labels if labels.dim() == 1 else labels[:, 0])
-    if not 0.0 < fraction < 1.0:
-        raise ValueError(f"fraction must lie in (0, 1); got {fraction!r}")
+    check_probability("fraction", fraction, closed=False)
     if len(fine) < 2:
         raise ValueError(f"a split by class needs at least 2 classes; got {len(fine)}")
     n_train = min(max(int(round(fraction * len(fine))), 1), len(fine) - 1)
@@ -274,11 +262,9 @@ def class_split(labels: Tensor, *, seed: int, fraction: float = CLASS_SPLIT_FRAC
 
 
 def class_split_side(dataset: Any, part: str, *, seed: int, fraction: float = CLASS_SPLIT_FRACTION) -> Any:
-    """The ``part`` (``"train"`` / ``"test"``) side of :func:`class_split` of an
-    :class:`~pml_suprank.data.HFRetrievalDataset`: a new dataset of the items of that side's classes (same label
-    ids, class names and transform)."""
-    if part not in _SPLITS:
-        raise ValueError(f"part must be 'train' or 'test'; got {part!r}")
+    """The ``part`` (``"train"`` / ``"test"``) side of :func:`class_split` of an ``HFRetrievalDataset``: its items of
+    that side's classes (same label ids, class names and transform)."""
+    check_choice("part", part, _SPLITS)
     train, test = class_split(dataset.labels, seed=seed, fraction=fraction)
     keep = torch.nonzero(torch.isin(dataset.labels[:, 0], train if part == "train" else test)).flatten()
     return type(dataset)(

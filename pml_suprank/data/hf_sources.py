@@ -1,11 +1,9 @@
-"""Where the splits of :func:`pml_suprank.data.load_retrieval_dataset` come from: Hub ids, image folders, parquet
-files, ``save_to_disk`` folders and in-memory ``datasets`` objects, loaded as ``{split name: datasets.Dataset}``."""
+"""The splits of :func:`pml_suprank.data.load_retrieval_dataset` as ``{split name: datasets.Dataset}``, from Hub
+ids, image folders, parquet files, ``save_to_disk`` folders or in-memory ``datasets`` objects."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -54,28 +52,21 @@ def image_column_name(ds: Any, image_column: str | None, source: Any) -> str:
     raise ValueError(f"no image column found in {describe(source)} (columns {ds.column_names}); pass image_column=")
 
 
-@contextmanager
-def _quiet_local_load() -> Iterator[None]:
-    """No ``datasets`` progress bars ("Downloading data: N files", "Generating train split") while local files are
-    read: nothing is downloaded, and a bar saying so looks like network use."""
+def load_splits(source: Any, *, data_files: Any, cache_dir: Any, revision: Any, token: Any) -> dict[str, Any]:
+    """Every split of ``source`` (memory-mapped, lazy images); local files are read without ``datasets`` progress bars
+    (a "Downloading data" bar would look like network use)."""
     import datasets
 
-    was_enabled = datasets.is_progress_bar_enabled()
-    datasets.disable_progress_bars()
+    text = str(source) if isinstance(source, (str, Path)) else None
+    local = text is not None and (Path(text).exists() or text in ("", "parquet") or text.endswith(".parquet"))
+    quiet = local and datasets.is_progress_bar_enabled()
+    if quiet:
+        datasets.disable_progress_bars()
     try:
-        yield
-    finally:
-        if was_enabled:
-            datasets.enable_progress_bars()
-
-
-def load_splits(source: Any, *, data_files: Any, cache_dir: Any, revision: Any, token: Any) -> dict[str, Any]:
-    """Load every split of ``source`` as a dict ``{split name: datasets.Dataset}`` (memory-mapped, lazy images); a
-    local folder or file is read without progress bars."""
-    path = Path(str(source)) if isinstance(source, (str, Path)) else None
-    local = path is not None and (path.exists() or str(source) in ("", "parquet") or str(source).endswith(".parquet"))
-    with _quiet_local_load() if local else nullcontext():
         return _load_splits(source, data_files=data_files, cache_dir=cache_dir, revision=revision, token=token)
+    finally:
+        if quiet:
+            datasets.enable_progress_bars()
 
 
 def _load_splits(source: Any, *, data_files: Any, cache_dir: Any, revision: Any, token: Any) -> dict[str, Any]:
@@ -93,10 +84,8 @@ def _load_splits(source: Any, *, data_files: Any, cache_dir: Any, revision: Any,
     src = str(source)
     path = Path(src)
     if data_files is not None:
-        loaded = datasets.load_dataset(
-            "parquet" if src in ("", "parquet") else src, data_files=data_files, cache_dir=cache_dir
-        )
-        return dict(loaded)
+        builder = "parquet" if src in ("", "parquet") else src
+        return dict(datasets.load_dataset(builder, data_files=data_files, cache_dir=cache_dir))
     if src.endswith(".parquet") or (("*" in src or "?" in src) and ".parquet" in src):
         if "*" not in src and not path.is_file():
             raise FileNotFoundError(f"parquet file {src} does not exist")
@@ -141,13 +130,8 @@ def _local_root(source: Any) -> Path | None:
 
 
 def check_image_paths(ds: Any, image_column: str, source: Any, split: str) -> None:
-    """Refuse image files stored by path (``datasets.Image`` cells without bytes) outside a local ``source``'s folder
-    (an absolute path, ``..`` or a symbolic link could name any readable file); Hub ids and in-memory datasets are
-    the user's own and not checked.
-
-    Raises:
-        ValueError: Naming the source, the split, the row and the path.
-    """
+    """Refuse image files stored by path (cells without bytes) outside a local ``source``'s folder (``ValueError``
+    naming the source, split, row and path); Hub ids and in-memory datasets are the user's own."""
     import datasets
     import pyarrow.compute as pc
 

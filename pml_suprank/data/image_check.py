@@ -1,9 +1,6 @@
-"""Every image of a user's data checked before the first training step (or the first query of a search).
-
-:func:`check_image_files` reads each file once and raises one error listing the bad files: the header (format and
-size, against PIL's decompression-bomb limit ``PIL.Image.MAX_IMAGE_PIXELS``), ``Image.verify()``, and a full decode
-when the headers add up to at most :data:`FULL_DECODE_PIXELS` pixels (above it a truncated JPEG is found when a batch
-decodes it). :func:`check_dataset_images` applies it to the image column of a ``datasets.Dataset``.
+"""Every image of a user's data checked before the first training step or query: the header (format, size against
+PIL's decompression-bomb limit), ``Image.verify()`` and, when the headers add up to at most
+:data:`FULL_DECODE_PIXELS` pixels, a full decode; one error lists the bad files.
 """
 
 from __future__ import annotations
@@ -23,8 +20,7 @@ __all__ = [
     "check_image_files",
 ]
 
-#: every image is decoded fully when the image headers add up to at most this many pixels (e.g. 4,000 images of
-#: 160 x 160); above it, the header and ``verify()`` are read
+#: every image is decoded fully when the headers add up to at most this many pixels (e.g. 4,000 images of 160 x 160)
 FULL_DECODE_PIXELS = 100_000_000
 #: the bad files named in the error (then a count of the others)
 MAX_LISTED = 20
@@ -37,8 +33,7 @@ def _stream(data: Any) -> Any:
 
 
 def _header(data: Any) -> tuple[int, str | None]:
-    """``(pixels, problem)`` of one image: the header read, the size checked and ``verify()`` (``problem`` is ``None``
-    for a usable image)."""
+    """``(pixels, problem or None)`` of one image from its header, size and ``verify()``."""
     from PIL import Image, UnidentifiedImageError
 
     limit = Image.MAX_IMAGE_PIXELS
@@ -74,28 +69,25 @@ def _decode(data: Any) -> str | None:
     return None
 
 
-def _problems(sources: Callable[[], Iterable[Source]], decode: bool | None) -> tuple[list[tuple[str, str]], int]:
-    """``([(name, problem), ...], number of images)``; ``sources()`` is iterated once, or twice for a full decode."""
+def bad_images_message(
+    sources: Iterable[Source] | Callable[[], Iterable[Source]], *, what: str, decode: bool | None = None
+) -> str | None:
+    """``"<what>: <n> of <total> images cannot be used ..."`` with a line per bad image (the first :data:`MAX_LISTED`)
+    of ``sources`` (``(name, path or bytes)`` pairs, or a function returning them afresh), or ``None``. ``decode``:
+    always (``True``), never (``False``) or below :data:`FULL_DECODE_PIXELS` (``None``)."""
+    from PIL import Image
+
+    pairs = sources if callable(sources) else (lambda items=list(sources): items)
     bad: list[tuple[str, str]] = []
     total_pixels = count = 0
-    for name, data in sources():
+    for name, data in pairs():
         pixels, problem = _header(data)
-        total_pixels += pixels
-        count += 1
+        total_pixels, count = total_pixels + pixels, count + 1
         if problem is not None:
             bad.append((name, problem))
     if decode or (decode is None and total_pixels <= FULL_DECODE_PIXELS):
         failed = {name for name, _ in bad}
-        for name, data in sources():
-            problem = None if name in failed else _decode(data)
-            if problem is not None:
-                bad.append((name, problem))
-    return bad, count
-
-
-def _message(bad: list[tuple[str, str]], count: int, what: str) -> str | None:
-    from PIL import Image
-
+        bad += [(name, p) for name, data in pairs() if name not in failed and (p := _decode(data)) is not None]
     if not bad:
         return None
     lines = [f"  {name}: {problem}" for name, problem in bad[:MAX_LISTED]]
@@ -110,15 +102,6 @@ def _message(bad: list[tuple[str, str]], count: int, what: str) -> str | None:
     )
 
 
-def bad_images_message(sources: Iterable[Source], *, what: str, decode: bool | None = None) -> str | None:
-    """``"<what>: <n> of <total> images cannot be used ..."`` with one line per bad image (the first
-    :data:`MAX_LISTED`) among ``sources`` (``(name, path or encoded bytes)`` pairs), or ``None`` when all are usable.
-    ``decode``: decode every image fully (``True``), never (``False``) or below :data:`FULL_DECODE_PIXELS` (``None``).
-    """
-    sources = list(sources)
-    return _message(*_problems(lambda: sources, decode), what)
-
-
 def check_image_files(paths: Sequence[str | Path], *, what: str, decode: bool | None = None) -> None:
     """Raise ``ValueError`` (:func:`bad_images_message`) when an image file of ``paths`` cannot be used."""
     message = bad_images_message(((str(p), p) for p in paths), what=what, decode=decode)
@@ -127,8 +110,8 @@ def check_image_files(paths: Sequence[str | Path], *, what: str, decode: bool | 
 
 
 def check_dataset_images(ds: Any, image_column: str, *, what: str, decode: bool | None = None) -> None:
-    """:func:`check_image_files` for the ``datasets.Image`` column ``image_column`` of ``ds`` (cells by path or bytes;
-    other columns are not checked); ``ValueError`` naming each bad image by its path (or ``row <i>``)."""
+    """:func:`check_image_files` for the ``datasets.Image`` column ``image_column`` of ``ds`` (bad images named by
+    path or ``row <i>``)."""
     import datasets
 
     if not isinstance(ds.features.get(image_column), datasets.Image):
@@ -144,6 +127,6 @@ def check_dataset_images(ds: Any, image_column: str, *, what: str, decode: bool 
                 name = cell.get("path") or f"row {row}"
                 yield name, data if data is not None else b""
 
-    message = _message(*_problems(cells, decode), what)
+    message = bad_images_message(cells, what=what, decode=decode)
     if message is not None:
         raise ValueError(message)

@@ -11,9 +11,9 @@ import torch
 from torch import Tensor
 
 from ..relevance import Hierarchy, check_tree
-from .retrieval_dataset import RetrievalDatasetBase
+from .retrieval_dataset import RetrievalDatasetBase, pad_label_sets
 
-__all__ = ["fine_label_rows", "is_list_column", "multilabel_labels", "open_set_keep"]
+__all__ = ["is_list_column", "multilabel_labels"]
 
 
 def is_list_column(d: Any, column: str) -> bool:
@@ -109,16 +109,6 @@ def _read(d: Any, columns: list[str], mappings: dict, split: str, where: str) ->
     return flats, lengths
 
 
-def _pad(fine: np.ndarray, lengths: np.ndarray) -> Tensor:
-    """``(N, M)`` LongTensor of the rows of ``fine`` (lengths ``lengths``) padded with ``-1``."""
-    n, width = len(lengths), int(lengths.max()) if len(lengths) else 1
-    out = np.full((n, width), -1, dtype=np.int64)
-    rows = np.repeat(np.arange(n), lengths)
-    cols = np.arange(len(fine)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    out[rows, cols] = fine
-    return torch.from_numpy(out)
-
-
 def multilabel_labels(
     ds: Any, split: str, splits: dict[str, Any], label_columns: list[str], hierarchy: Any, where: str
 ) -> tuple[Tensor, Tensor | None, list[str], dict[str, dict[str, int]]]:
@@ -135,7 +125,7 @@ def multilabel_labels(
     present = {k: v for k, v in splits.items() if all(c in v.column_names for c in label_columns)}
     mappings = _mappings({**present, split: ds}, label_columns, where)
     flats, lengths = _read(ds, label_columns, mappings, split, where)
-    labels = _pad(flats[0], lengths)
+    labels = pad_label_sets(torch.from_numpy(flats[0]).split(lengths.tolist()), width=int(lengths.max(initial=1)))
     names = list(label_columns)
     table = None
     if len(label_columns) > 1:
@@ -148,15 +138,3 @@ def multilabel_labels(
     if hierarchy is not None:
         names += [f"level_{i}" for i in range(1, table.shape[1])]
     return labels, table, names, mappings
-
-
-def open_set_keep(labels: Tensor, classes: Tensor) -> Tensor:
-    """``(N,)`` bool: the items all of whose labels (``(N, M)``, ``-1`` padded) are in ``classes`` (an item mixing
-    the two sides of an open-set class partition belongs to neither)."""
-    inside = torch.isin(labels, classes) | (labels < 0)
-    return inside.all(1)
-
-
-def fine_label_rows(labels: Tensor) -> Tensor:
-    """The used fine labels of ``(N, M)`` multi-label ``labels`` as ``(K, 1)`` rows (for class-set checks)."""
-    return labels[labels >= 0][:, None]

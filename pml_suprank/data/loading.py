@@ -1,9 +1,9 @@
-"""Hugging Face ``datasets`` loading with several label columns (:func:`load_retrieval_dataset`), open-set class
-splits and collation. Every dataset follows the contract of :mod:`pml_suprank.data.retrieval_dataset`."""
+"""Hugging Face ``datasets`` with several label columns (:func:`load_retrieval_dataset`), open-set class splits and
+collation, under the contract of :mod:`pml_suprank.data.retrieval_dataset`."""
 
 from __future__ import annotations
 
-import logging
+import io
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -13,16 +13,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._validation import check_choice, check_positive_int
+from .._validation import check_choice, check_positive_int, check_probability
 from ..relevance import check_tree
 from .folders import folder_splits, image_folder_layout, metadata_splits
 from .hf_sources import check_image_paths, describe, image_column_name, load_splits, select_split
 from .image_check import check_dataset_images
-from .label_columns import fine_label_rows, is_list_column, multilabel_labels, open_set_keep
+from .label_columns import is_list_column, multilabel_labels
 from .retrieval_dataset import RetrievalDatasetBase, decode_image, pad_label_sets
 from .transforms import build_transforms
-
-logger = logging.getLogger(__name__)
 
 __all__ = [
     "HFRetrievalDataset",
@@ -37,9 +35,8 @@ OpenSetPart = Literal["train", "test"]
 
 
 def collate(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Collate dataset items into ``{"image": (B, 3, H, W), "labels": (B, L) or (B, M), "index": (B,)}``: label rows
-    (ints, lists or tensors) of one length are stacked, rows of different lengths (multi-label sets) padded with ``-1``.
-    """
+    """Items → ``{"image": (B, 3, H, W), "labels": (B, L) or (B, M), "index": (B,)}``; label rows of different
+    lengths (multi-label sets) are padded with ``-1``."""
     rows = [torch.as_tensor(it["labels"]).long().reshape(-1) for it in items]
     ragged = len({len(r) for r in rows}) > 1
     return {
@@ -49,17 +46,10 @@ def collate(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Hugging Face datasets
-
-
 class HFRetrievalDataset(RetrievalDatasetBase):
-    """A map-style ``datasets.Dataset`` viewed through the retrieval contract, built by :func:`load_retrieval_dataset`.
-
-    ``labels``: the precomputed ``(N, L)`` integer ids (multi-label: ``(N, M)`` sets padded with ``-1`` and the
-    ``hierarchy`` table); ``label_columns``: their names, fine → coarse; ``class_names``: ``{fine id: name}``. Images
-    are decoded lazily.
-    """
+    """A ``datasets.Dataset`` through the retrieval contract (:func:`load_retrieval_dataset`): ``labels`` ``(N, L)``
+    (multi-label: ``(N, M)`` padded with ``-1``, and ``hierarchy``) named by ``label_columns`` (fine → coarse),
+    ``class_names`` ``{fine id: name}``; images decoded lazily."""
 
     def __init__(
         self,
@@ -95,8 +85,7 @@ class HFRetrievalDataset(RetrievalDatasetBase):
         return f"{where} ({path})" if path else where
 
     def get_image(self, index: int) -> Any:
-        """The untransformed PIL RGB image of item ``index`` (``ValueError`` naming the row and file if it does not
-        decode)."""
+        """The untransformed PIL RGB image of item ``index`` (``ValueError`` naming the row and file)."""
         from PIL import Image
 
         index = self._check_index(index)
@@ -107,9 +96,7 @@ class HFRetrievalDataset(RetrievalDatasetBase):
                 f"{self.describe_item(index)}: cannot decode the image ({type(err).__name__}: {err})"
             ) from None
         if isinstance(image, Mapping) and ("bytes" in image or "path" in image):  # undecoded Image feature
-            from io import BytesIO
-
-            source = BytesIO(image["bytes"]) if image.get("bytes") else image["path"]
+            source = io.BytesIO(image["bytes"]) if image.get("bytes") else image["path"]
             return decode_image(source, self.describe_item(index))
         if isinstance(image, (np.ndarray, list)):  # e.g. an Array3D column of (H, W, 3) uint8 pixels
             image = Image.fromarray(np.asarray(image, dtype=np.uint8))
@@ -122,13 +109,9 @@ def open_set_classes(
     train_classes_per_coarse: int | None = None,
     train_class_fraction: float | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Split the fine classes of ``labels`` ``(N, L)`` into disjoint train / test class sets by exactly one rule:
-    ``train_classes_per_coarse=k`` (in every coarse class, the ``k`` smallest fine ids train: CIFAR-100, k = 3) or
-    ``train_class_fraction=f`` (the first ``round(f * C)`` sorted fine ids train: CUB-200, 0.5).
-
-    Returns:
-        ``(train_classes, test_classes)``: sorted 1-D LongTensors of fine label ids.
-    """
+    """``(train_classes, test_classes)``, sorted 1-D LongTensors: the fine classes of ``labels`` ``(N, L)`` split by
+    exactly one rule, ``train_classes_per_coarse=k`` (the ``k`` smallest fine ids of every coarse class train:
+    CIFAR-100, 3) or ``train_class_fraction=f`` (the first ``round(f * C)`` sorted fine ids: CUB-200, 0.5)."""
     labels = _as_2d_labels(labels)
     if (train_classes_per_coarse is None) == (train_class_fraction is None):
         raise ValueError(
@@ -154,9 +137,7 @@ def open_set_classes(
             train.append(children[:k])
         train_set = torch.sort(torch.cat(train)).values
     else:
-        f = float(train_class_fraction)
-        if not 0.0 < f < 1.0:
-            raise ValueError(f"train_class_fraction must lie in (0, 1); got {train_class_fraction!r}")
+        f = check_probability("train_class_fraction", train_class_fraction, closed=False)
         n_train = int(round(f * len(fine)))
         if not 0 < n_train < len(fine):
             raise ValueError(f"train_class_fraction={f} leaves an empty side with {len(fine)} fine classes")
@@ -166,10 +147,7 @@ def open_set_classes(
 
 
 def check_disjoint_classes(train_labels: Any, test_labels: Any, *, name: str = "dataset") -> None:
-    """Raise ``ValueError`` if the fine classes (column 0) of two label sets overlap (open-set retrieval).
-
-    Accepts ``(N, L)`` / ``(N,)`` label tensors or datasets with a ``labels`` attribute.
-    """
+    """``ValueError`` if the fine classes (column 0) of two ``(N, L)`` / ``(N,)`` label sets (or datasets) overlap."""
     a = torch.unique(_as_2d_labels(getattr(train_labels, "labels", train_labels))[:, 0])
     b = torch.unique(_as_2d_labels(getattr(test_labels, "labels", test_labels))[:, 0])
     shared = a[torch.isin(a, b)]
@@ -208,38 +186,29 @@ def load_retrieval_dataset(
 ) -> HFRetrievalDataset:
     """Load a retrieval dataset with several label columns (fine → coarse) through Hugging Face ``datasets``.
 
-    ``source`` may be a Hub dataset id (e.g. ``"uoft-cs/cifar100"``, downloaded into the ``datasets`` cache); a local
-    image folder (:func:`pml_suprank.data.image_folder_layout`; every image of the split is checked first,
-    :func:`pml_suprank.data.image_check.check_dataset_images`); parquet files (a path, a glob, a folder, or
-    ``data_files=``); a ``save_to_disk`` folder; or an in-memory ``datasets.Dataset`` / ``DatasetDict``.
-
-    Label columns may hold integers or strings (mapped to ids by sorting their values over *all* splits, so ids agree
-    between splits); the hierarchy must be a tree. A list-valued fine label column is **multi-label** data:
-    ``ds.labels`` is ``(N, M)`` padded with ``-1`` and ``ds.hierarchy`` the ``(num_fine, L)`` table (from further list
-    columns aligned element by element with the fine one, or ``hierarchy=``; ``None`` for flat labels); empty or null
-    rows are refused; open-set sides keep the items *all* of whose labels are on that side.
-
-    Open-set splits (``open_set="train"`` / ``"test"``) keep one side of a class partition by
-    ``train_classes_per_coarse`` / ``train_class_fraction`` (:func:`open_set_classes`, over all splits); without a
-    rule the dataset's own splits must already have disjoint fine classes.
+    ``source``: a Hub dataset id (e.g. ``"uoft-cs/cifar100"``); a local image folder (:func:`image_folder_layout`;
+    every image of the split is checked first); parquet files (a path, a glob, a folder, or ``data_files=``); a
+    ``save_to_disk`` folder; or an in-memory ``datasets.Dataset`` / ``DatasetDict``. Integer or string labels (string
+    ids by sorted value over all splits); the hierarchy must be a tree. A list-valued fine label column is
+    **multi-label** data: ``ds.labels`` ``(N, M)`` padded with ``-1``, ``ds.hierarchy`` the ``(num_fine, L)`` table
+    (from aligned coarser list columns or ``hierarchy=``; ``None``: flat); an open-set side keeps the items all of
+    whose labels are on it.
 
     Args:
         label_columns: Label column names, finest first; ``None`` for a local image folder (its levels).
         split: Split to load; ``"train+test"`` concatenates splits.
         image_column: Default: the first ``Image`` feature, else ``"image"`` / ``"img"``.
-        open_set: ``None`` (all classes of ``split``), ``"train"`` or ``"test"``.
-        train_classes_per_coarse, train_class_fraction: The open-set rule (e.g. 3 for CIFAR-100, 0.5 for CUB-200).
+        open_set: ``None`` (all classes of ``split``) or the ``"train"`` / ``"test"`` side of the class partition
+            ``train_classes_per_coarse`` / ``train_class_fraction`` (:func:`open_set_classes`, over all splits);
+            without a rule the dataset's own splits must have disjoint fine classes.
         transform: Callable on a PIL image (e.g. :func:`build_transforms`).
         data_files, cache_dir, revision, token: Passed to ``datasets.load_dataset``.
         hierarchy: Multi-label only: the ``(num_fine, L)`` table when ``label_columns`` names only the fine column.
-
-    Returns an :class:`HFRetrievalDataset`.
 
     Raises:
         ValueError: Missing or negative labels, a non-tree hierarchy, unknown columns or splits, unusable images,
             overlapping open-set classes, an empty open-set side (naming the column, split and row).
     """
-
     if open_set is not None:
         check_choice("open_set", open_set, get_args(OpenSetPart))
     elif train_classes_per_coarse is not None or train_class_fraction is not None:
@@ -247,46 +216,49 @@ def load_retrieval_dataset(
     hub = {"data_files": data_files, "cache_dir": cache_dir, "revision": revision, "token": token}
     layout, label_columns, splits = _source_splits(source, label_columns, hub)
     parts, ds = select_split(splits, split, source)
+    where = describe(source)
     missing = [c for c in label_columns if c not in ds.column_names]
     if missing:
         raise ValueError(
-            f"label column(s) {missing} not found in split {split!r} of {describe(source)}; "
-            f"available columns: {ds.column_names}"
+            f"label column(s) {missing} not found in split {split!r} of {where}; available columns: {ds.column_names}"
         )
     image_column = image_column_name(ds, image_column, source)
     check_image_paths(ds, image_column, source, split)
     if layout is not None:  # a user's own images: every one read before any training step
-        check_dataset_images(ds, image_column, what=f"{describe(source)}, split {split!r}")
-
+        check_dataset_images(ds, image_column, what=f"{where}, split {split!r}")
     for name, d in {**splits, split: ds}.items():
-        _check_no_missing_labels(d, label_columns, name, source)
-    rules = {"train_classes_per_coarse": train_classes_per_coarse, "train_class_fraction": train_class_fraction}
-    if is_list_column(ds, label_columns[0]):
-        args = (ds, parts, splits, label_columns, image_column, hierarchy, open_set, rules, split, source)
-        return _multilabel_dataset(*args, transform=transform)
-    if hierarchy is not None:
+        _check_no_missing_labels(d, label_columns, name, where)
+    multilabel = is_list_column(ds, label_columns[0])
+    needed = label_columns[:1] if multilabel else label_columns  # the columns an open-set rule reads in other splits
+
+    def read(d: Any, name: str) -> Tensor:
+        if multilabel:
+            return multilabel_labels(d, name, splits, needed, None, where)[0]
+        return _read_labels(d, label_columns, mappings)
+
+    if multilabel:
+        labels, table, names, mappings = multilabel_labels(ds, split, splits, label_columns, hierarchy, where)
+    elif hierarchy is not None:
         raise ValueError(
             f"hierarchy= is for multi-label data (a list-valued fine label column); label column "
             f"{label_columns[0]!r} holds one label per item: pass the coarser levels as label_columns instead"
         )
-    mappings = _string_label_mappings(ds, splits, label_columns)
-    labels = _read_labels(ds, label_columns, mappings)
-    if labels.numel() and bool((labels < 0).any()):
-        raise ValueError(f"label columns {label_columns} contain negative ids (unlabelled items?) in split {split!r}")
-    check_tree(labels, name=f"labels {label_columns}")
-    if layout is not None:
-        _check_classes_have_pairs(labels, f"{describe(source)}, split {split!r}")
-
+    else:
+        mappings, table, names = _string_label_mappings(ds, splits, label_columns), None, label_columns
+        labels = read(ds, split)
+        if labels.numel() and bool((labels < 0).any()):
+            raise ValueError(f"label columns {label_columns} contain negative ids (unlabelled?) in split {split!r}")
+        check_tree(labels, name=f"labels {label_columns}")
+        if layout is not None:
+            _check_classes_have_pairs(labels, f"{where}, split {split!r}")
     if open_set is not None:
-        others = {
-            k: _read_labels(v, label_columns, mappings)
-            for k, v in splits.items()
-            if k not in parts and all(c in v.column_names for c in label_columns)
-        }
-        ds, labels = _open_set_side(ds, labels, others, open_set, rules, split, describe(source))
-
-    class_names = _class_names(ds.features[label_columns[0]], mappings.get(label_columns[0]))
-    return HFRetrievalDataset(ds, label_columns, image_column, labels, transform=transform, class_names=class_names)
+        others = {k: read(v, k) for k, v in splits.items() if k not in parts and set(needed) <= set(v.column_names)}
+        rules = {"train_classes_per_coarse": train_classes_per_coarse, "train_class_fraction": train_class_fraction}
+        ds, labels = _open_set_side(ds, labels, others, open_set, rules, split, where, table, multilabel=multilabel)
+    feature = ds.features[label_columns[0]]
+    class_names = _class_names(getattr(feature, "feature", feature), mappings.get(label_columns[0]))
+    kwargs = {"class_names": class_names, "multilabel": multilabel, "hierarchy": table}
+    return HFRetrievalDataset(ds, names, image_column, labels, transform=transform, **kwargs)
 
 
 def _class_names(feature: Any, mapping: dict[str, int] | None) -> dict[int, str]:
@@ -299,9 +271,8 @@ def _class_names(feature: Any, mapping: dict[str, int] | None) -> dict[int, str]
 
 
 def _check_classes_have_pairs(labels: Tensor, where: str) -> None:
-    """Refuse a user's image folder where every class has a single image: no class gives a training pair, no query
-    a positive (every retrieval metric would be NaN). A few single-image classes among others are said in a
-    warning. ``labels``: ``(N, L)``, the fine class in column 0."""
+    """Refuse a user's image folder where every fine class (column 0 of ``(N, L)``) has a single image (no training
+    pair, no positive for any query); warn when only some do."""
     if not labels.numel():
         return
     counts = torch.unique(labels[:, 0], return_counts=True)[1]
@@ -316,40 +287,10 @@ def _check_classes_have_pairs(labels: Tensor, where: str) -> None:
                       "they have no positive)", stacklevel=3)  # fmt: skip
 
 
-def _multilabel_dataset(
-    ds: Any,
-    parts: list[str],
-    splits: dict[str, Any],
-    label_columns: list[str],
-    image_column: str,
-    hierarchy: Any,
-    open_set: str | None,
-    rules: dict[str, Any],
-    split: str,
-    source: Any,
-    *,
-    transform: Callable | None,
-) -> HFRetrievalDataset:
-    """:func:`load_retrieval_dataset` for a list-valued fine label column (see there)."""
-    where = describe(source)
-    labels, table, names, mappings = multilabel_labels(ds, split, splits, label_columns, hierarchy, where)
-    if open_set is not None:
-        others = {
-            k: multilabel_labels(v, k, splits, label_columns[:1], None, where)[0]
-            for k, v in splits.items()
-            if k not in parts and label_columns[0] in v.column_names
-        }
-        ds, labels = _open_set_side(ds, labels, others, open_set, rules, split, where, table, multilabel=True)
-    class_names = _class_names(getattr(ds.features[label_columns[0]], "feature", None), mappings.get(label_columns[0]))
-    return HFRetrievalDataset(
-        ds, names, image_column, labels, transform=transform, class_names=class_names, multilabel=True, hierarchy=table
-    )
-
-
 def _source_splits(source: Any, label_columns: Any, hub: dict[str, Any]) -> tuple[Any, list[str], dict[str, Any]]:
-    """``(layout of a local image folder or None, checked label columns, {split: datasets.Dataset})``: ``None`` label
-    columns are the folder's levels; nested class folders are read by :func:`folder_splits` (the ``imagefolder``
-    builder would label each image by its innermost folder name, merging the classes of different groups)."""
+    """``(layout of a local image folder or None, checked label columns, {split: datasets.Dataset})``; ``None`` label
+    columns are the folder's levels (nested class folders: :func:`folder_splits`, as ``imagefolder`` would merge the
+    classes of different groups)."""
     local = isinstance(source, (str, Path)) and hub["data_files"] is None
     layout = image_folder_layout(source) if local else None
     if label_columns is None and layout is not None:
@@ -370,22 +311,18 @@ def _check_label_columns(label_columns: Any, source: Any) -> list[str]:
             "dataset) must be named, finest first (e.g. ['fine_label', 'coarse_label']); only a local image folder "
             "(class folders or a metadata.csv) has levels of its own"
         )
-    if isinstance(label_columns, str):
-        label_columns = [label_columns]
-    names = label_columns if isinstance(label_columns, Sequence) else None
-    if not names or not all(isinstance(c, str) for c in names):
-        raise ValueError(
-            f"label_columns must be a non-empty list of column names (fine → coarse); got {label_columns!r}"
-        )
-    label_columns = list(label_columns)
+    names = [label_columns] if isinstance(label_columns, str) else label_columns
+    if not isinstance(names, Sequence) or not names or not all(isinstance(c, str) for c in names):
+        raise ValueError(f"label_columns must be a non-empty list of column names (fine → coarse); got {names!r}")
+    label_columns = list(names)
     if len(set(label_columns)) != len(label_columns):
         raise ValueError(f"label_columns must not repeat a column; got {label_columns}")
     return label_columns
 
 
-def _check_no_missing_labels(d: Any, label_columns: list[str], split: str, source: Any) -> None:
-    """Refuse missing labels (null / None, or NaN in a float column, e.g. a parquet integer column with gaps): they
-    would otherwise become a class ``"nan"`` / ``"None"``. ``ValueError`` naming the column, the split and the row."""
+def _check_no_missing_labels(d: Any, label_columns: list[str], split: str, where: str) -> None:
+    """Refuse missing labels (null, or NaN in a float column) instead of a class ``"nan"``: ``ValueError`` naming the
+    column, the split and the row."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -398,14 +335,13 @@ def _check_no_missing_labels(d: Any, label_columns: list[str], split: str, sourc
         if pc.any(missing).as_py():
             row = pc.index(missing, True).as_py()
             raise ValueError(
-                f"label column {c!r} of split {split!r} of {describe(source)} has a missing (null / NaN) label at "
+                f"label column {c!r} of split {split!r} of {where} has a missing (null / NaN) label at "
                 f"row {row} ({pc.sum(missing).as_py()} missing in all); drop or label those rows before loading"
             )
 
 
 def _string_label_mappings(ds: Any, splits: dict[str, Any], label_columns: list[str]) -> dict[str, dict[str, int]]:
-    """``{column: {value: id}}`` for the non-integer label columns, ids by sorted value over all splits (so the ids
-    agree between splits)."""
+    """``{column: {value: id}}`` for the non-integer label columns, ids by sorted value over all splits."""
     import datasets
 
     mappings = {}
@@ -444,23 +380,24 @@ def _open_set_side(
     *,
     multilabel: bool = False,
 ) -> tuple[Any, Tensor]:
-    """Keep the fine classes of the ``open_set`` side by the class-partition ``rules`` (over ``labels`` and the other
-    splits' labels ``others``), or without a rule check that the dataset's own splits are already class-disjoint."""
-    rows = fine_label_rows if multilabel else (lambda x: x)
+    """Keep the ``open_set`` side of the class partition ``rules`` (over ``labels`` and the other splits' ``others``);
+    without a rule, check that the splits are already class-disjoint."""
+    rows = [x[x >= 0][:, None] if multilabel else x for x in (labels, *others.values())]  # multi-label: used labels
     if all(r is None for r in rules.values()):
-        for name, other in others.items():
-            check_disjoint_classes(rows(labels), rows(other), name=f"{where} ({split!r} vs {name!r})")
+        for name, other in zip(others, rows[1:]):
+            check_disjoint_classes(rows[0], other, name=f"{where} ({split!r} vs {name!r})")
         keep = torch.arange(len(labels))
     else:
+        every = torch.cat(rows)
         if multilabel:
-            fine = torch.unique(torch.cat([fine_label_rows(x) for x in (labels, *others.values())]))
+            every = torch.unique(every)[:, None]
             if table is not None:  # a given table must cover the other splits' labels too
-                RetrievalDatasetBase._check_hierarchy(fine[:, None], table)
-            train_cls, test_cls = open_set_classes(fine[:, None] if table is None else table[fine], **rules)
-            inside = open_set_keep(labels, train_cls if open_set == "train" else test_cls)
-        else:
-            train_cls, test_cls = open_set_classes(torch.cat([labels, *others.values()]), **rules)
-            inside = torch.isin(labels[:, 0], train_cls if open_set == "train" else test_cls)
+                RetrievalDatasetBase._check_hierarchy(every, table)
+                every = table[every[:, 0]]
+        train_cls, test_cls = open_set_classes(every, **rules)
+        side = train_cls if open_set == "train" else test_cls
+        # multi-label: an item mixing the two sides belongs to neither
+        inside = (torch.isin(labels, side) | (labels < 0)).all(1) if multilabel else torch.isin(labels[:, 0], side)
         keep = torch.nonzero(inside).flatten()
         ds, labels = ds.select(keep.tolist()), labels[keep]
     if len(keep) == 0:

@@ -1,6 +1,5 @@
-"""Paths read from a dataset's own files (list files, ``metadata.csv`` ...) kept inside the dataset's folder: an
-absolute path, a ``..`` component or a symbolic link could otherwise make a loader read (and ``prepare_dataset``
-write, ``--push_to_hub`` upload) any file. :func:`confined_path` is the one check every loader applies."""
+"""Paths read from a dataset's own files (list files, ``metadata.csv`` ...) kept inside the dataset's folder (no
+absolute path, ``..`` or symbolic link out): :func:`confined_path` is the one check every loader applies."""
 
 from __future__ import annotations
 
@@ -20,23 +19,13 @@ def _under(path: str, base: str) -> bool:
 
 
 def _named_inside(root: str | Path, path: str) -> bool:
-    """Whether the absolute ``path``, as written (``..`` collapsed, links not followed), names a file below ``root``
-    (as given or resolved)."""
+    """Whether the absolute ``path`` as written (links not followed) names a file below ``root`` (given or real)."""
     name = os.path.normpath(path)
     return any(_under(name, base) for base in {os.path.normpath(os.path.abspath(root)), os.path.realpath(root)})
 
 
 class PathConfiner:
-    """:func:`confined_path` for many paths under one ``root`` (the dataset folder): the root and each folder are
-    resolved once per instance, so each further path costs one ``lstat``.
-
-    Example:
-        >>> import tempfile
-        >>> root = tempfile.mkdtemp()
-        >>> confine = PathConfiner(root)
-        >>> confine("imgs", "a.jpg", where="list.txt, line 2") == f"{root}/imgs/a.jpg"
-        True
-    """
+    """:func:`confined_path` for many paths under one ``root``, each folder resolved once per instance."""
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
@@ -77,9 +66,8 @@ class PathConfiner:
 
 
 def confined_path(root: str | Path, *parts: str | Path, where: str, allow_absolute: bool = False) -> str:
-    """``root / parts[0] / ...`` (a string, not resolved) after checking it stays inside ``root``; ``parts`` come from
-    the dataset's files, read at ``where`` (e.g. ``"Ebay_train.txt, line 7"``); ``allow_absolute`` accepts an absolute
-    first part inside ``root``. ``ValueError`` (``"<where>: ..."``): an absolute part, a ``..`` component, or a joined
-    path whose symbolic links lead outside ``root``. :class:`PathConfiner` checks many paths under one root.
+    """``root / parts[0] / ...`` (a string, not resolved) once checked to stay inside ``root``; ``where`` names the
+    file and line the parts were read at; ``allow_absolute`` accepts an absolute first part inside ``root``.
+    ``ValueError`` (``"<where>: ..."``): an absolute part, a ``..`` component, a symbolic link leading outside.
     """
     return PathConfiner(root)(*parts, where=where, allow_absolute=allow_absolute)

@@ -1,10 +1,7 @@
-"""The item/label contract shared by every retrieval dataset the package returns.
-
-A map-style ``Dataset``: ``ds[i] -> {"image": FloatTensor (3, H, W), "labels": LongTensor (L,), "index": i}`` with
-label column 0 the finest; ``ds.labels`` ``(N, L)`` readable without decoding images; ``ds.label_names`` (fine →
-coarse); ``ds.set_transform(fn)`` (``fn`` on a PIL RGB image; none: a ``[0, 1]`` tensor); ``ds.get_image(i)`` (the
-untransformed PIL image). Multi-label datasets (``ds.multilabel``) give ``ds.labels`` ``(N, M)``, each item's set of
-fine labels padded with ``-1``, and ``ds.hierarchy`` the ``(num_fine, L)`` fine → ancestors table (``None``: flat).
+"""The contract of every retrieval dataset: ``ds[i] -> {"image": (3, H, W) float, "labels": (L,) long, "index": i}``
+(column 0 finest); ``ds.labels`` ``(N, L)`` without decoding images; ``ds.label_names`` (fine → coarse);
+``ds.set_transform(fn)``; ``ds.get_image(i)`` (PIL). Multi-label datasets: ``ds.labels`` ``(N, M)`` padded with
+``-1`` and ``ds.hierarchy`` the ``(num_fine, L)`` table (``None``: flat).
 """
 
 from __future__ import annotations
@@ -31,8 +28,7 @@ def pil_to_tensor(image: Any) -> Tensor:
 
 
 def decode_image(source: Any, where: str) -> Any:
-    """Decode ``source`` (a path or a binary file object) fully into a PIL RGB image: a corrupt file fails here,
-    with a ``ValueError`` naming ``where`` (the item and its file), not later with an anonymous buffer."""
+    """Decode ``source`` (a path or a binary file) fully into a PIL RGB image (``ValueError`` naming ``where``)."""
     from PIL import Image
 
     try:
@@ -44,32 +40,27 @@ def decode_image(source: Any, where: str) -> Any:
 
 
 def pad_label_sets(rows: Sequence[Any], width: int | None = None) -> Tensor:
-    """Stack ``N`` integer label rows of different lengths into an ``(N, M)`` LongTensor padded with ``-1`` (``M`` =
-    ``width``, default the longest row; ``ValueError`` if ``width`` is shorter)."""
+    """``N`` integer label rows as an ``(N, M)`` LongTensor padded with ``-1`` (``M`` = ``width`` >= the longest)."""
     flat = [torch.as_tensor(r).long().reshape(-1) for r in rows]
     longest = max((len(r) for r in flat), default=0)
     width = longest if width is None else width
     if isinstance(width, bool) or not isinstance(width, int) or width < longest:
         raise ValueError(f"width must be an int >= the longest label row ({longest}); got {width!r}")
     out = torch.full((len(flat), width), -1, dtype=torch.long)
-    for i, r in enumerate(flat):
-        out[i, : len(r)] = r
+    if flat:  # a boolean mask fills in row-major order: row by row, left-aligned
+        out[torch.arange(width) < torch.tensor([len(r) for r in flat])[:, None]] = torch.cat(flat)
     return out
 
 
 def check_label_sets(labels: Any, name: str = "labels") -> Tensor:
-    """Multi-label ``labels`` (``(N,)`` or ``(N, M)``, ``-1`` = padding) as an ``(N, M)`` LongTensor
-    (:func:`pml_suprank.relevance.check_multilabel`: ``TypeError`` / ``ValueError`` naming ``name`` and the row)."""
+    """Multi-label ``labels`` (``(N,)`` / ``(N, M)``, ``-1`` padding) checked as an ``(N, M)`` LongTensor."""
     return check_multilabel(name, torch.as_tensor(labels))
 
 
 class RetrievalDatasetBase(Dataset):
-    """Base class implementing the contract; subclasses implement ``get_image(i)``.
-
-    ``labels`` ``(N, L)`` with ``label_names`` (L names, fine → coarse); with ``multilabel``, ``(N, M)`` label sets and
-    ``hierarchy`` the ``(num_fine, L)`` table (or ``None``) whose levels ``label_names`` names. ``transform`` maps a
-    PIL RGB image to a ``(3, H, W)`` tensor (or a PIL image, then converted).
-    """
+    """The contract; subclasses implement ``get_image(i)``. ``labels`` ``(N, L)`` named by ``label_names`` (fine →
+    coarse); ``multilabel``: ``(N, M)`` sets and the ``hierarchy`` table (or ``None``) whose levels ``label_names``
+    names. ``transform``: PIL RGB image → ``(3, H, W)`` tensor (or PIL image, then converted)."""
 
     multilabel: bool = False
 
@@ -109,7 +100,7 @@ class RetrievalDatasetBase(Dataset):
 
     @staticmethod
     def _check_hierarchy(labels: Tensor, hierarchy: Any) -> Tensor | None:
-        """The validated ``(num_fine, L)`` table (every label of ``labels`` must have a row), or ``None``."""
+        """The validated ``(num_fine, L)`` table covering every label, or ``None``."""
         if hierarchy is None:
             return None
         if isinstance(hierarchy, Hierarchy):
@@ -122,20 +113,16 @@ class RetrievalDatasetBase(Dataset):
                     f"shape {tuple(table.shape)}"
                 )
             table = Hierarchy(table).table
-        used = labels[labels >= 0]
-        if table.shape[0] == 0:
-            missing = used
-        else:
-            missing = used[(used >= table.shape[0]) | (table[used.clamp_max(table.shape[0] - 1), 0] < 0)]
+        used, n = labels[labels >= 0], table.shape[0]
+        missing = used if n == 0 else used[(used >= n) | (table[used.clamp_max(n - 1), 0] < 0)]
         if len(missing):
             raise ValueError(
-                f"labels contain fine label {int(missing[0])}, which has no row in the hierarchy "
-                f"(num_fine={table.shape[0]})"
+                f"labels contain fine label {int(missing[0])}, which has no row in the hierarchy (num_fine={n})"
             )
         return table.long().cpu()
 
     def set_transform(self, transform: Callable | None) -> None:
-        """Set the image transform (a callable on a PIL RGB image), or ``None`` for a plain ``[0, 1]`` tensor."""
+        """A callable on a PIL RGB image, or ``None`` for a plain ``[0, 1]`` tensor."""
         if transform is not None and not callable(transform):
             raise TypeError(f"transform must be callable or None; got {type(transform).__name__}")
         self.transform = transform
@@ -166,17 +153,13 @@ class RetrievalDatasetBase(Dataset):
     def __getitem__(self, index: int) -> dict[str, Any]:
         index = self._check_index(index)
         image = self.get_image(index)
-        if self.transform is not None:
-            image = self.transform(image)
-            if not isinstance(image, Tensor):
-                image = pil_to_tensor(image)
-        else:
-            image = pil_to_tensor(image)
+        image = image if self.transform is None else self.transform(image)
+        image = image if isinstance(image, Tensor) else pil_to_tensor(image)
         return {"image": image, "labels": self.labels[index].clone(), "index": index}
 
     @property
     def num_levels(self) -> int:
-        """Number of label levels L (the label columns; for multi-label data, the hierarchy's columns)."""
+        """L: the label columns (multi-label: the hierarchy's columns)."""
         if self.multilabel:
             return 1 if self.hierarchy is None else int(self.hierarchy.shape[1])
         return int(self.labels.shape[1])

@@ -1,7 +1,6 @@
-"""Where the training / test set of a run comes from: :class:`DatasetSource`, read from a data section (a
-``DataOptions`` or a hub_config ``data`` mapping): a built-in synthetic set, a paper benchmark (:data:`BENCHMARKS`,
-under ``data_root``) or a retrieval dataset (Hub id, local folder or parquet, with label columns and an optional
-open-set rule). A local image folder without a test split is split by class, seeded by the run (:func:`class_split`).
+"""Where a run's training / test set comes from (:class:`DatasetSource`, from a ``data`` section): a built-in synthetic
+set, a paper benchmark (under ``data_root``) or a retrieval dataset (Hub id, local folder or parquet, with label
+columns and an optional open-set rule); a local image folder without a test split is split by class, seeded by the run.
 """
 
 from __future__ import annotations
@@ -11,8 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from .._validation import check_choice
 from .benchmarks.registry import BENCHMARKS, BenchmarkSpec, benchmark_label_names, load_benchmark
 from .folders import FolderLayout, class_names_of, class_split, class_split_side, image_folder_layout
+from .loading import load_retrieval_dataset
+from .synthetic_multishapes import SYNTHETIC_DATASETS, synthetic_dataset
 
 __all__ = [
     "SYNTHETIC_NAMES",
@@ -23,16 +25,14 @@ __all__ = [
     "resolved_split",
 ]
 
-#: the built-in datasets (:func:`pml_suprank.data.synthetic_dataset`)
-SYNTHETIC_NAMES = ("synthetic", "synthetic_multilabel")
+SYNTHETIC_NAMES = tuple(SYNTHETIC_DATASETS)  #: the built-in datasets
 
 
 @dataclass(frozen=True)
 class DatasetSource:
-    """One split of a dataset, ready to load: ``kind`` (``"synthetic"``, ``"benchmark"``, ``"retrieval"``), ``name``
-    (the set, the benchmark, or the Hub id / path), ``split`` (``"a+b"`` concatenates), the benchmark's ``root``, and
-    further loader ``options`` (``class_split``: the side of the seeded class split of a folder without a test split).
-    """
+    """One split of a dataset, ready to load: ``kind``, ``name`` (the set, the benchmark, or the Hub id / path),
+    ``split`` (``"a+b"`` concatenates), a benchmark's ``root`` and loader ``options`` (``class_split``: the side of
+    the seeded class split of a folder without a test split)."""
 
     kind: Literal["synthetic", "benchmark", "retrieval"]
     name: str
@@ -44,15 +44,8 @@ class DatasetSource:
         self, transform: Any = None, *, seed: int = 0, recorded_split: Mapping[str, Any] | None = None, **kwargs: Any
     ) -> Any:
         """The dataset (``seed``: of the synthetic sets and of a class split; ``kwargs``: extra loader arguments such
-        as ``cache_dir``, none for a benchmark).
-
-        Raises:
-            ValueError: the folder's seeded class split no longer gives ``recorded_split`` (the ``{"train_classes",
-                "test_classes"}`` a model folder recorded: a class folder was added or removed since training).
-        """
-        from .loading import load_retrieval_dataset
-        from .synthetic_multishapes import synthetic_dataset
-
+        as ``cache_dir``, none for a benchmark). ``ValueError``: the folder's seeded class split no longer gives the
+        ``{"train_classes", "test_classes"}`` a model recorded (``recorded_split``)."""
         options = {**self.options, **kwargs}
         side = options.pop("class_split", None)
         if side is not None:
@@ -71,9 +64,8 @@ class DatasetSource:
 
 def dataset_source(data: Mapping[str, Any], part: str, *, data_root: str | Path | None = None) -> DatasetSource:
     """The :class:`DatasetSource` of the ``part`` (``"train"`` / ``"test"``) of a data section that
-    :func:`data_option_errors` accepts (the options that are set); ``data_root`` replaces the section's."""
-    if part not in ("train", "test"):
-        raise ValueError(f"part must be 'train' or 'test'; got {part!r}")
+    :func:`data_option_errors` accepts; ``data_root`` replaces the section's."""
+    check_choice("part", part, ("train", "test"))
     dataset = data.get("dataset", "synthetic")
     if dataset in SYNTHETIC_NAMES:
         options = {k: data[k] for k in ("num_per_class", "image_size") if data.get(k) is not None}
@@ -97,7 +89,6 @@ def dataset_source(data: Mapping[str, Any], part: str, *, data_root: str | Path 
 
 
 def _check_recorded_split(whole: Any, recorded: Mapping[str, Any], seed: int, name: str) -> None:
-    """Refuse a folder whose seeded class split is no longer the one a model recorded."""
     train, test = class_split(whole.labels, seed=seed)
     now = {"train_classes": class_names_of(whole, train), "test_classes": class_names_of(whole, test)}
     for key, names in now.items():
@@ -112,24 +103,18 @@ def _check_recorded_split(whole: Any, recorded: Mapping[str, Any], seed: int, na
 
 
 def folder_layout(dataset: Any) -> FolderLayout | None:
-    """The :class:`FolderLayout` of ``dataset`` when it names a local folder of images, else ``None`` (``ValueError``
-    for an image folder whose labels cannot be read)."""
+    """The :class:`FolderLayout` of ``dataset`` when it names a local folder of images, else ``None``."""
     if not isinstance(dataset, str) or dataset in SYNTHETIC_NAMES or dataset in BENCHMARKS:
         return None
     return image_folder_layout(dataset)
 
 
-def _benchmark(dataset: Any) -> BenchmarkSpec | None:
-    return BENCHMARKS.get(dataset) if isinstance(dataset, str) else None
-
-
 def data_option_errors(data: Mapping[str, Any], *, require_root: bool = False) -> list[str]:
-    """The problems of a ``data`` section as messages naming the keys (``[]``: consistent): the label columns
-    (required for a Hub / local dataset, forbidden for the synthetic one, the benchmark's own for a benchmark), a
-    benchmark's splits, the open-set rules, and with ``require_root`` a benchmark's ``data_root``."""
+    """The problems of a ``data`` section as messages naming the keys (``[]``: consistent): label columns, a
+    benchmark's splits and (``require_root``) ``data_root``, the open-set rules."""
     errors = []
     dataset = data.get("dataset")
-    spec = _benchmark(dataset)
+    spec = BENCHMARKS.get(dataset) if isinstance(dataset, str) else None
     levels = list(data.get("label_columns", []))
     if spec is not None:
         errors += _benchmark_errors(spec, data, require_root)
@@ -193,15 +178,14 @@ def _benchmark_errors(spec: BenchmarkSpec, data: Mapping[str, Any], require_root
 
 
 def resolved_split(config: Mapping[str, Any], part: str) -> str:
-    """The split name of the ``part`` (``"train"`` / ``"test"``) dataset: ``data.<part>_split`` when set, else the
-    benchmark's own training / test split for a benchmark name, else ``part``."""
-    if part not in ("train", "test"):
-        raise ValueError(f"part must be 'train' or 'test'; got {part!r}")
+    """The split of the ``part`` (``"train"`` / ``"test"``) dataset: ``data.<part>_split``, else a benchmark's own
+    split, else ``part``."""
+    check_choice("part", part, ("train", "test"))
     data = config.get("data") or {}
     split = data.get(f"{part}_split")
     if split is not None:
         return split
-    spec = _benchmark(data.get("dataset"))
+    spec = BENCHMARKS.get(data.get("dataset")) if isinstance(data.get("dataset"), str) else None
     if spec is None:
         return part
     split = spec.train_split if part == "train" else spec.test_split

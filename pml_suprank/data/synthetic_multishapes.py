@@ -1,8 +1,7 @@
-"""SyntheticMultiShapes: the multi-label counterpart of SyntheticShapes (same 54 fine classes, families and open set,
-no download). Every image shows 1 to ``max_labels`` shapes in distinct grid cells; its labels are the sorted set of
-their fine classes padded with ``-1`` and ``ds.hierarchy`` the ``(54, L)`` table (the data of the thesis' Algorithm
-1, :func:`pml_suprank.relevance.multilabel_relevance`). Every class of the split appears in exactly
-``num_per_class`` images; pixels and label sets come from seeded ``default_rng`` streams (same arguments, same data).
+"""SyntheticMultiShapes: the multi-label counterpart of SyntheticShapes (same 54 fine classes, families and open set):
+1 to ``max_labels`` shapes per image, labels the sorted set of their fine classes padded with ``-1``, ``ds.hierarchy``
+the ``(54, L)`` table (the thesis' Algorithm 1 data). Every class of the split appears in exactly ``num_per_class``
+images; pixels and label sets come from seeded ``default_rng`` streams.
 """
 
 from __future__ import annotations
@@ -10,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, get_args
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,13 +38,10 @@ class SyntheticMultiShapes(RetrievalDatasetBase):
 
     Args:
         num_per_class: Number of images in which every fine class of the split appears.
-        max_labels: Most shapes per image, 1..9, placed in distinct cells of a ``ceil(sqrt(max_labels))``-sided grid;
-            ``labels`` has ``max_labels`` columns.
-        scale: Range of a shape's radius as a fraction of its grid cell's side.
-
-    The other arguments (``split``, ``image_size``, ``seed``, ``families``, ``levels``, ``open_set``, ``rotation``,
-    ``noise``, ``clutter``, ``colour_jitter``, ``illumination``, ``colour_cast``, ``transform``, ``cache``) are as in
-    :class:`~pml_suprank.data.synthetic_shapes.SyntheticShapes`.
+        max_labels: Most shapes per image, 1..9, in distinct cells of a ``ceil(sqrt(max_labels))``-sided grid (and
+            the columns of ``labels``).
+        scale: Range of a shape's radius as a fraction of its cell's side.
+        others: As :class:`~pml_suprank.data.synthetic_shapes.SyntheticShapes`.
 
     Items: ``ds[i] = {"image": (3, H, W) float, "labels": (max_labels,) long (-1 padded), "index": i}``;
     ``ds.labels`` is ``(N, max_labels)``, ``ds.hierarchy`` the ``(54, levels)`` table.
@@ -102,8 +98,7 @@ class SyntheticMultiShapes(RetrievalDatasetBase):
         super().__init__(labels, level_names(levels), transform, multilabel=True, hierarchy=hierarchy_table(levels))
 
     def _label_sets(self, fine: list[int], split_code: int) -> list[list[int]]:
-        """Balanced label sets: ``num_per_class`` rounds, each a shuffle of ``fine`` cut into groups of
-        1..``max_labels`` classes (sorted fine ids)."""
+        """``num_per_class`` rounds, each a shuffle of ``fine`` cut into sorted groups of 1..``max_labels``."""
         rng = np.random.default_rng((self.seed, split_code, self.max_labels))
         classes = np.asarray(fine, dtype=np.int64)
         groups = []
@@ -145,9 +140,6 @@ SYNTHETIC_DATASETS: Mapping[str, type[RetrievalDatasetBase]] = MappingProxyType(
 
 
 def synthetic_dataset(name: str, split: Split = "train", **kwargs: Any) -> RetrievalDatasetBase:
-    """The built-in synthetic dataset ``name`` (``"synthetic"``: :class:`~pml_suprank.data.synthetic_shapes.
-    SyntheticShapes`; ``"synthetic_multilabel"``: :class:`SyntheticMultiShapes`) of ``split`` built with ``kwargs``
+    """The built-in synthetic dataset ``name`` (:data:`SYNTHETIC_DATASETS`) of ``split`` built with ``kwargs``
     (``ValueError`` for an unknown name or split)."""
-    cls = SYNTHETIC_DATASETS[check_choice("name", name, tuple(SYNTHETIC_DATASETS))]
-    check_choice("split", split, get_args(Split))
-    return cls(split, **kwargs)
+    return SYNTHETIC_DATASETS[check_choice("name", name, tuple(SYNTHETIC_DATASETS))](split, **kwargs)

@@ -1,15 +1,12 @@
 """SyntheticShapes: a deterministic, procedurally rendered hierarchical image dataset (no download).
 
-Every image shows one coloured shape on a cluttered, noisy background. Coarse label = shape family (circle, triangle,
-square, star, cross, arrow, each with its own hue); fine label = shape variant (three per family) × shade (light,
-medium, dark of the family's hue); optional middle level (``levels=3``) = the variant regardless of shade. Nuisances:
+One coloured shape per image on a cluttered, noisy background. Coarse label = shape family (6, each with its own hue);
+fine label = variant (3 per family) × shade (light, medium, dark of the hue); ``levels=3`` adds the variant. Nuisances:
 position, scale, rotation, colour jitter, illumination, colour cast, background gradient, clutter lines, pixel noise.
-A family is visually coherent (its shapes share a hue), so the hierarchy is learnable.
 
-Open-set protocol (default): in every family, variants 0 and 1 in shade ``family % 3`` and variant 2 in the next shade
-are the 18 test classes, the other 36 train; every variant and shade is seen in training. Labels are global ids
-(``fine = (family * 3 + variant) * 3 + shade``, ``coarse = family``) whatever the split or family subset. Images are
-rendered from ``numpy.random.default_rng((seed, split, fine, instance))``: same arguments, same pixels.
+Open set (default): in every family, variants 0 and 1 in shade ``family % 3`` and variant 2 in the next shade are the
+18 test classes, the other 36 train. Labels are global ids (``fine = (family * 3 + variant) * 3 + shade``, ``coarse =
+family``); images come from ``numpy.random.default_rng((seed, split, fine, instance))``: same arguments, same pixels.
 """
 
 from __future__ import annotations
@@ -25,6 +22,7 @@ import torch
 
 from .._validation import check_choice, check_positive, check_positive_int
 from .retrieval_dataset import RetrievalDatasetBase
+from .transforms import check_pair
 
 __all__ = ["COLOURS", "FAMILIES", "SHADES", "SyntheticNoise", "SyntheticShapes"]
 
@@ -44,20 +42,13 @@ def _ellipse(rx: float, ry: float, n: int = 48) -> _Poly:
 
 
 def _star(points: int, inner: float) -> _Poly:
-    out = []
-    for k in range(2 * points):
-        r = 1.0 if k % 2 == 0 else inner
-        a = math.radians(-90.0 + 180.0 * k / points)
-        out.append((r * math.cos(a), r * math.sin(a)))
-    return out
+    radii = [1.0 if k % 2 == 0 else inner for k in range(2 * points)]
+    angles = [math.radians(-90.0 + 180.0 * k / points) for k in range(2 * points)]
+    return [(r * math.cos(a), r * math.sin(a)) for r, a in zip(radii, angles)]
 
 
 def _rect(x0: float, y0: float, x1: float, y1: float) -> _Poly:
     return [(x0, y0), (x1, y0), (x1, y1), (x0, y1)]
-
-
-def _scaled(poly: _Poly, s: float) -> _Poly:
-    return [(s * x, s * y) for x, y in poly]
 
 
 SHAPES: dict[str, dict[str, list[tuple[_Poly, int]]]] = {
@@ -168,19 +159,16 @@ class SyntheticShapes(RetrievalDatasetBase):
     """Procedurally rendered hierarchical shapes (coarse = family, fine = variant × shade of the family's hue).
 
     Args:
-        split: ``"train"`` (36 fine classes), ``"test"`` (the 18 others) or ``"all"``; with ``open_set=False`` every
-            split holds all 54 classes (different images per split).
+        split: ``"train"`` (36 fine classes), ``"test"`` (the 18 others) or ``"all"``; ``open_set=False``: all 54
+            classes in every split (different images per split).
         num_per_class, image_size: Images per fine class; side of the square RGB images in pixels.
-        seed: Base seed; train and test images come from different streams of the same seed.
+        seed: Base seed; train and test images come from different streams of it.
         families: Subset of :data:`FAMILIES` (names or indices), e.g. to hold some out as OOD.
         levels: 2 → labels ``(fine, coarse)``; 3 → ``(fine, variant, coarse)``.
-        open_set: Disjoint train/test fine classes (default) or all classes in every split.
-        rotation, scale: Maximum absolute rotation in degrees; range of the shape radius (fraction of the side).
-        noise, clutter: Standard deviation of the pixel noise (0–255); most distractor lines.
-        colour_jitter: Maximum per-channel jitter of the shape colour (0–255).
-        illumination, colour_cast: Maximum relative brightness change and per-channel gain (``1 ± x``).
-        transform: Callable on a PIL image returning a ``(3, H, W)`` tensor.
-        cache: Keep rendered images in memory after their first access.
+        rotation, scale: Largest rotation in degrees; range of the shape radius (fraction of the side).
+        noise, clutter, colour_jitter: Pixel noise std (0–255); most distractor lines; per-channel colour jitter.
+        illumination, colour_cast: Largest relative brightness change and per-channel gain (``1 ± x``).
+        transform: Callable on a PIL image; cache: keep rendered images in memory.
 
     Items: ``ds[i] = {"image": (3, H, W) float, "labels": (L,) long, "index": i}``; ``ds.labels`` is ``(N, L)``.
 
@@ -213,8 +201,7 @@ class SyntheticShapes(RetrievalDatasetBase):
         check_positive_int("num_per_class", num_per_class)
         check_positive_int("image_size", image_size, minimum=8)
         check_choice("levels", levels, (2, 3))
-        if not (isinstance(scale, (tuple, list)) and len(scale) == 2 and 0 < scale[0] <= scale[1] <= 0.5):
-            raise ValueError(f"scale must be a pair (low, high) with 0 < low <= high <= 0.5; got {scale!r}")
+        scale = check_pair("scale", scale, 0.5)
         nonnegative = {"rotation": rotation, "noise": noise, "clutter": clutter, "colour_jitter": colour_jitter}
         for name, value in nonnegative.items():
             check_positive(name, value, strict=False)
@@ -228,7 +215,7 @@ class SyntheticShapes(RetrievalDatasetBase):
         self.levels = levels
         self.open_set = bool(open_set)
         self.rotation = float(rotation)
-        self.scale = (float(scale[0]), float(scale[1]))
+        self.scale = scale
         self.noise = float(noise)
         self.clutter = int(clutter)
         self.colour_jitter = int(colour_jitter)
@@ -250,19 +237,16 @@ class SyntheticShapes(RetrievalDatasetBase):
     def _resolve_families(families: Sequence[str | int] | None) -> list[int]:
         if families is None:
             return list(range(len(FAMILIES)))
-        if isinstance(families, (str, int)):
-            families = [families]
+        families = [families] if isinstance(families, (str, int)) else families
         ids = []
         for f in families:
             if isinstance(f, str):
-                check_choice("families", f, FAMILIES)
-                ids.append(FAMILIES.index(f))
-            elif isinstance(f, (int, np.integer)) and not isinstance(f, bool) and 0 <= f < len(FAMILIES):
-                ids.append(int(f))
-            else:
+                f = FAMILIES.index(check_choice("families", f, FAMILIES))
+            elif isinstance(f, bool) or not isinstance(f, (int, np.integer)) or not 0 <= f < len(FAMILIES):
                 raise ValueError(
                     f"families must contain names from {FAMILIES} or indices 0..{len(FAMILIES) - 1}; got {f!r}"
                 )
+            ids.append(int(f))
         if not ids:
             raise ValueError("families must select at least one family; got an empty list")
         if len(set(ids)) != len(ids):
@@ -276,7 +260,7 @@ class SyntheticShapes(RetrievalDatasetBase):
 
     @staticmethod
     def fine_class_name(fine_label: int) -> str:
-        """Human-readable name of a global fine label, e.g. ``"circle/ring/red"`` or ``"star/star8/dark_cyan"``."""
+        """The name of a global fine label, e.g. ``"circle/ring/red"``."""
         family, variant, c = _parts(fine_label)
         return f"{family}/{variant}/{list(COLOURS[family])[c]}"
 
@@ -358,14 +342,10 @@ def render_shapes(
     ds: Any,
     grid: int | None = None,
 ) -> np.ndarray:
-    """The one renderer of the synthetic datasets: a ``(H, W, 3)`` uint8 image of ``shapes`` (``(shape, RGB)`` pairs).
-
-    Background, distractor lines, the shapes, then illumination, colour cast and noise, with the parameters of ``ds``
-    (``image_size``, ``rotation``, ``scale``, ``noise``, ``clutter``, ``colour_jitter``, ``illumination``,
-    ``colour_cast``). ``grid=None``: one shape anywhere in the image, its radius a fraction of the image side, and a
-    later distractor line hides the earlier ones where they cross; ``grid=g``: every shape in its own random cell of a
-    ``g x g`` grid, its radius a fraction of the cell side, and the lines are blended one over the other.
-    """
+    """The one renderer of the synthetic datasets: a ``(H, W, 3)`` uint8 image of ``shapes`` (``(shape, RGB)`` pairs)
+    with the nuisance parameters of ``ds``: background, distractor lines, shapes, illumination, colour cast, noise.
+    ``grid=None``: one shape anywhere (radius a fraction of the side; a later line hides earlier ones); ``grid=g``:
+    each shape in its own random cell of a ``g x g`` grid (radius a fraction of the cell; lines blended)."""
     from PIL import Image, ImageDraw
 
     size, ss = ds.image_size, 3  # ss: supersampling factor for anti-aliased edges
@@ -413,11 +393,8 @@ NoiseKind = Literal["uniform", "gaussian", "blobs"]
 
 
 class SyntheticNoise(RetrievalDatasetBase):
-    """Pure-noise images in the SyntheticShapes format (every label ``-1``), as far-OOD data.
-
-    ``kind``: ``"uniform"`` (i.i.d. pixels), ``"gaussian"`` (smoothed noise around grey) or ``"blobs"`` (a
-    SyntheticShapes background with random blobs); ``levels``: label columns; the rest as :class:`SyntheticShapes`.
-    """
+    """Pure-noise images in the SyntheticShapes format (every label ``-1``) as far-OOD data: ``kind`` ``"uniform"``
+    (i.i.d. pixels), ``"gaussian"`` (smoothed, around grey) or ``"blobs"`` (a shapes background with blobs)."""
 
     def __init__(
         self,

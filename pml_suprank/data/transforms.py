@@ -1,12 +1,10 @@
-"""Training and evaluation image transforms: timm's :func:`timm.data.create_transform` driven by a backbone's
-resolved data config (``model.data_config``), which decides resolution, interpolation, normalisation and the
-evaluation crop; :func:`build_transforms`' keyword arguments decide the training augmentation. timm draws from the
-global ``random`` / ``torch`` generators: the training loop seeds them per ``(seed, epoch, item)``
-(:class:`~pml_suprank.training.SeededAugmentation`)."""
+"""Training and evaluation image transforms: timm's :func:`timm.data.create_transform` driven by a backbone's data
+config (resolution, interpolation, normalisation, evaluation crop) and the training augmentation's arguments. timm
+draws from the global generators: the training loop seeds them per ``(seed, epoch, item)``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._validation import check_choice, check_positive, check_positive_int, check_probability
@@ -19,23 +17,13 @@ _INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "box", "hamming", "lanczos"
 _DEFAULT_CROP_PCT = 0.875
 
 
-def _check_pair(name: str, value: Sequence[float], high: float | None) -> tuple[float, float]:
+def check_pair(name: str, value: Sequence[float], high: float | None) -> tuple[float, float]:
     ok = isinstance(value, Sequence) and len(value) == 2 and all(isinstance(v, (int, float)) for v in value)
     ok = ok and 0 < value[0] <= value[1] and (high is None or value[1] <= high)
     if not ok:
         bound = f" <= {high}" if high is not None else ""
         raise ValueError(f"{name} must be (low, high) with 0 < low <= high{bound}; got {value!r}")
     return float(value[0]), float(value[1])
-
-
-def _eval_crop(data_config: Mapping[str, Any]) -> tuple[float, str]:
-    crop_pct = data_config.get("crop_pct")
-    crop_pct = _DEFAULT_CROP_PCT if crop_pct is None else crop_pct
-    if isinstance(crop_pct, bool) or not isinstance(crop_pct, (int, float)) or not 0 < crop_pct <= 1:
-        raise ValueError(f"data_config['crop_pct'] must lie in (0, 1]; got {crop_pct!r}")
-    crop_mode = data_config.get("crop_mode") or "center"
-    check_choice("data_config['crop_mode']", crop_mode, CROP_MODES)
-    return float(crop_pct), str(crop_mode)
 
 
 def build_transforms(
@@ -51,23 +39,19 @@ def build_transforms(
     re_mode: str = "pixel",
     re_count: int = 1,
 ) -> Callable:
-    """Image transforms from a timm data config, built by :func:`timm.data.create_transform`.
-
-    Training: random resized crop (``scale``, ``ratio``; the reference recipes use scale (0.16, 1)) + flip (+ colour
-    jitter, + the ``auto_augment`` policy) + ``ToTensor`` + ``Normalize`` (+ random erasing). Evaluation: timm's
-    crop for ``crop_pct`` / ``crop_mode`` (``"center"``: resize the short side to ``size / crop_pct``, center-crop;
-    ``"squash"``: resize both sides, center-crop; ``"border"``: resize the long side, pad) + ``ToTensor`` +
-    ``Normalize``.
+    """Image transforms from a timm data config (:func:`timm.data.create_transform`): training = random resized crop
+    + flip (+ colour jitter or ``auto_augment``) + normalise (+ random erasing); evaluation = timm's ``crop_pct`` /
+    ``crop_mode`` crop (``"center"``, ``"squash"``, ``"border"``) + normalise.
 
     Args:
         data_config: ``input_size`` ``(3, H, W)``, ``mean``, ``std`` and optionally ``interpolation`` (bilinear),
-            ``crop_pct`` (0.875) and ``crop_mode`` (one of :data:`CROP_MODES`), e.g. ``model.data_config``.
-        train: Training (random) or evaluation (deterministic) pipeline; the other arguments are training only.
+            ``crop_pct`` (0.875) and ``crop_mode`` (:data:`CROP_MODES`), e.g. ``model.data_config``.
+        train: Training (random) or evaluation pipeline; the other arguments are training only.
         scale, ratio, hflip: Area and aspect-ratio ranges of the random crop, flip probability.
-        color_jitter: Brightness / contrast / saturation jitter strength or None (left out with ``auto_augment``).
-        auto_augment: timm policy string, e.g. ``"rand-m9-mstd0.5"``, ``"augmix-m5-w4-d2"``, ``"original"``; or None.
-        re_prob, re_mode, re_count: Random erasing on the normalised tensor: probability, fill (``"pixel"``,
-            ``"rand"``, ``"const"``) and most rectangles per image.
+        color_jitter: Jitter strength or None (left out with ``auto_augment``).
+        auto_augment: timm policy string, e.g. ``"rand-m9-mstd0.5"``, ``"augmix-m5-w4-d2"``; or None.
+        re_prob, re_mode, re_count: Random erasing: probability, fill (``"pixel"``, ``"rand"``, ``"const"``), most
+            rectangles per image.
 
     Returns:
         A callable mapping a PIL RGB image to a normalised ``(3, H, W)`` float tensor.
@@ -93,7 +77,7 @@ def build_transforms(
     interpolation = str(data_config.get("interpolation") or "bilinear")
     check_choice("data_config['interpolation']", interpolation, _INTERPOLATIONS)
     common = {"mean": tuple(data_config["mean"]), "std": tuple(data_config["std"]), "interpolation": interpolation}
-    scale, ratio = _check_pair("scale", scale, 1.0), _check_pair("ratio", ratio, None)
+    scale, ratio = check_pair("scale", scale, 1.0), check_pair("ratio", ratio, None)
     hflip = check_probability("hflip", hflip)
     if color_jitter is not None:
         check_positive("color_jitter", color_jitter, strict=False)
@@ -103,9 +87,12 @@ def build_transforms(
     re_prob = check_probability("re_prob", re_prob)
     check_choice("re_mode", re_mode, ("pixel", "rand", "const"))
     check_positive_int("re_count", re_count)
-    crop_pct, crop_mode = _eval_crop(data_config)
+    crop_pct = _DEFAULT_CROP_PCT if data_config.get("crop_pct") is None else data_config["crop_pct"]
+    if isinstance(crop_pct, bool) or not isinstance(crop_pct, (int, float)) or not 0 < crop_pct <= 1:
+        raise ValueError(f"data_config['crop_pct'] must lie in (0, 1]; got {crop_pct!r}")
+    crop_mode = check_choice("data_config['crop_mode']", data_config.get("crop_mode") or "center", CROP_MODES)
     if not train:
-        return create_transform(size, is_training=False, crop_pct=crop_pct, crop_mode=crop_mode, **common)
+        return create_transform(size, is_training=False, crop_pct=float(crop_pct), crop_mode=crop_mode, **common)
     try:
         return create_transform(
             size, is_training=True, scale=scale, ratio=ratio, hflip=hflip, color_jitter=color_jitter,

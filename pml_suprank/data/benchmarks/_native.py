@@ -1,11 +1,11 @@
-"""Shared machinery of the benchmark readers: layout errors naming file and line, label encoding with the tree check,
-and the lazily decoded image datasets (files, zip members, pixel arrays). Every reader turns the archive's lists into
-*records* ``(image source, raw label keys fine → coarse, "file, line N")``; :func:`encode_levels` maps the raw keys
-of each level to contiguous ids over all splits and rejects a child with two parents.
+"""Shared machinery of the benchmark readers: errors naming file and line, and the lazily decoded image datasets
+(files, zip members, pixel arrays). Every reader turns its archive into *records* ``(image source, raw label keys fine
+→ coarse, "file, line N")``; :func:`encode_levels` maps them to contiguous ids and refuses a child with two parents.
 """
 
 from __future__ import annotations
 
+import csv
 import io
 import os
 import zipfile
@@ -25,7 +25,6 @@ __all__ = [
     "FileImageDataset",
     "NativeImageDataset",
     "ZipImageDataset",
-    "check_paths_exist",
     "encode_levels",
     "encode_split",
     "file_split",
@@ -44,15 +43,14 @@ def layout_error(file: str | Path, line: int | str | None, message: str) -> Valu
 
 
 def require_file(path: Path, what: str) -> Path:
-    """``path`` if it is a file, else a ``ValueError`` naming the missing file and what it should hold."""
+    """``path``, or a ``ValueError`` naming the missing file and what it should hold."""
     if not path.is_file():
         raise ValueError(f"{path}: missing file ({what})")
     return path
 
 
 def read_text(path: Path) -> str:
-    """The content of a UTF-8 text file, or a ``ValueError`` naming the file and the line of the first byte that is
-    not UTF-8 (instead of a bare ``UnicodeDecodeError``)."""
+    """The content of a UTF-8 text file, or a ``ValueError`` naming the file and the line of the first bad byte."""
     data = path.read_bytes()
     try:
         return data.decode("utf-8")
@@ -64,25 +62,30 @@ def read_text(path: Path) -> str:
 
 
 def read_table(
-    path: Path, columns: Sequence[str], *, delimiter: str | None, header: bool = True
-) -> list[tuple[int, list[str]]]:
-    """``[(1-based line number, cells)]`` of the non-empty data lines of a text file split at ``delimiter`` (``None``:
-    whitespace) whose header must be exactly ``columns`` (spaces included; without ``header`` only their count).
+    path: Path, columns: Sequence[str], *, delimiter: str | None = ",", exact: bool = True
+) -> list[tuple[int, dict[str, str]]]:
+    """``[(line number, {column: cell})]`` of the non-empty data lines of a UTF-8 csv file (``delimiter=None``: split
+    at whitespace) whose header is exactly ``columns`` (spaces included; ``exact=False``: includes them).
     ``ValueError``: a missing file, another header, a line with another number of cells."""
-    require_file(path, f"columns {list(columns)}")
+    text = read_text(require_file(path, f"columns {list(columns)}"))
+    if delimiter is None:
+        lines = [(number, line.split()) for number, line in enumerate(text.split("\n"), start=1)]
+    else:
+        reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+        try:
+            lines = [(reader.line_num, cells) for cells in reader]
+        except csv.Error as err:  # e.g. a field over csv.field_size_limit()
+            raise layout_error(path, reader.line_num, f"not a readable csv line ({err})") from None
+    header = lines[0][1] if lines else []
+    if (header != list(columns)) if exact else not set(columns) <= set(header):
+        expected = f"the columns {list(columns)}" if exact else f"columns including {list(columns)}"
+        raise layout_error(path, 1, f"expected {expected}; got {header}")
     rows = []
-    for number, raw in enumerate(read_text(path).split("\n"), start=1):
-        text = raw.rstrip("\r\n")
-        cells = text.split(delimiter) if delimiter is not None else text.split()
-        if number == 1 and header:
-            if cells != list(columns):
-                raise layout_error(path, 1, f"expected the columns {list(columns)}; got {cells}")
-            continue
-        if not text.strip():
-            continue
-        if len(cells) != len(columns):
-            raise layout_error(path, number, f"expected {len(columns)} cells {list(columns)}; got {cells}")
-        rows.append((number, cells))
+    for number, cells in lines[1:]:
+        if any(c.strip() for c in cells):
+            if len(cells) != len(header):
+                raise layout_error(path, number, f"expected {len(header)} cells {header}; got {cells}")
+            rows.append((number, dict(zip(header, cells))))
     return rows
 
 
@@ -94,17 +97,9 @@ def parse_int(value: str, path: Path, line: int, column: str) -> int:
         raise layout_error(path, line, f"column {column!r} must be an integer; got {value!r}") from None
 
 
-def check_paths_exist(paths: Sequence[str], wheres: Sequence[str]) -> None:
-    """Raise ``ValueError`` naming the list file and line of the first image path that does not exist."""
-    for path, where in zip(paths, wheres):
-        if not os.path.isfile(path):
-            raise ValueError(f"{where}: image {path} does not exist")
-
-
 def encode_levels(keys: Sequence[Sequence[Hashable]], wheres: Sequence[str], level_names: Sequence[str]) -> Tensor:
-    """``(N, L)`` LongTensor of contiguous ids per level (the rank of each raw key among the sorted distinct keys of
-    its level) from ``keys``, one row of L raw keys per image (fine → coarse); ``ValueError`` naming both rows'
-    ``wheres`` (``"file, line N"``) when a key of level ``c`` has two parents (not a tree)."""
+    """``(N, L)`` contiguous ids (the rank among the sorted distinct keys of each level) of ``keys``, L raw keys per
+    image, fine → coarse; ``ValueError`` naming both rows' ``wheres`` when a key has two parents (not a tree)."""
     num_levels = len(level_names)
     if any(len(k) != num_levels for k in keys):
         raise ValueError(f"every row must give {num_levels} keys {list(level_names)}")
@@ -149,21 +144,26 @@ def file_split(
     *,
     benchmark: str,
     transform: Callable | None,
+    cls: type[FileImageDataset] | None = None,
+    **kwargs: Any,
 ) -> FileImageDataset:
-    """A :class:`FileImageDataset` of ``split`` from records whose sources are image paths (checked to exist)."""
+    """A ``cls`` (:class:`FileImageDataset`) of ``split`` from records whose sources are image paths; ``ValueError``
+    naming the list file and line of an image that does not exist."""
     part, labels = encode_split(records, split, level_names)
     if not part:
         raise ValueError(f"{root}: split {split!r} of {benchmark} lists no image")
-    check_paths_exist([r[0] for r in part], [r[2] for r in part])
-    return FileImageDataset(
-        labels, level_names, [r[0] for r in part], root, transform=transform, benchmark=benchmark, split=split
+    for path, _, where in part:
+        if not os.path.isfile(path):
+            raise ValueError(f"{where}: image {path} does not exist")
+    paths = [r[0] for r in part]
+    return (cls or FileImageDataset)(
+        labels, level_names, paths, root, transform=transform, benchmark=benchmark, split=split, **kwargs
     )
 
 
 class NativeImageDataset(RetrievalDatasetBase):
-    """A benchmark split read from its native archive: ``labels`` ``(N, L)``, ``names`` a file name per item (kept in
-    prepared copies); subclasses implement :meth:`image_record` (the encoded file, which :meth:`get_image` decodes
-    lazily) or :meth:`get_image` (then encoded as PNG by :meth:`image_record`)."""
+    """A benchmark split read from its archive: ``labels`` ``(N, L)``, ``names`` a file name per item; subclasses
+    implement :meth:`image_record` (the encoded file) or :meth:`get_image` (then encoded as PNG)."""
 
     def __init__(
         self,
@@ -190,13 +190,13 @@ class NativeImageDataset(RetrievalDatasetBase):
         return {"bytes": buffer.getvalue(), "path": self.names[index]}
 
     def get_image(self, index: int) -> Any:
-        """The untransformed PIL RGB image of item ``index`` (``ValueError`` naming the file if it does not decode)."""
+        """The untransformed PIL RGB image of item ``index`` (``ValueError`` naming the file)."""
         index = self._check_index(index)
         record = self.image_record(index)
         return decode_image(io.BytesIO(record["bytes"]), self.describe_item(index))
 
     def describe_item(self, index: int) -> str:
-        """Where item ``index`` comes from, for error messages (``"<benchmark> <split> item <i> (<file>)"``)."""
+        """``"<benchmark> <split> item <i> (<file>)"``, for error messages."""
         return f"{self.benchmark} {self.split} item {index} ({self.names[index]})"
 
     def __repr__(self) -> str:
@@ -229,10 +229,7 @@ class FileImageDataset(NativeImageDataset):
 
 
 class ZipImageDataset(NativeImageDataset):
-    """Images stored as zip members; ``members[i] = (zip path, member name)``.
-
-    Zip handles are opened on first use and per process (safe with forking ``DataLoader`` workers).
-    """
+    """Images stored as zip members ``members[i] = (zip path, member name)``, opened per process on first use."""
 
     def __init__(
         self, labels: Tensor, label_names: Sequence[str], members: Sequence[tuple[str, str]], **kwargs: Any

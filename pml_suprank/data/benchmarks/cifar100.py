@@ -1,11 +1,8 @@
 """CIFAR-100 (Krizhevsky, 2009), fine label (100) → coarse label (20), from the Toronto release
-``cifar-100-python/`` or a Hub dataset with ``img`` / ``fine_label`` / ``coarse_label`` columns (e.g.
-``uoft-cs/cifar100``, downloaded by ``datasets``: the only benchmark that may touch the network).
-
-The release's ``{train,test}`` pickles (``data`` ``(N, 3072)`` uint8 planes, ``fine_labels``, ``coarse_labels``,
-``filenames``) are read with :func:`load_restricted_pickle` (builtin containers and numpy arrays only). Splits:
-``train`` / ``test`` as distributed and the open-set ``open_train`` / ``open_test``: the 3 smallest fine ids of every
-coarse class train, the other 2 test.
+``cifar-100-python/`` (its ``{train,test}`` pickles read by :func:`load_restricted_pickle`: builtin containers and
+numpy arrays only) or a Hub dataset with ``img`` / ``fine_label`` / ``coarse_label`` columns (e.g.
+``uoft-cs/cifar100``: the only benchmark that may touch the network). Splits: ``train`` / ``test`` as distributed and
+the open-set ``open_train`` / ``open_test`` (the 3 smallest fine ids of every coarse class train, the other 2 test).
 """
 
 from __future__ import annotations
@@ -19,7 +16,7 @@ import numpy as np
 import torch
 
 from ..loading import HFRetrievalDataset, open_set_classes
-from ._native import ArrayImageDataset, NativeImageDataset, encode_levels, layout_error
+from ._native import ArrayImageDataset, NativeImageDataset, Record, encode_levels, encode_split, layout_error
 
 __all__ = [
     "CIFAR100_LABEL_NAMES",
@@ -59,8 +56,8 @@ class RestrictedUnpickler(pickle.Unpickler):
 
 def load_restricted_pickle(path: Path, what: str, *, encoding: str = "ASCII") -> Any:
     """The content of the pickle file ``path`` read with :class:`RestrictedUnpickler` (``encoding`` of Python 2
-    ``str``; ``"bytes"`` for CIFAR). ``ValueError`` naming ``what`` the file should hold: missing, or not a readable
-    pickle of builtins and numpy arrays (e.g. a refused global)."""
+    ``str``). ``ValueError`` naming ``what`` the file should hold: missing, or not a pickle of builtins and numpy
+    arrays."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: missing file ({what})")
@@ -71,9 +68,9 @@ def load_restricted_pickle(path: Path, what: str, *, encoding: str = "ASCII") ->
         raise layout_error(path, None, f"not a readable {what} ({err})") from None
 
 
-def _read_pickle(path: Path) -> dict[bytes, Any]:
-    if not path.is_file():
-        raise ValueError(f"{path}: missing file (a CIFAR-100 pickle with data, fine_labels, coarse_labels)")
+def _local_part(folder: Path, part: str) -> tuple[np.ndarray, list[Record], list[str]]:
+    """Pixels ``(N, 32, 32, 3)``, records ``(i, (fine, coarse), where)`` and file names of one pickle."""
+    path = folder / part
     content = load_restricted_pickle(path, "CIFAR-100 pickle", encoding="bytes")
     if not isinstance(content, dict):
         raise layout_error(path, None, f"expected a dict; got {type(content).__name__}")
@@ -81,13 +78,6 @@ def _read_pickle(path: Path) -> dict[bytes, Any]:
     missing = [k.decode() for k in (b"data", b"fine_labels", b"coarse_labels") if k not in content]
     if missing:
         raise layout_error(path, None, f"missing keys {missing}; got {sorted(map(repr, content))}")
-    return content
-
-
-def _local_part(folder: Path, part: str) -> tuple[np.ndarray, list[tuple[int, int]], list[str], list[str]]:
-    """Pixels ``(N, 32, 32, 3)``, ``(fine, coarse)`` per image, file names and ``where`` strings of one pickle."""
-    path = folder / part
-    content = _read_pickle(path)
     data = np.asarray(content[b"data"])
     fine, coarse = list(content[b"fine_labels"]), list(content[b"coarse_labels"])
     if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072 or not len(data) == len(fine) == len(coarse):
@@ -97,18 +87,14 @@ def _local_part(folder: Path, part: str) -> tuple[np.ndarray, list[tuple[int, in
             f"data must be (N, 3072) uint8 with N fine/coarse labels; got {data.dtype} {data.shape}, "
             f"{len(fine)} fine and {len(coarse)} coarse labels",
         )
+    keys = [
+        (_label(a, path, i, "fine_labels"), _label(b, path, i, "coarse_labels"))
+        for i, (a, b) in enumerate(zip(fine, coarse))
+    ]
     names = content.get(b"filenames") or [f"{part}_{i:05d}.png" for i in range(len(data))]
     names = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
-    pixels = data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
-    return (
-        pixels,
-        [
-            (_label(a, path, i, "fine_labels"), _label(b, path, i, "coarse_labels"))
-            for i, (a, b) in enumerate(zip(fine, coarse))
-        ],
-        names,
-        [f"{path}, item {i}" for i in range(len(data))],
-    )
+    records = [(i, key, f"{path}, item {i}") for i, key in enumerate(keys)]
+    return data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1), records, names
 
 
 def _label(value: Any, path: Path, item: int, key: str) -> int:
@@ -119,8 +105,7 @@ def _label(value: Any, path: Path, item: int, key: str) -> int:
 
 
 def _open_set_keep(keys: list[tuple[int, int]], part: str, everything: list[tuple[int, int]]) -> list[int]:
-    """Indices of ``keys`` on the open-set side ``part`` (:func:`~pml_suprank.data.loading.open_set_classes` with 3
-    training classes per coarse class, over ``everything``, both splits)."""
+    """Indices of ``keys`` on the open-set side ``part`` (3 training classes per coarse class over ``everything``)."""
     train, _ = open_set_classes(torch.tensor(everything), train_classes_per_coarse=CIFAR100_TRAIN_CLASSES_PER_COARSE)
     inside = torch.isin(torch.tensor([fine for fine, _ in keys]), train)
     return torch.nonzero(inside == (part == "train")).flatten().tolist()
@@ -153,8 +138,7 @@ def _from_hub(repo_id: str, split: str, transform: Callable | None) -> HubImageD
 
 
 def load_cifar100(root: str | Path, split: str, transform: Callable | None = None) -> NativeImageDataset:
-    """CIFAR-100 ``split`` (``"train"``, ``"test"``, ``"open_train"``, ``"open_test"``) of ``cifar-100-python/`` (or
-    its parent) or a Hub id such as ``"uoft-cs/cifar100"``: labels ``(N, 2)`` = (fine, coarse) as distributed.
+    """CIFAR-100 ``split`` of ``cifar-100-python/`` (or its parent) or a Hub id: labels ``(N, 2)`` = (fine, coarse).
     ``ValueError``: a missing or malformed pickle, a fine label under two coarse labels."""
     path = Path(root)
     folder = path / "cifar-100-python" if (path / "cifar-100-python").is_dir() else path
@@ -162,12 +146,10 @@ def load_cifar100(root: str | Path, split: str, transform: Callable | None = Non
         return _from_hub(str(root), split, transform)
     base = split.removeprefix("open_")
     parts = {part: _local_part(folder, part) for part in ("train", "test")}
-    all_keys = parts["train"][1] + parts["test"][1]
-    all_labels = encode_levels(all_keys, parts["train"][3] + parts["test"][3], CIFAR100_LABEL_NAMES)
-    pixels, keys, names, _ = parts[base]
-    labels = all_labels[: len(keys)] if base == "train" else all_labels[len(parts["train"][1]) :]
+    pixels, records, names = parts[base]
+    _, labels = encode_split({p: r for p, (_, r, _) in parts.items()}, base, CIFAR100_LABEL_NAMES)
     if split.startswith("open_"):
-        keep = _open_set_keep(keys, base, all_keys)
+        keep = _open_set_keep([r[1] for r in records], base, [r[1] for _, rs, _ in parts.values() for r in rs])
         pixels, labels, names = pixels[keep], labels[keep], [names[i] for i in keep]
     return ArrayImageDataset(
         labels, CIFAR100_LABEL_NAMES, pixels, names, transform=transform, benchmark="cifar100", split=split

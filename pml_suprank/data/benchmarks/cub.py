@@ -1,8 +1,5 @@
-"""CUB-200-2011 (Wah et al., 2011) read from its release ``CUB_200_2011/images/<NNN.Name>/*.jpg``.
-
-Open-set retrieval protocol (Oh Song et al., CVPR 2016): the class folders in sorted order, the first half (classes
-``001``–``100``) for training and the second half (``101``–``200``) for testing, every image of a class on its side.
-One level (the species): the release has no coarser taxonomy table, so none is invented here.
+"""CUB-200-2011 (Wah et al., 2011) from its release ``CUB_200_2011/images/<NNN.Name>/*.jpg``, one level (species),
+with the open-set protocol of Oh Song et al. (CVPR 2016): the first half of the sorted classes train, the rest test.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""DyML-Vehicle / DyML-Animal / DyML-Product (Sun et al., "Dynamic Metric Learning", CVPR 2021) from the release
-folders (comma-separated csv files whose headers keep the release's leading spaces and ``0.jpg`` typos):
-
-* ``train/label.csv`` (``fname, fine_id0.jpg, middle_id, coarse_id``), images in ``train/imgs/``: 3 levels;
-* ``bmk_<fine|middle|coarse>/{query,gallery}.csv`` (``fname, labels0.jpg``), images in
-  ``bmk_<g>/<query|gallery>/``: the per-granularity test sets, one level each;
-* DyML-Product also ships ``mini-bmk_all_in_one/label.csv`` (split ``test``).
-
-Ids are contiguous per group of files sharing a label space (``train``; ``query_<g>`` with ``gallery_<g>``; ``test``).
+"""DyML-Vehicle / -Animal / -Product (Sun et al., "Dynamic Metric Learning", CVPR 2021) from the release folders
+(csv headers keep the release's leading spaces and ``0.jpg`` typos): ``train/label.csv`` + ``train/imgs/`` (3
+levels), ``bmk_<g>/{query,gallery}.csv`` + ``bmk_<g>/<query|gallery>/`` (one level per granularity ``g``) and, for
+DyML-Product, ``mini-bmk_all_in_one/label.csv`` (split ``test``). Ids are contiguous per shared label space.
 """
 
 from __future__ import annotations
@@ -35,24 +30,14 @@ def dyml_label_names(split: str) -> tuple[str, ...]:
     return DYML_LABEL_NAMES if split in ("train", "test") else (split.split("_", 1)[1],)
 
 
-def _three_levels(root: Path, sub: str) -> list[Record]:
-    path = root / sub / "label.csv"
+def _records(root: Path, csv: str, images: str, columns: tuple[str, ...]) -> list[Record]:
+    """The records of the csv file ``root/csv`` (integer labels in ``columns[1:]``), images under ``root/images``."""
+    path = root / csv
     out, confine = [], PathConfiner(root)
-    for line, cells in read_table(path, _TRAIN_COLUMNS, delimiter=","):
-        keys = tuple(parse_int(cells[i], path, line, _TRAIN_COLUMNS[i]) for i in (1, 2, 3))
+    for line, cells in read_table(path, columns):
+        keys = tuple(parse_int(cells[c], path, line, c) for c in columns[1:])
         where = f"{path}, line {line}"
-        out.append((confine(sub, "imgs", cells[0].strip(), where=where), keys, where))
-    return out
-
-
-def _benchmark_set(root: Path, kind: str, granularity: str) -> list[Record]:
-    folder = root / f"bmk_{granularity}"
-    path = folder / f"{kind}.csv"
-    out, confine = [], PathConfiner(root)
-    for line, cells in read_table(path, _BMK_COLUMNS, delimiter=","):
-        label = parse_int(cells[1], path, line, _BMK_COLUMNS[1])
-        where = f"{path}, line {line}"
-        out.append((confine(folder.name, kind, cells[0].strip(), where=where), (label,), where))
+        out.append((confine(images, cells["fname"].strip(), where=where), keys, where))
     return out
 
 
@@ -63,11 +48,12 @@ def load_dyml(
     ``gallery_<g>`` (1 level) or ``test`` (DyML-Product). ``ValueError``: a missing or malformed csv (wrong header,
     non-integer label), a missing image, a class with two parents."""
     root = Path(root)
-    if split == "train":
-        records = {"train": _three_levels(root, "train")}
-    elif split == "test":
-        records = {"test": _three_levels(root, "mini-bmk_all_in_one")}
+    if split in ("train", "test"):
+        sub = "train" if split == "train" else "mini-bmk_all_in_one"
+        records = {split: _records(root, f"{sub}/label.csv", f"{sub}/imgs", _TRAIN_COLUMNS)}
     else:
-        granularity = split.split("_", 1)[1]
-        records = {f"{k}_{granularity}": _benchmark_set(root, k, granularity) for k in ("query", "gallery")}
+        g = split.split("_", 1)[1]
+        records = {
+            f"{k}_{g}": _records(root, f"bmk_{g}/{k}.csv", f"bmk_{g}/{k}", _BMK_COLUMNS) for k in ("query", "gallery")
+        }
     return file_split(records, split, dyml_label_names(split), root, benchmark=name, transform=transform)

@@ -1,23 +1,20 @@
 """H-GLDv2: Google Landmarks v2 (Weyand et al., CVPR 2020) with the hierarchical labels of SupRank (TPAMI Sec. VI),
-landmark → cluster (78 supercategories) → overall_cluster (human-made / natural).
+landmark → cluster (78 supercategories) → overall_cluster (human-made / natural); evaluated (TPAMI Table VII) with
+:func:`pml_suprank.metrics.landmark.landmark_map_at_k` and the hierarchical metrics.
 
-Layout under ``root`` (csv files with a header, as distributed): ``train_clean.csv``, ``index_image_to_landmark.csv``
-(the index set), ``retrieval_solution_v2.1.csv`` (each test image's index ids, ``None`` without ground truth), the
-H-GLDv2 ``{train,index}_label_to_subcategory_with_clusters.csv`` and images at ``{train,index,test}/a/b/c/<id>.jpg``.
-Splits: ``train``, ``query`` (test images with ground truth, labelled by their solution images' one landmark) and
-``gallery`` (the index set; one label space with ``query``); images whose landmark has no cluster are left out.
-Evaluation (TPAMI Table VII): :func:`pml_suprank.metrics.landmark.landmark_map_at_k` and the hierarchical metrics.
+Layout under ``root`` (csv files as distributed): ``train_clean.csv``, ``index_image_to_landmark.csv``,
+``retrieval_solution_v2.1.csv``, ``{train,index}_label_to_subcategory_with_clusters.csv`` and images at
+``{train,index,test}/a/b/c/<id>.jpg``. Splits: ``train``, ``query`` (test images with ground truth, labelled by their
+solution images' one landmark) and ``gallery`` (the index set); images whose landmark has no cluster are left out.
 """
 
 from __future__ import annotations
 
-import csv
-import io
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from ..paths import PathConfiner
-from ._native import FileImageDataset, Record, file_split, layout_error, parse_int, read_text, require_file
+from ._native import FileImageDataset, Record, file_split, layout_error, parse_int, read_table
 
 __all__ = ["GLDV2_LABEL_NAMES", "GLDV2_SPLITS", "gldv2_image_path", "load_gldv2", "read_subcategories"]
 
@@ -30,32 +27,9 @@ _HIERARCHY_COLUMNS = ("landmark_id", "cluster", "overall_cluster")
 _NO_GROUND_TRUTH = "None"
 
 
-def gldv2_image_path(folder: Path, image_id: str) -> Path:
+def gldv2_image_path(folder: str | Path, image_id: str) -> Path:
     """``folder/a/b/c/<id>.jpg`` with ``a``, ``b``, ``c`` the first three characters of ``image_id``."""
-    return folder / image_id[0] / image_id[1] / image_id[2] / f"{image_id}.jpg"
-
-
-def _confined_image(confine: PathConfiner, folder: str, image_id: str, where: str) -> str:
-    """The image path of ``image_id`` under ``root / folder``, refused if a symbolic link leads outside ``root``."""
-    return confine(gldv2_image_path(Path(folder), image_id), where=where)
-
-
-def _rows(path: Path, columns: tuple[str, ...], *, exact: bool = True) -> Iterator[tuple[int, dict[str, str]]]:
-    """``(line, {column: cell})`` of a csv file whose header is ``columns`` (or contains them when not ``exact``)."""
-    require_file(path, f"csv with the columns {list(columns)}")
-    with io.StringIO(read_text(path), newline="") as f:
-        reader = csv.reader(f)
-        header = next(reader, [])
-        if (header != list(columns)) if exact else not set(columns) <= set(header):
-            expected = f"the columns {list(columns)}" if exact else f"columns including {list(columns)}"
-            raise layout_error(path, 1, f"expected {expected}; got {header}")
-        for cells in reader:
-            line = reader.line_num
-            if not any(c.strip() for c in cells):
-                continue
-            if len(cells) != len(header):
-                raise layout_error(path, line, f"expected {len(header)} cells {header}; got {cells}")
-            yield line, dict(zip(header, cells))
+    return Path(folder) / image_id[0] / image_id[1] / image_id[2] / f"{image_id}.jpg"
 
 
 def _image_id(value: str, path: Path, line: int) -> str:
@@ -66,18 +40,13 @@ def _image_id(value: str, path: Path, line: int) -> str:
 
 
 def read_subcategories(path: Path) -> dict[int, tuple[str, str]]:
-    """``landmark_id → (cluster, overall_cluster)`` of an H-GLDv2 ``*_label_to_subcategory_with_clusters.csv``.
-
-    Landmarks with an empty ``cluster`` or ``overall_cluster`` cell are left out (no supercategory).
-
-    Raises:
-        ValueError: Missing file or columns, a non-integer landmark id, a landmark listed with two clusters or a
-            cluster under two overall clusters (naming the file and both lines).
-    """
+    """``landmark_id → (cluster, overall_cluster)`` of an H-GLDv2 ``*_label_to_subcategory_with_clusters.csv``
+    (landmarks without both cells left out). ``ValueError``: missing file or columns, a non-integer landmark id, a
+    landmark with two clusters or a cluster under two overall clusters (naming the file and both lines)."""
     mapping: dict[int, tuple[str, str]] = {}
     seen_landmark: dict[int, int] = {}
     parent: dict[str, tuple[str, int]] = {}
-    for line, row in _rows(path, _HIERARCHY_COLUMNS, exact=False):
+    for line, row in read_table(path, _HIERARCHY_COLUMNS, exact=False):
         landmark = parse_int(row["landmark_id"], path, line, "landmark_id")
         cluster, overall = row["cluster"].strip(), row["overall_cluster"].strip()
         if not cluster or not overall or cluster.lower() == "nan" or overall.lower() == "nan":
@@ -107,20 +76,20 @@ def _train_records(root: Path) -> list[Record]:
     path = root / "train_clean.csv"
     hierarchy = read_subcategories(root / "train_label_to_subcategory_with_clusters.csv")
     out = []
-    for line, row in _rows(path, _TRAIN_COLUMNS):
+    for line, row in read_table(path, _TRAIN_COLUMNS):
         landmark = parse_int(row["landmark_id"], path, line, "landmark_id")
         if landmark not in hierarchy:
             continue
         key, where = (landmark, *hierarchy[landmark]), f"{path}, line {line}"
         for image in row["images"].split():
-            out.append((_confined_image(confine, "train", _image_id(image, path, line), where), key, where))
+            out.append((confine(gldv2_image_path("train", _image_id(image, path, line)), where=where), key, where))
     return out
 
 
 def _index_landmarks(root: Path) -> tuple[Path, list[tuple[int, str, int]]]:
     path = root / "index_image_to_landmark.csv"
     rows = []
-    for line, row in _rows(path, _INDEX_COLUMNS):
+    for line, row in read_table(path, _INDEX_COLUMNS):
         rows.append((line, _image_id(row["id"], path, line), parse_int(row["landmark_id"], path, line, "landmark_id")))
     return path, rows
 
@@ -132,7 +101,7 @@ def _query_gallery_records(root: Path) -> dict[str, list[Record]]:
     landmark_of = {image: landmark for _, image, landmark in index_rows}
     gallery = [
         (
-            _confined_image(confine, "index", image, f"{index_path}, line {line}"),
+            confine(gldv2_image_path("index", image), where=f"{index_path}, line {line}"),
             (landmark, *hierarchy[landmark]),
             f"{index_path}, line {line}",
         )
@@ -141,7 +110,7 @@ def _query_gallery_records(root: Path) -> dict[str, list[Record]]:
     ]
     path = root / "retrieval_solution_v2.1.csv"
     query = []
-    for line, row in _rows(path, _SOLUTION_COLUMNS):
+    for line, row in read_table(path, _SOLUTION_COLUMNS):
         relevant = row["images"].split()
         if relevant == [_NO_GROUND_TRUTH] or not relevant:
             continue
@@ -155,19 +124,15 @@ def _query_gallery_records(root: Path) -> dict[str, list[Record]]:
             image = _image_id(row["id"], path, line)
             key = (landmarks[0], *hierarchy[landmarks[0]])
             where = f"{path}, line {line}"
-            query.append((_confined_image(confine, "test", image, where), key, where))
+            query.append((confine(gldv2_image_path("test", image), where=where), key, where))
     return {"query": query, "gallery": gallery}
 
 
 def load_gldv2(root: str | Path, split: str, transform: Callable | None = None) -> FileImageDataset:
     """H-GLDv2 ``split`` (``"train"``, ``"query"``, ``"gallery"``) of the GLDv2 folder ``root``: labels ``(N, 3)`` =
-    (landmark, cluster, overall_cluster), 0-based and contiguous (query and gallery share their ids).
-
-    Raises:
-        ValueError: A csv file is missing or malformed (wrong header, non-integer id, a query whose solution images
-            are not in the index or depict several landmarks), an image does not exist, or a landmark / cluster with
-            two parents (the message names the file and line).
-    """
+    (landmark, cluster, overall_cluster), contiguous (query and gallery share their ids). ``ValueError`` naming the
+    file and line: a missing or malformed csv (a query whose solution images are not in the index or depict several
+    landmarks), a missing image, a landmark / cluster with two parents."""
     root = Path(root)
     records = {"train": _train_records(root)} if split == "train" else _query_gallery_records(root)
     return file_split(records, split, GLDV2_LABEL_NAMES, root, benchmark="gldv2_hier", transform=transform)

@@ -1,9 +1,6 @@
-"""iNaturalist 2018 (Van Horn et al., CVPR 2018) with the open-set retrieval splits of Smooth-AP (Brown et al.,
-ECCV 2020), read from the official archives (layout: :data:`~pml_suprank.data.benchmarks.BENCHMARKS` ``layout``).
-
-``inat_base``: species → super-category from the image path (2 levels, HAPPIER / ROADMAP); ``inat_full``: species,
-genus, family, order, class, phylum, kingdom from ``train2018.json`` (7 levels, HAPPIER), a taxon identified by its
-whole lineage (homonyms in different families stay distinct).
+"""iNaturalist 2018 (Van Horn et al., CVPR 2018) with the open-set splits of Smooth-AP (Brown et al., ECCV 2020):
+``inat_base`` species → super-category from the image path (2 levels); ``inat_full`` species → ... → kingdom from
+``train2018.json`` (7 levels, a taxon identified by its whole lineage).
 """
 
 from __future__ import annotations
@@ -60,13 +57,9 @@ def _taxonomy(root: Path) -> dict[int, tuple[str, ...]]:
 
 
 def load_inat(root: str | Path, split: str, *, full: bool, transform: Callable | None = None) -> FileImageDataset:
-    """iNaturalist-2018 open-set ``split`` (``"train"`` / ``"test"``): labels ``(N, 2)``, or ``(N, 7)`` with ``full``
-    (``inat_full``), fine → coarse, ids contiguous over both splits.
-
-    Raises:
-        ValueError: A missing or malformed file, a category absent from ``train2018.json``, an image that does not
-            exist, or a species under two super-categories.
-    """
+    """iNaturalist-2018 open-set ``split`` (``"train"`` / ``"test"``): labels ``(N, 2)``, or ``(N, 7)`` with ``full``,
+    fine → coarse, contiguous over both splits. ``ValueError``: a missing or malformed file, a category absent from
+    ``train2018.json``, a missing image, a species under two super-categories."""
     root = Path(root)
     rows = {s: _split_records(root, s) for s in INAT_SPLITS}
     records: dict[str, list[Record]] = {}

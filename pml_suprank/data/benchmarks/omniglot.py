@@ -1,9 +1,6 @@
-"""Omniglot (Lake, Salakhutdinov & Tenenbaum, Science 2015) background archives, 2 levels character → alphabet.
-
-``root`` holds the ``images_background*.zip`` archives (or their extracted folders), images at
-``<archive>/<alphabet>/<characterNN>/<id>_<drawer>.png``; archives are merged by (alphabet, character), an image in
-several archives kept once. Open set: in every alphabet the first half of the sorted characters (rounded up) train,
-the others test. Ids by sorted (alphabet, character) and sorted alphabet, over both splits.
+"""Omniglot (Lake, Salakhutdinov & Tenenbaum, Science 2015) background archives, character → alphabet: the
+``images_background*.zip`` archives (or extracted folders) under ``root``, merged by (alphabet, character). Open set:
+in every alphabet the first half of the sorted characters (rounded up) train, the others test.
 """
 
 from __future__ import annotations
@@ -29,15 +26,10 @@ def _entries(root: Path) -> tuple[list[tuple[str, str, str, str, str]], bool]:
     folders = sorted(p for p in root.glob("images_background*") if p.is_dir())
     if not zips and not folders:
         raise ValueError(f"{root}: missing images_background*.zip archives (or the folders they extract to)")
-    out = []
     if zips:
-        for archive in zips:
-            for member in _zip_members(archive):
-                if member.endswith("/"):
-                    continue
-                out.append(_entry(f"{archive}::{member}", member, archive, f"{archive}, entry {member}"))
-        return out, True
-    confine = PathConfiner(root)
+        members = [(archive, m) for archive in zips for m in _zip_members(archive) if not m.endswith("/")]
+        return [_entry(f"{a}::{m}", m, a, f"{a}, entry {m}") for a, m in members], True
+    out, confine = [], PathConfiner(root)
     for folder in folders:
         for path in sorted(p for p in folder.rglob("*") if p.is_file()):
             rel = path.relative_to(root).as_posix()

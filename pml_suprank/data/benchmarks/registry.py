@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from ._native import NativeImageDataset
 from .cifar100 import CIFAR100_LABEL_NAMES, CIFAR100_SPLITS, load_cifar100
@@ -14,7 +15,7 @@ from .dyml import dyml_label_names, dyml_splits, load_dyml
 from .gldv2 import GLDV2_LABEL_NAMES, GLDV2_SPLITS, load_gldv2
 from .inat import INAT_BASE_LABEL_NAMES, INAT_FULL_LABEL_NAMES, INAT_SPLITS, load_inat
 from .omniglot import OMNIGLOT_LABEL_NAMES, OMNIGLOT_SPLITS, load_omniglot
-from .roxford import REVISITED_LABEL_NAMES, REVISITED_SPLITS, load_revisited
+from .roxford import REVISITED_DATASETS, REVISITED_LABEL_NAMES, REVISITED_SPLITS, load_revisited
 from .sop import SOP_LABEL_NAMES, SOP_SPLITS, load_sop
 
 __all__ = ["BENCHMARKS", "BenchmarkSpec", "benchmark_label_names", "load_benchmark"]
@@ -22,9 +23,8 @@ __all__ = ["BENCHMARKS", "BenchmarkSpec", "benchmark_label_names", "load_benchma
 
 @dataclass(frozen=True)
 class BenchmarkSpec:
-    """How to read one benchmark: its ``splits``, ``label_names(split)`` (fine → coarse), ``loader(root, split,
-    transform)``, a one-line ``layout`` of ``root``, and the default ``train_split`` / ``test_split`` (``None``:
-    evaluated per query / gallery pair, as DyML-Vehicle/-Animal, H-GLDv2 and the revisited Oxford / Paris)."""
+    """One benchmark: ``splits``, ``label_names(split)`` (fine → coarse), ``loader(root, split, transform)``, a
+    one-line ``layout`` of ``root``, default ``train_split`` / ``test_split`` (``None``: per query / gallery pair)."""
 
     name: str
     splits: tuple[str, ...]
@@ -35,87 +35,48 @@ class BenchmarkSpec:
     test_split: str | None = "test"
 
 
-def _fixed(names: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
-    return lambda split: names
-
-
-def _dyml(name: str) -> BenchmarkSpec:
-    product = name == "dyml_product"
-    layout = "train/label.csv + train/imgs/, bmk_{fine,middle,coarse}/{query,gallery}.csv + {query,gallery}/"
-    return BenchmarkSpec(
-        name,
-        dyml_splits(product),
-        dyml_label_names,
-        partial(load_dyml, name=name),
-        layout + (", mini-bmk_all_in_one/label.csv + imgs/" if product else ""),
-        test_split="test" if product else None,
-    )
-
-
-BENCHMARKS: dict[str, BenchmarkSpec] = {
-    "sop": BenchmarkSpec(
-        "sop", SOP_SPLITS, _fixed(SOP_LABEL_NAMES), load_sop, "Stanford_Online_Products/ with Ebay_{train,test}.txt"
-    ),
-    "cub": BenchmarkSpec("cub", CUB_SPLITS, _fixed(CUB_LABEL_NAMES), load_cub, "folder with CUB_200_2011/images/"),
-    "inat_base": BenchmarkSpec(
-        "inat_base",
-        INAT_SPLITS,
-        _fixed(INAT_BASE_LABEL_NAMES),
-        partial(load_inat, full=False),
-        "Inat_dataset_splits/Inaturalist_{train,test}_set1.txt + train_val2018/",
-    ),
-    "inat_full": BenchmarkSpec(
-        "inat_full",
-        INAT_SPLITS,
-        _fixed(INAT_FULL_LABEL_NAMES),
-        partial(load_inat, full=True),
-        "Inat_dataset_splits/Inaturalist_{train,test}_set1.txt + train_val2018/ + train2018.json",
-    ),
-    "dyml_vehicle": _dyml("dyml_vehicle"),
-    "dyml_animal": _dyml("dyml_animal"),
-    "dyml_product": _dyml("dyml_product"),
-    "cifar100": BenchmarkSpec(
-        "cifar100",
-        CIFAR100_SPLITS,
-        _fixed(CIFAR100_LABEL_NAMES),
-        load_cifar100,
-        "cifar-100-python/{train,test} pickles, or a Hub id such as uoft-cs/cifar100",
-        train_split="open_train",
-        test_split="open_test",
-    ),
-    "omniglot": BenchmarkSpec(
-        "omniglot",
-        OMNIGLOT_SPLITS,
-        _fixed(OMNIGLOT_LABEL_NAMES),
-        load_omniglot,
-        "folder with images_background*.zip (or the extracted folders)",
-    ),
+_INAT = "Inat_dataset_splits/Inaturalist_{train,test}_set1.txt + train_val2018/"
+_DYML = "train/label.csv + train/imgs/, bmk_{fine,middle,coarse}/{query,gallery}.csv + {query,gallery}/"
+_LAYOUTS = {
+    "sop": "Stanford_Online_Products/ with Ebay_{train,test}.txt",
+    "cub": "folder with CUB_200_2011/images/",
+    "inat_base": _INAT,
+    "inat_full": f"{_INAT} + train2018.json",
+    "dyml_vehicle": _DYML,
+    "dyml_animal": _DYML,
+    "dyml_product": f"{_DYML}, mini-bmk_all_in_one/label.csv + imgs/",
+    "cifar100": "cifar-100-python/{train,test} pickles, or a Hub id such as uoft-cs/cifar100",
+    "omniglot": "folder with images_background*.zip (or the extracted folders)",
+    "gldv2_hier": "GLDv2 folder with train_clean.csv, index_image_to_landmark.csv, retrieval_solution_v2.1.csv, "
+    "{train,index}_label_to_subcategory_with_clusters.csv + train/, index/, test/",
+    **{name: f"{name}/ with gnd_{name}.pkl (imlist, qimlist, gnd) + jpg/" for name in REVISITED_DATASETS},
 }
 
 
-def _revisited(name: str) -> BenchmarkSpec:
-    return BenchmarkSpec(
-        name,
-        REVISITED_SPLITS,
-        _fixed(REVISITED_LABEL_NAMES),
-        partial(load_revisited, name=name),
-        f"{name}/ with gnd_{name}.pkl (imlist, qimlist, gnd) + jpg/",
-        train_split="gallery",
-        test_split=None,
+def _entry(name: str, splits: tuple, names: Any, loader: Callable, train: str = "train", test: str | None = "test"):
+    label_names = names if callable(names) else lambda split: names
+    return BenchmarkSpec(name, splits, label_names, loader, _LAYOUTS[name], train, test)
+
+
+BENCHMARKS: dict[str, BenchmarkSpec] = {
+    spec.name: spec
+    for spec in (
+        _entry("sop", SOP_SPLITS, SOP_LABEL_NAMES, load_sop),
+        _entry("cub", CUB_SPLITS, CUB_LABEL_NAMES, load_cub),
+        _entry("inat_base", INAT_SPLITS, INAT_BASE_LABEL_NAMES, partial(load_inat, full=False)),
+        _entry("inat_full", INAT_SPLITS, INAT_FULL_LABEL_NAMES, partial(load_inat, full=True)),
+        _entry("dyml_vehicle", dyml_splits(), dyml_label_names, partial(load_dyml, name="dyml_vehicle"), test=None),
+        _entry("dyml_animal", dyml_splits(), dyml_label_names, partial(load_dyml, name="dyml_animal"), test=None),
+        _entry("dyml_product", dyml_splits(True), dyml_label_names, partial(load_dyml, name="dyml_product")),
+        _entry("cifar100", CIFAR100_SPLITS, CIFAR100_LABEL_NAMES, load_cifar100, "open_train", "open_test"),
+        _entry("omniglot", OMNIGLOT_SPLITS, OMNIGLOT_LABEL_NAMES, load_omniglot),
+        _entry("gldv2_hier", GLDV2_SPLITS, GLDV2_LABEL_NAMES, load_gldv2, test=None),
+        *(
+            _entry(name, REVISITED_SPLITS, REVISITED_LABEL_NAMES, partial(load_revisited, name=name), "gallery", None)
+            for name in REVISITED_DATASETS
+        ),
     )
-
-
-BENCHMARKS["gldv2_hier"] = BenchmarkSpec(
-    "gldv2_hier",
-    GLDV2_SPLITS,
-    _fixed(GLDV2_LABEL_NAMES),
-    load_gldv2,
-    "GLDv2 folder with train_clean.csv, index_image_to_landmark.csv, retrieval_solution_v2.1.csv, "
-    "{train,index}_label_to_subcategory_with_clusters.csv + train/, index/, test/",
-    test_split=None,
-)
-BENCHMARKS["roxford5k"] = _revisited("roxford5k")
-BENCHMARKS["rparis6k"] = _revisited("rparis6k")
+}
 
 
 def _spec(name: str, split: str) -> BenchmarkSpec:
@@ -132,10 +93,9 @@ def benchmark_label_names(name: str, split: str) -> tuple[str, ...]:
 
 
 def load_benchmark(name: str, root: str | Path, split: str, transform: Callable | None = None) -> NativeImageDataset:
-    """Benchmark ``name`` (one of :data:`BENCHMARKS`), split ``split``, read from ``root``, the folder its archive
-    was extracted to (each spec's ``layout``; for ``cifar100`` also a Hub id): ``ds.labels`` ``(N, L)`` (column 0
-    finest, ids contiguous over the splits sharing a label space, a tree), ``ds[i] = {"image": (3, H, W), "labels":
-    (L,), "index": i}``, images decoded lazily. ``ValueError``: unknown name or split, a malformed archive.
+    """Benchmark ``name`` (:data:`BENCHMARKS`), split ``split``, read from ``root``, its extracted archive (each
+    spec's ``layout``; ``cifar100`` also a Hub id): ``ds.labels`` ``(N, L)`` (column 0 finest, contiguous ids, a
+    tree), images decoded lazily. ``ValueError``: unknown name or split, a malformed archive (naming file and line).
     """
     spec = _spec(name, split)
     if not isinstance(root, (str, Path)):

@@ -1,17 +1,14 @@
 """Revisited Oxford and Paris (Radenović et al., CVPR 2018): ``roxford5k`` and ``rparis6k``, the landmark test sets
-of the Easy / Medium / Hard protocol.
+of the Easy / Medium / Hard protocol (:func:`pml_suprank.metrics.landmark.revisited_map`).
 
-Layout under ``root``: ``gnd_<name>.pkl`` (``imlist`` database names, ``qimlist`` query names, and per query
-``easy`` / ``hard`` / ``junk`` database indices and its ``bbx`` region; read with
-:func:`~pml_suprank.data.benchmarks.cifar100.load_restricted_pickle`) and ``jpg/<name>.jpg``. Splits: ``query`` (the
-``qimlist`` images cropped to their ``bbx``; ``ds.gnd`` holds the ground truth) and ``gallery`` (``imlist`` order).
-One label level, ``landmark`` (the name without its trailing ``_<number>``). Evaluate with
-:func:`pml_suprank.metrics.landmark.revisited_map`.
+Layout under ``root``: ``gnd_<name>.pkl`` (``imlist``, ``qimlist``, per query ``easy`` / ``hard`` / ``junk`` database
+indices and its ``bbx``; read by :func:`~pml_suprank.data.benchmarks.cifar100.load_restricted_pickle`) and
+``jpg/<name>.jpg``. Splits: ``query`` (cropped to ``bbx``; ground truth in ``ds.gnd``) and ``gallery`` (``imlist``
+order). One level, ``landmark`` (the name without its trailing ``_<number>``).
 """
 
 from __future__ import annotations
 
-import io
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,9 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from ..._validation import check_choice
 from ..paths import PathConfiner
 from ..retrieval_dataset import decode_image
-from ._native import FileImageDataset, Record, check_paths_exist, encode_split, layout_error
+from ._native import FileImageDataset, NativeImageDataset, Record, file_split, layout_error
 from .cifar100 import load_restricted_pickle
 
 __all__ = [
@@ -70,10 +68,9 @@ def _bbx(value: Any, path: Path, where: str) -> tuple[float, float, float, float
 
 
 def read_revisited_gnd(path: str | Path) -> dict[str, Any]:
-    """The checked content of a ``gnd_<dataset>.pkl``: ``{"imlist": [str], "qimlist": [str], "gnd": [{"easy",
-    "hard", "junk": int64 arrays, "bbx": 4 floats}]}``. ``ValueError`` naming the file and entry: missing or unreadable
-    (a global other than numpy arrays and builtins), missing keys, an index outside ``imlist``, a bad ``bbx``.
-    """
+    """The checked ``{"imlist": [str], "qimlist": [str], "gnd": [{"easy", "hard", "junk": int64 arrays, "bbx": 4
+    floats}]}`` of a ``gnd_<dataset>.pkl``. ``ValueError`` naming the file and entry: missing or unreadable, missing
+    keys, an index outside ``imlist``, a bad ``bbx``."""
     path = Path(path)
     content = load_restricted_pickle(path, "revisited ground-truth pickle", encoding="latin1")
     if not isinstance(content, dict):
@@ -97,8 +94,8 @@ def read_revisited_gnd(path: str | Path) -> dict[str, Any]:
 
 
 class RevisitedQueryDataset(FileImageDataset):
-    """The query images of a revisited dataset, cropped to their ``bbx``; ``gnd[i]`` (``easy``, ``hard``, ``junk``
-    gallery indices, ``bbx``) is the ground truth of item ``i``; other arguments as :class:`FileImageDataset`."""
+    """The query images of a revisited dataset cropped to their ``bbx``; ``gnd[i]`` is the ground truth of item
+    ``i``."""
 
     def __init__(
         self, labels: Any, label_names: Sequence[str], paths: Sequence[str], root: Path, *, gnd: list, **kwargs
@@ -113,11 +110,7 @@ class RevisitedQueryDataset(FileImageDataset):
         index = self._check_index(index)
         return decode_image(self.paths[index], self.describe_item(index)).crop(self.gnd[index]["bbx"])
 
-    def image_record(self, index: int) -> dict[str, Any]:
-        """The cropped query encoded as PNG (lossless) and its path relative to the dataset root."""
-        buffer = io.BytesIO()
-        self.get_image(index).save(buffer, format="PNG")
-        return {"bytes": buffer.getvalue(), "path": self.names[self._check_index(index)]}
+    image_record = NativeImageDataset.image_record  # the cropped query encoded as PNG (lossless)
 
 
 def _records(names: list[str], root: Path, path: Path, key: str) -> list[Record]:
@@ -134,15 +127,9 @@ def _records(names: list[str], root: Path, path: Path, key: str) -> list[Record]
 def load_revisited(
     root: str | Path, split: str, *, name: str = "roxford5k", transform: Callable | None = None
 ) -> FileImageDataset:
-    """Revisited Oxford / Paris (``name``) ``split`` of ``root`` (holding ``gnd_<name>.pkl`` and ``jpg/``):
-    ``"query"`` (cropped, with ``.gnd``) or ``"gallery"`` (``imlist`` order).
-
-    Raises:
-        ValueError: A missing or malformed ground-truth pickle (see :func:`read_revisited_gnd`), an image name without
-            a trailing number, or an image that does not exist.
-    """
-    if name not in REVISITED_DATASETS:
-        raise ValueError(f"name must be one of {list(REVISITED_DATASETS)}; got {name!r}")
+    """Revisited Oxford / Paris (``name``) ``split`` (``"query"`` or ``"gallery"``) of ``root``. ``ValueError``: a
+    missing or malformed ground-truth pickle, an image name without a trailing number, a missing image."""
+    check_choice("name", name, REVISITED_DATASETS)
     root = Path(root)
     path = root / f"gnd_{name}.pkl"
     content = read_revisited_gnd(path)
@@ -150,12 +137,5 @@ def load_revisited(
         "query": _records(content["qimlist"], root, path, "qimlist"),
         "gallery": _records(content["imlist"], root, path, "imlist"),
     }
-    part, labels = encode_split(records, split, REVISITED_LABEL_NAMES)
-    if not part:
-        raise ValueError(f"{root}: split {split!r} of {name} lists no image")
-    paths = [r[0] for r in part]
-    check_paths_exist(paths, [r[2] for r in part])
-    kwargs: dict[str, Any] = {"transform": transform, "benchmark": name, "split": split}
-    if split == "query":
-        return RevisitedQueryDataset(labels, REVISITED_LABEL_NAMES, paths, root, gnd=content["gnd"], **kwargs)
-    return FileImageDataset(labels, REVISITED_LABEL_NAMES, paths, root, **kwargs)
+    query = {"cls": RevisitedQueryDataset, "gnd": content["gnd"]} if split == "query" else {}
+    return file_split(records, split, REVISITED_LABEL_NAMES, root, benchmark=name, transform=transform, **query)

@@ -22,11 +22,11 @@ def _records(root: Path, split: str) -> list[Record]:
     path = root / f"Ebay_{split}.txt"
     out, confine = [], PathConfiner(root)
     for line, cells in read_table(path, _COLUMNS, delimiter=None):
-        ids = [parse_int(cells[i], path, line, _COLUMNS[i]) for i in range(3)]
+        ids = [parse_int(cells[c], path, line, c) for c in _COLUMNS[:3]]
         if min(ids) < 1:
             raise layout_error(path, line, f"ids are 1-based; got image_id, class_id, super_class_id = {ids}")
         where = f"{path}, line {line}"
-        out.append((confine(cells[3], where=where), (ids[1], ids[2]), where))
+        out.append((confine(cells["path"], where=where), (ids[1], ids[2]), where))
     return out
 
 
