@@ -31,8 +31,7 @@ from .ebm import ResidualEnergyMLP, train_residual
 from .heat_state import MAX_SEED, check_heat_config, check_heat_settings, check_heat_state, check_mlp_sizes
 from .model_api import model_head
 from .presets import SETTING_KEYS, resolve_settings
-from .priors import Prior, degenerate_variance, unit_rows
-from .registry import PRIOR_REGISTRY
+from .priors import PRIOR_REGISTRY, Prior, degenerate_variance, unit_rows
 
 __all__ = ["HEAT", "PriorName", "compose_energies", "standardize"]
 

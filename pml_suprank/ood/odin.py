@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -50,9 +49,6 @@ class ODIN(Detector):
     def _adopt(self, model) -> None:
         if self.model is None:
             self.model = model.forward_logits if is_retrieval_model(model) else model
-
-    def config(self) -> dict[str, Any]:
-        return {"temperature": self.temperature, "eps": self.eps, "norm_std": self.norm_std}
 
     def _score(self, features=None, logits=None, inputs: Tensor | None = None, **kwargs) -> Tensor:
         if self.model is None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
@@ -35,9 +33,6 @@ class ViM(HeadDetector):
         if self.weight is not None and dim >= self.weight.shape[1]:
             raise ValueError(f"dim must be smaller than the feature dimension {self.weight.shape[1]}; got {dim}")
         self.dim = dim
-
-    def config(self) -> dict[str, Any]:
-        return {"dim": self.dim}
 
     def _hub_check_state(self, state, source, config) -> None:
         """The head, then ``u`` ``(D,)``, ``null_space`` ``(D, D − dim)`` (not all zero) and a scalar ``alpha``."""
