@@ -17,7 +17,6 @@ Deliberate differences from the authors' released code:
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from typing import Any, Literal, get_args
@@ -28,9 +27,8 @@ from torch import Tensor, nn
 from .._validation import check_bool, check_choice, check_positive
 from .base import Detector, NotFittedError, check_class_labels, check_features, head_params
 from .ebm import ResidualEnergyMLP, train_residual
-from .heat_state import MAX_SEED, check_heat_config, check_heat_settings, check_heat_state, check_mlp_sizes
+from .heat_state import MAX_SEED, SETTING_KEYS, check_heat_state, check_mlp_sizes, resolve_settings
 from .model_api import model_head
-from .presets import SETTING_KEYS, resolve_settings
 from .priors import PRIOR_REGISTRY, Prior, degenerate_variance, unit_rows
 
 __all__ = ["HEAT", "PriorName", "compose_energies", "standardize"]
@@ -156,10 +154,8 @@ class HEAT(Detector):
         self.priors = tuple(self.prior_classes)
         self.beta = _check_beta(beta)
         self.preset = check_choice("preset", preset, get_args(Preset))
-        check_heat_settings(settings or {})  # bounded before anything is copied or allocated
-        self.settings_overrides = copy.deepcopy(settings or {})
         defaults = {name: cls.default_settings(self.preset) for name, cls in self.prior_classes.items()}
-        self.component_settings = resolve_settings(defaults, self.settings_overrides, PRIOR_REGISTRY.names())
+        self.component_settings = resolve_settings(defaults, settings or {}, PRIOR_REGISTRY.names())
         self.tie_hidden_weights = check_bool("tie_hidden_weights", tie_hidden_weights)
         check_mlp_sizes(self.component_settings, self.tie_hidden_weights)
         self.zero_init_residual = check_bool("zero_init_residual", zero_init_residual)
@@ -341,11 +337,6 @@ class HEAT(Detector):
             out.update({f"{name}.mlp.{k}": v for k, v in comp.mlp.state_dict().items()})
         out.update(standardization_mean=self.standardization_mean, standardization_std=self.standardization_std)
         return {k: v.detach().contiguous() for k, v in out.items() if v is not None}
-
-    @classmethod
-    def _hub_check_config(cls, config, source, *, overrides, trust_config: bool) -> None:
-        if not trust_config:
-            check_heat_config(config["model_args"], source, overrides)
 
     def _hub_check_state(self, state, source, config) -> None:
         check_heat_state(self, state, source)

@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["PRESETS", "SETTING_KEYS", "resolve_settings"]
+__all__ = ["PRESETS"]
 
 # fmt: off
 _COMMON = {"hidden_dim": 1024, "n_hidden_layers": 4, "reduce_width": False, "eps_data": 1e-4, "end_factor": 0.1,
@@ -54,35 +53,3 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     },
 }
 # fmt: on
-SETTING_KEYS = frozenset(PRESETS["cifar10"]["gmm"])
-
-
-def resolve_settings(
-    defaults: Mapping[str, Mapping[str, Any]], overrides: Mapping[str, Any], prior_names: tuple[str, ...]
-) -> dict[str, dict[str, Any]]:
-    """``{prior: settings}``: ``defaults`` (per prior in use) updated by ``overrides`` (setting names for every prior
-    and/or prior names among ``prior_names`` mapping to their own dict; values checked by
-    :func:`~pml_suprank.ood.heat_state.check_heat_settings`), every key of :data:`SETTING_KEYS`."""
-    resolved = {p: dict(s) for p, s in defaults.items()}
-    for key, value in overrides.items():
-        if key in SETTING_KEYS:
-            for p in resolved:
-                resolved[p][key] = value
-        elif key in prior_names:
-            if not isinstance(value, dict):
-                raise TypeError(f"settings[{key!r}] must be a dict of settings; got {type(value).__name__}")
-            bad = sorted(set(value) - SETTING_KEYS)
-            if bad:
-                raise ValueError(f"unknown HEAT settings {bad} for prior {key!r}; valid: {sorted(SETTING_KEYS)}")
-            if key in resolved:
-                resolved[key].update(value)
-        else:
-            raise ValueError(
-                f"unknown HEAT setting {key!r}; valid: {sorted(SETTING_KEYS)} or a prior name {tuple(prior_names)}"
-            )
-    for p, s in resolved.items():
-        missing = sorted(SETTING_KEYS - set(s))
-        if missing:
-            raise ValueError(f"settings of prior {p!r} miss {missing}; give them in settings={{{p!r}: {{...}}}}")
-        s["milestones"] = tuple(s["milestones"])
-    return resolved
