@@ -1,23 +1,19 @@
-"""The OOD guard of a retrieval model: a fitted detector, a calibrated threshold and the model it belongs to.
+"""The OOD guard of a retrieval model: a fitted detector, a calibrated threshold and the model it belongs to, saved
+**inside the model folder** (it travels with the model and its Hub repo)::
 
-A guard answers, per image, "is this query of a kind the model knows?". It lives **inside the model folder** and
-travels with the model (``save_pretrained`` folder, Hub repo)::
+    final/ood/config.json, final/ood/model.safetensors   the detector (Detector.save_pretrained)
+    final/ood/guard.json   {"version", "detector", "feature_kind", "model_sha256", "threshold", "higher_is_ood",
+                            "tpr_target", "id_tpr", "ood_sets": {name: {"fpr", "auroc"}}}
 
-    final/ood/config.json         the detector's config (written by Detector.save_pretrained)
-    final/ood/model.safetensors   the detector's fitted tensors
-    final/ood/guard.json          {"version", "detector", "feature_kind", "model_sha256", "threshold",
-                                   "higher_is_ood", "tpr_target", "id_tpr", "ood_sets": {name: {"fpr", "auroc"}}}
+**The rule**, for every detector: an image is OOD when its outlier score ``> threshold``. Held-out ID scores are
+split in two seeded halves: the threshold is the ``ceil(tpr_target · n)``-th smallest score of the first, ``id_tpr``
+the share of the *second* half kept. ``ood_sets`` records, per OOD set scored at fit time, the FPR (share accepted
+as ID) and the AUROC against all held-out ID images.
 
-**The rule**, for every detector: an image is OOD when its outlier score ``> threshold``. The threshold keeps a
-share ``tpr_target`` (0.95) of held-out in-distribution (ID) images: their scores are split in two seeded halves, the
-threshold is the ``ceil(tpr_target · n)``-th smallest score of the first, and ``id_tpr`` the share of the *second*
-half kept (an estimate on images the threshold never saw). ``ood_sets`` records, per OOD set scored at fit time, the
-FPR (share accepted as ID) and the AUROC against all held-out ID images.
-
-A guard belongs to one model: ``model_sha256`` is the SHA-256 of the folder's ``model.safetensors`` and
-``feature_kind`` the features the detector reads (``"pooled"`` or ``"embedding"``). Loading refuses
-(:class:`GuardMismatchError`, naming both values) a guard of other weights or of another feature kind than its
-detector's, and :meth:`OODGuard.predict` refuses a model loaded from other weights. Nothing is unpickled::
+``model_sha256`` is the SHA-256 of the folder's ``model.safetensors`` and ``feature_kind`` the features the detector
+reads (``"pooled"`` or ``"embedding"``): loading refuses (:class:`GuardMismatchError`, naming both values) a guard
+of other weights or of another feature kind than its detector's; :meth:`OODGuard.predict` refuses a model loaded
+from other weights. Nothing is unpickled::
 
     guard = OODGuard.fit(model, train_loader, heldout_loader, ood_loaders={"noise": noise_loader},
                          detector=ood.HEAT(priors=("gmm", "gmm_std"), preset="fast"))
@@ -60,9 +56,7 @@ __all__ = [
     "weights_sha256",
 ]
 
-#: the guard's folder inside a model folder, and its own file there
 GUARD_DIR, GUARD_FILE = "ood", "guard.json"
-#: the format version written
 VERSION = 1
 #: the keys of ``guard.json`` (besides ``version``), read by the model card
 GUARD_KEYS = ("detector", "feature_kind", "model_sha256", "threshold", "higher_is_ood", "tpr_target", "id_tpr",
@@ -155,17 +149,8 @@ def calibrate_threshold(id_scores: Tensor, tpr_target: float = 0.95, *, seed: in
 
 @dataclass(eq=False, repr=False)
 class OODGuard:
-    """A fitted detector with its calibrated threshold, bound to one model's weights (see the module docstring).
-
-    Args:
-        detector: A fitted :class:`~pml_suprank.ood.Detector` that scores features (not images).
-        threshold: Scores above it are OOD.
-        feature_kind: ``"pooled"`` or ``"embedding"``: what the detector reads from the model.
-        model_sha256: SHA-256 of the model's ``model.safetensors`` (:func:`weights_sha256`).
-        tpr_target: The share of held-out ID images the threshold was chosen to keep.
-        id_tpr: The share kept on held-out ID images not used for the threshold.
-        ood_sets: ``{name: {"fpr": float, "auroc": float}}`` measured at fit time.
-    """
+    """A fitted :class:`~pml_suprank.ood.Detector` of features with its calibrated ``threshold``, bound to one model's
+    weights; the fields are those of ``guard.json`` (see the module docstring)."""
 
     detector: Any
     _: KW_ONLY
