@@ -25,7 +25,8 @@ from .._validation import check_embeddings, check_labels
 from ..hub.mixin import HubMixin
 from ..hub.schema import TensorSpec, check_schema
 from ..hub.serialization import CONFIG_NAME, DETECTOR_TASK, WEIGHTS_NAME, check_state, make_config
-from .model_api import FEATURE_KINDS, ModelDetectorMixin, model_head
+from .features import FEATURE_KINDS
+from .model_api import ModelDetectorMixin, model_head
 
 __all__ = ["DETECTOR_REGISTRY", "Detector", "HeadDetector", "NotFittedError", "get_detector", "list_detectors"]
 

@@ -40,7 +40,7 @@ from .._safe_json import atomic_write, load_json
 from ..data.embedding_cache import state_digest
 from . import metrics as ood_metrics
 from .base import Detector
-from .model_api import FEATURE_KINDS
+from .features import FEATURE_KINDS
 
 __all__ = [
     "GUARD_DIR",
