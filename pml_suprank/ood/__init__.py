@@ -14,7 +14,7 @@ Subclassing :class:`Detector` (or :class:`Prior` with ``name="..."``) registers 
 """
 
 from . import metrics
-from .base import DETECTOR_REGISTRY, Detector, NotFittedError, energy_logits, get_detector, list_detectors
+from .base import Detector, NotFittedError, energy_logits, get_detector, list_detectors
 from .ebm import ResidualEnergyMLP, contrastive_divergence_loss, polynomial_schedule, sgld_sample, train_residual
 from .feature_store import SavedFeatures, load_features, save_features
 from .features import OODFeatures, extract_features, pool_feature_map
@@ -33,17 +33,7 @@ from .rmds import RMDS  # isort: skip
 from .shaping import ASH, SCALE  # isort: skip
 from .nnguide import NNGuide  # isort: skip
 from .presets import PRESETS
-from .priors import (
-    PRIOR_REGISTRY,
-    ClassConditionalGaussian,
-    ELPrior,
-    GMMPrior,
-    GMMStdPrior,
-    Prior,
-    get_prior,
-    list_priors,
-)
-from .shaping import ShapedEnergyDetector
+from .priors import ClassConditionalGaussian, ELPrior, GMMPrior, GMMStdPrior, Prior, get_prior, list_priors
 
 from .benchmark import BenchmarkResult, benchmark  # isort: skip
 

@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from .._safe_json import atomic_write, load_json
+from .._validation import check_probability
 from ..data.embedding_cache import state_digest
 from . import metrics as ood_metrics
 from .base import Detector
@@ -95,16 +96,10 @@ def weights_sha256(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def _number(where: str, value: Any, text: str = "a finite number", low: float = -math.inf, high: float = math.inf,
-            *, open_low: bool = False) -> float:  # fmt: skip
-    """``value`` as a finite float in ``[low, high]`` (``(low, high]`` when ``open_low``), else ``ValueError``."""
-    number = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-    if not (number and low <= value <= high and not (open_low and value == low)):
-        raise ValueError(f"{where} must be {text}; got {value!r}")
+def _finite(where: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{where} must be a finite number; got {value!r}")
     return float(value)
-
-
-_RATE = ("a number in (0, 1]", 0.0, 1.0)
 
 
 def _checked_values(values: Mapping[str, Any], at: str = "") -> dict[str, Any]:
@@ -121,13 +116,13 @@ def _checked_values(values: Mapping[str, Any], at: str = "") -> dict[str, Any]:
         if not isinstance(row, Mapping) or set(row) != {"fpr", "auroc"}:
             raise ValueError(f"{at}ood_sets[{name!r}] must be {{'fpr': float, 'auroc': float}}; got {row!r}")
         for key in ("fpr", "auroc"):
-            _number(f"{at}ood_sets[{name!r}][{key!r}]", row[key], "a number in [0, 1]", 0.0, 1.0)
+            check_probability(f"{at}ood_sets[{name!r}][{key!r}]", row[key])
     return {
-        "threshold": _number(f"{at}threshold", values["threshold"]),
+        "threshold": _finite(f"{at}threshold", values["threshold"]),
         "feature_kind": kind,
         "model_sha256": sha,
-        "tpr_target": _number(f"{at}tpr_target", values["tpr_target"], *_RATE, open_low=True),
-        "id_tpr": _number(f"{at}id_tpr", values["id_tpr"], "a number in [0, 1]", 0.0, 1.0),
+        "tpr_target": ood_metrics.check_tpr(values["tpr_target"], f"{at}tpr_target"),
+        "id_tpr": check_probability(f"{at}id_tpr", values["id_tpr"]),
         "ood_sets": {str(k): {"fpr": float(v["fpr"]), "auroc": float(v["auroc"])} for k, v in sets.items()},
     }
 
@@ -135,7 +130,7 @@ def _checked_values(values: Mapping[str, Any], at: str = "") -> dict[str, Any]:
 def calibrate_threshold(id_scores: Tensor, tpr_target: float = 0.95, *, seed: int = 0) -> tuple[float, float]:
     """``(threshold, id_tpr)`` from held-out ID scores ``(N,)``, ``N >= 2`` (see the module docstring: the threshold
     keeps ``tpr_target`` of a seeded half, ``id_tpr`` is measured on the other half)."""
-    tpr_target = _number("tpr_target", tpr_target, *_RATE, open_low=True)
+    tpr_target = ood_metrics.check_tpr(tpr_target, "tpr_target")
     scores = ood_metrics.as_scores("id_scores", id_scores).cpu()
     if scores.numel() < 2:
         raise ValueError(f"id_scores must hold at least 2 held-out ID scores (calibrate + check); got {scores.numel()}")
@@ -236,7 +231,7 @@ class OODGuard:
 
     def verdict(self, scores: Tensor, threshold: float | None = None) -> GuardVerdict:
         """The verdict of scores ``(N,)``: ``is_ood = scores > threshold`` (default: the stored one)."""
-        threshold = self.threshold if threshold is None else _number("threshold", threshold)
+        threshold = self.threshold if threshold is None else _finite("threshold", threshold)
         scores = scores.detach().float().cpu()
         return GuardVerdict(scores, scores > threshold, threshold)
 
