@@ -1,12 +1,8 @@
 """The ``Detector`` contract shared by HEAT and the baselines, its registry, input checks and save / load / push.
 
-A detector is fitted post hoc on in-distribution (ID) features and returns an **outlier score** per sample, higher =
-more OOD (pytorch-ood's ``fit_features`` / ``predict_features``, one keyword call for every detector)::
-
-    det = ood.KNN(k=50).fit(features=z_train, labels=y_train)
-    scores = det.score(features=z_test)          # (N,) higher = more OOD
-
-Fitted state is a flat ``dict[str, Tensor]`` (``model.safetensors``) plus the constructor kwargs (``config.json``).
+A detector is fitted post hoc on in-distribution features and returns an **outlier score** per sample, higher = more
+OOD: ``ood.KNN(k=50).fit(features=z_train).score(features=z_test)`` ``(N,)``. Fitted state is a flat
+``dict[str, Tensor]`` (``model.safetensors``) plus the constructor kwargs (``config.json``).
 """
 
 from __future__ import annotations
@@ -99,14 +95,12 @@ class Detector(ModelDetectorMixin, HubMixin):
     """Base class of the OOD detectors: ``fit(...) -> self``, ``score(...) -> Tensor`` (higher = more OOD).
 
     Subclasses implement ``_fit`` and ``_score`` and list their fitted tensors in ``_state_names``; ``config()``
-    returns the constructor arguments read from the attributes of the same name (override it otherwise).
-    Detectors that need no fitting set ``requires_fit = False``; the others raise :class:`NotFittedError` from
-    ``score`` before ``fit``.
+    returns the constructor arguments read from the attributes of the same name. ``requires_fit = False`` marks
+    detectors without a fit; the others raise :class:`NotFittedError` from ``score`` before ``fit``.
 
-    Defining a subclass registers it under its class name, or under the class keyword ``name=`` (``class
-    SSDPlus(Mahalanobis, name="SSD+")``), for ``ood.get_detector`` and ``Detector.from_pretrained``; private
-    (``_``-prefixed) and abstract classes, and ``register=False``, are not registered. ``fit_model`` / ``predict``
-    (:mod:`.model_api`) extract the features of a timm classifier or a ``RetrievalModel`` first.
+    A subclass is registered when defined, under its name or the class keyword ``name=`` (``class
+    SSDPlus(Mahalanobis, name="SSD+")``); private (``_``-prefixed) and abstract classes, and ``register=False``,
+    are not. ``fit_model`` / ``predict`` (:mod:`.model_api`) extract a model's features first.
     """
 
     requires_fit: ClassVar[bool] = True

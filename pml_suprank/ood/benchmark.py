@@ -10,9 +10,8 @@ per-group metrics (CSV, markdown table, score histograms)::
     print(result.to_markdown())
     result.save("outputs/ood_benchmark")        # results.csv, results.md, score_histograms.png
 
-Metrics per (detector, set), :mod:`pml_suprank.ood.metrics`: ``auroc``; ``fpr_id_positive`` (thesis Eq. 5.9 /
-HEAT) and ``fpr_ood_positive`` (OpenOOD v1.5), both at ``tpr``; ``aupr_in``, ``aupr_out``. A group's row (``set =
-"mean"``) is the unweighted mean over its sets, as OpenOOD's near / far columns.
+Metrics per (detector, set): :data:`METRICS` of :mod:`pml_suprank.ood.metrics`; a group's row (``set = "mean"``) is
+the unweighted mean over its sets, as OpenOOD's near / far columns.
 """
 
 from __future__ import annotations
@@ -35,9 +34,8 @@ from .score_plots import plot_score_histograms
 
 __all__ = ["METRICS", "BenchmarkResult", "benchmark"]
 
-#: Metric columns of a benchmark row, in table order.
+#: Metric columns of a benchmark row: AUROC, FPR at ``tpr`` (thesis Eq. 5.9 / HEAT; OpenOOD v1.5), AUPR-In / -Out.
 METRICS = ("auroc", "fpr_id_positive", "fpr_ood_positive", "aupr_in", "aupr_out")
-#: Markdown column titles.
 _TITLES = dict(zip(METRICS, ("AUROC ↑", "FPR{tpr} (ID+) ↓", "FPR{tpr} (OOD+) ↓", "AUPR-In ↑", "AUPR-Out ↑")))
 
 

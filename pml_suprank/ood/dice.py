@@ -18,7 +18,6 @@ class DICE(HeadDetector):
 
     Args:
         p: Sparsity, the **fraction** of weights dropped, in [0, 1) (HEAT: 0.9 on CIFAR-10, 0.7 on ImageNet).
-        weight, bias, head: The classifier head.
     """
 
     _state_names = ("weight", "bias", "mask")

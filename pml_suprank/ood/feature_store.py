@@ -6,8 +6,7 @@ reads them back, so that nothing is embedded twice)::
     saved.sets["id_train"].features, saved.weight, saved.metadata
 
 One safetensors file: tensors ``"<i>.features"``, ``"<i>.std_features"``, ``"<i>.logits"``, ``"<i>.labels"`` of the
-``i``-th set and ``"head.weight"`` / ``"head.bias"``; set names and metadata are JSON in the header. Loading checks
-every tensor and names the file and the key in its errors.
+``i``-th set and ``"head.weight"`` / ``"head.bias"``; set names and metadata are JSON in the header.
 """
 
 from __future__ import annotations
@@ -27,7 +26,6 @@ from .features import OODFeatures
 
 __all__ = ["FEATURES_FORMAT", "SavedFeatures", "save_features", "load_features"]
 
-#: Value of the ``format`` header entry of a feature file.
 FEATURES_FORMAT = "pml_suprank.ood.features/1"
 _FIELDS = ("features", "std_features", "logits", "labels")
 

@@ -117,9 +117,8 @@ class HEAT(Detector):
         preset: Hyper-parameters per prior: ``"cifar10"``, ``"cifar100"``, ``"imagenet"`` (the authors' released
             settings) or ``"fast"`` (CPU: width 256, ≤ 5 SGLD steps, one epoch); see ``ood.PRESETS``.
         settings: Overrides on the preset: setting names (for every prior) and/or prior names mapping to their own
-            dict. ``epochs=0`` keeps the initial residual. Values are bounded here, before anything is allocated,
-            by :data:`~pml_suprank.ood.heat_state.LOADED_SETTINGS` (the schema of a loaded ``config.json``), the
-            residual MLP to ``MAX_MLP_PARAMETERS`` (2**30) parameters.
+            dict (``epochs=0`` keeps the initial residual), bounded before anything is allocated by
+            :data:`~pml_suprank.ood.heat_state.LOADED_SETTINGS`, the residual MLP to 2**30 parameters.
         weight, bias, head: Classifier head ``(C, D)``, ``(C,)`` (or an ``nn.Linear``) for the EL prior.
         tie_hidden_weights: Share the hidden ``h × h`` layer as the released code.
         zero_init_residual: Zero the MLP's last layer at init, so an untrained HEAT equals its priors.

@@ -24,11 +24,8 @@ __all__ = ["ModelDetectorMixin", "model_head", "read_state_dict"]
 
 
 def read_state_dict(path: str | Path) -> dict[str, Tensor]:
-    """The state dict in ``path``: ``.safetensors``, or a ``torch.save`` file read with ``weights_only=True``.
-
-    Raises:
-        ValueError: naming the file: missing, unreadable, or not a flat mapping of parameter names to tensors.
-    """
+    """The state dict in ``path``: ``.safetensors``, or a ``torch.save`` file read with ``weights_only=True``
+    (``ValueError`` naming the file: missing, unreadable, or not a flat mapping of parameter names to tensors)."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: no such file")

@@ -18,7 +18,6 @@ class ReAct(HeadDetector):
 
     Args:
         percentile: In (0, 100]; 90 in OpenOOD, 95 in HEAT's code (``react_p = 0.95``).
-        weight, bias, head: The classifier head.
     """
 
     _state_names = ("weight", "bias", "threshold")

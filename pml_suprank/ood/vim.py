@@ -22,7 +22,6 @@ class ViM(HeadDetector):
 
     Args:
         dim: Dimension of the principal subspace (``D − dim`` residual directions); 256 for CIFAR-10 in HEAT.
-        weight, bias, head: The classifier head.
     """
 
     _state_names = ("weight", "bias", "u", "null_space", "alpha")
