@@ -36,7 +36,6 @@ __all__ = ["HEAT", "PriorName", "compose_energies", "standardize"]
 #: The built-in priors (any registered :class:`Prior` name is accepted too, see ``ood.list_priors()``).
 PriorName = Literal["gmm", "gmm_std", "el"]
 Preset = Literal["cifar10", "cifar100", "imagenet", "fast"]
-_FIRST_SOURCE = "features"  # checked first: it fixes N for the other inputs
 _MLP_KEYS = {"prior_temperature", "hidden_dim", "n_hidden_layers", "reduce_width"}  # the others: train_residual's
 
 
@@ -216,22 +215,17 @@ class HEAT(Detector):
             mlp.zero_output_()
         return mlp
 
-    def _sources(self) -> dict[str, str]:
-        """``{source keyword: first prior reading it}``, ``"features"`` first (it fixes ``N`` for the others)."""
-        sources: dict[str, str] = {}
-        for name, cls in self.prior_classes.items():
-            sources.setdefault(cls.source, name)
-        if _FIRST_SOURCE in sources:
-            sources = {_FIRST_SOURCE: sources.pop(_FIRST_SOURCE), **sources}
-        return sources
-
-    def _inputs(self, given: dict[str, Any], n: int | None = None) -> dict[str, Tensor]:
-        """Check the ``(N, D_source)`` tensor of every source the priors read (same ``N``, ``D`` as at fit time)."""
+    def _inputs(self, given: dict[str, Any]) -> dict[str, Tensor]:
+        """Check the ``(N, D_source)`` tensor of every source the priors read (same ``N``, ``D`` as at fit time),
+        ``features`` first (it fixes ``N`` for the others)."""
         dims = {comp.prior.source: comp.mlp.input_layer.in_features for comp in self.components.values()}
-        out = {}
-        for source, prior in self._sources().items():
-            if given.get(source) is None and source != _FIRST_SOURCE:
-                raise ValueError(f"the {prior!r} prior needs {source}= (an (N, D) tensor, see ood.extract_features)")
+        readers = {cls.source: name for name, cls in reversed(self.prior_classes.items())}  # the first reader
+        out, n = {}, None
+        for source in sorted(readers, key=lambda s: s != "features"):
+            if given.get(source) is None and source != "features":
+                raise ValueError(
+                    f"the {readers[source]!r} prior needs {source}= (an (N, D) tensor, see ood.extract_features)"
+                )
             out[source] = check_features(source, given.get(source), dim=dims.get(source), n=n)
             n = out[source].shape[0]
         return out

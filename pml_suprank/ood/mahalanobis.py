@@ -61,20 +61,14 @@ class GaussianDetector(Detector, register=False):
         return check_features("features", features, dim=self.gaussian.dim)
 
     def state_dict(self) -> dict[str, Tensor]:
-        own = {k: getattr(self, k, None) for k in self._state_names[len(_GAUSSIAN) :]}
-        return {**self.gaussian.state_dict(), **{k: v.contiguous() for k, v in own.items() if v is not None}}
+        return {**self.gaussian.state_dict(), **super().state_dict()}
 
     def _state_spec(self) -> dict[str, TensorSpec]:
         return gaussian_state_spec()
 
     def load_state_dict(self, state: dict[str, Tensor]) -> GaussianDetector:
-        unknown = sorted(set(state) - set(self._state_names))
-        if unknown:
-            raise ValueError(f"state has keys unknown to {type(self).__name__}: {unknown}")
+        super().load_state_dict({k: v.to(torch.float64) for k, v in state.items() if k not in _GAUSSIAN})
         self.gaussian.load_state_dict({k: state[k] for k in _GAUSSIAN})
-        for k in self._state_names[len(_GAUSSIAN) :]:
-            setattr(self, k, state[k].to(torch.float64))
-        self._fitted = True
         return self
 
     def to(self, device=None, dtype=None) -> GaussianDetector:

@@ -39,7 +39,6 @@ class NNGuide(Detector):
             raise ValueError("alpha must lie in (0, 1] (fraction of the training set in the bank); got 0.0")
         self.seed = check_positive_int("seed", seed, minimum=0)
         self.chunk_size = int(check_positive("chunk_size", chunk_size))
-        self.bank: Tensor | None = None
 
     def _state_spec(self) -> dict[str, TensorSpec]:
         return {"bank": TensorSpec(("N", "D"), nonzero=True, min_sizes=(("N", self.k),))}

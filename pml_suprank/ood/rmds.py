@@ -28,8 +28,6 @@ class RMDS(GaussianDetector):
 
     def __init__(self, reg: float = 1e-6) -> None:
         super().__init__(normalize=False, reg=reg)
-        self.background_mean: Tensor | None = None
-        self.background_cholesky: Tensor | None = None
 
     def _fit_more(self, z: Tensor) -> None:
         one_group = torch.zeros(z.shape[0], dtype=torch.long, device=z.device)
