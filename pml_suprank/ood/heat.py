@@ -195,7 +195,6 @@ class HEAT(Detector):
             "seed": self.seed,
         }
 
-    # --- building blocks ------------------------------------------------------------------------------------------
     def _make_prior(self, name: str) -> Prior:
         return self.prior_classes[name].create(weight=self.weight, bias=self.bias, reg=self.reg)
 
@@ -230,7 +229,6 @@ class HEAT(Detector):
             n = out[source].shape[0]
         return out
 
-    # --- fit / score ----------------------------------------------------------------------------------------------
     def _fit(self, features=None, logits=None, labels=None, std_features=None, callback=None, **kwargs) -> None:
         self.components, self.history, self.fit_seconds = {}, {}, {}
         inputs = self._inputs({"features": features, "logits": logits, "std_features": std_features, **kwargs})
@@ -322,7 +320,6 @@ class HEAT(Detector):
             raise NotFittedError("HEAT")
         return self._energies(self._inputs({"features": features, "std_features": std_features, **kwargs}))
 
-    # --- state ----------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Tensor]:
         out = {"head.weight": self.weight, "head.bias": self.bias if self.weight is not None else None}
         for name, comp in self.components.items():

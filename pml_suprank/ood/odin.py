@@ -21,12 +21,10 @@ class ODIN(Detector):
     it matches, do not). The network is not saved: pass ``model=`` to ``from_pretrained``.
 
     Args:
-        model: Callable mapping a batch of inputs ``(N, ...)`` to logits ``(N, C)`` (e.g. a timm model in eval mode).
+        model: Callable mapping a batch of inputs ``(N, ...)`` to logits ``(N, C)``, used by ``score(inputs=x)``.
         temperature: Softmax temperature ``T`` (1000 in the paper).
         eps: Perturbation magnitude ``ε`` (0.0014).
         norm_std: Optional per-channel input std used to rescale the sign gradient.
-
-    ``score(inputs=x)`` takes the raw inputs ``(N, ...)`` (gradients flow through ``model``).
     """
 
     requires_fit = False

@@ -83,11 +83,8 @@ def degenerate_variance(second_moment: Tensor | float, dtype: torch.dtype, facto
 
 
 def unit_rows(z: Tensor) -> Tensor:
-    """``(N, D)`` rows scaled to unit L2 norm at any magnitude (zero rows stay zero).
-
-    ``F.normalize`` fails below norm ``1e-12`` (and ``‖z‖²`` underflows in float32): each row is first divided by its
-    largest absolute entry (held constant for autograd; the gradient stays that of ``z/‖z‖``).
-    """
+    """``(N, D)`` rows scaled to unit L2 norm at any magnitude (zero rows stay zero): each row is first divided by its
+    largest absolute entry (held constant for autograd), as ``F.normalize`` fails below norm ``1e-12``."""
     peak = z.detach().abs().amax(dim=-1, keepdim=True)
     return torch.nn.functional.normalize(z / torch.where(peak > 0, peak, torch.ones_like(peak)), dim=-1, eps=1e-12)
 
@@ -339,10 +336,7 @@ class GMMPrior(ClassConditionalGaussian, Prior, name="gmm"):
     """Feature prior ``E(ẑ) = −log Σ_c π_c N(ẑ; μ_c, Σ)`` on ``ẑ = z/‖z‖``, ``z`` the avg-pooled features (SSD+).
 
     Scored in float64; during training (SGLD and the loss) evaluated in the feature dtype, where only the gradient
-    of ``E/T_k`` matters. Its SGLD proposal samples the mixture.
-
-    Args:
-        reg: Relative ridge added to the shared covariance (times its mean variance).
+    of ``E/T_k`` matters. Its SGLD proposal samples the mixture. ``reg``: relative ridge of the shared covariance.
     """
 
     needs_labels = True
@@ -369,15 +363,9 @@ class GMMStdPrior(GMMPrior, name="gmm_std"):
 
 
 class ELPrior(Prior, name="el"):
-    """Class prior ``E(z) = −logsumexp(Wz + b)`` on raw features (Liu et al. 2020, Eq. 7 with ``T = 1``).
-
-    Nothing to fit; its SGLD proposal is ``N(0, I)`` (EL is not a normalised density one can sample). The head is
-    saved once, as HEAT's ``head.weight`` / ``head.bias``.
-
-    Args:
-        weight: ``(C, D)`` classifier weight.
-        bias: ``(C,)`` classifier bias or ``None``.
-    """
+    """Class prior ``E(z) = −logsumexp(Wz + b)`` on raw features (Liu et al. 2020, Eq. 7 with ``T = 1``) of the
+    classifier head ``weight`` ``(C, D)`` / ``bias`` ``(C,)`` (saved once, as HEAT's ``head.weight`` / ``head.bias``).
+    Nothing to fit; its SGLD proposal is ``N(0, I)`` (EL is not a normalised density one can sample)."""
 
     needs_head = True
 
