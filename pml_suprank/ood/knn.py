@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .._validation import check_bool, check_positive, check_positive_int
+from .._validation import check_bool, check_positive
 from ..hub.schema import TensorSpec
 from .base import Detector, check_features
 
@@ -28,7 +28,9 @@ class KNN(Detector):
 
     def __init__(self, k: int = 50, normalize: bool = True, chunk_size: int = 1024) -> None:
         super().__init__()
-        self.k, self.normalize = check_positive_int("k", k), check_bool("normalize", normalize)
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k must be a positive integer; got {k!r}")
+        self.k, self.normalize = k, check_bool("normalize", normalize)
         self.chunk_size = int(check_positive("chunk_size", chunk_size))
 
     def _state_spec(self) -> dict[str, TensorSpec]:
