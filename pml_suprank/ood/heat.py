@@ -93,17 +93,13 @@ def _prior_classes(priors: Any) -> dict[str, type[Prior]]:
     """``priors=`` (names and/or registered :class:`Prior` subclasses) → ``{name: class}`` in the given order."""
     if isinstance(priors, str) or (isinstance(priors, type) and issubclass(priors, Prior)):
         priors = (priors,)
-    out: dict[str, type[Prior]] = {}
-    for p in tuple(priors):
-        name = p.name if isinstance(p, type) and issubclass(p, Prior) else p
-        if name not in PRIOR_REGISTRY:
+    names = [p.name if isinstance(p, type) and issubclass(p, Prior) else p for p in tuple(priors)]
+    for p in names:
+        if p not in PRIOR_REGISTRY:
             raise ValueError(f"priors must be registered HEAT prior names {list(PRIOR_REGISTRY)}; got {p!r}")
-        if name in out:
-            raise ValueError(f"priors must be a non-empty sequence of distinct names; got {priors}")
-        out[name] = PRIOR_REGISTRY[name]
-    if not out:
+    if not names or len(set(names)) != len(names):
         raise ValueError(f"priors must be a non-empty sequence of distinct names; got {priors}")
-    return out
+    return {name: PRIOR_REGISTRY[name] for name in names}
 
 
 class HEAT(Detector):
