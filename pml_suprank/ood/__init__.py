@@ -9,14 +9,12 @@ Every detector is fitted on in-distribution features (and labels / logits where 
     scores = heat.score(**ood.extract_features(timm_model, test_loader).as_kwargs())
     ood.metrics.auroc(scores_id, scores_ood); ood.metrics.fpr_at_tpr(scores_id, scores_ood, tpr=0.95)
 
-One module per detector (``logit_scores``: MSP, MaxLogit, Energy; ``shaping``: ASH, SCALE), the :class:`Detector`
-and ``HeadDetector`` contracts in ``base``, HEAT's :class:`Prior` contract, built-in priors and densities in
-``priors``, the residual EBM in ``ebm``. Subclassing :class:`Detector` (or :class:`Prior` with ``name="..."``)
-registers the class: ``ood.list_detectors()``, ``ood.get_detector(name)``, ``Detector.from_pretrained``.
+Subclassing :class:`Detector` (or :class:`Prior` with ``name="..."``) registers the class: ``ood.list_detectors()``,
+``ood.get_detector(name)``, ``Detector.from_pretrained``.
 """
 
 from . import metrics
-from .base import Detector, NotFittedError
+from .base import Detector, NotFittedError, energy_logits, get_detector, list_detectors
 from .ebm import ResidualEnergyMLP, contrastive_divergence_loss, polynomial_schedule, sgld_sample, train_residual
 from .feature_store import SavedFeatures, load_features, save_features
 from .features import OODFeatures, extract_features, pool_feature_map
@@ -35,9 +33,7 @@ from .rmds import RMDS  # isort: skip
 from .shaping import ASH, SCALE  # isort: skip
 from .nnguide import NNGuide  # isort: skip
 from .presets import PRESETS
-from .priors import ClassConditionalGaussian, ELPrior, GMMPrior, GMMStdPrior, Prior, energy_logits
-from .registry import DETECTOR_REGISTRY, get_detector, get_prior, list_detectors, list_priors
-from .shaping import ShapedEnergyDetector
+from .priors import ClassConditionalGaussian, ELPrior, GMMPrior, GMMStdPrior, Prior, get_prior, list_priors
 
 from .benchmark import BenchmarkResult, benchmark  # isort: skip
 

@@ -1,14 +1,8 @@
-"""The ``Detector`` contract shared by HEAT and the baselines, with input checks and save / load / push.
+"""The ``Detector`` contract shared by HEAT and the baselines, its registry, input checks and save / load / push.
 
-A detector is fitted post hoc on in-distribution (ID) features and returns an **outlier score** per sample, higher =
-more OOD (pytorch-ood's ``fit_features`` / ``predict_features`` with keyword tensors, one call for every detector)::
-
-    det = ood.KNN(k=50).fit(features=z_train, labels=y_train)
-    scores = det.score(features=z_test)          # (N,) higher = more OOD
-
-Fitted state is a flat ``dict[str, Tensor]`` (``model.safetensors``) plus the constructor kwargs (``config.json``):
-``save_pretrained`` / ``Detector.from_pretrained`` / ``push_to_hub`` work for every detector. :class:`HeadDetector`
-is the base of the detectors keeping the classifier head ``(W, b)`` (ViM, DICE, ReAct, ASH, SCALE).
+A detector is fitted post hoc on in-distribution features and returns an **outlier score** per sample, higher = more
+OOD: ``ood.KNN(k=50).fit(features=z_train).score(features=z_test)`` ``(N,)``. Fitted state is a flat
+``dict[str, Tensor]`` (``model.safetensors``) plus the constructor kwargs (``config.json``).
 """
 
 from __future__ import annotations
@@ -22,14 +16,22 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .._registry import Registry
 from .._validation import check_embeddings, check_labels
 from ..hub.mixin import HubMixin
 from ..hub.schema import TensorSpec, check_schema
 from ..hub.serialization import CONFIG_NAME, DETECTOR_TASK, WEIGHTS_NAME, check_state, make_config
-from .model_api import FEATURE_KINDS, ModelDetectorMixin, model_head
-from .registry import DETECTOR_REGISTRY
+from .features import FEATURE_KINDS
+from .model_api import ModelDetectorMixin, model_head
 
-__all__ = ["Detector", "HeadDetector", "NotFittedError", "check_class_labels", "check_features", "head_params"]
+__all__ = ["DETECTOR_REGISTRY", "Detector", "HeadDetector", "NotFittedError", "get_detector", "list_detectors"]
+
+#: Name -> detector class, filled by subclassing :class:`Detector` (a taken name is replaced with a ``UserWarning``).
+DETECTOR_REGISTRY = Registry("detector")
+list_detectors = DETECTOR_REGISTRY.names
+get_detector = DETECTOR_REGISTRY.get_class
+#: Constructor arguments that are state or objects, not ``config.json`` entries.
+_NOT_CONFIG = ("weight", "bias", "head", "model")
 
 
 class NotFittedError(RuntimeError):
@@ -71,8 +73,14 @@ def check_class_labels(labels: Any, n: int, min_classes: int = 2) -> Tensor:
     return labels
 
 
+def energy_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
+    """Energy score (Liu et al. 2020, Eq. 7; HEAT's EL prior): ``(N, C)`` logits → ``(N,)``
+    ``−T·logsumexp(logits / T)``, higher = more OOD."""
+    return -temperature * torch.logsumexp(logits / temperature, dim=-1)
+
+
 def _detector_class(name: Any, source: Any = None) -> type:
-    """The registered, concrete detector class named in a saved ``config.json`` (``ValueError`` listing the names)."""
+    """The registered detector class named in a saved ``config.json`` (``ValueError`` listing the names)."""
     try:
         return DETECTOR_REGISTRY.get_class(name)
     except ValueError:
@@ -86,14 +94,13 @@ def _detector_class(name: Any, source: Any = None) -> type:
 class Detector(ModelDetectorMixin, HubMixin):
     """Base class of the OOD detectors: ``fit(...) -> self``, ``score(...) -> Tensor`` (higher = more OOD).
 
-    Subclasses implement ``_fit`` and ``_score``, list their fitted tensors in ``_state_names`` and return their
-    JSON-serialisable constructor kwargs from ``config()``. Detectors that need no fitting set ``requires_fit =
-    False``; the others raise :class:`NotFittedError` from ``score`` before ``fit``.
+    Subclasses implement ``_fit`` and ``_score`` and list their fitted tensors in ``_state_names``; ``config()``
+    returns the constructor arguments read from the attributes of the same name. ``requires_fit = False`` marks
+    detectors without a fit; the others raise :class:`NotFittedError` from ``score`` before ``fit``.
 
-    Defining a subclass registers it under its class name, or under the class keyword ``name=`` (``class
-    SSDPlus(Mahalanobis, name="SSD+")``), for ``ood.get_detector`` and ``Detector.from_pretrained``; private
-    (``_``-prefixed) and abstract classes, and ``register=False``, are not registered. ``fit_model`` / ``predict``
-    (:mod:`.model_api`) extract the features of a timm classifier or a ``RetrievalModel`` first.
+    A subclass is registered when defined, under its name or the class keyword ``name=`` (``class
+    SSDPlus(Mahalanobis, name="SSD+")``); private (``_``-prefixed) and abstract classes, and ``register=False``,
+    are not. ``fit_model`` / ``predict`` (:mod:`.model_api`) extract a model's features first.
     """
 
     requires_fit: ClassVar[bool] = True
@@ -138,8 +145,10 @@ class Detector(ModelDetectorMixin, HubMixin):
         return self._fitted or not self.requires_fit
 
     def config(self) -> dict[str, Any]:
-        """JSON-serialisable constructor kwargs (tensors such as fc weights live in the state dict)."""
-        return {}
+        """JSON-serialisable constructor kwargs (the head and ODIN's network are not config)."""
+        params = list(inspect.signature(type(self).__init__).parameters.values())[1:]
+        named = (p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
+        return {name: getattr(self, name) for name in named if name not in _NOT_CONFIG}
 
     def state_dict(self) -> dict[str, Tensor]:
         """Fitted tensors (and fc weights given to the constructor), detached and contiguous."""
@@ -197,8 +206,8 @@ class Detector(ModelDetectorMixin, HubMixin):
     def _hub_load_state(
         self, state: dict[str, Tensor], config: Mapping[str, Any], *, source: Any, strict: bool, map_location: str
     ) -> None:
-        """Check ``config["fitted"]``, ``feature_kind``, the weights file (required when the detector holds tensors)
-        and every loaded tensor (:meth:`_hub_check_state`), then restore them through :meth:`_restore`.
+        """Check ``config["fitted"]``, ``feature_kind``, the weights file and every loaded tensor
+        (:meth:`_hub_check_state`), then :meth:`_restore` them.
 
         Raises:
             FileNotFoundError: ``model.safetensors`` is missing although the detector keeps tensors in it.
@@ -232,9 +241,9 @@ class Detector(ModelDetectorMixin, HubMixin):
         return None
 
     def _hub_check_state(self, state: dict[str, Tensor], source: Path, config: dict[str, Any]) -> None:
-        """Check loaded tensors against :meth:`_state_spec` (names, shapes agreeing with the config and each other,
-        dtype kinds, finite values, no all-zero tensor where a fitted one cannot be); without a spec (user-defined
-        detectors): finite values, names among ``_state_names`` unless ``state_dict`` is overridden."""
+        """Check loaded tensors against :meth:`_state_spec` (names, shapes, dtype kinds, finite values, no all-zero
+        fitted tensor); without a spec: finite values, names among ``_state_names`` unless ``state_dict`` is
+        overridden."""
         spec = self._state_spec()
         if spec is None:
             default_state = type(self).state_dict is Detector.state_dict
@@ -278,8 +287,13 @@ def linear_logits(z: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 
 
 class HeadDetector(Detector, register=False):
-    """Base of the detectors holding the fc ``weight`` / ``bias`` as state (saved with the fitted tensors); built
-    without a head, they take it from ``load_state_dict`` or from the model given to ``fit_model``."""
+    """Base of the detectors keeping the classifier head ``weight`` ``(C, D)`` / ``bias`` ``(C,)`` as state (ViM,
+    DICE, ReAct, ASH, SCALE); built without one, they take it from ``load_state_dict`` or from ``fit_model``'s model.
+
+    Default score ``(N,)``: the energy ``−logsumexp(shape(z) W̃ᵀ + b)`` of the shaped features :meth:`shape` (identity)
+    under the head weight :meth:`shaped_weight` (``W``)."""
+
+    _state_names = ("weight", "bias")
 
     def __init__(self, weight=None, bias=None, head=None) -> None:
         super().__init__()
@@ -296,6 +310,18 @@ class HeadDetector(Detector, register=False):
         if self.weight is None:
             raise ValueError(f"{type(self).__name__} has no classifier weight: pass weight=/bias= or head=")
         return check_features("features", features, dim=self.weight.shape[1])
+
+    def shape(self, z: Tensor) -> Tensor:
+        """``(N, D) -> (N, D)`` features given to the head (ReAct, ASH, SCALE shape them)."""
+        return z
+
+    def shaped_weight(self) -> Tensor:
+        """``(C, D)`` head weight of the score (DICE sparsifies it)."""
+        return self.weight
+
+    def _score(self, features=None, logits=None, **kwargs) -> Tensor:
+        z = self._check_z(features)
+        return energy_logits(self._logits(self.shape(z), self.shaped_weight()))
 
     def _state_spec(self) -> dict[str, TensorSpec]:
         """The head: ``weight`` ``(C, D)`` (not all zero), optional ``bias`` ``(C,)``; subclasses add their own."""

@@ -1,7 +1,5 @@
 """Near / far OOD benchmark harness: fit each detector once, score ID test and every OOD set, report per-set and
-per-group metrics (CSV, markdown table, score histograms).
-
-::
+per-group metrics (CSV, markdown table, score histograms)::
 
     result = ood.benchmark(
         {"KNN": ood.KNN(k=50), "RMDS": ood.RMDS(), "ASH": ood.ASH(head=fc)},
@@ -12,9 +10,8 @@ per-group metrics (CSV, markdown table, score histograms).
     print(result.to_markdown())
     result.save("outputs/ood_benchmark")        # results.csv, results.md, score_histograms.png
 
-Metrics per (detector, set), :mod:`pml_suprank.ood.metrics`: ``auroc``; ``fpr_id_positive`` (thesis Eq. 5.9 /
-HEAT) and ``fpr_ood_positive`` (OpenOOD v1.5), both at ``tpr``; ``aupr_in``, ``aupr_out``. A group's row (``set =
-"mean"``) is the unweighted mean over its sets, as OpenOOD's near / far columns.
+Metrics per (detector, set): :data:`METRICS` of :mod:`pml_suprank.ood.metrics`; a group's row (``set = "mean"``) is
+the unweighted mean over its sets, as OpenOOD's near / far columns.
 """
 
 from __future__ import annotations
@@ -37,9 +34,8 @@ from .score_plots import plot_score_histograms
 
 __all__ = ["METRICS", "BenchmarkResult", "benchmark"]
 
-#: Metric columns of a benchmark row, in table order.
+#: Metric columns of a benchmark row: AUROC, FPR at ``tpr`` (thesis Eq. 5.9 / HEAT; OpenOOD v1.5), AUPR-In / -Out.
 METRICS = ("auroc", "fpr_id_positive", "fpr_ood_positive", "aupr_in", "aupr_out")
-#: Markdown column titles.
 _TITLES = dict(zip(METRICS, ("AUROC ↑", "FPR{tpr} (ID+) ↓", "FPR{tpr} (OOD+) ↓", "AUPR-In ↑", "AUPR-Out ↑")))
 
 
@@ -145,8 +141,7 @@ class BenchmarkResult:
         return path
 
     def plot(self, path: str | Path, bins: int = 40, dpi: int = 150) -> Path:
-        """Score histograms, one row per detector, one panel per OOD group
-        (:func:`~pml_suprank.ood.score_plots.plot_score_histograms`). Returns the path."""
+        """Score histograms (:func:`~pml_suprank.ood.score_plots.plot_score_histograms`). Returns the path."""
         id_scores = {name: per_set["ID"] for name, per_set in self.scores.items()}
         sets = [s for group in self.groups.values() for s in group]
         ood_scores = {s: {name: per_set[s] for name, per_set in self.scores.items()} for s in sets}
@@ -157,12 +152,11 @@ class BenchmarkResult:
         out = Path(output_dir)
         out.mkdir(parents=True, exist_ok=True)
         files = {"csv": self.to_csv(out / "results.csv")}
-        md = out / "results.md"
-        md.write_text(
+        files["markdown"] = out / "results.md"
+        files["markdown"].write_text(
             "Per group (mean over its sets)\n\n" + self.to_markdown(per_set=False) + "\n\nPer set\n\n"
             + self.to_markdown() + "\n"
         )  # fmt: skip
-        files["markdown"] = md
         if plot:
             files["figure"] = self.plot(out / "score_histograms.png")
         return files
@@ -248,17 +242,16 @@ def benchmark(
         bar.close()
     rows = []
     for name, per_set in scores.items():
+        n_id = per_set["ID"].numel()
         for group, sets in groups.items():
-            set_rows = []
-            for set_name in sets:
-                values = _set_metrics(per_set["ID"], per_set[set_name], tpr, ap_method)
-                base = {"detector": name, "group": group, "set": set_name}
-                set_rows.append({**base, "n_id": per_set["ID"].numel(), "n_ood": per_set[set_name].numel(), **values})
-            rows += set_rows
+            set_rows = [
+                {"detector": name, "group": group, "set": set_name, "n_id": n_id, "n_ood": per_set[set_name].numel(),
+                 **_set_metrics(per_set["ID"], per_set[set_name], tpr, ap_method)}
+                for set_name in sets
+            ]  # fmt: skip
             mean = {m: sum(r[m] for r in set_rows) / len(set_rows) for m in METRICS}
             n_ood = sum(r["n_ood"] for r in set_rows)
-            rows.append({"detector": name, "group": group, "set": "mean", "n_id": set_rows[0]["n_id"], "n_ood": n_ood,
-                         **mean})  # fmt: skip
+            rows += [*set_rows, {"detector": name, "group": group, "set": "mean", "n_id": n_id, "n_ood": n_ood, **mean}]
     result = BenchmarkResult(rows, scores, {g: tuple(s) for g, s in groups.items()}, fit_seconds, tpr)
     if output_dir is not None:
         result.save(output_dir, plot=plot)

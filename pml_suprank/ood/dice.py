@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from torch import Tensor
 
 from .._validation import check_probability
 from ..hub.schema import TensorSpec
 from .base import HeadDetector
 from .metrics import quantile_linear
-from .priors import energy_logits
 
 __all__ = ["DICE"]
 
@@ -21,7 +18,6 @@ class DICE(HeadDetector):
 
     Args:
         p: Sparsity, the **fraction** of weights dropped, in [0, 1) (HEAT: 0.9 on CIFAR-10, 0.7 on ImageNet).
-        weight, bias, head: The classifier head.
     """
 
     _state_names = ("weight", "bias", "mask")
@@ -32,19 +28,13 @@ class DICE(HeadDetector):
         if self.p >= 1.0:
             raise ValueError(f"p must lie in [0, 1) (fraction of weights dropped); got {p}")
 
-    def config(self) -> dict[str, Any]:
-        return {"p": self.p}
-
     def _state_spec(self) -> dict[str, TensorSpec]:
         return {**super()._state_spec(), "mask": TensorSpec(("C", "D"), kind="bool")}
 
     def _fit(self, features=None, logits=None, labels=None, **kwargs) -> None:
         z = self._check_z(features).detach()
-        w = self.weight.to(device=z.device, dtype=z.dtype)
-        contrib = z.mean(dim=0, keepdim=True) * w
+        contrib = z.mean(dim=0, keepdim=True) * self.weight.to(device=z.device, dtype=z.dtype)
         self.mask = contrib > quantile_linear(contrib, self.p)
 
-    def _score(self, features=None, logits=None, **kwargs) -> Tensor:
-        z = self._check_z(features)
-        masked = self.weight.to(device=z.device, dtype=z.dtype) * self.mask.to(z.device)
-        return energy_logits(self._logits(z, masked))
+    def shaped_weight(self) -> Tensor:
+        return self.weight * self.mask.to(self.weight.device)

@@ -1,14 +1,12 @@
-"""Residual energy-based model of HEAT: the MLP ``E_θ``, SGLD sampling from the hybrid model, contrastive divergence.
+"""HEAT's residual energy-based model (thesis ch. 5, Sec. 5.2.1, Eqs. 5.1-5.6, Algorithm 2): the MLP ``E_θ``, SGLD
+sampling from the hybrid model ``E_h(z) = E_θ(z)/T_nn + E_prior(z)/T_k`` (Eq. 5.2) and contrastive divergence (Eq. 5.3)
+against its samples plus the control term ``λ·(E[E_θ(real)²] + E[E_θ(neg)²])`` (Eq. 5.5).
 
-Lafon et al., HEAT (thesis ch. 5, Sec. 5.2.1, Eqs. 5.1-5.6, Algorithm 2). The hybrid energy of prior ``k`` is
-``E_h(z) = E_θ(z)/T_nn + E_prior(z)/T_k`` (Eq. 5.2). Only ``E_θ`` is trained, by contrastive divergence (Eq. 5.3) on
-real features against SGLD samples of the hybrid model (Eq. 5.4) started from the prior, plus the control term
-``λ·(E[E_θ(real)²] + E[E_θ(neg)²])`` (Eq. 5.5). Where the thesis text and the released code differ, the code is
-followed:
+Where the thesis text and the released code differ, the code is followed:
 
 * SGLD: ``z ← z − η_t ∇E_h(z) − σ_t ξ`` with **decoupled** step size and noise (not Eq. 5.4's ``η/2`` / ``√η``), both
-  on the quadratic schedule ``(a − b)(1 − t/T)² + b``, ``b = 0.1·a``, and after every step a projection: ReLU, then
-  L2 normalisation for priors on normalised features.
+  on the quadratic schedule ``(a − b)(1 − t/T)² + b``, ``b = 0.1·a``, each step followed by ReLU, then L2
+  normalisation for priors on normalised features.
 * Negatives are ``[z_T; z_0]``: the chain ends **and** their (projected) starting points.
 * The control term is evaluated on real and negative sets separately and summed; input noise ``eps_data`` is added
   to both inside the loss only.
@@ -87,12 +85,9 @@ class ResidualEnergyMLP(nn.Module):
         dtype=None,
     ) -> None:
         super().__init__()
-        for name, value, low in (
-            ("input_dim", input_dim, 1),
-            ("hidden_dim", hidden_dim, 1),
-            ("n_hidden_layers", n_hidden_layers, 0),
-        ):
-            check_positive_int(name, value, minimum=low)
+        check_positive_int("input_dim", input_dim)
+        check_positive_int("hidden_dim", hidden_dim)
+        check_positive_int("n_hidden_layers", n_hidden_layers, minimum=0)
         if hidden_dim > MAX_HIDDEN_DIM or n_hidden_layers > MAX_HIDDEN_LAYERS:
             raise ValueError(
                 f"hidden_dim must be <= {MAX_HIDDEN_DIM} and n_hidden_layers <= {MAX_HIDDEN_LAYERS}; got "
@@ -163,7 +158,7 @@ def polynomial_schedule(t: int, total: int, start: float, end: float) -> float:
 
 
 def project(z: Tensor, relu: bool = True, normalize: bool = False) -> Tensor:
-    """Projection of SGLD states: ReLU (features of a ReLU network are ≥ 0), then L2 normalisation (``normalize``)."""
+    """SGLD states projected: ReLU (features of a ReLU network are ≥ 0), then L2 normalisation (``normalize``)."""
     if relu:
         z = torch.relu(z)
     if normalize:
@@ -183,12 +178,9 @@ def sgld_sample(
     normalize: bool = False,
     generator: torch.Generator | None = None,
 ) -> Tensor:
-    """Short-run SGLD on the hybrid energy from ``z0`` (thesis Eq. 5.4 with the reference's decoupling).
-
-    ``energy_fn`` ``(B, D) -> (B,)`` drives the chain by its input gradient; ``z0`` ``(B, D)`` are the starting
-    points; ``steps = 0`` returns the projected start twice; the schedules go from ``step_size`` / ``noise_std`` to
-    ``step_size_end`` / ``noise_std_end`` (default ``0.1 ×`` start). Returns ``(2B, D)`` detached ``[z_T; z_0]``.
-    """
+    """Short-run SGLD (Eq. 5.4, decoupled as the reference) from ``z0`` ``(B, D)`` along the input gradient of
+    ``energy_fn`` ``(B, D) -> (B,)``, the schedules going from ``step_size`` / ``noise_std`` to ``*_end`` (default
+    ``0.1 ×`` start). Returns ``(2B, D)`` detached ``[z_T; z_0]`` (``steps = 0``: the projected start twice)."""
     step_size_end = 0.1 * step_size if step_size_end is None else step_size_end
     noise_std_end = 0.1 * noise_std if noise_std_end is None else noise_std_end
     start = project(z0.detach(), relu, normalize)
@@ -239,16 +231,14 @@ def train_residual(
     generator: torch.Generator | None = None,
     callback: Callable[[int, int, float], None] | None = None,
 ) -> list[float]:
-    """Train ``E_θ`` by contrastive divergence with SGLD negatives (thesis Algorithm 2, Eqs. 5.3-5.5).
+    """Train ``mlp`` in place by contrastive divergence with SGLD negatives (Algorithm 2, Eqs. 5.3-5.5): Adam
+    (``betas=(0, 0.999)``), one step per shuffled batch (``drop_last`` unless the set is smaller than a batch) or per
+    ``accumulation_steps`` batches (the reference's ``accum_iter``), ``MultiStepLR(milestones, gamma)`` per epoch.
 
-    Adam (``betas=(0, 0.999)``, no weight decay), one step per shuffled batch (``drop_last`` unless the set is
-    smaller than a batch) or per ``accumulation_steps`` batches (gradients of the mean loss, the reference's
-    ``accum_iter``: 1 on CIFAR, 20 / 10 on ImageNet), ``MultiStepLR(milestones, gamma)`` stepped per epoch.
-
-    ``mlp`` is trained in place; ``prior_energy`` ``(B, D) -> (B,)`` is ``E_prior/T_k``; ``proposal`` ``n -> (n, D)``
-    gives SGLD starting points; ``features`` ``(N, D)`` are already L2-normalised when ``normalize`` (SGLD then stays
-    on the sphere); the hyper-parameters are those of ``ood.PRESETS``; ``generator`` drives shuffling, SGLD and input
-    noise; ``callback(epoch, batch, loss)`` runs after every batch. Returns the mean training loss per epoch.
+    ``prior_energy`` ``(B, D) -> (B,)`` is ``E_prior/T_k``; ``proposal`` ``n -> (n, D)`` gives SGLD starting points;
+    ``features`` ``(N, D)`` are L2-normalised when ``normalize``; the hyper-parameters are those of ``ood.PRESETS``;
+    ``generator`` drives shuffling, SGLD and input noise; ``callback(epoch, batch, loss)`` runs after every batch.
+    Returns the mean training loss per epoch.
     """
     if epochs == 0:
         mlp.eval()

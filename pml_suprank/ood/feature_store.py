@@ -6,8 +6,7 @@ reads them back, so that nothing is embedded twice)::
     saved.sets["id_train"].features, saved.weight, saved.metadata
 
 One safetensors file: tensors ``"<i>.features"``, ``"<i>.std_features"``, ``"<i>.logits"``, ``"<i>.labels"`` of the
-``i``-th set and ``"head.weight"`` / ``"head.bias"``; set names and metadata are JSON in the header. Loading checks
-every tensor and names the file and the key in its errors.
+``i``-th set and ``"head.weight"`` / ``"head.bias"``; set names and metadata are JSON in the header.
 """
 
 from __future__ import annotations
@@ -18,16 +17,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from .._safe_json import loads_json
+from ..hub.schema import TensorSpec, check_schema
 from .base import head_params
 from .features import OODFeatures
 
 __all__ = ["FEATURES_FORMAT", "SavedFeatures", "save_features", "load_features"]
 
-#: Value of the ``format`` header entry of a feature file.
 FEATURES_FORMAT = "pml_suprank.ood.features/1"
 _FIELDS = ("features", "std_features", "logits", "labels")
 
@@ -89,29 +87,6 @@ def save_features(
     return path
 
 
-def _check_set(path: Path, i: int, name: str, state: dict[str, Tensor]) -> OODFeatures:
-    got = {key: state.get(f"{i}.{key}") for key in _FIELDS}
-    if got["features"] is None:
-        raise ValueError(f"{path} has no tensor '{i}.features' for set {name!r}; truncated or foreign file?")
-    n = got["features"].shape[0] if got["features"].dim() == 2 else -1
-    for key, t in got.items():
-        if t is None:
-            continue
-        where = f"{path}: tensor '{i}.{key}' (set {name!r})"
-        if key == "labels":
-            if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool or t.dim() not in (1, 2):
-                raise ValueError(f"{where} must be 1-D or 2-D integer labels; got {t.dtype} {tuple(t.shape)}")
-        elif not t.is_floating_point() or t.dim() != 2:
-            raise ValueError(f"{where} must be a 2-D floating tensor; got {t.dtype} {tuple(t.shape)}")
-        elif not bool(torch.isfinite(t).all()):
-            raise ValueError(f"{where} holds NaN or infinite values (corrupt file?)")
-        if t.shape[0] != n:
-            raise ValueError(f"{where} has {t.shape[0]} rows; the set's features have {n}")
-    if got["std_features"] is not None and got["std_features"].shape[1] != got["features"].shape[1]:
-        raise ValueError(f"{path}: tensor '{i}.std_features' (set {name!r}) must have as many columns as features")
-    return OODFeatures(got["features"], got["std_features"], got["logits"], got["labels"])
-
-
 def load_features(path: str | Path) -> SavedFeatures:
     """Read a file written by :func:`save_features`, checking every tensor (``ValueError`` naming file and key)."""
     from safetensors import safe_open
@@ -138,29 +113,23 @@ def load_features(path: str | Path) -> SavedFeatures:
         raise ValueError(f"{path}: unreadable header entry 'sets' / 'metadata' ({err})") from None
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names) or len(set(names)) != len(names):
         raise ValueError(f"{path}: header entry 'sets' must be a list of distinct names; got {names!r}")
-    known = {f"{i}.{key}" for i in range(len(names)) for key in _FIELDS} | {"head.weight", "head.bias"}
-    unknown = sorted(set(state) - known)
-    if unknown:
-        raise ValueError(f"{path} holds tensors {unknown} that are not part of a feature file")
-    sets = {name: _check_set(path, i, name, state) for i, name in enumerate(names)}
-    weight, bias = state.get("head.weight"), state.get("head.bias")
-    if weight is not None:
-        weight, bias = _check_head(path, weight, bias, sets)
-    elif bias is not None:
+    head = "head.weight" in state
+    spec = {"head.weight": TensorSpec(("C", "D"), optional=True), "head.bias": TensorSpec(("C",), optional=True)}
+    for i in range(len(names)):  # per set: N rows; D and C shared with the head when the file has one
+        d, c = ("D", "C") if head else (f"{i}.D", f"{i}.C")
+        labels = state.get(f"{i}.labels")
+        spec |= {
+            f"{i}.features": TensorSpec((f"{i}.N", d)),
+            f"{i}.std_features": TensorSpec((f"{i}.N", d), optional=True),
+            f"{i}.logits": TensorSpec((f"{i}.N", c), optional=True),
+            f"{i}.labels": TensorSpec(
+                (f"{i}.N", f"{i}.L")[: 2 if labels is not None and labels.dim() > 1 else 1], "integer", optional=True
+            ),
+        }
+    check_schema(state, path, spec)
+    if "head.bias" in state and not head:
         raise ValueError(f"{path} holds 'head.bias' without 'head.weight'")
-    return SavedFeatures(sets, weight, bias, metadata if isinstance(metadata, dict) else {})
-
-
-def _check_head(path: Path, weight: Tensor, bias: Tensor | None, sets: dict[str, OODFeatures]):
-    try:
-        weight, bias = head_params(weight, bias, None)
-    except (ValueError, TypeError) as err:
-        raise ValueError(f"{path}: tensor 'head.weight' / 'head.bias' is not a classifier head: {err}") from None
-    for name, feats in sets.items():
-        if feats.features.shape[1] != weight.shape[1]:
-            raise ValueError(f"{path}: tensor 'head.weight' has {weight.shape[1]} columns; set {name!r} has "
-                             f"{feats.features.shape[1]}-dim features")  # fmt: skip
-        if feats.logits is not None and feats.logits.shape[1] != weight.shape[0]:
-            raise ValueError(f"{path}: tensor 'head.weight' has {weight.shape[0]} rows; set {name!r} has "
-                             f"{feats.logits.shape[1]} logits")  # fmt: skip
-    return weight, bias
+    sets = {name: OODFeatures(*(state.get(f"{i}.{key}") for key in _FIELDS)) for i, name in enumerate(names)}
+    return SavedFeatures(
+        sets, state.get("head.weight"), state.get("head.bias"), metadata if isinstance(metadata, dict) else {}
+    )

@@ -1,21 +1,26 @@
-"""Feature extraction for post-hoc OOD detection from a timm model's last feature map (HEAT, thesis Sec. 5.2.2).
+"""Feature extraction for post-hoc OOD detection (HEAT, thesis Sec. 5.2.2) from a timm classifier or a
+:class:`~pml_suprank.models.RetrievalModel`.
 
-``z = forward_head(fmap, pre_logits=True)`` is the input of the classifier's last linear layer, so that detectors
-using the head see ``logits = W z + b`` (for ResNets exactly the spatial mean of ``layer4``; for ViTs timm's own
-pooling); ``σ`` is the **unbiased** std (ddof = 1) of the raw map over its positions or tokens; logits come from
-``forward_head`` on the same map.
+timm: ``z = forward_head(fmap, pre_logits=True)`` is the input of the classifier's last linear layer, so that
+detectors using the head see ``logits = W z + b`` (for ResNets exactly the spatial mean of ``layer4``; for ViTs
+timm's own pooling). ``RetrievalModel``: ``z`` is the pooled backbone feature (``logits = classifier(z)``, ``None``
+without a classification head) or, with ``features="embedding"``, the embedding. ``σ`` is the **unbiased** std
+(ddof = 1) of the raw map over its positions or tokens.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["OODFeatures", "extract_features", "feature_map_positions", "pool_feature_map"]
+__all__ = ["OODFeatures", "extract_features", "extract_model_features", "feature_map_positions", "pool_feature_map"]
+
+FeatureKind = Literal["pooled", "embedding"]
+FEATURE_KINDS = get_args(FeatureKind)
 
 
 @dataclass
@@ -89,35 +94,51 @@ def model_device(model: Any) -> torch.device:
     return first.device if first is not None else torch.device("cpu")
 
 
+def is_retrieval_model(model: Any) -> bool:
+    """A ``RetrievalModel`` (or a model with its interface), told by what it offers: ``models`` imports this package."""
+    return all(callable(getattr(model, name, None)) for name in ("forward_features", "pool", "embed_pooled")) and (
+        hasattr(model, "classifier")
+    )
+
+
+def _parts(model: nn.Module, images: Tensor, features: FeatureKind) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """``(z (B, D), σ or None, logits or None)`` of one image batch."""
+    fmap = model.forward_features(images)
+    if not is_retrieval_model(model):
+        return model.forward_head(fmap, pre_logits=True), pool_feature_map(fmap)[1], model.forward_head(fmap)
+    pooled = model.pool(fmap)
+    try:
+        sigma = pool_feature_map(fmap)[1]
+    except ValueError:  # a single spatial position: no std-pooled features
+        sigma = None
+    z = pooled if features == "pooled" else model.embed_pooled(pooled)
+    return z, sigma, None if model.classifier is None else model.classifier(pooled)
+
+
 @torch.no_grad()
-def extract_features(
-    model: nn.Module, batches: Iterable, device: torch.device | str | None = None, max_batches: int | None = None
-) -> OODFeatures:
-    """Run a timm classifier (``forward_features`` / ``forward_head``, in eval mode) over ``batches`` (as
-    :func:`batch_images`; at most ``max_batches``) on ``device`` (default: the model's) and collect ``z``, ``σ``,
-    logits and labels as :class:`OODFeatures` (float32, CPU)."""
-    if not (hasattr(model, "forward_features") and hasattr(model, "forward_head")):
-        raise TypeError(f"model must be a timm model with forward_features/forward_head; got {type(model).__name__}")
-    device = device or model_device(model)
-
-    def timm_parts(images: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        fmap = model.forward_features(images)
-        z = model.forward_head(fmap, pre_logits=True)  # the classifier's input: logits = fc(z)
-        return z, pool_feature_map(fmap)[1], model.forward_head(fmap)
-
-    return collect_features(model, batches, device, max_batches, timm_parts)
-
-
-@torch.no_grad()
-def collect_features(
+def extract_model_features(
     model: nn.Module,
-    batches: Iterable,
-    device: torch.device | str,
-    max_batches: int | None,
-    parts: Callable[[Tensor], tuple[Tensor, Tensor | None, Tensor | None]],
+    batches: Iterable | Tensor,
+    device: torch.device | str | None = None,
+    max_batches: int | None = None,
+    features: FeatureKind = "pooled",
 ) -> OODFeatures:
-    """The loop of the feature extractors: ``parts(images) -> (z (B, D), σ or None, logits or None)`` per batch, in
-    eval mode, gathered as float32 CPU tensors (``None`` when a batch has none)."""
+    """Features of a timm classifier or a ``RetrievalModel`` (in eval mode) on a loader or one image batch
+    ``(B, C, H, W)`` (as :func:`batch_images`; at most ``max_batches``), on ``device`` (default: the model's), as
+    :class:`OODFeatures` (float32, CPU; ``None`` fields where a batch has none). ``features`` (``RetrievalModel``
+    only): the ``"pooled"`` backbone features or the ``"embedding"``."""
+    if features not in FEATURE_KINDS:
+        raise ValueError(f"features must be 'pooled' or 'embedding'; got {features!r}")
+    if not is_retrieval_model(model):
+        if not (hasattr(model, "forward_features") and hasattr(model, "forward_head")):
+            raise TypeError(
+                f"model must be a timm model with forward_features/forward_head; got {type(model).__name__}"
+            )
+        if features != "pooled":
+            raise ValueError("features='embedding' needs a RetrievalModel; timm classifiers give pooled features")
+    if isinstance(batches, Tensor):
+        batches = [batch_images(batches)[0]]
+    device = device or model_device(model)
     was_training = model.training
     model.eval()
     zs, sigmas, logits, labels = [], [], [], []
@@ -126,7 +147,7 @@ def collect_features(
             if max_batches is not None and i >= max_batches:
                 break
             images, y = batch_images(batch)
-            z, sigma, logit = parts(images.to(device))
+            z, sigma, logit = _parts(model, images.to(device), features)
             zs.append(z.float().cpu())
             sigmas.append(None if sigma is None else sigma.float().cpu())
             logits.append(None if logit is None else logit.float().cpu())
@@ -137,9 +158,11 @@ def collect_features(
     if not zs:
         raise ValueError("batches yielded no data")
     cat = lambda parts: None if any(p is None for p in parts) else torch.cat(parts)  # noqa: E731
-    return OODFeatures(
-        features=torch.cat(zs),
-        std_features=cat(sigmas),
-        logits=cat(logits),
-        labels=torch.cat(labels) if len(labels) == len(zs) else None,
-    )
+    return OODFeatures(torch.cat(zs), cat(sigmas), cat(logits), torch.cat(labels) if len(labels) == len(zs) else None)
+
+
+def extract_features(
+    model: nn.Module, batches: Iterable, device: torch.device | str | None = None, max_batches: int | None = None
+) -> OODFeatures:
+    """``z``, ``σ``, logits and labels of a timm classifier over ``batches``: :func:`extract_model_features`."""
+    return extract_model_features(model, batches, device=device, max_batches=max_batches)

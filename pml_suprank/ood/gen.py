@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
 from .._validation import check_positive, check_positive_int
-from .base import Detector, check_features
+from .base import check_features
+from .logit_scores import LogitDetector
 
 __all__ = ["GEN", "check_gamma", "generalized_entropy"]
 
@@ -30,23 +29,18 @@ def generalized_entropy(logits: Tensor, gamma: float = 0.1, m: int = 100) -> Ten
     return (top.pow(gamma) * (1.0 - top).pow(gamma)).sum(dim=-1)
 
 
-class GEN(Detector):
-    """Generalized ENtropy score (Liu et al. 2023, Eq. 8) of the logits, :func:`generalized_entropy`; no fit. OpenOOD
-    v1.5 returns ``conf = −score`` with the same ``γ`` and ``M`` (capped at ``C`` alike).
+class GEN(LogitDetector):
+    """Generalized ENtropy score, :func:`generalized_entropy` (OpenOOD v1.5 returns ``conf = −score`` with the same
+    ``γ`` and ``M``, capped at ``C`` alike).
 
     Args:
         gamma: ``γ`` in (0, 1) (0.1: paper, OpenOOD ``gen.yml``).
         M: Number of top probabilities (100: paper, OpenOOD; capped at the number of classes).
     """
 
-    requires_fit = False
-
     def __init__(self, gamma: float = 0.1, M: int = 100) -> None:  # noqa: N803 - the paper's name
         super().__init__()
         self.gamma, self.M = check_gamma(gamma), check_positive_int("M", M)
 
-    def config(self) -> dict[str, Any]:
-        return {"gamma": self.gamma, "M": self.M}
-
-    def _score(self, features=None, logits=None, **kwargs) -> Tensor:
+    def score_logits(self, logits: Tensor) -> Tensor:
         return generalized_entropy(logits, self.gamma, self.M)

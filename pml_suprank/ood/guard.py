@@ -1,23 +1,19 @@
-"""The OOD guard of a retrieval model: a fitted detector, a calibrated threshold and the model it belongs to.
+"""The OOD guard of a retrieval model: a fitted detector, a calibrated threshold and the model it belongs to, saved
+**inside the model folder** (it travels with the model and its Hub repo)::
 
-A guard answers, per image, "is this query of a kind the model knows?". It lives **inside the model folder** and
-travels with the model (``save_pretrained`` folder, Hub repo)::
+    final/ood/config.json, final/ood/model.safetensors   the detector (Detector.save_pretrained)
+    final/ood/guard.json   {"version", "detector", "feature_kind", "model_sha256", "threshold", "higher_is_ood",
+                            "tpr_target", "id_tpr", "ood_sets": {name: {"fpr", "auroc"}}}
 
-    final/ood/config.json         the detector's config (written by Detector.save_pretrained)
-    final/ood/model.safetensors   the detector's fitted tensors
-    final/ood/guard.json          {"version", "detector", "feature_kind", "model_sha256", "threshold",
-                                   "higher_is_ood", "tpr_target", "id_tpr", "ood_sets": {name: {"fpr", "auroc"}}}
+**The rule**, for every detector: an image is OOD when its outlier score ``> threshold``. Held-out ID scores are
+split in two seeded halves: the threshold is the ``ceil(tpr_target · n)``-th smallest score of the first, ``id_tpr``
+the share of the *second* half kept. ``ood_sets`` records, per OOD set scored at fit time, the FPR (share accepted
+as ID) and the AUROC against all held-out ID images.
 
-**The rule**, for every detector: an image is OOD when its outlier score ``> threshold``. The threshold keeps a
-share ``tpr_target`` (0.95) of held-out in-distribution (ID) images: their scores are split in two seeded halves, the
-threshold is the ``ceil(tpr_target · n)``-th smallest score of the first, and ``id_tpr`` the share of the *second*
-half kept (an estimate on images the threshold never saw). ``ood_sets`` records, per OOD set scored at fit time, the
-FPR (share accepted as ID) and the AUROC against all held-out ID images.
-
-A guard belongs to one model: ``model_sha256`` is the SHA-256 of the folder's ``model.safetensors`` and
-``feature_kind`` the features the detector reads (``"pooled"`` or ``"embedding"``). Loading refuses
-(:class:`GuardMismatchError`, naming both values) a guard of other weights or of another feature kind than its
-detector's, and :meth:`OODGuard.predict` refuses a model loaded from other weights. Nothing is unpickled::
+``model_sha256`` is the SHA-256 of the folder's ``model.safetensors`` and ``feature_kind`` the features the detector
+reads (``"pooled"`` or ``"embedding"``): loading refuses (:class:`GuardMismatchError`, naming both values) a guard
+of other weights or of another feature kind than its detector's; :meth:`OODGuard.predict` refuses a model loaded
+from other weights. Nothing is unpickled::
 
     guard = OODGuard.fit(model, train_loader, heldout_loader, ood_loaders={"noise": noise_loader},
                          detector=ood.HEAT(priors=("gmm", "gmm_std"), preset="fast"))
@@ -41,10 +37,11 @@ import torch
 from torch import Tensor
 
 from .._safe_json import atomic_write, load_json
+from .._validation import check_probability
 from ..data.embedding_cache import state_digest
 from . import metrics as ood_metrics
 from .base import Detector
-from .model_api import FEATURE_KINDS
+from .features import FEATURE_KINDS
 
 __all__ = [
     "GUARD_DIR",
@@ -60,9 +57,7 @@ __all__ = [
     "weights_sha256",
 ]
 
-#: the guard's folder inside a model folder, and its own file there
 GUARD_DIR, GUARD_FILE = "ood", "guard.json"
-#: the format version written
 VERSION = 1
 #: the keys of ``guard.json`` (besides ``version``), read by the model card
 GUARD_KEYS = ("detector", "feature_kind", "model_sha256", "threshold", "higher_is_ood", "tpr_target", "id_tpr",
@@ -101,16 +96,10 @@ def weights_sha256(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def _number(where: str, value: Any, text: str = "a finite number", low: float = -math.inf, high: float = math.inf,
-            *, open_low: bool = False) -> float:  # fmt: skip
-    """``value`` as a finite float in ``[low, high]`` (``(low, high]`` when ``open_low``), else ``ValueError``."""
-    number = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-    if not (number and low <= value <= high and not (open_low and value == low)):
-        raise ValueError(f"{where} must be {text}; got {value!r}")
+def _finite(where: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{where} must be a finite number; got {value!r}")
     return float(value)
-
-
-_RATE = ("a number in (0, 1]", 0.0, 1.0)
 
 
 def _checked_values(values: Mapping[str, Any], at: str = "") -> dict[str, Any]:
@@ -127,13 +116,13 @@ def _checked_values(values: Mapping[str, Any], at: str = "") -> dict[str, Any]:
         if not isinstance(row, Mapping) or set(row) != {"fpr", "auroc"}:
             raise ValueError(f"{at}ood_sets[{name!r}] must be {{'fpr': float, 'auroc': float}}; got {row!r}")
         for key in ("fpr", "auroc"):
-            _number(f"{at}ood_sets[{name!r}][{key!r}]", row[key], "a number in [0, 1]", 0.0, 1.0)
+            check_probability(f"{at}ood_sets[{name!r}][{key!r}]", row[key])
     return {
-        "threshold": _number(f"{at}threshold", values["threshold"]),
+        "threshold": _finite(f"{at}threshold", values["threshold"]),
         "feature_kind": kind,
         "model_sha256": sha,
-        "tpr_target": _number(f"{at}tpr_target", values["tpr_target"], *_RATE, open_low=True),
-        "id_tpr": _number(f"{at}id_tpr", values["id_tpr"], "a number in [0, 1]", 0.0, 1.0),
+        "tpr_target": ood_metrics.check_tpr(values["tpr_target"], f"{at}tpr_target"),
+        "id_tpr": check_probability(f"{at}id_tpr", values["id_tpr"]),
         "ood_sets": {str(k): {"fpr": float(v["fpr"]), "auroc": float(v["auroc"])} for k, v in sets.items()},
     }
 
@@ -141,7 +130,7 @@ def _checked_values(values: Mapping[str, Any], at: str = "") -> dict[str, Any]:
 def calibrate_threshold(id_scores: Tensor, tpr_target: float = 0.95, *, seed: int = 0) -> tuple[float, float]:
     """``(threshold, id_tpr)`` from held-out ID scores ``(N,)``, ``N >= 2`` (see the module docstring: the threshold
     keeps ``tpr_target`` of a seeded half, ``id_tpr`` is measured on the other half)."""
-    tpr_target = _number("tpr_target", tpr_target, *_RATE, open_low=True)
+    tpr_target = ood_metrics.check_tpr(tpr_target, "tpr_target")
     scores = ood_metrics.as_scores("id_scores", id_scores).cpu()
     if scores.numel() < 2:
         raise ValueError(f"id_scores must hold at least 2 held-out ID scores (calibrate + check); got {scores.numel()}")
@@ -155,17 +144,8 @@ def calibrate_threshold(id_scores: Tensor, tpr_target: float = 0.95, *, seed: in
 
 @dataclass(eq=False, repr=False)
 class OODGuard:
-    """A fitted detector with its calibrated threshold, bound to one model's weights (see the module docstring).
-
-    Args:
-        detector: A fitted :class:`~pml_suprank.ood.Detector` that scores features (not images).
-        threshold: Scores above it are OOD.
-        feature_kind: ``"pooled"`` or ``"embedding"``: what the detector reads from the model.
-        model_sha256: SHA-256 of the model's ``model.safetensors`` (:func:`weights_sha256`).
-        tpr_target: The share of held-out ID images the threshold was chosen to keep.
-        id_tpr: The share kept on held-out ID images not used for the threshold.
-        ood_sets: ``{name: {"fpr": float, "auroc": float}}`` measured at fit time.
-    """
+    """A fitted :class:`~pml_suprank.ood.Detector` of features with its calibrated ``threshold``, bound to one model's
+    weights; the fields are those of ``guard.json`` (see the module docstring)."""
 
     detector: Any
     _: KW_ONLY
@@ -251,7 +231,7 @@ class OODGuard:
 
     def verdict(self, scores: Tensor, threshold: float | None = None) -> GuardVerdict:
         """The verdict of scores ``(N,)``: ``is_ood = scores > threshold`` (default: the stored one)."""
-        threshold = self.threshold if threshold is None else _number("threshold", threshold)
+        threshold = self.threshold if threshold is None else _finite("threshold", threshold)
         scores = scores.detach().float().cpu()
         return GuardVerdict(scores, scores > threshold, threshold)
 

@@ -17,7 +17,6 @@ Deliberate differences from the authors' released code:
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from typing import Any, Literal, get_args
@@ -28,18 +27,15 @@ from torch import Tensor, nn
 from .._validation import check_bool, check_choice, check_positive
 from .base import Detector, NotFittedError, check_class_labels, check_features, head_params
 from .ebm import ResidualEnergyMLP, train_residual
-from .heat_state import MAX_SEED, check_heat_config, check_heat_settings, check_heat_state, check_mlp_sizes
+from .heat_state import MAX_SEED, SETTING_KEYS, check_heat_state, check_mlp_sizes, resolve_settings
 from .model_api import model_head
-from .presets import SETTING_KEYS, resolve_settings
-from .priors import Prior, degenerate_variance, unit_rows
-from .registry import PRIOR_REGISTRY
+from .priors import PRIOR_REGISTRY, Prior, degenerate_variance, unit_rows
 
 __all__ = ["HEAT", "PriorName", "compose_energies", "standardize"]
 
 #: The built-in priors (any registered :class:`Prior` name is accepted too, see ``ood.list_priors()``).
 PriorName = Literal["gmm", "gmm_std", "el"]
 Preset = Literal["cifar10", "cifar100", "imagenet", "fast"]
-_FIRST_SOURCE = "features"  # checked first: it fixes N for the other inputs
 _MLP_KEYS = {"prior_temperature", "hidden_dim", "n_hidden_layers", "reduce_width"}  # the others: train_residual's
 
 
@@ -97,17 +93,13 @@ def _prior_classes(priors: Any) -> dict[str, type[Prior]]:
     """``priors=`` (names and/or registered :class:`Prior` subclasses) → ``{name: class}`` in the given order."""
     if isinstance(priors, str) or (isinstance(priors, type) and issubclass(priors, Prior)):
         priors = (priors,)
-    out: dict[str, type[Prior]] = {}
-    for p in tuple(priors):
-        name = p.name if isinstance(p, type) and issubclass(p, Prior) else p
-        if name not in PRIOR_REGISTRY:
+    names = [p.name if isinstance(p, type) and issubclass(p, Prior) else p for p in tuple(priors)]
+    for p in names:
+        if p not in PRIOR_REGISTRY:
             raise ValueError(f"priors must be registered HEAT prior names {list(PRIOR_REGISTRY)}; got {p!r}")
-        if name in out:
-            raise ValueError(f"priors must be a non-empty sequence of distinct names; got {priors}")
-        out[name] = PRIOR_REGISTRY[name]
-    if not out:
+    if not names or len(set(names)) != len(names):
         raise ValueError(f"priors must be a non-empty sequence of distinct names; got {priors}")
-    return out
+    return {name: PRIOR_REGISTRY[name] for name in names}
 
 
 class HEAT(Detector):
@@ -120,9 +112,8 @@ class HEAT(Detector):
         preset: Hyper-parameters per prior: ``"cifar10"``, ``"cifar100"``, ``"imagenet"`` (the authors' released
             settings) or ``"fast"`` (CPU: width 256, ≤ 5 SGLD steps, one epoch); see ``ood.PRESETS``.
         settings: Overrides on the preset: setting names (for every prior) and/or prior names mapping to their own
-            dict. ``epochs=0`` keeps the initial residual. Values are bounded here, before anything is allocated,
-            by :data:`~pml_suprank.ood.heat_state.LOADED_SETTINGS` (the schema of a loaded ``config.json``), the
-            residual MLP to ``MAX_MLP_PARAMETERS`` (2**30) parameters.
+            dict (``epochs=0`` keeps the initial residual), bounded before anything is allocated by
+            :data:`~pml_suprank.ood.heat_state.LOADED_SETTINGS`, the residual MLP to 2**30 parameters.
         weight, bias, head: Classifier head ``(C, D)``, ``(C,)`` (or an ``nn.Linear``) for the EL prior.
         tie_hidden_weights: Share the hidden ``h × h`` layer as the released code.
         zero_init_residual: Zero the MLP's last layer at init, so an untrained HEAT equals its priors.
@@ -157,10 +148,8 @@ class HEAT(Detector):
         self.priors = tuple(self.prior_classes)
         self.beta = _check_beta(beta)
         self.preset = check_choice("preset", preset, get_args(Preset))
-        check_heat_settings(settings or {})  # bounded before anything is copied or allocated
-        self.settings_overrides = copy.deepcopy(settings or {})
         defaults = {name: cls.default_settings(self.preset) for name, cls in self.prior_classes.items()}
-        self.component_settings = resolve_settings(defaults, self.settings_overrides, PRIOR_REGISTRY.names())
+        self.component_settings = resolve_settings(defaults, settings or {}, PRIOR_REGISTRY.names())
         self.tie_hidden_weights = check_bool("tie_hidden_weights", tie_hidden_weights)
         check_mlp_sizes(self.component_settings, self.tie_hidden_weights)
         self.zero_init_residual = check_bool("zero_init_residual", zero_init_residual)
@@ -202,7 +191,6 @@ class HEAT(Detector):
             "seed": self.seed,
         }
 
-    # --- building blocks ------------------------------------------------------------------------------------------
     def _make_prior(self, name: str) -> Prior:
         return self.prior_classes[name].create(weight=self.weight, bias=self.bias, reg=self.reg)
 
@@ -222,27 +210,21 @@ class HEAT(Detector):
             mlp.zero_output_()
         return mlp
 
-    def _sources(self) -> dict[str, str]:
-        """``{source keyword: first prior reading it}``, ``"features"`` first (it fixes ``N`` for the others)."""
-        sources: dict[str, str] = {}
-        for name, cls in self.prior_classes.items():
-            sources.setdefault(cls.source, name)
-        if _FIRST_SOURCE in sources:
-            sources = {_FIRST_SOURCE: sources.pop(_FIRST_SOURCE), **sources}
-        return sources
-
-    def _inputs(self, given: dict[str, Any], n: int | None = None) -> dict[str, Tensor]:
-        """Check the ``(N, D_source)`` tensor of every source the priors read (same ``N``, ``D`` as at fit time)."""
+    def _inputs(self, given: dict[str, Any]) -> dict[str, Tensor]:
+        """Check the ``(N, D_source)`` tensor of every source the priors read (same ``N``, ``D`` as at fit time),
+        ``features`` first (it fixes ``N`` for the others)."""
         dims = {comp.prior.source: comp.mlp.input_layer.in_features for comp in self.components.values()}
-        out = {}
-        for source, prior in self._sources().items():
-            if given.get(source) is None and source != _FIRST_SOURCE:
-                raise ValueError(f"the {prior!r} prior needs {source}= (an (N, D) tensor, see ood.extract_features)")
+        readers = {cls.source: name for name, cls in reversed(self.prior_classes.items())}  # the first reader
+        out, n = {}, None
+        for source in sorted(readers, key=lambda s: s != "features"):
+            if given.get(source) is None and source != "features":
+                raise ValueError(
+                    f"the {readers[source]!r} prior needs {source}= (an (N, D) tensor, see ood.extract_features)"
+                )
             out[source] = check_features(source, given.get(source), dim=dims.get(source), n=n)
             n = out[source].shape[0]
         return out
 
-    # --- fit / score ----------------------------------------------------------------------------------------------
     def _fit(self, features=None, logits=None, labels=None, std_features=None, callback=None, **kwargs) -> None:
         self.components, self.history, self.fit_seconds = {}, {}, {}
         inputs = self._inputs({"features": features, "logits": logits, "std_features": std_features, **kwargs})
@@ -334,7 +316,6 @@ class HEAT(Detector):
             raise NotFittedError("HEAT")
         return self._energies(self._inputs({"features": features, "std_features": std_features, **kwargs}))
 
-    # --- state ----------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Tensor]:
         out = {"head.weight": self.weight, "head.bias": self.bias if self.weight is not None else None}
         for name, comp in self.components.items():
@@ -342,11 +323,6 @@ class HEAT(Detector):
             out.update({f"{name}.mlp.{k}": v for k, v in comp.mlp.state_dict().items()})
         out.update(standardization_mean=self.standardization_mean, standardization_std=self.standardization_std)
         return {k: v.detach().contiguous() for k, v in out.items() if v is not None}
-
-    @classmethod
-    def _hub_check_config(cls, config, source, *, overrides, trust_config: bool) -> None:
-        if not trust_config:
-            check_heat_config(config["model_args"], source, overrides)
 
     def _hub_check_state(self, state, source, config) -> None:
         check_heat_state(self, state, source)

@@ -1,5 +1,5 @@
-"""Checks of HEAT's settings and of a saved HEAT before anything is built from it (``ValueError`` naming the file
-and the key). A fitted HEAT with priors ``p_1..p_K`` holds:
+"""HEAT's settings schema and the checks of a saved HEAT before anything is built from it (``ValueError`` naming the
+file and the key). A fitted HEAT with priors ``p_1..p_K`` holds:
 
 * ``head.weight`` ``(C, D)`` and optionally ``head.bias`` ``(C,)``, required when a prior needs the head (``"el"``);
 * ``<p>.prior.<name>``: each prior's tensors, laid out as its :meth:`~pml_suprank.ood.priors.Prior.state_spec`;
@@ -22,7 +22,7 @@ from ..hub.serialization import check_state
 from .ebm import MAX_HIDDEN_DIM, MAX_HIDDEN_LAYERS, MAX_MLP_PARAMETERS, mlp_parameter_count
 from .priors import degenerate_variance
 
-__all__ = ["LOADED_SETTINGS", "check_heat_config", "check_heat_settings", "check_heat_state", "check_mlp_sizes"]
+__all__ = ["LOADED_SETTINGS", "SETTING_KEYS", "check_heat_state", "check_mlp_sizes", "resolve_settings"]
 
 #: ``|seed|`` bound: HEAT seeds its generators with ``seed·1000 + k``, which must fit a 64-bit int
 MAX_SEED = 2**53
@@ -30,9 +30,8 @@ _MAX_STEPS = 100_000  # SGLD steps, epochs, accumulation steps, milestones
 _MAX_BATCH = 2**24
 
 #: The one schema of a HEAT setting, ``(kind, low, high)``, checked on the ``settings=`` of every ``HEAT(...)``
-#: (:func:`check_heat_settings`) and, before that, on a loaded ``config.json`` (:func:`check_heat_config`): ints
-#: bound what sizes work (MLP width and depth, SGLD steps, epochs, batch), booleans are strict (``"false"`` is
-#: refused), numbers finite and ``> low`` (``"positive"``) or ``>= low``.
+#: (a loaded ``config.json`` included) before anything is allocated: ints bound what sizes work, booleans are strict
+#: (``"false"`` is refused), numbers finite and ``> low`` (``"positive"``) or ``>= low``.
 LOADED_SETTINGS: dict[str, tuple[str, float, float]] = {
     "hidden_dim": ("int", 1, MAX_HIDDEN_DIM),
     "n_hidden_layers": ("int", 0, MAX_HIDDEN_LAYERS),
@@ -47,7 +46,8 @@ LOADED_SETTINGS: dict[str, tuple[str, float, float]] = {
     **dict.fromkeys(("step_size", "noise_std", "l2_coef", "eps_data", "end_factor"), ("number", 0.0, math.inf)),
     "gamma": ("number", -math.inf, math.inf),
 }
-_TOP_LEVEL_BOOLS = ("tie_hidden_weights", "zero_init_residual")
+#: The settings every prior of a HEAT has (the keys of a ``PRESETS[preset][prior]`` entry).
+SETTING_KEYS = frozenset(LOADED_SETTINGS)
 
 
 def _shown(value: Any, limit: int = 80) -> str:
@@ -68,10 +68,7 @@ def _setting_ok(kind: str, low: float, high: float, value: Any) -> bool:
     return value > low if kind == "positive" else value >= low
 
 
-_LOADED_HINT = " in a loaded config; got {} (pass trust_config=True for a trusted file)"
-
-
-def _check_setting(key: str, value: Any, where: str, hint: str = _LOADED_HINT) -> None:
+def _check_setting(key: str, value: Any, where: str) -> None:
     kind, low, high = LOADED_SETTINGS[key]
     if not _setting_ok(kind, low, high, value):
         finite = _setting_ok("number", -math.inf, math.inf, value)  # then the lower bound is what it missed
@@ -81,23 +78,43 @@ def _check_setting(key: str, value: Any, where: str, hint: str = _LOADED_HINT) -
             "int": f"an int in [{low}, {high}]",
             "ints": f"a list of at most 1000 ints in [{low}, {high}]",
         }.get(kind, f"a finite number{bound}")
-        raise ValueError(f"{where} must be {expected}" + (hint or "; got {}").format(_shown(value)))
+        raise ValueError(f"{where} must be {expected}; got {_shown(value)}")
 
 
-def check_heat_settings(settings: Any, where: str = "settings", hint: str = "") -> None:
-    """Bound the ``settings=`` of ``HEAT(...)`` (or of a loaded config) by :data:`LOADED_SETTINGS`, at the top level and
-    in each prior's dict, before anything is allocated (``ValueError`` naming ``settings[prior][key]``)."""
-    if not isinstance(settings, dict):
-        raise ValueError(f"{where} must be a dict; got {type(settings).__name__}")
-    for name, values in settings.items():
-        at = f"{where}[{_shown(name, 40)}]"
-        if isinstance(values, dict):  # a prior's own settings
-            for key, value in values.items():
-                if key in LOADED_SETTINGS:
-                    _check_setting(key, value, f"{at}[{key!r}]", hint)
-        elif name in LOADED_SETTINGS:  # a setting for every prior: the same bounds
-            _check_setting(name, values, at, hint)
-        # anything else (unknown keys, a prior given a non-dict): resolve_settings refuses it with its own message
+def resolve_settings(
+    defaults: Mapping[str, Mapping[str, Any]], overrides: Any, prior_names: tuple[str, ...]
+) -> dict[str, dict[str, Any]]:
+    """``{prior: settings}``: ``defaults`` (per prior in use) updated by ``overrides``, setting names (for every prior)
+    and/or prior names among ``prior_names`` mapping to their own dict, each value bounded by
+    :data:`LOADED_SETTINGS` (``ValueError`` naming ``settings[prior][key]``)."""
+    if not isinstance(overrides, dict):
+        raise ValueError(f"settings must be a dict; got {type(overrides).__name__}")
+    resolved = {p: dict(s) for p, s in defaults.items()}
+    for key, value in overrides.items():
+        if key in SETTING_KEYS:
+            _check_setting(key, value, f"settings[{key!r}]")
+            for p in resolved:
+                resolved[p][key] = value
+        elif key in prior_names:
+            if not isinstance(value, dict):
+                raise TypeError(f"settings[{key!r}] must be a dict of settings; got {type(value).__name__}")
+            bad = sorted(set(value) - SETTING_KEYS)
+            if bad:
+                raise ValueError(f"unknown HEAT settings {bad} for prior {key!r}; valid: {sorted(SETTING_KEYS)}")
+            for name, v in value.items():
+                _check_setting(name, v, f"settings[{key!r}][{name!r}]")
+            resolved.get(key, {}).update(value)
+        else:
+            raise ValueError(
+                f"unknown HEAT setting {_shown(key, 40)}; valid: {sorted(SETTING_KEYS)} or a prior name "
+                f"{tuple(prior_names)}"
+            )
+    for p, s in resolved.items():
+        missing = sorted(SETTING_KEYS - set(s))
+        if missing:
+            raise ValueError(f"settings of prior {p!r} miss {missing}; give them in settings={{{p!r}: {{...}}}}")
+        s["milestones"] = tuple(s["milestones"])
+    return resolved
 
 
 def check_mlp_sizes(component_settings: Mapping[str, Mapping[str, Any]], tie_hidden_weights: bool) -> None:
@@ -113,16 +130,6 @@ def check_mlp_sizes(component_settings: Mapping[str, Mapping[str, Any]], tie_hid
                 f"parameters before its input layer, more than {MAX_MLP_PARAMETERS:,}: lower hidden_dim or "
                 "n_hidden_layers"
             )
-
-
-def check_heat_config(model_args: Mapping[str, Any], source: Path, skip: Mapping[str, Any]) -> None:
-    """Bound a loaded HEAT ``config.json`` (but the ``skip`` keys the caller overrides) before anything is built."""
-    for key in _TOP_LEVEL_BOOLS:
-        if key in model_args and key not in skip and not isinstance(model_args[key], bool):
-            raise ValueError(f"{source}: model_args.{key} must be true or false; got {_shown(model_args[key])}")
-    if "settings" in skip:
-        return
-    check_heat_settings(model_args.get("settings") or {}, f"{source}: model_args.settings", _LOADED_HINT)
 
 
 def _mlp_spec(heat: Any, name: str, dim: int, symbol: str) -> dict[str, TensorSpec]:

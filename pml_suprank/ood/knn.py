@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -34,10 +32,6 @@ class KNN(Detector):
             raise ValueError(f"k must be a positive integer; got {k!r}")
         self.k, self.normalize = k, check_bool("normalize", normalize)
         self.chunk_size = int(check_positive("chunk_size", chunk_size))
-        self.bank: Tensor | None = None
-
-    def config(self) -> dict[str, Any]:
-        return {"k": self.k, "normalize": self.normalize, "chunk_size": self.chunk_size}
 
     def _state_spec(self) -> dict[str, TensorSpec]:
         return {"bank": TensorSpec(("N", "D"), nonzero=True, min_sizes=(("N", self.k),))}

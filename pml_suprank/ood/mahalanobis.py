@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -37,26 +36,39 @@ def warn_degenerate_scale(name: str, cholesky: Tensor, dtype: torch.dtype) -> No
 
 
 class GaussianDetector(Detector, register=False):
-    """Base of the detectors fitting a :class:`~pml_suprank.ood.priors.ClassConditionalGaussian` (``self.gaussian``);
-    ``_state_names`` beyond the Gaussian's are their own float64 tensors, declared in ``_state_spec``."""
+    """Base of the detectors fitting a :class:`~pml_suprank.ood.priors.ClassConditionalGaussian` (``self.gaussian``)
+    on ``(N, D)`` features and ``(N,)`` labels; ``_state_names`` beyond the Gaussian's are their own float64 tensors
+    (declared in ``_state_spec``, fitted by ``_fit_more``)."""
 
     _state_names = _GAUSSIAN
 
+    def __init__(self, normalize: bool = False, reg: float = 1e-6) -> None:
+        super().__init__()
+        self.gaussian = ClassConditionalGaussian(normalize=normalize, reg=reg)
+        self.normalize, self.reg = self.gaussian.normalize, self.gaussian.reg
+
+    def _fit(self, features=None, logits=None, labels=None, **kwargs) -> None:
+        z = check_features("features", features).detach()
+        self.gaussian.fit(z, labels)
+        self._fit_more(z)
+        if not self.normalize:  # SSD+ scores unit-norm rows: the fitted scale is that of the sphere
+            warn_degenerate_scale(type(self).__name__, self.gaussian.cholesky, z.dtype)
+
+    def _fit_more(self, z: Tensor) -> None:
+        """Fit the subclass's own tensors on the checked ``(N, D)`` features; default: none."""
+
+    def _check_z(self, features) -> Tensor:
+        return check_features("features", features, dim=self.gaussian.dim)
+
     def state_dict(self) -> dict[str, Tensor]:
-        own = {k: getattr(self, k, None) for k in self._state_names[len(_GAUSSIAN) :]}
-        return {**self.gaussian.state_dict(), **{k: v.contiguous() for k, v in own.items() if v is not None}}
+        return {**self.gaussian.state_dict(), **super().state_dict()}
 
     def _state_spec(self) -> dict[str, TensorSpec]:
         return gaussian_state_spec()
 
     def load_state_dict(self, state: dict[str, Tensor]) -> GaussianDetector:
-        unknown = sorted(set(state) - set(self._state_names))
-        if unknown:
-            raise ValueError(f"state has keys unknown to {type(self).__name__}: {unknown}")
+        super().load_state_dict({k: v.to(torch.float64) for k, v in state.items() if k not in _GAUSSIAN})
         self.gaussian.load_state_dict({k: state[k] for k in _GAUSSIAN})
-        for k in self._state_names[len(_GAUSSIAN) :]:
-            setattr(self, k, state[k].to(torch.float64))
-        self._fitted = True
         return self
 
     def to(self, device=None, dtype=None) -> GaussianDetector:
@@ -74,19 +86,7 @@ class Mahalanobis(GaussianDetector):
     """
 
     def __init__(self, normalize: bool = False, reg: float = 1e-6) -> None:
-        super().__init__()
-        self.normalize, self.reg = check_bool("normalize", normalize), float(reg)
-        self.gaussian = ClassConditionalGaussian(normalize=normalize, reg=reg)
-
-    def config(self) -> dict[str, Any]:
-        return {"normalize": self.normalize, "reg": self.reg}
-
-    def _fit(self, features=None, logits=None, labels=None, **kwargs) -> None:
-        features = check_features("features", features)
-        self.gaussian.fit(features, labels)
-        if not self.normalize:  # SSD+ scores unit-norm rows: the fitted scale is that of the sphere
-            warn_degenerate_scale("Mahalanobis", self.gaussian.cholesky, features.dtype)
+        super().__init__(check_bool("normalize", normalize), reg)
 
     def _score(self, features=None, logits=None, **kwargs) -> Tensor:
-        z = check_features("features", features, dim=self.gaussian.dim)
-        return self.gaussian.min_mahalanobis(z)
+        return self.gaussian.min_mahalanobis(self._check_z(features))

@@ -107,11 +107,10 @@ def fpr_at_tpr(id_scores, ood_scores, tpr: float = 0.95, convention: FPRConventi
     return float(fps[first] / neg.numel())
 
 
-def check_tpr(tpr: float) -> float:
-    """``tpr`` in (0, 1], else ``ValueError`` naming it."""
-    check_probability("tpr", tpr)
-    if tpr == 0.0:
-        raise ValueError(f"tpr must lie in (0, 1]; got {tpr}")
+def check_tpr(tpr: float, name: str = "tpr") -> float:
+    """``tpr`` in (0, 1], else ``TypeError`` / ``ValueError`` naming it."""
+    if check_probability(name, tpr) == 0.0:
+        raise ValueError(f"{name} must lie in (0, 1]; got {tpr}")
     return float(tpr)
 
 

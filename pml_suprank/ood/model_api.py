@@ -1,13 +1,11 @@
 """``detector.fit_model(model, loader)`` / ``detector.predict(model, x)`` (pytorch-ood style) for timm classifiers
-and :class:`~pml_suprank.models.RetrievalModel`::
+and :class:`~pml_suprank.models.RetrievalModel`, features as :func:`~pml_suprank.ood.features.extract_model_features`::
 
     det = ood.ASH().fit_model(timm_model, train_loader)      # the head is taken from the model when not given
     scores = det.predict(timm_model, images)                  # (B,) outlier scores, higher = more OOD
 
-For a timm classifier the features are those of :func:`~pml_suprank.ood.extract_features`. For a ``RetrievalModel``,
-``z`` is the pooled backbone feature (``logits = classifier(z)``, ``None`` without a classification head) or, with
-``features="embedding"``, the embedding. Extraction runs once per call: for several detectors, extract once and use
-``fit`` / ``score`` (or :func:`ood.benchmark`).
+Extraction runs once per call: for several detectors, extract once and use ``fit`` / ``score`` (or
+:func:`ood.benchmark`).
 """
 
 from __future__ import annotations
@@ -15,25 +13,19 @@ from __future__ import annotations
 import inspect
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from .features import OODFeatures, batch_images, collect_features, extract_features, model_device, pool_feature_map
+from .features import FeatureKind, batch_images, extract_model_features, is_retrieval_model, model_device
 
-__all__ = ["ModelDetectorMixin", "extract_model_features", "read_state_dict"]
-
-FeatureKind = Literal["pooled", "embedding"]
-FEATURE_KINDS = get_args(FeatureKind)
+__all__ = ["ModelDetectorMixin", "model_head", "read_state_dict"]
 
 
 def read_state_dict(path: str | Path) -> dict[str, Tensor]:
-    """The state dict in ``path``: ``.safetensors``, or a ``torch.save`` file read with ``weights_only=True``.
-
-    Raises:
-        ValueError: naming the file: missing, unreadable, or not a flat mapping of parameter names to tensors.
-    """
+    """The state dict in ``path``: ``.safetensors``, or a ``torch.save`` file read with ``weights_only=True``
+    (``ValueError`` naming the file: missing, unreadable, or not a flat mapping of parameter names to tensors)."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: no such file")
@@ -52,53 +44,6 @@ def read_state_dict(path: str | Path) -> dict[str, Tensor]:
         hint = f" (it nests dicts under {nested[:3]}: save model.state_dict() itself)" if nested else ""
         raise ValueError(f"{path} holds a {type(state).__name__}, not a state dict of parameter names to tensors{hint}")
     return state
-
-
-def is_retrieval_model(model: Any) -> bool:
-    """A ``RetrievalModel`` (or a model with its interface), told by what it offers: ``models`` imports this package."""
-    return all(callable(getattr(model, name, None)) for name in ("forward_features", "pool", "embed_pooled")) and (
-        hasattr(model, "classifier")
-    )
-
-
-def _retrieval_features(model, batches: Iterable, device, max_batches: int | None, features: FeatureKind):
-    def retrieval_parts(images: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        fmap = model.forward_features(images)
-        pooled = model.pool(fmap)
-        try:
-            sigma = pool_feature_map(fmap)[1]
-        except ValueError:  # a single spatial position: no std-pooled features
-            sigma = None
-        z = pooled if features == "pooled" else model.embed_pooled(pooled)
-        return z, sigma, None if model.classifier is None else model.classifier(pooled)
-
-    return collect_features(model, batches, device, max_batches, retrieval_parts)
-
-
-def extract_model_features(
-    model: nn.Module,
-    batches: Iterable | Tensor,
-    device: torch.device | str | None = None,
-    max_batches: int | None = None,
-    features: FeatureKind = "pooled",
-) -> OODFeatures:
-    """Features of a timm classifier or a ``RetrievalModel`` on a loader (or one image batch ``(B, C, H, W)``).
-
-    ``batches`` as :func:`batch_images`; ``device`` defaults to the model's; ``features`` (``RetrievalModel`` only):
-    ``"pooled"`` backbone features or the ``"embedding"``. Returns :class:`~pml_suprank.ood.OODFeatures` (float32,
-    CPU).
-    """
-    if features not in FEATURE_KINDS:
-        raise ValueError(f"features must be 'pooled' or 'embedding'; got {features!r}")
-    if isinstance(batches, Tensor):
-        batch_images(batches)  # validates the shape
-        batches = [batches]
-    device = device or model_device(model)
-    if is_retrieval_model(model):
-        return _retrieval_features(model, batches, device, max_batches, features)
-    if features != "pooled":
-        raise ValueError("features='embedding' needs a RetrievalModel; timm classifiers give pooled features")
-    return extract_features(model, batches, device=device, max_batches=max_batches)
 
 
 def model_head(model: nn.Module, who: str) -> nn.Module:

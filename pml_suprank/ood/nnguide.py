@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -40,10 +39,6 @@ class NNGuide(Detector):
             raise ValueError("alpha must lie in (0, 1] (fraction of the training set in the bank); got 0.0")
         self.seed = check_positive_int("seed", seed, minimum=0)
         self.chunk_size = int(check_positive("chunk_size", chunk_size))
-        self.bank: Tensor | None = None
-
-    def config(self) -> dict[str, Any]:
-        return {"k": self.k, "alpha": self.alpha, "seed": self.seed, "chunk_size": self.chunk_size}
 
     def _state_spec(self) -> dict[str, TensorSpec]:
         return {"bank": TensorSpec(("N", "D"), nonzero=True, min_sizes=(("N", self.k),))}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -22,12 +21,10 @@ class ODIN(Detector):
     it matches, do not). The network is not saved: pass ``model=`` to ``from_pretrained``.
 
     Args:
-        model: Callable mapping a batch of inputs ``(N, ...)`` to logits ``(N, C)`` (e.g. a timm model in eval mode).
+        model: Callable mapping a batch of inputs ``(N, ...)`` to logits ``(N, C)``, used by ``score(inputs=x)``.
         temperature: Softmax temperature ``T`` (1000 in the paper).
         eps: Perturbation magnitude ``ε`` (0.0014).
         norm_std: Optional per-channel input std used to rescale the sign gradient.
-
-    ``score(inputs=x)`` takes the raw inputs ``(N, ...)`` (gradients flow through ``model``).
     """
 
     requires_fit = False
@@ -50,9 +47,6 @@ class ODIN(Detector):
     def _adopt(self, model) -> None:
         if self.model is None:
             self.model = model.forward_logits if is_retrieval_model(model) else model
-
-    def config(self) -> dict[str, Any]:
-        return {"temperature": self.temperature, "eps": self.eps, "norm_std": self.norm_std}
 
     def _score(self, features=None, logits=None, inputs: Tensor | None = None, **kwargs) -> Tensor:
         if self.model is None:

@@ -3,86 +3,48 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["PRESETS", "SETTING_KEYS", "resolve_settings"]
+__all__ = ["PRESETS"]
 
 # fmt: off
 _COMMON = {"hidden_dim": 1024, "n_hidden_layers": 4, "reduce_width": False, "eps_data": 1e-4, "end_factor": 0.1,
            "gamma": 0.1, "accumulation_steps": 1}
+_GMM_C10 = {**_COMMON, "prior_temperature": 1e3, "sgld_steps": 40, "step_size": 1e-4, "noise_std": 5e-3,
+            "l2_coef": 10.0, "lr": 1e-5, "epochs": 20, "batch_size": 1024, "milestones": (10,)}
+_GMM_C100 = {**_GMM_C10, "sgld_steps": 20, "step_size": 2e-4, "noise_std": 1e-3, "l2_coef": 20.0}
+_GMM_IN = {**_COMMON, "reduce_width": True, "n_hidden_layers": 6, "prior_temperature": 5e3, "sgld_steps": 10,
+           "step_size": 1e-7, "noise_std": 1e-4, "l2_coef": 10.0, "lr": 1e-4, "epochs": 8, "batch_size": 256,
+           "milestones": (1,), "accumulation_steps": 20}
+_GMM_FAST = {**_GMM_C10, "hidden_dim": 256, "sgld_steps": 5, "lr": 1e-4, "epochs": 1}
 
 #: Per-prior hyper-parameters of the HEAT authors' released configs and scripts (CIFAR-10, CIFAR-100, ImageNet; they
 #: differ from the thesis text, which quotes 20 SGLD steps, lr 5e-6 and λ = 10 everywhere). ``fast`` is a CPU preset
 #: for 50,000 × 512 features: narrower MLP, few SGLD steps, one epoch, larger learning rate.
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "cifar10": {
-        "gmm": {**_COMMON, "prior_temperature": 1e3, "sgld_steps": 40, "step_size": 1e-4, "noise_std": 5e-3,
-                "l2_coef": 10.0, "lr": 1e-5, "epochs": 20, "batch_size": 1024, "milestones": (10,)},
-        "gmm_std": {**_COMMON, "prior_temperature": 1e3, "sgld_steps": 1, "step_size": 1e-4, "noise_std": 5e-3,
-                    "l2_coef": 10.0, "lr": 1e-5, "epochs": 20, "batch_size": 1024, "milestones": (10,)},
+        "gmm": _GMM_C10,
+        "gmm_std": {**_GMM_C10, "sgld_steps": 1},
         "el": {**_COMMON, "prior_temperature": 1.0, "sgld_steps": 50, "step_size": 0.1, "noise_std": 0.1,
                "l2_coef": 0.1, "lr": 1e-5, "epochs": 20, "batch_size": 256, "milestones": (10,)},
     },
     "cifar100": {
-        "gmm": {**_COMMON, "prior_temperature": 1e3, "sgld_steps": 20, "step_size": 2e-4, "noise_std": 1e-3,
-                "l2_coef": 20.0, "lr": 1e-5, "epochs": 20, "batch_size": 1024, "milestones": (10,)},
-        "gmm_std": {**_COMMON, "prior_temperature": 1e3, "sgld_steps": 20, "step_size": 2e-4, "noise_std": 1e-3,
-                    "l2_coef": 20.0, "lr": 1e-5, "epochs": 20, "batch_size": 1024, "milestones": (10,)},
+        "gmm": _GMM_C100,
+        "gmm_std": dict(_GMM_C100),
         "el": {**_COMMON, "prior_temperature": 1.0, "sgld_steps": 200, "step_size": 0.1, "noise_std": 1e-2,
                "l2_coef": 1.0, "lr": 1e-5, "epochs": 8, "batch_size": 1024, "milestones": (10,)},
     },
     "imagenet": {
-        "gmm": {**_COMMON, "reduce_width": True, "n_hidden_layers": 6, "prior_temperature": 5e3, "sgld_steps": 10,
-                "step_size": 1e-7, "noise_std": 1e-4, "l2_coef": 10.0, "lr": 1e-4, "epochs": 8, "batch_size": 256,
-                "milestones": (1,), "accumulation_steps": 20},
-        "gmm_std": {**_COMMON, "reduce_width": True, "n_hidden_layers": 6, "prior_temperature": 5e3,
-                    "sgld_steps": 0, "step_size": 1e-4, "noise_std": 1e-4, "l2_coef": 40.0, "lr": 1e-4, "epochs": 8,
-                    "batch_size": 256, "milestones": (1,), "accumulation_steps": 20},
+        "gmm": _GMM_IN,
+        "gmm_std": {**_GMM_IN, "sgld_steps": 0, "step_size": 1e-4, "l2_coef": 40.0},
         "el": {**_COMMON, "reduce_width": True, "prior_temperature": 5e2, "sgld_steps": 40, "step_size": 1e3,
                "noise_std": 1e-3, "l2_coef": 20.0, "lr": 1e-5, "epochs": 8, "batch_size": 256, "milestones": (1000,),
                "gamma": 0.9, "accumulation_steps": 10},
     },
     "fast": {
-        "gmm": {**_COMMON, "hidden_dim": 256, "prior_temperature": 1e3, "sgld_steps": 5, "step_size": 1e-4,
-                "noise_std": 5e-3, "l2_coef": 10.0, "lr": 1e-4, "epochs": 1, "batch_size": 1024, "milestones": (10,)},
-        "gmm_std": {**_COMMON, "hidden_dim": 256, "prior_temperature": 1e3, "sgld_steps": 1, "step_size": 1e-4,
-                    "noise_std": 5e-3, "l2_coef": 10.0, "lr": 1e-4, "epochs": 1, "batch_size": 1024,
-                    "milestones": (10,)},
-        "el": {**_COMMON, "hidden_dim": 256, "prior_temperature": 1.0, "sgld_steps": 5, "step_size": 0.1,
-               "noise_std": 0.1, "l2_coef": 0.1, "lr": 1e-4, "epochs": 1, "batch_size": 1024, "milestones": (10,)},
+        "gmm": _GMM_FAST,
+        "gmm_std": {**_GMM_FAST, "sgld_steps": 1},
+        "el": {**_GMM_FAST, "prior_temperature": 1.0, "step_size": 0.1, "noise_std": 0.1, "l2_coef": 0.1},
     },
 }
 # fmt: on
-SETTING_KEYS = frozenset(PRESETS["cifar10"]["gmm"])
-
-
-def resolve_settings(
-    defaults: Mapping[str, Mapping[str, Any]], overrides: Mapping[str, Any], prior_names: tuple[str, ...]
-) -> dict[str, dict[str, Any]]:
-    """``{prior: settings}``: ``defaults`` (per prior in use) updated by ``overrides`` (setting names for every prior
-    and/or prior names among ``prior_names`` mapping to their own dict; values checked by
-    :func:`~pml_suprank.ood.heat_state.check_heat_settings`), every key of :data:`SETTING_KEYS`."""
-    resolved = {p: dict(s) for p, s in defaults.items()}
-    for key, value in overrides.items():
-        if key in SETTING_KEYS:
-            for p in resolved:
-                resolved[p][key] = value
-        elif key in prior_names:
-            if not isinstance(value, dict):
-                raise TypeError(f"settings[{key!r}] must be a dict of settings; got {type(value).__name__}")
-            bad = sorted(set(value) - SETTING_KEYS)
-            if bad:
-                raise ValueError(f"unknown HEAT settings {bad} for prior {key!r}; valid: {sorted(SETTING_KEYS)}")
-            if key in resolved:
-                resolved[key].update(value)
-        else:
-            raise ValueError(
-                f"unknown HEAT setting {key!r}; valid: {sorted(SETTING_KEYS)} or a prior name {tuple(prior_names)}"
-            )
-    for p, s in resolved.items():
-        missing = sorted(SETTING_KEYS - set(s))
-        if missing:
-            raise ValueError(f"settings of prior {p!r} miss {missing}; give them in settings={{{p!r}: {{...}}}}")
-        s["milestones"] = tuple(s["milestones"])
-    return resolved

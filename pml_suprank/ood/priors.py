@@ -1,17 +1,14 @@
-"""HEAT's priors (Lafon et al., ICML 2023; thesis ch. 5): the densities, the :class:`Prior` contract and the built-in
-``"gmm"``, ``"gmm_std"`` and ``"el"`` priors, as energies (higher = more OOD).
+"""HEAT's priors (Lafon et al., ICML 2023; thesis ch. 5) as energies (higher = more OOD): the :class:`Prior`
+contract, the built-in ``"gmm"``, ``"gmm_std"`` and ``"el"`` priors, and the class-conditional Gaussian shared with
+the Mahalanobis baselines.
 
-HEAT refines each prior energy ``E_k`` with a residual EBM, ``E_h,k(z) = E_θk(z) + E_k(z)/T_k`` (Eq. 5.2), trained by
-contrastive divergence against SGLD samples started from the prior (Eqs. 5.3-5.5). The densities, shared with the
-Mahalanobis baselines, are the energy of the logits (EL, Liu et al. 2020) and the class-conditional Gaussian mixture
-with one shared covariance (SSD+ / Lee et al. 2018), differentiable in ``z``. Unlike the HEAT authors' code, the
-covariance is the MLE of class-centred features in **float64** with a relative ridge ``reg · mean(diag Σ)`` before
-the Cholesky factorisation (the reference's 1e-12 in float32 fails on rank-deficient features); distances are
-computed in float64 in the whitened space ``y = L⁻¹z`` (saturating in the input dtype, :func:`finite_scores`).
+Each prior energy ``E_k`` is refined by a residual EBM, ``E_h,k(z) = E_θk(z) + E_k(z)/T_k`` (Eq. 5.2). Unlike the
+authors' code, the Gaussian's covariance is the MLE of class-centred features in **float64** with a relative ridge
+``reg · mean(diag Σ)`` (their 1e-12 in float32 fails on rank-deficient features); distances are computed in float64
+in the whitened space ``y = L⁻¹z``.
 
-A prior says which input it reads (``source``), whether it needs labels or the classifier head, and gives its
-energy, SGLD starting points, state and preset settings. A new prior is one subclass with a ``name=`` class keyword;
-``ood.HEAT(priors=("gmm", "mean_distance"))`` then uses it (define it before ``Detector.from_pretrained``)::
+A new prior is one subclass with a ``name=`` class keyword, defined before ``Detector.from_pretrained``;
+``ood.HEAT(priors=("gmm", "mean_distance"))`` then uses it::
 
     class MeanDistancePrior(ood.Prior, name="mean_distance"):
         def fit(self, features, labels=None):
@@ -42,13 +39,29 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from .._registry import Registry
 from .._validation import check_bool, check_positive
 from ..hub.schema import TensorSpec
-from .base import check_class_labels, check_features, head_params, linear_logits
+from .base import check_class_labels, check_features, energy_logits, head_params, linear_logits
 from .presets import PRESETS
-from .registry import PRIOR_REGISTRY
 
-__all__ = ["ClassConditionalGaussian", "ELPrior", "GMMPrior", "GMMStdPrior", "Prior", "energy_logits", "unit_rows"]
+__all__ = [
+    "PRIOR_REGISTRY",
+    "ClassConditionalGaussian",
+    "ELPrior",
+    "GMMPrior",
+    "GMMStdPrior",
+    "Prior",
+    "energy_logits",
+    "get_prior",
+    "list_priors",
+    "unit_rows",
+]
+
+#: Name -> :class:`Prior` subclass, filled by subclassing with ``name=`` (``"gmm"``, ``"gmm_std"``, ``"el"``, ...).
+PRIOR_REGISTRY = Registry("HEAT prior")
+list_priors = PRIOR_REGISTRY.names
+get_prior = PRIOR_REGISTRY.get_class
 
 
 def gaussian_state_spec() -> dict[str, TensorSpec]:
@@ -70,11 +83,8 @@ def degenerate_variance(second_moment: Tensor | float, dtype: torch.dtype, facto
 
 
 def unit_rows(z: Tensor) -> Tensor:
-    """``(N, D)`` rows scaled to unit L2 norm at any magnitude (zero rows stay zero).
-
-    ``F.normalize`` fails below norm ``1e-12`` (and ``‖z‖²`` underflows in float32): each row is first divided by its
-    largest absolute entry (held constant for autograd; the gradient stays that of ``z/‖z‖``).
-    """
+    """``(N, D)`` rows scaled to unit L2 norm at any magnitude (zero rows stay zero): each row is first divided by its
+    largest absolute entry (held constant for autograd), as ``F.normalize`` fails below norm ``1e-12``."""
     peak = z.detach().abs().amax(dim=-1, keepdim=True)
     return torch.nn.functional.normalize(z / torch.where(peak > 0, peak, torch.ones_like(peak)), dim=-1, eps=1e-12)
 
@@ -107,10 +117,35 @@ def finite_scores(scores: Tensor, dtype: torch.dtype, name: str) -> Tensor:
     return wide.clamp(-info.max, info.max).to(dtype)
 
 
-def energy_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
-    """Energy score ``(N, C)`` logits → ``(N,)`` ``−T·logsumexp(logits / T)`` (Liu et al. 2020, Eq. 7; HEAT's class
-    prior), higher = more OOD."""
-    return -temperature * torch.logsumexp(logits / temperature, dim=-1)
+def shared_gaussian(z: Tensor, inverse: Tensor, counts: Tensor, reg: float, dtype: torch.dtype):
+    """``(means (C, D), cholesky (D, D))`` of the float64 rows ``z`` ``(N, D)`` in groups ``inverse`` ``(N,)`` of sizes
+    ``counts`` ``(C,)``: group means and the factor ``L`` of their shared MLE covariance plus ``reg · mean(diag Σ)``.
+
+    Fitted on ``z / 2**k`` (max entry in [1, 2)) and scaled back exactly (``L = 2**k L'``): the covariance of features
+    of scale 1e-160 would otherwise fall into the subnormal range and lose its digits.
+
+    Raises:
+        ValueError: the within-group variance is at most the rounding level of ``dtype`` features (constant features:
+            their whitening would give scores ~1e37 or inf), or the covariance is not positive definite.
+    """
+    k = power_of_two_exponent(z)
+    z = z * 2.0**-k
+    sums = torch.zeros(counts.numel(), z.shape[1], dtype=z.dtype, device=z.device).index_add(0, inverse, z)
+    means = sums / counts.unsqueeze(1).to(z.dtype)
+    centred = z - means[inverse]
+    cov = centred.T @ centred / z.shape[0]  # MLE, as np.cov(bias=True) in the reference
+    scale = torch.diagonal(cov).mean()
+    second_moment = (z * z).sum(1).mean() / z.shape[1]
+    if not bool(scale > degenerate_variance(second_moment, dtype)):
+        raise ValueError(
+            "features have zero variance within every class (at most the rounding level of their "
+            f"{dtype} values); cannot fit a Gaussian prior: constant or duplicated features?"
+        )
+    ridge = reg * scale + torch.finfo(z.dtype).tiny
+    chol, info = torch.linalg.cholesky_ex(cov + ridge * torch.eye(z.shape[1], dtype=z.dtype, device=z.device))
+    if int(info) != 0:
+        raise ValueError(f"the shared covariance is not positive definite even with reg={reg}; increase reg")
+    return means * 2.0**k, chol * 2.0**k
 
 
 class ClassConditionalGaussian:
@@ -150,31 +185,9 @@ class ClassConditionalGaussian:
         features = check_features("features", features)
         labels = check_class_labels(labels, features.shape[0])
         z = self._prep(features.detach())
-        # fit on z / 2**k (max entry in [1, 2)) and scale back exactly: the covariance of features of scale 1e-160
-        # (float64) would otherwise fall into the subnormal range (1e-320) and lose its digits
-        k = power_of_two_exponent(z)
-        z = z * 2.0**-k
         classes, inverse, counts = torch.unique(labels, return_inverse=True, return_counts=True)
-        sums = torch.zeros(classes.numel(), z.shape[1], dtype=z.dtype, device=z.device).index_add(0, inverse, z)
-        means = sums / counts.unsqueeze(1).to(z.dtype)
-        centred = z - means[inverse]
-        cov = centred.T @ centred / z.shape[0]  # MLE, as np.cov(bias=True) in the reference
-        scale = torch.diagonal(cov).mean()
-        # degenerate unless the within-class variance exceeds the rounding level of the features' own scale (constant
-        # features, L2-normalised or not, leave only rounding noise: its whitening would give scores ~1e37 or inf)
-        second_moment = (z * z).sum(1).mean() / z.shape[1]
-        if not bool(scale > degenerate_variance(second_moment, features.dtype)):
-            raise ValueError(
-                "features have zero variance within every class (at most the rounding level of their "
-                f"{features.dtype} values); cannot fit a Gaussian prior: constant or duplicated features?"
-            )
-        ridge = self.reg * scale + torch.finfo(z.dtype).tiny
-        cov = cov + ridge * torch.eye(z.shape[1], dtype=z.dtype, device=z.device)
-        chol, info = torch.linalg.cholesky_ex(cov)
-        if int(info) != 0:
-            raise ValueError(f"the shared covariance is not positive definite even with reg={self.reg}; increase reg")
-        self.means, self.cholesky, self.classes = means * 2.0**k, chol * 2.0**k, classes  # Σ = 4**k Σ', L = 2**k L'
-        self.class_weights = counts.to(z.dtype) / z.shape[0]
+        self.means, self.cholesky = shared_gaussian(z, inverse, counts, self.reg, features.dtype)
+        self.classes, self.class_weights = classes, counts.to(z.dtype) / z.shape[0]
         self._cache = None
         return self
 
@@ -217,16 +230,12 @@ class ClassConditionalGaussian:
         """``(N, D) -> (N,)`` ``min_c`` squared Mahalanobis distance in ``z``'s dtype (:func:`finite_scores`)."""
         return finite_scores(self.mahalanobis(z).min(dim=-1).values, z.dtype, "Mahalanobis")
 
-    def sample(
-        self, n: int, generator: torch.Generator, device=None, dtype=torch.float32, noise_scale: Tensor | float = 1.0
-    ) -> Tensor:
-        """``(n, D)`` draws ``μ_c + L·(scale·ε)``, ``c ~ Categorical(π)`` (untempered ``q``, as the reference)."""
+    def sample(self, n: int, generator: torch.Generator, device=None, dtype=torch.float32) -> Tensor:
+        """``(n, D)`` draws ``μ_c + L·ε``, ``c ~ Categorical(π)`` (untempered ``q``, as the reference)."""
         gen_device = generator.device
         idx = torch.multinomial(self.class_weights.to(gen_device), n, replacement=True, generator=generator)
         eps = torch.randn(n, self.dim, generator=generator, device=gen_device, dtype=torch.float64)
-        if isinstance(noise_scale, Tensor):
-            noise_scale = noise_scale.to(device=gen_device, dtype=torch.float64).reshape(-1, 1)
-        z = self.means.to(gen_device)[idx] + (noise_scale * eps) @ self.cholesky.to(gen_device).T
+        z = self.means.to(gen_device)[idx] + eps @ self.cholesky.to(gen_device).T
         return z.to(device=device, dtype=dtype)
 
     def state_dict(self) -> dict[str, Tensor]:
@@ -327,10 +336,7 @@ class GMMPrior(ClassConditionalGaussian, Prior, name="gmm"):
     """Feature prior ``E(ẑ) = −log Σ_c π_c N(ẑ; μ_c, Σ)`` on ``ẑ = z/‖z‖``, ``z`` the avg-pooled features (SSD+).
 
     Scored in float64; during training (SGLD and the loss) evaluated in the feature dtype, where only the gradient
-    of ``E/T_k`` matters. Its SGLD proposal samples the mixture.
-
-    Args:
-        reg: Relative ridge added to the shared covariance (times its mean variance).
+    of ``E/T_k`` matters. Its SGLD proposal samples the mixture. ``reg``: relative ridge of the shared covariance.
     """
 
     needs_labels = True
@@ -357,15 +363,9 @@ class GMMStdPrior(GMMPrior, name="gmm_std"):
 
 
 class ELPrior(Prior, name="el"):
-    """Class prior ``E(z) = −logsumexp(Wz + b)`` on raw features (Liu et al. 2020, Eq. 7 with ``T = 1``).
-
-    Nothing to fit; its SGLD proposal is ``N(0, I)`` (EL is not a normalised density one can sample). The head is
-    saved once, as HEAT's ``head.weight`` / ``head.bias``.
-
-    Args:
-        weight: ``(C, D)`` classifier weight.
-        bias: ``(C,)`` classifier bias or ``None``.
-    """
+    """Class prior ``E(z) = −logsumexp(Wz + b)`` on raw features (Liu et al. 2020, Eq. 7 with ``T = 1``) of the
+    classifier head ``weight`` ``(C, D)`` / ``bias`` ``(C,)`` (saved once, as HEAT's ``head.weight`` / ``head.bias``).
+    Nothing to fit; its SGLD proposal is ``N(0, I)`` (EL is not a normalised density one can sample)."""
 
     needs_head = True
 

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from torch import Tensor
 
 from .._validation import check_positive
 from ..hub.schema import TensorSpec
 from .base import HeadDetector
 from .metrics import quantile_linear
-from .priors import energy_logits
 
 __all__ = ["ReAct"]
 
@@ -21,28 +18,21 @@ class ReAct(HeadDetector):
 
     Args:
         percentile: In (0, 100]; 90 in OpenOOD, 95 in HEAT's code (``react_p = 0.95``).
-        weight, bias, head: The classifier head.
     """
 
     _state_names = ("weight", "bias", "threshold")
 
     def __init__(self, percentile: float = 90.0, weight=None, bias=None, head=None) -> None:
         super().__init__(weight, bias, head)
-        percentile = check_positive("percentile", percentile)
-        if percentile > 100.0:
+        self.percentile = check_positive("percentile", percentile)
+        if self.percentile > 100.0:
             raise ValueError(f"percentile must lie in (0, 100]; got {percentile}")
-        self.percentile = percentile
-
-    def config(self) -> dict[str, Any]:
-        return {"percentile": self.percentile}
 
     def _state_spec(self) -> dict[str, TensorSpec]:
         return {**super()._state_spec(), "threshold": TensorSpec(())}
 
     def _fit(self, features=None, logits=None, labels=None, **kwargs) -> None:
-        z = self._check_z(features).detach()
-        self.threshold = quantile_linear(z, self.percentile / 100.0).reshape(())
+        self.threshold = quantile_linear(self._check_z(features).detach(), self.percentile / 100.0).reshape(())
 
-    def _score(self, features=None, logits=None, **kwargs) -> Tensor:
-        z = self._check_z(features)
-        return energy_logits(self._logits(z.clamp(max=self.threshold.to(z.device, z.dtype))))
+    def shape(self, z: Tensor) -> Tensor:
+        return z.clamp(max=self.threshold.to(z.device, z.dtype))

@@ -3,16 +3,12 @@ Detection", 2021); higher = more OOD."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
-from .._validation import check_positive
 from ..hub.schema import TensorSpec
-from .base import check_features
-from .mahalanobis import GaussianDetector, warn_degenerate_scale
-from .priors import ClassConditionalGaussian, finite_scores, power_of_two_exponent
+from .mahalanobis import GaussianDetector
+from .priors import finite_scores, shared_gaussian
 
 __all__ = ["RMDS"]
 
@@ -31,32 +27,13 @@ class RMDS(GaussianDetector):
     _state_names = (*GaussianDetector._state_names, "background_mean", "background_cholesky")
 
     def __init__(self, reg: float = 1e-6) -> None:
-        super().__init__()
-        self.reg = check_positive("reg", reg, strict=False)
-        self.gaussian = ClassConditionalGaussian(normalize=False, reg=self.reg)
-        self.background_mean: Tensor | None = None
-        self.background_cholesky: Tensor | None = None
+        super().__init__(normalize=False, reg=reg)
 
-    def config(self) -> dict[str, Any]:
-        return {"reg": self.reg}
-
-    def _fit(self, features=None, logits=None, labels=None, **kwargs) -> None:
-        z = check_features("features", features).detach()
-        self.gaussian.fit(z, labels)
-        k = power_of_two_exponent(z)  # fitted at scale ~1, scaled back exactly (as the class-conditional fit)
-        z64 = z.to(torch.float64) * 2.0**-k
-        mean = z64.mean(dim=0)
-        centred = z64 - mean
-        cov = centred.T @ centred / z.shape[0]
-        scale = torch.diagonal(cov).mean()
-        if not bool(scale > 0):
-            raise ValueError("features have zero variance; cannot fit RMDS's background Gaussian")
-        eye = torch.eye(z.shape[1], dtype=torch.float64, device=z.device)
-        chol, info = torch.linalg.cholesky_ex(cov + (self.reg * scale + torch.finfo(torch.float64).tiny) * eye)
-        if int(info) != 0:
-            raise ValueError(f"the background covariance is not positive definite with reg={self.reg}; increase reg")
-        self.background_mean, self.background_cholesky = mean * 2.0**k, chol * 2.0**k
-        warn_degenerate_scale("RMDS", self.gaussian.cholesky, z.dtype)
+    def _fit_more(self, z: Tensor) -> None:
+        one_group = torch.zeros(z.shape[0], dtype=torch.long, device=z.device)
+        counts = torch.tensor([z.shape[0]], device=z.device)
+        means, self.background_cholesky = shared_gaussian(z.to(torch.float64), one_group, counts, self.reg, z.dtype)
+        self.background_mean = means[0]
 
     def background_distance(self, z: Tensor) -> Tensor:
         """``(N, D) -> (N,)`` squared Mahalanobis distance ``MD_0`` to the background Gaussian (float64)."""
@@ -66,7 +43,7 @@ class RMDS(GaussianDetector):
         return (y * y).sum(dim=0)
 
     def _score(self, features=None, logits=None, **kwargs) -> Tensor:
-        z = check_features("features", features, dim=self.gaussian.dim)
+        z = self._check_z(features)
         relative = self.gaussian.mahalanobis(z) - self.background_distance(z).unsqueeze(-1)
         return finite_scores(relative.min(dim=-1).values, z.dtype, "RMDS")
 

@@ -15,7 +15,6 @@ from torch import Tensor
 
 from .._validation import check_choice
 from .base import HeadDetector, check_features
-from .priors import energy_logits
 
 __all__ = ["ASH", "SCALE", "ShapedEnergyDetector", "ash_binarize", "ash_prune", "ash_scale", "scale_activations"]
 
@@ -77,27 +76,16 @@ def scale_activations(z: Tensor, percentile: float) -> Tensor:
 
 
 class ShapedEnergyDetector(HeadDetector, register=False):
-    """Base of ASH and SCALE: score ``(N,)`` ``−logsumexp(W·shape(z) + b)``, :meth:`shape` ``(N, D) -> (N, D)``;
-    nothing to fit, the classifier head is the state."""
+    """Base of ASH and SCALE: the energy of the head on :meth:`shape`-d features (see :class:`HeadDetector`) at a
+    pruning ``percentile``; nothing to fit, the classifier head is the state."""
 
     requires_fit = False
-    _state_names = ("weight", "bias")
 
     def __init__(self, percentile: float, weight=None, bias=None, head=None) -> None:
         super().__init__(weight, bias, head)
         self.percentile = check_percentile(percentile)
         if self.weight is not None:
             kept_count(self.weight.shape[1], self.percentile)
-
-    def config(self) -> dict[str, Any]:
-        return {"percentile": self.percentile}
-
-    def shape(self, z: Tensor) -> Tensor:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def _score(self, features=None, logits=None, **kwargs) -> Tensor:
-        z = self._check_z(features)
-        return energy_logits(self._logits(self.shape(z)))
 
 
 _VARIANTS = {"p": ash_prune, "b": ash_binarize, "s": ash_scale}
@@ -120,11 +108,7 @@ class ASH(ShapedEnergyDetector):
         self.variant = check_choice("variant", variant, tuple(_VARIANTS))
         super().__init__(percentile, weight, bias, head)
 
-    def config(self) -> dict[str, Any]:
-        return {"variant": self.variant, **super().config()}
-
     def shape(self, z: Tensor) -> Tensor:
-        """``(N, D) -> (N, D)`` shaped features (ASH-P, -B or -S)."""
         return _VARIANTS[self.variant](z, self.percentile)
 
 
@@ -141,5 +125,4 @@ class SCALE(ShapedEnergyDetector):
         super().__init__(percentile, weight, bias, head)
 
     def shape(self, z: Tensor) -> Tensor:
-        """``(N, D) -> (N, D)`` scaled features."""
         return scale_activations(z, self.percentile)

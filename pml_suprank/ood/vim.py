@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
@@ -24,7 +22,6 @@ class ViM(HeadDetector):
 
     Args:
         dim: Dimension of the principal subspace (``D − dim`` residual directions); 256 for CIFAR-10 in HEAT.
-        weight, bias, head: The classifier head.
     """
 
     _state_names = ("weight", "bias", "u", "null_space", "alpha")
@@ -35,9 +32,6 @@ class ViM(HeadDetector):
         if self.weight is not None and dim >= self.weight.shape[1]:
             raise ValueError(f"dim must be smaller than the feature dimension {self.weight.shape[1]}; got {dim}")
         self.dim = dim
-
-    def config(self) -> dict[str, Any]:
-        return {"dim": self.dim}
 
     def _hub_check_state(self, state, source, config) -> None:
         """The head, then ``u`` ``(D,)``, ``null_space`` ``(D, D − dim)`` (not all zero) and a scalar ``alpha``."""

@@ -143,11 +143,11 @@ def test_feature_file_round_trip_and_tampering(tmp_path, heat_golden):
         header = f.metadata()
     for key, bad, match in [
         ("0.features", None, "has no tensor '0.features'"),
-        ("1.logits", state["1.logits"][:3], "has 3 rows"),
+        ("1.logits", state["1.logits"][:3], r"'1.logits' has shape \(3, .*dimension 0 must be"),
         ("2.features", state["2.features"].clone().fill_(float("nan")), "NaN"),
-        ("0.labels", state["0.labels"].double(), "integer labels"),
-        ("head.weight", state["head.weight"][:, :3].contiguous(), "columns"),
-        ("payload", torch.zeros(2), "not part of a feature file"),
+        ("0.labels", state["0.labels"].double(), "'0.labels' must be a integer tensor"),
+        ("head.weight", state["head.weight"][:, :3].contiguous(), r"dimension 1 must be 3 \(D, as .*'head.weight'"),
+        ("payload", torch.zeros(2), r"holds tensors \['payload'\] that are not part of the state"),
     ]:
         broken = {k: v for k, v in state.items() if k != key}
         if bad is not None:

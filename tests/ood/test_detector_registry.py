@@ -7,8 +7,8 @@ import torch
 
 from pml_suprank import ood
 from pml_suprank._registry import Registry
-from pml_suprank.ood.base import _detector_class
-from pml_suprank.ood.registry import DETECTOR_REGISTRY, PRIOR_REGISTRY
+from pml_suprank.ood.base import DETECTOR_REGISTRY, _detector_class
+from pml_suprank.ood.priors import PRIOR_REGISTRY
 
 BUILT_IN = (
     "HEAT", "MSP", "MaxLogit", "Energy", "ODIN", "Mahalanobis", "KNN", "ViM", "DICE", "ReAct",

@@ -69,7 +69,7 @@ def test_threshold_keeps_the_target_share_of_a_half_and_measures_the_other():
     assert threshold == float(calibration[math.ceil(0.95 * 50) - 1])
     assert (calibration <= threshold).float().mean() >= 0.95
     assert id_tpr == pytest.approx(int((scores[order[50:]] <= threshold).sum()) / 50)
-    with pytest.raises(ValueError, match="tpr_target must be a number in"):
+    with pytest.raises(ValueError, match=r"tpr_target must lie in \[0, 1\]; got 1.5"):
         calibrate_threshold(scores, 1.5)
     with pytest.raises(ValueError, match="at least 2"):
         calibrate_threshold(scores[:1])

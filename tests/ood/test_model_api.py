@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pml_suprank import ood
-from pml_suprank.ood.model_api import extract_model_features
+from pml_suprank.ood.features import extract_model_features
 
 timm = pytest.importorskip("timm")
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pml_suprank import ood
-from pml_suprank.ood.registry import PRIOR_REGISTRY
+from pml_suprank.ood.priors import PRIOR_REGISTRY
 
 FAST = {"hidden_dim": 16, "n_hidden_layers": 1, "epochs": 2, "batch_size": 32, "sgld_steps": 2}
 
