@@ -1,9 +1,5 @@
-"""The experiment trackers of a recipe run (``--report_to``), through Accelerate's trackers.
-
-``--report_to`` becomes ``Accelerator(log_with=...)``; the run sends the resolved options (:func:`flat_config`) with
-``accelerator.init_trackers``, the metrics with ``accelerator.log`` (the :class:`~pml_suprank.training.Trainer`) and
-the final folder's plots (:func:`log_plots`). TensorBoard writes under ``<output_dir>/logs``.
-"""
+"""The experiment trackers of a recipe run: ``--report_to`` becomes ``Accelerator(log_with=...)``; the options
+(:func:`flat_config`), metrics and the final folder's plots (:func:`log_plots`) go to them."""
 
 from __future__ import annotations
 
@@ -25,15 +21,11 @@ def _available(name: str) -> bool:
 
 
 def resolve_report_to(report_to: str, *, required: bool = True) -> str | None:
-    """The ``log_with`` of ``Accelerator`` for ``report_to`` (``None``: no tracker).
-
-    Args:
-        report_to: One of :data:`REPORT_TO`.
-        required: The user asked for this tracker: a missing package is an error. ``False`` (the default value of
-            the option) quietly logs nowhere when the package is not installed.
+    """The ``log_with`` of ``Accelerator`` for ``report_to`` (``None``: no tracker); a tracker whose package is
+    missing logs nowhere unless ``required`` (the user asked for it).
 
     Raises:
-        ValueError: An unknown name, or a requested tracker whose package is not installed (naming the package).
+        ValueError: An unknown name, or a required tracker whose package is not installed.
     """
     if report_to not in REPORT_TO:
         raise ValueError(f"--report_to must be one of {', '.join(REPORT_TO)}; got {report_to!r}")
@@ -51,8 +43,8 @@ def resolve_report_to(report_to: str, *, required: bool = True) -> str | None:
 
 
 def flat_config(values: Mapping[str, Any]) -> dict[str, int | float | str | bool]:
-    """Option values as tracker hyper-parameters: numbers, strings and booleans kept, ``None`` → ``"none"``, lists
-    comma-joined, mappings as JSON (TensorBoard's ``add_hparams`` takes scalars and strings only)."""
+    """Option values as tracker hyper-parameters (scalars and strings: ``None`` → ``"none"``, lists comma-joined,
+    mappings as JSON)."""
     out: dict[str, int | float | str | bool] = {}
     for key, value in values.items():
         if value is None:
@@ -75,8 +67,7 @@ def log_config_text(accelerator: Any, config: Mapping[str, Any]) -> None:
 
 
 def log_plots(accelerator: Any, paths: Iterable[str | Path], step: int) -> int:
-    """Send image files (the final folder's plots) to the trackers that take images; the number of images sent per
-    tracker. TensorBoard: ``add_image`` (tag = file stem); W&B: ``log_images``; MLflow: ``log_artifact``."""
+    """Send image files to the trackers that take images (TensorBoard, W&B, MLflow); the number sent per tracker."""
     paths = [Path(p) for p in paths if Path(p).suffix.lower() in (".png", ".jpg", ".jpeg")]
     if not paths or not accelerator.is_main_process:
         return 0
