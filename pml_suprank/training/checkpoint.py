@@ -77,6 +77,10 @@ def _is_int(x: Any, low: int = 0) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= low
 
 
+def _is_real(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
 # -- finding -------------------------------------------------------------------------------------------------------
 def find_checkpoints(output_dir: str | Path) -> list[Path]:
     """The folders ``output_dir/checkpoints/step_XXXXXXXX`` sorted by step (not ``.tmp-step_X`` nor another run's
@@ -225,23 +229,14 @@ def load_scheduler_state(scheduler: Any, state: dict[str, Any]) -> None:
     scheduler.load_state_dict({**state, "lr_lambdas": [None] * len(scheduler.base_lrs)})
 
 
-def _check_scheduler(path: Path, state: Any) -> None:
+def _check_scheduler(path: Path, state: dict[str, Any]) -> None:
     where = f"{TRAINER_STATE} 'scheduler"
-    if state is None:
-        raise _refuse(
-            path,
-            f"{TRAINER_STATE} has no 'scheduler' entry (written by an older pml-suprank that pickled "
-            "the scheduler; pickles are never loaded): start a new run or resume with that version",
-        )
-    if not isinstance(state, dict) or set(state) - _SCHEDULER_KEYS:
+    if set(state) - _SCHEDULER_KEYS:
         raise _refuse(path, f"{where}' must be a LambdaLR state with keys in {sorted(_SCHEDULER_KEYS)}")
-    base = state.get("base_lrs")
     for key in ("base_lrs", "_last_lr"):
-        values = state.get(key)
-        ok = isinstance(values, list) and isinstance(base, list) and len(values) == len(base) > 0
-        if not (
-            ok and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)
-        ):
+        values, base = state.get(key), state.get("base_lrs")
+        numbers = isinstance(values, list) and all(_is_real(v) and math.isfinite(v) for v in values)
+        if not (numbers and isinstance(base, list) and len(values) == len(base) > 0):
             raise _refuse(path, f"{where}.{key}' must be one finite number per parameter group; got {str(values)[:80]}")
     for key in ("last_epoch", "_step_count"):
         if not _is_int(state.get(key), -1):
@@ -255,7 +250,8 @@ _COUNTERS = dict.fromkeys(("global_step", "epoch", "step_in_epoch", "total_steps
     "skipped_nonfinite_steps": 0,
     "consecutive_nonfinite_steps": 0,
 }
-_TYPES = {"sampler": dict, "fingerprint": str, "run_config": dict, "history": list, "optimizer_state": list}
+_TYPES = {"sampler": dict, "fingerprint": str, "run_config": dict, "scheduler": dict, "history": list}
+_TYPES["optimizer_state"] = list
 _RNG_KEYS = frozenset(
     {"step", "random_state", "numpy_random_seed", "torch_manual_seed", "xm_seed"}
     | {f"torch_{d}_manual_seed" for d in ("cuda", "xpu", "mlu", "sdaa", "musa", "hpu", "neuron")}
@@ -289,7 +285,7 @@ def validate_checkpoint(path: str | Path, num_processes: int | None = None) -> d
             f"was written by {state['num_processes']} processes; this run has {num_processes} (the "
             "sampler streams and RNG states are per process)",
         )
-    _check_scheduler(path, state.get("scheduler"))
+    _check_scheduler(path, state["scheduler"])
     _weights_layout(path)
     _check_optimizer_file(path, _load_tensors(path, OPTIMIZER_FILE), state.get("optimizer_state"), state["global_step"])
     for index in range(state["num_processes"]):
@@ -299,8 +295,8 @@ def validate_checkpoint(path: str | Path, num_processes: int | None = None) -> d
 
 def _check_trainer_state(path: Path, state: dict[str, Any]) -> None:
     bad = f"is corrupt: {TRAINER_STATE} "
-    required = ("global_step", "epoch", "step_in_epoch", "steps_per_epoch", "num_processes", "sampler", "fingerprint")
-    required += ("run_config",)
+    required = ("global_step", "epoch", "step_in_epoch", "steps_per_epoch", "num_processes", "sampler", "scheduler")
+    required += ("fingerprint", "run_config")
     if missing := [k for k in required if k not in state]:
         raise _refuse(path, bad + f"lacks {missing} (a checkpoint of an older version, or damaged)")
     for key, low in _COUNTERS.items():
@@ -453,14 +449,13 @@ def check_fits(path: Path, state: dict[str, Any], module: Any, optimizer: Any, s
     current = {
         k: (tuple(v.shape), _SAFETENSORS_DTYPES.get(v.dtype, str(v.dtype))) for k, v in module.state_dict().items()
     }
-    if saved.keys() != current.keys():
-        extra, missing = sorted(saved.keys() - current.keys()), sorted(current.keys() - saved.keys())
-        raise _refuse(
-            path, f"model.safetensors does not fit this model (unexpected {extra[:5]}, missing {missing[:5]})"
-        )
-    for k, v in current.items():
-        if saved[k] != v:
-            raise _refuse(path, f"model.safetensors has {k!r} of shape/dtype {saved[k]}; this model {v}")
+    for k in sorted(saved.keys() | current.keys()):
+        if saved.get(k) != current.get(k):
+            raise _refuse(
+                path,
+                f"model.safetensors does not fit this model: {k!r} (shape, dtype) is {saved.get(k)}, this "
+                f"model's {current.get(k)}",
+            )
     _check_optimizer_fits(path, _load_tensors(path, OPTIMIZER_FILE), getattr(optimizer, "optimizer", optimizer))
     if len(state["scheduler"]["base_lrs"]) != len(optimizer.param_groups):
         raise _refuse(

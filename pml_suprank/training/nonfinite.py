@@ -108,8 +108,17 @@ def stop_error(trainer: Any, loss: float, norm: float, bar: Any = None) -> NonFi
         latest = latest_valid_checkpoint(trainer.output_dir, acc.print, trainer._check_files)
         saved = (f"not saved (the weights, the BatchNorm statistics or the memory hold non-finite values; newest valid "
                  f"one: {latest})")  # fmt: skip
-    precision = str(getattr(acc, "mixed_precision", "no"))
-    return trainer.nonfinite.error(trainer.progress.global_step, loss, norm, saved, precision)
+    n, step = trainer.nonfinite, trainer.progress.global_step
+    good = step - n.consecutive
+    weights = f"those after step {good} (the last finite one)" if good else "the initial ones (no step was finite)"
+    return NonFiniteTrainingError(
+        f"training stopped at step {step}: {_steps(n.consecutive)} in a row had a non-finite loss or gradient "
+        f"(the last: loss {loss:.4g}, gradient norm {norm:.4g}), more than max_nonfinite_steps={n.limit}; "
+        f"{_steps(n.skipped)} skipped in all. The weights are {weights}, {saved}. To make the steps finite, "
+        f"train with --mixed_precision no (this run: {getattr(acc, 'mixed_precision', 'no')}), a lower learning "
+        "rate (--lr_backbone / --lr_head / --lr_proxies) or --grad_clip (e.g. 1.0), continuing with --resume latest "
+        "--resume_ignore_config true; or allow more non-finite steps in a row with --max_nonfinite_steps"
+    )
 
 
 @dataclass
@@ -143,19 +152,6 @@ class NonFiniteSteps:
         """Restore from a validated trainer state."""
         self.skipped = int(state.get("skipped_nonfinite_steps", 0))
         self.consecutive = int(state.get("consecutive_nonfinite_steps", 0))
-
-    def error(self, step: int, loss: float, norm: float, saved: str, precision: str) -> NonFiniteTrainingError:
-        """The error ending the run at ``step``; ``saved`` says where the last good state is."""
-        good = step - self.consecutive
-        weights = f"those after step {good} (the last finite one)" if good else "the initial ones (no step was finite)"
-        return NonFiniteTrainingError(
-            f"training stopped at step {step}: {_steps(self.consecutive)} in a row had a non-finite loss or gradient "
-            f"(the last: loss {loss:.4g}, gradient norm {norm:.4g}), more than max_nonfinite_steps={self.limit}; "
-            f"{_steps(self.skipped)} skipped in all. The weights are {weights}, {saved}. To make the steps finite, "
-            f"train with --mixed_precision no (this run: {precision}), a lower learning rate (--lr_backbone / "
-            "--lr_head / --lr_proxies) or --grad_clip (e.g. 1.0), continuing with --resume latest "
-            "--resume_ignore_config true; or allow more non-finite steps in a row with --max_nonfinite_steps"
-        )
 
 
 def _steps(n: int) -> str:

@@ -275,7 +275,8 @@ def _setup(spec: RunSpec, given: Collection[str]) -> tuple[RunSpec, Any, Any, An
     )  # fmt: skip
     set_seed(train.seed)  # the model initialisation (the package itself never seeds global RNGs)
     model = build_model(spec)
-    if train.chunk_size is not None and not train.freeze_batch_norm and _has_batch_norm(model):
+    batch_norm = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    if train.chunk_size is not None and not train.freeze_batch_norm and batch_norm:
         raise SystemExit(
             f"--chunk_size {train.chunk_size}: the backbone {spec.model.backbone} has BatchNorm layers, whose "
             "statistics a chunked forward cannot reproduce (they would be each chunk's, not the batch's); add "
@@ -319,10 +320,6 @@ def _setup(spec: RunSpec, given: Collection[str]) -> tuple[RunSpec, Any, Any, An
     return spec, accelerator, trainer, test_ds, split
 
 
-def _has_batch_norm(model: torch.nn.Module) -> bool:
-    return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
-
-
 def _initial_eval(spec: RunSpec, trainer: Any) -> dict[str, float] | None:
     """Test metrics before training (read back from ``metrics_before.json`` when resuming)."""
     if spec.run.skip_initial_eval:
@@ -343,7 +340,7 @@ def _initial_eval(spec: RunSpec, trainer: Any) -> dict[str, float] | None:
 def run(spec: RunSpec, *, given: Collection[str] = ()) -> dict[str, Any] | None:
     """The whole job: build, evaluate, train, evaluate, save the final folder, push. ``given``: the options the user
     set (a batch the data cannot fill is then refused, not shrunk)."""
-    if spec.run.push_to_hub and spec.run.hub_model_id:  # token, network and write access: before any work
+    if spec.run.push_to_hub:  # token, network and write access: before any work (the spec requires hub_model_id)
         from ..hub.preflight import require_push_access
 
         require_push_access(spec.run.hub_model_id)
@@ -444,13 +441,6 @@ def push(spec: RunSpec, folder: Path) -> bool:
     from .. import hub
 
     repo_id = spec.run.hub_model_id
-    if not repo_id:
-        print(  # noqa: T201 - the recipes' command-line job reports on the terminal
-            "--push_to_hub needs --hub_model_id (e.g. your-name/happier-synthetic); nothing was uploaded, "
-            f"the results are in {folder}",
-            file=sys.stderr,
-        )
-        return False
     try:
         info = hub.push_folder_to_hub(folder, repo_id, private=spec.run.hub_private or None)
     except Exception as e:  # the local folder is never touched by a failed push

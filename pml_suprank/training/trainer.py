@@ -154,12 +154,7 @@ class Trainer:
     def _train_loader(self) -> DataLoader:
         generator = torch.Generator().manual_seed(self.config.seed)  # keeps the global RNG untouched
         return make_loader(
-            self.train_dataset,
-            self.config.batch_size,
-            self.config.num_workers,
-            batch_sampler=self.sampler,
-            generator=generator,
-            persistent_workers=False,
+            self.train_dataset, 0, self.config.num_workers, batch_sampler=self.sampler, generator=generator
         )
 
     @property

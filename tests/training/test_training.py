@@ -459,7 +459,7 @@ def test_scheduler_state_is_validated_on_resume(tmp_path):
     assert fresh.scheduler.last_epoch == state["scheduler"]["last_epoch"] == 2
     assert [g["lr"] for g in fresh.optimizer.param_groups] == state["scheduler"]["_last_lr"]
     for bad, match in (
-        (None, "no 'scheduler' entry"),
+        (None, r"lacks \['scheduler'\]"),
         ({**state["scheduler"], "last_epoch": "2"}, "'scheduler.last_epoch' must be an int"),
         ({**state["scheduler"], "base_lrs": [float("nan")] * 3}, "'scheduler.base_lrs' must be"),
         ({**state["scheduler"], "evil": 1}, "keys in"),
