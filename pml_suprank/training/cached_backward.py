@@ -73,12 +73,9 @@ def _check_output(out: Any, rows: int, start: int) -> Tensor:
     return out
 
 
-def _training_batchnorms(model: nn.Module) -> list[str]:
-    return [
-        name or type(m).__name__
-        for name, m in model.named_modules()
-        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training
-    ]
+def _training_batchnorms(model: nn.Module) -> dict[str, nn.Module]:
+    bn = nn.modules.batchnorm._BatchNorm
+    return {name or type(m).__name__: m for name, m in model.named_modules() if isinstance(m, bn) and m.training}
 
 
 class _RNGState:
@@ -140,7 +137,7 @@ def _backward_chunks(
 ) -> None:
     """Pass 2: each chunk again, with a graph and its RNG state, back-propagating its rows of ``grad`` (``dL/dE``);
     DDP synchronises at the last chunk; BatchNorm running statistics keep the first pass's update."""
-    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training]
+    norms = list(_training_batchnorms(model).values())
     saved = [{k: b.clone() for k, b in m.named_buffers(recurse=False) if b is not None} for m in norms]
     last = len(bounds) - 1
     for i, (rows, state) in enumerate(zip(bounds, states, strict=True)):
@@ -208,7 +205,7 @@ def cached_backward(
     check_bool("allow_batchnorm", allow_batchnorm)
     if backward is not None and not callable(backward):
         raise TypeError(f"backward must be callable as backward(loss) or None; got {backward!r}")
-    bn = _training_batchnorms(model)
+    bn = list(_training_batchnorms(model))
     if bn and not allow_batchnorm:
         raise ValueError(
             "cached_backward cannot reproduce full-batch BatchNorm: the model has BatchNorm layers in training mode "
