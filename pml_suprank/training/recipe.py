@@ -74,7 +74,7 @@ def preset_command(name: str) -> tuple[Callable[..., Any], Callable[[], None]]:
     def preset_main(argv: list[str] | None = None) -> dict | None:
         return main(argv, description, defaults)
 
-    def preset_run() -> None:
+    def preset_run() -> None:  # a console script: its return value would be the exit status
         preset_main()
 
     return preset_main, preset_run

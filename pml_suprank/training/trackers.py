@@ -14,12 +14,6 @@ __all__ = ["REPORT_TO", "flat_config", "log_config_text", "log_plots", "resolve_
 REPORT_TO = ("none", "tensorboard", "wandb", "mlflow", "all")
 
 
-def _available(name: str) -> bool:
-    from accelerate.utils import is_mlflow_available, is_tensorboard_available, is_wandb_available
-
-    return {"tensorboard": is_tensorboard_available, "wandb": is_wandb_available, "mlflow": is_mlflow_available}[name]()
-
-
 def resolve_report_to(report_to: str, *, required: bool = True) -> str | None:
     """The ``log_with`` of ``Accelerator`` for ``report_to`` (``None``: no tracker); a tracker whose package is
     missing logs nowhere unless ``required`` (the user asked for it).
@@ -33,7 +27,10 @@ def resolve_report_to(report_to: str, *, required: bool = True) -> str | None:
         return None
     if report_to == "all":
         return "all"
-    if not _available(report_to):
+    from accelerate.utils import is_mlflow_available, is_tensorboard_available, is_wandb_available
+
+    available = {"tensorboard": is_tensorboard_available, "wandb": is_wandb_available, "mlflow": is_mlflow_available}
+    if not available[report_to]():
         if required:
             raise ValueError(
                 f"--report_to {report_to} needs the {report_to} package: pip install {report_to} (or --report_to none)"
