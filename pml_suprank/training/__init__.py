@@ -1,33 +1,10 @@
 """Training: Accelerate-driven metric learning with rank losses (the engine behind the recipes).
 
-Layout:
-
-* :mod:`.config` — :class:`TrainingConfig`, the single source of the training options (help, default, hub_config
-  section and value check of every field), and the option machinery (``option``, ``OptionCheck``, the checks);
-* :mod:`.options` — the model / data / loss / run options of the recipes and the one loss builder
-  (:func:`build_loss`: a registered loss, ``pml:ClassName``, ``module:ClassName`` or a plugin,
-  :func:`pml_suprank.losses.resolve_loss`);
-* :mod:`.rules` — the rules between options, each run once per spec;
-* :mod:`.hub_config` — the hub_config schema (derived from the options), reader and validator;
-* :mod:`.run_spec` — :class:`RunSpec`, the whole configuration of a recipe run (model / data / loss / train / run),
-  built once from a hub_config YAML plus command-line overrides and validated once;
-* :mod:`.spec` — the one spec engine of every recipe: ``parse(SpecClass, argv)`` (flags generated from the
-  dataclasses, ``--config`` files, layers, one check per value);
-* :mod:`.optim` — :func:`build_optimizer` (parameter groups) and :func:`build_scheduler`;
-* :mod:`.loaders` — :class:`SeededAugmentation`, the data loaders and the one embedding loop :func:`embed_loader`;
-* :mod:`.loss_module` — :class:`LossModule` (model + loss [+ memory], what goes through ``accelerator.prepare``);
-* :mod:`.checkpoint` — find / validate / atomically write checkpoints (:mod:`.run_folder` checks that one continues
-  this run);
-* :mod:`.run_folder` — run identity and ownership of ``output_dir``: the run fingerprint, ``run.json``, the lock file
-  ``run.lock`` and the refusal of a new run into a previous run's folder;
-* :mod:`.trainer` — :class:`Trainer`;
-* :mod:`.nonfinite` — steps with a non-finite loss or gradient: skipped, counted, and a run that keeps producing
-  them stopped (:class:`NonFiniteTrainingError`);
-* :mod:`.export` — the final Hub-ready folder;
-* :mod:`.recipe` — the training command's whole job (``recipes/train.py``) and its presets (``train_happier``,
-  ``train_roadmap``: defaults only).
-
-Printed metric summaries live in :mod:`pml_suprank.metrics.report` (``format_metrics_table`` is re-exported here).
+Options and specs: :mod:`.config` (:class:`TrainingConfig`), :mod:`.options`, :mod:`.rules`, :mod:`.hub_config`,
+:mod:`.run_spec` (:class:`RunSpec`), :mod:`.spec` (``parse``). The loop: :mod:`.trainer` (:class:`Trainer`) with
+:mod:`.optim`, :mod:`.loaders`, :mod:`.loss_module`, :mod:`.cached_backward`, :mod:`.nonfinite`; the run's files:
+:mod:`.checkpoint`, :mod:`.run_folder` (fingerprint, lock, claim), :mod:`.export` (the final folder); the training
+command: :mod:`.recipe`.
 """
 
 from __future__ import annotations

@@ -31,8 +31,7 @@ Chunk = tuple[tuple[Tensor, ...], dict[str, Tensor]]  # model(*args, **kwargs)
 
 
 def _split_inputs(inputs: Any) -> tuple[Chunk, int]:
-    """``((args, kwargs), N)``: a tensor is called as ``model(x)``, a tuple / list as ``model(*x)``, a dict as
-    ``model(**x)``; ``N`` is the common dim-0 size of the tensors."""
+    """``((args, kwargs), N)`` of ``inputs`` (``model(x)``, ``model(*x)`` or ``model(**x)``), ``N`` its dim-0 size."""
     if isinstance(inputs, Tensor):
         call, named = ((inputs,), {}), {"inputs": inputs}
     elif isinstance(inputs, Mapping):
@@ -74,16 +73,13 @@ def _check_output(out: Any, rows: int, start: int) -> Tensor:
     return out
 
 
-def _training_batchnorms(model: nn.Module) -> list[str]:
-    return [
-        name or type(m).__name__
-        for name, m in model.named_modules()
-        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training
-    ]
+def _training_batchnorms(model: nn.Module) -> dict[str, nn.Module]:
+    bn = nn.modules.batchnorm._BatchNorm
+    return {name or type(m).__name__: m for name, m in model.named_modules() if isinstance(m, bn) and m.training}
 
 
 class _RNGState:
-    """The CPU generator and the accelerator generators of a chunk's devices (what ``torch.utils.checkpoint`` saves)."""
+    """The CPU and device generators of a chunk (what ``torch.utils.checkpoint`` saves)."""
 
     def __init__(self, tensors: list[Tensor]) -> None:
         self.cpu = torch.get_rng_state()
@@ -93,7 +89,7 @@ class _RNGState:
 
     @contextlib.contextmanager
     def restored(self):
-        """Run the block with this state; the global generators are left as they were before the block."""
+        """Run the block with this state; the global generators are restored afterwards."""
         kwargs = {"device_type": self.device_type} if self.device_type else {}
         with torch.random.fork_rng(devices=self.devices, **kwargs):
             torch.set_rng_state(self.cpu)
@@ -103,7 +99,7 @@ class _RNGState:
 
 
 def _autocast_off(device_type: str) -> contextlib.ExitStack:
-    """Disable the autocast regions that are enabled (CPU, CUDA, ``device_type``) for the block."""
+    """Disable the enabled autocast regions (CPU, CUDA, ``device_type``) for the block."""
     stack = contextlib.ExitStack()
     for kind in dict.fromkeys(("cpu", "cuda", device_type)):
         if torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
@@ -139,12 +135,9 @@ def _embed_without_graph(model: nn.Module, inputs: Chunk, bounds: list[slice]) -
 def _backward_chunks(
     model: nn.Module, inputs: Chunk, bounds: list[slice], states: list[_RNGState], grad: Tensor
 ) -> None:
-    """Pass 2: each chunk again, with a graph and its RNG state, back-propagating its rows of ``grad`` (``dL/dE``).
-
-    Under DDP the gradients are synchronised at the last chunk only; BatchNorm running statistics (training mode,
-    ``allow_batchnorm``) are restored afterwards so that the first pass alone updates them.
-    """
-    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training]
+    """Pass 2: each chunk again, with a graph and its RNG state, back-propagating its rows of ``grad`` (``dL/dE``);
+    DDP synchronises at the last chunk; BatchNorm running statistics keep the first pass's update."""
+    norms = list(_training_batchnorms(model).values())
     saved = [{k: b.clone() for k, b in m.named_buffers(recurse=False) if b is not None} for m in norms]
     last = len(bounds) - 1
     for i, (rows, state) in enumerate(zip(bounds, states, strict=True)):
@@ -173,25 +166,13 @@ def cached_backward(
 ) -> Tensor:
     """Backward of ``loss_fn(model(inputs), labels)`` on a batch of ``N`` items, embedding ``chunk_size`` at a time.
 
-    Every parameter of ``model`` and ``loss_fn`` then holds the ``.grad`` of
-    ``loss_fn(torch.cat([model(c) for c in chunks(inputs)]), labels, **loss_kwargs).backward()`` (tested to 1e-9
-    relative in float64 for every rank loss) with at most one chunk's activations alive, for one extra forward.
-    Gradients *accumulate* like ``backward()``.
-
-    Contract:
-
-    * ``inputs`` is split along dim 0 into ``ceil(N / chunk_size)`` chunks; ``model`` returns ``(rows, D)``.
-      ``labels`` and ``loss_kwargs`` go unsplit to the one call ``loss_fn(embeddings (N, D), labels, **loss_kwargs)``
-      (a ``RankingMemory`` enqueues the virtual batch once, a ``DistributedRankLoss`` gathers every process's).
-    * **randomness**: the CPU and the chunk's accelerator generators are recorded before each chunk's first forward
-      and restored for its second (same dropout masks, those of a chunk-by-chunk forward); the global generators end
-      as after the first pass.
-    * **BatchNorm** in training mode cannot be reproduced chunk-wise: refused unless ``allow_batchnorm=True``
-      (approximate; the running statistics are updated by the first pass only). Eval-mode BatchNorm is exact.
-    * **mixed precision**: call it inside ``accelerator.autocast()`` with ``backward=accelerator.backward`` (the
-      scale reaches the model's gradients). Unscale / clip / step after the call.
-    * **DistributedDataParallel** ``model``: gradients are synchronised once, at the last chunk; every process must
-      use the same number of chunks (checked). ``loss_fn``'s parameters are not under the model's DDP.
+    Every parameter of ``model`` and ``loss_fn`` then holds (accumulates) the ``.grad`` of
+    ``loss_fn(torch.cat([model(c) for c in chunks(inputs)]), labels, **loss_kwargs).backward()`` with at most one
+    chunk's activations alive, for one extra forward. ``labels`` and ``loss_kwargs`` go unsplit to one loss call.
+    Each chunk's second forward replays the RNG state of its first (same dropout masks). Training-mode BatchNorm is
+    refused unless ``allow_batchnorm=True`` (approximate). Under mixed precision call it inside
+    ``accelerator.autocast()`` with ``backward=accelerator.backward``. A DDP ``model`` synchronises once, at the last
+    chunk; every process must use the same number of chunks.
 
     Args:
         model: Maps a chunk of ``inputs`` to its embeddings ``(rows, D)``.
@@ -224,7 +205,7 @@ def cached_backward(
     check_bool("allow_batchnorm", allow_batchnorm)
     if backward is not None and not callable(backward):
         raise TypeError(f"backward must be callable as backward(loss) or None; got {backward!r}")
-    bn = _training_batchnorms(model)
+    bn = list(_training_batchnorms(model))
     if bn and not allow_batchnorm:
         raise ValueError(
             "cached_backward cannot reproduce full-batch BatchNorm: the model has BatchNorm layers in training mode "

@@ -1,19 +1,10 @@
-"""Checkpoints of the training loop: one writer, one reader, one refusal path.
+"""Checkpoints ``output_dir/checkpoints/step_XXXXXXXX``: ``accelerator.save_state`` files plus ``trainer_state.json``
+(counters, sampler position, the scheduler as JSON, history, the run fingerprint), written aside and renamed.
 
-A checkpoint is the folder ``output_dir/checkpoints/step_XXXXXXXX``. ``accelerator.save_state`` writes
-``model.safetensors`` (the :class:`~pml_suprank.training.LossModule`: network, loss proxies, memory buffers),
-``optimizer.bin`` and one ``random_states_<process>.pkl`` per process (``torch.save`` files); the trainer adds
-``trainer_state.json`` (counters, sampler position, the LR scheduler as JSON, history, the run fingerprint and the
-configuration it hashes). :func:`save_checkpoint` writes it aside and renames it once complete.
-
-``accelerator.load_state`` restores it, only after :func:`validate_checkpoint` and :func:`check_fits` read every file:
-the ``torch.save`` files with ``torch.load(weights_only=True)`` (tensors, numbers, strings, NumPy arrays: nothing else
-is unpickled), each checked by loading it into a fresh object of its kind (RNG states into fresh generators, the
-optimizer state against the optimizer's groups, keys, dtypes and shapes). Accelerate alone would not do: it skips an
-unreadable RNG file with an INFO line (the resume silently not exact), loads any optimizer state torch accepts,
-unpickles ``custom_checkpoint_<i>.pkl`` with ``weights_only=False`` (so nothing is registered for checkpointing — the
-scheduler stays in JSON — and a folder holding one is refused), and older versions (``accelerate>=0.30`` is allowed)
-call ``torch.load`` without ``weights_only``, which unpickles anything under torch < 2.6.
+``accelerator.load_state`` runs only after :func:`validate_checkpoint` and :func:`check_fits` have read every file
+(``torch.load(weights_only=True)``, NumPy arrays allowed) and loaded each state into a fresh object of its kind: on its
+own Accelerate skips an unreadable RNG file with an INFO line, loads any optimizer state torch accepts and unpickles
+``custom_checkpoint_*.pkl`` in full (nothing is registered with it; a folder holding one is refused).
 """
 
 from __future__ import annotations
@@ -69,12 +60,11 @@ class CheckpointError(ValueError):
 
 
 class CheckpointSaveError(OSError):
-    """A checkpoint could not be written (full disk, read-only or unwritable folder); the message names the folder,
-    the cause and what was kept."""
+    """A checkpoint could not be written (full disk, read-only folder); the message names the folder, the cause and
+    what was kept."""
 
 
 def _refuse(path: Path, what: str) -> CheckpointError:
-    """The one refusal: ``checkpoint '<path>' <what>``."""
     return CheckpointError(f"checkpoint {str(path)!r} {what}")
 
 
@@ -87,10 +77,14 @@ def _is_int(x: Any, low: int = 0) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= low
 
 
+def _is_real(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
 # -- finding -------------------------------------------------------------------------------------------------------
 def find_checkpoints(output_dir: str | Path) -> list[Path]:
-    """Complete checkpoint folders ``output_dir/checkpoints/step_XXXXXXXX`` sorted by step (temporary folders of an
-    interrupted save, and another run's folders kept aside as ``step_X-run-<fingerprint>``, are not listed)."""
+    """The folders ``output_dir/checkpoints/step_XXXXXXXX`` sorted by step (not ``.tmp-step_X`` nor another run's
+    ``step_X-run-<fingerprint>``)."""
     root = Path(output_dir) / "checkpoints"
     if not root.is_dir():
         return []
@@ -107,9 +101,8 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
 def latest_valid_checkpoint(
     output_dir: str | Path, note: Callable[[str], None] = print, validate: Callable[[Path], Any] | None = None
 ) -> Path | None:
-    """The newest checkpoint of ``output_dir`` that validates (:func:`validate_checkpoint`, or ``validate``, which
-    raises :class:`CheckpointError`). When newer ones are skipped (a missing, truncated or corrupt file, e.g. after a
-    crash or a full disk), one line goes to ``note`` naming them, why, and the checkpoint chosen."""
+    """The newest checkpoint of ``output_dir`` that ``validate`` (default :func:`validate_checkpoint`) accepts; one
+    line to ``note`` names the newer ones skipped, why, and the one chosen."""
     skipped, chosen = [], None
     for ckpt in reversed(find_checkpoints(output_dir)):
         try:
@@ -127,13 +120,12 @@ def latest_valid_checkpoint(
 
 # -- writing -------------------------------------------------------------------------------------------------------
 def save_checkpoint(accelerator: Any, output_dir: Path, trainer_state: dict[str, Any], keep: int) -> Path:
-    """Write ``output_dir/checkpoints/step_<global_step>`` (``save_state`` into a temporary folder, then one rename)
-    and delete the oldest checkpoints of this run (those with the ``fingerprint`` of ``trainer_state``) beyond
-    ``keep`` (0 keeps all). A checkpoint of another run at the same step is renamed ``step_<step>-run-<its
-    fingerprint>`` (kept, no longer a resume candidate). Every process must call it.
+    """Write ``output_dir/checkpoints/step_<global_step>`` (into ``.tmp-step_<global_step>``, then one rename) and
+    delete this run's (``trainer_state["fingerprint"]``) oldest checkpoints beyond ``keep`` (0 keeps all); another
+    run's checkpoint of that step is kept aside as ``step_<step>-run-<its fingerprint>``. Call it on every process.
 
     Raises:
-        CheckpointSaveError: the write failed (the partial folder is removed; the message says what was kept).
+        CheckpointSaveError: the write failed (the partial folder is removed).
     """
     acc, root, fingerprint = accelerator, Path(output_dir) / "checkpoints", trainer_state["fingerprint"]
     name = f"{CHECKPOINT_PREFIX}{trainer_state['global_step']:08d}"
@@ -166,8 +158,8 @@ def save_checkpoint(accelerator: Any, output_dir: Path, trainer_state: dict[str,
 
 
 def recorded_fingerprint(file: Path, key: str = "fingerprint") -> str | None:
-    """The string ``key`` of the JSON file ``file`` (``None`` if unreadable or absent): the run fingerprint a run of
-    ours records in ``trainer_state.json``, ``run.json`` and ``final/training_summary.json`` (``run_fingerprint``)."""
+    """The string ``key`` of the JSON file ``file`` (``None`` if unreadable or absent): the run fingerprint of a
+    ``trainer_state.json``, ``run.json`` or ``final/training_summary.json`` (``key="run_fingerprint"``)."""
     try:
         value = load_json(file, expected=dict).get(key)
     except (OSError, ValueError):  # missing, corrupt, too deep: a bad file must not stop a save
@@ -176,8 +168,7 @@ def recorded_fingerprint(file: Path, key: str = "fingerprint") -> str | None:
 
 
 def _save_failure(root: Path, name: str, tmp: Path, error: BaseException) -> str:
-    """The message of a failed save: the path, the cause (the error's errno — safetensors writes it into its
-    message as ``Os { code: 28, ...`` — or the free space), and what was kept."""
+    """The path, the cause (the errno, also as safetensors writes it: ``Os { code: 28, ...``) and what was kept."""
     code = getattr(error, "errno", None)
     if code is None and (found := re.search(r"\bcode: (\d+)", str(error))):
         code = int(found.group(1))
@@ -220,21 +211,13 @@ def jsonable(x: Any) -> Any:
 
 # -- the scheduler, as JSON ----------------------------------------------------------------------------------------
 _SCHEDULER_KEYS = frozenset(
-    {
-        "base_lrs",
-        "last_epoch",
-        "_step_count",
-        "_last_lr",
-        "lr_lambdas",
-        "verbose",
-        "_get_lr_called_within_step",
-        "_is_initial",
-    }
+    {"base_lrs", "last_epoch", "_step_count", "_last_lr", "lr_lambdas", "verbose", "_get_lr_called_within_step"}
+    | {"_is_initial"}
 )
 
 
 def scheduler_state(scheduler: Any) -> dict[str, Any]:
-    """The JSON form of the state of a ``LambdaLR`` of plain functions (its ``lr_lambdas`` entries are ``None``)."""
+    """The state of a ``LambdaLR`` of plain functions as JSON."""
     state = scheduler.state_dict()
     if set(state) - _SCHEDULER_KEYS or any(x is not None for x in state.get("lr_lambdas", [])):
         raise TypeError(f"only a LambdaLR of plain functions can be checkpointed as JSON; got keys {sorted(state)}")
@@ -242,27 +225,18 @@ def scheduler_state(scheduler: Any) -> dict[str, Any]:
 
 
 def load_scheduler_state(scheduler: Any, state: dict[str, Any]) -> None:
-    """Load a validated JSON ``state`` (:func:`validate_checkpoint`, :func:`check_fits`) into ``scheduler``."""
+    """Load a validated :func:`scheduler_state` into ``scheduler``."""
     scheduler.load_state_dict({**state, "lr_lambdas": [None] * len(scheduler.base_lrs)})
 
 
-def _check_scheduler(path: Path, state: Any) -> None:
+def _check_scheduler(path: Path, state: dict[str, Any]) -> None:
     where = f"{TRAINER_STATE} 'scheduler"
-    if state is None:
-        raise _refuse(
-            path,
-            f"{TRAINER_STATE} has no 'scheduler' entry (written by an older pml-suprank that pickled "
-            "the scheduler; pickles are never loaded): start a new run or resume with that version",
-        )
-    if not isinstance(state, dict) or set(state) - _SCHEDULER_KEYS:
+    if set(state) - _SCHEDULER_KEYS:
         raise _refuse(path, f"{where}' must be a LambdaLR state with keys in {sorted(_SCHEDULER_KEYS)}")
-    base = state.get("base_lrs")
     for key in ("base_lrs", "_last_lr"):
-        values = state.get(key)
-        ok = isinstance(values, list) and isinstance(base, list) and len(values) == len(base) > 0
-        if not (
-            ok and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)
-        ):
+        values, base = state.get(key), state.get("base_lrs")
+        numbers = isinstance(values, list) and all(_is_real(v) and math.isfinite(v) for v in values)
+        if not (numbers and isinstance(base, list) and len(values) == len(base) > 0):
             raise _refuse(path, f"{where}.{key}' must be one finite number per parameter group; got {str(values)[:80]}")
     for key in ("last_epoch", "_step_count"):
         if not _is_int(state.get(key), -1):
@@ -270,17 +244,14 @@ def _check_scheduler(path: Path, state: Any) -> None:
 
 
 # -- reading -------------------------------------------------------------------------------------------------------
-_COUNTERS = {
-    "global_step": 0,
-    "epoch": 0,
-    "step_in_epoch": 0,
+_COUNTERS = dict.fromkeys(("global_step", "epoch", "step_in_epoch", "total_steps"), 0) | {
     "num_processes": 1,
     "steps_per_epoch": 1,
-    "total_steps": 0,
     "skipped_nonfinite_steps": 0,
     "consecutive_nonfinite_steps": 0,
 }
-_TYPES = {"sampler": dict, "fingerprint": str, "run_config": dict, "history": list, "optimizer_state": list}
+_TYPES = {"sampler": dict, "fingerprint": str, "run_config": dict, "scheduler": dict, "history": list}
+_TYPES["optimizer_state"] = list
 _RNG_KEYS = frozenset(
     {"step", "random_state", "numpy_random_seed", "torch_manual_seed", "xm_seed"}
     | {f"torch_{d}_manual_seed" for d in ("cuda", "xpu", "mlu", "sdaa", "musa", "hpu", "neuron")}
@@ -288,12 +259,10 @@ _RNG_KEYS = frozenset(
 
 
 def validate_checkpoint(path: str | Path, num_processes: int | None = None) -> dict[str, Any]:
-    """Check that ``path`` is a complete checkpoint written by :class:`~pml_suprank.training.Trainer` and return its
-    trainer state: ``trainer_state.json`` type- and range-checked, its counters consistent (``global_step = epoch ·
-    steps_per_epoch + step_in_epoch``, the folder's step, the sampler position, the skipped-step counters), its
-    scheduler state; ``model*.safetensors`` readable; ``optimizer.bin`` an optimizer state with per-parameter state for
-    exactly the parameters ``trainer_state.json`` lists; one ``random_states_<i>.pkl`` per process whose states load
-    into fresh generators. With ``num_processes``, a checkpoint of another number of processes is refused first.
+    """The trainer state of the complete :class:`~pml_suprank.training.Trainer` checkpoint ``path``: its counters
+    consistent (``global_step = epoch · steps_per_epoch + step_in_epoch``, the folder's step, the sampler position),
+    ``model*.safetensors`` readable, ``optimizer.bin`` holding state for exactly the parameters ``trainer_state.json``
+    lists, one ``random_states_<i>.pkl`` per process (``num_processes``, when given, must match) whose states load.
 
     Raises:
         CheckpointError: naming the folder, the file and what is missing, unreadable or inconsistent.
@@ -316,7 +285,7 @@ def validate_checkpoint(path: str | Path, num_processes: int | None = None) -> d
             f"was written by {state['num_processes']} processes; this run has {num_processes} (the "
             "sampler streams and RNG states are per process)",
         )
-    _check_scheduler(path, state.get("scheduler"))
+    _check_scheduler(path, state["scheduler"])
     _weights_layout(path)
     _check_optimizer_file(path, _load_tensors(path, OPTIMIZER_FILE), state.get("optimizer_state"), state["global_step"])
     for index in range(state["num_processes"]):
@@ -326,8 +295,8 @@ def validate_checkpoint(path: str | Path, num_processes: int | None = None) -> d
 
 def _check_trainer_state(path: Path, state: dict[str, Any]) -> None:
     bad = f"is corrupt: {TRAINER_STATE} "
-    required = ("global_step", "epoch", "step_in_epoch", "steps_per_epoch", "num_processes", "sampler", "fingerprint")
-    required += ("run_config",)
+    required = ("global_step", "epoch", "step_in_epoch", "steps_per_epoch", "num_processes", "sampler", "scheduler")
+    required += ("fingerprint", "run_config")
     if missing := [k for k in required if k not in state]:
         raise _refuse(path, bad + f"lacks {missing} (a checkpoint of an older version, or damaged)")
     for key, low in _COUNTERS.items():
@@ -364,8 +333,7 @@ def _check_trainer_state(path: Path, state: dict[str, Any]) -> None:
 
 
 def _load_tensors(path: Path, name: str) -> Any:
-    """``torch.load(path/name, weights_only=True)`` with NumPy arrays allowed (the RNG states): nothing else is
-    unpickled; a missing, truncated or foreign file is refused."""
+    """``torch.load(path/name, weights_only=True)``, NumPy arrays allowed (the RNG states)."""
     if not (path / name).is_file():
         raise _refuse(path, f"is incomplete: {name} is missing")
     core = np._core if hasattr(np, "_core") else np.core  # numpy >= 2 renamed its core package
@@ -379,8 +347,7 @@ def _load_tensors(path: Path, name: str) -> Any:
 
 
 def _check_rng_states(path: Path, name: str) -> None:
-    """Each RNG state of ``name`` loads into a fresh generator of its kind (so ``load_state`` restores them all); CUDA
-    states are present exactly when CUDA is, one per visible device."""
+    """Each RNG state of ``name`` loads into a fresh generator; one CUDA state per visible device."""
     states = _load_tensors(path, name)
     bad = f"is corrupt: {name} "
     if not isinstance(states, dict) or set(states) - _RNG_KEYS:
@@ -409,8 +376,7 @@ def _check_rng_states(path: Path, name: str) -> None:
 
 
 def _weights_layout(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
-    """``{name: (shape, safetensors dtype)}`` of the ``model*.safetensors`` files of ``path`` (opening each checks its
-    header and that it holds every tensor's bytes)."""
+    """``{name: (shape, safetensors dtype)}`` of the ``model*.safetensors`` files of ``path`` (headers checked)."""
     from safetensors import safe_open
 
     files = sorted(path.glob("model*.safetensors"))
@@ -429,9 +395,8 @@ def _weights_layout(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
 
 
 def _check_optimizer_file(path: Path, state: Any, with_state: list[int] | None, step: int) -> None:
-    """``optimizer.bin`` is an optimizer ``state_dict`` whose per-parameter state covers exactly ``with_state`` (the
-    indices ``trainer_state.json`` recorded) or, where not recorded, some parameter after a step: otherwise Adam's
-    moments (SGD's momentum) would silently restart at zero."""
+    """``optimizer.bin`` is an optimizer ``state_dict`` with per-parameter state for exactly ``with_state`` (or, not
+    recorded, for some parameter after a step): otherwise the moments would silently restart at zero."""
     bad = f"is corrupt: {OPTIMIZER_FILE} "
     if not isinstance(state, dict) or set(state) != {"state", "param_groups"}:
         raise _refuse(path, bad + "must be an optimizer state_dict with keys 'state' and 'param_groups'")
@@ -465,19 +430,17 @@ def _check_optimizer_file(path: Path, state: Any, with_state: list[int] | None, 
 
 
 def optimizer_state_indices(optimizer: Any) -> list[int]:
-    """The indices (as in ``optimizer.state_dict()``) of the parameters that have optimizer state (e.g. Adam's
-    moments): recorded in ``trainer_state.json`` so that a resume requires exactly these in ``optimizer.bin``."""
+    """The indices (as in ``optimizer.state_dict()``) of the parameters with optimizer state (e.g. Adam's moments)."""
     params = (p for g in optimizer.param_groups for p in g["params"])
     return [i for i, p in enumerate(params) if optimizer.state.get(p)]
 
 
 # -- fitting what is resumed ---------------------------------------------------------------------------------------
 def check_fits(path: Path, state: dict[str, Any], module: Any, optimizer: Any, sampler: Any) -> dict[str, Any]:
-    """Check, before anything is loaded, that the validated checkpoint ``path`` (trainer ``state``) fits what is
-    resumed: the weights' names, shapes and dtypes those of ``module`` (the LossModule), the optimizer state the
-    groups of ``optimizer`` with the keys, dtypes and shapes its class keeps per parameter, the scheduler state one
-    entry per group, and the sampler state loads into a copy of ``sampler`` (a sampler without state resumes only at
-    the end of an epoch). Returns ``state``.
+    """Check that the validated checkpoint ``path`` (trainer ``state``) fits what is resumed: the weights' names,
+    shapes and dtypes those of ``module``, the optimizer state the groups, keys, dtypes and shapes of ``optimizer``,
+    the scheduler one entry per group, the sampler state loads into a copy of ``sampler`` (a sampler without state
+    resumes only at the end of an epoch). Returns ``state``.
 
     Raises:
         CheckpointError: naming the checkpoint, the file and the first mismatch.
@@ -486,14 +449,13 @@ def check_fits(path: Path, state: dict[str, Any], module: Any, optimizer: Any, s
     current = {
         k: (tuple(v.shape), _SAFETENSORS_DTYPES.get(v.dtype, str(v.dtype))) for k, v in module.state_dict().items()
     }
-    if saved.keys() != current.keys():
-        extra, missing = sorted(saved.keys() - current.keys()), sorted(current.keys() - saved.keys())
-        raise _refuse(
-            path, f"model.safetensors does not fit this model (unexpected {extra[:5]}, missing {missing[:5]})"
-        )
-    for k, v in current.items():
-        if saved[k] != v:
-            raise _refuse(path, f"model.safetensors has {k!r} of shape/dtype {saved[k]}; this model {v}")
+    for k in sorted(saved.keys() | current.keys()):
+        if saved.get(k) != current.get(k):
+            raise _refuse(
+                path,
+                f"model.safetensors does not fit this model: {k!r} (shape, dtype) is {saved.get(k)}, this "
+                f"model's {current.get(k)}",
+            )
     _check_optimizer_fits(path, _load_tensors(path, OPTIMIZER_FILE), getattr(optimizer, "optimizer", optimizer))
     if len(state["scheduler"]["base_lrs"]) != len(optimizer.param_groups):
         raise _refuse(
@@ -524,28 +486,14 @@ def check_fits(path: Path, state: dict[str, Any], module: Any, optimizer: Any, s
     return state
 
 
-_SAFETENSORS_DTYPES = dict(
-    zip(
-        (
-            torch.float32,
-            torch.float16,
-            torch.bfloat16,
-            torch.float64,
-            torch.int64,
-            torch.int32,
-            torch.int16,
-            torch.int8,
-        ),
-        ("F32", "F16", "BF16", "F64", "I64", "I32", "I16", "I8"),
-        strict=True,
-    )
-) | {torch.uint8: "U8", torch.bool: "BOOL"}
+_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64"}
+_SAFETENSORS_DTYPES |= {torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8"}
+_SAFETENSORS_DTYPES[torch.bool] = "BOOL"
 
 
 def _check_optimizer_fits(path: Path, saved: dict[str, Any], optimizer: Any) -> None:
-    """The groups of ``saved`` (validated by :func:`_check_optimizer_file`) have the sizes of ``optimizer``'s, and each
-    parameter's state the keys and tensor dtypes its class keeps (found by one step of a fresh optimizer of that class
-    on a 2-element parameter of the group's dtype and hyper-parameters) and the parameter's shape."""
+    """The groups of ``saved`` have the sizes of ``optimizer``'s, each parameter's state the keys and dtypes its class
+    keeps (:func:`_state_layout`) and the parameter's shape."""
     sizes, mine = [len(g["params"]) for g in saved["param_groups"]], [len(g["params"]) for g in optimizer.param_groups]
     if sizes != mine:
         raise _refuse(path, f"{OPTIMIZER_FILE} has parameter groups of sizes {sizes}; this optimizer {mine}")
@@ -582,8 +530,8 @@ def _check_optimizer_fits(path: Path, saved: dict[str, Any], optimizer: Any) -> 
 
 
 def _state_layout(optimizer: Any, group: dict[str, Any]) -> dict[str, torch.dtype | None] | None:
-    """``{state key: tensor dtype, or None for a number}`` that ``optimizer``'s class keeps per parameter of
-    ``group``; ``None`` when a fresh optimizer of that class cannot be stepped this way (then not checked)."""
+    """``{state key: tensor dtype or None}`` after one step of a fresh optimizer of ``optimizer``'s class on a
+    2-element parameter of ``group``; ``None`` when that fails (then not checked)."""
     ref = group["params"][0]
     try:
         probe = torch.zeros(2, dtype=ref.dtype, device=ref.device, requires_grad=True)

@@ -17,9 +17,7 @@ __all__ = ["write_final_folder"]
 
 
 def history_with_evaluations(progress: Any, before: Any, after: Any) -> list[dict[str, Any]]:
-    """The training history (``progress.history``) with the recipe's evaluations before training (step 0: the weights
-    it starts from) and after it (``progress.global_step``) as ``eval/`` records, so that ``history.json`` and its
-    plot hold every evaluation."""
+    """``progress.history`` with the evaluations ``before`` (step 0) and ``after`` training as ``eval/`` records."""
     history = list(progress.history)
     has_eval = {r.get("step") for r in history if any(str(k).startswith("eval/") for k in r)}
     if isinstance(before, dict) and 0 not in has_eval:
@@ -31,8 +29,7 @@ def history_with_evaluations(progress: Any, before: Any, after: Any) -> list[dic
 
 
 def _try_plot(what: str, draw: Any) -> Any:
-    """``draw()``, or ``None`` with a warning when it raises (a label name matplotlib cannot typeset, a full disk):
-    the weights and metrics of the final folder never depend on a figure."""
+    """``draw()``, or ``None`` with a warning when it raises: the final folder never depends on a figure."""
     try:
         return draw()
     except Exception as e:  # any failure of a figure: skipped, said once
@@ -57,17 +54,11 @@ def write_final_folder(
     repo_id: str | None = None,
     replace: bool = False,
 ) -> Path:
-    """Write the Hub-ready folder ``save_directory`` (call it on one process).
-
-    Contents: what :meth:`~pml_suprank.hub.HubMixin.save_pretrained` writes (``config.json``,
-    ``model.safetensors``, ``README.md``, ``metrics.json``; a model without it gets the last two), and
-    ``training_summary.json`` (``summary``), ``history.json``, ``training_config.json``, ``data_spec.json`` when
-    ``metadata["data"]`` holds the run's data section (:mod:`.data_spec`, reused by ``evaluate --model``) and, with
-    ``embeddings = (last, first)``, ``training_curves.png`` and the plots of :func:`pml_suprank.plots.plot_all` (a
-    figure that fails is skipped with a warning).
-
-    With ``replace=True`` the folder is written aside (``.tmp-<name>-<pid>/<name>``, its final name while written)
-    and renamed into place, replacing a previous folder whole; an interrupted write leaves the previous one.
+    """Write the Hub-ready folder ``save_directory`` (on one process): what ``save_pretrained`` writes
+    (``config.json``, ``model.safetensors``, ``README.md``, ``metrics.json``), ``training_summary.json``,
+    ``history.json``, ``training_config.json``, ``data_spec.json`` (from ``metadata["data"]``) and, with
+    ``embeddings = (last, first)``, the plots (a figure that fails is skipped with a warning). ``replace=True``
+    writes it aside and renames it into place, replacing a previous folder whole.
     """
     save_directory = Path(save_directory)
     if replace:
@@ -131,9 +122,8 @@ def write_final_folder(
 
 
 def _replace_folder(target: Path, write: Any) -> Path:
-    """Call ``write(staged)`` on a fresh folder of the same name inside a hidden sibling, then put it in place of
-    ``target`` (two renames: the previous folder is moved aside first and deleted last; on an error the partial
-    folder is deleted and ``target`` is untouched)."""
+    """``write(staged)`` into a hidden sibling, then two renames put it in place of ``target`` (untouched on an
+    error)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".tmp-{target.name}-{os.getpid()}")
     old = target.with_name(f".old-{target.name}-{os.getpid()}")

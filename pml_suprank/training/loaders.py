@@ -1,6 +1,5 @@
-"""Data side of the training loop: seeded per-item augmentation, the data loaders and the one embedding loop
-(:func:`embed_loader`, a view of :func:`pml_suprank.data.cached_embeddings`) used by the trainer, the evaluation
-recipe and the plots."""
+"""Data side of the training loop: seeded per-item augmentation, the loaders, samplers, memory and the embedding
+loop :func:`embed_loader`."""
 
 from __future__ import annotations
 
@@ -19,13 +18,8 @@ __all__ = ["SeededAugmentation", "build_memory", "build_sampler", "embed_loader"
 
 
 class SeededAugmentation(Dataset):
-    """Dataset wrapper that draws the random augmentation of item ``i`` in epoch ``e`` from the seed
-    ``(seed, e, i)``, whatever process or worker loads it and whenever — so that a resumed run, a different
-    ``num_workers`` or a different number of processes see the same augmented images.
-
-    The global ``random`` / ``numpy`` / ``torch`` (CPU) generators are forked around ``dataset[i]`` and restored
-    afterwards: loading an item has no effect on the caller's random state.
-    """
+    """Draws the augmentation of item ``i`` in epoch ``e`` from the seed ``(seed, e, i)``, whatever process or
+    worker loads it (the global generators are restored afterwards): a resumed run sees the same images."""
 
     def __init__(self, dataset: Dataset, seed: int = 0) -> None:
         self.dataset = dataset
@@ -79,16 +73,14 @@ def embed_loader(
     description: str = "embedding",
     embedding_cache: str | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """``(embeddings (N, D) float32 on CPU, labels (N, L) long, indices (N,) long)`` of every item of ``dataloader``
-    in dataset order (:func:`pml_suprank.data.cached_embeddings`, not normalised; ``embedding_cache``: its folder).
-    A dataloader prepared by ``accelerator`` is sharded; every process receives the full result."""
+    """``(embeddings (N, D) float32 on CPU, labels (N, L), indices (N,))`` of ``dataloader`` in dataset order
+    (:func:`pml_suprank.data.cached_embeddings`); a prepared dataloader is sharded, every process gets all."""
     return cached_embeddings(model, dataloader, embedding_cache, accelerator=accelerator, progress=progress,
                              description=description)  # fmt: skip
 
 
 def build_sampler(config: Any, labels: np.ndarray, num_replicas: int, rank: int) -> Any:
-    """The training batch sampler of ``config`` (``TrainingConfig``) over ``labels (N, L)`` (fine first), sharded
-    over ``num_replicas`` processes (this one is ``rank``): one global batch of ``num_replicas * batch_size``."""
+    """The batch sampler of ``config`` over ``labels (N, L)``, sharded over ``num_replicas`` processes."""
     from .. import samplers
 
     c = config
@@ -114,8 +106,7 @@ def build_sampler(config: Any, labels: np.ndarray, num_replicas: int, rank: int)
 
 
 def build_memory(config: Any, model: nn.Module, loss: nn.Module, dataset: Any, label_levels: int) -> nn.Module | None:
-    """The ``RankingMemory`` of ``config`` (``TrainingConfig``) wrapping ``loss``, or ``None`` when
-    ``memory_size == 0``; the embedding size is the model's (or inferred from one item of ``dataset``)."""
+    """The ``RankingMemory`` of ``config`` wrapping ``loss`` (``None`` when ``memory_size == 0``)."""
     c = config
     if c.memory_size <= 0:
         return None

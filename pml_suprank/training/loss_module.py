@@ -17,11 +17,9 @@ __all__ = ["LossModule", "backward_step"]
 
 
 class LossModule(nn.Module):
-    """``model`` + ``loss`` (+ ``memory``) as one module: ``forward(images, labels, indices) -> loss``.
-
-    One module, so that ``accelerator.prepare`` puts the loss parameters (proxies) under the network's DDP. With
-    ``distributed`` the global batch is gathered with gradients (:func:`pml_suprank.collectives.gather_batch`) and its
-    loss computed on every process: after DDP's averaging, the single-process gradient of the concatenated batch.
+    """``model`` + ``loss`` (+ ``memory``) as one module (the proxies under the network's DDP):
+    ``forward(images, labels, indices) -> loss``. With ``distributed`` the global batch is gathered with gradients
+    and its loss computed on every process: after DDP's averaging, the single-process gradient.
 
     Args:
         model: Maps ``(B, 3, H, W)`` images to ``(B, D)`` embeddings.
@@ -51,8 +49,7 @@ class LossModule(nn.Module):
         return self.embedding_loss(self.model(images), labels, indices)
 
     def embedding_loss(self, embeddings: Tensor, labels: Tensor, indices: Tensor | None = None) -> Tensor:
-        """The loss of the batch's ``(B, D)`` embeddings (``forward`` after the model); NaN when some are not finite
-        (diverged weights: the step is skipped, :func:`.nonfinite.finite_or_zero`)."""
+        """The loss of the batch's ``(B, D)`` embeddings; NaN when some are not finite (the step is skipped)."""
         embeddings, finite = finite_or_zero(embeddings.float(), self.distributed)
         labels = labels if self.hierarchical_labels else labels[:, 0]
         # mixed precision applies to the network; the rank loss runs in float32 (sigmoids of score differences / τ)
@@ -69,10 +66,9 @@ class LossModule(nn.Module):
     def cached_backward(
         self, images: Tensor, labels: Tensor, indices: Tensor | None, chunk_size: int, backward: Callable
     ) -> Tensor:
-        """Back-propagate ``forward(images, labels, indices)`` embedding ``chunk_size`` images at a time
-        (:func:`.cached_backward`: the gradient of the whole batch, exactly); ``backward`` back-propagates the loss
-        (``accelerator.backward``). Called on the unwrapped module, it bypasses DDP: with ``distributed`` the
-        gradients are then averaged over the processes here, as DDP does. Returns the detached loss."""
+        """Back-propagate ``forward(images, labels, indices)`` by :func:`.cached_backward` (``backward``:
+        ``accelerator.backward``); called on the unwrapped module, it averages the gradients over the processes
+        itself. Returns the detached loss."""
         loss = cached_backward(
             self.model, self.embedding_loss, images, labels, chunk_size=chunk_size, backward=backward, indices=indices
         )
@@ -88,9 +84,8 @@ class LossModule(nn.Module):
 def backward_step(
     accelerator: Any, loss_module: nn.Module, images: Tensor, labels: Tensor, indices: Tensor, chunk_size: int | None
 ) -> Tensor:
-    """The loss of a training batch, back-propagated: the (prepared) ``loss_module`` forward under autocast and
-    ``accelerator.backward``, or with ``chunk_size`` :meth:`LossModule.cached_backward` of the unwrapped module (the
-    same gradient, ``chunk_size`` images in memory at a time)."""
+    """The loss of a training batch, back-propagated under autocast (with ``chunk_size``:
+    :meth:`LossModule.cached_backward`, the same gradient)."""
     with accelerator.autocast():
         if chunk_size is not None:
             return accelerator.unwrap_model(loss_module).cached_backward(

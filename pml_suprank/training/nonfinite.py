@@ -1,12 +1,7 @@
-"""Non-finite training steps: skipped, counted, and a run that keeps producing them stopped.
-
-As AMP's ``GradScaler`` does for fp16, for every precision: a step whose loss or total gradient norm
-``‖g‖₂ = sqrt(Σᵢ ‖gᵢ‖₂²)`` is NaN / ±inf makes no optimizer nor scheduler step (gradients zeroed), so parameters and
-optimizer state stay those of the last finite step; more than ``TrainingConfig.max_nonfinite_steps`` in a row raise
-:class:`NonFiniteTrainingError` after a checkpoint of the last good state. The norm is read in the same device→host
-transfer as the loss. Non-finite embeddings never reach the loss: :func:`finite_or_zero` hands it zeros and
-:func:`nan_unless` makes the step's loss NaN (no host read). What the forward pass updates (BatchNorm statistics, the
-memory's queue) is kept on a skipped step, as with ``GradScaler``.
+"""Non-finite training steps: as AMP's ``GradScaler`` does, for every precision, a step whose loss or gradient norm
+``‖g‖₂ = sqrt(Σᵢ ‖gᵢ‖₂²)`` is NaN / ±inf makes no optimizer nor scheduler step; more than
+``TrainingConfig.max_nonfinite_steps`` in a row raise :class:`NonFiniteTrainingError` after a checkpoint of the last
+good state. Non-finite embeddings never reach the loss (:func:`finite_or_zero`, :func:`nan_unless`).
 """
 
 from __future__ import annotations
@@ -38,9 +33,8 @@ class NonFiniteTrainingError(RuntimeError):
 
 
 def finite_or_zero(embeddings: Tensor, distributed: bool = False) -> tuple[Tensor, Tensor]:
-    """``(embeddings, ok)``: the ``(B, D)`` embeddings unchanged when all are finite, else zeros of the same shape,
-    and ``ok`` the 0-d bool tensor saying which (no host read). ``distributed``: ``ok`` is the minimum over the
-    processes (one all-reduce), so every process makes the step's loss NaN alike (:func:`nan_unless`)."""
+    """``(embeddings or zeros (B, D), ok)``: ``ok`` the 0-d bool "all finite" (over every process with
+    ``distributed``), no host read."""
     ok = torch.isfinite(embeddings).all()
     if distributed:
         flag = ok.to(torch.int32).reshape(1)
@@ -50,16 +44,13 @@ def finite_or_zero(embeddings: Tensor, distributed: bool = False) -> tuple[Tenso
 
 
 def nan_unless(ok: Tensor, loss: Tensor) -> Tensor:
-    """``loss`` where the 0-d bool ``ok`` holds, NaN otherwise (the step is then skipped, :func:`step_if_finite`)."""
+    """``loss`` where the 0-d bool ``ok`` holds, NaN otherwise."""
     return torch.where(ok, loss, torch.full_like(loss, math.nan))
 
 
 def grad_norm(parameters: Iterable[nn.Parameter]) -> Tensor:
-    """Total 2-norm of the gradients of ``parameters``: ``‖g‖₂ = sqrt(Σᵢ ‖gᵢ‖₂²)`` over every gradient ``gᵢ``.
-
-    Returns a 0-d float32 tensor on the first gradient's device (``0`` on the CPU without gradients), NaN / inf when
-    a gradient entry is; no host synchronisation (``torch._foreach_norm``; ``get_total_norm`` is newer than torch 2.4).
-    """
+    """``‖g‖₂ = sqrt(Σᵢ ‖gᵢ‖₂²)`` over the gradients of ``parameters``: a 0-d float32 tensor on the first gradient's
+    device (``0`` without gradients), no host synchronisation (``get_total_norm`` is newer than torch 2.4)."""
     groups: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
     for p in parameters:
         if p.grad is not None:
@@ -80,12 +71,9 @@ def step_if_finite(
     parameters: Iterable[nn.Parameter],
     grad_clip: float | None,
 ) -> tuple[float, float, bool]:
-    """After ``accelerator.backward`` (gradients reduced over processes, so every process decides alike): the
-    optimizer step, and the ``scheduler`` step unless it is ``None``, when the loss and the gradient norm
-    (``accelerator.clip_grad_norm_``'s with ``grad_clip``, which unscales fp16 gradients first, else
-    :func:`grad_norm`) are finite; gradients zeroed either way. Under fp16 a step the ``GradScaler`` skips counts as
-    skipped, and one skipped here backs its scale off. Returns ``(loss, gradient norm, stepped)``, the two values read
-    in one device→host transfer."""
+    """After ``accelerator.backward``: the optimizer (and ``scheduler``, unless ``None``) step when the loss and the
+    gradient norm (clipped to ``grad_clip``, fp16 gradients unscaled) are finite; gradients zeroed either way. A step
+    fp16's ``GradScaler`` skips counts as skipped. Returns ``(loss, gradient norm, stepped)``, read in one transfer."""
     params = list(parameters)
     norm = accelerator.clip_grad_norm_(params, grad_clip) if grad_clip is not None else None  # the norm before clipping
     if not isinstance(norm, Tensor):
@@ -107,9 +95,8 @@ def step_if_finite(
 
 
 def stop_error(trainer: Any, loss: float, norm: float, bar: Any = None) -> NonFiniteTrainingError:
-    """The error ending a :class:`~pml_suprank.training.Trainer` run at its current step, after closing ``bar`` and
-    checkpointing the last finite step's state, unless a forward pass left non-finite buffers (BatchNorm statistics,
-    the memory's queue): the message then names the newest valid checkpoint. Called on every process alike."""
+    """The error ending a :class:`~pml_suprank.training.Trainer` run, after closing ``bar`` and checkpointing the
+    last finite state (unless buffers are non-finite: then the newest valid checkpoint is named). Every process."""
     if bar is not None:
         bar.close()
     acc = trainer.accelerator
@@ -121,27 +108,30 @@ def stop_error(trainer: Any, loss: float, norm: float, bar: Any = None) -> NonFi
         latest = latest_valid_checkpoint(trainer.output_dir, acc.print, trainer._check_files)
         saved = (f"not saved (the weights, the BatchNorm statistics or the memory hold non-finite values; newest valid "
                  f"one: {latest})")  # fmt: skip
-    precision = str(getattr(acc, "mixed_precision", "no"))
-    return trainer.nonfinite.error(trainer.progress.global_step, loss, norm, saved, precision)
+    n, step = trainer.nonfinite, trainer.progress.global_step
+    good = step - n.consecutive
+    weights = f"those after step {good} (the last finite one)" if good else "the initial ones (no step was finite)"
+    return NonFiniteTrainingError(
+        f"training stopped at step {step}: {_steps(n.consecutive)} in a row had a non-finite loss or gradient "
+        f"(the last: loss {loss:.4g}, gradient norm {norm:.4g}), more than max_nonfinite_steps={n.limit}; "
+        f"{_steps(n.skipped)} skipped in all. The weights are {weights}, {saved}. To make the steps finite, "
+        f"train with --mixed_precision no (this run: {getattr(acc, 'mixed_precision', 'no')}), a lower learning "
+        "rate (--lr_backbone / --lr_head / --lr_proxies) or --grad_clip (e.g. 1.0), continuing with --resume latest "
+        "--resume_ignore_config true; or allow more non-finite steps in a row with --max_nonfinite_steps"
+    )
 
 
 @dataclass
 class NonFiniteSteps:
-    """The skipped-step counters of a run (checkpointed in ``trainer_state.json``).
-
-    Args:
-        limit: ``max_nonfinite_steps``: the most consecutive non-finite steps skipped; one more stops the run.
-        skipped: Non-finite steps skipped since the run began (all of them, consecutive or not).
-        consecutive: Non-finite steps in a row up to the current step (0 after a finite step).
-    """
+    """The skipped-step counters of a run (in ``trainer_state.json``): ``skipped`` in all, ``consecutive`` up to
+    now; more than ``limit`` (``max_nonfinite_steps``) in a row stop the run."""
 
     limit: int
     skipped: int = 0
     consecutive: int = 0
 
     def record(self, finite: bool, step: int, loss: float, norm: float, note: Callable[[str], None]) -> bool:
-        """Count step ``step`` (1-based) and ``note`` a skipped one; ``True`` when it makes more
-        than ``limit`` non-finite steps in a row (the run must stop)."""
+        """Count step ``step`` (``note`` a skipped one); ``True`` when the run must stop."""
         if finite:
             self.consecutive = 0
             return False
@@ -159,22 +149,9 @@ class NonFiniteSteps:
         return {"skipped_nonfinite_steps": self.skipped, "consecutive_nonfinite_steps": self.consecutive}
 
     def load(self, state: Mapping[str, Any]) -> None:
-        """Restore from a validated trainer state (a checkpoint without the keys: both counters 0)."""
+        """Restore from a validated trainer state."""
         self.skipped = int(state.get("skipped_nonfinite_steps", 0))
         self.consecutive = int(state.get("consecutive_nonfinite_steps", 0))
-
-    def error(self, step: int, loss: float, norm: float, saved: str, precision: str) -> NonFiniteTrainingError:
-        """The error ending the run at ``step`` (1-based); ``saved`` says where the last good state is."""
-        good = step - self.consecutive
-        weights = f"those after step {good} (the last finite one)" if good else "the initial ones (no step was finite)"
-        return NonFiniteTrainingError(
-            f"training stopped at step {step}: {_steps(self.consecutive)} in a row had a non-finite loss or gradient "
-            f"(the last: loss {loss:.4g}, gradient norm {norm:.4g}), more than max_nonfinite_steps={self.limit}; "
-            f"{_steps(self.skipped)} skipped in all. The weights are {weights}, {saved}. To make the steps finite, "
-            f"train with --mixed_precision no (this run: {precision}), a lower learning rate (--lr_backbone / "
-            "--lr_head / --lr_proxies) or --grad_clip (e.g. 1.0), continuing with --resume latest "
-            "--resume_ignore_config true; or allow more non-finite steps in a row with --max_nonfinite_steps"
-        )
 
 
 def _steps(n: int) -> str:

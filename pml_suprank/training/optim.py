@@ -22,12 +22,8 @@ def _model_groups(model: nn.Module) -> dict[str, list[nn.Parameter]]:
 
 
 def build_optimizer(model: nn.Module, loss: nn.Module | None, config: TrainingConfig) -> torch.optim.Optimizer:
-    """One optimizer with the parameter groups ``backbone`` / ``head`` / ``proxies`` (each with its own lr).
-
-    ``model.parameter_groups()`` (``RetrievalModel``) splits the trunk from the head; the trainable parameters of
-    ``loss`` (e.g. ``ClusterLoss`` proxies inside ``ROADMAPLoss(decomposability="proxy")`` / ``HAPPIERLoss``) form
-    the ``proxies`` group. Empty groups are left out. Every group carries a ``"name"`` key.
-    """
+    """One optimizer with the named parameter groups ``backbone`` / ``head`` (``model.parameter_groups()``) and
+    ``proxies`` (the trainable parameters of ``loss``), each with its own lr; empty groups are left out."""
     if not isinstance(config, TrainingConfig):
         raise TypeError(f"config must be a TrainingConfig; got {type(config).__name__}")
     groups = _model_groups(model)
@@ -53,9 +49,8 @@ def build_optimizer(model: nn.Module, loss: nn.Module | None, config: TrainingCo
 def build_scheduler(
     optimizer: torch.optim.Optimizer, total_steps: int, config: TrainingConfig
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    """Cosine decay of every group's lr from its initial value to ``min_lr_ratio`` times it over ``total_steps``
-    scheduler steps (as ``CosineAnnealingLR(T_max=total_steps)`` of the ROADMAP / HAPPIER reference code), or a constant
-    schedule."""
+    """Cosine decay of every lr to ``min_lr_ratio`` times it over ``total_steps`` (``CosineAnnealingLR`` of the
+    reference code), or a constant schedule."""
     total_steps = max(int(total_steps), 1)
     ratio = config.min_lr_ratio
 

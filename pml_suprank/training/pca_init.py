@@ -1,11 +1,6 @@
-"""PCA initialisation of a model's projection at the start of a fresh training run (``projection_init="pca"``).
-
-As for the SupRank paper's landmark-retrieval models (TPAMI Sec. VII-C3): before the first step of a run started from
-scratch (a resumed run restores the projection from its checkpoint), the projection inputs of up to
-``TrainingConfig.pca_samples`` training images (a subset drawn with ``seed``, with the test set's transform when both
-datasets have one) are embedded in eval mode by :func:`~pml_suprank.training.embed_loader` (sharded, gathered) and
-the PCA (:func:`pml_suprank.models.pca_projection`) is computed on every process; the main process's weights are then
-broadcast. The global random state is left untouched.
+"""PCA initialisation of a model's projection before the first step of a fresh run (``projection_init="pca"``, as
+for the SupRank landmark models, TPAMI Sec. VII-C3): the PCA of the projection inputs of up to ``pca_samples``
+training images (test transform), computed on every process, the main process's weights broadcast.
 """
 
 from __future__ import annotations
@@ -34,9 +29,8 @@ class _ProjectionInput(nn.Module):
 
 
 def pca_dataset(train_dataset: Dataset, eval_dataset: Dataset | None, samples: int, seed: int) -> Dataset:
-    """The images the PCA is computed on: ``train_dataset`` with the transform of ``eval_dataset`` (when both have a
-    ``transform`` attribute; a shallow copy, the original is unchanged), at most ``samples`` items drawn without
-    replacement with ``seed`` (kept in dataset order), each item's randomness seeded by ``(seed, index)``."""
+    """``train_dataset`` (a shallow copy) with the transform of ``eval_dataset``, at most ``samples`` items drawn
+    with ``seed`` (in dataset order), each item's randomness seeded by ``(seed, index)``."""
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 2:
         raise ValueError(f"pca_samples must be an int >= 2; got {samples!r}")
     data = train_dataset
@@ -53,9 +47,8 @@ def pca_dataset(train_dataset: Dataset, eval_dataset: Dataset | None, samples: i
 
 
 def init_projection_if_requested(trainer: Any, *, fresh: bool) -> bool:
-    """Set ``trainer.model``'s projection from a PCA of the training features if ``fresh`` (a run started from
-    scratch, before its first step: the Trainer passes it; a resumed run restores the projection from its
-    checkpoint) and the model's ``projection_init`` is ``"pca"`` (see the module docstring); return whether it did."""
+    """Set ``trainer.model``'s projection by PCA if ``fresh`` (a run from scratch) and its ``projection_init`` is
+    ``"pca"``; return whether it did."""
     model = trainer.model
     if not fresh or getattr(model, "projection_init", "random") != "pca":
         return False

@@ -1,24 +1,8 @@
-"""The training command's job (``recipes/train.py``; its presets ``train_happier`` / ``train_roadmap`` change only
-the defaults, :data:`PRESETS`): parse, build, train, evaluate, save, push.
-
-The command line is generated from the parts of :class:`~pml_suprank.training.RunSpec` (``ModelOptions``,
-``DataOptions``, ``LossOptions``, ``TrainingConfig``, ``RunOptions``): one snake_case flag per field, with its help
-and default shown by ``--help``; booleans are ``--flag true/false``, lists comma-separated. ``--config`` reads
-hub_configs (several files are laid over each other, so an override file may hold only the keys it changes);
-command-line flags override them. The run's ``RunSpec`` is built once from both and validated once
-(:func:`~pml_suprank.training.spec.parse`), then passed down typed; ``--loss`` takes any loss
-(:func:`pml_suprank.losses.resolve_loss`: a registered name, ``pml:ClassName``, ``package.module:ClassName`` or an
-installed plugin; ``--list_losses``). ``--dataset`` takes a paper benchmark by name (``sop``, ``cub``, ``inat_base``,
-``dyml_*``, ``cifar100``, ``gldv2_hier``, ...), read from its archive under ``--data_root DIR``, a Hub id or a local
-copy, or your own image folder (``train/`` + ``test/`` class folders, a ``metadata.csv`` of label levels, or one
-folder of class folders split by class: :mod:`pml_suprank.data.folders`). A batch the training set cannot fill is
-shrunk to what it allows (refused, exit 2, when ``--batch_size`` / ``--samples_per_class`` were given), a run of fewer
-than ~200 steps gets a warning, and ``--report_to`` picks the trackers (:mod:`pml_suprank.training.trackers`).
-
-Everything here runs in any ``accelerate launch`` setting: CPU, multi-process (gloo), multi-GPU, mixed precision.
-With no argument at all, a recipe trains a tiny timm backbone on SyntheticShapes (built into the package): it needs
-no network and finishes in a few minutes on a 2-core CPU. The scripts set ``OMP_WAIT_POLICY=PASSIVE`` before torch
-is imported (spinning OpenMP threads make a busy or shared CPU dramatically slower).
+"""The training command's job (``recipes/train.py``; the presets ``train_happier`` / ``train_roadmap`` change only
+the defaults, :data:`PRESETS`): parse the :class:`~pml_suprank.training.RunSpec` once (flags over ``--config``
+hub_configs, :func:`~pml_suprank.training.spec.parse`), build the model, data and loss, train, evaluate, save, push.
+It runs in any ``accelerate launch`` setting; without arguments it trains a tiny backbone on SyntheticShapes offline
+in minutes on a CPU. A refusal is one ``<prog>: error: ...`` line with exit status 2 on every process.
 """
 
 from __future__ import annotations
@@ -42,16 +26,10 @@ from ..data.folders import class_names_of, class_split
 from ..data.source import dataset_source, folder_layout
 from ..losses.compile_guard import compile_loss
 from ..metrics.report import format_metrics_table, one_column
-from .checkpoint import CheckpointSaveError
+from .checkpoint import CheckpointError, CheckpointSaveError
 from .hub_config import read_layer
 from .nonfinite import NonFiniteTrainingError
-from .run_folder import (
-    RUN_FOLDER_ERRORS,
-    check_outside_inputs,
-    leave_process_group,
-    prepare_output_dir,
-    refusal_message,
-)
+from .run_folder import RUN_FOLDER_ERRORS, check_outside_inputs, leave_process_group, prepare_output_dir
 from .run_spec import RunSpec
 from .spec import build_parser as spec_parser
 from .spec import parse
@@ -71,8 +49,7 @@ __all__ = [
 ]
 
 
-# The training recipes without arguments: tiny backbone (ModelOptions), 48-px SyntheticShapes (DataOptions), fast on
-# 2 CPU cores; only these differ from the TrainingConfig defaults.
+# the training recipes without arguments (tiny backbone, 48-px SyntheticShapes): what differs from TrainingConfig's
 NO_ARGUMENT_RUN: dict[str, Any] = {"epochs": 12, "lr_backbone": 1e-3, "lr_head": 2e-3, "eval_every": 4}
 
 #: the presets of the training command (``pml-suprank-train-happier`` / ``-roadmap``): defaults only, the same code
@@ -90,33 +67,26 @@ DESCRIPTIONS: dict[str, str] = {
 
 
 def preset_command(name: str) -> tuple[Callable[..., Any], Callable[[], None]]:
-    """``(main, run)`` of the preset ``name`` of :data:`PRESETS`: ``main(argv=None)`` runs the training command with
-    the preset's defaults and returns its summary; ``run()`` is the console script (the process's arguments)."""
+    """``(main(argv=None) -> summary, run())`` of the preset ``name`` of :data:`PRESETS` (``run``: the console
+    script)."""
     defaults, description = PRESETS[name], DESCRIPTIONS[name]
 
     def preset_main(argv: list[str] | None = None) -> dict | None:
         return main(argv, description, defaults)
 
-    def preset_run() -> None:
+    def preset_run() -> None:  # a console script: its return value would be the exit status
         preset_main()
 
     return preset_main, preset_run
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# command line
-# ---------------------------------------------------------------------------------------------------------------------
 def build_parser(
     description: str, defaults: Mapping[str, Any], hierarchical: bool | None = None
 ) -> argparse.ArgumentParser:
-    """The training command's parser (for ``--help`` tables), ``defaults`` its preset's no-argument run
-    (``hierarchical`` is unused: every loss is a ``--loss`` value)."""
+    """The training command's parser (``--help`` tables) with the preset's ``defaults`` (``hierarchical``: unused)."""
     return spec_parser(RunSpec, defaults, description, config=True)
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# building blocks
-# ---------------------------------------------------------------------------------------------------------------------
 def make_accelerator(
     *,
     cpu: bool = False,
@@ -126,9 +96,8 @@ def make_accelerator(
     find_unused_parameters: bool = False,
     report_to: str | None = None,
 ) -> Any:
-    """Accelerator with the run options (mixed precision, trackers under output_dir/logs, DDP kwargs).
-    ``with_tracking``: log to ``report_to`` (an ``Accelerator(log_with=...)`` value, see
-    :func:`~pml_suprank.training.trackers.resolve_report_to`), by default TensorBoard when it is installed."""
+    """Accelerator with the run options: mixed precision, trackers (``with_tracking``: ``report_to``, default
+    TensorBoard when installed) logging under ``output_dir/logs``, DDP's ``find_unused_parameters``."""
     from accelerate import Accelerator
     from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration
 
@@ -158,10 +127,8 @@ def build_model(spec: RunSpec) -> Any:
 
 
 def build_datasets(spec: RunSpec, model: Any) -> tuple[Any, Any]:
-    """Training and test sets (:class:`~pml_suprank.data.source.DatasetSource`: SyntheticShapes, a benchmark
-    read from its archive under ``--data_root``, or a Hub / local dataset) with timm-config transforms
-    (RandomResizedCrop + flip / resize + center crop). A benchmark with ``--open_set true`` is checked for disjoint
-    training / test fine classes. The data options were checked with the spec."""
+    """Training and test sets of ``--dataset`` (:func:`~pml_suprank.data.source.dataset_source`) with the model's
+    timm transforms; a benchmark with ``--open_set true`` is checked for disjoint fine classes."""
     from .. import data
 
     train_tf = data.build_transforms(model.data_config, train=True, scale=tuple(spec.data.crop_scale),
@@ -181,10 +148,8 @@ def build_datasets(spec: RunSpec, model: Any) -> tuple[Any, Any]:
 def make_loss(
     spec: RunSpec, num_classes: int, embedding_size: int, hierarchy: torch.Tensor | None = None
 ) -> torch.nn.Module:
-    """The loss ``--loss`` with its options (the one builder :func:`~pml_suprank.training.build_loss`); with the
-    ``(num_fine, L)`` ``hierarchy`` table of a multi-label dataset, its multi-label variant
-    (``relevance="multilabel"``). ``--compile_loss`` compiles it in place (``nn.Module.compile``: same parameters
-    and state-dict keys), its first call checked against eager (:func:`pml_suprank.losses.compile_loss`)."""
+    """The loss ``--loss`` with its options (:func:`~pml_suprank.training.build_loss`), multi-label with the
+    ``(num_fine, L)`` ``hierarchy`` table; ``--compile_loss`` compiles it (:func:`pml_suprank.losses.compile_loss`)."""
     extra = {} if hierarchy is None else {"relevance": "multilabel", "hierarchy": hierarchy}
     try:
         loss = spec.build_loss(num_classes, embedding_size, **extra)
@@ -196,11 +161,10 @@ def make_loss(
 
 
 def multilabel_parts(spec: RunSpec, accelerator: Any, train_ds: Any, test_ds: Any) -> dict[str, Any]:
-    """The :class:`~pml_suprank.training.Trainer` arguments of a multi-label dataset (``ds.multilabel``: labels
-    ``(N, M)`` padded with ``-1``, ``ds.hierarchy`` the ``(num_fine, L)`` table): the
-    :class:`~pml_suprank.samplers.MultiLabelSampler` (``m = samples_per_class`` items per sampled label, sharded over
-    the processes) and the :class:`~pml_suprank.metrics.RetrievalEvaluator` with the graded multi-label relevance of
-    the test set's table (``h_ap``, ``ndcg``, ``mean_label_ap``, R@k). ``{}`` for a single-label dataset."""
+    """``{"sampler", "evaluator"}`` for the :class:`~pml_suprank.training.Trainer` of a multi-label dataset (labels
+    ``(N, M)`` padded with ``-1``, ``ds.hierarchy`` ``(num_fine, L)``): a sharded
+    :class:`~pml_suprank.samplers.MultiLabelSampler` and a multi-label
+    :class:`~pml_suprank.metrics.RetrievalEvaluator`; ``{}`` for single-label data."""
     if not getattr(train_ds, "multilabel", False):
         return {}
     from ..metrics import RetrievalEvaluator
@@ -217,21 +181,20 @@ def multilabel_parts(spec: RunSpec, accelerator: Any, train_ds: Any, test_ds: An
     return {"sampler": sampler, "evaluator": evaluator}
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# the job
-# ---------------------------------------------------------------------------------------------------------------------
 def main(
     argv: list[str] | None, description: str, defaults: Mapping[str, Any], hierarchical: bool | None = None
 ) -> Any:
-    """The training command (a preset: ``defaults``): build the run's :class:`RunSpec` once (flags + ``--config``),
-    then :func:`run` (told which options the user set, :attr:`RunSpec.given`). A refused output folder or checkpoint
-    ends the command with its message (exit status 2; 1 for a failed save or a run stopped by non-finite steps,
+    """The training command with the preset's ``defaults``: parse the :class:`RunSpec`, then :func:`run`. A refused
+    output folder or checkpoint ends it with one error line and exit status 2 (1 for a failed save or
     :class:`~pml_suprank.training.nonfinite.NonFiniteTrainingError`), not a traceback."""
     spec = parse(RunSpec, argv, defaults=defaults, description=description, read_config=read_layer)
     try:
         return run(spec, given=spec.given)
     except (*RUN_FOLDER_ERRORS, NonFiniteTrainingError) as e:  # the folder, a checkpoint, diverging steps: one line
-        print(f"{Path(sys.argv[0]).name}: error: {refusal_message(e, spec.run.resume)}", file=sys.stderr)  # noqa: T201
+        text, resume = str(e), spec.run.resume
+        if isinstance(e, CheckpointError) and resume is not None and not text.startswith("--"):
+            text = f"--resume {resume}: {text}"
+        print(f"{Path(sys.argv[0]).name}: error: {text}", file=sys.stderr)  # noqa: T201
         status = 1 if isinstance(e, (CheckpointSaveError, NonFiniteTrainingError)) else 2
         leave_process_group(status)  # every process refuses alike: leave together (no SIGABRT of a torn connection)
         sys.exit(status)
@@ -245,9 +208,8 @@ def refuse(message: str) -> None:
 
 
 def fit_to_data(spec: RunSpec, train_ds: Any, num_processes: int, given: Collection[str] = ()) -> RunSpec:
-    """The spec with a batch the training set can fill (:func:`~pml_suprank.data.batch_fit.fit_batch`, m-per-class
-    sampler of single-label data), said in one line; :func:`refuse` when ``--batch_size`` / ``--samples_per_class``
-    are in ``given`` (set by the user) and the data cannot fill them."""
+    """The spec with a batch the training set can fill (:func:`~pml_suprank.data.batch_fit.fit_batch`), said in one
+    line; :func:`refuse` when the user set ``--batch_size`` / ``--samples_per_class`` (``given``) and it cannot."""
     train = spec.train
     if getattr(train_ds, "multilabel", False) or train.sampler != "m_per_class":
         return spec
@@ -273,8 +235,7 @@ def fit_to_data(spec: RunSpec, train_ds: Any, num_processes: int, given: Collect
 
 
 def _data_notes(spec: RunSpec, train_ds: Any, test_ds: Any) -> dict[str, Any] | None:
-    """Print the layout, class and image counts of an own image folder; the class split (``class_split.json``) of
-    one without a test split, else ``None``."""
+    """Print an own image folder's layout and counts; return its class split when it has no test split."""
     layout = folder_layout(spec.data.dataset)
     if layout is None:
         return None
@@ -291,8 +252,7 @@ def _data_notes(spec: RunSpec, train_ds: Any, test_ds: Any) -> dict[str, Any] | 
 
 
 def _setup(spec: RunSpec, given: Collection[str]) -> tuple[RunSpec, Any, Any, Any, dict[str, Any] | None]:
-    """The run's spec (its batch fitted to the data), accelerator, trainer, test set and class split (model, data
-    and loss built here)."""
+    """The run's spec (batch fitted to the data), accelerator, trainer, test set and class split."""
     from accelerate.utils import set_seed
 
     from .trackers import resolve_report_to
@@ -315,7 +275,8 @@ def _setup(spec: RunSpec, given: Collection[str]) -> tuple[RunSpec, Any, Any, An
     )  # fmt: skip
     set_seed(train.seed)  # the model initialisation (the package itself never seeds global RNGs)
     model = build_model(spec)
-    if train.chunk_size is not None and not train.freeze_batch_norm and _has_batch_norm(model):
+    batch_norm = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    if train.chunk_size is not None and not train.freeze_batch_norm and batch_norm:
         raise SystemExit(
             f"--chunk_size {train.chunk_size}: the backbone {spec.model.backbone} has BatchNorm layers, whose "
             "statistics a chunked forward cannot reproduce (they would be each chunk's, not the batch's); add "
@@ -359,10 +320,6 @@ def _setup(spec: RunSpec, given: Collection[str]) -> tuple[RunSpec, Any, Any, An
     return spec, accelerator, trainer, test_ds, split
 
 
-def _has_batch_norm(model: torch.nn.Module) -> bool:
-    return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
-
-
 def _initial_eval(spec: RunSpec, trainer: Any) -> dict[str, float] | None:
     """Test metrics before training (read back from ``metrics_before.json`` when resuming)."""
     if spec.run.skip_initial_eval:
@@ -381,9 +338,9 @@ def _initial_eval(spec: RunSpec, trainer: Any) -> dict[str, float] | None:
 
 
 def run(spec: RunSpec, *, given: Collection[str] = ()) -> dict[str, Any] | None:
-    """The whole job: data, model, loss, evaluation before, training, evaluation after, final folder, push.
-    ``given``: the options the user set (a batch the data cannot fill is then refused, not shrunk)."""
-    if spec.run.push_to_hub and spec.run.hub_model_id:  # token, network and write access: before any work
+    """The whole job: build, evaluate, train, evaluate, save the final folder, push. ``given``: the options the user
+    set (a batch the data cannot fill is then refused, not shrunk)."""
+    if spec.run.push_to_hub:  # token, network and write access: before any work (the spec requires hub_model_id)
         from ..hub.preflight import require_push_access
 
         require_push_access(spec.run.hub_model_id)
@@ -484,13 +441,6 @@ def push(spec: RunSpec, folder: Path) -> bool:
     from .. import hub
 
     repo_id = spec.run.hub_model_id
-    if not repo_id:
-        print(  # noqa: T201 - the recipes' command-line job reports on the terminal
-            "--push_to_hub needs --hub_model_id (e.g. your-name/happier-synthetic); nothing was uploaded, "
-            f"the results are in {folder}",
-            file=sys.stderr,
-        )
-        return False
     try:
         info = hub.push_folder_to_hub(folder, repo_id, private=spec.run.hub_private or None)
     except Exception as e:  # the local folder is never touched by a failed push

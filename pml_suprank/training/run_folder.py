@@ -1,14 +1,7 @@
-"""Run identity and ownership of an output folder: the run fingerprint, ``run.json``, the lock, the claim.
-
-* **Fingerprint** — a SHA-256 of the resolved configuration of a run (:func:`run_config`): every
-  :class:`TrainingConfig` field except :data:`RESUMABLE_CHANGES` (the seed is included) plus the model / data / loss
-  options the caller resolved. Two runs with the same fingerprint train the same weights; a checkpoint continues only
-  its own run (:func:`check_compatible`, which names the settings that differ).
-* **run.json** — written atomically when a run starts: fingerprint, seed, the resolved configuration, pid, host, time.
-* **Lock** — an OS file lock (:class:`filelock.FileLock` on ``.run.lock.flock``, released by the operating system when
-  its process dies, even by SIGKILL) plus the record ``run.lock`` naming the holder (pid, host, start time).
-* **Claim** — a new run into a folder holding a previous run is refused, or with ``--overwrite_output_dir`` the
-  previous run is deleted: only what a run of ours wrote, never a user's file.
+"""Run identity and ownership of an output folder: the fingerprint (SHA-256 of :func:`run_config`; a checkpoint
+continues only its own run), ``run.json``, the lock (an OS file lock released when its process dies, plus the record
+``run.lock`` naming the holder) and the claim (a previous run in the folder is refused, or deleted with
+``--overwrite_output_dir``: only what a run of ours wrote).
 """
 
 from __future__ import annotations
@@ -49,7 +42,6 @@ __all__ = [
     "leave_process_group",
     "on_main_process",
     "prepare_output_dir",
-    "refusal_message",
     "remove_stale_temporaries",
     "run_config",
     "run_fingerprint",
@@ -80,8 +72,7 @@ RESUMABLE_CHANGES = frozenset(
 
 
 class OutputDirError(ValueError):
-    """The output folder cannot take this run: it holds another run (its checkpoints or its ``final/`` folder), is a
-    file, or cannot be written."""
+    """The output folder cannot take this run: it holds another run, is a file, or cannot be written."""
 
 
 class RunLockError(RuntimeError):
@@ -92,24 +83,10 @@ class RunLockError(RuntimeError):
 RUN_FOLDER_ERRORS = (CheckpointError, CheckpointSaveError, OutputDirError, RunLockError)
 
 
-def refusal_message(error: BaseException, resume: Any = None) -> str:
-    """The line a command line prints for one of :data:`RUN_FOLDER_ERRORS`: its message, led by ``--resume <value>:``
-    for a checkpoint refused while resuming (unless it names a flag first)."""
-    text = str(error)
-    if isinstance(error, CheckpointError) and resume is not None and not text.startswith("--"):
-        text = f"--resume {resume}: {text}"
-    return text
-
-
 # -- identity ------------------------------------------------------------------------------------------------------
 def run_config(training: Mapping[str, Any], run_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The resolved configuration that identifies a run: ``{"training": {...}, **run_options}``.
-
-    Args:
-        training: ``TrainingConfig.to_dict()``; the fields of ``RESUMABLE_CHANGES`` are left out.
-        run_options: The model / data / loss options the caller resolved, e.g. ``{"model": {...}, "data": {...},
-            "loss": {...}}`` (JSON-able values); key ``"training"`` is reserved.
-    """
+    """``{"training": TrainingConfig.to_dict() without RESUMABLE_CHANGES, **run_options}``: what identifies a run
+    (``run_options``: the resolved model / data / loss sections)."""
     extra = dict(run_options or {})
     if "training" in extra:
         raise ValueError("run_options must not have a 'training' key (the TrainingConfig fields go there)")
@@ -123,8 +100,7 @@ def run_fingerprint(config: Mapping[str, Any]) -> str:
 
 
 def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> str:
-    """``"lr_head: 0.001 -> 0.005, model.backbone: 'a' -> 'b'"``: the settings that differ between two
-    :func:`run_config` dicts (``TrainingConfig`` fields unprefixed, the other sections as ``section.key``)."""
+    """``"lr_head: 0.001 -> 0.005, model.backbone: 'a' -> 'b'"``: the settings two :func:`run_config` differ in."""
 
     def flat(config: Mapping[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -153,10 +129,9 @@ def check_compatible(
     fingerprint: str,
     ignore_config_change: bool = False,
 ) -> None:
-    """Raise :class:`CheckpointError` if the checkpoint ``state`` (validated for this number of processes by
-    :func:`~.checkpoint.validate_checkpoint`) cannot continue this run: a position beyond this run's end, another
-    run (another fingerprint: the message lists the settings that differ; let through by ``ignore_config_change``),
-    another number of steps per epoch."""
+    """Raise :class:`CheckpointError` if the validated checkpoint ``state`` cannot continue this run: beyond its end,
+    another run (another fingerprint, unless ``ignore_config_change``: the settings that differ are named), another
+    number of steps per epoch."""
 
     def refuse(what: str) -> CheckpointError:
         return CheckpointError(f"checkpoint {str(path)!r} {what}")
@@ -178,7 +153,6 @@ def check_compatible(
 
 
 def write_json_atomically(path: Path, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` through a temporary file renamed into place."""
     text = json.dumps(jsonable(data), indent=1)
     atomic_write(path, lambda tmp: Path(tmp).write_text(text))
 
@@ -208,8 +182,7 @@ def prepare_output_dir(output_dir: str | Path) -> Path:
     """Create ``output_dir`` (with its parents) and check that files can be written into it.
 
     Raises:
-        OutputDirError: it is a file, or cannot be created or written (read-only disk or folder, no permission); the
-            message names the folder, the cause and the flag to change (``--output_dir``).
+        OutputDirError: it is a file, or cannot be created or written (naming the folder and the cause).
     """
     path = Path(output_dir)
     if path.exists() and not path.is_dir():
@@ -235,13 +208,8 @@ def prepare_output_dir(output_dir: str | Path) -> Path:
 
 
 def check_outside_inputs(output_dir: str | Path, inputs: Mapping[str, Any]) -> None:
-    """Refuse an output folder inside (or equal to) one of the input folders a run reads (``{"--dataset": path}``;
-    values that are not local folders are skipped): its files would be read back as data, and the folder is the
-    user's.
-
-    Raises:
-        OutputDirError: naming ``--output_dir`` and the input flag.
-    """
+    """Raise :class:`OutputDirError` if ``output_dir`` lies inside one of the local input folders ``{"--flag":
+    path}`` (its files would be read back as data)."""
     from ..data.paths import is_inside
 
     for flag, value in inputs.items():
@@ -260,21 +228,15 @@ def claim_output_dir(
     resumed: str | Path | None = None,
     run_config: Mapping[str, Any] | None = None,
 ) -> None:
-    """Check that a new run may start in ``output_dir`` (on the main process, holding the lock); with ``overwrite``,
-    delete what a previous run of ours left there first: its ``checkpoints/step_*`` folders, a ``final/`` whose
-    ``training_summary.json`` names a run, ``run.json`` (and ``metrics_before.json``) when it holds a fingerprint —
-    nothing else, never through a symbolic link.
-
-    Args:
-        output_dir: The run's output folder.
-        overwrite: Delete the previous run first.
-        note: Where the notes go (what was deleted; a ``--resume`` that found nothing to continue).
-        resumed: The ``--resume`` value that found no checkpoint to continue, if any.
-        run_config: This run's :func:`run_config`, to name the settings of another run found in the folder.
+    """Check that a new run may start in ``output_dir`` (main process, lock held); with ``overwrite``, first delete
+    what a previous run of ours left: ``checkpoints/step_*``, a ``final/`` whose ``training_summary.json`` names a
+    run, ``run.json`` (and ``metrics_before.json``) holding a fingerprint; never through a symbolic link.
+    ``resumed``: the ``--resume`` value that found nothing to continue; ``run_config``: this run's, to name the
+    settings another run in the folder differs in.
 
     Raises:
-        OutputDirError: the folder holds checkpoints or a ``final/`` of a previous run and ``overwrite`` is false;
-            or ``overwrite`` meets a ``final/`` that is not ours or a symbolic link (nothing is deleted then).
+        OutputDirError: the folder holds a previous run and not ``overwrite``, or ``overwrite`` meets a ``final/``
+            that is not ours or a symbolic link (nothing is deleted).
     """
     out = Path(output_dir)
     final, run_file = out / "final", out / RUN_FILE
@@ -327,8 +289,8 @@ def claim_output_dir(
 
 
 def _nothing_to_resume(out: Path, shown: str, resumed: Any, config: Mapping[str, Any] | None, found: list) -> str:
-    """The refusal of ``--resume latest`` in a folder whose previous run has nothing this run can continue: another
-    run's (named by its ``run.json``, with the settings that differ) or this run's unusable checkpoints."""
+    """The refusal of ``--resume latest`` where nothing continues this run (another run's folder, or unusable
+    checkpoints)."""
     try:
         previous = load_json(out / RUN_FILE, expected=dict)
     except (OSError, ValueError):
@@ -351,9 +313,8 @@ def _nothing_to_resume(out: Path, shown: str, resumed: Any, config: Mapping[str,
 
 
 def remove_stale_temporaries(output_dir: Path, note: Callable[[str], None] = print) -> list[str]:
-    """Delete what interrupted runs left in ``output_dir`` (holding its lock, so that no live run of this folder is
-    writing them): ``checkpoints/.tmp-step_*`` and ``.tmp-final-*`` folders, ``.run.json.*.tmp`` and ``.run.lock.*``
-    files. Only this folder is looked at. Returns the names removed (one note lists them)."""
+    """Delete (lock held) what interrupted runs left in ``output_dir``: ``checkpoints/.tmp-step_*``,
+    ``.tmp-final-*``, ``.run.json.*.tmp``, ``.run.lock.*``. Returns the names removed (one note lists them)."""
     out = Path(output_dir)
     found = [*(out / "checkpoints").glob(".tmp-step_*"), *out.glob(".tmp-final-*"), *out.glob(f".{RUN_FILE}.*.tmp")]
     found += [p for p in out.glob(f".{LOCK_FILE}.*") if p.name != OS_LOCK_FILE]
@@ -370,8 +331,7 @@ def remove_stale_temporaries(output_dir: Path, note: Callable[[str], None] = pri
 
 # -- the lock ------------------------------------------------------------------------------------------------------
 def _process_start(pid: int) -> str | None:
-    """The start time of process ``pid`` (Linux ``/proc/<pid>/stat`` field 22), or ``None`` where unknown: a pid
-    reused by another process has another start time."""
+    """The start time of process ``pid`` (``/proc/<pid>/stat`` field 22), or ``None`` where unknown."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -398,16 +358,10 @@ def _stale(holder: dict[str, Any]) -> bool:
 class RunLock:
     """The lock of one run's output folder (take it on the main process only).
 
-    The OS lock (:class:`filelock.FileLock` on ``output_dir/.run.lock.flock``) makes one process at a time the holder;
-    the holder then writes the record ``output_dir/run.lock`` (pid, host, process start time; written aside and
-    renamed into place) that names it to a refused run. A record found there by the OS lock's new holder was left by a
-    run that died (its process is gone, or its pid was reused since: taken over with a note) or belongs to a run that
-    took no OS lock (a live process of this host, or one of another host, which cannot be checked: refused). Taking
-    the lock also removes the temporaries interrupted runs of this folder left (:func:`remove_stale_temporaries`).
-
-    Args:
-        output_dir: The run's output folder (created if needed).
-        note: Where the take-over and clean-up notes go (default ``print``).
+    The OS lock (:class:`filelock.FileLock` on ``.run.lock.flock``) picks one holder, which writes the record
+    ``run.lock`` (pid, host, process start time) naming it to a refused run. A record found by the new holder is
+    taken over (with a note) when its process is gone or its pid was reused, else refused (a live run of this host
+    without the OS lock, or one of another host). Taking the lock removes the folder's stale temporaries.
     """
 
     def __init__(self, output_dir: str | Path, note: Callable[[str], None] = print) -> None:
@@ -420,8 +374,7 @@ class RunLock:
         """Take the lock.
 
         Raises:
-            RunLockError: a live process (or one on another host, which cannot be checked) holds it; the message
-                names the lock file and the holder's pid and host.
+            RunLockError: another live run (or one on another host) holds it; the message names its pid and host.
         """
         from filelock import FileLock, Timeout
 
@@ -494,8 +447,7 @@ class RunLock:
 
 # -- several processes ---------------------------------------------------------------------------------------------
 def on_main_process(accelerator: Any, fn: Callable[[], Any]) -> Any:
-    """Run ``fn`` on the main process only; an exception it raises is raised on every process (so that no process
-    waits forever at the next barrier). Returns ``fn()`` on the main process, ``None`` elsewhere."""
+    """``fn()`` on the main process (``None`` elsewhere); an exception it raises is raised on every process."""
     result, error = None, None
     if accelerator.is_main_process:
         try:
@@ -512,12 +464,10 @@ def on_main_process(accelerator: Any, fn: Callable[[], Any]) -> Any:
 
 
 def leave_process_group(status: int = 2, timeout_s: float = 60.0) -> None:
-    """End a multi-process run that every process refuses alike (its one error line printed) with ``status`` on every
-    process: wait for the other processes (at most ``timeout_s``), destroy the process group, then leave at once
-    (``os._exit`` after flushing). No process exits while a peer still holds a connection to it (a gloo process torn
-    down after its peer closed the connection can abort with SIGABRT), and none is caught in the interpreter's slow
-    teardown when ``torchrun`` sends SIGTERM to the remaining workers as soon as the first one exits (a SIGTERM during
-    the wait also ends the process with ``status``). Without an initialised process group it does nothing."""
+    """End a multi-process run that every process refuses alike with ``status``: wait for the peers (at most
+    ``timeout_s``), destroy the process group, then ``os._exit`` after flushing, so that no gloo process aborts with
+    SIGABRT on a torn connection nor is caught by torchrun's SIGTERM in the interpreter's teardown (a SIGTERM during
+    the wait also exits with ``status``). Without an initialised process group it does nothing."""
     import datetime
     import signal
     import sys

@@ -1,9 +1,5 @@
-"""The experiment trackers of a recipe run (``--report_to``), through Accelerate's trackers.
-
-``--report_to`` becomes ``Accelerator(log_with=...)``; the run sends the resolved options (:func:`flat_config`) with
-``accelerator.init_trackers``, the metrics with ``accelerator.log`` (the :class:`~pml_suprank.training.Trainer`) and
-the final folder's plots (:func:`log_plots`). TensorBoard writes under ``<output_dir>/logs``.
-"""
+"""The experiment trackers of a recipe run: ``--report_to`` becomes ``Accelerator(log_with=...)``; the options
+(:func:`flat_config`), metrics and the final folder's plots (:func:`log_plots`) go to them."""
 
 from __future__ import annotations
 
@@ -18,22 +14,12 @@ __all__ = ["REPORT_TO", "flat_config", "log_config_text", "log_plots", "resolve_
 REPORT_TO = ("none", "tensorboard", "wandb", "mlflow", "all")
 
 
-def _available(name: str) -> bool:
-    from accelerate.utils import is_mlflow_available, is_tensorboard_available, is_wandb_available
-
-    return {"tensorboard": is_tensorboard_available, "wandb": is_wandb_available, "mlflow": is_mlflow_available}[name]()
-
-
 def resolve_report_to(report_to: str, *, required: bool = True) -> str | None:
-    """The ``log_with`` of ``Accelerator`` for ``report_to`` (``None``: no tracker).
-
-    Args:
-        report_to: One of :data:`REPORT_TO`.
-        required: The user asked for this tracker: a missing package is an error. ``False`` (the default value of
-            the option) quietly logs nowhere when the package is not installed.
+    """The ``log_with`` of ``Accelerator`` for ``report_to`` (``None``: no tracker); a tracker whose package is
+    missing logs nowhere unless ``required`` (the user asked for it).
 
     Raises:
-        ValueError: An unknown name, or a requested tracker whose package is not installed (naming the package).
+        ValueError: An unknown name, or a required tracker whose package is not installed.
     """
     if report_to not in REPORT_TO:
         raise ValueError(f"--report_to must be one of {', '.join(REPORT_TO)}; got {report_to!r}")
@@ -41,7 +27,10 @@ def resolve_report_to(report_to: str, *, required: bool = True) -> str | None:
         return None
     if report_to == "all":
         return "all"
-    if not _available(report_to):
+    from accelerate.utils import is_mlflow_available, is_tensorboard_available, is_wandb_available
+
+    available = {"tensorboard": is_tensorboard_available, "wandb": is_wandb_available, "mlflow": is_mlflow_available}
+    if not available[report_to]():
         if required:
             raise ValueError(
                 f"--report_to {report_to} needs the {report_to} package: pip install {report_to} (or --report_to none)"
@@ -51,8 +40,8 @@ def resolve_report_to(report_to: str, *, required: bool = True) -> str | None:
 
 
 def flat_config(values: Mapping[str, Any]) -> dict[str, int | float | str | bool]:
-    """Option values as tracker hyper-parameters: numbers, strings and booleans kept, ``None`` → ``"none"``, lists
-    comma-joined, mappings as JSON (TensorBoard's ``add_hparams`` takes scalars and strings only)."""
+    """Option values as tracker hyper-parameters (scalars and strings: ``None`` → ``"none"``, lists comma-joined,
+    mappings as JSON)."""
     out: dict[str, int | float | str | bool] = {}
     for key, value in values.items():
         if value is None:
@@ -75,8 +64,7 @@ def log_config_text(accelerator: Any, config: Mapping[str, Any]) -> None:
 
 
 def log_plots(accelerator: Any, paths: Iterable[str | Path], step: int) -> int:
-    """Send image files (the final folder's plots) to the trackers that take images; the number of images sent per
-    tracker. TensorBoard: ``add_image`` (tag = file stem); W&B: ``log_images``; MLflow: ``log_artifact``."""
+    """Send image files to the trackers that take images (TensorBoard, W&B, MLflow); the number sent per tracker."""
     paths = [Path(p) for p in paths if Path(p).suffix.lower() in (".png", ".jpg", ".jpeg")]
     if not paths or not accelerator.is_main_process:
         return 0

@@ -1,14 +1,6 @@
-"""The training loop shared by the recipes: Accelerate-driven metric learning with rank losses.
-
-:class:`Trainer` runs under any ``accelerate launch`` configuration. The model and the loss (whose proxies are
-parameters) form one :class:`.LossModule` that goes through ``accelerator.prepare``; under several processes the
-loss of the gathered global batch is computed on every process, so after DDP's averaging the gradient equals the
-single-process one. Parameter groups ``backbone`` / ``head`` / ``proxies`` have their own learning rates; warm-up
-epochs freeze the backbone (no gradient, no scheduler step), then a cosine schedule runs. Checkpoints
-(:mod:`.checkpoint`) give an exact resume (model, optimizer, scheduler, memory, RNG states, sampler position, each
-item's augmentation seeded by ``(seed, epoch, index)``); non-finite steps are skipped and counted (:mod:`.nonfinite`);
-the run identity lives in :mod:`.run_folder`; the final Hub-ready folder is written by :mod:`.export`. The module
-never reads the environment.
+"""The training loop shared by the recipes: :class:`Trainer`, metric learning with rank losses under any
+``accelerate launch`` configuration (the loss of the gathered global batch on every process, so that after DDP's
+averaging the gradient is the single-process one), with exact resume, skipped non-finite steps and the final folder.
 """
 
 from __future__ import annotations
@@ -74,21 +66,21 @@ class _Run:
 class Trainer:
     """Train an embedding model with a rank loss under Accelerate; evaluate, checkpoint, resume, export.
 
-    Args:
-        accelerator: An ``accelerate.Accelerator`` (the recipe creates it: mixed precision, trackers, DDP kwargs).
-        model: ``RetrievalModel`` (or any module mapping images to L2-normalised ``(B, D)`` embeddings).
-        loss: The loss, a PML-style ``loss(embeddings, labels)`` (``ROADMAPLoss``, ``HAPPIERLoss``, ...).
-        train_dataset: A dataset following the ``pml_suprank.data`` contract (items ``{"image", "labels", "index"}``,
-            attribute ``labels (N, L)``), with its training transform set.
-        config: :class:`TrainingConfig`.
-        test_dataset: Dataset for evaluation (same contract, test transform).
-        evaluator: ``RetrievalEvaluator``; default from ``config.k_values`` and ``config.alpha``.
-        memory: ``RankingMemory`` wrapping ``loss``; default from ``config.memory_size`` (none when 0).
-        sampler: Batch sampler; default from ``config.sampler``, sharded over the accelerator's processes.
-        run_options: The model / data / loss options the caller resolved (``{"model": {...}, "data": {...},
-            "loss": {...}}``, JSON-able); with the ``TrainingConfig`` they make the run fingerprint.
+    Parameter groups ``backbone`` / ``head`` / ``proxies`` have their own learning rates; warm-up epochs freeze the
+    backbone, then a cosine schedule runs. Checkpoints resume exactly (weights, optimizer, scheduler, memory, RNG
+    states, sampler position; each item's augmentation is seeded by ``(seed, epoch, index)``).
 
-    Example: see "From Python" in the training recipes guide (``docs/recipes.md``).
+    Args:
+        accelerator: An ``accelerate.Accelerator``.
+        model: Maps images to L2-normalised ``(B, D)`` embeddings (``RetrievalModel``).
+        loss: A PML-style ``loss(embeddings, labels)``.
+        train_dataset: Items ``{"image", "labels", "index"}``, attribute ``labels (N, L)`` (``pml_suprank.data``).
+        config: :class:`TrainingConfig`.
+        test_dataset: Dataset for evaluation (same contract).
+        evaluator: Default ``RetrievalEvaluator(config.k_values, config.alpha)``.
+        memory: ``RankingMemory`` wrapping ``loss``; default from ``config.memory_size`` (none when 0).
+        sampler: Batch sampler; default from ``config.sampler``, sharded over the processes.
+        run_options: The resolved model / data / loss sections (JSON-able): part of the run fingerprint.
     """
 
     def __init__(
@@ -119,7 +111,7 @@ class Trainer:
         self.train_dataset = SeededAugmentation(train_dataset, seed=config.seed)
         self.test_dataset = test_dataset
         self.loss = loss
-        self.chunk_size = config.chunk_size  # gradient-cached steps (exact): see .loss_module.backward_step
+        self.chunk_size = config.chunk_size  # gradient-cached steps (exact): .loss_module.backward_step
         if memory is None:
             memory = build_memory(config, model, loss, train_dataset, self.train_labels.shape[1])
         self.memory = memory
@@ -162,12 +154,7 @@ class Trainer:
     def _train_loader(self) -> DataLoader:
         generator = torch.Generator().manual_seed(self.config.seed)  # keeps the global RNG untouched
         return make_loader(
-            self.train_dataset,
-            self.config.batch_size,
-            self.config.num_workers,
-            batch_sampler=self.sampler,
-            generator=generator,
-            persistent_workers=False,
+            self.train_dataset, 0, self.config.num_workers, batch_sampler=self.sampler, generator=generator
         )
 
     @property
@@ -177,8 +164,7 @@ class Trainer:
 
     # -- evaluation ---------------------------------------------------------------------------------------------
     def embed(self, dataset: Dataset | None = None, description: str = "embedding") -> tuple[Tensor, Tensor, Tensor]:
-        """Embeddings ``(N, D)``, labels ``(N, L)`` and indices of ``dataset`` (default: the test set), gathered
-        over processes."""
+        """Embeddings ``(N, D)``, labels ``(N, L)`` and indices of ``dataset`` (default: the test set), gathered."""
         if dataset is None and self.test_dataset is None:
             raise ValueError("no test_dataset was given to the Trainer; pass dataset=")
         loader = self._eval_loader if dataset is None else None  # the test set's loader is prepared once
@@ -194,9 +180,8 @@ class Trainer:
         return embed_loader(self.model, loader, self.accelerator, progress=True, description=description)
 
     def evaluate(self, dataset: Dataset | None = None, description: str = "evaluation") -> dict[str, float]:
-        """Retrieval metrics of ``dataset`` (default: the test set) against itself, every query excluded from its
-        own gallery: ``{"ap", "map_at_r", "recall_at_k", "h_ap", "ndcg", "asi", "ap_level{l}", ...}``, ranked on the
-        accelerator's device, each process ranking its share of the queries (every process gets all the metrics)."""
+        """Scalar retrieval metrics of ``dataset`` (default: the test set) against itself, ranked on the accelerator's
+        device, each process ranking its share of the queries (every process gets all of them)."""
         with torch.random.fork_rng(devices=[]):  # building the loader draws from the global RNG: keep it untouched
             emb, labels, idx = self.embed(dataset, description=description)
         self.last_embeddings = (emb, labels, idx)
@@ -233,20 +218,17 @@ class Trainer:
         }
 
     def save_checkpoint(self) -> Path:
-        """Write ``output_dir/checkpoints/step_XXXXXXXX`` atomically (:func:`.checkpoint.save_checkpoint`) and delete
-        this run's oldest checkpoints beyond ``keep_checkpoints``."""
+        """Write ``output_dir/checkpoints/step_XXXXXXXX`` atomically, keeping ``keep_checkpoints`` of this run."""
         return checkpoint.save_checkpoint(
             self.accelerator, self.output_dir, self._trainer_state(), self.config.keep_checkpoints
         )
 
     def load_checkpoint(self, path: str | Path, ignore_config_change: bool = False) -> dict[str, Any]:
-        """Restore model, loss, memory, optimizer, scheduler, RNG states and the sampler position from ``path`` (every
-        file checked first, then loaded by ``accelerator.load_state``).
+        """Restore the whole training state from ``path`` (every file checked first, then ``accelerator.load_state``).
 
         Raises:
-            CheckpointError: the folder is incomplete or corrupt, does not fit this run's model, optimizer, sampler,
-                processes or steps per epoch, or is another run's (the message lists the settings that differ)
-                unless ``ignore_config_change``.
+            CheckpointError: the folder is incomplete, corrupt, does not fit this run, or is another run's (unless
+                ``ignore_config_change``; the message names the settings that differ).
         """
         state = self._check_checkpoint(path := Path(path), ignore_config_change)
         checkpoint.load_scheduler_state(self.scheduler, state["scheduler"])
@@ -283,22 +265,15 @@ class Trainer:
         ignore_config_change: bool = False,
         overwrite_output_dir: bool = False,
     ) -> Path | None:
-        """Take ``output_dir`` for this run: lock it, decide where to start, record ``run.json``; from scratch, set
-        the PCA projection of a ``projection_init="pca"`` model (:mod:`.pca_init`). :meth:`train` calls it (and
-        :meth:`end_run`) itself; a recipe calls it first, then ``train()``, ``save_final()``, :meth:`end_run`.
-
-        Args:
-            resume_from: A checkpoint folder, or ``"latest"`` for the newest valid one in ``output_dir`` (none: from
-                scratch); validated and checked against this run here, loaded by :meth:`train`.
-            ignore_config_change: Resume from a checkpoint of another configuration (other fingerprint) anyway.
-            overwrite_output_dir: Starting from scratch, delete a previous run's checkpoints and ``final/`` first.
-
-        Returns the checkpoint the run continues from, or ``None``.
+        """Take ``output_dir``: lock it, check the checkpoint to continue from (``resume_from``: a folder or
+        ``"latest"``, loaded by :meth:`train`), claim the folder when starting from scratch (``overwrite_output_dir``
+        deletes a previous run first), write ``run.json``, set a ``projection_init="pca"`` projection. Returns the
+        checkpoint or ``None``. :meth:`train` calls it when not called first; :meth:`end_run` releases the lock.
 
         Raises:
-            RunLockError: another live run holds ``output_dir/run.lock`` (the message names its pid and host).
-            OutputDirError: starting from scratch in a folder holding a previous run (no ``overwrite_output_dir``).
-            CheckpointError: the checkpoint is invalid or of another run (the message lists the settings that differ).
+            RunLockError: another live run holds the lock.
+            OutputDirError: starting from scratch in a folder holding a previous run.
+            CheckpointError: the checkpoint is invalid or another run's (unless ``ignore_config_change``).
         """
         acc, out = self.accelerator, self.output_dir
         main = partial(run_folder.on_main_process, acc)  # runs on the main process; its error is raised on all
@@ -358,15 +333,9 @@ class Trainer:
         ignore_config_change: bool = False,
         overwrite_output_dir: bool = False,
     ) -> list[dict]:
-        """Run (or continue) the training; return the history of logged values.
-
-        Without a prior :meth:`begin_run`, it begins the run itself (``resume_from``, ``ignore_config_change``,
-        ``overwrite_output_dir``: see there) and releases the lock at the end (also on an exception).
-        ``on_epoch_end`` is called as ``fn(trainer, epoch, metrics_or_None)`` after every completed epoch.
-
-        Returns:
-            One record per log event (``step``, ``epoch``, ``loss``, ``steps_per_s``, ``skipped_nonfinite_steps``,
-            ``lr_GROUP`` per parameter group) and one per evaluation (``step``, ``epoch``, ``eval/METRIC``).
+        """Run (or continue) the training, beginning the run (:meth:`begin_run`) unless begun; ``on_epoch_end(trainer,
+        epoch, metrics_or_None)`` after every epoch. Returns the history: one record per log (``step``, ``epoch``,
+        ``loss``, ``steps_per_s``, ``skipped_nonfinite_steps``, ``lr_GROUP``) and per evaluation (``eval/METRIC``).
 
         Raises:
             NonFiniteTrainingError: more than ``config.max_nonfinite_steps`` steps in a row were non-finite.
@@ -406,7 +375,7 @@ class Trainer:
         return p.history
 
     def _train_epoch(self, epoch: int, run: _Run) -> None:
-        """Steps of ``epoch`` from the current position until the epoch ends, the run is done or stopped."""
+        """Steps of ``epoch`` from the current position until the epoch ends or the run is done or stopped."""
         p = self.progress
         warm = epoch < self.config.warmup_epochs
         self._set_backbone_trainable(not warm)
@@ -435,8 +404,8 @@ class Trainer:
                 break
 
     def _step(self, batch: dict[str, Tensor], warm: bool) -> tuple[float, float, bool]:
-        """One optimizer step on ``batch``, skipped when its loss or gradient is not finite (:mod:`.nonfinite`); no
-        scheduler step during the warm-up nor on a skipped step. Returns ``(loss, gradient norm, stepped)``."""
+        """One step on ``batch`` (:func:`.nonfinite.step_if_finite`; no scheduler step in the warm-up). Returns
+        ``(loss, gradient norm, stepped)``."""
         acc = self.accelerator
         images = batch["image"].to(acc.device, non_blocking=True)
         labels = batch["labels"].to(acc.device)
@@ -447,7 +416,7 @@ class Trainer:
                               self.loss_module.parameters(), self.config.grad_clip)  # fmt: skip
 
     def _log_step(self, epoch: int, run: _Run) -> None:
-        """Record the mean loss since the last log, the speed and every group's lr; send them to the trackers."""
+        """Record the mean finite loss since the last log, the speed and the lrs; send them to the trackers."""
         p = self.progress
         record: dict[str, Any] = {
             "step": p.global_step,
@@ -510,19 +479,11 @@ class Trainer:
         image_dataset: Any = None,
         repo_id: str | None = None,
     ) -> Path | None:
-        """Write the Hub-ready folder atomically (:func:`.export.write_final_folder`, a previous one replaced whole) on
-        the main process; returns ``None`` elsewhere. ``config.json`` and the summary carry the run fingerprint.
-
-        Args:
-            save_directory: Default ``output_dir/final``.
-            metrics: Final test metrics ``{name: number}`` for the card.
-            summary: Any JSON-able dict, written to ``training_summary.json``.
-            metadata: ``config.json`` training metadata (``loss``, ``dataset``, ``label_names``, ``loss_kwargs``...).
-            hub_config: The hub_config dict (tags, datasets, the paper's numbers for the card).
-            plots: Draw the plots (last evaluation's embeddings, the first's for comparison).
-            image_dataset: Dataset with ``get_image(i)`` for the retrieval grid (default: the test set).
-            repo_id: Repo id (or folder path) shown in the card's usage snippet.
-        """
+        """Write the Hub-ready folder (default ``output_dir/final``, replaced whole: :func:`.export.write_final_folder`)
+        on the main process; ``None`` elsewhere. ``metrics`` go to the card, ``summary`` to
+        ``training_summary.json``, ``metadata`` to ``config.json`` (both with the run fingerprint); ``plots`` draw
+        the last evaluation's embeddings (``image_dataset``, default the test set, for the retrieval grid);
+        ``repo_id`` is shown in the card's usage snippet."""
         acc = self.accelerator
         save_directory = Path(save_directory) if save_directory is not None else self.output_dir / "final"
         acc.wait_for_everyone()

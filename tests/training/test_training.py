@@ -459,7 +459,7 @@ def test_scheduler_state_is_validated_on_resume(tmp_path):
     assert fresh.scheduler.last_epoch == state["scheduler"]["last_epoch"] == 2
     assert [g["lr"] for g in fresh.optimizer.param_groups] == state["scheduler"]["_last_lr"]
     for bad, match in (
-        (None, "no 'scheduler' entry"),
+        (None, r"lacks \['scheduler'\]"),
         ({**state["scheduler"], "last_epoch": "2"}, "'scheduler.last_epoch' must be an int"),
         ({**state["scheduler"], "base_lrs": [float("nan")] * 3}, "'scheduler.base_lrs' must be"),
         ({**state["scheduler"], "evil": 1}, "keys in"),
@@ -487,8 +487,10 @@ def test_resume_refuses_changed_hyper_parameters_and_bad_state_values(tmp_path):
     for changes, match in (
         # the counters must agree with each other and with the folder's step (issue 20)
         ({"global_step": 1000}, r"inconsistent: 'global_step' is 1000 but epoch 0 x \d+ steps per epoch"),
-        ({"global_step": 11, "epoch": 1, "sampler": {**sampler, "epoch": 1}},
-         "the folder step_00000002 is step 2 but 'global_step' is 11"),
+        (
+            {"global_step": 11, "epoch": 1, "sampler": {**sampler, "epoch": 1}},
+            "the folder step_00000002 is step 2 but 'global_step' is 11",
+        ),
         ({"epoch": [1]}, "'epoch' must be an int >= 0"),
         ({"global_step": True}, "'global_step' must be an int"),
         ({"step_in_epoch": 10**6, "sampler": {**sampler, "position": 10**6}}, "step_in_epoch 1000000"),
