@@ -1,16 +1,14 @@
-"""Cross-batch memories (XBM, Wang et al., CVPR 2020) for rank losses: ``RankingMemory`` (resumable,
-distributed-aware) and ``CrossBatchMemory`` (PML's class extended to this package's rank losses).
+"""Cross-batch memories (XBM, Wang et al., CVPR 2020) for rank losses: :class:`RankingMemory` (resumable,
+distributed-aware) and :class:`CrossBatchMemory` (PML's class extended to this package's rank losses).
 
 A memory of past (detached) embeddings enlarges the reference set of a non-decomposable rank loss at almost no cost
-(SupRank TPAMI 2025, Sec. 5 / Tab. III). ``RankingMemory`` follows the SupRank reference XBM:
-
-* **enqueue, then get** (or ``get_first=True``): each query's copy is removed from its reference set by index unless
-  the loss has ``include_self=True``.
-* **loss** ``= (batch_weight · L(batch, ref = batch) + memory_weight · L(batch, ref = memory)) /
-  (batch_weight + memory_weight)``; only the in-batch term, and no enqueue, for the first ``warmup_steps`` calls.
-* **state**: buffers only (``state_dict`` resumes bit-identically); ``eval()`` reads without writing.
-* **distributed**: the global batch is enqueued (:func:`pml_suprank.collectives.gather_batch`) and both terms are
-  normalised over all processes (:func:`pml_suprank.losses.reference_loss`), equal to the single-process run.
+(SupRank TPAMI 2025, Sec. 5 / Tab. III). ``RankingMemory`` follows the SupRank reference XBM: enqueue, then get
+(or ``get_first=True``), each query's copy removed from its reference set unless the loss has ``include_self=True``;
+the loss is ``(batch_weight · L(batch, ref = batch) + memory_weight · L(batch, ref = memory)) / (batch_weight +
+memory_weight)``, only the in-batch term (and no enqueue) for the first ``warmup_steps`` calls. Its state is buffers
+only (``state_dict`` resumes bit-identically; ``eval()`` reads without writing). Distributed, the global batch is
+enqueued (:func:`pml_suprank.collectives.gather_batch`) and both terms are normalised over all processes
+(:func:`pml_suprank.losses.reference_loss`), equal to the single-process run.
 
 Labels are ``(B,)`` or hierarchical ``(B, L)``; a multi-label loss
 (:func:`~pml_suprank.losses.distributed_rank_loss.is_multilabel_loss`, never the labels' shape) takes ``(B, W)``
@@ -112,15 +110,7 @@ class RankingMemory(nn.Module):
         self.last_losses: dict[str, Tensor] = {}
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        key = prefix + "labels"
-        if key in state_dict and state_dict[key].shape != self.labels.shape:
-            incoming = state_dict[key]
-            if incoming.shape[0] != self.memory_size or incoming.dim() not in (1, 2):
-                raise ValueError(
-                    f"state_dict['{key}'] must have shape ({self.memory_size},) or ({self.memory_size}, L); got "
-                    f"{tuple(incoming.shape)}"
-                )
-            self.labels = torch.zeros(incoming.shape, dtype=torch.long, device=self.labels.device)
+        _fit_label_buffer(self, "labels", state_dict, prefix)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def reset(self) -> None:
@@ -157,36 +147,27 @@ class RankingMemory(nn.Module):
         if self.multilabel:  # widths are reconciled by _fit_label_width (after the distributed gather)
             labels = labels.unsqueeze(1) if labels.dim() == 1 else labels
         elif tuple(labels.shape[1:]) != want:
-            adaptable = not self._label_levels_fixed and not bool(self.filled.any())
-            if not adaptable:
+            if self._label_levels_fixed or bool(self.filled.any()):
                 raise ValueError(
                     f"labels must have shape (B,{' ' + str(want[0]) if want else ''}) like the labels already in the "
                     f"memory; got shape {tuple(labels.shape)}"
                 )
-            self.labels = torch.zeros(
-                (self.memory_size, *labels.shape[1:]), dtype=torch.long, device=self.labels.device
+            self.labels = self.labels.new_zeros((self.memory_size, *labels.shape[1:]))
+        if indices is None:
+            if self.mode == "index":
+                raise ValueError("mode='index' (one slot per dataset index) needs indices (B,) of the batch; got None")
+            return labels.to(self.labels.device), None
+        indices = check_labels("indices", indices, embeddings.shape[0], allow_2d=False).to(self.filled.device)
+        if (
+            self.mode == "index"
+            and indices.numel()
+            and not 0 <= int(indices.min()) <= int(indices.max()) < self.memory_size
+        ):
+            raise ValueError(
+                f"indices must lie in [0, memory_size - 1] = [0, {self.memory_size - 1}] with mode='index'; got "
+                f"values in [{int(indices.min())}, {int(indices.max())}]"
             )
-        if self.mode == "index" and indices is None:
-            raise ValueError("mode='index' (one slot per dataset index) needs indices (B,) of the batch; got None")
-        if indices is not None:
-            if not isinstance(indices, Tensor) or indices.dim() != 1 or indices.shape[0] != embeddings.shape[0]:
-                raise ValueError(
-                    f"indices must be a 1-D tensor of length B = {embeddings.shape[0]}; got "
-                    f"{type(indices).__name__} {tuple(getattr(indices, 'shape', ()))}"
-                )
-            if indices.is_floating_point() or indices.dtype == torch.bool:
-                raise TypeError(f"indices must have an integer dtype; got {indices.dtype}")
-            indices = indices.to(self.filled.device, torch.long)
-            if (
-                self.mode == "index"
-                and indices.numel()
-                and (int(indices.min()) < 0 or int(indices.max()) >= self.memory_size)
-            ):
-                raise ValueError(
-                    f"indices must lie in [0, memory_size - 1] = [0, {self.memory_size - 1}] with mode='index'; got "
-                    f"values in [{int(indices.min())}, {int(indices.max())}]"
-                )
-        return labels.to(self.labels.device), indices
+        return labels.to(self.labels.device), indices.long()
 
     @property
     def multilabel(self) -> bool:
@@ -197,22 +178,18 @@ class RankingMemory(nn.Module):
         """Multi-label mode: pad ``labels`` ``(B, W_b)`` or grow the ``(M, W)`` buffer so both have one width."""
         if not self.multilabel:
             return labels
-        if self.labels.dim() == 1:  # a fresh buffer (or 1-D fine labels, i.e. sets of one label)
-            self.labels = self.labels.unsqueeze(1).clone()
-        width, incoming = self.labels.shape[1], labels.shape[1]
-        if incoming > width:
-            if not bool(self.filled.any()) and not self._label_levels_fixed:
-                self.labels = torch.full((self.memory_size, incoming), -1, dtype=torch.long, device=self.labels.device)
-            elif self._label_levels_fixed:
-                raise ValueError(
-                    f"labels has {incoming} label columns but the memory stores label sets of width "
-                    f"label_levels={width}; pad the sets to at most {width} columns or build the memory with "
-                    f"label_levels >= {incoming}"
-                )
-            else:
-                self.labels = pad_label_sets(self.labels, incoming)
-            return labels
-        return pad_label_sets(labels, width)
+        buffer = self.labels if self.labels.dim() == 2 else self.labels[:, None]  # 1-D: sets of one label
+        width, incoming = buffer.shape[1], labels.shape[1]
+        if incoming > width and self._label_levels_fixed:
+            raise ValueError(
+                f"labels has {incoming} label columns but the memory stores label sets of width "
+                f"label_levels={width}; pad the sets to at most {width} columns or build the memory with "
+                f"label_levels >= {incoming}"
+            )
+        if incoming > width and not bool(self.filled.any()):
+            buffer = buffer.new_full((self.memory_size, incoming), -1)
+        self.labels = pad_label_sets(buffer, max(width, incoming))
+        return pad_label_sets(labels, self.labels.shape[1])
 
     @torch.no_grad()
     def enqueue(self, embeddings: Tensor, labels: Tensor, indices: Tensor | None = None) -> Tensor:
@@ -288,66 +265,64 @@ class RankingMemory(nn.Module):
         labels = labels.to(embeddings.device)
         use_dist = self.distributed is not False and is_distributed(self.group)
         exclude_self = not getattr(self.loss, "include_self", False)
-
         if use_dist:
             batch = gather_batch(embeddings, labels, indices, group=self.group, multilabel=self.multilabel)
         else:
-            local = torch.arange(embeddings.shape[0], device=embeddings.device)
-            batch = GlobalBatch(embeddings, labels, indices, local)
+            batch = GlobalBatch(
+                embeddings, labels, indices, torch.arange(embeddings.shape[0], device=embeddings.device)
+            )
         all_emb, all_labels, all_indices, local = batch.embeddings, batch.labels, batch.indices, batch.local
         if self.multilabel:  # one width for the batch, the gathered batch and the memory
             all_labels = self._fit_label_width(all_labels)
             labels = pad_label_sets(labels, all_labels.shape[1])
 
-        def in_batch_loss() -> Tensor:
-            if not use_dist:
-                return self.loss(embeddings, labels)
-            self_index = local if exclude_self else None
-            return self._reference_loss(embeddings, labels, all_emb, all_labels, self_index, use_dist)
-
-        def batch_only() -> Tensor:
-            batch_loss = in_batch_loss()
-            self.last_losses = {"batch": batch_loss.detach()}
-            return batch_loss
-
-        active = self.is_active
-        if self.training:
+        active, training = self.is_active, self.training
+        if training:
             self.step += 1
-        if not active:
-            return batch_only()
-
-        write_now = self.training and not self.get_first
-        write_after = self.training and self.get_first
-        slots = None
-        if write_now:
-            slots = self._write(all_emb.detach(), all_labels, all_indices).to(embeddings.device)[local]
-        elif self.mode == "index" and exclude_self:  # the query's own (older) slot, when it is filled
-            slots = all_indices.to(embeddings.device)[local]
-            slots = torch.where(self.filled[slots.to(self.filled.device)].to(slots.device), slots, -1)
-        if self.num_filled == 0:  # get_first on an empty memory, or eval mode before anything was written
-            if write_after:
+        terms: dict[str, Tensor] = {}
+        if active:
+            slots = None
+            if training and not self.get_first:
+                slots = self._write(all_emb.detach(), all_labels, all_indices).to(embeddings.device)[local]
+            elif self.mode == "index" and exclude_self:  # the query's own (older) slot, when it is filled
+                slots = all_indices.to(embeddings.device)[local]
+                slots = torch.where(self.filled[slots.to(self.filled.device)].to(slots.device), slots, -1)
+            if self.num_filled:  # not on an empty memory (get_first, or eval mode before anything was written)
+                ref, ref_labels, row_of_slot = self._reference()
+                if training and self.get_first:  # the buffers are written below, before backward: keep this step's
+                    ref, ref_labels = ref.clone(), ref_labels.clone()
+                if slots is not None and row_of_slot is not None:
+                    slots = torch.where(slots >= 0, row_of_slot.to(slots.device)[slots.clamp(min=0)], slots)
+                ref, ref_labels = ref.to(embeddings.device), ref_labels.to(embeddings.device)
+                self_index = slots if exclude_self else None
+                terms["memory"] = self._reference_loss(embeddings, labels, ref, ref_labels, self_index, use_dist)
+            if training and self.get_first:
                 self._write(all_emb.detach(), all_labels, all_indices)
-            return batch_only()
-        ref, ref_labels, row_of_slot = self._reference()
-        if write_after:  # the buffers are written below, before backward: keep the references of this step
-            ref, ref_labels = ref.clone(), ref_labels.clone()
-        self_index = None
-        if exclude_self and slots is not None:
-            if row_of_slot is not None:
-                slots = torch.where(slots >= 0, row_of_slot.to(slots.device)[slots.clamp(min=0)], slots)
-            self_index = slots
-        memory_loss = self._reference_loss(
-            embeddings, labels, ref.to(embeddings.device), ref_labels.to(embeddings.device), self_index, use_dist
-        )
-        if write_after:
-            self._write(all_emb.detach(), all_labels, all_indices)
-        self.last_losses = {"memory": memory_loss.detach()}
-        if self.batch_weight == 0:
-            return memory_loss
-        batch_loss = in_batch_loss()
-        self.last_losses["batch"] = batch_loss.detach()
+        if "memory" not in terms or self.batch_weight:
+            if use_dist:
+                self_index = local if exclude_self else None
+                terms["batch"] = self._reference_loss(embeddings, labels, all_emb, all_labels, self_index, True)
+            else:
+                terms["batch"] = self.loss(embeddings, labels)
+        self.last_losses = {k: v.detach() for k, v in terms.items()}
+        if "memory" not in terms or "batch" not in terms:
+            return terms["memory"] if "memory" in terms else terms["batch"]
         total = self.batch_weight + self.memory_weight
-        return (self.batch_weight * batch_loss + self.memory_weight * memory_loss) / total
+        return (self.batch_weight * terms["batch"] + self.memory_weight * terms["memory"]) / total
+
+
+def _fit_label_buffer(module: nn.Module, name: str, state_dict: dict[str, Tensor], prefix: str) -> None:
+    """Before loading ``state_dict``: give the label buffer ``name`` the saved shape (``(M, L)`` levels or ``(M, W)``
+    label sets saved into a fresh memory); ``ValueError`` unless it is ``(M,)`` or ``(M, L)``."""
+    saved, current = state_dict.get(prefix + name), getattr(module, name)
+    if saved is None or saved.shape == current.shape:
+        return
+    if saved.dim() not in (1, 2) or saved.shape[0] != current.shape[0]:
+        raise ValueError(
+            f"state_dict['{prefix}{name}'] must have shape ({current.shape[0]},) or ({current.shape[0]}, L); got "
+            f"{tuple(saved.shape)}"
+        )
+    setattr(module, name, torch.zeros(saved.shape, dtype=current.dtype, device=current.device))
 
 
 #: the package's loss bases whose subclasses rank against a memory (matched by name: no import of the losses)
@@ -412,7 +387,5 @@ class CrossBatchMemory(_PMLCrossBatchMemory):
         )
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        key = prefix + "label_memory"
-        if key in state_dict and state_dict[key].shape != self.label_memory.shape:  # a multi-label (M, W) memory
-            self.label_memory = torch.zeros_like(state_dict[key], device=self.label_memory.device)
+        _fit_label_buffer(self, "label_memory", state_dict, prefix)  # a multi-label (M, W) memory
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
