@@ -117,13 +117,12 @@ def _finish_pr_axes(ax: Any, title: str, legend_fontsize: int) -> None:
     ax.legend(loc="upper right", fontsize=legend_fontsize)
 
 
-def _save(plt: Any, fig: Any, path: str | Path) -> Path:
+def _save(fig: Any, path: str | Path) -> Path:
     """Lay out ``fig``, write it to ``path`` and close it."""
     fig.tight_layout()
-    path = Path(path)
     fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    _plt().close(fig)
+    return Path(path)
 
 
 def precision_recall_curve(
@@ -204,8 +203,7 @@ def plot_precision_recall(
     """Save the interpolated precision–recall curve of ``embeddings`` (``"trained"``) and of every entry of
     ``compare`` (e.g. ``{"before training": ...}``) to ``path``; the legend gives each curve's mAP (mean exact AP of
     the plotted queries, in percent: with every query plotted, the model card's mAP)."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(5, 4))
+    fig, ax = _plt().subplots(figsize=(5, 4))
     curves = {"trained": embeddings, **(compare or {})}
     n = int(embeddings.shape[0])
     for name, emb in curves.items():
@@ -213,7 +211,7 @@ def plot_precision_recall(
         ax.plot(r, p, label=f"{_literal(name)}: mAP {100 * ap:.2f}")
     queries = n if max_queries is None else min(n, max_queries)
     _finish_pr_axes(ax, f"{_literal(title)}\ninterpolated precision, {queries} of {n} queries", legend_fontsize=8)
-    return _save(plt, fig, path)
+    return _save(fig, path)
 
 
 def plot_hierarchical_precision_recall(
@@ -242,7 +240,7 @@ def plot_hierarchical_precision_recall(
             label = f"{_literal(names[l])} ({_literal(cname)}): mAP {100 * ap:.2f}"
             ax.plot(r, p, color=colours[l % len(colours)], ls=styles[j % len(styles)], label=label)
     _finish_pr_axes(ax, "Hierarchical precision-recall (per level)", legend_fontsize=7)
-    return _save(plt, fig, path)
+    return _save(fig, path)
 
 
 def _project_2d(x: np.ndarray, method: str, seed: int) -> tuple[np.ndarray, str]:
@@ -324,7 +322,7 @@ def plot_embedding_map(
     )
     ax.title.set_fontsize(9)
     ax.legend(fontsize=7, loc="best", markerscale=0.8, title=f"coloured by {_literal(column)}", title_fontsize=7)
-    return _save(plt, fig, path)
+    return _save(fig, path)
 
 
 def _image_array(dataset: Any, index: int, mean: Sequence[float] | None, std: Sequence[float] | None) -> np.ndarray:
@@ -367,8 +365,7 @@ def plot_retrieval_grid(
     scores = emb[queries] @ emb.T
     scores[torch.arange(len(queries)), queries] = -float("inf")
     top = scores.topk(top_k, dim=1).indices
-    plt = _plt()
-    fig, axes = plt.subplots(
+    fig, axes = _plt().subplots(
         len(queries), top_k + 1, figsize=(1.45 * (top_k + 1), 1.7 * len(queries) + 0.4), squeeze=False
     )
     rows = labels.tolist()
@@ -384,7 +381,7 @@ def plot_retrieval_grid(
             if row == 0:
                 ax.set_title("query" if col == 0 else f"#{col}", fontsize=8)
     fig.suptitle("Retrieval: ✓ green = same fine class, ~ orange = same coarse class only, ✗ red = other", fontsize=9)
-    return _save(plt, fig, path)
+    return _save(fig, path)
 
 
 def plot_all(
@@ -454,8 +451,7 @@ def plot_training_curves(
     panels = [p for p, on in (("loss", "loss" in keys), ("lr", bool(lrs)), ("metrics", bool(shown))) if on]
     if not panels:
         raise ValueError("history holds no loss, learning rate or evaluation to draw")
-    plt = _plt()
-    fig, axes = plt.subplots(len(panels), 1, figsize=(7, 2.5 * len(panels)), sharex=True, squeeze=False)
+    fig, axes = _plt().subplots(len(panels), 1, figsize=(7, 2.5 * len(panels)), sharex=True, squeeze=False)
     for ax, panel in zip(axes[:, 0], panels):
         if panel == "loss":
             ax.plot(*_series(history, "loss"), marker=".", lw=1.2, color="#1f77b4")
@@ -484,4 +480,4 @@ def plot_training_curves(
         ax.grid(alpha=0.3)
         ax.title.set_fontsize(9)
     axes[-1, 0].set_xlabel("optimizer step")
-    return _save(plt, fig, path)
+    return _save(fig, path)
