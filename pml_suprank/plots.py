@@ -164,27 +164,20 @@ def _pr_curve_and_ap(
     total, count, ap_sum = np.zeros(num_points), 0, 0.0
     for start in range(0, len(queries), chunk_size):
         q = queries[start : start + chunk_size]
-        scores = emb[q] @ emb.T
-        rel = (lab[q][:, None] == lab[None, :]).float()
-        self_mask = torch.zeros_like(rel, dtype=torch.bool)
-        self_mask[torch.arange(len(q)), q] = True
-        # pessimistic ties: sort by score desc, then relevance asc; the query itself goes last and is dropped
-        key_scores = torch.where(self_mask, torch.full_like(scores, -float("inf")), scores)
-        order = np.lexsort((rel.numpy(), -key_scores.numpy()), axis=-1)[:, : n - 1]
-        rel_sorted = np.take_along_axis(rel.numpy(), order, axis=1)
-        npos = rel_sorted.sum(axis=1)
-        tp = np.cumsum(rel_sorted, axis=1)
-        ranks = np.arange(1, n)
-        for i in range(len(q)):
-            if npos[i] == 0:
-                continue
-            precision = tp[i] / ranks
-            recall = tp[i] / npos[i]
-            interp = np.maximum.accumulate(precision[::-1])[::-1]
-            idx = np.searchsorted(recall, grid, side="left").clip(max=n - 2)
-            total += interp[idx]
-            ap_sum += float((precision * rel_sorted[i]).sum() / npos[i])
-            count += 1
+        scores = (emb[q] @ emb.T).numpy()
+        scores[np.arange(len(q)), q.numpy()] = -np.inf  # the query itself goes last and is dropped
+        rel = (lab[q][:, None] == lab[None, :]).float().numpy()
+        # pessimistic ties: sort by score desc, then relevance asc
+        rel_sorted = np.take_along_axis(rel, np.lexsort((rel, -scores), axis=-1)[:, : n - 1], axis=1)
+        has_pos = rel_sorted.sum(axis=1) > 0  # queries without positives are skipped
+        rel_sorted = rel_sorted[has_pos]
+        npos, tp = rel_sorted.sum(axis=1, keepdims=True), np.cumsum(rel_sorted, axis=1)
+        precision = tp / np.arange(1, n)
+        interp = np.flip(np.maximum.accumulate(np.flip(precision, axis=1), axis=1), axis=1)
+        for row, recall in zip(interp, tp / npos):
+            total += row[np.searchsorted(recall, grid, side="left").clip(max=n - 2)]
+        ap_sum += float(((precision * rel_sorted).sum(axis=1) / npos[:, 0]).sum())
+        count += len(rel_sorted)
     if count == 0:
         raise ValueError("no query has a positive at this level; cannot draw a precision-recall curve")
     return grid, total / count, ap_sum / count
