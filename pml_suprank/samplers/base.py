@@ -11,12 +11,14 @@ import torch
 from torch.utils.data import Sampler
 
 from .._validation import check_positive_int
+from ..collectives import get_rank, get_world_size
 
 __all__ = [
     "ShardedBatchSampler",
     "SmallClassPolicy",
     "as_int_array",
     "check_group_size",
+    "deal",
     "draw",
     "groups_per_class",
     "resolve_replicas",
@@ -41,13 +43,9 @@ def as_int_array(labels: Any, name: str = "labels") -> np.ndarray:
 
 
 def resolve_replicas(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
-    dist_on = torch.distributed.is_available() and torch.distributed.is_initialized()
-    if num_replicas is None:
-        num_replicas = torch.distributed.get_world_size() if dist_on else 1
-    if rank is None:
-        rank = torch.distributed.get_rank() if dist_on and num_replicas > 1 else 0
-    num_replicas = check_positive_int("num_replicas", num_replicas)
-    rank = check_positive_int("rank", rank, minimum=0)
+    """``(num_replicas, rank)``, each defaulting to the ``torch.distributed`` world (1, 0 without one)."""
+    num_replicas = check_positive_int("num_replicas", get_world_size() if num_replicas is None else num_replicas)
+    rank = check_positive_int("rank", (get_rank() if num_replicas > 1 else 0) if rank is None else rank, minimum=0)
     if rank >= num_replicas:
         raise ValueError(f"rank must lie in [0, num_replicas - 1] = [0, {num_replicas - 1}]; got rank={rank}")
     return num_replicas, rank
@@ -81,6 +79,22 @@ def groups_per_class(sizes: np.ndarray, m: int, groups_per_batch: int, *, pad: b
         if k.max() <= nb:
             return k
         k = np.minimum(k, nb)
+
+
+def deal(
+    rng: np.random.Generator, owner: np.ndarray, num_batches: int, groups_per_batch: int, num_classes: int
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Deal groups, ``owner`` the class of each (a class's groups contiguous and at most ``num_batches``), into
+    ``num_batches`` batches, position ``p`` into batch ``p % num_batches``, so that a batch never holds a class twice;
+    yields, batch by batch, its group positions and the distinct other classes that complete it to
+    ``groups_per_batch`` groups (drawn from ``rng`` at that batch's turn)."""
+    slot = np.arange(owner.size) % num_batches
+    for sel in np.split(np.argsort(slot, kind="stable"), np.cumsum(np.bincount(slot, minlength=num_batches))[:-1]):
+        missing = groups_per_batch - sel.size
+        if missing <= 0:
+            yield sel, np.empty(0, dtype=np.int64)
+        else:
+            yield sel, rng.choice(np.setdiff1d(np.arange(num_classes), owner[sel]), missing, replace=False)
 
 
 class ShardedBatchSampler(Sampler[list[int]]):
@@ -123,13 +137,9 @@ class ShardedBatchSampler(Sampler[list[int]]):
         R, r = self.num_replicas, self.rank
         local = []
         for parts in self._global_plan(rng):
-            slices = []
-            for part in parts:
-                n = part.shape[0] // R
-                slices.append(part[r * n : (r + 1) * n])
+            slices = [part[r * (part.shape[0] // R) : (r + 1) * (part.shape[0] // R)] for part in parts]
             # interleave the parts group by group: [p0 g0, p1 g0, p0 g1, p1 g1, ...]
-            batch = np.stack(slices, axis=1).reshape(-1) if len(slices) > 1 else slices[0].reshape(-1)
-            local.append(batch.tolist())
+            local.append(np.stack(slices, axis=1).reshape(-1).tolist())
         self._cache = (epoch, local)
         return local
 

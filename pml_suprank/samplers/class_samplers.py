@@ -21,7 +21,7 @@ from torch.utils.data import Sampler
 
 from .._validation import check_choice, check_positive_int
 from ..relevance import check_tree
-from .base import ShardedBatchSampler, SmallClassPolicy, as_int_array, check_group_size, draw, groups_per_class
+from .base import ShardedBatchSampler, SmallClassPolicy, as_int_array, check_group_size, deal, draw, groups_per_class
 
 __all__ = ["HierarchicalSampler", "MPerClassBatchSampler", "MPerClassSampler"]
 
@@ -157,17 +157,9 @@ class MPerClassBatchSampler(ShardedBatchSampler):
         if not self.pad and groups.shape[0] > nb * G:  # leave out random groups
             keep = np.sort(rng.choice(groups.shape[0], nb * G, replace=False))
             groups, owner = groups[keep], owner[keep]
-        # position p -> batch p % nb: a class's groups are contiguous and at most nb, so they land in distinct batches
-        slot = np.arange(groups.shape[0]) % nb
-        by_slot = np.split(np.argsort(slot, kind="stable"), np.cumsum(np.bincount(slot, minlength=nb))[:-1])
         plan = []
-        for sel in by_slot:
-            bg, bc = groups[sel], owner[sel]
-            missing = G - bg.shape[0]
-            if missing > 0:
-                free = np.setdiff1d(np.arange(len(self.classes)), bc)
-                extra = rng.choice(free, missing, replace=False)
-                bg = np.concatenate([bg] + [draw(rng, self._members[int(c)], m)[None] for c in extra])
+        for sel, extra in deal(rng, owner, nb, G, len(self.classes)):
+            bg = np.concatenate([groups[sel]] + [draw(rng, self._members[int(c)], m)[None] for c in extra])
             plan.append([bg[rng.permutation(G)]])
         return [plan[i] for i in rng.permutation(nb)]
 

@@ -14,7 +14,7 @@ import torch
 
 from .._validation import check_choice
 from ..relevance import check_multilabel
-from .base import ShardedBatchSampler, SmallClassPolicy, as_int_array, check_group_size, draw, groups_per_class
+from .base import ShardedBatchSampler, SmallClassPolicy, as_int_array, check_group_size, deal, draw, groups_per_class
 
 __all__ = ["MultiLabelSampler"]
 
@@ -108,15 +108,7 @@ class MultiLabelSampler(ShardedBatchSampler):
         G, nb = self.groups_per_batch, len(self)
         order = rng.permutation(len(self.classes))
         owner = np.repeat(order, self._groups[order])  # a label's groups are contiguous and at most nb
-        slot = np.arange(owner.size) % nb  # position p -> batch p % nb: distinct labels per batch
-        by_slot = np.split(np.argsort(slot, kind="stable"), np.cumsum(np.bincount(slot, minlength=nb))[:-1])
         plan = []
-        for sel in by_slot:
-            labels_b = owner[sel]
-            missing = G - labels_b.size
-            if missing > 0:
-                free = np.setdiff1d(np.arange(len(self.classes)), labels_b)
-                labels_b = np.concatenate([labels_b, rng.choice(free, missing, replace=False)])
-            labels_b = labels_b[rng.permutation(G)]
-            plan.append([self._batch_groups(rng, labels_b)])
+        for sel, extra in deal(rng, owner, nb, G, len(self.classes)):
+            plan.append([self._batch_groups(rng, np.concatenate([owner[sel], extra])[rng.permutation(G)])])
         return [plan[i] for i in rng.permutation(nb)]
