@@ -193,16 +193,9 @@ class RankingMemory(nn.Module):
 
     @torch.no_grad()
     def enqueue(self, embeddings: Tensor, labels: Tensor, indices: Tensor | None = None) -> Tensor:
-        """Write a (detached) batch into the memory (no loss, no gathering).
-
-        Args:
-            embeddings: ``(B, D)``.
-            labels: ``(B,)`` or ``(B, L)``.
-            indices: ``(B,)`` dataset indices (required by ``mode="index"``).
-
-        Returns:
-            ``(B,)`` long: the slot of every row (``-1``: not kept, a FIFO batch larger than the memory).
-        """
+        """Write a (detached) batch ``embeddings`` ``(B, D)``, ``labels`` ``(B,)`` / ``(B, L)``, ``indices`` ``(B,)``
+        (required by ``mode="index"``) into the memory, without loss or gathering; returns the ``(B,)`` slot of every
+        row (``-1``: not kept, a FIFO batch larger than the memory)."""
         labels, indices = self._check_batch(embeddings, labels, indices)
         return self._write(embeddings.detach(), self._fit_label_width(labels), indices)
 
@@ -251,16 +244,9 @@ class RankingMemory(nn.Module):
         return self.loss(queries, labels, pairs, ref, ref_labels)
 
     def forward(self, embeddings: Tensor, labels: Tensor, indices: Tensor | None = None) -> Tensor:
-        """``(batch_weight · L(batch) + memory_weight · L(batch, ref = memory)) / (batch_weight + memory_weight)``.
-
-        Args:
-            embeddings: ``(B, D)`` embeddings of this process's batch (with gradient).
-            labels: ``(B,)`` or ``(B, L)``.
-            indices: ``(B,)`` dataset indices (needed by ``mode="index"``, ignored by ``"fifo"``).
-
-        Returns:
-            A scalar tensor; ``last_losses`` holds the detached terms ``"batch"`` and ``"memory"``.
-        """
+        """Scalar ``(batch_weight · L(batch) + memory_weight · L(batch, ref = memory)) / (batch_weight +
+        memory_weight)`` of this process's ``embeddings`` ``(B, D)`` (with gradient), ``labels`` ``(B,)`` / ``(B, L)``
+        and ``indices`` ``(B,)`` (needed by ``mode="index"``); ``last_losses`` holds the detached terms."""
         labels, indices = self._check_batch(embeddings, labels, indices)
         labels = labels.to(embeddings.device)
         use_dist = self.distributed is not False and is_distributed(self.group)
@@ -330,22 +316,14 @@ _RANK_LOSS_BASES = ("BaseRankLoss", "CombinedRankLoss", "CalibrationLoss")
 
 
 class CrossBatchMemory(_PMLCrossBatchMemory):
-    """Drop-in for ``pytorch_metric_learning.losses.CrossBatchMemory`` (XBM, Wang et al. CVPR 2020).
+    """Drop-in for ``pytorch_metric_learning.losses.CrossBatchMemory(loss, embedding_size, memory_size=1024,
+    miner=None)`` that also accepts every loss deriving from a class named ``BaseRankLoss``, ``CombinedRankLoss`` or
+    ``CalibrationLoss``. PML's behaviour: the batch is enqueued (detached), then the loss is called as
+    ``loss(embeddings, labels, pairs, memory_embeddings, memory_labels)``, ``pairs`` omitting each query's own copy.
 
-    Besides PML's fixed list of losses, it accepts every loss deriving from a class named ``BaseRankLoss``,
-    ``CombinedRankLoss`` or ``CalibrationLoss``. Behaviour is PML's: the batch is enqueued (detached), then the loss
-    is called as ``loss(embeddings, labels, pairs, memory_embeddings, memory_labels)`` with ``pairs`` omitting each
-    query's own copy.
-
-    Multi-label losses (``relevance="multilabel"``, never decided by the labels' shape) take ``(B, W)`` sets padded
-    with ``-1``: the label memory becomes ``(memory_size, W)`` and grows to a wider batch. The pairs (and a miner)
-    see column 0 of the sets; the rank losses use their union.
-
-    Args:
-        loss: the loss to wrap.
-        embedding_size: embedding dimension.
-        memory_size: number of stored embeddings (1024).
-        miner: optional PML miner.
+    Multi-label losses (``relevance="multilabel"``, never the labels' shape) take ``(B, W)`` sets padded with ``-1``:
+    the label memory becomes ``(memory_size, W)``, grown to a wider batch; pairs (and a miner) see column 0 of the
+    sets, the rank losses their union.
     """
 
     def __init__(self, loss: nn.Module, embedding_size: int, memory_size: int = 1024, miner: Any = None, **kwargs):
@@ -362,20 +340,13 @@ class CrossBatchMemory(_PMLCrossBatchMemory):
         """True when the wrapped loss takes multi-label label sets (its ``relevance == "multilabel"``)."""
         return getattr(self.loss, "relevance", None) == "multilabel"
 
-    def _fit_label_width(self, labels):
-        """Multi-label mode: ``labels`` padded to the memory's width, the memory grown to the batch's."""
-        labels = labels.unsqueeze(1) if labels.dim() == 1 else labels
-        memory = self.label_memory
-        if memory.dim() == 1:
-            memory = memory.unsqueeze(1)
-        width = max(memory.shape[1], labels.shape[1])
-        self.label_memory = pad_label_sets(memory, width)
-        return pad_label_sets(labels, width)
-
     def forward(self, embeddings, labels, indices_tuple=None, enqueue_mask=None):
-        """PML's ``forward``; multi-label sets ``(B, W)`` are reconciled with the memory's width first."""
+        """PML's ``forward``; multi-label sets ``(B, W)`` and the memory are first padded to one width."""
         if self.multilabel and isinstance(labels, torch.Tensor):
-            labels = self._fit_label_width(labels.to(self.label_memory.device))
+            memory = self.label_memory if self.label_memory.dim() == 2 else self.label_memory[:, None]
+            width = max(memory.shape[1], labels.shape[1] if labels.dim() == 2 else 1)
+            self.label_memory = pad_label_sets(memory, width)
+            labels = pad_label_sets(labels.to(memory.device), width)
         return super().forward(embeddings, labels, indices_tuple, enqueue_mask)
 
     def create_indices_tuple(self, embeddings, labels, E_mem, L_mem, input_indices_tuple, do_remove_self_comparisons):
