@@ -60,16 +60,10 @@ def loads_json(
     max_bytes: int = MAX_JSON_BYTES,
     max_int_digits: int = MAX_JSON_INT_DIGITS,
 ) -> Any:
-    """The value of the JSON ``text`` read from ``source`` (a path or a name, used in messages), with bounded cost.
-
-    Args:
-        text: The JSON text (``bytes`` are decoded as UTF-8).
-        source: What the text was read from, named by every error (e.g. the file path).
-        max_depth: Deepest nesting of arrays / objects allowed.
-        what: What the text is, for the messages (``"config.json"``, ``"checkpoint state"``).
-        expected: The type(s) the top-level value must have (e.g. ``dict``); ``None`` accepts any.
-        max_bytes: Longest text allowed (characters, or bytes for ``bytes``).
-        max_int_digits: Most digits of one integer.
+    """The value of the JSON ``text`` (``bytes``: UTF-8) read from ``source`` (a path or a name, named by every error)
+    with bounded cost: at most ``max_bytes`` characters, ``max_depth`` levels of nesting and ``max_int_digits``
+    digits per integer, a top-level value of the type(s) ``expected`` (``None``: any). ``what`` names the text in
+    messages (``"config.json"``, ``"checkpoint state"``).
 
     Raises:
         ValueError: naming ``source``: too large, not UTF-8, not valid JSON, nested deeper than ``max_depth``, an
@@ -103,28 +97,16 @@ def loads_json(
     return value
 
 
-def load_json(
-    path: str | Path,
-    *,
-    what: str | None = None,
-    expected: type | tuple[type, ...] | None = None,
-    max_bytes: int = MAX_JSON_BYTES,
-    max_depth: int = MAX_JSON_DEPTH,
-    max_int_digits: int = MAX_JSON_INT_DIGITS,
-) -> Any:
-    """The value of the JSON file ``path`` (:func:`loads_json`'s bounds; its size is checked before it is read).
-
-    Raises:
-        OSError: the file cannot be opened (``FileNotFoundError`` when it does not exist).
-        ValueError: naming the file: see :func:`loads_json`.
-    """
+def load_json(path: str | Path, *, what: str | None = None, max_bytes: int = MAX_JSON_BYTES, **bounds: Any) -> Any:
+    """The value of the JSON file ``path`` through :func:`loads_json` (``bounds``: its ``expected``, ``max_depth``,
+    ``max_int_digits``), the size checked before the file is read. ``OSError`` when the file cannot be opened
+    (``FileNotFoundError`` when it does not exist); ``ValueError`` naming the file as :func:`loads_json`."""
     p = Path(path)
     what = what or p.name
     size = p.stat().st_size
     if size > max_bytes:
         raise ValueError(f"{p} is {size} bytes long; a JSON {what} read here may have {max_bytes}")
-    return loads_json(p.read_bytes(), p, max_depth, what, expected=expected, max_bytes=max_bytes,
-                      max_int_digits=max_int_digits)  # fmt: skip
+    return loads_json(p.read_bytes(), p, what=what, max_bytes=max_bytes, **bounds)
 
 
 def atomic_write(path: str | Path, write: Callable[[str], Any]) -> None:
