@@ -1,5 +1,4 @@
-"""Epoch plan, sharding, resumable state and drawing helpers shared by the batch samplers (contract:
-:mod:`pml_suprank.samplers.class_samplers`)."""
+"""Epoch plan, sharding, resumable state and drawing helpers shared by the batch samplers."""
 
 from __future__ import annotations
 
@@ -98,9 +97,10 @@ def deal(
 
 
 class ShardedBatchSampler(Sampler[list[int]]):
-    """Epoch plan, sharding and resumable state of the batch samplers: ``_global_plan(rng)`` returns global batches,
-    each a list of *parts* ``(groups, group_size)``; rank ``r`` takes the ``r``-th ``1/R`` of every part's groups,
-    interleaved part by part."""
+    """Epoch plan, sharding and resumable state of the batch samplers: ``_global_plan(rng)`` returns the global batches
+    of an epoch (``rng = np.random.default_rng((seed, epoch))``), each a list of *parts* ``(groups, group_size)``;
+    with ``num_replicas = R``, rank ``r`` takes the ``r``-th ``1/R`` of every part's groups, interleaved part by part
+    (whole class groups of a global batch of ``R * batch_size``)."""
 
     def __init__(self, batch_size: int, seed: int, num_replicas: int | None, rank: int | None) -> None:
         self.batch_size = check_positive_int("batch_size", batch_size)

@@ -1,12 +1,6 @@
-"""Miner-free samplers for rank losses: ``MPerClassSampler`` (PML's flat index stream, ``DataLoader(sampler=...,
-batch_size=B)``), ``MPerClassBatchSampler`` and ``HierarchicalSampler`` (``DataLoader(batch_sampler=...)``).
-
-Every epoch is drawn from ``np.random.default_rng((seed, epoch))`` (no global RNG), with ``set_epoch``,
-``state_dict`` / ``load_state_dict`` (exact mid-epoch resume) and sharding: with ``num_replicas = R`` rank ``r``
-takes its slice of whole class groups of a global batch of ``R * batch_size``. Under ``accelerator.prepare`` (which
-shards) use ``num_replicas=1`` and call ``set_epoch``. References: SupRank's ``m_per_class_sampler.py``; PML's
-``HierarchicalSampler`` (SOP).
-"""
+"""``MPerClassSampler``, ``MPerClassBatchSampler`` and ``HierarchicalSampler`` on the epoch plan of
+:class:`~pml_suprank.samplers.base.ShardedBatchSampler`. References: SupRank's ``m_per_class_sampler.py``; PML's
+``HierarchicalSampler`` (SOP)."""
 
 from __future__ import annotations
 

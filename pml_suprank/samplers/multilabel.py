@@ -1,9 +1,5 @@
-"""Batch sampler for multi-label data: ``m`` items per sampled label, so every item of a batch has positives.
-
-An item of ``(N, M)`` labels (``-1`` = padding) belongs to the group of every label it carries; each batch takes
-``batch_size / m`` distinct labels and ``m`` items carrying each (E. Ramzi's thesis, Sec. 6.2.1). The epoch plan,
-``set_epoch``, ``state_dict`` and sharding are those of :class:`pml_suprank.samplers.MPerClassBatchSampler`.
-"""
+"""Batch sampler for multi-label data (E. Ramzi's thesis, Sec. 6.2.1): ``m`` items per sampled label, so every item
+of a batch has positives."""
 
 from __future__ import annotations
 
@@ -29,10 +25,9 @@ def _label_members(arr: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
 
 
 class MultiLabelSampler(ShardedBatchSampler):
-    """Batches of ``batch_size / m`` distinct labels with ``m`` items carrying each label.
-
-    The epoch plan is :class:`~pml_suprank.samplers.MPerClassBatchSampler`'s with labels for classes; a group draws
-    ``m`` items of its label, preferring items not already in the batch.
+    """Batches of ``batch_size / m`` distinct labels with ``m`` items carrying each label: the epoch plan of
+    :class:`~pml_suprank.samplers.MPerClassBatchSampler` with labels for classes (an item of ``(N, M)`` labels,
+    ``-1`` = padding, belongs to the group of every label it carries); a group prefers items not yet in the batch.
 
     Args:
         labels: ``(N, M)`` integer labels per item with ``-1`` padding (tensor, array or nested list), or ``(N,)``
