@@ -1,10 +1,8 @@
-"""The package's collectives over ``torch.distributed``: one gather (rows may differ between processes), with or
-without gradient, the gather of a whole training batch, and the share of a range of items that a process handles.
-
-Used by :class:`~pml_suprank.losses.DistributedRankLoss`, :class:`~pml_suprank.memory.RankingMemory`, the training
-loop and the metrics (:class:`~pml_suprank.metrics.RetrievalMetric`, ``RetrievalEvaluator.evaluate(distributed=True)``).
-Every function reduces to the local tensor without an initialised process group (or with one process). This module
-depends on torch only, so that every layer of the package may use it.
+"""The package's collectives over ``torch.distributed`` (torch only, so that every layer may use them): one gather
+(rows may differ between processes), with or without gradient, the gather of a whole training batch, and a process's
+share of a range of items. Without an initialised process group (or with one process) each reduces to the local
+tensor. Used by the losses (``DistributedRankLoss``), :class:`~pml_suprank.memory.RankingMemory`, the training loop
+and the metrics.
 """
 
 from __future__ import annotations
@@ -54,10 +52,14 @@ def comm_device(group: Any = None, preferred: torch.device | None = None) -> tor
 
 def gather_sizes(n: int, device: torch.device, group: Any = None) -> list[int]:
     """``[n_0, ..., n_{W-1}]``: the number of rows of every process (one collective)."""
-    mine = torch.tensor([n], dtype=torch.long, device=device)
-    out = [torch.zeros_like(mine) for _ in range(torch.distributed.get_world_size(group))]
-    torch.distributed.all_gather(out, mine, group=group)
-    return [int(x) for x in out]
+    return _all_gather_equal(torch.tensor([n], dtype=torch.long, device=device), group).tolist()
+
+
+def _all_gather_equal(tensor: Tensor, group: Any) -> Tensor:
+    """``torch.distributed.all_gather`` of equally shaped tensors, concatenated in rank order."""
+    parts = [torch.empty_like(tensor) for _ in range(torch.distributed.get_world_size(group))]
+    torch.distributed.all_gather(parts, tensor.contiguous(), group=group)
+    return torch.cat(parts)
 
 
 def _pad_rows(x: Tensor, rows: int) -> Tensor:
@@ -77,9 +79,7 @@ class _AllGatherWithGrad(torch.autograd.Function):
         ctx.group = group
         ctx.rank = torch.distributed.get_rank(group)
         ctx.rows = tensor.shape[0]
-        parts = [torch.empty_like(tensor) for _ in range(torch.distributed.get_world_size(group))]
-        torch.distributed.all_gather(parts, tensor.contiguous(), group=group)
-        return torch.cat(parts)
+        return _all_gather_equal(tensor, group)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -95,11 +95,9 @@ def gather_rows(tensor: Tensor, sizes: list[int], group: Any = None, *, with_gra
     rows = max(sizes)
     if with_grad:
         gathered = _AllGatherWithGrad.apply(_pad_rows(tensor, rows), group)
-        return torch.cat([gathered[r * rows : r * rows + n] for r, n in enumerate(sizes)])
-    padded = _pad_rows(tensor.detach(), rows)
-    parts = [torch.empty_like(padded) for _ in sizes]
-    torch.distributed.all_gather(parts, padded, group=group)
-    return torch.cat([p[:n] for p, n in zip(parts, sizes, strict=True)])
+    else:
+        gathered = _all_gather_equal(_pad_rows(tensor.detach(), rows), group)
+    return torch.cat([gathered[r * rows : r * rows + n] for r, n in enumerate(sizes)])
 
 
 def check_tensor(name: str, tensor: Any) -> None:
