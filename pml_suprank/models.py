@@ -108,10 +108,8 @@ def pca_projection(features: Tensor, out_dim: int, *, whiten: bool = False) -> t
 
 
 class GeneralizedMeanPooling(nn.Module):
-    """Generalized-mean (GeM) pooling with a learnable exponent (Radenović et al., TPAMI 2019, Eq. 1).
-
-    ``gem(x) = (mean_i clamp(x_i, eps) ** p) ** (1 / p)`` over the spatial positions (or tokens);
-    p = 1 is average pooling and p → ∞ max pooling.
+    """Generalized-mean (GeM) pooling (Radenović et al., TPAMI 2019, Eq. 1): ``gem(x) = (mean_i clamp(x_i, eps) ** p)
+    ** (1 / p)`` over the spatial positions (or tokens); p = 1 is average pooling and p → ∞ max pooling.
 
     Args:
         p: Initial exponent (3.0 in the paper and in the SupRank ``resnet_ln_gem`` config).
@@ -140,8 +138,7 @@ class GeneralizedMeanPooling(nn.Module):
 
 
 def _check_layer_names(backbone_kwargs: dict[str, Any]) -> None:
-    """``act_layer`` / ``norm_layer`` given by name must be timm layer names (``ValueError`` naming the key, the
-    value and the known names; timm itself raises a bare ``KeyError`` deep inside the model constructor)."""
+    """``act_layer`` / ``norm_layer`` given by name must be timm layer names (timm raises a bare ``KeyError``)."""
     from timm.layers import get_act_layer, get_norm_layer
 
     for key, resolve in (("act_layer", get_act_layer), ("norm_layer", get_norm_layer)):
@@ -209,20 +206,17 @@ class RetrievalModel(HubMixin, nn.Module):
         embedding_size: Output dimension D of the projection; ``None`` keeps the backbone width without projection.
         layer_norm: Apply ``LayerNorm(C, elementwise_affine=False)`` to the pooled features before the projection.
         num_classes: If > 0, a linear classification head on the pooled features (``forward_logits``), e.g. for HEAT.
-        backbone_kwargs: Extra keyword arguments for ``timm.create_model`` (e.g. ``{"drop_path_rate": 0.1}``,
-            ``{"img_size": 64}`` for a ViT).
+        backbone_kwargs: Extra keyword arguments for ``timm.create_model`` (e.g. ``{"img_size": 64}`` for a ViT).
         gem_p: Initial GeM exponent (only with ``pooling="gem"``).
         image_size, mean, std: Resolution and normalisation overriding the backbone's (in :attr:`data_config`).
         crop_pct: Evaluation crop fraction overriding the backbone's (``Resize(size / crop_pct)``, crop ``size``).
-        crop_mode: Evaluation crop mode overriding the backbone's: ``"center"`` (keep the aspect ratio), ``"squash"``
-            or ``"border"`` (resize the long side, pad). ``crop_*`` are saved in ``config.json`` only when set.
-        projection_init: ``"random"`` (``nn.Linear``'s init) or ``"pca"`` (needs ``embedding_size``): the
-            :class:`~pml_suprank.training.Trainer` sets the projection once at the start of a fresh run with
-            :meth:`init_projection_from_pca`; :meth:`from_pretrained` loads the trained one, never recomputes it.
+        crop_mode: Evaluation crop mode overriding the backbone's: ``"center"``, ``"squash"`` or ``"border"``
+            (resize the long side, pad); ``crop_*`` are saved in ``config.json`` only when set.
+        projection_init: ``"random"`` (``nn.Linear``'s init) or ``"pca"`` (needs ``embedding_size``; the
+            :class:`~pml_suprank.training.Trainer` calls :meth:`init_projection_from_pca` at the start of a fresh run).
 
     Shapes: ``forward`` ``(B, 3, H, W)`` → ``(B, D)`` unit rows; ``forward_logits`` → ``(B, num_classes)``.
-    Persistence (:class:`~pml_suprank.hub.HubMixin`): ``save_pretrained``, ``from_pretrained`` (eval mode,
-    ``hub_metadata`` restored, the OOD guard attached) and ``push_to_hub``.
+    ``save_pretrained``, ``from_pretrained`` (eval mode, ``hub_metadata`` and the OOD guard restored), ``push_to_hub``.
 
     Example:
         >>> model = RetrievalModel("resnet18", embedding_size=128, image_size=64)
