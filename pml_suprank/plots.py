@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._validation import check_embeddings, check_labels, check_positive_int
+from ._validation import check_choice, check_embeddings, check_labels, check_positive_int
 from .metrics.report import headline_keys, metric_label
 
 __all__ = [
@@ -67,9 +67,8 @@ def _literal(text: Any) -> str:
 
 
 def _class_name(names: Mapping[int, Any] | None, label: int, max_chars: int = 28, drop_head: bool = False) -> str:
-    """The display name of fine label ``label`` (the id itself without a name): without its first path component
-    with ``drop_head`` (the coarse class, named elsewhere), and cut from the left to ``max_chars`` (the end of a
-    name is its most specific part)."""
+    """The display name of fine label ``label`` (else the id), without its first path component (the coarse class)
+    with ``drop_head``, cut from the left to ``max_chars`` (the end of a name is its most specific part)."""
     name = str(names.get(int(label), int(label))) if names else str(int(label))
     if drop_head and "/" in name:
         name = name.split("/", 1)[1]
@@ -80,7 +79,7 @@ def _group_names(
     fine: np.ndarray, coarse: np.ndarray, class_names: Mapping[int, Any] | None, column: str
 ) -> dict[int, str]:
     """A name per coarse label: the common first path component of its fine classes' names (``"circle"`` for
-    ``"circle/small/red"``, ``"latin"`` for ``"latin/a"``) when there is one, else ``"<column> <id>"``."""
+    ``"circle/small/red"``) when there is one, else ``"<column> <id>"``."""
     out: dict[int, str] = {}
     for c in np.unique(coarse):
         names = [str(class_names.get(int(f), "")) for f in np.unique(fine[coarse == c])] if class_names else []
@@ -243,9 +242,8 @@ def _project_2d(x: np.ndarray, method: str, seed: int) -> tuple[np.ndarray, str]
 
             perplexity = float(min(30.0, max(2.0, (x.shape[0] - 1) / 3.0)))
             method = "exact" if x.shape[0] <= 300 else "barnes_hut"  # few points: exact is cheap
-            emb = TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=seed, method=method)
-            emb = emb.fit_transform(x)
-            return emb, "t-SNE"
+            tsne = TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=seed, method=method)
+            return tsne.fit_transform(x), "t-SNE"
         except ImportError:
             if method == "tsne":
                 raise
@@ -254,9 +252,7 @@ def _project_2d(x: np.ndarray, method: str, seed: int) -> tuple[np.ndarray, str]
         return np.zeros((x.shape[0], 2)), "PCA"
     _, _, vt = np.linalg.svd(xc, full_matrices=False)
     proj = xc @ vt[:2].T
-    if proj.shape[1] < 2:
-        proj = np.pad(proj, ((0, 0), (0, 2 - proj.shape[1])))
-    return proj, "PCA"
+    return np.pad(proj, ((0, 0), (0, 2 - proj.shape[1]))), "PCA"  # (N, 2) even from 1-D embeddings
 
 
 def plot_embedding_map(
@@ -276,8 +272,7 @@ def plot_embedding_map(
     classes every class mean is labelled with its name."""
     check_embeddings("embeddings", embeddings)
     labels = _as_2d_labels(check_labels("labels", labels, embeddings.shape[0]))
-    if method not in ("auto", "tsne", "pca"):
-        raise ValueError(f"method must be one of ('auto', 'tsne', 'pca'); got {method!r}")
+    check_choice("method", method, ("auto", "tsne", "pca"))
     check_positive_int("max_points", max_points, minimum=0)
     emb = embeddings.detach().float().cpu()
     fine, coarse = labels[:, 0].cpu(), labels[:, -1].cpu()
@@ -295,7 +290,6 @@ def plot_embedding_map(
     cmap = plt.get_cmap("tab10" if len(coarse_ids) <= 10 else "tab20")
     column = label_names[-1] if label_names else "coarse class"
     group = _group_names(classes.numpy(), class_coarse, class_names, column)
-    named = len(classes) <= max_named
     for j, c in enumerate(coarse_ids):
         colour = cmap(j % cmap.N)
         pts = sample_coarse == c
@@ -303,7 +297,7 @@ def plot_embedding_map(
         sel = class_coarse == c
         label = group[int(c)] if j < 12 else None  # a legend of at most 12 entries
         ax.scatter(xy_means[sel, 0], xy_means[sel, 1], s=42, color=colour, label=label, edgecolor="k", linewidth=0.6)
-    if named:
+    if len(classes) <= max_named:
         for (x, y), f in zip(xy_means, classes.tolist()):
             name = _class_name(class_names, f, max_chars=20, drop_head=True)
             ax.annotate(name, (x, y), xytext=(3, 3), textcoords="offset points", fontsize=6, alpha=0.85)
