@@ -46,21 +46,17 @@ class RankingMemory(nn.Module):
     Args:
         loss: called as ``loss(embeddings, labels, indices_tuple, ref_emb, ref_labels)`` (any pml_suprank loss, or a
             PML loss accepting ``ref_emb``).
-        embedding_size: ``D``.
-        memory_size: number of slots ``M`` (``mode="index"``: the dataset size, or more).
+        embedding_size, memory_size: ``D`` and the number of slots ``M`` (``mode="index"``: the dataset size).
         warmup_steps: training calls during which only the in-batch loss is used and nothing is enqueued.
         mode: ``"fifo"`` (ring buffer; a batch larger than the memory keeps its last rows) or ``"index"`` (one
             slot per dataset index holding its latest embedding; ``forward`` needs ``indices``).
-        batch_weight: weight of the in-batch loss (``0`` → memory term only once the memory is active).
-        memory_weight: weight of the loss against the memory.
+        batch_weight, memory_weight: weights of the in-batch loss (``0``: memory term only) and of the memory term.
         label_levels: ``None`` (from the first batch) or ``L`` for ``(M, L)`` labels (``1`` → 1-D); with a
             multi-label loss, the fixed width ``W`` of the label sets (``None``: grows to the widest batch).
-        get_first: compute the memory term *before* the batch is written (the reference XBM's ``get_first``): no
-            ``(B, M)`` pair list in ``"fifo"`` mode; in ``"index"`` mode the query's own older slot is excluded.
-        distributed: gather across processes (``None``: with > 1 ``torch.distributed`` process).
-        group: process group.
-        device: device of the buffers.
-        dtype: dtype of the stored embeddings (float32, as the reference's XBM).
+        get_first: compute the memory term *before* the batch is written (the reference XBM's ``get_first``); in
+            ``"index"`` mode the query's own older slot is then excluded.
+        distributed, group: gather across the processes of ``group`` (``None``: with > 1 process).
+        device, dtype: of the buffers; the embeddings are stored in ``dtype`` (float32, as the reference's XBM).
     """
 
     def __init__(
@@ -90,8 +86,7 @@ class RankingMemory(nn.Module):
         self.mode = check_choice("mode", mode, get_args(MemoryMode))
         self.batch_weight = check_positive("batch_weight", batch_weight, strict=False)
         self.memory_weight = check_positive("memory_weight", memory_weight)
-        if label_levels is not None:
-            check_positive_int("label_levels", label_levels, minimum=1)
+        check_positive_int("label_levels", label_levels, allow_none=True)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"dtype must be a floating torch.dtype; got {dtype!r}")
         self.get_first = check_bool("get_first", get_first)
