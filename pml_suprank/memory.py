@@ -219,8 +219,7 @@ class RankingMemory(nn.Module):
 
     def get(self) -> tuple[Tensor, Tensor]:
         """The filled part of the memory: ``(embeddings (K, D), labels (K,) or (K, L))`` (views when possible)."""
-        ref, ref_labels, _ = self._reference()
-        return ref, ref_labels
+        return self._reference()[:2]
 
     def _reference(self) -> tuple[Tensor, Tensor, Tensor | None]:
         """Filled rows and, when they are a copy, the map slot -> row (``None``: row == slot)."""

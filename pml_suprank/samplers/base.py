@@ -27,17 +27,13 @@ SmallClassPolicy = Literal["replace", "skip"]
 
 
 def as_int_array(labels: Any, name: str = "labels") -> np.ndarray:
-    if isinstance(labels, torch.Tensor):
-        if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
-            raise TypeError(f"{name} must have an integer dtype; got dtype {labels.dtype}")
-        arr = labels.detach().cpu().numpy()
-    else:
-        try:
-            arr = np.asarray(labels)
-        except ValueError as err:  # ragged rows
-            raise TypeError(f"{name} must be array-like of integers; got {type(labels).__name__}") from err
-        if not np.issubdtype(arr.dtype, np.integer):
-            raise TypeError(f"{name} must contain integers; got dtype {arr.dtype}")
+    """``labels`` (a tensor, an array or nested lists) as an int64 array; ``TypeError`` for non-integer values."""
+    try:
+        arr = labels.detach().cpu().numpy() if isinstance(labels, torch.Tensor) else np.asarray(labels)
+    except (TypeError, ValueError) as err:  # ragged rows, a dtype numpy does not have
+        raise TypeError(f"{name} must be array-like of integers; got {type(labels).__name__}") from err
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(f"{name} must have an integer dtype; got dtype {arr.dtype}")
     return arr.astype(np.int64, copy=False)
 
 

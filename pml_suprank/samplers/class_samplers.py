@@ -303,11 +303,11 @@ class HierarchicalSampler(ShardedBatchSampler):
         small_classes: SmallClassPolicy = "replace",
     ) -> None:
         super().__init__(batch_size, seed, num_replicas, rank)
-        self.whole_classes = isinstance(samples_per_class, str) and samples_per_class == "all"
-        if isinstance(samples_per_class, str) and not self.whole_classes:
+        self.whole_classes = isinstance(samples_per_class, str)
+        if self.whole_classes and samples_per_class != "all":
             raise ValueError(f"samples_per_class must be a positive int or 'all' (as PML); got {samples_per_class!r}")
         self.samples_per_class = (
-            "all" if self.whole_classes else check_positive_int("samples_per_class", samples_per_class)
+            samples_per_class if self.whole_classes else check_positive_int("samples_per_class", samples_per_class)
         )
         self.batches_per_super_tuple = check_positive_int("batches_per_super_tuple", batches_per_super_tuple)
         self.super_classes_per_batch = k = check_positive_int("super_classes_per_batch", super_classes_per_batch)
