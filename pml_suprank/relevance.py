@@ -100,18 +100,16 @@ class Hierarchy:
         check_labels("hierarchy", table, table.shape[0] if table.dim() else 0, allow_2d=True, n_name="num_fine")
         if table.dim() == 1:
             table = table[:, None]
-        used = table[:, 0] >= 0
-        if bool(used.any()):
-            idx = torch.arange(table.shape[0], device=table.device)
-            wrong = used & (table[:, 0] != idx)
-            if bool(wrong.any()):
-                f = int(idx[wrong][0])
-                raise ValueError(
-                    f"hierarchy row f must start with the fine label f itself; row {f} starts with {int(table[f, 0])}"
-                )
-            if bool((table[used] < 0).any()):
-                f = int(idx[used & (table < 0).any(1)][0])
-                raise ValueError(f"hierarchy row {f} has a negative ancestor: {table[f].tolist()}")
+        used, idx = table[:, 0] >= 0, torch.arange(table.shape[0], device=table.device)
+        wrong = used & (table[:, 0] != idx)
+        if bool(wrong.any()):
+            f = int(idx[wrong][0])
+            raise ValueError(
+                f"hierarchy row f must start with the fine label f itself; row {f} starts with {int(table[f, 0])}"
+            )
+        if bool((table[used] < 0).any()):
+            f = int(idx[used & (table < 0).any(1)][0])
+            raise ValueError(f"hierarchy row {f} has a negative ancestor: {table[f].tolist()}")
         check_tree(table[used], name="hierarchy")
         self.table = table.long()
 

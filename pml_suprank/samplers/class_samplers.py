@@ -141,13 +141,9 @@ class MPerClassBatchSampler(ShardedBatchSampler):
     def _one_pass(self, rng: np.random.Generator) -> list[list[np.ndarray]]:
         G, nb, m = self.groups_per_batch, self._pass_batches(), self.m
         class_order = rng.permutation(len(self.classes))
-        groups, owner = [], []
-        for c in class_order:
-            g = self._class_groups(rng, int(c), int(self._chunks[c]))
-            groups.append(g)
-            owner.extend([int(c)] * g.shape[0])
+        groups = [self._class_groups(rng, int(c), int(self._chunks[c])) for c in class_order]
+        owner = np.repeat(class_order, [g.shape[0] for g in groups])
         groups = np.concatenate(groups)
-        owner = np.asarray(owner)
         if not self.pad and groups.shape[0] > nb * G:  # leave out random groups
             keep = np.sort(rng.choice(groups.shape[0], nb * G, replace=False))
             groups, owner = groups[keep], owner[keep]
