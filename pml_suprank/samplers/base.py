@@ -100,9 +100,7 @@ class ShardedBatchSampler(Sampler[list[int]]):
 
     def __init__(self, batch_size: int, seed: int, num_replicas: int | None, rank: int | None) -> None:
         self.batch_size = check_positive_int("batch_size", batch_size)
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise ValueError(f"seed must be a non-negative int; got {seed!r}")
-        self.seed = int(seed)
+        self.seed = check_positive_int("seed", seed, minimum=0)
         self.num_replicas, self.rank = resolve_replicas(num_replicas, rank)
         self.drop_last = True  # every batch has exactly batch_size indices (read by accelerate's BatchSamplerShard)
         self.epoch = 0
