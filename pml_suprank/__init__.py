@@ -1,7 +1,6 @@
-"""pml-suprank: rank losses, exact retrieval evaluation and HEAT for pytorch-metric-learning.
-
-Subpackages are imported lazily, so ``import pml_suprank`` only needs the core dependencies
-(torch, numpy, pytorch-metric-learning); ``models``, ``hub``, ``data`` need the ``recipes`` extra.
+"""pml-suprank: rank losses, exact retrieval evaluation and HEAT for pytorch-metric-learning. Subpackages are
+imported lazily: ``import pml_suprank`` needs only torch, numpy and pytorch-metric-learning (``models``, ``hub``,
+``data``: the ``recipes`` extra).
 
 Example:
     >>> from pml_suprank import losses

@@ -1,10 +1,7 @@
-"""Data checks without a host round trip on accelerators (issue 13).
-
-:func:`check_async` asserts a 0-d bool tensor with ``torch._assert_async``: on the CPU a failed condition raises the
-caller's ``ValueError`` at once (built only then, so it may read the data to name the culprit); on CUDA the check is
-queued with the kernels and a failure surfaces as a device-side assertion at the next synchronisation, which leaves
-the CUDA context unusable. Under ``torch.profiler`` on the CPU the op has an ``aten::item`` child, on an accelerator
-none: sync counts that stand for an accelerator leave out the children of ``aten::_assert_async``.
+"""Data checks without a host round trip on accelerators: ``torch._assert_async`` on a 0-d bool tensor raises the
+caller's ``ValueError`` at once on the CPU (built only then, so it may read the data to name the culprit); on CUDA a
+failure surfaces as a device-side assertion at the next synchronisation, which leaves the CUDA context unusable.
+(Under ``torch.profiler`` the op has an ``aten::item`` child on the CPU only: accelerator sync counts leave it out.)
 """
 
 from __future__ import annotations

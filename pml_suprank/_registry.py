@@ -1,19 +1,15 @@
-"""The one registry helper of the package: an ordered, read-only ``name -> object`` mapping filled by a decorator.
-
-The OOD detectors and HEAT priors (:mod:`pml_suprank.ood.registry`) and the retrieval metrics
-(:data:`pml_suprank.metrics.METRICS`) are registries of this kind::
+"""The one registry helper of the package (losses, OOD detectors and HEAT priors, retrieval metrics): an ordered,
+read-only ``name -> object`` mapping filled by a decorator::
 
     THINGS = Registry("thing")
 
     @THINGS.register("my-thing", aliases=("MyThing",))   # or THINGS.register("my-thing", MyThing)
     class MyThing: ...
 
-    THINGS.get_class("MyThing")    # -> MyThing: one spelling per name, plus the aliases given when registering
-    THINGS.names()                 # ("my-thing",): the aliases are not names
+    THINGS.get_class("MyThing")    # -> MyThing; THINGS.names() == ("my-thing",): aliases are not names
 
-A name or an alias taken by another object is replaced with a :class:`UserWarning` (``on_conflict="warn"``:
-re-running a notebook cell redefines its class) or refused with a ``ValueError`` (``on_conflict="refuse"``, except
-for a class redefined under the same ``module.qualname``, which warns); never silently.
+A name or alias taken by another object is replaced with a ``UserWarning`` (``on_conflict="warn"``) or refused with
+a ``ValueError`` (``"refuse"``; a class redefined under the same ``module.qualname`` only warns); never silently.
 """
 
 from __future__ import annotations

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 __all__ = [
     "atomic_write",
@@ -34,45 +37,17 @@ MAX_JSON_DEPTH = 100
 #: most digits of one integer (int64 has 19; Python's own limit, 4300, raises an error naming no file)
 MAX_JSON_INT_DIGITS = 100
 
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 _TYPE_NAMES = {dict: "a JSON object", list: "a JSON array", str: "a JSON string", int: "an integer",
                float: "a number", bool: "true or false"}  # fmt: skip
 
 
 def json_depth(text: str) -> int:
-    """The deepest nesting of ``[`` / ``{`` in JSON ``text`` (brackets inside strings do not count); linear time,
-    no recursion."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch in "]}":
-            depth -= 1
-    return deepest
-
-
-def _value_depth(value: Any) -> int:
-    """The nesting depth of a parsed JSON value (a scalar is 0, ``[]`` is 1); iterative, no recursion."""
-    deepest, stack = 0, [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            item = list(item.values())
-        elif not isinstance(item, list):
-            continue
-        deepest = max(deepest, depth + 1)
-        stack.extend((child, depth + 1) for child in item if isinstance(child, (dict, list)))
-    return deepest
+    """The deepest nesting of ``[`` / ``{`` in JSON ``text`` (brackets inside strings do not count): array operations
+    over the text, no recursion."""
+    code = np.frombuffer(_JSON_STRING.sub("", text).encode(), dtype=np.uint8)
+    opens, closes = (code == ord("[")) | (code == ord("{")), (code == ord("]")) | (code == ord("}"))
+    return int(np.cumsum(opens.astype(np.int64) - closes).max(initial=0))
 
 
 def loads_json(
@@ -85,16 +60,10 @@ def loads_json(
     max_bytes: int = MAX_JSON_BYTES,
     max_int_digits: int = MAX_JSON_INT_DIGITS,
 ) -> Any:
-    """The value of the JSON ``text`` read from ``source`` (a path or a name, used in messages), with bounded cost.
-
-    Args:
-        text: The JSON text (``bytes`` are decoded as UTF-8).
-        source: What the text was read from, named by every error (e.g. the file path).
-        max_depth: Deepest nesting of arrays / objects allowed.
-        what: What the text is, for the messages (``"config.json"``, ``"checkpoint state"``).
-        expected: The type(s) the top-level value must have (e.g. ``dict``); ``None`` accepts any.
-        max_bytes: Longest text allowed (characters, or bytes for ``bytes``).
-        max_int_digits: Most digits of one integer.
+    """The value of the JSON ``text`` (``bytes``: UTF-8) read from ``source`` (a path or a name, named by every error)
+    with bounded cost: at most ``max_bytes`` characters, ``max_depth`` levels of nesting and ``max_int_digits``
+    digits per integer, a top-level value of the type(s) ``expected`` (``None``: any). ``what`` names the text in
+    messages (``"config.json"``, ``"checkpoint state"``).
 
     Raises:
         ValueError: naming ``source``: too large, not UTF-8, not valid JSON, nested deeper than ``max_depth``, an
@@ -113,17 +82,13 @@ def loads_json(
             raise ValueError(f"an integer of {len(digits.lstrip('-'))} digits; at most {max_int_digits} are allowed")
         return int(digits)
 
-    try:
-        value = json.loads(text, parse_int=parse_int)
-    except RecursionError:
-        depth = json_depth(text)  # only on failure: a linear scan, for the message
-        message = f"{source} nests JSON {depth} levels deep; at most {max_depth} are allowed (corrupt {what}?)"
-        raise ValueError(message) from None
-    except ValueError as e:  # json.JSONDecodeError, or parse_int's refusal
-        raise ValueError(f"{source} is not valid JSON (corrupt {what}): {str(e)[:200]}") from None
-    depth = _value_depth(value)
+    depth = json_depth(text)  # before parsing: json.loads recurses once per level
     if depth > max_depth:
         raise ValueError(f"{source} nests JSON {depth} levels deep; at most {max_depth} are allowed (corrupt {what}?)")
+    try:
+        value = json.loads(text, parse_int=parse_int)
+    except ValueError as e:  # json.JSONDecodeError, or parse_int's refusal
+        raise ValueError(f"{source} is not valid JSON (corrupt {what}): {str(e)[:200]}") from None
     kinds = expected if isinstance(expected, tuple) or expected is None else (expected,)
     if kinds is not None and (not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)):
         want = " or ".join(_TYPE_NAMES.get(k, k.__name__) for k in kinds)
@@ -132,28 +97,16 @@ def loads_json(
     return value
 
 
-def load_json(
-    path: str | Path,
-    *,
-    what: str | None = None,
-    expected: type | tuple[type, ...] | None = None,
-    max_bytes: int = MAX_JSON_BYTES,
-    max_depth: int = MAX_JSON_DEPTH,
-    max_int_digits: int = MAX_JSON_INT_DIGITS,
-) -> Any:
-    """The value of the JSON file ``path`` (:func:`loads_json`'s bounds; its size is checked before it is read).
-
-    Raises:
-        OSError: the file cannot be opened (``FileNotFoundError`` when it does not exist).
-        ValueError: naming the file: see :func:`loads_json`.
-    """
+def load_json(path: str | Path, *, what: str | None = None, max_bytes: int = MAX_JSON_BYTES, **bounds: Any) -> Any:
+    """The value of the JSON file ``path`` through :func:`loads_json` (``bounds``: its ``expected``, ``max_depth``,
+    ``max_int_digits``), the size checked before the file is read. ``OSError`` when the file cannot be opened
+    (``FileNotFoundError`` when it does not exist); ``ValueError`` naming the file as :func:`loads_json`."""
     p = Path(path)
     what = what or p.name
     size = p.stat().st_size
     if size > max_bytes:
         raise ValueError(f"{p} is {size} bytes long; a JSON {what} read here may have {max_bytes}")
-    return loads_json(p.read_bytes(), p, max_depth, what, expected=expected, max_bytes=max_bytes,
-                      max_int_digits=max_int_digits)  # fmt: skip
+    return loads_json(p.read_bytes(), p, what=what, max_bytes=max_bytes, **bounds)
 
 
 def atomic_write(path: str | Path, write: Callable[[str], Any]) -> None:

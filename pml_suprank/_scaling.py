@@ -13,14 +13,11 @@ __all__: list[str] = []
 def overflow_safe_scales(query: Tensor, gallery: Tensor) -> tuple[float, Tensor]:
     """``(query_scale, gallery)``: powers of two that keep every dot product ``query · gallery`` finite and normal.
 
-    ``|q · g| ≤ D · max|q_i| · max|g_j|``, and so are the partial sums of the matmul, so when that bound could exceed
-    the dtype's range both sides are scaled down by powers of two; when ``max|q| · max|g|`` is so small that the
-    products (and their differences, ``eps`` times smaller) would fall into the subnormal range or underflow to zero,
-    both sides are scaled *up* the same way. A power of two scales every product and partial sum exactly (barring
-    the underflow of terms negligible at that magnitude), so the ranking, hence every metric, is the one of the
-    unscaled scores at any magnitude: without this, float32 embeddings with entries ~1e19 give ``inf``/NaN scores
-    and entries ~1e-30 give scores that are all ``0`` (ties). ``(1.0, gallery)`` unchanged in the usual case (one
-    ``amax`` per side; compared in log2 to never overflow).
+    ``|q · g| ≤ D · max|q_i| · max|g_j|`` (and so are the matmul's partial sums): when that bound could overflow, both
+    sides are scaled down; when the products (and their ``eps`` times smaller differences) would be subnormal or
+    zero, both are scaled up. Powers of two scale every product exactly, so the ranking, hence every metric, is the
+    unscaled one at any magnitude (float32 entries ~1e19 would give ``inf``/NaN scores, ~1e-30 all-zero ties).
+    ``(1.0, gallery)`` in the usual case (one ``amax`` per side, compared in log2).
     """
     if query.numel() == 0 or gallery.numel() == 0:
         return 1.0, gallery

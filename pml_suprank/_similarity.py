@@ -1,10 +1,8 @@
 """The score matrix of the rank losses: cosine / dot-product similarities with one explicit backward.
 
-PML's ``CosineSimilarity()(embeddings, ref_emb)`` normalises both arguments with ``F.normalize`` and multiplies
-them; called with the batch as its own reference set it normalises the same tensor twice, and autograd then replays
-every step (norm, clamp, division, transpose, matmul) in backward: about 30 operators for one ``(B, N)`` matrix.
-:func:`similarity_scores` computes the same matrix with one normalisation per distinct input and an explicit
-gradient:
+PML's ``CosineSimilarity()(embeddings, ref_emb)`` normalises the batch twice when it is its own reference set, and
+autograd replays every step in backward (about 30 operators for one ``(B, N)`` matrix). :func:`similarity_scores`
+computes the same matrix with one normalisation per distinct input and an explicit gradient:
 
 * forward: ``x̂ = x / max(‖x‖₂, ε)`` (``F.normalize``'s definition, ``ε = 1e-12``) and ``S = x̂ r̂ᵀ``
   (``r̂ = x̂`` when the reference set is the batch);
@@ -12,8 +10,7 @@ gradient:
   normalisation, ``∂L/∂x = (∂L/∂x̂ − [‖x‖ > ε] · x̂ ⟨x̂, ∂L/∂x̂⟩) / max(‖x‖, ε)``.
 
 Only PML's own ``CosineSimilarity`` / ``DotProductSimilarity`` (power 1, p = 2, statistics off) take this path;
-any other distance object — a subclass, ``collect_stats=True`` — is called as PML would call it. Values equal
-PML's up to rounding (tested to 1e-12 in float64, gradients by finite differences). No host synchronisation.
+any other distance object is called as PML would call it. Values equal PML's up to rounding; no host synchronisation.
 """
 
 from __future__ import annotations
@@ -85,17 +82,9 @@ def _is_plain(distance) -> bool:
 
 
 def similarity_scores(distance, embeddings: Tensor, ref_emb: Tensor | None = None) -> Tensor:
-    """``(B, N)`` similarities ``distance(embeddings, ref_emb)``; ``ref_emb=None`` (or ``embeddings`` itself) is the
-    batch as its own reference set.
-
-    Args:
-        distance: a PML distance (the losses accept cosine / dot-product similarities only).
-        embeddings: ``(B, D)`` floating tensor.
-        ref_emb: ``(N, D)`` tensor of the same dtype and device, ``embeddings`` or ``None``.
-
-    Returns:
-        ``S[b, j] = ⟨x̂_b, r̂_j⟩`` (normalised when ``distance.normalize_embeddings``), differentiable w.r.t. both.
-    """
+    """``(B, N)`` similarities ``S[b, j] = ⟨x̂_b, r̂_j⟩`` = ``distance(embeddings (B, D), ref_emb (N, D))`` (normalised
+    when ``distance.normalize_embeddings``), differentiable w.r.t. both; ``ref_emb=None`` (or ``embeddings`` itself)
+    is the batch as its own reference set."""
     same = ref_emb is None or ref_emb is embeddings
     if not _is_plain(distance):
         return distance(embeddings, None if same else ref_emb)
@@ -124,12 +113,7 @@ class _NormalizedLogits(torch.autograd.Function):
 
 
 def normalized_logits(embeddings: Tensor, proxies: Tensor, temperature: float) -> Tensor:
-    """``(B, C)`` logits ``x_b · p̂_c / T`` with ``p̂_c = p_c / max(‖p_c‖₂, ε)`` (``F.normalize``): the proxy scores of
-    :class:`~pml_suprank.losses.ClusterLoss` (L_DG*, SupRank Eq. 8), one explicit backward for both arguments.
-
-    Args:
-        embeddings: ``(B, D)`` floating tensor (not normalised here).
-        proxies: ``(C, D)`` tensor of the same dtype and device.
-        temperature: ``T > 0``.
-    """
+    """``(B, C)`` logits ``x_b · p̂_c / T`` of ``embeddings`` ``(B, D)`` (not normalised here) and ``proxies``
+    ``(C, D)``, ``p̂_c = p_c / max(‖p_c‖₂, ε)`` (``F.normalize``), ``T > 0``: the proxy scores of
+    :class:`~pml_suprank.losses.ClusterLoss` (L_DG*, SupRank Eq. 8), one explicit backward for both arguments."""
     return _NormalizedLogits.apply(embeddings, proxies, temperature)

@@ -3,6 +3,7 @@ bad input raises a ``ValueError``/``TypeError`` naming the argument, the expecta
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Iterable
 from typing import Any
@@ -43,12 +44,16 @@ def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
     return value
 
 
-def check_positive(name: str, value: float, *, strict: bool = True, allow_inf: bool = False) -> float:
-    """Check a real scalar is > 0 (``strict``) or >= 0."""
+def _real(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a real number; got {type(value).__name__} {value!r}")
-    value = float(value)
-    if value != value or (value in (float("inf"), float("-inf")) and not allow_inf):
+    return float(value)
+
+
+def check_positive(name: str, value: float, *, strict: bool = True, allow_inf: bool = False) -> float:
+    """Check a real scalar is > 0 (``strict``) or >= 0."""
+    value = _real(name, value)
+    if value != value or (math.isinf(value) and not allow_inf):
         raise ValueError(f"{name} must be finite; got {value}")
     if (strict and value <= 0) or (not strict and value < 0):
         raise ValueError(f"{name} must be {'>' if strict else '>='} 0; got {value}")
@@ -57,22 +62,16 @@ def check_positive(name: str, value: float, *, strict: bool = True, allow_inf: b
 
 def check_probability(name: str, value: float, *, closed: bool = True) -> float:
     """Check a real scalar lies in [0, 1] (``closed``) or (0, 1)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a real number; got {type(value).__name__} {value!r}")
-    value = float(value)
-    ok = 0.0 <= value <= 1.0 if closed else 0.0 < value < 1.0
-    if not ok:
+    value = _real(name, value)
+    if not (0.0 <= value <= 1.0 if closed else 0.0 < value < 1.0):
         raise ValueError(f"{name} must lie in {'[0, 1]' if closed else '(0, 1)'}; got {value}")
     return value
 
 
 def check_embeddings(name: str, x: Any, *, allow_empty: bool = False, asynchronous: bool = False) -> Tensor:
-    """Check ``x`` is a 2-D floating tensor ``(N, D)`` without NaN/inf.
-
-    ``asynchronous=True`` (the losses' hot path) checks finiteness by :func:`~pml_suprank._async_check.check_async`:
-    a ``ValueError`` on the CPU, a device-side assertion on CUDA (a ``RuntimeError`` at the next synchronisation that
-    ends the CUDA context). ``False`` reads the flag on the host and always raises ``ValueError``.
-    """
+    """Check ``x`` is a 2-D floating tensor ``(N, D)`` without NaN/inf; ``asynchronous=True`` (the losses' hot path)
+    checks finiteness without a host read (:func:`~pml_suprank._async_check.check_async`: a device-side assertion on
+    CUDA), else on the host (always ``ValueError``)."""
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of shape (N, D); got {type(x).__name__}")
     if x.dim() != 2:
@@ -116,8 +115,8 @@ def check_labels(name: str, labels: Any, n: int, *, allow_2d: bool = True, n_nam
 
 
 def nested_batch_hint(shape: tuple[int, ...], expected_dim: int) -> str:
-    """The hint appended to a shape error when ``shape`` has one dimension more than expected (a batch of batches,
-    what ``DataLoader(sampler=<batch sampler>)`` produces), else ``""``."""
+    """The hint for a shape with one dimension too many (a batch of batches, as ``DataLoader(sampler=<batch sampler>)``
+    gives)."""
     if len(shape) != expected_dim + 1:
         return ""
     return (
@@ -141,39 +140,29 @@ def check_positive_int(name: str, value: Any, *, minimum: int = 1, allow_none: b
 
 
 def check_level_weights(name: str, weights: Any, num_levels: int | None = None) -> list[float] | None:
-    """Check per-level weights ``w_1..w_L`` (the evaluator's ΣwAP and the hierarchical losses' relevance): finite,
-    ``>= 0``, not all zero, ``num_levels`` of them when given; ``None`` is returned unchanged.
-
-    Raises:
-        TypeError: not a sequence / 1-D tensor of real numbers.
-        ValueError: empty, wrong length, NaN/inf, negative, or all zero.
-    """
+    """Per-level weights ``w_1..w_L`` (the evaluator's ΣwAP, the hierarchical losses' relevance) as floats: a sequence
+    or 1-D tensor of finite reals ``>= 0``, not all zero, ``num_levels`` of them when given; ``None`` stays ``None``.
+    ``TypeError``: not a sequence of reals; ``ValueError``: empty, wrong length, NaN/inf, negative or all zero."""
     if weights is None:
         return None
-    if isinstance(weights, Tensor):
-        if weights.dim() != 1 or weights.is_complex() or weights.dtype == torch.bool:
-            raise TypeError(f"{name} must be a 1-D real tensor or a sequence of floats; got {weights!r}")
-        values = [float(w) for w in weights.tolist()]
-    else:
-        if isinstance(weights, (str, bytes)) or not isinstance(weights, Iterable):
-            raise TypeError(f"{name} must be a sequence of floats, one per level; got {type(weights).__name__}")
-        values = []
-        for w in weights:
-            if isinstance(w, bool) or not isinstance(w, (int, float)):
-                if isinstance(w, Tensor) and w.numel() == 1 and not w.is_complex():
-                    w = w.item()
-                else:
-                    raise TypeError(f"{name} must contain real numbers; got {type(w).__name__} {w!r}")
-            values.append(float(w))
+    items = weights.tolist() if isinstance(weights, Tensor) and weights.dim() == 1 else weights
+    if isinstance(items, (str, bytes, Tensor)) or not isinstance(items, Iterable):
+        raise TypeError(f"{name} must be a sequence of floats (or a 1-D real tensor), one per level; got {weights!r}")
+    values = []
+    for w in items:
+        w = w.item() if isinstance(w, Tensor) and w.numel() == 1 else w
+        if isinstance(w, bool) or not isinstance(w, (int, float)):
+            raise TypeError(f"{name} must contain real numbers; got {type(w).__name__} {w!r}")
+        values.append(float(w))
     if not values:
         raise ValueError(f"{name} must have one weight per level; got an empty sequence")
     if num_levels is not None and len(values) != num_levels:
         raise ValueError(f"{name} must be {num_levels} weights, one per level (w_1..w_L); got {len(values)}: {values}")
-    if any(w != w or w in (float("inf"), float("-inf")) for w in values):
+    if not all(math.isfinite(w) for w in values):
         raise ValueError(f"{name} must be finite; got {values}")
-    if any(w < 0 for w in values):
+    if min(values) < 0:
         raise ValueError(f"{name} must be non-negative; got {values}")
-    if not any(w > 0 for w in values):
+    if max(values) == 0:
         raise ValueError(f"{name} must not be all zero (the weighted sum would be 0/0); got {values}")
     return values
 

@@ -1,10 +1,8 @@
-"""The package's collectives over ``torch.distributed``: one gather (rows may differ between processes), with or
-without gradient, the gather of a whole training batch, and the share of a range of items that a process handles.
-
-Used by :class:`~pml_suprank.losses.DistributedRankLoss`, :class:`~pml_suprank.memory.RankingMemory`, the training
-loop and the metrics (:class:`~pml_suprank.metrics.RetrievalMetric`, ``RetrievalEvaluator.evaluate(distributed=True)``).
-Every function reduces to the local tensor without an initialised process group (or with one process). This module
-depends on torch only, so that every layer of the package may use it.
+"""The package's collectives over ``torch.distributed`` (torch only, so that every layer may use them): one gather
+(rows may differ between processes), with or without gradient, the gather of a whole training batch, and a process's
+share of a range of items. Without an initialised process group (or with one process) each reduces to the local
+tensor. Used by the losses (``DistributedRankLoss``), :class:`~pml_suprank.memory.RankingMemory`, the training loop
+and the metrics.
 """
 
 from __future__ import annotations
@@ -19,11 +17,8 @@ __all__ = ["GlobalBatch", "all_gather", "all_gather_with_grad", "gather_batch", 
 
 
 def is_distributed(group: Any = None) -> bool:
-    """True when ``torch.distributed`` is initialised with more than one process in ``group``.
-
-    Raises:
-        TypeError: ``group`` is neither ``None`` nor a ``torch.distributed`` process group.
-    """
+    """True when ``torch.distributed`` is initialised with more than one process in ``group`` (``TypeError`` when
+    ``group`` is neither ``None`` nor a process group)."""
     if group is not None and not (
         torch.distributed.is_available() and isinstance(group, torch.distributed.ProcessGroup)
     ):
@@ -57,10 +52,14 @@ def comm_device(group: Any = None, preferred: torch.device | None = None) -> tor
 
 def gather_sizes(n: int, device: torch.device, group: Any = None) -> list[int]:
     """``[n_0, ..., n_{W-1}]``: the number of rows of every process (one collective)."""
-    mine = torch.tensor([n], dtype=torch.long, device=device)
-    out = [torch.zeros_like(mine) for _ in range(torch.distributed.get_world_size(group))]
-    torch.distributed.all_gather(out, mine, group=group)
-    return [int(x) for x in out]
+    return _all_gather_equal(torch.tensor([n], dtype=torch.long, device=device), group).tolist()
+
+
+def _all_gather_equal(tensor: Tensor, group: Any) -> Tensor:
+    """``torch.distributed.all_gather`` of equally shaped tensors, concatenated in rank order."""
+    parts = [torch.empty_like(tensor) for _ in range(torch.distributed.get_world_size(group))]
+    torch.distributed.all_gather(parts, tensor.contiguous(), group=group)
+    return torch.cat(parts)
 
 
 def _pad_rows(x: Tensor, rows: int) -> Tensor:
@@ -80,9 +79,7 @@ class _AllGatherWithGrad(torch.autograd.Function):
         ctx.group = group
         ctx.rank = torch.distributed.get_rank(group)
         ctx.rows = tensor.shape[0]
-        parts = [torch.empty_like(tensor) for _ in range(torch.distributed.get_world_size(group))]
-        torch.distributed.all_gather(parts, tensor.contiguous(), group=group)
-        return torch.cat(parts)
+        return _all_gather_equal(tensor, group)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -98,11 +95,9 @@ def gather_rows(tensor: Tensor, sizes: list[int], group: Any = None, *, with_gra
     rows = max(sizes)
     if with_grad:
         gathered = _AllGatherWithGrad.apply(_pad_rows(tensor, rows), group)
-        return torch.cat([gathered[r * rows : r * rows + n] for r, n in enumerate(sizes)])
-    padded = _pad_rows(tensor.detach(), rows)
-    parts = [torch.empty_like(padded) for _ in sizes]
-    torch.distributed.all_gather(parts, padded, group=group)
-    return torch.cat([p[:n] for p, n in zip(parts, sizes, strict=True)])
+    else:
+        gathered = _all_gather_equal(_pad_rows(tensor.detach(), rows), group)
+    return torch.cat([gathered[r * rows : r * rows + n] for r, n in enumerate(sizes)])
 
 
 def check_tensor(name: str, tensor: Any) -> None:
@@ -110,33 +105,21 @@ def check_tensor(name: str, tensor: Any) -> None:
         raise TypeError(f"{name} must be a torch.Tensor; got {type(tensor).__name__}")
 
 
+def all_gather(tensor: Tensor, group: Any = None, *, with_grad: bool = False) -> Tensor:
+    """``tensor`` ``(n_r, ...)`` of every process concatenated in rank order, ``(Σ_r n_r, ...)`` (the number of rows
+    may differ between processes); ``tensor`` itself when not distributed. Without ``with_grad`` the result is
+    detached (labels, indices, memory entries, per-query metrics); with it, it keeps the autograd graph and backward
+    gives each process's slice the *sum* of the gradients of all processes (as
+    ``torch.distributed.nn.functional.all_gather``)."""
+    check_tensor("tensor", tensor)
+    if not is_distributed(group):
+        return tensor if with_grad else tensor.detach()
+    return gather_rows(tensor, gather_sizes(tensor.shape[0], tensor.device, group), group, with_grad=with_grad)
+
+
 def all_gather_with_grad(tensor: Tensor, group: Any = None) -> Tensor:
-    """Concatenate ``tensor`` ``(n_r, ...)`` of every process along dim 0, keeping the autograd graph.
-
-    The backward pass gives each process's slice the *sum* of the gradients computed by all processes (as
-    ``torch.distributed.nn.functional.all_gather``). The number of rows may differ between processes.
-
-    Args:
-        tensor: ``(n_r, ...)`` on this process.
-        group: process group (default: the world).
-
-    Returns:
-        ``(Σ_r n_r, ...)`` in rank order; ``tensor`` itself when not distributed.
-    """
-    check_tensor("tensor", tensor)
-    if not is_distributed(group):
-        return tensor
-    return gather_rows(tensor, gather_sizes(tensor.shape[0], tensor.device, group), group, with_grad=True)
-
-
-def all_gather(tensor: Tensor, group: Any = None) -> Tensor:
-    """Concatenate ``tensor`` ``(n_r, ...)`` of every process along dim 0, *without* gradient (labels, indices,
-    memory entries, per-query metrics). The number of rows may differ between processes; ``tensor`` itself
-    (detached) when not distributed."""
-    check_tensor("tensor", tensor)
-    if not is_distributed(group):
-        return tensor.detach()
-    return gather_rows(tensor, gather_sizes(tensor.shape[0], tensor.device, group), group)
+    """:func:`all_gather` with ``with_grad=True``."""
+    return all_gather(tensor, group, with_grad=True)
 
 
 def shard_range(n: int, group: Any = None) -> tuple[int, int]:
@@ -148,11 +131,8 @@ def shard_range(n: int, group: Any = None) -> tuple[int, int]:
 
 
 def pad_label_sets(labels: Tensor, width: int) -> Tensor:
-    """Multi-label sets ``(N,)`` or ``(N, M)`` as ``(N, width)``, the new columns filled with ``-1`` (padding).
-
-    Raises:
-        ValueError: ``labels`` has more than ``width`` columns (the message names both sizes).
-    """
+    """Multi-label sets ``(N,)`` or ``(N, M)`` as ``(N, width)``, the new columns filled with ``-1`` (padding);
+    ``ValueError`` naming both sizes when ``labels`` has more than ``width`` columns."""
     labels = labels.unsqueeze(1) if labels.dim() == 1 else labels
     if labels.shape[1] > width:
         raise ValueError(
@@ -190,17 +170,10 @@ class GlobalBatch:
 def gather_batch(
     embeddings: Tensor, labels: Tensor, indices: Tensor | None = None, group: Any = None, *, multilabel: bool = False
 ) -> GlobalBatch:
-    """Gather this process's batch from every process: embeddings with gradient, labels and indices without (one
-    exchange of the per-process sizes serves all the gathers); the batch as is without a process group.
-
-    Args:
-        embeddings: ``(B_r, D)``.
-        labels: ``(B_r,)`` or ``(B_r, L)``.
-        indices: optional ``(B_r,)`` dataset indices.
-        group: process group (default: the world).
-        multilabel: ``labels`` are ``(B_r, M_r)`` label sets padded with ``-1`` whose width may differ between
-            processes: every set is padded to the largest width first.
-    """
+    """Gather this process's batch ``embeddings`` ``(B_r, D)``, ``labels`` ``(B_r,)`` / ``(B_r, L)`` and optional
+    ``indices`` ``(B_r,)`` from every process: embeddings with gradient, labels and indices without (one exchange of
+    the per-process sizes serves all the gathers); the batch as is without a process group. ``multilabel``: the
+    labels are ``(B_r, M_r)`` sets padded with ``-1``, padded to the largest width over the processes first."""
     check_tensor("embeddings", embeddings)
     check_tensor("labels", labels)
     device = embeddings.device

@@ -1,16 +1,14 @@
-"""Cross-batch memories (XBM, Wang et al., CVPR 2020) for rank losses: ``RankingMemory`` (resumable,
-distributed-aware) and ``CrossBatchMemory`` (PML's class extended to this package's rank losses).
+"""Cross-batch memories (XBM, Wang et al., CVPR 2020) for rank losses: :class:`RankingMemory` (resumable,
+distributed-aware) and :class:`CrossBatchMemory` (PML's class extended to this package's rank losses).
 
 A memory of past (detached) embeddings enlarges the reference set of a non-decomposable rank loss at almost no cost
-(SupRank TPAMI 2025, Sec. 5 / Tab. III). ``RankingMemory`` follows the SupRank reference XBM:
-
-* **enqueue, then get** (or ``get_first=True``): each query's copy is removed from its reference set by index unless
-  the loss has ``include_self=True``.
-* **loss** ``= (batch_weight · L(batch, ref = batch) + memory_weight · L(batch, ref = memory)) /
-  (batch_weight + memory_weight)``; only the in-batch term, and no enqueue, for the first ``warmup_steps`` calls.
-* **state**: buffers only (``state_dict`` resumes bit-identically); ``eval()`` reads without writing.
-* **distributed**: the global batch is enqueued (:func:`pml_suprank.collectives.gather_batch`) and both terms are
-  normalised over all processes (:func:`pml_suprank.losses.reference_loss`), equal to the single-process run.
+(SupRank TPAMI 2025, Sec. 5 / Tab. III). ``RankingMemory`` follows the SupRank reference XBM: enqueue, then get
+(or ``get_first=True``), each query's copy removed from its reference set unless the loss has ``include_self=True``;
+the loss is ``(batch_weight · L(batch, ref = batch) + memory_weight · L(batch, ref = memory)) / (batch_weight +
+memory_weight)``, only the in-batch term (and no enqueue) for the first ``warmup_steps`` calls. Its state is buffers
+only (``state_dict`` resumes bit-identically; ``eval()`` reads without writing). Distributed, the global batch is
+enqueued (:func:`pml_suprank.collectives.gather_batch`) and both terms are normalised over all processes
+(:func:`pml_suprank.losses.reference_loss`), equal to the single-process run.
 
 Labels are ``(B,)`` or hierarchical ``(B, L)``; a multi-label loss
 (:func:`~pml_suprank.losses.distributed_rank_loss.is_multilabel_loss`, never the labels' shape) takes ``(B, W)``
@@ -48,21 +46,17 @@ class RankingMemory(nn.Module):
     Args:
         loss: called as ``loss(embeddings, labels, indices_tuple, ref_emb, ref_labels)`` (any pml_suprank loss, or a
             PML loss accepting ``ref_emb``).
-        embedding_size: ``D``.
-        memory_size: number of slots ``M`` (``mode="index"``: the dataset size, or more).
+        embedding_size, memory_size: ``D`` and the number of slots ``M`` (``mode="index"``: the dataset size).
         warmup_steps: training calls during which only the in-batch loss is used and nothing is enqueued.
         mode: ``"fifo"`` (ring buffer; a batch larger than the memory keeps its last rows) or ``"index"`` (one
             slot per dataset index holding its latest embedding; ``forward`` needs ``indices``).
-        batch_weight: weight of the in-batch loss (``0`` → memory term only once the memory is active).
-        memory_weight: weight of the loss against the memory.
+        batch_weight, memory_weight: weights of the in-batch loss (``0``: memory term only) and of the memory term.
         label_levels: ``None`` (from the first batch) or ``L`` for ``(M, L)`` labels (``1`` → 1-D); with a
             multi-label loss, the fixed width ``W`` of the label sets (``None``: grows to the widest batch).
-        get_first: compute the memory term *before* the batch is written (the reference XBM's ``get_first``): no
-            ``(B, M)`` pair list in ``"fifo"`` mode; in ``"index"`` mode the query's own older slot is excluded.
-        distributed: gather across processes (``None``: with > 1 ``torch.distributed`` process).
-        group: process group.
-        device: device of the buffers.
-        dtype: dtype of the stored embeddings (float32, as the reference's XBM).
+        get_first: compute the memory term *before* the batch is written (the reference XBM's ``get_first``); in
+            ``"index"`` mode the query's own older slot is then excluded.
+        distributed, group: gather across the processes of ``group`` (``None``: with > 1 process).
+        device, dtype: of the buffers; the embeddings are stored in ``dtype`` (float32, as the reference's XBM).
     """
 
     def __init__(
@@ -92,8 +86,7 @@ class RankingMemory(nn.Module):
         self.mode = check_choice("mode", mode, get_args(MemoryMode))
         self.batch_weight = check_positive("batch_weight", batch_weight, strict=False)
         self.memory_weight = check_positive("memory_weight", memory_weight)
-        if label_levels is not None:
-            check_positive_int("label_levels", label_levels, minimum=1)
+        check_positive_int("label_levels", label_levels, allow_none=True)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"dtype must be a floating torch.dtype; got {dtype!r}")
         self.get_first = check_bool("get_first", get_first)
@@ -112,15 +105,7 @@ class RankingMemory(nn.Module):
         self.last_losses: dict[str, Tensor] = {}
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        key = prefix + "labels"
-        if key in state_dict and state_dict[key].shape != self.labels.shape:
-            incoming = state_dict[key]
-            if incoming.shape[0] != self.memory_size or incoming.dim() not in (1, 2):
-                raise ValueError(
-                    f"state_dict['{key}'] must have shape ({self.memory_size},) or ({self.memory_size}, L); got "
-                    f"{tuple(incoming.shape)}"
-                )
-            self.labels = torch.zeros(incoming.shape, dtype=torch.long, device=self.labels.device)
+        _fit_label_buffer(self, "labels", state_dict, prefix)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def reset(self) -> None:
@@ -157,36 +142,27 @@ class RankingMemory(nn.Module):
         if self.multilabel:  # widths are reconciled by _fit_label_width (after the distributed gather)
             labels = labels.unsqueeze(1) if labels.dim() == 1 else labels
         elif tuple(labels.shape[1:]) != want:
-            adaptable = not self._label_levels_fixed and not bool(self.filled.any())
-            if not adaptable:
+            if self._label_levels_fixed or bool(self.filled.any()):
                 raise ValueError(
                     f"labels must have shape (B,{' ' + str(want[0]) if want else ''}) like the labels already in the "
                     f"memory; got shape {tuple(labels.shape)}"
                 )
-            self.labels = torch.zeros(
-                (self.memory_size, *labels.shape[1:]), dtype=torch.long, device=self.labels.device
+            self.labels = self.labels.new_zeros((self.memory_size, *labels.shape[1:]))
+        if indices is None:
+            if self.mode == "index":
+                raise ValueError("mode='index' (one slot per dataset index) needs indices (B,) of the batch; got None")
+            return labels.to(self.labels.device), None
+        indices = check_labels("indices", indices, embeddings.shape[0], allow_2d=False).to(self.filled.device)
+        if (
+            self.mode == "index"
+            and indices.numel()
+            and not 0 <= int(indices.min()) <= int(indices.max()) < self.memory_size
+        ):
+            raise ValueError(
+                f"indices must lie in [0, memory_size - 1] = [0, {self.memory_size - 1}] with mode='index'; got "
+                f"values in [{int(indices.min())}, {int(indices.max())}]"
             )
-        if self.mode == "index" and indices is None:
-            raise ValueError("mode='index' (one slot per dataset index) needs indices (B,) of the batch; got None")
-        if indices is not None:
-            if not isinstance(indices, Tensor) or indices.dim() != 1 or indices.shape[0] != embeddings.shape[0]:
-                raise ValueError(
-                    f"indices must be a 1-D tensor of length B = {embeddings.shape[0]}; got "
-                    f"{type(indices).__name__} {tuple(getattr(indices, 'shape', ()))}"
-                )
-            if indices.is_floating_point() or indices.dtype == torch.bool:
-                raise TypeError(f"indices must have an integer dtype; got {indices.dtype}")
-            indices = indices.to(self.filled.device, torch.long)
-            if (
-                self.mode == "index"
-                and indices.numel()
-                and (int(indices.min()) < 0 or int(indices.max()) >= self.memory_size)
-            ):
-                raise ValueError(
-                    f"indices must lie in [0, memory_size - 1] = [0, {self.memory_size - 1}] with mode='index'; got "
-                    f"values in [{int(indices.min())}, {int(indices.max())}]"
-                )
-        return labels.to(self.labels.device), indices
+        return labels.to(self.labels.device), indices.long()
 
     @property
     def multilabel(self) -> bool:
@@ -197,35 +173,24 @@ class RankingMemory(nn.Module):
         """Multi-label mode: pad ``labels`` ``(B, W_b)`` or grow the ``(M, W)`` buffer so both have one width."""
         if not self.multilabel:
             return labels
-        if self.labels.dim() == 1:  # a fresh buffer (or 1-D fine labels, i.e. sets of one label)
-            self.labels = self.labels.unsqueeze(1).clone()
-        width, incoming = self.labels.shape[1], labels.shape[1]
-        if incoming > width:
-            if not bool(self.filled.any()) and not self._label_levels_fixed:
-                self.labels = torch.full((self.memory_size, incoming), -1, dtype=torch.long, device=self.labels.device)
-            elif self._label_levels_fixed:
-                raise ValueError(
-                    f"labels has {incoming} label columns but the memory stores label sets of width "
-                    f"label_levels={width}; pad the sets to at most {width} columns or build the memory with "
-                    f"label_levels >= {incoming}"
-                )
-            else:
-                self.labels = pad_label_sets(self.labels, incoming)
-            return labels
-        return pad_label_sets(labels, width)
+        buffer = self.labels if self.labels.dim() == 2 else self.labels[:, None]  # 1-D: sets of one label
+        width, incoming = buffer.shape[1], labels.shape[1]
+        if incoming > width and self._label_levels_fixed:
+            raise ValueError(
+                f"labels has {incoming} label columns but the memory stores label sets of width "
+                f"label_levels={width}; pad the sets to at most {width} columns or build the memory with "
+                f"label_levels >= {incoming}"
+            )
+        if incoming > width and not bool(self.filled.any()):
+            buffer = buffer.new_full((self.memory_size, incoming), -1)
+        self.labels = pad_label_sets(buffer, max(width, incoming))
+        return pad_label_sets(labels, self.labels.shape[1])
 
     @torch.no_grad()
     def enqueue(self, embeddings: Tensor, labels: Tensor, indices: Tensor | None = None) -> Tensor:
-        """Write a (detached) batch into the memory (no loss, no gathering).
-
-        Args:
-            embeddings: ``(B, D)``.
-            labels: ``(B,)`` or ``(B, L)``.
-            indices: ``(B,)`` dataset indices (required by ``mode="index"``).
-
-        Returns:
-            ``(B,)`` long: the slot of every row (``-1``: not kept, a FIFO batch larger than the memory).
-        """
+        """Write a (detached) batch ``embeddings`` ``(B, D)``, ``labels`` ``(B,)`` / ``(B, L)``, ``indices`` ``(B,)``
+        (required by ``mode="index"``) into the memory, without loss or gathering; returns the ``(B,)`` slot of every
+        row (``-1``: not kept, a FIFO batch larger than the memory)."""
         labels, indices = self._check_batch(embeddings, labels, indices)
         return self._write(embeddings.detach(), self._fit_label_width(labels), indices)
 
@@ -254,8 +219,7 @@ class RankingMemory(nn.Module):
 
     def get(self) -> tuple[Tensor, Tensor]:
         """The filled part of the memory: ``(embeddings (K, D), labels (K,) or (K, L))`` (views when possible)."""
-        ref, ref_labels, _ = self._reference()
-        return ref, ref_labels
+        return self._reference()[:2]
 
     def _reference(self) -> tuple[Tensor, Tensor, Tensor | None]:
         """Filled rows and, when they are a copy, the map slot -> row (``None``: row == slot)."""
@@ -274,80 +238,71 @@ class RankingMemory(nn.Module):
         return self.loss(queries, labels, pairs, ref, ref_labels)
 
     def forward(self, embeddings: Tensor, labels: Tensor, indices: Tensor | None = None) -> Tensor:
-        """``(batch_weight · L(batch) + memory_weight · L(batch, ref = memory)) / (batch_weight + memory_weight)``.
-
-        Args:
-            embeddings: ``(B, D)`` embeddings of this process's batch (with gradient).
-            labels: ``(B,)`` or ``(B, L)``.
-            indices: ``(B,)`` dataset indices (needed by ``mode="index"``, ignored by ``"fifo"``).
-
-        Returns:
-            A scalar tensor; ``last_losses`` holds the detached terms ``"batch"`` and ``"memory"``.
-        """
+        """Scalar ``(batch_weight · L(batch) + memory_weight · L(batch, ref = memory)) / (batch_weight +
+        memory_weight)`` of this process's ``embeddings`` ``(B, D)`` (with gradient), ``labels`` ``(B,)`` / ``(B, L)``
+        and ``indices`` ``(B,)`` (needed by ``mode="index"``); ``last_losses`` holds the detached terms."""
         labels, indices = self._check_batch(embeddings, labels, indices)
         labels = labels.to(embeddings.device)
         use_dist = self.distributed is not False and is_distributed(self.group)
         exclude_self = not getattr(self.loss, "include_self", False)
-
         if use_dist:
             batch = gather_batch(embeddings, labels, indices, group=self.group, multilabel=self.multilabel)
         else:
-            local = torch.arange(embeddings.shape[0], device=embeddings.device)
-            batch = GlobalBatch(embeddings, labels, indices, local)
+            batch = GlobalBatch(
+                embeddings, labels, indices, torch.arange(embeddings.shape[0], device=embeddings.device)
+            )
         all_emb, all_labels, all_indices, local = batch.embeddings, batch.labels, batch.indices, batch.local
         if self.multilabel:  # one width for the batch, the gathered batch and the memory
             all_labels = self._fit_label_width(all_labels)
             labels = pad_label_sets(labels, all_labels.shape[1])
 
-        def in_batch_loss() -> Tensor:
-            if not use_dist:
-                return self.loss(embeddings, labels)
-            self_index = local if exclude_self else None
-            return self._reference_loss(embeddings, labels, all_emb, all_labels, self_index, use_dist)
-
-        def batch_only() -> Tensor:
-            batch_loss = in_batch_loss()
-            self.last_losses = {"batch": batch_loss.detach()}
-            return batch_loss
-
-        active = self.is_active
-        if self.training:
+        active, training = self.is_active, self.training
+        if training:
             self.step += 1
-        if not active:
-            return batch_only()
-
-        write_now = self.training and not self.get_first
-        write_after = self.training and self.get_first
-        slots = None
-        if write_now:
-            slots = self._write(all_emb.detach(), all_labels, all_indices).to(embeddings.device)[local]
-        elif self.mode == "index" and exclude_self:  # the query's own (older) slot, when it is filled
-            slots = all_indices.to(embeddings.device)[local]
-            slots = torch.where(self.filled[slots.to(self.filled.device)].to(slots.device), slots, -1)
-        if self.num_filled == 0:  # get_first on an empty memory, or eval mode before anything was written
-            if write_after:
+        terms: dict[str, Tensor] = {}
+        if active:
+            slots = None
+            if training and not self.get_first:
+                slots = self._write(all_emb.detach(), all_labels, all_indices).to(embeddings.device)[local]
+            elif self.mode == "index" and exclude_self:  # the query's own (older) slot, when it is filled
+                slots = all_indices.to(embeddings.device)[local]
+                slots = torch.where(self.filled[slots.to(self.filled.device)].to(slots.device), slots, -1)
+            if self.num_filled:  # not on an empty memory (get_first, or eval mode before anything was written)
+                ref, ref_labels, row_of_slot = self._reference()
+                if training and self.get_first:  # the buffers are written below, before backward: keep this step's
+                    ref, ref_labels = ref.clone(), ref_labels.clone()
+                if slots is not None and row_of_slot is not None:
+                    slots = torch.where(slots >= 0, row_of_slot.to(slots.device)[slots.clamp(min=0)], slots)
+                ref, ref_labels = ref.to(embeddings.device), ref_labels.to(embeddings.device)
+                self_index = slots if exclude_self else None
+                terms["memory"] = self._reference_loss(embeddings, labels, ref, ref_labels, self_index, use_dist)
+            if training and self.get_first:
                 self._write(all_emb.detach(), all_labels, all_indices)
-            return batch_only()
-        ref, ref_labels, row_of_slot = self._reference()
-        if write_after:  # the buffers are written below, before backward: keep the references of this step
-            ref, ref_labels = ref.clone(), ref_labels.clone()
-        self_index = None
-        if exclude_self and slots is not None:
-            if row_of_slot is not None:
-                slots = torch.where(slots >= 0, row_of_slot.to(slots.device)[slots.clamp(min=0)], slots)
-            self_index = slots
-        memory_loss = self._reference_loss(
-            embeddings, labels, ref.to(embeddings.device), ref_labels.to(embeddings.device), self_index, use_dist
-        )
-        if write_after:
-            self._write(all_emb.detach(), all_labels, all_indices)
-        self.last_losses = {"memory": memory_loss.detach()}
-        if self.batch_weight == 0:
-            return memory_loss
-        batch_loss = in_batch_loss()
-        self.last_losses["batch"] = batch_loss.detach()
+        if "memory" not in terms or self.batch_weight:
+            if use_dist:
+                self_index = local if exclude_self else None
+                terms["batch"] = self._reference_loss(embeddings, labels, all_emb, all_labels, self_index, True)
+            else:
+                terms["batch"] = self.loss(embeddings, labels)
+        self.last_losses = {k: v.detach() for k, v in terms.items()}
+        if "memory" not in terms or "batch" not in terms:
+            return terms["memory"] if "memory" in terms else terms["batch"]
         total = self.batch_weight + self.memory_weight
-        return (self.batch_weight * batch_loss + self.memory_weight * memory_loss) / total
+        return (self.batch_weight * terms["batch"] + self.memory_weight * terms["memory"]) / total
+
+
+def _fit_label_buffer(module: nn.Module, name: str, state_dict: dict[str, Tensor], prefix: str) -> None:
+    """Before loading ``state_dict``: give the label buffer ``name`` the saved shape (``(M, L)`` levels or ``(M, W)``
+    label sets saved into a fresh memory); ``ValueError`` unless it is ``(M,)`` or ``(M, L)``."""
+    saved, current = state_dict.get(prefix + name), getattr(module, name)
+    if saved is None or saved.shape == current.shape:
+        return
+    if saved.dim() not in (1, 2) or saved.shape[0] != current.shape[0]:
+        raise ValueError(
+            f"state_dict['{prefix}{name}'] must have shape ({current.shape[0]},) or ({current.shape[0]}, L); got "
+            f"{tuple(saved.shape)}"
+        )
+    setattr(module, name, torch.zeros(saved.shape, dtype=current.dtype, device=current.device))
 
 
 #: the package's loss bases whose subclasses rank against a memory (matched by name: no import of the losses)
@@ -355,22 +310,14 @@ _RANK_LOSS_BASES = ("BaseRankLoss", "CombinedRankLoss", "CalibrationLoss")
 
 
 class CrossBatchMemory(_PMLCrossBatchMemory):
-    """Drop-in for ``pytorch_metric_learning.losses.CrossBatchMemory`` (XBM, Wang et al. CVPR 2020).
+    """Drop-in for ``pytorch_metric_learning.losses.CrossBatchMemory(loss, embedding_size, memory_size=1024,
+    miner=None)`` that also accepts every loss deriving from a class named ``BaseRankLoss``, ``CombinedRankLoss`` or
+    ``CalibrationLoss``. PML's behaviour: the batch is enqueued (detached), then the loss is called as
+    ``loss(embeddings, labels, pairs, memory_embeddings, memory_labels)``, ``pairs`` omitting each query's own copy.
 
-    Besides PML's fixed list of losses, it accepts every loss deriving from a class named ``BaseRankLoss``,
-    ``CombinedRankLoss`` or ``CalibrationLoss``. Behaviour is PML's: the batch is enqueued (detached), then the loss
-    is called as ``loss(embeddings, labels, pairs, memory_embeddings, memory_labels)`` with ``pairs`` omitting each
-    query's own copy.
-
-    Multi-label losses (``relevance="multilabel"``, never decided by the labels' shape) take ``(B, W)`` sets padded
-    with ``-1``: the label memory becomes ``(memory_size, W)`` and grows to a wider batch. The pairs (and a miner)
-    see column 0 of the sets; the rank losses use their union.
-
-    Args:
-        loss: the loss to wrap.
-        embedding_size: embedding dimension.
-        memory_size: number of stored embeddings (1024).
-        miner: optional PML miner.
+    Multi-label losses (``relevance="multilabel"``, never the labels' shape) take ``(B, W)`` sets padded with ``-1``:
+    the label memory becomes ``(memory_size, W)``, grown to a wider batch; pairs (and a miner) see column 0 of the
+    sets, the rank losses their union.
     """
 
     def __init__(self, loss: nn.Module, embedding_size: int, memory_size: int = 1024, miner: Any = None, **kwargs):
@@ -387,20 +334,13 @@ class CrossBatchMemory(_PMLCrossBatchMemory):
         """True when the wrapped loss takes multi-label label sets (its ``relevance == "multilabel"``)."""
         return getattr(self.loss, "relevance", None) == "multilabel"
 
-    def _fit_label_width(self, labels):
-        """Multi-label mode: ``labels`` padded to the memory's width, the memory grown to the batch's."""
-        labels = labels.unsqueeze(1) if labels.dim() == 1 else labels
-        memory = self.label_memory
-        if memory.dim() == 1:
-            memory = memory.unsqueeze(1)
-        width = max(memory.shape[1], labels.shape[1])
-        self.label_memory = pad_label_sets(memory, width)
-        return pad_label_sets(labels, width)
-
     def forward(self, embeddings, labels, indices_tuple=None, enqueue_mask=None):
-        """PML's ``forward``; multi-label sets ``(B, W)`` are reconciled with the memory's width first."""
+        """PML's ``forward``; multi-label sets ``(B, W)`` and the memory are first padded to one width."""
         if self.multilabel and isinstance(labels, torch.Tensor):
-            labels = self._fit_label_width(labels.to(self.label_memory.device))
+            memory = self.label_memory if self.label_memory.dim() == 2 else self.label_memory[:, None]
+            width = max(memory.shape[1], labels.shape[1] if labels.dim() == 2 else 1)
+            self.label_memory = pad_label_sets(memory, width)
+            labels = pad_label_sets(labels.to(memory.device), width)
         return super().forward(embeddings, labels, indices_tuple, enqueue_mask)
 
     def create_indices_tuple(self, embeddings, labels, E_mem, L_mem, input_indices_tuple, do_remove_self_comparisons):
@@ -412,7 +352,5 @@ class CrossBatchMemory(_PMLCrossBatchMemory):
         )
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        key = prefix + "label_memory"
-        if key in state_dict and state_dict[key].shape != self.label_memory.shape:  # a multi-label (M, W) memory
-            self.label_memory = torch.zeros_like(state_dict[key], device=self.label_memory.device)
+        _fit_label_buffer(self, "label_memory", state_dict, prefix)  # a multi-label (M, W) memory
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)

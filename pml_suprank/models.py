@@ -1,15 +1,11 @@
-"""Retrieval models: a timm backbone, a pooling layer, LayerNorm, a linear projection and L2 normalisation.
-
-The architecture of the SupRank / ROADMAP / HAPPIER papers ("ResNet-50 + LN + 512-d projection", Ramzi et al.,
-TPAMI, Sec. VII-A), generalised to any timm backbone:
+"""Retrieval models: the SupRank / ROADMAP / HAPPIER architecture ("ResNet-50 + LN + 512-d projection", Ramzi et
+al., TPAMI, Sec. VII-A) on any timm backbone, with an optional linear classification head (for HEAT):
 
     x (B, 3, H, W) --backbone.forward_features--> map (B, C, h, w) or tokens (B, T, C)
       --pool (avg | GeM | max)--> (B, C) --LayerNorm (no affine)--> --Linear(C, D)--> --L2-normalise--> (B, D)
 
-An optional linear classification head on the pooled ``(B, C)`` features serves HEAT. ``RetrievalModel`` saves and
-loads through :class:`pml_suprank.hub.HubMixin`: restoring rebuilds the backbone with ``pretrained=False`` (never
-downloads), a loaded ``config.json`` is untrusted unless ``trust_config=True`` (:mod:`pml_suprank.hub.loaded_config`)
-and every loaded tensor is checked against the rebuilt module.
+Saved and loaded through :class:`pml_suprank.hub.HubMixin`: restoring never downloads (``pretrained=False``), a
+loaded ``config.json`` is untrusted unless ``trust_config=True`` and every loaded tensor is checked.
 """
 
 from __future__ import annotations
@@ -51,13 +47,8 @@ def _timm():
 
 
 def check_backbone_name(backbone: Any) -> str:
-    """Return ``backbone`` if timm knows it, else raise ``ValueError``.
-
-    Accepts an architecture name (``"resnet50"``), a name with a pretrained tag (``"resnet50.a1_in1k"``) and the
-    ``hf-hub:`` / ``local-dir:`` prefixes of ``timm.create_model`` (checked by timm when the model is built; an
-    ``hf-hub:`` backbone needs the Hub or its cache even with ``pretrained=False``, and a loaded config naming one is
-    refused unless ``trust_config=True``). Plain names never touch the network when restoring.
-    """
+    """Return ``backbone`` if timm knows it (``"resnet50"``, ``"resnet50.a1_in1k"``; the ``hf-hub:`` / ``local-dir:``
+    prefixes are left to timm, and refused in a loaded config unless ``trust_config=True``), else ``ValueError``."""
     if not isinstance(backbone, str) or not backbone:
         raise TypeError(
             f"backbone must be a non-empty timm model name (str); got {type(backbone).__name__} {backbone!r}"
@@ -77,25 +68,18 @@ def check_backbone_name(backbone: Any) -> str:
 
 
 def pca_projection(features: Tensor, out_dim: int, *, whiten: bool = False) -> tuple[Tensor, Tensor]:
-    """Linear map onto the ``out_dim`` leading principal components of ``features`` (centred PCA).
+    """``(weight (D, C), bias (D,))`` of the map onto the ``D = out_dim`` leading principal components of finite
+    ``features`` ``(N >= 2, C)``: the PCA-initialised projection of the SupRank landmark models (TPAMI Sec. VII-C3).
 
-    With the mean ``mu = mean_n x_n`` and the covariance ``S = 1/(N-1) sum_n (x_n - mu)(x_n - mu)^T = V diag(l) V^T``
-    (eigenvalues ``l_1 >= l_2 >= ...``), the map is ``y = W (x - mu) = W x + b`` with ``W = V[:, :out_dim]^T`` and
-    ``b = -W mu``; with ``whiten=True`` row k is divided by ``sqrt(l_k)`` (unit variance). This is the PCA-initialised
-    projection of the SupRank paper's landmark-retrieval models (H-GLDv2, TPAMI Sec. VII-C3).
-
-    Computed in float64 (``torch.linalg.eigh``); each component is flipped so that its entry of largest absolute value
-    is positive (deterministic). Eigenvalues below ``C * eps(float64) * l_1`` count as zero; rows ``k >= rank``
-    (``rank <= min(N - 1, C)``, every row beyond ``C`` included) are zero (weight and bias), so ``N < out_dim`` and
-    ``out_dim > C`` are allowed.
-
-    Args: ``features`` ``(N, C)`` finite, ``N >= 2``; ``out_dim`` D ``>= 1``; ``whiten``.
-    Returns ``weight (D, C)`` and ``bias (D,)`` in the dtype and on the device of ``features``.
+    With ``mu = mean_n x_n`` and ``S = 1/(N-1) sum_n (x_n - mu)(x_n - mu)^T = V diag(l) V^T`` (``l_1 >= l_2 >= ...``),
+    ``y = W (x - mu) = W x + b`` with ``W = V[:, :D]^T``, ``b = -W mu``; ``whiten=True`` divides row k by
+    ``sqrt(l_k)``. Computed in float64, each component signed so that its largest entry is positive; rows
+    ``k >= rank`` (eigenvalues below ``C * eps * l_1`` count as zero) are zero, so ``D > min(N - 1, C)`` is allowed.
+    Returned in the dtype and on the device of ``features``.
 
     Raises:
         TypeError: ``features`` is not a floating-point Tensor.
-        ValueError: ``features`` is not 2-D with ``N >= 2`` rows and ``C >= 1`` columns, holds NaN/inf, or
-            ``out_dim`` is not a positive int.
+        ValueError: ``features`` is not ``(N >= 2, C >= 1)`` or not finite, or ``out_dim`` is not a positive int.
     """
     if not isinstance(features, Tensor) or not features.is_floating_point():
         what = f"{features.dtype} Tensor" if isinstance(features, Tensor) else type(features).__name__
@@ -113,26 +97,19 @@ def pca_projection(features: Tensor, out_dim: int, *, whiten: bool = False) -> t
     cov = centred.T @ centred / (n - 1)
     eigvals, eigvecs = torch.linalg.eigh(cov)  # ascending
     eigvals, eigvecs = eigvals.flip(0), eigvecs.flip(1)
-    components = eigvecs.T  # (C, C), row k = k-th principal axis
-    pivot = components.abs().argmax(dim=1, keepdim=True)
-    signs = torch.sign(components.gather(1, pivot))
-    components = components * torch.where(signs == 0, torch.ones_like(signs), signs)
+    components = eigvecs.T  # (C, C), row k = k-th principal axis (a unit vector: its largest entry is not 0)
+    components = components * torch.sign(components.gather(1, components.abs().argmax(dim=1, keepdim=True)))
     tol = c * torch.finfo(torch.float64).eps * float(eigvals[0].clamp(min=0.0))
-    rank = min(n - 1, c, int((eigvals > tol).sum()))
-    weight = torch.zeros(out_dim, c, dtype=torch.float64, device=x.device)
-    k = min(rank, out_dim)
-    weight[:k] = components[:k]
-    if whiten and k > 0:
-        weight[:k] = weight[:k] / eigvals[:k].sqrt().unsqueeze(1)
+    k = min(n - 1, c, int((eigvals > tol).sum()), out_dim)
+    top = components[:k] / eigvals[:k].sqrt().unsqueeze(1) if whiten else components[:k]
+    weight = torch.cat([top, top.new_zeros(out_dim - k, c)])
     bias = -(weight @ mean)
     return weight.to(features.dtype), bias.to(features.dtype)
 
 
 class GeneralizedMeanPooling(nn.Module):
-    """Generalized-mean (GeM) pooling with a learnable exponent (Radenović et al., TPAMI 2019, Eq. 1).
-
-    ``gem(x) = (mean_i clamp(x_i, eps) ** p) ** (1 / p)`` over the spatial positions (or tokens);
-    p = 1 is average pooling and p → ∞ max pooling.
+    """Generalized-mean (GeM) pooling (Radenović et al., TPAMI 2019, Eq. 1): ``gem(x) = (mean_i clamp(x_i, eps) ** p)
+    ** (1 / p)`` over the spatial positions (or tokens); p = 1 is average pooling and p → ∞ max pooling.
 
     Args:
         p: Initial exponent (3.0 in the paper and in the SupRank ``resnet_ln_gem`` config).
@@ -161,8 +138,7 @@ class GeneralizedMeanPooling(nn.Module):
 
 
 def _check_layer_names(backbone_kwargs: dict[str, Any]) -> None:
-    """``act_layer`` / ``norm_layer`` given by name must be timm layer names (``ValueError`` naming the key, the
-    value and the known names; timm itself raises a bare ``KeyError`` deep inside the model constructor)."""
+    """``act_layer`` / ``norm_layer`` given by name must be timm layer names (timm raises a bare ``KeyError``)."""
     from timm.layers import get_act_layer, get_norm_layer
 
     for key, resolve in (("act_layer", get_act_layer), ("norm_layer", get_norm_layer)):
@@ -179,13 +155,9 @@ def _check_layer_names(backbone_kwargs: dict[str, Any]) -> None:
 
 
 class Pooling(nn.Module):
-    """Global pooling of a timm feature output: ``(B, C, H, W)`` maps (NCHW or NHWC) or ``(B, T, C)`` tokens.
-
-    For token sequences the first ``num_prefix_tokens`` (class / register tokens) are dropped and the patch
-    tokens are pooled, so every pooling type means the same thing for CNNs and ViTs.
-
-    Args: ``pooling`` (``"avg"``, ``"gem"`` with learnable exponent starting at ``gem_p``, ``"max"``), ``output_fmt``
-    of 4-D inputs (timm's ``model.output_fmt``), ``num_prefix_tokens`` (leading non-patch tokens of a ViT).
+    """Global ``pooling`` (``"avg"``, ``"gem"`` with a learnable exponent starting at ``gem_p``, ``"max"``) of a timm
+    feature output: ``(B, C, H, W)`` maps (or NHWC: timm's ``output_fmt``) or ``(B, T, C)`` tokens, whose first
+    ``num_prefix_tokens`` (class / register tokens) are dropped, so that every pooling means the same for CNNs and ViTs.
     """
 
     def __init__(
@@ -224,9 +196,8 @@ class Pooling(nn.Module):
 
 
 class RetrievalModel(HubMixin, nn.Module):
-    """Embedding network for image retrieval: timm backbone + pooling + LayerNorm + projection + L2 normalisation.
-
-    The SupRank/ROADMAP/HAPPIER architecture (TPAMI, Sec. VII-A); dot products of the outputs are cosine similarities.
+    """Embedding network for image retrieval (SupRank/ROADMAP/HAPPIER, TPAMI Sec. VII-A): timm backbone + pooling +
+    LayerNorm + projection + L2 normalisation; dot products of the outputs are cosine similarities.
 
     Args:
         backbone: Any timm model name, optionally with a pretrained tag (``"resnet50.a1_in1k"``).
@@ -235,20 +206,17 @@ class RetrievalModel(HubMixin, nn.Module):
         embedding_size: Output dimension D of the projection; ``None`` keeps the backbone width without projection.
         layer_norm: Apply ``LayerNorm(C, elementwise_affine=False)`` to the pooled features before the projection.
         num_classes: If > 0, a linear classification head on the pooled features (``forward_logits``), e.g. for HEAT.
-        backbone_kwargs: Extra keyword arguments for ``timm.create_model`` (e.g. ``{"drop_path_rate": 0.1}``,
-            ``{"img_size": 64}`` for a ViT).
+        backbone_kwargs: Extra keyword arguments for ``timm.create_model`` (e.g. ``{"img_size": 64}`` for a ViT).
         gem_p: Initial GeM exponent (only with ``pooling="gem"``).
         image_size, mean, std: Resolution and normalisation overriding the backbone's (in :attr:`data_config`).
         crop_pct: Evaluation crop fraction overriding the backbone's (``Resize(size / crop_pct)``, crop ``size``).
-        crop_mode: Evaluation crop mode overriding the backbone's: ``"center"`` (keep the aspect ratio), ``"squash"``
-            or ``"border"`` (resize the long side, pad). ``crop_*`` are saved in ``config.json`` only when set.
-        projection_init: ``"random"`` (``nn.Linear``'s init) or ``"pca"`` (needs ``embedding_size``): the
-            :class:`~pml_suprank.training.Trainer` sets the projection once at the start of a fresh run with
-            :meth:`init_projection_from_pca`; :meth:`from_pretrained` loads the trained one, never recomputes it.
+        crop_mode: Evaluation crop mode overriding the backbone's: ``"center"``, ``"squash"`` or ``"border"``
+            (resize the long side, pad); ``crop_*`` are saved in ``config.json`` only when set.
+        projection_init: ``"random"`` (``nn.Linear``'s init) or ``"pca"`` (needs ``embedding_size``; the
+            :class:`~pml_suprank.training.Trainer` calls :meth:`init_projection_from_pca` at the start of a fresh run).
 
     Shapes: ``forward`` ``(B, 3, H, W)`` → ``(B, D)`` unit rows; ``forward_logits`` → ``(B, num_classes)``.
-    Persistence (:class:`~pml_suprank.hub.HubMixin`): ``save_pretrained``, ``from_pretrained`` (eval mode,
-    ``hub_metadata`` restored, the OOD guard attached) and ``push_to_hub``.
+    ``save_pretrained``, ``from_pretrained`` (eval mode, ``hub_metadata`` and the OOD guard restored), ``push_to_hub``.
 
     Example:
         >>> model = RetrievalModel("resnet18", embedding_size=128, image_size=64)
@@ -302,8 +270,7 @@ class RetrievalModel(HubMixin, nn.Module):
             isinstance(crop_pct, bool) or not isinstance(crop_pct, (int, float)) or not 0 < crop_pct <= 1
         ):
             raise ValueError(f"crop_pct must be None or a number in (0, 1]; got {crop_pct!r}")
-        if crop_mode is not None:
-            check_choice("crop_mode", crop_mode, get_args(CropMode))
+        check_choice("crop_mode", crop_mode, (*get_args(CropMode), None))
         if projection_init == "pca" and embedding_size is None:
             raise ValueError("projection_init='pca' needs a projection: give embedding_size (an int); got None")
 
@@ -336,10 +303,9 @@ class RetrievalModel(HubMixin, nn.Module):
                 raise
             raise ValueError(
                 f"could not get the pretrained weights of timm backbone {backbone!r} ({type(e).__name__}: {e}); "
-                "without network access (or with HF_HUB_OFFLINE=1 and no cached copy) either train from random "
-                "weights (--pretrained false; RetrievalModel(pretrained=False)), or make the weights available "
-                "offline: download them once where the Hub is reachable (they stay in the Hugging Face cache, "
-                "HF_HOME) and set HF_HUB_OFFLINE=1, or give a local checkpoint file "
+                "offline, either train from random weights (--pretrained false; RetrievalModel(pretrained=False)), "
+                "or download the weights once where the Hub is reachable (into the Hugging Face cache, HF_HOME) and "
+                "set HF_HUB_OFFLINE=1, or give a local checkpoint file "
                 "(backbone_kwargs={'pretrained_cfg_overlay': {'file': '/path/to/weights.safetensors'}})"
             ) from None
         self.num_features = num_features = int(self.backbone.num_features)
@@ -398,14 +364,9 @@ class RetrievalModel(HubMixin, nn.Module):
 
     @torch.no_grad()
     def init_projection_from_pca(self, features: Tensor, *, whiten: bool = False) -> RetrievalModel:
-        """Set the projection to the PCA of ``features`` (:func:`pca_projection`, ``whiten`` there), in place; returns
-        ``self``. ``features``: ``(N, C = num_features)`` projection inputs (:meth:`forward_projection_input`) of
-        training images, ``N >= 2``.
-
-        Raises:
-            ValueError: the model has no projection (``embedding_size=None``), or ``features`` is not ``(N, C)``
-                with ``N >= 2``, or is not finite.
-        """
+        """Set the projection, in place, to :func:`pca_projection` of ``features`` ``(N >= 2, num_features)``:
+        projection inputs (:meth:`forward_projection_input`) of training images; returns ``self``. ``ValueError``: no
+        projection (``embedding_size=None``), or ``features`` of another shape or not finite."""
         if not isinstance(self.projection, nn.Linear):
             raise ValueError("init_projection_from_pca needs a projection; this model has embedding_size=None")
         if isinstance(features, Tensor) and (features.dim() != 2 or features.shape[1] != self.num_features):
@@ -476,9 +437,8 @@ class RetrievalModel(HubMixin, nn.Module):
 
     # ------------------------------------------------------------------ saving: the guard travels with the model
     def _save_pretrained(self, save_directory: Path) -> None:
-        """The weights (:meth:`HubMixin._save_pretrained <pml_suprank.hub.HubMixin._save_pretrained>`), plus the
-        model's OOD guard (``ood/``, bound to the new file) when the weights are those it was loaded with; otherwise
-        (the model was changed since) the guard is left out with a warning: it would not belong to these weights."""
+        """The weights, plus the model's OOD guard (``ood/``, bound to the new file) when the weights are those it was
+        loaded with; otherwise (the model was changed since) the guard is left out with a warning."""
         super()._save_pretrained(save_directory)
         guard = self.ood_guard
         if guard is None:
@@ -500,10 +460,9 @@ class RetrievalModel(HubMixin, nn.Module):
 
     @classmethod
     def from_pretrained(cls, path_or_repo_id: str | Path, **kwargs: Any) -> RetrievalModel:
-        """:meth:`HubMixin.from_pretrained <pml_suprank.hub.HubMixin.from_pretrained>` (same arguments), plus the
-        model's OOD guard: ``model.ood_guard`` is the :class:`~pml_suprank.ood.guard.OODGuard` of the folder's or
-        repo's ``ood/`` (``None`` when it has none; a guard fitted on other weights is refused, naming both hashes)
-        and ``model.weights_sha256`` the SHA-256 of the loaded ``model.safetensors``."""
+        """:meth:`HubMixin.from_pretrained <pml_suprank.hub.HubMixin.from_pretrained>`, plus ``model.ood_guard``: the
+        :class:`~pml_suprank.ood.guard.OODGuard` of the folder's ``ood/`` (``None`` without one; one fitted on other
+        weights is refused) and ``model.weights_sha256``, the SHA-256 of the loaded ``model.safetensors``."""
         from .ood.guard import attach_guard
 
         model = super().from_pretrained(path_or_repo_id, **kwargs)

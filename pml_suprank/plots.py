@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._validation import check_embeddings, check_labels, check_positive_int
+from ._validation import check_choice, check_embeddings, check_labels, check_positive_int
 from .metrics.report import headline_keys, metric_label
 
 __all__ = [
@@ -67,9 +67,8 @@ def _literal(text: Any) -> str:
 
 
 def _class_name(names: Mapping[int, Any] | None, label: int, max_chars: int = 28, drop_head: bool = False) -> str:
-    """The display name of fine label ``label`` (the id itself without a name): without its first path component
-    with ``drop_head`` (the coarse class, named elsewhere), and cut from the left to ``max_chars`` (the end of a
-    name is its most specific part)."""
+    """The display name of fine label ``label`` (else the id), without its first path component (the coarse class)
+    with ``drop_head``, cut from the left to ``max_chars`` (the end of a name is its most specific part)."""
     name = str(names.get(int(label), int(label))) if names else str(int(label))
     if drop_head and "/" in name:
         name = name.split("/", 1)[1]
@@ -80,7 +79,7 @@ def _group_names(
     fine: np.ndarray, coarse: np.ndarray, class_names: Mapping[int, Any] | None, column: str
 ) -> dict[int, str]:
     """A name per coarse label: the common first path component of its fine classes' names (``"circle"`` for
-    ``"circle/small/red"``, ``"latin"`` for ``"latin/a"``) when there is one, else ``"<column> <id>"``."""
+    ``"circle/small/red"``) when there is one, else ``"<column> <id>"``."""
     out: dict[int, str] = {}
     for c in np.unique(coarse):
         names = [str(class_names.get(int(f), "")) for f in np.unique(fine[coarse == c])] if class_names else []
@@ -117,13 +116,12 @@ def _finish_pr_axes(ax: Any, title: str, legend_fontsize: int) -> None:
     ax.legend(loc="upper right", fontsize=legend_fontsize)
 
 
-def _save(plt: Any, fig: Any, path: str | Path) -> Path:
+def _save(fig: Any, path: str | Path) -> Path:
     """Lay out ``fig``, write it to ``path`` and close it."""
     fig.tight_layout()
-    path = Path(path)
     fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    _plt().close(fig)
+    return Path(path)
 
 
 def precision_recall_curve(
@@ -165,27 +163,20 @@ def _pr_curve_and_ap(
     total, count, ap_sum = np.zeros(num_points), 0, 0.0
     for start in range(0, len(queries), chunk_size):
         q = queries[start : start + chunk_size]
-        scores = emb[q] @ emb.T
-        rel = (lab[q][:, None] == lab[None, :]).float()
-        self_mask = torch.zeros_like(rel, dtype=torch.bool)
-        self_mask[torch.arange(len(q)), q] = True
-        # pessimistic ties: sort by score desc, then relevance asc; the query itself goes last and is dropped
-        key_scores = torch.where(self_mask, torch.full_like(scores, -float("inf")), scores)
-        order = np.lexsort((rel.numpy(), -key_scores.numpy()), axis=-1)[:, : n - 1]
-        rel_sorted = np.take_along_axis(rel.numpy(), order, axis=1)
-        npos = rel_sorted.sum(axis=1)
-        tp = np.cumsum(rel_sorted, axis=1)
-        ranks = np.arange(1, n)
-        for i in range(len(q)):
-            if npos[i] == 0:
-                continue
-            precision = tp[i] / ranks
-            recall = tp[i] / npos[i]
-            interp = np.maximum.accumulate(precision[::-1])[::-1]
-            idx = np.searchsorted(recall, grid, side="left").clip(max=n - 2)
-            total += interp[idx]
-            ap_sum += float((precision * rel_sorted[i]).sum() / npos[i])
-            count += 1
+        scores = (emb[q] @ emb.T).numpy()
+        scores[np.arange(len(q)), q.numpy()] = -np.inf  # the query itself goes last and is dropped
+        rel = (lab[q][:, None] == lab[None, :]).float().numpy()
+        # pessimistic ties: sort by score desc, then relevance asc
+        rel_sorted = np.take_along_axis(rel, np.lexsort((rel, -scores), axis=-1)[:, : n - 1], axis=1)
+        has_pos = rel_sorted.sum(axis=1) > 0  # queries without positives are skipped
+        rel_sorted = rel_sorted[has_pos]
+        npos, tp = rel_sorted.sum(axis=1, keepdims=True), np.cumsum(rel_sorted, axis=1)
+        precision = tp / np.arange(1, n)
+        interp = np.flip(np.maximum.accumulate(np.flip(precision, axis=1), axis=1), axis=1)
+        for row, recall in zip(interp, tp / npos):
+            total += row[np.searchsorted(recall, grid, side="left").clip(max=n - 2)]
+        ap_sum += float(((precision * rel_sorted).sum(axis=1) / npos[:, 0]).sum())
+        count += len(rel_sorted)
     if count == 0:
         raise ValueError("no query has a positive at this level; cannot draw a precision-recall curve")
     return grid, total / count, ap_sum / count
@@ -204,8 +195,7 @@ def plot_precision_recall(
     """Save the interpolated precision–recall curve of ``embeddings`` (``"trained"``) and of every entry of
     ``compare`` (e.g. ``{"before training": ...}``) to ``path``; the legend gives each curve's mAP (mean exact AP of
     the plotted queries, in percent: with every query plotted, the model card's mAP)."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(5, 4))
+    fig, ax = _plt().subplots(figsize=(5, 4))
     curves = {"trained": embeddings, **(compare or {})}
     n = int(embeddings.shape[0])
     for name, emb in curves.items():
@@ -213,7 +203,7 @@ def plot_precision_recall(
         ax.plot(r, p, label=f"{_literal(name)}: mAP {100 * ap:.2f}")
     queries = n if max_queries is None else min(n, max_queries)
     _finish_pr_axes(ax, f"{_literal(title)}\ninterpolated precision, {queries} of {n} queries", legend_fontsize=8)
-    return _save(plt, fig, path)
+    return _save(fig, path)
 
 
 def plot_hierarchical_precision_recall(
@@ -242,7 +232,7 @@ def plot_hierarchical_precision_recall(
             label = f"{_literal(names[l])} ({_literal(cname)}): mAP {100 * ap:.2f}"
             ax.plot(r, p, color=colours[l % len(colours)], ls=styles[j % len(styles)], label=label)
     _finish_pr_axes(ax, "Hierarchical precision-recall (per level)", legend_fontsize=7)
-    return _save(plt, fig, path)
+    return _save(fig, path)
 
 
 def _project_2d(x: np.ndarray, method: str, seed: int) -> tuple[np.ndarray, str]:
@@ -252,9 +242,8 @@ def _project_2d(x: np.ndarray, method: str, seed: int) -> tuple[np.ndarray, str]
 
             perplexity = float(min(30.0, max(2.0, (x.shape[0] - 1) / 3.0)))
             method = "exact" if x.shape[0] <= 300 else "barnes_hut"  # few points: exact is cheap
-            emb = TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=seed, method=method)
-            emb = emb.fit_transform(x)
-            return emb, "t-SNE"
+            tsne = TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=seed, method=method)
+            return tsne.fit_transform(x), "t-SNE"
         except ImportError:
             if method == "tsne":
                 raise
@@ -263,9 +252,7 @@ def _project_2d(x: np.ndarray, method: str, seed: int) -> tuple[np.ndarray, str]
         return np.zeros((x.shape[0], 2)), "PCA"
     _, _, vt = np.linalg.svd(xc, full_matrices=False)
     proj = xc @ vt[:2].T
-    if proj.shape[1] < 2:
-        proj = np.pad(proj, ((0, 0), (0, 2 - proj.shape[1])))
-    return proj, "PCA"
+    return np.pad(proj, ((0, 0), (0, 2 - proj.shape[1]))), "PCA"  # (N, 2) even from 1-D embeddings
 
 
 def plot_embedding_map(
@@ -285,8 +272,7 @@ def plot_embedding_map(
     classes every class mean is labelled with its name."""
     check_embeddings("embeddings", embeddings)
     labels = _as_2d_labels(check_labels("labels", labels, embeddings.shape[0]))
-    if method not in ("auto", "tsne", "pca"):
-        raise ValueError(f"method must be one of ('auto', 'tsne', 'pca'); got {method!r}")
+    check_choice("method", method, ("auto", "tsne", "pca"))
     check_positive_int("max_points", max_points, minimum=0)
     emb = embeddings.detach().float().cpu()
     fine, coarse = labels[:, 0].cpu(), labels[:, -1].cpu()
@@ -304,7 +290,6 @@ def plot_embedding_map(
     cmap = plt.get_cmap("tab10" if len(coarse_ids) <= 10 else "tab20")
     column = label_names[-1] if label_names else "coarse class"
     group = _group_names(classes.numpy(), class_coarse, class_names, column)
-    named = len(classes) <= max_named
     for j, c in enumerate(coarse_ids):
         colour = cmap(j % cmap.N)
         pts = sample_coarse == c
@@ -312,7 +297,7 @@ def plot_embedding_map(
         sel = class_coarse == c
         label = group[int(c)] if j < 12 else None  # a legend of at most 12 entries
         ax.scatter(xy_means[sel, 0], xy_means[sel, 1], s=42, color=colour, label=label, edgecolor="k", linewidth=0.6)
-    if named:
+    if len(classes) <= max_named:
         for (x, y), f in zip(xy_means, classes.tolist()):
             name = _class_name(class_names, f, max_chars=20, drop_head=True)
             ax.annotate(name, (x, y), xytext=(3, 3), textcoords="offset points", fontsize=6, alpha=0.85)
@@ -324,7 +309,7 @@ def plot_embedding_map(
     )
     ax.title.set_fontsize(9)
     ax.legend(fontsize=7, loc="best", markerscale=0.8, title=f"coloured by {_literal(column)}", title_fontsize=7)
-    return _save(plt, fig, path)
+    return _save(fig, path)
 
 
 def _image_array(dataset: Any, index: int, mean: Sequence[float] | None, std: Sequence[float] | None) -> np.ndarray:
@@ -367,8 +352,7 @@ def plot_retrieval_grid(
     scores = emb[queries] @ emb.T
     scores[torch.arange(len(queries)), queries] = -float("inf")
     top = scores.topk(top_k, dim=1).indices
-    plt = _plt()
-    fig, axes = plt.subplots(
+    fig, axes = _plt().subplots(
         len(queries), top_k + 1, figsize=(1.45 * (top_k + 1), 1.7 * len(queries) + 0.4), squeeze=False
     )
     rows = labels.tolist()
@@ -384,7 +368,7 @@ def plot_retrieval_grid(
             if row == 0:
                 ax.set_title("query" if col == 0 else f"#{col}", fontsize=8)
     fig.suptitle("Retrieval: ✓ green = same fine class, ~ orange = same coarse class only, ✗ red = other", fontsize=9)
-    return _save(plt, fig, path)
+    return _save(fig, path)
 
 
 def plot_all(
@@ -454,8 +438,7 @@ def plot_training_curves(
     panels = [p for p, on in (("loss", "loss" in keys), ("lr", bool(lrs)), ("metrics", bool(shown))) if on]
     if not panels:
         raise ValueError("history holds no loss, learning rate or evaluation to draw")
-    plt = _plt()
-    fig, axes = plt.subplots(len(panels), 1, figsize=(7, 2.5 * len(panels)), sharex=True, squeeze=False)
+    fig, axes = _plt().subplots(len(panels), 1, figsize=(7, 2.5 * len(panels)), sharex=True, squeeze=False)
     for ax, panel in zip(axes[:, 0], panels):
         if panel == "loss":
             ax.plot(*_series(history, "loss"), marker=".", lw=1.2, color="#1f77b4")
@@ -484,4 +467,4 @@ def plot_training_curves(
         ax.grid(alpha=0.3)
         ax.title.set_fontsize(9)
     axes[-1, 0].set_xlabel("optimizer step")
-    return _save(plt, fig, path)
+    return _save(fig, path)

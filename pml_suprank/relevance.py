@@ -37,8 +37,8 @@ def tree_consistent(labels: Tensor, name: str = "labels") -> Tensor:
     column ``c + 1``), without host synchronisation. ``TypeError`` / ``ValueError``: not a 2-D integer tensor."""
     if (
         not isinstance(labels, Tensor)
-        or labels.dtype.is_floating_point
-        or labels.dtype.is_complex
+        or labels.is_floating_point()
+        or labels.is_complex()
         or labels.dtype == torch.bool
     ):
         raise TypeError(
@@ -100,18 +100,16 @@ class Hierarchy:
         check_labels("hierarchy", table, table.shape[0] if table.dim() else 0, allow_2d=True, n_name="num_fine")
         if table.dim() == 1:
             table = table[:, None]
-        used = table[:, 0] >= 0
-        if bool(used.any()):
-            idx = torch.arange(table.shape[0], device=table.device)
-            wrong = used & (table[:, 0] != idx)
-            if bool(wrong.any()):
-                f = int(idx[wrong][0])
-                raise ValueError(
-                    f"hierarchy row f must start with the fine label f itself; row {f} starts with {int(table[f, 0])}"
-                )
-            if bool((table[used] < 0).any()):
-                f = int(idx[used & (table < 0).any(1)][0])
-                raise ValueError(f"hierarchy row {f} has a negative ancestor: {table[f].tolist()}")
+        used, idx = table[:, 0] >= 0, torch.arange(table.shape[0], device=table.device)
+        wrong = used & (table[:, 0] != idx)
+        if bool(wrong.any()):
+            f = int(idx[wrong][0])
+            raise ValueError(
+                f"hierarchy row f must start with the fine label f itself; row {f} starts with {int(table[f, 0])}"
+            )
+        if bool((table[used] < 0).any()):
+            f = int(idx[used & (table < 0).any(1)][0])
+            raise ValueError(f"hierarchy row {f} has a negative ancestor: {table[f].tolist()}")
         check_tree(table[used], name="hierarchy")
         self.table = table.long()
 
@@ -248,11 +246,8 @@ def pop_relevance(counts: Tensor, alpha: float = 1.0, dtype: torch.dtype = torch
     if alpha < 0:
         raise ValueError(f"alpha must be >= 0; got {alpha}")
     num_levels = counts.shape[1] - 1
-    lv = torch.arange(num_levels + 1, device=counts.device, dtype=dtype)
-    if alpha == 0:
-        w = (lv > 0).to(dtype)  # 0^0 would be 1: level 0 is never relevant
-    else:
-        w = lv / num_levels if alpha == 1 else (lv / num_levels) ** alpha
+    lv = torch.arange(num_levels + 1, device=counts.device, dtype=dtype) / num_levels
+    w = (lv > 0).to(dtype) if alpha == 0 else lv**alpha  # 0^0 would be 1: level 0 is never relevant
     c = counts.to(dtype)
     return torch.where(c > 0, w / c, 0.0)
 
@@ -280,25 +275,13 @@ def ideal_dcg(counts: Tensor, gains: Tensor, num_items: int | None = None) -> Te
     """``(B,)`` ideal DCG of SupRank Eq. 23, ``Σ_p gain(p-th best item) / log2(1 + p)`` (items by decreasing level),
     from ``counts`` ``(B, L + 1)`` and ``gains`` ``(L + 1,)`` / ``(B, L + 1)`` (``2^l − 1``). ``num_items``: an upper
     bound of ``counts.sum(1)`` (a fixed-length discount table, no host read); ``None``: the largest row total."""
-    bsz, lp1 = counts.shape
-    if num_items is not None:
-        n = num_items
-    else:
-        n = int(counts.sum(1).max()) if counts.numel() else 0
-    dtype = gains.dtype
-    disc = torch.cat(
-        [
-            torch.zeros(1, dtype=dtype, device=counts.device),
-            torch.cumsum(1.0 / torch.log2(torch.arange(2, n + 2, dtype=dtype, device=counts.device)), 0),
-        ]
-    )
-    gains = gains.expand(bsz, lp1)
-    # decreasing level: positions [begin_l, end_l)
-    c_desc = counts.flip(1)
+    if num_items is None:
+        num_items = int(counts.sum(1).max()) if counts.numel() else 0
+    steps = 1.0 / torch.log2(torch.arange(2, num_items + 2, dtype=gains.dtype, device=counts.device))
+    disc = torch.cat([steps.new_zeros(1), torch.cumsum(steps, 0)])  # disc[p] = Σ_{i <= p} 1 / log2(1 + i)
+    c_desc = counts.flip(1)  # decreasing level: positions [end - count, end)
     end = torch.cumsum(c_desc, 1)
-    begin = end - c_desc
-    per_level = disc[end] - disc[begin]
-    return (per_level * gains.flip(1)).sum(1)
+    return ((disc[end] - disc[end - c_desc]) * gains.expand(counts.shape).flip(1)).sum(1)
 
 
 # hierarchical multi-label relevance (Ramzi, PhD thesis, Sec. 4.2.2.2 "trademark logo retrieval", Algorithm 1)
@@ -361,25 +344,21 @@ def multilabel_relevance(
     dtype: torch.dtype = torch.float32,
     block_elements: int = MULTILABEL_BLOCK,
 ) -> Tensor:
-    """Hierarchical multi-label relevance of every reference item for every query (E. Ramzi's PhD thesis, Algorithm 1,
-    Sec. 4.2.2.2; multi-label HAPPIER: Sec. 6.2.1). For a query ``q`` with the label set ``{y_q^1..y_q^n}`` and an
-    item ``k`` with ``{y_k^1..y_k^m}``::
+    """``(Q, R)`` hierarchical multi-label relevance in ``[0, 1]`` of every reference item for every query (E. Ramzi's
+    PhD thesis, Algorithm 1, Sec. 4.2.2.2; multi-label HAPPIER: Sec. 6.2.1), on ``query_labels``' device. For a query
+    with the label set ``{y_q^1..y_q^n}`` and an item with ``{y_k^1..y_k^m}``::
 
         l*_i = L − min_j LCA(y_q^i, y_k^j)          rel(q, k) = Σ_i l*_i / (n · L)
 
-    where ``LCA(a, b)`` is the first level (column, 0 = finest) at which the ancestors of ``a`` and ``b`` agree (``L``
-    when none). With ``L = 1`` it is the fraction of the query's labels the item has. H-AP with it:
+    ``LCA(a, b)``: the first level (column, 0 = finest) at which the ancestors of ``a`` and ``b`` agree (``L`` when
+    none); with ``L = 1``, the fraction of the query's labels the item has. H-AP with it:
     :func:`pml_suprank.metrics.functional.graded_average_precision`.
 
     Args:
-        query_labels: ``(Q, M_q)`` (or ``(Q,)``) sets of integer fine labels, ``-1`` = padding, at least one each.
-        ref_labels: ``(R, M_r)`` integer fine labels per reference item, same conventions.
+        query_labels, ref_labels: ``(Q, M_q)`` / ``(R, M_r)`` (or 1-D) integer fine-label sets, ``-1`` = padding.
         hierarchy: :class:`Hierarchy` or ``(num_fine, L)`` table; ``None`` = flat labels (``L = 1``).
         dtype: floating dtype of the result (computed in float64: equal fractions tie exactly).
         block_elements: most elements of the ``(C, R_c, M_q, M_r)`` label-pair tensor of one block.
-
-    Returns:
-        ``(Q, R)`` tensor of relevances in ``[0, 1]`` on ``query_labels``' device.
 
     Raises:
         TypeError: non-integer labels, a hierarchy of another type, a non-floating ``dtype``.

@@ -95,7 +95,7 @@ def figures(monkeypatch):
     """The figures the plotting functions save, kept open for inspection."""
     saved = []
 
-    def keep(plt, fig, path):
+    def keep(fig, path):
         saved.append(fig)
         fig.savefig(path)
         return Path(path)

@@ -1,5 +1,8 @@
-"""Miner-free samplers for rank losses, seeded per epoch, resumable and sharded: :class:`MPerClassSampler`,
-:class:`MPerClassBatchSampler`, :class:`HierarchicalSampler` (super-classes, as PML's), :class:`MultiLabelSampler`.
+"""Miner-free samplers for rank losses: :class:`MPerClassSampler` (PML's flat index stream), and
+:class:`MPerClassBatchSampler`, :class:`HierarchicalSampler` (super-classes, as PML's) and :class:`MultiLabelSampler`
+(``DataLoader(batch_sampler=...)``). Every epoch is drawn from ``np.random.default_rng((seed, epoch))``, with
+``set_epoch``, exact mid-epoch resume (``state_dict``) and sharding (``num_replicas``: under ``accelerator.prepare``,
+which shards, use ``num_replicas=1`` and call ``set_epoch``).
 
 Example:
     >>> from pml_suprank import samplers

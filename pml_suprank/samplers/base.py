@@ -1,5 +1,4 @@
-"""Epoch plan, sharding, resumable state and drawing helpers shared by the batch samplers (contract:
-:mod:`pml_suprank.samplers.class_samplers`)."""
+"""Epoch plan, sharding, resumable state and drawing helpers shared by the batch samplers."""
 
 from __future__ import annotations
 
@@ -11,12 +10,14 @@ import torch
 from torch.utils.data import Sampler
 
 from .._validation import check_positive_int
+from ..collectives import get_rank, get_world_size
 
 __all__ = [
     "ShardedBatchSampler",
     "SmallClassPolicy",
     "as_int_array",
     "check_group_size",
+    "deal",
     "draw",
     "groups_per_class",
     "resolve_replicas",
@@ -26,28 +27,20 @@ SmallClassPolicy = Literal["replace", "skip"]
 
 
 def as_int_array(labels: Any, name: str = "labels") -> np.ndarray:
-    if isinstance(labels, torch.Tensor):
-        if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
-            raise TypeError(f"{name} must have an integer dtype; got dtype {labels.dtype}")
-        arr = labels.detach().cpu().numpy()
-    else:
-        try:
-            arr = np.asarray(labels)
-        except ValueError as err:  # ragged rows
-            raise TypeError(f"{name} must be array-like of integers; got {type(labels).__name__}") from err
-        if not np.issubdtype(arr.dtype, np.integer):
-            raise TypeError(f"{name} must contain integers; got dtype {arr.dtype}")
+    """``labels`` (a tensor, an array or nested lists) as an int64 array; ``TypeError`` for non-integer values."""
+    try:
+        arr = labels.detach().cpu().numpy() if isinstance(labels, torch.Tensor) else np.asarray(labels)
+    except (TypeError, ValueError) as err:  # ragged rows, a dtype numpy does not have
+        raise TypeError(f"{name} must be array-like of integers; got {type(labels).__name__}") from err
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(f"{name} must have an integer dtype; got dtype {arr.dtype}")
     return arr.astype(np.int64, copy=False)
 
 
 def resolve_replicas(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
-    dist_on = torch.distributed.is_available() and torch.distributed.is_initialized()
-    if num_replicas is None:
-        num_replicas = torch.distributed.get_world_size() if dist_on else 1
-    if rank is None:
-        rank = torch.distributed.get_rank() if dist_on and num_replicas > 1 else 0
-    num_replicas = check_positive_int("num_replicas", num_replicas)
-    rank = check_positive_int("rank", rank, minimum=0)
+    """``(num_replicas, rank)``, each defaulting to the ``torch.distributed`` world (1, 0 without one)."""
+    num_replicas = check_positive_int("num_replicas", get_world_size() if num_replicas is None else num_replicas)
+    rank = check_positive_int("rank", (get_rank() if num_replicas > 1 else 0) if rank is None else rank, minimum=0)
     if rank >= num_replicas:
         raise ValueError(f"rank must lie in [0, num_replicas - 1] = [0, {num_replicas - 1}]; got rank={rank}")
     return num_replicas, rank
@@ -83,16 +76,31 @@ def groups_per_class(sizes: np.ndarray, m: int, groups_per_batch: int, *, pad: b
         k = np.minimum(k, nb)
 
 
+def deal(
+    rng: np.random.Generator, owner: np.ndarray, num_batches: int, groups_per_batch: int, num_classes: int
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Deal groups, ``owner`` the class of each (a class's groups contiguous and at most ``num_batches``), into
+    ``num_batches`` batches, position ``p`` into batch ``p % num_batches``, so that a batch never holds a class twice;
+    yields, batch by batch, its group positions and the distinct other classes that complete it to
+    ``groups_per_batch`` groups (drawn from ``rng`` at that batch's turn)."""
+    slot = np.arange(owner.size) % num_batches
+    for sel in np.split(np.argsort(slot, kind="stable"), np.cumsum(np.bincount(slot, minlength=num_batches))[:-1]):
+        missing = groups_per_batch - sel.size
+        if missing <= 0:
+            yield sel, np.empty(0, dtype=np.int64)
+        else:
+            yield sel, rng.choice(np.setdiff1d(np.arange(num_classes), owner[sel]), missing, replace=False)
+
+
 class ShardedBatchSampler(Sampler[list[int]]):
-    """Epoch plan, sharding and resumable state of the batch samplers: ``_global_plan(rng)`` returns global batches,
-    each a list of *parts* ``(groups, group_size)``; rank ``r`` takes the ``r``-th ``1/R`` of every part's groups,
-    interleaved part by part."""
+    """Epoch plan, sharding and resumable state of the batch samplers: ``_global_plan(rng)`` returns the global batches
+    of an epoch (``rng = np.random.default_rng((seed, epoch))``), each a list of *parts* ``(groups, group_size)``;
+    with ``num_replicas = R``, rank ``r`` takes the ``r``-th ``1/R`` of every part's groups, interleaved part by part
+    (whole class groups of a global batch of ``R * batch_size``)."""
 
     def __init__(self, batch_size: int, seed: int, num_replicas: int | None, rank: int | None) -> None:
         self.batch_size = check_positive_int("batch_size", batch_size)
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise ValueError(f"seed must be a non-negative int; got {seed!r}")
-        self.seed = int(seed)
+        self.seed = check_positive_int("seed", seed, minimum=0)
         self.num_replicas, self.rank = resolve_replicas(num_replicas, rank)
         self.drop_last = True  # every batch has exactly batch_size indices (read by accelerate's BatchSamplerShard)
         self.epoch = 0
@@ -123,13 +131,9 @@ class ShardedBatchSampler(Sampler[list[int]]):
         R, r = self.num_replicas, self.rank
         local = []
         for parts in self._global_plan(rng):
-            slices = []
-            for part in parts:
-                n = part.shape[0] // R
-                slices.append(part[r * n : (r + 1) * n])
+            slices = [part[r * (part.shape[0] // R) : (r + 1) * (part.shape[0] // R)] for part in parts]
             # interleave the parts group by group: [p0 g0, p1 g0, p0 g1, p1 g1, ...]
-            batch = np.stack(slices, axis=1).reshape(-1) if len(slices) > 1 else slices[0].reshape(-1)
-            local.append(batch.tolist())
+            local.append(np.stack(slices, axis=1).reshape(-1).tolist())
         self._cache = (epoch, local)
         return local
 

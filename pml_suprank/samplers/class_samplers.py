@@ -1,12 +1,6 @@
-"""Miner-free samplers for rank losses: ``MPerClassSampler`` (PML's flat index stream, ``DataLoader(sampler=...,
-batch_size=B)``), ``MPerClassBatchSampler`` and ``HierarchicalSampler`` (``DataLoader(batch_sampler=...)``).
-
-Every epoch is drawn from ``np.random.default_rng((seed, epoch))`` (no global RNG), with ``set_epoch``,
-``state_dict`` / ``load_state_dict`` (exact mid-epoch resume) and sharding: with ``num_replicas = R`` rank ``r``
-takes its slice of whole class groups of a global batch of ``R * batch_size``. Under ``accelerator.prepare`` (which
-shards) use ``num_replicas=1`` and call ``set_epoch``. References: SupRank's ``m_per_class_sampler.py``; PML's
-``HierarchicalSampler`` (SOP).
-"""
+"""``MPerClassSampler``, ``MPerClassBatchSampler`` and ``HierarchicalSampler`` on the epoch plan of
+:class:`~pml_suprank.samplers.base.ShardedBatchSampler`. References: SupRank's ``m_per_class_sampler.py``; PML's
+``HierarchicalSampler`` (SOP)."""
 
 from __future__ import annotations
 
@@ -21,7 +15,7 @@ from torch.utils.data import Sampler
 
 from .._validation import check_choice, check_positive_int
 from ..relevance import check_tree
-from .base import ShardedBatchSampler, SmallClassPolicy, as_int_array, check_group_size, draw, groups_per_class
+from .base import ShardedBatchSampler, SmallClassPolicy, as_int_array, check_group_size, deal, draw, groups_per_class
 
 __all__ = ["HierarchicalSampler", "MPerClassBatchSampler", "MPerClassSampler"]
 
@@ -147,27 +141,15 @@ class MPerClassBatchSampler(ShardedBatchSampler):
     def _one_pass(self, rng: np.random.Generator) -> list[list[np.ndarray]]:
         G, nb, m = self.groups_per_batch, self._pass_batches(), self.m
         class_order = rng.permutation(len(self.classes))
-        groups, owner = [], []
-        for c in class_order:
-            g = self._class_groups(rng, int(c), int(self._chunks[c]))
-            groups.append(g)
-            owner.extend([int(c)] * g.shape[0])
+        groups = [self._class_groups(rng, int(c), int(self._chunks[c])) for c in class_order]
+        owner = np.repeat(class_order, [g.shape[0] for g in groups])
         groups = np.concatenate(groups)
-        owner = np.asarray(owner)
         if not self.pad and groups.shape[0] > nb * G:  # leave out random groups
             keep = np.sort(rng.choice(groups.shape[0], nb * G, replace=False))
             groups, owner = groups[keep], owner[keep]
-        # position p -> batch p % nb: a class's groups are contiguous and at most nb, so they land in distinct batches
-        slot = np.arange(groups.shape[0]) % nb
-        by_slot = np.split(np.argsort(slot, kind="stable"), np.cumsum(np.bincount(slot, minlength=nb))[:-1])
         plan = []
-        for sel in by_slot:
-            bg, bc = groups[sel], owner[sel]
-            missing = G - bg.shape[0]
-            if missing > 0:
-                free = np.setdiff1d(np.arange(len(self.classes)), bc)
-                extra = rng.choice(free, missing, replace=False)
-                bg = np.concatenate([bg] + [draw(rng, self._members[int(c)], m)[None] for c in extra])
+        for sel, extra in deal(rng, owner, nb, G, len(self.classes)):
+            bg = np.concatenate([groups[sel]] + [draw(rng, self._members[int(c)], m)[None] for c in extra])
             plan.append([bg[rng.permutation(G)]])
         return [plan[i] for i in rng.permutation(nb)]
 
@@ -317,11 +299,11 @@ class HierarchicalSampler(ShardedBatchSampler):
         small_classes: SmallClassPolicy = "replace",
     ) -> None:
         super().__init__(batch_size, seed, num_replicas, rank)
-        self.whole_classes = isinstance(samples_per_class, str) and samples_per_class == "all"
-        if isinstance(samples_per_class, str) and not self.whole_classes:
+        self.whole_classes = isinstance(samples_per_class, str)
+        if self.whole_classes and samples_per_class != "all":
             raise ValueError(f"samples_per_class must be a positive int or 'all' (as PML); got {samples_per_class!r}")
         self.samples_per_class = (
-            "all" if self.whole_classes else check_positive_int("samples_per_class", samples_per_class)
+            samples_per_class if self.whole_classes else check_positive_int("samples_per_class", samples_per_class)
         )
         self.batches_per_super_tuple = check_positive_int("batches_per_super_tuple", batches_per_super_tuple)
         self.super_classes_per_batch = k = check_positive_int("super_classes_per_batch", super_classes_per_batch)

@@ -1,9 +1,5 @@
-"""Batch sampler for multi-label data: ``m`` items per sampled label, so every item of a batch has positives.
-
-An item of ``(N, M)`` labels (``-1`` = padding) belongs to the group of every label it carries; each batch takes
-``batch_size / m`` distinct labels and ``m`` items carrying each (E. Ramzi's thesis, Sec. 6.2.1). The epoch plan,
-``set_epoch``, ``state_dict`` and sharding are those of :class:`pml_suprank.samplers.MPerClassBatchSampler`.
-"""
+"""Batch sampler for multi-label data (E. Ramzi's thesis, Sec. 6.2.1): ``m`` items per sampled label, so every item
+of a batch has positives."""
 
 from __future__ import annotations
 
@@ -14,7 +10,7 @@ import torch
 
 from .._validation import check_choice
 from ..relevance import check_multilabel
-from .base import ShardedBatchSampler, SmallClassPolicy, as_int_array, check_group_size, draw, groups_per_class
+from .base import ShardedBatchSampler, SmallClassPolicy, as_int_array, check_group_size, deal, draw, groups_per_class
 
 __all__ = ["MultiLabelSampler"]
 
@@ -29,10 +25,9 @@ def _label_members(arr: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
 
 
 class MultiLabelSampler(ShardedBatchSampler):
-    """Batches of ``batch_size / m`` distinct labels with ``m`` items carrying each label.
-
-    The epoch plan is :class:`~pml_suprank.samplers.MPerClassBatchSampler`'s with labels for classes; a group draws
-    ``m`` items of its label, preferring items not already in the batch.
+    """Batches of ``batch_size / m`` distinct labels with ``m`` items carrying each label: the epoch plan of
+    :class:`~pml_suprank.samplers.MPerClassBatchSampler` with labels for classes (an item of ``(N, M)`` labels,
+    ``-1`` = padding, belongs to the group of every label it carries); a group prefers items not yet in the batch.
 
     Args:
         labels: ``(N, M)`` integer labels per item with ``-1`` padding (tensor, array or nested list), or ``(N,)``
@@ -108,15 +103,7 @@ class MultiLabelSampler(ShardedBatchSampler):
         G, nb = self.groups_per_batch, len(self)
         order = rng.permutation(len(self.classes))
         owner = np.repeat(order, self._groups[order])  # a label's groups are contiguous and at most nb
-        slot = np.arange(owner.size) % nb  # position p -> batch p % nb: distinct labels per batch
-        by_slot = np.split(np.argsort(slot, kind="stable"), np.cumsum(np.bincount(slot, minlength=nb))[:-1])
         plan = []
-        for sel in by_slot:
-            labels_b = owner[sel]
-            missing = G - labels_b.size
-            if missing > 0:
-                free = np.setdiff1d(np.arange(len(self.classes)), labels_b)
-                labels_b = np.concatenate([labels_b, rng.choice(free, missing, replace=False)])
-            labels_b = labels_b[rng.permutation(G)]
-            plan.append([self._batch_groups(rng, labels_b)])
+        for sel, extra in deal(rng, owner, nb, G, len(self.classes)):
+            plan.append([self._batch_groups(rng, np.concatenate([owner[sel], extra])[rng.permutation(G)])])
         return [plan[i] for i in rng.permutation(nb)]
