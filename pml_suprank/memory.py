@@ -166,7 +166,7 @@ class RankingMemory(nn.Module):
 
     @property
     def multilabel(self) -> bool:
-        """True when the wrapped loss takes multi-label label sets (its ``relevance == "multilabel"``)."""
+        """True when the wrapped loss takes multi-label label sets (:func:`is_multilabel_loss`)."""
         return is_multilabel_loss(self.loss)
 
     def _fit_label_width(self, labels: Tensor) -> Tensor:
@@ -315,9 +315,9 @@ class CrossBatchMemory(_PMLCrossBatchMemory):
     ``CalibrationLoss``. PML's behaviour: the batch is enqueued (detached), then the loss is called as
     ``loss(embeddings, labels, pairs, memory_embeddings, memory_labels)``, ``pairs`` omitting each query's own copy.
 
-    Multi-label losses (``relevance="multilabel"``, never the labels' shape) take ``(B, W)`` sets padded with ``-1``:
-    the label memory becomes ``(memory_size, W)``, grown to a wider batch; pairs (and a miner) see column 0 of the
-    sets, the rank losses their union.
+    Multi-label losses (``relevance="multilabel"`` or ``multilabel="per_label"``, never the labels' shape) take
+    ``(B, W)`` sets padded with ``-1``: the label memory becomes ``(memory_size, W)``, grown to a wider batch; pairs
+    (and a miner) see column 0 of the sets, the rank losses their union.
     """
 
     def __init__(self, loss: nn.Module, embedding_size: int, memory_size: int = 1024, miner: Any = None, **kwargs):
@@ -331,8 +331,8 @@ class CrossBatchMemory(_PMLCrossBatchMemory):
 
     @property
     def multilabel(self) -> bool:
-        """True when the wrapped loss takes multi-label label sets (its ``relevance == "multilabel"``)."""
-        return getattr(self.loss, "relevance", None) == "multilabel"
+        """True when the wrapped loss takes multi-label label sets (:func:`is_multilabel_loss`)."""
+        return is_multilabel_loss(self.loss)
 
     def forward(self, embeddings, labels, indices_tuple=None, enqueue_mask=None):
         """PML's ``forward``; multi-label sets ``(B, W)`` and the memory are first padded to one width."""

@@ -198,3 +198,11 @@ def test_every_multilabel_loss_is_recognised_and_runs_in_the_memory():
             value = memory(emb, labels[:, :1] if isinstance(loss, losses.SupAPLoss) and _ == 0 else labels)
             assert torch.isfinite(value)
             value.backward()
+        # PML's wrapper too: a narrower first batch, then wider sets grow its label memory
+        xbm = CrossBatchMemory(loss, embedding_size=8, memory_size=16)
+        for width in (1, 2):
+            emb = torch.nn.functional.normalize(torch.randn(8, 8, generator=g), dim=-1).requires_grad_()
+            value = xbm(emb, labels[:, :width])
+            assert torch.isfinite(value)
+            value.backward()
+        assert xbm.label_memory.shape == (16, 2), type(loss).__name__
