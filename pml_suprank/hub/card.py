@@ -195,4 +195,4 @@ def generate_model_card(config: Mapping[str, Any], **inputs: Any) -> str:
     written before ``task`` existed) the retrieval-model layout.
     """
     card = CardInputs(config, **inputs)
-    return detector_card(card) if config.get("task") == DETECTOR_TASK else retrieval_card(card)
+    return (detector_card(card) if config.get("task") == DETECTOR_TASK else retrieval_card(card)) + "\n"
