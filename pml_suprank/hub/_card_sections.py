@@ -1,7 +1,5 @@
-"""The text of a model card (:mod:`pml_suprank.hub.card` writes it): :class:`CardInputs` (what a card is built
-from), markdown / HTML escaping and number formats, and the sections of the retrieval layout — overview, training
-data, results with the paper's numbers, metric definitions, hyper-parameters, compute, the OOD guard, uses and
-limits, citations — and of the detector layout.
+"""The text of a model card (:mod:`pml_suprank.hub.card` writes it): what it is built from (:class:`CardInputs`),
+escaping, and the sections of the retrieval and the detector layouts.
 """
 
 from __future__ import annotations
