@@ -1,7 +1,5 @@
-"""The text of a model card (:mod:`pml_suprank.hub.card` writes it): :class:`CardInputs` (what a card is built
-from), markdown / HTML escaping and number formats, and the sections of the retrieval layout — overview, training
-data, results with the paper's numbers, metric definitions, hyper-parameters, compute, the OOD guard, uses and
-limits, citations — and of the detector layout.
+"""The text of a model card (:mod:`pml_suprank.hub.card` writes it): what it is built from (:class:`CardInputs`),
+escaping, and the sections of the retrieval and the detector layouts.
 """
 
 from __future__ import annotations
@@ -81,12 +79,17 @@ def _pct(value: Any) -> str:  # a fraction in [0, 1] as a percentage
     return _num(value, 100.0)
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]], title: str = "", intro: str = "") -> list[str]:
+def _join(*blocks: str) -> str:
+    """The non-empty markdown ``blocks`` separated by blank lines."""
+    return "\n\n".join(b for b in blocks if b)
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], title: str = "", intro: str = "") -> str:
     """A markdown table under the heading ``## title`` and the paragraph ``intro`` when given; nothing without rows."""
     if not rows:
-        return []
-    head = [*([f"## {title}", ""] if title else []), *([intro, ""] if intro else [])]
-    return [*head, f"| {' | '.join(header)} |", "|" + "---|" * len(header), *(f"| {' | '.join(r)} |" for r in rows), ""]
+        return ""
+    lines = [f"| {' | '.join(header)} |", "|" + "---|" * len(header), *(f"| {' | '.join(r)} |" for r in rows)]
+    return _join(f"## {title}" if title else "", intro, "\n".join(lines))
 
 
 def _paper(loss: Any) -> tuple[str, str]:
@@ -118,26 +121,22 @@ def describe_dataset(source: Any, hub_datasets: Sequence[str]) -> tuple[str, str
     return "hub", text, text
 
 
-def _data_phrase(kind: str, name: str) -> str:
-    """How the card's text names the training data."""
-    return {
-        "synthetic": f"SyntheticShapes ({name}, built into pml-suprank)",
-        "benchmark": f"the {name} benchmark",
-        "local": f"{name} (a local dataset)",
-    }.get(kind, name)
+#: per kind of training data: how the card names it, and the paragraph of its "Training data" section
+_DATA_TEXT = {
+    "synthetic": (
+        "SyntheticShapes ({name}, built into pml-suprank)",
+        "{phrase}: procedurally rendered shapes (coarse class = shape family, fine class = variant × colour); training "
+        "and test classes are disjoint (open-set retrieval).",
+    ),
+    "benchmark": ("the {name} benchmark", "{phrase}, read from its archive with `pml_suprank.data.load_benchmark`."),
+    "local": ("{name} (a local dataset)", "{phrase}: images of the trainer's own, not published with this model."),
+    "hub": ("{name}", "[{phrase}](https://huggingface.co/datasets/{hub_id}) from the Hugging Face Hub."),
+}
 
 
 # ---------------------------------------------------------------------------------------------------- inputs
 class CardInputs:
-    """What a card is built from (the arguments of :func:`generate_model_card`) and what it derives from them once.
-
-    ``config``: the ``config.json`` dict; ``metrics``: values in [0, 1] (shown in percent; default: those of
-    ``files["metrics.json"]``); ``hub_config``: the loaded hub_config (its ``hub`` section: ``tags``, ``datasets``,
-    ``license``, ``paper``, ``paper_url``, ``paper_results`` in percent; without it ``config["training"]["card_hub"]``);
-    ``plots``: image paths relative to the folder; ``repo_id``: the Hub repo the folder is (or will be) pushed to, shown
-    in the title and the usage snippet (without it the snippet loads ``"./<folder>"``); ``description``: one paragraph
-    on what the object computes; ``files``: the folder's parsed card files (:func:`~.card.read_card_files`).
-    """
+    """What a card is built from (the arguments of :func:`~.card.generate_model_card`) and what it derives once."""
 
     def __init__(
         self,
@@ -159,8 +158,11 @@ class CardInputs:
         self.load_target = repo_id or (f"./{folder}" if folder else "path/to/folder")
         self.load_comment = "" if repo_id else "  # path of this folder"
         self.training = dict(config.get("training") or {})
+        self.label_names = self.training.get("label_names")
         self.hub = dict((self.hub_config.get("hub") if self.hub_config else self.training.get("card_hub")) or {})
         self.paper_results = {str(k): v for k, v in (self.hub.get("paper_results") or {}).items()}
+        #: the title: the repo id, else the hub_config's name (never the folder's name: "final" says nothing)
+        self.name = repo_id or self.hub.get("name") or self.hub_config.get("name")
         data = dict(self.hub_config.get("data") or {})
         source = data.get("dataset") or data.get("source") or self.training.get("dataset") or self.hub.get("source")
         ids = [str(d) for d in (self.hub.get("datasets") or []) if _HUB_DATASET_ID.match(str(d))]
@@ -168,6 +170,7 @@ class CardInputs:
         if (self.training.get("data_summary") or {}).get("kind") == "local" and kind == "hub":
             kind, name, hub_id = "local", Path(name).name, ids[0] if ids else None  # "data/photos", seen elsewhere
         self.dataset = (kind, name, hub_id)
+        self.data_name = _DATA_TEXT.get(kind, ("{name}",))[0].format(name=name)  # how the text names the data
         #: the front matter's ``datasets``: real Hub dataset ids only (``hub.datasets``, or a Hub id as source)
         self.datasets = ids or ([hub_id] if kind == "hub" and hub_id else [])
         summary, history, guard = (files.get(n) for n in ("training_summary.json", "history.json", "ood/guard.json"))
@@ -175,31 +178,24 @@ class CardInputs:
         self.history = [r for r in history if isinstance(r, Mapping)] if isinstance(history, list) else []
         self.guard = dict(guard) if isinstance(guard, Mapping) else None
 
-    def title(self, default: str) -> str:
-        """The repo id, else the hub_config's name, else ``default`` (never the folder's name: "final" says
-        nothing)."""
-        return self.repo_id or str(self.hub.get("name") or self.hub_config.get("name") or default)
-
     def front_matter(self, tags: Sequence[Any], metrics: Sequence[str], pipeline_tag: str | None, *,
-                     last_tags: Sequence[Any] = (), model_name: str | None = None,
-                     base_model: str | None = None) -> list[str]:  # fmt: skip
-        """The card's YAML metadata between ``---`` lines: ``tags``, ``hub.tags`` and ``last_tags`` (once each); with
-        ``model_name`` the measured ``metrics`` (percent) also go into ``model-index`` on the test split of the card's
-        dataset (its ``type``: the Hub dataset id, else the description of the data, which never names a Hub id)."""
+                     model_name: str | None = None, base_model: str | None = None) -> str:  # fmt: skip
+        """The card's YAML metadata between ``---`` lines (``huggingface_hub.ModelCardData`` writes it): ``tags``
+        (once each); with ``model_name`` the measured ``metrics`` (percent) also go into
+        ``model-index`` on the test split of the card's dataset (its ``type``: the Hub dataset id, else the
+        description of the data, which never names a Hub id)."""
         from huggingface_hub import EvalResult, ModelCardData
 
-        all_tags = list(dict.fromkeys(str(t) for t in [*tags, *(self.hub.get("tags") or []), *last_tags] if t))
-        kind, short, hub_id = self.dataset
-        name = _data_phrase(kind, short)
+        hub_id, name = self.dataset[2], html.escape(self.data_name)
         results = [
             EvalResult(
                 task_type=pipeline_tag,
-                dataset_type=hub_id or html.escape(name),
-                dataset_name=html.escape(name),
+                dataset_type=hub_id or name,
+                dataset_name=name,
                 dataset_split="test",
                 metric_type=k,
                 metric_value=round(100.0 * float(self.metrics[k]), 2),
-                metric_name=html.escape(metric_label(k, self.training.get("label_names"))),
+                metric_name=html.escape(metric_label(k, self.label_names)),
             )  # fmt: skip
             for k in metrics
             if model_name and k in self.metrics and math.isfinite(float(self.metrics[k]))
@@ -207,7 +203,7 @@ class CardInputs:
         card_data = ModelCardData(
             library_name=LIBRARY_NAME,
             license=self.hub.get("license") or "mit",
-            tags=all_tags,
+            tags=list(dict.fromkeys(str(t) for t in tags if t)),
             datasets=self.datasets or None,
             metrics=list(metrics) or None,
             pipeline_tag=pipeline_tag,
@@ -215,17 +211,67 @@ class CardInputs:
             model_name=html.escape(model_name) if model_name else self.repo_id,
             eval_results=results or None,
         )
-        return ["---", card_data.to_yaml(), "---", ""]
+        return f"---\n{card_data.to_yaml()}\n---"
 
-    def plot_lines(self) -> list[str]:
-        lines = ["## Plots", ""] if self.plots else []
-        for p in self.plots:
-            lines += [f"![{_md(Path(p).stem)}]({p})", ""]
-        return lines
+    def plots_section(self) -> str:
+        return _join("## Plots" if self.plots else "", *(f"![{_md(Path(p).stem)}]({p})" for p in self.plots))
 
 
 # ---------------------------------------------------------------------------------------------------- sections
-def _overview(config: Mapping[str, Any], training: Mapping[str, Any]) -> list[str]:
+_GUARD = """## Out-of-distribution guard
+
+This model ships with an OOD guard (`ood/`): a {detector} detector on {features} features of these weights (their \
+SHA-256 is in `ood/guard.json`; another model's guard is refused). An image is rejected as unknown when its {rule} \
+(higher = more out-of-distribution: {higher}). Rates in percent.
+
+{tables}
+
+```python
+from pml_suprank.models import RetrievalModel
+
+model = RetrievalModel.from_pretrained("{target}")
+guard = model.ood_guard  # the stored detector, its threshold and its feature kind
+```"""
+_USE_AND_LIMITS = """## Intended use and limitations
+
+- **Use:** embed images of the domain of {data} and rank a gallery by cosine similarity (nearest-neighbour search, \
+e.g. `pml_suprank.search.RetrievalIndex`); with a label hierarchy, nearer items share finer labels.
+- Compare embeddings of this model only with embeddings of the same model and preprocessing.
+- The results above are measured on the held-out test split of the training data; quality on other image domains \
+is not measured. Not for decisions about people (identification, surveillance)."""
+_RETRIEVAL_USAGE = """## Usage
+
+```python
+import torch
+from PIL import Image
+from pml_suprank.models import RetrievalModel
+from pml_suprank.data import build_transforms
+
+model = RetrievalModel.from_pretrained("{target}").eval(){comment} never downloads backbone weights
+transform = build_transforms(model.data_config, train=False)
+image = Image.open("query.jpg").convert("RGB")  # any image file
+with torch.no_grad():
+    embedding = model(transform(image)[None])  # (1, D), L2-normalised
+```"""
+_DETECTOR_USAGE = """## Usage
+
+```python
+from pml_suprank import ood
+
+detector = ood.Detector.from_pretrained("{target}"){comment}
+# the features of the network the detector was fitted on (a timm classifier), images (B, 3, H, W)
+features = ood.extract_features(classifier, [images])
+scores = detector.score(features=features.features, std_features=features.std_features,
+                        logits=features.logits)  # (B,), higher = more OOD
+```"""
+_DEFINITIONS = (
+    "Definitions (positives: items of the query's fine class unless a label column is named; ties ranked "
+    "pessimistically; the query is removed from the gallery):"
+)
+
+
+def _overview(card: CardInputs) -> str:
+    config, labels = card.config, card.label_names
     args, pcfg = dict(config.get("model_args") or {}), dict(config.get("pretrained_cfg") or {})
     rows = [
         ("backbone", f"`{args.get('backbone')}` (timm)"),
@@ -233,26 +279,19 @@ def _overview(config: Mapping[str, Any], training: Mapping[str, Any]) -> list[st
         ("embedding size", f"{config.get('embedding_size')} (L2-normalised)"),
         ("input size", str(pcfg.get("input_size"))),
         ("mean / std", f"{pcfg.get('mean')} / {pcfg.get('std')}"),
+        ("label hierarchy (fine → coarse)", labels and ", ".join(_md(n) for n in labels)),
+        ("hub_config", card.training.get("hub_config") and _md(card.training["hub_config"])),
     ]
-    if training.get("label_names"):
-        rows.append(("label hierarchy (fine → coarse)", ", ".join(_md(n) for n in training["label_names"])))
-    if training.get("hub_config"):
-        rows.append(("hub_config", _md(training["hub_config"])))
-    return _table(("property", "value"), rows, "Model")
+    return _table(("property", "value"), [r for r in rows if r[1]], "Model")
 
 
-def _training_data(card: CardInputs) -> list[str]:
-    kind, short, hub_id = card.dataset
-    name = _md(_data_phrase(kind, short))
-    text = {
-        "hub": f"[{name}](https://huggingface.co/datasets/{hub_id}) from the Hugging Face Hub.",
-        "synthetic": f"{name}: procedurally rendered shapes (coarse class = shape family, fine class = variant × "
-        "colour); training and test classes are disjoint (open-set retrieval).",
-        "benchmark": f"{name}, read from its archive with `pml_suprank.data.load_benchmark`.",
-        "local": f"{name}: images of the trainer's own, not published with this model.",
-    }.get(kind, "Not recorded.")
-    if card.training.get("label_names"):
-        text += f" Label columns (finest first): {', '.join(_md(n) for n in card.training['label_names'])}."
+def _training_data(card: CardInputs) -> str:
+    kind, _, hub_id = card.dataset
+    text = (
+        _DATA_TEXT[kind][1].format(phrase=_md(card.data_name), hub_id=hub_id) if kind in _DATA_TEXT else "Not recorded."
+    )
+    if card.label_names:
+        text += f" Label columns (finest first): {', '.join(_md(n) for n in card.label_names)}."
     rows = []
     for part in ("train", "test"):
         s = dict(card.training.get("data_summary") or {}).get(part)
@@ -262,7 +301,7 @@ def _training_data(card: CardInputs) -> list[str]:
             rest = int(s.get("classes", 0)) - len(shown)
             classes += f", … and {rest} more classes" if rest > 0 else ""
             rows.append((part, str(s.get("images", "–")), str(s.get("classes", "–")), classes or "–"))
-    return ["## Training data", "", text, "", *_table(("split", "images", "fine classes", "classes (images)"), rows)]
+    return _join("## Training data", text, _table(("split", "images", "fine classes", "classes (images)"), rows))
 
 
 def _split_metrics(metrics: Mapping[str, float], paper_results: Mapping[str, Any]) -> tuple[dict, dict, list, list]:
@@ -281,7 +320,7 @@ def _split_metrics(metrics: Mapping[str, float], paper_results: Mapping[str, Any
     return counts, rates, main_keys, other_keys
 
 
-def _definitions(keys: Sequence[str], label_names: Any) -> list[str]:
+def _definitions(keys: Sequence[str], label_names: Any) -> str:
     """One bullet per displayed metric label: its definition from the metric registry, with its ``k`` and its label
     column filled in."""
     seen: dict[str, str] = {}
@@ -299,37 +338,30 @@ def _definitions(keys: Sequence[str], label_names: Any) -> list[str]:
             text = text.replace("label column h (0 = finest)", f"label column {column}")
             text = text.replace("label column h", f"label column {column}")
         seen[label] = text
-    if not seen:
-        return []
-    return ["Definitions (positives: items of the query's fine class unless a label column is named; ties ranked "
-            "pessimistically; the query is removed from the gallery):", "",
-            *(f"- **{_md(label)}**: {_md(text)}" for label, text in seen.items()), ""]  # fmt: skip
+    bullets = "\n".join(f"- **{_md(label)}**: {_md(text)}" for label, text in seen.items())
+    return bullets and _join(_DEFINITIONS, bullets)
 
 
-def _results(card: CardInputs, title: str) -> list[str]:
-    paper, label_names = card.paper_results, card.training.get("label_names")
+def _results(card: CardInputs, title: str) -> str:
+    paper, labels = card.paper_results, card.label_names
     counts, rates, main_keys, other_keys = _split_metrics(card.metrics, paper)
     if not main_keys and not other_keys:
-        return []
+        return ""
     with_paper = any(math.isfinite(float(v)) for v in paper.values() if isinstance(v, (int, float)))
     intro = "Exact metrics over the whole test gallery, in percent."
     if with_paper:
         intro += f" The paper column reports the published numbers of the corresponding setting ({_md(title)})."
-    rows = [[_md(metric_label(k, label_names)), _pct(rates.get(k)), *([_num(paper.get(k))] if with_paper else [])]
+    rows = [[_md(metric_label(k, labels)), _pct(rates.get(k)), *([_num(paper.get(k))] if with_paper else [])]
             for k in main_keys]  # fmt: skip
-    lines = ["## Results", "", intro, "", *_table(("metric", "this model", *(["paper"] if with_paper else [])), rows)]
-    if "num_queries" in counts:
-        lines += [f"Evaluated with {int(counts['num_queries'])} queries.", ""]
-    if other_keys:
-        rows = [(_md(metric_label(k, label_names)), _pct(rates[k])) for k in other_keys]
-        lines += [
-            "<details><summary>All metrics</summary>",
-            "",
-            *_table(("metric", "this model"), rows),
-            "</details>",
-            "",
-        ]
-    return lines + _definitions([*main_keys, *other_keys], label_names)
+    others = _table(("metric", "this model"), [(_md(metric_label(k, labels)), _pct(rates[k])) for k in other_keys])
+    return _join(
+        "## Results",
+        intro,
+        _table(("metric", "this model", *(["paper"] if with_paper else [])), rows),
+        f"Evaluated with {int(counts['num_queries'])} queries." if "num_queries" in counts else "",
+        others and f"<details><summary>All metrics</summary>\n\n{others}\n\n</details>",
+        _definitions([*main_keys, *other_keys], labels),
+    )
 
 
 def _base_model(config: Mapping[str, Any]) -> str | None:
@@ -338,7 +370,7 @@ def _base_model(config: Mapping[str, Any]) -> str | None:
     args = dict(config.get("model_args") or {})
     backbone = str(args.get("backbone") or "")
     if backbone.startswith("hf-hub:"):
-        return backbone[len("hf-hub:") :] or None
+        return backbone.removeprefix("hf-hub:") or None
     if not args.get("pretrained") or not backbone:
         return None
     try:
@@ -350,7 +382,7 @@ def _base_model(config: Mapping[str, Any]) -> str | None:
     return str(hub_id) if hub_id else None
 
 
-def _hyper_parameters(card: CardInputs) -> list[str]:
+def _hyper_parameters(card: CardInputs) -> str:
     """The loss, its options and the optimisation settings of the run (learning rates, steps)."""
     training, tc = card.training, dict(card.training.get("training_config") or {})
     rows = [("loss", _md(training["loss"]))] if training.get("loss") else []
@@ -365,163 +397,120 @@ def _hyper_parameters(card: CardInputs) -> list[str]:
     return _table(("setting", "value"), rows, "Training hyper-parameters")
 
 
-def _compute(card: CardInputs) -> list[str]:
+def _compute(card: CardInputs) -> str:
     compute, summary = dict(card.training.get("compute") or {}), card.summary
-    rows: list[tuple[str, str]] = []
-    if compute.get("device"):
-        name = compute.get("device_name")
-        rows.append(("device", str(compute["device"]) + (f" ({_md(name)})" if name else "")))
-    processes = compute.get("num_processes", summary.get("num_processes"))
-    if processes is not None:
-        rows.append(("processes", str(processes)))
-    precision = compute.get("mixed_precision", summary.get("mixed_precision"))
-    if precision is not None:
-        rows.append(("mixed precision", _md(precision)))
-    seconds = summary.get("train_time_s")
-    if isinstance(seconds, (int, float)) and math.isfinite(seconds):
-        rows.append(("training time", f"{seconds:.0f} s" if seconds < 3600 else f"{seconds / 3600:.1f} h"))
-    rows += [(k, _md(compute[k])) for k in ("torch", "pml_suprank") if compute.get(k)]
-    return _table(("item", "value"), rows, "Compute")
+    device, name, seconds = compute.get("device"), compute.get("device_name"), summary.get("train_time_s")
+    processes, precision = (compute.get(k, summary.get(k)) for k in ("num_processes", "mixed_precision"))
+    finite = isinstance(seconds, (int, float)) and math.isfinite(seconds)
+    rows = [
+        ("device", str(device) + (f" ({_md(name)})" if name else "") if device else None),
+        ("processes", None if processes is None else str(processes)),
+        ("mixed precision", None if precision is None else _md(precision)),
+        ("training time", (f"{seconds:.0f} s" if seconds < 3600 else f"{seconds / 3600:.1f} h") if finite else None),
+        *((k, _md(compute[k]) if compute.get(k) else None) for k in ("torch", "pml_suprank")),
+    ]
+    return _table(("item", "value"), [r for r in rows if r[1] is not None], "Compute")
 
 
-def _short_run_banner(card: CardInputs) -> list[str]:
+def _short_run_banner(card: CardInputs) -> str:
     """The console's short-run warning of the run, when it warned (the same rule and text)."""
     from ..data.batch_fit import short_run_warning
 
     schedule, tc = dict(card.training.get("schedule") or {}), dict(card.training.get("training_config") or {})
     total = schedule.get("total_steps")
-    if not isinstance(total, int) or total <= 0:
-        total = tc.get("max_train_steps")
-        if not isinstance(total, int):
-            return []
-    epochs = tc.get("epochs") if isinstance(tc.get("epochs"), int) else 1
-    warning = short_run_warning(int(schedule.get("steps_per_epoch") or total), int(total), epochs=epochs,
+    total = total if isinstance(total, int) and total > 0 else tc.get("max_train_steps")
+    if not isinstance(total, int):
+        return ""
+    epochs = tc["epochs"] if isinstance(tc.get("epochs"), int) else 1
+    warning = short_run_warning(int(schedule.get("steps_per_epoch") or total), total, epochs=epochs,
                                 max_train_steps=tc.get("max_train_steps"))  # fmt: skip
     if not warning:
-        return []
+        return ""
     text = _md(warning.removeprefix("warning: "))
-    return [f"> **Warning — short run:** {text}. A demonstration or smoke test, not a usable model.", ""]
+    return f"> **Warning — short run:** {text}. A demonstration or smoke test, not a usable model."
 
 
-def _use_and_limits(card: CardInputs, base_model: str | None) -> list[str]:
-    lines = [
-        "## Intended use and limitations",
-        "",
-        f"- **Use:** embed images of the domain of {_md(_data_phrase(*card.dataset[:2]))} and rank a gallery by "
-        "cosine similarity (nearest-neighbour search, e.g. `pml_suprank.search.RetrievalIndex`); with a label "
-        "hierarchy, nearer items share finer labels.",
-        "- Compare embeddings of this model only with embeddings of the same model and preprocessing.",
-        "- The results above are measured on the held-out test split of the training data; quality on other image"
-        " domains is not measured. Not for decisions about people (identification, surveillance).",
-    ]
-    if base_model:
-        lines.append(f"- Fine-tuned from [`{base_model}`](https://huggingface.co/{base_model}): its license applies.")
-    return [*lines, ""]
-
-
-def _guard(card: CardInputs) -> list[str]:
+def _guard(card: CardInputs) -> str:
     """The OOD guard stored with the model (``ood/guard.json``): its detector, threshold and what was measured."""
     guard = card.guard
     if not guard:
-        return []
+        return ""
     higher = guard.get("higher_is_ood", True)
-    rule = "score > threshold" if higher else "score < threshold"
-    rows = [("threshold", _md(guard.get("threshold")))]
-    if isinstance(guard.get("tpr_target"), (int, float)):
-        rows.append(("target ID true-positive rate (images kept)", _pct(guard["tpr_target"])))
-    if isinstance(guard.get("id_tpr"), (int, float)):
-        rows.append(("measured ID true-positive rate (held-out ID images)", _pct(guard["id_tpr"])))
+    rows = [
+        ("threshold", _md(guard.get("threshold"))),
+        ("target ID true-positive rate (images kept)", _pct(guard.get("tpr_target"))),
+        ("measured ID true-positive rate (held-out ID images)", _pct(guard.get("id_tpr"))),
+    ]
     sets = guard.get("ood_sets") if isinstance(guard.get("ood_sets"), Mapping) else {}
     set_rows = [(_md(n), _pct(m.get("fpr")), _pct(m.get("auroc"))) for n, m in sets.items() if isinstance(m, Mapping)]
-    return [
-        "## Out-of-distribution guard",
-        "",
-        f"This model ships with an OOD guard (`ood/`): a {_md(guard.get('detector'))} detector on "
-        f"{_md(guard.get('feature_kind'))} features of these weights (their SHA-256 is in `ood/guard.json`; "
-        f"another model's guard is refused). An image is rejected as unknown when its {rule} "
-        f"(higher = more out-of-distribution: {'yes' if higher else 'no'}). Rates in percent.",
-        "",
-        *_table(("setting", "value"), rows),
-        *_table(("OOD set", "FPR at the threshold (OOD accepted)", "AUROC"), set_rows),
-        "```python",
-        "from pml_suprank.models import RetrievalModel",
-        "",
-        f'model = RetrievalModel.from_pretrained("{card.load_target}")',
-        "guard = model.ood_guard  # the stored detector, its threshold and its feature kind",
-        "```",
-        "",
-    ]
+    tables = _join(
+        _table(("setting", "value"), [r for r in rows if r[1] != "–"]),
+        _table(("OOD set", "FPR at the threshold (OOD accepted)", "AUROC"), set_rows),
+    )
+    return _GUARD.format(
+        detector=_md(guard.get("detector")),
+        features=_md(guard.get("feature_kind")),
+        rule="score > threshold" if higher else "score < threshold",
+        higher="yes" if higher else "no",
+        tables=tables,
+        target=card.load_target,
+    )
 
 
-def _citation(papers: Sequence[tuple[str, str]]) -> list[str]:
-    lines, seen = ["## Citation", ""], set()
-    for title, url in papers:
-        if url not in seen:  # one entry per paper
-            seen.add(url)
-            lines += [f"{_md(title)}: {url}", "", *(["```bibtex", _BIBTEX[url], "```", ""] if url in _BIBTEX else [])]
-    return lines
+def _citation(papers: Sequence[tuple[str, str]]) -> str:
+    """``## Citation``: per ``(title, url)`` paper its line and, for a known paper, its BibTeX; nothing without."""
+    bibtex = {url: f"```bibtex\n{_BIBTEX[url]}\n```" for _, url in papers if url in _BIBTEX}
+    return papers and _join("## Citation", *(_join(f"{_md(t)}: {url}", bibtex.get(url, "")) for t, url in papers))
 
 
+# ---------------------------------------------------------------------------------------------------- layouts
 def retrieval_card(card: CardInputs) -> str:
-    loss = card.training.get("loss")
+    loss, kind = card.training.get("loss"), card.dataset[0]
     title, url = _paper(loss)
     if card.hub.get("paper"):
         title, url = str(card.hub["paper"]), str(card.hub.get("paper_url") or url)
-    backbone = (card.config.get("model_args") or {}).get("backbone")
-    kind, short_data, _ = card.dataset
-    data = f", {short_data}" if kind != "unknown" else ""
-    name = card.title(" ".join(str(x) for x in (loss, "retrieval model", f"({backbone}{data})") if x))
     papers = [(title, url)]
     if url != SUPRANK_PAPER[1] and str(loss) not in ("Smooth-AP", "SmoothAPLoss", "CSL", "CSLLoss"):
         papers.append(SUPRANK_PAPER)
+    backbone = (card.config.get("model_args") or {}).get("backbone")
+    data = f", {card.dataset[1]}" if kind != "unknown" else ""
+    name = str(card.name or " ".join(str(x) for x in (loss, "retrieval model", f"({backbone}{data})") if x))
     base_model = _base_model(card.config)
-    main_keys = _split_metrics(card.metrics, card.paper_results)[2]
     tags = ["pml-suprank", "image-retrieval", "metric-learning", "pytorch-metric-learning", "timm"]
     intro = f"An image-retrieval embedding model trained with [pml-suprank]({REPO_URL})"
-    intro += (f" using {_md(loss)}" if loss else "") + (f" on {_md(_data_phrase(kind, short_data))}" if data else "")
-    lines = [
-        *card.front_matter(
-            tags, main_keys, "image-feature-extraction", last_tags=[loss], model_name=name, base_model=base_model
+    intro += (f" using {_md(loss)}" if loss else "") + (f" on {_md(card.data_name)}" if data else "")
+    uses = _USE_AND_LIMITS.format(data=_md(card.data_name))
+    if base_model:
+        uses += f"\n- Fine-tuned from [`{base_model}`](https://huggingface.co/{base_model}): its license applies."
+    return _join(
+        card.front_matter(
+            [*tags, *(card.hub.get("tags") or []), loss],
+            _split_metrics(card.metrics, card.paper_results)[2],
+            "image-feature-extraction",
+            model_name=name,
+            base_model=base_model,
         ),
         f"# {_md(name)}",
-        "",
         intro + ". All metrics on this card are percentages (`metrics.json` holds the same numbers as fractions).",
-        "",
-        *_short_run_banner(card),
-        *_overview(card.config, card.training),
-        *_training_data(card),
-        *_results(card, title),
-        *_hyper_parameters(card),
-        *_compute(card),
-        *_guard(card),
-        *_use_and_limits(card, base_model),
-        *card.plot_lines(),
-        "## Usage",
-        "",
-        "```python",
-        "import torch",
-        "from PIL import Image",
-        "from pml_suprank.models import RetrievalModel",
-        "from pml_suprank.data import build_transforms",
-        "",
-        f'model = RetrievalModel.from_pretrained("{card.load_target}").eval()'
-        + (card.load_comment + ";" if card.load_comment else "  #")
-        + " never downloads backbone weights",
-        "transform = build_transforms(model.data_config, train=False)",
-        'image = Image.open("query.jpg").convert("RGB")  # any image file',
-        "with torch.no_grad():",
-        "    embedding = model(transform(image)[None])  # (1, D), L2-normalised",
-        "```",
-        "",
-        *_citation(papers),
-    ]
-    return "\n".join(lines)
+        _short_run_banner(card),
+        _overview(card),
+        _training_data(card),
+        _results(card, title),
+        _hyper_parameters(card),
+        _compute(card),
+        _guard(card),
+        uses,
+        card.plots_section(),
+        _RETRIEVAL_USAGE.format(
+            target=card.load_target, comment=card.load_comment + ";" if card.load_comment else "  #"
+        ),
+        _citation(papers),
+    )
 
 
 def detector_card(card: CardInputs) -> str:
     config, metrics, paper = card.config, card.metrics, card.paper_results
     arch = str(config.get("architecture"))
-    kind, short, _ = card.dataset
     args = sorted(dict(config.get("model_args") or {}).items())
     rows = [("detector", f"`{_md(arch)}`"), *((_md(k), f"`{json.dumps(v, sort_keys=True)}`") for k, v in args),
             ("fitted", str(bool(config.get("fitted"))))]  # fmt: skip
@@ -530,36 +519,20 @@ def detector_card(card: CardInputs) -> str:
         ours = metrics.get(k)
         cell = str(int(ours)) if k.startswith("num_") and ours is not None else _pct(ours)
         results.append([_md(k), cell, *([_num(paper.get(k))] if paper else [])])
-    lines = [
-        *card.front_matter(["pml-suprank", "out-of-distribution-detection", arch], list(metrics), None),
-        f"# {_md(card.title(f'pml-suprank {arch} detector'))}",
-        "",
-        f"A post-hoc out-of-distribution detector (`{_md(arch)}`) fitted with [pml-suprank]({REPO_URL})"
-        + (f" on {_md(_data_phrase(kind, short))}" if kind != "unknown" else "")
-        + ". It scores feature vectors (and / or logits) of a frozen network: higher = more out-of-distribution.",
-        "",
-        *([_md(card.description.strip()), ""] if card.description else []),
-        *_table(("argument", "value"), rows),
-        *_table(
-            ("metric", "this detector", *(["paper"] if paper else [])),
-            results,
-            "Results",
-            "Detection metrics in percent (scores: higher = more out-of-distribution).",
+    intro = "Detection metrics in percent (scores: higher = more out-of-distribution)."
+    on = f" on {_md(card.data_name)}" if card.dataset[0] != "unknown" else ""
+    paper_cite = [(str(card.hub["paper"]), str(card.hub.get("paper_url") or ""))] if card.hub.get("paper") else []
+    return _join(
+        card.front_matter(
+            ["pml-suprank", "out-of-distribution-detection", arch, *(card.hub.get("tags") or [])], list(metrics), None
         ),  # fmt: skip
-        *card.plot_lines(),
-        "## Usage",
-        "",
-        "```python",
-        "from pml_suprank import ood",
-        "",
-        f'detector = ood.Detector.from_pretrained("{card.load_target}"){card.load_comment}',
-        "# the features of the network the detector was fitted on (a timm classifier), images (B, 3, H, W)",
-        "features = ood.extract_features(classifier, [images])",
-        "scores = detector.score(features=features.features, std_features=features.std_features,",
-        "                        logits=features.logits)  # (B,), higher = more OOD",
-        "```",
-        "",
-    ]
-    if card.hub.get("paper"):
-        lines += _citation([(str(card.hub["paper"]), str(card.hub.get("paper_url") or ""))])
-    return "\n".join(lines)
+        f"# {_md(card.name or f'pml-suprank {arch} detector')}",
+        f"A post-hoc out-of-distribution detector (`{_md(arch)}`) fitted with [pml-suprank]({REPO_URL}){on}. It "
+        "scores feature vectors (and / or logits) of a frozen network: higher = more out-of-distribution.",
+        _md(card.description.strip()) if card.description else "",
+        _table(("argument", "value"), rows),
+        _table(("metric", "this detector", *(["paper"] if paper else [])), results, "Results", intro),
+        card.plots_section(),
+        _DETECTOR_USAGE.format(target=card.load_target, comment=card.load_comment),
+        _citation(paper_cite),
+    )

@@ -1,12 +1,8 @@
 """Model cards (``README.md``) of saved retrieval models and OOD detectors: the one card writer.
 
-A card is YAML metadata (``library_name``, tags, datasets, metrics, ``model-index``) and markdown: the model, its
-training data (by name, class names and counts — never a local path), the results beside the paper's, the metric
-definitions, hyper-parameters, compute, the OOD guard, uses and limits, plots, usage and citations. Everything comes
-from the folder's own files (``config.json`` and its ``training`` metadata, :data:`CARD_FILES`, the PNG plots), so a
-folder saved again (``from_pretrained(final).save_pretrained(x)``, ``.push_to_hub(id)``) gets the same card as the
-training recipe wrote. Every metric on a card is a percentage (``metrics.json`` keeps fractions in [0, 1]); names
-from user data are escaped for markdown and HTML.
+Everything on a card comes from the folder's own files (``config.json`` and its ``training`` metadata,
+:data:`CARD_FILES`, the PNG plots), so a folder saved or pushed again gets the same card as the training recipe wrote;
+the text itself is :mod:`._card_sections`'s (YAML metadata by ``huggingface_hub.ModelCardData``, then markdown).
 """
 
 from __future__ import annotations
@@ -121,11 +117,9 @@ def run_card_metadata(trainer: Any, hub_config: Mapping[str, Any] | None = None,
 
     acc = getattr(trainer, "accelerator", None)
     device_type = getattr(getattr(acc, "device", None), "type", "cpu")
-    name = None
+    name = f"{os.cpu_count()} CPU cores ({platform.machine()})" if device_type == "cpu" else None
     if device_type == "cuda" and torch.cuda.is_available():
         name = torch.cuda.get_device_name(acc.device)
-    elif device_type == "cpu":
-        name = f"{os.cpu_count()} CPU cores ({platform.machine()})"
     train = getattr(trainer, "train_dataset", None)
     train = getattr(train, "dataset", train)  # the training set inside its seeded-augmentation wrapper
     splits = (("train", _split_summary(train)), ("test", _split_summary(getattr(trainer, "test_dataset", None))))
@@ -187,12 +181,14 @@ def write_card(
 
 
 def generate_model_card(config: Mapping[str, Any], **inputs: Any) -> str:
-    """Model card text (``README.md``): YAML metadata, the training data, results, hyper-parameters, compute, the
-    OOD guard, plots, usage and citations. Keyword arguments as :class:`CardInputs` (``metrics``, ``hub_config``,
-    ``plots``, ``repo_id``, ``description``, ``folder``, ``files``).
+    """Model card text (``README.md``) of the ``config.json`` dict ``config``: the detector layout for
+    ``config["task"] == "ood-detection"``, else (also configs older than ``task``) the retrieval-model layout.
 
-    Detector configs (``config["task"] == "ood-detection"``) get the detector layout, the others (also configs
-    written before ``task`` existed) the retrieval-model layout.
+    Keyword arguments: ``metrics`` (values in [0, 1], shown in percent; default: ``files["metrics.json"]``),
+    ``hub_config`` (its ``hub`` section: ``tags``, ``datasets``, ``license``, ``paper``, ``paper_url``,
+    ``paper_results`` in percent; default: ``config["training"]["card_hub"]``), ``plots`` (paths relative to the
+    folder), ``repo_id`` (the Hub repo, shown in the title and the usage snippet, which else loads ``"./<folder>"``),
+    ``description`` (a paragraph on what the object computes), ``folder``, ``files`` (:func:`read_card_files`).
     """
     card = CardInputs(config, **inputs)
-    return detector_card(card) if config.get("task") == DETECTOR_TASK else retrieval_card(card)
+    return (detector_card(card) if config.get("task") == DETECTOR_TASK else retrieval_card(card)) + "\n"
