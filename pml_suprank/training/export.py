@@ -62,7 +62,7 @@ def write_final_folder(
     Contents: what :meth:`~pml_suprank.hub.HubMixin.save_pretrained` writes (``config.json``,
     ``model.safetensors``, ``README.md``, ``metrics.json``; a model without it gets the last two), and
     ``training_summary.json`` (``summary``), ``history.json``, ``training_config.json``, ``data_spec.json`` when
-    ``metadata["data"]`` holds the run's data section (:mod:`.data_spec`, reused by ``evaluate --model``) and, with
+    ``metadata["data"]`` holds the run's data section (:mod:`pml_suprank.data.data_spec`) and, with
     ``embeddings = (last, first)``, ``training_curves.png`` and the plots of :func:`pml_suprank.plots.plot_all` (a
     figure that fails is skipped with a warning).
 
@@ -103,7 +103,7 @@ def write_final_folder(
     section = metadata.pop("data", None)
     class_split = metadata.pop("class_split", None)
     if section is not None:
-        from .data_spec import DATA_SPEC_FILE, data_spec
+        from ..data.data_spec import DATA_SPEC_FILE, data_spec
 
         spec = data_spec(section, seed=config.get("seed", 0), k_values=config.get("k_values", (1, 10)),
                          alpha=config.get("alpha", 1.0), label_names=metadata.get("label_names"),
