@@ -43,7 +43,6 @@ from pml_suprank.data.benchmarks import BENCHMARKS  # noqa: E402
 from pml_suprank.metrics.report import one_column  # noqa: E402
 from pml_suprank.training import TrainingConfig  # noqa: E402
 from pml_suprank.training.config import (  # noqa: E402
-    OptionError,
     is_choice,
     is_int,
     option,
@@ -73,6 +72,7 @@ class EvaluateSpec:
     declarations). The model folder's ``data_spec.json`` (the training run's test set, class split, seed,
     ``k_values`` and ``alpha``) is a layer under the flags (:func:`~pml_suprank.training.spec.parse`)."""
 
+    REQUIRED = ("model",)
     DESCRIPTION = "Evaluate a retrieval model on a test set."
     FLAGS = {"test_split": ("--split", "--test_split"), "eval_batch_size": ("--batch_size", "--eval_batch_size")}
     MODEL_DATA = ("benchmark", "dataset")
@@ -111,8 +111,6 @@ class EvaluateSpec:
 
     def __post_init__(self) -> None:
         validate_options(self)
-        if self.model is None:
-            raise OptionError("--model is required (a model folder such as RUN/final, or a Hub repo id)")
 
 
 def build_parser() -> argparse.ArgumentParser:

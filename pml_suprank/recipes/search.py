@@ -41,7 +41,6 @@ import torch  # noqa: E402
 from pml_suprank.search.safe_text import refuse  # noqa: E402
 from pml_suprank.training import TrainingConfig  # noqa: E402
 from pml_suprank.training.config import (  # noqa: E402  # noqa: E402
-    OptionError,
     is_bool,
     is_choice,
     is_int,
@@ -60,6 +59,7 @@ class SearchSpec:
     """Every option of the ``search`` recipe (label columns, data root and synthetic size are the training recipes'
     declarations). Without ``--gallery`` the gallery is the model's own test set (its ``data_spec.json``)."""
 
+    REQUIRED = ("model", "output_dir")
     DESCRIPTION = "Search a gallery with a retrieval model; write results.json, an HTML page and a PNG grid."
     MODEL_DATA = ("gallery",)
 
@@ -97,9 +97,6 @@ class SearchSpec:
 
     def __post_init__(self) -> None:
         validate_options(self)
-        for name in ("model", "output_dir"):
-            if getattr(self, name) is None:
-                raise OptionError(f"--{name} is required")
 
 
 def build_parser() -> argparse.ArgumentParser:

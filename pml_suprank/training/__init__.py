@@ -7,7 +7,6 @@ Layout:
 * :mod:`.options` — the model / data / loss / run options of the recipes and the one loss builder
   (:func:`build_loss`: a registered loss, ``pml:ClassName``, ``module:ClassName`` or a plugin,
   :func:`pml_suprank.losses.resolve_loss`);
-* :mod:`.rules` — the rules between options, each run once per spec;
 * :mod:`.hub_config` — the hub_config schema (derived from the options), reader and validator;
 * :mod:`.run_spec` — :class:`RunSpec`, the whole configuration of a recipe run (model / data / loss / train / run),
   built once from a hub_config YAML plus command-line overrides and validated once;

@@ -166,12 +166,14 @@ def field_problem(f: Field, value: Any) -> str | None:
 
 
 def validate_options(obj: Any, rules: Callable[[dict[str, Any]], list[str]] | None = None) -> None:
-    """Check an option dataclass instance: each field by its check, then ``rules`` (between its fields).
+    """Check an option dataclass instance: each field by its check, then the fields its class ``REQUIRED`` are set,
+    then ``rules`` (between its fields).
 
     Raises:
-        OptionError: naming every refused field (or the broken rules).
+        OptionError: naming every refused field (or the missing ones, or the broken rules).
     """
     problems: list[Any] = [(f.name, p) for f in fields(obj) if (p := field_problem(f, getattr(obj, f.name)))]
+    problems = problems or [f"--{n} is required" for n in getattr(obj, "REQUIRED", ()) if getattr(obj, n) is None]
     if not problems and rules is not None:
         problems = rules({f.name: getattr(obj, f.name) for f in fields(obj)})
     if problems:

@@ -104,15 +104,6 @@ def losses_listing() -> str:
     return "\n".join(lines)
 
 
-class _ListLosses(argparse.Action):
-    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
-        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=kwargs.get("help"))
-
-    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
-        print(losses_listing())  # noqa: T201 - the command's answer, as --help
-        parser.exit()
-
-
 @dataclass
 class RunSpec:
     """The configuration of one run (see the module docstring). ``given``: the options the user set (flags and
@@ -141,8 +132,9 @@ class RunSpec:
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        parser.epilog = losses_listing()
-        parser.add_argument("--list_losses", action=_ListLosses, help="list every loss --loss takes, and exit")
+        parser.epilog = losses_listing()  # --list_losses prints it and exits, as --version does
+        parser.add_argument("--list_losses", action="version", version=parser.epilog,
+                            help="list every loss --loss takes, and exit")  # fmt: skip
 
     @classmethod
     def from_options(cls, values: Mapping[str, Any], *, given: frozenset[str] = frozenset(),
