@@ -183,6 +183,13 @@ def validate_options(obj: Any, rules: Callable[[dict[str, Any]], list[str]] | No
 _RATE, _DECAY = is_number(0, high=MAX_LR), is_number(0, high=MAX_WEIGHT_DECAY)
 
 
+def batch_alias_problem(vb: int, b: int) -> str:
+    return (
+        f"--virtual_batch_size {vb} and --batch_size {b} differ: --virtual_batch_size is the batch the sampler draws "
+        "and the loss ranks, it replaces --batch_size; give one of them (or the same value to both)"
+    )
+
+
 class _DefaultInt(int):
     """The default of ``batch_size``: not given, so ``virtual_batch_size`` (another name of it) sets it."""
 
@@ -194,8 +201,7 @@ def _training_rules(v: Mapping[str, Any]) -> list[str]:
     if v["warmup_epochs"] > 0 and 0 < v["epochs"] <= v["warmup_epochs"]:
         return [f"warmup_epochs must be < epochs = {v['epochs']}; got {v['warmup_epochs']}"]
     if vb is not None and vb != b:
-        return [f"virtual_batch_size is another name of batch_size (the batch the sampler draws and the loss ranks): "
-                f"set one, or both to the same value; got --virtual_batch_size {vb} and --batch_size {b}"]  # fmt: skip
+        return [batch_alias_problem(vb, b)]
     k = v["super_classes_per_batch"] if v["sampler"] == "hierarchical" else 1
     if vb is not None and vb % (k * m):
         group = f"--super_classes_per_batch {k} x --samples_per_class {m}" if k > 1 else f"--samples_per_class {m}"

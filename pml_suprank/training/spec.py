@@ -28,7 +28,7 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_
 from .._safe_json import loads_json
 from .._validation import shorten
 from ..data.data_spec import DATA_SPEC_FILE, read_data_spec
-from .config import OptionError, TrainingConfig, field_default, field_problem, option, optional
+from .config import OptionError, TrainingConfig, batch_alias_problem, field_default, field_problem, option, optional
 from .options import DataOptions
 
 __all__ = [
@@ -165,29 +165,26 @@ def build_parser(
 def merge_layers(layers: Sequence[Layer], explicit_from: int = 1) -> tuple[dict[str, Any], dict[str, str]]:
     """Lay ``layers`` over each other in order (a later one wins); return ``(values, where)``.
 
-    ``virtual_batch_size`` is another name of ``batch_size``, resolved here: a layer giving it sets ``batch_size``
-    too. In the user's layers (from ``explicit_from`` on) both given with different values in one layer, or the batch
-    size in a later one (which would silently undo the virtual batch), are refused naming both.
+    ``virtual_batch_size`` is another name of ``batch_size`` (resolved by :class:`TrainingConfig`): a layer giving
+    it alone drops an earlier layer's batch size; the batch size in a later user layer (from ``explicit_from`` on),
+    which would silently undo the virtual batch, is refused naming both; a default virtual batch follows the batch
+    size the user gave.
     """
     values: dict[str, Any] = {}
     where: dict[str, str] = {}
     level: dict[str, int] = {}
     for i, layer in enumerate(layers):
+        if layer.get("virtual_batch_size", (None, None))[1] is not None and "batch_size" not in layer:
+            values.pop("batch_size", None), where.pop("batch_size", None)
         for name, (source, value) in layer.items():
             values[name], where[name], level[name] = value, source, i
-        if layer.get("virtual_batch_size", (None, None))[1] is not None and "batch_size" not in layer:
-            values["batch_size"], where["batch_size"] = values["virtual_batch_size"], where["virtual_batch_size"]
-            level["batch_size"] = i
     vb, b = values.get("virtual_batch_size"), values.get("batch_size")
-    if vb is not None and b is not None and vb != b:
-        if explicit_from <= level["virtual_batch_size"] <= level["batch_size"]:
+    if vb is not None and b is not None and vb != b and explicit_from <= level["virtual_batch_size"]:
+        if level["virtual_batch_size"] < level["batch_size"]:
             a, c = where["virtual_batch_size"], where["batch_size"]
-            raise OptionError(
-                f"--virtual_batch_size {vb} and --batch_size {b} differ ({a if a == c else f'{a} and {c}'}): "
-                "--virtual_batch_size is the batch the sampler draws and the loss ranks, it replaces --batch_size; "
-                "give one of them (or the same value to both)"
-            )
-        values["virtual_batch_size"] = b  # a default virtual batch follows the batch size the user gave
+            raise OptionError(f"{batch_alias_problem(vb, b)} ({a} and {c})")
+    elif vb is not None and b is not None:
+        values["virtual_batch_size"] = b
     return values, where
 
 
