@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from _helpers import import_recipe
 
 from pml_suprank.losses import registry
 from pml_suprank.losses.registry import ENTRY_POINT_GROUP, check_loss_name, register_loss, resolve_loss
@@ -72,13 +73,15 @@ def test_the_training_command_refuses_a_config_files_module_loss_in_one_line(pay
 
 
 def test_a_typed_module_loss_is_imported_from_the_working_directory(tmp_path, monkeypatch):
-    (tmp_path / "cwd_loss_files_data.py").write_text(textwrap.dedent("""
+    (tmp_path / "cwd_loss_files_data.py").write_text(
+        textwrap.dedent("""
         from pytorch_metric_learning.losses import ContrastiveLoss
 
 
         class CwdLoss(ContrastiveLoss):
             pass
-    """))
+    """)
+    )
     monkeypatch.chdir(tmp_path)
     assert str(tmp_path) not in sys.path and "" not in sys.path[:1]
     try:
@@ -92,8 +95,10 @@ def test_a_typed_module_loss_is_imported_from_the_working_directory(tmp_path, mo
     ("loss", "cause"),
     [
         ("no_such_module_files_data:Loss", "ModuleNotFoundError: No module named 'no_such_module_files_data'"),
-        ("pml:MultiSimilarityLos", "AttributeError: .* has no attribute 'MultiSimilarityLos'; did you mean "
-                                   "'MultiSimilarityLoss'"),
+        (
+            "pml:MultiSimilarityLos",
+            "AttributeError: .* has no attribute 'MultiSimilarityLos'; did you mean 'MultiSimilarityLoss'",
+        ),
         ("broken_dep_files_data:Loss", "ModuleNotFoundError: No module named 'a_dependency_that_is_missing'"),
         ("torch.nn:MSELoss", "is not a metric loss"),
     ],
@@ -178,8 +183,6 @@ def test_yaml_dates_and_other_non_json_values_are_refused_when_read(tmp_path):
     ],
 )
 def test_a_heat_config_cannot_upload_or_fetch(recipe, match, tmp_path, capsys):
-    from _helpers import import_recipe
-
     path = tmp_path / "heat.yaml"
     path.write_text(yaml.safe_dump({"recipe": recipe}))
     with pytest.raises(SystemExit) as e:
@@ -215,16 +218,34 @@ def _model_folder(tmp_path: Path, **changes) -> Path:
         ({"data_script": "x.py"}, "unknown key 'data.script'"),
     ],
 )
-def test_a_recorded_data_spec_passes_the_flags_checks(changes, match, tmp_path):
-    from pml_suprank.training.data_spec import read_data_spec
+def test_a_recorded_data_spec_passes_the_flags_checks(changes, match, tmp_path, capsys):
+    from pml_suprank.training.spec import model_data
 
     with pytest.raises(ValueError, match=match):
-        read_data_spec(_model_folder(tmp_path, **changes))
-    assert read_data_spec(_model_folder(tmp_path))["data"]["num_per_class"] == 4
+        model_data(_model_folder(tmp_path, **changes))
+    assert model_data(_model_folder(tmp_path))["data"]["num_per_class"] == 4
+    # the recipes read it once, in parse: one error line naming --model, exit 2
+    folder = _model_folder(tmp_path, **changes)
+    with pytest.raises(SystemExit) as e:
+        import_recipe("evaluate").parse_args(["--model", str(folder)])
+    assert e.value.code == 2 and "--model:" in capsys.readouterr().err
+
+
+def test_the_recorded_evaluator_options_are_a_layer_under_the_flags(tmp_path):
+    folder = _model_folder(tmp_path, seed=3)
+    spec = import_recipe("evaluate").parse_args(["--model", str(folder)])
+    assert (spec.seed, spec.k_values, spec.alpha, spec.model_data["data"]["num_per_class"]) == (3, [1, 2], 1.0, 4)
+    spec = import_recipe("evaluate").parse_args(["--model", str(folder), "--seed", "1", "--k_values", "5"])
+    assert (spec.seed, spec.k_values) == (1, [5])
+    spec = import_recipe("search").parse_args(["--model", str(folder), "--output_dir", str(tmp_path / "s")])
+    assert spec.seed == 3 and spec.model_data["data"]["dataset"] == "synthetic"
+    # another dataset typed: the recorded data section does not apply, the recorded seed still does
+    spec = import_recipe("search").parse_args(["--model", str(folder), "--gallery", "org/other", "--output_dir", "o"])
+    assert spec.model_data["data"] is None and spec.seed == 3
 
 
 def test_a_recorded_path_outside_the_model_folder_is_not_followed_unasked(tmp_path):
-    from pml_suprank.training.data_spec import read_data_spec
+    from pml_suprank.training.spec import model_data as read_data_spec
 
     elsewhere = tmp_path / "private_photos"
     (elsewhere / "a").mkdir(parents=True)
@@ -234,7 +255,7 @@ def test_a_recorded_path_outside_the_model_folder_is_not_followed_unasked(tmp_pa
     (folder / "data_spec.json").write_text(json.dumps(spec))
     with pytest.raises(ValueError, match="a path outside the model folder.*give --dataset"):
         read_data_spec(folder)
-    assert read_data_spec(folder, typed={"dataset": str(elsewhere)})["data"]["dataset"] == str(elsewhere)
+    assert read_data_spec(folder, str(elsewhere))["data"]["dataset"] == str(elsewhere)
     # a folder shipped inside the model folder is the model's own data
     (folder / "gallery" / "a").mkdir(parents=True)
     spec["data"] = {"dataset": "gallery", "label_columns": ["label"]}

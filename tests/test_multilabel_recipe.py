@@ -17,7 +17,7 @@ from _helpers import parse_recipe, recipe_parser
 from pml_suprank.data.source import DatasetSource, data_option_errors, dataset_source
 from pml_suprank.training import hub_config
 from pml_suprank.training.options import build_loss
-from pml_suprank.training.rules import multilabel_option_errors
+from pml_suprank.training.run_spec import multilabel_option_errors
 
 pytest.importorskip("accelerate")
 pytest.importorskip("timm")

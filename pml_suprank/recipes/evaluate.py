@@ -36,7 +36,6 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 from dataclasses import dataclass, replace  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -44,7 +43,6 @@ from pml_suprank.data.benchmarks import BENCHMARKS  # noqa: E402
 from pml_suprank.metrics.report import one_column  # noqa: E402
 from pml_suprank.training import TrainingConfig  # noqa: E402
 from pml_suprank.training.config import (  # noqa: E402
-    OptionError,
     is_choice,
     is_int,
     option,
@@ -71,11 +69,13 @@ DYML_GRANULARITIES = ("fine", "middle", "coarse")
 @dataclass
 class EvaluateSpec:
     """Every option of the ``evaluate`` recipe (the data and evaluation options are the training recipes' own
-    declarations). Unset data / evaluation options are the model folder's (its ``data_spec.json``: the training
-    run's test set, class split, seed, ``k_values`` and ``alpha``), else the defaults shown by ``--help``."""
+    declarations). The model folder's ``data_spec.json`` (the training run's test set, class split, seed,
+    ``k_values`` and ``alpha``) is a layer under the flags (:func:`~pml_suprank.training.spec.parse`)."""
 
+    REQUIRED = ("model",)
     DESCRIPTION = "Evaluate a retrieval model on a test set."
     FLAGS = {"test_split": ("--split", "--test_split"), "eval_batch_size": ("--batch_size", "--eval_batch_size")}
+    MODEL_DATA = ("benchmark", "dataset")
 
     model: str | None = shared(ModelUseOptions, "model")
     output_dir: str | None = shared(TrainingConfig, "output_dir", None, "write metrics.json and plots here")
@@ -88,45 +88,29 @@ class EvaluateSpec:
         None, "roxford5k / rparis6k: resize each image so its longer side has this many pixels (unset: the model's "
         "input size; the protocol's papers use 1024)", check=optional(is_int(8, 16384)),
     )  # fmt: skip
-    dataset: str | None = shared(
-        DataOptions,
-        "dataset",
-        None,
-        "the test data: 'synthetic', a benchmark name, a "
-        "Hub id or a local folder (unset: the model's training data, else synthetic)",
-    )
+    dataset: str | None = shared(DataOptions, "dataset", None, "the test data: 'synthetic', a benchmark name, a Hub "
+                                 "id or a local folder (unset: the model's training data, else synthetic)")  # fmt: skip
     data_root: str | None = shared(DataOptions, "data_root")
-    label_columns: list[str] | None = shared(
-        DataOptions,
-        "label_columns",
-        None,
-        "label columns, finest first, space-separated (unset: the model's, or the folder's)",
-    )
+    label_columns: list[str] | None = shared(DataOptions, "label_columns", None, "label columns, finest first, "
+                                             "space-separated (unset: the model's, or the folder's)")  # fmt: skip
     test_split: str | None = shared(DataOptions, "test_split")
     num_per_class: int | None = shared(
         DataOptions, "num_per_class", None, "SyntheticShapes: images per fine class (unset: the model's, else 32)"
     )
-    seed: int | None = shared(
-        TrainingConfig,
-        "seed",
-        None,
-        "seed of a synthetic test set, a class split and the plots (unset: the model's, else 0)",
-    )
+    seed: int = shared(TrainingConfig, "seed", 0, "seed of a synthetic test set, a class split and the plots (the "
+                       "model's when it records one)")  # fmt: skip
     eval_batch_size: int = shared(TrainingConfig, "eval_batch_size")
-    k_values: list[int] | None = shared(
-        TrainingConfig, "k_values", None, "Recall@k values, space-separated (unset: the model's, else 1 10)"
-    )
-    alpha: float | None = shared(TrainingConfig, "alpha", None, "H-AP relevance exponent (unset: the model's, "
-                                      "else 1)")  # fmt: skip
+    k_values: list[int] = shared(TrainingConfig, "k_values", [1, 10], "Recall@k values, space-separated (the "
+                                 "model's when it records them)")  # fmt: skip
+    alpha: float = shared(TrainingConfig, "alpha", 1.0, "H-AP relevance exponent (the model's when it records one)")
     no_plots: bool = shared(RunOptions, "no_plots")
     mixed_precision: str | None = shared(RunOptions, "mixed_precision")
     cpu: bool = shared(RunOptions, "cpu")
     embedding_cache: str | None = shared(ModelUseOptions, "embedding_cache")
+    model_data: dict | None = option(None, "the model's recorded data spec (read by parse)", cli=False)
 
     def __post_init__(self) -> None:
         validate_options(self)
-        if self.model is None:
-            raise OptionError("--model is required (a model folder such as RUN/final, or a Hub repo id)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -139,52 +123,26 @@ def parse_args(argv: list[str] | None = None) -> EvaluateSpec:
     return parse(EvaluateSpec, argv)
 
 
-def test_data(spec: EvaluateSpec, recorded: dict[str, Any] | None, image_size: int) -> tuple[dict, int]:
-    """The data section and seed of the test set: the model's recorded data spec (``recorded``) with the options the
-    user set laid over it, or the options alone (SyntheticShapes at the model's ``image_size`` by default)."""
-    section = dict(recorded["data"]) if recorded is not None else {"dataset": "synthetic", "image_size": image_size}
-    if spec.dataset is not None and spec.dataset != section.get("dataset"):
-        kept = recorded is not None and _same_kind(spec.dataset, section, recorded)
-        section = {**section, "dataset": spec.dataset} if kept else {"dataset": spec.dataset}
-        if section["dataset"] == "synthetic":
-            section["image_size"] = image_size
+def test_data(spec: EvaluateSpec, image_size: int) -> dict:
+    """The data section of the test set: the model's recorded one (for the typed dataset) with the options the user
+    set laid over it, or the options alone (SyntheticShapes at the model's ``image_size`` by default)."""
+    recorded = (spec.model_data or {}).get("data")
+    section = dict(recorded) if recorded is not None else {"dataset": spec.dataset or "synthetic"}
+    if recorded is None and section["dataset"] == "synthetic":
+        section["image_size"] = image_size
     for name in ("data_root", "label_columns", "test_split", "num_per_class"):
         if getattr(spec, name) is not None:
             section[name] = getattr(spec, name)
-    seed = spec.seed if spec.seed is not None else int((recorded or {}).get("seed", 0))
-    return section, seed
-
-
-def _same_kind(dataset: str, section: dict, recorded: dict) -> bool:
-    """``--dataset DIR`` replacing the recorded one keeps the recorded options when both are local folders (the
-    same data moved, or the folder of the recorded name: a model folder records a local folder by its name), else
-    the options start afresh."""
-    from pml_suprank.data.source import folder_layout
-    from pml_suprank.hub.local_names import public_name
-
-    if folder_layout(dataset) is None:
-        return False
-    if recorded.get("local_dataset"):
-        return public_name(dataset) == section.get("dataset")
-    return folder_layout(section.get("dataset")) is not None
+    return section
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = build_parser()
     spec = parse_args(argv)
-    from pml_suprank.training.data_spec import read_data_spec
-
-    try:
-        recorded = read_data_spec(spec.model, typed={"dataset": spec.benchmark or spec.dataset,
-                                                     "data_root": spec.data_root})  # fmt: skip
-    except ValueError as e:
-        parser.error(f"--model: {e}")
-    kept = recorded or {}
-    alpha = spec.alpha if spec.alpha is not None else float(kept.get("alpha", 1.0))
-    spec = replace(spec, k_values=spec.k_values or list(kept.get("k_values", (1, 10))), alpha=alpha)
-    dataset = spec.benchmark or spec.dataset or kept.get("data", {}).get("dataset", "synthetic")
+    recorded = (spec.model_data or {}).get("data") or {}
+    dataset = spec.benchmark or spec.dataset or recorded.get("dataset", "synthetic")
     name = spec.benchmark or (dataset if dataset in BENCHMARKS else None)
-    root = spec.data_root or kept.get("data", {}).get("data_root")
+    root = spec.data_root or recorded.get("data_root")
     if name is not None and not root:
         parser.error(f"--data_root is required for benchmark {name} (expected: {BENCHMARKS[name].layout})")
     if name is not None and spec.test_split is not None and spec.test_split not in BENCHMARKS[name].splits:
@@ -207,16 +165,16 @@ def main(argv: list[str] | None = None) -> dict:
     model = accelerator.prepare(loaded)
     mode = PROTOCOLS.get(name) if name is not None and spec.test_split is None else None
     if mode is None:
-        image_size = int(_unwrap(model).data_config["input_size"][-1])
-        section, seed = test_data(spec, recorded if spec.benchmark is None else None, image_size)
+        section = test_data(spec if spec.benchmark is None else replace(spec, model_data=None),
+                            int(_unwrap(model).data_config["input_size"][-1]))  # fmt: skip
         if name is not None:
             section = {"dataset": name, "data_root": root}
             section.update({"test_split": spec.test_split} if spec.test_split else {})
         error = _data_error(section)
         if error:
             parser.error(error)
-        split = (recorded or {}).get("class_split") if spec.benchmark is None else None
-        return evaluate_test_set(replace(spec, seed=seed), section, model, accelerator, split)
+        split = (spec.model_data or {}).get("class_split") if spec.benchmark is None and recorded else None
+        return evaluate_test_set(spec, section, model, accelerator, split)
     protocol = {"dyml": evaluate_dyml, "landmark": evaluate_landmark, "revisited": evaluate_revisited}[mode]
     metrics = protocol(spec, name, model, accelerator)
     accelerator.print(f"{spec.model} on {name} ({mode} protocol):")

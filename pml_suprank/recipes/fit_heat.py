@@ -258,23 +258,21 @@ def prepare_data(spec: FitHeatSpec):
     Returns ``(spec, train_ds, test_ds, ood_sets, level, classes, train_labels)``: the resolved spec (image size,
     output stride, epochs), the ID / OOD datasets, the label level and the sorted class ids of the ID training set.
     With ``--model`` and no ``--id_dataset``, the ID sets are the model's training data (its ``data_spec.json``)."""
-    from pml_suprank.training.data_spec import read_data_spec
-
     id_data = None
     if spec.model is not None:
         from pml_suprank import data
         from pml_suprank.models import RetrievalModel
+        from pml_suprank.training.spec import model_data
 
         config = RetrievalModel.from_pretrained(spec.model).data_config
-        if spec.id_dataset is None:
-            try:
-                id_data = read_data_spec(spec.model)
-            except ValueError as e:
-                raise SystemExit(f"--model: {e}") from e
-            if id_data is None:
-                raise SystemExit(f"--model {spec.model} records no training data (data_spec.json): give --id_dataset")
-        else:  # a typed folder of the recorded name confirms the recorded one (its class split), else replaces it
-            id_data = recorded_folder_spec(spec)
+        try:  # a typed folder of the recorded name confirms the recorded one (its class split), else replaces it
+            id_data = model_data(spec.model, spec.id_dataset)
+        except ValueError as e:
+            raise SystemExit(f"--model: {e}") from e
+        if id_data is None and spec.id_dataset is None:
+            raise SystemExit(f"--model {spec.model} records no training data (data_spec.json): give --id_dataset")
+        other = spec.id_dataset is not None and (spec.label_column or not Path(spec.id_dataset).is_dir())
+        id_data = None if id_data is None or id_data["data"] is None or other else id_data
         spec = spec.resolved(model_image_size=int(config["input_size"][-1]))
         transform = data.build_transforms(config, train=False)
     else:
@@ -295,24 +293,6 @@ def prepare_data(spec: FitHeatSpec):
         flush=True,
     )
     return spec, train_ds, test_ds, ood_sets, level, classes, train_labels
-
-
-def recorded_folder_spec(spec: FitHeatSpec) -> dict | None:
-    """The model's data spec with ``--id_dataset`` as its dataset, when ``--id_dataset`` is a local folder named as
-    the model's recorded training folder (a model folder records a local folder by its name only): the recorded
-    label columns, class split and seed then apply."""
-    from pml_suprank.hub.local_names import public_name
-    from pml_suprank.training.data_spec import read_data_spec
-
-    if not Path(spec.id_dataset).is_dir() or spec.label_column:
-        return None
-    try:
-        recorded = read_data_spec(spec.model, typed={"dataset": spec.id_dataset})
-    except ValueError as e:
-        raise SystemExit(f"--model: {e}") from e
-    if recorded is None or recorded["data"].get("dataset") != public_name(spec.id_dataset):
-        return None
-    return {**recorded, "data": {**recorded["data"], "dataset": spec.id_dataset}}
 
 
 def check_trained_head(spec: FitHeatSpec) -> None:

@@ -29,7 +29,6 @@ import torch  # noqa: E402
 
 from pml_suprank.training import TrainingConfig  # noqa: E402
 from pml_suprank.training.config import (  # noqa: E402
-    OptionError,
     is_str,
     option,
     optional,
@@ -55,6 +54,7 @@ __all__ = [
 class OODScoreSpec:
     """Every option of the ``ood_score`` recipe."""
 
+    REQUIRED = ("model", "images", "output_dir")
     DESCRIPTION = "Score images with a model's OOD guard; write scores.csv (file,score,is_ood) and a histogram."
 
     model: str | None = shared(ModelUseOptions, "model", None,
@@ -71,9 +71,6 @@ class OODScoreSpec:
 
     def __post_init__(self) -> None:
         validate_options(self)
-        for name in ("model", "images", "output_dir"):
-            if getattr(self, name) is None:
-                raise OptionError(f"--{name} is required")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -172,8 +169,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         title = f"{len(images)} images, {n_ood} OOD ({model.ood_guard.detector_name} guard)"
         plot = write_histogram(out / "score_histogram.png", verdict.scores, verdict.threshold, title)
     source = "--ood_threshold" if args.ood_threshold is not None else "the guard's calibrated threshold"
-    print(f"{len(images)} images: {n_ood} OOD, {len(images) - n_ood} in-distribution (score > "  # noqa: T201
-          f"{verdict.threshold:.6g}, {source}); {csv_path.name}{', ' + plot.name if plot else ''} in {out}")
+    print(
+        f"{len(images)} images: {n_ood} OOD, {len(images) - n_ood} in-distribution (score > "  # noqa: T201
+        f"{verdict.threshold:.6g}, {source}); {csv_path.name}{', ' + plot.name if plot else ''} in {out}"
+    )
     top = verdict.scores.argsort(descending=True)[: min(5, n_ood)].tolist()
     for i in top:
         print(f"  OOD  {verdict.scores[i].item():10.4g}  {terminal_safe(images.names[i])}")  # noqa: T201

@@ -41,7 +41,6 @@ import torch  # noqa: E402
 from pml_suprank.search.safe_text import refuse  # noqa: E402
 from pml_suprank.training import TrainingConfig  # noqa: E402
 from pml_suprank.training.config import (  # noqa: E402  # noqa: E402
-    OptionError,
     is_bool,
     is_choice,
     is_int,
@@ -60,7 +59,9 @@ class SearchSpec:
     """Every option of the ``search`` recipe (label columns, data root and synthetic size are the training recipes'
     declarations). Without ``--gallery`` the gallery is the model's own test set (its ``data_spec.json``)."""
 
+    REQUIRED = ("model", "output_dir")
     DESCRIPTION = "Search a gallery with a retrieval model; write results.json, an HTML page and a PNG grid."
+    MODEL_DATA = ("gallery",)
 
     model: str | None = shared(ModelUseOptions, "model")
     gallery: str | None = option(None, "'synthetic', a benchmark name, or a dataset source (unset: the test set the "
@@ -85,19 +86,17 @@ class SearchSpec:
     data_root: str | None = shared(DataOptions, "data_root")
     num_per_class: int = shared(DataOptions, "num_per_class", 10)
     batch_size: int = shared(ModelUseOptions, "batch_size")
-    seed: int | None = shared(TrainingConfig, "seed", None, "seed of the drawn queries, a synthetic gallery and a "
-                              "class split (unset: the model's, else 0)")  # fmt: skip
+    seed: int = shared(TrainingConfig, "seed", 0, "seed of the drawn queries, a synthetic gallery and a class split "
+                       "(the model's when it records one)")  # fmt: skip
     thumbnail_size: int = option(96, "longer side of the HTML thumbnails", check=is_int(16, 1024))
     save_index: bool = option(False, "also save the index to OUTPUT_DIR/index", check=is_bool())
     ood_threshold: float | None = shared(ModelUseOptions, "ood_threshold")
     device: str | None = shared(ModelUseOptions, "device")
     embedding_cache: str | None = shared(ModelUseOptions, "embedding_cache")
+    model_data: dict | None = option(None, "the model's recorded data spec (read by parse)", cli=False)
 
     def __post_init__(self) -> None:
         validate_options(self)
-        for name in ("model", "output_dir"):
-            if getattr(self, name) is None:
-                raise OptionError(f"--{name} is required")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -154,44 +153,21 @@ def folder_split(source: str, given: str | None, flag: str) -> str:
     refuse(f"{flag}: {source} has the splits {list(layout.splits)} and none is named 'test': give one of them")
 
 
-def model_gallery(args: SearchSpec, transform: Any, folder: str | None = None) -> tuple[Any, SearchSpec]:
-    """The test set the model was trained with (its ``data_spec.json``), and the spec naming it. A local training
-    folder is recorded by its name only: ``folder`` (the ``--gallery`` the user typed, of that name) says where it is,
-    and the recorded class split and seed still apply."""
+def model_gallery(args: SearchSpec, transform: Any) -> tuple[Any, SearchSpec]:
+    """The test set the model was trained with (its recorded data spec, ``args.model_data``; a local folder recorded
+    by its name is the ``--gallery`` of that name), and the spec naming it."""
     from pml_suprank.data.source import dataset_source
-    from pml_suprank.training.data_spec import read_data_spec
 
-    try:
-        recorded = read_data_spec(args.model, typed={"dataset": folder})
-    except ValueError as e:
-        refuse(f"--model: {e}")
-    if recorded is None:
+    if args.model_data is None:
         refuse(f"--gallery is required: the model {args.model} records no data spec (data_spec.json)")
-    section = dict(recorded["data"])
-    if folder is not None:
-        section["dataset"] = folder
+    section = args.model_data["data"]
     source = dataset_source(section, "test")
-    seed = args.seed if args.seed is not None else int(recorded["seed"])
-    args = replace(args, gallery=source.name, gallery_split=source.split, seed=seed)
+    args = replace(args, gallery=source.name, gallery_split=source.split)
     try:
-        return source.load(transform, seed=seed, recorded_split=recorded.get("class_split")), args
+        return source.load(transform, seed=args.seed, recorded_split=args.model_data.get("class_split")), args
     except (OSError, ValueError) as e:
         refuse(f"the training data recorded by {args.model} ({section.get('dataset')!r}) cannot be read: {e}; a local "
                "folder is recorded by its name only: give its path with --gallery")  # fmt: skip
-
-
-def recorded_folder(args: SearchSpec) -> bool:
-    """``--gallery`` is a local folder with the name of the model's recorded training folder (``data_spec.json``)."""
-    from pml_suprank.hub.local_names import public_name
-    from pml_suprank.training.data_spec import read_data_spec
-
-    if args.gallery is None or not Path(args.gallery).is_dir() or args.label_columns or args.gallery_split:
-        return False
-    try:
-        recorded = read_data_spec(args.model, typed={"dataset": args.gallery})
-    except ValueError:
-        return False
-    return recorded is not None and recorded["data"].get("dataset") == public_name(args.gallery)
 
 
 def embed(
@@ -263,6 +239,7 @@ def describe_results(
 def load_model(args: SearchSpec, device: torch.device) -> Any:
     """The model (with its OOD guard, if any) — or one ``error:`` line naming ``--model`` / ``--ood_threshold``."""
     from pml_suprank.models import RetrievalModel
+
     try:
         model = RetrievalModel.from_pretrained(args.model)
     except (OSError, ValueError, TypeError) as e:
@@ -277,18 +254,21 @@ def load_gallery(args: SearchSpec, transform: Any, image_size: int) -> tuple[Any
     """The gallery dataset and the spec naming it (its split and seed resolved); a gallery that cannot be read is
     one ``error:`` line naming ``--gallery``."""
     from pml_suprank.search.image_files import ImageFiles
-    if args.gallery is None:
+
+    recorded = (args.model_data or {}).get("data") is not None
+    if args.gallery is None or (
+        recorded and Path(args.gallery).is_dir() and not args.label_columns and not args.gallery_split
+    ):  # the model's own training folder: its test split
         return model_gallery(args, transform)
-    if recorded_folder(args):  # the model's own training folder, recorded by name: its recorded test split
-        return model_gallery(args, transform, folder=args.gallery)
     if args.gallery not in ("synthetic",) and is_plain_image_source(args.gallery) and not args.label_columns:
         try:
             return ImageFiles(args.gallery, transform, what=f"--gallery {args.gallery}"), replace(
-                args, gallery_split=args.gallery_split or "all", seed=args.seed or 0)
+                args, gallery_split=args.gallery_split or "all"
+            )
         except ValueError as e:
             refuse(e)
     split = folder_split(args.gallery, args.gallery_split, "--gallery_split")
-    args = replace(args, gallery_split=split, seed=args.seed or 0)
+    args = replace(args, gallery_split=split)
     try:
         return load_dataset(args, args.gallery, args.gallery_split, transform, image_size), args
     except (OSError, ValueError, KeyError) as e:
@@ -381,8 +361,13 @@ def main(argv: list[str] | None = None) -> dict:
     title = (f"{_short(args.model)}: {len(records)} queries against {_short(args.gallery)} {args.gallery_split} "
              f"({len(index)} images), top {args.k}")  # fmt: skip
     threshold = None if guard is None else (guard.threshold if args.ood_threshold is None else args.ood_threshold)
-    write_html_report(out / "results.html", pages, title=title, thumbnail_size=args.thumbnail_size,
-                      ood_guard=None if guard is None else {"detector": guard.detector_name, "threshold": threshold})
+    write_html_report(
+        out / "results.html",
+        pages,
+        title=title,
+        thumbnail_size=args.thumbnail_size,
+        ood_guard=None if guard is None else {"detector": guard.detector_name, "threshold": threshold},
+    )
     write_result_grid(out / "results_grid.png", pages)
     levels = [x["relevance"] for r in records for x in r["results"]]
     summary = {level: levels.count(level) for level in ("fine", "coarse", "other", "unknown")}
@@ -401,13 +386,17 @@ def main(argv: list[str] | None = None) -> dict:
         index.save(out / "index")
     print(summary_table(records, args.k))  # noqa: T201 - the recipe's console output
     if guard is None:
-        print("no OOD guard in this model: queries are not checked for unknown kinds (fit one with "  # noqa: T201
-              "`pml-suprank-fit-heat --model MODEL`)")
+        print(
+            "no OOD guard in this model: queries are not checked for unknown kinds (fit one with "  # noqa: T201
+            "`pml-suprank-fit-heat --model MODEL`)"
+        )
     else:
         n_ood = sum(bool(r["ood"]["is_ood"]) for r in records)
         print(f"OOD guard {guard.detector_name}: {n_ood} of {len(records)} queries OOD (score > {threshold:.6g})")  # noqa: T201
-    print(f"{len(records)} queries, top {args.k}: {summary}; results.json, results.html, results_grid.png in "  # noqa: T201
-          f"{terminal_safe(out)}")
+    print(
+        f"{len(records)} queries, top {args.k}: {summary}; results.json, results.html, results_grid.png in "  # noqa: T201
+        f"{terminal_safe(out)}"
+    )
     return result
 
 

@@ -1,8 +1,7 @@
-"""The training options: :class:`TrainingConfig`, the single source of every training hyper-parameter.
+"""The option machinery (:func:`option`, :class:`OptionCheck` and its checks) and :class:`TrainingConfig`.
 
-Every field carries its help text, its hub_config section and a value check in its ``metadata`` (see
-:func:`option`); the recipes' command line (:mod:`pml_suprank.training.spec`) and the hub_config schema
-(:mod:`pml_suprank.training.hub_config`) are generated from these fields, so an option is written exactly once.
+Every option is one dataclass field whose ``metadata`` holds its help, hub_config section and value check; the
+command line (:mod:`.spec`) and the hub_config schema (:mod:`.hub_config`) are generated from them.
 """
 
 from __future__ import annotations
@@ -10,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replace
+from types import MappingProxyType
 from typing import Any, Literal, get_args
 
 import numpy as np
@@ -36,19 +36,16 @@ __all__ = [
 OptimizerType = Literal["adam", "adamw", "sgd"]
 SchedulerType = Literal["cosine", "constant"]
 SamplerType = Literal["m_per_class", "hierarchical"]
+#: the largest int an option accepts unless it sets a tighter bound (a loaded file cannot ask for unbounded work)
+MAX_CONFIG_INT = 2**31 - 1
+#: bounds of learning rates, weight decays, the H-AP exponent and scalar scales (finite in float32 after products)
+MAX_LR, MAX_WEIGHT_DECAY, MAX_ALPHA, MAX_SCALE = 100.0, 10.0, 100.0, 1e6
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# option metadata and value checks (used by the hub_config schema)
-# ---------------------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class OptionCheck:
-    """A value check of a configuration file: ``fn(value) -> bool`` and the expectation, e.g. ``"an int >= 1"``.
-
-    ``choices`` lists the valid values of a closed set (also the argparse ``choices=``); ``kind`` (``"int"``,
-    ``"number"``, ``"bool"``, ``"choice"``, ``"str"`` or ``None``) and ``bounds`` (``(low, high, strict,
-    open_high)``) describe the check for tools and tests (its boundary values), never re-check a value.
-    """
+    """A value check: ``fn(value) -> bool`` and the expectation (``"an int >= 1"``); ``choices`` (a closed set, also
+    the flag's metavar), ``kind`` and ``bounds`` ``(low, high, strict, open_high)`` describe it for tools and tests."""
 
     fn: Callable[[Any], bool]
     expected: str
@@ -61,27 +58,18 @@ class OptionCheck:
 
 
 def is_bool() -> OptionCheck:
-    """A YAML boolean (not 0/1)."""
     return OptionCheck(lambda v: isinstance(v, bool), "a bool", kind="bool")
 
 
 def is_str(expected: str = "a non-empty string") -> OptionCheck:
-    """A non-empty string; ``expected`` is what the error message says."""
     return OptionCheck(lambda v: isinstance(v, str) and bool(v), expected, kind="str")
 
 
-#: the largest integer a configuration value may hold unless its option sets a tighter bound: values that size work
-#: (epochs, batch sizes, memory slots, steps) stay within 32-bit counts, so a loaded file cannot ask for unbounded work
-MAX_CONFIG_INT = 2**31 - 1
-
-
 def is_int(low: int = 0, high: int = MAX_CONFIG_INT) -> OptionCheck:
-    """An int (not a bool) with ``low <= value <= high``."""
+    """An int (not a bool) in ``[low, high]``."""
     expected = f"an int >= {low}" if high == MAX_CONFIG_INT else f"an int in [{low}, {high}]"
-    return OptionCheck(
-        lambda v: isinstance(v, int) and not isinstance(v, bool) and low <= v <= high, expected, kind="int",
-        bounds=(low, high, False, False),
-    )  # fmt: skip
+    return OptionCheck(lambda v: isinstance(v, int) and not isinstance(v, bool) and low <= v <= high, expected,
+                       kind="int", bounds=(low, high, False, False))  # fmt: skip
 
 
 def is_number(
@@ -94,97 +82,64 @@ def is_number(
             return False
         return (v > low if strict else v >= low) and (v < high if open_high else v <= high)
 
-    lo = f"{'>' if strict else '>='} {low:g}"
     if high == math.inf:
-        expected = f"a number {lo}"
+        expected = f"a number {'>' if strict else '>='} {low:g}"
     else:
         expected = f"a number in {'(' if strict else '['}{low:g}, {high:g}{')' if open_high else ']'}"
     return OptionCheck(check, expected, kind="number", bounds=(low, high, strict, open_high))
 
 
 def is_finite() -> OptionCheck:
-    """Any finite real number (not a bool; e.g. an OOD threshold, which may be negative)."""
     return replace(is_number(-math.inf), expected="a finite number")
 
 
 def is_choice(*values: Any) -> OptionCheck:
-    """One of ``values`` (also the argparse ``choices=``)."""
     return OptionCheck(lambda v: v in values, f"one of {', '.join(map(str, values))}", tuple(values), kind="choice")
 
 
 def optional(check: OptionCheck) -> OptionCheck:
     """``None`` (YAML ``null``) or a value passing ``check``."""
-    return OptionCheck(
-        lambda v: v is None or check(v), f"null or {check.expected}", check.choices, check.kind, check.bounds
-    )
+    return replace(check, fn=lambda v: v is None or check(v), expected=f"null or {check.expected}")
 
 
 def list_of(check: OptionCheck, expected: str, min_len: int = 1) -> OptionCheck:
-    """A list (or tuple) of at least ``min_len`` items passing ``check``."""
     return OptionCheck(lambda v: isinstance(v, (list, tuple)) and len(v) >= min_len and all(map(check, v)), expected)
 
 
-def option(
-    default: Any,
-    help: str,
-    *,
-    section: str | None = None,
-    key: str | None = None,
-    check: OptionCheck | None = None,
-    cli: bool = True,
-) -> Any:
-    """A dataclass field with its documentation: the one place an option is described.
-
-    Args:
-        default: Default value (a list is copied per instance).
-        help: One-line help shown by ``--help`` (with the default) and used in error messages.
-        section: hub_config section holding the key (``None``: command line only).
-        key: Key inside the section (default: the field name).
-        check: Value check of a configuration file (type and range).
-        cli: Expose the option on the recipes' command line.
-    """
+def option(default: Any, help: str, check: OptionCheck | None = None, *, section: str | None = None,
+           key: str | None = None, cli: bool = True) -> Any:  # fmt: skip
+    """A dataclass field with its documentation, the one place an option is described: ``help`` (``--help``, with
+    the default), the value ``check`` (a bool default: :func:`is_bool`), the hub_config ``section`` and ``key``
+    (default: the field name; no section: command line only, or the class's :func:`in_section`) and whether it is a
+    flag (``cli``). A list default is copied per instance."""
+    check = is_bool() if check is None and isinstance(default, bool) else check
     metadata = {"help": help, "section": section, "key": key, "check": check, "cli": cli}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=metadata)
     return field(default=default, metadata=metadata)
 
 
+def in_section(section: str) -> Callable[[type], type]:
+    """Class decorator (above ``@dataclass``): the hub_config ``section`` of the option fields that name none."""
+
+    def apply(cls: type) -> type:
+        for f in fields(cls):
+            f.metadata = MappingProxyType({**f.metadata, "section": f.metadata["section"] or section})
+        return cls
+
+    return apply
+
+
 def field_default(f: Field) -> Any:
     """The default of a dataclass field (calling its factory)."""
     if f.default is not MISSING:
         return f.default
-    if f.default_factory is not MISSING:  # type: ignore[misc]
-        return f.default_factory()  # type: ignore[misc]
-    return None
-
-
-#: the largest learning rate an option accepts: larger ones overflow the weights at the first step (float32 holds
-#: 3.4e38; the reference recipes use <= 10, the ClusterLoss proxies' rate)
-MAX_LR = 100.0
-#: the largest weight decay (a multiple of the weights subtracted per step: more diverges)
-MAX_WEIGHT_DECAY = 10.0
-#: the largest H-AP relevance exponent (HAPPIER_F uses a few units; 2**alpha stays finite in float32 far beyond)
-MAX_ALPHA = 100.0
-#: the largest scale of a scalar hyper-parameter (gradient clip, SupRank rho): finite in float32 after products
-MAX_SCALE = 1e6
-
-
-def _rate() -> OptionCheck:
-    return is_number(0, high=MAX_LR)
-
-
-def _pos(low: int) -> OptionCheck:
-    return is_int(low)
-
-
-class _DefaultInt(int):
-    """An int default that says it was not given (``TrainingConfig.batch_size``: ``virtual_batch_size`` sets it)."""
+    return f.default_factory() if f.default_factory is not MISSING else None  # type: ignore[misc]
 
 
 class OptionError(ValueError, TypeError):
-    """Option values refused by their checks (a ``ValueError`` and, for a wrong type, a ``TypeError``): the message
-    names each option, what it expects and what it got. ``problems`` lists them as ``(field name or None, text)``;
-    :meth:`located` names each field where its value came from (``--flag``, ``file: section.key``)."""
+    """Refused option values (a ``ValueError`` and, for a wrong type, a ``TypeError``). ``problems``: ``(field name or
+    None, text)``; :meth:`located` names each field where its value came from (``--flag``, ``file: section.key``)."""
 
     def __init__(self, problems: str | Sequence[str | tuple[str | None, str]]) -> None:
         items = [problems] if isinstance(problems, str) else list(problems)
@@ -192,22 +147,18 @@ class OptionError(ValueError, TypeError):
         super().__init__(self.located({}))
 
     def located(self, where: Mapping[str, str]) -> str:
-        """The message with each field named by ``where`` (field name → flag or file and key)."""
         return "; ".join(text if name is None else f"{where.get(name, name)} {text}" for name, text in self.problems)
 
 
 def _plain(value: Any) -> Any:
-    """Tuples as lists and numpy scalars as Python numbers, as a YAML file or the command line would give them."""
     if isinstance(value, tuple):
         return [_plain(v) for v in value]
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def field_problem(f: Field, value: Any) -> str | None:
-    """Why the option field ``f`` refuses ``value`` (``"must be ...; got ..."``; ``None``: accepted) — the field's
-    metadata ``check`` is the only check of a single value; ``None`` is accepted where it is the field's default."""
+    """Why the option field ``f`` refuses ``value`` (``None``: accepted; ``None`` is accepted where it is the
+    default). Tuples are checked as lists and numpy scalars as numbers, as a file or a flag gives them."""
     check = f.metadata.get("check")
     if check is None or (value is None and field_default(f) is None) or check(_plain(value)):
         return None
@@ -215,141 +166,151 @@ def field_problem(f: Field, value: Any) -> str | None:
 
 
 def validate_options(obj: Any, rules: Callable[[dict[str, Any]], list[str]] | None = None) -> None:
-    """Check an option dataclass instance (its ``__post_init__``): every field against its metadata check, then
-    ``rules`` (the rules between its own fields) on its values.
+    """Check an option dataclass instance: each field by its check, then the fields its class ``REQUIRED`` are set,
+    then ``rules`` (between its fields).
 
     Raises:
-        OptionError: naming every refused field (or the broken rules).
+        OptionError: naming every refused field (or the missing ones, or the broken rules).
     """
     problems: list[Any] = [(f.name, p) for f in fields(obj) if (p := field_problem(f, getattr(obj, f.name)))]
+    problems = problems or [f"--{n} is required" for n in getattr(obj, "REQUIRED", ()) if getattr(obj, n) is None]
     if not problems and rules is not None:
         problems = rules({f.name: getattr(obj, f.name) for f in fields(obj)})
     if problems:
         raise OptionError(problems)
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# the training configuration
-# ---------------------------------------------------------------------------------------------------------------------
+_RATE, _DECAY = is_number(0, high=MAX_LR), is_number(0, high=MAX_WEIGHT_DECAY)
+
+
+def batch_alias_problem(vb: int, b: int) -> str:
+    return (
+        f"--virtual_batch_size {vb} and --batch_size {b} differ: --virtual_batch_size is the batch the sampler draws "
+        "and the loss ranks, it replaces --batch_size; give one of them (or the same value to both)"
+    )
+
+
+class _DefaultInt(int):
+    """The default of ``batch_size``: not given, so ``virtual_batch_size`` (another name of it) sets it."""
+
+
+def _training_rules(v: Mapping[str, Any]) -> list[str]:
+    """``warmup_epochs < epochs``; the batch a whole number of the sampler's groups (``samples_per_class`` images per
+    class, times ``super_classes_per_batch`` with the hierarchical sampler)."""
+    b, m, vb = v["batch_size"], v["samples_per_class"], v["virtual_batch_size"]
+    if v["warmup_epochs"] > 0 and 0 < v["epochs"] <= v["warmup_epochs"]:
+        return [f"warmup_epochs must be < epochs = {v['epochs']}; got {v['warmup_epochs']}"]
+    if vb is not None and vb != b:
+        return [batch_alias_problem(vb, b)]
+    k = v["super_classes_per_batch"] if v["sampler"] == "hierarchical" else 1
+    if vb is not None and vb % (k * m):
+        group = f"--super_classes_per_batch {k} x --samples_per_class {m}" if k > 1 else f"--samples_per_class {m}"
+        lower, upper = vb // (k * m) * k * m, (vb // (k * m) + 1) * k * m
+        return [
+            f"--virtual_batch_size {vb} is not a whole number of the sampler's groups ({group} = {k * m} images "
+            f"per group of classes); use a multiple of {k * m}, e.g. {upper}" + (f" or {lower}" if lower else "")
+        ]
+    return [f"batch_size must be a multiple of samples_per_class = {m}; got batch_size={b}"] if b % m else []
+
+
 @dataclass
 class TrainingConfig:
-    """Hyper-parameters of a training run (plain values; recipes fill it from the command line and ``--config``).
+    """Hyper-parameters of a training run; each field's help says what it does (``pml-suprank-train --help``).
 
-    Every field is documented by the ``help`` of its metadata (``python recipes/train_happier.py --help`` lists them
-    with their defaults). The global batch of a step is ``num_processes * batch_size``; ``warmup_epochs`` freezes the
-    backbone (no gradient, no step) and holds the schedule; the cosine schedule decays each group's learning rate to
-    ``min_lr_ratio`` times its initial value; ``stop_after_steps`` ends one invocation (after a checkpoint) for jobs
-    with a time limit, to be continued with ``resume``.
-
-    Exact large batches (``docs/large-batches.md``): ``virtual_batch_size`` is the batch the sampler draws and the loss
-    ranks (per process; it replaces ``batch_size``, which must then be equal); ``chunk_size`` embeds and
-    back-propagates it that many images at a time with :func:`~pml_suprank.training.cached_backward` (the same
-    gradient as the whole batch at once). Both are part of the run fingerprint: a resume with another value of either
-    is refused like any other hyper-parameter change (``resume_ignore_config`` continues anyway; another
-    ``chunk_size`` then changes only the floating-point summation order of the gradient).
+    The global batch of a step is ``num_processes * batch_size``. Exact large batches (``docs/large-batches.md``):
+    ``virtual_batch_size`` is another name of ``batch_size`` (per process; giving it alone sets both), and
+    ``chunk_size`` embeds and back-propagates it that many images at a time
+    (:func:`~pml_suprank.training.cached_backward`: the gradient of the whole batch). Both are part of the run
+    fingerprint.
     """
 
     output_dir: str = option("outputs/run", "folder for checkpoints, the final model and the plots",
-                             check=is_str("a folder path"))  # fmt: skip
-    seed: int = option(0, "seed of the model init, samplers and per-item augmentation", section="training",
-                       check=_pos(0))  # fmt: skip
-    epochs: int = option(10, "number of epochs (one pass of the batch sampler)", section="training", check=_pos(1))
-    max_train_steps: int | None = option(
-        None, "stop after N optimizer steps (also shortens the cosine schedule)", section="training",
-        check=optional(_pos(1)),
-    )  # fmt: skip
+                             is_str("a folder path"))  # fmt: skip
+    seed: int = option(0, "seed of the model init, samplers and per-item augmentation", is_int(0), section="training")
+    epochs: int = option(10, "number of epochs (one pass of the batch sampler)", is_int(1), section="training")
+    max_train_steps: int | None = option(None, "stop after N optimizer steps (also shortens the cosine schedule)",
+                                         optional(is_int(1)), section="training")  # fmt: skip
     batch_size: int = option(
         _DefaultInt(64), "images per step per process (the ranking batch; --virtual_batch_size is another name of it)",
-        section="sampler_options", check=_pos(2),
+        is_int(2), section="sampler_options",
     )  # fmt: skip
     virtual_batch_size: int | None = option(
         None, "the ranking batch: images the sampler draws and the loss ranks per step and process; replaces "
-        "--batch_size (with --chunk_size it need not fit in memory)", section="sampler_options",
-        check=optional(_pos(2)),
+        "--batch_size (with --chunk_size it need not fit in memory)", optional(is_int(2)), section="sampler_options",
     )  # fmt: skip
     chunk_size: int | None = option(
         None, "gradient caching: embed and back-propagate the batch this many images at a time (exact: the gradient "
         "of the whole batch; needs --freeze_batch_norm true with a BatchNorm backbone); none: all at once",
-        section="training", check=optional(_pos(1)),
+        optional(is_int(1)), section="training",
     )  # fmt: skip
-    samples_per_class: int = option(4, "images per class in a batch (m)", section="sampler_options", check=_pos(2))
+    samples_per_class: int = option(4, "images per class in a batch (m)", is_int(2), section="sampler_options")
     sampler: SamplerType = option(
         "m_per_class", "batch sampler (hierarchical = the SOP sampler over pairs of super-classes, needs 2-D labels)",
-        section="sampler_options", check=is_choice(*get_args(SamplerType)),
+        is_choice(*get_args(SamplerType)), section="sampler_options",
     )  # fmt: skip
-    batches_per_super_tuple: int = option(4, "hierarchical sampler: batches per pair of super-classes",
-                                          section="sampler_options", check=_pos(1))  # fmt: skip
-    super_classes_per_batch: int = option(2, "hierarchical sampler: super-classes per batch",
-                                          section="sampler_options", check=_pos(1))  # fmt: skip
-    optimizer: OptimizerType = option("adam", "optimizer (sgd: Nesterov with --momentum)", section="optimizer",
-                                      check=is_choice(*get_args(OptimizerType)))  # fmt: skip
-    lr_backbone: float = option(1e-4, "learning rate of the timm trunk", section="optimizer", check=_rate())
-    lr_head: float = option(2e-4, "learning rate of pooling (GeM p), projection and classifier", section="optimizer",
-                            check=_rate())  # fmt: skip
-    lr_proxies: float = option(10.0, "learning rate of the loss proxies (ClusterLoss)", section="optimizer",
-                               check=_rate())  # fmt: skip
-    weight_decay: float = option(1e-4, "weight decay of the backbone and head groups", section="optimizer",
-                                 check=is_number(0, high=MAX_WEIGHT_DECAY))  # fmt: skip
-    proxies_weight_decay: float = option(0.0, "weight decay of the loss proxies", section="optimizer",
-                                         check=is_number(0, high=MAX_WEIGHT_DECAY))  # fmt: skip
-    momentum: float = option(0.9, "SGD momentum (Nesterov)", section="optimizer", check=is_number(0, high=1))
-    scheduler: SchedulerType = option("cosine", "learning-rate schedule", section="scheduler",
-                                      check=is_choice(*get_args(SchedulerType)))  # fmt: skip
+    batches_per_super_tuple: int = option(4, "hierarchical sampler: batches per pair of super-classes", is_int(1),
+                                          section="sampler_options")  # fmt: skip
+    super_classes_per_batch: int = option(2, "hierarchical sampler: super-classes per batch", is_int(1),
+                                          section="sampler_options")  # fmt: skip
+    optimizer: OptimizerType = option("adam", "optimizer (sgd: Nesterov with --momentum)",
+                                      is_choice(*get_args(OptimizerType)), section="optimizer")  # fmt: skip
+    lr_backbone: float = option(1e-4, "learning rate of the timm trunk", _RATE, section="optimizer")
+    lr_head: float = option(2e-4, "learning rate of pooling (GeM p), projection and classifier", _RATE,
+                            section="optimizer")  # fmt: skip
+    lr_proxies: float = option(10.0, "learning rate of the loss proxies (ClusterLoss)", _RATE, section="optimizer")
+    weight_decay: float = option(1e-4, "weight decay of the backbone and head groups", _DECAY, section="optimizer")
+    proxies_weight_decay: float = option(0.0, "weight decay of the loss proxies", _DECAY, section="optimizer")
+    momentum: float = option(0.9, "SGD momentum (Nesterov)", is_number(0, high=1), section="optimizer")
+    scheduler: SchedulerType = option("cosine", "learning-rate schedule", is_choice(*get_args(SchedulerType)),
+                                      section="scheduler")  # fmt: skip
     min_lr_ratio: float = option(0.0, "final lr of the cosine schedule as a fraction of each group's initial lr",
-                                 section="scheduler", check=is_number(0, high=1))  # fmt: skip
-    warmup_epochs: int = option(0, "first epochs with the backbone frozen and no scheduler step", section="training",
-                                check=_pos(0))  # fmt: skip
+                                 is_number(0, high=1), section="scheduler")  # fmt: skip
+    warmup_epochs: int = option(0, "first epochs with the backbone frozen and no scheduler step", is_int(0),
+                                section="training")  # fmt: skip
     freeze_batch_norm: bool = option(False, "keep the backbone's BatchNorm layers in eval mode (ResNet-50 recipes)",
-                                     section="model", check=is_bool())  # fmt: skip
-    pca_samples: int = option(10000, "projection_init=pca: training images whose features give the PCA",
-                              section="model", check=_pos(2))  # fmt: skip
+                                     section="model")  # fmt: skip
+    pca_samples: int = option(10000, "projection_init=pca: training images whose features give the PCA", is_int(2),
+                              section="model")  # fmt: skip
     grad_clip: float | None = option(None, "clip the gradient norm to this value", section="training",
                                      check=optional(is_number(0, strict=True, high=MAX_SCALE)))  # fmt: skip
     max_nonfinite_steps: int = option(
         10, "steps in a row with a non-finite loss or gradient that are skipped (no update, as fp16's GradScaler "
         "does) before the run stops with an error and a checkpoint of the last good state (0: stop at the first)",
-        section="training", check=_pos(0),
+        is_int(0), section="training",
     )  # fmt: skip
-    memory_size: int = option(0, "cross-batch memory size (0: none)", section="memory", check=_pos(0))
-    memory_warmup_steps: int = option(0, "steps before the memory loss is used", section="memory", check=_pos(0))
-    hierarchical_labels: bool = option(
-        True, "give the loss all label columns (N, L) instead of the fine labels (N,)", cli=False, check=is_bool()
-    )
-    eval_every: int = option(1, "evaluate every N epochs (0: only at the end)", section="evaluation", check=_pos(0))
-    eval_batch_size: int = option(128, "evaluation batch size per process", section="evaluation", check=_pos(1))
+    memory_size: int = option(0, "cross-batch memory size (0: none)", is_int(0), section="memory")
+    memory_warmup_steps: int = option(0, "steps before the memory loss is used", is_int(0), section="memory")
+    hierarchical_labels: bool = option(True, "give the loss all label columns (N, L) instead of the fine labels (N,)",
+                                       cli=False)  # fmt: skip
+    eval_every: int = option(1, "evaluate every N epochs (0: only at the end)", is_int(0), section="evaluation")
+    eval_batch_size: int = option(128, "evaluation batch size per process", is_int(1), section="evaluation")
     k_values: Sequence[int] = option((1, 10), "Recall@k values, e.g. 1,10,100", section="evaluation",
-                                     check=list_of(_pos(1), "a non-empty list of ints >= 1"))  # fmt: skip
+                                     check=list_of(is_int(1), "a non-empty list of ints >= 1"))  # fmt: skip
     alpha: float = option(1.0, "H-AP relevance exponent of the evaluator and of HAPPIER (alpha > 1: HAPPIER_F)",
-                          section="loss", check=is_number(0, strict=True, high=MAX_ALPHA))  # fmt: skip
-    checkpoint_every: int = option(0, "checkpoint every N steps (0: at the end of every epoch)", section="training",
-                                   check=_pos(0))  # fmt: skip
-    keep_checkpoints: int = option(2, "most recent checkpoints kept (0: all)", section="training", check=_pos(0))
-    num_workers: int = option(0, "DataLoader worker processes", section="training", check=_pos(0))
-    log_every: int = option(10, "log the loss every N steps", section="training", check=_pos(1))
-    stop_after_steps: int | None = option(
-        None, "end this invocation after N steps with a checkpoint (time-limited jobs; continue with --resume)",
-        check=optional(_pos(1)),
-    )
+                          is_number(0, strict=True, high=MAX_ALPHA), section="loss")  # fmt: skip
+    checkpoint_every: int = option(0, "checkpoint every N steps (0: at the end of every epoch)", is_int(0),
+                                   section="training")  # fmt: skip
+    keep_checkpoints: int = option(2, "most recent checkpoints kept (0: all)", is_int(0), section="training")
+    num_workers: int = option(0, "DataLoader worker processes", is_int(0), section="training")
+    log_every: int = option(10, "log the loss every N steps", is_int(1), section="training")
+    stop_after_steps: int | None = option(None, "end this invocation after N steps with a checkpoint (time-limited "
+                                          "jobs; continue with --resume)", optional(is_int(1)))  # fmt: skip
 
     def __post_init__(self) -> None:
-        # virtual_batch_size is another name of the batch size: it sets batch_size unless that was given too
-        if isinstance(self.batch_size, _DefaultInt):
+        if isinstance(self.batch_size, _DefaultInt):  # not given: virtual_batch_size names the batch
             self.batch_size = int(self.batch_size) if self.virtual_batch_size is None else self.virtual_batch_size
-        from .rules import training_problems
-
-        validate_options(self, training_problems)
+        validate_options(self, _training_rules)
         self.k_values = tuple(self.k_values)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> TrainingConfig:
         """Build from a dict, rejecting unknown keys with the list of valid ones."""
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - names)
+        unknown = sorted(set(values) - {f.name for f in fields(cls)})
         if unknown:
-            raise ValueError(f"unknown TrainingConfig keys {unknown}; valid keys: {sorted(names)}")
+            raise ValueError(
+                f"unknown TrainingConfig keys {unknown}; valid keys: {sorted(f.name for f in fields(cls))}"
+            )
         return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["k_values"] = list(self.k_values)
-        return d
+        return {**asdict(self), "k_values": list(self.k_values)}

@@ -94,7 +94,7 @@ def write_final_folder(
     section = metadata.pop("data", None)
     class_split = metadata.pop("class_split", None)
     if section is not None:
-        from .data_spec import DATA_SPEC_FILE, data_spec
+        from ..data.data_spec import DATA_SPEC_FILE, data_spec
 
         spec = data_spec(section, seed=config.get("seed", 0), k_values=config.get("k_values", (1, 10)),
                          alpha=config.get("alpha", 1.0), label_names=metadata.get("label_names"),

@@ -1,10 +1,5 @@
-"""The model, data, loss and run options of the recipes, next to :class:`~pml_suprank.training.TrainingConfig`.
-
-Each option is one dataclass field (help, default, hub_config section and value check in its metadata, see
-:func:`~pml_suprank.training.config.option`). The recipes' command line and the hub_config schema are derived from
-these classes, and a loss is built in one place, :func:`build_loss`, from the loss registry
-(:func:`pml_suprank.losses.register_loss`).
-"""
+"""The model, data, loss, run and model-use options of the recipes (declared with
+:func:`~pml_suprank.training.config.option`), and the one loss builder :func:`build_loss`."""
 
 from __future__ import annotations
 
@@ -22,7 +17,7 @@ from .config import (
     OptionCheck,
     OptionError,
     TrainingConfig,
-    is_bool,
+    in_section,
     is_choice,
     is_finite,
     is_int,
@@ -41,23 +36,14 @@ __all__ = [
     "SECTIONS",
     "DataOptions",
     "LossOptions",
-    "ModelUseOptions",
     "ModelOptions",
+    "ModelUseOptions",
     "RunOptions",
     "build_loss",
     "loss_keys",
     "loss_option_names",
     "recipe_options",
 ]
-
-
-def _loss_name() -> OptionCheck:
-    """The check of ``--loss``: a registered loss, ``pml:ClassName``, ``package.module:ClassName`` or an installed
-    plugin (:func:`pml_suprank.losses.registry.check_loss_name`: nothing is imported; a file's name is checked by
-    its reader, which refuses a ``package.module:ClassName``)."""
-    expected = "a registered loss (--list_losses), an installed plugin, pml:ClassName or package.module:ClassName"
-    return OptionCheck(lambda v: check_loss_name(v) is None, expected)
-
 
 #: bounds of a ``loss_kwargs`` mapping: keys, magnitude of a number, length of a string or a list
 MAX_LOSS_KWARGS, MAX_KWARG_NUMBER, MAX_KWARG_LEN = 32, 1e6, 256
@@ -68,31 +54,17 @@ def _kwarg_value(v: Any, depth: int = 0) -> bool:
         return True
     if isinstance(v, (int, float)):
         return math.isfinite(v) and abs(v) <= MAX_KWARG_NUMBER
-    if isinstance(v, str):
-        return len(v) <= MAX_KWARG_LEN
     if isinstance(v, (list, tuple)) and depth == 0:
         return len(v) <= MAX_KWARG_LEN and all(_kwarg_value(x, 1) for x in v)
-    return False
+    return isinstance(v, str) and len(v) <= MAX_KWARG_LEN
 
 
-def _json_kwargs() -> OptionCheck:
-    return OptionCheck(
-        lambda v: v is None
-        or (
-            isinstance(v, dict)
-            and len(v) <= MAX_LOSS_KWARGS
-            and all(isinstance(k, str) and k.isidentifier() and _kwarg_value(x) for k, x in v.items())
-        ),
-        f"null or a mapping (at most {MAX_LOSS_KWARGS} keys) of keyword arguments of the loss class, each a finite "
-        f"number of magnitude <= {MAX_KWARG_NUMBER:g}, a bool, null, a string or a list of those",
-    )
-
-
-class _Checked:
-    """Option dataclasses check their values when built (:func:`~pml_suprank.training.config.validate_options`)."""
-
-    def __post_init__(self) -> None:
-        validate_options(self)
+_KWARGS = OptionCheck(
+    lambda v: v is None or (isinstance(v, dict) and len(v) <= MAX_LOSS_KWARGS
+                            and all(isinstance(k, str) and k.isidentifier() and _kwarg_value(x) for k, x in v.items())),
+    f"null or a mapping (at most {MAX_LOSS_KWARGS} keys) of keyword arguments of the loss class, each a finite number "
+    f"of magnitude <= {MAX_KWARG_NUMBER:g}, a bool, null, a string or a list of those",
+)  # fmt: skip
 
 
 def _known_backbone(name: Any) -> bool:
@@ -105,42 +77,32 @@ def _known_backbone(name: Any) -> bool:
     return True
 
 
-def _crop_scale() -> OptionCheck:
-    def check(v: Any) -> bool:
-        ok = isinstance(v, (list, tuple)) and len(v) == 2 and all(is_number(0, strict=True, high=1)(x) for x in v)
-        return ok and v[0] <= v[1]
-
-    return OptionCheck(check, "two numbers 0 < low <= high <= 1")
+class _Checked:
+    def __post_init__(self) -> None:
+        validate_options(self)
 
 
-def _json_object() -> OptionCheck:
-    return OptionCheck(lambda v: v is None or isinstance(v, dict), "null or a mapping of timm.create_model kwargs")
-
-
+@in_section("model")
 @dataclass
 class ModelOptions(_Checked):
     """Options of :class:`pml_suprank.models.RetrievalModel` (``image_size`` is a data option)."""
 
-    backbone: str = option(
-        "test_resnet", "any timm model name", section="model",
-        check=OptionCheck(_known_backbone, "a timm model name (timm.list_models(); e.g. resnet50, test_resnet)"),
-    )  # fmt: skip
-    pretrained: bool = option(False, "load timm pretrained weights (downloads)", section="model", check=is_bool())
-    pooling: str = option("avg", "global pooling", section="model", check=is_choice("avg", "gem", "max"))
-    embedding_size: int = option(128, "embedding dimension", section="model", check=is_int(1, 65536))
-    layer_norm: bool = option(True, "LayerNorm (no affine) before the projection", section="model", check=is_bool())
-    projection_init: str = option(
-        "random", "projection init: random, or pca (PCA of the training features, once at the start of a fresh run)",
-        section="model", check=is_choice("random", "pca"),
-    )  # fmt: skip
+    backbone: str = option("test_resnet", "any timm model name", OptionCheck(
+        _known_backbone, "a timm model name (timm.list_models(); e.g. resnet50, test_resnet)"))  # fmt: skip
+    pretrained: bool = option(False, "load timm pretrained weights (downloads)")
+    pooling: str = option("avg", "global pooling", is_choice("avg", "gem", "max"))
+    embedding_size: int = option(128, "embedding dimension", is_int(1, 65536))
+    layer_norm: bool = option(True, "LayerNorm (no affine) before the projection")
+    projection_init: str = option("random", "projection init: random, or pca (PCA of the training features, once at "
+                                  "the start of a fresh run)", is_choice("random", "pca"))  # fmt: skip
     backbone_kwargs: dict | None = option(
-        None, 'extra timm.create_model kwargs as JSON, e.g. \'{"img_size": 64}\' for a ViT', section="model",
-        check=_json_object(),
+        None, 'extra timm.create_model kwargs as JSON, e.g. \'{"img_size": 64}\' for a ViT',
+        OptionCheck(lambda v: v is None or isinstance(v, dict), "null or a mapping of timm.create_model kwargs"),
     )  # fmt: skip
-    crop_pct: float | None = option(None, "evaluation crop fraction (unset: the backbone's)", section="model",
-                                    check=is_number(0, strict=True, high=1))  # fmt: skip
+    crop_pct: float | None = option(None, "evaluation crop fraction (unset: the backbone's)",
+                                    is_number(0, strict=True, high=1))  # fmt: skip
     crop_mode: str | None = option(None, "evaluation crop: center, squash or border (unset: the backbone's)",
-                                   section="model", check=is_choice("center", "squash", "border"))  # fmt: skip
+                                   is_choice("center", "squash", "border"))  # fmt: skip
 
 
 def _benchmark_names() -> str:
@@ -149,132 +111,132 @@ def _benchmark_names() -> str:
     return ", ".join(sorted(BENCHMARKS))
 
 
+def _crop_scale(v: Any) -> bool:
+    ok = isinstance(v, (list, tuple)) and len(v) == 2 and all(is_number(0, strict=True, high=1)(x) for x in v)
+    return ok and v[0] <= v[1]
+
+
+@in_section("data")
 @dataclass
 class DataOptions(_Checked):
-    """The training and test sets: built-in SyntheticShapes, a paper benchmark read from its archive (by name, with
-    ``data_root``) or a retrieval dataset (Hub id or local path)."""
+    """The training and test sets: SyntheticShapes, a paper benchmark read from its archive or a retrieval dataset."""
 
     dataset: str = option(
         "synthetic", "'synthetic' (built-in SyntheticShapes), a benchmark name read from its archive under --data_root "
         f"({_benchmark_names()}), a Hub dataset id, a local image folder, parquet files or a save_to_disk folder",
-        section="data", check=is_str("'synthetic', a benchmark name, a Hub dataset id or a local path"),
+        is_str("'synthetic', a benchmark name, a Hub dataset id or a local path"),
     )  # fmt: skip
     data_root: str | None = option(
-        None, "benchmark datasets: the folder the archive was extracted to (e.g. /data/Stanford_Online_Products)",
-        section="data", check=is_str("the folder of the benchmark archive"),
-    )  # fmt: skip
+        None,
+        "benchmark datasets: the folder the archive was extracted to (e.g. /data/Stanford_Online_Products)",
+        is_str("the folder of the benchmark archive"),
+    )
     label_columns: list[str] | None = option(
         None, "label columns fine -> coarse for a Hub/local dataset, e.g. fine_label,coarse_label (benchmarks: "
-        "optional, their own label names)", section="data",
-        check=list_of(is_str(), "a non-empty list of column names (fine → coarse)"),
+        "optional, their own label names)", list_of(is_str(), "a non-empty list of column names (fine → coarse)"),
     )  # fmt: skip
-    train_split: str | None = option(
-        None, "split used for training ('a+b' concatenates; unset: 'train', or the benchmark's training split)",
-        section="data", check=is_str("a split name"),
-    )  # fmt: skip
-    test_split: str | None = option(
-        None, "split used for evaluation (unset: 'test', or the benchmark's test split)", section="data",
-        check=is_str("a split name"),
-    )  # fmt: skip
-    num_per_class: int = option(32, "SyntheticShapes: images per fine class", section="data", check=is_int(1, 100_000))
-    image_size: int = option(48, "training/test resolution", section="data", check=is_int(8, 4096))
+    train_split: str | None = option(None, "split used for training ('a+b' concatenates; unset: 'train', or the "
+                                     "benchmark's training split)", is_str("a split name"))  # fmt: skip
+    test_split: str | None = option(None, "split used for evaluation (unset: 'test', or the benchmark's test split)",
+                                    is_str("a split name"))  # fmt: skip
+    num_per_class: int = option(32, "SyntheticShapes: images per fine class", is_int(1, 100_000))
+    image_size: int = option(48, "training/test resolution", is_int(8, 4096))
     crop_scale: list[float] = option([0.5, 1.0], "area range of the RandomResizedCrop (reference: 0.16,1.0)",
-                                     section="data", check=_crop_scale())  # fmt: skip
+                                     OptionCheck(_crop_scale, "two numbers 0 < low <= high <= 1"))  # fmt: skip
     auto_augment: str | None = option(None, "timm augmentation policy for training, e.g. rand-m9-mstd0.5 (RandAugment)",
-                                      section="data", check=is_str("a timm policy string"))  # fmt: skip
-    re_prob: float = option(0.0, "random erasing probability (training)", section="data", check=is_number(0, high=1))
-    open_set: bool = option(False, "Hub/local data: train and test fine classes disjoint (error if they overlap)",
-                            section="data", check=is_bool())  # fmt: skip
+                                      is_str("a timm policy string"))  # fmt: skip
+    re_prob: float = option(0.0, "random erasing probability (training)", is_number(0, high=1))
+    open_set: bool = option(False, "Hub/local data: train and test fine classes disjoint (error if they overlap)")
     train_classes_per_coarse: int | None = option(
-        None, "open-set rule: the first N fine classes of every coarse class are for training", section="data",
-        check=is_int(1),
-    )  # fmt: skip
+        None, "open-set rule: the first N fine classes of every coarse class are for training", is_int(1)
+    )
     train_class_fraction: float | None = option(
-        None, "open-set rule: this fraction of the fine classes is for training", section="data",
-        check=is_number(0, strict=True, high=1, open_high=True),
-    )  # fmt: skip
+        None,
+        "open-set rule: this fraction of the fine classes is for training",
+        is_number(0, strict=True, high=1, open_high=True),
+    )
 
 
+@in_section("loss")
 @dataclass
 class LossOptions(_Checked):
-    """The rank loss: its name and the SupRank H⁻ / decomposability hyper-parameters (``alpha`` is a
+    """The rank loss and the SupRank H⁻ / decomposability hyper-parameters (``alpha`` is a
     :class:`TrainingConfig` field shared with the evaluator)."""
 
     loss: str = option(
         "HAPPIER", "the loss: a registered name (--list_losses), pml:ClassName (a pytorch-metric-learning loss, e.g. "
         "pml:MultiSimilarityLoss), package.module:ClassName (your own class) or an installed plugin's name",
-        section="loss", key="name", check=_loss_name(),
+        OptionCheck(lambda v: check_loss_name(v) is None,  # nothing imported; a file's reader refuses module:Class
+                    "a registered loss (--list_losses), an installed plugin, pml:ClassName or module:ClassName"),
+        key="name",
     )  # fmt: skip
     loss_kwargs: dict | None = option(
         None, 'further keyword arguments of the loss class, as JSON / a YAML mapping, e.g. \'{"margin": 0.2}\' '
-        "(checked against its signature)", section="loss", key="kwargs", check=_json_kwargs(),
+        "(checked against its signature)", _KWARGS, key="kwargs",
     )  # fmt: skip
-    decomposability: str = option(
-        "calibration", "L_DG on pairs (ROADMAP, NeurIPS 2021) or ClusterLoss proxies (SupRank, TPAMI 2025)",
-        section="loss", check=is_choice("calibration", "proxy"),
-    )  # fmt: skip
-    decomposability_weight: float = option(0.1, "weight λ of the decomposability term", section="loss",
-                                           check=is_number(0, high=1))  # fmt: skip
-    tau: float = option(0.01, "SupRank sigmoid temperature τ", section="loss",
-                        check=is_number(0, strict=True, high=100))  # fmt: skip
-    rho: float = option(100.0, "SupRank slope ρ of the linear branch", section="loss",
-                        check=is_number(0, high=MAX_SCALE))  # fmt: skip
-    delta: float | None = option(None, "SupRank δ (unset: the loss default 0.05)", section="loss",
-                                 check=is_number(0, high=100))  # fmt: skip
+    decomposability: str = option("calibration", "L_DG on pairs (ROADMAP, NeurIPS 2021) or ClusterLoss proxies "
+                                  "(SupRank, TPAMI 2025)", is_choice("calibration", "proxy"))  # fmt: skip
+    decomposability_weight: float = option(0.1, "weight λ of the decomposability term", is_number(0, high=1))
+    tau: float = option(0.01, "SupRank sigmoid temperature τ", is_number(0, strict=True, high=100))
+    rho: float = option(100.0, "SupRank slope ρ of the linear branch", is_number(0, high=MAX_SCALE))
+    delta: float | None = option(None, "SupRank δ (unset: the loss default 0.05)", is_number(0, high=100))
     start: float | None = option(None, "SupRank start of the linear branch (unset: the loss default 0.5)",
-                                 section="loss", check=is_number(0, high=1))  # fmt: skip
-    offset: float | None = option(
-        None, "SupRank offset (unset: the continuous σ(δ/τ) + start; the SOP reference uses 1.44)", section="loss",
-        check=optional(is_number(0, high=100)),
-    )  # fmt: skip
-    kernel: str = option(
-        "auto", "rank-loss kernel: 'dense' (blocked B×N×N, no host sync), 'sorted' (sorted thresholds), 'auto' (by "
-        "device and size)", section="loss", check=is_choice("auto", "dense", "sorted"),
-    )  # fmt: skip
+                                 is_number(0, high=1))  # fmt: skip
+    offset: float | None = option(None, "SupRank offset (unset: the continuous σ(δ/τ) + start; the SOP reference "
+                                  "uses 1.44)", optional(is_number(0, high=100)))  # fmt: skip
+    kernel: str = option("auto", "rank-loss kernel: 'dense' (blocked B×N×N, no host sync), 'sorted' (sorted "
+                         "thresholds), 'auto' (by device and size)", is_choice("auto", "dense", "sorted"))  # fmt: skip
+
+
+def _run_rules(v: Mapping[str, Any]) -> list[str]:
+    """Flag combinations that would only fail after training."""
+    errors = []
+    if v["push_to_hub"] and not v["hub_model_id"]:
+        errors.append("--push_to_hub true needs --hub_model_id (e.g. your-name/happier-synthetic)")
+    elif v["push_to_hub"]:
+        from ..hub.transport import check_repo_id
+
+        try:
+            check_repo_id(v["hub_model_id"])
+        except ValueError as e:
+            errors.append(f"--hub_model_id: {e}")
+    if v["resume_ignore_config"] and v["resume"] is None:
+        errors.append("--resume_ignore_config true needs --resume (a checkpoint folder or 'latest')")
+    if v["overwrite_output_dir"] and v["resume"] is not None:
+        errors.append("--overwrite_output_dir true starts a new run: it cannot be combined with --resume")
+    return errors
 
 
 @dataclass
 class RunOptions:
     """Options of one recipe invocation (hardware, tracking, resume, outputs, publishing)."""
 
-    mixed_precision: str | None = option(
-        None, "override the `accelerate launch` mixed precision setting", section="training",
-        check=is_choice("no", "fp16", "bf16"),
-    )  # fmt: skip
-    cpu: bool = option(False, "run on the CPU even if an accelerator is available", check=is_bool())
-    compile_loss: bool = option(
-        False, "torch.compile the loss module (with --kernel dense on an accelerator: one fused graph, no host sync; "
-        "the first steps compile)", check=is_bool(),
-    )  # fmt: skip
-    with_tracking: bool = option(True, "log to the --report_to trackers (false: no tracker, as --report_to none)",
-                                 check=is_bool())  # fmt: skip
+    mixed_precision: str | None = option(None, "override the `accelerate launch` mixed precision setting",
+                                         is_choice("no", "fp16", "bf16"), section="training")  # fmt: skip
+    cpu: bool = option(False, "run on the CPU even if an accelerator is available")
+    compile_loss: bool = option(False, "torch.compile the loss module (with --kernel dense on an accelerator: one "
+                                "fused graph, no host sync; the first steps compile)")  # fmt: skip
+    with_tracking: bool = option(True, "log to the --report_to trackers (false: no tracker, as --report_to none)")
     report_to: str = option(
         "tensorboard", "experiment trackers through Accelerate: none, tensorboard (under <output_dir>/logs; skipped "
         "when not installed unless given explicitly), wandb, mlflow or all (every installed one)",
-        check=is_choice(*REPORT_TO),
+        is_choice(*REPORT_TO),
     )  # fmt: skip
     resume: str | None = option(None, "checkpoint folder to continue from, or 'latest' (newest in output_dir)",
-                                check=is_str("a checkpoint folder or 'latest'"))  # fmt: skip
-    resume_ignore_config: bool = option(
-        False, "with --resume: continue from a checkpoint written with another configuration (other run fingerprint)",
-        check=is_bool(),
-    )
-    overwrite_output_dir: bool = option(
-        False, "without --resume: delete a previous run's checkpoints and final/ in --output_dir before starting",
-        check=is_bool(),
-    )
-    skip_initial_eval: bool = option(False, "do not evaluate before training", check=is_bool())
-    no_plots: bool = option(False, "do not draw the plots of the final folder", check=is_bool())
-    push_to_hub: bool = option(False, "upload the final folder to the Hugging Face Hub (needs --hub_model_id)",
-                               check=is_bool())  # fmt: skip
+                                is_str("a checkpoint folder or 'latest'"))  # fmt: skip
+    resume_ignore_config: bool = option(False, "with --resume: continue from a checkpoint written with another "
+                                        "configuration (other run fingerprint)")  # fmt: skip
+    overwrite_output_dir: bool = option(False, "without --resume: delete a previous run's checkpoints and final/ in "
+                                        "--output_dir before starting")  # fmt: skip
+    skip_initial_eval: bool = option(False, "do not evaluate before training")
+    no_plots: bool = option(False, "do not draw the plots of the final folder")
+    push_to_hub: bool = option(False, "upload the final folder to the Hugging Face Hub (needs --hub_model_id)")
     hub_model_id: str | None = option(None, "repo id for --push_to_hub, e.g. user/happier-sop",
-                                      check=is_str("a Hub repo id such as user/happier-sop"))  # fmt: skip
-    hub_private: bool = option(False, "create the Hub repo as private", check=is_bool())
+                                      is_str("a Hub repo id such as user/happier-sop"))  # fmt: skip
+    hub_private: bool = option(False, "create the Hub repo as private")
 
     def __post_init__(self) -> None:
-        from .rules import run_problems
-
-        validate_options(self, run_problems)
+        validate_options(self, _run_rules)
 
 
 @dataclass
@@ -283,47 +245,32 @@ class ModelUseOptions:
     ``ood_score``), declared once (:func:`~pml_suprank.training.spec.shared`)."""
 
     model: str | None = option(None, "a model folder (RUN/final) or its Hub id (required)",
-                               check=optional(is_str("a model folder or a Hub id")))  # fmt: skip
-    batch_size: int = option(64, "images per batch (embedding, scoring)", check=is_int(1, 65_536))
+                               optional(is_str("a model folder or a Hub id")))  # fmt: skip
+    batch_size: int = option(64, "images per batch (embedding, scoring)", is_int(1, 65_536))
     ood_threshold: float | None = option(
-        None, "OOD when the guard's score > this (unset: the guard's calibrated threshold; needs a model with an OOD "
-        "guard)", check=optional(is_finite()),
-    )  # fmt: skip
+        None,
+        "OOD when the guard's score > this (unset: the guard's calibrated threshold; needs a model with an OOD guard)",
+        optional(is_finite()),
+    )
     embedding_cache: str | None = option(
         None, "folder of the embedding cache (safetensors shards keyed by the weights, the data and the transform); "
-        "off when unset", check=optional(is_str("a folder path")),
+        "off when unset", optional(is_str("a folder path")),
     )  # fmt: skip
-    device: str | None = option(None, "default: cuda when available, else cpu", check=optional(is_str()))
+    device: str | None = option(None, "default: cuda when available, else cpu", optional(is_str()))
 
 
-#: every option class, in --help order
+#: every option class of a training run, in --help order
 OPTION_CLASSES: tuple[type, ...] = (RunOptions, DataOptions, ModelOptions, LossOptions, TrainingConfig)
-
-
-def _option_locations() -> dict[tuple[str, str], tuple[type, str]]:
-    """``(section, key)`` of every file option → ``(option class, field name)``."""
-    out = {}
-    for cls in OPTION_CLASSES:
-        for f in (f for f in fields(cls) if f.metadata.get("section") is not None):
-            out[(f.metadata["section"], f.metadata["key"] or f.name)] = (cls, f.name)
-    return out
-
-
 #: ``(hub_config section, key)`` of every file option → ``(option class, field name)``
-LOCATIONS = _option_locations()
+LOCATIONS = {(f.metadata["section"], f.metadata["key"] or f.name): (c, f.name)
+             for c in OPTION_CLASSES for f in fields(c) if f.metadata["section"] is not None}  # fmt: skip
 #: the hub_config sections holding options, in file order
 SECTIONS = ("model", "data", "loss", "optimizer", "scheduler", "sampler_options", "memory", "training", "evaluation")
 
 
 def recipe_options(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The option sections of a hub_config as ``{option name: value}`` (the recipes' flag names; ``loss.name`` →
-    ``loss``); the metadata (``name``, ``hub``...) is dropped."""
-    out: dict[str, Any] = {}
-    for section in SECTIONS:
-        for k, v in (config.get(section) or {}).items():
-            if (section, k) in LOCATIONS:
-                out[LOCATIONS[(section, k)][1]] = v
-    return out
+    """The option sections of a hub_config as ``{option name: value}`` (``loss.name`` → ``loss``; metadata dropped)."""
+    return {LOCATIONS[(s, k)][1]: v for s in SECTIONS for k, v in (config.get(s) or {}).items() if (s, k) in LOCATIONS}
 
 
 def loss_option_names() -> tuple[str, ...]:
@@ -332,41 +279,21 @@ def loss_option_names() -> tuple[str, ...]:
 
 
 def loss_keys(name: str, entry: LossEntry | None = None) -> tuple[str, ...]:
-    """The loss options (hub_config ``loss.*`` keys, recipe flags) that the loss ``name`` takes: its registry
-    entry's ``options``, or the loss options that are named parameters of its constructor (``loss_kwargs`` is taken
-    by every loss)."""
+    """The loss options that the loss ``name`` takes: its registry entry's ``options``, or those named by its
+    constructor (``loss_kwargs`` is taken by every loss)."""
     return entry_options(entry or resolve_loss(name), loss_option_names())
 
 
-def build_loss(
-    name: str,
-    values: Mapping[str, Any],
-    num_classes: int,
-    embedding_size: int,
-    *,
-    entry: LossEntry | None = None,
-    **extra: Any,
-) -> nn.Module:
-    """The one loss builder: instantiate the loss ``name`` (:func:`pml_suprank.losses.resolve_loss`: a registered
-    name, ``pml:ClassName``, ``package.module:ClassName`` or a plugin) from option ``values`` (unset ``None`` values
-    keep the loss defaults; options the loss does not take are ignored; ``values["loss_kwargs"]``, a mapping, is
-    passed on whole).
-
-    Args:
-        name: The loss (``"HAPPIER"``, ``"ROADMAP"``, ``"pml:MultiSimilarityLoss"``, ``"my_losses:MyAPLoss"``...).
-        values: Option values, e.g. ``{"tau": 0.01, "decomposability_weight": 0.1}``.
-        num_classes: Number of fine training classes (one proxy each: ClusterLoss, ArcFace, ProxyAnchor...).
-        embedding_size: Embedding dimension ``D``.
-        entry: The loss's registry entry when already resolved (a :class:`~pml_suprank.training.RunSpec` holds it).
-        **extra: Further keyword arguments of the loss class, not recipe options (e.g. ``relevance="multilabel"``
-            and ``hierarchy=`` the ``(num_fine, L)`` table for multi-label data).
-
-    ``num_classes`` / ``embedding_size`` go to a constructor that names them, when it requires them (a proxy loss
-    of PML), when the loss is hierarchical (its ClusterLoss proxies) or uses ``decomposability="proxy"``.
+def build_loss(name: str, values: Mapping[str, Any], num_classes: int, embedding_size: int, *,
+               entry: LossEntry | None = None, **extra: Any) -> nn.Module:  # fmt: skip
+    """The one loss builder: the loss ``name`` (:func:`pml_suprank.losses.resolve_loss`: a registered name,
+    ``pml:ClassName``, ``package.module:ClassName`` or a plugin) from the option ``values`` it takes (``None``: the
+    loss's default; ``values["loss_kwargs"]`` passed on whole) and ``extra`` keyword arguments (e.g.
+    ``relevance="multilabel"``, ``hierarchy=`` the ``(num_fine, L)`` table). ``num_classes`` fine classes and
+    ``embedding_size`` ``D`` go to a constructor that requires them, a hierarchical loss or ``decomposability="proxy"``.
 
     Raises:
-        ValueError: an unknown loss; :class:`~pml_suprank.training.config.OptionError` (a ``ValueError`` and a
-            ``TypeError``): a constructor refusing the arguments (the message names the loss and them).
+        ValueError: an unknown loss; ``OptionError``: the constructor refused the arguments (naming them).
     """
     entry = entry or resolve_loss(name)
     kwargs = {k: values[k] for k in loss_keys(name, entry) if values.get(k) is not None}

@@ -1,76 +1,97 @@
 """The run specification: the whole configuration of one training run, built once and validated once.
 
-:class:`RunSpec` nests the option dataclasses, one per part of a run:
-
-* ``model`` — :class:`~pml_suprank.training.ModelOptions` (the :class:`~pml_suprank.models.RetrievalModel`);
-* ``data`` — :class:`~pml_suprank.training.DataOptions` (training / test sets);
-* ``loss`` — :class:`~pml_suprank.training.LossOptions` (a loss of the registry,
-  :func:`pml_suprank.losses.register_loss`, and its hyper-parameters);
-* ``train`` — :class:`~pml_suprank.training.TrainingConfig` (optimizer, schedule, sampler, memory, evaluation,
-  checkpoints, gradient caching's ``virtual_batch_size`` / ``chunk_size``);
-* ``run`` — :class:`~pml_suprank.training.RunOptions` (hardware, tracking, resume, outputs, publishing);
-
-plus ``hub_config``, the merged YAML file(s) as read (metadata for the model card: ``hub.*``, ``name``, ``notes``).
-
-The training command builds it with :func:`pml_suprank.training.spec.parse` (``parse(RunSpec, argv,
-defaults=preset, read_config=hub_config.read_layer)``: field defaults < the preset < ``--config`` hub_configs <
-flags), Python with
-:meth:`RunSpec.from_values`. Each part checks its own fields when built, the rules between parts run once
-(:func:`~pml_suprank.training.rules.spec_problems`) and the loss is resolved once. The run fingerprint
-(:meth:`RunSpec.run_options`), ``config.json`` (:meth:`RunSpec.loss_kwargs`) and the model card are written from it.
+:class:`RunSpec` nests one option dataclass per part of a run (``model``, ``data``, ``loss``, ``train``, ``run``)
+and ``hub_config``, the merged YAML file(s) as read (model-card metadata). The training command builds it with
+``parse(RunSpec, argv, defaults=preset, read_config=hub_config.read_layer)``, Python with
+:meth:`RunSpec.from_values`: each part checks its fields when built, the rules between parts
+(:func:`spec_problems`) run once and the loss is resolved once.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from torch import nn
 
-from ..data.source import resolved_split
-from ..losses.registry import LossEntry, registered_losses, resolve_loss
+from ..data.source import data_option_errors, resolved_split
+from ..losses.registry import LossEntry, entry_options, loss_keywords, registered_losses, resolve_loss
 from .config import OptionError, TrainingConfig
-from .options import (
-    DataOptions,
-    LossOptions,
-    ModelOptions,
-    RunOptions,
-    build_loss,
-    loss_keys,
-    loss_option_names,
-)
-from .rules import spec_problems
+from .options import DataOptions, LossOptions, ModelOptions, RunOptions, build_loss, loss_keys, loss_option_names
 
-__all__ = ["PARTS", "RunSpec", "losses_listing", "merge_hub_configs"]
+__all__ = ["PARTS", "RunSpec", "losses_listing", "merge_hub_configs", "multilabel_option_errors", "spec_problems"]
 
 #: part name of a :class:`RunSpec` → its option dataclass (the order of ``--help``)
-PARTS: dict[str, type] = {
-    "run": RunOptions,
-    "data": DataOptions,
-    "model": ModelOptions,
-    "loss": LossOptions,
-    "train": TrainingConfig,
-}
+PARTS: dict[str, type] = {"run": RunOptions, "data": DataOptions, "model": ModelOptions, "loss": LossOptions,
+                          "train": TrainingConfig}  # fmt: skip
 #: option name (= flag name) → the part of :class:`RunSpec` holding it
 FIELD_PARTS: dict[str, str] = {f.name: part for part, cls in PARTS.items() for f in fields(cls)}
 _TITLES = {"run": "run", "data": "data", "model": "model", "loss": "loss (SupRank H⁻ and decomposability)",
            "train": "training"}  # fmt: skip
+_DATA_KEYS = ("dataset", "data_root", "label_columns", "train_split", "test_split", "open_set",
+              "train_classes_per_coarse", "train_class_fraction")  # fmt: skip
+
+
+def multilabel_option_errors(dataset: Any, loss: Any, memory_size: Any, sampler: Any = None) -> list[str]:
+    """The problems of training ``synthetic_multilabel`` with ``loss`` and ``sampler`` (``[]`` for another dataset):
+    only losses registered ``multilabel=True`` (HAPPIER, Sup-H-AP, Sup-NDCG: the thesis' Algorithm 1 relevance), and
+    batches drawn by :class:`pml_suprank.samplers.MultiLabelSampler` (``sampler`` keeps ``m_per_class``); a memory
+    (``memory_size``) stores the label sets."""
+    if dataset != "synthetic_multilabel":
+        return []
+    errors, multilabel_losses = [], list(registered_losses(multilabel=True))
+    if loss is not None and loss not in multilabel_losses:
+        errors.append(f"'loss' {loss} has no multi-label variant: dataset synthetic_multilabel (several labels per "
+                      f"image) trains with {' or '.join(multilabel_losses)} only")  # fmt: skip
+    if sampler not in (None, "m_per_class"):
+        errors.append(f"'sampler' {sampler}: dataset synthetic_multilabel is sampled by MultiLabelSampler (m items "
+                      "per label); keep sampler m_per_class")  # fmt: skip
+    return errors
+
+
+def spec_problems(values: Mapping[str, Any], entry: Any, *, given: Collection[str], loss_options: Sequence[str],
+                  require_data_root: bool = True) -> list[str]:  # fmt: skip
+    """The rules between the parts of a run (``values``: every option; ``entry``: the loss's registry entry;
+    ``given``: the options the user set; ``require_data_root``: a benchmark needs ``data_root``): the loss's
+    ``loss_kwargs`` are its arguments and set nothing a flag or the data sets, a given loss option applies to the
+    loss, the data options fit the dataset, a multi-label dataset has a multi-label loss."""
+    v, errors, loss = values, [], values["loss"]
+    accepted = entry_options(entry, loss_options)
+    kwargs = v["loss_kwargs"] or {}
+    valid = loss_keywords(entry.cls) if kwargs else None
+    unknown = sorted(k for k in kwargs if valid is not None and k not in valid)
+    clash = sorted(k for k in kwargs if k in {*accepted, "num_classes", "embedding_size"} - {"loss", "loss_kwargs"})
+    if unknown:
+        errors.append(f"--loss_kwargs {unknown} are not arguments of loss {loss} (valid: {sorted(valid)})")
+    elif clash:  # two values for one argument, one silently lost
+        named = (f"the {k} of the data / model" if k in ("num_classes", "embedding_size") else f"--{k}" for k in clash)
+        errors.append(f"--loss_kwargs {clash} set what {', '.join(named)} sets for loss {loss}: give each value once "
+                      "(by its flag)")  # fmt: skip
+    errors += [f"'loss.{n}' does not apply to loss {loss} (--{n}; its options: {list(accepted)}; others go through "
+               "--loss_kwargs)" for n in loss_options  # alpha is also the evaluator's H-AP exponent
+               if n in given and n not in ("loss", "loss_kwargs", "alpha") and n not in accepted]  # fmt: skip
+    section = {k: v[k] for k in _DATA_KEYS if v[k] is not None}
+    for problems in (data_option_errors(section, require_root=require_data_root),
+                     multilabel_option_errors(v["dataset"], loss, v["memory_size"], v["sampler"])):  # fmt: skip
+        errors += [f"--dataset {v['dataset']}: " + "; ".join(problems)] if problems else []
+    return errors
 
 
 def losses_listing() -> str:
-    """Every loss the training command trains: the registered ones (with their labels and options), the installed
-    plugins and the other spellings of ``--loss``."""
+    """Every loss the training command trains: the registered ones (labels, options), the installed plugins and the
+    other spellings of ``--loss``."""
     from ..losses.registry import ENTRY_POINT_GROUP, installed_plugins
 
     lines = ["registered losses (--loss NAME):"]
     for name, entry in registered_losses().items():
         labels = "hierarchical labels (N, L)" if entry.hierarchical else "fine labels (N,)"
         extra = ", multi-label" if entry.multilabel else ""
-        options = ", ".join(loss_keys(name, entry))
-        lines.append(f"  {name:<10} {entry.cls.__name__:<15} {labels}{extra}; options: {options}")
+        lines.append(
+            f"  {name:<10} {entry.cls.__name__:<15} {labels}{extra}; options: {', '.join(loss_keys(name, entry))}"
+        )
     plugins = [name for name in installed_plugins() if name not in registered_losses()]
     if plugins:
         lines.append(f"installed plugins (entry-point group {ENTRY_POINT_GROUP}): {', '.join(plugins)}")
@@ -83,24 +104,11 @@ def losses_listing() -> str:
     return "\n".join(lines)
 
 
-class _ListLosses(argparse.Action):
-    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
-        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=kwargs.get("help"))
-
-    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
-        print(losses_listing())  # noqa: T201 - the command's answer, as --help
-        parser.exit()
-
-
 @dataclass
 class RunSpec:
-    """The configuration of one run (see the module docstring): build it with
-    :func:`~pml_suprank.training.spec.parse` or :meth:`from_values`; each part checks its fields when built, the
-    rules between parts run once.
-
-    ``given`` holds the options the user set (flags and ``--config`` keys, not the recipe's defaults): a recipe does
-    not change those on its own (e.g. a batch the data cannot fill is refused rather than shrunk).
-    """
+    """The configuration of one run (see the module docstring). ``given``: the options the user set (flags and
+    ``--config`` keys, not the preset's), which a recipe never changes on its own (a batch the data cannot fill is
+    refused rather than shrunk)."""
 
     model: ModelOptions = field(default_factory=ModelOptions)
     data: DataOptions = field(default_factory=DataOptions)
@@ -118,52 +126,40 @@ class RunSpec:
     )
     GROUPS = tuple((_TITLES[part], fields(cls)[0].name) for part, cls in PARTS.items())
 
-    # ----------------------------------------------------------------------------------------------------- building
     @classmethod
     def option_classes(cls) -> tuple[type, ...]:
-        """The option dataclasses whose fields are the flags (:func:`~pml_suprank.training.spec.parse`)."""
         return tuple(PARTS.values())
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        """``--list_losses`` and the listing of the losses after ``--help``."""
-        parser.epilog = losses_listing()
-        parser.add_argument("--list_losses", action=_ListLosses, help="list every loss --loss takes, and exit")
+        parser.epilog = losses_listing()  # --list_losses prints it and exits, as --version does
+        parser.add_argument("--list_losses", action="version", version=parser.epilog,
+                            help="list every loss --loss takes, and exit")  # fmt: skip
 
     @classmethod
-    def from_options(
-        cls,
-        values: Mapping[str, Any],
-        *,
-        given: frozenset[str] = frozenset(),
-        where: Mapping[str, str] | None = None,
-        files: Sequence[Mapping[str, Any]] = (),
-        require_data_root: bool = True,
-    ) -> RunSpec:
-        """The spec of merged option ``values`` (:func:`~pml_suprank.training.spec.parse`): the loss resolved once (a
-        name typed as ``--loss`` is imported from the working directory too, as ``python -m`` does), each part built
-        (its fields checked once, named by ``where``: field → ``--flag`` or ``file: section.key``), the rules
-        between parts run once.
+    def from_options(cls, values: Mapping[str, Any], *, given: frozenset[str] = frozenset(),
+                     where: Mapping[str, str] | None = None, files: Sequence[Mapping[str, Any]] = (),
+                     require_data_root: bool = True) -> RunSpec:  # fmt: skip
+        """The spec of merged option ``values``: the loss resolved once (a name typed as ``--loss``, per ``where``,
+        is imported from the working directory too, as ``python -m`` does), each part built (its fields checked
+        once), the rules between parts run once.
 
         Raises:
             OptionError: an unknown option, refused values or broken rules.
         """
-        where = dict(where or {})
         unknown = sorted(set(values) - set(FIELD_PARTS))
         if unknown:
             raise OptionError(f"unknown option(s) {unknown}; valid options: {sorted(FIELD_PARTS)}")
         name = values.get("loss", LossOptions.__dataclass_fields__["loss"].default)
         try:  # a file's loss name was refused by its reader unless registered or pml: (files are data)
-            entry = resolve_loss(name, search_cwd=where.get("loss", "").startswith("--"))
+            entry = resolve_loss(name, search_cwd=(where or {}).get("loss", "").startswith("--"))
         except ValueError as e:
             raise OptionError([("loss", f"refused: {e}")]) from None
-        by_part: dict[str, dict[str, Any]] = {part: {} for part in PARTS}
-        for key, value in values.items():
-            by_part[FIELD_PARTS[key]][key] = list(value) if isinstance(value, tuple) else value
         parts, problems = {}, []
-        for part, kwargs in by_part.items():
+        for part, option_cls in PARTS.items():
+            kwargs = {k: list(v) if isinstance(v, tuple) else v for k, v in values.items() if FIELD_PARTS[k] == part}
             try:
-                parts[part] = PARTS[part](**kwargs)
+                parts[part] = option_cls(**kwargs)
             except OptionError as e:
                 problems += e.problems
         if problems:
@@ -177,20 +173,19 @@ class RunSpec:
 
     @classmethod
     def from_values(cls, values: Mapping[str, Any], hub_config: Mapping[str, Any] | None = None) -> RunSpec:
-        """The spec of option ``values`` given in Python (``{option name: value}``, all given by the user; the others
-        keep their defaults; ``virtual_batch_size`` sets ``batch_size``)."""
+        """The spec of option ``values`` given in Python (all given by the user; ``virtual_batch_size`` sets
+        ``batch_size``)."""
         from .spec import merge_layers
 
         merged, _ = merge_layers([{k: (k, v) for k, v in values.items()}], explicit_from=0)
         return cls.from_options(merged, given=frozenset(values), files=[hub_config] if hub_config else ())
 
-    # ------------------------------------------------------------------------------------------------------ reading
     def values(self) -> dict[str, Any]:
         """Every option as ``{option name: value}`` (the recipes' flag names)."""
         return {f.name: getattr(getattr(self, part), f.name) for part in PARTS for f in fields(PARTS[part])}
 
     def data_section(self) -> dict[str, Any]:
-        """The data options that are set (``None`` = unset is left out), as a hub_config ``data`` section."""
+        """The data options that are set, as a hub_config ``data`` section."""
         return {f.name: v for f in fields(DataOptions) if (v := getattr(self.data, f.name)) is not None}
 
     @property
@@ -202,13 +197,11 @@ class RunSpec:
         return entry
 
     def loss_kwargs(self) -> dict[str, Any]:
-        """The options of the loss (those it takes, and ``loss_kwargs`` when set), as given: ``None`` = the loss's
-        default. What ``config.json`` records and the fingerprint identifies."""
+        """The options the loss takes (and ``loss_kwargs`` when set) as given, ``None`` = the loss's default: what
+        ``config.json`` records and the fingerprint identifies."""
         values = {**_asdict(self.loss), "alpha": self.train.alpha}
         out = {k: values[k] for k in loss_keys(self.loss.loss, self.loss_entry) if k in values}
-        if self.loss.loss_kwargs:
-            out["loss_kwargs"] = dict(self.loss.loss_kwargs)
-        return out
+        return {**out, "loss_kwargs": dict(self.loss.loss_kwargs)} if self.loss.loss_kwargs else out
 
     def build_loss(self, num_classes: int, embedding_size: int, **extra: Any) -> nn.Module:
         """The loss of the spec, by the one loss builder :func:`~pml_suprank.training.build_loss`."""
@@ -216,37 +209,33 @@ class RunSpec:
                           **extra)  # fmt: skip
 
     def training_config(self, *, multilabel: bool = False) -> TrainingConfig:
-        """The :class:`TrainingConfig` of the run, with ``hierarchical_labels`` resolved: the loss is hierarchical,
-        or the dataset is multi-label (its ``(B, M)`` label sets go to the loss whole)."""
-        train = copy.copy(self.train)  # each value was checked when the spec was built: not again
+        """The :class:`TrainingConfig` with ``hierarchical_labels`` resolved (a hierarchical loss, or multi-label data
+        whose ``(B, M)`` label sets go to the loss whole); its values are not checked again."""
+        train = copy.copy(self.train)
         train.hierarchical_labels = bool(multilabel or self.loss_entry.hierarchical)
         return train
 
     def run_options(self, mixed_precision: str) -> dict[str, Any]:
-        """The resolved model / data / loss options of the run (with the ``TrainingConfig``: its fingerprint). The
-        splits are the ones actually read; ``data_root`` is left out (moving the archive keeps the fingerprint)."""
+        """The resolved model / data / loss options (with the ``TrainingConfig``: the run fingerprint): the splits
+        actually read; ``data_root`` left out (moving the archive keeps the fingerprint)."""
         data = {k: v for k, v in _asdict(self.data).items() if k != "data_root"}
         for part in ("train", "test"):
             if data[f"{part}_split"] is None:
                 data[f"{part}_split"] = resolved_split({"data": self.data_section()}, part)
-        return {
-            "model": _asdict(self.model),
-            "data": data,
-            "loss": {"name": self.loss.loss, **self.loss_kwargs()},
-            "mixed_precision": str(mixed_precision),
-        }
+        return {"model": _asdict(self.model), "data": data, "loss": {"name": self.loss.loss, **self.loss_kwargs()},
+                "mixed_precision": str(mixed_precision)}  # fmt: skip
 
 
 def merge_hub_configs(*configs: Mapping[str, Any]) -> dict[str, Any]:
-    """Lay hub_config ``configs`` over each other in order: later sections' keys replace earlier ones, top-level
-    values (``name``, ``notes``...) are replaced whole. Returns a new dict; the inputs are not modified."""
+    """Lay hub_config ``configs`` over each other: a later section's keys replace earlier ones, top-level values
+    are replaced whole. Returns a new dict."""
     out: dict[str, Any] = {}
     for cfg in configs:
         for key, value in cfg.items():
-            if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-                out[key] = {**out[key], **value}
-            else:
-                out[key] = dict(value) if isinstance(value, Mapping) else value
+            merged = (
+                {**out[key], **value} if isinstance(value, Mapping) and isinstance(out.get(key), Mapping) else value
+            )
+            out[key] = dict(merged) if isinstance(merged, Mapping) else merged
     return out
 
 

@@ -1,20 +1,18 @@
-"""The one spec engine of the recipes: :func:`parse` turns a command line into a recipe's spec.
+"""The one spec engine of the recipes: ``parse(SpecClass, argv)`` turns a command line into a recipe's spec.
 
-A spec is a dataclass (or, for training, :class:`~pml_suprank.training.RunSpec`, nested option dataclasses) whose
-fields are declared once with :func:`~pml_suprank.training.config.option` (help, default, value check). ``parse``
-generates one snake_case flag per field (booleans ``--flag true/false``, a bare ``--flag`` meaning true; lists
-comma- or space-separated; dicts as JSON), parses ``argv`` once, reads each ``--config`` file once through the one
-YAML reader (:func:`read_sections`) and lays the values over each other: field defaults < the recipe's defaults <
-``--config`` files (in order) < flags. The spec is then built once: each value is checked once by its field's check
-and a refused value is named where it came from (``--flag`` or ``file: section.key``); the rules between options run
-once. ``virtual_batch_size`` is another name of ``batch_size``, resolved here (:func:`merge_layers`).
+A spec is a dataclass whose fields are declared once with :func:`~pml_suprank.training.config.option`; ``parse``
+makes one snake_case flag per field (booleans ``--flag true/false``, a bare ``--flag`` meaning true; lists comma- or
+space-separated; dicts as JSON), parses ``argv`` once, reads each ``--config`` file once (:func:`read_sections`) and
+lays the values over each other: field defaults < the recipe's defaults < the model's recorded data spec (a spec
+with ``MODEL_DATA``, :func:`model_data`) < ``--config`` files < flags. The spec is built once: each value is checked
+by its field's check, a refused value named where it came from (``--flag``, ``file: section.key``).
 
-A spec class may define (all optional): ``DESCRIPTION`` (``--help``), ``FLAGS`` (other flag strings of a field),
-``GROUPS`` (``(title, first field)`` of the ``--help`` groups; an option class's ``GROUP`` titles its fields),
-``option_classes()`` (the dataclasses holding its flags; default: the class itself), ``read_config(path)`` (its
-``--config`` file as ``(file as read, {field: (where, value)})``; ``CONFIG_APPEND``: the flag may repeat;
-``CONFIG_HELP``), ``add_arguments(parser)`` (further actions such as ``--list_losses``) and
-``from_options(values, given=, where=, files=)`` (how the merged values become the spec; default ``cls(**values)``).
+A spec class may define: ``DESCRIPTION``, ``FLAGS`` (other flag strings of a field), ``GROUPS`` (``(title, first
+field)`` of the ``--help`` groups; an option class's ``GROUP`` titles its fields), ``option_classes()`` (the
+dataclasses holding its flags), ``read_config(path)`` (its ``--config`` file as ``(file as read, {field: (where,
+value)})``; ``CONFIG_APPEND``: the flag may repeat; ``CONFIG_HELP``), ``add_arguments(parser)``, ``MODEL_DATA`` (the
+fields naming a dataset in place of the model's recorded one; the spec's ``model_data`` field receives the recorded
+data spec) and ``from_options(values, given=, where=, files=)`` (default ``cls(**values)``).
 """
 
 from __future__ import annotations
@@ -29,9 +27,20 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_
 
 from .._safe_json import loads_json
 from .._validation import shorten
-from .config import OptionError, field_default, option, optional
+from ..data.data_spec import DATA_SPEC_FILE, read_data_spec
+from .config import OptionError, TrainingConfig, batch_alias_problem, field_default, field_problem, option, optional
+from .options import DataOptions
 
-__all__ = ["build_parser", "merge_layers", "parse", "read_sections", "section_problems", "shared", "str2bool"]
+__all__ = [
+    "build_parser",
+    "merge_layers",
+    "model_data",
+    "parse",
+    "read_sections",
+    "section_problems",
+    "shared",
+    "str2bool",
+]
 
 S = TypeVar("S")
 #: a layer of option values: ``{field name: (where it came from, value)}``
@@ -156,54 +165,60 @@ def build_parser(
 def merge_layers(layers: Sequence[Layer], explicit_from: int = 1) -> tuple[dict[str, Any], dict[str, str]]:
     """Lay ``layers`` over each other in order (a later one wins); return ``(values, where)``.
 
-    ``virtual_batch_size`` is another name of ``batch_size``: a layer giving it sets ``batch_size`` too. The layers
-    from ``explicit_from`` on are the user's; ``batch_size`` and ``virtual_batch_size`` given there with different
-    values in one layer, or the batch size in a later one (which would silently undo the virtual batch), are
-    refused naming both.
+    ``virtual_batch_size`` is another name of ``batch_size`` (resolved by :class:`TrainingConfig`): a layer giving
+    it alone drops an earlier layer's batch size; the batch size in a later user layer (from ``explicit_from`` on),
+    which would silently undo the virtual batch, is refused naming both; a default virtual batch follows the batch
+    size the user gave.
     """
     values: dict[str, Any] = {}
     where: dict[str, str] = {}
     level: dict[str, int] = {}
     for i, layer in enumerate(layers):
+        if layer.get("virtual_batch_size", (None, None))[1] is not None and "batch_size" not in layer:
+            values.pop("batch_size", None), where.pop("batch_size", None)
         for name, (source, value) in layer.items():
             values[name], where[name], level[name] = value, source, i
-        if layer.get("virtual_batch_size", (None, None))[1] is not None and "batch_size" not in layer:
-            values["batch_size"], where["batch_size"], level["batch_size"] = values["virtual_batch_size"], where[
-                "virtual_batch_size"], i  # fmt: skip
     vb, b = values.get("virtual_batch_size"), values.get("batch_size")
-    if vb is not None and b is not None and vb != b:
-        if level["virtual_batch_size"] >= explicit_from and level["batch_size"] >= max(
-            level["virtual_batch_size"], explicit_from
-        ):
+    if vb is not None and b is not None and vb != b and explicit_from <= level["virtual_batch_size"]:
+        if level["virtual_batch_size"] < level["batch_size"]:
             a, c = where["virtual_batch_size"], where["batch_size"]
-            raise OptionError(
-                f"--virtual_batch_size {vb} and --batch_size {b} differ ({a if a == c else f'{a} and {c}'}): "
-                "--virtual_batch_size is the batch the sampler draws and the loss ranks, it replaces --batch_size; "
-                "give one of them (or the same value to both)"
-            )
-        values["virtual_batch_size"] = b  # a default virtual batch follows the batch size the user gave
+            raise OptionError(f"{batch_alias_problem(vb, b)} ({a} and {c})")
+    elif vb is not None and b is not None:
+        values["virtual_batch_size"] = b
     return values, where
+
+
+def _recorded_problems(spec: Mapping[str, Any]) -> list[str]:
+    """The values of a data spec against the checks of the flags that set them (``--num_per_class``, ...)."""
+    data_fields = {f.name: f for f in fields(DataOptions)}
+    train_fields = {f.name: f for f in fields(TrainingConfig)}
+    problems = []
+    for key, value in spec["data"].items():
+        if key not in data_fields:
+            problems.append(f"unknown key 'data.{key}' (valid: {sorted(data_fields)})")
+        elif (p := field_problem(data_fields[key], value)) is not None:
+            problems.append(f"data.{key} {p}")
+    return problems + [f"{k} {p}" for k in ("seed", "k_values", "alpha")
+                       if k in spec and (p := field_problem(train_fields[k], spec[k])) is not None]  # fmt: skip
+
+
+def model_data(model: str, dataset: str | None = None, data_root: str | None = None) -> dict[str, Any] | None:
+    """The data spec recorded in the model folder ``model`` (:func:`pml_suprank.data.data_spec.read_data_spec`),
+    each value held to the check of the flag that sets it; ``dataset`` / ``data_root``: what the user typed."""
+    return read_data_spec(model, dataset=dataset, data_root=data_root, problems=_recorded_problems)
 
 
 def parse(spec_cls: type[S], argv: list[str] | None = None, *, defaults: Mapping[str, Any] | None = None,
           description: str | None = None, rest: list[str] | None = None,
           read_config: Callable[[str], tuple[Any, Layer]] | None = None) -> S:  # fmt: skip
-    """The spec of one invocation: ``argv`` parsed once, each ``--config`` file read once, the spec built once.
-
-    Precedence: field defaults < ``defaults`` (a preset's no-argument run) < ``--config`` file(s) < flags. Any
-    refusal is a ``parser.error``: one ``error:`` line naming the flag or the file and key, exit status 2.
-    ``rest``: a list that receives the tokens of ``argv`` that are no flag of the spec (default: refused).
-    ``read_config``: the ``--config`` reader (default: the class's ``read_config``; the training command passes
-    :func:`~pml_suprank.training.hub_config.read_layer`).
-    """
+    """The spec of one invocation (see the module docstring). Any refusal is one ``error:`` line naming the flag or
+    the file and key, exit status 2. ``defaults``: the preset's values; ``rest``: a list receiving the tokens that are
+    no flag of the spec (default: refused); ``read_config``: the ``--config`` reader (default: the class's)."""
     read_config = read_config or getattr(spec_cls, "read_config", None)
     parser = build_parser(spec_cls, defaults, description, config=read_config is not None)
-    if rest is None:
-        namespace = vars(parser.parse_args(argv))
-    else:
-        known, unknown = parser.parse_known_args(argv)
-        namespace = vars(known)
-        rest.extend(unknown)
+    known, unknown = parser.parse_known_args(argv) if rest is not None else (parser.parse_args(argv), [])
+    namespace = vars(known)
+    (rest if rest is not None else []).extend(unknown)
     flag_of = {a.dest: a.option_strings[0] for a in parser._actions if a.option_strings}
     layers: list[Layer] = [{k: (k, v) for k, v in (defaults or {}).items()}]
     paths = namespace.pop("config", None) or []
@@ -216,10 +231,22 @@ def parse(spec_cls: type[S], argv: list[str] | None = None, *, defaults: Mapping
     except (ValueError, FileNotFoundError) as e:
         parser.error(f"--config: {e}")
     layers.append({k: (flag_of.get(k, k), v) for k, v in namespace.items()})
+    given = frozenset(n for layer in layers[1:] for n in layer)
     where: dict[str, str] = {}
     try:
         values, where = merge_layers(layers)
-        given = frozenset(n for layer in layers[1:] for n in layer)
+        if getattr(spec_cls, "MODEL_DATA", None) and values.get("model"):
+            typed = next((values[n] for n in spec_cls.MODEL_DATA if values.get(n) is not None), None)
+            try:
+                recorded = model_data(values["model"], typed, values.get("data_root"))
+            except ValueError as e:
+                parser.error(f"--model: {e}")
+            if recorded is not None:
+                names, source = {f.name for f in fields(spec_cls)}, f"{values['model']}/{DATA_SPEC_FILE}:"
+                layers.insert(1, {k: (f"{source} {k}", recorded[k]) for k in ("seed", "k_values", "alpha")
+                                  if k in recorded and k in names})  # fmt: skip
+                values, where = merge_layers(layers, explicit_from=2)
+                values["model_data"] = recorded
         if hasattr(spec_cls, "from_options"):
             return spec_cls.from_options(values, given=given, where=where, files=files)
         return spec_cls(**values)

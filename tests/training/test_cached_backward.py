@@ -381,7 +381,7 @@ def _trainer(tmp_path, **kwargs):
 
 
 def test_trainer_validates_virtual_batch_and_chunk_size(tmp_path):
-    with pytest.raises(ValueError, match="got --virtual_batch_size 64 and --batch_size 32"):
+    with pytest.raises(ValueError, match="--virtual_batch_size 64 and --batch_size 32 differ"):
         _trainer(tmp_path, virtual_batch_size=64, chunk_size=8)
     with pytest.raises(ValueError, match="chunk_size must be null or an int >= 1; got 0"):
         _trainer(tmp_path, chunk_size=0)

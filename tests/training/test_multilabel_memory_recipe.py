@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from pml_suprank.training import recipe as common
-from pml_suprank.training.rules import multilabel_option_errors
+from pml_suprank.training.run_spec import multilabel_option_errors
 
 TINY = [
     "--backbone", "test_resnet", "--image_size", "16", "--num_per_class", "4", "--embedding_size", "8",
