@@ -135,8 +135,7 @@ def precision_recall_curve(
     ``(N,)`` / ``(N, L)``; queries without positives are skipped. Returns ``(recall, precision)``, ``(num_points,)``
     numpy arrays.
     """
-    grid, precision, _ = _pr_curve_and_ap(embeddings, labels, level, num_points, max_queries, seed, chunk_size)
-    return grid, precision
+    return _pr_curve_and_ap(embeddings, labels, level, num_points, max_queries, seed, chunk_size)[:2]
 
 
 def _pr_curve_and_ap(
@@ -302,12 +301,10 @@ def plot_embedding_map(
             name = _class_name(class_names, f, max_chars=20, drop_head=True)
             ax.annotate(name, (x, y), xytext=(3, 3), textcoords="offset points", fontsize=6, alpha=0.85)
     more = f"; legend: first 12 of {len(coarse_ids)}" if len(coarse_ids) > 12 else ""
-    ax.set(
-        title=f"Embeddings ({used}): {len(sample)} samples (dots), {len(classes)} class means (circles){more}",
-        xticks=[],
-        yticks=[],
+    ax.set(xticks=[], yticks=[])
+    ax.set_title(
+        f"Embeddings ({used}): {len(sample)} samples (dots), {len(classes)} class means (circles){more}", fontsize=9
     )
-    ax.title.set_fontsize(9)
     ax.legend(fontsize=7, loc="best", markerscale=0.8, title=f"coloured by {literal(column)}", title_fontsize=7)
     return save_figure(fig, path)
 

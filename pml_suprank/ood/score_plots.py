@@ -27,8 +27,7 @@ HEAVY_TAIL_RATIO = 25.0
 def _edges(sets: list[np.ndarray], bins: int) -> tuple[np.ndarray, float | None]:
     """``(bin edges, symlog linear threshold or None)`` of one panel (the linear part: the smallest set's IQR)."""
     values = np.concatenate(sets)
-    lo, hi = np.quantile(values, [0.005, 0.995])
-    q1, q3 = np.quantile(values, [0.25, 0.75])
+    lo, q1, q3, hi = np.quantile(values, [0.005, 0.25, 0.75, 0.995])
     if hi <= lo:
         return np.linspace(lo - 0.5, lo + 0.5, bins + 1), None
     spreads = [float(np.subtract(*np.quantile(a, [0.75, 0.25]))) for a in sets]
@@ -36,14 +35,9 @@ def _edges(sets: list[np.ndarray], bins: int) -> tuple[np.ndarray, float | None]
     if iqr > 0 and (hi - lo) / iqr <= HEAVY_TAIL_RATIO:
         return np.linspace(lo, hi, bins + 1), None
     c = float(max(iqr, (hi - lo) * 1e-6, np.finfo(float).tiny))
-
-    def forward(x: np.ndarray) -> np.ndarray:
-        return np.sign(x) * np.log10(1.0 + np.abs(x) / c)
-
-    def inverse(y: np.ndarray) -> np.ndarray:
-        return np.sign(y) * c * (10.0 ** np.abs(y) - 1.0)
-
-    return inverse(np.linspace(forward(np.array(lo)), forward(np.array(hi)), bins + 1)), c
+    # edges evenly spaced in y = sign(x) log10(1 + |x| / c), mapped back to x
+    y = np.linspace(*(np.sign(x) * np.log10(1.0 + np.abs(x) / c) for x in (lo, hi)), bins + 1)
+    return np.sign(y) * c * (10.0 ** np.abs(y) - 1.0), c
 
 
 #: what FPR95 means under each convention of :func:`pml_suprank.ood.metrics.fpr_at_tpr` (stated on the figure)
