@@ -114,10 +114,8 @@ class GeneralizedMeanPooling(nn.Module):
 
     def __init__(self, p: float = 3.0, learnable: bool = True, eps: float = 1e-6) -> None:
         super().__init__()
-        check_positive("p", p)
-        check_positive("eps", eps)
-        self.eps = float(eps)
-        value = torch.tensor([float(p)])
+        value = torch.tensor([check_positive("p", p)])
+        self.eps = check_positive("eps", eps)
         if learnable:
             self.p = nn.Parameter(value)
         else:
@@ -191,8 +189,7 @@ class Pooling(nn.Module):
 
 
 class RetrievalModel(HubMixin, nn.Module):
-    """Embedding network for image retrieval (SupRank/ROADMAP/HAPPIER, TPAMI Sec. VII-A): timm backbone + pooling +
-    LayerNorm + projection + L2 normalisation; dot products of the outputs are cosine similarities.
+    """The retrieval network of the module docstring (TPAMI Sec. VII-A); output dot products are cosine similarities.
 
     Args:
         backbone: Any timm model name, optionally with a pretrained tag (``"resnet50.a1_in1k"``).
