@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._validation import check_bool, check_choice, check_positive, check_positive_int
+from ._validation import check_bool, check_choice, check_embeddings, check_positive, check_positive_int
 from .hub.loaded_config import check_loaded_model_args, check_loaded_values
 from .hub.mixin import HubMixin, load_module_state
 
@@ -81,15 +81,10 @@ def pca_projection(features: Tensor, out_dim: int, *, whiten: bool = False) -> t
         TypeError: ``features`` is not a floating-point Tensor.
         ValueError: ``features`` is not ``(N >= 2, C >= 1)`` or not finite, or ``out_dim`` is not a positive int.
     """
-    if not isinstance(features, Tensor) or not features.is_floating_point():
-        what = f"{features.dtype} Tensor" if isinstance(features, Tensor) else type(features).__name__
-        raise TypeError(f"features must be a floating-point Tensor of shape (N, C); got {what}")
-    if features.dim() != 2 or features.shape[0] < 2 or features.shape[1] < 1:
-        raise ValueError(f"features must have shape (N, C) with N >= 2 and C >= 1; got shape {tuple(features.shape)}")
+    if check_embeddings("features", features).shape[0] < 2:
+        raise ValueError(f"features must have at least 2 rows; got shape {tuple(features.shape)}")
     if isinstance(out_dim, bool) or not isinstance(out_dim, int) or out_dim < 1:
         raise ValueError(f"out_dim must be a positive int; got {out_dim!r}")
-    if not bool(torch.isfinite(features).all()):
-        raise ValueError("features must be finite; got NaN or inf values")
     x = features.detach().to(torch.float64)
     n, c = x.shape
     mean = x.mean(dim=0)
@@ -119,10 +114,8 @@ class GeneralizedMeanPooling(nn.Module):
 
     def __init__(self, p: float = 3.0, learnable: bool = True, eps: float = 1e-6) -> None:
         super().__init__()
-        check_positive("p", p)
-        check_positive("eps", eps)
-        self.eps = float(eps)
-        value = torch.tensor([float(p)])
+        value = torch.tensor([check_positive("p", p)])
+        self.eps = check_positive("eps", eps)
         if learnable:
             self.p = nn.Parameter(value)
         else:
@@ -196,8 +189,7 @@ class Pooling(nn.Module):
 
 
 class RetrievalModel(HubMixin, nn.Module):
-    """Embedding network for image retrieval (SupRank/ROADMAP/HAPPIER, TPAMI Sec. VII-A): timm backbone + pooling +
-    LayerNorm + projection + L2 normalisation; dot products of the outputs are cosine similarities.
+    """The retrieval network of the module docstring (TPAMI Sec. VII-A); output dot products are cosine similarities.
 
     Args:
         backbone: Any timm model name, optionally with a pretrained tag (``"resnet50.a1_in1k"``).
@@ -245,7 +237,6 @@ class RetrievalModel(HubMixin, nn.Module):
         timm = _timm()
         check_backbone_name(backbone)
         check_bool("pretrained", pretrained)
-        check_choice("pooling", pooling, get_args(PoolingType))
         embedding_size = check_positive_int("embedding_size", embedding_size, allow_none=True)
         num_classes = check_positive_int("num_classes", num_classes, minimum=0)
         if backbone_kwargs is not None and not isinstance(backbone_kwargs, dict):
@@ -369,7 +360,7 @@ class RetrievalModel(HubMixin, nn.Module):
         projection (``embedding_size=None``), or ``features`` of another shape or not finite."""
         if not isinstance(self.projection, nn.Linear):
             raise ValueError("init_projection_from_pca needs a projection; this model has embedding_size=None")
-        if isinstance(features, Tensor) and (features.dim() != 2 or features.shape[1] != self.num_features):
+        if isinstance(features, Tensor) and features.shape[-1:] != (self.num_features,):
             raise ValueError(
                 f"features must have shape (N, {self.num_features}) (the projection input); "
                 f"got shape {tuple(features.shape)}"

@@ -61,7 +61,7 @@ def framed_image(ax: Any, image: Any, colour: str, width: float = 3) -> None:
         spine.set_linewidth(width)
 
 
-def _literal(text: Any) -> str:
+def literal(text: Any) -> str:
     """``text`` drawn as it is by matplotlib: ``$`` escaped (no mathtext), control characters as spaces."""
     return "".join(ch if ch.isprintable() else " " for ch in str(text)).replace("$", r"\$")
 
@@ -72,7 +72,7 @@ def _class_name(names: Mapping[int, Any] | None, label: int, max_chars: int = 28
     name = str(names.get(int(label), int(label))) if names else str(int(label))
     if drop_head and "/" in name:
         name = name.split("/", 1)[1]
-    return _literal(name if len(name) <= max_chars else "…" + name[-(max_chars - 1) :])
+    return literal(name if len(name) <= max_chars else "…" + name[-(max_chars - 1) :])
 
 
 def _group_names(
@@ -85,11 +85,12 @@ def _group_names(
         names = [str(class_names.get(int(f), "")) for f in np.unique(fine[coarse == c])] if class_names else []
         heads = {n.split("/")[0] for n in names}
         named = len(heads) == 1 and all(heads) and all("/" in n for n in names)
-        out[int(c)] = _literal(heads.pop()) if named else f"{_literal(column)} {int(c)}"
+        out[int(c)] = literal(heads.pop()) if named else f"{literal(column)} {int(c)}"
     return out
 
 
-def _plt() -> Any:
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the ``Agg`` backend (unless one was chosen already)."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -109,18 +110,12 @@ def _query_subset(n: int, max_queries: int | None, seed: int) -> Tensor:
     return torch.randperm(n, generator=g)[:max_queries].sort().values
 
 
-def _finish_pr_axes(ax: Any, title: str, legend_fontsize: int) -> None:
-    """Axes, grid and legend of a precision-recall figure."""
-    ax.set(xlabel="recall", ylabel="precision", xlim=(0, 1), ylim=(0, 1.02), title=title)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="upper right", fontsize=legend_fontsize)
-
-
-def _save(fig: Any, path: str | Path) -> Path:
-    """Lay out ``fig``, write it to ``path`` and close it."""
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    _plt().close(fig)
+def save_figure(fig: Any, path: str | Path, *, dpi: int = DPI, top: float = 1.0) -> Path:
+    """Lay out ``fig`` (its axes below the height fraction ``top``), write it to ``path`` and close it."""
+    fig.tight_layout(rect=(0, 0, 1, top))
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
     return Path(path)
 
 
@@ -140,8 +135,7 @@ def precision_recall_curve(
     ``(N,)`` / ``(N, L)``; queries without positives are skipped. Returns ``(recall, precision)``, ``(num_points,)``
     numpy arrays.
     """
-    grid, precision, _ = _pr_curve_and_ap(embeddings, labels, level, num_points, max_queries, seed, chunk_size)
-    return grid, precision
+    return _pr_curve_and_ap(embeddings, labels, level, num_points, max_queries, seed, chunk_size)[:2]
 
 
 def _pr_curve_and_ap(
@@ -195,15 +189,11 @@ def plot_precision_recall(
     """Save the interpolated precision–recall curve of ``embeddings`` (``"trained"``) and of every entry of
     ``compare`` (e.g. ``{"before training": ...}``) to ``path``; the legend gives each curve's mAP (mean exact AP of
     the plotted queries, in percent: with every query plotted, the model card's mAP)."""
-    fig, ax = _plt().subplots(figsize=(5, 4))
-    curves = {"trained": embeddings, **(compare or {})}
     n = int(embeddings.shape[0])
-    for name, emb in curves.items():
-        r, p, ap = _pr_curve_and_ap(emb, labels, level, 101, max_queries, seed, 256)
-        ax.plot(r, p, label=f"{_literal(name)}: mAP {100 * ap:.2f}")
     queries = n if max_queries is None else min(n, max_queries)
-    _finish_pr_axes(ax, f"{_literal(title)}\ninterpolated precision, {queries} of {n} queries", legend_fontsize=8)
-    return _save(fig, path)
+    title = f"{literal(title)}\ninterpolated precision, {queries} of {n} queries"
+    curves = {"trained": embeddings, **(compare or {})}
+    return _pr_figure(curves, labels, path, {level: None}, max_queries, seed, title, (5, 4), 8)
 
 
 def plot_hierarchical_precision_recall(
@@ -222,17 +212,26 @@ def plot_hierarchical_precision_recall(
     names = list(label_names) if label_names is not None else [f"level {l}" for l in range(labels.shape[1])]
     if len(names) != labels.shape[1]:
         raise ValueError(f"label_names must have {labels.shape[1]} entries (one per column); got {len(names)}")
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(5.5, 4.2))
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    styles = ["-", "--", ":", "-."]
-    for j, (cname, emb) in enumerate({"trained": embeddings, **(compare or {})}.items()):
-        for l in range(labels.shape[1]):
+    curves, title = {"trained": embeddings, **(compare or {})}, "Hierarchical precision-recall (per level)"
+    return _pr_figure(curves, labels, path, dict(enumerate(names)), max_queries, seed, title, (5.5, 4.2), 7)
+
+
+def _pr_figure(curves, labels, path, levels, max_queries, seed, title, figsize, fontsize) -> Path:
+    """A curve per ``curves`` ``{name: (N, D)}`` and ``levels`` ``{column: name}`` (``{column: None}``: a colour per
+    curve; else a colour per level, a line style per curve), each with its mAP in the legend; saved to ``path``."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=figsize)
+    colours, styles = plt.rcParams["axes.prop_cycle"].by_key()["color"], ["-", "--", ":", "-."]
+    for j, (cname, emb) in enumerate(curves.items()):
+        for l, lname in levels.items():
             r, p, ap = _pr_curve_and_ap(emb, labels, l, 101, max_queries, seed, 256)
-            label = f"{_literal(names[l])} ({_literal(cname)}): mAP {100 * ap:.2f}"
-            ax.plot(r, p, color=colours[l % len(colours)], ls=styles[j % len(styles)], label=label)
-    _finish_pr_axes(ax, "Hierarchical precision-recall (per level)", legend_fontsize=7)
-    return _save(fig, path)
+            style = {} if lname is None else {"color": colours[l % len(colours)], "ls": styles[j % len(styles)]}
+            name = literal(cname) if lname is None else f"{literal(lname)} ({literal(cname)})"
+            ax.plot(r, p, label=f"{name}: mAP {100 * ap:.2f}", **style)
+    ax.set(xlabel="recall", ylabel="precision", xlim=(0, 1), ylim=(0, 1.02), title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper right", fontsize=fontsize)
+    return save_figure(fig, path)
 
 
 def _project_2d(x: np.ndarray, method: str, seed: int) -> tuple[np.ndarray, str]:
@@ -284,7 +283,7 @@ def plot_embedding_map(
     xy, used = _project_2d(np.concatenate([emb[sample].numpy(), means]), method, seed)
     xy_samples, xy_means = xy[: len(sample)], xy[len(sample) :]
     sample_coarse = coarse[sample].numpy()
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 5.5))
     coarse_ids = np.unique(class_coarse)
     cmap = plt.get_cmap("tab10" if len(coarse_ids) <= 10 else "tab20")
@@ -302,14 +301,12 @@ def plot_embedding_map(
             name = _class_name(class_names, f, max_chars=20, drop_head=True)
             ax.annotate(name, (x, y), xytext=(3, 3), textcoords="offset points", fontsize=6, alpha=0.85)
     more = f"; legend: first 12 of {len(coarse_ids)}" if len(coarse_ids) > 12 else ""
-    ax.set(
-        title=f"Embeddings ({used}): {len(sample)} samples (dots), {len(classes)} class means (circles){more}",
-        xticks=[],
-        yticks=[],
+    ax.set(xticks=[], yticks=[])
+    ax.set_title(
+        f"Embeddings ({used}): {len(sample)} samples (dots), {len(classes)} class means (circles){more}", fontsize=9
     )
-    ax.title.set_fontsize(9)
-    ax.legend(fontsize=7, loc="best", markerscale=0.8, title=f"coloured by {_literal(column)}", title_fontsize=7)
-    return _save(fig, path)
+    ax.legend(fontsize=7, loc="best", markerscale=0.8, title=f"coloured by {literal(column)}", title_fontsize=7)
+    return save_figure(fig, path)
 
 
 def _image_array(dataset: Any, index: int, mean: Sequence[float] | None, std: Sequence[float] | None) -> np.ndarray:
@@ -352,7 +349,7 @@ def plot_retrieval_grid(
     scores = emb[queries] @ emb.T
     scores[torch.arange(len(queries)), queries] = -float("inf")
     top = scores.topk(top_k, dim=1).indices
-    fig, axes = _plt().subplots(
+    fig, axes = pyplot().subplots(
         len(queries), top_k + 1, figsize=(1.45 * (top_k + 1), 1.7 * len(queries) + 0.4), squeeze=False
     )
     rows = labels.tolist()
@@ -368,7 +365,7 @@ def plot_retrieval_grid(
             if row == 0:
                 ax.set_title("query" if col == 0 else f"#{col}", fontsize=8)
     fig.suptitle("Retrieval: ✓ green = same fine class, ~ orange = same coarse class only, ✗ red = other", fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_all(
@@ -398,10 +395,8 @@ def plot_all(
         plot_embedding_map(emb, labels, out / "embedding_map.png", label_names, seed=seed, class_names=class_names),
     ]
     if image_dataset is not None:
-        grid = out / "retrieval_grid.png"
-        files.append(
-            plot_retrieval_grid(emb, labels, image_dataset, grid, indices=indices, seed=seed, class_names=class_names)
-        )
+        kw = {"indices": indices, "seed": seed, "class_names": class_names}
+        files.append(plot_retrieval_grid(emb, labels, image_dataset, out / "retrieval_grid.png", **kw))
     return [f.name for f in files]
 
 
@@ -438,7 +433,7 @@ def plot_training_curves(
     panels = [p for p, on in (("loss", "loss" in keys), ("lr", bool(lrs)), ("metrics", bool(shown))) if on]
     if not panels:
         raise ValueError("history holds no loss, learning rate or evaluation to draw")
-    fig, axes = _plt().subplots(len(panels), 1, figsize=(7, 2.5 * len(panels)), sharex=True, squeeze=False)
+    fig, axes = pyplot().subplots(len(panels), 1, figsize=(7, 2.5 * len(panels)), sharex=True, squeeze=False)
     for ax, panel in zip(axes[:, 0], panels):
         if panel == "loss":
             ax.plot(*_series(history, "loss"), marker=".", lw=1.2, color="#1f77b4")
@@ -448,16 +443,14 @@ def plot_training_curves(
             for k in lrs:
                 steps, values = _series(history, k)
                 peak = float(values.max()) if values.size and values.max() > 0 else 1.0
-                ax.plot(
-                    steps, values / peak, lw=1.2, marker=".", label=f"{_literal(k[len('lr_') :])} (largest {peak:.3g})"
-                )
-            ax.set(
-                ylabel="lr / peak", ylim=(-0.03, 1.08), title="Learning rate per parameter group (relative to its peak)"
-            )
+                label = f"{literal(k[len('lr_') :])} (largest {peak:.3g})"
+                ax.plot(steps, values / peak, lw=1.2, marker=".", label=label)
+            title = "Learning rate per parameter group (relative to its peak)"
+            ax.set(ylabel="lr / peak", ylim=(-0.03, 1.08), title=title)
         else:
             for k in shown:
                 steps, values = _series(history, f"eval/{k}")
-                ax.plot(steps, 100.0 * values, marker="o", lw=1.2, label=_literal(metric_label(k, label_names)))
+                ax.plot(steps, 100.0 * values, marker="o", lw=1.2, label=literal(metric_label(k, label_names)))
             evals = len(_series(history, f"eval/{shown[0]}")[0])
             ax.set(
                 ylabel="percent", title=f"Test metrics at each of the {evals} evaluations (step 0 = before training)"
@@ -467,4 +460,4 @@ def plot_training_curves(
         ax.grid(alpha=0.3)
         ax.title.set_fontsize(9)
     axes[-1, 0].set_xlabel("optimizer step")
-    return _save(fig, path)
+    return save_figure(fig, path)

@@ -95,12 +95,12 @@ def figures(monkeypatch):
     """The figures the plotting functions save, kept open for inspection."""
     saved = []
 
-    def keep(fig, path):
+    def keep(fig, path, **kwargs):
         saved.append(fig)
         fig.savefig(path)
         return Path(path)
 
-    monkeypatch.setattr(plots, "_save", keep)
+    monkeypatch.setattr(plots, "save_figure", keep)
     yield saved
     import matplotlib.pyplot as plt
 

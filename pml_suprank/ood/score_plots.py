@@ -14,6 +14,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .._validation import check_choice
+from ..plots import DPI, literal, pyplot, save_figure
 from .metrics import auroc, fpr_at_tpr
 
 __all__ = ["plot_score_histograms"]
@@ -25,8 +27,7 @@ HEAVY_TAIL_RATIO = 25.0
 def _edges(sets: list[np.ndarray], bins: int) -> tuple[np.ndarray, float | None]:
     """``(bin edges, symlog linear threshold or None)`` of one panel (the linear part: the smallest set's IQR)."""
     values = np.concatenate(sets)
-    lo, hi = np.quantile(values, [0.005, 0.995])
-    q1, q3 = np.quantile(values, [0.25, 0.75])
+    lo, q1, q3, hi = np.quantile(values, [0.005, 0.25, 0.75, 0.995])
     if hi <= lo:
         return np.linspace(lo - 0.5, lo + 0.5, bins + 1), None
     spreads = [float(np.subtract(*np.quantile(a, [0.75, 0.25]))) for a in sets]
@@ -34,14 +35,9 @@ def _edges(sets: list[np.ndarray], bins: int) -> tuple[np.ndarray, float | None]
     if iqr > 0 and (hi - lo) / iqr <= HEAVY_TAIL_RATIO:
         return np.linspace(lo, hi, bins + 1), None
     c = float(max(iqr, (hi - lo) * 1e-6, np.finfo(float).tiny))
-
-    def forward(x: np.ndarray) -> np.ndarray:
-        return np.sign(x) * np.log10(1.0 + np.abs(x) / c)
-
-    def inverse(y: np.ndarray) -> np.ndarray:
-        return np.sign(y) * c * (10.0 ** np.abs(y) - 1.0)
-
-    return inverse(np.linspace(forward(np.array(lo)), forward(np.array(hi)), bins + 1)), c
+    # edges evenly spaced in y = sign(x) log10(1 + |x| / c), mapped back to x
+    y = np.linspace(*(np.sign(x) * np.log10(1.0 + np.abs(x) / c) for x in (lo, hi)), bins + 1)
+    return np.sign(y) * c * (10.0 ** np.abs(y) - 1.0), c
 
 
 #: what FPR95 means under each convention of :func:`pml_suprank.ood.metrics.fpr_at_tpr` (stated on the figure)
@@ -50,12 +46,6 @@ CONVENTION_TEXT = {
     "ood_positive": "FPR95 = share of ID flagged at the threshold catching 95 % of OOD (OOD positive, OpenOOD v1.5)",
     "id_positive_roc": "FPR95 = share of OOD accepted at the ROC threshold keeping 95 % of ID (OpenOOD legacy)",
 }
-#: resolution of the figure
-DPI = 150
-
-
-def _literal(text: object) -> str:
-    return "".join(ch if ch.isprintable() else " " for ch in str(text)).replace("$", r"\$")
 
 
 def plot_score_histograms(
@@ -81,8 +71,7 @@ def plot_score_histograms(
         raise ValueError("id_scores must name at least one detector; got none")
     if isinstance(bins, bool) or not isinstance(bins, int) or not 2 <= bins <= 1000:
         raise ValueError(f"bins must be an int in [2, 1000]; got {bins!r}")
-    if convention not in CONVENTION_TEXT:
-        raise ValueError(f"convention must be one of {tuple(CONVENTION_TEXT)}; got {convention!r}")
+    check_choice("convention", convention, CONVENTION_TEXT)
     for name, per_detector in ood_scores.items():
         missing = [d for d in id_scores if d not in per_detector]
         if missing:
@@ -90,14 +79,9 @@ def plot_score_histograms(
     named_groups = groups is not None
     groups = {str(g): list(sets) for g, sets in (groups or {"OOD": list(ood_scores)}).items()}
     for g, sets in groups.items():
-        unknown = [s for s in sets if s not in ood_scores]
-        if unknown or not sets:
+        if not sets or not set(sets) <= ood_scores.keys():
             raise ValueError(f"groups[{g!r}] must name sets of ood_scores {list(ood_scores)}; got {sets}")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     names = list(id_scores)
     panels = [(name, group, sets) for name in names for group, sets in groups.items()]
     # a row per detector with a panel per group; one group: two detectors a row (the figure keeps a page's width)
@@ -121,24 +105,18 @@ def plot_score_histograms(
             a = auroc(id_scores[name], ood_scores[label][name])
             f = fpr_at_tpr(id_scores[name], ood_scores[label][name], convention=convention)
             ax.hist(clipped, bins=edges, weights=weights, histtype="step", lw=1.6, color=colour_of[label],
-                    label=f"{_literal(label)}: AUROC {100 * a:.1f} · FPR95 {100 * f:.1f}")  # fmt: skip
+                    label=f"{literal(label)}: AUROC {100 * a:.1f} · FPR95 {100 * f:.1f}")  # fmt: skip
         if linthresh is not None:
             ax.set_xscale("symlog", linthresh=linthresh)
-        ax.set_title(f"{_literal(name)} — {_literal(group)}" if named_groups else _literal(name), fontsize=9)
+        ax.set_title(f"{literal(name)} — {literal(group)}" if named_groups else literal(name), fontsize=9)
         ax.set_xlabel("score (higher = more OOD)" + (", symlog" if linthresh is not None else ""), fontsize=8)
         ax.set_ylabel("fraction of the set", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.legend(fontsize=7, loc="best", frameon=False)
     for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
-    fig.suptitle(f"{_literal(title)}\n{CONVENTION_TEXT[convention]}", fontsize=9)
-    height = fig.get_size_inches()[1]
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.6 / height))  # room for the two-line title
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi)
-    plt.close(fig)
-    return path
+    fig.suptitle(f"{literal(title)}\n{CONVENTION_TEXT[convention]}", fontsize=9)
+    return save_figure(fig, path, dpi=dpi, top=1 - 0.6 / fig.get_size_inches()[1])  # room for the two-line title
 
 
 def _array(scores: Tensor, detector: str, label: str) -> np.ndarray:
