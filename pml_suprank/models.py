@@ -237,6 +237,7 @@ class RetrievalModel(HubMixin, nn.Module):
         timm = _timm()
         check_backbone_name(backbone)
         check_bool("pretrained", pretrained)
+        check_choice("pooling", pooling, get_args(PoolingType))  # before the backbone (a download) is built
         embedding_size = check_positive_int("embedding_size", embedding_size, allow_none=True)
         num_classes = check_positive_int("num_classes", num_classes, minimum=0)
         if backbone_kwargs is not None and not isinstance(backbone_kwargs, dict):
