@@ -23,7 +23,7 @@ from ..metrics import RetrievalEvaluator
 from ..metrics.report import format_metrics
 from . import checkpoint, run_folder
 from .config import TrainingConfig
-from .export import history_with_evaluations, write_final_folder
+from .export import write_final_folder
 from .loaders import (
     SeededAugmentation,
     build_memory,
@@ -238,7 +238,7 @@ class Trainer:
             raise checkpoint.CheckpointError(
                 f"checkpoint {str(path)!r} cannot be loaded: {type(e).__name__}: {e}"
             ) from e
-        if hasattr(self.sampler, "load_state_dict"):  # checked by check_fits
+        if hasattr(self.sampler, "load_state_dict"):  # checked by validate_checkpoint
             self.sampler.load_state_dict(state["sampler"])
         self.progress = _Progress(state["epoch"], state["step_in_epoch"], state["global_step"],
                                   list(state.get("history") or []))  # fmt: skip
@@ -246,9 +246,10 @@ class Trainer:
         return state
 
     def _check_files(self, path: Path) -> dict[str, Any]:  # every file, and that it fits this model / optimizer
-        state = checkpoint.validate_checkpoint(path, self.accelerator.num_processes)
         module = self.accelerator.unwrap_model(self.loss_module)
-        return checkpoint.check_fits(path, state, module, self.optimizer, self.sampler)
+        return checkpoint.validate_checkpoint(
+            path, self.accelerator.num_processes, module=module, optimizer=self.optimizer, sampler=self.sampler
+        )
 
     def _check_checkpoint(self, path: Path, ignore_config_change: bool) -> dict[str, Any]:
         state = self._check_files(path)
@@ -456,15 +457,22 @@ class Trainer:
             on_epoch_end(self, epoch, metrics)
 
     def _evaluate_epoch(self, epoch: int) -> dict[str, float] | None:
-        p, acc = self.progress, self.accelerator
+        acc = self.accelerator
         if not all(bool(t.isfinite().all()) for t in self.model.state_dict().values() if t.is_floating_point()):
             acc.print(f"epoch {epoch + 1}/{self.config.epochs}: evaluation skipped, the weights are not finite")
             return None  # the next steps are non-finite too: the non-finite step limit ends the run
-        metrics = self.evaluate(description=f"evaluation (epoch {epoch + 1})")
-        p.history.append({"step": p.global_step, "epoch": epoch, **{f"eval/{k}": v for k, v in metrics.items()}})
-        acc.log({f"eval/{k}": v for k, v in metrics.items()}, step=p.global_step)
+        metrics = self.record_evaluation(self.evaluate(description=f"evaluation (epoch {epoch + 1})"), epoch)
         acc.print(f"epoch {epoch + 1}/{self.config.epochs}: {format_metrics(metrics, short=True)}")
         self._train_mode()
+        return metrics
+
+    def record_evaluation(self, metrics: dict[str, float], epoch: int | None = None) -> dict[str, float]:
+        """Record ``metrics`` at the current step: a ``{"step", "epoch", "eval/METRIC"}`` entry of the history (in the
+        checkpoints and ``history.json``) and ``eval/METRIC`` for the trackers. Returns ``metrics``."""
+        p = self.progress
+        p.history.append({"step": p.global_step, "epoch": p.epoch if epoch is None else epoch,
+                          **{f"eval/{k}": v for k, v in metrics.items()}})  # fmt: skip
+        self.accelerator.log({f"eval/{k}": v for k, v in metrics.items()}, step=p.global_step)
         return metrics
 
     # -- export -------------------------------------------------------------------------------------------------
@@ -481,9 +489,10 @@ class Trainer:
     ) -> Path | None:
         """Write the Hub-ready folder (default ``output_dir/final``, replaced whole: :func:`.export.write_final_folder`)
         on the main process; ``None`` elsewhere. ``metrics`` go to the card, ``summary`` to
-        ``training_summary.json``, ``metadata`` to ``config.json`` (both with the run fingerprint); ``plots`` draw
-        the last evaluation's embeddings (``image_dataset``, default the test set, for the retrieval grid);
-        ``repo_id`` is shown in the card's usage snippet."""
+        ``training_summary.json``, ``metadata`` to ``config.json`` (both with the run fingerprint), the history as
+        recorded (:meth:`record_evaluation`) to ``history.json``; ``plots`` draw the last evaluation's embeddings
+        (``image_dataset``, default the test set, for the retrieval grid); ``repo_id`` is shown in the card's usage
+        snippet."""
         acc = self.accelerator
         save_directory = Path(save_directory) if save_directory is not None else self.output_dir / "final"
         acc.wait_for_everyone()
@@ -499,7 +508,7 @@ class Trainer:
         card = run_card_metadata(self, hub_config, (metadata or {}).get("dataset"))  # kept in config.json
         return write_final_folder(
             save_directory, self.model, config=self.config.to_dict(), metrics=metrics, summary={**summary, **run},
-            history=history_with_evaluations(self.progress, summary.get("before"), metrics),
+            history=self.progress.history,
             metadata={**(metadata or {}), **run, **card},
             hub_config=hub_config, embeddings=embeddings,
             image_dataset=image_dataset if image_dataset is not None else self.test_dataset,
