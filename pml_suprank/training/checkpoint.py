@@ -76,10 +76,6 @@ def _is_int(x: Any, low: int = 0) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= low
 
 
-def _is_real(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
 # -- finding -------------------------------------------------------------------------------------------------------
 def find_checkpoints(output_dir: str | Path) -> list[Path]:
     """The folders ``output_dir/checkpoints/step_XXXXXXXX`` sorted by step (not ``.tmp-step_X`` nor another run's
@@ -234,7 +230,7 @@ def _check_scheduler(path: Path, state: dict[str, Any]) -> None:
         raise _refuse(path, f"{where}' must be a LambdaLR state with keys in {sorted(_SCHEDULER_KEYS)}")
     for key in ("base_lrs", "_last_lr"):
         values, base = state.get(key), state.get("base_lrs")
-        numbers = isinstance(values, list) and all(_is_real(v) and math.isfinite(v) for v in values)
+        numbers = isinstance(values, list) and all(type(v) in (int, float) and math.isfinite(v) for v in values)
         if not (numbers and isinstance(base, list) and len(values) == len(base) > 0):
             raise _refuse(path, f"{where}.{key}' must be one finite number per parameter group; got {str(values)[:80]}")
     for key in ("last_epoch", "_step_count"):
@@ -506,17 +502,14 @@ def _check_optimizer_fits(path: Path, saved: dict[str, Any], optimizer: Any) -> 
     sizes, mine = [len(g["params"]) for g in saved["param_groups"]], [len(g["params"]) for g in optimizer.param_groups]
     if sizes != mine:
         raise _refuse(path, f"{OPTIMIZER_FILE} has parameter groups of sizes {sizes}; this optimizer {mine}")
+    layouts = [_state_layout(optimizer, g) for g in optimizer.param_groups]
     where = {
-        i: (g, p)
-        for sg, g in zip(saved["param_groups"], optimizer.param_groups, strict=True)
+        i: (layout, p)
+        for sg, g, layout in zip(saved["param_groups"], optimizer.param_groups, layouts, strict=True)
         for i, p in zip(sg["params"], g["params"], strict=True)
     }
-    layouts: dict[int, dict[str, Any] | None] = {}
     for i, entry in saved["state"].items():
-        group, param = where[i]
-        if id(group) not in layouts:
-            layouts[id(group)] = _state_layout(optimizer, group)
-        layout = layouts[id(group)]
+        layout, param = where[i]
         if layout is not None and set(entry) != set(layout):
             raise _refuse(
                 path,
@@ -541,8 +534,8 @@ def _check_optimizer_fits(path: Path, saved: dict[str, Any], optimizer: Any) -> 
 def _state_layout(optimizer: Any, group: dict[str, Any]) -> dict[str, torch.dtype | None] | None:
     """``{state key: tensor dtype or None}`` after one step of a fresh optimizer of ``optimizer``'s class on a
     2-element parameter of ``group``; ``None`` when that fails (then not checked)."""
-    ref = group["params"][0]
     try:
+        ref = group["params"][0]
         probe = torch.zeros(2, dtype=ref.dtype, device=ref.device, requires_grad=True)
         fresh = type(optimizer)([{**{k: v for k, v in group.items() if k != "params"}, "params": [probe]}])
         probe.grad = torch.zeros_like(probe)

@@ -372,7 +372,9 @@ def run(spec: RunSpec, *, given: Collection[str] = ()) -> dict[str, Any] | None:
         trainer.end_run()
 
 
-def _job(spec: RunSpec, accelerator: Any, trainer: Any, test_ds: Any, split: Any, resumed: bool) -> Any:
+def _job(
+    spec: RunSpec, accelerator: Any, trainer: Any, test_ds: Any, split: dict[str, Any] | None, resumed: bool
+) -> Any:
     t_start = time.perf_counter()
     before = _initial_eval(spec, trainer, resumed)
     t_train = time.perf_counter()

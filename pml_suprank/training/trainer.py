@@ -106,8 +106,6 @@ class Trainer:
         self.config = config
         self.output_dir = Path(config.output_dir)
         self.train_labels = dataset_labels(train_dataset)
-        if config.sampler == "hierarchical" and self.train_labels.shape[1] < 2:
-            raise ValueError("sampler='hierarchical' needs 2-D labels (N, L >= 2); the training set has one column")
         self.train_dataset = SeededAugmentation(train_dataset, seed=config.seed)
         self.test_dataset = test_dataset
         self.loss = loss
@@ -148,7 +146,6 @@ class Trainer:
         self._lock: run_folder.RunLock | None = None  # on the main process, between begin_run and end_run
         self._begun = False
         self._claimed = False  # the output folder was checked and claimed by this trainer once
-        self._pending: tuple[Path, bool] | None = None  # (checkpoint, ignore_config_change) begin_run resolved
 
     # -- construction helpers -----------------------------------------------------------------------------------
     def _train_loader(self) -> DataLoader:
@@ -230,7 +227,10 @@ class Trainer:
             CheckpointError: the folder is incomplete, corrupt, does not fit this run, or is another run's (unless
                 ``ignore_config_change``; the message names the settings that differ).
         """
-        state = self._check_checkpoint(path := Path(path), ignore_config_change)
+        state = self._check_files(path := Path(path))
+        run_folder.check_compatible(
+            path, state, self.steps_per_epoch, self.total_steps, self.run_config, self.fingerprint, ignore_config_change
+        )
         checkpoint.load_scheduler_state(self.scheduler, state["scheduler"])
         try:
             self.accelerator.load_state(str(path))  # model, optimizer, RNG states (and accelerator.step)
@@ -251,13 +251,6 @@ class Trainer:
             path, self.accelerator.num_processes, module=module, optimizer=self.optimizer, sampler=self.sampler
         )
 
-    def _check_checkpoint(self, path: Path, ignore_config_change: bool) -> dict[str, Any]:
-        state = self._check_files(path)
-        run_folder.check_compatible(
-            path, state, self.steps_per_epoch, self.total_steps, self.run_config, self.fingerprint, ignore_config_change
-        )
-        return state
-
     # -- run identity -------------------------------------------------------------------------------------------
     def begin_run(
         self,
@@ -266,8 +259,8 @@ class Trainer:
         ignore_config_change: bool = False,
         overwrite_output_dir: bool = False,
     ) -> Path | None:
-        """Take ``output_dir``: lock it, check the checkpoint to continue from (``resume_from``: a folder or
-        ``"latest"``, loaded by :meth:`train`), claim the folder when starting from scratch (``overwrite_output_dir``
+        """Take ``output_dir``: lock it, check and load the checkpoint to continue from (``resume_from``: a folder or
+        ``"latest"``), claim the folder when starting from scratch (``overwrite_output_dir``
         deletes a previous run first), write ``run.json``, set a ``projection_init="pca"`` projection. Returns the
         checkpoint or ``None``. :meth:`train` calls it when not called first; :meth:`end_run` releases the lock.
 
@@ -285,7 +278,7 @@ class Trainer:
             ckpt = resume_from if str(resume_from) != "latest" else checkpoint.latest_valid_checkpoint(
                 out, acc.print, self._check_files)  # fmt: skip
             ckpt = Path(ckpt) if ckpt is not None else None
-            state = self._check_checkpoint(ckpt, ignore_config_change) if ckpt is not None else {}
+            state = self.load_checkpoint(ckpt, ignore_config_change) if ckpt is not None else {}
             if ckpt is None and not self._claimed:  # a new run here (also when --resume latest found no checkpoint)
                 claim = run_folder.claim_output_dir
                 main(
@@ -294,6 +287,8 @@ class Trainer:
                     )
                 )
             extra = {"resumed_from": str(ckpt)} if ckpt is not None else {}
+            if ckpt is not None:
+                acc.print(f"resumed from {ckpt} (step {self.progress.global_step})")
             if state.get("fingerprint") not in (None, self.fingerprint):
                 extra["previous_fingerprint"] = state["fingerprint"]
                 acc.print(f"resuming {ckpt} although its configuration differs (ignore_config_change)")
@@ -303,7 +298,6 @@ class Trainer:
             self.end_run()
             raise
         self._claimed = True
-        self._pending = (ckpt, ignore_config_change) if ckpt is not None else None
         return ckpt
 
     def end_run(self) -> None:
@@ -354,10 +348,6 @@ class Trainer:
                 self.end_run()
 
     def _train(self, on_epoch_end: EpochCallback | None) -> list[dict]:
-        if self._pending is not None:
-            (ckpt, ignore), self._pending = self._pending, None
-            self.load_checkpoint(ckpt, ignore_config_change=ignore)
-            self.accelerator.print(f"resumed from {ckpt} (step {self.progress.global_step})")
         p, c = self.progress, self.config
         run = _Run()
         run.bar = tqdm(total=self.total_steps, initial=p.global_step, desc="training", dynamic_ncols=True,
