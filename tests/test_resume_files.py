@@ -43,8 +43,9 @@ def _trainer(output_dir, seed=0, sampler=None, **cfg):
     from pml_suprank.models import RetrievalModel
 
     torch.manual_seed(seed)
-    model = RetrievalModel("test_resnet", embedding_size=16, image_size=16,
-                           backbone_kwargs={"drop_path_rate": 0.3})  # fmt: skip - draws from the global RNG
+    model = RetrievalModel(
+        "test_resnet", embedding_size=16, image_size=16, backbone_kwargs={"drop_path_rate": 0.3}
+    )  # fmt: skip - draws from the global RNG
     tf = data.build_transforms(model.data_config, train=True, scale=(0.5, 1.0))
     train = data.SyntheticShapes("train", num_per_class=4, image_size=16, transform=tf)
     values = dict(output_dir=str(output_dir), epochs=2, batch_size=32, samples_per_class=4, eval_every=0,
@@ -109,6 +110,20 @@ def test_each_damaged_file_is_refused_naming_it(runs, tmp_path, name, how):
     with pytest.raises(CheckpointError) as info:
         validate_checkpoint(ckpt)
     assert str(ckpt) in str(info.value) and name in str(info.value)
+    assert ("is incomplete" if how == "missing" else "is corrupt") in str(info.value)
+    assert not marker.exists()
+
+
+@pytest.mark.slow
+def test_planted_custom_checkpoint_is_refused_unread(runs, tmp_path):
+    """Accelerate would unpickle ``custom_checkpoint_*.pkl`` in full: a folder holding one is refused, never read."""
+    root, _ = runs
+    ckpt = tmp_path / "step_00000003"
+    shutil.copytree(root / "part" / "checkpoints" / "step_00000003", ckpt)
+    assert isinstance(json.loads((ckpt / "trainer_state.json").read_text())["scheduler"]["last_epoch"], int)  # JSON
+    _damage(ckpt / "custom_checkpoint_0.pkl", "pickle", marker := tmp_path / "planted")
+    with pytest.raises(CheckpointError, match=r"custom_checkpoint_0\.pkl.*not loaded"):
+        _trainer(tmp_path, max_train_steps=4).load_checkpoint(ckpt)
     assert not marker.exists()
 
 

@@ -1,7 +1,7 @@
 """Checkpoints ``output_dir/checkpoints/step_XXXXXXXX``: ``accelerator.save_state`` files plus ``trainer_state.json``
 (counters, sampler position, the scheduler as JSON, history, the run fingerprint), written aside and renamed.
 
-``accelerator.load_state`` runs only after :func:`validate_checkpoint` and :func:`check_fits` have read every file
+``accelerator.load_state`` runs only after :func:`validate_checkpoint` has read every file once
 (``torch.load(weights_only=True)``, NumPy arrays allowed) and loaded each state into a fresh object of its kind: on its
 own Accelerate skips an unreadable RNG file with an INFO line, loads any optimizer state torch accepts and unpickles
 ``custom_checkpoint_*.pkl`` in full (nothing is registered with it; a folder holding one is refused).
@@ -37,7 +37,6 @@ __all__ = [
     "TRAINER_STATE",
     "CheckpointError",
     "CheckpointSaveError",
-    "check_fits",
     "find_checkpoints",
     "jsonable",
     "latest_checkpoint",
@@ -75,10 +74,6 @@ def _short(e: BaseException, limit: int = 300) -> str:
 
 def _is_int(x: Any, low: int = 0) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= low
-
-
-def _is_real(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 # -- finding -------------------------------------------------------------------------------------------------------
@@ -235,7 +230,7 @@ def _check_scheduler(path: Path, state: dict[str, Any]) -> None:
         raise _refuse(path, f"{where}' must be a LambdaLR state with keys in {sorted(_SCHEDULER_KEYS)}")
     for key in ("base_lrs", "_last_lr"):
         values, base = state.get(key), state.get("base_lrs")
-        numbers = isinstance(values, list) and all(_is_real(v) and math.isfinite(v) for v in values)
+        numbers = isinstance(values, list) and all(type(v) in (int, float) and math.isfinite(v) for v in values)
         if not (numbers and isinstance(base, list) and len(values) == len(base) > 0):
             raise _refuse(path, f"{where}.{key}' must be one finite number per parameter group; got {str(values)[:80]}")
     for key in ("last_epoch", "_step_count"):
@@ -258,14 +253,25 @@ _RNG_KEYS = frozenset(
 )
 
 
-def validate_checkpoint(path: str | Path, num_processes: int | None = None) -> dict[str, Any]:
-    """The trainer state of the complete :class:`~pml_suprank.training.Trainer` checkpoint ``path``: its counters
-    consistent (``global_step = epoch · steps_per_epoch + step_in_epoch``, the folder's step, the sampler position),
-    ``model*.safetensors`` readable, ``optimizer.bin`` holding state for exactly the parameters ``trainer_state.json``
-    lists, one ``random_states_<i>.pkl`` per process (``num_processes``, when given, must match) whose states load.
+def validate_checkpoint(
+    path: str | Path,
+    num_processes: int | None = None,
+    *,
+    module: Any = None,
+    optimizer: Any = None,
+    sampler: Any = None,
+) -> dict[str, Any]:
+    """The trainer state of the complete :class:`~pml_suprank.training.Trainer` checkpoint ``path``, each file read
+    once: its counters consistent (``global_step = epoch · steps_per_epoch + step_in_epoch``, the folder's step, the
+    sampler position), ``model*.safetensors`` readable, ``optimizer.bin`` holding state for exactly the parameters
+    ``trainer_state.json`` lists, one ``random_states_<i>.pkl`` per process (``num_processes``, when given, must
+    match) whose states load. Given what is resumed, the checkpoint must also fit it: the weights the names, shapes
+    and dtypes of ``module``'s, the optimizer state the groups, keys, dtypes and shapes of ``optimizer`` and the
+    scheduler one entry per group, the sampler state load into a copy of ``sampler`` (one without state resumes only
+    at the end of an epoch).
 
     Raises:
-        CheckpointError: naming the folder, the file and what is missing, unreadable or inconsistent.
+        CheckpointError: naming the folder, the file and what is missing, unreadable, inconsistent or does not fit.
     """
     path = Path(path)
     if not path.is_dir():
@@ -286,10 +292,23 @@ def validate_checkpoint(path: str | Path, num_processes: int | None = None) -> d
             "sampler streams and RNG states are per process)",
         )
     _check_scheduler(path, state["scheduler"])
-    _weights_layout(path)
-    _check_optimizer_file(path, _load_tensors(path, OPTIMIZER_FILE), state.get("optimizer_state"), state["global_step"])
+    weights = _weights_layout(path)
+    saved_optimizer = _load_tensors(path, OPTIMIZER_FILE)
+    _check_optimizer_file(path, saved_optimizer, state.get("optimizer_state"), state["global_step"])
     for index in range(state["num_processes"]):
         _check_rng_states(path, f"random_states_{index}.pkl")
+    if module is not None:
+        _check_weights_fit(path, weights, module)
+    if optimizer is not None:
+        _check_optimizer_fits(path, saved_optimizer, getattr(optimizer, "optimizer", optimizer))
+        if len(state["scheduler"]["base_lrs"]) != len(optimizer.param_groups):
+            raise _refuse(
+                path,
+                f"{TRAINER_STATE} 'scheduler.base_lrs' has {len(state['scheduler']['base_lrs'])} entries; "
+                f"this optimizer has {len(optimizer.param_groups)} parameter groups",
+            )
+    if sampler is not None:
+        _check_sampler_fits(path, state, sampler)
     return state
 
 
@@ -436,16 +455,7 @@ def optimizer_state_indices(optimizer: Any) -> list[int]:
 
 
 # -- fitting what is resumed ---------------------------------------------------------------------------------------
-def check_fits(path: Path, state: dict[str, Any], module: Any, optimizer: Any, sampler: Any) -> dict[str, Any]:
-    """Check that the validated checkpoint ``path`` (trainer ``state``) fits what is resumed: the weights' names,
-    shapes and dtypes those of ``module``, the optimizer state the groups, keys, dtypes and shapes of ``optimizer``,
-    the scheduler one entry per group, the sampler state loads into a copy of ``sampler`` (a sampler without state
-    resumes only at the end of an epoch). Returns ``state``.
-
-    Raises:
-        CheckpointError: naming the checkpoint, the file and the first mismatch.
-    """
-    saved = _weights_layout(path)
+def _check_weights_fit(path: Path, saved: dict[str, tuple[tuple[int, ...], str]], module: Any) -> None:
     current = {
         k: (tuple(v.shape), _SAFETENSORS_DTYPES.get(v.dtype, str(v.dtype))) for k, v in module.state_dict().items()
     }
@@ -456,13 +466,9 @@ def check_fits(path: Path, state: dict[str, Any], module: Any, optimizer: Any, s
                 f"model.safetensors does not fit this model: {k!r} (shape, dtype) is {saved.get(k)}, this "
                 f"model's {current.get(k)}",
             )
-    _check_optimizer_fits(path, _load_tensors(path, OPTIMIZER_FILE), getattr(optimizer, "optimizer", optimizer))
-    if len(state["scheduler"]["base_lrs"]) != len(optimizer.param_groups):
-        raise _refuse(
-            path,
-            f"{TRAINER_STATE} 'scheduler.base_lrs' has {len(state['scheduler']['base_lrs'])} entries; "
-            f"this optimizer has {len(optimizer.param_groups)} parameter groups",
-        )
+
+
+def _check_sampler_fits(path: Path, state: dict[str, Any], sampler: Any) -> None:
     if not hasattr(sampler, "load_state_dict"):
         if state["step_in_epoch"] > 0:
             raise _refuse(
@@ -471,7 +477,7 @@ def check_fits(path: Path, state: dict[str, Any], module: Any, optimizer: Any, s
                 f"({type(sampler).__name__}) has no state_dict() / load_state_dict(): the resumed run would train "
                 "on other batches; resume from the end of an epoch (checkpoint_every=0 writes one per epoch)",
             )
-        return state
+        return
     if not state["sampler"]:
         raise _refuse(
             path,
@@ -483,7 +489,6 @@ def check_fits(path: Path, state: dict[str, Any], module: Any, optimizer: Any, s
         copy.deepcopy(sampler).load_state_dict(state["sampler"])
     except ValueError as e:
         raise _refuse(path, f"{TRAINER_STATE} 'sampler': {e}") from e
-    return state
 
 
 _SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64"}
@@ -497,17 +502,14 @@ def _check_optimizer_fits(path: Path, saved: dict[str, Any], optimizer: Any) -> 
     sizes, mine = [len(g["params"]) for g in saved["param_groups"]], [len(g["params"]) for g in optimizer.param_groups]
     if sizes != mine:
         raise _refuse(path, f"{OPTIMIZER_FILE} has parameter groups of sizes {sizes}; this optimizer {mine}")
+    layouts = [_state_layout(optimizer, g) for g in optimizer.param_groups]
     where = {
-        i: (g, p)
-        for sg, g in zip(saved["param_groups"], optimizer.param_groups, strict=True)
+        i: (layout, p)
+        for sg, g, layout in zip(saved["param_groups"], optimizer.param_groups, layouts, strict=True)
         for i, p in zip(sg["params"], g["params"], strict=True)
     }
-    layouts: dict[int, dict[str, Any] | None] = {}
     for i, entry in saved["state"].items():
-        group, param = where[i]
-        if id(group) not in layouts:
-            layouts[id(group)] = _state_layout(optimizer, group)
-        layout = layouts[id(group)]
+        layout, param = where[i]
         if layout is not None and set(entry) != set(layout):
             raise _refuse(
                 path,
@@ -532,8 +534,8 @@ def _check_optimizer_fits(path: Path, saved: dict[str, Any], optimizer: Any) -> 
 def _state_layout(optimizer: Any, group: dict[str, Any]) -> dict[str, torch.dtype | None] | None:
     """``{state key: tensor dtype or None}`` after one step of a fresh optimizer of ``optimizer``'s class on a
     2-element parameter of ``group``; ``None`` when that fails (then not checked)."""
-    ref = group["params"][0]
     try:
+        ref = group["params"][0]
         probe = torch.zeros(2, dtype=ref.dtype, device=ref.device, requires_grad=True)
         fresh = type(optimizer)([{**{k: v for k, v in group.items() if k != "params"}, "params": [probe]}])
         probe.grad = torch.zeros_like(probe)

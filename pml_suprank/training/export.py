@@ -16,18 +16,6 @@ from .checkpoint import jsonable
 __all__ = ["write_final_folder"]
 
 
-def history_with_evaluations(progress: Any, before: Any, after: Any) -> list[dict[str, Any]]:
-    """``progress.history`` with the evaluations ``before`` (step 0) and ``after`` training as ``eval/`` records."""
-    history = list(progress.history)
-    has_eval = {r.get("step") for r in history if any(str(k).startswith("eval/") for k in r)}
-    if isinstance(before, dict) and 0 not in has_eval:
-        history.insert(0, {"step": 0, "epoch": 0, **{f"eval/{k}": v for k, v in before.items()}})
-    step = progress.global_step
-    if isinstance(after, dict) and step not in has_eval:
-        history.append({"step": step, "epoch": progress.epoch, **{f"eval/{k}": v for k, v in after.items()}})
-    return history
-
-
 def _try_plot(what: str, draw: Any) -> Any:
     """``draw()``, or ``None`` with a warning when it raises: the final folder never depends on a figure."""
     try:

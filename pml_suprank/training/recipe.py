@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -194,17 +194,15 @@ def main(
         text, resume = str(e), spec.run.resume
         if isinstance(e, CheckpointError) and resume is not None and not text.startswith("--"):
             text = f"--resume {resume}: {text}"
-        print(f"{Path(sys.argv[0]).name}: error: {text}", file=sys.stderr)  # noqa: T201
-        status = 1 if isinstance(e, (CheckpointSaveError, NonFiniteTrainingError)) else 2
-        leave_process_group(status)  # every process refuses alike: leave together (no SIGABRT of a torn connection)
-        sys.exit(status)
+        refuse(text, 1 if isinstance(e, (CheckpointSaveError, NonFiniteTrainingError)) else 2)
 
 
-def refuse(message: str) -> None:
-    """End the job as argparse does on a bad option: ``<prog>: error: <message>`` on stderr, exit status 2."""
+def refuse(message: str, status: int = 2) -> NoReturn:
+    """End the job as argparse does on a bad option: ``<prog>: error: <message>`` on stderr, exit ``status``; every
+    process of a multi-process run refuses alike and leaves together (no SIGABRT of a torn connection)."""
     print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)  # noqa: T201 - the recipes' job reports
-    leave_process_group(2)  # a multi-process run: every process leaves together with status 2
-    sys.exit(2)
+    leave_process_group(status)
+    sys.exit(status)
 
 
 def fit_to_data(spec: RunSpec, train_ds: Any, num_processes: int, given: Collection[str] = ()) -> RunSpec:
@@ -320,21 +318,31 @@ def _setup(spec: RunSpec, given: Collection[str]) -> tuple[RunSpec, Any, Any, An
     return spec, accelerator, trainer, test_ds, split
 
 
-def _initial_eval(spec: RunSpec, trainer: Any) -> dict[str, float] | None:
-    """Test metrics before training (read back from ``metrics_before.json`` when resuming)."""
-    if spec.run.skip_initial_eval:
+def _initial_eval(spec: RunSpec, trainer: Any, resumed: bool) -> dict[str, float] | None:
+    """Test metrics before training, recorded at step 0 (history, trackers, ``metrics_before.json``); a resumed run
+    is not evaluated again (:func:`_recorded_before`, once its checkpoint is loaded)."""
+    if spec.run.skip_initial_eval or resumed:
         return None
     acc = trainer.accelerator
-    before_file = Path(spec.train.output_dir) / "metrics_before.json"
-    if spec.run.resume is not None and before_file.is_file():
-        return load_json(before_file, expected=dict)
-    before = trainer.evaluate(description="evaluation before training")
-    acc.log({f"eval/{k}": v for k, v in before.items()}, step=0)
+    before = trainer.record_evaluation(trainer.evaluate(description="evaluation before training"), epoch=0)
     if acc.is_main_process:
-        before_file.write_text(json.dumps(before, indent=1))
+        (Path(spec.train.output_dir) / "metrics_before.json").write_text(json.dumps(before, indent=1))
     acc.print("test metrics before training:")
     acc.print(one_column(before))
     return before
+
+
+def _recorded_before(spec: RunSpec, trainer: Any) -> dict[str, float] | None:
+    """A resumed run's metrics before training: the step-0 evaluation of its history, else ``metrics_before.json``
+    (a run begun by an older version), else ``None``: the initial weights of a resumed run are not evaluated again
+    (a PCA-initialised projection, say, is not rebuilt), so its history keeps exactly what was recorded."""
+    if spec.run.skip_initial_eval:
+        return None
+    for record in trainer.progress.history:
+        if record.get("step") == 0 and any(str(k).startswith("eval/") for k in record):
+            return {k.removeprefix("eval/"): v for k, v in record.items() if str(k).startswith("eval/")}
+    before_file = Path(spec.train.output_dir) / "metrics_before.json"
+    return load_json(before_file, expected=dict) if before_file.is_file() else None
 
 
 def run(spec: RunSpec, *, given: Collection[str] = ()) -> dict[str, Any] | None:
@@ -347,10 +355,10 @@ def run(spec: RunSpec, *, given: Collection[str] = ()) -> dict[str, Any] | None:
     spec, accelerator, trainer, test_ds, split = _setup(spec, given)
     # lock the output folder, refuse another run's folder or checkpoint, record run.json: before any work
     run_opts = spec.run
-    trainer.begin_run(
+    resumed = trainer.begin_run(
         run_opts.resume, ignore_config_change=run_opts.resume_ignore_config,
         overwrite_output_dir=run_opts.overwrite_output_dir,
-    )  # fmt: skip
+    ) is not None  # fmt: skip
     if split is not None:
         path = Path(spec.train.output_dir) / "class_split.json"
         path.write_text(json.dumps(split, indent=1))
@@ -359,14 +367,16 @@ def run(spec: RunSpec, *, given: Collection[str] = ()) -> dict[str, Any] | None:
             f"{len(split['test_classes'])} test classes (open set), written to {path}"
         )
     try:
-        return _job(spec, accelerator, trainer, test_ds, split)
+        return _job(spec, accelerator, trainer, test_ds, split, resumed)
     finally:
         trainer.end_run()
 
 
-def _job(spec: RunSpec, accelerator: Any, trainer: Any, test_ds: Any, split: dict[str, Any] | None = None) -> Any:
+def _job(
+    spec: RunSpec, accelerator: Any, trainer: Any, test_ds: Any, split: dict[str, Any] | None, resumed: bool
+) -> Any:
     t_start = time.perf_counter()
-    before = _initial_eval(spec, trainer)
+    before = _initial_eval(spec, trainer, resumed)
     t_train = time.perf_counter()
     trainer.train()
     train_time = time.perf_counter() - t_train
@@ -374,9 +384,8 @@ def _job(spec: RunSpec, accelerator: Any, trainer: Any, test_ds: Any, split: dic
         accelerator.print(f"training interrupted at step {trainer.progress.global_step}; continue with --resume latest")
         accelerator.end_training()
         return None
-
-    after = trainer.evaluate(description="evaluation after training")
-    accelerator.log({f"eval/{k}": v for k, v in after.items()}, step=trainer.progress.global_step)
+    before = _recorded_before(spec, trainer) if resumed else before
+    after = trainer.record_evaluation(trainer.evaluate(description="evaluation after training"))
     if before is not None:
         accelerator.print("test metrics before / after training:")
         accelerator.print(format_metrics_table(before, after))

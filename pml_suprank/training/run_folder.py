@@ -14,6 +14,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from .._safe_json import atomic_write, load_json
 from .checkpoint import (
     CheckpointError,
     CheckpointSaveError,
+    _refuse,
     find_checkpoints,
     jsonable,
     recorded_fingerprint,
@@ -132,10 +134,7 @@ def check_compatible(
     """Raise :class:`CheckpointError` if the validated checkpoint ``state`` cannot continue this run: beyond its end,
     another run (another fingerprint, unless ``ignore_config_change``: the settings that differ are named), another
     number of steps per epoch."""
-
-    def refuse(what: str) -> CheckpointError:
-        return CheckpointError(f"checkpoint {str(path)!r} {what}")
-
+    refuse = partial(_refuse, path)
     if state["global_step"] > total_steps:
         raise refuse(f"is at step {state['global_step']}, beyond this run's {total_steps} steps")
     if not ignore_config_change and state["fingerprint"] != fingerprint:

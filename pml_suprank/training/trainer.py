@@ -23,7 +23,7 @@ from ..metrics import RetrievalEvaluator
 from ..metrics.report import format_metrics
 from . import checkpoint, run_folder
 from .config import TrainingConfig
-from .export import history_with_evaluations, write_final_folder
+from .export import write_final_folder
 from .loaders import (
     SeededAugmentation,
     build_memory,
@@ -106,8 +106,6 @@ class Trainer:
         self.config = config
         self.output_dir = Path(config.output_dir)
         self.train_labels = dataset_labels(train_dataset)
-        if config.sampler == "hierarchical" and self.train_labels.shape[1] < 2:
-            raise ValueError("sampler='hierarchical' needs 2-D labels (N, L >= 2); the training set has one column")
         self.train_dataset = SeededAugmentation(train_dataset, seed=config.seed)
         self.test_dataset = test_dataset
         self.loss = loss
@@ -148,7 +146,6 @@ class Trainer:
         self._lock: run_folder.RunLock | None = None  # on the main process, between begin_run and end_run
         self._begun = False
         self._claimed = False  # the output folder was checked and claimed by this trainer once
-        self._pending: tuple[Path, bool] | None = None  # (checkpoint, ignore_config_change) begin_run resolved
 
     # -- construction helpers -----------------------------------------------------------------------------------
     def _train_loader(self) -> DataLoader:
@@ -230,7 +227,10 @@ class Trainer:
             CheckpointError: the folder is incomplete, corrupt, does not fit this run, or is another run's (unless
                 ``ignore_config_change``; the message names the settings that differ).
         """
-        state = self._check_checkpoint(path := Path(path), ignore_config_change)
+        state = self._check_files(path := Path(path))
+        run_folder.check_compatible(
+            path, state, self.steps_per_epoch, self.total_steps, self.run_config, self.fingerprint, ignore_config_change
+        )
         checkpoint.load_scheduler_state(self.scheduler, state["scheduler"])
         try:
             self.accelerator.load_state(str(path))  # model, optimizer, RNG states (and accelerator.step)
@@ -238,7 +238,7 @@ class Trainer:
             raise checkpoint.CheckpointError(
                 f"checkpoint {str(path)!r} cannot be loaded: {type(e).__name__}: {e}"
             ) from e
-        if hasattr(self.sampler, "load_state_dict"):  # checked by check_fits
+        if hasattr(self.sampler, "load_state_dict"):  # checked by validate_checkpoint
             self.sampler.load_state_dict(state["sampler"])
         self.progress = _Progress(state["epoch"], state["step_in_epoch"], state["global_step"],
                                   list(state.get("history") or []))  # fmt: skip
@@ -246,16 +246,10 @@ class Trainer:
         return state
 
     def _check_files(self, path: Path) -> dict[str, Any]:  # every file, and that it fits this model / optimizer
-        state = checkpoint.validate_checkpoint(path, self.accelerator.num_processes)
         module = self.accelerator.unwrap_model(self.loss_module)
-        return checkpoint.check_fits(path, state, module, self.optimizer, self.sampler)
-
-    def _check_checkpoint(self, path: Path, ignore_config_change: bool) -> dict[str, Any]:
-        state = self._check_files(path)
-        run_folder.check_compatible(
-            path, state, self.steps_per_epoch, self.total_steps, self.run_config, self.fingerprint, ignore_config_change
+        return checkpoint.validate_checkpoint(
+            path, self.accelerator.num_processes, module=module, optimizer=self.optimizer, sampler=self.sampler
         )
-        return state
 
     # -- run identity -------------------------------------------------------------------------------------------
     def begin_run(
@@ -265,8 +259,8 @@ class Trainer:
         ignore_config_change: bool = False,
         overwrite_output_dir: bool = False,
     ) -> Path | None:
-        """Take ``output_dir``: lock it, check the checkpoint to continue from (``resume_from``: a folder or
-        ``"latest"``, loaded by :meth:`train`), claim the folder when starting from scratch (``overwrite_output_dir``
+        """Take ``output_dir``: lock it, check and load the checkpoint to continue from (``resume_from``: a folder or
+        ``"latest"``), claim the folder when starting from scratch (``overwrite_output_dir``
         deletes a previous run first), write ``run.json``, set a ``projection_init="pca"`` projection. Returns the
         checkpoint or ``None``. :meth:`train` calls it when not called first; :meth:`end_run` releases the lock.
 
@@ -284,7 +278,7 @@ class Trainer:
             ckpt = resume_from if str(resume_from) != "latest" else checkpoint.latest_valid_checkpoint(
                 out, acc.print, self._check_files)  # fmt: skip
             ckpt = Path(ckpt) if ckpt is not None else None
-            state = self._check_checkpoint(ckpt, ignore_config_change) if ckpt is not None else {}
+            state = self.load_checkpoint(ckpt, ignore_config_change) if ckpt is not None else {}
             if ckpt is None and not self._claimed:  # a new run here (also when --resume latest found no checkpoint)
                 claim = run_folder.claim_output_dir
                 main(
@@ -293,6 +287,8 @@ class Trainer:
                     )
                 )
             extra = {"resumed_from": str(ckpt)} if ckpt is not None else {}
+            if ckpt is not None:
+                acc.print(f"resumed from {ckpt} (step {self.progress.global_step})")
             if state.get("fingerprint") not in (None, self.fingerprint):
                 extra["previous_fingerprint"] = state["fingerprint"]
                 acc.print(f"resuming {ckpt} although its configuration differs (ignore_config_change)")
@@ -302,7 +298,6 @@ class Trainer:
             self.end_run()
             raise
         self._claimed = True
-        self._pending = (ckpt, ignore_config_change) if ckpt is not None else None
         return ckpt
 
     def end_run(self) -> None:
@@ -353,10 +348,6 @@ class Trainer:
                 self.end_run()
 
     def _train(self, on_epoch_end: EpochCallback | None) -> list[dict]:
-        if self._pending is not None:
-            (ckpt, ignore), self._pending = self._pending, None
-            self.load_checkpoint(ckpt, ignore_config_change=ignore)
-            self.accelerator.print(f"resumed from {ckpt} (step {self.progress.global_step})")
         p, c = self.progress, self.config
         run = _Run()
         run.bar = tqdm(total=self.total_steps, initial=p.global_step, desc="training", dynamic_ncols=True,
@@ -456,15 +447,22 @@ class Trainer:
             on_epoch_end(self, epoch, metrics)
 
     def _evaluate_epoch(self, epoch: int) -> dict[str, float] | None:
-        p, acc = self.progress, self.accelerator
+        acc = self.accelerator
         if not all(bool(t.isfinite().all()) for t in self.model.state_dict().values() if t.is_floating_point()):
             acc.print(f"epoch {epoch + 1}/{self.config.epochs}: evaluation skipped, the weights are not finite")
             return None  # the next steps are non-finite too: the non-finite step limit ends the run
-        metrics = self.evaluate(description=f"evaluation (epoch {epoch + 1})")
-        p.history.append({"step": p.global_step, "epoch": epoch, **{f"eval/{k}": v for k, v in metrics.items()}})
-        acc.log({f"eval/{k}": v for k, v in metrics.items()}, step=p.global_step)
+        metrics = self.record_evaluation(self.evaluate(description=f"evaluation (epoch {epoch + 1})"), epoch)
         acc.print(f"epoch {epoch + 1}/{self.config.epochs}: {format_metrics(metrics, short=True)}")
         self._train_mode()
+        return metrics
+
+    def record_evaluation(self, metrics: dict[str, float], epoch: int | None = None) -> dict[str, float]:
+        """Record ``metrics`` at the current step: a ``{"step", "epoch", "eval/METRIC"}`` entry of the history (in the
+        checkpoints and ``history.json``) and ``eval/METRIC`` for the trackers. Returns ``metrics``."""
+        p = self.progress
+        p.history.append({"step": p.global_step, "epoch": p.epoch if epoch is None else epoch,
+                          **{f"eval/{k}": v for k, v in metrics.items()}})  # fmt: skip
+        self.accelerator.log({f"eval/{k}": v for k, v in metrics.items()}, step=p.global_step)
         return metrics
 
     # -- export -------------------------------------------------------------------------------------------------
@@ -481,9 +479,10 @@ class Trainer:
     ) -> Path | None:
         """Write the Hub-ready folder (default ``output_dir/final``, replaced whole: :func:`.export.write_final_folder`)
         on the main process; ``None`` elsewhere. ``metrics`` go to the card, ``summary`` to
-        ``training_summary.json``, ``metadata`` to ``config.json`` (both with the run fingerprint); ``plots`` draw
-        the last evaluation's embeddings (``image_dataset``, default the test set, for the retrieval grid);
-        ``repo_id`` is shown in the card's usage snippet."""
+        ``training_summary.json``, ``metadata`` to ``config.json`` (both with the run fingerprint), the history as
+        recorded (:meth:`record_evaluation`) to ``history.json``; ``plots`` draw the last evaluation's embeddings
+        (``image_dataset``, default the test set, for the retrieval grid); ``repo_id`` is shown in the card's usage
+        snippet."""
         acc = self.accelerator
         save_directory = Path(save_directory) if save_directory is not None else self.output_dir / "final"
         acc.wait_for_everyone()
@@ -499,7 +498,7 @@ class Trainer:
         card = run_card_metadata(self, hub_config, (metadata or {}).get("dataset"))  # kept in config.json
         return write_final_folder(
             save_directory, self.model, config=self.config.to_dict(), metrics=metrics, summary={**summary, **run},
-            history=history_with_evaluations(self.progress, summary.get("before"), metrics),
+            history=self.progress.history,
             metadata={**(metadata or {}), **run, **card},
             hub_config=hub_config, embeddings=embeddings,
             image_dataset=image_dataset if image_dataset is not None else self.test_dataset,

@@ -96,6 +96,10 @@ def test_train_happier_few_steps_writes_everything(happier_run):
     assert summary["steps"] == 3 and set(summary["before"]) >= {"h_ap", "ndcg", "asi"}
     metrics = json.loads((final / "metrics.json").read_text())
     assert 0.0 <= metrics["h_ap"] <= 1.0
+    # every evaluation is recorded once in the history, "before training" at step 0 and "after" at the last step
+    evals = [(r["step"], r["eval/h_ap"]) for r in json.loads((final / "history.json").read_text()) if "eval/h_ap" in r]
+    assert evals[0] == (0, summary["before"]["h_ap"]) and evals[-1] == (3, metrics["h_ap"])
+    assert [s for s, _ in evals] == sorted({s for s, _ in evals})
     config = json.loads((final / "config.json").read_text())
     assert config["training"]["loss"] == "HAPPIER" and config["model_args"]["backbone"] == "test_resnet"
     card = (final / "README.md").read_text()
@@ -208,6 +212,26 @@ def test_kill_and_resume_equals_uninterrupted_run(tmp_path):
         assert "resumed from" in resumed.stdout
     for ckpt in (out / "checkpoints").iterdir():
         assert json.loads((ckpt / "trainer_state.json").read_text())["fingerprint"] == fingerprint
+
+
+@pytest.mark.slow
+def test_resumed_run_keeps_its_recorded_evaluations(happier_run, tmp_path):
+    """A resumed run is not evaluated "before training" again: its before metrics are the step-0 evaluation its
+    checkpoint recorded (here without ``metrics_before.json``), and history.json holds each evaluation once."""
+    out, _ = happier_run
+    shutil.copytree(out, tmp_path, dirs_exist_ok=True)
+    shutil.rmtree(tmp_path / "final")
+    shutil.rmtree(tmp_path / "checkpoints" / "step_00000003")
+    (tmp_path / "metrics_before.json").unlink()
+    extra = ("--max_train_steps", "3", "--checkpoint_every", "2", "--no_plots", "--resume", "latest")
+    proc = _recipe("train_happier.py", tmp_path, *extra)
+    assert "resumed from" in proc.stdout and "test metrics before / after training:" in proc.stdout
+    assert "test metrics before training:" not in proc.stdout
+    before = json.loads((out / "final" / "training_summary.json").read_text())["before"]
+    assert json.loads((tmp_path / "final" / "training_summary.json").read_text())["before"] == before
+    history = json.loads((tmp_path / "final" / "history.json").read_text())
+    evals = [(r["step"], r["eval/h_ap"]) for r in history if "eval/h_ap" in r]
+    assert evals[0] == (0, before["h_ap"]) and [s for s, _ in evals] == sorted({s for s, _ in evals})
 
 
 @pytest.mark.slow
