@@ -42,6 +42,7 @@ __all__ = [
     "reduce_loss_dict",
     "reference_mask",
     "require_hierarchy",
+    "scores_and_mask",
     "similarity_matrix",
 ]
 
@@ -278,6 +279,21 @@ def similarity_matrix(distance, embeddings: Tensor, ref_emb: Tensor) -> Tensor:
         return similarity_scores(distance, embeddings, ref_emb)
 
 
+def scores_and_mask(distance, embeddings: Tensor, ref_emb: Tensor, include_self: bool, indices_tuple):
+    """``(scores (B, N), valid (B, N))`` of prepared inputs: :func:`similarity_matrix` and :func:`reference_mask`
+    (the reference set is the batch when ``ref_emb is embeddings``)."""
+    scores = similarity_matrix(distance, embeddings, ref_emb)
+    valid = reference_mask(
+        embeddings.shape[0],
+        ref_emb.shape[0],
+        embeddings.device,
+        same_source=ref_emb is embeddings,
+        include_self=include_self,
+        indices_tuple=indices_tuple,
+    )
+    return scores, valid
+
+
 def fine_labels(labels: Tensor) -> Tensor:
     """The finest level of ``labels``: column 0 of ``(N, L)`` labels, ``(N,)`` labels unchanged."""
     return labels[:, 0] if labels.dim() == 2 else labels
@@ -326,8 +342,15 @@ def hierarchical_label_pair(
 
 
 class PreparedForwardMixin:
-    """PML ``forward`` with the host's ``prepare_inputs(embeddings, labels, ref_emb, ref_labels)`` in place of PML's
-    ``set_ref_emb`` (the host is a PML ``BaseMetricLossFunction``)."""
+    """PML ``forward`` with :meth:`prepare_inputs` in place of PML's ``set_ref_emb`` (the host is a PML
+    ``BaseMetricLossFunction`` with an ``allow_2d_labels`` attribute)."""
+
+    def prepare_inputs(self, embeddings, labels, ref_emb=None, ref_labels=None):
+        """Validated ``(embeddings, labels, ref_emb, ref_labels)`` (:func:`prepare_inputs`)."""
+        emb, labels, ref, ref_labels, _ = prepare_inputs(
+            type(self).__name__, embeddings, labels, ref_emb, ref_labels, allow_2d_labels=self.allow_2d_labels
+        )
+        return emb, labels, ref, ref_labels
 
     def prepared_loss_dict(self, embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None):
         """``(loss_dict, embeddings, labels)`` of a call (embedding regularization included), as the reducer needs."""

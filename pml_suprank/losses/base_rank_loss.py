@@ -12,14 +12,7 @@ from torch import Tensor
 
 from ..ranking.dense import KERNELS, choose_kernel
 from ..ranking.flat import PairGroups
-from ._inputs import (
-    PreparedForwardMixin,
-    RankInputs,
-    check_similarity,
-    prepare_inputs,
-    reference_mask,
-    similarity_matrix,
-)
+from ._inputs import PreparedForwardMixin, RankInputs, check_similarity, scores_and_mask
 from .compile_guard import GuardedCompileMixin
 
 __all__ = ["BaseRankLoss"]
@@ -87,26 +80,10 @@ class BaseRankLoss(GuardedCompileMixin, PreparedForwardMixin, BaseMetricLossFunc
     def get_default_distance(self):
         return CosineSimilarity()
 
-    def prepare_inputs(self, embeddings, labels, ref_emb=None, ref_labels=None):
-        """Validated ``(embeddings, labels, ref_emb, ref_labels)`` (``_inputs.prepare_inputs``)."""
-        emb, labels, ref, ref_labels, _ = prepare_inputs(
-            type(self).__name__, embeddings, labels, ref_emb, ref_labels, allow_2d_labels=self.allow_2d_labels
-        )
-        return emb, labels, ref, ref_labels
-
     def rank_inputs(self, embeddings, labels, indices_tuple, ref_emb, ref_labels) -> RankInputs:
         """Build :class:`RankInputs` (scores + validity mask) for already-prepared inputs."""
-        same_source = ref_emb is embeddings
-        scores = similarity_matrix(self.distance, embeddings, ref_emb)
-        valid = reference_mask(
-            embeddings.shape[0],
-            ref_emb.shape[0],
-            embeddings.device,
-            same_source=same_source,
-            include_self=self.include_self,
-            indices_tuple=indices_tuple,
-        )
-        return RankInputs(scores=scores, valid=valid, labels=labels, ref_labels=ref_labels, same_source=same_source)
+        scores, valid = scores_and_mask(self.distance, embeddings, ref_emb, self.include_self, indices_tuple)
+        return RankInputs(scores, valid, labels, ref_labels, same_source=ref_emb is embeddings)
 
     def rank_entry(
         self,
