@@ -59,6 +59,7 @@ class RankInputs:
         labels: ``(B,)`` (or ``(B, L)`` for hierarchical subclasses) integer labels of the queries.
         ref_labels: ``(N,)`` (or ``(N, L)``) labels of the reference items.
         same_source: True when the reference set is the batch itself (``ref_emb is None or ref_emb is embeddings``).
+        positive_mask: ``None``, or ``(B, N)`` bool given positives (binary pseudo-queries: per-label AP).
     """
 
     scores: Tensor
@@ -66,9 +67,12 @@ class RankInputs:
     labels: Tensor
     ref_labels: Tensor
     same_source: bool
+    positive_mask: Tensor | None = None
 
     def positives(self) -> Tensor:
-        """``(B, N)`` bool: valid reference items with the same (1-D) label as the query."""
+        """``(B, N)`` bool: :attr:`positive_mask`, else the valid items with the same (1-D) label as the query."""
+        if self.positive_mask is not None:
+            return self.positive_mask
         return self.valid & (self.labels.unsqueeze(1) == self.ref_labels.unsqueeze(0))
 
 

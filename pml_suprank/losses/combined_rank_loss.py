@@ -140,11 +140,13 @@ class CombinedRankLoss(GuardedCompileMixin, PreparedForwardMixin, BaseMetricLoss
     def _sub_loss_names(self):
         return ["rank_loss", "decomposability_loss"]
 
-    def rank_entry(self, embeddings, labels, indices_tuple, ref_emb, ref_labels) -> dict:
-        """The ``"rank_loss"`` entry on prepared inputs: per-query losses times ``1 − λ`` (PML ``"element"``)."""
+    def rank_entry(self, embeddings, labels, indices_tuple, ref_emb, ref_labels, *, reducer=None, inputs=None) -> dict:
+        """The ``"rank_loss"`` entry on prepared inputs: per-query losses times ``1 − λ`` (see
+        :meth:`BaseRankLoss.rank_entry`: ``reducer``, ``inputs``)."""
         entry = self.rank_loss.rank_entry(
-            embeddings, labels, indices_tuple, ref_emb, ref_labels, scale=1.0 - self.weight
-        )
+            embeddings, labels, indices_tuple, ref_emb, ref_labels, scale=1.0 - self.weight, reducer=reducer,
+            inputs=inputs,
+        )  # fmt: skip
         self.num_kept_queries = self.rank_loss.num_kept_queries
         return entry
 
@@ -163,28 +165,21 @@ class CombinedRankLoss(GuardedCompileMixin, PreparedForwardMixin, BaseMetricLoss
     def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
         """``{"rank_loss": (1 − λ)·per-query losses, "decomposability_loss": already-reduced λ·L_dec}``; a
         CalibrationLoss whose ``shares_scores`` agrees reuses the rank term's score matrix and mask."""
-        rank, dec, weight = self.rank_loss, self.decomposability_loss, self.weight
+        rank, dec = self.rank_loss, self.decomposability_loss
         shared = getattr(dec, "shares_scores", None)
         inputs = None
         if shared is not None and shared(rank.distance, rank.include_self):  # one score matrix for both terms
             inputs = rank.rank_inputs(embeddings, labels, indices_tuple, ref_emb, ref_labels)
-        rank_entry = rank.rank_entry(
-            embeddings, labels, indices_tuple, ref_emb, ref_labels, scale=1.0 - weight,
-            reducer=entry_reducer(self.reducer, "rank_loss"), inputs=inputs,
-        )  # fmt: skip
-        self.num_kept_queries = rank.num_kept_queries
+        reducer = entry_reducer(self.reducer, "rank_loss")
+        rank_entry = self.rank_entry(
+            embeddings, labels, indices_tuple, ref_emb, ref_labels, reducer=reducer, inputs=inputs
+        )
         args = self.decomposability_arguments(embeddings, labels, indices_tuple, ref_emb, ref_labels)
         prepared = getattr(dec, "prepared_forward", None)
-        if prepared is None:
-            value: Tensor = dec(*args)
-        elif inputs is not None:
-            value = prepared(*args, scores=inputs.scores, valid=inputs.valid)
-        else:
-            value = prepared(*args)
-        return {
-            "rank_loss": rank_entry,
-            "decomposability_loss": {"losses": weight * value, "indices": None, "reduction_type": "already_reduced"},
-        }
+        shared_scores = {} if inputs is None else {"scores": inputs.scores, "valid": inputs.valid}
+        value: Tensor = dec(*args) if prepared is None else prepared(*args, **shared_scores)
+        dec_entry = {"losses": self.weight * value, "indices": None, "reduction_type": "already_reduced"}
+        return {"rank_loss": rank_entry, "decomposability_loss": dec_entry}
 
     def compute_terms(self, embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None) -> dict[str, Tensor]:
         """The loss's terms, each reduced as in :meth:`forward` (they sum to it): ``{"rank_loss": (1 − λ)·L_rank,
