@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ..relevance import Hierarchy, as_hierarchy, level_matrix
-from ._inputs import RankInputs, hierarchical_label_pair
+from ..relevance import Hierarchy, as_hierarchy, hierarchical_label_pair, level_matrix
+from ._inputs import RankInputs, require_hierarchy
 from ._multilabel import multilabel_levels
 from ._suprank_step import SupRankStepMixin, pop_step_options
 from .base_rank_loss import BaseRankLoss
@@ -64,10 +64,24 @@ class HierarchicalRankLoss(SupRankStepMixin, BaseRankLoss):
         self.chunk_size = chunk_size
 
     def hierarchical_labels(self, inputs: RankInputs) -> tuple[Tensor, Tensor, int]:
-        """``(B, L)`` query labels, ``(N, L)`` reference labels and ``L`` (checked to form one tree together)."""
-        return hierarchical_label_pair(
-            inputs.labels, inputs.ref_labels, self.hierarchy, same_source=inputs.same_source, owner=type(self).__name__
+        """``(B, L)`` query labels, ``(N, L)`` reference labels and ``L``, checked to form one tree together.
+
+        Raises:
+            ValueError: 1-D labels without ``hierarchy`` (:func:`~pml_suprank.losses._inputs.require_hierarchy`),
+                different numbers of levels, or (without ``hierarchy``) not one tree.
+        """
+        labels, ref_labels = inputs.labels, inputs.ref_labels
+        require_hierarchy(type(self).__name__, labels, self.hierarchy)  # ref_labels have the shape of labels
+        same_source = inputs.same_source or ref_labels is labels
+        levels, ref_levels = hierarchical_label_pair(
+            labels,
+            ref_labels,
+            self.hierarchy,
+            names=("labels", "ref_labels"),
+            same_source=same_source,
+            check_jointly=True,
         )
+        return levels, ref_levels, int(levels.shape[1])
 
     def query_scores(
         self, scores: Tensor, levels: Tensor, valid: Tensor, num_levels: int, rel: Tensor | None, dense: bool

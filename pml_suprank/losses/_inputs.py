@@ -28,7 +28,6 @@ from .._precision import float32_forward
 from .._similarity import similarity_scores
 from .._validation import check_embeddings, check_labels
 from ..relevance import Hierarchy
-from ..relevance import hierarchical_label_pair as relevance_label_pair
 
 __all__ = [
     "PreparedForwardMixin",
@@ -37,7 +36,6 @@ __all__ = [
     "check_similarity",
     "entry_reducer",
     "fine_labels",
-    "hierarchical_label_pair",
     "prepare_inputs",
     "reduce_loss_dict",
     "reference_mask",
@@ -316,33 +314,6 @@ def require_hierarchy(owner: str, labels: Tensor, hierarchy: Hierarchy | None, n
             f"to use 1-D fine {name}; got {name} of shape {tuple(labels.shape)} and hierarchy=None, which would "
             "silently train a flat loss"
         )
-
-
-def hierarchical_label_pair(
-    labels: Tensor,
-    ref_labels: Tensor,
-    hierarchy: Hierarchy | None,
-    *,
-    same_source: bool,
-    owner: str = "this hierarchical loss",
-) -> tuple[Tensor, Tensor, int]:
-    """Query and reference labels (``(B,)`` fine labels with ``hierarchy``, or ``(B, L)``; ``ref_labels`` alike) as
-    levels ``(B, L)``, ``(N, L)`` and ``L``, checked to form one tree (``same_source``: the references are the batch).
-
-    Raises:
-        ValueError: 1-D labels without ``hierarchy`` (:func:`require_hierarchy`), different numbers of levels, or
-            (without ``hierarchy``) not one tree; the message names ``owner``.
-    """
-    require_hierarchy(owner, labels, hierarchy)  # ref_labels have the shape of labels (prepare_inputs)
-    levels, ref_levels = relevance_label_pair(
-        labels,
-        ref_labels,
-        hierarchy,
-        names=("labels", "ref_labels"),
-        same_source=same_source or ref_labels is labels,
-        check_jointly=True,
-    )
-    return levels, ref_levels, int(levels.shape[1])
 
 
 class PreparedForwardMixin:
