@@ -93,11 +93,11 @@ class BaseRankLoss(GuardedCompileMixin, PreparedForwardMixin, BaseMetricLossFunc
         ref_emb,
         ref_labels,
         *,
-        scale: float | None = None,
+        scale: float = 1.0,
         reducer=None,
         inputs: RankInputs | None = None,
     ) -> dict:
-        """The PML loss-dict entry of the rank term on prepared inputs: ``scale`` (``None``: 1; ``1 − λ`` in
+        """The PML loss-dict entry of the rank term on prepared inputs: ``scale`` (``1 − λ`` in
         :class:`CombinedRankLoss`) × the per-query losses.
 
         With PML's plain ``MeanReducer`` as ``reducer``, stats off and a bool kept mask, the mean is formed here
@@ -105,8 +105,6 @@ class BaseRankLoss(GuardedCompileMixin, PreparedForwardMixin, BaseMetricLossFunc
         "reduction_type": "element"}``, or PML's zero loss when no query has a positive. ``inputs``: prebuilt
         :meth:`rank_inputs` (a combined loss sharing its score matrix).
         """
-        if scale is None:
-            scale = 1.0
         if inputs is None:
             inputs = self.rank_inputs(embeddings, labels, indices_tuple, ref_emb, ref_labels)
         losses, rows = self.compute_query_losses(inputs)
