@@ -10,6 +10,7 @@ from pytorch_metric_learning.losses import BaseMetricLossFunction
 from pytorch_metric_learning.reducers import MeanReducer
 from torch import Tensor
 
+from .._validation import check_bool
 from ..ranking.dense import KERNELS, choose_kernel
 from ..ranking.flat import PairGroups
 from ._inputs import PreparedForwardMixin, RankInputs, check_similarity, scores_and_mask
@@ -69,8 +70,7 @@ class BaseRankLoss(GuardedCompileMixin, PreparedForwardMixin, BaseMetricLossFunc
                 f"{type(self).__name__} got {', '.join(removed)}: a rank loss has no decomposability term of its own; "
                 f"combine it with CombinedRankLoss({type(self).__name__}(), 'calibration', weight=0.1)"
             )
-        if not isinstance(include_self, bool):
-            raise TypeError(f"include_self must be a bool; got {type(include_self).__name__} {include_self!r}")
+        check_bool("include_self", include_self)
         super().__init__(**kwargs)
         self.kernel = kernel  # before include_self: vars(loss) keeps ending with the former hyper-parameters
         self.include_self = include_self
