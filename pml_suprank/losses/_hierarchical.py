@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from .._validation import check_choice, check_positive_int
 from ..relevance import Hierarchy, as_hierarchy, hierarchical_label_pair, level_matrix
 from ._inputs import RankInputs, require_hierarchy
 from ._multilabel import multilabel_levels
@@ -52,16 +53,12 @@ class HierarchicalRankLoss(SupRankStepMixin, BaseRankLoss):
         **kwargs,
     ):
         step_options = pop_step_options(type(self).__name__, kwargs)
-        if not isinstance(relevance, str) or relevance not in RELEVANCES:
-            raise ValueError(f"relevance must be one of {RELEVANCES}; got {relevance!r}")
+        relevance = check_choice("relevance", relevance, RELEVANCES)
         super().__init__(include_self=include_self, **kwargs)
         self.relevance = relevance
         self.hierarchy = as_hierarchy(hierarchy)
         self.init_step(**step_options)
-        bad = isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
-        if chunk_size is not None and bad:
-            raise ValueError(f"chunk_size must be None or a positive int; got {chunk_size!r}")
-        self.chunk_size = chunk_size
+        self.chunk_size = check_positive_int("chunk_size", chunk_size, allow_none=True)
 
     def hierarchical_labels(self, inputs: RankInputs) -> tuple[Tensor, Tensor, int]:
         """``(B, L)`` query labels, ``(N, L)`` reference labels and ``L``, checked to form one tree together.

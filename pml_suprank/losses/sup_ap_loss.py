@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .._validation import check_choice
 from ..ranking import SupRankStep
 from ..ranking.dense import dense_query_ap, dense_query_ranks
 from ..ranking.flat import heaviside_positive_count, positive_pair_groups, suprank_negative_sum
@@ -108,8 +109,7 @@ class SupAPLoss(SupRankStepMixin, BaseRankLoss):
         **kwargs,
     ):
         tau = resolve_tau(tau, temperature, type(self).__name__)
-        if multilabel not in MULTILABEL_MODES:
-            raise ValueError(f"multilabel must be one of {MULTILABEL_MODES}; got {multilabel!r}")
+        check_choice("multilabel", multilabel, MULTILABEL_MODES)
         super().__init__(include_self=include_self, **kwargs)
         self.init_step(tau=tau, rho=rho, delta=delta, start=start, offset=offset)
         self.multilabel = multilabel
