@@ -32,6 +32,7 @@ from ..relevance import Hierarchy
 __all__ = [
     "PreparedForwardMixin",
     "RankInputs",
+    "check_embedding_size",
     "check_indices_tuple",
     "check_similarity",
     "entry_reducer",
@@ -273,6 +274,15 @@ def prepare_inputs(owner: str, embeddings, labels, ref_emb, ref_labels, *, allow
     elif ref_emb.dtype != embeddings.dtype:
         ref_emb = ref_emb.to(embeddings.dtype)
     return embeddings, labels, ref_emb, ref_labels, same_source
+
+
+def check_embedding_size(embeddings: Tensor, embedding_size: int) -> None:
+    """Refuse ``(B, D)`` embeddings with ``D`` other than a proxy loss's ``embedding_size`` (``ValueError``)."""
+    if embeddings.shape[1] != embedding_size:
+        raise ValueError(
+            f"embeddings must have embedding_size={embedding_size} columns (one proxy coordinate each); "
+            f"got shape {tuple(embeddings.shape)}"
+        )
 
 
 def similarity_matrix(distance, embeddings: Tensor, ref_emb: Tensor) -> Tensor:

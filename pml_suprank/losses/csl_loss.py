@@ -13,9 +13,9 @@ from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 from torch import Tensor
 
 from .._precision import float32_forward
-from .._validation import check_embeddings, check_labels, check_positive, check_positive_int
+from .._validation import check_positive, check_positive_int
 from ..relevance import Hierarchy, as_hierarchical_labels, as_hierarchy, check_tree
-from ._inputs import require_hierarchy
+from ._inputs import check_embedding_size, fine_labels, prepare_inputs, require_hierarchy
 from .compile_guard import GuardedCompileMixin
 from .registry import register_loss
 
@@ -131,20 +131,13 @@ class CSLLoss(GuardedCompileMixin, WeightRegularizerMixin, BaseMetricLossFunctio
     def forward(self, embeddings, labels=None, indices_tuple=None, ref_emb=None, ref_labels=None):
         """Compute the loss (PML call signature; ``labels`` may be 2-D)."""
         self.reset_stats()
-        embeddings = check_embeddings("embeddings", embeddings)
-        if labels is None:
-            raise ValueError("CSLLoss requires labels; got None")
-        if embeddings.shape[1] != self.embedding_size:
-            raise ValueError(
-                f"embeddings must have embedding_size={self.embedding_size} columns (one proxy coordinate each); "
-                f"got shape {tuple(embeddings.shape)}"
-            )
-        labels = check_labels("labels", labels, embeddings.shape[0]).to(embeddings.device)
         if ref_emb is not None or ref_labels is not None:
             raise ValueError("CSLLoss is a proxy loss: ref_emb / ref_labels are not supported; got a reference set")
+        embeddings, labels, _, _, _ = prepare_inputs("CSLLoss", embeddings, labels, None, None, allow_2d_labels=True)
+        check_embedding_size(embeddings, self.embedding_size)
         loss_dict = self.compute_loss(embeddings, labels, indices_tuple, None, None)
         self.add_embedding_regularization_to_loss_dict(loss_dict, embeddings)
-        return self.reducer(loss_dict, embeddings, labels[:, 0] if labels.dim() == 2 else labels)
+        return self.reducer(loss_dict, embeddings, fine_labels(labels))
 
     def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
         dtype, device = embeddings.dtype, embeddings.device
