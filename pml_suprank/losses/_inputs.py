@@ -28,20 +28,20 @@ from .._precision import float32_forward
 from .._similarity import similarity_scores
 from .._validation import check_embeddings, check_labels
 from ..relevance import Hierarchy
-from ..relevance import hierarchical_label_pair as relevance_label_pair
 
 __all__ = [
     "PreparedForwardMixin",
     "RankInputs",
+    "check_embedding_size",
     "check_indices_tuple",
     "check_similarity",
     "entry_reducer",
     "fine_labels",
-    "hierarchical_label_pair",
     "prepare_inputs",
     "reduce_loss_dict",
     "reference_mask",
     "require_hierarchy",
+    "scores_and_mask",
     "similarity_matrix",
 ]
 
@@ -58,6 +58,7 @@ class RankInputs:
         labels: ``(B,)`` (or ``(B, L)`` for hierarchical subclasses) integer labels of the queries.
         ref_labels: ``(N,)`` (or ``(N, L)``) labels of the reference items.
         same_source: True when the reference set is the batch itself (``ref_emb is None or ref_emb is embeddings``).
+        positive_mask: ``None``, or ``(B, N)`` bool given positives (binary pseudo-queries: per-label AP).
     """
 
     scores: Tensor
@@ -65,9 +66,12 @@ class RankInputs:
     labels: Tensor
     ref_labels: Tensor
     same_source: bool
+    positive_mask: Tensor | None = None
 
     def positives(self) -> Tensor:
-        """``(B, N)`` bool: valid reference items with the same (1-D) label as the query."""
+        """``(B, N)`` bool: :attr:`positive_mask`, else the valid items with the same (1-D) label as the query."""
+        if self.positive_mask is not None:
+            return self.positive_mask
         return self.valid & (self.labels.unsqueeze(1) == self.ref_labels.unsqueeze(0))
 
 
@@ -272,10 +276,34 @@ def prepare_inputs(owner: str, embeddings, labels, ref_emb, ref_labels, *, allow
     return embeddings, labels, ref_emb, ref_labels, same_source
 
 
+def check_embedding_size(embeddings: Tensor, embedding_size: int) -> None:
+    """Refuse ``(B, D)`` embeddings with ``D`` other than a proxy loss's ``embedding_size`` (``ValueError``)."""
+    if embeddings.shape[1] != embedding_size:
+        raise ValueError(
+            f"embeddings must have embedding_size={embedding_size} columns (one proxy coordinate each); "
+            f"got shape {tuple(embeddings.shape)}"
+        )
+
+
 def similarity_matrix(distance, embeddings: Tensor, ref_emb: Tensor) -> Tensor:
     """``(B, N)`` similarity matrix in full precision (:func:`~pml_suprank._similarity.similarity_scores`)."""
     with torch.autocast(device_type=embeddings.device.type, enabled=False):
         return similarity_scores(distance, embeddings, ref_emb)
+
+
+def scores_and_mask(distance, embeddings: Tensor, ref_emb: Tensor, include_self: bool, indices_tuple):
+    """``(scores (B, N), valid (B, N))`` of prepared inputs: :func:`similarity_matrix` and :func:`reference_mask`
+    (the reference set is the batch when ``ref_emb is embeddings``)."""
+    scores = similarity_matrix(distance, embeddings, ref_emb)
+    valid = reference_mask(
+        embeddings.shape[0],
+        ref_emb.shape[0],
+        embeddings.device,
+        same_source=ref_emb is embeddings,
+        include_self=include_self,
+        indices_tuple=indices_tuple,
+    )
+    return scores, valid
 
 
 def fine_labels(labels: Tensor) -> Tensor:
@@ -298,36 +326,16 @@ def require_hierarchy(owner: str, labels: Tensor, hierarchy: Hierarchy | None, n
         )
 
 
-def hierarchical_label_pair(
-    labels: Tensor,
-    ref_labels: Tensor,
-    hierarchy: Hierarchy | None,
-    *,
-    same_source: bool,
-    owner: str = "this hierarchical loss",
-) -> tuple[Tensor, Tensor, int]:
-    """Query and reference labels (``(B,)`` fine labels with ``hierarchy``, or ``(B, L)``; ``ref_labels`` alike) as
-    levels ``(B, L)``, ``(N, L)`` and ``L``, checked to form one tree (``same_source``: the references are the batch).
-
-    Raises:
-        ValueError: 1-D labels without ``hierarchy`` (:func:`require_hierarchy`), different numbers of levels, or
-            (without ``hierarchy``) not one tree; the message names ``owner``.
-    """
-    require_hierarchy(owner, labels, hierarchy)  # ref_labels have the shape of labels (prepare_inputs)
-    levels, ref_levels = relevance_label_pair(
-        labels,
-        ref_labels,
-        hierarchy,
-        names=("labels", "ref_labels"),
-        same_source=same_source or ref_labels is labels,
-        check_jointly=True,
-    )
-    return levels, ref_levels, int(levels.shape[1])
-
-
 class PreparedForwardMixin:
-    """PML ``forward`` with the host's ``prepare_inputs(embeddings, labels, ref_emb, ref_labels)`` in place of PML's
-    ``set_ref_emb`` (the host is a PML ``BaseMetricLossFunction``)."""
+    """PML ``forward`` with :meth:`prepare_inputs` in place of PML's ``set_ref_emb`` (the host is a PML
+    ``BaseMetricLossFunction`` with an ``allow_2d_labels`` attribute)."""
+
+    def prepare_inputs(self, embeddings, labels, ref_emb=None, ref_labels=None):
+        """Validated ``(embeddings, labels, ref_emb, ref_labels)`` (:func:`prepare_inputs`)."""
+        emb, labels, ref, ref_labels, _ = prepare_inputs(
+            type(self).__name__, embeddings, labels, ref_emb, ref_labels, allow_2d_labels=self.allow_2d_labels
+        )
+        return emb, labels, ref, ref_labels
 
     def prepared_loss_dict(self, embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None):
         """``(loss_dict, embeddings, labels)`` of a call (embedding regularization included), as the reducer needs."""

@@ -10,16 +10,10 @@ from pytorch_metric_learning.losses import BaseMetricLossFunction
 from pytorch_metric_learning.reducers import MeanReducer
 from torch import Tensor
 
+from .._validation import check_bool
 from ..ranking.dense import KERNELS, choose_kernel
 from ..ranking.flat import PairGroups
-from ._inputs import (
-    PreparedForwardMixin,
-    RankInputs,
-    check_similarity,
-    prepare_inputs,
-    reference_mask,
-    similarity_matrix,
-)
+from ._inputs import PreparedForwardMixin, RankInputs, check_similarity, scores_and_mask
 from .compile_guard import GuardedCompileMixin
 
 __all__ = ["BaseRankLoss"]
@@ -76,8 +70,7 @@ class BaseRankLoss(GuardedCompileMixin, PreparedForwardMixin, BaseMetricLossFunc
                 f"{type(self).__name__} got {', '.join(removed)}: a rank loss has no decomposability term of its own; "
                 f"combine it with CombinedRankLoss({type(self).__name__}(), 'calibration', weight=0.1)"
             )
-        if not isinstance(include_self, bool):
-            raise TypeError(f"include_self must be a bool; got {type(include_self).__name__} {include_self!r}")
+        check_bool("include_self", include_self)
         super().__init__(**kwargs)
         self.kernel = kernel  # before include_self: vars(loss) keeps ending with the former hyper-parameters
         self.include_self = include_self
@@ -87,26 +80,10 @@ class BaseRankLoss(GuardedCompileMixin, PreparedForwardMixin, BaseMetricLossFunc
     def get_default_distance(self):
         return CosineSimilarity()
 
-    def prepare_inputs(self, embeddings, labels, ref_emb=None, ref_labels=None):
-        """Validated ``(embeddings, labels, ref_emb, ref_labels)`` (``_inputs.prepare_inputs``)."""
-        emb, labels, ref, ref_labels, _ = prepare_inputs(
-            type(self).__name__, embeddings, labels, ref_emb, ref_labels, allow_2d_labels=self.allow_2d_labels
-        )
-        return emb, labels, ref, ref_labels
-
     def rank_inputs(self, embeddings, labels, indices_tuple, ref_emb, ref_labels) -> RankInputs:
         """Build :class:`RankInputs` (scores + validity mask) for already-prepared inputs."""
-        same_source = ref_emb is embeddings
-        scores = similarity_matrix(self.distance, embeddings, ref_emb)
-        valid = reference_mask(
-            embeddings.shape[0],
-            ref_emb.shape[0],
-            embeddings.device,
-            same_source=same_source,
-            include_self=self.include_self,
-            indices_tuple=indices_tuple,
-        )
-        return RankInputs(scores=scores, valid=valid, labels=labels, ref_labels=ref_labels, same_source=same_source)
+        scores, valid = scores_and_mask(self.distance, embeddings, ref_emb, self.include_self, indices_tuple)
+        return RankInputs(scores, valid, labels, ref_labels, same_source=ref_emb is embeddings)
 
     def rank_entry(
         self,
@@ -116,11 +93,11 @@ class BaseRankLoss(GuardedCompileMixin, PreparedForwardMixin, BaseMetricLossFunc
         ref_emb,
         ref_labels,
         *,
-        scale: float | None = None,
+        scale: float = 1.0,
         reducer=None,
         inputs: RankInputs | None = None,
     ) -> dict:
-        """The PML loss-dict entry of the rank term on prepared inputs: ``scale`` (``None``: 1; ``1 − λ`` in
+        """The PML loss-dict entry of the rank term on prepared inputs: ``scale`` (``1 − λ`` in
         :class:`CombinedRankLoss`) × the per-query losses.
 
         With PML's plain ``MeanReducer`` as ``reducer``, stats off and a bool kept mask, the mean is formed here
@@ -128,8 +105,6 @@ class BaseRankLoss(GuardedCompileMixin, PreparedForwardMixin, BaseMetricLossFunc
         "reduction_type": "element"}``, or PML's zero loss when no query has a positive. ``inputs``: prebuilt
         :meth:`rank_inputs` (a combined loss sharing its score matrix).
         """
-        if scale is None:
-            scale = 1.0
         if inputs is None:
             inputs = self.rank_inputs(embeddings, labels, indices_tuple, ref_emb, ref_labels)
         losses, rows = self.compute_query_losses(inputs)

@@ -9,14 +9,7 @@ from pytorch_metric_learning.reducers import AvgNonZeroReducer, MeanReducer
 
 from .._precision import float32_backward, float32_forward
 from .._validation import check_bool, check_choice
-from ._inputs import (
-    check_similarity,
-    entry_reducer,
-    prepare_inputs,
-    reduce_loss_dict,
-    reference_mask,
-    similarity_matrix,
-)
+from ._inputs import check_similarity, entry_reducer, prepare_inputs, reduce_loss_dict, scores_and_mask
 from .compile_guard import GuardedCompileMixin
 
 __all__ = ["CalibrationLoss"]
@@ -133,16 +126,7 @@ class CalibrationLoss(GuardedCompileMixin, BaseMetricLossFunction):
         ``MeanReducer`` (``reducer``, stats off) reduced here without host synchronisation, otherwise one element per
         pair. ``scores`` / ``valid``: the caller's ``(B, N)`` score matrix and reference mask."""
         if scores is None:
-            scores = similarity_matrix(self.distance, embeddings, ref_emb)
-        if valid is None:
-            valid = reference_mask(
-                embeddings.shape[0],
-                ref_emb.shape[0],
-                embeddings.device,
-                same_source=ref_emb is embeddings,
-                include_self=self.include_self,
-                indices_tuple=indices_tuple,
-            )
+            scores, valid = scores_and_mask(self.distance, embeddings, ref_emb, self.include_self, indices_tuple)
         same = _share_label(labels, ref_labels) if self.multilabel else labels.unsqueeze(1) == ref_labels.unsqueeze(0)
         pos, neg = valid & same, valid & ~same
         out = {}

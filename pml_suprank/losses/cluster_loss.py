@@ -14,7 +14,7 @@ from .._async_check import check_async
 from .._precision import float32_forward
 from .._similarity import normalized_logits
 from .._validation import check_positive, check_positive_int
-from ._inputs import prepare_inputs, reduce_loss_dict
+from ._inputs import check_embedding_size, prepare_inputs, reduce_loss_dict
 from .compile_guard import GuardedCompileMixin
 
 __all__ = ["ClusterLoss"]
@@ -57,11 +57,7 @@ class ClusterLoss(GuardedCompileMixin, BaseMetricLossFunction):
     def prepared_forward(self, embeddings, labels):
         """:meth:`forward` on inputs a combined loss has already validated (``prepare_inputs``)."""
         self.reset_stats()
-        if embeddings.shape[1] != self.embedding_size:
-            raise ValueError(
-                f"embeddings must have embedding_size={self.embedding_size} columns; "
-                f"got shape {tuple(embeddings.shape)}"
-            )
+        check_embedding_size(embeddings, self.embedding_size)
         check_async(  # labels in [0, C) iff labels // C == 0; no host round trip on accelerators
             (torch.div(labels, self.num_classes, rounding_mode="floor") == 0).all(),
             lambda: ValueError(

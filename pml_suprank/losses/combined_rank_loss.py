@@ -6,51 +6,16 @@ from pytorch_metric_learning.losses import BaseMetricLossFunction
 from torch import Tensor, nn
 
 from .._validation import check_probability
-from ._inputs import PreparedForwardMixin, entry_reducer, fine_labels, prepare_inputs
+from ._inputs import PreparedForwardMixin, entry_reducer, fine_labels
 from .base_rank_loss import BaseRankLoss
 from .calibration_loss import CalibrationLoss
 from .cluster_loss import ClusterLoss
 from .compile_guard import GuardedCompileMixin
 
-__all__ = ["COMBINATION_OPTIONS", "CombinedRankLoss", "combination_options", "split_combination_options"]
+__all__ = ["CombinedRankLoss"]
 
 # PML options that act on the combined loss dict (the rest, e.g. distance, belong to the rank loss)
 COMBINATION_OPTIONS = ("reducer", "embedding_regularizer", "embedding_reg_weight")
-
-
-def split_combination_options(kwargs: dict) -> tuple[dict, dict]:
-    """Split keyword arguments into ``(rank-loss options, combination options)``: :data:`COMBINATION_OPTIONS` act on
-    the combined loss dict, ``collect_stats`` goes to both, everything else to the rank loss."""
-    rank_kwargs = {k: v for k, v in kwargs.items() if k not in COMBINATION_OPTIONS}
-    combination_kwargs = {k: v for k, v in kwargs.items() if k in COMBINATION_OPTIONS or k == "collect_stats"}
-    return rank_kwargs, combination_kwargs
-
-
-def combination_options(
-    owner: str, decomposability, decomposability_weight: float, kwargs: dict, *, proxy_only: bool = False
-) -> tuple[float, dict, dict]:
-    """Check the arguments of a combined loss's constructor: ``(λ, rank-loss options, combination options)``.
-
-    Args:
-        owner: the loss's name, for error messages.
-        decomposability: the requested decomposability term (must not be ``None``).
-        decomposability_weight: ``λ``.
-        kwargs: the remaining keyword arguments (split by :func:`split_combination_options`).
-        proxy_only: always the proxy term (HAPPIER, ROD-NDCG): ``kwargs`` may not set ``decomposability``,
-            ``num_classes`` or ``embedding_size``.
-
-    Raises:
-        TypeError: a fixed argument given in ``kwargs``.
-        ValueError: ``decomposability`` is ``None`` or ``decomposability_weight`` is not in ``[0, 1]``.
-    """
-    if proxy_only:
-        for key in ("decomposability", "num_classes", "embedding_size"):
-            if key in kwargs:
-                raise TypeError(f"{owner} sets {key} itself; got an extra {key}= argument")
-    if decomposability is None:
-        raise ValueError(f"{owner} needs decomposability='calibration', 'proxy' or a module; got None")
-    weight = check_probability("decomposability_weight", decomposability_weight)
-    return (weight, *split_combination_options(kwargs))
 
 
 def _make_decomposability(
@@ -148,64 +113,73 @@ class CombinedRankLoss(GuardedCompileMixin, PreparedForwardMixin, BaseMetricLoss
         """The weight of each loss-dict term: ``{"rank_loss": 1 − λ, "decomposability_loss": λ}``."""
         return {"rank_loss": 1.0 - self.weight, "decomposability_loss": self.weight}
 
+    def init_preset(
+        self, rank_cls: type, rank_args: dict, decomposability, weight, kwargs: dict, *, proxy_only=False, **sizes
+    ) -> None:
+        """The presets' constructor (ROADMAP, ROD-R@k, HAPPIER, ROD-NDCG): ``rank_cls(**rank_args, ...)`` combined
+        with ``decomposability`` (``sizes``: ``num_classes``, ``embedding_size``). ``kwargs`` go to the rank loss,
+        except :data:`COMBINATION_OPTIONS` (the combined loss's) and ``collect_stats`` (both).
+
+        Raises:
+            TypeError: ``proxy_only`` (always the proxy term) and ``kwargs`` sets ``decomposability``, ``num_classes``
+                or ``embedding_size``.
+            ValueError: ``decomposability`` is ``None`` or ``weight`` (``decomposability_weight``) not in ``[0, 1]``.
+        """
+        owner = type(self).__name__
+        for key in ("decomposability", "num_classes", "embedding_size") if proxy_only else ():
+            if key in kwargs:
+                raise TypeError(f"{owner} sets {key} itself; got an extra {key}= argument")
+        if decomposability is None:
+            raise ValueError(f"{owner} needs decomposability='calibration', 'proxy' or a module; got None")
+        weight = check_probability("decomposability_weight", weight)
+        rank_kwargs = {k: v for k, v in kwargs.items() if k not in COMBINATION_OPTIONS}
+        combination_kwargs = {k: v for k, v in kwargs.items() if k in COMBINATION_OPTIONS or k == "collect_stats"}
+        rank_loss = rank_cls(**rank_args, **rank_kwargs)
+        CombinedRankLoss.__init__(self, rank_loss, decomposability, weight, **sizes, **combination_kwargs)
+
     def _sub_loss_names(self):
         return ["rank_loss", "decomposability_loss"]
 
-    def prepare_inputs(self, embeddings, labels, ref_emb=None, ref_labels=None):
-        """Validate a call as the rank loss does (:meth:`BaseRankLoss.prepare_inputs`)."""
-        emb, labels, ref, ref_labels, _ = prepare_inputs(
-            type(self).__name__,
-            embeddings,
-            labels,
-            ref_emb,
-            ref_labels,
-            allow_2d_labels=self.rank_loss.allow_2d_labels,
-        )
-        return emb, labels, ref, ref_labels
-
-    def rank_entry(self, embeddings, labels, indices_tuple, ref_emb, ref_labels) -> dict:
-        """The ``"rank_loss"`` entry on prepared inputs: per-query losses times ``1 − λ`` (PML ``"element"``)."""
+    def rank_entry(self, embeddings, labels, indices_tuple, ref_emb, ref_labels, *, reducer=None, inputs=None) -> dict:
+        """The ``"rank_loss"`` entry on prepared inputs: per-query losses times ``1 − λ`` (see
+        :meth:`BaseRankLoss.rank_entry`: ``reducer``, ``inputs``)."""
         entry = self.rank_loss.rank_entry(
-            embeddings, labels, indices_tuple, ref_emb, ref_labels, scale=1.0 - self.weight
-        )
+            embeddings, labels, indices_tuple, ref_emb, ref_labels, scale=1.0 - self.weight, reducer=reducer,
+            inputs=inputs,
+        )  # fmt: skip
         self.num_kept_queries = self.rank_loss.num_kept_queries
         return entry
 
     def decomposability_arguments(self, embeddings, labels, indices_tuple, ref_emb, ref_labels) -> tuple:
-        """The positional arguments of ``self.decomposability_loss(...)`` on the finest labels: ``(embeddings, fine)``
-        (proxy loss), ``(embeddings, fine, indices_tuple)`` (batch references), else ``(..., ref_emb, ref_fine)``."""
-        fine = fine_labels(labels)
+        """The positional arguments of ``self.decomposability_loss(...)`` on the finest labels (the whole label sets for
+        a ``multilabel=True`` term): ``(embeddings, fine)`` (proxy loss), ``(embeddings, fine, indices_tuple)`` (batch
+        references), else ``(..., ref_emb, ref_fine)``."""
+        label_sets = getattr(self.decomposability_loss, "multilabel", False) is True
+        fine = labels if label_sets else fine_labels(labels)
         if not getattr(self.decomposability_loss, "uses_reference_set", True):
             return embeddings, fine
         if ref_emb is embeddings:
             return embeddings, fine, indices_tuple
-        return embeddings, fine, indices_tuple, ref_emb, fine_labels(ref_labels)
+        return embeddings, fine, indices_tuple, ref_emb, ref_labels if label_sets else fine_labels(ref_labels)
 
     def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
         """``{"rank_loss": (1 − λ)·per-query losses, "decomposability_loss": already-reduced λ·L_dec}``; a
         CalibrationLoss whose ``shares_scores`` agrees reuses the rank term's score matrix and mask."""
-        rank, dec, weight = self.rank_loss, self.decomposability_loss, self.weight
+        rank, dec = self.rank_loss, self.decomposability_loss
         shared = getattr(dec, "shares_scores", None)
         inputs = None
         if shared is not None and shared(rank.distance, rank.include_self):  # one score matrix for both terms
             inputs = rank.rank_inputs(embeddings, labels, indices_tuple, ref_emb, ref_labels)
-        rank_entry = rank.rank_entry(
-            embeddings, labels, indices_tuple, ref_emb, ref_labels, scale=1.0 - weight,
-            reducer=entry_reducer(self.reducer, "rank_loss"), inputs=inputs,
-        )  # fmt: skip
-        self.num_kept_queries = rank.num_kept_queries
+        reducer = entry_reducer(self.reducer, "rank_loss")
+        rank_entry = self.rank_entry(
+            embeddings, labels, indices_tuple, ref_emb, ref_labels, reducer=reducer, inputs=inputs
+        )
         args = self.decomposability_arguments(embeddings, labels, indices_tuple, ref_emb, ref_labels)
         prepared = getattr(dec, "prepared_forward", None)
-        if prepared is None:
-            value: Tensor = dec(*args)
-        elif inputs is not None:
-            value = prepared(*args, scores=inputs.scores, valid=inputs.valid)
-        else:
-            value = prepared(*args)
-        return {
-            "rank_loss": rank_entry,
-            "decomposability_loss": {"losses": weight * value, "indices": None, "reduction_type": "already_reduced"},
-        }
+        shared_scores = {} if inputs is None else {"scores": inputs.scores, "valid": inputs.valid}
+        value: Tensor = dec(*args) if prepared is None else prepared(*args, **shared_scores)
+        dec_entry = {"losses": self.weight * value, "indices": None, "reduction_type": "already_reduced"}
+        return {"rank_loss": rank_entry, "decomposability_loss": dec_entry}
 
     def compute_terms(self, embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None) -> dict[str, Tensor]:
         """The loss's terms, each reduced as in :meth:`forward` (they sum to it): ``{"rank_loss": (1 − λ)·L_rank,

@@ -65,11 +65,6 @@ def _swap(args: tuple, kwargs: dict, old: Tensor, new: Tensor) -> tuple[tuple, d
     )
 
 
-def _embeddings(args: tuple, kwargs: dict) -> Tensor | None:
-    emb = args[0] if args else kwargs.get("embeddings")
-    return emb if isinstance(emb, Tensor) and emb.is_floating_point() else None
-
-
 def _tensors(out: Any) -> list[Tensor] | None:
     """The floating tensors of a loss output (tuples, lists and dicts walked in order), or ``None``."""
     if isinstance(out, Tensor):
@@ -95,16 +90,6 @@ def call_signature(args: tuple, kwargs: dict) -> tuple:
         return type(v).__name__
 
     return (torch.is_grad_enabled(), tuple(one(a) for a in args), tuple(sorted((k, one(v)) for k, v in kwargs.items())))
-
-
-def _mismatch(owner: str, diffs: dict[str, float], rtol: float) -> CompiledLossMismatchError:
-    shown = ", ".join(f"of the {what} {diff:.3g}" for what, diff in diffs.items())
-    return CompiledLossMismatchError(
-        f"the compiled {owner} does not match the eager {owner} on this batch with torch {torch.__version__}: "
-        f"relative difference {shown} (tolerance {rtol:g}). Training with it would "
-        "silently optimise another objective. Call the loss uncompiled (recipes: --compile_loss false), or use a "
-        "torch release on which the compiled loss matches eager."
-    )
 
 
 def _gradients(out: Tensor, inputs: list[Tensor]) -> list[Tensor | None]:
@@ -138,7 +123,8 @@ def compare_with_eager(
     got_out = _tensors(compiled_out)
     if got_out is None:
         return False
-    emb = _embeddings(args, kwargs)
+    emb = args[0] if args else kwargs.get("embeddings")
+    emb = emb if isinstance(emb, Tensor) and emb.is_floating_point() else None
     params = [(n, p) for n, p in (parameters or []) if p.requires_grad]
     grad_mode = torch.is_grad_enabled()
     emb_grad = grad_mode and emb is not None and emb.requires_grad
@@ -166,7 +152,13 @@ def compare_with_eager(
         for name, a, b in zip(names, got, want, strict=True):
             diffs[name] = relative_difference(a, b)
     if any(v > rtol for v in diffs.values()):
-        raise _mismatch(owner, diffs, rtol)
+        shown = ", ".join(f"of the {what} {diff:.3g}" for what, diff in diffs.items())
+        raise CompiledLossMismatchError(
+            f"the compiled {owner} does not match the eager {owner} on this batch with torch {torch.__version__}: "
+            f"relative difference {shown} (tolerance {rtol:g}). Training with it would silently optimise another "
+            "objective. Call the loss uncompiled (recipes: --compile_loss false), or use a torch release on which "
+            "the compiled loss matches eager."
+        )
     return True
 
 
@@ -208,20 +200,15 @@ class GuardedCall:
         return out
 
 
-def guard_compiled_call(module: nn.Module, rtol: float = COMPILE_RTOL) -> nn.Module:
-    """Wrap the compiled call of ``module.compile(...)`` in a :class:`GuardedCall` (once); returns ``module``."""
-    compiled = getattr(module, "_compiled_call_impl", None)
-    if compiled is not None and not isinstance(compiled, GuardedCall):
-        module._compiled_call_impl = GuardedCall(compiled, module, rtol)
-    return module
-
-
 def compile_loss(loss: nn.Module, *args, **kwargs) -> nn.Module:
     """Compile ``loss`` in place (``nn.Module.compile``), every new call signature checked (:class:`GuardedCall`)."""
     if not isinstance(loss, nn.Module):
         raise TypeError(f"compile_loss needs an nn.Module loss; got {type(loss).__name__}")
     nn.Module.compile(loss, *args, **kwargs)
-    return guard_compiled_call(loss)
+    compiled = getattr(loss, "_compiled_call_impl", None)
+    if compiled is not None and not isinstance(compiled, GuardedCall):
+        loss._compiled_call_impl = GuardedCall(compiled, loss)
+    return loss
 
 
 class GuardedCompileMixin:

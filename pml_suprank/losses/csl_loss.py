@@ -13,9 +13,9 @@ from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 from torch import Tensor
 
 from .._precision import float32_forward
-from .._validation import check_embeddings, check_labels, check_positive
+from .._validation import check_positive, check_positive_int
 from ..relevance import Hierarchy, as_hierarchical_labels, as_hierarchy, check_tree
-from ._inputs import require_hierarchy
+from ._inputs import check_embedding_size, fine_labels, prepare_inputs, require_hierarchy
 from .compile_guard import GuardedCompileMixin
 from .registry import register_loss
 
@@ -63,15 +63,12 @@ class CSLLoss(GuardedCompileMixin, WeightRegularizerMixin, BaseMetricLossFunctio
         **kwargs,
     ):
         super().__init__(**kwargs)
-        for name, v in (("num_classes", num_classes), ("embedding_size", embedding_size)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive int; got {v!r}")
+        self.num_classes = num_classes = check_positive_int("num_classes", num_classes)
+        self.embedding_size = embedding_size = check_positive_int("embedding_size", embedding_size)
         if isinstance(margins, (str, bytes)) or not isinstance(margins, Sequence) or len(margins) == 0:
             raise ValueError(f"margins must be a non-empty sequence of floats, one per level; got {margins!r}")
         self.margins = [float(m) for m in margins]
         self.scale = check_positive("scale", scale)
-        self.num_classes = num_classes
-        self.embedding_size = embedding_size
         self.num_levels = len(self.margins)
         self.hierarchy = hierarchy = as_hierarchy(hierarchy)
         table = torch.full((num_classes, self.num_levels), -1, dtype=torch.long)
@@ -103,9 +100,6 @@ class CSLLoss(GuardedCompileMixin, WeightRegularizerMixin, BaseMetricLossFunctio
         """Record the ancestors of the fine classes in ``labels`` (``(N, L)``, or ``(N,)`` with a hierarchy);
         ``ValueError`` for a class seen with other ancestors than those registered."""
         labels = self._levels_of(labels, "labels")
-        fine = labels[:, 0]
-        if bool((fine >= self.num_classes).any()):
-            raise ValueError(f"labels contain fine label {int(fine.max())} >= num_classes={self.num_classes}")
         rows = torch.unique(labels, dim=0)
         table = self.proxy_labels.to(labels.device)
         known = table[rows[:, 0]]
@@ -129,27 +123,21 @@ class CSLLoss(GuardedCompileMixin, WeightRegularizerMixin, BaseMetricLossFunctio
             )
         if bool((labels < 0).any()):
             raise ValueError(f"{name} must be non-negative; got minimum {int(labels.min())}")
+        if bool((labels[:, 0] >= self.num_classes).any()):
+            raise ValueError(f"{name} contain fine label {int(labels[:, 0].max())} >= num_classes={self.num_classes}")
         return labels
 
     @float32_forward
     def forward(self, embeddings, labels=None, indices_tuple=None, ref_emb=None, ref_labels=None):
         """Compute the loss (PML call signature; ``labels`` may be 2-D)."""
         self.reset_stats()
-        embeddings = check_embeddings("embeddings", embeddings)
-        if labels is None:
-            raise ValueError("CSLLoss requires labels; got None")
-        if embeddings.shape[1] != self.embedding_size:
-            raise ValueError(
-                f"embeddings must have embedding_size={self.embedding_size} columns (one proxy coordinate each); "
-                f"got shape {tuple(embeddings.shape)}"
-            )
-        labels = check_labels("labels", labels, embeddings.shape[0]).to(embeddings.device)
-        require_hierarchy("CSLLoss", labels, self.hierarchy)
         if ref_emb is not None or ref_labels is not None:
             raise ValueError("CSLLoss is a proxy loss: ref_emb / ref_labels are not supported; got a reference set")
+        embeddings, labels, _, _, _ = prepare_inputs("CSLLoss", embeddings, labels, None, None, allow_2d_labels=True)
+        check_embedding_size(embeddings, self.embedding_size)
         loss_dict = self.compute_loss(embeddings, labels, indices_tuple, None, None)
         self.add_embedding_regularization_to_loss_dict(loss_dict, embeddings)
-        return self.reducer(loss_dict, embeddings, labels[:, 0] if labels.dim() == 2 else labels)
+        return self.reducer(loss_dict, embeddings, fine_labels(labels))
 
     def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
         dtype, device = embeddings.dtype, embeddings.device
@@ -159,8 +147,6 @@ class CSLLoss(GuardedCompileMixin, WeightRegularizerMixin, BaseMetricLossFunctio
             check_tree(levels)
             self.register_labels(levels)
         fine = levels[:, 0]
-        if bool((fine >= self.num_classes).any()):
-            raise ValueError(f"labels contain fine label {int(fine.max())} >= num_classes={self.num_classes}")
         table = self.proxy_labels.to(device)
         scores = self.scale * (embeddings @ F.normalize(self.proxies, dim=-1).t())  # (B, C)
         own = scores.gather(1, fine[:, None]).squeeze(1)

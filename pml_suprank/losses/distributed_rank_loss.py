@@ -123,13 +123,12 @@ def _local_terms(loss: nn.Module, queries, labels, indices_tuple, ref_emb, ref_l
     elif ref_emb is None:  # PML's set_ref_emb: the batch is the reference set
         ref_emb, ref_labels = queries, labels
     loss.reset_stats()
-    sub = getattr(loss, "decomposability_loss", None)
-    if sub is None and hasattr(loss, "rank_entry"):  # the kept rows, not a mean already reduced on this process
-        loss_dict = {"loss": loss.rank_entry(queries, labels, indices_tuple, ref_emb, ref_labels)}
-    elif sub is None:
+    sub = getattr(loss, "decomposability_loss", None)  # CombinedRankLoss: the rank term, then L_dec in its parts
+    if hasattr(loss, "rank_entry"):  # the kept rows, not a mean already reduced on this process
+        entry = loss.rank_entry(queries, labels, indices_tuple, ref_emb, ref_labels)
+        loss_dict = {"loss" if sub is None else "rank_loss": entry}
+    else:
         loss_dict = loss.compute_loss(queries, labels, indices_tuple, ref_emb, ref_labels)
-    else:  # CombinedRankLoss: the rank term, then L_dec split into its parts
-        loss_dict = {"rank_loss": loss.rank_entry(queries, labels, indices_tuple, ref_emb, ref_labels)}
     loss.add_embedding_regularization_to_loss_dict(loss_dict, queries)
     terms = [_sum_and_count(loss, name, entry, queries) for name, entry in loss_dict.items()]
     if sub is not None:

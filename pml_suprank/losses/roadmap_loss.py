@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .calibration_loss import CalibrationLoss
-from .combined_rank_loss import CombinedRankLoss, combination_options
+from .combined_rank_loss import CombinedRankLoss
 from .registry import SUPRANK_PAPER, register_loss
 from .sup_ap_loss import SupAPLoss
 
@@ -43,34 +43,9 @@ class ROADMAPLoss(CombinedRankLoss):
         multilabel: str | None = None,
         **suprank_kwargs,
     ):
-        weight, rank_kwargs, combination_kwargs = combination_options(
-            "ROADMAPLoss", decomposability, decomposability_weight, suprank_kwargs
-        )
         if multilabel == "per_label" and isinstance(decomposability, str) and decomposability == "calibration":
-            decomposability = CalibrationLoss(include_self=rank_kwargs.get("include_self", False), multilabel=True)
-        super().__init__(
-            SupAPLoss(multilabel=multilabel, **rank_kwargs),
-            decomposability,
-            weight,
-            num_classes=num_classes,
-            embedding_size=embedding_size,
-            **combination_kwargs,
+            decomposability = CalibrationLoss(include_self=suprank_kwargs.get("include_self", False), multilabel=True)
+        sizes = {"num_classes": num_classes, "embedding_size": embedding_size}
+        self.init_preset(
+            SupAPLoss, {"multilabel": multilabel}, decomposability, decomposability_weight, suprank_kwargs, **sizes
         )
-
-    def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
-        if getattr(self.decomposability_loss, "multilabel", False) is not True:
-            return super().compute_loss(embeddings, labels, indices_tuple, ref_emb, ref_labels)
-        # per-label ROADMAP: the calibration term sees the whole label sets (pairs sharing any label are positive)
-        rank_entry = self.rank_entry(embeddings, labels, indices_tuple, ref_emb, ref_labels)
-        args = (embeddings, labels, indices_tuple)
-        if ref_emb is not embeddings:
-            args = (*args, ref_emb, ref_labels)
-        value = self.decomposability_loss(*args)
-        return {
-            "rank_loss": rank_entry,
-            "decomposability_loss": {
-                "losses": self.weight * value,
-                "indices": None,
-                "reduction_type": "already_reduced",
-            },
-        }

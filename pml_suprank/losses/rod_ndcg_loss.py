@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..relevance import Hierarchy
-from .combined_rank_loss import CombinedRankLoss, combination_options
+from .combined_rank_loss import CombinedRankLoss
 from .registry import SUPRANK_PAPER, register_loss
 from .sup_ndcg_loss import SupNDCGLoss
 
@@ -42,14 +42,8 @@ class RODNDCGLoss(CombinedRankLoss):
         relevance: str = "levels",
         **suprank_kwargs,
     ):
-        weight, rank_kwargs, combination_kwargs = combination_options(
-            "RODNDCGLoss", "proxy", decomposability_weight, suprank_kwargs, proxy_only=True
-        )
-        super().__init__(
-            SupNDCGLoss(hierarchy=hierarchy, relevance=relevance, **rank_kwargs),
-            "proxy",
-            weight,
-            num_classes=num_classes,
-            embedding_size=embedding_size,
-            **combination_kwargs,
+        rank_args = {"hierarchy": hierarchy, "relevance": relevance}
+        sizes = {"num_classes": num_classes, "embedding_size": embedding_size}
+        self.init_preset(
+            SupNDCGLoss, rank_args, "proxy", decomposability_weight, suprank_kwargs, proxy_only=True, **sizes
         )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ._suprank_step import STEP_OPTIONS
-from .combined_rank_loss import CombinedRankLoss, combination_options
+from .combined_rank_loss import CombinedRankLoss
 from .registry import SUPRANK_PAPER, register_loss
 from .sup_recall_loss import SupRecallLoss
 
@@ -38,14 +38,6 @@ class RODRecallLoss(CombinedRankLoss):
         embedding_size: int | None = None,
         **suprank_kwargs,
     ):
-        weight, rank_kwargs, combination_kwargs = combination_options(
-            "RODRecallLoss", decomposability, decomposability_weight, suprank_kwargs
-        )
-        super().__init__(
-            SupRecallLoss(k=k, temperature=temperature, **rank_kwargs),
-            decomposability,
-            weight,
-            num_classes=num_classes,
-            embedding_size=embedding_size,
-            **combination_kwargs,
-        )
+        rank_args = {"k": k, "temperature": temperature}
+        sizes = {"num_classes": num_classes, "embedding_size": embedding_size}
+        self.init_preset(SupRecallLoss, rank_args, decomposability, decomposability_weight, suprank_kwargs, **sizes)

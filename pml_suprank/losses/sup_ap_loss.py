@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
+from .._validation import check_choice
 from ..ranking import SupRankStep
 from ..ranking.dense import dense_query_ap, dense_query_ranks
 from ..ranking.flat import heaviside_positive_count, positive_pair_groups, suprank_negative_sum
@@ -24,16 +23,6 @@ __all__ = [
 ]
 
 MULTILABEL_MODES = (None, "per_label")  # the multilabel= choices of SupAPLoss / ROADMAPLoss
-
-
-@dataclass
-class _PseudoQueryInputs(RankInputs):
-    """:class:`RankInputs` of binary pseudo-queries with given positives (per-label AP)."""
-
-    positive_mask: Tensor | None = None
-
-    def positives(self) -> Tensor:
-        return self.positive_mask
 
 
 def grouped_suprank_pair_ranks(inputs: RankInputs, step: SupRankStep):
@@ -64,11 +53,15 @@ def dense_suprank_query_ranks(inputs: RankInputs, step: SupRankStep) -> tuple[Te
         ``(positives (B, N) float mask, rank_plus (B, N), rank (B, N))``; only the entries where the mask is 1 are
         (query, positive) ranks, the rest are finite and must be weighted by 0. No host synchronisation.
     """
-    positives = inputs.positives()
-    negatives = (inputs.valid & ~positives).to(inputs.scores.dtype)
-    pos = positives.to(inputs.scores.dtype)
+    pos, negatives = _dense_masks(inputs)
     rank_plus, rank = dense_query_ranks("suprank", inputs.scores, pos, negatives, step)
     return pos, rank_plus, rank
+
+
+def _dense_masks(inputs: RankInputs) -> tuple[Tensor, Tensor]:
+    """``(positives, negatives)`` ``(B, N)`` float masks in the dtype of the scores (the dense kernels' masks)."""
+    positives = inputs.positives()
+    return positives.to(inputs.scores.dtype), (inputs.valid & ~positives).to(inputs.scores.dtype)
 
 
 @register_loss("SupAP", hierarchical=False, paper=SUPRANK_PAPER, options=(*STEP_OPTIONS, "kernel"))
@@ -116,8 +109,7 @@ class SupAPLoss(SupRankStepMixin, BaseRankLoss):
         **kwargs,
     ):
         tau = resolve_tau(tau, temperature, type(self).__name__)
-        if multilabel not in MULTILABEL_MODES:
-            raise ValueError(f"multilabel must be one of {MULTILABEL_MODES}; got {multilabel!r}")
+        check_choice("multilabel", multilabel, MULTILABEL_MODES)
         super().__init__(include_self=include_self, **kwargs)
         self.init_step(tau=tau, rho=rho, delta=delta, start=start, offset=offset)
         self.multilabel = multilabel
@@ -130,9 +122,7 @@ class SupAPLoss(SupRankStepMixin, BaseRankLoss):
     def query_ap(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:
         """Surrogate AP: ``(ap (Q,), rows (Q,) long)`` (sorted kernel) or ``(ap (B,), kept (B,) bool)`` (dense)."""
         if self.resolved_kernel(inputs) == "dense":
-            positives = inputs.positives()
-            negatives = (inputs.valid & ~positives).to(inputs.scores.dtype)
-            pos = positives.to(inputs.scores.dtype)
+            pos, negatives = _dense_masks(inputs)
             return self.kept_queries(*dense_query_ap("suprank", inputs.scores, pos, negatives, self.constant_step()))
         q, _, rank_plus, rank, groups = grouped_suprank_pair_ranks(inputs, self.constant_step())
         return self.segment_mean(rank_plus / rank, q, inputs.scores.shape[0], groups=groups)
@@ -140,14 +130,8 @@ class SupAPLoss(SupRankStepMixin, BaseRankLoss):
     def per_label_query_ap(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:
         """Mean per-label surrogate AP ``(Q,)`` of the queries with a label that has a positive, and their rows."""
         owner, positives = per_label_rows(inputs.labels, inputs.ref_labels, inputs.valid)
-        pseudo = _PseudoQueryInputs(
-            scores=inputs.scores[owner],
-            valid=inputs.valid[owner],
-            labels=owner,
-            ref_labels=inputs.ref_labels,
-            same_source=inputs.same_source,
-            positive_mask=positives,
-        )
+        scores, valid = inputs.scores[owner], inputs.valid[owner]
+        pseudo = RankInputs(scores, valid, owner, inputs.ref_labels, inputs.same_source, positive_mask=positives)
         ap, rows = self.query_ap(pseudo)
         if rows.dtype == torch.bool:  # the dense kernel's kept mask
             rows = torch.nonzero(rows, as_tuple=True)[0]

@@ -12,14 +12,10 @@ from ..ranking.hierarchical import sup_hap_scores
 from ..ranking.steps import HRankParams
 from ..relevance import Hierarchy, level_counts, pop_relevance, property1_relevance
 from ._hierarchical import HierarchicalRankLoss
-from ._inputs import RankInputs
-from ._multilabel import multilabel_levels
 from ._suprank_step import STEP_OPTIONS
 from .registry import HAPPIER_PAPER, register_loss
 
-__all__ = ["RELEVANCES", "SupHAPLoss"]
-
-RELEVANCES = ("levels", "multilabel")  # the relevance= choices of SupHAPLoss / HAPPIERLoss
+__all__ = ["SupHAPLoss"]
 
 
 @register_loss(
@@ -63,8 +59,6 @@ class SupHAPLoss(HierarchicalRankLoss):
     ``ref_emb (N, D)``, ``ref_labels`` like ``labels``; returns a scalar.
     """
 
-    kernels = ("auto", "dense", "sorted")
-
     def __init__(
         self,
         hierarchy: Hierarchy | Tensor | None = None,
@@ -77,35 +71,18 @@ class SupHAPLoss(HierarchicalRankLoss):
         relevance: str = "levels",
         **suprank_kwargs,
     ):
-        super().__init__(hierarchy=hierarchy, **suprank_kwargs)
+        super().__init__(hierarchy=hierarchy, relevance=relevance, **suprank_kwargs)
         self.alpha = check_positive("alpha", alpha, strict=False)
         self.with_hrank = check_bool("with_hrank", with_hrank)
         self.hrank = HRankParams(nu=hrank_nu, mu=hrank_mu, gamma=hrank_gamma)
         num_levels = None if self.hierarchy is None else self.hierarchy.num_levels
         self.level_weights = check_level_weights("level_weights", level_weights, num_levels)
-        if not isinstance(relevance, str) or relevance not in RELEVANCES:
-            raise ValueError(f"relevance must be one of {RELEVANCES}; got {relevance!r}")
         if relevance == "multilabel" and (self.alpha != 1.0 or self.level_weights is not None):
             raise ValueError(
                 "relevance='multilabel' takes its relevance from the label sets: alpha must be 1 and level_weights "
                 f"None; got alpha={alpha!r}, level_weights={level_weights!r}"
             )
-        self.relevance = relevance
         self.add_to_recordable_attributes(list_of_names=["alpha"], is_stat=False)
-
-    def compute_query_losses(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:
-        if self.relevance != "multilabel":
-            return super().compute_query_losses(inputs)
-        levels, rel, num_levels = multilabel_levels(inputs.labels, inputs.ref_labels, self.hierarchy, inputs.valid)
-        rel = rel.to(inputs.scores.dtype)
-        hrank = self.hrank if self.with_hrank else None
-        if self.resolved_kernel(inputs, levels=max(num_levels, 1)) == "dense":
-            score, has_pos = dense_sup_hap_scores(inputs.scores, levels, rel, inputs.valid, self.constant_step(), hrank)
-        else:
-            score, has_pos = sup_hap_scores(
-                inputs.scores, levels, rel, num_levels, inputs.valid, self.constant_step(), hrank, self.chunk_size
-            )
-        return 1.0 - score, has_pos  # all rows and the kept mask: the base reduces without nonzero
 
     def level_relevance(self, levels: Tensor, valid: Tensor, num_levels: int, dtype) -> Tensor:
         """``(B, L + 1)`` relevance of each level for each query, counted over the valid reference items."""
@@ -118,22 +95,11 @@ class SupHAPLoss(HierarchicalRankLoss):
             return property1_relevance(counts, self.level_weights, dtype=dtype)
         return pop_relevance(counts, self.alpha, dtype=dtype)
 
-    def dense_query_scores(
-        self, scores: Tensor, levels: Tensor, valid: Tensor, num_levels: int
-    ) -> tuple[Tensor, Tensor]:
-        rel = self.level_relevance(levels, valid, num_levels, scores.dtype)
+    def query_scores(self, scores, levels, valid, num_levels, rel, dense) -> tuple[Tensor, Tensor]:
+        if rel is None:
+            rel = self.level_relevance(levels, valid, num_levels, scores.dtype)
         hrank = self.hrank if self.with_hrank else None
-        return dense_sup_hap_scores(scores, levels, rel, valid, self.constant_step(), hrank)
-
-    def query_scores(self, scores: Tensor, levels: Tensor, valid: Tensor, num_levels: int) -> tuple[Tensor, Tensor]:
-        rel = self.level_relevance(levels, valid, num_levels, scores.dtype)
-        return sup_hap_scores(
-            scores,
-            levels,
-            rel,
-            num_levels,
-            valid,
-            step=self.constant_step(),
-            hrank=self.hrank if self.with_hrank else None,
-            chunk_size=self.chunk_size,
-        )
+        step, rel = self.constant_step(), rel.to(scores.dtype)
+        if dense:
+            return dense_sup_hap_scores(scores, levels, rel, valid, step, hrank)
+        return sup_hap_scores(scores, levels, rel, num_levels, valid, step, hrank, self.chunk_size)

@@ -9,14 +9,11 @@ from ..ranking.dense_hierarchical import dense_hierarchical_query_ranks, dense_s
 from ..ranking.hierarchical import hierarchical_ranks, sup_ndcg_scores
 from ..relevance import Hierarchy
 from ._hierarchical import HierarchicalRankLoss
-from ._inputs import RankInputs
-from ._multilabel import graded_dcg_scores, multilabel_levels
+from ._multilabel import graded_dcg_scores
 from ._suprank_step import STEP_OPTIONS
 from .registry import SUPRANK_PAPER, register_loss
 
 __all__ = ["SupNDCGLoss"]
-
-NDCG_RELEVANCES = ("levels", "multilabel")  # the relevance= choices of SupNDCGLoss / RODNDCGLoss
 
 
 @register_loss("Sup-NDCG", hierarchical=True, multilabel=True, paper=SUPRANK_PAPER, options=(*STEP_OPTIONS, "kernel"))
@@ -45,34 +42,20 @@ class SupNDCGLoss(HierarchicalRankLoss):
     ``relevance="multilabel"``); returns a scalar.
     """
 
-    kernels = ("auto", "dense", "sorted")
-
     def __init__(self, hierarchy: Hierarchy | Tensor | None = None, relevance: str = "levels", **suprank_kwargs):
-        super().__init__(hierarchy=hierarchy, **suprank_kwargs)
-        if not isinstance(relevance, str) or relevance not in NDCG_RELEVANCES:
-            raise ValueError(f"relevance must be one of {NDCG_RELEVANCES}; got {relevance!r}")
-        self.relevance = relevance
+        super().__init__(hierarchy=hierarchy, relevance=relevance, **suprank_kwargs)
 
-    def compute_query_losses(self, inputs: RankInputs) -> tuple[Tensor, Tensor]:
-        if self.relevance != "multilabel":
-            return super().compute_query_losses(inputs)
-        levels, rel, num_levels = multilabel_levels(inputs.labels, inputs.ref_labels, self.hierarchy, inputs.valid)
+    def query_scores(self, scores, levels, valid, num_levels, rel, dense) -> tuple[Tensor, Tensor]:
+        step = self.constant_step()
+        if rel is None:
+            if dense:
+                return dense_sup_ndcg_scores(scores, levels, num_levels, valid, step)
+            return sup_ndcg_scores(scores, levels, num_levels, valid, step=step, chunk_size=self.chunk_size)
         if num_levels == 0:  # no query has a relevant item
-            return inputs.scores.new_zeros(0), torch.zeros(0, dtype=torch.long, device=inputs.scores.device)
+            return scores.new_zeros(0), torch.zeros(0, dtype=torch.long, device=scores.device)
         gains = torch.pow(2.0, rel) - 1.0  # graded_ndcg's exponential gain of each level's relevance
-        if self.resolved_kernel(inputs, levels=max(num_levels, 1)) == "dense":
-            rank, _ = dense_hierarchical_query_ranks(inputs.scores, levels, None, inputs.valid, self.constant_step())
+        if dense:
+            rank, _ = dense_hierarchical_query_ranks(scores, levels, None, valid, step)
         else:
-            rank, _ = hierarchical_ranks(
-                inputs.scores, levels, None, num_levels, inputs.valid, self.constant_step(), None, self.chunk_size
-            )
-        score, has_pos = graded_dcg_scores(rank, levels, gains, inputs.valid)
-        return 1.0 - score, has_pos  # all rows and the kept mask: the base reduces without nonzero
-
-    def dense_query_scores(
-        self, scores: Tensor, levels: Tensor, valid: Tensor, num_levels: int
-    ) -> tuple[Tensor, Tensor]:
-        return dense_sup_ndcg_scores(scores, levels, num_levels, valid, self.constant_step())
-
-    def query_scores(self, scores: Tensor, levels: Tensor, valid: Tensor, num_levels: int) -> tuple[Tensor, Tensor]:
-        return sup_ndcg_scores(scores, levels, num_levels, valid, step=self.constant_step(), chunk_size=self.chunk_size)
+            rank, _ = hierarchical_ranks(scores, levels, None, num_levels, valid, step, None, self.chunk_size)
+        return graded_dcg_scores(rank, levels, gains, valid)

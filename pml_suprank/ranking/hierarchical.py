@@ -38,17 +38,6 @@ __all__ = [
 ]
 
 
-class _Query(NamedTuple):
-    """Inputs of the closed-form terms, all ``(b, P)`` over the padded positives of a block."""
-
-    scores: Tensor  # differentiable
-    s_det: Tensor  # detached
-    s64: Tensor  # float64, differentiable
-    levels: Tensor  # long
-    valid: Tensor  # bool
-    positive: Tensor  # valid & (levels > 0)
-
-
 class _BlockRanks(NamedTuple):
     """Ranks of the positives of a block in a padded ``(b, P)`` layout, and where each positive comes from."""
 
@@ -140,10 +129,10 @@ def _block_ranks(
     present = torch.zeros(bsz, width, dtype=torch.bool, device=scores.device).index_put(
         (q, col), torch.ones_like(q, dtype=torch.bool)
     )
-    x = _Query(padded, padded.detach(), padded.to(torch.float64), lv, present, present)
-    sl = sort_levels(padded, lv, present, num_levels, s64=x.s64)
+    s_det, s64 = padded.detach(), padded.to(torch.float64)
+    sl = sort_levels(padded, lv, present, num_levels, s64=s64)
     # items of A_l scored >= s_i, l = 1..L+1; T_j >= T_i: A_{L+1} minus A_{T_i} (i itself included: the "1 +")
-    ge_pos = sl.search(x.s_det, right=False)
+    ge_pos = sl.search(s_det, right=False)
     ge = [sl.counts[l - 1] - sl.members_before(l, ge_pos) for l in range(1, num_levels + 2)]
     ge_all = torch.stack(ge)  # (L + 1, b, P)
     heaviside = ge_all[num_levels] - ge_all.gather(0, (lv - 1).clamp_min(0)[None]).squeeze(0)
@@ -154,28 +143,32 @@ def _block_ranks(
     rank = torch.where(present, heaviside.to(torch.float64) + neg_pad, 1.0).to(scores.dtype)
     rank_plus = None
     if level_relevance is not None:
-        gt_pos = sl.search(x.s_det, right=True) if hrank is not None else None
-        rank_plus = _rank_plus(sl, x, ge, gt_pos, level_relevance, hrank).to(scores.dtype)
+        gt_pos = sl.search(s_det, right=True) if hrank is not None else None
+        rank_plus = _rank_plus(sl, s_det, s64, lv, present, ge, gt_pos, level_relevance, hrank).to(scores.dtype)
     return _BlockRanks(rank, rank_plus, lv, present, q, i, col)
 
 
 def _rank_plus(
     sl: SortedLevels,
-    x: _Query,
+    s_det: Tensor,
+    s64: Tensor,
+    lv: Tensor,
+    present: Tensor,
     ge: list[Tensor],
     gt_pos: Tensor | None,
     level_relevance: Tensor,
     hrank: HRankParams | None,
 ) -> Tensor:
-    """``H-rank⁺`` ``(b, P)`` of the padded positives of a block (SupRank Eq. 18; ``H_s^>`` of HAPPIER Eq. 43 towards
-    more relevant levels when ``hrank`` is given), 0 at padding. Only levels ``>= 1`` take part (``rel`` of the
-    negatives does not enter H-rank⁺), so ``sl`` holds the positives' level sets only."""
+    """``H-rank⁺`` ``(b, P)`` of the padded positives of a block (scores ``s_det`` detached, ``s64`` float64, levels
+    ``lv``, mask ``present``; SupRank Eq. 18; ``H_s^>`` of HAPPIER Eq. 43 towards more relevant levels when ``hrank``
+    is given), 0 at padding. Only levels ``>= 1`` take part (``rel`` of the negatives does not enter H-rank⁺), so
+    ``sl`` holds the positives' level sets only."""
     num_levels = sl.num_levels
     rel_tab = level_relevance.to(torch.float64)
-    rel_i = torch.gather(rel_tab, 1, x.levels)
-    rplus = torch.zeros_like(x.s64, dtype=torch.float64)
+    rel_i = torch.gather(rel_tab, 1, lv)
+    rplus = torch.zeros_like(s64, dtype=torch.float64)
     if hrank is not None:
-        saturated = sl.search(x.s_det + hrank.saturation, right=True)  # H_s^> reaches 1 at t = (1 − μ) / ν
+        saturated = sl.search(s_det + hrank.saturation, right=True)  # H_s^> reaches 1 at t = (1 − μ) / ν
         r0 = [sl.members_before(m, gt_pos) for m in range(1, num_levels + 2)]
         r1 = [sl.members_before(m, saturated) for m in range(1, num_levels + 2)]
     for lp in range(1, num_levels + 1):
@@ -188,16 +181,16 @@ def _rank_plus(
         a, b = lp + 1, lp
         c_le_a, s_le_a = sl.count_and_sum(a, None, r0[a - 1])
         c_le_b, s_le_b = sl.count_and_sum(b, None, r0[b - 1])
-        h_val = hrank.gamma * ((s_le_a - s_le_b) - (c_le_a - c_le_b) * x.s64)
+        h_val = hrank.gamma * ((s_le_a - s_le_b) - (c_le_a - c_le_b) * s64)
         c_mid_a, s_mid_a = sl.count_and_sum(a, r0[a - 1], r1[a - 1])
         c_mid_b, s_mid_b = sl.count_and_sum(b, r0[b - 1], r1[b - 1])
         c_mid = c_mid_a - c_mid_b
-        h_val = h_val + hrank.nu * ((s_mid_a - s_mid_b) - c_mid * x.s64) + hrank.mu * c_mid
+        h_val = h_val + hrank.nu * ((s_mid_a - s_mid_b) - c_mid * s64) + hrank.mu * c_mid
         c_hi_a, _ = sl.count_and_sum(a, r1[a - 1], None)
         c_hi_b, _ = sl.count_and_sum(b, r1[b - 1], None)
         h_val = h_val + (c_hi_a - c_hi_b)
-        rplus = rplus + w * torch.where(x.levels < lp, h_val, cnt)
-    return torch.where(x.positive, rplus, 0.0)
+        rplus = rplus + w * torch.where(lv < lp, h_val, cnt)
+    return torch.where(present, rplus, 0.0)
 
 
 WINDOW_CHUNK_ELEMENTS = 1 << 24

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pml_suprank.losses import SupHAPLoss
 from pml_suprank.losses._inputs import (
+    RankInputs,
     check_indices_tuple,
     fine_labels,
-    hierarchical_label_pair,
     prepare_inputs,
     reference_mask,
 )
@@ -56,6 +57,12 @@ def test_fine_labels_and_hierarchical_label_pair():
     assert torch.equal(fine_labels(two_d), torch.tensor([0, 1, 2, 2]))
     fine = torch.tensor([0, 2])
     assert fine_labels(fine) is fine
+
+    def hierarchical_label_pair(labels, ref_labels, hierarchy, same_source):
+        scores = torch.zeros(len(labels), len(ref_labels))
+        inputs = RankInputs(scores, scores.bool(), labels, ref_labels, same_source)
+        return SupHAPLoss(hierarchy=hierarchy).hierarchical_labels(inputs)
+
     levels, ref_levels, num = hierarchical_label_pair(fine, fine, Hierarchy(TABLE), same_source=True)
     assert num == 2 and ref_levels is levels and torch.equal(levels, TABLE[fine])
     levels, ref_levels, _ = hierarchical_label_pair(two_d[:2], two_d, None, same_source=False)
@@ -64,3 +71,5 @@ def test_fine_labels_and_hierarchical_label_pair():
         hierarchical_label_pair(two_d, two_d[:, :1], None, same_source=False)
     with pytest.raises(ValueError, match="tree"):
         hierarchical_label_pair(torch.tensor([[0, 0], [0, 1]]), torch.tensor([[0, 0]]), None, same_source=False)
+    with pytest.raises(ValueError, match="SupHAPLoss is a hierarchical loss"):
+        hierarchical_label_pair(fine, fine, None, same_source=True)
