@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .folders import IMAGE_SUFFIXES
+from .folders import IMAGE_SUFFIXES, has_dataset_files
 from .paths import PathConfiner
 
 __all__ = ["check_image_paths", "describe", "image_column_name", "load_splits", "select_split"]
@@ -91,7 +91,7 @@ def _load_splits(source: Any, *, data_files: Any, cache_dir: Any, revision: Any,
             raise FileNotFoundError(f"parquet file {src} does not exist")
         return dict(datasets.load_dataset("parquet", data_files={"train": src}, cache_dir=cache_dir))
     if path.is_dir():
-        if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
+        if has_dataset_files(path, saved=True):
             loaded = datasets.load_from_disk(src)
             return dict(loaded) if isinstance(loaded, datasets.DatasetDict) else _single(loaded)
         files = [p for p in path.rglob("*") if p.is_file()]
