@@ -188,11 +188,11 @@ def load_retrieval_dataset(
 
     ``source``: a Hub dataset id (e.g. ``"uoft-cs/cifar100"``); a local image folder (:func:`image_folder_layout`;
     every image of the split is checked first); parquet files (a path, a glob, a folder, or ``data_files=``); a
-    ``save_to_disk`` folder; or an in-memory ``datasets.Dataset`` / ``DatasetDict``. Integer or string labels (string
-    ids by sorted value over all splits); the hierarchy must be a tree. A list-valued fine label column is
-    **multi-label** data: ``ds.labels`` ``(N, M)`` padded with ``-1``, ``ds.hierarchy`` the ``(num_fine, L)`` table
-    (from aligned coarser list columns or ``hierarchy=``; ``None``: flat); an open-set side keeps the items all of
-    whose labels are on it.
+    ``save_to_disk`` folder; or an in-memory ``datasets.Dataset`` / ``DatasetDict``. Integer (or whole-number float)
+    or string labels (string ids by sorted value over all splits); the hierarchy must be a tree. A list-valued fine
+    label column is **multi-label** data: ``ds.labels`` ``(N, M)`` padded with ``-1``, ``ds.hierarchy`` the
+    ``(num_fine, L)`` table (from aligned coarser list columns or ``hierarchy=``; ``None``: flat); an open-set side
+    keeps the items all of whose labels are on it.
 
     Args:
         label_columns: Label column names, finest first; ``None`` for a local image folder (its levels).
@@ -227,17 +227,13 @@ def load_retrieval_dataset(
     if layout is not None:  # a user's own images: every one read before any training step
         check_dataset_images(ds, image_column, what=f"{where}, split {split!r}")
     multilabel = is_list_column(ds, label_columns[0])
-    if hierarchy is not None and not multilabel:
-        raise ValueError(
-            f"hierarchy= is for multi-label data (a list-valued fine label column); label column "
-            f"{label_columns[0]!r} holds one label per item: pass the coarser levels as label_columns instead"
-        )
     mappings = label_mappings({**splits, split: ds}, label_columns, where, multilabel)
     needed = label_columns[:1] if multilabel else label_columns  # the columns an open-set rule reads in other splits
     if multilabel:
         labels, table, names = multilabel_labels(ds, split, splits, label_columns, hierarchy, mappings, where)
     else:
-        labels, table, names = label_tensor(ds, label_columns, mappings, split, where, False), None, label_columns
+        labels, names = label_tensor(ds, label_columns, mappings, split, where, False), label_columns
+        table = hierarchy  # refused by the dataset: one-label data carries its levels as columns
         check_tree(labels, name=f"labels {label_columns}")
         if layout is not None:
             _check_classes_have_pairs(labels, f"{where}, split {split!r}")
