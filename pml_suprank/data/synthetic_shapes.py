@@ -227,9 +227,13 @@ class SyntheticShapes(RetrievalDatasetBase):
         for f, v, c in itertools.product(self.family_ids, range(NUM_VARIANTS), range(NUM_COLOURS)):
             own = "test" if _is_test_class(f, v, c) else "train"
             self._classes += [(f, v, c, _SPLIT_CODE[s]) for s in splits if not open_set or s == own]
+        self._set_labels(transform)
+
+    def _set_labels(self, transform: Callable | None) -> None:
+        """``num_per_class`` items of every class of ``_classes``, in order."""
         fine = torch.tensor([fine_id(f, v, c) for f, v, c, _ in self._classes])
-        labels = hierarchy_table(levels)[fine].repeat_interleave(num_per_class, dim=0)
-        super().__init__(labels, level_names(levels), transform)
+        labels = hierarchy_table(self.levels)[fine].repeat_interleave(self.num_per_class, dim=0)
+        RetrievalDatasetBase.__init__(self, labels, level_names(self.levels), transform)
 
     @staticmethod
     def _resolve_families(families: Sequence[str | int] | None) -> list[int]:
