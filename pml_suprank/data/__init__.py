@@ -23,7 +23,7 @@ from .loading import (
     load_retrieval_dataset,
     open_set_classes,
 )
-from .paths import PathConfiner, confined_path, is_inside
+from .paths import PathConfiner, is_inside
 from .retrieval_dataset import RetrievalDatasetBase, check_label_sets, decode_image, pad_label_sets, pil_to_tensor
 from .synthetic_multishapes import SYNTHETIC_DATASETS, SyntheticMultiShapes, synthetic_dataset
 from .synthetic_shapes import COLOURS, FAMILIES, SyntheticNoise, SyntheticShapes

@@ -28,6 +28,7 @@ __all__ = [
     "class_split",
     "class_names_of",
     "folder_splits",
+    "has_dataset_files",
     "class_split_side",
     "image_folder_layout",
     "metadata_splits",
@@ -71,6 +72,14 @@ class FolderLayout:
         if self.kind == "metadata" and not self.needs_class_split:
             where += ", train/ and test/ folders"
         return where + (", no split: classes split in two (seeded, open set)" if self.needs_class_split else "")
+
+
+def has_dataset_files(root: str | Path, *, saved: bool = False) -> bool:
+    """Whether the folder ``root`` holds a ``datasets.save_to_disk`` dataset or (``saved=False``) any other dataset
+    source files (a metadata file, parquet files)."""
+    markers = ("dataset_dict.json", "state.json") + (() if saved else (*_METADATA, "dataset_info.json"))
+    root = Path(root)
+    return any((root / m).is_file() for m in markers) or (not saved and any(root.glob("*.parquet")))
 
 
 def _images(folder: Path) -> list[Path]:
@@ -167,7 +176,7 @@ def image_folder_layout(root: str | Path) -> FolderLayout | None:
             ``file_name`` that is not an image inside the folder.
     """
     root = Path(root)
-    if not root.is_dir() or (root / "dataset_dict.json").is_file() or (root / "state.json").is_file():
+    if not root.is_dir() or has_dataset_files(root, saved=True):
         return None
     images = _images(root)
     if not images:

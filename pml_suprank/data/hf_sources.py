@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .folders import IMAGE_SUFFIXES
+from .folders import IMAGE_SUFFIXES, has_dataset_files
 from .paths import PathConfiner
 
 __all__ = ["check_image_paths", "describe", "image_column_name", "load_splits", "select_split"]
@@ -63,50 +63,43 @@ def load_splits(source: Any, *, data_files: Any, cache_dir: Any, revision: Any, 
     if quiet:
         datasets.disable_progress_bars()
     try:
-        return _load_splits(source, data_files=data_files, cache_dir=cache_dir, revision=revision, token=token)
+        if isinstance(source, datasets.DatasetDict):
+            return dict(source)
+        if isinstance(source, datasets.Dataset):
+            return _single(source)
+        if text is None:
+            raise TypeError(
+                "source must be a Hub dataset id, a local folder / parquet path, or a datasets.Dataset; "
+                f"got {type(source).__name__}"
+            )
+        path = Path(text)
+        if data_files is not None:
+            builder = "parquet" if text in ("", "parquet") else text
+            return dict(datasets.load_dataset(builder, data_files=data_files, cache_dir=cache_dir))
+        if text.endswith(".parquet") or (("*" in text or "?" in text) and ".parquet" in text):
+            if "*" not in text and not path.is_file():
+                raise FileNotFoundError(f"parquet file {text} does not exist")
+            return dict(datasets.load_dataset("parquet", data_files={"train": text}, cache_dir=cache_dir))
+        if path.is_dir():
+            if has_dataset_files(path, saved=True):
+                loaded = datasets.load_from_disk(text)
+                return dict(loaded) if isinstance(loaded, datasets.DatasetDict) else _single(loaded)
+            files = [p for p in path.rglob("*") if p.is_file()]
+            if any(p.suffix.lower() in IMAGE_SUFFIXES for p in files):
+                return dict(datasets.load_dataset("imagefolder", data_dir=text, cache_dir=cache_dir))
+            if any(p.suffix == ".parquet" for p in files):
+                return dict(datasets.load_dataset("parquet", data_dir=text, cache_dir=cache_dir))
+            raise ValueError(
+                f"{text} is a folder but neither a save_to_disk dataset, an image folder, nor a folder of parquet files"
+            )
+        if path.exists():
+            raise ValueError(f"{text} is a file but not a parquet file; pass parquet files, a folder or a Hub id")
+        if text.startswith((".", "/", "~")) or text.count("/") > 1:
+            raise FileNotFoundError(f"{text} does not exist (and is not a Hub dataset id of the form 'org/name')")
+        return dict(datasets.load_dataset(text, cache_dir=cache_dir, revision=revision, token=token))
     finally:
         if quiet:
             datasets.enable_progress_bars()
-
-
-def _load_splits(source: Any, *, data_files: Any, cache_dir: Any, revision: Any, token: Any) -> dict[str, Any]:
-    import datasets
-
-    if isinstance(source, datasets.DatasetDict):
-        return dict(source)
-    if isinstance(source, datasets.Dataset):
-        return _single(source)
-    if not isinstance(source, (str, Path)):
-        raise TypeError(
-            "source must be a Hub dataset id, a local folder / parquet path, or a datasets.Dataset; "
-            f"got {type(source).__name__}"
-        )
-    src = str(source)
-    path = Path(src)
-    if data_files is not None:
-        builder = "parquet" if src in ("", "parquet") else src
-        return dict(datasets.load_dataset(builder, data_files=data_files, cache_dir=cache_dir))
-    if src.endswith(".parquet") or (("*" in src or "?" in src) and ".parquet" in src):
-        if "*" not in src and not path.is_file():
-            raise FileNotFoundError(f"parquet file {src} does not exist")
-        return dict(datasets.load_dataset("parquet", data_files={"train": src}, cache_dir=cache_dir))
-    if path.is_dir():
-        if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
-            loaded = datasets.load_from_disk(src)
-            return dict(loaded) if isinstance(loaded, datasets.DatasetDict) else _single(loaded)
-        files = [p for p in path.rglob("*") if p.is_file()]
-        if any(p.suffix.lower() in IMAGE_SUFFIXES for p in files):
-            return dict(datasets.load_dataset("imagefolder", data_dir=src, cache_dir=cache_dir))
-        if any(p.suffix == ".parquet" for p in files):
-            return dict(datasets.load_dataset("parquet", data_dir=src, cache_dir=cache_dir))
-        raise ValueError(
-            f"{src} is a folder but neither a save_to_disk dataset, an image folder, nor a folder of parquet files"
-        )
-    if path.exists():
-        raise ValueError(f"{src} is a file but not a parquet file; pass parquet files, a folder or a Hub id")
-    if src.startswith((".", "/", "~")) or src.count("/") > 1:
-        raise FileNotFoundError(f"{src} does not exist (and is not a Hub dataset id of the form 'org/name')")
-    return dict(datasets.load_dataset(src, cache_dir=cache_dir, revision=revision, token=token))
 
 
 def _single(ds: Any) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from ..relevance import check_tree
 from .folders import folder_splits, image_folder_layout, metadata_splits
 from .hf_sources import check_image_paths, describe, image_column_name, load_splits, select_split
 from .image_check import check_dataset_images
-from .label_columns import is_list_column, multilabel_labels
+from .label_columns import is_list_column, label_mappings, label_tensor, multilabel_labels
 from .retrieval_dataset import RetrievalDatasetBase, decode_image, pad_label_sets
 from .transforms import build_transforms
 
@@ -188,11 +188,11 @@ def load_retrieval_dataset(
 
     ``source``: a Hub dataset id (e.g. ``"uoft-cs/cifar100"``); a local image folder (:func:`image_folder_layout`;
     every image of the split is checked first); parquet files (a path, a glob, a folder, or ``data_files=``); a
-    ``save_to_disk`` folder; or an in-memory ``datasets.Dataset`` / ``DatasetDict``. Integer or string labels (string
-    ids by sorted value over all splits); the hierarchy must be a tree. A list-valued fine label column is
-    **multi-label** data: ``ds.labels`` ``(N, M)`` padded with ``-1``, ``ds.hierarchy`` the ``(num_fine, L)`` table
-    (from aligned coarser list columns or ``hierarchy=``; ``None``: flat); an open-set side keeps the items all of
-    whose labels are on it.
+    ``save_to_disk`` folder; or an in-memory ``datasets.Dataset`` / ``DatasetDict``. Integer (or whole-number float)
+    or string labels (string ids by sorted value over all splits); the hierarchy must be a tree. A list-valued fine
+    label column is **multi-label** data: ``ds.labels`` ``(N, M)`` padded with ``-1``, ``ds.hierarchy`` the
+    ``(num_fine, L)`` table (from aligned coarser list columns or ``hierarchy=``; ``None``: flat); an open-set side
+    keeps the items all of whose labels are on it.
 
     Args:
         label_columns: Label column names, finest first; ``None`` for a local image folder (its levels).
@@ -226,33 +226,23 @@ def load_retrieval_dataset(
     check_image_paths(ds, image_column, source, split)
     if layout is not None:  # a user's own images: every one read before any training step
         check_dataset_images(ds, image_column, what=f"{where}, split {split!r}")
-    for name, d in {**splits, split: ds}.items():
-        _check_no_missing_labels(d, label_columns, name, where)
     multilabel = is_list_column(ds, label_columns[0])
+    mappings = label_mappings({**splits, split: ds}, label_columns, where, multilabel)
     needed = label_columns[:1] if multilabel else label_columns  # the columns an open-set rule reads in other splits
-
-    def read(d: Any, name: str) -> Tensor:
-        if multilabel:
-            return multilabel_labels(d, name, splits, needed, None, where)[0]
-        return _read_labels(d, label_columns, mappings)
-
     if multilabel:
-        labels, table, names, mappings = multilabel_labels(ds, split, splits, label_columns, hierarchy, where)
-    elif hierarchy is not None:
-        raise ValueError(
-            f"hierarchy= is for multi-label data (a list-valued fine label column); label column "
-            f"{label_columns[0]!r} holds one label per item: pass the coarser levels as label_columns instead"
-        )
+        labels, table, names = multilabel_labels(ds, split, splits, label_columns, hierarchy, mappings, where)
     else:
-        mappings, table, names = _string_label_mappings(ds, splits, label_columns), None, label_columns
-        labels = read(ds, split)
-        if labels.numel() and bool((labels < 0).any()):
-            raise ValueError(f"label columns {label_columns} contain negative ids (unlabelled?) in split {split!r}")
+        labels, names = label_tensor(ds, label_columns, mappings, split, where, False), label_columns
+        table = hierarchy  # refused by the dataset: one-label data carries its levels as columns
         check_tree(labels, name=f"labels {label_columns}")
         if layout is not None:
             _check_classes_have_pairs(labels, f"{where}, split {split!r}")
     if open_set is not None:
-        others = {k: read(v, k) for k, v in splits.items() if k not in parts and set(needed) <= set(v.column_names)}
+        others = {
+            k: label_tensor(v, needed, mappings, k, where, multilabel)
+            for k, v in splits.items()
+            if k not in parts and set(needed) <= set(v.column_names)
+        }
         rules = {"train_classes_per_coarse": train_classes_per_coarse, "train_class_fraction": train_class_fraction}
         ds, labels = _open_set_side(ds, labels, others, open_set, rules, split, where, table, multilabel=multilabel)
     feature = ds.features[label_columns[0]]
@@ -318,54 +308,6 @@ def _check_label_columns(label_columns: Any, source: Any) -> list[str]:
     if len(set(label_columns)) != len(label_columns):
         raise ValueError(f"label_columns must not repeat a column; got {label_columns}")
     return label_columns
-
-
-def _check_no_missing_labels(d: Any, label_columns: list[str], split: str, where: str) -> None:
-    """Refuse missing labels (null, or NaN in a float column) instead of a class ``"nan"``: ``ValueError`` naming the
-    column, the split and the row."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    table = d.with_format("arrow")
-    for c in label_columns:
-        if c not in d.column_names:
-            continue
-        column = table[c]
-        missing = pc.is_null(column, nan_is_null=True) if pa.types.is_floating(column.type) else pc.is_null(column)
-        if pc.any(missing).as_py():
-            row = pc.index(missing, True).as_py()
-            raise ValueError(
-                f"label column {c!r} of split {split!r} of {where} has a missing (null / NaN) label at "
-                f"row {row} ({pc.sum(missing).as_py()} missing in all); drop or label those rows before loading"
-            )
-
-
-def _string_label_mappings(ds: Any, splits: dict[str, Any], label_columns: list[str]) -> dict[str, dict[str, int]]:
-    """``{column: {value: id}}`` for the non-integer label columns, ids by sorted value over all splits."""
-    import datasets
-
-    mappings = {}
-    for c in label_columns:
-        feature = ds.features[c]
-        if isinstance(feature, datasets.ClassLabel) or getattr(feature, "dtype", "").startswith(("int", "uint")):
-            continue
-        values = set()
-        for other in splits.values():
-            if c in other.column_names:
-                values.update(map(str, other[c]))
-        mappings[c] = {v: i for i, v in enumerate(sorted(values))}
-    return mappings
-
-
-def _read_labels(d: Any, label_columns: list[str], mappings: dict[str, dict[str, int]]) -> Tensor:
-    """``(N, L)`` integer labels of the dataset ``d`` (string columns mapped through ``mappings``)."""
-    cols = []
-    for c in label_columns:
-        if c in mappings:
-            cols.append(np.array([mappings[c][str(v)] for v in d[c]], dtype=np.int64))
-        else:
-            cols.append(np.asarray(d.select_columns([c]).with_format("numpy")[c], dtype=np.int64))
-    return torch.from_numpy(np.stack(cols, axis=1)) if len(d) else torch.zeros(0, len(label_columns), dtype=torch.long)
 
 
 def _open_set_side(

@@ -1,12 +1,12 @@
 """Paths read from a dataset's own files (list files, ``metadata.csv`` ...) kept inside the dataset's folder (no
-absolute path, ``..`` or symbolic link out): :func:`confined_path` is the one check every loader applies."""
+absolute path, ``..`` or symbolic link out): :class:`PathConfiner` is the one check every loader applies."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path, PurePath
 
-__all__ = ["PathConfiner", "confined_path", "is_inside"]
+__all__ = ["PathConfiner", "is_inside"]
 
 
 def is_inside(root: str | Path, path: str | Path) -> bool:
@@ -25,7 +25,8 @@ def _named_inside(root: str | Path, path: str) -> bool:
 
 
 class PathConfiner:
-    """:func:`confined_path` for many paths under one ``root``, each folder resolved once per instance."""
+    """Paths read from the files of the dataset folder ``root``, checked to stay inside it (each folder resolved once
+    per instance)."""
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
@@ -33,7 +34,9 @@ class PathConfiner:
         self._real_dirs: dict[str, str] = {}
 
     def __call__(self, *parts: str | Path, where: str, allow_absolute: bool = False) -> str:
-        """See :func:`confined_path`."""
+        """``root / parts[0] / ...`` (a string, not resolved) once checked to stay inside ``root``; ``where`` names the
+        file and line the parts were read at; ``allow_absolute`` accepts an absolute first part inside ``root``.
+        ``ValueError`` (``"<where>: ..."``): an absolute part, a ``..`` component, a symbolic link leading outside."""
         joined = self.root
         for i, part in enumerate(parts):
             text = os.fspath(part)
@@ -63,11 +66,3 @@ class PathConfiner:
             real_folder = self._real_dirs[folder] = os.path.realpath(folder)
         candidate = os.path.join(real_folder, name)
         return os.path.realpath(candidate) if os.path.islink(candidate) else candidate
-
-
-def confined_path(root: str | Path, *parts: str | Path, where: str, allow_absolute: bool = False) -> str:
-    """``root / parts[0] / ...`` (a string, not resolved) once checked to stay inside ``root``; ``where`` names the
-    file and line the parts were read at; ``allow_absolute`` accepts an absolute first part inside ``root``.
-    ``ValueError`` (``"<where>: ..."``): an absolute part, a ``..`` component, a symbolic link leading outside.
-    """
-    return PathConfiner(root)(*parts, where=where, allow_absolute=allow_absolute)

@@ -81,8 +81,8 @@ class RetrievalDatasetBase(Dataset):
         else:
             if hierarchy is not None:
                 raise ValueError(
-                    "hierarchy= is only for multi-label datasets (multilabel=True); single-label labels (N, L) carry "
-                    "their levels as columns"
+                    "hierarchy= is for multi-label data (multilabel=True, a list-valued fine label column); "
+                    "one-label labels (N, L) carry their levels as columns: pass the coarser levels as label columns"
                 )
             labels = torch.as_tensor(labels, dtype=torch.long)
             if labels.dim() == 1:

@@ -156,11 +156,10 @@ def _benchmark_errors(spec: BenchmarkSpec, data: Mapping[str, Any], require_root
             errors.append(
                 f"'data.{part}_split' must be a split of benchmark {spec.name} {list(spec.splits)}; got {split!r}"
             )
-    if data.get("test_split") is None and spec.test_split is None:
-        errors.append(
-            f"benchmark {spec.name} has no single test split (it is evaluated per query / gallery pair by "
-            f"pml-suprank-evaluate --benchmark {spec.name}); set 'data.test_split' to one of {list(spec.splits)}"
-        )
+    try:
+        resolved_split({"data": data}, "test")
+    except ValueError as e:
+        errors.append(str(e))
     train_split = data.get("train_split") or spec.train_split
     if "label_columns" in data and train_split in spec.splits:
         names = list(benchmark_label_names(spec.name, train_split))

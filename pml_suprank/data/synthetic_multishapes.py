@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._validation import check_choice, check_positive_int
+from .._validation import check_choice
 from .retrieval_dataset import RetrievalDatasetBase, pad_label_sets
 from .synthetic_shapes import (
     FAMILIES,
@@ -33,7 +33,7 @@ _MAX_LABELS = 9  # at most a 3 x 3 grid of shapes
 _IMAGE_STREAM = 1000  # above every fine id, so no image stream is shared with SyntheticShapes
 
 
-class SyntheticMultiShapes(RetrievalDatasetBase):
+class SyntheticMultiShapes(SyntheticShapes):
     """Procedurally rendered images of several hierarchical shapes: multi-label retrieval data.
 
     Args:
@@ -74,28 +74,23 @@ class SyntheticMultiShapes(RetrievalDatasetBase):
     ) -> None:
         if isinstance(max_labels, bool) or not isinstance(max_labels, int) or not 1 <= max_labels <= _MAX_LABELS:
             raise ValueError(f"max_labels must be an int in [1, {_MAX_LABELS}]; got {max_labels!r}")
-        # the single-label dataset validates every shared argument (and the families) the same way
-        ref = SyntheticShapes(
-            split, 1, image_size, seed, families, levels, open_set, rotation, scale, noise, clutter, colour_jitter,
-            illumination, colour_cast, None, False,
-        )  # fmt: skip
-        check_positive_int("num_per_class", num_per_class)
-        for name in ("split", "image_size", "seed", "family_ids", "levels", "open_set", "rotation", "scale", "noise",
-                     "clutter", "colour_jitter", "illumination", "colour_cast"):  # fmt: skip
-            setattr(self, name, getattr(ref, name))
-        self.num_per_class = num_per_class
         self.max_labels = max_labels
-        self.cache = bool(cache)
-        self._cache: dict[int, np.ndarray] = {}
-        # (split code, index within that split's images, fine ids of the shapes) per image
+        super().__init__(
+            split, num_per_class, image_size, seed, families, levels, open_set, rotation, scale, noise, clutter,
+            colour_jitter, illumination, colour_cast, transform, cache,
+        )  # fmt: skip
+
+    def _set_labels(self, transform: Callable | None) -> None:
+        """The label sets: ``_items`` (split code, index within that split's images, fine ids of the shapes)."""
         self._items: list[tuple[int, int, list[int]]] = []
-        codes = sorted({code for *_, code in ref._classes})
-        for code in codes:
-            fine = sorted(fine_id(f, v, c) for f, v, c, k in ref._classes if k == code)
-            for j, group in enumerate(self._label_sets(fine, code)):
-                self._items.append((code, j, group))
-        labels = pad_label_sets([g for *_, g in self._items], width=max_labels)
-        super().__init__(labels, level_names(levels), transform, multilabel=True, hierarchy=hierarchy_table(levels))
+        for code in sorted({code for *_, code in self._classes}):
+            fine = sorted(fine_id(f, v, c) for f, v, c, k in self._classes if k == code)
+            self._items += [(code, j, group) for j, group in enumerate(self._label_sets(fine, code))]
+        labels = pad_label_sets([g for *_, g in self._items], width=self.max_labels)
+        hierarchy = hierarchy_table(self.levels)
+        RetrievalDatasetBase.__init__(
+            self, labels, level_names(self.levels), transform, multilabel=True, hierarchy=hierarchy
+        )
 
     def _label_sets(self, fine: list[int], split_code: int) -> list[list[int]]:
         """``num_per_class`` rounds, each a shuffle of ``fine`` cut into sorted groups of 1..``max_labels``."""
@@ -111,13 +106,9 @@ class SyntheticMultiShapes(RetrievalDatasetBase):
                 start += k
         return groups
 
-    class_names = SyntheticShapes.class_names
-
     def num_labels(self) -> torch.Tensor:
         """``(N,)`` number of labels (shapes) of every image."""
         return (self.labels >= 0).sum(1)
-
-    get_image = SyntheticShapes.get_image  # the cached PIL image of self.render(index)
 
     def render(self, index: int) -> np.ndarray:
         """Render item ``index`` as a ``(H, W, 3)`` uint8 array (deterministic)."""

@@ -30,11 +30,11 @@ __all__ = ["COLOURS", "FAMILIES", "SHADES", "SyntheticNoise", "SyntheticShapes"]
 _Poly = list[tuple[float, float]]
 
 
-def _regular(n: int, r: float = 1.0, phase: float = -90.0) -> _Poly:
-    return [
-        (r * math.cos(math.radians(phase + 360.0 * k / n)), r * math.sin(math.radians(phase + 360.0 * k / n)))
-        for k in range(n)
-    ]
+def _regular(n: int, r: float | Sequence[float] = 1.0) -> _Poly:
+    """``n`` points evenly spaced in angle from the top, at radius ``r`` (or ``r[k]`` for point ``k``)."""
+    radii = [r] * n if isinstance(r, (int, float)) else r
+    angles = [math.radians(-90.0 + 360.0 * k / n) for k in range(n)]
+    return [(radius * math.cos(a), radius * math.sin(a)) for radius, a in zip(radii, angles)]
 
 
 def _ellipse(rx: float, ry: float, n: int = 48) -> _Poly:
@@ -42,9 +42,7 @@ def _ellipse(rx: float, ry: float, n: int = 48) -> _Poly:
 
 
 def _star(points: int, inner: float) -> _Poly:
-    radii = [1.0 if k % 2 == 0 else inner for k in range(2 * points)]
-    angles = [math.radians(-90.0 + 180.0 * k / points) for k in range(2 * points)]
-    return [(r * math.cos(a), r * math.sin(a)) for r, a in zip(radii, angles)]
+    return _regular(2 * points, [1.0 if k % 2 == 0 else inner for k in range(2 * points)])
 
 
 def _rect(x0: float, y0: float, x1: float, y1: float) -> _Poly:
@@ -229,9 +227,13 @@ class SyntheticShapes(RetrievalDatasetBase):
         for f, v, c in itertools.product(self.family_ids, range(NUM_VARIANTS), range(NUM_COLOURS)):
             own = "test" if _is_test_class(f, v, c) else "train"
             self._classes += [(f, v, c, _SPLIT_CODE[s]) for s in splits if not open_set or s == own]
+        self._set_labels(transform)
+
+    def _set_labels(self, transform: Callable | None) -> None:
+        """``num_per_class`` items of every class of ``_classes``, in order."""
         fine = torch.tensor([fine_id(f, v, c) for f, v, c, _ in self._classes])
-        labels = hierarchy_table(levels)[fine].repeat_interleave(num_per_class, dim=0)
-        super().__init__(labels, level_names(levels), transform)
+        labels = hierarchy_table(self.levels)[fine].repeat_interleave(self.num_per_class, dim=0)
+        RetrievalDatasetBase.__init__(self, labels, level_names(self.levels), transform)
 
     @staticmethod
     def _resolve_families(families: Sequence[str | int] | None) -> list[int]:
@@ -367,15 +369,11 @@ def render_shapes(
     for (shape, colour), k in zip(shapes, cells):
         row, col = divmod(int(k), grid or 1)
         radius = rng.uniform(*ds.scale) * cell
-        if grid is None:
-            theta = math.radians(rng.uniform(-ds.rotation, ds.rotation))
-            margin = radius * 1.02
-            cx = rng.uniform(margin, size - margin) if size - 2 * margin > 0 else size / 2
-            cy = rng.uniform(margin, size - margin) if size - 2 * margin > 0 else size / 2
-        else:
-            margin = min(radius * 1.02, cell / 2)
-            cx = col * cell + rng.uniform(margin, cell - margin)
-            cy = row * cell + rng.uniform(margin, cell - margin)
+        margin = radius * 1.02 if grid is None else min(radius * 1.02, cell / 2)
+        theta = math.radians(rng.uniform(-ds.rotation, ds.rotation)) if grid is None else None
+        free = grid is not None or cell > 2 * margin  # a shape wider than the image sits in its centre
+        cx, cy = (c * cell + (rng.uniform(margin, cell - margin) if free else cell / 2) for c in (col, row))
+        if theta is None:  # in a grid the rotation is drawn after the position
             theta = math.radians(rng.uniform(-ds.rotation, ds.rotation))
         alpha = _polygon_alpha(shape, cx, cy, radius, theta, rng.uniform(0.9, 1.1), size, ss)
         jitter = rng.uniform(-ds.colour_jitter, ds.colour_jitter, size=3)

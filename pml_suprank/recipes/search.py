@@ -112,7 +112,7 @@ def parse_args(argv: list[str] | None = None) -> SearchSpec:
 def is_plain_image_source(source: str) -> bool:
     """An image file, or a folder of image files without the metadata / parquet / saved-dataset files of a dataset
     source (read by :class:`~pml_suprank.search.image_files.ImageFiles`, no labels)."""
-    from pml_suprank.search.image_files import has_dataset_files
+    from pml_suprank.data.folders import has_dataset_files
 
     root = Path(source)
     return root.is_file() or (root.is_dir() and not has_dataset_files(root))

@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
-from ..data.folders import IMAGE_SUFFIXES
+from ..data.folders import IMAGE_SUFFIXES, has_dataset_files
 
-__all__ = ["ImageFiles", "has_dataset_files", "is_flat_image_folder"]
+__all__ = ["ImageFiles", "is_flat_image_folder"]
 
 
 def _image_paths(root: Path) -> list[Path]:
@@ -21,12 +21,6 @@ def _image_paths(root: Path) -> list[Path]:
         p for p in sorted(root.rglob("*")) if not any(part.startswith(".") for part in p.relative_to(root).parts)
     )
     return [p for p in visible if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES]
-
-
-def has_dataset_files(root: str | Path) -> bool:
-    """The folder ``root`` holds the metadata / parquet / saved-dataset files of a dataset source."""
-    markers = ("metadata.csv", "metadata.jsonl", "dataset_dict.json", "dataset_info.json", "state.json")
-    return any(Path(root).glob("*.parquet")) or any((Path(root) / m).exists() for m in markers)
 
 
 def is_flat_image_folder(root: str | Path) -> bool:

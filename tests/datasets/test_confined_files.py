@@ -18,7 +18,7 @@ from PIL import Image
 
 from pml_suprank.data import load_retrieval_dataset
 from pml_suprank.data.benchmarks import BENCHMARKS, load_benchmark
-from pml_suprank.data.paths import PathConfiner, confined_path, is_inside
+from pml_suprank.data.paths import PathConfiner, is_inside
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = b"password=hunter2\n"
@@ -42,7 +42,7 @@ def _append(path: Path, line: str) -> int:
 
 
 def test_confined_path_joins_relative_parts(tmp_path):
-    assert confined_path(tmp_path, "a", "b/c.jpg", where="list.txt, line 2") == str(tmp_path / "a" / "b" / "c.jpg")
+    assert PathConfiner(tmp_path)("a", "b/c.jpg", where="list.txt, line 2") == str(tmp_path / "a" / "b" / "c.jpg")
     assert is_inside(tmp_path, tmp_path / "a") and not is_inside(tmp_path / "a", tmp_path)
     assert not is_inside(tmp_path / "ab", tmp_path / "abc" / "x")  # a sibling sharing a prefix is outside
 
@@ -59,7 +59,7 @@ def test_confined_path_joins_relative_parts(tmp_path):
 )
 def test_confined_path_refuses_absolute_and_dotdot(tmp_path, parts, message):
     with pytest.raises(ValueError, match=message):
-        confined_path(tmp_path, *parts, where="list.txt, line 2")
+        PathConfiner(tmp_path)(*parts, where="list.txt, line 2")
 
 
 def test_confined_path_symlinks(tmp_path):
@@ -69,19 +69,19 @@ def test_confined_path_symlinks(tmp_path):
     (root / "imgs" / "inside.jpg").symlink_to(root / "imgs" / "real.jpg")
     (root / "imgs" / "outside.jpg").symlink_to(_secret(tmp_path))
     (root / "linked").symlink_to(tmp_path / "outside", target_is_directory=True)
-    assert confined_path(root, "imgs/inside.jpg", where="w").endswith("inside.jpg")
+    assert PathConfiner(root)("imgs/inside.jpg", where="w").endswith("inside.jpg")
     with pytest.raises(ValueError, match=r"w: path .*outside\.jpg' leads outside .*secret\.txt"):
-        confined_path(root, "imgs/outside.jpg", where="w")
+        PathConfiner(root)("imgs/outside.jpg", where="w")
     with pytest.raises(ValueError, match="leads outside"):
-        confined_path(root, "linked", "secret.txt", where="w")
+        PathConfiner(root)("linked", "secret.txt", where="w")
     # an absolute path is accepted only on request and only inside the root
     inside = str(root / "imgs" / "real.jpg")
-    assert confined_path(root, inside, where="w", allow_absolute=True) == inside
+    assert PathConfiner(root)(inside, where="w", allow_absolute=True) == inside
     with pytest.raises(ValueError, match="is absolute"):
-        confined_path(root, str(_secret(tmp_path)), where="w", allow_absolute=True)
+        PathConfiner(root)(str(_secret(tmp_path)), where="w", allow_absolute=True)
     # a root reached through a symbolic link is fine
     (tmp_path / "alias").symlink_to(root, target_is_directory=True)
-    assert confined_path(tmp_path / "alias", "imgs/real.jpg", where="w").endswith("real.jpg")
+    assert PathConfiner(tmp_path / "alias")("imgs/real.jpg", where="w").endswith("real.jpg")
 
 
 def test_one_confiner_for_many_paths_still_checks_every_file(tmp_path):

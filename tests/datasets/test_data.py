@@ -150,6 +150,20 @@ def test_missing_labels_are_refused_by_column_and_row(tmp_path, column, values, 
         load_retrieval_dataset(both, ["fine_label", "coarse_label"])
 
 
+def test_float_label_columns_are_read_as_ids_by_both_readers():
+    """An integral float column (parquet's integer column with a gap) holds ids, one label or lists; fractions are
+    refused the same way."""
+    from datasets import Dataset
+
+    one = Dataset.from_dict({"img": [_image(i) for i in range(3)], "y": [2.0, 10.0, 2.0]})
+    assert load_retrieval_dataset(one, "y").labels[:, 0].tolist() == [2, 10, 2]
+    lists = Dataset.from_dict({"img": [_image(i) for i in range(3)], "y": [[2.0], [10.0, 2.0], [2.0]]})
+    assert load_retrieval_dataset(lists, "y").labels.tolist() == [[2, -1], [10, 2], [2, -1]]
+    for frac in (one.map(lambda r: {"y": r["y"] + 0.5}), lists.map(lambda r: {"y": [v + 0.5 for v in r["y"]]})):
+        with pytest.raises(ValueError, match="label column 'y' of split 'train' .* non-integer labels"):
+            load_retrieval_dataset(frac, "y")
+
+
 def test_save_to_disk_dict_and_single(hf_dict, tmp_path):
     hf_dict.save_to_disk(str(tmp_path / "dd"))
     ds = load_retrieval_dataset(tmp_path / "dd", ["fine_label", "coarse_label"], split="test")

@@ -231,7 +231,7 @@ def test_base_contract_checks():
         _Plain(torch.tensor([[3]]), ["fine", "coarse"], multilabel=True, hierarchy=[[0, 0]])
     with pytest.raises(ValueError, match="labels row 0 has no label"):
         _Plain(torch.tensor([[-1]]), ["fine"], multilabel=True)
-    with pytest.raises(ValueError, match="hierarchy= is only for multi-label"):
+    with pytest.raises(ValueError, match="hierarchy= is for multi-label"):
         _Plain(torch.tensor([[0]]), ["fine"], hierarchy=[[0]])
     single = _Plain(torch.tensor([[0, 1]]), ["fine", "coarse"])
     assert not single.multilabel and single.num_levels == 2 and not hasattr(single, "hierarchy")
