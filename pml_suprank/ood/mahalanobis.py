@@ -10,7 +10,6 @@ import warnings
 import torch
 from torch import Tensor
 
-from .._validation import check_bool
 from ..hub.schema import TensorSpec
 from .base import Detector, check_features
 from .priors import ClassConditionalGaussian, finite_scores, gaussian_state_spec, shared_gaussian
@@ -50,11 +49,10 @@ class GaussianDetector(Detector, register=False):
         self.normalize, self.reg = self.gaussian.normalize, self.gaussian.reg
 
     def _fit(self, features=None, logits=None, labels=None, **kwargs) -> None:
-        z = check_features("features", features).detach()
-        self.gaussian.fit(z, labels)
-        self._fit_more(z)
+        self.gaussian.fit(features, labels)  # checks features (N, D) and labels
+        self._fit_more(features.detach())
         if not self.normalize:  # SSD+ scores unit-norm rows: the fitted scale is that of the sphere
-            warn_degenerate_scale(type(self).__name__, self.gaussian.cholesky, z.dtype)
+            warn_degenerate_scale(type(self).__name__, self.gaussian.cholesky, features.dtype)
 
     def _fit_more(self, z: Tensor) -> None:
         """Fit the subclass's own tensors on the checked ``(N, D)`` features; default: none."""
@@ -86,9 +84,6 @@ class Mahalanobis(GaussianDetector):
         normalize: L2-normalise features (SSD+).
         reg: Relative ridge on the covariance (see :class:`~pml_suprank.ood.priors.ClassConditionalGaussian`).
     """
-
-    def __init__(self, normalize: bool = False, reg: float = 1e-6) -> None:
-        super().__init__(check_bool("normalize", normalize), reg)
 
     def _score(self, features=None, logits=None, **kwargs) -> Tensor:
         return self.gaussian.min_mahalanobis(self._check_z(features))
