@@ -21,19 +21,12 @@ from .features import OODFeatures, extract_features, pool_feature_map
 
 # detectors, in the order of ``list_detectors()``: importing a module defines (registers) its detector
 from .heat import HEAT, compose_energies, standardize  # isort: skip
-from .logit_scores import MSP, MaxLogit, Energy  # isort: skip
-from .odin import ODIN  # isort: skip
-from .mahalanobis import Mahalanobis  # isort: skip
-from .knn import KNN  # isort: skip
+from .logit_scores import MSP, MaxLogit, Energy, GEN, ODIN  # isort: skip
+from .mahalanobis import Mahalanobis, RMDS  # isort: skip
+from .knn import KNN, NNGuide  # isort: skip
 from .vim import ViM  # isort: skip
-from .dice import DICE  # isort: skip
-from .react import ReAct  # isort: skip
-from .gen import GEN  # isort: skip
-from .rmds import RMDS  # isort: skip
-from .shaping import ASH, SCALE  # isort: skip
-from .nnguide import NNGuide  # isort: skip
-from .presets import PRESETS
-from .priors import ClassConditionalGaussian, ELPrior, GMMPrior, GMMStdPrior, Prior, get_prior, list_priors
+from .shaping import ReAct, DICE, ASH, SCALE  # isort: skip
+from .priors import PRESETS, ClassConditionalGaussian, ELPrior, GMMPrior, GMMStdPrior, Prior, get_prior, list_priors
 
 from .benchmark import BenchmarkResult, benchmark  # isort: skip
 

@@ -1,4 +1,6 @@
-"""Mahalanobis (Lee et al., NeurIPS 2018) and SSD+ (Sehwag et al., ICLR 2021) distance scores; higher = more OOD."""
+"""Gaussian distance scores: Mahalanobis (Lee et al., NeurIPS 2018), SSD+ (Sehwag et al., ICLR 2021) and RMDS, the
+relative Mahalanobis distance (Ren et al., "A Simple Fix to Mahalanobis Distance for Improving Near-OOD Detection",
+2021); higher = more OOD."""
 
 from __future__ import annotations
 
@@ -8,12 +10,11 @@ import warnings
 import torch
 from torch import Tensor
 
-from .._validation import check_bool
 from ..hub.schema import TensorSpec
 from .base import Detector, check_features
-from .priors import ClassConditionalGaussian, gaussian_state_spec
+from .priors import ClassConditionalGaussian, finite_scores, gaussian_state_spec, shared_gaussian
 
-__all__ = ["GaussianDetector", "Mahalanobis"]
+__all__ = ["RMDS", "GaussianDetector", "Mahalanobis"]
 _GAUSSIAN = ("means", "class_weights", "cholesky", "classes")
 
 
@@ -48,11 +49,10 @@ class GaussianDetector(Detector, register=False):
         self.normalize, self.reg = self.gaussian.normalize, self.gaussian.reg
 
     def _fit(self, features=None, logits=None, labels=None, **kwargs) -> None:
-        z = check_features("features", features).detach()
-        self.gaussian.fit(z, labels)
-        self._fit_more(z)
+        self.gaussian.fit(features, labels)  # checks features (N, D) and labels
+        self._fit_more(features.detach())
         if not self.normalize:  # SSD+ scores unit-norm rows: the fitted scale is that of the sphere
-            warn_degenerate_scale(type(self).__name__, self.gaussian.cholesky, z.dtype)
+            warn_degenerate_scale(type(self).__name__, self.gaussian.cholesky, features.dtype)
 
     def _fit_more(self, z: Tensor) -> None:
         """Fit the subclass's own tensors on the checked ``(N, D)`` features; default: none."""
@@ -85,8 +85,48 @@ class Mahalanobis(GaussianDetector):
         reg: Relative ridge on the covariance (see :class:`~pml_suprank.ood.priors.ClassConditionalGaussian`).
     """
 
-    def __init__(self, normalize: bool = False, reg: float = 1e-6) -> None:
-        super().__init__(check_bool("normalize", normalize), reg)
-
     def _score(self, features=None, logits=None, **kwargs) -> Tensor:
         return self.gaussian.min_mahalanobis(self._check_z(features))
+
+
+class RMDS(GaussianDetector):
+    """Relative Mahalanobis distance (Ren et al. 2021, Eq. 4): score ``(N,)`` ``min_k (MD_k(z) − MD_0(z))``.
+
+    ``MD_k`` is the squared distance of :class:`~pml_suprank.ood.Mahalanobis` to class ``k``, ``MD_0`` the one under
+    the *background* Gaussian of all training features (raw features, as the paper and OpenOOD v1.5). OpenOOD inverts
+    the covariances with a pseudo-inverse; here a relative ridge ``reg · mean(diag Σ)`` precedes a float64 Cholesky.
+
+    Args:
+        reg: Relative ridge added to both covariances (``>= 0``).
+    """
+
+    _state_names = (*GaussianDetector._state_names, "background_mean", "background_cholesky")
+
+    def __init__(self, reg: float = 1e-6) -> None:
+        super().__init__(normalize=False, reg=reg)
+
+    def _fit_more(self, z: Tensor) -> None:
+        one_group = torch.zeros(z.shape[0], dtype=torch.long, device=z.device)
+        counts = torch.tensor([z.shape[0]], device=z.device)
+        means, self.background_cholesky = shared_gaussian(z.to(torch.float64), one_group, counts, self.reg, z.dtype)
+        self.background_mean = means[0]
+
+    def background_distance(self, z: Tensor) -> Tensor:
+        """``(N, D) -> (N,)`` squared Mahalanobis distance ``MD_0`` to the background Gaussian (float64)."""
+        chol = self.background_cholesky.to(device=z.device, dtype=torch.float64)
+        centred = z.to(torch.float64) - self.background_mean.to(device=z.device, dtype=torch.float64)
+        y = torch.linalg.solve_triangular(chol, centred.T, upper=False)  # L⁻¹(z − μ_0), (D, N)
+        return (y * y).sum(dim=0)
+
+    def _score(self, features=None, logits=None, **kwargs) -> Tensor:
+        z = self._check_z(features)
+        relative = self.gaussian.mahalanobis(z) - self.background_distance(z).unsqueeze(-1)
+        return finite_scores(relative.min(dim=-1).values, z.dtype, "RMDS")
+
+    def _state_spec(self) -> dict[str, TensorSpec]:
+        """The class-conditional Gaussian plus ``background_mean`` ``(D,)`` and its Cholesky factor ``(D, D)``."""
+        return {
+            **super()._state_spec(),
+            "background_mean": TensorSpec(("D",)),
+            "background_cholesky": TensorSpec(("D", "D"), lower_triangular=True),
+        }

@@ -13,7 +13,7 @@ import re
 from dataclasses import asdict, dataclass, fields, make_dataclass, replace
 from typing import Any
 
-from ..ood.presets import PRESETS
+from ..ood.priors import PRESETS
 from ..training.config import (
     OptionCheck,
     OptionError,

@@ -10,7 +10,7 @@ import torch
 from conftest import load_golden
 
 from pml_suprank import ood
-from pml_suprank.ood.gen import generalized_entropy
+from pml_suprank.ood.logit_scores import generalized_entropy
 from pml_suprank.ood.shaping import ash_binarize, ash_prune, ash_scale, kept_count, scale_activations
 
 
