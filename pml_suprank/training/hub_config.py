@@ -22,16 +22,14 @@ from typing import Any
 
 from ..losses.registry import check_loss_name
 from .config import OptionCheck, OptionError, is_number, is_str, list_of
-from .options import LOCATIONS, SECTIONS, recipe_options
+from .options import LOCATIONS, SECTIONS, config_layer
 from .run_spec import RunSpec
 from .spec import merge_layers, read_sections, section_problems
 
 __all__ = [
     "HUB_CONFIG_SCHEMA",
     "HUB_SECTION",
-    "build_loss",
     "bundled_hub_configs",
-    "config_layer",
     "hub_config_path",
     "load_hub_config",
     "read_hub_config",
@@ -111,14 +109,6 @@ def validate_hub_config(
     return config
 
 
-def config_layer(config: Mapping[str, Any], source: str | None = None) -> dict[str, tuple[str, Any]]:
-    """The options of a (schema-checked) hub_config as a layer of :func:`~pml_suprank.training.spec.parse`:
-    ``{option name: ("<source>: section.key", value)}`` (``loss.name`` is ``loss``; metadata is left out)."""
-    prefix = f"{source}: " if source else ""
-    return {LOCATIONS[(section, k)][1]: (f"{prefix}{section}.{k}", v) for section in SECTIONS
-            for k, v in (config.get(section) or {}).items() if (section, k) in LOCATIONS}  # fmt: skip
-
-
 def bundled_hub_configs() -> list[str]:
     """The names of the hub_configs shipped with the package, sorted."""
     return sorted(p.stem for p in BUNDLED_HUB_CONFIGS.glob("*.yaml"))
@@ -162,11 +152,3 @@ def load_hub_config(
     """:func:`read_hub_config` and :func:`validate_hub_config` of a hub_config file: the plain nested dict."""
     config = read_hub_config(path, partial=partial)
     return validate_hub_config(config, source=str(path), partial=partial, defaults=defaults)
-
-
-def build_loss(config: Mapping[str, Any], num_classes: int, embedding_size: int) -> Any:
-    """The setting's loss (``loss.name`` and the ``loss`` section) by :func:`pml_suprank.training.build_loss`."""
-    from . import options as opts
-
-    values = recipe_options(config)
-    return opts.build_loss(values["loss"], values, num_classes, embedding_size)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import copy
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from torch import nn
@@ -199,7 +199,7 @@ class RunSpec:
     def loss_kwargs(self) -> dict[str, Any]:
         """The options the loss takes (and ``loss_kwargs`` when set) as given, ``None`` = the loss's default: what
         ``config.json`` records and the fingerprint identifies."""
-        values = {**_asdict(self.loss), "alpha": self.train.alpha}
+        values = {**asdict(self.loss), "alpha": self.train.alpha}
         out = {k: values[k] for k in loss_keys(self.loss.loss, self.loss_entry) if k in values}
         return {**out, "loss_kwargs": dict(self.loss.loss_kwargs)} if self.loss.loss_kwargs else out
 
@@ -218,11 +218,11 @@ class RunSpec:
     def run_options(self, mixed_precision: str) -> dict[str, Any]:
         """The resolved model / data / loss options (with the ``TrainingConfig``: the run fingerprint): the splits
         actually read; ``data_root`` left out (moving the archive keeps the fingerprint)."""
-        data = {k: v for k, v in _asdict(self.data).items() if k != "data_root"}
+        data = {k: v for k, v in asdict(self.data).items() if k != "data_root"}
         for part in ("train", "test"):
             if data[f"{part}_split"] is None:
                 data[f"{part}_split"] = resolved_split({"data": self.data_section()}, part)
-        return {"model": _asdict(self.model), "data": data, "loss": {"name": self.loss.loss, **self.loss_kwargs()},
+        return {"model": asdict(self.model), "data": data, "loss": {"name": self.loss.loss, **self.loss_kwargs()},
                 "mixed_precision": str(mixed_precision)}  # fmt: skip
 
 
@@ -230,15 +230,6 @@ def merge_hub_configs(*configs: Mapping[str, Any]) -> dict[str, Any]:
     """Lay hub_config ``configs`` over each other: a later section's keys replace earlier ones, top-level values
     are replaced whole. Returns a new dict."""
     out: dict[str, Any] = {}
-    for cfg in configs:
-        for key, value in cfg.items():
-            merged = (
-                {**out[key], **value} if isinstance(value, Mapping) and isinstance(out.get(key), Mapping) else value
-            )
-            out[key] = dict(merged) if isinstance(merged, Mapping) else merged
+    for key, value in (item for cfg in configs for item in cfg.items()):
+        out[key] = {**(out.get(key) or {}), **value} if isinstance(value, Mapping) else value
     return out
-
-
-def _asdict(options: Any) -> dict[str, Any]:
-    """The fields of an option dataclass as a shallow dict (tuples as lists, for JSON)."""
-    return {f.name: list(v) if isinstance(v := getattr(options, f.name), tuple) else v for f in fields(options)}

@@ -57,7 +57,7 @@ def shared(cls: type, name: str, default: Any = _KEEP, help: str | None = None) 
     if default is None and check is not None and not check(None):
         check = optional(check)
     return option(default, help or f.metadata["help"], check=check, section=f.metadata.get("section"),
-                  key=f.metadata.get("key"))  # fmt: skip
+                  key=f.metadata.get("key"), file=f.metadata.get("file", True))  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -223,9 +223,13 @@ def parse(spec_cls: type[S], argv: list[str] | None = None, *, defaults: Mapping
     layers: list[Layer] = [{k: (k, v) for k, v in (defaults or {}).items()}]
     paths = namespace.pop("config", None) or []
     files = []
+    flag_only = {f.name for _, f in _option_fields(spec_cls) if not f.metadata.get("file", True)}
     try:
         for path in [paths] if isinstance(paths, str) else paths:
             raw, layer = read_config(path)  # type: ignore[misc]
+            for name in sorted(flag_only & set(layer)):  # files are data: they never upload nor choose weights
+                raise OptionError(f"{layer[name][0]}: a config file cannot set {name}; give --{name} on the command "
+                                  "line if you mean it")  # fmt: skip
             files.append(raw)
             layers.append(layer)
     except (ValueError, FileNotFoundError) as e:
