@@ -5,13 +5,9 @@ The option sections (``model``, ``data``, ``loss``, ``optimizer``, ``scheduler``
 flag names (``loss.name`` is ``--loss``; :data:`HUB_CONFIG_SCHEMA`). ``name`` (the file name without ``.yaml``),
 ``description``, ``notes`` and the ``hub`` section (:data:`HUB_SECTION`) are model-card metadata. A complete file needs
 ``name``, ``model.backbone``, ``data.dataset`` and ``loss.name``; a partial one (``partial=True``: ``--config base.yaml
---config override.yaml``) only the keys it changes.
-
-Files are data: the bounded YAML reader, unknown sections and keys refused, a ``loss.name`` that would be imported
-(``package.module:ClassName``) refused without importing it, the ``model`` section held to the rule of a loaded
-``config.json`` (:func:`~pml_suprank.hub.loaded_config.untrusted_model_problems`); each value is checked by its option
-when the spec is built, named ``'section.key'``. The bundled settings (``pml_suprank/hub_configs/<name>.yaml``) are
-read by name (``--config happier_sop``); any other argument is a path.
+--config override.yaml``) only the keys it changes. Files are data (:func:`_rules`); each value is checked by its
+option when the spec is built, named ``'section.key'``. The bundled settings (``pml_suprank/hub_configs/<name>.yaml``)
+are read by name (``--config happier_sop``); any other argument is a path.
 """
 
 from __future__ import annotations
@@ -66,8 +62,9 @@ BUNDLED_HUB_CONFIGS = Path(__file__).resolve().parents[1] / "hub_configs"
 
 
 def _rules(config: dict[str, Any], partial: bool) -> list[str]:
-    """A ``loss.name`` a file may not give (nothing imported), the ``model`` section under the rule of a loaded
-    ``config.json``, the required keys of a complete file."""
+    """Files are data: a ``loss.name`` that would be imported (``package.module:ClassName``) refused without importing
+    it, the ``model`` section held to the rule of a loaded ``config.json``
+    (:func:`~pml_suprank.hub.loaded_config.untrusted_model_problems`); the required keys of a complete file."""
     from ..hub.loaded_config import untrusted_model_problems  # not at import: pml_suprank.hub loads huggingface_hub
 
     errors = []

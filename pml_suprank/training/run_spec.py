@@ -2,9 +2,7 @@
 
 :class:`RunSpec` nests one option dataclass per part of a run (``model``, ``data``, ``loss``, ``train``, ``run``)
 and ``hub_config``, the merged YAML file(s) as read (model-card metadata). The training command builds it with
-``parse(RunSpec, argv, defaults=preset, read_config=hub_config.read_layer)``, Python with
-:meth:`RunSpec.from_values`: each part checks its fields when built, the rules between parts
-(:func:`spec_problems`) run once and the loss is resolved once.
+``parse(RunSpec, argv, defaults=preset, read_config=hub_config.read_layer)``, Python with :meth:`RunSpec.from_values`.
 """
 
 from __future__ import annotations
@@ -31,8 +29,6 @@ PARTS: dict[str, type] = {"run": RunOptions, "data": DataOptions, "model": Model
 FIELD_PARTS: dict[str, str] = {f.name: part for part, cls in PARTS.items() for f in fields(cls)}
 _TITLES = {"run": "run", "data": "data", "model": "model", "loss": "loss (SupRank H⁻ and decomposability)",
            "train": "training"}  # fmt: skip
-_DATA_KEYS = ("dataset", "data_root", "label_columns", "train_split", "test_split", "open_set",
-              "train_classes_per_coarse", "train_class_fraction")  # fmt: skip
 
 
 def multilabel_option_errors(dataset: Any, loss: Any, memory_size: Any, sampler: Any = None) -> list[str]:
@@ -52,13 +48,13 @@ def multilabel_option_errors(dataset: Any, loss: Any, memory_size: Any, sampler:
     return errors
 
 
-def spec_problems(values: Mapping[str, Any], entry: Any, *, given: Collection[str], loss_options: Sequence[str],
+def spec_problems(values: Mapping[str, Any], entry: Any, *, given: Collection[str],
                   require_data_root: bool = True) -> list[str]:  # fmt: skip
     """The rules between the parts of a run (``values``: every option; ``entry``: the loss's registry entry;
     ``given``: the options the user set; ``require_data_root``: a benchmark needs ``data_root``): the loss's
     ``loss_kwargs`` are its arguments and set nothing a flag or the data sets, a given loss option applies to the
     loss, the data options fit the dataset, a multi-label dataset has a multi-label loss."""
-    v, errors, loss = values, [], values["loss"]
+    v, errors, loss, loss_options = values, [], values["loss"], loss_option_names()
     accepted = entry_options(entry, loss_options)
     kwargs = v["loss_kwargs"] or {}
     valid = loss_keywords(entry.cls) if kwargs else None
@@ -73,7 +69,7 @@ def spec_problems(values: Mapping[str, Any], entry: Any, *, given: Collection[st
     errors += [f"'loss.{n}' does not apply to loss {loss} (--{n}; its options: {list(accepted)}; others go through "
                "--loss_kwargs)" for n in loss_options  # alpha is also the evaluator's H-AP exponent
                if n in given and n not in ("loss", "loss_kwargs", "alpha") and n not in accepted]  # fmt: skip
-    section = {k: v[k] for k in _DATA_KEYS if v[k] is not None}
+    section = {f.name: v[f.name] for f in fields(DataOptions) if v[f.name] is not None}
     for problems in (data_option_errors(section, require_root=require_data_root),
                      multilabel_option_errors(v["dataset"], loss, v["memory_size"], v["sampler"])):  # fmt: skip
         errors += [f"--dataset {v['dataset']}: " + "; ".join(problems)] if problems else []
@@ -165,8 +161,7 @@ class RunSpec:
         if problems:
             raise OptionError(problems)
         spec = cls(**parts, hub_config=merge_hub_configs(*files), given=frozenset(given), _entry=entry)
-        problems = spec_problems(spec.values(), entry, given=spec.given, loss_options=loss_option_names(),
-                                 require_data_root=require_data_root)  # fmt: skip
+        problems = spec_problems(spec.values(), entry, given=spec.given, require_data_root=require_data_root)
         if problems:
             raise OptionError(problems)
         return spec
