@@ -190,16 +190,11 @@ def merge_layers(layers: Sequence[Layer], explicit_from: int = 1) -> tuple[dict[
 
 def _recorded_problems(spec: Mapping[str, Any]) -> list[str]:
     """The values of a data spec against the checks of the flags that set them (``--num_per_class``, ...)."""
-    data_fields = {f.name: f for f in fields(DataOptions)}
-    train_fields = {f.name: f for f in fields(TrainingConfig)}
-    problems = []
-    for key, value in spec["data"].items():
-        if key not in data_fields:
-            problems.append(f"unknown key 'data.{key}' (valid: {sorted(data_fields)})")
-        elif (p := field_problem(data_fields[key], value)) is not None:
-            problems.append(f"data.{key} {p}")
+    data, train = ({f.name: f for f in fields(c)} for c in (DataOptions, TrainingConfig))
+    problems = [f"unknown key 'data.{k}' (valid: {sorted(data)})" for k in spec["data"] if k not in data]
+    problems += [f"data.{k} {p}" for k, v in spec["data"].items() if k in data and (p := field_problem(data[k], v))]
     return problems + [f"{k} {p}" for k in ("seed", "k_values", "alpha")
-                       if k in spec and (p := field_problem(train_fields[k], spec[k])) is not None]  # fmt: skip
+                       if k in spec and (p := field_problem(train[k], spec[k])) is not None]  # fmt: skip
 
 
 def model_data(model: str, dataset: str | None = None, data_root: str | None = None) -> dict[str, Any] | None:
