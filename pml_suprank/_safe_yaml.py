@@ -1,10 +1,10 @@
 """YAML for files the user did not write (hub_configs, ``--config`` files): bounded cost before any value is built.
 
-:func:`load_yaml` refuses, naming the file and (where YAML knows it) the key and the line: a file over ``max_bytes``
-(before reading it), aliases (``*name``: a few hundred bytes of nested aliases expand into gigabytes) and nesting
-deeper than ``max_depth`` (while composing), a key given twice in one mapping (YAML would silently keep the last),
-an integer of more than :data:`MAX_YAML_INT_DIGITS` digits and a value that is no JSON value (a date — ``2026-12-01``
-unquoted —, bytes, a set).
+:func:`load_yaml` refuses, naming the file and (where YAML knows it) the key and the line: a file over
+:data:`MAX_YAML_BYTES` (before reading it), aliases (``*name``: a few hundred bytes of nested aliases expand into
+gigabytes) and nesting deeper than :data:`MAX_YAML_DEPTH` (while composing), a key given twice in one mapping (YAML
+would silently keep the last), an integer of more than :data:`MAX_YAML_INT_DIGITS` digits and a value that is no JSON
+value (a date — ``2026-12-01`` unquoted —, bytes, a set).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import yaml
 
 from ._validation import shorten
 
-__all__ = ["MAX_YAML_BYTES", "MAX_YAML_DEPTH", "MAX_YAML_INT_DIGITS", "load_yaml", "shorten"]
+__all__ = ["MAX_YAML_BYTES", "MAX_YAML_DEPTH", "MAX_YAML_INT_DIGITS", "load_yaml"]
 
 #: largest configuration file read (bytes)
 MAX_YAML_BYTES = 1 << 20
@@ -50,9 +50,7 @@ def _check_int(node: Any, what: str) -> None:
 class _BoundedLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` with the refusals of :func:`load_yaml`."""
 
-    def __init__(self, stream: str, max_depth: int) -> None:
-        super().__init__(stream)
-        self.max_depth, self.depth = max_depth, 0
+    depth = 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         event = self.peek_event()
@@ -60,8 +58,8 @@ class _BoundedLoader(yaml.SafeLoader):
             raise yaml.composer.ComposerError(
                 None, None, f"YAML aliases (*{event.anchor}) are not allowed in a configuration file", event.start_mark
             )
-        if self.depth >= self.max_depth:
-            raise yaml.composer.ComposerError(None, None, f"nesting deeper than {self.max_depth} levels",
+        if self.depth >= MAX_YAML_DEPTH:
+            raise yaml.composer.ComposerError(None, None, f"nesting deeper than {MAX_YAML_DEPTH} levels",
                                               event.start_mark)  # fmt: skip
         self.depth += 1
         try:
@@ -99,7 +97,7 @@ for _kind in _NOT_JSON:
     _BoundedLoader.add_constructor(f"{_TAG}{_kind}", _refuse)
 
 
-def load_yaml(path: str | Path, *, max_bytes: int = MAX_YAML_BYTES, max_depth: int = MAX_YAML_DEPTH) -> Any:
+def load_yaml(path: str | Path) -> Any:
     """The plain data of the YAML file ``path`` (``yaml.safe_load`` semantics), with bounded cost.
 
     Raises:
@@ -107,13 +105,13 @@ def load_yaml(path: str | Path, *, max_bytes: int = MAX_YAML_BYTES, max_depth: i
     """
     p = Path(path)
     size = p.stat().st_size
-    if size > max_bytes:
-        raise ValueError(f"{p}: {size} bytes; a configuration file may hold at most {max_bytes} bytes")
+    if size > MAX_YAML_BYTES:
+        raise ValueError(f"{p}: {size} bytes; a configuration file may hold at most {MAX_YAML_BYTES} bytes")
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"{p}: not UTF-8 text ({e})") from e
-    loader = _BoundedLoader(text, max_depth)
+    loader = _BoundedLoader(text)
     try:
         return loader.get_single_data()
     except _Refused as e:

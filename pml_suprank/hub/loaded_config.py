@@ -50,9 +50,9 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _within(low: float, high: float) -> Check:
-    kind = _is_int if isinstance(low, int) else _number
-    return lambda v: kind(v) and low <= v <= high, f"a number in [{low}, {high}]"
+def _within(low: float, high: float, *, none: bool = False) -> Check:
+    kind, what = (_is_int, "an int") if isinstance(low, int) else (_number, "a number")
+    return lambda v: (none and v is None) or (kind(v) and low <= v <= high), f"{what} in [{low}, {high}]"
 
 
 def _image_size(value: Any) -> bool:
@@ -82,6 +82,21 @@ SAFE_BACKBONE_KWARGS: Mapping[str, Check] = {
     "reg_tokens": _within(0, 64),
     "init_values": _within(0.0, 10.0),
     "layer_scale_init_value": _within(0.0, 10.0),
+}
+
+
+#: the other ``model_args`` of a loaded config: ``{key: (check, expectation)}`` (bounded sizes; strict bools, as
+#: ``bool("false")`` is True)
+_MODEL_ARGS: Mapping[str, Check] = {
+    **dict.fromkeys(("layer_norm", "pretrained"), (lambda v: isinstance(v, bool), "true or false")),
+    "embedding_size": _within(1, MAX_EMBEDDING_SIZE, none=True),
+    "num_classes": _within(0, MAX_NUM_CLASSES),
+    "image_size": _within(1, MAX_IMAGE_SIZE, none=True),
+    "gem_p": (lambda v: _number(v) and 0.0 < v <= 100.0, "a number in (0, 100]"),
+    **dict.fromkeys(
+        ("mean", "std"),
+        (lambda v: v is None or (isinstance(v, list) and all(map(_number, v))), "None or a list of finite numbers"),
+    ),
 }
 
 
@@ -120,27 +135,11 @@ def check_loaded_model_args(model_args: Mapping[str, Any], source: str | Path, *
     problems = untrusted_model_problems(args, f"{source}: model_args.")
     if problems:
         raise ValueError(f"{problems[0]} in a loaded config: pass trust_config=True only for a trusted file")
-    for key in ("layer_norm", "pretrained"):  # strictly typed: bool("false") is True
-        if key in args and not isinstance(args[key], bool):
-            raise ValueError(f"{source}: model_args.{key} must be true or false; got {shorten(repr(args[key]), 64)}")
-    sizes = {"embedding_size": (1, MAX_EMBEDDING_SIZE), "num_classes": (0, MAX_NUM_CLASSES),
-             "image_size": (1, MAX_IMAGE_SIZE)}  # fmt: skip
-    for key, (low, high) in sizes.items():
-        value = args.get(key)
-        if (key in args and key == "num_classes") or value is not None:
-            if not (_is_int(value) and low <= value <= high):
-                raise ValueError(
-                    f"{source}: model_args.{key} must be an int in [{low}, {high}] in a loaded config; got "
-                    f"{shorten(repr(value), 80)} (pass trust_config=True to load a trusted file with larger sizes)"
-                )
-    gem_p = args.get("gem_p", 3.0)
-    if not _number(gem_p) or not 0.0 < gem_p <= 100.0:
-        raise ValueError(f"{source}: model_args.gem_p must be a number in (0, 100]; got {shorten(repr(gem_p), 80)}")
-    for key in ("mean", "std"):
-        value = args.get(key)
-        if value is not None and (not isinstance(value, list) or not all(_number(v) for v in value)):
-            raise ValueError(f"{source}: model_args.{key} must be None or a list of finite numbers; got "
-                             f"{shorten(repr(value), 80)}")  # fmt: skip
+    for key, (check, expected) in _MODEL_ARGS.items():
+        if key in args and not check(args[key]):
+            got = shorten(repr(args[key]), 80)
+            raise ValueError(f"{source}: model_args.{key} must be {expected} in a loaded config; got {got} (pass "
+                             "trust_config=True only for a trusted file)")  # fmt: skip
 
 
 def check_loaded_values(state: Mapping[str, Tensor], source: str | Path) -> None:

@@ -107,13 +107,14 @@ def list_of(check: OptionCheck, expected: str, min_len: int = 1) -> OptionCheck:
 
 
 def option(default: Any, help: str, check: OptionCheck | None = None, *, section: str | None = None,
-           key: str | None = None, cli: bool = True) -> Any:  # fmt: skip
+           key: str | None = None, cli: bool = True, file: bool = True) -> Any:  # fmt: skip
     """A dataclass field with its documentation, the one place an option is described: ``help`` (``--help``, with
     the default), the value ``check`` (a bool default: :func:`is_bool`), the hub_config ``section`` and ``key``
-    (default: the field name; no section: command line only, or the class's :func:`in_section`) and whether it is a
-    flag (``cli``). A list default is copied per instance."""
+    (default: the field name; no section: command line only, or the class's :func:`in_section`), whether it is a
+    flag (``cli``) and whether a ``--config`` file may set it (``file=False``: it sends data out or names weights to
+    read; :func:`~pml_suprank.training.spec.parse` refuses it from any file). A list default is copied per instance."""
     check = is_bool() if check is None and isinstance(default, bool) else check
-    metadata = {"help": help, "section": section, "key": key, "check": check, "cli": cli}
+    metadata = {"help": help, "section": section, "key": key, "check": check, "cli": cli, "file": file}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=metadata)
     return field(default=default, metadata=metadata)

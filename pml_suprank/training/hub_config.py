@@ -5,13 +5,9 @@ The option sections (``model``, ``data``, ``loss``, ``optimizer``, ``scheduler``
 flag names (``loss.name`` is ``--loss``; :data:`HUB_CONFIG_SCHEMA`). ``name`` (the file name without ``.yaml``),
 ``description``, ``notes`` and the ``hub`` section (:data:`HUB_SECTION`) are model-card metadata. A complete file needs
 ``name``, ``model.backbone``, ``data.dataset`` and ``loss.name``; a partial one (``partial=True``: ``--config base.yaml
---config override.yaml``) only the keys it changes.
-
-Files are data: the bounded YAML reader, unknown sections and keys refused, a ``loss.name`` that would be imported
-(``package.module:ClassName``) refused without importing it, the ``model`` section held to the rule of a loaded
-``config.json`` (:func:`~pml_suprank.hub.loaded_config.untrusted_model_problems`); each value is checked by its option
-when the spec is built, named ``'section.key'``. The bundled settings (``pml_suprank/hub_configs/<name>.yaml``) are
-read by name (``--config happier_sop``); any other argument is a path.
+--config override.yaml``) only the keys it changes. Files are data (:func:`_rules`); each value is checked by its
+option when the spec is built, named ``'section.key'``. The bundled settings (``pml_suprank/hub_configs/<name>.yaml``)
+are read by name (``--config happier_sop``); any other argument is a path.
 """
 
 from __future__ import annotations
@@ -22,16 +18,14 @@ from typing import Any
 
 from ..losses.registry import check_loss_name
 from .config import OptionCheck, OptionError, is_number, is_str, list_of
-from .options import LOCATIONS, SECTIONS, recipe_options
+from .options import LOCATIONS, SECTIONS, config_layer
 from .run_spec import RunSpec
 from .spec import merge_layers, read_sections, section_problems
 
 __all__ = [
     "HUB_CONFIG_SCHEMA",
     "HUB_SECTION",
-    "build_loss",
     "bundled_hub_configs",
-    "config_layer",
     "hub_config_path",
     "load_hub_config",
     "read_hub_config",
@@ -68,8 +62,9 @@ BUNDLED_HUB_CONFIGS = Path(__file__).resolve().parents[1] / "hub_configs"
 
 
 def _rules(config: dict[str, Any], partial: bool) -> list[str]:
-    """A ``loss.name`` a file may not give (nothing imported), the ``model`` section under the rule of a loaded
-    ``config.json``, the required keys of a complete file."""
+    """Files are data: a ``loss.name`` that would be imported (``package.module:ClassName``) refused without importing
+    it, the ``model`` section held to the rule of a loaded ``config.json``
+    (:func:`~pml_suprank.hub.loaded_config.untrusted_model_problems`); the required keys of a complete file."""
     from ..hub.loaded_config import untrusted_model_problems  # not at import: pml_suprank.hub loads huggingface_hub
 
     errors = []
@@ -109,14 +104,6 @@ def validate_hub_config(
     if errors:
         raise ValueError(f"{source}: invalid hub_config:\n  - " + "\n  - ".join(errors))
     return config
-
-
-def config_layer(config: Mapping[str, Any], source: str | None = None) -> dict[str, tuple[str, Any]]:
-    """The options of a (schema-checked) hub_config as a layer of :func:`~pml_suprank.training.spec.parse`:
-    ``{option name: ("<source>: section.key", value)}`` (``loss.name`` is ``loss``; metadata is left out)."""
-    prefix = f"{source}: " if source else ""
-    return {LOCATIONS[(section, k)][1]: (f"{prefix}{section}.{k}", v) for section in SECTIONS
-            for k, v in (config.get(section) or {}).items() if (section, k) in LOCATIONS}  # fmt: skip
 
 
 def bundled_hub_configs() -> list[str]:
@@ -162,11 +149,3 @@ def load_hub_config(
     """:func:`read_hub_config` and :func:`validate_hub_config` of a hub_config file: the plain nested dict."""
     config = read_hub_config(path, partial=partial)
     return validate_hub_config(config, source=str(path), partial=partial, defaults=defaults)
-
-
-def build_loss(config: Mapping[str, Any], num_classes: int, embedding_size: int) -> Any:
-    """The setting's loss (``loss.name`` and the ``loss`` section) by :func:`pml_suprank.training.build_loss`."""
-    from . import options as opts
-
-    values = recipe_options(config)
-    return opts.build_loss(values["loss"], values, num_classes, embedding_size)

@@ -40,6 +40,7 @@ __all__ = [
     "ModelUseOptions",
     "RunOptions",
     "build_loss",
+    "config_layer",
     "loss_keys",
     "loss_option_names",
     "recipe_options",
@@ -230,10 +231,11 @@ class RunOptions:
                                         "--output_dir before starting")  # fmt: skip
     skip_initial_eval: bool = option(False, "do not evaluate before training")
     no_plots: bool = option(False, "do not draw the plots of the final folder")
-    push_to_hub: bool = option(False, "upload the final folder to the Hugging Face Hub (needs --hub_model_id)")
+    push_to_hub: bool = option(False, "upload the final folder to the Hugging Face Hub (needs --hub_model_id)",
+                               file=False)  # fmt: skip
     hub_model_id: str | None = option(None, "repo id for --push_to_hub, e.g. user/happier-sop",
-                                      is_str("a Hub repo id such as user/happier-sop"))  # fmt: skip
-    hub_private: bool = option(False, "create the Hub repo as private")
+                                      is_str("a Hub repo id such as user/happier-sop"), file=False)  # fmt: skip
+    hub_private: bool = option(False, "create the Hub repo as private", file=False)
 
     def __post_init__(self) -> None:
         validate_options(self, _run_rules)
@@ -245,7 +247,7 @@ class ModelUseOptions:
     ``ood_score``), declared once (:func:`~pml_suprank.training.spec.shared`)."""
 
     model: str | None = option(None, "a model folder (RUN/final) or its Hub id (required)",
-                               optional(is_str("a model folder or a Hub id")))  # fmt: skip
+                               optional(is_str("a model folder or a Hub id")), file=False)  # fmt: skip
     batch_size: int = option(64, "images per batch (embedding, scoring)", is_int(1, 65_536))
     ood_threshold: float | None = option(
         None,
@@ -268,9 +270,17 @@ LOCATIONS = {(f.metadata["section"], f.metadata["key"] or f.name): (c, f.name)
 SECTIONS = ("model", "data", "loss", "optimizer", "scheduler", "sampler_options", "memory", "training", "evaluation")
 
 
+def config_layer(config: Mapping[str, Any], source: str | None = None) -> dict[str, tuple[str, Any]]:
+    """The options of a (schema-checked) hub_config as a layer of :func:`~pml_suprank.training.spec.parse`:
+    ``{option name: ("<source>: section.key", value)}`` (``loss.name`` is ``loss``; metadata is left out)."""
+    prefix = f"{source}: " if source else ""
+    return {LOCATIONS[(section, k)][1]: (f"{prefix}{section}.{k}", v) for section in SECTIONS
+            for k, v in (config.get(section) or {}).items() if (section, k) in LOCATIONS}  # fmt: skip
+
+
 def recipe_options(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The option sections of a hub_config as ``{option name: value}`` (``loss.name`` → ``loss``; metadata dropped)."""
-    return {LOCATIONS[(s, k)][1]: v for s in SECTIONS for k, v in (config.get(s) or {}).items() if (s, k) in LOCATIONS}
+    """The option sections of a hub_config as ``{option name: value}`` (:func:`config_layer` without the places)."""
+    return {name: value for name, (_, value) in config_layer(config).items()}
 
 
 def loss_option_names() -> tuple[str, ...]:

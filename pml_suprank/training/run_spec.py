@@ -2,9 +2,7 @@
 
 :class:`RunSpec` nests one option dataclass per part of a run (``model``, ``data``, ``loss``, ``train``, ``run``)
 and ``hub_config``, the merged YAML file(s) as read (model-card metadata). The training command builds it with
-``parse(RunSpec, argv, defaults=preset, read_config=hub_config.read_layer)``, Python with
-:meth:`RunSpec.from_values`: each part checks its fields when built, the rules between parts
-(:func:`spec_problems`) run once and the loss is resolved once.
+``parse(RunSpec, argv, defaults=preset, read_config=hub_config.read_layer)``, Python with :meth:`RunSpec.from_values`.
 """
 
 from __future__ import annotations
@@ -12,7 +10,7 @@ from __future__ import annotations
 import argparse
 import copy
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from torch import nn
@@ -31,8 +29,6 @@ PARTS: dict[str, type] = {"run": RunOptions, "data": DataOptions, "model": Model
 FIELD_PARTS: dict[str, str] = {f.name: part for part, cls in PARTS.items() for f in fields(cls)}
 _TITLES = {"run": "run", "data": "data", "model": "model", "loss": "loss (SupRank H⁻ and decomposability)",
            "train": "training"}  # fmt: skip
-_DATA_KEYS = ("dataset", "data_root", "label_columns", "train_split", "test_split", "open_set",
-              "train_classes_per_coarse", "train_class_fraction")  # fmt: skip
 
 
 def multilabel_option_errors(dataset: Any, loss: Any, memory_size: Any, sampler: Any = None) -> list[str]:
@@ -52,13 +48,13 @@ def multilabel_option_errors(dataset: Any, loss: Any, memory_size: Any, sampler:
     return errors
 
 
-def spec_problems(values: Mapping[str, Any], entry: Any, *, given: Collection[str], loss_options: Sequence[str],
+def spec_problems(values: Mapping[str, Any], entry: Any, *, given: Collection[str],
                   require_data_root: bool = True) -> list[str]:  # fmt: skip
     """The rules between the parts of a run (``values``: every option; ``entry``: the loss's registry entry;
     ``given``: the options the user set; ``require_data_root``: a benchmark needs ``data_root``): the loss's
     ``loss_kwargs`` are its arguments and set nothing a flag or the data sets, a given loss option applies to the
     loss, the data options fit the dataset, a multi-label dataset has a multi-label loss."""
-    v, errors, loss = values, [], values["loss"]
+    v, errors, loss, loss_options = values, [], values["loss"], loss_option_names()
     accepted = entry_options(entry, loss_options)
     kwargs = v["loss_kwargs"] or {}
     valid = loss_keywords(entry.cls) if kwargs else None
@@ -73,7 +69,7 @@ def spec_problems(values: Mapping[str, Any], entry: Any, *, given: Collection[st
     errors += [f"'loss.{n}' does not apply to loss {loss} (--{n}; its options: {list(accepted)}; others go through "
                "--loss_kwargs)" for n in loss_options  # alpha is also the evaluator's H-AP exponent
                if n in given and n not in ("loss", "loss_kwargs", "alpha") and n not in accepted]  # fmt: skip
-    section = {k: v[k] for k in _DATA_KEYS if v[k] is not None}
+    section = {f.name: v[f.name] for f in fields(DataOptions) if v[f.name] is not None}
     for problems in (data_option_errors(section, require_root=require_data_root),
                      multilabel_option_errors(v["dataset"], loss, v["memory_size"], v["sampler"])):  # fmt: skip
         errors += [f"--dataset {v['dataset']}: " + "; ".join(problems)] if problems else []
@@ -165,8 +161,7 @@ class RunSpec:
         if problems:
             raise OptionError(problems)
         spec = cls(**parts, hub_config=merge_hub_configs(*files), given=frozenset(given), _entry=entry)
-        problems = spec_problems(spec.values(), entry, given=spec.given, loss_options=loss_option_names(),
-                                 require_data_root=require_data_root)  # fmt: skip
+        problems = spec_problems(spec.values(), entry, given=spec.given, require_data_root=require_data_root)
         if problems:
             raise OptionError(problems)
         return spec
@@ -199,7 +194,7 @@ class RunSpec:
     def loss_kwargs(self) -> dict[str, Any]:
         """The options the loss takes (and ``loss_kwargs`` when set) as given, ``None`` = the loss's default: what
         ``config.json`` records and the fingerprint identifies."""
-        values = {**_asdict(self.loss), "alpha": self.train.alpha}
+        values = {**asdict(self.loss), "alpha": self.train.alpha}
         out = {k: values[k] for k in loss_keys(self.loss.loss, self.loss_entry) if k in values}
         return {**out, "loss_kwargs": dict(self.loss.loss_kwargs)} if self.loss.loss_kwargs else out
 
@@ -218,11 +213,11 @@ class RunSpec:
     def run_options(self, mixed_precision: str) -> dict[str, Any]:
         """The resolved model / data / loss options (with the ``TrainingConfig``: the run fingerprint): the splits
         actually read; ``data_root`` left out (moving the archive keeps the fingerprint)."""
-        data = {k: v for k, v in _asdict(self.data).items() if k != "data_root"}
+        data = {k: v for k, v in asdict(self.data).items() if k != "data_root"}
         for part in ("train", "test"):
             if data[f"{part}_split"] is None:
                 data[f"{part}_split"] = resolved_split({"data": self.data_section()}, part)
-        return {"model": _asdict(self.model), "data": data, "loss": {"name": self.loss.loss, **self.loss_kwargs()},
+        return {"model": asdict(self.model), "data": data, "loss": {"name": self.loss.loss, **self.loss_kwargs()},
                 "mixed_precision": str(mixed_precision)}  # fmt: skip
 
 
@@ -230,15 +225,6 @@ def merge_hub_configs(*configs: Mapping[str, Any]) -> dict[str, Any]:
     """Lay hub_config ``configs`` over each other: a later section's keys replace earlier ones, top-level values
     are replaced whole. Returns a new dict."""
     out: dict[str, Any] = {}
-    for cfg in configs:
-        for key, value in cfg.items():
-            merged = (
-                {**out[key], **value} if isinstance(value, Mapping) and isinstance(out.get(key), Mapping) else value
-            )
-            out[key] = dict(merged) if isinstance(merged, Mapping) else merged
+    for key, value in (item for cfg in configs for item in cfg.items()):
+        out[key] = {**(out.get(key) or {}), **value} if isinstance(value, Mapping) else value
     return out
-
-
-def _asdict(options: Any) -> dict[str, Any]:
-    """The fields of an option dataclass as a shallow dict (tuples as lists, for JSON)."""
-    return {f.name: list(v) if isinstance(v := getattr(options, f.name), tuple) else v for f in fields(options)}

@@ -57,7 +57,7 @@ def shared(cls: type, name: str, default: Any = _KEEP, help: str | None = None) 
     if default is None and check is not None and not check(None):
         check = optional(check)
     return option(default, help or f.metadata["help"], check=check, section=f.metadata.get("section"),
-                  key=f.metadata.get("key"))  # fmt: skip
+                  key=f.metadata.get("key"), file=f.metadata.get("file", True))  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -190,16 +190,11 @@ def merge_layers(layers: Sequence[Layer], explicit_from: int = 1) -> tuple[dict[
 
 def _recorded_problems(spec: Mapping[str, Any]) -> list[str]:
     """The values of a data spec against the checks of the flags that set them (``--num_per_class``, ...)."""
-    data_fields = {f.name: f for f in fields(DataOptions)}
-    train_fields = {f.name: f for f in fields(TrainingConfig)}
-    problems = []
-    for key, value in spec["data"].items():
-        if key not in data_fields:
-            problems.append(f"unknown key 'data.{key}' (valid: {sorted(data_fields)})")
-        elif (p := field_problem(data_fields[key], value)) is not None:
-            problems.append(f"data.{key} {p}")
+    data, train = ({f.name: f for f in fields(c)} for c in (DataOptions, TrainingConfig))
+    problems = [f"unknown key 'data.{k}' (valid: {sorted(data)})" for k in spec["data"] if k not in data]
+    problems += [f"data.{k} {p}" for k, v in spec["data"].items() if k in data and (p := field_problem(data[k], v))]
     return problems + [f"{k} {p}" for k in ("seed", "k_values", "alpha")
-                       if k in spec and (p := field_problem(train_fields[k], spec[k])) is not None]  # fmt: skip
+                       if k in spec and (p := field_problem(train[k], spec[k])) is not None]  # fmt: skip
 
 
 def model_data(model: str, dataset: str | None = None, data_root: str | None = None) -> dict[str, Any] | None:
@@ -223,9 +218,13 @@ def parse(spec_cls: type[S], argv: list[str] | None = None, *, defaults: Mapping
     layers: list[Layer] = [{k: (k, v) for k, v in (defaults or {}).items()}]
     paths = namespace.pop("config", None) or []
     files = []
+    flag_only = {f.name for _, f in _option_fields(spec_cls) if not f.metadata.get("file", True)}
     try:
         for path in [paths] if isinstance(paths, str) else paths:
             raw, layer = read_config(path)  # type: ignore[misc]
+            for name in sorted(flag_only & set(layer)):  # files are data: they never upload nor choose weights
+                raise OptionError(f"{layer[name][0]}: a config file cannot set {name}; give --{name} on the command "
+                                  "line if you mean it")  # fmt: skip
             files.append(raw)
             layers.append(layer)
     except (ValueError, FileNotFoundError) as e:

@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from pml_suprank._safe_yaml import load_yaml, shorten
+from pml_suprank._safe_yaml import load_yaml
+from pml_suprank._validation import shorten
 from pml_suprank.training import hub_config
 from pml_suprank.training.config import MAX_CONFIG_INT, TrainingConfig, is_int
 

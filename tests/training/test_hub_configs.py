@@ -16,11 +16,10 @@ from pml_suprank.models import RetrievalModel
 from pml_suprank.training.hub_config import (
     HUB_CONFIG_SCHEMA,
     HUB_SECTION,
-    build_loss,
     load_hub_config,
     validate_hub_config,
 )
-from pml_suprank.training.options import recipe_options
+from pml_suprank.training.options import build_loss, recipe_options
 from pml_suprank.training.run_spec import merge_hub_configs
 
 ROOT = Path(__file__).resolve().parents[2] / "pml_suprank" / "hub_configs"
@@ -61,7 +60,8 @@ def test_config_validates_and_builds_tiny_model_and_loss(path):
     model = RetrievalModel(**kwargs).eval()
     emb = model(torch.randn(2, 3, 32, 32))
     assert emb.shape == (2, cfg["model"].get("embedding_size", 512))
-    loss_fn = build_loss(cfg, num_classes=6, embedding_size=emb.shape[1])
+    options = recipe_options(cfg)
+    loss_fn = build_loss(options["loss"], options, num_classes=6, embedding_size=emb.shape[1])
     levels = len(cfg["data"].get("label_columns", ["fine_label", "coarse_label"]))
     labels = torch.stack([torch.tensor([0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]) // (2**lvl) for lvl in range(levels)], 1)
     emb = torch.nn.functional.normalize(torch.randn(12, emb.shape[1]), dim=1).requires_grad_()

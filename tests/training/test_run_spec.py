@@ -202,3 +202,29 @@ def test_from_values_names_unknown_options_and_training_errors():
     assert (
         spec.run_options("no")["data"]["train_split"] == "train" and "data_root" not in spec.run_options("no")["data"]
     )
+
+
+def test_a_config_file_never_sets_a_flag_only_option(capsys):
+    """``option(..., file=False)`` (``push_to_hub``, ``hub_model_id``, ``hub_private``, ``model``): ``parse`` refuses
+    it from any ``--config`` layer, naming the file and the flag; the same value typed as a flag is taken."""
+    from dataclasses import dataclass
+
+    from pml_suprank.training.options import ModelUseOptions, RunOptions
+    from pml_suprank.training.spec import parse, shared
+
+    @dataclass
+    class Spec:
+        push_to_hub: bool = shared(RunOptions, "push_to_hub")
+        model: str | None = shared(ModelUseOptions, "model")
+        batch_size: int = shared(ModelUseOptions, "batch_size")
+
+        @classmethod
+        def read_config(cls, path):
+            flag_only = {} if path == "ok" else {path: (f"{path}: recipe.{path}", "x")}
+            return {}, {"batch_size": (f"{path}: recipe.batch_size", 8), **flag_only}
+
+    assert parse(Spec, ["--config", "ok", "--push_to_hub"]) == Spec(push_to_hub=True, batch_size=8)
+    for name in ("push_to_hub", "model"):
+        with pytest.raises(SystemExit):
+            parse(Spec, ["--config", name])
+        assert f"{name}: recipe.{name}: a config file cannot set {name}; give --{name}" in capsys.readouterr().err
