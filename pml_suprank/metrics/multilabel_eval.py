@@ -30,7 +30,7 @@ from torch import Tensor
 
 from ..relevance import Hierarchy, check_multilabel, label_ancestors, level_counts, multilabel_relevance
 from .graded import graded_ranks, hap_block, mean_label_average_precision, ndcg_block
-from .ranks import retrieval_ranks
+from .ranks import rank_levels
 from .registry import METRICS, MULTILABEL_GROUPS, check_groups, metrics_from_ranks
 
 __all__ = ["best_agreement_levels", "check_multilabel_labels", "multilabel_groups"]
@@ -100,9 +100,7 @@ def _chunk_metrics(
     level_groups = tuple(g for g in groups if METRICS[g].multilabel == "levels")
     lam = best_agreement_levels(ql, rl, hierarchy)
     if level_groups:
-        ranks = retrieval_ranks(
-            scores, lam, mask, num_levels=L, num_bins=evaluator.num_bins, counting=evaluator.counting
-        )
+        ranks = rank_levels(scores, lam, L, mask, num_bins=evaluator.num_bins, counting=evaluator.counting)
         out.update(metrics_from_ranks(ranks, k_values=evaluator.k_values, groups=level_groups))
         counts = ranks.counts
     else:
