@@ -8,7 +8,6 @@ counted (:func:`~.eval_blocks.chunk_ranks`): ``O(Q·N·D + Q·N + Σ_q P_q log P
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import nullcontext
 from functools import partial
@@ -137,16 +136,6 @@ class RetrievalEvaluator:
             f"device={self.device}, backend={self.backend!r})"
         )
 
-    def _chunks(self, num_queries: int, chunk: int) -> Iterable[int]:
-        starts = range(0, num_queries, chunk)
-        if not self.progress_bar:
-            return starts
-        try:
-            from tqdm.auto import tqdm
-        except ImportError as e:  # pragma: no cover - tqdm is in the recipes extra
-            raise ImportError("progress_bar=True needs tqdm: pip install tqdm") from e
-        return tqdm(starts, total=math.ceil(num_queries / chunk), desc="retrieval eval", unit="chunk")
-
     def evaluate(
         self,
         query: Tensor,
@@ -181,10 +170,7 @@ class RetrievalEvaluator:
         Returns:
             dict of float means (and int counts), plus ``"per_query"`` when asked.
         """
-        if multilabel is None:
-            multilabel = self.multilabel
-        if not isinstance(multilabel, bool):
-            raise TypeError(f"multilabel must be a bool or None; got {type(multilabel).__name__}")
+        multilabel = self.multilabel if multilabel is None else check_bool("multilabel", multilabel)
         check_bool("distributed", distributed)
         device = check_device("device", device)
         evaluator = self
@@ -283,7 +269,7 @@ class RetrievalEvaluator:
             score_buf = torch.empty(min(chunk, Q), N, dtype=gallery.dtype, device=device)
         per_query: dict[str, list[Tensor]] = {}
         with torch.no_grad():
-            for i, s in enumerate(self._chunks(Q, chunk)):
+            for i, s in enumerate(_progress(range(0, Q, chunk), not self.progress_bar, "retrieval eval")):
                 e = min(s + chunk, Q)
                 rows = slice(s, e) if order is None else order[s:e].to(query.device)
                 queries = query.detach()[rows].to(device=device, dtype=gallery.dtype)  # travel chunk by chunk
@@ -335,11 +321,10 @@ class RetrievalEvaluator:
         import numpy as np
 
         Q, N = query.shape[0], reference.shape[0]
-        extra = int(riq)
-        kmax = min(max(self.k_values + (1,)), N - extra)
+        kmax = min(max(self.k_values + (1,)), N - riq)
         index = faiss.IndexFlatIP(reference.shape[1])
         index.add(np.ascontiguousarray(reference.detach().cpu().float().numpy()))
-        _, nn = index.search(np.ascontiguousarray(query.detach().cpu().float().numpy()), kmax + extra)
+        _, nn = index.search(np.ascontiguousarray(query.detach().cpu().float().numpy()), kmax + riq)
         nn = torch.from_numpy(nn).long()
         if riq:  # drop the query itself by index (keep the first kmax others)
             keep = nn != torch.arange(Q)[:, None]
@@ -487,11 +472,12 @@ def compute_embeddings(
 
 
 def _progress(iterable: Iterable[Any], disable: bool, description: str) -> Iterable[Any]:
+    """``iterable`` with a tqdm bar unless ``disable`` (none without tqdm, which is in the recipes extra)."""
     if disable:
         return iterable
     try:
         from tqdm.auto import tqdm
-    except ImportError:  # tqdm is in the recipes extra; without it, no bar
+    except ImportError:
         return iterable
     return tqdm(iterable, desc=description, dynamic_ncols=True, mininterval=1.0, leave=False)
 
