@@ -281,7 +281,9 @@ class RetrievalEvaluator:
                     scores = GalleryBlocks(queries, gallery, width)
                 for key, value in per_chunk(i, s, e, scores).items():
                     per_query.setdefault(key, []).append(value)  # stays on the device until the end
-        per_query = _to_host(per_query)
+        keys = list(per_query)
+        host = torch.stack([torch.cat(per_query[k]) for k in keys]).cpu() if keys else ()  # one transfer
+        per_query = dict(zip(keys, host))
         if order is not None:  # back to query order
             inverse = torch.empty_like(order)
             inverse[order] = torch.arange(Q)
@@ -378,15 +380,6 @@ def _check_queries_first(query: Tensor, ql: Tensor, reference: Tensor, rl: Tenso
             "ref_includes_query=True: the first len(query) rows of reference (and reference_labels) must equal "
             "query (and query_labels)"
         )
-
-
-def _to_host(per_query: dict[str, list[Tensor]]) -> dict[str, Tensor]:
-    """Concatenate the per-chunk ``(C,)`` float64 results of every key and bring them to the host in one transfer."""
-    keys = list(per_query)
-    if not keys:
-        return {}
-    stacked = torch.stack([torch.cat(per_query[k]) for k in keys]).cpu()
-    return dict(zip(keys, stacked.unbind(0)))
 
 
 def _knn_ranks(nn: Tensor, query_labels: Tensor, ref_labels: Tensor, removes_self: bool) -> RetrievalRanks:

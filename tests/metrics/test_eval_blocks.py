@@ -97,7 +97,7 @@ def test_fused_ranks_with_a_separate_gallery_that_contains_the_queries():
 def _stats_pair(monkeypatch, ranks, k_values=()):
     compiled = FR.RankStats(ranks, k_values=k_values)
     assert compiled._compiled
-    monkeypatch.setattr(FR, "_compiled_prefix_sums", lambda *a: False)
+    monkeypatch.setattr(FR, "_compiled_available", lambda: False)
     reference = FR.RankStats(ranks)
     monkeypatch.undo()
     return compiled, reference
