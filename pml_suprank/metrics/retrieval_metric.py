@@ -140,10 +140,7 @@ class RetrievalMetric:
         has = bool(self._embeddings)
         shape = [emb.shape[0], emb.shape[1], labels.dim(), labels.shape[1] if labels.dim() == 2 else 0]
         values = [*shape, int(emb.dtype == torch.float64), int(indices is not None)] if has else [0, -1, -1, 0, 0, -1]
-        header = torch.tensor(values, device=device)
-        headers = [torch.empty_like(header) for _ in range(torch.distributed.get_world_size(group))]
-        torch.distributed.all_gather(headers, header, group=group)
-        table = torch.stack(headers).cpu()
+        table = all_gather(torch.tensor([values], device=device), group).cpu()  # one row per process
         full = table[table[:, 0] > 0]
         if full.shape[0] == 0:
             raise ValueError("RetrievalMetric.compute() called before any update() on every process")
