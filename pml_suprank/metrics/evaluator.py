@@ -181,6 +181,8 @@ class RetrievalEvaluator:
             _check_multilabel_backend(self.backend)
         check = partial(check_multilabel_labels, hierarchy=self.hierarchy) if multilabel else check_labels
         args = _check_inputs(query, query_labels, reference, reference_labels, ref_includes_query, check)
+        if args[4]:  # all the queries checked, also when each process ranks a share of them
+            _check_queries_first(*args[:4], label_sets=multilabel)
         if not (is_distributed(process_group) and distributed):  # the group checked whatever `distributed` says
             per_query, Q, L = evaluator._per_query(*args, multilabel)
             return self._summarise(per_query, Q, L, return_per_query)
@@ -188,8 +190,7 @@ class RetrievalEvaluator:
         total = query.shape[0]
         start, end = shard_range(total, process_group)
         stop = max(end, start + 1)
-        if riq:  # this process's queries first in the gallery (all queries checked first, as in one process)
-            _check_queries_first(query, ql, reference, rl, label_sets=multilabel)
+        if riq:  # this process's queries first in the gallery
             order = torch.cat([torch.arange(start, stop), torch.arange(start), torch.arange(stop, reference.shape[0])])
             reference, rl = reference[order.to(reference.device)], rl[order.to(rl.device)]
         per_query, _, L = evaluator._per_query(query[start:stop], ql[start:stop], reference, rl, riq, multilabel)
@@ -206,8 +207,6 @@ class RetrievalEvaluator:
         """``({key: (Q,) float64 on the host}, Q, L)`` of checked inputs, including the ``_``-prefixed counts."""
         if not multilabel:
             ql, rl = hierarchical_label_pair(ql, rl, self.hierarchy, names=("query_labels", "reference_labels"))
-        if riq:
-            _check_queries_first(query, ql, reference, rl, label_sets=multilabel)
         if multilabel:
             return evaluate_multilabel(self, query, ql, reference, rl, riq)
         if self.backend == "faiss":
