@@ -129,11 +129,13 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
         if self.multilabel:
             ours = [m for m in self._multilabel_groups(include) if m in wanted]
         else:
-            query_labels, reference_labels = self._label_pair(query, query_labels, reference, reference_labels)
             # a multi-label group (mean_label_ap) is computed on single-label data only when named: it repeats "ap"
             ours = [m for m in wanted if m in _ADDED and (METRICS[m].single_label or m in named)]
-            if theirs:  # PML's metrics on the fine labels, re-indexed to 0..K-1
-                both = torch.cat([query_labels[:, 0], reference_labels[:, 0].to(query_labels.device)])
+            if theirs:  # PML's metrics on the fine labels (column 0 of the levels), re-indexed to 0..K-1
+                ql = check_labels("query_labels", query_labels, len(query), n_name="query")
+                rl = check_labels("reference_labels", reference_labels, len(reference), n_name="reference")
+                ql, rl = hierarchical_label_pair(ql, rl, self.hierarchy, names=("query_labels", "reference_labels"))
+                both = torch.cat([ql[:, 0], rl[:, 0].to(ql.device)])
                 fine = torch.unique(both, return_inverse=True)[1]
                 Q = len(query)
                 result.update(super().get_accuracy(query, fine[:Q], reference, fine[Q:], riq, include=tuple(theirs)))
@@ -165,26 +167,8 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
                 f"calculate_{spec.name} needs the inputs PML passes to metric functions ({missing} missing); "
                 "call get_accuracy(...) or pass query=, query_labels=, reference=, reference_labels="
             )
-        riq = bool(kwargs.get("ref_includes_query", False))
-        query, query_labels, reference, reference_labels, riq = _inputs(
-            kwargs["query"],
-            kwargs["query_labels"],
-            kwargs.get("reference"),
-            kwargs.get("reference_labels"),
-            riq,
-            integer_labels,
-        )
-        if not self.multilabel:
-            query_labels, reference_labels = self._label_pair(query, query_labels, reference, reference_labels)
-        return self._run([spec.name], query, query_labels, reference, reference_labels, riq)
-
-    def _label_pair(self, query: Any, query_labels: Any, reference: Any, reference_labels: Any) -> tuple[Any, Any]:
-        """Checked ``(Q, L)`` and ``(N, L)`` single-label label tensors (1-D labels expanded through ``hierarchy``)."""
-        query_labels = check_labels("query_labels", query_labels, len(query), n_name="query")
-        reference_labels = check_labels("reference_labels", reference_labels, len(reference), n_name="reference")
-        return hierarchical_label_pair(
-            query_labels, reference_labels, self.hierarchy, names=("query_labels", "reference_labels")
-        )
+        inputs = [kwargs["query"], kwargs["query_labels"], kwargs.get("reference"), kwargs.get("reference_labels")]
+        return self._run([spec.name], *_inputs(*inputs, bool(kwargs.get("ref_includes_query")), integer_labels))
 
     def _multilabel_groups(self, include: Sequence[str]) -> list[str]:
         """The added groups named in ``include`` (this call's, else the constructor's), or every multi-label one."""
@@ -203,14 +187,16 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
         self, groups: Sequence[str], query: Any, ql: Any, reference: Any, rl: Any, riq: bool
     ) -> tuple[dict[str, Any], int]:
         """``(evaluate's result, L)`` of the added ``groups`` (multi-label when the calculator is)."""
-        ml, kw = self.multilabel, self._evaluator_kwargs
-        hierarchy = self.hierarchy if ml else None
-        evaluator = RetrievalEvaluator(metrics=groups, device=self.device, hierarchy=hierarchy, multilabel=ml, **kw)
-        num_levels = (1 if self.hierarchy is None else self.hierarchy.num_levels) if ml else ql.shape[1]
+        kw = dict(self._evaluator_kwargs, device=self.device, hierarchy=self.hierarchy, multilabel=self.multilabel)
         same = reference is query
-        values = evaluator.evaluate(query.float(), ql, None if same else reference.float(), None if same else rl,
-                                    ref_includes_query=riq and not same)  # fmt: skip
-        return values, num_levels
+        values = RetrievalEvaluator(metrics=groups, **kw).evaluate(
+            query.float(),
+            ql,
+            None if same else reference.float(),
+            None if same else rl,
+            ref_includes_query=riq and not same,
+        )
+        return values, sum(key.startswith("num_queries_without_positives_level") for key in values)
 
     def _collect(self, ours: Sequence[str], named: set[str], result: dict[str, Any]) -> None:
         """Add the cached values of the groups ``ours`` (and the query counts) to ``result``."""

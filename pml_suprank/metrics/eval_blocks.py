@@ -21,7 +21,6 @@ __all__ = [
     "block_counts",
     "block_shape",
     "chunk_ranks",
-    "chunk_rows",
     "device_budget",
     "label_blocks",
 ]
@@ -197,13 +196,6 @@ def _row_bytes(n_slots: int, device: torch.device, levels: int) -> tuple[int, in
     return _ENTRY_BYTES[kind], n_slots * (_COMPILED_SLOT_BYTES if compiled else _SLOT_BYTES[kind] * max(levels, 1)) + 1
 
 
-def chunk_rows(n_ref: int, n_slots: int, device: torch.device, levels: int = 2) -> int:
-    """Queries per chunk of whole score rows: :func:`device_budget` divided by the bytes of one query (``n_ref``
-    score entries plus ``n_slots`` relevant slots), at least 16."""
-    entry, slots = _row_bytes(n_slots, device, levels)
-    return max(16, device_budget(device) // (n_ref * entry + slots))
-
-
 def block_shape(
     n_ref: int,
     n_slots: int,
@@ -214,7 +206,8 @@ def block_shape(
 ) -> tuple[int, int]:
     """``(queries per chunk, gallery items per block)`` of the evaluation on ``device``.
 
-    Whole rows (gallery moved to ``device`` once) while ``chunk_size`` queries (default :func:`chunk_rows`) fit in
+    Whole rows (gallery moved to ``device`` once) while ``chunk_size`` queries (default: the budget over the bytes
+    of one query's ``n_ref`` score entries and ``n_slots`` relevant slots, at least 16) fit in
     :func:`device_budget` and the gallery (``gallery_bytes``, ``0`` when already there) in twice that; otherwise the
     gallery is streamed in column blocks (:class:`GalleryBlocks`) sized for ``chunk_size`` (default about
     :data:`_STREAM_ROWS`) queries, bounding peak device memory whatever ``n_ref``.

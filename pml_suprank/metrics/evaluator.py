@@ -8,7 +8,6 @@ counted (:func:`~.eval_blocks.chunk_ranks`): ``O(Q·N·D + Q·N + Σ_q P_q log P
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import nullcontext
 from functools import partial
@@ -137,16 +136,6 @@ class RetrievalEvaluator:
             f"device={self.device}, backend={self.backend!r})"
         )
 
-    def _chunks(self, num_queries: int, chunk: int) -> Iterable[int]:
-        starts = range(0, num_queries, chunk)
-        if not self.progress_bar:
-            return starts
-        try:
-            from tqdm.auto import tqdm
-        except ImportError as e:  # pragma: no cover - tqdm is in the recipes extra
-            raise ImportError("progress_bar=True needs tqdm: pip install tqdm") from e
-        return tqdm(starts, total=math.ceil(num_queries / chunk), desc="retrieval eval", unit="chunk")
-
     def evaluate(
         self,
         query: Tensor,
@@ -181,10 +170,7 @@ class RetrievalEvaluator:
         Returns:
             dict of float means (and int counts), plus ``"per_query"`` when asked.
         """
-        if multilabel is None:
-            multilabel = self.multilabel
-        if not isinstance(multilabel, bool):
-            raise TypeError(f"multilabel must be a bool or None; got {type(multilabel).__name__}")
+        multilabel = self.multilabel if multilabel is None else check_bool("multilabel", multilabel)
         check_bool("distributed", distributed)
         device = check_device("device", device)
         evaluator = self
@@ -195,6 +181,8 @@ class RetrievalEvaluator:
             _check_multilabel_backend(self.backend)
         check = partial(check_multilabel_labels, hierarchy=self.hierarchy) if multilabel else check_labels
         args = _check_inputs(query, query_labels, reference, reference_labels, ref_includes_query, check)
+        if args[4]:  # all the queries checked, also when each process ranks a share of them
+            _check_queries_first(*args[:4], label_sets=multilabel)
         if not (is_distributed(process_group) and distributed):  # the group checked whatever `distributed` says
             per_query, Q, L = evaluator._per_query(*args, multilabel)
             return self._summarise(per_query, Q, L, return_per_query)
@@ -202,8 +190,7 @@ class RetrievalEvaluator:
         total = query.shape[0]
         start, end = shard_range(total, process_group)
         stop = max(end, start + 1)
-        if riq:  # this process's queries first in the gallery (all queries checked first, as in one process)
-            _check_queries_first(query, ql, reference, rl, label_sets=multilabel)
+        if riq:  # this process's queries first in the gallery
             order = torch.cat([torch.arange(start, stop), torch.arange(start), torch.arange(stop, reference.shape[0])])
             reference, rl = reference[order.to(reference.device)], rl[order.to(rl.device)]
         per_query, _, L = evaluator._per_query(query[start:stop], ql[start:stop], reference, rl, riq, multilabel)
@@ -220,8 +207,6 @@ class RetrievalEvaluator:
         """``({key: (Q,) float64 on the host}, Q, L)`` of checked inputs, including the ``_``-prefixed counts."""
         if not multilabel:
             ql, rl = hierarchical_label_pair(ql, rl, self.hierarchy, names=("query_labels", "reference_labels"))
-        if riq:
-            _check_queries_first(query, ql, reference, rl, label_sets=multilabel)
         if multilabel:
             return evaluate_multilabel(self, query, ql, reference, rl, riq)
         if self.backend == "faiss":
@@ -283,7 +268,7 @@ class RetrievalEvaluator:
             score_buf = torch.empty(min(chunk, Q), N, dtype=gallery.dtype, device=device)
         per_query: dict[str, list[Tensor]] = {}
         with torch.no_grad():
-            for i, s in enumerate(self._chunks(Q, chunk)):
+            for i, s in enumerate(_progress(range(0, Q, chunk), not self.progress_bar, "retrieval eval")):
                 e = min(s + chunk, Q)
                 rows = slice(s, e) if order is None else order[s:e].to(query.device)
                 queries = query.detach()[rows].to(device=device, dtype=gallery.dtype)  # travel chunk by chunk
@@ -295,7 +280,9 @@ class RetrievalEvaluator:
                     scores = GalleryBlocks(queries, gallery, width)
                 for key, value in per_chunk(i, s, e, scores).items():
                     per_query.setdefault(key, []).append(value)  # stays on the device until the end
-        per_query = _to_host(per_query)
+        keys = list(per_query)
+        host = torch.stack([torch.cat(per_query[k]) for k in keys]).cpu() if keys else ()  # one transfer
+        per_query = dict(zip(keys, host))
         if order is not None:  # back to query order
             inverse = torch.empty_like(order)
             inverse[order] = torch.arange(Q)
@@ -335,11 +322,10 @@ class RetrievalEvaluator:
         import numpy as np
 
         Q, N = query.shape[0], reference.shape[0]
-        extra = int(riq)
-        kmax = min(max(self.k_values + (1,)), N - extra)
+        kmax = min(max(self.k_values + (1,)), N - riq)
         index = faiss.IndexFlatIP(reference.shape[1])
         index.add(np.ascontiguousarray(reference.detach().cpu().float().numpy()))
-        _, nn = index.search(np.ascontiguousarray(query.detach().cpu().float().numpy()), kmax + extra)
+        _, nn = index.search(np.ascontiguousarray(query.detach().cpu().float().numpy()), kmax + riq)
         nn = torch.from_numpy(nn).long()
         if riq:  # drop the query itself by index (keep the first kmax others)
             keep = nn != torch.arange(Q)[:, None]
@@ -393,15 +379,6 @@ def _check_queries_first(query: Tensor, ql: Tensor, reference: Tensor, rl: Tenso
             "ref_includes_query=True: the first len(query) rows of reference (and reference_labels) must equal "
             "query (and query_labels)"
         )
-
-
-def _to_host(per_query: dict[str, list[Tensor]]) -> dict[str, Tensor]:
-    """Concatenate the per-chunk ``(C,)`` float64 results of every key and bring them to the host in one transfer."""
-    keys = list(per_query)
-    if not keys:
-        return {}
-    stacked = torch.stack([torch.cat(per_query[k]) for k in keys]).cpu()
-    return dict(zip(keys, stacked.unbind(0)))
 
 
 def _knn_ranks(nn: Tensor, query_labels: Tensor, ref_labels: Tensor, removes_self: bool) -> RetrievalRanks:
@@ -487,11 +464,12 @@ def compute_embeddings(
 
 
 def _progress(iterable: Iterable[Any], disable: bool, description: str) -> Iterable[Any]:
+    """``iterable`` with a tqdm bar unless ``disable`` (none without tqdm, which is in the recipes extra)."""
     if disable:
         return iterable
     try:
         from tqdm.auto import tqdm
-    except ImportError:  # tqdm is in the recipes extra; without it, no bar
+    except ImportError:
         return iterable
     return tqdm(iterable, desc=description, dynamic_ncols=True, mininterval=1.0, leave=False)
 

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from .._validation import check_level_weights, check_positive
 from ..relevance import ideal_dcg, pop_relevance, property1_relevance
-from .ranks import RetrievalRanks
+from .ranks import RetrievalRanks, _compiled_available
 
 __all__ = [
     "RankStats",
@@ -57,15 +57,6 @@ def _at(arr: Tensor, i: Tensor) -> Tensor:
     return torch.where(i > 0, arr.gather(1, (i - 1).clamp_min(0)), 0.0)[:, 0]
 
 
-def _compiled_prefix_sums(levels: Tensor, positions: Tensor) -> bool:
-    """Whether :class:`RankStats` computes its prefix sums with the compiled kernel (CPU int64, numba installed)."""
-    if levels.device.type != "cpu" or levels.dtype != torch.int64 or positions.dtype != torch.int64:
-        return False
-    from .ranks import _compiled_available
-
-    return _compiled_available()
-
-
 class RankStats:
     """Prefix sums of one :class:`RetrievalRanks` shared by every metric (computed on first use, then cached).
 
@@ -90,7 +81,10 @@ class RankStats:
         self.levels, self.positions, self.counts, self.num_levels = lv, positions, ranks.counts, ranks.num_levels
         self._cache: dict[tuple, Any] = {}  # (what, argument) -> tensor
         self._level_sums = self._level_disc = self._asi_sums = None
-        self._compiled = _compiled_prefix_sums(lv, positions)
+        # the compiled kernel sums CPU int64 ranks when numba is installed
+        self._compiled = (
+            lv.device.type == "cpu" and lv.dtype == positions.dtype == torch.int64 and _compiled_available()
+        )
         self._named = (ALL, *(("r", m) for m in range(1, self.num_levels + 1)), *(("k", _check_k(k)) for k in k_values))
 
     def _memo(self, key: tuple, compute: Callable[[], Any]) -> Any:
@@ -144,10 +138,8 @@ class RankStats:
 
     def _upto(self, at: tuple) -> Tensor:
         """``(C, 1)`` number of slots with position ``<=`` the threshold ``("k", k)`` or ``("r", m)``."""
-        if ("upto", at) not in self._cache:
-            t = _f64(self._threshold(at))[:, None].contiguous()
-            self._cache[("upto", at)] = torch.searchsorted(self.position, t, right=True)
-        return self._cache[("upto", at)]
+        t = _f64(self._threshold(at))[:, None].contiguous()
+        return self._memo(("upto", at), lambda: torch.searchsorted(self.position, t, right=True))
 
     def _walk(self, at: tuple) -> tuple[Tensor, Tensor]:
         """``(L, C)`` counts and precision sums at ``at`` from the compiled walk, which also fills the thresholds

@@ -26,7 +26,7 @@ from torch import Tensor
 from .._validation import check_positive_int
 from ..relevance import check_multilabel, dedupe_label_sets, ideal_dcg
 from .from_ranks import ap_from_ranks
-from .ranks import RetrievalRanks, check_mask, check_scores, compact_rows, retrieval_ranks
+from .ranks import RetrievalRanks, check_mask, check_scores, compact_rows, rank_levels
 
 __all__ = ["GAINS", "graded_average_precision", "graded_levels", "graded_ndcg", "mean_label_average_precision"]
 
@@ -34,13 +34,16 @@ GAINS = ("exponential", "linear")
 GRADED_BLOCK = 2**22  # elements of the (C, N) score block processed at once
 
 
-def _check_inputs(scores: Tensor, mask: Tensor | None, block_elements: int, relevance: Tensor | None = None) -> Tensor:
-    """Validate the arguments; return ``relevance`` (if given) as float64 on the device of ``scores``."""
-    check_scores(scores)  # the engine's checks: (Q, N) floating point, no NaN
+def _check_inputs(
+    scores: Tensor, mask: Tensor | None, block_elements: int, relevance: Tensor | None = None
+) -> tuple[Tensor, Tensor | None]:
+    """The checked ``scores`` of the engine (``±inf`` mapped to finite, :func:`~.ranks.check_scores`) and
+    ``relevance`` (if given) as float64 on their device."""
+    scores = check_scores(scores)
     check_mask(mask, scores)
     check_positive_int("block_elements", block_elements)
     if relevance is None:
-        return None
+        return scores, None
     if not isinstance(relevance, Tensor):
         raise TypeError(f"relevance must be a torch.Tensor of shape (Q, N); got {type(relevance).__name__}")
     if relevance.is_complex():
@@ -52,7 +55,7 @@ def _check_inputs(scores: Tensor, mask: Tensor | None, block_elements: int, rele
     rel = relevance.detach().to(device=scores.device, dtype=torch.float64)
     if not bool(torch.isfinite(rel).all()) or bool((rel < 0).any()):
         raise ValueError("relevance must be finite and non-negative")
-    return rel
+    return scores, rel
 
 
 def graded_levels(relevance: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -88,7 +91,7 @@ def graded_levels(relevance: Tensor, mask: Tensor | None = None) -> tuple[Tensor
 
 def graded_ranks(scores: Tensor, rel: Tensor, mask: Tensor | None) -> tuple[RetrievalRanks, Tensor]:
     levels, values = graded_levels(rel, mask)
-    ranks = retrieval_ranks(scores, levels, mask, num_levels=max(values.shape[1] - 1, 1))
+    ranks = rank_levels(scores, levels, max(values.shape[1] - 1, 1), mask)
     if values.shape[1] == 1:  # no relevant item anywhere: one empty level keeps the shapes consistent
         values = torch.cat([values, values], 1)
     return ranks, values
@@ -162,7 +165,7 @@ def graded_average_precision(
         TypeError: non-tensor or non-floating ``scores``, complex ``relevance``, a non-bool ``mask``.
         ValueError: shape mismatches, NaN scores, negative or non-finite relevance, bad ``block_elements``.
     """
-    rel = _check_inputs(scores, mask, block_elements, relevance)
+    scores, rel = _check_inputs(scores, mask, block_elements, relevance)
     rows = block_elements // max(scores.shape[1], 1)
     return _per_block(scores, mask, rows, lambda sc, m, sl: hap_block(*graded_ranks(sc, rel[sl], m)))
 
@@ -184,7 +187,7 @@ def graded_ndcg(
     Arguments, result (``(Q,)`` float64, ``NaN`` without relevant items) and errors as
     :func:`graded_average_precision`; ``gain`` is one of :data:`GAINS` (else ``ValueError``).
     """
-    rel = _check_inputs(scores, mask, block_elements, relevance)
+    scores, rel = _check_inputs(scores, mask, block_elements, relevance)
     if gain not in GAINS:
         raise ValueError(f"gain must be one of {GAINS}; got {gain!r}")
     rows = block_elements // max(scores.shape[1], 1)
@@ -219,7 +222,7 @@ def mean_label_average_precision(
         :func:`pml_suprank.relevance.multilabel_relevance` for the labels; ``ValueError`` when the label counts do
         not match ``scores``.
     """
-    _check_inputs(scores, mask, block_elements)
+    scores, _ = _check_inputs(scores, mask, block_elements)
     q = dedupe_label_sets(check_multilabel("query_labels", query_labels))
     r = check_multilabel("ref_labels", ref_labels)
     if scores.shape != (q.shape[0], r.shape[0]):
@@ -236,7 +239,7 @@ def mean_label_average_precision(
         for col in range(qs.shape[1]):
             y = qs[:, col]
             positive = (r[None, :, :] == y[:, None, None]).any(2) & (y >= 0)[:, None]
-            ap = ap_from_ranks(retrieval_ranks(sc, positive, m))
+            ap = ap_from_ranks(rank_levels(sc, positive.long(), 1, m))
             ok = ~torch.isnan(ap)
             total += torch.where(ok, ap, 0.0)
             count += ok

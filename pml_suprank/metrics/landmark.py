@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from .from_ranks import map_at_k_from_ranks
-from .ranks import check_mask, retrieval_ranks
+from .ranks import check_mask, check_scores, rank_levels
 
 __all__ = [
     "REVISITED_SETUPS",
@@ -71,12 +71,11 @@ def landmark_map_at_k(scores: Tensor, positives: Tensor, junk: Tensor | None = N
         TypeError: ``positives`` / ``junk`` are not bool tensors, ``scores`` is not a floating tensor.
         ValueError: Shapes differ, ``k`` is not a positive int, ``scores`` holds NaN.
     """
-    if not isinstance(scores, Tensor):
-        raise TypeError(f"scores must be a torch.Tensor of shape (Q, N); got {type(scores).__name__}")
+    scores = check_scores(scores)
     if check_mask(positives, scores, "positives") is None:
         raise TypeError("positives must be a bool torch.Tensor of the shape of scores; got None")
     mask = None if junk is None else ~check_mask(junk, scores, "junk") | positives
-    return map_at_k_from_ranks(retrieval_ranks(scores, positives, mask), k)
+    return map_at_k_from_ranks(rank_levels(scores, positives.long(), 1, mask), k)
 
 
 def _index_array(value: Any, where: str, num_items: int) -> np.ndarray:
@@ -181,10 +180,11 @@ def revisited_map(
     if len(gnd) != num_queries:
         raise ValueError(f"gnd must give one entry per query (scores has {num_queries} rows); got {len(gnd)}")
     membership = {k: v.to(scores.device) for k, v in membership.items()}
+    scores = check_scores(scores)
     out: dict[str, Any] = {}
     for setup in REVISITED_SETUPS:
         positives, ignored = revisited_setup_masks(membership, setup)
-        ranks = retrieval_ranks(scores, positives, ~ignored)
+        ranks = rank_levels(scores, positives.long(), 1, ~ignored)
         ap, pr = _revisited_scores(ranks.positions.cpu(), kappas)
         defined = ~torch.isnan(ap)
         out[f"{setup}_map"] = float(ap[defined].mean()) if bool(defined.any()) else math.nan

@@ -5,20 +5,17 @@ Labels are ``(N, M)`` fine-label sets padded with ``-1`` (at least one label eac
 ``O(chunk · N)``); the query is removed by index and ties are pessimistic. Each group is computed as its registry
 entry says (:attr:`~pml_suprank.metrics.registry.MetricSpec.multilabel`):
 
-* ``"graded"`` (``h_ap``, ``ndcg``): the relevance of Algorithm 1 of E. Ramzi's PhD thesis
-  (:func:`pml_suprank.relevance.multilabel_relevance`, ``rel = Σ_i l*_i / (n_q · L)`` in ``[0, 1]``) taken as
-  given: H-AP of HAPPIER (Eqs. 2-3) and NDCG with gains ``2^rel − 1`` (SupRank Eq. 23 applied to ``rel``), see
-  :mod:`pml_suprank.metrics.graded`.
-* ``"levels"`` (``ap``, ``recall_at_{k}``, ``ap_level{h}``, ...): the binary metrics of the single-label registry on
-  the best agreement level ``λ(q, k) = L − min_{i,j} LCA(y_q^i, y_k^j)``: a fine positive (``λ = L``) shares a fine
-  label with the query, a level-``h`` positive (``λ >= L − h``) shares a level-``h`` ancestor.
-* ``"labels"`` (``mean_label_ap``): the AP of each query label as a binary problem, averaged over the query's labels
-  (:func:`~pml_suprank.metrics.graded.mean_label_average_precision`).
+* ``"graded"`` (``h_ap``, ``ndcg``): H-AP (HAPPIER Eqs. 2-3) and NDCG (gains ``2^rel − 1``, SupRank Eq. 23) of the
+  relevance ``rel = Σ_i l*_i / (n_q · L)`` in ``[0, 1]`` of Algorithm 1 of E. Ramzi's PhD thesis
+  (:func:`pml_suprank.relevance.multilabel_relevance`) taken as given (:mod:`pml_suprank.metrics.graded`).
+* ``"levels"`` (``ap``, ``recall_at_{k}``, ``ap_level{h}``, ...): the single-label binary metrics on the best
+  agreement level ``λ(q, k) = L − min_{i,j} LCA(y_q^i, y_k^j)`` (``λ = L``: a shared fine label; ``λ >= L − h``: a
+  shared level-``h`` ancestor).
+* ``"labels"`` (``mean_label_ap``): :func:`~pml_suprank.metrics.graded.mean_label_average_precision`.
 
-**One label per item.** The ``"levels"`` metrics equal the single-label evaluator's; the graded relevance is
-``l / L``, *not* the pop relevance of SupRank Eq. 20, so ``h_ap`` equals
-``functional.hierarchical_average_precision(scores, levels, relevance=l / L)`` and ``ndcg`` uses gains
-``2^(l / L) − 1``; both equal the single-label values when ``L = 1``.
+**One label per item**: the ``"levels"`` metrics equal the single-label evaluator's; ``rel = l / L`` is *not* the pop
+relevance of SupRank Eq. 20, so ``h_ap`` equals ``functional.hierarchical_average_precision(scores, levels,
+relevance=l / L)`` and ``ndcg`` uses gains ``2^(l / L) − 1``; both equal the single-label values when ``L = 1``.
 """
 
 from __future__ import annotations
@@ -30,7 +27,7 @@ from torch import Tensor
 
 from ..relevance import Hierarchy, check_multilabel, label_ancestors, level_counts, multilabel_relevance
 from .graded import graded_ranks, hap_block, mean_label_average_precision, ndcg_block
-from .ranks import retrieval_ranks
+from .ranks import rank_levels
 from .registry import METRICS, MULTILABEL_GROUPS, check_groups, metrics_from_ranks
 
 __all__ = ["best_agreement_levels", "check_multilabel_labels", "multilabel_groups"]
@@ -100,9 +97,7 @@ def _chunk_metrics(
     level_groups = tuple(g for g in groups if METRICS[g].multilabel == "levels")
     lam = best_agreement_levels(ql, rl, hierarchy)
     if level_groups:
-        ranks = retrieval_ranks(
-            scores, lam, mask, num_levels=L, num_bins=evaluator.num_bins, counting=evaluator.counting
-        )
+        ranks = rank_levels(scores, lam, L, mask, num_bins=evaluator.num_bins, counting=evaluator.counting)
         out.update(metrics_from_ranks(ranks, k_values=evaluator.k_values, groups=level_groups))
         counts = ranks.counts
     else:

@@ -23,7 +23,7 @@ from torch import Tensor
 from .._validation import check_positive_int
 from ..relevance import level_counts
 
-__all__ = ["COUNTING_METHODS", "RetrievalRanks", "rank_relevant_items", "retrieval_ranks"]
+__all__ = ["COUNTING_METHODS", "RetrievalRanks", "rank_levels", "rank_relevant_items", "retrieval_ranks"]
 
 COUNTING_METHODS = ("auto", "search", "histogram", "compiled", "dense")
 
@@ -234,7 +234,8 @@ def rank_relevant_items(
 def _count_block(neg_scores, counting, keys, order, rel_scores, vs, n_rel, lo, num_bins, workspace) -> Tensor:
     """``(C, P)`` ``#{j : neg_scores[c, j] >= r_k}`` of one block by the method ``counting`` (not ``"auto"``)."""
     if counting == "compiled":  # the kernel decodes the sorted keys itself
-        _check_compiled(neg_scores, rel_scores)
+        if (refusal := _compiled_refusal(neg_scores, rel_scores)) is not None:
+            raise refusal
         from ._compiled_rank_counts import count_negatives_compiled
 
         rs = keys if keys is not None else rel_scores.gather(1, order).masked_fill_(~vs, float("-inf"))
@@ -299,17 +300,16 @@ def _count_negatives_dense(
 
 def _auto_counting(neg_scores: Tensor, rel_scores: Tensor, lo: Tensor) -> str:
     """``counting="auto"`` as documented in :func:`rank_relevant_items` (the 5 % break-even was measured on a
-    2-core CPU)."""
+    2-core CPU; the in-range share is estimated from 256 strided columns)."""
     if neg_scores.device.type != "cpu":
         return "dense"
-    if _compiled_dtypes(neg_scores, rel_scores) and _compiled_available():
+    if _compiled_refusal(neg_scores, rel_scores) is None:
         return "compiled"
-    return "search" if _in_range_fraction(neg_scores, lo) < 0.05 else "histogram"
-
-
-def _compiled_dtypes(neg_scores: Tensor, rel_scores: Tensor) -> bool:
-    supported = (torch.float32, torch.float64)
-    return neg_scores.dtype in supported and rel_scores.dtype in supported
+    C, N = neg_scores.shape
+    if C == 0 or N == 0:
+        return "search"
+    in_range = float((neg_scores[:, :: max(N // 256, 1)] >= lo[:, None]).float().mean())
+    return "search" if in_range < 0.05 else "histogram"
 
 
 def _compiled_available() -> bool:
@@ -321,15 +321,17 @@ def _compiled_available() -> bool:
     return True
 
 
-def _check_compiled(neg_scores: Tensor, rel_scores: Tensor) -> None:
+def _compiled_refusal(neg_scores: Tensor, rel_scores: Tensor) -> Exception | None:
+    """The error of ``counting="compiled"`` on these scores, None when the numba kernel can count them."""
     if neg_scores.device.type != "cpu" or rel_scores.device.type != "cpu":
-        raise ValueError(f"counting='compiled' runs on CPU tensors; neg_scores are on {neg_scores.device}")
-    if not _compiled_dtypes(neg_scores, rel_scores):
-        raise ValueError(
+        return ValueError(f"counting='compiled' runs on CPU tensors; neg_scores are on {neg_scores.device}")
+    if not {neg_scores.dtype, rel_scores.dtype} <= {torch.float32, torch.float64}:
+        return ValueError(
             f"counting='compiled' needs float32/float64 scores; got {neg_scores.dtype} and {rel_scores.dtype}"
         )
     if not _compiled_available():
-        raise ImportError("counting='compiled' needs numba: pip install 'pml-suprank[fast]'")
+        return ImportError("counting='compiled' needs numba: pip install 'pml-suprank[fast]'")
+    return None
 
 
 def _count_negatives_histogram(
@@ -422,15 +424,6 @@ def _count_negatives_histogram(
     return neg_ge
 
 
-def _in_range_fraction(neg_scores: Tensor, lo: Tensor, samples: int = 256) -> float:
-    """Share of the entries of ``neg_scores`` ``(C, N)`` with ``score >= lo`` (per row), from strided columns."""
-    C, N = neg_scores.shape
-    if C == 0 or N == 0:
-        return 0.0
-    step = max(N // samples, 1)
-    return float((neg_scores[:, ::step] >= lo[:, None]).float().mean())
-
-
 def _count_negatives_search(
     neg_scores: Tensor, lo: Tensor, seq: Tensor, pad: float | int, to_seq, workspace: dict | None
 ) -> Tensor:
@@ -501,7 +494,14 @@ def retrieval_ranks(
     check_positive_int("num_bins", num_bins, allow_none=True)
     scores = check_scores(scores)
     levels, L = _check_levels(levels, scores, num_levels)
-    mask = check_mask(mask, scores)
+    return rank_levels(scores, levels, L, check_mask(mask, scores), num_bins=num_bins, counting=counting)
+
+
+def rank_levels(
+    scores: Tensor, levels: Tensor, num_levels: int, mask: Tensor | None = None, *, num_bins=None, counting="auto"
+) -> RetrievalRanks:
+    """:func:`retrieval_ranks` of checked inputs (no read-back to the host to check them): ``scores`` without NaN or
+    ``±inf``, int64 ``levels`` in ``[0, num_levels]``, ``mask`` None or bool, all ``(Q, N)``."""
     keep = torch.ones_like(levels, dtype=torch.bool) if mask is None else mask
     rows, cols, slot, slot_valid = compact_rows((levels > 0) & keep)
     rel_idx = torch.zeros(slot_valid.shape, dtype=torch.long, device=scores.device)
@@ -510,5 +510,4 @@ def retrieval_ranks(
     rel_levels = torch.where(slot_valid, levels.gather(1, rel_idx), torch.zeros_like(rel_idx))
     neg_scores = scores.masked_fill(~(keep & (levels == 0)), float("-inf"))
     lv, pos = rank_relevant_items(neg_scores, rel_scores, rel_levels, num_bins=num_bins, counting=counting)
-    counts = level_counts(levels, L, keep)
-    return RetrievalRanks(lv, pos, counts, L)
+    return RetrievalRanks(lv, pos, level_counts(levels, num_levels, keep), num_levels)

@@ -126,12 +126,6 @@ class RetrievalMetric:
         kept detached on their device."""
         append_update(embeddings, labels, indices, (self._embeddings, self._labels, self._indices))
 
-    def _local(self) -> tuple[Tensor, Tensor, Tensor | None]:
-        if not self._embeddings:
-            return torch.empty(0, 0), torch.empty(0, dtype=torch.long), None
-        indices = torch.cat(self._indices) if self._indices else None
-        return torch.cat(self._embeddings), torch.cat(self._labels), indices
-
     def _gather(self, emb: Tensor, labels: Tensor, indices: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
         """All processes' data in rank order (collective). Processes without data send empty tensors shaped like
         the others'; embeddings travel as float64 when any process holds float64, else float32."""
@@ -140,10 +134,7 @@ class RetrievalMetric:
         has = bool(self._embeddings)
         shape = [emb.shape[0], emb.shape[1], labels.dim(), labels.shape[1] if labels.dim() == 2 else 0]
         values = [*shape, int(emb.dtype == torch.float64), int(indices is not None)] if has else [0, -1, -1, 0, 0, -1]
-        header = torch.tensor(values, device=device)
-        headers = [torch.empty_like(header) for _ in range(torch.distributed.get_world_size(group))]
-        torch.distributed.all_gather(headers, header, group=group)
-        table = torch.stack(headers).cpu()
+        table = all_gather(torch.tensor([values], device=device), group).cpu()  # one row per process
         full = table[table[:, 0] > 0]
         if full.shape[0] == 0:
             raise ValueError("RetrievalMetric.compute() called before any update() on every process")
@@ -168,12 +159,14 @@ class RetrievalMetric:
         Returns:
             what ``RetrievalEvaluator.evaluate`` returns on the gathered, concatenated data.
         """
-        emb, labels, indices = self._local()
         split = self.sync and is_distributed(self.process_group)
+        if not (split or self._embeddings):
+            raise ValueError("RetrievalMetric.compute() called before any update()")
+        emb = torch.cat(self._embeddings) if self._embeddings else torch.empty(0, 0)
+        labels = torch.cat(self._labels) if self._labels else torch.empty(0, dtype=torch.long)
+        indices = torch.cat(self._indices) if self._indices else None
         if split:
             emb, labels, indices = self._gather(emb, labels, indices)
-        elif not self._embeddings:
-            raise ValueError("RetrievalMetric.compute() called before any update()")
         if indices is not None:
             emb, labels = dedupe_by_index(emb, labels, indices)
         if split:  # every process ranks its share of the queries against all the items; results gathered once

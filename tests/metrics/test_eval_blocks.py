@@ -97,7 +97,7 @@ def test_fused_ranks_with_a_separate_gallery_that_contains_the_queries():
 def _stats_pair(monkeypatch, ranks, k_values=()):
     compiled = FR.RankStats(ranks, k_values=k_values)
     assert compiled._compiled
-    monkeypatch.setattr(FR, "_compiled_prefix_sums", lambda *a: False)
+    monkeypatch.setattr(FR, "_compiled_available", lambda: False)
     reference = FR.RankStats(ranks)
     monkeypatch.undo()
     return compiled, reference
@@ -160,17 +160,16 @@ def test_h_ap_ndcg_asi_by_hand():
 def test_chunks_are_sized_in_bytes_for_the_device(monkeypatch):
     cpu = torch.device("cpu")
     monkeypatch.setattr(EV, "_compiled_available", lambda: False)  # the torch kernels: slots cost bytes per level
-    rows = EV.chunk_rows(60502, 5042, cpu, levels=2)
+    rows, width = EV.block_shape(60502, 5042, cpu, 2)
     per_row = 60502 * EV._ENTRY_BYTES["cpu"] + 5042 * EV._SLOT_BYTES["cpu"] * 2
-    assert rows * per_row <= EV.CPU_CHUNK_BYTES + per_row and rows >= 16
-    assert EV.chunk_rows(10, 2, cpu) == EV.CPU_CHUNK_BYTES // (10 * 4 + 2 * 48 * 2 + 1)
-    assert EV.chunk_rows(10**9, 10**6, cpu) == 16  # never fewer than 16 queries
-    assert EV.block_shape(60502, 5042, cpu, 2) == (rows, 60502)  # whole rows while they fit
+    assert rows * per_row <= EV.CPU_CHUNK_BYTES and rows >= 16 and width == 60502  # whole rows while they fit
+    assert EV.block_shape(10, 2, cpu)[0] == EV.CPU_CHUNK_BYTES // (10 * 4 + 2 * 48 * 2 + 1)
+    assert EV.block_shape(10**9, 10**6, cpu)[0] == 16  # never fewer than 16 queries
     assert EV.block_shape(60502, 5042, cpu, 2, chunk_size=5) == (5, 60502)
     # the compiled kernels keep three int64 per slot at any number of levels
     monkeypatch.setattr(EV, "_compiled_available", lambda: True)
-    assert EV.chunk_rows(10, 2, cpu) == EV.CPU_CHUNK_BYTES // (10 * 4 + 2 * 24 + 1)
-    assert EV.chunk_rows(10, 2, cpu, levels=5) == EV.chunk_rows(10, 2, cpu, levels=2)
+    assert EV.block_shape(10, 2, cpu)[0] == EV.CPU_CHUNK_BYTES // (10 * 4 + 2 * 24 + 1)
+    assert EV.block_shape(10, 2, cpu, levels=5) == EV.block_shape(10, 2, cpu, levels=2)
 
 
 @needs_numba
