@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from .._safe_json import load_json
+from ..hub.serialization import read_weights, staged_folder, write_weights
 from ..version import __version__
 from .faiss_backends import BACKENDS, resolve_options
 
@@ -55,31 +56,28 @@ def _inside(folder: Path, path: Path) -> Path:
 
 def write_index_files(folder: str | Path, embeddings: Tensor, labels: Tensor | None, meta: dict[str, Any]) -> Path:
     """Write ``index.safetensors`` (``embeddings``, ``labels``) and ``index.json`` (``meta`` — ``backend``,
-    ``options``, ``ids`` — completed with the format, shapes and checksum) to ``folder`` (created if needed)."""
-    from safetensors.torch import save_file
-
+    ``options``, ``ids`` — completed with the format, shapes and checksum) to ``folder`` (created if needed), all or
+    nothing (:func:`~pml_suprank.hub.serialization.staged_folder`)."""
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     for name in (TENSORS_NAME, JSON_NAME):
         _inside(folder, folder / name)
-    tensors = {"embeddings": embeddings.detach().cpu().contiguous()}
-    if labels is not None:
-        tensors["labels"] = labels.cpu().contiguous()
-    save_file(tensors, str(folder / TENSORS_NAME), metadata={"format": INDEX_FORMAT})
-    record = {
-        "format": INDEX_FORMAT,
-        "format_version": FORMAT_VERSION,
-        "backend": meta["backend"],
-        "options": dict(meta["options"]),
-        "num_items": int(embeddings.shape[0]),
-        "dim": int(embeddings.shape[1]),
-        "dtype": str(embeddings.dtype).removeprefix("torch."),
-        "label_shape": None if labels is None else list(labels.shape[1:]),
-        "ids": meta["ids"],
-        "sha256": sha256_file(folder / TENSORS_NAME),
-        "pml_suprank_version": __version__,
-    }
-    (folder / JSON_NAME).write_text(json.dumps(record, indent=1))
+    tensors = {"embeddings": embeddings} | ({"labels": labels} if labels is not None else {})
+    with staged_folder(folder) as stage:
+        write_weights(stage / TENSORS_NAME, tensors, {"format": INDEX_FORMAT})
+        record = {
+            "format": INDEX_FORMAT,
+            "format_version": FORMAT_VERSION,
+            "backend": meta["backend"],
+            "options": dict(meta["options"]),
+            "num_items": int(embeddings.shape[0]),
+            "dim": int(embeddings.shape[1]),
+            "dtype": str(embeddings.dtype).removeprefix("torch."),
+            "label_shape": None if labels is None else list(labels.shape[1:]),
+            "ids": meta["ids"],
+            "sha256": sha256_file(stage / TENSORS_NAME),
+            "pml_suprank_version": __version__,
+        }
+        (stage / JSON_NAME).write_text(json.dumps(record, indent=1))
     return folder
 
 
@@ -140,9 +138,6 @@ def read_index_files(folder: str | Path) -> tuple[Tensor, Tensor | None, dict[st
     """``(embeddings (N, D), labels (N, ...) or None, meta)`` of a folder written by :func:`write_index_files`, every
     field validated (``FileNotFoundError``: the folder or a file is missing; ``ValueError``: a field or tensor disagrees
     with the format, the JSON file or the checksum)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder} is not a folder (expected one written by RetrievalIndex.save)")
@@ -163,10 +158,7 @@ def read_index_files(folder: str | Path) -> tuple[Tensor, Tensor | None, dict[st
         raise ValueError(
             f"{tensor_path} does not match the sha256 recorded in {json_path}: the file was modified or replaced"
         )
-    try:
-        tensors = load_file(str(tensor_path))
-    except (SafetensorError, OSError, ValueError) as e:
-        raise ValueError(f"{tensor_path}: not a readable safetensors file ({e})") from e
+    tensors = read_weights(tensor_path)
     expected = {"embeddings"} | ({"labels"} if meta["label_shape"] is not None else set())
     if set(tensors) != expected:
         raise ValueError(f"{tensor_path}: expected tensors {sorted(expected)}; got {sorted(tensors)}")
