@@ -9,13 +9,26 @@ from __future__ import annotations
 
 import logging
 import os
+import platform
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from .._safe_json import load_json
+from ..version import __version__
 from ._card_sections import CardInputs, describe_dataset, detector_card, retrieval_card
-from .serialization import CONFIG_NAME, DETECTOR_TASK, METRICS_NAME, MODEL_CARD_NAME
+from .serialization import (
+    CONFIG_NAME,
+    DETECTOR_TASK,
+    METRICS_NAME,
+    MODEL_CARD_NAME,
+    WEIGHTS_NAME,
+    check_state,
+    read_config,
+    read_weights,
+)
 
 __all__ = ["carried_files", "generate_model_card", "read_card_files", "run_card_metadata", "write_card"]
 
@@ -66,19 +79,15 @@ def carried_files(source: str | Path, target: str | Path, weights: Any = None) -
 
 
 def _same_weights(source: Path, weights: Any) -> bool:
-    """``weights`` (a module or ``{name: Tensor}``) hold exactly the tensors of ``source/model.safetensors``."""
-    import torch
-
-    from .serialization import WEIGHTS_NAME, read_weights
-
+    """``weights`` (a module or ``{name: Tensor}``) hold exactly the tensors of ``source/model.safetensors``: the
+    same names (a tied tensor saved once under one of its names) and equal values."""
     state = weights.state_dict() if hasattr(weights, "state_dict") else dict(weights)
     try:
         saved = read_weights(source / WEIGHTS_NAME)
+        problems = check_state(saved, source, expected=state)
     except (OSError, ValueError):
         return False
-    if any(name in saved and not torch.equal(saved[name], t.detach().cpu()) for name, t in state.items()):
-        return False
-    return all(name in saved for name in state) or set(saved) <= set(state)
+    return not problems and all(torch.equal(t, state[name].detach().cpu()) for name, t in saved.items())
 
 
 def _split_summary(dataset: Any) -> dict[str, Any] | None:
@@ -89,8 +98,6 @@ def _split_summary(dataset: Any) -> dict[str, Any] | None:
     if labels is None:
         return None
     try:
-        import torch
-
         fine = torch.as_tensor(labels)
         fine = fine[:, 0] if fine.dim() == 2 else fine
         ids, counts = torch.unique(fine, return_counts=True)
@@ -109,12 +116,6 @@ def run_card_metadata(trainer: Any, hub_config: Mapping[str, Any] | None = None,
     written later elsewhere never mistakes it for a Hub id), the compute (device, processes, precision, versions),
     the schedule (steps per epoch, total steps: the console's short-run warning) and the card fields of the
     hub_config (``hub.*``, ``name``)."""
-    import platform
-
-    import torch
-
-    from ..version import __version__
-
     acc = getattr(trainer, "accelerator", None)
     device_type = getattr(getattr(acc, "device", None), "type", "cpu")
     name = f"{os.cpu_count()} CPU cores ({platform.machine()})" if device_type == "cpu" else None
@@ -167,8 +168,6 @@ def write_card(
         FileNotFoundError: ``folder`` has no ``config.json``.
     """
     from huggingface_hub import ModelCard
-
-    from .serialization import read_config
 
     folder = Path(folder)
     config = read_config(folder / CONFIG_NAME)
