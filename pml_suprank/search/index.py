@@ -13,7 +13,7 @@ from torch import Tensor
 from .._scaling import times_power_of_two
 from .._validation import check_choice, check_device, check_embeddings, check_labels, check_positive_int
 from ..collectives import all_gather, comm_device, is_distributed, shard_range
-from .faiss_backends import BACKENDS, INT32_MAX, FaissSearcher, check_option, resolve_options
+from .faiss_backends import BACKENDS, INT32_MAX, FaissSearcher, resolve_options
 from .scale import check_scores_fit, max_abs, underflow_exponent
 from .storage import check_ids, read_index_files, write_index_files
 from .topk import DEFAULT_BLOCK_ELEMENTS, exact_topk
@@ -135,13 +135,10 @@ class RetrievalIndex:
     def set_search_options(self, *, nprobe: int | None = None, ef_search: int | None = None) -> RetrievalIndex:
         """Change the search-time parameter of an approximate backend (``nprobe`` of ``"faiss-ivf"``, ``ef_search``
         of ``"faiss-hnsw"``) without rebuilding it; saved with the index. Returns ``self``."""
-        for name, value in (("nprobe", nprobe), ("ef_search", ef_search)):
-            if value is None:
-                continue
-            value = check_option(name, value, self.backend)
-            if name == "nprobe" and value > self.options["nlist"]:
-                raise ValueError(f"nprobe must be <= nlist={self.options['nlist']}; got {value}")
-            self._faiss.set_search_option(name, value)  # and in self.options
+        given = {name: value for name, value in (("nprobe", nprobe), ("ef_search", ef_search)) if value is not None}
+        resolved = resolve_options(self.backend, {**self.options, **given}, len(self))  # nprobe <= nlist too
+        for name in given:
+            self._faiss.set_search_option(name, resolved[name])  # and in self.options
         return self
 
     def search(
