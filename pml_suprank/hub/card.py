@@ -30,7 +30,7 @@ from .serialization import (
     read_weights,
 )
 
-__all__ = ["carried_files", "generate_model_card", "read_card_files", "run_card_metadata", "write_card"]
+__all__ = ["carried_files", "folder_plots", "generate_model_card", "read_card_files", "run_card_metadata", "write_card"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +54,11 @@ def read_card_files(folder: str | Path) -> dict[str, Any]:
     return out
 
 
+def folder_plots(folder: Path) -> list[str]:
+    """The PNG plots at the top level of ``folder`` and in its ``plots/`` (sorted paths relative to ``folder``)."""
+    return [p.relative_to(folder).as_posix() for glob in ("*.png", "plots/*.png") for p in sorted(folder.glob(glob))]
+
+
 def carried_files(source: str | Path, target: str | Path, weights: Any = None) -> list[tuple[str, Path]]:
     """What a re-save of the model folder ``source`` into ``target`` copies so that its card stays whole:
     ``(path relative to the folder, file in source)`` of the :data:`CARD_FILES`, the PNG plots (at the top level and
@@ -68,8 +73,8 @@ def carried_files(source: str | Path, target: str | Path, weights: Any = None) -
         logger.warning("the weights saved differ from those loaded from %s: its metrics, plots and OOD guard are not "
                        "carried into %s (the card shows what save_pretrained was given)", source, target)  # fmt: skip
         return []
-    candidates = [source / n for n in CARD_FILES if n != "ood/guard.json"]
-    candidates += [*sorted(source.glob("*.png")), *sorted(source.glob("plots/*.png")), *sorted(source.glob("ood/**/*"))]
+    names = [n for n in CARD_FILES if not n.startswith("ood/")] + folder_plots(source)
+    candidates = [source / n for n in names] + sorted(source.glob("ood/**/*"))
     out = []
     for path in candidates:
         rel = path.relative_to(source).as_posix()
@@ -171,10 +176,9 @@ def write_card(
 
     folder = Path(folder)
     config = read_config(folder / CONFIG_NAME)
-    pngs = [*sorted(folder.glob("*.png")), *sorted(folder.glob("plots/*.png"))]
-    plots = [p.relative_to(folder).as_posix() for p in pngs]
-    text = generate_model_card(config, hub_config=hub_config, plots=plots, repo_id=repo_id, description=description,
-                               folder=folder.resolve().name, files=read_card_files(folder))  # fmt: skip
+    text = generate_model_card(config, hub_config=hub_config, plots=folder_plots(folder), repo_id=repo_id,
+                               description=description, folder=folder.resolve().name,
+                               files=read_card_files(folder))  # fmt: skip
     ModelCard(text).save(folder / MODEL_CARD_NAME)  # as HubMixin.save_pretrained writes it
     return folder / MODEL_CARD_NAME
 

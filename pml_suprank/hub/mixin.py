@@ -29,18 +29,14 @@ except ImportError:  # the `recipes` extra: the detectors and the model work wit
     class ModelHubMixin:  # type: ignore[no-redef]
         """Stand-in for ``huggingface_hub.ModelHubMixin`` when it is not installed: its methods say what to install."""
 
-        def __init_subclass__(cls, **kwargs: Any) -> None:
-            super().__init_subclass__()
-
-        def _missing(*args: Any, **kwargs: Any) -> Any:
+        def save_pretrained(*args: Any, **kwargs: Any) -> Any:
             raise ImportError("saving, loading and pushing need huggingface_hub: pip install 'pml-suprank[recipes]' "
                               "(or pip install huggingface_hub)")  # fmt: skip
 
-        save_pretrained = push_to_hub = _missing
-        from_pretrained = classmethod(_missing)
+        push_to_hub, from_pretrained = save_pretrained, classmethod(save_pretrained)
 
 
-from .card import carried_files, generate_model_card, read_card_files
+from .card import carried_files, folder_plots, generate_model_card, read_card_files
 from .serialization import (
     CONFIG_NAME,
     LIBRARY_NAME,
@@ -76,11 +72,8 @@ def _plan_plots(save_directory: Path, plots: Sequence[str | Path] | None) -> lis
             planned.append((p.resolve().relative_to(save_directory.resolve()).as_posix(), None))
         except ValueError:
             planned.append((f"plots/{p.name}", p))
-    for f in [*sorted(save_directory.glob("*.png")), *sorted(save_directory.glob("plots/*.png"))]:
-        rel = f.relative_to(save_directory).as_posix()
-        if rel not in [r for r, _ in planned]:
-            planned.append((rel, None))
-    return planned
+    given = {rel for rel, _ in planned}
+    return planned + [(rel, None) for rel in folder_plots(save_directory) if rel not in given]
 
 
 def instantiate(cls: type, kwargs: dict[str, Any], source: Any) -> Any:

@@ -97,6 +97,12 @@ class RetrievalIndex:
             f"labels={self.labels is not None}, ids={self.ids is not None}{extra})"
         )
 
+    def _checked_rows(self, name: str, x: Any) -> Tensor:
+        x = check_embeddings(name, x)
+        if x.shape[1] != self.dim:
+            raise ValueError(f"{name} must have width D={self.dim} (the index's embedding size); got {tuple(x.shape)}")
+        return x
+
     def _checked_labels(self, labels: Any, n: int) -> Tensor:
         labels = check_labels("labels", labels, n)
         if self.labels is not None and labels.shape[1:] != self.labels.shape[1:]:
@@ -109,12 +115,8 @@ class RetrievalIndex:
     def add(self, embeddings: Tensor, labels: Tensor | None = None, ids: Any = None) -> RetrievalIndex:
         """Append ``(M, D)`` embeddings (and their labels / ids: required exactly when the index has them); their
         gallery indices are ``len(index) ... len(index) + M - 1``. Returns ``self``."""
-        embeddings = check_embeddings("embeddings", embeddings)
+        embeddings = self._checked_rows("embeddings", embeddings)
         m = embeddings.shape[0]
-        if embeddings.shape[1] != self.dim:
-            raise ValueError(
-                f"embeddings must have width D={self.dim} (the index's); got shape {tuple(embeddings.shape)}"
-            )
         for name, value, held in (("labels", labels, self.labels), ("ids", ids, self.ids)):
             if (value is None) != (held is None):
                 has = "has" if held is not None else "has no"
@@ -163,11 +165,7 @@ class RetrievalIndex:
             TypeError / ValueError: bad ``queries`` or ``k``; scores that could overflow the index dtype
                 (:mod:`pml_suprank.search.scale`; tiny ones that would underflow are ranked exactly).
         """
-        queries = check_embeddings("queries", queries)
-        if queries.shape[1] != self.dim:
-            raise ValueError(
-                f"queries must have width D={self.dim} (the index's embedding size); got shape {tuple(queries.shape)}"
-            )
+        queries = self._checked_rows("queries", queries)
         k = check_positive_int("k", k)
         if k > len(self):
             raise ValueError(f"k must be <= the number of gallery items ({len(self)}); got k={k}")
