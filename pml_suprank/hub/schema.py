@@ -155,7 +155,7 @@ def check_schema(
                 )
                 raise ValueError(
                     f"{source}: tensor {name!r} has shape {tuple(t.shape)}; dimension {axis} must be {want}{like}; "
-                    f"the saved tensors disagree with each other or with config.json"
+                    "the saved tensors disagree with each other or with their config"
                 )
         for symbol, minimum in spec.min_sizes:
             if symbol in bound and bound[symbol] < minimum:

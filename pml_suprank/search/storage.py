@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from .._safe_json import load_json
+from ..hub.schema import Sizes, TensorSpec, check_schema
 from ..hub.serialization import read_weights, staged_folder, write_weights
 from ..version import __version__
 from .faiss_backends import BACKENDS, resolve_options
@@ -159,22 +160,13 @@ def read_index_files(folder: str | Path) -> tuple[Tensor, Tensor | None, dict[st
             f"{tensor_path} does not match the sha256 recorded in {json_path}: the file was modified or replaced"
         )
     tensors = read_weights(tensor_path)
-    expected = {"embeddings"} | ({"labels"} if meta["label_shape"] is not None else set())
-    if set(tensors) != expected:
-        raise ValueError(f"{tensor_path}: expected tensors {sorted(expected)}; got {sorted(tensors)}")
-    n, d = meta["num_items"], meta["dim"]
-    emb = tensors["embeddings"]
-    if emb.dtype != _DTYPES[meta["dtype"]] or tuple(emb.shape) != (n, d):
-        raise ValueError(
-            f"{tensor_path}: 'embeddings' must be {meta['dtype']} of shape ({n}, {d}) as {json_path} says; got "
-            f"{emb.dtype} {tuple(emb.shape)}"
-        )
-    if not bool(torch.isfinite(emb).all()):
-        raise ValueError(f"{tensor_path}: 'embeddings' contains NaN or inf values")
-    labels = tensors.get("labels")
-    if labels is not None and (labels.dtype != torch.int64 or list(labels.shape) != [n, *meta["label_shape"]]):
-        raise ValueError(
-            f"{tensor_path}: 'labels' must be int64 of shape {tuple([n, *meta['label_shape']])}; got "
-            f"{labels.dtype} {tuple(labels.shape)}"
-        )
+    n, d, label_shape = meta["num_items"], meta["dim"], meta["label_shape"]
+    specs = {"embeddings": TensorSpec(("N", "D"))}  # finite values too
+    if label_shape is not None:
+        specs["labels"] = TensorSpec(("N", *label_shape), kind="integer")
+    check_schema(tensors, tensor_path, specs, sizes=Sizes(N=n, D=d, origin={"N": JSON_NAME, "D": JSON_NAME}))
+    emb, labels = tensors["embeddings"], tensors.get("labels")
+    for name, t, dtype in (("embeddings", emb, _DTYPES[meta["dtype"]]), ("labels", labels, torch.int64)):
+        if t is not None and t.dtype != dtype:
+            raise ValueError(f"{tensor_path}: {name!r} must be {dtype} as {json_path} says; got {t.dtype}")
     return emb, labels, meta
