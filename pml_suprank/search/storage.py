@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from .._safe_json import load_json
+from .._validation import check_choice, check_positive_int
 from ..hub.schema import Sizes, TensorSpec, check_schema
 from ..hub.serialization import read_weights, staged_folder, write_weights
 from ..version import __version__
@@ -109,13 +110,10 @@ def _check_meta(meta: Any) -> None:
     missing, unknown = sorted(_KEYS - set(meta)), sorted(set(meta) - _KEYS)
     if missing or unknown:
         raise ValueError(f"missing keys {missing}, unknown keys {unknown}")
-    if meta["backend"] not in BACKENDS:
-        raise ValueError(f"'backend' must be one of {BACKENDS}; got {meta['backend']!r}")
+    check_choice("'backend'", meta["backend"], BACKENDS)
+    check_choice("'dtype'", meta["dtype"], _DTYPES)
     for key in ("num_items", "dim"):
-        if not _is_int(meta[key]) or meta[key] < 1:
-            raise ValueError(f"{key!r} must be a positive int; got {meta[key]!r}")
-    if meta["dtype"] not in _DTYPES:
-        raise ValueError(f"'dtype' must be one of {sorted(_DTYPES)}; got {meta['dtype']!r}")
+        check_positive_int(repr(key), meta[key])
     shape = meta["label_shape"]
     if not (
         shape is None or (isinstance(shape, list) and len(shape) <= 1 and all(_is_int(v) and v >= 1 for v in shape))
