@@ -25,6 +25,8 @@ from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
+from .._validation import check_bool
+
 try:
     from huggingface_hub import ModelHubMixin
 except ImportError:  # the `recipes` extra: the detectors and the model work without it, their Hub methods do not
@@ -333,8 +335,7 @@ class HubMixin(ModelHubMixin):
             ValueError: Invalid repo id, corrupt files, pickle weights, a config of another class, a refused config
                 value, or tensors that do not match (naming the file and the key).
         """
-        if not isinstance(trust_config, bool):
-            raise TypeError(f"trust_config must be a bool; got {type(trust_config).__name__} {trust_config!r}")
+        check_bool("trust_config", trust_config)
         folder = resolve_folder(
             pretrained_model_name_or_path,
             (CONFIG_NAME, WEIGHTS_NAME, *cls._hub_companion_files),

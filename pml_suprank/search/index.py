@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from .._scaling import times_power_of_two
-from .._validation import check_choice, check_device, check_embeddings, check_labels, check_positive_int
+from .._validation import check_bool, check_choice, check_device, check_embeddings, check_labels, check_positive_int
 from ..collectives import all_gather, comm_device, is_distributed, shard_range
 from .faiss_backends import BACKENDS, INT32_MAX, FaissSearcher, resolve_options
 from .scale import check_scores_fit, max_abs, underflow_exponent
@@ -172,8 +172,7 @@ class RetrievalIndex:
         query_abs = max_abs(queries)
         check_scores_fit("queries", queries, query_abs, self._embeddings, self._max_abs, self.dtype)
         shift = underflow_exponent(query_abs, self._max_abs, self.dtype)  # 0 unless scores would underflow
-        if not isinstance(distributed, bool):
-            raise TypeError(f"distributed must be a bool; got {type(distributed).__name__}")
+        check_bool("distributed", distributed)
         split = is_distributed(process_group) and distributed  # the group checked whatever `distributed` says
         if split:
             start, end = shard_range(queries.shape[0], process_group)
