@@ -145,7 +145,7 @@ def test_sizes_of_a_loaded_config_are_bounded(folder, key, value, create_model_c
 
 
 def test_trust_config_must_be_a_bool(folder):
-    with pytest.raises(TypeError, match="trust_config must be a bool; got str 'yes'"):
+    with pytest.raises(TypeError, match=r"trust_config must be a bool \(true or false\); got str 'yes'"):
         RetrievalModel.from_pretrained(folder, trust_config="yes")
 
 

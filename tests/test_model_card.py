@@ -189,6 +189,26 @@ def test_a_loaded_folder_saved_or_pushed_again_keeps_the_whole_card(tmp_path):
     assert "## Results" not in (other / "README.md").read_text()
 
 
+def test_card_files_are_carried_only_for_exactly_the_saved_weights(tmp_path):
+    import safetensors.torch
+
+    from pml_suprank.hub.card import carried_files
+
+    tied = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    tied[1].weight = tied[0].weight
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "metrics.json").write_text(json.dumps(METRICS))
+    safetensors.torch.save_model(tied, str(source / "model.safetensors"))  # the tied weight saved once
+    assert carried_files(source, tmp_path / "same", tied) == [("metrics.json", source / "metrics.json")]
+    state = {k: v.clone() for k, v in tied.state_dict().items()}
+    extra = {**state, "extra": torch.zeros(1)}  # one tensor more than the file holds
+    fewer = {k: v for k, v in state.items() if k != "1.bias"}  # one tensor less
+    changed = {**state, "1.bias": state["1.bias"] + 1}
+    for weights in (extra, fewer, changed):
+        assert carried_files(source, tmp_path / "other", weights) == []
+
+
 def test_names_from_user_data_are_escaped_and_no_local_path_is_shown(tmp_path):
     columns = ["<script>alert(1)</script>", "$\\undefinedmacro$ | x"]
     final = _run_folder(tmp_path / "run", dataset="../data/nested", label_names=columns,

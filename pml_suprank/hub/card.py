@@ -9,15 +9,28 @@ from __future__ import annotations
 
 import logging
 import os
+import platform
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .._safe_json import load_json
-from ._card_sections import CardInputs, describe_dataset, detector_card, retrieval_card
-from .serialization import CONFIG_NAME, DETECTOR_TASK, METRICS_NAME, MODEL_CARD_NAME
+import torch
 
-__all__ = ["carried_files", "generate_model_card", "read_card_files", "run_card_metadata", "write_card"]
+from .._safe_json import load_json
+from ..version import __version__
+from ._card_sections import CardInputs, describe_dataset, detector_card, retrieval_card
+from .serialization import (
+    CONFIG_NAME,
+    DETECTOR_TASK,
+    METRICS_NAME,
+    MODEL_CARD_NAME,
+    WEIGHTS_NAME,
+    check_state,
+    read_config,
+    read_weights,
+)
+
+__all__ = ["carried_files", "folder_plots", "generate_model_card", "read_card_files", "run_card_metadata", "write_card"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +54,11 @@ def read_card_files(folder: str | Path) -> dict[str, Any]:
     return out
 
 
+def folder_plots(folder: Path) -> list[str]:
+    """The PNG plots at the top level of ``folder`` and in its ``plots/`` (sorted paths relative to ``folder``)."""
+    return [p.relative_to(folder).as_posix() for glob in ("*.png", "plots/*.png") for p in sorted(folder.glob(glob))]
+
+
 def carried_files(source: str | Path, target: str | Path, weights: Any = None) -> list[tuple[str, Path]]:
     """What a re-save of the model folder ``source`` into ``target`` copies so that its card stays whole:
     ``(path relative to the folder, file in source)`` of the :data:`CARD_FILES`, the PNG plots (at the top level and
@@ -55,8 +73,8 @@ def carried_files(source: str | Path, target: str | Path, weights: Any = None) -
         logger.warning("the weights saved differ from those loaded from %s: its metrics, plots and OOD guard are not "
                        "carried into %s (the card shows what save_pretrained was given)", source, target)  # fmt: skip
         return []
-    candidates = [source / n for n in CARD_FILES if n != "ood/guard.json"]
-    candidates += [*sorted(source.glob("*.png")), *sorted(source.glob("plots/*.png")), *sorted(source.glob("ood/**/*"))]
+    names = [n for n in CARD_FILES if not n.startswith("ood/")] + folder_plots(source)
+    candidates = [source / n for n in names] + sorted(source.glob("ood/**/*"))
     out = []
     for path in candidates:
         rel = path.relative_to(source).as_posix()
@@ -66,19 +84,15 @@ def carried_files(source: str | Path, target: str | Path, weights: Any = None) -
 
 
 def _same_weights(source: Path, weights: Any) -> bool:
-    """``weights`` (a module or ``{name: Tensor}``) hold exactly the tensors of ``source/model.safetensors``."""
-    import torch
-
-    from .serialization import WEIGHTS_NAME, read_weights
-
+    """``weights`` (a module or ``{name: Tensor}``) hold exactly the tensors of ``source/model.safetensors``: the
+    same names (a tied tensor saved once under one of its names) and equal values."""
     state = weights.state_dict() if hasattr(weights, "state_dict") else dict(weights)
     try:
         saved = read_weights(source / WEIGHTS_NAME)
+        problems = check_state(saved, source, expected=state)
     except (OSError, ValueError):
         return False
-    if any(name in saved and not torch.equal(saved[name], t.detach().cpu()) for name, t in state.items()):
-        return False
-    return all(name in saved for name in state) or set(saved) <= set(state)
+    return not problems and all(torch.equal(t, state[name].detach().cpu()) for name, t in saved.items())
 
 
 def _split_summary(dataset: Any) -> dict[str, Any] | None:
@@ -89,8 +103,6 @@ def _split_summary(dataset: Any) -> dict[str, Any] | None:
     if labels is None:
         return None
     try:
-        import torch
-
         fine = torch.as_tensor(labels)
         fine = fine[:, 0] if fine.dim() == 2 else fine
         ids, counts = torch.unique(fine, return_counts=True)
@@ -109,12 +121,6 @@ def run_card_metadata(trainer: Any, hub_config: Mapping[str, Any] | None = None,
     written later elsewhere never mistakes it for a Hub id), the compute (device, processes, precision, versions),
     the schedule (steps per epoch, total steps: the console's short-run warning) and the card fields of the
     hub_config (``hub.*``, ``name``)."""
-    import platform
-
-    import torch
-
-    from ..version import __version__
-
     acc = getattr(trainer, "accelerator", None)
     device_type = getattr(getattr(acc, "device", None), "type", "cpu")
     name = f"{os.cpu_count()} CPU cores ({platform.machine()})" if device_type == "cpu" else None
@@ -168,14 +174,11 @@ def write_card(
     """
     from huggingface_hub import ModelCard
 
-    from .serialization import read_config
-
     folder = Path(folder)
     config = read_config(folder / CONFIG_NAME)
-    pngs = [*sorted(folder.glob("*.png")), *sorted(folder.glob("plots/*.png"))]
-    plots = [p.relative_to(folder).as_posix() for p in pngs]
-    text = generate_model_card(config, hub_config=hub_config, plots=plots, repo_id=repo_id, description=description,
-                               folder=folder.resolve().name, files=read_card_files(folder))  # fmt: skip
+    text = generate_model_card(config, hub_config=hub_config, plots=folder_plots(folder), repo_id=repo_id,
+                               description=description, folder=folder.resolve().name,
+                               files=read_card_files(folder))  # fmt: skip
     ModelCard(text).save(folder / MODEL_CARD_NAME)  # as HubMixin.save_pretrained writes it
     return folder / MODEL_CARD_NAME
 

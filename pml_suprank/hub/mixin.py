@@ -1,6 +1,6 @@
 """``HubMixin``: ``save_pretrained`` / ``from_pretrained`` / ``push_to_hub`` of every saved object of pml-suprank, on
-``huggingface_hub.ModelHubMixin`` (which writes ``config.json`` and the card around our ``_save_pretrained``, calls
-our ``_from_pretrained`` and uploads through ``HfApi``). What a shared model folder needs on top:
+``huggingface_hub.ModelHubMixin`` (which writes ``config.json`` and the card around our ``_save_pretrained`` and
+calls our ``_from_pretrained``). What a shared model folder needs on top:
 
 * ``save_pretrained`` runs ModelHubMixin's on a hidden folder beside the target and renames it into place: a failed
   save leaves the old folder as it was;
@@ -8,7 +8,9 @@ our ``_from_pretrained`` and uploads through ``HfApi``). What a shared model fol
   clear errors) and reads ``config.json`` bounded in size and depth; the config is checked before any constructor
   runs, the object is built from ``model_args`` and the caller's overrides only, tensors come from safetensors only
   and are checked before use;
-* ``push_to_hub`` adds ``save_directory`` (files kept) and says where the files are when the upload fails.
+* ``push_to_hub`` saves (into ``save_directory``, kept, or a temporary folder) and uploads through
+  :func:`~.transport.upload_folder` (no pickles, checkpoints or hidden files), saying where the files are when the
+  upload fails.
 """
 
 from __future__ import annotations
@@ -16,11 +18,14 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 from torch import Tensor, nn
+
+from .._validation import check_bool
 
 try:
     from huggingface_hub import ModelHubMixin
@@ -29,18 +34,14 @@ except ImportError:  # the `recipes` extra: the detectors and the model work wit
     class ModelHubMixin:  # type: ignore[no-redef]
         """Stand-in for ``huggingface_hub.ModelHubMixin`` when it is not installed: its methods say what to install."""
 
-        def __init_subclass__(cls, **kwargs: Any) -> None:
-            super().__init_subclass__()
-
-        def _missing(*args: Any, **kwargs: Any) -> Any:
+        def save_pretrained(*args: Any, **kwargs: Any) -> Any:
             raise ImportError("saving, loading and pushing need huggingface_hub: pip install 'pml-suprank[recipes]' "
                               "(or pip install huggingface_hub)")  # fmt: skip
 
-        save_pretrained = push_to_hub = _missing
-        from_pretrained = classmethod(_missing)
+        from_pretrained = classmethod(save_pretrained)
 
 
-from .card import carried_files, generate_model_card, read_card_files
+from .card import carried_files, folder_plots, generate_model_card, read_card_files
 from .serialization import (
     CONFIG_NAME,
     LIBRARY_NAME,
@@ -76,11 +77,8 @@ def _plan_plots(save_directory: Path, plots: Sequence[str | Path] | None) -> lis
             planned.append((p.resolve().relative_to(save_directory.resolve()).as_posix(), None))
         except ValueError:
             planned.append((f"plots/{p.name}", p))
-    for f in [*sorted(save_directory.glob("*.png")), *sorted(save_directory.glob("plots/*.png"))]:
-        rel = f.relative_to(save_directory).as_posix()
-        if rel not in [r for r, _ in planned]:
-            planned.append((rel, None))
-    return planned
+    given = {rel for rel, _ in planned}
+    return planned + [(rel, None) for rel in folder_plots(save_directory) if rel not in given]
 
 
 def instantiate(cls: type, kwargs: dict[str, Any], source: Any) -> Any:
@@ -257,8 +255,6 @@ class HubMixin(ModelHubMixin):
         plots: Sequence[str | Path] | None = None,
         model_card: bool = True,
         repo_id: str | None = None,
-        config: None = None,
-        model_card_kwargs: Mapping[str, Any] | None = None,
     ) -> Path:
         """Write ``config.json``, ``model.safetensors``, ``metrics.json``, plots and (by default) a ``README.md``
         model card into a folder, all or nothing; return the folder.
@@ -274,15 +270,7 @@ class HubMixin(ModelHubMixin):
             model_card: Write the generated ``README.md``.
             repo_id: Hub repo id (``"org/name"``) of the card's title and usage snippet (otherwise the snippet loads
                 ``./<folder name>``).
-            config: ModelHubMixin's argument; must be ``None`` (``config.json`` is built from the object).
-            model_card_kwargs: The keyword arguments above as a dict (how ModelHubMixin's ``push_to_hub`` passes them).
         """
-        if config is not None:
-            raise TypeError("config must be None: config.json is built from the object (give metadata= instead)")
-        if model_card_kwargs:
-            options = dict(metadata=metadata, metrics=metrics, hub_config=hub_config, plots=plots,
-                           model_card=model_card, repo_id=repo_id)  # fmt: skip
-            return self.save_pretrained(save_directory, **{**options, **model_card_kwargs})
         self._hub_check_savable()
         target = Path(save_directory)
         saved = self._hub_config(metadata)
@@ -347,8 +335,7 @@ class HubMixin(ModelHubMixin):
             ValueError: Invalid repo id, corrupt files, pickle weights, a config of another class, a refused config
                 value, or tensors that do not match (naming the file and the key).
         """
-        if not isinstance(trust_config, bool):
-            raise TypeError(f"trust_config must be a bool; got {type(trust_config).__name__} {trust_config!r}")
+        check_bool("trust_config", trust_config)
         folder = resolve_folder(
             pretrained_model_name_or_path,
             (CONFIG_NAME, WEIGHTS_NAME, *cls._hub_companion_files),
@@ -382,22 +369,21 @@ class HubMixin(ModelHubMixin):
         **save_kwargs: Any,
     ) -> Any:
         """Save (:meth:`save_pretrained`; ``save_kwargs``: ``metadata``, ``metrics``, ``hub_config``, ``plots``) and
-        upload the folder to the Hub repo ``repo_id``: into ``save_directory`` (kept whatever happens), else
-        ModelHubMixin's ``push_to_hub`` (a temporary folder, removed whatever happens). ``commit_message``,
-        ``private``, ``token``, ``revision`` (the branch), ``create_pr``: as in ``HfApi``. Returns the ``CommitInfo``
-        (a ``str``: the commit URL); a failed upload raises ``RuntimeError`` naming the cause and where the files
-        are, if anywhere."""
+        upload the folder to the Hub repo ``repo_id``: into ``save_directory`` (kept whatever happens), else a
+        temporary folder (removed whatever happens). ``commit_message``, ``private``, ``token``, ``revision`` (the
+        branch), ``create_pr``: as in ``HfApi``. Returns the ``CommitInfo`` (a ``str``: the commit URL); a failed
+        upload raises ``RuntimeError`` naming the cause and where the files are, if anywhere."""
         check_repo_id(repo_id)
-        upload = dict(commit_message=commit_message, private=private, token=token, create_pr=create_pr)
+        upload = dict(commit_message=commit_message, private=private, token=token, revision=revision,
+                      create_pr=create_pr)  # fmt: skip
         if save_directory is not None:
             folder = self.save_pretrained(save_directory, repo_id=repo_id, **save_kwargs)
-            return upload_folder(folder, repo_id, revision=revision, **upload)
-        self._hub_check_savable()
-        try:
-            return super().push_to_hub(repo_id, branch=revision, model_card_kwargs={"repo_id": repo_id, **save_kwargs},
-                                       **upload)  # fmt: skip
-        except (TypeError, ValueError):  # the arguments: raised as they are
-            raise
-        except Exception as e:
-            raise RuntimeError(f"pushing to the Hub repo {repo_id!r} failed ({type(e).__name__}: {e}); nothing "
-                               "was kept (pass save_directory= to keep the files)") from e  # fmt: skip
+            return upload_folder(folder, repo_id, **upload)
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = self.save_pretrained(Path(tmp) / "model", repo_id=repo_id, **save_kwargs)
+            try:
+                return upload_folder(folder, repo_id, **upload)
+            except RuntimeError as e:
+                cause = f"{type(e.__cause__).__name__}: {e.__cause__}"
+                raise RuntimeError(f"pushing to the Hub repo {repo_id!r} failed ({cause}); nothing was kept (pass "
+                                   "save_directory= to keep the files)") from e.__cause__  # fmt: skip

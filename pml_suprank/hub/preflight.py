@@ -24,13 +24,9 @@ class PushAccessError(RuntimeError):
 
 
 def _fine_grained_allows(scopes: Mapping[str, Any], repo_id: str, namespace: str) -> bool:
-    if "repo.write" in (scopes.get("global") or ()):
-        return True
-    for scope in scopes.get("scoped") or ():
-        entity = scope.get("entity") or {}
-        if entity.get("name") in (repo_id, namespace) and "repo.write" in (scope.get("permissions") or ()):
-            return True
-    return False
+    scoped = [s for s in scopes.get("scoped") or () if (s.get("entity") or {}).get("name") in (repo_id, namespace)]
+    permissions = [scopes.get("global") or (), *(s.get("permissions") or () for s in scoped)]
+    return any("repo.write" in p for p in permissions)
 
 
 def check_push_access(repo_id: str, *, token: str | None = None) -> str:

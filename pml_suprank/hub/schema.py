@@ -8,7 +8,7 @@ the key at the first violation and returns the bound sizes (e.g. the width ``D``
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -16,7 +16,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-__all__ = ["Sizes", "TensorSpec", "check_schema", "kind_of"]
+__all__ = ["Sizes", "TensorSpec", "check_names", "check_schema", "check_tensor", "kind_of"]
 
 Kind = Literal["floating", "integer", "bool"]
 
@@ -26,6 +26,22 @@ def kind_of(t: Tensor) -> str:
     if t.is_floating_point() or t.is_complex():
         return "floating"
     return "bool" if t.dtype == torch.bool else "integer"
+
+
+def check_tensor(name: str, t: object, source: str | Path, *, finite: bool) -> None:
+    """Refuse (``ValueError`` naming ``source`` and ``name``) a non-tensor, a complex tensor and, with ``finite``, a
+    floating tensor holding NaN or infinite values."""
+    if not isinstance(t, Tensor) or t.is_complex():
+        raise ValueError(f"{source}: tensor {name!r} must be a real or integer tensor; got {type(t).__name__}")
+    if finite and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        raise ValueError(f"{source}: tensor {name!r} holds NaN or infinite values (corrupt checkpoint?)")
+
+
+def check_names(state: Mapping[str, object], source: str | Path, names: Collection[str]) -> None:
+    """Refuse (``ValueError`` naming ``source``) tensor names of ``state`` outside ``names``."""
+    unexpected = sorted(set(state) - set(names))
+    if unexpected:
+        raise ValueError(f"{source} holds tensors {unexpected} that are not part of the state {sorted(names)}")
 
 
 @dataclass(frozen=True)
@@ -69,8 +85,7 @@ class Sizes(dict):
 
 
 def _check_values(name: str, t: Tensor, spec: TensorSpec, where: str) -> None:
-    if spec.kind == "floating" and not bool(torch.isfinite(t).all()):
-        raise ValueError(f"{where}: tensor {name!r} holds NaN or infinite values (corrupt checkpoint?)")
+    check_tensor(name, t, where, finite=True)
     if spec.kind == "bool" or t.numel() == 0:
         return
     values = t.detach().to(torch.float64) if spec.kind == "floating" else t.detach()
@@ -115,9 +130,7 @@ def check_schema(
     bound = Sizes(sizes or {}, origin=getattr(sizes, "origin", None))
     origin = bound.origin
     if not allow_unexpected:
-        unexpected = sorted(set(state) - set(specs))
-        if unexpected:
-            raise ValueError(f"{source} holds tensors {unexpected} that are not part of the state {sorted(specs)}")
+        check_names(state, source, specs)
     for name, spec in specs.items():
         if name not in state:
             if spec.optional:
@@ -126,8 +139,7 @@ def check_schema(
                 f"{source} has no tensor {name!r} (expected shape {spec.shape}); truncated or foreign file?"
             )
         t = state[name]
-        if not isinstance(t, Tensor) or t.is_complex():
-            raise ValueError(f"{source}: tensor {name!r} must be a real or integer tensor; got {type(t).__name__}")
+        check_tensor(name, t, source, finite=False)
         if t.dim() != len(spec.shape):
             raise ValueError(
                 f"{source}: tensor {name!r} must have {len(spec.shape)} dimension(s) {spec.shape}; "
@@ -143,7 +155,7 @@ def check_schema(
                 )
                 raise ValueError(
                     f"{source}: tensor {name!r} has shape {tuple(t.shape)}; dimension {axis} must be {want}{like}; "
-                    f"the saved tensors disagree with each other or with config.json"
+                    "the saved tensors disagree with each other or with their config"
                 )
         for symbol, minimum in spec.min_sizes:
             if symbol in bound and bound[symbol] < minimum:

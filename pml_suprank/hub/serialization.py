@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from .._safe_json import load_json
 from ..version import __version__
-from .schema import kind_of
+from .schema import check_names, check_tensor, kind_of
 
 __all__ = [
     "CONFIG_NAME",
@@ -207,18 +207,11 @@ def check_state(
     values where the expected tensor is finite (every floating tensor without ``expected``) and, with ``allowed``, a
     name outside it.
     """
-    for name, value in state.items():
-        if not isinstance(value, Tensor) or value.is_complex():
-            raise ValueError(f"{source}: tensor {name!r} must be a real or integer tensor; got {type(value).__name__}")
     if allowed is not None:
-        unknown = sorted(set(state) - set(allowed))
-        if unknown:
-            raise ValueError(f"{source} holds tensors {unknown} that are not part of the state {sorted(allowed)}")
+        check_names(state, source, allowed)
     for name, value in state.items():
         ref = expected.get(name) if expected is not None else None
-        must_be_finite = ref is None or (ref.is_floating_point() and bool(torch.isfinite(ref).all()))
-        if value.is_floating_point() and must_be_finite and not bool(torch.isfinite(value).all()):
-            raise ValueError(f"{source}: tensor {name!r} holds NaN or infinite values (corrupt checkpoint?)")
+        check_tensor(name, value, source, finite=ref is None or bool(torch.isfinite(ref).all()))
     if expected is None:
         return ""
     missing = sorted(set(expected) - set(state) - _tied_aliases(expected, set(state)))

@@ -31,7 +31,8 @@ def check_repo_id(repo_id: Any) -> str:
     return repo_id
 
 
-def _check_local(folder: Path, filenames: Sequence[str], optional: Sequence[str]) -> Path:
+def _check_files(folder: Path, filenames: Sequence[str], optional: Sequence[str], where: str) -> Path:
+    """``folder`` when it holds every non-optional file of ``filenames``; ``where`` names it in the error."""
     for filename in filenames:
         if filename in optional or (folder / filename).is_file():
             continue
@@ -41,7 +42,8 @@ def _check_local(folder: Path, filenames: Sequence[str], optional: Sequence[str]
                 f"{folder} has no {WEIGHTS_NAME} but pickle checkpoints {pickles}; pml-suprank only loads "
                 "safetensors weights (pickles can execute code). Convert them with safetensors.torch.save_model."
             )
-        raise FileNotFoundError(f"{folder} has no {filename}; expected a folder written by save_pretrained")
+        raise FileNotFoundError(f"{where} has no {filename}; expected a folder written by save_pretrained (pickle "
+                                "checkpoints are not supported: only safetensors)")  # fmt: skip
     return folder
 
 
@@ -65,18 +67,15 @@ def resolve_folder(
         raise TypeError(f"path_or_repo_id must be a folder path or a Hub repo id; got {path_or_repo_id!r}")
     local = Path(path_or_repo_id)
     if local.is_dir():
-        return _check_local(local, filenames, optional)
+        return _check_files(local, filenames, optional, str(local))
     repo_id = str(path_or_repo_id)
     if isinstance(path_or_repo_id, Path) or repo_id.count("/") != 1 or repo_id.startswith((".", "/", "~")):
         raise FileNotFoundError(f"{repo_id} is neither an existing folder nor a Hub repo id of the form 'org/name'")
     if local.exists():
         raise FileNotFoundError(f"{repo_id} is a file, neither a folder written by save_pretrained nor a Hub repo id")
-    folder = _download(repo_id, list(filenames), **hub_options)
-    for filename in filenames:
-        if filename not in optional and not (folder / filename).is_file():
-            extra = " (pickle checkpoints are not supported: only safetensors)" if filename == WEIGHTS_NAME else ""
-            raise FileNotFoundError(f"Hub repo {repo_id!r} has no {filename}{extra}")
-    return folder
+    return _check_files(
+        _download(repo_id, list(filenames), **hub_options), filenames, optional, f"Hub repo {repo_id!r}"
+    )
 
 
 def _download(repo_id: str, filenames: list[str], **options: Any) -> Path:

@@ -121,15 +121,10 @@ class FaissSearcher:
                 self.set_search_option(name, options[name])
 
     def add(self, embeddings: Tensor) -> None:
-        """Add ``(M, D)`` rows; an untrained IVF index is first trained on the leading ``train_size`` of them (needs
-        at least ``nlist``)."""
+        """Add ``(M, D)`` rows; an untrained IVF index is first trained on the leading ``train_size`` of them (at
+        least ``nlist``: :func:`resolve_options` checked it for the rows the index is built with)."""
         if not self.index.is_trained:
             train = embeddings[: self.options["train_size"]]
-            if train.shape[0] < self.options["nlist"]:
-                raise ValueError(
-                    f"backend='faiss-ivf' needs at least nlist={self.options['nlist']} embeddings to train its cells; "
-                    f"got {train.shape[0]} (lower nlist)"
-                )
             self.index.train(_float32(train))
             self.options["train_size"] = int(train.shape[0])
         self.index.add(_float32(embeddings))

@@ -11,9 +11,9 @@ import torch
 from torch import Tensor
 
 from .._scaling import times_power_of_two
-from .._validation import check_choice, check_device, check_embeddings, check_labels, check_positive_int
+from .._validation import check_bool, check_choice, check_device, check_embeddings, check_labels, check_positive_int
 from ..collectives import all_gather, comm_device, is_distributed, shard_range
-from .faiss_backends import BACKENDS, INT32_MAX, FaissSearcher, check_option, resolve_options
+from .faiss_backends import BACKENDS, INT32_MAX, FaissSearcher, resolve_options
 from .scale import check_scores_fit, max_abs, underflow_exponent
 from .storage import check_ids, read_index_files, write_index_files
 from .topk import DEFAULT_BLOCK_ELEMENTS, exact_topk
@@ -97,6 +97,12 @@ class RetrievalIndex:
             f"labels={self.labels is not None}, ids={self.ids is not None}{extra})"
         )
 
+    def _checked_rows(self, name: str, x: Any) -> Tensor:
+        x = check_embeddings(name, x)
+        if x.shape[1] != self.dim:
+            raise ValueError(f"{name} must have width D={self.dim} (the index's embedding size); got {tuple(x.shape)}")
+        return x
+
     def _checked_labels(self, labels: Any, n: int) -> Tensor:
         labels = check_labels("labels", labels, n)
         if self.labels is not None and labels.shape[1:] != self.labels.shape[1:]:
@@ -109,12 +115,8 @@ class RetrievalIndex:
     def add(self, embeddings: Tensor, labels: Tensor | None = None, ids: Any = None) -> RetrievalIndex:
         """Append ``(M, D)`` embeddings (and their labels / ids: required exactly when the index has them); their
         gallery indices are ``len(index) ... len(index) + M - 1``. Returns ``self``."""
-        embeddings = check_embeddings("embeddings", embeddings)
+        embeddings = self._checked_rows("embeddings", embeddings)
         m = embeddings.shape[0]
-        if embeddings.shape[1] != self.dim:
-            raise ValueError(
-                f"embeddings must have width D={self.dim} (the index's); got shape {tuple(embeddings.shape)}"
-            )
         for name, value, held in (("labels", labels, self.labels), ("ids", ids, self.ids)):
             if (value is None) != (held is None):
                 has = "has" if held is not None else "has no"
@@ -135,13 +137,10 @@ class RetrievalIndex:
     def set_search_options(self, *, nprobe: int | None = None, ef_search: int | None = None) -> RetrievalIndex:
         """Change the search-time parameter of an approximate backend (``nprobe`` of ``"faiss-ivf"``, ``ef_search``
         of ``"faiss-hnsw"``) without rebuilding it; saved with the index. Returns ``self``."""
-        for name, value in (("nprobe", nprobe), ("ef_search", ef_search)):
-            if value is None:
-                continue
-            value = check_option(name, value, self.backend)
-            if name == "nprobe" and value > self.options["nlist"]:
-                raise ValueError(f"nprobe must be <= nlist={self.options['nlist']}; got {value}")
-            self._faiss.set_search_option(name, value)  # and in self.options
+        given = {name: value for name, value in (("nprobe", nprobe), ("ef_search", ef_search)) if value is not None}
+        resolved = resolve_options(self.backend, {**self.options, **given}, len(self))  # nprobe <= nlist too
+        for name in given:
+            self._faiss.set_search_option(name, resolved[name])  # and in self.options
         return self
 
     def search(
@@ -166,19 +165,14 @@ class RetrievalIndex:
             TypeError / ValueError: bad ``queries`` or ``k``; scores that could overflow the index dtype
                 (:mod:`pml_suprank.search.scale`; tiny ones that would underflow are ranked exactly).
         """
-        queries = check_embeddings("queries", queries)
-        if queries.shape[1] != self.dim:
-            raise ValueError(
-                f"queries must have width D={self.dim} (the index's embedding size); got shape {tuple(queries.shape)}"
-            )
+        queries = self._checked_rows("queries", queries)
         k = check_positive_int("k", k)
         if k > len(self):
             raise ValueError(f"k must be <= the number of gallery items ({len(self)}); got k={k}")
         query_abs = max_abs(queries)
         check_scores_fit("queries", queries, query_abs, self._embeddings, self._max_abs, self.dtype)
         shift = underflow_exponent(query_abs, self._max_abs, self.dtype)  # 0 unless scores would underflow
-        if not isinstance(distributed, bool):
-            raise TypeError(f"distributed must be a bool; got {type(distributed).__name__}")
+        check_bool("distributed", distributed)
         split = is_distributed(process_group) and distributed  # the group checked whatever `distributed` says
         if split:
             start, end = shard_range(queries.shape[0], process_group)

@@ -18,6 +18,9 @@ import torch
 from torch import Tensor
 
 from .._safe_json import load_json
+from .._validation import check_choice, check_positive_int
+from ..hub.schema import Sizes, TensorSpec, check_schema
+from ..hub.serialization import read_weights, staged_folder, write_weights
 from ..version import __version__
 from .faiss_backends import BACKENDS, resolve_options
 
@@ -55,31 +58,28 @@ def _inside(folder: Path, path: Path) -> Path:
 
 def write_index_files(folder: str | Path, embeddings: Tensor, labels: Tensor | None, meta: dict[str, Any]) -> Path:
     """Write ``index.safetensors`` (``embeddings``, ``labels``) and ``index.json`` (``meta`` — ``backend``,
-    ``options``, ``ids`` — completed with the format, shapes and checksum) to ``folder`` (created if needed)."""
-    from safetensors.torch import save_file
-
+    ``options``, ``ids`` — completed with the format, shapes and checksum) to ``folder`` (created if needed), all or
+    nothing (:func:`~pml_suprank.hub.serialization.staged_folder`)."""
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     for name in (TENSORS_NAME, JSON_NAME):
         _inside(folder, folder / name)
-    tensors = {"embeddings": embeddings.detach().cpu().contiguous()}
-    if labels is not None:
-        tensors["labels"] = labels.cpu().contiguous()
-    save_file(tensors, str(folder / TENSORS_NAME), metadata={"format": INDEX_FORMAT})
-    record = {
-        "format": INDEX_FORMAT,
-        "format_version": FORMAT_VERSION,
-        "backend": meta["backend"],
-        "options": dict(meta["options"]),
-        "num_items": int(embeddings.shape[0]),
-        "dim": int(embeddings.shape[1]),
-        "dtype": str(embeddings.dtype).removeprefix("torch."),
-        "label_shape": None if labels is None else list(labels.shape[1:]),
-        "ids": meta["ids"],
-        "sha256": sha256_file(folder / TENSORS_NAME),
-        "pml_suprank_version": __version__,
-    }
-    (folder / JSON_NAME).write_text(json.dumps(record, indent=1))
+    tensors = {"embeddings": embeddings} | ({"labels": labels} if labels is not None else {})
+    with staged_folder(folder) as stage:
+        write_weights(stage / TENSORS_NAME, tensors, {"format": INDEX_FORMAT})
+        record = {
+            "format": INDEX_FORMAT,
+            "format_version": FORMAT_VERSION,
+            "backend": meta["backend"],
+            "options": dict(meta["options"]),
+            "num_items": int(embeddings.shape[0]),
+            "dim": int(embeddings.shape[1]),
+            "dtype": str(embeddings.dtype).removeprefix("torch."),
+            "label_shape": None if labels is None else list(labels.shape[1:]),
+            "ids": meta["ids"],
+            "sha256": sha256_file(stage / TENSORS_NAME),
+            "pml_suprank_version": __version__,
+        }
+        (stage / JSON_NAME).write_text(json.dumps(record, indent=1))
     return folder
 
 
@@ -110,13 +110,10 @@ def _check_meta(meta: Any) -> None:
     missing, unknown = sorted(_KEYS - set(meta)), sorted(set(meta) - _KEYS)
     if missing or unknown:
         raise ValueError(f"missing keys {missing}, unknown keys {unknown}")
-    if meta["backend"] not in BACKENDS:
-        raise ValueError(f"'backend' must be one of {BACKENDS}; got {meta['backend']!r}")
+    check_choice("'backend'", meta["backend"], BACKENDS)
+    check_choice("'dtype'", meta["dtype"], _DTYPES)
     for key in ("num_items", "dim"):
-        if not _is_int(meta[key]) or meta[key] < 1:
-            raise ValueError(f"{key!r} must be a positive int; got {meta[key]!r}")
-    if meta["dtype"] not in _DTYPES:
-        raise ValueError(f"'dtype' must be one of {sorted(_DTYPES)}; got {meta['dtype']!r}")
+        check_positive_int(repr(key), meta[key])
     shape = meta["label_shape"]
     if not (
         shape is None or (isinstance(shape, list) and len(shape) <= 1 and all(_is_int(v) and v >= 1 for v in shape))
@@ -140,9 +137,6 @@ def read_index_files(folder: str | Path) -> tuple[Tensor, Tensor | None, dict[st
     """``(embeddings (N, D), labels (N, ...) or None, meta)`` of a folder written by :func:`write_index_files`, every
     field validated (``FileNotFoundError``: the folder or a file is missing; ``ValueError``: a field or tensor disagrees
     with the format, the JSON file or the checksum)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder} is not a folder (expected one written by RetrievalIndex.save)")
@@ -163,26 +157,14 @@ def read_index_files(folder: str | Path) -> tuple[Tensor, Tensor | None, dict[st
         raise ValueError(
             f"{tensor_path} does not match the sha256 recorded in {json_path}: the file was modified or replaced"
         )
-    try:
-        tensors = load_file(str(tensor_path))
-    except (SafetensorError, OSError, ValueError) as e:
-        raise ValueError(f"{tensor_path}: not a readable safetensors file ({e})") from e
-    expected = {"embeddings"} | ({"labels"} if meta["label_shape"] is not None else set())
-    if set(tensors) != expected:
-        raise ValueError(f"{tensor_path}: expected tensors {sorted(expected)}; got {sorted(tensors)}")
-    n, d = meta["num_items"], meta["dim"]
-    emb = tensors["embeddings"]
-    if emb.dtype != _DTYPES[meta["dtype"]] or tuple(emb.shape) != (n, d):
-        raise ValueError(
-            f"{tensor_path}: 'embeddings' must be {meta['dtype']} of shape ({n}, {d}) as {json_path} says; got "
-            f"{emb.dtype} {tuple(emb.shape)}"
-        )
-    if not bool(torch.isfinite(emb).all()):
-        raise ValueError(f"{tensor_path}: 'embeddings' contains NaN or inf values")
-    labels = tensors.get("labels")
-    if labels is not None and (labels.dtype != torch.int64 or list(labels.shape) != [n, *meta["label_shape"]]):
-        raise ValueError(
-            f"{tensor_path}: 'labels' must be int64 of shape {tuple([n, *meta['label_shape']])}; got "
-            f"{labels.dtype} {tuple(labels.shape)}"
-        )
+    tensors = read_weights(tensor_path)
+    n, d, label_shape = meta["num_items"], meta["dim"], meta["label_shape"]
+    specs = {"embeddings": TensorSpec(("N", "D"))}  # finite values too
+    if label_shape is not None:
+        specs["labels"] = TensorSpec(("N", *label_shape), kind="integer")
+    check_schema(tensors, tensor_path, specs, sizes=Sizes(N=n, D=d, origin={"N": JSON_NAME, "D": JSON_NAME}))
+    emb, labels = tensors["embeddings"], tensors.get("labels")
+    for name, t, dtype in (("embeddings", emb, _DTYPES[meta["dtype"]]), ("labels", labels, torch.int64)):
+        if t is not None and t.dtype != dtype:
+            raise ValueError(f"{tensor_path}: {name!r} must be {dtype} as {json_path} says; got {t.dtype}")
     return emb, labels, meta

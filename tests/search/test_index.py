@@ -123,6 +123,8 @@ def test_search_and_construction_errors():
     index = RetrievalIndex(gallery, labels=torch.arange(10))
     with pytest.raises(ValueError, match=r"queries must have width D=4"):
         index.search(torch.zeros(2, 5), 1)
+    with pytest.raises(TypeError, match="distributed must be a bool"):  # checked without a process group too
+        index.search(torch.zeros(2, 4), 1, distributed="yes")
     bad = torch.zeros(2, 4)
     bad[1, 2] = float("nan")
     with pytest.raises(ValueError, match="queries contains NaN or inf"):

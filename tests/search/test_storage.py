@@ -52,16 +52,19 @@ def test_modified_tensor_file_is_refused(saved):
 
 def test_wrong_shapes_names_and_values_are_refused(saved):
     _rewrite_tensors(saved, {"embeddings": torch.zeros(12, 5), "labels": torch.zeros(12, dtype=torch.long)})
-    with pytest.raises(ValueError, match=r"'embeddings' must be float32 of shape \(12, 4\)"):
+    with pytest.raises(ValueError, match=r"'embeddings' has shape .*; dimension 1 must be 4 \(D, as index\.json\)"):
         RetrievalIndex.load(saved)
     _rewrite_tensors(saved, {"embeddings": torch.zeros(12, 4)})
-    with pytest.raises(ValueError, match=r"expected tensors \['embeddings', 'labels'\]"):
+    with pytest.raises(ValueError, match=r"has no tensor 'labels'"):
         RetrievalIndex.load(saved)
     _rewrite_tensors(saved, {"embeddings": torch.full((12, 4), float("nan")), "labels": torch.zeros(12).long()})
-    with pytest.raises(ValueError, match="'embeddings' contains NaN or inf"):
+    with pytest.raises(ValueError, match="'embeddings' holds NaN or infinite values"):
+        RetrievalIndex.load(saved)
+    _rewrite_tensors(saved, {"embeddings": torch.zeros(12, 4).double(), "labels": torch.zeros(12).long()})
+    with pytest.raises(ValueError, match="'embeddings' must be torch.float32 as .*index.json says; got torch.float64"):
         RetrievalIndex.load(saved)
     _rewrite_tensors(saved, {"embeddings": torch.zeros(12, 4), "labels": torch.zeros(12, dtype=torch.int32)})
-    with pytest.raises(ValueError, match="'labels' must be int64"):
+    with pytest.raises(ValueError, match="'labels' must be torch.int64 as .*index.json says; got torch.int32"):
         RetrievalIndex.load(saved)
 
 
@@ -71,7 +74,8 @@ def test_wrong_shapes_names_and_values_are_refused(saved):
         ({"format": "other"}, "'format' must be"),
         ({"extra": 1}, r"unknown keys \['extra'\]"),
         ({"backend": "annoy"}, "'backend' must be one of"),
-        ({"dim": -1}, "'dim' must be a positive int"),
+        ({"dim": -1}, "'dim' must be an int >= 1"),
+        ({"num_items": True}, "'num_items' must be an int >= 1; got bool"),
         ({"dtype": "float16"}, "'dtype' must be one of"),
         ({"options": {"nlist": 4}}, "'options': nlist applies to backend='faiss-ivf'; got backend='torch'"),
         ({"ids": ["a"]}, "ids must have one id per embedding"),
