@@ -85,7 +85,7 @@ def check_push_access(repo_id: str, *, token: str | None = None) -> str:
 def require_push_access(repo_id: str, *, flag: str = "--push_to_hub true") -> str:
     """:func:`check_push_access` for a command: a refusal ends it with one ``error:`` line naming ``flag`` (exit
     status 2), before any work."""
-    from ..search.safe_text import refuse
+    from .._terminal import refuse
 
     try:
         return check_push_access(repo_id)

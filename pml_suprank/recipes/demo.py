@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None, *, block: bool = True) -> Any:
     """Load, build and launch the app; returns the Gradio app (``block=False``: the server runs in a thread)."""
-    from pml_suprank.search.safe_text import refuse
+    from pml_suprank._terminal import refuse
 
     parser = build_parser()
     args = parser.parse_args(argv)

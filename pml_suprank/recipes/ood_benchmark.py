@@ -34,9 +34,9 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 
 from pml_suprank import ood  # noqa: E402
+from pml_suprank._terminal import refuse  # noqa: E402
 from pml_suprank.recipes import fit_heat  # noqa: E402
 from pml_suprank.recipes.ood_spec import VARIANTS, OODBenchmarkSpec  # noqa: E402
-from pml_suprank.search.safe_text import refuse  # noqa: E402
 from pml_suprank.training.run_folder import OutputDirError, prepare_output_dir  # noqa: E402
 from pml_suprank.training.spec import build_parser as spec_parser  # noqa: E402
 from pml_suprank.training.spec import parse  # noqa: E402

@@ -138,9 +138,9 @@ def guard_verdict(model: Any, loader: Any, args: OODScoreSpec, device: torch.dev
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     from pml_suprank import data
+    from pml_suprank._terminal import refuse, terminal_safe
     from pml_suprank.models import RetrievalModel
     from pml_suprank.search.image_files import ImageFiles
-    from pml_suprank.search.safe_text import refuse, terminal_safe
 
     out = Path(args.output_dir)
     if out.exists() and not out.is_dir():

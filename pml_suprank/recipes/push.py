@@ -32,10 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     from pml_suprank import hub
+    from pml_suprank._terminal import refuse
     from pml_suprank.hub.preflight import check_push_access
     from pml_suprank.hub.transport import check_repo_id
     from pml_suprank.ood.guard import GUARD_DIR, GUARD_FILE, OODGuard
-    from pml_suprank.search.safe_text import refuse
 
     parser = build_parser()
     args = parser.parse_args(argv)

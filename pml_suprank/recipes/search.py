@@ -38,7 +38,7 @@ from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 
-from pml_suprank.search.safe_text import refuse  # noqa: E402
+from pml_suprank._terminal import refuse  # noqa: E402
 from pml_suprank.training import TrainingConfig  # noqa: E402
 from pml_suprank.training.config import (  # noqa: E402  # noqa: E402
     is_bool,
@@ -137,7 +137,7 @@ def load_dataset(args: SearchSpec, source: str, split: str, transform: Any, imag
 def folder_split(source: str, given: str | None, flag: str) -> str:
     """The split of a dataset source: ``given``, else ``test`` — for a local folder of class folders, ``test`` when it
     has one, else its only split; a folder with several splits and none named ``test`` must be told which
-    (:func:`~pml_suprank.search.safe_text.refuse` naming ``flag``)."""
+    (:func:`~pml_suprank._terminal.refuse` naming ``flag``)."""
     if given is not None or not Path(source).is_dir():
         return given or "test"
     from pml_suprank.data.folders import image_folder_layout
@@ -305,9 +305,9 @@ def ood_verdicts(model: Any, dataset: Any, indices: list[int], args: SearchSpec,
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     from pml_suprank import data
+    from pml_suprank._terminal import terminal_safe
     from pml_suprank.search.image_files import ImageFiles
     from pml_suprank.search.report import write_html_report, write_result_grid
-    from pml_suprank.search.safe_text import terminal_safe
 
     out = Path(args.output_dir)
     if out.exists() and not out.is_dir():
@@ -411,8 +411,8 @@ def _short(source: str | None) -> str:
 def summary_table(records: list[dict], k: int) -> str:
     """The console table of the search: one row per query (name, class, same-class / same-group hits in the top
     ``k``, the first result, the OOD guard's verdict), every cell stripped of control characters."""
+    from pml_suprank._terminal import terminal_safe
     from pml_suprank.search.report import query_hits
-    from pml_suprank.search.safe_text import terminal_safe
 
     rows = [("query", "class", f"same class / {k}", f"same group / {k}", "first result", "OOD guard")]
     for r in records:
