@@ -125,8 +125,8 @@ _NAMES = optional(list_of(is_str(), "a list of names"))
 
 @dataclass
 class FitHeatSpec:
-    """Every option of the ``fit_heat`` recipe (see ``pml-suprank-fit-heat --help``); ``None`` defaults are resolved
-    from the data by :meth:`resolved`. Built in Python, every field is checked like a flag or a file value."""
+    """Every option of the ``fit_heat`` recipe; ``None`` defaults are resolved from the data by :meth:`resolved`. With
+    ``--model``, the model folder's ``data_spec.json`` is a layer under the flags (``model_data``, its seed)."""
 
     DESCRIPTION = "Fit HEAT + OOD baselines on a timm classifier's features (see the module docstring)."
     #: the groups of --help, in order: (title, first field of the group)
@@ -134,6 +134,7 @@ class FitHeatSpec:
               ("HEAT (Lafon et al., ICML 2023)", "preset"), ("baselines (generated from ood.list_detectors())",
               "detectors"))  # fmt: skip
     CONFIG_HELP = "a bundled config name (e.g. heat_cifar10_resnet34) or a YAML file; flags win"
+    MODEL_DATA = ("id_dataset",)
 
     # run
     output_dir: str = shared(TrainingConfig, "output_dir", "outputs/fit_heat",
@@ -147,7 +148,7 @@ class FitHeatSpec:
     hub_private: bool = shared(RunOptions, "hub_private")
     device: str = shared(ModelUseOptions, "device", "cpu", "'cpu', 'cuda', ...")
     threads: int | None = option(None, "torch CPU threads (unset: torch's choice)", check=optional(is_int(1, 4096)))
-    seed: int = shared(TrainingConfig, "seed", 0, "seed for data, training and HEAT")
+    seed: int = shared(TrainingConfig, "seed", 0, "seed for data, training and HEAT (the model's when it records one)")
     no_plots: bool = shared(RunOptions, "no_plots", False, "do not write histograms")
     progress: bool = option(True, "show progress bars (stderr)", check=is_bool())
     # model
@@ -220,6 +221,7 @@ class FitHeatSpec:
         cli=False,
         check=optional(_MAPPING),
     )
+    model_data: dict | None = option(None, "the model's recorded data spec (read by parse)", cli=False)
 
     @classmethod
     def option_classes(cls) -> tuple[type, ...]:
@@ -324,7 +326,8 @@ class FitHeatSpec:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The options as ``results.json`` records them (the recorded data spec is the model folder's)."""
+        return {k: v for k, v in asdict(self).items() if k != "model_data"}
 
 
 #: ``heat:`` keys of a config file → FitHeatSpec fields

@@ -1,0 +1,68 @@
+"""Plumbing of the recipes that use a trained model (``evaluate``, ``search``, ``ood_score``, ``fit_heat``): the model,
+its test transform, the device, the output folder and cached OOD features. A refusal is one ``error:`` line, exit 2
+(:func:`~pml_suprank.search.safe_text.refuse`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pml_suprank.search.safe_text import refuse
+
+__all__ = ["device", "load_model", "ood_features", "output_folder", "refuse", "test_transform", "write_json"]
+
+
+def load_model(name: str) -> Any:
+    """The :class:`~pml_suprank.models.RetrievalModel` of the folder or Hub id ``name``, or a refusal naming
+    ``--model``."""
+    from pml_suprank.models import RetrievalModel
+
+    try:
+        return RetrievalModel.from_pretrained(name)
+    except (OSError, ValueError, TypeError) as e:
+        refuse(f"--model {name}: {e}")
+
+
+def device(name: str | None) -> torch.device:
+    """``--device``, else CUDA when available, else the CPU."""
+    return torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def test_transform(model: torch.nn.Module) -> Any:
+    """The evaluation transform of a (possibly wrapped) model's ``data_config``."""
+    from pml_suprank import data
+
+    return data.build_transforms(getattr(model, "module", model).data_config, train=False)
+
+
+def output_folder(path: str) -> Path:
+    """``--output_dir``, refused when it is a file (created later, when there is something to write)."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        refuse(f"--output_dir {out} is a file, not a folder")
+    return out
+
+
+def write_json(path: Path, value: Any, indent: int = 1) -> Path:
+    """``value`` as JSON in ``path`` (its folder created)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(value, indent=indent, default=str))
+    return path
+
+
+def ood_features(model: torch.nn.Module, loader: Any, cache: str, kind: str, extract: Callable, drop=()) -> Any:
+    """The :class:`~pml_suprank.ood.OODFeatures` of ``loader`` through the embedding cache ``cache``: ``extract``
+    (batches → ``OODFeatures``) runs on the batches the cache misses; ``kind``: the cache's ``feature_kind``;
+    ``drop``: fields not cached."""
+    from pml_suprank.data.embedding_cache import cached_features
+    from pml_suprank.ood import OODFeatures
+
+    def tensors(batches: Any) -> dict[str, torch.Tensor]:
+        return {k: v for k, v in vars(extract(batches)).items() if v is not None and k not in drop}
+
+    found = cached_features(model, loader, cache, feature_kind=kind, extract=tensors)
+    return OODFeatures(**{"std_features": None, "logits": None, **found})
