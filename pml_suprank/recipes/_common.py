@@ -16,15 +16,21 @@ from pml_suprank.search.safe_text import refuse
 __all__ = ["device", "load_model", "ood_features", "output_folder", "refuse", "test_transform", "write_json"]
 
 
-def load_model(name: str) -> Any:
-    """The :class:`~pml_suprank.models.RetrievalModel` of the folder or Hub id ``name``, or a refusal naming
-    ``--model``."""
+def load_model(name: str, device: torch.device | None = None, guard_for: str | None = None) -> Any:
+    """The :class:`~pml_suprank.models.RetrievalModel` of the folder or Hub id ``name`` (on ``device``, in eval
+    mode), or a refusal naming ``--model``; ``guard_for``: the flag that needs the model's OOD guard."""
     from pml_suprank.models import RetrievalModel
 
     try:
-        return RetrievalModel.from_pretrained(name)
+        model = RetrievalModel.from_pretrained(name)
     except (OSError, ValueError, TypeError) as e:
         refuse(f"--model {name}: {e}")
+    if guard_for is not None and model.ood_guard is None:
+        refuse(
+            f"{guard_for}: the model {name} has no OOD guard (ood/guard.json): fit one with "
+            f"`pml-suprank-fit-heat --model {name}`"
+        )
+    return model if device is None else model.to(device).eval()
 
 
 def device(name: str | None) -> torch.device:
@@ -39,17 +45,18 @@ def test_transform(model: torch.nn.Module) -> Any:
     return data.build_transforms(getattr(model, "module", model).data_config, train=False)
 
 
-def output_folder(path: str) -> Path:
-    """``--output_dir``, refused when it is a file (created later, when there is something to write)."""
-    out = Path(path)
-    if out.exists() and not out.is_dir():
-        refuse(f"--output_dir {out} is a file, not a folder")
-    return out
+def output_folder(path: str | Path) -> Path:
+    """``--output_dir``, created and checked writable before any work, or a refusal naming it."""
+    from pml_suprank.training.run_folder import OutputDirError, prepare_output_dir
+
+    try:
+        return prepare_output_dir(path)
+    except OutputDirError as e:
+        refuse(e)
 
 
 def write_json(path: Path, value: Any, indent: int = 1) -> Path:
-    """``value`` as JSON in ``path`` (its folder created)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """``value`` as JSON in ``path``."""
     path.write_text(json.dumps(value, indent=indent, default=str))
     return path
 

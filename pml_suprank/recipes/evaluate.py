@@ -22,7 +22,7 @@ import torch
 
 from pml_suprank.data.benchmarks import BENCHMARKS
 from pml_suprank.metrics.report import one_column
-from pml_suprank.recipes._common import load_model, refuse, test_transform, write_json
+from pml_suprank.recipes._common import load_model, output_folder, refuse, test_transform, write_json
 from pml_suprank.training import TrainingConfig
 from pml_suprank.training.config import (
     is_choice,
@@ -38,9 +38,7 @@ from pml_suprank.training.spec import parse, shared
 
 #: benchmarks with their own protocol (not a single test set): name → mode
 PROTOCOLS = {
-    "dyml_vehicle": "dyml",
-    "dyml_animal": "dyml",
-    "dyml_product": "dyml",
+    **dict.fromkeys(("dyml_vehicle", "dyml_animal", "dyml_product"), "dyml"),
     "gldv2_hier": "landmark",
     "roxford5k": "revisited",
     "rparis6k": "revisited",
@@ -127,20 +125,17 @@ def main(argv: list[str] | None = None) -> dict:
         refuse(f"--split must be a split of {name} {list(BENCHMARKS[name].splits)}; got {spec.test_split!r}")
     spec = replace(spec, data_root=root)
 
-    from pml_suprank.training.run_folder import OutputDirError, prepare_output_dir
-
-    try:  # before any work: a file, a read-only folder
-        if spec.output_dir:
-            prepare_output_dir(spec.output_dir)
-    except OutputDirError as e:
-        refuse(str(e))
+    if spec.output_dir:
+        output_folder(spec.output_dir)
     loaded = load_model(spec.model)
     accelerator = make_accelerator(cpu=spec.cpu, mixed_precision=spec.mixed_precision, output_dir=spec.output_dir)
     model = accelerator.prepare(loaded)
     mode = PROTOCOLS.get(name) if name is not None and spec.test_split is None else None
     if mode is None:
-        section = test_data(spec if spec.benchmark is None else replace(spec, model_data=None),
-                            int(_unwrap(model).data_config["input_size"][-1]))  # fmt: skip
+        section = test_data(
+            spec if spec.benchmark is None else replace(spec, model_data=None),
+            int(loaded.data_config["input_size"][-1]),
+        )
         if name is not None:
             section = {"dataset": name, "data_root": root}
             section.update({"test_split": spec.test_split} if spec.test_split else {})
@@ -168,10 +163,6 @@ def _data_error(section: dict) -> str | None:
             return f"--label_columns is required with --dataset {dataset!r} (the model records no data spec for it)"
     errors = data_option_errors(section)
     return "; ".join(errors) if errors else None
-
-
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    return getattr(model, "module", model)
 
 
 def _embed(spec: EvaluateSpec, model: torch.nn.Module, dataset, accelerator, batch_size: int | None = None):
@@ -252,7 +243,7 @@ def evaluate_revisited(spec: EvaluateSpec, name: str, model: torch.nn.Module, ac
     from pml_suprank import data
     from pml_suprank.metrics.landmark import revisited_map
 
-    config = _unwrap(model).data_config
+    config = getattr(model, "module", model).data_config
     max_side = spec.max_side or int(max(config["input_size"][1:]))
     transform = resize_only_transform(config, max_side)
     query = data.load_benchmark(name, spec.data_root, "query", transform)
@@ -274,7 +265,7 @@ def evaluate_test_set(
     try:  # a missing split, unusable images: the message, not a traceback
         dataset = source.load(test_transform(model), seed=spec.seed, recorded_split=recorded_split)
     except ValueError as e:
-        raise SystemExit(f"{spec.model} on {source.name} (--split {source.split}): {e}") from None
+        refuse(f"{spec.model} on {source.name} (--split {source.split}): {e}")
     emb, labels, idx = _embed(spec, model, dataset, accelerator)
     evaluator = RetrievalEvaluator(k_values=tuple(spec.k_values), alpha=spec.alpha, device=accelerator.device)
     metrics = _floats(evaluator.evaluate(emb, labels, distributed=accelerator.num_processes > 1))

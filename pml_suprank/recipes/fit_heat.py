@@ -33,7 +33,7 @@ from pml_suprank import ood
 from pml_suprank.ood import metrics as ood_metrics
 from pml_suprank.ood.features import feature_map_positions
 from pml_suprank.ood.model_api import read_state_dict
-from pml_suprank.recipes._common import load_model, ood_features, refuse, test_transform, write_json
+from pml_suprank.recipes._common import load_model, ood_features, output_folder, refuse, test_transform, write_json
 from pml_suprank.recipes.ood_data import (
     build_datasets,
     build_model,
@@ -59,10 +59,6 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str] | None = None) -> FitHeatSpec:
     """The run's :class:`FitHeatSpec`: defaults < the model's data spec < ``--config`` < flags (refusals: exit 2)."""
     return parse(FitHeatSpec, argv)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# detectors
 
 
 def selected_methods(spec: FitHeatSpec) -> tuple[str, ...]:
@@ -208,9 +204,6 @@ def format_table(table, ood_names) -> str:
     return "\n".join(lines)
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-
-
 def prepare_data(spec: FitHeatSpec):
     """``(spec, train_ds, test_ds, ood_sets, level, classes, train_labels)``: the spec with its data-dependent
     defaults resolved, the ID / OOD datasets, the label level and the sorted class ids of the ID training set. With
@@ -248,7 +241,7 @@ def prepare_data(spec: FitHeatSpec):
 def check_trained_head(spec: FitHeatSpec) -> None:
     """Refuse ``--train_epochs 0`` without ``--checkpoint`` or ``--pretrained true``: an untrained head."""
     if spec.train_epochs == 0 and spec.checkpoint is None and not spec.pretrained:
-        raise SystemExit(
+        refuse(
             "--train_epochs 0 without --checkpoint: the classifier head would be untrained (random weights), and the "
             "head-based detectors (MSP, Energy, HEAT, ...) would score noise; give --train_epochs N (trains the head "
             "on the ID set) or --checkpoint FILE (a trained classifier)"
@@ -300,8 +293,6 @@ def save_features(out_dir: Path, model, train_feats, test_feats, ood_feats, spec
 def check_files(spec: FitHeatSpec) -> Path:
     """The output folder, after refusing an unreadable ``--checkpoint``, an unwritable ``--output_dir`` and one
     holding another run's ``results.json`` (without ``--overwrite_output_dir``)."""
-    from pml_suprank.training.run_folder import OutputDirError, prepare_output_dir
-
     if spec.checkpoint is not None:
         try:
             read_state_dict(spec.checkpoint)
@@ -311,10 +302,7 @@ def check_files(spec: FitHeatSpec) -> Path:
     if (out_dir / "results.json").exists() and not spec.overwrite_output_dir:
         refuse(f"--output_dir {str(out_dir)!r} already holds a results.json (another run's); choose another "
                "--output_dir, or pass --overwrite_output_dir true to replace it")  # fmt: skip
-    try:
-        return prepare_output_dir(out_dir)
-    except OutputDirError as e:
-        refuse(str(e))
+    return output_folder(out_dir)
 
 
 def _set_name(entry: str) -> str:

@@ -123,19 +123,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from pml_suprank.search.safe_text import terminal_safe
 
     out = output_folder(args.output_dir)
-    model = load_model(args.model)
-    if model.ood_guard is None:
-        refuse(f"--model {args.model} has no OOD guard (ood/guard.json): fit one with "
-                f"`pml-suprank-fit-heat --model {args.model}`")  # fmt: skip
     dev = device(args.device)
-    model = model.to(dev).eval()
+    model = load_model(args.model, dev, "--model")
     try:
         images = ImageFiles(args.images, test_transform(model), what=f"--images {args.images}")
     except ValueError as e:
         refuse(str(e))
     loader = torch.utils.data.DataLoader(images, batch_size=args.batch_size, collate_fn=data.collate)
     verdict = guard_verdict(model, loader, args, dev)
-    out.mkdir(parents=True, exist_ok=True)
     csv_path = write_scores(out / "scores.csv", images.names, verdict.scores, verdict.is_ood)
     n_ood = int(verdict.is_ood.sum())
     plot = None

@@ -1,8 +1,5 @@
-"""The typed specs of the OOD recipes: :class:`FitHeatSpec` (``fit_heat``) and :class:`OODBenchmarkSpec`
-(``ood_benchmark``), their detector options (generated from the detector registry and the constructors' signatures)
-and the reader of their ``--config`` YAML (the bundled ``heat_*`` files). Every option is declared once with
-:func:`~pml_suprank.training.config.option` or :func:`~pml_suprank.training.spec.shared`, and
-:func:`~pml_suprank.training.spec.parse` checks flags, files and Python construction with the same checks.
+"""The specs of the OOD recipes, :class:`FitHeatSpec` (``fit_heat``) and :class:`OODBenchmarkSpec`
+(``ood_benchmark``), their detector options (generated from the detector registry) and their ``--config`` reader.
 """
 
 from __future__ import annotations
@@ -230,10 +227,9 @@ class FitHeatSpec:
 
     @classmethod
     def read_config(cls, path: str) -> tuple[dict[str, Any], dict[str, tuple[str, Any]]]:
-        """A ``--config`` file (a bundled name such as ``heat_cifar10_resnet34`` or a YAML path): its ``recipe``
-        section (options by field name, detector options such as ``knn_k`` included) and its ``heat`` section
-        (:data:`HEAT_KEYS`), read by the one configuration reader. Options that send data out or read other files
-        (:data:`FLAG_ONLY`) and a backbone that is not a plain timm name are refused (files are data)."""
+        """A ``--config`` file (a bundled name or a YAML path): its ``recipe`` section (options by field name) and its
+        ``heat`` section (:data:`HEAT_KEYS`). :data:`FLAG_ONLY` options and a backbone that is not a plain timm name
+        are refused (files are data)."""
         from ..hub.loaded_config import untrusted_model_problems
         from ..training.hub_config import hub_config_path
 

@@ -150,15 +150,6 @@ def model_gallery(args: SearchSpec, transform: Any) -> tuple[Any, SearchSpec]:
                "folder is recorded by its name only: give its path with --gallery")  # fmt: skip
 
 
-def embed(model: torch.nn.Module, dataset: Any, args: SearchSpec, description: str) -> tuple[torch.Tensor, ...]:
-    """L2-normalised ``(embeddings (N, D), labels)`` of ``dataset``, through ``--embedding_cache`` when given."""
-    from pml_suprank.data import cached_embeddings
-
-    loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch_size, shuffle=False)
-    return cached_embeddings(model, loader, args.embedding_cache, normalize=True, progress=True,
-                             description=description)[:2]  # fmt: skip
-
-
 def item_name(gallery: Any, args: SearchSpec, index: int) -> str:
     """Gallery item ``index`` as a person names it: its file relative to the ``--gallery`` folder (the file name
     outside it), else ``"<gallery>:<split>[index]"``."""
@@ -210,46 +201,33 @@ def describe_results(
     return records
 
 
-def load_gallery(args: SearchSpec, transform: Any, image_size: int) -> tuple[Any, SearchSpec]:
-    """The gallery dataset and the spec naming it (its split resolved), or a refusal naming ``--gallery``."""
+def load_source(args: SearchSpec, flag: str, split: str | None, transform: Any, image_size: int) -> tuple[Any, str]:
+    """The dataset of ``--gallery`` / ``--queries`` (``flag``) and its split: image files are read unlabelled (split
+    ``all``), a dataset source at ``split`` (:func:`folder_split`); or a refusal naming ``flag``."""
     from pml_suprank.search.image_files import ImageFiles
 
+    source = args.gallery if flag == "--gallery" else args.queries
+    if source != "synthetic" and is_plain_image_source(source) and not (flag == "--gallery" and args.label_columns):
+        try:
+            return ImageFiles(source, transform, what=f"{flag} {source}"), split or "all"
+        except ValueError as e:
+            refuse(e)
+    split = folder_split(source, split, {"--gallery": "--gallery_split", "--queries": "--query_split"}[flag])
+    try:
+        return load_dataset(args, source, split, transform, image_size), split
+    except (OSError, ValueError, KeyError) as e:
+        refuse(f"{flag} {source} (split {split!r}): {e}")
+
+
+def load_gallery(args: SearchSpec, transform: Any, image_size: int) -> tuple[Any, SearchSpec]:
+    """The gallery dataset and the spec naming it (its split resolved)."""
     recorded = (args.model_data or {}).get("data") is not None
     if args.gallery is None or (
         recorded and Path(args.gallery).is_dir() and not args.label_columns and not args.gallery_split
     ):  # the model's own training folder: its test split
         return model_gallery(args, transform)
-    if args.gallery not in ("synthetic",) and is_plain_image_source(args.gallery) and not args.label_columns:
-        try:
-            return ImageFiles(args.gallery, transform, what=f"--gallery {args.gallery}"), replace(
-                args, gallery_split=args.gallery_split or "all"
-            )
-        except ValueError as e:
-            refuse(e)
-    split = folder_split(args.gallery, args.gallery_split, "--gallery_split")
-    args = replace(args, gallery_split=split)
-    try:
-        return load_dataset(args, args.gallery, args.gallery_split, transform, image_size), args
-    except (OSError, ValueError, KeyError) as e:
-        refuse(f"--gallery {args.gallery} (split {args.gallery_split!r}): {e}")
-
-
-def load_queries(args: SearchSpec, transform: Any, image_size: int) -> tuple[Any, list[str]]:
-    """The ``--queries`` dataset and the name of each query, or a refusal naming ``--queries``."""
-    from pml_suprank.search.image_files import ImageFiles
-
-    if is_plain_image_source(args.queries):
-        try:
-            source = ImageFiles(args.queries, transform, what=f"--queries {args.queries}")
-        except ValueError as e:
-            refuse(e)
-        return source, list(source.names)
-    split = folder_split(args.queries, args.query_split or args.gallery_split, "--query_split")
-    try:
-        source = load_dataset(args, args.queries, split, transform, image_size)
-    except (OSError, ValueError, KeyError) as e:
-        refuse(f"--queries {args.queries} (split {split!r}): {e}")
-    return source, [f"{args.queries}:{split}[{i}]" for i in range(len(source))]
+    gallery, split = load_source(args, "--gallery", args.gallery_split, transform, image_size)
+    return gallery, replace(args, gallery_split=split)
 
 
 def ood_verdicts(model: Any, dataset: Any, indices: list[int], args: SearchSpec, device: torch.device) -> list | None:
@@ -262,22 +240,21 @@ def ood_verdicts(model: Any, dataset: Any, indices: list[int], args: SearchSpec,
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    from pml_suprank.data import cached_embeddings
     from pml_suprank.search.image_files import ImageFiles
     from pml_suprank.search.report import write_html_report, write_result_grid
     from pml_suprank.search.safe_text import terminal_safe
 
     out = output_folder(args.output_dir)
     dev = device(args.device)
-    model = load_model(args.model)
-    if args.ood_threshold is not None and model.ood_guard is None:
-        refuse(f"--ood_threshold: the model {args.model} has no OOD guard (ood/guard.json; fit one with "
-               f"`pml-suprank-fit-heat --model {args.model}`)")  # fmt: skip
-    model = model.to(dev).eval()
+    model = load_model(args.model, dev, "--ood_threshold" if args.ood_threshold is not None else None)
     transform = test_transform(model)
     image_size = int(model.data_config["input_size"][-1])
     gallery, args = load_gallery(args, transform, image_size)
     if args.queries is not None:  # read and checked before the gallery is embedded
-        source, names = load_queries(args, transform, image_size)
+        source, split = load_source(args, "--queries", args.query_split or args.gallery_split, transform, image_size)
+        plain = isinstance(source, ImageFiles)
+        names = list(source.names) if plain else [f"{args.queries}:{split}[{i}]" for i in range(len(source))]
     ids = gallery_ids(gallery, args)
     index = model.build_index(torch.utils.data.DataLoader(gallery, batch_size=args.batch_size), backend=args.backend,
                               ids=ids, progress=True, embedding_cache=args.embedding_cache)  # fmt: skip
@@ -293,8 +270,11 @@ def main(argv: list[str] | None = None) -> dict:
         q_images = [(gallery, i) for i in picked.tolist()]
         verdicts = ood_verdicts(model, gallery, picked.tolist(), args, dev)
     else:
-        q_emb, q_lab = embed(model, source, args, "queries")
-        unlabelled = isinstance(source, ImageFiles) or labels is None or q_lab.dim() != 2
+        loader = torch.utils.data.DataLoader(source, batch_size=args.batch_size, shuffle=False)
+        q_emb, q_lab = cached_embeddings(
+            model, loader, args.embedding_cache, normalize=True, progress=True, description="queries"
+        )[:2]
+        unlabelled = plain or labels is None or q_lab.dim() != 2
         q_labels = [None if unlabelled else row.tolist() for row in q_lab]
         q_images = [(source, i) for i in range(len(source))]
         verdicts = ood_verdicts(model, source, list(range(len(source))), args, dev)
@@ -318,7 +298,6 @@ def main(argv: list[str] | None = None) -> dict:
     title = (f"{_short(args.model)}: {len(records)} queries against {_short(args.gallery)} {args.gallery_split} "
              f"({len(index)} images), top {args.k}")  # fmt: skip
     threshold = None if guard is None else (guard.threshold if args.ood_threshold is None else args.ood_threshold)
-    out.mkdir(parents=True, exist_ok=True)
     write_html_report(
         out / "results.html",
         pages,
