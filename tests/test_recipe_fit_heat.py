@@ -238,10 +238,10 @@ def test_fit_heat_refuses_an_untrained_head_and_warns_about_few_heat_steps(tmp_p
     with pytest.raises(SystemExit) as refused:
         fit_heat.check_trained_head(fit_heat.parse_args(["--train_epochs", "0"]).resolved(model_image_size=32))
     assert refused.value.code == 2 and "classifier head would be untrained" in capsys.readouterr().err
-    heat = fit_heat.build_heat(fit_heat.parse_args(["--heat_epochs", "1"]), _Head())
+    heat = fit_heat.parse_args(["--heat_epochs", "1"]).heat(_Head().get_classifier())
     lines = fit_heat.heat_step_warnings(heat, n_train=40)
     assert len(lines) == 3 and "gmm: 1 optimizer step(s)" in lines[0] and "--heat_epochs" in lines[0]
-    enough = fit_heat.build_heat(fit_heat.parse_args(["--heat_epochs", "30", "--heat_batch_size", "4"]), _Head())
+    enough = fit_heat.parse_args(["--heat_epochs", "30", "--heat_batch_size", "4"]).heat(_Head().get_classifier())
     assert fit_heat.heat_step_warnings(enough, n_train=40) == []
 
 

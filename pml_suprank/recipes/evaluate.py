@@ -24,13 +24,7 @@ from pml_suprank.data.benchmarks import BENCHMARKS
 from pml_suprank.metrics.report import one_column
 from pml_suprank.recipes._common import load_model, output_folder, refuse, test_transform, write_json
 from pml_suprank.training import TrainingConfig
-from pml_suprank.training.config import (
-    is_choice,
-    is_int,
-    option,
-    optional,
-    validate_options,
-)
+from pml_suprank.training.config import is_choice, is_int, option, optional, validate_options
 from pml_suprank.training.options import DataOptions, ModelUseOptions, RunOptions
 from pml_suprank.training.recipe import make_accelerator
 from pml_suprank.training.spec import build_parser as spec_parser

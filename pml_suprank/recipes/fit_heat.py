@@ -87,18 +87,6 @@ def build_detector(method: str, spec: FitHeatSpec, model, n_train: int, dim: int
     return cls(**kwargs)
 
 
-def build_heat(spec: FitHeatSpec, model):
-    return ood.HEAT(
-        priors=tuple(spec.priors),
-        beta=spec.beta,
-        preset=spec.preset,
-        settings=spec.heat_overrides(),
-        head=model.get_classifier(),
-        tie_hidden_weights=spec.tie_hidden_weights,
-        seed=spec.seed,
-    )
-
-
 def heat_step_warnings(heat, n_train: int) -> list[str]:
     """One line per HEAT energy network that gets fewer than :data:`MIN_HEAT_STEPS` optimizer steps (epochs ×
     batches of its settings on ``n_train`` features), naming the flags that give it more."""
@@ -142,7 +130,7 @@ def fit_detectors(model, train_feats, spec: FitHeatSpec):
     detectors = {}
     for method in selected_methods(spec):
         if method == "HEAT":
-            detectors[method] = build_heat(spec, model)
+            detectors[method] = spec.heat(model.get_classifier())
             for line in heat_step_warnings(detectors[method], n_train):
                 warnings.warn(line, stacklevel=2)
         else:

@@ -19,26 +19,10 @@ import torch
 
 from pml_suprank.recipes._common import device, load_model, ood_features, output_folder, refuse, test_transform
 from pml_suprank.training import TrainingConfig
-from pml_suprank.training.config import (
-    is_str,
-    option,
-    optional,
-    validate_options,
-)
+from pml_suprank.training.config import is_str, option, optional, validate_options
 from pml_suprank.training.options import ModelUseOptions, RunOptions
 from pml_suprank.training.spec import build_parser as spec_parser
 from pml_suprank.training.spec import parse, shared
-
-__all__ = [
-    "OODScoreSpec",
-    "build_parser",
-    "guard_verdict",
-    "main",
-    "parse_args",
-    "run",
-    "write_histogram",
-    "write_scores",
-]
 
 
 @dataclass

@@ -258,7 +258,7 @@ class FitHeatSpec:
 
     def validate(self) -> FitHeatSpec:
         """The rules between options (each field was checked alone)."""
-        from ..ood import HEAT, list_priors
+        from ..ood import list_priors
 
         if self.push_to_hub and not self.hub_model_id:
             raise OptionError("--push_to_hub true needs --hub_model_id (the Hub repo id)")
@@ -283,18 +283,21 @@ class FitHeatSpec:
                 raise OptionError([(key, problem)])
         # the HEAT settings are checked by the detector's constructor (nothing is allocated before fit)
         try:
-            HEAT(priors=tuple(self.priors), beta=self.beta, preset=self.preset, settings=self.heat_overrides(),
-                 tie_hidden_weights=self.tie_hidden_weights, seed=self.seed)  # fmt: skip
+            self.heat()
         except (TypeError, ValueError) as e:
             where = "HEAT settings (heat: section, --preset, --heat_epochs, --heat_batch_size)"
             raise OptionError(f"{where}: {e}") from e
         return self
 
-    def heat_overrides(self) -> dict[str, Any]:
-        """The HEAT ``settings=`` of the run: the file's ``heat.settings`` and the ``--heat_epochs`` /
-        ``--heat_batch_size`` overrides."""
+    def heat(self, head: Any = None) -> Any:
+        """The run's :class:`~pml_suprank.ood.HEAT` on the classifier ``head``, its settings the file's
+        ``heat.settings`` with the ``--heat_epochs`` / ``--heat_batch_size`` overrides."""
+        from ..ood import HEAT
+
         given = {"epochs": self.heat_epochs, "batch_size": self.heat_batch_size}
-        return {**self.heat_settings, **{k: v for k, v in given.items() if v is not None}}
+        settings = {**self.heat_settings, **{k: v for k, v in given.items() if v is not None}}
+        return HEAT(priors=tuple(self.priors), beta=self.beta, preset=self.preset, settings=settings, head=head,
+                    tie_hidden_weights=self.tie_hidden_weights, seed=self.seed)  # fmt: skip
 
     def detector_kwargs(self, name: str) -> dict[str, Any]:
         """The option values of detector ``name``'s constructor (recipe defaults, then the given ones)."""

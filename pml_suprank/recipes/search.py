@@ -26,15 +26,7 @@ import torch
 
 from pml_suprank.recipes._common import device, load_model, output_folder, refuse, test_transform, write_json
 from pml_suprank.training import TrainingConfig
-from pml_suprank.training.config import (
-    is_bool,
-    is_choice,
-    is_int,
-    is_str,
-    option,
-    optional,
-    validate_options,
-)
+from pml_suprank.training.config import is_bool, is_choice, is_int, is_str, option, optional, validate_options
 from pml_suprank.training.options import DataOptions, ModelUseOptions
 from pml_suprank.training.spec import build_parser as spec_parser
 from pml_suprank.training.spec import parse, shared
