@@ -1,9 +1,9 @@
-"""Plumbing of the recipes that use a trained model (``evaluate``, ``search``, ``ood_score``, ``fit_heat``): the model,
-its test transform, the device, the output folder and cached OOD features. A refusal is one ``error:`` line, exit 2
-(:func:`~pml_suprank.search.safe_text.refuse`)."""
+"""Plumbing of the recipes that use a trained model (``evaluate``, ``search``, ``ood_score``, ``fit_heat``); a refusal
+is one ``error:`` line, exit 2 (:func:`~pml_suprank.search.safe_text.refuse`)."""
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -12,8 +12,6 @@ from typing import Any
 import torch
 
 from pml_suprank.search.safe_text import refuse
-
-__all__ = ["device", "load_model", "ood_features", "output_folder", "refuse", "test_transform", "write_json"]
 
 
 def load_model(name: str, device: torch.device | None = None, guard_for: str | None = None) -> Any:
@@ -31,6 +29,11 @@ def load_model(name: str, device: torch.device | None = None, guard_for: str | N
             f"`pml-suprank-fit-heat --model {name}`"
         )
     return model if device is None else model.to(device).eval()
+
+
+def scores_images(detector: Any) -> bool:
+    """Detectors built around the network (ODIN) score the images, the others the extracted features."""
+    return "model" in inspect.signature(type(detector)).parameters
 
 
 def device(name: str | None) -> torch.device:

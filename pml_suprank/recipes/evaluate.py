@@ -9,7 +9,7 @@ Paper benchmarks with their own protocol (``--benchmark NAME --data_root DIR``):
 granularity ``ap_fine``, ... and their means ``ap``, ``asi``, ``recall_at_1``, ``map_at_r``), ``gldv2_hier`` (TPAMI
 Tab. VII: query vs gallery, ``map_at_100`` the GLDv2 mAP@100) and ``roxford5k`` / ``rparis6k`` (revisited Easy /
 Medium / Hard mAP and mP@k; images resized to ``--max_side``, one per batch). Other benchmarks, or ``--split``: one
-test set. Several processes embed their shards and rank their share of the queries against the whole gallery.
+test set.
 """
 
 from __future__ import annotations
@@ -22,13 +22,14 @@ import torch
 
 from pml_suprank.data.benchmarks import BENCHMARKS
 from pml_suprank.metrics.report import one_column
-from pml_suprank.recipes._common import load_model, output_folder, refuse, test_transform, write_json
 from pml_suprank.training import TrainingConfig
 from pml_suprank.training.config import is_choice, is_int, option, optional, validate_options
 from pml_suprank.training.options import DataOptions, ModelUseOptions, RunOptions
 from pml_suprank.training.recipe import make_accelerator
 from pml_suprank.training.spec import build_parser as spec_parser
 from pml_suprank.training.spec import parse, shared
+
+from ._common import load_model, output_folder, refuse, test_transform, write_json
 
 #: benchmarks with their own protocol (not a single test set): name → mode
 PROTOCOLS = {
@@ -133,16 +134,13 @@ def main(argv: list[str] | None = None) -> dict:
         if name is not None:
             section = {"dataset": name, "data_root": root}
             section.update({"test_split": spec.test_split} if spec.test_split else {})
-        error = _data_error(section)
-        if error:
+        if error := _data_error(section):
             refuse(error)
         split = (spec.model_data or {}).get("class_split") if spec.benchmark is None and recorded else None
         return evaluate_test_set(spec, section, model, accelerator, split)
     protocol = {"dyml": evaluate_dyml, "landmark": evaluate_landmark, "revisited": evaluate_revisited}[mode]
     metrics = protocol(spec, name, model, accelerator)
-    accelerator.print(f"{spec.model} on {name} ({mode} protocol):")
-    accelerator.print(one_column(metrics))
-    _write_metrics(spec, metrics, accelerator)
+    _write_metrics(spec, metrics, accelerator, f"{spec.model} on {name} ({mode} protocol):")
     accelerator.wait_for_everyone()
     return metrics
 
@@ -171,7 +169,10 @@ def _embed(spec: EvaluateSpec, model: torch.nn.Module, dataset, accelerator, bat
     return embed_loader(model, loader, accelerator, progress=True, embedding_cache=spec.embedding_cache)
 
 
-def _write_metrics(spec: EvaluateSpec, metrics: dict, accelerator) -> Path | None:
+def _write_metrics(spec: EvaluateSpec, metrics: dict, accelerator, title: str) -> Path | None:
+    """Print ``title`` and the metrics; ``metrics.json`` in ``--output_dir`` (returned) when given."""
+    accelerator.print(title)
+    accelerator.print(one_column(metrics))
     if not spec.output_dir or not accelerator.is_main_process:
         return None
     return write_json(Path(spec.output_dir) / "metrics.json", metrics).parent
@@ -263,9 +264,9 @@ def evaluate_test_set(
     emb, labels, idx = _embed(spec, model, dataset, accelerator)
     evaluator = RetrievalEvaluator(k_values=tuple(spec.k_values), alpha=spec.alpha, device=accelerator.device)
     metrics = _floats(evaluator.evaluate(emb, labels, distributed=accelerator.num_processes > 1))
-    accelerator.print(f"{spec.model} on {source.name} ({source.split}, {len(dataset)} images):")
-    accelerator.print(one_column(metrics))
-    out = _write_metrics(spec, metrics, accelerator)
+    out = _write_metrics(
+        spec, metrics, accelerator, f"{spec.model} on {source.name} ({source.split}, {len(dataset)} images):"
+    )
     if out is not None and not spec.no_plots:
         files = plots.plot_all(
             emb, labels, out, label_names=getattr(dataset, "label_names", None), image_dataset=dataset, indices=idx,

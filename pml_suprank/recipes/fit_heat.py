@@ -1,13 +1,11 @@
-"""Fit HEAT and the OOD baselines on the features of a timm classifier; report FPR95 / AUROC per OOD set.
+"""Fit HEAT (Lafon et al., ICML 2023) and every registered OOD baseline on the avg-pooled ``z``, std-pooled ``σ``
+and logits of a timm classifier's last feature map; report FPR95 / AUROC per OOD set (like thesis Table 5.5).
 
-With no arguments it runs offline on SyntheticShapes: four shape families are in-distribution (ID), a small timm
-ResNet is trained to classify them, and the OOD sets are the two held-out families (near-OOD) plus noise and blob
-images (far-OOD). It extracts avg-pooled ``z``, std-pooled ``σ`` and logits of the last feature map, fits HEAT
-(Lafon et al., ICML 2023) and every registered baseline (``ood.list_detectors()``, plus SSD+) on the ID training
-features, and writes to ``--output_dir``: ``results.json`` (FPR95 / AUROC per OOD set and their average, like thesis
-Table 5.5), score histograms, the fitted HEAT detector (``heat_detector/``; ``--push_to_hub true`` uploads it) and
-``features.safetensors`` (read by ``ood_benchmark --features``). With ``--model RUN/final`` the ID data is the model's
-recorded training data and the ``--guard`` detector is stored in the model folder (``ood/``). Example::
+With no arguments it runs offline: a small ResNet is trained on four SyntheticShapes families (ID); the OOD sets are
+the two held-out families plus noise and blob images. ``--output_dir`` receives ``results.json``, score histograms,
+the fitted HEAT detector (``heat_detector/``) and ``features.safetensors`` (read by ``ood_benchmark --features``).
+With ``--model RUN/final`` the ID data is the model's recorded training data and the ``--guard`` detector is stored
+in the model folder (``ood/``). Example::
 
     python -m pml_suprank.recipes.fit_heat --backbone resnet18 --pretrained true --id_dataset uoft-cs/cifar10 \
         --label_column label --ood_datasets uoft-cs/cifar100:test:fine_label tanganke/svhn:test:label \
@@ -33,7 +31,6 @@ from pml_suprank import ood
 from pml_suprank.ood import metrics as ood_metrics
 from pml_suprank.ood.features import feature_map_positions
 from pml_suprank.ood.model_api import read_state_dict
-from pml_suprank.recipes._common import load_model, ood_features, output_folder, refuse, test_transform, write_json
 from pml_suprank.recipes.ood_data import (
     build_datasets,
     build_model,
@@ -47,6 +44,8 @@ from pml_suprank.recipes.ood_data import (
 from pml_suprank.recipes.ood_spec import VARIANTS, FitHeatSpec, methods
 from pml_suprank.training.spec import build_parser as spec_parser
 from pml_suprank.training.spec import parse
+
+from ._common import load_model, ood_features, output_folder, refuse, scores_images, test_transform, write_json
 
 #: a run of an energy network with fewer optimizer steps than this gets a warning (the synthetic default has 330)
 MIN_HEAT_STEPS = 100
@@ -62,9 +61,7 @@ def parse_args(argv: list[str] | None = None) -> FitHeatSpec:
 
 
 def selected_methods(spec: FitHeatSpec) -> tuple[str, ...]:
-    chosen = set(spec.detectors or methods())
-    if spec.no_odin:
-        chosen.discard("ODIN")
+    chosen = set(spec.detectors or methods()) - ({"ODIN"} if spec.no_odin else set())
     return tuple(m for m in methods() if m in chosen)
 
 
@@ -88,8 +85,7 @@ def build_detector(method: str, spec: FitHeatSpec, model, n_train: int, dim: int
 
 
 def heat_step_warnings(heat, n_train: int) -> list[str]:
-    """One line per HEAT energy network that gets fewer than :data:`MIN_HEAT_STEPS` optimizer steps (epochs ×
-    batches of its settings on ``n_train`` features), naming the flags that give it more."""
+    """One line per HEAT energy network with fewer than :data:`MIN_HEAT_STEPS` optimizer steps on ``n_train``."""
     lines = []
     for prior, s in heat.component_settings.items():
         steps = s["epochs"] * max(1, n_train // min(s["batch_size"], n_train))
@@ -102,27 +98,20 @@ def heat_step_warnings(heat, n_train: int) -> list[str]:
     return lines
 
 
-class HeatProgress:
-    """``HEAT.fit`` callback: one progress bar per prior over its optimiser steps (epochs × batches)."""
+def heat_progress(heat, n_train: int, spec: FitHeatSpec, bars: dict[str, Any]):
+    """``HEAT.fit`` callback: one progress bar per prior (kept in ``bars``) over its optimiser steps."""
 
-    def __init__(self, heat, n_train: int, spec: FitHeatSpec) -> None:
-        self.heat, self.n_train, self.spec = heat, n_train, spec
-        self.bars: dict[str, Any] = {}
-
-    def __call__(self, prior: str, epoch: int, step: int, loss: float) -> None:
-        if prior not in self.bars:
-            for bar in self.bars.values():
+    def callback(prior: str, epoch: int, step: int, loss: float) -> None:
+        if prior not in bars:
+            for bar in bars.values():
                 bar.close()
-            s = self.heat.component_settings[prior]
-            total = s["epochs"] * (self.n_train // min(s["batch_size"], self.n_train))
-            self.bars[prior] = progress(None, self.spec, total=total, desc=f"HEAT prior {prior}", unit="step")
-        bar = self.bars[prior]
-        bar.set_postfix(epoch=epoch, loss=f"{loss:.3g}", refresh=False)
-        bar.update(1)
+            s = heat.component_settings[prior]
+            total = s["epochs"] * (n_train // min(s["batch_size"], n_train))
+            bars[prior] = progress(None, spec, total=total, desc=f"HEAT prior {prior}", unit="step")
+        bars[prior].set_postfix(epoch=epoch, loss=f"{loss:.3g}", refresh=False)
+        bars[prior].update(1)
 
-    def close(self) -> None:
-        for bar in self.bars.values():
-            bar.close()
+    return callback
 
 
 def fit_detectors(model, train_feats, spec: FitHeatSpec):
@@ -139,27 +128,21 @@ def fit_detectors(model, train_feats, spec: FitHeatSpec):
     for name, det in detectors.items():
         print(f"fitting {name} ...", flush=True)
         start = time.perf_counter()
-        if name == "HEAT":
-            bars = HeatProgress(det, n_train, spec)
-            try:
-                det.fit(**train_feats.as_kwargs(), callback=bars)
-            finally:
-                bars.close()
-        else:
-            det.fit(**train_feats.as_kwargs())
+        bars: dict[str, Any] = {}
+        extra = {"callback": heat_progress(det, n_train, spec, bars)} if name == "HEAT" else {}
+        try:
+            det.fit(**train_feats.as_kwargs(), **extra)
+        finally:
+            for bar in bars.values():
+                bar.close()
         timings[name] = time.perf_counter() - start
     return detectors, timings
-
-
-def _scores_inputs(det) -> bool:
-    """Detectors built around the network (ODIN) score the images, the others the extracted features."""
-    return "model" in inspect.signature(type(det)).parameters
 
 
 def score_all(detectors, feats, ds, spec: FitHeatSpec, device):
     scores = {}
     for name, det in detectors.items():
-        if _scores_inputs(det):
+        if scores_images(det):
             batches = progress(loader(ds, spec.batch_size), spec, desc=f"{name} scoring", leave=False)
             scores[name] = torch.cat([det.score(inputs=b["image"].to(device)).cpu() for b in batches])
         else:
@@ -194,9 +177,8 @@ def format_table(table, ood_names) -> str:
 
 def prepare_data(spec: FitHeatSpec):
     """``(spec, train_ds, test_ds, ood_sets, level, classes, train_labels)``: the spec with its data-dependent
-    defaults resolved, the ID / OOD datasets, the label level and the sorted class ids of the ID training set. With
-    ``--model`` the ID sets are its recorded training data (``spec.model_data``) unless ``--id_dataset`` names other
-    data."""
+    defaults resolved, the datasets, the label level and the ID training classes. With ``--model`` the ID sets are
+    its recorded training data unless ``--id_dataset`` names other data."""
     id_data = None
     if spec.model is not None:
         if spec.model_data is None and spec.id_dataset is None:
@@ -279,8 +261,7 @@ def save_features(out_dir: Path, model, train_feats, test_feats, ood_feats, spec
 
 
 def check_files(spec: FitHeatSpec) -> Path:
-    """The output folder, after refusing an unreadable ``--checkpoint``, an unwritable ``--output_dir`` and one
-    holding another run's ``results.json`` (without ``--overwrite_output_dir``)."""
+    """The output folder; refused: an unreadable ``--checkpoint``, another run's ``results.json`` in it."""
     if spec.checkpoint is not None:
         try:
             read_state_dict(spec.checkpoint)
@@ -300,9 +281,8 @@ def _set_name(entry: str) -> str:
 
 
 def store_guard(spec: FitHeatSpec, detectors, id_scores, ood_scores) -> Path | None:
-    """With ``--model`` a local folder: the ``--guard`` detector, its threshold calibrated on the held-out ID scores
-    at ``--ood_tpr``, saved in the model folder as its OOD guard (``ood/``). Returns that folder, or ``None`` (no
-    ``--model``, ``--guard none``, or a Hub id)."""
+    """With ``--model`` a local folder: the ``--guard`` detector calibrated at ``--ood_tpr`` on the held-out ID
+    scores, saved as the model's OOD guard (``ood/``); returns that folder, else ``None``."""
     from pml_suprank.ood.guard import OODGuard, weights_sha256
 
     if spec.model is None or spec.guard == "none":

@@ -17,12 +17,13 @@ from typing import Any
 
 import torch
 
-from pml_suprank.recipes._common import device, load_model, ood_features, output_folder, refuse, test_transform
 from pml_suprank.training import TrainingConfig
 from pml_suprank.training.config import is_str, option, optional, validate_options
 from pml_suprank.training.options import ModelUseOptions, RunOptions
 from pml_suprank.training.spec import build_parser as spec_parser
 from pml_suprank.training.spec import parse, shared
+
+from ._common import device, load_model, ood_features, output_folder, refuse, scores_images, test_transform
 
 
 @dataclass
@@ -84,12 +85,10 @@ def write_histogram(path: Path, scores: torch.Tensor, threshold: float, title: s
 
 def guard_verdict(model: Any, loader: Any, args: OODScoreSpec, device: torch.device) -> Any:
     """The guard's verdict on the loader's images (its features through ``--embedding_cache`` when given)."""
-    import inspect
-
     from pml_suprank.ood.model_api import extract_model_features
 
     guard = model.ood_guard
-    if args.embedding_cache is None or "model" in inspect.signature(type(guard.detector)).parameters:  # ODIN: images
+    if args.embedding_cache is None or scores_images(guard.detector):  # ODIN: images
         return guard.predict(model, loader, threshold=args.ood_threshold, device=device)
     guard.check_model(model)
 
@@ -123,12 +122,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         plot = write_histogram(out / "score_histogram.png", verdict.scores, verdict.threshold, title)
     source = "--ood_threshold" if args.ood_threshold is not None else "the guard's calibrated threshold"
     print(
-        f"{len(images)} images: {n_ood} OOD, {len(images) - n_ood} in-distribution (score > "  # noqa: T201
+        f"{len(images)} images: {n_ood} OOD, {len(images) - n_ood} in-distribution (score > "
         f"{verdict.threshold:.6g}, {source}); {csv_path.name}{', ' + plot.name if plot else ''} in {out}"
     )
-    top = verdict.scores.argsort(descending=True)[: min(5, n_ood)].tolist()
-    for i in top:
-        print(f"  OOD  {verdict.scores[i].item():10.4g}  {terminal_safe(images.names[i])}")  # noqa: T201
+    for i in verdict.scores.argsort(descending=True)[: min(5, n_ood)].tolist():
+        print(f"  OOD  {verdict.scores[i].item():10.4g}  {terminal_safe(images.names[i])}")
     return {"scores": str(csv_path), "histogram": None if plot is None else str(plot), "num_images": len(images),
             "num_ood": n_ood, "threshold": verdict.threshold}  # fmt: skip
 

@@ -94,8 +94,7 @@ def _argument_help(cls: type, argument: str) -> str:
 
 
 def detector_option_class() -> type:
-    """A dataclass with one field ``<detector>_<argument>`` per plain constructor argument of every registered
-    baseline (read from the registry when called, so a detector registered later gets its options too)."""
+    """A dataclass of the ``<detector>_<argument>`` options of every registered baseline (read when called)."""
     from ..ood import get_detector, list_detectors
 
     specs = []
@@ -227,9 +226,8 @@ class FitHeatSpec:
 
     @classmethod
     def read_config(cls, path: str) -> tuple[dict[str, Any], dict[str, tuple[str, Any]]]:
-        """A ``--config`` file (a bundled name or a YAML path): its ``recipe`` section (options by field name) and its
-        ``heat`` section (:data:`HEAT_KEYS`). :data:`FLAG_ONLY` options and a backbone that is not a plain timm name
-        are refused (files are data)."""
+        """A ``--config`` file (a bundled name or a YAML path): its ``recipe`` and ``heat`` sections; :data:`FLAG_ONLY`
+        options and a backbone that is not a plain timm name are refused (files are data)."""
         from ..hub.loaded_config import untrusted_model_problems
         from ..training.hub_config import hub_config_path
 

@@ -11,8 +11,7 @@ left out of its own results. With an OOD guard in the model folder (``ood/``), e
 
 Writes to ``--output_dir``: ``results.json`` (every query with its top-k: rank, gallery index, name, score, labels,
 relevance, OOD verdict), ``results.html`` (one offline page: ✓ same fine class, ~ same coarse class, ✗ other),
-``results_grid.png``, and with ``--save_index`` the index folder. Names printed to the terminal are stripped of
-control characters.
+``results_grid.png``, and with ``--save_index`` the index folder.
 """
 
 from __future__ import annotations
@@ -24,12 +23,13 @@ from typing import Any
 
 import torch
 
-from pml_suprank.recipes._common import device, load_model, output_folder, refuse, test_transform, write_json
 from pml_suprank.training import TrainingConfig
 from pml_suprank.training.config import is_bool, is_choice, is_int, is_str, option, optional, validate_options
 from pml_suprank.training.options import DataOptions, ModelUseOptions
 from pml_suprank.training.spec import build_parser as spec_parser
 from pml_suprank.training.spec import parse, shared
+
+from ._common import device, load_model, output_folder, refuse, test_transform, write_json
 
 
 @dataclass
@@ -82,14 +82,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: list[str] | None = None) -> SearchSpec:
     return parse(SearchSpec, argv)
-
-
-def is_plain_image_source(source: str) -> bool:
-    """An image file, or a folder of image files without the files of a dataset source (read unlabelled)."""
-    from pml_suprank.search.image_files import has_dataset_files
-
-    root = Path(source)
-    return root.is_file() or (root.is_dir() and not has_dataset_files(root))
 
 
 def load_dataset(args: SearchSpec, source: str, split: str, transform: Any, image_size: int) -> Any:
@@ -157,8 +149,7 @@ def item_name(gallery: Any, args: SearchSpec, index: int) -> str:
 
 
 def gallery_ids(gallery: Any, args: SearchSpec) -> list[str] | None:
-    """The ids saved with the index: each image's file relative to the gallery folder (``None``: not read from
-    files)."""
+    """The ids saved with the index: the gallery's file names (``None``: not read from files)."""
     if not hasattr(gallery, "item_path") or gallery.item_path(0) is None:
         return None
     return [item_name(gallery, args, j) for j in range(len(gallery))]
@@ -194,12 +185,15 @@ def describe_results(
 
 
 def load_source(args: SearchSpec, flag: str, split: str | None, transform: Any, image_size: int) -> tuple[Any, str]:
-    """The dataset of ``--gallery`` / ``--queries`` (``flag``) and its split: image files are read unlabelled (split
-    ``all``), a dataset source at ``split`` (:func:`folder_split`); or a refusal naming ``flag``."""
-    from pml_suprank.search.image_files import ImageFiles
+    """The dataset of ``--gallery`` / ``--queries`` (``flag``) and its split: an image file or a folder of them without
+    a dataset's files is read unlabelled (split ``all``), a dataset source at ``split`` (:func:`folder_split`); or a
+    refusal naming ``flag``."""
+    from pml_suprank.search.image_files import ImageFiles, has_dataset_files
 
     source = args.gallery if flag == "--gallery" else args.queries
-    if source != "synthetic" and is_plain_image_source(source) and not (flag == "--gallery" and args.label_columns):
+    path = Path(source)
+    plain = path.is_file() or (path.is_dir() and not has_dataset_files(path))
+    if source != "synthetic" and plain and not (flag == "--gallery" and args.label_columns):
         try:
             return ImageFiles(source, transform, what=f"{flag} {source}"), split or "all"
         except ValueError as e:
@@ -313,17 +307,17 @@ def main(argv: list[str] | None = None) -> dict:
     write_json(out / "results.json", result)
     if args.save_index:
         index.save(out / "index")
-    print(summary_table(records, args.k))  # noqa: T201 - the recipe's console output
+    print(summary_table(records, args.k))
     if guard is None:
         print(
-            "no OOD guard in this model: queries are not checked for unknown kinds (fit one with "  # noqa: T201
+            "no OOD guard in this model: queries are not checked for unknown kinds (fit one with "
             "`pml-suprank-fit-heat --model MODEL`)"
         )
     else:
         n_ood = sum(bool(r["ood"]["is_ood"]) for r in records)
-        print(f"OOD guard {guard.detector_name}: {n_ood} of {len(records)} queries OOD (score > {threshold:.6g})")  # noqa: T201
+        print(f"OOD guard {guard.detector_name}: {n_ood} of {len(records)} queries OOD (score > {threshold:.6g})")
     print(
-        f"{len(records)} queries, top {args.k}: {summary}; results.json, results.html, results_grid.png in "  # noqa: T201
+        f"{len(records)} queries, top {args.k}: {summary}; results.json, results.html, results_grid.png in "
         f"{terminal_safe(out)}"
     )
     return result
