@@ -112,7 +112,7 @@ def test_fit_heat_on_the_users_retrieval_model(trained, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_class_folder_added_after_training_is_refused_not_silently_split(trained, tmp_path):
+def test_a_class_folder_added_after_training_is_refused_not_silently_split(trained, tmp_path, capsys):
     """The recorded class split is checked: a class folder added later would change which classes are test classes
     (the seeded split of 7 classes is not that of 6), so ``evaluate`` refuses with the reason instead of scoring
     another test set."""
@@ -121,5 +121,6 @@ def test_a_class_folder_added_after_training_is_refused_not_silently_split(train
     assert len(recorded["train_classes"]) + len(recorded["test_classes"]) == 6
     _class_folders(tmp_path / "extra")
     (tmp_path / "extra" / "class0").rename(folder / "class_new")
-    with pytest.raises(SystemExit, match="changed since the model was trained"):
+    with pytest.raises(SystemExit) as refused:
         import_recipe("evaluate").main(["--model", str(final), "--dataset", str(folder), "--cpu"])
+    assert refused.value.code == 2 and "changed since the model was trained" in capsys.readouterr().err

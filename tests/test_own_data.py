@@ -240,7 +240,7 @@ def test_unusable_images_are_refused_before_the_first_step_listing_them(tmp_path
     assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "final").exists()
 
 
-def test_evaluating_a_split_the_folder_lacks_names_the_splits_and_the_flag(tmp_path, hf_cache):
+def test_evaluating_a_split_the_folder_lacks_names_the_splits_and_the_flag(tmp_path, hf_cache, capsys):
     from pml_suprank.models import RetrievalModel
 
     model = tmp_path / "model"
@@ -250,7 +250,8 @@ def test_evaluating_a_split_the_folder_lacks_names_the_splits_and_the_flag(tmp_p
             "--split", "validation"]  # fmt: skip
     with pytest.raises(SystemExit) as exit_info:
         import_recipe("evaluate").main(argv)  # a folder of class folders has 'train' only
-    message = str(exit_info.value.code)
+    message = capsys.readouterr().err
+    assert exit_info.value.code == 2
     assert "(--split validation): split='validation' is not in" in message
     assert "available splits: ['train'] (choose one: split= of the loader, --split / --test_split" in message
 

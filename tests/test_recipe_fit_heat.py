@@ -30,7 +30,7 @@ def test_fit_heat_tiny_synthetic_run(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "FPR95 (id_positive) / AUROC" in out and "average" in out
     table = results["table"]
-    assert set(table) == set(fit_heat.METHODS)
+    assert set(table) == set(fit_heat.methods())
     for method, row in table.items():
         assert set(row) == {"synthetic-heldout", "noise-uniform", "noise-blobs", "average"}, method
         for cell in row.values():
@@ -110,16 +110,17 @@ def test_fit_heat_flags_are_snake_case_with_defaults_in_help(capsys):
 def test_fit_heat_detector_rows_and_flags_come_from_the_registry():
     fit_heat = _import_fit_heat()
     from pml_suprank import ood
+    from pml_suprank.recipes import ood_spec
 
     registered = [n for n in ood.list_detectors() if n != "HEAT"]
-    assert [m for m in fit_heat.METHODS if m in registered] == registered
-    assert fit_heat.METHODS[-1] == "HEAT" and "SSD+" in fit_heat.METHODS
+    assert [m for m in fit_heat.methods() if m in registered] == registered
+    assert fit_heat.methods()[-1] == "HEAT" and "SSD+" in fit_heat.methods()
     args = fit_heat.parse_args([])
     options = args.detector_options
     assert [options[k] for k in ("knn_k", "dice_p", "react_percentile", "vim_dim")] == [50, 0.9, 95.0, None]
     assert (options["odin_temperature"], options["odin_eps"], options["energy_temperature"]) == (1000.0, 0.0014, 1.0)
     for name in registered:  # every plain constructor argument has its flag
-        for argument in fit_heat.detector_options(name):
+        for argument in ood_spec.detector_options(name):
             assert f"{name.lower()}_{argument}" in options, (name, argument)
     model = torch.nn.Module()
     model.get_classifier = lambda: torch.nn.Linear(8, 3)
@@ -132,7 +133,7 @@ def test_fit_heat_detector_rows_and_flags_come_from_the_registry():
     odin = fit_heat.build_detector("ODIN", args, model, n_train=20, dim=8)
     assert odin.model is model and odin.temperature == 1000.0
     assert fit_heat.selected_methods(fit_heat.parse_args(["--no_odin"])) == tuple(
-        m for m in fit_heat.METHODS if m != "ODIN"
+        m for m in fit_heat.methods() if m != "ODIN"
     )
 
 
@@ -229,17 +230,18 @@ def test_fit_heat_checkpoint_of_a_retrieval_model_points_to_model(tmp_path, caps
         build_model(fit_heat.parse_args(["--checkpoint", str(other)]), 4)
 
 
-def test_fit_heat_refuses_an_untrained_head_and_warns_about_few_heat_steps(tmp_path):
+def test_fit_heat_refuses_an_untrained_head_and_warns_about_few_heat_steps(tmp_path, capsys):
     fit_heat = _import_fit_heat()
     spec = fit_heat.parse_args(["--id_dataset", str(tmp_path)])
     assert spec.resolved(model_image_size=32).train_epochs == 5  # a user's data: the head is trained by default
     assert fit_heat.parse_args(["--checkpoint", "x.pt"]).resolved(model_image_size=32).train_epochs == 0
-    with pytest.raises(SystemExit, match="classifier head would be untrained"):
+    with pytest.raises(SystemExit) as refused:
         fit_heat.check_trained_head(fit_heat.parse_args(["--train_epochs", "0"]).resolved(model_image_size=32))
-    heat = fit_heat.build_heat(fit_heat.parse_args(["--heat_epochs", "1"]), _Head())
+    assert refused.value.code == 2 and "classifier head would be untrained" in capsys.readouterr().err
+    heat = fit_heat.parse_args(["--heat_epochs", "1"]).heat(_Head().get_classifier())
     lines = fit_heat.heat_step_warnings(heat, n_train=40)
     assert len(lines) == 3 and "gmm: 1 optimizer step(s)" in lines[0] and "--heat_epochs" in lines[0]
-    enough = fit_heat.build_heat(fit_heat.parse_args(["--heat_epochs", "30", "--heat_batch_size", "4"]), _Head())
+    enough = fit_heat.parse_args(["--heat_epochs", "30", "--heat_batch_size", "4"]).heat(_Head().get_classifier())
     assert fit_heat.heat_step_warnings(enough, n_train=40) == []
 
 

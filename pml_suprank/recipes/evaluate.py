@@ -1,64 +1,39 @@
-########################################################################
-# Evaluate a trained retrieval model (a folder written by train_*.py / save_pretrained, or a Hub repo id) on a
-# retrieval dataset: exact metrics over the whole gallery (AP, mAP@R, R@k, H-AP, NDCG, ASI, AP per level) with
-# every query removed from its own gallery, plus the plots (precision-recall, hierarchical precision-recall,
-# class-mean map, retrieval grid).
-#
-#   accelerate launch -m pml_suprank.recipes.evaluate --model outputs/happier_synthetic/final
-#   accelerate launch -m pml_suprank.recipes.evaluate --model org/happier-sop --dataset <hub id> --label_columns a,b
-#   accelerate launch -m pml_suprank.recipes.evaluate --model DIR --dataset sop \
-#       --data_root /data/Stanford_Online_Products
-#
-# The paper benchmarks evaluated by their own protocol (--benchmark NAME --data_root DIR, the archive as distributed):
-#   * dyml_vehicle / dyml_animal / dyml_product — the DyML protocol (HAPPIER Tab. 2, TPAMI Tab. VIII): each
-#     granularity (fine, middle, coarse) has its own query / gallery sets; ap / asi / recall_at_1 / map_at_r per
-#     granularity (`ap_fine`, ...) and their means over the three granularities (`ap`, `asi`, `recall_at_1`, ...).
-#   * gldv2_hier — H-GLDv2 (TPAMI Tab. VII): the query split against the gallery (the GLDv2 index): map_at_100 is the
-#     GLDv2 mAP@100 (pml_suprank.metrics.landmark.landmark_map_at_k), plus H-AP / ASI / NDCG and the other metrics.
-#   * roxford5k / rparis6k — the revisited protocol: Easy / Medium / Hard mAP and mP@k with junk images removed
-#     (revisited_map); images are only resized (longer side --max_side) and embedded one at a time (sizes vary).
-#   Any other benchmark name is evaluated on its test split as a single test set; with --split, any split of any
-#   benchmark is evaluated alone (each query against the others, with the plots).
-#
-# Embeddings are computed on every process's shard and collected with `accelerator.gather_for_metrics`
-# (pml_suprank.training.embed_loader, the loop the trainer uses); the ranking runs on the accelerator's device, each
-# process ranking its share of the queries against the whole gallery (RetrievalEvaluator.evaluate(distributed=True)).
-########################################################################
+"""Evaluate a trained retrieval model (a folder written by the training recipes, or a Hub id) on a test set: exact
+metrics over the whole gallery (AP, mAP@R, R@k, H-AP, NDCG, ASI, AP per level), each query left out of its own
+gallery, ``metrics.json`` and the plots in ``--output_dir``::
+
+    accelerate launch -m pml_suprank.recipes.evaluate --model outputs/happier_synthetic/final
+    accelerate launch -m pml_suprank.recipes.evaluate --model DIR --dataset sop --data_root /data/sop
+
+Paper benchmarks with their own protocol (``--benchmark NAME --data_root DIR``): ``dyml_*`` (HAPPIER Tab. 2: per
+granularity ``ap_fine``, ... and their means ``ap``, ``asi``, ``recall_at_1``, ``map_at_r``), ``gldv2_hier`` (TPAMI
+Tab. VII: query vs gallery, ``map_at_100`` the GLDv2 mAP@100) and ``roxford5k`` / ``rparis6k`` (revisited Easy /
+Medium / Hard mAP and mP@k; images resized to ``--max_side``, one per batch). Other benchmarks, or ``--split``: one
+test set.
+"""
+
 from __future__ import annotations
 
-import os
+import argparse
+from dataclasses import dataclass, replace
+from pathlib import Path
 
-# Spinning OpenMP threads make small ops 10-20x slower on a shared or busy CPU; sleeping waits cost nothing on an
-# idle one. Set before torch is imported; an explicit setting by the user wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # noqa: TID251 - recipes may configure the process
+import torch
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-from dataclasses import dataclass, replace  # noqa: E402
-from pathlib import Path  # noqa: E402
+from pml_suprank.data.benchmarks import BENCHMARKS
+from pml_suprank.metrics.report import one_column
+from pml_suprank.training import TrainingConfig
+from pml_suprank.training.config import is_choice, is_int, option, optional, validate_options
+from pml_suprank.training.options import DataOptions, ModelUseOptions, RunOptions
+from pml_suprank.training.recipe import make_accelerator
+from pml_suprank.training.spec import build_parser as spec_parser
+from pml_suprank.training.spec import parse, shared
 
-import torch  # noqa: E402
-
-from pml_suprank.data.benchmarks import BENCHMARKS  # noqa: E402
-from pml_suprank.metrics.report import one_column  # noqa: E402
-from pml_suprank.training import TrainingConfig  # noqa: E402
-from pml_suprank.training.config import (  # noqa: E402
-    is_choice,
-    is_int,
-    option,
-    optional,
-    validate_options,  # noqa: E402
-)
-from pml_suprank.training.options import DataOptions, ModelUseOptions, RunOptions  # noqa: E402
-from pml_suprank.training.recipe import make_accelerator  # noqa: E402
-from pml_suprank.training.spec import build_parser as spec_parser  # noqa: E402
-from pml_suprank.training.spec import parse, shared  # noqa: E402
+from ._common import load_model, output_folder, refuse, test_transform, write_json
 
 #: benchmarks with their own protocol (not a single test set): name → mode
 PROTOCOLS = {
-    "dyml_vehicle": "dyml",
-    "dyml_animal": "dyml",
-    "dyml_product": "dyml",
+    **dict.fromkeys(("dyml_vehicle", "dyml_animal", "dyml_product"), "dyml"),
     "gldv2_hier": "landmark",
     "roxford5k": "revisited",
     "rparis6k": "revisited",
@@ -68,9 +43,8 @@ DYML_GRANULARITIES = ("fine", "middle", "coarse")
 
 @dataclass
 class EvaluateSpec:
-    """Every option of the ``evaluate`` recipe (the data and evaluation options are the training recipes' own
-    declarations). The model folder's ``data_spec.json`` (the training run's test set, class split, seed,
-    ``k_values`` and ``alpha``) is a layer under the flags (:func:`~pml_suprank.training.spec.parse`)."""
+    """Every option of the ``evaluate`` recipe; the model's ``data_spec.json`` (test set, class split, seed,
+    ``k_values``, ``alpha``) is a layer under the flags."""
 
     REQUIRED = ("model",)
     DESCRIPTION = "Evaluate a retrieval model on a test set."
@@ -114,18 +88,16 @@ class EvaluateSpec:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """One flag per :class:`EvaluateSpec` field (``--split`` / ``--batch_size`` as the short names)."""
     return spec_parser(EvaluateSpec)
 
 
 def parse_args(argv: list[str] | None = None) -> EvaluateSpec:
-    """The invocation's :class:`EvaluateSpec` (each flag checked by its option; exit 2 with the flag named)."""
     return parse(EvaluateSpec, argv)
 
 
 def test_data(spec: EvaluateSpec, image_size: int) -> dict:
-    """The data section of the test set: the model's recorded one (for the typed dataset) with the options the user
-    set laid over it, or the options alone (SyntheticShapes at the model's ``image_size`` by default)."""
+    """The data section of the test set: the model's recorded one with the user's options over it, or the options
+    alone (SyntheticShapes at the model's ``image_size`` by default)."""
     recorded = (spec.model_data or {}).get("data")
     section = dict(recorded) if recorded is not None else {"dataset": spec.dataset or "synthetic"}
     if recorded is None and section["dataset"] == "synthetic":
@@ -137,49 +109,38 @@ def test_data(spec: EvaluateSpec, image_size: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = build_parser()
     spec = parse_args(argv)
     recorded = (spec.model_data or {}).get("data") or {}
     dataset = spec.benchmark or spec.dataset or recorded.get("dataset", "synthetic")
     name = spec.benchmark or (dataset if dataset in BENCHMARKS else None)
     root = spec.data_root or recorded.get("data_root")
     if name is not None and not root:
-        parser.error(f"--data_root is required for benchmark {name} (expected: {BENCHMARKS[name].layout})")
+        refuse(f"--data_root is required for benchmark {name} (expected: {BENCHMARKS[name].layout})")
     if name is not None and spec.test_split is not None and spec.test_split not in BENCHMARKS[name].splits:
-        parser.error(f"--split must be a split of {name} {list(BENCHMARKS[name].splits)}; got {spec.test_split!r}")
+        refuse(f"--split must be a split of {name} {list(BENCHMARKS[name].splits)}; got {spec.test_split!r}")
     spec = replace(spec, data_root=root)
 
-    from pml_suprank.models import RetrievalModel
-    from pml_suprank.training.run_folder import OutputDirError, prepare_output_dir
-
-    try:  # before any work: a file, a read-only folder
-        if spec.output_dir:
-            prepare_output_dir(spec.output_dir)
-    except OutputDirError as e:
-        parser.error(str(e))
-    try:  # a missing folder, a Hub id not in the cache while offline, an unusable model folder
-        loaded = RetrievalModel.from_pretrained(spec.model)
-    except (OSError, ValueError) as e:
-        parser.error(f"--model {spec.model}: {e}")
+    if spec.output_dir:
+        output_folder(spec.output_dir)
+    loaded = load_model(spec.model)
     accelerator = make_accelerator(cpu=spec.cpu, mixed_precision=spec.mixed_precision, output_dir=spec.output_dir)
     model = accelerator.prepare(loaded)
     mode = PROTOCOLS.get(name) if name is not None and spec.test_split is None else None
     if mode is None:
-        section = test_data(spec if spec.benchmark is None else replace(spec, model_data=None),
-                            int(_unwrap(model).data_config["input_size"][-1]))  # fmt: skip
+        section = test_data(
+            spec if spec.benchmark is None else replace(spec, model_data=None),
+            int(loaded.data_config["input_size"][-1]),
+        )
         if name is not None:
             section = {"dataset": name, "data_root": root}
             section.update({"test_split": spec.test_split} if spec.test_split else {})
-        error = _data_error(section)
-        if error:
-            parser.error(error)
+        if error := _data_error(section):
+            refuse(error)
         split = (spec.model_data or {}).get("class_split") if spec.benchmark is None and recorded else None
         return evaluate_test_set(spec, section, model, accelerator, split)
     protocol = {"dyml": evaluate_dyml, "landmark": evaluate_landmark, "revisited": evaluate_revisited}[mode]
     metrics = protocol(spec, name, model, accelerator)
-    accelerator.print(f"{spec.model} on {name} ({mode} protocol):")
-    accelerator.print(one_column(metrics))
-    _write_metrics(spec, metrics, accelerator)
+    _write_metrics(spec, metrics, accelerator, f"{spec.model} on {name} ({mode} protocol):")
     accelerator.wait_for_everyone()
     return metrics
 
@@ -196,32 +157,25 @@ def _data_error(section: dict) -> str | None:
     return "; ".join(errors) if errors else None
 
 
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    return getattr(model, "module", model)
-
-
-def _embed(model: torch.nn.Module, dataset, batch_size: int, accelerator, cache: str | None):
-    """``(embeddings (N, D), labels (N, L), indices (N,))`` of ``dataset`` in dataset order (every process gets all
-    of them), through the embedding cache ``cache`` when given."""
+def _embed(spec: EvaluateSpec, model: torch.nn.Module, dataset, accelerator, batch_size: int | None = None):
+    """``(embeddings (N, D), labels (N, L), indices (N,))`` of ``dataset`` in dataset order on every process, through
+    ``--embedding_cache`` when given. ``dataset``: a dataset or ``(benchmark, split, transform)``."""
+    from pml_suprank import data
     from pml_suprank.training import embed_loader, make_loader
 
-    loader = accelerator.prepare(make_loader(dataset, batch_size))
-    return embed_loader(model, loader, accelerator, progress=True, embedding_cache=cache)
+    if isinstance(dataset, tuple):
+        dataset = data.load_benchmark(dataset[0], spec.data_root, dataset[1], dataset[2])
+    loader = accelerator.prepare(make_loader(dataset, batch_size or spec.eval_batch_size))
+    return embed_loader(model, loader, accelerator, progress=True, embedding_cache=spec.embedding_cache)
 
 
-def _test_transform(model: torch.nn.Module):
-    from pml_suprank import data
-
-    return data.build_transforms(_unwrap(model).data_config, train=False)
-
-
-def _write_metrics(spec: EvaluateSpec, metrics: dict, accelerator) -> Path | None:
+def _write_metrics(spec: EvaluateSpec, metrics: dict, accelerator, title: str) -> Path | None:
+    """Print ``title`` and the metrics; ``metrics.json`` in ``--output_dir`` (returned) when given."""
+    accelerator.print(title)
+    accelerator.print(one_column(metrics))
     if not spec.output_dir or not accelerator.is_main_process:
         return None
-    out = Path(spec.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
-    return out
+    return write_json(Path(spec.output_dir) / "metrics.json", metrics).parent
 
 
 def _floats(metrics: dict) -> dict[str, float]:
@@ -229,22 +183,18 @@ def _floats(metrics: dict) -> dict[str, float]:
 
 
 def evaluate_dyml(spec: EvaluateSpec, name: str, model: torch.nn.Module, accelerator) -> dict[str, float]:
-    """The DyML protocol: for each granularity ``g``, ``query_g`` against ``gallery_g`` (queries are not in the
-    gallery); ``<metric>_<g>`` per granularity and ``<metric>`` = the mean over the three granularities, for ``ap``
-    (mAP), ``map_at_r``, ``asi`` and ``recall_at_1``."""
-    from pml_suprank import data
+    """DyML: for each granularity ``g``, ``query_g`` against ``gallery_g``; ``<metric>_<g>`` and their mean
+    ``<metric>`` for ``ap`` (mAP), ``map_at_r``, ``asi`` and ``recall_at_1``."""
     from pml_suprank.metrics import RetrievalEvaluator
 
-    transform = _test_transform(model)
+    transform = test_transform(model)
     evaluator = RetrievalEvaluator(k_values=tuple(sorted({1, *spec.k_values})), alpha=spec.alpha,
                                    device=accelerator.device)  # fmt: skip
     keys = ("ap", "map_at_r", "asi", "recall_at_1")
     out: dict[str, float] = {}
     for g in DYML_GRANULARITIES:
-        q, ql = _embed(model, data.load_benchmark(name, spec.data_root, f"query_{g}", transform),
-                       spec.eval_batch_size, accelerator, spec.embedding_cache)[:2]  # fmt: skip
-        r, rl = _embed(model, data.load_benchmark(name, spec.data_root, f"gallery_{g}", transform),
-                       spec.eval_batch_size, accelerator, spec.embedding_cache)[:2]  # fmt: skip
+        q, ql, _ = _embed(spec, model, (name, f"query_{g}", transform), accelerator)
+        r, rl, _ = _embed(spec, model, (name, f"gallery_{g}", transform), accelerator)
         metrics = evaluator.evaluate(q, ql, r, rl, distributed=accelerator.num_processes > 1)
         out.update({f"{k}_{g}": float(metrics[k]) for k in keys})
         out[f"num_queries_{g}"] = float(len(q))
@@ -254,18 +204,14 @@ def evaluate_dyml(spec: EvaluateSpec, name: str, model: torch.nn.Module, acceler
 
 
 def evaluate_landmark(spec: EvaluateSpec, name: str, model: torch.nn.Module, accelerator) -> dict[str, float]:
-    """H-GLDv2: the ``query`` split against the ``gallery`` split; every metric of the standard evaluator (H-AP, ASI,
-    NDCG on the 3 levels, ...) and ``map_at_100``, the GLDv2 mAP@100 (positives = gallery images of the query's
-    landmark; it replaces the evaluator's value of that name)."""
-    from pml_suprank import data
+    """H-GLDv2: ``query`` against ``gallery``; the standard evaluator's metrics with ``map_at_100`` the GLDv2
+    mAP@100 (positives: gallery images of the query's landmark)."""
     from pml_suprank.metrics import RetrievalEvaluator
     from pml_suprank.metrics.landmark import landmark_map_at_k
 
-    transform = _test_transform(model)
-    q, ql = _embed(model, data.load_benchmark(name, spec.data_root, "query", transform), spec.eval_batch_size,
-                   accelerator, spec.embedding_cache)[:2]  # fmt: skip
-    r, rl = _embed(model, data.load_benchmark(name, spec.data_root, "gallery", transform), spec.eval_batch_size,
-                   accelerator, spec.embedding_cache)[:2]  # fmt: skip
+    transform = test_transform(model)
+    q, ql, _ = _embed(spec, model, (name, "query", transform), accelerator)
+    r, rl, _ = _embed(spec, model, (name, "gallery", transform), accelerator)
     evaluator = RetrievalEvaluator(k_values=tuple(spec.k_values), alpha=spec.alpha, device=accelerator.device)
     out = _floats(evaluator.evaluate(q, ql, r, rl, distributed=accelerator.num_processes > 1))
     per_query = landmark_map_at_k(q @ r.T, ql[:, None, 0] == rl[None, :, 0], k=100)
@@ -275,7 +221,7 @@ def evaluate_landmark(spec: EvaluateSpec, name: str, model: torch.nn.Module, acc
 
 def resize_only_transform(data_config: dict, max_side: int):
     """Resize so the longer side has ``max_side`` pixels (aspect ratio kept, no crop), ``ToTensor``, ``Normalize``
-    with the model's mean / std: the revisited Oxford / Paris images keep their shape (batch size 1)."""
+    with the model's mean / std."""
     from torchvision import transforms as T
 
     def resize(image):
@@ -287,42 +233,40 @@ def resize_only_transform(data_config: dict, max_side: int):
 
 
 def evaluate_revisited(spec: EvaluateSpec, name: str, model: torch.nn.Module, accelerator) -> dict[str, float]:
-    """Revisited Oxford / Paris: the cropped queries against the database, ``revisited_map(q @ g.T, query.gnd)``
-    (Easy / Medium / Hard mAP and mP@1/5/10, junk removed); resize-only transform, one image per batch."""
+    """Revisited Oxford / Paris: ``revisited_map(q @ g.T, query.gnd)`` of the cropped queries against the database
+    (Easy / Medium / Hard mAP and mP@1/5/10), resize-only transform, one image per batch."""
     from pml_suprank import data
     from pml_suprank.metrics.landmark import revisited_map
 
-    config = _unwrap(model).data_config
+    config = getattr(model, "module", model).data_config
     max_side = spec.max_side or int(max(config["input_size"][1:]))
     transform = resize_only_transform(config, max_side)
     query = data.load_benchmark(name, spec.data_root, "query", transform)
-    q = _embed(model, query, 1, accelerator, spec.embedding_cache)[0]
-    g = _embed(model, data.load_benchmark(name, spec.data_root, "gallery", transform), 1, accelerator,
-               spec.embedding_cache)[0]  # fmt: skip
+    q = _embed(spec, model, query, accelerator, 1)[0]
+    g = _embed(spec, model, (name, "gallery", transform), accelerator, 1)[0]
     return _floats(revisited_map(q @ g.T, query.gnd))
 
 
 def evaluate_test_set(
     spec: EvaluateSpec, section: dict, model: torch.nn.Module, accelerator, recorded_split: dict | None = None
 ) -> dict:
-    """One test set (the ``"test"`` part of the data ``section``: SyntheticShapes, a benchmark split, a Hub / local
-    dataset, or a folder's seeded class split, which must still be ``recorded_split``, the model's), each query
-    against the others, with the plots."""
+    """The ``"test"`` part of the data ``section`` (a folder's seeded class split must still be ``recorded_split``),
+    each query against the others, with the plots."""
     from pml_suprank import plots
     from pml_suprank.data.source import dataset_source
     from pml_suprank.metrics import RetrievalEvaluator
 
     source = dataset_source(section, "test")
     try:  # a missing split, unusable images: the message, not a traceback
-        dataset = source.load(_test_transform(model), seed=spec.seed, recorded_split=recorded_split)
+        dataset = source.load(test_transform(model), seed=spec.seed, recorded_split=recorded_split)
     except ValueError as e:
-        raise SystemExit(f"{spec.model} on {source.name} (--split {source.split}): {e}") from None
-    emb, labels, idx = _embed(model, dataset, spec.eval_batch_size, accelerator, spec.embedding_cache)
+        refuse(f"{spec.model} on {source.name} (--split {source.split}): {e}")
+    emb, labels, idx = _embed(spec, model, dataset, accelerator)
     evaluator = RetrievalEvaluator(k_values=tuple(spec.k_values), alpha=spec.alpha, device=accelerator.device)
     metrics = _floats(evaluator.evaluate(emb, labels, distributed=accelerator.num_processes > 1))
-    accelerator.print(f"{spec.model} on {source.name} ({source.split}, {len(dataset)} images):")
-    accelerator.print(one_column(metrics))
-    out = _write_metrics(spec, metrics, accelerator)
+    out = _write_metrics(
+        spec, metrics, accelerator, f"{spec.model} on {source.name} ({source.split}, {len(dataset)} images):"
+    )
     if out is not None and not spec.no_plots:
         files = plots.plot_all(
             emb, labels, out, label_names=getattr(dataset, "label_names", None), image_dataset=dataset, indices=idx,
@@ -334,7 +278,7 @@ def evaluate_test_set(
 
 
 def run() -> None:
-    """The console script ``pml-suprank-evaluate``: :func:`main` on the process's arguments."""
+    """The console script ``pml-suprank-evaluate``."""
     main()
 
 

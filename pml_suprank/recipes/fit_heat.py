@@ -1,64 +1,37 @@
-"""Fit HEAT and the OOD baselines on the features of a timm classifier, and report FPR95 / AUROC per OOD set.
+"""Fit HEAT (Lafon et al., ICML 2023) and every registered OOD baseline on the avg-pooled ``z``, std-pooled ``σ``
+and logits of a timm classifier's last feature map; report FPR95 / AUROC per OOD set (like thesis Table 5.5).
 
-With no arguments the recipe runs offline on the built-in SyntheticShapes: four shape families are
-in-distribution (ID), a small timm ResNet is trained on the spot to classify them, and the OOD sets are the two
-held-out families (near-OOD) plus uniform-noise and blob images (far-OOD). It then
-
-1. extracts avg-pooled ``z``, std-pooled ``σ`` and logits of the last feature map (``pml_suprank.ood.features``),
-2. fits HEAT (GMM + GMM_std + EL, composed with β; Lafon et al., ICML 2023) and every registered baseline
-   (``ood.list_detectors()``: MSP, MaxLogit, Energy, ODIN, Mahalanobis, KNN, ViM, DICE, ReAct) plus SSD+ on the ID
-   training features,
-3. prints FPR95 / AUROC per OOD set and their average (like thesis Table 5.5), saves score histograms, a JSON of all
-   metrics and the fitted HEAT detector (``save_pretrained`` folder; ``--push_to_hub true --hub_model_id ID``
-   uploads it), and the extracted features (``features.safetensors``, read by ``pml_suprank.recipes.ood_benchmark``).
-
-The no-argument run takes about a minute on an idle 2-core CPU and a few minutes on a busy one; progress bars show
-the classifier training, the feature extraction and every HEAT prior's residual training. Any timm backbone and any
-dataset the package can load work through flags, e.g.::
+With no arguments it runs offline: a small ResNet is trained on four SyntheticShapes families (ID); the OOD sets are
+the two held-out families plus noise and blob images. ``--output_dir`` receives ``results.json``, score histograms,
+the fitted HEAT detector (``heat_detector/``) and ``features.safetensors`` (read by ``ood_benchmark --features``).
+With ``--model RUN/final`` the ID data is the model's recorded training data and the ``--guard`` detector is stored
+in the model folder (``ood/``). Example::
 
     python -m pml_suprank.recipes.fit_heat --backbone resnet18 --pretrained true --id_dataset uoft-cs/cifar10 \
         --label_column label --ood_datasets uoft-cs/cifar100:test:fine_label tanganke/svhn:test:label \
         --image_size 32 --train_epochs 5
 
-Hub ids and local folders go through ``pml_suprank.data.load_retrieval_dataset`` (``SOURCE[:SPLIT[:LABEL]]``, the
-label column only satisfies the loader; OOD labels are not used); the special names ``synthetic-heldout``,
-``noise-uniform``, ``noise-gaussian`` and ``noise-blobs`` are built in. Nothing is downloaded unless a Hub id or
-``--pretrained true`` is given.
-
-Paper-scale settings: ``--config heat_cifar10_resnet34`` (CIFAR-10, ResNet-34, preset ``cifar10``:
-width-1024 MLPs, 40 / 1 / 50 SGLD steps, 20 epochs) or ``heat_imagenet_resnet50.yaml``; they are GPU settings (the
-CIFAR-10 preset, extrapolated from timed steps, takes hours on a CPU). The no-argument default is the ``fast``
-preset (width 256, at most 5 SGLD steps) for 30 epochs of batch 128 on about 500 synthetic features.
-
-Detector options are generated from the detector registry: every registered detector's constructor argument with a
-plain default becomes ``--<detector>_<argument>`` (``--knn_k``, ``--vim_dim``, ``--dice_p``, ``--react_percentile``,
-``--odin_temperature``, ...), so a new detector module needs no edit here.
+Nothing is downloaded unless a Hub id or ``--pretrained true`` is given. Paper-scale GPU settings:
+``--config heat_cifar10_resnet34`` or ``heat_imagenet_resnet50``. Every registered detector's constructor argument
+with a plain default is a flag ``--<detector>_<argument>`` (``--knn_k``, ``--vim_dim``, ...).
 """
 
 from __future__ import annotations
 
-import os
+import argparse
+import inspect
+import time
+import warnings
+from pathlib import Path
+from typing import Any
 
-# OpenMP threads that spin while waiting make a busy or shared CPU dramatically slower; sleeping waits cost nothing
-# when the CPU is idle. Must be set before torch is imported; an explicit setting by the user wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # noqa: TID251 - recipes may configure the process
+import torch
 
-import argparse  # noqa: E402
-import inspect  # noqa: E402
-import json  # noqa: E402
-import time  # noqa: E402
-import warnings  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
-
-import torch  # noqa: E402
-
-from pml_suprank import ood  # noqa: E402
-from pml_suprank.data.embedding_cache import cached_features  # noqa: E402
-from pml_suprank.ood import metrics as ood_metrics  # noqa: E402
-from pml_suprank.ood.features import feature_map_positions  # noqa: E402
-from pml_suprank.ood.model_api import read_state_dict  # noqa: E402
-from pml_suprank.recipes.ood_data import (  # noqa: E402
+from pml_suprank import ood
+from pml_suprank.ood import metrics as ood_metrics
+from pml_suprank.ood.features import feature_map_positions
+from pml_suprank.ood.model_api import read_state_dict
+from pml_suprank.recipes.ood_data import (
     build_datasets,
     build_model,
     class_targets,
@@ -68,48 +41,27 @@ from pml_suprank.recipes.ood_data import (  # noqa: E402
     save_histograms,
     train_classifier,
 )
-from pml_suprank.recipes.ood_spec import (  # noqa: E402
-    BUILTIN_OOD,
-    CONTEXT_ARGUMENTS,
-    RECIPE_DEFAULTS,
-    VARIANTS,
-    FitHeatSpec,
-    detector_options,
-    methods,
-)
-from pml_suprank.training.spec import build_parser as spec_parser  # noqa: E402
-from pml_suprank.training.spec import parse  # noqa: E402
+from pml_suprank.recipes.ood_spec import VARIANTS, FitHeatSpec, methods
+from pml_suprank.training.spec import build_parser as spec_parser
+from pml_suprank.training.spec import parse
 
-__all__ = [
-    "BUILTIN_OOD", "CONTEXT_ARGUMENTS", "METHODS", "RECIPE_DEFAULTS", "VARIANTS", "FitHeatSpec", "build_detector",
-    "build_heat", "build_parser", "detector_options", "extract_all", "fit_detectors", "main", "methods",
-    "parse_args", "prepare_data", "save_features", "score_all", "selected_methods", "store_guard",
-]  # fmt: skip
+from ._common import load_model, ood_features, output_folder, refuse, scores_images, test_transform, write_json
 
-METHODS = methods()
 #: a run of an energy network with fewer optimizer steps than this gets a warning (the synthetic default has 330)
 MIN_HEAT_STEPS = 100
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The recipe's flags: ``--config`` and one flag per :class:`FitHeatSpec` field and per detector option."""
     return spec_parser(FitHeatSpec)
 
 
 def parse_args(argv: list[str] | None = None) -> FitHeatSpec:
-    """The run's :class:`FitHeatSpec`: defaults < ``--config`` (its ``recipe`` / ``heat`` sections) < flags, each
-    value checked where it came from, the whole spec validated before anything is read or built (exit 2)."""
+    """The run's :class:`FitHeatSpec`: defaults < the model's data spec < ``--config`` < flags (refusals: exit 2)."""
     return parse(FitHeatSpec, argv)
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# detectors
-
-
 def selected_methods(spec: FitHeatSpec) -> tuple[str, ...]:
-    chosen = set(spec.detectors or methods())
-    if spec.no_odin:
-        chosen.discard("ODIN")
+    chosen = set(spec.detectors or methods()) - ({"ODIN"} if spec.no_odin else set())
     return tuple(m for m in methods() if m in chosen)
 
 
@@ -132,21 +84,8 @@ def build_detector(method: str, spec: FitHeatSpec, model, n_train: int, dim: int
     return cls(**kwargs)
 
 
-def build_heat(spec: FitHeatSpec, model):
-    return ood.HEAT(
-        priors=tuple(spec.priors),
-        beta=spec.beta,
-        preset=spec.preset,
-        settings=spec.heat_overrides(),
-        head=model.get_classifier(),
-        tie_hidden_weights=spec.tie_hidden_weights,
-        seed=spec.seed,
-    )
-
-
 def heat_step_warnings(heat, n_train: int) -> list[str]:
-    """One line per HEAT energy network that gets fewer than :data:`MIN_HEAT_STEPS` optimizer steps (epochs ×
-    batches of its settings on ``n_train`` features), naming the flags that give it more."""
+    """One line per HEAT energy network with fewer than :data:`MIN_HEAT_STEPS` optimizer steps on ``n_train``."""
     lines = []
     for prior, s in heat.component_settings.items():
         steps = s["epochs"] * max(1, n_train // min(s["batch_size"], n_train))
@@ -159,27 +98,20 @@ def heat_step_warnings(heat, n_train: int) -> list[str]:
     return lines
 
 
-class HeatProgress:
-    """``HEAT.fit`` callback: one progress bar per prior over its optimiser steps (epochs × batches)."""
+def heat_progress(heat, n_train: int, spec: FitHeatSpec, bars: dict[str, Any]):
+    """``HEAT.fit`` callback: one progress bar per prior (kept in ``bars``) over its optimiser steps."""
 
-    def __init__(self, heat, n_train: int, spec: FitHeatSpec) -> None:
-        self.heat, self.n_train, self.spec = heat, n_train, spec
-        self.bars: dict[str, Any] = {}
-
-    def __call__(self, prior: str, epoch: int, step: int, loss: float) -> None:
-        if prior not in self.bars:
-            for bar in self.bars.values():
+    def callback(prior: str, epoch: int, step: int, loss: float) -> None:
+        if prior not in bars:
+            for bar in bars.values():
                 bar.close()
-            s = self.heat.component_settings[prior]
-            total = s["epochs"] * (self.n_train // min(s["batch_size"], self.n_train))
-            self.bars[prior] = progress(None, self.spec, total=total, desc=f"HEAT prior {prior}", unit="step")
-        bar = self.bars[prior]
-        bar.set_postfix(epoch=epoch, loss=f"{loss:.3g}", refresh=False)
-        bar.update(1)
+            s = heat.component_settings[prior]
+            total = s["epochs"] * (n_train // min(s["batch_size"], n_train))
+            bars[prior] = progress(None, spec, total=total, desc=f"HEAT prior {prior}", unit="step")
+        bars[prior].set_postfix(epoch=epoch, loss=f"{loss:.3g}", refresh=False)
+        bars[prior].update(1)
 
-    def close(self) -> None:
-        for bar in self.bars.values():
-            bar.close()
+    return callback
 
 
 def fit_detectors(model, train_feats, spec: FitHeatSpec):
@@ -187,7 +119,7 @@ def fit_detectors(model, train_feats, spec: FitHeatSpec):
     detectors = {}
     for method in selected_methods(spec):
         if method == "HEAT":
-            detectors[method] = build_heat(spec, model)
+            detectors[method] = spec.heat(model.get_classifier())
             for line in heat_step_warnings(detectors[method], n_train):
                 warnings.warn(line, stacklevel=2)
         else:
@@ -196,27 +128,21 @@ def fit_detectors(model, train_feats, spec: FitHeatSpec):
     for name, det in detectors.items():
         print(f"fitting {name} ...", flush=True)
         start = time.perf_counter()
-        if name == "HEAT":
-            bars = HeatProgress(det, n_train, spec)
-            try:
-                det.fit(**train_feats.as_kwargs(), callback=bars)
-            finally:
-                bars.close()
-        else:
-            det.fit(**train_feats.as_kwargs())
+        bars: dict[str, Any] = {}
+        extra = {"callback": heat_progress(det, n_train, spec, bars)} if name == "HEAT" else {}
+        try:
+            det.fit(**train_feats.as_kwargs(), **extra)
+        finally:
+            for bar in bars.values():
+                bar.close()
         timings[name] = time.perf_counter() - start
     return detectors, timings
-
-
-def _scores_inputs(det) -> bool:
-    """Detectors built around the network (ODIN) score the images, the others the extracted features."""
-    return "model" in inspect.signature(type(det)).parameters
 
 
 def score_all(detectors, feats, ds, spec: FitHeatSpec, device):
     scores = {}
     for name, det in detectors.items():
-        if _scores_inputs(det):
+        if scores_images(det):
             batches = progress(loader(ds, spec.batch_size), spec, desc=f"{name} scoring", leave=False)
             scores[name] = torch.cat([det.score(inputs=b["image"].to(device)).cpu() for b in batches])
         else:
@@ -249,32 +175,19 @@ def format_table(table, ood_names) -> str:
     return "\n".join(lines)
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-
-
 def prepare_data(spec: FitHeatSpec):
-    """Resolve the data-dependent defaults, build the transform and the datasets.
-
-    Returns ``(spec, train_ds, test_ds, ood_sets, level, classes, train_labels)``: the resolved spec (image size,
-    output stride, epochs), the ID / OOD datasets, the label level and the sorted class ids of the ID training set.
-    With ``--model`` and no ``--id_dataset``, the ID sets are the model's training data (its ``data_spec.json``)."""
+    """``(spec, train_ds, test_ds, ood_sets, level, classes, train_labels)``: the spec with its data-dependent
+    defaults resolved, the datasets, the label level and the ID training classes. With ``--model`` the ID sets are
+    its recorded training data unless ``--id_dataset`` names other data."""
     id_data = None
     if spec.model is not None:
-        from pml_suprank import data
-        from pml_suprank.models import RetrievalModel
-        from pml_suprank.training.spec import model_data
-
-        config = RetrievalModel.from_pretrained(spec.model).data_config
-        try:  # a typed folder of the recorded name confirms the recorded one (its class split), else replaces it
-            id_data = model_data(spec.model, spec.id_dataset)
-        except ValueError as e:
-            raise SystemExit(f"--model: {e}") from e
-        if id_data is None and spec.id_dataset is None:
-            raise SystemExit(f"--model {spec.model} records no training data (data_spec.json): give --id_dataset")
+        if spec.model_data is None and spec.id_dataset is None:
+            refuse(f"--model {spec.model} records no training data (data_spec.json): give --id_dataset")
+        model = load_model(spec.model)
         other = spec.id_dataset is not None and (spec.label_column or not Path(spec.id_dataset).is_dir())
-        id_data = None if id_data is None or id_data["data"] is None or other else id_data
-        spec = spec.resolved(model_image_size=int(config["input_size"][-1]))
-        transform = data.build_transforms(config, train=False)
+        id_data = None if spec.model_data is None or spec.model_data["data"] is None or other else spec.model_data
+        spec = spec.resolved(model_image_size=int(model.data_config["input_size"][-1]))
+        transform = test_transform(model)
     else:
         import timm
 
@@ -296,10 +209,9 @@ def prepare_data(spec: FitHeatSpec):
 
 
 def check_trained_head(spec: FitHeatSpec) -> None:
-    """Refuse to score with a classifier head nobody trained: ``--train_epochs 0`` needs ``--checkpoint`` (a trained
-    classifier) or ``--pretrained true`` (a timm head, kept when the ID set has its number of classes)."""
+    """Refuse ``--train_epochs 0`` without ``--checkpoint`` or ``--pretrained true``: an untrained head."""
     if spec.train_epochs == 0 and spec.checkpoint is None and not spec.pretrained:
-        raise SystemExit(
+        refuse(
             "--train_epochs 0 without --checkpoint: the classifier head would be untrained (random weights), and the "
             "head-based detectors (MSP, Energy, HEAT, ...) would score noise; give --train_epochs N (trains the head "
             "on the ID set) or --checkpoint FILE (a trained classifier)"
@@ -307,7 +219,7 @@ def check_trained_head(spec: FitHeatSpec) -> None:
 
 
 def extract_all(model, train_ds, test_ds, ood_sets, level, classes, train_labels, spec: FitHeatSpec, device):
-    """Features of the ID train / test sets and of every OOD set (with progress bars), and the ID test accuracy."""
+    """Features of the ID train / test sets and of every OOD set, and the ID test accuracy."""
 
     def extract(ds, name):
         def run(batches):
@@ -316,9 +228,7 @@ def extract_all(model, train_ds, test_ds, ood_sets, level, classes, train_labels
 
         if spec.embedding_cache is None:
             return run(loader(ds, spec.batch_size))
-        found = cached_features(model, loader(ds, spec.batch_size), spec.embedding_cache, feature_kind="ood_timm",
-                                extract=lambda b: {k: v for k, v in vars(run(b)).items() if v is not None})  # fmt: skip
-        return ood.OODFeatures(**{"std_features": None, "logits": None, **found})
+        return ood_features(model, loader(ds, spec.batch_size), spec.embedding_cache, "ood_timm", run)
 
     train_feats = extract(train_ds, "ID train")
     train_feats.labels = class_targets(train_labels, level, classes)
@@ -351,12 +261,7 @@ def save_features(out_dir: Path, model, train_feats, test_feats, ood_feats, spec
 
 
 def check_files(spec: FitHeatSpec) -> Path:
-    """The files the run reads and writes, checked before any work (one ``error:`` line, exit 2): ``--checkpoint``
-    a readable state dict; ``--output_dir`` a writable folder whose ``results.json`` (another run's) is replaced
-    only with ``--overwrite_output_dir``. Returns the output folder."""
-    from pml_suprank.training.recipe import refuse
-    from pml_suprank.training.run_folder import OutputDirError, prepare_output_dir
-
+    """The output folder; refused: an unreadable ``--checkpoint``, another run's ``results.json`` in it."""
     if spec.checkpoint is not None:
         try:
             read_state_dict(spec.checkpoint)
@@ -366,10 +271,7 @@ def check_files(spec: FitHeatSpec) -> Path:
     if (out_dir / "results.json").exists() and not spec.overwrite_output_dir:
         refuse(f"--output_dir {str(out_dir)!r} already holds a results.json (another run's); choose another "
                "--output_dir, or pass --overwrite_output_dir true to replace it")  # fmt: skip
-    try:
-        return prepare_output_dir(out_dir)
-    except OutputDirError as e:
-        refuse(str(e))
+    return output_folder(out_dir)
 
 
 def _set_name(entry: str) -> str:
@@ -379,10 +281,8 @@ def _set_name(entry: str) -> str:
 
 
 def store_guard(spec: FitHeatSpec, detectors, id_scores, ood_scores) -> Path | None:
-    """With ``--model`` a local folder: the ``--guard`` detector, its threshold calibrated on the held-out ID scores
-    at ``--ood_tpr`` and its FPR / AUROC per OOD set, saved in the model folder as its OOD guard (``ood/``,
-    :class:`~pml_suprank.ood.guard.OODGuard`). Returns that folder, or ``None`` (no ``--model``, ``--guard none``,
-    or a Hub id: the guard lives in the model folder, so download it and run again on the folder)."""
+    """With ``--model`` a local folder: the ``--guard`` detector calibrated at ``--ood_tpr`` on the held-out ID
+    scores, saved as the model's OOD guard (``ood/``); returns that folder, else ``None``."""
     from pml_suprank.ood.guard import OODGuard, weights_sha256
 
     if spec.model is None or spec.guard == "none":
@@ -425,8 +325,6 @@ def main(argv=None) -> dict:
     check_trained_head(spec)
     model = build_model(spec, len(classes)).to(device)
     if (positions := feature_map_positions(model, spec.image_size, device)) < 2:  # before the classifier trains
-        from pml_suprank.training.recipe import refuse
-
         flag = f"--model {spec.model}" if spec.model else f"--backbone {spec.backbone}"
         refuse(f"{flag}: its feature map at --image_size {spec.image_size} has {positions} spatial position(s); the "
                "std-pooled features (HEAT's style prior) need at least 2: use a larger --image_size or a model "
@@ -465,7 +363,7 @@ def main(argv=None) -> dict:
         "histograms": None if plot is None else str(plot),
         "features": str(features_file),
     }
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
+    write_json(out_dir / "results.json", results, indent=2)
     saved = f"HEAT detector in {heat_dir}" if heat_dir is not None else "no HEAT detector (not in --detectors)"
     print(f"\nwrote {out_dir / 'results.json'}, {plot or 'no plots'}, {saved}")
     if spec.push_to_hub and heat is not None:
@@ -475,7 +373,7 @@ def main(argv=None) -> dict:
 
 
 def run() -> None:
-    """The console script ``pml-suprank-fit-heat``: :func:`main` on the process's arguments."""
+    """The console script ``pml-suprank-fit-heat``."""
     main()
 
 

@@ -1,59 +1,33 @@
-########################################################################
-# Score images with the OOD guard of a retrieval model: one verdict per image.
-#
-#   python -m pml_suprank.recipes.ood_score --model outputs/run/final --images my_photos/ --output_dir ood_out
-#   pml-suprank-ood-score --model org/model --images photo.jpg --output_dir ood_out --ood_threshold 1.5
-#
-# --model: a model folder (or Hub id) holding an OOD guard in ood/ (written by
-#   `fit_heat --model RUN/final`). --images: a folder (flat or nested; searched recursively) or one image file.
-# The rule: higher score = more OOD; an image is OOD when score > threshold (the guard's, or --ood_threshold).
-#
-# Writes to --output_dir: scores.csv (columns file,score,is_ood; one row per image; file relative to --images) and
-# score_histogram.png (the scores with the threshold line). Any problem with the inputs: one `error:` line, exit 2.
-########################################################################
+"""Score images with the OOD guard of a retrieval model (``ood/``, written by ``fit_heat --model``): one verdict
+per image, OOD when score > threshold (the guard's, or ``--ood_threshold``)::
+
+    pml-suprank-ood-score --model outputs/run/final --images my_photos/ --output_dir ood_out
+
+Writes to ``--output_dir``: ``scores.csv`` (``file,score,is_ood``, one row per image, ``file`` relative to
+``--images``) and ``score_histogram.png`` (the scores with the threshold line).
+"""
+
 from __future__ import annotations
 
-import os
+import argparse
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-# Spinning OpenMP threads make small ops 10-20x slower on a shared or busy CPU; sleeping waits cost nothing on an
-# idle one. Set before torch is imported; an explicit setting by the user wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # noqa: TID251 - recipes may configure the process
+import torch
 
-import argparse  # noqa: E402
-import csv  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+from pml_suprank.training import TrainingConfig
+from pml_suprank.training.config import is_str, option, optional, validate_options
+from pml_suprank.training.options import ModelUseOptions, RunOptions
+from pml_suprank.training.spec import build_parser as spec_parser
+from pml_suprank.training.spec import parse, shared
 
-import torch  # noqa: E402
-
-from pml_suprank.training import TrainingConfig  # noqa: E402
-from pml_suprank.training.config import (  # noqa: E402
-    is_str,
-    option,
-    optional,
-    validate_options,  # noqa: E402
-)
-from pml_suprank.training.options import ModelUseOptions, RunOptions  # noqa: E402
-from pml_suprank.training.spec import build_parser as spec_parser  # noqa: E402
-from pml_suprank.training.spec import parse, shared  # noqa: E402
-
-__all__ = [
-    "OODScoreSpec",
-    "build_parser",
-    "guard_verdict",
-    "main",
-    "parse_args",
-    "run",
-    "write_histogram",
-    "write_scores",
-]
+from ._common import device, load_model, ood_features, output_folder, refuse, scores_images, test_transform
 
 
 @dataclass
 class OODScoreSpec:
-    """Every option of the ``ood_score`` recipe."""
-
     REQUIRED = ("model", "images", "output_dir")
     DESCRIPTION = "Score images with a model's OOD guard; write scores.csv (file,score,is_ood) and a histogram."
 
@@ -74,17 +48,15 @@ class OODScoreSpec:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """One flag per :class:`OODScoreSpec` field."""
     return spec_parser(OODScoreSpec)
 
 
 def parse_args(argv: list[str] | None = None) -> OODScoreSpec:
-    """The invocation's :class:`OODScoreSpec` (each flag checked by its option; exit 2 with the flag named)."""
     return parse(OODScoreSpec, argv)
 
 
 def write_scores(path: Path, names: list[str], scores: torch.Tensor, is_ood: torch.Tensor) -> Path:
-    """``scores.csv``: a header ``file,score,is_ood`` and one row per image (``is_ood`` = ``true`` / ``false``)."""
+    """``scores.csv``: ``file,score,is_ood`` (``true`` / ``false``), one row per image."""
     with open(path, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(["file", "score", "is_ood"])
@@ -94,7 +66,7 @@ def write_scores(path: Path, names: list[str], scores: torch.Tensor, is_ood: tor
 
 
 def write_histogram(path: Path, scores: torch.Tensor, threshold: float, title: str) -> Path:
-    """A histogram of the scores with the threshold as a vertical line (accepted left of it, rejected right)."""
+    """A histogram of the scores with the threshold as a vertical line."""
     from matplotlib.figure import Figure
 
     values = scores.double().numpy()
@@ -112,56 +84,36 @@ def write_histogram(path: Path, scores: torch.Tensor, threshold: float, title: s
 
 
 def guard_verdict(model: Any, loader: Any, args: OODScoreSpec, device: torch.device) -> Any:
-    """The guard's verdict on the loader's images; with ``--embedding_cache``, the features the guard's detector
-    reads come from the cache (extracted and stored when missing)."""
-    import inspect
-
-    from pml_suprank.data import cached_features
-    from pml_suprank.ood import OODFeatures
+    """The guard's verdict on the loader's images (its features through ``--embedding_cache`` when given)."""
     from pml_suprank.ood.model_api import extract_model_features
 
     guard = model.ood_guard
-    if args.embedding_cache is None or "model" in inspect.signature(type(guard.detector)).parameters:  # ODIN: images
+    if args.embedding_cache is None or scores_images(guard.detector):  # ODIN: images
         return guard.predict(model, loader, threshold=args.ood_threshold, device=device)
     guard.check_model(model)
 
-    def extract(batches: Any) -> dict[str, torch.Tensor]:
-        feats = extract_model_features(model, batches, device=device, features=guard.feature_kind)
-        return {k: v for k, v in vars(feats).items() if v is not None and k != "labels"}
+    def extract(batches: Any) -> Any:
+        return extract_model_features(model, batches, device=device, features=guard.feature_kind)
 
-    found = cached_features(model, loader, args.embedding_cache, feature_kind=f"ood_{guard.feature_kind}",
-                            extract=extract)  # fmt: skip
-    feats = OODFeatures(**{"std_features": None, "logits": None, **found})
+    feats = ood_features(model, loader, args.embedding_cache, f"ood_{guard.feature_kind}", extract, drop=("labels",))
     return guard.verdict(guard.detector.score(**feats.as_kwargs()), args.ood_threshold)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     from pml_suprank import data
-    from pml_suprank._terminal import refuse, terminal_safe
-    from pml_suprank.models import RetrievalModel
+    from pml_suprank._terminal import terminal_safe
     from pml_suprank.search.image_files import ImageFiles
 
-    out = Path(args.output_dir)
-    if out.exists() and not out.is_dir():
-        refuse(f"--output_dir {out} is a file, not a folder")
+    out = output_folder(args.output_dir)
+    dev = device(args.device)
+    model = load_model(args.model, dev, "--model")
     try:
-        model = RetrievalModel.from_pretrained(args.model)
-    except (OSError, ValueError, TypeError) as e:
-        refuse(f"--model {args.model}: {e}")
-    if model.ood_guard is None:
-        refuse(f"--model {args.model} has no OOD guard (ood/guard.json): fit one with "
-                f"`pml-suprank-fit-heat --model {args.model}`")  # fmt: skip
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    model = model.to(device).eval()
-    try:
-        images = ImageFiles(args.images, data.build_transforms(model.data_config, train=False),
-                            what=f"--images {args.images}")  # fmt: skip
+        images = ImageFiles(args.images, test_transform(model), what=f"--images {args.images}")
     except ValueError as e:
         refuse(str(e))
     loader = torch.utils.data.DataLoader(images, batch_size=args.batch_size, collate_fn=data.collate)
-    verdict = guard_verdict(model, loader, args, device)
-    out.mkdir(parents=True, exist_ok=True)
+    verdict = guard_verdict(model, loader, args, dev)
     csv_path = write_scores(out / "scores.csv", images.names, verdict.scores, verdict.is_ood)
     n_ood = int(verdict.is_ood.sum())
     plot = None
@@ -170,18 +122,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         plot = write_histogram(out / "score_histogram.png", verdict.scores, verdict.threshold, title)
     source = "--ood_threshold" if args.ood_threshold is not None else "the guard's calibrated threshold"
     print(
-        f"{len(images)} images: {n_ood} OOD, {len(images) - n_ood} in-distribution (score > "  # noqa: T201
+        f"{len(images)} images: {n_ood} OOD, {len(images) - n_ood} in-distribution (score > "
         f"{verdict.threshold:.6g}, {source}); {csv_path.name}{', ' + plot.name if plot else ''} in {out}"
     )
-    top = verdict.scores.argsort(descending=True)[: min(5, n_ood)].tolist()
-    for i in top:
-        print(f"  OOD  {verdict.scores[i].item():10.4g}  {terminal_safe(images.names[i])}")  # noqa: T201
+    for i in verdict.scores.argsort(descending=True)[: min(5, n_ood)].tolist():
+        print(f"  OOD  {verdict.scores[i].item():10.4g}  {terminal_safe(images.names[i])}")
     return {"scores": str(csv_path), "histogram": None if plot is None else str(plot), "num_images": len(images),
             "num_ood": n_ood, "threshold": verdict.threshold}  # fmt: skip
 
 
 def run() -> None:
-    """The console script ``pml-suprank-ood-score``: :func:`main` on the process's arguments."""
+    """The console script ``pml-suprank-ood-score``."""
     main()
 
 

@@ -1,8 +1,5 @@
-"""The typed specs of the OOD recipes: :class:`FitHeatSpec` (``fit_heat``) and :class:`OODBenchmarkSpec`
-(``ood_benchmark``), their detector options (generated from the detector registry and the constructors' signatures)
-and the reader of their ``--config`` YAML (the bundled ``heat_*`` files). Every option is declared once with
-:func:`~pml_suprank.training.config.option` or :func:`~pml_suprank.training.spec.shared`, and
-:func:`~pml_suprank.training.spec.parse` checks flags, files and Python construction with the same checks.
+"""The specs of the OOD recipes, :class:`FitHeatSpec` (``fit_heat``) and :class:`OODBenchmarkSpec`
+(``ood_benchmark``), their detector options (generated from the detector registry) and their ``--config`` reader.
 """
 
 from __future__ import annotations
@@ -97,8 +94,7 @@ def _argument_help(cls: type, argument: str) -> str:
 
 
 def detector_option_class() -> type:
-    """A dataclass with one field ``<detector>_<argument>`` per plain constructor argument of every registered
-    baseline (read from the registry when called, so a detector registered later gets its options too)."""
+    """A dataclass of the ``<detector>_<argument>`` options of every registered baseline (read when called)."""
     from ..ood import get_detector, list_detectors
 
     specs = []
@@ -125,8 +121,8 @@ _NAMES = optional(list_of(is_str(), "a list of names"))
 
 @dataclass
 class FitHeatSpec:
-    """Every option of the ``fit_heat`` recipe (see ``pml-suprank-fit-heat --help``); ``None`` defaults are resolved
-    from the data by :meth:`resolved`. Built in Python, every field is checked like a flag or a file value."""
+    """Every option of the ``fit_heat`` recipe; ``None`` defaults are resolved from the data by :meth:`resolved`. With
+    ``--model``, the model folder's ``data_spec.json`` is a layer under the flags (``model_data``, its seed)."""
 
     DESCRIPTION = "Fit HEAT + OOD baselines on a timm classifier's features (see the module docstring)."
     #: the groups of --help, in order: (title, first field of the group)
@@ -134,6 +130,7 @@ class FitHeatSpec:
               ("HEAT (Lafon et al., ICML 2023)", "preset"), ("baselines (generated from ood.list_detectors())",
               "detectors"))  # fmt: skip
     CONFIG_HELP = "a bundled config name (e.g. heat_cifar10_resnet34) or a YAML file; flags win"
+    MODEL_DATA = ("id_dataset",)
 
     # run
     output_dir: str = shared(TrainingConfig, "output_dir", "outputs/fit_heat",
@@ -147,7 +144,7 @@ class FitHeatSpec:
     hub_private: bool = shared(RunOptions, "hub_private")
     device: str = shared(ModelUseOptions, "device", "cpu", "'cpu', 'cuda', ...")
     threads: int | None = option(None, "torch CPU threads (unset: torch's choice)", check=optional(is_int(1, 4096)))
-    seed: int = shared(TrainingConfig, "seed", 0, "seed for data, training and HEAT")
+    seed: int = shared(TrainingConfig, "seed", 0, "seed for data, training and HEAT (the model's when it records one)")
     no_plots: bool = shared(RunOptions, "no_plots", False, "do not write histograms")
     progress: bool = option(True, "show progress bars (stderr)", check=is_bool())
     # model
@@ -220,6 +217,7 @@ class FitHeatSpec:
         cli=False,
         check=optional(_MAPPING),
     )
+    model_data: dict | None = option(None, "the model's recorded data spec (read by parse)", cli=False)
 
     @classmethod
     def option_classes(cls) -> tuple[type, ...]:
@@ -228,10 +226,8 @@ class FitHeatSpec:
 
     @classmethod
     def read_config(cls, path: str) -> tuple[dict[str, Any], dict[str, tuple[str, Any]]]:
-        """A ``--config`` file (a bundled name such as ``heat_cifar10_resnet34`` or a YAML path): its ``recipe``
-        section (options by field name, detector options such as ``knn_k`` included) and its ``heat`` section
-        (:data:`HEAT_KEYS`), read by the one configuration reader. Options that send data out or read other files
-        (:data:`FLAG_ONLY`) and a backbone that is not a plain timm name are refused (files are data)."""
+        """A ``--config`` file (a bundled name or a YAML path): its ``recipe`` and ``heat`` sections; :data:`FLAG_ONLY`
+        options and a backbone that is not a plain timm name are refused (files are data)."""
         from ..hub.loaded_config import untrusted_model_problems
         from ..training.hub_config import hub_config_path
 
@@ -260,7 +256,7 @@ class FitHeatSpec:
 
     def validate(self) -> FitHeatSpec:
         """The rules between options (each field was checked alone)."""
-        from ..ood import HEAT, list_priors
+        from ..ood import list_priors
 
         if self.push_to_hub and not self.hub_model_id:
             raise OptionError("--push_to_hub true needs --hub_model_id (the Hub repo id)")
@@ -285,18 +281,21 @@ class FitHeatSpec:
                 raise OptionError([(key, problem)])
         # the HEAT settings are checked by the detector's constructor (nothing is allocated before fit)
         try:
-            HEAT(priors=tuple(self.priors), beta=self.beta, preset=self.preset, settings=self.heat_overrides(),
-                 tie_hidden_weights=self.tie_hidden_weights, seed=self.seed)  # fmt: skip
+            self.heat()
         except (TypeError, ValueError) as e:
             where = "HEAT settings (heat: section, --preset, --heat_epochs, --heat_batch_size)"
             raise OptionError(f"{where}: {e}") from e
         return self
 
-    def heat_overrides(self) -> dict[str, Any]:
-        """The HEAT ``settings=`` of the run: the file's ``heat.settings`` and the ``--heat_epochs`` /
-        ``--heat_batch_size`` overrides."""
+    def heat(self, head: Any = None) -> Any:
+        """The run's :class:`~pml_suprank.ood.HEAT` on the classifier ``head``, its settings the file's
+        ``heat.settings`` with the ``--heat_epochs`` / ``--heat_batch_size`` overrides."""
+        from ..ood import HEAT
+
         given = {"epochs": self.heat_epochs, "batch_size": self.heat_batch_size}
-        return {**self.heat_settings, **{k: v for k, v in given.items() if v is not None}}
+        settings = {**self.heat_settings, **{k: v for k, v in given.items() if v is not None}}
+        return HEAT(priors=tuple(self.priors), beta=self.beta, preset=self.preset, settings=settings, head=head,
+                    tie_hidden_weights=self.tie_hidden_weights, seed=self.seed)  # fmt: skip
 
     def detector_kwargs(self, name: str) -> dict[str, Any]:
         """The option values of detector ``name``'s constructor (recipe defaults, then the given ones)."""
@@ -324,7 +323,8 @@ class FitHeatSpec:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The options as ``results.json`` records them (the recorded data spec is the model folder's)."""
+        return {k: v for k, v in asdict(self).items() if k != "model_data"}
 
 
 #: ``heat:`` keys of a config file → FitHeatSpec fields

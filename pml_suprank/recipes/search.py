@@ -1,63 +1,40 @@
-########################################################################
-# Search a gallery with a trained retrieval model and look at the results.
-#
-#   python -m pml_suprank.recipes.search --model outputs/happier_synthetic/final --gallery synthetic --k 10 \
-#       --output_dir search_out
-#   python -m pml_suprank.recipes.search --model DIR --gallery synthetic --queries my_photos/ --k 5 --output_dir OUT
-#   python -m pml_suprank.recipes.search --model org/model --gallery <hub id or folder> --label_columns fine coarse \
-#       --queries <hub id or folder> --query_split test --backend faiss-hnsw --output_dir OUT
-#
-# --gallery: "synthetic" (SyntheticShapes at the model's image size), a paper benchmark name (with --data_root), or
-#   any source of pml_suprank.data.load_retrieval_dataset (Hub id, image folder, parquet; with --label_columns,
-#   space-separated, finest first). Without it: the test set the model was trained with (its data_spec.json).
-#   A folder of plain image files (no metadata, flat or nested) is an unlabelled gallery.
-# --queries: a folder of image files (no labels; searched recursively), one image file, or a dataset given like
-#   --gallery. Without it, --num_queries gallery items are drawn (seeded) and each one is removed from its own results.
-# OOD guard: when the model folder holds one (ood/, written by `fit_heat --model`), every query gets a verdict
-#   (score > threshold = OOD; --ood_threshold overrides the stored threshold); without one the output says so once.
-#
-# Writes to --output_dir: results.json (every query with its top-k: rank, gallery index, name, score, labels,
-# relevance, and its "ood" verdict), results.html (one offline page: thumbnails inlined, relevance as a text mark —
-# ✓ same fine class, ~ same coarse class, ✗ other — and a coloured border, the guard's verdict as a text badge),
-# results_grid.png, and with --save_index the index folder (pml_suprank.search.RetrievalIndex.save). Progress bars
-# (tqdm) on embedding and search. Names printed to the terminal are stripped of control characters.
-########################################################################
+"""Search a gallery with a trained retrieval model and look at the results::
+
+    python -m pml_suprank.recipes.search --model outputs/happier_synthetic/final --gallery synthetic --k 10 \
+        --output_dir search_out
+    python -m pml_suprank.recipes.search --model DIR --gallery synthetic --queries my_photos/ --output_dir OUT
+
+``--gallery``: ``synthetic``, a benchmark name (with ``--data_root``), a dataset source (Hub id, image folder,
+parquet; with ``--label_columns``) or a folder of plain image files (unlabelled); unset, the model's recorded test
+set. ``--queries``: image files or a dataset; unset, ``--num_queries`` gallery items are drawn (seeded) and each is
+left out of its own results. With an OOD guard in the model folder (``ood/``), every query gets a verdict.
+
+Writes to ``--output_dir``: ``results.json`` (every query with its top-k: rank, gallery index, name, score, labels,
+relevance, OOD verdict), ``results.html`` (one offline page: ✓ same fine class, ~ same coarse class, ✗ other),
+``results_grid.png``, and with ``--save_index`` the index folder.
+"""
+
 from __future__ import annotations
 
-import os
+import argparse
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
 
-# Spinning OpenMP threads make small ops 10-20x slower on a shared or busy CPU; sleeping waits cost nothing on an
-# idle one. Set before torch is imported; an explicit setting by the user wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # noqa: TID251 - recipes may configure the process
+import torch
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-from dataclasses import dataclass, replace  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+from pml_suprank.training import TrainingConfig
+from pml_suprank.training.config import is_bool, is_choice, is_int, is_str, option, optional, validate_options
+from pml_suprank.training.options import DataOptions, ModelUseOptions
+from pml_suprank.training.spec import build_parser as spec_parser
+from pml_suprank.training.spec import parse, shared
 
-import torch  # noqa: E402
-
-from pml_suprank._terminal import refuse  # noqa: E402
-from pml_suprank.training import TrainingConfig  # noqa: E402
-from pml_suprank.training.config import (  # noqa: E402  # noqa: E402
-    is_bool,
-    is_choice,
-    is_int,
-    is_str,
-    option,
-    optional,
-    validate_options,
-)
-from pml_suprank.training.options import DataOptions, ModelUseOptions  # noqa: E402
-from pml_suprank.training.spec import build_parser as spec_parser  # noqa: E402
-from pml_suprank.training.spec import parse, shared  # noqa: E402
+from ._common import device, load_model, output_folder, refuse, test_transform, write_json
 
 
 @dataclass
 class SearchSpec:
-    """Every option of the ``search`` recipe (label columns, data root and synthetic size are the training recipes'
-    declarations). Without ``--gallery`` the gallery is the model's own test set (its ``data_spec.json``)."""
+    """Every option of the ``search`` recipe; the model's ``data_spec.json`` is a layer under the flags."""
 
     REQUIRED = ("model", "output_dir")
     DESCRIPTION = "Search a gallery with a retrieval model; write results.json, an HTML page and a PNG grid."
@@ -100,22 +77,11 @@ class SearchSpec:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """One flag per :class:`SearchSpec` field."""
     return spec_parser(SearchSpec)
 
 
 def parse_args(argv: list[str] | None = None) -> SearchSpec:
-    """The invocation's :class:`SearchSpec` (each flag checked by its option; exit 2 with the flag named)."""
     return parse(SearchSpec, argv)
-
-
-def is_plain_image_source(source: str) -> bool:
-    """An image file, or a folder of image files without the metadata / parquet / saved-dataset files of a dataset
-    source (read by :class:`~pml_suprank.search.image_files.ImageFiles`, no labels)."""
-    from pml_suprank.data.folders import has_dataset_files
-
-    root = Path(source)
-    return root.is_file() or (root.is_dir() and not has_dataset_files(root))
 
 
 def load_dataset(args: SearchSpec, source: str, split: str, transform: Any, image_size: int) -> Any:
@@ -135,9 +101,8 @@ def load_dataset(args: SearchSpec, source: str, split: str, transform: Any, imag
 
 
 def folder_split(source: str, given: str | None, flag: str) -> str:
-    """The split of a dataset source: ``given``, else ``test`` — for a local folder of class folders, ``test`` when it
-    has one, else its only split; a folder with several splits and none named ``test`` must be told which
-    (:func:`~pml_suprank._terminal.refuse` naming ``flag``)."""
+    """The split of a dataset source: ``given``, else ``test``, else a folder's only split (several and none named
+    ``test``: refused, naming ``flag``)."""
     if given is not None or not Path(source).is_dir():
         return given or "test"
     from pml_suprank.data.folders import image_folder_layout
@@ -154,8 +119,7 @@ def folder_split(source: str, given: str | None, flag: str) -> str:
 
 
 def model_gallery(args: SearchSpec, transform: Any) -> tuple[Any, SearchSpec]:
-    """The test set the model was trained with (its recorded data spec, ``args.model_data``; a local folder recorded
-    by its name is the ``--gallery`` of that name), and the spec naming it."""
+    """The test set the model was trained with (``args.model_data``) and the spec naming it."""
     from pml_suprank.data.source import dataset_source
 
     if args.model_data is None:
@@ -170,42 +134,29 @@ def model_gallery(args: SearchSpec, transform: Any) -> tuple[Any, SearchSpec]:
                "folder is recorded by its name only: give its path with --gallery")  # fmt: skip
 
 
-def embed(
-    model: torch.nn.Module, dataset: Any, args: SearchSpec, description: str
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """L2-normalised ``(embeddings (N, D), labels)`` of ``dataset``, through ``--embedding_cache`` when given."""
-    from pml_suprank.data import cached_embeddings
-
-    loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch_size, shuffle=False)
-    return cached_embeddings(model, loader, args.embedding_cache, normalize=True, progress=True,
-                             description=description)[:2]  # fmt: skip
-
-
-def item_name(dataset: Any, index: int, fallback: str, root: str | None) -> str:
-    """What names gallery item ``index`` for a person: its file relative to the gallery folder ``root`` (the file
-    name alone outside it), else ``fallback`` (``"<source>:<split>[index]"``: synthetic data, Hub rows of bytes)."""
-    path = getattr(dataset, "item_path", lambda i: None)(index)
+def item_name(gallery: Any, args: SearchSpec, index: int) -> str:
+    """Gallery item ``index`` as a person names it: its file relative to the ``--gallery`` folder (the file name
+    outside it), else ``"<gallery>:<split>[index]"``."""
+    path = getattr(gallery, "item_path", lambda i: None)(index)
     if not path:
-        return fallback
-    if root is not None:
+        return f"{args.gallery}:{args.gallery_split}[{index}]"
+    if args.gallery is not None and Path(args.gallery).is_dir():
         try:
-            return Path(path).resolve().relative_to(Path(root).resolve()).as_posix()
+            return Path(path).resolve().relative_to(Path(args.gallery).resolve()).as_posix()
         except (ValueError, OSError):
             pass
     return Path(path).name
 
 
 def gallery_ids(gallery: Any, args: SearchSpec) -> list[str] | None:
-    """The ids saved with the index (``index.json``): each gallery image's file relative to the gallery folder, for
-    a gallery read from files; ``None`` otherwise (synthetic data, rows of bytes)."""
+    """The ids saved with the index: the gallery's file names (``None``: not read from files)."""
     if not hasattr(gallery, "item_path") or gallery.item_path(0) is None:
         return None
-    root = args.gallery if args.gallery is not None and Path(args.gallery).is_dir() else None
-    return [item_name(gallery, j, f"{args.gallery}:{args.gallery_split}[{j}]", root) for j in range(len(gallery))]
+    return [item_name(gallery, args, j) for j in range(len(gallery))]
 
 
 def class_name(dataset: Any, labels: list[int] | None) -> str | None:
-    """The name of the fine class of a label row, when the dataset names its classes (folder names)."""
+    """The name of the fine class of a label row, when the dataset names its classes."""
     names = getattr(dataset, "class_names", None) or {}
     return None if not labels else names.get(int(labels[0]))
 
@@ -213,10 +164,8 @@ def class_name(dataset: Any, labels: list[int] | None) -> str | None:
 def describe_results(
     args: SearchSpec, gallery, labels, queries, query_images, query_labels, scores, indices
 ) -> list[dict]:
-    """The per-query result records of results.json (and, with their images, of the HTML page and the grid)."""
+    """The per-query records of results.json (with their images: of the HTML page and the grid)."""
     from pml_suprank.search.report import relevance_level
-
-    root = args.gallery if args.gallery is not None and Path(args.gallery).is_dir() else None
 
     records = []
     for row, (name, q_labels) in enumerate(zip(queries, query_labels, strict=True)):
@@ -225,9 +174,8 @@ def describe_results(
             if j < 0:  # an approximate backend found fewer than k items
                 continue
             item_labels = labels[j].tolist() if labels is not None else None
-            fallback = f"{args.gallery}:{args.gallery_split}[{j}]"
             results.append({
-                "rank": rank, "index": j, "name": item_name(gallery, j, fallback, root), "score": float(score),
+                "rank": rank, "index": j, "name": item_name(gallery, args, j), "score": float(score),
                 "labels": item_labels, "class_name": class_name(gallery, item_labels),
                 "relevance": relevance_level(q_labels, item_labels),
             })  # fmt: skip
@@ -236,66 +184,41 @@ def describe_results(
     return records
 
 
-def load_model(args: SearchSpec, device: torch.device) -> Any:
-    """The model (with its OOD guard, if any) — or one ``error:`` line naming ``--model`` / ``--ood_threshold``."""
-    from pml_suprank.models import RetrievalModel
+def load_source(args: SearchSpec, flag: str, split: str | None, transform: Any, image_size: int) -> tuple[Any, str]:
+    """The dataset of ``--gallery`` / ``--queries`` (``flag``) and its split: an image file or a folder of them without
+    a dataset's files is read unlabelled (split ``all``), a dataset source at ``split`` (:func:`folder_split`); or a
+    refusal naming ``flag``."""
+    from pml_suprank.data.folders import has_dataset_files
+    from pml_suprank.search.image_files import ImageFiles
 
+    source = args.gallery if flag == "--gallery" else args.queries
+    path = Path(source)
+    plain = path.is_file() or (path.is_dir() and not has_dataset_files(path))
+    if source != "synthetic" and plain and not (flag == "--gallery" and args.label_columns):
+        try:
+            return ImageFiles(source, transform, what=f"{flag} {source}"), split or "all"
+        except ValueError as e:
+            refuse(e)
+    split = folder_split(source, split, {"--gallery": "--gallery_split", "--queries": "--query_split"}[flag])
     try:
-        model = RetrievalModel.from_pretrained(args.model)
-    except (OSError, ValueError, TypeError) as e:
-        refuse(f"--model {args.model}: {e}")
-    if args.ood_threshold is not None and model.ood_guard is None:
-        refuse(f"--ood_threshold: the model {args.model} has no OOD guard (ood/guard.json; fit one with "
-               f"`pml-suprank-fit-heat --model {args.model}`)")  # fmt: skip
-    return model.to(device).eval()
+        return load_dataset(args, source, split, transform, image_size), split
+    except (OSError, ValueError, KeyError) as e:
+        refuse(f"{flag} {source} (split {split!r}): {e}")
 
 
 def load_gallery(args: SearchSpec, transform: Any, image_size: int) -> tuple[Any, SearchSpec]:
-    """The gallery dataset and the spec naming it (its split and seed resolved); a gallery that cannot be read is
-    one ``error:`` line naming ``--gallery``."""
-    from pml_suprank.search.image_files import ImageFiles
-
+    """The gallery dataset and the spec naming it (its split resolved)."""
     recorded = (args.model_data or {}).get("data") is not None
     if args.gallery is None or (
         recorded and Path(args.gallery).is_dir() and not args.label_columns and not args.gallery_split
     ):  # the model's own training folder: its test split
         return model_gallery(args, transform)
-    if args.gallery not in ("synthetic",) and is_plain_image_source(args.gallery) and not args.label_columns:
-        try:
-            return ImageFiles(args.gallery, transform, what=f"--gallery {args.gallery}"), replace(
-                args, gallery_split=args.gallery_split or "all"
-            )
-        except ValueError as e:
-            refuse(e)
-    split = folder_split(args.gallery, args.gallery_split, "--gallery_split")
-    args = replace(args, gallery_split=split)
-    try:
-        return load_dataset(args, args.gallery, args.gallery_split, transform, image_size), args
-    except (OSError, ValueError, KeyError) as e:
-        refuse(f"--gallery {args.gallery} (split {args.gallery_split!r}): {e}")
-
-
-def load_queries(args: SearchSpec, transform: Any, image_size: int) -> tuple[Any, list[str]]:
-    """The ``--queries`` dataset and the name of each query, or one ``error:`` line naming ``--queries``."""
-    from pml_suprank.search.image_files import ImageFiles
-
-    if is_plain_image_source(args.queries):
-        try:
-            source = ImageFiles(args.queries, transform, what=f"--queries {args.queries}")
-        except ValueError as e:
-            refuse(e)
-        return source, list(source.names)
-    split = folder_split(args.queries, args.query_split or args.gallery_split, "--query_split")
-    try:
-        source = load_dataset(args, args.queries, split, transform, image_size)
-    except (OSError, ValueError, KeyError) as e:
-        refuse(f"--queries {args.queries} (split {split!r}): {e}")
-    return source, [f"{args.queries}:{split}[{i}]" for i in range(len(source))]
+    gallery, split = load_source(args, "--gallery", args.gallery_split, transform, image_size)
+    return gallery, replace(args, gallery_split=split)
 
 
 def ood_verdicts(model: Any, dataset: Any, indices: list[int], args: SearchSpec, device: torch.device) -> list | None:
-    """``[{"score", "is_ood"}, ...]`` of the queries ``dataset[indices]`` by the model's OOD guard (``None``: the
-    model has none)."""
+    """``[{"score", "is_ood"}, ...]`` of ``dataset[indices]`` by the model's OOD guard (``None``: it has none)."""
     if model.ood_guard is None:
         return None
     loader = torch.utils.data.DataLoader(torch.utils.data.Subset(dataset, indices), batch_size=args.batch_size)
@@ -304,21 +227,21 @@ def ood_verdicts(model: Any, dataset: Any, indices: list[int], args: SearchSpec,
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    from pml_suprank import data
     from pml_suprank._terminal import terminal_safe
+    from pml_suprank.data import cached_embeddings
     from pml_suprank.search.image_files import ImageFiles
     from pml_suprank.search.report import write_html_report, write_result_grid
 
-    out = Path(args.output_dir)
-    if out.exists() and not out.is_dir():
-        refuse(f"--output_dir {out} is a file, not a folder")
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    model = load_model(args, device)
-    transform = data.build_transforms(model.data_config, train=False)
+    out = output_folder(args.output_dir)
+    dev = device(args.device)
+    model = load_model(args.model, dev, "--ood_threshold" if args.ood_threshold is not None else None)
+    transform = test_transform(model)
     image_size = int(model.data_config["input_size"][-1])
     gallery, args = load_gallery(args, transform, image_size)
     if args.queries is not None:  # read and checked before the gallery is embedded
-        source, names = load_queries(args, transform, image_size)
+        source, split = load_source(args, "--queries", args.query_split or args.gallery_split, transform, image_size)
+        plain = isinstance(source, ImageFiles)
+        names = list(source.names) if plain else [f"{args.queries}:{split}[{i}]" for i in range(len(source))]
     ids = gallery_ids(gallery, args)
     index = model.build_index(torch.utils.data.DataLoader(gallery, batch_size=args.batch_size), backend=args.backend,
                               ids=ids, progress=True, embedding_cache=args.embedding_cache)  # fmt: skip
@@ -329,17 +252,19 @@ def main(argv: list[str] | None = None) -> dict:
         g = torch.Generator().manual_seed(args.seed)
         picked = torch.randperm(len(gallery), generator=g)[: args.num_queries].sort().values
         q_emb = index.embeddings[picked].float().cpu()
-        root = args.gallery if Path(args.gallery).is_dir() else None
-        names = [item_name(gallery, i, f"{args.gallery}:{args.gallery_split}[{i}]", root) for i in picked.tolist()]
+        names = [item_name(gallery, args, i) for i in picked.tolist()]
         q_labels = [labels[i].tolist() if labels is not None else None for i in picked.tolist()]
         q_images = [(gallery, i) for i in picked.tolist()]
-        verdicts = ood_verdicts(model, gallery, picked.tolist(), args, device)
+        verdicts = ood_verdicts(model, gallery, picked.tolist(), args, dev)
     else:
-        q_emb, q_lab = embed(model, source, args, "queries")
-        unlabelled = isinstance(source, ImageFiles) or labels is None or q_lab.dim() != 2
+        loader = torch.utils.data.DataLoader(source, batch_size=args.batch_size, shuffle=False)
+        q_emb, q_lab = cached_embeddings(
+            model, loader, args.embedding_cache, normalize=True, progress=True, description="queries"
+        )[:2]
+        unlabelled = plain or labels is None or q_lab.dim() != 2
         q_labels = [None if unlabelled else row.tolist() for row in q_lab]
         q_images = [(source, i) for i in range(len(source))]
-        verdicts = ood_verdicts(model, source, list(range(len(source))), args, device)
+        verdicts = ood_verdicts(model, source, list(range(len(source))), args, dev)
     num_results = min(args.k, len(index) - int(exclude_self))
     if num_results < 1:
         refuse(f"--gallery: it has {len(index)} item(s): nothing to return once a query is left out")
@@ -354,7 +279,6 @@ def main(argv: list[str] | None = None) -> dict:
     for record, verdict in zip(records, verdicts or [None] * len(records), strict=True):
         record["ood"] = verdict
 
-    out.mkdir(parents=True, exist_ok=True)
     pages = [{**r, "image": r["image_ref"][0].get_image(r["image_ref"][1]),
               "results": [{**x, "image": gallery.get_image(x["index"])} for x in r["results"]]}
              for r in records]  # fmt: skip
@@ -381,27 +305,27 @@ def main(argv: list[str] | None = None) -> dict:
         },
         "queries": [{key: v for key, v in r.items() if key != "image_ref"} for r in records],
     }  # fmt: skip
-    (out / "results.json").write_text(json.dumps(result, indent=1))
+    write_json(out / "results.json", result)
     if args.save_index:
         index.save(out / "index")
-    print(summary_table(records, args.k))  # noqa: T201 - the recipe's console output
+    print(summary_table(records, args.k))
     if guard is None:
         print(
-            "no OOD guard in this model: queries are not checked for unknown kinds (fit one with "  # noqa: T201
+            "no OOD guard in this model: queries are not checked for unknown kinds (fit one with "
             "`pml-suprank-fit-heat --model MODEL`)"
         )
     else:
         n_ood = sum(bool(r["ood"]["is_ood"]) for r in records)
-        print(f"OOD guard {guard.detector_name}: {n_ood} of {len(records)} queries OOD (score > {threshold:.6g})")  # noqa: T201
+        print(f"OOD guard {guard.detector_name}: {n_ood} of {len(records)} queries OOD (score > {threshold:.6g})")
     print(
-        f"{len(records)} queries, top {args.k}: {summary}; results.json, results.html, results_grid.png in "  # noqa: T201
+        f"{len(records)} queries, top {args.k}: {summary}; results.json, results.html, results_grid.png in "
         f"{terminal_safe(out)}"
     )
     return result
 
 
 def _short(source: str | None) -> str:
-    """A model or gallery as a person names it: ``run/final`` for a folder path, else the source as given."""
+    """A model or gallery as a person names it: ``run/final`` for a folder, else the source as given."""
     if source is None:
         return "-"
     path = Path(source)
@@ -409,8 +333,8 @@ def _short(source: str | None) -> str:
 
 
 def summary_table(records: list[dict], k: int) -> str:
-    """The console table of the search: one row per query (name, class, same-class / same-group hits in the top
-    ``k``, the first result, the OOD guard's verdict), every cell stripped of control characters."""
+    """The console table: one row per query (name, class, same-class / same-group hits in the top ``k``, the first
+    result, the OOD verdict), every cell stripped of control characters."""
     from pml_suprank._terminal import terminal_safe
     from pml_suprank.search.report import query_hits
 
@@ -428,7 +352,7 @@ def summary_table(records: list[dict], k: int) -> str:
 
 
 def run() -> None:
-    """The console script ``pml-suprank-search``: :func:`main` on the process's arguments."""
+    """The console script ``pml-suprank-search``."""
     main()
 
 

@@ -462,9 +462,11 @@ def test_partial_override_config_files(tmp_path):
     ["train.py", "train_happier.py", "train_roadmap.py", "evaluate.py", "search.py", "fit_heat.py", "ood_benchmark.py"],
 )
 def test_every_recipe_sets_a_passive_openmp_wait_policy_before_torch(folder, name):
-    """Both the package module (``-m`` / console script: ``pml_suprank`` and ``pml_suprank.recipes`` import nothing)
-    and the repository's entry point set the policy before anything that may import torch."""
+    """Both the package module (``-m`` / console script: ``pml_suprank`` imports nothing, ``pml_suprank.recipes`` sets
+    the policy before any recipe runs) and the repository's entry point set it before anything that may import torch."""
     text = (ROOT / folder / name).read_text()
+    if folder == "pml_suprank/recipes":
+        text = (ROOT / folder / "__init__.py").read_text() + text
     policy = text.index('os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")')
     for later in ("import torch", "import common", "from pml_suprank"):
         if later in text:

@@ -1,0 +1,78 @@
+"""Plumbing of the recipes that use a trained model (``evaluate``, ``search``, ``ood_score``, ``fit_heat``); a refusal
+is one ``error:`` line, exit 2 (:func:`~pml_suprank._terminal.refuse`)."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pml_suprank._terminal import refuse
+
+
+def load_model(name: str, device: torch.device | None = None, guard_for: str | None = None) -> Any:
+    """The :class:`~pml_suprank.models.RetrievalModel` of the folder or Hub id ``name`` (on ``device``, in eval
+    mode), or a refusal naming ``--model``; ``guard_for``: the flag that needs the model's OOD guard."""
+    from pml_suprank.models import RetrievalModel
+
+    try:
+        model = RetrievalModel.from_pretrained(name)
+    except (OSError, ValueError, TypeError) as e:
+        refuse(f"--model {name}: {e}")
+    if guard_for is not None and model.ood_guard is None:
+        refuse(
+            f"{guard_for}: the model {name} has no OOD guard (ood/guard.json): fit one with "
+            f"`pml-suprank-fit-heat --model {name}`"
+        )
+    return model if device is None else model.to(device).eval()
+
+
+def scores_images(detector: Any) -> bool:
+    """Detectors built around the network (ODIN) score the images, the others the extracted features."""
+    return "model" in inspect.signature(type(detector)).parameters
+
+
+def device(name: str | None) -> torch.device:
+    """``--device``, else CUDA when available, else the CPU."""
+    return torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def test_transform(model: torch.nn.Module) -> Any:
+    """The evaluation transform of a (possibly wrapped) model's ``data_config``."""
+    from pml_suprank import data
+
+    return data.build_transforms(getattr(model, "module", model).data_config, train=False)
+
+
+def output_folder(path: str | Path) -> Path:
+    """``--output_dir``, created and checked writable before any work, or a refusal naming it."""
+    from pml_suprank.training.run_folder import OutputDirError, prepare_output_dir
+
+    try:
+        return prepare_output_dir(path)
+    except OutputDirError as e:
+        refuse(e)
+
+
+def write_json(path: Path, value: Any, indent: int = 1) -> Path:
+    """``value`` as JSON in ``path``."""
+    path.write_text(json.dumps(value, indent=indent, default=str))
+    return path
+
+
+def ood_features(model: torch.nn.Module, loader: Any, cache: str, kind: str, extract: Callable, drop=()) -> Any:
+    """The :class:`~pml_suprank.ood.OODFeatures` of ``loader`` through the embedding cache ``cache``: ``extract``
+    (batches → ``OODFeatures``) runs on the batches the cache misses; ``kind``: the cache's ``feature_kind``;
+    ``drop``: fields not cached."""
+    from pml_suprank.data.embedding_cache import cached_features
+    from pml_suprank.ood import OODFeatures
+
+    def tensors(batches: Any) -> dict[str, torch.Tensor]:
+        return {k: v for k, v in vars(extract(batches)).items() if v is not None and k not in drop}
+
+    found = cached_features(model, loader, cache, feature_kind=kind, extract=tensors)
+    return OODFeatures(**{"std_features": None, "logits": None, **found})
