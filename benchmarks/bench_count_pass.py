@@ -26,7 +26,7 @@ import torch
 from bench_eval import floor_data
 
 from pml_suprank.metrics._compiled_rank_counts import block_ranks_compiled, count_negatives_compiled
-from pml_suprank.metrics.eval_blocks import chunk_rows, label_blocks
+from pml_suprank.metrics.eval_blocks import block_shape, label_blocks
 from pml_suprank.metrics.ranks import _pessimistic_keys, _sort_rows
 
 
@@ -60,7 +60,7 @@ def chunks_of(n: int, levels: int, chunks: int | None) -> tuple[list, torch.Tens
     inv = torch.empty_like(perm)
     inv[perm] = torch.arange(n)
     widths = ends[:, 0] - starts[:, 0]
-    rows = chunk_rows(n, int(widths.max()), torch.device("cpu"), levels)
+    rows, _ = block_shape(n, int(widths.max()), torch.device("cpu"), levels)
     firsts = list(range(0, n, rows))
     if chunks is not None and chunks < len(firsts):
         firsts = [firsts[i * len(firsts) // chunks] for i in range(chunks)]

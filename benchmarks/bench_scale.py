@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from queue import Empty
 
 import numpy as np
 import torch
@@ -179,7 +180,7 @@ def _free_port() -> int:
 # --------------------------------------------------------------------------------------------------- one large set
 def _large_worker(args: dict, queue) -> None:
     from pml_suprank.metrics import RetrievalEvaluator
-    from pml_suprank.metrics.eval_blocks import chunk_rows, label_blocks
+    from pml_suprank.metrics.eval_blocks import block_shape, label_blocks
 
     if args["threads"]:
         torch.set_num_threads(args["threads"])
@@ -192,7 +193,7 @@ def _large_worker(args: dict, queue) -> None:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     # the floor: the evaluator's blocked score matrix alone (its chunk size: same label grouping, same budget)
     _, starts, ends = label_blocks(labels, labels)
-    chunk = chunk_rows(emb.shape[0], int((ends[:, 0] - starts[:, 0]).max()), torch.device("cpu"), 2)
+    chunk, _ = block_shape(emb.shape[0], int((ends[:, 0] - starts[:, 0]).max()), torch.device("cpu"), 2)
     buf = torch.empty(min(chunk, emb.shape[0]), emb.shape[0])
     t0 = time.perf_counter()
     for s in range(0, emb.shape[0], chunk):
@@ -272,7 +273,13 @@ def _in_process(target, args: dict) -> dict:
     queue = ctx.Queue()
     p = ctx.Process(target=target, args=(args, queue))
     p.start()
-    result = queue.get()
+    while True:  # a worker that dies before it reports must not leave the benchmark waiting forever
+        try:
+            result = queue.get(timeout=2)
+            break
+        except Empty:
+            if not p.is_alive():
+                raise RuntimeError(f"{target.__name__} failed (exit {p.exitcode})") from None
     p.join()
     if p.exitcode != 0:
         raise RuntimeError(f"{target.__name__} failed (exit {p.exitcode})")
