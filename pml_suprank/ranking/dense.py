@@ -1,9 +1,7 @@
 """Dense rank kernels of the flat losses: every (query, item, reference) difference, blocked over queries.
 
-The sorted kernels (:mod:`pml_suprank.ranking.flat`) touch only the (query, positive) pairs but pay with sorts,
-data-dependent shapes and host reads. On an accelerator, or for small CPU batches, it is cheaper to evaluate the
-surrogate on the ``(b, N, N)`` differences ``t[q, i, j] = s_{q j} − s_{q i}`` of a block of ``b`` queries, every mask
-applied arithmetically:
+The surrogate on the ``(b, N, N)`` differences ``t[q, i, j] = s_{q j} − s_{q i}`` of a block of ``b`` queries, masks
+applied arithmetically (the sorted kernels of :mod:`pml_suprank.ranking.flat` touch only (query, positive) pairs):
 
 * :func:`dense_query_ranks` — ``rank⁺`` and ``rank`` of every item of every query, SupRank's (Ramzi et al., TPAMI
   2025, Eqs. 9-10, ``H⁻`` of Eq. 4) or Smooth-AP's (Brown et al., ECCV 2020, Eqs. 5-6);
@@ -11,11 +9,10 @@ applied arithmetically:
   closed form;
 * :func:`choose_kernel` — the losses' ``kernel=`` option (:data:`KERNELS`) resolved by a per-device cost model.
 
-Blocks of :func:`dense_block_size` queries keep the ``(b, N, N)`` temporaries within a memory budget
-(:data:`DENSE_MEMORY_BUDGET`); a custom autograd function with explicit derivatives keeps one block's derivative
-from forward, or, with several blocks, saves ``(B, N)`` tensors only and recomputes each block in backward. No host
-synchronisation (``torch.compile(fullgraph=True)``-friendly); values equal the sorted kernels' up to rounding (1e-9
-in float64). Non-positive rows get finite ranks (``rank >= rank⁺ >= 1``) that callers weigh by zero.
+Blocks of :func:`dense_block_size` queries keep the ``(b, N, N)`` temporaries within :data:`DENSE_MEMORY_BUDGET`;
+several blocks are recomputed in backward. No host synchronisation (``torch.compile(fullgraph=True)``-friendly);
+values equal the sorted kernels' up to rounding (1e-9 in float64). Non-positive rows get finite ranks
+(``rank >= rank⁺ >= 1``) that callers weigh by zero.
 """
 
 from __future__ import annotations
@@ -64,20 +61,15 @@ class KernelCosts(NamedTuple):
     sorted_per_ref: float
 
 
-# CUDA: least squares (relative error) on the H200 grids of 2026-11-26 and 2026-11-28 (torch 2.11, float32, 512-d,
-# fwd+bwd median, B ∈ {32..512} × N ∈ {B, 512..4096}; tests/data/h200_2026-11-2{6,8}_grid.jsonl, docs/performance.md).
-# Flat: SupAP's dense (Smooth-AP's is ~0.5×) vs SupAP + Smooth-AP sorted; hierarchical: Sup-H-AP, 2 levels. The flat
-# crossover is near B·N² ≈ 4e7, the 2-level one near 1.3e8; every grid point where one kernel is ≥ 1.3× faster is
-# decided for it, N = 60,000 is sorted for every B. The sorted hierarchical constants predate the one-read kernel.
+# CUDA: fitted on the H200 grids tests/data/h200_2026-11-2{6,8}_grid.jsonl (flat: SupAP; hierarchical: Sup-H-AP,
+# 2 levels); derivation in docs/performance.md.
 CUDA_FLAT_COSTS = KernelCosts(1.56, 6.90e-8, 4.31, 2.22e-6, 0.0)
 CUDA_HIERARCHICAL_COSTS = KernelCosts(1.71, 1.151e-7, 13.8, 5.04e-6, 3.53e-3)
-# CPU: dense iff B·N² <= this; benchmarks/bench_losses.py --crossover (2 shared cores, float32, 512-d): dense wins
-# for SupAP / Smooth-AP / ROADMAP / Sup-R@k up to B = 32 in-batch (3.3e4), loses from B = 64 (2.6e5).
+# CPU: dense iff B·N² <= this (benchmarks/bench_losses.py --crossover; docs/performance.md)
 CPU_DENSE_MAX_WORK = 1 << 15
 # the CPU rule in the form of the cost model: dense = B·N² against sorted = the threshold (unitless)
 CPU_FLAT_COSTS = KernelCosts(0.0, 1.0, float(CPU_DENSE_MAX_WORK), 0.0, 0.0)
-# CPU, hierarchical: measured crossovers (in-batch, 2 shared cores, median of 9) for 2, 3 and 4 levels; more levels
-# keep the 4-level threshold
+# CPU, hierarchical: measured crossovers for 2, 3 and 4 levels; more levels keep the 4-level threshold
 CPU_HIERARCHICAL_DENSE_MAX_WORK = {2: 1 << 17, 3: 1 << 19, 4: 1 << 20}
 CPU_HIERARCHICAL_COSTS = KernelCosts(0.0, 1.0, float(CPU_HIERARCHICAL_DENSE_MAX_WORK[2]), 0.0, 0.0)
 
@@ -284,9 +276,8 @@ class _DenseRanks(torch.autograd.Function):
 
 
 class _DenseAP(torch.autograd.Function):
-    """Per-query AP ``Σ_i P_i rank⁺_i / rank_i / max(|P|, 1)`` ``(B,)`` from the blocked dense ranks, with the
-    gradient through the ranks in closed form: ``∂AP/∂rank_i = −P_i rank⁺_i / rank_i² / n`` and (Smooth-AP)
-    ``∂AP/∂rank⁺_i = P_i / rank_i / n``, so backward is two batched mat-vec products per block."""
+    """Per-query AP ``(B,)`` from the blocked dense ranks; backward in closed form: ``∂AP/∂rank_i =
+    −P_i rank⁺_i / rank_i² / n`` and (Smooth-AP) ``∂AP/∂rank⁺_i = P_i / rank_i / n``."""
 
     @staticmethod
     def forward(ctx, kernel, block, parameter, scores, positives, others):
@@ -348,9 +339,8 @@ def dense_query_ranks(
     """``(rank⁺, rank)`` ``(B, N)`` of every query, in blocks of :func:`dense_block_size` queries.
 
     SupRank: ``rank⁺_i = 1 + Σ_{j≠i} P_j H(s_j − s_i)`` (``H(0) = 1``, no gradient) and ``rank_i = rank⁺_i + Σ_j N_j
-    H⁻(s_j − s_i)``; Smooth-AP: ``1 + Σ_{j≠i} P_j σ_τ(s_j − s_i)`` and ``1 + Σ_{j≠i} V_j σ_τ(s_j − s_i)``. Backward:
-    ``∂/∂s_j = Σ_i w_ij − Σ_k w_jk`` with ``w`` the derivative (``H⁻'`` or ``σ_τ'``) times the incoming gradient, two
-    batched mat-vec products per block; the extra memory is one block's temporaries, forward and backward.
+    H⁻(s_j − s_i)``; Smooth-AP: ``1 + Σ_{j≠i} P_j σ_τ(s_j − s_i)`` and ``1 + Σ_{j≠i} V_j σ_τ(s_j − s_i)``. Extra
+    memory: one block's temporaries, forward and backward.
 
     Args:
         kernel: ``"suprank"`` (``others`` = negatives mask, ``parameter`` = the :class:`SupRankStep`, with a
@@ -381,8 +371,7 @@ def dense_query_ap(
     """Per-query surrogate AP ``(B,)`` and positive count ``(B,)``: SupAP (SupRank Eq. 11) or Smooth-AP (Eq. 5),
     ``AP_q = Σ_i P[q, i] · rank⁺[q, i] / rank[q, i] / max(|P_q|, 1)`` (0 for a query without positives).
 
-    The mean of ``rank⁺ / rank`` of :func:`dense_query_ranks` over the positives, its backward straight from
-    ``∂L/∂AP`` to ``∂L/∂scores``; same blocking, memory, arguments and ``ValueError`` as :func:`dense_query_ranks`.
+    Same blocking, memory, arguments and ``ValueError`` as :func:`dense_query_ranks`; backward straight to scores.
     Returns ``(ap (B,), count (B,))``; ``count`` (float) carries no gradient.
     """
     return _blocked_apply(_DenseAP, kernel, scores, positives, others, parameter, memory_budget)

@@ -4,9 +4,8 @@ difference of a block of queries, level masks applied arithmetically, no host sy
 * :func:`dense_hierarchical_ranks` — ``rank`` and ``H-rank⁺`` (SupRank Eqs. 18 and 21, HAPPIER's ``H_s^>`` of Eq. 43
   optional) of a ``(b, N)`` block; :func:`dense_hierarchical_query_ranks` — the same over all queries in blocks;
 * :func:`dense_sup_hap_scores` / :func:`dense_sup_ndcg_scores` — per-query H-AP (Eq. 21) and NDCG (Eq. 24), the
-  values of :mod:`pml_suprank.ranking.hierarchical`'s kernels, by one fused autograd function (in-place masked
-  arithmetic on :data:`FUSED_TEMPORARIES` ``(b, N, N)`` buffers; backward: the explicit derivatives of ``H⁻`` and
-  ``H_s^>`` through two batched mat-vec products).
+  values of :mod:`pml_suprank.ranking.hierarchical`'s kernels, by one fused autograd function with explicit
+  derivatives (:data:`FUSED_TEMPORARIES` ``(b, N, N)`` buffers).
 """
 
 from __future__ import annotations
@@ -31,9 +30,7 @@ __all__ = [
 ]
 
 HIERARCHICAL_TEMPORARIES = 10  # (b, N, N) tensors of one hierarchical block (plain autograd keeps several)
-# (b, N, N) float buffers alive at once in the fused kernel, bool masks counted at their size (1 byte per element,
-# one float32 buffer per 4 masks): without H_s^> the float buffers t / lin, σ / H⁻, H⁻' and 3 masks ≈ 4; with it,
-# also min(rel_i, rel_j), H_s^> and its derivative
+# (b, N, N) float buffers alive at once in the fused kernel (a bool mask = 1/4 buffer), without / with H_s^>
 FUSED_TEMPORARIES = {False: 4, True: 7}
 
 
@@ -116,8 +113,7 @@ def _fused_block(s, levels, v, weight, step: SupRankStep, hrank: HRankParams | N
 
     ``rank`` (SupRank Eq. 18), ``rank_plus = Σ_j min(w_i, w_j) · H⁺(t_ij)`` (Eq. 21 with ``w`` the relevance of the
     valid items, 0 elsewhere) and the ``(b, N, N)`` derivative terms of backward: ``d[q, i, j] = [T_j < T_i] ·
-    H⁻'(t_ij)`` and, with ``hrank``, ``e[q, i, j] = min(w_i, w_j) · [T_j > T_i] · H_s^>'(t_ij)``. Masks are applied
-    by in-place ``masked_fill_`` / ``mul_`` / ``add_`` with 0/1 values, so every entry is exactly one branch's value.
+    H⁻'(t_ij)`` and, with ``hrank``, ``e[q, i, j] = min(w_i, w_j) · [T_j > T_i] · H_s^>'(t_ij)``.
     """
     t = s.unsqueeze(1) - s.unsqueeze(2)  # t[q, i, j] = s_qj − s_qi
     upper = levels.unsqueeze(1) >= levels.unsqueeze(2)  # T_j ≥ T_i: Heaviside; else H⁻

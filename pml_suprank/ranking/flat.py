@@ -2,15 +2,12 @@
 
 For a query ``q`` and a positive item ``i`` of a ``(B, N)`` score matrix the flat surrogates need
 ``Σ_j m[q, j] · step(s_{q j} − s_{q i})`` over a set of reference items (SupRank, Ramzi et al., TPAMI 2025, Eqs. 9-11;
-Smooth-AP, Brown et al., ECCV 2020, Eq. 6). :func:`suprank_negative_sum`, :func:`heaviside_positive_count` and
-:func:`sigmoid_rank_sums` take the Heaviside and linear branches from sorted per-query thresholds + ``searchsorted`` +
-suffix sums (:func:`count_above`, ``O(B·N log P)``); only the sigmoid window is evaluated per (pair, reference)
-element, in chunks of whole queries (:func:`sigmoid_window_sum`, recomputed in backward).
+Smooth-AP, Brown et al., ECCV 2020, Eq. 6): Heaviside and linear branches from sorted thresholds and suffix sums
+(:func:`count_above`), only the sigmoid window per element, chunked (:func:`sigmoid_window_sum`).
 
 Pairs are ``query_idx`` / ``item_idx`` ``(K,)`` long tensors grouped by query (non-decreasing ``query_idx``, as from
-``torch.nonzero``). Host synchronisation: one per call, in :func:`group_pairs` (a ``.tolist()`` of the sorted
-per-query pair counts, which also carries the grouping check); every later shape and chunk, forward and backward, is
-known on the host. Pass the :class:`PairGroups` as ``groups=`` to share that read between kernels.
+``torch.nonzero``). One host synchronisation per call, in :func:`group_pairs`; pass its :class:`PairGroups` as
+``groups=`` to share that read between kernels.
 """
 
 from __future__ import annotations
@@ -38,8 +35,7 @@ __all__ = [
 
 
 ACCELERATOR_CHUNK_SIZE = 1 << 23
-"""Elements of one window block of the flat kernels on an accelerator: 4× :data:`CHUNK_SIZE` (32 MB per float32
-temporary; B = 256 × 5 positives against 60,000 items: 10 blocks instead of 37). Changes speed, not values."""
+"""Elements of one window block of the flat kernels on an accelerator: 4× :data:`CHUNK_SIZE`. Speed, not values."""
 
 
 def default_chunk_elements(device: torch.device | str) -> int:
@@ -95,10 +91,8 @@ def group_pairs(query_idx: Tensor, num_queries: int) -> PairGroups:
 
 
 def positive_pair_groups(mask: Tensor, host_counts: list[int] | None = None) -> tuple[Tensor, Tensor, PairGroups]:
-    """``(query_idx (K,), item_idx (K,), groups)`` of the True entries of a ``(B, N)`` bool ``mask``, row-major: the
-    pairs of ``torch.nonzero(mask, as_tuple=True)`` and their :class:`PairGroups`, with one host read in all (the
-    sorted per-row counts; the pairs come from ``nonzero_static``), none when the caller has the per-row
-    ``host_counts``."""
+    """``(query_idx (K,), item_idx (K,), groups)`` of the True entries of a ``(B, N)`` bool ``mask``, row-major, as
+    ``torch.nonzero(mask, as_tuple=True)``: one host read, none when the caller passes per-row ``host_counts``."""
     counts = mask.sum(1)
     order = torch.argsort(counts, descending=True, stable=True)
     widths = tuple(counts[order].tolist()) if host_counts is None else tuple(sorted(host_counts, reverse=True))
@@ -134,9 +128,8 @@ def count_above(
 
     ``count_k = #{j : scores[q_k, j] > thresholds[k]}`` (``>=`` when ``inclusive``) and, with ``with_sum``,
     ``sum_k = Σ_j scores[q_k, j]`` over the same items, differentiable and accumulated in float64 (float32 on MPS)
-    so that ``sum_k − count_k·x`` does not cancel. Excluded items are ``-inf`` in ``scores``. Sorted thresholds +
-    ``searchsorted`` + a histogram with suffix sums: ``O(B·N log P + K log P)``, no ``K × N`` tensor. Returns
-    ``(count (K,) in the dtype of scores, sum (K,) float64 or None)``.
+    so that ``sum_k − count_k·x`` does not cancel. Excluded items are ``-inf`` in ``scores``. ``O(B·N log P)``, no
+    ``K × N`` tensor. Returns ``(count (K,) in the dtype of scores, sum (K,) float64 or None)``.
     """
     groups = group_pairs(query_idx, scores.shape[0]) if groups is None else groups
     padded = _padded(thresholds.detach(), query_idx, groups.pos, scores.shape[0], groups.width, float("inf"))
@@ -206,10 +199,8 @@ def suprank_negative_sum(
 ) -> Tensor:
     """``Σ_{j : negatives[q_k, j]} H⁻(s_{q_k j} − s_{q_k i_k})`` for every pair ``k`` (SupRank Eq. 4 and 10).
 
-    Split by branch: ``t <= δ`` → ``σ_τ(t)`` evaluated in a chunked window kernel (:func:`sigmoid_window_sum`);
-    ``0 < t <= δ`` → ``start`` times a count; ``t > δ`` → ``ρ (Σ s_j − C (s_i + δ)) + offset·C`` from sorted
-    thresholds and suffix sums (:func:`count_above`): the elementwise ``SupRankStep().value`` sum up to rounding and
-    the ``±50`` sigmoid clamp (< 1e-20 per term). Returns ``(K,)`` in the dtype of ``scores``.
+    Equals the elementwise ``SupRankStep().value`` sum up to rounding and the ``±50`` sigmoid clamp (< 1e-20 per
+    term). Returns ``(K,)`` in the dtype of ``scores``.
     """
     num_queries = scores.shape[0]
     groups = group_pairs(query_idx, num_queries) if groups is None else groups
@@ -239,10 +230,7 @@ def suprank_negative_sum(
 
 def heaviside_positive_count(scores: Tensor, query_idx: Tensor, item_idx: Tensor) -> Tensor:
     """``Σ_{j∈P_q, j≠i} H(s_j − s_i)`` per pair (``H(0) = 1``), without gradient, where ``P_q`` = the items of
-    query ``q``'s pairs (the pairs are the positives).
-
-    One sort of the ``K`` pairs by (query, score): pair ``k`` counts the pairs of its query from the first one tied
-    with it to the end of the query's group, minus itself. ``O(K log K)``, no host synchronisation, any pair order.
+    query ``q``'s pairs (the pairs are the positives). ``O(K log K)``, no host synchronisation, any pair order.
     """
     with torch.no_grad():
         num_pairs, device = len(query_idx), query_idx.device

@@ -9,12 +9,9 @@ SupRank (Ramzi et al., TPAMI 2025) defines for every positive item ``i`` (``T_i 
   ``H_s^>(t) = γ·t`` (``t ≤ 0``), ``min(ν·t + μ, 1)`` (``t > 0``) towards ``T_j > T_i`` (Ramzi et al., ECCV 2022,
   App. A.3, Eq. 43 with ``min`` for the paper's ``max`` typo).
 
-Per block of queries, without ``B × N × N`` tensors: the terms between positives (the Heaviside counts and all of
-``H-rank⁺``, as ``rel_j = 0`` for negatives) come from the positives' level sets sorted once
-(:mod:`pml_suprank.ranking.levels`: ``searchsorted`` counts, float64 prefix sums); the ``H⁻`` term of a positive at
-level ``l`` runs over ``A_l = {valid j : T_j < l}``, one masked copy of the query's row per level, by the sigmoid
-window kernel plus sorted thresholds (``P·N`` elements per query). ONE host read per call, the ``(B, L)`` positives
-per query and level; blocks of queries: :mod:`pml_suprank.ranking.query_blocks`.
+Without ``B × N × N`` tensors: terms between positives from their sorted level sets (:mod:`pml_suprank.ranking.levels`),
+the ``H⁻`` term over ``A_l = {valid j : T_j < l}`` by the sigmoid window kernel. One host read per call (the ``(B, L)``
+positive counts); blocks of queries: :mod:`pml_suprank.ranking.query_blocks`.
 """
 
 from __future__ import annotations
@@ -76,9 +73,7 @@ def _negative_terms(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``Σ_{j ∈ A_l} H⁻(s_j − s_i)`` (SupRank Eq. 4) for every positive ``i`` (level ``l``) of a block:
     ``(query (K,), column (K,), sum (K,) float64)``; row ``(l − 1)·b + q`` of the stacked ``(L·b, N)`` problem is
-    query ``q`` restricted to ``A_l``. Branches as an elementwise ``t = s_j − s_i`` chooses them: ``σ_τ(t)`` on
-    ``t <= δ`` (window kernel, scale ``1/τ``), ``start`` on ``0 < t <= δ`` and ``ρ(t − δ) + offset`` on ``t > δ``
-    (``s_j > u_i``, :func:`_last_within`), the last two from sorted thresholds and float64 suffix sums."""
+    query ``q`` restricted to ``A_l``; branches as an elementwise ``t = s_j − s_i`` (:func:`_last_within`)."""
     bsz, n = scores.shape
     num_levels = len(counts[0]) if counts else 0
     lvl = torch.arange(1, num_levels + 1, device=levels.device)[:, None, None]
@@ -161,8 +156,7 @@ def _rank_plus(
 ) -> Tensor:
     """``H-rank⁺`` ``(b, P)`` of the padded positives of a block (scores ``s_det`` detached, ``s64`` float64, levels
     ``lv``, mask ``present``; SupRank Eq. 18; ``H_s^>`` of HAPPIER Eq. 43 towards more relevant levels when ``hrank``
-    is given), 0 at padding. Only levels ``>= 1`` take part (``rel`` of the negatives does not enter H-rank⁺), so
-    ``sl`` holds the positives' level sets only."""
+    is given), 0 at padding; ``sl`` holds the positives' level sets only."""
     num_levels = sl.num_levels
     rel_tab = level_relevance.to(torch.float64)
     rel_i = torch.gather(rel_tab, 1, lv)
@@ -246,8 +240,7 @@ def hierarchical_ranks(
         chunk_size: window elements processed at once (memory/speed trade-off only; ``None``:
             :data:`WINDOW_CHUNK_ELEMENTS` on the CPU, :data:`ACCELERATOR_WINDOW_CHUNK_ELEMENTS` elsewhere).
         block_elements: ``(query, list, item)`` elements of one block of queries (:func:`query_block_rows`; ``None``:
-            the device's byte budget). With several blocks, forward keeps no graph and backward recomputes one block
-            at a time: the extra memory is bounded by one block, at the price of a second forward pass.
+            the device's byte budget). With several blocks, backward recomputes one block at a time.
 
     Returns:
         ``rank`` ``(B, N)`` (1 at non-positive or invalid items) and ``rank_plus`` ``(B, N)`` (0 there, ``None`` if

@@ -46,8 +46,7 @@ class SortedLevels(NamedTuple):
 
     def members_before(self, level: int, position: Tensor) -> Tensor:
         """``(B, N)`` number of items of ``A_level`` before ``position`` (from :meth:`search`) in ``A_{L+1}``: the
-        first position in sorted ``A_level`` with key ``>= x`` (``> x`` for a right search). Same comparisons as a
-        search in ``A_level`` itself."""
+        position of ``x`` in sorted ``A_level`` itself."""
         return torch.gather(self.member_prefix[level - 1], 1, position)
 
     def count_and_sum(self, level: int, lo: Tensor | None, hi: Tensor | None) -> tuple[Tensor, Tensor]:

@@ -1,9 +1,8 @@
 """Blocks of queries for the per-query rank kernels under a byte budget, and two ways to differentiate them.
 
 A per-query kernel maps rows ``(scores[b], levels[b], valid[b], level_relevance[b])`` to outputs of that row only.
-Large problems (e.g. 256 queries against 60,000 items) run in blocks of queries within :func:`block_budget_bytes`
-(fixed on the CPU, a fraction of the free memory on CUDA): :class:`_JacobianBlocks` for one ``(B,)`` output (forward
-keeps each block's ``(B, N)`` Jacobian; no recomputation), :class:`_BlockedRows` for ``(B, N)`` outputs (backward
+Large problems run in blocks of queries within :func:`block_budget_bytes`: :class:`_JacobianBlocks` for one ``(B,)``
+output (forward keeps each block's ``(B, N)`` Jacobian), :class:`_BlockedRows` for ``(B, N)`` outputs (backward
 recomputes one block at a time). With one block both are plain autograd.
 """
 
@@ -35,9 +34,8 @@ BLOCK_BYTES_MAX = 8 << 30
 """... up to this many bytes."""
 
 BYTES_PER_ELEMENT = 24
-"""Bytes per ``(query, level + 1, item)`` element of a block of the hierarchical kernel with autograd (the stacked
-masked rows, their ``searchsorted`` buckets and float64 sums): about 20 measured on the CPU (B = 64 → 256 queries
-against 60,000 items, 2 levels: +674 MB), plus the window chunk's temporaries."""
+"""Bytes per ``(query, level + 1, item)`` element of a block of the hierarchical kernel with autograd (about 20
+measured on the CPU, plus the window chunk's temporaries)."""
 
 ONE_BLOCK_FACTOR = 2
 """A problem of at most ``ONE_BLOCK_FACTOR`` budgets is evaluated as one block (plain autograd)."""

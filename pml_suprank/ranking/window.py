@@ -3,8 +3,7 @@
 Every smooth rank term of SupRank (Ramzi et al., TPAMI 2025, Eqs. 4, 10 and 21) and of Smooth-AP (Brown et al., ECCV
 2020, Eq. 5) without a closed form is, per (query ``q``, item ``i``) pair, a sigmoid summed over a window of reference
 items, ``out[k] = Σ_{j: t <= upper} σ(scale·t)`` with ``t = s_{q_k j} − s_{q_k i_k}``. :func:`window_sum` evaluates
-it with ONE custom autograd function over blocks of whole queries of about :data:`CHUNK_SIZE` elements and
-recomputes the blocks in backward: nothing of size ``pairs × N`` is saved, the extra memory is one chunk.
+it over blocks of about :data:`CHUNK_SIZE` elements, recomputed in backward: the extra memory is one chunk.
 """
 
 from __future__ import annotations
