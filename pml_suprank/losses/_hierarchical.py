@@ -1,9 +1,7 @@
 """Shared plumbing of the hierarchical rank losses (Sup-H-AP / HAPPIER, Sup-NDCG / ROD-NDCG).
 
-Labels: ``(N, L)`` integers (column 0 finest), or ``(N,)`` fine labels with ``hierarchy=`` (a
-:class:`pml_suprank.relevance.Hierarchy` or ``(num_fine, L)`` table; identical results, and the path through PML's
-1-D-label tools). 1-D labels without a hierarchy raise ``ValueError``; a deliberate single level is
-``labels[:, None]``.
+Labels: ``(N, L)`` integers (column 0 finest), or ``(N,)`` fine labels with ``hierarchy=`` (identical results);
+1-D labels without a hierarchy raise ``ValueError`` (a deliberate single level is ``labels[:, None]``).
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Multi-label relevance of the Sup-H-AP loss (Ramzi, PhD thesis, Algorithm 1) mapped to per-query levels.
 
-The hierarchical rank kernels (:func:`pml_suprank.ranking.sup_hap_scores`, its dense twin) need per query an
-integer level of every item and a ``(B, K + 1)`` relevance table: a query's sorted distinct positive relevances are
-its levels ``1..K`` (:func:`pml_suprank.metrics.graded.graded_levels`), so the kernels compute Sup-H-AP exactly.
+A query's sorted distinct positive relevances are its levels ``1..K`` (:func:`pml_suprank.metrics.graded.graded_levels`)
+with a ``(B, K + 1)`` relevance table, so the hierarchical rank kernels compute Sup-H-AP exactly.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """The SupRank step ``H⁻`` (SupRank paper Eq. 4) as held by the losses built on it, and the name of its ``τ``.
 
-``τ`` of ``H⁻`` is ``tau=`` or its alias ``temperature=`` (as ``SmoothAPLoss`` / ``ClusterLoss``); both with
-different values raise ``ValueError``. In Sup-R@k (:class:`~pml_suprank.losses.SupRecallLoss`,
-:class:`~pml_suprank.losses.RODRecallLoss`) ``temperature=`` is the outer ``τ*`` (SupRank Eq. 16), ``H⁻``'s ``tau=``.
+``τ`` of ``H⁻`` is ``tau=`` or its alias ``temperature=`` (:func:`resolve_tau`), except in Sup-R@k, where
+``temperature=`` is the outer ``τ*`` (SupRank Eq. 16).
 """
 
 from __future__ import annotations

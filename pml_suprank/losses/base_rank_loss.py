@@ -24,17 +24,15 @@ class BaseRankLoss(GuardedCompileMixin, PreparedForwardMixin, BaseMetricLossFunc
 
     Call: ``loss(embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None)`` like any PML loss.
 
-    Semantics (:mod:`pml_suprank.losses._inputs`): cosine / dot-product scores (another ``distance`` raises
-    ``ValueError``); the reference set is the batch unless ``ref_emb``/``ref_labels`` are given, and then the query
-    is removed from it *by index* unless ``include_self=True``; an ``indices_tuple`` restricts the counted pairs;
-    queries without a positive are dropped (none: a zero connected to the graph); computed in float32.
+    Semantics as in :mod:`pml_suprank.losses._inputs` (another ``distance`` than cosine / dot product raises
+    ``ValueError``); queries without a positive are dropped (none: a zero connected to the graph); float32.
 
     Extension contract:
 
     1. Implement ``compute_query_losses(self, inputs: RankInputs) -> (losses, query_idx)``: the per-query losses
        ``(Q,)`` of the kept queries (with a positive) and their rows ``(Q,)`` long, or, without host
        synchronisation, all ``B`` (finite) losses and a ``(B,)`` bool kept mask (:meth:`kept_queries`); the PML
-       reducer reduces them. Ranks: :mod:`pml_suprank.ranking` (``O(pairs × N)`` time, no ``pairs × N`` saved).
+       reducer reduces them. Ranks: :mod:`pml_suprank.ranking`.
     2. Hierarchical losses set ``allow_2d_labels = True`` to accept ``(N, L)`` labels (column 0 = finest).
     3. Combine with a decomposability term (SupRank Eq. 12) through :class:`~pml_suprank.losses.CombinedRankLoss`.
     4. ``kernels`` lists the accepted ``kernel=`` values; a subclass without a dense path keeps
@@ -100,10 +98,9 @@ class BaseRankLoss(GuardedCompileMixin, PreparedForwardMixin, BaseMetricLossFunc
         """The PML loss-dict entry of the rank term on prepared inputs: ``scale`` (``1 − λ`` in
         :class:`CombinedRankLoss`) × the per-query losses.
 
-        With PML's plain ``MeanReducer`` as ``reducer``, stats off and a bool kept mask, the mean is formed here
-        (no host synchronisation) and returned already reduced; otherwise ``{"losses": (Q,), "indices": (Q,),
-        "reduction_type": "element"}``, or PML's zero loss when no query has a positive. ``inputs``: prebuilt
-        :meth:`rank_inputs` (a combined loss sharing its score matrix).
+        Already reduced under PML's plain ``MeanReducer`` (stats off, bool kept mask); otherwise ``{"losses": (Q,),
+        "indices": (Q,), "reduction_type": "element"}``, or PML's zero loss when no query has a positive.
+        ``inputs``: prebuilt :meth:`rank_inputs` (a combined loss sharing its score matrix).
         """
         if inputs is None:
             inputs = self.rank_inputs(embeddings, labels, indices_tuple, ref_emb, ref_labels)

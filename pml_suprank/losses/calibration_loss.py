@@ -35,10 +35,9 @@ class CalibrationLoss(GuardedCompileMixin, BaseMetricLossFunction):
     """Decomposability loss L_DG (SupRank paper Eq. 7; ROADMAP NeurIPS 2021 Eq. 7).
 
     ``L_DG = mean_{(q,j)∈Pos} [α − cos(q, j)]₊ + mean_{(q,j)∈Neg} [cos(q, j) − β]₊`` over (query, reference) pairs:
-    positives are pushed above ``α`` and negatives below ``β`` so that scores are comparable across batches.
-    ``average="active"`` (default, the reference code: PML ``ContrastiveLoss`` + ``AvgNonZeroReducer``) averages each
-    term over its non-zero pairs; ``average="all"`` over all pairs (the paper). Pairs follow the rank losses'
-    conventions (``ref_emb``, ``indices_tuple``, ``include_self``); scores are cosine similarities.
+    positives above ``α``, negatives below ``β``. ``average="active"`` (default, the reference code: PML
+    ``ContrastiveLoss`` + ``AvgNonZeroReducer``) averages each term over its non-zero pairs; ``average="all"`` over
+    all pairs (the paper). Pairs follow the rank losses' conventions; scores are cosine similarities.
 
     Args:
         pos_margin: ``α`` (0.9).

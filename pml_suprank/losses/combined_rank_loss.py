@@ -53,8 +53,7 @@ class CombinedRankLoss(GuardedCompileMixin, PreparedForwardMixin, BaseMetricLoss
     Args:
         rank_loss: the rank loss; it owns the scores (``distance``) and ``include_self``.
         decomposability_loss: ``"calibration"``, ``"proxy"`` or an ``nn.Module`` loss, called as
-            ``module(embeddings, fine, indices_tuple[, ref_emb, ref_fine])`` (or ``module(embeddings, fine)`` when
-            it has ``uses_reference_set = False``).
+            ``module(embeddings, fine, indices_tuple[, ref_emb, ref_fine])`` (:meth:`decomposability_arguments`).
         weight: ``λ`` in ``[0, 1]``.
         num_classes, embedding_size: needed by ``"proxy"`` (``decomposability_loss.proxies``).
         **kwargs: PML options of the combined loss (``reducer``, ``embedding_regularizer``, ...).
@@ -63,6 +62,7 @@ class CombinedRankLoss(GuardedCompileMixin, PreparedForwardMixin, BaseMetricLoss
     ``ref_emb (N, D)``, ``ref_labels``; returns a scalar.
 
     Example:
+        >>> from pml_suprank.losses import SupAPLoss
         >>> loss_fn = CombinedRankLoss(SupAPLoss(), "calibration", weight=0.1)  # = ROADMAPLoss()
     """
 
@@ -189,7 +189,7 @@ class CombinedRankLoss(GuardedCompileMixin, PreparedForwardMixin, BaseMetricLoss
 
 
 #: the rank loss's public hyper-parameters, read-only properties of the combined loss (``roadmap.tau`` is
-#: ``roadmap.rank_loss.tau``; properties, not ``__getattr__``, so that dynamo traces them)
+#: ``roadmap.rank_loss.tau``; not ``__getattr__``, which dynamo cannot trace)
 RANK_LOSS_ATTRIBUTES = (
     "allow_2d_labels", "alpha", "chunk_size", "delta", "hierarchy", "hrank", "include_self", "k", "kernel",
     "level_weights", "multilabel", "offset", "relevance", "rho", "start", "step", "tau", "temperature", "with_hrank",

@@ -1,11 +1,9 @@
 """Compiled = eager, or refused: each new graph of a compiled loss is checked against the eager loss on its batch.
 
-``torch.compile`` of a loss can be silently wrong (torch 2.11's dynamo once returned a zero gradient for the
-hierarchical dense kernel). ``loss.compile(...)`` (:class:`GuardedCompileMixin`) and :func:`compile_loss` (the
-recipes' ``--compile_loss``) compile in place and compare the first call of every call signature with the eager call
-on the same batch (outputs, embedding gradient, the loss's parameter gradients). A relative difference
-``‖a − b‖₂ / max(‖a‖₂, ‖b‖₂)`` above :data:`COMPILE_RTOL` raises :class:`CompiledLossMismatchError`; a batch whose
-eager loss is not finite is judged later. After ``torch.compile(loss)``, call :func:`check_compiled_loss`.
+``loss.compile(...)`` (:class:`GuardedCompileMixin`) and :func:`compile_loss` (the recipes' ``--compile_loss``)
+compile in place and compare the first call of every call signature with eager (outputs, embedding and parameter
+gradients): a relative difference above :data:`COMPILE_RTOL` raises :class:`CompiledLossMismatchError`; a batch with
+a non-finite eager loss is judged later. After ``torch.compile(loss)``, call :func:`check_compiled_loss`.
 """
 
 from __future__ import annotations

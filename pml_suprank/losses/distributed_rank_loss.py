@@ -1,9 +1,8 @@
 """Exact distributed rank losses: this process's queries ranked against the global batch, normalised globally.
 
 A rank loss on the *global* batch is not the average of per-process rank losses (PML's
-``DistributedLossWrapper(efficient=True)``: 0.71 relative gradient error). :func:`reference_loss` ranks the *local*
-queries against a gathered or shared reference set and normalises with the **global** counts of the loss's PML
-reducer; :class:`DistributedRankLoss` wraps any loss with it. Without a process group it is the plain loss call.
+``DistributedLossWrapper(efficient=True)``). :func:`reference_loss` normalises with the **global** counts of the
+loss's PML reducer; :class:`DistributedRankLoss` wraps any loss with it. Without a process group: the plain call.
 """
 
 from __future__ import annotations

@@ -26,9 +26,8 @@ MULTILABEL_MODES = (None, "per_label")  # the multilabel= choices of SupAPLoss /
 
 
 def grouped_suprank_pair_ranks(inputs: RankInputs, step: SupRankStep):
-    """SupRank ranks of every (query, positive) pair: ``rank⁺(i) = 1 + Σ_{j∈P_q, j≠i} H(s_j − s_i)`` (no gradient)
-    and ``rank(i) = rank⁺(i) + Σ_{j∈N_q} H⁻(s_j − s_i)`` (SupRank Eq. 9-10), ``P_q``/``N_q`` the valid positives /
-    negatives of query ``q``.
+    """SupRank ranks ``rank⁺`` (no gradient) and ``rank`` (Eq. 9-10) of every (query, positive) pair, by the sorted
+    kernels (formulas: :func:`pml_suprank.ranking.dense.dense_query_ranks`).
 
     Args:
         inputs: the loss inputs (``(B, N)`` scores, validity mask, 1-D labels).
@@ -84,8 +83,8 @@ class SupAPLoss(SupRankStepMixin, BaseRankLoss):
         temperature: alias of ``tau``; giving both with different values raises ``ValueError``.
         multilabel: ``None`` (default) or ``"per_label"``: ``(B, M)`` label sets padded with ``-1`` (column 0 a
             label; ``ref_labels`` ``(N, M)`` likewise); the per-query score is the mean, over the query's distinct
-            labels with a positive, of the SupAP of that label as a binary problem (Ramzi PhD thesis Sec. 6.2.1),
-            one pseudo-query per (query, label). Upper bound of ``1 −``
+            labels with a positive, of the SupAP of that label as a binary problem (Ramzi PhD thesis Sec. 6.2.1).
+            Upper bound of ``1 −``
             :func:`pml_suprank.metrics.graded.mean_label_average_precision`. ``RankingMemory`` and
             ``DistributedRankLoss`` pad the sets; ``memory.CrossBatchMemory`` does not support it.
         **kwargs: ``BaseRankLoss`` / PML options (``distance``, ``reducer``, ...).

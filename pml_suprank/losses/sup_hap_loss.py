@@ -38,9 +38,8 @@ class SupHAPLoss(HierarchicalRankLoss):
     Since ``H⁻ ≥ H`` and ``H_s^> ≤ H``, the loss is ``≥ 1 − H-AP``; with one level it equals SupAP.
 
     Multi-label (``relevance="multilabel"``): labels are ``(B, M)`` fine-label sets padded with ``-1`` (column 0 a
-    label; ``ref_labels`` ``(N, M)`` likewise) and ``rel(q, j)`` is the thesis' Algorithm 1
-    (:func:`pml_suprank.relevance.multilabel_relevance` through ``hierarchy``), used exactly by the same kernels
-    (HAPPIER Eqs. 2-3; :func:`pml_suprank.losses._multilabel.multilabel_levels`); ``loss ≥ 1 − H-AP`` of
+    label; ``ref_labels`` ``(N, M)`` likewise), ``rel(q, j)`` of the thesis' Algorithm 1 (HAPPIER Eqs. 2-3;
+    :mod:`pml_suprank.losses._multilabel`); ``loss ≥ 1 − H-AP`` of
     :func:`pml_suprank.metrics.functional.graded_average_precision`. ``alpha`` must stay 1, ``level_weights`` unset.
     Cost: ``O(L · B · N log N)`` plus the sigmoid-window pairs, ``O(L · B · N)`` extra memory; never ``B × N × N``.
 

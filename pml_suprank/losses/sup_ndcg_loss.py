@@ -26,11 +26,9 @@ class SupNDCGLoss(HierarchicalRankLoss):
     ordered by decreasing level (Eq. 23, gains ``2^l − 1``). Upper bound of ``1 − NDCG`` for the default offset.
 
     Multi-label (``relevance="multilabel"``): ``(B, M)`` fine-label sets padded with ``-1`` (column 0 a label;
-    ``ref_labels`` ``(N, M)`` likewise); the gain of item ``j`` for query ``q`` is ``2^{rel(q, j)} − 1`` with ``rel``
-    of the thesis' Algorithm 1 (:func:`pml_suprank.relevance.multilabel_relevance`), the exponential gain of
-    :func:`pml_suprank.metrics.graded.graded_ndcg` (upper bound of ``1 −`` that NDCG); the query's distinct relevances
-    are its levels (:func:`pml_suprank.losses._multilabel.multilabel_levels`). With one label per item and ``L``
-    levels the gains are ``2^{T/L} − 1``.
+    ``ref_labels`` ``(N, M)`` likewise); gains ``2^{rel(q, j)} − 1`` with ``rel`` of the thesis' Algorithm 1, as
+    :func:`pml_suprank.metrics.graded.graded_ndcg` (upper bound of ``1 −`` that NDCG); with one label per item and
+    ``L`` levels the gains are ``2^{T/L} − 1``.
 
     Args:
         hierarchy: fine → ancestors table for 1-D fine labels (and for the multi-label relevance).

@@ -117,9 +117,8 @@ def choose_kernel(kernel: str, device: torch.device | str, num_queries: int, num
     :func:`predicted_costs` (ties to dense) for ``B = num_queries`` queries against ``N = num_refs`` items and
     ``levels`` hierarchy levels (1 for a flat loss):
 
-    * accelerators: ``dense = 1.56 + 6.9e-8·B·N²`` vs ``sorted = 4.31 + 2.2e-6·B·N`` ms (flat),
-      ``dense = 1.71 + 1.15e-7·B·N²`` vs ``sorted = 13.8 + 5.0e-6·B·N + 3.5e-3·N`` ms (2 levels); e.g. in-batch
-      B = 256 → dense, B = 256 vs 1,024 → sorted, B = 32 vs 1,024 → dense, anything vs 60,000 → sorted;
+    * accelerators: :data:`CUDA_FLAT_COSTS` / :data:`CUDA_HIERARCHICAL_COSTS`; e.g. in-batch B = 256 → dense,
+      B = 256 vs 1,024 → sorted, B = 32 vs 1,024 → dense, anything vs 60,000 → sorted;
     * CPU: dense iff ``B·N² <= 2^15`` (flat), ``2^17 / 2^19 / 2^20`` for 2 / 3 / 4+ levels.
 
     Raises:

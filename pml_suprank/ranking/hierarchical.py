@@ -188,8 +188,8 @@ def _rank_plus(
 
 
 WINDOW_CHUNK_ELEMENTS = 1 << 24
-"""Elements of one window block of the hierarchical kernel on the CPU (64 MB per float32 temporary), larger than the
-flat kernels' (a query's ``L`` rows hold all its positives); :data:`ACCELERATOR_WINDOW_CHUNK_ELEMENTS` elsewhere."""
+"""Elements of one window block of the hierarchical kernel on the CPU; :data:`ACCELERATOR_WINDOW_CHUNK_ELEMENTS`
+elsewhere."""
 
 ACCELERATOR_WINDOW_CHUNK_ELEMENTS = 1 << 25
 

@@ -50,9 +50,8 @@ def tau_sigmoid(t: Tensor, tau: float) -> Tensor:
 def default_offset(tau: float, delta: float, start: float) -> float:
     """SupRank's default ``offset = σ_τ(δ) + start`` (makes ``H⁻`` of SupRank Eq. 4 continuous at ``t = δ``).
 
-    ``σ_τ(δ)`` is evaluated on a float32 tensor as in the reference code (then ``start`` is added in double
-    precision), so float64 runs reproduce its numbers to ~1e-16 instead of ~1e-10; e.g. ``τ = 0.01, δ = 0.05,
-    start = 0.5`` gives 1.49330717.
+    ``σ_τ(δ)`` in float32 as in the reference code (float64 runs reproduce it to ~1e-16); e.g. ``τ = 0.01,
+    δ = 0.05, start = 0.5`` gives 1.49330717.
     """
     d = torch.tensor([delta], dtype=torch.float32)
     return float(tau_sigmoid(d, tau)[0]) + float(start)
