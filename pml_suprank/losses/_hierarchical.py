@@ -21,9 +21,8 @@ RELEVANCES = ("levels", "multilabel")  # the relevance= choices of the hierarchi
 
 
 class HierarchicalRankLoss(SupRankStepMixin, BaseRankLoss):
-    """Base class of the hierarchical SupRank losses: resolves the labels into levels (or, with
-    ``relevance="multilabel"``, the label sets into per-query levels and their relevance ``rel (B, K + 1)``:
-    :func:`~pml_suprank.losses._multilabel.multilabel_levels`) and calls a per-query score. Subclasses implement
+    """Base class of the hierarchical SupRank losses: resolves the labels into levels (or per-query levels and their
+    relevance ``rel (B, K + 1)``, :func:`~pml_suprank.losses._multilabel.multilabel_levels`). Subclasses implement
     :meth:`query_scores` ``(scores, levels, valid, num_levels, rel, dense) -> (score (B,), has_pos (B,))`` (``rel``
     ``None`` for ``"levels"``); the per-query loss is ``1 − score`` over the queries with at least one relevant item.
 

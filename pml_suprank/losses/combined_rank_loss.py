@@ -42,9 +42,8 @@ class CombinedRankLoss(GuardedCompileMixin, PreparedForwardMixin, BaseMetricLoss
 
     ``L = (1 − λ)·L_rank + λ·L_dec`` where ``L_rank`` is any :class:`~pml_suprank.losses.BaseRankLoss` and
     ``L_dec`` the pair calibration loss L_DG (Eq. 7, ``"calibration"``), the proxy loss L_DG* (Eq. 8,
-    ``"proxy"``) or any PML loss module, on the finest labels and the rank loss's reference set (``ref_emb``,
-    ``indices_tuple``; a proxy loss, ``uses_reference_set = False``, sees the queries only). ROADMAP, ROD-R@k,
-    HAPPIER and ROD-NDCG are subclasses.
+    ``"proxy"``, queries only) or any PML loss module, on the finest labels and the rank loss's reference set.
+    ROADMAP, ROD-R@k, HAPPIER and ROD-NDCG are subclasses.
 
     Loss dict: ``"rank_loss"`` (per-query losses × ``1 − λ``, this loss's reducer) and ``"decomposability_loss"``
     (``λ·L_dec``, already reduced); :meth:`compute_terms` returns them reduced. The rank loss's public attributes

@@ -36,9 +36,8 @@ class CSLLoss(GuardedCompileMixin, WeightRegularizerMixin, BaseMetricLossFunctio
 
     and the loss is ``Σ_c mean_b ℓ_c(b)`` (per-element ``Σ_c ℓ_c(b)`` under the PML reducer, ``MeanReducer``).
 
-    Row ``p`` of :attr:`proxy_labels` ``(num_classes, L)`` holds fine class ``p``'s labels at every level: from
-    ``hierarchy=``, else registered from every 2-D label batch (or :meth:`register_labels`); a proxy with unknown
-    ancestors differs from every query at every level.
+    :attr:`proxy_labels` ``(num_classes, L)``: each fine class's labels at every level, from ``hierarchy=`` or
+    registered from 2-D label batches (:meth:`register_labels`); unknown ancestors differ from every query.
 
     Args:
         num_classes: number of fine classes (proxies); fine labels must lie in ``[0, num_classes)``.

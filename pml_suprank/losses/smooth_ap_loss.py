@@ -24,8 +24,7 @@ class SmoothAPLoss(BaseRankLoss):
     / (1 + Σ_{j∈V_q, j≠i} σ_τ(s_j − s_i))]`` (Smooth-AP paper Eq. 5; SupRank paper §3.1).
 
     The sigmoid replaces the Heaviside step on every pair. Unlike PML 2.9's ``SmoothAPLoss`` any batch layout,
-    ``ref_emb`` and ``indices_tuple`` work. Cost: ``O(Σ_q |P_q| · N)`` time, ``O(B · N)`` memory (``"sorted"``);
-    ``O(B · N²)`` time in blocks under a 256 MB budget (``"dense"``).
+    ``ref_emb`` and ``indices_tuple`` work. Cost: ``O(Σ_q |P_q| · N)`` (``"sorted"``), ``O(B · N²)`` (``"dense"``).
 
     Args:
         temperature: sigmoid temperature ``τ`` (0.01 in the paper).

@@ -9,10 +9,9 @@ ECCV 2020; HAPPIER, Ramzi et al., ECCV 2022).
 * :mod:`~pml_suprank.ranking.dense`, :mod:`~pml_suprank.ranking.dense_hierarchical` — the dense ``(b, N, N)``
   kernels (no host synchronisation) and the ``kernel="auto"`` cost model.
 
-The package lists what a user of the losses calls: the kernel choice (:func:`choose_kernel`, :func:`kernel_costs`,
-:func:`predicted_costs`), the chunk sizes and the step objects. The kernels themselves are the **expert API**:
-import them from their modules (``from pml_suprank.ranking.flat import sigmoid_rank_sums``); they may change with
-the losses that use them. All functions are pure and take the device and dtype from their inputs.
+The package lists the kernel choice, the chunk sizes and the step objects; the kernels are the **expert API**,
+imported from their modules (``from pml_suprank.ranking.flat import sigmoid_rank_sums``) and may change with the
+losses. All functions are pure and take the device and dtype from their inputs.
 """
 
 from __future__ import annotations

@@ -46,10 +46,8 @@ def dense_hierarchical_ranks(
 
     ``rank(i) = 1 + Σ_{j≠i, T_j ≥ T_i} H(t_ij) + Σ_{j: T_j < T_i} H⁻(t_ij)`` and
     ``H-rank⁺(i) = Σ_{j: T_j ≥ 1} min(rel_i, rel_j) · H⁺(t_ij)`` (``j = i`` included), ``H⁺ = H`` or, with ``hrank``,
-    ``H_s^>`` for ``T_j > T_i``; sums over valid ``j``. ``scores``, ``levels`` (int, ``{0..L}``), ``valid`` (bool):
-    ``(b, N)``; ``level_relevance``: ``(b, L + 1)`` or ``None`` (ranks only). Returns ``(rank, rank_plus or None)``
-    ``(b, N)`` in the dtype of ``scores``, 1 and 0 at non-positive or invalid items (as
-    :func:`pml_suprank.ranking.hierarchical.hierarchical_ranks`). Plain autograd.
+    ``H_s^>`` for ``T_j > T_i``; sums over valid ``j``. Arguments and returns as
+    :func:`pml_suprank.ranking.hierarchical.hierarchical_ranks` for a ``(b, N)`` block. Plain autograd.
     """
     dtype = scores.dtype
     levels = levels.long()
@@ -190,9 +188,8 @@ class _HierarchicalScores(torch.autograd.Function):
     """Fused dense Sup-H-AP / Sup-NDCG per-query scores with an explicit backward: one block keeps its derivative
     terms from forward; several save ``(B, N)`` tensors only and recompute each block in backward.
 
-    The returned score is never the result of an in-place operation (its version counter is 0): dynamo of torch
-    2.11 drops the gradient of a custom Function's output that an in-place op produced (``x.sum(1).div_(n)``), so
-    the compiled embedding gradient would be zero while the value stays right.
+    The returned score is never produced in place: dynamo of torch 2.11 drops the gradient of a custom Function's
+    output that an in-place op produced (the compiled embedding gradient would be zero).
     """
 
     @staticmethod
@@ -251,8 +248,8 @@ def dense_sup_hap_scores(
     *,
     memory_budget: int = DENSE_MEMORY_BUDGET,
 ) -> tuple[Tensor, Tensor]:
-    """Per-query surrogate H-AP (SupRank Eq. 21), ``Σ_{i∈Ω⁺} H-rank⁺(i) / rank(i) / Σ_j rel_j``: the values of
-    :func:`pml_suprank.ranking.hierarchical.sup_hap_scores` by the fused dense kernel.
+    """Per-query surrogate H-AP (SupRank Eq. 21): the values of :func:`pml_suprank.ranking.hierarchical.sup_hap_scores`
+    by the fused dense kernel.
 
     ``scores``, ``levels``, ``valid``: ``(B, N)``; ``level_relevance``: ``(B, L + 1)`` (``rel(0) = 0``); ``step``
     with a numeric ``offset``; ``memory_budget``: bytes of one block's :data:`FUSED_TEMPORARIES` buffers. Returns
@@ -277,8 +274,7 @@ def dense_sup_ndcg_scores(
     *,
     memory_budget: int = DENSE_MEMORY_BUDGET,
 ) -> tuple[Tensor, Tensor]:
-    """Per-query surrogate NDCG (SupRank Eq. 24), ``DCG_s / iDCG`` with gains ``2^l − 1`` (iDCG, Eq. 23: the valid
-    gains sorted decreasingly, weighed by ``1 / log2(1 + p)``): the values of
+    """Per-query surrogate NDCG (SupRank Eqs. 23-24): the values of
     :func:`pml_suprank.ranking.hierarchical.sup_ndcg_scores` by the fused dense kernel. Returns
     ``(score (B,), has_pos (B,) bool)``.
     """

@@ -173,11 +173,10 @@ def sigmoid_window_sum(
 ) -> Tensor:
     """``out[k] = Σ_j σ(scale·(Z[q_k, j] − z_item[k]))`` over the ``j`` with ``Z[q_k, j] − z_item[k] <= upper``.
 
-    ``Z`` ``(B, M)``: scores divided by the temperature, or the scores with ``scale = 1/τ`` (the bound is then
-    tested on the score differences exactly as an elementwise ``s_j − s_i <= upper``), ``-inf`` at excluded
-    entries. The pairs, laid out as ``(B, P_max)``, go through :func:`pml_suprank.ranking.window.window_sum`: extra
-    memory ``O(B·M + chunk_elements)`` (``None``: :func:`default_chunk_elements`). Returns ``(K,)`` in the dtype of
-    ``Z``, differentiable w.r.t. ``Z`` and ``z_item``.
+    ``Z`` ``(B, M)``: scores divided by the temperature, or the scores with ``scale = 1/τ`` (the bound then tested
+    exactly as an elementwise ``s_j − s_i <= upper``), ``-inf`` at excluded entries. Extra memory
+    ``O(B·M + chunk_elements)`` (``None``: :func:`default_chunk_elements`). Returns ``(K,)`` in the dtype of ``Z``,
+    differentiable w.r.t. ``Z`` and ``z_item``.
     """
     num_queries = Z.shape[0]
     groups = group_pairs(query_idx, num_queries) if groups is None else groups

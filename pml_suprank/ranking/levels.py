@@ -1,8 +1,7 @@
 """Score-sorted level sets of the hierarchical rank kernel (SupRank, Ramzi et al., TPAMI 2025, Eq. 21).
 
-:class:`SortedLevels` holds, for every query, each ``A_l = {valid j : T_j < l}`` (``l = 1..L+1``; ``A_{L+1}`` = all
-valid items) sorted by score with counts and float64 prefix sums, so that "how many items of ``A_l`` score above
-``x``" and "the sum of their scores" are one ``searchsorted`` and one ``gather`` away.
+:class:`SortedLevels` holds, for every query, each ``A_l = {valid j : T_j < l}`` (``l = 1..L+1``) sorted by score
+with counts and float64 prefix sums: counts and score sums above ``x`` by one ``searchsorted`` and one ``gather``.
 """
 
 from __future__ import annotations

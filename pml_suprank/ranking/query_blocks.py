@@ -59,11 +59,9 @@ def query_block_rows(
     num_queries: int | None = None,
     device: torch.device | str = "cpu",
 ) -> int:
-    """Queries per block: ``rows · (L + 1) · N <= block_elements`` elements, at least 1; ``block_elements=None``:
-    :func:`block_budget_bytes` of ``device`` divided by :data:`BYTES_PER_ELEMENT`.
-
-    ``num_queries`` queries whose whole problem is at most :data:`ONE_BLOCK_FACTOR` blocks are kept as one block
-    (returns ``num_queries``)."""
+    """Queries per block: ``rows · (L + 1) · N <= block_elements`` elements, at least 1 (``None``: the device's
+    :func:`block_budget_bytes` / :data:`BYTES_PER_ELEMENT`); ``num_queries`` when at most :data:`ONE_BLOCK_FACTOR`
+    blocks."""
     if block_elements is None:
         budget = block_budget_bytes(device) // BYTES_PER_ELEMENT
     else:
@@ -87,9 +85,8 @@ def _leaf(t: Tensor | None, b0: int, b1: int, need: bool) -> Tensor | None:
 
 
 class _JacobianBlocks(torch.autograd.Function):
-    """``fn`` over blocks of ``rows`` queries for ONE ``(B,)`` output: as ``out_b`` depends on row ``b`` only, its
-    Jacobian is the gradient of ``out.sum()``, taken per block in forward and saved (``(B, N)``, ``(B, L + 1)`` for
-    ``level_relevance``); backward multiplies it by the incoming gradient. Not twice differentiable."""
+    """``fn`` over blocks of ``rows`` queries for ONE ``(B,)`` output: its per-row Jacobian (``(B, N)``, ``(B, L + 1)``
+    for ``level_relevance``) is taken per block in forward and saved. Not twice differentiable."""
 
     @staticmethod
     def forward(ctx, fn, rows, scores, level_relevance, levels, valid):

@@ -9,8 +9,7 @@
 * :class:`HRankParams` — HAPPIER's lower bound ``H_s^>`` of the Heaviside in H-rank⁺ (Ramzi et al., ECCV 2022,
   App. A.3, Eq. 43).
 
-The step objects (:class:`HeavisideStep`, :class:`SigmoidStep`, :class:`SupRankStep`) expose ``value(t)``,
-``derivative(t)`` and ``differentiable``; all are elementwise on any shape, device and dtype of their input.
+The step objects expose ``value(t)``, ``derivative(t)`` and ``differentiable``, elementwise on any shape and dtype.
 """
 
 from __future__ import annotations
