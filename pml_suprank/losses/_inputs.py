@@ -347,7 +347,7 @@ class PreparedForwardMixin:
 
     @float32_forward
     def forward(self, embeddings, labels=None, indices_tuple=None, ref_emb=None, ref_labels=None):
-        """Compute the loss (see the class docstring); a scalar tensor, float32 under autocast (scores and rank math
-        in full precision: :func:`~pml_suprank._precision.float32_forward`)."""
+        """Compute the loss (see the class docstring); a scalar tensor, float32 under autocast
+        (:func:`~pml_suprank._precision.float32_forward`)."""
         loss_dict, embeddings, labels = self.prepared_loss_dict(embeddings, labels, indices_tuple, ref_emb, ref_labels)
         return reduce_loss_dict(self.reducer, loss_dict, embeddings, labels)

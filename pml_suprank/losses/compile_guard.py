@@ -107,9 +107,8 @@ def compare_with_eager(
     parameters: list[tuple[str, Tensor]] | None = None,
     rtol: float = COMPILE_RTOL,
 ) -> bool:
-    """Compare the output of ``compiled(*args, **kwargs)`` with ``eager(*args, **kwargs)``: every floating output
-    tensor and, with gradients enabled, the gradients of the first one for the embeddings (``args[0]``) and the
-    ``parameters`` ``(name, tensor)`` that require grad, each side on its own detached copy (nothing into ``.grad``).
+    """Compare ``compiled(*args, **kwargs)`` with ``eager(*args, **kwargs)``: every floating output and the gradients
+    of the first for the embeddings (``args[0]``) and the ``parameters`` ``(name, tensor)``; nothing into ``.grad``.
 
     Returns:
         Whether the call was judged: ``False`` when the eager output or gradient is not finite (the caller's

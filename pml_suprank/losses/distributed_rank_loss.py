@@ -193,8 +193,7 @@ def reference_loss(
 class DistributedRankLoss(nn.Module):
     """Wrap a loss so that, under ``torch.distributed``, it equals the single-process loss on the global batch.
 
-    ``DistributedRankLoss(losses.SupAPLoss())`` is called like the wrapped loss on the local batch and returns the
-    global-batch loss on every process (with DDP, the single-process gradient).
+    Called like the wrapped loss on the local batch; returns the global-batch loss (with DDP, its gradient).
 
     Args:
         loss: the loss to wrap (a PML ``BaseMetricLossFunction``).

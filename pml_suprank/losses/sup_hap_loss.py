@@ -33,8 +33,8 @@ class SupHAPLoss(HierarchicalRankLoss):
       (Eq. 4) only towards strictly less relevant items;
     * ``L = mean_q [1 − Σ_i H-rank⁺(i) / rank(i) / Σ_j rel_j]`` (Eq. 21), over queries with a relevant item.
 
-    Relevance (Eq. 20): ``rel(l) = (l / L)^α / |Ω^(l)|`` over the counted reference set; ``α = 1`` is HAPPIER,
-    ``α > 1`` HAPPIER_F; ``level_weights``: Property-1 relevance (supplementary Eq. 44, H-AP = ``Σ_l w_l AP^(l)``).
+    Relevance (Eq. 20): ``rel(l) = (l / L)^α / |Ω^(l)|`` (``α > 1``: HAPPIER_F); ``level_weights``: Property-1
+    relevance (supplementary Eq. 44, H-AP = ``Σ_l w_l AP^(l)``).
     Since ``H⁻ ≥ H`` and ``H_s^> ≤ H``, the loss is ``≥ 1 − H-AP``; with one level it equals SupAP.
 
     Multi-label (``relevance="multilabel"``): labels are ``(B, M)`` fine-label sets padded with ``-1`` (column 0 a

@@ -53,8 +53,7 @@ class SupRecallLoss(SupRankStepMixin, BaseRankLoss):
         self.init_step(**step_kwargs)
 
     def k_tensor(self, like: Tensor) -> Tensor:
-        """The cut-offs ``(|K|,)`` on ``like``'s device in its dtype, without a host-to-device copy per call: the
-        ``k_values`` buffer (which follows the loss's ``.to(device)``), else a copy made once for that device."""
+        """The cut-offs ``(|K|,)`` on ``like``'s device in its dtype, copied to a device at most once."""
         ks = self.k_values
         if ks.device != like.device:  # the loss was not moved to the scores' device
             ks = self._k_copies.get(like.device)

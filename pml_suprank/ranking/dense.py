@@ -51,8 +51,7 @@ KERNELS = ("auto", "dense", "sorted")
 
 
 class KernelCosts(NamedTuple):
-    """Fitted fwd+bwd time (ms) of one loss call: ``dense = dense_ms + dense_per_elem · B·N²`` and
-    ``sorted = sorted_ms + sorted_per_pair · B·N + sorted_per_ref · N`` (:func:`kernel_costs`)."""
+    """Fitted fwd+bwd time (ms) of one loss call (:func:`predicted_costs`)."""
 
     dense_ms: float
     dense_per_elem: float
@@ -101,8 +100,8 @@ def kernel_costs(device: torch.device | str, levels: int = 1) -> KernelCosts:
 
 
 def predicted_costs(device: torch.device | str, num_queries: int, num_refs: int, levels: int = 1):
-    """``(dense, sorted)`` predicted fwd+bwd cost of one call by :func:`kernel_costs` (ms on CUDA; on the CPU a
-    unitless score whose sign of the difference is the measured rule ``B·N² <= threshold``)."""
+    """``(dense, sorted)`` predicted fwd+bwd cost of one call: ``dense = dense_ms + dense_per_elem · B·N²``,
+    ``sorted = sorted_ms + sorted_per_pair · B·N + sorted_per_ref · N`` (ms on CUDA; unitless on the CPU)."""
     costs = kernel_costs(device, levels)
     b, n = float(num_queries), float(num_refs)
     dense = costs.dense_ms + costs.dense_per_elem * b * n * n

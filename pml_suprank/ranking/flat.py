@@ -64,15 +64,13 @@ class PairGroups(NamedTuple):
         return self.widths[0] if self.widths else 0
 
     def kept_rows(self) -> Tensor:
-        """``(Q,)`` long, ascending: the queries with at least one pair — ``torch.nonzero(counts > 0)`` with its
-        size known on the host, so without a host synchronisation."""
+        """``(Q,)`` long, ascending: the queries with at least one pair, without a host synchronisation."""
         num_kept = sum(1 for w in self.widths if w > 0)
         return _nonzero(self.counts > 0, num_kept)[:, 0]
 
 
 def group_pairs(query_idx: Tensor, num_queries: int) -> PairGroups:
-    """The :class:`PairGroups` of ``query_idx`` ``(K,)`` (non-decreasing) over ``B`` queries: one ``.tolist()``
-    brings the sorted pair counts and the grouping check to the host. ``O(B log B + K)``.
+    """The :class:`PairGroups` of ``query_idx`` ``(K,)`` (non-decreasing) over ``B`` queries; one host read.
 
     Raises:
         ValueError: ``query_idx`` is not grouped by query (non-decreasing).

@@ -22,11 +22,8 @@ CHUNK_SIZE = 1 << 21
 
 
 def next_below(x: float, dtype: torch.dtype) -> float:
-    """``torch.nextafter(torch.tensor(x, dtype=dtype), -inf)`` computed on the host without a tensor (no device read).
-
-    Rounding as torch's: half to even, through float32 for the 16-bit types. Zero, subnormal, overflowing and
-    non-finite values are handed to torch itself.
-    """
+    """``torch.nextafter(torch.tensor(x, dtype=dtype), -inf)`` computed on the host (no device read), rounding as
+    torch's (half to even, through float32 for the 16-bit types)."""
     if dtype == torch.float64:
         return math.nextafter(x, -math.inf)
     info = torch.finfo(dtype)
