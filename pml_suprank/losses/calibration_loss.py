@@ -121,9 +121,8 @@ class CalibrationLoss(GuardedCompileMixin, BaseMetricLossFunction):
     def pair_losses(
         self, embeddings, labels, indices_tuple, ref_emb, ref_labels, *, reducer=None, scores=None, valid=None
     ) -> dict:
-        """``{"pos_loss": ..., "neg_loss": ...}`` on prepared inputs; under PML's plain ``AvgNonZeroReducer`` /
-        ``MeanReducer`` (``reducer``, stats off) reduced here without host synchronisation, otherwise one element per
-        pair. ``scores`` / ``valid``: the caller's ``(B, N)`` score matrix and reference mask."""
+        """``{"pos_loss": ..., "neg_loss": ...}`` on prepared inputs, already reduced under PML's plain
+        ``AvgNonZeroReducer`` / ``MeanReducer``; ``scores`` / ``valid``: the caller's ``(B, N)`` matrices."""
         if scores is None:
             scores, valid = scores_and_mask(self.distance, embeddings, ref_emb, self.include_self, indices_tuple)
         same = _share_label(labels, ref_labels) if self.multilabel else labels.unsqueeze(1) == ref_labels.unsqueeze(0)

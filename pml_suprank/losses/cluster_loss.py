@@ -76,8 +76,7 @@ class ClusterLoss(GuardedCompileMixin, BaseMetricLossFunction):
         return self._loss_dict(embeddings, labels, reduce=False)
 
     def _loss_dict(self, embeddings, labels, *, reduce: bool) -> dict:
-        """Per-item cross-entropies, or (``reduce``: :meth:`forward` under PML's plain ``MeanReducer`` with
-        statistics off) their mean already reduced: the same value, four operators fewer on the hot path."""
+        """Per-item cross-entropies, or (``reduce``: under PML's plain ``MeanReducer``) their mean, already reduced."""
         proxies = self.proxies if self.proxies.dtype == embeddings.dtype else self.proxies.to(embeddings.dtype)
         labels = labels if labels.dtype == torch.long else labels.long()
         with torch.autocast(device_type=embeddings.device.type, enabled=False):
