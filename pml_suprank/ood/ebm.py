@@ -10,9 +10,7 @@ Where the thesis text and the released code differ, the code is followed:
 * Negatives are ``[z_T; z_0]``: the chain ends **and** their (projected) starting points.
 * The control term is evaluated on real and negative sets separately and summed; input noise ``eps_data`` is added
   to both inside the loss only.
-* Hidden layers are **untied** by default (4,724,737 parameters for d = 512; the reference's one shared
-  ``nn.Linear``, 1,575,937 parameters, with ``tie_hidden_weights=True``), initialised like ``nn.Linear`` from an
-  explicit ``torch.Generator``.
+* Hidden layers are **untied** by default (``tie_hidden_weights=True``: the reference's one shared ``nn.Linear``).
 """
 
 from __future__ import annotations

@@ -164,12 +164,12 @@ def shared_gaussian(z: Tensor, inverse: Tensor, counts: Tensor, reg: float, dtyp
     """``(means (C, D), cholesky (D, D))`` of the float64 rows ``z`` ``(N, D)`` in groups ``inverse`` ``(N,)`` of sizes
     ``counts`` ``(C,)``: group means and the factor ``L`` of their shared MLE covariance plus ``reg · mean(diag Σ)``.
 
-    Fitted on ``z / 2**k`` (max entry in [1, 2)) and scaled back exactly (``L = 2**k L'``): the covariance of features
-    of scale 1e-160 would otherwise fall into the subnormal range and lose its digits.
+    Fitted on ``z / 2**k`` (max entry in [1, 2)) and scaled back exactly (``L = 2**k L'``), so tiny features keep
+    their digits.
 
     Raises:
-        ValueError: the within-group variance is at most the rounding level of ``dtype`` features (constant features:
-            their whitening would give scores ~1e37 or inf), or the covariance is not positive definite.
+        ValueError: the within-group variance is at most the rounding level of ``dtype`` features (constant
+            features), or the covariance is not positive definite.
     """
     k = power_of_two_exponent(z)
     z = z * 2.0**-k
