@@ -8,8 +8,7 @@ Deliberate differences from the authors' released code:
 
 * **Standardisation** uses the mean and unbiased std of each hybrid energy over the **whole** training set (the
   released code: one shuffled batch of 256).
-* **Untied hidden layers** by default (``tie_hidden_weights=True`` reproduces the released MLP).
-* **GMM covariance** in float64 with a relative ridge (:mod:`.priors`).
+* **Untied hidden layers** by default (:mod:`.ebm`); **GMM covariance** in float64, ridged (:mod:`.priors`).
 * **Randomness** comes from ``seed`` through explicit generators (the released code uses the global RNG).
 * ImageNet: the pyramid MLP (``reduce_width``) and gradient accumulation are set by the ``"imagenet"`` preset; the
   tempered batch-statistics proposal and the "simplified Mahalanobis" SGLD energy are not implemented.

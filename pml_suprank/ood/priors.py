@@ -4,9 +4,8 @@ contract, the built-in ``"gmm"``, ``"gmm_std"`` and ``"el"`` priors, their hyper
 Eq. 5.5; optimiser and MLP shape), and the class-conditional Gaussian shared with the Mahalanobis baselines.
 
 Each prior energy ``E_k`` is refined by a residual EBM, ``E_h,k(z) = E_θk(z) + E_k(z)/T_k`` (Eq. 5.2). Unlike the
-authors' code, the Gaussian's covariance is the MLE of class-centred features in **float64** with a relative ridge
-``reg · mean(diag Σ)`` (their 1e-12 in float32 fails on rank-deficient features); distances are computed in float64
-in the whitened space ``y = L⁻¹z``.
+authors' code (1e-12 in float32), the Gaussian's covariance is the MLE of class-centred features in **float64** with a
+relative ridge ``reg · mean(diag Σ)``; distances are computed in float64 in the whitened space ``y = L⁻¹z``.
 
 A new prior is one subclass with a ``name=`` class keyword, defined before ``Detector.from_pretrained``;
 ``ood.HEAT(priors=("gmm", "mean_distance"))`` then uses it::

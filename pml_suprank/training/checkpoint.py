@@ -2,9 +2,8 @@
 (counters, sampler position, the scheduler as JSON, history, the run fingerprint), written aside and renamed.
 
 ``accelerator.load_state`` runs only after :func:`validate_checkpoint` has read every file once
-(``torch.load(weights_only=True)``, NumPy arrays allowed) and loaded each state into a fresh object of its kind: on its
-own Accelerate skips an unreadable RNG file with an INFO line, loads any optimizer state torch accepts and unpickles
-``custom_checkpoint_*.pkl`` in full (nothing is registered with it; a folder holding one is refused).
+(``torch.load(weights_only=True)``, NumPy arrays allowed) and loaded each state into a fresh object of its kind; a
+folder holding a ``custom_checkpoint_*.pkl`` (which Accelerate would unpickle in full) is refused.
 """
 
 from __future__ import annotations
