@@ -197,9 +197,8 @@ def sgld_sample(
 def contrastive_divergence_loss(
     energy_real: Tensor, energy_negative: Tensor, l2_coef: float
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """HEAT loss (Eqs. 5.3, 5.5, 5.6): ``mean E_θ(real) − mean E_θ(neg) + λ(mean E_θ(real)² + mean E_θ(neg)²)``.
-
-    ``energy_real`` ``(B,)``, ``energy_negative`` ``(M,)``; returns 0-dim ``(loss, cd_term, λ·control_term)``.
+    """HEAT loss (Eqs. 5.3, 5.5, 5.6): ``mean E_θ(real) − mean E_θ(neg) + λ(mean E_θ(real)² + mean E_θ(neg)²)``
+    of ``energy_real`` ``(B,)`` and ``energy_negative`` ``(M,)``; returns 0-dim ``(loss, cd_term, λ·control_term)``.
     """
     cd = energy_real.mean() - energy_negative.mean()
     control = l2_coef * (energy_real.pow(2).mean() + energy_negative.pow(2).mean())

@@ -53,8 +53,7 @@ def standardize(energies: Tensor, mean: Tensor, std: Tensor) -> Tensor:
 def compose_energies(energies: Tensor, beta: float) -> Tensor:
     """Energy composition, thesis Eq. 5.7: ``(N, K)`` energies → ``(N,)`` ``(1/β)·logsumexp_k(β·E_k)``.
 
-    ``β = 0`` gives the **sum** (the reference code's choice; the formula diverges as ``log K / β``), ``β = ±inf``
-    the max / min (the limits of the formula).
+    ``β = 0`` gives the **sum** (the reference code's choice), ``β = ±inf`` the max / min.
     """
     if not isinstance(energies, Tensor) or energies.dim() != 2:
         raise ValueError(f"energies must be a (N, K) tensor; got {getattr(energies, 'shape', type(energies))}")

@@ -161,10 +161,8 @@ def finite_scores(scores: Tensor, dtype: torch.dtype, name: str) -> Tensor:
 
 def shared_gaussian(z: Tensor, inverse: Tensor, counts: Tensor, reg: float, dtype: torch.dtype):
     """``(means (C, D), cholesky (D, D))`` of the float64 rows ``z`` ``(N, D)`` in groups ``inverse`` ``(N,)`` of sizes
-    ``counts`` ``(C,)``: group means and the factor ``L`` of their shared MLE covariance plus ``reg · mean(diag Σ)``.
-
-    Fitted on ``z / 2**k`` (max entry in [1, 2)) and scaled back exactly (``L = 2**k L'``), so tiny features keep
-    their digits.
+    ``counts`` ``(C,)``: group means and the factor ``L`` of their shared MLE covariance plus ``reg · mean(diag Σ)``,
+    fitted on ``z / 2**k`` (max entry in [1, 2)) and scaled back exactly.
 
     Raises:
         ValueError: the within-group variance is at most the rounding level of ``dtype`` features (constant
@@ -296,8 +294,7 @@ class ClassConditionalGaussian:
 class Prior(ABC):
     """Base class of HEAT's priors: an energy ``E(z)`` ``(N, D) -> (N,)`` (higher = more OOD) one can sample from.
 
-    Subclasses defined with ``name="..."`` are registered (``ood.list_priors()``); :meth:`energy` and :meth:`sample`
-    have no default.
+    Subclasses defined with ``name="..."`` are registered (``ood.list_priors()``; example in the module docstring).
     """
 
     #: Registered name (``"gmm"``, ``"gmm_std"``, ``"el"``, ...); ``None`` for unregistered base classes.
@@ -377,8 +374,8 @@ class Prior(ABC):
 class GMMPrior(ClassConditionalGaussian, Prior, name="gmm"):
     """Feature prior ``E(ẑ) = −log Σ_c π_c N(ẑ; μ_c, Σ)`` on ``ẑ = z/‖z‖``, ``z`` the avg-pooled features (SSD+).
 
-    Scored in float64; during training (SGLD and the loss) evaluated in the feature dtype, where only the gradient
-    of ``E/T_k`` matters. Its SGLD proposal samples the mixture. ``reg``: relative ridge of the shared covariance.
+    Scored in float64, in the feature dtype during training. Its SGLD proposal samples the mixture. ``reg``: relative
+    ridge of the shared covariance.
     """
 
     needs_labels = True
