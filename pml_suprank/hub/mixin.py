@@ -219,9 +219,8 @@ class HubMixin(ModelHubMixin):
                          overrides: dict[str, Any], trust_config: bool, strict: bool, map_location: str,
                          **unused: Any) -> Any:  # fmt: skip
         """Build the object from the local folder ``model_id`` and the ``config.json`` :meth:`from_pretrained` read
-        (``source``: what the caller named). ``unused``: ModelHubMixin's download options and the config keys it
-        passes on as constructor kwargs (only ``model_args`` and the overrides build the object; ``pretrained=False``
-        is forced: nothing is downloaded)."""
+        (``source``: what the caller named). ``unused`` (ModelHubMixin's download options and config keys) is ignored:
+        only ``model_args`` and the overrides build the object, with ``pretrained=False``."""
         target = cls._hub_class(loaded_config, source)
         config_path, weights = Path(model_id) / CONFIG_NAME, Path(model_id) / WEIGHTS_NAME
         target._hub_check_config(loaded_config, config_path, overrides=overrides, trust_config=trust_config)

@@ -120,9 +120,8 @@ class HEAT(Detector):
 
     ``fit(features, labels, std_features=None, callback=None)``: ``features`` ``(N, D)`` avg-pooled, ``std_features``
     ``(N, D')`` std-pooled, ``labels`` ``(N,)``; ``callback(prior, epoch, step, loss)`` after every optimiser step.
-    ``logits`` are ignored: EL is computed from ``features`` and the head, so that SGLD follows its gradient in
-    feature space. ``score_components`` gives the per-prior energies; ``history`` / ``fit_seconds`` the training loss
-    per epoch and the fit time per prior.
+    ``logits`` are ignored (EL is computed from ``features`` and the head). ``score_components`` gives the per-prior
+    energies; ``history`` / ``fit_seconds`` the training loss per epoch and the fit time per prior.
     """
 
     _state_names = ()
