@@ -2,10 +2,7 @@
 
 A saved model (``RetrievalModel``) or OOD detector (``ood.Detector``) is a folder or Hub repo with ``config.json``,
 ``model.safetensors`` (pickles are never loaded), a generated ``README.md`` model card and optionally
-``metrics.json`` and ``plots/*.png``. Modules: :mod:`.mixin` (:class:`HubMixin`), :mod:`.serialization` (the file
-format), :mod:`.schema` (tensor layouts of saved detectors), :mod:`.loaded_config` (what a loaded config may ask
-for), :mod:`.transport` (a folder or a Hub repo id, uploads), :mod:`.card` (the model card), :mod:`.preflight` (push
-access) and :mod:`.local_names` (no local path in a shared folder).
+``metrics.json`` and ``plots/*.png`` (:mod:`.serialization`).
 """
 
 from __future__ import annotations

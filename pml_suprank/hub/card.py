@@ -1,8 +1,7 @@
 """Model cards (``README.md``) of saved retrieval models and OOD detectors: the one card writer.
 
 Everything on a card comes from the folder's own files (``config.json`` and its ``training`` metadata,
-:data:`CARD_FILES`, the PNG plots), so a folder saved or pushed again gets the same card as the training recipe wrote;
-the text itself is :mod:`._card_sections`'s (YAML metadata by ``huggingface_hub.ModelCardData``, then markdown).
+:data:`CARD_FILES`, the PNG plots); the text is :mod:`._card_sections`'s.
 """
 
 from __future__ import annotations
@@ -64,8 +63,7 @@ def carried_files(source: str | Path, target: str | Path, weights: Any = None) -
     ``(path relative to the folder, file in source)`` of the :data:`CARD_FILES`, the PNG plots (at the top level and
     in ``plots/``) and the files of the OOD guard folder ``ood/`` — those ``target`` lacks. Nothing when both are the
     same folder, and nothing (with a logged warning) when ``weights`` (the module or ``{name: Tensor}`` being saved)
-    differ from ``source/model.safetensors``: metrics, plots and a guard describe the weights they were made with.
-    Only plain files inside ``source`` are named (no symlinks)."""
+    differ from ``source/model.safetensors``. Only plain files inside ``source`` are named (no symlinks)."""
     source, target = Path(source), Path(target)
     if not source.is_dir() or (target.exists() and source.resolve() == target.resolve()):
         return []
@@ -116,11 +114,9 @@ def _split_summary(dataset: Any) -> dict[str, Any] | None:
 
 def run_card_metadata(trainer: Any, hub_config: Mapping[str, Any] | None = None, dataset: Any = None) -> dict[str, Any]:
     """What a card needs from a training run that no file of the folder holds, for ``config.json``'s ``training``
-    metadata (so that a re-saved model keeps it): the data summary (images, classes, class names and counts per
-    split, and the kind of the run's ``dataset`` option — decided here, where a local folder exists, so that a card
-    written later elsewhere never mistakes it for a Hub id), the compute (device, processes, precision, versions),
-    the schedule (steps per epoch, total steps: the console's short-run warning) and the card fields of the
-    hub_config (``hub.*``, ``name``)."""
+    metadata: the data summary (images, classes, class names and counts per split, the kind of the ``dataset``
+    option), the compute (device, processes, precision, versions), the schedule (steps per epoch, total steps) and
+    the card fields of the hub_config (``hub.*``, ``name``)."""
     acc = getattr(trainer, "accelerator", None)
     device_type = getattr(getattr(acc, "device", None), "type", "cpu")
     name = f"{os.cpu_count()} CPU cores ({platform.machine()})" if device_type == "cpu" else None

@@ -4,11 +4,9 @@
 A downloaded folder is untrusted: its ``model_args`` reach ``timm.create_model`` and allocate tensors. Without
 ``trust_config=True``: ``backbone`` is a plain timm name, optionally with a pretrained tag (``"resnet50.a1_in1k"``;
 no ``hf-hub:`` / ``local-dir:`` prefix, no path: timm would fetch another repo or read a local folder);
-``backbone_kwargs`` holds only the bounded keys of :data:`SAFE_BACKBONE_KWARGS` (refused are e.g. ``checkpoint_path``
-— timm would unpickle that file —, ``pretrained_cfg`` / ``pretrained_cfg_overlay``, ``pretrained`` and any string
-naming a Hub repo or a path); sizes are bounded (``embedding_size: 1e9`` would try a 384 GB allocation). Loaded
-tensors must be plausible for a trained model (:func:`check_loaded_values`). Every error is a ``ValueError`` naming
-the file and the key.
+``backbone_kwargs`` holds only the bounded keys of :data:`SAFE_BACKBONE_KWARGS` (never ``checkpoint_path``, which timm
+unpickles, nor strings naming a Hub repo or a path); sizes are bounded. Loaded tensors must be plausible for a trained
+model (:func:`check_loaded_values`). Every error is a ``ValueError`` naming the file and the key.
 """
 
 from __future__ import annotations

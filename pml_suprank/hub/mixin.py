@@ -1,16 +1,7 @@
 """``HubMixin``: ``save_pretrained`` / ``from_pretrained`` / ``push_to_hub`` of every saved object of pml-suprank, on
 ``huggingface_hub.ModelHubMixin`` (which writes ``config.json`` and the card around our ``_save_pretrained`` and
-calls our ``_from_pretrained``). What a shared model folder needs on top:
-
-* ``save_pretrained`` runs ModelHubMixin's on a hidden folder beside the target and renames it into place: a failed
-  save leaves the old folder as it was;
-* ``from_pretrained`` resolves the folder or Hub snapshot first (every file from one commit, through the local cache,
-  clear errors) and reads ``config.json`` bounded in size and depth; the config is checked before any constructor
-  runs, the object is built from ``model_args`` and the caller's overrides only, tensors come from safetensors only
-  and are checked before use;
-* ``push_to_hub`` saves (into ``save_directory``, kept, or a temporary folder) and uploads through
-  :func:`~.transport.upload_folder` (no pickles, checkpoints or hidden files), saying where the files are when the
-  upload fails.
+calls our ``_from_pretrained``), adding atomic saves (a failed save leaves the old folder as it was), a bounded
+``config.json`` checked before any constructor runs, and tensors from safetensors only, checked before use.
 """
 
 from __future__ import annotations
@@ -228,9 +219,8 @@ class HubMixin(ModelHubMixin):
                          overrides: dict[str, Any], trust_config: bool, strict: bool, map_location: str,
                          **unused: Any) -> Any:  # fmt: skip
         """Build the object from the local folder ``model_id`` and the ``config.json`` :meth:`from_pretrained` read
-        (``source``: what the caller named). ``unused``: ModelHubMixin's download options and the config keys it
-        passes on as constructor kwargs (only ``model_args`` and the overrides build the object; ``pretrained=False``
-        is forced: nothing is downloaded)."""
+        (``source``: what the caller named). ``unused`` (ModelHubMixin's download options and config keys) is ignored:
+        only ``model_args`` and the overrides build the object, with ``pretrained=False``."""
         target = cls._hub_class(loaded_config, source)
         config_path, weights = Path(model_id) / CONFIG_NAME, Path(model_id) / WEIGHTS_NAME
         target._hub_check_config(loaded_config, config_path, overrides=overrides, trust_config=trust_config)

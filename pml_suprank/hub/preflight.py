@@ -1,12 +1,10 @@
 """Before any work that ends in an upload: can this user write to that Hub repo?
 
 :func:`check_push_access` runs before the first training step of ``--push_to_hub true`` (training recipes,
-``fit_heat``) and before ``pml-suprank-push`` uploads, so that a missing login, an unreachable Hub or a read-only token
-is one line at the start, not an error after an hour of training. One request (``HfApi.whoami``), then local rules: a
-token must exist and be valid; the Hub must answer (``HF_HUB_OFFLINE=1`` is refused); a ``"read"`` token is refused, a
+``fit_heat``) and before ``pml-suprank-push`` uploads. One request (``HfApi.whoami``), then local rules: a token must
+exist and be valid; the Hub must answer (``HF_HUB_OFFLINE=1`` is refused); a ``"read"`` token is refused, a
 fine-grained one needs ``repo.write`` on the repo, its namespace or globally; the namespace (``org`` of ``org/name``)
-must be the user or one of their organisations where their role is not ``"read"``. The upload can still fail later
-(e.g. a repo of someone else in a shared organisation).
+must be the user or one of their organisations where their role is not ``"read"``. The upload can still fail later.
 """
 
 from __future__ import annotations

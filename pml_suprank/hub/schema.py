@@ -2,8 +2,7 @@
 
 A saved object (a detector, a HEAT prior) declares its tensors as ``{name: TensorSpec}``: the shape, with symbolic
 sizes shared between tensors (``("C", "D")`` for a classifier weight, ``("C",)`` for its bias), the dtype kind and
-the value constraints no fitted object can violate. :func:`check_schema` raises a ``ValueError`` naming the file and
-the key at the first violation and returns the bound sizes (e.g. the width ``D`` of a HEAT residual MLP).
+the value constraints no fitted object can violate, checked by :func:`check_schema`.
 """
 
 from __future__ import annotations

@@ -3,9 +3,8 @@
 ``config.json`` has one layout for every saved object: ``architecture`` (the class name), ``library_name``,
 ``library_version``, ``task``, ``model_args`` (the JSON-able constructor kwargs: the object is rebuilt by calling its
 class with them), ``training`` (free-form metadata) and object-specific keys (``embedding_size``, ``pretrained_cfg``,
-``fitted``...). Tensors are in ``model.safetensors``: only safetensors and JSON are read, nothing is unpickled. A save
-is written into a hidden folder beside the target and renamed into place (:func:`staged_folder`); loaded tensors are
-validated (names, shapes, dtype kinds, finite values) before any of them is used.
+``fitted``...). Tensors are in ``model.safetensors``: nothing is unpickled. Saves are staged (:func:`staged_folder`);
+loaded tensors are validated before use (:func:`check_state`).
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Moving saved folders between the local disk and the Hugging Face Hub.
 
 Reading resolves a local folder or a Hub repo id (``"org/name"``) to a local folder holding the requested files: one
-``huggingface_hub.snapshot_download`` restricted to them (all from one commit, through the local cache;
-``revision`` / ``cache_dir`` / ``token`` / ``force_download`` / ``local_files_only`` as in huggingface_hub). Every
-failure is a ``FileNotFoundError`` naming the missing path or repo, or a ``ValueError`` for a malformed repo id, never
-a raw huggingface_hub exception. Writing uploads a folder written by ``save_pretrained``, without pickles,
-checkpoints and hidden files.
+``huggingface_hub.snapshot_download`` restricted to them (all from one commit, through the local cache), raising
+as :func:`resolve_folder` says. Writing uploads a folder written by ``save_pretrained``, without pickles, checkpoints
+and hidden files.
 """
 
 from __future__ import annotations

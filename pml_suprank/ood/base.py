@@ -174,9 +174,7 @@ class Detector(ModelDetectorMixin, HubMixin):
                 setattr(self, name, value.to(device=device, dtype=cast))
         return self
 
-    # --- persistence: the pml_suprank.hub.HubMixin hooks (config.json: architecture = the detector's name,
-    # model_args = config(), fitted; model.safetensors = state_dict()); ``overrides`` of from_pretrained replace
-    # constructor kwargs (e.g. ``model=`` for ODIN, which saves no network)
+    # --- persistence: the HubMixin hooks (architecture = the detector's name, model_args = config(), state_dict())
     _hub_optional_files: ClassVar[tuple[str, ...]] = (WEIGHTS_NAME,)  # folders of stateless detectors may omit it
 
     @classmethod

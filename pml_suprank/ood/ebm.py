@@ -10,9 +10,7 @@ Where the thesis text and the released code differ, the code is followed:
 * Negatives are ``[z_T; z_0]``: the chain ends **and** their (projected) starting points.
 * The control term is evaluated on real and negative sets separately and summed; input noise ``eps_data`` is added
   to both inside the loss only.
-* Hidden layers are **untied** by default (4,724,737 parameters for d = 512; the reference's one shared
-  ``nn.Linear``, 1,575,937 parameters, with ``tie_hidden_weights=True``), initialised like ``nn.Linear`` from an
-  explicit ``torch.Generator``.
+* Hidden layers are **untied** by default (``tie_hidden_weights=True``: the reference's one shared ``nn.Linear``).
 """
 
 from __future__ import annotations
@@ -199,9 +197,8 @@ def sgld_sample(
 def contrastive_divergence_loss(
     energy_real: Tensor, energy_negative: Tensor, l2_coef: float
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """HEAT loss (Eqs. 5.3, 5.5, 5.6): ``mean E_θ(real) − mean E_θ(neg) + λ(mean E_θ(real)² + mean E_θ(neg)²)``.
-
-    ``energy_real`` ``(B,)``, ``energy_negative`` ``(M,)``; returns 0-dim ``(loss, cd_term, λ·control_term)``.
+    """HEAT loss (Eqs. 5.3, 5.5, 5.6): ``mean E_θ(real) − mean E_θ(neg) + λ(mean E_θ(real)² + mean E_θ(neg)²)``
+    of ``energy_real`` ``(B,)`` and ``energy_negative`` ``(M,)``; returns 0-dim ``(loss, cd_term, λ·control_term)``.
     """
     cd = energy_real.mean() - energy_negative.mean()
     control = l2_coef * (energy_real.pow(2).mean() + energy_negative.pow(2).mean())

@@ -11,9 +11,8 @@ the share of the *second* half kept. ``ood_sets`` records, per OOD set scored at
 as ID) and the AUROC against all held-out ID images.
 
 ``model_sha256`` is the SHA-256 of the folder's ``model.safetensors`` and ``feature_kind`` the features the detector
-reads (``"pooled"`` or ``"embedding"``): loading refuses (:class:`GuardMismatchError`, naming both values) a guard
-of other weights or of another feature kind than its detector's; :meth:`OODGuard.predict` refuses a model loaded
-from other weights. Nothing is unpickled::
+reads (``"pooled"`` or ``"embedding"``); loading and :meth:`OODGuard.predict` raise :class:`GuardMismatchError` on
+a mismatch. Nothing is unpickled::
 
     guard = OODGuard.fit(model, train_loader, heldout_loader, ood_loaders={"noise": noise_loader},
                          detector=ood.HEAT(priors=("gmm", "gmm_std"), preset="fast"))

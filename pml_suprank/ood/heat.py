@@ -8,8 +8,7 @@ Deliberate differences from the authors' released code:
 
 * **Standardisation** uses the mean and unbiased std of each hybrid energy over the **whole** training set (the
   released code: one shuffled batch of 256).
-* **Untied hidden layers** by default (``tie_hidden_weights=True`` reproduces the released MLP).
-* **GMM covariance** in float64 with a relative ridge (:mod:`.priors`).
+* **Untied hidden layers** by default (:mod:`.ebm`); **GMM covariance** in float64, ridged (:mod:`.priors`).
 * **Randomness** comes from ``seed`` through explicit generators (the released code uses the global RNG).
 * ImageNet: the pyramid MLP (``reduce_width``) and gradient accumulation are set by the ``"imagenet"`` preset; the
   tempered batch-statistics proposal and the "simplified Mahalanobis" SGLD energy are not implemented.
@@ -54,8 +53,7 @@ def standardize(energies: Tensor, mean: Tensor, std: Tensor) -> Tensor:
 def compose_energies(energies: Tensor, beta: float) -> Tensor:
     """Energy composition, thesis Eq. 5.7: ``(N, K)`` energies → ``(N,)`` ``(1/β)·logsumexp_k(β·E_k)``.
 
-    ``β = 0`` gives the **sum** (the reference code's choice; the formula diverges as ``log K / β``), ``β = ±inf``
-    the max / min (the limits of the formula).
+    ``β = 0`` gives the **sum** (the reference code's choice), ``β = ±inf`` the max / min.
     """
     if not isinstance(energies, Tensor) or energies.dim() != 2:
         raise ValueError(f"energies must be a (N, K) tensor; got {getattr(energies, 'shape', type(energies))}")
@@ -122,9 +120,8 @@ class HEAT(Detector):
 
     ``fit(features, labels, std_features=None, callback=None)``: ``features`` ``(N, D)`` avg-pooled, ``std_features``
     ``(N, D')`` std-pooled, ``labels`` ``(N,)``; ``callback(prior, epoch, step, loss)`` after every optimiser step.
-    ``logits`` are ignored: EL is computed from ``features`` and the head, so that SGLD follows its gradient in
-    feature space. ``score_components`` gives the per-prior energies; ``history`` / ``fit_seconds`` the training loss
-    per epoch and the fit time per prior.
+    ``logits`` are ignored (EL is computed from ``features`` and the head). ``score_components`` gives the per-prior
+    energies; ``history`` / ``fit_seconds`` the training loss per epoch and the fit time per prior.
     """
 
     _state_names = ()

@@ -14,8 +14,6 @@ Conventions (Lafon, thesis Sec. 5.3, Eqs. 5.8-5.9; OpenOOD v1.5; pytorch-ood 0.4
   positive class, the share of **ID** samples flagged at the first threshold where at least ``tpr`` of OOD is caught.
 * ``convention="id_positive_roc"``: OpenOOD's legacy ``fpr_recall``: ID positive, discrete ROC threshold instead of
   the interpolated quantile (differs from ``id_positive`` on small sets with ties).
-
-Published numbers use different conventions: not comparable across papers without saying which.
 """
 
 from __future__ import annotations

@@ -4,9 +4,8 @@ contract, the built-in ``"gmm"``, ``"gmm_std"`` and ``"el"`` priors, their hyper
 Eq. 5.5; optimiser and MLP shape), and the class-conditional Gaussian shared with the Mahalanobis baselines.
 
 Each prior energy ``E_k`` is refined by a residual EBM, ``E_h,k(z) = E_θk(z) + E_k(z)/T_k`` (Eq. 5.2). Unlike the
-authors' code, the Gaussian's covariance is the MLE of class-centred features in **float64** with a relative ridge
-``reg · mean(diag Σ)`` (their 1e-12 in float32 fails on rank-deficient features); distances are computed in float64
-in the whitened space ``y = L⁻¹z``.
+authors' code (1e-12 in float32), the Gaussian's covariance is the MLE of class-centred features in **float64** with a
+relative ridge ``reg · mean(diag Σ)``; distances are computed in float64 in the whitened space ``y = L⁻¹z``.
 
 A new prior is one subclass with a ``name=`` class keyword, defined before ``Detector.from_pretrained``;
 ``ood.HEAT(priors=("gmm", "mean_distance"))`` then uses it::
@@ -162,14 +161,12 @@ def finite_scores(scores: Tensor, dtype: torch.dtype, name: str) -> Tensor:
 
 def shared_gaussian(z: Tensor, inverse: Tensor, counts: Tensor, reg: float, dtype: torch.dtype):
     """``(means (C, D), cholesky (D, D))`` of the float64 rows ``z`` ``(N, D)`` in groups ``inverse`` ``(N,)`` of sizes
-    ``counts`` ``(C,)``: group means and the factor ``L`` of their shared MLE covariance plus ``reg · mean(diag Σ)``.
-
-    Fitted on ``z / 2**k`` (max entry in [1, 2)) and scaled back exactly (``L = 2**k L'``): the covariance of features
-    of scale 1e-160 would otherwise fall into the subnormal range and lose its digits.
+    ``counts`` ``(C,)``: group means and the factor ``L`` of their shared MLE covariance plus ``reg · mean(diag Σ)``,
+    fitted on ``z / 2**k`` (max entry in [1, 2)) and scaled back exactly.
 
     Raises:
-        ValueError: the within-group variance is at most the rounding level of ``dtype`` features (constant features:
-            their whitening would give scores ~1e37 or inf), or the covariance is not positive definite.
+        ValueError: the within-group variance is at most the rounding level of ``dtype`` features (constant
+            features), or the covariance is not positive definite.
     """
     k = power_of_two_exponent(z)
     z = z * 2.0**-k
@@ -297,8 +294,7 @@ class ClassConditionalGaussian:
 class Prior(ABC):
     """Base class of HEAT's priors: an energy ``E(z)`` ``(N, D) -> (N,)`` (higher = more OOD) one can sample from.
 
-    Subclasses defined with ``name="..."`` are registered (``ood.list_priors()``); :meth:`energy` and :meth:`sample`
-    have no default.
+    Subclasses defined with ``name="..."`` are registered (``ood.list_priors()``; example in the module docstring).
     """
 
     #: Registered name (``"gmm"``, ``"gmm_std"``, ``"el"``, ...); ``None`` for unregistered base classes.
@@ -378,8 +374,8 @@ class Prior(ABC):
 class GMMPrior(ClassConditionalGaussian, Prior, name="gmm"):
     """Feature prior ``E(ẑ) = −log Σ_c π_c N(ẑ; μ_c, Σ)`` on ``ẑ = z/‖z‖``, ``z`` the avg-pooled features (SSD+).
 
-    Scored in float64; during training (SGLD and the loss) evaluated in the feature dtype, where only the gradient
-    of ``E/T_k`` matters. Its SGLD proposal samples the mixture. ``reg``: relative ridge of the shared covariance.
+    Scored in float64, in the feature dtype during training. Its SGLD proposal samples the mixture. ``reg``: relative
+    ridge of the shared covariance.
     """
 
     needs_labels = True

@@ -1,10 +1,7 @@
 """Training: Accelerate-driven metric learning with rank losses (the engine behind the recipes).
 
-Options and specs: :mod:`.config` (:class:`TrainingConfig`), :mod:`.options`, :mod:`.hub_config`,
-:mod:`.run_spec` (:class:`RunSpec`), :mod:`.spec` (``parse``). The loop: :mod:`.trainer` (:class:`Trainer`) with
-:mod:`.optim`, :mod:`.loaders`, :mod:`.loss_module`, :mod:`.cached_backward`, :mod:`.nonfinite`; the run's files:
-:mod:`.checkpoint`, :mod:`.run_folder` (fingerprint, lock, claim), :mod:`.export` (the final folder); the training
-command: :mod:`.recipe`.
+Entry points: :class:`Trainer`, :class:`TrainingConfig`, :class:`RunSpec`, :func:`cached_backward`; the module map
+is in ``docs/extending.md``.
 """
 
 from __future__ import annotations

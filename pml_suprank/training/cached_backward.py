@@ -168,9 +168,8 @@ def cached_backward(
 
     Every parameter of ``model`` and ``loss_fn`` then holds (accumulates) the ``.grad`` of
     ``loss_fn(torch.cat([model(c) for c in chunks(inputs)]), labels, **loss_kwargs).backward()`` with at most one
-    chunk's activations alive, for one extra forward. ``labels`` and ``loss_kwargs`` go unsplit to one loss call.
-    Each chunk's second forward replays the RNG state of its first (same dropout masks). Training-mode BatchNorm is
-    refused unless ``allow_batchnorm=True`` (approximate). Under mixed precision call it inside
+    chunk's activations alive (see the module docstring). Training-mode BatchNorm is refused unless
+    ``allow_batchnorm=True`` (approximate). Under mixed precision call it inside
     ``accelerator.autocast()`` with ``backward=accelerator.backward``. A DDP ``model`` synchronises once, at the last
     chunk; every process must use the same number of chunks.
 

@@ -2,9 +2,8 @@
 (counters, sampler position, the scheduler as JSON, history, the run fingerprint), written aside and renamed.
 
 ``accelerator.load_state`` runs only after :func:`validate_checkpoint` has read every file once
-(``torch.load(weights_only=True)``, NumPy arrays allowed) and loaded each state into a fresh object of its kind: on its
-own Accelerate skips an unreadable RNG file with an INFO line, loads any optimizer state torch accepts and unpickles
-``custom_checkpoint_*.pkl`` in full (nothing is registered with it; a folder holding one is refused).
+(``torch.load(weights_only=True)``, NumPy arrays allowed) and loaded each state into a fresh object of its kind; a
+folder holding a ``custom_checkpoint_*.pkl`` (which Accelerate would unpickle in full) is refused.
 """
 
 from __future__ import annotations
@@ -262,13 +261,11 @@ def validate_checkpoint(
     sampler: Any = None,
 ) -> dict[str, Any]:
     """The trainer state of the complete :class:`~pml_suprank.training.Trainer` checkpoint ``path``, each file read
-    once: its counters consistent (``global_step = epoch · steps_per_epoch + step_in_epoch``, the folder's step, the
-    sampler position), ``model*.safetensors`` readable, ``optimizer.bin`` holding state for exactly the parameters
-    ``trainer_state.json`` lists, one ``random_states_<i>.pkl`` per process (``num_processes``, when given, must
-    match) whose states load. Given what is resumed, the checkpoint must also fit it: the weights the names, shapes
-    and dtypes of ``module``'s, the optimizer state the groups, keys, dtypes and shapes of ``optimizer`` and the
-    scheduler one entry per group, the sampler state load into a copy of ``sampler`` (one without state resumes only
-    at the end of an epoch).
+    once and checked: consistent counters (``global_step = epoch · steps_per_epoch + step_in_epoch``, the folder's
+    step, the sampler position), readable ``model*.safetensors``, ``optimizer.bin`` state for exactly the parameters
+    ``trainer_state.json`` lists, one loadable ``random_states_<i>.pkl`` per process (``num_processes``). It must
+    also fit what is resumed: ``module``'s weight names, shapes and dtypes, ``optimizer``'s groups, keys, dtypes and
+    shapes, one scheduler entry per group, the sampler state (one without state resumes only at an epoch's end).
 
     Raises:
         CheckpointError: naming the folder, the file and what is missing, unreadable, inconsistent or does not fit.

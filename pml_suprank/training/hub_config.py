@@ -85,11 +85,10 @@ def _rules(config: dict[str, Any], partial: bool) -> list[str]:
 def validate_hub_config(
     config: Any, source: str = "hub_config", *, partial: bool = False, defaults: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
-    """Check ``config`` (sections, keys, the file rules) and build it as a :class:`~pml_suprank.training.RunSpec`
-    (the registered loss and its options, the data section, the ``TrainingConfig``, the backbone name against timm;
-    nothing is built); return it unchanged or raise ``ValueError`` naming ``source``, every key, what was expected
-    and what was found. ``partial=True``: an override file without the required keys. ``defaults`` (option name →
-    value) fill the options the file leaves out (default: the dataclass defaults)."""
+    """Check ``config`` (sections, keys, the file rules) by building its :class:`~pml_suprank.training.RunSpec`
+    (no model, data or loss is built); return it unchanged or raise ``ValueError`` naming ``source``, every key, what
+    was expected and what was found. ``partial=True``: an override file without the required keys. ``defaults``
+    (option name → value) fill the options the file leaves out (default: the dataclass defaults)."""
     if not isinstance(config, dict):
         raise ValueError(f"{source}: a hub_config must be a YAML mapping; got {type(config).__name__}")
     errors = section_problems(config, _KEYS, _TOP_LEVEL)[0] + _rules(config, partial)

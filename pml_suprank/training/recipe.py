@@ -263,8 +263,7 @@ def _setup(spec: RunSpec, given: Collection[str]) -> tuple[RunSpec, Any, Any, An
             log_with = resolve_report_to(spec.run.report_to, required="report_to" in given)
         except ValueError as e:
             refuse(str(e))
-    # parameters without a gradient in some steps (frozen backbone during the warm-up, frozen BatchNorm) need DDP's
-    # find_unused_parameters
+    # a frozen backbone (warm-up) or BatchNorm leaves parameters without a gradient: DDP's find_unused_parameters
     train = spec.train
     accelerator = make_accelerator(
         cpu=spec.run.cpu, mixed_precision=spec.run.mixed_precision, with_tracking=log_with is not None,
@@ -334,8 +333,7 @@ def _initial_eval(spec: RunSpec, trainer: Any, resumed: bool) -> dict[str, float
 
 def _recorded_before(spec: RunSpec, trainer: Any) -> dict[str, float] | None:
     """A resumed run's metrics before training: the step-0 evaluation of its history, else ``metrics_before.json``
-    (a run begun by an older version), else ``None``: the initial weights of a resumed run are not evaluated again
-    (a PCA-initialised projection, say, is not rebuilt), so its history keeps exactly what was recorded."""
+    (a run begun by an older version), else ``None``: the initial weights of a resumed run are not evaluated again."""
     if spec.run.skip_initial_eval:
         return None
     for record in trainer.progress.history:

@@ -464,9 +464,8 @@ def on_main_process(accelerator: Any, fn: Callable[[], Any]) -> Any:
 
 def leave_process_group(status: int = 2, timeout_s: float = 60.0) -> None:
     """End a multi-process run that every process refuses alike with ``status``: wait for the peers (at most
-    ``timeout_s``), destroy the process group, then ``os._exit`` after flushing, so that no gloo process aborts with
-    SIGABRT on a torn connection nor is caught by torchrun's SIGTERM in the interpreter's teardown (a SIGTERM during
-    the wait also exits with ``status``). Without an initialised process group it does nothing."""
+    ``timeout_s``), destroy the process group, then ``os._exit`` after flushing (a SIGTERM during the wait also exits
+    with ``status``). Without an initialised process group it does nothing."""
     import datetime
     import signal
     import sys

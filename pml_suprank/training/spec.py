@@ -60,9 +60,7 @@ def shared(cls: type, name: str, default: Any = _KEEP, help: str | None = None) 
                   key=f.metadata.get("key"), file=f.metadata.get("file", True))  # fmt: skip
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# flags
-# ---------------------------------------------------------------------------------------------------------------------
+# -- flags -------------------------------------------------------------------------------------------------------------
 def str2bool(value: str | bool) -> bool:
     """``true/false``, ``yes/no``, ``1/0``, ``on/off`` (any case)."""
     if isinstance(value, bool):
@@ -159,9 +157,7 @@ def build_parser(
     return parser
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# layers
-# ---------------------------------------------------------------------------------------------------------------------
+# -- layers ------------------------------------------------------------------------------------------------------------
 def merge_layers(layers: Sequence[Layer], explicit_from: int = 1) -> tuple[dict[str, Any], dict[str, str]]:
     """Lay ``layers`` over each other in order (a later one wins); return ``(values, where)``.
 
@@ -255,9 +251,7 @@ def parse(spec_cls: type[S], argv: list[str] | None = None, *, defaults: Mapping
         parser.error(str(e))
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# --config files
-# ---------------------------------------------------------------------------------------------------------------------
+# -- --config files ----------------------------------------------------------------------------------------------------
 def section_problems(
     cfg: Mapping[str, Any], keys: Mapping[str, Mapping[str, Any]], metadata: Mapping[str, Any] = ()
 ) -> tuple[list[str], dict[str, tuple[str, Any]]]:

@@ -1,6 +1,6 @@
 """The training loop shared by the recipes: :class:`Trainer`, metric learning with rank losses under any
-``accelerate launch`` configuration (the loss of the gathered global batch on every process, so that after DDP's
-averaging the gradient is the single-process one), with exact resume, skipped non-finite steps and the final folder.
+``accelerate launch`` configuration (the single-process gradient: :class:`~.loss_module.LossModule`), with exact
+resume, skipped non-finite steps and the final folder.
 """
 
 from __future__ import annotations
