@@ -10,9 +10,8 @@
 * :func:`count_negatives_compiled`, ``counting="compiled"`` of :func:`pml_suprank.metrics.ranks.rank_relevant_items`:
   the same count on one uniform grid per row.
 
-Exact: ``bin(s)`` is a chain of correctly rounded monotone operations, so only an entry's own bin needs comparisons
-and the grid affects speed only; positions and tie rule are those of the torch counters. Negatives below the lowest
-relevant item never count, ``NaN`` ones count above all; the score block is never written.
+Exact (``bin(s)`` is monotone, so only an entry's own bin needs comparisons): positions and tie rule are those of the
+torch counters; ``NaN`` negatives count above all; the score block is never written.
 """
 
 from __future__ import annotations

@@ -25,9 +25,8 @@ _ADDED = tuple(name for name in METRICS if not hasattr(AccuracyCalculator, f"cal
 class HierarchicalAccuracyCalculator(AccuracyCalculator):
     """PML 2.x ``AccuracyCalculator`` plus exact full-ranking metrics (:class:`RetrievalEvaluator`).
 
-    Same call as PML: ``get_accuracy(query, query_labels, reference=None, reference_labels=None,
-    ref_includes_query=False, include=(), exclude=())``, so PML testers and hooks can use it. Labels may be 1-D, 2-D
-    ``(N, L)`` (column 0 finest) or 1-D fine labels expanded through ``hierarchy``.
+    Same ``get_accuracy`` call as PML, so PML testers and hooks can use it. Labels may be 1-D, 2-D ``(N, L)``
+    (column 0 finest) or 1-D fine labels expanded through ``hierarchy``.
 
     * PML's own metrics (``precision_at_1``, ``mean_average_precision_at_r``, ``NMI``, ...) are computed by PML on
       the **fine** labels, re-indexed to ``0..K-1`` (PML's float32 label cast cannot merge large values).

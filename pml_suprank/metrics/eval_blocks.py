@@ -165,8 +165,7 @@ def block_counts(starts: Tensor, ends: Tensor, has_self: Tensor, N: int) -> Tens
     return counts
 
 
-#: work memory of one chunk on the CPU (a few hundred queries at SOP scale; on a 2-core CPU 128 MiB chunks ranked
-#: 10-14 % faster than 32 MiB ones, 256 MiB ones no faster)
+#: work memory of one chunk on the CPU (a few hundred queries at SOP scale)
 CPU_CHUNK_BYTES = 2**27
 #: work bytes per score entry and per relevant slot and level of one query (accelerators: the dense search keeps int64
 #: keys and slots per entry; the torch prefix sums two float64 arrays per level and slot)

@@ -60,8 +60,8 @@ class RetrievalEvaluator:
     Args:
         k_values: the ``k`` of the top-k metrics.
         alpha: ``α`` of the H-AP relevance (1 = HAPPIER).
-        chunk_size: queries per chunk; default: a device byte budget (128 MiB on the CPU, a quarter of the free GPU
-            memory) over one query's work memory (:func:`~pml_suprank.metrics.eval_blocks.block_shape`).
+        chunk_size: queries per chunk; default: sized to the device
+            (:func:`~pml_suprank.metrics.eval_blocks.block_shape`).
         device: where to compute (default: the device of ``query``); an unavailable backend raises ``ValueError``.
         metrics: keys of :data:`METRIC_GROUPS`; default: every single-label group
             (:data:`~pml_suprank.metrics.registry.SINGLE_LABEL_GROUPS`), or every multi-label one
@@ -415,8 +415,7 @@ def compute_embeddings(
 
     Batches are ``(inputs, labels, ...)`` tuples or dicts (inputs: the first of ``"pixel_values"``, ``"image"``,
     ``"images"``, ``"input"``; labels: ``"labels"`` or ``"label"``; indices: ``"index"`` or the third element). With an
-    ``accelerate.Accelerator`` (model and dataloader prepared), the model runs under ``accelerator.autocast()`` and
-    batches are gathered with ``accelerator.gather_for_metrics``.
+    ``accelerate.Accelerator``, runs under its ``autocast()`` and gathers with ``gather_for_metrics``.
 
     Args:
         model: maps a batch of inputs to ``(B, D)`` embeddings.

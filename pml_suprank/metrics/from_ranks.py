@@ -63,9 +63,7 @@ class RankStats:
     With ``A_m(k)`` the items of level ``>= m`` ranked at or before slot ``k`` (:meth:`cum_ge`), the binary metrics
     read :meth:`count_at` (``A_m``) and :meth:`precision_sum_at` (``Σ rank⁺/rank``) at a threshold :data:`ALL`,
     ``("k", k)`` (top ``k``) or ``("r", m')`` (first ``R`` = #items of level ``>= m'`` positions); H-AP and NDCG read
-    :meth:`level_sums` and :meth:`level_discounts`. On the CPU with numba one compiled walk per row
-    (:func:`~pml_suprank.metrics._compiled_rank_sums.rank_sums_compiled`) computes every threshold named at
-    construction; elsewhere torch prefix sums are gathered (same float64 operations, same order).
+    :meth:`level_sums` and :meth:`level_discounts` (numba on the CPU, torch prefix sums elsewhere: bitwise equal).
 
     Args:
         ranks: the ranked relevant items of a chunk of queries (its fields become attributes).
@@ -81,7 +79,6 @@ class RankStats:
         self.levels, self.positions, self.counts, self.num_levels = lv, positions, ranks.counts, ranks.num_levels
         self._cache: dict[tuple, Any] = {}  # (what, argument) -> tensor
         self._level_sums = self._level_disc = self._asi_sums = None
-        # the compiled kernel sums CPU int64 ranks when numba is installed
         self._compiled = (
             lv.device.type == "cpu" and lv.dtype == positions.dtype == torch.int64 and _compiled_available()
         )
@@ -280,12 +277,8 @@ def hap_from_ranks(ranks: RetrievalRanks | RankStats, relevance: Tensor | None =
 
     ``H-rank⁺(k) = Σ_l c_l(k)·min(rel(k), rel(l))`` with ``c_l(k)`` the items of level exactly ``l`` ranked at or
     before ``k`` (the pessimistic order replaces the Heaviside of Eq. 18), ``H-AP = Σ_k H-rank⁺(k) / rank(k) /
-    Σ_k rel(k)`` over the relevant items ``k``. Summed by parts over the cumulative counts ``A_l = c_l + ... + c_L``:
-    ``H-rank⁺(k) = Σ_l A_l(k)·(min(rel(k), rel(l)) − min(rel(k), rel(l − 1)))`` (the ``l − 1 = 0`` term is zero).
-    The coefficient depends on ``k`` only through its level ``λ``, so grouping the slots by level gives
-    ``Σ_k H-rank⁺(k) / rank(k) = Σ_{λ, l} step[λ, l]·S[λ, l]`` with ``S[λ, l] = Σ_{k: level λ} A_l(k) / rank(k)``
-    (:meth:`RankStats.level_sums`) and ``Σ_k rel(k) = Σ_λ rel(λ)·#{k: level λ}``: ``(C, L, L)`` tables, no per-slot
-    gather. Levels are identified by their integer level, never by float equality of relevances.
+    Σ_k rel(k)`` over the relevant items ``k``; summed by parts per level from the ``(C, L, L)`` tables of
+    :meth:`RankStats.level_sums`. Levels are identified by their integer level, never by float equality of relevances.
 
     Args:
         ranks: from :func:`~pml_suprank.metrics.ranks.retrieval_ranks` (or their :class:`RankStats`).

@@ -1,8 +1,7 @@
 """Exact multi-label retrieval evaluation: ``RetrievalEvaluator.evaluate(..., multilabel=True)``.
 
 Labels are ``(N, M)`` fine-label sets padded with ``-1`` (at least one label each), the hierarchy the
-``(num_fine, L)`` table (``None``: flat, ``L = 1``). Relevances are computed per ``(C, N)`` chunk (memory
-``O(chunk · N)``); the query is removed by index and ties are pessimistic. Each group is computed as its registry
+``(num_fine, L)`` table (``None``: flat, ``L = 1``); memory ``O(chunk · N)``. Each group is computed as its registry
 entry says (:attr:`~pml_suprank.metrics.registry.MetricSpec.multilabel`):
 
 * ``"graded"`` (``h_ap``, ``ndcg``): H-AP (HAPPIER Eqs. 2-3) and NDCG (gains ``2^rel − 1``, SupRank Eq. 23) of the

@@ -187,8 +187,6 @@ def rank_relevant_items(
 ) -> tuple[Tensor, Tensor]:
     """Sort the relevant items of each query and find their positions in the full pessimistic ranking.
 
-    Low-level kernel shared by :func:`retrieval_ranks` and :class:`~pml_suprank.metrics.RetrievalEvaluator`.
-
     Args:
         neg_scores: ``(C, N)`` scores of the negatives (level 0) of each query; every other entry (relevant items,
             removed items) must be ``-inf``. Not modified. Or an iterable of ``(C, N_b)`` column blocks of it (same
@@ -196,7 +194,7 @@ def rank_relevant_items(
         rel_scores: ``(C, P)`` scores of the relevant items (finite); padding slots arbitrary.
         rel_levels: ``(C, P)`` int64 levels ``>= 1`` of the relevant items; ``0`` marks a padding slot.
         num_bins: histogram resolution (default ``min(N, 64 P)``); affects speed only, never the result.
-        workspace: optional dict in which ``(C, N)`` buffers are kept between calls.
+        workspace: optional dict keeping ``(C, N)`` buffers between calls.
         counting: how negatives are counted (speed only): ``"search"`` binary-searches the negatives above the
             row's lowest relevant score (``O(N + M log P)``); ``"histogram"`` bins rows (``O(N)``); ``"compiled"``
             the histogram in numba (CPU); ``"dense"`` searches every entry, no host sync (accelerators); ``"auto"``:

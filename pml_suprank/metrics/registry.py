@@ -66,9 +66,8 @@ class MetricSpec:
         headline, progress: shown first in model cards / in the training progress line (``k = 1`` for top-k).
         report: position in the printed tables and the model card's headline table (None: full table only).
         pml_names: ``(our key, PML AccuracyCalculator name)`` pairs of the keys PML computes under its own name.
-        multilabel: one of :data:`MULTILABEL_KINDS` for ``evaluate(..., multilabel=True)``: ``"levels"`` (best
-            agreement level ``λ(q, k) = L − min_{i,j} LCA(y_q^i, y_k^j)``), ``"graded"`` (Algorithm 1,
-            :mod:`pml_suprank.metrics.graded`), ``"labels"`` (one binary problem per query label); None: undefined.
+        multilabel: one of :data:`MULTILABEL_KINDS` for ``evaluate(..., multilabel=True)`` (see
+            :mod:`pml_suprank.metrics.multilabel_eval`); None: undefined.
         single_label: among the default single-label groups (``False`` for ``mean_label_ap``).
     """
 
@@ -210,10 +209,8 @@ def metrics_from_ranks(
     alpha: float = 1.0,
     level_weights: Tensor | list[float] | None = None,
 ) -> dict[str, Tensor]:
-    """Every requested metric from one :class:`RetrievalRanks` (the evaluator's engine).
-
-    One :class:`~pml_suprank.metrics.from_ranks.RankStats` shares the prefix sums between all metrics; each key is
-    computed by the function the public ``*_from_ranks`` views call.
+    """Every requested metric from one :class:`RetrievalRanks`, sharing one
+    :class:`~pml_suprank.metrics.from_ranks.RankStats`.
 
     Args:
         ranks: from :func:`~pml_suprank.metrics.ranks.retrieval_ranks` or the evaluator.

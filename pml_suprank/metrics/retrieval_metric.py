@@ -7,8 +7,8 @@ Exact ranking metrics are not decomposable over batches, so the metric keeps wha
 
 (``r`` processes in rank order, ``b`` ``update`` calls in order; each query against all other items). With
 ``indices`` the gathered items are put in index order and repeated indices kept once, dropping the padding copies of
-a ``DistributedSampler``. Under a process group each process ranks its share of the queries
-(``evaluate(distributed=True)``) and every process returns the one-process result. Memory: ``N × D`` per process.
+a ``DistributedSampler``. Each process ranks its share of the queries (``evaluate(distributed=True)``) and returns
+the one-process result. Memory: ``N × D`` per process.
 """
 
 from __future__ import annotations
