@@ -2,11 +2,9 @@
 ``fast`` extra: import this module lazily and treat ``ImportError`` as "not available".
 
 * :func:`block_ranks_compiled`, the evaluator's CPU path (:func:`pml_suprank.metrics.eval_blocks.chunk_ranks`): per
-  row (relevant items = one column slice, the query's own column left out), the keys ``-m(s)·64 + level`` (``m``:
-  order-preserving int32 image of the float32 bits) are bucket-sorted on a grid of about ``8n`` bins in three
-  segments (``mean ± 3·std`` of the relevant scores, two tails), giving ``ge[b] = #{k : bin(r_k) > b}``; one pass
-  over the negatives in tiles of :data:`_TILE` columns does ``hist[ge[bin(s)] + exact in-bin count] += 1``, and
-  ``neg_ge = cumsum(hist)``.
+  row the keys ``-m(s)·64 + level`` (``m``: order-preserving int32 image of the float32 bits) of the relevant
+  items are bucket-sorted on a three-segment grid (:func:`_make_grid`), giving ``ge[b] = #{k : bin(r_k) > b}``; one
+  pass over the negatives does ``hist[ge[bin(s)] + exact in-bin count] += 1``, and ``neg_ge = cumsum(hist)``.
 * :func:`count_negatives_compiled`, ``counting="compiled"`` of :func:`pml_suprank.metrics.ranks.rank_relevant_items`:
   the same count on one uniform grid per row.
 

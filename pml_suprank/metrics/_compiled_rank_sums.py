@@ -20,8 +20,7 @@ __all__ = ["rank_sums_compiled"]
 
 @njit(nogil=True)
 def _position_tables(positions):  # pragma: no cover - compiled
-    """``(n + 1,)`` float64 tables ``1 / p`` and ``1 / log2(1 + p)`` for ``p = 1..max(positions)`` (index 0
-    unused)."""
+    """``(n + 1,)`` float64 tables ``1 / p`` and ``1 / log2(1 + p)`` for ``p = 1..max(positions)`` (index 0 unused)."""
     n = max(positions.max(), 0)
     inv = np.zeros(n + 1, np.float64)
     disc = np.zeros(n + 1, np.float64)

@@ -42,8 +42,7 @@ def njit(**options: Any) -> Callable[[Callable], Callable]:
 
 
 class _FallbackCache:
-    """A kernel's numba cache (the dispatcher's ``_cache``) that turns itself off, with one warning, on a load or
-    save error."""
+    """A kernel's numba cache (``_cache``) that turns itself off, with one warning, on a load or save error."""
 
     def __init__(self, cache: Any, name: str) -> None:
         self._cache = cache

@@ -205,11 +205,10 @@ def block_shape(
 ) -> tuple[int, int]:
     """``(queries per chunk, gallery items per block)`` of the evaluation on ``device``.
 
-    Whole rows (gallery moved to ``device`` once) while ``chunk_size`` queries (default: the budget over the bytes
-    of one query's ``n_ref`` score entries and ``n_slots`` relevant slots, at least 16) fit in
-    :func:`device_budget` and the gallery (``gallery_bytes``, ``0`` when already there) in twice that; otherwise the
-    gallery is streamed in column blocks (:class:`GalleryBlocks`) sized for ``chunk_size`` (default about
-    :data:`_STREAM_ROWS`) queries, bounding peak device memory whatever ``n_ref``.
+    Whole rows while ``chunk_size`` queries (default: :func:`device_budget` over one query's ``n_ref`` score entries
+    and ``n_slots`` relevant slots, at least 16) fit in the budget and the gallery (``gallery_bytes``, ``0`` when
+    already there) in twice that; otherwise :class:`GalleryBlocks` column blocks sized for ``chunk_size`` (default
+    about :data:`_STREAM_ROWS`) queries, bounding peak device memory whatever ``n_ref``.
     """
     budget = device_budget(device)
     entry, slots = _row_bytes(n_slots, device, levels)

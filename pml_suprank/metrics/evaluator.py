@@ -161,8 +161,7 @@ class RetrievalEvaluator:
             ref_includes_query: the first ``Q`` rows of ``reference`` are the queries (PML convention).
             multilabel: labels are ``(Q, M)`` / ``(N, M)`` fine-label sets padded with ``-1``; default: the
                 constructor's ``multilabel``.
-            device: where to compute this call; default: the constructor's ``device``, else that of ``query``. A
-                gallery over the budget stays put and travels in column blocks; metrics match the CPU's.
+            device: where to compute this call; default: the constructor's ``device``, else that of ``query``.
             distributed: a collective: every process of ``process_group`` calls with the same arguments, ranks its
                 share of the queries and gets the one-process result (keep ``False`` when only some evaluate).
             process_group: the ``torch.distributed`` group of ``distributed`` (default: the world).
@@ -258,9 +257,8 @@ class RetrievalEvaluator:
         order: Tensor | None = None,
     ) -> dict[str, Tensor]:
         """``{key: (Q,) float64 on the host}`` in query order from ``per_chunk(i, start, end, scores)`` of the
-        ``i``-th chunk of ``chunk`` queries (taken in ``order`` when given): scores of the queries against the
-        ``(N, D)`` ``gallery`` in its dtype, ``(C, N)`` on ``device``, or :class:`GalleryBlocks` of ``width < N``
-        columns (the gallery stays where it is)."""
+        ``i``-th chunk of ``chunk`` queries (taken in ``order`` when given): ``(C, N)`` scores on ``device`` in the
+        gallery's dtype, or :class:`GalleryBlocks` of ``width < N`` columns."""
         Q, N = query.shape[0], gallery.shape[0]
         query_scale, gallery = overflow_safe_scales(query, gallery)
         if width is None or width == N:  # whole rows: the gallery on the device once

@@ -112,8 +112,7 @@ class RankStats:
         return self.cum_ge(m)[:, -1] if at == ALL else _at(self.cum_ge(m), self._upto(at))
 
     def precision_sum_at(self, m: int, at: tuple) -> Tensor:
-        """``(C,)`` float64 ``Σ rank⁺(k) / rank(k)`` over the positives (level ``>= m``) within the threshold
-        ``at``."""
+        """``(C,)`` float64 ``Σ rank⁺(k) / rank(k)`` over the positives (level ``>= m``) within threshold ``at``."""
         self._check_point(m, at)
         if self._compiled:
             return self._walk(at)[1][m - 1]
@@ -139,8 +138,7 @@ class RankStats:
         return self._memo(("upto", at), lambda: torch.searchsorted(self.position, t, right=True))
 
     def _walk(self, at: tuple) -> tuple[Tensor, Tensor]:
-        """``(L, C)`` counts and precision sums at ``at`` from the compiled walk, which also fills the thresholds
-        named at construction and the per-level sums."""
+        """``(L, C)`` counts and precision sums at ``at`` from the compiled walk (caching the named thresholds)."""
         if ("walk", at) not in self._cache:
             from ._compiled_rank_sums import rank_sums_compiled
 
@@ -187,8 +185,7 @@ class RankStats:
         return self._cache[("cprec", m)]
 
     def level_sums(self) -> Tensor:
-        """``(C, L, L)`` float64 ``[c, λ - 1, l - 1] = Σ_{k: level λ} A_l(k) / rank(k)`` over the slots of level
-        exactly ``λ`` (H-AP groups its per-slot terms by level with these)."""
+        """``(C, L, L)`` float64 ``[c, λ - 1, l - 1] = Σ_{k: level λ} A_l(k) / rank(k)`` (slots of level ``λ``)."""
         if self._compiled:
             self._walk(ALL)
         if self._level_sums is None:
@@ -236,8 +233,7 @@ def ap_from_ranks(ranks: RetrievalRanks | RankStats, min_level: int | None = Non
 
 
 def map_at_r_from_ranks(ranks: RetrievalRanks | RankStats, min_level: int | None = None) -> Tensor:
-    """mAP@R ``(Q,)`` (Musgrave et al.): precisions at the positives within the first ``R = |Ω⁺|`` positions, over
-    ``R``."""
+    """mAP@R ``(Q,)`` (Musgrave et al.): precisions at the positives within the first ``R = |Ω⁺|`` positions / ``R``."""
     st, m, n = _binary(ranks, min_level)
     return _nan_where_empty(st.precision_sum_at(m, ("r", m)) / _f64(n).clamp_min(1), n)
 
@@ -302,8 +298,7 @@ def hap_from_ranks(ranks: RetrievalRanks | RankStats, relevance: Tensor | None =
 
 def ndcg_from_ranks(ranks: RetrievalRanks | RankStats) -> Tensor:
     """NDCG ``(Q,)`` (SupRank Eq. 23): gains ``2^l − 1``, discounts ``1 / log2(1 + p)``, ideal DCG of the same
-    gallery; NaN without relevant items. ``DCG = Σ_λ (2^λ − 1)·Σ_{k: level λ} 1 / log2(1 + rank(k))``
-    (:meth:`RankStats.level_discounts`)."""
+    gallery; NaN without relevant items (:meth:`RankStats.level_discounts`)."""
     st = _stats(ranks)
     L = st.num_levels
     device = st.levels.device

@@ -125,8 +125,7 @@ def evaluate_multilabel(
     evaluator: Any, query: Tensor, ql: Tensor, reference: Tensor, rl: Tensor, ref_includes_query: bool
 ) -> tuple[dict[str, Tensor], int, int]:
     """Per-query metrics ``{key: (Q,) float64}`` (plus ``_``-prefixed counts), ``Q`` and ``L`` of a multi-label
-    evaluation of checked inputs with the settings of ``evaluator`` (a
-    :class:`~pml_suprank.metrics.RetrievalEvaluator`)."""
+    evaluation of checked inputs with the settings of a :class:`~pml_suprank.metrics.RetrievalEvaluator`."""
     groups = multilabel_groups(evaluator._multilabel_metrics)
     device, dtype = evaluator._device_dtype(query)
     ql, rl = ql.to(device), rl.to(device)

@@ -140,8 +140,7 @@ def _decode_key(keys: Tensor) -> Tensor:
 
 
 def _sort_rows(keys: Tensor) -> Tensor:
-    """Sort each row of an int64 tensor (values only); on the CPU by numpy's in-place sort (faster than
-    ``torch.sort``), large blocks split into row bands sorted by ``torch.get_num_threads()`` threads."""
+    """Sort each row of an int64 tensor (values only); on the CPU by numpy's in-place sort, in row bands on threads."""
     if keys.device.type == "cpu" and keys.is_contiguous():
         arr = keys.numpy()  # shares memory with keys
         parts = max(min(torch.get_num_threads(), arr.shape[0], arr.size // _SORT_BAND_MIN), 1)
@@ -283,8 +282,7 @@ def _count_negatives_dense(
     """Fresh ``(C, P)`` int64 ``neg_ge[c, k] = #{j : neg_scores[c, j] >= r_k}`` by binary-searching every entry.
 
     Fixed shapes, no host synchronisation (the accelerator path), ``O(C·N log P)``: each entry's slot
-    ``#{k : r_k > s}`` is scattered into a ``(C, P + 1)`` histogram and prefix-summed (``-inf`` entries land past the
-    relevant items, on padding slots only).
+    ``#{k : r_k > s}`` is scattered into a ``(C, P + 1)`` histogram and prefix-summed.
     """
     C, N = neg_scores.shape
     P = seq.shape[1]
@@ -297,8 +295,7 @@ def _count_negatives_dense(
 
 
 def _auto_counting(neg_scores: Tensor, rel_scores: Tensor, lo: Tensor) -> str:
-    """``counting="auto"`` as documented in :func:`rank_relevant_items` (the 5 % break-even was measured on a
-    2-core CPU; the in-range share is estimated from 256 strided columns)."""
+    """``counting="auto"`` as documented in :func:`rank_relevant_items` (share estimated on 256 strided columns)."""
     if neg_scores.device.type != "cpu":
         return "dense"
     if _compiled_refusal(neg_scores, rel_scores) is None:
@@ -338,8 +335,7 @@ def _count_negatives_histogram(
     """``(C, P)`` int64 ``neg_ge[c, k] = #{j : neg_scores[c, j] >= r_k}`` (arbitrary on padding) by histogram.
 
     ``rs`` ``(C, P)``: relevant scores in ranked (descending) order, ``-inf`` on padding (``vs`` False). Uniform bins
-    over each row's relevant range; bin() is a chain of correctly rounded elementwise ops, hence monotone, so only
-    negatives sharing a bin with a relevant item need an exact comparison. ``O(C·N)`` plus those candidates.
+    over each row's relevant range (monotone bin(): only negatives sharing a relevant item's bin are compared).
     """
     C, N = neg_scores.shape
     P = rs.shape[1]

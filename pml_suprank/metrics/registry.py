@@ -101,8 +101,7 @@ class MetricSpec:
 
     @property
     def report_key(self) -> str:
-        """The key shown in reports (``k = 1`` for top-k metrics; for per-level metrics, the prefix of every level's
-        key, e.g. ``"ap_level"``)."""
+        """The key shown in reports (top-k: ``k = 1``; per-level: the prefix of every level's key, ``"ap_level"``)."""
         key = self.key.replace("{k}", "1")
         return key.split("{h}")[0] if self.per_level else key
 

@@ -87,8 +87,6 @@ class RetrievalMetric:
         sync: gather across processes in :meth:`compute` (``False``: this process's data only).
         **evaluator_kwargs: passed to :class:`RetrievalEvaluator` when ``evaluator`` is None.
 
-    Every process must call :meth:`compute` (a collective when distributed), with or without data of its own.
-
     Example:
         >>> metric = RetrievalMetric(k_values=(1, 10))
         >>> for images, labels in loader:
@@ -153,8 +151,8 @@ class RetrievalMetric:
         return emb, labels, indices
 
     def compute(self, **evaluate_kwargs: Any) -> dict[str, Any]:
-        """Evaluate everything given since the last :meth:`reset` (a collective when distributed and ``sync``);
-        keyword arguments go to :meth:`RetrievalEvaluator.evaluate`.
+        """Evaluate everything given since the last :meth:`reset` (a collective when distributed and ``sync``: every
+        process calls it, with or without data); keyword arguments go to :meth:`RetrievalEvaluator.evaluate`.
 
         Returns:
             what ``RetrievalEvaluator.evaluate`` returns on the gathered, concatenated data.
