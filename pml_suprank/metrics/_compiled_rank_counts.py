@@ -66,8 +66,7 @@ def _count_row(row, r, n, num_bins, out_row):  # pragma: no cover - compiled
         ge[_uniform_bin(r[k], lo, scale, B)] += 1
     for b in range(B - 1, -1, -1):
         ge[b] += ge[b + 1]
-    # slot[j] = #{k : r_k > s_j} for the kept negatives, n for the others; two passes (slots, then their
-    # histogram) keep the histogram's stores out of the lookup loop, which is several times faster
+    # slot[j] = #{k : r_k > s_j} for the kept negatives, n for the others (slots, then their histogram)
     slot = np.empty(N, np.int32)
     lo_s = r[n - 1]
     for j in range(N):

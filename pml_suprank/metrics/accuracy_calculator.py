@@ -29,7 +29,7 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
     (column 0 finest) or 1-D fine labels expanded through ``hierarchy``.
 
     * PML's own metrics (``precision_at_1``, ``mean_average_precision_at_r``, ``NMI``, ...) are computed by PML on
-      the **fine** labels, re-indexed to ``0..K-1`` (PML's float32 label cast cannot merge large values).
+      the **fine** labels, re-indexed to ``0..K-1``.
     * Added: every registry group (:data:`pml_suprank.metrics.registry.METRICS`) PML does not define, computed
       exactly by :class:`RetrievalEvaluator` (pessimistic ties): ``"ap"``, ``"h_ap"``, ``"ndcg"``, ``"asi"``, top-k
       groups (``"recall_at_k"`` → ``"recall_at_{k}"``), per-level groups (``"ap_level"`` → ``"ap_level{h}"``), ...
@@ -43,11 +43,7 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
 
     Args:
         include, exclude: metric names, PML's and the added ones.
-        k_values: ``k`` of the top-k groups (``recall_at_k``, ...).
-        alpha: H-AP relevance exponent.
-        level_weights: ΣwAP weights.
-        hierarchy: fine -> ancestors table for 1-D labels.
-        chunk_size: queries per chunk of the exact evaluation.
+        k_values, alpha, level_weights, hierarchy, chunk_size: as in :class:`RetrievalEvaluator`.
         multilabel: labels are ``(N, M)`` fine-label sets padded with ``-1``; only the registry's multi-label groups
             are computed (PML's own metrics named in ``include`` raise ``ValueError``).
         avg_of_avgs, return_per_class, k, label_comparison_fn, device, knn_func, kmeans_func: PML's arguments, in

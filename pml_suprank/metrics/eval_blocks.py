@@ -167,8 +167,7 @@ def block_counts(starts: Tensor, ends: Tensor, has_self: Tensor, N: int) -> Tens
 
 #: work memory of one chunk on the CPU (a few hundred queries at SOP scale)
 CPU_CHUNK_BYTES = 2**27
-#: work bytes per score entry and per relevant slot and level of one query (accelerators: the dense search keeps int64
-#: keys and slots per entry; the torch prefix sums two float64 arrays per level and slot)
+#: work bytes per score entry and per relevant slot and level of one query (accelerators: dense search, float64 sums)
 _ENTRY_BYTES = {"cpu": 4, "accelerator": 32}
 _SLOT_BYTES = {"cpu": 48, "accelerator": 96}
 #: bytes per relevant slot with the compiled CPU kernels (key, level and position, at any number of levels)

@@ -329,8 +329,7 @@ def asi_from_ranks(ranks: RetrievalRanks | RankStats) -> Tensor:
     level_at = torch.zeros(C, P + 1, dtype=torch.int8, device=device)
     level_at.scatter_(1, (positions - 1).masked_fill_(~inside, P), lv.to(torch.int8).mul_(inside))
     level_at = level_at[:, :P]
-    # exact small integers (every count here is at most n <= P): int16 halves the memory traffic when P allows;
-    # gallery counts above P act as P (c*_l(n) = clamp(n - above, 0, |Ω^(l)|) with n <= P)
+    # exact small integers (every count is at most n <= P, so gallery counts above P act as P): int16 when P allows
     idt = torch.int16 if P < 2**15 else torch.int32
     n = torch.arange(1, P + 1, device=device, dtype=idt)
     total = None
@@ -356,9 +355,8 @@ def weighted_sum_ap_from_ranks(
     ranks: RetrievalRanks | RankStats, weights: Tensor | list[float] | None = None
 ) -> Tensor:
     """ΣwAP ``(Q,)`` ``= Σ_l w_l·AP^(l) / Σ_l w_l`` over the levels ``l`` with positives for the query (SupRank
-    Sec. V-A1, supp. B-B3); ``AP^(l)`` takes the items at level ``>= l`` as positives, ``weights`` ``w_1..w_L``
-    (default uniform). Equals H-AP with the Property-1 relevance
-    (:func:`pml_suprank.relevance.property1_relevance`)."""
+    Sec. V-A1, supp. B-B3); ``AP^(l)``: positives at level ``>= l``; ``weights`` ``w_1..w_L`` (default uniform).
+    Equals H-AP with the Property-1 relevance (:func:`pml_suprank.relevance.property1_relevance`)."""
     st = _stats(ranks)
     L = st.num_levels
     C = st.levels.shape[0]

@@ -5,9 +5,8 @@ Conventions: ``scores`` ``(Q, N)`` (higher = closer); ``levels`` ``(Q, N)`` in `
 gallery. **Ties are pessimistic**: among exactly equal scores the less relevant items rank first (no result depends
 on the input order). ``±inf`` scores rank first/last; NaN raises ``ValueError``.
 
-Only the ``P`` relevant items of a query are sorted (int64 keys: order-preserving image of the score, level in the
-low bits); negatives are only *counted* (:func:`rank_relevant_items`). Metrics then read the ``(Q, P)`` positions
-(:mod:`pml_suprank.metrics.from_ranks`).
+Only the ``P`` relevant items of a query are sorted; negatives are only *counted* (:func:`rank_relevant_items`).
+Metrics then read the ``(Q, P)`` positions (:mod:`pml_suprank.metrics.from_ranks`).
 """
 
 from __future__ import annotations
@@ -352,8 +351,7 @@ def _count_negatives_histogram(
     scale = torch.where(ok, B / width.clamp_min(torch.finfo(rs.dtype).tiny), torch.ones_like(width))
     scale = torch.where(torch.isfinite(scale), scale, torch.ones_like(scale))
     lo = torch.where(n_rel > 0, lo, torch.zeros_like(lo))
-    # finite (scores near -finfo.max would push it to -inf and make inf - inf = NaN bins); any finite origin keeps
-    # bin() monotone
+    # a finite origin keeps bin() monotone (near -finfo.max it would be -inf: inf - inf = NaN bins)
     lo2 = (lo - 2.0 / scale).clamp_min(-big)[:, None]
     scale = scale[:, None]
 

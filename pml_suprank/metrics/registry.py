@@ -208,15 +208,12 @@ def metrics_from_ranks(
     alpha: float = 1.0,
     level_weights: Tensor | list[float] | None = None,
 ) -> dict[str, Tensor]:
-    """Every requested metric from one :class:`RetrievalRanks`, sharing one
-    :class:`~pml_suprank.metrics.from_ranks.RankStats`.
+    """Every requested metric from one :class:`RetrievalRanks`, sharing one :class:`~.from_ranks.RankStats`.
 
     Args:
         ranks: from :func:`~pml_suprank.metrics.ranks.retrieval_ranks` or the evaluator.
-        k_values: the ``k`` of the top-k metrics.
         groups: names from :data:`METRIC_GROUPS`.
-        alpha: H-AP relevance exponent.
-        level_weights: ΣwAP weights ``w_1..w_L``.
+        k_values, alpha, level_weights: as in :class:`~pml_suprank.metrics.RetrievalEvaluator`.
 
     Returns:
         ``{key: (Q,) float64}`` with the evaluator's key names (NaN where undefined).

@@ -1,8 +1,5 @@
-"""Labels, headline keys and printed tables of the evaluator's metrics, all derived from the metric registry.
-
-Used by model cards, the training progress line and the recipes' tables: a metric added to
-:data:`~pml_suprank.metrics.registry.METRICS` is labelled and reported without touching them.
-"""
+"""Labels, headline keys and printed tables of the evaluator's metrics, all derived from the metric registry
+(:data:`~pml_suprank.metrics.registry.METRICS`) for model cards, the training progress line and the recipes."""
 
 from __future__ import annotations
 
