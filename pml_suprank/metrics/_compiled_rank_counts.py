@@ -116,9 +116,8 @@ def _decode_keys(keys_row, n):  # pragma: no cover - compiled
 
 @njit(inline="always")
 def _bin(value, grid):
-    """Bin of ``value`` on a three-segment grid ``(g_lo, g_hi, lo, scale_b, top_b, scale_m, top_m, off_m, scale_t,
-    top_t, off_t)``: in the segment of ``value`` (``[lo, g_lo)``, ``[g_lo, g_hi)``, ``[g_hi, hi]`` or NaN) its
-    offset plus ``trunc(clamp((value - start) · scale, 0, top))`` in float32; non-decreasing in ``value``."""
+    """Bin of ``value`` on the :func:`_make_grid` grid: in its segment (``[lo, g_lo)``, ``[g_lo, g_hi)``, ``[g_hi, hi]``
+    or NaN) the offset plus ``trunc(clamp((value - start) · scale, 0, top))`` in float32; non-decreasing."""
     g_lo, g_hi, lo, scale_b, top_b, scale_m, top_m, off_m, scale_t, top_t, off_t = grid
     bottom = value < g_lo
     upper = not (value < g_hi)

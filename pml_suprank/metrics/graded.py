@@ -4,9 +4,8 @@ The few distinct relevance values of each query (at most ``n_q · L + 1`` for th
 :func:`pml_suprank.relevance.multilabel_relevance`) become levels ``1..K`` (:func:`graded_levels`), ranked by
 :func:`~pml_suprank.metrics.ranks.retrieval_ranks`; the metrics are exact sums over the positions.
 
-Conventions: ``scores`` ``(Q, N)`` (higher = closer); ``relevance`` ``(Q, N)`` non-negative finite, ``0`` = not
-relevant, equal relevance = exactly equal values; ``mask`` ``(Q, N)`` bool, ``False`` removes an item. **Ties are
-pessimistic** (less relevant first among exactly equal scores). Queries with ``Σ_k rel(k) = 0`` get ``NaN``; float64.
+Equal relevance = exactly equal values; **ties are pessimistic** (less relevant first among exactly equal scores);
+queries with ``Σ_k rel(k) = 0`` get ``NaN``; float64. Shapes: see :func:`graded_average_precision`.
 
 References:
     Ramzi et al., "Hierarchical Average Precision Training for Pertinent Image Retrieval" (HAPPIER, ECCV 2022):

@@ -39,9 +39,8 @@ def make_evaluator(evaluator: RetrievalEvaluator | None, evaluator_kwargs: dict[
 def append_update(
     embeddings: Tensor, labels: Tensor, indices: Tensor | None, kept: tuple[list[Tensor], list[Tensor], list[Tensor]]
 ) -> None:
-    """Validate one ``update`` (``embeddings (B, D)``, ``labels (B,)`` or ``(B, L)``, ``indices (B,)`` or None),
-    consistent with the batches ``kept = (embeddings, labels, indices)`` so far, and append it to them detached
-    (``ValueError`` / ``TypeError`` naming the argument)."""
+    """Validate one ``update`` (as :meth:`RetrievalMetric.update`) against the batches ``kept`` so far and append it
+    to them detached (``ValueError`` / ``TypeError`` naming the argument)."""
     seen_embeddings, seen_labels, seen_indices = kept
     embeddings = check_embeddings("embeddings", embeddings)
     labels = check_labels("labels", labels, embeddings.shape[0])
