@@ -103,8 +103,7 @@ def _count_row(row, r, n, num_bins, out_row):  # pragma: no cover - compiled
 
 @njit(nogil=True)
 def _decode_keys(keys_row, n):  # pragma: no cover - compiled
-    """The float32 scores ``(n + 1,)`` of the first ``n`` sorted pessimistic keys ``-m(r)·64 + level`` of a row, then
-    a ``-inf`` sentinel (``m``: the order-preserving int32 image of the float bits, an involution)."""
+    """The float32 scores ``(n + 1,)`` of a row's first ``n`` sorted keys (see the module), then a ``-inf`` sentinel."""
     bits = np.empty(n + 1, np.int32)
     for k in range(n):
         m = -(keys_row[k] >> 6)
@@ -438,8 +437,7 @@ def _count_rows(neg, rs, n_rel, num_bins, out):  # pragma: no cover - compiled
 
 @njit(parallel=True, nogil=True)
 def _count_rows_keys(neg, keys, n_rel, num_bins, out):  # pragma: no cover - compiled
-    """:func:`_count_rows` for float32 ``neg`` with the relevant items given by their sorted int64 pessimistic keys
-    ``-m(r)·64 + level`` (:func:`pml_suprank.metrics.ranks._pessimistic_keys`), decoded here row by row."""
+    """:func:`_count_rows` for float32 ``neg``, the relevant items given as sorted int64 keys (:func:`_decode_keys`)."""
     for c in numba.prange(neg.shape[0]):
         out[c, :] = 0
         n = n_rel[c]

@@ -130,8 +130,7 @@ def rank_sums_compiled(
         num_levels: ``L``.
 
     Returns:
-        ``(L, C, T)``, ``(L, C, T)``, ``(C, L, L)``, ``(C, L)`` and ``(C,)`` float64 tensors, see
-        :func:`_rank_sums`.
+        ``(L, C, T)``, ``(L, C, T)``, ``(C, L, L)``, ``(C, L)`` and ``(C,)`` float64 tensors (:func:`_rank_sums`).
     """
     C, P = levels.shape
     L, T = num_levels, thresholds.shape[1]

@@ -46,8 +46,7 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
         k_values, alpha, level_weights, hierarchy, chunk_size: as in :class:`RetrievalEvaluator`.
         multilabel: labels are ``(N, M)`` fine-label sets padded with ``-1``; only the registry's multi-label groups
             are computed (PML's own metrics named in ``include`` raise ``ValueError``).
-        avg_of_avgs, return_per_class, k, label_comparison_fn, device, knn_func, kmeans_func: PML's arguments, in
-            PML's positional order and with PML's meaning.
+        avg_of_avgs, return_per_class, k, label_comparison_fn, device, knn_func, kmeans_func: PML's, in its order.
         **kwargs: forwarded to PML's ``AccuracyCalculator`` (arguments of later PML releases).
     """
 

@@ -72,9 +72,7 @@ class RetrievalEvaluator:
         backend: ``"torch"`` (exact, every metric) or ``"faiss"`` (``IndexFlatIP`` k-NN; only the top-k metric groups
             :data:`~pml_suprank.metrics.registry.TOP_K_GROUPS`; ties in faiss order).
         progress_bar: show a tqdm bar over chunks.
-        num_bins: histogram resolution of the counting kernel (speed only): ``None`` or an int ``>= 1``.
-        counting: one of :data:`~pml_suprank.metrics.ranks.COUNTING_METHODS` (speed only; see
-            :func:`~pml_suprank.metrics.ranks.rank_relevant_items`).
+        num_bins, counting: speed only, as in :func:`~pml_suprank.metrics.ranks.retrieval_ranks`.
         multilabel: default of :meth:`evaluate`'s ``multilabel``: labels are ``(N, M)`` fine-label sets.
 
     Example:
@@ -423,8 +421,7 @@ def compute_embeddings(
         normalize: L2-normalise the embeddings (then dot products are cosine similarities).
         input_key, label_key: dict keys of the inputs / labels.
         return_indices: also return the ``(N,)`` dataset indices of the items (dict key ``"index"``).
-        progress: show a progress bar (tqdm, if installed; only on the local main process).
-        description: label of the progress bar.
+        progress, description: show a tqdm bar (if installed; local main process only) with this label.
 
     Returns:
         ``(N, D)`` float32 embeddings and ``(N,)`` or ``(N, L)`` labels, plus ``(N,)`` indices with

@@ -208,7 +208,7 @@ def metrics_from_ranks(
     alpha: float = 1.0,
     level_weights: Tensor | list[float] | None = None,
 ) -> dict[str, Tensor]:
-    """Every requested metric from one :class:`RetrievalRanks`, sharing one :class:`~.from_ranks.RankStats`.
+    """Every requested metric from one :class:`RetrievalRanks`, sharing one :class:`~from_ranks.RankStats`.
 
     Args:
         ranks: from :func:`~pml_suprank.metrics.ranks.retrieval_ranks` or the evaluator.
