@@ -155,7 +155,7 @@ def _sort_rows(keys: Tensor) -> Tensor:
 
 
 def _pessimistic_order(scores: Tensor, levels: Tensor, valid: Tensor) -> Tensor:
-    """Argsort ``(C, P)``: score descending, then level ascending, padding last (no :func:`_pessimistic_keys`)."""
+    """Argsort ``(C, P)``: score descending, then level ascending, padding last (fallback of ``_pessimistic_keys``)."""
     first = torch.sort(levels.masked_fill(~valid, 0), dim=1, stable=True).indices
     s = scores.masked_fill(~valid, float("-inf")).gather(1, first)
     return first.gather(1, torch.sort(s, dim=1, descending=True, stable=True).indices)
