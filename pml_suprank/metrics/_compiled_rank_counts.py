@@ -2,17 +2,14 @@
 ``fast`` extra: import this module lazily and treat ``ImportError`` as "not available".
 
 * :func:`block_ranks_compiled`, the evaluator's CPU path (:func:`pml_suprank.metrics.eval_blocks.chunk_ranks`): per
-  row (relevant items = one column slice, the query's own column left out), the keys ``-m(s)·64 + level`` (``m``:
-  order-preserving int32 image of the float32 bits) are bucket-sorted on a grid of about ``8n`` bins in three
-  segments (``mean ± 3·std`` of the relevant scores, two tails), giving ``ge[b] = #{k : bin(r_k) > b}``; one pass
-  over the negatives in tiles of :data:`_TILE` columns does ``hist[ge[bin(s)] + exact in-bin count] += 1``, and
-  ``neg_ge = cumsum(hist)``.
+  row the keys ``-m(s)·64 + level`` (``m``: order-preserving int32 image of the float32 bits) of the relevant
+  items are bucket-sorted on a three-segment grid (:func:`_make_grid`), giving ``ge[b] = #{k : bin(r_k) > b}``; one
+  pass over the negatives does ``hist[ge[bin(s)] + exact in-bin count] += 1``, and ``neg_ge = cumsum(hist)``.
 * :func:`count_negatives_compiled`, ``counting="compiled"`` of :func:`pml_suprank.metrics.ranks.rank_relevant_items`:
   the same count on one uniform grid per row.
 
-Exact: ``bin(s)`` is a chain of correctly rounded monotone operations, so only an entry's own bin needs comparisons
-and the grid affects speed only; positions and tie rule are those of the torch counters. Negatives below the lowest
-relevant item never count, ``NaN`` ones count above all; the score block is never written.
+Exact (``bin(s)`` is monotone, so only an entry's own bin needs comparisons): positions and tie rule are those of the
+torch counters; ``NaN`` negatives count above all; the score block is never written.
 """
 
 from __future__ import annotations
@@ -69,8 +66,7 @@ def _count_row(row, r, n, num_bins, out_row):  # pragma: no cover - compiled
         ge[_uniform_bin(r[k], lo, scale, B)] += 1
     for b in range(B - 1, -1, -1):
         ge[b] += ge[b + 1]
-    # slot[j] = #{k : r_k > s_j} for the kept negatives, n for the others; two passes (slots, then their
-    # histogram) keep the histogram's stores out of the lookup loop, which is several times faster
+    # slot[j] = #{k : r_k > s_j} for the kept negatives, n for the others (slots, then their histogram)
     slot = np.empty(N, np.int32)
     lo_s = r[n - 1]
     for j in range(N):
@@ -107,8 +103,7 @@ def _count_row(row, r, n, num_bins, out_row):  # pragma: no cover - compiled
 
 @njit(nogil=True)
 def _decode_keys(keys_row, n):  # pragma: no cover - compiled
-    """The float32 scores ``(n + 1,)`` of the first ``n`` sorted pessimistic keys ``-m(r)·64 + level`` of a row, then
-    a ``-inf`` sentinel (``m``: the order-preserving int32 image of the float bits, an involution)."""
+    """The float32 scores ``(n + 1,)`` of a row's first ``n`` sorted keys (see the module), then a ``-inf`` sentinel."""
     bits = np.empty(n + 1, np.int32)
     for k in range(n):
         m = -(keys_row[k] >> 6)
@@ -120,9 +115,8 @@ def _decode_keys(keys_row, n):  # pragma: no cover - compiled
 
 @njit(inline="always")
 def _bin(value, grid):
-    """Bin of ``value`` on a three-segment grid ``(g_lo, g_hi, lo, scale_b, top_b, scale_m, top_m, off_m, scale_t,
-    top_t, off_t)``: in the segment of ``value`` (``[lo, g_lo)``, ``[g_lo, g_hi)``, ``[g_hi, hi]`` or NaN) its
-    offset plus ``trunc(clamp((value - start) · scale, 0, top))`` in float32; non-decreasing in ``value``."""
+    """Bin of ``value`` on the :func:`_make_grid` grid: in its segment (``[lo, g_lo)``, ``[g_lo, g_hi)``, ``[g_hi, hi]``
+    or NaN) the offset plus ``trunc(clamp((value - start) · scale, 0, top))`` in float32; non-decreasing."""
     g_lo, g_hi, lo, scale_b, top_b, scale_m, top_m, off_m, scale_t, top_t, off_t = grid
     bottom = value < g_lo
     upper = not (value < g_hi)
@@ -443,8 +437,7 @@ def _count_rows(neg, rs, n_rel, num_bins, out):  # pragma: no cover - compiled
 
 @njit(parallel=True, nogil=True)
 def _count_rows_keys(neg, keys, n_rel, num_bins, out):  # pragma: no cover - compiled
-    """:func:`_count_rows` for float32 ``neg`` with the relevant items given by their sorted int64 pessimistic keys
-    ``-m(r)·64 + level`` (:func:`pml_suprank.metrics.ranks._pessimistic_keys`), decoded here row by row."""
+    """:func:`_count_rows` for float32 ``neg``, the relevant items given as sorted int64 keys (:func:`_decode_keys`)."""
     for c in numba.prange(neg.shape[0]):
         out[c, :] = 0
         n = n_rel[c]

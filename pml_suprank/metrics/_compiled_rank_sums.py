@@ -2,8 +2,8 @@
 
 :class:`~pml_suprank.metrics.from_ranks.RankStats` reads the prefix sums only at a few thresholds (last slot, top
 ``k``, ``R``), so on the CPU one walk per row (:func:`rank_sums_compiled`) computes those values and the per-level
-sums of H-AP and NDCG without any ``(Q, P)`` array, with the torch path's float64 operations in the same order
-(bitwise equal). numba is the optional ``fast`` extra: import lazily, ``ImportError`` = not available.
+sums of H-AP and NDCG without any ``(Q, P)`` array, bitwise equal to the torch path. numba is the optional ``fast``
+extra: import lazily, ``ImportError`` = not available.
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ __all__ = ["rank_sums_compiled"]
 
 @njit(nogil=True)
 def _position_tables(positions):  # pragma: no cover - compiled
-    """``(n + 1,)`` float64 tables ``1 / p`` and ``1 / log2(1 + p)`` for ``p = 1..max(positions)`` (index 0
-    unused)."""
+    """``(n + 1,)`` float64 tables ``1 / p`` and ``1 / log2(1 + p)`` for ``p = 1..max(positions)`` (index 0 unused)."""
     n = max(positions.max(), 0)
     inv = np.zeros(n + 1, np.float64)
     disc = np.zeros(n + 1, np.float64)
@@ -45,8 +44,7 @@ def _rank_sums(  # pragma: no cover - compiled
     * ``level_sums[c, λ - 1, m - 1]`` = ``Σ_{k: level λ} A_m(k) / p_k`` and ``level_disc[c, λ - 1]`` =
       ``Σ_{k: level λ} 1 / log2(1 + p_k)``;
     * ``asi[c]`` = ``Σ_{n=1}^{min(N⁺, P)} Σ_l min(c_l(n), c*_l(n)) / n`` (ASI before ``/ N⁺``, see
-      :func:`pml_suprank.metrics.from_ranks.asi_`; ``counts`` ``(C, L + 1)``), the ``n`` between two relevant items
-      summed at once, with ``c*_l(n) = clamp(n − above_l, 0, |Ω^(l)|)``.
+      :func:`pml_suprank.metrics.from_ranks.asi_from_ranks`; ``counts`` ``(C, L + 1)``).
     """
     C, P = levels.shape
     L = ge_at.shape[0]
@@ -132,8 +130,7 @@ def rank_sums_compiled(
         num_levels: ``L``.
 
     Returns:
-        ``(L, C, T)``, ``(L, C, T)``, ``(C, L, L)``, ``(C, L)`` and ``(C,)`` float64 tensors, see
-        :func:`_rank_sums`.
+        ``(L, C, T)``, ``(L, C, T)``, ``(C, L, L)``, ``(C, L)`` and ``(C,)`` float64 tensors (:func:`_rank_sums`).
     """
     C, P = levels.shape
     L, T = num_levels, thresholds.shape[1]

@@ -7,9 +7,8 @@ overrides) is keyed by source file and CPU. Without a writable place, or on any 
 Trust: cache files are pickles of machine code that numba runs, so the cache folder needs the trust of the package's
 own files (a shared writable ``NUMBA_CACHE_DIR`` lets others run code here).
 
-numba does not rebuild a cached kernel when a compiled function it calls from another file changes: kernels call
-only compiled functions of their own file (``tests/metrics/test_numba_cache.py`` checks it). :class:`_threads` sets
-numba's thread count to torch's around a parallel kernel.
+Kernels call only compiled functions of their own file (numba's cache misses changes in other files;
+``tests/metrics/test_numba_cache.py``). :class:`_threads` sets numba's thread count to torch's.
 """
 
 from __future__ import annotations
@@ -43,8 +42,7 @@ def njit(**options: Any) -> Callable[[Callable], Callable]:
 
 
 class _FallbackCache:
-    """A kernel's numba cache (the dispatcher's ``_cache``) that turns itself off, with one warning, on a load or
-    save error."""
+    """A kernel's numba cache (``_cache``) that turns itself off, with one warning, on a load or save error."""
 
     def __init__(self, cache: Any, name: str) -> None:
         self._cache = cache

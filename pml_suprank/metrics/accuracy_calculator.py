@@ -25,12 +25,11 @@ _ADDED = tuple(name for name in METRICS if not hasattr(AccuracyCalculator, f"cal
 class HierarchicalAccuracyCalculator(AccuracyCalculator):
     """PML 2.x ``AccuracyCalculator`` plus exact full-ranking metrics (:class:`RetrievalEvaluator`).
 
-    Same call as PML: ``get_accuracy(query, query_labels, reference=None, reference_labels=None,
-    ref_includes_query=False, include=(), exclude=())``, so PML testers and hooks can use it. Labels may be 1-D, 2-D
-    ``(N, L)`` (column 0 finest) or 1-D fine labels expanded through ``hierarchy``.
+    Same ``get_accuracy`` call as PML, so PML testers and hooks can use it. Labels may be 1-D, 2-D ``(N, L)``
+    (column 0 finest) or 1-D fine labels expanded through ``hierarchy``.
 
     * PML's own metrics (``precision_at_1``, ``mean_average_precision_at_r``, ``NMI``, ...) are computed by PML on
-      the **fine** labels, re-indexed to ``0..K-1`` (PML's float32 label cast cannot merge large values).
+      the **fine** labels, re-indexed to ``0..K-1``.
     * Added: every registry group (:data:`pml_suprank.metrics.registry.METRICS`) PML does not define, computed
       exactly by :class:`RetrievalEvaluator` (pessimistic ties): ``"ap"``, ``"h_ap"``, ``"ndcg"``, ``"asi"``, top-k
       groups (``"recall_at_k"`` → ``"recall_at_{k}"``), per-level groups (``"ap_level"`` → ``"ap_level{h}"``), ...
@@ -44,15 +43,10 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
 
     Args:
         include, exclude: metric names, PML's and the added ones.
-        k_values: ``k`` of the top-k groups (``recall_at_k``, ...).
-        alpha: H-AP relevance exponent.
-        level_weights: ΣwAP weights.
-        hierarchy: fine -> ancestors table for 1-D labels.
-        chunk_size: queries per chunk of the exact evaluation.
+        k_values, alpha, level_weights, hierarchy, chunk_size: as in :class:`RetrievalEvaluator`.
         multilabel: labels are ``(N, M)`` fine-label sets padded with ``-1``; only the registry's multi-label groups
             are computed (PML's own metrics named in ``include`` raise ``ValueError``).
-        avg_of_avgs, return_per_class, k, label_comparison_fn, device, knn_func, kmeans_func: PML's arguments, in
-            PML's positional order and with PML's meaning.
+        avg_of_avgs, return_per_class, k, label_comparison_fn, device, knn_func, kmeans_func: PML's, in its order.
         **kwargs: forwarded to PML's ``AccuracyCalculator`` (arguments of later PML releases).
     """
 

@@ -25,9 +25,8 @@ def decomposability_gap(
 ) -> dict[str, Any]:
     """``DG = (1/K) Σ_b M_b − M``: mean metric over random batches minus the metric on the whole set (Eq. 6).
 
-    The set is shuffled and cut into ``K = N // batch_size`` batches (remainder dropped); ``M_b`` is ``metric``
-    within batch ``b``, ``M`` on the whole set. Batches without any positive are skipped (``"num_skipped_batches"``).
-    A positive gap means the batch estimate is optimistic.
+    ``K = N // batch_size`` shuffled batches (remainder dropped); batches without any positive are skipped
+    (``"num_skipped_batches"``). A positive gap means the batch estimate is optimistic.
 
     Args:
         embeddings: ``(N, D)`` embeddings.

@@ -165,11 +165,9 @@ def block_counts(starts: Tensor, ends: Tensor, has_self: Tensor, N: int) -> Tens
     return counts
 
 
-#: work memory of one chunk on the CPU (a few hundred queries at SOP scale; on a 2-core CPU 128 MiB chunks ranked
-#: 10-14 % faster than 32 MiB ones, 256 MiB ones no faster)
+#: work memory of one chunk on the CPU (a few hundred queries at SOP scale)
 CPU_CHUNK_BYTES = 2**27
-#: work bytes per score entry and per relevant slot and level of one query (accelerators: the dense search keeps int64
-#: keys and slots per entry; the torch prefix sums two float64 arrays per level and slot)
+#: work bytes per score entry and per relevant slot and level of one query (accelerators: dense search, float64 sums)
 _ENTRY_BYTES = {"cpu": 4, "accelerator": 32}
 _SLOT_BYTES = {"cpu": 48, "accelerator": 96}
 #: bytes per relevant slot with the compiled CPU kernels (key, level and position, at any number of levels)
@@ -206,11 +204,10 @@ def block_shape(
 ) -> tuple[int, int]:
     """``(queries per chunk, gallery items per block)`` of the evaluation on ``device``.
 
-    Whole rows (gallery moved to ``device`` once) while ``chunk_size`` queries (default: the budget over the bytes
-    of one query's ``n_ref`` score entries and ``n_slots`` relevant slots, at least 16) fit in
-    :func:`device_budget` and the gallery (``gallery_bytes``, ``0`` when already there) in twice that; otherwise the
-    gallery is streamed in column blocks (:class:`GalleryBlocks`) sized for ``chunk_size`` (default about
-    :data:`_STREAM_ROWS`) queries, bounding peak device memory whatever ``n_ref``.
+    Whole rows while ``chunk_size`` queries (default: :func:`device_budget` over one query's ``n_ref`` score entries
+    and ``n_slots`` relevant slots, at least 16) fit in the budget and the gallery (``gallery_bytes``, ``0`` when
+    already there) in twice that; otherwise :class:`GalleryBlocks` column blocks sized for ``chunk_size`` (default
+    about :data:`_STREAM_ROWS`) queries, bounding peak device memory whatever ``n_ref``.
     """
     budget = device_budget(device)
     entry, slots = _row_bytes(n_slots, device, levels)

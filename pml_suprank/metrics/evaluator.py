@@ -60,8 +60,8 @@ class RetrievalEvaluator:
     Args:
         k_values: the ``k`` of the top-k metrics.
         alpha: ``α`` of the H-AP relevance (1 = HAPPIER).
-        chunk_size: queries per chunk; default: a device byte budget (128 MiB on the CPU, a quarter of the free GPU
-            memory) over one query's work memory (:func:`~pml_suprank.metrics.eval_blocks.block_shape`).
+        chunk_size: queries per chunk; default: sized to the device
+            (:func:`~pml_suprank.metrics.eval_blocks.block_shape`).
         device: where to compute (default: the device of ``query``); an unavailable backend raises ``ValueError``.
         metrics: keys of :data:`METRIC_GROUPS`; default: every single-label group
             (:data:`~pml_suprank.metrics.registry.SINGLE_LABEL_GROUPS`), or every multi-label one
@@ -72,9 +72,7 @@ class RetrievalEvaluator:
         backend: ``"torch"`` (exact, every metric) or ``"faiss"`` (``IndexFlatIP`` k-NN; only the top-k metric groups
             :data:`~pml_suprank.metrics.registry.TOP_K_GROUPS`; ties in faiss order).
         progress_bar: show a tqdm bar over chunks.
-        num_bins: histogram resolution of the counting kernel (speed only): ``None`` or an int ``>= 1``.
-        counting: one of :data:`~pml_suprank.metrics.ranks.COUNTING_METHODS` (speed only; see
-            :func:`~pml_suprank.metrics.ranks.rank_relevant_items`).
+        num_bins, counting: speed only, as in :func:`~pml_suprank.metrics.ranks.retrieval_ranks`.
         multilabel: default of :meth:`evaluate`'s ``multilabel``: labels are ``(N, M)`` fine-label sets.
 
     Example:
@@ -161,8 +159,7 @@ class RetrievalEvaluator:
             ref_includes_query: the first ``Q`` rows of ``reference`` are the queries (PML convention).
             multilabel: labels are ``(Q, M)`` / ``(N, M)`` fine-label sets padded with ``-1``; default: the
                 constructor's ``multilabel``.
-            device: where to compute this call; default: the constructor's ``device``, else that of ``query``. A
-                gallery over the budget stays put and travels in column blocks; metrics match the CPU's.
+            device: where to compute this call; default: the constructor's ``device``, else that of ``query``.
             distributed: a collective: every process of ``process_group`` calls with the same arguments, ranks its
                 share of the queries and gets the one-process result (keep ``False`` when only some evaluate).
             process_group: the ``torch.distributed`` group of ``distributed`` (default: the world).
@@ -258,9 +255,8 @@ class RetrievalEvaluator:
         order: Tensor | None = None,
     ) -> dict[str, Tensor]:
         """``{key: (Q,) float64 on the host}`` in query order from ``per_chunk(i, start, end, scores)`` of the
-        ``i``-th chunk of ``chunk`` queries (taken in ``order`` when given): scores of the queries against the
-        ``(N, D)`` ``gallery`` in its dtype, ``(C, N)`` on ``device``, or :class:`GalleryBlocks` of ``width < N``
-        columns (the gallery stays where it is)."""
+        ``i``-th chunk of ``chunk`` queries (taken in ``order`` when given): ``(C, N)`` scores on ``device`` in the
+        gallery's dtype, or :class:`GalleryBlocks` of ``width < N`` columns."""
         Q, N = query.shape[0], gallery.shape[0]
         query_scale, gallery = overflow_safe_scales(query, gallery)
         if width is None or width == N:  # whole rows: the gallery on the device once
@@ -415,8 +411,7 @@ def compute_embeddings(
 
     Batches are ``(inputs, labels, ...)`` tuples or dicts (inputs: the first of ``"pixel_values"``, ``"image"``,
     ``"images"``, ``"input"``; labels: ``"labels"`` or ``"label"``; indices: ``"index"`` or the third element). With an
-    ``accelerate.Accelerator`` (model and dataloader prepared), the model runs under ``accelerator.autocast()`` and
-    batches are gathered with ``accelerator.gather_for_metrics``.
+    ``accelerate.Accelerator``, runs under its ``autocast()`` and gathers with ``gather_for_metrics``.
 
     Args:
         model: maps a batch of inputs to ``(B, D)`` embeddings.
@@ -426,8 +421,7 @@ def compute_embeddings(
         normalize: L2-normalise the embeddings (then dot products are cosine similarities).
         input_key, label_key: dict keys of the inputs / labels.
         return_indices: also return the ``(N,)`` dataset indices of the items (dict key ``"index"``).
-        progress: show a progress bar (tqdm, if installed; only on the local main process).
-        description: label of the progress bar.
+        progress, description: show a tqdm bar (if installed; local main process only) with this label.
 
     Returns:
         ``(N, D)`` float32 embeddings and ``(N,)`` or ``(N, L)`` labels, plus ``(N,)`` indices with

@@ -63,9 +63,7 @@ class RankStats:
     With ``A_m(k)`` the items of level ``>= m`` ranked at or before slot ``k`` (:meth:`cum_ge`), the binary metrics
     read :meth:`count_at` (``A_m``) and :meth:`precision_sum_at` (``Σ rank⁺/rank``) at a threshold :data:`ALL`,
     ``("k", k)`` (top ``k``) or ``("r", m')`` (first ``R`` = #items of level ``>= m'`` positions); H-AP and NDCG read
-    :meth:`level_sums` and :meth:`level_discounts`. On the CPU with numba one compiled walk per row
-    (:func:`~pml_suprank.metrics._compiled_rank_sums.rank_sums_compiled`) computes every threshold named at
-    construction; elsewhere torch prefix sums are gathered (same float64 operations, same order).
+    :meth:`level_sums` and :meth:`level_discounts` (numba on the CPU, torch prefix sums elsewhere: bitwise equal).
 
     Args:
         ranks: the ranked relevant items of a chunk of queries (its fields become attributes).
@@ -81,7 +79,6 @@ class RankStats:
         self.levels, self.positions, self.counts, self.num_levels = lv, positions, ranks.counts, ranks.num_levels
         self._cache: dict[tuple, Any] = {}  # (what, argument) -> tensor
         self._level_sums = self._level_disc = self._asi_sums = None
-        # the compiled kernel sums CPU int64 ranks when numba is installed
         self._compiled = (
             lv.device.type == "cpu" and lv.dtype == positions.dtype == torch.int64 and _compiled_available()
         )
@@ -115,8 +112,7 @@ class RankStats:
         return self.cum_ge(m)[:, -1] if at == ALL else _at(self.cum_ge(m), self._upto(at))
 
     def precision_sum_at(self, m: int, at: tuple) -> Tensor:
-        """``(C,)`` float64 ``Σ rank⁺(k) / rank(k)`` over the positives (level ``>= m``) within the threshold
-        ``at``."""
+        """``(C,)`` float64 ``Σ rank⁺(k) / rank(k)`` over the positives (level ``>= m``) within threshold ``at``."""
         self._check_point(m, at)
         if self._compiled:
             return self._walk(at)[1][m - 1]
@@ -142,8 +138,7 @@ class RankStats:
         return self._memo(("upto", at), lambda: torch.searchsorted(self.position, t, right=True))
 
     def _walk(self, at: tuple) -> tuple[Tensor, Tensor]:
-        """``(L, C)`` counts and precision sums at ``at`` from the compiled walk, which also fills the thresholds
-        named at construction and the per-level sums."""
+        """``(L, C)`` counts and precision sums at ``at`` from the compiled walk (caching the named thresholds)."""
         if ("walk", at) not in self._cache:
             from ._compiled_rank_sums import rank_sums_compiled
 
@@ -190,8 +185,7 @@ class RankStats:
         return self._cache[("cprec", m)]
 
     def level_sums(self) -> Tensor:
-        """``(C, L, L)`` float64 ``[c, λ - 1, l - 1] = Σ_{k: level λ} A_l(k) / rank(k)`` over the slots of level
-        exactly ``λ`` (H-AP groups its per-slot terms by level with these)."""
+        """``(C, L, L)`` float64 ``[c, λ - 1, l - 1] = Σ_{k: level λ} A_l(k) / rank(k)`` (slots of level ``λ``)."""
         if self._compiled:
             self._walk(ALL)
         if self._level_sums is None:
@@ -239,8 +233,7 @@ def ap_from_ranks(ranks: RetrievalRanks | RankStats, min_level: int | None = Non
 
 
 def map_at_r_from_ranks(ranks: RetrievalRanks | RankStats, min_level: int | None = None) -> Tensor:
-    """mAP@R ``(Q,)`` (Musgrave et al.): precisions at the positives within the first ``R = |Ω⁺|`` positions, over
-    ``R``."""
+    """mAP@R ``(Q,)`` (Musgrave et al.): precisions at the positives within the first ``R = |Ω⁺|`` positions / ``R``."""
     st, m, n = _binary(ranks, min_level)
     return _nan_where_empty(st.precision_sum_at(m, ("r", m)) / _f64(n).clamp_min(1), n)
 
@@ -280,12 +273,8 @@ def hap_from_ranks(ranks: RetrievalRanks | RankStats, relevance: Tensor | None =
 
     ``H-rank⁺(k) = Σ_l c_l(k)·min(rel(k), rel(l))`` with ``c_l(k)`` the items of level exactly ``l`` ranked at or
     before ``k`` (the pessimistic order replaces the Heaviside of Eq. 18), ``H-AP = Σ_k H-rank⁺(k) / rank(k) /
-    Σ_k rel(k)`` over the relevant items ``k``. Summed by parts over the cumulative counts ``A_l = c_l + ... + c_L``:
-    ``H-rank⁺(k) = Σ_l A_l(k)·(min(rel(k), rel(l)) − min(rel(k), rel(l − 1)))`` (the ``l − 1 = 0`` term is zero).
-    The coefficient depends on ``k`` only through its level ``λ``, so grouping the slots by level gives
-    ``Σ_k H-rank⁺(k) / rank(k) = Σ_{λ, l} step[λ, l]·S[λ, l]`` with ``S[λ, l] = Σ_{k: level λ} A_l(k) / rank(k)``
-    (:meth:`RankStats.level_sums`) and ``Σ_k rel(k) = Σ_λ rel(λ)·#{k: level λ}``: ``(C, L, L)`` tables, no per-slot
-    gather. Levels are identified by their integer level, never by float equality of relevances.
+    Σ_k rel(k)`` over the relevant items ``k``; summed by parts per level from the ``(C, L, L)`` tables of
+    :meth:`RankStats.level_sums`. Levels are identified by their integer level, never by float equality of relevances.
 
     Args:
         ranks: from :func:`~pml_suprank.metrics.ranks.retrieval_ranks` (or their :class:`RankStats`).
@@ -309,8 +298,7 @@ def hap_from_ranks(ranks: RetrievalRanks | RankStats, relevance: Tensor | None =
 
 def ndcg_from_ranks(ranks: RetrievalRanks | RankStats) -> Tensor:
     """NDCG ``(Q,)`` (SupRank Eq. 23): gains ``2^l − 1``, discounts ``1 / log2(1 + p)``, ideal DCG of the same
-    gallery; NaN without relevant items. ``DCG = Σ_λ (2^λ − 1)·Σ_{k: level λ} 1 / log2(1 + rank(k))``
-    (:meth:`RankStats.level_discounts`)."""
+    gallery; NaN without relevant items (:meth:`RankStats.level_discounts`)."""
     st = _stats(ranks)
     L = st.num_levels
     device = st.levels.device
@@ -341,8 +329,7 @@ def asi_from_ranks(ranks: RetrievalRanks | RankStats) -> Tensor:
     level_at = torch.zeros(C, P + 1, dtype=torch.int8, device=device)
     level_at.scatter_(1, (positions - 1).masked_fill_(~inside, P), lv.to(torch.int8).mul_(inside))
     level_at = level_at[:, :P]
-    # exact small integers (every count here is at most n <= P): int16 halves the memory traffic when P allows;
-    # gallery counts above P act as P (c*_l(n) = clamp(n - above, 0, |Ω^(l)|) with n <= P)
+    # exact small integers (every count is at most n <= P, so gallery counts above P act as P): int16 when P allows
     idt = torch.int16 if P < 2**15 else torch.int32
     n = torch.arange(1, P + 1, device=device, dtype=idt)
     total = None
@@ -368,9 +355,8 @@ def weighted_sum_ap_from_ranks(
     ranks: RetrievalRanks | RankStats, weights: Tensor | list[float] | None = None
 ) -> Tensor:
     """ΣwAP ``(Q,)`` ``= Σ_l w_l·AP^(l) / Σ_l w_l`` over the levels ``l`` with positives for the query (SupRank
-    Sec. V-A1, supp. B-B3); ``AP^(l)`` takes the items at level ``>= l`` as positives, ``weights`` ``w_1..w_L``
-    (default uniform). Equals H-AP with the Property-1 relevance
-    (:func:`pml_suprank.relevance.property1_relevance`)."""
+    Sec. V-A1, supp. B-B3); ``AP^(l)``: positives at level ``>= l``; ``weights`` ``w_1..w_L`` (default uniform).
+    Equals H-AP with the Property-1 relevance (:func:`pml_suprank.relevance.property1_relevance`)."""
     st = _stats(ranks)
     L = st.num_levels
     C = st.levels.shape[0]

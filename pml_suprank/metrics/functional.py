@@ -3,15 +3,8 @@
 Each score-matrix function is ``*_from_ranks(retrieval_ranks(scores, levels, mask))``: the one implementation in
 :mod:`pml_suprank.metrics.from_ranks`, which the evaluator calls through :mod:`pml_suprank.metrics.registry`.
 
-Conventions (those of :mod:`pml_suprank.metrics.ranks`): ``scores`` ``(Q, N)`` (higher = closer); ``levels``
-``(Q, N)`` in ``{0..L}`` (``L`` = same fine class, :func:`pml_suprank.relevance.level_matrix`; bool = binary);
-``mask`` ``(Q, N)`` bool, ``False`` removes an item; **ties are pessimistic** (less relevant first among equal
-scores); binary metrics' positives are the items at level ``>= min_level`` (default ``L``); queries without a
-positive get ``NaN`` (excluded from means).
-
-References:
-    Ramzi et al., "Optimization of Rank Losses for Image Retrieval" (SupRank, TPAMI 2025): H-AP Eqs. 18-20, NDCG
-    Eq. 23, ASI App. C-A1, ΣwAP supplementary Sec. B-B3 (Property 1).
+Shapes, pessimistic ties, ``min_level``, ``NaN`` and references: see :mod:`pml_suprank.metrics.ranks` and
+:mod:`pml_suprank.metrics.from_ranks` (``levels`` from :func:`pml_suprank.relevance.level_matrix`).
 """
 
 from __future__ import annotations

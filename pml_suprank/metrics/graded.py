@@ -1,13 +1,11 @@
 """Exact retrieval metrics for an arbitrary graded (real-valued) pairwise relevance matrix.
 
-Multi-label data (:func:`pml_suprank.relevance.multilabel_relevance`) gives one relevance value per (query, item)
-pair, with few distinct values per query (at most ``n_q · L + 1`` for the thesis' Algorithm 1): they are mapped to
-levels ``1..K`` in increasing order (:func:`graded_levels`), ranked by
-:func:`~pml_suprank.metrics.ranks.retrieval_ranks`, and the metrics are exact sums over the positions.
+The few distinct relevance values of each query (at most ``n_q · L + 1`` for the thesis' Algorithm 1,
+:func:`pml_suprank.relevance.multilabel_relevance`) become levels ``1..K`` (:func:`graded_levels`), ranked by
+:func:`~pml_suprank.metrics.ranks.retrieval_ranks`; the metrics are exact sums over the positions.
 
-Conventions: ``scores`` ``(Q, N)`` (higher = closer); ``relevance`` ``(Q, N)`` non-negative finite, ``0`` = not
-relevant, equal relevance = exactly equal values; ``mask`` ``(Q, N)`` bool, ``False`` removes an item. **Ties are
-pessimistic** (less relevant first among exactly equal scores). Queries with ``Σ_k rel(k) = 0`` get ``NaN``; float64.
+Equal relevance = exactly equal values; **ties are pessimistic** (less relevant first among exactly equal scores);
+queries with ``Σ_k rel(k) = 0`` get ``NaN``; float64. Shapes: see :func:`graded_average_precision`.
 
 References:
     Ramzi et al., "Hierarchical Average Precision Training for Pertinent Image Retrieval" (HAPPIER, ECCV 2022):
@@ -147,9 +145,8 @@ def graded_average_precision(
     """H-AP per query ``(Q,)`` for a graded pairwise relevance matrix (HAPPIER Eqs. 2-3, SupRank Eqs. 18-19).
 
     ``H-AP(q) = Σ_{k: rel(k) > 0} H-rank(k) / rank(k) / Σ_k rel(k)`` with ``H-rank(k) = rel(k) + Σ_{j ranked before
-    k, rel(j) > 0} min(rel(j), rel(k))`` in the pessimistic order. Binary relevance gives AP; ``relevance =
-    table[level]`` (table increasing in the level) gives
-    :func:`~pml_suprank.metrics.functional.hierarchical_average_precision`. ``O(N + P log P + P·K)`` per query.
+    k, rel(j) > 0} min(rel(j), rel(k))`` in the pessimistic order (binary relevance: AP; ``table[level]``:
+    :func:`~pml_suprank.metrics.functional.hierarchical_average_precision`). ``O(N + P log P + P·K)`` per query.
 
     Args:
         scores: ``(Q, N)`` floating similarities (NaN not allowed).

@@ -1,13 +1,11 @@
 """Exact multi-label retrieval evaluation: ``RetrievalEvaluator.evaluate(..., multilabel=True)``.
 
 Labels are ``(N, M)`` fine-label sets padded with ``-1`` (at least one label each), the hierarchy the
-``(num_fine, L)`` table (``None``: flat, ``L = 1``). Relevances are computed per ``(C, N)`` chunk (memory
-``O(chunk · N)``); the query is removed by index and ties are pessimistic. Each group is computed as its registry
+``(num_fine, L)`` table (``None``: flat, ``L = 1``); memory ``O(chunk · N)``. Each group is computed as its registry
 entry says (:attr:`~pml_suprank.metrics.registry.MetricSpec.multilabel`):
 
-* ``"graded"`` (``h_ap``, ``ndcg``): H-AP (HAPPIER Eqs. 2-3) and NDCG (gains ``2^rel − 1``, SupRank Eq. 23) of the
-  relevance ``rel = Σ_i l*_i / (n_q · L)`` in ``[0, 1]`` of Algorithm 1 of E. Ramzi's PhD thesis
-  (:func:`pml_suprank.relevance.multilabel_relevance`) taken as given (:mod:`pml_suprank.metrics.graded`).
+* ``"graded"`` (``h_ap``, ``ndcg``): :mod:`pml_suprank.metrics.graded` H-AP and NDCG of the thesis' Algorithm 1
+  relevance ``rel = Σ_i l*_i / (n_q · L)`` in ``[0, 1]`` (:func:`pml_suprank.relevance.multilabel_relevance`).
 * ``"levels"`` (``ap``, ``recall_at_{k}``, ``ap_level{h}``, ...): the single-label binary metrics on the best
   agreement level ``λ(q, k) = L − min_{i,j} LCA(y_q^i, y_k^j)`` (``λ = L``: a shared fine label; ``λ >= L − h``: a
   shared level-``h`` ancestor).
@@ -126,8 +124,7 @@ def evaluate_multilabel(
     evaluator: Any, query: Tensor, ql: Tensor, reference: Tensor, rl: Tensor, ref_includes_query: bool
 ) -> tuple[dict[str, Tensor], int, int]:
     """Per-query metrics ``{key: (Q,) float64}`` (plus ``_``-prefixed counts), ``Q`` and ``L`` of a multi-label
-    evaluation of checked inputs with the settings of ``evaluator`` (a
-    :class:`~pml_suprank.metrics.RetrievalEvaluator`)."""
+    evaluation of checked inputs with the settings of a :class:`~pml_suprank.metrics.RetrievalEvaluator`."""
     groups = multilabel_groups(evaluator._multilabel_metrics)
     device, dtype = evaluator._device_dtype(query)
     ql, rl = ql.to(device), rl.to(device)

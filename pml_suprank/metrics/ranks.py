@@ -5,9 +5,8 @@ Conventions: ``scores`` ``(Q, N)`` (higher = closer); ``levels`` ``(Q, N)`` in `
 gallery. **Ties are pessimistic**: among exactly equal scores the less relevant items rank first (no result depends
 on the input order). ``±inf`` scores rank first/last; NaN raises ``ValueError``.
 
-Only the ``P`` relevant items of a query are sorted (int64 keys: order-preserving image of the score, level in the
-low bits); negatives are only *counted* (:func:`rank_relevant_items`). Metrics then read the ``(Q, P)`` positions
-(:mod:`pml_suprank.metrics.from_ranks`).
+Only the ``P`` relevant items of a query are sorted; negatives are only *counted* (:func:`rank_relevant_items`).
+Metrics then read the ``(Q, P)`` positions (:mod:`pml_suprank.metrics.from_ranks`).
 """
 
 from __future__ import annotations
@@ -140,8 +139,7 @@ def _decode_key(keys: Tensor) -> Tensor:
 
 
 def _sort_rows(keys: Tensor) -> Tensor:
-    """Sort each row of an int64 tensor (values only); on the CPU by numpy's in-place sort (faster than
-    ``torch.sort``), large blocks split into row bands sorted by ``torch.get_num_threads()`` threads."""
+    """Sort each row of an int64 tensor (values only); on the CPU by numpy's in-place sort, in row bands on threads."""
     if keys.device.type == "cpu" and keys.is_contiguous():
         arr = keys.numpy()  # shares memory with keys
         parts = max(min(torch.get_num_threads(), arr.shape[0], arr.size // _SORT_BAND_MIN), 1)
@@ -157,8 +155,7 @@ def _sort_rows(keys: Tensor) -> Tensor:
 
 
 def _pessimistic_order(scores: Tensor, levels: Tensor, valid: Tensor) -> Tensor:
-    """Argsort ``(C, P)`` by score descending, then level ascending (padding last): a stable sort by level, then a
-    stable sort by score (the route of the inputs :func:`_pessimistic_keys` cannot encode)."""
+    """Argsort ``(C, P)``: score descending, then level ascending, padding last (fallback of ``_pessimistic_keys``)."""
     first = torch.sort(levels.masked_fill(~valid, 0), dim=1, stable=True).indices
     s = scores.masked_fill(~valid, float("-inf")).gather(1, first)
     return first.gather(1, torch.sort(s, dim=1, descending=True, stable=True).indices)
@@ -187,8 +184,6 @@ def rank_relevant_items(
 ) -> tuple[Tensor, Tensor]:
     """Sort the relevant items of each query and find their positions in the full pessimistic ranking.
 
-    Low-level kernel shared by :func:`retrieval_ranks` and :class:`~pml_suprank.metrics.RetrievalEvaluator`.
-
     Args:
         neg_scores: ``(C, N)`` scores of the negatives (level 0) of each query; every other entry (relevant items,
             removed items) must be ``-inf``. Not modified. Or an iterable of ``(C, N_b)`` column blocks of it (same
@@ -196,7 +191,7 @@ def rank_relevant_items(
         rel_scores: ``(C, P)`` scores of the relevant items (finite); padding slots arbitrary.
         rel_levels: ``(C, P)`` int64 levels ``>= 1`` of the relevant items; ``0`` marks a padding slot.
         num_bins: histogram resolution (default ``min(N, 64 P)``); affects speed only, never the result.
-        workspace: optional dict in which ``(C, N)`` buffers are kept between calls.
+        workspace: optional dict keeping ``(C, N)`` buffers between calls.
         counting: how negatives are counted (speed only): ``"search"`` binary-searches the negatives above the
             row's lowest relevant score (``O(N + M log P)``); ``"histogram"`` bins rows (``O(N)``); ``"compiled"``
             the histogram in numba (CPU); ``"dense"`` searches every entry, no host sync (accelerators); ``"auto"``:
@@ -285,8 +280,7 @@ def _count_negatives_dense(
     """Fresh ``(C, P)`` int64 ``neg_ge[c, k] = #{j : neg_scores[c, j] >= r_k}`` by binary-searching every entry.
 
     Fixed shapes, no host synchronisation (the accelerator path), ``O(C·N log P)``: each entry's slot
-    ``#{k : r_k > s}`` is scattered into a ``(C, P + 1)`` histogram and prefix-summed (``-inf`` entries land past the
-    relevant items, on padding slots only).
+    ``#{k : r_k > s}`` is scattered into a ``(C, P + 1)`` histogram and prefix-summed.
     """
     C, N = neg_scores.shape
     P = seq.shape[1]
@@ -299,8 +293,7 @@ def _count_negatives_dense(
 
 
 def _auto_counting(neg_scores: Tensor, rel_scores: Tensor, lo: Tensor) -> str:
-    """``counting="auto"`` as documented in :func:`rank_relevant_items` (the 5 % break-even was measured on a
-    2-core CPU; the in-range share is estimated from 256 strided columns)."""
+    """``counting="auto"`` as documented in :func:`rank_relevant_items` (share estimated on 256 strided columns)."""
     if neg_scores.device.type != "cpu":
         return "dense"
     if _compiled_refusal(neg_scores, rel_scores) is None:
@@ -340,8 +333,7 @@ def _count_negatives_histogram(
     """``(C, P)`` int64 ``neg_ge[c, k] = #{j : neg_scores[c, j] >= r_k}`` (arbitrary on padding) by histogram.
 
     ``rs`` ``(C, P)``: relevant scores in ranked (descending) order, ``-inf`` on padding (``vs`` False). Uniform bins
-    over each row's relevant range; bin() is a chain of correctly rounded elementwise ops, hence monotone, so only
-    negatives sharing a bin with a relevant item need an exact comparison. ``O(C·N)`` plus those candidates.
+    over each row's relevant range (monotone bin(): only negatives sharing a relevant item's bin are compared).
     """
     C, N = neg_scores.shape
     P = rs.shape[1]
@@ -358,8 +350,7 @@ def _count_negatives_histogram(
     scale = torch.where(ok, B / width.clamp_min(torch.finfo(rs.dtype).tiny), torch.ones_like(width))
     scale = torch.where(torch.isfinite(scale), scale, torch.ones_like(scale))
     lo = torch.where(n_rel > 0, lo, torch.zeros_like(lo))
-    # finite (scores near -finfo.max would push it to -inf and make inf - inf = NaN bins); any finite origin keeps
-    # bin() monotone
+    # a finite origin keeps bin() monotone (near -finfo.max it would be -inf: inf - inf = NaN bins)
     lo2 = (lo - 2.0 / scale).clamp_min(-big)[:, None]
     scale = scale[:, None]
 

@@ -66,9 +66,8 @@ class MetricSpec:
         headline, progress: shown first in model cards / in the training progress line (``k = 1`` for top-k).
         report: position in the printed tables and the model card's headline table (None: full table only).
         pml_names: ``(our key, PML AccuracyCalculator name)`` pairs of the keys PML computes under its own name.
-        multilabel: one of :data:`MULTILABEL_KINDS` for ``evaluate(..., multilabel=True)``: ``"levels"`` (best
-            agreement level ``λ(q, k) = L − min_{i,j} LCA(y_q^i, y_k^j)``), ``"graded"`` (Algorithm 1,
-            :mod:`pml_suprank.metrics.graded`), ``"labels"`` (one binary problem per query label); None: undefined.
+        multilabel: one of :data:`MULTILABEL_KINDS` for ``evaluate(..., multilabel=True)`` (see
+            :mod:`pml_suprank.metrics.multilabel_eval`); None: undefined.
         single_label: among the default single-label groups (``False`` for ``mean_label_ap``).
     """
 
@@ -102,8 +101,7 @@ class MetricSpec:
 
     @property
     def report_key(self) -> str:
-        """The key shown in reports (``k = 1`` for top-k metrics; for per-level metrics, the prefix of every level's
-        key, e.g. ``"ap_level"``)."""
+        """The key shown in reports (top-k: ``k = 1``; per-level: the prefix of every level's key, ``"ap_level"``)."""
         key = self.key.replace("{k}", "1")
         return key.split("{h}")[0] if self.per_level else key
 
@@ -210,17 +208,12 @@ def metrics_from_ranks(
     alpha: float = 1.0,
     level_weights: Tensor | list[float] | None = None,
 ) -> dict[str, Tensor]:
-    """Every requested metric from one :class:`RetrievalRanks` (the evaluator's engine).
-
-    One :class:`~pml_suprank.metrics.from_ranks.RankStats` shares the prefix sums between all metrics; each key is
-    computed by the function the public ``*_from_ranks`` views call.
+    """Every requested metric from one :class:`RetrievalRanks`, sharing one :class:`~from_ranks.RankStats`.
 
     Args:
         ranks: from :func:`~pml_suprank.metrics.ranks.retrieval_ranks` or the evaluator.
-        k_values: the ``k`` of the top-k metrics.
         groups: names from :data:`METRIC_GROUPS`.
-        alpha: H-AP relevance exponent.
-        level_weights: ΣwAP weights ``w_1..w_L``.
+        k_values, alpha, level_weights: as in :class:`~pml_suprank.metrics.RetrievalEvaluator`.
 
     Returns:
         ``{key: (Q,) float64}`` with the evaluator's key names (NaN where undefined).

@@ -1,8 +1,5 @@
-"""Labels, headline keys and printed tables of the evaluator's metrics, all derived from the metric registry.
-
-Used by model cards, the training progress line and the recipes' tables: a metric added to
-:data:`~pml_suprank.metrics.registry.METRICS` is labelled and reported without touching them.
-"""
+"""Labels, headline keys and printed tables of the evaluator's metrics, all derived from the metric registry
+(:data:`~pml_suprank.metrics.registry.METRICS`) for model cards, the training progress line and the recipes."""
 
 from __future__ import annotations
 
@@ -151,8 +148,7 @@ def metric_legend(keys: Sequence[str], metrics: Mapping[str, float] | None = Non
 
 
 def format_metrics(metrics: Mapping[str, float], short: bool = False) -> str:
-    """One line ``"h_ap=0.7128  ndcg=0.9890  ..."``: the progress keys, then (unless ``short``) the other table
-    keys."""
+    """One line ``"h_ap=0.7128  ndcg=0.9890  ..."``: the progress keys, then (unless ``short``) the table keys."""
     keys = [k for k in PROGRESS_KEYS if k in metrics]
     if not short:
         keys += [k for k in table_keys(metrics) if k not in keys]
@@ -180,8 +176,7 @@ def format_metrics_table(
 
 
 def one_column(metrics: Mapping[str, float], legend: bool = True) -> str:
-    """The table keys of ``metrics`` as fixed-width ``key value`` lines, then (``legend``) a one-line
-    :func:`metric_legend` of them."""
+    """The table keys of ``metrics`` as fixed-width ``key value`` lines, then (``legend``) a :func:`metric_legend`."""
     keys = table_keys(metrics)
     lines = [f"{k:<16}{metrics[k]:>10.4f}" for k in keys]
     if legend and (text := metric_legend(keys, metrics)):

@@ -7,8 +7,8 @@ Exact ranking metrics are not decomposable over batches, so the metric keeps wha
 
 (``r`` processes in rank order, ``b`` ``update`` calls in order; each query against all other items). With
 ``indices`` the gathered items are put in index order and repeated indices kept once, dropping the padding copies of
-a ``DistributedSampler``. Under a process group each process ranks its share of the queries
-(``evaluate(distributed=True)``) and every process returns the one-process result. Memory: ``N × D`` per process.
+a ``DistributedSampler``. Each process ranks its share of the queries (``evaluate(distributed=True)``) and returns
+the one-process result. Memory: ``N × D`` per process.
 """
 
 from __future__ import annotations
@@ -39,9 +39,8 @@ def make_evaluator(evaluator: RetrievalEvaluator | None, evaluator_kwargs: dict[
 def append_update(
     embeddings: Tensor, labels: Tensor, indices: Tensor | None, kept: tuple[list[Tensor], list[Tensor], list[Tensor]]
 ) -> None:
-    """Validate one ``update`` (``embeddings (B, D)``, ``labels (B,)`` or ``(B, L)``, ``indices (B,)`` or None),
-    consistent with the batches ``kept = (embeddings, labels, indices)`` so far, and append it to them detached
-    (``ValueError`` / ``TypeError`` naming the argument)."""
+    """Validate one ``update`` (as :meth:`RetrievalMetric.update`) against the batches ``kept`` so far and append it
+    to them detached (``ValueError`` / ``TypeError`` naming the argument)."""
     seen_embeddings, seen_labels, seen_indices = kept
     embeddings = check_embeddings("embeddings", embeddings)
     labels = check_labels("labels", labels, embeddings.shape[0])
@@ -86,8 +85,6 @@ class RetrievalMetric:
         process_group: the ``torch.distributed`` group to gather over (default: the world, when initialised).
         sync: gather across processes in :meth:`compute` (``False``: this process's data only).
         **evaluator_kwargs: passed to :class:`RetrievalEvaluator` when ``evaluator`` is None.
-
-    Every process must call :meth:`compute` (a collective when distributed), with or without data of its own.
 
     Example:
         >>> metric = RetrievalMetric(k_values=(1, 10))
@@ -153,8 +150,8 @@ class RetrievalMetric:
         return emb, labels, indices
 
     def compute(self, **evaluate_kwargs: Any) -> dict[str, Any]:
-        """Evaluate everything given since the last :meth:`reset` (a collective when distributed and ``sync``);
-        keyword arguments go to :meth:`RetrievalEvaluator.evaluate`.
+        """Evaluate everything given since the last :meth:`reset` (a collective when distributed and ``sync``: every
+        process calls it, with or without data); keyword arguments go to :meth:`RetrievalEvaluator.evaluate`.
 
         Returns:
             what ``RetrievalEvaluator.evaluate`` returns on the gathered, concatenated data.

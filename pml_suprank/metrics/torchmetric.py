@@ -1,8 +1,7 @@
 """``RetrievalTorchMetric``: the exact retrieval evaluator as a ``torchmetrics.Metric`` (needs ``torchmetrics``).
 
-For Lightning and any torchmetrics user; the contract of :class:`~pml_suprank.metrics.RetrievalMetric`: every
-``update`` is kept (states reduced by concatenation) and :meth:`compute` evaluates once, exactly, with
-:class:`~pml_suprank.metrics.RetrievalEvaluator`; with ``indices``, repeated dataset indices are kept once.
+The contract of :class:`~pml_suprank.metrics.RetrievalMetric` (states reduced by concatenation; :meth:`compute`
+evaluates once, exactly; repeated dataset ``indices`` kept once).
 """
 
 from __future__ import annotations
