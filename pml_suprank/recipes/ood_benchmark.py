@@ -20,26 +20,22 @@ and ``score_histograms.png`` into ``--output_dir``.
 
 from __future__ import annotations
 
-import os
+import argparse
+import inspect
+import json
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # noqa: TID251 - recipes may configure the process
+import torch
 
-import argparse  # noqa: E402
-import inspect  # noqa: E402
-import json  # noqa: E402
-import time  # noqa: E402
-from dataclasses import asdict, replace  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import torch  # noqa: E402
-
-from pml_suprank import ood  # noqa: E402
-from pml_suprank._terminal import refuse  # noqa: E402
-from pml_suprank.recipes import fit_heat  # noqa: E402
-from pml_suprank.recipes.ood_spec import VARIANTS, OODBenchmarkSpec  # noqa: E402
-from pml_suprank.training.run_folder import OutputDirError, prepare_output_dir  # noqa: E402
-from pml_suprank.training.spec import build_parser as spec_parser  # noqa: E402
-from pml_suprank.training.spec import parse  # noqa: E402
+from pml_suprank import ood
+from pml_suprank._terminal import refuse
+from pml_suprank.recipes import fit_heat
+from pml_suprank.recipes.ood_spec import VARIANTS, OODBenchmarkSpec
+from pml_suprank.training.run_folder import OutputDirError, prepare_output_dir
+from pml_suprank.training.spec import build_parser as spec_parser
+from pml_suprank.training.spec import parse
 
 #: Detectors that score images through the network, not features: not run here.
 NEEDS_IMAGES = ("ODIN",)

@@ -1,11 +1,7 @@
 """``pml-suprank-train``: the training command with any loss (``--list_losses``), its defaults the preset
 ``train`` of :data:`pml_suprank.training.recipe.PRESETS` (``--help`` lists every option)."""
 
-import os
-
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # noqa: TID251 - before torch: spinning threads slow a busy CPU
-
-from pml_suprank.training import recipe  # noqa: E402
+from pml_suprank.training import recipe  # OMP_WAIT_POLICY: set by the package, before torch
 
 DEFAULTS, DESCRIPTION, HIERARCHICAL = recipe.PRESETS["train"], recipe.DESCRIPTIONS["train"], None
 main, run = recipe.preset_command("train")

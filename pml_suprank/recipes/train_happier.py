@@ -1,11 +1,7 @@
 """``pml-suprank-train-happier``: the training command with HAPPIER (or ``--loss ROD-NDCG``), its defaults the preset
 ``train_happier`` of :data:`pml_suprank.training.recipe.PRESETS` (``--help`` lists every option)."""
 
-import os
-
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # noqa: TID251 - before torch: spinning threads slow a busy CPU
-
-from pml_suprank.training import recipe  # noqa: E402
+from pml_suprank.training import recipe  # OMP_WAIT_POLICY: set by the package, before torch
 
 DEFAULTS, DESCRIPTION, HIERARCHICAL = recipe.PRESETS["train_happier"], recipe.DESCRIPTIONS["train_happier"], None
 main, run = recipe.preset_command("train_happier")
