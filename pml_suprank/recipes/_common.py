@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from pml_suprank._safe_json import atomic_write
 from pml_suprank._terminal import refuse
 
 
@@ -59,8 +60,9 @@ def output_folder(path: str | Path) -> Path:
 
 
 def write_json(path: Path, value: Any, indent: int = 1) -> Path:
-    """``value`` as JSON in ``path``."""
-    path.write_text(json.dumps(value, indent=indent, default=str))
+    """``value`` as JSON in ``path``, written atomically (a reader never sees half a file)."""
+    text = json.dumps(value, indent=indent, default=str)
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
     return path
 
 
