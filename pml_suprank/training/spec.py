@@ -1,25 +1,23 @@
 """The one spec engine of the recipes: ``parse(SpecClass, argv)`` turns a command line into a recipe's spec.
 
-A spec is a dataclass whose fields are declared once with :func:`~pml_suprank.training.config.option`; ``parse``
-makes one snake_case flag per field (booleans ``--flag true/false``, a bare ``--flag`` meaning true; lists comma- or
-space-separated; dicts as JSON), parses ``argv`` once, reads each ``--config`` file once (:func:`read_sections`) and
-lays the values over each other: field defaults < the recipe's defaults < the model's recorded data spec (a spec
-with ``MODEL_DATA``, :func:`model_data`) < ``--config`` files < flags. The spec is built once: each value is checked
-by its field's check, a refused value named where it came from (``--flag``, ``file: section.key``).
+A spec is a dataclass of :func:`~pml_suprank.training.config.option` fields, one flag each (booleans ``--flag
+true/false`` or bare ``--flag``; lists comma- or space-separated; dicts as JSON). ``parse`` reads ``argv`` and each
+``--config`` file once and lays the values over each other: field defaults < the recipe's defaults < the model's
+recorded data spec (:func:`model_data`) < ``--config`` files < flags; the spec is then built once, a refused value
+named where it came from (``--flag``, ``file: section.key``).
 
-A spec class may define: ``DESCRIPTION``, ``FLAGS`` (other flag strings of a field), ``GROUPS`` (``(title, first
-field)`` of the ``--help`` groups; an option class's ``GROUP`` titles its fields), ``option_classes()`` (the
-dataclasses holding its flags), ``read_config(path)`` (its ``--config`` file as ``(file as read, {field: (where,
-value)})``; ``CONFIG_APPEND``: the flag may repeat; ``CONFIG_HELP``), ``add_arguments(parser)``, ``MODEL_DATA`` (the
-fields naming a dataset in place of the model's recorded one; the spec's ``model_data`` field receives the recorded
-data spec) and ``from_options(values, given=, where=, files=)`` (default ``cls(**values)``).
+Optional attributes of a spec class: ``DESCRIPTION``; ``FLAGS`` (other flag strings of a field); ``GROUPS``
+(``(title, first field)`` of the ``--help`` groups; an option class's ``GROUP``); ``option_classes()`` (the dataclasses
+holding its flags); ``read_config(path)`` (a ``--config`` file as ``(file as read, layer)``; ``CONFIG_APPEND``: the
+flag repeats; ``CONFIG_HELP``); ``add_arguments(parser)``; ``MODEL_DATA`` (fields naming a dataset in place of the
+model's recorded one; the ``model_data`` field receives the data spec); ``from_options(values, given=, where=,
+files=)`` (default ``cls(**values)``).
 """
 
 from __future__ import annotations
 
 import argparse
 import types
-import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import Field, fields
 from pathlib import Path
@@ -46,16 +44,15 @@ S = TypeVar("S")
 #: a layer of option values: ``{field name: (where it came from, value)}``
 Layer = Mapping[str, tuple[str, Any]]
 _KEEP = object()
+_EXAMPLES = {int: "1,10", float: "0.5,1.0", str: "a,b"}
 
 
 def shared(cls: type, name: str, default: Any = _KEEP, help: str | None = None) -> Any:
-    """The option ``name`` declared on the option dataclass ``cls`` (its help and check), as a field of another
-    spec: one declaration; ``default`` / ``help`` replace the original's where the recipe means something else."""
+    """The option ``name`` of the option dataclass ``cls`` (its help and check) as a field of another spec: one
+    declaration; ``default`` / ``help`` replace the original's where the recipe means something else."""
     f = {f.name: f for f in fields(cls)}[name]
-    check = f.metadata.get("check")
-    default = field_default(f) if default is _KEEP else default
-    if default is None and check is not None and not check(None):
-        check = optional(check)
+    check, default = f.metadata.get("check"), field_default(f) if default is _KEEP else default
+    check = optional(check) if default is None and check is not None and not check(None) else check
     return option(default, help or f.metadata["help"], check=check, section=f.metadata.get("section"),
                   key=f.metadata.get("key"), file=f.metadata.get("file", True))  # fmt: skip
 
@@ -63,21 +60,21 @@ def shared(cls: type, name: str, default: Any = _KEEP, help: str | None = None) 
 # -- flags -------------------------------------------------------------------------------------------------------------
 def str2bool(value: str | bool) -> bool:
     """``true/false``, ``yes/no``, ``1/0``, ``on/off`` (any case)."""
-    if isinstance(value, bool):
-        return value
-    if value.lower() in ("1", "true", "yes", "y", "on"):
+    text = str(value).lower()
+    if text in ("1", "true", "yes", "y", "on"):
         return True
-    if value.lower() in ("0", "false", "no", "n", "off"):
+    if text in ("0", "false", "no", "n", "off"):
         return False
     raise argparse.ArgumentTypeError(f"expected a boolean (true/false); got {value!r}")
 
 
-def _items(kind: Callable[[str], Any], example: str) -> Callable[[str], list[Any]]:
+def _items(kind: type) -> Callable[[str], list[Any]]:
     def parse_items(value: str) -> list[Any]:
         try:
             return [kind(v) for v in str(value).replace(" ", "").split(",") if v]
         except ValueError as e:
-            raise argparse.ArgumentTypeError(f"expected comma-separated values such as {example}; got {value!r}") from e
+            raise argparse.ArgumentTypeError(f"expected comma-separated values such as {_EXAMPLES[kind]}; "
+                                             f"got {value!r}") from e  # fmt: skip
 
     return parse_items
 
@@ -85,10 +82,10 @@ def _items(kind: Callable[[str], Any], example: str) -> Callable[[str], list[Any
 def _json_dict(value: str) -> dict[str, Any]:
     try:
         out = loads_json(value, "the value", what="option value")
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f'expected a JSON object such as {{"img_size": 64}}; got {value!r}') from e
+    except ValueError:
+        out = None
     if not isinstance(out, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object; got {value!r}")
+        raise argparse.ArgumentTypeError(f'expected a JSON object such as {{"img_size": 64}}; got {value!r}')
     return out
 
 
@@ -100,19 +97,18 @@ class _FlattenList(argparse.Action):
 
 
 def _argparse_kwargs(tp: Any) -> dict[str, Any]:
-    if get_origin(tp) in (Union, types.UnionType):
-        args = [a for a in get_args(tp) if a is not type(None)]
-        tp = args[0] if len(args) == 1 else tp
-    origin = get_origin(tp)
+    """The ``add_argument`` keywords of a field annotation (``X | None`` as ``X``)."""
+    args = [a for a in get_args(tp) if a is not type(None)]
+    tp = args[0] if get_origin(tp) in (Union, types.UnionType) and len(args) == 1 else tp
+    origin = get_origin(tp) or tp
     if tp is bool:
         return {"type": str2bool, "nargs": "?", "const": True, "metavar": "{true,false}"}
     if origin is Literal:
         return {"type": type(get_args(tp)[0])}
-    if origin in (list, tuple, Sequence, typing.Sequence) or tp in (list, tuple):
+    if origin in (list, tuple, Sequence):
         item = (get_args(tp) or (str,))[0]
-        parse_items = {int: _items(int, "1,10"), float: _items(float, "0.5,1.0")}.get(item, _items(str, "a,b"))
-        return {"type": parse_items, "nargs": "+", "action": _FlattenList}
-    if tp is dict or origin is dict:
+        return {"type": _items(item if item in _EXAMPLES else str), "nargs": "+", "action": _FlattenList}
+    if origin is dict:
         return {"type": _json_dict}
     return {"type": tp if tp in (int, float, str) else str}
 
@@ -128,30 +124,24 @@ def build_parser(
     """The parser of ``spec_cls``: ``--config`` when it reads one (or ``config``), its own actions, one flag per
     option field (no default of its own: an option not given is absent from the namespace; ``--help`` shows the
     default, ``defaults`` replacing the field's)."""
-    parser = argparse.ArgumentParser(
-        description=description or getattr(spec_cls, "DESCRIPTION", None),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = argparse.ArgumentParser(description=description or getattr(spec_cls, "DESCRIPTION", None),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     if config or hasattr(spec_cls, "read_config"):
-        action = "append" if getattr(spec_cls, "CONFIG_APPEND", False) else "store"
-        help = getattr(spec_cls, "CONFIG_HELP", "a bundled config name or a YAML file; flags win")
-        parser.add_argument("--config", action=action, default=None, help=help)
+        parser.add_argument("--config", action="append" if getattr(spec_cls, "CONFIG_APPEND", False) else "store",
+                            help=getattr(spec_cls, "CONFIG_HELP", "a bundled config name or a YAML file; flags win"))  # fmt: skip
     if hasattr(spec_cls, "add_arguments"):
         spec_cls.add_arguments(parser)
     defaults, flags = dict(defaults or {}), getattr(spec_cls, "FLAGS", {})
     starts = {first: title for title, first in getattr(spec_cls, "GROUPS", ())}
-    group: Any = parser
-    previous = None
+    group, previous = parser, None
     for cls, f in _option_fields(spec_cls):
         if f.name in starts or (cls is not previous and hasattr(cls, "GROUP")):
             group = parser.add_argument_group(starts.get(f.name) or cls.GROUP)
-        previous = cls
-        default = defaults.get(f.name, field_default(f))
+        previous, default, check = cls, defaults.get(f.name, field_default(f)), f.metadata.get("check")
         default = " ".join(map(str, default)) if isinstance(default, (list, tuple)) else default
-        check = f.metadata.get("check")
         kwargs = _argparse_kwargs(get_type_hints(cls)[f.name])
-        if check is not None and check.choices is not None and "metavar" not in kwargs:
-            kwargs["metavar"] = "{" + ",".join(map(str, check.choices)) + "}"  # the field's check decides
+        if check is not None and check.choices is not None:  # the field's check decides the metavar
+            kwargs.setdefault("metavar", "{" + ",".join(map(str, check.choices)) + "}")
         group.add_argument(*flags.get(f.name, [f"--{f.name}"]), dest=f.name, default=argparse.SUPPRESS,
                            help=f"{f.metadata['help']} (default: {default})", **kwargs)  # fmt: skip
     return parser
@@ -161,10 +151,9 @@ def build_parser(
 def merge_layers(layers: Sequence[Layer], explicit_from: int = 1) -> tuple[dict[str, Any], dict[str, str]]:
     """Lay ``layers`` over each other in order (a later one wins); return ``(values, where)``.
 
-    ``virtual_batch_size`` is another name of ``batch_size`` (resolved by :class:`TrainingConfig`): a layer giving
-    it alone drops an earlier layer's batch size; the batch size in a later user layer (from ``explicit_from`` on),
-    which would silently undo the virtual batch, is refused naming both; a default virtual batch follows the batch
-    size the user gave.
+    ``virtual_batch_size`` is another name of ``batch_size``: a layer giving it alone drops an earlier layer's batch
+    size; a batch size in a later user layer (from ``explicit_from`` on), which would silently undo the virtual batch,
+    is refused naming both; a default virtual batch follows the batch size the user gave.
     """
     values: dict[str, Any] = {}
     where: dict[str, str] = {}
@@ -175,12 +164,12 @@ def merge_layers(layers: Sequence[Layer], explicit_from: int = 1) -> tuple[dict[
         for name, (source, value) in layer.items():
             values[name], where[name], level[name] = value, source, i
     vb, b = values.get("virtual_batch_size"), values.get("batch_size")
-    if vb is not None and b is not None and vb != b and explicit_from <= level["virtual_batch_size"]:
-        if level["virtual_batch_size"] < level["batch_size"]:
-            a, c = where["virtual_batch_size"], where["batch_size"]
-            raise OptionError(f"{batch_alias_problem(vb, b)} ({a} and {c})")
-    elif vb is not None and b is not None:
+    if vb is None or b is None or vb == b:
+        return values, where
+    if explicit_from > level["virtual_batch_size"]:
         values["virtual_batch_size"] = b
+    elif level["virtual_batch_size"] < level["batch_size"]:
+        raise OptionError(f"{batch_alias_problem(vb, b)} ({where['virtual_batch_size']} and {where['batch_size']})")
     return values, where
 
 
@@ -207,13 +196,11 @@ def parse(spec_cls: type[S], argv: list[str] | None = None, *, defaults: Mapping
     no flag of the spec (default: refused); ``read_config``: the ``--config`` reader (default: the class's)."""
     read_config = read_config or getattr(spec_cls, "read_config", None)
     parser = build_parser(spec_cls, defaults, description, config=read_config is not None)
-    known, unknown = parser.parse_known_args(argv) if rest is not None else (parser.parse_args(argv), [])
-    namespace = vars(known)
+    namespace, unknown = parser.parse_known_args(argv) if rest is not None else (parser.parse_args(argv), [])
     (rest if rest is not None else []).extend(unknown)
-    flag_of = {a.dest: a.option_strings[0] for a in parser._actions if a.option_strings}
+    flags = {a.dest: a.option_strings[0] for a in parser._actions if a.option_strings}
     layers: list[Layer] = [{k: (k, v) for k, v in (defaults or {}).items()}]
-    paths = namespace.pop("config", None) or []
-    files = []
+    files, paths = [], vars(namespace).pop("config", None) or []
     flag_only = {f.name for _, f in _option_fields(spec_cls) if not f.metadata.get("file", True)}
     try:
         for path in [paths] if isinstance(paths, str) else paths:
@@ -225,9 +212,8 @@ def parse(spec_cls: type[S], argv: list[str] | None = None, *, defaults: Mapping
             layers.append(layer)
     except (ValueError, FileNotFoundError) as e:
         parser.error(f"--config: {e}")
-    layers.append({k: (flag_of.get(k, k), v) for k, v in namespace.items()})
-    given = frozenset(n for layer in layers[1:] for n in layer)
-    where: dict[str, str] = {}
+    layers.append({k: (flags.get(k, k), v) for k, v in vars(namespace).items()})
+    given, where = frozenset(n for layer in layers[1:] for n in layer), {}
     try:
         values, where = merge_layers(layers)
         if getattr(spec_cls, "MODEL_DATA", None) and values.get("model"):
@@ -261,11 +247,14 @@ def section_problems(
     None}``."""
     errors: list[str] = []
     out: dict[str, tuple[str, Any]] = {}
+
+    def check(name: str, check: Any, value: Any) -> None:
+        if check is not None and not check(value):
+            errors.append(f"'{name}' must be {check.expected}; got {shorten(repr(value), 200)}")
+
     for section, body in cfg.items():
         if section in metadata:
-            check = metadata[section]
-            if check is not None and not check(body):
-                errors.append(f"'{section}' must be {check.expected}; got {shorten(repr(body), 200)}")
+            check(section, metadata[section], body)
         elif section not in keys:
             errors.append(f"unknown top-level key '{section}' (valid: {sorted([*metadata, *keys])})")
         elif body is not None and not isinstance(body, dict):
@@ -275,22 +264,16 @@ def section_problems(
                 name = keys[section].get(key)
                 if name is None:
                     errors.append(f"unknown key '{section}.{key}' (valid keys of '{section}': {sorted(keys[section])})")
-                elif not isinstance(name, str):
-                    if not name(value):
-                        errors.append(f"'{section}.{key}' must be {name.expected}; got {shorten(repr(value), 200)}")
-                else:
+                elif isinstance(name, str):
                     out[name] = (f"{section}.{key}", value)
+                else:
+                    check(f"{section}.{key}", name, value)
     return errors, out
 
 
-def read_sections(
-    path: str | Path,
-    keys: Mapping[str, Mapping[str, Any]],
-    *,
-    metadata: Mapping[str, Any] = (),
-    checks: Callable[[dict[str, Any]], list[str]] | None = None,
-    kind: str = "configuration file",
-) -> tuple[dict[str, Any], dict[str, tuple[str, Any]]]:
+def read_sections(path: str | Path, keys: Mapping[str, Mapping[str, Any]], *, metadata: Mapping[str, Any] = (),
+                  checks: Callable[[dict[str, Any]], list[str]] | None = None, kind: str = "configuration file",
+                  ) -> tuple[dict[str, Any], dict[str, tuple[str, Any]]]:  # fmt: skip
     """The one reader of a configuration file (a hub_config, a ``fit_heat`` / ``ood_benchmark`` ``--config``):
     bounded safe YAML (:func:`pml_suprank._safe_yaml.load_yaml`), a mapping of sections (:func:`section_problems`;
     ``checks``: the file kind's further rules). Returns ``(raw mapping, {field name: ("<file>: section.key", value)})``;
