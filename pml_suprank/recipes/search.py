@@ -165,7 +165,7 @@ def describe_results(
     args: SearchSpec, gallery, labels, queries, query_images, query_labels, scores, indices
 ) -> list[dict]:
     """The per-query records of results.json (with their images: of the HTML page and the grid)."""
-    from pml_suprank.search.report import relevance_level
+    from pml_suprank.plots import relevance_level
 
     records = []
     for row, (name, q_labels) in enumerate(zip(queries, query_labels, strict=True)):

@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..plots import QUERY_COLOUR, RELEVANCE_COLOURS, RELEVANCE_MARKS, framed_image, relevance_level
+from ..plots import QUERY_COLOUR, RELEVANCE_COLOURS, RELEVANCE_MARKS, framed_image
 
-__all__ = ["query_hits", "relevance_level", "thumbnail_data_uri", "write_html_report", "write_result_grid"]
+__all__ = ["query_hits", "thumbnail_data_uri", "write_html_report", "write_result_grid"]
 
 _LABELS = {"fine": "same fine class", "coarse": "same coarse class", "other": "other class", "unknown": "no labels"}
 

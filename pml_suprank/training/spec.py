@@ -127,8 +127,9 @@ def build_parser(
     parser = argparse.ArgumentParser(description=description or getattr(spec_cls, "DESCRIPTION", None),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     if config or hasattr(spec_cls, "read_config"):
+        help = getattr(spec_cls, "CONFIG_HELP", "a bundled config name or a YAML file; flags win")
         parser.add_argument("--config", action="append" if getattr(spec_cls, "CONFIG_APPEND", False) else "store",
-                            help=getattr(spec_cls, "CONFIG_HELP", "a bundled config name or a YAML file; flags win"))  # fmt: skip
+                            help=help)  # fmt: skip
     if hasattr(spec_cls, "add_arguments"):
         spec_cls.add_arguments(parser)
     defaults, flags = dict(defaults or {}), getattr(spec_cls, "FLAGS", {})

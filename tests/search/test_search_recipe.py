@@ -20,8 +20,8 @@ from PIL import Image
 pytest.importorskip("timm")
 pytest.importorskip("accelerate")
 
+from pml_suprank.plots import RELEVANCE_COLOURS, relevance_level  # noqa: E402
 from pml_suprank.search import RetrievalIndex  # noqa: E402
-from pml_suprank.search.report import RELEVANCE_COLOURS, relevance_level  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "recipes"

@@ -10,7 +10,8 @@ import pytest
 from _html_checks import parse_report
 from PIL import Image
 
-from pml_suprank.search.report import RELEVANCE_COLOURS, relevance_level, write_html_report, write_result_grid
+from pml_suprank.plots import RELEVANCE_COLOURS, relevance_level
+from pml_suprank.search.report import write_html_report, write_result_grid
 
 
 def _img(colour, size=12):
