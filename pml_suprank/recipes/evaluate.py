@@ -23,7 +23,7 @@ import torch
 from pml_suprank.data.benchmarks import BENCHMARKS
 from pml_suprank.metrics.report import one_column
 from pml_suprank.training import TrainingConfig
-from pml_suprank.training.config import is_choice, is_int, option, optional, validate_options
+from pml_suprank.training.config import is_choice, is_int, option, optional
 from pml_suprank.training.options import DataOptions, ModelUseOptions, RunOptions
 from pml_suprank.training.recipe import make_accelerator
 from pml_suprank.training.spec import build_parser as spec_parser
@@ -82,9 +82,6 @@ class EvaluateSpec:
     cpu: bool = shared(RunOptions, "cpu")
     embedding_cache: str | None = shared(ModelUseOptions, "embedding_cache")
     model_data: dict | None = option(None, "the model's recorded data spec (read by parse)", cli=False)
-
-    def __post_init__(self) -> None:
-        validate_options(self)
 
 
 def build_parser() -> argparse.ArgumentParser:

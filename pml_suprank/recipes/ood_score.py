@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from pml_suprank.training import TrainingConfig
-from pml_suprank.training.config import is_str, option, optional, validate_options
+from pml_suprank.training.config import is_str, option, optional
 from pml_suprank.training.options import ModelUseOptions, RunOptions
 from pml_suprank.training.spec import build_parser as spec_parser
 from pml_suprank.training.spec import parse, shared
@@ -42,9 +42,6 @@ class OODScoreSpec:
     no_plots: bool = shared(RunOptions, "no_plots", False, "do not write the histogram")
     device: str | None = shared(ModelUseOptions, "device")
     embedding_cache: str | None = shared(ModelUseOptions, "embedding_cache")
-
-    def __post_init__(self) -> None:
-        validate_options(self)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from pml_suprank.training import TrainingConfig
-from pml_suprank.training.config import is_bool, is_choice, is_int, is_str, option, optional, validate_options
+from pml_suprank.training.config import is_bool, is_choice, is_int, is_str, option, optional
 from pml_suprank.training.options import DataOptions, ModelUseOptions
 from pml_suprank.training.spec import build_parser as spec_parser
 from pml_suprank.training.spec import parse, shared
@@ -71,9 +71,6 @@ class SearchSpec:
     device: str | None = shared(ModelUseOptions, "device")
     embedding_cache: str | None = shared(ModelUseOptions, "embedding_cache")
     model_data: dict | None = option(None, "the model's recorded data spec (read by parse)", cli=False)
-
-    def __post_init__(self) -> None:
-        validate_options(self)
 
 
 def build_parser() -> argparse.ArgumentParser:

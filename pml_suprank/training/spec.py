@@ -11,7 +11,8 @@ Optional attributes of a spec class: ``DESCRIPTION``; ``FLAGS`` (other flag stri
 holding its flags); ``read_config(path)`` (a ``--config`` file as ``(file as read, layer)``; ``CONFIG_APPEND``: the
 flag repeats; ``CONFIG_HELP``); ``add_arguments(parser)``; ``MODEL_DATA`` (fields naming a dataset in place of the
 model's recorded one; the ``model_data`` field receives the data spec); ``from_options(values, given=, where=,
-files=)`` (default ``cls(**values)``).
+files=)`` (default: ``cls(**values)`` checked by :func:`~pml_suprank.training.config.validate_options`, its
+``REQUIRED`` fields set).
 """
 
 from __future__ import annotations
@@ -26,7 +27,16 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_
 from .._safe_json import loads_json
 from .._validation import shorten
 from ..data.data_spec import DATA_SPEC_FILE, read_data_spec
-from .config import OptionError, TrainingConfig, batch_alias_problem, field_default, field_problem, option, optional
+from .config import (
+    OptionError,
+    TrainingConfig,
+    batch_alias_problem,
+    field_default,
+    field_problem,
+    option,
+    optional,
+    validate_options,
+)
 from .options import DataOptions
 
 __all__ = [
@@ -231,7 +241,9 @@ def parse(spec_cls: type[S], argv: list[str] | None = None, *, defaults: Mapping
                 values["model_data"] = recorded
         if hasattr(spec_cls, "from_options"):
             return spec_cls.from_options(values, given=given, where=where, files=files)
-        return spec_cls(**values)
+        spec = spec_cls(**values)
+        validate_options(spec)  # once, when built: replace() on the spec does not check again
+        return spec
     except OptionError as e:
         parser.error(e.located(where))
     except (ValueError, TypeError) as e:
