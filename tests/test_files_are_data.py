@@ -174,12 +174,12 @@ def test_yaml_dates_and_other_non_json_values_are_refused_when_read(tmp_path):
 @pytest.mark.parametrize(
     ("recipe", "match"),
     [
-        ({"push_to_hub": True}, "cannot upload anything"),
-        ({"hub_model_id": "someone/else"}, "cannot choose where an upload goes"),
+        ({"push_to_hub": True}, "recipe.push_to_hub: a config file cannot set push_to_hub"),
+        ({"hub_model_id": "someone/else"}, "recipe.hub_model_id: a config file cannot set hub_model_id"),
         ({"backbone": "hf-hub:someone/weights"}, "plain timm model name"),
         ({"backbone": "local-dir:/tmp/x"}, "plain timm model name"),
-        ({"model": "someone/model"}, "cannot choose a model"),
-        ({"checkpoint": "/etc/passwd"}, "cannot choose a weights file"),
+        ({"model": "someone/model"}, "recipe.model: a config file cannot set model"),
+        ({"checkpoint": "/etc/passwd"}, "recipe.checkpoint: a config file cannot set checkpoint"),
     ],
 )
 def test_a_heat_config_cannot_upload_or_fetch(recipe, match, tmp_path, capsys):

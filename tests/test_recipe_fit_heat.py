@@ -233,10 +233,11 @@ def test_fit_heat_checkpoint_of_a_retrieval_model_points_to_model(tmp_path, caps
 def test_fit_heat_refuses_an_untrained_head_and_warns_about_few_heat_steps(tmp_path, capsys):
     fit_heat = _import_fit_heat()
     spec = fit_heat.parse_args(["--id_dataset", str(tmp_path)])
-    assert spec.resolved(model_image_size=32).train_epochs == 5  # a user's data: the head is trained by default
-    assert fit_heat.parse_args(["--checkpoint", "x.pt"]).resolved(model_image_size=32).train_epochs == 0
+    assert fit_heat.resolved(spec, model_image_size=32).train_epochs == 5  # a user's data: the head is trained
+    assert fit_heat.resolved(fit_heat.parse_args(["--checkpoint", "x.pt"]), model_image_size=32).train_epochs == 0
+    untrained = fit_heat.resolved(fit_heat.parse_args(["--train_epochs", "0"]), model_image_size=32)
     with pytest.raises(SystemExit) as refused:
-        fit_heat.check_trained_head(fit_heat.parse_args(["--train_epochs", "0"]).resolved(model_image_size=32))
+        fit_heat.check_trained_head(untrained)
     assert refused.value.code == 2 and "classifier head would be untrained" in capsys.readouterr().err
     heat = fit_heat.parse_args(["--heat_epochs", "1"]).heat(_Head().get_classifier())
     lines = fit_heat.heat_step_warnings(heat, n_train=40)

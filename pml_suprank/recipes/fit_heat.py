@@ -22,6 +22,7 @@ import argparse
 import inspect
 import time
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ from pml_suprank.recipes.ood_data import (
     save_histograms,
     train_classifier,
 )
-from pml_suprank.recipes.ood_spec import VARIANTS, FitHeatSpec, methods
+from pml_suprank.recipes.ood_spec import VARIANTS, FitHeatSpec, detector_options, flag_prefix, methods
 from pml_suprank.training.spec import build_parser as spec_parser
 from pml_suprank.training.spec import parse
 
@@ -69,8 +70,7 @@ def build_detector(method: str, spec: FitHeatSpec, model, n_train: int, dim: int
     """A baseline (or a variant row such as SSD+) from the registry, with its flags and the recipe's context."""
     name, variant = VARIANTS.get(method, (method, {}))
     cls = ood.get_detector(name)
-    kwargs = spec.detector_kwargs(name)
-    kwargs.update(variant)
+    kwargs = {a: spec.detector_options[f"{flag_prefix(name)}_{a}"] for a in detector_options(name)} | variant
     params = inspect.signature(cls).parameters
     if "head" in params:
         kwargs["head"] = model.get_classifier()
@@ -175,6 +175,22 @@ def format_table(table, ood_names) -> str:
     return "\n".join(lines)
 
 
+def resolved(spec: FitHeatSpec, *, model_image_size: int) -> FitHeatSpec:
+    """The spec with the data-dependent defaults set: output stride, image size, classifier and HEAT epochs."""
+    synthetic, own = spec.synthetic, spec.synthetic and spec.model is None
+    epochs = spec.train_epochs
+    if epochs is None:  # a checkpoint holds a trained head; any other head starts untrained
+        epochs = 0 if spec.checkpoint is not None else (10 if synthetic else 5)
+    return replace(
+        spec,
+        output_stride=spec.output_stride or (8 if own else 32),
+        image_size=spec.image_size or (32 if own else model_image_size),
+        train_epochs=epochs,
+        heat_epochs=spec.heat_epochs or (30 if synthetic else None),
+        heat_batch_size=spec.heat_batch_size or (128 if synthetic else None),
+    )
+
+
 def prepare_data(spec: FitHeatSpec):
     """``(spec, train_ds, test_ds, ood_sets, level, classes, train_labels)``: the spec with its data-dependent
     defaults resolved, the datasets, the label level and the ID training classes. With ``--model`` the ID sets are
@@ -186,14 +202,14 @@ def prepare_data(spec: FitHeatSpec):
         model = load_model(spec.model)
         other = spec.id_dataset is not None and (spec.label_column or not Path(spec.id_dataset).is_dir())
         id_data = None if spec.model_data is None or spec.model_data["data"] is None or other else spec.model_data
-        spec = spec.resolved(model_image_size=int(model.data_config["input_size"][-1]))
+        spec = resolved(spec, model_image_size=int(model.data_config["input_size"][-1]))
         transform = test_transform(model)
     else:
         import timm
 
         probe = timm.create_model(spec.backbone, pretrained=False, num_classes=0)
         cfg = timm.data.resolve_model_data_config(probe)
-        spec = spec.resolved(model_image_size=int(cfg["input_size"][-1]))
+        spec = resolved(spec, model_image_size=int(cfg["input_size"][-1]))
         transform = image_transform(spec.image_size, cfg["mean"], cfg["std"])
     train_ds, test_ds, ood_sets, level = build_datasets(spec, transform, id_data)
     train_labels = train_ds.labels if hasattr(train_ds, "labels") else None

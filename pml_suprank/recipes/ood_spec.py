@@ -7,7 +7,7 @@ from __future__ import annotations
 import inspect
 import math
 import re
-from dataclasses import asdict, dataclass, fields, make_dataclass, replace
+from dataclasses import asdict, dataclass, fields, make_dataclass
 from typing import Any
 
 from ..ood.priors import PRESETS
@@ -15,7 +15,6 @@ from ..training.config import (
     OptionCheck,
     OptionError,
     TrainingConfig,
-    field_problem,
     is_bool,
     is_choice,
     is_finite,
@@ -54,17 +53,15 @@ CONTEXT_ARGUMENTS = ("weight", "bias", "head", "model")
 RECIPE_DEFAULTS: dict[str, Any] = {"react_percentile": 95.0, "vim_dim": None}
 #: the largest count of images a synthetic or noise set may hold (a few GB of pixels at 224 px; as --num_per_class)
 MAX_IMAGES = 100_000
+_MARKUP = r":\w+:`~?(?:[\w.]+\.)?(\w+)`|``|\*\*"  # a reST role (its last name kept), ``code``, **bold**
 
 
 def methods() -> tuple[str, ...]:
     """Table rows: every registered detector but HEAT (registration order), each followed by its variants; HEAT."""
     from ..ood import list_detectors
 
-    names: list[str] = []
-    for name in list_detectors():
-        if name != "HEAT":
-            names += [name, *(v for v, (base, _) in VARIANTS.items() if base == name)]
-    return (*names, "HEAT")
+    rows = [r for n in list_detectors() for r in (n, *(v for v, (base, _) in VARIANTS.items() if base == n))]
+    return (*(r for r in rows if r != "HEAT"), "HEAT")
 
 
 def flag_prefix(name: str) -> str:
@@ -76,41 +73,30 @@ def detector_options(name: str) -> dict[str, inspect.Parameter]:
     """Constructor arguments of a registered detector that get a flag: plain (bool / int / float / str) defaults."""
     from ..ood import get_detector
 
-    params = inspect.signature(get_detector(name)).parameters.values()
-    return {
-        p.name: p
-        for p in params
-        if p.name not in CONTEXT_ARGUMENTS
-        and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-        and isinstance(p.default, (bool, int, float, str))
-    }
-
-
-def _argument_help(cls: type, argument: str) -> str:
-    match = re.search(rf"^\s+{re.escape(argument)}: (.+)$", inspect.getdoc(cls) or "", flags=re.MULTILINE)
-    text = match.group(1) if match else f"constructor argument {argument}"
-    text = re.sub(r":\w+:`~?(?:[\w.]+\.)?(\w+)`", r"\1", text).replace("``", "").replace("**", "")
-    return f"{cls.__name__}: {text}"
+    params = inspect.signature(get_detector(name)).parameters.values()  # *args / **kwargs have no plain default
+    plain = (bool, int, float, str)
+    return {p.name: p for p in params if isinstance(p.default, plain) and p.name not in CONTEXT_ARGUMENTS
+            and p.kind != p.POSITIONAL_ONLY}  # fmt: skip
 
 
 def detector_option_class() -> type:
-    """A dataclass of the ``<detector>_<argument>`` options of every registered baseline (read when called)."""
+    """A dataclass of the ``<detector>_<argument>`` options of every registered baseline (read when called; an
+    instance checks its values). Help: the argument's line of the class docstring, without reST markup."""
     from ..ood import get_detector, list_detectors
 
     specs = []
-    for name in list_detectors():
-        if name == "HEAT":
-            continue
+    for name in (n for n in list_detectors() if n != "HEAT"):
         cls = get_detector(name)
         for argument, param in detector_options(name).items():
-            dest = f"{flag_prefix(name)}_{argument}"
+            dest, kind = f"{flag_prefix(name)}_{argument}", type(param.default)
             default = RECIPE_DEFAULTS.get(dest, param.default)
-            kind = type(param.default)
             check = {bool: is_bool(), int: is_int(0), float: is_finite()}.get(kind, is_str())
-            if default is None:
-                kind, check = kind | None, optional(check)
-            specs.append((dest, kind, option(default, _argument_help(cls, argument), check=check)))
-    return make_dataclass("DetectorOptions", specs, namespace={"GROUP": "baseline options"})
+            kind, check = (kind, check) if default is not None else (kind | None, optional(check))
+            line = re.search(rf"^\s+{re.escape(argument)}: (.+)$", inspect.getdoc(cls) or "", flags=re.MULTILINE)
+            text = re.sub(_MARKUP, r"\1", line[1]) if line else f"constructor argument {argument}"
+            specs.append((dest, kind, option(default, f"{cls.__name__}: {text}", check=check)))
+    namespace = {"GROUP": "baseline options", "__post_init__": validate_options}
+    return make_dataclass("DetectorOptions", specs, namespace=namespace)
 
 
 _BETA = OptionCheck(lambda v: not isinstance(v, bool) and isinstance(v, (int, float)) and not math.isnan(v),
@@ -151,7 +137,7 @@ class FitHeatSpec:
     model: str | None = option(
         None, "a retrieval model folder written by the training recipes (RUN/final) or its Hub id: its backbone and "
         "data spec, with a classifier head trained on the ID set (replaces --backbone / --checkpoint)",
-        check=optional(is_str()),
+        check=optional(is_str()), file=False,
     )  # fmt: skip
     guard: str = option("HEAT", "with --model: the detector stored in the model folder as its OOD guard (final/ood/, "
                         "a table row scoring features), or 'none'", check=is_str())  # fmt: skip
@@ -160,7 +146,7 @@ class FitHeatSpec:
     backbone: str = option("test_resnet", "timm model name (test_resnet: a tiny timm ResNet)", check=is_str())
     pretrained: bool = shared(ModelOptions, "pretrained")
     checkpoint: str | None = option(None, "state dict (.pt / .safetensors) of the timm classifier",
-                                    check=optional(is_str()))  # fmt: skip
+                                    check=optional(is_str()), file=False)  # fmt: skip
     cifar_stem: bool = option(False, "ResNet with a 3x3 stride-1 stem and no max-pool", check=is_bool())
     output_stride: int | None = option(None, "timm output_stride (unset: 8 on synthetic, else 32)",
                                        check=optional(is_choice(8, 16, 32)))  # fmt: skip
@@ -211,12 +197,8 @@ class FitHeatSpec:
     detectors: list[str] | None = option(None, "table rows to compute (unset: all; see --help of the recipe)",
                                          check=_NAMES)  # fmt: skip
     no_odin: bool = option(False, "skip ODIN (needs a backward pass per batch)", check=is_bool())
-    detector_options: dict | None = option(
-        None,
-        "constructor arguments of the baselines, {'knn_k': 50, ...}",
-        cli=False,
-        check=optional(_MAPPING),
-    )
+    detector_options: dict | None = option(None, "constructor arguments of the baselines, {'knn_k': 50, ...}",
+                                           cli=False, check=optional(_MAPPING))  # fmt: skip
     model_data: dict | None = option(None, "the model's recorded data spec (read by parse)", cli=False)
 
     @classmethod
@@ -226,19 +208,17 @@ class FitHeatSpec:
 
     @classmethod
     def read_config(cls, path: str) -> tuple[dict[str, Any], dict[str, tuple[str, Any]]]:
-        """A ``--config`` file (a bundled name or a YAML path): its ``recipe`` and ``heat`` sections; :data:`FLAG_ONLY`
-        options and a backbone that is not a plain timm name are refused (files are data)."""
+        """A ``--config`` file (a bundled name or a YAML path): its ``recipe`` and ``heat`` sections; a backbone that is
+        not a plain timm name is refused (files are data; ``parse`` refuses the ``file=False`` options)."""
         from ..hub.loaded_config import untrusted_model_problems
         from ..training.hub_config import hub_config_path
 
         names = [f.name for c in cls.option_classes() for f in fields(c) if f.metadata.get("cli", True)]
         raw, values = read_sections(hub_config_path(path), {"recipe": {n: n for n in names}, "heat": HEAT_KEYS},
                                     metadata=dict.fromkeys(METADATA_KEYS))  # fmt: skip
-        for name, (where, value) in values.items():
-            if name in FLAG_ONLY:
-                raise OptionError(f"{where}: {FLAG_ONLY[name]}; give --{name} on the command line if you mean it")
-            if name == "backbone" and (problems := untrusted_model_problems({"backbone": value}, "")):
-                raise OptionError(f"{where}: {problems[0]} — a config file names a plain timm model only")
+        where, backbone = values.get("backbone", ("", None))
+        if backbone is not None and (problems := untrusted_model_problems({"backbone": backbone}, "")):
+            raise OptionError(f"{where}: {problems[0]} — a config file names a plain timm model only")
         return raw, values
 
     @classmethod
@@ -249,43 +229,31 @@ class FitHeatSpec:
                    detector_options={k: v for k, v in values.items() if k in known})  # fmt: skip
 
     def __post_init__(self) -> None:
-        validate_options(self)
-        self.heat_settings = dict(self.heat_settings or {})
-        self.detector_options = {**asdict(detector_option_class()()), **(self.detector_options or {})}
-        self.validate()
-
-    def validate(self) -> FitHeatSpec:
-        """The rules between options (each field was checked alone)."""
+        """Each option checked alone, then the rules between them: one ``OptionError`` naming every broken rule."""
         from ..ood import list_priors
 
-        if self.push_to_hub and not self.hub_model_id:
-            raise OptionError("--push_to_hub true needs --hub_model_id (the Hub repo id)")
-        unknown = sorted(set(self.detectors or ()) - set(methods()))
-        if unknown:
-            raise OptionError(f"--detectors: unknown {unknown}; choose among {list(methods())}")
-        bad = sorted(set(self.priors) - set(list_priors()))
-        if bad:
-            raise OptionError(f"--priors: unknown {bad}; choose among {list(list_priors())}")
+        validate_options(self)
+        options, self.heat_settings = detector_option_class(), dict(self.heat_settings or {})
+        if extra := sorted(set(self.detector_options or ()) - {f.name for f in fields(options)}):
+            raise OptionError(f"detector options {extra} are not options of a registered detector")
+        self.detector_options = asdict(options(**(self.detector_options or {})))  # each value checked by its option
+        unknown, bad = sorted(set(self.detectors or ()) - set(methods())), sorted(set(self.priors) - set(list_priors()))
         rows = [m for m in (self.detectors or methods()) if m != "ODIN"]
-        if self.model is not None and self.guard != "none" and self.guard not in rows:
-            raise OptionError(f"--guard: {self.guard!r} is not a computed table row that scores features; choose among "
-                              f"{rows} or 'none'")  # fmt: skip
-        if self.model is not None and self.checkpoint is not None:
-            raise OptionError("--model and --checkpoint exclude each other: --model loads a retrieval model folder "
-                              "(RUN/final), --checkpoint a timm classifier's state dict")  # fmt: skip
-        known = {f.name: f for f in fields(detector_option_class())}
-        for key, value in self.detector_options.items():
-            if key not in known:
-                raise OptionError(f"detector option {key!r} is not an option of a registered detector")
-            if (problem := field_problem(known[key], value)) is not None:
-                raise OptionError([(key, problem)])
-        # the HEAT settings are checked by the detector's constructor (nothing is allocated before fit)
-        try:
+        rules = [
+            (self.push_to_hub and not self.hub_model_id, "--push_to_hub true needs --hub_model_id (the Hub repo id)"),
+            (unknown, f"--detectors: unknown {unknown}; choose among {list(methods())}"),
+            (bad, f"--priors: unknown {bad}; choose among {list(list_priors())}"),
+            (self.model is not None and not unknown and self.guard not in [*rows, "none"], f"--guard: {self.guard!r} "
+             f"is not a computed table row that scores features; choose among {rows} or 'none'"),
+            (self.model is not None and self.checkpoint is not None, "--model and --checkpoint exclude each other: "
+             "--model loads a retrieval model folder (RUN/final), --checkpoint a timm classifier's state dict"),
+        ]  # fmt: skip
+        if problems := [text for broken, text in rules if broken]:
+            raise OptionError(problems)
+        try:  # the HEAT settings are checked by the detector's constructor (nothing is allocated before fit)
             self.heat()
         except (TypeError, ValueError) as e:
-            where = "HEAT settings (heat: section, --preset, --heat_epochs, --heat_batch_size)"
-            raise OptionError(f"{where}: {e}") from e
-        return self
+            raise OptionError(f"HEAT settings (heat: section, --preset, --heat_epochs, --heat_batch_size): {e}") from e
 
     def heat(self, head: Any = None) -> Any:
         """The run's :class:`~pml_suprank.ood.HEAT` on the classifier ``head``, its settings the file's
@@ -297,30 +265,10 @@ class FitHeatSpec:
         return HEAT(priors=tuple(self.priors), beta=self.beta, preset=self.preset, settings=settings, head=head,
                     tie_hidden_weights=self.tie_hidden_weights, seed=self.seed)  # fmt: skip
 
-    def detector_kwargs(self, name: str) -> dict[str, Any]:
-        """The option values of detector ``name``'s constructor (recipe defaults, then the given ones)."""
-        options = self.detector_options
-        return {a: options.get(f"{flag_prefix(name)}_{a}", p.default) for a, p in detector_options(name).items()}
-
     @property
     def synthetic(self) -> bool:
         """The ID data is the built-in SyntheticShapes (the default without ``--model``)."""
         return self.id_dataset == "synthetic" or (self.id_dataset is None and self.model is None)
-
-    def resolved(self, *, model_image_size: int) -> FitHeatSpec:
-        """The spec with the data-dependent defaults set: output stride, image size, classifier and HEAT epochs."""
-        synthetic = self.synthetic
-        epochs = self.train_epochs
-        if epochs is None:  # a checkpoint holds a trained head; any other head starts untrained
-            epochs = 0 if self.checkpoint is not None else (10 if synthetic else 5)
-        return replace(
-            self,
-            output_stride=self.output_stride or (8 if synthetic and self.model is None else 32),
-            image_size=self.image_size or (32 if synthetic and self.model is None else model_image_size),
-            train_epochs=epochs,
-            heat_epochs=self.heat_epochs or (30 if synthetic else None),
-            heat_batch_size=self.heat_batch_size or (128 if synthetic else None),
-        )
 
     def to_dict(self) -> dict[str, Any]:
         """The options as ``results.json`` records them (the recorded data spec is the model folder's)."""
@@ -332,16 +280,6 @@ HEAT_KEYS = {"priors": "priors", "beta": "beta", "preset": "preset", "tie_hidden
              "epochs": "heat_epochs", "batch_size": "heat_batch_size", "settings": "heat_settings"}  # fmt: skip
 #: top-level keys of a ``heat_*`` config file that hold no option (documentation, the Hub card)
 METADATA_KEYS = ("name", "kind", "description", "notes", "hub")
-
-
-#: options a ``--config`` file may not set (files are data): they send data out or fetch / read weights
-FLAG_ONLY = {
-    "push_to_hub": "a config file cannot upload anything (push_to_hub)",
-    "hub_model_id": "a config file cannot choose where an upload goes (hub_model_id)",
-    "hub_private": "a config file cannot set the visibility of an upload (hub_private)",
-    "model": "a config file cannot choose a model to download or read (model)",
-    "checkpoint": "a config file cannot choose a weights file to read (checkpoint)",
-}
 
 
 @dataclass
