@@ -10,6 +10,7 @@ import re
 from dataclasses import asdict, dataclass, fields, make_dataclass
 from typing import Any
 
+from ..ood import HEAT, get_detector, list_detectors, list_priors
 from ..ood.priors import PRESETS
 from ..training.config import (
     OptionCheck,
@@ -29,18 +30,7 @@ from ..training.config import (
 from ..training.options import DataOptions, ModelOptions, ModelUseOptions, RunOptions
 from ..training.spec import read_sections, shared
 
-__all__ = [
-    "BUILTIN_OOD",
-    "CONTEXT_ARGUMENTS",
-    "RECIPE_DEFAULTS",
-    "VARIANTS",
-    "FitHeatSpec",
-    "OODBenchmarkSpec",
-    "detector_option_class",
-    "detector_options",
-    "flag_prefix",
-    "methods",
-]
+__all__ = ["VARIANTS", "FitHeatSpec", "OODBenchmarkSpec", "detector_options", "flag_prefix", "methods"]
 
 #: built-in OOD sets of the recipes (no download)
 BUILTIN_OOD = ("synthetic-heldout", "noise-uniform", "noise-gaussian", "noise-blobs")
@@ -58,8 +48,6 @@ _MARKUP = r":\w+:`~?(?:[\w.]+\.)?(\w+)`|``|\*\*"  # a reST role (its last name k
 
 def methods() -> tuple[str, ...]:
     """Table rows: every registered detector but HEAT (registration order), each followed by its variants; HEAT."""
-    from ..ood import list_detectors
-
     rows = [r for n in list_detectors() for r in (n, *(v for v, (base, _) in VARIANTS.items() if base == n))]
     return (*(r for r in rows if r != "HEAT"), "HEAT")
 
@@ -71,19 +59,14 @@ def flag_prefix(name: str) -> str:
 
 def detector_options(name: str) -> dict[str, inspect.Parameter]:
     """Constructor arguments of a registered detector that get a flag: plain (bool / int / float / str) defaults."""
-    from ..ood import get_detector
-
     params = inspect.signature(get_detector(name)).parameters.values()  # *args / **kwargs have no plain default
-    plain = (bool, int, float, str)
-    return {p.name: p for p in params if isinstance(p.default, plain) and p.name not in CONTEXT_ARGUMENTS
-            and p.kind != p.POSITIONAL_ONLY}  # fmt: skip
+    return {p.name: p for p in params if isinstance(p.default, (bool, int, float, str)) and p.kind != p.POSITIONAL_ONLY
+            and p.name not in CONTEXT_ARGUMENTS}  # fmt: skip
 
 
 def detector_option_class() -> type:
     """A dataclass of the ``<detector>_<argument>`` options of every registered baseline (read when called; an
     instance checks its values). Help: the argument's line of the class docstring, without reST markup."""
-    from ..ood import get_detector, list_detectors
-
     specs = []
     for name in (n for n in list_detectors() if n != "HEAT"):
         cls = get_detector(name)
@@ -107,8 +90,8 @@ _NAMES = optional(list_of(is_str(), "a list of names"))
 
 @dataclass
 class FitHeatSpec:
-    """Every option of the ``fit_heat`` recipe; ``None`` defaults are resolved from the data by :meth:`resolved`. With
-    ``--model``, the model folder's ``data_spec.json`` is a layer under the flags (``model_data``, its seed)."""
+    """Every option of the ``fit_heat`` recipe; ``None`` defaults are resolved from the data by ``fit_heat.resolved``.
+    With ``--model``, the model folder's ``data_spec.json`` is a layer under the flags (``model_data``, its seed)."""
 
     DESCRIPTION = "Fit HEAT + OOD baselines on a timm classifier's features (see the module docstring)."
     #: the groups of --help, in order: (title, first field of the group)
@@ -119,14 +102,12 @@ class FitHeatSpec:
     MODEL_DATA = ("id_dataset",)
 
     # run
-    output_dir: str = shared(TrainingConfig, "output_dir", "outputs/fit_heat",
-                             "where to write results, plots and the detector")  # fmt: skip
+    output_dir: str = shared(TrainingConfig, "output_dir", "outputs/fit_heat", "folder for results, plots, detector")
     overwrite_output_dir: bool = shared(RunOptions, "overwrite_output_dir", False,
                                         "replace the results.json of a previous run in --output_dir")  # fmt: skip
     push_to_hub: bool = shared(RunOptions, "push_to_hub", False,
                                "upload the fitted HEAT detector to the Hub (needs --hub_model_id)")  # fmt: skip
-    hub_model_id: str | None = shared(RunOptions, "hub_model_id", None,
-                                      "Hub repo id for --push_to_hub, e.g. user/heat-cifar10")  # fmt: skip
+    hub_model_id: str | None = shared(RunOptions, "hub_model_id", None, "Hub repo id for --push_to_hub, e.g. me/heat")
     hub_private: bool = shared(RunOptions, "hub_private")
     device: str = shared(ModelUseOptions, "device", "cpu", "'cpu', 'cuda', ...")
     threads: int | None = option(None, "torch CPU threads (unset: torch's choice)", check=optional(is_int(1, 4096)))
@@ -134,11 +115,9 @@ class FitHeatSpec:
     no_plots: bool = shared(RunOptions, "no_plots", False, "do not write histograms")
     progress: bool = option(True, "show progress bars (stderr)", check=is_bool())
     # model
-    model: str | None = option(
-        None, "a retrieval model folder written by the training recipes (RUN/final) or its Hub id: its backbone and "
-        "data spec, with a classifier head trained on the ID set (replaces --backbone / --checkpoint)",
-        check=optional(is_str()), file=False,
-    )  # fmt: skip
+    model: str | None = option(None, "a retrieval model folder written by the training recipes (RUN/final) or its Hub "
+                               "id: its backbone and data spec, with a classifier head trained on the ID set (replaces "
+                               "--backbone / --checkpoint)", check=optional(is_str()), file=False)  # fmt: skip
     guard: str = option("HEAT", "with --model: the detector stored in the model folder as its OOD guard (final/ood/, "
                         "a table row scoring features), or 'none'", check=is_str())  # fmt: skip
     ood_tpr: float = option(0.95, "with --model: share of held-out ID images the guard's threshold keeps",
@@ -150,31 +129,26 @@ class FitHeatSpec:
     cifar_stem: bool = option(False, "ResNet with a 3x3 stride-1 stem and no max-pool", check=is_bool())
     output_stride: int | None = option(None, "timm output_stride (unset: 8 on synthetic, else 32)",
                                        check=optional(is_choice(8, 16, 32)))  # fmt: skip
-    train_epochs: int | None = option(
-        None, "epochs of classifier-head training before fitting (unset: 0 with --checkpoint, else 10 on synthetic "
-        "data and 5 on other data; 0 needs a trained head)", check=optional(is_int(0, 10_000)),
-    )  # fmt: skip
+    train_epochs: int | None = option(None, "epochs of classifier-head training before fitting (unset: 0 with "
+                                      "--checkpoint, else 10 on synthetic data and 5 on other data; 0 needs a trained "
+                                      "head)", check=optional(is_int(0, 10_000)))  # fmt: skip
     lr: float = option(5e-3, "classifier learning rate (AdamW, one-cycle)", check=is_number(0, strict=True, high=10))
     batch_size: int = shared(ModelUseOptions, "batch_size", 64, "batch size for training and feature extraction")
     # data
-    id_dataset: str | None = option(
-        None, "'synthetic', a Hub dataset id or a local folder (unset: the training data of --model, else synthetic)",
-        check=optional(is_str()),
-    )  # fmt: skip
+    id_dataset: str | None = option(None, "'synthetic', a Hub dataset id or a local folder (unset: the training data "
+                                    "of --model, else synthetic)", check=optional(is_str()))  # fmt: skip
     label_column: str | None = option(None, "class label column (unset: coarse_label on synthetic, else label)",
                                       check=optional(is_str()))  # fmt: skip
     id_train_split: str = option("train", "split of the ID dataset used to fit the detectors", check=is_str())
     id_test_split: str = option("test", "split of the ID dataset used as ID test set", check=is_str())
-    ood_datasets: list[str] = option(
-        ["synthetic-heldout", "noise-uniform", "noise-blobs"],
-        f"OOD sets (space-separated): built-in {', '.join(BUILTIN_OOD)} or SOURCE[:SPLIT[:LABEL_COLUMN]] (Hub id / "
-        "local folder; no SPLIT: 'test', or the folder's only split)", check=list_of(is_str(), "a list of OOD sets"),
-    )  # fmt: skip
+    ood_datasets: list[str] = option(["synthetic-heldout", "noise-uniform", "noise-blobs"], "OOD sets (space-"
+                                     f"separated): built-in {', '.join(BUILTIN_OOD)} or SOURCE[:SPLIT[:LABEL_COLUMN]] "
+                                     "(Hub id / local folder; no SPLIT: 'test', or the folder's only split)",
+                                     check=list_of(is_str(), "a list of OOD sets"))  # fmt: skip
     ood_label_column: str = option("label", "default label column of Hub / folder OOD sets (unused)", check=is_str())
     cache_dir: str | None = option(None, "datasets cache folder for Hub / folder datasets", check=optional(is_str()))
     embedding_cache: str | None = shared(ModelUseOptions, "embedding_cache")
-    image_size: int | None = shared(DataOptions, "image_size", None, "image side (unset: 32 on synthetic, else the "
-                                    "model's)")  # fmt: skip
+    image_size: int | None = shared(DataOptions, "image_size", None, "image side (unset: synthetic 32, else model's)")
     num_per_class: int = shared(DataOptions, "num_per_class", 40, "synthetic: training images per fine class")
     num_test_per_class: int = option(12, "synthetic: test images per fine class", check=is_int(1, MAX_IMAGES))
     num_noise: int = option(200, "images per built-in noise OOD set", check=is_int(1, MAX_IMAGES))
@@ -194,8 +168,7 @@ class FitHeatSpec:
     heat_settings: dict | None = option(None, "per-prior HEAT settings (the config file's heat.settings)", cli=False,
                                         check=optional(_MAPPING))  # fmt: skip
     # baselines
-    detectors: list[str] | None = option(None, "table rows to compute (unset: all; see --help of the recipe)",
-                                         check=_NAMES)  # fmt: skip
+    detectors: list[str] | None = option(None, "table rows to compute (unset: all; see --help)", check=_NAMES)
     no_odin: bool = option(False, "skip ODIN (needs a backward pass per batch)", check=is_bool())
     detector_options: dict | None = option(None, "constructor arguments of the baselines, {'knn_k': 50, ...}",
                                            cli=False, check=optional(_MAPPING))  # fmt: skip
@@ -230,8 +203,6 @@ class FitHeatSpec:
 
     def __post_init__(self) -> None:
         """Each option checked alone, then the rules between them: one ``OptionError`` naming every broken rule."""
-        from ..ood import list_priors
-
         validate_options(self)
         options, self.heat_settings = detector_option_class(), dict(self.heat_settings or {})
         if extra := sorted(set(self.detector_options or ()) - {f.name for f in fields(options)}):
@@ -258,8 +229,6 @@ class FitHeatSpec:
     def heat(self, head: Any = None) -> Any:
         """The run's :class:`~pml_suprank.ood.HEAT` on the classifier ``head``, its settings the file's
         ``heat.settings`` with the ``--heat_epochs`` / ``--heat_batch_size`` overrides."""
-        from ..ood import HEAT
-
         given = {"epochs": self.heat_epochs, "batch_size": self.heat_batch_size}
         settings = {**self.heat_settings, **{k: v for k, v in given.items() if v is not None}}
         return HEAT(priors=tuple(self.priors), beta=self.beta, preset=self.preset, settings=settings, head=head,
@@ -291,12 +260,10 @@ class OODBenchmarkSpec:
 
     features: str | None = option(None, "features.safetensors written by fit_heat (unset: extract them first)",
                                   check=optional(is_str()))  # fmt: skip
-    output_dir: str = shared(TrainingConfig, "output_dir", "outputs/ood_benchmark",
-                             "where to write tables, figure, features")  # fmt: skip
+    output_dir: str = shared(TrainingConfig, "output_dir", "outputs/ood_benchmark", "for tables, figure, features")
     near: list[str] | None = option(None, "near-OOD set names (unset: synthetic-heldout)", check=_NAMES)
     far: list[str] | None = option(None, "far-OOD set names (unset: the other OOD sets)", check=_NAMES)
-    detectors: list[str] | None = option(None, "rows to compute (unset: all feature detectors)",
-                                         check=_NAMES)  # fmt: skip
+    detectors: list[str] | None = option(None, "rows to compute (unset: all feature detectors)", check=_NAMES)
     heat_epochs: int | None = option(None, "HEAT epochs (unset: 30 on synthetic, else the preset's)",
                                      check=optional(is_int(1, 100_000)))  # fmt: skip
     heat_batch_size: int = option(128, "HEAT batch size (fast preset)", check=is_int(1, 1 << 20))
