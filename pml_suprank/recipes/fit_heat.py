@@ -178,14 +178,12 @@ def format_table(table, ood_names) -> str:
 def resolved(spec: FitHeatSpec, *, model_image_size: int) -> FitHeatSpec:
     """The spec with the data-dependent defaults set: output stride, image size, classifier and HEAT epochs."""
     synthetic, own = spec.synthetic, spec.synthetic and spec.model is None
-    epochs = spec.train_epochs
-    if epochs is None:  # a checkpoint holds a trained head; any other head starts untrained
-        epochs = 0 if spec.checkpoint is not None else (10 if synthetic else 5)
+    epochs = 0 if spec.checkpoint is not None else (10 if synthetic else 5)  # a checkpoint holds a trained head
     return replace(
         spec,
         output_stride=spec.output_stride or (8 if own else 32),
         image_size=spec.image_size or (32 if own else model_image_size),
-        train_epochs=epochs,
+        train_epochs=epochs if spec.train_epochs is None else spec.train_epochs,
         heat_epochs=spec.heat_epochs or (30 if synthetic else None),
         heat_batch_size=spec.heat_batch_size or (128 if synthetic else None),
     )

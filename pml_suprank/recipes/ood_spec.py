@@ -1,6 +1,5 @@
 """The specs of the OOD recipes, :class:`FitHeatSpec` (``fit_heat``) and :class:`OODBenchmarkSpec`
-(``ood_benchmark``), their detector options (generated from the detector registry) and their ``--config`` reader.
-"""
+(``ood_benchmark``), their detector options (generated from the detector registry) and their ``--config`` reader."""
 
 from __future__ import annotations
 
@@ -273,5 +272,4 @@ class OODBenchmarkSpec:
     no_plots: bool = shared(RunOptions, "no_plots", False, "do not write the histogram figure")
     progress: bool = option(True, "progress bars", check=is_bool())
 
-    def __post_init__(self) -> None:
-        validate_options(self)
+    __post_init__ = validate_options  # each option checked alone
