@@ -101,7 +101,8 @@ class FitHeatSpec:
     MODEL_DATA = ("id_dataset",)
 
     # run
-    output_dir: str = shared(TrainingConfig, "output_dir", "outputs/fit_heat", "folder for results, plots, detector")
+    output_dir: str = shared(TrainingConfig, "output_dir", "outputs/fit_heat",
+                             "where to write results, plots and the detector")  # fmt: skip
     overwrite_output_dir: bool = shared(RunOptions, "overwrite_output_dir", False,
                                         "replace the results.json of a previous run in --output_dir")  # fmt: skip
     push_to_hub: bool = shared(RunOptions, "push_to_hub", False,
