@@ -253,7 +253,7 @@ METADATA_KEYS = ("name", "kind", "description", "notes", "hub")
 
 @dataclass
 class OODBenchmarkSpec:
-    """Every option of the ``ood_benchmark`` recipe that is not a ``fit_heat`` data / classifier option."""
+    """Every ``ood_benchmark`` option that is not a ``fit_heat`` data / classifier one (checked by ``parse``)."""
 
     DESCRIPTION = ("Near/far OOD benchmark on saved features (see the module docstring); unknown flags go to "
                    "fit_heat.py's data / classifier steps when --features is not given.")  # fmt: skip
@@ -272,5 +272,3 @@ class OODBenchmarkSpec:
     threads: int | None = option(None, "torch CPU threads", check=optional(is_int(1, 4096)))
     no_plots: bool = shared(RunOptions, "no_plots", False, "do not write the histogram figure")
     progress: bool = option(True, "progress bars", check=is_bool())
-
-    __post_init__ = validate_options  # each option checked alone
