@@ -183,7 +183,7 @@ def test_fit_heat_and_ood_benchmark_config_values_are_checked_before_any_work(tm
 
 
 def test_fit_heat_flags_python_and_files_give_one_verdict(tmp_path, capsys):
-    """Each bounded option: the flag, the file value and FitHeatSpec(...) accept and refuse the same values."""
+    """Each bounded option: the flag, the file value and FitHeatSpec.from_options accept and refuse the same values."""
     from pml_suprank.recipes.ood_spec import FitHeatSpec
     from pml_suprank.training.config import OptionError
 
@@ -199,7 +199,7 @@ def test_fit_heat_flags_python_and_files_give_one_verdict(tmp_path, capsys):
             verdicts = []
             for build, arg in ((fit_heat.parse_args, [f"--{name}", str(value)]),
                                (fit_heat.parse_args, ["--config", str(config)]),
-                               (lambda kw: FitHeatSpec(**kw), {name: value})):  # fmt: skip
+                               (FitHeatSpec.from_options, {name: value})):  # fmt: skip
                 try:
                     spec = build(arg)
                     verdicts.append(getattr(spec, name) == value)

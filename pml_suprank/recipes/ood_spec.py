@@ -196,35 +196,34 @@ class FitHeatSpec:
 
     @classmethod
     def from_options(cls, values: dict[str, Any], **_: Any) -> FitHeatSpec:
-        """The spec of parsed values: the detector options gathered into ``detector_options``."""
-        known = {f.name for f in fields(detector_option_class())}
-        return cls(**{k: v for k, v in values.items() if k not in known},
+        """The spec of parsed values, built once: each option checked alone (the detector options gathered into
+        ``detector_options``), then the rules between them, one ``OptionError`` naming every broken rule
+        (``replace()`` does not check again)."""
+        options = detector_option_class()
+        known = {f.name for f in fields(options)}
+        spec = cls(**{k: v for k, v in values.items() if k not in known},
                    detector_options={k: v for k, v in values.items() if k in known})  # fmt: skip
-
-    def __post_init__(self) -> None:
-        """Each option checked alone, then the rules between them: one ``OptionError`` naming every broken rule."""
-        validate_options(self)
-        options, self.heat_settings = detector_option_class(), dict(self.heat_settings or {})
-        if extra := sorted(set(self.detector_options or ()) - {f.name for f in fields(options)}):
-            raise OptionError(f"detector options {extra} are not options of a registered detector")
-        self.detector_options = asdict(options(**(self.detector_options or {})))  # each value checked by its option
-        unknown, bad = sorted(set(self.detectors or ()) - set(methods())), sorted(set(self.priors) - set(list_priors()))
-        rows = [m for m in (self.detectors or methods()) if m != "ODIN"]
+        validate_options(spec)
+        spec.heat_settings = dict(spec.heat_settings or {})
+        spec.detector_options = asdict(options(**spec.detector_options))  # each value checked by its option
+        unknown, bad = sorted(set(spec.detectors or ()) - set(methods())), sorted(set(spec.priors) - set(list_priors()))
+        rows = [m for m in (spec.detectors or methods()) if m != "ODIN"]
         rules = [
-            (self.push_to_hub and not self.hub_model_id, "--push_to_hub true needs --hub_model_id (the Hub repo id)"),
+            (spec.push_to_hub and not spec.hub_model_id, "--push_to_hub true needs --hub_model_id (the Hub repo id)"),
             (unknown, f"--detectors: unknown {unknown}; choose among {list(methods())}"),
             (bad, f"--priors: unknown {bad}; choose among {list(list_priors())}"),
-            (self.model is not None and not unknown and self.guard not in [*rows, "none"], f"--guard: {self.guard!r} "
+            (spec.model is not None and not unknown and spec.guard not in [*rows, "none"], f"--guard: {spec.guard!r} "
              f"is not a computed table row that scores features; choose among {rows} or 'none'"),
-            (self.model is not None and self.checkpoint is not None, "--model and --checkpoint exclude each other: "
+            (spec.model is not None and spec.checkpoint is not None, "--model and --checkpoint exclude each other: "
              "--model loads a retrieval model folder (RUN/final), --checkpoint a timm classifier's state dict"),
         ]  # fmt: skip
         if problems := [text for broken, text in rules if broken]:
             raise OptionError(problems)
         try:  # the HEAT settings are checked by the detector's constructor (nothing is allocated before fit)
-            self.heat()
+            spec.heat()
         except (TypeError, ValueError) as e:
             raise OptionError(f"HEAT settings (heat: section, --preset, --heat_epochs, --heat_batch_size): {e}") from e
+        return spec
 
     def heat(self, head: Any = None) -> Any:
         """The run's :class:`~pml_suprank.ood.HEAT` on the classifier ``head``, its settings the file's
