@@ -28,18 +28,16 @@ _BACKBONE_RE = re.compile(r"[A-Za-z0-9_]{1,100}(\.[A-Za-z0-9_]{1,100})?")
 Check = tuple[Callable[[Any], bool], str]
 
 
-def _number(value: Any, kinds: Any = (int, float)) -> bool:
-    """``value`` a finite number of the types ``kinds`` (never a bool, which Python counts as an int)."""
-    return isinstance(value, kinds) and not isinstance(value, bool) and -math.inf < value < math.inf
-
-
 def _within(low: float, high: float, what: str = "", *, none: bool = False) -> Check:
-    """A value in ``[low, high]``: an int if ``low`` is one, else any number (or None, with ``none``)."""
+    """A finite number in ``[low, high]``, an int if ``low`` is one (never a bool: Python counts it as an int); or None
+    with ``none``."""
     kinds, what = (int, what or "an int") if isinstance(low, int) else ((int, float), what or "a number")
-    return lambda v: (none and v is None) or (_number(v, kinds) and low <= v <= high), f"{what} in [{low:g}, {high:g}]"
+    return (lambda v: (none and v is None) or (isinstance(v, kinds) and not isinstance(v, bool) and low <= v <= high
+                                               and abs(v) < math.inf), f"{what} in [{low:g}, {high:g}]")  # fmt: skip
 
 
-_SIZE, _BOOL = _within(1, MAX_IMAGE_SIZE), (lambda v: v is None or isinstance(v, bool), "a bool")
+_SIZE, _FINITE = _within(1, MAX_IMAGE_SIZE)[0], _within(-math.inf, math.inf)[0]
+_BOOL: Check = (lambda v: v is None or isinstance(v, bool), "a bool")
 #: ``timm.create_model`` keyword arguments a loaded config may pass: ``{key: (check(value) -> allowed, expectation)}``
 SAFE_BACKBONE_KWARGS: Mapping[str, Check] = {
     **dict.fromkeys("drop_rate drop_path_rate drop_block_rate attn_drop_rate proj_drop_rate pos_drop_rate "
@@ -48,7 +46,7 @@ SAFE_BACKBONE_KWARGS: Mapping[str, Check] = {
                     "zero_init_last scriptable exportable".split(), _BOOL),
     **dict.fromkeys("global_pool stem_type act_layer norm_layer".split(),
                     (lambda v: v is None or (isinstance(v, str) and bool(_NAME_RE.fullmatch(v))), "a short name")),
-    "img_size": (lambda v: all(map(_SIZE[0], v if isinstance(v, list) and len(v) == 2 else [v])),
+    "img_size": (lambda v: all(map(_SIZE, v if isinstance(v, list) and len(v) == 2 else [v])),
                  f"an image size in [1, {MAX_IMAGE_SIZE}]"),
     "in_chans": _within(1, 64),
     "output_stride": _within(8, 32),
@@ -61,8 +59,8 @@ _MODEL_ARGS: Mapping[str, Check] = {
     "embedding_size": _within(1, MAX_EMBEDDING_SIZE, none=True),
     "num_classes": _within(0, MAX_NUM_CLASSES),
     "image_size": _within(1, MAX_IMAGE_SIZE, none=True),
-    "gem_p": (lambda v: _number(v) and 0 < v <= 100, "a number in (0, 100]"),
-    **dict.fromkeys(("mean", "std"), (lambda v: v is None or (isinstance(v, list) and all(map(_number, v))),
+    "gem_p": (lambda v: _FINITE(v) and 0 < v <= 100, "a number in (0, 100]"),
+    **dict.fromkeys(("mean", "std"), (lambda v: v is None or (isinstance(v, list) and all(map(_FINITE, v))),
                                       "None or a list of finite numbers")),
 }  # fmt: skip
 
