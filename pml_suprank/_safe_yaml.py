@@ -1,10 +1,9 @@
 """YAML for files the user did not write (hub_configs, ``--config`` files): bounded cost before any value is built.
 
-:func:`load_yaml` refuses, naming the file and (where YAML knows it) the key and the line: a file over
-:data:`MAX_YAML_BYTES` (before reading it); aliases (``*name``: a few hundred bytes of nested aliases expand into
-gigabytes) and nesting deeper than :data:`MAX_YAML_DEPTH` (in the parse events, before composing); a key given twice in
-one mapping (YAML would keep the last), an integer of more than :data:`MAX_YAML_INT_DIGITS` digits and a value that is
-no JSON value (a date — ``2026-12-01`` unquoted —, bytes, a set) (in the composed nodes, before constructing).
+:func:`load_yaml` refuses, naming the file and (where known) the key and the line: a file over :data:`MAX_YAML_BYTES`;
+aliases (a few hundred bytes of nested ``*name`` expand into gigabytes) and nesting deeper than :data:`MAX_YAML_DEPTH`
+(seen in the parse events); in the composed nodes, a key given twice in one mapping (YAML would keep the last), an
+integer of over :data:`MAX_YAML_INT_DIGITS` digits and a value that is no JSON value (an unquoted date, bytes, a set).
 """
 
 from __future__ import annotations
@@ -18,12 +17,9 @@ from ._validation import shorten
 
 __all__ = ["MAX_YAML_BYTES", "MAX_YAML_DEPTH", "MAX_YAML_INT_DIGITS", "load_yaml"]
 
-#: largest configuration file read (bytes)
-MAX_YAML_BYTES = 1 << 20
-#: deepest nesting of mappings / sequences in a configuration file
-MAX_YAML_DEPTH = 32
-#: most digits of an integer in a configuration file (2**64 has 20)
-MAX_YAML_INT_DIGITS = 100
+MAX_YAML_BYTES = 1 << 20  #: largest configuration file read (bytes)
+MAX_YAML_DEPTH = 32  #: deepest nesting of mappings / sequences in a configuration file
+MAX_YAML_INT_DIGITS = 100  #: most digits of an integer in a configuration file (2**64 has 20)
 _TAG = "tag:yaml.org,2002:"
 #: YAML types that are no JSON value (refused: every reader, e.g. the run fingerprint, must write the values back)
 _NOT_JSON = {"timestamp": "a date or time (quote it to keep it as text)", "binary": "binary data", "set": "a set",
