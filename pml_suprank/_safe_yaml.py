@@ -1,10 +1,9 @@
 """YAML for files the user did not write (hub_configs, ``--config`` files): bounded cost before any value is built.
 
-:func:`load_yaml` refuses, naming the file and (where YAML knows it) the key and the line: a file over
-:data:`MAX_YAML_BYTES` (before reading it), aliases (``*name``: a few hundred bytes of nested aliases expand into
-gigabytes) and nesting deeper than :data:`MAX_YAML_DEPTH` (while composing), a key given twice in one mapping (YAML
-would silently keep the last), an integer of more than :data:`MAX_YAML_INT_DIGITS` digits and a value that is no JSON
-value (a date — ``2026-12-01`` unquoted —, bytes, a set).
+:func:`load_yaml` refuses, naming the file and (where known) the key and the line: a file over :data:`MAX_YAML_BYTES`;
+aliases (a few hundred bytes of nested ``*name`` expand into gigabytes) and nesting deeper than :data:`MAX_YAML_DEPTH`
+(seen in the parse events); in the composed nodes, a key given twice in one mapping (YAML would keep the last), an
+integer of over :data:`MAX_YAML_INT_DIGITS` digits and a value that is no JSON value (an unquoted date, bytes, a set).
 """
 
 from __future__ import annotations
@@ -18,105 +17,64 @@ from ._validation import shorten
 
 __all__ = ["MAX_YAML_BYTES", "MAX_YAML_DEPTH", "MAX_YAML_INT_DIGITS", "load_yaml"]
 
-#: largest configuration file read (bytes)
-MAX_YAML_BYTES = 1 << 20
-#: deepest nesting of mappings / sequences in a configuration file
-MAX_YAML_DEPTH = 32
-#: most digits of an integer in a configuration file (2**64 has 20)
-MAX_YAML_INT_DIGITS = 100
+MAX_YAML_BYTES = 1 << 20  #: largest configuration file read (bytes)
+MAX_YAML_DEPTH = 32  #: deepest nesting of mappings / sequences in a configuration file
+MAX_YAML_INT_DIGITS = 100  #: most digits of an integer in a configuration file (2**64 has 20)
 _TAG = "tag:yaml.org,2002:"
-#: YAML types that are no JSON value, refused so that every reader (the run fingerprint, ``config.json``) can write
-#: a file's values back
+#: YAML types that are no JSON value (refused: every reader, e.g. the run fingerprint, must write the values back)
 _NOT_JSON = {"timestamp": "a date or time (quote it to keep it as text)", "binary": "binary data", "set": "a set",
              "omap": "an ordered map", "pairs": "a list of pairs"}  # fmt: skip
 
 
-class _Refused(yaml.YAMLError):
-    """A value a configuration file may not hold (its message names the key and the line)."""
-
-
-def _line(node: Any) -> str:
-    return f"line {node.start_mark.line + 1}"
-
-
-def _check_int(node: Any, what: str) -> None:
-    if isinstance(node, yaml.ScalarNode) and node.tag == f"{_TAG}int":
-        digits = sum(c.isdigit() for c in node.value)
-        if digits > MAX_YAML_INT_DIGITS:
-            raise _Refused(f"{what} ({_line(node)}): an integer of {digits} digits; a configuration value has at "
-                           f"most {MAX_YAML_INT_DIGITS}")  # fmt: skip
-
-
-class _BoundedLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` with the refusals of :func:`load_yaml`."""
-
-    depth = 0
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        event = self.peek_event()
-        if isinstance(event, yaml.AliasEvent):
-            raise yaml.composer.ComposerError(
-                None, None, f"YAML aliases (*{event.anchor}) are not allowed in a configuration file", event.start_mark
-            )
-        if self.depth >= MAX_YAML_DEPTH:
-            raise yaml.composer.ComposerError(None, None, f"nesting deeper than {MAX_YAML_DEPTH} levels",
-                                              event.start_mark)  # fmt: skip
-        self.depth += 1
-        try:
-            return super().compose_node(parent, index)
-        finally:
-            self.depth -= 1
-
-    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-        first: dict[Any, Any] = {}
-        for key_node, value_node in node.value if isinstance(node, yaml.MappingNode) else ():
-            if key_node.tag == f"{_TAG}merge" or not isinstance(key_node, yaml.ScalarNode):
-                continue  # merges (only inline ones: aliases are refused) and complex keys: SafeLoader's rules
-            key = self.construct_object(key_node)
+def _check(node: yaml.Node, what: str, loader: yaml.SafeLoader, path: Path) -> None:
+    """Refuse the values of the module docstring in ``node`` and below (``what``: how an integer ``node`` is named)."""
+    kind, line = node.tag.removeprefix(_TAG), f"line {node.start_mark.line + 1}"
+    if kind in _NOT_JSON:
+        value = shorten(repr(node.value), 80) if isinstance(node.value, str) else kind
+        raise ValueError(f"{path}: {line}: {value} is {_NOT_JSON[kind]}; a configuration value is a string, a "
+                         "number, a bool, null, a list or a mapping")  # fmt: skip
+    digits = sum(map(str.isdigit, node.value)) if kind == "int" and isinstance(node, yaml.ScalarNode) else 0
+    if digits > MAX_YAML_INT_DIGITS:
+        raise ValueError(f"{path}: {what} ({line}): an integer of {digits} digits; a configuration value has at "
+                         f"most {MAX_YAML_INT_DIGITS}")  # fmt: skip
+    for item in node.value if isinstance(node, yaml.SequenceNode) else ():
+        _check(item, "a value", loader, path)
+    first: dict[Any, int] = {}
+    for key_node, value_node in node.value if isinstance(node, yaml.MappingNode) else ():
+        _check(key_node, "a value", loader, path)
+        name = "a value"
+        if isinstance(key_node, yaml.ScalarNode) and key_node.tag != f"{_TAG}merge":  # else: YAML's own rules
+            key, at = loader.construct_object(key_node), key_node.start_mark.line + 1
+            name = f"key {shorten(repr(key), 80)}"
             if key in first:
-                raise _Refused(f"key {shorten(repr(key), 80)} is given twice in one mapping ({_line(first[key])} and "
-                               f"{_line(key_node)}); remove one (YAML would silently keep the last)")  # fmt: skip
-            first[key] = key_node
-            _check_int(value_node, f"key {shorten(repr(key), 80)}")
-        return super().construct_mapping(node, deep=deep)
-
-    def construct_yaml_int(self, node: Any) -> int:
-        _check_int(node, "a value")
-        return super().construct_yaml_int(node)
-
-
-def _refuse(loader: Any, node: Any) -> Any:
-    kind = node.tag.removeprefix(_TAG)
-    value = shorten(repr(node.value), 80) if isinstance(node.value, str) else kind
-    raise _Refused(f"{_line(node)}: {value} is {_NOT_JSON[kind]}; a configuration value is a string, a number, a "
-                   "bool, null, a list or a mapping")  # fmt: skip
-
-
-_BoundedLoader.add_constructor(f"{_TAG}int", _BoundedLoader.construct_yaml_int)
-for _kind in _NOT_JSON:
-    _BoundedLoader.add_constructor(f"{_TAG}{_kind}", _refuse)
+                raise ValueError(f"{path}: {name} is given twice in one mapping (line {first[key]} and line {at}); "
+                                 "remove one (YAML would silently keep the last)")  # fmt: skip
+            first[key] = at
+        _check(value_node, name, loader, path)
 
 
 def load_yaml(path: str | Path) -> Any:
-    """The plain data of the YAML file ``path`` (``yaml.safe_load`` semantics), with bounded cost.
-
-    Raises:
-        ValueError: a refusal of the module docstring, a file that is not UTF-8 or not valid YAML (naming the file).
-    """
+    """The plain data of the YAML file ``path`` (``yaml.safe_load`` semantics), with bounded cost; ``ValueError``
+    naming the file for a refusal of the module docstring and a file that is not UTF-8 or not valid YAML."""
     p = Path(path)
-    size = p.stat().st_size
-    if size > MAX_YAML_BYTES:
+    if (size := p.stat().st_size) > MAX_YAML_BYTES:
         raise ValueError(f"{p}: {size} bytes; a configuration file may hold at most {MAX_YAML_BYTES} bytes")
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"{p}: not UTF-8 text ({e})") from e
-    loader = _BoundedLoader(text)
+    loader, depth = yaml.SafeLoader(text), 0
     try:
-        return loader.get_single_data()
-    except _Refused as e:
-        raise ValueError(f"{p}: {e}") from e
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):  # linear in the file size: aliases never expand here
+            if isinstance(event, yaml.AliasEvent):
+                raise ValueError(f"{p}: line {event.start_mark.line + 1}: YAML aliases (*{event.anchor}) are not "
+                                 "allowed in a configuration file")  # fmt: skip
+            if isinstance(event, yaml.NodeEvent) and depth >= MAX_YAML_DEPTH:
+                raise ValueError(f"{p}: line {event.start_mark.line + 1}: nesting deeper than {MAX_YAML_DEPTH} levels")
+            depth += isinstance(event, yaml.CollectionStartEvent) - isinstance(event, yaml.CollectionEndEvent)
+        if (node := loader.get_single_node()) is None:
+            return None
+        _check(node, "a value", loader, p)
+        return loader.construct_document(node)
     except yaml.YAMLError as e:
         raise ValueError(f"{p}: not valid YAML: {shorten(str(e), 500)}") from e
-    finally:
-        loader.dispose()

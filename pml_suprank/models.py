@@ -19,8 +19,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._validation import check_bool, check_choice, check_embeddings, check_positive, check_positive_int
-from .hub.loaded_config import check_loaded_model_args, check_loaded_values
+from .hub.loaded_config import check_loaded_model_args
 from .hub.mixin import HubMixin, load_module_state
+from .hub.serialization import check_loaded_values
 
 logger = logging.getLogger(__name__)
 

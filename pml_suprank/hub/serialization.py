@@ -4,7 +4,7 @@
 ``library_version``, ``task``, ``model_args`` (the JSON-able constructor kwargs: the object is rebuilt by calling its
 class with them), ``training`` (free-form metadata) and object-specific keys (``embedding_size``, ``pretrained_cfg``,
 ``fitted``...). Tensors are in ``model.safetensors``: nothing is unpickled. Saves are staged (:func:`staged_folder`);
-loaded tensors are validated before use (:func:`check_state`).
+loaded tensors are validated before use (:func:`check_state`, :func:`check_loaded_values`).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ __all__ = [
     "PICKLE_SUFFIXES",
     "RETRIEVAL_TASK",
     "WEIGHTS_NAME",
+    "check_loaded_values",
     "check_metrics",
     "check_state",
     "jsonable",
@@ -245,3 +246,18 @@ def _tied_aliases(expected: Mapping[str, Any], present: set[str]) -> set[str]:
         if len(names) > 1 and any(n in present for n in names):
             aliases.update(n for n in names if n not in present)
     return aliases
+
+
+def check_loaded_values(state: Mapping[str, Tensor], source: str | Path) -> None:
+    """Refuse tensors no trained ``RetrievalModel`` holds: an all-zero projection weight, a GeM exponent ``<= 0``,
+    a negative BatchNorm running variance (``ValueError`` naming ``source`` and the key). Shapes, dtypes and
+    finiteness are checked against the rebuilt module by :func:`check_state`."""
+    for name, value in state.items():
+        if not isinstance(value, Tensor) or not value.is_floating_point() or value.numel() == 0:
+            continue
+        if name == "projection.weight" and not bool((value != 0).any()):
+            raise ValueError(f"{source}: tensor {name!r} is all zeros (every embedding would be 0); corrupt file?")
+        if name == "pool.gem.p" and not bool((value > 0).all()):
+            raise ValueError(f"{source}: tensor {name!r} (the GeM exponent) must be > 0; got {value.tolist()}")
+        if name.endswith("running_var") and bool((value.to(torch.float64) < 0).any()):
+            raise ValueError(f"{source}: tensor {name!r} (a BatchNorm variance) has negative values; corrupt file?")
