@@ -89,10 +89,9 @@ def _built(config: dict, source: str, defaults: Mapping[str, Any] | None, errors
 def validate_hub_config(
     config: Any, source: str = "hub_config", *, partial: bool = False, defaults: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
-    """Check ``config`` (sections, keys, the file rules) by building its :class:`~pml_suprank.training.RunSpec`
-    (no model, data or loss is built); return it unchanged or raise ``ValueError`` naming ``source``, every key, what
-    was expected and what was found. ``partial=True``: an override file without the required keys. ``defaults``
-    (option name → value) fill the options the file leaves out (default: the dataclass defaults)."""
+    """Check ``config`` (sections, keys, file rules, then its :class:`~pml_suprank.training.RunSpec`; nothing built);
+    return it unchanged or raise ``ValueError`` naming ``source``, every key, what was expected and what was found.
+    ``partial``: an override file; ``defaults`` (option name → value) fill the options the file leaves out."""
     if not isinstance(config, dict):
         raise ValueError(f"{source}: a hub_config must be a YAML mapping; got {type(config).__name__}")
     return _built(config, source, defaults, section_problems(config, _KEYS, _TOP_LEVEL)[0] + _rules(config, partial))
@@ -116,9 +115,8 @@ def hub_config_path(path: str | Path) -> Path:
 
 
 def read_hub_config(path: str | Path, *, partial: bool = False) -> dict[str, Any]:
-    """Read a hub_config (a YAML file or a bundled name) and check its structure only (sections, keys, metadata
-    values, required keys, ``name`` equal to the file name when given): the recipes check the merged files once,
-    as their :class:`~pml_suprank.training.RunSpec`. ``partial``: an override file with only the keys it changes."""
+    """A hub_config (YAML file or bundled name), its structure checked (sections, keys, metadata, required keys,
+    ``name`` = the file name); the recipes check the merged files once, as their RunSpec. ``partial``: an override."""
     p = hub_config_path(path)
     config, _ = read_sections(p, _KEYS, metadata=_TOP_LEVEL, checks=lambda c: _rules(c, partial), kind="hub_config")
     if (not partial or "name" in config) and config["name"] != p.stem:

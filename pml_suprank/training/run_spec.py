@@ -16,7 +16,7 @@ from typing import Any
 from torch import nn
 
 from ..data.source import data_option_errors, resolved_split
-from ..losses.registry import LossEntry, entry_options, loss_keywords, registered_losses, resolve_loss
+from ..losses.registry import LossEntry, loss_keywords, registered_losses, resolve_loss
 from .config import OptionError, TrainingConfig
 from .options import DataOptions, LossOptions, ModelOptions, RunOptions, build_loss, loss_keys, loss_option_names
 from .spec import merge_layers
@@ -52,7 +52,7 @@ def spec_problems(spec: RunSpec, *, require_data_root: bool = True) -> list[str]
     ``loss_kwargs`` are its arguments and set nothing a flag or the data sets, a loss option the user gave applies to
     the loss, the data options fit the dataset, a multi-label dataset has a multi-label loss."""
     loss, dataset, kwargs = spec.loss.loss, spec.data.dataset, set(spec.loss.loss_kwargs or {})
-    accepted = entry_options(spec.loss_entry, loss_option_names())
+    accepted = loss_keys(loss, spec.loss_entry)
     valid = loss_keywords(spec.loss_entry.cls) if kwargs else None  # None: any keyword (the package's own losses)
     unknown = sorted(kwargs - valid) if valid is not None else []
     clash = sorted(kwargs & ({*accepted, "num_classes", "embedding_size"} - {"loss", "loss_kwargs"}))
@@ -73,8 +73,7 @@ def spec_problems(spec: RunSpec, *, require_data_root: bool = True) -> list[str]
 
 
 def losses_listing() -> str:
-    """Every loss the training command trains: the registered ones (labels, options), the installed plugins and the
-    other spellings of ``--loss``."""
+    """Every loss ``--loss`` takes: the registered ones (labels, options), installed plugins, the other spellings."""
     from ..losses.registry import ENTRY_POINT_GROUP, installed_plugins
 
     lines = ["registered losses (--loss NAME):"]
@@ -93,9 +92,8 @@ def losses_listing() -> str:
 
 @dataclass
 class RunSpec:
-    """The configuration of one run (see the module docstring). ``given``: the options the user set (flags and
-    ``--config`` keys, not the preset's), which a recipe never changes on its own (a batch the data cannot fill is
-    refused rather than shrunk)."""
+    """The configuration of one run (module docstring). ``given``: the options the user set (flags, ``--config`` keys;
+    not the preset's), which a recipe never changes on its own (a batch the data cannot fill is refused, not shrunk)."""
 
     model: ModelOptions = field(default_factory=ModelOptions)
     data: DataOptions = field(default_factory=DataOptions)
@@ -153,8 +151,7 @@ class RunSpec:
 
     @classmethod
     def from_values(cls, values: Mapping[str, Any], hub_config: Mapping[str, Any] | None = None) -> RunSpec:
-        """The spec of option ``values`` given in Python (all given by the user; ``virtual_batch_size`` sets
-        ``batch_size``)."""
+        """The spec of ``values`` given in Python (all by the user; ``virtual_batch_size`` sets ``batch_size``)."""
         merged, _ = merge_layers([{k: (k, v) for k, v in values.items()}], explicit_from=0)
         return cls.from_options(merged, given=frozenset(values), files=[hub_config] if hub_config else ())
 
@@ -202,8 +199,7 @@ class RunSpec:
 
 
 def merge_hub_configs(*configs: Mapping[str, Any]) -> dict[str, Any]:
-    """Lay hub_config ``configs`` over each other: a later section's keys replace earlier ones, top-level values
-    are replaced whole. Returns a new dict."""
+    """A new dict: hub_config ``configs`` laid over each other (a later section's keys replace earlier ones)."""
     out: dict[str, Any] = {}
     for key, value in (item for cfg in configs for item in cfg.items()):
         out[key] = {**(out.get(key) or {}), **value} if isinstance(value, Mapping) else value
