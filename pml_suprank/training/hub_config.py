@@ -86,9 +86,8 @@ def _built(config: dict, source: str, defaults: Mapping[str, Any] | None, errors
     return config
 
 
-def validate_hub_config(
-    config: Any, source: str = "hub_config", *, partial: bool = False, defaults: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
+def validate_hub_config(config: Any, source: str = "hub_config", *, partial: bool = False,
+                        defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     """Check ``config`` (sections, keys, file rules, then its :class:`~pml_suprank.training.RunSpec`; nothing built);
     return it unchanged or raise ``ValueError`` naming ``source``, every key, what was expected and what was found.
     ``partial``: an override file; ``defaults`` (option name → value) fill the options the file leaves out."""
@@ -130,8 +129,7 @@ def read_layer(path: str) -> tuple[dict[str, Any], dict[str, tuple[str, Any]]]:
     return config, config_layer(config, str(path))
 
 
-def load_hub_config(
-    path: str | Path, *, partial: bool = False, defaults: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
+def load_hub_config(path: str | Path, *, partial: bool = False,
+                    defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     """:func:`read_hub_config` (the structure), then the RunSpec check of :func:`validate_hub_config`."""
     return _built(read_hub_config(path, partial=partial), str(path), defaults, [])
