@@ -39,20 +39,20 @@ def test_data_section_accepts_synthetic_multilabel_and_its_kwargs():
 
 
 @pytest.mark.parametrize(
-    "loss, memory_size, sampler, match",
+    "loss, sampler, match",
     [
-        ("ROADMAP", 0, None, r"'loss' ROADMAP has no multi-label variant.*HAPPIER"),
-        ("ROD-NDCG", 0, None, r"'loss' ROD-NDCG has no multi-label variant"),
-        ("HAPPIER", 0, "hierarchical", r"'sampler' hierarchical: .*MultiLabelSampler"),
+        ("ROADMAP", None, r"'loss' ROADMAP has no multi-label variant.*HAPPIER"),
+        ("ROD-NDCG", None, r"'loss' ROD-NDCG has no multi-label variant"),
+        ("HAPPIER", "hierarchical", r"'sampler' hierarchical: .*MultiLabelSampler"),
     ],
 )
-def test_multilabel_option_errors_name_the_option(loss, memory_size, sampler, match):
-    errors = multilabel_option_errors("synthetic_multilabel", loss, memory_size, sampler)
+def test_multilabel_option_errors_name_the_option(loss, sampler, match):
+    errors = multilabel_option_errors("synthetic_multilabel", loss, sampler)
     assert len(errors) == 1
     with pytest.raises(ValueError, match=match):
         raise ValueError(errors[0])
-    assert multilabel_option_errors("synthetic", loss, memory_size, sampler) == []
-    assert multilabel_option_errors("synthetic_multilabel", "HAPPIER", 0, "m_per_class") == []
+    assert multilabel_option_errors("synthetic", loss, sampler) == []
+    assert multilabel_option_errors("synthetic_multilabel", "HAPPIER", "m_per_class") == []
 
 
 @pytest.mark.parametrize(

@@ -1,13 +1,12 @@
 """hub_configs: one YAML file per published setting (paper hyper-parameters, dataset, Hub metadata, paper numbers).
 
 The option sections (``model``, ``data``, ``loss``, ``optimizer``, ``scheduler``, ``sampler_options``, ``memory``,
-``training``, ``evaluation``) hold fields of the option dataclasses of :mod:`pml_suprank.training`, by their recipe
-flag names (``loss.name`` is ``--loss``; :data:`HUB_CONFIG_SCHEMA`). ``name`` (the file name without ``.yaml``),
-``description``, ``notes`` and the ``hub`` section (:data:`HUB_SECTION`) are model-card metadata. A complete file needs
-``name``, ``model.backbone``, ``data.dataset`` and ``loss.name``; a partial one (``partial=True``: ``--config base.yaml
---config override.yaml``) only the keys it changes. Files are data (:func:`_rules`); each value is checked by its
-option when the spec is built, named ``'section.key'``. The bundled settings (``pml_suprank/hub_configs/<name>.yaml``)
-are read by name (``--config happier_sop``); any other argument is a path.
+``training``, ``evaluation``: :data:`HUB_CONFIG_SCHEMA`) hold fields of the option dataclasses by their flag names
+(``loss.name`` is ``--loss``); ``name`` (the file name without ``.yaml``), ``description``, ``notes`` and ``hub``
+(:data:`HUB_SECTION`) are model-card metadata. A complete file needs ``name``, ``model.backbone``, ``data.dataset``
+and ``loss.name``; a partial one (``--config base.yaml --config override.yaml``) only the keys it changes. Files are
+data (:func:`_rules`); each value is checked by its option when the spec is built, named ``'section.key'``. A bundled
+setting (``pml_suprank/hub_configs/<name>.yaml``) is read by name (``--config happier_sop``), anything else as a path.
 """
 
 from __future__ import annotations
@@ -22,16 +21,8 @@ from .options import LOCATIONS, SECTIONS, config_layer
 from .run_spec import RunSpec
 from .spec import merge_layers, read_sections, section_problems
 
-__all__ = [
-    "HUB_CONFIG_SCHEMA",
-    "HUB_SECTION",
-    "bundled_hub_configs",
-    "hub_config_path",
-    "load_hub_config",
-    "read_hub_config",
-    "read_layer",
-    "validate_hub_config",
-]
+__all__ = ["HUB_CONFIG_SCHEMA", "HUB_SECTION", "bundled_hub_configs", "hub_config_path", "load_hub_config",
+           "read_hub_config", "read_layer", "validate_hub_config"]  # fmt: skip
 
 #: the ``hub`` section: model-card metadata, ``{key: check}``
 HUB_SECTION: dict[str, OptionCheck] = {
@@ -56,7 +47,7 @@ _TOP_LEVEL = {
     "notes": OptionCheck(lambda v: is_str()(v) or list_of(is_str(), "")(v), "a string or a list of strings"),
 }
 _KEYS = {**HUB_CONFIG_SCHEMA, "hub": HUB_SECTION}
-_REQUIRED = ("model.backbone", "data.dataset", "loss.name")
+_REQUIRED = {"model": "backbone", "data": "dataset", "loss": "name"}
 #: the bundled hub_configs (package data)
 BUNDLED_HUB_CONFIGS = Path(__file__).resolve().parents[1] / "hub_configs"
 
@@ -67,31 +58,21 @@ def _rules(config: dict[str, Any], partial: bool) -> list[str]:
     (:func:`~pml_suprank.hub.loaded_config.untrusted_model_problems`); the required keys of a complete file."""
     from ..hub.loaded_config import untrusted_model_problems  # not at import: pml_suprank.hub loads huggingface_hub
 
-    errors = []
-    loss = config.get("loss")
+    loss, model, errors = config.get("loss"), config.get("model"), []
     if isinstance(loss, dict) and "name" in loss and (problem := check_loss_name(loss["name"], from_file=True)):
         errors.append(f"'loss.name' must be {problem}")
-    if isinstance(model := config.get("model"), Mapping):
+    if isinstance(model, Mapping):
         hint = " — a hub_config is held to the rule of a loaded config.json; set it from Python or the command line"
         errors += [f"{p}{hint} instead" for p in untrusted_model_problems(model, "model.")]
     if not partial:
         errors += ["missing required key 'name'"] if "name" not in config else []
-        for section, _, k in (r.partition(".") for r in _REQUIRED):
-            if not isinstance(config.get(section), dict) or k not in config[section]:
-                errors.append(f"missing required key '{section}.{k}'")
+        errors += [f"missing required key '{s}.{k}'" for s, k in _REQUIRED.items()
+                   if not isinstance(config.get(s), dict) or k not in config[s]]  # fmt: skip
     return errors
 
 
-def validate_hub_config(
-    config: Any, source: str = "hub_config", *, partial: bool = False, defaults: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
-    """Check ``config`` (sections, keys, the file rules) by building its :class:`~pml_suprank.training.RunSpec`
-    (no model, data or loss is built); return it unchanged or raise ``ValueError`` naming ``source``, every key, what
-    was expected and what was found. ``partial=True``: an override file without the required keys. ``defaults``
-    (option name → value) fill the options the file leaves out (default: the dataclass defaults)."""
-    if not isinstance(config, dict):
-        raise ValueError(f"{source}: a hub_config must be a YAML mapping; got {type(config).__name__}")
-    errors = section_problems(config, _KEYS, _TOP_LEVEL)[0] + _rules(config, partial)
+def _built(config: dict, source: str, defaults: Mapping[str, Any] | None, errors: list[str]) -> dict[str, Any]:
+    """``config`` if it has no structural ``errors`` and its RunSpec builds, else ``ValueError`` naming ``source``."""
     if not errors:
         layers = [{k: (k, v) for k, v in (defaults or {}).items()}, config_layer(config)]
         try:
@@ -99,10 +80,20 @@ def validate_hub_config(
             RunSpec.from_options(values, given=frozenset(layers[1]), where=where, files=[config],
                                  require_data_root=False)  # fmt: skip
         except OptionError as e:
-            errors += [text if name is None else f"'{where.get(name, name)}' {text}" for name, text in e.problems]
+            errors = [text if name is None else f"'{where.get(name, name)}' {text}" for name, text in e.problems]
     if errors:
         raise ValueError(f"{source}: invalid hub_config:\n  - " + "\n  - ".join(errors))
     return config
+
+
+def validate_hub_config(config: Any, source: str = "hub_config", *, partial: bool = False,
+                        defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Check ``config`` (sections, keys, file rules, then its :class:`~pml_suprank.training.RunSpec`; nothing built);
+    return it unchanged or raise ``ValueError`` naming ``source``, every key, what was expected and what was found.
+    ``partial``: an override file; ``defaults`` (option name → value) fill the options the file leaves out."""
+    if not isinstance(config, dict):
+        raise ValueError(f"{source}: a hub_config must be a YAML mapping; got {type(config).__name__}")
+    return _built(config, source, defaults, section_problems(config, _KEYS, _TOP_LEVEL)[0] + _rules(config, partial))
 
 
 def bundled_hub_configs() -> list[str]:
@@ -113,12 +104,9 @@ def bundled_hub_configs() -> list[str]:
 def hub_config_path(path: str | Path) -> Path:
     """The YAML file a ``--config`` argument names: an existing file, else a bare name of
     :func:`bundled_hub_configs` (``FileNotFoundError`` listing them otherwise)."""
-    p = Path(path)
-    if p.is_file():
-        return p
-    if p.suffix == "" and p.name == str(path) and (BUNDLED_HUB_CONFIGS / f"{p.name}.yaml").is_file():
-        return BUNDLED_HUB_CONFIGS / f"{p.name}.yaml"
-    names = bundled_hub_configs()
+    p, names = Path(path), bundled_hub_configs()
+    if p.is_file() or str(path) in names:
+        return p if p.is_file() else BUNDLED_HUB_CONFIGS / f"{path}.yaml"
     hint = f"; did you mean the bundled config {p.stem!r} (--config {p.stem})?" if p.stem in names else ""
     raise FileNotFoundError(
         f"hub_config {str(path)!r} is neither a file nor the name of a bundled config ({', '.join(names)}){hint}"
@@ -126,9 +114,8 @@ def hub_config_path(path: str | Path) -> Path:
 
 
 def read_hub_config(path: str | Path, *, partial: bool = False) -> dict[str, Any]:
-    """Read a hub_config (a YAML file or a bundled name) and check its structure only (sections, keys, metadata
-    values, required keys, ``name`` equal to the file name when given): the recipes check the merged files once,
-    as their :class:`~pml_suprank.training.RunSpec`. ``partial``: an override file with only the keys it changes."""
+    """A hub_config (YAML file or bundled name), its structure checked (sections, keys, metadata, required keys,
+    ``name`` = the file name); the recipes check the merged files once, as their RunSpec. ``partial``: an override."""
     p = hub_config_path(path)
     config, _ = read_sections(p, _KEYS, metadata=_TOP_LEVEL, checks=lambda c: _rules(c, partial), kind="hub_config")
     if (not partial or "name" in config) and config["name"] != p.stem:
@@ -142,9 +129,7 @@ def read_layer(path: str) -> tuple[dict[str, Any], dict[str, tuple[str, Any]]]:
     return config, config_layer(config, str(path))
 
 
-def load_hub_config(
-    path: str | Path, *, partial: bool = False, defaults: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
-    """:func:`read_hub_config` and :func:`validate_hub_config` of a hub_config file: the plain nested dict."""
-    config = read_hub_config(path, partial=partial)
-    return validate_hub_config(config, source=str(path), partial=partial, defaults=defaults)
+def load_hub_config(path: str | Path, *, partial: bool = False,
+                    defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """:func:`read_hub_config` (the structure), then the RunSpec check of :func:`validate_hub_config`."""
+    return _built(read_hub_config(path, partial=partial), str(path), defaults, [])

@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from pml_suprank.training import RunSpec
 from pml_suprank.training import recipe as common
-from pml_suprank.training.run_spec import multilabel_option_errors
 
 TINY = [
     "--backbone", "test_resnet", "--image_size", "16", "--num_per_class", "4", "--embedding_size", "8",
@@ -20,7 +20,8 @@ TINY = [
 
 
 def test_a_memory_is_no_refusal_for_multilabel_data():
-    assert multilabel_option_errors("synthetic_multilabel", "HAPPIER", 64, "m_per_class") == []
+    spec = RunSpec.from_values({"dataset": "synthetic_multilabel", "loss": "HAPPIER", "memory_size": 64})
+    assert spec.train.memory_size == 64
 
 
 @pytest.mark.slow  # a 3-step training run (~15 s on 2 CPU cores)

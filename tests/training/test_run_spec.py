@@ -204,6 +204,21 @@ def test_from_values_names_unknown_options_and_training_errors():
     )
 
 
+def test_run_options_is_the_run_fingerprint_unchanged():
+    """``run_options`` identifies a run (resume compares it): its keys, their order and its values are pinned."""
+    spec = RunSpec.from_values({"dataset": "sop", "data_root": "/x", "loss": "ROADMAP", "tau": 0.05})
+    assert json.dumps(spec.run_options("fp16")) == (
+        '{"model": {"backbone": "test_resnet", "pretrained": false, "pooling": "avg", "embedding_size": 128, '
+        '"layer_norm": true, "projection_init": "random", "backbone_kwargs": null, "crop_pct": null, '
+        '"crop_mode": null}, '
+        '"data": {"dataset": "sop", "label_columns": null, "train_split": "train", "test_split": "test", '
+        '"num_per_class": 32, "image_size": 48, "crop_scale": [0.5, 1.0], "auto_augment": null, "re_prob": 0.0, '
+        '"open_set": false, "train_classes_per_coarse": null, "train_class_fraction": null}, '
+        '"loss": {"name": "ROADMAP", "decomposability": "calibration", "decomposability_weight": 0.1, "tau": 0.05, '
+        '"rho": 100.0, "delta": null, "start": null, "offset": null, "kernel": "auto"}, "mixed_precision": "fp16"}'
+    )
+
+
 def test_a_config_file_never_sets_a_flag_only_option(capsys):
     """``option(..., file=False)`` (``push_to_hub``, ``hub_model_id``, ``hub_private``, ``model``): ``parse`` refuses
     it from any ``--config`` layer, naming the file and the flag; the same value typed as a flag is taken."""
