@@ -1,8 +1,6 @@
-"""The option machinery (:func:`option`, :class:`OptionCheck` and its checks) and :class:`TrainingConfig`.
-
-Every option is one dataclass field whose ``metadata`` holds its help, hub_config section and value check; the
-command line (:mod:`.spec`) and the hub_config schema (:mod:`.hub_config`) are generated from them.
-"""
+"""The option machinery (:func:`option`, :class:`OptionCheck` and its checks) and :class:`TrainingConfig`: every
+option is one dataclass field whose ``metadata`` holds its help, hub_config section and value check; the command
+line (:mod:`.spec`) and the hub_config schema (:mod:`.hub_config`) are generated from them."""
 
 from __future__ import annotations
 
@@ -151,8 +149,7 @@ def validate_options(obj: Any, rules: Callable[[dict[str, Any]], list[str]] | No
     missing ones, or the broken rules)."""
     problems: list[Any] = [(f.name, p) for f in fields(obj) if (p := field_problem(f, getattr(obj, f.name)))]
     problems = problems or [f"--{n} is required" for n in getattr(obj, "REQUIRED", ()) if getattr(obj, n) is None]
-    if not problems and rules is not None:
-        problems = rules({f.name: getattr(obj, f.name) for f in fields(obj)})
+    problems = problems or (rules({f.name: getattr(obj, f.name) for f in fields(obj)}) if rules else [])
     if problems:
         raise OptionError(problems)
 
@@ -191,17 +188,14 @@ _RATE, _DECAY = is_number(0, high=MAX_LR), is_number(0, high=MAX_WEIGHT_DECAY)
 
 @dataclass
 class TrainingConfig:
-    """Hyper-parameters of a training run; each field's help says what it does (``pml-suprank-train --help``).
-
-    The global batch of a step is ``num_processes * batch_size``. Exact large batches (``docs/large-batches.md``):
+    """Hyper-parameters of a training run; each field's help says what it does (``pml-suprank-train --help``). The
+    global batch of a step is ``num_processes * batch_size``. Exact large batches (``docs/large-batches.md``):
     ``virtual_batch_size`` is another name of ``batch_size`` (per process; giving it alone sets both), and
     ``chunk_size`` embeds and back-propagates it that many images at a time
-    (:func:`~pml_suprank.training.cached_backward`: the gradient of the whole batch). Both are part of the run
-    fingerprint.
+    (:func:`~pml_suprank.training.cached_backward`: the gradient of the whole batch). Both are in the run fingerprint.
     """
 
-    output_dir: str = option("outputs/run", "folder for checkpoints, the final model and the plots",
-                             is_str("a folder path"))  # fmt: skip
+    output_dir: str = option("outputs/run", "folder of the checkpoints, final model and plots", is_str("a folder path"))
     seed: int = option(0, "seed of the model init, samplers and per-item augmentation", is_int(0), "training")
     epochs: int = option(10, "number of epochs (one pass of the batch sampler)", is_int(1), "training")
     max_train_steps: int | None = option(None, "stop after N optimizer steps (also shortens the cosine schedule)",
@@ -215,13 +209,11 @@ class TrainingConfig:
     chunk_size: int | None = option(
         None, "gradient caching: embed and back-propagate the batch this many images at a time (exact: the gradient "
         "of the whole batch; needs --freeze_batch_norm true with a BatchNorm backbone); none: all at once",
-        optional(is_int(1)), "training",
-    )  # fmt: skip
+        optional(is_int(1)), "training")  # fmt: skip
     samples_per_class: int = option(4, "images per class in a batch (m)", is_int(2), "sampler_options")
     sampler: SamplerType = option(
         "m_per_class", "batch sampler (hierarchical = the SOP sampler over pairs of super-classes, needs 2-D labels)",
-        is_choice(*get_args(SamplerType)), "sampler_options",
-    )  # fmt: skip
+        is_choice(*get_args(SamplerType)), "sampler_options")  # fmt: skip
     batches_per_super_tuple: int = option(4, "hierarchical sampler: batches per pair of super-classes", is_int(1),
                                           "sampler_options")  # fmt: skip
     super_classes_per_batch: int = option(2, "hierarchical sampler: super-classes per batch", is_int(1),
@@ -234,26 +226,22 @@ class TrainingConfig:
     weight_decay: float = option(1e-4, "weight decay of the backbone and head groups", _DECAY, "optimizer")
     proxies_weight_decay: float = option(0.0, "weight decay of the loss proxies", _DECAY, "optimizer")
     momentum: float = option(0.9, "SGD momentum (Nesterov)", is_number(0, high=1), "optimizer")
-    scheduler: SchedulerType = option("cosine", "learning-rate schedule", is_choice(*get_args(SchedulerType)),
-                                      "scheduler")  # fmt: skip
+    scheduler: SchedulerType = option("cosine", "lr schedule", is_choice(*get_args(SchedulerType)), "scheduler")
     min_lr_ratio: float = option(0.0, "final lr of the cosine schedule as a fraction of each group's initial lr",
                                  is_number(0, high=1), "scheduler")  # fmt: skip
     warmup_epochs: int = option(0, "first epochs with the backbone frozen and no scheduler step", is_int(0), "training")
     freeze_batch_norm: bool = option(False, "keep the backbone's BatchNorm layers in eval mode (ResNet-50 recipes)",
-                                     section="model")  # fmt: skip
-    pca_samples: int = option(10000, "projection_init=pca: training images whose features give the PCA", is_int(2),
-                              "model")  # fmt: skip
+                                     None, "model")  # fmt: skip
+    pca_samples: int = option(10000, "projection_init=pca: training images used for the PCA", is_int(2), "model")
     grad_clip: float | None = option(None, "clip the gradient norm to this value",
                                      optional(is_number(0, strict=True, high=MAX_SCALE)), "training")  # fmt: skip
     max_nonfinite_steps: int = option(
         10, "steps in a row with a non-finite loss or gradient that are skipped (no update, as fp16's GradScaler "
         "does) before the run stops with an error and a checkpoint of the last good state (0: stop at the first)",
-        is_int(0), "training",
-    )  # fmt: skip
+        is_int(0), "training")  # fmt: skip
     memory_size: int = option(0, "cross-batch memory size (0: none)", is_int(0), "memory")
     memory_warmup_steps: int = option(0, "steps before the memory loss is used", is_int(0), "memory")
-    hierarchical_labels: bool = option(True, "give the loss all label columns (N, L) instead of the fine labels (N,)",
-                                       cli=False)  # fmt: skip
+    hierarchical_labels: bool = option(True, "loss gets all label columns (N, L), not the fine labels (N,)", cli=False)
     eval_every: int = option(1, "evaluate every N epochs (0: only at the end)", is_int(0), "evaluation")
     eval_batch_size: int = option(128, "evaluation batch size per process", is_int(1), "evaluation")
     k_values: Sequence[int] = option((1, 10), "Recall@k values, e.g. 1,10,100",

@@ -36,6 +36,7 @@ __all__ = ["LOCATIONS", "OPTION_CLASSES", "SECTIONS", "DataOptions", "LossOption
 #: bounds of a ``loss_kwargs`` mapping: keys, magnitude of a number, length of a string or a list
 MAX_LOSS_KWARGS, MAX_KWARG_NUMBER, MAX_KWARG_LEN = 32, 1e6, 256
 _KWARG_NUMBER, _FRACTION = is_number(-MAX_KWARG_NUMBER, high=MAX_KWARG_NUMBER), is_number(0, strict=True, high=1)
+_UNIT = is_number(0, high=1)
 
 
 def _kwarg_value(v: Any, depth: int = 0) -> bool:
@@ -109,13 +110,13 @@ class DataOptions:
                                     is_str("a split name"))  # fmt: skip
     num_per_class: int = option(32, "SyntheticShapes: images per fine class", is_int(1, 100_000))
     image_size: int = option(48, "training/test resolution", is_int(8, 4096))
-    crop_scale: list[float] = option([0.5, 1.0], "area range of the RandomResizedCrop (reference: 0.16,1.0)",
-                                     OptionCheck(lambda v: isinstance(v, (list, tuple)) and len(v) == 2
-                                                 and all(map(_FRACTION, v)) and v[0] <= v[1],
-                                                 "two numbers 0 < low <= high <= 1"))  # fmt: skip
+    crop_scale: list[float] = option(
+        [0.5, 1.0], "area range of the RandomResizedCrop (reference: 0.16,1.0)", OptionCheck(
+            lambda v: isinstance(v, (list, tuple)) and len(v) == 2 and all(map(_FRACTION, v)) and v[0] <= v[1],
+            "two numbers 0 < low <= high <= 1"))  # fmt: skip
     auto_augment: str | None = option(None, "timm augmentation policy for training, e.g. rand-m9-mstd0.5 (RandAugment)",
                                       is_str("a timm policy string"))  # fmt: skip
-    re_prob: float = option(0.0, "random erasing probability (training)", is_number(0, high=1))
+    re_prob: float = option(0.0, "random erasing probability (training)", _UNIT)
     open_set: bool = option(False, "Hub/local data: train and test fine classes disjoint (error if they overlap)")
     train_classes_per_coarse: int | None = option(None, "open-set rule: the first N fine classes of every coarse class "
                                                   "are for training", is_int(1))  # fmt: skip
@@ -137,19 +138,17 @@ class LossOptions:
         "pml:MultiSimilarityLoss), package.module:ClassName (your own class) or an installed plugin's name",
         OptionCheck(lambda v: check_loss_name(v) is None,  # nothing imported; a file's reader refuses module:Class
                     "a registered loss (--list_losses), an installed plugin, pml:ClassName or module:ClassName"),
-        key="name",
-    )  # fmt: skip
+        key="name")  # fmt: skip
     loss_kwargs: dict | None = option(
         None, 'further keyword arguments of the loss class, as JSON / a YAML mapping, e.g. \'{"margin": 0.2}\' '
         "(checked against its signature)", _KWARGS, key="kwargs")  # fmt: skip
     decomposability: str = option("calibration", "L_DG on pairs (ROADMAP, NeurIPS 2021) or ClusterLoss proxies "
                                   "(SupRank, TPAMI 2025)", is_choice("calibration", "proxy"))  # fmt: skip
-    decomposability_weight: float = option(0.1, "weight λ of the decomposability term", is_number(0, high=1))
+    decomposability_weight: float = option(0.1, "weight λ of the decomposability term", _UNIT)
     tau: float = option(0.01, "SupRank sigmoid temperature τ", is_number(0, strict=True, high=100))
     rho: float = option(100.0, "SupRank slope ρ of the linear branch", is_number(0, high=MAX_SCALE))
     delta: float | None = option(None, "SupRank δ (unset: the loss default 0.05)", is_number(0, high=100))
-    start: float | None = option(None, "SupRank start of the linear branch (unset: the loss default 0.5)",
-                                 is_number(0, high=1))  # fmt: skip
+    start: float | None = option(None, "SupRank start of the linear branch (unset: the loss default 0.5)", _UNIT)
     offset: float | None = option(None, "SupRank offset (unset: the continuous σ(δ/τ) + start; the SOP reference "
                                   "uses 1.44)", optional(is_number(0, high=100)))  # fmt: skip
     kernel: str = option("auto", "rank-loss kernel: 'dense' (blocked B×N×N, no host sync), 'sorted' (sorted "
@@ -196,8 +195,7 @@ class RunOptions:
                                         "--output_dir before starting")  # fmt: skip
     skip_initial_eval: bool = option(False, "do not evaluate before training")
     no_plots: bool = option(False, "do not draw the plots of the final folder")
-    push_to_hub: bool = option(False, "upload the final folder to the Hugging Face Hub (needs --hub_model_id)",
-                               file=False)  # fmt: skip
+    push_to_hub: bool = option(False, "upload the final folder to the Hub (needs --hub_model_id)", file=False)
     hub_model_id: str | None = option(None, "repo id for --push_to_hub, e.g. user/happier-sop",
                                       is_str("a Hub repo id such as user/happier-sop"), file=False)  # fmt: skip
     hub_private: bool = option(False, "create the Hub repo as private", file=False)
@@ -251,19 +249,17 @@ def loss_option_names() -> tuple[str, ...]:
 
 
 def loss_keys(name: str, entry: LossEntry | None = None) -> tuple[str, ...]:
-    """The loss options that the loss ``name`` takes: its registry entry's ``options``, or those named by its
-    constructor (``loss_kwargs`` is taken by every loss)."""
+    """The loss options the loss ``name`` takes: its registry entry's ``options``, or those its constructor names."""
     return entry_options(entry or resolve_loss(name), loss_option_names())
 
 
 def build_loss(name: str, values: Mapping[str, Any], num_classes: int, embedding_size: int, *,
                entry: LossEntry | None = None, **extra: Any) -> nn.Module:  # fmt: skip
-    """The one loss builder: the loss ``name`` (:func:`pml_suprank.losses.resolve_loss`: a registered name,
-    ``pml:ClassName``, ``package.module:ClassName`` or a plugin) from the option ``values`` it takes (``None``: the
-    loss's default; ``values["loss_kwargs"]`` passed on whole) and ``extra`` keyword arguments (e.g.
-    ``relevance="multilabel"``, ``hierarchy=`` the ``(num_fine, L)`` table). ``num_classes`` fine classes and
-    ``embedding_size`` ``D`` go to a constructor that requires them, a hierarchical loss or ``decomposability="proxy"``.
-    Raises ``ValueError`` for an unknown loss, :class:`OptionError` when the constructor refuses the arguments."""
+    """The one loss builder: the loss ``name`` (:func:`pml_suprank.losses.resolve_loss`) from the option ``values``
+    it takes (``None``: the loss's default; ``values["loss_kwargs"]`` passed on whole) and ``extra`` keyword arguments
+    (e.g. ``relevance="multilabel"``, ``hierarchy=``). ``num_classes`` and ``embedding_size`` go to a constructor that
+    requires them, a hierarchical loss or ``decomposability="proxy"``. Raises ``ValueError`` (an unknown loss) or
+    :class:`OptionError` (the constructor refused the arguments)."""
     entry = entry or resolve_loss(name)
     kwargs = {k: values[k] for k in loss_keys(name, entry) if values.get(k) is not None}
     params = inspect.signature(entry.cls.__init__).parameters
