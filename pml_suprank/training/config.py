@@ -110,9 +110,7 @@ def in_section(section: str) -> Callable[[type], type]:
 
 def field_default(f: Field) -> Any:
     """The default of a dataclass field (calling its factory; ``None`` when it has none)."""
-    if f.default_factory is not MISSING:
-        return f.default_factory()
-    return None if f.default is MISSING else f.default
+    return f.default_factory() if f.default_factory is not MISSING else None if f.default is MISSING else f.default
 
 
 class OptionError(ValueError, TypeError):
@@ -230,8 +228,7 @@ class TrainingConfig:
     min_lr_ratio: float = option(0.0, "final lr of the cosine schedule as a fraction of each group's initial lr",
                                  is_number(0, high=1), "scheduler")  # fmt: skip
     warmup_epochs: int = option(0, "first epochs with the backbone frozen and no scheduler step", is_int(0), "training")
-    freeze_batch_norm: bool = option(False, "keep the backbone's BatchNorm layers in eval mode (ResNet-50 recipes)",
-                                     None, "model")  # fmt: skip
+    freeze_batch_norm: bool = option(False, "backbone BatchNorm layers in eval mode (ResNet-50 recipes)", None, "model")
     pca_samples: int = option(10000, "projection_init=pca: training images used for the PCA", is_int(2), "model")
     grad_clip: float | None = option(None, "clip the gradient norm to this value",
                                      optional(is_number(0, strict=True, high=MAX_SCALE)), "training")  # fmt: skip

@@ -69,7 +69,6 @@ class ModelOptions:
     """Options of :class:`pml_suprank.models.RetrievalModel` (``image_size`` is a data option)."""
 
     __post_init__ = validate_options
-
     backbone: str = option("test_resnet", "any timm model name", OptionCheck(
         _known_backbone, "a timm model name (timm.list_models(); e.g. resnet50, test_resnet)"))  # fmt: skip
     pretrained: bool = option(False, "load timm pretrained weights (downloads)")
@@ -92,7 +91,6 @@ class DataOptions:
     """The training and test sets: SyntheticShapes, a paper benchmark read from its archive or a retrieval dataset."""
 
     __post_init__ = validate_options
-
     dataset: str = option(
         "synthetic", "'synthetic' (built-in SyntheticShapes), a benchmark name read from its archive under --data_root "
         f"({', '.join(sorted(BENCHMARKS))}), a Hub dataset id, a local image folder, parquet files or a save_to_disk "
@@ -128,11 +126,9 @@ class DataOptions:
 @in_section("loss")
 @dataclass
 class LossOptions:
-    """The rank loss and the SupRank H⁻ / decomposability hyper-parameters (``alpha`` is a
-    :class:`TrainingConfig` field shared with the evaluator)."""
+    """The rank loss and SupRank H⁻ / decomposability hyper-parameters (``alpha``: a :class:`TrainingConfig` field)."""
 
     __post_init__ = validate_options
-
     loss: str = option(
         "HAPPIER", "the loss: a registered name (--list_losses), pml:ClassName (a pytorch-metric-learning loss, e.g. "
         "pml:MultiSimilarityLoss), package.module:ClassName (your own class) or an installed plugin's name",
