@@ -202,8 +202,7 @@ class RunOptions:
 
 @dataclass
 class ModelUseOptions:
-    """Options shared by the recipes that use a trained model (``evaluate``, ``search``, ``fit_heat``,
-    ``ood_score``), declared once (:func:`~pml_suprank.training.spec.shared`)."""
+    """Options of the recipes that use a trained model (``evaluate``, ``search``, ``fit_heat``, ``ood_score``)."""
 
     model: str | None = option(None, "a model folder (RUN/final) or its Hub id (required)",
                                optional(is_str("a model folder or a Hub id")), file=False)  # fmt: skip
@@ -259,10 +258,9 @@ def build_loss(name: str, values: Mapping[str, Any], num_classes: int, embedding
     entry = entry or resolve_loss(name)
     kwargs = {k: values[k] for k in loss_keys(name, entry) if values.get(k) is not None}
     params = inspect.signature(entry.cls.__init__).parameters
-    for key, value in (("num_classes", num_classes), ("embedding_size", embedding_size)):
-        p = params.get(key)
-        if p is not None and (p.default is p.empty or entry.hierarchical or kwargs.get("decomposability") == "proxy"):
-            kwargs[key] = value
+    wanted = entry.hierarchical or kwargs.get("decomposability") == "proxy"  # else only where required
+    sizes = {"num_classes": num_classes, "embedding_size": embedding_size}
+    kwargs |= {k: v for k, v in sizes.items() if k in params and (wanted or params[k].default is params[k].empty)}
     kwargs = {**kwargs, **(values.get("loss_kwargs") or {}), **extra}
     try:
         return entry.cls(**kwargs)
