@@ -56,8 +56,7 @@ def is_int(low: int = 0, high: int = MAX_CONFIG_INT) -> OptionCheck:
                        kind="int", bounds=(low, high, False, False))  # fmt: skip
 
 
-def is_number(low: float = 0.0, *, strict: bool = False, high: float = math.inf,
-              open_high: bool = False) -> OptionCheck:  # fmt: skip
+def is_number(low: float = 0, *, strict: bool = False, high: float = math.inf, open_high: bool = False) -> OptionCheck:
     """A finite real number ``>= low`` (``> low`` if ``strict``) and ``<= high`` (``< high`` if ``open_high``)."""
     expected = (f"a number {'>' if strict else '>='} {low:g}" if high == math.inf
                 else f"a number in {'(' if strict else '['}{low:g}, {high:g}{')' if open_high else ']'}")  # fmt: skip
@@ -142,9 +141,8 @@ def field_problem(f: Field, value: Any) -> str | None:
 
 
 def validate_options(obj: Any, rules: Callable[[dict[str, Any]], list[str]] | None = None) -> None:
-    """Check an option dataclass instance: each field by its check, then that the fields its class ``REQUIRED`` are
-    set, then ``rules`` (between its fields); raise an :class:`OptionError` naming every refused field (or the
-    missing ones, or the broken rules)."""
+    """Check an option dataclass instance: each field by its check, then its class's ``REQUIRED`` fields set, then
+    ``rules`` (between its fields); raise an :class:`OptionError` naming the problems of the first step that fails."""
     problems: list[Any] = [(f.name, p) for f in fields(obj) if (p := field_problem(f, getattr(obj, f.name)))]
     problems = problems or [f"--{n} is required" for n in getattr(obj, "REQUIRED", ()) if getattr(obj, n) is None]
     problems = problems or (rules({f.name: getattr(obj, f.name) for f in fields(obj)}) if rules else [])

@@ -49,8 +49,7 @@ _KWARGS = OptionCheck(
     lambda v: v is None or (isinstance(v, dict) and len(v) <= MAX_LOSS_KWARGS
                             and all(isinstance(k, str) and k.isidentifier() and _kwarg_value(x) for k, x in v.items())),
     f"null or a mapping (at most {MAX_LOSS_KWARGS} keys) of keyword arguments of the loss class, each a finite number "
-    f"of magnitude <= {MAX_KWARG_NUMBER:g}, a bool, null, a string or a list of those",
-)  # fmt: skip
+    f"of magnitude <= {MAX_KWARG_NUMBER:g}, a bool, null, a string or a list of those")  # fmt: skip
 
 
 def _known_backbone(name: Any) -> bool:
@@ -153,14 +152,13 @@ class LossOptions:
 
 def _run_rules(v: Mapping[str, Any]) -> list[str]:
     """Flag combinations that would only fail after training."""
-    errors = []
-    if v["push_to_hub"] and not v["hub_model_id"]:
-        errors.append("--push_to_hub true needs --hub_model_id (e.g. your-name/happier-synthetic)")
-    elif v["push_to_hub"]:
+    push, repo = v["push_to_hub"], v["hub_model_id"]
+    errors = ["--push_to_hub true needs --hub_model_id (e.g. your-name/happier-synthetic)"] if push and not repo else []
+    if push and repo:
         from ..hub.transport import check_repo_id
 
         try:
-            check_repo_id(v["hub_model_id"])
+            check_repo_id(repo)
         except ValueError as e:
             errors.append(f"--hub_model_id: {e}")
     if v["resume_ignore_config"] and v["resume"] is None:
