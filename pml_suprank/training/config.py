@@ -1,8 +1,6 @@
-"""The option machinery (:func:`option`, :class:`OptionCheck` and its checks) and :class:`TrainingConfig`.
-
-Every option is one dataclass field whose ``metadata`` holds its help, hub_config section and value check; the
-command line (:mod:`.spec`) and the hub_config schema (:mod:`.hub_config`) are generated from them.
-"""
+"""The option machinery (:func:`option`, :class:`OptionCheck` and its checks) and :class:`TrainingConfig`: every
+option is one dataclass field whose ``metadata`` holds its help, hub_config section and value check; the command
+line (:mod:`.spec`) and the hub_config schema (:mod:`.hub_config`) are generated from them."""
 
 from __future__ import annotations
 
@@ -16,22 +14,8 @@ import numpy as np
 
 from .._validation import shorten
 
-__all__ = [
-    "OptionCheck",
-    "OptionError",
-    "TrainingConfig",
-    "field_default",
-    "is_bool",
-    "is_choice",
-    "is_finite",
-    "is_int",
-    "is_number",
-    "is_str",
-    "list_of",
-    "option",
-    "optional",
-    "validate_options",
-]
+__all__ = ["OptionCheck", "OptionError", "TrainingConfig", "field_default", "is_bool", "is_choice", "is_finite",
+           "is_int", "is_number", "is_str", "list_of", "option", "optional", "validate_options"]  # fmt: skip
 
 OptimizerType = Literal["adam", "adamw", "sgd"]
 SchedulerType = Literal["cosine", "constant"]
@@ -72,21 +56,13 @@ def is_int(low: int = 0, high: int = MAX_CONFIG_INT) -> OptionCheck:
                        kind="int", bounds=(low, high, False, False))  # fmt: skip
 
 
-def is_number(
-    low: float = 0.0, *, strict: bool = False, high: float = math.inf, open_high: bool = False
-) -> OptionCheck:
+def is_number(low: float = 0, *, strict: bool = False, high: float = math.inf, open_high: bool = False) -> OptionCheck:
     """A finite real number ``>= low`` (``> low`` if ``strict``) and ``<= high`` (``< high`` if ``open_high``)."""
-
-    def check(v: Any) -> bool:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
-            return False
-        return (v > low if strict else v >= low) and (v < high if open_high else v <= high)
-
-    if high == math.inf:
-        expected = f"a number {'>' if strict else '>='} {low:g}"
-    else:
-        expected = f"a number in {'(' if strict else '['}{low:g}, {high:g}{')' if open_high else ']'}"
-    return OptionCheck(check, expected, kind="number", bounds=(low, high, strict, open_high))
+    expected = (f"a number {'>' if strict else '>='} {low:g}" if high == math.inf
+                else f"a number in {'(' if strict else '['}{low:g}, {high:g}{')' if open_high else ']'}")  # fmt: skip
+    return OptionCheck(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))
+                       and (v > low if strict else v >= low) and (v < high if open_high else v <= high),
+                       expected, kind="number", bounds=(low, high, strict, open_high))  # fmt: skip
 
 
 def is_finite() -> OptionCheck:
@@ -106,7 +82,7 @@ def list_of(check: OptionCheck, expected: str, min_len: int = 1) -> OptionCheck:
     return OptionCheck(lambda v: isinstance(v, (list, tuple)) and len(v) >= min_len and all(map(check, v)), expected)
 
 
-def option(default: Any, help: str, check: OptionCheck | None = None, *, section: str | None = None,
+def option(default: Any, help: str, check: OptionCheck | None = None, section: str | None = None, *,
            key: str | None = None, cli: bool = True, file: bool = True) -> Any:  # fmt: skip
     """A dataclass field with its documentation, the one place an option is described: ``help`` (``--help``, with
     the default), the value ``check`` (a bool default: :func:`is_bool`), the hub_config ``section`` and ``key``
@@ -132,10 +108,8 @@ def in_section(section: str) -> Callable[[type], type]:
 
 
 def field_default(f: Field) -> Any:
-    """The default of a dataclass field (calling its factory)."""
-    if f.default is not MISSING:
-        return f.default
-    return f.default_factory() if f.default_factory is not MISSING else None  # type: ignore[misc]
+    """The default of a dataclass field (calling its factory; ``None`` when it has none)."""
+    return f.default_factory() if f.default_factory is not MISSING else None if f.default is MISSING else f.default
 
 
 class OptionError(ValueError, TypeError):
@@ -167,21 +141,13 @@ def field_problem(f: Field, value: Any) -> str | None:
 
 
 def validate_options(obj: Any, rules: Callable[[dict[str, Any]], list[str]] | None = None) -> None:
-    """Check an option dataclass instance: each field by its check, then the fields its class ``REQUIRED`` are set,
-    then ``rules`` (between its fields).
-
-    Raises:
-        OptionError: naming every refused field (or the missing ones, or the broken rules).
-    """
+    """Check an option dataclass instance: each field by its check, then its class's ``REQUIRED`` fields set, then
+    ``rules`` (between its fields); raise an :class:`OptionError` naming the problems of the first step that fails."""
     problems: list[Any] = [(f.name, p) for f in fields(obj) if (p := field_problem(f, getattr(obj, f.name)))]
     problems = problems or [f"--{n} is required" for n in getattr(obj, "REQUIRED", ()) if getattr(obj, n) is None]
-    if not problems and rules is not None:
-        problems = rules({f.name: getattr(obj, f.name) for f in fields(obj)})
+    problems = problems or (rules({f.name: getattr(obj, f.name) for f in fields(obj)}) if rules else [])
     if problems:
         raise OptionError(problems)
-
-
-_RATE, _DECAY = is_number(0, high=MAX_LR), is_number(0, high=MAX_WEIGHT_DECAY)
 
 
 def batch_alias_problem(vb: int, b: int) -> str:
@@ -199,101 +165,88 @@ def _training_rules(v: Mapping[str, Any]) -> list[str]:
     """``warmup_epochs < epochs``; the batch a whole number of the sampler's groups (``samples_per_class`` images per
     class, times ``super_classes_per_batch`` with the hierarchical sampler)."""
     b, m, vb = v["batch_size"], v["samples_per_class"], v["virtual_batch_size"]
+    k = v["super_classes_per_batch"] if v["sampler"] == "hierarchical" else 1
     if v["warmup_epochs"] > 0 and 0 < v["epochs"] <= v["warmup_epochs"]:
         return [f"warmup_epochs must be < epochs = {v['epochs']}; got {v['warmup_epochs']}"]
     if vb is not None and vb != b:
         return [batch_alias_problem(vb, b)]
-    k = v["super_classes_per_batch"] if v["sampler"] == "hierarchical" else 1
-    if vb is not None and vb % (k * m):
+    if vb is not None and vb % (g := k * m):  # g: images per group of classes
         group = f"--super_classes_per_batch {k} x --samples_per_class {m}" if k > 1 else f"--samples_per_class {m}"
-        lower, upper = vb // (k * m) * k * m, (vb // (k * m) + 1) * k * m
-        return [
-            f"--virtual_batch_size {vb} is not a whole number of the sampler's groups ({group} = {k * m} images "
-            f"per group of classes); use a multiple of {k * m}, e.g. {upper}" + (f" or {lower}" if lower else "")
-        ]
+        low = vb // g * g
+        e_g = f"{low + g} or {low}" if low else f"{g}"
+        return [f"--virtual_batch_size {vb} is not a whole number of the sampler's groups ({group} = {g} images "
+                f"per group of classes); use a multiple of {g}, e.g. {e_g}"]  # fmt: skip
     return [f"batch_size must be a multiple of samples_per_class = {m}; got batch_size={b}"] if b % m else []
+
+
+_RATE, _DECAY = is_number(0, high=MAX_LR), is_number(0, high=MAX_WEIGHT_DECAY)
 
 
 @dataclass
 class TrainingConfig:
-    """Hyper-parameters of a training run; each field's help says what it does (``pml-suprank-train --help``).
-
-    The global batch of a step is ``num_processes * batch_size``. Exact large batches (``docs/large-batches.md``):
+    """Hyper-parameters of a training run; each field's help says what it does (``pml-suprank-train --help``). The
+    global batch of a step is ``num_processes * batch_size``. Exact large batches (``docs/large-batches.md``):
     ``virtual_batch_size`` is another name of ``batch_size`` (per process; giving it alone sets both), and
     ``chunk_size`` embeds and back-propagates it that many images at a time
-    (:func:`~pml_suprank.training.cached_backward`: the gradient of the whole batch). Both are part of the run
-    fingerprint.
+    (:func:`~pml_suprank.training.cached_backward`: the gradient of the whole batch). Both are in the run fingerprint.
     """
 
-    output_dir: str = option("outputs/run", "folder for checkpoints, the final model and the plots",
-                             is_str("a folder path"))  # fmt: skip
-    seed: int = option(0, "seed of the model init, samplers and per-item augmentation", is_int(0), section="training")
-    epochs: int = option(10, "number of epochs (one pass of the batch sampler)", is_int(1), section="training")
+    output_dir: str = option("outputs/run", "folder of the checkpoints, final model and plots", is_str("a folder path"))
+    seed: int = option(0, "seed of the model init, samplers and per-item augmentation", is_int(0), "training")
+    epochs: int = option(10, "number of epochs (one pass of the batch sampler)", is_int(1), "training")
     max_train_steps: int | None = option(None, "stop after N optimizer steps (also shortens the cosine schedule)",
-                                         optional(is_int(1)), section="training")  # fmt: skip
-    batch_size: int = option(
-        _DefaultInt(64), "images per step per process (the ranking batch; --virtual_batch_size is another name of it)",
-        is_int(2), section="sampler_options",
-    )  # fmt: skip
+                                         optional(is_int(1)), "training")  # fmt: skip
+    batch_size: int = option(_DefaultInt(64), "images per step per process (the ranking batch; --virtual_batch_size is "
+                             "another name of it)", is_int(2), "sampler_options")  # fmt: skip
     virtual_batch_size: int | None = option(
         None, "the ranking batch: images the sampler draws and the loss ranks per step and process; replaces "
-        "--batch_size (with --chunk_size it need not fit in memory)", optional(is_int(2)), section="sampler_options",
+        "--batch_size (with --chunk_size it need not fit in memory)", optional(is_int(2)), "sampler_options",
     )  # fmt: skip
     chunk_size: int | None = option(
         None, "gradient caching: embed and back-propagate the batch this many images at a time (exact: the gradient "
         "of the whole batch; needs --freeze_batch_norm true with a BatchNorm backbone); none: all at once",
-        optional(is_int(1)), section="training",
-    )  # fmt: skip
-    samples_per_class: int = option(4, "images per class in a batch (m)", is_int(2), section="sampler_options")
+        optional(is_int(1)), "training")  # fmt: skip
+    samples_per_class: int = option(4, "images per class in a batch (m)", is_int(2), "sampler_options")
     sampler: SamplerType = option(
         "m_per_class", "batch sampler (hierarchical = the SOP sampler over pairs of super-classes, needs 2-D labels)",
-        is_choice(*get_args(SamplerType)), section="sampler_options",
-    )  # fmt: skip
+        is_choice(*get_args(SamplerType)), "sampler_options")  # fmt: skip
     batches_per_super_tuple: int = option(4, "hierarchical sampler: batches per pair of super-classes", is_int(1),
-                                          section="sampler_options")  # fmt: skip
+                                          "sampler_options")  # fmt: skip
     super_classes_per_batch: int = option(2, "hierarchical sampler: super-classes per batch", is_int(1),
-                                          section="sampler_options")  # fmt: skip
+                                          "sampler_options")  # fmt: skip
     optimizer: OptimizerType = option("adam", "optimizer (sgd: Nesterov with --momentum)",
-                                      is_choice(*get_args(OptimizerType)), section="optimizer")  # fmt: skip
-    lr_backbone: float = option(1e-4, "learning rate of the timm trunk", _RATE, section="optimizer")
-    lr_head: float = option(2e-4, "learning rate of pooling (GeM p), projection and classifier", _RATE,
-                            section="optimizer")  # fmt: skip
-    lr_proxies: float = option(10.0, "learning rate of the loss proxies (ClusterLoss)", _RATE, section="optimizer")
-    weight_decay: float = option(1e-4, "weight decay of the backbone and head groups", _DECAY, section="optimizer")
-    proxies_weight_decay: float = option(0.0, "weight decay of the loss proxies", _DECAY, section="optimizer")
-    momentum: float = option(0.9, "SGD momentum (Nesterov)", is_number(0, high=1), section="optimizer")
-    scheduler: SchedulerType = option("cosine", "learning-rate schedule", is_choice(*get_args(SchedulerType)),
-                                      section="scheduler")  # fmt: skip
+                                      is_choice(*get_args(OptimizerType)), "optimizer")  # fmt: skip
+    lr_backbone: float = option(1e-4, "learning rate of the timm trunk", _RATE, "optimizer")
+    lr_head: float = option(2e-4, "learning rate of pooling (GeM p), projection and classifier", _RATE, "optimizer")
+    lr_proxies: float = option(10.0, "learning rate of the loss proxies (ClusterLoss)", _RATE, "optimizer")
+    weight_decay: float = option(1e-4, "weight decay of the backbone and head groups", _DECAY, "optimizer")
+    proxies_weight_decay: float = option(0.0, "weight decay of the loss proxies", _DECAY, "optimizer")
+    momentum: float = option(0.9, "SGD momentum (Nesterov)", is_number(0, high=1), "optimizer")
+    scheduler: SchedulerType = option("cosine", "lr schedule", is_choice(*get_args(SchedulerType)), "scheduler")
     min_lr_ratio: float = option(0.0, "final lr of the cosine schedule as a fraction of each group's initial lr",
-                                 is_number(0, high=1), section="scheduler")  # fmt: skip
-    warmup_epochs: int = option(0, "first epochs with the backbone frozen and no scheduler step", is_int(0),
-                                section="training")  # fmt: skip
-    freeze_batch_norm: bool = option(False, "keep the backbone's BatchNorm layers in eval mode (ResNet-50 recipes)",
-                                     section="model")  # fmt: skip
-    pca_samples: int = option(10000, "projection_init=pca: training images whose features give the PCA", is_int(2),
-                              section="model")  # fmt: skip
-    grad_clip: float | None = option(None, "clip the gradient norm to this value", section="training",
-                                     check=optional(is_number(0, strict=True, high=MAX_SCALE)))  # fmt: skip
+                                 is_number(0, high=1), "scheduler")  # fmt: skip
+    warmup_epochs: int = option(0, "first epochs with the backbone frozen and no scheduler step", is_int(0), "training")
+    freeze_batch_norm: bool = option(False, "backbone BatchNorm layers in eval mode (ResNet-50 recipes)", None, "model")
+    pca_samples: int = option(10000, "projection_init=pca: training images used for the PCA", is_int(2), "model")
+    grad_clip: float | None = option(None, "clip the gradient norm to this value",
+                                     optional(is_number(0, strict=True, high=MAX_SCALE)), "training")  # fmt: skip
     max_nonfinite_steps: int = option(
         10, "steps in a row with a non-finite loss or gradient that are skipped (no update, as fp16's GradScaler "
         "does) before the run stops with an error and a checkpoint of the last good state (0: stop at the first)",
-        is_int(0), section="training",
-    )  # fmt: skip
-    memory_size: int = option(0, "cross-batch memory size (0: none)", is_int(0), section="memory")
-    memory_warmup_steps: int = option(0, "steps before the memory loss is used", is_int(0), section="memory")
-    hierarchical_labels: bool = option(True, "give the loss all label columns (N, L) instead of the fine labels (N,)",
-                                       cli=False)  # fmt: skip
-    eval_every: int = option(1, "evaluate every N epochs (0: only at the end)", is_int(0), section="evaluation")
-    eval_batch_size: int = option(128, "evaluation batch size per process", is_int(1), section="evaluation")
-    k_values: Sequence[int] = option((1, 10), "Recall@k values, e.g. 1,10,100", section="evaluation",
-                                     check=list_of(is_int(1), "a non-empty list of ints >= 1"))  # fmt: skip
+        is_int(0), "training")  # fmt: skip
+    memory_size: int = option(0, "cross-batch memory size (0: none)", is_int(0), "memory")
+    memory_warmup_steps: int = option(0, "steps before the memory loss is used", is_int(0), "memory")
+    hierarchical_labels: bool = option(True, "loss gets all label columns (N, L), not the fine labels (N,)", cli=False)
+    eval_every: int = option(1, "evaluate every N epochs (0: only at the end)", is_int(0), "evaluation")
+    eval_batch_size: int = option(128, "evaluation batch size per process", is_int(1), "evaluation")
+    k_values: Sequence[int] = option((1, 10), "Recall@k values, e.g. 1,10,100",
+                                     list_of(is_int(1), "a non-empty list of ints >= 1"), "evaluation")  # fmt: skip
     alpha: float = option(1.0, "H-AP relevance exponent of the evaluator and of HAPPIER (alpha > 1: HAPPIER_F)",
-                          is_number(0, strict=True, high=MAX_ALPHA), section="loss")  # fmt: skip
-    checkpoint_every: int = option(0, "checkpoint every N steps (0: at the end of every epoch)", is_int(0),
-                                   section="training")  # fmt: skip
-    keep_checkpoints: int = option(2, "most recent checkpoints kept (0: all)", is_int(0), section="training")
-    num_workers: int = option(0, "DataLoader worker processes", is_int(0), section="training")
-    log_every: int = option(10, "log the loss every N steps", is_int(1), section="training")
+                          is_number(0, strict=True, high=MAX_ALPHA), "loss")  # fmt: skip
+    checkpoint_every: int = option(0, "checkpoint every N steps (0: at the end of every epoch)", is_int(0), "training")
+    keep_checkpoints: int = option(2, "most recent checkpoints kept (0: all)", is_int(0), "training")
+    num_workers: int = option(0, "DataLoader worker processes", is_int(0), "training")
+    log_every: int = option(10, "log the loss every N steps", is_int(1), "training")
     stop_after_steps: int | None = option(None, "end this invocation after N steps with a checkpoint (time-limited "
                                           "jobs; continue with --resume)", optional(is_int(1)))  # fmt: skip
 
@@ -302,16 +255,6 @@ class TrainingConfig:
             self.batch_size = int(self.batch_size) if self.virtual_batch_size is None else self.virtual_batch_size
         validate_options(self, _training_rules)
         self.k_values = tuple(self.k_values)
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> TrainingConfig:
-        """Build from a dict, rejecting unknown keys with the list of valid ones."""
-        unknown = sorted(set(values) - {f.name for f in fields(cls)})
-        if unknown:
-            raise ValueError(
-                f"unknown TrainingConfig keys {unknown}; valid keys: {sorted(f.name for f in fields(cls))}"
-            )
-        return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "k_values": list(self.k_values)}
