@@ -382,3 +382,35 @@ def test_a_figure_that_fails_is_skipped_and_the_final_folder_keeps_the_weights(t
                                    label_names=names, replace=True)  # fmt: skip
     assert (final / "model.safetensors").is_file() and (final / "metrics.json").is_file()
     assert (final / "config.json").is_file() and (final / "README.md").is_file()
+
+
+def test_final_folder_survives_a_failed_or_interrupted_replacement(tmp_path, monkeypatch):
+    """The previous final/ is never lost: a failed second rename puts it back, and one set aside by a crash between
+    the two renames is restored by the next run's lock (or removed when a final/ exists)."""
+    from pml_suprank.training import export
+
+    final = tmp_path / "final"
+    final.mkdir()
+    (final / "model.safetensors").write_text("previous")
+    real, calls = os.replace, []
+
+    def second_rename_fails(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise OSError("disk full")
+        return real(src, dst)
+
+    monkeypatch.setattr(export.os, "replace", second_rename_fails)
+    with pytest.raises(OSError, match="disk full"):
+        export._replace_folder(final, lambda staged: (staged.mkdir(parents=True), (staged / "x").write_text("new")))
+    monkeypatch.setattr(export.os, "replace", real)
+    assert (final / "model.safetensors").read_text() == "previous"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["final"]  # nothing staged or set aside is left
+    # a crash between the two renames: final/ missing, the previous one set aside
+    os.replace(final, tmp_path / ".old-final-4242")
+    notes = []
+    assert remove_stale_temporaries(tmp_path, notes.append) == []
+    assert (final / "model.safetensors").read_text() == "previous" and "restored" in notes[0]
+    (tmp_path / ".old-final-77").mkdir()  # set aside, but a final/ was written after it: the stale copy goes
+    assert remove_stale_temporaries(tmp_path, notes.append) == [".old-final-77"]
+    assert (final / "model.safetensors").read_text() == "previous"

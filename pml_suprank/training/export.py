@@ -111,7 +111,8 @@ def write_final_folder(
 
 def _replace_folder(target: Path, write: Any) -> Path:
     """``write(staged)`` into a hidden sibling, then two renames put it in place of ``target`` (untouched on an
-    error)."""
+    error: a failed second rename puts the previous folder back; a crash between the two leaves it as
+    ``.old-<name>-<pid>``, which the next run's lock restores, :func:`~.run_folder.remove_stale_temporaries`)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".tmp-{target.name}-{os.getpid()}")
     old = target.with_name(f".old-{target.name}-{os.getpid()}")
@@ -123,7 +124,12 @@ def _replace_folder(target: Path, write: Any) -> Path:
         write(staged)
         if target.exists():
             os.replace(target, old)
-        os.replace(staged, target)
+        try:
+            os.replace(staged, target)
+        except BaseException:
+            if old.exists() and not target.exists():
+                os.replace(old, target)
+            raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     shutil.rmtree(old, ignore_errors=True)

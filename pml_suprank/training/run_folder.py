@@ -313,9 +313,16 @@ def _nothing_to_resume(out: Path, shown: str, resumed: Any, config: Mapping[str,
 
 def remove_stale_temporaries(output_dir: Path, note: Callable[[str], None] = print) -> list[str]:
     """Delete (lock held) what interrupted runs left in ``output_dir``: ``checkpoints/.tmp-step_*``,
-    ``.tmp-final-*``, ``.run.json.*.tmp``, ``.run.lock.*``. Returns the names removed (one note lists them)."""
+    ``.tmp-final-*``, ``.run.json.*.tmp``, ``.run.lock.*``, and a previous ``final/`` set aside while a new one was
+    renamed into place (``.old-final-*``: put back as ``final`` when the crash left none). Returns the names removed
+    (one note lists them)."""
     out = Path(output_dir)
+    for old in sorted(out.glob(".old-final-*")):
+        if not (out / "final").exists():
+            os.replace(old, out / "final")
+            note(f"restored {out / 'final'} from {old.name}, set aside by an interrupted run")
     found = [*(out / "checkpoints").glob(".tmp-step_*"), *out.glob(".tmp-final-*"), *out.glob(f".{RUN_FILE}.*.tmp")]
+    found += out.glob(".old-final-*")
     found += [p for p in out.glob(f".{LOCK_FILE}.*") if p.name != OS_LOCK_FILE]
     for path in found:
         if path.is_dir() and not path.is_symlink():
