@@ -60,7 +60,8 @@ def is_number(low: float = 0, *, strict: bool = False, high: float = math.inf, o
     """A finite real number ``>= low`` (``> low`` if ``strict``) and ``<= high`` (``< high`` if ``open_high``)."""
     expected = (f"a number {'>' if strict else '>='} {low:g}" if high == math.inf
                 else f"a number in {'(' if strict else '['}{low:g}, {high:g}{')' if open_high else ']'}")  # fmt: skip
-    return OptionCheck(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))
+    return OptionCheck(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+                       and (isinstance(v, int) or math.isfinite(v))  # an int of any size is finite: no float()
                        and (v > low if strict else v >= low) and (v < high if open_high else v <= high),
                        expected, kind="number", bounds=(low, high, strict, open_high))  # fmt: skip
 

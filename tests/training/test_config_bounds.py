@@ -2,6 +2,7 @@
 is composed, oversized files before they are read, long messages are shortened, and integers that size work are
 bounded."""
 
+import math
 import time
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from pml_suprank._safe_yaml import load_yaml
 from pml_suprank._validation import shorten
 from pml_suprank.training import hub_config
-from pml_suprank.training.config import MAX_CONFIG_INT, TrainingConfig, is_int
+from pml_suprank.training.config import MAX_CONFIG_INT, TrainingConfig, is_int, is_number
 
 
 def _alias_bomb(levels: int = 9) -> str:
@@ -62,6 +63,10 @@ def test_integers_that_size_work_are_bounded():
     assert not is_int(1, 65536)(65537)
     with pytest.raises(ValueError, match="epochs must be an int >= 1; got 1000000000000"):
         TrainingConfig(epochs=10**12)
+    # an int too large for a float is refused by a number's bounds, not an OverflowError
+    with pytest.raises(ValueError, match=r"lr_head must be a number in \[0, 100\]; got 1000000000"):
+        TrainingConfig(lr_head=10**400)
+    assert is_number(-math.inf)(10**400) and not is_number(0, high=1)(-(10**400))
 
 
 @pytest.mark.parametrize(
