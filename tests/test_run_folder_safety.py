@@ -414,3 +414,17 @@ def test_final_folder_survives_a_failed_or_interrupted_replacement(tmp_path, mon
     (tmp_path / ".old-final-77").mkdir()  # set aside, but a final/ was written after it: the stale copy goes
     assert remove_stale_temporaries(tmp_path, notes.append) == [".old-final-77"]
     assert (final / "model.safetensors").read_text() == "previous"
+
+
+def test_resume_latest_reads_the_chosen_checkpoint_once(tmp_path, monkeypatch):
+    """``--resume latest`` checks the newest checkpoint's files once: the check that chose it is the one the
+    restore uses (a checkpoint is read whole: weights, optimizer moments)."""
+    from pml_suprank.training import checkpoint
+
+    _trainer(tmp_path, max_train_steps=3, stop_after_steps=2).train()
+    real, seen = checkpoint.validate_checkpoint, []
+    monkeypatch.setattr(checkpoint, "validate_checkpoint", lambda p, *a, **k: seen.append(p) or real(p, *a, **k))
+    resumed = _trainer(tmp_path, max_train_steps=3)
+    resumed.train(resume_from="latest")
+    assert resumed.finished and resumed.progress.global_step == 3
+    assert [p.name for p in seen] == ["step_00000002"]

@@ -227,7 +227,10 @@ class Trainer:
             CheckpointError: the folder is incomplete, corrupt, does not fit this run, or is another run's (unless
                 ``ignore_config_change``; the message names the settings that differ).
         """
-        state = self._check_files(path := Path(path))
+        return self._restore(path := Path(path), self._check_files(path), ignore_config_change)
+
+    def _restore(self, path: Path, state: dict[str, Any], ignore_config_change: bool) -> dict[str, Any]:
+        """:meth:`load_checkpoint` of a checkpoint whose files :meth:`_check_files` has read (``state``)."""
         run_folder.check_compatible(
             path, state, self.steps_per_epoch, self.total_steps, self.run_config, self.fingerprint, ignore_config_change
         )
@@ -275,10 +278,12 @@ class Trainer:
             self._lock = main(lambda: run_folder.RunLock(out, note=acc.print).acquire())
             self._begun = True
         try:
+            checked: dict[Path, dict[str, Any]] = {}  # --resume latest: each checkpoint's files read once
             ckpt = resume_from if str(resume_from) != "latest" else checkpoint.latest_valid_checkpoint(
-                out, acc.print, self._check_files)  # fmt: skip
+                out, acc.print, lambda p: checked.setdefault(p, self._check_files(p)))  # fmt: skip
             ckpt = Path(ckpt) if ckpt is not None else None
-            state = self.load_checkpoint(ckpt, ignore_config_change) if ckpt is not None else {}
+            state = {} if ckpt is None else self._restore(ckpt, checked.get(ckpt) or self._check_files(ckpt),
+                                                          ignore_config_change)  # fmt: skip
             if ckpt is None and not self._claimed:  # a new run here (also when --resume latest found no checkpoint)
                 claim = run_folder.claim_output_dir
                 main(
