@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-import reprlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from .._safe_json import load_json
+from .._validation import shorten
 from ..hub.local_names import public_name
 from .benchmarks.registry import BENCHMARKS
 from .source import SYNTHETIC_NAMES, data_option_errors, dataset_source, folder_layout
@@ -69,7 +69,7 @@ def read_data_spec(model: str | Path, *, dataset: str | None = None, data_root: 
     if not isinstance(spec.get("data"), dict):
         raise ValueError(f"{path}: expected a JSON object with a 'data' mapping")
     errors = [f"unknown key {k!r} (valid: {list(_KEYS)})" for k in spec if k not in _KEYS]
-    errors += [f"{k!r} must {what}; got {reprlib.repr(spec[k])}" for k, (ok, what) in _CHECKS.items()
+    errors += [f"{k!r} must {what}; got {shorten(repr(spec[k]), 200)}" for k, (ok, what) in _CHECKS.items()
                if k in spec and not ok(spec[k])]  # fmt: skip
     if errors := errors + (problems(spec) if problems else []):
         raise ValueError(f"{path}: " + "; ".join(errors))
