@@ -1,11 +1,14 @@
 """Shared argument checks. Every public entry point validates its input with these helpers so that
-bad input raises a ``ValueError``/``TypeError`` naming the argument, the expectation and what was received."""
+bad input raises a ``ValueError``/``TypeError`` naming the argument, the expectation and what was received.
+Declarative checks (:class:`OptionCheck`: a predicate and its expectation) describe the values of option fields and
+of loaded files (``config.json``, ``data_spec.json``, hub_configs), whose readers name the key and the file."""
 
 from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -14,6 +17,8 @@ from torch import Tensor
 from ._async_check import check_async
 
 __all__ = [
+    "MAX_CONFIG_INT",
+    "OptionCheck",
     "check_bool",
     "check_choice",
     "check_device",
@@ -23,7 +28,15 @@ __all__ = [
     "check_positive",
     "check_positive_int",
     "check_probability",
+    "is_bool",
+    "is_choice",
+    "is_finite",
+    "is_int",
+    "is_number",
+    "is_str",
+    "list_of",
     "nested_batch_hint",
+    "optional",
     "shorten",
 ]
 
@@ -196,3 +209,65 @@ def shorten(text: str, limit: int = 300) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
+# -- declarative value checks: option fields, loaded files --------------------------------------------------------
+#: the largest int an option accepts unless it sets a tighter bound (a loaded file cannot ask for unbounded work)
+MAX_CONFIG_INT = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class OptionCheck:
+    """A value check: ``fn(value) -> bool`` and the expectation (``"an int >= 1"``); ``choices`` (a closed set, also
+    the flag's metavar), ``kind`` and ``bounds`` ``(low, high, strict, open_high)`` describe it for tools and tests."""
+
+    fn: Callable[[Any], bool]
+    expected: str
+    choices: tuple[Any, ...] | None = None
+    kind: str | None = None
+    bounds: tuple[float, float, bool, bool] | None = None
+
+    def __call__(self, value: Any) -> bool:
+        return bool(self.fn(value))
+
+
+def is_bool() -> OptionCheck:
+    return OptionCheck(lambda v: isinstance(v, bool), "a bool", kind="bool")
+
+
+def is_str(expected: str = "a non-empty string") -> OptionCheck:
+    return OptionCheck(lambda v: isinstance(v, str) and bool(v), expected, kind="str")
+
+
+def is_int(low: int = 0, high: int = MAX_CONFIG_INT) -> OptionCheck:
+    """An int (not a bool) in ``[low, high]``."""
+    expected = f"an int >= {low}" if high == MAX_CONFIG_INT else f"an int in [{low}, {high}]"
+    return OptionCheck(lambda v: isinstance(v, int) and not isinstance(v, bool) and low <= v <= high, expected,
+                       kind="int", bounds=(low, high, False, False))  # fmt: skip
+
+
+def is_number(low: float = 0, *, strict: bool = False, high: float = math.inf, open_high: bool = False) -> OptionCheck:
+    """A finite real number ``>= low`` (``> low`` if ``strict``) and ``<= high`` (``< high`` if ``open_high``)."""
+    expected = (f"a number {'>' if strict else '>='} {low:g}" if high == math.inf
+                else f"a number in {'(' if strict else '['}{low:g}, {high:g}{')' if open_high else ']'}")  # fmt: skip
+    return OptionCheck(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+                       and (isinstance(v, int) or math.isfinite(v))  # an int of any size is finite: no float()
+                       and (v > low if strict else v >= low) and (v < high if open_high else v <= high),
+                       expected, kind="number", bounds=(low, high, strict, open_high))  # fmt: skip
+
+
+def is_finite() -> OptionCheck:
+    return replace(is_number(-math.inf), expected="a finite number")
+
+
+def is_choice(*values: Any) -> OptionCheck:
+    return OptionCheck(lambda v: v in values, f"one of {', '.join(map(str, values))}", tuple(values), kind="choice")
+
+
+def optional(check: OptionCheck) -> OptionCheck:
+    """``None`` (YAML ``null``) or a value passing ``check``."""
+    return replace(check, fn=lambda v: v is None or check(v), expected=f"null or {check.expected}")
+
+
+def list_of(check: OptionCheck, expected: str, min_len: int = 1) -> OptionCheck:
+    return OptionCheck(lambda v: isinstance(v, (list, tuple)) and len(v) >= min_len and all(map(check, v)), expected)

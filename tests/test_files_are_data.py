@@ -215,8 +215,8 @@ def _model_folder(tmp_path: Path, **changes) -> Path:
         ({"data_image_size": 100000}, r"data.image_size must be an int in \[8, 4096\]"),
         ({"version": 99}, "'version' must be an int in"),
         ({"extra": 1}, "unknown key 'extra'"),
-        ({"local_dataset": "yes"}, "'local_dataset' must be true or false; got 'yes'"),
-        ({"class_split": {"train_classes": [1]}}, "'class_split' must map train_classes / test_classes to lists"),
+        ({"local_dataset": "yes"}, "'local_dataset' must be a bool; got 'yes'"),
+        ({"class_split": {"train_classes": [1]}}, "'class_split' must be a mapping of train_classes / test_classes"),
         ({"data_script": "x.py"}, "unknown key 'data.script'"),
     ],
 )

@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from .._safe_json import load_json
-from .._validation import shorten
+from .._validation import OptionCheck, is_bool, is_int, shorten
 from ..hub.local_names import public_name
 from .benchmarks.registry import BENCHMARKS
 from .source import SYNTHETIC_NAMES, data_option_errors, dataset_source, folder_layout
@@ -22,13 +23,13 @@ _KEYS = ("version", "data", "seed", "k_values", "alpha", "class_split", "local_d
 _SIDES = ("train_classes", "test_classes")
 #: the data keys naming a local path -> the flag that names it
 _PATH_FLAGS = {"dataset": "--dataset (search: --gallery, fit_heat: --id_dataset)", "data_root": "--data_root"}
-_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {  # key -> (check of its value, what the value must be)
-    "version": (lambda v: type(v) is int and 1 <= v <= VERSION,
-                f"be an int in [1, {VERSION}] (a newer file needs a newer pml-suprank)"),
-    "local_dataset": (lambda v: isinstance(v, bool), "be true or false"),
-    "class_split": (lambda v: v is None or isinstance(v, dict) and set(v) <= set(_SIDES) and all(isinstance(s, list)
-                    and len(s) <= MAX_CLASSES and all(isinstance(c, str) for c in s) for s in v.values()),
-                    f"map train_classes / test_classes to lists of at most {MAX_CLASSES} class names"),
+_CHECKS: dict[str, OptionCheck] = {  # key -> the check of its value
+    "version": replace(is_int(1, VERSION), expected=f"an int in [1, {VERSION}] (a newer file needs a newer "
+                       "pml-suprank)"),
+    "local_dataset": is_bool(),
+    "class_split": OptionCheck(lambda v: v is None or isinstance(v, dict) and set(v) <= set(_SIDES) and all(
+        isinstance(s, list) and len(s) <= MAX_CLASSES and all(isinstance(c, str) for c in s) for s in v.values()),
+        f"a mapping of train_classes / test_classes to lists of at most {MAX_CLASSES} class names"),
 }  # fmt: skip
 
 
@@ -69,8 +70,8 @@ def read_data_spec(model: str | Path, *, dataset: str | None = None, data_root: 
     if not isinstance(spec.get("data"), dict):
         raise ValueError(f"{path}: expected a JSON object with a 'data' mapping")
     errors = [f"unknown key {k!r} (valid: {list(_KEYS)})" for k in spec if k not in _KEYS]
-    errors += [f"{k!r} must {what}; got {shorten(repr(spec[k]), 200)}" for k, (ok, what) in _CHECKS.items()
-               if k in spec and not ok(spec[k])]  # fmt: skip
+    errors += [f"{k!r} must be {check.expected}; got {shorten(repr(spec[k]), 200)}" for k, check in _CHECKS.items()
+               if k in spec and not check(spec[k])]  # fmt: skip
     if errors := errors + (problems(spec) if problems else []):
         raise ValueError(f"{path}: " + "; ".join(errors))
     folder, data, local = Path(model).resolve(), dict(spec["data"]), bool(spec.get("local_dataset"))

@@ -9,13 +9,12 @@ of :data:`SAFE_BACKBONE_KWARGS` (no ``checkpoint_path``, which timm unpickles); 
 
 from __future__ import annotations
 
-import math
 import re
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from .._validation import shorten
+from .._validation import OptionCheck, is_bool, is_finite, is_int, is_number, optional, shorten
 
 __all__ = ["MAX_EMBEDDING_SIZE", "MAX_IMAGE_SIZE", "MAX_NUM_CLASSES", "SAFE_BACKBONE_KWARGS", "check_loaded_model_args",
            "untrusted_model_problems"]  # fmt: skip
@@ -25,43 +24,31 @@ MAX_NUM_CLASSES = 100_000
 MAX_IMAGE_SIZE = 4096
 _NAME_RE = re.compile(r"[A-Za-z0-9_]{0,32}")  # no '/', ':', '.', '~': no path, no URL, no hub id
 _BACKBONE_RE = re.compile(r"[A-Za-z0-9_]{1,100}(\.[A-Za-z0-9_]{1,100})?")
-Check = tuple[Callable[[Any], bool], str]
-
-
-def _within(low: float, high: float, what: str = "", *, none: bool = False) -> Check:
-    """A finite number in ``[low, high]``, an int if ``low`` is one (never a bool: Python counts it as an int); or None
-    with ``none``."""
-    kinds, what = (int, what or "an int") if isinstance(low, int) else ((int, float), what or "a number")
-    return (lambda v: (none and v is None) or (isinstance(v, kinds) and not isinstance(v, bool) and low <= v <= high
-                                               and abs(v) < math.inf), f"{what} in [{low:g}, {high:g}]")  # fmt: skip
-
-
-_SIZE, _FINITE = _within(1, MAX_IMAGE_SIZE)[0], _within(-math.inf, math.inf)[0]
-_BOOL: Check = (lambda v: v is None or isinstance(v, bool), "a bool")
-#: ``timm.create_model`` keyword arguments a loaded config may pass: ``{key: (check(value) -> allowed, expectation)}``
-SAFE_BACKBONE_KWARGS: Mapping[str, Check] = {
+_SIZE, _FINITE = is_int(1, MAX_IMAGE_SIZE), is_finite()
+#: ``timm.create_model`` keyword arguments a loaded config may pass, each with its value check
+SAFE_BACKBONE_KWARGS: Mapping[str, OptionCheck] = {
     **dict.fromkeys("drop_rate drop_path_rate drop_block_rate attn_drop_rate proj_drop_rate pos_drop_rate "
-                    "patch_drop_rate".split(), _within(0.0, 1.0, "a rate")),
+                    "patch_drop_rate".split(), is_number(0, high=1)),
     **dict.fromkeys("class_token no_embed_class dynamic_img_size dynamic_img_pad qkv_bias qk_norm fc_norm pre_norm "
-                    "zero_init_last scriptable exportable".split(), _BOOL),
-    **dict.fromkeys("global_pool stem_type act_layer norm_layer".split(),
-                    (lambda v: v is None or (isinstance(v, str) and bool(_NAME_RE.fullmatch(v))), "a short name")),
-    "img_size": (lambda v: all(map(_SIZE, v if isinstance(v, list) and len(v) == 2 else [v])),
-                 f"an image size in [1, {MAX_IMAGE_SIZE}]"),
-    "in_chans": _within(1, 64),
-    "output_stride": _within(8, 32),
-    "reg_tokens": _within(0, 64),
-    **dict.fromkeys(("init_values", "layer_scale_init_value"), _within(0.0, 10.0)),
+                    "zero_init_last scriptable exportable".split(), optional(is_bool())),
+    **dict.fromkeys("global_pool stem_type act_layer norm_layer".split(), OptionCheck(
+        lambda v: v is None or (isinstance(v, str) and bool(_NAME_RE.fullmatch(v))), "a short name")),
+    "img_size": OptionCheck(lambda v: all(map(_SIZE, v if isinstance(v, list) and len(v) == 2 else [v])),
+                            f"an image size in [1, {MAX_IMAGE_SIZE}] or two of them"),
+    "in_chans": is_int(1, 64),
+    "output_stride": is_int(8, 32),
+    "reg_tokens": is_int(0, 64),
+    **dict.fromkeys(("init_values", "layer_scale_init_value"), is_number(0, high=10)),
 }  # fmt: skip
 #: the other ``model_args`` of a loaded config, likewise
-_MODEL_ARGS: Mapping[str, Check] = {
-    **dict.fromkeys(("layer_norm", "pretrained"), (lambda v: isinstance(v, bool), "true or false")),
-    "embedding_size": _within(1, MAX_EMBEDDING_SIZE, none=True),
-    "num_classes": _within(0, MAX_NUM_CLASSES),
-    "image_size": _within(1, MAX_IMAGE_SIZE, none=True),
-    "gem_p": (lambda v: _FINITE(v) and 0 < v <= 100, "a number in (0, 100]"),
-    **dict.fromkeys(("mean", "std"), (lambda v: v is None or (isinstance(v, list) and all(map(_FINITE, v))),
-                                      "None or a list of finite numbers")),
+_MODEL_ARGS: Mapping[str, OptionCheck] = {
+    **dict.fromkeys(("layer_norm", "pretrained"), is_bool()),
+    "embedding_size": optional(is_int(1, MAX_EMBEDDING_SIZE)),
+    "num_classes": is_int(0, MAX_NUM_CLASSES),
+    "image_size": optional(_SIZE),
+    "gem_p": is_number(0, strict=True, high=100),
+    **dict.fromkeys(("mean", "std"), OptionCheck(lambda v: v is None or (isinstance(v, list) and all(map(_FINITE, v))),
+                                                 "null or a list of finite numbers")),
 }  # fmt: skip
 
 
@@ -82,8 +69,8 @@ def untrusted_model_problems(args: Mapping[str, Any], where: str) -> list[str]:
         if key not in SAFE_BACKBONE_KWARGS:
             problems.append(f"{at} is not allowed (allowed: {sorted(SAFE_BACKBONE_KWARGS)}); keyword arguments such "
                             "as checkpoint_path or pretrained_cfg make timm read files or fetch repos")  # fmt: skip
-        elif not (check := SAFE_BACKBONE_KWARGS[key])[0](value):
-            problems.append(f"{at} must be {check[1]}; got {shorten(repr(value), 80)}")
+        elif not (check := SAFE_BACKBONE_KWARGS[key])(value):
+            problems.append(f"{at} must be {check.expected}; got {shorten(repr(value), 80)}")
     return problems
 
 
@@ -93,8 +80,8 @@ def check_loaded_model_args(model_args: Mapping[str, Any], source: str | Path, *
     keys the caller overrides (not used, so not checked)."""
     args, where = {k: v for k, v in model_args.items() if k not in skip}, f"{source}: model_args."
     problems = untrusted_model_problems(args, where) + [
-        f"{where}{key} must be {expected}; got {shorten(repr(args[key]), 80)}"
-        for key, (check, expected) in _MODEL_ARGS.items() if key in args and not check(args[key])
+        f"{where}{key} must be {check.expected}; got {shorten(repr(args[key]), 80)}"
+        for key, check in _MODEL_ARGS.items() if key in args and not check(args[key])
     ]  # fmt: skip
     if problems:
         raise ValueError(f"{problems[0]} in a loaded config: pass trust_config=True only for a trusted file")

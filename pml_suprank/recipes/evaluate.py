@@ -20,10 +20,11 @@ from pathlib import Path
 
 import torch
 
+from pml_suprank._validation import is_choice, is_int, optional
 from pml_suprank.data.benchmarks import BENCHMARKS
 from pml_suprank.metrics.report import one_column
 from pml_suprank.training import TrainingConfig
-from pml_suprank.training.config import is_choice, is_int, option, optional
+from pml_suprank.training.config import option
 from pml_suprank.training.options import DataOptions, ModelUseOptions, RunOptions
 from pml_suprank.training.recipe import make_accelerator
 from pml_suprank.training.spec import build_parser as spec_parser

@@ -17,8 +17,9 @@ from typing import Any
 
 import torch
 
+from pml_suprank._validation import is_str, optional
 from pml_suprank.training import TrainingConfig
-from pml_suprank.training.config import is_str, option, optional
+from pml_suprank.training.config import option
 from pml_suprank.training.options import ModelUseOptions, RunOptions
 from pml_suprank.training.spec import build_parser as spec_parser
 from pml_suprank.training.spec import parse, shared

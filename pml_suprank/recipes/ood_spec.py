@@ -9,23 +9,10 @@ import re
 from dataclasses import asdict, dataclass, fields, make_dataclass
 from typing import Any
 
+from .._validation import OptionCheck, is_bool, is_choice, is_finite, is_int, is_number, is_str, list_of, optional
 from ..ood import HEAT, get_detector, list_detectors, list_priors
 from ..ood.priors import PRESETS
-from ..training.config import (
-    OptionCheck,
-    OptionError,
-    TrainingConfig,
-    is_bool,
-    is_choice,
-    is_finite,
-    is_int,
-    is_number,
-    is_str,
-    list_of,
-    option,
-    optional,
-    validate_options,
-)
+from ..training.config import OptionError, TrainingConfig, option, validate_options
 from ..training.options import DataOptions, ModelOptions, ModelUseOptions, RunOptions
 from ..training.spec import read_sections, shared
 

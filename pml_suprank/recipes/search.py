@@ -23,8 +23,9 @@ from typing import Any
 
 import torch
 
+from pml_suprank._validation import is_bool, is_choice, is_int, is_str, optional
 from pml_suprank.training import TrainingConfig
-from pml_suprank.training.config import is_bool, is_choice, is_int, is_str, option, optional
+from pml_suprank.training.config import option
 from pml_suprank.training.options import DataOptions, ModelUseOptions
 from pml_suprank.training.spec import build_parser as spec_parser
 from pml_suprank.training.spec import parse, shared

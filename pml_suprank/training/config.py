@@ -1,86 +1,26 @@
-"""The option machinery (:func:`option`, :class:`OptionCheck` and its checks) and :class:`TrainingConfig`: every
-option is one dataclass field whose ``metadata`` holds its help, hub_config section and value check; the command
-line (:mod:`.spec`) and the hub_config schema (:mod:`.hub_config`) are generated from them."""
+"""The option machinery (:func:`option`, :func:`validate_options`) and :class:`TrainingConfig`: every option is one
+dataclass field whose ``metadata`` holds its help, hub_config section and value check
+(:class:`~pml_suprank._validation.OptionCheck`); the command line (:mod:`.spec`) and the hub_config schema
+(:mod:`.hub_config`) are generated from them."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replace
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, Literal, get_args
 
 import numpy as np
 
-from .._validation import shorten
+from .._validation import OptionCheck, is_bool, is_choice, is_int, is_number, is_str, list_of, optional, shorten
 
-__all__ = ["OptionCheck", "OptionError", "TrainingConfig", "field_default", "is_bool", "is_choice", "is_finite",
-           "is_int", "is_number", "is_str", "list_of", "option", "optional", "validate_options"]  # fmt: skip
+__all__ = ["OptionError", "TrainingConfig", "field_default", "option", "validate_options"]
 
 OptimizerType = Literal["adam", "adamw", "sgd"]
 SchedulerType = Literal["cosine", "constant"]
 SamplerType = Literal["m_per_class", "hierarchical"]
-#: the largest int an option accepts unless it sets a tighter bound (a loaded file cannot ask for unbounded work)
-MAX_CONFIG_INT = 2**31 - 1
 #: bounds of learning rates, weight decays, the H-AP exponent and scalar scales (finite in float32 after products)
 MAX_LR, MAX_WEIGHT_DECAY, MAX_ALPHA, MAX_SCALE = 100.0, 10.0, 100.0, 1e6
-
-
-@dataclass(frozen=True)
-class OptionCheck:
-    """A value check: ``fn(value) -> bool`` and the expectation (``"an int >= 1"``); ``choices`` (a closed set, also
-    the flag's metavar), ``kind`` and ``bounds`` ``(low, high, strict, open_high)`` describe it for tools and tests."""
-
-    fn: Callable[[Any], bool]
-    expected: str
-    choices: tuple[Any, ...] | None = None
-    kind: str | None = None
-    bounds: tuple[float, float, bool, bool] | None = None
-
-    def __call__(self, value: Any) -> bool:
-        return bool(self.fn(value))
-
-
-def is_bool() -> OptionCheck:
-    return OptionCheck(lambda v: isinstance(v, bool), "a bool", kind="bool")
-
-
-def is_str(expected: str = "a non-empty string") -> OptionCheck:
-    return OptionCheck(lambda v: isinstance(v, str) and bool(v), expected, kind="str")
-
-
-def is_int(low: int = 0, high: int = MAX_CONFIG_INT) -> OptionCheck:
-    """An int (not a bool) in ``[low, high]``."""
-    expected = f"an int >= {low}" if high == MAX_CONFIG_INT else f"an int in [{low}, {high}]"
-    return OptionCheck(lambda v: isinstance(v, int) and not isinstance(v, bool) and low <= v <= high, expected,
-                       kind="int", bounds=(low, high, False, False))  # fmt: skip
-
-
-def is_number(low: float = 0, *, strict: bool = False, high: float = math.inf, open_high: bool = False) -> OptionCheck:
-    """A finite real number ``>= low`` (``> low`` if ``strict``) and ``<= high`` (``< high`` if ``open_high``)."""
-    expected = (f"a number {'>' if strict else '>='} {low:g}" if high == math.inf
-                else f"a number in {'(' if strict else '['}{low:g}, {high:g}{')' if open_high else ']'}")  # fmt: skip
-    return OptionCheck(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
-                       and (isinstance(v, int) or math.isfinite(v))  # an int of any size is finite: no float()
-                       and (v > low if strict else v >= low) and (v < high if open_high else v <= high),
-                       expected, kind="number", bounds=(low, high, strict, open_high))  # fmt: skip
-
-
-def is_finite() -> OptionCheck:
-    return replace(is_number(-math.inf), expected="a finite number")
-
-
-def is_choice(*values: Any) -> OptionCheck:
-    return OptionCheck(lambda v: v in values, f"one of {', '.join(map(str, values))}", tuple(values), kind="choice")
-
-
-def optional(check: OptionCheck) -> OptionCheck:
-    """``None`` (YAML ``null``) or a value passing ``check``."""
-    return replace(check, fn=lambda v: v is None or check(v), expected=f"null or {check.expected}")
-
-
-def list_of(check: OptionCheck, expected: str, min_len: int = 1) -> OptionCheck:
-    return OptionCheck(lambda v: isinstance(v, (list, tuple)) and len(v) >= min_len and all(map(check, v)), expected)
 
 
 def option(default: Any, help: str, check: OptionCheck | None = None, section: str | None = None, *,

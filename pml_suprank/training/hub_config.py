@@ -15,8 +15,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .._validation import OptionCheck, is_number, is_str, list_of
 from ..losses.registry import check_loss_name
-from .config import OptionCheck, OptionError, is_number, is_str, list_of
+from .config import OptionError
 from .options import LOCATIONS, SECTIONS, config_layer
 from .run_spec import RunSpec
 from .spec import merge_layers, read_sections, section_problems

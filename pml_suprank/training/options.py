@@ -10,24 +10,10 @@ from typing import Any
 
 from torch import nn
 
+from .._validation import OptionCheck, is_choice, is_finite, is_int, is_number, is_str, list_of, optional
 from ..data.benchmarks.registry import BENCHMARKS
 from ..losses.registry import LossEntry, check_loss_name, entry_options, resolve_loss
-from .config import (
-    MAX_SCALE,
-    OptionCheck,
-    OptionError,
-    TrainingConfig,
-    in_section,
-    is_choice,
-    is_finite,
-    is_int,
-    is_number,
-    is_str,
-    list_of,
-    option,
-    optional,
-    validate_options,
-)
+from .config import MAX_SCALE, OptionError, TrainingConfig, in_section, option, validate_options
 from .trackers import REPORT_TO
 
 __all__ = ["LOCATIONS", "OPTION_CLASSES", "SECTIONS", "DataOptions", "LossOptions", "ModelOptions", "ModelUseOptions",

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from .._safe_json import loads_json
-from .._validation import shorten
+from .._validation import optional, shorten
 from ..data.data_spec import DATA_SPEC_FILE, read_data_spec
 from .config import (
     OptionError,
@@ -34,7 +34,6 @@ from .config import (
     field_default,
     field_problem,
     option,
-    optional,
     validate_options,
 )
 from .options import DataOptions

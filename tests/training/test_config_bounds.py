@@ -8,9 +8,9 @@ import time
 import pytest
 
 from pml_suprank._safe_yaml import load_yaml
-from pml_suprank._validation import shorten
+from pml_suprank._validation import MAX_CONFIG_INT, is_int, is_number, shorten
 from pml_suprank.training import hub_config
-from pml_suprank.training.config import MAX_CONFIG_INT, TrainingConfig, is_int, is_number
+from pml_suprank.training.config import TrainingConfig
 
 
 def _alias_bomb(levels: int = 9) -> str:
