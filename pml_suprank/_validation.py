@@ -248,7 +248,7 @@ def is_int(low: int = 0, high: int = MAX_CONFIG_INT) -> OptionCheck:
 
 def is_number(low: float = 0, *, strict: bool = False, high: float = math.inf, open_high: bool = False) -> OptionCheck:
     """A finite real number ``>= low`` (``> low`` if ``strict``) and ``<= high`` (``< high`` if ``open_high``)."""
-    expected = (f"a number {'>' if strict else '>='} {low:g}" if high == math.inf
+    expected = (f"a finite number {'>' if strict else '>='} {low:g}" if high == math.inf
                 else f"a number in {'(' if strict else '['}{low:g}, {high:g}{')' if open_high else ']'}")  # fmt: skip
     return OptionCheck(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
                        and (isinstance(v, int) or math.isfinite(v))  # an int of any size is finite: no float()

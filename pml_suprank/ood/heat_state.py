@@ -9,7 +9,6 @@ file and the key). A fitted HEAT with priors ``p_1..p_K`` holds:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .._validation import OptionCheck, is_bool, is_finite, is_int, is_number, shorten
 from ..hub.schema import TensorSpec, check_schema, kind_of
 from ..hub.serialization import check_state
 from .ebm import MAX_HIDDEN_DIM, MAX_HIDDEN_LAYERS, MAX_MLP_PARAMETERS, mlp_parameter_count
@@ -29,56 +29,30 @@ MAX_SEED = 2**53
 _MAX_STEPS = 100_000  # SGLD steps, epochs, accumulation steps, milestones
 _MAX_BATCH = 2**24
 
-#: The one schema of a HEAT setting, ``(kind, low, high)``, checked on the ``settings=`` of every ``HEAT(...)``
-#: (a loaded ``config.json`` included) before anything is allocated: ints bound what sizes work, booleans are strict
-#: (``"false"`` is refused), numbers finite and ``> low`` (``"positive"``) or ``>= low``.
-LOADED_SETTINGS: dict[str, tuple[str, float, float]] = {
-    "hidden_dim": ("int", 1, MAX_HIDDEN_DIM),
-    "n_hidden_layers": ("int", 0, MAX_HIDDEN_LAYERS),
-    "sgld_steps": ("int", 0, _MAX_STEPS),
-    "epochs": ("int", 0, _MAX_STEPS),
-    "accumulation_steps": ("int", 1, _MAX_STEPS),
-    "batch_size": ("int", 1, _MAX_BATCH),
-    "reduce_width": ("bool", 0, 1),
-    "milestones": ("ints", 0, _MAX_STEPS),
-    "prior_temperature": ("positive", 0.0, math.inf),
-    "lr": ("positive", 0.0, math.inf),
-    **dict.fromkeys(("step_size", "noise_std", "l2_coef", "eps_data", "end_factor"), ("number", 0.0, math.inf)),
-    "gamma": ("number", -math.inf, math.inf),
-}
+_STEPS = is_int(0, _MAX_STEPS)
+#: The one schema of a HEAT setting, checked on the ``settings=`` of every ``HEAT(...)`` (a loaded ``config.json``
+#: included) before anything is allocated: ints bound what sizes work, booleans are strict (``"false"`` is refused),
+#: numbers finite.
+LOADED_SETTINGS: dict[str, OptionCheck] = {
+    "hidden_dim": is_int(1, MAX_HIDDEN_DIM),
+    "n_hidden_layers": is_int(0, MAX_HIDDEN_LAYERS),
+    **dict.fromkeys(("sgld_steps", "epochs"), _STEPS),
+    "accumulation_steps": is_int(1, _MAX_STEPS),
+    "batch_size": is_int(1, _MAX_BATCH),
+    "reduce_width": is_bool(),
+    "milestones": OptionCheck(lambda v: isinstance(v, (list, tuple)) and len(v) <= 1000 and all(map(_STEPS, v)),
+                              f"a list of at most 1000 ints in [0, {_MAX_STEPS}]"),
+    **dict.fromkeys(("prior_temperature", "lr"), is_number(0, strict=True)),
+    **dict.fromkeys(("step_size", "noise_std", "l2_coef", "eps_data", "end_factor"), is_number(0)),
+    "gamma": is_finite(),
+}  # fmt: skip
 #: The settings every prior of a HEAT has (the keys of a ``PRESETS[preset][prior]`` entry).
 SETTING_KEYS = frozenset(LOADED_SETTINGS)
 
 
-def _shown(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _setting_ok(kind: str, low: float, high: float, value: Any) -> bool:
-    if kind == "bool":
-        return isinstance(value, bool)
-    if kind == "int":
-        return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
-    if kind == "ints":
-        listed = isinstance(value, (list, tuple)) and len(value) <= 1000
-        return listed and all(_setting_ok("int", low, high, v) for v in value)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return False
-    return value > low if kind == "positive" else value >= low
-
-
 def _check_setting(key: str, value: Any, where: str) -> None:
-    kind, low, high = LOADED_SETTINGS[key]
-    if not _setting_ok(kind, low, high, value):
-        finite = _setting_ok("number", -math.inf, math.inf, value)  # then the lower bound is what it missed
-        bound = {"positive": " > 0", "number": f" >= {low:g}"}.get(kind, "") if finite else ""
-        expected = {
-            "bool": "true or false",
-            "int": f"an int in [{low}, {high}]",
-            "ints": f"a list of at most 1000 ints in [{low}, {high}]",
-        }.get(kind, f"a finite number{bound}")
-        raise ValueError(f"{where} must be {expected}; got {_shown(value)}")
+    if not (check := LOADED_SETTINGS[key])(value):
+        raise ValueError(f"{where} must be {check.expected}; got {shorten(repr(value), 80)}")
 
 
 def resolve_settings(
@@ -106,7 +80,7 @@ def resolve_settings(
             resolved.get(key, {}).update(value)
         else:
             raise ValueError(
-                f"unknown HEAT setting {_shown(key, 40)}; valid: {sorted(SETTING_KEYS)} or a prior name "
+                f"unknown HEAT setting {shorten(repr(key), 40)}; valid: {sorted(SETTING_KEYS)} or a prior name "
                 f"{tuple(prior_names)}"
             )
     for p, s in resolved.items():

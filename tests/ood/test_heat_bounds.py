@@ -25,8 +25,8 @@ from pml_suprank.ood.ebm import MAX_MLP_PARAMETERS, ResidualEnergyMLP, mlp_param
         ({"batch_size": [1, 2]}, r"settings\['batch_size'\] must be an int in \[1, 16777216\]; got \[1, 2\]"),
         ({"accumulation_steps": 10**7}, r"settings\['accumulation_steps'\] must be an int in \[1, 100000\]"),
         ({"milestones": list(range(5000))}, r"settings\['milestones'\] must be a list of at most 1000 ints"),
-        ({"reduce_width": "false"}, r"settings\['reduce_width'\] must be true or false; got 'false'"),
-        ({"lr": float("inf")}, r"settings\['lr'\] must be a finite number; got inf"),
+        ({"reduce_width": "false"}, r"settings\['reduce_width'\] must be a bool; got 'false'"),
+        ({"lr": float("inf")}, r"settings\['lr'\] must be a finite number > 0; got inf"),
         (
             {"hidden_dim": 65536, "n_hidden_layers": 64},
             r"settings\['gmm'\]: hidden_dim=65536 with n_hidden_layers=64 makes a residual MLP of [\d,]+ parameters",
