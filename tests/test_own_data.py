@@ -157,6 +157,32 @@ def test_nested_folders_take_the_open_set_rule_per_group(tmp_path, hf_cache):
     ]
 
 
+def test_empty_label_columns_are_a_folders_levels_and_refused_for_a_hub_dataset(tmp_path):
+    """``label_columns: []`` with ``label_names``: a local folder's levels are recorded; a Hub id has none to infer,
+    and the section is refused naming the key, what it must be and the value (it was a bare ``TypeError``)."""
+    from pml_suprank.data.data_spec import data_spec
+    from pml_suprank.data.source import data_option_errors, dataset_source
+
+    hub = {"dataset": "org/products", "label_columns": []}
+    assert data_option_errors(hub) == [
+        "'data.label_columns' is required unless data.dataset is 'synthetic', a benchmark name or a local image "
+        "folder (class folders or a metadata.csv)"
+    ]
+    refused = r"'data.label_columns' must be a non-empty list of column names.*'org/products'.*; got \[\]$"
+    with pytest.raises(ValueError, match=refused):
+        dataset_source(hub, "test")
+    with pytest.raises(ValueError, match=refused):
+        data_spec(hub, seed=0, k_values=[1], alpha=1.0, label_names=["fine_label"])
+    with pytest.raises(ValueError, match=r"got \[3\]$"):
+        dataset_source({"dataset": "org/products", "label_columns": [3]}, "train")
+    one = dataset_source({"dataset": "org/products", "label_columns": "fine_label"}, "train")
+    assert one.options["label_columns"] == ["fine_label"]  # one column by its name, not split into letters
+    folder = {"dataset": str(_class_folders(tmp_path / "pets", ["cat", "dog"], 2)), "label_columns": []}
+    assert data_option_errors(folder) == [] and dataset_source(folder, "test").options["label_columns"] == ["label"]
+    spec = data_spec(folder, seed=3, k_values=[1], alpha=1.0, label_names=["label"])
+    assert spec["data"] == {"dataset": "pets", "label_columns": ["label"]} and spec["local_dataset"] is True
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # the one command on each layout
 # ------------------------------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from .._validation import check_choice
+from .._validation import check_choice, shorten
 from .benchmarks.registry import BENCHMARKS, BenchmarkSpec, benchmark_label_names, load_benchmark
 from .folders import FolderLayout, class_names_of, class_split, class_split_side, image_folder_layout
 from .loading import load_retrieval_dataset
@@ -64,7 +64,8 @@ class DatasetSource:
 
 def dataset_source(data: Mapping[str, Any], part: str, *, data_root: str | Path | None = None) -> DatasetSource:
     """The :class:`DatasetSource` of the ``part`` (``"train"`` / ``"test"``) of a data section that
-    :func:`data_option_errors` accepts; ``data_root`` replaces the section's."""
+    :func:`data_option_errors` accepts; ``data_root`` replaces the section's. ``ValueError``: a retrieval dataset
+    other than a local image folder without ``data.label_columns`` (unset or empty)."""
     check_choice("part", part, ("train", "test"))
     dataset = data.get("dataset", "synthetic")
     if dataset in SYNTHETIC_NAMES:
@@ -75,8 +76,7 @@ def dataset_source(data: Mapping[str, Any], part: str, *, data_root: str | Path 
         root = data_root if data_root is not None else data.get("data_root")
         return DatasetSource("benchmark", dataset, split, root=None if root is None else str(root))
     layout = folder_layout(dataset)
-    columns = data.get("label_columns") or (layout.label_columns if layout is not None else None)
-    options: dict[str, Any] = {"label_columns": list(columns)}
+    options: dict[str, Any] = {"label_columns": _label_columns(data, layout)}
     rules = {k: data[k] for k in ("train_classes_per_coarse", "train_class_fraction") if k in data}
     if layout is not None and layout.needs_class_split and not any(data.get(f"{p}_split") for p in ("train", "test")):
         if not (data.get("open_set") and rules):  # the folder's classes split in two, seeded by the run
@@ -86,6 +86,22 @@ def dataset_source(data: Mapping[str, Any], part: str, *, data_root: str | Path 
         options["open_set"] = part
         options.update(rules)
     return DatasetSource("retrieval", dataset, split, options=options)
+
+
+def _label_columns(data: Mapping[str, Any], layout: FolderLayout | None) -> list[str]:
+    """The label columns of the retrieval ``data`` section: ``data.label_columns`` (a column name or a non-empty list,
+    finest first), else, unset or empty, the levels of a local image folder (``layout``). ``ValueError``: neither."""
+    given = data.get("label_columns")
+    if not given and layout is not None:  # a local image folder has label levels of its own
+        return list(layout.label_columns)
+    names = [given] if isinstance(given, str) else given
+    if not isinstance(names, (list, tuple)) or not names or not all(isinstance(c, str) for c in names):
+        raise ValueError(
+            f"'data.label_columns' must be a non-empty list of column names, finest first (e.g. ['fine_label', "
+            f"'coarse_label']), for dataset {shorten(repr(data.get('dataset')), 200)}: only a local image folder "
+            f"(class folders or a metadata.csv) has label levels of its own; got {shorten(repr(given), 200)}"
+        )
+    return list(names)
 
 
 def _check_recorded_split(whole: Any, recorded: Mapping[str, Any], seed: int, name: str) -> None:
@@ -115,10 +131,11 @@ def data_option_errors(data: Mapping[str, Any], *, require_root: bool = False) -
     errors = []
     dataset = data.get("dataset")
     spec = BENCHMARKS.get(dataset) if isinstance(dataset, str) else None
-    levels = list(data.get("label_columns", []))
+    given = data.get("label_columns") or []
+    levels = [given] if isinstance(given, str) else list(given)
     if spec is not None:
         errors += _benchmark_errors(spec, data, require_root)
-    elif dataset is not None and dataset not in SYNTHETIC_NAMES and "label_columns" not in data:
+    elif dataset is not None and dataset not in SYNTHETIC_NAMES and not levels:  # unset or empty: a folder's levels
         try:
             layout = folder_layout(dataset)
         except (ValueError, OSError) as e:

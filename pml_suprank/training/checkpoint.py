@@ -51,6 +51,7 @@ __all__ = [
 CHECKPOINT_PREFIX = "step_"
 TRAINER_STATE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.bin"
+SCALER_FILE = "scaler.pt"  #: accelerate.utils.SCALER_NAME: the GradScaler state of an fp16 run
 
 
 class CheckpointError(ValueError):
@@ -259,13 +260,15 @@ def validate_checkpoint(
     module: Any = None,
     optimizer: Any = None,
     sampler: Any = None,
+    scaler: Any = None,
 ) -> dict[str, Any]:
     """The trainer state of the complete :class:`~pml_suprank.training.Trainer` checkpoint ``path``, each file read
     once and checked: consistent counters (``global_step = epoch · steps_per_epoch + step_in_epoch``, the folder's
     step, the sampler position), readable ``model*.safetensors``, ``optimizer.bin`` state for exactly the parameters
-    ``trainer_state.json`` lists, one loadable ``random_states_<i>.pkl`` per process (``num_processes``). It must
-    also fit what is resumed: ``module``'s weight names, shapes and dtypes, ``optimizer``'s groups, keys, dtypes and
-    shapes, one scheduler entry per group, the sampler state (one without state resumes only at an epoch's end).
+    ``trainer_state.json`` lists, one loadable ``random_states_<i>.pkl`` per process (``num_processes``), a
+    ``scaler.pt`` (fp16) holding a usable GradScaler state. It must also fit what is resumed: ``module``'s weight
+    names, shapes and dtypes, ``optimizer``'s groups, keys, dtypes and shapes, one scheduler entry per group, the
+    sampler state (one without state resumes only at an epoch's end), an enabled ``scaler``'s state.
 
     Raises:
         CheckpointError: naming the folder, the file and what is missing, unreadable, inconsistent or does not fit.
@@ -294,6 +297,7 @@ def validate_checkpoint(
     _check_optimizer_file(path, saved_optimizer, state.get("optimizer_state"), state["global_step"])
     for index in range(state["num_processes"]):
         _check_rng_states(path, f"random_states_{index}.pkl")
+    _check_scaler_file(path, scaler)
     if module is not None:
         _check_weights_fit(path, weights, module)
     if optimizer is not None:
@@ -388,6 +392,46 @@ def _check_rng_states(path: Path, name: str) -> None:
     if (cuda is not None or count) and not (tensors and len(cuda) == count):
         raise _refuse(
             path, bad + f"'torch_cuda_manual_seed' must be {count} uint8 tensors (one per visible CUDA device)"
+        )
+
+
+_SCALER_STATE: dict[str, tuple[Callable[[Any], bool], str]] = {  # key -> (check of its value, what it must be)
+    "scale": (lambda v: _is_real(v) and math.isfinite(v) and v > 0, "a finite number > 0"),
+    "growth_factor": (lambda v: _is_real(v) and math.isfinite(v) and v > 1, "a finite number > 1"),
+    "backoff_factor": (lambda v: _is_real(v) and 0 < v < 1, "a number in (0, 1)"),
+    "growth_interval": (lambda v: _is_int(v, 1), "an int >= 1"),
+    "_growth_tracker": (lambda v: _is_int(v), "an int >= 0"),
+}
+
+
+def _is_real(x: Any) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+
+
+def _check_scaler_file(path: Path, scaler: Any) -> None:
+    """``scaler.pt`` (written by Accelerate for an fp16 run, loaded into ``scaler``) is a ``GradScaler.state_dict()``
+    whose scale and factors keep training finite: a NaN scale or a backoff factor of 2 would poison every step. An
+    enabled ``scaler`` needs the file and a non-empty state (``{}``: a disabled scaler's)."""
+    enabled = scaler is not None and bool(getattr(scaler, "is_enabled", lambda: True)())
+    if not (path / SCALER_FILE).is_file() and not enabled:
+        return
+    if not (path / SCALER_FILE).is_file():
+        raise _refuse(
+            path,
+            f"is incomplete: {SCALER_FILE} is missing (this run trains with fp16: its GradScaler state would be lost)",
+        )
+    state, bad = _load_tensors(path, SCALER_FILE), f"is corrupt: {SCALER_FILE} "
+    if not isinstance(state, dict) or ((state or enabled) and set(state) != set(_SCALER_STATE)):
+        keys = sorted(map(str, state)) if isinstance(state, dict) else type(state).__name__
+        raise _refuse(path, bad + f"must be a GradScaler state_dict with keys {sorted(_SCALER_STATE)}; got {keys}")
+    for key, (ok, what) in _SCALER_STATE.items():
+        if key in state and not ok(state[key]):
+            raise _refuse(path, bad + f"'{key}' must be {what}; got {state[key]!r}")
+    if state and state["_growth_tracker"] >= state["growth_interval"]:
+        raise _refuse(
+            path,
+            f"is inconsistent: {SCALER_FILE} '_growth_tracker' must be below 'growth_interval' "
+            f"{state['growth_interval']} (else the scale never grows again); got {state['_growth_tracker']}",
         )
 
 

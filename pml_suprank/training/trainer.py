@@ -251,7 +251,12 @@ class Trainer:
     def _check_files(self, path: Path) -> dict[str, Any]:  # every file, and that it fits this model / optimizer
         module = self.accelerator.unwrap_model(self.loss_module)
         return checkpoint.validate_checkpoint(
-            path, self.accelerator.num_processes, module=module, optimizer=self.optimizer, sampler=self.sampler
+            path,
+            self.accelerator.num_processes,
+            module=module,
+            optimizer=self.optimizer,
+            sampler=self.sampler,
+            scaler=getattr(self.accelerator, "scaler", None),
         )
 
     # -- run identity -------------------------------------------------------------------------------------------

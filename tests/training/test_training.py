@@ -410,6 +410,80 @@ def test_scheduler_state_is_validated_on_resume(tmp_path):
             _trainer(tmp_path, max_train_steps=3).load_checkpoint(ckpt)
 
 
+_SCALER_DAMAGE = [  # a key of a real GradScaler("cpu").state_dict() -> a tampered value, and what the error says
+    ("scale", float("nan"), "'scale' must be a finite number > 0; got nan"),
+    ("scale", float("inf"), "'scale' must be a finite number > 0; got inf"),
+    ("scale", 0.0, "'scale' must be a finite number > 0; got 0.0"),
+    ("scale", "65536", "'scale' must be a finite number > 0; got '65536'"),
+    ("growth_factor", 1.0, r"'growth_factor' must be a finite number > 1; got 1.0"),
+    ("backoff_factor", 2.0, r"'backoff_factor' must be a number in \(0, 1\); got 2.0"),
+    ("backoff_factor", 0.0, r"'backoff_factor' must be a number in \(0, 1\); got 0.0"),
+    ("growth_interval", 0, "'growth_interval' must be an int >= 1; got 0"),
+    ("growth_interval", 2.5, "'growth_interval' must be an int >= 1; got 2.5"),
+    ("_growth_tracker", -1, "'_growth_tracker' must be an int >= 0; got -1"),
+    ("_growth_tracker", 2000, "'_growth_tracker' must be below 'growth_interval' 2000 .*; got 2000"),
+]
+
+
+@pytest.mark.parametrize("key, value, match", _SCALER_DAMAGE, ids=lambda x: str(x)[:20])
+def test_tampered_grad_scaler_state_is_refused_naming_the_file_and_key(tmp_path, key, value, match):
+    from accelerate.utils import SCALER_NAME
+
+    from pml_suprank.training.checkpoint import SCALER_FILE, _check_scaler_file
+
+    assert SCALER_FILE == SCALER_NAME  # the file Accelerate saves and loads the GradScaler state with
+    scaler = torch.amp.GradScaler("cpu")
+    torch.save(scaler.state_dict(), tmp_path / SCALER_FILE)
+    _check_scaler_file(tmp_path, scaler)  # the real state: accepted
+    torch.save({**scaler.state_dict(), key: value}, tmp_path / SCALER_FILE)
+    with pytest.raises(CheckpointError, match=f"checkpoint '{re.escape(str(tmp_path))}' .*scaler.pt {match}"):
+        _check_scaler_file(tmp_path, scaler)
+    with pytest.raises(CheckpointError, match=match):  # checked in any checkpoint that holds it, even with no scaler
+        _check_scaler_file(tmp_path, None)
+
+
+def test_grad_scaler_file_must_hold_the_state_an_enabled_scaler_needs(tmp_path):
+    from pml_suprank.training.checkpoint import SCALER_FILE, _check_scaler_file
+
+    scaler, disabled = torch.amp.GradScaler("cpu"), torch.amp.GradScaler("cpu", enabled=False)
+    _check_scaler_file(tmp_path, None)  # no fp16: no file needed
+    _check_scaler_file(tmp_path, disabled)
+    with pytest.raises(CheckpointError, match="is incomplete: scaler.pt is missing .*fp16"):
+        _check_scaler_file(tmp_path, scaler)
+    torch.save(disabled.state_dict(), tmp_path / SCALER_FILE)  # {}: a disabled scaler's state
+    _check_scaler_file(tmp_path, None)
+    with pytest.raises(CheckpointError, match=r"scaler.pt must be a GradScaler state_dict with keys .*; got \[\]"):
+        _check_scaler_file(tmp_path, scaler)
+    state = scaler.state_dict()
+    del state["_growth_tracker"]
+    torch.save(state, tmp_path / SCALER_FILE)
+    with pytest.raises(CheckpointError, match=r"with keys \['_growth_tracker', .*\]; got \['backoff_factor'"):
+        _check_scaler_file(tmp_path, None)
+    torch.save([1.0], tmp_path / SCALER_FILE)
+    with pytest.raises(CheckpointError, match="GradScaler state_dict with keys .*; got list"):
+        _check_scaler_file(tmp_path, None)
+
+
+@pytest.mark.slow
+def test_grad_scaler_state_is_checked_before_accelerate_loads_it(tmp_path):
+    """The resume path: ``load_checkpoint`` refuses a tampered ``scaler.pt`` before ``accelerator.load_state``, which
+    loads a good one into the accelerator's GradScaler (set here by hand: Accelerate has none on CPU)."""
+    _trainer(tmp_path, max_train_steps=1, checkpoint_every=1).train()
+    ckpt = latest_checkpoint(tmp_path)
+    fp16 = _trainer(tmp_path, max_train_steps=1)
+    fp16.accelerator.scaler = torch.amp.GradScaler("cpu")
+    with pytest.raises(CheckpointError, match="is incomplete: scaler.pt is missing"):
+        fp16.load_checkpoint(ckpt)
+    torch.save({**torch.amp.GradScaler("cpu").state_dict(), "scale": 512.0}, ckpt / "scaler.pt")
+    fp16.load_checkpoint(ckpt)
+    assert fp16.accelerator.scaler.get_scale() == 512.0  # Accelerate loaded the checked file
+    for key, value, match in (_SCALER_DAMAGE[0], _SCALER_DAMAGE[5]):
+        torch.save({**torch.amp.GradScaler("cpu").state_dict(), key: value}, ckpt / "scaler.pt")
+        with pytest.raises(CheckpointError, match=f"checkpoint '{re.escape(str(ckpt))}' .*scaler.pt {match}"):
+            fp16.load_checkpoint(ckpt)
+        assert fp16.accelerator.scaler.get_scale() == 512.0  # refused before anything was loaded
+
+
 @pytest.mark.slow
 def test_resume_refuses_changed_hyper_parameters_and_bad_state_values(tmp_path):
     trainer = _trainer(tmp_path, max_train_steps=2, checkpoint_every=1)
