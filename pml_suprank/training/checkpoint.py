@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from .._safe_json import load_json
+from .._validation import OptionCheck, is_int, is_number, shorten
 
 try:
     from safetensors import SafetensorError
@@ -395,17 +396,14 @@ def _check_rng_states(path: Path, name: str) -> None:
         )
 
 
-_SCALER_STATE: dict[str, tuple[Callable[[Any], bool], str]] = {  # key -> (check of its value, what it must be)
-    "scale": (lambda v: _is_real(v) and math.isfinite(v) and v > 0, "a finite number > 0"),
-    "growth_factor": (lambda v: _is_real(v) and math.isfinite(v) and v > 1, "a finite number > 1"),
-    "backoff_factor": (lambda v: _is_real(v) and 0 < v < 1, "a number in (0, 1)"),
-    "growth_interval": (lambda v: _is_int(v, 1), "an int >= 1"),
-    "_growth_tracker": (lambda v: _is_int(v), "an int >= 0"),
+#: the keys of a ``GradScaler.state_dict()`` and their checks
+_SCALER_STATE: dict[str, OptionCheck] = {
+    "scale": is_number(0, strict=True),
+    "growth_factor": is_number(1, strict=True),
+    "backoff_factor": is_number(0, strict=True, high=1, open_high=True),
+    "growth_interval": is_int(1),
+    "_growth_tracker": is_int(0),
 }
-
-
-def _is_real(x: Any) -> bool:
-    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
 
 
 def _check_scaler_file(path: Path, scaler: Any) -> None:
@@ -424,9 +422,9 @@ def _check_scaler_file(path: Path, scaler: Any) -> None:
     if not isinstance(state, dict) or ((state or enabled) and set(state) != set(_SCALER_STATE)):
         keys = sorted(map(str, state)) if isinstance(state, dict) else type(state).__name__
         raise _refuse(path, bad + f"must be a GradScaler state_dict with keys {sorted(_SCALER_STATE)}; got {keys}")
-    for key, (ok, what) in _SCALER_STATE.items():
-        if key in state and not ok(state[key]):
-            raise _refuse(path, bad + f"'{key}' must be {what}; got {state[key]!r}")
+    for key, check in _SCALER_STATE.items():
+        if key in state and not check(state[key]):
+            raise _refuse(path, bad + f"'{key}' must be {check.expected}; got {shorten(repr(state[key]), 80)}")
     if state and state["_growth_tracker"] >= state["growth_interval"]:
         raise _refuse(
             path,
