@@ -137,6 +137,45 @@ def test_fit_heat_detector_rows_and_flags_come_from_the_registry():
     )
 
 
+def test_a_hand_built_spec_builds_the_detectors_of_a_parsed_one():
+    from dataclasses import replace
+
+    from pml_suprank.recipes.ood_spec import FitHeatSpec
+
+    fit_heat = _import_fit_heat()
+    model = torch.nn.Module()
+    model.get_classifier = lambda: torch.nn.Linear(8, 3)
+    parsed, by_hand = fit_heat.parse_args([]), FitHeatSpec()  # no parse: detector_options and heat_settings None
+    partial = replace(by_hand, detector_options={"knn_k": 50})  # the other options take their defaults
+    for method in (m for m in fit_heat.selected_methods(parsed) if m != "HEAT"):
+        expected = fit_heat.build_detector(method, parsed, model, n_train=20, dim=8).config()
+        assert fit_heat.build_detector(method, by_hand, model, n_train=20, dim=8).config() == expected, method
+        assert fit_heat.build_detector(method, partial, model, n_train=20, dim=8).config() == expected, method
+    knn_7 = replace(by_hand, detector_options={"knn_k": 7})
+    assert fit_heat.build_detector("KNN", knn_7, model, n_train=20, dim=8).k == 7
+    assert by_hand.heat().config() == parsed.heat().config()
+    typo = replace(by_hand, detector_options={"knn_kk": 7})
+    with pytest.raises(ValueError, match=r"detector_options: unknown key\(s\) \['knn_kk'\]; valid keys: .*'knn_k'"):
+        fit_heat.build_detector("Energy", typo, model, n_train=20, dim=8)
+
+
+def test_one_parse_builds_the_detector_options_without_reading_them_per_config_file(monkeypatch):
+    from pml_suprank.recipes import ood_spec
+
+    fit_heat = _import_fit_heat()
+    build, builds = ood_spec.detector_option_class, []
+    monkeypatch.setattr(ood_spec, "detector_option_class", lambda: builds.append(1) or build())
+    cfg = str(RECIPES.parent / "pml_suprank" / "hub_configs" / "heat_cifar10_resnet34.yaml")
+    counts = []
+    for argv in ([], ["--config", cfg, "--knn_k", "7"]):
+        builds.clear()
+        assert fit_heat.parse_args(argv).detector_options["knn_k"] == (7 if argv else 50)
+        counts.append(len(builds))
+    # the engine's parser and its file=False check call option_classes(); from_options builds it once; a config
+    # file builds none (FitHeatSpec.read_config reads the option names from the registry's signatures)
+    assert counts[0] == counts[1] <= 3, counts
+
+
 @pytest.mark.parametrize(
     "path", sorted((RECIPES.parent / "pml_suprank" / "hub_configs").glob("heat_*.yaml")), ids=lambda p: p.stem
 )

@@ -42,7 +42,7 @@ from pml_suprank.recipes.ood_data import (
     save_histograms,
     train_classifier,
 )
-from pml_suprank.recipes.ood_spec import VARIANTS, FitHeatSpec, detector_options, flag_prefix, methods
+from pml_suprank.recipes.ood_spec import VARIANTS, FitHeatSpec, detector_arguments, methods
 from pml_suprank.training.spec import build_parser as spec_parser
 from pml_suprank.training.spec import parse
 
@@ -70,7 +70,7 @@ def build_detector(method: str, spec: FitHeatSpec, model, n_train: int, dim: int
     """A baseline (or a variant row such as SSD+) from the registry, with its flags and the recipe's context."""
     name, variant = VARIANTS.get(method, (method, {}))
     cls = ood.get_detector(name)
-    kwargs = {a: spec.detector_options[f"{flag_prefix(name)}_{a}"] for a in detector_options(name)} | variant
+    kwargs = detector_arguments(name, spec.detector_options) | variant
     params = inspect.signature(cls).parameters
     if "head" in params:
         kwargs["head"] = model.get_classifier()

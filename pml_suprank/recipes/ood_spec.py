@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, make_dataclass
 from typing import Any
 
@@ -16,7 +17,8 @@ from ..training.config import OptionError, TrainingConfig, option, validate_opti
 from ..training.options import DataOptions, ModelOptions, ModelUseOptions, RunOptions
 from ..training.spec import read_sections, shared
 
-__all__ = ["VARIANTS", "FitHeatSpec", "OODBenchmarkSpec", "detector_options", "flag_prefix", "methods"]
+__all__ = ["VARIANTS", "FitHeatSpec", "OODBenchmarkSpec", "detector_arguments", "detector_options", "flag_prefix",
+           "methods"]  # fmt: skip
 
 #: built-in OOD sets of the recipes (no download)
 BUILTIN_OOD = ("synthetic-heldout", "noise-uniform", "noise-gaussian", "noise-blobs")
@@ -50,22 +52,40 @@ def detector_options(name: str) -> dict[str, inspect.Parameter]:
             and p.name not in CONTEXT_ARGUMENTS}  # fmt: skip
 
 
+def _baseline_flags() -> dict[str, tuple[str, str, inspect.Parameter, Any]]:
+    """``{"<detector>_<argument>": (detector, argument, parameter, recipe default)}`` of every registered baseline
+    (read when called); the recipe default is :data:`RECIPE_DEFAULTS`' value, else the constructor's."""
+    flags = {}
+    for name in (n for n in list_detectors() if n != "HEAT"):
+        for argument, param in detector_options(name).items():
+            dest = f"{flag_prefix(name)}_{argument}"
+            flags[dest] = (name, argument, param, RECIPE_DEFAULTS.get(dest, param.default))
+    return flags
+
+
 def detector_option_class() -> type:
     """A dataclass of the ``<detector>_<argument>`` options of every registered baseline (read when called; an
     instance checks its values). Help: the argument's line of the class docstring, without reST markup."""
     specs = []
-    for name in (n for n in list_detectors() if n != "HEAT"):
-        cls = get_detector(name)
-        for argument, param in detector_options(name).items():
-            dest, kind = f"{flag_prefix(name)}_{argument}", type(param.default)
-            default = RECIPE_DEFAULTS.get(dest, param.default)
-            check = {bool: is_bool(), int: is_int(0), float: is_finite()}.get(kind, is_str())
-            kind, check = (kind, check) if default is not None else (kind | None, optional(check))
-            line = re.search(rf"^\s+{re.escape(argument)}: (.+)$", inspect.getdoc(cls) or "", flags=re.MULTILINE)
-            text = re.sub(_MARKUP, r"\1", line[1]) if line else f"constructor argument {argument}"
-            specs.append((dest, kind, option(default, f"{cls.__name__}: {text}", check=check)))
+    for dest, (name, argument, param, default) in _baseline_flags().items():
+        cls, kind = get_detector(name), type(param.default)
+        check = {bool: is_bool(), int: is_int(0), float: is_finite()}.get(kind, is_str())
+        kind, check = (kind, check) if default is not None else (kind | None, optional(check))
+        line = re.search(rf"^\s+{re.escape(argument)}: (.+)$", inspect.getdoc(cls) or "", flags=re.MULTILINE)
+        text = re.sub(_MARKUP, r"\1", line[1]) if line else f"constructor argument {argument}"
+        specs.append((dest, kind, option(default, f"{cls.__name__}: {text}", check=check)))
     namespace = {"GROUP": "baseline options", "__post_init__": validate_options}
     return make_dataclass("DetectorOptions", specs, namespace=namespace)
+
+
+def detector_arguments(name: str, options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The flagged constructor arguments of the registered baseline ``name`` from ``options`` (a spec's
+    ``detector_options``, ``{"knn_k": 50, ...}``; a hand-built spec's may be partial or ``None``): an argument it
+    lacks takes its recipe default. ``ValueError``: a key of ``options`` that is no baseline option."""
+    flags, options = _baseline_flags(), options or {}
+    if unknown := sorted(set(options) - set(flags)):
+        raise ValueError(f"detector_options: unknown key(s) {unknown}; valid keys: {sorted(flags)}")
+    return {a: options.get(dest, default) for dest, (n, a, _, default) in flags.items() if n == name}
 
 
 _BETA = OptionCheck(lambda v: not isinstance(v, bool) and isinstance(v, (int, float)) and not math.isnan(v),
@@ -173,7 +193,7 @@ class FitHeatSpec:
         from ..hub.loaded_config import untrusted_model_problems
         from ..training.hub_config import hub_config_path
 
-        names = [f.name for c in cls.option_classes() for f in fields(c) if f.metadata.get("cli", True)]
+        names = [*(f.name for f in fields(cls) if f.metadata.get("cli", True)), *_baseline_flags()]  # no class built
         raw, values = read_sections(hub_config_path(path), {"recipe": {n: n for n in names}, "heat": HEAT_KEYS},
                                     metadata=dict.fromkeys(METADATA_KEYS))  # fmt: skip
         where, backbone = values.get("backbone", ("", None))
@@ -216,7 +236,7 @@ class FitHeatSpec:
         """The run's :class:`~pml_suprank.ood.HEAT` on the classifier ``head``, its settings the file's
         ``heat.settings`` with the ``--heat_epochs`` / ``--heat_batch_size`` overrides."""
         given = {"epochs": self.heat_epochs, "batch_size": self.heat_batch_size}
-        settings = {**self.heat_settings, **{k: v for k, v in given.items() if v is not None}}
+        settings = {**(self.heat_settings or {}), **{k: v for k, v in given.items() if v is not None}}
         return HEAT(priors=tuple(self.priors), beta=self.beta, preset=self.preset, settings=settings, head=head,
                     tie_hidden_weights=self.tie_hidden_weights, seed=self.seed)  # fmt: skip
 
@@ -249,12 +269,13 @@ class OODBenchmarkSpec:
     output_dir: str = shared(TrainingConfig, "output_dir", "outputs/ood_benchmark", "for tables, figure, features")
     near: list[str] | None = option(None, "near-OOD set names (unset: synthetic-heldout)", check=_NAMES)
     far: list[str] | None = option(None, "far-OOD set names (unset: the other OOD sets)", check=_NAMES)
-    detectors: list[str] | None = option(None, "rows to compute (unset: all feature detectors)", check=_NAMES)
-    heat_epochs: int | None = option(None, "HEAT epochs (unset: 30 on synthetic, else the preset's)",
-                                     check=optional(is_int(1, 100_000)))  # fmt: skip
-    heat_batch_size: int = option(128, "HEAT batch size (fast preset)", check=is_int(1, 1 << 20))
+    detectors: list[str] | None = shared(FitHeatSpec, "detectors", help="rows to compute (unset: all feature "
+                                         "detectors)")  # fmt: skip
+    heat_epochs: int | None = shared(FitHeatSpec, "heat_epochs", help="HEAT epochs (unset: 30 on synthetic, else the "
+                                     "preset's)")  # fmt: skip
+    heat_batch_size: int = shared(FitHeatSpec, "heat_batch_size", 128, "HEAT batch size (fast preset)")
     ap_method: str = option("step", "AUPR: HEAT step / OpenOOD trapezoid", check=is_choice("step", "trapezoid"))
     seed: int = shared(TrainingConfig, "seed", 0, "seed of the classifier training and of HEAT / NNGuide")
-    threads: int | None = option(None, "torch CPU threads", check=optional(is_int(1, 4096)))
+    threads: int | None = shared(FitHeatSpec, "threads", help="torch CPU threads")
     no_plots: bool = shared(RunOptions, "no_plots", False, "do not write the histogram figure")
-    progress: bool = option(True, "progress bars", check=is_bool())
+    progress: bool = shared(FitHeatSpec, "progress", help="progress bars")
