@@ -90,7 +90,7 @@ def test_errors_show_loaded_values_truncated(folder):
         ({"backbone": "local-dir:/tmp/x"}, r"model\.backbone must be a plain timm model name"),
         ({"backbone_kwargs": {"checkpoint_path": "/tmp/x.pth"}}, r"model\.backbone_kwargs\['checkpoint_path'\] is not"),
         ({"backbone_kwargs": {"pretrained_cfg_overlay": {"f": 1}}}, r"backbone_kwargs\[.pretrained_cfg_overlay.\]"),
-        ({"backbone_kwargs": {"drop_rate": 5.0}}, r"model\.backbone_kwargs\['drop_rate'\] must be a number in \[0, 1\]"),
+        ({"backbone_kwargs": {"drop_rate": 5.0}}, r"model\.backbone_kwargs\['drop_rate'\] must be a number in \[0, 1"),
     ],
 )
 def test_hub_config_is_held_to_the_loaded_config_rule(tmp_path, model, match):

@@ -157,23 +157,8 @@ def test_a_hand_built_spec_builds_the_detectors_of_a_parsed_one():
     typo = replace(by_hand, detector_options={"knn_kk": 7})
     with pytest.raises(ValueError, match=r"detector_options: unknown key\(s\) \['knn_kk'\]; valid keys: .*'knn_k'"):
         fit_heat.build_detector("Energy", typo, model, n_train=20, dim=8)
-
-
-def test_one_parse_builds_the_detector_options_without_reading_them_per_config_file(monkeypatch):
-    from pml_suprank.recipes import ood_spec
-
-    fit_heat = _import_fit_heat()
-    build, builds = ood_spec.detector_option_class, []
-    monkeypatch.setattr(ood_spec, "detector_option_class", lambda: builds.append(1) or build())
-    cfg = str(RECIPES.parent / "pml_suprank" / "hub_configs" / "heat_cifar10_resnet34.yaml")
-    counts = []
-    for argv in ([], ["--config", cfg, "--knn_k", "7"]):
-        builds.clear()
-        assert fit_heat.parse_args(argv).detector_options["knn_k"] == (7 if argv else 50)
-        counts.append(len(builds))
-    # the engine's parser and its file=False check call option_classes(); from_options builds it once; a config
-    # file builds none (FitHeatSpec.read_config reads the option names from the registry's signatures)
-    assert counts[0] == counts[1] <= 3, counts
+    with pytest.raises(ValueError, match=r"knn_k must be an int >= 0; got 2\.5"):  # checked as the flag is
+        fit_heat.build_detector("KNN", replace(by_hand, detector_options={"knn_k": 2.5}), model, n_train=20, dim=8)
 
 
 @pytest.mark.parametrize(

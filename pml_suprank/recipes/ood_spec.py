@@ -52,28 +52,20 @@ def detector_options(name: str) -> dict[str, inspect.Parameter]:
             and p.name not in CONTEXT_ARGUMENTS}  # fmt: skip
 
 
-def _baseline_flags() -> dict[str, tuple[str, str, inspect.Parameter, Any]]:
-    """``{"<detector>_<argument>": (detector, argument, parameter, recipe default)}`` of every registered baseline
-    (read when called); the recipe default is :data:`RECIPE_DEFAULTS`' value, else the constructor's."""
-    flags = {}
-    for name in (n for n in list_detectors() if n != "HEAT"):
-        for argument, param in detector_options(name).items():
-            dest = f"{flag_prefix(name)}_{argument}"
-            flags[dest] = (name, argument, param, RECIPE_DEFAULTS.get(dest, param.default))
-    return flags
-
-
 def detector_option_class() -> type:
     """A dataclass of the ``<detector>_<argument>`` options of every registered baseline (read when called; an
     instance checks its values). Help: the argument's line of the class docstring, without reST markup."""
     specs = []
-    for dest, (name, argument, param, default) in _baseline_flags().items():
-        cls, kind = get_detector(name), type(param.default)
-        check = {bool: is_bool(), int: is_int(0), float: is_finite()}.get(kind, is_str())
-        kind, check = (kind, check) if default is not None else (kind | None, optional(check))
-        line = re.search(rf"^\s+{re.escape(argument)}: (.+)$", inspect.getdoc(cls) or "", flags=re.MULTILINE)
-        text = re.sub(_MARKUP, r"\1", line[1]) if line else f"constructor argument {argument}"
-        specs.append((dest, kind, option(default, f"{cls.__name__}: {text}", check=check)))
+    for name in (n for n in list_detectors() if n != "HEAT"):
+        cls = get_detector(name)
+        for argument, param in detector_options(name).items():
+            dest, kind = f"{flag_prefix(name)}_{argument}", type(param.default)
+            default = RECIPE_DEFAULTS.get(dest, param.default)
+            check = {bool: is_bool(), int: is_int(0), float: is_finite()}.get(kind, is_str())
+            kind, check = (kind, check) if default is not None else (kind | None, optional(check))
+            line = re.search(rf"^\s+{re.escape(argument)}: (.+)$", inspect.getdoc(cls) or "", flags=re.MULTILINE)
+            text = re.sub(_MARKUP, r"\1", line[1]) if line else f"constructor argument {argument}"
+            specs.append((dest, kind, option(default, f"{cls.__name__}: {text}", check=check)))
     namespace = {"GROUP": "baseline options", "__post_init__": validate_options}
     return make_dataclass("DetectorOptions", specs, namespace=namespace)
 
@@ -81,11 +73,13 @@ def detector_option_class() -> type:
 def detector_arguments(name: str, options: Mapping[str, Any] | None) -> dict[str, Any]:
     """The flagged constructor arguments of the registered baseline ``name`` from ``options`` (a spec's
     ``detector_options``, ``{"knn_k": 50, ...}``; a hand-built spec's may be partial or ``None``): an argument it
-    lacks takes its recipe default. ``ValueError``: a key of ``options`` that is no baseline option."""
-    flags, options = _baseline_flags(), options or {}
-    if unknown := sorted(set(options) - set(flags)):
-        raise ValueError(f"detector_options: unknown key(s) {unknown}; valid keys: {sorted(flags)}")
-    return {a: options.get(dest, default) for dest, (n, a, _, default) in flags.items() if n == name}
+    lacks takes its recipe default. ``ValueError``: a key that is no baseline option, a value its option refuses."""
+    option_cls, options = detector_option_class(), dict(options or {})
+    if unknown := sorted(set(options) - {f.name for f in fields(option_cls)}):
+        raise ValueError(f"detector_options: unknown key(s) {unknown}; valid keys: "
+                         f"{sorted(f.name for f in fields(option_cls))}")  # fmt: skip
+    values = asdict(option_cls(**options))  # each value checked by its option
+    return {argument: values[f"{flag_prefix(name)}_{argument}"] for argument in detector_options(name)}
 
 
 _BETA = OptionCheck(lambda v: not isinstance(v, bool) and isinstance(v, (int, float)) and not math.isnan(v),
@@ -193,7 +187,7 @@ class FitHeatSpec:
         from ..hub.loaded_config import untrusted_model_problems
         from ..training.hub_config import hub_config_path
 
-        names = [*(f.name for f in fields(cls) if f.metadata.get("cli", True)), *_baseline_flags()]  # no class built
+        names = [f.name for c in cls.option_classes() for f in fields(c) if f.metadata.get("cli", True)]
         raw, values = read_sections(hub_config_path(path), {"recipe": {n: n for n in names}, "heat": HEAT_KEYS},
                                     metadata=dict.fromkeys(METADATA_KEYS))  # fmt: skip
         where, backbone = values.get("backbone", ("", None))
