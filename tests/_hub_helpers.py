@@ -8,7 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from pml_suprank.data.source import data_option_errors, dataset_source
-from pml_suprank.training.options import LOCATIONS, recipe_options
+from pml_suprank.training.options import LOCATIONS, config_layer
+
+
+def recipe_options(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The option sections of a hub_config as ``{option name: value}`` (``config_layer`` without the places)."""
+    return {name: value for name, (_, value) in config_layer(config).items()}
 
 
 def flat_options(config: Mapping[str, Any]) -> dict[str, Any]:

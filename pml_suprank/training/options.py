@@ -17,7 +17,7 @@ from .config import MAX_SCALE, OptionError, TrainingConfig, in_section, option, 
 from .trackers import REPORT_TO
 
 __all__ = ["LOCATIONS", "OPTION_CLASSES", "SECTIONS", "DataOptions", "LossOptions", "ModelOptions", "ModelUseOptions",
-           "RunOptions", "build_loss", "config_layer", "loss_keys", "loss_option_names", "recipe_options"]  # fmt: skip
+           "RunOptions", "build_loss", "config_layer", "loss_keys", "loss_option_names"]  # fmt: skip
 
 #: bounds of a ``loss_kwargs`` mapping: keys, magnitude of a number, length of a string or a list
 MAX_LOSS_KWARGS, MAX_KWARG_NUMBER, MAX_KWARG_LEN = 32, 1e6, 256
@@ -215,11 +215,6 @@ def config_layer(config: Mapping[str, Any], source: str | None = None) -> dict[s
     prefix = f"{source}: " if source else ""
     return {LOCATIONS[(section, k)][1]: (f"{prefix}{section}.{k}", v) for section in SECTIONS
             for k, v in (config.get(section) or {}).items() if (section, k) in LOCATIONS}  # fmt: skip
-
-
-def recipe_options(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The option sections of a hub_config as ``{option name: value}`` (:func:`config_layer` without the places)."""
-    return {name: value for name, (_, value) in config_layer(config).items()}
 
 
 def loss_option_names() -> tuple[str, ...]:

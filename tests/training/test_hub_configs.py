@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from _hub_helpers import build_dataset, flat_options, model_kwargs, nest_options
+from _hub_helpers import build_dataset, flat_options, model_kwargs, nest_options, recipe_options
 
 from pml_suprank.data.source import DatasetSource, dataset_source
 from pml_suprank.models import RetrievalModel
@@ -19,7 +19,7 @@ from pml_suprank.training.hub_config import (
     load_hub_config,
     validate_hub_config,
 )
-from pml_suprank.training.options import build_loss, recipe_options
+from pml_suprank.training.options import build_loss
 from pml_suprank.training.run_spec import merge_hub_configs
 
 ROOT = Path(__file__).resolve().parents[2] / "pml_suprank" / "hub_configs"

@@ -10,12 +10,13 @@ from dataclasses import fields
 
 import pytest
 import yaml
+from _hub_helpers import recipe_options
 
 from pml_suprank.training import RunSpec, TrainingConfig
 from pml_suprank.training import recipe as common
 from pml_suprank.training.config import OptionError, field_problem
 from pml_suprank.training.hub_config import read_layer, validate_hub_config
-from pml_suprank.training.options import OPTION_CLASSES, recipe_options
+from pml_suprank.training.options import OPTION_CLASSES
 from pml_suprank.training.run_spec import FIELD_PARTS, PARTS
 from pml_suprank.training.spec import parse
 
