@@ -291,6 +291,11 @@ class RankingMemory(nn.Module):
         return (self.batch_weight * terms["batch"] + self.memory_weight * terms["memory"]) / total
 
 
+def _describe(value: Any) -> str:
+    """``value``'s type (and dtype, for a tensor) for an error message."""
+    return f"Tensor of dtype {value.dtype}" if isinstance(value, Tensor) else type(value).__name__
+
+
 def _fit_label_buffer(module: nn.Module, name: str, state_dict: dict[str, Tensor], prefix: str) -> None:
     """Before loading ``state_dict``: give the label buffer ``name`` the saved shape (``(M, L)`` levels or ``(M, W)``
     label sets saved into a fresh memory); ``ValueError`` unless it is ``(M,)`` or ``(M, L)``."""
@@ -321,8 +326,16 @@ class CrossBatchMemory(_PMLCrossBatchMemory):
     """
 
     def __init__(self, loss: nn.Module, embedding_size: int, memory_size: int = 1024, miner: Any = None, **kwargs):
+        check_positive_int("embedding_size", embedding_size)
+        check_positive_int("memory_size", memory_size)
+        name = type(loss).__name__
         if not any(c.__name__ in _RANK_LOSS_BASES for c in type(loss).__mro__):
-            _PMLCrossBatchMemory.check_loss_support(type(loss).__name__)  # PML's list (raises for other losses)
+            if name not in _PMLCrossBatchMemory.supported_losses():  # PML's list (PML raises a bare Exception)
+                raise ValueError(
+                    f"loss must be a pml_suprank rank loss (a subclass of {' / '.join(_RANK_LOSS_BASES)}) or one of "
+                    f"PML's CrossBatchMemory losses {_PMLCrossBatchMemory.supported_losses()}; got {name} (proxy "
+                    "losses such as ClusterLoss have no reference set to enlarge)"
+                )
         super().__init__(loss, embedding_size, memory_size, miner, **kwargs)
 
     @classmethod
@@ -335,13 +348,48 @@ class CrossBatchMemory(_PMLCrossBatchMemory):
         return is_multilabel_loss(self.loss)
 
     def forward(self, embeddings, labels, indices_tuple=None, enqueue_mask=None):
-        """PML's ``forward``; multi-label sets ``(B, W)`` and the memory are first padded to one width."""
+        """PML's ``forward``; multi-label sets ``(B, W)`` and the memory are first padded to one width. The batch is
+        checked first: ``embeddings`` ``(B, embedding_size)``, ``labels`` ``(B,)`` (``(B, W)`` sets for a multi-label
+        loss), at most ``memory_size`` rows enqueued, ``enqueue_mask`` a ``(B,)`` bool tensor."""
+        self._check_batch(embeddings, labels, enqueue_mask)
         if self.multilabel and isinstance(labels, torch.Tensor):
             memory = self.label_memory if self.label_memory.dim() == 2 else self.label_memory[:, None]
             width = max(memory.shape[1], labels.shape[1] if labels.dim() == 2 else 1)
             self.label_memory = pad_label_sets(memory, width)
             labels = pad_label_sets(labels.to(memory.device), width)
         return super().forward(embeddings, labels, indices_tuple, enqueue_mask)
+
+    def _check_batch(self, embeddings: Any, labels: Any, enqueue_mask: Any) -> None:
+        """``ValueError`` / ``TypeError`` naming the argument for a batch PML would fail on deep inside (or store
+        wrongly)."""
+        check_embeddings("embeddings", embeddings)
+        if embeddings.shape[1] != self.embedding_size:
+            raise ValueError(
+                f"embeddings must have shape (B, embedding_size={self.embedding_size}); got shape "
+                f"{tuple(embeddings.shape)}"
+            )
+        if not self.multilabel and isinstance(labels, Tensor) and labels.dim() == 2:
+            raise ValueError(
+                f"labels must have shape (B,) == ({embeddings.shape[0]},): CrossBatchMemory stores one label per slot "
+                f"(PML's memory); got shape {tuple(labels.shape)} (for hierarchical (B, L) labels use RankingMemory, "
+                "or build the loss with hierarchy= and pass the fine labels)"
+            )
+        check_labels("labels", labels, embeddings.shape[0], allow_2d=self.multilabel)
+        if enqueue_mask is None:
+            enqueued = embeddings.shape[0]
+        else:
+            if not isinstance(enqueue_mask, Tensor) or enqueue_mask.dtype != torch.bool:
+                raise TypeError(f"enqueue_mask must be a bool torch.Tensor; got {_describe(enqueue_mask)}")
+            if tuple(enqueue_mask.shape) != (embeddings.shape[0],):
+                raise ValueError(
+                    f"enqueue_mask must have shape (B,) == ({embeddings.shape[0]},); got {tuple(enqueue_mask.shape)}"
+                )
+            enqueued = int(enqueue_mask.sum())
+        if enqueued > self.memory_size:
+            raise ValueError(
+                f"a batch enqueues at most memory_size={self.memory_size} rows; got {enqueued} (use a larger "
+                "memory_size, or RankingMemory, which keeps the last rows of a larger batch)"
+            )
 
     def create_indices_tuple(self, embeddings, labels, E_mem, L_mem, input_indices_tuple, do_remove_self_comparisons):
         """PML's pairs, built from column 0 of multi-label sets (the rank losses use their union)."""

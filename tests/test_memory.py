@@ -387,3 +387,40 @@ def test_device_is_checked():
         with pytest.raises(ValueError, match=r"device='cuda' but CUDA is not available"):
             RankingMemory(losses.SupAPLoss(), embedding_size=4, memory_size=8, device="cuda")
     assert RankingMemory(losses.SupAPLoss(), embedding_size=4, memory_size=8, device="cpu").ptr.device.type == "cpu"
+
+
+def _xbm_call(rows, labels, width=8, enqueue_mask=None):
+    return lambda memory: memory(torch.randn(rows, width), labels, enqueue_mask=enqueue_mask)
+
+
+@pytest.mark.parametrize(
+    ("build", "call", "match"),
+    [
+        ((8, 16), _xbm_call(8, torch.arange(8) % 4, width=5), r"embeddings must have shape \(B, embedding_size=8\)"),
+        ((8, 16), _xbm_call(0, torch.arange(0)), "embeddings must contain at least one row"),
+        ((8, 16), _xbm_call(8, torch.arange(3)), r"labels must have shape \(N,\)"),
+        ((8, 16), _xbm_call(20, torch.arange(20) % 4), "at most memory_size=16 rows; got 20"),
+        ((8, 16), _xbm_call(8, torch.arange(8)[:, None]), "stores one label per slot"),
+        ((8, 16), _xbm_call(4, torch.arange(4), enqueue_mask=torch.ones(3, dtype=torch.bool)), "enqueue_mask must"),
+        ((0, 16), None, "embedding_size must be an int >= 1; got 0"),
+        ((8, 0), None, "memory_size must be an int >= 1; got 0"),
+    ],
+)  # fmt: skip
+def test_pml_style_cross_batch_memory_refuses_bad_input_by_name(build, call, match):
+    """pml_suprank.memory.CrossBatchMemory: ValueError naming the argument, not PML's IndexError/RuntimeError/assert."""
+    from pml_suprank.memory import CrossBatchMemory as OurCrossBatchMemory
+
+    if call is None:
+        with pytest.raises(ValueError, match=match):
+            OurCrossBatchMemory(_flat_loss(), *build)
+        return
+    memory = OurCrossBatchMemory(_flat_loss(), *build)
+    with pytest.raises(ValueError, match=match):
+        call(memory)
+
+
+def test_pml_style_cross_batch_memory_refuses_a_proxy_loss_with_value_error():
+    from pml_suprank.memory import CrossBatchMemory as OurCrossBatchMemory
+
+    with pytest.raises(ValueError, match="got ClusterLoss"):
+        OurCrossBatchMemory(losses.ClusterLoss(4, 8), 8, 16)

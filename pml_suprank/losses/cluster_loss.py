@@ -8,13 +8,14 @@ import torch
 import torch.nn.functional as F
 from pytorch_metric_learning.losses import BaseMetricLossFunction
 from pytorch_metric_learning.reducers import MeanReducer
+from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 from torch import nn
 
 from .._async_check import check_async
 from .._precision import float32_forward
 from .._similarity import normalized_logits
 from .._validation import check_positive, check_positive_int
-from ._inputs import check_embedding_size, prepare_inputs, reduce_loss_dict
+from ._inputs import check_embedding_size, check_indices_tuple, prepare_inputs, reduce_loss_dict
 from .compile_guard import GuardedCompileMixin
 
 __all__ = ["ClusterLoss"]
@@ -52,11 +53,13 @@ class ClusterLoss(GuardedCompileMixin, BaseMetricLossFunction):
         if ref_emb is not None and ref_emb is not embeddings:
             raise ValueError("ClusterLoss does not take ref_emb/ref_labels: its proxies are the reference set")
         embeddings, labels, _, _, _ = prepare_inputs(type(self).__name__, embeddings, labels, None, None)
-        return self.prepared_forward(embeddings, labels)
+        return self.prepared_forward(embeddings, labels, indices_tuple)
 
-    def prepared_forward(self, embeddings, labels):
-        """:meth:`forward` on inputs a combined loss has already validated (``prepare_inputs``)."""
+    def prepared_forward(self, embeddings, labels, indices_tuple=None):
+        """:meth:`forward` on inputs a combined loss has already validated (``prepare_inputs``); an ``indices_tuple``
+        weights each item by how often it appears in it, as PML's proxy losses do."""
         self.reset_stats()
+        check_indices_tuple(indices_tuple, embeddings.shape[0], embeddings.shape[0])
         check_embedding_size(embeddings, self.embedding_size)
         check_async(  # labels in [0, C) iff labels // C == 0; no host round trip on accelerators
             (torch.div(labels, self.num_classes, rounding_mode="floor") == 0).all(),
@@ -66,17 +69,19 @@ class ClusterLoss(GuardedCompileMixin, BaseMetricLossFunction):
             ),
             f"ClusterLoss: labels must lie in [0, num_classes={self.num_classes})",
         )
-        reduce = type(self.reducer) is MeanReducer and not self.collect_stats
-        loss_dict = self._loss_dict(embeddings, labels, reduce=reduce)
+        reduce = type(self.reducer) is MeanReducer and not self.collect_stats and indices_tuple is None
+        loss_dict = self._loss_dict(embeddings, labels, indices_tuple, reduce=reduce)
         self.add_embedding_regularization_to_loss_dict(loss_dict, embeddings)
         return reduce_loss_dict(self.reducer, loss_dict, embeddings, labels)
 
     def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
         """PML loss dict of per-item cross-entropies (element reduction)."""
-        return self._loss_dict(embeddings, labels, reduce=False)
+        check_indices_tuple(indices_tuple, embeddings.shape[0], embeddings.shape[0])
+        return self._loss_dict(embeddings, labels, indices_tuple, reduce=False)
 
-    def _loss_dict(self, embeddings, labels, *, reduce: bool) -> dict:
-        """Per-item cross-entropies, or (``reduce``: under PML's plain ``MeanReducer``) their mean, already reduced."""
+    def _loss_dict(self, embeddings, labels, indices_tuple=None, *, reduce: bool) -> dict:
+        """Per-item cross-entropies (weighted by ``indices_tuple`` as PML's proxy losses), or (``reduce``: under PML's
+        plain ``MeanReducer``, no ``indices_tuple``) their mean, already reduced."""
         proxies = self.proxies if self.proxies.dtype == embeddings.dtype else self.proxies.to(embeddings.dtype)
         labels = labels if labels.dtype == torch.long else labels.long()
         with torch.autocast(device_type=embeddings.device.type, enabled=False):
@@ -85,5 +90,7 @@ class ClusterLoss(GuardedCompileMixin, BaseMetricLossFunction):
             loss = F.cross_entropy(logits, labels)
             return {"loss": {"losses": loss, "indices": None, "reduction_type": "already_reduced"}}
         losses = F.cross_entropy(logits, labels, reduction="none")
+        if indices_tuple is not None:
+            losses = losses * lmu.convert_to_weights(indices_tuple, labels, dtype=losses.dtype)
         indices = torch.arange(len(labels), device=embeddings.device)
         return {"loss": {"losses": losses, "indices": indices, "reduction_type": "element"}}

@@ -15,7 +15,7 @@ from torch import Tensor
 from .._precision import float32_forward
 from .._validation import check_positive, check_positive_int
 from ..relevance import Hierarchy, as_hierarchical_labels, as_hierarchy, check_tree
-from ._inputs import check_embedding_size, fine_labels, prepare_inputs, require_hierarchy
+from ._inputs import check_embedding_size, check_indices_tuple, fine_labels, prepare_inputs, require_hierarchy
 from .compile_guard import GuardedCompileMixin
 from .registry import register_loss
 
@@ -134,6 +134,7 @@ class CSLLoss(GuardedCompileMixin, WeightRegularizerMixin, BaseMetricLossFunctio
             raise ValueError("CSLLoss is a proxy loss: ref_emb / ref_labels are not supported; got a reference set")
         embeddings, labels, _, _, _ = prepare_inputs("CSLLoss", embeddings, labels, None, None, allow_2d_labels=True)
         check_embedding_size(embeddings, self.embedding_size)
+        check_indices_tuple(indices_tuple, embeddings.shape[0], embeddings.shape[0])
         loss_dict = self.compute_loss(embeddings, labels, indices_tuple, None, None)
         self.add_embedding_regularization_to_loss_dict(loss_dict, embeddings)
         return self.reducer(loss_dict, embeddings, fine_labels(labels))

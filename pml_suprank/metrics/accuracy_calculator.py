@@ -10,7 +10,7 @@ import torch
 from pytorch_metric_learning.utils import common_functions as c_f
 from pytorch_metric_learning.utils.accuracy_calculator import EQUALITY, AccuracyCalculator
 
-from .._validation import check_bool, check_device, check_labels
+from .._validation import check_bool, check_device, check_embeddings, check_labels
 from ..relevance import Hierarchy, as_hierarchy, hierarchical_label_pair
 from .evaluator import RetrievalEvaluator
 from .multilabel_eval import multilabel_groups
@@ -105,6 +105,9 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
         )
         if len(query) != len(query_labels) or len(reference) != len(reference_labels):
             raise ValueError("embeddings and labels must have the same length")
+        # before PML's ref_includes_query check, which reports NaN rows as "reference must be equal to query"
+        check_embeddings("query", query)
+        check_embeddings("reference", reference)
         wanted = list(self.get_function_dict(include, exclude))
         theirs = [m for m in wanted if m not in _ADDED]
         named = set(include) if include else set(self._include)

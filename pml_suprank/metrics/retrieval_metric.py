@@ -52,8 +52,7 @@ def append_update(
             )
         if labels.shape[1:] != first_l.shape[1:]:
             raise ValueError(
-                f"labels must have shape (B, *{tuple(first_l.shape[1:])}) like the earlier updates; got "
-                f"{tuple(labels.shape)}"
+                f"labels must have shape {_batch_shape(first_l)} like the earlier updates; got {tuple(labels.shape)}"
             )
         if (indices is None) != (not seen_indices):
             raise ValueError("indices must be given in every update or in none")
@@ -169,3 +168,8 @@ class RetrievalMetric:
         if split:  # every process ranks its share of the queries against all the items; results gathered once
             evaluate_kwargs = {"distributed": True, "process_group": self.process_group, **evaluate_kwargs}
         return self.evaluator.evaluate(emb, labels, **evaluate_kwargs)
+
+
+def _batch_shape(labels: Tensor) -> str:
+    """``"(B,)"`` or ``"(B, L)"`` with ``labels``' trailing size, for an error message."""
+    return "(B,)" if labels.dim() == 1 else f"(B, {', '.join(str(n) for n in labels.shape[1:])})"

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from .._precision import float32_backward
+from .._validation import check_positive_int
 from .steps import SupRankStep
 
 __all__ = [
@@ -121,10 +122,19 @@ def choose_kernel(kernel: str, device: torch.device | str, num_queries: int, num
     * CPU: dense iff ``B·N² <= 2^15`` (flat), ``2^17 / 2^19 / 2^20`` for 2 / 3 / 4+ levels.
 
     Raises:
-        ValueError: ``kernel`` not in :data:`KERNELS`, or ``levels`` not a positive int.
+        ValueError: ``kernel`` not in :data:`KERNELS`, ``levels`` not a positive int, an unparsable ``device`` string
+            or negative sizes. TypeError: ``device`` not a str / ``torch.device``, sizes not ints.
     """
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}; got {kernel!r}")
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"device must be a str or a torch.device; got {type(device).__name__} {device!r}")
+    try:
+        torch.device(device)
+    except (RuntimeError, ValueError) as e:
+        raise ValueError(f"device must be a valid torch device string such as 'cpu' or 'cuda:0'; got {device!r}") from e
+    check_positive_int("num_queries", num_queries, minimum=0)
+    check_positive_int("num_refs", num_refs, minimum=0)
     if kernel != "auto":
         return kernel
     dense, sorted_ = predicted_costs(device, num_queries, num_refs, levels)

@@ -43,3 +43,25 @@ def test_bad_input():
         loss_fn(torch.randn(2, 5), torch.tensor([0, 1]))
     with pytest.raises(ValueError, match="ref_emb"):
         loss_fn(torch.randn(2, 4), torch.tensor([0, 1]), None, torch.randn(3, 4), torch.tensor([0, 1, 2]))
+
+
+def test_indices_tuple_weights_items_as_pml_proxy_losses():
+    """A miner's indices_tuple weights each item by its count (PML's convert_to_weights), as CSLLoss and PML's proxy
+    losses do; it was silently ignored."""
+    from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
+
+    torch.manual_seed(0)
+    loss_fn = losses.ClusterLoss(3, 4)
+    emb, labels = torch.randn(6, 4), torch.tensor([0, 0, 1, 1, 2, 2])
+    pairs = (torch.tensor([0, 0]), torch.tensor([1, 1]), torch.tensor([0]), torch.tensor([2]))
+    per_item = torch.nn.functional.cross_entropy(
+        emb @ torch.nn.functional.normalize(loss_fn.proxies, dim=1).t() / loss_fn.temperature, labels, reduction="none"
+    )
+    expected = (per_item * lmu.convert_to_weights(pairs, labels, dtype=per_item.dtype)).mean()
+    torch.testing.assert_close(loss_fn(emb, labels, indices_tuple=pairs), expected)
+
+
+def test_indices_tuple_out_of_range_is_a_value_error():
+    pairs = (torch.tensor([0]), torch.tensor([99]), torch.tensor([0]), torch.tensor([2]))
+    with pytest.raises(ValueError, match="indices_tuple"):
+        losses.ClusterLoss(3, 4)(torch.randn(6, 4), torch.tensor([0, 0, 1, 1, 2, 2]), indices_tuple=pairs)

@@ -86,3 +86,11 @@ def test_bad_input():
         losses.CSLLoss(3, 8, hierarchy=TABLE[:3]).double()(emb, torch.tensor([0, 1, 2, 0, 1, 5]))
     with pytest.raises(ValueError, match="ref_emb"):
         loss_fn(emb, TABLE[fine], ref_emb=emb, ref_labels=TABLE[fine])
+
+
+def test_indices_tuple_out_of_range_is_a_value_error():
+    """An indices_tuple naming rows outside the batch: ValueError naming it, not PML's IndexError."""
+    fine = torch.tensor([0, 0, 1, 1])
+    pairs = (torch.tensor([0]), torch.tensor([99]), torch.tensor([9]), torch.tensor([2]))
+    with pytest.raises(ValueError, match="indices_tuple"):
+        losses.CSLLoss(2, 4, margins=(0.2, 0.3))(torch.randn(4, 4), torch.stack([fine, fine // 2], 1), pairs)

@@ -132,3 +132,12 @@ def test_one_name_per_number_unless_asked():
     same = HierarchicalAccuracyCalculator(include=("precision_at_1", "precision_at_k"), **kw).get_accuracy(emb, labels)
     assert same["precision_at_1"] == pytest.approx(expected["precision_at_1"], abs=1e-12)
     assert "precision_at_5" in same
+
+
+def test_non_finite_query_is_named_not_reported_as_a_reference_mismatch():
+    """NaN queries (reference = the queries) used to reach PML's ref_includes_query check: 'the first len(query)
+    elements of reference must be equal to query' (NaN != NaN)."""
+    query = torch.randn(6, 4)
+    query[2, 1] = float("nan")
+    with pytest.raises(ValueError, match=r"query contains NaN or inf values \(in 1 of 6 rows\)"):
+        HierarchicalAccuracyCalculator(exclude=("AMI", "NMI")).get_accuracy(query, torch.tensor([0, 0, 1, 1, 2, 2]))

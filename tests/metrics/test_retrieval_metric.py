@@ -86,8 +86,12 @@ def test_errors():
     metric.update(torch.randn(4, 3), torch.arange(4))
     with pytest.raises(ValueError, match="embeddings must have width 3"):
         metric.update(torch.randn(4, 2), torch.arange(4))
-    with pytest.raises(ValueError, match="labels must have shape"):
+    with pytest.raises(ValueError, match=r"labels must have shape \(B,\) like the earlier updates; got \(4, 2\)"):
         metric.update(torch.randn(4, 3), torch.zeros(4, 2, dtype=torch.long))
+    two_levels = RetrievalMetric()
+    two_levels.update(torch.randn(4, 3), torch.zeros(4, 2, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"labels must have shape \(B, 2\) like the earlier updates; got \(4,\)"):
+        two_levels.update(torch.randn(4, 3), torch.arange(4))
     with pytest.raises(ValueError, match="indices must be given in every update or in none"):
         metric.update(torch.randn(4, 3), torch.arange(4), indices=torch.arange(4))
     with pytest.raises(ValueError, match="embeddings contains NaN"):

@@ -129,6 +129,24 @@ def test_forced_kernels_and_invalid_options():
             kernel_costs("cpu", bad)
 
 
+@pytest.mark.parametrize(
+    ("args", "error", "match"),
+    [
+        (("auto", "blah", 2, 2), ValueError, "device must be a valid torch device string"),
+        (("auto", None, 2, 2), TypeError, "device must be a str or a torch.device; got NoneType"),
+        (("dense", 3, 2, 2), TypeError, "device must be a str or a torch.device; got int"),
+        (("auto", "cpu", -1, 2), ValueError, "num_queries must be an int >= 0; got -1"),
+        (("auto", "cpu", 2, -5), ValueError, "num_refs must be an int >= 0; got -5"),
+        (("auto", "cpu", 2.5, 2), TypeError, "num_queries must be an int >= 0; got float"),
+        (("auto", "cpu", True, 2), TypeError, "num_queries must be an int >= 0; got bool"),
+    ],
+)
+def test_invalid_device_and_sizes_are_named(args, error, match):
+    """Was torch's RuntimeError/TypeError for a bad device, and any size (negative, float, bool) was accepted."""
+    with pytest.raises(error, match=match):
+        choose_kernel(*args)
+
+
 def _doc_number(cell: str) -> float:
     cell = cell.strip()
     return float(2 ** int(cell[2:])) if cell.startswith("2^") else float(cell)
