@@ -362,7 +362,7 @@ class CrossBatchMemory(_PMLCrossBatchMemory):
     def _check_batch(self, embeddings: Any, labels: Any, enqueue_mask: Any) -> None:
         """``ValueError`` / ``TypeError`` naming the argument for a batch PML would fail on deep inside (or store
         wrongly)."""
-        check_embeddings("embeddings", embeddings)
+        check_embeddings("embeddings", embeddings, asynchronous=True)  # no host read per step on accelerators
         if embeddings.shape[1] != self.embedding_size:
             raise ValueError(
                 f"embeddings must have shape (B, embedding_size={self.embedding_size}); got shape "
