@@ -301,6 +301,7 @@ class RetrievalModel(HubMixin, nn.Module):
                 "set HF_HUB_OFFLINE=1, or give a local checkpoint file "
                 "(backbone_kwargs={'pretrained_cfg_overlay': {'file': '/path/to/weights.safetensors'}})"
             ) from None
+        self.in_chans = int(backbone_kwargs.get("in_chans", 3))
         self.num_features = num_features = int(self.backbone.num_features)
         self.pool = Pooling(
             pooling,
@@ -321,8 +322,16 @@ class RetrievalModel(HubMixin, nn.Module):
     # ------------------------------------------------------------------ forward passes
     def forward_features(self, x: Tensor) -> Tensor:
         """Backbone features before pooling: ``(B, C, h, w)`` for CNNs, ``(B, T, C)`` tokens for ViTs."""
-        if x.dim() != 4:
-            raise ValueError(f"x must be an image batch of shape (B, C, H, W); got shape {tuple(x.shape)}")
+        if not isinstance(x, Tensor):
+            raise TypeError(f"x must be a torch.Tensor image batch (B, C, H, W); got {type(x).__name__}")
+        if x.dim() != 4 or x.shape[1] != self.in_chans:
+            raise ValueError(f"x must be an image batch of shape (B, C={self.in_chans}, H, W); got {tuple(x.shape)}")
+        weight = next(self.backbone.parameters(), None)
+        autocast = torch.is_autocast_enabled(x.device.type) and x.dtype != torch.float64  # it casts the others
+        if not x.is_floating_point() or (weight is not None and x.dtype != weight.dtype and not autocast):
+            raise TypeError(f"x must be a {weight.dtype if weight is not None else 'floating-point'} image batch "
+                            "(the model's dtype; images as floats normalised with the model's mean / std, as its "
+                            f"transforms give them); got dtype {x.dtype}")  # fmt: skip
         return self.backbone.forward_features(x)
 
     def forward_pooled(self, x: Tensor) -> Tensor:

@@ -166,8 +166,20 @@ def test_bad_arguments(kwargs, match):
 
 
 def test_bad_input_and_missing_head(tiny_model):
-    with pytest.raises(ValueError, match=r"\(B, C, H, W\)"):
+    with pytest.raises(ValueError, match=r"\(B, C=3, H, W\); got \(3, 32, 32\)"):
         tiny_model(torch.randn(3, 32, 32))
+    with pytest.raises(ValueError, match=r"\(B, C=3, H, W\); got \(2, 1, 32, 32\)"):  # a grey batch, 3-channel model
+        tiny_model(torch.randn(2, 1, 32, 32))
+    with pytest.raises(TypeError, match="must be a torch.float32 image batch .* got dtype torch.uint8"):
+        tiny_model(torch.zeros(2, 3, 32, 32, dtype=torch.uint8))  # raw pixels: not normalised floats
+    with pytest.raises(TypeError, match="got dtype torch.float64"):
+        tiny_model(torch.zeros(2, 3, 32, 32, dtype=torch.float64))
+    with pytest.raises(TypeError, match="must be a torch.Tensor image batch"):
+        tiny_model([[0.0]])
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast casts a float32 input
+        assert tiny_model(torch.zeros(2, 3, 32, 32)).shape[0] == 2
+    grey = RetrievalModel(TINY, embedding_size=8, backbone_kwargs={"in_chans": 1}).eval()
+    assert grey(torch.randn(2, 1, 32, 32)).shape == (2, 8)
     model = RetrievalModel(TINY, embedding_size=8).eval()
     with pytest.raises(ValueError, match="num_classes > 0"):
         model.forward_logits(torch.randn(2, 3, 32, 32))
