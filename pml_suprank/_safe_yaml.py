@@ -21,6 +21,7 @@ MAX_YAML_BYTES = 1 << 20  #: largest configuration file read (bytes)
 MAX_YAML_DEPTH = 32  #: deepest nesting of mappings / sequences in a configuration file
 MAX_YAML_INT_DIGITS = 100  #: most digits of an integer in a configuration file (2**64 has 20)
 _TAG = "tag:yaml.org,2002:"
+_DIGITS = frozenset("0123456789abcdefABCDEF")  #: the digits of a YAML int (decimal, 0x, 0o, 0b, sexagesimal)
 #: YAML types that are no JSON value (refused: every reader, e.g. the run fingerprint, must write the values back)
 _NOT_JSON = {"timestamp": "a date or time (quote it to keep it as text)", "binary": "binary data", "set": "a set",
              "omap": "an ordered map", "pairs": "a list of pairs"}  # fmt: skip
@@ -33,7 +34,8 @@ def _check(node: yaml.Node, what: str, loader: yaml.SafeLoader, path: Path) -> N
         value = shorten(repr(node.value), 80) if isinstance(node.value, str) else kind
         raise ValueError(f"{path}: {line}: {value} is {_NOT_JSON[kind]}; a configuration value is a string, a "
                          "number, a bool, null, a list or a mapping")  # fmt: skip
-    digits = sum(map(str.isdigit, node.value)) if kind == "int" and isinstance(node, yaml.ScalarNode) else 0
+    # hexadecimal digits count too: 0xfff... of 5000 digits is an int of 6000 decimal digits
+    digits = sum(c in _DIGITS for c in node.value) if kind == "int" and isinstance(node, yaml.ScalarNode) else 0
     if digits > MAX_YAML_INT_DIGITS:
         raise ValueError(f"{path}: {what} ({line}): an integer of {digits} digits; a configuration value has at "
                          f"most {MAX_YAML_INT_DIGITS}")  # fmt: skip

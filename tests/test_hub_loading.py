@@ -232,3 +232,30 @@ def test_constructor_errors_of_a_loaded_config_name_the_folder(folder, tmp_path)
     with pytest.raises(ValueError, match="model_args rejected by KNN: k must be a positive integer") as info:
         ood.Detector.from_pretrained(det)
     assert str(det) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("training", "match"),
+    [
+        ([1], r"'training' must be a JSON object \(the training metadata\); got list"),
+        ({"card_hub": {"paper_results": [1]}}, r"'training.card_hub.paper_results' must be null or a JSON object"),
+        ({"data_summary": "x"}, r"'training.data_summary' must be null or a JSON object; got 'x'"),
+        ({"label_names": 5}, r"'training.label_names' must be null or a list of strings; got 5"),
+        ({"data_summary": {"train": {"classes": None}}}, r"'training.data_summary.train.classes' must be an int"),
+        ({"schedule": {"steps_per_epoch": "x"}}, r"'training.schedule.steps_per_epoch' must be null or an int"),
+    ],
+)
+def test_training_metadata_a_card_cannot_read_is_refused_on_load(saved, tmp_path, training, match):
+    """The ``training`` metadata of ``config.json`` becomes the card of every re-save: a list there made loading fail
+    with ``cannot convert dictionary update sequence element`` (no file named) and kinds the card did not expect made
+    ``save_pretrained`` fail half-way (``AttributeError: 'list' object has no attribute 'items'``)."""
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(saved, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["training"] = training
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=match) as info:
+        RetrievalModel.from_pretrained(folder)
+    assert str(folder / "config.json") in str(info.value)

@@ -116,3 +116,26 @@ def test_hub_config_with_allowed_backbone_kwargs_is_valid():
     config = hub_config.read_hub_config("synthetic_shapes_happier")
     config["model"]["backbone_kwargs"] = {"drop_rate": 0.1}
     assert hub_config.validate_hub_config(config, "shared.yaml") is config
+
+
+@pytest.mark.parametrize(
+    ("model_args", "match"),
+    [
+        ({"backbone_kwargs": {"output_stride": 9}}, r"backbone_kwargs\['output_stride'\] must be 8, 16 or 32; got 9"),
+        ({"backbone_kwargs": {"norm_layer": ""}}, r"backbone_kwargs\['norm_layer'\] must be a short name; got ''"),
+        ({"std": [1e-300, 1, 1]}, r"model_args.std must be null or a list of numbers in \[0.001, 10\]"),
+        ({"mean": [1e308, 0, 0]}, r"model_args.mean must be null or a list of numbers in \[-10, 10\]"),
+    ],
+)
+def test_a_loaded_value_timm_asserts_on_or_that_makes_features_overflow_is_refused(folder, model_args, match):
+    """An output stride timm asserts on (a raw AssertionError), an empty layer name (``'NoneType' object is not
+    callable``), a normalisation that scales pixels to ±1e300 (infinite features, silently): refused by name."""
+    path = _edit(folder, **model_args)
+    with pytest.raises(ValueError, match=match) as info:
+        RetrievalModel.from_pretrained(folder)
+    assert str(path) in str(info.value)
+
+
+def test_the_supported_output_strides_and_a_usual_normalisation_load(folder):
+    _edit(folder, backbone_kwargs={"output_stride": 16}, mean=[0.5, 0.5, 0.5], std=[0.5, 0.5, 0.5])
+    assert RetrievalModel.from_pretrained(folder).data_config["std"] == (0.5, 0.5, 0.5)

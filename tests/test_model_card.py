@@ -298,3 +298,23 @@ def test_a_relative_local_folder_stays_local_when_the_card_is_written_elsewhere(
     assert "datasets:" not in text and "huggingface.co/datasets" not in text and "photos (a local dataset)" in text
     config["training"]["data_summary"].pop("kind")
     assert "huggingface.co/datasets/data/photos" in generate_model_card(config, metrics={"ap": 0.5})
+
+
+def test_files_reached_through_a_linked_folder_are_not_carried(tmp_path):
+    """A model folder whose ``ood/`` or ``plots/`` is a link to another folder: a re-save (and so a push) copies none
+    of that folder's files, only the plain files inside the model folder."""
+    from pml_suprank.hub.card import carried_files
+
+    model = RetrievalModel("resnet18", embedding_size=8, image_size=32, pretrained=False)
+    source = model.save_pretrained(tmp_path / "src", model_card=False)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "id_rsa").write_text("private")
+    (outside / "shot.png").write_bytes(b"\x89PNG")
+    (source / "ood").symlink_to(outside, target_is_directory=True)
+    (source / "plots").symlink_to(outside, target_is_directory=True)
+    (source / "metrics.json").write_text(json.dumps(METRICS))
+    assert carried_files(source, tmp_path / "again", model) == [("metrics.json", source / "metrics.json")]
+    again = RetrievalModel.from_pretrained(source).save_pretrained(tmp_path / "again")
+    assert not (again / "ood").exists() and not (again / "plots").exists()
+    assert json.loads((again / "metrics.json").read_text()) == METRICS  # the plain file inside is still carried

@@ -124,3 +124,17 @@ def test_a_class_folder_added_after_training_is_refused_not_silently_split(train
     with pytest.raises(SystemExit) as refused:
         import_recipe("evaluate").main(["--model", str(final), "--dataset", str(folder), "--cpu"])
     assert refused.value.code == 2 and "changed since the model was trained" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("key", ["dataset", "data_root"])
+@pytest.mark.parametrize("value", ["a" * 300, "a" * 5000])  # one path component too long, a path too long
+def test_a_recorded_value_the_file_system_cannot_look_up_is_a_value_error_naming_the_key(key, value, tmp_path):
+    """A name too long to look up (``OSError: File name too long`` from the existence check) is refused naming the
+    file and the key, not a raw OSError."""
+    from pml_suprank.training.spec import model_data
+
+    data = {"dataset": "synthetic", key: value}
+    spec = {"version": 1, "data": data, "seed": 0, "k_values": [1], "alpha": 1.0}
+    (tmp_path / "data_spec.json").write_text(json.dumps(spec))
+    with pytest.raises(ValueError, match=rf"data_spec.json: data.{key} is 'a.*neither a dataset name nor a usable"):
+        model_data(str(tmp_path))

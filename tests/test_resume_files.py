@@ -379,3 +379,72 @@ def test_mid_epoch_checkpoint_with_a_stateless_sampler_is_refused(tmp_path):
     with pytest.raises(CheckpointError, match=r"is inside an epoch \(step_in_epoch=1\) but this run's sampler "
                                               r"\(_StatelessSampler\) has no state_dict"):  # fmt: skip
         again.train(resume_from=ckpt)
+
+
+def _group(key, value):
+    return lambda saved: [g.__setitem__(key, value) for g in saved["param_groups"]]
+
+
+def _entry(key, value):
+    return lambda saved: [e.__setitem__(key, value) for e in saved["state"].values()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("edit", "match", "alone"),
+    [
+        (_group("eps", float("nan")), r"'param_groups\[0\]\['eps'\]' must be a finite number > 0; got nan", True),
+        (_group("betas", (2.0, -1.0)), r"'param_groups\[0\]\['betas'\]' must be two numbers in \[0, 1\)", True),
+        (_group("lr", float("nan")), r"'param_groups\[0\]\['lr'\]' must be a finite number >= 0; got nan", True),
+        (_group("foreach", "yes"), r"'param_groups\[0\]\['foreach'\]' must be null or true or false", True),
+        (_group("maximize", True), r"'param_groups\[0\]\['maximize'\]' is True; this run's optimizer has False", False),
+        (_group("fused", True), r"'param_groups\[0\]\['fused'\]' is True; this run's optimizer has None", False),
+        (_group("zzz", 1), r"'param_groups\[0\]' has the options \[.*'zzz'\]; this optimizer \(Adam\)", False),
+        (_entry("exp_avg", torch.full((1,), float("nan"))), r"\['exp_avg'\]' holds NaN or infinite values", True),
+        (_entry("exp_avg_sq", torch.full((1,), -1.0)), r"\['exp_avg_sq'\]' is a second moment and must be >= 0", True),
+        (_entry("step", torch.tensor(-5.0)), r"\['step'\]' counts optimizer steps and must be in \[0, 3\]", True),
+    ],
+)
+def test_optimizer_hyper_parameters_and_moments_are_checked_by_value(runs, tmp_path, edit, match, alone):
+    """``optimizer.load_state_dict`` takes a group's options and the moments as saved: a NaN ``eps`` / ``lr``, betas
+    outside ``[0, 1)``, ``maximize`` switched on (gradient ascent), NaN moments or a negative second moment were
+    resumed silently; refused naming the file and the key (``alone``: by the file alone, else against the optimizer)."""
+    root, _ = runs
+    run = tmp_path / "run"
+    shutil.copytree(root / "part", run)
+    ckpt = run / "checkpoints" / "step_00000003"
+    saved = torch.load(ckpt / "optimizer.bin", weights_only=True)
+    edit(saved)
+    torch.save(saved, ckpt / "optimizer.bin")
+    if alone:
+        with pytest.raises(CheckpointError, match=match):
+            validate_checkpoint(ckpt)
+    else:
+        validate_checkpoint(ckpt)
+    with pytest.raises(CheckpointError, match=match) as info:
+        _trainer(run, max_train_steps=4).load_checkpoint(ckpt)
+    assert f"{ckpt}' " in str(info.value) and "optimizer.bin '" in str(info.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        ({"base_lrs": -1.0}, r"'scheduler.base_lrs' must be learning rates >= 0"),
+        ({"last_epoch": 10**18}, r"'last_epoch' 1000000000000000000 must be in \[0, global_step 3\]"),
+        ({"_step_count": 1}, r"'_step_count' 1 one more"),
+        ({"_is_initial": [1]}, r"'scheduler._is_initial' must be true or false; got \[1\]"),
+    ],
+)
+def test_the_scheduler_state_is_checked_by_value(runs, tmp_path, changes, match):
+    """A negative base learning rate (gradient ascent) or a schedule position other than the checkpoint's step was
+    resumed silently."""
+    root, _ = runs
+    ckpt = tmp_path / "step_00000003"
+    shutil.copytree(root / "part" / "checkpoints" / "step_00000003", ckpt)
+    state = json.loads((ckpt / "trainer_state.json").read_text())
+    groups = len(state["scheduler"]["base_lrs"])
+    state["scheduler"].update({k: [v] * groups if k == "base_lrs" else v for k, v in changes.items()})
+    (ckpt / "trainer_state.json").write_text(json.dumps(state))
+    with pytest.raises(CheckpointError, match=match):
+        validate_checkpoint(ckpt)

@@ -14,7 +14,7 @@ from pml_suprank._safe_json import MAX_JSON_DEPTH, json_depth, load_json, loads_
 
 
 def test_valid_file_round_trips(tmp_path):
-    value = {"a": "[[[{{{\\\"[[[", "b": [[1, {"c": []}]], "n": -12345678901234567890, "x": 1.5, "t": None}
+    value = {"a": '[[[{{{\\"[[[', "b": [[1, {"c": []}]], "n": -12345678901234567890, "x": 1.5, "t": None}
     path = tmp_path / "ok.json"
     path.write_text(json.dumps(value))
     assert load_json(path, expected=dict) == value
@@ -68,3 +68,20 @@ def test_every_json_read_of_the_package_goes_through_the_bounded_reader():
                 found.append(f"{file.relative_to(root)}:{n}: {line.strip()}")
     assert [f for f in found if not f.startswith("_safe_json.py:")] == []
     assert found  # the reader itself
+
+
+def test_the_depth_of_a_string_that_never_closes_is_found_in_linear_time(tmp_path):
+    """``"\\"\\"\\"…`` (a quote, then escaped quotes, never closed): the string regular expression backtracked from
+    every quote to the end of the text, 31 s for an 80 kB file (a 1 MB config.json: over an hour)."""
+    import time
+
+    path = tmp_path / "config.json"
+    path.write_text('"' + '\\"' * 30_000)
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=r"config.json is not valid JSON .*Unterminated string"):
+        load_json(path)
+    assert time.perf_counter() - start < 1.0
+    escapes = ['"\\\\"', '"\\\\\\""', '"\\u005b["', '"\\\\\\\\"']  # strings ending in escaped backslashes or quotes
+    for text in escapes:
+        value = [json.loads(text), {"k": [text]}]
+        assert json_depth(json.dumps(value)) == 3 and json_depth(text) == 0

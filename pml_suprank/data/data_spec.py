@@ -49,11 +49,18 @@ def data_spec(section: Mapping[str, Any], *, seed: int, k_values: Sequence[int],
             "alpha": float(alpha), **({"local_dataset": True} if local else {}), **split}  # fmt: skip
 
 
-def _is_path(value: Any, folder: Path) -> bool:
-    """A recorded data value naming a local path (a Hub id ``org/name`` is never absolute, no leading ``.``/``~``)."""
-    return isinstance(value, str) and value not in (*SYNTHETIC_NAMES, *BENCHMARKS) and (
-        Path(value).is_absolute() or value.startswith((".", "~")) or "\\" in value or Path(value).exists()
-        or (folder / value).exists())  # fmt: skip
+def _is_path(value: Any, folder: Path, where: str = "a recorded value") -> bool:
+    """A recorded data value naming a local path (a Hub id ``org/name`` is never absolute, no leading ``.``/``~``);
+    ``ValueError`` naming ``where`` for a value the file system refuses to look up (a name too long, a NUL byte)."""
+    if not isinstance(value, str) or value in (*SYNTHETIC_NAMES, *BENCHMARKS):
+        return False
+    if Path(value).is_absolute() or value.startswith((".", "~")) or "\\" in value:
+        return True
+    try:
+        return Path(value).exists() or (folder / value).exists()
+    except (OSError, ValueError) as e:  # ENAMETOOLONG, "embedded null byte": no path, no name either
+        raise ValueError(f"{where} is {shorten(repr(value), 80)}: neither a dataset name nor a usable path "
+                         f"({type(e).__name__}: {shorten(str(e), 80)})") from None  # fmt: skip
 
 
 def read_data_spec(model: str | Path, *, dataset: str | None = None, data_root: str | None = None,
@@ -88,7 +95,7 @@ def read_data_spec(model: str | Path, *, dataset: str | None = None, data_root: 
         return {"seed": 0, **spec, "data": None}
     typed = {"dataset": dataset, "data_root": data_root}
     for key, flag in _PATH_FLAGS.items():
-        if not (key == "dataset" and local) and _is_path(value := data.get(key), folder):
+        if not (key == "dataset" and local) and _is_path(value := data.get(key), folder, f"{path}: data.{key}"):
             where = (folder / Path(value).expanduser()).resolve()
             if where.is_relative_to(folder):
                 data[key] = str(where)

@@ -13,7 +13,8 @@ consecutive items (per-item tensors plus metadata ``{"key", "start", "stop"}``),
 moved into place: a shard exists whole or not at all, and a re-run embeds only the missing ones.
 
 **Files are data.** Nothing is unpickled; everything is written inside ``DIR``; the manifest is read bounded and
-checked value by value, a shard only if it is a bounded regular file (not a link) whose metadata and tensors match.
+checked value by value, a shard only if it is a bounded regular file (not a link) whose metadata and tensors match
+(names, rows, dtypes, finite values).
 Anything else is recomputed with a warning. ``dtype="float16"`` halves the disk (values rounded, returned as float32).
 Under Accelerate process 0 writes the manifest, shard ``j`` is embedded by process ``j mod num_processes``, and after
 a barrier every process reads all shards.
@@ -253,7 +254,9 @@ def _load_shard(path: Path, digest: str, start: int, stop: int, storage: torch.d
             tensors = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 - safe_open is not a dict
     except (OSError, SafetensorError, ValueError, RuntimeError) as e:
         return _refuse(path, f"{type(e).__name__}: {str(e)[:200]}")
-    why = _check_rows(tensors, stop - start, storage)
+    why = _check_rows(tensors, stop - start, storage) or next(
+        (f"{name!r} holds NaN or infinite values" for name, t in tensors.items()
+         if t.is_floating_point() and not bool(torch.isfinite(t).all())), None)  # fmt: skip
     return tensors if why is None else _refuse(path, why)
 
 

@@ -63,7 +63,9 @@ def carried_files(source: str | Path, target: str | Path, weights: Any = None) -
     ``(path relative to the folder, file in source)`` of the :data:`CARD_FILES`, the PNG plots (at the top level and
     in ``plots/``) and the files of the OOD guard folder ``ood/`` — those ``target`` lacks. Nothing when both are the
     same folder, and nothing (with a logged warning) when ``weights`` (the module or ``{name: Tensor}`` being saved)
-    differ from ``source/model.safetensors``. Only plain files inside ``source`` are named (no symlinks)."""
+    differ from ``source/model.safetensors``. Only plain files inside ``source`` are named: no symlink, and no file
+    reached through a linked folder (``ood`` or ``plots`` linked elsewhere would copy, and a push upload, files from
+    outside the model folder)."""
     source, target = Path(source), Path(target)
     if not source.is_dir() or (target.exists() and source.resolve() == target.resolve()):
         return []
@@ -73,10 +75,10 @@ def carried_files(source: str | Path, target: str | Path, weights: Any = None) -
         return []
     names = [n for n in CARD_FILES if not n.startswith("ood/")] + folder_plots(source)
     candidates = [source / n for n in names] + sorted(source.glob("ood/**/*"))
-    out = []
+    out, inside = [], source.resolve()
     for path in candidates:
         rel = path.relative_to(source).as_posix()
-        if path.is_file() and not path.is_symlink() and not (target / rel).exists():
+        if path.is_file() and not path.is_symlink() and path.resolve() == inside / rel and not (target / rel).exists():
             out.append((rel, path))
     return out
 

@@ -14,7 +14,7 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from .._validation import OptionCheck, is_bool, is_finite, is_int, is_number, optional, shorten
+from .._validation import OptionCheck, is_bool, is_int, is_number, optional, shorten
 
 __all__ = ["MAX_EMBEDDING_SIZE", "MAX_IMAGE_SIZE", "MAX_NUM_CLASSES", "SAFE_BACKBONE_KWARGS", "check_loaded_model_args",
            "untrusted_model_problems"]  # fmt: skip
@@ -22,9 +22,19 @@ __all__ = ["MAX_EMBEDDING_SIZE", "MAX_IMAGE_SIZE", "MAX_NUM_CLASSES", "SAFE_BACK
 MAX_EMBEDDING_SIZE = 65_536
 MAX_NUM_CLASSES = 100_000
 MAX_IMAGE_SIZE = 4096
-_NAME_RE = re.compile(r"[A-Za-z0-9_]{0,32}")  # no '/', ':', '.', '~': no path, no URL, no hub id
+_NAME_RE = re.compile(r"[A-Za-z0-9_]{1,32}")  # no '/', ':', '.', '~': no path, no URL, no hub id; not empty
 _BACKBONE_RE = re.compile(r"[A-Za-z0-9_]{1,100}(\.[A-Za-z0-9_]{1,100})?")
-_SIZE, _FINITE = is_int(1, MAX_IMAGE_SIZE), is_finite()
+MIN_STD, MAX_NORMALIZE = 1e-3, 10.0  #: a loaded mean / std keeps normalised pixels within about ±10⁴ (finite features)
+_SIZE = is_int(1, MAX_IMAGE_SIZE)
+
+
+def _channels(low: float, high: float) -> OptionCheck:
+    """``null`` or a list of numbers in ``[low, high]`` (one per channel; the constructor checks that there are 3)."""
+    number = is_number(low, high=high)
+    return OptionCheck(lambda v: v is None or (isinstance(v, list) and all(map(number, v))),
+                       f"null or a list of numbers in [{low:g}, {high:g}]")  # fmt: skip
+
+
 #: ``timm.create_model`` keyword arguments a loaded config may pass, each with its value check
 SAFE_BACKBONE_KWARGS: Mapping[str, OptionCheck] = {
     **dict.fromkeys("drop_rate drop_path_rate drop_block_rate attn_drop_rate proj_drop_rate pos_drop_rate "
@@ -36,7 +46,7 @@ SAFE_BACKBONE_KWARGS: Mapping[str, OptionCheck] = {
     "img_size": OptionCheck(lambda v: all(map(_SIZE, v if isinstance(v, list) and len(v) == 2 else [v])),
                             f"an image size in [1, {MAX_IMAGE_SIZE}] or two of them"),
     "in_chans": is_int(1, 64),
-    "output_stride": is_int(8, 32),
+    "output_stride": OptionCheck(lambda v: type(v) is int and v in (8, 16, 32), "8, 16 or 32"),  # timm asserts it
     "reg_tokens": is_int(0, 64),
     **dict.fromkeys(("init_values", "layer_scale_init_value"), is_number(0, high=10)),
 }  # fmt: skip
@@ -47,8 +57,8 @@ _MODEL_ARGS: Mapping[str, OptionCheck] = {
     "num_classes": is_int(0, MAX_NUM_CLASSES),
     "image_size": optional(_SIZE),
     "gem_p": is_number(0, strict=True, high=100),
-    **dict.fromkeys(("mean", "std"), OptionCheck(lambda v: v is None or (isinstance(v, list) and all(map(_FINITE, v))),
-                                                 "null or a list of finite numbers")),
+    "mean": _channels(-MAX_NORMALIZE, MAX_NORMALIZE),
+    "std": _channels(MIN_STD, MAX_NORMALIZE),
 }  # fmt: skip
 
 

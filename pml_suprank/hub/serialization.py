@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from .._safe_json import load_json
+from .._validation import OptionCheck, is_int, shorten
 from ..version import __version__
 from .schema import check_names, check_tensor, kind_of
 
@@ -37,6 +38,7 @@ __all__ = [
     "check_loaded_values",
     "check_metrics",
     "check_state",
+    "check_training_metadata",
     "jsonable",
     "make_config",
     "read_config",
@@ -101,9 +103,53 @@ def _upgrade_config(config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _kind(*kinds: type, what: str) -> OptionCheck:
+    """``null`` or a value of one of ``kinds`` (a bool only where ``bool`` is one of them)."""
+
+    def check(v: Any) -> bool:
+        return v is None or (isinstance(v, kinds) and (bool in kinds or not isinstance(v, bool)))
+
+    return OptionCheck(check, f"null or {what}")
+
+
+_OBJECT, _INT = _kind(dict, what="a JSON object"), _kind(int, what="an int")
+_COUNT = is_int(0)
+_COUNTS = OptionCheck(lambda v: _OBJECT(v) and all(map(_COUNT, (v or {}).values())),
+                      "null or a JSON object of ints >= 0")  # fmt: skip
+#: the ``training`` metadata a model card reads (``dotted.key``: check); other keys are free-form
+TRAINING_METADATA: dict[str, OptionCheck] = {
+    **dict.fromkeys(("loss", "dataset", "hub_config"), _kind(str, what="a string")),
+    "label_names": OptionCheck(lambda v: v is None or isinstance(v, list) and all(isinstance(n, str) for n in v),
+                               "null or a list of strings"),
+    **dict.fromkeys(("card_hub", "data_summary", "training_config", "loss_kwargs", "compute", "schedule",
+                     "card_hub.paper_results", "data_summary.train", "data_summary.test"), _OBJECT),
+    **dict.fromkeys(("card_hub.tags", "card_hub.datasets"), _kind(list, what="a list")),
+    **dict.fromkeys(("data_summary.train.class_counts", "data_summary.test.class_counts"), _COUNTS),
+    **dict.fromkeys(("schedule.steps_per_epoch", "schedule.total_steps", "training_config.epochs",
+                     "training_config.max_train_steps"), _INT),
+    **dict.fromkeys(("data_summary.train.images", "data_summary.train.classes", "data_summary.test.images",
+                     "data_summary.test.classes"), _COUNT),
+}  # fmt: skip
+
+
+def check_training_metadata(training: Any, path: str | Path) -> None:
+    """Refuse (``ValueError`` naming ``path`` and the key) ``training`` metadata that is not a JSON object, or whose
+    :data:`TRAINING_METADATA` keys hold another kind of value (a card written from them would fail half-way)."""
+    if not isinstance(training, dict):
+        raise ValueError(f"{path}: 'training' must be a JSON object (the training metadata); got "
+                         f"{type(training).__name__}")  # fmt: skip
+    for key, check in TRAINING_METADATA.items():  # a section before its keys: each section is a dict or null here
+        *heads, tail = key.split(".")
+        section = training
+        for head in heads:
+            section = section.get(head) or {}
+        if tail in section and not check(value := section[tail]):
+            raise ValueError(f"{path}: 'training.{key}' must be {check.expected}; got {shorten(repr(value), 80)}")
+
+
 def read_config(path: str | Path) -> dict[str, Any]:
     """Parse and validate a ``config.json`` (``ValueError`` naming the file when corrupt, too deeply nested or too
-    large, or not ours)."""
+    large, not ours, or with ``training`` metadata a card cannot read: :func:`check_training_metadata`)."""
     config = load_json(path, what="config.json")
     if isinstance(config, dict):
         config = _upgrade_config(config)
@@ -113,6 +159,7 @@ def read_config(path: str | Path) -> dict[str, Any]:
             f"{path} is not a pml-suprank config: expected a JSON object with a 'model_args' dict; got keys "
             f"{str(keys)[:300]}"
         )
+    check_training_metadata({} if config.get("training") is None else config["training"], path)
     return config
 
 

@@ -108,7 +108,7 @@ def _checked_values(values: Mapping[str, Any], at: str = "") -> dict[str, Any]:
         raise ValueError(f"{at}feature_kind must be one of {FEATURE_KINDS}; got {kind!r}")
     if not isinstance(sha, str) or len(sha) != 64 or not all(c in "0123456789abcdef" for c in sha):
         raise ValueError(f"{at}model_sha256 must be 64 lowercase hex digits; got {sha!r}")
-    sets = values["ood_sets"] or {}
+    sets = {} if values["ood_sets"] is None else values["ood_sets"]
     if not isinstance(sets, Mapping):
         raise ValueError(f"{at}ood_sets must map OOD set names to {{'fpr', 'auroc'}}; got {type(sets).__name__}")
     for name, row in sets.items():
@@ -289,12 +289,15 @@ class OODGuard:
         Raises:
             FileNotFoundError: no ``ood/guard.json``.
             GuardMismatchError: the guard names other weights, or another feature kind than its detector's.
-            ValueError: a malformed ``guard.json`` (naming the file and key).
+            ValueError: a malformed ``guard.json`` (naming the file and key), or an ``ood`` folder that is a link.
         """
         model_folder = Path(model_folder)
         path = model_folder / GUARD_DIR / GUARD_FILE
         if not path.is_file():
             raise FileNotFoundError(f"{model_folder} has no {GUARD_DIR}/{GUARD_FILE} (no OOD guard was saved with it)")
+        if (model_folder / GUARD_DIR).is_symlink():  # a Hub snapshot links files, never this folder
+            raise ValueError(f"{model_folder / GUARD_DIR} is a link to {(model_folder / GUARD_DIR).resolve()}: a guard "
+                             "is read only from inside its model folder (copy the folder there instead)")  # fmt: skip
         data = load_json(path, what="OOD guard", expected=dict)
         if set(data) != {"version", *GUARD_KEYS}:
             expected = sorted({"version", *GUARD_KEYS})

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from .._safe_json import load_json
-from .._validation import OptionCheck, is_int, is_number, shorten
+from .._validation import OptionCheck, is_int, is_number, optional, shorten
 
 try:
     from safetensors import SafetensorError
@@ -225,7 +225,7 @@ def load_scheduler_state(scheduler: Any, state: dict[str, Any]) -> None:
     scheduler.load_state_dict({**state, "lr_lambdas": [None] * len(scheduler.base_lrs)})
 
 
-def _check_scheduler(path: Path, state: dict[str, Any]) -> None:
+def _check_scheduler(path: Path, state: dict[str, Any], step: int) -> None:
     where = f"{TRAINER_STATE} 'scheduler"
     if set(state) - _SCHEDULER_KEYS:
         raise _refuse(path, f"{where}' must be a LambdaLR state with keys in {sorted(_SCHEDULER_KEYS)}")
@@ -234,9 +234,21 @@ def _check_scheduler(path: Path, state: dict[str, Any]) -> None:
         numbers = isinstance(values, list) and all(type(v) in (int, float) and math.isfinite(v) for v in values)
         if not (numbers and isinstance(base, list) and len(values) == len(base) > 0):
             raise _refuse(path, f"{where}.{key}' must be one finite number per parameter group; got {str(values)[:80]}")
+    for key in ("base_lrs", "_last_lr"):
+        if any(v < 0 for v in state[key]):
+            raise _refuse(path, f"{where}.{key}' must be learning rates >= 0; got {str(state[key])[:80]}")
     for key in ("last_epoch", "_step_count"):
         if not _is_int(state.get(key), -1):
             raise _refuse(path, f"{where}.{key}' must be an int >= -1; got {state.get(key)!r}")
+    if not 0 <= state["last_epoch"] <= step or state["_step_count"] != state["last_epoch"] + 1:
+        raise _refuse(
+            path,
+            f"{where}' is inconsistent: 'last_epoch' {state['last_epoch']} must be in [0, global_step {step}] and "
+            f"'_step_count' {state['_step_count']} one more (the schedule would restart elsewhere)",
+        )
+    for key in ("_is_initial", "_get_lr_called_within_step"):
+        if key in state and type(state[key]) is not bool:
+            raise _refuse(path, f"{where}.{key}' must be true or false; got {shorten(repr(state[key]), 40)}")
 
 
 # -- reading -------------------------------------------------------------------------------------------------------
@@ -292,7 +304,7 @@ def validate_checkpoint(
             f"was written by {state['num_processes']} processes; this run has {num_processes} (the "
             "sampler streams and RNG states are per process)",
         )
-    _check_scheduler(path, state["scheduler"])
+    _check_scheduler(path, state["scheduler"], state["global_step"])
     weights = _weights_layout(path)
     saved_optimizer = _load_tensors(path, OPTIMIZER_FILE)
     _check_optimizer_file(path, saved_optimizer, state.get("optimizer_state"), state["global_step"])
@@ -452,6 +464,41 @@ def _weights_layout(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     return out
 
 
+#: the hyper-parameters of a saved optimizer group, checked by value (``load_state_dict`` would use them as saved)
+_BETA, _FLAG = is_number(0, high=1, open_high=True), OptionCheck(lambda v: type(v) is bool, "true or false")
+_GROUP_CHECKS: dict[str, OptionCheck] = {
+    **dict.fromkeys(("lr", "initial_lr", "weight_decay"), is_number(0)),
+    "eps": is_number(0, strict=True),
+    **dict.fromkeys(("momentum", "dampening"), is_number(0, high=1)),
+    "betas": OptionCheck(lambda v: isinstance(v, (list, tuple)) and len(v) == 2 and all(map(_BETA, v)),
+                         "two numbers in [0, 1)"),
+    **dict.fromkeys(("amsgrad", "maximize", "capturable", "differentiable", "nesterov", "decoupled_weight_decay"),
+                    _FLAG),
+    **dict.fromkeys(("foreach", "fused"), optional(_FLAG)),
+}  # fmt: skip
+#: group options that choose how the optimizer works (not a value to tune): the saved ones must be this run's
+_GROUP_MODES = ("amsgrad", "maximize", "capturable", "differentiable", "nesterov", "decoupled_weight_decay", "foreach",
+                "fused")  # fmt: skip
+
+
+def _state_value_problem(name: str, value: Any, step: int) -> str | None:
+    """What is wrong with one saved per-parameter optimizer value (``None``: nothing): a non-finite number or tensor
+    (the optimizer would poison every weight it updates), a negative second moment, a step count outside ``[0,
+    step]`` (the checkpoint's ``global_step``)."""
+    if value is None or isinstance(value, Tensor) and not value.is_complex() and not value.is_floating_point():
+        return None
+    if isinstance(value, bool) or not isinstance(value, (Tensor, int, float)) or getattr(value, "is_complex", bool)():
+        return f"must be a real tensor, a number or null; got {type(value).__name__}"
+    values = torch.as_tensor(value).detach().to(torch.float64)
+    if not bool(torch.isfinite(values).all()):
+        return "holds NaN or infinite values (the optimizer would poison every weight it updates)"
+    if name in ("exp_avg_sq", "max_exp_avg_sq") and not bool((values >= 0).all()):
+        return f"is a second moment and must be >= 0; got min {float(values.min())}"
+    if name == "step" and not bool(((values >= 0) & (values <= step)).all()):
+        return f"counts optimizer steps and must be in [0, {step}] (global_step); got {values.flatten()[:4].tolist()}"
+    return None
+
+
 def _check_optimizer_file(path: Path, state: Any, with_state: list[int] | None, step: int) -> None:
     """``optimizer.bin`` is an optimizer ``state_dict`` with per-parameter state for exactly ``with_state`` (or, not
     recorded, for some parameter after a step): otherwise the moments would silently restart at zero."""
@@ -466,6 +513,12 @@ def _check_optimizer_file(path: Path, state: Any, with_state: list[int] | None, 
     )
     if ids is None or not all(_is_int(i) for i in ids) or len(set(ids)) != len(ids):
         raise _refuse(path, bad + "'param_groups' must be dicts listing distinct parameter indices (ints >= 0)")
+    for g, group in enumerate(groups):
+        for key, value in group.items():
+            if (check := _GROUP_CHECKS.get(key)) is not None and not check(value):
+                raise _refuse(
+                    path, bad + f"'param_groups[{g}][{key!r}]' must be {check.expected}; got {shorten(repr(value), 80)}"
+                )
     per_param = state["state"]
     if (
         not isinstance(per_param, dict)
@@ -473,6 +526,10 @@ def _check_optimizer_file(path: Path, state: Any, with_state: list[int] | None, 
         or not all(isinstance(e, dict) and e and all(isinstance(k, str) for k in e) for e in per_param.values())
     ):
         raise _refuse(path, bad + "'state' must map parameter indices listed in 'param_groups' to their state")
+    for i, entry in per_param.items():
+        for name, value in entry.items():
+            if problem := _state_value_problem(name, value, step):
+                raise _refuse(path, bad + f"'state[{i}][{name!r}]' {problem}")
     if with_state is not None and set(per_param) != set(with_state):
         lost, extra = sorted(set(with_state) - set(per_param)), sorted(set(per_param) - set(with_state))
         raise _refuse(
@@ -541,6 +598,20 @@ def _check_optimizer_fits(path: Path, saved: dict[str, Any], optimizer: Any) -> 
     sizes, mine = [len(g["params"]) for g in saved["param_groups"]], [len(g["params"]) for g in optimizer.param_groups]
     if sizes != mine:
         raise _refuse(path, f"{OPTIMIZER_FILE} has parameter groups of sizes {sizes}; this optimizer {mine}")
+    for g, (saved_group, group) in enumerate(zip(saved["param_groups"], optimizer.param_groups, strict=True)):
+        keys, mine = set(saved_group) - {"params"}, set(group) - {"params"}
+        if keys != mine:
+            raise _refuse(
+                path,
+                f"{OPTIMIZER_FILE} 'param_groups[{g}]' has the options {sorted(keys)}; this optimizer "
+                f"({type(optimizer).__name__}) {sorted(mine)}",
+            )
+        for key in (k for k in _GROUP_MODES if k in keys and saved_group[k] != group[k]):
+            raise _refuse(
+                path,
+                f"{OPTIMIZER_FILE} 'param_groups[{g}][{key!r}]' is {saved_group[key]!r}; this run's optimizer has "
+                f"{group[key]!r} (loading it would change how every step updates the weights)",
+            )
     layouts = [_state_layout(optimizer, g) for g in optimizer.param_groups]
     where = {
         i: (layout, p)

@@ -209,6 +209,26 @@ def test_a_manifest_from_elsewhere_is_checked_and_never_followed(tmp_path):
         _same(_embed(net, ds, tmp_path), reference)
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_shard_holding_non_finite_values_is_recomputed(tmp_path, value):
+    """A shard whose metadata, names, rows and dtypes match but whose embeddings hold NaN / inf (a flipped bit, an
+    edited file) was returned as it was; it is refused with a warning and recomputed."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    ds, net = _data(), Net()
+    reference = _embed(net, ds, tmp_path)
+    shard = _shards(tmp_path)[1]
+    with safe_open(str(shard), framework="pt") as f:
+        meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - not a dict
+    tensors["embeddings"][0, 0] = value
+    save_file(tensors, str(shard), metadata=meta)
+    net.calls = 0
+    with pytest.warns(UserWarning, match=r"refused \('embeddings' holds NaN or infinite values\); recomputing it"):
+        _same(_embed(net, ds, tmp_path), reference)
+    assert net.calls == 2  # that shard's 4 items, batches of 2
+
+
 def test_float16_storage(tmp_path):
     from safetensors.torch import load_file
 

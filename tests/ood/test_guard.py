@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -176,3 +177,24 @@ def test_save_and_push_of_a_loaded_model_keep_its_guard(saved, guard, tmp_path, 
     with caplog.at_level("WARNING"):
         model.save_pretrained(tmp_path / "changed")
     assert not (tmp_path / "changed" / "ood").exists() and "not saved" in caplog.text
+
+
+@pytest.mark.parametrize("value", [0, "", []])
+def test_ood_sets_of_another_kind_is_refused_not_read_as_empty(saved, guard, tmp_path, value):
+    """``"ood_sets": 0`` (or ``""``, ``[]``) was read as ``{}``: only ``null`` means none."""
+    folder = tmp_path / "model"
+    shutil.copytree(saved, folder)
+    data = json.loads((folder / "ood" / "guard.json").read_text())
+    data["ood_sets"] = value
+    (folder / "ood" / "guard.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"guard.json: key ood_sets must map OOD set names"):
+        RetrievalModel.from_pretrained(folder)
+
+
+def test_an_ood_folder_linked_from_elsewhere_is_not_read(saved, guard, tmp_path):
+    """``ood/`` a link to another model folder's guard (same weights): read from outside the model folder."""
+    folder = tmp_path / "model"
+    shutil.copytree(saved, folder, ignore=shutil.ignore_patterns("ood"))
+    (folder / "ood").symlink_to(saved / "ood", target_is_directory=True)
+    with pytest.raises(ValueError, match=r"ood is a link to .*: a guard is read only from inside its model folder"):
+        RetrievalModel.from_pretrained(folder)

@@ -115,3 +115,13 @@ def test_plain_integers_and_inline_merges_still_load(tmp_path):
     path = tmp_path / "ok.yaml"
     path.write_text("a: 18446744073709551616\nb: {c: 1_000, d: 0x1F}\ne: {<<: {x: 1}, y: 2}\n")
     assert load_yaml(path) == {"a": 2**64, "b": {"c": 1000, "d": 31}, "e": {"x": 1, "y": 2}}
+
+
+@pytest.mark.parametrize("text", ["epochs: 0x" + "f" * 5000, "epochs: 0b" + "1" * 1000, "epochs: " + "9" * 101])
+def test_a_long_integer_in_any_base_is_refused_naming_the_file(tmp_path, text):
+    """A hexadecimal int was counted by its decimal digits only (the leading 0): ``0xfff…`` of 5000 digits passed
+    and later failed as ``Exceeds the limit (4300 digits) for integer string conversion``, naming no file."""
+    path = tmp_path / "long_int.yaml"
+    path.write_text(text + "\n")
+    with pytest.raises(ValueError, match=r"long_int\.yaml: key 'epochs' \(line 1\): an integer of \d+ digits"):
+        load_yaml(path)
