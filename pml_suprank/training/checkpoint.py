@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from .._safe_json import load_json
-from .._validation import OptionCheck, is_int, is_number, optional, shorten
+from .._validation import OptionCheck, is_bool, is_int, is_number, optional, shorten
 
 try:
     from safetensors import SafetensorError
@@ -465,7 +465,7 @@ def _weights_layout(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
 
 
 #: the hyper-parameters of a saved optimizer group, checked by value (``load_state_dict`` would use them as saved)
-_BETA, _FLAG = is_number(0, high=1, open_high=True), OptionCheck(lambda v: type(v) is bool, "true or false")
+_BETA, _FLAG = is_number(0, high=1, open_high=True), is_bool()
 _GROUP_CHECKS: dict[str, OptionCheck] = {
     **dict.fromkeys(("lr", "initial_lr", "weight_decay"), is_number(0)),
     "eps": is_number(0, strict=True),
@@ -600,11 +600,11 @@ def _check_optimizer_fits(path: Path, saved: dict[str, Any], optimizer: Any) -> 
         raise _refuse(path, f"{OPTIMIZER_FILE} has parameter groups of sizes {sizes}; this optimizer {mine}")
     for g, (saved_group, group) in enumerate(zip(saved["param_groups"], optimizer.param_groups, strict=True)):
         keys, mine = set(saved_group) - {"params"}, set(group) - {"params"}
-        if keys != mine:
+        if keys - mine:  # an option this optimizer lacks; one it has and the file lacks (an older torch): its default
             raise _refuse(
                 path,
-                f"{OPTIMIZER_FILE} 'param_groups[{g}]' has the options {sorted(keys)}; this optimizer "
-                f"({type(optimizer).__name__}) {sorted(mine)}",
+                f"{OPTIMIZER_FILE} 'param_groups[{g}]' has the options {sorted(keys - mine)} that this optimizer "
+                f"({type(optimizer).__name__}) does not have (its options: {sorted(mine)})",
             )
         for key in (k for k in _GROUP_MODES if k in keys and saved_group[k] != group[k]):
             raise _refuse(
