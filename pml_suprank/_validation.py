@@ -63,13 +63,16 @@ def _real(name: str, value: Any) -> float:
     return float(value)
 
 
-def check_positive(name: str, value: float, *, strict: bool = True, allow_inf: bool = False) -> float:
-    """Check a real scalar is > 0 (``strict``) or >= 0."""
+def check_positive(
+    name: str, value: float, *, strict: bool = True, allow_inf: bool = False, maximum: float = math.inf
+) -> float:
+    """Check a real scalar is > 0 (``strict``) or >= 0, and <= ``maximum``."""
     value = _real(name, value)
     if value != value or (math.isinf(value) and not allow_inf):
         raise ValueError(f"{name} must be finite; got {value}")
-    if (strict and value <= 0) or (not strict and value < 0):
-        raise ValueError(f"{name} must be {'>' if strict else '>='} 0; got {value}")
+    if (strict and value <= 0) or (not strict and value < 0) or value > maximum:
+        bound = f" and <= {maximum:g}" if maximum < math.inf else ""
+        raise ValueError(f"{name} must be {'>' if strict else '>='} 0{bound}; got {value}")
     return value
 
 
@@ -139,16 +142,19 @@ def nested_batch_hint(shape: tuple[int, ...], expected_dim: int) -> str:
     )
 
 
-def check_positive_int(name: str, value: Any, *, minimum: int = 1, allow_none: bool = False) -> int | None:
-    """Return ``int(value)`` if it is an int (``numbers.Integral``, not a bool) ``>= minimum`` (or ``None`` with
-    ``allow_none``); else ``TypeError`` (not an int) or ``ValueError`` (too small)."""
+def check_positive_int(
+    name: str, value: Any, *, minimum: int = 1, allow_none: bool = False, maximum: int | None = None
+) -> int | None:
+    """Return ``int(value)`` if it is an int (``numbers.Integral``, not a bool) in ``[minimum, maximum]`` (or ``None``
+    with ``allow_none``); else ``TypeError`` (not an int) or ``ValueError`` (out of range)."""
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         expected = f"None or an int >= {minimum}" if allow_none else f"an int >= {minimum}"
         raise TypeError(f"{name} must be {expected}; got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}; got {value}")
+    if value < minimum or (maximum is not None and value > maximum):
+        expected = f"an int >= {minimum}" if maximum is None else f"an int in [{minimum}, {maximum}]"
+        raise ValueError(f"{name} must be {expected}; got {value}")
     return int(value)
 
 

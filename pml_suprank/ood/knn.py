@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .._validation import check_bool, check_positive, check_positive_int, check_probability
+from .._validation import MAX_CONFIG_INT, check_bool, check_positive_int, check_probability
 from ..hub.schema import TensorSpec
 from .base import Detector, check_features
 
@@ -34,7 +34,7 @@ class KNN(Detector):
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"k must be a positive integer; got {k!r}")
         self.k, self.normalize = k, check_bool("normalize", normalize)
-        self.chunk_size = int(check_positive("chunk_size", chunk_size))
+        self.chunk_size = check_positive_int("chunk_size", chunk_size, maximum=MAX_CONFIG_INT)
 
     def _state_spec(self) -> dict[str, TensorSpec]:
         return {"bank": TensorSpec(("N", "D"), nonzero=True, min_sizes=(("N", self.k),))}
@@ -93,7 +93,7 @@ class NNGuide(Detector):
         if self.alpha == 0.0:
             raise ValueError("alpha must lie in (0, 1] (fraction of the training set in the bank); got 0.0")
         self.seed = check_positive_int("seed", seed, minimum=0)
-        self.chunk_size = int(check_positive("chunk_size", chunk_size))
+        self.chunk_size = check_positive_int("chunk_size", chunk_size, maximum=MAX_CONFIG_INT)
 
     def _state_spec(self) -> dict[str, TensorSpec]:
         return {"bank": TensorSpec(("N", "D"), nonzero=True, min_sizes=(("N", self.k),))}

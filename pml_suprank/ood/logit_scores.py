@@ -16,6 +16,9 @@ from .model_api import is_retrieval_model
 
 __all__ = ["GEN", "MSP", "ODIN", "Energy", "LogitDetector", "MaxLogit", "generalized_entropy"]
 
+#: the largest softmax / energy temperature (the papers use 1 and 1000; a larger one makes scores overflow float32)
+MAX_TEMPERATURE = 1e6
+
 
 class LogitDetector(Detector, register=False):
     """Base of the detectors scoring the logits alone: ``score_logits`` ``(N, C) -> (N,)``; nothing to fit."""
@@ -50,7 +53,7 @@ class Energy(LogitDetector):
 
     def __init__(self, temperature: float = 1.0) -> None:
         super().__init__()
-        self.temperature = check_positive("temperature", temperature)
+        self.temperature = check_positive("temperature", temperature, maximum=MAX_TEMPERATURE)
 
     def score_logits(self, logits: Tensor) -> Tensor:
         return energy_logits(logits, self.temperature)
@@ -113,7 +116,7 @@ class ODIN(Detector):
     ) -> None:
         super().__init__()
         self.model = model
-        self.temperature = check_positive("temperature", temperature)
+        self.temperature = check_positive("temperature", temperature, maximum=MAX_TEMPERATURE)
         self.eps = check_positive("eps", eps, strict=False)
         if norm_std is not None:
             norm_std = tuple(check_positive("norm_std", float(s)) for s in norm_std)

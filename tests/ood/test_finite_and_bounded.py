@@ -208,3 +208,29 @@ def test_loaded_string_boolean_of_a_detector_is_refused_naming_the_file(tmp_path
     with pytest.raises(TypeError, match="normalize must be a bool") as info:
         ood.Detector.from_pretrained(tmp_path)
     assert str(tmp_path) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "match"),
+    [
+        (lambda: ood.KNN(chunk_size=0.5), TypeError, r"chunk_size must be an int >= 1; got float 0\.5"),  # was int 0
+        (lambda: ood.NNGuide(chunk_size=10**30), ValueError, r"chunk_size must be an int in \[1, 2147483647\]"),
+        (lambda: ood.Energy(temperature=1e300), ValueError, r"temperature must be > 0 and <= 1e\+06; got 1e\+300"),
+        (lambda: ood.ODIN(torch.nn.Identity(), temperature=1e7), ValueError, r"temperature must be > 0 and <= 1e\+06"),
+    ],
+)
+def test_detector_sizes_and_temperatures_are_bounded(make, error, match):
+    # a chunk of 0 rows or past a C long failed inside torch.split; a huge temperature overflowed the scores
+    with pytest.raises(error, match=match):
+        make()
+
+
+def test_loaded_knn_chunk_size_is_refused_naming_the_file(tmp_path):
+    x = _data()
+    ood.KNN(k=5).fit(features=x["features"]).save_pretrained(tmp_path, model_card=False)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["model_args"]["chunk_size"] = 0.5
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(TypeError, match="chunk_size must be an int") as info:
+        ood.Detector.from_pretrained(tmp_path)
+    assert str(tmp_path) in str(info.value)
