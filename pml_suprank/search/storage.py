@@ -84,15 +84,16 @@ def write_index_files(folder: str | Path, embeddings: Tensor, labels: Tensor | N
 
 
 def check_ids(name: str, ids: Any, n: int) -> list[str | int]:
-    """``ids`` as a list, checked to be ``n`` str / int item identifiers (JSON-able)."""
+    """``ids`` as a list, checked to be ``n`` str / int item identifiers (JSON-able; not required to be unique: they
+    name the items in results, the gallery index is the key)."""
     if isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__") or not hasattr(ids, "__iter__"):
         raise TypeError(f"{name} must be a list of str or int ids, one per embedding; got {type(ids).__name__}")
     ids = list(ids)
     if len(ids) != n:
         raise ValueError(f"{name} must have one id per embedding ({n}); got {len(ids)}")
-    bad = next((i for i in ids if isinstance(i, bool) or not isinstance(i, (str, int))), None)
-    if bad is not None:
-        raise TypeError(f"{name} must contain str or int ids; got {type(bad).__name__} {bad!r}")
+    for j, bad in enumerate(ids):
+        if isinstance(bad, bool) or not isinstance(bad, (str, int)):
+            raise TypeError(f"{name} must contain str or int ids; got {type(bad).__name__} {bad!r} at position {j}")
     return ids
 
 

@@ -153,6 +153,9 @@ def test_search_and_construction_errors():
         index.add(torch.zeros(3, 2), labels=torch.arange(3))
     with pytest.raises(ValueError, match="ids must have one id per embedding"):
         RetrievalIndex(gallery, ids=["a"])
+    for bad in (None, 1.5, True):  # a None id was taken for "no bad id found" and saved as JSON null
+        with pytest.raises(TypeError, match=rf"ids must contain str or int ids; got \w+ {bad} at position 3"):
+            RetrievalIndex(gallery, ids=["a", "b", 2, bad, *range(6)])
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="device='cuda' but CUDA is not available"):
             RetrievalIndex(gallery, device="cuda")
