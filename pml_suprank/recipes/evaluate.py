@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
     spec = replace(spec, data_root=root)
 
     if spec.output_dir:
-        output_folder(spec.output_dir)
+        output_folder(spec.output_dir, {"--model": spec.model, "--dataset": spec.dataset, "--data_root": root})
     loaded = load_model(spec.model)
     accelerator = make_accelerator(cpu=spec.cpu, mixed_precision=spec.mixed_precision, output_dir=spec.output_dir)
     model = accelerator.prepare(loaded)
