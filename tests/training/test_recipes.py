@@ -692,3 +692,35 @@ def test_output_dir_inside_the_model_folder_is_refused(name, extra, tmp_path, ca
     line = _one_error_line(capsys, raised)
     assert f"--output_dir '{out}' lies inside the input folder --model '{model}'" in line
     assert not out.exists() and (model / "metrics.json").read_text() == '{"ap": 0.5}'
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [(["--max_side", "64"], "--max_side applies to the revisited protocol of roxford5k / rparis6k only (no --split); "
+      "the test set here is synthetic"),
+     (["--benchmark", "roxford5k", "--split", "test", "--max_side", "64"], "here is roxford5k --split test"),
+     (["--benchmark", "sop", "--dataset", "cub"], "--benchmark sop and --dataset cub name two test sets; give one")],
+)  # fmt: skip
+def test_evaluate_refuses_flags_it_would_ignore(argv, expected, capsys):
+    """``--max_side`` outside the revisited protocol and a second test set were silently ignored."""
+    recipe = import_recipe("evaluate")
+    with pytest.raises(SystemExit) as raised:
+        recipe.parse_args(["--model", "m", *argv])
+    assert expected in _one_error_line(capsys, raised)
+    assert recipe.parse_args(["--model", "m", "--benchmark", "roxford5k", "--max_side", "64"]).max_side == 64
+
+
+@pytest.mark.parametrize("name", ["roxford5k", "dyml_animal", "gldv2_hier"])
+def test_evaluate_protocol_on_an_incomplete_archive_is_one_error_line(name, tmp_path, capsys):
+    """A benchmark evaluated by its own protocol, its archive lacking a file: refused naming ``--data_root`` and the
+    file (a ``ValueError`` traceback before)."""
+    from pml_suprank.models import RetrievalModel
+
+    model = tmp_path / "final"
+    RetrievalModel("test_resnet", embedding_size=8, image_size=32).save_pretrained(model)
+    (tmp_path / "archive").mkdir()
+    argv = ["--model", str(model), "--benchmark", name, "--data_root", str(tmp_path / "archive"), "--cpu"]
+    with pytest.raises(SystemExit) as raised:
+        import_recipe("evaluate").main(argv)
+    line = _one_error_line(capsys, raised)
+    assert f"--data_root {tmp_path / 'archive'}: benchmark {name}, split " in line and "missing file" in line
