@@ -151,7 +151,7 @@ def _run_rules(v: Mapping[str, Any]) -> list[str]:
     """Flag combinations that would only fail after training."""
     push, repo = v["push_to_hub"], v["hub_model_id"]
     errors = ["--push_to_hub true needs --hub_model_id (e.g. your-name/happier-synthetic)"] if push and not repo else []
-    if push and repo:
+    if repo is not None:  # also without --push_to_hub: the model card's usage line names it
         from ..hub.transport import check_repo_id
 
         try:

@@ -724,3 +724,11 @@ def test_evaluate_protocol_on_an_incomplete_archive_is_one_error_line(name, tmp_
         import_recipe("evaluate").main(argv)
     line = _one_error_line(capsys, raised)
     assert f"--data_root {tmp_path / 'archive'}: benchmark {name}, split " in line and "missing file" in line
+
+
+def test_hub_model_id_is_checked_without_push_to_hub(capsys):
+    """``--hub_model_id`` alone names the repo in the model card's usage line: its form is checked all the same."""
+    with pytest.raises(SystemExit) as raised:
+        parse_recipe(recipe_parser("train_happier")[1], ["--hub_model_id", "no slash"])
+    assert "--hub_model_id: repo_id must look like 'org/name'; got 'no slash'" in _one_error_line(capsys, raised)
+    assert parse_recipe(recipe_parser("train_happier")[1], ["--hub_model_id", "me/x"]).run.hub_model_id == "me/x"
