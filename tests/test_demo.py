@@ -83,7 +83,20 @@ def test_demo_refuses_bad_inputs_in_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as raised:
         demo.main(["--model", str(tmp_path / "missing"), "--gallery", str(tmp_path)], block=False)
     err = capsys.readouterr().err.strip()
-    assert raised.value.code == 2 and len(err.splitlines()) == 1 and "error: " in err
+    assert raised.value.code == 2 and len(err.splitlines()) == 1 and f"error: --model {tmp_path / 'missing'}: " in err
+
+
+@pytest.mark.parametrize("port", ["0", "65536", "99999"])
+def test_demo_refuses_a_port_out_of_range_before_loading(port, tmp_path, capsys, monkeypatch):
+    """A port no socket can bind: one ``error:`` line naming ``--port``, before the model is loaded (a traceback from
+    the server's bind once the gallery was embedded, before)."""
+    demo = pytest.importorskip("pml_suprank.recipes.demo")
+    monkeypatch.setattr(demo.DemoSearch, "load", lambda *a, **k: pytest.fail("loaded before --port was checked"))
+    with pytest.raises(SystemExit) as raised:
+        demo.main(["--model", str(tmp_path), "--gallery", str(tmp_path), "--port", port], block=False)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert raised.value.code == 2 and err[-1].endswith(f"error: --port: expected a TCP port, an int in [1, 65535]; "
+                                                       f"got {port}")  # fmt: skip
 
 
 @pytest.mark.slow

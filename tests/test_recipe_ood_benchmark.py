@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import importlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -49,8 +50,27 @@ def test_recipe_from_a_feature_file(tmp_path, capsys):
     assert json.loads((tmp_path / "out" / "results.json").read_text())["feature_metadata"] == {"backbone": "toy"}
     with pytest.raises(SystemExit, match="not in the feature file"):
         recipe.main([*argv, "--far", "svhn"])
-    with pytest.raises(SystemExit, match="unknown flags"):
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as raised:
         recipe.main([*argv, "--num_per_class", "3"])
+    lines = [line for line in capsys.readouterr().err.splitlines() if ": error: " in line]
+    assert raised.value.code == 2 and len(lines) == 1 and "unknown flags ['--num_per_class', '3']" in lines[0]
+
+
+def test_a_refused_feature_file_writes_nothing(tmp_path, capsys):
+    """A missing ``--features`` file, or one without the ``id_train`` / ``id_test`` sets: one ``error:`` line naming
+    ``--features``, exit 2, before ``--output_dir`` is created."""
+    recipe = _import_recipe()
+    z = torch.rand(4, 8)
+    partial = ood.save_features(tmp_path / "partial.safetensors", {"id_test": ood.OODFeatures(z, z + 0.1, z[:, :3])})
+    out = tmp_path / "out"
+    for features, expected in ((tmp_path / "missing.safetensors", "does not exist"),
+                               (partial, r"lacks the set\(s\) \['id_train'\]")):  # fmt: skip
+        with pytest.raises(SystemExit) as raised:
+            recipe.main(["--features", str(features), "--output_dir", str(out), "--progress", "false"])
+        lines = [line for line in capsys.readouterr().err.splitlines() if ": error: " in line]
+        assert raised.value.code == 2 and len(lines) == 1 and f"--features {features}" in lines[0]
+        assert re.search(expected, lines[0]) and not out.exists()
 
 
 @pytest.mark.slow

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +38,13 @@ def scores_images(detector: Any) -> bool:
 
 
 def device(name: str | None) -> torch.device:
-    """``--device``, else CUDA when available, else the CPU."""
-    return torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
+    """``--device``, else CUDA when available, else the CPU; a refusal naming ``--device`` when this machine has no
+    such accelerator (the parser checked the spelling)."""
+    dev = torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if dev.type == "cuda" and (not torch.cuda.is_available() or (dev.index or 0) >= torch.cuda.device_count()):
+        refuse(f"--device {name}: this machine has {torch.cuda.device_count()} usable CUDA device(s); give --device "
+               "cpu or another device")  # fmt: skip
+    return dev
 
 
 def test_transform(model: torch.nn.Module) -> Any:
@@ -49,11 +54,14 @@ def test_transform(model: torch.nn.Module) -> Any:
     return data.build_transforms(getattr(model, "module", model).data_config, train=False)
 
 
-def output_folder(path: str | Path) -> Path:
-    """``--output_dir``, created and checked writable before any work, or a refusal naming it."""
-    from pml_suprank.training.run_folder import OutputDirError, prepare_output_dir
+def output_folder(path: str | Path, inputs: Mapping[str, Any] | None = None) -> Path:
+    """``--output_dir``, created and checked writable before any work, or a refusal naming it; ``inputs``: the local
+    input folders ``{"--flag": path}`` (the model folder, the data) it must not lie inside, where its files would
+    replace the model's own (``metrics.json``, the plots) or be read back as data."""
+    from pml_suprank.training.run_folder import OutputDirError, check_outside_inputs, prepare_output_dir
 
     try:
+        check_outside_inputs(path, inputs or {})
         return prepare_output_dir(path)
     except OutputDirError as e:
         refuse(e)

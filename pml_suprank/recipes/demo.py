@@ -42,7 +42,10 @@ class DemoSearch:
         from pml_suprank.models import RetrievalModel
         from pml_suprank.search.image_files import ImageFiles
 
-        net = RetrievalModel.from_pretrained(model).eval()
+        try:
+            net = RetrievalModel.from_pretrained(model).eval()
+        except (OSError, ValueError, TypeError) as e:  # the message names the flag, as the gallery's does
+            raise ValueError(f"--model {model}: {e}") from e
         transform = data.build_transforms(net.data_config, train=False)
         images = ImageFiles(gallery, transform, what=f"--gallery {gallery}")
         loader = torch.utils.data.DataLoader(images, batch_size=batch_size, collate_fn=data.collate)
@@ -131,6 +134,8 @@ def main(argv: list[str] | None = None, *, block: bool = True) -> Any:
             parser.error(f"--{name} is required")
     if not 1 <= args.k <= 1000:
         parser.error(f"--k: expected an int in [1, 1000]; got {args.k}")
+    if not 1 <= args.port <= 65535:  # before the model is loaded and the gallery embedded
+        parser.error(f"--port: expected a TCP port, an int in [1, 65535]; got {args.port}")
     try:
         import gradio  # noqa: F401
     except ImportError:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -24,7 +25,7 @@ from pml_suprank._validation import is_choice, is_int, optional
 from pml_suprank.data.benchmarks import BENCHMARKS
 from pml_suprank.metrics.report import one_column
 from pml_suprank.training import TrainingConfig
-from pml_suprank.training.config import option
+from pml_suprank.training.config import option, validate_options
 from pml_suprank.training.options import DataOptions, ModelUseOptions, RunOptions
 from pml_suprank.training.recipe import make_accelerator
 from pml_suprank.training.spec import build_parser as spec_parser
@@ -40,6 +41,20 @@ PROTOCOLS = {
     "rparis6k": "revisited",
 }
 DYML_GRANULARITIES = ("fine", "middle", "coarse")
+
+
+def _rules(v: dict) -> list[str]:
+    """Flags that would be silently ignored: two test sets, ``--max_side`` without the revisited protocol."""
+    recorded = ((v["model_data"] or {}).get("data") or {}).get("dataset")
+    test_set = v["benchmark"] or v["dataset"] or recorded
+    errors = []
+    if v["benchmark"] is not None and v["dataset"] is not None and v["benchmark"] != v["dataset"]:
+        errors.append(f"--benchmark {v['benchmark']} and --dataset {v['dataset']} name two test sets; give one")
+    if v["max_side"] is not None and (PROTOCOLS.get(test_set) != "revisited" or v["test_split"] is not None):
+        split = f" --split {v['test_split']}" if v["test_split"] is not None else ""
+        errors.append(f"--max_side applies to the revisited protocol of roxford5k / rparis6k only (no --split); the "
+                      f"test set here is {test_set or 'synthetic'}{split}")  # fmt: skip
+    return errors
 
 
 @dataclass
@@ -84,6 +99,9 @@ class EvaluateSpec:
     embedding_cache: str | None = shared(ModelUseOptions, "embedding_cache")
     model_data: dict | None = option(None, "the model's recorded data spec (read by parse)", cli=False)
 
+    def __post_init__(self) -> None:
+        validate_options(self, _rules)
+
 
 def build_parser() -> argparse.ArgumentParser:
     return spec_parser(EvaluateSpec)
@@ -119,7 +137,7 @@ def main(argv: list[str] | None = None) -> dict:
     spec = replace(spec, data_root=root)
 
     if spec.output_dir:
-        output_folder(spec.output_dir)
+        output_folder(spec.output_dir, {"--model": spec.model, "--dataset": spec.dataset, "--data_root": root})
     loaded = load_model(spec.model)
     accelerator = make_accelerator(cpu=spec.cpu, mixed_precision=spec.mixed_precision, output_dir=spec.output_dir)
     model = accelerator.prepare(loaded)
@@ -158,13 +176,23 @@ def _data_error(section: dict) -> str | None:
 def _embed(spec: EvaluateSpec, model: torch.nn.Module, dataset, accelerator, batch_size: int | None = None):
     """``(embeddings (N, D), labels (N, L), indices (N,))`` of ``dataset`` in dataset order on every process, through
     ``--embedding_cache`` when given. ``dataset``: a dataset or ``(benchmark, split, transform)``."""
-    from pml_suprank import data
     from pml_suprank.training import embed_loader, make_loader
 
     if isinstance(dataset, tuple):
-        dataset = data.load_benchmark(dataset[0], spec.data_root, dataset[1], dataset[2])
+        dataset = load_split(spec, *dataset)
     loader = accelerator.prepare(make_loader(dataset, batch_size or spec.eval_batch_size))
     return embed_loader(model, loader, accelerator, progress=True, embedding_cache=spec.embedding_cache)
+
+
+def load_split(spec: EvaluateSpec, name: str, split: str, transform) -> Any:
+    """Split ``split`` of benchmark ``name`` read from ``--data_root``, or a refusal naming it (a missing or
+    unreadable file of the archive)."""
+    from pml_suprank import data
+
+    try:
+        return data.load_benchmark(name, spec.data_root, split, transform)
+    except (OSError, ValueError) as e:
+        refuse(f"--data_root {spec.data_root}: benchmark {name}, split {split}: {e}")
 
 
 def _write_metrics(spec: EvaluateSpec, metrics: dict, accelerator, title: str) -> Path | None:
@@ -233,13 +261,12 @@ def resize_only_transform(data_config: dict, max_side: int):
 def evaluate_revisited(spec: EvaluateSpec, name: str, model: torch.nn.Module, accelerator) -> dict[str, float]:
     """Revisited Oxford / Paris: ``revisited_map(q @ g.T, query.gnd)`` of the cropped queries against the database
     (Easy / Medium / Hard mAP and mP@1/5/10), resize-only transform, one image per batch."""
-    from pml_suprank import data
     from pml_suprank.metrics.landmark import revisited_map
 
     config = getattr(model, "module", model).data_config
     max_side = spec.max_side or int(max(config["input_size"][1:]))
     transform = resize_only_transform(config, max_side)
-    query = data.load_benchmark(name, spec.data_root, "query", transform)
+    query = load_split(spec, name, "query", transform)
     q = _embed(spec, model, query, accelerator, 1)[0]
     g = _embed(spec, model, (name, "gallery", transform), accelerator, 1)[0]
     return _floats(revisited_map(q @ g.T, query.gnd))

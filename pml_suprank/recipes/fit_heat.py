@@ -46,6 +46,7 @@ from pml_suprank.recipes.ood_spec import VARIANTS, FitHeatSpec, detector_argumen
 from pml_suprank.training.spec import build_parser as spec_parser
 from pml_suprank.training.spec import parse
 
+from ._common import device as torch_device
 from ._common import load_model, ood_features, output_folder, refuse, scores_images, test_transform, write_json
 
 #: a run of an energy network with fewer optimizer steps than this gets a warning (the synthetic default has 330)
@@ -285,7 +286,7 @@ def check_files(spec: FitHeatSpec) -> Path:
     if (out_dir / "results.json").exists() and not spec.overwrite_output_dir:
         refuse(f"--output_dir {str(out_dir)!r} already holds a results.json (another run's); choose another "
                "--output_dir, or pass --overwrite_output_dir true to replace it")  # fmt: skip
-    return output_folder(out_dir)
+    return output_folder(out_dir, {"--model": spec.model, "--id_dataset": spec.id_dataset})
 
 
 def _set_name(entry: str) -> str:
@@ -331,7 +332,7 @@ def main(argv=None) -> dict:
     if spec.threads:
         torch.set_num_threads(spec.threads)
     torch.manual_seed(spec.seed)  # recipe-level seeding (classifier init and flips); the package never does this
-    device = torch.device(spec.device)
+    device = torch_device(spec.device)  # a CUDA device this machine lacks: refused before any work
     out_dir = check_files(spec)
     t0 = time.perf_counter()
 

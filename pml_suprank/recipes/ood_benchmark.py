@@ -32,6 +32,7 @@ import torch
 from pml_suprank import ood
 from pml_suprank._terminal import refuse
 from pml_suprank.recipes import fit_heat
+from pml_suprank.recipes._common import device as torch_device
 from pml_suprank.recipes.ood_spec import VARIANTS, OODBenchmarkSpec
 from pml_suprank.training.run_folder import OutputDirError, prepare_output_dir
 from pml_suprank.training.spec import build_parser as spec_parser
@@ -59,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
 def extract(fh, out_dir: Path) -> tuple[Path, int | None]:
     """``features.safetensors`` in ``out_dir`` from fit_heat's data / classifier / extraction steps with its spec
     ``fh``, and the HEAT epochs of the resolved spec (the synthetic default)."""
-    device = torch.device(fh.device)
+    device = torch_device(fh.device)  # a CUDA device this machine lacks: refused
     fh, train_ds, test_ds, ood_sets, level, classes, train_labels = fit_heat.prepare_data(fh)
     fit_heat.check_trained_head(fh)
     model = fit_heat.build_model(fh, len(classes)).to(device)
@@ -113,16 +114,29 @@ def build_detectors(names, saved: ood.SavedFeatures, spec: OODBenchmarkSpec) -> 
     return out
 
 
+def read_features(path: Path) -> ood.SavedFeatures:
+    """The saved features of ``path`` (:func:`pml_suprank.ood.load_features`) holding the ``id_train`` and
+    ``id_test`` sets, or a refusal naming ``--features``."""
+    try:
+        saved = ood.load_features(path)
+    except (OSError, ValueError) as e:
+        refuse(f"--features {path}: {e}")
+    if missing := {"id_train", "id_test"} - set(saved.sets):
+        refuse(f"--features {path} lacks the set(s) {sorted(missing)} (write it with fit_heat)")
+    return saved
+
+
 def main(argv=None) -> dict:
     rest: list[str] = []  # the flags of fit_heat's data / classifier steps
     args = parse(OODBenchmarkSpec, argv, rest=rest)
     if args.features is not None and rest:
-        raise SystemExit(f"unknown flags {rest} (data / classifier flags only apply without --features)")
+        refuse(f"unknown flags {rest} (data / classifier flags only apply without --features)")
     # every option checked before any work
     fh = None if args.features else replace(fit_heat.parse_args(rest), seed=args.seed, progress=args.progress)
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)  # recipe-level seeding of the classifier training (the package never seeds)
+    saved = None if args.features is None else read_features(Path(args.features))  # before the folder is made
     try:
         out_dir = prepare_output_dir(args.output_dir)
     except OutputDirError as e:
@@ -131,19 +145,13 @@ def main(argv=None) -> dict:
     features_path, heat_epochs = extract(fh, out_dir) if fh is not None else (Path(args.features), None)
     if args.heat_epochs is None and heat_epochs is not None:
         args = replace(args, heat_epochs=heat_epochs)
-    try:
-        saved = ood.load_features(features_path)
-    except (OSError, ValueError) as e:
-        refuse(f"--features {features_path}: {e}")
-    missing = {"id_train", "id_test"} - set(saved.sets)
-    if missing:
-        raise SystemExit(f"{features_path} lacks the set(s) {sorted(missing)} (write it with fit_heat)")
+    saved = saved if saved is not None else read_features(features_path)
     ood_names = [n for n in saved.sets if n not in ("id_train", "id_test")]
     groups = group_sets(ood_names, args.near, args.far)
     rows = args.detectors or available_detectors()
     unknown = sorted(set(rows) - set(available_detectors()))
     if unknown:
-        raise SystemExit(f"--detectors: unknown {unknown}; choose among {list(available_detectors())}")
+        refuse(f"--detectors: unknown {unknown}; choose among {list(available_detectors())}")
     detectors = build_detectors(rows, saved, args)
     result = ood.benchmark(
         detectors,

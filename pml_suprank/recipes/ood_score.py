@@ -103,8 +103,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from pml_suprank._terminal import terminal_safe
     from pml_suprank.search.image_files import ImageFiles
 
-    out = output_folder(args.output_dir)
     dev = device(args.device)
+    out = output_folder(args.output_dir, {"--model": args.model, "--images": args.images})
     model = load_model(args.model, dev, "--model")
     try:
         images = ImageFiles(args.images, test_transform(model), what=f"--images {args.images}")

@@ -87,9 +87,10 @@ def prepare(name: str, root: str | Path, output_dir: str | Path, splits: Sequenc
     unknown = [s for s in splits if s not in BENCHMARKS[name].splits]
     if unknown:
         raise ValueError(f"splits {unknown} are not splits of {name}; available: {list(BENCHMARKS[name].splits)}")
+    sources = {s: load_benchmark(name, root, s) for s in splits}  # the archive's files read before the folder is made
     output_dir = prepare_output_dir(output_dir)  # created, and writable
     with tempfile.TemporaryDirectory(prefix=".prepare_cache_", dir=output_dir, ignore_cleanup_errors=True) as cache:
-        parts = {s: to_hf_dataset(load_benchmark(name, root, s), Path(cache) / s) for s in splits}
+        parts = {s: to_hf_dataset(source, Path(cache) / s) for s, source in sources.items()}
         copy = datasets.DatasetDict(parts)
         copy.save_to_disk(str(output_dir))
     info = {"benchmark": name, "label_columns": {s: list(benchmark_label_names(name, s)) for s in splits}}

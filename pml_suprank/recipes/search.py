@@ -230,8 +230,8 @@ def main(argv: list[str] | None = None) -> dict:
     from pml_suprank.search.image_files import ImageFiles
     from pml_suprank.search.report import write_html_report, write_result_grid
 
-    out = output_folder(args.output_dir)
     dev = device(args.device)
+    out = output_folder(args.output_dir, {"--model": args.model, "--gallery": args.gallery, "--queries": args.queries})
     model = load_model(args.model, dev, "--ood_threshold" if args.ood_threshold is not None else None)
     transform = test_transform(model)
     image_size = int(model.data_config["input_size"][-1])

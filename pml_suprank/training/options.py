@@ -38,6 +38,17 @@ _KWARGS = OptionCheck(
     f"of magnitude <= {MAX_KWARG_NUMBER:g}, a bool, null, a string or a list of those")  # fmt: skip
 
 
+def _torch_device(name: Any) -> bool:
+    """``name`` parses as a ``torch.device`` (``cpu``, ``cuda``, ``cuda:1``, ``mps``, ...); nothing is initialised."""
+    import torch
+
+    try:
+        torch.device(name)
+    except (RuntimeError, TypeError, ValueError):
+        return False
+    return isinstance(name, str)
+
+
 def _known_backbone(name: Any) -> bool:
     from ..models import check_backbone_name  # imports timm: only when a backbone is checked
 
@@ -140,7 +151,7 @@ def _run_rules(v: Mapping[str, Any]) -> list[str]:
     """Flag combinations that would only fail after training."""
     push, repo = v["push_to_hub"], v["hub_model_id"]
     errors = ["--push_to_hub true needs --hub_model_id (e.g. your-name/happier-synthetic)"] if push and not repo else []
-    if push and repo:
+    if repo is not None:  # also without --push_to_hub: the model card's usage line names it
         from ..hub.transport import check_repo_id
 
         try:
@@ -197,7 +208,8 @@ class ModelUseOptions:
     embedding_cache: str | None = option(None, "folder of the embedding cache (safetensors shards keyed by the "
                                          "weights, the data and the transform); off when unset",
                                          optional(is_str("a folder path")))  # fmt: skip
-    device: str | None = option(None, "default: cuda when available, else cpu", optional(is_str()))
+    device: str | None = option(None, "default: cuda when available, else cpu", optional(OptionCheck(
+        _torch_device, "a torch device such as cpu, cuda or cuda:1", kind="str")))  # fmt: skip
 
 
 #: every option class of a training run, in --help order

@@ -124,6 +124,10 @@ def build_model(spec: RunSpec) -> Any:
         return RetrievalModel(**asdict(spec.model), image_size=spec.data.image_size)
     except ValueError as e:
         refuse(f"--backbone {spec.model.backbone}: {e}")
+    except TypeError as e:  # the timm model class refused a keyword of --backbone_kwargs
+        kwargs = json.dumps(spec.model.backbone_kwargs)
+        refuse(f"--backbone_kwargs {kwargs}: timm.create_model({spec.model.backbone!r}) refused them ({e}); give "
+               "only keyword arguments of that model class")  # fmt: skip
 
 
 def build_datasets(spec: RunSpec, model: Any) -> tuple[Any, Any]:
@@ -274,7 +278,7 @@ def _setup(spec: RunSpec, given: Collection[str]) -> tuple[RunSpec, Any, Any, An
     model = build_model(spec)
     batch_norm = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
     if train.chunk_size is not None and not train.freeze_batch_norm and batch_norm:
-        raise SystemExit(
+        refuse(
             f"--chunk_size {train.chunk_size}: the backbone {spec.model.backbone} has BatchNorm layers, whose "
             "statistics a chunked forward cannot reproduce (they would be each chunk's, not the batch's); add "
             "--freeze_batch_norm true (BatchNorm in eval mode, as the retrieval papers train), or drop --chunk_size"

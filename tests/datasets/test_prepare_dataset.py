@@ -67,8 +67,10 @@ def test_prepare_dataset_selected_splits_and_errors(tmp_path, capsys):
         r"splits \['val'\] are not splits of sop": ["--root", str(root), "--output_dir", str(tmp_path / "x"),
                                                   "--splits", "val"],
         "--output_dir '.*file' is a file": ["--root", str(root), "--output_dir", str(tmp_path / "file")],
+        r"Ebay_train\.txt: missing file": ["--root", str(tmp_path / "empty"), "--output_dir", str(tmp_path / "x")],
     }  # fmt: skip
     (tmp_path / "file").write_text("mine")
+    (tmp_path / "empty").mkdir()
     for message, argv in refused.items():  # one error: line, exit 2, nothing written
         with pytest.raises(SystemExit) as exc:
             prepare.main(["sop", *argv])

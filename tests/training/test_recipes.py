@@ -434,9 +434,7 @@ def test_partial_override_config_files(tmp_path):
     override = tmp_path / "short.yaml"
     override.write_text("training: {epochs: 7}\noptimizer: {lr_head: 0.5}\n")
     base = ROOT / "pml_suprank" / "hub_configs" / "happier_sop.yaml"
-    spec = parse_recipe(
-        parser, ["--config", str(base), "--config", str(override), "--data_root", str(tmp_path)]
-    )
+    spec = parse_recipe(parser, ["--config", str(base), "--config", str(override), "--data_root", str(tmp_path)])
     train = spec.train
     assert (
         train.epochs == 7 and train.lr_head == 0.5 and train.lr_backbone == 5.0e-5 and train.sampler == "hierarchical"
@@ -624,3 +622,113 @@ def test_embedding_cache_is_one_shared_option(name, required, capsys):
         recipe.parse_args([*required, "--embedding_cache", ""])
     err = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
     assert raised.value.code == 2 and len(err) == 1 and "--embedding_cache must be null or a folder path" in err[0]
+
+
+def _one_error_line(capsys, raised) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if ": error: " in line]
+    assert raised.value.code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [(["--backbone_kwargs", '{"no_such_argument": 1}'], r"--backbone_kwargs \{\"no_such_argument\": 1\}: timm\.create_"
+      r"model\('test_resnet'\) refused them \(.*unexpected keyword argument 'no_such_argument'"),
+     (["--chunk_size", "8"], r"--chunk_size 8: the backbone test_resnet has BatchNorm layers.*--freeze_batch_norm")],
+)  # fmt: skip
+def test_a_model_the_flags_cannot_build_is_one_error_line(extra, expected, tmp_path, capsys):
+    """A keyword the timm model class refuses and gradient caching over BatchNorm: ``error:`` naming the flag, exit 2,
+    nothing written."""
+    from pml_suprank.recipes import train_happier
+
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as raised:
+        train_happier.main([*TINY, "--cpu", "--output_dir", str(out), *extra])
+    assert re.search(expected, _one_error_line(capsys, raised))
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "required"),
+    [("evaluate", []), ("search", ["--output_dir", "o"]), ("fit_heat", []),
+     ("ood_score", ["--images", "i", "--output_dir", "o"])],
+)  # fmt: skip
+def test_device_is_checked_by_name_and_by_machine(name, required, monkeypatch, capsys):
+    """``--device`` must parse as a torch device (checked by the parser), and a CUDA device this machine lacks is
+    refused by name before any work, not a ``RuntimeError`` traceback."""
+    from pml_suprank.recipes import _common
+
+    recipe = import_recipe(name)
+    required = [*required, "--model", "m"] if name != "fit_heat" else []
+    if name != "evaluate":  # evaluate picks its device through Accelerate (--cpu)
+        with pytest.raises(SystemExit) as raised:
+            recipe.parse_args([*required, "--device", "nope"])
+        assert "--device must be null or a torch device such as cpu, cuda or cuda:1; got 'nope'" in _one_error_line(
+            capsys, raised
+        )
+        assert recipe.parse_args([*required, "--device", "cuda:1"]).device == "cuda:1"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(SystemExit) as raised:
+        _common.device("cuda:1")
+    assert "--device cuda:1: this machine has 0 usable CUDA device(s)" in _one_error_line(capsys, raised)
+    assert _common.device("cpu") == torch.device("cpu") and _common.device(None) == torch.device("cpu")
+
+
+@pytest.mark.parametrize(
+    ("name", "extra"), [("evaluate", []), ("search", []), ("ood_score", ["--images", "IMAGES"])]
+)  # fmt: skip
+def test_output_dir_inside_the_model_folder_is_refused(name, extra, tmp_path, capsys):
+    """``--output_dir`` in the ``--model`` folder would replace the model's own ``metrics.json`` and plots (and be
+    pushed with it): refused naming both flags before the model is read or anything is written."""
+    model = tmp_path / "final"
+    model.mkdir()
+    (model / "metrics.json").write_text('{"ap": 0.5}')
+    out = model / "eval"
+    argv = ["--model", str(model), "--output_dir", str(out), *[str(tmp_path) if a == "IMAGES" else a for a in extra]]
+    with pytest.raises(SystemExit) as raised:
+        import_recipe(name).main(argv)
+    line = _one_error_line(capsys, raised)
+    assert f"--output_dir '{out}' lies inside the input folder --model '{model}'" in line
+    assert not out.exists() and (model / "metrics.json").read_text() == '{"ap": 0.5}'
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [(["--max_side", "64"], "--max_side applies to the revisited protocol of roxford5k / rparis6k only (no --split); "
+      "the test set here is synthetic"),
+     (["--benchmark", "roxford5k", "--split", "test", "--max_side", "64"], "here is roxford5k --split test"),
+     (["--benchmark", "sop", "--dataset", "cub"], "--benchmark sop and --dataset cub name two test sets; give one")],
+)  # fmt: skip
+def test_evaluate_refuses_flags_it_would_ignore(argv, expected, capsys):
+    """``--max_side`` outside the revisited protocol and a second test set were silently ignored."""
+    recipe = import_recipe("evaluate")
+    with pytest.raises(SystemExit) as raised:
+        recipe.parse_args(["--model", "m", *argv])
+    assert expected in _one_error_line(capsys, raised)
+    assert recipe.parse_args(["--model", "m", "--benchmark", "roxford5k", "--max_side", "64"]).max_side == 64
+
+
+@pytest.mark.parametrize("name", ["roxford5k", "dyml_animal", "gldv2_hier"])
+def test_evaluate_protocol_on_an_incomplete_archive_is_one_error_line(name, tmp_path, capsys):
+    """A benchmark evaluated by its own protocol, its archive lacking a file: refused naming ``--data_root`` and the
+    file (a ``ValueError`` traceback before)."""
+    from pml_suprank.models import RetrievalModel
+
+    model = tmp_path / "final"
+    RetrievalModel("test_resnet", embedding_size=8, image_size=32).save_pretrained(model)
+    (tmp_path / "archive").mkdir()
+    argv = ["--model", str(model), "--benchmark", name, "--data_root", str(tmp_path / "archive"), "--cpu"]
+    with pytest.raises(SystemExit) as raised:
+        import_recipe("evaluate").main(argv)
+    line = _one_error_line(capsys, raised)
+    assert f"--data_root {tmp_path / 'archive'}: benchmark {name}, split " in line and "missing file" in line
+
+
+def test_hub_model_id_is_checked_without_push_to_hub(capsys):
+    """``--hub_model_id`` alone names the repo in the model card's usage line: its form is checked all the same."""
+    with pytest.raises(SystemExit) as raised:
+        parse_recipe(recipe_parser("train_happier")[1], ["--hub_model_id", "no slash"])
+    assert "--hub_model_id: repo_id must look like 'org/name'; got 'no slash'" in _one_error_line(capsys, raised)
+    assert parse_recipe(recipe_parser("train_happier")[1], ["--hub_model_id", "me/x"]).run.hub_model_id == "me/x"
