@@ -35,6 +35,7 @@ from .loaders import (
 from .loss_module import LossModule, backward_step
 from .nonfinite import NonFiniteSteps, step_if_finite, stop_error
 from .optim import build_optimizer, build_scheduler
+from .optimizer_state import optimizer_state_indices
 from .pca_init import init_projection_if_requested
 
 __all__ = ["Trainer"]
@@ -207,7 +208,7 @@ class Trainer:
             "num_processes": self.accelerator.num_processes,
             "sampler": checkpoint.jsonable(sampler_state),
             "scheduler": checkpoint.scheduler_state(self.scheduler),
-            "optimizer_state": checkpoint.optimizer_state_indices(self.optimizer),  # the parameters with moments
+            "optimizer_state": optimizer_state_indices(self.optimizer),  # the parameters with moments
             "history": self.progress.history,
             **self.nonfinite.state(),
             "fingerprint": self.fingerprint,
