@@ -55,9 +55,32 @@ def _check(node: yaml.Node, what: str, loader: yaml.SafeLoader, path: Path) -> N
         _check(value_node, name, loader, path)
 
 
+def _at(mark: yaml.Mark) -> str:
+    """``line:column`` of a PyYAML mark, 1-based (PyYAML counts from 0)."""
+    return f"{mark.line + 1}:{mark.column + 1}"
+
+
+def _syntax_error(path: Path, text: str, error: yaml.YAMLError) -> str:
+    """One line for PyYAML's multi-line ``error``: ``<file>:<line>:<column>: invalid YAML: <problem> (<context> at
+    <line>:<column>)``, 1-based as editors count; PyYAML's own excerpt of the file (``in "<unicode string>"``) left
+    out."""
+    if isinstance(error, yaml.MarkedYAMLError) and error.problem:
+        mark = error.problem_mark or error.context_mark
+        where = f"{path}:{_at(mark)}" if mark is not None else str(path)
+        context = f" ({error.context}{f' at {_at(error.context_mark)}' if error.context_mark else ''})"
+        message = f"{where}: invalid YAML: {error.problem}{context if error.context else ''}"
+    elif isinstance(error, yaml.reader.ReaderError):  # a character YAML does not allow: its position in the text
+        line, column = text.count("\n", 0, error.position) + 1, error.position - text.rfind("\n", 0, error.position)
+        message = f"{path}:{line}:{column}: invalid YAML: character #x{error.character:04x}: {error.reason}"
+    else:
+        message = f"{path}: invalid YAML: {error}"
+    return shorten(" ".join(message.split()), 500)
+
+
 def load_yaml(path: str | Path) -> Any:
     """The plain data of the YAML file ``path`` (``yaml.safe_load`` semantics), with bounded cost; ``ValueError``
-    naming the file for a refusal of the module docstring and a file that is not UTF-8 or not valid YAML."""
+    naming the file for a refusal of the module docstring and a file that is not UTF-8 or not valid YAML (one line:
+    the file, line:column and the problem)."""
     p = Path(path)
     if (size := p.stat().st_size) > MAX_YAML_BYTES:
         raise ValueError(f"{p}: {size} bytes; a configuration file may hold at most {MAX_YAML_BYTES} bytes")
@@ -65,8 +88,9 @@ def load_yaml(path: str | Path) -> Any:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"{p}: not UTF-8 text ({e})") from e
-    loader, depth = yaml.SafeLoader(text), 0
+    depth = 0
     try:
+        loader = yaml.SafeLoader(text)  # refuses a character YAML does not allow (ReaderError)
         for event in yaml.parse(text, Loader=yaml.SafeLoader):  # linear in the file size: aliases never expand here
             if isinstance(event, yaml.AliasEvent):
                 raise ValueError(f"{p}: line {event.start_mark.line + 1}: YAML aliases (*{event.anchor}) are not "
@@ -79,4 +103,4 @@ def load_yaml(path: str | Path) -> Any:
         _check(node, "a value", loader, p)
         return loader.construct_document(node)
     except yaml.YAMLError as e:
-        raise ValueError(f"{p}: not valid YAML: {shorten(str(e), 500)}") from e
+        raise ValueError(_syntax_error(p, text, e)) from e

@@ -125,3 +125,29 @@ def test_a_long_integer_in_any_base_is_refused_naming_the_file(tmp_path, text):
     path.write_text(text + "\n")
     with pytest.raises(ValueError, match=r"long_int\.yaml: key 'epochs' \(line 1\): an integer of \d+ digits"):
         load_yaml(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        (
+            "a: 1\nkey: [unclosed\n",
+            r"bad\.yaml:3:1: invalid YAML: expected ',' or ']', but got '<stream end>' "
+            r"\(while parsing a flow sequence at 2:6\)$",
+        ),  # fmt: skip
+        ("a:\n\tb: 1\n", r"bad\.yaml:2:1: invalid YAML: found character '\\t' that cannot start any token"),
+        ("a: 1\n b: 2\n", r"bad\.yaml:2:3: invalid YAML: mapping values are not allowed here$"),
+        ("a: !!python/object x\n", r"bad\.yaml:1:4: invalid YAML: could not determine a constructor for the tag"),
+        ("a: 1\nb: x\x01y\n", r"bad\.yaml:2:5: invalid YAML: character #x0001: special characters are not allowed$"),
+    ],
+    ids=["unclosed", "tab", "indent", "python_tag", "control_character"],
+)
+def test_invalid_yaml_is_one_line_naming_file_line_and_column(tmp_path, text, match):
+    """PyYAML's message is several lines (its marks, ``in "<unicode string>"``); a --config refusal is one line:
+    the file, line:column (1-based) and the problem. A control character was a ReaderError that escaped."""
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=match) as info:
+        load_yaml(path)
+    assert str(info.value).startswith(str(path)) and len(str(info.value).splitlines()) == 1
+    assert "unicode string" not in str(info.value)
