@@ -185,7 +185,12 @@ def test_every_heat_hub_config_parses(path):
         ("heat:\n  beta: .nan\n", r"heat\.beta must be a number or ±inf"),
         ("heat:\n  settings: {gmm: {hidden_dimm: 5}}\n", r"unknown HEAT settings \['hidden_dimm'\]"),
         ("heat:\n  priors: [gmm, nope]\n", r"--priors: unknown \['nope'\]"),
-        ("training:\n  epochs: 3\n", r"unknown top-level key 'training'"),
+        ("trainer:\n  epochs: 3\n", r"unknown top-level key 'trainer'"),
+        (
+            "name: x\nmodel:\n  backbone: y\ntraining:\n  epochs: 3\n",
+            r"heat\.yaml: a training config \(sections "
+            r"model, training\), not a fit_heat one; give it to a training recipe: pml_suprank\.recipes\.train",
+        ),
         ("- a\n- b\n", r"must be a YAML mapping of sections; got list"),
     ],
 )

@@ -183,13 +183,16 @@ class FitHeatSpec:
     @classmethod
     def read_config(cls, path: str) -> tuple[dict[str, Any], dict[str, tuple[str, Any]]]:
         """A ``--config`` file (a bundled name or a YAML path): its ``recipe`` and ``heat`` sections; a backbone that is
-        not a plain timm name is refused (files are data; ``parse`` refuses the ``file=False`` options)."""
+        not a plain timm name is refused (files are data; ``parse`` refuses the ``file=False`` options), a training
+        hub_config in one line naming its recipe."""
         from ..hub.loaded_config import untrusted_model_problems
-        from ..training.hub_config import hub_config_path
+        from ..training.hub_config import hub_config_path, refuse_other_kind
 
         names = [f.name for c in cls.option_classes() for f in fields(c) if f.metadata.get("cli", True)]
-        raw, values = read_sections(hub_config_path(path), {"recipe": {n: n for n in names}, "heat": HEAT_KEYS},
-                                    metadata=dict.fromkeys(METADATA_KEYS))  # fmt: skip
+        p = hub_config_path(path)
+        raw, values = read_sections(p, {"recipe": {n: n for n in names}, "heat": HEAT_KEYS},
+                                    metadata=dict.fromkeys(METADATA_KEYS),
+                                    checks=lambda c: refuse_other_kind(c, p, "fit_heat"))  # fmt: skip
         where, backbone = values.get("backbone", ("", None))
         if backbone is not None and (problems := untrusted_model_problems({"backbone": backbone}, "")):
             raise OptionError(f"{where}: {problems[0]} — a config file names a plain timm model only")

@@ -22,8 +22,8 @@ from .options import LOCATIONS, SECTIONS, config_layer
 from .run_spec import RunSpec
 from .spec import merge_layers, read_sections, section_problems
 
-__all__ = ["HUB_CONFIG_SCHEMA", "HUB_SECTION", "bundled_hub_configs", "hub_config_path", "load_hub_config",
-           "read_hub_config", "read_layer", "validate_hub_config"]  # fmt: skip
+__all__ = ["CONFIG_KINDS", "HUB_CONFIG_SCHEMA", "HUB_SECTION", "bundled_hub_configs", "hub_config_path",
+           "load_hub_config", "read_hub_config", "read_layer", "refuse_other_kind", "validate_hub_config"]  # fmt: skip
 
 #: the ``hub`` section: model-card metadata, ``{key: check}``
 HUB_SECTION: dict[str, OptionCheck] = {
@@ -51,6 +51,26 @@ _KEYS = {**HUB_CONFIG_SCHEMA, "hub": HUB_SECTION}
 _REQUIRED = {"model": "backbone", "data": "dataset", "loss": "name"}
 #: the bundled hub_configs (package data)
 BUNDLED_HUB_CONFIGS = Path(__file__).resolve().parents[1] / "hub_configs"
+#: the kinds of ``--config`` file: ``{kind: (its option sections, the commands that read it)}``; the ``fit_heat`` kind
+#: is :meth:`pml_suprank.recipes.ood_spec.FitHeatSpec.read_config`'s (``recipe:`` options, ``heat:`` settings)
+CONFIG_KINDS: dict[str, tuple[tuple[str, ...], str]] = {
+    "training": (tuple(HUB_CONFIG_SCHEMA), "a training recipe: pml_suprank.recipes.train, train_happier or "
+                 "train_roadmap --config"),
+    "fit_heat": (("recipe", "heat"), "pml_suprank.recipes.fit_heat --config (or ood_benchmark --config)"),
+}  # fmt: skip
+
+
+def refuse_other_kind(config: Mapping[str, Any], path: str | Path, kind: str) -> list[str]:
+    """``[]`` (a ``checks`` of :func:`~pml_suprank.training.spec.read_sections`), or ``OptionError`` in one line
+    naming the file, its kind and its command when ``config`` has sections of another kind of :data:`CONFIG_KINDS`
+    and none of ``kind``'s: the given file is for another recipe, not a file with many unknown keys."""
+    if any(section in config for section in CONFIG_KINDS[kind][0]):
+        return []
+    for other, (sections, command) in CONFIG_KINDS.items():
+        if other != kind and (found := [s for s in sections if s in config]):
+            raise OptionError(f"{path}: a {other} config (sections {', '.join(found)}), not a {kind} one; give it to "
+                              f"{command}")  # fmt: skip
+    return []
 
 
 def _rules(config: dict[str, Any], partial: bool) -> list[str]:
@@ -118,7 +138,8 @@ def read_hub_config(path: str | Path, *, partial: bool = False) -> dict[str, Any
     """A hub_config (YAML file or bundled name), its structure checked (sections, keys, metadata, required keys,
     ``name`` = the file name); the recipes check the merged files once, as their RunSpec. ``partial``: an override."""
     p = hub_config_path(path)
-    config, _ = read_sections(p, _KEYS, metadata=_TOP_LEVEL, checks=lambda c: _rules(c, partial), kind="hub_config")
+    config, _ = read_sections(p, _KEYS, metadata=_TOP_LEVEL, kind="hub_config",
+                              checks=lambda c: refuse_other_kind(c, p, "training") + _rules(c, partial))  # fmt: skip
     if (not partial or "name" in config) and config["name"] != p.stem:
         raise ValueError(f"{p}: 'name' must equal the file name without .yaml ({p.stem!r}); got {config['name']!r}")
     return config

@@ -208,6 +208,23 @@ def test_loader_file_errors(tmp_path):
 # ------------------------------------------------------------------------------------------------------------------
 # the schema is derived from the option dataclasses; partial files; the one loss builder
 # ------------------------------------------------------------------------------------------------------------------
+def test_a_fit_heat_config_is_named_as_such_in_one_line(tmp_path, capsys):
+    """A fit_heat config given to a training recipe: one line naming its kind and command, not every unknown key;
+    a file mixing both kinds keeps the listing of its problems."""
+    from pml_suprank.training import recipe
+
+    with pytest.raises(SystemExit) as raised:
+        recipe.preset_command("train_happier")[0](["--config", "heat_cifar10_resnet34"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert raised.value.code == 2 and "unknown" not in err
+    assert err.endswith("heat_cifar10_resnet34.yaml: a fit_heat config (sections recipe, heat), not a training one; "
+                        "give it to pml_suprank.recipes.fit_heat --config (or ood_benchmark --config)")  # fmt: skip
+    mixed = tmp_path / "mixed.yaml"
+    mixed.write_text("name: mixed\nmodel:\n  backbone: test_resnet\nheat:\n  beta: 0\n")
+    with pytest.raises(ValueError, match=r"invalid hub_config: unknown top-level key 'heat'"):
+        load_hub_config(mixed, partial=True)
+
+
 def test_schema_is_derived_from_the_option_dataclasses():
     from dataclasses import fields
 
