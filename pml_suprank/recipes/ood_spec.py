@@ -199,10 +199,12 @@ class FitHeatSpec:
         return raw, values
 
     @classmethod
-    def from_options(cls, values: dict[str, Any], **_: Any) -> FitHeatSpec:
+    def from_options(cls, values: dict[str, Any], *, given: frozenset[str] = frozenset(),
+                     where: Mapping[str, str] | None = None, **_: Any) -> FitHeatSpec:  # fmt: skip
         """The spec of parsed values, built once: each option checked alone (the detector options gathered into
         ``detector_options``), then the rules between them, one ``OptionError`` naming every broken rule
-        (``replace()`` does not check again)."""
+        (``replace()`` does not check again). ``given``: the options a flag or a file set (``--guard`` / ``--ood_tpr``
+        without ``--model`` are refused); ``where``: where each came from (``--flag``, ``file: section.key``)."""
         options = detector_option_class()
         known = {f.name for f in fields(options)}
         spec = cls(**{k: v for k, v in values.items() if k not in known},
@@ -212,12 +214,15 @@ class FitHeatSpec:
         spec.detector_options = asdict(options(**spec.detector_options))  # each value checked by its option
         unknown, bad = sorted(set(spec.detectors or ()) - set(methods())), sorted(set(spec.priors) - set(list_priors()))
         rows = [m for m in (spec.detectors or methods()) if m != "ODIN"]
+        guard_options = [(where or {}).get(n, f"--{n}") for n in ("guard", "ood_tpr") if n in given]
         rules = [
             (spec.push_to_hub and not spec.hub_model_id, "--push_to_hub true needs --hub_model_id (the Hub repo id)"),
             (unknown, f"--detectors: unknown {unknown}; choose among {list(methods())}"),
             (bad, f"--priors: unknown {bad}; choose among {list(list_priors())}"),
             (spec.model is not None and not unknown and spec.guard not in [*rows, "none"], f"--guard: {spec.guard!r} "
              f"is not a computed table row that scores features; choose among {rows} or 'none'"),
+            (spec.model is None and guard_options, f"{' and '.join(guard_options)} given without --model: --guard / "
+             "--ood_tpr choose the OOD guard stored in the model folder; give --model RUN/final, or leave them out"),
             (spec.model is not None and spec.checkpoint is not None, "--model and --checkpoint exclude each other: "
              "--model loads a retrieval model folder (RUN/final), --checkpoint a timm classifier's state dict"),
         ]  # fmt: skip

@@ -83,8 +83,25 @@ def test_fit_heat_guard_option_is_checked(capsys):
         fit_heat.parse_args(["--model", "run/final", "--guard", "ODIN"])  # the guard is stored with --model only
     assert "--guard: 'ODIN'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        fit_heat.parse_args(["--ood_tpr", "1.5"])
-    assert fit_heat.parse_args(["--guard", "none"]).guard == "none"
+        fit_heat.parse_args(["--model", "run/final", "--ood_tpr", "1.5"])
+    assert "--ood_tpr must be a number in (0, 1]" in capsys.readouterr().err
+    assert fit_heat.parse_args(["--model", "run/final", "--guard", "none"]).guard == "none"
+
+
+def test_fit_heat_refuses_guard_options_without_model(tmp_path, capsys):
+    """``--guard`` / ``--ood_tpr`` (a flag or a config file's) choose the guard stored in ``--model``: without it the
+    whole job ran and ignored them."""
+    fit_heat = importlib.import_module("pml_suprank.recipes.fit_heat")
+    config = tmp_path / "guard.yaml"
+    config.write_text("recipe:\n  guard: KNN\n")
+    for argv, named in ((["--guard", "KNN"], "--guard"), (["--guard", "KNN", "--ood_tpr", "0.9"], "--guard and "
+                        "--ood_tpr"), (["--config", str(config)], f"{config}: recipe.guard")):  # fmt: skip
+        with pytest.raises(SystemExit) as raised:
+            fit_heat.parse_args(argv)
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert raised.value.code == 2 and f"error: {named} given without --model: " in err, err
+        assert "give --model RUN/final, or leave them out" in err
+    assert fit_heat.parse_args([]).guard == "HEAT"  # the default alone is no refusal
 
 
 def test_ood_score_flat_nested_and_single_file(world, tmp_path, capsys):
