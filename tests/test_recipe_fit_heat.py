@@ -275,6 +275,20 @@ def test_fit_heat_refuses_an_untrained_head_and_warns_about_few_heat_steps(tmp_p
     assert fit_heat.heat_step_warnings(enough, n_train=40) == []
 
 
+def test_fit_heat_feature_map_refusal_leaves_no_output_folder(tmp_path, capsys):
+    """A model whose feature map has one spatial position is refused (exit 2, one line) before ``--output_dir`` is
+    created: a refused run left an empty folder behind."""
+    fit_heat = _import_fit_heat()
+    out = tmp_path / "runs" / "out"
+    argv = ["--image_size", "8", "--num_per_class", "1", "--num_test_per_class", "1", "--num_noise", "1",
+            "--progress", "false", "--output_dir", str(out)]  # fmt: skip
+    with pytest.raises(SystemExit) as raised:
+        fit_heat.main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert raised.value.code == 2 and "has 1 spatial position(s)" in err[-1] and err[-1].count("error:") == 1
+    assert not (tmp_path / "runs").exists()
+
+
 class _Head(torch.nn.Module):
     def get_classifier(self):
         return torch.nn.Linear(4, 3)

@@ -276,7 +276,8 @@ def save_features(out_dir: Path, model, train_feats, test_feats, ood_feats, spec
 
 
 def check_files(spec: FitHeatSpec) -> Path:
-    """The output folder; refused: an unreadable ``--checkpoint``, another run's ``results.json`` in it."""
+    """The output folder, not created yet (:func:`main` creates it after the last refusal, so a refused run leaves
+    no folder); refused: an unreadable ``--checkpoint``, another run's ``results.json`` in it."""
     if spec.checkpoint is not None:
         try:
             read_state_dict(spec.checkpoint)
@@ -286,7 +287,7 @@ def check_files(spec: FitHeatSpec) -> Path:
     if (out_dir / "results.json").exists() and not spec.overwrite_output_dir:
         refuse(f"--output_dir {str(out_dir)!r} already holds a results.json (another run's); choose another "
                "--output_dir, or pass --overwrite_output_dir true to replace it")  # fmt: skip
-    return output_folder(out_dir, {"--model": spec.model, "--id_dataset": spec.id_dataset})
+    return out_dir
 
 
 def _set_name(entry: str) -> str:
@@ -344,6 +345,7 @@ def main(argv=None) -> dict:
         refuse(f"{flag}: its feature map at --image_size {spec.image_size} has {positions} spatial position(s); the "
                "std-pooled features (HEAT's style prior) need at least 2: use a larger --image_size or a model "
                "trained at a larger size")  # fmt: skip
+    out_dir = output_folder(out_dir, {"--model": spec.model, "--id_dataset": spec.id_dataset})  # after the refusals
     train_history = train_classifier(model, train_ds, level, classes, spec, device)
     model.eval()
     train_feats, test_feats, ood_feats, test_acc = extract_all(

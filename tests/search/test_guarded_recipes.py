@@ -147,6 +147,7 @@ def test_ood_score_errors_are_one_line(world, tmp_path, capsys, case):
         recipe.main(["--model", model, "--images", images, "--output_dir", out])
     err = capsys.readouterr().err.strip()
     assert raised.value.code == 2 and len(err.splitlines()) == 1 and "error: " in err, err
+    assert case == "output_is_file" or not Path(out).exists()  # refused before the output folder is made
 
 
 def test_search_with_a_guard_gives_every_query_a_verdict(world, tmp_path, capsys):
