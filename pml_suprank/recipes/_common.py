@@ -54,15 +54,17 @@ def test_transform(model: torch.nn.Module) -> Any:
     return data.build_transforms(getattr(model, "module", model).data_config, train=False)
 
 
-def output_folder(path: str | Path, inputs: Mapping[str, Any] | None = None) -> Path:
+def output_folder(path: str | Path, inputs: Mapping[str, Any] | None = None, *, create: bool = True) -> Path:
     """``--output_dir``, created and checked writable before any work, or a refusal naming it; ``inputs``: the local
     input folders ``{"--flag": path}`` (the model folder, the data) it must not lie inside, where its files would
-    replace the model's own (``metrics.json``, the plots) or be read back as data."""
+    replace the model's own (``metrics.json``, the plots) or be read back as data. ``create=False``: that check
+    alone, before the inputs are read, for a recipe whose later refusals come before the folder is made (a refused
+    run leaves no folder behind); it then calls this again to create it."""
     from pml_suprank.training.run_folder import OutputDirError, check_outside_inputs, prepare_output_dir
 
     try:
         check_outside_inputs(path, inputs or {})
-        return prepare_output_dir(path)
+        return prepare_output_dir(path) if create else Path(path)
     except OutputDirError as e:
         refuse(e)
 

@@ -276,8 +276,9 @@ def save_features(out_dir: Path, model, train_feats, test_feats, ood_feats, spec
 
 
 def check_files(spec: FitHeatSpec) -> Path:
-    """The output folder, not created yet (:func:`main` creates it after the last refusal, so a refused run leaves
-    no folder); refused: an unreadable ``--checkpoint``, another run's ``results.json`` in it."""
+    """The output folder, checked but not created yet (:func:`main` creates it after the last refusal, so a refused
+    run leaves no folder); refused: an unreadable ``--checkpoint``, another run's ``results.json`` in it, a folder
+    inside ``--model`` or ``--id_dataset``."""
     if spec.checkpoint is not None:
         try:
             read_state_dict(spec.checkpoint)
@@ -287,7 +288,7 @@ def check_files(spec: FitHeatSpec) -> Path:
     if (out_dir / "results.json").exists() and not spec.overwrite_output_dir:
         refuse(f"--output_dir {str(out_dir)!r} already holds a results.json (another run's); choose another "
                "--output_dir, or pass --overwrite_output_dir true to replace it")  # fmt: skip
-    return out_dir
+    return output_folder(out_dir, {"--model": spec.model, "--id_dataset": spec.id_dataset}, create=False)
 
 
 def _set_name(entry: str) -> str:

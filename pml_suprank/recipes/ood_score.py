@@ -104,12 +104,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from pml_suprank.search.image_files import ImageFiles
 
     dev = device(args.device)
+    inputs = {"--model": args.model, "--images": args.images}
+    output_folder(args.output_dir, inputs, create=False)  # before the model is read
     model = load_model(args.model, dev, "--model")  # a model without an OOD guard: refused before any file is written
     try:
         images = ImageFiles(args.images, test_transform(model), what=f"--images {args.images}")
     except ValueError as e:
         refuse(str(e))
-    out = output_folder(args.output_dir, {"--model": args.model, "--images": args.images})
+    out = output_folder(args.output_dir, inputs)  # after the last refusal
     loader = torch.utils.data.DataLoader(images, batch_size=args.batch_size, collate_fn=data.collate)
     verdict = guard_verdict(model, loader, args, dev)
     csv_path = write_scores(out / "scores.csv", images.names, verdict.scores, verdict.is_ood)
