@@ -38,6 +38,23 @@ def test_data_section_accepts_synthetic_multilabel_and_its_kwargs():
     assert any("'data.label_columns'" in e and "synthetic_multilabel" in e for e in errors)
 
 
+def test_a_split_of_a_synthetic_dataset_is_one_it_has_and_is_read(capsys):
+    """``train`` / ``test`` / ``all``: read as given; another split is refused naming the key, the flag and the
+    splits (it was silently replaced by the part's own)."""
+    from _helpers import parse_recipe, recipe_parser
+
+    for name in ("synthetic", "synthetic_multilabel"):
+        assert data_option_errors({"dataset": name, "test_split": "nope"}) == [
+            f"'data.test_split' (--test_split) must be a split of the built-in dataset {name} ['train', 'test', "
+            "'all']; got 'nope'"
+        ]
+        assert dataset_source({"dataset": name, "test_split": "all"}, "test").split == "all"
+        assert dataset_source({"dataset": name}, "train").split == "train"
+    with pytest.raises(SystemExit) as exit_info:
+        parse_recipe(recipe_parser("train_happier")[1], ["--train_split", "nope"])
+    assert exit_info.value.code == 2 and "'data.train_split' (--train_split) must be" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "loss, sampler, match",
     [

@@ -187,6 +187,26 @@ def test_empty_label_columns_are_a_folders_levels_and_refused_for_a_hub_dataset(
 # the one command on each layout
 # ------------------------------------------------------------------------------------------------------------------
 @pytest.mark.slow
+def test_a_local_path_that_does_not_exist_is_refused_as_such(tmp_path, capsys):
+    """A dataset that can only be a path (absolute, ``./``, ``~``, ``a/b/c``, ``.parquet``) and is not there: "no such
+    folder or file" naming ``--dataset``, not a request for ``--label_columns``; ``org/name`` stays a Hub id."""
+    from _helpers import parse_recipe, recipe_parser
+
+    from pml_suprank.data.source import data_option_errors, missing_path_problem
+
+    for path in (str(tmp_path / "nowhere"), "./nowhere", "~/nowhere-pml", "a/b/c", "nowhere.parquet", "pets/"):
+        assert missing_path_problem(path) == (
+            f"no such folder or file: {path} (a local path; a Hub dataset id has the form 'org/name')"
+        )
+        assert data_option_errors({"dataset": path, "label_columns": ["label"]}) == [missing_path_problem(path)]
+    for name in ("org/name", "name", "synthetic", "data/*.parquet", str(tmp_path)):
+        assert missing_path_problem(name) is None
+    with pytest.raises(SystemExit) as exit_info:
+        parse_recipe(recipe_parser("train_happier")[1], ["--dataset", str(tmp_path / "nowhere")])
+    assert exit_info.value.code == 2
+    assert f"error: --dataset {tmp_path / 'nowhere'}: no such folder or file: " in capsys.readouterr().err
+
+
 def test_train_and_test_class_folders_train_in_one_command(tmp_path, hf_cache, capsys):
     out, summary = _train(tmp_path, _split_folders(tmp_path / "pets"), "--report_to", "none")
     printed = capsys.readouterr().out

@@ -71,12 +71,12 @@ def test_two_different_batch_sizes_are_refused_naming_both_flags(capsys, tmp_pat
 
 def test_a_virtual_batch_of_partial_groups_is_refused_naming_the_flags(capsys):
     err = _refused(["--virtual_batch_size", "30"], capsys)
-    assert "--virtual_batch_size 30 is not a whole number of the sampler's groups (--samples_per_class 4" in err
+    assert "--virtual_batch_size 30 is not a whole number of the sampler's groups (samples_per_class 4" in err
     assert "use a multiple of 4, e.g. 32 or 28" in err
     # the hierarchical sampler draws super_classes_per_batch x samples_per_class images per group
     argv = ["--sampler", "hierarchical", "--virtual_batch_size", "36", "--samples_per_class", "4"]
     err = _refused(argv, capsys)
-    assert "--super_classes_per_batch 2 x --samples_per_class 4 = 8 images" in err and "e.g. 40 or 32" in err
+    assert "super_classes_per_batch 2 x samples_per_class 4 = 8 images" in err and "e.g. 40 or 32" in err
     err = _refused(["--virtual_batch_size", "32", "--chunk_size", "0"], capsys)
     assert "chunk_size" in err
 

@@ -5,16 +5,18 @@ columns and an optional open-set rule); a local image folder without a test spli
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from .._validation import check_choice, shorten
 from .benchmarks.registry import BENCHMARKS, BenchmarkSpec, benchmark_label_names, load_benchmark
 from .folders import FolderLayout, class_names_of, class_split, class_split_side, image_folder_layout
 from .loading import load_retrieval_dataset
 from .synthetic_multishapes import SYNTHETIC_DATASETS, synthetic_dataset
+from .synthetic_shapes import Split
 
 __all__ = [
     "SYNTHETIC_NAMES",
@@ -22,10 +24,12 @@ __all__ = [
     "data_option_errors",
     "dataset_source",
     "folder_layout",
+    "missing_path_problem",
     "resolved_split",
 ]
 
 SYNTHETIC_NAMES = tuple(SYNTHETIC_DATASETS)  #: the built-in datasets
+SYNTHETIC_SPLITS: tuple[str, ...] = get_args(Split)  #: the splits of the built-in datasets
 
 
 @dataclass(frozen=True)
@@ -64,14 +68,15 @@ class DatasetSource:
 
 def dataset_source(data: Mapping[str, Any], part: str, *, data_root: str | Path | None = None) -> DatasetSource:
     """The :class:`DatasetSource` of the ``part`` (``"train"`` / ``"test"``) of a data section that
-    :func:`data_option_errors` accepts; ``data_root`` replaces the section's. ``ValueError``: a retrieval dataset
-    other than a local image folder without ``data.label_columns`` (unset or empty)."""
+    :func:`data_option_errors` accepts (a synthetic set too reads ``data.<part>_split``, default ``part``);
+    ``data_root`` replaces the section's. ``ValueError``: a retrieval dataset other than a local image folder without
+    ``data.label_columns`` (unset or empty)."""
     check_choice("part", part, ("train", "test"))
     dataset = data.get("dataset", "synthetic")
+    split = resolved_split({"data": data}, part)
     if dataset in SYNTHETIC_NAMES:
         options = {k: data[k] for k in ("num_per_class", "image_size") if data.get(k) is not None}
-        return DatasetSource("synthetic", dataset, part, options=options)
-    split = resolved_split({"data": data}, part)
+        return DatasetSource("synthetic", dataset, split, options=options)
     if dataset in BENCHMARKS:
         root = data_root if data_root is not None else data.get("data_root")
         return DatasetSource("benchmark", dataset, split, root=None if root is None else str(root))
@@ -125,6 +130,27 @@ def folder_layout(dataset: Any) -> FolderLayout | None:
     return image_folder_layout(dataset)
 
 
+def missing_path_problem(dataset: Any) -> str | None:
+    """``"no such folder or file: <dataset> ..."`` when the ``dataset`` string can only be a local path and nothing is
+    there, else ``None``. Only a path: absolute, starting with ``.`` or ``~``, a ``.parquet`` file, with the OS
+    separator where it is not ``/``, or with ``/`` other than once between two names (a Hub id is ``name`` or
+    ``org/name``, so ``org/name`` stays a Hub id). A glob pattern is left to the parquet loader."""
+    if not isinstance(dataset, str) or not dataset or any(c in dataset for c in "*?"):
+        return None
+    parts = dataset.split("/")
+    path_only = (
+        dataset.startswith((".", "~"))
+        or Path(dataset).is_absolute()
+        or dataset.endswith(".parquet")
+        or (os.sep != "/" and os.sep in dataset)
+        or len(parts) > 2
+        or (len(parts) == 2 and "" in parts)
+    )
+    if not path_only or Path(dataset).expanduser().exists():
+        return None
+    return f"no such folder or file: {dataset} (a local path; a Hub dataset id has the form 'org/name')"
+
+
 def data_option_errors(data: Mapping[str, Any], *, require_root: bool = False) -> list[str]:
     """The problems of a ``data`` section as messages naming the keys (``[]``: consistent): label columns, a
     benchmark's splits and (``require_root``) ``data_root``, the open-set rules."""
@@ -135,7 +161,13 @@ def data_option_errors(data: Mapping[str, Any], *, require_root: bool = False) -
     levels = [given] if isinstance(given, str) else list(given)
     if spec is not None:
         errors += _benchmark_errors(spec, data, require_root)
-    elif dataset is not None and dataset not in SYNTHETIC_NAMES and not levels:  # unset or empty: a folder's levels
+    elif missing := missing_path_problem(dataset):
+        errors.append(missing)
+    elif dataset in SYNTHETIC_NAMES:
+        errors += [f"'data.{p}_split' (--{p}_split) must be a split of the built-in dataset {dataset} "
+                   f"{list(SYNTHETIC_SPLITS)}; got {split!r}" for p in ("train", "test")
+                   if (split := data.get(f"{p}_split")) is not None and split not in SYNTHETIC_SPLITS]  # fmt: skip
+    elif dataset is not None and not levels:  # unset or empty: a folder's levels
         try:
             layout = folder_layout(dataset)
         except (ValueError, OSError) as e:

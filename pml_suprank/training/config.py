@@ -81,9 +81,10 @@ def field_problem(f: Field, value: Any) -> str | None:
     return f"must be {check.expected}; got {shorten(repr(value), 200)}"
 
 
-def validate_options(obj: Any, rules: Callable[[dict[str, Any]], list[str]] | None = None) -> None:
+def validate_options(obj: Any, rules: Callable[[dict[str, Any]], Sequence[Any]] | None = None) -> None:
     """Check an option dataclass instance: each field by its check, then its class's ``REQUIRED`` fields set, then
-    ``rules`` (between its fields); raise an :class:`OptionError` naming the problems of the first step that fails."""
+    ``rules`` (between its fields: texts or ``(field name, text)``); raise an :class:`OptionError` naming the problems
+    of the first step that fails."""
     problems: list[Any] = [(f.name, p) for f in fields(obj) if (p := field_problem(f, getattr(obj, f.name)))]
     problems = problems or [f"--{n} is required" for n in getattr(obj, "REQUIRED", ()) if getattr(obj, n) is None]
     problems = problems or (rules({f.name: getattr(obj, f.name) for f in fields(obj)}) if rules else [])
@@ -102,22 +103,29 @@ class _DefaultInt(int):
     """The default of ``batch_size``: not given, so ``virtual_batch_size`` (another name of it) sets it."""
 
 
-def _training_rules(v: Mapping[str, Any]) -> list[str]:
+def _training_rules(v: Mapping[str, Any]) -> list[tuple[str | None, str]]:
     """``warmup_epochs < epochs``; the batch a whole number of the sampler's groups (``samples_per_class`` images per
-    class, times ``super_classes_per_batch`` with the hierarchical sampler)."""
+    class, times ``super_classes_per_batch`` with the hierarchical sampler). Each problem is ``(the field to change,
+    text)``: :meth:`OptionError.located` names where its value came from."""
     b, m, vb = v["batch_size"], v["samples_per_class"], v["virtual_batch_size"]
     k = v["super_classes_per_batch"] if v["sampler"] == "hierarchical" else 1
     if v["warmup_epochs"] > 0 and 0 < v["epochs"] <= v["warmup_epochs"]:
-        return [f"warmup_epochs must be < epochs = {v['epochs']}; got {v['warmup_epochs']}"]
+        return [("warmup_epochs", f"must be < epochs = {v['epochs']}; got {v['warmup_epochs']}")]
     if vb is not None and vb != b:
-        return [batch_alias_problem(vb, b)]
+        return [(None, batch_alias_problem(vb, b))]  # names both flags: one field cannot locate the pair
     if vb is not None and vb % (g := k * m):  # g: images per group of classes
-        group = f"--super_classes_per_batch {k} x --samples_per_class {m}" if k > 1 else f"--samples_per_class {m}"
-        low = vb // g * g
-        e_g = f"{low + g} or {low}" if low else f"{g}"
-        return [f"--virtual_batch_size {vb} is not a whole number of the sampler's groups ({group} = {g} images "
-                f"per group of classes); use a multiple of {g}, e.g. {e_g}"]  # fmt: skip
-    return [f"batch_size must be a multiple of samples_per_class = {m}; got batch_size={b}"] if b % m else []
+        group = f"super_classes_per_batch {k} x samples_per_class {m}" if k > 1 else f"samples_per_class {m}"
+        return [("virtual_batch_size", f"{vb} is not a whole number of the sampler's groups ({group} = {g} images "
+                 f"per group of classes); use a multiple of {g}, {_multiples_near(vb, g)}")]  # fmt: skip
+    if b % m:
+        return [("batch_size", f"must be a multiple of samples_per_class = {m}; got {b} (use {_multiples_near(b, m)})")]
+    return []
+
+
+def _multiples_near(n: int, g: int) -> str:
+    """``"e.g. HIGH or LOW"``: the multiples of ``g`` around ``n`` (only ``g`` when ``n < g``)."""
+    low = n // g * g
+    return f"e.g. {low + g} or {low}" if low else f"e.g. {g}"
 
 
 _RATE, _DECAY = is_number(0, high=MAX_LR), is_number(0, high=MAX_WEIGHT_DECAY)

@@ -245,7 +245,8 @@ def build_loss(name: str, values: Mapping[str, Any], num_classes: int, embedding
     it takes (``None``: the loss's default; ``values["loss_kwargs"]`` passed on whole) and ``extra`` keyword arguments
     (e.g. ``relevance="multilabel"``, ``hierarchy=``). ``num_classes`` and ``embedding_size`` go to a constructor that
     requires them, a hierarchical loss or ``decomposability="proxy"``. Raises ``ValueError`` (an unknown loss) or
-    :class:`OptionError` (the constructor refused the arguments)."""
+    :class:`OptionError` (the constructor refused the arguments; the field blamed: ``loss_kwargs`` when given, else
+    ``loss``)."""
     entry = entry or resolve_loss(name)
     kwargs = {k: values[k] for k in loss_keys(name, entry) if values.get(k) is not None}
     params = inspect.signature(entry.cls.__init__).parameters
@@ -256,4 +257,7 @@ def build_loss(name: str, values: Mapping[str, Any], num_classes: int, embedding
     try:
         return entry.cls(**kwargs)
     except TypeError as e:  # OptionError: a ValueError (bad input) and still the constructor's TypeError
-        raise OptionError([f"loss {name}: {entry.cls.__name__}(**{kwargs}) refused its arguments: {e}"]) from e
+        call = f"{entry.cls.__name__}(**{kwargs})"
+        if given := values.get("loss_kwargs"):  # the flags' values were checked when parsed: blame the free ones
+            raise OptionError([("loss_kwargs", f"{given} refused by {call}: {e}")]) from e
+        raise OptionError([("loss", f"{name}: {call} refused its arguments: {e}")]) from e

@@ -174,7 +174,7 @@ def _base():
         (lambda c: c["data"].update(train_classes_per_coarse=3, train_class_fraction=0.5), "give one open-set rule"),
         (lambda c: c["data"].update(open_set=False, train_class_fraction=0.5), "needs 'data.open_set: true'"),
         (lambda c: c["sampler_options"].update(batch_size=255), "must be a multiple"),
-        (lambda c: c["training"].update(warmup_epochs=100), "warmup_epochs must be < epochs"),  # TrainingConfig's
+        (lambda c: c["training"].update(warmup_epochs=100), "'training.warmup_epochs' must be <"),  # TrainingConfig's
         (lambda c: c["loss"].update(tau=0.0), r"'loss.tau' must be a number in \(0, 100\]"),
         (lambda c: c["evaluation"].update(eval_batch_size=0), "'evaluation.eval_batch_size' must be an int >= 1"),
         (lambda c: c["hub"].update(paper_results={"h_ap": 0.594 * 1000}), "paper_results"),

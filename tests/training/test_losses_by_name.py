@@ -19,6 +19,7 @@ from pml_suprank import losses
 from pml_suprank.losses.registry import ENTRY_POINT_GROUP, resolve_loss, unregister_loss
 from pml_suprank.training import RunSpec, build_loss, build_optimizer
 from pml_suprank.training import recipe as common
+from pml_suprank.training.config import OptionError
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = [
@@ -79,6 +80,12 @@ def test_pml_losses_are_baselines_with_their_options_checked():
     # a proxy loss gets num_classes / embedding_size from the data and model; its proxies join the optimizer
     arcface = build_loss("pml:ArcFaceLoss", {"loss_kwargs": {"margin": 20.0}}, num_classes=6, embedding_size=8)
     assert tuple(arcface.W.shape) == (8, 6) and arcface.margin == pytest.approx(math.radians(20.0))
+    with pytest.raises(OptionError) as refused:  # the constructor refuses a loss_kwargs value: loss_kwargs is blamed
+        build_loss("pml:ArcFaceLoss", {"loss_kwargs": {"margin": "x"}}, num_classes=6, embedding_size=8)
+    assert refused.value.problems[0][0] == "loss_kwargs"
+    assert refused.value.located({"loss_kwargs": "--loss_kwargs"}).startswith(
+        "--loss_kwargs {'margin': 'x'} refused by ArcFaceLoss(**{'num_classes': 6, 'embedding_size': 8, 'margin': 'x'})"
+    )
     spec = RunSpec.from_values({"loss": "pml:ArcFaceLoss"})
     optimizer = build_optimizer(torch.nn.Linear(3, 8), arcface, spec.train)
     proxies = next(g for g in optimizer.param_groups if g["name"] == "proxies")

@@ -204,6 +204,27 @@ def test_from_values_names_unknown_options_and_training_errors():
     )
 
 
+def test_the_training_rules_name_where_the_value_came_from(tmp_path, capsys):
+    """A batch the sampler's groups do not divide, a warm-up as long as training: the flag or the file and key that
+    set the value is named, as a field check names it; in Python, the bare field name."""
+    parser = recipe_parser("train_happier")[1]
+    config = tmp_path / "batch.yaml"
+    config.write_text("sampler_options: {batch_size: 16}\ntraining: {warmup_epochs: 3, epochs: 3}\n")
+    multiple = "must be a multiple of samples_per_class = 3; got"
+    for argv, where in [
+        (["--batch_size", "32", "--samples_per_class", "3"], f"--batch_size {multiple} 32 (use e.g. 33 or 30)"),
+        (["--config", str(config), "--samples_per_class", "3", "--warmup_epochs", "0"],
+         f"{config}: sampler_options.batch_size {multiple} 16"),
+        (["--config", str(config)], f"{config}: training.warmup_epochs must be < epochs = 3; got 3"),
+        (["--virtual_batch_size", "30", "--batch_size", "30"], "--virtual_batch_size 30 is not a whole number"),
+    ]:  # fmt: skip
+        with pytest.raises(SystemExit) as exit_info:
+            parse_recipe(parser, argv)
+        assert exit_info.value.code == 2 and where in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"^batch_size must be a multiple of samples_per_class = 4; got 30 \(use e"):
+        RunSpec.from_values({"batch_size": 30, "samples_per_class": 4})
+
+
 def test_run_options_is_the_run_fingerprint_unchanged():
     """``run_options`` identifies a run (resume compares it): its keys, their order and its values are pinned."""
     spec = RunSpec.from_values({"dataset": "sop", "data_root": "/x", "loss": "ROADMAP", "tau": 0.05})
