@@ -27,6 +27,7 @@ from ..data.source import dataset_source, folder_layout
 from ..losses.compile_guard import compile_loss
 from ..metrics.report import format_metrics_table, one_column
 from .checkpoint import CheckpointError, CheckpointSaveError
+from .config import OptionError
 from .hub_config import read_layer
 from .nonfinite import NonFiniteTrainingError
 from .run_folder import RUN_FOLDER_ERRORS, check_outside_inputs, leave_process_group, prepare_output_dir
@@ -157,6 +158,8 @@ def make_loss(
     extra = {} if hierarchy is None else {"relevance": "multilabel", "hierarchy": hierarchy}
     try:
         loss = spec.build_loss(num_classes, embedding_size, **extra)
+    except OptionError as e:  # the constructor refused: the flag whose values it refused
+        refuse(e.located({"loss": "--loss", "loss_kwargs": "--loss_kwargs"}))
     except ValueError as e:
         refuse(f"--loss {spec.loss.loss}: {e}")
     if spec.run.compile_loss:
