@@ -25,7 +25,7 @@ from pml_suprank._validation import is_choice, is_int, optional
 from pml_suprank.data.benchmarks import BENCHMARKS
 from pml_suprank.metrics.report import one_column
 from pml_suprank.training import TrainingConfig
-from pml_suprank.training.config import option, validate_options
+from pml_suprank.training.config import option
 from pml_suprank.training.options import DataOptions, ModelUseOptions, RunOptions
 from pml_suprank.training.recipe import make_accelerator
 from pml_suprank.training.spec import build_parser as spec_parser
@@ -66,6 +66,7 @@ class EvaluateSpec:
     DESCRIPTION = "Evaluate a retrieval model on a test set."
     FLAGS = {"test_split": ("--split", "--test_split"), "eval_batch_size": ("--batch_size", "--eval_batch_size")}
     MODEL_DATA = ("benchmark", "dataset")
+    RULES = staticmethod(_rules)
 
     model: str | None = shared(ModelUseOptions, "model")
     output_dir: str | None = shared(TrainingConfig, "output_dir", None, "write metrics.json and plots here")
@@ -98,9 +99,6 @@ class EvaluateSpec:
     cpu: bool = shared(RunOptions, "cpu")
     embedding_cache: str | None = shared(ModelUseOptions, "embedding_cache")
     model_data: dict | None = option(None, "the model's recorded data spec (read by parse)", cli=False)
-
-    def __post_init__(self) -> None:
-        validate_options(self, _rules)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -163,9 +161,11 @@ def main(argv: list[str] | None = None) -> dict:
 
 def _data_error(section: dict) -> str | None:
     """Why the data section cannot be read (a Hub id without ``--label_columns``, a bad option), else ``None``."""
-    from pml_suprank.data.source import SYNTHETIC_NAMES, data_option_errors, folder_layout
+    from pml_suprank.data.source import SYNTHETIC_NAMES, data_option_errors, folder_layout, missing_path_problem
 
     dataset = section.get("dataset")
+    if problem := missing_path_problem(dataset):
+        return f"--dataset {problem}"
     if dataset not in SYNTHETIC_NAMES and dataset not in BENCHMARKS and not section.get("label_columns"):
         if folder_layout(dataset) is None:
             return f"--label_columns is required with --dataset {dataset!r} (the model records no data spec for it)"

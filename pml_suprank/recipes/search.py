@@ -38,6 +38,8 @@ class SearchSpec:
     """Every option of the ``search`` recipe; the model's ``data_spec.json`` is a layer under the flags."""
 
     REQUIRED = ("model", "output_dir")
+    RULES = staticmethod(lambda v: ["--query_split applies to --queries: give --queries, or leave it out"]
+                         if v["query_split"] is not None and v["queries"] is None else [])  # fmt: skip
     DESCRIPTION = "Search a gallery with a retrieval model; write results.json, an HTML page and a PNG grid."
     MODEL_DATA = ("gallery",)
 
@@ -187,9 +189,12 @@ def load_source(args: SearchSpec, flag: str, split: str | None, transform: Any, 
     a dataset's files is read unlabelled (split ``all``), a dataset source at ``split`` (:func:`folder_split`); or a
     refusal naming ``flag``."""
     from pml_suprank.data.folders import has_dataset_files
+    from pml_suprank.data.source import missing_path_problem
     from pml_suprank.search.image_files import ImageFiles
 
     source = args.gallery if flag == "--gallery" else args.queries
+    if problem := missing_path_problem(source):
+        refuse(f"{flag} {problem}")
     path = Path(source)
     plain = path.is_file() or (path.is_dir() and not has_dataset_files(path))
     if source != "synthetic" and plain and not (flag == "--gallery" and args.label_columns):

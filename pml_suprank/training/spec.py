@@ -12,7 +12,7 @@ holding its flags); ``read_config(path)`` (a ``--config`` file as ``(file as rea
 flag repeats; ``CONFIG_HELP``); ``add_arguments(parser)``; ``MODEL_DATA`` (fields naming a dataset in place of the
 model's recorded one; the ``model_data`` field receives the data spec); ``from_options(values, given=, where=,
 files=)`` (default: ``cls(**values)`` checked by :func:`~pml_suprank.training.config.validate_options`, its
-``REQUIRED`` fields set).
+``REQUIRED`` fields set, then ``RULES(values) -> [problem]``, the rules between its fields).
 """
 
 from __future__ import annotations
@@ -241,7 +241,7 @@ def parse(spec_cls: type[S], argv: list[str] | None = None, *, defaults: Mapping
         if hasattr(spec_cls, "from_options"):
             return spec_cls.from_options(values, given=given, where=where, files=files)
         spec = spec_cls(**values)
-        validate_options(spec)  # once, when built: replace() on the spec does not check again
+        validate_options(spec, getattr(spec_cls, "RULES", None))  # once, when built: replace() does not check again
         return spec
     except OptionError as e:
         parser.error(e.located(where))

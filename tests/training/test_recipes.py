@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -708,6 +709,32 @@ def test_evaluate_refuses_flags_it_would_ignore(argv, expected, capsys):
         recipe.parse_args(["--model", "m", *argv])
     assert expected in _one_error_line(capsys, raised)
     assert recipe.parse_args(["--model", "m", "--benchmark", "roxford5k", "--max_side", "64"]).max_side == 64
+
+
+def test_search_refuses_a_query_split_without_queries(capsys):
+    """``--query_split`` without ``--queries`` was silently ignored; the spec's ``RULES`` refuse it when parsed."""
+    recipe = import_recipe("search")
+    with pytest.raises(SystemExit) as raised:
+        recipe.parse_args(["--model", "m", "--output_dir", "o", "--query_split", "test"])
+    assert "--query_split applies to --queries" in _one_error_line(capsys, raised)
+    spec = recipe.parse_args(["--model", "m", "--output_dir", "o", "--queries", "q", "--query_split", "test"])
+    assert replace(spec, queries=None).query_split == "test"  # checked once, when built: replace() does not check
+
+
+@pytest.mark.parametrize(("recipe_name", "flag"), [("search", "--gallery"), ("search", "--queries"),
+                                                   ("evaluate", "--dataset")])  # fmt: skip
+def test_a_missing_local_path_is_named_as_such(recipe_name, flag, tmp_path, capsys):
+    """A local path that does not exist was answered with '--label_columns is required'."""
+    from pml_suprank.models import RetrievalModel
+
+    model = tmp_path / "final"
+    RetrievalModel("test_resnet", embedding_size=8, image_size=32).save_pretrained(model)
+    argv = ["--model", str(model), flag, str(tmp_path / "nowhere")]
+    argv += ["--output_dir", str(tmp_path / "out"), "--device", "cpu"] if recipe_name == "search" else ["--cpu"]
+    argv += ["--gallery", "synthetic"] if flag == "--queries" else []
+    with pytest.raises(SystemExit) as raised:
+        import_recipe(recipe_name).main(argv)
+    assert f"{flag} no such folder or file: {tmp_path / 'nowhere'}" in _one_error_line(capsys, raised)
 
 
 @pytest.mark.parametrize("name", ["roxford5k", "dyml_animal", "gldv2_hier"])
