@@ -54,8 +54,7 @@ def relevance_level(query_labels: Sequence[int] | None, item_labels: Sequence[in
 def framed_image(ax: Any, image: Any, colour: str, width: float = 3) -> None:
     """Show ``image`` on the axes ``ax`` without ticks, framed in ``colour``."""
     ax.imshow(image)
-    ax.set_xticks([])
-    ax.set_yticks([])
+    ax.set(xticks=[], yticks=[])
     for spine in ax.spines.values():
         spine.set_edgecolor(colour)
         spine.set_linewidth(width)
@@ -452,9 +451,8 @@ def plot_training_curves(
                 steps, values = _series(history, f"eval/{k}")
                 ax.plot(steps, 100.0 * values, marker="o", lw=1.2, label=literal(metric_label(k, label_names)))
             evals = len(_series(history, f"eval/{shown[0]}")[0])
-            ax.set(
-                ylabel="percent", title=f"Test metrics at each of the {evals} evaluations (step 0 = before training)"
-            )
+            title = f"Test metrics at each of the {evals} evaluations (step 0 = before training)"
+            ax.set(ylabel="percent", title=title)
         if panel != "loss":
             ax.legend(fontsize=7, loc="best")
         ax.grid(alpha=0.3)

@@ -203,10 +203,8 @@ def hierarchical_label_pair(
     """
     q_name, r_name = names
     levels = as_hierarchical_labels(query_labels, hierarchy, name=q_name, check=not check_jointly)
-    if same_source:
-        ref_levels = levels
-    else:
-        ref_levels = as_hierarchical_labels(ref_labels, hierarchy, name=r_name, check=not check_jointly)
+    ref_levels = levels if same_source else as_hierarchical_labels(ref_labels, hierarchy, name=r_name,
+                                                                   check=not check_jointly)  # fmt: skip
     if ref_levels.shape[1] != levels.shape[1]:
         raise ValueError(
             f"{q_name} and {r_name} must have the same number of levels; got {levels.shape[1]} and "

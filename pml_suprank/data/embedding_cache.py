@@ -136,8 +136,7 @@ def data_identity(dataset: Any) -> dict[str, Any] | None:
     elif isinstance(getattr(dataset, "paths", None), list):  # image files (benchmarks, ImageFiles)
         out["files_sha256"] = _files_sha256(dataset.paths)
     elif isinstance(getattr(dataset, "members", None), list):  # zip members
-        archives = sorted({a for a, _ in dataset.members})
-        out["files_sha256"] = _files_sha256(archives)
+        out["files_sha256"] = _files_sha256(sorted({a for a, _ in dataset.members}))
         out["members_sha256"] = hashlib.sha256("\n".join(f"{a}|{m}" for a, m in dataset.members).encode()).hexdigest()
     elif getattr(dataset, "pixels", None) is not None:  # an in-memory (N, H, W, 3) array
         out["pixels_sha256"] = _tensor_sha256(torch.from_numpy(dataset.pixels))
@@ -312,6 +311,8 @@ def cached_features(
     Raises:
         ValueError / TypeError: a bad argument; a shard another process should have written is unreadable.
     """
+    from safetensors.torch import save_file
+
     storage = STORAGE_DTYPES[check_choice("dtype", dtype, STORAGE_DTYPES)]
     shard_size = check_positive_int("shard_size", shard_size)
     if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
@@ -349,7 +350,7 @@ def cached_features(
         if parts[j] is None:
             parts[j] = _store(extract(_range_loader(loader, start, stop)), stop - start, storage)
             meta = {"key": digest, "start": str(start), "stop": str(stop)}
-            atomic_write(folder / names[j], lambda tmp, t=parts[j], m=meta: _save(t, tmp, m))
+            atomic_write(folder / names[j], lambda tmp, t=parts[j], m=meta: save_file(t, tmp, metadata=m))
     _barrier(accelerator)
     for j in range(len(names)):  # the other processes' shards
         if j not in parts:
@@ -363,12 +364,6 @@ def cached_features(
                 f"embedding cache: {folder / names[j]} holds {sorted(part)}; expected {sorted(tensor_names)}"
             )
     return _float32({k: torch.cat([parts[j][k] for j in range(len(names))]) for k in tensor_names})
-
-
-def _save(tensors: dict[str, Tensor], path: str, metadata: dict[str, str]) -> None:
-    from safetensors.torch import save_file
-
-    save_file(tensors, path, metadata=metadata)
 
 
 def _float32(tensors: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -10,6 +10,7 @@ import math
 import os
 import re
 from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -94,11 +95,9 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], title: str = ""
 
 def _paper(loss: Any) -> tuple[str, str]:
     """``(title, url)`` of the paper of the registered loss ``loss`` (name or class name; else the SupRank paper)."""
-    try:
-        paper = loss_entry(str(loss)).paper
-    except ValueError:
-        paper = None
-    return paper or SUPRANK_PAPER
+    with suppress(ValueError):  # not a registered loss
+        return loss_entry(str(loss)).paper or SUPRANK_PAPER
+    return SUPRANK_PAPER
 
 
 def describe_dataset(source: Any, hub_datasets: Sequence[str]) -> tuple[str, str, str | None]:

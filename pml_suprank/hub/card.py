@@ -10,6 +10,7 @@ import logging
 import os
 import platform
 from collections.abc import Mapping
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +47,8 @@ def read_card_files(folder: str | Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in CARD_FILES:
         if (Path(folder) / name).is_file():
-            try:
+            with suppress(OSError, ValueError):
                 out[name] = load_json(Path(folder) / name, what=name)
-            except (OSError, ValueError):
-                continue
     return out
 
 

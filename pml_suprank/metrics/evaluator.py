@@ -202,10 +202,9 @@ class RetrievalEvaluator:
         self, query: Tensor, ql: Tensor, reference: Tensor, rl: Tensor, riq: bool, multilabel: bool
     ) -> tuple[dict[str, Tensor], int, int]:
         """``({key: (Q,) float64 on the host}, Q, L)`` of checked inputs, including the ``_``-prefixed counts."""
-        if not multilabel:
-            ql, rl = hierarchical_label_pair(ql, rl, self.hierarchy, names=("query_labels", "reference_labels"))
         if multilabel:
             return evaluate_multilabel(self, query, ql, reference, rl, riq)
+        ql, rl = hierarchical_label_pair(ql, rl, self.hierarchy, names=("query_labels", "reference_labels"))
         if self.backend == "faiss":
             return self._faiss_per_query(query, ql, reference, rl, riq), query.shape[0], ql.shape[1]
         device, dtype = self._device_dtype(query)
@@ -279,9 +278,8 @@ class RetrievalEvaluator:
         keys = list(per_query)
         host = torch.stack([torch.cat(per_query[k]) for k in keys]).cpu() if keys else ()  # one transfer
         per_query = dict(zip(keys, host))
-        if order is not None:  # back to query order
-            inverse = torch.empty_like(order)
-            inverse[order] = torch.arange(Q)
+        if order is not None:  # back to query order (the inverse permutation)
+            inverse = torch.argsort(order)
             per_query = {key: value[inverse] for key, value in per_query.items()}
         return per_query
 

@@ -258,10 +258,9 @@ class ClassConditionalGaussian:
     def neg_log_likelihood(self, z: Tensor, compute_dtype: torch.dtype = torch.float64) -> Tensor:
         """``(N, D) -> (N,)`` ``−log q(ẑ)`` with the full Gaussian normaliser and class weights."""
         maha = self.mahalanobis(z, compute_dtype)
-        d = self.dim
         log_w = torch.log(self.class_weights.to(device=z.device, dtype=compute_dtype))
         half_log_det = torch.log(torch.diagonal(self.cholesky)).sum().to(device=z.device, dtype=compute_dtype)
-        log_q = torch.logsumexp(log_w - 0.5 * maha, dim=-1) - 0.5 * d * math.log(2 * math.pi) - half_log_det
+        log_q = torch.logsumexp(log_w - 0.5 * maha, dim=-1) - 0.5 * self.dim * math.log(2 * math.pi) - half_log_det
         return (-log_q).to(z.dtype)
 
     energy = neg_log_likelihood

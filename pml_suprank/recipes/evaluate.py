@@ -141,11 +141,9 @@ def main(argv: list[str] | None = None) -> dict:
     model = accelerator.prepare(loaded)
     mode = PROTOCOLS.get(name) if name is not None and spec.test_split is None else None
     if mode is None:
-        section = test_data(
-            spec if spec.benchmark is None else replace(spec, model_data=None),
-            int(loaded.data_config["input_size"][-1]),
-        )
-        if name is not None:
+        if name is None:
+            section = test_data(spec, int(loaded.data_config["input_size"][-1]))
+        else:  # a benchmark's test split: the model's recorded data section is not used
             section = {"dataset": name, "data_root": root}
             section.update({"test_split": spec.test_split} if spec.test_split else {})
         if error := _data_error(section):

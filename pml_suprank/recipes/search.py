@@ -17,6 +17,7 @@ relevance, OOD verdict), ``results.html`` (one offline page: ✓ same fine class
 from __future__ import annotations
 
 import argparse
+from contextlib import suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -141,10 +142,8 @@ def item_name(gallery: Any, args: SearchSpec, index: int) -> str:
     if not path:
         return f"{args.gallery}:{args.gallery_split}[{index}]"
     if args.gallery is not None and Path(args.gallery).is_dir():
-        try:
+        with suppress(ValueError, OSError):  # outside the folder: its file name
             return Path(path).resolve().relative_to(Path(args.gallery).resolve()).as_posix()
-        except (ValueError, OSError):
-            pass
     return Path(path).name
 
 
@@ -288,12 +287,9 @@ def main(argv: list[str] | None = None) -> dict:
     title = (f"{_short(args.model)}: {len(records)} queries against {_short(args.gallery)} {args.gallery_split} "
              f"({len(index)} images), top {args.k}")  # fmt: skip
     threshold = None if guard is None else (guard.threshold if args.ood_threshold is None else args.ood_threshold)
+    guard_info = None if guard is None else {"detector": guard.detector_name, "threshold": threshold}
     write_html_report(
-        out / "results.html",
-        pages,
-        title=title,
-        thumbnail_size=args.thumbnail_size,
-        ood_guard=None if guard is None else {"detector": guard.detector_name, "threshold": threshold},
+        out / "results.html", pages, title=title, thumbnail_size=args.thumbnail_size, ood_guard=guard_info
     )
     write_result_grid(out / "results_grid.png", pages)
     levels = [x["relevance"] for r in records for x in r["results"]]
@@ -302,10 +298,8 @@ def main(argv: list[str] | None = None) -> dict:
         "model": args.model, "gallery": {"source": args.gallery, "split": args.gallery_split, "size": len(index)},
         "queries_source": args.queries, "k": args.k, "backend": args.backend, "index_options": index.options,
         "label_names": list(getattr(gallery, "label_names", []) or []), "relevance_counts": summary,
-        "ood_guard": None if guard is None else {
-            "detector": guard.detector_name, "threshold": threshold, "higher_is_ood": True,
-            "threshold_source": "--ood_threshold" if args.ood_threshold is not None else "guard",
-        },
+        "ood_guard": None if guard is None else {**guard_info, "higher_is_ood": True,
+            "threshold_source": "--ood_threshold" if args.ood_threshold is not None else "guard"},
         "queries": [{key: v for key, v in r.items() if key != "image_ref"} for r in records],
     }  # fmt: skip
     write_json(out / "results.json", result)

@@ -105,14 +105,11 @@ def make_accelerator(
     log_with = None
     if with_tracking:
         log_with = report_to or ("tensorboard" if importlib.util.find_spec("tensorboard") is not None else None)
-    kwargs: dict[str, Any] = {"cpu": cpu, "log_with": log_with}
-    if output_dir:
-        kwargs["project_config"] = ProjectConfiguration(project_dir=output_dir, logging_dir=f"{output_dir}/logs")
-    if find_unused_parameters:  # frozen backbone during warm-up: its parameters get no gradient for a while
-        kwargs["kwargs_handlers"] = [DistributedDataParallelKwargs(find_unused_parameters=True)]
-    if mixed_precision is not None:
-        kwargs["mixed_precision"] = mixed_precision
-    return Accelerator(**kwargs)
+    project = ProjectConfiguration(project_dir=output_dir, logging_dir=f"{output_dir}/logs") if output_dir else None
+    # a frozen backbone during warm-up: its parameters get no gradient for a while
+    handlers = [DistributedDataParallelKwargs(find_unused_parameters=True)] if find_unused_parameters else None
+    return Accelerator(cpu=cpu, mixed_precision=mixed_precision, log_with=log_with, project_config=project,
+                       kwargs_handlers=handlers)  # fmt: skip
 
 
 def build_model(spec: RunSpec) -> Any:
@@ -435,10 +432,9 @@ def _job(
         from .trackers import log_plots
 
         log_plots(accelerator, sorted(final.glob("*.png")), trainer.progress.global_step)
-    total = time.perf_counter() - t_start
     accelerator.print(
         f"final model, model card, metrics{' and plots' if plots else ''} in {final} "
-        f"({total:.0f} s in all, {train_time:.0f} s of training)"
+        f"({time.perf_counter() - t_start:.0f} s in all, {train_time:.0f} s of training)"
     )
     pushed_ok = True
     if spec.run.push_to_hub and accelerator.is_main_process:

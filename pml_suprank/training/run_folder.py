@@ -160,19 +160,16 @@ def write_run_file(output_dir: Path, config: Mapping[str, Any], fingerprint: str
     """Write ``output_dir/run.json`` atomically: fingerprint, seed, the resolved configuration, pid, host, time."""
     path = Path(output_dir) / RUN_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    seed = dict(config.get("training") or {}).get("seed")
-    write_json_atomically(
-        path,
-        {
-            "fingerprint": fingerprint,
-            "seed": seed,
-            "config": dict(config),
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            **extra,
-        },
-    )
+    record = {
+        "fingerprint": fingerprint,
+        "seed": dict(config.get("training") or {}).get("seed"),
+        "config": dict(config),
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        **extra,
+    }
+    write_json_atomically(path, record)
     return path
 
 
@@ -394,16 +391,14 @@ class RunLock:
             holder = self._holder()
             if holder is not None and not _stale(holder):
                 raise self._refusal(holder)
-            write_json_atomically(
-                self.path,
-                {
-                    "pid": os.getpid(),
-                    "host": socket.gethostname(),
-                    "token": self.token,
-                    "start": _process_start(os.getpid()),
-                    "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                },
-            )
+            record = {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "token": self.token,
+                "start": _process_start(os.getpid()),
+                "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            }
+            write_json_atomically(self.path, record)
         except BaseException:
             os_lock.release()
             raise

@@ -124,8 +124,7 @@ class Trainer:
             raise ValueError("the training sampler yields no batch; use a smaller batch_size or more data")
         total = config.epochs * self.steps_per_epoch
         self.total_steps = min(total, config.max_train_steps) if config.max_train_steps else total
-        warm = config.warmup_epochs * self.steps_per_epoch
-        self.scheduled_steps = max(self.total_steps - warm, 1)
+        self.scheduled_steps = max(self.total_steps - config.warmup_epochs * self.steps_per_epoch, 1)  # after warm-up
 
         self.loss_module = LossModule(
             model, loss, self.memory, hierarchical_labels=config.hierarchical_labels, distributed=R > 1
@@ -167,14 +166,12 @@ class Trainer:
             raise ValueError("no test_dataset was given to the Trainer; pass dataset=")
         loader = self._eval_loader if dataset is None else None  # the test set's loader is prepared once
         if loader is None:
+            c = self.config
             loader = self.accelerator.prepare(
-                make_loader(
-                    self.test_dataset if dataset is None else dataset,
-                    self.config.eval_batch_size,
-                    self.config.num_workers,
-                )
+                make_loader(self.test_dataset if dataset is None else dataset, c.eval_batch_size, c.num_workers)
             )
-            self._eval_loader = loader if dataset is None else self._eval_loader
+            if dataset is None:
+                self._eval_loader = loader
         return embed_loader(self.model, loader, self.accelerator, progress=True, description=description)
 
     def evaluate(self, dataset: Dataset | None = None, description: str = "evaluation") -> dict[str, float]:
@@ -250,11 +247,10 @@ class Trainer:
         return state
 
     def _check_files(self, path: Path) -> dict[str, Any]:  # every file, and that it fits this model / optimizer
-        module = self.accelerator.unwrap_model(self.loss_module)
         return checkpoint.validate_checkpoint(
             path,
             self.accelerator.num_processes,
-            module=module,
+            module=self.accelerator.unwrap_model(self.loss_module),
             optimizer=self.optimizer,
             sampler=self.sampler,
             scaler=getattr(self.accelerator, "scaler", None),
@@ -291,12 +287,8 @@ class Trainer:
             state = {} if ckpt is None else self._restore(ckpt, checked.get(ckpt) or self._check_files(ckpt),
                                                           ignore_config_change)  # fmt: skip
             if ckpt is None and not self._claimed:  # a new run here (also when --resume latest found no checkpoint)
-                claim = run_folder.claim_output_dir
-                main(
-                    partial(
-                        claim, out, overwrite_output_dir, acc.print, resumed=resume_from, run_config=self.run_config
-                    )
-                )
+                main(partial(run_folder.claim_output_dir, out, overwrite_output_dir, acc.print, resumed=resume_from,
+                             run_config=self.run_config))  # fmt: skip
             extra = {"resumed_from": str(ckpt)} if ckpt is not None else {}
             if ckpt is not None:
                 acc.print(f"resumed from {ckpt} (step {self.progress.global_step})")
@@ -360,9 +352,8 @@ class Trainer:
 
     def _train(self, on_epoch_end: EpochCallback | None) -> list[dict]:
         p, c = self.progress, self.config
-        run = _Run()
-        run.bar = tqdm(total=self.total_steps, initial=p.global_step, desc="training", dynamic_ncols=True,
-                       mininterval=1.0, disable=not self.accelerator.is_local_main_process)  # fmt: skip
+        run = _Run(bar=tqdm(total=self.total_steps, initial=p.global_step, desc="training", dynamic_ncols=True,
+                            mininterval=1.0, disable=not self.accelerator.is_local_main_process))  # fmt: skip
         while p.global_step < self.total_steps and p.epoch < c.epochs and not run.stopped:
             epoch = p.epoch
             self._train_epoch(epoch, run)
@@ -426,9 +417,8 @@ class Trainer:
             "loss": run.loss_sum / run.loss_n if run.loss_n else math.nan,  # the finite losses' mean
             "steps_per_s": run.logged_steps / max(time.perf_counter() - run.t0, 1e-9),
             "skipped_nonfinite_steps": self.nonfinite.skipped,
+            **{f"lr_{g.get('name', 'group')}": g["lr"] for g in self.optimizer.param_groups},
         }
-        for g in self.optimizer.param_groups:
-            record[f"lr_{g.get('name', 'group')}"] = g["lr"]
         p.history.append(record)
         self.accelerator.log({f"train/{k}": v for k, v in record.items() if k != "step"}, step=p.global_step)
         run.loss_sum, run.loss_n, run.logged_steps, run.t0 = 0.0, 0, 0, time.perf_counter()
@@ -499,17 +489,14 @@ class Trainer:
         acc.wait_for_everyone()
         if not acc.is_main_process:
             return None
-        embeddings = None
-        if plots and self.last_embeddings is not None:
-            embeddings = (self.last_embeddings, self.first_embeddings)
+        embeddings = (self.last_embeddings, self.first_embeddings) if plots and self.last_embeddings else None
         run = {"run_fingerprint": self.fingerprint}  # config.json and training_summary.json name the run
-        summary = summary or {}
         from ..hub.card import run_card_metadata
 
         card = run_card_metadata(self, hub_config, (metadata or {}).get("dataset"))  # kept in config.json
         return write_final_folder(
-            save_directory, self.model, config=self.config.to_dict(), metrics=metrics, summary={**summary, **run},
-            history=self.progress.history,
+            save_directory, self.model, config=self.config.to_dict(), metrics=metrics,
+            summary={**(summary or {}), **run}, history=self.progress.history,
             metadata={**(metadata or {}), **run, **card},
             hub_config=hub_config, embeddings=embeddings,
             image_dataset=image_dataset if image_dataset is not None else self.test_dataset,
