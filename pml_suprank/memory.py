@@ -291,11 +291,6 @@ class RankingMemory(nn.Module):
         return (self.batch_weight * terms["batch"] + self.memory_weight * terms["memory"]) / total
 
 
-def _describe(value: Any) -> str:
-    """``value``'s type (and dtype, for a tensor) for an error message."""
-    return f"Tensor of dtype {value.dtype}" if isinstance(value, Tensor) else type(value).__name__
-
-
 def _fit_label_buffer(module: nn.Module, name: str, state_dict: dict[str, Tensor], prefix: str) -> None:
     """Before loading ``state_dict``: give the label buffer ``name`` the saved shape (``(M, L)`` levels or ``(M, W)``
     label sets saved into a fresh memory); ``ValueError`` unless it is ``(M,)`` or ``(M, L)``."""
@@ -379,7 +374,8 @@ class CrossBatchMemory(_PMLCrossBatchMemory):
             enqueued = embeddings.shape[0]
         else:
             if not isinstance(enqueue_mask, Tensor) or enqueue_mask.dtype != torch.bool:
-                raise TypeError(f"enqueue_mask must be a bool torch.Tensor; got {_describe(enqueue_mask)}")
+                got = enqueue_mask.dtype if isinstance(enqueue_mask, Tensor) else type(enqueue_mask).__name__
+                raise TypeError(f"enqueue_mask must be a bool torch.Tensor; got {got}")
             if tuple(enqueue_mask.shape) != (embeddings.shape[0],):
                 raise ValueError(
                     f"enqueue_mask must have shape (B,) == ({embeddings.shape[0]},); got {tuple(enqueue_mask.shape)}"

@@ -58,12 +58,8 @@ class SearchSpec:
     query_split: str | None = option(None, "split of a query dataset (unset: --gallery_split)",
                                      check=optional(is_str()))  # fmt: skip
     num_queries: int = option(8, "queries drawn from the gallery without --queries", check=is_int(1, 100_000))
-    label_columns: list[str] | None = shared(
-        DataOptions,
-        "label_columns",
-        None,
-        "label columns of a dataset source, finest first, space-separated (e.g. fine coarse)",
-    )
+    label_columns: list[str] | None = shared(DataOptions, "label_columns", None, "label columns of a dataset source, "
+                                             "finest first, space-separated (e.g. fine coarse)")  # fmt: skip
     data_root: str | None = shared(DataOptions, "data_root")
     num_per_class: int = shared(DataOptions, "num_per_class", 10)
     batch_size: int = shared(ModelUseOptions, "batch_size")
