@@ -87,6 +87,8 @@ def prepare(name: str, root: str | Path, output_dir: str | Path, splits: Sequenc
     unknown = [s for s in splits if s not in BENCHMARKS[name].splits]
     if unknown:
         raise ValueError(f"splits {unknown} are not splits of {name}; available: {list(BENCHMARKS[name].splits)}")
+    if Path(output_dir).exists():  # a file or an unwritable folder: refused first (there is nothing to leave behind)
+        prepare_output_dir(output_dir)
     sources = {s: load_benchmark(name, root, s) for s in splits}  # the archive's files read before the folder is made
     output_dir = prepare_output_dir(output_dir)  # created, and writable
     with tempfile.TemporaryDirectory(prefix=".prepare_cache_", dir=output_dir, ignore_cleanup_errors=True) as cache:
