@@ -12,7 +12,7 @@ from .._safe_json import load_json
 from .._validation import OptionCheck, is_bool, is_int, shorten
 from ..hub.local_names import public_name
 from .benchmarks.registry import BENCHMARKS
-from .source import SYNTHETIC_NAMES, data_option_errors, dataset_source, folder_layout
+from .source import SYNTHETIC_NAMES, data_option_errors, dataset_source, folder_layout, is_path_syntax
 
 __all__ = ["DATA_SPEC_FILE", "data_spec", "read_data_spec"]
 
@@ -50,11 +50,11 @@ def data_spec(section: Mapping[str, Any], *, seed: int, k_values: Sequence[int],
 
 
 def _is_path(value: Any, folder: Path, where: str = "a recorded value") -> bool:
-    """A recorded data value naming a local path (a Hub id ``org/name`` is never absolute, no leading ``.``/``~``);
+    """A recorded data value naming a local path (by its form, :func:`~.source.is_path_syntax`, or an existing one);
     ``ValueError`` naming ``where`` for a value the file system refuses to look up (a name too long, a NUL byte)."""
     if not isinstance(value, str) or value in (*SYNTHETIC_NAMES, *BENCHMARKS):
         return False
-    if Path(value).is_absolute() or value.startswith((".", "~")) or "\\" in value:
+    if is_path_syntax(value):
         return True
     try:
         return Path(value).exists() or (folder / value).exists()

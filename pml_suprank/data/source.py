@@ -24,6 +24,7 @@ __all__ = [
     "data_option_errors",
     "dataset_source",
     "folder_layout",
+    "is_path_syntax",
     "missing_path_problem",
     "resolved_split",
 ]
@@ -130,23 +131,28 @@ def folder_layout(dataset: Any) -> FolderLayout | None:
     return image_folder_layout(dataset)
 
 
-def missing_path_problem(dataset: Any) -> str | None:
-    """``"no such folder or file: <dataset> ..."`` when the ``dataset`` string can only be a local path and nothing is
-    there, else ``None``. Only a path: absolute, starting with ``.`` or ``~``, a ``.parquet`` file, with the OS
-    separator where it is not ``/``, or with ``/`` other than once between two names (a Hub id is ``name`` or
+def is_path_syntax(dataset: Any) -> bool:
+    """The ``dataset`` string can only be a local path: absolute, starting with ``.`` or ``~``, a ``.parquet`` file,
+    with a separator other than ``/``, or with ``/`` other than once between two names (a Hub id is ``name`` or
     ``org/name``, so ``org/name`` stays a Hub id). A glob pattern is left to the parquet loader."""
     if not isinstance(dataset, str) or not dataset or any(c in dataset for c in "*?"):
-        return None
+        return False
     parts = dataset.split("/")
-    path_only = (
+    return (
         dataset.startswith((".", "~"))
         or Path(dataset).is_absolute()
         or dataset.endswith(".parquet")
+        or "\\" in dataset
         or (os.sep != "/" and os.sep in dataset)
         or len(parts) > 2
         or (len(parts) == 2 and "" in parts)
     )
-    if not path_only or Path(dataset).expanduser().exists():
+
+
+def missing_path_problem(dataset: Any) -> str | None:
+    """``"no such folder or file: <dataset> ..."`` when the ``dataset`` string can only be a local path
+    (:func:`is_path_syntax`) and nothing is there, else ``None``."""
+    if not is_path_syntax(dataset) or Path(dataset).expanduser().exists():
         return None
     return f"no such folder or file: {dataset} (a local path; a Hub dataset id has the form 'org/name')"
 
