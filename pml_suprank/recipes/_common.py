@@ -13,6 +13,7 @@ import torch
 
 from pml_suprank._safe_json import atomic_write
 from pml_suprank._terminal import refuse
+from pml_suprank._validation import check_device
 
 
 def load_model(name: str, device: torch.device | None = None, guard_for: str | None = None) -> Any:
@@ -40,11 +41,10 @@ def scores_images(detector: Any) -> bool:
 def device(name: str | None) -> torch.device:
     """``--device``, else CUDA when available, else the CPU; a refusal naming ``--device`` when this machine has no
     such accelerator (the parser checked the spelling)."""
-    dev = torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if dev.type == "cuda" and (not torch.cuda.is_available() or (dev.index or 0) >= torch.cuda.device_count()):
-        refuse(f"--device {name}: this machine has {torch.cuda.device_count()} usable CUDA device(s); give --device "
-               "cpu or another device")  # fmt: skip
-    return dev
+    try:  # the package's one device check: parsed, and its backend (CUDA, MPS, XPU) and index available here
+        return check_device("--device", name or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except ValueError as e:
+        refuse(e)
 
 
 def test_transform(model: torch.nn.Module) -> Any:

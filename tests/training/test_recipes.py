@@ -673,7 +673,7 @@ def test_device_is_checked_by_name_and_by_machine(name, required, monkeypatch, c
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     with pytest.raises(SystemExit) as raised:
         _common.device("cuda:1")
-    assert "--device cuda:1: this machine has 0 usable CUDA device(s)" in _one_error_line(capsys, raised)
+    assert "--device='cuda:1' but CUDA is not available on this machine" in _one_error_line(capsys, raised)
     assert _common.device("cpu") == torch.device("cpu") and _common.device(None) == torch.device("cpu")
 
 
