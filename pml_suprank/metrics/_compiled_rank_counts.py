@@ -102,14 +102,15 @@ def _count_row(row, r, n, num_bins, out_row):  # pragma: no cover - compiled
 
 
 @njit(nogil=True)
-def _decode_keys(keys_row, n):  # pragma: no cover - compiled
-    """The float32 scores ``(n + 1,)`` of a row's first ``n`` sorted keys (see the module), then a ``-inf`` sentinel."""
-    bits = np.empty(n + 1, np.int32)
+def _decode_keys(keys_row, n, pad=1):  # pragma: no cover - compiled
+    """The float32 scores ``(n + pad,)`` of a row's first ``n`` sorted keys (see the module), then ``pad`` ``-inf``
+    sentinels."""
+    bits = np.empty(n + pad, np.int32)
     for k in range(n):
         m = -(keys_row[k] >> 6)
         bits[k] = np.int32(m ^ ((m >> 31) & 0x7FFFFFFF))
     r = bits.view(np.float32)
-    r[n] = -np.inf
+    r[n:] = -np.inf
     return r
 
 
@@ -283,12 +284,7 @@ def _sort_and_count(row, keys, n, a1, b1, sc, lo, grid, B, binof, ge):  # pragma
         if moves > _SORT_MOVES * n:
             srt.sort()
             break
-    bits = np.empty(n + _SPREAD, np.int32)
-    for k in range(n):
-        m = -(srt[k] >> 6)
-        bits[k] = np.int32(m ^ ((m >> 31) & 0x7FFFFFFF))
-    r = bits.view(np.float32)
-    r[n:] = -np.inf
+    r = _decode_keys(srt, n, _SPREAD)
     bins = np.empty(_TILE, np.int32)
     hist = np.zeros(n + _SPREAD, np.int32)
     N = row.shape[0]
@@ -358,9 +354,8 @@ def _block_ranks(scores, starts, ends, self_col, num_bins, levels, positions):  
         m_hi = -(k_hi >> 6)
         m_lo = -(k_lo >> 6)
         finite = m_hi < _INF_IMAGE and m_lo > -_INF_IMAGE - 1
-        for t in range(n, P):
-            levels[c, t] = 0
-            positions[c, t] = 0
+        levels[c, n:] = 0
+        positions[c, n:] = 0
         if n == 0:
             continue
         if finite:

@@ -58,11 +58,8 @@ def _rank_sums(  # pragma: no cover - compiled
         disc = np.zeros(L, np.float64)
         j = 0
         next_threshold = thresholds[c, order[0]] if T else none
-        # ASI: the ideal order ranks the higher levels first; clamped to the P slots of the row
-        n_plus = 0
-        for lvl in range(1, L + 1):
-            n_plus += counts[c, lvl]
-        last_n = min(n_plus, P)
+        # ASI up to N⁺ relevant items: the ideal order ranks the higher levels first; clamped to the P slots of the row
+        last_n = min(counts[c, 1 : L + 1].sum(), P)
         start = np.zeros(L + 1, np.int64)  # relevant items of a higher level than lvl (clamped to P)
         cap = np.zeros(L + 1, np.int64)  # items of level lvl (clamped to P)
         above = 0
@@ -73,13 +70,14 @@ def _rank_sums(  # pragma: no cover - compiled
         cnt = np.zeros(L + 1, np.int64)  # items of each level in the top n
         n = 1
         asi_sum = 0.0
-        for k in range(P):
-            lv = levels[c, k]
+        for k in range(P + 1):  # k = P: past the last slot, every threshold left and the ASI terms up to N⁺
+            past = k == P
+            lv = levels[c, k] if not past else L
             if lv <= 0:
                 continue
-            p = positions[c, k]
-            if next_threshold < p:
-                while j < T and thresholds[c, order[j]] < p:
+            p = positions[c, k] if not past else none
+            if next_threshold < p or past:
+                while j < T and (past or thresholds[c, order[j]] < p):
                     for m in range(L):
                         ge_at[m, c, order[j]] = a[m]
                         prec_at[m, c, order[j]] = acc[m]
@@ -92,6 +90,8 @@ def _rank_sums(  # pragma: no cover - compiled
                     total += min(cnt[lvl], min(max(n - start[lvl], 0), cap[lvl]))
                 asi_sum += np.float64(total) / np.float64(n)
                 n += 1
+            if past:
+                break
             cnt[lv] += 1
             inv = inv_table[p]
             disc[lv - 1] += disc_table[p]
@@ -101,17 +101,6 @@ def _rank_sums(  # pragma: no cover - compiled
                 term = a[m] * inv
                 acc[m] += term * inside
                 sums[lv - 1, m] += term
-        while j < T:
-            for m in range(L):
-                ge_at[m, c, order[j]] = a[m]
-                prec_at[m, c, order[j]] = acc[m]
-            j += 1
-        while n <= last_n:
-            total = cnt[L]
-            for lvl in range(1, L):
-                total += min(cnt[lvl], min(max(n - start[lvl], 0), cap[lvl]))
-            asi_sum += np.float64(total) / np.float64(n)
-            n += 1
         asi[c] = asi_sum
         level_sums[c] = sums
         level_disc[c] = disc
@@ -134,13 +123,7 @@ def rank_sums_compiled(
     """
     C, P = levels.shape
     L, T = num_levels, thresholds.shape[1]
-    out = (
-        torch.zeros(L, C, T, dtype=torch.float64),
-        torch.zeros(L, C, T, dtype=torch.float64),
-        torch.zeros(C, L, L, dtype=torch.float64),
-        torch.zeros(C, L, dtype=torch.float64),
-        torch.zeros(C, dtype=torch.float64),
-    )
+    out = tuple(torch.zeros(shape, dtype=torch.float64) for shape in ((L, C, T), (L, C, T), (C, L, L), (C, L), (C,)))
     if C and P and L:
         positions = positions.contiguous().numpy()
         inv_table, disc_table = _position_tables(positions)
