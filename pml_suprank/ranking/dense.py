@@ -229,9 +229,10 @@ def _rows(cols: tuple[Tensor, Tensor], r: slice) -> tuple[Tensor, Tensor]:
     return cols[0][r], cols[1][r]
 
 
-def _forward_blocks(ctx, kernel: str, block: int, parameter, scores: Tensor, cols: tuple[Tensor, Tensor]):
-    """``(rank⁺, rank)`` ``(B, N, 1)`` of all blocks; stores on ``ctx`` what backward needs (the single block's
-    derivative, or nothing of size ``(b, N, N)`` when there are several)."""
+def _forward_blocks(ctx, kernel: str, block: int, parameter, scores: Tensor, positives: Tensor, others: Tensor):
+    """``(rank⁺, rank)`` ``(B, N, 1)`` of all blocks and the masks as columns ``cols`` ``(B, N, 1)``; stores on ``ctx``
+    what backward needs (the single block's derivative, or nothing of size ``(b, N, N)`` when there are several)."""
+    cols = positives.unsqueeze(2), others.unsqueeze(2)
     single = block >= scores.shape[0]
     if single:
         rank_plus, rank, deriv = _block_values(kernel, parameter, scores, cols, True)
@@ -242,7 +243,7 @@ def _forward_blocks(ctx, kernel: str, block: int, parameter, scores: Tensor, col
         rank_plus, rank = torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
         ctx.deriv = None
     ctx.kernel, ctx.block, ctx.parameter = kernel, block, parameter
-    return rank_plus, rank
+    return rank_plus, rank, cols
 
 
 def _backward_blocks(ctx, scores: Tensor, cols, grad_plus: Tensor | None, grad_rank: Tensor) -> Tensor:
@@ -263,8 +264,7 @@ class _DenseRanks(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, kernel, block, parameter, scores, positives, others):
-        cols = positives.unsqueeze(2), others.unsqueeze(2)
-        rank_plus, rank = _forward_blocks(ctx, kernel, block, parameter, scores, cols)
+        rank_plus, rank, cols = _forward_blocks(ctx, kernel, block, parameter, scores, positives, others)
         ctx.save_for_backward(scores, *cols)
         if kernel == "suprank":
             ctx.mark_non_differentiable(rank_plus)
@@ -290,8 +290,7 @@ class _DenseAP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, kernel, block, parameter, scores, positives, others):
         ctx.set_materialize_grads(False)
-        cols = positives.unsqueeze(2), others.unsqueeze(2)
-        rank_plus, rank = _forward_blocks(ctx, kernel, block, parameter, scores, cols)
+        rank_plus, rank, cols = _forward_blocks(ctx, kernel, block, parameter, scores, positives, others)
         ratio = rank_plus / rank  # (B, N, 1)
         count = positives.sum(1)
         norm = count.clamp_min(1.0)

@@ -11,6 +11,7 @@ difference of a block of queries, level masks applied arithmetically, no host sy
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 from torch import Tensor
@@ -92,16 +93,12 @@ def dense_hierarchical_query_ranks(
     block = dense_block_size(num_queries, num_refs, scores.element_size(), memory_budget, HIERARCHICAL_TEMPORARIES)
     if block >= num_queries:
         return dense_hierarchical_ranks(scores, levels, level_relevance, valid, step, hrank)
+    grad = scores.requires_grad and torch.is_grad_enabled()
+    run = partial(checkpoint, dense_hierarchical_ranks, use_reentrant=False) if grad else dense_hierarchical_ranks
     parts = []
     for r in query_blocks(num_queries, block):
         rel = None if level_relevance is None else level_relevance[r]
-        args = (scores[r], levels[r], rel, valid[r], step, hrank)
-        grad = scores.requires_grad and torch.is_grad_enabled()
-        parts.append(
-            checkpoint(dense_hierarchical_ranks, *args, use_reentrant=False)
-            if grad
-            else dense_hierarchical_ranks(*args)
-        )
+        parts.append(run(scores[r], levels[r], rel, valid[r], step, hrank))
     rank = torch.cat([p[0] for p in parts])
     return rank, None if level_relevance is None else torch.cat([p[1] for p in parts])
 
@@ -231,11 +228,14 @@ class _HierarchicalScores(torch.autograd.Function):
         return None, None, None, None, torch.cat(parts), None, None, None, None
 
 
-def _fused_scores(kind, scores, levels, weight, norm, valid, step, hrank, memory_budget) -> Tensor:
+def _fused_scores(kind, scores, levels, weight, total, valid, step, hrank, memory_budget) -> tuple[Tensor, Tensor]:
+    """``(score (B,), has_pos (B,) bool)`` of the fused kernel, ``total`` ``(B,)`` the normaliser (0: no positive)."""
     num_queries, num_refs = scores.shape
     temporaries = FUSED_TEMPORARIES[hrank is not None]
     block = dense_block_size(num_queries, num_refs, scores.element_size(), memory_budget, temporaries)
-    return _HierarchicalScores.apply(kind, block, step, hrank, scores, levels, valid, weight, norm)
+    has_pos = total > 0
+    norm = torch.where(has_pos, total, 1.0)
+    return _HierarchicalScores.apply(kind, block, step, hrank, scores, levels, valid, weight, norm), has_pos
 
 
 def dense_sup_hap_scores(
@@ -259,10 +259,7 @@ def dense_sup_hap_scores(
     if level_relevance.dtype != scores.dtype:
         level_relevance = level_relevance.to(scores.dtype)
     weight = torch.gather(level_relevance, 1, levels).mul_(valid)
-    norm = weight.sum(1)
-    has_pos = norm > 0
-    norm = torch.where(has_pos, norm, 1.0)
-    return _fused_scores("hap", scores, levels, weight, norm, valid, step, hrank, memory_budget), has_pos
+    return _fused_scores("hap", scores, levels, weight, weight.sum(1), valid, step, hrank, memory_budget)
 
 
 def dense_sup_ndcg_scores(
@@ -283,6 +280,4 @@ def dense_sup_ndcg_scores(
     weight = torch.exp2(levels.to(scores.dtype)).sub_(1.0).mul_(valid)  # gain of each valid item, 0 at level 0
     positions = torch.arange(2, scores.shape[1] + 2, dtype=scores.dtype, device=scores.device)
     idcg = weight.sort(1, descending=True).values.div_(torch.log2(positions)).sum(1)
-    has_pos = idcg > 0
-    norm = torch.where(has_pos, idcg, 1.0)
-    return _fused_scores("ndcg", scores, levels, weight, norm, valid, step, None, memory_budget), has_pos
+    return _fused_scores("ndcg", scores, levels, weight, idcg, valid, step, None, memory_budget)

@@ -119,11 +119,9 @@ def _block_ranks(
     q, i, groups = positive_pair_groups(valid & (levels > 0), per_query)
     col = groups.pos
     s_pos, lv_pos = scores[q, i], levels[q, i]
-    padded = scores.new_zeros(bsz, width).index_put((q, col), s_pos)
-    lv = torch.zeros(bsz, width, dtype=torch.long, device=scores.device).index_put((q, col), lv_pos)
-    present = torch.zeros(bsz, width, dtype=torch.bool, device=scores.device).index_put(
-        (q, col), torch.ones_like(q, dtype=torch.bool)
-    )
+    padded = _padded(s_pos, q, col, bsz, width, 0.0)
+    lv = _padded(lv_pos, q, col, bsz, width, 0)
+    present = _padded(torch.ones_like(q, dtype=torch.bool), q, col, bsz, width, False)
     s_det, s64 = padded.detach(), padded.to(torch.float64)
     sl = sort_levels(padded, lv, present, num_levels, s64=s64)
     # items of A_l scored >= s_i, l = 1..L+1; T_j >= T_i: A_{L+1} minus A_{T_i} (i itself included: the "1 +")
