@@ -131,12 +131,7 @@ class RankingMemory(nn.Module):
         )
 
     def _check_batch(self, embeddings: Tensor, labels: Tensor, indices: Tensor | None) -> tuple[Tensor, Tensor | None]:
-        check_embeddings("embeddings", embeddings)
-        if embeddings.shape[1] != self.embedding_size:
-            raise ValueError(
-                f"embeddings must have shape (B, embedding_size={self.embedding_size}); got shape "
-                f"{tuple(embeddings.shape)}"
-            )
+        _check_width(embeddings, self.embedding_size)
         check_labels("labels", labels, embeddings.shape[0])
         want = tuple(self.labels.shape[1:])
         if self.multilabel:  # widths are reconciled by _fit_label_width (after the distributed gather)
@@ -291,6 +286,15 @@ class RankingMemory(nn.Module):
         return (self.batch_weight * terms["batch"] + self.memory_weight * terms["memory"]) / total
 
 
+def _check_width(embeddings: Tensor, embedding_size: int, asynchronous: bool = False) -> None:
+    """:func:`~pml_suprank._validation.check_embeddings`, then ``ValueError`` unless ``(B, embedding_size)``."""
+    check_embeddings("embeddings", embeddings, asynchronous=asynchronous)
+    if embeddings.shape[1] != embedding_size:
+        raise ValueError(
+            f"embeddings must have shape (B, embedding_size={embedding_size}); got shape {tuple(embeddings.shape)}"
+        )
+
+
 def _fit_label_buffer(module: nn.Module, name: str, state_dict: dict[str, Tensor], prefix: str) -> None:
     """Before loading ``state_dict``: give the label buffer ``name`` the saved shape (``(M, L)`` levels or ``(M, W)``
     label sets saved into a fresh memory); ``ValueError`` unless it is ``(M,)`` or ``(M, L)``."""
@@ -337,10 +341,7 @@ class CrossBatchMemory(_PMLCrossBatchMemory):
     def check_loss_support(cls, loss_name: str) -> None:
         """Checked in ``__init__`` on the loss's bases, not its name."""
 
-    @property
-    def multilabel(self) -> bool:
-        """True when the wrapped loss takes multi-label label sets (:func:`is_multilabel_loss`)."""
-        return is_multilabel_loss(self.loss)
+    multilabel = RankingMemory.multilabel
 
     def forward(self, embeddings, labels, indices_tuple=None, enqueue_mask=None):
         """PML's ``forward``; multi-label sets ``(B, W)`` and the memory are first padded to one width. The batch is
@@ -357,12 +358,7 @@ class CrossBatchMemory(_PMLCrossBatchMemory):
     def _check_batch(self, embeddings: Any, labels: Any, enqueue_mask: Any) -> None:
         """``ValueError`` / ``TypeError`` naming the argument for a batch PML would fail on deep inside (or store
         wrongly)."""
-        check_embeddings("embeddings", embeddings, asynchronous=True)  # no host read per step on accelerators
-        if embeddings.shape[1] != self.embedding_size:
-            raise ValueError(
-                f"embeddings must have shape (B, embedding_size={self.embedding_size}); got shape "
-                f"{tuple(embeddings.shape)}"
-            )
+        _check_width(embeddings, self.embedding_size, asynchronous=True)  # no host read per step on accelerators
         if not self.multilabel and isinstance(labels, Tensor) and labels.dim() == 2:
             raise ValueError(
                 f"labels must have shape (B,) == ({embeddings.shape[0]},): CrossBatchMemory stores one label per slot "
