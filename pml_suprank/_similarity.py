@@ -33,8 +33,11 @@ def _normalize(x: Tensor) -> tuple[Tensor, Tensor]:
     return x / norm, norm
 
 
-def _normalize_backward(grad_hat: Tensor, x_hat: Tensor, norm: Tensor) -> Tensor:
-    """``∂L/∂x`` from ``∂L/∂x̂`` through ``x̂ = x / max(‖x‖, ε)``; rows with ``‖x‖ <= ε`` are a plain division."""
+def _normalize_backward(grad_hat: Tensor, x_hat: Tensor, norm: Tensor | None) -> Tensor:
+    """``∂L/∂x`` from ``∂L/∂x̂`` through ``x̂ = x / max(‖x‖, ε)``; rows with ``‖x‖ <= ε`` are a plain division;
+    ``norm`` None (no normalisation, ``x̂ = x``): ``∂L/∂x̂`` itself."""
+    if norm is None:
+        return grad_hat
     radial = torch.where(norm > NORMALIZE_EPS, (x_hat * grad_hat).sum(1, keepdim=True), 0.0)
     return torch.addcmul(grad_hat, x_hat, radial, value=-1.0) / norm
 
@@ -49,7 +52,7 @@ class _Similarity(torch.autograd.Function):
             r_hat, r_norm = x_hat, None
         else:
             r_hat, r_norm = _normalize(ref_emb) if normalize else (ref_emb, None)
-        ctx.same, ctx.normalize = ref_emb is None, normalize
+        ctx.same = ref_emb is None
         ctx.save_for_backward(x_hat, norm, r_hat, r_norm)
         return x_hat @ r_hat.mT
 
@@ -58,16 +61,10 @@ class _Similarity(torch.autograd.Function):
     @float32_backward
     def backward(ctx, grad):
         x_hat, norm, r_hat, r_norm = ctx.saved_tensors
-        if ctx.same:
-            grad_x = (grad + grad.mT) @ x_hat
-            return (_normalize_backward(grad_x, x_hat, norm) if ctx.normalize else grad_x), None, None
-        grad_x = grad_r = None
-        if ctx.needs_input_grad[0]:
-            grad_x = grad @ r_hat
-            grad_x = _normalize_backward(grad_x, x_hat, norm) if ctx.normalize else grad_x
-        if ctx.needs_input_grad[1]:
-            grad_r = grad.mT @ x_hat
-            grad_r = _normalize_backward(grad_r, r_hat, r_norm) if ctx.normalize else grad_r
+        if ctx.same:  # norm is None without normalisation
+            return _normalize_backward((grad + grad.mT) @ x_hat, x_hat, norm), None, None
+        grad_x = _normalize_backward(grad @ r_hat, x_hat, norm) if ctx.needs_input_grad[0] else None
+        grad_r = _normalize_backward(grad.mT @ x_hat, r_hat, r_norm) if ctx.needs_input_grad[1] else None
         return grad_x, grad_r, None
 
 
