@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..relevance import Hierarchy, check_multilabel, ideal_dcg, multilabel_relevance
+from ..relevance import Hierarchy, check_multilabel, ideal_dcg, level_counts, multilabel_relevance
 
 __all__ = ["graded_dcg_scores", "multilabel_levels", "per_label_rows"]
 
@@ -71,8 +71,7 @@ def graded_dcg_scores(rank: Tensor, levels: Tensor, level_gains: Tensor, valid: 
     gains = level_gains.to(rank.dtype)
     positive = valid & (levels > 0)
     dcg = torch.where(positive, gains.gather(1, levels) / torch.log2(1.0 + rank), torch.zeros_like(rank)).sum(1)
-    counts = torch.zeros(levels.shape[0], gains.shape[1], dtype=torch.long, device=levels.device)
-    idcg = ideal_dcg(counts.scatter_add(1, levels, valid.long()), gains)
+    idcg = ideal_dcg(level_counts(levels, gains.shape[1] - 1, valid), gains)
     has_pos = positive.any(1)
     score = torch.where(has_pos, dcg / torch.where(has_pos, idcg, torch.ones_like(idcg)), torch.zeros_like(dcg))
     return score, has_pos

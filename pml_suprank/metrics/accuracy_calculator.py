@@ -185,14 +185,9 @@ class HierarchicalAccuracyCalculator(AccuracyCalculator):
     ) -> tuple[dict[str, Any], int]:
         """``(evaluate's result, L)`` of the added ``groups`` (multi-label when the calculator is)."""
         kw = dict(self._evaluator_kwargs, device=self.device, hierarchy=self.hierarchy, multilabel=self.multilabel)
-        same = reference is query
-        values = RetrievalEvaluator(metrics=groups, **kw).evaluate(
-            query.float(),
-            ql,
-            None if same else reference.float(),
-            None if same else rl,
-            ref_includes_query=riq and not same,
-        )
+        same = reference is query  # the query set itself: the evaluator's default, each query removed by index
+        gallery = (None, None) if same else (reference.float(), rl)
+        values = RetrievalEvaluator(metrics=groups, **kw).evaluate(query.float(), ql, *gallery, ref_includes_query=riq)
         return values, sum(key.startswith("num_queries_without_positives_level") for key in values)
 
     def _collect(self, ours: Sequence[str], named: set[str], result: dict[str, Any]) -> None:

@@ -143,8 +143,7 @@ def _revisited_scores(positions: Tensor, kappas: Sequence[int]) -> tuple[Tensor,
     for kappa in kappas:
         kq = torch.minimum(last, torch.full_like(last, float(kappa))).clamp(min=1.0)
         prs.append((valid & (positions.double() <= kq[:, None])).sum(1).double() / kq)
-    nan = torch.full_like(ap, math.nan)
-    ap = torch.where(n > 0, ap, nan)
+    ap = torch.where(n > 0, ap, math.nan)
     pr = torch.stack(prs, 1) if prs else torch.zeros(len(ap), 0, dtype=torch.float64)
     return ap, torch.where((n > 0)[:, None], pr, math.nan)
 
