@@ -47,7 +47,11 @@ def resolve_replicas(num_replicas: int | None, rank: int | None) -> tuple[int, i
 
 
 def draw(rng: np.random.Generator, pool: np.ndarray, size: int, exclude: np.ndarray | None = None) -> np.ndarray:
-    """``size`` items of ``pool``, without replacement while possible (items not in ``exclude`` first)."""
+    """``size`` items of ``pool``, without replacement while possible (items not in ``exclude`` first; ``O(size +
+    |exclude|)`` when ``pool`` is large enough)."""
+    if exclude is not None and pool.size >= size + exclude.size:  # at most |exclude| of the candidates are excluded
+        candidates = rng.choice(pool, size + exclude.size, replace=False)
+        return candidates[~np.isin(candidates, exclude)][:size]
     if exclude is not None and exclude.size:
         fresh = pool[~np.isin(pool, exclude)]
         if fresh.size >= size:
