@@ -75,8 +75,7 @@ def short_run_warning(
     need_epochs = max(epochs, -(-min_steps // max(steps_per_epoch, 1)))
     fix = f"--epochs {need_epochs}"
     if max_train_steps is not None and max_train_steps < min_steps:
-        fix += f" --max_train_steps {min_steps}" if need_epochs > epochs else ""
-        fix = f"--max_train_steps {min_steps}" if need_epochs <= epochs else fix
+        fix = (f"{fix} " if need_epochs > epochs else "") + f"--max_train_steps {min_steps}"
     return (
         f"warning: only {total_steps} optimizer steps ({steps_per_epoch} per epoch); a model hardly trains in fewer "
         f"than ~{min_steps}: {fix} would reach {min_steps}"

@@ -37,11 +37,9 @@ OpenSetPart = Literal["train", "test"]
 def collate(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Items → ``{"image": (B, 3, H, W), "labels": (B, L) or (B, M), "index": (B,)}``; label rows of different
     lengths (multi-label sets) are padded with ``-1``."""
-    rows = [torch.as_tensor(it["labels"]).long().reshape(-1) for it in items]
-    ragged = len({len(r) for r in rows}) > 1
     return {
         "image": torch.stack([it["image"] for it in items]),
-        "labels": pad_label_sets(rows) if ragged else torch.stack(rows),
+        "labels": pad_label_sets([it["labels"] for it in items]),
         "index": torch.tensor([int(it["index"]) for it in items], dtype=torch.long),
     }
 

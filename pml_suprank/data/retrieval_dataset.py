@@ -77,7 +77,6 @@ class RetrievalDatasetBase(Dataset):
         if multilabel:
             labels = check_label_sets(labels)
             self.hierarchy = self._check_hierarchy(labels, hierarchy)
-            width = 1 if self.hierarchy is None else int(self.hierarchy.shape[1])
         else:
             if hierarchy is not None:
                 raise ValueError(
@@ -89,11 +88,10 @@ class RetrievalDatasetBase(Dataset):
                 labels = labels[:, None]
             if labels.dim() != 2:
                 raise ValueError(f"labels must have shape (N, L); got shape {tuple(labels.shape)}")
-            width = labels.shape[1]
-        if len(label_names) != width:
-            raise ValueError(f"label_names must name the {width} label levels; got {len(label_names)}: {label_names}")
         self.multilabel = bool(multilabel)
         self.labels = labels
+        if len(label_names) != (width := self.num_levels):
+            raise ValueError(f"label_names must name the {width} label levels; got {len(label_names)}: {label_names}")
         self.label_names = label_names
         self.transform = None
         self.set_transform(transform)

@@ -17,7 +17,6 @@ import torch
 from .._validation import check_choice
 from .retrieval_dataset import RetrievalDatasetBase, pad_label_sets
 from .synthetic_shapes import (
-    FAMILIES,
     Split,
     SyntheticShapes,
     fine_id,
@@ -41,7 +40,7 @@ class SyntheticMultiShapes(SyntheticShapes):
         max_labels: Most shapes per image, 1..9, in distinct cells of a ``ceil(sqrt(max_labels))``-sided grid (and
             the columns of ``labels``).
         scale: Range of a shape's radius as a fraction of its cell's side.
-        others: As :class:`~pml_suprank.data.synthetic_shapes.SyntheticShapes`.
+        others: As :class:`~pml_suprank.data.synthetic_shapes.SyntheticShapes` (``noise`` ... ``cache`` in its order).
 
     Items: ``ds[i] = {"image": (3, H, W) float, "labels": (max_labels,) long (-1 padded), "index": i}``;
     ``ds.labels`` is ``(N, max_labels)``, ``ds.hierarchy`` the ``(54, levels)`` table.
@@ -64,21 +63,15 @@ class SyntheticMultiShapes(SyntheticShapes):
         max_labels: int = 3,
         rotation: float = 30.0,
         scale: tuple[float, float] = (0.3, 0.45),
-        noise: float = 10.0,
-        clutter: int = 3,
-        colour_jitter: int = 25,
-        illumination: float = 0.12,
-        colour_cast: float = 0.15,
-        transform: Callable | None = None,
-        cache: bool = True,
+        *args: Any,
+        **kwargs: Any,
     ) -> None:
         if isinstance(max_labels, bool) or not isinstance(max_labels, int) or not 1 <= max_labels <= _MAX_LABELS:
             raise ValueError(f"max_labels must be an int in [1, {_MAX_LABELS}]; got {max_labels!r}")
         self.max_labels = max_labels
         super().__init__(
-            split, num_per_class, image_size, seed, families, levels, open_set, rotation, scale, noise, clutter,
-            colour_jitter, illumination, colour_cast, transform, cache,
-        )  # fmt: skip
+            split, num_per_class, image_size, seed, families, levels, open_set, rotation, scale, *args, **kwargs
+        )
 
     def _set_labels(self, transform: Callable | None) -> None:
         """The label sets: ``_items`` (split code, index within that split's images, fine ids of the shapes)."""
@@ -115,13 +108,6 @@ class SyntheticMultiShapes(SyntheticShapes):
         split_code, j, group = self._items[index]
         rng = np.random.default_rng((self.seed, split_code, _IMAGE_STREAM, j))
         return render_shapes(rng, [shape_of(fine) for fine in group], self, grid=math.ceil(math.sqrt(self.max_labels)))
-
-    def __repr__(self) -> str:
-        fams = [FAMILIES[f] for f in self.family_ids]
-        return (
-            f"SyntheticMultiShapes(split={self.split!r}, num_items={len(self)}, max_labels={self.max_labels}, "
-            f"families={fams}, image_size={self.image_size}, label_names={self.label_names})"
-        )
 
 
 #: The built-in synthetic datasets by name (read-only): the ``--dataset`` values of the recipes.

@@ -298,8 +298,9 @@ class SyntheticShapes(RetrievalDatasetBase):
 
     def __repr__(self) -> str:
         fams = [FAMILIES[f] for f in self.family_ids]
+        size = f"max_labels={self.max_labels}" if self.multilabel else f"fine_classes={len(self._classes)}"
         return (
-            f"SyntheticShapes(split={self.split!r}, num_items={len(self)}, fine_classes={len(self._classes)}, "
+            f"{type(self).__name__}(split={self.split!r}, num_items={len(self)}, {size}, "
             f"families={fams}, image_size={self.image_size}, label_names={self.label_names})"
         )
 

@@ -47,7 +47,11 @@ def resolve_replicas(num_replicas: int | None, rank: int | None) -> tuple[int, i
 
 
 def draw(rng: np.random.Generator, pool: np.ndarray, size: int, exclude: np.ndarray | None = None) -> np.ndarray:
-    """``size`` items of ``pool``, without replacement while possible (items not in ``exclude`` first)."""
+    """``size`` items of ``pool``, without replacement while possible (items not in ``exclude`` first; ``O(size +
+    |exclude|)`` when ``pool`` is large enough)."""
+    if exclude is not None and pool.size >= size + exclude.size:  # at most |exclude| of the candidates are excluded
+        candidates = rng.choice(pool, size + exclude.size, replace=False)
+        return candidates[~np.isin(candidates, exclude)][:size]
     if exclude is not None and exclude.size:
         fresh = pool[~np.isin(pool, exclude)]
         if fresh.size >= size:
@@ -83,8 +87,7 @@ def deal(
     ``num_batches`` batches, position ``p`` into batch ``p % num_batches``, so that a batch never holds a class twice;
     yields, batch by batch, its group positions and the distinct other classes that complete it to
     ``groups_per_batch`` groups (drawn from ``rng`` at that batch's turn)."""
-    slot = np.arange(owner.size) % num_batches
-    for sel in np.split(np.argsort(slot, kind="stable"), np.cumsum(np.bincount(slot, minlength=num_batches))[:-1]):
+    for sel in (np.arange(b, owner.size, num_batches) for b in range(num_batches)):  # positions p with p % nb == b
         missing = groups_per_batch - sel.size
         if missing <= 0:
             yield sel, np.empty(0, dtype=np.int64)

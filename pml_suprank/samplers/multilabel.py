@@ -82,22 +82,11 @@ class MultiLabelSampler(ShardedBatchSampler):
 
     def _batch_groups(self, rng: np.random.Generator, batch_labels: np.ndarray) -> np.ndarray:
         """``(G, m)`` item groups, one per label; the labels with the fewest items draw first."""
-        used: list[np.ndarray] = []
         groups = np.empty((len(batch_labels), self.m), dtype=np.int64)
-        sizes = np.array([len(self._members[c]) for c in batch_labels])
-        for i in np.argsort(sizes, kind="stable"):
-            exclude = np.concatenate(used) if used else np.empty(0, dtype=np.int64)
-            groups[i] = self._draw_fresh(rng, self._members[int(batch_labels[i])], exclude)
-            used.append(groups[i])
+        order = np.argsort([len(self._members[c]) for c in batch_labels], kind="stable")
+        for j, i in enumerate(order):  # a group avoids the items of the groups drawn before it
+            groups[i] = draw(rng, self._members[int(batch_labels[i])], self.m, exclude=groups[order[:j]].reshape(-1))
         return groups
-
-    def _draw_fresh(self, rng: np.random.Generator, pool: np.ndarray, exclude: np.ndarray) -> np.ndarray:
-        """``m`` items of ``pool`` avoiding ``exclude`` while possible; ``O(m + |exclude|)`` for large pools."""
-        m = self.m
-        if pool.size >= m + exclude.size:  # enough candidates: at most |exclude| of them are excluded
-            cand = rng.choice(pool, m + exclude.size, replace=False)
-            return cand[~np.isin(cand, exclude)][:m]
-        return draw(rng, pool, m, exclude=exclude)
 
     def _global_plan(self, rng: np.random.Generator) -> list[list[np.ndarray]]:
         G, nb = self.groups_per_batch, len(self)

@@ -179,6 +179,7 @@ class NativeImageDataset(RetrievalDatasetBase):
         if len(names) != len(self):
             raise ValueError(f"names must give one file name per item ({len(self)}); got {len(names)}")
         self.names = list(names)
+        self._sources = self.names  # what error messages name per item (subclasses: the file path or zip member)
         self.benchmark = benchmark
         self.split = split
 
@@ -196,8 +197,8 @@ class NativeImageDataset(RetrievalDatasetBase):
         return decode_image(io.BytesIO(record["bytes"]), self.describe_item(index))
 
     def describe_item(self, index: int) -> str:
-        """``"<benchmark> <split> item <i> (<file>)"``, for error messages."""
-        return f"{self.benchmark} {self.split} item {index} ({self.names[index]})"
+        """``"<benchmark> <split> item <i> (<source>)"``, for error messages."""
+        return f"{self.benchmark} {self.split} item {index} ({self._sources[index]})"
 
     def __repr__(self) -> str:
         return (
@@ -213,6 +214,7 @@ class FileImageDataset(NativeImageDataset):
         self.paths = [str(p) for p in paths]
         names = [os.path.relpath(p, root) for p in self.paths]
         super().__init__(labels, label_names, names, **kwargs)
+        self._sources = self.paths
 
     def image_record(self, index: int) -> dict[str, Any]:
         """The file's bytes and its path relative to the benchmark root."""
@@ -223,10 +225,6 @@ class FileImageDataset(NativeImageDataset):
         except OSError as err:
             raise ValueError(f"{self.describe_item(index)}: cannot read the image file ({err})") from None
 
-    def describe_item(self, index: int) -> str:
-        """``"<benchmark> <split> item <i> (<file>)"`` with the file's absolute path."""
-        return f"{self.benchmark} {self.split} item {index} ({self.paths[index]})"
-
 
 class ZipImageDataset(NativeImageDataset):
     """Images stored as zip members ``members[i] = (zip path, member name)``, opened per process on first use."""
@@ -236,12 +234,8 @@ class ZipImageDataset(NativeImageDataset):
     ) -> None:
         self.members = [(str(z), m) for z, m in members]
         super().__init__(labels, label_names, [m for _, m in self.members], **kwargs)
+        self._sources = [f"{z}::{m}" for z, m in self.members]
         self._handles: dict[tuple[int, str], zipfile.ZipFile] = {}
-
-    def describe_item(self, index: int) -> str:
-        """``"<benchmark> <split> item <i> (<archive>::<member>)"``."""
-        archive, member = self.members[index]
-        return f"{self.benchmark} {self.split} item {index} ({archive}::{member})"
 
     def image_record(self, index: int) -> dict[str, Any]:
         """The member's bytes and its name inside the archive."""

@@ -86,28 +86,16 @@ def _train_records(root: Path) -> list[Record]:
     return out
 
 
-def _index_landmarks(root: Path) -> tuple[Path, list[tuple[int, str, int]]]:
-    path = root / "index_image_to_landmark.csv"
-    rows = []
-    for line, row in read_table(path, _INDEX_COLUMNS):
-        rows.append((line, _image_id(row["id"], path, line), parse_int(row["landmark_id"], path, line, "landmark_id")))
-    return path, rows
-
-
 def _query_gallery_records(root: Path) -> dict[str, list[Record]]:
     confine = PathConfiner(root)
     hierarchy = read_subcategories(root / "index_label_to_subcategory_with_clusters.csv")
-    index_path, index_rows = _index_landmarks(root)
-    landmark_of = {image: landmark for _, image, landmark in index_rows}
-    gallery = [
-        (
-            confine(gldv2_image_path("index", image), where=f"{index_path}, line {line}"),
-            (landmark, *hierarchy[landmark]),
-            f"{index_path}, line {line}",
-        )
-        for line, image, landmark in index_rows
-        if landmark in hierarchy
-    ]
+    index_path, landmark_of, gallery = root / "index_image_to_landmark.csv", {}, []
+    for line, row in read_table(index_path, _INDEX_COLUMNS):
+        image = _image_id(row["id"], index_path, line)
+        landmark_of[image] = landmark = parse_int(row["landmark_id"], index_path, line, "landmark_id")
+        if landmark in hierarchy:
+            key, where = (landmark, *hierarchy[landmark]), f"{index_path}, line {line}"
+            gallery.append((confine(gldv2_image_path("index", image), where=where), key, where))
     path = root / "retrieval_solution_v2.1.csv"
     query = []
     for line, row in read_table(path, _SOLUTION_COLUMNS):
