@@ -9,7 +9,6 @@ folder is refused.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -18,9 +17,9 @@ import torch
 from torch import Tensor
 
 from .._safe_json import load_json
-from .._validation import check_choice, check_positive_int
+from .._validation import check_choice, check_positive_int, is_int
 from ..hub.schema import Sizes, TensorSpec, check_schema
-from ..hub.serialization import read_weights, staged_folder, write_weights
+from ..hub.serialization import read_weights, sha256_file, staged_folder, write_weights
 from ..version import __version__
 from .faiss_backends import BACKENDS, resolve_options
 
@@ -35,14 +34,6 @@ _KEYS = frozenset(
     "format format_version backend options num_items dim dtype label_shape ids sha256 pml_suprank_version".split()
 )
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _inside(folder: Path, path: Path) -> Path:
@@ -97,10 +88,6 @@ def check_ids(name: str, ids: Any, n: int) -> list[str | int]:
     return ids
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _check_meta(meta: Any) -> None:
     if not isinstance(meta, dict):
         raise ValueError(f"expected a JSON object; got {type(meta).__name__}")
@@ -116,9 +103,7 @@ def _check_meta(meta: Any) -> None:
     for key in ("num_items", "dim"):
         check_positive_int(repr(key), meta[key])
     shape = meta["label_shape"]
-    if not (
-        shape is None or (isinstance(shape, list) and len(shape) <= 1 and all(_is_int(v) and v >= 1 for v in shape))
-    ):
+    if not (shape is None or (isinstance(shape, list) and len(shape) <= 1 and all(map(is_int(1), shape)))):
         raise ValueError(f"'label_shape' must be null, [] or [L] with L >= 1; got {shape!r}")
     if not isinstance(meta["options"], dict):
         raise ValueError(f"'options' must be an object; got {type(meta['options']).__name__}")

@@ -37,11 +37,7 @@ def topk_lowest_index(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
         picked = keep.nonzero()[:, 1].reshape(len(rows), k)  # columns in increasing order, exactly k per row
         columns = columns.clone()
         columns[rows] = picked
-    # order the selected set by (-score, column): sort by column, then stable sort by decreasing score
-    columns, _ = columns.sort(dim=1)
-    values = scores.gather(1, columns)
-    values, order = values.sort(dim=1, descending=True, stable=True)
-    return values, columns.gather(1, order)
+    return merge_topk(scores.gather(1, columns), columns, k)  # the selected set ordered by (-score, column)
 
 
 def merge_topk(values: Tensor, indices: Tensor, k: int) -> tuple[Tensor, Tensor]:
