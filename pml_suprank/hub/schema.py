@@ -79,8 +79,7 @@ class Sizes(dict):
 
     def __init__(self, *args, origin: Mapping[str, str] | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.origin = {symbol: "config.json or an earlier tensor" for symbol in self}
-        self.origin.update(origin or {})
+        self.origin = {symbol: "config.json or an earlier tensor" for symbol in self} | dict(origin or {})
 
 
 def _check_values(name: str, t: Tensor, spec: TensorSpec, where: str) -> None:

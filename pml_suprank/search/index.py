@@ -74,8 +74,7 @@ class RetrievalIndex:
         self.dim = int(embeddings.shape[1])
         self._embeddings = embeddings.detach().to(self.device, self.dtype)
         self._max_abs = max_abs(self._embeddings)
-        self.labels: Tensor | None = None
-        self.labels = None if labels is None else self._checked_labels(labels, embeddings.shape[0]).cpu()
+        self.labels = None if labels is None else check_labels("labels", labels, embeddings.shape[0]).long().cpu()
         self.ids = None if ids is None else check_ids("ids", ids, embeddings.shape[0])
         self._faiss = None
         if self.backend != "torch":

@@ -36,15 +36,14 @@ _KEYS = frozenset(
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
-def _inside(folder: Path, path: Path) -> Path:
-    """``path`` (a file of ``folder``) if it resolves inside ``folder``; a link pointing elsewhere is refused, so
-    ``load`` never reads, and ``save`` never overwrites, a file outside the index folder."""
+def _inside(folder: Path, path: Path) -> None:
+    """Refuse ``path`` (a file of ``folder``) when it is a link that resolves outside ``folder``, so ``load`` never
+    reads, and ``save`` never overwrites, a file outside the index folder."""
     if path.is_symlink() and not path.resolve().is_relative_to(folder.resolve()):
         raise ValueError(
             f"{path} is a symbolic link to {path.resolve()}, outside the index folder {folder}: refused (copy the "
             f"file into the folder instead)"
         )
-    return path
 
 
 def write_index_files(folder: str | Path, embeddings: Tensor, labels: Tensor | None, meta: dict[str, Any]) -> Path:
