@@ -144,15 +144,11 @@ def run_card_metadata(trainer: Any, hub_config: Mapping[str, Any] | None = None,
     if dataset is not None:
         meta["data_summary"]["kind"] = describe_dataset(dataset, [])[0]
     if hub_config:
-        hub = dict(hub_config.get("hub") or {})
-        keys = ("tags", "datasets", "license", "paper", "paper_url", "paper_results", "name")
-        card = {k: hub[k] for k in keys if hub.get(k) is not None}
-        if hub_config.get("name") is not None and "name" not in card:
-            card["name"] = hub_config["name"]
-        source = (hub_config.get("data") or {}).get("dataset") or (hub_config.get("data") or {}).get("source")
-        if source is not None:
-            card["source"] = source
-        meta["card_hub"] = card
+        hub, data = dict(hub_config.get("hub") or {}), dict(hub_config.get("data") or {})
+        card = {"name": hub_config.get("name"), "source": data.get("dataset") or data.get("source")}
+        keys = ("tags", "datasets", "license", "paper", "paper_url", "paper_results", "name")  # hub.name first
+        card |= {k: hub[k] for k in keys if hub.get(k) is not None}
+        meta["card_hub"] = {k: v for k, v in card.items() if v is not None}
     return meta
 
 

@@ -79,8 +79,7 @@ class Sizes(dict):
 
     def __init__(self, *args, origin: Mapping[str, str] | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.origin = {symbol: "config.json or an earlier tensor" for symbol in self}
-        self.origin.update(origin or {})
+        self.origin = {symbol: "config.json or an earlier tensor" for symbol in self} | dict(origin or {})
 
 
 def _check_values(name: str, t: Tensor, spec: TensorSpec, where: str) -> None:
@@ -127,7 +126,6 @@ def check_schema(
             violate the spec, naming ``source`` and the key.
     """
     bound = Sizes(sizes or {}, origin=getattr(sizes, "origin", None))
-    origin = bound.origin
     if not allow_unexpected:
         check_names(state, source, specs)
     for name, spec in specs.items():
@@ -145,13 +143,11 @@ def check_schema(
                 f"got shape {tuple(t.shape)}"
             )
         for axis, (want, got) in enumerate(zip(spec.shape, t.shape)):
+            like = ""
             if isinstance(want, str):
-                origin.setdefault(want, f"dimension {axis} of tensor {name!r}")
-                want = bound.setdefault(want, int(got))
+                origin = bound.origin.setdefault(want, f"dimension {axis} of tensor {name!r}")
+                like, want = f" ({want}, as {origin})", bound.setdefault(want, int(got))
             if int(got) != want:
-                like = (
-                    f" ({spec.shape[axis]}, as {origin[spec.shape[axis]]})" if isinstance(spec.shape[axis], str) else ""
-                )
                 raise ValueError(
                     f"{source}: tensor {name!r} has shape {tuple(t.shape)}; dimension {axis} must be {want}{like}; "
                     "the saved tensors disagree with each other or with their config"

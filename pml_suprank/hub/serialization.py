@@ -10,6 +10,7 @@ loaded tensors are validated before use (:func:`check_state`, :func:`check_loade
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import secrets
@@ -43,6 +44,7 @@ __all__ = [
     "make_config",
     "read_config",
     "read_weights",
+    "sha256_file",
     "staged_folder",
     "write_weights",
 ]
@@ -103,13 +105,9 @@ def _upgrade_config(config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _kind(*kinds: type, what: str) -> OptionCheck:
-    """``null`` or a value of one of ``kinds`` (a bool only where ``bool`` is one of them)."""
-
-    def check(v: Any) -> bool:
-        return v is None or (isinstance(v, kinds) and (bool in kinds or not isinstance(v, bool)))
-
-    return OptionCheck(check, f"null or {what}")
+def _kind(kind: type, what: str) -> OptionCheck:
+    """``null`` or a value of type ``kind`` (a bool does not count as an int)."""
+    return OptionCheck(lambda v: v is None or (isinstance(v, kind) and not isinstance(v, bool)), f"null or {what}")
 
 
 _OBJECT, _INT = _kind(dict, what="a JSON object"), _kind(int, what="an int")
@@ -239,6 +237,15 @@ def read_weights(path: str | Path, device: str | torch.device = "cpu") -> dict[s
         raise ValueError(f"{path} is not a readable safetensors file (corrupt or truncated checkpoint): {e}") from e
 
 
+def sha256_file(path: str | Path) -> str:
+    """SHA-256 (hex) of the bytes of the file ``path``, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def check_state(
     state: Mapping[str, Tensor],
     source: str | Path,
@@ -288,11 +295,7 @@ def _tied_aliases(expected: Mapping[str, Any], present: set[str]) -> set[str]:
         except (RuntimeError, NotImplementedError):  # e.g. meta tensors
             continue
         by_storage.setdefault(key, []).append(name)
-    aliases: set[str] = set()
-    for names in by_storage.values():
-        if len(names) > 1 and any(n in present for n in names):
-            aliases.update(n for n in names if n not in present)
-    return aliases
+    return {n for names in by_storage.values() if any(m in present for m in names) for n in names if n not in present}
 
 
 def check_loaded_values(state: Mapping[str, Tensor], source: str | Path) -> None:

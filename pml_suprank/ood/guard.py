@@ -24,7 +24,6 @@ a mismatch. Nothing is unpickled::
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 from collections.abc import Iterable, Mapping
@@ -38,6 +37,7 @@ from torch import Tensor
 from .._safe_json import atomic_write, load_json
 from .._validation import check_probability
 from ..data.embedding_cache import state_digest
+from ..hub.serialization import sha256_file
 from . import metrics as ood_metrics
 from .base import Detector
 from .features import FEATURE_KINDS
@@ -86,13 +86,7 @@ class GuardVerdict:
 def weights_sha256(path: str | Path) -> str:
     """SHA-256 (hex) of a weights file, or of ``model.safetensors`` in the folder ``path``."""
     path = Path(path)
-    if path.is_dir():
-        path = path / _WEIGHTS
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return sha256_file(path / _WEIGHTS if path.is_dir() else path)
 
 
 def _finite(where: str, value: Any) -> float:

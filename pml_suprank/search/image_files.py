@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from ..data.folders import IMAGE_SUFFIXES, has_dataset_files
+from ..data.retrieval_dataset import decode_image
 
 __all__ = ["ImageFiles", "is_flat_image_folder"]
 
@@ -62,10 +63,7 @@ class ImageFiles(torch.utils.data.Dataset):
         return str(self.paths[i])
 
     def get_image(self, i: int) -> Any:
-        from PIL import Image
-
-        with Image.open(self.paths[i]) as img:
-            return img.convert("RGB")
+        return decode_image(self.paths[i], self.item_path(i))
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         image = self.get_image(i)

@@ -74,8 +74,7 @@ class RetrievalIndex:
         self.dim = int(embeddings.shape[1])
         self._embeddings = embeddings.detach().to(self.device, self.dtype)
         self._max_abs = max_abs(self._embeddings)
-        self.labels: Tensor | None = None
-        self.labels = None if labels is None else self._checked_labels(labels, embeddings.shape[0]).cpu()
+        self.labels = None if labels is None else check_labels("labels", labels, embeddings.shape[0]).long().cpu()
         self.ids = None if ids is None else check_ids("ids", ids, embeddings.shape[0])
         self._faiss = None
         if self.backend != "torch":
@@ -205,11 +204,9 @@ class RetrievalIndex:
         field for anything tampered or inconsistent; nothing is unpickled), and rebuild the index on ``device``
         with its saved backend and options (IVF: trained on the same leading ``train_size`` rows)."""
         emb, labels, meta = read_index_files(folder)
-        options, n = dict(meta["options"]), emb.shape[0]
-        m = options.pop("train_size", n)
-        ids = meta["ids"]
-        index = cls(emb[:m], None if labels is None else labels[:m], None if ids is None else ids[:m],
-                    backend=meta["backend"], device=device, **options)  # fmt: skip
-        if m < n:
-            index.add(emb[m:], None if labels is None else labels[m:], None if ids is None else ids[m:])
-        return index
+        options = dict(meta["options"])
+        m = options.pop("train_size", len(emb))
+        parts = (emb, labels, meta["ids"])  # the first train_size rows build the index, the rest are added
+        head, tail = ([None if p is None else p[s] for p in parts] for s in (slice(m), slice(m, None)))
+        index = cls(*head, backend=meta["backend"], device=device, **options)
+        return index.add(*tail) if m < len(emb) else index

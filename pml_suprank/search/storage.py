@@ -9,7 +9,6 @@ folder is refused.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -18,9 +17,9 @@ import torch
 from torch import Tensor
 
 from .._safe_json import load_json
-from .._validation import check_choice, check_positive_int
+from .._validation import check_choice, check_positive_int, is_int
 from ..hub.schema import Sizes, TensorSpec, check_schema
-from ..hub.serialization import read_weights, staged_folder, write_weights
+from ..hub.serialization import read_weights, sha256_file, staged_folder, write_weights
 from ..version import __version__
 from .faiss_backends import BACKENDS, resolve_options
 
@@ -37,23 +36,14 @@ _KEYS = frozenset(
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _inside(folder: Path, path: Path) -> Path:
-    """``path`` (a file of ``folder``) if it resolves inside ``folder``; a link pointing elsewhere is refused, so
-    ``load`` never reads, and ``save`` never overwrites, a file outside the index folder."""
+def _inside(folder: Path, path: Path) -> None:
+    """Refuse ``path`` (a file of ``folder``) when it is a link that resolves outside ``folder``, so ``load`` never
+    reads, and ``save`` never overwrites, a file outside the index folder."""
     if path.is_symlink() and not path.resolve().is_relative_to(folder.resolve()):
         raise ValueError(
             f"{path} is a symbolic link to {path.resolve()}, outside the index folder {folder}: refused (copy the "
             f"file into the folder instead)"
         )
-    return path
 
 
 def write_index_files(folder: str | Path, embeddings: Tensor, labels: Tensor | None, meta: dict[str, Any]) -> Path:
@@ -97,10 +87,6 @@ def check_ids(name: str, ids: Any, n: int) -> list[str | int]:
     return ids
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _check_meta(meta: Any) -> None:
     if not isinstance(meta, dict):
         raise ValueError(f"expected a JSON object; got {type(meta).__name__}")
@@ -116,9 +102,7 @@ def _check_meta(meta: Any) -> None:
     for key in ("num_items", "dim"):
         check_positive_int(repr(key), meta[key])
     shape = meta["label_shape"]
-    if not (
-        shape is None or (isinstance(shape, list) and len(shape) <= 1 and all(_is_int(v) and v >= 1 for v in shape))
-    ):
+    if not (shape is None or (isinstance(shape, list) and len(shape) <= 1 and all(map(is_int(1), shape)))):
         raise ValueError(f"'label_shape' must be null, [] or [L] with L >= 1; got {shape!r}")
     if not isinstance(meta["options"], dict):
         raise ValueError(f"'options' must be an object; got {type(meta['options']).__name__}")

@@ -24,24 +24,16 @@ def topk_lowest_index(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
     ``values (C, k)`` in decreasing order and ``columns (C, k)`` long (equal values in increasing column order)."""
     extra = int(k < scores.shape[1])  # one more item shows whether the k-th score is tied beyond the cut
     top_values, top_columns = torch.topk(scores, k + extra, dim=1, largest=True, sorted=True)
-    values, columns = top_values[:, :k], top_columns[:, :k]
-    kth = values[:, -1:]
-    if extra and bool((top_values[:, k] == top_values[:, k - 1]).any()):
-        # rows whose k-th score is shared by an item outside the cut: topk's choice among the tied items is arbitrary
-        rows = (top_values[:, k] == top_values[:, k - 1]).nonzero().squeeze(1)
-        sub = scores[rows]
-        sub_kth = kth[rows]
+    columns = top_columns[:, :k]  # a view: top_columns is not read again
+    # rows whose k-th score is shared by an item outside the cut: topk's choice among the tied items is arbitrary
+    rows = (top_values[:, k] == top_values[:, k - 1]).nonzero().squeeze(1) if extra else None
+    if rows is not None and len(rows):
+        sub, sub_kth = scores[rows], top_values[rows, k - 1 : k]
         free = k - (sub > sub_kth).sum(dim=1, dtype=torch.int32)
         eq = sub == sub_kth
         keep = (sub > sub_kth) | (eq & (eq.cumsum(dim=1, dtype=torch.int32) <= free.unsqueeze(1)))
-        picked = keep.nonzero()[:, 1].reshape(len(rows), k)  # columns in increasing order, exactly k per row
-        columns = columns.clone()
-        columns[rows] = picked
-    # order the selected set by (-score, column): sort by column, then stable sort by decreasing score
-    columns, _ = columns.sort(dim=1)
-    values = scores.gather(1, columns)
-    values, order = values.sort(dim=1, descending=True, stable=True)
-    return values, columns.gather(1, order)
+        columns[rows] = keep.nonzero()[:, 1].reshape(len(rows), k)  # columns in increasing order, exactly k per row
+    return merge_topk(scores.gather(1, columns), columns, k)  # the selected set ordered by (-score, column)
 
 
 def merge_topk(values: Tensor, indices: Tensor, k: int) -> tuple[Tensor, Tensor]:
@@ -81,15 +73,12 @@ def exact_topk(
     with torch.no_grad():
         for qs in steps:
             q = queries[qs : qs + q_block]
-            best_v = best_i = None
+            best_v, best_i = q.new_empty(q.shape[0], 0), torch.empty(q.shape[0], 0, dtype=torch.long, device=q.device)
             for gs in range(0, N, g_block):
                 g = gallery[gs : gs + g_block]
                 scores = torch.mm(q, g.T, out=buffer[: q.shape[0] * g.shape[0]].view(q.shape[0], g.shape[0]))
                 v, i = topk_lowest_index(scores, min(k, g.shape[0]))
-                i = i + gs
-                if best_v is not None:
-                    v, i = merge_topk(torch.cat([best_v, v], 1), torch.cat([best_i, i], 1), k)
-                best_v, best_i = v, i
+                best_v, best_i = merge_topk(torch.cat([best_v, v], 1), torch.cat([best_i, i + gs], 1), k)
             out_scores.append(best_v)
             out_indices.append(best_i)
     return torch.cat(out_scores), torch.cat(out_indices)
