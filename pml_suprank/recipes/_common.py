@@ -3,7 +3,6 @@ is one ``error:`` line, exit 2 (:func:`~pml_suprank._terminal.refuse`)."""
 
 from __future__ import annotations
 
-import inspect
 import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -31,11 +30,6 @@ def load_model(name: str, device: torch.device | None = None, guard_for: str | N
             f"`pml-suprank-fit-heat --model {name}`"
         )
     return model if device is None else model.to(device).eval()
-
-
-def scores_images(detector: Any) -> bool:
-    """Detectors built around the network (ODIN) score the images, the others the extracted features."""
-    return "model" in inspect.signature(type(detector)).parameters
 
 
 def device(name: str | None) -> torch.device:
@@ -67,6 +61,16 @@ def output_folder(path: str | Path, inputs: Mapping[str, Any] | None = None, *, 
         return prepare_output_dir(path) if create else Path(path)
     except OutputDirError as e:
         refuse(e)
+
+
+def console_script(main: Callable[[], Any]) -> Callable[[], None]:
+    """A recipe's ``run()``, its console script ``pml-suprank-<name>``: ``main()`` on the process's arguments, its
+    results dropped (a console script's return value would be its exit status)."""
+
+    def run() -> None:
+        main()
+
+    return run
 
 
 def write_json(path: Path, value: Any, indent: int = 1) -> Path:

@@ -46,8 +46,8 @@ from pml_suprank.recipes.ood_spec import VARIANTS, FitHeatSpec, detector_argumen
 from pml_suprank.training.spec import build_parser as spec_parser
 from pml_suprank.training.spec import parse
 
+from ._common import console_script, load_model, ood_features, output_folder, refuse, test_transform, write_json
 from ._common import device as torch_device
-from ._common import load_model, ood_features, output_folder, refuse, scores_images, test_transform, write_json
 
 #: a run of an energy network with fewer optimizer steps than this gets a warning (the synthetic default has 330)
 MIN_HEAT_STEPS = 100
@@ -143,7 +143,7 @@ def fit_detectors(model, train_feats, spec: FitHeatSpec):
 def score_all(detectors, feats, ds, spec: FitHeatSpec, device):
     scores = {}
     for name, det in detectors.items():
-        if scores_images(det):
+        if det._scores_images():  # ODIN: the images
             batches = progress(loader(ds, spec.batch_size), spec, desc=f"{name} scoring", leave=False)
             scores[name] = torch.cat([det.score(inputs=b["image"].to(device)).cpu() for b in batches])
         else:
@@ -390,10 +390,7 @@ def main(argv=None) -> dict:
     return results
 
 
-def run() -> None:
-    """The console script ``pml-suprank-fit-heat``."""
-    main()
-
+run = console_script(main)  #: the console script ``pml-suprank-fit-heat``
 
 if __name__ == "__main__":
     run()
