@@ -3,16 +3,15 @@ is one ``error:`` line, exit 2 (:func:`~pml_suprank._terminal.refuse`)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from pml_suprank._safe_json import atomic_write
 from pml_suprank._terminal import refuse
 from pml_suprank._validation import check_device
+from pml_suprank.training.run_folder import write_json_atomically as write_json  # noqa: F401 - the recipes' writer
 
 
 def load_model(name: str, device: torch.device | None = None, guard_for: str | None = None) -> Any:
@@ -71,13 +70,6 @@ def console_script(main: Callable[[], Any]) -> Callable[[], None]:
         main()
 
     return run
-
-
-def write_json(path: Path, value: Any, indent: int = 1) -> Path:
-    """``value`` as JSON in ``path``, written atomically (a reader never sees half a file)."""
-    text = json.dumps(value, indent=indent, default=str)
-    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
-    return path
 
 
 def ood_features(model: torch.nn.Module, loader: Any, cache: str, kind: str, extract: Callable, drop=()) -> Any:

@@ -211,9 +211,7 @@ def prepare_data(spec: FitHeatSpec):
         spec = resolved(spec, model_image_size=int(cfg["input_size"][-1]))
         transform = image_transform(spec.image_size, cfg["mean"], cfg["std"])
     train_ds, test_ds, ood_sets, level = build_datasets(spec, transform, id_data)
-    train_labels = train_ds.labels if hasattr(train_ds, "labels") else None
-    if train_labels is None:  # Subset
-        train_labels = train_ds.dataset.labels[torch.tensor(train_ds.indices)]
+    train_labels = train_ds.labels if hasattr(train_ds, "labels") else train_ds.dataset.labels[train_ds.indices]
     classes = torch.unique(train_labels[:, level])
     print(
         f"ID train {len(train_ds)} / test {len(test_ds)} images, {len(classes)} classes; "

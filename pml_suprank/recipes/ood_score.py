@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from pml_suprank._validation import is_str, optional
+from pml_suprank.plots import save_figure
 from pml_suprank.training import TrainingConfig
 from pml_suprank.training.config import option
 from pml_suprank.training.options import ModelUseOptions, RunOptions
@@ -76,9 +77,7 @@ def write_histogram(path: Path, scores: torch.Tensor, threshold: float, title: s
     ax.set_ylabel("images")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    return path
+    return save_figure(fig, path)
 
 
 def guard_verdict(model: Any, loader: Any, args: OODScoreSpec, device: torch.device) -> Any:
