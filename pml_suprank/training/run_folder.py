@@ -172,8 +172,7 @@ def write_run_file(output_dir: Path, config: Mapping[str, Any], fingerprint: str
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         **extra,
     }
-    write_json_atomically(path, record)
-    return path
+    return write_json_atomically(path, record)
 
 
 # -- the folder ----------------------------------------------------------------------------------------------------
