@@ -141,12 +141,8 @@ class ResidualEnergyMLP(nn.Module):
     def forward(self, z: Tensor) -> Tensor:
         """``(N, d) -> (N,)`` residual energies."""
         h = self.act(self.input_layer(z))
-        if self.tie_hidden_weights:
-            for _ in range(self.n_hidden_layers):
-                h = self.act(self.hidden[0](h))
-        else:
-            for layer in self.hidden:
-                h = self.act(layer(h))
+        for layer in list(self.hidden) * self.n_hidden_layers if self.tie_hidden_weights else self.hidden:
+            h = self.act(layer(h))
         return self.output_layer(h).reshape(-1) / self.temperature
 
 

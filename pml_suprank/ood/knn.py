@@ -95,8 +95,7 @@ class NNGuide(Detector):
         self.seed = check_positive_int("seed", seed, minimum=0)
         self.chunk_size = check_positive_int("chunk_size", chunk_size, maximum=MAX_CONFIG_INT)
 
-    def _state_spec(self) -> dict[str, TensorSpec]:
-        return {"bank": TensorSpec(("N", "D"), nonzero=True, min_sizes=(("N", self.k),))}
+    _state_spec = KNN._state_spec  # the bank: at least k rows
 
     def _fit(self, features=None, logits=None, labels=None, **kwargs) -> None:
         z = check_features("features", features).detach()

@@ -280,8 +280,7 @@ class ClassConditionalGaussian:
     def state_dict(self) -> dict[str, Tensor]:
         if self.means is None:
             return {}
-        state = {"means": self.means, "class_weights": self.class_weights, "cholesky": self.cholesky}
-        return {**{k: v.contiguous() for k, v in state.items()}, "classes": self.classes.contiguous()}
+        return {k: getattr(self, k).contiguous() for k in ("means", "class_weights", "cholesky", "classes")}
 
     def load_state_dict(self, state: dict[str, Tensor]) -> ClassConditionalGaussian:
         self.means, self.class_weights = state["means"].to(torch.float64), state["class_weights"].to(torch.float64)

@@ -3,17 +3,15 @@ is one ``error:`` line, exit 2 (:func:`~pml_suprank._terminal.refuse`)."""
 
 from __future__ import annotations
 
-import inspect
-import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from pml_suprank._safe_json import atomic_write
 from pml_suprank._terminal import refuse
 from pml_suprank._validation import check_device
+from pml_suprank.training.run_folder import write_json_atomically as write_json  # noqa: F401 - the recipes' writer
 
 
 def load_model(name: str, device: torch.device | None = None, guard_for: str | None = None) -> Any:
@@ -31,11 +29,6 @@ def load_model(name: str, device: torch.device | None = None, guard_for: str | N
             f"`pml-suprank-fit-heat --model {name}`"
         )
     return model if device is None else model.to(device).eval()
-
-
-def scores_images(detector: Any) -> bool:
-    """Detectors built around the network (ODIN) score the images, the others the extracted features."""
-    return "model" in inspect.signature(type(detector)).parameters
 
 
 def device(name: str | None) -> torch.device:
@@ -69,11 +62,14 @@ def output_folder(path: str | Path, inputs: Mapping[str, Any] | None = None, *, 
         refuse(e)
 
 
-def write_json(path: Path, value: Any, indent: int = 1) -> Path:
-    """``value`` as JSON in ``path``, written atomically (a reader never sees half a file)."""
-    text = json.dumps(value, indent=indent, default=str)
-    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
-    return path
+def console_script(main: Callable[[], Any]) -> Callable[[], None]:
+    """A recipe's ``run()``, its console script ``pml-suprank-<name>``: ``main()`` on the process's arguments, its
+    results dropped (a console script's return value would be its exit status)."""
+
+    def run() -> None:
+        main()
+
+    return run
 
 
 def ood_features(model: torch.nn.Module, loader: Any, cache: str, kind: str, extract: Callable, drop=()) -> Any:

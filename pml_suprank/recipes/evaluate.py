@@ -31,7 +31,7 @@ from pml_suprank.training.recipe import make_accelerator
 from pml_suprank.training.spec import build_parser as spec_parser
 from pml_suprank.training.spec import parse, shared
 
-from ._common import load_model, output_folder, refuse, test_transform, write_json
+from ._common import console_script, load_model, output_folder, refuse, test_transform, write_json
 
 #: benchmarks with their own protocol (not a single test set): name → mode
 PROTOCOLS = {
@@ -300,10 +300,7 @@ def evaluate_test_set(
     return metrics
 
 
-def run() -> None:
-    """The console script ``pml-suprank-evaluate``."""
-    main()
-
+run = console_script(main)  #: the console script ``pml-suprank-evaluate``
 
 if __name__ == "__main__":
     run()

@@ -46,8 +46,8 @@ from pml_suprank.recipes.ood_spec import VARIANTS, FitHeatSpec, detector_argumen
 from pml_suprank.training.spec import build_parser as spec_parser
 from pml_suprank.training.spec import parse
 
+from ._common import console_script, load_model, ood_features, output_folder, refuse, test_transform, write_json
 from ._common import device as torch_device
-from ._common import load_model, ood_features, output_folder, refuse, scores_images, test_transform, write_json
 
 #: a run of an energy network with fewer optimizer steps than this gets a warning (the synthetic default has 330)
 MIN_HEAT_STEPS = 100
@@ -143,7 +143,7 @@ def fit_detectors(model, train_feats, spec: FitHeatSpec):
 def score_all(detectors, feats, ds, spec: FitHeatSpec, device):
     scores = {}
     for name, det in detectors.items():
-        if scores_images(det):
+        if det._scores_images():  # ODIN: the images
             batches = progress(loader(ds, spec.batch_size), spec, desc=f"{name} scoring", leave=False)
             scores[name] = torch.cat([det.score(inputs=b["image"].to(device)).cpu() for b in batches])
         else:
@@ -211,9 +211,7 @@ def prepare_data(spec: FitHeatSpec):
         spec = resolved(spec, model_image_size=int(cfg["input_size"][-1]))
         transform = image_transform(spec.image_size, cfg["mean"], cfg["std"])
     train_ds, test_ds, ood_sets, level = build_datasets(spec, transform, id_data)
-    train_labels = train_ds.labels if hasattr(train_ds, "labels") else None
-    if train_labels is None:  # Subset
-        train_labels = train_ds.dataset.labels[torch.tensor(train_ds.indices)]
+    train_labels = train_ds.labels if hasattr(train_ds, "labels") else train_ds.dataset.labels[train_ds.indices]
     classes = torch.unique(train_labels[:, level])
     print(
         f"ID train {len(train_ds)} / test {len(test_ds)} images, {len(classes)} classes; "
@@ -390,10 +388,7 @@ def main(argv=None) -> dict:
     return results
 
 
-def run() -> None:
-    """The console script ``pml-suprank-fit-heat``."""
-    main()
-
+run = console_script(main)  #: the console script ``pml-suprank-fit-heat``
 
 if __name__ == "__main__":
     run()

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import json
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -32,9 +31,9 @@ import torch
 from pml_suprank import ood
 from pml_suprank._terminal import refuse
 from pml_suprank.recipes import fit_heat
+from pml_suprank.recipes._common import console_script, output_folder, write_json
 from pml_suprank.recipes._common import device as torch_device
 from pml_suprank.recipes.ood_spec import VARIANTS, OODBenchmarkSpec
-from pml_suprank.training.run_folder import OutputDirError, prepare_output_dir
 from pml_suprank.training.spec import build_parser as spec_parser
 from pml_suprank.training.spec import parse
 
@@ -137,10 +136,7 @@ def main(argv=None) -> dict:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)  # recipe-level seeding of the classifier training (the package never seeds)
     saved = None if args.features is None else read_features(Path(args.features))  # before the folder is made
-    try:
-        out_dir = prepare_output_dir(args.output_dir)
-    except OutputDirError as e:
-        refuse(e)
+    out_dir = output_folder(args.output_dir)
     t0 = time.perf_counter()
     features_path, heat_epochs = extract(fh, out_dir) if fh is not None else (Path(args.features), None)
     if args.heat_epochs is None and heat_epochs is not None:
@@ -175,17 +171,14 @@ def main(argv=None) -> dict:
         "total_seconds": time.perf_counter() - t0,
         "args": asdict(args),
     }
-    (out_dir / "results.json").write_text(json.dumps(summary, indent=2, default=str))
+    write_json(out_dir / "results.json", summary, indent=2)
     figure = "" if args.no_plots else ", score_histograms.png"
     print(f"\nwrote {out_dir}/results.csv, results.md, results.json{figure}")
     print(f"total {summary['total_seconds']:.1f} s")
     return summary
 
 
-def run() -> None:
-    """The console script ``pml-suprank-ood-benchmark``: :func:`main` on the process's arguments."""
-    main()
-
+run = console_script(main)  #: the console script ``pml-suprank-ood-benchmark``
 
 if __name__ == "__main__":
     run()

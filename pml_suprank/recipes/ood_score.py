@@ -18,13 +18,14 @@ from typing import Any
 import torch
 
 from pml_suprank._validation import is_str, optional
+from pml_suprank.plots import save_figure
 from pml_suprank.training import TrainingConfig
 from pml_suprank.training.config import option
 from pml_suprank.training.options import ModelUseOptions, RunOptions
 from pml_suprank.training.spec import build_parser as spec_parser
 from pml_suprank.training.spec import parse, shared
 
-from ._common import device, load_model, ood_features, output_folder, refuse, scores_images, test_transform
+from ._common import console_script, device, load_model, ood_features, output_folder, refuse, test_transform
 
 
 @dataclass
@@ -76,9 +77,7 @@ def write_histogram(path: Path, scores: torch.Tensor, threshold: float, title: s
     ax.set_ylabel("images")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    return path
+    return save_figure(fig, path)
 
 
 def guard_verdict(model: Any, loader: Any, args: OODScoreSpec, device: torch.device) -> Any:
@@ -86,7 +85,7 @@ def guard_verdict(model: Any, loader: Any, args: OODScoreSpec, device: torch.dev
     from pml_suprank.ood.model_api import extract_model_features
 
     guard = model.ood_guard
-    if args.embedding_cache is None or scores_images(guard.detector):  # ODIN: images
+    if args.embedding_cache is None or guard.detector._scores_images():  # ODIN: images
         return guard.predict(model, loader, threshold=args.ood_threshold, device=device)
     guard.check_model(model)
 
@@ -131,10 +130,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "num_ood": n_ood, "threshold": verdict.threshold}  # fmt: skip
 
 
-def run() -> None:
-    """The console script ``pml-suprank-ood-score``."""
-    main()
-
+run = console_script(main)  #: the console script ``pml-suprank-ood-score``
 
 if __name__ == "__main__":
     run()

@@ -14,6 +14,8 @@ from typing import Any
 
 from pml_suprank.training.spec import str2bool
 
+from ._common import console_script
+
 __all__ = ["build_parser", "main", "run"]
 
 
@@ -63,10 +65,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return {"repo_id": args.repo_id, "user": user, "commit": url}
 
 
-def run() -> None:
-    """The console script ``pml-suprank-push``: :func:`main` on the process's arguments."""
-    main()
-
+run = console_script(main)  #: the console script ``pml-suprank-push``
 
 if __name__ == "__main__":
     run()

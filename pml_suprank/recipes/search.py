@@ -31,7 +31,7 @@ from pml_suprank.training.options import DataOptions, ModelUseOptions
 from pml_suprank.training.spec import build_parser as spec_parser
 from pml_suprank.training.spec import parse, shared
 
-from ._common import device, load_model, output_folder, refuse, test_transform, write_json
+from ._common import console_script, device, load_model, output_folder, refuse, test_transform, write_json
 
 
 @dataclass
@@ -344,10 +344,7 @@ def summary_table(records: list[dict], k: int) -> str:
     return "\n".join("  ".join(cell[:40].ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows)
 
 
-def run() -> None:
-    """The console script ``pml-suprank-search``."""
-    main()
-
+run = console_script(main)  #: the console script ``pml-suprank-search``
 
 if __name__ == "__main__":
     run()

@@ -233,9 +233,8 @@ def _check_scheduler(path: Path, state: dict[str, Any], step: int) -> None:
         numbers = isinstance(values, list) and all(type(v) in (int, float) and math.isfinite(v) for v in values)
         if not (numbers and isinstance(base, list) and len(values) == len(base) > 0):
             raise _refuse(path, f"{where}.{key}' must be one finite number per parameter group; got {str(values)[:80]}")
-    for key in ("base_lrs", "_last_lr"):
-        if any(v < 0 for v in state[key]):
-            raise _refuse(path, f"{where}.{key}' must be learning rates >= 0; got {str(state[key])[:80]}")
+        if any(v < 0 for v in values):
+            raise _refuse(path, f"{where}.{key}' must be learning rates >= 0; got {str(values)[:80]}")
     for key in ("last_epoch", "_step_count"):
         if not _is_int(state.get(key), -1):
             raise _refuse(path, f"{where}.{key}' must be an int >= -1; got {state.get(key)!r}")

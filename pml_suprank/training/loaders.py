@@ -83,7 +83,7 @@ def build_sampler(config: Any, labels: np.ndarray, num_replicas: int, rank: int)
     """The batch sampler of ``config`` over ``labels (N, L)``, sharded over ``num_replicas`` processes."""
     from .. import samplers
 
-    c = config
+    c, shard = config, {"seed": config.seed, "num_replicas": num_replicas, "rank": rank}
     if c.sampler == "hierarchical":
         return samplers.HierarchicalSampler(
             labels,
@@ -91,18 +91,9 @@ def build_sampler(config: Any, labels: np.ndarray, num_replicas: int, rank: int)
             samples_per_class=c.samples_per_class,
             batches_per_super_tuple=c.batches_per_super_tuple,
             super_classes_per_batch=c.super_classes_per_batch,
-            seed=c.seed,
-            num_replicas=num_replicas,
-            rank=rank,
+            **shard,
         )
-    return samplers.MPerClassBatchSampler(
-        labels[:, 0],
-        m=c.samples_per_class,
-        batch_size=c.batch_size,
-        seed=c.seed,
-        num_replicas=num_replicas,
-        rank=rank,
-    )
+    return samplers.MPerClassBatchSampler(labels[:, 0], m=c.samples_per_class, batch_size=c.batch_size, **shard)
 
 
 def build_memory(config: Any, model: nn.Module, loss: nn.Module, dataset: Any, label_levels: int) -> nn.Module | None:

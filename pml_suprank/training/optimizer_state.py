@@ -17,6 +17,9 @@ __all__ = ["OPTIMIZER_FILE", "optimizer_file_problem", "optimizer_fit_problem", 
 OPTIMIZER_FILE = "optimizer.bin"
 _INDEX = is_int(0)
 
+#: group options that choose how the optimizer works (not a value to tune): the saved ones must be this run's
+_GROUP_MODES = ("amsgrad", "maximize", "capturable", "differentiable", "nesterov", "decoupled_weight_decay", "foreach",
+                "fused")  # fmt: skip
 #: the hyper-parameters of a saved optimizer group, checked by value (``load_state_dict`` would use them as saved)
 _BETA, _FLAG = is_number(0, high=1, open_high=True), is_bool()
 _GROUP_CHECKS: dict[str, OptionCheck] = {
@@ -25,13 +28,9 @@ _GROUP_CHECKS: dict[str, OptionCheck] = {
     **dict.fromkeys(("momentum", "dampening"), is_number(0, high=1)),
     "betas": OptionCheck(lambda v: isinstance(v, (list, tuple)) and len(v) == 2 and all(map(_BETA, v)),
                          "two numbers in [0, 1)"),
-    **dict.fromkeys(("amsgrad", "maximize", "capturable", "differentiable", "nesterov", "decoupled_weight_decay"),
-                    _FLAG),
-    **dict.fromkeys(("foreach", "fused"), optional(_FLAG)),
+    **dict.fromkeys(_GROUP_MODES, _FLAG),
+    **dict.fromkeys(("foreach", "fused"), optional(_FLAG)),  # None: torch picks
 }  # fmt: skip
-#: group options that choose how the optimizer works (not a value to tune): the saved ones must be this run's
-_GROUP_MODES = ("amsgrad", "maximize", "capturable", "differentiable", "nesterov", "decoupled_weight_decay", "foreach",
-                "fused")  # fmt: skip
 
 
 def _state_value_problem(name: str, value: Any, step: int) -> str | None:

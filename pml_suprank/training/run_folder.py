@@ -151,9 +151,12 @@ def check_compatible(
         )
 
 
-def write_json_atomically(path: Path, data: Any) -> None:
-    text = json.dumps(jsonable(data), indent=1)
+def write_json_atomically(path: Path, data: Any, indent: int = 1) -> Path:
+    """``data`` as JSON in ``path`` (tensors, NumPy values and paths as JSON values, other objects as text), written
+    atomically: a reader never sees half a file."""
+    text = json.dumps(jsonable(data), indent=indent, default=str)
     atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+    return path
 
 
 def write_run_file(output_dir: Path, config: Mapping[str, Any], fingerprint: str, **extra: Any) -> Path:
@@ -169,8 +172,7 @@ def write_run_file(output_dir: Path, config: Mapping[str, Any], fingerprint: str
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         **extra,
     }
-    write_json_atomically(path, record)
-    return path
+    return write_json_atomically(path, record)
 
 
 # -- the folder ----------------------------------------------------------------------------------------------------
