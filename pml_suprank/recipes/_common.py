@@ -11,7 +11,6 @@ import torch
 
 from pml_suprank._terminal import refuse
 from pml_suprank._validation import check_device
-from pml_suprank.training.run_folder import write_json_atomically as write_json  # noqa: F401 - the recipes' writer
 
 
 def load_model(name: str, device: torch.device | None = None, guard_for: str | None = None) -> Any:

@@ -28,10 +28,11 @@ from pml_suprank.training import TrainingConfig
 from pml_suprank.training.config import option
 from pml_suprank.training.options import DataOptions, ModelUseOptions, RunOptions
 from pml_suprank.training.recipe import make_accelerator
+from pml_suprank.training.run_folder import write_json_atomically
 from pml_suprank.training.spec import build_parser as spec_parser
 from pml_suprank.training.spec import parse, shared
 
-from ._common import console_script, load_model, output_folder, refuse, test_transform, write_json
+from ._common import console_script, load_model, output_folder, refuse, test_transform
 
 #: benchmarks with their own protocol (not a single test set): name → mode
 PROTOCOLS = {
@@ -199,7 +200,7 @@ def _write_metrics(spec: EvaluateSpec, metrics: dict, accelerator, title: str) -
     accelerator.print(one_column(metrics))
     if not spec.output_dir or not accelerator.is_main_process:
         return None
-    return write_json(Path(spec.output_dir) / "metrics.json", metrics).parent
+    return write_json_atomically(Path(spec.output_dir) / "metrics.json", metrics).parent
 
 
 def _floats(metrics: dict) -> dict[str, float]:

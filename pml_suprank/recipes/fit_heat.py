@@ -43,10 +43,11 @@ from pml_suprank.recipes.ood_data import (
     train_classifier,
 )
 from pml_suprank.recipes.ood_spec import VARIANTS, FitHeatSpec, detector_arguments, methods
+from pml_suprank.training.run_folder import write_json_atomically
 from pml_suprank.training.spec import build_parser as spec_parser
 from pml_suprank.training.spec import parse
 
-from ._common import console_script, load_model, ood_features, output_folder, refuse, test_transform, write_json
+from ._common import console_script, load_model, ood_features, output_folder, refuse, test_transform
 from ._common import device as torch_device
 
 #: a run of an energy network with fewer optimizer steps than this gets a warning (the synthetic default has 330)
@@ -379,7 +380,7 @@ def main(argv=None) -> dict:
         "histograms": None if plot is None else str(plot),
         "features": str(features_file),
     }
-    write_json(out_dir / "results.json", results, indent=2)
+    write_json_atomically(out_dir / "results.json", results, indent=2)
     saved = f"HEAT detector in {heat_dir}" if heat_dir is not None else "no HEAT detector (not in --detectors)"
     print(f"\nwrote {out_dir / 'results.json'}, {plot or 'no plots'}, {saved}")
     if spec.push_to_hub and heat is not None:

@@ -31,9 +31,10 @@ import torch
 from pml_suprank import ood
 from pml_suprank._terminal import refuse
 from pml_suprank.recipes import fit_heat
-from pml_suprank.recipes._common import console_script, output_folder, write_json
+from pml_suprank.recipes._common import console_script, output_folder
 from pml_suprank.recipes._common import device as torch_device
 from pml_suprank.recipes.ood_spec import VARIANTS, OODBenchmarkSpec
+from pml_suprank.training.run_folder import write_json_atomically
 from pml_suprank.training.spec import build_parser as spec_parser
 from pml_suprank.training.spec import parse
 
@@ -171,7 +172,7 @@ def main(argv=None) -> dict:
         "total_seconds": time.perf_counter() - t0,
         "args": asdict(args),
     }
-    write_json(out_dir / "results.json", summary, indent=2)
+    write_json_atomically(out_dir / "results.json", summary, indent=2)
     figure = "" if args.no_plots else ", score_histograms.png"
     print(f"\nwrote {out_dir}/results.csv, results.md, results.json{figure}")
     print(f"total {summary['total_seconds']:.1f} s")

@@ -28,10 +28,11 @@ from pml_suprank._validation import is_bool, is_choice, is_int, is_str, optional
 from pml_suprank.training import TrainingConfig
 from pml_suprank.training.config import option
 from pml_suprank.training.options import DataOptions, ModelUseOptions
+from pml_suprank.training.run_folder import write_json_atomically
 from pml_suprank.training.spec import build_parser as spec_parser
 from pml_suprank.training.spec import parse, shared
 
-from ._common import console_script, device, load_model, output_folder, refuse, test_transform, write_json
+from ._common import console_script, device, load_model, output_folder, refuse, test_transform
 
 
 @dataclass
@@ -298,7 +299,7 @@ def main(argv: list[str] | None = None) -> dict:
             "threshold_source": "--ood_threshold" if args.ood_threshold is not None else "guard"},
         "queries": [{key: v for key, v in r.items() if key != "image_ref"} for r in records],
     }  # fmt: skip
-    write_json(out / "results.json", result)
+    write_json_atomically(out / "results.json", result)
     if args.save_index:
         index.save(out / "index")
     print(summary_table(records, args.k))

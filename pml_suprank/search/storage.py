@@ -23,7 +23,7 @@ from ..hub.serialization import read_weights, sha256_file, staged_folder, write_
 from ..version import __version__
 from .faiss_backends import BACKENDS, resolve_options
 
-__all__ = ["JSON_NAME", "TENSORS_NAME", "check_ids", "read_index_files", "sha256_file", "write_index_files"]
+__all__ = ["JSON_NAME", "TENSORS_NAME", "check_ids", "read_index_files", "write_index_files"]
 
 INDEX_FORMAT = "pml_suprank.RetrievalIndex"
 FORMAT_VERSION = 1

@@ -7,8 +7,9 @@ import json
 import pytest
 import torch
 
+from pml_suprank.hub.serialization import sha256_file
 from pml_suprank.search import RetrievalIndex
-from pml_suprank.search.storage import JSON_NAME, TENSORS_NAME, sha256_file
+from pml_suprank.search.storage import JSON_NAME, TENSORS_NAME
 
 pytest.importorskip("safetensors")
 
