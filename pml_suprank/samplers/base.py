@@ -56,8 +56,10 @@ def draw(rng: np.random.Generator, pool: np.ndarray, size: int, exclude: np.ndar
         fresh = pool[~np.isin(pool, exclude)]
         if fresh.size >= size:
             return rng.choice(fresh, size, replace=False)
-        rest = pool[np.isin(pool, exclude)]
-        return np.concatenate([rng.permutation(fresh), rng.choice(rest, size - fresh.size, replace=False)])
+        rest, short = pool[np.isin(pool, exclude)], size - pool.size  # short > 0: the pool holds fewer than size
+        if short <= 0:
+            return np.concatenate([rng.permutation(fresh), rng.choice(rest, size - fresh.size, replace=False)])
+        return np.concatenate([rng.permutation(fresh), rng.permutation(rest), rng.choice(pool, short, replace=True)])
     if pool.size >= size:
         return rng.choice(pool, size, replace=False)
     return np.concatenate([rng.permutation(pool), rng.choice(pool, size - pool.size, replace=True)])

@@ -134,3 +134,15 @@ def test_validation():
         MultiLabelSampler(labels, m=2, batch_size=42)
     with pytest.raises(ValueError, match="rank must lie in"):
         MultiLabelSampler(labels, m=2, batch_size=4, num_replicas=2, rank=2)
+
+
+def test_label_with_fewer_than_m_items_some_already_drawn():
+    """small_classes="replace": a label with fewer than m items, some of them already in the batch, repeats its items
+    (it once raised numpy's "a cannot be empty" ValueError)."""
+    labels = torch.randint(0, 12, (30, 2), generator=torch.Generator().manual_seed(6))
+    sampler = MultiLabelSampler(labels, m=4, batch_size=8, seed=6)
+    sets = _sets(labels)
+    for batch in sampler:
+        assert len(batch) == 8
+        for start in range(0, 8, 4):  # each group of m shares a label
+            assert set.intersection(*(sets[i] for i in batch[start : start + 4]))
