@@ -26,6 +26,7 @@ def roles():
     return module, griffe
 
 
+@pytest.mark.slow
 def test_roles_become_optional_links_inside_the_package_and_code_outside(roles):
     module, griffe = roles
     pkg = griffe.load("pml_suprank", search_paths=[str(ROOT)], resolve_aliases=False)

@@ -64,6 +64,7 @@ def served(tmp_path_factory):
     app.close()
 
 
+@pytest.mark.slow
 def test_demo_http_api_gives_neighbours_and_verdict(served):
     root, url = served
     client = gradio_client.Client(url, verbose=False)

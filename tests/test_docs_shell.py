@@ -197,6 +197,7 @@ def test_the_allow_list_has_no_stale_entry():
 
 
 @pytest.mark.parametrize("page", [p for p in PAGES if any(c.recipe for c in bash_commands(p))])
+@pytest.mark.slow
 def test_recipe_flags_parse(page, monkeypatch, capsys):
     """Every recipe command's flags are valid for the recipe's parser, run or not (``--help``-free parse)."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -587,6 +587,7 @@ except ImportError as e:
 """
 
 
+@pytest.mark.slow
 def test_the_package_imports_without_huggingface_hub_and_its_hub_methods_say_what_to_install(tmp_path):
     """huggingface_hub is in the ``recipes`` extra: a core install imports every subpackage and runs the detectors;
     ``save_pretrained`` raises ``ImportError`` naming the extra, and writes nothing."""

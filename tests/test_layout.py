@@ -100,6 +100,7 @@ def test_cycle_detector_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": set()}) == []
 
 
+@pytest.mark.slow
 def test_no_import_cycle_in_the_package():
     assert _cycles(_import_graph()) == []
 
@@ -113,6 +114,7 @@ def test_no_module_over_600_lines():
     assert long == {}
 
 
+@pytest.mark.slow
 def test_no_function_over_120_lines():
     long = {}
     for path in _sources():

@@ -184,6 +184,7 @@ def test_embedding_map_and_grid_name_the_classes(figures, tmp_path):
     assert "query" in marks and marks <= {"query", "✓", "~", "✗"}
 
 
+@pytest.mark.slow
 def test_user_names_never_reach_mathtext_and_figures_are_150_dpi(tmp_path):
     g = torch.Generator().manual_seed(1)
     emb = torch.nn.functional.normalize(torch.randn(30, 8, generator=g), dim=1)

@@ -194,6 +194,7 @@ def test_every_heat_hub_config_parses(path):
         ("- a\n- b\n", r"must be a YAML mapping of sections; got list"),
     ],
 )
+@pytest.mark.slow
 def test_fit_heat_and_ood_benchmark_config_values_are_checked_before_any_work(tmp_path, capsys, text, message):
     """A --config value that its option refuses exits 2 at parse time, naming the file and key (never a TypeError
     deep inside, a MemoryError or an allocation); ood_benchmark hands the same file to the same checks."""
@@ -211,6 +212,7 @@ def test_fit_heat_and_ood_benchmark_config_values_are_checked_before_any_work(tm
     assert not (tmp_path / "out").exists()  # nothing was written
 
 
+@pytest.mark.slow
 def test_fit_heat_flags_python_and_files_give_one_verdict(tmp_path, capsys):
     """Each bounded option: the flag, the file value and FitHeatSpec.from_options accept and refuse the same values."""
     from pml_suprank.recipes.ood_spec import FitHeatSpec

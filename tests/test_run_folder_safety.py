@@ -117,6 +117,7 @@ def test_stale_temporaries_of_this_folder_only_are_removed_once_the_lock_is_held
     assert remove_stale_temporaries(run, notes.append) == ["checkpoints/.tmp-step_00000008"]
 
 
+@pytest.mark.slow
 def test_lock_of_a_killed_process_is_released_by_the_os(tmp_path):
     import pml_suprank
 
@@ -352,6 +353,7 @@ def test_output_dir_inside_an_input_folder_is_refused(tmp_path):
     check_outside_inputs(tmp_path / "run", {"--dataset": str(data), "--other": "user/hub-id", "--none": None})
 
 
+@pytest.mark.slow
 def test_a_figure_that_fails_is_skipped_and_the_final_folder_keeps_the_weights(tmp_path, monkeypatch):
     """A figure that raises (here: the embedding map) used to end the final folder's write before
     ``model.safetensors``: the trained model was lost. A label name that looks like mathtext

@@ -46,6 +46,7 @@ def _round_trip(name: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(BENCHMARKS))
+@pytest.mark.slow
 def test_prepare_dataset_round_trip(name, tmp_path):
     _round_trip(name, tmp_path)
 

@@ -28,6 +28,7 @@ MAKERS = {
 
 
 @pytest.mark.parametrize("name", list(MAKERS))
+@pytest.mark.slow
 def test_dense_loss_at_b256_has_no_host_sync_and_few_ops(name):
     emb = F.normalize(torch.randn(256, 32, generator=torch.Generator().manual_seed(0)), dim=1).requires_grad_(True)
     labels = torch.arange(256) // 4

@@ -99,6 +99,7 @@ def test_input_helpers_and_base_class_import_no_loss_class():
     assert {"calibration_loss", "cluster_loss", "combined_rank_loss"} <= loaded["combined_rank_loss"]
 
 
+@pytest.mark.slow
 def test_no_import_cycle_through_losses_memory_or_distributed():
     graph = _graph()
     mine = [m for m in graph if m.startswith("pml_suprank.losses")] + ["pml_suprank.memory", "pml_suprank.collectives"]

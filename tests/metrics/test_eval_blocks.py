@@ -53,6 +53,7 @@ def _close(a: torch.Tensor, b: np.ndarray) -> bool:
 
 @needs_numba
 @pytest.mark.parametrize("chunk_size", [1, 7, 40, None])
+@pytest.mark.slow
 def test_fused_cpu_path_equals_a_full_sort_with_ties_across_blocks(chunk_size):
     emb, labels = _tied_data()
     out = RetrievalEvaluator(k_values=(1, 5), chunk_size=chunk_size).evaluate(emb, labels, return_per_query=True)

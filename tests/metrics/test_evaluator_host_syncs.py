@@ -34,6 +34,7 @@ def _sync_free_countings() -> list:
 
 
 @pytest.mark.parametrize("counting", _sync_free_countings())
+@pytest.mark.slow
 def test_host_syncs_do_not_grow_with_the_number_of_row_blocks(counting):
     emb, labels = _data()
     counts = {

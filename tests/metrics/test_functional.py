@@ -29,6 +29,7 @@ def _problem(seed, Q=6, N=40, L=3, ties=True, dtype=torch.float32):
 @pytest.mark.parametrize(
     "num_bins, counting", [(None, "auto"), (1, "histogram"), (7, "histogram"), (None, "histogram"), (None, "search")]
 )
+@pytest.mark.slow
 def test_all_metrics_match_naive_full_sort(seed, num_bins, counting, dtype):
     L = 3
     scores, levels, mask = _problem(seed, ties=seed % 2 == 0, dtype=dtype)

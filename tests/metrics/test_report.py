@@ -181,6 +181,7 @@ def test_model_card_results_use_the_registry_labels():
     ]
 
 
+@pytest.mark.slow
 def test_no_copy_of_the_report_helpers_outside_metrics_report():
     """The model card, the training progress line and the recipes' tables format through metrics.report: no other
     module of the package or the recipes defines a function of the same name (a copy would drift)."""

@@ -82,6 +82,7 @@ def _refused(folder, key, weights, exc=ValueError):
 
 
 @pytest.mark.parametrize("name", DETECTORS)
+@pytest.mark.slow
 def test_every_tensor_is_checked_before_use(name, tmp_path):
     det = _fitted(name)
     weights, state = _save(det, tmp_path)

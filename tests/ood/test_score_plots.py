@@ -30,6 +30,7 @@ def _scores():
     return {"Mahalanobis": heavy_id, "Energy": light_id}, {"far": {"Mahalanobis": heavy_ood, "Energy": light_ood}}
 
 
+@pytest.mark.slow
 def test_one_row_per_detector_near_and_far_apart_every_set_with_its_metrics(kept_figure, tmp_path):
     id_scores, ood_scores = _scores()
     g = torch.Generator().manual_seed(1)

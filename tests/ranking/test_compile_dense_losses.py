@@ -17,12 +17,6 @@ from pml_suprank.relevance import Hierarchy
 
 FLAT = ("SupAPLoss", "SmoothAPLoss", "ROADMAPLoss", "SupRecallLoss", "RODRecallLoss")
 HIERARCHICAL = ("SupHAPLoss", "HAPPIERLoss", "SupNDCGLoss", "RODNDCGLoss")
-#: compiled in the quick tier (one flat loss with a head, one hierarchical); every loss in the full suite
-QUICK = ("RODRecallLoss", "SupHAPLoss")
-
-
-def _tiered(names):
-    return [n if n in QUICK else pytest.param(n, marks=pytest.mark.slow) for n in names]
 WITH_HEAD = ("HAPPIERLoss", "RODNDCGLoss", "RODRecallLoss")  # a proxy classifier: num_classes / embedding_size
 
 
@@ -42,8 +36,9 @@ def _batch(name: str, batch: int = 32, dim: int = 16):
 
 
 # the memory variants compile a second graph per loss (~3 s each): in the full suite only
-@pytest.mark.parametrize("memory", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["in-batch", "memory"])
-@pytest.mark.parametrize("name", _tiered(FLAT + HIERARCHICAL))
+@pytest.mark.slow
+@pytest.mark.parametrize("memory", [False, True], ids=["in-batch", "memory"])
+@pytest.mark.parametrize("name", FLAT + HIERARCHICAL)
 def test_dense_loss_compiles_as_one_graph_and_matches_eager(name, memory):
     torch._dynamo.reset()
     emb, labels = _batch(name)
@@ -80,7 +75,8 @@ def _compiled_and_eager(loss_fn, emb, *args, **kwargs):
     return out
 
 
-@pytest.mark.parametrize("name", _tiered(HIERARCHICAL))
+@pytest.mark.parametrize("name", HIERARCHICAL)
+@pytest.mark.slow
 def test_hierarchical_loss_with_hierarchy_table_compiles_as_one_graph(name):
     """1-D fine labels with ``hierarchy=`` (the path of PML's trainers and memories): the check that every label is
     in the table is an in-graph assert while compiling, not a host read that breaks the graph."""
@@ -95,6 +91,7 @@ def test_hierarchical_loss_with_hierarchy_table_compiles_as_one_graph(name):
     torch.testing.assert_close(grad, expected_grad, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_compiled_loss_still_refuses_a_label_outside_the_hierarchy():
     emb, labels = _batch("SupHAPLoss")
     loss_fn = losses.SupHAPLoss(kernel="dense", hierarchy=Hierarchy.from_labels(labels))
@@ -112,6 +109,7 @@ def test_compiled_loss_still_refuses_a_label_outside_the_hierarchy():
 @pytest.mark.parametrize(
     "case", ["level_weights", "ref_labels_equal_labels"], ids=["level_weights", "ref_labels=labels"]
 )
+@pytest.mark.slow
 def test_dense_loss_options_compile_as_one_graph(case):
     emb, labels = _batch("SupHAPLoss")
     if case == "level_weights":

@@ -70,6 +70,7 @@ def _fresh_dynamo():
 
 
 @pytest.mark.parametrize("name", ["SupHAPLoss", "HAPPIERLoss"])
+@pytest.mark.slow
 def test_loss_compile_with_a_zeroed_gradient_is_refused(name):
     emb, labels = _batch()
     kwargs = {"num_classes": 8, "embedding_size": 16} if name == "HAPPIERLoss" else {}
@@ -102,6 +103,7 @@ def test_a_wrong_compiled_value_is_refused_without_gradients():
         loss_fn(emb, labels)
 
 
+@pytest.mark.slow
 def test_the_gradient_is_checked_at_the_first_call_that_has_one():
     """A first call without gradients checks the value only; the gradient is checked at the first training call."""
     emb, labels = _batch(hierarchical=False)
@@ -117,6 +119,7 @@ def test_the_gradient_is_checked_at_the_first_call_that_has_one():
 
 
 @pytest.mark.parametrize("name", ["SupHAPLoss", "HAPPIERLoss", "SupAPLoss"])
+@pytest.mark.slow
 def test_a_correct_compile_passes_silently_with_one_extra_eager_call(name):
     hierarchical = name != "SupAPLoss"
     emb, labels = _batch(hierarchical=hierarchical)
@@ -148,6 +151,7 @@ def test_a_correct_compile_passes_silently_with_one_extra_eager_call(name):
     assert float(x.grad.abs().max()) > 1e-4
 
 
+@pytest.mark.slow
 def test_loss_module_of_a_model_gets_eager_gradients_or_the_refusal():
     """Through the recipes' LossModule: the model's gradients after a guarded compiled step equal eager ones (the
     check's ``autograd.grad`` accumulates nothing), and a zeroed compiled gradient is refused."""
@@ -194,6 +198,7 @@ def test_recipe_compile_loss_installs_the_guard():
     assert getattr(common.make_loss(parse_recipe(parser, []), 8, 16), "_compiled_call_impl", None) is None
 
 
+@pytest.mark.slow
 def test_check_compiled_loss_after_torch_compile():
     emb, labels = _batch()
     loss_fn = losses.SupNDCGLoss(kernel="dense")
@@ -208,6 +213,7 @@ def test_check_compiled_loss_after_torch_compile():
         check_compiled_loss(torch.compile(lambda e, l: loss_fn(e, l), backend="aot_eager"), emb, labels)
 
 
+@pytest.mark.slow
 def test_ref_emb_that_is_the_batch_stays_the_batch_in_the_eager_reference():
     """``ref_emb=embeddings`` means "the batch is the reference set" (the query is left out by index): the eager
     reference gets the same identity, so a correct compile passes."""

@@ -42,6 +42,7 @@ def _counts(name, batch_size, num_refs, chunk_size=None):
 
 
 @pytest.mark.parametrize("name", NAMES)
+@pytest.mark.slow
 def test_one_host_read_whatever_the_blocks_chunks_and_references(name, monkeypatch):
     monkeypatch.setattr(qb, "BLOCK_BYTES_CPU", 8 * 3 * 1000 * qb.BYTES_PER_ELEMENT)  # blocks of 8 queries
     assert query_block_rows(1000, 2, None, 24) == 8 and query_block_rows(2000, 2, None, 8) == 8

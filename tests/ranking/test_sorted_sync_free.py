@@ -108,6 +108,7 @@ def _smooth_ap_kernel(scores, pos, valid, chunk, groups_given):
 
 
 @pytest.mark.parametrize("groups_given", [False, True])
+@pytest.mark.slow
 def test_sorted_kernel_syncs_do_not_grow_with_references_chunks_or_positives(groups_given):
     """One host read per kernel call (none with ``groups=``), whether 1 chunk or ~50, 10 or 120 references."""
     counts = []

@@ -229,6 +229,7 @@ def test_hierarchical_labels_must_form_a_tree():
 
 
 @pytest.mark.parametrize("length_before_new_iter", [None, 9999, 40])
+@pytest.mark.slow
 def test_m_per_class_without_batch_size_is_pmls_index_stream(length_before_new_iter):
     """PML's usage: ``MPerClassSampler(labels, m, length_before_new_iter=...)`` as ``DataLoader(sampler=...)``."""
     labels = torch.as_tensor(_flat_labels(num_classes=10, per_class=7))

@@ -150,6 +150,7 @@ def test_ood_score_errors_are_one_line(world, tmp_path, capsys, case):
     assert case == "output_is_file" or not Path(out).exists()  # refused before the output folder is made
 
 
+@pytest.mark.slow
 def test_search_with_a_guard_gives_every_query_a_verdict(world, tmp_path, capsys):
     root, _ = world
     queries = _mk(tmp_path / "q")

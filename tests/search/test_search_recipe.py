@@ -139,6 +139,7 @@ def test_page_renders_in_headless_chromium(trained_search, tmp_path):
     assert pixels.std() > 10  # not a blank page
 
 
+@pytest.mark.slow
 def test_recipe_in_process_with_folder_queries(untrained_model, tmp_path, capsys):
     recipe = importlib.import_module("pml_suprank.recipes.search")
     folder = tmp_path / "queries" / "nested"

@@ -284,6 +284,7 @@ class _UncheckedTrainer(Trainer):
 
 
 @pytest.mark.parametrize("grad_clip", [None, 0.05])
+@pytest.mark.slow
 def test_finite_runs_are_bitwise_unchanged_and_read_the_host_once_per_step(tmp_path, grad_clip):
     checked = _trainer(tmp_path / "a", max_train_steps=3, grad_clip=grad_clip)
     checked.train()

@@ -364,6 +364,7 @@ def test_config_yaml_sets_defaults_and_flags_win(tmp_path):
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "pml_suprank" / "hub_configs").glob("*.yaml")), ids=lambda p: p.stem)
+@pytest.mark.slow
 def test_every_training_hub_config_parses_with_its_recipe(path, tmp_path):
     import yaml
 
