@@ -1,5 +1,5 @@
-"""The Gradio demo end to end: through its HTTP API with ``gradio_client`` and in headless Chromium (both in the full
-suite), its refusals in the quick tier: a query image in, the guard's verdict and the neighbours' names out."""
+"""The Gradio demo end to end, a query image in and the guard's verdict and the neighbours' names out: through its
+HTTP API with ``gradio_client`` and in headless Chromium (both in the full suite); its refusals in the quick tier."""
 
 from __future__ import annotations
 
