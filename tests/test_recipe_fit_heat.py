@@ -277,15 +277,16 @@ def test_fit_heat_refuses_an_untrained_head_and_warns_about_few_heat_steps(tmp_p
     assert fit_heat.heat_step_warnings(enough, n_train=40) == []
 
 
-def test_fit_heat_feature_map_refusal_leaves_no_output_folder(tmp_path, capsys):
+@pytest.mark.parametrize("recipe", ["fit_heat", "ood_benchmark"])
+def test_feature_map_refusal_leaves_no_output_folder(recipe, tmp_path, capsys):
     """A model whose feature map has one spatial position is refused (exit 2, one line) before ``--output_dir`` is
-    created: a refused run left an empty folder behind."""
-    fit_heat = _import_fit_heat()
+    created, by fit_heat and by ood_benchmark's extraction (which failed later, inside HEAT's std pooling)."""
+    main = importlib.import_module(f"pml_suprank.recipes.{recipe}").main
     out = tmp_path / "runs" / "out"
     argv = ["--image_size", "8", "--num_per_class", "1", "--num_test_per_class", "1", "--num_noise", "1",
             "--progress", "false", "--output_dir", str(out)]  # fmt: skip
     with pytest.raises(SystemExit) as raised:
-        fit_heat.main(argv)
+        main(argv)
     err = capsys.readouterr().err.strip().splitlines()
     assert raised.value.code == 2 and "has 1 spatial position(s)" in err[-1] and err[-1].count("error:") == 1
     assert not (tmp_path / "runs").exists()

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .._eval_mode import eval_mode
 from .._scaling import overflow_safe_scales
 from .._validation import (
     check_bool,
@@ -429,11 +430,9 @@ def compute_embeddings(
     if device is None:
         p = next(iter(model.parameters()), None)
         device = accelerator.device if accelerator is not None else torch.device("cpu") if p is None else p.device
-    was_training = model.training
-    model.eval()
     outputs: list[list[Tensor]] = [[], [], []]
     disable = not progress or not getattr(accelerator, "is_local_main_process", True)
-    try:
+    with eval_mode(model):
         for batch in _progress(dataloader, disable, description):
             x, *parts = _split_batch(batch, input_key, label_key, return_indices)
             x = x.to(device, non_blocking=True) if isinstance(x, Tensor) else x
@@ -448,8 +447,6 @@ def compute_embeddings(
                 parts = accelerator.gather_for_metrics(tuple(t.contiguous() for t in parts))
             for store, t in zip(outputs, parts):
                 store.append(t.detach().cpu())
-    finally:
-        model.train(was_training)
     if not outputs[0]:
         raise ValueError("dataloader yielded no batch")
     return tuple(torch.cat(store) for store in outputs[: 3 if return_indices else 2])

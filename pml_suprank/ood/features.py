@@ -17,6 +17,8 @@ from typing import Any, Literal, get_args
 import torch
 from torch import Tensor, nn
 
+from .._eval_mode import eval_mode
+
 __all__ = ["OODFeatures", "extract_features", "extract_model_features", "feature_map_positions", "pool_feature_map"]
 
 FeatureKind = Literal["pooled", "embedding"]
@@ -61,12 +63,8 @@ def pool_feature_map(feature_map: Tensor) -> tuple[Tensor, Tensor]:
 def feature_map_positions(model: nn.Module, image_size: int, device: torch.device | str = "cpu") -> int:
     """The positions ``H·W`` (or tokens ``N``) of ``model.forward_features`` on one ``image_size`` image (std pooling
     needs 2); one forward pass in eval mode."""
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         fmap = model.forward_features(torch.zeros(1, 3, image_size, image_size, device=device))
-    finally:
-        model.train(was_training)
     return int(fmap.shape[2] * fmap.shape[3]) if fmap.dim() == 4 else int(fmap.shape[1])
 
 
@@ -139,10 +137,8 @@ def extract_model_features(
     if isinstance(batches, Tensor):
         batches = [batch_images(batches)[0]]
     device = device or model_device(model)
-    was_training = model.training
-    model.eval()
     zs, sigmas, logits, labels = [], [], [], []
-    try:
+    with eval_mode(model):
         for i, batch in enumerate(batches):
             if max_batches is not None and i >= max_batches:
                 break
@@ -153,8 +149,6 @@ def extract_model_features(
             logits.append(None if logit is None else logit.float().cpu())
             if y is not None:
                 labels.append(y.cpu())
-    finally:
-        model.train(was_training)
     if not zs:
         raise ValueError("batches yielded no data")
     cat = lambda parts: None if any(p is None for p in parts) else torch.cat(parts)  # noqa: E731

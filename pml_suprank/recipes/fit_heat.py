@@ -232,6 +232,18 @@ def check_trained_head(spec: FitHeatSpec) -> None:
         )
 
 
+def scored_model(spec: FitHeatSpec, num_classes: int, device: torch.device) -> torch.nn.Module:
+    """The classifier of :func:`~pml_suprank.recipes.ood_data.build_model` on ``device``; refused (one error line)
+    before the classifier trains when its feature map at ``--image_size`` has fewer than 2 spatial positions."""
+    model = build_model(spec, num_classes).to(device)
+    if (positions := feature_map_positions(model, spec.image_size, device)) < 2:
+        flag = f"--model {spec.model}" if spec.model else f"--backbone {spec.backbone}"
+        refuse(f"{flag}: its feature map at --image_size {spec.image_size} has {positions} spatial position(s); the "
+               "std-pooled features (HEAT's style prior) need at least 2: use a larger --image_size or a model "
+               "trained at a larger size")  # fmt: skip
+    return model
+
+
 def extract_all(model, train_ds, test_ds, ood_sets, level, classes, train_labels, spec: FitHeatSpec, device):
     """Features of the ID train / test sets and of every OOD set, and the ID test accuracy."""
 
@@ -339,12 +351,7 @@ def main(argv=None) -> dict:
 
     spec, train_ds, test_ds, ood_sets, level, classes, train_labels = prepare_data(spec)
     check_trained_head(spec)
-    model = build_model(spec, len(classes)).to(device)
-    if (positions := feature_map_positions(model, spec.image_size, device)) < 2:  # before the classifier trains
-        flag = f"--model {spec.model}" if spec.model else f"--backbone {spec.backbone}"
-        refuse(f"{flag}: its feature map at --image_size {spec.image_size} has {positions} spatial position(s); the "
-               "std-pooled features (HEAT's style prior) need at least 2: use a larger --image_size or a model "
-               "trained at a larger size")  # fmt: skip
+    model = scored_model(spec, len(classes), device)
     out_dir = output_folder(out_dir, {"--model": spec.model, "--id_dataset": spec.id_dataset})  # after the refusals
     train_history = train_classifier(model, train_ds, level, classes, spec, device)
     model.eval()

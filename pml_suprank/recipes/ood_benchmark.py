@@ -58,12 +58,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def extract(fh, out_dir: Path) -> tuple[Path, int | None]:
-    """``features.safetensors`` in ``out_dir`` from fit_heat's data / classifier / extraction steps with its spec
-    ``fh``, and the HEAT epochs of the resolved spec (the synthetic default)."""
+    """``features.safetensors`` in ``out_dir`` (created once fit_heat's refusals have passed) from fit_heat's data /
+    classifier / extraction steps with its spec ``fh``, and the HEAT epochs of the resolved spec (the synthetic
+    default)."""
     device = torch_device(fh.device)  # a CUDA device this machine lacks: refused
     fh, train_ds, test_ds, ood_sets, level, classes, train_labels = fit_heat.prepare_data(fh)
     fit_heat.check_trained_head(fh)
-    model = fit_heat.build_model(fh, len(classes)).to(device)
+    model = fit_heat.scored_model(fh, len(classes), device)
+    output_folder(out_dir)  # after the refusals: a refused run leaves no folder behind
     fit_heat.train_classifier(model, train_ds, level, classes, fh, device)
     model.eval()
     feats = fit_heat.extract_all(model, train_ds, test_ds, ood_sets, level, classes, train_labels, fh, device)
@@ -137,7 +139,7 @@ def main(argv=None) -> dict:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)  # recipe-level seeding of the classifier training (the package never seeds)
     saved = None if args.features is None else read_features(Path(args.features))  # before the folder is made
-    out_dir = output_folder(args.output_dir)
+    out_dir = output_folder(args.output_dir, create=fh is None)  # with extraction: made by extract()
     t0 = time.perf_counter()
     features_path, heat_epochs = extract(fh, out_dir) if fh is not None else (Path(args.features), None)
     if args.heat_epochs is None and heat_epochs is not None:

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .._eval_mode import eval_mode
 from ..data.embedding_cache import cached_embeddings
 from ..metrics import compute_embeddings
 from .index import RetrievalIndex
@@ -88,13 +89,8 @@ def embed_inputs(model: nn.Module, images: Any, *, batch_size: int = 64, transfo
         transform = build_transforms(model.data_config, train=False)
     x = _as_image_tensors(images, transform)
     device = next(iter(model.parameters()), torch.empty(0)).device
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            out = [model(x[s : s + batch_size].to(device)) for s in range(0, x.shape[0], batch_size)]
-    finally:
-        model.train(was_training)
+    with eval_mode(model), torch.no_grad():
+        out = [model(x[s : s + batch_size].to(device)) for s in range(0, x.shape[0], batch_size)]
     return torch.nn.functional.normalize(torch.cat(out).float(), dim=-1)
 
 

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
+from .._eval_mode import eval_mode
 from ..data import collate
 from ..data.embedding_cache import cached_embeddings
 
@@ -114,9 +115,5 @@ def build_memory(config: Any, model: nn.Module, loss: nn.Module, dataset: Any, l
 
 def _infer_dim(model: nn.Module, dataset: Any) -> int:
     item = dataset[0]
-    with torch.no_grad():
-        was = model.training
-        model.eval()
-        d = int(model(item["image"][None]).shape[-1])
-        model.train(was)
-    return d
+    with eval_mode(model), torch.no_grad():
+        return int(model(item["image"][None]).shape[-1])
