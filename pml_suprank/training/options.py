@@ -147,8 +147,8 @@ class LossOptions:
                          "thresholds), 'auto' (by device and size)", is_choice("auto", "dense", "sorted"))  # fmt: skip
 
 
-def _run_rules(v: Mapping[str, Any]) -> list[str]:
-    """Flag combinations that would only fail after training."""
+def run_rules(v: Mapping[str, Any]) -> list[str]:
+    """Flag combinations that would only fail after training (also the ``fit_heat`` spec's, which has no resume)."""
     push, repo = v["push_to_hub"], v["hub_model_id"]
     errors = ["--push_to_hub true needs --hub_model_id (e.g. your-name/happier-synthetic)"] if push and not repo else []
     if repo is not None:  # also without --push_to_hub: the model card's usage line names it
@@ -158,9 +158,9 @@ def _run_rules(v: Mapping[str, Any]) -> list[str]:
             check_repo_id(repo)
         except ValueError as e:
             errors.append(f"--hub_model_id: {e}")
-    if v["resume_ignore_config"] and v["resume"] is None:
+    if v.get("resume_ignore_config") and v.get("resume") is None:
         errors.append("--resume_ignore_config true needs --resume (a checkpoint folder or 'latest')")
-    if v["overwrite_output_dir"] and v["resume"] is not None:
+    if v["overwrite_output_dir"] and v.get("resume") is not None:
         errors.append("--overwrite_output_dir true starts a new run: it cannot be combined with --resume")
     return errors
 
@@ -192,7 +192,7 @@ class RunOptions:
     hub_private: bool = option(False, "create the Hub repo as private", file=False)
 
     def __post_init__(self) -> None:
-        validate_options(self, _run_rules)
+        validate_options(self, run_rules)
 
 
 @dataclass

@@ -90,12 +90,9 @@ def _items(kind: type) -> Callable[[str], list[Any]]:
 
 def _json_dict(value: str) -> dict[str, Any]:
     try:
-        out = loads_json(value, "the value", what="option value")
+        return loads_json(value, "the value", what="option value", expected=dict)
     except ValueError:
-        out = None
-    if not isinstance(out, dict):
-        raise argparse.ArgumentTypeError(f'expected a JSON object such as {{"img_size": 64}}; got {value!r}')
-    return out
+        raise argparse.ArgumentTypeError(f'expected a JSON object such as {{"img_size": 64}}; got {value!r}') from None
 
 
 class _FlattenList(argparse.Action):
