@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from torch import nn
+import torch
 
 from .._validation import OptionCheck, is_choice, is_finite, is_int, is_number, is_str, list_of, optional
 from ..data.benchmarks.registry import BENCHMARKS
@@ -40,8 +40,6 @@ _KWARGS = OptionCheck(
 
 def _torch_device(name: Any) -> bool:
     """``name`` parses as a ``torch.device`` (``cpu``, ``cuda``, ``cuda:1``, ``mps``, ...); nothing is initialised."""
-    import torch
-
     try:
         torch.device(name)
     except (RuntimeError, TypeError, ValueError):
@@ -240,7 +238,7 @@ def loss_keys(name: str, entry: LossEntry | None = None) -> tuple[str, ...]:
 
 
 def build_loss(name: str, values: Mapping[str, Any], num_classes: int, embedding_size: int, *,
-               entry: LossEntry | None = None, **extra: Any) -> nn.Module:  # fmt: skip
+               entry: LossEntry | None = None, **extra: Any) -> torch.nn.Module:  # fmt: skip
     """The one loss builder: the loss ``name`` (:func:`pml_suprank.losses.resolve_loss`) from the option ``values``
     it takes (``None``: the loss's default; ``values["loss_kwargs"]`` passed on whole) and ``extra`` keyword arguments
     (e.g. ``relevance="multilabel"``, ``hierarchy=``). ``num_classes`` and ``embedding_size`` go to a constructor that
