@@ -317,3 +317,15 @@ def test_ood_folders_are_read_from_the_split_they_have(tmp_path):
     assert ood_source(str(tmp_path / "split"), spec) == (str(tmp_path / "split"), "test", "label")
     assert ood_source(f"{tmp_path / 'split'}:train:label", spec)[1] == "train"
     assert ood_source("org/hub-set", spec) == ("org/hub-set", "test", "label")
+
+
+def test_fit_heat_hub_model_id_is_held_to_the_training_recipes_rule(capsys):
+    """The one rule of the run options (``options.run_rules``): ``--push_to_hub`` needs ``--hub_model_id``, and a
+    repo id that is no ``org/name`` is refused before any work (it was accepted, and failed at the upload)."""
+    fit_heat = _import_fit_heat()
+    refused = {"--push_to_hub true needs --hub_model_id": ["--push_to_hub", "true"],
+               "--hub_model_id: repo_id must look like": ["--push_to_hub", "--hub_model_id", "heat"]}  # fmt: skip
+    for message, argv in refused.items():
+        with pytest.raises(SystemExit) as raised:
+            fit_heat.parse_args(argv)
+        assert raised.value.code == 2 and message in capsys.readouterr().err

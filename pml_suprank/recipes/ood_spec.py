@@ -14,7 +14,7 @@ from .._validation import OptionCheck, is_bool, is_choice, is_finite, is_int, is
 from ..ood import HEAT, get_detector, list_detectors, list_priors
 from ..ood.priors import PRESETS
 from ..training.config import OptionError, TrainingConfig, option, validate_options
-from ..training.options import DataOptions, ModelOptions, ModelUseOptions, RunOptions
+from ..training.options import DataOptions, ModelOptions, ModelUseOptions, RunOptions, run_rules
 from ..training.spec import read_sections, shared
 
 __all__ = ["VARIANTS", "FitHeatSpec", "OODBenchmarkSpec", "detector_arguments", "detector_options", "flag_prefix",
@@ -75,9 +75,8 @@ def detector_arguments(name: str, options: Mapping[str, Any] | None) -> dict[str
     ``detector_options``, ``{"knn_k": 50, ...}``; a hand-built spec's may be partial or ``None``): an argument it
     lacks takes its recipe default. ``ValueError``: a key that is no baseline option, a value its option refuses."""
     option_cls, options = detector_option_class(), dict(options or {})
-    if unknown := sorted(set(options) - {f.name for f in fields(option_cls)}):
-        raise ValueError(f"detector_options: unknown key(s) {unknown}; valid keys: "
-                         f"{sorted(f.name for f in fields(option_cls))}")  # fmt: skip
+    if unknown := sorted(set(options) - (valid := {f.name for f in fields(option_cls)})):
+        raise ValueError(f"detector_options: unknown key(s) {unknown}; valid keys: {sorted(valid)}")
     values = asdict(option_cls(**options))  # each value checked by its option
     return {argument: values[f"{flag_prefix(name)}_{argument}"] for argument in detector_options(name)}
 
@@ -205,18 +204,16 @@ class FitHeatSpec:
         ``detector_options``), then the rules between them, one ``OptionError`` naming every broken rule
         (``replace()`` does not check again). ``given``: the options a flag or a file set (``--guard`` / ``--ood_tpr``
         without ``--model`` are refused); ``where``: where each came from (``--flag``, ``file: section.key``)."""
-        options = detector_option_class()
-        known = {f.name for f in fields(options)}
-        spec = cls(**{k: v for k, v in values.items() if k not in known},
-                   detector_options={k: v for k, v in values.items() if k in known})  # fmt: skip
+        own = {f.name for f in fields(cls)}
+        spec = cls(**{k: v for k, v in values.items() if k in own},
+                   detector_options={k: v for k, v in values.items() if k not in own})  # fmt: skip
         validate_options(spec)
         spec.heat_settings = dict(spec.heat_settings or {})
-        spec.detector_options = asdict(options(**spec.detector_options))  # each value checked by its option
+        spec.detector_options = asdict(detector_option_class()(**spec.detector_options))  # each checked by its option
         unknown, bad = sorted(set(spec.detectors or ()) - set(methods())), sorted(set(spec.priors) - set(list_priors()))
         rows = [m for m in (spec.detectors or methods()) if m != "ODIN"]
         guard_options = [(where or {}).get(n, f"--{n}") for n in ("guard", "ood_tpr") if n in given]
         rules = [
-            (spec.push_to_hub and not spec.hub_model_id, "--push_to_hub true needs --hub_model_id (the Hub repo id)"),
             (unknown, f"--detectors: unknown {unknown}; choose among {list(methods())}"),
             (bad, f"--priors: unknown {bad}; choose among {list(list_priors())}"),
             (spec.model is not None and not unknown and spec.guard not in [*rows, "none"], f"--guard: {spec.guard!r} "
@@ -226,7 +223,7 @@ class FitHeatSpec:
             (spec.model is not None and spec.checkpoint is not None, "--model and --checkpoint exclude each other: "
              "--model loads a retrieval model folder (RUN/final), --checkpoint a timm classifier's state dict"),
         ]  # fmt: skip
-        if problems := [text for broken, text in rules if broken]:
+        if problems := run_rules(vars(spec)) + [text for broken, text in rules if broken]:
             raise OptionError(problems)
         try:  # the HEAT settings are checked by the detector's constructor (nothing is allocated before fit)
             spec.heat()

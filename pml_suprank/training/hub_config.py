@@ -92,9 +92,14 @@ def _rules(config: dict[str, Any], partial: bool) -> list[str]:
     return errors
 
 
-def _built(config: dict, source: str, defaults: Mapping[str, Any] | None, errors: list[str]) -> dict[str, Any]:
-    """``config`` if it has no structural ``errors`` and its RunSpec builds, else ``ValueError`` naming ``source``."""
-    if not errors:
+def validate_hub_config(config: Any, source: str = "hub_config", *, partial: bool = False,
+                        defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Check ``config`` (sections, keys, file rules, then its :class:`~pml_suprank.training.RunSpec`; nothing built);
+    return it unchanged or raise ``ValueError`` naming ``source``, every key, what was expected and what was found.
+    ``partial``: an override file; ``defaults`` (option name → value) fill the options the file leaves out."""
+    if not isinstance(config, dict):
+        raise ValueError(f"{source}: a hub_config must be a YAML mapping; got {type(config).__name__}")
+    if not (errors := section_problems(config, _KEYS, _TOP_LEVEL)[0] + _rules(config, partial)):
         layers = [{k: (k, v) for k, v in (defaults or {}).items()}, config_layer(config)]
         try:
             values, where = merge_layers(layers)
@@ -105,16 +110,6 @@ def _built(config: dict, source: str, defaults: Mapping[str, Any] | None, errors
     if errors:
         raise ValueError(f"{source}: invalid hub_config:\n  - " + "\n  - ".join(errors))
     return config
-
-
-def validate_hub_config(config: Any, source: str = "hub_config", *, partial: bool = False,
-                        defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
-    """Check ``config`` (sections, keys, file rules, then its :class:`~pml_suprank.training.RunSpec`; nothing built);
-    return it unchanged or raise ``ValueError`` naming ``source``, every key, what was expected and what was found.
-    ``partial``: an override file; ``defaults`` (option name → value) fill the options the file leaves out."""
-    if not isinstance(config, dict):
-        raise ValueError(f"{source}: a hub_config must be a YAML mapping; got {type(config).__name__}")
-    return _built(config, source, defaults, section_problems(config, _KEYS, _TOP_LEVEL)[0] + _rules(config, partial))
 
 
 def bundled_hub_configs() -> list[str]:
@@ -153,5 +148,5 @@ def read_layer(path: str) -> tuple[dict[str, Any], dict[str, tuple[str, Any]]]:
 
 def load_hub_config(path: str | Path, *, partial: bool = False,
                     defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
-    """:func:`read_hub_config` (the structure), then the RunSpec check of :func:`validate_hub_config`."""
-    return _built(read_hub_config(path, partial=partial), str(path), defaults, [])
+    """:func:`read_hub_config` (the structure), then :func:`validate_hub_config` (its RunSpec)."""
+    return validate_hub_config(read_hub_config(path, partial=partial), str(path), partial=partial, defaults=defaults)

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from torch import nn
+import torch
 
 from .._validation import OptionCheck, is_choice, is_finite, is_int, is_number, is_str, list_of, optional
 from ..data.benchmarks.registry import BENCHMARKS
@@ -40,8 +40,6 @@ _KWARGS = OptionCheck(
 
 def _torch_device(name: Any) -> bool:
     """``name`` parses as a ``torch.device`` (``cpu``, ``cuda``, ``cuda:1``, ``mps``, ...); nothing is initialised."""
-    import torch
-
     try:
         torch.device(name)
     except (RuntimeError, TypeError, ValueError):
@@ -147,8 +145,8 @@ class LossOptions:
                          "thresholds), 'auto' (by device and size)", is_choice("auto", "dense", "sorted"))  # fmt: skip
 
 
-def _run_rules(v: Mapping[str, Any]) -> list[str]:
-    """Flag combinations that would only fail after training."""
+def run_rules(v: Mapping[str, Any]) -> list[str]:
+    """Flag combinations that would only fail after training (also the ``fit_heat`` spec's, which has no resume)."""
     push, repo = v["push_to_hub"], v["hub_model_id"]
     errors = ["--push_to_hub true needs --hub_model_id (e.g. your-name/happier-synthetic)"] if push and not repo else []
     if repo is not None:  # also without --push_to_hub: the model card's usage line names it
@@ -158,9 +156,9 @@ def _run_rules(v: Mapping[str, Any]) -> list[str]:
             check_repo_id(repo)
         except ValueError as e:
             errors.append(f"--hub_model_id: {e}")
-    if v["resume_ignore_config"] and v["resume"] is None:
+    if v.get("resume_ignore_config") and v.get("resume") is None:
         errors.append("--resume_ignore_config true needs --resume (a checkpoint folder or 'latest')")
-    if v["overwrite_output_dir"] and v["resume"] is not None:
+    if v["overwrite_output_dir"] and v.get("resume") is not None:
         errors.append("--overwrite_output_dir true starts a new run: it cannot be combined with --resume")
     return errors
 
@@ -192,7 +190,7 @@ class RunOptions:
     hub_private: bool = option(False, "create the Hub repo as private", file=False)
 
     def __post_init__(self) -> None:
-        validate_options(self, _run_rules)
+        validate_options(self, run_rules)
 
 
 @dataclass
@@ -240,7 +238,7 @@ def loss_keys(name: str, entry: LossEntry | None = None) -> tuple[str, ...]:
 
 
 def build_loss(name: str, values: Mapping[str, Any], num_classes: int, embedding_size: int, *,
-               entry: LossEntry | None = None, **extra: Any) -> nn.Module:  # fmt: skip
+               entry: LossEntry | None = None, **extra: Any) -> torch.nn.Module:  # fmt: skip
     """The one loss builder: the loss ``name`` (:func:`pml_suprank.losses.resolve_loss`) from the option ``values``
     it takes (``None``: the loss's default; ``values["loss_kwargs"]`` passed on whole) and ``extra`` keyword arguments
     (e.g. ``relevance="multilabel"``, ``hierarchy=``). ``num_classes`` and ``embedding_size`` go to a constructor that

@@ -19,7 +19,6 @@ from ..data.source import data_option_errors, resolved_split
 from ..losses.registry import LossEntry, loss_keywords, registered_losses, resolve_loss
 from .config import OptionError, TrainingConfig
 from .options import DataOptions, LossOptions, ModelOptions, RunOptions, build_loss, loss_keys, loss_option_names
-from .spec import merge_layers
 
 __all__ = ["PARTS", "RunSpec", "losses_listing", "merge_hub_configs", "multilabel_option_errors", "spec_problems"]
 
@@ -152,8 +151,7 @@ class RunSpec:
     @classmethod
     def from_values(cls, values: Mapping[str, Any], hub_config: Mapping[str, Any] | None = None) -> RunSpec:
         """The spec of ``values`` given in Python (all by the user; ``virtual_batch_size`` sets ``batch_size``)."""
-        merged, _ = merge_layers([{k: (k, v) for k, v in values.items()}], explicit_from=0)
-        return cls.from_options(merged, given=frozenset(values), files=[hub_config] if hub_config else ())
+        return cls.from_options(values, given=frozenset(values), files=[hub_config] if hub_config else ())
 
     def values(self) -> dict[str, Any]:
         """Every option as ``{option name: value}`` (the recipes' flag names)."""

@@ -22,7 +22,7 @@ import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import Field, fields
 from pathlib import Path
-from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from .._safe_json import loads_json
 from .._validation import optional, shorten
@@ -90,12 +90,9 @@ def _items(kind: type) -> Callable[[str], list[Any]]:
 
 def _json_dict(value: str) -> dict[str, Any]:
     try:
-        out = loads_json(value, "the value", what="option value")
+        return loads_json(value, "the value", what="option value", expected=dict)
     except ValueError:
-        out = None
-    if not isinstance(out, dict):
-        raise argparse.ArgumentTypeError(f'expected a JSON object such as {{"img_size": 64}}; got {value!r}')
-    return out
+        raise argparse.ArgumentTypeError(f'expected a JSON object such as {{"img_size": 64}}; got {value!r}') from None
 
 
 class _FlattenList(argparse.Action):
@@ -106,14 +103,12 @@ class _FlattenList(argparse.Action):
 
 
 def _argparse_kwargs(tp: Any) -> dict[str, Any]:
-    """The ``add_argument`` keywords of a field annotation (``X | None`` as ``X``)."""
+    """The ``add_argument`` keywords of a field annotation (``X | None`` as ``X``; a ``Literal`` of names is a str)."""
     args = [a for a in get_args(tp) if a is not type(None)]
     tp = args[0] if get_origin(tp) in (Union, types.UnionType) and len(args) == 1 else tp
     origin = get_origin(tp) or tp
     if tp is bool:
         return {"type": str2bool, "nargs": "?", "const": True, "metavar": "{true,false}"}
-    if origin is Literal:
-        return {"type": type(get_args(tp)[0])}
     if origin in (list, tuple, Sequence):
         item = (get_args(tp) or (str,))[0]
         return {"type": _items(item if item in _EXAMPLES else str), "nargs": "+", "action": _FlattenList}
