@@ -99,7 +99,7 @@ class EvaluateSpec:
     mixed_precision: str | None = shared(RunOptions, "mixed_precision")
     cpu: bool = shared(RunOptions, "cpu")
     embedding_cache: str | None = shared(ModelUseOptions, "embedding_cache")
-    model_data: dict | None = option(None, "the model's recorded data spec (read by parse)", cli=False)
+    model_data: dict | None = shared(ModelUseOptions, "model_data")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -172,7 +172,7 @@ class FitHeatSpec:
     no_odin: bool = option(False, "skip ODIN (needs a backward pass per batch)", check=is_bool())
     detector_options: dict | None = option(None, "constructor arguments of the baselines, {'knn_k': 50, ...}",
                                            cli=False, check=optional(_MAPPING))  # fmt: skip
-    model_data: dict | None = option(None, "the model's recorded data spec (read by parse)", cli=False)
+    model_data: dict | None = shared(ModelUseOptions, "model_data")
 
     @classmethod
     def option_classes(cls) -> tuple[type, ...]:

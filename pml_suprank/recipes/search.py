@@ -71,7 +71,7 @@ class SearchSpec:
     ood_threshold: float | None = shared(ModelUseOptions, "ood_threshold")
     device: str | None = shared(ModelUseOptions, "device")
     embedding_cache: str | None = shared(ModelUseOptions, "embedding_cache")
-    model_data: dict | None = option(None, "the model's recorded data spec (read by parse)", cli=False)
+    model_data: dict | None = shared(ModelUseOptions, "model_data")
 
 
 def build_parser() -> argparse.ArgumentParser:

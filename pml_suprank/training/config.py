@@ -92,13 +92,6 @@ def validate_options(obj: Any, rules: Callable[[dict[str, Any]], Sequence[Any]] 
         raise OptionError(problems)
 
 
-def batch_alias_problem(vb: int, b: int) -> str:
-    return (
-        f"--virtual_batch_size {vb} and --batch_size {b} differ: --virtual_batch_size is the batch the sampler draws "
-        "and the loss ranks, it replaces --batch_size; give one of them (or the same value to both)"
-    )
-
-
 class _DefaultInt(int):
     """The default of ``batch_size``: not given, so ``virtual_batch_size`` (another name of it) sets it."""
 
@@ -112,7 +105,9 @@ def _training_rules(v: Mapping[str, Any]) -> list[tuple[str | None, str]]:
     if v["warmup_epochs"] > 0 and 0 < v["epochs"] <= v["warmup_epochs"]:
         return [("warmup_epochs", f"must be < epochs = {v['epochs']}; got {v['warmup_epochs']}")]
     if vb is not None and vb != b:
-        return [(None, batch_alias_problem(vb, b))]  # names both flags: one field cannot locate the pair
+        return [(None, f"--virtual_batch_size {vb} and --batch_size {b} differ: --virtual_batch_size is the batch the "
+                 "sampler draws and the loss ranks, it replaces --batch_size; give one of them (or the same value to "
+                 "both)")]  # fmt: skip
     if vb is not None and vb % (g := k * m):  # g: images per group of classes
         group = f"super_classes_per_batch {k} x samples_per_class {m}" if k > 1 else f"samples_per_class {m}"
         return [("virtual_batch_size", f"{vb} is not a whole number of the sampler's groups ({group} = {g} images "

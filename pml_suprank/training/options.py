@@ -208,6 +208,7 @@ class ModelUseOptions:
                                          optional(is_str("a folder path")))  # fmt: skip
     device: str | None = option(None, "default: cuda when available, else cpu", optional(OptionCheck(
         _torch_device, "a torch device such as cpu, cuda or cuda:1", kind="str")))  # fmt: skip
+    model_data: dict | None = option(None, "the model's recorded data spec (set by parse, never a flag)", cli=False)
 
 
 #: every option class of a training run, in --help order

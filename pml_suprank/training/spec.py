@@ -30,7 +30,6 @@ from ..data.data_spec import DATA_SPEC_FILE, read_data_spec
 from .config import (
     OptionError,
     TrainingConfig,
-    batch_alias_problem,
     field_default,
     field_problem,
     option,
@@ -62,8 +61,8 @@ def shared(cls: type, name: str, default: Any = _KEEP, help: str | None = None) 
     f = {f.name: f for f in fields(cls)}[name]
     check, default = f.metadata.get("check"), field_default(f) if default is _KEEP else default
     check = optional(check) if default is None and check is not None and not check(None) else check
-    return option(default, help or f.metadata["help"], check=check, section=f.metadata.get("section"),
-                  key=f.metadata.get("key"), file=f.metadata.get("file", True))  # fmt: skip
+    metadata = {k: f.metadata[k] for k in ("section", "key", "cli", "file")}
+    return option(default, help or f.metadata["help"], check=check, **metadata)
 
 
 # -- flags -------------------------------------------------------------------------------------------------------------
@@ -153,28 +152,17 @@ def build_parser(
 
 
 # -- layers ------------------------------------------------------------------------------------------------------------
-def merge_layers(layers: Sequence[Layer], explicit_from: int = 1) -> tuple[dict[str, Any], dict[str, str]]:
-    """Lay ``layers`` over each other in order (a later one wins); return ``(values, where)``.
-
-    ``virtual_batch_size`` is another name of ``batch_size``: a layer giving it alone drops an earlier layer's batch
-    size; a batch size in a later user layer (from ``explicit_from`` on), which would silently undo the virtual batch,
-    is refused naming both; a default virtual batch follows the batch size the user gave.
-    """
+def merge_layers(layers: Sequence[Layer]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Lay ``layers`` over each other in order (a later one wins); return ``(values, where)``. ``virtual_batch_size``
+    is another name of ``batch_size``: a layer giving it alone drops an earlier layer's batch size (two different
+    values are refused by :class:`~pml_suprank.training.config.TrainingConfig`, naming both flags)."""
     values: dict[str, Any] = {}
     where: dict[str, str] = {}
-    level: dict[str, int] = {}
-    for i, layer in enumerate(layers):
+    for layer in layers:
         if layer.get("virtual_batch_size", (None, None))[1] is not None and "batch_size" not in layer:
             values.pop("batch_size", None), where.pop("batch_size", None)
         for name, (source, value) in layer.items():
-            values[name], where[name], level[name] = value, source, i
-    vb, b = values.get("virtual_batch_size"), values.get("batch_size")
-    if vb is None or b is None or vb == b:
-        return values, where
-    if explicit_from > level["virtual_batch_size"]:
-        values["virtual_batch_size"] = b
-    elif level["virtual_batch_size"] < level["batch_size"]:
-        raise OptionError(f"{batch_alias_problem(vb, b)} ({where['virtual_batch_size']} and {where['batch_size']})")
+            values[name], where[name] = value, source
     return values, where
 
 
@@ -231,7 +219,7 @@ def parse(spec_cls: type[S], argv: list[str] | None = None, *, defaults: Mapping
                 names, source = {f.name for f in fields(spec_cls)}, f"{values['model']}/{DATA_SPEC_FILE}:"
                 layers.insert(1, {k: (f"{source} {k}", recorded[k]) for k in ("seed", "k_values", "alpha")
                                   if k in recorded and k in names})  # fmt: skip
-                values, where = merge_layers(layers, explicit_from=2)
+                values, where = merge_layers(layers)
                 values["model_data"] = recorded
         if hasattr(spec_cls, "from_options"):
             return spec_cls.from_options(values, given=given, where=where, files=files)
