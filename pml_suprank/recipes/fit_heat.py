@@ -299,7 +299,12 @@ def check_files(spec: FitHeatSpec) -> Path:
     if (out_dir / "results.json").exists() and not spec.overwrite_output_dir:
         refuse(f"--output_dir {str(out_dir)!r} already holds a results.json (another run's); choose another "
                "--output_dir, or pass --overwrite_output_dir true to replace it")  # fmt: skip
-    return output_folder(out_dir, {"--model": spec.model, "--id_dataset": spec.id_dataset}, create=False)
+    return output_folder(out_dir, input_folders(spec), create=False)
+
+
+def input_folders(spec: FitHeatSpec) -> dict[str, Any]:
+    """The local input folders ``{"--flag": path}`` that ``--output_dir`` must not lie inside (the model, the data)."""
+    return {"--model": spec.model, "--id_dataset": spec.id_dataset}
 
 
 def _set_name(entry: str) -> str:
@@ -352,7 +357,7 @@ def main(argv=None) -> dict:
     spec, train_ds, test_ds, ood_sets, level, classes, train_labels = prepare_data(spec)
     check_trained_head(spec)
     model = scored_model(spec, len(classes), device)
-    out_dir = output_folder(out_dir, {"--model": spec.model, "--id_dataset": spec.id_dataset})  # after the refusals
+    out_dir = output_folder(out_dir, input_folders(spec))  # after the refusals
     train_history = train_classifier(model, train_ds, level, classes, spec, device)
     model.eval()
     train_feats, test_feats, ood_feats, test_acc = extract_all(

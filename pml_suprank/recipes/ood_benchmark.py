@@ -65,7 +65,7 @@ def extract(fh, out_dir: Path) -> tuple[Path, int | None]:
     fh, train_ds, test_ds, ood_sets, level, classes, train_labels = fit_heat.prepare_data(fh)
     fit_heat.check_trained_head(fh)
     model = fit_heat.scored_model(fh, len(classes), device)
-    output_folder(out_dir)  # after the refusals: a refused run leaves no folder behind
+    output_folder(out_dir, fit_heat.input_folders(fh))  # after the refusals: a refused run leaves no folder behind
     fit_heat.train_classifier(model, train_ds, level, classes, fh, device)
     model.eval()
     feats = fit_heat.extract_all(model, train_ds, test_ds, ood_sets, level, classes, train_labels, fh, device)
@@ -139,7 +139,8 @@ def main(argv=None) -> dict:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)  # recipe-level seeding of the classifier training (the package never seeds)
     saved = None if args.features is None else read_features(Path(args.features))  # before the folder is made
-    out_dir = output_folder(args.output_dir, create=fh is None)  # with extraction: made by extract()
+    inputs = {} if fh is None else fit_heat.input_folders(fh)  # checked now, made by extract() with extraction
+    out_dir = output_folder(args.output_dir, inputs, create=fh is None)
     t0 = time.perf_counter()
     features_path, heat_epochs = extract(fh, out_dir) if fh is not None else (Path(args.features), None)
     if args.heat_epochs is None and heat_epochs is not None:

@@ -679,11 +679,13 @@ def test_device_is_checked_by_name_and_by_machine(name, required, monkeypatch, c
 
 
 @pytest.mark.parametrize(
-    ("name", "extra"), [("evaluate", []), ("search", []), ("ood_score", ["--images", "IMAGES"])]
-)  # fmt: skip
+    ("name", "extra"),
+    [("evaluate", []), ("search", []), ("ood_score", ["--images", "IMAGES"]), ("fit_heat", []), ("ood_benchmark", [])],
+)
 def test_output_dir_inside_the_model_folder_is_refused(name, extra, tmp_path, capsys):
     """``--output_dir`` in the ``--model`` folder would replace the model's own ``metrics.json`` and plots (and be
-    pushed with it): refused naming both flags before the model is read or anything is written."""
+    pushed with it): refused naming both flags before the model is read or anything is written (``ood_benchmark``:
+    also when it extracts the features through fit_heat's steps)."""
     model = tmp_path / "final"
     model.mkdir()
     (model / "metrics.json").write_text('{"ap": 0.5}')
