@@ -9,7 +9,7 @@ from torch import nn
 
 from .config import TrainingConfig
 
-__all__ = ["build_optimizer", "build_scheduler"]
+__all__ = ["apply_group_settings", "build_optimizer", "build_scheduler", "group_settings"]
 
 
 def _model_groups(model: nn.Module) -> dict[str, list[nn.Parameter]]:
@@ -28,15 +28,10 @@ def build_optimizer(model: nn.Module, loss: nn.Module | None, config: TrainingCo
         raise TypeError(f"config must be a TrainingConfig; got {type(config).__name__}")
     groups = _model_groups(model)
     seen = {id(p) for ps in groups.values() for p in ps}
-    proxies = [p for p in (loss.parameters() if loss is not None else []) if p.requires_grad and id(p) not in seen]
-    spec = [
-        ("backbone", groups["backbone"], config.lr_backbone, config.weight_decay),
-        ("head", groups["head"], config.lr_head, config.weight_decay),
-        ("proxies", proxies, config.lr_proxies, config.proxies_weight_decay),
-    ]
-    param_groups = [
-        {"params": ps, "lr": lr, "weight_decay": wd, "name": name} for name, ps, lr, wd in spec if len(ps) > 0
-    ]
+    groups["proxies"] = [p for p in (loss.parameters() if loss is not None else []) if p.requires_grad
+                         and id(p) not in seen]  # fmt: skip
+    settings = group_settings(config)
+    param_groups = [{"params": ps, **settings[name], "name": name} for name, ps in groups.items() if len(ps) > 0]
     if not param_groups:
         raise ValueError("model and loss have no trainable parameters")
     if config.optimizer == "adam":
@@ -44,6 +39,34 @@ def build_optimizer(model: nn.Module, loss: nn.Module | None, config: TrainingCo
     if config.optimizer == "adamw":
         return torch.optim.AdamW(param_groups)
     return torch.optim.SGD(param_groups, momentum=config.momentum, nesterov=config.momentum > 0)
+
+
+def group_settings(config: TrainingConfig) -> dict[str, dict[str, float]]:
+    """The hyper-parameters of each named parameter group (``lr``, ``weight_decay``; SGD: ``momentum``)."""
+    momentum = {"momentum": config.momentum} if config.optimizer == "sgd" else {}
+    return {
+        "backbone": {"lr": config.lr_backbone, "weight_decay": config.weight_decay, **momentum},
+        "head": {"lr": config.lr_head, "weight_decay": config.weight_decay, **momentum},
+        "proxies": {"lr": config.lr_proxies, "weight_decay": config.proxies_weight_decay, **momentum},
+    }
+
+
+def apply_group_settings(
+    optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR, config: TrainingConfig
+) -> list[str]:
+    """Give an optimizer and its schedule loaded from another run's checkpoint this ``config``'s hyper-parameters
+    (:func:`group_settings`): each group's base learning rate (the current one: base times the schedule's factor at
+    its step), weight decay and momentum; the optimizer's per-parameter state (moments) is kept. Returns the changes
+    as ``"group.key: old -> new"`` (``lr``: the base learning rate)."""
+    settings, changes = group_settings(config), []
+    for i, group in enumerate(optimizer.param_groups):
+        new = settings[group["name"]]
+        old = {**{k: group[k] for k in new if k in group}, "lr": scheduler.base_lrs[i]}
+        changes += [f"{group['name']}.{k}: {old[k]!r} -> {v!r}" for k, v in new.items() if old.get(k) != v]
+        scheduler.base_lrs[i] = group["initial_lr"] = new["lr"]
+        group.update({**new, "lr": new["lr"] * scheduler.lr_lambdas[i](scheduler.last_epoch)})
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+    return changes
 
 
 def build_scheduler(

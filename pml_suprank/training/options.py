@@ -179,7 +179,8 @@ class RunOptions:
     resume: str | None = option(None, "checkpoint folder to continue from, or 'latest' (newest in output_dir)",
                                 is_str("a checkpoint folder or 'latest'"))  # fmt: skip
     resume_ignore_config: bool = option(False, "with --resume: continue from a checkpoint written with another "
-                                        "configuration (other run fingerprint)")  # fmt: skip
+                                        "configuration (other run fingerprint; this run's learning rates, weight "
+                                        "decays and momentum apply)")  # fmt: skip
     overwrite_output_dir: bool = option(False, "without --resume: delete a previous run's checkpoints and final/ in "
                                         "--output_dir before starting")  # fmt: skip
     skip_initial_eval: bool = option(False, "do not evaluate before training")

@@ -34,7 +34,7 @@ from .loaders import (
 )
 from .loss_module import LossModule, backward_step
 from .nonfinite import NonFiniteSteps, step_if_finite, stop_error
-from .optim import build_optimizer, build_scheduler
+from .optim import apply_group_settings, build_optimizer, build_scheduler
 from .optimizer_state import optimizer_state_indices
 from .pca_init import init_projection_if_requested
 
@@ -220,6 +220,8 @@ class Trainer:
 
     def load_checkpoint(self, path: str | Path, ignore_config_change: bool = False) -> dict[str, Any]:
         """Restore the whole training state from ``path`` (every file checked first, then ``accelerator.load_state``).
+        Another run's checkpoint (``ignore_config_change``) continues with this run's learning rates, weight decays and
+        momentum (:func:`~pml_suprank.training.optim.apply_group_settings`), its optimizer moments kept.
 
         Raises:
             CheckpointError: the folder is incomplete, corrupt, does not fit this run, or is another run's (unless
@@ -241,6 +243,9 @@ class Trainer:
             ) from e
         if hasattr(self.sampler, "load_state_dict"):  # checked by validate_checkpoint
             self.sampler.load_state_dict(state["sampler"])
+        if state["fingerprint"] != self.fingerprint:  # ignore_config_change: this run's settings, not the file's
+            if changes := apply_group_settings(self.optimizer, self.scheduler, self.config):
+                self.accelerator.print(f"the optimizer continues with this run's settings ({', '.join(changes)})")
         self.progress = _Progress(state["epoch"], state["step_in_epoch"], state["global_step"],
                                   list(state.get("history") or []))  # fmt: skip
         self.nonfinite.load(state)

@@ -645,6 +645,36 @@ def test_second_run_into_one_folder_is_refused_overwritten_or_isolated(tmp_path)
 
 
 @pytest.mark.slow
+def test_another_runs_checkpoint_continues_with_this_runs_hyper_parameters(tmp_path, capsys):
+    """``ignore_config_change`` (``--resume_ignore_config``): the optimizer continues with this run's learning rates
+    and weight decays (each base lr times the schedule's factor at the checkpoint's step), not the ones saved in the
+    checkpoint; its moments are the checkpoint's. A same-run resume keeps the saved values (exact resume)."""
+    first = _trainer(tmp_path, max_train_steps=2, checkpoint_every=1, keep_checkpoints=0)
+    first.train()
+    saved_state = first.optimizer.state_dict()["state"]
+    second = _trainer(tmp_path, max_train_steps=4, lr_head=5e-3, weight_decay=0.0)
+    second.load_checkpoint(latest_checkpoint(tmp_path), ignore_config_change=True)
+    groups = {g["name"]: g for g in second.optimizer.param_groups}
+    factor = second.scheduler.lr_lambdas[0](2)
+    assert second.scheduler.last_epoch == 2 and 0 < factor < 1  # cosine over this run's 4 steps
+    assert second.scheduler.base_lrs == [1e-3, 5e-3, second.config.lr_proxies]
+    assert groups["head"]["lr"] == pytest.approx(5e-3 * factor)
+    assert groups["backbone"]["lr"] == pytest.approx(1e-3 * factor)
+    assert groups["head"]["weight_decay"] == groups["backbone"]["weight_decay"] == 0.0
+    assert second.scheduler.get_last_lr() == [g["lr"] for g in second.optimizer.param_groups]
+    for i, entry in second.optimizer.state_dict()["state"].items():
+        for key, value in entry.items():
+            torch.testing.assert_close(value, saved_state[i][key], rtol=0, atol=0)
+    assert (
+        "the optimizer continues with this run's settings (backbone.weight_decay: 0.0001 -> 0.0, head.lr: 0.001 "
+        "-> 0.005, head.weight_decay: 0.0001 -> 0.0)" in capsys.readouterr().out
+    )
+    third = _trainer(tmp_path, max_train_steps=2, checkpoint_every=1, keep_checkpoints=0)  # the same run
+    third.load_checkpoint(latest_checkpoint(tmp_path))
+    assert [g["lr"] for g in third.optimizer.param_groups] == [g["lr"] for g in first.optimizer.param_groups]
+
+
+@pytest.mark.slow
 def test_lock_stops_a_concurrent_trainer_and_is_released_on_errors(tmp_path):
     import os
     import socket
