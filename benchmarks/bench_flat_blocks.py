@@ -71,8 +71,11 @@ def main(argv=None) -> list[dict]:
                 run()
                 times.append(time.perf_counter() - t0)
             rows.append({"kernel": name, "block": label, **counts, "cpu_s": statistics.median(times)})
-            print(f"| {name} | {label} | {counts['aten_ops']} | {counts['compute_ops']} | {counts['syncs']} "
-                  f"| {statistics.median(times):.3f} |", flush=True)
+            print(
+                f"| {name} | {label} | {counts['aten_ops']} | {counts['compute_ops']} | {counts['syncs']} "
+                f"| {statistics.median(times):.3f} |",
+                flush=True,
+            )
     return rows
 
 

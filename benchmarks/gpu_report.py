@@ -155,15 +155,24 @@ def grid_section(device, dim, sizes, repeats, budget, skipped) -> list[dict]:
             if budget.spent():
                 skipped.append(f"grid B={num_queries} N={num_refs} {name}")
                 continue
-            emb, labels, ref, ref_labels = batch(num_queries, None if num_refs == num_queries else num_refs, dim,
-                                                 levels, device)
+            emb, labels, ref, ref_labels = batch(
+                num_queries, None if num_refs == num_queries else num_refs, dim, levels, device
+            )
             t = {}
             for kernel in ("dense", "sorted"):
                 fn = make_loss(name, kernel, dim, 1, device)
                 t[kernel] = measure(fwd_bwd(fn, emb, labels, ref, ref_labels), device, repeats)
             auto = choose_kernel("auto", device, num_queries, num_refs, levels=levels)
-            row = {"B": num_queries, "N": num_refs, "BN2": num_queries * num_refs**2, "loss": name, "levels": levels,
-                   "dense_s": t["dense"].get("time_s"), "sorted_s": t["sorted"].get("time_s"), "auto": auto}
+            row = {
+                "B": num_queries,
+                "N": num_refs,
+                "BN2": num_queries * num_refs**2,
+                "loss": name,
+                "levels": levels,
+                "dense_s": t["dense"].get("time_s"),
+                "sorted_s": t["sorted"].get("time_s"),
+                "auto": auto,
+            }
             row["dense_mb"], row["sorted_mb"] = t["dense"].get("peak_extra_mb"), t["sorted"].get("peak_extra_mb")
             errors = [v["error"] for v in t.values() if "error" in v]
             if errors:
@@ -194,8 +203,17 @@ def memory_section(device, dim, num_queries, memories, repeats, dense_max_refs, 
                     r = measure(fwd_bwd(fn, emb, labels, ref, ref_labels), device, repeats)
                     if "time_s" in r and "time_s" in floor:
                         r["x_matmul"] = r["time_s"] / floor["time_s"]
-                    rows.append({"B": num_queries, "N": num_refs, "group": group, "loss": name, "kernel": kernel,
-                                 "matmul_s": floor.get("time_s"), **r})
+                    rows.append(
+                        {
+                            "B": num_queries,
+                            "N": num_refs,
+                            "group": group,
+                            "loss": name,
+                            "kernel": kernel,
+                            "matmul_s": floor.get("time_s"),
+                            **r,
+                        }
+                    )
     return rows
 
 
@@ -290,12 +308,30 @@ def commit() -> str:
 
 def sizes(small: bool) -> dict:
     if small:
-        return {"dim": 32, "grid": [(8, 8), (8, 64), (16, 16), (16, 128)], "memory_b": 16, "memories": (256, 1024),
-                "dense_max_refs": 256, "eval_n": 600, "subset": 200, "ops_b": 16, "repeats": 1}
+        return {
+            "dim": 32,
+            "grid": [(8, 8), (8, 64), (16, 16), (16, 128)],
+            "memory_b": 16,
+            "memories": (256, 1024),
+            "dense_max_refs": 256,
+            "eval_n": 600,
+            "subset": 200,
+            "ops_b": 16,
+            "repeats": 1,
+        }
     grid = [(b, n) for b in (32, 64, 128, 256, 512) for n in (b, 512, 1024, 2048, 4096) if n >= b]
     grid = sorted(set(grid))
-    return {"dim": 512, "grid": grid, "memory_b": 256, "memories": (4096, 60000), "dense_max_refs": 4096,
-            "eval_n": 60502, "subset": 3000, "ops_b": 256, "repeats": 5}
+    return {
+        "dim": 512,
+        "grid": grid,
+        "memory_b": 256,
+        "memories": (4096, 60000),
+        "dense_max_refs": 4096,
+        "eval_n": 60502,
+        "subset": 3000,
+        "ops_b": 256,
+        "repeats": 5,
+    }
 
 
 def print_tables(report: dict) -> None:
@@ -320,13 +356,17 @@ def print_tables(report: dict) -> None:
             print(f"| {r['N']} | {r['levels']} | {r['error']} | | | | |")
             continue
         gb = f"{r['peak_gb']:.2f}" if r.get("peak_gb") is not None else "–"
-        print(f"| {r['N']} | {r['levels']} | {r['eval_s']:.3f} | {r['floor_s']:.3f} | {r['ratio']:.1f}× | {gb} "
-              f"| {r['max_abs_diff']:.1e} |")
+        print(
+            f"| {r['N']} | {r['levels']} | {r['eval_s']:.3f} | {r['floor_s']:.3f} | {r['ratio']:.1f}× | {gb} "
+            f"| {r['max_abs_diff']:.1e} |"
+        )
     print("\n| loss | kernel | aten ops | compute ops | host syncs | CUDA syncs |")
     print("|---|---|---|---|---|---|")
     for r in report["ops"]:
-        print(f"| {r['loss']} | {r['kernel']} | {r['aten_ops']} | {r['compute_ops']} | {r['syncs']} "
-              f"| {r.get('cuda_syncs', '–')} |")
+        print(
+            f"| {r['loss']} | {r['kernel']} | {r['aten_ops']} | {r['compute_ops']} | {r['syncs']} "
+            f"| {r.get('cuda_syncs', '–')} |"
+        )
     if report["skipped"]:
         print(f"\nskipped (budget): {len(report['skipped'])} rows, e.g. {report['skipped'][:3]}")
 
@@ -345,16 +385,30 @@ def main(argv=None) -> dict:
     unknown = only - {"grid", "memory", "eval", "ops"}
     if unknown:
         raise ValueError(f"--only: unknown sections {sorted(unknown)}; choose from grid, memory, eval, ops")
-    meta = {"device": str(device), "device_name": device_name(str(device)), "torch": torch.__version__,
-            "commit": commit(), "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "small": args.small, "argv": sys.argv[1:] if argv is None else list(argv)}
+    meta = {
+        "device": str(device),
+        "device_name": device_name(str(device)),
+        "torch": torch.__version__,
+        "commit": commit(),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "small": args.small,
+        "argv": sys.argv[1:] if argv is None else list(argv),
+    }
     report = {"meta": meta, "grid": [], "memory": [], "eval": [], "ops": [], "skipped": skipped}
     t0 = time.perf_counter()
     if "grid" in only:
         report["grid"] = grid_section(device, size["dim"], size["grid"], size["repeats"], budget, skipped)
     if "memory" in only:
-        report["memory"] = memory_section(device, size["dim"], size["memory_b"], size["memories"], size["repeats"],
-                                          size["dense_max_refs"], budget, skipped)
+        report["memory"] = memory_section(
+            device,
+            size["dim"],
+            size["memory_b"],
+            size["memories"],
+            size["repeats"],
+            size["dense_max_refs"],
+            budget,
+            skipped,
+        )
     if "eval" in only:
         report["eval"] = eval_section(device, size["dim"], size["eval_n"], size["subset"], budget, skipped)
     if "ops" in only:

@@ -112,8 +112,13 @@ def run(args: argparse.Namespace) -> dict:
     near = torch.cat([part("train", False)[0], part("test", False)[0]])
     g = torch.Generator().manual_seed(args.seed)
     noise = torch.rand(args.num_far, 1, size, size, generator=g)
-    shapes = data.SyntheticShapes("test", num_per_class=max(1, args.num_far // 30), image_size=size, seed=args.seed,
-                                  transform=lambda im: torch.from_numpy(np.asarray(im, dtype=np.float32) / 255.0))
+    shapes = data.SyntheticShapes(
+        "test",
+        num_per_class=max(1, args.num_far // 30),
+        image_size=size,
+        seed=args.seed,
+        transform=lambda im: torch.from_numpy(np.asarray(im, dtype=np.float32) / 255.0),
+    )
     shape_images = torch.stack([shapes[i]["image"].permute(2, 0, 1) for i in range(min(len(shapes), args.num_far))])
     ood_sets = {"near: held-out alphabets": to_input(near), "far: uniform noise": to_input(noise),
                 "far: synthetic shapes": shape_images * 2.0 - 1.0}  # fmt: skip
@@ -140,8 +145,11 @@ def run(args: argparse.Namespace) -> dict:
             reloaded = RetrievalModel.from_pretrained(Path(tmp) / "final").ood_guard
             assert reloaded.threshold == guard.threshold
             rows[name] = {**guard.to_dict(), "seconds": time.perf_counter() - start}
-            print(f"{name}: threshold {guard.threshold:.4g}, held-out ID kept {100 * guard.id_tpr:.1f}%, "
-                  + ", ".join(f"{k} FPR {100 * v['fpr']:.1f}%" for k, v in guard.ood_sets.items()), flush=True)
+            print(
+                f"{name}: threshold {guard.threshold:.4g}, held-out ID kept {100 * guard.id_tpr:.1f}%, "
+                + ", ".join(f"{k} FPR {100 * v['fpr']:.1f}%" for k, v in guard.ood_sets.items()),
+                flush=True,
+            )
     return {"held_out_alphabets": held_out, "steps": args.steps, "tpr_target": args.tpr, "image_size": size,
             "sizes": {"id_train": len(train_images), "heldout_id": len(heldout_images),
                       **{k: len(v) for k, v in ood_sets.items()}},

@@ -73,9 +73,7 @@ def test_flat_labels_fraction_of_shared_labels():
     q = torch.tensor([[0, 1, -1], [2, 2, 3], [5, -1, -1]])
     r = torch.tensor([[1, 7], [0, 1], [3, -1], [4, 6]])
     got = multilabel_relevance(q, r, dtype=torch.float64)
-    expected = torch.tensor(
-        [[1 / 2, 1.0, 0.0, 0.0], [0.0, 0.0, 1 / 2, 0.0], [0.0, 0.0, 0.0, 0.0]], dtype=torch.float64
-    )
+    expected = torch.tensor([[1 / 2, 1.0, 0.0, 0.0], [0.0, 0.0, 1 / 2, 0.0], [0.0, 0.0, 0.0, 0.0]], dtype=torch.float64)
     assert torch.equal(got, expected)  # the repeated label 2 counts once: query 1 is the set {2, 3}
     assert torch.equal(got, naive_relevance(q, r, None))
     one_level = torch.arange(8)[:, None]

@@ -62,9 +62,7 @@ def test_hub_config_builds_its_benchmark_from_data_root(path, tmp_path):
 
 def test_benchmark_defaults_to_its_own_splits_and_label_names():
     cfg = {"data": {"dataset": "cifar100"}}
-    assert resolved_split(cfg, "train") == "open_train" and resolved_split(cfg, "test") == (
-        "open_test"
-    )
+    assert resolved_split(cfg, "train") == "open_train" and resolved_split(cfg, "test") == ("open_test")
     assert resolved_split({"data": {"dataset": "data/sop"}}, "test") == "test"  # a prepared copy: as before
     assert data_option_errors({"dataset": "sop"}) == []  # label_columns optional for a benchmark
     with pytest.raises(ValueError, match=r"dyml_vehicle has no single test split.*query_fine"):

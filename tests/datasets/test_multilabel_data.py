@@ -191,8 +191,11 @@ def test_open_set_with_predefined_splits(hf_multi):
 
 def test_collate_pads_ragged_rows_and_keeps_equal_rows():
     img = torch.zeros(3, 2, 2)
-    items = [{"image": img, "labels": [4, 1], "index": 0}, {"image": img, "labels": 7, "index": 1},
-             {"image": img, "labels": torch.tensor([2, 3, 5], dtype=torch.int32), "index": 2}]
+    items = [
+        {"image": img, "labels": [4, 1], "index": 0},
+        {"image": img, "labels": 7, "index": 1},
+        {"image": img, "labels": torch.tensor([2, 3, 5], dtype=torch.int32), "index": 2},
+    ]
     batch = collate(items)
     assert batch["labels"].tolist() == [[4, 1, -1], [7, -1, -1], [2, 3, 5]] and batch["labels"].dtype == torch.long
     same = collate([{"image": img, "labels": torch.tensor([3, 0]), "index": i} for i in range(2)])
@@ -243,7 +246,13 @@ def test_open_set_rule_with_a_given_table(hf_multi):
     tr = load_retrieval_dataset(hf_multi, "labels", "train", hierarchy=table, **kw)
     assert set(tr.labels[tr.labels >= 0].tolist()) == {0, 1} and tr.hierarchy.tolist() == table
     with pytest.raises(ValueError, match="fine label 4, which has no row"):
-        load_retrieval_dataset(hf_multi, "labels", "train", open_set="train", train_class_fraction=0.5,
-                               hierarchy=[[f, 0] for f in range(4)])
+        load_retrieval_dataset(
+            hf_multi,
+            "labels",
+            "train",
+            open_set="train",
+            train_class_fraction=0.5,
+            hierarchy=[[f, 0] for f in range(4)],
+        )
     with pytest.raises(ValueError, match="no row in the hierarchy"):
         _Plain(torch.tensor([[0]]), ["fine", "coarse"], multilabel=True, hierarchy=torch.zeros(0, 2, dtype=torch.long))

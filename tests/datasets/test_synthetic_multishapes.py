@@ -89,8 +89,15 @@ def test_deterministic_and_independent_of_access_order():
 def test_every_shape_is_drawn_in_its_colour():
     """Without noise, jitter or casts, every shape's palette colour is the exact colour of some pixels."""
     ds = SyntheticMultiShapes(
-        "all", num_per_class=1, image_size=48, max_labels=4, noise=0.0, clutter=0, colour_jitter=0,
-        illumination=0.0, colour_cast=0.0,
+        "all",
+        num_per_class=1,
+        image_size=48,
+        max_labels=4,
+        noise=0.0,
+        clutter=0,
+        colour_jitter=0,
+        illumination=0.0,
+        colour_cast=0.0,
     )
     assert ds.labels.shape[1] == 4
     for i in range(0, len(ds), 3):
@@ -109,9 +116,9 @@ def test_relevance_of_images_sharing_shapes():
     sets = _sets(ds)
     for q in range(0, len(ds), 5):
         for k in range(len(ds)):
-            expected = sum(
-                max(2 if a == b else (1 if a // 9 == b // 9 else 0) for b in sets[k]) for a in sets[q]
-            ) / (2 * len(sets[q]))
+            expected = sum(max(2 if a == b else (1 if a // 9 == b // 9 else 0) for b in sets[k]) for a in sets[q]) / (
+                2 * len(sets[q])
+            )
             assert rel[q, k].item() == pytest.approx(expected, abs=1e-12)
             assert (rel[q, k].item() == 1.0) == sets[q].issubset(sets[k])
             assert (rel[q, k].item() == 0.0) == (not {a // 9 for a in sets[q]} & {b // 9 for b in sets[k]})

@@ -130,9 +130,7 @@ def test_cross_batch_memory_with_fine_labels():
     """The 1-D path inside CrossBatchMemory: the first call ranks the batch against its own (detached) copy."""
     emb, fine = batch(6, n=16)
     x = emb.clone().requires_grad_(True)
-    xbm = CrossBatchMemory(losses.SupHAPLoss(hierarchy=TABLE), embedding_size=8, memory_size=64).to(
-        torch.float64
-    )
+    xbm = CrossBatchMemory(losses.SupHAPLoss(hierarchy=TABLE), embedding_size=8, memory_size=64).to(torch.float64)
     loss = xbm(x, fine)
     direct = losses.SupHAPLoss()(emb, TABLE[fine])
     assert loss.item() == pytest.approx(direct.item(), abs=1e-12)

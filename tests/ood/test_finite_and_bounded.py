@@ -97,7 +97,7 @@ def test_brackets_inside_strings_do_not_count_as_nesting():
     from pml_suprank._safe_json import json_depth
     from pml_suprank._safe_json import loads_json as loads_bounded
 
-    text = json.dumps({"a": "[[[{{{\\\"[[[", "b": [[1, {"c": []}]]})
+    text = json.dumps({"a": '[[[{{{\\"[[[', "b": [[1, {"c": []}]]})
     assert json_depth(text) == 5  # {, [[, {, [
     assert loads_bounded(text, "x") == json.loads(text)
     with pytest.raises(ValueError, match="x is not valid JSON"):
@@ -137,8 +137,11 @@ def test_fits_on_constant_features_are_refused_as_degenerate(make):
 
 @pytest.mark.parametrize(
     "make",
-    [lambda x: ood.KNN(k=3), lambda x: ood.DICE(p=0.5, weight=x["weight"], bias=x["bias"]),
-     lambda x: ood.ReAct(weight=x["weight"], bias=x["bias"])],  # fmt: skip
+    [
+        lambda x: ood.KNN(k=3),
+        lambda x: ood.DICE(p=0.5, weight=x["weight"], bias=x["bias"]),
+        lambda x: ood.ReAct(weight=x["weight"], bias=x["bias"]),
+    ],  # fmt: skip
     ids=["knn", "dice", "react"],
 )
 def test_detectors_without_fitted_variances_stay_finite_on_constant_features(make):

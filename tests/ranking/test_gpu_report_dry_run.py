@@ -75,8 +75,20 @@ def test_generator_replaces_only_the_gpu_section(bench, dry_run, tmp_path):
 def test_generator_appends_a_section_to_a_page_without_markers(bench):
     gen = bench["report_to_docs"]
     meta = {"device_name": "cuda (NVIDIA H200)", "torch": "2.11.0", "commit": "abc1234", "date": "2026-11-26"}
-    grid = [{"B": 256, "N": 4096, "BN2": 256 * 4096**2, "loss": "SupAPLoss", "levels": 1, "dense_s": 0.3136,
-             "sorted_s": 0.009, "faster": "sorted", "ratio": 34.8, "auto": "sorted"}]
+    grid = [
+        {
+            "B": 256,
+            "N": 4096,
+            "BN2": 256 * 4096**2,
+            "loss": "SupAPLoss",
+            "levels": 1,
+            "dense_s": 0.3136,
+            "sorted_s": 0.009,
+            "faster": "sorted",
+            "ratio": 34.8,
+            "auto": "sorted",
+        }
+    ]
     report = {"meta": meta, "grid": grid, "memory": [], "eval": [], "ops": [], "skipped": []}
     text = gen.update("# Performance\n", report)
     assert text.startswith("# Performance\n\n" + gen.BEGIN) and text.rstrip().endswith(gen.END)

@@ -121,7 +121,7 @@ def test_relevance_is_text_not_only_colour_and_names_wrap_between_words(tmp_path
         for r, p in zip(q["results"], parsed["results"], strict=True):
             assert p["caption"].startswith(RELEVANCE_MARKS[r["relevance"]])  # the mark is text, read first
     for level, label in (("fine", "same fine class"), ("coarse", "same coarse class"), ("other", "other class")):
-        assert 'alt="rank' in text and f": {label}\"" in text, level
+        assert 'alt="rank' in text and f': {label}"' in text, level
     assert text.count('class="verdict ood"') == 1 and text.count('class="verdict known"') == 1
     assert "OOD: unknown kind (score 3 &gt; 1)" in text and "known kind (score 0.5 &le; 1)" in text
     plain = write_html_report(tmp_path / "p.html", queries).read_text()

@@ -120,13 +120,15 @@ def test_list_losses_names_every_loss(capsys):
 
 def _plugin(site: Path) -> None:
     """An installed plugin: a distribution on ``site`` publishing ``PluginAP`` in the entry-point group."""
-    (site / "plugin_ap_loss.py").write_text(textwrap.dedent('''
+    (site / "plugin_ap_loss.py").write_text(
+        textwrap.dedent('''
         from pml_suprank.losses import SupAPLoss
 
 
         class PluginAPLoss(SupAPLoss):
             """SupAP published by a plugin package."""
-    '''))
+    ''')
+    )
     info = site / "plugin_ap-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: plugin-ap\nVersion: 0.1\n")

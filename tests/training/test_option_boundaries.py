@@ -116,9 +116,24 @@ def test_one_verdict_through_every_entry_point(f, value, valid, parser, tmp_path
 
 def test_every_checked_option_is_covered():
     names = {p.values[0].name for p in _cases()}
-    expected = {"epochs", "batch_size", "virtual_batch_size", "chunk_size", "lr_backbone", "momentum", "min_lr_ratio",
-                "optimizer", "sampler", "freeze_batch_norm", "image_size", "tau", "kernel", "cpu", "report_to",
-                "max_nonfinite_steps"}
+    expected = {
+        "epochs",
+        "batch_size",
+        "virtual_batch_size",
+        "chunk_size",
+        "lr_backbone",
+        "momentum",
+        "min_lr_ratio",
+        "optimizer",
+        "sampler",
+        "freeze_batch_norm",
+        "image_size",
+        "tau",
+        "kernel",
+        "cpu",
+        "report_to",
+        "max_nonfinite_steps",
+    }
     assert expected <= names
 
 
