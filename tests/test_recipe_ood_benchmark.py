@@ -57,6 +57,18 @@ def test_recipe_from_a_feature_file(tmp_path, capsys):
     assert raised.value.code == 2 and len(lines) == 1 and "unknown flags ['--num_per_class', '3']" in lines[0]
 
 
+def test_an_unknown_detector_is_refused_before_any_work(tmp_path, capsys):
+    """``--detectors`` names are checked when the command line is parsed: before fit_heat's steps would train a
+    classifier and extract features (no ``--features``), and before ``--output_dir`` is created."""
+    out = tmp_path / "out"
+    for name in ("Nope", "ODIN"):  # ODIN scores images through the network: no row of a feature benchmark
+        with pytest.raises(SystemExit) as raised:
+            _import_recipe().main(["--detectors", "KNN", name, "--output_dir", str(out), "--progress", "false"])
+        lines = [line for line in capsys.readouterr().err.splitlines() if ": error: " in line]
+        assert raised.value.code == 2 and len(lines) == 1 and f"--detectors: unknown ['{name}']" in lines[0]
+        assert "'KNN'" in lines[0] and not out.exists()
+
+
 def test_a_refused_feature_file_writes_nothing(tmp_path, capsys):
     """A missing ``--features`` file, or one without the ``id_train`` / ``id_test`` sets: one ``error:`` line naming
     ``--features``, exit 2, before ``--output_dir`` is created."""

@@ -33,22 +33,10 @@ from pml_suprank._terminal import refuse
 from pml_suprank.recipes import fit_heat
 from pml_suprank.recipes._common import console_script, output_folder
 from pml_suprank.recipes._common import device as torch_device
-from pml_suprank.recipes.ood_spec import VARIANTS, OODBenchmarkSpec
+from pml_suprank.recipes.ood_spec import VARIANTS, OODBenchmarkSpec, available_detectors
 from pml_suprank.training.run_folder import write_json_atomically
 from pml_suprank.training.spec import build_parser as spec_parser
 from pml_suprank.training.spec import parse
-
-#: Detectors that score images through the network, not features: not run here.
-NEEDS_IMAGES = ("ODIN",)
-
-
-def available_detectors() -> tuple[str, ...]:
-    """Every registered detector that scores features, each followed by its variants."""
-    names: list[str] = []
-    for name in ood.list_detectors():
-        if name not in NEEDS_IMAGES:
-            names += [name, *(v for v, (base, _) in VARIANTS.items() if base == name)]
-    return tuple(names)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -148,11 +136,7 @@ def main(argv=None) -> dict:
     saved = saved if saved is not None else read_features(features_path)
     ood_names = [n for n in saved.sets if n not in ("id_train", "id_test")]
     groups = group_sets(ood_names, args.near, args.far)
-    rows = args.detectors or available_detectors()
-    unknown = sorted(set(rows) - set(available_detectors()))
-    if unknown:
-        refuse(f"--detectors: unknown {unknown}; choose among {list(available_detectors())}")
-    detectors = build_detectors(rows, saved, args)
+    detectors = build_detectors(args.detectors or available_detectors(), saved, args)  # names checked by parse
     result = ood.benchmark(
         detectors,
         saved.sets["id_test"],

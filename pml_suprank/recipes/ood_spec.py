@@ -17,8 +17,8 @@ from ..training.config import OptionError, TrainingConfig, option, validate_opti
 from ..training.options import DataOptions, ModelOptions, ModelUseOptions, RunOptions, run_rules
 from ..training.spec import read_sections, shared
 
-__all__ = ["VARIANTS", "FitHeatSpec", "OODBenchmarkSpec", "detector_arguments", "detector_options", "flag_prefix",
-           "methods"]  # fmt: skip
+__all__ = ["VARIANTS", "FitHeatSpec", "OODBenchmarkSpec", "available_detectors", "detector_arguments",
+           "detector_options", "flag_prefix", "methods"]  # fmt: skip
 
 #: built-in OOD sets of the recipes (no download)
 BUILTIN_OOD = ("synthetic-heldout", "noise-uniform", "noise-gaussian", "noise-blobs")
@@ -29,6 +29,8 @@ CONTEXT_ARGUMENTS = ("weight", "bias", "head", "model")
 #: Recipe defaults that differ from the class defaults: HEAT's evaluation code clips ReAct at the 95th percentile;
 #: ViM's principal dimension None means min(256, D // 2, (N - 1) // 2), known only after extraction.
 RECIPE_DEFAULTS: dict[str, Any] = {"react_percentile": 95.0, "vim_dim": None}
+#: table rows that score images through the network, not features: no ``ood_benchmark`` row
+NEEDS_IMAGES = ("ODIN",)
 #: the largest count of images a synthetic or noise set may hold (a few GB of pixels at 224 px; as --num_per_class)
 MAX_IMAGES = 100_000
 _MARKUP = r":\w+:`~?(?:[\w.]+\.)?(\w+)`|``|\*\*"  # a reST role (its last name kept), ``code``, **bold**
@@ -38,6 +40,11 @@ def methods() -> tuple[str, ...]:
     """Table rows: every registered detector but HEAT (registration order), each followed by its variants; HEAT."""
     rows = [r for n in list_detectors() for r in (n, *(v for v, (base, _) in VARIANTS.items() if base == n))]
     return (*(r for r in rows if r != "HEAT"), "HEAT")
+
+
+def available_detectors() -> tuple[str, ...]:
+    """The rows ``ood_benchmark`` computes from saved features: :func:`methods` but those in :data:`NEEDS_IMAGES`."""
+    return tuple(m for m in methods() if m not in NEEDS_IMAGES)
 
 
 def flag_prefix(name: str) -> str:
@@ -262,6 +269,8 @@ class OODBenchmarkSpec:
 
     DESCRIPTION = ("Near/far OOD benchmark on saved features (see the module docstring); unknown flags go to "
                    "fit_heat.py's data / classifier steps when --features is not given.")  # fmt: skip
+    RULES = staticmethod(lambda v: [f"--detectors: unknown {u}; choose among {list(available_detectors())}"]
+                         if (u := sorted(set(v["detectors"] or ()) - set(available_detectors()))) else [])  # fmt: skip
 
     features: str | None = option(None, "features.safetensors written by fit_heat (unset: extract them first)",
                                   check=optional(is_str()))  # fmt: skip
