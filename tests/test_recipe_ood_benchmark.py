@@ -57,9 +57,10 @@ def test_recipe_from_a_feature_file(tmp_path, capsys):
     assert raised.value.code == 2 and len(lines) == 1 and "unknown flags ['--num_per_class', '3']" in lines[0]
 
 
-def test_an_unknown_detector_is_refused_before_any_work(tmp_path, capsys):
-    """``--detectors`` names are checked when the command line is parsed: before fit_heat's steps would train a
-    classifier and extract features (no ``--features``), and before ``--output_dir`` is created."""
+def test_unknown_detectors_and_set_names_are_refused_before_any_work(tmp_path, capsys):
+    """``--detectors`` names are checked when the command line is parsed, and ``--near`` / ``--far`` against
+    ``--ood_datasets``: before fit_heat's steps would train a classifier and extract features (no ``--features``),
+    and before ``--output_dir`` is created."""
     out = tmp_path / "out"
     for name in ("Nope", "ODIN"):  # ODIN scores images through the network: no row of a feature benchmark
         with pytest.raises(SystemExit) as raised:
@@ -67,6 +68,9 @@ def test_an_unknown_detector_is_refused_before_any_work(tmp_path, capsys):
         lines = [line for line in capsys.readouterr().err.splitlines() if ": error: " in line]
         assert raised.value.code == 2 and len(lines) == 1 and f"--detectors: unknown ['{name}']" in lines[0]
         assert "'KNN'" in lines[0] and not out.exists()
+    with pytest.raises(SystemExit, match=r"not in --ood_datasets: \['svhn'\]; it holds \['synthetic-heldout'"):
+        _import_recipe().main(["--far", "svhn", "--output_dir", str(out), "--progress", "false"])
+    assert not out.exists()
 
 
 def test_a_refused_feature_file_writes_nothing(tmp_path, capsys):

@@ -60,11 +60,12 @@ def extract(fh, out_dir: Path) -> tuple[Path, int | None]:
     return fit_heat.save_features(out_dir, model, *feats[:3], fh), fh.heat_epochs
 
 
-def group_sets(names: list[str], near: list[str] | None, far: list[str] | None) -> dict[str, list[str]]:
-    """``{"near": [...], "far": [...]}`` from the OOD set names of the file (unknown names are an error)."""
+def group_sets(names: list[str], near: list[str] | None, far: list[str] | None,
+               source: str = "the feature file") -> dict[str, list[str]]:  # fmt: skip
+    """``{"near": [...], "far": [...]}`` from the OOD set names of ``source`` (unknown names are an error)."""
     unknown = sorted((set(near or ()) | set(far or ())) - set(names))
     if unknown:
-        raise SystemExit(f"--near/--far name sets that are not in the feature file: {unknown}; it holds {names}")
+        raise SystemExit(f"--near/--far name sets that are not in {source}: {unknown}; it holds {names}")
     if near is None:
         near = [n for n in names if n == "synthetic-heldout" and n not in (far or ())]
     if far is None:
@@ -129,6 +130,8 @@ def main(argv=None) -> dict:
     saved = None if args.features is None else read_features(Path(args.features))  # before the folder is made
     inputs = {} if fh is None else fit_heat.input_folders(fh)  # checked now, made by extract() with extraction
     out_dir = output_folder(args.output_dir, inputs, create=fh is None)
+    if fh is not None:  # the OOD sets to extract are known: --near / --far checked before any work
+        group_sets(list(fh.ood_datasets), args.near, args.far, "--ood_datasets")
     t0 = time.perf_counter()
     features_path, heat_epochs = extract(fh, out_dir) if fh is not None else (Path(args.features), None)
     if args.heat_epochs is None and heat_epochs is not None:
