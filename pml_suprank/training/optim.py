@@ -24,13 +24,11 @@ def _model_groups(model: nn.Module) -> dict[str, list[nn.Parameter]]:
 def build_optimizer(model: nn.Module, loss: nn.Module | None, config: TrainingConfig) -> torch.optim.Optimizer:
     """One optimizer with the named parameter groups ``backbone`` / ``head`` (``model.parameter_groups()``) and
     ``proxies`` (the trainable parameters of ``loss``), each with its own lr; empty groups are left out."""
-    if not isinstance(config, TrainingConfig):
-        raise TypeError(f"config must be a TrainingConfig; got {type(config).__name__}")
+    settings = group_settings(config)
     groups = _model_groups(model)
     seen = {id(p) for ps in groups.values() for p in ps}
     groups["proxies"] = [p for p in (loss.parameters() if loss is not None else []) if p.requires_grad
                          and id(p) not in seen]  # fmt: skip
-    settings = group_settings(config)
     param_groups = [{"params": ps, **settings[name], "name": name} for name, ps in groups.items() if len(ps) > 0]
     if not param_groups:
         raise ValueError("model and loss have no trainable parameters")
@@ -43,6 +41,8 @@ def build_optimizer(model: nn.Module, loss: nn.Module | None, config: TrainingCo
 
 def group_settings(config: TrainingConfig) -> dict[str, dict[str, float]]:
     """The hyper-parameters of each named parameter group (``lr``, ``weight_decay``; SGD: ``momentum``)."""
+    if not isinstance(config, TrainingConfig):
+        raise TypeError(f"config must be a TrainingConfig; got {type(config).__name__}")
     momentum = {"momentum": config.momentum} if config.optimizer == "sgd" else {}
     return {
         "backbone": {"lr": config.lr_backbone, "weight_decay": config.weight_decay, **momentum},
@@ -59,6 +59,10 @@ def apply_group_settings(
     its step), weight decay and momentum; the optimizer's per-parameter state (moments) is kept. Returns the changes
     as ``"group.key: old -> new"`` (``lr``: the base learning rate)."""
     settings, changes = group_settings(config), []
+    names = [group.get("name") for group in optimizer.param_groups]
+    if not set(names) <= set(settings) or len(getattr(scheduler, "base_lrs", ())) != len(names):
+        raise ValueError(f"optimizer and scheduler must be those of build_optimizer / build_scheduler (groups named "
+                         f"{list(settings)}, one base lr each); got groups {names}")  # fmt: skip
     for i, group in enumerate(optimizer.param_groups):
         new = settings[group["name"]]
         old = {**{k: group[k] for k in new if k in group}, "lr": scheduler.base_lrs[i]}

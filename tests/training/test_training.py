@@ -674,6 +674,18 @@ def test_another_runs_checkpoint_continues_with_this_runs_hyper_parameters(tmp_p
     assert [g["lr"] for g in third.optimizer.param_groups] == [g["lr"] for g in first.optimizer.param_groups]
 
 
+def test_group_settings_refuse_another_optimizer_or_config():
+    from pml_suprank.training.optim import apply_group_settings, build_scheduler, group_settings
+
+    config = TrainingConfig(optimizer="sgd", momentum=0.5, lr_head=0.25)
+    assert group_settings(config)["head"] == {"lr": 0.25, "weight_decay": config.weight_decay, "momentum": 0.5}
+    with pytest.raises(TypeError, match="config must be a TrainingConfig; got dict"):
+        group_settings({"lr_head": 0.25})
+    foreign = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)  # its one group has no name
+    with pytest.raises(ValueError, match=r"groups named \['backbone', 'head', 'proxies'\].*got groups \[None\]"):
+        apply_group_settings(foreign, build_scheduler(foreign, 4, config), config)
+
+
 @pytest.mark.slow
 def test_lock_stops_a_concurrent_trainer_and_is_released_on_errors(tmp_path):
     import os
